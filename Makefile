@@ -1,0 +1,123 @@
+# Fuyou build. Targets: all (default), deps, test, test-gpu, bench, clean.
+# Libraries are found through pkg-config; CUDA parts build when nvcc is on PATH or in /usr/local/cuda.
+
+BUILD    ?= build
+CC       ?= cc
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+PKG_CONFIG ?= pkg-config
+
+# Debian package that provides each pkg-config module.
+DEB_liburing := liburing-dev
+DEB_libzmq   := libzmq3-dev
+DEB_hwloc    := libhwloc-dev
+DEB_cmocka   := libcmocka-dev
+DEPS_RUNTIME := liburing libzmq hwloc
+DEPS_TEST    := cmocka
+DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev libcmocka-dev fio
+
+found   = $(shell $(PKG_CONFIG) --exists $(1) && echo yes)
+MISSING := $(strip $(foreach p,$(DEPS_RUNTIME),$(if $(call found,$(p)),,$(p))))
+MISSING_TEST := $(strip $(foreach p,$(DEPS_TEST),$(if $(call found,$(p)),,$(p))))
+
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -O2 -g -pthread -Wall -Wextra -Wno-unused-parameter \
+               -Wshadow -Wstrict-prototypes -Wno-format-truncation -ffp-contract=off -fno-strict-aliasing -I.
+PKG_CFLAGS  := $(if $(MISSING),,$(shell $(PKG_CONFIG) --cflags $(DEPS_RUNTIME)))
+PKG_LIBS    := $(if $(MISSING),,$(shell $(PKG_CONFIG) --libs $(DEPS_RUNTIME)))
+TEST_CFLAGS := $(if $(MISSING_TEST),,$(shell $(PKG_CONFIG) --cflags cmocka))
+TEST_LIBS   := $(if $(MISSING_TEST),,$(shell $(PKG_CONFIG) --libs cmocka))
+
+ifneq ($(NVCC),)
+CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_CFLAGS := -DFY_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+# sm_90 machine code for the H200, plus PTX so newer GPUs can JIT it.
+NVCC_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS   := -O2 -g -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -fno-strict-aliasing,-ffp-contract=off
+endif
+
+CFLAGS  ?=
+CFLAGS  += $(CFLAGS_BASE) $(PKG_CFLAGS) $(CUDA_CFLAGS)
+LDLIBS  := $(PKG_LIBS) $(CUDA_LIBS) -lm -lpthread
+
+MAIN_SRCS := launcher/main.c gpu_worker/main.c io_worker/main.c opt_worker/main.c
+LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard common/*.c launcher/*.c gpu_worker/*.c \
+               gpu_worker/cpu/*.c io_worker/*.c opt_worker/*.c))
+CU_SRCS   := $(if $(NVCC),$(wildcard gpu_worker/cuda/*.cu))
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+LIB       := $(BUILD)/libfuyou.a
+
+BINS := $(BUILD)/bin/fuyou-launch $(BUILD)/bin/fuyou-gpu-worker $(BUILD)/bin/fuyou-io-worker \
+        $(BUILD)/bin/fuyou-opt-worker
+
+TEST_SRCS  := $(wildcard tests/test_*.c tests/integration/test_*.c)
+TEST_BINS  := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
+GPU_TEST_BINS := $(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
+BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
+TEST_HELPERS := $(BUILD)/obj/tests/testutil.o
+
+.PHONY: all deps check-deps test test-gpu bench tests benches clean
+all: check-deps $(BINS)
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+deps:
+	$(SUDO) apt-get update
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $(DEB_PACKAGES)
+
+check-deps:
+	@for p in $(DEPS_RUNTIME) $(DEPS_TEST); do \
+	  if $(PKG_CONFIG) --exists $$p; then echo "found   $$p $$($(PKG_CONFIG) --modversion $$p)"; \
+	  else echo "MISSING $$p"; fi; done
+	@$(if $(NVCC),echo "found   nvcc $(NVCC): building the CUDA backend",echo "no nvcc: building without the CUDA backend")
+	@$(if $(MISSING),echo "error: missing $(MISSING); install the Debian packages $(foreach p,$(MISSING),$(DEB_$(p))) (or run: make deps)"; exit 1,true)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/tests/%.o: tests/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(TEST_CFLAGS) -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/fuyou-launch: $(BUILD)/obj/launcher/main.o $(LIB)
+$(BUILD)/bin/fuyou-gpu-worker: $(BUILD)/obj/gpu_worker/main.o $(LIB)
+$(BUILD)/bin/fuyou-io-worker: $(BUILD)/obj/io_worker/main.o $(LIB)
+$(BUILD)/bin/fuyou-opt-worker: $(BUILD)/obj/opt_worker/main.o $(LIB)
+$(BINS):
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(if $(CU_SRCS),-lstdc++)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELPERS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(TEST_LIBS) $(LDLIBS) $(if $(CU_SRCS),-lstdc++)
+
+$(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(TEST_HELPERS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(if $(CU_SRCS),-lstdc++)
+
+tests: all $(TEST_BINS)
+benches: all $(BENCH_BINS)
+
+test: tests
+	@$(if $(MISSING_TEST),echo "error: missing cmocka; install the Debian package libcmocka-dev (or run: make deps)"; exit 1,true)
+	BUILD=$(BUILD) tests/run_tests.sh $(TEST_BINS)
+
+test-gpu: all $(GPU_TEST_BINS)
+	BUILD=$(BUILD) tests/run_tests.sh $(GPU_TEST_BINS)
+
+bench: benches
+	BUILD=$(BUILD) tests/bench/run_bench.sh
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

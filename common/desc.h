@@ -1,0 +1,76 @@
+/* Tensor descriptors: the fixed-size messages that name a region of the shared pool, what it holds
+ * and what to do with it. Encoded little-endian into 64 bytes; decoding validates every field. */
+#ifndef FY_DESC_H
+#define FY_DESC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FY_DESC_MAGIC 0x53445946u /* "FYDS" */
+#define FY_DESC_VERSION 1
+#define FY_DESC_WIRE_BYTES 64
+/* Most descriptors one message may carry (an optimizer step names six regions). */
+#define FY_DESC_MAX_PARTS 8
+
+/* What a region holds. */
+enum fy_kind {
+    FY_KIND_CONTROL = 0, /* no region: a control message */
+    FY_KIND_WEIGHTS = 1, /* compute-precision (bf16) weights */
+    FY_KIND_MASTER = 2,  /* fp32 master weights */
+    FY_KIND_ADAM_M = 3,
+    FY_KIND_ADAM_V = 4,
+    FY_KIND_GRAD = 5,
+    FY_KIND_ACTIVATION = 6,
+    FY_KIND_RAW = 7, /* bytes with no tensor meaning (I/O of a packed extent) */
+    FY_KIND_COUNT
+};
+
+/* What to do with it. */
+enum fy_op {
+    FY_OP_READY = 1,     /* worker -> launcher: initialised; status = 0 */
+    FY_OP_STOP = 2,      /* launcher -> worker: finish and exit */
+    FY_OP_DONE = 3,      /* reply to a request: same seq, status = 0 or -errno */
+    FY_OP_IO_ALLOC = 4,  /* io: create extent `tensor` of `bytes` in the store */
+    FY_OP_IO_READ = 5,   /* io: extent `tensor` at byte `arg` -> pool region */
+    FY_OP_IO_WRITE = 6,  /* io: pool region -> extent `tensor` at byte `arg` */
+    FY_OP_IO_SYNC = 7,   /* io: make all written extents durable */
+    FY_OP_GPU_SYNTH_GRAD = 8, /* gpu: write the synthetic gradient (seed `arg`, step) into the region */
+    FY_OP_OPT_ADAMW = 9, /* opt: AdamW over the GRAD, MASTER, ADAM_M, ADAM_V (+WEIGHTS) parts */
+    FY_OP_PING = 10,     /* any: reply DONE at once (liveness) */
+    FY_OP_COUNT
+};
+
+struct fy_desc {
+    uint16_t kind;
+    uint16_t op;
+    uint16_t dtype;
+    int32_t status;
+    uint64_t step;
+    int32_t layer; /* -1 when not about a layer */
+    uint32_t tensor;
+    uint64_t offset; /* byte offset of the region in the pool */
+    uint64_t bytes;  /* region length in bytes */
+    uint64_t seq;    /* request number; replies carry the request's */
+    uint64_t arg;    /* op-specific: extent offset for I/O, seed for synthetic data */
+};
+
+/* Encodes d into exactly FY_DESC_WIRE_BYTES bytes. */
+void fy_desc_encode(const struct fy_desc *d, uint8_t out[FY_DESC_WIRE_BYTES]);
+
+/* Decodes and validates: magic, version, kind, op, dtype, and that [offset, offset+bytes) lies inside a
+ * pool of pool_size bytes with bytes a multiple of the element size. Returns 0, -EBADMSG (magic or
+ * version or length), -EPROTO (unknown kind/op/dtype), -ERANGE (region outside the pool). On error
+ * `why` (if not NULL) says what was wrong; d holds whatever could be read (seq included). */
+int fy_desc_decode(const uint8_t *in, size_t len, uint64_t pool_size, struct fy_desc *d, char *why,
+                   size_t why_len);
+
+/* Validation of an already-decoded descriptor, the same checks as decode. */
+int fy_desc_validate(const struct fy_desc *d, uint64_t pool_size, char *why, size_t why_len);
+
+const char *fy_op_name(int op);
+const char *fy_kind_name(int kind);
+
+/* A one-line human description for logs. */
+void fy_desc_format(const struct fy_desc *d, char *buf, size_t len);
+
+#endif

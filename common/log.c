@@ -1,0 +1,66 @@
+/* Logging for people: one line per event, with time, process name and level, on stderr.
+ * Errors and debug lines carry file:line so a report points at the code. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static char log_who[16] = "fuyou";
+static enum fy_log_level log_threshold = FY_LOG_INFO;
+
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+void fy_log_init(const char *who, enum fy_log_level level)
+{
+    snprintf(log_who, sizeof log_who, "%s", who);
+    log_threshold = level;
+    const char *env = getenv("FUYOU_LOG");
+    if (env == NULL)
+        return;
+    for (int i = 0; i <= FY_LOG_DEBUG; i++)
+        if (strcasecmp(env, level_names[i]) == 0)
+            log_threshold = (enum fy_log_level)i;
+}
+
+enum fy_log_level fy_log_level(void) { return log_threshold; }
+
+void fy_log_v(enum fy_log_level level, const char *file, int line, const char *fmt, va_list ap)
+{
+    if (level > log_threshold)
+        return;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    struct tm tm;
+    gmtime_r(&now.tv_sec, &tm);
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    char where[96] = "";
+    if (level == FY_LOG_ERROR || log_threshold == FY_LOG_DEBUG) {
+        const char *base = strrchr(file, '/');
+        snprintf(where, sizeof where, " (%s:%d)", base ? base + 1 : file, line);
+    }
+    /* One write per line so lines of concurrent processes sharing stderr do not interleave. */
+    char out[1280];
+    int n = snprintf(out, sizeof out, "%02d:%02d:%02d.%03ld [%s %d] %s: %s%s\n", tm.tm_hour,
+                     tm.tm_min, tm.tm_sec, now.tv_nsec / 1000000, log_who, (int)getpid(),
+                     level_names[level], msg, where);
+    if (n > (int)sizeof out - 1)
+        n = (int)sizeof out - 1;
+    ssize_t ignored = write(STDERR_FILENO, out, (size_t)n);
+    (void)ignored;
+}
+
+void fy_log_at(enum fy_log_level level, const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fy_log_v(level, file, line, fmt, ap);
+    va_end(ap);
+}

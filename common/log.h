@@ -1,0 +1,30 @@
+/* Logging for people: one line per event, with time, process name and level, on stderr. */
+#ifndef FY_LOG_H
+#define FY_LOG_H
+
+#include <stdarg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum fy_log_level { FY_LOG_ERROR = 0, FY_LOG_WARN = 1, FY_LOG_INFO = 2, FY_LOG_DEBUG = 3 };
+
+/* who: short process name ("launch", "gpu", "io", "opt"); the level comes from FUYOU_LOG
+ * (error|warn|info|debug) when set, else `level`. */
+void fy_log_init(const char *who, enum fy_log_level level);
+enum fy_log_level fy_log_level(void);
+void fy_log_at(enum fy_log_level level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void fy_log_v(enum fy_log_level level, const char *file, int line, const char *fmt, va_list ap);
+
+#define fy_error(...) fy_log_at(FY_LOG_ERROR, __FILE__, __LINE__, __VA_ARGS__)
+#define fy_warn(...) fy_log_at(FY_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
+#define fy_info(...) fy_log_at(FY_LOG_INFO, __FILE__, __LINE__, __VA_ARGS__)
+#define fy_debug(...) fy_log_at(FY_LOG_DEBUG, __FILE__, __LINE__, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

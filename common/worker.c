@@ -1,0 +1,203 @@
+/* The life of a worker process: parse --run-dir, read the run config, pin to the configured cpuset,
+ * attach the shared pool, connect to the launcher, say READY, then serve descriptors until STOP,
+ * SIGTERM, the launcher's death or an idle timeout. */
+#include "worker.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "check.h"
+
+static volatile sig_atomic_t worker_terminate;
+
+static void on_sigterm(int sig) { worker_terminate = sig; }
+
+static void usage(const char *name)
+{
+    fprintf(stderr,
+            "usage: fuyou-%s-worker --run-dir DIR\n"
+            "Started by fuyou-launch, which writes DIR/run.conf; not meant to be run by hand.\n",
+            name);
+}
+
+static int parse_args(int argc, char **argv, struct fy_worker *w)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--run-dir") == 0 && i + 1 < argc) {
+            snprintf(w->run_dir, sizeof w->run_dir, "%s", argv[++i]);
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(w->name);
+            return 1;
+        } else {
+            fprintf(stderr, "fuyou-%s-worker: unknown argument '%s'\n", w->name, argv[i]);
+            usage(w->name);
+            return -EINVAL;
+        }
+    }
+    if (w->run_dir[0] == 0) {
+        usage(w->name);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int worker_setup(struct fy_worker *w)
+{
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/run.conf", w->run_dir);
+    FY_TRY(fy_config_load(w->cfg, path));
+    FY_TRY(fy_topo_load(&w->topo));
+    char key[64];
+    snprintf(key, sizeof key, "affinity.%s", w->name);
+    const char *cpus = fy_config_get(w->cfg, key);
+    if (cpus != NULL && cpus[0] != 0) {
+        FY_TRY(fy_topo_bind_self(w->topo, cpus, w->cpus, sizeof w->cpus));
+    } else {
+        fy_topo_get_binding(w->topo, w->cpus, sizeof w->cpus);
+        fy_warn("no %s in %s: running unpinned", key, path);
+    }
+    const char *pool = fy_config_get(w->cfg, "pool");
+    const char *endpoint = fy_config_get(w->cfg, "endpoint");
+    FY_REQUIRE(pool != NULL && endpoint != NULL, -EINVAL, "%s: 'pool' and 'endpoint' are required",
+               path);
+    FY_TRY(fy_pool_attach(&w->pool, pool));
+    FY_TRY(fy_chan_connect(&w->chan, endpoint, w->name));
+    fy_chan_set_pool_size(w->chan, fy_pool_size(w->pool));
+    return 0;
+}
+
+void *fy_worker_region(const struct fy_worker *w, const struct fy_desc *d)
+{
+    return fy_pool_at(w->pool, d->offset, d->bytes);
+}
+
+static int send_reply(struct fy_worker *w, struct fy_desc *reply)
+{
+    return fy_chan_send(w->chan, NULL, reply, 1);
+}
+
+static void reply_for(const struct fy_desc *req, struct fy_desc *reply)
+{
+    memset(reply, 0, sizeof *reply);
+    reply->op = FY_OP_DONE;
+    reply->kind = FY_KIND_CONTROL;
+    reply->seq = req->seq;
+    reply->step = req->step;
+    reply->layer = req->layer;
+    reply->tensor = req->tensor;
+}
+
+/* Serves requests until STOP; returns 0 on an orderly stop, negative on failure. */
+static int serve(struct fy_worker *w, const struct fy_worker_ops *ops, void *state)
+{
+    uint64_t idle_limit_s;
+    FY_TRY(fy_config_get_u64(w->cfg, "worker_idle_timeout_s", 0, 600, &idle_limit_s));
+    pid_t launcher = getppid();
+    uint64_t idle_ms = 0;
+    for (;;) {
+        if (worker_terminate) {
+            fy_info("terminated by signal %d", (int)worker_terminate);
+            return -EINTR;
+        }
+        if (getppid() != launcher) {
+            fy_error("the launcher (pid %d) is gone: exiting", (int)launcher);
+            return -EPIPE;
+        }
+        zmq_pollitem_t item = {.socket = fy_chan_socket(w->chan), .events = ZMQ_POLLIN};
+        int ready = zmq_poll(&item, 1, 1000);
+        if (ready < 0 && zmq_errno() == EINTR)
+            continue;
+        FY_ZMQ(ready, "%s worker: polling for commands", w->name);
+        if (ready == 0) {
+            idle_ms += 1000;
+            if (idle_limit_s > 0 && idle_ms >= idle_limit_s * 1000) {
+                fy_error("timed out after %llu ms waiting for a command from the launcher "
+                         "(worker_idle_timeout_s = %llu)",
+                         (unsigned long long)idle_ms, (unsigned long long)idle_limit_s);
+                return -ETIMEDOUT;
+            }
+            continue;
+        }
+        idle_ms = 0;
+        struct fy_desc req[FY_DESC_MAX_PARTS], reply;
+        int n = fy_chan_recv(w->chan, NULL, req, FY_DESC_MAX_PARTS, 0, "a command", "the launcher");
+        if (n < 0 && n != -EBADMSG && n != -EPROTO && n != -ERANGE)
+            return n;
+        reply_for(&req[0], &reply);
+        if (n < 0) { /* malformed: already logged as rejected; answer so the sender does not hang */
+            reply.status = n;
+            FY_TRY(send_reply(w, &reply));
+            continue;
+        }
+        switch (req[0].op) {
+        case FY_OP_STOP:
+            FY_TRY(send_reply(w, &reply));
+            fy_info("stop requested: exiting");
+            return 0;
+        case FY_OP_PING:
+            FY_TRY(send_reply(w, &reply));
+            continue;
+        default:
+            reply.status = ops->handle(w, state, req, (unsigned)n, &reply);
+            if (reply.status < 0) {
+                char what[256];
+                fy_desc_format(&req[0], what, sizeof what);
+                fy_error("request failed (%s): %s", strerror(-reply.status), what);
+            }
+            FY_TRY(send_reply(w, &reply));
+        }
+    }
+}
+
+int fy_worker_main(int argc, char **argv, const char *name, const struct fy_worker_ops *ops)
+{
+    struct fy_worker w;
+    memset(&w, 0, sizeof w);
+    w.name = name;
+    fy_log_init(name, FY_LOG_INFO);
+    int rc = parse_args(argc, argv, &w);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    /* Ctrl-C reaches the whole process group; the launcher decides how to stop, so ignore it. */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN); /* a closed log pipe must not kill a worker mid-write */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigterm;
+    sigaction(SIGTERM, &sa, NULL);
+    w.cfg = calloc(1, sizeof *w.cfg);
+    void *state = NULL;
+    int initialised = 0;
+    rc = w.cfg ? worker_setup(&w) : -ENOMEM;
+    if (rc == 0) {
+        rc = ops->init(&w, &state);
+        initialised = rc == 0;
+    }
+    if (rc == 0) {
+        fy_info("ready: pid %d on cpus %s, pool %s (%llu bytes)", (int)getpid(), w.cpus,
+                fy_pool_name(w.pool), (unsigned long long)fy_pool_size(w.pool));
+        struct fy_desc ready;
+        memset(&ready, 0, sizeof ready);
+        ready.op = FY_OP_READY;
+        ready.kind = FY_KIND_CONTROL;
+        ready.arg = (uint64_t)getpid();
+        rc = fy_chan_send(w.chan, NULL, &ready, 1);
+    }
+    if (rc == 0)
+        rc = serve(&w, ops, state);
+    if (initialised)
+        ops->fini(&w, state);
+    fy_chan_destroy(&w.chan);
+    fy_pool_destroy(&w.pool);
+    fy_topo_destroy(&w.topo);
+    free(w.cfg);
+    if (rc < 0 && rc != -EINTR)
+        fy_error("%s worker failed: %s", name, strerror(-rc));
+    return rc == 0 || rc == -EINTR ? 0 : 1;
+}

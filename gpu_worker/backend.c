@@ -1,0 +1,99 @@
+/* Backend selection for the gpu worker: "cpu", "cuda", or "auto", which takes CUDA when a device
+ * is usable and otherwise says so and uses the CPU backend. */
+#include "backend.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "gpu_worker/cpu/cpu_backend.h"
+#ifdef FY_HAVE_CUDA
+#include "gpu_worker/cuda/cuda_backend.h"
+#endif
+
+struct fy_backend {
+    const struct fy_backend_ops *ops;
+    void *state;
+    void *registered;
+    char device[128];
+};
+
+int fy_backend_cuda_built(void)
+{
+#ifdef FY_HAVE_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static int backend_try(struct fy_backend *b, const struct fy_backend_ops *ops, uint64_t gpu_mem)
+{
+    b->ops = ops;
+    return ops->open(&b->state, gpu_mem, b->device, sizeof b->device);
+}
+
+int fy_backend_open(struct fy_backend **out, const char *which, uint64_t gpu_mem)
+{
+    *out = NULL;
+    struct fy_backend *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return -ENOMEM;
+    int rc;
+    if (strcmp(which, "cpu") == 0) {
+        rc = backend_try(b, &fy_cpu_backend_ops, gpu_mem);
+    } else if (strcmp(which, "cuda") == 0 || strcmp(which, "auto") == 0) {
+#ifdef FY_HAVE_CUDA
+        rc = backend_try(b, &fy_cuda_backend_ops, gpu_mem);
+#else
+        fy_error("this build has no CUDA backend (nvcc was not found when it was built)%s",
+                 strcmp(which, "auto") == 0 ? "" : ": use --backend cpu or rebuild with nvcc");
+        rc = -ENODEV;
+#endif
+        if (rc < 0 && strcmp(which, "auto") == 0) {
+            fy_warn("no usable CUDA device: using the CPU backend (slow; for tests and laptops)");
+            rc = backend_try(b, &fy_cpu_backend_ops, gpu_mem);
+        }
+    } else {
+        fy_error("unknown backend '%s': use cpu, cuda or auto", which);
+        rc = -EINVAL;
+    }
+    if (rc < 0) {
+        free(b);
+        return rc;
+    }
+    fy_info("backend %s on %s", b->ops->name, b->device);
+    *out = b;
+    return 0;
+}
+
+void fy_backend_close(struct fy_backend **bp)
+{
+    if (bp == NULL || *bp == NULL)
+        return;
+    struct fy_backend *b = *bp;
+    if (b->registered != NULL)
+        b->ops->unregister_host(b->state, b->registered);
+    b->ops->close(b->state);
+    free(b);
+    *bp = NULL;
+}
+
+const char *fy_backend_name(const struct fy_backend *b) { return b->ops->name; }
+const char *fy_backend_device(const struct fy_backend *b) { return b->device; }
+
+int fy_backend_register_host(struct fy_backend *b, void *base, size_t len)
+{
+    FY_REQUIRE(b->registered == NULL, -EBUSY, "backend: host memory already registered");
+    FY_TRY(b->ops->register_host(b->state, base, len));
+    b->registered = base;
+    return 0;
+}
+
+int fy_backend_synth(struct fy_backend *b, uint64_t seed, uint64_t step, uint32_t tensor, int dtype,
+                     size_t n, void *out)
+{
+    return b->ops->synth(b->state, seed, step, tensor, dtype, n, out);
+}

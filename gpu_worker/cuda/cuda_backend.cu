@@ -1,0 +1,177 @@
+/* The CUDA backend of the gpu worker: one device arena of the budgeted size allocated once, a
+ * compute stream and a device-to-host stream, and the shared pool pinned with cudaHostRegister so
+ * copies into it run at full PCIe speed. Every CUDA call is checked and reported with a hint. */
+#include "cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/dtype.h"
+#include "common/log.h"
+#include "common/synth.h"
+
+/* Default arena when no budget is given: enough for staging, small enough for any GPU. */
+static const uint64_t default_arena_bytes = 256ull << 20;
+
+struct cuda_state {
+    int device;
+    char *arena;
+    uint64_t arena_bytes;
+    cudaStream_t compute;
+    cudaStream_t d2h;
+    cudaEvent_t computed;
+};
+
+#define FY_CUDA(call, ...)                                                                         \
+    do {                                                                                           \
+        cudaError_t fy_cuda_err_ = (call);                                                         \
+        if (fy_cuda_err_ != cudaSuccess) {                                                         \
+            char fy_what_[256];                                                                    \
+            snprintf(fy_what_, sizeof fy_what_, __VA_ARGS__);                                      \
+            fy_error("%s: CUDA: %s (%s)", fy_what_, cudaGetErrorString(fy_cuda_err_),              \
+                     cudaGetErrorName(fy_cuda_err_));                                              \
+            return -EIO;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+static __device__ uint16_t device_f32_to_bf16(float f)
+{
+    uint32_t bits = __float_as_uint(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((bits >> 16) | 0x0040u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static __global__ void synth_kernel(uint64_t seed, uint64_t step, uint32_t tensor, uint64_t first,
+                                    size_t n, int bf16, void *out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = fy_synth_value(seed, step, tensor, first + i);
+        if (bf16)
+            ((uint16_t *)out)[i] = device_f32_to_bf16(v);
+        else
+            ((float *)out)[i] = v;
+    }
+}
+
+static void cuda_release(struct cuda_state *s)
+{
+    if (s->computed)
+        cudaEventDestroy(s->computed);
+    if (s->compute)
+        cudaStreamDestroy(s->compute);
+    if (s->d2h)
+        cudaStreamDestroy(s->d2h);
+    if (s->arena)
+        cudaFree(s->arena);
+    free(s);
+}
+
+static int cuda_init(struct cuda_state *s, uint64_t gpu_mem, char *device, size_t device_len)
+{
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        fy_info("CUDA: no usable device (%s)",
+                err != cudaSuccess ? cudaGetErrorString(err) : "no device found");
+        return -ENODEV;
+    }
+    FY_CUDA(cudaSetDevice(s->device), "selecting CUDA device %d", s->device);
+    cudaDeviceProp prop;
+    FY_CUDA(cudaGetDeviceProperties(&prop, s->device), "reading properties of device %d", s->device);
+    size_t free_bytes = 0, total_bytes = 0;
+    FY_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes), "reading memory of device %d", s->device);
+    s->arena_bytes = gpu_mem ? gpu_mem : default_arena_bytes;
+    if (s->arena_bytes > free_bytes) {
+        fy_error("--gpu-mem %llu bytes exceeds the %llu bytes free on %s: lower --gpu-mem",
+                 (unsigned long long)s->arena_bytes, (unsigned long long)free_bytes, prop.name);
+        return -ENOMEM;
+    }
+    FY_CUDA(cudaMalloc((void **)&s->arena, s->arena_bytes), "allocating the %llu-byte GPU arena",
+            (unsigned long long)s->arena_bytes);
+    FY_CUDA(cudaStreamCreateWithFlags(&s->compute, cudaStreamNonBlocking), "creating compute stream");
+    FY_CUDA(cudaStreamCreateWithFlags(&s->d2h, cudaStreamNonBlocking), "creating D2H stream");
+    FY_CUDA(cudaEventCreateWithFlags(&s->computed, cudaEventDisableTiming), "creating event");
+    snprintf(device, device_len, "%s (sm_%d%d, %.1f GiB, arena %.2f GiB)", prop.name, prop.major,
+             prop.minor, (double)total_bytes / (1 << 30), (double)s->arena_bytes / (1 << 30));
+    return 0;
+}
+
+static int cuda_open(void **state, uint64_t gpu_mem, char *device, size_t device_len)
+{
+    *state = NULL;
+    struct cuda_state *s = (struct cuda_state *)calloc(1, sizeof *s);
+    if (s == NULL)
+        return -ENOMEM;
+    int rc = cuda_init(s, gpu_mem, device, device_len);
+    if (rc < 0) {
+        cuda_release(s);
+        return rc;
+    }
+    *state = s;
+    return 0;
+}
+
+static void cuda_close(void *state)
+{
+    if (state != NULL)
+        cuda_release((struct cuda_state *)state);
+}
+
+static int cuda_register_host(void *state, void *base, size_t len)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    FY_CUDA(cudaHostRegister(base, len, cudaHostRegisterPortable),
+            "pinning %zu bytes of the shared pool (check RLIMIT_MEMLOCK: ulimit -l)", len);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fy_info("pinned %.2f GiB of shared pool for DMA in %.2f s", (double)len / (1 << 30),
+            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    return 0;
+}
+
+static int cuda_unregister_host(void *state, void *base)
+{
+    FY_CUDA(cudaHostUnregister(base), "unpinning the shared pool");
+    return 0;
+}
+
+static int cuda_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor, int dtype,
+                      size_t n, void *out)
+{
+    struct cuda_state *s = (struct cuda_state *)state;
+    size_t elem = fy_dtype_size(dtype);
+    if (dtype != FY_DTYPE_F32 && dtype != FY_DTYPE_BF16) {
+        fy_error("synthetic tensor: dtype %s not supported", fy_dtype_name(dtype));
+        return -EINVAL;
+    }
+    /* Two halves of the arena: compute into one while the other drains to the host. */
+    size_t chunk = (size_t)(s->arena_bytes / 2 / elem);
+    for (size_t first = 0, half = 0; first < n; first += chunk, half ^= 1) {
+        size_t count = n - first < chunk ? n - first : chunk;
+        char *dev = s->arena + half * (s->arena_bytes / 2);
+        synth_kernel<<<264, 256, 0, s->compute>>>(seed, step, tensor, first, count,
+                                                  dtype == FY_DTYPE_BF16, dev);
+        FY_CUDA(cudaGetLastError(), "launching the synthetic-tensor kernel");
+        FY_CUDA(cudaEventRecord(s->computed, s->compute), "recording event");
+        FY_CUDA(cudaStreamWaitEvent(s->d2h, s->computed, 0), "ordering D2H after compute");
+        FY_CUDA(cudaMemcpyAsync((char *)out + first * elem, dev, count * elem,
+                                cudaMemcpyDeviceToHost, s->d2h),
+                "copying %zu bytes to the pool", count * elem);
+        /* The next kernel reuses the other half; the one after this half must wait for its copy. */
+        FY_CUDA(cudaEventRecord(s->computed, s->d2h), "recording event");
+        FY_CUDA(cudaStreamWaitEvent(s->compute, s->computed, 0), "ordering compute after D2H");
+    }
+    FY_CUDA(cudaStreamSynchronize(s->d2h), "waiting for the copy to the pool");
+    return 0;
+}
+
+extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
+    "cuda", cuda_open, cuda_close, cuda_register_host, cuda_unregister_host, cuda_synth,
+};

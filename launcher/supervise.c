@@ -1,0 +1,403 @@
+/* Worker supervision: fork/exec with the signal mask restored and PDEATHSIG set, a signalfd polled
+ * beside the ZeroMQ socket so a dead worker or a Ctrl-C interrupts any wait, READY and STOP
+ * handshakes, and escalation (SIGTERM, then SIGKILL) for workers that do not stop. */
+#include "supervise.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/check.h"
+
+struct sup_worker {
+    char name[16];
+    pid_t pid;
+    int alive;
+    int ready;
+    int stopping; /* asked to stop: its exit is expected */
+    int status;   /* waitpid status once reaped */
+};
+
+struct fy_sup {
+    char run_dir[PATH_MAX];
+    char bin_dir[PATH_MAX];
+    struct fy_chan *chan;
+    int sigfd;
+    sigset_t old_mask;
+    struct sup_worker w[FY_SUP_MAX_WORKERS];
+    unsigned n;
+    uint64_t seq;
+    int interrupted;
+    int failed; /* index of the first worker that died unexpectedly, or -1 */
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static struct sup_worker *find(struct fy_sup *s, const char *name)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (strcmp(s->w[i].name, name) == 0)
+            return &s->w[i];
+    return NULL;
+}
+
+int fy_sup_new(struct fy_sup **out, const char *run_dir, struct fy_chan *chan)
+{
+    *out = NULL;
+    struct fy_sup *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return -ENOMEM;
+    s->failed = -1;
+    s->sigfd = -1;
+    s->chan = chan;
+    snprintf(s->run_dir, sizeof s->run_dir, "%s", run_dir);
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len < 0) {
+        int e = errno;
+        free(s);
+        fy_error("cannot find this program's directory (/proc/self/exe): %s", strerror(e));
+        return -e;
+    }
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(s->bin_dir, sizeof s->bin_dir, "%s", exe);
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    if (sigprocmask(SIG_BLOCK, &mask, &s->old_mask) != 0 ||
+        (s->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
+        int e = errno;
+        free(s);
+        fy_error("cannot set up signal handling (signalfd): %s", strerror(e));
+        return -e;
+    }
+    *out = s;
+    return 0;
+}
+
+static void describe_exit(const struct sup_worker *w, char *buf, size_t len)
+{
+    if (WIFSIGNALED(w->status))
+        snprintf(buf, len, "was killed by signal %d (%s)", WTERMSIG(w->status),
+                 strsignal(WTERMSIG(w->status)));
+    else if (WIFEXITED(w->status) && WEXITSTATUS(w->status) == 127)
+        snprintf(buf, len, "could not be started (exit 127)");
+    else if (WIFEXITED(w->status))
+        snprintf(buf, len, "exited with status %d", WEXITSTATUS(w->status));
+    else
+        snprintf(buf, len, "ended (wait status 0x%x)", w->status);
+}
+
+/* Reaps every child that has exited; returns how many unexpected deaths were found. */
+static int reap(struct fy_sup *s)
+{
+    int unexpected = 0;
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0)
+            break;
+        for (unsigned i = 0; i < s->n; i++) {
+            struct sup_worker *w = &s->w[i];
+            if (w->pid != pid || !w->alive)
+                continue;
+            w->alive = 0;
+            w->status = status;
+            char how[128];
+            describe_exit(w, how, sizeof how);
+            int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            if (w->stopping && clean) {
+                fy_info("%s worker (pid %d) exited", w->name, (int)pid);
+            } else {
+                fy_error("%s worker (pid %d) %s", w->name, (int)pid, how);
+                if (!w->stopping) {
+                    unexpected++;
+                    if (s->failed < 0)
+                        s->failed = (int)i;
+                }
+            }
+        }
+    }
+    return unexpected;
+}
+
+/* Handles pending signals; returns -ECHILD on an unexpected worker death, -EINTR on SIGINT/TERM. */
+static int drain_signals(struct fy_sup *s)
+{
+    struct signalfd_siginfo si;
+    int rc = 0;
+    while (read(s->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGCHLD) {
+            if (reap(s) > 0)
+                rc = -ECHILD;
+        } else if (!s->interrupted) {
+            s->interrupted = (int)si.ssi_signo;
+            fy_warn("%s received: stopping the run", strsignal((int)si.ssi_signo));
+        }
+    }
+    if (rc == 0 && s->interrupted)
+        rc = -EINTR;
+    return rc;
+}
+
+int fy_sup_spawn(struct fy_sup *s, const char *name)
+{
+    FY_REQUIRE(s->n < FY_SUP_MAX_WORKERS, -E2BIG, "too many workers");
+    char exe[PATH_MAX + 64];
+    snprintf(exe, sizeof exe, "%s/fuyou-%s-worker", s->bin_dir, name);
+    FY_SYS(access(exe, X_OK), "cannot run %s (is it built next to fuyou-launch?)", exe);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    FY_SYS(pid, "cannot start the %s worker (fork)", name);
+    if (pid == 0) {
+        sigprocmask(SIG_SETMASK, &s->old_mask, NULL);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) /* the launcher died before PDEATHSIG was armed */
+            _exit(1);
+        execl(exe, exe, "--run-dir", s->run_dir, (char *)NULL);
+        fprintf(stderr, "cannot execute %s: %s\n", exe, strerror(errno));
+        _exit(127);
+    }
+    struct sup_worker *w = &s->w[s->n++];
+    memset(w, 0, sizeof *w);
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->pid = pid;
+    w->alive = 1;
+    fy_info("started %s worker: pid %d", name, (int)pid);
+    return 0;
+}
+
+/* Waits for one message (any peer) or a signal; returns descriptor count, or negative. */
+static int wait_message(struct fy_sup *s, char peer[FY_CHAN_PEER_MAX], struct fy_desc *d,
+                        int64_t deadline, const char *awaiting, const char *from)
+{
+    for (;;) {
+        int rc = drain_signals(s);
+        if (rc < 0)
+            return rc;
+        int64_t left = deadline - now_ms();
+        if (left <= 0) {
+            fy_error("timed out waiting for %s from %s", awaiting, from);
+            return -ETIMEDOUT;
+        }
+        zmq_pollitem_t items[2] = {
+            {.socket = fy_chan_socket(s->chan), .events = ZMQ_POLLIN},
+            {.socket = NULL, .fd = s->sigfd, .events = ZMQ_POLLIN},
+        };
+        int ready = zmq_poll(items, 2, (long)left);
+        if (ready < 0 && zmq_errno() == EINTR)
+            continue;
+        FY_ZMQ(ready, "launcher: polling for %s from %s", awaiting, from);
+        if (items[0].revents & ZMQ_POLLIN)
+            return fy_chan_recv(s->chan, peer, d, FY_DESC_MAX_PARTS, 0, awaiting, from);
+    }
+}
+
+int fy_sup_wait_ready(struct fy_sup *s, int timeout_ms)
+{
+    int64_t deadline = now_ms() + timeout_ms;
+    for (;;) {
+        char waiting[128] = "";
+        for (unsigned i = 0; i < s->n; i++)
+            if (!s->w[i].ready)
+                snprintf(waiting + strlen(waiting), sizeof waiting - strlen(waiting), "%s%s",
+                         waiting[0] ? ", " : "", s->w[i].name);
+        if (waiting[0] == 0)
+            return 0;
+        char peer[FY_CHAN_PEER_MAX];
+        struct fy_desc d[FY_DESC_MAX_PARTS];
+        int n = wait_message(s, peer, d, deadline, "READY", waiting);
+        if (n == -EBADMSG || n == -EPROTO || n == -ERANGE)
+            continue;
+        if (n < 0)
+            return n;
+        struct sup_worker *w = find(s, peer);
+        if (w == NULL || d[0].op != FY_OP_READY) {
+            fy_warn("unexpected %s from '%s' while waiting for READY: ignored", fy_op_name(d[0].op),
+                    peer);
+            continue;
+        }
+        w->ready = 1;
+        fy_info("%s worker ready", w->name);
+    }
+}
+
+int fy_sup_call(struct fy_sup *s, const char *name, struct fy_desc *req, unsigned n,
+                struct fy_desc *reply, int timeout_ms)
+{
+    struct sup_worker *w = find(s, name);
+    FY_REQUIRE(w != NULL, -ENOENT, "no worker named '%s'", name);
+    if (!w->alive)
+        return -ECHILD;
+    uint64_t seq = ++s->seq;
+    for (unsigned i = 0; i < n; i++)
+        req[i].seq = seq;
+    int rc = fy_chan_send(s->chan, name, req, n);
+    if (rc < 0) {
+        int sig = drain_signals(s); /* a send failure is usually a worker that just died */
+        return sig < 0 ? sig : rc;
+    }
+    int64_t deadline = now_ms() + timeout_ms;
+    char awaiting[64];
+    snprintf(awaiting, sizeof awaiting, "the reply to %s #%llu", fy_op_name(req[0].op),
+             (unsigned long long)seq);
+    char from[48];
+    snprintf(from, sizeof from, "the %s worker", name);
+    for (;;) {
+        char peer[FY_CHAN_PEER_MAX];
+        struct fy_desc d[FY_DESC_MAX_PARTS];
+        int got = wait_message(s, peer, d, deadline, awaiting, from);
+        if (got == -EBADMSG || got == -EPROTO || got == -ERANGE)
+            continue;
+        if (got < 0)
+            return got;
+        if (strcmp(peer, name) != 0 || d[0].op != FY_OP_DONE || d[0].seq != seq) {
+            fy_warn("unexpected %s #%llu from '%s' while waiting for %s: ignored",
+                    fy_op_name(d[0].op), (unsigned long long)d[0].seq, peer, awaiting);
+            continue;
+        }
+        if (reply != NULL)
+            *reply = d[0];
+        return d[0].status;
+    }
+}
+
+static int any_alive(const struct fy_sup *s)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (s->w[i].alive)
+            return 1;
+    return 0;
+}
+
+/* Waits for live workers to exit until the deadline; the signals keep being drained. */
+static void wait_exits(struct fy_sup *s, int64_t deadline)
+{
+    while (any_alive(s) && now_ms() < deadline) {
+        reap(s);
+        if (!any_alive(s))
+            break;
+        struct timespec pause = {0, 20 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+int fy_sup_stop(struct fy_sup *s, int timeout_ms)
+{
+    int rc = 0;
+    for (unsigned i = 0; i < s->n; i++) {
+        struct sup_worker *w = &s->w[i];
+        w->stopping = 1;
+        if (!w->alive)
+            continue;
+        struct fy_desc stop = {.op = FY_OP_STOP, .kind = FY_KIND_CONTROL, .layer = -1};
+        uint64_t seq = ++s->seq;
+        stop.seq = seq;
+        if (fy_chan_send(s->chan, w->name, &stop, 1) < 0) {
+            rc = -EIO;
+            continue;
+        }
+        int64_t deadline = now_ms() + timeout_ms;
+        for (;;) {
+            char peer[FY_CHAN_PEER_MAX];
+            struct fy_desc d[FY_DESC_MAX_PARTS];
+            int got = wait_message(s, peer, d, deadline, "the stop acknowledgement", w->name);
+            if (got == -EINTR || got == -ECHILD) {
+                if (!w->alive)
+                    break;
+                continue; /* a second signal or another death: keep stopping in order */
+            }
+            if (got < 0) {
+                rc = got;
+                break;
+            }
+            if (strcmp(peer, w->name) == 0 && d[0].op == FY_OP_DONE && d[0].seq == seq)
+                break;
+        }
+    }
+    wait_exits(s, now_ms() + timeout_ms);
+    for (int sig = SIGTERM; any_alive(s); sig = SIGKILL) {
+        for (unsigned i = 0; i < s->n; i++)
+            if (s->w[i].alive) {
+                fy_warn("%s worker (pid %d) did not stop: sending %s", s->w[i].name,
+                        (int)s->w[i].pid, sig == SIGTERM ? "SIGTERM" : "SIGKILL");
+                kill(s->w[i].pid, sig);
+            }
+        wait_exits(s, now_ms() + (sig == SIGTERM ? 5000 : 60000));
+        rc = rc ? rc : -ETIMEDOUT;
+        if (sig == SIGKILL)
+            break;
+    }
+    for (unsigned i = 0; i < s->n; i++)
+        if (!(WIFEXITED(s->w[i].status) && WEXITSTATUS(s->w[i].status) == 0) && rc == 0)
+            rc = -ECHILD;
+    return rc;
+}
+
+void fy_sup_destroy(struct fy_sup **sp)
+{
+    if (sp == NULL || *sp == NULL)
+        return;
+    struct fy_sup *s = *sp;
+    for (unsigned i = 0; i < s->n; i++)
+        if (s->w[i].alive) {
+            kill(s->w[i].pid, SIGKILL);
+            waitpid(s->w[i].pid, NULL, 0);
+            s->w[i].alive = 0;
+        }
+    if (s->sigfd >= 0)
+        close(s->sigfd);
+    sigprocmask(SIG_SETMASK, &s->old_mask, NULL);
+    free(s);
+    *sp = NULL;
+}
+
+int fy_sup_interrupted(const struct fy_sup *s) { return s->interrupted; }
+
+const char *fy_sup_failed_worker(const struct fy_sup *s)
+{
+    return s->failed >= 0 ? s->w[s->failed].name : NULL;
+}
+
+pid_t fy_sup_pid(const struct fy_sup *s, const char *name)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (strcmp(s->w[i].name, name) == 0)
+            return s->w[i].pid;
+    return -1;
+}
+
+int fy_sup_write_pids(const struct fy_sup *s, const char *path)
+{
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    FY_SYS(f == NULL ? -1 : 0, "cannot write %s", tmp);
+    fprintf(f, "launch %d\n", (int)getpid());
+    for (unsigned i = 0; i < s->n; i++)
+        fprintf(f, "%s %d\n", s->w[i].name, (int)s->w[i].pid);
+    int failed = fclose(f) != 0;
+    FY_SYS(failed ? -1 : 0, "cannot write %s", tmp);
+    FY_SYS(rename(tmp, path), "cannot rename %s to %s", tmp, path);
+    return 0;
+}

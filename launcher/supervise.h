@@ -1,0 +1,42 @@
+/* Worker supervision for fuyou-launch: spawn the worker executables pinned by their run config,
+ * wait for READY, exchange requests while watching for worker death (SIGCHLD) and SIGINT/SIGTERM
+ * through a signalfd, and stop everything in order. */
+#ifndef FY_SUPERVISE_H
+#define FY_SUPERVISE_H
+
+#include <sys/types.h>
+
+#include "common/chan.h"
+#include "common/desc.h"
+
+#define FY_SUP_MAX_WORKERS 4
+
+struct fy_sup;
+
+/* Blocks SIGCHLD, SIGINT and SIGTERM in the calling thread and reads them from a signalfd. */
+int fy_sup_new(struct fy_sup **out, const char *run_dir, struct fy_chan *chan);
+/* Kills (SIGKILL) any worker still running, reaps it, and restores the signal mask. */
+void fy_sup_destroy(struct fy_sup **s);
+
+/* Starts BIN_DIR/fuyou-NAME-worker --run-dir RUN_DIR; it dies with the launcher (PDEATHSIG). */
+int fy_sup_spawn(struct fy_sup *s, const char *name);
+/* Waits until every spawned worker said READY. -ETIMEDOUT names the ones that did not. */
+int fy_sup_wait_ready(struct fy_sup *s, int timeout_ms);
+/* Sends a request to a worker (seq assigned here) and waits for its DONE. Returns the reply's
+ * status (0 or -errno from the worker), -ECHILD when a worker died, -EINTR on SIGINT/SIGTERM,
+ * -ETIMEDOUT when the worker did not answer in time. */
+int fy_sup_call(struct fy_sup *s, const char *name, struct fy_desc *req, unsigned n,
+                struct fy_desc *reply, int timeout_ms);
+/* Orderly stop: STOP to each live worker in spawn order, acknowledgements, exits; a worker that does
+ * not comply within timeout_ms gets SIGTERM, then SIGKILL. Returns 0 when all stopped cleanly. */
+int fy_sup_stop(struct fy_sup *s, int timeout_ms);
+
+/* The signal that interrupted the run (SIGINT/SIGTERM), or 0. */
+int fy_sup_interrupted(const struct fy_sup *s);
+/* Name of the first worker that died unexpectedly, or NULL. */
+const char *fy_sup_failed_worker(const struct fy_sup *s);
+pid_t fy_sup_pid(const struct fy_sup *s, const char *name);
+/* Writes "name pid" lines to path (atomically), for people and tools watching the run. */
+int fy_sup_write_pids(const struct fy_sup *s, const char *path);
+
+#endif

@@ -1,0 +1,555 @@
+/* AdamW kernels (scalar, AVX2, AVX-512F) and the gradient sum of squares.
+ * Bit-identity across the three rests on: the same float operations in the same order per
+ * element (elements are independent, so vector width, peeling and tails don't matter), no FMA
+ * (the vector code uses separate mul/add intrinsics and the build uses -ffp-contract=off, which
+ * also keeps the compiler from fusing the scalar code), IEEE sqrt and division everywhere, and
+ * per-call scalars computed once here in double. The test checks it. */
+#include "opt_worker/adamw.h"
+
+#include <errno.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/check.h"
+#include "common/dtype.h"
+#include "common/log.h"
+#include "opt_worker/threads.h"
+
+#define FY_AVX2 __attribute__((target("avx2")))
+#define FY_AVX2_INLINE static inline __attribute__((always_inline, target("avx2")))
+#define FY_AVX512 __attribute__((target("avx512f,avx512bw")))
+#define FY_AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw")))
+
+/* The per-call float scalars, shared by all implementations. */
+struct fy_adamw_k {
+    float decay; /* 1 - lr*wd */
+    float b1, omb1, b2, omb2;
+    float step; /* lr / (1 - b1^t) */
+    float bc2s; /* sqrt(1 - b2^t) */
+    float eps;
+};
+
+typedef void (*fy_adamw_kernel)(const struct fy_adamw_k *k, const struct fy_adamw_tensor *x,
+                                size_t begin, size_t end);
+
+/* b^t by repeated squaring: exact IEEE double multiplies, so the same on every CPU (libm's pow
+ * picks an FMA or non-FMA variant at load time). */
+static double fy_adamw_powu(double b, uint64_t t)
+{
+    double r = 1.0;
+    while (t != 0) {
+        if (t & 1u)
+            r *= b;
+        b *= b;
+        t >>= 1;
+    }
+    return r;
+}
+
+static void fy_adamw_consts(const struct fy_adamw_hparams *hp, uint64_t t, struct fy_adamw_k *k)
+{
+    double bc1 = 1.0 - fy_adamw_powu((double)hp->beta1, t);
+    double bc2 = 1.0 - fy_adamw_powu((double)hp->beta2, t);
+    k->decay = (float)(1.0 - (double)hp->lr * (double)hp->weight_decay);
+    k->b1 = hp->beta1;
+    k->omb1 = (float)(1.0 - (double)hp->beta1);
+    k->b2 = hp->beta2;
+    k->omb2 = (float)(1.0 - (double)hp->beta2);
+    k->step = (float)((double)hp->lr / bc1);
+    k->bc2s = (float)sqrt(bc2);
+    k->eps = hp->eps;
+}
+
+/* One element; also the peel and tail of the vector kernels, which is what keeps them identical. */
+static inline __attribute__((always_inline)) void
+fy_adamw_elem(const struct fy_adamw_k *k, const struct fy_adamw_tensor *x, size_t i, float g)
+{
+    float p = x->master[i] * k->decay;
+    float m = k->b1 * x->m[i] + k->omb1 * g;
+    float v = k->b2 * x->v[i] + k->omb2 * (g * g);
+    float den = sqrtf(v) / k->bc2s + k->eps;
+    p = p - (k->step * m) / den;
+    x->master[i] = p;
+    x->m[i] = m;
+    x->v[i] = v;
+    if (x->weight_bf16 != NULL)
+        x->weight_bf16[i] = fy_f32_to_bf16(p);
+}
+
+static inline __attribute__((always_inline)) float fy_adamw_grad_at(const void *g, int bf16,
+                                                                      size_t i)
+{
+    return bf16 ? fy_bf16_to_f32(((const uint16_t *)g)[i]) : ((const float *)g)[i];
+}
+
+static void fy_adamw_k_scalar(const struct fy_adamw_k *k, const struct fy_adamw_tensor *x,
+                              size_t begin, size_t end)
+{
+    int bf16 = x->grad_dtype == FY_DTYPE_BF16;
+    for (size_t i = begin; i < end; i++)
+        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+}
+
+/* Elements to do one by one so that master + begin is aligned to `bytes` (the other arrays
+ * usually share its alignment); capped at end - begin. */
+static size_t fy_adamw_peel(const float *master, size_t begin, size_t end, size_t bytes)
+{
+    uintptr_t a = (uintptr_t)(master + begin);
+    size_t peel = (a % 4u) ? 0 : ((bytes - a % bytes) % bytes) / 4u;
+    return peel < end - begin ? peel : end - begin;
+}
+
+/* ---- AVX2 ---- */
+
+struct fy_adamw_k8 {
+    __m256 decay, b1, omb1, b2, omb2, step, bc2s, eps;
+};
+
+FY_AVX2_INLINE __m256 fy_adamw_avx2_grad(const void *g, int bf16, size_t i)
+{
+    if (bf16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)g + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)g + i);
+}
+
+/* fy_f32_to_bf16 on 8 lanes. */
+FY_AVX2_INLINE __m128i fy_adamw_avx2_bf16(__m256 f)
+{
+    __m256i b = _mm256_castps_si256(f);
+    __m256i hi = _mm256_srli_epi32(b, 16);
+    /* abs <= 0x7fffffff, so the signed compare is right */
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)),
+                                                   lsb), 16);
+    __m256i q = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, q, nan);
+    /* every lane is < 65536, so the unsigned saturation never triggers */
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+FY_AVX2_INLINE void fy_adamw_avx2_vec(const struct fy_adamw_k8 *c,
+                                      const struct fy_adamw_tensor *x, size_t i, int bf16, int out)
+{
+    __m256 g = fy_adamw_avx2_grad(x->grad, bf16, i);
+    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x->master + i), c->decay);
+    __m256 m = _mm256_add_ps(_mm256_mul_ps(c->b1, _mm256_loadu_ps(x->m + i)),
+                             _mm256_mul_ps(c->omb1, g));
+    __m256 v = _mm256_add_ps(_mm256_mul_ps(c->b2, _mm256_loadu_ps(x->v + i)),
+                             _mm256_mul_ps(c->omb2, _mm256_mul_ps(g, g)));
+    __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), c->bc2s), c->eps);
+    p = _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(c->step, m), den));
+    _mm256_storeu_ps(x->master + i, p);
+    _mm256_storeu_ps(x->m + i, m);
+    _mm256_storeu_ps(x->v + i, v);
+    if (out)
+        _mm_storeu_si128((__m128i *)(x->weight_bf16 + i), fy_adamw_avx2_bf16(p));
+}
+
+FY_AVX2_INLINE void fy_adamw_avx2_loop(const struct fy_adamw_k *k,
+                                       const struct fy_adamw_tensor *x, size_t begin, size_t end,
+                                       int bf16, int out)
+{
+    struct fy_adamw_k8 c = {
+        _mm256_set1_ps(k->decay), _mm256_set1_ps(k->b1),   _mm256_set1_ps(k->omb1),
+        _mm256_set1_ps(k->b2),    _mm256_set1_ps(k->omb2), _mm256_set1_ps(k->step),
+        _mm256_set1_ps(k->bc2s),  _mm256_set1_ps(k->eps),
+    };
+    size_t i = begin, stop = begin + fy_adamw_peel(x->master, begin, end, 32);
+    for (; i < stop; i++)
+        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+    for (; i + 16 <= end; i += 16) {
+        fy_adamw_avx2_vec(&c, x, i, bf16, out);
+        fy_adamw_avx2_vec(&c, x, i + 8, bf16, out);
+    }
+    for (; i + 8 <= end; i += 8)
+        fy_adamw_avx2_vec(&c, x, i, bf16, out);
+    for (; i < end; i++)
+        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+}
+
+FY_AVX2 static void fy_adamw_k_avx2(const struct fy_adamw_k *k, const struct fy_adamw_tensor *x,
+                                    size_t begin, size_t end)
+{
+    int bf16 = x->grad_dtype == FY_DTYPE_BF16, out = x->weight_bf16 != NULL;
+    /* one specialised loop per case, so the inner loop has no branches */
+    if (bf16 && out)
+        fy_adamw_avx2_loop(k, x, begin, end, 1, 1);
+    else if (bf16)
+        fy_adamw_avx2_loop(k, x, begin, end, 1, 0);
+    else if (out)
+        fy_adamw_avx2_loop(k, x, begin, end, 0, 1);
+    else
+        fy_adamw_avx2_loop(k, x, begin, end, 0, 0);
+}
+
+/* ---- AVX-512 ---- */
+
+struct fy_adamw_k16 {
+    __m512 decay, b1, omb1, b2, omb2, step, bc2s, eps;
+};
+
+FY_AVX512_INLINE __m512 fy_adamw_avx512_grad(const void *g, int bf16, size_t i)
+{
+    if (bf16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float *)g + i);
+}
+
+FY_AVX512_INLINE __m256i fy_adamw_avx512_bf16(__m512 f)
+{
+    __m512i b = _mm512_castps_si512(f);
+    __m512i hi = _mm512_srli_epi32(b, 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)),
+                                                   lsb), 16);
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r); /* lanes < 65536: truncation is exact */
+}
+
+FY_AVX512_INLINE void fy_adamw_avx512_vec(const struct fy_adamw_k16 *c,
+                                          const struct fy_adamw_tensor *x, size_t i, int bf16,
+                                          int out)
+{
+    __m512 g = fy_adamw_avx512_grad(x->grad, bf16, i);
+    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x->master + i), c->decay);
+    __m512 m = _mm512_add_ps(_mm512_mul_ps(c->b1, _mm512_loadu_ps(x->m + i)),
+                             _mm512_mul_ps(c->omb1, g));
+    __m512 v = _mm512_add_ps(_mm512_mul_ps(c->b2, _mm512_loadu_ps(x->v + i)),
+                             _mm512_mul_ps(c->omb2, _mm512_mul_ps(g, g)));
+    __m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), c->bc2s), c->eps);
+    p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(c->step, m), den));
+    _mm512_storeu_ps(x->master + i, p);
+    _mm512_storeu_ps(x->m + i, m);
+    _mm512_storeu_ps(x->v + i, v);
+    if (out)
+        _mm256_storeu_si256((__m256i *)(x->weight_bf16 + i), fy_adamw_avx512_bf16(p));
+}
+
+FY_AVX512_INLINE void fy_adamw_avx512_loop(const struct fy_adamw_k *k,
+                                           const struct fy_adamw_tensor *x, size_t begin,
+                                           size_t end, int bf16, int out)
+{
+    struct fy_adamw_k16 c = {
+        _mm512_set1_ps(k->decay), _mm512_set1_ps(k->b1),   _mm512_set1_ps(k->omb1),
+        _mm512_set1_ps(k->b2),    _mm512_set1_ps(k->omb2), _mm512_set1_ps(k->step),
+        _mm512_set1_ps(k->bc2s),  _mm512_set1_ps(k->eps),
+    };
+    size_t i = begin, stop = begin + fy_adamw_peel(x->master, begin, end, 64);
+    for (; i < stop; i++)
+        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+    for (; i + 32 <= end; i += 32) {
+        fy_adamw_avx512_vec(&c, x, i, bf16, out);
+        fy_adamw_avx512_vec(&c, x, i + 16, bf16, out);
+    }
+    for (; i + 16 <= end; i += 16)
+        fy_adamw_avx512_vec(&c, x, i, bf16, out);
+    for (; i < end; i++)
+        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+}
+
+FY_AVX512 static void fy_adamw_k_avx512(const struct fy_adamw_k *k,
+                                        const struct fy_adamw_tensor *x, size_t begin, size_t end)
+{
+    int bf16 = x->grad_dtype == FY_DTYPE_BF16, out = x->weight_bf16 != NULL;
+    if (bf16 && out)
+        fy_adamw_avx512_loop(k, x, begin, end, 1, 1);
+    else if (bf16)
+        fy_adamw_avx512_loop(k, x, begin, end, 1, 0);
+    else if (out)
+        fy_adamw_avx512_loop(k, x, begin, end, 0, 1);
+    else
+        fy_adamw_avx512_loop(k, x, begin, end, 0, 0);
+}
+
+/* ---- selection ---- */
+
+int fy_adamw_impl_supported(enum fy_adamw_impl impl)
+{
+    switch (impl) {
+    case FY_ADAMW_AUTO:
+    case FY_ADAMW_SCALAR:
+        return 1;
+    case FY_ADAMW_AVX2:
+        return __builtin_cpu_supports("avx2") ? 1 : 0;
+    case FY_ADAMW_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 1 : 0;
+    }
+    return 0;
+}
+
+enum fy_adamw_impl fy_adamw_best_impl(void)
+{
+    if (fy_adamw_impl_supported(FY_ADAMW_AVX512))
+        return FY_ADAMW_AVX512;
+    if (fy_adamw_impl_supported(FY_ADAMW_AVX2))
+        return FY_ADAMW_AVX2;
+    return FY_ADAMW_SCALAR;
+}
+
+const char *fy_adamw_impl_name(enum fy_adamw_impl impl)
+{
+    switch (impl) {
+    case FY_ADAMW_AUTO: return "auto";
+    case FY_ADAMW_SCALAR: return "scalar";
+    case FY_ADAMW_AVX2: return "avx2";
+    case FY_ADAMW_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+int fy_adamw_impl_parse(const char *name, enum fy_adamw_impl *out)
+{
+    static const enum fy_adamw_impl all[] = {FY_ADAMW_AUTO, FY_ADAMW_SCALAR, FY_ADAMW_AVX2,
+                                             FY_ADAMW_AVX512};
+    for (size_t i = 0; name != NULL && i < sizeof all / sizeof all[0]; i++)
+        if (strcasecmp(name, fy_adamw_impl_name(all[i])) == 0) {
+            *out = all[i];
+            return 0;
+        }
+    fy_error("adamw: unknown implementation '%s'; use auto, scalar, avx2 or avx512",
+             name ? name : "(null)");
+    return -EINVAL;
+}
+
+static int fy_adamw_kernel_for(enum fy_adamw_impl impl, fy_adamw_kernel *out)
+{
+    if (impl == FY_ADAMW_AUTO)
+        impl = fy_adamw_best_impl();
+    FY_REQUIRE(impl >= FY_ADAMW_SCALAR && impl <= FY_ADAMW_AVX512, -EINVAL,
+               "adamw: unknown implementation %d; use enum fy_adamw_impl", (int)impl);
+    FY_REQUIRE(fy_adamw_impl_supported(impl), -EINVAL,
+               "adamw: this CPU lacks %s; use FY_ADAMW_AUTO (best here: %s)",
+               fy_adamw_impl_name(impl), fy_adamw_impl_name(fy_adamw_best_impl()));
+    *out = impl == FY_ADAMW_AVX512 ? fy_adamw_k_avx512
+           : impl == FY_ADAMW_AVX2 ? fy_adamw_k_avx2
+                                   : fy_adamw_k_scalar;
+    return 0;
+}
+
+int fy_adamw_check_hparams(const struct fy_adamw_hparams *hp, uint64_t t)
+{
+    FY_REQUIRE(hp != NULL, -EINVAL, "adamw: hparams is NULL");
+    FY_REQUIRE(t >= 1, -EINVAL, "adamw: step count t is 0; it starts at 1 for the first update");
+    FY_REQUIRE(isfinite(hp->lr) && hp->lr >= 0.0f, -EINVAL,
+               "adamw: lr = %g; it must be finite and >= 0", (double)hp->lr);
+    FY_REQUIRE(isfinite(hp->beta1) && hp->beta1 >= 0.0f && hp->beta1 < 1.0f, -EINVAL,
+               "adamw: beta1 = %g; it must be in [0, 1)", (double)hp->beta1);
+    FY_REQUIRE(isfinite(hp->beta2) && hp->beta2 >= 0.0f && hp->beta2 < 1.0f, -EINVAL,
+               "adamw: beta2 = %g; it must be in [0, 1)", (double)hp->beta2);
+    FY_REQUIRE(isfinite(hp->eps) && hp->eps >= 0.0f, -EINVAL,
+               "adamw: eps = %g; it must be finite and >= 0", (double)hp->eps);
+    FY_REQUIRE(isfinite(hp->weight_decay) && hp->weight_decay >= 0.0f, -EINVAL,
+               "adamw: weight_decay = %g; it must be finite and >= 0", (double)hp->weight_decay);
+    return 0;
+}
+
+static int fy_adamw_check_tensor(const struct fy_adamw_tensor *x, size_t begin, size_t end)
+{
+    FY_REQUIRE(x != NULL, -EINVAL, "adamw: tensor is NULL");
+    FY_REQUIRE(x->grad_dtype == FY_DTYPE_F32 || x->grad_dtype == FY_DTYPE_BF16, -EINVAL,
+               "adamw: gradient dtype %d (%s) unsupported; use FY_DTYPE_F32 or FY_DTYPE_BF16",
+               x->grad_dtype, fy_dtype_name(x->grad_dtype));
+    FY_REQUIRE(begin <= end && end <= x->n, -EINVAL,
+               "adamw: range [%zu, %zu) is not inside the tensor's %zu elements", begin, end, x->n);
+    FY_REQUIRE(x->n == 0 || (x->master && x->m && x->v && x->grad), -EINVAL,
+               "adamw: master, m, v and grad must all be set for a tensor of %zu elements", x->n);
+    return 0;
+}
+
+int fy_adamw_update_range(const struct fy_adamw_hparams *hp, uint64_t t,
+                          const struct fy_adamw_tensor *x, size_t begin, size_t end,
+                          enum fy_adamw_impl impl)
+{
+    fy_adamw_kernel kern;
+    FY_TRY(fy_adamw_check_hparams(hp, t));
+    FY_TRY(fy_adamw_check_tensor(x, begin, end));
+    FY_TRY(fy_adamw_kernel_for(impl, &kern));
+    struct fy_adamw_k k;
+    fy_adamw_consts(hp, t, &k);
+    if (begin < end)
+        kern(&k, x, begin, end);
+    return 0;
+}
+
+struct fy_adamw_job {
+    const struct fy_adamw_k *k;
+    const struct fy_adamw_tensor *x;
+    fy_adamw_kernel kern;
+};
+
+static int fy_adamw_job_run(void *arg, unsigned index, unsigned count)
+{
+    const struct fy_adamw_job *j = arg;
+    size_t b, e;
+    fy_threads_split(j->x->n, 64, index, count, &b, &e);
+    if (b < e)
+        j->kern(j->k, j->x, b, e);
+    return 0;
+}
+
+int fy_adamw_update(struct fy_threads *pool, const struct fy_adamw_hparams *hp, uint64_t t,
+                    const struct fy_adamw_tensor *x, enum fy_adamw_impl impl)
+{
+    fy_adamw_kernel kern;
+    FY_TRY(fy_adamw_check_hparams(hp, t));
+    FY_REQUIRE(x != NULL, -EINVAL, "adamw: tensor is NULL");
+    FY_TRY(fy_adamw_check_tensor(x, 0, x->n));
+    FY_TRY(fy_adamw_kernel_for(impl, &kern));
+    struct fy_adamw_k k;
+    fy_adamw_consts(hp, t, &k);
+    struct fy_adamw_job job = {&k, x, kern};
+    if (pool == NULL || x->n == 0)
+        return fy_adamw_job_run(&job, 0, 1);
+    return fy_threads_run(pool, fy_adamw_job_run, &job);
+}
+
+/* ---- sum of squares ---- */
+
+#define FY_SUMSQ_LANES 16
+
+static double fy_adamw_lanes_sum(double *acc)
+{
+    for (int w = FY_SUMSQ_LANES / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++)
+            acc[i] = acc[i] + acc[i + w];
+    return acc[0];
+}
+
+/* Adds elements [i, n) of a chunk (g points at its start) into their lanes acc[j % 16]. */
+static void fy_adamw_sumsq_tail(const void *g, int bf16, size_t i, size_t n, double *acc)
+{
+    for (; i < n; i++) {
+        double d = (double)fy_adamw_grad_at(g, bf16, i);
+        acc[i % FY_SUMSQ_LANES] += d * d;
+    }
+}
+
+static double fy_adamw_sumsq_scalar(const void *g, int bf16, size_t n)
+{
+    double acc[FY_SUMSQ_LANES] = {0};
+    fy_adamw_sumsq_tail(g, bf16, 0, n, acc);
+    return fy_adamw_lanes_sum(acc);
+}
+
+FY_AVX2_INLINE __m256d fy_adamw_avx2_sq(__m128 f)
+{
+    __m256d d = _mm256_cvtps_pd(f);
+    return _mm256_mul_pd(d, d);
+}
+
+FY_AVX2 static double fy_adamw_sumsq_avx2(const void *g, int bf16, size_t n)
+{
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 lo = fy_adamw_avx2_grad(g, bf16, i), hi = fy_adamw_avx2_grad(g, bf16, i + 8);
+        a0 = _mm256_add_pd(a0, fy_adamw_avx2_sq(_mm256_castps256_ps128(lo)));
+        a1 = _mm256_add_pd(a1, fy_adamw_avx2_sq(_mm256_extractf128_ps(lo, 1)));
+        a2 = _mm256_add_pd(a2, fy_adamw_avx2_sq(_mm256_castps256_ps128(hi)));
+        a3 = _mm256_add_pd(a3, fy_adamw_avx2_sq(_mm256_extractf128_ps(hi, 1)));
+    }
+    double acc[FY_SUMSQ_LANES];
+    _mm256_storeu_pd(acc, a0);
+    _mm256_storeu_pd(acc + 4, a1);
+    _mm256_storeu_pd(acc + 8, a2);
+    _mm256_storeu_pd(acc + 12, a3);
+    fy_adamw_sumsq_tail(g, bf16, i, n, acc);
+    return fy_adamw_lanes_sum(acc);
+}
+
+FY_AVX512 static double fy_adamw_sumsq_avx512(const void *g, int bf16, size_t n)
+{
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 f = fy_adamw_avx512_grad(g, bf16, i);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+        __m512d hi = _mm512_cvtps_pd(
+            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+        a0 = _mm512_add_pd(a0, _mm512_mul_pd(lo, lo));
+        a1 = _mm512_add_pd(a1, _mm512_mul_pd(hi, hi));
+    }
+    double acc[FY_SUMSQ_LANES];
+    _mm512_storeu_pd(acc, a0);
+    _mm512_storeu_pd(acc + 8, a1);
+    fy_adamw_sumsq_tail(g, bf16, i, n, acc);
+    return fy_adamw_lanes_sum(acc);
+}
+
+struct fy_adamw_sumsq_job {
+    const void *grad;
+    int bf16;
+    size_t n, chunks;
+    double *part;
+    double (*chunk)(const void *g, int bf16, size_t n);
+};
+
+static int fy_adamw_sumsq_run(void *arg, unsigned index, unsigned count)
+{
+    const struct fy_adamw_sumsq_job *j = arg;
+    size_t b, e, esz = j->bf16 ? 2 : 4;
+    fy_threads_split(j->chunks, 1, index, count, &b, &e);
+    for (size_t c = b; c < e; c++) {
+        size_t lo = c * FY_ADAMW_SUMSQ_CHUNK;
+        size_t len = j->n - lo < FY_ADAMW_SUMSQ_CHUNK ? j->n - lo : FY_ADAMW_SUMSQ_CHUNK;
+        j->part[c] = j->chunk((const char *)j->grad + lo * esz, j->bf16, len);
+    }
+    return 0;
+}
+
+int fy_adamw_sumsq(struct fy_threads *pool, const void *grad, int grad_dtype, size_t n,
+                   double *out)
+{
+    return fy_adamw_sumsq_impl(pool, grad, grad_dtype, n, FY_ADAMW_AUTO, out);
+}
+
+int fy_adamw_sumsq_impl(struct fy_threads *pool, const void *grad, int grad_dtype, size_t n,
+                        enum fy_adamw_impl impl, double *out)
+{
+    fy_adamw_kernel unused;
+    FY_TRY(fy_adamw_kernel_for(impl, &unused));
+    if (impl == FY_ADAMW_AUTO)
+        impl = fy_adamw_best_impl();
+    FY_REQUIRE(out != NULL, -EINVAL, "adamw_sumsq: out is NULL");
+    FY_REQUIRE(grad_dtype == FY_DTYPE_F32 || grad_dtype == FY_DTYPE_BF16, -EINVAL,
+               "adamw_sumsq: gradient dtype %d (%s) unsupported; use FY_DTYPE_F32 or FY_DTYPE_BF16",
+               grad_dtype, fy_dtype_name(grad_dtype));
+    FY_REQUIRE(n == 0 || grad != NULL, -EINVAL, "adamw_sumsq: grad is NULL for %zu elements", n);
+    *out = 0.0;
+    if (n == 0)
+        return 0;
+    struct fy_adamw_sumsq_job j = {
+        .grad = grad,
+        .bf16 = grad_dtype == FY_DTYPE_BF16,
+        .n = n,
+        .chunks = (n + FY_ADAMW_SUMSQ_CHUNK - 1) / FY_ADAMW_SUMSQ_CHUNK,
+        .chunk = impl == FY_ADAMW_AVX512 ? fy_adamw_sumsq_avx512
+                 : impl == FY_ADAMW_AVX2 ? fy_adamw_sumsq_avx2
+                                         : fy_adamw_sumsq_scalar,
+    };
+    double one;
+    j.part = j.chunks == 1 ? &one : malloc(j.chunks * sizeof *j.part);
+    FY_REQUIRE(j.part != NULL, -ENOMEM, "adamw_sumsq: out of memory for %zu partial sums",
+               j.chunks);
+    int rc = pool == NULL || j.chunks == 1 ? fy_adamw_sumsq_run(&j, 0, 1)
+                                           : fy_threads_run(pool, fy_adamw_sumsq_run, &j);
+    double s = 0.0;
+    for (size_t c = 0; rc == 0 && c < j.chunks; c++)
+        s += j.part[c];
+    if (j.part != &one)
+        free(j.part);
+    if (rc == 0)
+        *out = s;
+    return rc;
+}

@@ -1,0 +1,74 @@
+/* AdamW as torch.optim.AdamW computes it (decoupled weight decay, bias correction) over fp32 master
+ * weights and moments, with bf16 or fp32 gradients, in scalar, AVX2 and AVX-512 versions that give
+ * bit-identical results, so a run reproduces whichever CPU it lands on. Also the gradient
+ * sum of squares for global norm clipping. */
+#ifndef FY_ADAMW_H
+#define FY_ADAMW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum fy_adamw_impl { FY_ADAMW_AUTO = 0, FY_ADAMW_SCALAR, FY_ADAMW_AVX2, FY_ADAMW_AVX512 };
+
+struct fy_adamw_hparams {
+    float lr, beta1, beta2, eps, weight_decay;
+};
+
+struct fy_adamw_tensor {
+    float *master;
+    float *m;
+    float *v;
+    const void *grad;
+    int grad_dtype;        /* FY_DTYPE_F32 or FY_DTYPE_BF16 */
+    uint16_t *weight_bf16; /* bf16 copy of the updated master (round to nearest even); may be NULL */
+    size_t n;
+};
+
+/* Per element, in float, in this order (scalars from the hparams and t computed once per call in
+ * double, then rounded to float; b^t by repeated squaring, not libm pow, whose result may depend
+ * on the CPU):
+ *   p = p * (1 - lr*wd)
+ *   m = b1*m + (1-b1)*g
+ *   v = b2*v + (1-b2)*(g*g)
+ *   p = p - ((lr/(1-b1^t)) * m) / (sqrt(v)/sqrt(1-b2^t) + eps)
+ * This is PyTorch's single-tensor AdamW up to its use of lerp for m. */
+
+/* Best implementation this CPU supports (never FY_ADAMW_AUTO). */
+enum fy_adamw_impl fy_adamw_best_impl(void);
+/* 1 if impl can run here (AUTO and SCALAR always can), else 0. */
+int fy_adamw_impl_supported(enum fy_adamw_impl impl);
+/* "auto", "scalar", "avx2", "avx512" or "unknown". */
+const char *fy_adamw_impl_name(enum fy_adamw_impl impl);
+/* Parses a name of fy_adamw_impl_name; -EINVAL (logged) if unknown. */
+int fy_adamw_impl_parse(const char *name, enum fy_adamw_impl *out);
+
+/* Checks hparams (finite, lr >= 0, 0 <= beta < 1, eps >= 0, weight_decay >= 0) and t >= 1;
+ * 0 or -EINVAL with a log line. */
+int fy_adamw_check_hparams(const struct fy_adamw_hparams *hp, uint64_t t);
+
+/* Updates elements [begin, end) of x in place; t is the 1-based step count of this tensor.
+ * Returns 0 or -EINVAL (bad dtype, range, NULL buffer, unsupported impl, bad hparams), logged. */
+int fy_adamw_update_range(const struct fy_adamw_hparams *hp, uint64_t t,
+                          const struct fy_adamw_tensor *x, size_t begin, size_t end,
+                          enum fy_adamw_impl impl);
+
+struct fy_threads;
+/* Whole tensor, split statically across the pool's threads (chunk boundaries multiples of 64
+ * elements), so the result is the same for any pool. pool == NULL: the calling thread alone. */
+int fy_adamw_update(struct fy_threads *pool, const struct fy_adamw_hparams *hp, uint64_t t,
+                    const struct fy_adamw_tensor *x, enum fy_adamw_impl impl);
+
+/* Elements per sum-of-squares chunk: each chunk is summed in double into 16 lanes (element j of
+ * the chunk into lane j % 16), lanes combined pairwise, chunks added in index order. The result
+ * therefore depends only on the data, not on the thread count or the SIMD width. */
+#define FY_ADAMW_SUMSQ_CHUNK 65536
+
+/* *out = sum over i of grad[i]^2, in double. pool == NULL: the calling thread alone.
+ * Returns 0, -EINVAL (bad dtype, NULL pointers) or -ENOMEM, logged. */
+int fy_adamw_sumsq(struct fy_threads *pool, const void *grad, int grad_dtype, size_t n,
+                   double *out);
+/* The same with a chosen implementation (for tests and benchmarks; the result is the same). */
+int fy_adamw_sumsq_impl(struct fy_threads *pool, const void *grad, int grad_dtype, size_t n,
+                        enum fy_adamw_impl impl, double *out);
+
+#endif

@@ -1,0 +1,478 @@
+/* Integration tests with the real processes: fuyou-launch starting the gpu, io and opt workers.
+ * The self-test's bytes on disk are compared with an in-process computation; malformed descriptors,
+ * tmpfs SSD paths, over-budget plans, killed workers, SIGTERM and stale leftovers are exercised. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/chan.h"
+#include "common/config.h"
+#include "common/dtype.h"
+#include "common/pool.h"
+#include "common/synth.h"
+#include "io_worker/ring.h"
+#include "io_worker/store.h"
+#include "launcher/selftest.h"
+#include "opt_worker/adamw.h"
+#include "tests/testutil.h"
+
+struct run {
+    char *dir;      /* holds run/, ssd0/, ssd1/ and launch.log */
+    char run_dir[512];
+    char ssd[2][512];
+    char log[512];
+};
+
+static int setup_run(void **state)
+{
+    struct run *r = calloc(1, sizeof *r);
+    r->dir = fy_test_tmpdir("launch");
+    assert_non_null(r->dir);
+    snprintf(r->run_dir, sizeof r->run_dir, "%s/run", r->dir);
+    for (int i = 0; i < 2; i++) {
+        snprintf(r->ssd[i], sizeof r->ssd[i], "%s/ssd%d", r->dir, i);
+        assert_int_equal(mkdir(r->ssd[i], 0700), 0);
+    }
+    snprintf(r->log, sizeof r->log, "%s/launch.log", r->dir);
+    *state = r;
+    return 0;
+}
+
+static int teardown_run(void **state)
+{
+    struct run *r = *state;
+    fy_test_rmdir(r->dir);
+    free(r->dir);
+    free(r);
+    return 0;
+}
+
+/* Starts fuyou-launch with the given arguments (NULL-terminated), stdout+stderr to r->log. */
+static pid_t start_launcher(struct run *r, const char *const *args)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        const char *argv[64];
+        int n = 0;
+        argv[n++] = fy_test_bin("fuyou-launch");
+        for (; *args && n < 62; args++)
+            argv[n++] = *args;
+        argv[n] = NULL;
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits up to seconds for pid; returns its wait status, or -1 on timeout (the child is killed). */
+static int wait_status(pid_t pid, int seconds)
+{
+    for (int i = 0; i < seconds * 50; i++) {
+        int status;
+        pid_t got = waitpid(pid, &status, WNOHANG);
+        if (got == pid)
+            return status;
+        struct timespec pause = {0, 20 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static int run_launcher(struct run *r, const char *const *args, int seconds)
+{
+    return wait_status(start_launcher(r, args), seconds);
+}
+
+static int log_contains(struct run *r, const char *needle)
+{
+    char *text = fy_test_slurp(r->log, NULL);
+    int found = text != NULL && strstr(text, needle) != NULL;
+    if (!found)
+        fprintf(stderr, "--- %s does not contain '%s'; it says:\n%s\n", r->log, needle,
+                text ? text : "(unreadable)");
+    free(text);
+    return found;
+}
+
+/* Waits until the log contains needle (the run reached some point). */
+static int wait_for_log(struct run *r, const char *needle, int seconds)
+{
+    for (int i = 0; i < seconds * 20; i++) {
+        char *text = fy_test_slurp(r->log, NULL);
+        int found = text != NULL && strstr(text, needle) != NULL;
+        free(text);
+        if (found)
+            return 1;
+        struct timespec pause = {0, 50 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    return 0;
+}
+
+/* Nothing of the run may remain in /dev/shm or among its sockets. */
+static void assert_no_leftovers(struct run *r)
+{
+    char name[FY_POOL_NAME_MAX], path[600];
+    if (access(r->run_dir, F_OK) != 0)
+        return; /* refused before the run directory existed: nothing was made */
+    assert_int_equal(fy_pool_name_for_run(r->run_dir, name, sizeof name), 0);
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof path, "%s/ipc", r->run_dir);
+    assert_int_equal(access(path, F_OK), -1);
+}
+
+static void read_extent(struct fy_store *s, struct fy_ring *ring, uint32_t tensor, void *buf,
+                        size_t bytes)
+{
+    assert_int_equal(fy_store_read(s, ring, tensor, 0, buf, bytes, 30000), 0);
+}
+
+/* Runs the self-test and compares the SSD store, byte for byte, with the same steps computed here
+ * by the scalar AdamW kernel (itself checked against float64 in test_adamw). */
+static void check_roundtrip(struct run *r, unsigned npaths, int grad_dtype, uint64_t params,
+                            unsigned steps, uint64_t seed)
+{
+    char ssd[1100], params_s[32], steps_s[32], seed_s[32];
+    snprintf(ssd, sizeof ssd, npaths == 2 ? "%s,%s" : "%s", r->ssd[0], r->ssd[1]);
+    snprintf(params_s, sizeof params_s, "%llu", (unsigned long long)params);
+    snprintf(steps_s, sizeof steps_s, "%u", steps);
+    snprintf(seed_s, sizeof seed_s, "%llu", (unsigned long long)seed);
+    const char *args[] = {"selftest", "--run-dir", r->run_dir, "--ssd", ssd, "--params", params_s,
+                          "--steps", steps_s, "--seed", seed_s, "--grad-dtype",
+                          grad_dtype == FY_DTYPE_BF16 ? "bf16" : "f32", "--backend", "cpu",
+                          "--lr", "0.001", "--weight-decay", "0.1", "--stripe-unit", "64K", NULL};
+    int status = run_launcher(r, args, 120);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(log_contains(r, "selftest passed"));
+    assert_no_leftovers(r);
+
+    struct fy_selftest_layout l;
+    fy_selftest_layout(params, grad_dtype, &l);
+    float *master = malloc(params * 4), *m = malloc(params * 4), *v = malloc(params * 4);
+    uint16_t *weights = malloc(params * 2);
+    void *grad = malloc(params * 4);
+    fy_selftest_init_state(seed, params, master, m, v);
+    struct fy_adamw_hparams hp = {0.001f, 0.9f, 0.999f, 1e-8f, 0.1f};
+    for (unsigned t = 1; t <= steps; t++) {
+        for (uint64_t i = 0; i < params; i++) {
+            float g = fy_synth_value(seed, t, FY_SELFTEST_TENSOR_STATE, i);
+            if (grad_dtype == FY_DTYPE_BF16)
+                ((uint16_t *)grad)[i] = fy_f32_to_bf16(g);
+            else
+                ((float *)grad)[i] = g;
+        }
+        struct fy_adamw_tensor x = {master, m, v, grad, grad_dtype, weights, params};
+        assert_int_equal(fy_adamw_update_range(&hp, t, &x, 0, params, FY_ADAMW_SCALAR), 0);
+    }
+
+    const char *paths[2] = {r->ssd[0], r->ssd[1]};
+    struct fy_store_opts so = {.paths = paths, .npaths = npaths, .stripe_unit = 64 << 10};
+    struct fy_store *store = NULL;
+    assert_int_equal(fy_store_open(&store, &so), 0);
+    struct fy_ring *ring = NULL;
+    struct fy_ring_opts ro = {.queue_depth = 8, .block_size = 1 << 20};
+    assert_int_equal(fy_ring_new(&ring, &ro), 0);
+    assert_int_equal(fy_ring_register_files(ring, fy_store_fds(store), fy_store_file_names(store),
+                                            fy_store_file_count(store)),
+                     0);
+    uint8_t *disk_state = aligned_alloc(4096, l.state_bytes);
+    uint8_t *disk_weights = aligned_alloc(4096, l.weights_bytes);
+    read_extent(store, ring, FY_SELFTEST_TENSOR_STATE, disk_state, l.state_bytes);
+    read_extent(store, ring, FY_SELFTEST_TENSOR_WEIGHTS, disk_weights, l.weights_bytes);
+    assert_memory_equal(disk_state, master, params * 4);
+    assert_memory_equal(disk_state + l.m_offset, m, params * 4);
+    assert_memory_equal(disk_state + l.v_offset, v, params * 4);
+    assert_memory_equal(disk_weights, weights, params * 2);
+    /* The state moved: a round trip that silently did nothing would leave the initial values. */
+    assert_true(master[0] != FY_SELFTEST_INIT_SCALE * fy_synth_value(seed, 0, 1, 0));
+    fy_ring_destroy(&ring);
+    fy_store_close(&store);
+    free(disk_state);
+    free(disk_weights);
+    free(master);
+    free(m);
+    free(v);
+    free(weights);
+    free(grad);
+}
+
+static void test_roundtrip_two_paths_bf16(void **state)
+{
+    check_roundtrip(*state, 2, FY_DTYPE_BF16, 1000003, 3, 7);
+}
+
+static void test_roundtrip_one_path_f32(void **state)
+{
+    check_roundtrip(*state, 1, FY_DTYPE_F32, 4099, 2, 11);
+}
+
+static void test_tmpfs_ssd_refused(void **state)
+{
+    struct run *r = *state;
+    char shm[128];
+    snprintf(shm, sizeof shm, "/dev/shm/fuyou-test-ssd-%d", (int)getpid());
+    if (mkdir(shm, 0700) != 0) {
+        print_message("skipped: cannot create %s\n", shm);
+        skip();
+    }
+    const char *args[] = {"selftest", "--run-dir", r->run_dir, "--ssd", shm, "--backend", "cpu",
+                          "--params", "4096", NULL};
+    int status = run_launcher(r, args, 60);
+    rmdir(shm);
+    assert_true(WIFEXITED(status));
+    assert_int_not_equal(WEXITSTATUS(status), 0);
+    assert_true(log_contains(r, "O_DIRECT"));
+    assert_true(log_contains(r, shm));
+    assert_no_leftovers(r);
+}
+
+static void test_over_budget_refused(void **state)
+{
+    struct run *r = *state;
+    const char *args[] = {"selftest", "--run-dir", r->run_dir, "--ssd", r->ssd[0], "--params",
+                          "100M", "--cpu-mem", "64M", NULL};
+    int status = run_launcher(r, args, 30);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 1);
+    assert_true(log_contains(r, "plan does not fit"));
+    assert_true(log_contains(r, "--cpu-mem is 64.0 MiB"));
+    assert_no_leftovers(r);
+}
+
+static pid_t pid_of(struct run *r, const char *name)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/workers.pid", r->run_dir);
+    char *text = fy_test_slurp(path, NULL);
+    if (text == NULL)
+        return -1;
+    pid_t pid = -1;
+    char key[32];
+    snprintf(key, sizeof key, "%s ", name);
+    for (char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+        if (strncmp(line, key, strlen(key)) == 0)
+            pid = atoi(line + strlen(key));
+    free(text);
+    return pid;
+}
+
+/* Starts a long self-test and waits until it is stepping. */
+static pid_t start_long_run(struct run *r)
+{
+    const char *args[] = {"selftest", "--run-dir", r->run_dir, "--ssd", r->ssd[0], "--backend",
+                          "cpu", "--params", "65536", "--steps", "100000000", NULL};
+    pid_t launcher = start_launcher(r, args);
+    assert_true(wait_for_log(r, "step 2/", 60));
+    return launcher;
+}
+
+static void kill_worker(struct run *r, const char *name)
+{
+    pid_t launcher = start_long_run(r);
+    pid_t victim = pid_of(r, name);
+    assert_true(victim > 0);
+    assert_int_equal(kill(victim, SIGKILL), 0);
+    int status = wait_status(launcher, 60);
+    assert_true(status != -1);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 3);
+    char expect[128];
+    snprintf(expect, sizeof expect, "%s worker (pid %d) was killed by signal 9", name, (int)victim);
+    assert_true(log_contains(r, expect));
+    snprintf(expect, sizeof expect, "run failed: the %s worker died", name);
+    assert_true(log_contains(r, expect));
+    assert_no_leftovers(r);
+    /* the other workers were stopped, not left running */
+    const char *all[] = {"gpu", "io", "opt"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(all[i], name) != 0) {
+            pid_t other = pid_of(r, all[i]);
+            assert_true(other <= 0 || kill(other, 0) != 0);
+        }
+}
+
+static void test_kill_gpu_worker(void **state) { kill_worker(*state, "gpu"); }
+static void test_kill_io_worker(void **state) { kill_worker(*state, "io"); }
+static void test_kill_opt_worker(void **state) { kill_worker(*state, "opt"); }
+
+static void test_sigterm_orderly_stop(void **state)
+{
+    struct run *r = *state;
+    pid_t launcher = start_long_run(r);
+    assert_int_equal(kill(launcher, SIGTERM), 0);
+    int status = wait_status(launcher, 60);
+    assert_true(status != -1);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130);
+    assert_true(log_contains(r, "[gpu "));
+    assert_true(wait_for_log(r, "stopped by signal", 1));
+    char *text = fy_test_slurp(r->log, NULL);
+    int acks = 0;
+    for (char *p = text; (p = strstr(p, "stop requested: exiting")) != NULL; p++)
+        acks++;
+    free(text);
+    assert_int_equal(acks, 3);
+    assert_no_leftovers(r);
+}
+
+/* A launcher killed with SIGKILL leaves its pool and sockets; the next start removes them. */
+static void test_stale_leftovers_removed(void **state)
+{
+    struct run *r = *state;
+    pid_t launcher = start_long_run(r);
+    assert_int_equal(kill(launcher, SIGKILL), 0);
+    waitpid(launcher, NULL, 0);
+    char name[FY_POOL_NAME_MAX], path[600];
+    assert_int_equal(fy_pool_name_for_run(r->run_dir, name, sizeof name), 0);
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    assert_int_equal(access(path, F_OK), 0); /* really left behind */
+    const char *args[] = {"selftest", "--run-dir", r->run_dir, "--ssd", r->ssd[0], "--backend",
+                          "cpu", "--params", "4096", "--steps", "1", "--overwrite", NULL};
+    int status = run_launcher(r, args, 60);
+    assert_true(log_contains(r, "removed stale shared memory"));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_no_leftovers(r);
+}
+
+/* The test plays the launcher: a pool, a run config and a ROUTER, then a real opt worker. */
+static void test_malformed_descriptor_rejected(void **state)
+{
+    struct run *r = *state;
+    assert_int_equal(mkdir(r->run_dir, 0700), 0);
+    char ipc[600], pool_name[FY_POOL_NAME_MAX], endpoint[700], conf[600];
+    snprintf(ipc, sizeof ipc, "%s/ipc", r->run_dir);
+    assert_int_equal(mkdir(ipc, 0700), 0);
+    assert_int_equal(fy_pool_name_for_run(r->run_dir, pool_name, sizeof pool_name), 0);
+    struct fy_pool_region_spec spec = {"data", 1 << 20};
+    struct fy_pool *pool = NULL;
+    assert_int_equal(fy_pool_create(&pool, pool_name, &spec, 1, NULL), 0);
+    assert_int_equal(fy_chan_endpoint(r->run_dir, "ctl", endpoint, sizeof endpoint), 0);
+    struct fy_config *cfg = calloc(1, sizeof *cfg);
+    fy_config_init(cfg);
+    fy_config_set(cfg, "pool", pool_name);
+    fy_config_set(cfg, "endpoint", endpoint);
+    fy_config_set(cfg, "affinity.opt", "0");
+    snprintf(conf, sizeof conf, "%s/run.conf", r->run_dir);
+    assert_int_equal(fy_config_save(cfg, conf), 0);
+    free(cfg);
+    struct fy_chan *chan = NULL;
+    assert_int_equal(fy_chan_bind(&chan, endpoint, "test"), 0);
+    fy_chan_set_pool_size(chan, fy_pool_size(pool));
+
+    pid_t worker = fork();
+    if (worker == 0) {
+        int fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fd, 2);
+        execl(fy_test_bin("fuyou-opt-worker"), "fuyou-opt-worker", "--run-dir", r->run_dir,
+              (char *)NULL);
+        _exit(127);
+    }
+    char peer[FY_CHAN_PEER_MAX];
+    struct fy_desc d[FY_DESC_MAX_PARTS];
+    assert_int_equal(fy_chan_recv(chan, peer, d, FY_DESC_MAX_PARTS, 30000, "READY", "opt"), 1);
+    assert_string_equal(peer, "opt");
+    assert_int_equal(d[0].op, FY_OP_READY);
+
+    uint64_t data_off, data_bytes;
+    assert_int_equal(fy_pool_region(pool, "data", &data_off, &data_bytes), 0);
+    struct fy_desc good = {.op = FY_OP_PING, .kind = FY_KIND_CONTROL, .seq = 1};
+    uint8_t wire[FY_DESC_WIRE_BYTES];
+
+    /* bad magic */
+    fy_desc_encode(&good, wire);
+    wire[0] ^= 0xff;
+    assert_int_equal(fy_chan_send_raw(chan, "opt", wire, sizeof wire), 0);
+    assert_int_equal(fy_chan_recv(chan, peer, d, FY_DESC_MAX_PARTS, 30000, "reply", "opt"), 1);
+    assert_int_equal(d[0].op, FY_OP_DONE);
+    assert_int_equal(d[0].status, -EBADMSG);
+    assert_int_equal(d[0].seq, 1);
+
+    /* region outside the pool */
+    struct fy_desc out = {.op = FY_OP_OPT_ADAMW, .kind = FY_KIND_GRAD, .dtype = FY_DTYPE_F32,
+                          .offset = fy_pool_size(pool) - 64, .bytes = 4096, .seq = 2};
+    assert_int_equal(fy_chan_send(chan, "opt", &out, 1), 0);
+    assert_int_equal(fy_chan_recv(chan, peer, d, FY_DESC_MAX_PARTS, 30000, "reply", "opt"), 1);
+    assert_int_equal(d[0].status, -ERANGE);
+    assert_int_equal(d[0].seq, 2);
+
+    /* unknown op: encode a valid descriptor, then overwrite the op slot */
+    fy_desc_encode(&good, wire);
+    wire[8] = 0xee;
+    wire[48] = 3; /* seq */
+    assert_int_equal(fy_chan_send_raw(chan, "opt", wire, sizeof wire), 0);
+    assert_int_equal(fy_chan_recv(chan, peer, d, FY_DESC_MAX_PARTS, 30000, "reply", "opt"), 1);
+    assert_int_equal(d[0].status, -EPROTO);
+    assert_int_equal(d[0].seq, 3);
+
+    /* well-formed but incomplete AdamW request: refused by the worker, not trusted */
+    struct fy_desc lone = {.op = FY_OP_OPT_ADAMW, .kind = FY_KIND_GRAD, .dtype = FY_DTYPE_F32,
+                           .offset = data_off, .bytes = 4096, .seq = 4, .step = 1};
+    assert_int_equal(fy_chan_send(chan, "opt", &lone, 1), 0);
+    assert_int_equal(fy_chan_recv(chan, peer, d, FY_DESC_MAX_PARTS, 30000, "reply", "opt"), 1);
+    assert_int_equal(d[0].status, -EPROTO);
+
+    /* the worker is still serving */
+    good.seq = 5;
+    assert_int_equal(fy_chan_send(chan, "opt", &good, 1), 0);
+    assert_int_equal(fy_chan_recv(chan, peer, d, FY_DESC_MAX_PARTS, 30000, "reply", "opt"), 1);
+    assert_int_equal(d[0].status, 0);
+    assert_int_equal(d[0].seq, 5);
+
+    struct fy_desc stop = {.op = FY_OP_STOP, .kind = FY_KIND_CONTROL, .seq = 6};
+    assert_int_equal(fy_chan_send(chan, "opt", &stop, 1), 0);
+    assert_int_equal(fy_chan_recv(chan, peer, d, FY_DESC_MAX_PARTS, 30000, "stop ack", "opt"), 1);
+    assert_int_equal(d[0].seq, 6);
+    int status = wait_status(worker, 30);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(log_contains(r, "rejected a malformed message"));
+    assert_true(log_contains(r, "bad magic"));
+    assert_true(log_contains(r, "outside the"));
+    assert_true(log_contains(r, "unknown op"));
+    fy_chan_destroy(&chan);
+    fy_pool_destroy(&pool);
+}
+
+int main(void)
+{
+    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0) {
+        fprintf(stderr, "test_launch: %s not built (run make first)\n", fy_test_bin("fuyou-launch"));
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_roundtrip_two_paths_bf16, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_roundtrip_one_path_f32, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_malformed_descriptor_rejected, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_tmpfs_ssd_refused, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_over_budget_refused, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_kill_gpu_worker, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_kill_io_worker, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_kill_opt_worker, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_sigterm_orderly_stop, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_stale_leftovers_removed, setup_run, teardown_run),
+    };
+    return cmocka_run_group_tests_name("launch (integration)", tests, NULL, NULL);
+}

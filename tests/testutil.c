@@ -1,0 +1,99 @@
+/* Helpers shared by the test programs: temporary directories, deterministic random data,
+ * the build's executables, and counting leftovers in /dev/shm. */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+char *fy_test_tmpdir(const char *tag)
+{
+    const char *base = getenv("TMPDIR");
+    char *path = NULL;
+    if (asprintf(&path, "%s/fuyou-test-%s-XXXXXX", base ? base : "/tmp", tag) < 0)
+        return NULL;
+    if (mkdtemp(path) == NULL) {
+        free(path);
+        return NULL;
+    }
+    return path;
+}
+
+void fy_test_rmdir(const char *path)
+{
+    if (path == NULL || strncmp(path, "/", 1) != 0 || strstr(path, "fuyou-test-") == NULL)
+        return;
+    char *cmd = NULL;
+    if (asprintf(&cmd, "rm -rf '%s'", path) < 0)
+        return;
+    int ignored = system(cmd);
+    (void)ignored;
+    free(cmd);
+}
+
+const char *fy_test_bin(const char *name)
+{
+    static char path[4096];
+    const char *build = getenv("BUILD");
+    snprintf(path, sizeof path, "%s/bin/%s", build ? build : "build", name);
+    return path;
+}
+
+uint64_t fy_test_rand(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float fy_test_uniform(uint64_t *state, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((fy_test_rand(state) >> 40) * (1.0 / 16777216.0));
+}
+
+int fy_test_count_shm(const char *prefix)
+{
+    DIR *d = opendir("/dev/shm");
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+            n++;
+    closedir(d);
+    return n;
+}
+
+char *fy_test_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            char *bigger = realloc(buf, cap * 2);
+            if (bigger == NULL) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        if (len)
+            *len = n;
+    }
+    return buf;
+}

@@ -1,0 +1,27 @@
+/* Helpers shared by the test programs: temporary directories, deterministic random data,
+ * the build's executables, and a way to skip visibly. */
+#ifndef FY_TESTUTIL_H
+#define FY_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exit code by which a whole test program reports that it skipped (as automake does). */
+#define FY_TEST_SKIP 77
+
+/* A fresh directory under $TMPDIR (or /tmp, which must support O_DIRECT); caller frees. */
+char *fy_test_tmpdir(const char *tag);
+/* rm -rf of a directory made by fy_test_tmpdir. */
+void fy_test_rmdir(const char *path);
+/* Path of a built executable such as "fuyou-launch" ($BUILD/bin, default build/bin); static buffer. */
+const char *fy_test_bin(const char *name);
+/* splitmix64: a small deterministic generator for test data. */
+uint64_t fy_test_rand(uint64_t *state);
+/* Uniform float in [lo, hi). */
+float fy_test_uniform(uint64_t *state, float lo, float hi);
+/* Number of entries in /dev/shm whose name starts with prefix. */
+int fy_test_count_shm(const char *prefix);
+/* Reads a whole file into a malloc'd NUL-terminated buffer; NULL on error. */
+char *fy_test_slurp(const char *path, size_t *len);
+
+#endif
