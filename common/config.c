@@ -127,7 +127,8 @@ int fy_config_load(struct fy_config *c, const char *path)
     while (fgets(line, sizeof line, f) != NULL) {
         lineno++;
         if (lineno == 1) {
-            if (strncmp(line, config_header, strlen(config_header)) != 0) {
+            line[strcspn(line, "\n")] = 0;
+            if (strcmp(line, config_header) != 0) {
                 fy_error("%s:1: not a fuyou run config (expected '%s')", path, config_header);
                 rc = -EBADMSG;
                 break;

@@ -170,17 +170,21 @@ static int shmem_thp_mode(char *mode, size_t len)
            strcmp(mode, "advise") == 0;
 }
 
+/* The guard after a region starts at its exact end (not the next aligned address), so a write even
+ * one byte past the end is caught; memcpy because that address need not be aligned. */
+static uint8_t *guard_at(uint8_t *base, const struct region_entry *e, int after)
+{
+    return after ? base + e->offset + e->bytes : base + e->offset - FY_POOL_GUARD_BYTES;
+}
+
 static void write_guards(uint8_t *base, const struct pool_header *h)
 {
-    for (int r = 0; r < h->region_count; r++) {
-        uint64_t *before = (uint64_t *)(base + h->regions[r].offset - FY_POOL_GUARD_BYTES);
-        uint64_t *after = (uint64_t *)(base + align_up(h->regions[r].offset + h->regions[r].bytes,
-                                                       FY_POOL_GUARD_BYTES));
-        for (unsigned i = 0; i < FY_POOL_GUARD_BYTES / 8; i++) {
-            before[i] = guard_word((unsigned)r, 0, i);
-            after[i] = guard_word((unsigned)r, 1, i);
-        }
-    }
+    for (int r = 0; r < h->region_count; r++)
+        for (int after = 0; after < 2; after++)
+            for (unsigned i = 0; i < FY_POOL_GUARD_BYTES / 8; i++) {
+                uint64_t word = guard_word((unsigned)r, after, i);
+                memcpy(guard_at(base, &h->regions[r], after) + 8 * i, &word, 8);
+            }
 }
 
 static int map_and_reserve(int fd, const char *name, uint64_t size, const struct fy_pool_opts *opts,
@@ -398,28 +402,18 @@ int fy_pool_region(const struct fy_pool *p, const char *name, uint64_t *offset, 
 int fy_pool_check_guards(const struct fy_pool *p)
 {
     const struct pool_header *h = (const struct pool_header *)p->base;
-    for (int r = 0; r < h->region_count; r++) {
-        const uint64_t *before = (const uint64_t *)(p->base + h->regions[r].offset -
-                                                    FY_POOL_GUARD_BYTES);
-        const uint64_t *after = (const uint64_t *)(p->base +
-                                                   align_up(h->regions[r].offset +
-                                                                h->regions[r].bytes,
-                                                            FY_POOL_GUARD_BYTES));
-        for (unsigned i = 0; i < FY_POOL_GUARD_BYTES / 8; i++) {
-            if (before[i] != guard_word((unsigned)r, 0, i)) {
-                fy_error("shared pool %s: guard before region '%s' overwritten (a write ran "
-                         "before the region's start)",
-                         p->name, h->regions[r].name);
+    for (int r = 0; r < h->region_count; r++)
+        for (int after = 0; after < 2; after++)
+            for (unsigned i = 0; i < FY_POOL_GUARD_BYTES / 8; i++) {
+                uint64_t word;
+                memcpy(&word, guard_at(p->base, &h->regions[r], after) + 8 * i, 8);
+                if (word == guard_word((unsigned)r, after, i))
+                    continue;
+                fy_error("shared pool %s: guard %s region '%s' overwritten (a write ran %s)",
+                         p->name, after ? "after" : "before", h->regions[r].name,
+                         after ? "past its end" : "before its start");
                 return -EFAULT;
             }
-            if (after[i] != guard_word((unsigned)r, 1, i)) {
-                fy_error("shared pool %s: guard after region '%s' overwritten (a write ran past "
-                         "its end)",
-                         p->name, h->regions[r].name);
-                return -EFAULT;
-            }
-        }
-    }
     return 0;
 }
 

@@ -10,7 +10,9 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -517,6 +519,17 @@ int fy_ring_register_memory(struct fy_ring *r, void *base, size_t len)
         FY_REQUIRE(b + len <= ob || b >= ob + r->iov[i].iov_len, -EINVAL,
                    "ring: memory %p (%zu bytes) overlaps memory registered before", base, len);
     }
+    size_t total = len;
+    for (unsigned i = 0; i < r->niov; i++)
+        total += r->iov[i].iov_len;
+    struct rlimit rl;
+    /* Root (CAP_IPC_LOCK) is not charged; others are, and the kernel's error alone is cryptic. */
+    if (geteuid() != 0 && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        total > rl.rlim_cur)
+        fy_warn("ring: registering %zu bytes in all but RLIMIT_MEMLOCK is %llu bytes; unless this "
+                "process has CAP_IPC_LOCK this fails: raise it (ulimit -l, memlock in "
+                "limits.conf, LimitMEMLOCK= in systemd)",
+                total, (unsigned long long)rl.rlim_cur);
     size_t add = (len + RING_MAX_IOV - 1) / RING_MAX_IOV;
     struct iovec *iov = malloc((r->niov + add) * sizeof *iov);
     FY_REQUIRE(iov != NULL, -ENOMEM, "ring: out of memory for %zu iovecs", r->niov + add);

@@ -109,6 +109,8 @@ int fy_store_check_direct(const char *dir)
     int fd = open(probe, O_CREAT | O_TRUNC | O_RDWR | O_DIRECT, 0600);
     if (fd < 0) {
         int e = errno;
+        /* Older kernels create the file before refusing O_DIRECT on it. */
+        unlink(probe);
         if (e == EINVAL)
             fy_error("ssd path %s: the filesystem does not support O_DIRECT (tmpfs?); give a "
                      "directory on an SSD filesystem such as ext4 or xfs",
