@@ -10,7 +10,6 @@ PKG_CONFIG ?= pkg-config
 DEB_liburing := liburing-dev
 DEB_libzmq   := libzmq3-dev
 DEB_hwloc    := libhwloc-dev
-DEB_cmocka   := libcmocka-dev
 DEPS_RUNTIME := liburing libzmq hwloc
 DEPS_TEST    := cmocka
 DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev libcmocka-dev fio
@@ -68,7 +67,9 @@ deps:
 check-deps:
 	@for p in $(DEPS_RUNTIME) $(DEPS_TEST); do \
 	  if $(PKG_CONFIG) --exists $$p; then echo "found   $$p $$($(PKG_CONFIG) --modversion $$p)"; \
-	  else echo "MISSING $$p"; fi; done
+	  else case $$p in liburing) d=liburing-dev;; libzmq) d=libzmq3-dev;; hwloc) d=libhwloc-dev;; cmocka) d=libcmocka-dev;; esac; \
+	       echo "MISSING $$p: install the Debian package $$d (or run: make deps)"; fi; done
+	@if command -v fio >/dev/null; then echo "found   fio (for make bench)"; else echo "MISSING fio: needed by make bench only; Debian package fio"; fi
 	@$(if $(NVCC),echo "found   nvcc $(NVCC): building the CUDA backend",echo "no nvcc: building without the CUDA backend")
 	@$(if $(MISSING),echo "error: missing $(MISSING); install the Debian packages $(foreach p,$(MISSING),$(DEB_$(p))) (or run: make deps)"; exit 1,true)
 

@@ -72,17 +72,7 @@ static struct fy_desc region(uint16_t kind, uint64_t offset, uint64_t bytes, uin
 
 static void assert_desc_equal(const struct fy_desc *a, const struct fy_desc *b)
 {
-    assert_int_equal(a->kind, b->kind);
-    assert_int_equal(a->op, b->op);
-    assert_int_equal(a->dtype, b->dtype);
-    assert_int_equal(a->status, b->status);
-    assert_true(a->step == b->step);
-    assert_int_equal(a->layer, b->layer);
-    assert_true(a->tensor == b->tensor);
-    assert_true(a->offset == b->offset);
-    assert_true(a->bytes == b->bytes);
-    assert_true(a->seq == b->seq);
-    assert_true(a->arg == b->arg);
+    assert_string_equal(fy_test_desc_diff(a, b), "");
 }
 
 /* The router receives one valid message with the given seq from "gpu". */

@@ -45,17 +45,7 @@ static uint64_t le64(const uint8_t *p)
 
 static void assert_desc_equal(const struct fy_desc *a, const struct fy_desc *b)
 {
-    assert_int_equal(a->kind, b->kind);
-    assert_int_equal(a->op, b->op);
-    assert_int_equal(a->dtype, b->dtype);
-    assert_int_equal(a->status, b->status);
-    assert_true(a->step == b->step);
-    assert_int_equal(a->layer, b->layer);
-    assert_true(a->tensor == b->tensor);
-    assert_true(a->offset == b->offset);
-    assert_true(a->bytes == b->bytes);
-    assert_true(a->seq == b->seq);
-    assert_true(a->arg == b->arg);
+    assert_string_equal(fy_test_desc_diff(a, b), "");
 }
 
 static void test_roundtrip_basic(void **state)

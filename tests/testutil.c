@@ -97,3 +97,30 @@ char *fy_test_slurp(const char *path, size_t *len)
     }
     return buf;
 }
+
+const char *fy_test_desc_diff(const struct fy_desc *a, const struct fy_desc *b)
+{
+    if (a->kind != b->kind)
+        return "kind";
+    if (a->op != b->op)
+        return "op";
+    if (a->dtype != b->dtype)
+        return "dtype";
+    if (a->status != b->status)
+        return "status";
+    if (a->step != b->step)
+        return "step";
+    if (a->layer != b->layer)
+        return "layer";
+    if (a->tensor != b->tensor)
+        return "tensor";
+    if (a->offset != b->offset)
+        return "offset";
+    if (a->bytes != b->bytes)
+        return "bytes";
+    if (a->seq != b->seq)
+        return "seq";
+    if (a->arg != b->arg)
+        return "arg";
+    return "";
+}

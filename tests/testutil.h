@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/desc.h"
+
 /* Exit code by which a whole test program reports that it skipped (as automake does). */
 #define FY_TEST_SKIP 77
 
@@ -23,5 +25,9 @@ float fy_test_uniform(uint64_t *state, float lo, float hi);
 int fy_test_count_shm(const char *prefix);
 /* Reads a whole file into a malloc'd NUL-terminated buffer; NULL on error. */
 char *fy_test_slurp(const char *path, size_t *len);
+
+/* "" when two descriptors are equal field by field, else the name of the first field that differs
+ * (so assert_string_equal(fy_test_desc_diff(a, b), "") names it on failure). */
+const char *fy_test_desc_diff(const struct fy_desc *a, const struct fy_desc *b);
 
 #endif
