@@ -79,6 +79,9 @@ int fy_sup_new(struct fy_sup **out, const char *run_dir, struct fy_chan *chan)
     if (slash)
         *slash = 0;
     snprintf(s->bin_dir, sizeof s->bin_dir, "%s", exe);
+    /* An ignored SIGCHLD (inherited from whoever started us) would auto-reap the workers and hide
+     * their deaths from waitpid; supervision needs the default disposition. */
+    signal(SIGCHLD, SIG_DFL);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
@@ -141,8 +144,9 @@ static int reap(struct fy_sup *s)
     return unexpected;
 }
 
-/* Handles pending signals; returns -ECHILD on an unexpected worker death, -EINTR on SIGINT/TERM. */
-static int drain_signals(struct fy_sup *s)
+/* Handles pending signals; returns -ECHILD on an unexpected worker death, and -EINTR once the run
+ * was interrupted by SIGINT/SIGTERM unless `stopping` (the stop sequence itself must go on). */
+static int drain_signals(struct fy_sup *s, int stopping)
 {
     struct signalfd_siginfo si;
     int rc = 0;
@@ -155,7 +159,10 @@ static int drain_signals(struct fy_sup *s)
             fy_warn("%s received: stopping the run", strsignal((int)si.ssi_signo));
         }
     }
-    if (rc == 0 && s->interrupted)
+    /* SIGCHLD can be coalesced, or lost to a disposition inherited from the caller: reap anyway. */
+    if (reap(s) > 0)
+        rc = -ECHILD;
+    if (rc == 0 && s->interrupted && !stopping)
         rc = -EINTR;
     return rc;
 }
@@ -187,14 +194,18 @@ int fy_sup_spawn(struct fy_sup *s, const char *name)
     return 0;
 }
 
-/* Waits for one message (any peer) or a signal; returns descriptor count, or negative. */
+/* Waits for one message (any peer) or a signal; returns descriptor count, or negative: -ECHILD
+ * also when `watch` (if given) has exited, expected or not. */
 static int wait_message(struct fy_sup *s, char peer[FY_CHAN_PEER_MAX], struct fy_desc *d,
-                        int64_t deadline, const char *awaiting, const char *from)
+                        int64_t deadline, const char *awaiting, const char *from, int stopping,
+                        const struct sup_worker *watch)
 {
     for (;;) {
-        int rc = drain_signals(s);
+        int rc = drain_signals(s, stopping);
         if (rc < 0)
             return rc;
+        if (watch != NULL && !watch->alive)
+            return -ECHILD;
         int64_t left = deadline - now_ms();
         if (left <= 0) {
             fy_error("timed out waiting for %s from %s", awaiting, from);
@@ -204,7 +215,7 @@ static int wait_message(struct fy_sup *s, char peer[FY_CHAN_PEER_MAX], struct fy
             {.socket = fy_chan_socket(s->chan), .events = ZMQ_POLLIN},
             {.socket = NULL, .fd = s->sigfd, .events = ZMQ_POLLIN},
         };
-        int ready = zmq_poll(items, 2, (long)left);
+        int ready = zmq_poll(items, 2, left < 1000 ? (long)left : 1000);
         if (ready < 0 && zmq_errno() == EINTR)
             continue;
         FY_ZMQ(ready, "launcher: polling for %s from %s", awaiting, from);
@@ -226,7 +237,7 @@ int fy_sup_wait_ready(struct fy_sup *s, int timeout_ms)
             return 0;
         char peer[FY_CHAN_PEER_MAX];
         struct fy_desc d[FY_DESC_MAX_PARTS];
-        int n = wait_message(s, peer, d, deadline, "READY", waiting);
+        int n = wait_message(s, peer, d, deadline, "READY", waiting, 0, NULL);
         if (n == -EBADMSG || n == -EPROTO || n == -ERANGE)
             continue;
         if (n < 0)
@@ -254,8 +265,15 @@ int fy_sup_call(struct fy_sup *s, const char *name, struct fy_desc *req, unsigne
         req[i].seq = seq;
     int rc = fy_chan_send(s->chan, name, req, n);
     if (rc < 0) {
-        int sig = drain_signals(s); /* a send failure is usually a worker that just died */
-        return sig < 0 ? sig : rc;
+        /* A send failure is usually a worker that just died: give its exit a moment to be seen,
+         * so the failure is reported as the death it is. */
+        for (int i = 0; i < 100 && w->alive; i++) {
+            struct timespec pause = {0, 20 * 1000000};
+            nanosleep(&pause, NULL);
+            reap(s);
+        }
+        int sig = drain_signals(s, 0);
+        return sig < 0 ? sig : !w->alive ? -ECHILD : rc;
     }
     int64_t deadline = now_ms() + timeout_ms;
     char awaiting[64];
@@ -266,7 +284,7 @@ int fy_sup_call(struct fy_sup *s, const char *name, struct fy_desc *req, unsigne
     for (;;) {
         char peer[FY_CHAN_PEER_MAX];
         struct fy_desc d[FY_DESC_MAX_PARTS];
-        int got = wait_message(s, peer, d, deadline, awaiting, from);
+        int got = wait_message(s, peer, d, deadline, awaiting, from, 0, w);
         if (got == -EBADMSG || got == -EPROTO || got == -ERANGE)
             continue;
         if (got < 0)
@@ -307,12 +325,12 @@ int fy_sup_stop(struct fy_sup *s, int timeout_ms)
     int rc = 0;
     for (unsigned i = 0; i < s->n; i++) {
         struct sup_worker *w = &s->w[i];
-        w->stopping = 1;
         if (!w->alive)
             continue;
         struct fy_desc stop = {.op = FY_OP_STOP, .kind = FY_KIND_CONTROL, .layer = -1};
         uint64_t seq = ++s->seq;
         stop.seq = seq;
+        w->stopping = 1;
         if (fy_chan_send(s->chan, w->name, &stop, 1) < 0) {
             rc = -EIO;
             continue;
@@ -321,11 +339,11 @@ int fy_sup_stop(struct fy_sup *s, int timeout_ms)
         for (;;) {
             char peer[FY_CHAN_PEER_MAX];
             struct fy_desc d[FY_DESC_MAX_PARTS];
-            int got = wait_message(s, peer, d, deadline, "the stop acknowledgement", w->name);
-            if (got == -EINTR || got == -ECHILD) {
+            int got = wait_message(s, peer, d, deadline, "the stop acknowledgement", w->name, 1, w);
+            if (got == -ECHILD) {
                 if (!w->alive)
                     break;
-                continue; /* a second signal or another death: keep stopping in order */
+                continue; /* another worker died meanwhile: keep stopping in order */
             }
             if (got < 0) {
                 rc = got;

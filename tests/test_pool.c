@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -599,6 +600,7 @@ static int teardown_check(void **state)
 
 int main(void)
 {
+    signal(SIGCHLD, SIG_DFL); /* waitpid must see our children, whatever we inherited */
     fy_log_init("test", FY_LOG_ERROR);
     snprintf(shm_prefix, sizeof shm_prefix, "fuyou-test-%d-", (int)getpid());
     const struct CMUnitTest tests[] = {

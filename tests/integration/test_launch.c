@@ -458,6 +458,7 @@ static void test_malformed_descriptor_rejected(void **state)
 
 int main(void)
 {
+    signal(SIGCHLD, SIG_DFL); /* waitpid must see our children, whatever we inherited */
     if (access(fy_test_bin("fuyou-launch"), X_OK) != 0) {
         fprintf(stderr, "test_launch: %s not built (run make first)\n", fy_test_bin("fuyou-launch"));
         return 1;
