@@ -354,6 +354,10 @@ int main(int argc, char **argv)
 {
     fy_log_init("launch", FY_LOG_INFO);
     signal(SIGPIPE, SIG_IGN); /* `fuyou-launch ... | head` must still clean up after itself */
+    if (fy_sup_block_signals(NULL) != 0) {
+        fy_error("cannot block SIGCHLD/SIGINT/SIGTERM for supervision");
+        return EXIT_ERROR;
+    }
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);

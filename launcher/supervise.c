@@ -4,6 +4,7 @@
 #include "supervise.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -56,6 +57,24 @@ static struct sup_worker *find(struct fy_sup *s, const char *name)
     return NULL;
 }
 
+static void supervised_signals(sigset_t *mask)
+{
+    sigemptyset(mask);
+    sigaddset(mask, SIGCHLD);
+    sigaddset(mask, SIGINT);
+    sigaddset(mask, SIGTERM);
+}
+
+int fy_sup_block_signals(sigset_t *old_mask)
+{
+    /* An ignored SIGCHLD (inherited from whoever started us) would auto-reap the workers and hide
+     * their deaths from waitpid; supervision needs the default disposition. */
+    signal(SIGCHLD, SIG_DFL);
+    sigset_t mask;
+    supervised_signals(&mask);
+    return pthread_sigmask(SIG_BLOCK, &mask, old_mask) == 0 ? 0 : -EINVAL;
+}
+
 int fy_sup_new(struct fy_sup **out, const char *run_dir, struct fy_chan *chan)
 {
     *out = NULL;
@@ -79,15 +98,9 @@ int fy_sup_new(struct fy_sup **out, const char *run_dir, struct fy_chan *chan)
     if (slash)
         *slash = 0;
     snprintf(s->bin_dir, sizeof s->bin_dir, "%s", exe);
-    /* An ignored SIGCHLD (inherited from whoever started us) would auto-reap the workers and hide
-     * their deaths from waitpid; supervision needs the default disposition. */
-    signal(SIGCHLD, SIG_DFL);
     sigset_t mask;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGCHLD);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
-    if (sigprocmask(SIG_BLOCK, &mask, &s->old_mask) != 0 ||
+    supervised_signals(&mask);
+    if (fy_sup_block_signals(&s->old_mask) != 0 ||
         (s->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
         int e = errno;
         free(s);
@@ -177,7 +190,9 @@ int fy_sup_spawn(struct fy_sup *s, const char *name)
     pid_t pid = fork();
     FY_SYS(pid, "cannot start the %s worker (fork)", name);
     if (pid == 0) {
-        sigprocmask(SIG_SETMASK, &s->old_mask, NULL);
+        sigset_t mask;
+        supervised_signals(&mask);
+        sigprocmask(SIG_UNBLOCK, &mask, NULL);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) /* the launcher died before PDEATHSIG was armed */
             _exit(1);

@@ -4,6 +4,7 @@
 #ifndef FY_SUPERVISE_H
 #define FY_SUPERVISE_H
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include "common/chan.h"
@@ -13,7 +14,12 @@
 
 struct fy_sup;
 
-/* Blocks SIGCHLD, SIGINT and SIGTERM in the calling thread and reads them from a signalfd. */
+/* Blocks SIGCHLD, SIGINT and SIGTERM (and restores SIGCHLD's default disposition). Call it before
+ * any thread exists (ZeroMQ starts I/O threads), so that no thread can take these signals with the
+ * default action; the signalfd of fy_sup_new then reads them. old_mask may be NULL. */
+int fy_sup_block_signals(sigset_t *old_mask);
+
+/* Blocks the supervised signals (fy_sup_block_signals) and reads them from a signalfd. */
 int fy_sup_new(struct fy_sup **out, const char *run_dir, struct fy_chan *chan);
 /* Kills (SIGKILL) any worker still running, reaps it, and restores the signal mask. */
 void fy_sup_destroy(struct fy_sup **s);
