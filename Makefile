@@ -105,12 +105,15 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(TEST_HELPERS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(if $(CU_SRCS),-lstdc++)
 
-tests: all $(TEST_BINS)
+# Keep objects that pattern chains would otherwise delete as intermediates.
+.SECONDARY:
+
+tests: all $(TEST_BINS) $(GPU_TEST_BINS)
 benches: all $(BENCH_BINS)
 
 test: tests
 	@$(if $(MISSING_TEST),echo "error: missing cmocka; install the Debian package libcmocka-dev (or run: make deps)"; exit 1,true)
-	BUILD=$(BUILD) tests/run_tests.sh $(TEST_BINS)
+	BUILD=$(BUILD) tests/run_tests.sh $(TEST_BINS) $(GPU_TEST_BINS)
 
 test-gpu: all $(GPU_TEST_BINS)
 	BUILD=$(BUILD) tests/run_tests.sh $(GPU_TEST_BINS)
