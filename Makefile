@@ -18,7 +18,7 @@ found   = $(shell $(PKG_CONFIG) --exists $(1) && echo yes)
 MISSING := $(strip $(foreach p,$(DEPS_RUNTIME),$(if $(call found,$(p)),,$(p))))
 MISSING_TEST := $(strip $(foreach p,$(DEPS_TEST),$(if $(call found,$(p)),,$(p))))
 
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -O2 -g -pthread -Wall -Wextra -Wno-unused-parameter \
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -O2 -g -pthread -fopenmp -Wall -Wextra -Wno-unused-parameter \
                -Wshadow -Wstrict-prototypes -Wno-format-truncation -ffp-contract=off -fno-strict-aliasing -I.
 PKG_CFLAGS  := $(if $(MISSING),,$(shell $(PKG_CONFIG) --cflags $(DEPS_RUNTIME)))
 PKG_LIBS    := $(if $(MISSING),,$(shell $(PKG_CONFIG) --libs $(DEPS_RUNTIME)))
@@ -36,7 +36,7 @@ endif
 
 CFLAGS  ?=
 CFLAGS  += $(CFLAGS_BASE) $(PKG_CFLAGS) $(CUDA_CFLAGS)
-LDLIBS  := $(PKG_LIBS) $(CUDA_LIBS) -lm -lpthread
+LDLIBS  := $(PKG_LIBS) $(CUDA_LIBS) -lgomp -lm -lpthread
 
 MAIN_SRCS := launcher/main.c gpu_worker/main.c io_worker/main.c opt_worker/main.c
 LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard common/*.c launcher/*.c gpu_worker/*.c \

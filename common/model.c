@@ -1,0 +1,181 @@
+/* GPT configuration, per-unit parameter layout and GPT-2 initialisation from a counter-based
+ * normal generator, so a unit's initial weights never depend on what was initialised before it. */
+#include "model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "check.h"
+#include "config.h"
+#include "synth.h"
+
+#define MAX_DIM (1u << 20)
+
+int fy_gpt_config_validate(const struct fy_gpt_config *c)
+{
+    FY_REQUIRE(c->n_layer >= 1 && c->n_layer <= 4096, -EINVAL,
+               "model: n_layer %u must be between 1 and 4096", c->n_layer);
+    FY_REQUIRE(c->n_embd >= 1 && c->n_embd <= 65536, -EINVAL,
+               "model: n_embd %u must be between 1 and 65536", c->n_embd);
+    FY_REQUIRE(c->n_head >= 1 && c->n_embd % c->n_head == 0, -EINVAL,
+               "model: n_head %u must divide n_embd %u", c->n_head, c->n_embd);
+    FY_REQUIRE(c->vocab >= 2 && c->vocab <= MAX_DIM, -EINVAL,
+               "model: vocab %u must be between 2 and %u", c->vocab, MAX_DIM);
+    FY_REQUIRE(c->ctx >= 1 && c->ctx <= MAX_DIM, -EINVAL, "model: ctx %u must be between 1 and %u",
+               c->ctx, MAX_DIM);
+    return 0;
+}
+
+int fy_gpt_config_from(const struct fy_config *cfg, struct fy_gpt_config *out)
+{
+    uint64_t v[5];
+    static const char *const keys[5] = {"model.n_layer", "model.n_head", "model.n_embd",
+                                        "model.vocab", "model.ctx"};
+    for (int i = 0; i < 5; i++) {
+        FY_TRY(fy_config_get_u64(cfg, keys[i], 1, 0, &v[i]));
+        FY_REQUIRE(v[i] <= UINT32_MAX, -EINVAL, "%s: %s is too large", cfg->path, keys[i]);
+    }
+    *out = (struct fy_gpt_config){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3],
+                                  (uint32_t)v[4]};
+    return fy_gpt_config_validate(out);
+}
+
+int fy_gpt_config_to(const struct fy_gpt_config *c, struct fy_config *cfg)
+{
+    FY_TRY(fy_config_setf(cfg, "model.n_layer", "%u", c->n_layer));
+    FY_TRY(fy_config_setf(cfg, "model.n_head", "%u", c->n_head));
+    FY_TRY(fy_config_setf(cfg, "model.n_embd", "%u", c->n_embd));
+    FY_TRY(fy_config_setf(cfg, "model.vocab", "%u", c->vocab));
+    FY_TRY(fy_config_setf(cfg, "model.ctx", "%u", c->ctx));
+    return 0;
+}
+
+uint64_t fy_gpt_config_hash(const struct fy_gpt_config *c)
+{
+    uint64_t h = fy_synth_mix(0x6770742d32ull); /* "gpt-2" */
+    const uint32_t f[5] = {c->n_layer, c->n_head, c->n_embd, c->vocab, c->ctx};
+    for (int i = 0; i < 5; i++)
+        h = fy_synth_mix(h ^ f[i]);
+    return h;
+}
+
+void fy_gpt_config_describe(const struct fy_gpt_config *c, char *buf, size_t len)
+{
+    snprintf(buf, len, "GPT: %u layers, %u heads, %u wide, vocab %u, context %u, %.2f M parameters",
+             c->n_layer, c->n_head, c->n_embd, c->vocab, c->ctx,
+             (double)fy_gpt_total_params(c) / 1e6);
+}
+
+void fy_gpt_block_layout(const struct fy_gpt_config *c, struct fy_gpt_block_layout *o)
+{
+    size_t C = c->n_embd, at = 0;
+#define PLACE(field, n) (o->field = at, at += (n))
+    PLACE(ln1_w, C);
+    PLACE(ln1_b, C);
+    PLACE(qkv_w, 3 * C * C);
+    PLACE(qkv_b, 3 * C);
+    PLACE(attn_w, C * C);
+    PLACE(attn_b, C);
+    PLACE(ln2_w, C);
+    PLACE(ln2_b, C);
+    PLACE(fc_w, 4 * C * C);
+    PLACE(fc_b, 4 * C);
+    PLACE(proj_w, 4 * C * C);
+    PLACE(proj_b, C);
+#undef PLACE
+    o->total = at;
+}
+
+unsigned fy_gpt_unit_count(const struct fy_gpt_config *c) { return c->n_layer + 2; }
+
+enum fy_unit_kind fy_gpt_unit_kind(const struct fy_gpt_config *c, unsigned unit)
+{
+    return unit == 0 ? FY_UNIT_EMBED : unit <= c->n_layer ? FY_UNIT_BLOCK : FY_UNIT_FINAL;
+}
+
+size_t fy_gpt_unit_params(const struct fy_gpt_config *c, unsigned unit)
+{
+    switch (fy_gpt_unit_kind(c, unit)) {
+    case FY_UNIT_EMBED: return (size_t)c->vocab * c->n_embd + (size_t)c->ctx * c->n_embd;
+    case FY_UNIT_FINAL: return 2 * (size_t)c->n_embd;
+    default: {
+        struct fy_gpt_block_layout l;
+        fy_gpt_block_layout(c, &l);
+        return l.total;
+    }
+    }
+}
+
+size_t fy_gpt_total_params(const struct fy_gpt_config *c)
+{
+    size_t n = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+        n += fy_gpt_unit_params(c, u);
+    return n;
+}
+
+double fy_gpt_flops_per_token(const struct fy_gpt_config *c, unsigned seq_len)
+{
+    /* matmul params of the blocks and the head; 2 FLOPs per MAC; attention scores and values. */
+    double C = c->n_embd, L = c->n_layer;
+    double block_macs = L * 12.0 * C * C + (double)c->vocab * C;
+    double attn_macs = L * 2.0 * C * seq_len / 2.0; /* causal: half the T x T on average */
+    double fwd = 2.0 * (block_macs + attn_macs);
+    /* backward is 2x forward; blocks are recomputed once in backward (not the head) */
+    double recompute = 2.0 * (L * 12.0 * C * C + attn_macs);
+    return fwd * 3.0 + recompute;
+}
+
+/* Standard normal from two counter-based uniforms (Box-Muller), computed in double. */
+static float normal_at(uint64_t seed, unsigned unit, size_t index)
+{
+    uint64_t h1 = fy_synth_mix(seed ^ fy_synth_mix(((uint64_t)unit << 40) ^ (2 * (uint64_t)index)));
+    uint64_t h2 = fy_synth_mix(seed ^ fy_synth_mix(((uint64_t)unit << 40) ^ (2 * (uint64_t)index + 1)));
+    double u1 = ((double)(h1 >> 11) + 1.0) * (1.0 / 9007199254740993.0); /* (0, 1] */
+    double u2 = (double)(h2 >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static void fill_normal(float *p, size_t n, size_t first, float std, uint64_t seed, unsigned unit)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = std * normal_at(seed, unit, first + i);
+}
+
+static void fill_const(float *p, size_t n, float v)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = v;
+}
+
+void fy_gpt_init_unit(const struct fy_gpt_config *c, unsigned unit, uint64_t seed, float *params)
+{
+    size_t C = c->n_embd;
+    const float std = 0.02f;
+    switch (fy_gpt_unit_kind(c, unit)) {
+    case FY_UNIT_EMBED:
+        fill_normal(params, fy_gpt_unit_params(c, unit), 0, std, seed, unit);
+        return;
+    case FY_UNIT_FINAL:
+        fill_const(params, C, 1.0f);
+        fill_const(params + C, C, 0.0f);
+        return;
+    case FY_UNIT_BLOCK: break;
+    }
+    struct fy_gpt_block_layout l;
+    fy_gpt_block_layout(c, &l);
+    float resid_std = (float)(0.02 / sqrt(2.0 * c->n_layer));
+    fill_const(params + l.ln1_w, C, 1.0f);
+    fill_const(params + l.ln1_b, C, 0.0f);
+    fill_normal(params + l.qkv_w, 3 * C * C, l.qkv_w, std, seed, unit);
+    fill_const(params + l.qkv_b, 3 * C, 0.0f);
+    fill_normal(params + l.attn_w, C * C, l.attn_w, resid_std, seed, unit);
+    fill_const(params + l.attn_b, C, 0.0f);
+    fill_const(params + l.ln2_w, C, 1.0f);
+    fill_const(params + l.ln2_b, C, 0.0f);
+    fill_normal(params + l.fc_w, 4 * C * C, l.fc_w, std, seed, unit);
+    fill_const(params + l.fc_b, 4 * C, 0.0f);
+    fill_normal(params + l.proj_w, 4 * C * C, l.proj_w, resid_std, seed, unit);
+    fill_const(params + l.proj_b, C, 0.0f);
+}

@@ -1,0 +1,59 @@
+/* GPT model configuration and parameter layout. The model is stored and streamed as "units": unit 0
+ * holds the embeddings (wte, wpe), units 1..n_layer the transformer blocks, unit n_layer+1 the final
+ * LayerNorm. Each unit's parameters are one contiguous fp32 vector in the order given here; the LM
+ * head is tied to wte. Matrices are [out][in] (y = x W^T + b). */
+#ifndef FY_MODEL_H
+#define FY_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct fy_config;
+
+struct fy_gpt_config {
+    uint32_t n_layer;
+    uint32_t n_head;
+    uint32_t n_embd; /* C */
+    uint32_t vocab;  /* V */
+    uint32_t ctx;    /* maximum sequence length (rows of wpe) */
+};
+
+/* Offsets (in floats) of each tensor inside a block unit, and its total size. */
+struct fy_gpt_block_layout {
+    size_t ln1_w, ln1_b;   /* [C] */
+    size_t qkv_w, qkv_b;   /* [3C][C], [3C] */
+    size_t attn_w, attn_b; /* [C][C], [C] */
+    size_t ln2_w, ln2_b;   /* [C] */
+    size_t fc_w, fc_b;     /* [4C][C], [4C] */
+    size_t proj_w, proj_b; /* [C][4C], [C] */
+    size_t total;
+};
+
+enum fy_unit_kind { FY_UNIT_EMBED = 0, FY_UNIT_BLOCK = 1, FY_UNIT_FINAL = 2 };
+
+/* Checks ranges (heads divide the width, sizes positive and bounded); -EINVAL with a message. */
+int fy_gpt_config_validate(const struct fy_gpt_config *c);
+/* Reads model.* keys (n_layer, n_head, n_embd, vocab, ctx) of a config. */
+int fy_gpt_config_from(const struct fy_config *cfg, struct fy_gpt_config *out);
+/* Writes the model.* keys. */
+int fy_gpt_config_to(const struct fy_gpt_config *c, struct fy_config *cfg);
+/* A stable 64-bit hash of the architecture, recorded in stores and exports to refuse mismatches. */
+uint64_t fy_gpt_config_hash(const struct fy_gpt_config *c);
+/* "L layers, H heads, C wide, V vocab, T context, N parameters" */
+void fy_gpt_config_describe(const struct fy_gpt_config *c, char *buf, size_t len);
+
+void fy_gpt_block_layout(const struct fy_gpt_config *c, struct fy_gpt_block_layout *out);
+unsigned fy_gpt_unit_count(const struct fy_gpt_config *c);
+enum fy_unit_kind fy_gpt_unit_kind(const struct fy_gpt_config *c, unsigned unit);
+/* Parameters (floats) of a unit: embeddings V*C + T*C; block layout.total; final 2*C. */
+size_t fy_gpt_unit_params(const struct fy_gpt_config *c, unsigned unit);
+size_t fy_gpt_total_params(const struct fy_gpt_config *c);
+/* Training FLOPs per token (forward + backward, with block recomputation counted). */
+double fy_gpt_flops_per_token(const struct fy_gpt_config *c, unsigned seq_len);
+
+/* GPT-2 initialisation of one unit from a seed: weights N(0, 0.02), the two residual projections
+ * (attn_w, proj_w) N(0, 0.02/sqrt(2*n_layer)), biases 0, LayerNorm weight 1 and bias 0. Each value
+ * depends only on (seed, unit, index), so any unit can be initialised alone. */
+void fy_gpt_init_unit(const struct fy_gpt_config *c, unsigned unit, uint64_t seed, float *params);
+
+#endif

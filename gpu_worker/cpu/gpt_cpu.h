@@ -1,0 +1,71 @@
+/* The GPT-2 operations of the CPU backend: fp32, OpenMP, written to be read. The reference that the
+ * CUDA backend is checked against. Every function gives bit-identical results whatever the number of
+ * OpenMP threads: each output element is computed by one thread in a fixed order (no reductions split
+ * across threads), so multi-process and in-process runs, and runs on different machines, agree.
+ *
+ * Shapes: B sequences of T tokens, C = n_embd, NH heads, V = vocab. Activations are [B][T][C].
+ * Matrices are [out][in]: y = x W^T + b. Parameter layouts are those of common/model.h. */
+#ifndef FY_GPT_CPU_H
+#define FY_GPT_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/model.h"
+
+/* ---- single operations (exported for the finite-difference tests) ---- */
+
+/* out[n][o] = sum_i inp[n][i] * w[o][i] + (bias ? bias[o] : 0) */
+void fy_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N,
+                           int IN, int OUT);
+/* dinp (overwritten, may be NULL), dw and dbias (accumulated +=, dbias may be NULL) */
+void fy_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                            const float *w, int N, int IN, int OUT);
+/* LayerNorm over C with eps 1e-5; mean and rstd [N] are saved for backward. */
+void fy_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                              const float *b, int N, int C);
+/* dinp overwritten; dw, db accumulated. */
+void fy_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                               const float *w, const float *mean, const float *rstd, int N, int C);
+/* Causal multi-head attention. qkv [B][T][3C] (q, k, v, each heads-major within C); out [B][T][C];
+ * att [B][NH][T][T] holds the softmax probabilities (saved for backward). */
+void fy_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+/* dqkv overwritten. */
+void fy_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                               int B, int T, int C, int NH);
+/* GELU, tanh approximation. */
+void fy_cpu_gelu_forward(float *out, const float *inp, size_t n);
+/* dinp overwritten. */
+void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* ---- model pieces, one unit at a time (what the gpu worker runs layer by layer) ---- */
+
+/* x[b][t] = wte[tokens[b][t]] + wpe[t]; embed = [wte V*C | wpe ctx*C]. Tokens must be < V. */
+void fy_cpu_embed_forward(const struct fy_gpt_config *c, const float *embed, const int32_t *tokens,
+                          float *x, int B, int T);
+/* dembed += gradient of the embedding lookup (wte rows and wpe rows). */
+void fy_cpu_embed_backward(const struct fy_gpt_config *c, const int32_t *tokens, const float *dx,
+                           float *dembed, int B, int T);
+
+/* Floats of scratch one block's forward or backward needs. */
+size_t fy_cpu_block_scratch(const struct fy_gpt_config *c, int B, int T);
+/* y = x + attn(ln1(x)); y = y + mlp(ln2(y)). */
+void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, const float *x,
+                          float *y, float *scratch, int B, int T);
+/* Recomputes the block's internals from its input x (activation checkpointing), then back-propagates
+ * dy: dx and dparams are overwritten (dparams in the block unit's layout). */
+void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, const float *x,
+                           const float *dy, float *dx, float *dparams, float *scratch, int B, int T);
+
+/* Floats of scratch the head needs (logits are processed in chunks of rows, never all at once). */
+size_t fy_cpu_head_scratch(const struct fy_gpt_config *c, int B, int T);
+/* Final LayerNorm, logits = lnf(x) wte^T, mean cross-entropy over the targets (a target < 0 is
+ * ignored; the mean is over the others). Returns the loss. With dx != NULL also back-propagates:
+ * dx overwritten, dfinal (final unit's layout) overwritten, and dembed overwritten with the head's
+ * share of the wte gradient (its wpe part set to zero); the embedding backward then adds its own. */
+float fy_cpu_head_forward_backward(const struct fy_gpt_config *c, const float *final_params,
+                                   const float *embed, const float *x, const int32_t *targets,
+                                   float *dx, float *dfinal, float *dembed, float *scratch, int B,
+                                   int T);
+
+#endif
