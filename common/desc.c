@@ -155,6 +155,9 @@ const char *fy_op_name(int op)
         [FY_OP_IO_READ] = "io-read",   [FY_OP_IO_WRITE] = "io-write",
         [FY_OP_IO_SYNC] = "io-sync",   [FY_OP_GPU_SYNTH_GRAD] = "gpu-synth-grad",
         [FY_OP_OPT_ADAMW] = "opt-adamw", [FY_OP_PING] = "ping",
+        [FY_OP_GPT_EMBED_FWD] = "gpt-embed-fwd", [FY_OP_GPT_BLOCK_FWD] = "gpt-block-fwd",
+        [FY_OP_GPT_HEAD] = "gpt-head", [FY_OP_GPT_BLOCK_BWD] = "gpt-block-bwd",
+        [FY_OP_GPT_EMBED_BWD] = "gpt-embed-bwd",
     };
     if (op <= 0 || op >= FY_OP_COUNT || names[op] == NULL)
         return "unknown-op";
@@ -167,7 +170,7 @@ const char *fy_kind_name(int kind)
         [FY_KIND_CONTROL] = "control", [FY_KIND_WEIGHTS] = "weights",
         [FY_KIND_MASTER] = "master",   [FY_KIND_ADAM_M] = "adam-m",
         [FY_KIND_ADAM_V] = "adam-v",   [FY_KIND_GRAD] = "grad",
-        [FY_KIND_ACTIVATION] = "activation", [FY_KIND_RAW] = "raw",
+        [FY_KIND_ACTIVATION] = "activation", [FY_KIND_RAW] = "raw", [FY_KIND_TOKENS] = "tokens",
     };
     if (kind < 0 || kind >= FY_KIND_COUNT)
         return "unknown-kind";

@@ -22,6 +22,7 @@ enum fy_kind {
     FY_KIND_GRAD = 5,
     FY_KIND_ACTIVATION = 6,
     FY_KIND_RAW = 7, /* bytes with no tensor meaning (I/O of a packed extent) */
+    FY_KIND_TOKENS = 8, /* int32 token ids (inputs or targets) */
     FY_KIND_COUNT
 };
 
@@ -37,6 +38,12 @@ enum fy_op {
     FY_OP_GPU_SYNTH_GRAD = 8, /* gpu: write the synthetic gradient (seed `arg`, step) into the region */
     FY_OP_OPT_ADAMW = 9, /* opt: AdamW over the GRAD, MASTER, ADAM_M, ADAM_V (+WEIGHTS) parts */
     FY_OP_PING = 10,     /* any: reply DONE at once (liveness) */
+    /* GPT on the gpu worker, one unit at a time; parts in the order given (see gpu_worker/gptexec.h) */
+    FY_OP_GPT_EMBED_FWD = 11, /* tokens, embed weights -> x0 */
+    FY_OP_GPT_BLOCK_FWD = 12, /* block weights, x -> y */
+    FY_OP_GPT_HEAD = 13,      /* x, targets, final and embed weights [-> dx, dfinal, dembed]; loss */
+    FY_OP_GPT_BLOCK_BWD = 14, /* block weights, x, dy -> dx, dparams */
+    FY_OP_GPT_EMBED_BWD = 15, /* tokens, dx0 -> dembed += */
     FY_OP_COUNT
 };
 
@@ -51,7 +58,8 @@ struct fy_desc {
     uint64_t offset; /* byte offset of the region in the pool */
     uint64_t bytes;  /* region length in bytes */
     uint64_t seq;    /* request number; replies carry the request's */
-    uint64_t arg;    /* op-specific: extent offset for I/O, seed for synthetic data */
+    uint64_t arg;    /* op-specific: extent offset for I/O, seed for synthetic data, the learning
+                        rate (IEEE double bits) for opt-adamw, the loss (double bits) in a head reply */
 };
 
 /* Encodes d into exactly FY_DESC_WIRE_BYTES bytes. */

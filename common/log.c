@@ -5,6 +5,8 @@
 #endif
 #include "log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 
 static char log_who[16] = "fuyou";
 static enum fy_log_level log_threshold = FY_LOG_INFO;
+static int log_file_fd = -1;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
@@ -30,6 +33,18 @@ void fy_log_init(const char *who, enum fy_log_level level)
 }
 
 enum fy_log_level fy_log_level(void) { return log_threshold; }
+
+int fy_log_set_file(const char *path)
+{
+    /* O_APPEND: every process of the run appends whole lines to the same file. */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    if (log_file_fd >= 0)
+        close(log_file_fd);
+    log_file_fd = fd;
+    return 0;
+}
 
 void fy_log_v(enum fy_log_level level, const char *file, int line, const char *fmt, va_list ap)
 {
@@ -54,6 +69,8 @@ void fy_log_v(enum fy_log_level level, const char *file, int line, const char *f
     if (n > (int)sizeof out - 1)
         n = (int)sizeof out - 1;
     ssize_t ignored = write(STDERR_FILENO, out, (size_t)n);
+    if (log_file_fd >= 0)
+        ignored = write(log_file_fd, out, (size_t)n);
     (void)ignored;
 }
 

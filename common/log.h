@@ -14,6 +14,8 @@ enum fy_log_level { FY_LOG_ERROR = 0, FY_LOG_WARN = 1, FY_LOG_INFO = 2, FY_LOG_D
  * (error|warn|info|debug) when set, else `level`. */
 void fy_log_init(const char *who, enum fy_log_level level);
 enum fy_log_level fy_log_level(void);
+/* Also append every line to this file (the run's log); returns 0 or -errno. */
+int fy_log_set_file(const char *path);
 void fy_log_at(enum fy_log_level level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void fy_log_v(enum fy_log_level level, const char *file, int line, const char *fmt, va_list ap);

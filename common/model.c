@@ -127,6 +127,29 @@ double fy_gpt_flops_per_token(const struct fy_gpt_config *c, unsigned seq_len)
     return fwd * 3.0 + recompute;
 }
 
+int fy_gpt_decay_segments(const struct fy_gpt_config *c, unsigned unit,
+                          struct fy_param_segment out[FY_GPT_MAX_SEGMENTS])
+{
+    size_t total = fy_gpt_unit_params(c, unit);
+    if (fy_gpt_unit_kind(c, unit) != FY_UNIT_BLOCK) {
+        out[0] = (struct fy_param_segment){0, total, fy_gpt_unit_kind(c, unit) == FY_UNIT_EMBED};
+        return 1;
+    }
+    struct fy_gpt_block_layout l;
+    fy_gpt_block_layout(c, &l);
+    /* Layout order: ln1_w ln1_b | qkv_w | qkv_b | attn_w | attn_b ln2_w ln2_b | fc_w | fc_b | proj_w |
+     * proj_b; neighbouring ranges with the same flag are merged. */
+    const struct fy_param_segment parts[] = {
+        {l.ln1_w, l.qkv_w, 0},  {l.qkv_w, l.qkv_b, 1},   {l.qkv_b, l.attn_w, 0},
+        {l.attn_w, l.attn_b, 1}, {l.attn_b, l.fc_w, 0},  {l.fc_w, l.fc_b, 1},
+        {l.fc_b, l.proj_w, 0},  {l.proj_w, l.proj_b, 1}, {l.proj_b, l.total, 0},
+    };
+    int n = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        out[n++] = parts[i];
+    return n;
+}
+
 /* Standard normal from two counter-based uniforms (Box-Muller), computed in double. */
 static float normal_at(uint64_t seed, unsigned unit, size_t index)
 {

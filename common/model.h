@@ -51,6 +51,17 @@ size_t fy_gpt_total_params(const struct fy_gpt_config *c);
 /* Training FLOPs per token (forward + backward, with block recomputation counted). */
 double fy_gpt_flops_per_token(const struct fy_gpt_config *c, unsigned seq_len);
 
+/* A contiguous range [begin, end) of a unit's parameters and whether weight decay applies to it:
+ * matrices and embeddings decay, biases and LayerNorm parameters do not (GPT-2 practice). */
+struct fy_param_segment {
+    size_t begin, end;
+    int decay;
+};
+#define FY_GPT_MAX_SEGMENTS 12
+/* Fills the unit's segments in order (they cover the unit exactly); returns how many. */
+int fy_gpt_decay_segments(const struct fy_gpt_config *c, unsigned unit,
+                          struct fy_param_segment out[FY_GPT_MAX_SEGMENTS]);
+
 /* GPT-2 initialisation of one unit from a seed: weights N(0, 0.02), the two residual projections
  * (attn_w, proj_w) N(0, 0.02/sqrt(2*n_layer)), biases 0, LayerNorm weight 1 and bias 0. Each value
  * depends only on (seed, unit, index), so any unit can be initialised alone. */

@@ -52,6 +52,9 @@ static int worker_setup(struct fy_worker *w)
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/run.conf", w->run_dir);
     FY_TRY(fy_config_load(w->cfg, path));
+    const char *log_file = fy_config_get(w->cfg, "log_file");
+    if (log_file != NULL && fy_log_set_file(log_file) < 0)
+        fy_warn("cannot append to the run log %s: logging to stderr only", log_file);
     FY_TRY(fy_topo_load(&w->topo));
     char key[64];
     snprintf(key, sizeof key, "affinity.%s", w->name);

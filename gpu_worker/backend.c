@@ -97,3 +97,41 @@ int fy_backend_synth(struct fy_backend *b, uint64_t seed, uint64_t step, uint32_
 {
     return b->ops->synth(b->state, seed, step, tensor, dtype, n, out);
 }
+
+int fy_backend_gpt_prepare(struct fy_backend *b, const struct fy_gpt_config *c, int B, int T)
+{
+    FY_REQUIRE(b->ops->gpt_prepare != NULL, -ENOTSUP,
+               "the %s backend cannot train GPT models yet: use --backend cpu", b->ops->name);
+    return b->ops->gpt_prepare(b->state, c, B, T);
+}
+
+/* gpt_prepare succeeded, so the backend has every gpt operation. */
+int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const int32_t *tokens,
+                                 float *x)
+{
+    return b->ops->gpt_embed_forward(b->state, embed, tokens, x);
+}
+
+int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const float *dx,
+                                  float *dembed)
+{
+    return b->ops->gpt_embed_backward(b->state, tokens, dx, dembed);
+}
+
+int fy_backend_gpt_block_forward(struct fy_backend *b, const float *params, const float *x, float *y)
+{
+    return b->ops->gpt_block_forward(b->state, params, x, y);
+}
+
+int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, const float *x,
+                                  const float *dy, float *dx, float *dparams)
+{
+    return b->ops->gpt_block_backward(b->state, params, x, dy, dx, dparams);
+}
+
+int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
+                        const float *x, const int32_t *targets, double *loss, float *dx,
+                        float *dfinal, float *dembed)
+{
+    return b->ops->gpt_head(b->state, final_params, embed, x, targets, loss, dx, dfinal, dembed);
+}

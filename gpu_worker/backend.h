@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/model.h"
+
 struct fy_backend;
 
 struct fy_backend_ops {
@@ -21,6 +23,19 @@ struct fy_backend_ops {
      * computed on the device and copied into host memory `out` (inside registered memory). */
     int (*synth)(void *state, uint64_t seed, uint64_t step, uint32_t tensor, int dtype, size_t n,
                  void *out);
+
+    /* GPT, layer by layer, on fp32 host buffers of the pool (the semantics of gpu_worker/cpu/
+     * gpt_cpu.h). A backend without these (NULL) cannot train. gpt_prepare sizes the backend's
+     * private scratch for batches of B sequences of T tokens before any other gpt call. */
+    int (*gpt_prepare)(void *state, const struct fy_gpt_config *c, int B, int T);
+    int (*gpt_embed_forward)(void *state, const float *embed, const int32_t *tokens, float *x);
+    int (*gpt_embed_backward)(void *state, const int32_t *tokens, const float *dx, float *dembed);
+    int (*gpt_block_forward)(void *state, const float *params, const float *x, float *y);
+    int (*gpt_block_backward)(void *state, const float *params, const float *x, const float *dy,
+                              float *dx, float *dparams);
+    /* dx == NULL: loss only. */
+    int (*gpt_head)(void *state, const float *final_params, const float *embed, const float *x,
+                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
 };
 
 /* which: "cpu", "cuda", or "auto" (CUDA when a device is usable, else the CPU backend, said loudly). */
@@ -31,6 +46,20 @@ const char *fy_backend_device(const struct fy_backend *b);
 int fy_backend_register_host(struct fy_backend *b, void *base, size_t len);
 int fy_backend_synth(struct fy_backend *b, uint64_t seed, uint64_t step, uint32_t tensor, int dtype,
                      size_t n, void *out);
+/* The GPT operations of the backend (see struct fy_backend_ops); -ENOTSUP with a message when the
+ * backend has none. */
+int fy_backend_gpt_prepare(struct fy_backend *b, const struct fy_gpt_config *c, int B, int T);
+int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const int32_t *tokens,
+                                 float *x);
+int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const float *dx,
+                                  float *dembed);
+int fy_backend_gpt_block_forward(struct fy_backend *b, const float *params, const float *x, float *y);
+int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, const float *x,
+                                  const float *dy, float *dx, float *dparams);
+int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
+                        const float *x, const int32_t *targets, double *loss, float *dx,
+                        float *dfinal, float *dembed);
+
 /* 1 when this build contains the CUDA backend. */
 int fy_backend_cuda_built(void);
 

@@ -1,51 +1,79 @@
 /* fuyou-gpu-worker: owns the compute backend (CUDA, or the CPU reference where there is no GPU),
- * pins the shared pool for DMA and serves compute requests from the launcher. */
+ * pins the shared pool for DMA and serves compute requests from the launcher: GPT forward and
+ * backward unit by unit (gpu_worker/gptexec) when the run has a model, and synthetic tensors. */
 #include <errno.h>
+#include <omp.h>
 #include <stdlib.h>
 
 #include "common/check.h"
 #include "common/dtype.h"
 #include "common/worker.h"
 #include "gpu_worker/backend.h"
+#include "gpu_worker/gptexec.h"
 
-static int gpu_init(struct fy_worker *w, void **state)
+struct gpu_state {
+    struct fy_backend *backend;
+    struct fy_gptexec *gpt; /* NULL when the run has no model (self-test) */
+};
+
+static void gpu_fini(struct fy_worker *w, void *state)
 {
+    struct gpu_state *s = state;
+    if (s == NULL)
+        return;
+    fy_gptexec_destroy(&s->gpt);
+    fy_backend_close(&s->backend);
+    free(s);
+}
+
+static int gpu_setup(struct fy_worker *w, struct gpu_state *s)
+{
+    /* OpenMP sized its team from the cpus the process had at start; the worker has since been
+     * pinned to its own cpus, and more threads than cpus would only contend. The CPU backend's
+     * results do not depend on the thread count. */
+    int cpus = fy_cpulist_parse(w->cpus, NULL, 1 << 20);
+    if (cpus > 0)
+        omp_set_num_threads(cpus);
     const char *which = fy_config_get(w->cfg, "backend");
     uint64_t gpu_mem;
     FY_TRY(fy_config_get_u64(w->cfg, "gpu_mem", 0, 0, &gpu_mem));
-    struct fy_backend *b = NULL;
-    FY_TRY(fy_backend_open(&b, which ? which : "auto", gpu_mem));
-    int rc = fy_backend_register_host(b, fy_pool_base(w->pool), fy_pool_size(w->pool));
+    FY_TRY(fy_backend_open(&s->backend, which ? which : "auto", gpu_mem));
+    FY_TRY(fy_backend_register_host(s->backend, fy_pool_base(w->pool), fy_pool_size(w->pool)));
+    if (fy_config_get(w->cfg, "model.n_layer") != NULL)
+        FY_TRY(fy_gptexec_new(&s->gpt, s->backend, w->cfg));
+    return 0;
+}
+
+static int gpu_init(struct fy_worker *w, void **state)
+{
+    struct gpu_state *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return -ENOMEM;
+    int rc = gpu_setup(w, s);
     if (rc < 0) {
-        fy_backend_close(&b);
+        gpu_fini(w, s);
         return rc;
     }
-    *state = b;
+    *state = s;
     return 0;
 }
 
 static int gpu_handle(struct fy_worker *w, void *state, const struct fy_desc *req, unsigned n,
                       struct fy_desc *reply)
 {
-    struct fy_backend *b = state;
-    switch (req[0].op) {
-    case FY_OP_GPU_SYNTH_GRAD: {
-        FY_REQUIRE(n == 1 && req[0].kind != FY_KIND_CONTROL, -EPROTO,
-                   "gpu-synth-grad takes one region descriptor, got %u", n);
-        size_t count = req[0].bytes / fy_dtype_size(req[0].dtype);
-        return fy_backend_synth(b, req[0].arg, req[0].step, req[0].tensor, req[0].dtype, count,
-                                fy_worker_region(w, &req[0]));
+    struct gpu_state *s = state;
+    if (fy_gptexec_handles(req[0].op)) {
+        FY_REQUIRE(s->gpt != NULL, -EPROTO, "gpu worker: %s but the run config has no model",
+                   fy_op_name(req[0].op));
+        return fy_gptexec_handle(s->gpt, w->pool, req, n, reply);
     }
-    default:
-        fy_error("gpu worker: op %s is not a gpu operation", fy_op_name(req[0].op));
-        return -EPROTO;
-    }
-}
-
-static void gpu_fini(struct fy_worker *w, void *state)
-{
-    struct fy_backend *b = state;
-    fy_backend_close(&b);
+    FY_REQUIRE(req[0].op == FY_OP_GPU_SYNTH_GRAD, -EPROTO, "gpu worker: op %s is not a gpu operation",
+               fy_op_name(req[0].op));
+    FY_REQUIRE(n == 1 && req[0].kind != FY_KIND_CONTROL, -EPROTO,
+               "gpu-synth-grad takes one region descriptor, got %u", n);
+    size_t count = req[0].bytes / fy_dtype_size(req[0].dtype);
+    return fy_backend_synth(s->backend, req[0].arg, req[0].step, req[0].tensor, req[0].dtype, count,
+                            fy_worker_region(w, &req[0]));
 }
 
 int main(int argc, char **argv)

@@ -1,42 +1,37 @@
-/* fuyou-launch: the run's owner. Prepares the run directory, the memory plan and the shared pool,
- * places the workers on cores, starts and supervises them, and drives the work. */
+/* fuyou-launch: the run's owner. Subcommands prepare data, create a model in the SSD store, train it
+ * through the gpu, io and opt worker processes, export its weights, and self-test the data path. */
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <dirent.h>
 #include <unistd.h>
 
-#include "common/chan.h"
 #include "common/check.h"
+#include "common/ckpt.h"
 #include "common/config.h"
 #include "common/dtype.h"
-#include "common/pool.h"
-#include "common/topo.h"
+#include "common/model.h"
+#include "common/tokfile.h"
+#include "launcher/inproc.h"
 #include "launcher/selftest.h"
+#include "launcher/session.h"
 #include "launcher/supervise.h"
+#include "launcher/train.h"
 
 enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_WORKER = 3, EXIT_INTERRUPTED = 130 };
 
-static const char *const worker_names[] = {"gpu", "io", "opt"};
-
 struct options {
-    const char *run_dir;
-    const char *ssd;
-    const char *affinity;
-    const char *backend;
-    const char *adamw_impl;
+    const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path;
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
-    int grad_dtype;
-    int overwrite;
-    double lr, weight_decay;
-    int ready_timeout_s, timeout_s;
+    uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
+    uint64_t checkpoint_every;
+    double lr, weight_decay, min_lr_ratio, eval_fraction;
+    int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s;
+    int seed_set, lr_set, wd_set, steps_set;
 };
 
 static void usage(FILE *f)
@@ -45,63 +40,94 @@ static void usage(FILE *f)
             "usage: fuyou-launch COMMAND [options]\n"
             "\n"
             "commands:\n"
-            "  selftest   run the data path (SSD -> pool -> gpu gradients -> AdamW -> SSD) through\n"
-            "             the three worker processes for a few steps, and time each stage\n"
-            "  help       this text\n"
+            "  prepare  --out FILE TEXT...          text files -> token file (byte-level, vocab 256)\n"
+            "  init     --run-dir DIR [model]       create a GPT in the run's SSD store (GPT-2 init)\n"
+            "  train    --run-dir DIR --data FILE   train it (continues from the store's step)\n"
+            "  export   --run-dir DIR --out FILE    write the weights to a file\n"
+            "  selftest --run-dir DIR --ssd DIR     data path SSD -> pool -> gpu -> AdamW -> SSD\n"
+            "  help                                 this text\n"
             "\n"
-            "options:\n"
-            "  --run-dir DIR        run directory (created if missing; holds run.conf, sockets)\n"
-            "  --ssd DIR[,DIR...]   SSD store directories, striped (each must support O_DIRECT)\n"
-            "  --overwrite          replace an existing store in the --ssd directories\n"
-            "  --cpu-mem SIZE       cap on the shared pool (e.g. 64G); refused if the plan needs more\n"
-            "  --gpu-mem SIZE       GPU arena size (default 256M for the self-test)\n"
-            "  --backend NAME       auto (default), cuda or cpu\n"
-            "  --affinity SPEC      e.g. gpu=0,io=1,opt=2-15 (default: from hwloc)\n"
-            "  --params N           parameters in the self-test tensor (default 1M)\n"
-            "  --steps N            optimizer steps (default 3)\n"
-            "  --seed N             seed of the synthetic data (default 1)\n"
-            "  --grad-dtype T       bf16 (default) or f32\n"
-            "  --lr X, --weight-decay X, --adamw-impl auto|scalar|avx2|avx512\n"
-            "  --queue-depth N      io_uring queue depth (default 32)\n"
-            "  --block-size SIZE    I/O block size (default 1M)\n"
-            "  --stripe-unit SIZE   striping unit over SSD paths (default 1M)\n"
-            "  --ready-timeout S    seconds to wait for workers to start (default 60)\n"
-            "  --timeout S          seconds to wait for any one request (default 300)\n");
+            "model (init):  --layers N (4) --heads N (4) --embd N (128) --vocab N (256) --ctx N (128)\n"
+            "               --seed N (1) --ssd DIR[,DIR...] (default DIR/store) --overwrite\n"
+            "train:         --steps N (total, 200) --batch B (8) --seq T (64) --lr X (1e-3)\n"
+            "               --warmup N (10) --min-lr-ratio X (0.1) --weight-decay X (0.1) --seed N (1)\n"
+            "               --eval-every N (50) --eval-batches N (4) --eval-fraction X (0.1)\n"
+            "               --checkpoint-every N (50) --export FILE --inprocess (one process, memory)\n"
+            "common:        --backend auto|cpu|cuda --cpu-mem SIZE --gpu-mem SIZE --affinity SPEC\n"
+            "               (e.g. gpu=0,io=1,opt=2-15) --queue-depth N (32) --block-size SIZE (1M)\n"
+            "               --stripe-unit SIZE (1M) --ready-timeout S (60) --timeout S (300)\n"
+            "selftest:      --params N (1M) --steps N (3) --grad-dtype bf16|f32 --lr X\n"
+            "               --weight-decay X --adamw-impl auto|scalar|avx2|avx512 --overwrite\n"
+            "\n"
+            "Exit status: 0 done, 1 error (the message says what and where), 2 usage, 3 a worker\n"
+            "failed, 130 interrupted. Logs: DIR/fuyou.log; per-step metrics: DIR/metrics.jsonl.\n");
 }
 
 static int parse_size_opt(const char *name, const char *text, uint64_t *out)
 {
     if (fy_parse_size(text, out) < 0) {
-        fprintf(stderr, "fuyou-launch: %s '%s' is not a size (examples: 4096, 64K, 24G)\n", name,
-                text);
+        fprintf(stderr, "fuyou-launch: %s '%s' is not a number or size (examples: 4096, 64K, 24G)\n",
+                name, text);
         return -EINVAL;
     }
     return 0;
 }
 
+static int parse_double_opt(const char *name, const char *text, double *out)
+{
+    char *end = NULL;
+    *out = strtod(text, &end);
+    if (end == text || *end != 0) {
+        fprintf(stderr, "fuyou-launch: %s '%s' is not a number\n", name, text);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+enum {
+    O_RUN = 256, O_SSD, O_OVERWRITE, O_CPU_MEM, O_GPU_MEM, O_BACKEND, O_AFFINITY, O_PARAMS, O_STEPS,
+    O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
+    O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
+    O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC
+};
+
+static const struct option longopts[] = {
+    {"run-dir", required_argument, 0, O_RUN},        {"ssd", required_argument, 0, O_SSD},
+    {"overwrite", no_argument, 0, O_OVERWRITE},      {"cpu-mem", required_argument, 0, O_CPU_MEM},
+    {"gpu-mem", required_argument, 0, O_GPU_MEM},    {"backend", required_argument, 0, O_BACKEND},
+    {"affinity", required_argument, 0, O_AFFINITY},  {"params", required_argument, 0, O_PARAMS},
+    {"steps", required_argument, 0, O_STEPS},        {"seed", required_argument, 0, O_SEED},
+    {"grad-dtype", required_argument, 0, O_GRAD_DTYPE}, {"lr", required_argument, 0, O_LR},
+    {"weight-decay", required_argument, 0, O_WD},    {"adamw-impl", required_argument, 0, O_IMPL},
+    {"queue-depth", required_argument, 0, O_QD},     {"block-size", required_argument, 0, O_BLOCK},
+    {"stripe-unit", required_argument, 0, O_STRIPE}, {"ready-timeout", required_argument, 0, O_READY},
+    {"timeout", required_argument, 0, O_TIMEOUT},    {"data", required_argument, 0, O_DATA},
+    {"out", required_argument, 0, O_OUT},            {"export", required_argument, 0, O_EXPORT},
+    {"layers", required_argument, 0, O_LAYERS},      {"heads", required_argument, 0, O_HEADS},
+    {"embd", required_argument, 0, O_EMBD},          {"vocab", required_argument, 0, O_VOCAB},
+    {"ctx", required_argument, 0, O_CTX},            {"batch", required_argument, 0, O_BATCH},
+    {"seq", required_argument, 0, O_SEQ},            {"warmup", required_argument, 0, O_WARMUP},
+    {"min-lr-ratio", required_argument, 0, O_MIN_LR},
+    {"eval-every", required_argument, 0, O_EVAL_EVERY},
+    {"eval-batches", required_argument, 0, O_EVAL_BATCHES},
+    {"eval-fraction", required_argument, 0, O_EVAL_FRACTION},
+    {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
+    {"inprocess", no_argument, 0, O_INPROC},         {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+/* Parses options; positional arguments (prepare's inputs) are left at argv[optind..]. */
 static int parse_options(int argc, char **argv, struct options *o)
 {
-    enum { O_RUN = 256, O_SSD, O_OVERWRITE, O_CPU_MEM, O_GPU_MEM, O_BACKEND, O_AFFINITY, O_PARAMS,
-           O_STEPS, O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY,
-           O_TIMEOUT };
-    static const struct option longopts[] = {
-        {"run-dir", required_argument, 0, O_RUN},       {"ssd", required_argument, 0, O_SSD},
-        {"overwrite", no_argument, 0, O_OVERWRITE},     {"cpu-mem", required_argument, 0, O_CPU_MEM},
-        {"gpu-mem", required_argument, 0, O_GPU_MEM},   {"backend", required_argument, 0, O_BACKEND},
-        {"affinity", required_argument, 0, O_AFFINITY}, {"params", required_argument, 0, O_PARAMS},
-        {"steps", required_argument, 0, O_STEPS},       {"seed", required_argument, 0, O_SEED},
-        {"grad-dtype", required_argument, 0, O_GRAD_DTYPE}, {"lr", required_argument, 0, O_LR},
-        {"weight-decay", required_argument, 0, O_WD},   {"adamw-impl", required_argument, 0, O_IMPL},
-        {"queue-depth", required_argument, 0, O_QD},    {"block-size", required_argument, 0, O_BLOCK},
-        {"stripe-unit", required_argument, 0, O_STRIPE},
-        {"ready-timeout", required_argument, 0, O_READY}, {"timeout", required_argument, 0, O_TIMEOUT},
-        {"help", no_argument, 0, 'h'},                  {0, 0, 0, 0},
-    };
     *o = (struct options){.backend = "auto", .adamw_impl = "auto", .params = 1 << 20, .steps = 3,
                           .seed = 1, .grad_dtype = FY_DTYPE_BF16, .lr = 1e-3, .weight_decay = 0.1,
                           .queue_depth = 32, .block_size = 1 << 20, .stripe_unit = 1 << 20,
-                          .ready_timeout_s = 60, .timeout_s = 300};
+                          .ready_timeout_s = 60, .timeout_s = 300, .layers = 4, .heads = 4,
+                          .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
+                          .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
+                          .eval_fraction = 0.1, .checkpoint_every = 50};
     int c, rc = 0;
+    uint64_t v;
     opterr = 0;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
@@ -113,26 +139,41 @@ static int parse_options(int argc, char **argv, struct options *o)
         case O_BACKEND: o->backend = optarg; break;
         case O_AFFINITY: o->affinity = optarg; break;
         case O_PARAMS: rc = parse_size_opt("--params", optarg, &o->params); break;
-        case O_STEPS: rc = parse_size_opt("--steps", optarg, &o->steps); break;
-        case O_SEED: rc = parse_size_opt("--seed", optarg, &o->seed); break;
+        case O_STEPS: rc = parse_size_opt("--steps", optarg, &o->steps); o->steps_set = 1; break;
+        case O_SEED: rc = parse_size_opt("--seed", optarg, &o->seed); o->seed_set = 1; break;
         case O_GRAD_DTYPE:
-            if (strcmp(optarg, "bf16") == 0)
-                o->grad_dtype = FY_DTYPE_BF16;
-            else if (strcmp(optarg, "f32") == 0)
-                o->grad_dtype = FY_DTYPE_F32;
+            if (strcmp(optarg, "bf16") == 0 || strcmp(optarg, "f32") == 0)
+                o->grad_dtype = optarg[0] == 'b' ? FY_DTYPE_BF16 : FY_DTYPE_F32;
             else {
                 fprintf(stderr, "fuyou-launch: --grad-dtype must be bf16 or f32\n");
                 rc = -EINVAL;
             }
             break;
-        case O_LR: o->lr = atof(optarg); break;
-        case O_WD: o->weight_decay = atof(optarg); break;
+        case O_LR: rc = parse_double_opt("--lr", optarg, &o->lr); o->lr_set = 1; break;
+        case O_WD: rc = parse_double_opt("--weight-decay", optarg, &o->weight_decay); o->wd_set = 1; break;
         case O_IMPL: o->adamw_impl = optarg; break;
         case O_QD: rc = parse_size_opt("--queue-depth", optarg, &o->queue_depth); break;
         case O_BLOCK: rc = parse_size_opt("--block-size", optarg, &o->block_size); break;
         case O_STRIPE: rc = parse_size_opt("--stripe-unit", optarg, &o->stripe_unit); break;
-        case O_READY: o->ready_timeout_s = atoi(optarg); break;
-        case O_TIMEOUT: o->timeout_s = atoi(optarg); break;
+        case O_READY: rc = parse_size_opt("--ready-timeout", optarg, &v); o->ready_timeout_s = (int)v; break;
+        case O_TIMEOUT: rc = parse_size_opt("--timeout", optarg, &v); o->timeout_s = (int)v; break;
+        case O_DATA: o->data = optarg; break;
+        case O_OUT: o->out = optarg; break;
+        case O_EXPORT: o->export_path = optarg; break;
+        case O_LAYERS: rc = parse_size_opt("--layers", optarg, &o->layers); break;
+        case O_HEADS: rc = parse_size_opt("--heads", optarg, &o->heads); break;
+        case O_EMBD: rc = parse_size_opt("--embd", optarg, &o->embd); break;
+        case O_VOCAB: rc = parse_size_opt("--vocab", optarg, &o->vocab); break;
+        case O_CTX: rc = parse_size_opt("--ctx", optarg, &o->ctx); break;
+        case O_BATCH: rc = parse_size_opt("--batch", optarg, &o->batch); break;
+        case O_SEQ: rc = parse_size_opt("--seq", optarg, &o->seq); break;
+        case O_WARMUP: rc = parse_size_opt("--warmup", optarg, &o->warmup); break;
+        case O_MIN_LR: rc = parse_double_opt("--min-lr-ratio", optarg, &o->min_lr_ratio); break;
+        case O_EVAL_EVERY: rc = parse_size_opt("--eval-every", optarg, &o->eval_every); break;
+        case O_EVAL_BATCHES: rc = parse_size_opt("--eval-batches", optarg, &o->eval_batches); break;
+        case O_EVAL_FRACTION: rc = parse_double_opt("--eval-fraction", optarg, &o->eval_fraction); break;
+        case O_CKPT_EVERY: rc = parse_size_opt("--checkpoint-every", optarg, &o->checkpoint_every); break;
+        case O_INPROC: o->inprocess = 1; break;
         case 'h': usage(stdout); exit(EXIT_OK);
         default:
             fprintf(stderr, "fuyou-launch: unknown or incomplete option '%s' (see fuyou-launch help)\n",
@@ -140,238 +181,406 @@ static int parse_options(int argc, char **argv, struct options *o)
             rc = -EINVAL;
         }
     }
-    if (rc == 0 && optind < argc) {
-        fprintf(stderr, "fuyou-launch: unexpected argument '%s'\n", argv[optind]);
-        rc = -EINVAL;
-    }
-    if (rc == 0 && (o->run_dir == NULL || o->ssd == NULL)) {
-        fprintf(stderr, "fuyou-launch: --run-dir and --ssd are required (see fuyou-launch help)\n");
-        rc = -EINVAL;
-    }
-    if (rc == 0 && (o->params == 0 || o->steps == 0 || o->ready_timeout_s <= 0 || o->timeout_s <= 0)) {
-        fprintf(stderr, "fuyou-launch: --params, --steps and timeouts must be positive\n");
+    if (rc == 0 && (o->ready_timeout_s <= 0 || o->timeout_s <= 0)) {
+        fprintf(stderr, "fuyou-launch: timeouts must be positive\n");
         rc = -EINVAL;
     }
     return rc;
 }
 
-/* The run directory is ours while we hold its lock; anything left in its ipc/ is stale. */
-static int prepare_run_dir(const char *run_dir, int *lock_fd)
+static int require(const char *value, const char *option, const char *command)
 {
-    if (mkdir(run_dir, 0700) != 0 && errno != EEXIST) {
-        int e = errno;
-        fy_error("cannot create run directory %s: %s", run_dir, strerror(e));
-        return -e;
-    }
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/launch.lock", run_dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    FY_SYS(fd, "cannot open %s", path);
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        close(fd);
-        if (e == EWOULDBLOCK) {
-            fy_error("run directory %s is in use by another fuyou-launch: stop it or use another "
-                     "--run-dir",
-                     run_dir);
-            return -EBUSY;
-        }
-        fy_error("cannot lock %s: %s", path, strerror(e));
-        return -e;
-    }
-    *lock_fd = fd;
-    snprintf(path, sizeof path, "%s/ipc", run_dir);
-    if (mkdir(path, 0700) != 0 && errno != EEXIST) {
-        int e = errno;
-        fy_error("cannot create %s: %s", path, strerror(e));
-        return -e;
-    }
-    DIR *d = opendir(path);
-    FY_SYS(d == NULL ? -1 : 0, "cannot open %s", path);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char stale[PATH_MAX + 300];
-        snprintf(stale, sizeof stale, "%s/%s", path, e->d_name);
-        if (unlink(stale) == 0)
-            fy_warn("removed stale socket %s from a run that died", stale);
-    }
-    closedir(d);
-    return 0;
+    if (value != NULL)
+        return 0;
+    fprintf(stderr, "fuyou-launch %s: %s is required (see fuyou-launch help)\n", command, option);
+    return -EINVAL;
 }
 
-static void cleanup_run_dir(const char *run_dir)
+static struct fy_session_opts session_opts(const struct options *o)
 {
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/ipc/ctl", run_dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/ipc", run_dir);
-    if (rmdir(path) != 0 && errno != ENOENT)
-        fy_warn("cannot remove %s: %s", path, strerror(errno));
-    snprintf(path, sizeof path, "%s/workers.pid", run_dir);
-    unlink(path);
+    return (struct fy_session_opts){.run_dir = o->run_dir, .affinity = o->affinity,
+                                    .cpu_mem = o->cpu_mem,
+                                    .ready_timeout_ms = o->ready_timeout_s * 1000};
 }
 
-static int write_run_config(const struct options *o, const struct fy_affinity *aff,
-                            const char *pool_name, const char *endpoint)
+/* Entries every worker reads: the store, the backend, AdamW settings. */
+static int base_config(const struct options *o, struct fy_config *c, int create_store)
 {
-    struct fy_config *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return -ENOMEM;
     fy_config_init(c);
-    int rc = 0;
-    rc = rc ? rc : fy_config_set(c, "pool", pool_name);
-    rc = rc ? rc : fy_config_set(c, "endpoint", endpoint);
-    rc = rc ? rc : fy_config_set(c, "ssd", o->ssd);
-    rc = rc ? rc : fy_config_set(c, "store_create", "1");
-    rc = rc ? rc : fy_config_setf(c, "store_overwrite", "%d", o->overwrite);
-    rc = rc ? rc : fy_config_setf(c, "stripe_unit", "%llu", (unsigned long long)o->stripe_unit);
-    rc = rc ? rc : fy_config_setf(c, "queue_depth", "%llu", (unsigned long long)o->queue_depth);
-    rc = rc ? rc : fy_config_setf(c, "block_size", "%llu", (unsigned long long)o->block_size);
-    rc = rc ? rc : fy_config_setf(c, "io_timeout_ms", "%d", o->timeout_s * 1000);
-    rc = rc ? rc : fy_config_set(c, "backend", o->backend);
-    rc = rc ? rc : fy_config_setf(c, "gpu_mem", "%llu", (unsigned long long)o->gpu_mem);
-    rc = rc ? rc : fy_config_set(c, "affinity.gpu", aff->gpu);
-    rc = rc ? rc : fy_config_set(c, "affinity.io", aff->io);
-    rc = rc ? rc : fy_config_set(c, "affinity.opt", aff->opt);
-    rc = rc ? rc : fy_config_set(c, "adamw_impl", o->adamw_impl);
-    rc = rc ? rc : fy_config_setf(c, "lr", "%.9g", o->lr);
-    rc = rc ? rc : fy_config_setf(c, "weight_decay", "%.9g", o->weight_decay);
-    rc = rc ? rc : fy_config_set(c, "beta1", "0.9");
-    rc = rc ? rc : fy_config_set(c, "beta2", "0.999");
-    rc = rc ? rc : fy_config_set(c, "eps", "1e-8");
-    char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/run.conf", o->run_dir);
-    rc = rc ? rc : fy_config_save(c, path);
-    free(c);
-    return rc;
-}
-
-static int plan_affinity(const struct options *o, struct fy_topo *topo, struct fy_affinity *aff)
-{
-    char described[2048];
-    fy_topo_describe(topo, described, sizeof described);
-    fy_info("topology: %s", described);
-    FY_TRY(fy_affinity_default(topo, aff));
-    if (o->affinity != NULL)
-        FY_TRY(fy_affinity_parse(topo, o->affinity, aff));
-    fy_info("placement: gpu worker on cpus %s, io worker on %s, opt worker on %s (NUMA node %d)%s",
-            aff->gpu, aff->io, aff->opt, aff->numa_node,
-            o->affinity ? " [--affinity]" : " [hwloc default]");
+    FY_TRY(fy_config_set(c, "ssd", o->ssd));
+    FY_TRY(fy_config_setf(c, "store_create", "%d", create_store));
+    FY_TRY(fy_config_setf(c, "store_overwrite", "%d", o->overwrite));
+    FY_TRY(fy_config_setf(c, "stripe_unit", "%llu", (unsigned long long)o->stripe_unit));
+    FY_TRY(fy_config_setf(c, "queue_depth", "%llu", (unsigned long long)o->queue_depth));
+    FY_TRY(fy_config_setf(c, "block_size", "%llu", (unsigned long long)o->block_size));
+    FY_TRY(fy_config_setf(c, "io_timeout_ms", "%d", o->timeout_s * 1000));
+    FY_TRY(fy_config_set(c, "backend", o->backend));
+    FY_TRY(fy_config_setf(c, "gpu_mem", "%llu", (unsigned long long)o->gpu_mem));
+    FY_TRY(fy_config_set(c, "adamw_impl", o->adamw_impl));
+    FY_TRY(fy_config_setf(c, "lr", "%.9g", o->lr));
+    FY_TRY(fy_config_setf(c, "weight_decay", "%.9g", o->weight_decay));
+    FY_TRY(fy_config_set(c, "beta1", "0.9"));
+    FY_TRY(fy_config_set(c, "beta2", "0.95"));
+    FY_TRY(fy_config_set(c, "eps", "1e-8"));
     return 0;
 }
 
-static int run_selftest(const struct options *o)
+static int cmd_selftest(struct options *o)
 {
+    FY_TRY(require(o->run_dir, "--run-dir", "selftest"));
+    FY_TRY(require(o->ssd, "--ssd", "selftest"));
+    FY_REQUIRE(o->params > 0 && o->steps > 0, -EINVAL, "--params and --steps must be positive");
     struct fy_selftest_layout layout;
     fy_selftest_layout(o->params, o->grad_dtype, &layout);
     struct fy_pool_region_spec regions[3];
     fy_selftest_regions(&layout, regions);
-    uint64_t pool_bytes = fy_pool_layout_size(regions, 3);
-    char need[32], cap[32];
-    fy_format_size(pool_bytes, need, sizeof need);
-    if (o->cpu_mem != 0 && pool_bytes > o->cpu_mem) {
-        fy_format_size(o->cpu_mem, cap, sizeof cap);
-        fy_error("plan does not fit: the shared pool needs %s (state %llu + gradient slots %llu + "
-                 "weights %llu bytes, 2 MiB aligned) but --cpu-mem is %s: raise --cpu-mem or lower "
-                 "--params",
-                 need, (unsigned long long)regions[0].bytes, (unsigned long long)regions[1].bytes,
-                 (unsigned long long)regions[2].bytes, cap);
-        return -ENOMEM;
-    }
-    fy_info("plan: %llu parameters, %llu steps; pool %s (state %llu, gradient slots %llu, weights "
-            "%llu bytes); store on %s",
-            (unsigned long long)o->params, (unsigned long long)o->steps, need,
-            (unsigned long long)regions[0].bytes, (unsigned long long)regions[1].bytes,
-            (unsigned long long)regions[2].bytes, o->ssd);
-
-    int lock_fd = -1, rc;
-    struct fy_topo *topo = NULL;
-    struct fy_pool *pool = NULL;
-    struct fy_chan *chan = NULL;
-    struct fy_sup *sup = NULL;
-    struct fy_affinity aff;
-    char pool_name[FY_POOL_NAME_MAX], endpoint[512], path[PATH_MAX + 32];
-    rc = prepare_run_dir(o->run_dir, &lock_fd);
+    fy_info("plan: %llu parameters, %llu steps; store on %s", (unsigned long long)o->params,
+            (unsigned long long)o->steps, o->ssd);
+    struct fy_session s;
+    struct fy_session_opts so = session_opts(o);
+    int rc = fy_session_open(&s, &so, regions, 3, "the self-test");
+    struct fy_config *cfg = calloc(1, sizeof *cfg);
     if (rc == 0)
-        rc = fy_pool_name_for_run(o->run_dir, pool_name, sizeof pool_name);
+        rc = cfg ? base_config(o, cfg, 1) : -ENOMEM;
+    /* the self-test's AdamW reference uses beta2 = 0.999 */
     if (rc == 0)
-        rc = fy_topo_load(&topo);
+        rc = fy_config_set(cfg, "beta2", "0.999");
+    static const char *const workers[] = {"gpu", "io", "opt"};
     if (rc == 0)
-        rc = plan_affinity(o, topo, &aff);
+        rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
     if (rc == 0) {
-        struct fy_pool_opts po = {.topo = topo, .numa_node = aff.numa_node, .run_dir = o->run_dir};
-        rc = fy_pool_create(&pool, pool_name, regions, 3, &po);
-    }
-    if (rc == 0)
-        rc = fy_chan_endpoint(o->run_dir, "ctl", endpoint, sizeof endpoint);
-    if (rc == 0)
-        rc = write_run_config(o, &aff, pool_name, endpoint);
-    if (rc == 0)
-        rc = fy_chan_bind(&chan, endpoint, "launch");
-    if (rc == 0)
-        rc = fy_sup_new(&sup, o->run_dir, chan);
-    for (unsigned i = 0; rc == 0 && i < sizeof worker_names / sizeof worker_names[0]; i++)
-        rc = fy_sup_spawn(sup, worker_names[i]);
-    if (rc == 0) {
-        snprintf(path, sizeof path, "%s/workers.pid", o->run_dir);
-        rc = fy_sup_write_pids(sup, path);
-    }
-    if (rc == 0)
-        rc = fy_sup_wait_ready(sup, o->ready_timeout_s * 1000);
-    if (rc == 0) {
-        struct fy_selftest_opts so = {.params = o->params, .steps = (unsigned)o->steps,
+        struct fy_selftest_opts to = {.params = o->params, .steps = (unsigned)o->steps,
                                       .seed = o->seed, .grad_dtype = o->grad_dtype,
                                       .timeout_ms = o->timeout_s * 1000};
-        rc = fy_selftest_run(sup, pool, &so);
+        rc = fy_selftest_run(s.sup, s.pool, &to);
     }
-    if (sup != NULL) {
-        int stop_rc = fy_sup_stop(sup, 10000);
-        if (rc == 0 && stop_rc < 0)
-            rc = stop_rc;
-        if (fy_sup_failed_worker(sup) != NULL) {
-            fy_error("run failed: the %s worker died (its exit is reported above); the other "
-                     "workers were stopped",
-                     fy_sup_failed_worker(sup));
-            rc = -ECHILD;
-        } else if (fy_sup_interrupted(sup)) {
-            rc = -EINTR;
-        }
+    free(cfg);
+    return fy_session_close(&s, rc);
+}
+
+static int cmd_prepare(struct options *o, int argc, char **argv)
+{
+    FY_TRY(require(o->out, "--out", "prepare"));
+    FY_REQUIRE(optind < argc, -EINVAL, "prepare: give one or more text files after the options");
+    uint64_t count = 0;
+    FY_TRY(fy_tokfile_prepare_bytes(o->out, (const char *const *)argv + optind,
+                                    (unsigned)(argc - optind), o->overwrite, &count));
+    fy_info("wrote %s: %llu tokens (byte-level, vocabulary %d) from %d file(s)", o->out,
+            (unsigned long long)count, FY_TOKFILE_BYTE_VOCAB, argc - optind);
+    return 0;
+}
+
+static void model_conf_path(const char *run_dir, char *out, size_t len)
+{
+    snprintf(out, len, "%s/model.conf", run_dir);
+}
+
+/* Reads RUN/model.conf (written by init): the model and where its store lives. */
+static int load_model_conf(struct options *o, struct fy_config *mc, struct fy_gpt_config *model)
+{
+    char path[PATH_MAX];
+    model_conf_path(o->run_dir, path, sizeof path);
+    if (access(path, F_OK) != 0) {
+        fy_error("%s: no model in this run directory: create one with fuyou-launch init --run-dir %s",
+                 path, o->run_dir);
+        return -ENOENT;
     }
-    fy_sup_destroy(&sup);
-    fy_chan_destroy(&chan);
-    fy_pool_destroy(&pool);
-    fy_topo_destroy(&topo);
-    if (lock_fd >= 0) {
-        cleanup_run_dir(o->run_dir);
-        close(lock_fd);
+    FY_TRY(fy_config_load(mc, path));
+    FY_TRY(fy_gpt_config_from(mc, model));
+    if (o->ssd == NULL)
+        o->ssd = fy_config_get(mc, "ssd");
+    FY_REQUIRE(o->ssd != NULL, -EINVAL, "%s has no 'ssd' entry: pass --ssd", path);
+    return 0;
+}
+
+/* The store must hold the model this run describes. */
+static int check_store_model(const struct fy_storemeta *meta, const struct fy_gpt_config *model,
+                             const char *ssd)
+{
+    if (fy_gpt_config_hash(&meta->model) == fy_gpt_config_hash(model))
+        return 0;
+    char have[160], want[160];
+    fy_gpt_config_describe(&meta->model, have, sizeof have);
+    fy_gpt_config_describe(model, want, sizeof want);
+    fy_error("store %s was made for another model (%s) than this run's (%s): pass the --ssd of "
+             "this run's store",
+             ssd, have, want);
+    return -EINVAL;
+}
+
+static int cmd_init(struct options *o)
+{
+    FY_TRY(require(o->run_dir, "--run-dir", "init"));
+    struct fy_gpt_config model = {(uint32_t)o->layers, (uint32_t)o->heads, (uint32_t)o->embd,
+                                  (uint32_t)o->vocab, (uint32_t)o->ctx};
+    FY_REQUIRE(o->layers <= UINT32_MAX && o->heads <= UINT32_MAX && o->embd <= UINT32_MAX &&
+                   o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX,
+               -EINVAL, "init: model dimensions too large");
+    FY_TRY(fy_gpt_config_validate(&model));
+    char mc_path[PATH_MAX], store_dir[PATH_MAX];
+    model_conf_path(o->run_dir, mc_path, sizeof mc_path);
+    if (!o->overwrite && access(mc_path, F_OK) == 0) {
+        fy_error("%s exists: this run directory already has a model (pass --overwrite to replace "
+                 "it and its store)",
+                 mc_path);
+        return -EEXIST;
     }
+    if (o->ssd == NULL) {
+        if (mkdir(o->run_dir, 0700) != 0 && errno != EEXIST)
+            FY_SYS(-1, "cannot create run directory %s", o->run_dir);
+        snprintf(store_dir, sizeof store_dir, "%s/store", o->run_dir);
+        if (mkdir(store_dir, 0700) != 0 && errno != EEXIST)
+            FY_SYS(-1, "cannot create %s", store_dir);
+        o->ssd = store_dir;
+    }
+    char described[160];
+    fy_gpt_config_describe(&model, described, sizeof described);
+    fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
+    struct fy_pool_region_spec regions[8];
+    unsigned n;
+    fy_train_regions(&model, 1, 1, regions, &n);
+    struct fy_session s;
+    struct fy_session_opts so = session_opts(o);
+    int rc = fy_session_open(&s, &so, regions, n, "model initialisation");
+    struct fy_config *cfg = calloc(1, sizeof *cfg);
+    if (rc == 0)
+        rc = cfg ? base_config(o, cfg, 1) : -ENOMEM;
+    static const char *const workers[] = {"io"};
+    if (rc == 0)
+        rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
+    if (rc == 0) {
+        struct fy_exec x = fy_session_exec(&s);
+        rc = fy_train_init_store(&x, s.pool, &model, o->seed, o->timeout_s * 1000);
+    }
+    if (rc == 0) {
+        fy_config_init(cfg);
+        rc = fy_gpt_config_to(&model, cfg);
+        if (rc == 0)
+            rc = fy_config_set(cfg, "ssd", o->ssd);
+        if (rc == 0)
+            rc = fy_config_setf(cfg, "seed", "%llu", (unsigned long long)o->seed);
+        if (rc == 0)
+            rc = fy_config_save(cfg, mc_path);
+    }
+    free(cfg);
+    rc = fy_session_close(&s, rc);
+    if (rc == 0)
+        fy_info("init: model written to the store at step 0 (%s)", mc_path);
     return rc;
+}
+
+static int open_data(const struct options *o, const struct fy_gpt_config *model,
+                     struct fy_tokfile **data)
+{
+    FY_TRY(fy_tokfile_open(data, o->data, model->vocab));
+    FY_TRY(fy_tokfile_split(*data, o->eval_fraction));
+    /* Refuse a batch larger than the data now, before any worker starts. */
+    size_t n = (size_t)o->batch * o->seq;
+    int32_t *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg);
+    int rc = in && tg ? 0 : -ENOMEM;
+    if (rc == 0)
+        rc = fy_tokfile_batch(*data, FY_TOKFILE_TRAIN, o->seed, 1, (int)o->batch, (int)o->seq, in, tg);
+    if (rc == 0 && o->eval_batches > 0)
+        rc = fy_tokfile_eval_batch(*data, 0, (int)o->batch, (int)o->seq, in, tg);
+    free(in);
+    free(tg);
+    return rc;
+}
+
+static int train_config(const struct options *o, const struct fy_gpt_config *model,
+                        struct fy_config *cfg)
+{
+    FY_TRY(base_config(o, cfg, 0));
+    FY_TRY(fy_gpt_config_to(model, cfg));
+    FY_TRY(fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)o->batch));
+    FY_TRY(fy_config_setf(cfg, "train.seq", "%llu", (unsigned long long)o->seq));
+    return 0;
+}
+
+static int cmd_train(struct options *o)
+{
+    FY_TRY(require(o->run_dir, "--run-dir", "train"));
+    FY_TRY(require(o->data, "--data", "train"));
+    if (!o->steps_set)
+        o->steps = 200;
+    FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1, -EINVAL,
+               "train: --batch and --seq must be positive");
+    struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
+    struct fy_gpt_config model;
+    struct fy_tokfile *data = NULL;
+    int rc = mc && cfg ? load_model_conf(o, mc, &model) : -ENOMEM;
+    if (rc == 0 && o->seq > model.ctx) {
+        fy_error("train: --seq %llu exceeds the model's context of %u tokens",
+                 (unsigned long long)o->seq, model.ctx);
+        rc = -EINVAL;
+    }
+    if (rc == 0)
+        rc = open_data(o, &model, &data);
+    if (rc == 0)
+        rc = train_config(o, &model, cfg);
+    if (rc < 0) {
+        fy_tokfile_close(&data);
+        free(mc);
+        free(cfg);
+        return rc;
+    }
+    char described[160], metrics_path[PATH_MAX];
+    fy_gpt_config_describe(&model, described, sizeof described);
+    fy_info("train: %s; batch %llu x %llu tokens, steps to %llu, lr %g (warmup %llu, cosine to %g), "
+            "weight decay %g; data %s (%llu training, %llu held-out tokens)%s",
+            described, (unsigned long long)o->batch, (unsigned long long)o->seq,
+            (unsigned long long)o->steps, o->lr, (unsigned long long)o->warmup,
+            o->lr * o->min_lr_ratio, o->weight_decay, o->data,
+            (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_TRAIN),
+            (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_EVAL),
+            o->inprocess ? "; in one process, state in memory" : "");
+    struct fy_pool_region_spec regions[8];
+    unsigned n;
+    fy_train_regions(&model, (int)o->batch, (int)o->seq, regions, &n);
+    struct fy_session s;
+    struct fy_session_opts so = session_opts(o);
+    rc = fy_session_open(&s, &so, regions, n, "training");
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->run_dir);
+    FILE *metrics = rc == 0 ? fopen(metrics_path, "a") : NULL;
+    if (rc == 0 && metrics == NULL) {
+        rc = -errno;
+        fy_error("cannot open %s: %s", metrics_path, strerror(-rc));
+    }
+    struct fy_inproc *inproc = NULL;
+    struct fy_exec x = {0};
+    struct fy_storemeta meta;
+    static const char *const workers[] = {"gpu", "io", "opt"};
+    if (rc == 0 && o->inprocess) {
+        rc = fy_inproc_new(&inproc, s.pool, cfg, s.aff.opt);
+        if (rc == 0) {
+            x = fy_inproc_exec(inproc);
+            uint64_t seed;
+            rc = fy_config_get_u64(mc, "seed", 1, 0, &seed);
+            if (rc == 0)
+                rc = fy_train_init_store(&x, s.pool, &model, seed, o->timeout_s * 1000);
+        }
+    } else if (rc == 0) {
+        rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
+        x = fy_session_exec(&s);
+    }
+    if (rc == 0)
+        rc = fy_train_read_meta(&x, s.pool, o->ssd, &meta, o->timeout_s * 1000);
+    if (rc == 0)
+        rc = check_store_model(&meta, &model, o->ssd);
+    if (rc == 0) {
+        struct fy_train_opts to = {
+            .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
+            .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
+            .eval_every = o->eval_every, .eval_batches = o->eval_batches,
+            .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
+            .metrics = metrics};
+        fy_info("starting at step %llu", (unsigned long long)meta.step);
+        rc = fy_train_run(&x, s.pool, &meta, data, &to);
+    }
+    if (rc == 0 && o->export_path != NULL) {
+        rc = fy_train_export(&x, s.pool, &meta, o->export_path, o->overwrite, o->timeout_s * 1000);
+        if (rc == 0)
+            fy_info("exported step %llu to %s", (unsigned long long)meta.step, o->export_path);
+    }
+    if (metrics != NULL)
+        fclose(metrics);
+    fy_inproc_destroy(&inproc);
+    fy_tokfile_close(&data);
+    free(mc);
+    free(cfg);
+    return fy_session_close(&s, rc);
+}
+
+static int cmd_export(struct options *o)
+{
+    FY_TRY(require(o->run_dir, "--run-dir", "export"));
+    FY_TRY(require(o->out, "--out", "export"));
+    struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
+    struct fy_gpt_config model;
+    int rc = mc && cfg ? load_model_conf(o, mc, &model) : -ENOMEM;
+    if (rc == 0 && !o->overwrite && access(o->out, F_OK) == 0) {
+        fy_error("%s exists: remove it or pass --overwrite", o->out);
+        rc = -EEXIST;
+    }
+    struct fy_pool_region_spec regions[8];
+    unsigned n;
+    fy_train_regions(&model, 1, 1, regions, &n);
+    struct fy_session s;
+    struct fy_session_opts so = session_opts(o);
+    memset(&s, 0, sizeof s);
+    s.lock_fd = -1;
+    if (rc == 0)
+        rc = fy_session_open(&s, &so, regions, n, "export");
+    if (rc == 0)
+        rc = base_config(o, cfg, 0);
+    static const char *const workers[] = {"io"};
+    if (rc == 0)
+        rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
+    struct fy_storemeta meta;
+    struct fy_exec x = fy_session_exec(&s);
+    if (rc == 0)
+        rc = fy_train_read_meta(&x, s.pool, o->ssd, &meta, o->timeout_s * 1000);
+    if (rc == 0)
+        rc = check_store_model(&meta, &model, o->ssd);
+    if (rc == 0)
+        rc = fy_train_export(&x, s.pool, &meta, o->out, o->overwrite, o->timeout_s * 1000);
+    if (rc == 0)
+        fy_info("exported step %llu to %s", (unsigned long long)meta.step, o->out);
+    free(mc);
+    free(cfg);
+    return fy_session_close(&s, rc);
 }
 
 int main(int argc, char **argv)
 {
     fy_log_init("launch", FY_LOG_INFO);
     signal(SIGPIPE, SIG_IGN); /* `fuyou-launch ... | head` must still clean up after itself */
-    if (fy_sup_block_signals(NULL) != 0) {
-        fy_error("cannot block SIGCHLD/SIGINT/SIGTERM for supervision");
-        return EXIT_ERROR;
-    }
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? EXIT_USAGE : EXIT_OK;
     }
     const char *command = argv[1];
-    if (strcmp(command, "selftest") != 0) {
+    static const char *const commands[] = {"selftest", "prepare", "init", "train", "export"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        known |= strcmp(command, commands[i]) == 0;
+    if (!known) {
         fprintf(stderr, "fuyou-launch: unknown command '%s' (see fuyou-launch help)\n", command);
         return EXIT_USAGE;
     }
     struct options o;
     if (parse_options(argc - 1, argv + 1, &o) < 0)
         return EXIT_USAGE;
-    int rc = run_selftest(&o);
+    int uses_workers = strcmp(command, "prepare") != 0 && !o.inprocess;
+    /* Before any thread exists (ZeroMQ's), so supervision owns these signals. */
+    if (uses_workers && fy_sup_block_signals(NULL) != 0) {
+        fy_error("cannot block SIGCHLD/SIGINT/SIGTERM for supervision");
+        return EXIT_ERROR;
+    }
+    if (o.run_dir != NULL && strcmp(command, "prepare") != 0) {
+        char log_path[PATH_MAX + 16];
+        struct stat st;
+        if (stat(o.run_dir, &st) == 0 || mkdir(o.run_dir, 0700) == 0) {
+            snprintf(log_path, sizeof log_path, "%s/fuyou.log", o.run_dir);
+            if (fy_log_set_file(log_path) < 0)
+                fy_warn("cannot append to %s: logging to stderr only", log_path);
+        }
+    }
+    int rc;
+    if (strcmp(command, "selftest") == 0) {
+        if (!o.steps_set)
+            o.steps = 3;
+        rc = cmd_selftest(&o);
+    } else if (strcmp(command, "prepare") == 0) {
+        rc = cmd_prepare(&o, argc - 1, argv + 1);
+    } else if (strcmp(command, "init") == 0) {
+        rc = cmd_init(&o);
+    } else if (strcmp(command, "train") == 0) {
+        rc = cmd_train(&o);
+    } else {
+        rc = cmd_export(&o);
+    }
     if (rc == -ECHILD)
         return EXIT_WORKER;
     if (rc == -EINTR) {

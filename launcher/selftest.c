@@ -57,7 +57,7 @@ static struct fy_desc region(int op, int kind, int dtype, uint64_t offset, uint6
     d.dtype = (uint16_t)dtype;
     d.offset = offset;
     d.bytes = bytes;
-    d.layer = 0;
+    d.layer = -1; /* not a model unit: decay applies to every element */
     return d;
 }
 

@@ -1,22 +1,44 @@
-/* The CPU backend of the gpu worker: computes directly in host memory, so registration is a no-op. */
+/* The CPU backend of the gpu worker: computes directly in host memory (so registering the pool is a
+ * no-op), with the fp32 OpenMP GPT operations of gpt_cpu and private scratch sized per batch. */
 #include "cpu_backend.h"
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "common/check.h"
 #include "common/dtype.h"
 #include "common/synth.h"
+#include "gpu_worker/cpu/gpt_cpu.h"
+
+struct cpu_state {
+    struct fy_gpt_config cfg;
+    int B, T;
+    float *block_scratch;
+    float *head_scratch;
+};
 
 static int cpu_open(void **state, uint64_t gpu_mem, char *device, size_t device_len)
 {
-    *state = NULL;
+    struct cpu_state *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return -ENOMEM;
     snprintf(device, device_len, "CPU (%ld online cores)", sysconf(_SC_NPROCESSORS_ONLN));
+    *state = s;
     return 0;
 }
 
-static void cpu_close(void *state) {}
+static void cpu_close(void *state)
+{
+    struct cpu_state *s = state;
+    if (s == NULL)
+        return;
+    free(s->block_scratch);
+    free(s->head_scratch);
+    free(s);
+}
+
 static int cpu_register_host(void *state, void *base, size_t len) { return 0; }
 static int cpu_unregister_host(void *state, void *base) { return 0; }
 
@@ -37,6 +59,65 @@ static int cpu_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor,
     return 0;
 }
 
+static int cpu_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, int T)
+{
+    struct cpu_state *s = state;
+    FY_REQUIRE(B >= 1 && T >= 1 && (uint32_t)T <= c->ctx, -EINVAL,
+               "batch %d x %d: need B >= 1 and 1 <= T <= context %u", B, T, c->ctx);
+    free(s->block_scratch);
+    free(s->head_scratch);
+    s->cfg = *c;
+    s->B = B;
+    s->T = T;
+    size_t block = fy_cpu_block_scratch(c, B, T), head = fy_cpu_head_scratch(c, B, T);
+    s->block_scratch = malloc(block * sizeof(float));
+    s->head_scratch = malloc(head * sizeof(float));
+    if (s->block_scratch == NULL || s->head_scratch == NULL) {
+        fy_error("cannot allocate %.1f MiB of CPU backend scratch for batch %d x %d",
+                 (double)(block + head) * 4 / (1 << 20), B, T);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+static int cpu_embed_forward(void *state, const float *embed, const int32_t *tokens, float *x)
+{
+    struct cpu_state *s = state;
+    fy_cpu_embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
+    return 0;
+}
+
+static int cpu_embed_backward(void *state, const int32_t *tokens, const float *dx, float *dembed)
+{
+    struct cpu_state *s = state;
+    fy_cpu_embed_backward(&s->cfg, tokens, dx, dembed, s->B, s->T);
+    return 0;
+}
+
+static int cpu_block_forward(void *state, const float *params, const float *x, float *y)
+{
+    struct cpu_state *s = state;
+    fy_cpu_block_forward(&s->cfg, params, x, y, s->block_scratch, s->B, s->T);
+    return 0;
+}
+
+static int cpu_block_backward(void *state, const float *params, const float *x, const float *dy,
+                              float *dx, float *dparams)
+{
+    struct cpu_state *s = state;
+    fy_cpu_block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
+    return 0;
+}
+
+static int cpu_head(void *state, const float *final_params, const float *embed, const float *x,
+                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed)
+{
+    struct cpu_state *s = state;
+    *loss = fy_cpu_head_forward_backward(&s->cfg, final_params, embed, x, targets, dx, dfinal,
+                                         dembed, s->head_scratch, s->B, s->T);
+    return 0;
+}
+
 const struct fy_backend_ops fy_cpu_backend_ops = {
     .name = "cpu",
     .open = cpu_open,
@@ -44,4 +125,10 @@ const struct fy_backend_ops fy_cpu_backend_ops = {
     .register_host = cpu_register_host,
     .unregister_host = cpu_unregister_host,
     .synth = cpu_synth,
+    .gpt_prepare = cpu_gpt_prepare,
+    .gpt_embed_forward = cpu_embed_forward,
+    .gpt_embed_backward = cpu_embed_backward,
+    .gpt_block_forward = cpu_block_forward,
+    .gpt_block_backward = cpu_block_backward,
+    .gpt_head = cpu_head,
 };

@@ -1,0 +1,211 @@
+/* Store metadata block and exported weight files: fixed int32 slots with magic, version and a
+ * checksum, data 4 KiB aligned, files replaced atomically. */
+#include "ckpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+
+enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S_HASH_HI,
+       S_STEP_LO, S_STEP_HI, S_EXTRA0, S_EXTRA1, S_CHECKSUM, S_COUNT };
+
+static uint64_t align4k(uint64_t v) { return (v + FY_CKPT_BLOCK - 1) / FY_CKPT_BLOCK * FY_CKPT_BLOCK; }
+
+static void put32(uint8_t *b, int slot, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        b[4 * slot + i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *b, int slot)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)b[4 * slot + i] << (8 * i);
+    return v;
+}
+
+static uint32_t checksum(const uint8_t *b)
+{
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < 4 * S_CHECKSUM; i++)
+        h = (h ^ b[i]) * 16777619u;
+    return h;
+}
+
+static void encode_header(uint8_t *b, uint32_t magic, const struct fy_gpt_config *c, uint64_t step,
+                          uint32_t extra0, uint32_t extra1)
+{
+    memset(b, 0, FY_CKPT_BLOCK);
+    uint64_t hash = fy_gpt_config_hash(c);
+    const uint32_t v[S_CHECKSUM] = {magic, FY_CKPT_VERSION, c->n_layer, c->n_head, c->n_embd,
+                                    c->vocab, c->ctx, (uint32_t)hash, (uint32_t)(hash >> 32),
+                                    (uint32_t)step, (uint32_t)(step >> 32), extra0, extra1};
+    for (int i = 0; i < S_CHECKSUM; i++)
+        put32(b, i, v[i]);
+    put32(b, S_CHECKSUM, checksum(b));
+}
+
+/* Validates magic, version, checksum, the model config and its hash. */
+static int decode_header(const uint8_t *b, uint32_t magic, const char *what, const char *where,
+                         struct fy_gpt_config *c, uint64_t *step)
+{
+    FY_REQUIRE(get32(b, S_MAGIC) == magic, -EBADMSG, "%s: not a Fuyou %s (bad magic)", where, what);
+    FY_REQUIRE(get32(b, S_VERSION) == FY_CKPT_VERSION, -EBADMSG,
+               "%s: %s version %u, this build reads version %d", where, what, get32(b, S_VERSION),
+               FY_CKPT_VERSION);
+    FY_REQUIRE(get32(b, S_CHECKSUM) == checksum(b), -EBADMSG, "%s: %s header checksum mismatch (corrupt)",
+               where, what);
+    *c = (struct fy_gpt_config){get32(b, S_LAYER), get32(b, S_HEAD), get32(b, S_EMBD),
+                                get32(b, S_VOCAB), get32(b, S_CTX)};
+    FY_REQUIRE(fy_gpt_config_validate(c) == 0, -EBADMSG, "%s: %s holds an invalid model config", where,
+               what);
+    uint64_t hash = get32(b, S_HASH_LO) | (uint64_t)get32(b, S_HASH_HI) << 32;
+    FY_REQUIRE(hash == fy_gpt_config_hash(c), -EBADMSG, "%s: %s model hash mismatch (corrupt)", where,
+               what);
+    *step = get32(b, S_STEP_LO) | (uint64_t)get32(b, S_STEP_HI) << 32;
+    return 0;
+}
+
+void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t block[FY_CKPT_BLOCK])
+{
+    encode_header(block, FY_STOREMETA_MAGIC, &m->model, m->step, (uint32_t)m->seed,
+                  (uint32_t)(m->seed >> 32));
+}
+
+int fy_storemeta_decode(const uint8_t block[FY_CKPT_BLOCK], const char *where, struct fy_storemeta *m)
+{
+    FY_TRY(decode_header(block, FY_STOREMETA_MAGIC, "store metadata block", where, &m->model,
+                         &m->step));
+    m->seed = get32(block, S_EXTRA0) | (uint64_t)get32(block, S_EXTRA1) << 32;
+    return 0;
+}
+
+uint64_t fy_unit_state_section(const struct fy_gpt_config *c, unsigned unit)
+{
+    return align4k(fy_gpt_unit_params(c, unit) * 4);
+}
+
+uint64_t fy_unit_state_bytes(const struct fy_gpt_config *c, unsigned unit)
+{
+    return 3 * fy_unit_state_section(c, unit);
+}
+
+static int write_all(int fd, const void *buf, size_t len, const char *path)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = errno;
+            fy_error("writing %s: %s%s", path, strerror(e), e == ENOSPC ? " (disk full)" : "");
+            return -e;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int fsync_dir_of(const char *path)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    FY_SYS(dfd, "cannot open the directory of %s", path);
+    int rc = fsync(dfd);
+    close(dfd);
+    FY_SYS(rc, "fsync of the directory of %s", path);
+    return 0;
+}
+
+int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t step, int overwrite,
+                     int (*next)(void *ctx, unsigned unit, float *params), void *ctx)
+{
+    if (!overwrite && access(path, F_OK) == 0) {
+        fy_error("%s exists: remove it or pass --overwrite", path);
+        return -EEXIST;
+    }
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    FY_SYS(fd, "cannot create %s (does its directory exist?)", tmp);
+    uint8_t *header = calloc(1, FY_CKPT_BLOCK);
+    size_t max_unit = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+        if (fy_gpt_unit_params(c, u) > max_unit)
+            max_unit = fy_gpt_unit_params(c, u);
+    float *buf = calloc(align4k(max_unit * 4) / 4, sizeof(float));
+    int rc = header && buf ? 0 : -ENOMEM;
+    if (rc == 0) {
+        encode_header(header, FY_WEIGHTS_MAGIC, c, step, 1, fy_gpt_unit_count(c));
+        rc = write_all(fd, header, FY_CKPT_BLOCK, tmp);
+    }
+    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
+        size_t n = fy_gpt_unit_params(c, u);
+        memset(buf, 0, align4k(n * 4));
+        rc = next(ctx, u, buf);
+        if (rc == 0)
+            rc = write_all(fd, buf, align4k(n * 4), tmp);
+    }
+    if (rc == 0 && fsync(fd) != 0) {
+        rc = -errno;
+        fy_error("fsync %s: %s", tmp, strerror(-rc));
+    }
+    close(fd);
+    free(header);
+    free(buf);
+    if (rc == 0 && rename(tmp, path) != 0) {
+        rc = -errno;
+        fy_error("cannot rename %s to %s: %s", tmp, path, strerror(-rc));
+    }
+    if (rc < 0) {
+        unlink(tmp);
+        return rc;
+    }
+    return fsync_dir_of(path);
+}
+
+int fy_weights_read(const char *path, struct fy_gpt_config *c, uint64_t *step, float **params)
+{
+    *params = NULL;
+    FILE *f = fopen(path, "rb");
+    FY_SYS(f == NULL ? -1 : 0, "cannot open weights file %s", path);
+    uint8_t header[FY_CKPT_BLOCK];
+    int rc = fread(header, 1, sizeof header, f) == sizeof header ? 0 : -EBADMSG;
+    if (rc < 0)
+        fy_error("%s: shorter than a weights file header", path);
+    if (rc == 0)
+        rc = decode_header(header, FY_WEIGHTS_MAGIC, "weights file", path, c, step);
+    size_t total = rc == 0 ? fy_gpt_total_params(c) : 0;
+    float *all = rc == 0 ? malloc(total * sizeof(float)) : NULL;
+    if (rc == 0 && all == NULL)
+        rc = -ENOMEM;
+    size_t at = 0;
+    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
+        size_t n = fy_gpt_unit_params(c, u);
+        size_t padded = align4k(n * 4);
+        if (fread(all + at, 4, n, f) != n || fseek(f, (long)(padded - n * 4), SEEK_CUR) != 0) {
+            fy_error("%s: truncated in unit %u", path, u);
+            rc = -EBADMSG;
+        }
+        at += n;
+    }
+    fclose(f);
+    if (rc < 0) {
+        free(all);
+        return rc;
+    }
+    *params = all;
+    return 0;
+}

@@ -1,0 +1,501 @@
+/* The GPT-2 operations in fp32 on the CPU: the readable reference that the CUDA backend is checked
+ * against, and the compute of the CPU backend for tiny models.
+ *
+ * Determinism: every loop that OpenMP splits runs over independent outputs (rows, (b,t), (b,h),
+ * channels, vocabulary rows), with schedule(static), and each output element is accumulated by one
+ * thread in a fixed order. Sums that run over rows (weight, bias and embedding gradients) are
+ * therefore parallelised over the element they produce and loop over the rows inside, in order.
+ * The build uses -ffp-contract=off, so no fused multiply-adds change the rounding either. */
+#include "gpt_cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#define LN_EPS 1e-5f
+/* Rows of logits the head holds at once: bounds its scratch to HEAD_CHUNK * V floats. */
+#define HEAD_CHUNK 64
+/* Channels per task in the embedding backward: a cache line of floats, so that threads seldom share
+ * a line (any grouping would be deterministic; this one is also cache friendly). */
+#define EMBED_CHANNELS 16
+
+/* Eight partial sums in a fixed order: gives the compiler independent lanes to vectorise without
+ * making the result depend on anything but n. */
+static float dot(const float *a, const float *b, int n)
+{
+    float s[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+#pragma omp simd
+        for (int k = 0; k < 8; k++)
+            s[k] += a[i + k] * b[i + k];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++)
+        r += a[i] * b[i];
+    return r;
+}
+
+/* y += a * x. Each element is independent, so vectorising changes nothing; the pragma lets -O2
+ * do it without a runtime aliasing check. */
+static void axpy(float *restrict y, const float *restrict x, float a, int n)
+{
+#pragma omp simd
+    for (int i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+/* ---- matmul ---- */
+
+void fy_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N,
+                           int IN, int OUT)
+{
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OUT; o++) {
+            float s = dot(inp + (size_t)n * IN, w + (size_t)o * IN, IN);
+            out[(size_t)n * OUT + o] = bias ? s + bias[o] : s;
+        }
+}
+
+void fy_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                            const float *w, int N, int IN, int OUT)
+{
+    if (dinp) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) {
+            float *di = dinp + (size_t)n * IN;
+            memset(di, 0, (size_t)IN * sizeof *di);
+            for (int o = 0; o < OUT; o++)
+                axpy(di, w + (size_t)o * IN, dout[(size_t)n * OUT + o], IN);
+        }
+    }
+    /* dw[o] = sum over rows n: one thread per output row o, rows n in order. */
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < OUT; o++) {
+        float *dwo = dw + (size_t)o * IN;
+        float db = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float d = dout[(size_t)n * OUT + o];
+            axpy(dwo, inp + (size_t)n * IN, d, IN);
+            db += d;
+        }
+        if (dbias)
+            dbias[o] += db;
+    }
+}
+
+/* ---- LayerNorm ---- */
+
+void fy_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                              const float *b, int N, int C)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        float m = 0.0f;
+        for (int i = 0; i < C; i++)
+            m += x[i];
+        m /= (float)C;
+        float v = 0.0f;
+        for (int i = 0; i < C; i++)
+            v += (x[i] - m) * (x[i] - m);
+        v /= (float)C; /* biased, as in GPT-2 */
+        float s = 1.0f / sqrtf(v + LN_EPS);
+        for (int i = 0; i < C; i++)
+            y[i] = (x[i] - m) * s * w[i] + b[i];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+void fy_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                               const float *w, const float *mean, const float *rstd, int N, int C)
+{
+    /* dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), with dxhat = dout * w. */
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        float dxhat_mean = 0.0f, dxhat_xhat_mean = 0.0f;
+        for (int i = 0; i < C; i++) {
+            float xhat = (x[i] - m) * s, dxhat = dy[i] * w[i];
+            dxhat_mean += dxhat;
+            dxhat_xhat_mean += dxhat * xhat;
+        }
+        dxhat_mean /= (float)C;
+        dxhat_xhat_mean /= (float)C;
+        for (int i = 0; i < C; i++) {
+            float xhat = (x[i] - m) * s, dxhat = dy[i] * w[i];
+            dx[i] = s * (dxhat - dxhat_mean - xhat * dxhat_xhat_mean);
+        }
+    }
+    /* dw and db sum over rows: one thread per channel. */
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < C; i++) {
+        float gw = 0.0f, gb = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float dy = dout[(size_t)n * C + i];
+            gw += dy * (inp[(size_t)n * C + i] - mean[n]) * rstd[n];
+            gb += dy;
+        }
+        dw[i] += gw;
+        db[i] += gb;
+    }
+}
+
+/* ---- causal self-attention ---- */
+
+void fy_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    size_t C3 = 3 * (size_t)C;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *seq = qkv + (size_t)b * T * C3;
+                const float *q = seq + t * C3 + (size_t)h * hs;
+                float *p = att + (((size_t)b * NH + h) * T + t) * T;
+                float maxv = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    p[t2] = dot(q, seq + t2 * C3 + C + (size_t)h * hs, hs) * scale;
+                    if (p[t2] > maxv)
+                        maxv = p[t2];
+                }
+                float sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    p[t2] = expf(p[t2] - maxv);
+                    sum += p[t2];
+                }
+                for (int t2 = 0; t2 <= t; t2++)
+                    p[t2] /= sum;
+                for (int t2 = t + 1; t2 < T; t2++)
+                    p[t2] = 0.0f; /* masked: kept zero so att is a full, well-defined matrix */
+                float *y = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+                memset(y, 0, (size_t)hs * sizeof *y);
+                for (int t2 = 0; t2 <= t; t2++)
+                    axpy(y, seq + t2 * C3 + 2 * (size_t)C + (size_t)h * hs, p[t2], hs);
+            }
+}
+
+void fy_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                               int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    size_t C3 = 3 * (size_t)C;
+    float scale = 1.0f / sqrtf((float)hs);
+    /* dk and dv of a position sum over all later queries, so one thread owns a whole (b, h) and
+     * walks the queries t in order; heads write disjoint columns of dqkv. */
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *seq = qkv + (size_t)b * T * C3;
+            float *dseq = dqkv + (size_t)b * T * C3;
+            size_t qo = (size_t)h * hs, ko = C + qo, vo = 2 * (size_t)C + qo;
+            for (int t = 0; t < T; t++) {
+                memset(dseq + t * C3 + qo, 0, (size_t)hs * sizeof(float));
+                memset(dseq + t * C3 + ko, 0, (size_t)hs * sizeof(float));
+                memset(dseq + t * C3 + vo, 0, (size_t)hs * sizeof(float));
+            }
+            float datt[T]; /* one row of dL/dprobabilities: T floats of this thread's stack */
+            for (int t = 0; t < T; t++) {
+                const float *p = att + (((size_t)b * NH + h) * T + t) * T;
+                const float *dy = dout + ((size_t)b * T + t) * C + qo;
+                /* softmax backward: dpre = p * (datt - sum(p * datt)) */
+                float pdatt = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    datt[t2] = dot(dy, seq + t2 * C3 + vo, hs);
+                    pdatt += p[t2] * datt[t2];
+                }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    float dpre = p[t2] * (datt[t2] - pdatt) * scale;
+                    axpy(dseq + t * C3 + qo, seq + t2 * C3 + ko, dpre, hs);
+                    axpy(dseq + t2 * C3 + ko, seq + t * C3 + qo, dpre, hs);
+                    axpy(dseq + t2 * C3 + vo, dy, p[t2], hs);
+                }
+            }
+        }
+}
+
+/* ---- GELU (tanh approximation) ---- */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_A 0.044715f
+
+void fy_cpu_gelu_forward(float *out, const float *inp, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_A * x * x * x)));
+    }
+}
+
+void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float th = tanhf(GELU_K * (x + GELU_A * x * x * x));
+        float dth = (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+        dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * dth);
+    }
+}
+
+/* ---- embeddings ---- */
+
+void fy_cpu_embed_forward(const struct fy_gpt_config *c, const float *embed, const int32_t *tokens,
+                          float *x, int B, int T)
+{
+    size_t C = c->n_embd;
+    const float *wpe = embed + (size_t)c->vocab * C;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < B * T; n++) {
+        const float *te = embed + (size_t)tokens[n] * C, *pe = wpe + (size_t)(n % T) * C;
+        for (size_t i = 0; i < C; i++)
+            x[(size_t)n * C + i] = te[i] + pe[i];
+    }
+}
+
+void fy_cpu_embed_backward(const struct fy_gpt_config *c, const int32_t *tokens, const float *dx,
+                           float *dembed, int B, int T)
+{
+    int C = (int)c->n_embd;
+    float *dwte = dembed, *dwpe = dembed + (size_t)c->vocab * C;
+    /* A token may repeat, so a wte row sums over positions: split by channel, rows n in order. */
+    int tasks = (C + EMBED_CHANNELS - 1) / EMBED_CHANNELS;
+#pragma omp parallel for schedule(static)
+    for (int k = 0; k < tasks; k++) {
+        int c0 = k * EMBED_CHANNELS, c1 = c0 + EMBED_CHANNELS < C ? c0 + EMBED_CHANNELS : C;
+        for (int n = 0; n < B * T; n++) {
+            const float *d = dx + (size_t)n * C;
+            float *te = dwte + (size_t)tokens[n] * C, *pe = dwpe + (size_t)(n % T) * C;
+            for (int i = c0; i < c1; i++) {
+                te[i] += d[i];
+                pe[i] += d[i];
+            }
+        }
+    }
+}
+
+/* ---- one transformer block ---- */
+
+/* The block's scratch, carved from one float array. The forward internals come first (what the
+ * backward recomputes), then the gradient buffers the backward alone uses. */
+struct block_buf {
+    float *ln1, *ln1_mean, *ln1_rstd; /* [N][C], [N], [N] */
+    float *qkv;                       /* [N][3C] */
+    float *att;                       /* [B][NH][T][T] softmax probabilities */
+    float *atty;                      /* [N][C] attention output, before its projection */
+    float *y1;                        /* [N][C] residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd; /* [N][C], [N], [N] */
+    float *fc;                        /* [N][4C] before GELU */
+    float *gelu;                      /* [N][4C] */
+    float *dgelu, *dfc;               /* [N][4C] */
+    float *dln2, *dy1, *datty;        /* [N][C] */
+    float *dqkv;                      /* [N][3C] */
+    float *dln1;                      /* [N][C] */
+    size_t total;                     /* floats */
+};
+
+static void block_carve(const struct fy_gpt_config *c, int B, int T, float *base, struct block_buf *s)
+{
+    size_t C = c->n_embd, N = (size_t)B * T, at = 0;
+#define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
+    CARVE(ln1, N * C);
+    CARVE(ln1_mean, N);
+    CARVE(ln1_rstd, N);
+    CARVE(qkv, N * 3 * C);
+    CARVE(att, (size_t)B * c->n_head * T * T);
+    CARVE(atty, N * C);
+    CARVE(y1, N * C);
+    CARVE(ln2, N * C);
+    CARVE(ln2_mean, N);
+    CARVE(ln2_rstd, N);
+    CARVE(fc, N * 4 * C);
+    CARVE(gelu, N * 4 * C);
+    CARVE(dgelu, N * 4 * C);
+    CARVE(dfc, N * 4 * C);
+    CARVE(dln2, N * C);
+    CARVE(dy1, N * C);
+    CARVE(datty, N * C);
+    CARVE(dqkv, N * 3 * C);
+    CARVE(dln1, N * C);
+#undef CARVE
+    s->total = at;
+}
+
+size_t fy_cpu_block_scratch(const struct fy_gpt_config *c, int B, int T)
+{
+    struct block_buf s;
+    block_carve(c, B, T, NULL, &s);
+    return s.total;
+}
+
+static void add(float *out, const float *a, const float *b, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+/* The forward pass, keeping every internal the backward needs in s. */
+static void block_forward_into(const struct fy_gpt_config *c, const float *params, const float *x,
+                               float *y, const struct block_buf *s, int B, int T)
+{
+    struct fy_gpt_block_layout l;
+    fy_gpt_block_layout(c, &l);
+    const float *p = params;
+    int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
+
+    fy_cpu_layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
+    fy_cpu_matmul_forward(s->qkv, s->ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
+    fy_cpu_attention_forward(s->atty, s->att, s->qkv, B, T, C, NH);
+    fy_cpu_matmul_forward(s->y1, s->atty, p + l.attn_w, p + l.attn_b, N, C, C);
+    add(s->y1, s->y1, x, (size_t)N * C);
+
+    fy_cpu_layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->y1, p + l.ln2_w, p + l.ln2_b, N, C);
+    fy_cpu_matmul_forward(s->fc, s->ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C);
+    fy_cpu_gelu_forward(s->gelu, s->fc, (size_t)N * 4 * C);
+    fy_cpu_matmul_forward(y, s->gelu, p + l.proj_w, p + l.proj_b, N, 4 * C, C);
+    add(y, y, s->y1, (size_t)N * C);
+}
+
+void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, const float *x,
+                          float *y, float *scratch, int B, int T)
+{
+    struct block_buf s;
+    block_carve(c, B, T, scratch, &s);
+    block_forward_into(c, params, x, y, &s, B, T);
+}
+
+void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, const float *x,
+                           const float *dy, float *dx, float *dparams, float *scratch, int B, int T)
+{
+    struct block_buf s;
+    block_carve(c, B, T, scratch, &s);
+    struct fy_gpt_block_layout l;
+    fy_gpt_block_layout(c, &l);
+    const float *p = params;
+    float *g = dparams;
+    int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
+    size_t NC = (size_t)N * C;
+
+    /* The block output is only needed as somewhere to write; dln1 is free until the very end. */
+    block_forward_into(c, params, x, s.dln1, &s, B, T);
+    memset(dparams, 0, l.total * sizeof *dparams);
+
+    /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
+    fy_cpu_matmul_backward(s.dgelu, g + l.proj_w, g + l.proj_b, dy, s.gelu, p + l.proj_w, N, 4 * C, C);
+    fy_cpu_gelu_backward(s.dfc, s.fc, s.dgelu, (size_t)N * 4 * C);
+    fy_cpu_matmul_backward(s.dln2, g + l.fc_w, g + l.fc_b, s.dfc, s.ln2, p + l.fc_w, N, C, 4 * C);
+    fy_cpu_layernorm_backward(s.dy1, g + l.ln2_w, g + l.ln2_b, s.dln2, s.y1, p + l.ln2_w, s.ln2_mean,
+                              s.ln2_rstd, N, C);
+    add(s.dy1, s.dy1, dy, NC); /* the residual path */
+
+    /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
+    fy_cpu_matmul_backward(s.datty, g + l.attn_w, g + l.attn_b, s.dy1, s.atty, p + l.attn_w, N, C, C);
+    fy_cpu_attention_backward(s.dqkv, s.datty, s.qkv, s.att, B, T, C, NH);
+    fy_cpu_matmul_backward(s.dln1, g + l.qkv_w, g + l.qkv_b, s.dqkv, s.ln1, p + l.qkv_w, N, C, 3 * C);
+    fy_cpu_layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, s.dln1, x, p + l.ln1_w, s.ln1_mean,
+                              s.ln1_rstd, N, C);
+    add(dx, dx, s.dy1, NC);
+}
+
+/* ---- final LayerNorm, tied LM head and cross-entropy ---- */
+
+struct head_buf {
+    float *xn, *mean, *rstd; /* [N][C], [N], [N] */
+    float *dxn;              /* [N][C] */
+    float *logits;           /* [HEAD_CHUNK][V], becomes dlogits in the backward */
+    size_t total;
+};
+
+static void head_carve(const struct fy_gpt_config *c, int B, int T, float *base, struct head_buf *s)
+{
+    size_t C = c->n_embd, N = (size_t)B * T, at = 0;
+#define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
+    CARVE(xn, N * C);
+    CARVE(mean, N);
+    CARVE(rstd, N);
+    CARVE(dxn, N * C);
+    CARVE(logits, (size_t)HEAD_CHUNK * c->vocab);
+#undef CARVE
+    s->total = at;
+}
+
+size_t fy_cpu_head_scratch(const struct fy_gpt_config *c, int B, int T)
+{
+    struct head_buf s;
+    head_carve(c, B, T, NULL, &s);
+    return s.total;
+}
+
+float fy_cpu_head_forward_backward(const struct fy_gpt_config *c, const float *final_params,
+                                   const float *embed, const float *x, const int32_t *targets,
+                                   float *dx, float *dfinal, float *dembed, float *scratch, int B,
+                                   int T)
+{
+    struct head_buf s;
+    head_carve(c, B, T, scratch, &s);
+    int C = (int)c->n_embd, V = (int)c->vocab, N = B * T;
+    const float *lnf_w = final_params, *lnf_b = final_params + C;
+    const float *wte = embed;
+    int backward = dx != NULL;
+
+    int count = 0;
+    for (int n = 0; n < N; n++)
+        count += targets[n] >= 0;
+    float inv_count = count > 0 ? 1.0f / (float)count : 0.0f;
+
+    fy_cpu_layernorm_forward(s.xn, s.mean, s.rstd, x, lnf_w, lnf_b, N, C);
+    if (backward)
+        memset(dembed, 0, ((size_t)V + c->ctx) * C * sizeof *dembed);
+
+    /* Chunks run in order, so every dwte element sums its rows in the same order whatever the
+     * threads; within a chunk, per-row losses are summed serially in double. */
+    double loss_sum = 0.0;
+    for (int r0 = 0; r0 < N; r0 += HEAD_CHUNK) {
+        int R = N - r0 < HEAD_CHUNK ? N - r0 : HEAD_CHUNK;
+        const float *xn = s.xn + (size_t)r0 * C;
+        fy_cpu_matmul_forward(s.logits, xn, wte, NULL, R, C, V);
+        double row_loss[HEAD_CHUNK];
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < R; r++) {
+            float *z = s.logits + (size_t)r * V;
+            int32_t target = targets[r0 + r];
+            row_loss[r] = 0.0;
+            if (target < 0) {
+                if (backward)
+                    memset(z, 0, (size_t)V * sizeof *z);
+                continue;
+            }
+            float maxv = z[0];
+            for (int v = 1; v < V; v++)
+                if (z[v] > maxv)
+                    maxv = z[v];
+            double sum = 0.0;
+            for (int v = 0; v < V; v++)
+                sum += exp((double)z[v] - maxv);
+            row_loss[r] = log(sum) + maxv - z[target]; /* -log softmax[target] */
+            if (backward) {
+                /* dlogits = (softmax - onehot) / count, written over the logits */
+                for (int v = 0; v < V; v++)
+                    z[v] = (float)(exp((double)z[v] - maxv) / sum) * inv_count;
+                z[target] -= inv_count;
+            }
+        }
+        for (int r = 0; r < R; r++)
+            loss_sum += row_loss[r];
+        if (backward)
+            fy_cpu_matmul_backward(s.dxn + (size_t)r0 * C, dembed, NULL, s.logits, xn, wte, R, C, V);
+    }
+
+    if (backward) {
+        memset(dfinal, 0, 2 * (size_t)C * sizeof *dfinal);
+        fy_cpu_layernorm_backward(dx, dfinal, dfinal + C, s.dxn, x, lnf_w, s.mean, s.rstd, N, C);
+    }
+    return count > 0 ? (float)(loss_sum / count) : 0.0f;
+}

@@ -1,0 +1,154 @@
+/* GPT requests of the gpu worker: validation of each part against the run's model and batch, then
+ * one backend call per request. Nothing in a descriptor is trusted: sizes are exact, tokens are
+ * checked against the vocabulary before they index an embedding table. */
+#include "gptexec.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/dtype.h"
+
+struct fy_gptexec {
+    struct fy_backend *backend;
+    struct fy_gpt_config cfg;
+    int B, T;
+    uint64_t act_bytes, tok_bytes;
+};
+
+int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const struct fy_config *cfg)
+{
+    *out = NULL;
+    struct fy_gptexec *e = calloc(1, sizeof *e);
+    if (e == NULL)
+        return -ENOMEM;
+    uint64_t B, T;
+    int rc = fy_gpt_config_from(cfg, &e->cfg);
+    if (rc == 0)
+        rc = fy_config_get_u64(cfg, "train.batch", 1, 0, &B);
+    if (rc == 0)
+        rc = fy_config_get_u64(cfg, "train.seq", 1, 0, &T);
+    if (rc == 0 && (B == 0 || T == 0 || B > 1 << 20 || T > e->cfg.ctx)) {
+        fy_error("%s: batch %llu x sequence %llu: need both >= 1 and sequence <= context %u",
+                 cfg->path, (unsigned long long)B, (unsigned long long)T, e->cfg.ctx);
+        rc = -EINVAL;
+    }
+    if (rc == 0) {
+        e->B = (int)B;
+        e->T = (int)T;
+        e->act_bytes = (uint64_t)B * T * e->cfg.n_embd * 4;
+        e->tok_bytes = (uint64_t)B * T * 4;
+        e->backend = backend;
+        rc = fy_backend_gpt_prepare(backend, &e->cfg, e->B, e->T);
+    }
+    if (rc < 0) {
+        free(e);
+        return rc;
+    }
+    *out = e;
+    return 0;
+}
+
+void fy_gptexec_destroy(struct fy_gptexec **ep)
+{
+    if (ep == NULL || *ep == NULL)
+        return;
+    free(*ep);
+    *ep = NULL;
+}
+
+int fy_gptexec_handles(int op)
+{
+    return op >= FY_OP_GPT_EMBED_FWD && op <= FY_OP_GPT_EMBED_BWD;
+}
+
+/* Checks part i of the request and returns its address in the pool. */
+static int part(const struct fy_pool *pool, const struct fy_desc *req, unsigned n, unsigned i,
+                int kind, int dtype, uint64_t bytes, void **ptr)
+{
+    FY_REQUIRE(i < n, -EPROTO, "%s: part %u missing (%u parts given)", fy_op_name(req[0].op), i, n);
+    const struct fy_desc *d = &req[i];
+    FY_REQUIRE(d->kind == kind && d->dtype == dtype && d->bytes == bytes, -EPROTO,
+               "%s part %u: expected %s %s of %llu bytes, got %s %s of %llu bytes",
+               fy_op_name(req[0].op), i, fy_kind_name(kind), fy_dtype_name(dtype),
+               (unsigned long long)bytes, fy_kind_name(d->kind), fy_dtype_name(d->dtype),
+               (unsigned long long)d->bytes);
+    *ptr = fy_pool_at(pool, d->offset, d->bytes);
+    FY_REQUIRE(*ptr != NULL, -ERANGE, "%s part %u: region outside the pool", fy_op_name(req[0].op), i);
+    return 0;
+}
+
+static int check_tokens(const int32_t *tok, size_t n, uint32_t vocab, int allow_ignored,
+                        const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (tok[i] >= (int32_t)vocab || (tok[i] < 0 && !allow_ignored)) {
+            fy_error("%s: token %d at position %zu is outside the vocabulary of %u", what, tok[i], i,
+                     vocab);
+            return -EINVAL;
+        }
+    return 0;
+}
+
+int fy_gptexec_handle(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
+                      unsigned n, struct fy_desc *reply)
+{
+    const struct fy_gpt_config *c = &e->cfg;
+    uint64_t embed_bytes = fy_gpt_unit_params(c, 0) * 4;
+    uint64_t block_bytes = fy_gpt_unit_params(c, 1) * 4;
+    uint64_t final_bytes = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
+    const int A = FY_KIND_ACTIVATION, G = FY_KIND_GRAD, W = FY_KIND_WEIGHTS, K = FY_KIND_TOKENS;
+    const int F32 = FY_DTYPE_F32, I32 = FY_DTYPE_I32;
+    void *p[7];
+    int layer = req[0].layer;
+    switch (req[0].op) {
+    case FY_OP_GPT_EMBED_FWD:
+        FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));
+        FY_TRY(part(pool, req, n, 1, W, F32, embed_bytes, &p[1]));
+        FY_TRY(part(pool, req, n, 2, A, F32, e->act_bytes, &p[2]));
+        FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-fwd inputs"));
+        return fy_backend_gpt_embed_forward(e->backend, p[1], p[0], p[2]);
+    case FY_OP_GPT_BLOCK_FWD:
+    case FY_OP_GPT_BLOCK_BWD:
+        FY_REQUIRE(layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
+                   "%s: layer %d is not a block (1..%u)", fy_op_name(req[0].op), layer, c->n_layer);
+        FY_TRY(part(pool, req, n, 0, W, F32, block_bytes, &p[0]));
+        FY_TRY(part(pool, req, n, 1, A, F32, e->act_bytes, &p[1]));
+        if (req[0].op == FY_OP_GPT_BLOCK_FWD) {
+            FY_TRY(part(pool, req, n, 2, A, F32, e->act_bytes, &p[2]));
+            return fy_backend_gpt_block_forward(e->backend, p[0], p[1], p[2]);
+        }
+        FY_TRY(part(pool, req, n, 2, G, F32, e->act_bytes, &p[2]));
+        FY_TRY(part(pool, req, n, 3, G, F32, e->act_bytes, &p[3]));
+        FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
+        return fy_backend_gpt_block_backward(e->backend, p[0], p[1], p[2], p[3], p[4]);
+    case FY_OP_GPT_HEAD: {
+        FY_REQUIRE(n == 4 || n == 7, -EPROTO, "gpt-head takes 4 parts (loss) or 7 (with gradients), got %u", n);
+        FY_TRY(part(pool, req, n, 0, A, F32, e->act_bytes, &p[0]));
+        FY_TRY(part(pool, req, n, 1, K, I32, e->tok_bytes, &p[1]));
+        FY_TRY(part(pool, req, n, 2, W, F32, final_bytes, &p[2]));
+        FY_TRY(part(pool, req, n, 3, W, F32, embed_bytes, &p[3]));
+        FY_TRY(check_tokens(p[1], (size_t)e->B * e->T, c->vocab, 1, "gpt-head targets"));
+        p[4] = p[5] = p[6] = NULL;
+        if (n == 7) {
+            FY_TRY(part(pool, req, n, 4, G, F32, e->act_bytes, &p[4]));
+            FY_TRY(part(pool, req, n, 5, G, F32, final_bytes, &p[5]));
+            FY_TRY(part(pool, req, n, 6, G, F32, embed_bytes, &p[6]));
+        }
+        double loss = 0;
+        FY_TRY(fy_backend_gpt_head(e->backend, p[2], p[3], p[0], p[1], &loss, p[4], p[5], p[6]));
+        memcpy(&reply->arg, &loss, sizeof loss);
+        return 0;
+    }
+    case FY_OP_GPT_EMBED_BWD:
+        FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));
+        FY_TRY(part(pool, req, n, 1, G, F32, e->act_bytes, &p[1]));
+        FY_TRY(part(pool, req, n, 2, G, F32, embed_bytes, &p[2]));
+        FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-bwd inputs"));
+        return fy_backend_gpt_embed_backward(e->backend, p[0], p[1], p[2]);
+    default:
+        fy_error("gpu worker: op %s is not a GPT operation", fy_op_name(req[0].op));
+        return -EPROTO;
+    }
+}

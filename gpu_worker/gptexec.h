@@ -1,0 +1,32 @@
+/* GPT requests of the gpu worker: checks every part of a request (kind, dtype and exact size for
+ * the run's model and batch) and runs the backend on the pool regions it names. The same code serves
+ * the gpu worker process and the launcher's in-process runs.
+ *
+ * Parts, in order (A = activation [B][T][C] f32, W = weights f32 of the unit, G = gradient f32):
+ *   gpt-embed-fwd  (layer 0):        tokens[B*T] i32, W embed, A x0 (out)
+ *   gpt-block-fwd  (layer l):        W block l, A x (in), A y (out)
+ *   gpt-head       (layer L+1):      A x, tokens targets, W final, W embed
+ *                                    [, G dx (out), G dfinal (out), G dembed (out)]; reply arg = loss
+ *   gpt-block-bwd  (layer l):        W block l, A x (checkpoint), G dy, G dx (out), G dparams (out)
+ *   gpt-embed-bwd  (layer 0):        tokens, G dx0, G dembed (accumulated)
+ */
+#ifndef FY_GPTEXEC_H
+#define FY_GPTEXEC_H
+
+#include "common/config.h"
+#include "common/desc.h"
+#include "common/model.h"
+#include "common/pool.h"
+#include "gpu_worker/backend.h"
+
+struct fy_gptexec;
+
+/* Reads model.* and train.batch / train.seq from the run config and prepares the backend. */
+int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const struct fy_config *cfg);
+void fy_gptexec_destroy(struct fy_gptexec **e);
+/* 1 when op is one of the gpt-* operations. */
+int fy_gptexec_handles(int op);
+int fy_gptexec_handle(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
+                      unsigned n, struct fy_desc *reply);
+
+#endif

@@ -1,0 +1,180 @@
+/* One launch of the workers for a run directory: directory lock and stale cleanup, placement,
+ * pool, run.conf, workers started and supervised, and a cleanup that runs on every path. */
+#include "session.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/check.h"
+
+/* The run directory is ours while we hold its lock; anything left in its ipc/ is stale. */
+static int prepare_run_dir(const char *run_dir, int *lock_fd)
+{
+    if (mkdir(run_dir, 0700) != 0 && errno != EEXIST) {
+        int e = errno;
+        fy_error("cannot create run directory %s: %s", run_dir, strerror(e));
+        return -e;
+    }
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/launch.lock", run_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    FY_SYS(fd, "cannot open %s", path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        if (e == EWOULDBLOCK) {
+            fy_error("run directory %s is in use by another fuyou-launch: stop it or use another "
+                     "--run-dir",
+                     run_dir);
+            return -EBUSY;
+        }
+        fy_error("cannot lock %s: %s", path, strerror(e));
+        return -e;
+    }
+    *lock_fd = fd;
+    snprintf(path, sizeof path, "%s/ipc", run_dir);
+    if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+        int e = errno;
+        fy_error("cannot create %s: %s", path, strerror(e));
+        return -e;
+    }
+    DIR *d = opendir(path);
+    FY_SYS(d == NULL ? -1 : 0, "cannot open %s", path);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char stale[PATH_MAX + 300];
+        snprintf(stale, sizeof stale, "%s/%s", path, e->d_name);
+        if (unlink(stale) == 0)
+            fy_warn("removed stale socket %s from a run that died", stale);
+    }
+    closedir(d);
+    return 0;
+}
+
+static void cleanup_run_dir(const char *run_dir)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/ipc/ctl", run_dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/ipc", run_dir);
+    if (rmdir(path) != 0 && errno != ENOENT)
+        fy_warn("cannot remove %s: %s", path, strerror(errno));
+    snprintf(path, sizeof path, "%s/workers.pid", run_dir);
+    unlink(path);
+}
+
+static int plan_affinity(struct fy_session *s, const char *spec)
+{
+    char described[2048];
+    fy_topo_describe(s->topo, described, sizeof described);
+    fy_info("topology: %s", described);
+    FY_TRY(fy_affinity_default(s->topo, &s->aff));
+    if (spec != NULL)
+        FY_TRY(fy_affinity_parse(s->topo, spec, &s->aff));
+    fy_info("placement: gpu worker on cpus %s, io worker on %s, opt worker on %s (NUMA node %d)%s",
+            s->aff.gpu, s->aff.io, s->aff.opt, s->aff.numa_node,
+            spec ? " [--affinity]" : " [hwloc default]");
+    return 0;
+}
+
+int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
+                    const struct fy_pool_region_spec *regions, unsigned n, const char *what)
+{
+    memset(s, 0, sizeof *s);
+    s->lock_fd = -1;
+    snprintf(s->run_dir, sizeof s->run_dir, "%s", o->run_dir);
+    uint64_t pool_bytes = fy_pool_layout_size(regions, n);
+    char need[32], cap[32];
+    fy_format_size(pool_bytes, need, sizeof need);
+    if (o->cpu_mem != 0 && pool_bytes > o->cpu_mem) {
+        fy_format_size(o->cpu_mem, cap, sizeof cap);
+        char parts[512] = "";
+        for (unsigned i = 0; i < n; i++) {
+            char one[32];
+            fy_format_size(regions[i].bytes, one, sizeof one);
+            snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "%s%s %s", i ? ", " : "",
+                     regions[i].name, one);
+        }
+        fy_error("plan does not fit: the shared pool for %s needs %s (%s; 2 MiB aligned) but "
+                 "--cpu-mem is %s: raise --cpu-mem or make the model or batch smaller",
+                 what, need, parts, cap);
+        return -ENOMEM;
+    }
+    FY_TRY(prepare_run_dir(o->run_dir, &s->lock_fd));
+    FY_TRY(fy_pool_name_for_run(o->run_dir, s->pool_name, sizeof s->pool_name));
+    FY_TRY(fy_topo_load(&s->topo));
+    FY_TRY(plan_affinity(s, o->affinity));
+    struct fy_pool_opts po = {.topo = s->topo, .numa_node = s->aff.numa_node, .run_dir = o->run_dir};
+    FY_TRY(fy_pool_create(&s->pool, s->pool_name, regions, n, &po));
+    return 0;
+}
+
+int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *const *workers,
+                     unsigned n, int ready_timeout_ms)
+{
+    char path[PATH_MAX + 32];
+    FY_TRY(fy_chan_endpoint(s->run_dir, "ctl", s->endpoint, sizeof s->endpoint));
+    FY_TRY(fy_config_set(cfg, "pool", s->pool_name));
+    FY_TRY(fy_config_set(cfg, "endpoint", s->endpoint));
+    FY_TRY(fy_config_set(cfg, "affinity.gpu", s->aff.gpu));
+    FY_TRY(fy_config_set(cfg, "affinity.io", s->aff.io));
+    FY_TRY(fy_config_set(cfg, "affinity.opt", s->aff.opt));
+    snprintf(path, sizeof path, "%s/fuyou.log", s->run_dir);
+    FY_TRY(fy_config_set(cfg, "log_file", path));
+    snprintf(path, sizeof path, "%s/run.conf", s->run_dir);
+    FY_TRY(fy_config_save(cfg, path));
+    FY_TRY(fy_chan_bind(&s->chan, s->endpoint, "launch"));
+    FY_TRY(fy_sup_new(&s->sup, s->run_dir, s->chan));
+    for (unsigned i = 0; i < n; i++)
+        FY_TRY(fy_sup_spawn(s->sup, workers[i]));
+    snprintf(path, sizeof path, "%s/workers.pid", s->run_dir);
+    FY_TRY(fy_sup_write_pids(s->sup, path));
+    return fy_sup_wait_ready(s->sup, ready_timeout_ms);
+}
+
+static int session_call(void *ctx, const char *worker, struct fy_desc *req, unsigned n,
+                        struct fy_desc *reply, int timeout_ms)
+{
+    return fy_sup_call(ctx, worker, req, n, reply, timeout_ms);
+}
+
+struct fy_exec fy_session_exec(struct fy_session *s)
+{
+    return (struct fy_exec){.ctx = s->sup, .call = session_call};
+}
+
+int fy_session_close(struct fy_session *s, int rc)
+{
+    if (s->sup != NULL) {
+        int stop_rc = fy_sup_stop(s->sup, 10000);
+        if (rc == 0 && stop_rc < 0)
+            rc = stop_rc;
+        if (fy_sup_failed_worker(s->sup) != NULL) {
+            fy_error("run failed: the %s worker died (its exit is reported above); the other "
+                     "workers were stopped",
+                     fy_sup_failed_worker(s->sup));
+            rc = -ECHILD;
+        } else if (fy_sup_interrupted(s->sup)) {
+            rc = -EINTR;
+        }
+    }
+    fy_sup_destroy(&s->sup);
+    fy_chan_destroy(&s->chan);
+    fy_pool_destroy(&s->pool);
+    fy_topo_destroy(&s->topo);
+    if (s->lock_fd >= 0) {
+        cleanup_run_dir(s->run_dir);
+        close(s->lock_fd);
+        s->lock_fd = -1;
+    }
+    return rc;
+}

@@ -1,0 +1,49 @@
+/* One launch of the workers for a run directory: lock the directory, clear what a dead run left,
+ * place the workers (hwloc), create the shared pool, write run.conf, start and supervise the
+ * workers, and at the end stop them in order and remove the pool and sockets, whatever happened. */
+#ifndef FY_SESSION_H
+#define FY_SESSION_H
+
+#include <limits.h>
+
+#include "common/chan.h"
+#include "common/config.h"
+#include "common/pool.h"
+#include "common/topo.h"
+#include "launcher/supervise.h"
+#include "launcher/train.h"
+
+struct fy_session_opts {
+    const char *run_dir;
+    const char *affinity;  /* --affinity spec or NULL */
+    uint64_t cpu_mem;      /* cap on the pool, 0 = none */
+    int ready_timeout_ms;
+};
+
+struct fy_session {
+    char run_dir[PATH_MAX];
+    int lock_fd;
+    struct fy_topo *topo;
+    struct fy_affinity aff;
+    struct fy_pool *pool;
+    struct fy_chan *chan;
+    struct fy_sup *sup;
+    char pool_name[FY_POOL_NAME_MAX];
+    char endpoint[512];
+};
+
+/* Locks and prepares the run directory (created if missing), places the workers and creates the
+ * pool; refuses a pool larger than cpu_mem with the numbers. `what` names the pool's use. */
+int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
+                    const struct fy_pool_region_spec *regions, unsigned n, const char *what);
+/* Adds the session's entries (pool, endpoint, affinity, log) to cfg, saves RUN/run.conf, binds the
+ * channel and starts the named workers, waiting for each READY. */
+int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *const *workers,
+                     unsigned n, int ready_timeout_ms);
+/* The executor that sends requests to the workers. */
+struct fy_exec fy_session_exec(struct fy_session *s);
+/* Stops the workers (if any) and removes the pool, sockets and pid file. rc is the outcome so far;
+ * the result is -ECHILD when a worker died, -EINTR when interrupted, else rc (or a stop failure). */
+int fy_session_close(struct fy_session *s, int rc);
+
+#endif

@@ -1,0 +1,72 @@
+/* The training schedule: which descriptors go to which worker, in which order, for initialising a
+ * model in the store, one training step, evaluation and export. It runs over an executor, so the
+ * same schedule drives the worker processes (launcher/supervise) or, for tests and debugging, the
+ * same handlers called in one process (launcher/inproc).
+ *
+ * A step is serial and layer-major: the whole batch goes through one unit before the next.
+ * Forward: embed, blocks 1..L (each block's input kept in the pool as its checkpoint), head with
+ * loss and its backward; then the final unit is updated; backward: for each block L..1, its
+ * gradients, then its AdamW update (state read from the SSD store, written back); last the
+ * embeddings (the tied head's wte gradient plus the lookup's). A unit's weights for step N+1 are read
+ * only after step N has written them back; per-unit versions check this. */
+#ifndef FY_TRAIN_H
+#define FY_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/ckpt.h"
+#include "common/desc.h"
+#include "common/model.h"
+#include "common/pool.h"
+#include "common/tokfile.h"
+
+struct fy_exec {
+    void *ctx;
+    /* Sends a request to a worker ("gpu", "io", "opt") and waits for its reply; returns the reply
+     * status (0 or -errno). */
+    int (*call)(void *ctx, const char *worker, struct fy_desc *req, unsigned n,
+                struct fy_desc *reply, int timeout_ms);
+};
+
+struct fy_train_opts {
+    uint64_t steps;       /* train until this step (total, counting steps already in the store) */
+    int batch, seq;       /* B sequences of T tokens per step */
+    double lr;            /* peak learning rate */
+    uint64_t warmup;      /* linear warmup steps */
+    double min_lr_ratio;  /* cosine decay to lr * min_lr_ratio at `steps` */
+    uint64_t seed;        /* data order */
+    uint64_t eval_every;  /* 0: only at the end */
+    uint64_t eval_batches;
+    uint64_t checkpoint_every; /* make the store durable every N steps (and at the end) */
+    int timeout_ms;       /* per request */
+    FILE *metrics;        /* one JSON line per step; NULL: none */
+    const volatile int *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
+};
+
+/* Pool regions for a model and batch (B = T = 1 for init/export). n receives the count (<= 8). */
+void fy_train_regions(const struct fy_gpt_config *c, int B, int T,
+                      struct fy_pool_region_spec out[8], unsigned *n);
+
+/* Learning rate at a step (1-based): linear warmup, then cosine to lr * min_lr_ratio at o->steps. */
+double fy_train_lr(const struct fy_train_opts *o, uint64_t step);
+
+/* Creates every extent of the model in the store and writes GPT-2 initial weights (zero moments)
+ * and the metadata block (step 0). */
+int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
+                        uint64_t seed, int timeout_ms);
+/* Reads and validates the store's metadata block; `where` names the store in messages. */
+int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char *where,
+                       struct fy_storemeta *meta, int timeout_ms);
+/* Trains from meta->step + 1 to o->steps; meta->step follows. */
+int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
+                 const struct fy_tokfile *data, const struct fy_train_opts *o);
+/* Mean loss over the first `batches` evaluation windows (forward only). */
+int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
+                  const struct fy_tokfile *data, int B, int T, uint64_t batches, int timeout_ms,
+                  double *loss);
+/* Writes the store's master weights to a weights file (common/ckpt.h). */
+int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *meta,
+                    const char *path, int overwrite, int timeout_ms);
+
+#endif

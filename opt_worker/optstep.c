@@ -1,0 +1,185 @@
+/* Optimizer requests: gathers the parts of an opt-adamw request, checks they describe one tensor,
+ * and runs the AdamW kernel on the pinned threads, segment by segment where weight decay differs. */
+#include "optstep.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/dtype.h"
+#include "common/model.h"
+#include "common/topo.h"
+#include "opt_worker/adamw.h"
+#include "opt_worker/threads.h"
+
+#define MAX_THREADS 1024
+
+struct fy_optstep {
+    struct fy_threads *threads;
+    struct fy_adamw_hparams hp;
+    enum fy_adamw_impl impl;
+    int have_model;
+    struct fy_gpt_config model;
+};
+
+static int read_hparams(const struct fy_config *cfg, struct fy_adamw_hparams *hp)
+{
+    double lr, b1, b2, eps, wd;
+    FY_TRY(fy_config_get_double(cfg, "lr", 0, 1e-4, &lr));
+    FY_TRY(fy_config_get_double(cfg, "beta1", 0, 0.9, &b1));
+    FY_TRY(fy_config_get_double(cfg, "beta2", 0, 0.999, &b2));
+    FY_TRY(fy_config_get_double(cfg, "eps", 0, 1e-8, &eps));
+    FY_TRY(fy_config_get_double(cfg, "weight_decay", 0, 0.0, &wd));
+    *hp = (struct fy_adamw_hparams){(float)lr, (float)b1, (float)b2, (float)eps, (float)wd};
+    return fy_adamw_check_hparams(hp, 1);
+}
+
+static int optstep_setup(struct fy_optstep *o, const struct fy_config *cfg, const char *cpus)
+{
+    FY_TRY(read_hparams(cfg, &o->hp));
+    const char *impl = fy_config_get(cfg, "adamw_impl");
+    FY_TRY(fy_adamw_impl_parse(impl ? impl : "auto", &o->impl));
+    if (o->impl == FY_ADAMW_AUTO)
+        o->impl = fy_adamw_best_impl();
+    FY_REQUIRE(fy_adamw_impl_supported(o->impl), -ENOTSUP,
+               "adamw_impl = %s is not supported by this CPU: use auto", impl);
+    if (fy_config_get(cfg, "model.n_layer") != NULL) {
+        FY_TRY(fy_gpt_config_from(cfg, &o->model));
+        o->have_model = 1;
+    }
+    int *list = calloc(MAX_THREADS, sizeof *list);
+    if (list == NULL)
+        return -ENOMEM;
+    int ncpus = fy_cpulist_parse(cpus, list, MAX_THREADS);
+    uint64_t want;
+    int rc = fy_config_get_u64(cfg, "opt_threads", 0, 0, &want);
+    if (rc == 0 && ncpus <= 0)
+        rc = ncpus < 0 ? ncpus : -EINVAL;
+    if (rc == 0) {
+        unsigned count = want > 0 && want < (uint64_t)ncpus ? (unsigned)want : (unsigned)ncpus;
+        rc = fy_threads_new(&o->threads, list, count);
+    }
+    free(list);
+    FY_TRY(rc);
+    fy_info("AdamW: %s kernel, %u threads, betas (%g, %g) eps %g weight decay %g", fy_adamw_impl_name(o->impl),
+            fy_threads_count(o->threads), o->hp.beta1, o->hp.beta2, o->hp.eps, o->hp.weight_decay);
+    return 0;
+}
+
+int fy_optstep_new(struct fy_optstep **out, const struct fy_config *cfg, const char *cpus)
+{
+    *out = NULL;
+    struct fy_optstep *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return -ENOMEM;
+    int rc = optstep_setup(o, cfg, cpus);
+    if (rc < 0) {
+        fy_optstep_destroy(&o);
+        return rc;
+    }
+    *out = o;
+    return 0;
+}
+
+void fy_optstep_destroy(struct fy_optstep **op)
+{
+    if (op == NULL || *op == NULL)
+        return;
+    fy_threads_destroy(&(*op)->threads);
+    free(*op);
+    *op = NULL;
+}
+
+static int regions_overlap(const struct fy_desc *a, const struct fy_desc *b)
+{
+    return a->offset < b->offset + b->bytes && b->offset < a->offset + a->bytes;
+}
+
+/* Gathers the parts of an AdamW request by kind and checks they describe one tensor. */
+static int adamw_tensor(const struct fy_pool *pool, const struct fy_desc *req, unsigned n,
+                        struct fy_adamw_tensor *x)
+{
+    const struct fy_desc *part[FY_KIND_COUNT] = {0};
+    for (unsigned i = 0; i < n; i++) {
+        int k = req[i].kind;
+        FY_REQUIRE(k == FY_KIND_GRAD || k == FY_KIND_MASTER || k == FY_KIND_ADAM_M ||
+                       k == FY_KIND_ADAM_V || k == FY_KIND_WEIGHTS,
+                   -EPROTO, "opt-adamw: part of kind %s not expected", fy_kind_name(k));
+        FY_REQUIRE(part[k] == NULL, -EPROTO, "opt-adamw: two %s parts", fy_kind_name(k));
+        part[k] = &req[i];
+        for (unsigned j = 0; j < i; j++)
+            FY_REQUIRE(!regions_overlap(&req[i], &req[j]), -EPROTO,
+                       "opt-adamw: %s and %s regions overlap", fy_kind_name(k),
+                       fy_kind_name(req[j].kind));
+    }
+    const struct fy_desc *g = part[FY_KIND_GRAD], *p = part[FY_KIND_MASTER];
+    const struct fy_desc *m = part[FY_KIND_ADAM_M], *v = part[FY_KIND_ADAM_V];
+    const struct fy_desc *wt = part[FY_KIND_WEIGHTS];
+    FY_REQUIRE(g && p && m && v, -EPROTO, "opt-adamw needs grad, master, adam-m and adam-v parts");
+    FY_REQUIRE(p->dtype == FY_DTYPE_F32 && m->dtype == FY_DTYPE_F32 && v->dtype == FY_DTYPE_F32 &&
+                   (g->dtype == FY_DTYPE_F32 || g->dtype == FY_DTYPE_BF16) &&
+                   (wt == NULL || wt->dtype == FY_DTYPE_BF16),
+               -EPROTO, "opt-adamw: state must be f32, grad f32 or bf16, weights bf16");
+    size_t count = p->bytes / 4;
+    FY_REQUIRE(m->bytes / 4 == count && v->bytes / 4 == count &&
+                   g->bytes / fy_dtype_size(g->dtype) == count &&
+                   (wt == NULL || wt->bytes / 2 == count),
+               -EPROTO, "opt-adamw: parts hold different element counts");
+    *x = (struct fy_adamw_tensor){
+        .master = fy_pool_at(pool, p->offset, p->bytes), .m = fy_pool_at(pool, m->offset, m->bytes),
+        .v = fy_pool_at(pool, v->offset, v->bytes), .grad = fy_pool_at(pool, g->offset, g->bytes),
+        .grad_dtype = g->dtype,
+        .weight_bf16 = wt ? fy_pool_at(pool, wt->offset, wt->bytes) : NULL, .n = count};
+    FY_REQUIRE(x->master && x->m && x->v && x->grad && (wt == NULL || x->weight_bf16), -ERANGE,
+               "opt-adamw: a region lies outside the pool");
+    return 0;
+}
+
+/* A view of elements [begin, end) of the tensor. */
+static struct fy_adamw_tensor slice(const struct fy_adamw_tensor *x, size_t begin, size_t end)
+{
+    size_t gsize = fy_dtype_size(x->grad_dtype);
+    struct fy_adamw_tensor s = *x;
+    s.master += begin;
+    s.m += begin;
+    s.v += begin;
+    s.grad = (const char *)x->grad + begin * gsize;
+    s.weight_bf16 = x->weight_bf16 ? x->weight_bf16 + begin : NULL;
+    s.n = end - begin;
+    return s;
+}
+
+int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *req,
+                      unsigned n, struct fy_desc *reply)
+{
+    FY_REQUIRE(req[0].op == FY_OP_OPT_ADAMW, -EPROTO,
+               "opt worker: op %s is not an optimizer operation", fy_op_name(req[0].op));
+    FY_REQUIRE(req[0].step >= 1, -EPROTO, "opt-adamw: step (Adam's t) must be >= 1");
+    struct fy_adamw_tensor x;
+    FY_TRY(adamw_tensor(pool, req, n, &x));
+    struct fy_adamw_hparams hp = o->hp;
+    if (req[0].arg != 0) {
+        double lr;
+        memcpy(&lr, &req[0].arg, sizeof lr);
+        FY_REQUIRE(isfinite(lr) && lr >= 0, -EPROTO, "opt-adamw: learning rate %g is invalid", lr);
+        hp.lr = (float)lr;
+    }
+    int layer = req[0].layer;
+    if (layer < 0 || !o->have_model)
+        return fy_adamw_update(o->threads, &hp, req[0].step, &x, o->impl);
+    FY_REQUIRE((unsigned)layer < fy_gpt_unit_count(&o->model) &&
+                   fy_gpt_unit_params(&o->model, (unsigned)layer) == x.n,
+               -EPROTO, "opt-adamw: unit %d of the model does not hold %zu parameters", layer, x.n);
+    struct fy_param_segment seg[FY_GPT_MAX_SEGMENTS];
+    int nseg = fy_gpt_decay_segments(&o->model, (unsigned)layer, seg);
+    for (int i = 0; i < nseg; i++) {
+        struct fy_adamw_hparams shp = hp;
+        if (!seg[i].decay)
+            shp.weight_decay = 0.0f;
+        struct fy_adamw_tensor part = slice(&x, seg[i].begin, seg[i].end);
+        FY_TRY(fy_adamw_update(o->threads, &shp, req[0].step, &part, o->impl));
+    }
+    return 0;
+}

@@ -1,0 +1,25 @@
+/* Optimizer requests: AdamW over the regions an opt-adamw request names, on the pinned threads of
+ * the opt worker, with the step's learning rate from the request and GPT-2 weight-decay rules when
+ * the request is about a model unit. Serves the opt worker process and in-process runs alike.
+ *
+ * opt-adamw parts (any order, each kind once): GRAD (f32 or bf16), MASTER, ADAM_M, ADAM_V (f32)
+ * and optionally WEIGHTS (bf16 copy out). step = Adam's t (>= 1); arg = the learning rate as IEEE
+ * double bits (0: the run config's lr); layer = model unit (weight decay on matrices only, per
+ * fy_gpt_decay_segments) or -1 (decay on every element). */
+#ifndef FY_OPTSTEP_H
+#define FY_OPTSTEP_H
+
+#include "common/config.h"
+#include "common/desc.h"
+#include "common/pool.h"
+
+struct fy_optstep;
+
+/* Reads lr, beta1, beta2, eps, weight_decay, adamw_impl, opt_threads and model.* (optional) from
+ * the run config; one pinned thread per cpu of `cpus` (a cpu list), at most opt_threads. */
+int fy_optstep_new(struct fy_optstep **out, const struct fy_config *cfg, const char *cpus);
+void fy_optstep_destroy(struct fy_optstep **o);
+int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *req,
+                      unsigned n, struct fy_desc *reply);
+
+#endif

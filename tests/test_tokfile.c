@@ -1,0 +1,810 @@
+/* Tests of token files (common/tokfile): the on-disk format byte by byte, atomic writes, byte-level
+ * preparation, every refusal of the reader, train/eval splits and deterministic batch sampling. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/tokfile.h"
+#include "tests/testutil.h"
+
+static char *tmpdir;
+
+static int setup(void **state)
+{
+    tmpdir = fy_test_tmpdir("tokfile");
+    return tmpdir == NULL ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    fy_test_rmdir(tmpdir);
+    free(tmpdir);
+    tmpdir = NULL;
+    return 0;
+}
+
+static const char *tpath(const char *name)
+{
+    /* A ring of buffers so a test can hold many paths at once. */
+    static char buf[256][1024];
+    static int next;
+    char *p = buf[next++ % 256];
+    snprintf(p, sizeof buf[0], "%s/%s", tmpdir, name);
+    return p;
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void write_bytes(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    if (len > 0)
+        assert_int_equal(fwrite(data, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Number of directory entries other than . and .. */
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            n++;
+    closedir(d);
+    return n;
+}
+
+static int has_tmp_file(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int found = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strstr(e->d_name, ".tmp") != NULL)
+            found = 1;
+    closedir(d);
+    return found;
+}
+
+/* Runs fn with stderr sent to a file and returns what was logged (caller frees). */
+static char *capture_stderr(int (*fn)(void *), void *arg, int *rc)
+{
+    char tmpl[] = "/tmp/fuyou-test-stderr-XXXXXX";
+    int cfd = mkstemp(tmpl);
+    assert_true(cfd >= 0);
+    int saved = dup(STDERR_FILENO);
+    assert_true(saved >= 0);
+    assert_true(dup2(cfd, STDERR_FILENO) >= 0);
+    *rc = fn(arg);
+    assert_true(dup2(saved, STDERR_FILENO) >= 0);
+    close(saved);
+    close(cfd);
+    char *text = fy_test_slurp(tmpl, NULL);
+    unlink(tmpl);
+    assert_non_null(text);
+    fputs(text, stderr);
+    return text;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+struct open_case {
+    const char *path;
+    uint32_t model_vocab;
+};
+
+static int open_fn(void *arg)
+{
+    struct open_case *c = arg;
+    struct fy_tokfile *t = (struct fy_tokfile *)1;
+    int rc = fy_tokfile_open(&t, c->path, c->model_vocab);
+    if (rc < 0)
+        assert_null(t);
+    fy_tokfile_close(&t);
+    return rc;
+}
+
+/* Opening path must fail with code and log exactly one line containing the path and `want`. */
+static void expect_open_refused(const char *path, uint32_t model_vocab, int code, const char *want)
+{
+    struct open_case c = {path, model_vocab};
+    int rc = 0;
+    char *log = capture_stderr(open_fn, &c, &rc);
+    assert_int_equal(rc, code);
+    assert_int_equal(count_lines(log), 1);
+    if (strstr(log, path) == NULL || strstr(log, want) == NULL)
+        fail_msg("log '%s' lacks '%s' or '%s'", log, path, want);
+    free(log);
+}
+
+/* A hand-made header; checksum fixed up unless bad_checksum. */
+static void make_header(uint8_t *h, uint32_t magic, uint32_t version, uint32_t width,
+                        uint32_t vocab, uint64_t count, uint32_t flags, int bad_checksum)
+{
+    memset(h, 0, FY_TOKFILE_HEADER_BYTES);
+    put32(h + 0, magic);
+    put32(h + 4, version);
+    put32(h + 8, width);
+    put32(h + 12, vocab);
+    put32(h + 16, (uint32_t)count);
+    put32(h + 20, (uint32_t)(count >> 32));
+    put32(h + 24, flags);
+    put32(h + 28, fy_tokfile_header_checksum(h) ^ (bad_checksum ? 1u : 0u));
+}
+
+/* A width-1 file of `ntok` tokens 0,1,2.. (mod 50) with the given header fields, cut to `size`
+ * bytes (0: full). */
+static const char *make_file(const char *name, uint32_t magic, uint32_t version, uint32_t width,
+                             uint32_t vocab, uint64_t count, uint32_t flags, int bad_checksum,
+                             size_t ntok, size_t size)
+{
+    static uint8_t buf[FY_TOKFILE_HEADER_BYTES + 8192];
+    assert_true(ntok <= 8192);
+    make_header(buf, magic, version, width, vocab, count, flags, bad_checksum);
+    for (size_t i = 0; i < ntok; i++)
+        buf[FY_TOKFILE_HEADER_BYTES + i] = (uint8_t)(i % 50);
+    const char *p = tpath(name);
+    write_bytes(p, buf, size ? size : FY_TOKFILE_HEADER_BYTES + ntok);
+    return p;
+}
+
+/* ---- format and writer ---- */
+
+static void roundtrip(uint32_t vocab, uint32_t want_width, uint64_t count)
+{
+    uint32_t *tok = malloc(count * sizeof *tok);
+    assert_non_null(tok);
+    uint64_t rs = vocab;
+    for (uint64_t i = 0; i < count; i++)
+        tok[i] = (uint32_t)(fy_test_rand(&rs) % vocab);
+    tok[0] = vocab - 1;
+    tok[count - 1] = 0;
+    char name[64];
+    snprintf(name, sizeof name, "rt%u.tok", vocab);
+    const char *p = tpath(name);
+    assert_int_equal(fy_tokfile_write(p, tok, count, vocab, 0), 0);
+
+    /* the bytes on disk */
+    size_t len = 0;
+    uint8_t *b = (uint8_t *)fy_test_slurp(p, &len);
+    assert_non_null(b);
+    uint64_t data_end = FY_TOKFILE_HEADER_BYTES + count * want_width;
+    assert_int_equal(len, (data_end + 4095) / 4096 * 4096);
+    assert_int_equal(len % 4096, 0);
+    assert_memory_equal(b, "FTOK", 4);
+    assert_int_equal(le32(b + 0), 0x4B4F5446u);
+    assert_int_equal(le32(b + 4), 1);
+    assert_int_equal(le32(b + 8), want_width);
+    assert_int_equal(le32(b + 12), vocab);
+    assert_int_equal(le32(b + 16), (uint32_t)count);
+    assert_int_equal(le32(b + 20), (uint32_t)(count >> 32));
+    assert_int_equal(le32(b + 24), 0);
+    assert_int_equal(le32(b + 28), fy_tokfile_header_checksum(b));
+    for (size_t i = 32; i < FY_TOKFILE_HEADER_BYTES; i++)
+        assert_int_equal(b[i], 0);
+    for (uint64_t i = 0; i < count; i++) {
+        const uint8_t *q = b + FY_TOKFILE_HEADER_BYTES + i * want_width;
+        uint32_t v = 0;
+        for (uint32_t k = 0; k < want_width; k++)
+            v |= (uint32_t)q[k] << (8 * k);
+        assert_int_equal(v, tok[i]);
+    }
+    for (uint64_t i = data_end; i < len; i++)
+        assert_int_equal(b[i], 0);
+    free(b);
+
+    /* the reader */
+    struct fy_tokfile *t = NULL;
+    assert_int_equal(fy_tokfile_open(&t, p, vocab), 0);
+    assert_int_equal(fy_tokfile_count(t), count);
+    assert_int_equal(fy_tokfile_vocab(t), vocab);
+    assert_int_equal(fy_tokfile_width(t), want_width);
+    for (uint64_t i = 0; i < count; i++)
+        assert_int_equal(fy_tokfile_token(t, i), tok[i]);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), count);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), 0);
+    fy_tokfile_close(&t);
+    assert_null(t);
+    fy_tokfile_close(&t); /* safe twice */
+    /* a larger model vocabulary, and no model */
+    assert_int_equal(fy_tokfile_open(&t, p, vocab + 1000), 0);
+    fy_tokfile_close(&t);
+    assert_int_equal(fy_tokfile_open(&t, p, 0), 0);
+    fy_tokfile_close(&t);
+    free(tok);
+}
+
+static void test_roundtrip_widths(void **state)
+{
+    roundtrip(256, 1, 5000);
+    roundtrip(60000, 2, 3001);
+    roundtrip(100000, 4, 1023); /* exactly fills 4092 data bytes: padding of 4 */
+    roundtrip(65536, 2, 7);
+    roundtrip(257, 2, 2048); /* data ends on a 4 KiB boundary: no padding */
+    roundtrip(1, 1, 1);
+    assert_false(has_tmp_file(tmpdir));
+}
+
+static int write_refused_fn(void *arg)
+{
+    static const uint32_t tok[] = {1, 2, 3, 300, 4};
+    return fy_tokfile_write(arg, tok, 5, 256, 0);
+}
+
+static void test_write_atomic_and_refusals(void **state)
+{
+    const char *p = tpath("w.tok");
+    uint32_t a[] = {1, 2, 3}, b[] = {7, 8, 9, 10};
+
+    /* a token outside the vocabulary is named and nothing is created */
+    int rc = 0;
+    char *log = capture_stderr(write_refused_fn, (void *)p, &rc);
+    assert_int_equal(rc, -EINVAL);
+    assert_non_null(strstr(log, "token 300 at index 3"));
+    assert_non_null(strstr(log, p));
+    free(log);
+    assert_int_equal(access(p, F_OK), -1);
+    assert_int_equal(count_entries(tmpdir), 0);
+
+    assert_int_equal(fy_tokfile_write(p, a, 0, 256, 0), -EINVAL);
+    assert_int_equal(fy_tokfile_write(p, a, 3, 0, 0), -EINVAL);
+    assert_int_equal(fy_tokfile_write(p, a, 3, 0x80000000u, 0), -EINVAL);
+    assert_int_equal(count_entries(tmpdir), 0);
+
+    assert_int_equal(fy_tokfile_write(p, a, 3, 256, 0), 0);
+    assert_int_equal(count_entries(tmpdir), 1);
+    assert_false(has_tmp_file(tmpdir));
+
+    /* an existing file is refused without overwrite and left alone */
+    size_t len0 = 0, len1 = 0;
+    char *before = fy_test_slurp(p, &len0);
+    int saved = dup(STDERR_FILENO);
+    int cfd = open(tpath("err.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(saved >= 0 && cfd >= 0);
+    dup2(cfd, STDERR_FILENO);
+    rc = fy_tokfile_write(p, b, 4, 256, 0);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    close(cfd);
+    assert_int_equal(rc, -EEXIST);
+    log = fy_test_slurp(tpath("err.txt"), NULL);
+    assert_non_null(strstr(log, "remove it or pass --overwrite"));
+    assert_non_null(strstr(log, p));
+    assert_int_equal(count_lines(log), 1);
+    free(log);
+    unlink(tpath("err.txt"));
+    char *after = fy_test_slurp(p, &len1);
+    assert_int_equal(len0, len1);
+    assert_memory_equal(before, after, len0);
+    free(after);
+
+    /* and replaced with it */
+    assert_int_equal(fy_tokfile_write(p, b, 4, 256, 1), 0);
+    assert_false(has_tmp_file(tmpdir));
+    assert_int_equal(count_entries(tmpdir), 1);
+    struct fy_tokfile *t = NULL;
+    assert_int_equal(fy_tokfile_open(&t, p, 256), 0);
+    assert_int_equal(fy_tokfile_count(t), 4);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(fy_tokfile_token(t, (uint64_t)i), b[i]);
+    fy_tokfile_close(&t);
+    free(before);
+
+    /* a stale .tmp from a crashed run does not get in the way */
+    write_bytes(tpath("w2.tok.tmp"), "junk", 4);
+    assert_int_equal(fy_tokfile_write(tpath("w2.tok"), a, 3, 256, 0), 0);
+    assert_false(has_tmp_file(tmpdir));
+
+    /* a missing directory */
+    assert_int_equal(fy_tokfile_write(tpath("nodir/x.tok"), a, 3, 256, 0), -ENOENT);
+    unlink(p);
+    unlink(tpath("w2.tok"));
+}
+
+/* ---- byte-level preparation ---- */
+
+struct prep_case {
+    const char *out;
+    const char *const *in;
+    unsigned n;
+    int overwrite;
+};
+
+static int prep_fn(void *arg)
+{
+    struct prep_case *c = arg;
+    return fy_tokfile_prepare_bytes(c->out, c->in, c->n, c->overwrite, NULL);
+}
+
+static void expect_prep_refused(struct prep_case *c, int code, const char *want, const char *want2)
+{
+    int rc = 0;
+    char *log = capture_stderr(prep_fn, c, &rc);
+    assert_int_equal(rc, code);
+    assert_int_equal(count_lines(log), 1);
+    if (strstr(log, want) == NULL || (want2 && strstr(log, want2) == NULL))
+        fail_msg("log '%s' lacks '%s' / '%s'", log, want, want2 ? want2 : "");
+    free(log);
+}
+
+static void test_prepare_bytes(void **state)
+{
+    const char *t1 = "Hello, world!\nsecond line\n";
+    /* all 256 byte values, so nothing is lost or sign-extended */
+    uint8_t t2[300];
+    for (int i = 0; i < 300; i++)
+        t2[i] = (uint8_t)(255 - i % 256);
+    char in1[1024], in2[1024];
+    snprintf(in1, sizeof in1, "%s", tpath("a.txt"));
+    snprintf(in2, sizeof in2, "%s", tpath("b.bin"));
+    write_bytes(in1, t1, strlen(t1));
+    write_bytes(in2, t2, sizeof t2);
+    const char *inputs[] = {in1, in2};
+    const char *out = tpath("prep.tok");
+    uint64_t n = 0;
+    assert_int_equal(fy_tokfile_prepare_bytes(out, inputs, 2, 0, &n), 0);
+    assert_int_equal(n, strlen(t1) + sizeof t2);
+    assert_false(has_tmp_file(tmpdir));
+
+    struct fy_tokfile *t = NULL;
+    assert_int_equal(fy_tokfile_open(&t, out, 50257), 0);
+    assert_int_equal(fy_tokfile_count(t), n);
+    assert_int_equal(fy_tokfile_vocab(t), 256);
+    assert_int_equal(fy_tokfile_width(t), 1);
+    for (size_t i = 0; i < strlen(t1); i++)
+        assert_int_equal(fy_tokfile_token(t, i), (uint8_t)t1[i]);
+    for (size_t i = 0; i < sizeof t2; i++)
+        assert_int_equal(fy_tokfile_token(t, strlen(t1) + i), t2[i]);
+    fy_tokfile_close(&t);
+
+    /* a model with a vocabulary smaller than 256 cannot use byte tokens */
+    expect_open_refused(out, 100, -ERANGE, "made for vocabulary 256, the model has 100");
+
+    /* the output exists */
+    struct prep_case c = {out, inputs, 2, 0};
+    expect_prep_refused(&c, -EEXIST, "remove it or pass --overwrite", out);
+    /* same inputs in the other order, overwriting */
+    const char *swapped[] = {in2, in1};
+    c.in = swapped;
+    c.overwrite = 1;
+    assert_int_equal(prep_fn(&c), 0);
+    assert_int_equal(fy_tokfile_open(&t, out, 256), 0);
+    assert_int_equal(fy_tokfile_token(t, 0), 255);
+    assert_int_equal(fy_tokfile_token(t, sizeof t2), 'H');
+    fy_tokfile_close(&t);
+
+    /* a directory, a missing file, no inputs, empty inputs: refused naming them, nothing made */
+    const char *out2 = tpath("prep2.tok");
+    const char *with_dir[] = {in1, tmpdir};
+    c = (struct prep_case){out2, with_dir, 2, 0};
+    expect_prep_refused(&c, -EISDIR, tmpdir, "directory");
+    const char *with_missing[] = {in1, tpath("missing.txt")};
+    c.in = with_missing;
+    expect_prep_refused(&c, -ENOENT, "missing.txt", "cannot read input");
+    c.n = 0;
+    expect_prep_refused(&c, -EINVAL, "no input files", NULL);
+    write_bytes(tpath("empty1.txt"), "", 0);
+    write_bytes(tpath("empty2.txt"), "", 0);
+    char e1[1024], e2[1024];
+    snprintf(e1, sizeof e1, "%s", tpath("empty1.txt"));
+    snprintf(e2, sizeof e2, "%s", tpath("empty2.txt"));
+    const char *empties[] = {e1, e2};
+    c = (struct prep_case){out2, empties, 2, 0};
+    expect_prep_refused(&c, -EINVAL, "empty", out2);
+    assert_int_equal(access(out2, F_OK), -1);
+    assert_false(has_tmp_file(tmpdir));
+    /* an empty input among others is fine */
+    const char *mixed[] = {e1, in1, e2};
+    assert_int_equal(fy_tokfile_prepare_bytes(out2, mixed, 3, 0, &n), 0);
+    assert_int_equal(n, strlen(t1));
+    /* an unreadable input (skipped when running as root, who can read anything) */
+    if (geteuid() != 0) {
+        assert_int_equal(chmod(in1, 0), 0);
+        const char *unreadable[] = {in1};
+        c = (struct prep_case){tpath("prep3.tok"), unreadable, 1, 0};
+        expect_prep_refused(&c, -EACCES, in1, NULL);
+        chmod(in1, 0644);
+    }
+    /* a larger input that spans several read chunks */
+    size_t big = (3u << 20) + 12345;
+    uint8_t *bb = malloc(big);
+    assert_non_null(bb);
+    uint64_t rs = 99;
+    for (size_t i = 0; i < big; i++)
+        bb[i] = (uint8_t)fy_test_rand(&rs);
+    char bigp[1024];
+    snprintf(bigp, sizeof bigp, "%s", tpath("big.bin"));
+    write_bytes(bigp, bb, big);
+    const char *bigin[] = {bigp, in1};
+    assert_int_equal(fy_tokfile_prepare_bytes(tpath("big.tok"), bigin, 2, 0, &n), 0);
+    assert_int_equal(n, big + strlen(t1));
+    assert_int_equal(fy_tokfile_open(&t, tpath("big.tok"), 256), 0);
+    for (size_t i = 0; i < big; i++)
+        if (fy_tokfile_token(t, i) != bb[i])
+            fail_msg("byte %zu differs", i);
+    assert_int_equal(fy_tokfile_token(t, big), 'H');
+    fy_tokfile_close(&t);
+    free(bb);
+}
+
+/* ---- reader refusals ---- */
+
+static void test_open_refusals(void **state)
+{
+    const uint32_t M = FY_TOKFILE_MAGIC;
+    expect_open_refused(tpath("nope.tok"), 256, -ENOENT, "cannot open token file");
+    expect_open_refused(tmpdir, 256, -EINVAL, "not a regular file");
+
+    const char *p = make_file("short.tok", M, 1, 1, 256, 10, 0, 0, 0, 100);
+    expect_open_refused(p, 256, -EBADMSG, "shorter than the 4096-byte header");
+    write_bytes(p, "", 0);
+    expect_open_refused(p, 256, -EBADMSG, "shorter than");
+
+    p = make_file("magic.tok", 0x12345678, 1, 1, 256, 10, 0, 0, 10, 0);
+    expect_open_refused(p, 256, -EBADMSG,
+                        "not a Fuyou token file: prepare it with fuyou-launch prepare");
+    p = make_file("version.tok", M, 2, 1, 256, 10, 0, 0, 10, 0);
+    expect_open_refused(p, 256, -EBADMSG, "version 2");
+    p = make_file("width.tok", M, 1, 3, 256, 10, 0, 0, 30, 0);
+    expect_open_refused(p, 256, -EBADMSG, "bad token width 3");
+    p = make_file("width0.tok", M, 1, 0, 256, 10, 0, 0, 30, 0);
+    expect_open_refused(p, 256, -EBADMSG, "bad token width 0");
+    p = make_file("sum.tok", M, 1, 1, 256, 10, 0, 1, 10, 0);
+    expect_open_refused(p, 256, -EBADMSG, "bad header checksum");
+    p = make_file("flags.tok", M, 1, 1, 256, 10, FY_TOKFILE_FLAG_LOSS_MASK, 0, 20, 0);
+    expect_open_refused(p, 256, -ENOTSUP, "loss-mask");
+    p = make_file("flags2.tok", M, 1, 1, 256, 10, 4, 0, 20, 0);
+    expect_open_refused(p, 256, -ENOTSUP, "unknown flags 0x4");
+    p = make_file("count0.tok", M, 1, 1, 256, 0, 0, 0, 0, 0);
+    expect_open_refused(p, 256, -EBADMSG, "no tokens");
+    p = make_file("vocab0.tok", M, 1, 1, 0, 10, 0, 0, 10, 0);
+    expect_open_refused(p, 256, -EBADMSG, "bad vocabulary size 0");
+
+    p = make_file("trunc.tok", M, 1, 1, 256, 100, 0, 0, 50, 0);
+    expect_open_refused(p, 256, -EBADMSG, "truncated: expected 4196 bytes, found 4146");
+    p = make_file("trunc2.tok", M, 1, 2, 1000, 100, 0, 0, 150, 0);
+    expect_open_refused(p, 1000, -EBADMSG, "truncated: expected 4296 bytes, found 4246");
+    /* the count's high word counts */
+    p = make_file("trunc3.tok", M, 1, 1, 256, (1ull << 32) + 5, 0, 0, 4096, 0);
+    expect_open_refused(p, 256, -EBADMSG, "truncated: expected 4294971397 bytes, found 8192");
+
+    p = make_file("vocab.tok", M, 1, 2, 1000, 10, 0, 0, 20, 0);
+    expect_open_refused(p, 500, -ERANGE, "made for vocabulary 1000, the model has 500");
+
+    /* a token beyond the model's vocabulary (header claims a vocabulary the model accepts) */
+    static uint8_t buf[FY_TOKFILE_HEADER_BYTES + 200000];
+    make_header(buf, M, 1, 1, 100, 200000, 0, 0);
+    for (size_t i = 0; i < 200000; i++)
+        buf[FY_TOKFILE_HEADER_BYTES + i] = (uint8_t)(i % 90);
+    buf[FY_TOKFILE_HEADER_BYTES + 150007] = 150; /* in a later scan block */
+    buf[FY_TOKFILE_HEADER_BYTES + 150100] = 110;
+    p = tpath("badtok.tok");
+    write_bytes(p, buf, sizeof buf);
+    expect_open_refused(p, 120, -ERANGE,
+                        "token 150 at index 150007 is outside the model's vocabulary of 120");
+    expect_open_refused(p, 0, -EBADMSG,
+                        "token 150 at index 150007 is outside the file's vocabulary of 100");
+    /* below the model's vocabulary but not the file's own: the file is corrupt */
+    buf[FY_TOKFILE_HEADER_BYTES + 150007] = 1;
+    write_bytes(p, buf, sizeof buf);
+    expect_open_refused(p, 120, -EBADMSG,
+                        "token 110 at index 150100 is outside the file's vocabulary of 100");
+    buf[FY_TOKFILE_HEADER_BYTES + 150100] = 1;
+    write_bytes(p, buf, sizeof buf);
+    struct fy_tokfile *t = NULL;
+    assert_int_equal(fy_tokfile_open(&t, p, 120), 0);
+    assert_int_equal(fy_tokfile_count(t), 200000);
+    fy_tokfile_close(&t);
+
+    /* width 4: a token past the model vocabulary in the high bytes */
+    uint32_t tok[5] = {1, 2, 3, 4, 5};
+    p = tpath("w4.tok");
+    assert_int_equal(fy_tokfile_write(p, tok, 5, 100000, 0), 0);
+    size_t len = 0;
+    uint8_t *b = (uint8_t *)fy_test_slurp(p, &len);
+    put32(b + FY_TOKFILE_HEADER_BYTES + 4 * 3, 99999);
+    write_bytes(p, b, len);
+    free(b);
+    expect_open_refused(p, 99999, -ERANGE, "made for vocabulary 100000, the model has 99999");
+    assert_int_equal(fy_tokfile_open(&t, p, 100000), 0);
+    assert_int_equal(fy_tokfile_token(t, 3), 99999);
+    fy_tokfile_close(&t);
+}
+
+/* ---- splits and batches ---- */
+
+/* A file whose first n_train tokens are 0,1,2,... and whose last n_eval are EVAL_BASE+0,1,...,
+ * so a window's tokens tell where it came from. */
+#define EVAL_BASE 40000u
+static struct fy_tokfile *open_split_file(const char *name, uint64_t n_train, uint64_t n_eval)
+{
+    uint64_t n = n_train + n_eval;
+    uint32_t *tok = malloc(n * sizeof *tok);
+    assert_non_null(tok);
+    for (uint64_t i = 0; i < n; i++)
+        tok[i] = i < n_train ? (uint32_t)i : EVAL_BASE + (uint32_t)(i - n_train);
+    const char *p = tpath(name);
+    unlink(p);
+    assert_int_equal(fy_tokfile_write(p, tok, n, 60000, 0), 0);
+    free(tok);
+    struct fy_tokfile *t = NULL;
+    assert_int_equal(fy_tokfile_open(&t, p, 60000), 0);
+    assert_int_equal(fy_tokfile_split(t, (double)n_eval / (double)n), 0);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), n_train);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), n_eval);
+    return t;
+}
+
+struct split_case {
+    struct fy_tokfile *t;
+    double f;
+};
+
+static int split_fn(void *arg)
+{
+    struct split_case *c = arg;
+    return fy_tokfile_split(c->t, c->f);
+}
+
+static void test_split(void **state)
+{
+    uint32_t tok[100];
+    for (int i = 0; i < 100; i++)
+        tok[i] = (uint32_t)i;
+    const char *p = tpath("split.tok");
+    assert_int_equal(fy_tokfile_write(p, tok, 100, 256, 0), 0);
+    struct fy_tokfile *t = NULL;
+    assert_int_equal(fy_tokfile_open(&t, p, 256), 0);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), 100);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), 0);
+    assert_int_equal(fy_tokfile_split_tokens(t, 7), 0);
+
+    assert_int_equal(fy_tokfile_split(t, 0.1), 0);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), 90);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), 10);
+    assert_int_equal(fy_tokfile_split(t, 0.015), 0); /* 1.5 rounds to 2 */
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), 2);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), 98);
+    assert_int_equal(fy_tokfile_split(t, 0.98), 0);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), 2);
+    assert_int_equal(fy_tokfile_split(t, 0.25), 0);
+
+    struct split_case c = {t, 0.01};
+    int rc = 0;
+    char *log = capture_stderr(split_fn, &c, &rc);
+    assert_int_equal(rc, -EINVAL);
+    assert_non_null(strstr(log, "leaves 99 training and 1 eval tokens"));
+    assert_non_null(strstr(log, p));
+    free(log);
+    double bad[] = {0.0, 0.99, 1.0, -0.1, 1.5, NAN};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        c.f = bad[i];
+        log = capture_stderr(split_fn, &c, &rc);
+        assert_int_equal(rc, -EINVAL);
+        assert_int_equal(count_lines(log), 1);
+        free(log);
+    }
+    /* a refused split leaves the previous one */
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), 75);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), 25);
+    fy_tokfile_close(&t);
+}
+
+/* Each row is T+1 consecutive tokens lying inside [lo, hi] (token values). */
+static void check_rows(const int32_t *in, const int32_t *tg, int B, int T, int32_t lo, int32_t hi)
+{
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < T; j++) {
+            int32_t x = in[b * T + j], y = tg[b * T + j];
+            assert_true(x >= lo && y <= hi);
+            assert_int_equal(y, x + 1);
+            if (j > 0)
+                assert_int_equal(x, tg[b * T + j - 1]);
+        }
+}
+
+static void test_batch(void **state)
+{
+    const uint64_t n_train = 1000, n_eval = 200;
+    struct fy_tokfile *t = open_split_file("batch.tok", n_train, n_eval);
+    enum { B = 8, T = 16 };
+    int32_t in[B * T], tg[B * T], in2[B * T], tg2[B * T];
+
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 42, 7, B, T, in, tg), 0);
+    check_rows(in, tg, B, T, 0, (int32_t)n_train - 1);
+    /* same arguments, same batch (no hidden state, even after other calls) */
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 42, 8, B, T, in2, tg2), 0);
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 42, 7, B, T, in2, tg2), 0);
+    assert_memory_equal(in, in2, sizeof in);
+    assert_memory_equal(tg, tg2, sizeof tg);
+    /* golden starts: the generator must not change between builds or machines */
+    static const int32_t golden[B] = {583, 636, 171, 593, 617, 387, 254, 914};
+    for (int b = 0; b < B; b++)
+        assert_int_equal(in[b * T], golden[b]);
+    /* a different step, seed or split draws different windows */
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 42, 8, B, T, in2, tg2), 0);
+    assert_memory_not_equal(in, in2, sizeof in);
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 43, 7, B, T, in2, tg2), 0);
+    assert_memory_not_equal(in, in2, sizeof in);
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_EVAL, 42, 7, B, T, in2, tg2), 0);
+    check_rows(in2, tg2, B, T, (int32_t)EVAL_BASE, (int32_t)(EVAL_BASE + n_eval - 1));
+    /* rows of one batch differ */
+    assert_memory_not_equal(in, in + T, T * sizeof(int32_t));
+
+    /* over many steps: training windows never touch eval tokens, eval windows never touch training
+     * tokens, and the starts reach both ends of each split */
+    int32_t min_tr = INT32_MAX, max_tr = 0, min_ev = INT32_MAX, max_ev = 0;
+    for (uint64_t step = 0; step < 2000; step++) {
+        assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 1, step, B, T, in, tg), 0);
+        check_rows(in, tg, B, T, 0, (int32_t)n_train - 1);
+        assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_EVAL, 1, step, B, T, in2, tg2), 0);
+        check_rows(in2, tg2, B, T, (int32_t)EVAL_BASE, (int32_t)(EVAL_BASE + n_eval - 1));
+        for (int b = 0; b < B; b++) {
+            min_tr = in[b * T] < min_tr ? in[b * T] : min_tr;
+            max_tr = tg[b * T + T - 1] > max_tr ? tg[b * T + T - 1] : max_tr;
+            min_ev = in2[b * T] < min_ev ? in2[b * T] : min_ev;
+            max_ev = tg2[b * T + T - 1] > max_ev ? tg2[b * T + T - 1] : max_ev;
+        }
+    }
+    assert_int_equal(min_tr, 0);
+    assert_int_equal(max_tr, n_train - 1);
+    assert_int_equal(min_ev, EVAL_BASE);
+    assert_int_equal(max_ev, EVAL_BASE + n_eval - 1);
+
+    fy_tokfile_close(&t);
+}
+
+struct batch_case {
+    struct fy_tokfile *t;
+    int split, B, T;
+    int eval;
+};
+
+static int batch_fn(void *arg)
+{
+    struct batch_case *c = arg;
+    static int32_t in[1 << 16], tg[1 << 16];
+    if (c->eval)
+        return fy_tokfile_eval_batch(c->t, 0, c->B, c->T, in, tg);
+    return fy_tokfile_batch(c->t, c->split, 0, 0, c->B, c->T, in, tg);
+}
+
+static void test_batch_too_large(void **state)
+{
+    struct fy_tokfile *t = open_split_file("large.tok", 100, 20);
+    const char *p = tpath("large.tok");
+    int32_t in[2 * 99], tg[2 * 99];
+    /* T+1 == split size is the largest that fits */
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 0, 0, 2, 99, in, tg), 0);
+    check_rows(in, tg, 2, 99, 0, 99);
+    assert_int_equal(in[0], 0);
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_EVAL, 0, 0, 2, 19, in, tg), 0);
+    assert_int_equal(in[0], EVAL_BASE);
+    assert_int_equal(fy_tokfile_eval_batch(t, 3, 2, 19, in, tg), 0);
+    assert_int_equal(in[0], EVAL_BASE);
+
+    struct batch_case cases[] = {
+        {t, FY_TOKFILE_TRAIN, 2, 100, 0},
+        {t, FY_TOKFILE_EVAL, 1, 20, 0},
+        {t, FY_TOKFILE_EVAL, 1, 20, 1},
+    };
+    const char *want[] = {"the training split has 100 tokens, a window needs T+1 = 101",
+                          "the eval split has 20 tokens, a window needs T+1 = 21",
+                          "the eval split has 20 tokens, a window needs T+1 = 21"};
+    for (int i = 0; i < 3; i++) {
+        int rc = 0;
+        char *log = capture_stderr(batch_fn, &cases[i], &rc);
+        assert_int_equal(rc, -EINVAL);
+        assert_int_equal(count_lines(log), 1);
+        assert_non_null(strstr(log, "batch larger than the data"));
+        assert_non_null(strstr(log, want[i]));
+        assert_non_null(strstr(log, p));
+        free(log);
+    }
+    /* bad arguments */
+    assert_int_equal(fy_tokfile_batch(t, 2, 0, 0, 1, 4, in, tg), -EINVAL);
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 0, 0, 0, 4, in, tg), -EINVAL);
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 0, 0, 1, 0, in, tg), -EINVAL);
+    assert_int_equal(fy_tokfile_eval_batch(t, 0, 1, -1, in, tg), -EINVAL);
+    fy_tokfile_close(&t);
+
+    /* without a split there is no eval data */
+    assert_int_equal(fy_tokfile_open(&t, p, 60000), 0);
+    assert_int_equal(fy_tokfile_eval_windows(t, 4), 0);
+    assert_int_equal(fy_tokfile_eval_batch(t, 0, 1, 4, in, tg), -EINVAL);
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_EVAL, 0, 0, 1, 4, in, tg), -EINVAL);
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 0, 0, 1, 119, in, tg), 0);
+    fy_tokfile_close(&t);
+}
+
+static void test_eval_batches(void **state)
+{
+    const uint64_t n_eval = 103;
+    struct fy_tokfile *t = open_split_file("eval.tok", 500, n_eval);
+    enum { B = 4, T = 10 };
+    assert_int_equal(fy_tokfile_eval_windows(t, T), 10); /* (103-1)/10 */
+    assert_int_equal(fy_tokfile_eval_windows(t, 102), 1);
+    assert_int_equal(fy_tokfile_eval_windows(t, 103), 0);
+    assert_int_equal(fy_tokfile_eval_windows(t, 0), 0);
+    int32_t in[B * T], tg[B * T], in2[B * T], tg2[B * T];
+
+    /* one pass, ceil(10/4) = 3 batches: windows 0..9 then wrapping to 0, 1 */
+    int32_t seen_in[12 * T], seen_tg[12 * T];
+    for (uint64_t index = 0; index < 3; index++) {
+        assert_int_equal(fy_tokfile_eval_batch(t, index, B, T, in, tg), 0);
+        check_rows(in, tg, B, T, (int32_t)EVAL_BASE, (int32_t)(EVAL_BASE + n_eval - 1));
+        memcpy(seen_in + index * B * T, in, sizeof in);
+        memcpy(seen_tg + index * B * T, tg, sizeof tg);
+        /* deterministic */
+        assert_int_equal(fy_tokfile_eval_batch(t, index, B, T, in2, tg2), 0);
+        assert_memory_equal(in, in2, sizeof in);
+        assert_memory_equal(tg, tg2, sizeof tg);
+    }
+    /* the inputs of windows 0..9 are eval tokens 0..99 in order, the targets 1..100 */
+    for (int i = 0; i < 10 * T; i++) {
+        assert_int_equal(seen_in[i], (int32_t)EVAL_BASE + i);
+        assert_int_equal(seen_tg[i], (int32_t)EVAL_BASE + i + 1);
+    }
+    /* wrap-around */
+    for (int i = 0; i < 2 * T; i++)
+        assert_int_equal(seen_in[10 * T + i], (int32_t)EVAL_BASE + i);
+    /* batch index 5 starts at window (5*4) mod 10 = 0; index 6 at 4 */
+    assert_int_equal(fy_tokfile_eval_batch(t, 5, B, T, in, tg), 0);
+    assert_int_equal(in[0], (int32_t)EVAL_BASE);
+    assert_int_equal(fy_tokfile_eval_batch(t, 6, B, T, in, tg), 0);
+    assert_int_equal(in[0], (int32_t)EVAL_BASE + 4 * T);
+    /* huge indices do not overflow */
+    assert_int_equal(fy_tokfile_eval_batch(t, UINT64_MAX, B, T, in, tg), 0);
+    /* (2^64-1)*4 mod 10: (2^64-1) mod 10 = 5, times 4 = 20, mod 10 = 0 */
+    assert_int_equal(in[0], (int32_t)EVAL_BASE);
+    fy_tokfile_close(&t);
+}
+
+int main(void)
+{
+    fy_log_init("test", FY_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_roundtrip_widths, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_atomic_and_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prepare_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_open_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_split, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batch_too_large, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_eval_batches, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
