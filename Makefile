@@ -56,7 +56,7 @@ BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o
 
-.PHONY: all deps check-deps test test-gpu bench tests benches clean
+.PHONY: all deps check-deps test test-gpu bench tests benches demo clean
 all: check-deps $(BINS)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -120,6 +120,19 @@ test-gpu: all $(GPU_TEST_BINS)
 
 bench: benches
 	BUILD=$(BUILD) tests/bench/run_bench.sh
+
+# The main job on a fresh machine: prepare the bundled sample text (the project's own docs and
+# sources) and fine-tune a small byte-level GPT through the three worker processes on the CPU.
+DEMO := $(BUILD)/demo
+DEMO_TEXT := tests/fixtures/sample.txt README.md docs/*.md common/*.[ch] launcher/*.[ch] \
+             gpu_worker/*.[ch] io_worker/*.[ch] opt_worker/*.[ch]
+demo: all
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BUILD)/bin/fuyou-launch prepare --out $(DEMO)/sample.tok $(DEMO_TEXT)
+	$(BUILD)/bin/fuyou-launch init --run-dir $(DEMO)/run --layers 3 --heads 4 --embd 64 --ctx 64
+	$(BUILD)/bin/fuyou-launch train --run-dir $(DEMO)/run --data $(DEMO)/sample.tok --steps 300 \
+	  --batch 8 --seq 64 --lr 3e-3 --warmup 20 --eval-every 100 --eval-batches 8 --backend cpu \
+	  --export $(DEMO)/model.fywt
 
 clean:
 	rm -rf $(BUILD)

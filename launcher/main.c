@@ -225,10 +225,29 @@ static int base_config(const struct options *o, struct fy_config *c, int create_
     return 0;
 }
 
+/* Every --ssd directory must exist before any worker starts, so a typo costs one clear line. */
+static int check_ssd_paths(const char *list)
+{
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", list);
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
+        struct stat st;
+        if (stat(p, &st) != 0) {
+            int e = errno;
+            fy_error("ssd path %s: %s: create it, or pass the --ssd directories of this run's store",
+                     p, strerror(e));
+            return -e;
+        }
+        FY_REQUIRE(S_ISDIR(st.st_mode), -ENOTDIR, "ssd path %s is not a directory", p);
+    }
+    return 0;
+}
+
 static int cmd_selftest(struct options *o)
 {
     FY_TRY(require(o->run_dir, "--run-dir", "selftest"));
     FY_TRY(require(o->ssd, "--ssd", "selftest"));
+    FY_TRY(check_ssd_paths(o->ssd));
     FY_REQUIRE(o->params > 0 && o->steps > 0, -EINVAL, "--params and --steps must be positive");
     struct fy_selftest_layout layout;
     fy_selftest_layout(o->params, o->grad_dtype, &layout);
@@ -290,7 +309,7 @@ static int load_model_conf(struct options *o, struct fy_config *mc, struct fy_gp
     if (o->ssd == NULL)
         o->ssd = fy_config_get(mc, "ssd");
     FY_REQUIRE(o->ssd != NULL, -EINVAL, "%s has no 'ssd' entry: pass --ssd", path);
-    return 0;
+    return check_ssd_paths(o->ssd);
 }
 
 /* The store must hold the model this run describes. */
@@ -333,6 +352,7 @@ static int cmd_init(struct options *o)
             FY_SYS(-1, "cannot create %s", store_dir);
         o->ssd = store_dir;
     }
+    FY_TRY(check_ssd_paths(o->ssd));
     char described[160];
     fy_gpt_config_describe(&model, described, sizeof described);
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
@@ -440,12 +460,7 @@ static int cmd_train(struct options *o)
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     rc = fy_session_open(&s, &so, regions, n, "training");
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->run_dir);
-    FILE *metrics = rc == 0 ? fopen(metrics_path, "a") : NULL;
-    if (rc == 0 && metrics == NULL) {
-        rc = -errno;
-        fy_error("cannot open %s: %s", metrics_path, strerror(-rc));
-    }
+    FILE *metrics = NULL;
     struct fy_inproc *inproc = NULL;
     struct fy_exec x = {0};
     struct fy_storemeta meta;
@@ -467,6 +482,11 @@ static int cmd_train(struct options *o)
         rc = fy_train_read_meta(&x, s.pool, o->ssd, &meta, o->timeout_s * 1000);
     if (rc == 0)
         rc = check_store_model(&meta, &model, o->ssd);
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->run_dir);
+    if (rc == 0 && (metrics = fopen(metrics_path, "a")) == NULL) {
+        rc = -errno;
+        fy_error("cannot open %s: %s", metrics_path, strerror(-rc));
+    }
     if (rc == 0) {
         struct fy_train_opts to = {
             .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,

@@ -3,6 +3,10 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,4 +127,55 @@ const char *fy_test_desc_diff(const struct fy_desc *a, const struct fy_desc *b)
     if (a->arg != b->arg)
         return "arg";
     return "";
+}
+
+int fy_test_start(const char *program, const char *const *args, const char *log)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return (int)pid;
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd < 0)
+        _exit(126);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = fy_test_bin(program);
+    for (; *args && n < 63; args++)
+        argv[n++] = *args;
+    argv[n] = NULL;
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+}
+
+int fy_test_wait(int pid, int seconds)
+{
+    for (int i = 0; i < seconds * 50; i++) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return status;
+        struct timespec pause = {0, 20 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+int fy_test_run(const char *program, const char *const *args, const char *log, int seconds)
+{
+    int pid = fy_test_start(program, args, log);
+    return pid < 0 ? -1 : fy_test_wait(pid, seconds);
+}
+
+int fy_test_file_contains(const char *path, const char *needle)
+{
+    char *text = fy_test_slurp(path, NULL);
+    int found = text != NULL && strstr(text, needle) != NULL;
+    if (!found)
+        fprintf(stderr, "--- %s does not contain '%s'; it says:\n%s\n", path, needle,
+                text ? text : "(unreadable)");
+    free(text);
+    return found;
 }

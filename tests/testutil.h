@@ -26,6 +26,16 @@ int fy_test_count_shm(const char *prefix);
 /* Reads a whole file into a malloc'd NUL-terminated buffer; NULL on error. */
 char *fy_test_slurp(const char *path, size_t *len);
 
+/* Starts build/bin/PROGRAM with args (NULL-terminated, without argv[0]), stdout and stderr appended
+ * to log; returns the pid (or -1). */
+int fy_test_start(const char *program, const char *const *args, const char *log);
+/* Waits up to `seconds` for pid; returns its wait status, or -1 on timeout (the child is killed). */
+int fy_test_wait(int pid, int seconds);
+/* fy_test_start then fy_test_wait. */
+int fy_test_run(const char *program, const char *const *args, const char *log, int seconds);
+/* 1 when the file contains needle; otherwise 0, and the file is printed to stderr to show why. */
+int fy_test_file_contains(const char *path, const char *needle);
+
 /* "" when two descriptors are equal field by field, else the name of the first field that differs
  * (so assert_string_equal(fy_test_desc_diff(a, b), "") names it on failure). */
 const char *fy_test_desc_diff(const struct fy_desc *a, const struct fy_desc *b);

@@ -60,43 +60,14 @@ static int teardown_run(void **state)
     return 0;
 }
 
-/* Starts fuyou-launch with the given arguments (NULL-terminated), stdout+stderr to r->log. */
+/* Starts fuyou-launch with the given arguments (NULL-terminated), output to a fresh r->log. */
 static pid_t start_launcher(struct run *r, const char *const *args)
 {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd < 0)
-            _exit(126);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        const char *argv[64];
-        int n = 0;
-        argv[n++] = fy_test_bin("fuyou-launch");
-        for (; *args && n < 62; args++)
-            argv[n++] = *args;
-        argv[n] = NULL;
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
+    unlink(r->log);
+    return fy_test_start("fuyou-launch", args, r->log);
 }
 
-/* Waits up to seconds for pid; returns its wait status, or -1 on timeout (the child is killed). */
-static int wait_status(pid_t pid, int seconds)
-{
-    for (int i = 0; i < seconds * 50; i++) {
-        int status;
-        pid_t got = waitpid(pid, &status, WNOHANG);
-        if (got == pid)
-            return status;
-        struct timespec pause = {0, 20 * 1000000};
-        nanosleep(&pause, NULL);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-}
+static int wait_status(pid_t pid, int seconds) { return fy_test_wait(pid, seconds); }
 
 static int run_launcher(struct run *r, const char *const *args, int seconds)
 {
@@ -105,13 +76,7 @@ static int run_launcher(struct run *r, const char *const *args, int seconds)
 
 static int log_contains(struct run *r, const char *needle)
 {
-    char *text = fy_test_slurp(r->log, NULL);
-    int found = text != NULL && strstr(text, needle) != NULL;
-    if (!found)
-        fprintf(stderr, "--- %s does not contain '%s'; it says:\n%s\n", r->log, needle,
-                text ? text : "(unreadable)");
-    free(text);
-    return found;
+    return fy_test_file_contains(r->log, needle);
 }
 
 /* Waits until the log contains needle (the run reached some point). */
