@@ -28,7 +28,7 @@ TEST_LIBS   := $(if $(MISSING_TEST),,$(shell $(PKG_CONFIG) --libs cmocka))
 ifneq ($(NVCC),)
 CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_CFLAGS := -DFY_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt
 # sm_90 machine code for the H200, plus PTX so newer GPUs can JIT it.
 NVCC_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCCFLAGS   := -O2 -g -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -fno-strict-aliasing,-ffp-contract=off
@@ -50,8 +50,8 @@ BINS := $(BUILD)/bin/fuyou-launch $(BUILD)/bin/fuyou-gpu-worker $(BUILD)/bin/fuy
 
 TEST_SRCS  := $(wildcard tests/test_*.c tests/integration/test_*.c)
 TEST_BINS  := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
-GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
-GPU_TEST_BINS := $(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c) $(if $(NVCC),$(wildcard tests/gpu/test_*.cu))
+GPU_TEST_BINS := $(patsubst tests/%.cu,$(BUILD)/tests/%,$(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%))
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o
@@ -84,6 +84,10 @@ $(BUILD)/obj/%.o: %.cu
 $(BUILD)/obj/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(TEST_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/tests/%.o: tests/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(TEST_CFLAGS) -MMD -MP -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)

@@ -6,6 +6,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FY_DESC_MAGIC 0x53445946u /* "FYDS" */
 #define FY_DESC_VERSION 1
 #define FY_DESC_WIRE_BYTES 64
@@ -80,5 +84,9 @@ const char *fy_kind_name(int kind);
 
 /* A one-line human description for logs. */
 void fy_desc_format(const struct fy_desc *d, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -8,6 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct fy_config;
 
 struct fy_gpt_config {
@@ -66,5 +70,9 @@ int fy_gpt_decay_segments(const struct fy_gpt_config *c, unsigned unit,
  * (attn_w, proj_w) N(0, 0.02/sqrt(2*n_layer)), biases 0, LayerNorm weight 1 and bias 0. Each value
  * depends only on (seed, unit, index), so any unit can be initialised alone. */
 void fy_gpt_init_unit(const struct fy_gpt_config *c, unsigned unit, uint64_t seed, float *params);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

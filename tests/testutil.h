@@ -8,6 +8,10 @@
 
 #include "common/desc.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Exit code by which a whole test program reports that it skipped (as automake does). */
 #define FY_TEST_SKIP 77
 
@@ -39,5 +43,9 @@ int fy_test_file_contains(const char *path, const char *needle);
 /* "" when two descriptors are equal field by field, else the name of the first field that differs
  * (so assert_string_equal(fy_test_desc_diff(a, b), "") names it on failure). */
 const char *fy_test_desc_diff(const struct fy_desc *a, const struct fy_desc *b);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

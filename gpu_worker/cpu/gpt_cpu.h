@@ -13,6 +13,10 @@
 
 #include "common/model.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---- single operations (exported for the finite-difference tests) ---- */
 
 /* out[n][o] = sum_i inp[n][i] * w[o][i] + (bias ? bias[o] : 0) */
@@ -67,5 +71,9 @@ float fy_cpu_head_forward_backward(const struct fy_gpt_config *c, const float *f
                                    const float *embed, const float *x, const int32_t *targets,
                                    float *dx, float *dfinal, float *dembed, float *scratch, int B,
                                    int T);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

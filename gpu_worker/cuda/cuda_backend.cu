@@ -3,40 +3,28 @@
  * copies into it run at full PCIe speed. Every CUDA call is checked and reported with a hint. */
 #include "cuda_backend.h"
 
-#include <cuda_runtime.h>
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "common/dtype.h"
-#include "common/log.h"
 #include "common/synth.h"
+#include "gpu_worker/cuda/cu_arena.h"
+#include "gpu_worker/cuda/cu_common.h"
+#include "gpu_worker/cuda/cu_gpt.h"
 
 /* Default arena when no budget is given: enough for staging, small enough for any GPU. */
 static const uint64_t default_arena_bytes = 256ull << 20;
 
 struct cuda_state {
     int device;
-    char *arena;
-    uint64_t arena_bytes;
+    uint64_t budget; /* --gpu-mem; 0: size the arena to what the work needs */
+    struct fy_cu_arena arena;
+    struct fy_cu_gpt *gpt;
     cudaStream_t compute;
     cudaStream_t d2h;
     cudaEvent_t computed;
 };
-
-#define FY_CUDA(call, ...)                                                                         \
-    do {                                                                                           \
-        cudaError_t fy_cuda_err_ = (call);                                                         \
-        if (fy_cuda_err_ != cudaSuccess) {                                                         \
-            char fy_what_[256];                                                                    \
-            snprintf(fy_what_, sizeof fy_what_, __VA_ARGS__);                                      \
-            fy_error("%s: CUDA: %s (%s)", fy_what_, cudaGetErrorString(fy_cuda_err_),              \
-                     cudaGetErrorName(fy_cuda_err_));                                              \
-            return -EIO;                                                                           \
-        }                                                                                          \
-    } while (0)
 
 static __device__ uint16_t device_f32_to_bf16(float f)
 {
@@ -68,8 +56,11 @@ static void cuda_release(struct cuda_state *s)
         cudaStreamDestroy(s->compute);
     if (s->d2h)
         cudaStreamDestroy(s->d2h);
-    if (s->arena)
-        cudaFree(s->arena);
+    fy_cu_gpt_destroy(&s->gpt);
+    if (s->arena.base != NULL)
+        fy_info("GPU arena: peak %.3f GiB of %.3f GiB", (double)s->arena.peak / (1 << 30),
+                (double)s->arena.size / (1 << 30));
+    fy_cu_arena_release(&s->arena);
     free(s);
 }
 
@@ -87,19 +78,20 @@ static int cuda_init(struct cuda_state *s, uint64_t gpu_mem, char *device, size_
     FY_CUDA(cudaGetDeviceProperties(&prop, s->device), "reading properties of device %d", s->device);
     size_t free_bytes = 0, total_bytes = 0;
     FY_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes), "reading memory of device %d", s->device);
-    s->arena_bytes = gpu_mem ? gpu_mem : default_arena_bytes;
-    if (s->arena_bytes > free_bytes) {
+    s->budget = gpu_mem;
+    if (gpu_mem > free_bytes) {
         fy_error("--gpu-mem %llu bytes exceeds the %llu bytes free on %s: lower --gpu-mem",
-                 (unsigned long long)s->arena_bytes, (unsigned long long)free_bytes, prop.name);
+                 (unsigned long long)gpu_mem, (unsigned long long)free_bytes, prop.name);
         return -ENOMEM;
     }
-    FY_CUDA(cudaMalloc((void **)&s->arena, s->arena_bytes), "allocating the %llu-byte GPU arena",
-            (unsigned long long)s->arena_bytes);
+    if (gpu_mem > 0)
+        FY_TRY(fy_cu_arena_init(&s->arena, gpu_mem));
     FY_CUDA(cudaStreamCreateWithFlags(&s->compute, cudaStreamNonBlocking), "creating compute stream");
     FY_CUDA(cudaStreamCreateWithFlags(&s->d2h, cudaStreamNonBlocking), "creating D2H stream");
     FY_CUDA(cudaEventCreateWithFlags(&s->computed, cudaEventDisableTiming), "creating event");
-    snprintf(device, device_len, "%s (sm_%d%d, %.1f GiB, arena %.2f GiB)", prop.name, prop.major,
-             prop.minor, (double)total_bytes / (1 << 30), (double)s->arena_bytes / (1 << 30));
+    snprintf(device, device_len, "%s (sm_%d%d, %.1f GiB; arena %s)", prop.name, prop.major,
+             prop.minor, (double)total_bytes / (1 << 30),
+             gpu_mem ? "the --gpu-mem budget" : "sized to the work");
     return 0;
 }
 
@@ -151,11 +143,19 @@ static int cuda_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor
         fy_error("synthetic tensor: dtype %s not supported", fy_dtype_name(dtype));
         return -EINVAL;
     }
-    /* Two halves of the arena: compute into one while the other drains to the host. */
-    size_t chunk = (size_t)(s->arena_bytes / 2 / elem);
+    if (s->arena.base == NULL)
+        FY_TRY(fy_cu_arena_init(&s->arena, default_arena_bytes));
+    /* Two halves of what is free in the arena: compute into one while the other drains. */
+    size_t mark = s->arena.used, half_bytes = (s->arena.size - s->arena.used) / 2 / 4096 * 4096;
+    char *staging = (char *)fy_cu_arena_take(&s->arena, 2 * half_bytes);
+    if (staging == NULL || half_bytes < elem) {
+        fy_error("the GPU arena has no room to stage a synthetic tensor: raise --gpu-mem");
+        return -ENOMEM;
+    }
+    size_t chunk = half_bytes / elem;
     for (size_t first = 0, half = 0; first < n; first += chunk, half ^= 1) {
         size_t count = n - first < chunk ? n - first : chunk;
-        char *dev = s->arena + half * (s->arena_bytes / 2);
+        char *dev = staging + half * half_bytes;
         synth_kernel<<<264, 256, 0, s->compute>>>(seed, step, tensor, first, count,
                                                   dtype == FY_DTYPE_BF16, dev);
         FY_CUDA(cudaGetLastError(), "launching the synthetic-tensor kernel");
@@ -169,9 +169,61 @@ static int cuda_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor
         FY_CUDA(cudaStreamWaitEvent(s->compute, s->computed, 0), "ordering compute after D2H");
     }
     FY_CUDA(cudaStreamSynchronize(s->d2h), "waiting for the copy to the pool");
+    fy_cu_arena_reset(&s->arena, mark);
     return 0;
 }
 
+static int cuda_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, int T)
+{
+    struct cuda_state *s = (struct cuda_state *)state;
+    size_t need = fy_cu_gpt_arena_bytes(c, B, T);
+    if (s->arena.base == NULL)
+        FY_TRY(fy_cu_arena_init(&s->arena, need));
+    if (need > s->arena.size - s->arena.used) {
+        fy_error("plan does not fit the GPU: the model's working buffers for batch %d x %d need "
+                 "%.3f GiB but --gpu-mem is %.3f GiB (%.3f GiB in use): raise --gpu-mem or lower "
+                 "the batch",
+                 B, T, (double)need / (1 << 30), (double)s->arena.size / (1 << 30),
+                 (double)s->arena.used / (1 << 30));
+        return -ENOMEM;
+    }
+    fy_cu_gpt_destroy(&s->gpt);
+    FY_TRY(fy_cu_gpt_new(&s->gpt, &s->arena, c, B, T));
+    fy_info("GPU arena: %.3f GiB for the model's working buffers (batch %d x %d), %.3f GiB budget",
+            (double)need / (1 << 30), B, T, (double)s->arena.size / (1 << 30));
+    return 0;
+}
+
+static int cuda_embed_forward(void *state, const float *embed, const int32_t *tokens, float *x)
+{
+    return fy_cu_gpt_embed_forward(((struct cuda_state *)state)->gpt, embed, tokens, x);
+}
+
+static int cuda_embed_backward(void *state, const int32_t *tokens, const float *dx, float *dembed)
+{
+    return fy_cu_gpt_embed_backward(((struct cuda_state *)state)->gpt, tokens, dx, dembed);
+}
+
+static int cuda_block_forward(void *state, const float *params, const float *x, float *y)
+{
+    return fy_cu_gpt_block_forward(((struct cuda_state *)state)->gpt, params, x, y);
+}
+
+static int cuda_block_backward(void *state, const float *params, const float *x, const float *dy,
+                               float *dx, float *dparams)
+{
+    return fy_cu_gpt_block_backward(((struct cuda_state *)state)->gpt, params, x, dy, dx, dparams);
+}
+
+static int cuda_head(void *state, const float *final_params, const float *embed, const float *x,
+                     const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed)
+{
+    return fy_cu_gpt_head(((struct cuda_state *)state)->gpt, final_params, embed, x, targets, loss,
+                          dx, dfinal, dembed);
+}
+
 extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
-    "cuda", cuda_open, cuda_close, cuda_register_host, cuda_unregister_host, cuda_synth,
+    "cuda",          cuda_open,          cuda_close,          cuda_register_host,
+    cuda_unregister_host, cuda_synth,    cuda_gpt_prepare,    cuda_embed_forward,
+    cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head,
 };

@@ -1,0 +1,498 @@
+/* Causal multi-head attention (first, materialising version) and the fused LM head with
+ * cross-entropy. Products go through cuBLASLt (fy_cu_matmul_batched: one algorithm per shape, no
+ * atomics); the kernels here are simple and reduce in a fixed order (warp shuffles in a fixed tree,
+ * then shared memory in warp order), so every result is bitwise reproducible.
+ *
+ * ---- Attention ----
+ * Head-major copies are padded so that every leading dimension and batch stride given to cuBLASLt
+ * is a multiple of 8 elements and every matrix starts 16-byte aligned (fast algorithms, one algorithm
+ * class whatever the shape): Tp = T rounded up to 8, hsp = hs rounded up to 8 (hs = C / NH), and
+ * BH = B * NH. Padded rows and columns are written as zeros by our kernels, so they add exactly
+ * nothing to the products, and they are never copied out.
+ *
+ * Scratch layout (each piece starts at a multiple of 256 bytes from the base, in this order):
+ *   qkvh  bf16 [3][BH][Tp][hsp]  q | k | v head-major (written by forward and again by backward)
+ *   yh    bf16 [BH][Tp][hsp]     forward: y = P v;  backward: dout head-major (dY)
+ *   dqkvh bf16 [3][BH][Tp][hsp]  backward: dq | dk | dv head-major
+ *   att   f32  [BH][Tp][Tp]      forward: scores, then (in place) probabilities P; kept for backward
+ *   attb  bf16 [BH][Tp][Tp]      forward: P in bf16 (operand of y = P v);
+ *                                backward: P in bf16 again (re-rounded from att), then dS
+ *   datt  f32  [BH][Tp][Tp]      backward: dP = dY V^T
+ * Forward: qkvh <- qkv; att = scale q k^T; P = causal softmax(att) (att f32 and attb bf16, masked
+ * and padded entries 0); yh = P v; out <- yh.
+ * Backward (only att from the forward is used; q, k, v are permuted again from qkv): yh <- dout;
+ * attb = bf16(P); dv = P^T dY; dP = dY V^T; dS = P * (dP - rowsum(dP * P)) (into attb);
+ * dq = scale dS K; dk = scale dS^T Q; dqkv <- dqkvh.
+ *
+ * ---- Head ----
+ * Scratch layout (256-byte aligned pieces):
+ *   cnt     int32 [1] number of targets >= 0 in the whole batch, then f32 [1] 1/count (0 if count 0)
+ *   logits  f32  [chunk_rows][V]  logits of one chunk
+ *   dlog    bf16 [chunk_rows][V]  (softmax - onehot) / count of one chunk (backward only)
+ * Per chunk of R <= chunk_rows rows, in order on the stream: logits = xn_chunk wte^T (cuBLASLt,
+ * f32 out); a block per row computes max, sum of exp (fp32), the row loss and, with dxn, the bf16
+ * dlogits; dxn_chunk = dlog wte (bf16, overwritten); dwte += dlog^T xn_chunk (f32, beta = 1).
+ * V is not padded: cuBLASLt takes leading dimensions V that are not multiples of 8 (through slower
+ * algorithms; see cu_matmul.cu). Targets must be < V; a target >= V gets loss NaN (visible) and no
+ * one-hot term, never an out-of-bounds read. */
+#include "gpu_worker/cuda/cu_attention.h"
+
+#include <math.h>
+
+#define FY_ATT_WARPS 8 /* warps per block of the row kernels (one warp per row) */
+#define FY_HEAD_THREADS 256
+
+static inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+static inline int round8(int n) { return (n + 7) & ~7; }
+
+/* ---- deterministic reductions ---- */
+
+struct fy_op_sum {
+    __device__ static float id() { return 0.0f; }
+    __device__ static float op(float a, float b) { return a + b; }
+};
+struct fy_op_max {
+    __device__ static float id() { return -INFINITY; }
+    __device__ static float op(float a, float b) { return fmaxf(a, b); }
+};
+
+/* All 32 lanes get the reduction (xor butterfly: a fixed order). */
+template <class Op> __device__ float warp_reduce(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = Op::op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Every thread of the block gets the reduction; sh holds at least 33 floats. Called by all threads
+ * of the block (uniform control flow). */
+template <class Op> __device__ float block_reduce(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = warp_reduce<Op>(v);
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = lane < nwarps ? sh[lane] : Op::id();
+        w = warp_reduce<Op>(w);
+        if (lane == 0)
+            sh[32] = w;
+    }
+    __syncthreads();
+    float r = sh[32];
+    __syncthreads(); /* sh may be reused right after */
+    return r;
+}
+
+/* ---- attention kernels ---- */
+
+/* qkvh[s][bh][t][d] = qkv[b][t][s*C + h*hs + d], zero where t >= T or d >= hs. */
+__global__ void att_permute_qkv(bf16 *qkvh, const bf16 *qkv, int B, int T, int C, int NH, int Tp,
+                                int hsp)
+{
+    int hs = C / NH;
+    size_t BH = (size_t)B * NH, n = 3 * BH * Tp * hsp;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % hsp);
+        int t = (int)((i / hsp) % Tp);
+        size_t bh = (i / ((size_t)hsp * Tp)) % BH;
+        int s = (int)(i / ((size_t)hsp * Tp * BH));
+        int b = (int)(bh / NH), h = (int)(bh % NH);
+        bf16 v = __float2bfloat16(0.0f);
+        if (t < T && d < hs)
+            v = qkv[((size_t)b * T + t) * 3 * C + (size_t)s * C + (size_t)h * hs + d];
+        qkvh[i] = v;
+    }
+}
+
+/* xh[bh][t][d] = x[b][t][h*hs + d] (x is [B][T][C]), zero where t >= T or d >= hs. */
+__global__ void att_permute_btc(bf16 *xh, const bf16 *x, int B, int T, int C, int NH, int Tp,
+                                int hsp)
+{
+    int hs = C / NH;
+    size_t n = (size_t)B * NH * Tp * hsp;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % hsp);
+        int t = (int)((i / hsp) % Tp);
+        size_t bh = i / ((size_t)hsp * Tp);
+        int b = (int)(bh / NH), h = (int)(bh % NH);
+        bf16 v = __float2bfloat16(0.0f);
+        if (t < T && d < hs)
+            v = x[((size_t)b * T + t) * C + (size_t)h * hs + d];
+        xh[i] = v;
+    }
+}
+
+/* out[b][t][h*hs + d] = yh[bh][t][d]. */
+__global__ void att_unpermute_btc(bf16 *out, const bf16 *yh, int B, int T, int C, int NH, int Tp,
+                                  int hsp)
+{
+    int hs = C / NH;
+    size_t n = (size_t)B * T * C;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int c = (int)(i % C);
+        int t = (int)((i / C) % T);
+        int b = (int)(i / ((size_t)C * T));
+        int h = c / hs, d = c % hs;
+        out[i] = yh[(((size_t)b * NH + h) * Tp + t) * hsp + d];
+    }
+}
+
+/* dqkv[b][t][s*C + h*hs + d] = dqkvh[s][bh][t][d]. */
+__global__ void att_unpermute_qkv(bf16 *dqkv, const bf16 *dqkvh, int B, int T, int C, int NH,
+                                  int Tp, int hsp)
+{
+    int hs = C / NH;
+    size_t BH = (size_t)B * NH, C3 = 3 * (size_t)C, n = (size_t)B * T * C3;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int j = (int)(i % C3);
+        int t = (int)((i / C3) % T);
+        int b = (int)(i / (C3 * T));
+        int s = j / C, c = j % C;
+        int h = c / hs, d = c % hs;
+        dqkv[i] = dqkvh[(((size_t)s * BH + (size_t)b * NH + h) * Tp + t) * hsp + d];
+    }
+}
+
+/* One warp per row (bh, t) of att [BH][Tp][Tp] (scores in, probabilities out, in place); attb gets
+ * them in bf16. Row t < T: p[j] = exp(s[j] - max) / sum over j <= t, 0 for j > t; rows t >= T: 0. */
+__global__ void att_softmax_forward(float *att, bf16 *attb, size_t rows, int T, int Tp)
+{
+    int lane = threadIdx.x & 31;
+    for (size_t row = (size_t)blockIdx.x * FY_ATT_WARPS + (threadIdx.x >> 5); row < rows;
+         row += (size_t)gridDim.x * FY_ATT_WARPS) {
+        int t = (int)(row % Tp);
+        float *s = att + row * Tp;
+        bf16 *pb = attb + row * Tp;
+        if (t >= T) {
+            for (int j = lane; j < Tp; j += 32) {
+                s[j] = 0.0f;
+                pb[j] = __float2bfloat16(0.0f);
+            }
+            continue;
+        }
+        float m = -INFINITY;
+        for (int j = lane; j <= t; j += 32)
+            m = fmaxf(m, s[j]);
+        m = warp_reduce<fy_op_max>(m);
+        float sum = 0.0f;
+        for (int j = lane; j <= t; j += 32)
+            sum += expf(s[j] - m);
+        sum = warp_reduce<fy_op_sum>(sum); /* also orders every read above before the writes */
+        for (int j = lane; j < Tp; j += 32) {
+            float p = j <= t ? expf(s[j] - m) / sum : 0.0f; /* each lane rewrites what it read */
+            s[j] = p;
+            pb[j] = __float2bfloat16(p);
+        }
+    }
+}
+
+/* One warp per row (bh, t): ds[j] = p[j] * (dp[j] - sum_{i<=t} p[i] dp[i]) for j <= t, else 0;
+ * written in bf16. */
+__global__ void att_softmax_backward(bf16 *ds, const float *att, const float *datt, size_t rows,
+                                     int T, int Tp)
+{
+    int lane = threadIdx.x & 31;
+    for (size_t row = (size_t)blockIdx.x * FY_ATT_WARPS + (threadIdx.x >> 5); row < rows;
+         row += (size_t)gridDim.x * FY_ATT_WARPS) {
+        int t = (int)(row % Tp);
+        const float *p = att + row * Tp, *dp = datt + row * Tp;
+        bf16 *o = ds + row * Tp;
+        if (t >= T) {
+            for (int j = lane; j < Tp; j += 32)
+                o[j] = __float2bfloat16(0.0f);
+            continue;
+        }
+        float dot = 0.0f;
+        for (int j = lane; j <= t; j += 32)
+            dot += p[j] * dp[j];
+        dot = warp_reduce<fy_op_sum>(dot);
+        for (int j = lane; j < Tp; j += 32)
+            o[j] = __float2bfloat16(j <= t ? p[j] * (dp[j] - dot) : 0.0f);
+    }
+}
+
+__global__ void f32_to_bf16(bf16 *out, const float *in, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(in[i]);
+}
+
+/* ---- attention ---- */
+
+struct att_layout {
+    int hs, Tp, hsp, BH;
+    size_t E;  /* elements of one head-major tensor [BH][Tp][hsp] */
+    size_t TT; /* elements of [BH][Tp][Tp] */
+    size_t off_qkvh, off_yh, off_dqkvh, off_att, off_attb, off_datt, total;
+};
+
+static int att_carve(struct att_layout *L, int B, int T, int C, int NH)
+{
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || C % NH != 0)
+        return -EINVAL;
+    L->hs = C / NH;
+    L->Tp = round8(T);
+    L->hsp = round8(L->hs);
+    L->BH = B * NH;
+    L->E = (size_t)L->BH * L->Tp * L->hsp;
+    L->TT = (size_t)L->BH * L->Tp * L->Tp;
+    size_t off = 0;
+    L->off_qkvh = off;
+    off += align256(3 * L->E * sizeof(bf16));
+    L->off_yh = off;
+    off += align256(L->E * sizeof(bf16));
+    L->off_dqkvh = off;
+    off += align256(3 * L->E * sizeof(bf16));
+    L->off_att = off;
+    off += align256(L->TT * sizeof(float));
+    L->off_attb = off;
+    off += align256(L->TT * sizeof(bf16));
+    L->off_datt = off;
+    off += align256(L->TT * sizeof(float));
+    L->total = off;
+    return 0;
+}
+
+size_t fy_cu_attention_scratch_bytes(int B, int T, int C, int NH)
+{
+    struct att_layout L;
+    return att_carve(&L, B, T, C, NH) ? 0 : L.total;
+}
+
+static unsigned row_blocks(size_t rows)
+{
+    return fy_cu_blocks(rows, FY_ATT_WARPS); /* one warp per row, FY_ATT_WARPS rows per block */
+}
+
+#define FY_MM(call, what)                                                                          \
+    do {                                                                                           \
+        int fy_mm_rc_ = (call);                                                                    \
+        if (fy_mm_rc_) {                                                                           \
+            fy_error("%s: fy_cu_matmul_batched failed (%d)", what, fy_mm_rc_);                     \
+            return fy_mm_rc_;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+int fy_cu_attention_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *qkv, void *scratch, int B,
+                            int T, int C, int NH, cudaStream_t stream)
+{
+    struct att_layout L;
+    if (att_carve(&L, B, T, C, NH)) {
+        fy_error("fy_cu_attention_forward: bad shape B=%d T=%d C=%d NH=%d", B, T, C, NH);
+        return -EINVAL;
+    }
+    char *base = (char *)scratch;
+    bf16 *qkvh = (bf16 *)(base + L.off_qkvh), *yh = (bf16 *)(base + L.off_yh);
+    float *att = (float *)(base + L.off_att);
+    bf16 *attb = (bf16 *)(base + L.off_attb);
+    const bf16 *q = qkvh, *k = qkvh + L.E, *v = qkvh + 2 * L.E;
+    int Tp = L.Tp, hsp = L.hsp;
+    long long sh = (long long)Tp * hsp, st = (long long)Tp * Tp;
+    float scale = 1.0f / sqrtf((float)L.hs);
+
+    att_permute_qkv<<<fy_cu_blocks(3 * L.E, 256), 256, 0, stream>>>(qkvh, qkv, B, T, C, NH, Tp,
+                                                                     hsp);
+    FY_CUDA_LAUNCHED("att_permute_qkv");
+    /* att = scale * q k^T: [Tp][hsp] x [Tp][hsp]^T, f32 */
+    FY_MM(fy_cu_matmul_batched(lt, att, 1, q, k, Tp, Tp, hsp, 0, 1, sh, sh, st, L.BH, scale, 0.0f,
+                               stream),
+          "attention forward q k^T");
+    size_t rows = (size_t)L.BH * Tp;
+    att_softmax_forward<<<row_blocks(rows), 32 * FY_ATT_WARPS, 0, stream>>>(att, attb, rows, T, Tp);
+    FY_CUDA_LAUNCHED("att_softmax_forward");
+    /* yh = P v: [Tp][Tp] x [Tp][hsp], bf16 */
+    FY_MM(fy_cu_matmul_batched(lt, yh, 0, attb, v, Tp, hsp, Tp, 0, 0, st, sh, sh, L.BH, 1.0f, 0.0f,
+                               stream),
+          "attention forward P v");
+    att_unpermute_btc<<<fy_cu_blocks((size_t)B * T * C, 256), 256, 0, stream>>>(out, yh, B, T, C,
+                                                                                 NH, Tp, hsp);
+    FY_CUDA_LAUNCHED("att_unpermute_btc");
+    return 0;
+}
+
+int fy_cu_attention_backward(struct fy_cu_lt *lt, bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
+                             void *scratch, int B, int T, int C, int NH, cudaStream_t stream)
+{
+    struct att_layout L;
+    if (att_carve(&L, B, T, C, NH)) {
+        fy_error("fy_cu_attention_backward: bad shape B=%d T=%d C=%d NH=%d", B, T, C, NH);
+        return -EINVAL;
+    }
+    char *base = (char *)scratch;
+    bf16 *qkvh = (bf16 *)(base + L.off_qkvh), *dy = (bf16 *)(base + L.off_yh);
+    bf16 *dqkvh = (bf16 *)(base + L.off_dqkvh);
+    float *att = (float *)(base + L.off_att), *datt = (float *)(base + L.off_datt);
+    bf16 *attb = (bf16 *)(base + L.off_attb);
+    const bf16 *q = qkvh, *k = qkvh + L.E, *v = qkvh + 2 * L.E;
+    bf16 *dq = dqkvh, *dk = dqkvh + L.E, *dv = dqkvh + 2 * L.E;
+    int Tp = L.Tp, hsp = L.hsp;
+    long long sh = (long long)Tp * hsp, st = (long long)Tp * Tp;
+    float scale = 1.0f / sqrtf((float)L.hs);
+    size_t rows = (size_t)L.BH * Tp;
+
+    att_permute_qkv<<<fy_cu_blocks(3 * L.E, 256), 256, 0, stream>>>(qkvh, qkv, B, T, C, NH, Tp,
+                                                                     hsp);
+    FY_CUDA_LAUNCHED("att_permute_qkv");
+    att_permute_btc<<<fy_cu_blocks(L.E, 256), 256, 0, stream>>>(dy, dout, B, T, C, NH, Tp, hsp);
+    FY_CUDA_LAUNCHED("att_permute_btc");
+    f32_to_bf16<<<fy_cu_blocks(L.TT, 256), 256, 0, stream>>>(attb, att, L.TT);
+    FY_CUDA_LAUNCHED("f32_to_bf16");
+    /* dv = P^T dY: op(A) = P^T with P stored [Tp][Tp] */
+    FY_MM(fy_cu_matmul_batched(lt, dv, 0, attb, dy, Tp, hsp, Tp, 1, 0, st, sh, sh, L.BH, 1.0f, 0.0f,
+                               stream),
+          "attention backward P^T dY");
+    /* dP = dY V^T, f32 */
+    FY_MM(fy_cu_matmul_batched(lt, datt, 1, dy, v, Tp, Tp, hsp, 0, 1, sh, sh, st, L.BH, 1.0f, 0.0f,
+                               stream),
+          "attention backward dY V^T");
+    att_softmax_backward<<<row_blocks(rows), 32 * FY_ATT_WARPS, 0, stream>>>(attb, att, datt, rows,
+                                                                             T, Tp);
+    FY_CUDA_LAUNCHED("att_softmax_backward");
+    /* dq = scale dS K; dk = scale dS^T Q */
+    FY_MM(fy_cu_matmul_batched(lt, dq, 0, attb, k, Tp, hsp, Tp, 0, 0, st, sh, sh, L.BH, scale, 0.0f,
+                               stream),
+          "attention backward dS K");
+    FY_MM(fy_cu_matmul_batched(lt, dk, 0, attb, q, Tp, hsp, Tp, 1, 0, st, sh, sh, L.BH, scale, 0.0f,
+                               stream),
+          "attention backward dS^T Q");
+    att_unpermute_qkv<<<fy_cu_blocks((size_t)B * T * 3 * C, 256), 256, 0, stream>>>(
+        dqkv, dqkvh, B, T, C, NH, Tp, hsp);
+    FY_CUDA_LAUNCHED("att_unpermute_qkv");
+    return 0;
+}
+
+/* ---- head kernels ---- */
+
+/* One block: cnt[0] = number of targets >= 0 (exact integer sum), ((float *)cnt)[1] = 1/count or 0. */
+__global__ void head_count(int32_t *cnt, const int32_t *targets, int N)
+{
+    __shared__ int part[FY_HEAD_THREADS];
+    int c = 0;
+    for (int i = threadIdx.x; i < N; i += blockDim.x)
+        c += targets[i] >= 0;
+    part[threadIdx.x] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int total = 0;
+        for (int i = 0; i < (int)blockDim.x; i++)
+            total += part[i];
+        cnt[0] = total;
+        ((float *)cnt)[1] = total > 0 ? 1.0f / (float)total : 0.0f;
+    }
+}
+
+/* One block per row r of the chunk: losses[r] = logsumexp(z) - z[target] (0 when target < 0);
+ * with dlog != NULL, dlog[r][v] = bf16((softmax(z)[v] - [v == target]) * inv_count), a zero row for
+ * ignored targets. */
+__global__ void head_softmax_loss(float *losses, bf16 *dlog, const float *logits,
+                                  const int32_t *targets, const int32_t *cnt, int R, int V)
+{
+    __shared__ float sh[33];
+    float inv_count = ((const float *)cnt)[1];
+    for (int r = blockIdx.x; r < R; r += gridDim.x) {
+        const float *z = logits + (size_t)r * V;
+        int target = targets[r];
+        if (target < 0) {
+            if (threadIdx.x == 0)
+                losses[r] = 0.0f;
+            if (dlog)
+                for (int v = threadIdx.x; v < V; v += blockDim.x)
+                    dlog[(size_t)r * V + v] = __float2bfloat16(0.0f);
+            continue;
+        }
+        float m = -INFINITY;
+        for (int v = threadIdx.x; v < V; v += blockDim.x)
+            m = fmaxf(m, z[v]);
+        m = block_reduce<fy_op_max>(m, sh);
+        float s = 0.0f;
+        for (int v = threadIdx.x; v < V; v += blockDim.x)
+            s += expf(z[v] - m);
+        s = block_reduce<fy_op_sum>(s, sh);
+        if (threadIdx.x == 0)
+            losses[r] = target < V ? logf(s) + m - z[target] : NAN;
+        if (dlog)
+            for (int v = threadIdx.x; v < V; v += blockDim.x) {
+                float g = expf(z[v] - m) / s - (v == target ? 1.0f : 0.0f);
+                dlog[(size_t)r * V + v] = __float2bfloat16(g * inv_count);
+            }
+    }
+}
+
+/* ---- head ---- */
+
+struct head_layout {
+    size_t off_cnt, off_logits, off_dlog, total;
+};
+
+static void head_carve(struct head_layout *L, int chunk_rows, int V)
+{
+    size_t off = 0;
+    L->off_cnt = off;
+    off += align256(2 * sizeof(int32_t));
+    L->off_logits = off;
+    off += align256((size_t)chunk_rows * V * sizeof(float));
+    L->off_dlog = off;
+    off += align256((size_t)chunk_rows * V * sizeof(bf16));
+    L->total = off;
+}
+
+size_t fy_cu_head_scratch_bytes(int chunk_rows, int V)
+{
+    if (chunk_rows <= 0 || V <= 0)
+        return 0;
+    struct head_layout L;
+    head_carve(&L, chunk_rows, V);
+    return L.total;
+}
+
+int fy_cu_head(struct fy_cu_lt *lt, float *losses, bf16 *dxn, float *dwte, const bf16 *xn,
+               const bf16 *wte, const int32_t *targets, int N, int C, int V, int chunk_rows,
+               void *scratch, cudaStream_t stream)
+{
+    if (N < 0 || C <= 0 || V <= 0 || chunk_rows <= 0 || (dxn && !dwte)) {
+        fy_error("fy_cu_head: bad arguments N=%d C=%d V=%d chunk_rows=%d dxn=%p dwte=%p", N, C, V,
+                 chunk_rows, (void *)dxn, (void *)dwte);
+        return -EINVAL;
+    }
+    if (N == 0)
+        return 0;
+    struct head_layout L;
+    head_carve(&L, chunk_rows, V);
+    char *base = (char *)scratch;
+    int32_t *cnt = (int32_t *)(base + L.off_cnt);
+    float *logits = (float *)(base + L.off_logits);
+    bf16 *dlog = dxn ? (bf16 *)(base + L.off_dlog) : NULL;
+
+    head_count<<<1, FY_HEAD_THREADS, 0, stream>>>(cnt, targets, N);
+    FY_CUDA_LAUNCHED("head_count");
+    for (int r0 = 0; r0 < N; r0 += chunk_rows) {
+        int R = N - r0 < chunk_rows ? N - r0 : chunk_rows;
+        const bf16 *x = xn + (size_t)r0 * C;
+        /* logits [R][V] = x [R][C] @ wte[V][C]^T, f32 */
+        FY_MM(fy_cu_matmul_batched(lt, logits, 1, x, wte, R, V, C, 0, 1, 0, 0, 0, 1, 1.0f, 0.0f,
+                                   stream),
+              "head logits");
+        unsigned blocks = (unsigned)(R < 65535 ? R : 65535);
+        head_softmax_loss<<<blocks, FY_HEAD_THREADS, 0, stream>>>(losses + r0, dlog, logits,
+                                                                  targets + r0, cnt, R, V);
+        FY_CUDA_LAUNCHED("head_softmax_loss");
+        if (!dxn)
+            continue;
+        /* dxn [R][C] = dlog [R][V] @ wte [V][C], bf16, overwritten */
+        FY_MM(fy_cu_matmul_batched(lt, dxn + (size_t)r0 * C, 0, dlog, wte, R, C, V, 0, 0, 0, 0, 0, 1,
+                                   1.0f, 0.0f, stream),
+              "head dxn");
+        /* dwte [V][C] += dlog^T [V][R] @ x [R][C], f32 */
+        FY_MM(fy_cu_matmul_batched(lt, dwte, 1, dlog, x, V, C, R, 1, 0, 0, 0, 0, 1, 1.0f, 1.0f,
+                                   stream),
+              "head dwte");
+    }
+    return 0;
+}

@@ -1,0 +1,396 @@
+/* The GPT units on the GPU, composed from the kernels of cu_norm, cu_matmul and cu_attention.
+ * Each call uploads its inputs on the host-to-device stream, computes on the compute stream, and
+ * downloads its outputs on the device-to-host stream, each stream waiting on the previous one's
+ * event; only the device-to-host stream is synchronised, at the end, to hand results back. */
+#include "cu_gpt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_worker/cuda/cu_attention.h"
+#include "gpu_worker/cuda/cu_matmul.h"
+#include "gpu_worker/cuda/cu_norm.h"
+
+#define HEAD_CHUNK_ROWS 256
+#define LT_WORKSPACE (32u << 20)
+
+struct fy_cu_gpt {
+    struct fy_gpt_config c;
+    struct fy_gpt_block_layout lay;
+    int B, T, N;
+    size_t unit_max; /* floats of the largest unit */
+    cudaStream_t compute, h2d, d2h;
+    cudaEvent_t uploaded, computed;
+    struct fy_cu_lt *lt;
+    /* parameters and their gradients */
+    float *p32, *grad, *lnf32;
+    bf16 *pbf, *lnf;
+    int32_t *tokens, *targets;
+    float *act32, *losses, *mean1, *rstd1, *mean2, *rstd2, *ln_scratch;
+    /* activations of one block (bf16) */
+    bf16 *x, *ln1, *qkv, *atty, *y1, *ln2, *fc, *g, *y;
+    /* their gradients */
+    bf16 *dy, *dy1, *dln2, *datty, *dln1, *dx, *dqkv, *dg, *dfc;
+    void *attn_scratch, *head_scratch;
+};
+
+/* One list of every buffer, used both to size the arena and to carve it. */
+struct piece {
+    size_t bytes;
+    void **ptr;
+};
+
+static int plan(struct fy_cu_gpt *g, struct piece *p, void **lt_ws)
+{
+    const struct fy_gpt_config *c = &g->c;
+    size_t N = (size_t)g->N, C = c->n_embd, U = g->unit_max;
+    int n = 0;
+#define PIECE(field, count, type) (p[n++] = (struct piece){(count) * sizeof(type), (void **)&g->field})
+    PIECE(p32, U, float);
+    PIECE(grad, U, float);
+    PIECE(pbf, U, bf16);
+    PIECE(lnf32, 2 * C, float);
+    PIECE(lnf, 2 * C, bf16);
+    PIECE(tokens, N, int32_t);
+    PIECE(targets, N, int32_t);
+    PIECE(act32, N * C, float);
+    PIECE(losses, N, float);
+    PIECE(mean1, N, float);
+    PIECE(rstd1, N, float);
+    PIECE(mean2, N, float);
+    PIECE(rstd2, N, float);
+    PIECE(ln_scratch, fy_cu_layernorm_backward_scratch(g->N, (int)C), float);
+    PIECE(x, N * C, bf16);
+    PIECE(ln1, N * C, bf16);
+    PIECE(qkv, 3 * N * C, bf16);
+    PIECE(atty, N * C, bf16);
+    PIECE(y1, N * C, bf16);
+    PIECE(ln2, N * C, bf16);
+    PIECE(fc, 4 * N * C, bf16);
+    PIECE(g, 4 * N * C, bf16);
+    PIECE(y, N * C, bf16);
+    PIECE(dy, N * C, bf16);
+    PIECE(dy1, N * C, bf16);
+    PIECE(dln2, N * C, bf16);
+    PIECE(datty, N * C, bf16);
+    PIECE(dln1, N * C, bf16);
+    PIECE(dx, N * C, bf16);
+    PIECE(dqkv, 3 * N * C, bf16);
+    PIECE(dg, 4 * N * C, bf16);
+    PIECE(dfc, 4 * N * C, bf16);
+    PIECE(attn_scratch, fy_cu_attention_scratch_bytes(g->B, g->T, (int)C, c->n_head), char);
+    PIECE(head_scratch, fy_cu_head_scratch_bytes(HEAD_CHUNK_ROWS, c->vocab), char);
+#undef PIECE
+    p[n++] = (struct piece){LT_WORKSPACE, lt_ws};
+    return n;
+}
+
+static void setup_shape(struct fy_cu_gpt *g, const struct fy_gpt_config *c, int B, int T)
+{
+    g->c = *c;
+    fy_gpt_block_layout(c, &g->lay);
+    g->B = B;
+    g->T = T;
+    g->N = B * T;
+    g->unit_max = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+        if (fy_gpt_unit_params(c, u) > g->unit_max)
+            g->unit_max = fy_gpt_unit_params(c, u);
+}
+
+size_t fy_cu_gpt_arena_bytes(const struct fy_gpt_config *c, int B, int T)
+{
+    struct fy_cu_gpt g;
+    memset(&g, 0, sizeof g);
+    setup_shape(&g, c, B, T);
+    struct piece p[64];
+    void *ws;
+    int n = plan(&g, p, &ws);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += fy_cu_arena_footprint(p[i].bytes);
+    return total;
+}
+
+int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struct fy_gpt_config *c,
+                  int B, int T)
+{
+    *out = NULL;
+    unsigned hs = c->n_embd / c->n_head;
+    if (c->n_embd % 8 != 0 || hs % 8 != 0) {
+        fy_error("the CUDA backend needs n_embd (%u) and the head size (%u) to be multiples of 8",
+                 c->n_embd, hs);
+        return -EINVAL;
+    }
+    struct fy_cu_gpt *g = (struct fy_cu_gpt *)calloc(1, sizeof *g);
+    if (g == NULL)
+        return -ENOMEM;
+    setup_shape(g, c, B, T);
+    struct piece p[64];
+    void *lt_ws = NULL;
+    int n = plan(g, p, &lt_ws);
+    for (int i = 0; i < n; i++) {
+        *p[i].ptr = fy_cu_arena_take(arena, p[i].bytes);
+        if (*p[i].ptr == NULL) {
+            fy_error("the GPU arena (%.2f GiB) cannot hold the model's working buffers for batch "
+                     "%d x %d (%.2f GiB): raise --gpu-mem or lower the batch",
+                     (double)arena->size / (1 << 30), B, T,
+                     (double)fy_cu_gpt_arena_bytes(c, B, T) / (1 << 30));
+            free(g);
+            return -ENOMEM;
+        }
+    }
+    int rc = fy_cu_lt_new(&g->lt, lt_ws, LT_WORKSPACE);
+    if (rc == 0 && (cudaStreamCreateWithFlags(&g->compute, cudaStreamNonBlocking) != cudaSuccess ||
+                    cudaStreamCreateWithFlags(&g->h2d, cudaStreamNonBlocking) != cudaSuccess ||
+                    cudaStreamCreateWithFlags(&g->d2h, cudaStreamNonBlocking) != cudaSuccess ||
+                    cudaEventCreateWithFlags(&g->uploaded, cudaEventDisableTiming) != cudaSuccess ||
+                    cudaEventCreateWithFlags(&g->computed, cudaEventDisableTiming) != cudaSuccess)) {
+        fy_error("CUDA: cannot create the backend's streams and events");
+        rc = -EIO;
+    }
+    if (rc < 0) {
+        fy_cu_gpt_destroy(&g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+void fy_cu_gpt_destroy(struct fy_cu_gpt **gp)
+{
+    if (gp == NULL || *gp == NULL)
+        return;
+    struct fy_cu_gpt *g = *gp;
+    fy_cu_lt_destroy(&g->lt);
+    if (g->uploaded)
+        cudaEventDestroy(g->uploaded);
+    if (g->computed)
+        cudaEventDestroy(g->computed);
+    if (g->compute)
+        cudaStreamDestroy(g->compute);
+    if (g->h2d)
+        cudaStreamDestroy(g->h2d);
+    if (g->d2h)
+        cudaStreamDestroy(g->d2h);
+    free(g);
+    *gp = NULL;
+}
+
+/* ---- transfers: uploads on h2d, then compute waits; downloads on d2h after compute ---- */
+
+static int upload(struct fy_cu_gpt *g, void *dev, const void *host, size_t bytes)
+{
+    /* Staging buffers are reused within a call: an upload waits until compute has consumed what
+     * was uploaded before (this interface is synchronous per call; prefetching comes with the
+     * pipeline, which keeps separate staging slots). */
+    FY_CUDA(cudaEventRecord(g->computed, g->compute), "recording the compute event");
+    FY_CUDA(cudaStreamWaitEvent(g->h2d, g->computed, 0), "ordering uploads after compute");
+    FY_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, g->h2d), "upload of %zu bytes",
+            bytes);
+    return 0;
+}
+
+static int uploads_done(struct fy_cu_gpt *g)
+{
+    FY_CUDA(cudaEventRecord(g->uploaded, g->h2d), "recording the upload event");
+    FY_CUDA(cudaStreamWaitEvent(g->compute, g->uploaded, 0), "ordering compute after uploads");
+    return 0;
+}
+
+static int compute_done(struct fy_cu_gpt *g)
+{
+    FY_CUDA(cudaEventRecord(g->computed, g->compute), "recording the compute event");
+    FY_CUDA(cudaStreamWaitEvent(g->d2h, g->computed, 0), "ordering downloads after compute");
+    /* the next call's uploads must not overwrite staging buffers still being read */
+    FY_CUDA(cudaStreamWaitEvent(g->h2d, g->computed, 0), "ordering uploads after compute");
+    return 0;
+}
+
+static int download(struct fy_cu_gpt *g, void *host, const void *dev, size_t bytes)
+{
+    FY_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, g->d2h),
+            "download of %zu bytes", bytes);
+    return 0;
+}
+
+static int downloads_done(struct fy_cu_gpt *g)
+{
+    FY_CUDA(cudaStreamSynchronize(g->d2h), "waiting for the results");
+    return 0;
+}
+
+/* fp32 host activation [N][C] -> bf16 device buffer (through act32). */
+static int upload_act(struct fy_cu_gpt *g, bf16 *dev, const float *host)
+{
+    size_t n = (size_t)g->N * g->c.n_embd;
+    FY_TRY(upload(g, g->act32, host, n * sizeof(float)));
+    FY_TRY(uploads_done(g));
+    return fy_cu_f32_to_bf16(dev, g->act32, n, g->compute);
+}
+
+/* A unit's fp32 parameters -> pbf (bf16, same layout). */
+static int upload_params(struct fy_cu_gpt *g, const float *host, size_t count)
+{
+    FY_TRY(upload(g, g->p32, host, count * sizeof(float)));
+    FY_TRY(uploads_done(g));
+    return fy_cu_f32_to_bf16(g->pbf, g->p32, count, g->compute);
+}
+
+/* bf16 device activation -> fp32 host (through act32), after everything queued on compute. */
+static int download_act(struct fy_cu_gpt *g, float *host, const bf16 *dev)
+{
+    size_t n = (size_t)g->N * g->c.n_embd;
+    FY_TRY(fy_cu_bf16_to_f32(g->act32, dev, n, g->compute));
+    FY_TRY(compute_done(g));
+    return download(g, host, g->act32, n * sizeof(float));
+}
+
+#define P(field) (g->pbf + g->lay.field)
+#define G(field) (g->grad + g->lay.field)
+
+/* The block's forward from g->x into g->y, keeping every internal for the backward. */
+static int block_forward_device(struct fy_cu_gpt *g)
+{
+    int N = g->N, C = (int)g->c.n_embd, NH = (int)g->c.n_head;
+    size_t NC = (size_t)N * C;
+    cudaStream_t s = g->compute;
+    FY_TRY(fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, g->x, P(ln1_w), P(ln1_b), N, C, s));
+    FY_TRY(fy_cu_matmul_forward(g->lt, g->qkv, g->ln1, P(qkv_w), P(qkv_b), N, C, 3 * C, s));
+    FY_TRY(fy_cu_attention_forward(g->lt, g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
+    FY_TRY(fy_cu_matmul_forward(g->lt, g->y1, g->atty, P(attn_w), P(attn_b), N, C, C, s));
+    FY_TRY(fy_cu_residual_forward(g->y1, g->y1, g->x, NC, s));
+    FY_TRY(fy_cu_layernorm_forward(g->ln2, g->mean2, g->rstd2, g->y1, P(ln2_w), P(ln2_b), N, C, s));
+    FY_TRY(fy_cu_matmul_forward(g->lt, g->fc, g->ln2, P(fc_w), P(fc_b), N, C, 4 * C, s));
+    FY_TRY(fy_cu_gelu_forward(g->g, g->fc, 4 * NC, s));
+    FY_TRY(fy_cu_matmul_forward(g->lt, g->y, g->g, P(proj_w), P(proj_b), N, 4 * C, C, s));
+    return fy_cu_residual_forward(g->y, g->y, g->y1, NC, s);
+}
+
+int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const float *x, float *y)
+{
+    FY_TRY(upload_params(g, params, g->lay.total));
+    FY_TRY(upload_act(g, g->x, x));
+    FY_TRY(block_forward_device(g));
+    FY_TRY(download_act(g, y, g->y));
+    return downloads_done(g);
+}
+
+int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const float *x,
+                             const float *dy, float *dx, float *dparams)
+{
+    int N = g->N, C = (int)g->c.n_embd, NH = (int)g->c.n_head;
+    size_t NC = (size_t)N * C;
+    cudaStream_t s = g->compute;
+    FY_TRY(upload_params(g, params, g->lay.total));
+    FY_TRY(upload_act(g, g->x, x));
+    FY_TRY(block_forward_device(g)); /* recompute from the checkpoint */
+    FY_TRY(upload_act(g, g->dy, dy));
+    FY_CUDA(cudaMemsetAsync(g->grad, 0, g->lay.total * sizeof(float), s), "zeroing gradients");
+    /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
+    FY_TRY(fy_cu_matmul_backward(g->lt, g->dg, G(proj_w), G(proj_b), g->dy, g->g, P(proj_w), N,
+                                 4 * C, C, s));
+    FY_TRY(fy_cu_gelu_backward(g->dfc, g->fc, g->dg, 4 * NC, s));
+    FY_TRY(fy_cu_matmul_backward(g->lt, g->dln2, G(fc_w), G(fc_b), g->dfc, g->ln2, P(fc_w), N, C,
+                                 4 * C, s));
+    FY_CUDA(cudaMemcpyAsync(g->dy1, g->dy, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
+            "copying the residual gradient");
+    FY_TRY(fy_cu_layernorm_backward(g->dy1, G(ln2_w), G(ln2_b), g->ln_scratch, g->dln2, g->y1,
+                                    P(ln2_w), g->mean2, g->rstd2, N, C, s));
+    /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
+    FY_TRY(fy_cu_matmul_backward(g->lt, g->datty, G(attn_w), G(attn_b), g->dy1, g->atty, P(attn_w),
+                                 N, C, C, s));
+    FY_TRY(fy_cu_attention_backward(g->lt, g->dqkv, g->datty, g->qkv, g->attn_scratch, g->B, g->T,
+                                    C, NH, s));
+    FY_TRY(fy_cu_matmul_backward(g->lt, g->dln1, G(qkv_w), G(qkv_b), g->dqkv, g->ln1, P(qkv_w), N,
+                                 C, 3 * C, s));
+    FY_CUDA(cudaMemcpyAsync(g->dx, g->dy1, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
+            "copying the residual gradient");
+    FY_TRY(fy_cu_layernorm_backward(g->dx, G(ln1_w), G(ln1_b), g->ln_scratch, g->dln1, g->x,
+                                    P(ln1_w), g->mean1, g->rstd1, N, C, s));
+    FY_TRY(download_act(g, dx, g->dx));
+    FY_TRY(download(g, dparams, g->grad, g->lay.total * sizeof(float)));
+    return downloads_done(g);
+}
+
+int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, float *x)
+{
+    const struct fy_gpt_config *c = &g->c;
+    size_t n = fy_gpt_unit_params(c, 0);
+    FY_TRY(upload(g, g->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
+    FY_TRY(upload_params(g, embed, n));
+    const bf16 *wte = g->pbf, *wpe = g->pbf + (size_t)c->vocab * c->n_embd;
+    FY_TRY(fy_cu_embed_forward(g->x, g->tokens, wte, wpe, g->B, g->T, (int)c->n_embd, g->compute));
+    FY_TRY(download_act(g, x, g->x));
+    return downloads_done(g);
+}
+
+int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const float *dx,
+                             float *dembed)
+{
+    const struct fy_gpt_config *c = &g->c;
+    size_t n = fy_gpt_unit_params(c, 0);
+    FY_TRY(upload(g, g->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
+    FY_TRY(upload(g, g->grad, dembed, n * sizeof(float)));
+    FY_TRY(upload_act(g, g->dx, dx));
+    float *dwte = g->grad, *dwpe = g->grad + (size_t)c->vocab * c->n_embd;
+    FY_TRY(fy_cu_embed_backward(dwte, dwpe, g->dx, g->tokens, g->B, g->T, (int)c->n_embd,
+                                (int)c->vocab, g->compute));
+    FY_TRY(compute_done(g));
+    FY_TRY(download(g, dembed, g->grad, n * sizeof(float)));
+    return downloads_done(g);
+}
+
+int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
+                   const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed)
+{
+    const struct fy_gpt_config *c = &g->c;
+    int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
+    size_t NC = (size_t)N * C, wte_n = (size_t)V * C;
+    cudaStream_t s = g->compute;
+    FY_TRY(upload(g, g->targets, targets, (size_t)N * sizeof(int32_t)));
+    FY_TRY(upload(g, g->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
+    FY_TRY(upload_params(g, embed, wte_n)); /* only wte: the head is tied to it */
+    FY_TRY(fy_cu_f32_to_bf16(g->lnf, g->lnf32, 2 * (size_t)C, s));
+    FY_TRY(upload_act(g, g->x, x));
+    FY_TRY(fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, g->x, g->lnf, g->lnf + C, N, C, s));
+    int backward = dx != NULL;
+    if (backward) {
+        FY_CUDA(cudaMemsetAsync(g->grad, 0, (wte_n + 2 * (size_t)C) * sizeof(float), s),
+                "zeroing gradients");
+    }
+    FY_TRY(fy_cu_head(g->lt, g->losses, backward ? g->dln1 : NULL, g->grad, g->ln1, g->pbf,
+                      g->targets, N, C, V, HEAD_CHUNK_ROWS, g->head_scratch, s));
+    float *dlnf = g->grad + wte_n;
+    if (backward) {
+        FY_CUDA(cudaMemsetAsync(g->dx, 0, NC * sizeof(bf16), s), "zeroing dx");
+        FY_TRY(fy_cu_layernorm_backward(g->dx, dlnf, dlnf + C, g->ln_scratch, g->dln1, g->x, g->lnf,
+                                        g->mean1, g->rstd1, N, C, s));
+        FY_TRY(download_act(g, dx, g->dx));
+        FY_TRY(download(g, dfinal, dlnf, 2 * (size_t)C * sizeof(float)));
+        FY_TRY(download(g, dembed, g->grad, wte_n * sizeof(float)));
+    } else {
+        FY_TRY(compute_done(g));
+    }
+    float *losses = (float *)malloc((size_t)N * sizeof(float));
+    if (losses == NULL)
+        return -ENOMEM;
+    int rc = download(g, losses, g->losses, (size_t)N * sizeof(float));
+    if (rc == 0)
+        rc = downloads_done(g);
+    if (rc == 0) {
+        /* mean over the rows with a target, summed in row order (deterministic) */
+        double sum = 0;
+        long count = 0;
+        for (int i = 0; i < N; i++)
+            if (targets[i] >= 0) {
+                sum += losses[i];
+                count++;
+            }
+        *loss = count ? sum / (double)count : 0.0;
+        if (backward)
+            memset(dembed + wte_n, 0, (size_t)c->ctx * C * sizeof(float));
+    }
+    free(losses);
+    return rc;
+}

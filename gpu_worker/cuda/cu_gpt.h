@@ -1,0 +1,31 @@
+/* The GPT units on the GPU: embeddings, a transformer block (forward, and backward with the block
+ * recomputed from its input), and the final LayerNorm with the tied LM head and cross-entropy, over
+ * the fp32 host buffers of the backend interface. Weights and activations are bf16 on the device
+ * with fp32 accumulation; weight gradients are fp32. Every device buffer comes from the arena,
+ * sized once for the batch. Copies go on their own streams, ordered by events. */
+#ifndef FY_CU_GPT_H
+#define FY_CU_GPT_H
+
+#include "common/model.h"
+#include "gpu_worker/cuda/cu_arena.h"
+#include "gpu_worker/cuda/cu_common.h"
+
+struct fy_cu_gpt;
+
+/* Arena bytes the model pieces need for batches of B x T. */
+size_t fy_cu_gpt_arena_bytes(const struct fy_gpt_config *c, int B, int T);
+/* -EINVAL (said) for shapes the kernels do not take (n_embd and head size multiples of 8). */
+int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struct fy_gpt_config *c,
+                  int B, int T);
+void fy_cu_gpt_destroy(struct fy_cu_gpt **g);
+
+int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, float *x);
+int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const float *dx,
+                             float *dembed);
+int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const float *x, float *y);
+int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const float *x,
+                             const float *dy, float *dx, float *dparams);
+int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
+                   const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
+
+#endif

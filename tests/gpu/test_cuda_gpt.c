@@ -1,0 +1,159 @@
+/* GPU test of the CUDA backend's GPT units against the CPU backend (the fp32 reference) through the
+ * backend interface the gpu worker uses: embeddings, a block forward and backward, the head with
+ * loss and gradients, the embedding backward; and determinism (two runs, identical bytes).
+ * Tolerances are for bf16 weights and activations with fp32 accumulation: relative Frobenius error
+ * of each output below 3e-2 (bf16 keeps 8 bits of mantissa, 2^-8 = 4e-3 per rounding, and a block
+ * rounds each activation several times), loss within 1e-2 relative. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/model.h"
+#include "gpu_worker/backend.h"
+#include "tests/testutil.h"
+
+static struct fy_backend *cuda, *cpu;
+static const struct fy_gpt_config cfg = {2, 4, 64, 259, 48};
+static const int B = 3, T = 37;
+
+static float *unit_params(unsigned unit, uint64_t seed)
+{
+    size_t n = fy_gpt_unit_params(&cfg, unit);
+    float *p = malloc(n * sizeof *p);
+    fy_gpt_init_unit(&cfg, unit, seed, p);
+    /* perturb so LayerNorm parameters and biases are not trivially 1 and 0 */
+    uint64_t s = seed * 7 + unit;
+    for (size_t i = 0; i < n; i++)
+        p[i] += fy_test_uniform(&s, -0.05f, 0.05f);
+    return p;
+}
+
+static double rel_err(const float *a, const float *ref, size_t n, const char *what)
+{
+    double num = 0, den = 0, maxabs = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        if (fabs(d) > maxabs || isnan(d))
+            maxabs = isnan(d) ? INFINITY : fabs(d);
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    print_message("%-22s n=%-8zu max abs err %.3e  relative Frobenius %.3e\n", what, n, maxabs, rel);
+    return isnan(rel) ? INFINITY : rel;
+}
+
+static void test_units_match_cpu(void **state)
+{
+    size_t N = (size_t)B * T, C = cfg.n_embd, NC = N * C;
+    uint64_t seed = 11;
+    int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);
+    for (size_t i = 0; i < N; i++) {
+        tokens[i] = (int32_t)(fy_test_rand(&seed) % cfg.vocab);
+        targets[i] = (int32_t)(fy_test_rand(&seed) % cfg.vocab);
+    }
+    targets[5] = -1;
+    float *embed = unit_params(0, 1), *block = unit_params(1, 1), *fin = unit_params(3, 1);
+    size_t ne = fy_gpt_unit_params(&cfg, 0), nb = fy_gpt_unit_params(&cfg, 1), nf = 2 * C;
+    float *x_gpu = malloc(NC * 4), *x_cpu = malloc(NC * 4);
+    assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, x_gpu), 0);
+    assert_int_equal(fy_backend_gpt_embed_forward(cpu, embed, tokens, x_cpu), 0);
+    assert_true(rel_err(x_gpu, x_cpu, NC, "embed forward") < 3e-2);
+
+    float *y_gpu = malloc(NC * 4), *y_cpu = malloc(NC * 4);
+    assert_int_equal(fy_backend_gpt_block_forward(cuda, block, x_cpu, y_gpu), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cpu, block, x_cpu, y_cpu), 0);
+    assert_true(rel_err(y_gpu, y_cpu, NC, "block forward") < 3e-2);
+
+    double loss_gpu, loss_cpu;
+    float *dx_gpu = malloc(NC * 4), *dx_cpu = malloc(NC * 4);
+    float *dfin_gpu = malloc(nf * 4), *dfin_cpu = malloc(nf * 4);
+    float *demb_gpu = malloc(ne * 4), *demb_cpu = malloc(ne * 4);
+    assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y_cpu, targets, &loss_gpu, dx_gpu,
+                                         dfin_gpu, demb_gpu),
+                     0);
+    assert_int_equal(fy_backend_gpt_head(cpu, fin, embed, y_cpu, targets, &loss_cpu, dx_cpu,
+                                         dfin_cpu, demb_cpu),
+                     0);
+    print_message("loss gpu %.6f cpu %.6f\n", loss_gpu, loss_cpu);
+    assert_true(fabs(loss_gpu - loss_cpu) <= 1e-2 * fabs(loss_cpu));
+    assert_true(rel_err(dx_gpu, dx_cpu, NC, "head dx") < 3e-2);
+    assert_true(rel_err(dfin_gpu, dfin_cpu, nf, "head dfinal") < 3e-2);
+    assert_true(rel_err(demb_gpu, demb_cpu, ne, "head dembed") < 3e-2);
+    double no_grad;
+    assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y_cpu, targets, &no_grad, NULL, NULL, NULL),
+                     0);
+    assert_true(fabs(no_grad - loss_gpu) <= 1e-6 * fabs(loss_gpu));
+
+    float *dxb_gpu = malloc(NC * 4), *dxb_cpu = malloc(NC * 4);
+    float *dp_gpu = malloc(nb * 4), *dp_cpu = malloc(nb * 4);
+    assert_int_equal(fy_backend_gpt_block_backward(cuda, block, x_cpu, dx_cpu, dxb_gpu, dp_gpu), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(cpu, block, x_cpu, dx_cpu, dxb_cpu, dp_cpu), 0);
+    assert_true(rel_err(dxb_gpu, dxb_cpu, NC, "block backward dx") < 3e-2);
+    struct fy_gpt_block_layout l;
+    fy_gpt_block_layout(&cfg, &l);
+    const struct { const char *name; size_t off, n; } parts[] = {
+        {"dln1_w", l.ln1_w, C},        {"dln1_b", l.ln1_b, C},  {"dqkv_w", l.qkv_w, 3 * C * C},
+        {"dqkv_b", l.qkv_b, 3 * C},    {"dattn_w", l.attn_w, C * C}, {"dattn_b", l.attn_b, C},
+        {"dln2_w", l.ln2_w, C},        {"dln2_b", l.ln2_b, C},  {"dfc_w", l.fc_w, 4 * C * C},
+        {"dfc_b", l.fc_b, 4 * C},      {"dproj_w", l.proj_w, 4 * C * C}, {"dproj_b", l.proj_b, C},
+    };
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        assert_true(rel_err(dp_gpu + parts[i].off, dp_cpu + parts[i].off, parts[i].n, parts[i].name) <
+                    3e-2);
+    /* determinism: the same backward again gives the same bytes */
+    float *dp_again = malloc(nb * 4), *dx_again = malloc(NC * 4);
+    assert_int_equal(fy_backend_gpt_block_backward(cuda, block, x_cpu, dx_cpu, dx_again, dp_again), 0);
+    assert_memory_equal(dp_again, dp_gpu, nb * 4);
+    assert_memory_equal(dx_again, dxb_gpu, NC * 4);
+
+    /* embedding backward accumulates onto the head's share */
+    memcpy(demb_gpu, demb_cpu, ne * 4);
+    assert_int_equal(fy_backend_gpt_embed_backward(cuda, tokens, dxb_cpu, demb_gpu), 0);
+    assert_int_equal(fy_backend_gpt_embed_backward(cpu, tokens, dxb_cpu, demb_cpu), 0);
+    assert_true(rel_err(demb_gpu, demb_cpu, ne, "embed backward") < 3e-2);
+
+    free(tokens); free(targets); free(embed); free(block); free(fin); free(x_gpu); free(x_cpu);
+    free(y_gpu); free(y_cpu); free(dx_gpu); free(dx_cpu); free(dfin_gpu); free(dfin_cpu);
+    free(demb_gpu); free(demb_cpu); free(dxb_gpu); free(dxb_cpu); free(dp_gpu); free(dp_cpu);
+    free(dp_again); free(dx_again);
+}
+
+static void test_budget_refused(void **state)
+{
+    struct fy_backend *small = NULL;
+    assert_int_equal(fy_backend_open(&small, "cuda", 1 << 20), 0);
+    assert_int_equal(fy_backend_gpt_prepare(small, &cfg, B, T), -ENOMEM); /* 1 MiB cannot hold it */
+    fy_backend_close(&small);
+}
+
+int main(void)
+{
+    if (!fy_backend_cuda_built()) {
+        printf("test_cuda_gpt: SKIPPED: this build has no CUDA backend (nvcc not found)\n");
+        return FY_TEST_SKIP;
+    }
+    if (fy_backend_open(&cuda, "cuda", 0) < 0) {
+        printf("test_cuda_gpt: SKIPPED: no usable CUDA device on this machine\n");
+        return FY_TEST_SKIP;
+    }
+    if (fy_backend_open(&cpu, "cpu", 0) < 0 || fy_backend_gpt_prepare(cpu, &cfg, B, T) < 0 ||
+        fy_backend_gpt_prepare(cuda, &cfg, B, T) < 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_units_match_cpu),
+        cmocka_unit_test(test_budget_refused),
+    };
+    int failed = cmocka_run_group_tests_name("cuda GPT units", tests, NULL, NULL);
+    fy_backend_close(&cuda);
+    fy_backend_close(&cpu);
+    return failed;
+}
