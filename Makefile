@@ -54,9 +54,10 @@ GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c) $(if $(NVCC),$(wildcard tests/gp
 GPU_TEST_BINS := $(patsubst tests/%.cu,$(BUILD)/tests/%,$(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%))
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
+GPU_BENCH_BINS := $(if $(NVCC),$(patsubst tests/bench/%.cu,$(BUILD)/bench/%,$(wildcard tests/bench/bench_*.cu)))
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o
 
-.PHONY: all deps check-deps test test-gpu bench tests benches demo clean
+.PHONY: all deps check-deps test test-gpu bench bench-gpu tests benches demo clean
 all: check-deps $(BINS)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -113,7 +114,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(TEST_HELPERS) $(LIB)
 .SECONDARY:
 
 tests: all $(TEST_BINS) $(GPU_TEST_BINS)
-benches: all $(BENCH_BINS)
+benches: all $(BENCH_BINS) $(GPU_BENCH_BINS)
 
 test: tests
 	@$(if $(MISSING_TEST),echo "error: missing cmocka; install the Debian package libcmocka-dev (or run: make deps)"; exit 1,true)
@@ -124,6 +125,10 @@ test-gpu: all $(GPU_TEST_BINS)
 
 bench: benches
 	BUILD=$(BUILD) tests/bench/run_bench.sh
+
+bench-gpu: benches
+	@$(if $(NVCC),true,echo "bench-gpu needs nvcc and an NVIDIA GPU"; exit 1)
+	BUILD=$(BUILD) tests/bench/bench_gpu.sh
 
 # The main job on a fresh machine: prepare the bundled sample text (the project's own docs and
 # sources) and fine-tune a small byte-level GPT through the three worker processes on the CPU.

@@ -32,6 +32,11 @@ struct fy_cu_gpt {
     /* their gradients */
     bf16 *dy, *dy1, *dln2, *datty, *dln1, *dx, *dqkv, *dg, *dfc;
     void *attn_scratch, *head_scratch;
+    /* profiling */
+    int timing;
+    cudaEvent_t t0, t1;
+    struct fy_cu_gpt_op ops[FY_CU_GPT_MAX_OPS];
+    int n_ops;
 };
 
 /* One list of every buffer, used both to size the arena and to carve it. */
@@ -145,7 +150,8 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
                     cudaStreamCreateWithFlags(&g->h2d, cudaStreamNonBlocking) != cudaSuccess ||
                     cudaStreamCreateWithFlags(&g->d2h, cudaStreamNonBlocking) != cudaSuccess ||
                     cudaEventCreateWithFlags(&g->uploaded, cudaEventDisableTiming) != cudaSuccess ||
-                    cudaEventCreateWithFlags(&g->computed, cudaEventDisableTiming) != cudaSuccess)) {
+                    cudaEventCreateWithFlags(&g->computed, cudaEventDisableTiming) != cudaSuccess ||
+                    cudaEventCreate(&g->t0) != cudaSuccess || cudaEventCreate(&g->t1) != cudaSuccess)) {
         fy_error("CUDA: cannot create the backend's streams and events");
         rc = -EIO;
     }
@@ -167,6 +173,10 @@ void fy_cu_gpt_destroy(struct fy_cu_gpt **gp)
         cudaEventDestroy(g->uploaded);
     if (g->computed)
         cudaEventDestroy(g->computed);
+    if (g->t0)
+        cudaEventDestroy(g->t0);
+    if (g->t1)
+        cudaEventDestroy(g->t1);
     if (g->compute)
         cudaStreamDestroy(g->compute);
     if (g->h2d)
@@ -246,32 +256,106 @@ static int download_act(struct fy_cu_gpt *g, float *host, const bf16 *dev)
     return download(g, host, g->act32, n * sizeof(float));
 }
 
-#define P(field) (g->pbf + g->lay.field)
-#define G(field) (g->grad + g->lay.field)
+#define P(field) (params + g->lay.field)
+#define G(field) (dparams + g->lay.field)
 
-/* The block's forward from g->x into g->y, keeping every internal for the backward. */
-static int block_forward_device(struct fy_cu_gpt *g)
+/* Per-op timing for profiling (fy_cu_gpt_set_timing): events around each op, summed by name. */
+#define OP(name, call)                                                                             \
+    do {                                                                                           \
+        int fy_op_slot_ = g->timing ? timing_begin(g, name) : -1;                                  \
+        FY_TRY(call);                                                                              \
+        if (fy_op_slot_ >= 0)                                                                      \
+            FY_TRY(timing_end(g, fy_op_slot_));                                                    \
+    } while (0)
+
+static int timing_begin(struct fy_cu_gpt *g, const char *name)
+{
+    int slot = 0;
+    while (slot < g->n_ops && strcmp(g->ops[slot].name, name) != 0)
+        slot++;
+    if (slot == g->n_ops) {
+        if (g->n_ops == FY_CU_GPT_MAX_OPS)
+            return -1;
+        snprintf(g->ops[slot].name, sizeof g->ops[slot].name, "%s", name);
+        g->ops[slot].ms = 0;
+        g->n_ops++;
+    }
+    if (cudaEventRecord(g->t0, g->compute) != cudaSuccess)
+        return -1;
+    return slot;
+}
+
+static int timing_end(struct fy_cu_gpt *g, int slot)
+{
+    FY_CUDA(cudaEventRecord(g->t1, g->compute), "recording a timing event");
+    FY_CUDA(cudaEventSynchronize(g->t1), "waiting for a timing event");
+    float ms = 0;
+    FY_CUDA(cudaEventElapsedTime(&ms, g->t0, g->t1), "reading a timing event");
+    g->ops[slot].ms += ms;
+    return 0;
+}
+
+/* The block's forward from x into y, keeping every internal for the backward. */
+static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y)
 {
     int N = g->N, C = (int)g->c.n_embd, NH = (int)g->c.n_head;
     size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
-    FY_TRY(fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, g->x, P(ln1_w), P(ln1_b), N, C, s));
-    FY_TRY(fy_cu_matmul_forward(g->lt, g->qkv, g->ln1, P(qkv_w), P(qkv_b), N, C, 3 * C, s));
-    FY_TRY(fy_cu_attention_forward(g->lt, g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
-    FY_TRY(fy_cu_matmul_forward(g->lt, g->y1, g->atty, P(attn_w), P(attn_b), N, C, C, s));
-    FY_TRY(fy_cu_residual_forward(g->y1, g->y1, g->x, NC, s));
-    FY_TRY(fy_cu_layernorm_forward(g->ln2, g->mean2, g->rstd2, g->y1, P(ln2_w), P(ln2_b), N, C, s));
-    FY_TRY(fy_cu_matmul_forward(g->lt, g->fc, g->ln2, P(fc_w), P(fc_b), N, C, 4 * C, s));
-    FY_TRY(fy_cu_gelu_forward(g->g, g->fc, 4 * NC, s));
-    FY_TRY(fy_cu_matmul_forward(g->lt, g->y, g->g, P(proj_w), P(proj_b), N, 4 * C, C, s));
-    return fy_cu_residual_forward(g->y, g->y, g->y1, NC, s);
+    OP("layernorm fwd", fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, x, P(ln1_w), P(ln1_b), N, C, s));
+    OP("matmul qkv fwd", fy_cu_matmul_forward(g->lt, g->qkv, g->ln1, P(qkv_w), P(qkv_b), N, C, 3 * C, s));
+    OP("attention fwd", fy_cu_attention_forward(g->lt, g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
+    OP("matmul attn-proj fwd", fy_cu_matmul_forward(g->lt, g->y1, g->atty, P(attn_w), P(attn_b), N, C, C, s));
+    OP("residual fwd", fy_cu_residual_forward(g->y1, g->y1, x, NC, s));
+    OP("layernorm fwd", fy_cu_layernorm_forward(g->ln2, g->mean2, g->rstd2, g->y1, P(ln2_w), P(ln2_b), N, C, s));
+    OP("matmul fc fwd", fy_cu_matmul_forward(g->lt, g->fc, g->ln2, P(fc_w), P(fc_b), N, C, 4 * C, s));
+    OP("gelu fwd", fy_cu_gelu_forward(g->g, g->fc, 4 * NC, s));
+    OP("matmul proj fwd", fy_cu_matmul_forward(g->lt, y, g->g, P(proj_w), P(proj_b), N, 4 * C, C, s));
+    OP("residual fwd", fy_cu_residual_forward(y, y, g->y1, NC, s));
+    return 0;
+}
+
+int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y)
+{
+    return block_forward_device(g, params, x, y);
+}
+
+int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x,
+                                 const bf16 *dy, bf16 *dx, float *dparams)
+{
+    int N = g->N, C = (int)g->c.n_embd, NH = (int)g->c.n_head;
+    size_t NC = (size_t)N * C;
+    cudaStream_t s = g->compute;
+    FY_TRY(block_forward_device(g, params, x, g->y)); /* recompute from the checkpoint */
+    FY_CUDA(cudaMemsetAsync(dparams, 0, g->lay.total * sizeof(float), s), "zeroing gradients");
+    /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
+    OP("matmul proj bwd", fy_cu_matmul_backward(g->lt, g->dg, G(proj_w), G(proj_b), dy, g->g, P(proj_w), N,
+                                 4 * C, C, s));
+    OP("gelu bwd", fy_cu_gelu_backward(g->dfc, g->fc, g->dg, 4 * NC, s));
+    OP("matmul fc bwd", fy_cu_matmul_backward(g->lt, g->dln2, G(fc_w), G(fc_b), g->dfc, g->ln2, P(fc_w), N, C,
+                                 4 * C, s));
+    FY_CUDA(cudaMemcpyAsync(g->dy1, dy, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
+            "copying the residual gradient");
+    OP("layernorm bwd", fy_cu_layernorm_backward(g->dy1, G(ln2_w), G(ln2_b), g->ln_scratch, g->dln2, g->y1,
+                                    P(ln2_w), g->mean2, g->rstd2, N, C, s));
+    /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
+    OP("matmul attn-proj bwd", fy_cu_matmul_backward(g->lt, g->datty, G(attn_w), G(attn_b), g->dy1, g->atty, P(attn_w),
+                                 N, C, C, s));
+    OP("attention bwd", fy_cu_attention_backward(g->lt, g->dqkv, g->datty, g->qkv, g->attn_scratch, g->B, g->T,
+                                    C, NH, s));
+    OP("matmul qkv bwd", fy_cu_matmul_backward(g->lt, g->dln1, G(qkv_w), G(qkv_b), g->dqkv, g->ln1, P(qkv_w), N,
+                                 C, 3 * C, s));
+    FY_CUDA(cudaMemcpyAsync(dx, g->dy1, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
+            "copying the residual gradient");
+    OP("layernorm bwd", fy_cu_layernorm_backward(dx, G(ln1_w), G(ln1_b), g->ln_scratch, g->dln1, x,
+                                    P(ln1_w), g->mean1, g->rstd1, N, C, s));
+    return 0;
 }
 
 int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const float *x, float *y)
 {
     FY_TRY(upload_params(g, params, g->lay.total));
     FY_TRY(upload_act(g, g->x, x));
-    FY_TRY(block_forward_device(g));
+    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y));
     FY_TRY(download_act(g, y, g->y));
     return downloads_done(g);
 }
@@ -279,39 +363,65 @@ int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const floa
 int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const float *x,
                              const float *dy, float *dx, float *dparams)
 {
-    int N = g->N, C = (int)g->c.n_embd, NH = (int)g->c.n_head;
-    size_t NC = (size_t)N * C;
-    cudaStream_t s = g->compute;
     FY_TRY(upload_params(g, params, g->lay.total));
     FY_TRY(upload_act(g, g->x, x));
-    FY_TRY(block_forward_device(g)); /* recompute from the checkpoint */
     FY_TRY(upload_act(g, g->dy, dy));
-    FY_CUDA(cudaMemsetAsync(g->grad, 0, g->lay.total * sizeof(float), s), "zeroing gradients");
-    /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
-    FY_TRY(fy_cu_matmul_backward(g->lt, g->dg, G(proj_w), G(proj_b), g->dy, g->g, P(proj_w), N,
-                                 4 * C, C, s));
-    FY_TRY(fy_cu_gelu_backward(g->dfc, g->fc, g->dg, 4 * NC, s));
-    FY_TRY(fy_cu_matmul_backward(g->lt, g->dln2, G(fc_w), G(fc_b), g->dfc, g->ln2, P(fc_w), N, C,
-                                 4 * C, s));
-    FY_CUDA(cudaMemcpyAsync(g->dy1, g->dy, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
-            "copying the residual gradient");
-    FY_TRY(fy_cu_layernorm_backward(g->dy1, G(ln2_w), G(ln2_b), g->ln_scratch, g->dln2, g->y1,
-                                    P(ln2_w), g->mean2, g->rstd2, N, C, s));
-    /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
-    FY_TRY(fy_cu_matmul_backward(g->lt, g->datty, G(attn_w), G(attn_b), g->dy1, g->atty, P(attn_w),
-                                 N, C, C, s));
-    FY_TRY(fy_cu_attention_backward(g->lt, g->dqkv, g->datty, g->qkv, g->attn_scratch, g->B, g->T,
-                                    C, NH, s));
-    FY_TRY(fy_cu_matmul_backward(g->lt, g->dln1, G(qkv_w), G(qkv_b), g->dqkv, g->ln1, P(qkv_w), N,
-                                 C, 3 * C, s));
-    FY_CUDA(cudaMemcpyAsync(g->dx, g->dy1, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
-            "copying the residual gradient");
-    FY_TRY(fy_cu_layernorm_backward(g->dx, G(ln1_w), G(ln1_b), g->ln_scratch, g->dln1, g->x,
-                                    P(ln1_w), g->mean1, g->rstd1, N, C, s));
+    FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, g->grad));
     FY_TRY(download_act(g, dx, g->dx));
     FY_TRY(download(g, dparams, g->grad, g->lay.total * sizeof(float)));
     return downloads_done(g);
 }
+
+int fy_cu_gpt_dev_embed_forward(struct fy_cu_gpt *g, const bf16 *wte, const bf16 *wpe,
+                                const int32_t *tokens, bf16 *x)
+{
+    OP("embed fwd", fy_cu_embed_forward(x, tokens, wte, wpe, g->B, g->T, (int)g->c.n_embd, g->compute));
+    return 0;
+}
+
+int fy_cu_gpt_dev_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const bf16 *dx,
+                                 float *dwte, float *dwpe)
+{
+    OP("embed bwd", fy_cu_embed_backward(dwte, dwpe, dx, tokens, g->B, g->T, (int)g->c.n_embd,
+                                         (int)g->c.vocab, g->compute));
+    return 0;
+}
+
+int fy_cu_gpt_dev_head(struct fy_cu_gpt *g, const bf16 *lnf, const bf16 *wte, const bf16 *x,
+                       const int32_t *targets, float *losses, bf16 *dx, float *dlnf, float *dwte)
+{
+    const struct fy_gpt_config *c = &g->c;
+    int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
+    size_t NC = (size_t)N * C;
+    cudaStream_t s = g->compute;
+    OP("layernorm fwd", fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, x, lnf, lnf + C, N, C, s));
+    if (dx != NULL) {
+        FY_CUDA(cudaMemsetAsync(dwte, 0, (size_t)V * C * sizeof(float), s), "zeroing gradients");
+        FY_CUDA(cudaMemsetAsync(dlnf, 0, 2 * (size_t)C * sizeof(float), s), "zeroing gradients");
+    }
+    OP("head (logits, loss, grads)", fy_cu_head(g->lt, losses, dx ? g->dln1 : NULL, dwte, g->ln1, wte, targets, N, C, V,
+                                  HEAD_CHUNK_ROWS, g->head_scratch, s));
+    if (dx != NULL) {
+        FY_CUDA(cudaMemsetAsync(dx, 0, NC * sizeof(bf16), s), "zeroing dx");
+        OP("layernorm bwd", fy_cu_layernorm_backward(dx, dlnf, dlnf + C, g->ln_scratch, g->dln1, x, lnf,
+                                                     g->mean1, g->rstd1, N, C, s));
+    }
+    return 0;
+}
+
+void fy_cu_gpt_set_timing(struct fy_cu_gpt *g, int on)
+{
+    g->timing = on;
+    g->n_ops = 0;
+}
+
+int fy_cu_gpt_timings(const struct fy_cu_gpt *g, const struct fy_cu_gpt_op **ops)
+{
+    *ops = g->ops;
+    return g->n_ops;
+}
+
+cudaStream_t fy_cu_gpt_stream(const struct fy_cu_gpt *g) { return g->compute; }
 
 int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, float *x)
 {
@@ -320,7 +430,7 @@ int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32
     FY_TRY(upload(g, g->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
     FY_TRY(upload_params(g, embed, n));
     const bf16 *wte = g->pbf, *wpe = g->pbf + (size_t)c->vocab * c->n_embd;
-    FY_TRY(fy_cu_embed_forward(g->x, g->tokens, wte, wpe, g->B, g->T, (int)c->n_embd, g->compute));
+    FY_TRY(fy_cu_gpt_dev_embed_forward(g, wte, wpe, g->tokens, g->x));
     FY_TRY(download_act(g, x, g->x));
     return downloads_done(g);
 }
@@ -334,8 +444,7 @@ int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const f
     FY_TRY(upload(g, g->grad, dembed, n * sizeof(float)));
     FY_TRY(upload_act(g, g->dx, dx));
     float *dwte = g->grad, *dwpe = g->grad + (size_t)c->vocab * c->n_embd;
-    FY_TRY(fy_cu_embed_backward(dwte, dwpe, g->dx, g->tokens, g->B, g->T, (int)c->n_embd,
-                                (int)c->vocab, g->compute));
+    FY_TRY(fy_cu_gpt_dev_embed_backward(g, g->tokens, g->dx, dwte, dwpe));
     FY_TRY(compute_done(g));
     FY_TRY(download(g, dembed, g->grad, n * sizeof(float)));
     return downloads_done(g);
@@ -346,26 +455,18 @@ int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *
 {
     const struct fy_gpt_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
-    size_t NC = (size_t)N * C, wte_n = (size_t)V * C;
+    size_t wte_n = (size_t)V * C;
     cudaStream_t s = g->compute;
     FY_TRY(upload(g, g->targets, targets, (size_t)N * sizeof(int32_t)));
     FY_TRY(upload(g, g->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
     FY_TRY(upload_params(g, embed, wte_n)); /* only wte: the head is tied to it */
     FY_TRY(fy_cu_f32_to_bf16(g->lnf, g->lnf32, 2 * (size_t)C, s));
     FY_TRY(upload_act(g, g->x, x));
-    FY_TRY(fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, g->x, g->lnf, g->lnf + C, N, C, s));
     int backward = dx != NULL;
-    if (backward) {
-        FY_CUDA(cudaMemsetAsync(g->grad, 0, (wte_n + 2 * (size_t)C) * sizeof(float), s),
-                "zeroing gradients");
-    }
-    FY_TRY(fy_cu_head(g->lt, g->losses, backward ? g->dln1 : NULL, g->grad, g->ln1, g->pbf,
-                      g->targets, N, C, V, HEAD_CHUNK_ROWS, g->head_scratch, s));
     float *dlnf = g->grad + wte_n;
+    FY_TRY(fy_cu_gpt_dev_head(g, g->lnf, g->pbf, g->x, g->targets, g->losses,
+                              backward ? g->dx : NULL, dlnf, g->grad));
     if (backward) {
-        FY_CUDA(cudaMemsetAsync(g->dx, 0, NC * sizeof(bf16), s), "zeroing dx");
-        FY_TRY(fy_cu_layernorm_backward(g->dx, dlnf, dlnf + C, g->ln_scratch, g->dln1, g->x, g->lnf,
-                                        g->mean1, g->rstd1, N, C, s));
         FY_TRY(download_act(g, dx, g->dx));
         FY_TRY(download(g, dfinal, dlnf, 2 * (size_t)C * sizeof(float)));
         FY_TRY(download(g, dembed, g->grad, wte_n * sizeof(float)));

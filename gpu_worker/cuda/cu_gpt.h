@@ -12,6 +12,12 @@
 
 struct fy_cu_gpt;
 
+#define FY_CU_GPT_MAX_OPS 32
+struct fy_cu_gpt_op {
+    char name[32];
+    float ms; /* summed over every call since timing was switched on */
+};
+
 /* Arena bytes the model pieces need for batches of B x T. */
 size_t fy_cu_gpt_arena_bytes(const struct fy_gpt_config *c, int B, int T);
 /* -EINVAL (said) for shapes the kernels do not take (n_embd and head size multiples of 8). */
@@ -27,5 +33,25 @@ int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const flo
                              const float *dy, float *dx, float *dparams);
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
+
+/* Device-level units, for drivers that keep weights and activations on the GPU (bf16 weights in the
+ * unit layout of common/model.h; activations [B][T][C] bf16; gradients f32, overwritten except where
+ * noted). Everything is queued on the compute stream (fy_cu_gpt_stream); nothing synchronises. */
+int fy_cu_gpt_dev_embed_forward(struct fy_cu_gpt *g, const bf16 *wte, const bf16 *wpe,
+                                const int32_t *tokens, bf16 *x);
+/* dwte, dwpe += the lookup's gradient. */
+int fy_cu_gpt_dev_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const bf16 *dx,
+                                 float *dwte, float *dwpe);
+int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y);
+int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x,
+                                 const bf16 *dy, bf16 *dx, float *dparams);
+/* losses [N] f32 per row; with dx != NULL also dx, dlnf [2C] and dwte [V][C] (overwritten). */
+int fy_cu_gpt_dev_head(struct fy_cu_gpt *g, const bf16 *lnf, const bf16 *wte, const bf16 *x,
+                       const int32_t *targets, float *losses, bf16 *dx, float *dlnf, float *dwte);
+cudaStream_t fy_cu_gpt_stream(const struct fy_cu_gpt *g);
+/* Profiling: with timing on, each op is bracketed by events (serialising the stream) and its time
+ * summed by name; fy_cu_gpt_timings returns the table. */
+void fy_cu_gpt_set_timing(struct fy_cu_gpt *g, int on);
+int fy_cu_gpt_timings(const struct fy_cu_gpt *g, const struct fy_cu_gpt_op **ops);
 
 #endif

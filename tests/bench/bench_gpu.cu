@@ -1,0 +1,197 @@
+/* make bench-gpu, our side: forward plus backward of a GPT with every weight resident on the GPU
+ * (no host traffic), timed with events, reported as model TFLOP/s =
+ * (6*N*B*T + 6*L*B*T^2*width) / time, and with --profile the time per kernel over one step. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include <algorithm>
+
+#include "common/model.h"
+#include "gpu_worker/cuda/cu_arena.h"
+#include "gpu_worker/cuda/cu_common.h"
+#include "gpu_worker/cuda/cu_gpt.h"
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "bench_gpu: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_),  \
+                    __FILE__, __LINE__);                                                           \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        if ((call) != 0) {                                                                         \
+            fprintf(stderr, "bench_gpu: %s failed (%s:%d)\n", #call, __FILE__, __LINE__);         \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static __global__ void fill_uniform(bf16 *p, size_t n, uint64_t seed, float scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = (seed + i) * 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z ^= z >> 31;
+        p[i] = __float2bfloat16_rn(scale * ((float)(z >> 40) / 16777216.0f * 2.0f - 1.0f));
+    }
+}
+
+static __global__ void fill_tokens(int32_t *p, size_t n, uint32_t vocab, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = (seed + i) * 0xd1b54a32d192ed03ull;
+        z ^= z >> 29;
+        p[i] = (int32_t)(z % vocab);
+    }
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    CK(cudaMalloc(&p, bytes));
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    struct fy_gpt_config c = {24, 16, 2048, 50304, 1024};
+    int B = 16, T = 1024, iters = 5, warmup = 2, profile = 0;
+    const char *name = "custom";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : "0";
+        if (!strcmp(a, "--layers")) c.n_layer = (uint32_t)atoi(v), i++;
+        else if (!strcmp(a, "--embd")) c.n_embd = (uint32_t)atoi(v), i++;
+        else if (!strcmp(a, "--heads")) c.n_head = (uint32_t)atoi(v), i++;
+        else if (!strcmp(a, "--vocab")) c.vocab = (uint32_t)atoi(v), i++;
+        else if (!strcmp(a, "--seq")) T = atoi(v), c.ctx = (uint32_t)T, i++;
+        else if (!strcmp(a, "--batch")) B = atoi(v), i++;
+        else if (!strcmp(a, "--iters")) iters = atoi(v), i++;
+        else if (!strcmp(a, "--name")) name = v, i++;
+        else if (!strcmp(a, "--profile")) profile = 1;
+        else {
+            fprintf(stderr, "usage: bench_gpu [--name S] [--layers L] [--embd C] [--heads H] "
+                            "[--vocab V] [--seq T] [--batch B] [--iters N] [--profile]\n");
+            return 2;
+        }
+    }
+    OK(fy_gpt_config_validate(&c));
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        printf("bench_gpu: skipped: no usable CUDA device\n");
+        return 0;
+    }
+    const int L = (int)c.n_layer, C = (int)c.n_embd;
+    const size_t N = (size_t)B * T, NC = N * C, V = c.vocab;
+    unsigned units = fy_gpt_unit_count(&c);
+    /* resident weights, one bf16 buffer per unit */
+    std::vector<bf16 *> w(units);
+    for (unsigned u = 0; u < units; u++) {
+        size_t n = fy_gpt_unit_params(&c, u);
+        w[u] = (bf16 *)dev_alloc(n * sizeof(bf16));
+        fill_uniform<<<1024, 256>>>(w[u], n, 1000 + u, 0.02f);
+        CK(cudaGetLastError());
+    }
+    std::vector<bf16 *> act(L + 1);
+    for (int l = 0; l <= L; l++)
+        act[l] = (bf16 *)dev_alloc(NC * sizeof(bf16));
+    bf16 *dact[2] = {(bf16 *)dev_alloc(NC * sizeof(bf16)), (bf16 *)dev_alloc(NC * sizeof(bf16))};
+    float *dblock = (float *)dev_alloc(fy_gpt_unit_params(&c, 1) * sizeof(float));
+    float *dembed = (float *)dev_alloc(fy_gpt_unit_params(&c, 0) * sizeof(float));
+    float *dlnf = (float *)dev_alloc(2 * (size_t)C * sizeof(float));
+    float *losses = (float *)dev_alloc(N * sizeof(float));
+    int32_t *tokens = (int32_t *)dev_alloc(N * sizeof(int32_t));
+    int32_t *targets = (int32_t *)dev_alloc(N * sizeof(int32_t));
+    fill_tokens<<<256, 256>>>(tokens, N, c.vocab, 1);
+    fill_tokens<<<256, 256>>>(targets, N, c.vocab, 2);
+    CK(cudaDeviceSynchronize());
+    struct fy_cu_arena arena;
+    OK(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&c, B, T)));
+    struct fy_cu_gpt *g = NULL;
+    OK(fy_cu_gpt_new(&g, &arena, &c, B, T));
+    cudaStream_t s = fy_cu_gpt_stream(g);
+    bf16 *wte = w[0], *wpe = w[0] + V * C;
+
+    auto step = [&]() {
+        OK(fy_cu_gpt_dev_embed_forward(g, wte, wpe, tokens, act[0]));
+        for (int l = 1; l <= L; l++)
+            OK(fy_cu_gpt_dev_block_forward(g, w[l], act[l - 1], act[l]));
+        OK(fy_cu_gpt_dev_head(g, w[L + 1], wte, act[L], targets, losses, dact[0], dlnf, dembed));
+        int cur = 0;
+        for (int l = L; l >= 1; l--) {
+            OK(fy_cu_gpt_dev_block_backward(g, w[l], act[l - 1], dact[cur], dact[cur ^ 1], dblock));
+            cur ^= 1;
+        }
+        OK(fy_cu_gpt_dev_embed_backward(g, tokens, dact[cur], dembed, dembed + V * C));
+    };
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < warmup; i++)
+        step();
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> times;
+    for (int i = 0; i < iters; i++) {
+        CK(cudaEventRecord(e0, s));
+        step();
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        times.push_back(ms);
+    }
+    std::sort(times.begin(), times.end());
+    float ms = times[times.size() / 2];
+    double params = (double)fy_gpt_total_params(&c);
+    double flops = 6.0 * params * B * T + 6.0 * L * (double)B * T * T * C;
+    size_t free_b, total_b;
+    CK(cudaMemGetInfo(&free_b, &total_b));
+    printf("fuyou   %-6s L=%d C=%d NH=%u B=%d T=%d V=%zu params=%.3fB  fwd+bwd %.1f ms (median of "
+           "%d)  %.1f TFLOP/s  GPU memory in use %.1f GiB\n",
+           name, L, C, c.n_head, B, T, V, params / 1e9, ms, iters, flops / (ms * 1e-3) / 1e12,
+           (double)(total_b - free_b) / (1 << 30));
+    if (profile) {
+        fy_cu_gpt_set_timing(g, 1);
+        step();
+        CK(cudaStreamSynchronize(s));
+        const struct fy_cu_gpt_op *ops;
+        int n = fy_cu_gpt_timings(g, &ops);
+        double sum = 0;
+        for (int i = 0; i < n; i++)
+            sum += ops[i].ms;
+        /* FLOPs per layer of the products, for achieved rates */
+        double f_qkv = 2.0 * N * C * 3 * C, f_attn = 2.0 * N * C * C, f_fc = 2.0 * N * C * 4 * C;
+        double f_sdpa = 4.0 * B * (double)T * T * C / 2; /* causal: QK^T and PV, half the matrix */
+        struct { const char *op; double flops; } rates[] = {
+            {"matmul qkv fwd", f_qkv * 2 * L}, /* forward runs twice: forward and recompute */
+            {"matmul attn-proj fwd", f_attn * 2 * L}, {"matmul fc fwd", f_fc * 2 * L},
+            {"matmul proj fwd", f_fc * 2 * L},        {"matmul qkv bwd", 2 * f_qkv * L},
+            {"matmul attn-proj bwd", 2 * f_attn * L}, {"matmul fc bwd", 2 * f_fc * L},
+            {"matmul proj bwd", 2 * f_fc * L},        {"attention fwd", f_sdpa * 2 * L},
+            {"attention bwd", 2 * f_sdpa * L},
+            {"head (logits, loss, grads)", 6.0 * N * C * V},
+        };
+        printf("profile of one step (each op bracketed by events; the sum %.1f ms exceeds the "
+               "timed step by the serialisation):\n", sum);
+        printf("  %-28s %10s %7s %10s\n", "op", "ms/step", "share", "TFLOP/s");
+        for (int i = 0; i < n; i++) {
+            double tf = 0;
+            for (size_t k = 0; k < sizeof rates / sizeof rates[0]; k++)
+                if (!strcmp(rates[k].op, ops[i].name))
+                    tf = rates[k].flops / (ops[i].ms * 1e-3) / 1e12;
+            printf("  %-28s %10.2f %6.1f%% ", ops[i].name, ops[i].ms, 100.0 * ops[i].ms / sum);
+            if (tf > 0)
+                printf("%10.1f\n", tf);
+            else
+                printf("%10s\n", "-");
+        }
+    }
+    fy_cu_gpt_destroy(&g);
+    fy_cu_arena_release(&arena);
+    return 0;
+}

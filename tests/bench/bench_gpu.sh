@@ -1,0 +1,20 @@
+#!/bin/bash
+# make bench-gpu: GPT forward + backward with all weights resident on the GPU, ours and PyTorch's
+# side by side on the same configs (GPT-3-style 1.3B and 2.7B, B 16, T 1024, V 50304); a table last.
+set -u
+BUILD=${BUILD:-build}
+out=$(mktemp)
+run() { # name layers embd heads
+  python3 tests/bench/bench_gpu_torch.py --name $1 --layers $2 --embd $3 --heads $4 | tee -a $out
+  "$BUILD/bench/bench_gpu" --name $1 --layers $2 --embd $3 --heads $4 ${PROFILE:+--profile} | tee -a $out
+}
+run 1.3B 24 2048 16
+run 2.7B 32 2560 32
+echo
+echo "config  PyTorch TFLOP/s  Fuyou TFLOP/s  ratio"
+for c in 1.3B 2.7B; do
+  p=$(grep "^pytorch $c " $out | grep -o '[0-9.]* TFLOP/s' | cut -d' ' -f1)
+  f=$(grep "^fuyou   $c " $out | grep -o '[0-9.]* TFLOP/s' | cut -d' ' -f1)
+  [ -n "$p" ] && [ -n "$f" ] && awk -v c=$c -v p=$p -v f=$f 'BEGIN{printf "%-7s %15.1f %14.1f %6.2f\n", c, p, f, f/p}'
+done
+rm -f $out
