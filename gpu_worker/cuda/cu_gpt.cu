@@ -11,13 +11,18 @@
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "gpu_worker/cuda/cu_norm.h"
 
-#define HEAD_CHUNK_ROWS 256
+/* Rows of logits per chunk of the head: large enough that its products run at full speed, small
+ * enough that a chunk's logits stay within HEAD_CHUNK_BYTES however large the vocabulary. */
+#define HEAD_CHUNK_BYTES (512u << 20)
+#define HEAD_CHUNK_MIN 256
+#define HEAD_CHUNK_MAX 4096
 #define LT_WORKSPACE (32u << 20)
 
 struct fy_cu_gpt {
     struct fy_gpt_config c;
     struct fy_gpt_block_layout lay;
     int B, T, N;
+    int head_rows;   /* rows per chunk of the head */
     size_t unit_max; /* floats of the largest unit */
     cudaStream_t compute, h2d, d2h;
     cudaEvent_t uploaded, computed;
@@ -84,7 +89,7 @@ static int plan(struct fy_cu_gpt *g, struct piece *p, void **lt_ws)
     PIECE(dg, 4 * N * C, bf16);
     PIECE(dfc, 4 * N * C, bf16);
     PIECE(attn_scratch, fy_cu_attention_scratch_bytes(g->B, g->T, (int)C, c->n_head), char);
-    PIECE(head_scratch, fy_cu_head_scratch_bytes(HEAD_CHUNK_ROWS, c->vocab), char);
+    PIECE(head_scratch, fy_cu_head_scratch_bytes(g->head_rows, c->vocab), char);
 #undef PIECE
     p[n++] = (struct piece){LT_WORKSPACE, lt_ws};
     return n;
@@ -97,6 +102,10 @@ static void setup_shape(struct fy_cu_gpt *g, const struct fy_gpt_config *c, int 
     g->B = B;
     g->T = T;
     g->N = B * T;
+    size_t per_row = fy_cu_head_scratch_bytes(1, c->vocab);
+    size_t rows = per_row ? HEAD_CHUNK_BYTES / per_row : HEAD_CHUNK_MAX;
+    rows = rows < HEAD_CHUNK_MIN ? HEAD_CHUNK_MIN : rows > HEAD_CHUNK_MAX ? HEAD_CHUNK_MAX : rows;
+    g->head_rows = (int)(rows < (size_t)g->N ? rows : (size_t)g->N);
     g->unit_max = 0;
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
         if (fy_gpt_unit_params(c, u) > g->unit_max)
@@ -400,7 +409,7 @@ int fy_cu_gpt_dev_head(struct fy_cu_gpt *g, const bf16 *lnf, const bf16 *wte, co
         FY_CUDA(cudaMemsetAsync(dlnf, 0, 2 * (size_t)C * sizeof(float), s), "zeroing gradients");
     }
     OP("head (logits, loss, grads)", fy_cu_head(g->lt, losses, dx ? g->dln1 : NULL, dwte, g->ln1, wte, targets, N, C, V,
-                                  HEAD_CHUNK_ROWS, g->head_scratch, s));
+                                  g->head_rows, g->head_scratch, s));
     if (dx != NULL) {
         FY_CUDA(cudaMemsetAsync(dx, 0, NC * sizeof(bf16), s), "zeroing dx");
         OP("layernorm bwd", fy_cu_layernorm_backward(dx, dlnf, dlnf + C, g->ln_scratch, g->dln1, x, lnf,

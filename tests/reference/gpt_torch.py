@@ -25,14 +25,16 @@ File formats (little-endian, no padding):
   LOGITS   float32 [B*T][V]: the logits of the forward pass (bf16 values under --dtype bf16),
            rows in the order of the tokens.
 
-Exit status: 0 on success; 2 with a message on stderr for a malformed input or bad arguments;
-3 when PyTorch cannot be imported or the device asked for is not there.
+Exit status: 0 on success; 2 with a message on stderr for a malformed input, bad arguments or an
+output that cannot be written; 3 when PyTorch cannot be imported or the device asked for is not
+there; 1 when the loss comes out NaN or infinite (or PyTorch itself fails, with its traceback).
 """
 
 import argparse
 import os
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ left in the source tree by the import below
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_ref  # noqa: E402  (the file format, shared)
 
@@ -66,11 +68,10 @@ def fp32_exact(torch):
     """No TF32 anywhere (fp32 products must be fp32-accurate for the reference). PyTorch >= 2.9
     has the fp32_precision settings and warns about (and may refuse a mix with) the older ones."""
     if hasattr(torch.backends, "fp32_precision"):
-        torch.backends.fp32_precision = "ieee"
-        for owner in ("cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "cuda.math_sdp"):
+        for owner in ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "cuda.math_sdp"):
             obj = torch.backends
             try:
-                for part in owner.split("."):
+                for part in filter(None, owner.split(".")):
                     obj = getattr(obj, part)
                 if hasattr(obj, "fp32_precision"):
                     obj.fp32_precision = "ieee"
@@ -175,14 +176,20 @@ def main(argv):
     if not np.isfinite(loss_value):
         fail(1, f"the loss is not finite ({loss_value})")
 
+    # the logits first: OUT appears only when everything asked for was written
     try:
-        gpt_ref.write_output(args.output, loss_value, grads)
         if args.logits:
             lg = logits.detach().to("cpu", torch.float32).numpy().reshape(B * T, V)
             tmp = args.logits + ".tmp"
-            with open(tmp, "wb") as f:
-                f.write(np.ascontiguousarray(lg, dtype="<f4").tobytes())
-            os.replace(tmp, args.logits)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(np.ascontiguousarray(lg, dtype="<f4").tobytes())
+                os.replace(tmp, args.logits)
+            except OSError:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
+        gpt_ref.write_output(args.output, loss_value, grads)
     except OSError as e:
         fail(2, f"cannot write {e.filename}: {e.strerror}")
     return 0
