@@ -55,7 +55,7 @@ GPU_TEST_BINS := $(patsubst tests/%.cu,$(BUILD)/tests/%,$(GPU_TEST_SRCS:tests/%.
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 GPU_BENCH_BINS := $(if $(NVCC),$(patsubst tests/bench/%.cu,$(BUILD)/bench/%,$(wildcard tests/bench/bench_*.cu)))
-TEST_HELPERS := $(BUILD)/obj/tests/testutil.o
+TEST_HELPERS := $(BUILD)/obj/tests/testutil.o $(BUILD)/obj/tests/refmodel.o
 
 .PHONY: all deps check-deps test test-gpu bench bench-gpu tests benches demo clean
 all: check-deps $(BINS)

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fsutil.h"
 
 enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S_HASH_HI,
        S_STEP_LO, S_STEP_HI, S_EXTRA0, S_EXTRA1, S_CHECKSUM, S_COUNT };
@@ -99,35 +100,7 @@ uint64_t fy_unit_state_bytes(const struct fy_gpt_config *c, unsigned unit)
     return 3 * fy_unit_state_section(c, unit);
 }
 
-static int write_all(int fd, const void *buf, size_t len, const char *path)
-{
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            int e = errno;
-            fy_error("writing %s: %s%s", path, strerror(e), e == ENOSPC ? " (disk full)" : "");
-            return -e;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
 
-static int fsync_dir_of(const char *path)
-{
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    FY_SYS(dfd, "cannot open the directory of %s", path);
-    int rc = fsync(dfd);
-    close(dfd);
-    FY_SYS(rc, "fsync of the directory of %s", path);
-    return 0;
-}
 
 int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t step, int overwrite,
                      int (*next)(void *ctx, unsigned unit, float *params), void *ctx)
@@ -149,14 +122,16 @@ int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t s
     int rc = header && buf ? 0 : -ENOMEM;
     if (rc == 0) {
         encode_header(header, FY_WEIGHTS_MAGIC, c, step, 1, fy_gpt_unit_count(c));
-        rc = write_all(fd, header, FY_CKPT_BLOCK, tmp);
+        rc = fy_write_all(fd, header, FY_CKPT_BLOCK, tmp, 0);
     }
+    uint64_t at = FY_CKPT_BLOCK;
     for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
         size_t n = fy_gpt_unit_params(c, u);
         memset(buf, 0, align4k(n * 4));
         rc = next(ctx, u, buf);
         if (rc == 0)
-            rc = write_all(fd, buf, align4k(n * 4), tmp);
+            rc = fy_write_all(fd, buf, align4k(n * 4), tmp, at);
+        at += align4k(n * 4);
     }
     if (rc == 0 && fsync(fd) != 0) {
         rc = -errno;
@@ -173,7 +148,7 @@ int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t s
         unlink(tmp);
         return rc;
     }
-    return fsync_dir_of(path);
+    return fy_fsync_parent(path);
 }
 
 int fy_weights_read(const char *path, struct fy_gpt_config *c, uint64_t *step, float **params)

@@ -5,7 +5,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fsutil.h"
 
 static const char config_header[] = "# fuyou run config v1";
 
@@ -185,14 +185,7 @@ int fy_config_save(const struct fy_config *c, const char *path)
         return -e;
     }
     FY_SYS(rename(tmp, path), "cannot rename %s to %s", tmp, path);
-    char dir[1100];
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    FY_SYS(dfd, "cannot open the directory of %s", path);
-    int src = fsync(dfd);
-    close(dfd);
-    FY_SYS(src, "fsync of the directory of %s", path);
-    return 0;
+    return fy_fsync_parent(path);
 }
 
 int fy_parse_size(const char *text, uint64_t *out)

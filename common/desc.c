@@ -62,6 +62,19 @@ static uint64_t get_u64(const uint8_t *p)
     return v;
 }
 
+struct fy_desc fy_desc_region(int op, int kind, int dtype, uint64_t offset, uint64_t bytes, int layer)
+{
+    struct fy_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = (uint16_t)op;
+    d.kind = (uint16_t)kind;
+    d.dtype = (uint16_t)dtype;
+    d.offset = offset;
+    d.bytes = bytes;
+    d.layer = layer;
+    return d;
+}
+
 void fy_desc_encode(const struct fy_desc *d, uint8_t out[FY_DESC_WIRE_BYTES])
 {
     memset(out, 0, FY_DESC_WIRE_BYTES);

@@ -66,6 +66,9 @@ struct fy_desc {
                         rate (IEEE double bits) for opt-adamw, the loss (double bits) in a head reply */
 };
 
+/* A descriptor naming a region, every other field zero. */
+struct fy_desc fy_desc_region(int op, int kind, int dtype, uint64_t offset, uint64_t bytes, int layer);
+
 /* Encodes d into exactly FY_DESC_WIRE_BYTES bytes. */
 void fy_desc_encode(const struct fy_desc *d, uint8_t out[FY_DESC_WIRE_BYTES]);
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fsutil.h"
 
 #define TOK_PATH_MAX 4096
 /* Size of the writer's staging buffer and of the preparation's read chunks. */
@@ -77,22 +78,8 @@ struct tok_writer {
 
 static int write_all(struct tok_writer *w, const void *data, size_t len)
 {
-    const uint8_t *p = data;
-    while (len > 0) {
-        ssize_t n = write(w->fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int e = n < 0 ? errno : EIO;
-            fy_error("cannot write %s at offset %llu: %s (disk full? free space or choose another "
-                     "output directory)",
-                     w->tmp, (unsigned long long)w->offset, strerror(e));
-            return -e;
-        }
-        p += n;
-        len -= (size_t)n;
-        w->offset += (uint64_t)n;
-    }
+    FY_TRY(fy_write_all(w->fd, data, len, w->tmp, w->offset));
+    w->offset += len;
     return 0;
 }
 
@@ -186,17 +173,6 @@ static int writer_put_bytes(struct tok_writer *w, const uint8_t *bytes, size_t n
     return 0;
 }
 
-static int fsync_dir_of(const char *path)
-{
-    char dir[TOK_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    FY_SYS(dfd, "cannot open the directory of %s", path);
-    int src = fsync(dfd);
-    close(dfd);
-    FY_SYS(src, "fsync of the directory of %s", path);
-    return 0;
-}
 
 /* Pads, writes the header, syncs and renames into place. Aborts (removes the .tmp) on failure. */
 static int writer_finish(struct tok_writer *w, int overwrite)
@@ -268,7 +244,7 @@ static int writer_finish(struct tok_writer *w, int overwrite)
     w->buf = NULL;
     if (rc < 0)
         return rc;
-    return fsync_dir_of(w->path);
+    return fy_fsync_parent(w->path);
 }
 
 int fy_tokfile_write(const char *path, const uint32_t *tokens, uint64_t count, uint32_t vocab,

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 
 #define ALIGN 4096u
@@ -229,19 +230,6 @@ static int hdr_check(struct fy_store *s, const unsigned char *h, unsigned i)
     return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t len, const char *name)
-{
-    const char *p = buf;
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, p + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        FY_SYS(w, "writing %s at offset %zu", name, off);
-        off += (size_t)w;
-    }
-    return 0;
-}
 
 static int sorted_pos(const struct fy_store *s, uint32_t tensor, int *found)
 {
@@ -321,7 +309,7 @@ static int index_write(struct fy_store *s)
                  strerror(e));
         return -e;
     }
-    int rc = write_all(fd, b, len, s->idx_tmp);
+    int rc = fy_write_all(fd, b, len, s->idx_tmp, 0);
     free(b);
     if (rc == 0 && fsync(fd) < 0) {
         rc = -errno;
@@ -336,17 +324,7 @@ static int index_write(struct fy_store *s)
         unlink(s->idx_tmp);
         return rc;
     }
-    int dfd = open(s->dirs[0], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    FY_SYS(dfd, "store: opening ssd path %s to fsync the index rename", s->dirs[0]);
-    if (fsync(dfd) < 0) {
-        int e = errno;
-        close(dfd);
-        fy_error("store: fsync of directory %s after writing the index: %s", s->dirs[0],
-                 strerror(e));
-        return -e;
-    }
-    close(dfd);
-    return 0;
+    return fy_fsync_dir(s->dirs[0]);
 }
 
 static int index_read(struct fy_store *s)

@@ -48,23 +48,11 @@ void fy_selftest_init_state(uint64_t seed, uint64_t params, float *master, float
     }
 }
 
-static struct fy_desc region(int op, int kind, int dtype, uint64_t offset, uint64_t bytes)
-{
-    struct fy_desc d;
-    memset(&d, 0, sizeof d);
-    d.op = (uint16_t)op;
-    d.kind = (uint16_t)kind;
-    d.dtype = (uint16_t)dtype;
-    d.offset = offset;
-    d.bytes = bytes;
-    d.layer = -1; /* not a model unit: decay applies to every element */
-    return d;
-}
 
 static int io_transfer(struct fy_sup *s, int op, uint32_t tensor, uint64_t pool_offset,
                        uint64_t bytes, int timeout_ms)
 {
-    struct fy_desc d = region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes);
+    struct fy_desc d = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, -1);
     d.tensor = tensor;
     d.arg = 0;
     return fy_sup_call(s, "io", &d, 1, NULL, timeout_ms);
@@ -72,7 +60,7 @@ static int io_transfer(struct fy_sup *s, int op, uint32_t tensor, uint64_t pool_
 
 static int io_simple(struct fy_sup *s, int op, uint32_t tensor, uint64_t arg, int timeout_ms)
 {
-    struct fy_desc d = region(op, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0);
+    struct fy_desc d = fy_desc_region(op, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
     d.tensor = tensor;
     d.arg = arg;
     return fy_sup_call(s, "io", &d, 1, NULL, timeout_ms);
@@ -110,8 +98,8 @@ int fy_selftest_run(struct fy_sup *s, struct fy_pool *pool, const struct fy_self
         if (rc == 0)
             rc = fy_slots_alloc(&grads, &grad_off);
         if (rc == 0) {
-            struct fy_desc g = region(FY_OP_GPU_SYNTH_GRAD, FY_KIND_GRAD, o->grad_dtype, grad_off,
-                                      o->params * fy_dtype_size(o->grad_dtype));
+            struct fy_desc g = fy_desc_region(FY_OP_GPU_SYNTH_GRAD, FY_KIND_GRAD, o->grad_dtype, grad_off,
+                                      o->params * fy_dtype_size(o->grad_dtype), -1);
             g.step = step;
             g.tensor = FY_SELFTEST_TENSOR_STATE;
             g.arg = o->seed;
@@ -120,14 +108,14 @@ int fy_selftest_run(struct fy_sup *s, struct fy_pool *pool, const struct fy_self
         double t2 = now_s();
         if (rc == 0) {
             struct fy_desc parts[5] = {
-                region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, o->grad_dtype, grad_off,
-                       o->params * fy_dtype_size(o->grad_dtype)),
-                region(FY_OP_OPT_ADAMW, FY_KIND_MASTER, FY_DTYPE_F32, state_off, o->params * 4),
-                region(FY_OP_OPT_ADAMW, FY_KIND_ADAM_M, FY_DTYPE_F32, state_off + l.m_offset,
-                       o->params * 4),
-                region(FY_OP_OPT_ADAMW, FY_KIND_ADAM_V, FY_DTYPE_F32, state_off + l.v_offset,
-                       o->params * 4),
-                region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16, weights_off, o->params * 2),
+                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, o->grad_dtype, grad_off,
+                       o->params * fy_dtype_size(o->grad_dtype), -1),
+                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_MASTER, FY_DTYPE_F32, state_off, o->params * 4, -1),
+                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_ADAM_M, FY_DTYPE_F32, state_off + l.m_offset,
+                       o->params * 4, -1),
+                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_ADAM_V, FY_DTYPE_F32, state_off + l.v_offset,
+                       o->params * 4, -1),
+                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16, weights_off, o->params * 2, -1),
             };
             for (int i = 0; i < 5; i++) {
                 parts[i].step = step;

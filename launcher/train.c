@@ -96,18 +96,6 @@ static uint64_t wslot(const struct layout *l, unsigned i) { return l->weights + 
 static uint64_t gslot(const struct layout *l, unsigned i) { return l->grads + i * l->slot_bytes; }
 static uint64_t unit_bytes(const struct layout *l, unsigned u) { return fy_gpt_unit_params(l->c, u) * 4; }
 
-static struct fy_desc part(int op, int kind, int dtype, uint64_t offset, uint64_t bytes, int layer)
-{
-    struct fy_desc d;
-    memset(&d, 0, sizeof d);
-    d.op = (uint16_t)op;
-    d.kind = (uint16_t)kind;
-    d.dtype = (uint16_t)dtype;
-    d.offset = offset;
-    d.bytes = bytes;
-    d.layer = layer;
-    return d;
-}
 
 static int call(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
                 struct fy_desc *reply)
@@ -121,7 +109,7 @@ static int call(struct run *r, int phase, const char *worker, struct fy_desc *re
 static int io_op(struct run *r, int op, uint32_t tensor, uint64_t pool_offset, uint64_t bytes,
                  uint64_t arg)
 {
-    struct fy_desc d = part(op, bytes ? FY_KIND_RAW : FY_KIND_CONTROL, FY_DTYPE_NONE, pool_offset,
+    struct fy_desc d = fy_desc_region(op, bytes ? FY_KIND_RAW : FY_KIND_CONTROL, FY_DTYPE_NONE, pool_offset,
                             bytes, -1);
     d.tensor = tensor;
     d.arg = arg;
@@ -175,7 +163,7 @@ int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char
 {
     uint64_t off, bytes;
     FY_TRY(fy_pool_region(pool, "meta", &off, &bytes));
-    struct fy_desc d = part(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE, off, FY_CKPT_BLOCK, -1);
+    struct fy_desc d = fy_desc_region(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE, off, FY_CKPT_BLOCK, -1);
     d.tensor = FY_TENSOR_META;
     int rc = x->call(x->ctx, "io", &d, 1, NULL, timeout_ms);
     if (rc < 0) {
@@ -213,27 +201,27 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
                    (unsigned long long)(step - 1));
     /* slot 0 keeps the embeddings until the tied head has used them */
     FY_TRY(read_weights(r, 0, 0));
-    req[0] = part(FY_OP_GPT_EMBED_FWD, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
-    req[1] = part(FY_OP_GPT_EMBED_FWD, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 0), unit_bytes(l, 0), 0);
-    req[2] = part(FY_OP_GPT_EMBED_FWD, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, 0), l->act_bytes, 0);
+    req[0] = fy_desc_region(FY_OP_GPT_EMBED_FWD, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
+    req[1] = fy_desc_region(FY_OP_GPT_EMBED_FWD, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 0), unit_bytes(l, 0), 0);
+    req[2] = fy_desc_region(FY_OP_GPT_EMBED_FWD, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, 0), l->act_bytes, 0);
     FY_TRY(call(r, PH_GPU, "gpu", req, 3, NULL));
     for (unsigned b = 1; b <= L; b++) {
         FY_TRY(read_weights(r, b, 1));
         int op = FY_OP_GPT_BLOCK_FWD;
-        req[0] = part(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 1), unit_bytes(l, b), (int)b);
-        req[1] = part(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes, (int)b);
-        req[2] = part(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b), l->act_bytes, (int)b);
+        req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 1), unit_bytes(l, b), (int)b);
+        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes, (int)b);
+        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b), l->act_bytes, (int)b);
         FY_TRY(call(r, PH_GPU, "gpu", req, 3, NULL));
     }
     FY_TRY(read_weights(r, fin, 1));
     int op = FY_OP_GPT_HEAD, f = (int)fin;
-    req[0] = part(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, L), l->act_bytes, f);
-    req[1] = part(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->targets, l->tok_bytes, f);
-    req[2] = part(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 1), unit_bytes(l, fin), f);
-    req[3] = part(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 0), unit_bytes(l, 0), f);
-    req[4] = part(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, 0), l->act_bytes, f);
-    req[5] = part(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1), unit_bytes(l, fin), f);
-    req[6] = part(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
+    req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, L), l->act_bytes, f);
+    req[1] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->targets, l->tok_bytes, f);
+    req[2] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 1), unit_bytes(l, fin), f);
+    req[3] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 0), unit_bytes(l, 0), f);
+    req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, 0), l->act_bytes, f);
+    req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1), unit_bytes(l, fin), f);
+    req[6] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
     FY_TRY(call(r, PH_GPU, "gpu", req, train ? 7 : 4, &reply));
     memcpy(loss, &reply.arg, sizeof *loss);
     FY_REQUIRE(isfinite(*loss), -EDOM, "step %llu: the loss is %g: lower the learning rate",
@@ -249,10 +237,10 @@ static int update_unit(struct run *r, unsigned u, unsigned g, uint64_t step, dou
     FY_TRY(io_op(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), l->state, 3 * sec, 0));
     int op = FY_OP_OPT_ADAMW;
     struct fy_desc req[4] = {
-        part(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, g), n, (int)u),
-        part(op, FY_KIND_MASTER, FY_DTYPE_F32, l->state, n, (int)u),
-        part(op, FY_KIND_ADAM_M, FY_DTYPE_F32, l->state + sec, n, (int)u),
-        part(op, FY_KIND_ADAM_V, FY_DTYPE_F32, l->state + 2 * sec, n, (int)u),
+        fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, g), n, (int)u),
+        fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, l->state, n, (int)u),
+        fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, l->state + sec, n, (int)u),
+        fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, l->state + 2 * sec, n, (int)u),
     };
     for (int i = 0; i < 4; i++) {
         req[i].step = step;
@@ -273,20 +261,20 @@ static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t
     for (unsigned b = L; b >= 1; b--) {
         FY_TRY(read_weights(r, b, 1));
         int op = FY_OP_GPT_BLOCK_BWD;
-        req[0] = part(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 1), unit_bytes(l, b), (int)b);
-        req[1] = part(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes, (int)b);
-        req[2] = part(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur), l->act_bytes, (int)b);
-        req[3] = part(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur ^ 1), l->act_bytes, (int)b);
-        req[4] = part(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1), unit_bytes(l, b), (int)b);
+        req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 1), unit_bytes(l, b), (int)b);
+        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes, (int)b);
+        req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur), l->act_bytes, (int)b);
+        req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur ^ 1), l->act_bytes, (int)b);
+        req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1), unit_bytes(l, b), (int)b);
         FY_TRY(call(r, PH_GPU, "gpu", req, 5, NULL));
         cur ^= 1;
         FY_TRY(update_unit(r, b, 1, step, lr));
         version[b] = step;
     }
     int op = FY_OP_GPT_EMBED_BWD;
-    req[0] = part(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
-    req[1] = part(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur), l->act_bytes, 0);
-    req[2] = part(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
+    req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
+    req[1] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur), l->act_bytes, 0);
+    req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
     FY_TRY(call(r, PH_GPU, "gpu", req, 3, NULL));
     FY_TRY(update_unit(r, 0, 0, step, lr));
     version[0] = step;

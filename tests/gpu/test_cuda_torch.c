@@ -2,7 +2,7 @@
  * gpt_torch.py): the loss and the gradient of every named tensor of every unit, composed through
  * the backend interface as the gpu worker runs it (embeddings, blocks kept as checkpoints and
  * recomputed in their backward, the tied head with an ignored target, the embedding backward
- * accumulating onto the head's wte gradient).
+ * accumulating onto the head's wte gradient; tests/refmodel.h).
  *
  * The reference is PyTorch in fp32 (no TF32, SDPA's math backend). PyTorch's own bf16 autocast run
  * of the same model calibrates what bf16 costs: for each tensor, our relative Frobenius error
@@ -11,7 +11,6 @@
  * TF32 or other precision leak in it cannot widen what we accept.
  *
  * Skips (exit 77) without the CUDA backend, without a CUDA device, or without python3 and torch. */
-#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,23 +19,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "common/model.h"
 #include "gpu_worker/backend.h"
+#include "tests/refmodel.h"
 #include "tests/testutil.h"
-
-#define REF_MAGIC 0x52475946 /* "FYGR" as little-endian bytes (gpt_ref.py's input format) */
-#define REF_VERSION 1
 
 /* Small but GPT-3-style in shape, within what the CUDA kernels take (n_embd and the head size
  * multiples of 8): 2 layers, 4 heads of 32, 128 wide, 512 tokens, full context. */
 static const struct fy_gpt_config CFG = {.n_layer = 2, .n_head = 4, .n_embd = 128, .vocab = 512,
                                          .ctx = 64};
-enum { B = 4, T = 64, MAX_UNITS = 8, MAX_TENSORS = 64 };
+enum { B = 4, T = 64, MAX_TENSORS = 64 };
 static const uint64_t SEED = 20240917;
 
 /* Ours (bf16 inside) against PyTorch fp32: below max(BF16_FACTOR x PyTorch-bf16's error, FLOOR). */
@@ -50,27 +46,11 @@ static const uint64_t SEED = 20240917;
 /* Cross-entropy recomputed here in float64 from the logits PyTorch wrote, against its loss. */
 #define LOGITS_LOSS_RTOL 1e-5
 
+/* Time limit of each run of a reference script (PyTorch's start-up included). */
+#define SCRIPT_TIMEOUT_S 300
+
 static char script[4096], ref_script[4096];
 static struct fy_backend *cuda;
-
-static int run(char *const argv[])
-{
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        execvp(argv[0], argv);
-        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 struct tensor {
     char name[32];
@@ -78,34 +58,23 @@ struct tensor {
     size_t off, n;
 };
 
-struct model {
-    unsigned n_units;
-    size_t sizes[MAX_UNITS];
-    float *params[MAX_UNITS];
-    float *grads[MAX_UNITS]; /* ours (the CUDA backend) */
-    double loss;
-    int32_t tokens[B * T], targets[B * T];
-    struct tensor tensors[MAX_TENSORS];
-    unsigned n_tensors;
+/* The named tensors of the model's units. */
+struct tensors {
+    struct tensor t[MAX_TENSORS];
+    unsigned n;
 };
 
-/* A reference's output (gpt_ref.py's OUT format): the loss and every unit's gradient. */
-struct result {
-    double loss;
-    double *grads[MAX_UNITS];
-};
-
-static float *falloc(size_t n)
+/* fy_refmodel calls: a failure fails the test with the reason. */
+static void check(int rc, const struct fy_refmodel *m)
 {
-    float *p = calloc(n ? n : 1, sizeof *p);
-    assert_non_null(p);
-    return p;
+    if (rc != 0)
+        fail_msg("%s", m->err);
 }
 
-static void add_tensor(struct model *m, unsigned unit, const char *name, size_t off, size_t n)
+static void add_tensor(struct tensors *ts, unsigned unit, const char *name, size_t off, size_t n)
 {
-    assert_true(m->n_tensors < MAX_TENSORS);
-    struct tensor *t = &m->tensors[m->n_tensors++];
+    assert_true(ts->n < MAX_TENSORS);
+    struct tensor *t = &ts->t[ts->n++];
     if (fy_gpt_unit_kind(&CFG, unit) == FY_UNIT_BLOCK)
         snprintf(t->name, sizeof t->name, "block%u.%s", unit - 1, name);
     else
@@ -116,182 +85,51 @@ static void add_tensor(struct model *m, unsigned unit, const char *name, size_t 
 }
 
 /* Every named tensor of every unit, in order, with its place in the unit (common/model.h). */
-static void list_tensors(struct model *m)
+static void list_tensors(const struct fy_refmodel *m, struct tensors *ts)
 {
     const size_t C = CFG.n_embd, V = CFG.vocab;
     struct fy_gpt_block_layout l;
     fy_gpt_block_layout(&CFG, &l);
+    ts->n = 0;
     for (unsigned u = 0; u < m->n_units; u++) {
         switch (fy_gpt_unit_kind(&CFG, u)) {
         case FY_UNIT_EMBED:
-            add_tensor(m, u, "wte", 0, V * C);
-            add_tensor(m, u, "wpe", V * C, (size_t)CFG.ctx * C);
+            add_tensor(ts, u, "wte", 0, V * C);
+            add_tensor(ts, u, "wpe", V * C, (size_t)CFG.ctx * C);
             break;
         case FY_UNIT_BLOCK:
-            add_tensor(m, u, "ln1_w", l.ln1_w, C);
-            add_tensor(m, u, "ln1_b", l.ln1_b, C);
-            add_tensor(m, u, "qkv_w", l.qkv_w, 3 * C * C);
-            add_tensor(m, u, "qkv_b", l.qkv_b, 3 * C);
-            add_tensor(m, u, "attn_w", l.attn_w, C * C);
-            add_tensor(m, u, "attn_b", l.attn_b, C);
-            add_tensor(m, u, "ln2_w", l.ln2_w, C);
-            add_tensor(m, u, "ln2_b", l.ln2_b, C);
-            add_tensor(m, u, "fc_w", l.fc_w, 4 * C * C);
-            add_tensor(m, u, "fc_b", l.fc_b, 4 * C);
-            add_tensor(m, u, "proj_w", l.proj_w, 4 * C * C);
-            add_tensor(m, u, "proj_b", l.proj_b, C);
+            add_tensor(ts, u, "ln1_w", l.ln1_w, C);
+            add_tensor(ts, u, "ln1_b", l.ln1_b, C);
+            add_tensor(ts, u, "qkv_w", l.qkv_w, 3 * C * C);
+            add_tensor(ts, u, "qkv_b", l.qkv_b, 3 * C);
+            add_tensor(ts, u, "attn_w", l.attn_w, C * C);
+            add_tensor(ts, u, "attn_b", l.attn_b, C);
+            add_tensor(ts, u, "ln2_w", l.ln2_w, C);
+            add_tensor(ts, u, "ln2_b", l.ln2_b, C);
+            add_tensor(ts, u, "fc_w", l.fc_w, 4 * C * C);
+            add_tensor(ts, u, "fc_b", l.fc_b, 4 * C);
+            add_tensor(ts, u, "proj_w", l.proj_w, 4 * C * C);
+            add_tensor(ts, u, "proj_b", l.proj_b, C);
             break;
         case FY_UNIT_FINAL:
-            add_tensor(m, u, "lnf_w", 0, C);
-            add_tensor(m, u, "lnf_b", C, C);
+            add_tensor(ts, u, "lnf_w", 0, C);
+            add_tensor(ts, u, "lnf_b", C, C);
             break;
         }
     }
     size_t covered = 0, total = 0;
-    for (unsigned i = 0; i < m->n_tensors; i++)
-        covered += m->tensors[i].n;
+    for (unsigned i = 0; i < ts->n; i++)
+        covered += ts->t[i].n;
     for (unsigned u = 0; u < m->n_units; u++)
         total += m->sizes[u];
     assert_int_equal(covered, total); /* the list covers every parameter */
 }
 
-/* GPT-2 init, then noise on every bias and LayerNorm parameter (which GPT-2 sets to 0 or 1) so that
- * their gradients, and the paths through them, are not trivial (as test_gpt_reference.c). */
-static void model_init(struct model *m)
+/* The model of this test, and its named tensors. */
+static void model_init(struct fy_refmodel *m, struct tensors *ts)
 {
-    memset(m, 0, sizeof *m);
-    m->n_units = fy_gpt_unit_count(&CFG);
-    assert_true(m->n_units <= MAX_UNITS);
-    uint64_t rng = SEED;
-    const size_t C = CFG.n_embd;
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(&CFG, &l);
-    for (unsigned u = 0; u < m->n_units; u++) {
-        m->sizes[u] = fy_gpt_unit_params(&CFG, u);
-        m->params[u] = falloc(m->sizes[u]);
-        m->grads[u] = falloc(m->sizes[u]);
-        fy_gpt_init_unit(&CFG, u, SEED, m->params[u]);
-        float *p = m->params[u];
-        switch (fy_gpt_unit_kind(&CFG, u)) {
-        case FY_UNIT_EMBED: break;
-        case FY_UNIT_FINAL:
-            for (size_t i = 0; i < C; i++) {
-                p[i] += fy_test_uniform(&rng, -0.2f, 0.2f);
-                p[C + i] += fy_test_uniform(&rng, -0.1f, 0.1f);
-            }
-            break;
-        case FY_UNIT_BLOCK: {
-            const struct {
-                size_t at, n;
-                float amp;
-            } noise[] = {{l.ln1_w, C, 0.2f},     {l.ln1_b, C, 0.1f}, {l.qkv_b, 3 * C, 0.05f},
-                         {l.attn_b, C, 0.05f},   {l.ln2_w, C, 0.2f}, {l.ln2_b, C, 0.1f},
-                         {l.fc_b, 4 * C, 0.05f}, {l.proj_b, C, 0.05f}};
-            for (size_t k = 0; k < sizeof noise / sizeof noise[0]; k++)
-                for (size_t i = 0; i < noise[k].n; i++)
-                    p[noise[k].at + i] += fy_test_uniform(&rng, -noise[k].amp, noise[k].amp);
-            break;
-        }
-        }
-    }
-    for (int i = 0; i < B * T; i++) {
-        m->tokens[i] = (int32_t)(fy_test_rand(&rng) % CFG.vocab);
-        m->targets[i] = (int32_t)(fy_test_rand(&rng) % CFG.vocab);
-    }
-    m->targets[T + 3] = -1; /* ignored: out of the mean, no gradient */
-    list_tensors(m);
-}
-
-static void model_free(struct model *m)
-{
-    for (unsigned u = 0; u < m->n_units; u++) {
-        free(m->params[u]);
-        free(m->grads[u]);
-    }
-}
-
-static void result_free(struct result *r, unsigned n_units)
-{
-    for (unsigned u = 0; u < n_units; u++)
-        free(r->grads[u]);
-}
-
-/* Forward and backward on the CUDA backend, unit by unit as the gpu worker runs them (the same
- * composition as test_gpt_reference.c's on the CPU backend). */
-static void cuda_forward_backward(struct model *m)
-{
-    const unsigned L = CFG.n_layer;
-    const size_t act = (size_t)B * T * CFG.n_embd;
-    float *xs = falloc(act * (L + 1)); /* xs[l]: input of block l; xs[L]: input of the head */
-    float *dx = falloc(act), *dy = falloc(act);
-
-    assert_int_equal(fy_backend_gpt_prepare(cuda, &CFG, B, T), 0);
-    assert_int_equal(fy_backend_gpt_embed_forward(cuda, m->params[0], m->tokens, xs), 0);
-    for (unsigned l = 0; l < L; l++)
-        assert_int_equal(
-            fy_backend_gpt_block_forward(cuda, m->params[1 + l], xs + act * l, xs + act * (l + 1)),
-            0);
-    /* the head overwrites dembed with its share of the wte gradient (wpe part zero) */
-    assert_int_equal(fy_backend_gpt_head(cuda, m->params[L + 1], m->params[0], xs + act * L,
-                                         m->targets, &m->loss, dy, m->grads[L + 1], m->grads[0]),
-                     0);
-    for (unsigned l = L; l-- > 0;) {
-        assert_int_equal(fy_backend_gpt_block_backward(cuda, m->params[1 + l], xs + act * l, dy, dx,
-                                                       m->grads[1 + l]),
-                         0);
-        float *t = dx;
-        dx = dy;
-        dy = t; /* dy now holds the gradient of this block's input */
-    }
-    assert_int_equal(fy_backend_gpt_embed_backward(cuda, m->tokens, dy, m->grads[0]), 0);
-    free(xs);
-    free(dx);
-    free(dy);
-}
-
-static void write_all(FILE *f, const void *p, size_t size, size_t n)
-{
-    assert_int_equal(fwrite(p, size, n, f), n);
-}
-
-/* The input format of gpt_ref.py (see its top comment), which gpt_torch.py reads too. */
-static void write_input(const struct model *m, const char *path)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    const int32_t hdr[9] = {REF_MAGIC, REF_VERSION,          B,
-                            T,         (int32_t)CFG.n_layer, (int32_t)CFG.n_head,
-                            (int32_t)CFG.n_embd, (int32_t)CFG.vocab, (int32_t)CFG.ctx};
-    write_all(f, hdr, sizeof hdr[0], 9);
-    for (unsigned u = 0; u < m->n_units; u++)
-        write_all(f, m->params[u], sizeof(float), m->sizes[u]);
-    write_all(f, m->tokens, sizeof(int32_t), B * T);
-    write_all(f, m->targets, sizeof(int32_t), B * T);
-    assert_int_equal(fclose(f), 0);
-}
-
-static void read_result(const struct model *m, const char *path, struct result *r)
-{
-    size_t len = 0, n = 1;
-    for (unsigned u = 0; u < m->n_units; u++)
-        n += m->sizes[u];
-    char *buf = fy_test_slurp(path, &len);
-    if (buf == NULL)
-        fail_msg("cannot read %s", path);
-    if (len != n * sizeof(double))
-        fail_msg("%s: %zu bytes, expected %zu (loss + %zu gradients as float64)", path, len,
-                 n * sizeof(double), n - 1);
-    memset(r, 0, sizeof *r);
-    const char *at = buf;
-    memcpy(&r->loss, at, sizeof(double));
-    at += sizeof(double);
-    for (unsigned u = 0; u < m->n_units; u++) {
-        r->grads[u] = malloc(m->sizes[u] * sizeof(double));
-        assert_non_null(r->grads[u]);
-        memcpy(r->grads[u], at, m->sizes[u] * sizeof(double));
-        at += m->sizes[u] * sizeof(double);
-    }
-    free(buf);
+    check(fy_refmodel_init(m, &CFG, B, T, SEED), m);
+    list_tensors(m, ts);
 }
 
 /* Relative Frobenius error of a against ref (NaN anywhere gives infinity). */
@@ -334,7 +172,7 @@ static double rel_diff(double a, double ref)
 }
 
 /* Mean cross-entropy over the targets >= 0, in float64, from a logits file (float32 [B*T][V]). */
-static double loss_from_logits(const struct model *m, const char *path)
+static double loss_from_logits(const struct fy_refmodel *m, const char *path)
 {
     const size_t V = CFG.vocab;
     size_t len = 0;
@@ -384,53 +222,55 @@ static void test_malformed_input_refused(void **state)
     char in[4200], out[4200];
     snprintf(in, sizeof in, "%s/in.bin", dir);
     snprintf(out, sizeof out, "%s/out.bin", dir);
-    struct model m;
-    model_init(&m);
-    write_input(&m, in);
+    struct fy_refmodel m;
+    struct tensors ts;
+    model_init(&m, &ts);
+    check(fy_refmodel_write_input(&m, in), &m);
     assert_int_equal(truncate(in, (off_t)(9 * 4 + 4) - 1), 0); /* header plus 3 bytes */
     print_message("a malformed input is expected to be refused (the next line is its message):\n");
     char *argv[] = {"python3", script, "--dtype", "fp32", in, out, NULL};
-    assert_int_equal(run(argv), 2);
+    assert_int_equal(fy_refmodel_run(argv, SCRIPT_TIMEOUT_S), 2);
     assert_int_equal(access(out, F_OK), -1);
-    model_free(&m);
+    fy_refmodel_free(&m);
     fy_test_rmdir(dir);
     free(dir);
 }
 
 static void test_model_vs_torch(void **state)
 {
-    struct model m;
-    model_init(&m);
-    cuda_forward_backward(&m);
+    struct fy_refmodel m;
+    struct tensors ts;
+    model_init(&m, &ts);
+    check(fy_refmodel_forward_backward(&m, cuda), &m);
 
     char *dir = fy_test_tmpdir("cudatorch");
     assert_non_null(dir);
     char in[4200], out32[4200], out16[4200], out64[4200], lg32[4200], lg16[4200];
     paths(dir, in, out32, out16, out64, lg32, lg16);
-    write_input(&m, in);
+    check(fy_refmodel_write_input(&m, in), &m);
 
     char *argv32[] = {"python3", script, "--dtype", "fp32", "--logits", lg32, in, out32, NULL};
     char *argv16[] = {"python3", script, "--dtype", "bf16", "--logits", lg16, in, out16, NULL};
     char *argv64[] = {"python3", ref_script, in, out64, NULL};
     int rc;
-    if ((rc = run(argv32)) != 0)
+    if ((rc = fy_refmodel_run(argv32, SCRIPT_TIMEOUT_S)) != 0)
         fail_msg("%s --dtype fp32 exited %d (input kept in %s)", script, rc, in);
-    if ((rc = run(argv16)) != 0)
+    if ((rc = fy_refmodel_run(argv16, SCRIPT_TIMEOUT_S)) != 0)
         fail_msg("%s --dtype bf16 exited %d (input kept in %s)", script, rc, in);
-    if ((rc = run(argv64)) != 0)
+    if ((rc = fy_refmodel_run(argv64, SCRIPT_TIMEOUT_S)) != 0)
         fail_msg("%s exited %d (input kept in %s)", ref_script, rc, in);
-    struct result r32, r16, r64;
-    read_result(&m, out32, &r32);
-    read_result(&m, out16, &r16);
-    read_result(&m, out64, &r64);
+    struct fy_refmodel_output r32, r16, r64;
+    check(fy_refmodel_read_output(&m, out32, &r32), &m);
+    check(fy_refmodel_read_output(&m, out16, &r16), &m);
+    check(fy_refmodel_read_output(&m, out64, &r64), &m);
     int ok = 1;
 
     /* 1. The reference: PyTorch fp32 against float64 numpy. */
     double ref_loss_rel = rel_diff(r32.loss, r64.loss);
     double ref_worst = 0;
     const char *ref_worst_name = "";
-    for (unsigned i = 0; i < m.n_tensors; i++) {
-        const struct tensor *t = &m.tensors[i];
+    for (unsigned i = 0; i < ts.n; i++) {
+        const struct tensor *t = &ts.t[i];
         double e = frob_rel_d(r32.grads[t->unit] + t->off, r64.grads[t->unit] + t->off, t->n);
         if (!(e <= ref_worst)) {
             ref_worst = e;
@@ -469,8 +309,8 @@ static void test_model_vs_torch(void **state)
     print_message("%-16s %9s %11s %13s %13s %10s  %s\n", "tensor", "n", "|fp32 grad|",
                   "ours vs fp32", "bf16 vs fp32", "bound", "");
     unsigned n_fail = 0;
-    for (unsigned i = 0; i < m.n_tensors; i++) {
-        const struct tensor *t = &m.tensors[i];
+    for (unsigned i = 0; i < ts.n; i++) {
+        const struct tensor *t = &ts.t[i];
         const double *ref = r32.grads[t->unit] + t->off;
         double ours = frob_rel_f(m.grads[t->unit] + t->off, ref, t->n);
         double torch16 = frob_rel_d(r16.grads[t->unit] + t->off, ref, t->n);
@@ -484,27 +324,24 @@ static void test_model_vs_torch(void **state)
                       bound > 0.1 ? " (bound loose: PyTorch bf16 is far off here)" : "");
     }
     if (n_fail) {
-        print_message("%u of %u tensors out of bounds\n", n_fail, m.n_tensors);
+        print_message("%u of %u tensors out of bounds\n", n_fail, ts.n);
         ok = 0;
     }
     if (!ok)
         fail_msg("the CUDA backend disagrees with PyTorch (see above); the files are kept in %s",
                  dir);
 
-    result_free(&r32, m.n_units);
-    result_free(&r16, m.n_units);
-    result_free(&r64, m.n_units);
-    model_free(&m);
+    fy_refmodel_output_free(&m, &r32);
+    fy_refmodel_output_free(&m, &r16);
+    fy_refmodel_output_free(&m, &r64);
+    fy_refmodel_free(&m);
     fy_test_rmdir(dir);
     free(dir);
 }
 
 int main(void)
 {
-    const uint16_t one = 1;
-    uint8_t first;
-    memcpy(&first, &one, 1);
-    if (first != 1) {
+    if (!fy_refmodel_little_endian()) {
         printf("test_cuda_torch: SKIPPED: the reference's file format is little-endian\n");
         return FY_TEST_SKIP;
     }
@@ -516,16 +353,15 @@ int main(void)
         printf("test_cuda_torch: SKIPPED: no usable CUDA device on this machine\n");
         return FY_TEST_SKIP;
     }
-    if (system("python3 -c 'import torch, numpy' >/dev/null 2>&1") != 0) {
+    if (!fy_refmodel_python_has("torch, numpy")) {
         printf("test_cuda_torch: SKIPPED: python3 with torch and numpy is needed (pip install "
                "torch numpy)\n");
         fy_backend_close(&cuda);
         return FY_TEST_SKIP;
     }
-    const char *src = getenv("FUYOU_SRC");
-    snprintf(script, sizeof script, "%s/tests/reference/gpt_torch.py", src ? src : ".");
-    snprintf(ref_script, sizeof ref_script, "%s/tests/reference/gpt_ref.py", src ? src : ".");
-    if (access(script, R_OK) != 0 || access(ref_script, R_OK) != 0) {
+    int unreadable = fy_refmodel_script("gpt_torch.py", script, sizeof script);
+    unreadable |= fy_refmodel_script("gpt_ref.py", ref_script, sizeof ref_script);
+    if (unreadable) {
         printf("test_cuda_torch: cannot read %s or %s (run from the repository root, or set "
                "FUYOU_SRC to it)\n",
                script, ref_script);

@@ -1,0 +1,53 @@
+/* File-system helpers for durable writes: whole-buffer writes and directory fsync. */
+#include "fsutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+
+int fy_write_all(int fd, const void *buf, size_t len, const char *name, uint64_t offset)
+{
+    const char *p = buf;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, p + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            fy_error("cannot write %s at offset %llu: %s%s", name,
+                     (unsigned long long)(offset + done), strerror(e),
+                     e == ENOSPC ? " (disk full: free space or choose another directory)" : "");
+            return -e;
+        }
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+int fy_fsync_dir(const char *dir)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    FY_SYS(dfd, "cannot open directory %s to make a rename in it durable", dir);
+    int rc = fsync(dfd);
+    int e = errno;
+    close(dfd);
+    if (rc != 0) {
+        fy_error("fsync of directory %s: %s", dir, strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
+int fy_fsync_parent(const char *path)
+{
+    char copy[PATH_MAX];
+    snprintf(copy, sizeof copy, "%s", path);
+    return fy_fsync_dir(dirname(copy));
+}

@@ -1,0 +1,16 @@
+/* File-system helpers shared by every writer of durable files: writing a whole buffer through short
+ * writes and EINTR, and fsyncing a directory so that a rename in it is durable. */
+#ifndef FY_FSUTIL_H
+#define FY_FSUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Writes all of buf at the file's current position; an error names the file and the offset (the
+ * caller's idea of where this write starts) and hints at a full disk. Returns 0 or -errno. */
+int fy_write_all(int fd, const void *buf, size_t len, const char *name, uint64_t offset);
+/* fsync of a directory, and of the directory that holds a path. */
+int fy_fsync_dir(const char *dir);
+int fy_fsync_parent(const char *path);
+
+#endif
