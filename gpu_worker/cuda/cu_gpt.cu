@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "gpu_worker/cuda/cu_attention.h"
+#include "gpu_worker/cuda/cu_flash.h"
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "gpu_worker/cuda/cu_norm.h"
 
@@ -23,6 +24,7 @@ struct fy_cu_gpt {
     struct fy_gpt_block_layout lay;
     int B, T, N;
     int head_rows;   /* rows per chunk of the head */
+    int flash;       /* flash-style attention (else the materialising version) */
     size_t unit_max; /* floats of the largest unit */
     cudaStream_t compute, h2d, d2h;
     cudaEvent_t uploaded, computed;
@@ -88,7 +90,9 @@ static int plan(struct fy_cu_gpt *g, struct piece *p, void **lt_ws)
     PIECE(dqkv, 3 * N * C, bf16);
     PIECE(dg, 4 * N * C, bf16);
     PIECE(dfc, 4 * N * C, bf16);
-    PIECE(attn_scratch, fy_cu_attention_scratch_bytes(g->B, g->T, (int)C, c->n_head), char);
+    PIECE(attn_scratch, g->flash ? fy_cu_flash_scratch_bytes(g->B, g->T, (int)C, c->n_head)
+                                 : fy_cu_attention_scratch_bytes(g->B, g->T, (int)C, c->n_head),
+          char);
     PIECE(head_scratch, fy_cu_head_scratch_bytes(g->head_rows, c->vocab), char);
 #undef PIECE
     p[n++] = (struct piece){LT_WORKSPACE, lt_ws};
@@ -102,6 +106,10 @@ static void setup_shape(struct fy_cu_gpt *g, const struct fy_gpt_config *c, int 
     g->B = B;
     g->T = T;
     g->N = B * T;
+    /* FUYOU_CUDA_ATTENTION=materialised selects the first version, for comparisons. */
+    const char *attn = getenv("FUYOU_CUDA_ATTENTION");
+    g->flash = fy_cu_flash_supported((int)c->n_embd, (int)c->n_head) &&
+               !(attn != NULL && strcmp(attn, "materialised") == 0);
     size_t per_row = fy_cu_head_scratch_bytes(1, c->vocab);
     size_t rows = per_row ? HEAD_CHUNK_BYTES / per_row : HEAD_CHUNK_MAX;
     rows = rows < HEAD_CHUNK_MIN ? HEAD_CHUNK_MIN : rows > HEAD_CHUNK_MAX ? HEAD_CHUNK_MAX : rows;
@@ -312,7 +320,10 @@ static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const b
     cudaStream_t s = g->compute;
     OP("layernorm fwd", fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, x, P(ln1_w), P(ln1_b), N, C, s));
     OP("matmul qkv fwd", fy_cu_matmul_forward(g->lt, g->qkv, g->ln1, P(qkv_w), P(qkv_b), N, C, 3 * C, s));
-    OP("attention fwd", fy_cu_attention_forward(g->lt, g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
+    if (g->flash)
+        OP("attention fwd", fy_cu_flash_forward(g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
+    else
+        OP("attention fwd", fy_cu_attention_forward(g->lt, g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
     OP("matmul attn-proj fwd", fy_cu_matmul_forward(g->lt, g->y1, g->atty, P(attn_w), P(attn_b), N, C, C, s));
     OP("residual fwd", fy_cu_residual_forward(g->y1, g->y1, x, NC, s));
     OP("layernorm fwd", fy_cu_layernorm_forward(g->ln2, g->mean2, g->rstd2, g->y1, P(ln2_w), P(ln2_b), N, C, s));
@@ -349,8 +360,12 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
     /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
     OP("matmul attn-proj bwd", fy_cu_matmul_backward(g->lt, g->datty, G(attn_w), G(attn_b), g->dy1, g->atty, P(attn_w),
                                  N, C, C, s));
-    OP("attention bwd", fy_cu_attention_backward(g->lt, g->dqkv, g->datty, g->qkv, g->attn_scratch, g->B, g->T,
-                                    C, NH, s));
+    if (g->flash)
+        OP("attention bwd", fy_cu_flash_backward(g->dqkv, g->datty, g->atty, g->qkv, g->attn_scratch,
+                                                 g->B, g->T, C, NH, s));
+    else
+        OP("attention bwd", fy_cu_attention_backward(g->lt, g->dqkv, g->datty, g->qkv, g->attn_scratch,
+                                                     g->B, g->T, C, NH, s));
     OP("matmul qkv bwd", fy_cu_matmul_backward(g->lt, g->dln1, G(qkv_w), G(qkv_b), g->dqkv, g->ln1, P(qkv_w), N,
                                  C, 3 * C, s));
     FY_CUDA(cudaMemcpyAsync(dx, g->dy1, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
