@@ -135,3 +135,9 @@ int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const f
 {
     return b->ops->gpt_head(b->state, final_params, embed, x, targets, loss, dx, dfinal, dembed);
 }
+
+int fy_backend_gpt_logits(struct fy_backend *b, const float *final_params, const float *embed,
+                          const float *x, float *logits)
+{
+    return b->ops->gpt_logits(b->state, final_params, embed, x, logits);
+}

@@ -36,6 +36,9 @@ struct fy_backend_ops {
     /* dx == NULL: loss only. */
     int (*gpt_head)(void *state, const float *final_params, const float *embed, const float *x,
                     const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
+    /* logits [B*T][V] = lnf(x) wte^T, for evaluation, sampling and tests. */
+    int (*gpt_logits)(void *state, const float *final_params, const float *embed, const float *x,
+                      float *logits);
 };
 
 /* which: "cpu", "cuda", or "auto" (CUDA when a device is usable, else the CPU backend, said loudly). */
@@ -59,6 +62,9 @@ int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, con
 int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
                         const float *x, const int32_t *targets, double *loss, float *dx,
                         float *dfinal, float *dembed);
+
+int fy_backend_gpt_logits(struct fy_backend *b, const float *final_params, const float *embed,
+                          const float *x, float *logits);
 
 /* 1 when this build contains the CUDA backend. */
 int fy_backend_cuda_built(void);

@@ -112,7 +112,9 @@ void fy_refmodel_free(struct fy_refmodel *m)
     }
     free(m->tokens);
     free(m->targets);
+    free(m->logits);
     m->tokens = m->targets = NULL;
+    m->logits = NULL;
 }
 
 /* The composition proper; xs, dx and dy allocated by the caller. */
@@ -130,6 +132,12 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
         if ((rc = fy_backend_gpt_block_forward(b, m->params[1 + l], xs + act * l,
                                                xs + act * (l + 1))) != 0)
             return set_err(m, "gpt_block_forward of block %u failed (%d)", l, rc), rc;
+    free(m->logits);
+    m->logits = falloc((size_t)m->B * m->T * m->cfg.vocab);
+    if (m->logits == NULL)
+        return set_err(m, "reference model: out of memory for the logits");
+    if ((rc = fy_backend_gpt_logits(b, m->params[L + 1], m->params[0], xs + act * L, m->logits)) != 0)
+        return set_err(m, "gpt_logits failed (%d)", rc), rc;
     /* the head overwrites dembed with its share of the wte gradient (wpe part zero) */
     if ((rc = fy_backend_gpt_head(b, m->params[L + 1], m->params[0], xs + act * L, m->targets,
                                   &m->loss, dy, m->grads[L + 1], m->grads[0])) != 0)

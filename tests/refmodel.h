@@ -28,6 +28,7 @@ struct fy_refmodel {
     float *params[FY_REFMODEL_MAX_UNITS];
     float *grads[FY_REFMODEL_MAX_UNITS]; /* the backend's, from fy_refmodel_forward_backward */
     double loss;                         /* the backend's */
+    float *logits;                       /* the backend's, [B*T][V] */
     int32_t *tokens, *targets;           /* [B][T] */
     char err[512];                       /* why the last call that failed did */
 };
@@ -50,7 +51,8 @@ void fy_refmodel_free(struct fy_refmodel *m);
 /* Forward and backward of the whole model on backend b (gpt_prepare for B x T first), unit by unit
  * as the gpu worker runs them: each block's input kept as its checkpoint, blocks recomputed in
  * their backward, the head's share of the wte gradient then the embedding backward accumulating
- * onto it. Fills m->loss and m->grads. 0, or the failing call's code with m->err. */
+ * onto it. Fills m->loss, m->grads and m->logits (the backend's logits output on the head's input).
+ * 0, or the failing call's code with m->err. */
 int fy_refmodel_forward_backward(struct fy_refmodel *m, struct fy_backend *b);
 
 /* Writes the model in gpt_ref.py's IN format (little-endian: see fy_refmodel_little_endian).

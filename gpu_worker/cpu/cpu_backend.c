@@ -118,6 +118,24 @@ static int cpu_head(void *state, const float *final_params, const float *embed, 
     return 0;
 }
 
+static int cpu_logits(void *state, const float *final_params, const float *embed, const float *x,
+                      float *logits)
+{
+    struct cpu_state *s = state;
+    size_t N = (size_t)s->B * s->T, C = s->cfg.n_embd;
+    float *xn = malloc(N * C * sizeof *xn), *stats = malloc(2 * N * sizeof *stats);
+    if (xn == NULL || stats == NULL) {
+        free(xn);
+        free(stats);
+        return -ENOMEM;
+    }
+    fy_cpu_layernorm_forward(xn, stats, stats + N, x, final_params, final_params + C, (int)N, (int)C);
+    fy_cpu_matmul_forward(logits, xn, embed, NULL, (int)N, (int)C, (int)s->cfg.vocab);
+    free(xn);
+    free(stats);
+    return 0;
+}
+
 const struct fy_backend_ops fy_cpu_backend_ops = {
     .name = "cpu",
     .open = cpu_open,
@@ -131,4 +149,5 @@ const struct fy_backend_ops fy_cpu_backend_ops = {
     .gpt_block_forward = cpu_block_forward,
     .gpt_block_backward = cpu_block_backward,
     .gpt_head = cpu_head,
+    .gpt_logits = cpu_logits,
 };

@@ -519,3 +519,27 @@ int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *
     free(losses);
     return rc;
 }
+
+int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float *embed,
+                     const float *x, float *logits)
+{
+    const struct fy_gpt_config *c = &g->c;
+    int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
+    cudaStream_t s = g->compute;
+    FY_TRY(upload(g, g->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
+    FY_TRY(upload_params(g, embed, (size_t)V * C));
+    FY_TRY(fy_cu_f32_to_bf16(g->lnf, g->lnf32, 2 * (size_t)C, s));
+    FY_TRY(upload_act(g, g->x, x));
+    FY_TRY(fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, g->x, g->lnf, g->lnf + C, N, C, s));
+    /* the head's scratch holds at least head_rows x V f32 logits */
+    float *chunk = (float *)g->head_scratch;
+    for (int r0 = 0; r0 < N; r0 += g->head_rows) {
+        int rows = N - r0 < g->head_rows ? N - r0 : g->head_rows;
+        FY_TRY(fy_cu_matmul_batched(g->lt, chunk, 1, g->ln1 + (size_t)r0 * C, g->pbf, rows, V, C, 0, 1,
+                                    0, 0, 0, 1, 1.0f, 0.0f, s));
+        FY_TRY(compute_done(g));
+        FY_TRY(download(g, logits + (size_t)r0 * V, chunk, (size_t)rows * V * sizeof(float)));
+        FY_TRY(downloads_done(g)); /* the chunk buffer is reused by the next rows */
+    }
+    return 0;
+}

@@ -34,6 +34,10 @@ int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const flo
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
 
+/* logits [N][V] f32 (host) = lnf(x) wte^T, computed and copied back in chunks of rows. */
+int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float *embed,
+                     const float *x, float *logits);
+
 /* Device-level units, for drivers that keep weights and activations on the GPU (bf16 weights in the
  * unit layout of common/model.h; activations [B][T][C] bf16; gradients f32, overwritten except where
  * noted). Everything is queued on the compute stream (fy_cu_gpt_stream); nothing synchronises. */

@@ -222,8 +222,14 @@ static int cuda_head(void *state, const float *final_params, const float *embed,
                           dx, dfinal, dembed);
 }
 
+static int cuda_logits(void *state, const float *final_params, const float *embed, const float *x,
+                       float *logits)
+{
+    return fy_cu_gpt_logits(((struct cuda_state *)state)->gpt, final_params, embed, x, logits);
+}
+
 extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     "cuda",          cuda_open,          cuda_close,          cuda_register_host,
     cuda_unregister_host, cuda_synth,    cuda_gpt_prepare,    cuda_embed_forward,
-    cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head,
+    cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
 };

@@ -88,6 +88,13 @@ static void test_units_match_cpu(void **state)
     assert_true(rel_err(dx_gpu, dx_cpu, NC, "head dx") < 3e-2);
     assert_true(rel_err(dfin_gpu, dfin_cpu, nf, "head dfinal") < 3e-2);
     assert_true(rel_err(demb_gpu, demb_cpu, ne, "head dembed") < 3e-2);
+    size_t nl = N * cfg.vocab;
+    float *lg_gpu = malloc(nl * 4), *lg_cpu = malloc(nl * 4);
+    assert_int_equal(fy_backend_gpt_logits(cuda, fin, embed, y_cpu, lg_gpu), 0);
+    assert_int_equal(fy_backend_gpt_logits(cpu, fin, embed, y_cpu, lg_cpu), 0);
+    assert_true(rel_err(lg_gpu, lg_cpu, nl, "logits") < 3e-2);
+    free(lg_gpu);
+    free(lg_cpu);
     double no_grad;
     assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y_cpu, targets, &no_grad, NULL, NULL, NULL),
                      0);

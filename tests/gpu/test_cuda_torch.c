@@ -284,10 +284,9 @@ static void test_model_vs_torch(void **state)
                   ref_ok ? "" : "  FAILED: the fp32 reference is not fp32-accurate (TF32?)");
     ok &= ref_ok;
 
-    /* 2. Logits: the CUDA backend has no logits output (its head returns the loss and gradients
-     * only), so a logits comparison against it needs a logits output that the backend does not
-     * have yet. Here PyTorch's logits are checked for self-consistency: their cross-entropy,
-     * recomputed in float64, must give PyTorch's loss; our side is compared through the loss. */
+    /* 2. Logits. PyTorch's are checked for self-consistency first (their cross-entropy, recomputed
+     * in float64, gives PyTorch's loss); then ours (the backend's logits output on the head's
+     * input) against PyTorch fp32's, with the same calibrated bound as the gradients. */
     double ce32 = loss_from_logits(&m, lg32), ce16 = loss_from_logits(&m, lg16);
     double ce32_rel = rel_diff(ce32, r32.loss), ce16_rel = rel_diff(ce16, r16.loss);
     print_message("logits self-consistency: cross-entropy of the fp32 logits %.9f vs loss %.9f "
@@ -296,6 +295,30 @@ static void test_model_vs_torch(void **state)
     if (!(ce32_rel <= LOGITS_LOSS_RTOL && ce16_rel <= LOGITS_LOSS_RTOL)) {
         print_message("  FAILED: the logits written do not give the loss reported\n");
         ok = 0;
+    }
+    {
+        size_t nl = (size_t)B * T * CFG.vocab, len32 = 0, len16 = 0;
+        char *l32 = fy_test_slurp(lg32, &len32), *l16 = fy_test_slurp(lg16, &len16);
+        assert_true(l32 != NULL && l16 != NULL && len32 == nl * 4 && len16 == nl * 4);
+        double *ref = malloc(nl * sizeof *ref);
+        float *theirs16 = malloc(nl * sizeof *theirs16);
+        assert_true(ref != NULL && theirs16 != NULL);
+        for (size_t i = 0; i < nl; i++) {
+            float v;
+            memcpy(&v, l32 + 4 * i, 4);
+            ref[i] = v;
+        }
+        memcpy(theirs16, l16, nl * 4);
+        double ours_err = frob_rel_f(m.logits, ref, nl), bf16_err = frob_rel_f(theirs16, ref, nl);
+        double bound = fmax(BF16_FACTOR * bf16_err, FROB_FLOOR);
+        int logits_ok = ours_err < bound;
+        print_message("logits [%d][%u]: ours vs fp32 %.3e, bf16 vs fp32 %.3e, bound %.2e %s\n", B * T,
+                      CFG.vocab, ours_err, bf16_err, bound, logits_ok ? "pass" : "FAIL");
+        ok &= logits_ok;
+        free(ref);
+        free(theirs16);
+        free(l32);
+        free(l16);
     }
 
     /* 3. Ours against PyTorch fp32, calibrated by PyTorch bf16. */
