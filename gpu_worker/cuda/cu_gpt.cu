@@ -25,6 +25,7 @@ struct fy_cu_gpt {
     int B, T, N;
     int head_rows;   /* rows per chunk of the head */
     int flash;       /* flash-style attention (else the materialising version) */
+    int fuse;        /* GELU and residual adds in the products' epilogues (else separate kernels) */
     size_t unit_max; /* floats of the largest unit */
     cudaStream_t compute, h2d, d2h;
     cudaEvent_t uploaded, computed;
@@ -110,6 +111,9 @@ static void setup_shape(struct fy_cu_gpt *g, const struct fy_gpt_config *c, int 
     const char *attn = getenv("FUYOU_CUDA_ATTENTION");
     g->flash = fy_cu_flash_supported((int)c->n_embd, (int)c->n_head) &&
                !(attn != NULL && strcmp(attn, "materialised") == 0);
+    /* FUYOU_CUDA_FUSE=0 runs GELU and the residual adds as separate kernels, for comparisons. */
+    const char *fuse = getenv("FUYOU_CUDA_FUSE");
+    g->fuse = !(fuse != NULL && strcmp(fuse, "0") == 0);
     size_t per_row = fy_cu_head_scratch_bytes(1, c->vocab);
     size_t rows = per_row ? HEAD_CHUNK_BYTES / per_row : HEAD_CHUNK_MAX;
     rows = rows < HEAD_CHUNK_MIN ? HEAD_CHUNK_MIN : rows > HEAD_CHUNK_MAX ? HEAD_CHUNK_MAX : rows;
@@ -324,9 +328,21 @@ static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const b
         OP("attention fwd", fy_cu_flash_forward(g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
     else
         OP("attention fwd", fy_cu_attention_forward(g->lt, g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
-    OP("matmul attn-proj fwd", fy_cu_matmul_forward(g->lt, g->y1, g->atty, P(attn_w), P(attn_b), N, C, C, s));
-    OP("residual fwd", fy_cu_residual_forward(g->y1, g->y1, x, NC, s));
+    if (g->fuse) {
+        OP("matmul attn-proj fwd", fy_cu_matmul_forward_ex(g->lt, g->y1, g->atty, P(attn_w), P(attn_b),
+                                                           x, NULL, N, C, C, s));
+    } else {
+        OP("matmul attn-proj fwd", fy_cu_matmul_forward(g->lt, g->y1, g->atty, P(attn_w), P(attn_b), N, C, C, s));
+        OP("residual fwd", fy_cu_residual_forward(g->y1, g->y1, x, NC, s));
+    }
     OP("layernorm fwd", fy_cu_layernorm_forward(g->ln2, g->mean2, g->rstd2, g->y1, P(ln2_w), P(ln2_b), N, C, s));
+    if (g->fuse) {
+        OP("matmul fc fwd", fy_cu_matmul_forward_ex(g->lt, g->g, g->ln2, P(fc_w), P(fc_b), NULL, g->fc,
+                                                    N, C, 4 * C, s));
+        OP("matmul proj fwd", fy_cu_matmul_forward_ex(g->lt, y, g->g, P(proj_w), P(proj_b), g->y1, NULL,
+                                                      N, 4 * C, C, s));
+        return 0;
+    }
     OP("matmul fc fwd", fy_cu_matmul_forward(g->lt, g->fc, g->ln2, P(fc_w), P(fc_b), N, C, 4 * C, s));
     OP("gelu fwd", fy_cu_gelu_forward(g->g, g->fc, 4 * NC, s));
     OP("matmul proj fwd", fy_cu_matmul_forward(g->lt, y, g->g, P(proj_w), P(proj_b), N, 4 * C, C, s));
@@ -348,9 +364,14 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
     FY_TRY(block_forward_device(g, params, x, g->y)); /* recompute from the checkpoint */
     FY_CUDA(cudaMemsetAsync(dparams, 0, g->lay.total * sizeof(float), s), "zeroing gradients");
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
-    OP("matmul proj bwd", fy_cu_matmul_backward(g->lt, g->dg, G(proj_w), G(proj_b), dy, g->g, P(proj_w), N,
-                                 4 * C, C, s));
-    OP("gelu bwd", fy_cu_gelu_backward(g->dfc, g->fc, g->dg, 4 * NC, s));
+    if (g->fuse) {
+        OP("matmul proj bwd", fy_cu_matmul_backward_ex(g->lt, g->dfc, G(proj_w), G(proj_b), dy, g->g,
+                                                       P(proj_w), g->fc, N, 4 * C, C, s));
+    } else {
+        OP("matmul proj bwd", fy_cu_matmul_backward(g->lt, g->dg, G(proj_w), G(proj_b), dy, g->g, P(proj_w), N,
+                                     4 * C, C, s));
+        OP("gelu bwd", fy_cu_gelu_backward(g->dfc, g->fc, g->dg, 4 * NC, s));
+    }
     OP("matmul fc bwd", fy_cu_matmul_backward(g->lt, g->dln2, G(fc_w), G(fc_b), g->dfc, g->ln2, P(fc_w), N, C,
                                  4 * C, s));
     FY_CUDA(cudaMemcpyAsync(g->dy1, dy, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),

@@ -69,17 +69,21 @@ struct gemm {
     long long stride_a, stride_b, stride_c; /* elements; used when count > 1 */
     int count;
     cudaDataType_t ctype; /* C and D; A and B are always bf16 */
-    void *c;              /* C and D are the same matrix */
+    void *c;              /* D, and C unless cin is set */
+    const void *cin;      /* C when it differs from D (a residual added with beta = 1) */
     float alpha, beta;
     const bf16 *bias; /* CUBLASLT_EPILOGUE_BIAS when not NULL */
+    int gelu;         /* 1: GELU (tanh) epilogue writing the pre-activation to aux; 2: DGELU
+                         epilogue multiplying by gelu'(aux) */
+    void *aux;        /* bf16, same shape and leading dimension as D */
 };
 
 /* What identifies a cached algorithm. Plain integers only, zeroed before filling (no padding
  * garbage), compared with memcmp. */
 struct algo_key {
-    int32_t transa, transb, m, n, k, count, ctype, bias;
+    int32_t transa, transb, m, n, k, count, ctype, bias, gelu, cin;
     int64_t lda, ldb, ldc, stride_a, stride_b, stride_c;
-    uint32_t align_a, align_b, align_c, align_bias;
+    uint32_t align_a, align_b, align_c, align_bias, align_cin, align_aux;
     uint64_t workspace_bytes;
 };
 
@@ -195,17 +199,35 @@ static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t strea
     int32_t ta = g->transa, tb = g->transb;
     FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), g);
     FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), g);
-    if (g->bias) {
-        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-        int32_t bias_type = CUDA_R_16BF;
-        const void *bias = g->bias;
+    uint32_t epi = g->gelu == 1 ? (g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                   : g->gelu == 2 ? CUBLASLT_EPILOGUE_DGELU
+                   : g->bias      ? CUBLASLT_EPILOGUE_BIAS
+                                  : CUBLASLT_EPILOGUE_DEFAULT;
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT)
         FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
               g);
+    if (g->bias) {
+        int32_t bias_type = CUDA_R_16BF;
+        const void *bias = g->bias;
         FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                              sizeof bias_type),
               g);
         FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                              sizeof bias),
+              g);
+    }
+    if (g->gelu) {
+        const void *aux = g->aux;
+        int64_t ld_aux = g->ldc;
+        int32_t aux_type = CUDA_R_16BF;
+        FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                             sizeof aux),
+              g);
+        FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux,
+                                             sizeof ld_aux),
+              g);
+        FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                             &aux_type, sizeof aux_type),
               g);
     }
 
@@ -247,6 +269,8 @@ static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t strea
     key.count = g->count;
     key.ctype = g->ctype;
     key.bias = g->bias != NULL;
+    key.gelu = g->gelu;
+    key.cin = g->cin != NULL;
     key.lda = g->lda;
     key.ldb = g->ldb;
     key.ldc = g->ldc;
@@ -259,6 +283,8 @@ static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t strea
     key.align_b = align_class(g->b, g->stride_b * 2, g->count);
     key.align_c = align_class(g->c, g->stride_c * (long long)type_size(g->ctype), g->count);
     key.align_bias = g->bias ? align_class(g->bias, 0, 1) : 0;
+    key.align_cin = g->cin ? align_class(g->cin, 0, 1) : 0;
+    key.align_aux = g->gelu ? align_class(g->aux, 0, 1) : 0;
     key.workspace_bytes = lt->workspace_bytes;
 
     const struct algo_entry *hit = cache_find(lt, &key);
@@ -283,8 +309,9 @@ static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t strea
         FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                                    &key.align_b, sizeof key.align_b),
               g);
+        uint32_t align_cin = g->cin ? key.align_cin : key.align_c;
         FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                   &key.align_c, sizeof key.align_c),
+                                                   &align_cin, sizeof align_cin),
               g);
         FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                    &key.align_c, sizeof key.align_c),
@@ -354,8 +381,9 @@ static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t strea
                  key.align_c, key.align_bias);
     }
 
-    FY_LT(cublasLtMatmul(lt->handle, op, &g->alpha, g->a, la, g->b, lb, &g->beta, g->c, lc, g->c,
-                         lc, &algo, lt->workspace, lt->workspace_bytes, stream),
+    FY_LT(cublasLtMatmul(lt->handle, op, &g->alpha, g->a, la, g->b, lb, &g->beta,
+                         g->cin ? g->cin : g->c, lc, g->c, lc, &algo, lt->workspace,
+                         lt->workspace_bytes, stream),
           g);
     return 0;
 }
@@ -399,6 +427,17 @@ static int check_linear(const char *what, const void *out, const void *a, const 
 int fy_cu_matmul_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *inp, const bf16 *w,
                          const bf16 *bias, int N, int IN, int OUT, cudaStream_t stream)
 {
+    return fy_cu_matmul_forward_ex(lt, out, inp, w, bias, NULL, NULL, N, IN, OUT, stream);
+}
+
+int fy_cu_matmul_forward_ex(struct fy_cu_lt *lt, bf16 *out, const bf16 *inp, const bf16 *w,
+                            const bf16 *bias, const bf16 *residual, bf16 *gelu_pre, int N, int IN,
+                            int OUT, cudaStream_t stream)
+{
+    if (residual && gelu_pre) {
+        fy_error("fy_cu_matmul_forward_ex: a residual and a GELU epilogue together are not supported");
+        return -EINVAL;
+    }
     int rc = check_linear("fy_cu_matmul_forward", out, inp, w, N, IN, OUT);
     if (rc)
         return rc;
@@ -421,14 +460,24 @@ int fy_cu_matmul_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *inp, const 
     g.ctype = CUDA_R_16BF;
     g.count = 1;
     g.alpha = 1.0f;
-    g.beta = 0.0f;
+    g.beta = residual ? 1.0f : 0.0f;
+    g.cin = residual;
     g.bias = bias;
+    g.gelu = gelu_pre ? 1 : 0;
+    g.aux = gelu_pre;
     return lt_gemm(lt, &g, stream);
 }
 
 int fy_cu_matmul_backward(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbias,
                           const bf16 *dout, const bf16 *inp, const bf16 *w, int N, int IN, int OUT,
                           cudaStream_t stream)
+{
+    return fy_cu_matmul_backward_ex(lt, dinp, dw, dbias, dout, inp, w, NULL, N, IN, OUT, stream);
+}
+
+int fy_cu_matmul_backward_ex(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbias,
+                             const bf16 *dout, const bf16 *inp, const bf16 *w,
+                             const bf16 *gelu_pre, int N, int IN, int OUT, cudaStream_t stream)
 {
     int rc = check_linear("fy_cu_matmul_backward", dw, dout, inp, N, IN, OUT);
     if (rc)
@@ -459,6 +508,8 @@ int fy_cu_matmul_backward(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbi
         g.count = 1;
         g.alpha = 1.0f;
         g.beta = 0.0f;
+        g.gelu = gelu_pre ? 2 : 0;
+        g.aux = (void *)gelu_pre;
         if ((rc = lt_gemm(lt, &g, stream)))
             return rc;
     }
