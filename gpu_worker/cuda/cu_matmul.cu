@@ -73,8 +73,7 @@ struct gemm {
     const void *cin;      /* C when it differs from D (a residual added with beta = 1) */
     float alpha, beta;
     const bf16 *bias; /* CUBLASLT_EPILOGUE_BIAS when not NULL */
-    int gelu;         /* 1: GELU (tanh) epilogue writing the pre-activation to aux; 2: DGELU
-                         epilogue multiplying by gelu'(aux) */
+    int gelu;         /* GELU (tanh) epilogue writing the pre-activation to aux */
     void *aux;        /* bf16, same shape and leading dimension as D */
 };
 
@@ -199,10 +198,9 @@ static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t strea
     int32_t ta = g->transa, tb = g->transb;
     FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), g);
     FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), g);
-    uint32_t epi = g->gelu == 1 ? (g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                   : g->gelu == 2 ? CUBLASLT_EPILOGUE_DGELU
-                   : g->bias      ? CUBLASLT_EPILOGUE_BIAS
-                                  : CUBLASLT_EPILOGUE_DEFAULT;
+    uint32_t epi = g->gelu ? (g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                   : g->bias ? CUBLASLT_EPILOGUE_BIAS
+                             : CUBLASLT_EPILOGUE_DEFAULT;
     if (epi != CUBLASLT_EPILOGUE_DEFAULT)
         FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
               g);
@@ -472,13 +470,6 @@ int fy_cu_matmul_backward(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbi
                           const bf16 *dout, const bf16 *inp, const bf16 *w, int N, int IN, int OUT,
                           cudaStream_t stream)
 {
-    return fy_cu_matmul_backward_ex(lt, dinp, dw, dbias, dout, inp, w, NULL, N, IN, OUT, stream);
-}
-
-int fy_cu_matmul_backward_ex(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbias,
-                             const bf16 *dout, const bf16 *inp, const bf16 *w,
-                             const bf16 *gelu_pre, int N, int IN, int OUT, cudaStream_t stream)
-{
     int rc = check_linear("fy_cu_matmul_backward", dw, dout, inp, N, IN, OUT);
     if (rc)
         return rc;
@@ -508,8 +499,6 @@ int fy_cu_matmul_backward_ex(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *
         g.count = 1;
         g.alpha = 1.0f;
         g.beta = 0.0f;
-        g.gelu = gelu_pre ? 2 : 0;
-        g.aux = (void *)gelu_pre;
         if ((rc = lt_gemm(lt, &g, stream)))
             return rc;
     }

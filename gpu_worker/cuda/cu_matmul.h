@@ -26,11 +26,6 @@ int fy_cu_matmul_backward(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbi
 int fy_cu_matmul_forward_ex(struct fy_cu_lt *lt, bf16 *out, const bf16 *inp, const bf16 *w,
                             const bf16 *bias, const bf16 *residual, bf16 *gelu_pre, int N, int IN,
                             int OUT, cudaStream_t stream);
-/* The backward with, when gelu_pre != NULL, dinp = (dout @ w) * gelu_tanh'(gelu_pre): the GELU's
- * backward fused into the product that feeds it. */
-int fy_cu_matmul_backward_ex(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbias,
-                             const bf16 *dout, const bf16 *inp, const bf16 *w,
-                             const bf16 *gelu_pre, int N, int IN, int OUT, cudaStream_t stream);
 /* Batched products for attention, row-major, `count` independent problems with the given strides
  * (in elements): C[i] (M x N, bf16 or f32 per c_f32) = alpha * op(A[i]) @ op(B[i]) + beta * C[i],
  * where op(X) = X^T when the trans flag is set; A is M x K (K x M if trans_a), B is K x N (N x K if

@@ -21,6 +21,7 @@ struct cuda_state {
     uint64_t budget; /* --gpu-mem; 0: size the arena to what the work needs */
     struct fy_cu_arena arena;
     struct fy_cu_gpt *gpt;
+    size_t gpt_mark; /* arena use before the GPT buffers: released when preparing again */
     cudaStream_t compute;
     cudaStream_t d2h;
     cudaEvent_t computed;
@@ -179,6 +180,12 @@ static int cuda_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, i
     size_t need = fy_cu_gpt_arena_bytes(c, B, T);
     if (s->arena.base == NULL)
         FY_TRY(fy_cu_arena_init(&s->arena, need));
+    /* Preparing again (another batch shape, or the same one) replaces the previous buffers. */
+    if (s->gpt != NULL) {
+        fy_cu_gpt_destroy(&s->gpt);
+        fy_cu_arena_reset(&s->arena, s->gpt_mark);
+    }
+    s->gpt_mark = s->arena.used;
     if (need > s->arena.size - s->arena.used) {
         fy_error("plan does not fit the GPU: the model's working buffers for batch %d x %d need "
                  "%.3f GiB but --gpu-mem is %.3f GiB (%.3f GiB in use): raise --gpu-mem or lower "
@@ -187,7 +194,6 @@ static int cuda_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, i
                  (double)s->arena.used / (1 << 30));
         return -ENOMEM;
     }
-    fy_cu_gpt_destroy(&s->gpt);
     FY_TRY(fy_cu_gpt_new(&s->gpt, &s->arena, c, B, T));
     fy_info("GPU arena: %.3f GiB for the model's working buffers (batch %d x %d), %.3f GiB budget",
             (double)need / (1 << 30), B, T, (double)s->arena.size / (1 << 30));

@@ -55,6 +55,8 @@ static void test_units_match_cpu(void **state)
 {
     size_t N = (size_t)B * T, C = cfg.n_embd, NC = N * C;
     uint64_t seed = 11;
+    /* preparing again reuses the arena (sized exactly for the first preparation) */
+    assert_int_equal(fy_backend_gpt_prepare(cuda, &cfg, B, T), 0);
     int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);
     for (size_t i = 0; i < N; i++) {
         tokens[i] = (int32_t)(fy_test_rand(&seed) % cfg.vocab);
