@@ -1,123 +1,131 @@
-/* Flash-style causal attention (the FlashAttention-2 algorithm) on tensor cores through WMMA (bf16
- * 16x16x16 fragments, fp32 accumulators): forward and a deterministic backward that never
- * materialise the T x T scores. An alternative to the materialising version in cu_attention.cu,
- * whose scratch grows as B NH T^2; this one needs only 8 B NH T bytes of scratch (rounded to 256).
+/* Flash-style causal attention (the FlashAttention-2 algorithm) on tensor cores: forward and a
+ * deterministic backward that never materialise the T x T scores. An alternative to the
+ * materialising version in cu_attention.cu, whose scratch grows as B NH T^2; this one needs only
+ * 8 B NH T bytes of scratch (rounded to 256).
  *
- * Notation: one (b, h) pair per CTA column (blockIdx.y = b*NH + h), hs = C / NH, hp = hs rounded up
- * to 16 (the WMMA k dimension; the extra columns are zeros and add nothing), tiles of 64 rows
- * (Br = Bc = 64), nblk = ceil(T / 64), scale = 1/sqrt(hs). q, k, v, dout are read straight from
- * the [B][T][3C] / [B][T][C] layouts (16-byte vector loads of 8 bf16; rows t >= T and columns
- * d >= hs are zero-filled in shared memory). Query rows t >= T of a tail block are computed on
- * zeros and never written; keys t >= T are always masked (a valid key satisfies tk <= tq < T).
+ * Products: mma.sync.m16n8k16 (bf16 operands, fp32 accumulators) through inline PTX; the
+ * accumulators (O; dK, dV; dQ) and the score tiles (S/P, dP/dS) live in registers, in the
+ * documented C/D fragment layout: thread lane (g = lane / 4, c = lane % 4) of a warp owning 16
+ * rows holds, per 8-column n-tile, rows g and g + 8 at columns 2c, 2c + 1. Row reductions are
+ * quad shuffles (xor 1, 2); an accumulator tile of P or dS is re-packed to bf16 as the A operand of
+ * the next product without going through shared memory. Operand tiles are copied to shared memory
+ * by cp.async (16 bytes; zero-filled rows t >= T and columns d >= hs) and fed to the MMAs by
+ * ldmatrix (.trans where the reduction runs along the tile's rows: V in P V, dO in P^T dO, Q in
+ * dS^T Q, K in dS K). Kernels are instantiated per hp = hs rounded up to 16 (16..128).
  *
- * Forward, CTA (query block i, b*NH+h), 256 threads = 8 warps:
- *   Q_i -> smem (bf16); O = 0 (fp32 smem), m = -inf, l = 0 per row;
- *   for j = 0..i (the causal limit: Br = Bc, so block j > i is fully masked):
- *     K_j, V_j -> smem; S = Q_i K_j^T (WMMA, fp32);
- *     per row (one warp per row): s = S * scale, masked (tk > tq) to -inf; m' = max(m, max s);
- *       p = exp(s - m') (0 where masked); alpha = exp(m - m'); l = alpha l + sum p; m = m';
- *       P = bf16(p); O_row *= alpha;
- *     O += P V_j (WMMA).
- *   out = O / l (bf16), L = m + log(l) (f32, kept in scratch). Block j = 0 always holds key 0,
- *   which every row may see, so m is finite from the first block on (no -inf - -inf).
+ * Tiles: Br = Bc = 64 (FL_BLK), 4 warps (128 threads) per CTA, each warp 16 rows; shared tiles
+ * [64][hp+8] bf16 (16-byte row padding: ldmatrix conflict-free for every hp); nblk = ceil(T/64);
+ * scale = 1/sqrt(hs); exponentials as exp2f with log2(e) folded into the scale (fp32).
+ *
+ * Forward, CTA (query block i = nblk-1-blockIdx.x, heaviest first; b*NH+h): Q_i and K_0, V_0 ->
+ *   smem, each warp's Q rows then kept as MMA A fragments in registers; for j = 0..i (K_{j+1},
+ *   V_{j+1} prefetched into the other buffer while block j is used): S = Q_i K_j^T (registers),
+ *   the diagonal block j = i masked (key > query -> -inf; keys t >= T are then masked too for
+ *   every valid row), online softmax per row (m = running max of
+ *   the raw scores, per-thread partial l), O = alpha O + P V_j. Block 0 holds key 0, valid for
+ *   every row, so m is finite from block 0 on. End: l summed over the quad, out = O / l (bf16),
+ *   L = m scale + log l (f32, scratch). Query rows t >= T are computed on zeros, never written.
  * Backward:
  *   fl_bwd_dot:  D[t] = sum_d dout[t][d] * out[t][d] (one warp per row, fixed shuffle tree);
- *   fl_bwd_dkdv, CTA (key block j, b*NH+h): K_j, V_j -> smem; dK = dV = 0 (fp32 smem);
- *     for i = j..nblk-1 in order: Q_i, dO_i, L_i, D_i -> smem; S = Q_i K_j^T, dP = dO_i V_j^T;
- *       P = exp(S*scale - L) (0 where masked), dS = P (dP - D); dV += P^T dO_i; dK += dS^T Q_i;
- *     dk = scale dK, dv = dV written once.
- *   fl_bwd_dq, CTA (query block i, b*NH+h): Q_i, dO_i, L_i, D_i -> smem; dQ = 0;
- *     for j = 0..i in order: K_j, V_j -> smem; same S, P, dP, dS; dQ += dS K_j;  dq = scale dQ.
- *   P and dS are rounded to bf16 as WMMA operands; the softmax math is fp32 throughout.
- * Determinism: no atomics. Every element of out, dq, dk, dv is accumulated by exactly one warp of
- * one CTA, over the blocks in a fixed loop order, with WMMA (a fixed hardware reduction order), and
- * the row reductions are fixed xor-shuffle trees: reruns are bit-identical.
+ *   fl_bwd_dkdv, CTA (key block j, b*NH+h), warp w owns keys 16w..16w+15 of the block; K_j, V_j
+ *     in smem; for i = j..nblk-1 in order (Q_{i+1}, dO_{i+1}, L, D prefetched): P^T = exp(K_j Q_i^T
+ *     scale - L) (0 where key > query or query >= T, checked on the diagonal and the tail block),
+ *     dV += P^T dO_i, dS^T = P^T (V_j dO_i^T - D), dK += dS^T Q_i;  dk = scale dK, dv = dV.
+ *   fl_bwd_dq, CTA (query block i, heaviest first), warp w owns rows 16w..: Q_i, dO_i in smem, L, D
+ *     of its rows in registers; for j = 0..i in order: P = exp(Q_i K_j^T scale - L) (diagonal
+ *     masked), dS = P (dO_i V_j^T - D), dQ += dS K_j;  dq = scale dQ.
+ *   P and dS are rounded to bf16 as MMA operands; the softmax math is fp32 throughout.
+ * Determinism: no atomics. Every element of out, dq, dk, dv is accumulated in registers of one
+ * thread, over the blocks in a fixed loop order, by MMAs (a fixed hardware reduction order); row
+ * reductions are fixed shuffle trees: reruns are bit-identical.
  *
- * Shared memory (dynamic; bytes incl. 128 for aligning the base; regions 128-byte aligned):
- *   bf16 tiles [64][hp+8] (Q, K, V, dO), fp32 tiles [64][68] (S, dP), bf16 [64][72] (P, dS),
- *   fp32 accumulators [64][hp+4] (O; dK, dV; dQ), two fp32 [64] vectors (m, l; L, D).
- *     hp:        16     32     48     64     80     96    112    128
- *     forward: 41600  51840  62080  72320  82560  92800 103040 113280
- *     dk dv:   76416  92800 109184 125568 141952 158336 174720 191104
- *     dq:      62080  74368  86656  98944 111232 123520 135808 148096
- *   All within Hopper's 227 KiB (232448 bytes) per block; the host checks the device's opt-in
- *   maximum and sets cudaFuncAttributeMaxDynamicSharedMemorySize. Leading dimensions hp+8 / 72
- *   (bf16, multiples of 8) and hp+4 / 68 (fp32, multiples of 4) satisfy WMMA's ldm rules, every
- *   fragment pointer is 32-byte aligned (tile offsets are multiples of 16 rows and 16 columns),
- *   and the padding staggers rows across banks.
+ * Shared memory per CTA (dynamic, + 128 bytes for aligning the base), tile = 128 (hp+8) bytes:
+ *   forward 5 tiles (Q, K[2], V[2]); dk dv 6 tiles (K, V, Q[2], dO[2]) + 1 KiB (L[2], D[2]);
+ *   dq 6 tiles (Q, dO, K[2], V[2]). hp 128: 87168 / 105600 / 104576 bytes; hp 80: 56448 / 68736 /
+ *   67712; hp 64: 46208 / 56448 / 55424. Registers (ptxas, sm_90, no spills): forward 96..204,
+ *   dk dv 126..255, dq 114..234 (hp 16..128), so 2 CTAs (8 warps) per SM at hp 128. The dk dv loop
+ *   works on the 64 queries in two halves of 32 (not unrolled) to stay within 255 registers.
  *
  * Scratch layout (256-byte aligned pieces): L f32 [B*NH][T], then D f32 [B*NH][T]. */
 #include "gpu_worker/cuda/cu_flash.h"
 
 #include <math.h>
-#include <mma.h>
 
-using namespace nvcuda;
+/* ---- PTX primitives (sm_80+): cp.async, ldmatrix, mma.sync m16n8k16 bf16 -> f32 ---- */
 
-#define FL_BLK 64      /* Br = Bc: rows of every tile */
-#define FL_THREADS 256 /* 8 warps per CTA */
-#define FL_WARPS (FL_THREADS / 32)
-#define FL_LDS 68 /* fp32 [64][64] tiles S, dP: leading dimension */
-#define FL_LDP 72 /* bf16 [64][64] tiles P, dS: leading dimension */
-#define FL_HS_MAX 128
-
-enum { FL_FWD = 0, FL_BWD_KV = 1, FL_BWD_Q = 2 };
-
-/* ---- shared-memory layout (host and device compute the same offsets) ---- */
-
-struct fl_layout {
-    unsigned q, k, v, dout; /* bf16 [64][hp+8] */
-    unsigned s, dp;         /* f32 [64][FL_LDS] */
-    unsigned p, ds;         /* bf16 [64][FL_LDP] */
-    unsigned acc0, acc1;    /* f32 [64][hp+4]: fwd O; kv dK, dV; q dQ */
-    unsigned vec0, vec1;    /* f32 [64]: fwd m, l; bwd L, D */
-    unsigned total;         /* bytes from the aligned base */
-};
-
-__host__ __device__ static inline unsigned fl_al128(unsigned n) { return (n + 127u) & ~127u; }
-__host__ __device__ static inline int fl_ldb(int hp) { return hp + 8; }
-__host__ __device__ static inline int fl_ldf(int hp) { return hp + 4; }
-
-/* Regions a kernel does not use get size 0 (their offset equals the next one's): never touched. */
-__host__ __device__ static inline struct fl_layout fl_carve(int kind, int hp)
+__device__ static inline unsigned fl_sa(const void *p)
 {
-    struct fl_layout L;
-    unsigned tileb = fl_al128((unsigned)(FL_BLK * fl_ldb(hp) * 2));
-    unsigned accf = fl_al128((unsigned)(FL_BLK * fl_ldf(hp) * 4));
-    unsigned sf = fl_al128(FL_BLK * FL_LDS * 4), pb = fl_al128(FL_BLK * FL_LDP * 2);
-    unsigned vec = fl_al128(FL_BLK * 4);
-    int bwd = kind != FL_FWD;
-    unsigned off = 0;
-    L.q = off;
-    off += tileb;
-    L.k = off;
-    off += tileb;
-    L.v = off;
-    off += tileb;
-    L.dout = off;
-    off += bwd ? tileb : 0;
-    L.s = off;
-    off += sf;
-    L.dp = off;
-    off += bwd ? sf : 0;
-    L.p = off;
-    off += kind != FL_BWD_Q ? pb : 0;
-    L.ds = off;
-    off += bwd ? pb : 0;
-    L.acc0 = off;
-    off += accf;
-    L.acc1 = off;
-    off += kind == FL_BWD_KV ? accf : 0;
-    L.vec0 = off;
-    off += vec;
-    L.vec1 = off;
-    off += vec;
-    L.total = off;
-    return L;
+    return (unsigned)__cvta_generic_to_shared(p);
 }
 
-/* Dynamic shared memory bytes to request: the layout plus room to align its base to 128. */
-static unsigned fl_smem_bytes(int kind, int hp) { return fl_carve(kind, hp).total + 128u; }
+/* 16 (or, with bytes = 0, zero) bytes global -> shared, asynchronous; both 16-byte aligned. */
+__device__ static inline void fl_cp16(void *dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fl_sa(dst)), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+
+/* 4 (or, with bytes = 0, zero) bytes global -> shared, asynchronous. */
+__device__ static inline void fl_cp4(void *dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(fl_sa(dst)), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ static inline void fl_cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* Waits for all of this thread's cp.async groups (a __syncthreads must follow before other threads
+ * read the data). */
+__device__ static inline void fl_cp_wait_all(void)
+{
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+/* Four 8x8 bf16 matrices; lane l gives the address of row l % 8 of matrix l / 8 (16-byte aligned).
+ * Register i of lane l: matrix i, row l / 4, columns 2 (l % 4), 2 (l % 4) + 1. */
+__device__ static inline void fl_ldsm4(unsigned (&r)[4], const bf16 *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fl_sa(p))
+                 : "memory");
+}
+
+/* The same, transposed: register i of lane l holds matrix i, rows 2 (l % 4), 2 (l % 4) + 1 of
+ * column l / 4. */
+__device__ static inline void fl_ldsm4t(unsigned (&r)[4], const bf16 *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fl_sa(p))
+                 : "memory");
+}
+
+/* d (16x8 f32) += a (16x16 bf16, row) * b (16x8 bf16, col), fragment layouts of the PTX ISA. */
+__device__ static inline void fl_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                     unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, "
+                 "%6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* ---- EMU BEGIN: constants, tile movement, kernels (everything up to the host part) ---- */
+
+#define FL_BLK 64      /* Br = Bc: query rows and keys per tile */
+#define FL_THREADS 128 /* 4 warps, 16 query (or key) rows each */
+#define FL_HS_MAX 128
+#define FL_LOG2E 1.4426950408889634f
+
+/* bf16 elements per shared-memory tile row: hp + 8 (16 bytes of padding; conflict-free ldmatrix) */
+#define FL_LD(HP) ((HP) + 8)
+#define FL_TILE(HP) (FL_BLK * FL_LD(HP)) /* bf16 elements per tile */
 
 extern __shared__ unsigned char fl_smem_raw[];
 
@@ -128,222 +136,242 @@ __device__ static inline unsigned char *fl_smem_base(void)
     return fl_smem_raw + ((128u - (off & 127u)) & 127u);
 }
 
-/* ---- reductions (fixed xor-butterfly order; all 32 lanes get the result) ---- */
-
-__device__ static inline float fl_warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ static inline float fl_warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* ---- tile movement ---- */
-
-/* dst [64][ldb] (bf16, smem) <- rows t0..t0+63 of src, where row t starts at src + t * row_stride
- * (src already points at this head's column 0). Columns 0..hs-1 are copied, hs..hp-1 zeroed, rows
- * t >= T zeroed. hs and hp are multiples of 8: each 8-column chunk is either all in or all out.
- * Called by all threads; the caller synchronises before use. */
-__device__ static void fl_load_tile(bf16 *dst, int ldb, const bf16 *src, size_t row_stride, int t0,
-                                    int T, int hs, int hp)
-{
-    int chunks = hp / 8;
-    for (int idx = threadIdx.x; idx < FL_BLK * chunks; idx += blockDim.x) {
-        int r = idx / chunks, c8 = idx % chunks, t = t0 + r;
-        uint4 val = make_uint4(0u, 0u, 0u, 0u);
-        if (t < T && c8 * 8 < hs)
-            val = *(const uint4 *)(src + (size_t)t * row_stride + c8 * 8);
-        *(uint4 *)(dst + r * ldb + c8 * 8) = val;
-    }
-}
-
-/* vec[r] = src[t0 + r] for t0 + r < T, else 0 (64 floats). */
-__device__ static void fl_load_vec(float *vec, const float *src, int t0, int T)
-{
-    for (int r = threadIdx.x; r < FL_BLK; r += blockDim.x)
-        vec[r] = t0 + r < T ? src[t0 + r] : 0.0f;
-}
-
 __device__ static inline unsigned fl_pack2(float a, float b)
 {
     return (unsigned)__bfloat16_as_ushort(__float2bfloat16(a)) |
            ((unsigned)__bfloat16_as_ushort(__float2bfloat16(b)) << 16);
 }
 
-/* Rows t0..t0+63 (t < T only), columns 0..hs-1 of dst (row t at dst + t * row_stride) <-
- * bf16(acc[r][d] * mul * (rowmul ? rowmul[r] : 1)), 8 columns per 16-byte store. */
-__device__ static void fl_store_tile(bf16 *dst, size_t row_stride, const float *acc, int ldf,
-                                     const float *rowmul, float mul, int t0, int T, int hs)
+/* dst [64][HP+8] (bf16, smem) <- rows t0..t0+63 of src (row t at src + t * row_stride, src at this
+ * head's column 0) by cp.async: columns 0..hs-1 copied, hs..HP-1 and rows t >= T zero-filled. */
+template <int HP>
+__device__ static inline void fl_load_tile(bf16 *dst, const bf16 *src, size_t row_stride, int t0,
+                                           int T, int hs)
 {
-    int chunks = hs / 8;
-    for (int idx = threadIdx.x; idx < FL_BLK * chunks; idx += blockDim.x) {
-        int r = idx / chunks, c8 = idx % chunks, t = t0 + r;
+    constexpr int chunks = HP / 8;
+    for (int idx = threadIdx.x; idx < FL_BLK * chunks; idx += FL_THREADS) {
+        const int r = idx / chunks, c8 = idx % chunks, t = t0 + r;
+        const bool ok = t < T && c8 * 8 < hs;
+        fl_cp16(dst + r * FL_LD(HP) + c8 * 8, ok ? src + (size_t)t * row_stride + c8 * 8 : src,
+                ok ? 16 : 0);
+    }
+}
+
+/* vec[r] <- src[t0 + r] (0 for t0 + r >= T), r < 64, by cp.async. */
+__device__ static inline void fl_load_vec(float *vec, const float *src, int t0, int T)
+{
+    for (int r = threadIdx.x; r < FL_BLK; r += FL_THREADS) {
+        const bool ok = t0 + r < T;
+        fl_cp4(vec + r, ok ? src + t0 + r : src, ok ? 4 : 0);
+    }
+}
+
+/* ---- warp-level products (mma.m16n8k16; "fragment" layouts of the PTX ISA) ----
+ * Each warp owns 16 rows. Thread lane: g = lane / 4, c = lane % 4. An accumulator n-tile acc[n][4]
+ * holds rows g (elements 0, 1) and g + 8 (elements 2, 3), columns 8n + 2c and 8n + 2c + 1. */
+
+/* acc[N][4] (16 x 8N) = A (16 rows at A, [..][HP+8]) * B^T, B 8N rows at Bm (same layout): both
+ * operands with the reduction dimension contiguous (non-transposed ldmatrix). N even. */
+template <int HP, int N>
+__device__ static inline void fl_mm_nt(float (&acc)[N][4], const bf16 *A, const bf16 *Bm, int lane)
+{
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[n][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < HP / 16; ks++) {
+        unsigned a[4];
+        fl_ldsm4(a, A + (lane & 15) * FL_LD(HP) + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < N / 2; np++) {
+            unsigned b[4];
+            fl_ldsm4(b, Bm + (np * 16 + (lane & 7) + (lane >> 4) * 8) * FL_LD(HP) + ks * 16 +
+                            ((lane >> 3) & 1) * 8);
+            fl_mma(acc[2 * np], a, b[0], b[1]);
+            fl_mma(acc[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* The same with A held in registers: qa[ks] = the A fragments of columns 16ks..16ks+15 (loaded by
+ * fl_load_afrag). */
+template <int HP, int N>
+__device__ static inline void fl_mm_nt_ra(float (&acc)[N][4], const unsigned (&qa)[HP / 16][4],
+                                          const bf16 *Bm, int lane)
+{
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[n][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < HP / 16; ks++) {
+#pragma unroll
+        for (int np = 0; np < N / 2; np++) {
+            unsigned b[4];
+            fl_ldsm4(b, Bm + (np * 16 + (lane & 7) + (lane >> 4) * 8) * FL_LD(HP) + ks * 16 +
+                            ((lane >> 3) & 1) * 8);
+            fl_mma(acc[2 * np], qa[ks], b[0], b[1]);
+            fl_mma(acc[2 * np + 1], qa[ks], b[2], b[3]);
+        }
+    }
+}
+
+/* qa[ks] <- A fragments of the 16 rows at A ([..][HP+8]), columns 16ks..16ks+15. */
+template <int HP>
+__device__ static inline void fl_load_afrag(unsigned (&qa)[HP / 16][4], const bf16 *A, int lane)
+{
+#pragma unroll
+    for (int ks = 0; ks < HP / 16; ks++)
+        fl_ldsm4(qa[ks], A + (lane & 15) * FL_LD(HP) + ks * 16 + (lane >> 4) * 8);
+}
+
+/* acc[HP/8][4] (16 x HP) += P (16 x 8N, in accumulator layout p[N][4], rounded to bf16) * B,
+ * B 8N rows x HP at Bm ([..][HP+8], the reduction dimension = rows: transposed ldmatrix). */
+template <int HP, int N>
+__device__ static inline void fl_mm_pv(float (&acc)[HP / 8][4], const float (&p)[N][4],
+                                       const bf16 *Bm, int lane)
+{
+#pragma unroll
+    for (int ks = 0; ks < N / 2; ks++) {
+        unsigned a[4];
+        a[0] = fl_pack2(p[2 * ks][0], p[2 * ks][1]);
+        a[1] = fl_pack2(p[2 * ks][2], p[2 * ks][3]);
+        a[2] = fl_pack2(p[2 * ks + 1][0], p[2 * ks + 1][1]);
+        a[3] = fl_pack2(p[2 * ks + 1][2], p[2 * ks + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < HP / 16; dp++) {
+            unsigned b[4];
+            fl_ldsm4t(b, Bm + (ks * 16 + (lane & 15)) * FL_LD(HP) + dp * 16 + (lane >> 4) * 8);
+            fl_mma(acc[2 * dp], a, b[0], b[1]);
+            fl_mma(acc[2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* Rows row0 + g, row0 + g + 8 (< T only) of dst (row t at dst + t * row_stride), columns < hs:
+ * bf16(acc * mul0) (row g), bf16(acc * mul1) (row g + 8), 4-byte stores. */
+template <int HP>
+__device__ static inline void fl_store_acc(bf16 *dst, size_t row_stride,
+                                           const float (&acc)[HP / 8][4], float mul0, float mul1,
+                                           int row0, int T, int hs, int lane)
+{
+    const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int t = row0 + g + 8 * i;
         if (t >= T)
             continue;
-        float f = rowmul ? mul * rowmul[r] : mul;
-        const float *a = acc + r * ldf + c8 * 8;
-        uint4 w = make_uint4(fl_pack2(a[0] * f, a[1] * f), fl_pack2(a[2] * f, a[3] * f),
-                             fl_pack2(a[4] * f, a[5] * f), fl_pack2(a[6] * f, a[7] * f));
-        *(uint4 *)(dst + (size_t)t * row_stride + c8 * 8) = w;
+        const float mul = i ? mul1 : mul0;
+        bf16 *d = dst + (size_t)t * row_stride + 2 * c;
+#pragma unroll
+        for (int n = 0; n < HP / 8; n++)
+            if (n * 8 < hs)
+                *(unsigned *)(d + n * 8) = fl_pack2(acc[n][2 * i] * mul, acc[n][2 * i + 1] * mul);
     }
 }
 
-/* ---- WMMA products on shared-memory tiles (called by all threads; no synchronisation inside) ---- */
-
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fl_frag_a;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> fl_frag_at;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fl_frag_b;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fl_frag_bt;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> fl_frag_c;
-
-/* C [64][64] f32 (ldc) = A [64][K] B [64][K]^T, A and B bf16 (lda, ldb), K = kdim (multiple of 16).
- * 16 output tiles of 16x16; warp w computes tiles w, w + 8. B^T as a col-major matrix_b: element
- * (k, n) of B^T is B[n][k] at B + n*ldb + k. */
-__device__ static void fl_mm_abt(float *C, int ldc, const bf16 *A, int lda, const bf16 *B, int ldb,
-                                 int kdim)
-{
-    int warp = threadIdx.x >> 5;
-    for (int tile = warp; tile < 16; tile += FL_WARPS) {
-        int tm = tile / 4, tn = tile % 4;
-        fl_frag_c acc;
-        wmma::fill_fragment(acc, 0.0f);
-        for (int kk = 0; kk < kdim; kk += 16) {
-            fl_frag_a a;
-            fl_frag_bt bt;
-            wmma::load_matrix_sync(a, A + tm * 16 * lda + kk, lda);
-            wmma::load_matrix_sync(bt, B + tn * 16 * ldb + kk, ldb);
-            wmma::mma_sync(acc, a, bt, acc);
-        }
-        wmma::store_matrix_sync(C + tm * 16 * ldc + tn * 16, acc, ldc, wmma::mem_row_major);
-    }
-}
-
-/* Acc [64][hp] f32 (ldacc) += A [64][64] B [64][hp], A bf16 (lda), B bf16 (ldb). 4 * hp/16 tiles;
- * warp w owns tiles w, w + 8, ... (load the accumulator, 4 MMAs over k, store it back). */
-__device__ static void fl_mm_acc_ab(float *Acc, int ldacc, const bf16 *A, int lda, const bf16 *B,
-                                    int ldb, int hp)
-{
-    int warp = threadIdx.x >> 5, nt = hp / 16;
-    for (int tile = warp; tile < 4 * nt; tile += FL_WARPS) {
-        int tm = tile / nt, tn = tile % nt;
-        float *cp = Acc + tm * 16 * ldacc + tn * 16;
-        fl_frag_c acc;
-        wmma::load_matrix_sync(acc, cp, ldacc, wmma::mem_row_major);
-        for (int kk = 0; kk < FL_BLK; kk += 16) {
-            fl_frag_a a;
-            fl_frag_b b;
-            wmma::load_matrix_sync(a, A + tm * 16 * lda + kk, lda);
-            wmma::load_matrix_sync(b, B + kk * ldb + tn * 16, ldb);
-            wmma::mma_sync(acc, a, b, acc);
-        }
-        wmma::store_matrix_sync(cp, acc, ldacc, wmma::mem_row_major);
-    }
-}
-
-/* Acc [64][hp] f32 (ldacc) += A [64][64]^T B [64][hp]. A^T as a col-major matrix_a: element (m, k)
- * of A^T is A[k][m] at A + k*lda + m, so the tile (m0, k0) starts at A + k0*lda + m0. */
-__device__ static void fl_mm_acc_atb(float *Acc, int ldacc, const bf16 *A, int lda, const bf16 *B,
-                                     int ldb, int hp)
-{
-    int warp = threadIdx.x >> 5, nt = hp / 16;
-    for (int tile = warp; tile < 4 * nt; tile += FL_WARPS) {
-        int tm = tile / nt, tn = tile % nt;
-        float *cp = Acc + tm * 16 * ldacc + tn * 16;
-        fl_frag_c acc;
-        wmma::load_matrix_sync(acc, cp, ldacc, wmma::mem_row_major);
-        for (int kk = 0; kk < FL_BLK; kk += 16) {
-            fl_frag_at at;
-            fl_frag_b b;
-            wmma::load_matrix_sync(at, A + kk * lda + tm * 16, lda);
-            wmma::load_matrix_sync(b, B + kk * ldb + tn * 16, ldb);
-            wmma::mma_sync(acc, at, b, acc);
-        }
-        wmma::store_matrix_sync(cp, acc, ldacc, wmma::mem_row_major);
-    }
-}
-
-__device__ static void fl_zero(float *p, int n)
-{
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        p[i] = 0.0f;
-}
-
-/* ---- forward ---- */
-
-__global__ void __launch_bounds__(FL_THREADS)
-    fl_forward_kernel(bf16 *out, float *Lse, const bf16 *qkv, int T, int C, int NH, int hs, int hp,
+/* ---- forward ----
+ * CTA (query block nblk-1-blockIdx.x, the heaviest first; b*NH+h), 4 warps of 16 query rows.
+ * Shared: Q, K[2], V[2] tiles (K, V double-buffered, loaded by cp.async one block ahead). */
+template <int HP>
+__global__ void __launch_bounds__(FL_THREADS, 1)
+    fl_forward_kernel(bf16 *out, float *Lse, const bf16 *qkv, int T, int C, int NH, int hs,
                       float scale)
 {
-    unsigned char *sm = fl_smem_base();
-    const struct fl_layout lay = fl_carve(FL_FWD, hp);
-    const int ldb = fl_ldb(hp), ldf = fl_ldf(hp);
-    bf16 *Qs = (bf16 *)(sm + lay.q), *Ks = (bf16 *)(sm + lay.k), *Vs = (bf16 *)(sm + lay.v);
-    float *Ss = (float *)(sm + lay.s);
-    bf16 *Ps = (bf16 *)(sm + lay.p);
-    float *Os = (float *)(sm + lay.acc0);
-    float *mrow = (float *)(sm + lay.vec0), *lrow = (float *)(sm + lay.vec1);
-
-    const int qb = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    bf16 *Qs = (bf16 *)fl_smem_base();
+    bf16 *Ks = Qs + FL_TILE(HP), *Vs = Qs + 3 * FL_TILE(HP); /* buffer u at + u * FL_TILE */
+    const int nblk = (T + FL_BLK - 1) / FL_BLK, qb = nblk - 1 - (int)blockIdx.x;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int q0 = qb * FL_BLK, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3, wr = warp * 16; /* this warp's rows wr..wr+15 */
     const size_t C3 = 3 * (size_t)C;
     const bf16 *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs; /* this head's q at row 0 */
+    const float sl2 = scale * FL_LOG2E;
 
-    fl_load_tile(Qs, ldb, seq, C3, q0, T, hs, hp);
-    fl_zero(Os, FL_BLK * ldf);
-    for (int r = threadIdx.x; r < FL_BLK; r += blockDim.x) {
-        mrow[r] = -INFINITY;
-        lrow[r] = 0.0f;
-    }
+    fl_load_tile<HP>(Qs, seq, C3, q0, T, hs);
+    fl_load_tile<HP>(Ks, seq + C, C3, 0, T, hs);
+    fl_load_tile<HP>(Vs, seq + 2 * (size_t)C, C3, 0, T, hs);
+    fl_cp_commit();
+
+    float o[HP / 8][4];
+#pragma unroll
+    for (int n = 0; n < HP / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            o[n][e] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* raw-score max, partial sums */
+    unsigned qa[HP / 16][4]; /* this warp's Q rows as MMA A fragments, kept in registers */
+    fl_cp_wait_all();
+    __syncthreads();
+    fl_load_afrag<HP>(qa, Qs + wr * FL_LD(HP), lane);
+
     for (int kb = 0; kb <= qb; kb++) {
-        const int k0 = kb * FL_BLK;
-        fl_load_tile(Ks, ldb, seq + C, C3, k0, T, hs, hp);
-        fl_load_tile(Vs, ldb, seq + 2 * (size_t)C, C3, k0, T, hs, hp);
-        __syncthreads(); /* Q, K, V (and, first time, O, m, l) in place; previous P V done */
-        fl_mm_abt(Ss, FL_LDS, Qs, ldb, Ks, ldb, hp);
-        __syncthreads();
-        /* online softmax: warp w owns rows w, w + 8, ...; lane owns columns lane, lane + 32 */
-        for (int r = warp; r < FL_BLK; r += FL_WARPS) {
-            const int tq = q0 + r;
-            const float m_old = mrow[r], l_old = lrow[r];
-            const int c0 = lane, c1 = lane + 32;
-            const bool v0 = k0 + c0 <= tq && k0 + c0 < T, v1 = k0 + c1 <= tq && k0 + c1 < T;
-            const float x0 = v0 ? Ss[r * FL_LDS + c0] * scale : -INFINITY;
-            const float x1 = v1 ? Ss[r * FL_LDS + c1] * scale : -INFINITY;
-            const float m_new = fmaxf(m_old, fl_warp_max(fmaxf(x0, x1)));
-            /* m_new is finite: block 0 holds key 0, valid for every row */
-            const float p0 = v0 ? expf(x0 - m_new) : 0.0f, p1 = v1 ? expf(x1 - m_new) : 0.0f;
-            const float rs = fl_warp_sum(p0 + p1);
-            const float alpha = expf(m_old - m_new); /* 0 on the first block (m_old = -inf) */
-            Ps[r * FL_LDP + c0] = __float2bfloat16(p0);
-            Ps[r * FL_LDP + c1] = __float2bfloat16(p1);
-            for (int d = lane; d < hp; d += 32)
-                Os[r * ldf + d] *= alpha;
-            __syncwarp(); /* every lane has read m_old, l_old before lane 0 writes */
-            if (lane == 0) {
-                mrow[r] = m_new;
-                lrow[r] = alpha * l_old + rs;
+        fl_cp_wait_all();
+        __syncthreads(); /* block kb in place for all; buffer (kb+1)&1 no longer read */
+        if (kb < qb) {
+            const int u = (kb + 1) & 1;
+            fl_load_tile<HP>(Ks + u * FL_TILE(HP), seq + C, C3, (kb + 1) * FL_BLK, T, hs);
+            fl_load_tile<HP>(Vs + u * FL_TILE(HP), seq + 2 * (size_t)C, C3, (kb + 1) * FL_BLK, T,
+                             hs);
+            fl_cp_commit();
+        }
+        const bf16 *Kb = Ks + (kb & 1) * FL_TILE(HP), *Vb = Vs + (kb & 1) * FL_TILE(HP);
+        float s[8][4];
+        fl_mm_nt_ra<HP, 8>(s, qa, Kb, lane);
+        if (kb == qb) { /* the diagonal block: key k0 + col > query q0 + row is masked */
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (n * 8 + 2 * c + (e & 1) > wr + g + 8 * (e >> 1))
+                        s[n][e] = -INFINITY;
+        }
+        /* online softmax on rows g (i = 0) and g + 8 (i = 1); the quad (4 lanes) shares a row */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float mx = m[i];
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+                mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            /* mx is finite: block 0 holds key 0, valid for every row */
+            const float alpha = exp2f((m[i] - mx) * sl2); /* 0 on block 0 (m = -inf) */
+            const float ms = mx * sl2;
+            m[i] = mx;
+            float rs = 0.0f;
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const float p = exp2f(fmaf(s[n][2 * i + j], sl2, -ms)); /* 0 where masked */
+                    s[n][2 * i + j] = p;
+                    rs += p;
+                }
+            l[i] = l[i] * alpha + rs;
+#pragma unroll
+            for (int n = 0; n < HP / 8; n++) {
+                o[n][2 * i] *= alpha;
+                o[n][2 * i + 1] *= alpha;
             }
         }
-        __syncthreads();
-        fl_mm_acc_ab(Os, ldf, Ps, FL_LDP, Vs, ldb, hp);
-        __syncthreads(); /* O complete; K, V, P free for the next block */
+        fl_mm_pv<HP, 8>(o, s, Vb, lane);
     }
-    /* L = m + log(l); then l becomes 1/l for the output scaling (same thread per row) */
-    for (int r = threadIdx.x; r < FL_BLK; r += blockDim.x) {
-        float l = lrow[r];
-        if (q0 + r < T)
-            Lse[(size_t)bh * T + q0 + r] = mrow[r] + logf(l);
-        lrow[r] = 1.0f / l;
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        inv[i] = 1.0f / l[i];
+        const int t = q0 + wr + g + 8 * i;
+        if (c == 0 && t < T)
+            Lse[(size_t)bh * T + t] = m[i] * scale + logf(l[i]);
     }
-    __syncthreads();
-    fl_store_tile(out + (size_t)b * T * C + (size_t)h * hs, (size_t)C, Os, ldf, lrow, 1.0f, q0, T,
-                  hs);
+    fl_store_acc<HP>(out + (size_t)b * T * C + (size_t)h * hs, (size_t)C, o, inv[0], inv[1],
+                     q0 + wr, T, hs, lane);
 }
 
 /* ---- backward ---- */
@@ -363,118 +391,173 @@ __global__ void fl_bwd_dot(float *D, const bf16 *dout, const bf16 *out, int B, i
         float acc = 0.0f;
         for (int d = lane; d < hs; d += 32)
             acc += __bfloat162float(dout[base + d]) * __bfloat162float(out[base + d]);
-        acc = fl_warp_sum(acc);
+        for (int o = 16; o > 0; o >>= 1)
+            acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0)
             D[row] = acc;
     }
 }
 
-/* From S = Q K^T (raw) and dP = dO V^T of the block pair (q0, k0): P = exp(S*scale - L) and
- * dS = P (dP - D), 0 where masked (tq >= T or tk > tq); written in bf16 (Pb may be NULL). */
-__device__ static void fl_softmax_bwd(bf16 *Pb, bf16 *dSb, const float *Ss, const float *dPs,
-                                      const float *Lr, const float *Dr, int q0, int k0, int T,
-                                      float scale)
-{
-    for (int idx = threadIdx.x; idx < FL_BLK * FL_BLK; idx += blockDim.x) {
-        const int r = idx / FL_BLK, c = idx % FL_BLK, tq = q0 + r, tk = k0 + c;
-        float p = 0.0f, ds = 0.0f;
-        if (tq < T && tk <= tq) {
-            p = expf(Ss[r * FL_LDS + c] * scale - Lr[r]);
-            ds = p * (dPs[r * FL_LDS + c] - Dr[r]);
-        }
-        if (Pb)
-            Pb[r * FL_LDP + c] = __float2bfloat16(p);
-        dSb[r * FL_LDP + c] = __float2bfloat16(ds);
-    }
-}
-
-/* CTA (key block kb, bh): dk, dv of rows k0..k0+63. */
-__global__ void __launch_bounds__(FL_THREADS)
+/* CTA (key block blockIdx.x, b*NH+h): dk, dv of keys k0..k0+63; warp w owns keys k0+16w..+15 and
+ * works on transposed tiles (rows = keys, columns = the 64 queries of the current block).
+ * Shared: K, V, then Q[2], dO[2] tiles, then L[2], D[2] vectors of 64 floats. */
+template <int HP>
+__global__ void __launch_bounds__(FL_THREADS, 1)
     fl_bwd_dkdv(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse, const float *Dg,
-                int T, int C, int NH, int hs, int hp, float scale)
+                int T, int C, int NH, int hs, float scale)
 {
-    unsigned char *sm = fl_smem_base();
-    const struct fl_layout lay = fl_carve(FL_BWD_KV, hp);
-    const int ldb = fl_ldb(hp), ldf = fl_ldf(hp);
-    bf16 *Qs = (bf16 *)(sm + lay.q), *Ks = (bf16 *)(sm + lay.k), *Vs = (bf16 *)(sm + lay.v);
-    bf16 *dOs = (bf16 *)(sm + lay.dout);
-    float *Ss = (float *)(sm + lay.s), *dPs = (float *)(sm + lay.dp);
-    bf16 *Pb = (bf16 *)(sm + lay.p), *dSb = (bf16 *)(sm + lay.ds);
-    float *dK = (float *)(sm + lay.acc0), *dV = (float *)(sm + lay.acc1);
-    float *Lr = (float *)(sm + lay.vec0), *Dr = (float *)(sm + lay.vec1);
-
+    bf16 *Ks = (bf16 *)fl_smem_base();
+    bf16 *Vs = Ks + FL_TILE(HP), *Qs = Ks + 2 * FL_TILE(HP), *dOs = Ks + 4 * FL_TILE(HP);
+    float *Lv = (float *)(Ks + 6 * FL_TILE(HP)), *Dv = Lv + 2 * FL_BLK; /* buffer u at + 64u */
     const int kb = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int k0 = kb * FL_BLK, nblk = (T + FL_BLK - 1) / FL_BLK;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3, wr = warp * 16;
     const size_t C3 = 3 * (size_t)C;
     const bf16 *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
     const bf16 *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
     const float *Lbh = Lse + (size_t)bh * T, *Dbh = Dg + (size_t)bh * T;
+    const float sl2 = scale * FL_LOG2E;
 
-    fl_load_tile(Ks, ldb, seq + C, C3, k0, T, hs, hp);
-    fl_load_tile(Vs, ldb, seq + 2 * (size_t)C, C3, k0, T, hs, hp);
-    fl_zero(dK, FL_BLK * ldf);
-    fl_zero(dV, FL_BLK * ldf);
+    fl_load_tile<HP>(Ks, seq + C, C3, k0, T, hs);
+    fl_load_tile<HP>(Vs, seq + 2 * (size_t)C, C3, k0, T, hs);
+    fl_load_tile<HP>(Qs, seq, C3, k0, T, hs);
+    fl_load_tile<HP>(dOs, dseq, (size_t)C, k0, T, hs);
+    fl_load_vec(Lv, Lbh, k0, T);
+    fl_load_vec(Dv, Dbh, k0, T);
+    fl_cp_commit();
+
+    float dk[HP / 8][4], dv[HP / 8][4];
+#pragma unroll
+    for (int n = 0; n < HP / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            dk[n][e] = 0.0f;
+            dv[n][e] = 0.0f;
+        }
     for (int qb = kb; qb < nblk; qb++) {
-        const int q0 = qb * FL_BLK;
-        fl_load_tile(Qs, ldb, seq, C3, q0, T, hs, hp);
-        fl_load_tile(dOs, ldb, dseq, (size_t)C, q0, T, hs, hp);
-        fl_load_vec(Lr, Lbh, q0, T);
-        fl_load_vec(Dr, Dbh, q0, T);
-        __syncthreads();
-        fl_mm_abt(Ss, FL_LDS, Qs, ldb, Ks, ldb, hp);
-        fl_mm_abt(dPs, FL_LDS, dOs, ldb, Vs, ldb, hp);
-        __syncthreads();
-        fl_softmax_bwd(Pb, dSb, Ss, dPs, Lr, Dr, q0, k0, T, scale);
-        __syncthreads();
-        fl_mm_acc_atb(dV, ldf, Pb, FL_LDP, dOs, ldb, hp);
-        fl_mm_acc_atb(dK, ldf, dSb, FL_LDP, Qs, ldb, hp);
-        __syncthreads(); /* Q, dO, P, dS free for the next block */
+        const int q0 = qb * FL_BLK, u = (qb - kb) & 1;
+        fl_cp_wait_all();
+        __syncthreads(); /* block qb in buffer u for all; buffer u^1 no longer read */
+        if (qb + 1 < nblk) {
+            const int q1 = q0 + FL_BLK;
+            fl_load_tile<HP>(Qs + (u ^ 1) * FL_TILE(HP), seq, C3, q1, T, hs);
+            fl_load_tile<HP>(dOs + (u ^ 1) * FL_TILE(HP), dseq, (size_t)C, q1, T, hs);
+            fl_load_vec(Lv + (u ^ 1) * FL_BLK, Lbh, q1, T);
+            fl_load_vec(Dv + (u ^ 1) * FL_BLK, Dbh, q1, T);
+            fl_cp_commit();
+        }
+        const bf16 *Qb = Qs + u * FL_TILE(HP), *dOb = dOs + u * FL_TILE(HP);
+        const float *Lb = Lv + u * FL_BLK, *Db = Dv + u * FL_BLK;
+        const bool edge = qb == kb || q0 + FL_BLK > T;
+        /* two halves of 32 queries each (fewer live registers): for queries q0 + 32hq .. + 31 */
+#pragma unroll 1
+        for (int hq = 0; hq < 2; hq++) {
+            const int qo = hq * 32;
+            /* P^T = exp(K Q^T * scale - L[query]), 0 where masked (query >= T or key > query) */
+            float p[4][4];
+            fl_mm_nt<HP, 4>(p, Ks + wr * FL_LD(HP), Qb + qo * FL_LD(HP), lane);
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+                const float2 lq = *(const float2 *)(Lb + qo + n * 8 + 2 * c);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int tq = q0 + qo + n * 8 + 2 * c + (e & 1),
+                              tk = k0 + wr + g + 8 * (e >> 1);
+                    float v = exp2f(fmaf(p[n][e], sl2, -((e & 1) ? lq.y : lq.x) * FL_LOG2E));
+                    if (edge && (tq >= T || tk > tq))
+                        v = 0.0f;
+                    p[n][e] = v;
+                }
+            }
+            /* dV += P^T dO */
+            fl_mm_pv<HP, 4>(dv, p, dOb + qo * FL_LD(HP), lane);
+            /* dS^T = P^T (V dO^T - D[query]) */
+            float ds[4][4];
+            fl_mm_nt<HP, 4>(ds, Vs + wr * FL_LD(HP), dOb + qo * FL_LD(HP), lane);
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+                const float2 dd = *(const float2 *)(Db + qo + n * 8 + 2 * c);
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    ds[n][e] = p[n][e] * (ds[n][e] - ((e & 1) ? dd.y : dd.x));
+            }
+            /* dK += dS^T Q */
+            fl_mm_pv<HP, 4>(dk, ds, Qb + qo * FL_LD(HP), lane);
+        }
     }
-    bf16 *dseq_kv = dqkv + (size_t)b * T * C3 + (size_t)h * hs;
-    fl_store_tile(dseq_kv + C, C3, dK, ldf, NULL, scale, k0, T, hs);
-    fl_store_tile(dseq_kv + 2 * (size_t)C, C3, dV, ldf, NULL, 1.0f, k0, T, hs);
+    bf16 *dkv = dqkv + (size_t)b * T * C3 + (size_t)h * hs;
+    fl_store_acc<HP>(dkv + C, C3, dk, scale, scale, k0 + wr, T, hs, lane);
+    fl_store_acc<HP>(dkv + 2 * (size_t)C, C3, dv, 1.0f, 1.0f, k0 + wr, T, hs, lane);
 }
 
-/* CTA (query block qb, bh): dq of rows q0..q0+63. */
-__global__ void __launch_bounds__(FL_THREADS)
+/* CTA (query block nblk-1-blockIdx.x, b*NH+h): dq of rows q0..q0+63; warp w owns rows q0+16w..+15.
+ * Shared: Q, dO, then K[2], V[2] tiles. */
+template <int HP>
+__global__ void __launch_bounds__(FL_THREADS, 1)
     fl_bwd_dq(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse, const float *Dg,
-              int T, int C, int NH, int hs, int hp, float scale)
+              int T, int C, int NH, int hs, float scale)
 {
-    unsigned char *sm = fl_smem_base();
-    const struct fl_layout lay = fl_carve(FL_BWD_Q, hp);
-    const int ldb = fl_ldb(hp), ldf = fl_ldf(hp);
-    bf16 *Qs = (bf16 *)(sm + lay.q), *Ks = (bf16 *)(sm + lay.k), *Vs = (bf16 *)(sm + lay.v);
-    bf16 *dOs = (bf16 *)(sm + lay.dout);
-    float *Ss = (float *)(sm + lay.s), *dPs = (float *)(sm + lay.dp);
-    bf16 *dSb = (bf16 *)(sm + lay.ds);
-    float *dQ = (float *)(sm + lay.acc0);
-    float *Lr = (float *)(sm + lay.vec0), *Dr = (float *)(sm + lay.vec1);
-
-    const int qb = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    const int q0 = qb * FL_BLK;
+    bf16 *Qs = (bf16 *)fl_smem_base();
+    bf16 *dOs = Qs + FL_TILE(HP), *Ks = Qs + 2 * FL_TILE(HP), *Vs = Qs + 4 * FL_TILE(HP);
+    const int nblk = (T + FL_BLK - 1) / FL_BLK, qb = nblk - 1 - (int)blockIdx.x;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, q0 = qb * FL_BLK;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3, wr = warp * 16;
     const size_t C3 = 3 * (size_t)C;
     const bf16 *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
     const bf16 *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
+    const float sl2 = scale * FL_LOG2E;
 
-    fl_load_tile(Qs, ldb, seq, C3, q0, T, hs, hp);
-    fl_load_tile(dOs, ldb, dseq, (size_t)C, q0, T, hs, hp);
-    fl_load_vec(Lr, Lse + (size_t)bh * T, q0, T);
-    fl_load_vec(Dr, Dg + (size_t)bh * T, q0, T);
-    fl_zero(dQ, FL_BLK * ldf);
-    for (int kb = 0; kb <= qb; kb++) {
-        const int k0 = kb * FL_BLK;
-        fl_load_tile(Ks, ldb, seq + C, C3, k0, T, hs, hp);
-        fl_load_tile(Vs, ldb, seq + 2 * (size_t)C, C3, k0, T, hs, hp);
-        __syncthreads();
-        fl_mm_abt(Ss, FL_LDS, Qs, ldb, Ks, ldb, hp);
-        fl_mm_abt(dPs, FL_LDS, dOs, ldb, Vs, ldb, hp);
-        __syncthreads();
-        fl_softmax_bwd(NULL, dSb, Ss, dPs, Lr, Dr, q0, k0, T, scale);
-        __syncthreads();
-        fl_mm_acc_ab(dQ, ldf, dSb, FL_LDP, Ks, ldb, hp);
-        __syncthreads(); /* K, V, dS free for the next block */
+    fl_load_tile<HP>(Qs, seq, C3, q0, T, hs);
+    fl_load_tile<HP>(dOs, dseq, (size_t)C, q0, T, hs);
+    fl_load_tile<HP>(Ks, seq + C, C3, 0, T, hs);
+    fl_load_tile<HP>(Vs, seq + 2 * (size_t)C, C3, 0, T, hs);
+    fl_cp_commit();
+    float lr[2], dr[2]; /* L * log2(e) and D of rows g, g + 8 (0 for rows >= T) */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int t = q0 + wr + g + 8 * i;
+        lr[i] = t < T ? Lse[(size_t)bh * T + t] * FL_LOG2E : 0.0f;
+        dr[i] = t < T ? Dg[(size_t)bh * T + t] : 0.0f;
     }
-    fl_store_tile(dqkv + (size_t)b * T * C3 + (size_t)h * hs, C3, dQ, ldf, NULL, scale, q0, T, hs);
+
+    float dq[HP / 8][4];
+#pragma unroll
+    for (int n = 0; n < HP / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dq[n][e] = 0.0f;
+    for (int kb = 0; kb <= qb; kb++) {
+        fl_cp_wait_all();
+        __syncthreads();
+        if (kb < qb) {
+            const int u = (kb + 1) & 1;
+            fl_load_tile<HP>(Ks + u * FL_TILE(HP), seq + C, C3, (kb + 1) * FL_BLK, T, hs);
+            fl_load_tile<HP>(Vs + u * FL_TILE(HP), seq + 2 * (size_t)C, C3, (kb + 1) * FL_BLK, T,
+                             hs);
+            fl_cp_commit();
+        }
+        const bf16 *Kb = Ks + (kb & 1) * FL_TILE(HP), *Vb = Vs + (kb & 1) * FL_TILE(HP);
+        float p[8][4], ds[8][4];
+        fl_mm_nt<HP, 8>(p, Qs + wr * FL_LD(HP), Kb, lane);
+        fl_mm_nt<HP, 8>(ds, dOs + wr * FL_LD(HP), Vb, lane);
+        const bool diag = kb == qb;
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e >> 1;
+                float v = exp2f(fmaf(p[n][e], sl2, -lr[i]));
+                if (diag && n * 8 + 2 * c + (e & 1) > wr + g + 8 * i)
+                    v = 0.0f;
+                ds[n][e] = v * (ds[n][e] - dr[i]);
+            }
+        /* dQ += dS K */
+        fl_mm_pv<HP, 8>(dq, ds, Kb, lane);
+    }
+    fl_store_acc<HP>(dqkv + (size_t)b * T * C3 + (size_t)h * hs, C3, dq, scale, scale, q0 + wr, T,
+                     hs, lane);
 }
 
 /* ---- host ---- */
@@ -503,10 +586,16 @@ size_t fy_cu_flash_scratch_bytes(int B, int T, int C, int NH)
 
 static int fl_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* Allows `kernel` the dynamic shared memory of its largest configuration that this device can
- * give (the same value on every call, so concurrent callers never lower it under each other) and
- * checks that `need` fits. */
-static int fl_prepare(const void *kernel, int kind, unsigned need, const char *what)
+/* Dynamic shared memory (bytes, incl. 128 for aligning the base): forward Q, K[2], V[2] tiles;
+ * dk dv K, V, Q[2], dO[2] tiles and L[2], D[2] vectors; dq Q, dO, K[2], V[2] tiles. */
+static unsigned fl_tile_bytes(int hp) { return (unsigned)(FL_BLK * (hp + 8) * 2); }
+static unsigned fl_smem_fwd(int hp) { return 5 * fl_tile_bytes(hp) + 128u; }
+static unsigned fl_smem_dkdv(int hp) { return 6 * fl_tile_bytes(hp) + 4 * FL_BLK * 4 + 128u; }
+static unsigned fl_smem_dq(int hp) { return 6 * fl_tile_bytes(hp) + 128u; }
+
+/* Allows `kernel` `need` bytes of dynamic shared memory (a fixed value per kernel instantiation, so
+ * concurrent callers agree) after checking the device's opt-in limit. */
+static int fl_prepare(const void *kernel, unsigned need, const char *what)
 {
     int dev = 0, optin = 0;
     FY_CUDA(cudaGetDevice(&dev), "%s: cudaGetDevice", what);
@@ -517,11 +606,46 @@ static int fl_prepare(const void *kernel, int kind, unsigned need, const char *w
                  dev, optin);
         return -ENOTSUP;
     }
-    unsigned cap = fl_smem_bytes(kind, FL_HS_MAX);
-    if (cap > (unsigned)optin)
-        cap = (unsigned)optin;
-    FY_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap),
-            "%s: setting max dynamic shared memory to %u", what, cap);
+    FY_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need),
+            "%s: setting max dynamic shared memory to %u", what, need);
+    return 0;
+}
+
+template <int HP>
+static int fl_forward_hp(bf16 *out, float *Lse, const bf16 *qkv, int B, int T, int C, int NH,
+                         float scale, cudaStream_t stream)
+{
+    const unsigned smem = fl_smem_fwd(HP);
+    int rc = fl_prepare((const void *)fl_forward_kernel<HP>, smem, "fy_cu_flash_forward");
+    if (rc)
+        return rc;
+    const int nblk = (T + FL_BLK - 1) / FL_BLK;
+    fl_forward_kernel<HP><<<dim3((unsigned)nblk, (unsigned)(B * NH)), FL_THREADS, smem, stream>>>(
+        out, Lse, qkv, T, C, NH, C / NH, scale);
+    FY_CUDA_LAUNCHED("fl_forward_kernel");
+    return 0;
+}
+
+template <int HP>
+static int fl_backward_hp(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse,
+                          const float *D, int B, int T, int C, int NH, float scale,
+                          cudaStream_t stream)
+{
+    const unsigned smem_kv = fl_smem_dkdv(HP), smem_q = fl_smem_dq(HP);
+    int rc = fl_prepare((const void *)fl_bwd_dkdv<HP>, smem_kv, "fy_cu_flash_backward dk dv");
+    if (rc)
+        return rc;
+    rc = fl_prepare((const void *)fl_bwd_dq<HP>, smem_q, "fy_cu_flash_backward dq");
+    if (rc)
+        return rc;
+    const int nblk = (T + FL_BLK - 1) / FL_BLK;
+    const dim3 grid((unsigned)nblk, (unsigned)(B * NH));
+    fl_bwd_dkdv<HP>
+        <<<grid, FL_THREADS, smem_kv, stream>>>(dqkv, dout, qkv, Lse, D, T, C, NH, C / NH, scale);
+    FY_CUDA_LAUNCHED("fl_bwd_dkdv");
+    fl_bwd_dq<HP>
+        <<<grid, FL_THREADS, smem_q, stream>>>(dqkv, dout, qkv, Lse, D, T, C, NH, C / NH, scale);
+    FY_CUDA_LAUNCHED("fl_bwd_dq");
     return 0;
 }
 
@@ -538,17 +662,27 @@ int fy_cu_flash_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T,
         fy_error("fy_cu_flash_forward: out, qkv and scratch must be 16-byte aligned");
         return -EINVAL;
     }
-    int hs = C / NH, hp = (hs + 15) & ~15, nblk = (T + FL_BLK - 1) / FL_BLK;
+    int hs = C / NH, hp = (hs + 15) & ~15;
     float scale = 1.0f / sqrtf((float)hs);
     float *Lse = (float *)scratch;
-    unsigned smem = fl_smem_bytes(FL_FWD, hp);
-    int rc = fl_prepare((const void *)fl_forward_kernel, FL_FWD, smem, "fy_cu_flash_forward");
-    if (rc)
-        return rc;
-    fl_forward_kernel<<<dim3((unsigned)nblk, (unsigned)(B * NH)), FL_THREADS, smem, stream>>>(
-        out, Lse, qkv, T, C, NH, hs, hp, scale);
-    FY_CUDA_LAUNCHED("fl_forward_kernel");
-    return 0;
+    switch (hp) {
+    case 16:
+        return fl_forward_hp<16>(out, Lse, qkv, B, T, C, NH, scale, stream);
+    case 32:
+        return fl_forward_hp<32>(out, Lse, qkv, B, T, C, NH, scale, stream);
+    case 48:
+        return fl_forward_hp<48>(out, Lse, qkv, B, T, C, NH, scale, stream);
+    case 64:
+        return fl_forward_hp<64>(out, Lse, qkv, B, T, C, NH, scale, stream);
+    case 80:
+        return fl_forward_hp<80>(out, Lse, qkv, B, T, C, NH, scale, stream);
+    case 96:
+        return fl_forward_hp<96>(out, Lse, qkv, B, T, C, NH, scale, stream);
+    case 112:
+        return fl_forward_hp<112>(out, Lse, qkv, B, T, C, NH, scale, stream);
+    default:
+        return fl_forward_hp<128>(out, Lse, qkv, B, T, C, NH, scale, stream);
+    }
 }
 
 int fy_cu_flash_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
@@ -565,27 +699,30 @@ int fy_cu_flash_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf
         fy_error("fy_cu_flash_backward: dqkv, dout, out, qkv and scratch must be 16-byte aligned");
         return -EINVAL;
     }
-    int hs = C / NH, hp = (hs + 15) & ~15, nblk = (T + FL_BLK - 1) / FL_BLK;
+    int hs = C / NH, hp = (hs + 15) & ~15;
     float scale = 1.0f / sqrtf((float)hs);
     const float *Lse = (const float *)scratch;
     float *D = (float *)((char *)scratch + fl_align256((size_t)B * NH * T * sizeof(float)));
-    unsigned smem_kv = fl_smem_bytes(FL_BWD_KV, hp), smem_q = fl_smem_bytes(FL_BWD_Q, hp);
-    int rc = fl_prepare((const void *)fl_bwd_dkdv, FL_BWD_KV, smem_kv, "fy_cu_flash_backward dk dv");
-    if (rc)
-        return rc;
-    rc = fl_prepare((const void *)fl_bwd_dq, FL_BWD_Q, smem_q, "fy_cu_flash_backward dq");
-    if (rc)
-        return rc;
 
     size_t rows = (size_t)B * NH * T;
     fl_bwd_dot<<<fy_cu_blocks(rows, 8), 256, 0, stream>>>(D, dout, out, B, T, C, NH, hs);
     FY_CUDA_LAUNCHED("fl_bwd_dot");
-    dim3 grid((unsigned)nblk, (unsigned)(B * NH));
-    fl_bwd_dkdv<<<grid, FL_THREADS, smem_kv, stream>>>(dqkv, dout, qkv, Lse, D, T, C, NH, hs, hp,
-                                                        scale);
-    FY_CUDA_LAUNCHED("fl_bwd_dkdv");
-    fl_bwd_dq<<<grid, FL_THREADS, smem_q, stream>>>(dqkv, dout, qkv, Lse, D, T, C, NH, hs, hp,
-                                                     scale);
-    FY_CUDA_LAUNCHED("fl_bwd_dq");
-    return 0;
+    switch (hp) {
+    case 16:
+        return fl_backward_hp<16>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
+    case 32:
+        return fl_backward_hp<32>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
+    case 48:
+        return fl_backward_hp<48>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
+    case 64:
+        return fl_backward_hp<64>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
+    case 80:
+        return fl_backward_hp<80>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
+    case 96:
+        return fl_backward_hp<96>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
+    case 112:
+        return fl_backward_hp<112>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
+    default:
+        return fl_backward_hp<128>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
+    }
 }

@@ -4,8 +4,9 @@
  * multiple of the 64-row tile, several heads and batches, and head sizes 8, 16, 64, 80 and 128.
  * Every call runs twice on poisoned (0xff: bf16/f32 NaN) outputs and scratch, and the two results
  * must be identical byte for byte. One case is also compared with the materialising
- * fy_cu_attention_forward/backward, and a large case (B=4 T=1024 C=1024 NH=8) times both versions
- * (printed, no assertion on speed) and checks that they agree. Skips (exit 77) where there is no
+ * fy_cu_attention_forward/backward, and two large cases (B=4 T=1024: C=1024 NH=8, hs 128, and
+ * C=1280 NH=16, hs 80) time both versions (printed, no assertion on speed) and check that they
+ * agree and that flash reruns are bit-identical. Skips (exit 77) where there is no
  * usable CUDA device.
  *
  * Tolerances (as in test_cu_attention.cu; bf16 products with fp32 accumulation against fp32):
@@ -363,7 +364,7 @@ static void test_flash_vs_cpu(void **state)
     flash_case(2, 7, 16, 2, 302, 0);    /* one partial tile */
     flash_case(2, 65, 64, 4, 303, 0);   /* hs 16, a tail of one row */
     flash_case(1, 256, 128, 2, 304, 0); /* hs 64, whole tiles */
-    flash_case(2, 200, 160, 2, 305, 1); /* hs 80 (5 WMMA k steps), tail of 8; also vs cu_attention */
+    flash_case(2, 200, 160, 2, 305, 1); /* hs 80 (5 MMA k steps), tail of 8; also vs cu_attention */
     flash_case(1, 129, 256, 2, 306, 0); /* hs 128, the largest shared-memory configuration */
     flash_case(1, 1024, 128, 1, 307, 0); /* 16 tiles of keys per query block */
 }
@@ -392,10 +393,8 @@ static void test_flash_unsupported(void **state)
 
 #define TIME_REPS 10
 
-static void test_flash_timing(void **state)
+static void timing_case(int B, int T, int C, int NH)
 {
-    (void)state;
-    const int B = 4, T = 1024, C = 1024, NH = 8;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
     uint64_t st = 401;
     uint16_t *qkv_b = (uint16_t *)malloc(nqkv * 2), *dout_b = (uint16_t *)malloc(nout * 2);
@@ -496,6 +495,13 @@ static void test_flash_timing(void **state)
     free(md);
     free(qkv_b);
     free(dout_b);
+}
+
+static void test_flash_timing(void **state)
+{
+    (void)state;
+    timing_case(4, 1024, 1024, 8);  /* hs 128 (GPT-3 1.3B: C 2048, NH 16) */
+    timing_case(4, 1024, 1280, 16); /* hs 80 (GPT-3 2.7B: C 2560, NH 32) */
 }
 
 int main(void)
