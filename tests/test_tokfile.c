@@ -93,23 +93,11 @@ static int has_tmp_file(const char *dir)
     return found;
 }
 
-/* Runs fn with stderr sent to a file and returns what was logged (caller frees). */
+/* fy_test_capture_stderr, failing the test if stderr cannot be captured. */
 static char *capture_stderr(int (*fn)(void *), void *arg, int *rc)
 {
-    char tmpl[] = "/tmp/fuyou-test-stderr-XXXXXX";
-    int cfd = mkstemp(tmpl);
-    assert_true(cfd >= 0);
-    int saved = dup(STDERR_FILENO);
-    assert_true(saved >= 0);
-    assert_true(dup2(cfd, STDERR_FILENO) >= 0);
-    *rc = fn(arg);
-    assert_true(dup2(saved, STDERR_FILENO) >= 0);
-    close(saved);
-    close(cfd);
-    char *text = fy_test_slurp(tmpl, NULL);
-    unlink(tmpl);
+    char *text = fy_test_capture_stderr(fn, arg, rc);
     assert_non_null(text);
-    fputs(text, stderr);
     return text;
 }
 

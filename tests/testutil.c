@@ -179,3 +179,30 @@ int fy_test_file_contains(const char *path, const char *needle)
     free(text);
     return found;
 }
+
+char *fy_test_capture_stderr(int (*fn)(void *), void *arg, int *rc)
+{
+    char tmpl[] = "/tmp/fuyou-test-stderr-XXXXXX";
+    int cfd = mkstemp(tmpl);
+    if (cfd < 0)
+        return NULL;
+    int saved = dup(STDERR_FILENO);
+    if (saved < 0 || dup2(cfd, STDERR_FILENO) < 0) {
+        close(cfd);
+        unlink(tmpl);
+        return NULL;
+    }
+    *rc = fn(arg);
+    int restored = dup2(saved, STDERR_FILENO) >= 0;
+    close(saved);
+    close(cfd);
+    char *text = fy_test_slurp(tmpl, NULL);
+    unlink(tmpl);
+    if (!restored) {
+        free(text);
+        return NULL;
+    }
+    if (text != NULL)
+        fputs(text, stderr);
+    return text;
+}

@@ -40,6 +40,10 @@ int fy_test_run(const char *program, const char *const *args, const char *log, i
 /* 1 when the file contains needle; otherwise 0, and the file is printed to stderr to show why. */
 int fy_test_file_contains(const char *path, const char *needle);
 
+/* Runs fn(arg) with stderr sent to a temporary file; *rc gets its result. Returns what was logged
+ * (caller frees; also echoed to the real stderr), or NULL if the redirection failed. */
+char *fy_test_capture_stderr(int (*fn)(void *), void *arg, int *rc);
+
 /* "" when two descriptors are equal field by field, else the name of the first field that differs
  * (so assert_string_equal(fy_test_desc_diff(a, b), "") names it on failure). */
 const char *fy_test_desc_diff(const struct fy_desc *a, const struct fy_desc *b);
