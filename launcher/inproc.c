@@ -18,8 +18,19 @@ struct mem_extent {
     uint8_t *data;
 };
 
+/* Requests run when submitted (in submission order, as the workers would serve them); their
+ * replies wait here for the ticket. */
+#define INPROC_MAX_TICKETS 64
+
+struct done_request {
+    int64_t ticket; /* 0: free */
+    struct fy_desc reply;
+};
+
 struct fy_inproc {
     struct fy_pool *pool;
+    int64_t next_ticket;
+    struct done_request done[INPROC_MAX_TICKETS];
     struct fy_backend *backend;
     struct fy_gptexec *gpt;
     struct fy_optstep *opt;
@@ -110,18 +121,14 @@ static int mem_io(struct fy_inproc *p, const struct fy_desc *d)
     return 0;
 }
 
-static int inproc_call(void *ctx, const char *worker, struct fy_desc *req, unsigned n,
-                       struct fy_desc *reply, int timeout_ms)
+static int inproc_run(struct fy_inproc *p, const char *worker, struct fy_desc *req, unsigned n,
+                      struct fy_desc *reply)
 {
-    struct fy_inproc *p = ctx;
     char why[256];
     for (unsigned i = 0; i < n; i++) {
         int rc = fy_desc_validate(&req[i], fy_pool_size(p->pool), why, sizeof why);
         FY_REQUIRE(rc == 0, rc, "in-process %s request rejected: %s", worker, why);
     }
-    struct fy_desc local;
-    if (reply == NULL)
-        reply = &local;
     memset(reply, 0, sizeof *reply);
     reply->op = FY_OP_DONE;
     reply->seq = req[0].seq;
@@ -140,7 +147,35 @@ static int inproc_call(void *ctx, const char *worker, struct fy_desc *req, unsig
     return rc;
 }
 
+static int64_t inproc_submit(void *ctx, const char *worker, struct fy_desc *req, unsigned n)
+{
+    struct fy_inproc *p = ctx;
+    struct done_request *slot = NULL;
+    for (unsigned i = 0; i < INPROC_MAX_TICKETS && slot == NULL; i++)
+        if (p->done[i].ticket == 0)
+            slot = &p->done[i];
+    FY_REQUIRE(slot != NULL, -EBUSY, "in-process executor: more than %d requests in flight",
+               INPROC_MAX_TICKETS);
+    inproc_run(p, worker, req, n, &slot->reply); /* the status travels in the reply */
+    slot->ticket = ++p->next_ticket;
+    return slot->ticket;
+}
+
+static int inproc_wait(void *ctx, int64_t ticket, struct fy_desc *reply, int timeout_ms)
+{
+    struct fy_inproc *p = ctx;
+    for (unsigned i = 0; i < INPROC_MAX_TICKETS; i++)
+        if (p->done[i].ticket == ticket && ticket > 0) {
+            if (reply != NULL)
+                *reply = p->done[i].reply;
+            p->done[i].ticket = 0;
+            return p->done[i].reply.status;
+        }
+    fy_error("in-process executor: no request #%lld in flight", (long long)ticket);
+    return -EINVAL;
+}
+
 struct fy_exec fy_inproc_exec(struct fy_inproc *p)
 {
-    return (struct fy_exec){.ctx = p, .call = inproc_call};
+    return (struct fy_exec){.ctx = p, .submit = inproc_submit, .wait = inproc_wait};
 }

@@ -30,7 +30,7 @@ struct options {
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every;
     double lr, weight_decay, min_lr_ratio, eval_fraction;
-    int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s;
+    int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set;
 };
 
@@ -53,6 +53,7 @@ static void usage(FILE *f)
             "               --warmup N (10) --min-lr-ratio X (0.1) --weight-decay X (0.1) --seed N (1)\n"
             "               --eval-every N (50) --eval-batches N (4) --eval-fraction X (0.1)\n"
             "               --checkpoint-every N (50) --export FILE --inprocess (one process, memory)\n"
+            "               --schedule overlap|serial (overlap: updates run beside the backward)\n"
             "common:        --backend auto|cpu|cuda --cpu-mem SIZE --gpu-mem SIZE --affinity SPEC\n"
             "               (e.g. gpu=0,io=1,opt=2-15) --queue-depth N (32) --block-size SIZE (1M)\n"
             "               --stripe-unit SIZE (1M) --ready-timeout S (60) --timeout S (300)\n"
@@ -88,7 +89,7 @@ enum {
     O_RUN = 256, O_SSD, O_OVERWRITE, O_CPU_MEM, O_GPU_MEM, O_BACKEND, O_AFFINITY, O_PARAMS, O_STEPS,
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
-    O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC
+    O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE
 };
 
 static const struct option longopts[] = {
@@ -112,7 +113,8 @@ static const struct option longopts[] = {
     {"eval-batches", required_argument, 0, O_EVAL_BATCHES},
     {"eval-fraction", required_argument, 0, O_EVAL_FRACTION},
     {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
-    {"inprocess", no_argument, 0, O_INPROC},         {"help", no_argument, 0, 'h'},
+    {"inprocess", no_argument, 0, O_INPROC},         {"schedule", required_argument, 0, O_SCHEDULE},
+    {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
 
@@ -125,7 +127,7 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .ready_timeout_s = 60, .timeout_s = 300, .layers = 4, .heads = 4,
                           .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
                           .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
-                          .eval_fraction = 0.1, .checkpoint_every = 50};
+                          .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1};
     int c, rc = 0;
     uint64_t v;
     opterr = 0;
@@ -174,6 +176,14 @@ static int parse_options(int argc, char **argv, struct options *o)
         case O_EVAL_FRACTION: rc = parse_double_opt("--eval-fraction", optarg, &o->eval_fraction); break;
         case O_CKPT_EVERY: rc = parse_size_opt("--checkpoint-every", optarg, &o->checkpoint_every); break;
         case O_INPROC: o->inprocess = 1; break;
+        case O_SCHEDULE:
+            if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "serial") == 0)
+                o->overlap = optarg[0] == 'o';
+            else {
+                fprintf(stderr, "fuyou-launch: --schedule must be overlap or serial\n");
+                rc = -EINVAL;
+            }
+            break;
         case 'h': usage(stdout); exit(EXIT_OK);
         default:
             fprintf(stderr, "fuyou-launch: unknown or incomplete option '%s' (see fuyou-launch help)\n",
@@ -447,10 +457,10 @@ static int cmd_train(struct options *o)
     char described[160], metrics_path[PATH_MAX];
     fy_gpt_config_describe(&model, described, sizeof described);
     fy_info("train: %s; batch %llu x %llu tokens, steps to %llu, lr %g (warmup %llu, cosine to %g), "
-            "weight decay %g; data %s (%llu training, %llu held-out tokens)%s",
+            "weight decay %g; %s schedule; data %s (%llu training, %llu held-out tokens)%s",
             described, (unsigned long long)o->batch, (unsigned long long)o->seq,
             (unsigned long long)o->steps, o->lr, (unsigned long long)o->warmup,
-            o->lr * o->min_lr_ratio, o->weight_decay, o->data,
+            o->lr * o->min_lr_ratio, o->weight_decay, o->overlap ? "overlapped" : "serial", o->data,
             (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_TRAIN),
             (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_EVAL),
             o->inprocess ? "; in one process, state in memory" : "");
@@ -493,7 +503,7 @@ static int cmd_train(struct options *o)
             .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
             .eval_every = o->eval_every, .eval_batches = o->eval_batches,
             .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
-            .metrics = metrics};
+            .overlap = o->overlap, .metrics = metrics};
         fy_info("starting at step %llu", (unsigned long long)meta.step);
         rc = fy_train_run(&x, s.pool, &meta, data, &to);
     }

@@ -141,15 +141,19 @@ int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *co
     return fy_sup_wait_ready(s->sup, ready_timeout_ms);
 }
 
-static int session_call(void *ctx, const char *worker, struct fy_desc *req, unsigned n,
-                        struct fy_desc *reply, int timeout_ms)
+static int64_t session_submit(void *ctx, const char *worker, struct fy_desc *req, unsigned n)
 {
-    return fy_sup_call(ctx, worker, req, n, reply, timeout_ms);
+    return fy_sup_submit(ctx, worker, req, n, NULL);
+}
+
+static int session_wait(void *ctx, int64_t ticket, struct fy_desc *reply, int timeout_ms)
+{
+    return fy_sup_wait(ctx, ticket, reply, timeout_ms);
 }
 
 struct fy_exec fy_session_exec(struct fy_session *s)
 {
-    return (struct fy_exec){.ctx = s->sup, .call = session_call};
+    return (struct fy_exec){.ctx = s->sup, .submit = session_submit, .wait = session_wait};
 }
 
 int fy_session_close(struct fy_session *s, int rc)

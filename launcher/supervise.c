@@ -29,6 +29,15 @@ struct sup_worker {
     int status;   /* waitpid status once reaped */
 };
 
+/* A request sent and not yet waited for; its reply is kept when it arrives first. */
+struct outstanding {
+    uint64_t seq; /* 0: free */
+    int worker;
+    int done;
+    struct fy_desc reply;
+    char what[64];
+};
+
 struct fy_sup {
     char run_dir[PATH_MAX];
     char bin_dir[PATH_MAX];
@@ -40,6 +49,7 @@ struct fy_sup {
     uint64_t seq;
     int interrupted;
     int failed; /* index of the first worker that died unexpectedly, or -1 */
+    struct outstanding out[FY_SUP_MAX_OUTSTANDING];
 };
 
 static int64_t now_ms(void)
@@ -268,13 +278,19 @@ int fy_sup_wait_ready(struct fy_sup *s, int timeout_ms)
     }
 }
 
-int fy_sup_call(struct fy_sup *s, const char *name, struct fy_desc *req, unsigned n,
-                struct fy_desc *reply, int timeout_ms)
+int64_t fy_sup_submit(struct fy_sup *s, const char *name, struct fy_desc *req, unsigned n,
+                      const char *what)
 {
     struct sup_worker *w = find(s, name);
     FY_REQUIRE(w != NULL, -ENOENT, "no worker named '%s'", name);
     if (!w->alive)
         return -ECHILD;
+    struct outstanding *slot = NULL;
+    for (unsigned i = 0; i < FY_SUP_MAX_OUTSTANDING && slot == NULL; i++)
+        if (s->out[i].seq == 0)
+            slot = &s->out[i];
+    FY_REQUIRE(slot != NULL, -EBUSY, "more than %d requests in flight: wait for some first",
+               FY_SUP_MAX_OUTSTANDING);
     uint64_t seq = ++s->seq;
     for (unsigned i = 0; i < n; i++)
         req[i].seq = seq;
@@ -290,29 +306,65 @@ int fy_sup_call(struct fy_sup *s, const char *name, struct fy_desc *req, unsigne
         int sig = drain_signals(s, 0);
         return sig < 0 ? sig : !w->alive ? -ECHILD : rc;
     }
+    memset(slot, 0, sizeof *slot);
+    slot->seq = seq;
+    slot->worker = (int)(w - s->w);
+    snprintf(slot->what, sizeof slot->what, "%s #%llu%s%s", fy_op_name(req[0].op),
+             (unsigned long long)seq, what ? " " : "", what ? what : "");
+    return (int64_t)seq;
+}
+
+static struct outstanding *outstanding_find(struct fy_sup *s, uint64_t seq)
+{
+    for (unsigned i = 0; i < FY_SUP_MAX_OUTSTANDING; i++)
+        if (s->out[i].seq == seq)
+            return &s->out[i];
+    return NULL;
+}
+
+int fy_sup_wait(struct fy_sup *s, int64_t ticket, struct fy_desc *reply, int timeout_ms)
+{
+    struct outstanding *o = ticket > 0 ? outstanding_find(s, (uint64_t)ticket) : NULL;
+    FY_REQUIRE(o != NULL, -EINVAL, "waiting for request #%lld, which is not in flight",
+               (long long)ticket);
+    struct sup_worker *w = &s->w[o->worker];
     int64_t deadline = now_ms() + timeout_ms;
-    char awaiting[64];
-    snprintf(awaiting, sizeof awaiting, "the reply to %s #%llu", fy_op_name(req[0].op),
-             (unsigned long long)seq);
-    char from[48];
-    snprintf(from, sizeof from, "the %s worker", name);
-    for (;;) {
+    char awaiting[96], from[48];
+    snprintf(awaiting, sizeof awaiting, "the reply to %s", o->what);
+    snprintf(from, sizeof from, "the %s worker", w->name);
+    while (!o->done) {
         char peer[FY_CHAN_PEER_MAX];
         struct fy_desc d[FY_DESC_MAX_PARTS];
         int got = wait_message(s, peer, d, deadline, awaiting, from, 0, w);
         if (got == -EBADMSG || got == -EPROTO || got == -ERANGE)
             continue;
-        if (got < 0)
+        if (got < 0) {
+            o->seq = 0; /* the run is failing: forget the request */
             return got;
-        if (strcmp(peer, name) != 0 || d[0].op != FY_OP_DONE || d[0].seq != seq) {
+        }
+        struct outstanding *hit = d[0].op == FY_OP_DONE ? outstanding_find(s, d[0].seq) : NULL;
+        if (hit == NULL || strcmp(peer, s->w[hit->worker].name) != 0) {
             fy_warn("unexpected %s #%llu from '%s' while waiting for %s: ignored",
                     fy_op_name(d[0].op), (unsigned long long)d[0].seq, peer, awaiting);
             continue;
         }
-        if (reply != NULL)
-            *reply = d[0];
-        return d[0].status;
+        hit->reply = d[0];
+        hit->done = 1; /* another request's reply is kept until it is waited for */
     }
+    if (reply != NULL)
+        *reply = o->reply;
+    int status = o->reply.status;
+    o->seq = 0;
+    return status;
+}
+
+int fy_sup_call(struct fy_sup *s, const char *name, struct fy_desc *req, unsigned n,
+                struct fy_desc *reply, int timeout_ms)
+{
+    int64_t ticket = fy_sup_submit(s, name, req, n, NULL);
+    if (ticket < 0)
+        return (int)ticket;
+    return fy_sup_wait(s, ticket, reply, timeout_ms);
 }
 
 static int any_alive(const struct fy_sup *s)

@@ -11,6 +11,8 @@
 #include "common/desc.h"
 
 #define FY_SUP_MAX_WORKERS 4
+/* Requests in flight at once (sent, reply not yet waited for). */
+#define FY_SUP_MAX_OUTSTANDING 64
 
 struct fy_sup;
 
@@ -33,6 +35,13 @@ int fy_sup_wait_ready(struct fy_sup *s, int timeout_ms);
  * -ETIMEDOUT when the worker did not answer in time. */
 int fy_sup_call(struct fy_sup *s, const char *name, struct fy_desc *req, unsigned n,
                 struct fy_desc *reply, int timeout_ms);
+/* Sends a request without waiting; returns a ticket (> 0) for fy_sup_wait, or -errno. `what` (may
+ * be NULL) is added to messages about it. Replies to other requests that arrive while one is
+ * waited for are kept, so requests to several workers can be in flight together. */
+int64_t fy_sup_submit(struct fy_sup *s, const char *name, struct fy_desc *req, unsigned n,
+                      const char *what);
+/* Waits for a submitted request's reply; returns its status, as fy_sup_call does. */
+int fy_sup_wait(struct fy_sup *s, int64_t ticket, struct fy_desc *reply, int timeout_ms);
 /* Orderly stop: STOP to each live worker in spawn order, acknowledgements, exits; a worker that does
  * not comply within timeout_ms gets SIGTERM, then SIGKILL. Returns 0 when all stopped cleanly. */
 int fy_sup_stop(struct fy_sup *s, int timeout_ms);

@@ -23,10 +23,24 @@ struct layout {
     uint64_t slot_bytes; /* one unit's f32 parameters, 4 KiB padded */
 };
 
+/* A request in flight and the phase its waiting time counts to; id 0: nothing to wait for. */
+struct ticket {
+    int64_t id;
+    int phase;
+    int done; /* already waited for (serial mode): status and reply kept here */
+    int status;
+    struct fy_desc reply;
+};
+
 struct run {
     const struct fy_exec *x;
     struct fy_pool *pool;
     struct layout l;
+    int overlap; /* 0: wait for every request before sending the next (the serial order) */
+    /* Which unit each weights and state slot was last filled for: every use checks it, so a
+     * schedule that reads a slot filled for another unit fails loudly instead of computing with
+     * the wrong numbers. */
+    int wslot_unit[3], state_unit[2];
     int timeout_ms;
     double phase_s[PH_COUNT];
 };
@@ -59,9 +73,13 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T,
     out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok};
     out[i++] = (struct fy_pool_region_spec){"acts", (c->n_layer + 1) * act};
     out[i++] = (struct fy_pool_region_spec){"dacts", 2 * act};
-    out[i++] = (struct fy_pool_region_spec){"weights", 2 * slot};
-    out[i++] = (struct fy_pool_region_spec){"grads", 2 * slot};
-    out[i++] = (struct fy_pool_region_spec){"state", 3 * slot};
+    /* weights: slot 0 keeps the embeddings for the tied head, blocks alternate between 1 and 2 so
+     * the next block's weights arrive while the current one computes; grads: slot 0 holds the
+     * embedding gradient through the backward, blocks alternate between 1 and 2 so one is
+     * updated while the next is computed; state: two units' master, m, v for the same reason */
+    out[i++] = (struct fy_pool_region_spec){"weights", 3 * slot};
+    out[i++] = (struct fy_pool_region_spec){"grads", 3 * slot};
+    out[i++] = (struct fy_pool_region_spec){"state", 6 * slot};
     *n = i;
 }
 
@@ -97,13 +115,58 @@ static uint64_t gslot(const struct layout *l, unsigned i) { return l->grads + i 
 static uint64_t unit_bytes(const struct layout *l, unsigned u) { return fy_gpt_unit_params(l->c, u) * 4; }
 
 
+/* Sends a request; in serial mode, also waits for it. */
+static int issue(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
+                 struct ticket *t);
+
+static int wait_for(struct run *r, struct ticket *t, struct fy_desc *reply)
+{
+    if (t->id == 0)
+        return 0;
+    if (!t->done) {
+        double t0 = now_s();
+        t->status = r->x->wait(r->x->ctx, t->id, &t->reply, r->timeout_ms);
+        r->phase_s[t->phase] += now_s() - t0;
+        t->done = 1;
+    }
+    if (reply != NULL)
+        *reply = t->reply;
+    int rc = t->status;
+    memset(t, 0, sizeof *t);
+    return rc;
+}
+
+static int issue(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
+                 struct ticket *t)
+{
+    double t0 = now_s();
+    int64_t id = r->x->submit(r->x->ctx, worker, req, n);
+    r->phase_s[phase] += now_s() - t0;
+    if (id < 0)
+        return (int)id;
+    t->id = id;
+    t->phase = phase;
+    t->done = 0;
+    if (r->overlap)
+        return 0;
+    double t1 = now_s();
+    t->status = r->x->wait(r->x->ctx, id, &t->reply, r->timeout_ms);
+    r->phase_s[phase] += now_s() - t1;
+    t->done = 1;
+    return t->status;
+}
+
 static int call(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
                 struct fy_desc *reply)
 {
-    double t0 = now_s();
-    int rc = r->x->call(r->x->ctx, worker, req, n, reply, r->timeout_ms);
-    r->phase_s[phase] += now_s() - t0;
-    return rc;
+    struct ticket t;
+    memset(&t, 0, sizeof t);
+    int64_t id = r->x->submit(r->x->ctx, worker, req, n);
+    if (id < 0)
+        return (int)id;
+    t.id = id;
+    t.phase = phase;
+    return wait_for(r, &t, reply);
 }
 
 static int io_op(struct run *r, int op, uint32_t tensor, uint64_t pool_offset, uint64_t bytes,
@@ -116,11 +179,33 @@ static int io_op(struct run *r, int op, uint32_t tensor, uint64_t pool_offset, u
     return call(r, PH_IO, "io", &d, 1, NULL);
 }
 
-/* The master weights of a unit into a weights slot (the CPU backend computes in fp32). */
-static int read_weights(struct run *r, unsigned unit, unsigned slot)
+static int io_issue(struct run *r, int op, uint32_t tensor, uint64_t pool_offset, uint64_t bytes,
+                    struct ticket *t)
 {
-    return io_op(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(unit), wslot(&r->l, slot),
-                 fy_unit_state_section(r->l.c, unit), 0);
+    struct fy_desc d = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, -1);
+    d.tensor = tensor;
+    return issue(r, PH_IO, "io", &d, 1, t);
+}
+
+/* The master weights of a unit into a weights slot (the compute weights are fp32 for now). */
+static int read_weights(struct run *r, unsigned unit, unsigned slot, struct ticket *t)
+{
+    r->wslot_unit[slot] = (int)unit;
+    return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(unit), wslot(&r->l, slot),
+                    fy_unit_state_section(r->l.c, unit), t);
+}
+
+/* Weights slot of block b in the forward and backward: 1 and 2 alternate. */
+static unsigned block_wslot(unsigned b) { return 1 + (b & 1); }
+
+/* The weights slot holding unit u, checked (see wslot_unit). */
+static int weights_of(struct run *r, unsigned u, unsigned slot, uint64_t *offset)
+{
+    FY_REQUIRE(r->wslot_unit[slot] == (int)u, -EPROTO,
+               "schedule error: unit %u's weights expected in slot %u, which holds unit %d's", u,
+               slot, r->wslot_unit[slot]);
+    *offset = wslot(&r->l, slot);
+    return 0;
 }
 
 static int write_meta(struct run *r, const struct fy_storemeta *m)
@@ -133,6 +218,9 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_con
                     const struct fy_exec *x, int timeout_ms)
 {
     memset(r, 0, sizeof *r);
+    for (int i = 0; i < 3; i++)
+        r->wslot_unit[i] = -1;
+    r->state_unit[0] = r->state_unit[1] = -1;
     r->x = x;
     r->pool = pool;
     r->timeout_ms = timeout_ms;
@@ -165,7 +253,8 @@ int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char
     FY_TRY(fy_pool_region(pool, "meta", &off, &bytes));
     struct fy_desc d = fy_desc_region(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE, off, FY_CKPT_BLOCK, -1);
     d.tensor = FY_TENSOR_META;
-    int rc = x->call(x->ctx, "io", &d, 1, NULL, timeout_ms);
+    int64_t ticket = x->submit(x->ctx, "io", &d, 1);
+    int rc = ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, NULL, timeout_ms);
     if (rc < 0) {
         fy_error("%s: cannot read the model metadata (%s): is it a store made by fuyou-launch init?",
                  where, strerror(-rc));
@@ -187,67 +276,232 @@ double fy_train_lr(const struct fy_train_opts *o, uint64_t step)
     return min_lr + (o->lr - min_lr) * 0.5 * (1.0 + cos(3.141592653589793 * progress));
 }
 
-/* Forward through every unit; with `train`, also the head's backward into dacts[0] and the grads. */
+/* Forward through every unit; with `train`, also the head's backward into dacts[0] and the grads.
+ * The next block's weights are read while the current block computes (weights slots 1 and 2). */
 static int forward(struct run *r, int train, uint64_t step, const uint64_t *version, double *loss)
 {
     const struct layout *l = &r->l;
     const struct fy_gpt_config *c = l->c;
     unsigned L = c->n_layer, fin = L + 1;
     struct fy_desc req[7], reply;
-    for (unsigned u = 0; u <= fin; u++)
-        FY_REQUIRE(!train || version[u] == step - 1, -EPROTO,
-                   "schedule error: unit %u holds step %llu's weights, step %llu needs step %llu's", u,
-                   (unsigned long long)version[u], (unsigned long long)step,
-                   (unsigned long long)(step - 1));
+    struct ticket t_embed = {0}, g_embed = {0}, rw_fin = {0}, head = {0};
+    struct ticket *rw = calloc(L + 2, sizeof *rw), *g = calloc(L + 2, sizeof *g);
+    int rc = rw && g ? 0 : -ENOMEM;
+    for (unsigned u = 0; rc == 0 && u <= fin; u++)
+        if (train && version[u] != step - 1) {
+            fy_error("schedule error: unit %u holds step %llu's weights, step %llu needs step %llu's",
+                     u, (unsigned long long)version[u], (unsigned long long)step,
+                     (unsigned long long)(step - 1));
+            rc = -EPROTO;
+        }
     /* slot 0 keeps the embeddings until the tied head has used them */
-    FY_TRY(read_weights(r, 0, 0));
-    req[0] = fy_desc_region(FY_OP_GPT_EMBED_FWD, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
-    req[1] = fy_desc_region(FY_OP_GPT_EMBED_FWD, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 0), unit_bytes(l, 0), 0);
-    req[2] = fy_desc_region(FY_OP_GPT_EMBED_FWD, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, 0), l->act_bytes, 0);
-    FY_TRY(call(r, PH_GPU, "gpu", req, 3, NULL));
-    for (unsigned b = 1; b <= L; b++) {
-        FY_TRY(read_weights(r, b, 1));
-        int op = FY_OP_GPT_BLOCK_FWD;
-        req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 1), unit_bytes(l, b), (int)b);
-        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes, (int)b);
-        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b), l->act_bytes, (int)b);
-        FY_TRY(call(r, PH_GPU, "gpu", req, 3, NULL));
+    if (rc == 0)
+        rc = read_weights(r, 0, 0, &t_embed);
+    if (rc == 0 && L >= 1)
+        rc = read_weights(r, 1, block_wslot(1), &rw[1]);
+    if (rc == 0)
+        rc = wait_for(r, &t_embed, NULL);
+    if (rc == 0) {
+        int op = FY_OP_GPT_EMBED_FWD;
+        req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
+        req[1] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 0), unit_bytes(l, 0), 0);
+        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, 0), l->act_bytes, 0);
+        rc = issue(r, PH_GPU, "gpu", req, 3, &g_embed);
     }
-    FY_TRY(read_weights(r, fin, 1));
-    int op = FY_OP_GPT_HEAD, f = (int)fin;
-    req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, L), l->act_bytes, f);
-    req[1] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->targets, l->tok_bytes, f);
-    req[2] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 1), unit_bytes(l, fin), f);
-    req[3] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 0), unit_bytes(l, 0), f);
-    req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, 0), l->act_bytes, f);
-    req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1), unit_bytes(l, fin), f);
-    req[6] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
-    FY_TRY(call(r, PH_GPU, "gpu", req, train ? 7 : 4, &reply));
+    for (unsigned b = 1; rc == 0 && b <= L; b++) {
+        rc = wait_for(r, &rw[b], NULL);
+        uint64_t w_off = 0;
+        if (rc == 0)
+            rc = weights_of(r, b, block_wslot(b), &w_off);
+        int op = FY_OP_GPT_BLOCK_FWD;
+        req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
+        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes,
+                                (int)b);
+        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b), l->act_bytes,
+                                (int)b);
+        if (rc == 0)
+            rc = issue(r, PH_GPU, "gpu", req, 3, &g[b]);
+        /* the slot of block b+1 held block b-1's weights: reuse it once that block has run */
+        if (rc == 0 && b >= 2)
+            rc = wait_for(r, &g[b - 1], NULL);
+        if (rc == 0)
+            rc = b < L ? read_weights(r, b + 1, block_wslot(b + 1), &rw[b + 1])
+                       : read_weights(r, fin, block_wslot(fin), &rw_fin);
+    }
+    if (rc == 0 && L == 0)
+        rc = read_weights(r, fin, block_wslot(fin), &rw_fin);
+    if (rc == 0)
+        rc = wait_for(r, &rw_fin, NULL);
+    for (unsigned b = 0; rc == 0 && b <= L; b++)
+        rc = wait_for(r, b ? &g[b] : &g_embed, NULL);
+    uint64_t w_fin = 0, w_embed = 0;
+    if (rc == 0)
+        rc = weights_of(r, fin, block_wslot(fin), &w_fin);
+    if (rc == 0)
+        rc = weights_of(r, 0, 0, &w_embed);
+    if (rc == 0) {
+        int op = FY_OP_GPT_HEAD, f = (int)fin;
+        req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, L), l->act_bytes, f);
+        req[1] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->targets, l->tok_bytes, f);
+        req[2] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_fin, unit_bytes(l, fin), f);
+        req[3] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), f);
+        req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, 0), l->act_bytes, f);
+        req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1), unit_bytes(l, fin), f);
+        req[6] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
+        rc = issue(r, PH_GPU, "gpu", req, train ? 7 : 4, &head);
+    }
+    if (rc == 0)
+        rc = wait_for(r, &head, &reply);
+    free(rw);
+    free(g);
+    FY_TRY(rc);
     memcpy(loss, &reply.arg, sizeof *loss);
     FY_REQUIRE(isfinite(*loss), -EDOM, "step %llu: the loss is %g: lower the learning rate",
                (unsigned long long)step, *loss);
     return 0;
 }
 
-/* AdamW on unit u with the gradient in grads slot g: state in from the store, update, state out. */
-static int update_unit(struct run *r, unsigned u, unsigned g, uint64_t step, double lr)
+/* Unit u's optimizer step, in three requests that the caller can interleave with other work: its
+ * state into state slot s, AdamW with the gradient in grads slot g, the state back to the store. */
+static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
+{
+    r->state_unit[s] = (int)u;
+    uint64_t sec = fy_unit_state_section(r->l.c, u);
+    return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), r->l.state + s * 3 * r->l.slot_bytes,
+                    3 * sec, t);
+}
+
+static int adamw(struct run *r, unsigned u, unsigned s, unsigned g, uint64_t step, double lr,
+                 struct ticket *t)
 {
     const struct layout *l = &r->l;
+    FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
+               "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
+               r->state_unit[s]);
     uint64_t sec = fy_unit_state_section(l->c, u), n = unit_bytes(l, u);
-    FY_TRY(io_op(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), l->state, 3 * sec, 0));
+    uint64_t state = l->state + s * 3 * l->slot_bytes;
     int op = FY_OP_OPT_ADAMW;
     struct fy_desc req[4] = {
         fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, g), n, (int)u),
-        fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, l->state, n, (int)u),
-        fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, l->state + sec, n, (int)u),
-        fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, l->state + 2 * sec, n, (int)u),
+        fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, (int)u),
+        fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, (int)u),
+        fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, (int)u),
     };
     for (int i = 0; i < 4; i++) {
         req[i].step = step;
         memcpy(&req[i].arg, &lr, sizeof lr);
     }
-    FY_TRY(call(r, PH_OPT, "opt", req, 4, NULL));
-    return io_op(r, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), l->state, 3 * sec, 0);
+    return issue(r, PH_OPT, "opt", req, 4, t);
+}
+
+static int state_write(struct run *r, unsigned u, unsigned s, struct ticket *t)
+{
+    FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
+               "schedule error: writing unit %u from state slot %u, which holds unit %d's state", u,
+               s, r->state_unit[s]);
+    uint64_t sec = fy_unit_state_section(r->l.c, u);
+    return io_issue(r, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), r->l.state + s * 3 * r->l.slot_bytes,
+                    3 * sec, t);
+}
+
+/* The whole update of one unit, waited for. */
+static int update_unit(struct run *r, unsigned u, unsigned g, uint64_t step, double lr)
+{
+    struct ticket t = {0};
+    FY_TRY(state_read(r, u, 0, &t));
+    FY_TRY(wait_for(r, &t, NULL));
+    FY_TRY(adamw(r, u, 0, g, step, lr, &t));
+    FY_TRY(wait_for(r, &t, NULL));
+    FY_TRY(state_write(r, u, 0, &t));
+    return wait_for(r, &t, NULL);
+}
+
+/* Backward through the blocks with each block's update overlapped with the next block's backward:
+ * while the gpu computes block b, block b+1's AdamW runs on the opt worker, its state having been
+ * read ahead; gradients alternate between grads slots 1 and 2, states between state slots 0 and
+ * 1, weights between weights slots 1 and 2. Every reuse of a slot waits for its previous user. */
+static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *version, unsigned *cur)
+{
+    const struct layout *l = &r->l;
+    unsigned L = l->c->n_layer;
+    struct ticket *rw = calloc(L + 3, sizeof *rw), *g = calloc(L + 3, sizeof *g);
+    struct ticket *rs = calloc(L + 3, sizeof *rs), *o = calloc(L + 3, sizeof *o);
+    struct ticket *ws = calloc(L + 3, sizeof *ws);
+    int rc = rw && g && rs && o && ws ? 0 : -ENOMEM;
+    struct fy_desc req[5];
+    if (rc == 0)
+        rc = read_weights(r, L, block_wslot(L), &rw[L]);
+    /* the two state slots start with blocks L and L-1; block u's update then reads block u-2's
+     * state into the slot it has just written back */
+    if (rc == 0)
+        rc = state_read(r, L, L & 1, &rs[L]);
+    if (rc == 0 && L >= 2)
+        rc = state_read(r, L - 1, (L - 1) & 1, &rs[L - 1]);
+    for (unsigned b = L; rc == 0; b--) {
+        if (b >= 1) {
+            unsigned gs = 1 + (b & 1);
+            uint64_t w_off = 0;
+            rc = wait_for(r, &rw[b], NULL);
+            if (rc == 0)
+                rc = weights_of(r, b, block_wslot(b), &w_off);
+            if (rc == 0 && b + 2 <= L)
+                rc = wait_for(r, &o[b + 2], NULL); /* its gradient slot */
+            int op = FY_OP_GPT_BLOCK_BWD;
+            req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b),
+                                    (int)b);
+            req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1),
+                                    l->act_bytes, (int)b);
+            req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, *cur), l->act_bytes,
+                                    (int)b);
+            req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, *cur ^ 1),
+                                    l->act_bytes, (int)b);
+            req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, gs), unit_bytes(l, b),
+                                    (int)b);
+            if (rc == 0)
+                rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
+            *cur ^= 1;
+            if (rc == 0 && b >= 2) {
+                if (b + 1 <= L)
+                    rc = wait_for(r, &g[b + 1], NULL); /* its weights slot */
+                if (rc == 0)
+                    rc = read_weights(r, b - 1, block_wslot(b - 1), &rw[b - 1]);
+            }
+        }
+        if (rc == 0 && b + 1 <= L) { /* block b+1's update, while the gpu runs block b */
+            unsigned u = b + 1, st = u & 1;
+            rc = wait_for(r, &g[u], NULL);
+            if (rc == 0)
+                rc = wait_for(r, &rs[u], NULL);
+            if (rc == 0)
+                rc = adamw(r, u, st, 1 + (u & 1), step, lr, &o[u]);
+            if (rc == 0)
+                rc = wait_for(r, &o[u], NULL);
+            if (rc == 0)
+                rc = state_write(r, u, st, &ws[u]);
+            if (rc == 0 && u >= 3) { /* block u-2's state goes where block u's was */
+                rc = wait_for(r, &ws[u], NULL);
+                if (rc == 0)
+                    rc = state_read(r, u - 2, (u - 2) & 1, &rs[u - 2]);
+            }
+            version[u] = step;
+        }
+        if (b == 0)
+            break;
+    }
+    for (unsigned u = 0; u <= L + 2; u++) { /* nothing stays in flight */
+        int w = wait_for(r, &ws[u], NULL);
+        w = w ? w : wait_for(r, &g[u], NULL);
+        w = w ? w : wait_for(r, &rs[u], NULL);
+        w = w ? w : wait_for(r, &rw[u], NULL);
+        w = w ? w : wait_for(r, &o[u], NULL);
+        rc = rc ? rc : w;
+    }
+    free(rw);
+    free(g);
+    free(rs);
+    free(o);
+    free(ws);
+    return rc;
 }
 
 static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t *version)
@@ -257,21 +511,9 @@ static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t
     FY_TRY(update_unit(r, fin, 1, step, lr));
     version[fin] = step;
     unsigned cur = 0; /* dacts[cur] holds dL/d(output of the unit being processed) */
-    struct fy_desc req[5];
-    for (unsigned b = L; b >= 1; b--) {
-        FY_TRY(read_weights(r, b, 1));
-        int op = FY_OP_GPT_BLOCK_BWD;
-        req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 1), unit_bytes(l, b), (int)b);
-        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes, (int)b);
-        req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur), l->act_bytes, (int)b);
-        req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur ^ 1), l->act_bytes, (int)b);
-        req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1), unit_bytes(l, b), (int)b);
-        FY_TRY(call(r, PH_GPU, "gpu", req, 5, NULL));
-        cur ^= 1;
-        FY_TRY(update_unit(r, b, 1, step, lr));
-        version[b] = step;
-    }
+    FY_TRY(backward_blocks(r, step, lr, version, &cur));
     int op = FY_OP_GPT_EMBED_BWD;
+    struct fy_desc req[3];
     req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
     req[1] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur), l->act_bytes, 0);
     req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
@@ -345,6 +587,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
 {
     struct run r;
     FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, x, o->timeout_ms));
+    r.overlap = o->overlap;
     unsigned units = fy_gpt_unit_count(&meta->model);
     uint64_t *version = calloc(units, sizeof *version);
     if (version == NULL)
@@ -395,7 +638,9 @@ struct export_ctx {
 static int export_unit(void *ctx, unsigned unit, float *params)
 {
     struct run *r = ((struct export_ctx *)ctx)->r;
-    FY_TRY(read_weights(r, unit, 0));
+    struct ticket t = {0};
+    FY_TRY(read_weights(r, unit, 0, &t));
+    FY_TRY(wait_for(r, &t, NULL));
     memcpy(params, fy_pool_at(r->pool, wslot(&r->l, 0), unit_bytes(&r->l, unit)),
            unit_bytes(&r->l, unit));
     return 0;

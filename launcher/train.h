@@ -23,10 +23,11 @@
 
 struct fy_exec {
     void *ctx;
-    /* Sends a request to a worker ("gpu", "io", "opt") and waits for its reply; returns the reply
-     * status (0 or -errno). */
-    int (*call)(void *ctx, const char *worker, struct fy_desc *req, unsigned n,
-                struct fy_desc *reply, int timeout_ms);
+    /* Sends a request to a worker ("gpu", "io", "opt") without waiting; returns a ticket (> 0) or
+     * -errno. Each worker serves its requests in the order they were sent. */
+    int64_t (*submit)(void *ctx, const char *worker, struct fy_desc *req, unsigned n);
+    /* Waits for a ticket's reply; returns the reply's status (0 or -errno). */
+    int (*wait)(void *ctx, int64_t ticket, struct fy_desc *reply, int timeout_ms);
 };
 
 struct fy_train_opts {
@@ -40,6 +41,7 @@ struct fy_train_opts {
     uint64_t eval_batches;
     uint64_t checkpoint_every; /* make the store durable every N steps (and at the end) */
     int timeout_ms;       /* per request */
+    int overlap;          /* 1: overlap updates with the backward and prefetch weights; 0: serial */
     FILE *metrics;        /* one JSON line per step; NULL: none */
     const volatile int *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
 };

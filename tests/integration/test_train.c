@@ -138,23 +138,35 @@ static double last_eval_loss(const char *metrics)
 static void test_store_run_matches_inprocess(void **state)
 {
     struct fixture *f = *state;
-    char *a = path_in(f, "a"), *b = path_in(f, "b");
+    char *a = path_in(f, "a"), *b = path_in(f, "b"), *serial = path_in(f, "c");
     init_model(f, a, "32", "5");
     init_model(f, b, "32", "5");
+    init_model(f, serial, "32", "5");
+    /* a: the overlapped schedule (the default); b: in one process; serial: the serial schedule */
     assert_int_equal(train(f, a, f->data, "10", path_in(f, "a.fywt"), 0, NULL, NULL), 0);
     assert_int_equal(train(f, b, f->data, "10", path_in(f, "b.fywt"), 1, NULL, NULL), 0);
+    assert_int_equal(train(f, serial, f->data, "10", path_in(f, "c.fywt"), 0, "--schedule", "serial"), 0);
     char ma[600], mb[600];
     snprintf(ma, sizeof ma, "%s/metrics.jsonl", a);
     snprintf(mb, sizeof mb, "%s/metrics.jsonl", b);
-    char *la = losses(ma), *lb = losses(mb);
+    char mc[600];
+    snprintf(mc, sizeof mc, "%s/metrics.jsonl", serial);
+    char *la = losses(ma), *lb = losses(mb), *lc = losses(mc);
     assert_int_equal(strlen(la) > 0, 1);
     assert_string_equal(la, lb); /* all 10 losses, every printed digit */
-    size_t na, nb;
+    assert_string_equal(la, lc);
+    size_t na, nb, nc;
     char *wa = fy_test_slurp(path_in(f, "a.fywt"), &na), *wb = fy_test_slurp(path_in(f, "b.fywt"), &nb);
+    char *wc = fy_test_slurp(path_in(f, "c.fywt"), &nc);
     assert_non_null(wa);
     assert_non_null(wb);
+    assert_non_null(wc);
     assert_int_equal(na, nb);
     assert_memory_equal(wa, wb, na);
+    assert_int_equal(na, nc);
+    assert_memory_equal(wa, wc, na);
+    free(lc);
+    free(wc);
     /* and the export is a readable weights file of the trained model at step 10 */
     struct fy_gpt_config c;
     uint64_t step;
