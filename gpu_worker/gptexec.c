@@ -23,7 +23,7 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     struct fy_gptexec *e = calloc(1, sizeof *e);
     if (e == NULL)
         return -ENOMEM;
-    uint64_t B, T;
+    uint64_t B = 0, T = 0;
     int rc = fy_gpt_config_from(cfg, &e->cfg);
     if (rc == 0)
         rc = fy_config_get_u64(cfg, "train.batch", 1, 0, &B);
