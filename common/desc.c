@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "dtype.h"
 
@@ -60,6 +61,19 @@ static uint64_t get_u64(const uint8_t *p)
     for (int i = 0; i < 8; i++)
         v |= (uint64_t)p[i] << (8 * i);
     return v;
+}
+
+void fy_desc_set_timing(struct fy_desc *reply, uint64_t start_ns, uint64_t end_ns)
+{
+    reply->offset = start_ns;
+    reply->bytes = end_ns > start_ns ? end_ns - start_ns : 0;
+}
+
+uint64_t fy_monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
 struct fy_desc fy_desc_region(int op, int kind, int dtype, uint64_t offset, uint64_t bytes, int layer)

@@ -66,6 +66,11 @@ struct fy_desc {
                         rate (IEEE double bits) for opt-adamw, the loss (double bits) in a head reply */
 };
 
+/* DONE replies carry when the request's work ran: start and duration in ns of CLOCK_MONOTONIC, in
+ * the offset and bytes fields (a reply names no region). */
+void fy_desc_set_timing(struct fy_desc *reply, uint64_t start_ns, uint64_t end_ns);
+uint64_t fy_monotonic_ns(void);
+
 /* A descriptor naming a region, every other field zero. */
 struct fy_desc fy_desc_region(int op, int kind, int dtype, uint64_t offset, uint64_t bytes, int layer);
 

@@ -147,7 +147,13 @@ static int serve(struct fy_worker *w, const struct fy_worker_ops *ops, void *sta
             FY_TRY(send_reply(w, &reply));
             continue;
         default:
-            reply.status = ops->handle(w, state, req, (unsigned)n, &reply);
+            {
+                /* The reply carries when the work ran (CLOCK_MONOTONIC, comparable across the
+                 * run's processes) for the launcher's busy-time metrics and trace. */
+                uint64_t started = fy_monotonic_ns();
+                reply.status = ops->handle(w, state, req, (unsigned)n, &reply);
+                fy_desc_set_timing(&reply, started, fy_monotonic_ns());
+            }
             if (reply.status < 0) {
                 char what[256];
                 fy_desc_format(&req[0], what, sizeof what);

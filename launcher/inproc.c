@@ -133,6 +133,7 @@ static int inproc_run(struct fy_inproc *p, const char *worker, struct fy_desc *r
     reply->op = FY_OP_DONE;
     reply->seq = req[0].seq;
     int rc;
+    uint64_t started = fy_monotonic_ns();
     if (strcmp(worker, "gpu") == 0)
         rc = fy_gptexec_handle(p->gpt, p->pool, req, n, reply);
     else if (strcmp(worker, "opt") == 0)
@@ -144,6 +145,7 @@ static int inproc_run(struct fy_inproc *p, const char *worker, struct fy_desc *r
         rc = -EPROTO;
     }
     reply->status = rc;
+    fy_desc_set_timing(reply, started, fy_monotonic_ns());
     return rc;
 }
 

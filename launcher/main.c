@@ -25,7 +25,7 @@
 enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_WORKER = 3, EXIT_INTERRUPTED = 130 };
 
 struct options {
-    const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path;
+    const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path, *trace;
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every;
@@ -54,6 +54,7 @@ static void usage(FILE *f)
             "               --eval-every N (50) --eval-batches N (4) --eval-fraction X (0.1)\n"
             "               --checkpoint-every N (50) --export FILE --inprocess (one process, memory)\n"
             "               --schedule overlap|serial (overlap: updates run beside the backward)\n"
+            "               --trace FILE (Chrome trace-event JSON of every request; open in Perfetto)\n"
             "common:        --backend auto|cpu|cuda --cpu-mem SIZE --gpu-mem SIZE --affinity SPEC\n"
             "               (e.g. gpu=0,io=1,opt=2-15) --queue-depth N (32) --block-size SIZE (1M)\n"
             "               --stripe-unit SIZE (1M) --ready-timeout S (60) --timeout S (300)\n"
@@ -89,7 +90,7 @@ enum {
     O_RUN = 256, O_SSD, O_OVERWRITE, O_CPU_MEM, O_GPU_MEM, O_BACKEND, O_AFFINITY, O_PARAMS, O_STEPS,
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
-    O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE
+    O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE
 };
 
 static const struct option longopts[] = {
@@ -114,6 +115,7 @@ static const struct option longopts[] = {
     {"eval-fraction", required_argument, 0, O_EVAL_FRACTION},
     {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
     {"inprocess", no_argument, 0, O_INPROC},         {"schedule", required_argument, 0, O_SCHEDULE},
+    {"trace", required_argument, 0, O_TRACE},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -176,6 +178,7 @@ static int parse_options(int argc, char **argv, struct options *o)
         case O_EVAL_FRACTION: rc = parse_double_opt("--eval-fraction", optarg, &o->eval_fraction); break;
         case O_CKPT_EVERY: rc = parse_size_opt("--checkpoint-every", optarg, &o->checkpoint_every); break;
         case O_INPROC: o->inprocess = 1; break;
+        case O_TRACE: o->trace = optarg; break;
         case O_SCHEDULE:
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "serial") == 0)
                 o->overlap = optarg[0] == 'o';
@@ -497,13 +500,18 @@ static int cmd_train(struct options *o)
         rc = -errno;
         fy_error("cannot open %s: %s", metrics_path, strerror(-rc));
     }
+    FILE *trace = NULL;
+    if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
+        rc = -errno;
+        fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
+    }
     if (rc == 0) {
         struct fy_train_opts to = {
             .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
             .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
             .eval_every = o->eval_every, .eval_batches = o->eval_batches,
             .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
-            .overlap = o->overlap, .metrics = metrics};
+            .overlap = o->overlap, .metrics = metrics, .trace = trace};
         fy_info("starting at step %llu", (unsigned long long)meta.step);
         rc = fy_train_run(&x, s.pool, &meta, data, &to);
     }
@@ -514,6 +522,8 @@ static int cmd_train(struct options *o)
     }
     if (metrics != NULL)
         fclose(metrics);
+    if (trace != NULL && fclose(trace) != 0)
+        fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
     fy_inproc_destroy(&inproc);
     fy_tokfile_close(&data);
     free(mc);

@@ -12,6 +12,8 @@
 #include "common/dtype.h"
 
 enum { PH_IO, PH_GPU, PH_OPT, PH_COUNT };
+/* Busy time of each resource, from the workers' own timing of each request. */
+enum { BUSY_GPU, BUSY_SSD_READ, BUSY_SSD_WRITE, BUSY_OPT, BUSY_COUNT };
 
 /* Where everything lives in the pool. */
 struct layout {
@@ -27,6 +29,7 @@ struct layout {
 struct ticket {
     int64_t id;
     int phase;
+    int op, layer;
     int done; /* already waited for (serial mode): status and reply kept here */
     int status;
     struct fy_desc reply;
@@ -41,6 +44,9 @@ struct run {
      * schedule that reads a slot filled for another unit fails loudly instead of computing with
      * the wrong numbers. */
     int wslot_unit[3], state_unit[2];
+    double busy_s[BUSY_COUNT];
+    FILE *trace;      /* Chrome trace-event JSON, or NULL */
+    uint64_t step;    /* for the trace */
     int timeout_ms;
     double phase_s[PH_COUNT];
 };
@@ -119,16 +125,42 @@ static uint64_t unit_bytes(const struct layout *l, unsigned u) { return fy_gpt_u
 static int issue(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
                  struct ticket *t);
 
+/* A finished request: its busy time, and a trace event. */
+static void account(struct run *r, const struct ticket *t)
+{
+    static const char *const tracks[PH_COUNT] = {"io worker", "gpu worker", "opt worker"};
+    double seconds = (double)t->reply.bytes * 1e-9;
+    int k = t->phase == PH_GPU   ? BUSY_GPU
+            : t->phase == PH_OPT ? BUSY_OPT
+            : t->op == FY_OP_IO_WRITE || t->op == FY_OP_IO_SYNC ? BUSY_SSD_WRITE
+                                                                : BUSY_SSD_READ;
+    r->busy_s[k] += seconds;
+    if (r->trace != NULL && t->reply.bytes > 0)
+        fprintf(r->trace,
+                "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, "
+                "\"dur\": %.3f, \"pid\": 1, \"tid\": %d, \"args\": {\"step\": %llu, "
+                "\"unit\": %d}},\n",
+                fy_op_name(t->op), tracks[t->phase], (double)t->reply.offset * 1e-3,
+                (double)t->reply.bytes * 1e-3, t->phase + 1, (unsigned long long)r->step,
+                t->layer);
+}
+
+static void finish(struct run *r, struct ticket *t)
+{
+    double t0 = now_s();
+    t->status = r->x->wait(r->x->ctx, t->id, &t->reply, r->timeout_ms);
+    r->phase_s[t->phase] += now_s() - t0;
+    t->done = 1;
+    if (t->status == 0)
+        account(r, t);
+}
+
 static int wait_for(struct run *r, struct ticket *t, struct fy_desc *reply)
 {
     if (t->id == 0)
         return 0;
-    if (!t->done) {
-        double t0 = now_s();
-        t->status = r->x->wait(r->x->ctx, t->id, &t->reply, r->timeout_ms);
-        r->phase_s[t->phase] += now_s() - t0;
-        t->done = 1;
-    }
+    if (!t->done)
+        finish(r, t);
     if (reply != NULL)
         *reply = t->reply;
     int rc = t->status;
@@ -146,13 +178,12 @@ static int issue(struct run *r, int phase, const char *worker, struct fy_desc *r
         return (int)id;
     t->id = id;
     t->phase = phase;
+    t->op = req[0].op;
+    t->layer = req[0].layer;
     t->done = 0;
     if (r->overlap)
         return 0;
-    double t1 = now_s();
-    t->status = r->x->wait(r->x->ctx, id, &t->reply, r->timeout_ms);
-    r->phase_s[phase] += now_s() - t1;
-    t->done = 1;
+    finish(r, t);
     return t->status;
 }
 
@@ -166,6 +197,8 @@ static int call(struct run *r, int phase, const char *worker, struct fy_desc *re
         return (int)id;
     t.id = id;
     t.phase = phase;
+    t.op = req[0].op;
+    t.layer = req[0].layer;
     return wait_for(r, &t, reply);
 }
 
@@ -283,7 +316,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     const struct layout *l = &r->l;
     const struct fy_gpt_config *c = l->c;
     unsigned L = c->n_layer, fin = L + 1;
-    struct fy_desc req[7], reply;
+    struct fy_desc req[7], reply = {0};
     struct ticket t_embed = {0}, g_embed = {0}, rw_fin = {0}, head = {0};
     struct ticket *rw = calloc(L + 2, sizeof *rw), *g = calloc(L + 2, sizeof *g);
     int rc = rw && g ? 0 : -ENOMEM;
@@ -556,8 +589,8 @@ int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy
 }
 
 static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *c, uint64_t step,
-                     double loss, double lr, double seconds, const double *phase, int have_eval,
-                     double eval)
+                     double loss, double lr, double seconds, const double *phase,
+                     const double *busy, int have_eval, double eval)
 {
     double tokens = (double)o->batch * o->seq;
     double tps = tokens / seconds;
@@ -565,17 +598,22 @@ static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *
     char ev[48] = "";
     if (have_eval)
         snprintf(ev, sizeof ev, " | eval %.4f", eval);
-    fy_info("step %llu/%llu | loss %.4f%s | lr %.2e | %.0f tok/s | %.4f TFLOP/s | %.0f ms (io %.0f, "
-            "gpu %.0f, opt %.0f)",
+    double gpu_idle = seconds > 0 ? 1.0 - busy[BUSY_GPU] / seconds : 0.0;
+    fy_info("step %llu/%llu | loss %.4f%s | lr %.2e | %.0f tok/s | %.4f TFLOP/s | %.0f ms | busy: "
+            "gpu %.0f, ssd read %.0f, ssd write %.0f, opt %.0f ms | gpu idle %.0f%%",
             (unsigned long long)step, (unsigned long long)o->steps, loss, ev, lr, tps, tflops,
-            1e3 * seconds, 1e3 * phase[PH_IO], 1e3 * phase[PH_GPU], 1e3 * phase[PH_OPT]);
+            1e3 * seconds, 1e3 * busy[BUSY_GPU], 1e3 * busy[BUSY_SSD_READ],
+            1e3 * busy[BUSY_SSD_WRITE], 1e3 * busy[BUSY_OPT], 100.0 * gpu_idle);
     if (o->metrics == NULL)
         return;
     fprintf(o->metrics,
             "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
-            "\"step_s\": %.6f, \"io_s\": %.6f, \"gpu_s\": %.6f, \"opt_s\": %.6f",
+            "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
+            "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
+            "\"busy_opt_s\": %.6f, \"gpu_idle\": %.4f",
             (unsigned long long)step, loss, lr, tps, tflops, seconds, phase[PH_IO], phase[PH_GPU],
-            phase[PH_OPT]);
+            phase[PH_OPT], busy[BUSY_GPU], busy[BUSY_SSD_READ], busy[BUSY_SSD_WRITE],
+            busy[BUSY_OPT], gpu_idle);
     if (have_eval)
         fprintf(o->metrics, ", \"eval_loss\": %.9g", eval);
     fprintf(o->metrics, "}\n");
@@ -588,6 +626,14 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     struct run r;
     FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, x, o->timeout_ms));
     r.overlap = o->overlap;
+    r.trace = o->trace;
+    if (r.trace != NULL) /* Chrome trace-event JSON array; one track per worker */
+        fprintf(r.trace, "[\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, "
+                         "\"args\": {\"name\": \"io worker (SSD)\"}},\n"
+                         "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 2, "
+                         "\"args\": {\"name\": \"gpu worker\"}},\n"
+                         "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 3, "
+                         "\"args\": {\"name\": \"opt worker (AdamW)\"}},\n");
     unsigned units = fy_gpt_unit_count(&meta->model);
     uint64_t *version = calloc(units, sizeof *version);
     if (version == NULL)
@@ -605,6 +651,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         }
         double t0 = now_s(), loss = 0, lr = fy_train_lr(o, step), eval = 0;
         memset(r.phase_s, 0, sizeof r.phase_s);
+        memset(r.busy_s, 0, sizeof r.busy_s);
+        r.step = step;
         rc = load_batch(&r, data, FY_TOKFILE_TRAIN, o->seed, step);
         if (rc == 0)
             rc = forward(&r, 1, step, version, &loss);
@@ -618,14 +666,21 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         if (rc == 0 && durable)
             rc = io_op(&r, FY_OP_IO_SYNC, 0, 0, 0, 0);
         double seconds = now_s() - t0;
-        double phase[PH_COUNT];
+        double phase[PH_COUNT], busy[BUSY_COUNT];
         memcpy(phase, r.phase_s, sizeof phase);
+        memcpy(busy, r.busy_s, sizeof busy);
         int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
         if (do_eval && o->eval_batches > 0)
             rc = eval_loss(&r, data, o->eval_batches, &eval);
         if (rc == 0)
-            log_step(o, &meta->model, step, loss, lr, seconds, phase, do_eval && o->eval_batches > 0,
-                     eval);
+            log_step(o, &meta->model, step, loss, lr, seconds, phase, busy,
+                     do_eval && o->eval_batches > 0, eval);
+    }
+    if (r.trace != NULL) { /* close the array (a trailing event carries no comma) */
+        fprintf(r.trace, "{\"name\": \"end\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 1, \"tid\": 1, "
+                         "\"ts\": %.3f}\n]\n",
+                (double)fy_monotonic_ns() * 1e-3);
+        fflush(r.trace);
     }
     free(version);
     return rc;

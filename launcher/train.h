@@ -43,6 +43,7 @@ struct fy_train_opts {
     int timeout_ms;       /* per request */
     int overlap;          /* 1: overlap updates with the backward and prefetch weights; 0: serial */
     FILE *metrics;        /* one JSON line per step; NULL: none */
+    FILE *trace;          /* Chrome trace-event JSON of every request (Perfetto); NULL: none */
     const volatile int *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
 };
 

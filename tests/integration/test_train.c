@@ -186,6 +186,39 @@ static void test_store_run_matches_inprocess(void **state)
     free(wb);
 }
 
+/* --trace writes Chrome trace-event JSON with every worker's requests; metrics carry busy times. */
+static void test_trace_and_busy_metrics(void **state)
+{
+    struct fixture *f = *state;
+    char *run = path_in(f, "run");
+    init_model(f, run, "32", "1");
+    char *trace = path_in(f, "trace.json");
+    assert_int_equal(train(f, run, f->data, "3", NULL, 0, "--trace", trace), 0);
+    char *text = fy_test_slurp(trace, NULL);
+    assert_non_null(text);
+    assert_true(text[0] == '[');
+    assert_non_null(strstr(text, "\"name\": \"gpt-block-bwd\""));
+    assert_non_null(strstr(text, "\"name\": \"opt-adamw\""));
+    assert_non_null(strstr(text, "\"name\": \"io-read\""));
+    assert_non_null(strstr(text, "\"cat\": \"gpu worker\""));
+    free(text);
+    if (system("python3 -c 'import json' 2>/dev/null") == 0) { /* the whole file parses as JSON */
+        char cmd[800];
+        snprintf(cmd, sizeof cmd,
+                 "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+                 "sys.exit(0 if sum(1 for e in d if e.get(\"ph\")==\"X\" and e[\"dur\"]>0) > 30 else 1)' %s",
+                 trace);
+        assert_int_equal(system(cmd), 0);
+    } else {
+        print_message("python3 missing: the trace's JSON syntax was not checked\n");
+    }
+    char metrics[600];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    assert_true(fy_test_file_contains(metrics, "\"busy_gpu_s\": "));
+    assert_true(fy_test_file_contains(metrics, "\"busy_ssd_read_s\": "));
+    assert_true(fy_test_file_contains(metrics, "\"gpu_idle\": "));
+}
+
 static void test_heldout_loss_falls(void **state)
 {
     struct fixture *f = *state;
@@ -368,6 +401,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_store_run_matches_inprocess, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_and_init_refuse_overwrite, setup, teardown),
     };
