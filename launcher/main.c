@@ -369,9 +369,9 @@ static int cmd_init(struct options *o)
     char described[160];
     fy_gpt_config_describe(&model, described, sizeof described);
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
-    struct fy_pool_region_spec regions[8];
+    struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     int rc = fy_session_open(&s, &so, regions, n, "model initialisation");
@@ -467,9 +467,24 @@ static int cmd_train(struct options *o)
             (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_TRAIN),
             (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_EVAL),
             o->inprocess ? "; in one process, state in memory" : "");
-    struct fy_pool_region_spec regions[8];
+    unsigned char *resident = calloc(fy_gpt_unit_count(&model), 1);
+    if (resident == NULL) {
+        fy_tokfile_close(&data);
+        free(mc);
+        free(cfg);
+        return -ENOMEM;
+    }
+    unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem, resident);
+    char kept_size[32];
+    fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
+    fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
+            "%s streams from the SSD store each step%s",
+            kept, fy_gpt_unit_count(&model), kept_size,
+            kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest",
+            o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)");
+    struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, (int)o->batch, (int)o->seq, regions, &n);
+    fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     rc = fy_session_open(&s, &so, regions, n, "training");
@@ -511,7 +526,7 @@ static int cmd_train(struct options *o)
             .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
             .eval_every = o->eval_every, .eval_batches = o->eval_batches,
             .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
-            .overlap = o->overlap, .metrics = metrics, .trace = trace};
+            .overlap = o->overlap, .metrics = metrics, .trace = trace, .resident = resident};
         fy_info("starting at step %llu", (unsigned long long)meta.step);
         rc = fy_train_run(&x, s.pool, &meta, data, &to);
     }
@@ -525,6 +540,7 @@ static int cmd_train(struct options *o)
     if (trace != NULL && fclose(trace) != 0)
         fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
     fy_inproc_destroy(&inproc);
+    free(resident);
     fy_tokfile_close(&data);
     free(mc);
     free(cfg);
@@ -542,9 +558,9 @@ static int cmd_export(struct options *o)
         fy_error("%s exists: remove it or pass --overwrite", o->out);
         rc = -EEXIST;
     }
-    struct fy_pool_region_spec regions[8];
+    struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     memset(&s, 0, sizeof s);

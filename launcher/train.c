@@ -44,6 +44,8 @@ struct run {
      * schedule that reads a slot filled for another unit fails loudly instead of computing with
      * the wrong numbers. */
     int wslot_unit[3], state_unit[2];
+    uint64_t wslot_off[3], state_off[2]; /* where the slot's contents are (a resident unit's own) */
+    uint64_t *resident;                  /* per unit: its state's offset in the pool, or 0 */
     double busy_s[BUSY_COUNT];
     FILE *trace;      /* Chrome trace-event JSON, or NULL */
     uint64_t step;    /* for the trace */
@@ -69,8 +71,37 @@ static uint64_t max_unit_bytes(const struct fy_gpt_config *c)
     return m;
 }
 
-void fy_train_regions(const struct fy_gpt_config *c, int B, int T,
-                      struct fy_pool_region_spec out[8], unsigned *n)
+uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident)
+{
+    uint64_t bytes = 0;
+    for (unsigned u = 0; resident != NULL && u < fy_gpt_unit_count(c); u++)
+        if (resident[u])
+            bytes += fy_unit_state_bytes(c, u);
+    return bytes;
+}
+
+unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
+                                unsigned char *resident)
+{
+    unsigned units = fy_gpt_unit_count(c), count = 0;
+    memset(resident, 0, units);
+    if (cpu_mem == 0)
+        return 0;
+    for (unsigned u = 0; u < units; u++) {
+        resident[u] = 1;
+        struct fy_pool_region_spec regions[9];
+        unsigned n;
+        fy_train_regions(c, B, T, resident, regions, &n);
+        if (fy_pool_layout_size(regions, n) > cpu_mem)
+            resident[u] = 0;
+        else
+            count++;
+    }
+    return count;
+}
+
+void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
+                      struct fy_pool_region_spec out[9], unsigned *n)
 {
     uint64_t act = align4k((uint64_t)B * T * c->n_embd * 4), tok = align4k((uint64_t)B * T * 4);
     uint64_t slot = max_unit_bytes(c);
@@ -86,6 +117,9 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T,
     out[i++] = (struct fy_pool_region_spec){"weights", 3 * slot};
     out[i++] = (struct fy_pool_region_spec){"grads", 3 * slot};
     out[i++] = (struct fy_pool_region_spec){"state", 6 * slot};
+    uint64_t kept = fy_train_resident_bytes(c, resident);
+    if (kept > 0) /* optimizer state that stays in the pool across steps */
+        out[i++] = (struct fy_pool_region_spec){"resident", kept};
     *n = i;
 }
 
@@ -111,6 +145,24 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
     FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
     FY_TRY(fy_pool_region(p, "grads", &l->grads, &bytes));
     FY_TRY(fy_pool_region(p, "state", &l->state, &bytes));
+    return 0;
+}
+
+/* Offsets of the resident units' state in the pool (0: streamed from the store). */
+static int resident_offsets(const struct fy_pool *p, const struct fy_gpt_config *c,
+                            const unsigned char *resident, uint64_t *offsets)
+{
+    unsigned units = fy_gpt_unit_count(c);
+    memset(offsets, 0, units * sizeof *offsets);
+    if (fy_train_resident_bytes(c, resident) == 0)
+        return 0;
+    uint64_t at, bytes;
+    FY_TRY(fy_pool_region(p, "resident", &at, &bytes));
+    for (unsigned u = 0; u < units; u++)
+        if (resident[u]) {
+            offsets[u] = at;
+            at += fy_unit_state_bytes(c, u);
+        }
     return 0;
 }
 
@@ -224,6 +276,11 @@ static int io_issue(struct run *r, int op, uint32_t tensor, uint64_t pool_offset
 static int read_weights(struct run *r, unsigned unit, unsigned slot, struct ticket *t)
 {
     r->wslot_unit[slot] = (int)unit;
+    if (r->resident != NULL && r->resident[unit] != 0) {
+        r->wslot_off[slot] = r->resident[unit]; /* its master weights are already in the pool */
+        return 0;
+    }
+    r->wslot_off[slot] = wslot(&r->l, slot);
     return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(unit), wslot(&r->l, slot),
                     fy_unit_state_section(r->l.c, unit), t);
 }
@@ -237,7 +294,7 @@ static int weights_of(struct run *r, unsigned u, unsigned slot, uint64_t *offset
     FY_REQUIRE(r->wslot_unit[slot] == (int)u, -EPROTO,
                "schedule error: unit %u's weights expected in slot %u, which holds unit %d's", u,
                slot, r->wslot_unit[slot]);
-    *offset = wslot(&r->l, slot);
+    *offset = r->wslot_off[slot];
     return 0;
 }
 
@@ -334,10 +391,13 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         rc = read_weights(r, 1, block_wslot(1), &rw[1]);
     if (rc == 0)
         rc = wait_for(r, &t_embed, NULL);
+    uint64_t w_embed = 0;
+    if (rc == 0)
+        rc = weights_of(r, 0, 0, &w_embed);
     if (rc == 0) {
         int op = FY_OP_GPT_EMBED_FWD;
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
-        req[1] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, wslot(l, 0), unit_bytes(l, 0), 0);
+        req[1] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), 0);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, 0), l->act_bytes, 0);
         rc = issue(r, PH_GPU, "gpu", req, 3, &g_embed);
     }
@@ -367,11 +427,11 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         rc = wait_for(r, &rw_fin, NULL);
     for (unsigned b = 0; rc == 0 && b <= L; b++)
         rc = wait_for(r, b ? &g[b] : &g_embed, NULL);
-    uint64_t w_fin = 0, w_embed = 0;
+    uint64_t w_fin = 0;
     if (rc == 0)
         rc = weights_of(r, fin, block_wslot(fin), &w_fin);
     if (rc == 0)
-        rc = weights_of(r, 0, 0, &w_embed);
+        rc = weights_of(r, 0, 0, &w_embed); /* slot 0 still holds the embeddings */
     if (rc == 0) {
         int op = FY_OP_GPT_HEAD, f = (int)fin;
         req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, L), l->act_bytes, f);
@@ -399,9 +459,13 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
 static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
 {
     r->state_unit[s] = (int)u;
+    if (r->resident != NULL && r->resident[u] != 0) {
+        r->state_off[s] = r->resident[u]; /* updated in place, where it stays */
+        return 0;
+    }
+    r->state_off[s] = r->l.state + s * 3 * r->l.slot_bytes;
     uint64_t sec = fy_unit_state_section(r->l.c, u);
-    return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), r->l.state + s * 3 * r->l.slot_bytes,
-                    3 * sec, t);
+    return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), r->state_off[s], 3 * sec, t);
 }
 
 static int adamw(struct run *r, unsigned u, unsigned s, unsigned g, uint64_t step, double lr,
@@ -412,7 +476,7 @@ static int adamw(struct run *r, unsigned u, unsigned s, unsigned g, uint64_t ste
                "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
                r->state_unit[s]);
     uint64_t sec = fy_unit_state_section(l->c, u), n = unit_bytes(l, u);
-    uint64_t state = l->state + s * 3 * l->slot_bytes;
+    uint64_t state = r->state_off[s];
     int op = FY_OP_OPT_ADAMW;
     struct fy_desc req[4] = {
         fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, g), n, (int)u),
@@ -432,9 +496,10 @@ static int state_write(struct run *r, unsigned u, unsigned s, struct ticket *t)
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
                "schedule error: writing unit %u from state slot %u, which holds unit %d's state", u,
                s, r->state_unit[s]);
+    if (r->resident != NULL && r->resident[u] != 0)
+        return 0; /* stays in the pool; written to the store at checkpoints */
     uint64_t sec = fy_unit_state_section(r->l.c, u);
-    return io_issue(r, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), r->l.state + s * 3 * r->l.slot_bytes,
-                    3 * sec, t);
+    return io_issue(r, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), r->state_off[s], 3 * sec, t);
 }
 
 /* The whole update of one unit, waited for. */
@@ -620,6 +685,20 @@ static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *
     fflush(o->metrics);
 }
 
+/* Every resident unit's state between the pool and the store (load at start, write-back at
+ * checkpoints). */
+static int resident_transfer(struct run *r, int op)
+{
+    for (unsigned u = 0; r->resident != NULL && u < fy_gpt_unit_count(r->l.c); u++)
+        if (r->resident[u] != 0) {
+            struct ticket t = {0};
+            FY_TRY(io_issue(r, op, FY_TENSOR_UNIT_STATE(u), r->resident[u],
+                            fy_unit_state_bytes(r->l.c, u), &t));
+            FY_TRY(wait_for(r, &t, NULL));
+        }
+    return 0;
+}
+
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                  const struct fy_tokfile *data, const struct fy_train_opts *o)
 {
@@ -636,11 +715,21 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                          "\"args\": {\"name\": \"opt worker (AdamW)\"}},\n");
     unsigned units = fy_gpt_unit_count(&meta->model);
     uint64_t *version = calloc(units, sizeof *version);
-    if (version == NULL)
+    uint64_t *resident = calloc(units, sizeof *resident);
+    if (version == NULL || resident == NULL) {
+        free(version);
+        free(resident);
         return -ENOMEM;
+    }
+    int rc = 0;
+    if (fy_train_resident_bytes(&meta->model, o->resident) > 0) {
+        rc = resident_offsets(pool, &meta->model, o->resident, resident);
+        r.resident = resident;
+        if (rc == 0)
+            rc = resident_transfer(&r, FY_OP_IO_READ);
+    }
     for (unsigned u = 0; u < units; u++)
         version[u] = meta->step;
-    int rc = 0;
     if (meta->step >= o->steps)
         fy_info("the store is already at step %llu (--steps %llu): nothing to train",
                 (unsigned long long)meta->step, (unsigned long long)o->steps);
@@ -664,6 +753,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         }
         int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);
         if (rc == 0 && durable)
+            rc = resident_transfer(&r, FY_OP_IO_WRITE);
+        if (rc == 0 && durable)
             rc = io_op(&r, FY_OP_IO_SYNC, 0, 0, 0, 0);
         double seconds = now_s() - t0;
         double phase[PH_COUNT], busy[BUSY_COUNT];
@@ -683,6 +774,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         fflush(r.trace);
     }
     free(version);
+    free(resident);
     return rc;
 }
 

@@ -44,12 +44,21 @@ struct fy_train_opts {
     int overlap;          /* 1: overlap updates with the backward and prefetch weights; 0: serial */
     FILE *metrics;        /* one JSON line per step; NULL: none */
     FILE *trace;          /* Chrome trace-event JSON of every request (Perfetto); NULL: none */
+    const unsigned char *resident; /* per unit: state kept in the pool (fy_train_plan_resident) */
     const volatile int *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
 };
 
-/* Pool regions for a model and batch (B = T = 1 for init/export). n receives the count (<= 8). */
-void fy_train_regions(const struct fy_gpt_config *c, int B, int T,
-                      struct fy_pool_region_spec out[8], unsigned *n);
+/* Pool regions for a model and batch (B = T = 1 for init/export), with a "resident" region for the
+ * optimizer state of the units marked in `resident` (may be NULL). n receives the count (<= 9). */
+void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
+                      struct fy_pool_region_spec out[9], unsigned *n);
+/* The memory plan under --cpu-mem: marks, unit 0 first, every unit whose optimizer state (master,
+ * m, v) still fits in a pool of at most cpu_mem bytes together with the streaming regions; those
+ * units' state stays in the pool across steps (no SSD traffic, written to the store at
+ * checkpoints), the others stream from the store. cpu_mem 0: none. Returns how many. */
+unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
+                                unsigned char *resident);
+uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
 
 /* Learning rate at a step (1-based): linear warmup, then cosine to lr * min_lr_ratio at o->steps. */
 double fy_train_lr(const struct fy_train_opts *o, uint64_t step);

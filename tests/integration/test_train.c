@@ -186,6 +186,41 @@ static void test_store_run_matches_inprocess(void **state)
     free(wb);
 }
 
+/* --cpu-mem keeps as much optimizer state in the pool as fits: nothing, some or all of it resident
+ * gives the same bits as streaming everything from the store. */
+static void test_resident_state_matches_streaming(void **state)
+{
+    struct fixture *f = *state;
+    const char *mems[3] = {NULL, "64M", "1G"}; /* 64M holds 3 of the 4 units (measured) */
+    const char *names[3] = {"stream", "some", "all"};
+    char *first = NULL;
+    size_t first_n = 0;
+    for (int i = 0; i < 3; i++) {
+        char *run = path_in(f, names[i]), out[700];
+        snprintf(out, sizeof out, "%s.fywt", run);
+        const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "4", "--embd",
+                              "256", "--ctx", "32", "--seed", "3", NULL};
+        assert_int_equal(launch(f, init, 60), 0);
+        assert_int_equal(train(f, run, f->data, "6", out, 0, mems[i] ? "--cpu-mem" : NULL, mems[i]), 0);
+        if (i == 1)
+            assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 4 units"));
+        if (i == 2)
+            assert_true(fy_test_file_contains(f->log, "optimizer state of 4 of 4 units"));
+        size_t n;
+        char *w = fy_test_slurp(out, &n);
+        assert_non_null(w);
+        if (first == NULL) {
+            first = w;
+            first_n = n;
+        } else {
+            assert_int_equal(n, first_n);
+            assert_memory_equal(w, first, n);
+            free(w);
+        }
+    }
+    free(first);
+}
+
 /* --trace writes Chrome trace-event JSON with every worker's requests; metrics carry busy times. */
 static void test_trace_and_busy_metrics(void **state)
 {
@@ -402,6 +437,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_run_matches_inprocess, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resident_state_matches_streaming, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_and_init_refuse_overwrite, setup, teardown),
     };
