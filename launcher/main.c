@@ -477,10 +477,21 @@ static int cmd_train(struct options *o)
     unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem, resident);
     char kept_size[32];
     fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
+    /* SSD traffic per step of the streamed units: weights read in forward and in backward, the
+     * state (master, m, v) read and written once. */
+    uint64_t ssd_read = 0, ssd_write = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(&model); u++)
+        if (!resident[u]) {
+            ssd_read += 2 * fy_unit_state_section(&model, u) + fy_unit_state_bytes(&model, u);
+            ssd_write += fy_unit_state_bytes(&model, u);
+        }
+    char rd[32], wr[32];
+    fy_format_size(ssd_read, rd, sizeof rd);
+    fy_format_size(ssd_write, wr, sizeof wr);
     fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
-            "%s streams from the SSD store each step%s",
+            "%s streams from the SSD store each step (reads %s, writes %s per step)%s",
             kept, fy_gpt_unit_count(&model), kept_size,
-            kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest",
+            kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)");
     struct fy_pool_region_spec regions[9];
     unsigned n;

@@ -219,6 +219,14 @@ static void test_resident_state_matches_streaming(void **state)
         }
     }
     free(first);
+    /* a cap below what the streaming regions alone need is refused before any work, with numbers */
+    char *small = path_in(f, "small");
+    const char *init[] = {"init", "--run-dir", small, "--layers", "2", "--heads", "4", "--embd", "256",
+                          "--ctx", "32", NULL};
+    assert_int_equal(launch(f, init, 60), 0);
+    assert_int_equal(train(f, small, f->data, "6", NULL, 0, "--cpu-mem", "30M"), 1);
+    assert_true(fy_test_file_contains(f->log, "plan does not fit"));
+    assert_true(fy_test_file_contains(f->log, "--cpu-mem is 30.0 MiB"));
 }
 
 /* --trace writes Chrome trace-event JSON with every worker's requests; metrics carry busy times. */
