@@ -93,6 +93,25 @@ def math_attention(torch):
                                               enable_mem_efficient=False)
 
 
+def model_params(torch, cfg, units, dev):
+    """The model's parameters as leaf tensors on dev, from the units in gpt_ref.py's layout:
+    {"wte", "wpe", "blocks": [{name: tensor}] per block, "lnf_w", "lnf_b"}."""
+    L, C, V, ctx = (cfg[k] for k in ("L", "C", "V", "ctx"))
+
+    def leaf(a, shape):
+        # the file's parameters are fp32, read as float64: converting back is exact
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(shape)).to(dev)
+        return t.requires_grad_(True)
+
+    P = {"wte": leaf(units[0][:V * C], (V, C)), "wpe": leaf(units[0][V * C:], (ctx, C)),
+         "blocks": [], "lnf_w": leaf(units[L + 1][:C], (C,)), "lnf_b": leaf(units[L + 1][C:], (C,))}
+    for layer in range(L):
+        views = gpt_ref.split_block(units[1 + layer], C)
+        P["blocks"].append({name: leaf(views[name], views[name].shape)
+                            for name in gpt_ref.BLOCK_TENSORS})
+    return P
+
+
 def forward_loss(torch, F, cfg, P, tokens, targets):
     """P: dict of leaf tensors. Returns (loss, logits [B,T,V], number of valid targets)."""
     B, T, L, NH, C, V = (cfg[k] for k in ("B", "T", "L", "NH", "C", "V"))
@@ -135,19 +154,9 @@ def main(argv):
     dev = pick_device(torch, args.device)
     fp32_exact(torch)  # also under bf16: what autocast leaves in fp32 stays fp32-accurate
 
-    B, T, L, C, V, ctx = (cfg[k] for k in ("B", "T", "L", "C", "V", "ctx"))
+    B, T, V = (cfg[k] for k in ("B", "T", "V"))
 
-    def leaf(a, shape):
-        # the file's parameters are fp32, read as float64: converting back is exact
-        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(shape)).to(dev)
-        return t.requires_grad_(True)
-
-    P = {"wte": leaf(units[0][:V * C], (V, C)), "wpe": leaf(units[0][V * C:], (ctx, C)),
-         "blocks": [], "lnf_w": leaf(units[L + 1][:C], (C,)), "lnf_b": leaf(units[L + 1][C:], (C,))}
-    for layer in range(L):
-        views = gpt_ref.split_block(units[1 + layer], C)
-        P["blocks"].append({name: leaf(views[name], views[name].shape)
-                            for name in gpt_ref.BLOCK_TENSORS})
+    P = model_params(torch, cfg, units, dev)
     tokens = torch.from_numpy(tokens_np).to(dev)
     targets = torch.from_numpy(np.where(targets_np < 0, -1, targets_np)).to(dev)
 

@@ -174,20 +174,9 @@ def main(argv):
     dev = gpt_torch.pick_device(torch, args.device)
     gpt_torch.fp32_exact(torch)  # also under bf16: what autocast leaves in fp32 stays fp32-accurate
 
-    L, C, V, ctx = (cfg[k] for k in ("L", "C", "V", "ctx"))
     cfg_model = dict(cfg)
 
-    def leaf(a, shape):
-        # the file's parameters are fp32, read as float64: converting back is exact
-        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(shape)).to(dev)
-        return t.requires_grad_(True)
-
-    P = {"wte": leaf(units[0][:V * C], (V, C)), "wpe": leaf(units[0][V * C:], (ctx, C)),
-         "blocks": [], "lnf_w": leaf(units[L + 1][:C], (C,)), "lnf_b": leaf(units[L + 1][C:], (C,))}
-    for layer in range(L):
-        views = gpt_ref.split_block(units[1 + layer], C)
-        P["blocks"].append({name: leaf(views[name], views[name].shape)
-                            for name in gpt_ref.BLOCK_TENSORS})
+    P = gpt_torch.model_params(torch, cfg, units, dev)
 
     # In unit order, each tensor once: (tensor, decays), as fy_gpt_decay_segments splits the units.
     ordered = [(P["wte"], True), (P["wpe"], True)]
