@@ -34,12 +34,13 @@ struct fy_cu_gpt {
     float *p32, *grad, *lnf32;
     bf16 *pbf, *lnf;
     int32_t *tokens, *targets;
-    float *act32, *losses, *mean1, *rstd1, *mean2, *rstd2, *ln_scratch;
-    /* activations of one block (bf16) */
-    bf16 *x, *ln1, *qkv, *atty, *y1, *ln2, *fc, *g, *y;
-    /* their gradients */
+    float *act32, *losses, *ln_scratch;
+    /* one block's input and output, and its internals when no kept set is given */
+    bf16 *x, *y;
+    struct fy_cu_gpt_acts own;
+    /* the internals' gradients */
     bf16 *dy, *dy1, *dln2, *datty, *dln1, *dx, *dqkv, *dg, *dfc;
-    void *attn_scratch, *head_scratch;
+    void *head_scratch;
     /* profiling */
     int timing;
     cudaEvent_t t0, t1;
@@ -53,11 +54,36 @@ struct piece {
     void **ptr;
 };
 
+/* The pieces of one set of block internals; returns how many. */
+static int acts_plan(const struct fy_cu_gpt *g, struct fy_cu_gpt_acts *a, struct piece *p)
+{
+    const struct fy_gpt_config *c = &g->c;
+    size_t N = (size_t)g->N, C = c->n_embd;
+    int n = 0;
+#define PIECE(field, count, type) (p[n++] = (struct piece){(count) * sizeof(type), (void **)&a->field})
+    PIECE(ln1, N * C, bf16);
+    PIECE(qkv, 3 * N * C, bf16);
+    PIECE(atty, N * C, bf16);
+    PIECE(y1, N * C, bf16);
+    PIECE(ln2, N * C, bf16);
+    PIECE(fc, 4 * N * C, bf16);
+    PIECE(g, 4 * N * C, bf16);
+    PIECE(mean1, N, float);
+    PIECE(rstd1, N, float);
+    PIECE(mean2, N, float);
+    PIECE(rstd2, N, float);
+    PIECE(attn, g->flash ? fy_cu_flash_scratch_bytes(g->B, g->T, (int)C, c->n_head)
+                         : fy_cu_attention_scratch_bytes(g->B, g->T, (int)C, c->n_head),
+          char);
+#undef PIECE
+    return n;
+}
+
 static int plan(struct fy_cu_gpt *g, struct piece *p, void **lt_ws)
 {
     const struct fy_gpt_config *c = &g->c;
     size_t N = (size_t)g->N, C = c->n_embd, U = g->unit_max;
-    int n = 0;
+    int n = acts_plan(g, &g->own, p);
 #define PIECE(field, count, type) (p[n++] = (struct piece){(count) * sizeof(type), (void **)&g->field})
     PIECE(p32, U, float);
     PIECE(grad, U, float);
@@ -68,19 +94,8 @@ static int plan(struct fy_cu_gpt *g, struct piece *p, void **lt_ws)
     PIECE(targets, N, int32_t);
     PIECE(act32, N * C, float);
     PIECE(losses, N, float);
-    PIECE(mean1, N, float);
-    PIECE(rstd1, N, float);
-    PIECE(mean2, N, float);
-    PIECE(rstd2, N, float);
     PIECE(ln_scratch, fy_cu_layernorm_backward_scratch(g->N, (int)C), float);
     PIECE(x, N * C, bf16);
-    PIECE(ln1, N * C, bf16);
-    PIECE(qkv, 3 * N * C, bf16);
-    PIECE(atty, N * C, bf16);
-    PIECE(y1, N * C, bf16);
-    PIECE(ln2, N * C, bf16);
-    PIECE(fc, 4 * N * C, bf16);
-    PIECE(g, 4 * N * C, bf16);
     PIECE(y, N * C, bf16);
     PIECE(dy, N * C, bf16);
     PIECE(dy1, N * C, bf16);
@@ -91,9 +106,6 @@ static int plan(struct fy_cu_gpt *g, struct piece *p, void **lt_ws)
     PIECE(dqkv, 3 * N * C, bf16);
     PIECE(dg, 4 * N * C, bf16);
     PIECE(dfc, 4 * N * C, bf16);
-    PIECE(attn_scratch, g->flash ? fy_cu_flash_scratch_bytes(g->B, g->T, (int)C, c->n_head)
-                                 : fy_cu_attention_scratch_bytes(g->B, g->T, (int)C, c->n_head),
-          char);
     PIECE(head_scratch, fy_cu_head_scratch_bytes(g->head_rows, c->vocab), char);
 #undef PIECE
     p[n++] = (struct piece){LT_WORKSPACE, lt_ws};
@@ -316,80 +328,116 @@ static int timing_end(struct fy_cu_gpt *g, int slot)
     return 0;
 }
 
-/* The block's forward from x into y, keeping every internal for the backward. */
-static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y)
+/* The block's forward from x into y, keeping every internal in `a` for the backward. */
+static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y,
+                                struct fy_cu_gpt_acts *a)
 {
     int N = g->N, C = (int)g->c.n_embd, NH = (int)g->c.n_head;
     size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
-    OP("layernorm fwd", fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, x, P(ln1_w), P(ln1_b), N, C, s));
-    OP("matmul qkv fwd", fy_cu_matmul_forward(g->lt, g->qkv, g->ln1, P(qkv_w), P(qkv_b), N, C, 3 * C, s));
+    OP("layernorm fwd", fy_cu_layernorm_forward(a->ln1, a->mean1, a->rstd1, x, P(ln1_w), P(ln1_b), N, C, s));
+    OP("matmul qkv fwd", fy_cu_matmul_forward(g->lt, a->qkv, a->ln1, P(qkv_w), P(qkv_b), N, C, 3 * C, s));
     if (g->flash)
-        OP("attention fwd", fy_cu_flash_forward(g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
+        OP("attention fwd", fy_cu_flash_forward(a->atty, a->qkv, a->attn, g->B, g->T, C, NH, s));
     else
-        OP("attention fwd", fy_cu_attention_forward(g->lt, g->atty, g->qkv, g->attn_scratch, g->B, g->T, C, NH, s));
+        OP("attention fwd", fy_cu_attention_forward(g->lt, a->atty, a->qkv, a->attn, g->B, g->T, C, NH, s));
     if (g->fuse) {
-        OP("matmul attn-proj fwd", fy_cu_matmul_forward_ex(g->lt, g->y1, g->atty, P(attn_w), P(attn_b),
+        OP("matmul attn-proj fwd", fy_cu_matmul_forward_ex(g->lt, a->y1, a->atty, P(attn_w), P(attn_b),
                                                            x, NULL, N, C, C, s));
     } else {
-        OP("matmul attn-proj fwd", fy_cu_matmul_forward(g->lt, g->y1, g->atty, P(attn_w), P(attn_b), N, C, C, s));
-        OP("residual fwd", fy_cu_residual_forward(g->y1, g->y1, x, NC, s));
+        OP("matmul attn-proj fwd", fy_cu_matmul_forward(g->lt, a->y1, a->atty, P(attn_w), P(attn_b), N, C, C, s));
+        OP("residual fwd", fy_cu_residual_forward(a->y1, a->y1, x, NC, s));
     }
-    OP("layernorm fwd", fy_cu_layernorm_forward(g->ln2, g->mean2, g->rstd2, g->y1, P(ln2_w), P(ln2_b), N, C, s));
+    OP("layernorm fwd", fy_cu_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->y1, P(ln2_w), P(ln2_b), N, C, s));
     if (g->fuse) {
-        OP("matmul fc fwd", fy_cu_matmul_forward_ex(g->lt, g->g, g->ln2, P(fc_w), P(fc_b), NULL, g->fc,
+        OP("matmul fc fwd", fy_cu_matmul_forward_ex(g->lt, a->g, a->ln2, P(fc_w), P(fc_b), NULL, a->fc,
                                                     N, C, 4 * C, s));
-        OP("matmul proj fwd", fy_cu_matmul_forward_ex(g->lt, y, g->g, P(proj_w), P(proj_b), g->y1, NULL,
+        OP("matmul proj fwd", fy_cu_matmul_forward_ex(g->lt, y, a->g, P(proj_w), P(proj_b), a->y1, NULL,
                                                       N, 4 * C, C, s));
         return 0;
     }
-    OP("matmul fc fwd", fy_cu_matmul_forward(g->lt, g->fc, g->ln2, P(fc_w), P(fc_b), N, C, 4 * C, s));
-    OP("gelu fwd", fy_cu_gelu_forward(g->g, g->fc, 4 * NC, s));
-    OP("matmul proj fwd", fy_cu_matmul_forward(g->lt, y, g->g, P(proj_w), P(proj_b), N, 4 * C, C, s));
-    OP("residual fwd", fy_cu_residual_forward(y, y, g->y1, NC, s));
+    OP("matmul fc fwd", fy_cu_matmul_forward(g->lt, a->fc, a->ln2, P(fc_w), P(fc_b), N, C, 4 * C, s));
+    OP("gelu fwd", fy_cu_gelu_forward(a->g, a->fc, 4 * NC, s));
+    OP("matmul proj fwd", fy_cu_matmul_forward(g->lt, y, a->g, P(proj_w), P(proj_b), N, 4 * C, C, s));
+    OP("residual fwd", fy_cu_residual_forward(y, y, a->y1, NC, s));
     return 0;
 }
 
-int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y)
+size_t fy_cu_gpt_acts_bytes(const struct fy_gpt_config *c, int B, int T)
 {
-    return block_forward_device(g, params, x, y);
+    struct fy_cu_gpt g;
+    memset(&g, 0, sizeof g);
+    setup_shape(&g, c, B, T);
+    struct piece p[16];
+    struct fy_cu_gpt_acts a;
+    int n = acts_plan(&g, &a, p);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += fy_cu_arena_footprint(p[i].bytes);
+    return total;
+}
+
+int fy_cu_gpt_acts_take(struct fy_cu_gpt *g, struct fy_cu_arena *arena, struct fy_cu_gpt_acts *a)
+{
+    struct piece p[16];
+    size_t mark = arena->used;
+    int n = acts_plan(g, a, p);
+    for (int i = 0; i < n; i++) {
+        *p[i].ptr = fy_cu_arena_take(arena, p[i].bytes);
+        if (*p[i].ptr == NULL) {
+            fy_cu_arena_reset(arena, mark);
+            memset(a, 0, sizeof *a);
+            return -ENOMEM; /* the caller knows what it was planning and says so */
+        }
+    }
+    return 0;
+}
+
+int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y,
+                                struct fy_cu_gpt_acts *keep)
+{
+    return block_forward_device(g, params, x, y, keep != NULL ? keep : &g->own);
 }
 
 int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x,
-                                 const bf16 *dy, bf16 *dx, float *dparams)
+                                 const bf16 *dy, bf16 *dx, float *dparams, struct fy_cu_gpt_acts *kept)
 {
     int N = g->N, C = (int)g->c.n_embd, NH = (int)g->c.n_head;
     size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
-    FY_TRY(block_forward_device(g, params, x, g->y)); /* recompute from the checkpoint */
+    struct fy_cu_gpt_acts *a = kept;
+    if (a == NULL) { /* recompute from the checkpoint x */
+        a = &g->own;
+        FY_TRY(block_forward_device(g, params, x, g->y, a));
+    }
     FY_CUDA(cudaMemsetAsync(dparams, 0, g->lay.total * sizeof(float), s), "zeroing gradients");
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
     /* GELU's backward stays a kernel of its own: cuBLASLt's DGELU epilogue made this product
      * slower (494 against 762 TFLOP/s at 2.7B) than the separate kernel costs. */
-    OP("matmul proj bwd", fy_cu_matmul_backward(g->lt, g->dg, G(proj_w), G(proj_b), dy, g->g,
+    OP("matmul proj bwd", fy_cu_matmul_backward(g->lt, g->dg, G(proj_w), G(proj_b), dy, a->g,
                                                 P(proj_w), N, 4 * C, C, s));
-    OP("gelu bwd", fy_cu_gelu_backward(g->dfc, g->fc, g->dg, 4 * NC, s));
-    OP("matmul fc bwd", fy_cu_matmul_backward(g->lt, g->dln2, G(fc_w), G(fc_b), g->dfc, g->ln2, P(fc_w), N, C,
+    OP("gelu bwd", fy_cu_gelu_backward(g->dfc, a->fc, g->dg, 4 * NC, s));
+    OP("matmul fc bwd", fy_cu_matmul_backward(g->lt, g->dln2, G(fc_w), G(fc_b), g->dfc, a->ln2, P(fc_w), N, C,
                                  4 * C, s));
     FY_CUDA(cudaMemcpyAsync(g->dy1, dy, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
             "copying the residual gradient");
-    OP("layernorm bwd", fy_cu_layernorm_backward(g->dy1, G(ln2_w), G(ln2_b), g->ln_scratch, g->dln2, g->y1,
-                                    P(ln2_w), g->mean2, g->rstd2, N, C, s));
+    OP("layernorm bwd", fy_cu_layernorm_backward(g->dy1, G(ln2_w), G(ln2_b), g->ln_scratch, g->dln2, a->y1,
+                                    P(ln2_w), a->mean2, a->rstd2, N, C, s));
     /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
-    OP("matmul attn-proj bwd", fy_cu_matmul_backward(g->lt, g->datty, G(attn_w), G(attn_b), g->dy1, g->atty, P(attn_w),
+    OP("matmul attn-proj bwd", fy_cu_matmul_backward(g->lt, g->datty, G(attn_w), G(attn_b), g->dy1, a->atty, P(attn_w),
                                  N, C, C, s));
     if (g->flash)
-        OP("attention bwd", fy_cu_flash_backward(g->dqkv, g->datty, g->atty, g->qkv, g->attn_scratch,
+        OP("attention bwd", fy_cu_flash_backward(g->dqkv, g->datty, a->atty, a->qkv, a->attn,
                                                  g->B, g->T, C, NH, s));
     else
-        OP("attention bwd", fy_cu_attention_backward(g->lt, g->dqkv, g->datty, g->qkv, g->attn_scratch,
+        OP("attention bwd", fy_cu_attention_backward(g->lt, g->dqkv, g->datty, a->qkv, a->attn,
                                                      g->B, g->T, C, NH, s));
-    OP("matmul qkv bwd", fy_cu_matmul_backward(g->lt, g->dln1, G(qkv_w), G(qkv_b), g->dqkv, g->ln1, P(qkv_w), N,
+    OP("matmul qkv bwd", fy_cu_matmul_backward(g->lt, g->dln1, G(qkv_w), G(qkv_b), g->dqkv, a->ln1, P(qkv_w), N,
                                  C, 3 * C, s));
     FY_CUDA(cudaMemcpyAsync(dx, g->dy1, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
             "copying the residual gradient");
     OP("layernorm bwd", fy_cu_layernorm_backward(dx, G(ln1_w), G(ln1_b), g->ln_scratch, g->dln1, x,
-                                    P(ln1_w), g->mean1, g->rstd1, N, C, s));
+                                    P(ln1_w), a->mean1, a->rstd1, N, C, s));
     return 0;
 }
 
@@ -397,7 +445,7 @@ int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const floa
 {
     FY_TRY(upload_params(g, params, g->lay.total));
     FY_TRY(upload_act(g, g->x, x));
-    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y));
+    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, &g->own));
     FY_TRY(download_act(g, y, g->y));
     return downloads_done(g);
 }
@@ -408,7 +456,7 @@ int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const flo
     FY_TRY(upload_params(g, params, g->lay.total));
     FY_TRY(upload_act(g, g->x, x));
     FY_TRY(upload_act(g, g->dy, dy));
-    FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, g->grad));
+    FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, g->grad, NULL));
     FY_TRY(download_act(g, dx, g->dx));
     FY_TRY(download(g, dparams, g->grad, g->lay.total * sizeof(float)));
     return downloads_done(g);
@@ -436,17 +484,18 @@ int fy_cu_gpt_dev_head(struct fy_cu_gpt *g, const bf16 *lnf, const bf16 *wte, co
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
     size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
-    OP("layernorm fwd", fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, x, lnf, lnf + C, N, C, s));
+    struct fy_cu_gpt_acts *a = &g->own;
+    OP("layernorm fwd", fy_cu_layernorm_forward(a->ln1, a->mean1, a->rstd1, x, lnf, lnf + C, N, C, s));
     if (dx != NULL) {
         FY_CUDA(cudaMemsetAsync(dwte, 0, (size_t)V * C * sizeof(float), s), "zeroing gradients");
         FY_CUDA(cudaMemsetAsync(dlnf, 0, 2 * (size_t)C * sizeof(float), s), "zeroing gradients");
     }
-    OP("head (logits, loss, grads)", fy_cu_head(g->lt, losses, dx ? g->dln1 : NULL, dwte, g->ln1, wte, targets, N, C, V,
+    OP("head (logits, loss, grads)", fy_cu_head(g->lt, losses, dx ? g->dln1 : NULL, dwte, a->ln1, wte, targets, N, C, V,
                                   g->head_rows, g->head_scratch, s));
     if (dx != NULL) {
         FY_CUDA(cudaMemsetAsync(dx, 0, NC * sizeof(bf16), s), "zeroing dx");
         OP("layernorm bwd", fy_cu_layernorm_backward(dx, dlnf, dlnf + C, g->ln_scratch, g->dln1, x, lnf,
-                                                     g->mean1, g->rstd1, N, C, s));
+                                                     a->mean1, a->rstd1, N, C, s));
     }
     return 0;
 }
@@ -548,12 +597,13 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
     FY_TRY(upload_params(g, embed, (size_t)V * C));
     FY_TRY(fy_cu_f32_to_bf16(g->lnf, g->lnf32, 2 * (size_t)C, s));
     FY_TRY(upload_act(g, g->x, x));
-    FY_TRY(fy_cu_layernorm_forward(g->ln1, g->mean1, g->rstd1, g->x, g->lnf, g->lnf + C, N, C, s));
+    struct fy_cu_gpt_acts *a = &g->own;
+    FY_TRY(fy_cu_layernorm_forward(a->ln1, a->mean1, a->rstd1, g->x, g->lnf, g->lnf + C, N, C, s));
     /* the head's scratch holds at least head_rows x V f32 logits */
     float *chunk = (float *)g->head_scratch;
     for (int r0 = 0; r0 < N; r0 += g->head_rows) {
         int rows = N - r0 < g->head_rows ? N - r0 : g->head_rows;
-        FY_TRY(fy_cu_matmul_batched(g->lt, chunk, 1, g->ln1 + (size_t)r0 * C, g->pbf, rows, V, C, 0, 1,
+        FY_TRY(fy_cu_matmul_batched(g->lt, chunk, 1, a->ln1 + (size_t)r0 * C, g->pbf, rows, V, C, 0, 1,
                                     0, 0, 0, 1, 1.0f, 0.0f, s));
         FY_TRY(compute_done(g));
         FY_TRY(download(g, logits + (size_t)r0 * V, chunk, (size_t)rows * V * sizeof(float)));

@@ -1,5 +1,5 @@
-/* The GPT units on the GPU: embeddings, a transformer block (forward, and backward with the block
- * recomputed from its input), and the final LayerNorm with the tied LM head and cross-entropy, over
+/* The GPT units on the GPU: embeddings, a transformer block (forward, and backward either from the
+ * internals its forward kept or with the block recomputed from its input), and the final LayerNorm with the tied LM head and cross-entropy, over
  * the fp32 host buffers of the backend interface. Weights and activations are bf16 on the device
  * with fp32 accumulation; weight gradients are fp32. Every device buffer comes from the arena,
  * sized once for the batch. Copies go on their own streams, ordered by events. */
@@ -46,9 +46,26 @@ int fy_cu_gpt_dev_embed_forward(struct fy_cu_gpt *g, const bf16 *wte, const bf16
 /* dwte, dwpe += the lookup's gradient. */
 int fy_cu_gpt_dev_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const bf16 *dx,
                                  float *dwte, float *dwpe);
-int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y);
+/* A block's forward internals, kept for its backward: activation memory instead of recomputing
+ * the block (8/6 of the step's work) when the GPU has room for one set per layer. */
+struct fy_cu_gpt_acts {
+    bf16 *ln1, *qkv, *atty, *y1, *ln2, *fc, *g;
+    float *mean1, *rstd1, *mean2, *rstd2;
+    void *attn; /* the attention's saved statistics, and its backward's scratch */
+};
+/* Arena bytes of one set for batches of B x T. */
+size_t fy_cu_gpt_acts_bytes(const struct fy_gpt_config *c, int B, int T);
+/* One set from the arena; -ENOMEM (nothing taken, not logged) when it does not fit. */
+int fy_cu_gpt_acts_take(struct fy_cu_gpt *g, struct fy_cu_arena *arena, struct fy_cu_gpt_acts *a);
+/* keep: where the internals go (NULL: the unit's own scratch, overwritten by the next call). */
+int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y,
+                                struct fy_cu_gpt_acts *keep);
+/* kept: the set this block's forward filled from the same params and x, used as they are (the
+ * attention part is also the backward's scratch); NULL: the forward is recomputed from x. The two
+ * give bit-identical results. */
 int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x,
-                                 const bf16 *dy, bf16 *dx, float *dparams);
+                                 const bf16 *dy, bf16 *dx, float *dparams,
+                                 struct fy_cu_gpt_acts *kept);
 /* losses [N] f32 per row; with dx != NULL also dx, dlnf [2C] and dwte [V][C] (overwritten). */
 int fy_cu_gpt_dev_head(struct fy_cu_gpt *g, const bf16 *lnf, const bf16 *wte, const bf16 *x,
                        const int32_t *targets, float *losses, bf16 *dx, float *dlnf, float *dwte);

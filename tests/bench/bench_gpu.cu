@@ -1,6 +1,8 @@
 /* make bench-gpu, our side: forward plus backward of a GPT with every weight resident on the GPU
  * (no host traffic), timed with events, reported as model TFLOP/s =
- * (6*N*B*T + 6*L*B*T^2*width) / time, and with --profile the time per kernel over one step. */
+ * (6*N*B*T + 6*L*B*T^2*width) / time, twice: with every block's internals kept for the backward (as
+ * PyTorch keeps them) and with each block recomputed from its input (activation checkpointing, what
+ * a tight memory budget needs). With --profile, the time per kernel over one kept-activation step. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,21 +112,27 @@ int main(int argc, char **argv)
     fill_tokens<<<256, 256>>>(tokens, N, c.vocab, 1);
     fill_tokens<<<256, 256>>>(targets, N, c.vocab, 2);
     CK(cudaDeviceSynchronize());
+    /* one arena: the units' working buffers and one kept set of internals per block */
+    size_t acts_bytes = fy_cu_gpt_acts_bytes(&c, B, T);
     struct fy_cu_arena arena;
-    OK(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&c, B, T)));
+    OK(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&c, B, T) + (size_t)L * acts_bytes));
     struct fy_cu_gpt *g = NULL;
     OK(fy_cu_gpt_new(&g, &arena, &c, B, T));
+    std::vector<struct fy_cu_gpt_acts> kept(L + 1);
+    for (int l = 1; l <= L; l++)
+        OK(fy_cu_gpt_acts_take(g, &arena, &kept[l]));
     cudaStream_t s = fy_cu_gpt_stream(g);
     bf16 *wte = w[0], *wpe = w[0] + V * C;
 
-    auto step = [&]() {
+    auto step = [&](int keep) {
         OK(fy_cu_gpt_dev_embed_forward(g, wte, wpe, tokens, act[0]));
         for (int l = 1; l <= L; l++)
-            OK(fy_cu_gpt_dev_block_forward(g, w[l], act[l - 1], act[l]));
+            OK(fy_cu_gpt_dev_block_forward(g, w[l], act[l - 1], act[l], keep ? &kept[l] : NULL));
         OK(fy_cu_gpt_dev_head(g, w[L + 1], wte, act[L], targets, losses, dact[0], dlnf, dembed));
         int cur = 0;
         for (int l = L; l >= 1; l--) {
-            OK(fy_cu_gpt_dev_block_backward(g, w[l], act[l - 1], dact[cur], dact[cur ^ 1], dblock));
+            OK(fy_cu_gpt_dev_block_backward(g, w[l], act[l - 1], dact[cur], dact[cur ^ 1], dblock,
+                                            keep ? &kept[l] : NULL));
             cur ^= 1;
         }
         OK(fy_cu_gpt_dev_embed_backward(g, tokens, dact[cur], dembed, dembed + V * C));
@@ -132,32 +140,34 @@ int main(int argc, char **argv)
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int i = 0; i < warmup; i++)
-        step();
-    CK(cudaStreamSynchronize(s));
-    std::vector<float> times;
-    for (int i = 0; i < iters; i++) {
-        CK(cudaEventRecord(e0, s));
-        step();
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        times.push_back(ms);
-    }
-    std::sort(times.begin(), times.end());
-    float ms = times[times.size() / 2];
     double params = (double)fy_gpt_total_params(&c);
     double flops = 6.0 * params * B * T + 6.0 * L * (double)B * T * T * C;
-    size_t free_b, total_b;
-    CK(cudaMemGetInfo(&free_b, &total_b));
-    printf("fuyou   %-6s L=%d C=%d NH=%u B=%d T=%d V=%zu params=%.3fB  fwd+bwd %.1f ms (median of "
-           "%d)  %.1f TFLOP/s  GPU memory in use %.1f GiB\n",
-           name, L, C, c.n_head, B, T, V, params / 1e9, ms, iters, flops / (ms * 1e-3) / 1e12,
-           (double)(total_b - free_b) / (1 << 30));
+    for (int keep = 1; keep >= 0; keep--) {
+        for (int i = 0; i < warmup; i++)
+            step(keep);
+        CK(cudaStreamSynchronize(s));
+        std::vector<float> times;
+        for (int i = 0; i < iters; i++) {
+            CK(cudaEventRecord(e0, s));
+            step(keep);
+            CK(cudaEventRecord(e1, s));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            times.push_back(ms);
+        }
+        std::sort(times.begin(), times.end());
+        float ms = times[times.size() / 2];
+        printf("%-7s %-6s L=%d C=%d NH=%u B=%d T=%d V=%zu params=%.3fB  fwd+bwd %.1f ms (median of "
+               "%d)  %.1f TFLOP/s  arena %.1f GiB (%s)\n",
+               keep ? "fuyou" : "fuyou-r", name, L, C, c.n_head, B, T, V, params / 1e9, ms, iters,
+               flops / (ms * 1e-3) / 1e12,
+               (double)(keep ? arena.size : arena.size - (size_t)L * acts_bytes) / (1 << 30),
+               keep ? "internals kept" : "blocks recomputed in backward");
+    }
     if (profile) {
         fy_cu_gpt_set_timing(g, 1);
-        step();
+        step(1);
         CK(cudaStreamSynchronize(s));
         const struct fy_cu_gpt_op *ops;
         int n = fy_cu_gpt_timings(g, &ops);
@@ -168,11 +178,11 @@ int main(int argc, char **argv)
         double f_qkv = 2.0 * N * C * 3 * C, f_attn = 2.0 * N * C * C, f_fc = 2.0 * N * C * 4 * C;
         double f_sdpa = 4.0 * B * (double)T * T * C / 2; /* causal: QK^T and PV, half the matrix */
         struct { const char *op; double flops; } rates[] = {
-            {"matmul qkv fwd", f_qkv * 2 * L}, /* forward runs twice: forward and recompute */
-            {"matmul attn-proj fwd", f_attn * 2 * L}, {"matmul fc fwd", f_fc * 2 * L},
-            {"matmul proj fwd", f_fc * 2 * L},        {"matmul qkv bwd", 2 * f_qkv * L},
+            {"matmul qkv fwd", f_qkv * L},
+            {"matmul attn-proj fwd", f_attn * L},     {"matmul fc fwd", f_fc * L},
+            {"matmul proj fwd", f_fc * L},            {"matmul qkv bwd", 2 * f_qkv * L},
             {"matmul attn-proj bwd", 2 * f_attn * L}, {"matmul fc bwd", 2 * f_fc * L},
-            {"matmul proj bwd", 2 * f_fc * L},        {"attention fwd", f_sdpa * 2 * L},
+            {"matmul proj bwd", 2 * f_fc * L},        {"attention fwd", f_sdpa * L},
             {"attention bwd", 2 * f_sdpa * L},
             {"head (logits, loss, grads)", 6.0 * N * C * V},
         };

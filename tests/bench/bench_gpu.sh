@@ -11,10 +11,12 @@ run() { # name layers embd heads
 run 1.3B 24 2048 16
 run 2.7B 32 2560 32
 echo
-echo "config  PyTorch TFLOP/s  Fuyou TFLOP/s  ratio"
+echo "TFLOP/s; Fuyou with the blocks' internals kept (as PyTorch keeps them), and recomputed in backward"
+echo "config  PyTorch  Fuyou  ratio  Fuyou-recompute  ratio"
 for c in 1.3B 2.7B; do
-  p=$(grep "^pytorch $c " $out | grep -o '[0-9.]* TFLOP/s' | cut -d' ' -f1)
-  f=$(grep "^fuyou   $c " $out | grep -o '[0-9.]* TFLOP/s' | cut -d' ' -f1)
-  [ -n "$p" ] && [ -n "$f" ] && awk -v c=$c -v p=$p -v f=$f 'BEGIN{printf "%-7s %15.1f %14.1f %6.2f\n", c, p, f, f/p}'
+  tf() { grep "^$1 *$c " $out | grep -o '[0-9.]* TFLOP/s' | cut -d' ' -f1; }
+  p=$(tf pytorch); f=$(tf fuyou); r=$(tf fuyou-r)
+  [ -n "$p" ] && [ -n "$f" ] && [ -n "$r" ] &&
+    awk -v c=$c -v p=$p -v f=$f -v r=$r 'BEGIN{printf "%-7s %7.1f %6.1f %6.2f %16.1f %6.2f\n", c, p, f, f/p, r, r/p}'
 done
 rm -f $out
