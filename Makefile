@@ -57,7 +57,7 @@ BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 GPU_BENCH_BINS := $(if $(NVCC),$(patsubst tests/bench/%.cu,$(BUILD)/bench/%,$(wildcard tests/bench/bench_*.cu)))
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o $(BUILD)/obj/tests/refmodel.o
 
-.PHONY: all deps check-deps test test-gpu bench bench-gpu tests benches demo clean
+.PHONY: all deps check-deps test test-gpu bench bench-gpu bench-pipeline tests benches demo clean
 all: check-deps $(BINS)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -129,6 +129,11 @@ bench: benches
 bench-gpu: benches
 	@$(if $(NVCC),true,echo "bench-gpu needs nvcc and an NVIDIA GPU"; exit 1)
 	BUILD=$(BUILD) tests/bench/bench_gpu.sh
+
+# Whole training steps through the workers on GPT-3-style models (PIPELINE_* in the script).
+bench-pipeline: all
+	@$(if $(NVCC),true,echo "bench-pipeline needs nvcc and an NVIDIA GPU"; exit 1)
+	BUILD=$(BUILD) tests/bench/bench_pipeline.sh
 
 # The main job on a fresh machine: prepare the bundled sample text (the project's own docs and
 # sources) and fine-tune a small byte-level GPT through the three worker processes on the CPU.

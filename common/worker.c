@@ -96,11 +96,88 @@ static void reply_for(const struct fy_desc *req, struct fy_desc *reply)
     reply->tensor = req->tensor;
 }
 
+#define QUEUE_MAX 8
+
+/* Requests started and not yet finished, oldest first, with their replies. */
+struct inflight {
+    struct fy_desc req0[QUEUE_MAX], reply[QUEUE_MAX];
+    uint64_t started_ns[QUEUE_MAX];
+    unsigned first, count;
+    uint64_t last_end_ns; /* when the previous request completed */
+};
+
+/* The reply carries when the work ran (CLOCK_MONOTONIC, comparable across the run's processes) for
+ * the launcher's busy-time metrics and trace. A request queued behind another counts from when the
+ * one before it completed, so that the busy times of overlapping requests add up to the time the
+ * worker was busy, not more. */
+static int reply_done(struct fy_worker *w, struct inflight *f, const struct fy_desc *req0,
+                      struct fy_desc *reply, uint64_t started_ns)
+{
+    uint64_t end = fy_monotonic_ns();
+    uint64_t begin = started_ns > f->last_end_ns ? started_ns : f->last_end_ns;
+    fy_desc_set_timing(reply, begin < end ? begin : end, end);
+    f->last_end_ns = end;
+    if (reply->status < 0) {
+        char what[256];
+        fy_desc_format(req0, what, sizeof what);
+        fy_error("request failed (%s): %s", strerror(-reply->status), what);
+    }
+    return send_reply(w, reply);
+}
+
+static int finish_oldest(struct fy_worker *w, const struct fy_worker_ops *ops, void *state,
+                         struct inflight *f)
+{
+    unsigned i = f->first;
+    f->first = (f->first + 1) % QUEUE_MAX;
+    f->count--;
+    int rc = ops->finish(w, state, &f->reply[i]);
+    if (rc < 0)
+        f->reply[i].status = rc;
+    return reply_done(w, f, &f->req0[i], &f->reply[i], f->started_ns[i]);
+}
+
+static int finish_all(struct fy_worker *w, const struct fy_worker_ops *ops, void *state,
+                      struct inflight *f)
+{
+    while (f->count > 0)
+        FY_TRY(finish_oldest(w, ops, state, f));
+    return 0;
+}
+
+/* One request that is not a control message: queued when the worker queues, else served whole. */
+static int serve_request(struct fy_worker *w, const struct fy_worker_ops *ops, void *state,
+                         struct inflight *f, const struct fy_desc *req, unsigned n,
+                         struct fy_desc *reply)
+{
+    uint64_t started = fy_monotonic_ns();
+    if (ops->start == NULL) {
+        reply->status = ops->handle(w, state, req, n, reply);
+        return reply_done(w, f, &req[0], reply, started);
+    }
+    int rc = ops->start(w, state, req, n, reply);
+    if (rc != 1) {
+        reply->status = rc < 0 ? rc : 0;
+        return reply_done(w, f, &req[0], reply, started);
+    }
+    unsigned i = (f->first + f->count) % QUEUE_MAX;
+    f->req0[i] = req[0];
+    f->reply[i] = *reply;
+    f->started_ns[i] = started;
+    f->count++;
+    return 0;
+}
+
 /* Serves requests until STOP; returns 0 on an orderly stop, negative on failure. */
 static int serve(struct fy_worker *w, const struct fy_worker_ops *ops, void *state)
 {
     uint64_t idle_limit_s;
     FY_TRY(fy_config_get_u64(w->cfg, "worker_idle_timeout_s", 0, 600, &idle_limit_s));
+    unsigned depth = ops->start != NULL && ops->queue_depth != NULL ? ops->queue_depth(state) : 1;
+    FY_REQUIRE(depth >= 1 && depth <= QUEUE_MAX, -EINVAL, "%s worker: queue depth %u outside 1..%d",
+               w->name, depth, QUEUE_MAX);
+    struct inflight f;
+    memset(&f, 0, sizeof f);
     pid_t launcher = getppid();
     uint64_t idle_ms = 0;
     for (;;) {
@@ -112,12 +189,33 @@ static int serve(struct fy_worker *w, const struct fy_worker_ops *ops, void *sta
             fy_error("the launcher (pid %d) is gone: exiting", (int)launcher);
             return -EPIPE;
         }
-        zmq_pollitem_t item = {.socket = fy_chan_socket(w->chan), .events = ZMQ_POLLIN};
-        int ready = zmq_poll(&item, 1, 1000);
+        /* take commands while there is room; finish the oldest request when it is done */
+        zmq_pollitem_t items[2];
+        int n_items = 0, cmd = -1, done = -1;
+        if (f.count < depth) {
+            cmd = n_items;
+            items[n_items++] = (zmq_pollitem_t){.socket = fy_chan_socket(w->chan), .events = ZMQ_POLLIN};
+        }
+        if (f.count > 0) {
+            int fd = ops->ready_fd(state);
+            if (fd < 0) { /* nothing to wait on: complete it now */
+                FY_TRY(finish_oldest(w, ops, state, &f));
+                continue;
+            }
+            done = n_items;
+            items[n_items++] = (zmq_pollitem_t){.socket = NULL, .fd = fd, .events = ZMQ_POLLIN};
+        }
+        int ready = zmq_poll(items, n_items, 1000);
         if (ready < 0 && zmq_errno() == EINTR)
             continue;
         FY_ZMQ(ready, "%s worker: polling for commands", w->name);
-        if (ready == 0) {
+        if (done >= 0 && (items[done].revents & ZMQ_POLLIN)) {
+            FY_TRY(finish_oldest(w, ops, state, &f));
+            continue;
+        }
+        if (cmd < 0 || !(items[cmd].revents & ZMQ_POLLIN)) {
+            if (f.count > 0) /* busy, not idle */
+                continue;
             idle_ms += 1000;
             if (idle_limit_s > 0 && idle_ms >= idle_limit_s * 1000) {
                 fy_error("timed out after %llu ms waiting for a command from the launcher "
@@ -140,6 +238,7 @@ static int serve(struct fy_worker *w, const struct fy_worker_ops *ops, void *sta
         }
         switch (req[0].op) {
         case FY_OP_STOP:
+            FY_TRY(finish_all(w, ops, state, &f));
             FY_TRY(send_reply(w, &reply));
             fy_info("stop requested: exiting");
             return 0;
@@ -147,19 +246,7 @@ static int serve(struct fy_worker *w, const struct fy_worker_ops *ops, void *sta
             FY_TRY(send_reply(w, &reply));
             continue;
         default:
-            {
-                /* The reply carries when the work ran (CLOCK_MONOTONIC, comparable across the
-                 * run's processes) for the launcher's busy-time metrics and trace. */
-                uint64_t started = fy_monotonic_ns();
-                reply.status = ops->handle(w, state, req, (unsigned)n, &reply);
-                fy_desc_set_timing(&reply, started, fy_monotonic_ns());
-            }
-            if (reply.status < 0) {
-                char what[256];
-                fy_desc_format(&req[0], what, sizeof what);
-                fy_error("request failed (%s): %s", strerror(-reply.status), what);
-            }
-            FY_TRY(send_reply(w, &reply));
+            FY_TRY(serve_request(w, ops, state, &f, req, (unsigned)n, &reply));
         }
     }
 }

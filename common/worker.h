@@ -1,6 +1,7 @@
 /* What every worker process shares: argument parsing, the run config, pinning to its cpuset, the
- * pool attachment, the channel to the launcher, READY, and the descriptor loop with STOP/PING and
- * rejection of malformed messages. Each worker supplies init/handle/fini. */
+ * pool attachment, the channel to the launcher, READY, and the descriptor loop with STOP/PING,
+ * rejection of malformed messages and, for workers that queue work, requests in flight. Each worker
+ * supplies init/handle/fini (and start/finish to queue). */
 #ifndef FY_WORKER_H
 #define FY_WORKER_H
 
@@ -30,6 +31,16 @@ struct fy_worker_ops {
     int (*handle)(struct fy_worker *w, void *state, const struct fy_desc *req, unsigned n,
                   struct fy_desc *reply);
     void (*fini)(struct fy_worker *w, void *state);
+    /* Optional (NULL: handle serves every request whole). For a worker that works on the next
+     * request while the current one completes: start returns 1 when it queued the request, 0 when
+     * it completed it (reply filled), or -errno; finish completes the oldest queued request and
+     * fills its reply; ready_fd is readable when that needs no waiting; queue_depth is how many may
+     * be queued at once. Replies go out in the order requests complete. */
+    int (*start)(struct fy_worker *w, void *state, const struct fy_desc *req, unsigned n,
+                 struct fy_desc *reply);
+    int (*finish)(struct fy_worker *w, void *state, struct fy_desc *reply);
+    int (*ready_fd)(void *state);
+    unsigned (*queue_depth)(void *state);
 };
 
 /* The whole life of a worker process; returns its exit code. */

@@ -18,6 +18,7 @@ struct fy_backend {
     void *state;
     void *registered;
     char device[128];
+    int queued; /* gpt calls return once queued (fy_backend_gpt_set_queued) */
 };
 
 int fy_backend_cuda_built(void)
@@ -105,35 +106,60 @@ int fy_backend_gpt_prepare(struct fy_backend *b, const struct fy_gpt_config *c, 
     return b->ops->gpt_prepare(b->state, c, B, T);
 }
 
+/* A call that rc says was queued completes here unless the caller asked to finish it later. */
+static int completed(struct fy_backend *b, int rc)
+{
+    if (rc == 0 && !b->queued && b->ops->gpt_finish != NULL)
+        rc = b->ops->gpt_finish(b->state);
+    return rc;
+}
+
+int fy_backend_gpt_set_queued(struct fy_backend *b, int on)
+{
+    b->queued = on && b->ops->gpt_finish != NULL;
+    return b->queued;
+}
+
+int fy_backend_gpt_finish(struct fy_backend *b)
+{
+    FY_REQUIRE(b->queued, -EINVAL, "backend: finishing a call while not in queued mode");
+    return b->ops->gpt_finish(b->state);
+}
+
+int fy_backend_gpt_ready_fd(struct fy_backend *b)
+{
+    return b->queued ? b->ops->gpt_ready_fd(b->state) : -1;
+}
+
 /* gpt_prepare succeeded, so the backend has every gpt operation. */
 int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const int32_t *tokens,
                                  float *x)
 {
-    return b->ops->gpt_embed_forward(b->state, embed, tokens, x);
+    return completed(b, b->ops->gpt_embed_forward(b->state, embed, tokens, x));
 }
 
 int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const float *dx,
                                   float *dembed)
 {
-    return b->ops->gpt_embed_backward(b->state, tokens, dx, dembed);
+    return completed(b, b->ops->gpt_embed_backward(b->state, tokens, dx, dembed));
 }
 
 int fy_backend_gpt_block_forward(struct fy_backend *b, const float *params, const float *x, float *y)
 {
-    return b->ops->gpt_block_forward(b->state, params, x, y);
+    return completed(b, b->ops->gpt_block_forward(b->state, params, x, y));
 }
 
 int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, const float *x,
                                   const float *dy, float *dx, float *dparams)
 {
-    return b->ops->gpt_block_backward(b->state, params, x, dy, dx, dparams);
+    return completed(b, b->ops->gpt_block_backward(b->state, params, x, dy, dx, dparams));
 }
 
 int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
                         const float *x, const int32_t *targets, double *loss, float *dx,
                         float *dfinal, float *dembed)
 {
-    return b->ops->gpt_head(b->state, final_params, embed, x, targets, loss, dx, dfinal, dembed);
+    return completed(b, b->ops->gpt_head(b->state, final_params, embed, x, targets, loss, dx, dfinal, dembed));
 }
 
 int fy_backend_gpt_logits(struct fy_backend *b, const float *final_params, const float *embed,

@@ -36,10 +36,18 @@ struct fy_backend_ops {
     /* dx == NULL: loss only. */
     int (*gpt_head)(void *state, const float *final_params, const float *embed, const float *x,
                     const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
-    /* logits [B*T][V] = lnf(x) wte^T, for evaluation, sampling and tests. */
+    /* logits [B*T][V] = lnf(x) wte^T, for evaluation, sampling and tests; always completes. */
     int (*gpt_logits)(void *state, const float *final_params, const float *embed, const float *x,
                       float *logits);
+    /* A backend whose gpt calls above only queue their work (CUDA: the next call's uploads run
+     * while the current one computes) has these; NULL where each call completes before returning.
+     * gpt_finish completes the oldest queued call, waiting if need be; gpt_ready_fd is readable
+     * when that needs no waiting. At most FY_BACKEND_GPT_QUEUE calls are queued. */
+    int (*gpt_finish)(void *state);
+    int (*gpt_ready_fd)(void *state);
 };
+
+#define FY_BACKEND_GPT_QUEUE 2
 
 /* which: "cpu", "cuda", or "auto" (CUDA when a device is usable, else the CPU backend, said loudly). */
 int fy_backend_open(struct fy_backend **out, const char *which, uint64_t gpu_mem);
@@ -65,6 +73,16 @@ int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const f
 
 int fy_backend_gpt_logits(struct fy_backend *b, const float *final_params, const float *embed,
                           const float *x, float *logits);
+
+/* Queued use. Off (the default), every gpt call above completes before it returns. On, on a backend
+ * that queues, they return once queued and each must be completed, in order, by
+ * fy_backend_gpt_finish (outputs, the head's loss included, are written by then; inputs must stay
+ * untouched until then); at most FY_BACKEND_GPT_QUEUE in flight. Returns 1 when calls will queue,
+ * 0 when the backend completes every call anyway. */
+int fy_backend_gpt_set_queued(struct fy_backend *b, int on);
+int fy_backend_gpt_finish(struct fy_backend *b);
+/* Readable when the oldest queued call can be finished without waiting; -1 without queueing. */
+int fy_backend_gpt_ready_fd(struct fy_backend *b);
 
 /* 1 when this build contains the CUDA backend. */
 int fy_backend_cuda_built(void);

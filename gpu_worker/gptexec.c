@@ -15,6 +15,13 @@ struct fy_gptexec {
     struct fy_gpt_config cfg;
     int B, T;
     uint64_t act_bytes, tok_bytes;
+    int queues; /* the backend queues calls (fy_backend_gpt_set_queued) */
+    /* requests queued on the backend, oldest at `first`: where a head's loss lands */
+    struct {
+        int head;
+        double loss;
+    } queued[FY_BACKEND_GPT_QUEUE];
+    unsigned first, count;
 };
 
 int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const struct fy_config *cfg)
@@ -42,6 +49,13 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
         e->backend = backend;
         rc = fy_backend_gpt_prepare(backend, &e->cfg, e->B, e->T);
     }
+    /* FUYOU_GPU_QUEUE=1 completes every request before taking the next, for comparisons */
+    const char *queue = getenv("FUYOU_GPU_QUEUE");
+    int one_at_a_time = queue != NULL && strcmp(queue, "1") == 0;
+    if (rc == 0 && one_at_a_time)
+        fy_info("FUYOU_GPU_QUEUE=1: each GPT request completes before the next one starts");
+    if (rc == 0)
+        e->queues = fy_backend_gpt_set_queued(backend, !one_at_a_time);
     if (rc < 0) {
         free(e);
         return rc;
@@ -91,8 +105,10 @@ static int check_tokens(const int32_t *tok, size_t n, uint32_t vocab, int allow_
     return 0;
 }
 
-int fy_gptexec_handle(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
-                      unsigned n, struct fy_desc *reply)
+/* Checks the request and calls the backend, which may only queue the work; a head's loss goes to
+ * *loss (written when the call completes). */
+static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
+                    unsigned n, double *loss)
 {
     const struct fy_gpt_config *c = &e->cfg;
     uint64_t embed_bytes = fy_gpt_unit_params(c, 0) * 4;
@@ -136,10 +152,7 @@ int fy_gptexec_handle(struct fy_gptexec *e, const struct fy_pool *pool, const st
             FY_TRY(part(pool, req, n, 5, G, F32, final_bytes, &p[5]));
             FY_TRY(part(pool, req, n, 6, G, F32, embed_bytes, &p[6]));
         }
-        double loss = 0;
-        FY_TRY(fy_backend_gpt_head(e->backend, p[2], p[3], p[0], p[1], &loss, p[4], p[5], p[6]));
-        memcpy(&reply->arg, &loss, sizeof loss);
-        return 0;
+        return fy_backend_gpt_head(e->backend, p[2], p[3], p[0], p[1], loss, p[4], p[5], p[6]);
     }
     case FY_OP_GPT_EMBED_BWD:
         FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));
@@ -152,3 +165,44 @@ int fy_gptexec_handle(struct fy_gptexec *e, const struct fy_pool *pool, const st
         return -EPROTO;
     }
 }
+
+int fy_gptexec_start(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
+                     unsigned n, struct fy_desc *reply)
+{
+    FY_REQUIRE(e->count < FY_BACKEND_GPT_QUEUE, -EBUSY,
+               "gpu worker: %u requests already queued: finish one first", e->count);
+    unsigned slot = (e->first + e->count) % FY_BACKEND_GPT_QUEUE;
+    e->queued[slot].head = req[0].op == FY_OP_GPT_HEAD;
+    e->queued[slot].loss = 0;
+    FY_TRY(dispatch(e, pool, req, n, &e->queued[slot].loss));
+    if (!e->queues) { /* completed already */
+        if (e->queued[slot].head)
+            memcpy(&reply->arg, &e->queued[slot].loss, sizeof(double));
+        return 0;
+    }
+    e->count++;
+    return 1;
+}
+
+int fy_gptexec_finish(struct fy_gptexec *e, struct fy_desc *reply)
+{
+    FY_REQUIRE(e->count > 0, -EINVAL, "gpu worker: finishing with no request queued");
+    unsigned slot = e->first;
+    e->first = (e->first + 1) % FY_BACKEND_GPT_QUEUE;
+    e->count--;
+    FY_TRY(fy_backend_gpt_finish(e->backend));
+    if (e->queued[slot].head)
+        memcpy(&reply->arg, &e->queued[slot].loss, sizeof(double));
+    return 0;
+}
+
+int fy_gptexec_handle(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
+                      unsigned n, struct fy_desc *reply)
+{
+    int rc = fy_gptexec_start(e, pool, req, n, reply);
+    return rc == 1 ? fy_gptexec_finish(e, reply) : rc;
+}
+
+unsigned fy_gptexec_queue_depth(const struct fy_gptexec *e) { return e->queues ? FY_BACKEND_GPT_QUEUE : 1; }
+
+int fy_gptexec_ready_fd(const struct fy_gptexec *e) { return fy_backend_gpt_ready_fd(e->backend); }

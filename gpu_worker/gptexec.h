@@ -26,7 +26,18 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
 void fy_gptexec_destroy(struct fy_gptexec **e);
 /* 1 when op is one of the gpt-* operations. */
 int fy_gptexec_handles(int op);
+/* The whole request: checked, computed, reply filled (the head's loss in reply->arg). */
 int fy_gptexec_handle(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
                       unsigned n, struct fy_desc *reply);
+/* The same in two halves, so that a worker can take the next request while this one computes:
+ * start returns 1 when the request was queued on the backend (complete it, in order, with
+ * fy_gptexec_finish, which fills its reply), 0 when it already completed (reply filled), or -errno.
+ * At most fy_gptexec_queue_depth requests are queued at once. */
+int fy_gptexec_start(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
+                     unsigned n, struct fy_desc *reply);
+int fy_gptexec_finish(struct fy_gptexec *e, struct fy_desc *reply);
+unsigned fy_gptexec_queue_depth(const struct fy_gptexec *e);
+/* Readable when the oldest queued request can be finished without waiting; -1 if none queue. */
+int fy_gptexec_ready_fd(const struct fy_gptexec *e);
 
 #endif

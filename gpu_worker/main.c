@@ -76,8 +76,45 @@ static int gpu_handle(struct fy_worker *w, void *state, const struct fy_desc *re
                             fy_worker_region(w, &req[0]));
 }
 
+/* GPT requests are queued on the backend where it queues (CUDA), so that the next request's
+ * uploads run while this one computes; everything else is served whole. */
+static int gpu_start(struct fy_worker *w, void *state, const struct fy_desc *req, unsigned n,
+                     struct fy_desc *reply)
+{
+    struct gpu_state *s = state;
+    if (s->gpt != NULL && fy_gptexec_handles(req[0].op))
+        return fy_gptexec_start(s->gpt, w->pool, req, n, reply);
+    return gpu_handle(w, state, req, n, reply);
+}
+
+static int gpu_finish(struct fy_worker *w, void *state, struct fy_desc *reply)
+{
+    (void)w;
+    return fy_gptexec_finish(((struct gpu_state *)state)->gpt, reply);
+}
+
+static int gpu_ready_fd(void *state)
+{
+    struct gpu_state *s = state;
+    return s->gpt != NULL ? fy_gptexec_ready_fd(s->gpt) : -1;
+}
+
+static unsigned gpu_queue_depth(void *state)
+{
+    struct gpu_state *s = state;
+    return s->gpt != NULL ? fy_gptexec_queue_depth(s->gpt) : 1;
+}
+
 int main(int argc, char **argv)
 {
-    static const struct fy_worker_ops ops = {gpu_init, gpu_handle, gpu_fini};
+    static const struct fy_worker_ops ops = {
+        .init = gpu_init,
+        .handle = gpu_handle,
+        .fini = gpu_fini,
+        .start = gpu_start,
+        .finish = gpu_finish,
+        .ready_fd = gpu_ready_fd,
+        .queue_depth = gpu_queue_depth,
+    };
     return fy_worker_main(argc, argv, "gpu", &ops);
 }

@@ -110,6 +110,6 @@ static int io_handle(struct fy_worker *w, void *state, const struct fy_desc *req
 
 int main(int argc, char **argv)
 {
-    static const struct fy_worker_ops ops = {io_init, io_handle, io_fini};
+    static const struct fy_worker_ops ops = {.init = io_init, .handle = io_handle, .fini = io_fini};
     return fy_worker_main(argc, argv, "io", &ops);
 }

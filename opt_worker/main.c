@@ -25,6 +25,6 @@ static void opt_fini(struct fy_worker *w, void *state)
 
 int main(int argc, char **argv)
 {
-    static const struct fy_worker_ops ops = {opt_init, opt_handle, opt_fini};
+    static const struct fy_worker_ops ops = {.init = opt_init, .handle = opt_handle, .fini = opt_fini};
     return fy_worker_main(argc, argv, "opt", &ops);
 }

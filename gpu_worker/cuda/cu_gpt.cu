@@ -1,11 +1,15 @@
 /* The GPT units on the GPU, composed from the kernels of cu_norm, cu_matmul and cu_attention.
- * Each call uploads its inputs on the host-to-device stream, computes on the compute stream, and
- * downloads its outputs on the device-to-host stream, each stream waiting on the previous one's
- * event; only the device-to-host stream is synchronised, at the end, to hand results back. */
+ * A host-interface call uploads its inputs on the host-to-device stream into its own staging
+ * buffers, computes on the compute stream and downloads its outputs on the device-to-host stream,
+ * each stream waiting on the previous one's event, and returns without waiting: with two calls in
+ * flight the second one's uploads run while the first computes. Nothing synchronises the device;
+ * fy_cu_gpt_finish waits for one call's event. */
 #include "cu_gpt.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "gpu_worker/cuda/cu_attention.h"
 #include "gpu_worker/cuda/cu_flash.h"
@@ -19,6 +23,19 @@
 #define HEAD_CHUNK_MAX 4096
 #define LT_WORKSPACE (32u << 20)
 
+/* Device staging of one host-interface call in flight, and what finishing it still has to do. */
+struct staging {
+    float *p32, *grad, *lnf32, *in0, *in1, *out, *losses;
+    int32_t *tokens, *targets;
+    float *host_losses; /* pinned: the per-row losses come home without blocking the queueing */
+    cudaEvent_t uploaded, computed, done;
+    /* the head's loss: mean of host_losses over the rows whose target is not ignored */
+    const int32_t *targets_host;
+    double *loss;
+    float *wpe_grad; /* the head zeroes dembed's position part (untouched by the tied head) */
+    size_t wpe_n;
+};
+
 struct fy_cu_gpt {
     struct fy_gpt_config c;
     struct fy_gpt_block_layout lay;
@@ -28,13 +45,14 @@ struct fy_cu_gpt {
     int fuse;        /* GELU and residual adds in the products' epilogues (else separate kernels) */
     size_t unit_max; /* floats of the largest unit */
     cudaStream_t compute, h2d, d2h;
-    cudaEvent_t uploaded, computed;
     struct fy_cu_lt *lt;
-    /* parameters and their gradients */
-    float *p32, *grad, *lnf32;
+    /* host-interface calls in flight: st[first] is the oldest of `pending` */
+    struct staging st[FY_CU_GPT_QUEUE];
+    int first, pending;
+    int ready_fd; /* eventfd in semaphore mode: one count per call whose results are home */
+    /* a unit's parameters on the device */
     bf16 *pbf, *lnf;
-    int32_t *tokens, *targets;
-    float *act32, *losses, *ln_scratch;
+    float *ln_scratch;
     /* one block's input and output, and its internals when no kept set is given */
     bf16 *x, *y;
     struct fy_cu_gpt_acts own;
@@ -85,15 +103,19 @@ static int plan(struct fy_cu_gpt *g, struct piece *p, void **lt_ws)
     size_t N = (size_t)g->N, C = c->n_embd, U = g->unit_max;
     int n = acts_plan(g, &g->own, p);
 #define PIECE(field, count, type) (p[n++] = (struct piece){(count) * sizeof(type), (void **)&g->field})
-    PIECE(p32, U, float);
-    PIECE(grad, U, float);
+    for (int i = 0; i < FY_CU_GPT_QUEUE; i++) {
+        PIECE(st[i].p32, U, float);
+        PIECE(st[i].grad, U, float);
+        PIECE(st[i].lnf32, 2 * C, float);
+        PIECE(st[i].in0, N * C, float);
+        PIECE(st[i].in1, N * C, float);
+        PIECE(st[i].out, N * C, float);
+        PIECE(st[i].losses, N, float);
+        PIECE(st[i].tokens, N, int32_t);
+        PIECE(st[i].targets, N, int32_t);
+    }
     PIECE(pbf, U, bf16);
-    PIECE(lnf32, 2 * C, float);
     PIECE(lnf, 2 * C, bf16);
-    PIECE(tokens, N, int32_t);
-    PIECE(targets, N, int32_t);
-    PIECE(act32, N * C, float);
-    PIECE(losses, N, float);
     PIECE(ln_scratch, fy_cu_layernorm_backward_scratch(g->N, (int)C), float);
     PIECE(x, N * C, bf16);
     PIECE(y, N * C, bf16);
@@ -163,6 +185,7 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
     struct fy_cu_gpt *g = (struct fy_cu_gpt *)calloc(1, sizeof *g);
     if (g == NULL)
         return -ENOMEM;
+    g->ready_fd = -1;
     setup_shape(g, c, B, T);
     struct piece p[64];
     void *lt_ws = NULL;
@@ -178,15 +201,29 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
             return -ENOMEM;
         }
     }
-    int rc = fy_cu_lt_new(&g->lt, lt_ws, LT_WORKSPACE);
+    g->ready_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+    int rc = g->ready_fd < 0 ? -errno : 0;
+    if (rc < 0)
+        fy_error("cu_gpt: eventfd: %s", strerror(-rc));
+    if (rc == 0)
+        rc = fy_cu_lt_new(&g->lt, lt_ws, LT_WORKSPACE);
     if (rc == 0 && (cudaStreamCreateWithFlags(&g->compute, cudaStreamNonBlocking) != cudaSuccess ||
                     cudaStreamCreateWithFlags(&g->h2d, cudaStreamNonBlocking) != cudaSuccess ||
                     cudaStreamCreateWithFlags(&g->d2h, cudaStreamNonBlocking) != cudaSuccess ||
-                    cudaEventCreateWithFlags(&g->uploaded, cudaEventDisableTiming) != cudaSuccess ||
-                    cudaEventCreateWithFlags(&g->computed, cudaEventDisableTiming) != cudaSuccess ||
                     cudaEventCreate(&g->t0) != cudaSuccess || cudaEventCreate(&g->t1) != cudaSuccess)) {
         fy_error("CUDA: cannot create the backend's streams and events");
         rc = -EIO;
+    }
+    for (int i = 0; rc == 0 && i < FY_CU_GPT_QUEUE; i++) {
+        struct staging *st = &g->st[i];
+        if (cudaEventCreateWithFlags(&st->uploaded, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&st->computed, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming) != cudaSuccess ||
+            cudaHostAlloc((void **)&st->host_losses, (size_t)g->N * sizeof(float),
+                          cudaHostAllocDefault) != cudaSuccess) {
+            fy_error("CUDA: cannot create the events and loss buffers of the backend's staging");
+            rc = -EIO;
+        }
     }
     if (rc < 0) {
         fy_cu_gpt_destroy(&g);
@@ -201,11 +238,22 @@ void fy_cu_gpt_destroy(struct fy_cu_gpt **gp)
     if (gp == NULL || *gp == NULL)
         return;
     struct fy_cu_gpt *g = *gp;
+    while (g->pending > 0 && fy_cu_gpt_finish(g) == 0) /* nothing may still write into buffers */
+        ;                                                  /* about to be reused */
     fy_cu_lt_destroy(&g->lt);
-    if (g->uploaded)
-        cudaEventDestroy(g->uploaded);
-    if (g->computed)
-        cudaEventDestroy(g->computed);
+    for (int i = 0; i < FY_CU_GPT_QUEUE; i++) {
+        struct staging *st = &g->st[i];
+        if (st->uploaded)
+            cudaEventDestroy(st->uploaded);
+        if (st->computed)
+            cudaEventDestroy(st->computed);
+        if (st->done)
+            cudaEventDestroy(st->done);
+        if (st->host_losses)
+            cudaFreeHost(st->host_losses);
+    }
+    if (g->ready_fd >= 0)
+        close(g->ready_fd);
     if (g->t0)
         cudaEventDestroy(g->t0);
     if (g->t1)
@@ -220,33 +268,41 @@ void fy_cu_gpt_destroy(struct fy_cu_gpt **gp)
     *gp = NULL;
 }
 
-/* ---- transfers: uploads on h2d, then compute waits; downloads on d2h after compute ---- */
+/* ---- the host interface's transfers: each call stages through its own buffers ---- */
+
+static int call_begin(struct fy_cu_gpt *g, struct staging **out)
+{
+    if (g->pending == FY_CU_GPT_QUEUE) {
+        fy_error("cu_gpt: %d calls already in flight: finish one before queueing another",
+                 g->pending);
+        return -EBUSY;
+    }
+    struct staging *st = &g->st[(g->first + g->pending) % FY_CU_GPT_QUEUE];
+    st->loss = NULL;
+    st->targets_host = NULL;
+    st->wpe_grad = NULL;
+    *out = st;
+    return 0;
+}
 
 static int upload(struct fy_cu_gpt *g, void *dev, const void *host, size_t bytes)
 {
-    /* Staging buffers are reused within a call: an upload waits until compute has consumed what
-     * was uploaded before (this interface is synchronous per call; prefetching comes with the
-     * pipeline, which keeps separate staging slots). */
-    FY_CUDA(cudaEventRecord(g->computed, g->compute), "recording the compute event");
-    FY_CUDA(cudaStreamWaitEvent(g->h2d, g->computed, 0), "ordering uploads after compute");
     FY_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, g->h2d), "upload of %zu bytes",
             bytes);
     return 0;
 }
 
-static int uploads_done(struct fy_cu_gpt *g)
+static int uploads_done(struct fy_cu_gpt *g, struct staging *st)
 {
-    FY_CUDA(cudaEventRecord(g->uploaded, g->h2d), "recording the upload event");
-    FY_CUDA(cudaStreamWaitEvent(g->compute, g->uploaded, 0), "ordering compute after uploads");
+    FY_CUDA(cudaEventRecord(st->uploaded, g->h2d), "recording the upload event");
+    FY_CUDA(cudaStreamWaitEvent(g->compute, st->uploaded, 0), "ordering compute after uploads");
     return 0;
 }
 
-static int compute_done(struct fy_cu_gpt *g)
+static int compute_done(struct fy_cu_gpt *g, struct staging *st)
 {
-    FY_CUDA(cudaEventRecord(g->computed, g->compute), "recording the compute event");
-    FY_CUDA(cudaStreamWaitEvent(g->d2h, g->computed, 0), "ordering downloads after compute");
-    /* the next call's uploads must not overwrite staging buffers still being read */
-    FY_CUDA(cudaStreamWaitEvent(g->h2d, g->computed, 0), "ordering uploads after compute");
+    FY_CUDA(cudaEventRecord(st->computed, g->compute), "recording the compute event");
+    FY_CUDA(cudaStreamWaitEvent(g->d2h, st->computed, 0), "ordering downloads after compute");
     return 0;
 }
 
@@ -257,37 +313,63 @@ static int download(struct fy_cu_gpt *g, void *host, const void *dev, size_t byt
     return 0;
 }
 
-static int downloads_done(struct fy_cu_gpt *g)
+static void CUDART_CB results_home(void *arg)
 {
-    FY_CUDA(cudaStreamSynchronize(g->d2h), "waiting for the results");
+    /* runs on a CUDA thread: no CUDA calls here, only the wake-up of whoever polls ready_fd */
+    struct fy_cu_gpt *g = (struct fy_cu_gpt *)arg;
+    uint64_t one = 1;
+    while (write(g->ready_fd, &one, sizeof one) < 0 && errno == EINTR)
+        ;
+}
+
+/* Queues the end of a call whose body returned rc; a failed body's partial work is drained so
+ * that its staging can be reused. */
+static int call_end(struct fy_cu_gpt *g, struct staging *st, int rc)
+{
+    if (rc < 0) {
+        cudaStreamSynchronize(g->h2d);
+        cudaStreamSynchronize(g->compute);
+        cudaStreamSynchronize(g->d2h);
+        return rc;
+    }
+    FY_CUDA(cudaEventRecord(st->done, g->d2h), "recording the download event");
+    FY_CUDA(cudaLaunchHostFunc(g->d2h, results_home, g), "queueing the completion signal");
+    g->pending++;
     return 0;
 }
 
-/* fp32 host activation [N][C] -> bf16 device buffer (through act32). */
-static int upload_act(struct fy_cu_gpt *g, bf16 *dev, const float *host)
+int fy_cu_gpt_finish(struct fy_cu_gpt *g)
 {
-    size_t n = (size_t)g->N * g->c.n_embd;
-    FY_TRY(upload(g, g->act32, host, n * sizeof(float)));
-    FY_TRY(uploads_done(g));
-    return fy_cu_f32_to_bf16(dev, g->act32, n, g->compute);
+    FY_REQUIRE(g->pending > 0, -EINVAL, "cu_gpt: finish without a call in flight");
+    struct staging *st = &g->st[g->first];
+    g->first = (g->first + 1) % FY_CU_GPT_QUEUE;
+    g->pending--;
+    FY_CUDA(cudaEventSynchronize(st->done), "waiting for the results of a GPT call");
+    uint64_t count; /* the completion signal follows the event on the same stream */
+    ssize_t got;
+    while ((got = read(g->ready_fd, &count, sizeof count)) < 0 && errno == EINTR)
+        ;
+    FY_REQUIRE(got == (ssize_t)sizeof count, -EIO, "cu_gpt: reading the completion eventfd: %s",
+               got < 0 ? strerror(errno) : "short read");
+    if (st->loss != NULL) {
+        /* mean over the rows with a target, summed in row order (deterministic) */
+        double sum = 0;
+        long rows = 0;
+        for (int i = 0; i < g->N; i++)
+            if (st->targets_host[i] >= 0) {
+                sum += st->host_losses[i];
+                rows++;
+            }
+        *st->loss = rows ? sum / (double)rows : 0.0;
+    }
+    if (st->wpe_grad != NULL)
+        memset(st->wpe_grad, 0, st->wpe_n * sizeof(float));
+    return 0;
 }
 
-/* A unit's fp32 parameters -> pbf (bf16, same layout). */
-static int upload_params(struct fy_cu_gpt *g, const float *host, size_t count)
-{
-    FY_TRY(upload(g, g->p32, host, count * sizeof(float)));
-    FY_TRY(uploads_done(g));
-    return fy_cu_f32_to_bf16(g->pbf, g->p32, count, g->compute);
-}
+int fy_cu_gpt_pending(const struct fy_cu_gpt *g) { return g->pending; }
 
-/* bf16 device activation -> fp32 host (through act32), after everything queued on compute. */
-static int download_act(struct fy_cu_gpt *g, float *host, const bf16 *dev)
-{
-    size_t n = (size_t)g->N * g->c.n_embd;
-    FY_TRY(fy_cu_bf16_to_f32(g->act32, dev, n, g->compute));
-    FY_TRY(compute_done(g));
-    return download(g, host, g->act32, n * sizeof(float));
-}
+int fy_cu_gpt_ready_fd(const struct fy_cu_gpt *g) { return g->ready_fd; }
 
 #define P(field) (params + g->lay.field)
 #define G(field) (dparams + g->lay.field)
@@ -441,25 +523,54 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
     return 0;
 }
 
+static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, const float *params,
+                              const float *x, float *y)
+{
+    size_t NC = (size_t)g->N * g->c.n_embd, P = g->lay.total;
+    cudaStream_t s = g->compute;
+    FY_TRY(upload(g, st->p32, params, P * sizeof(float)));
+    FY_TRY(upload(g, st->in0, x, NC * sizeof(float)));
+    FY_TRY(uploads_done(g, st));
+    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
+    FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
+    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, &g->own));
+    FY_TRY(fy_cu_bf16_to_f32(st->out, g->y, NC, s));
+    FY_TRY(compute_done(g, st));
+    return download(g, y, st->out, NC * sizeof(float));
+}
+
 int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const float *x, float *y)
 {
-    FY_TRY(upload_params(g, params, g->lay.total));
-    FY_TRY(upload_act(g, g->x, x));
-    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, &g->own));
-    FY_TRY(download_act(g, y, g->y));
-    return downloads_done(g);
+    struct staging *st;
+    FY_TRY(call_begin(g, &st));
+    return call_end(g, st, block_forward_call(g, st, params, x, y));
+}
+
+static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, const float *params,
+                               const float *x, const float *dy, float *dx, float *dparams)
+{
+    size_t NC = (size_t)g->N * g->c.n_embd, P = g->lay.total;
+    cudaStream_t s = g->compute;
+    FY_TRY(upload(g, st->p32, params, P * sizeof(float)));
+    FY_TRY(upload(g, st->in0, x, NC * sizeof(float)));
+    FY_TRY(upload(g, st->in1, dy, NC * sizeof(float)));
+    FY_TRY(uploads_done(g, st));
+    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
+    FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
+    FY_TRY(fy_cu_f32_to_bf16(g->dy, st->in1, NC, s));
+    FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, st->grad, NULL));
+    FY_TRY(fy_cu_bf16_to_f32(st->out, g->dx, NC, s));
+    FY_TRY(compute_done(g, st));
+    FY_TRY(download(g, dx, st->out, NC * sizeof(float)));
+    return download(g, dparams, st->grad, P * sizeof(float));
 }
 
 int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const float *x,
                              const float *dy, float *dx, float *dparams)
 {
-    FY_TRY(upload_params(g, params, g->lay.total));
-    FY_TRY(upload_act(g, g->x, x));
-    FY_TRY(upload_act(g, g->dy, dy));
-    FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, g->grad, NULL));
-    FY_TRY(download_act(g, dx, g->dx));
-    FY_TRY(download(g, dparams, g->grad, g->lay.total * sizeof(float)));
-    return downloads_done(g);
+    struct staging *st;
+    FY_TRY(call_begin(g, &st));
+    return call_end(g, st, block_backward_call(g, st, params, x, dy, dx, dparams));
 }
 
 int fy_cu_gpt_dev_embed_forward(struct fy_cu_gpt *g, const bf16 *wte, const bf16 *wpe,
@@ -514,77 +625,96 @@ int fy_cu_gpt_timings(const struct fy_cu_gpt *g, const struct fy_cu_gpt_op **ops
 
 cudaStream_t fy_cu_gpt_stream(const struct fy_cu_gpt *g) { return g->compute; }
 
-int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, float *x)
+static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const float *embed,
+                              const int32_t *tokens, float *x)
 {
     const struct fy_gpt_config *c = &g->c;
-    size_t n = fy_gpt_unit_params(c, 0);
-    FY_TRY(upload(g, g->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
-    FY_TRY(upload_params(g, embed, n));
+    size_t n = fy_gpt_unit_params(c, 0), NC = (size_t)g->N * c->n_embd;
+    cudaStream_t s = g->compute;
+    FY_TRY(upload(g, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
+    FY_TRY(upload(g, st->p32, embed, n * sizeof(float)));
+    FY_TRY(uploads_done(g, st));
+    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, n, s));
     const bf16 *wte = g->pbf, *wpe = g->pbf + (size_t)c->vocab * c->n_embd;
-    FY_TRY(fy_cu_gpt_dev_embed_forward(g, wte, wpe, g->tokens, g->x));
-    FY_TRY(download_act(g, x, g->x));
-    return downloads_done(g);
+    FY_TRY(fy_cu_gpt_dev_embed_forward(g, wte, wpe, st->tokens, g->x));
+    FY_TRY(fy_cu_bf16_to_f32(st->out, g->x, NC, s));
+    FY_TRY(compute_done(g, st));
+    return download(g, x, st->out, NC * sizeof(float));
+}
+
+int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, float *x)
+{
+    struct staging *st;
+    FY_TRY(call_begin(g, &st));
+    return call_end(g, st, embed_forward_call(g, st, embed, tokens, x));
+}
+
+static int embed_backward_call(struct fy_cu_gpt *g, struct staging *st, const int32_t *tokens,
+                               const float *dx, float *dembed)
+{
+    const struct fy_gpt_config *c = &g->c;
+    size_t n = fy_gpt_unit_params(c, 0), NC = (size_t)g->N * c->n_embd;
+    FY_TRY(upload(g, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
+    FY_TRY(upload(g, st->grad, dembed, n * sizeof(float)));
+    FY_TRY(upload(g, st->in1, dx, NC * sizeof(float)));
+    FY_TRY(uploads_done(g, st));
+    FY_TRY(fy_cu_f32_to_bf16(g->dx, st->in1, NC, g->compute));
+    float *dwte = st->grad, *dwpe = st->grad + (size_t)c->vocab * c->n_embd;
+    FY_TRY(fy_cu_gpt_dev_embed_backward(g, st->tokens, g->dx, dwte, dwpe));
+    FY_TRY(compute_done(g, st));
+    return download(g, dembed, st->grad, n * sizeof(float));
 }
 
 int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const float *dx,
                              float *dembed)
 {
+    struct staging *st;
+    FY_TRY(call_begin(g, &st));
+    return call_end(g, st, embed_backward_call(g, st, tokens, dx, dembed));
+}
+
+static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final_params,
+                     const float *embed, const float *x, const int32_t *targets, double *loss,
+                     float *dx, float *dfinal, float *dembed)
+{
     const struct fy_gpt_config *c = &g->c;
-    size_t n = fy_gpt_unit_params(c, 0);
-    FY_TRY(upload(g, g->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
-    FY_TRY(upload(g, g->grad, dembed, n * sizeof(float)));
-    FY_TRY(upload_act(g, g->dx, dx));
-    float *dwte = g->grad, *dwpe = g->grad + (size_t)c->vocab * c->n_embd;
-    FY_TRY(fy_cu_gpt_dev_embed_backward(g, g->tokens, g->dx, dwte, dwpe));
-    FY_TRY(compute_done(g));
-    FY_TRY(download(g, dembed, g->grad, n * sizeof(float)));
-    return downloads_done(g);
+    int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
+    size_t wte_n = (size_t)V * C, NC = (size_t)N * C;
+    cudaStream_t s = g->compute;
+    FY_TRY(upload(g, st->targets, targets, (size_t)N * sizeof(int32_t)));
+    FY_TRY(upload(g, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
+    FY_TRY(upload(g, st->p32, embed, wte_n * sizeof(float))); /* only wte: the head is tied to it */
+    FY_TRY(upload(g, st->in0, x, NC * sizeof(float)));
+    FY_TRY(uploads_done(g, st));
+    FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, 2 * (size_t)C, s));
+    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, wte_n, s));
+    FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
+    int backward = dx != NULL;
+    float *dlnf = st->grad + wte_n;
+    FY_TRY(fy_cu_gpt_dev_head(g, g->lnf, g->pbf, g->x, st->targets, st->losses,
+                              backward ? g->dx : NULL, dlnf, st->grad));
+    if (backward)
+        FY_TRY(fy_cu_bf16_to_f32(st->out, g->dx, NC, s));
+    FY_TRY(compute_done(g, st));
+    if (backward) {
+        FY_TRY(download(g, dx, st->out, NC * sizeof(float)));
+        FY_TRY(download(g, dfinal, dlnf, 2 * (size_t)C * sizeof(float)));
+        FY_TRY(download(g, dembed, st->grad, wte_n * sizeof(float)));
+        st->wpe_grad = dembed + wte_n;
+        st->wpe_n = (size_t)c->ctx * C;
+    }
+    FY_TRY(download(g, st->host_losses, st->losses, (size_t)N * sizeof(float)));
+    st->targets_host = targets;
+    st->loss = loss;
+    return 0;
 }
 
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed)
 {
-    const struct fy_gpt_config *c = &g->c;
-    int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
-    size_t wte_n = (size_t)V * C;
-    cudaStream_t s = g->compute;
-    FY_TRY(upload(g, g->targets, targets, (size_t)N * sizeof(int32_t)));
-    FY_TRY(upload(g, g->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
-    FY_TRY(upload_params(g, embed, wte_n)); /* only wte: the head is tied to it */
-    FY_TRY(fy_cu_f32_to_bf16(g->lnf, g->lnf32, 2 * (size_t)C, s));
-    FY_TRY(upload_act(g, g->x, x));
-    int backward = dx != NULL;
-    float *dlnf = g->grad + wte_n;
-    FY_TRY(fy_cu_gpt_dev_head(g, g->lnf, g->pbf, g->x, g->targets, g->losses,
-                              backward ? g->dx : NULL, dlnf, g->grad));
-    if (backward) {
-        FY_TRY(download_act(g, dx, g->dx));
-        FY_TRY(download(g, dfinal, dlnf, 2 * (size_t)C * sizeof(float)));
-        FY_TRY(download(g, dembed, g->grad, wte_n * sizeof(float)));
-    } else {
-        FY_TRY(compute_done(g));
-    }
-    float *losses = (float *)malloc((size_t)N * sizeof(float));
-    if (losses == NULL)
-        return -ENOMEM;
-    int rc = download(g, losses, g->losses, (size_t)N * sizeof(float));
-    if (rc == 0)
-        rc = downloads_done(g);
-    if (rc == 0) {
-        /* mean over the rows with a target, summed in row order (deterministic) */
-        double sum = 0;
-        long count = 0;
-        for (int i = 0; i < N; i++)
-            if (targets[i] >= 0) {
-                sum += losses[i];
-                count++;
-            }
-        *loss = count ? sum / (double)count : 0.0;
-        if (backward)
-            memset(dembed + wte_n, 0, (size_t)c->ctx * C * sizeof(float));
-    }
-    free(losses);
-    return rc;
+    struct staging *st;
+    FY_TRY(call_begin(g, &st));
+    return call_end(g, st, head_call(g, st, final_params, embed, x, targets, loss, dx, dfinal, dembed));
 }
 
 int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float *embed,
@@ -592,11 +722,18 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
 {
     const struct fy_gpt_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
+    size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
-    FY_TRY(upload(g, g->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
-    FY_TRY(upload_params(g, embed, (size_t)V * C));
-    FY_TRY(fy_cu_f32_to_bf16(g->lnf, g->lnf32, 2 * (size_t)C, s));
-    FY_TRY(upload_act(g, g->x, x));
+    while (g->pending > 0) /* synchronous: whatever was queued completes first */
+        FY_TRY(fy_cu_gpt_finish(g));
+    struct staging *st = &g->st[g->first];
+    FY_TRY(upload(g, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
+    FY_TRY(upload(g, st->p32, embed, (size_t)V * C * sizeof(float)));
+    FY_TRY(upload(g, st->in0, x, NC * sizeof(float)));
+    FY_TRY(uploads_done(g, st));
+    FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, 2 * (size_t)C, s));
+    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, (size_t)V * C, s));
+    FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
     struct fy_cu_gpt_acts *a = &g->own;
     FY_TRY(fy_cu_layernorm_forward(a->ln1, a->mean1, a->rstd1, g->x, g->lnf, g->lnf + C, N, C, s));
     /* the head's scratch holds at least head_rows x V f32 logits */
@@ -605,9 +742,10 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
         int rows = N - r0 < g->head_rows ? N - r0 : g->head_rows;
         FY_TRY(fy_cu_matmul_batched(g->lt, chunk, 1, a->ln1 + (size_t)r0 * C, g->pbf, rows, V, C, 0, 1,
                                     0, 0, 0, 1, 1.0f, 0.0f, s));
-        FY_TRY(compute_done(g));
+        FY_TRY(compute_done(g, st));
         FY_TRY(download(g, logits + (size_t)r0 * V, chunk, (size_t)rows * V * sizeof(float)));
-        FY_TRY(downloads_done(g)); /* the chunk buffer is reused by the next rows */
+        /* the chunk buffer is reused by the next rows */
+        FY_CUDA(cudaStreamSynchronize(g->d2h), "waiting for a chunk of logits");
     }
     return 0;
 }

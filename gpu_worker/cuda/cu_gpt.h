@@ -2,7 +2,13 @@
  * internals its forward kept or with the block recomputed from its input), and the final LayerNorm with the tied LM head and cross-entropy, over
  * the fp32 host buffers of the backend interface. Weights and activations are bf16 on the device
  * with fp32 accumulation; weight gradients are fp32. Every device buffer comes from the arena,
- * sized once for the batch. Copies go on their own streams, ordered by events. */
+ * sized once for the batch. Copies go on their own streams, ordered by events.
+ *
+ * The host-interface calls (fp32 host buffers, pinned for full speed) queue their work and return
+ * at once: up to FY_CU_GPT_QUEUE calls are in flight, each with its own staging buffers, so the
+ * next call's uploads (the next layer's weights and inputs) run while the current one computes and
+ * its results travel home. Each call is completed, in order, by fy_cu_gpt_finish; until then its
+ * host buffers must stay untouched and its outputs (the head's loss too) are not yet written. */
 #ifndef FY_CU_GPT_H
 #define FY_CU_GPT_H
 
@@ -11,6 +17,8 @@
 #include "gpu_worker/cuda/cu_common.h"
 
 struct fy_cu_gpt;
+
+#define FY_CU_GPT_QUEUE 2
 
 #define FY_CU_GPT_MAX_OPS 32
 struct fy_cu_gpt_op {
@@ -34,7 +42,15 @@ int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const flo
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
 
-/* logits [N][V] f32 (host) = lnf(x) wte^T, computed and copied back in chunks of rows. */
+/* Waits for the oldest call in flight and completes it (-EINVAL when none is in flight). */
+int fy_cu_gpt_finish(struct fy_cu_gpt *g);
+/* Calls in flight. */
+int fy_cu_gpt_pending(const struct fy_cu_gpt *g);
+/* Readable (an eventfd) when the oldest call in flight can be finished without waiting. */
+int fy_cu_gpt_ready_fd(const struct fy_cu_gpt *g);
+
+/* logits [N][V] f32 (host) = lnf(x) wte^T, computed and copied back in chunks of rows; completes
+ * every call in flight first, and itself before returning. */
 int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float *embed,
                      const float *x, float *logits);
 

@@ -1,6 +1,7 @@
-/* The CUDA backend of the gpu worker: one device arena of the budgeted size allocated once, a
- * compute stream and a device-to-host stream, and the shared pool pinned with cudaHostRegister so
- * copies into it run at full PCIe speed. Every CUDA call is checked and reported with a hint. */
+/* The CUDA backend of the gpu worker: one device arena of the budgeted size allocated once, the
+ * shared pool pinned with cudaHostRegister so copies into it run at full PCIe speed, and the GPT
+ * units of cu_gpt, whose calls queue (compute, host-to-device and device-to-host streams) and are
+ * completed by gpt_finish. Every CUDA call is checked and reported with a hint. */
 #include "cuda_backend.h"
 
 #include <stdlib.h>
@@ -234,8 +235,15 @@ static int cuda_logits(void *state, const float *final_params, const float *embe
     return fy_cu_gpt_logits(((struct cuda_state *)state)->gpt, final_params, embed, x, logits);
 }
 
+static int cuda_finish(void *state) { return fy_cu_gpt_finish(((struct cuda_state *)state)->gpt); }
+
+static int cuda_ready_fd(void *state) { return fy_cu_gpt_ready_fd(((struct cuda_state *)state)->gpt); }
+
+static_assert(FY_CU_GPT_QUEUE == FY_BACKEND_GPT_QUEUE, "queue depths of the interface and cu_gpt");
+
 extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     "cuda",          cuda_open,          cuda_close,          cuda_register_host,
     cuda_unregister_host, cuda_synth,    cuda_gpt_prepare,    cuda_embed_forward,
     cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
+    cuda_finish,     cuda_ready_fd,
 };

@@ -2,6 +2,7 @@
  * from the internals its forward kept must give the same bytes as a backward that recomputes the
  * block from its input, must not run the forward again, and must not depend on the unit's own
  * scratch (other blocks run in between); a kept set that does not fit the arena takes nothing.
+ * The host interface's queue: calls in flight give the same bytes as calls completed one by one.
  * Exact comparison is right here: both paths run the same kernels on the same inputs, and every
  * kernel is deterministic. The numerics of the blocks themselves are tested against the CPU
  * backend (test_cuda_gpt) and PyTorch (test_cuda_torch). Exits 77 (skipped) without a GPU. */
@@ -15,6 +16,7 @@ extern "C" {
 
 #include <cuda_runtime.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +156,72 @@ static void test_kept_equals_recomputed(void **state)
     teardown(&f);
 }
 
+/* fp32 host buffers in pinned memory, as the pool is */
+static float *pinned_random(size_t n, uint64_t seed, float scale)
+{
+    float *h = NULL;
+    CK(cudaHostAlloc((void **)&h, n * sizeof(float), cudaHostAllocDefault));
+    for (size_t i = 0; i < n; i++)
+        h[i] = fy_test_uniform(&seed, -scale, scale);
+    return h;
+}
+
+/* The host interface queues: two calls in flight give the same bytes as the same calls completed
+ * one by one, a third is refused, outputs (the head's loss too) are written by finish, and the
+ * ready descriptor says when finishing needs no wait. */
+static void test_queued_host_calls(void **state)
+{
+    (void)state;
+    struct fixture f;
+    setup(&f, 0);
+    size_t P = f.P, NC = f.NC, N = (size_t)B * T;
+    float *w1 = pinned_random(P, 1, 0.2f), *w2 = pinned_random(P, 2, 0.2f);
+    float *x = pinned_random(NC, 3, 1.0f), *out[4];
+    for (int i = 0; i < 4; i++)
+        out[i] = pinned_random(NC, 10 + i, 1.0f);
+    size_t fin_n = fy_gpt_unit_params(&cfg, cfg.n_layer + 1), emb_n = fy_gpt_unit_params(&cfg, 0);
+    float *fin = pinned_random(fin_n, 4, 0.2f), *emb = pinned_random(emb_n, 5, 0.2f);
+    int32_t *targets = NULL;
+    CK(cudaHostAlloc((void **)&targets, N * sizeof(int32_t), cudaHostAllocDefault));
+    for (size_t i = 0; i < N; i++)
+        targets[i] = (int32_t)(i * 7 % cfg.vocab);
+    /* one by one */
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[0]), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, w2, x, out[1]), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    double loss_sync = -1;
+    assert_int_equal(fy_cu_gpt_head(f.g, fin, emb, x, targets, &loss_sync, NULL, NULL, NULL), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_true(loss_sync > 0);
+    /* two in flight */
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[2]), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, w2, x, out[3]), 0);
+    assert_int_equal(fy_cu_gpt_pending(f.g), 2);
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[0]), -EBUSY);
+    struct pollfd pfd = {fy_cu_gpt_ready_fd(f.g), POLLIN, 0};
+    assert_int_equal(poll(&pfd, 1, 20000), 1); /* the first call's results come home */
+    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_int_equal(fy_cu_gpt_pending(f.g), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g), -EINVAL);
+    assert_memory_equal(out[0], out[2], NC * sizeof(float));
+    assert_memory_equal(out[1], out[3], NC * sizeof(float));
+    assert_memory_not_equal(out[2], out[3], NC * sizeof(float));
+    /* the head's loss is written when the call is finished, not before */
+    double loss = -1;
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[2]), 0);
+    assert_int_equal(fy_cu_gpt_head(f.g, fin, emb, x, targets, &loss, NULL, NULL, NULL), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_true(loss == -1);
+    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_true(loss == loss_sync);
+    for (float *p : {w1, w2, x, out[0], out[1], out[2], out[3], fin, emb})
+        cudaFreeHost(p);
+    cudaFreeHost(targets);
+    teardown(&f);
+}
+
 static void test_set_that_does_not_fit(void **state)
 {
     (void)state;
@@ -179,6 +247,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kept_equals_recomputed),
+        cmocka_unit_test(test_queued_host_calls),
         cmocka_unit_test(test_set_that_does_not_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,81 @@
+#!/bin/bash
+# make bench-pipeline (GPU machine): whole training steps through the worker processes on a
+# GPT-3-style model, with the optimizer state in host memory (a: --cpu-mem above the state size)
+# and streamed from the SSD store (b: --cpu-mem well below it), under --gpu-mem 24G, in the
+# overlapped and serial schedules, and with the gpu worker completing one request at a time
+# (FUYOU_GPU_QUEUE=1) beside its default of two in flight. A table last: per run the median over
+# the timed steps (the first step warms up and is left out) of step time, model TFLOP/s, GPU idle
+# fraction and per-resource busy times. The last step of each run also writes the resident state
+# to the store and syncs it (a checkpoint) and is left out as well.
+# Environment: PIPELINE_CONFIGS ("1.3B" or "1.3B 2.7B"), PIPELINE_BATCHES ("16 64"),
+# PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_STEPS (timed steps per run, 2), FUYOU_BENCH_DIR (where
+# the store goes; removed afterwards), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
+# PIPELINE_SEQ=32 PIPELINE_BACKEND=cpu.
+set -u
+BUILD=${BUILD:-build}
+L=$BUILD/bin/fuyou-launch
+STEPS=${PIPELINE_STEPS:-2}
+SEQ=${PIPELINE_SEQ:-1024}
+BACKEND=${PIPELINE_BACKEND:-cuda}
+work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
+rm -rf "$work" && mkdir -p "$work" || exit 1
+trap 'rm -rf "$work"' EXIT
+table=$work/table
+printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s\n" config B place schedule queue \
+  "step s" "TFLOP/s" "gpu idle" "gpu s" "ssd rd s" "ssd wr s" "opt s" >"$table"
+"$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
+
+# run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM: STEPS+1 more steps on the config's store
+run() {
+  local cfg=$2 B=$3 place=$4 sched=$5 queue=$6 mem=$7
+  local dir=$work/run-$cfg done_steps
+  done_steps=$(cat "$dir/steps" 2>/dev/null || echo 0)
+  local total=$((done_steps + STEPS + 2))
+  local log=$work/$1.log
+  FUYOU_GPU_QUEUE=$queue "$L" train --run-dir "$dir" --data "$work/data.tok" --steps $total \
+    --batch "$B" --seq "$SEQ" --lr 1e-4 --warmup 1 --eval-every 0 --checkpoint-every 0 \
+    --backend "$BACKEND" --gpu-mem 24G --cpu-mem "$mem" --schedule "$sched" \
+    ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
+    { echo "run $1 failed:"; tail -5 "$log"; return 1; }
+  echo $total >"$dir/steps"
+  grep -E "plan|resident|state of" "$log" | head -3 | cut -c1-200
+  # median over the timed steps of each field
+  tail -n $((STEPS + 1)) "$dir/metrics.jsonl" | head -n "$STEPS" | python3 -c '
+import json, statistics, sys
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+m = lambda k: statistics.median(r[k] for r in rows)
+print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f" % (m("step_s"), m("tflops"), 100 * m("gpu_idle"),
+      m("busy_gpu_s"), m("busy_ssd_read_s"), m("busy_ssd_write_s"), m("busy_opt_s")))' |
+    while read -r s tf idle g r w o; do
+      printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s\n" "$cfg" "$B" "$place" "$sched" \
+        "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$s" "$tf" "$idle" "$g" "$r" "$w" "$o" | tee -a "$table"
+    done
+}
+
+for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
+  # GiB: optimizer state, the streaming slots (12 of the largest unit, the embeddings), the fp32
+  # activations per sequence of the batch; (a) holds all three, (b) the last two and 1 GiB
+  case $cfg in
+    1.3B) model="--layers 24 --heads 16 --embd 2048"; state=16; slots=5; act=0.21 ;;
+    2.7B) model="--layers 32 --heads 32 --embd 2560"; state=32; slots=7; act=0.35 ;;
+    tiny) model="--layers 2 --heads 4 --embd 64"; state=0.04; slots=0.04; act=0.001 ;; # smoke test
+    *) echo "unknown config $cfg"; exit 2 ;;
+  esac
+  t0=$(date +%s)
+  "$L" init --run-dir "$work/run-$cfg" $model --vocab 50304 --ctx "$SEQ" --seed 1 \
+    >"$work/init-$cfg.log" 2>&1 || { tail -5 "$work/init-$cfg.log"; exit 1; }
+  echo "init $cfg: $(( $(date +%s) - t0 )) s"
+  for B in ${PIPELINE_BATCHES:-16}; do
+    for place in ${PIPELINE_PLACEMENTS:-host ssd}; do
+      mem=$(awk -v p=$place -v s=$state -v k=$slots -v a=$act -v b=$B \
+        'BEGIN{printf "%dM", 1024 * (p == "host" ? s + k + a * b + 2 : k + a * b + 1)}')
+      run "$cfg-$B-$place-overlap" "$cfg" "$B" "$place" overlap 2 "$mem"
+      run "$cfg-$B-$place-serial" "$cfg" "$B" "$place" serial 2 "$mem"
+      [ "$place" = host ] && run "$cfg-$B-$place-overlap-q1" "$cfg" "$B" "$place" overlap 1 "$mem"
+    done
+  done
+  rm -rf "$work/run-$cfg"
+done
+echo
+echo "medians over $STEPS timed steps; queue: GPT requests in flight in the gpu worker"
+cat "$table"
