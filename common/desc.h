@@ -1,5 +1,12 @@
 /* Tensor descriptors: the fixed-size messages that name a region of the shared pool, what it holds
- * and what to do with it. Encoded little-endian into 64 bytes; decoding validates every field. */
+ * and what to do with it. Encoded little-endian into 64 bytes; decoding validates every field.
+ *
+ * The optimizer's two requests (opt_worker/optstep.h has the details):
+ *   opt-adamw  parts GRAD, MASTER, ADAM_M, ADAM_V [, WEIGHTS]; the MASTER part's arg is the learning
+ *              rate and the GRAD part's arg the gradient scale of global-norm clipping (IEEE double
+ *              bits each; 0: the run's lr, no scaling). The scale travels in the part whose
+ *              elements it multiplies, so no field gains a second meaning.
+ *   opt-sumsq  one GRAD part; the reply's arg is the sum of its squared elements (double bits). */
 #ifndef FY_DESC_H
 #define FY_DESC_H
 
@@ -48,6 +55,7 @@ enum fy_op {
     FY_OP_GPT_HEAD = 13,      /* x, targets, final and embed weights [-> dx, dfinal, dembed]; loss */
     FY_OP_GPT_BLOCK_BWD = 14, /* block weights, x, dy -> dx, dparams */
     FY_OP_GPT_EMBED_BWD = 15, /* tokens, dx0 -> dembed += */
+    FY_OP_OPT_SUMSQ = 16,     /* opt: sum of squares of the GRAD part, for global-norm clipping */
     FY_OP_COUNT
 };
 
@@ -62,8 +70,10 @@ struct fy_desc {
     uint64_t offset; /* byte offset of the region in the pool */
     uint64_t bytes;  /* region length in bytes */
     uint64_t seq;    /* request number; replies carry the request's */
-    uint64_t arg;    /* op-specific: extent offset for I/O, seed for synthetic data, the learning
-                        rate (IEEE double bits) for opt-adamw, the loss (double bits) in a head reply */
+    uint64_t arg;    /* op-specific: extent offset for I/O, seed for synthetic data; for opt-adamw
+                        the learning rate (MASTER part) and the clipping scale (GRAD part) as IEEE
+                        double bits; the loss (double bits) in a head reply, the sum of squares
+                        (double bits) in an opt-sumsq reply */
 };
 
 /* DONE replies carry when the request's work ran: start and duration in ns of CLOCK_MONOTONIC, in

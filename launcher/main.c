@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,7 @@ struct options {
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every;
-    double lr, weight_decay, min_lr_ratio, eval_fraction;
+    double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set;
 };
@@ -55,6 +56,8 @@ static void usage(FILE *f)
             "               --checkpoint-every N (50) --export FILE --inprocess (one process, memory)\n"
             "               --schedule overlap|serial (overlap: updates run beside the backward)\n"
             "               --trace FILE (Chrome trace-event JSON of every request; open in Perfetto)\n"
+            "               --clip-grad-norm MAX (0: off) clip the global gradient norm to MAX (a\n"
+            "               second backward pass per step computes the norm before any update)\n"
             "common:        --backend auto|cpu|cuda --cpu-mem SIZE --gpu-mem SIZE --affinity SPEC\n"
             "               (e.g. gpu=0,io=1,opt=2-15) --queue-depth N (32) --block-size SIZE (1M)\n"
             "               --stripe-unit SIZE (1M) --ready-timeout S (60) --timeout S (300)\n"
@@ -90,7 +93,8 @@ enum {
     O_RUN = 256, O_SSD, O_OVERWRITE, O_CPU_MEM, O_GPU_MEM, O_BACKEND, O_AFFINITY, O_PARAMS, O_STEPS,
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
-    O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE
+    O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
+    O_CLIP
 };
 
 static const struct option longopts[] = {
@@ -116,6 +120,7 @@ static const struct option longopts[] = {
     {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
     {"inprocess", no_argument, 0, O_INPROC},         {"schedule", required_argument, 0, O_SCHEDULE},
     {"trace", required_argument, 0, O_TRACE},
+    {"clip-grad-norm", required_argument, 0, O_CLIP},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -179,6 +184,14 @@ static int parse_options(int argc, char **argv, struct options *o)
         case O_CKPT_EVERY: rc = parse_size_opt("--checkpoint-every", optarg, &o->checkpoint_every); break;
         case O_INPROC: o->inprocess = 1; break;
         case O_TRACE: o->trace = optarg; break;
+        case O_CLIP:
+            rc = parse_double_opt("--clip-grad-norm", optarg, &o->clip_grad_norm);
+            if (rc == 0 && !(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0)) {
+                fprintf(stderr, "fuyou-launch: --clip-grad-norm '%s' must be a finite number >= 0 "
+                                "(0: no clipping)\n", optarg);
+                rc = -EINVAL;
+            }
+            break;
         case O_SCHEDULE:
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "serial") == 0)
                 o->overlap = optarg[0] == 'o';
@@ -371,7 +384,7 @@ static int cmd_init(struct options *o)
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, 0, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     int rc = fy_session_open(&s, &so, regions, n, "model initialisation");
@@ -459,11 +472,15 @@ static int cmd_train(struct options *o)
     }
     char described[160], metrics_path[PATH_MAX];
     fy_gpt_config_describe(&model, described, sizeof described);
+    char clip[96] = "";
+    if (o->clip_grad_norm > 0)
+        snprintf(clip, sizeof clip, ", gradient norm clipped to %g (two backward passes)",
+                 o->clip_grad_norm);
     fy_info("train: %s; batch %llu x %llu tokens, steps to %llu, lr %g (warmup %llu, cosine to %g), "
-            "weight decay %g; %s schedule; data %s (%llu training, %llu held-out tokens)%s",
+            "weight decay %g%s; %s schedule; data %s (%llu training, %llu held-out tokens)%s",
             described, (unsigned long long)o->batch, (unsigned long long)o->seq,
             (unsigned long long)o->steps, o->lr, (unsigned long long)o->warmup,
-            o->lr * o->min_lr_ratio, o->weight_decay, o->overlap ? "overlapped" : "serial", o->data,
+            o->lr * o->min_lr_ratio, o->weight_decay, clip, o->overlap ? "overlapped" : "serial", o->data,
             (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_TRAIN),
             (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_EVAL),
             o->inprocess ? "; in one process, state in memory" : "");
@@ -474,15 +491,20 @@ static int cmd_train(struct options *o)
         free(cfg);
         return -ENOMEM;
     }
-    unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem, resident);
+    int clipping = o->clip_grad_norm > 0;
+    unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem, clipping,
+                                           resident);
     char kept_size[32];
     fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
-    /* SSD traffic per step of the streamed units: weights read in forward and in backward, the
-     * state (master, m, v) read and written once. */
+    /* SSD traffic per step of the streamed units: weights read in forward and in backward (a
+     * block's once more with clipping, for its second backward pass), the state (master, m, v) read
+     * and written once. */
     uint64_t ssd_read = 0, ssd_write = 0;
     for (unsigned u = 0; u < fy_gpt_unit_count(&model); u++)
         if (!resident[u]) {
-            ssd_read += 2 * fy_unit_state_section(&model, u) + fy_unit_state_bytes(&model, u);
+            int block = fy_gpt_unit_kind(&model, u) == FY_UNIT_BLOCK;
+            ssd_read += (uint64_t)(2 + (clipping && block)) * fy_unit_state_section(&model, u) +
+                        fy_unit_state_bytes(&model, u);
             ssd_write += fy_unit_state_bytes(&model, u);
         }
     char rd[32], wr[32];
@@ -495,7 +517,7 @@ static int cmd_train(struct options *o)
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)");
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, regions, &n);
+    fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, clipping, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     rc = fy_session_open(&s, &so, regions, n, "training");
@@ -537,7 +559,8 @@ static int cmd_train(struct options *o)
             .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
             .eval_every = o->eval_every, .eval_batches = o->eval_batches,
             .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
-            .overlap = o->overlap, .metrics = metrics, .trace = trace, .resident = resident};
+            .overlap = o->overlap, .metrics = metrics, .trace = trace, .resident = resident,
+            .clip_grad_norm = o->clip_grad_norm};
         fy_info("starting at step %llu", (unsigned long long)meta.step);
         rc = fy_train_run(&x, s.pool, &meta, data, &to);
     }
@@ -571,7 +594,7 @@ static int cmd_export(struct options *o)
     }
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, 0, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     memset(&s, 0, sizeof s);

@@ -1,5 +1,6 @@
-/* The training schedule over an executor: store initialisation, serial layer-major training steps
- * with per-unit version checks, evaluation, metrics lines and export. */
+/* The training schedule over an executor: store initialisation, layer-major training steps (serial
+ * or overlapped, with global-norm clipping in two backward passes) with per-unit version checks,
+ * evaluation, metrics lines and export. */
 #include "train.h"
 
 #include <errno.h>
@@ -23,6 +24,7 @@ struct layout {
     uint64_t meta, tokens, targets;
     uint64_t acts, dacts, weights, grads, state;
     uint64_t slot_bytes; /* one unit's f32 parameters, 4 KiB padded */
+    uint64_t grads_bytes; /* the grads region (3 slots, and with clipping the final unit's gradient) */
 };
 
 /* A request in flight and the phase its waiting time counts to; id 0: nothing to wait for. */
@@ -51,6 +53,13 @@ struct run {
     uint64_t step;    /* for the trace */
     int timeout_ms;
     double phase_s[PH_COUNT];
+    /* Clipping: on (two backward passes; pass 1 also completes the embedding gradient), where the
+     * head writes the final unit's gradient (grads slot 1; with clipping the room after the three
+     * slots, where it survives pass 1), and this step's gradient scale (0: none) for every
+     * opt-adamw. */
+    int clip;
+    uint64_t dfinal;
+    double grad_scale;
 };
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
@@ -81,7 +90,7 @@ uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned c
 }
 
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                unsigned char *resident)
+                                int clip, unsigned char *resident)
 {
     unsigned units = fy_gpt_unit_count(c), count = 0;
     memset(resident, 0, units);
@@ -91,7 +100,7 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uin
         resident[u] = 1;
         struct fy_pool_region_spec regions[9];
         unsigned n;
-        fy_train_regions(c, B, T, resident, regions, &n);
+        fy_train_regions(c, B, T, resident, clip, regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             resident[u] = 0;
         else
@@ -100,8 +109,14 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uin
     return count;
 }
 
+/* The final unit's gradient, kept between the passes of a clipped step, after the three slots. */
+static uint64_t dfinal_bytes(const struct fy_gpt_config *c)
+{
+    return align4k(fy_gpt_unit_params(c, c->n_layer + 1) * 4);
+}
+
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
-                      struct fy_pool_region_spec out[9], unsigned *n)
+                      int clip, struct fy_pool_region_spec out[9], unsigned *n)
 {
     uint64_t act = align4k((uint64_t)B * T * c->n_embd * 4), tok = align4k((uint64_t)B * T * 4);
     uint64_t slot = max_unit_bytes(c);
@@ -113,9 +128,11 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigne
     /* weights: slot 0 keeps the embeddings for the tied head, blocks alternate between 1 and 2 so
      * the next block's weights arrive while the current one computes; grads: slot 0 holds the
      * embedding gradient through the backward, blocks alternate between 1 and 2 so one is
-     * updated while the next is computed; state: two units' master, m, v for the same reason */
+     * updated while the next is computed, and with clipping the final unit's gradient after them
+     * (it must outlive pass 1, whose blocks use slots 1 and 2); state: two units' master, m, v for
+     * the same reason */
     out[i++] = (struct fy_pool_region_spec){"weights", 3 * slot};
-    out[i++] = (struct fy_pool_region_spec){"grads", 3 * slot};
+    out[i++] = (struct fy_pool_region_spec){"grads", 3 * slot + (clip ? dfinal_bytes(c) : 0)};
     out[i++] = (struct fy_pool_region_spec){"state", 6 * slot};
     uint64_t kept = fy_train_resident_bytes(c, resident);
     if (kept > 0) /* optimizer state that stays in the pool across steps */
@@ -143,7 +160,7 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
                "pool too small for batch %d x %d", B, T);
     FY_TRY(fy_pool_region(p, "dacts", &l->dacts, &bytes));
     FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
-    FY_TRY(fy_pool_region(p, "grads", &l->grads, &bytes));
+    FY_TRY(fy_pool_region(p, "grads", &l->grads, &l->grads_bytes));
     FY_TRY(fy_pool_region(p, "state", &l->state, &bytes));
     return 0;
 }
@@ -314,7 +331,9 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_con
     r->x = x;
     r->pool = pool;
     r->timeout_ms = timeout_ms;
-    return layout_from_pool(pool, c, B, T, &r->l);
+    FY_TRY(layout_from_pool(pool, c, B, T, &r->l));
+    r->dfinal = gslot(&r->l, 1);
+    return 0;
 }
 
 int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
@@ -439,7 +458,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         req[2] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_fin, unit_bytes(l, fin), f);
         req[3] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), f);
         req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, 0), l->act_bytes, f);
-        req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1), unit_bytes(l, fin), f);
+        req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, r->dfinal, unit_bytes(l, fin), f);
         req[6] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
         rc = issue(r, PH_GPU, "gpu", req, train ? 7 : 4, &head);
     }
@@ -468,7 +487,9 @@ static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
     return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), r->state_off[s], 3 * sec, t);
 }
 
-static int adamw(struct run *r, unsigned u, unsigned s, unsigned g, uint64_t step, double lr,
+/* The gradient is at pool offset `grad`; the scale of this step's clipping (r->grad_scale, 0:
+ * none) travels in the grad part's arg, the learning rate in the master part's. */
+static int adamw(struct run *r, unsigned u, unsigned s, uint64_t grad, uint64_t step, double lr,
                  struct ticket *t)
 {
     const struct layout *l = &r->l;
@@ -479,15 +500,15 @@ static int adamw(struct run *r, unsigned u, unsigned s, unsigned g, uint64_t ste
     uint64_t state = r->state_off[s];
     int op = FY_OP_OPT_ADAMW;
     struct fy_desc req[4] = {
-        fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, g), n, (int)u),
+        fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, n, (int)u),
         fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, (int)u),
         fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, (int)u),
         fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, (int)u),
     };
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4; i++)
         req[i].step = step;
-        memcpy(&req[i].arg, &lr, sizeof lr);
-    }
+    memcpy(&req[0].arg, &r->grad_scale, sizeof r->grad_scale);
+    memcpy(&req[1].arg, &lr, sizeof lr);
     return issue(r, PH_OPT, "opt", req, 4, t);
 }
 
@@ -502,13 +523,13 @@ static int state_write(struct run *r, unsigned u, unsigned s, struct ticket *t)
     return io_issue(r, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), r->state_off[s], 3 * sec, t);
 }
 
-/* The whole update of one unit, waited for. */
-static int update_unit(struct run *r, unsigned u, unsigned g, uint64_t step, double lr)
+/* The whole update of one unit (its gradient at pool offset `grad`), waited for. */
+static int update_unit(struct run *r, unsigned u, uint64_t grad, uint64_t step, double lr)
 {
     struct ticket t = {0};
     FY_TRY(state_read(r, u, 0, &t));
     FY_TRY(wait_for(r, &t, NULL));
-    FY_TRY(adamw(r, u, 0, g, step, lr, &t));
+    FY_TRY(adamw(r, u, 0, grad, step, lr, &t));
     FY_TRY(wait_for(r, &t, NULL));
     FY_TRY(state_write(r, u, 0, &t));
     return wait_for(r, &t, NULL);
@@ -571,7 +592,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             if (rc == 0)
                 rc = wait_for(r, &rs[u], NULL);
             if (rc == 0)
-                rc = adamw(r, u, st, 1 + (u & 1), step, lr, &o[u]);
+                rc = adamw(r, u, st, gslot(l, 1 + (u & 1)), step, lr, &o[u]);
             if (rc == 0)
                 rc = wait_for(r, &o[u], NULL);
             if (rc == 0)
@@ -602,21 +623,122 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
     return rc;
 }
 
+/* The embedding lookup's gradient (dx0 at pool offset dx0) added to the head's wte gradient in
+ * grads slot 0, waited for. */
+static int embed_backward(struct run *r, uint64_t dx0)
+{
+    const struct layout *l = &r->l;
+    int op = FY_OP_GPT_EMBED_BWD;
+    struct fy_desc req[3];
+    req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
+    req[1] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dx0, l->act_bytes, 0);
+    req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
+    return call(r, PH_GPU, "gpu", req, 3, NULL);
+}
+
+/* Unit u's gradient sum of squares on the opt worker (its gradient at pool offset grad). */
+static int sumsq_issue(struct run *r, unsigned u, uint64_t grad, struct ticket *t)
+{
+    struct fy_desc d = fy_desc_region(FY_OP_OPT_SUMSQ, FY_KIND_GRAD, FY_DTYPE_F32, grad,
+                                      unit_bytes(&r->l, u), (int)u);
+    return issue(r, PH_OPT, "opt", &d, 1, t);
+}
+
+/* Waits for a sum-of-squares request, its result into *out (nothing when none is in flight). */
+static int sumsq_wait(struct run *r, struct ticket *t, double *out)
+{
+    if (t->id == 0)
+        return 0;
+    struct fy_desc reply;
+    FY_TRY(wait_for(r, t, &reply));
+    memcpy(out, &reply.arg, sizeof *out);
+    return 0;
+}
+
+/* Pass 1 of a clipped step, after the forward (whose head request ran the head's backward): every
+ * unit's gradient and its sum of squares, no update. It leaves what pass 2 needs where pass 2
+ * finds it: dx_L in dacts[0] (the blocks' dx alternate between dacts[1] and acts[L], the head's
+ * input, which nothing reads any more this step), the final unit's gradient after the grads slots,
+ * and the complete embedding gradient (the lookup's share added to the head's) in grads slot 0.
+ * Overlapped like the backward: while the gpu computes block b, the opt worker sums block b+1's
+ * squares; grads slots 1 and 2 and weights slots 1 and 2 alternate, each reuse waiting for its
+ * previous user. *total = the units' sums added in unit order, whatever the schedule. */
+static int norm_pass(struct run *r, double *total)
+{
+    const struct layout *l = &r->l;
+    unsigned L = l->c->n_layer, fin = L + 1;
+    struct ticket *rw = calloc(L + 3, sizeof *rw), *g = calloc(L + 3, sizeof *g);
+    struct ticket *sq = calloc(L + 3, sizeof *sq);
+    double *part = calloc(L + 3, sizeof *part);
+    int rc = rw && g && sq && part ? 0 : -ENOMEM;
+    const uint64_t scratch[2] = {dact_at(l, 1), act_at(l, L)};
+    uint64_t dy = dact_at(l, 0); /* dL/d(output of the block being processed) */
+    struct fy_desc req[5];
+    if (rc == 0)
+        rc = sumsq_issue(r, fin, r->dfinal, &sq[fin]);
+    if (rc == 0 && L >= 1)
+        rc = read_weights(r, L, block_wslot(L), &rw[L]);
+    for (unsigned b = L; rc == 0 && b >= 1; b--) {
+        uint64_t dx = scratch[(L - b) & 1], w_off = 0;
+        rc = wait_for(r, &rw[b], NULL);
+        if (rc == 0)
+            rc = weights_of(r, b, block_wslot(b), &w_off);
+        if (rc == 0 && b + 2 <= L)
+            rc = sumsq_wait(r, &sq[b + 2], &part[b + 2]); /* its gradient slot */
+        int op = FY_OP_GPT_BLOCK_BWD;
+        req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
+        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1),
+                                l->act_bytes, (int)b);
+        req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dy, l->act_bytes, (int)b);
+        req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dx, l->act_bytes, (int)b);
+        req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1 + (b & 1)),
+                                unit_bytes(l, b), (int)b);
+        if (rc == 0)
+            rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
+        dy = dx;
+        if (rc == 0 && b + 1 <= L) /* block b+1's gradient is complete: its squares, and its */
+            rc = wait_for(r, &g[b + 1], NULL); /* weights slot is free for block b-1 */
+        if (rc == 0 && b + 1 <= L)
+            rc = sumsq_issue(r, b + 1, gslot(l, 1 + ((b + 1) & 1)), &sq[b + 1]);
+        if (rc == 0 && b >= 2)
+            rc = read_weights(r, b - 1, block_wslot(b - 1), &rw[b - 1]);
+    }
+    if (rc == 0 && L >= 1)
+        rc = wait_for(r, &g[1], NULL);
+    if (rc == 0 && L >= 1)
+        rc = sumsq_issue(r, 1, gslot(l, 2), &sq[1]);
+    if (rc == 0)
+        rc = embed_backward(r, dy);
+    if (rc == 0)
+        rc = sumsq_issue(r, 0, gslot(l, 0), &sq[0]);
+    for (unsigned u = 0; u <= L + 2; u++) { /* nothing stays in flight */
+        int w = sumsq_wait(r, &sq[u], &part[u]);
+        w = w ? w : wait_for(r, &g[u], NULL);
+        w = w ? w : wait_for(r, &rw[u], NULL);
+        rc = rc ? rc : w;
+    }
+    double sum = 0.0;
+    for (unsigned u = 0; u <= fin; u++)
+        sum += part[u];
+    *total = sum;
+    free(rw);
+    free(g);
+    free(sq);
+    free(part);
+    return rc;
+}
+
 static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t *version)
 {
     const struct layout *l = &r->l;
     unsigned L = l->c->n_layer, fin = L + 1;
-    FY_TRY(update_unit(r, fin, 1, step, lr));
+    FY_TRY(update_unit(r, fin, r->dfinal, step, lr));
     version[fin] = step;
     unsigned cur = 0; /* dacts[cur] holds dL/d(output of the unit being processed) */
     FY_TRY(backward_blocks(r, step, lr, version, &cur));
-    int op = FY_OP_GPT_EMBED_BWD;
-    struct fy_desc req[3];
-    req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
-    req[1] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, cur), l->act_bytes, 0);
-    req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
-    FY_TRY(call(r, PH_GPU, "gpu", req, 3, NULL));
-    FY_TRY(update_unit(r, 0, 0, step, lr));
+    if (!r->clip) /* with clipping, pass 1 has completed the embedding gradient already */
+        FY_TRY(embed_backward(r, dact_at(l, cur)));
+    FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
     version[0] = step;
     return 0;
 }
@@ -653,20 +775,24 @@ int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy
     return eval_loss(&r, data, batches, loss);
 }
 
+/* grad_norm < 0: not computed (no clipping: computing it would cost a backward pass). */
 static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *c, uint64_t step,
-                     double loss, double lr, double seconds, const double *phase,
+                     double loss, double lr, double grad_norm, double seconds, const double *phase,
                      const double *busy, int have_eval, double eval)
 {
     double tokens = (double)o->batch * o->seq;
     double tps = tokens / seconds;
     double tflops = tps * fy_gpt_flops_per_token(c, (unsigned)o->seq) / 1e12;
-    char ev[48] = "";
+    char ev[48] = "", gn[64] = "";
     if (have_eval)
         snprintf(ev, sizeof ev, " | eval %.4f", eval);
+    if (grad_norm >= 0)
+        snprintf(gn, sizeof gn, " | grad norm %.4f%s", grad_norm,
+                 o->clip_grad_norm / (grad_norm + 1e-6) < 1.0 ? " (clipped)" : "");
     double gpu_idle = seconds > 0 ? 1.0 - busy[BUSY_GPU] / seconds : 0.0;
-    fy_info("step %llu/%llu | loss %.4f%s | lr %.2e | %.0f tok/s | %.4f TFLOP/s | %.0f ms | busy: "
+    fy_info("step %llu/%llu | loss %.4f%s%s | lr %.2e | %.0f tok/s | %.4f TFLOP/s | %.0f ms | busy: "
             "gpu %.0f, ssd read %.0f, ssd write %.0f, opt %.0f ms | gpu idle %.0f%%",
-            (unsigned long long)step, (unsigned long long)o->steps, loss, ev, lr, tps, tflops,
+            (unsigned long long)step, (unsigned long long)o->steps, loss, ev, gn, lr, tps, tflops,
             1e3 * seconds, 1e3 * busy[BUSY_GPU], 1e3 * busy[BUSY_SSD_READ],
             1e3 * busy[BUSY_SSD_WRITE], 1e3 * busy[BUSY_OPT], 100.0 * gpu_idle);
     if (o->metrics == NULL)
@@ -679,10 +805,28 @@ static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *
             (unsigned long long)step, loss, lr, tps, tflops, seconds, phase[PH_IO], phase[PH_GPU],
             phase[PH_OPT], busy[BUSY_GPU], busy[BUSY_SSD_READ], busy[BUSY_SSD_WRITE],
             busy[BUSY_OPT], gpu_idle);
+    if (grad_norm >= 0)
+        fprintf(o->metrics, ", \"grad_norm\": %.9g", grad_norm);
     if (have_eval)
         fprintf(o->metrics, ", \"eval_loss\": %.9g", eval);
     fprintf(o->metrics, "}\n");
     fflush(o->metrics);
+}
+
+/* Pass 1 of a clipped step and the scale it gives, as torch.nn.utils.clip_grad_norm_ computes it:
+ * norm = sqrt(sum of every gradient element squared), in double; scale = max / (norm + 1e-6),
+ * applied (as a float, by the opt worker) only when below 1. */
+static int clip_scale(struct run *r, uint64_t step, double max_norm, double *norm)
+{
+    double sumsq;
+    FY_TRY(norm_pass(r, &sumsq));
+    *norm = sqrt(sumsq);
+    FY_REQUIRE(isfinite(*norm), -EDOM,
+               "step %llu: the gradient norm is %g: lower the learning rate",
+               (unsigned long long)step, *norm);
+    double scale = max_norm / (*norm + 1e-6);
+    r->grad_scale = scale < 1.0 ? scale : 0.0;
+    return 0;
 }
 
 /* Every resident unit's state between the pool and the store (load at start, write-back at
@@ -706,6 +850,16 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, x, o->timeout_ms));
     r.overlap = o->overlap;
     r.trace = o->trace;
+    FY_REQUIRE(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0, -EINVAL,
+               "train: the clipping norm %g must be finite and >= 0 (0: no clipping)",
+               o->clip_grad_norm);
+    if (o->clip_grad_norm > 0) {
+        r.clip = 1;
+        r.dfinal = gslot(&r.l, 3);
+        FY_REQUIRE(r.l.grads_bytes >= 3 * r.l.slot_bytes + dfinal_bytes(&meta->model), -EINVAL,
+                   "train: the pool has no room for clipping's final-unit gradient (made by "
+                   "fy_train_regions without clip)");
+    }
     if (r.trace != NULL) /* Chrome trace-event JSON array; one track per worker */
         fprintf(r.trace, "[\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, "
                          "\"args\": {\"name\": \"io worker (SSD)\"}},\n"
@@ -738,13 +892,16 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
             fy_warn("stopping at the step boundary before step %llu", (unsigned long long)step);
             break;
         }
-        double t0 = now_s(), loss = 0, lr = fy_train_lr(o, step), eval = 0;
+        double t0 = now_s(), loss = 0, lr = fy_train_lr(o, step), eval = 0, grad_norm = -1;
         memset(r.phase_s, 0, sizeof r.phase_s);
         memset(r.busy_s, 0, sizeof r.busy_s);
         r.step = step;
         rc = load_batch(&r, data, FY_TOKFILE_TRAIN, o->seed, step);
         if (rc == 0)
             rc = forward(&r, 1, step, version, &loss);
+        r.grad_scale = 0.0;
+        if (rc == 0 && r.clip)
+            rc = clip_scale(&r, step, o->clip_grad_norm, &grad_norm);
         if (rc == 0)
             rc = backward_and_update(&r, step, lr, version);
         if (rc == 0) {
@@ -764,7 +921,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         if (do_eval && o->eval_batches > 0)
             rc = eval_loss(&r, data, o->eval_batches, &eval);
         if (rc == 0)
-            log_step(o, &meta->model, step, loss, lr, seconds, phase, busy,
+            log_step(o, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy,
                      do_eval && o->eval_batches > 0, eval);
     }
     if (r.trace != NULL) { /* close the array (a trailing event carries no comma) */

@@ -8,7 +8,17 @@
  * loss and its backward; then the final unit is updated; backward: for each block L..1, its
  * gradients, then its AdamW update (state read from the SSD store, written back); last the
  * embeddings (the tied head's wte gradient plus the lookup's). A unit's weights for step N+1 are read
- * only after step N has written them back; per-unit versions check this. */
+ * only after step N has written them back; per-unit versions check this.
+ *
+ * Clipping by global norm (clip_grad_norm > 0) needs every gradient before the first update, but
+ * the updates run beside the backward, so a clipped step runs the backward twice: pass 1 computes
+ * each unit's gradient and its sum of squares (opt-sumsq), no update; the launcher adds the units'
+ * sums in unit order, norm = sqrt(sum), scale = max / (norm + 1e-6); pass 2 is the backward with
+ * its overlapped updates, each opt-adamw carrying the scale when it is below 1 (none otherwise,
+ * so the update is the unclipped one bit for bit). The block inputs are still in the pool, so
+ * there is no second forward; the head's outputs (dx_L, the final unit's gradient, the head's wte
+ * gradient) are kept through pass 1, so the head and the embedding backward run once. The cost: every
+ * block's backward and weights read twice. */
 #ifndef FY_TRAIN_H
 #define FY_TRAIN_H
 
@@ -45,19 +55,22 @@ struct fy_train_opts {
     FILE *metrics;        /* one JSON line per step; NULL: none */
     FILE *trace;          /* Chrome trace-event JSON of every request (Perfetto); NULL: none */
     const unsigned char *resident; /* per unit: state kept in the pool (fy_train_plan_resident) */
+    double clip_grad_norm; /* > 0: clip the global gradient norm to this (two backward passes) */
     const volatile int *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
 };
 
 /* Pool regions for a model and batch (B = T = 1 for init/export), with a "resident" region for the
- * optimizer state of the units marked in `resident` (may be NULL). n receives the count (<= 9). */
+ * optimizer state of the units marked in `resident` (may be NULL) and, with `clip`, room for the
+ * final unit's gradient between the two backward passes of a clipped step. n receives the count
+ * (<= 9). */
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
-                      struct fy_pool_region_spec out[9], unsigned *n);
+                      int clip, struct fy_pool_region_spec out[9], unsigned *n);
 /* The memory plan under --cpu-mem: marks, unit 0 first, every unit whose optimizer state (master,
  * m, v) still fits in a pool of at most cpu_mem bytes together with the streaming regions; those
  * units' state stays in the pool across steps (no SSD traffic, written to the store at
  * checkpoints), the others stream from the store. cpu_mem 0: none. Returns how many. */
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                unsigned char *resident);
+                                int clip, unsigned char *resident);
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
 
 /* Learning rate at a step (1-based): linear warmup, then cosine to lr * min_lr_ratio at o->steps. */

@@ -3,7 +3,9 @@
  * element (elements are independent, so vector width, peeling and tails don't matter), no FMA
  * (the vector code uses separate mul/add intrinsics and the build uses -ffp-contract=off, which
  * also keeps the compiler from fusing the scalar code), IEEE sqrt and division everywhere, and
- * per-call scalars computed once here in double. The test checks it. */
+ * per-call scalars computed once here in double. Clipping's gradient scale is one float multiply
+ * of the loaded gradient, the same in every implementation, and none at all when the call asks for
+ * no scaling. The test checks it. */
 #include "opt_worker/adamw.h"
 
 #include <errno.h>
@@ -30,6 +32,8 @@ struct fy_adamw_k {
     float step; /* lr / (1 - b1^t) */
     float bc2s; /* sqrt(1 - b2^t) */
     float eps;
+    float gscale; /* gradient multiplier (clipping) */
+    int scaled;   /* 0: gradients used as they are, gscale ignored */
 };
 
 typedef void (*fy_adamw_kernel)(const struct fy_adamw_k *k, const struct fy_adamw_tensor *x,
@@ -63,6 +67,13 @@ static void fy_adamw_consts(const struct fy_adamw_hparams *hp, uint64_t t, struc
     k->eps = hp->eps;
 }
 
+/* The gradient scale, which belongs to the tensor's gradient rather than to the hyperparameters. */
+static void fy_adamw_scale(const struct fy_adamw_tensor *x, struct fy_adamw_k *k)
+{
+    k->gscale = x->grad_scale;
+    k->scaled = x->grad_scale != 0.0f && x->grad_scale != 1.0f;
+}
+
 /* One element; also the peel and tail of the vector kernels, which is what keeps them identical. */
 static inline __attribute__((always_inline)) void
 fy_adamw_elem(const struct fy_adamw_k *k, const struct fy_adamw_tensor *x, size_t i, float g)
@@ -85,12 +96,20 @@ static inline __attribute__((always_inline)) float fy_adamw_grad_at(const void *
     return bf16 ? fy_bf16_to_f32(((const uint16_t *)g)[i]) : ((const float *)g)[i];
 }
 
+/* The gradient element the update uses: the stored one, times the clipping scale when asked. */
+static inline __attribute__((always_inline)) float
+fy_adamw_grad_use(const struct fy_adamw_k *k, const void *g, int bf16, int scaled, size_t i)
+{
+    float v = fy_adamw_grad_at(g, bf16, i);
+    return scaled ? v * k->gscale : v;
+}
+
 static void fy_adamw_k_scalar(const struct fy_adamw_k *k, const struct fy_adamw_tensor *x,
                               size_t begin, size_t end)
 {
     int bf16 = x->grad_dtype == FY_DTYPE_BF16;
     for (size_t i = begin; i < end; i++)
-        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+        fy_adamw_elem(k, x, i, fy_adamw_grad_use(k, x->grad, bf16, k->scaled, i));
 }
 
 /* Elements to do one by one so that master + begin is aligned to `bytes` (the other arrays
@@ -105,7 +124,7 @@ static size_t fy_adamw_peel(const float *master, size_t begin, size_t end, size_
 /* ---- AVX2 ---- */
 
 struct fy_adamw_k8 {
-    __m256 decay, b1, omb1, b2, omb2, step, bc2s, eps;
+    __m256 decay, b1, omb1, b2, omb2, step, bc2s, eps, gscale;
 };
 
 FY_AVX2_INLINE __m256 fy_adamw_avx2_grad(const void *g, int bf16, size_t i)
@@ -135,9 +154,12 @@ FY_AVX2_INLINE __m128i fy_adamw_avx2_bf16(__m256 f)
 }
 
 FY_AVX2_INLINE void fy_adamw_avx2_vec(const struct fy_adamw_k8 *c,
-                                      const struct fy_adamw_tensor *x, size_t i, int bf16, int out)
+                                      const struct fy_adamw_tensor *x, size_t i, int bf16, int out,
+                                      int scaled)
 {
     __m256 g = fy_adamw_avx2_grad(x->grad, bf16, i);
+    if (scaled)
+        g = _mm256_mul_ps(g, c->gscale);
     __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x->master + i), c->decay);
     __m256 m = _mm256_add_ps(_mm256_mul_ps(c->b1, _mm256_loadu_ps(x->m + i)),
                              _mm256_mul_ps(c->omb1, g));
@@ -154,45 +176,50 @@ FY_AVX2_INLINE void fy_adamw_avx2_vec(const struct fy_adamw_k8 *c,
 
 FY_AVX2_INLINE void fy_adamw_avx2_loop(const struct fy_adamw_k *k,
                                        const struct fy_adamw_tensor *x, size_t begin, size_t end,
-                                       int bf16, int out)
+                                       int bf16, int out, int scaled)
 {
     struct fy_adamw_k8 c = {
         _mm256_set1_ps(k->decay), _mm256_set1_ps(k->b1),   _mm256_set1_ps(k->omb1),
         _mm256_set1_ps(k->b2),    _mm256_set1_ps(k->omb2), _mm256_set1_ps(k->step),
-        _mm256_set1_ps(k->bc2s),  _mm256_set1_ps(k->eps),
+        _mm256_set1_ps(k->bc2s),  _mm256_set1_ps(k->eps),  _mm256_set1_ps(k->gscale),
     };
     size_t i = begin, stop = begin + fy_adamw_peel(x->master, begin, end, 32);
     for (; i < stop; i++)
-        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+        fy_adamw_elem(k, x, i, fy_adamw_grad_use(k, x->grad, bf16, scaled, i));
     for (; i + 16 <= end; i += 16) {
-        fy_adamw_avx2_vec(&c, x, i, bf16, out);
-        fy_adamw_avx2_vec(&c, x, i + 8, bf16, out);
+        fy_adamw_avx2_vec(&c, x, i, bf16, out, scaled);
+        fy_adamw_avx2_vec(&c, x, i + 8, bf16, out, scaled);
     }
     for (; i + 8 <= end; i += 8)
-        fy_adamw_avx2_vec(&c, x, i, bf16, out);
+        fy_adamw_avx2_vec(&c, x, i, bf16, out, scaled);
     for (; i < end; i++)
-        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+        fy_adamw_elem(k, x, i, fy_adamw_grad_use(k, x->grad, bf16, scaled, i));
 }
+
+/* One specialised loop per case (gradient dtype, bf16 copy, scaling), so the inner loop has no
+ * branches: the case number is bf16 * 4 + out * 2 + scaled. */
+#define FY_ADAMW_CASES(loop)                                                                     \
+    switch ((x->grad_dtype == FY_DTYPE_BF16) * 4 + (x->weight_bf16 != NULL) * 2 + k->scaled) { \
+    case 0: loop(k, x, begin, end, 0, 0, 0); break;                                              \
+    case 1: loop(k, x, begin, end, 0, 0, 1); break;                                              \
+    case 2: loop(k, x, begin, end, 0, 1, 0); break;                                              \
+    case 3: loop(k, x, begin, end, 0, 1, 1); break;                                              \
+    case 4: loop(k, x, begin, end, 1, 0, 0); break;                                              \
+    case 5: loop(k, x, begin, end, 1, 0, 1); break;                                              \
+    case 6: loop(k, x, begin, end, 1, 1, 0); break;                                              \
+    default: loop(k, x, begin, end, 1, 1, 1); break;                                             \
+    }
 
 FY_AVX2 static void fy_adamw_k_avx2(const struct fy_adamw_k *k, const struct fy_adamw_tensor *x,
                                     size_t begin, size_t end)
 {
-    int bf16 = x->grad_dtype == FY_DTYPE_BF16, out = x->weight_bf16 != NULL;
-    /* one specialised loop per case, so the inner loop has no branches */
-    if (bf16 && out)
-        fy_adamw_avx2_loop(k, x, begin, end, 1, 1);
-    else if (bf16)
-        fy_adamw_avx2_loop(k, x, begin, end, 1, 0);
-    else if (out)
-        fy_adamw_avx2_loop(k, x, begin, end, 0, 1);
-    else
-        fy_adamw_avx2_loop(k, x, begin, end, 0, 0);
+    FY_ADAMW_CASES(fy_adamw_avx2_loop)
 }
 
 /* ---- AVX-512 ---- */
 
 struct fy_adamw_k16 {
-    __m512 decay, b1, omb1, b2, omb2, step, bc2s, eps;
+    __m512 decay, b1, omb1, b2, omb2, step, bc2s, eps, gscale;
 };
 
 FY_AVX512_INLINE __m512 fy_adamw_avx512_grad(const void *g, int bf16, size_t i)
@@ -219,9 +246,11 @@ FY_AVX512_INLINE __m256i fy_adamw_avx512_bf16(__m512 f)
 
 FY_AVX512_INLINE void fy_adamw_avx512_vec(const struct fy_adamw_k16 *c,
                                           const struct fy_adamw_tensor *x, size_t i, int bf16,
-                                          int out)
+                                          int out, int scaled)
 {
     __m512 g = fy_adamw_avx512_grad(x->grad, bf16, i);
+    if (scaled)
+        g = _mm512_mul_ps(g, c->gscale);
     __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x->master + i), c->decay);
     __m512 m = _mm512_add_ps(_mm512_mul_ps(c->b1, _mm512_loadu_ps(x->m + i)),
                              _mm512_mul_ps(c->omb1, g));
@@ -238,38 +267,30 @@ FY_AVX512_INLINE void fy_adamw_avx512_vec(const struct fy_adamw_k16 *c,
 
 FY_AVX512_INLINE void fy_adamw_avx512_loop(const struct fy_adamw_k *k,
                                            const struct fy_adamw_tensor *x, size_t begin,
-                                           size_t end, int bf16, int out)
+                                           size_t end, int bf16, int out, int scaled)
 {
     struct fy_adamw_k16 c = {
         _mm512_set1_ps(k->decay), _mm512_set1_ps(k->b1),   _mm512_set1_ps(k->omb1),
         _mm512_set1_ps(k->b2),    _mm512_set1_ps(k->omb2), _mm512_set1_ps(k->step),
-        _mm512_set1_ps(k->bc2s),  _mm512_set1_ps(k->eps),
+        _mm512_set1_ps(k->bc2s),  _mm512_set1_ps(k->eps),  _mm512_set1_ps(k->gscale),
     };
     size_t i = begin, stop = begin + fy_adamw_peel(x->master, begin, end, 64);
     for (; i < stop; i++)
-        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+        fy_adamw_elem(k, x, i, fy_adamw_grad_use(k, x->grad, bf16, scaled, i));
     for (; i + 32 <= end; i += 32) {
-        fy_adamw_avx512_vec(&c, x, i, bf16, out);
-        fy_adamw_avx512_vec(&c, x, i + 16, bf16, out);
+        fy_adamw_avx512_vec(&c, x, i, bf16, out, scaled);
+        fy_adamw_avx512_vec(&c, x, i + 16, bf16, out, scaled);
     }
     for (; i + 16 <= end; i += 16)
-        fy_adamw_avx512_vec(&c, x, i, bf16, out);
+        fy_adamw_avx512_vec(&c, x, i, bf16, out, scaled);
     for (; i < end; i++)
-        fy_adamw_elem(k, x, i, fy_adamw_grad_at(x->grad, bf16, i));
+        fy_adamw_elem(k, x, i, fy_adamw_grad_use(k, x->grad, bf16, scaled, i));
 }
 
 FY_AVX512 static void fy_adamw_k_avx512(const struct fy_adamw_k *k,
                                         const struct fy_adamw_tensor *x, size_t begin, size_t end)
 {
-    int bf16 = x->grad_dtype == FY_DTYPE_BF16, out = x->weight_bf16 != NULL;
-    if (bf16 && out)
-        fy_adamw_avx512_loop(k, x, begin, end, 1, 1);
-    else if (bf16)
-        fy_adamw_avx512_loop(k, x, begin, end, 1, 0);
-    else if (out)
-        fy_adamw_avx512_loop(k, x, begin, end, 0, 1);
-    else
-        fy_adamw_avx512_loop(k, x, begin, end, 0, 0);
+    FY_ADAMW_CASES(fy_adamw_avx512_loop)
 }
 
 /* ---- selection ---- */
@@ -364,6 +385,9 @@ static int fy_adamw_check_tensor(const struct fy_adamw_tensor *x, size_t begin, 
                "adamw: range [%zu, %zu) is not inside the tensor's %zu elements", begin, end, x->n);
     FY_REQUIRE(x->n == 0 || (x->master && x->m && x->v && x->grad), -EINVAL,
                "adamw: master, m, v and grad must all be set for a tensor of %zu elements", x->n);
+    FY_REQUIRE(isfinite(x->grad_scale) && x->grad_scale >= 0.0f, -EINVAL,
+               "adamw: grad_scale = %g; it must be finite and >= 0 (0: no scaling)",
+               (double)x->grad_scale);
     return 0;
 }
 
@@ -377,6 +401,7 @@ int fy_adamw_update_range(const struct fy_adamw_hparams *hp, uint64_t t,
     FY_TRY(fy_adamw_kernel_for(impl, &kern));
     struct fy_adamw_k k;
     fy_adamw_consts(hp, t, &k);
+    fy_adamw_scale(x, &k);
     if (begin < end)
         kern(&k, x, begin, end);
     return 0;
@@ -408,6 +433,7 @@ int fy_adamw_update(struct fy_threads *pool, const struct fy_adamw_hparams *hp, 
     FY_TRY(fy_adamw_kernel_for(impl, &kern));
     struct fy_adamw_k k;
     fy_adamw_consts(hp, t, &k);
+    fy_adamw_scale(x, &k);
     struct fy_adamw_job job = {&k, x, kern};
     if (pool == NULL || x->n == 0)
         return fy_adamw_job_run(&job, 0, 1);

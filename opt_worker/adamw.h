@@ -22,11 +22,16 @@ struct fy_adamw_tensor {
     int grad_dtype;        /* FY_DTYPE_F32 or FY_DTYPE_BF16 */
     uint16_t *weight_bf16; /* bf16 copy of the updated master (round to nearest even); may be NULL */
     size_t n;
+    /* Gradient clipping: 0 (the zero-initialised default) or 1 uses every gradient as it is, with
+     * no multiply (the results are those of an unclipped update, bit for bit); any other value
+     * (finite, > 0) multiplies each gradient by it, in float, before the update uses it. */
+    float grad_scale;
 };
 
 /* Per element, in float, in this order (scalars from the hparams and t computed once per call in
  * double, then rounded to float; b^t by repeated squaring, not libm pow, whose result may depend
  * on the CPU):
+ *   g = g * grad_scale                      (only when grad_scale is neither 0 nor 1)
  *   p = p * (1 - lr*wd)
  *   m = b1*m + (1-b1)*g
  *   v = b2*v + (1-b2)*(g*g)
@@ -47,7 +52,8 @@ int fy_adamw_impl_parse(const char *name, enum fy_adamw_impl *out);
 int fy_adamw_check_hparams(const struct fy_adamw_hparams *hp, uint64_t t);
 
 /* Updates elements [begin, end) of x in place; t is the 1-based step count of this tensor.
- * Returns 0 or -EINVAL (bad dtype, range, NULL buffer, unsupported impl, bad hparams), logged. */
+ * Returns 0 or -EINVAL (bad dtype, range, NULL buffer, grad_scale not finite or < 0, unsupported
+ * impl, bad hparams), logged. */
 int fy_adamw_update_range(const struct fy_adamw_hparams *hp, uint64_t t,
                           const struct fy_adamw_tensor *x, size_t begin, size_t end,
                           enum fy_adamw_impl impl);

@@ -1,5 +1,6 @@
 /* Optimizer requests: gathers the parts of an opt-adamw request, checks they describe one tensor,
- * and runs the AdamW kernel on the pinned threads, segment by segment where weight decay differs. */
+ * and runs the AdamW kernel on the pinned threads, segment by segment where weight decay differs;
+ * opt-sumsq sums a gradient's squares for the launcher's global-norm clipping. */
 #include "optstep.h"
 
 #include <errno.h>
@@ -151,18 +152,71 @@ static struct fy_adamw_tensor slice(const struct fy_adamw_tensor *x, size_t begi
     return s;
 }
 
+/* The part of kind k of a request (adamw_tensor has checked there is exactly one). */
+static const struct fy_desc *part_of(const struct fy_desc *req, unsigned n, int k)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (req[i].kind == k)
+            return &req[i];
+    return NULL;
+}
+
+/* The clipping scale of the GRAD part's arg, as the float the kernel multiplies by (0: none). */
+static int grad_scale(const struct fy_desc *g, float *out)
+{
+    *out = 0.0f;
+    if (g->arg == 0)
+        return 0;
+    double scale;
+    memcpy(&scale, &g->arg, sizeof scale);
+    float f = (float)scale;
+    FY_REQUIRE(isfinite(scale) && f > 0.0f && isfinite(f), -EPROTO,
+               "opt-adamw: gradient scale %g (the grad part's arg) is not a positive float", scale);
+    *out = f;
+    return 0;
+}
+
+/* opt-sumsq: one gradient's sum of squares into the reply's arg. */
+static int sumsq(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *req,
+                 unsigned n, struct fy_desc *reply)
+{
+    FY_REQUIRE(n == 1 && req[0].kind == FY_KIND_GRAD, -EPROTO,
+               "opt-sumsq takes one grad part (got %u parts, the first of kind %s)", n,
+               fy_kind_name(req[0].kind));
+    const struct fy_desc *g = &req[0];
+    FY_REQUIRE(g->dtype == FY_DTYPE_F32 || g->dtype == FY_DTYPE_BF16, -EPROTO,
+               "opt-sumsq: the gradient must be f32 or bf16, not %s", fy_dtype_name(g->dtype));
+    size_t count = g->bytes / fy_dtype_size(g->dtype);
+    int layer = g->layer;
+    if (layer >= 0 && o->have_model)
+        FY_REQUIRE((unsigned)layer < fy_gpt_unit_count(&o->model) &&
+                       fy_gpt_unit_params(&o->model, (unsigned)layer) == count,
+                   -EPROTO, "opt-sumsq: unit %d of the model does not hold %zu parameters", layer,
+                   count);
+    const void *grad = fy_pool_at(pool, g->offset, g->bytes);
+    FY_REQUIRE(grad != NULL, -ERANGE, "opt-sumsq: the region lies outside the pool");
+    double s;
+    FY_TRY(fy_adamw_sumsq_impl(o->threads, grad, g->dtype, count, o->impl, &s));
+    memcpy(&reply->arg, &s, sizeof s);
+    return 0;
+}
+
 int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *req,
                       unsigned n, struct fy_desc *reply)
 {
+    if (req[0].op == FY_OP_OPT_SUMSQ)
+        return sumsq(o, pool, req, n, reply);
     FY_REQUIRE(req[0].op == FY_OP_OPT_ADAMW, -EPROTO,
                "opt worker: op %s is not an optimizer operation", fy_op_name(req[0].op));
     FY_REQUIRE(req[0].step >= 1, -EPROTO, "opt-adamw: step (Adam's t) must be >= 1");
     struct fy_adamw_tensor x;
     FY_TRY(adamw_tensor(pool, req, n, &x));
+    FY_TRY(grad_scale(part_of(req, n, FY_KIND_GRAD), &x.grad_scale));
     struct fy_adamw_hparams hp = o->hp;
-    if (req[0].arg != 0) {
+    const struct fy_desc *master = part_of(req, n, FY_KIND_MASTER);
+    if (master->arg != 0) {
         double lr;
-        memcpy(&lr, &req[0].arg, sizeof lr);
+        memcpy(&lr, &master->arg, sizeof lr);
         FY_REQUIRE(isfinite(lr) && lr >= 0, -EPROTO, "opt-adamw: learning rate %g is invalid", lr);
         hp.lr = (float)lr;
     }

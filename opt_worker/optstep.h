@@ -1,11 +1,24 @@
 /* Optimizer requests: AdamW over the regions an opt-adamw request names, on the pinned threads of
  * the opt worker, with the step's learning rate from the request and GPT-2 weight-decay rules when
- * the request is about a model unit. Serves the opt worker process and in-process runs alike.
+ * the request is about a model unit; and the sum of squares of a gradient, from which the launcher
+ * computes the global gradient norm for clipping. Serves the opt worker process and in-process runs
+ * alike.
  *
  * opt-adamw parts (any order, each kind once): GRAD (f32 or bf16), MASTER, ADAM_M, ADAM_V (f32)
- * and optionally WEIGHTS (bf16 copy out). step = Adam's t (>= 1); arg = the learning rate as IEEE
- * double bits (0: the run config's lr); layer = model unit (weight decay on matrices only, per
- * fy_gpt_decay_segments) or -1 (decay on every element). */
+ * and optionally WEIGHTS (bf16 copy out). step = Adam's t (>= 1); layer = model unit (weight decay
+ * on matrices only, per fy_gpt_decay_segments) or -1 (decay on every element). The arg of a part
+ * is about that part, as IEEE double bits:
+ *   MASTER  the learning rate (0: the run config's lr);
+ *   GRAD    the gradient scale of global-norm clipping, min(1, max_norm / (norm + 1e-6)) as the
+ *           launcher computes it: every gradient element is multiplied by (float)scale before
+ *           AdamW uses it (fy_adamw_tensor.grad_scale). 0, or 1, means no clipping: no multiply at
+ *           all, so the update is bit for bit the unclipped one. Otherwise it must be finite and
+ *           > 0 as a float; anything else is refused (-EPROTO) before any element changes;
+ *   others  unused (0).
+ *
+ * opt-sumsq: one GRAD part (f32 or bf16); layer = model unit (its size is checked) or -1. The
+ * reply's arg is sum(g^2) in double (fy_adamw_sumsq: the same bits whatever the thread count or
+ * SIMD width). Nothing is written. */
 #ifndef FY_OPTSTEP_H
 #define FY_OPTSTEP_H
 

@@ -1,6 +1,8 @@
 /* Tests of the AdamW kernels: against a float64 reference of the same formula, every SIMD
  * implementation bit-identical to the scalar one (tails, misalignment and special values
- * included), the bf16 copy, thread-count independence, the gradient sum of squares, bad input. */
+ * included, with and without clipping's gradient scale), the scaled update equal to an unscaled
+ * one on gradients multiplied first in float, the bf16 copy, thread-count independence, the
+ * gradient sum of squares, bad input. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -114,6 +116,16 @@ static void st_specials(struct st *s, uint64_t seed)
     }
 }
 
+/* Master, moments and an empty bf16 copy from src (the gradient is left alone: its dtype may
+ * differ). */
+static void st_copy_state(struct st *dst, const struct st *src)
+{
+    memcpy(dst->p, src->p, src->n * 4);
+    memcpy(dst->m, src->m, src->n * 4);
+    memcpy(dst->v, src->v, src->n * 4);
+    memset(dst->w, 0, src->n * 2);
+}
+
 static void st_copy(struct st *dst, const struct st *src)
 {
     memcpy(dst->p, src->p, src->n * 4);
@@ -125,7 +137,9 @@ static void st_copy(struct st *dst, const struct st *src)
 
 static struct fy_adamw_tensor st_tensor(struct st *s, int with_bf16)
 {
-    struct fy_adamw_tensor x = {s->p, s->m, s->v, s->g, s->dtype, with_bf16 ? s->w : NULL, s->n};
+    struct fy_adamw_tensor x = {.master = s->p, .m = s->m, .v = s->v, .grad = s->g,
+                                .grad_dtype = s->dtype, .weight_bf16 = with_bf16 ? s->w : NULL,
+                                .n = s->n};
     return x;
 }
 
@@ -264,8 +278,9 @@ static void test_multistep_vs_reference(void **state)
 }
 
 /* impl against scalar: bit-identical p, m, v and bf16 copy over three steps, for every size, both
- * dtypes, misaligned starts, partial ranges, and special values. */
-static void check_identical(enum fy_adamw_impl impl)
+ * dtypes, misaligned starts, partial ranges, and special values; with a gradient scale (clipping)
+ * when scale is not 0. */
+static void check_identical_scaled(enum fy_adamw_impl impl, float scale)
 {
     for (size_t k = 0; k < NSIZES; k++)
         for (int d = 0; d < 2; d++)
@@ -280,6 +295,7 @@ static void check_identical(enum fy_adamw_impl impl)
                     st_specials(&a, 99 + n);
                 st_copy(&b, &a);
                 struct fy_adamw_tensor xa = st_tensor(&a, 1), xb = st_tensor(&b, 1);
+                xa.grad_scale = xb.grad_scale = scale;
                 for (uint64_t t = 1; t <= 3; t++) {
                     uint64_t tt = t == 3 ? 1000 : t;
                     assert_int_equal(fy_adamw_update_range(&HP, tt, &xa, 0, n, FY_ADAMW_SCALAR),
@@ -294,9 +310,10 @@ static void check_identical(enum fy_adamw_impl impl)
                 }
                 if (!st_same(&a, &b, 1)) {
                     size_t i = st_first_diff(&a, &b);
-                    print_error("%s differs from scalar: n=%zu %s off=%zu first at %zu: p %a vs "
-                                "%a m %a vs %a v %a vs %a w %04x vs %04x\n",
-                                fy_adamw_impl_name(impl), n, fy_dtype_name(dtype), off, i,
+                    print_error("%s differs from scalar: n=%zu %s off=%zu scale %g first at %zu: p "
+                                "%a vs %a m %a vs %a v %a vs %a w %04x vs %04x\n",
+                                fy_adamw_impl_name(impl), n, fy_dtype_name(dtype), off,
+                                (double)scale, i,
                                 (double)a.p[i], (double)b.p[i], (double)a.m[i], (double)b.m[i],
                                 (double)a.v[i], (double)b.v[i], a.w[i], b.w[i]);
                     fail();
@@ -311,6 +328,17 @@ static void check_identical(enum fy_adamw_impl impl)
                 st_free(&a);
                 st_free(&b);
             }
+}
+
+/* Clipping's scales: none, a typical one, one that makes gradients subnormal or overflow them
+ * (the specials include the largest floats). */
+static const float scales[] = {0.0f, 0.37f, 1e-30f, 3.0f};
+#define NSCALES (sizeof scales / sizeof scales[0])
+
+static void check_identical(enum fy_adamw_impl impl)
+{
+    for (size_t k = 0; k < NSCALES; k++)
+        check_identical_scaled(impl, scales[k]);
 }
 
 static void test_avx2_identical(void **state)
@@ -330,6 +358,64 @@ static void test_avx512_identical(void **state)
         skip();
     }
     check_identical(FY_ADAMW_AVX512);
+}
+
+/* The scaled update (grad_scale s) equals the scalar kernel's unscaled update of f32 gradients that
+ * were multiplied by s first, in float: bit for bit, for every implementation, both gradient
+ * dtypes, special values included. And a scale of exactly 1 is no scaling at all (0 too). */
+static void test_scaled_equals_prescaled(void **state)
+{
+    static const enum fy_adamw_impl impls[] = {FY_ADAMW_SCALAR, FY_ADAMW_AVX2, FY_ADAMW_AVX512};
+    static const size_t ns[] = {1, 17, 1000, 65536 + 33};
+    for (size_t m = 0; m < 3; m++) {
+        if (!fy_adamw_impl_supported(impls[m]))
+            continue;
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+            for (int d = 0; d < 2; d++)
+                for (size_t j = 0; j < NSCALES + 1; j++) {
+                    float scale = j < NSCALES ? scales[j] : 1.0f;
+                    size_t n = ns[k];
+                    int dtype = d ? FY_DTYPE_BF16 : FY_DTYPE_F32;
+                    struct st a, b;
+                    st_alloc(&a, n, dtype, 1);
+                    st_alloc(&b, n, FY_DTYPE_F32, 0);
+                    st_fill(&a, 5 * n + (uint64_t)d, 0);
+                    st_specials(&a, 7 + n);
+                    st_copy_state(&b, &a);
+                    /* the reference: multiply first (in float), then the unscaled scalar update */
+                    for (size_t i = 0; i < n; i++) {
+                        float g = st_grad(&a, i);
+                        ((float *)b.g)[i] = scale != 0.0f && scale != 1.0f ? g * scale : g;
+                    }
+                    struct fy_adamw_tensor xa = st_tensor(&a, 1), xb = st_tensor(&b, 1);
+                    xa.grad_scale = scale;
+                    assert_int_equal(fy_adamw_update_range(&HP, 3, &xa, 0, n, impls[m]), 0);
+                    assert_int_equal(fy_adamw_update_range(&HP, 3, &xb, 0, n, FY_ADAMW_SCALAR), 0);
+                    if (!st_same(&a, &b, 1)) {
+                        size_t i = st_first_diff(&a, &b);
+                        print_error("%s, scale %g, n=%zu %s: differs from multiplying first at "
+                                    "%zu: p %a vs %a\n",
+                                    fy_adamw_impl_name(impls[m]), (double)scale, n,
+                                    fy_dtype_name(dtype), i, (double)a.p[i], (double)b.p[i]);
+                        fail();
+                    }
+                    st_free(&a);
+                    st_free(&b);
+                }
+    }
+    /* and a scaled update does differ from the unscaled one */
+    struct st a, b;
+    st_alloc(&a, 1000, FY_DTYPE_F32, 0);
+    st_alloc(&b, 1000, FY_DTYPE_F32, 0);
+    st_fill(&a, 3, 0);
+    st_copy(&b, &a);
+    struct fy_adamw_tensor xa = st_tensor(&a, 1), xb = st_tensor(&b, 1);
+    xa.grad_scale = 0.5f;
+    assert_int_equal(fy_adamw_update(NULL, &HP, 2, &xa, FY_ADAMW_AUTO), 0);
+    assert_int_equal(fy_adamw_update(NULL, &HP, 2, &xb, FY_ADAMW_AUTO), 0);
+    assert_false(st_same(&a, &b, 1));
+    st_free(&a);
+    st_free(&b);
 }
 
 /* The bf16 copy equals fy_f32_to_bf16 of the new master, including NaN, Inf and rounding ties. */
@@ -457,6 +543,13 @@ static void test_invalid(void **state)
     hp = HP;
     hp.weight_decay = NAN;
     assert_int_equal(fy_adamw_update(NULL, &hp, 1, &x, FY_ADAMW_AUTO), -EINVAL);
+    static const float bad_scales[] = {-0.5f, NAN, INFINITY, -INFINITY};
+    for (size_t k = 0; k < sizeof bad_scales / sizeof bad_scales[0]; k++) {
+        x.grad_scale = bad_scales[k];
+        assert_int_equal(fy_adamw_update(NULL, &HP, 1, &x, FY_ADAMW_AUTO), -EINVAL);
+        assert_int_equal(fy_adamw_update_range(&HP, 1, &x, 0, 100, FY_ADAMW_SCALAR), -EINVAL);
+    }
+    x.grad_scale = 0.0f;
     x.grad = NULL;
     assert_int_equal(fy_adamw_update(NULL, &HP, 1, &x, FY_ADAMW_AUTO), -EINVAL);
     /* nothing was written by any rejected call */
@@ -484,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_vs_double_reference), cmocka_unit_test(test_multistep_vs_reference),
         cmocka_unit_test(test_avx2_identical),      cmocka_unit_test(test_avx512_identical),
         cmocka_unit_test(test_bf16_output),         cmocka_unit_test(test_threads_identical),
+        cmocka_unit_test(test_scaled_equals_prescaled),
         cmocka_unit_test(test_sumsq),               cmocka_unit_test(test_invalid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

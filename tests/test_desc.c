@@ -373,6 +373,30 @@ static void test_control_skips_region(void **state)
     assert_int_equal(fy_desc_validate(&d, 0, NULL, 0), -ERANGE);
 }
 
+/* The optimizer's sum-of-squares request and its reply: the region is validated as for any op, and
+ * the reply's double travels in arg bit for bit. */
+static void test_opt_sumsq(void **state)
+{
+    struct fy_desc d = fy_desc_region(FY_OP_OPT_SUMSQ, FY_KIND_GRAD, FY_DTYPE_BF16, 4096, 2 * 1000, 3);
+    uint8_t wire[FY_DESC_WIRE_BYTES];
+    struct fy_desc back;
+    fy_desc_encode(&d, wire);
+    assert_int_equal(fy_desc_decode(wire, sizeof wire, POOL, &back, NULL, 0), 0);
+    assert_int_equal(back.op, FY_OP_OPT_SUMSQ);
+    assert_int_equal(back.layer, 3);
+    d.offset = POOL - 1000;
+    expect_rc(&d, POOL, -ERANGE, "outside");
+    d.offset = 4097; /* not on a bf16 element */
+    expect_rc(&d, POOL, -ERANGE, "aligned");
+    struct fy_desc reply = {.op = FY_OP_DONE, .kind = FY_KIND_CONTROL, .seq = 9};
+    double sumsq = 1234.5678901234567, out;
+    memcpy(&reply.arg, &sumsq, sizeof sumsq);
+    fy_desc_encode(&reply, wire);
+    assert_int_equal(fy_desc_decode(wire, sizeof wire, POOL, &back, NULL, 0), 0);
+    memcpy(&out, &back.arg, sizeof out);
+    assert_memory_equal(&out, &sumsq, sizeof out);
+}
+
 static void test_names(void **state)
 {
     assert_string_equal(fy_op_name(FY_OP_READY), "ready");
@@ -380,6 +404,7 @@ static void test_names(void **state)
     assert_string_equal(fy_op_name(FY_OP_DONE), "done");
     assert_string_equal(fy_op_name(FY_OP_IO_READ), "io-read");
     assert_string_equal(fy_op_name(FY_OP_OPT_ADAMW), "opt-adamw");
+    assert_string_equal(fy_op_name(FY_OP_OPT_SUMSQ), "opt-sumsq");
     assert_string_equal(fy_op_name(FY_OP_PING), "ping");
     assert_string_equal(fy_op_name(0), "unknown-op");
     assert_string_equal(fy_op_name(-1), "unknown-op");
@@ -448,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_reject_range),
         cmocka_unit_test(test_reject_element_size),
         cmocka_unit_test(test_control_skips_region),
+        cmocka_unit_test(test_opt_sumsq),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_random_roundtrip),
     };

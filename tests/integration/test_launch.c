@@ -148,7 +148,8 @@ static void check_roundtrip(struct run *r, unsigned npaths, int grad_dtype, uint
             else
                 ((float *)grad)[i] = g;
         }
-        struct fy_adamw_tensor x = {master, m, v, grad, grad_dtype, weights, params};
+        struct fy_adamw_tensor x = {.master = master, .m = m, .v = v, .grad = grad,
+                                    .grad_dtype = grad_dtype, .weight_bf16 = weights, .n = params};
         assert_int_equal(fy_adamw_update_range(&hp, t, &x, 0, params, FY_ADAMW_SCALAR), 0);
     }
 

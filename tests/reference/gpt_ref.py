@@ -3,7 +3,8 @@
 
 Written from the model's definition (common/model.h), not from the C code: numpy only, every
 operation in float64, with a hand-derived backward pass (numpy has no autograd). --self-check
-verifies that backward against central finite differences in float64, and the file round trip.
+verifies that backward against central finite differences in float64, the file round trips, and
+the training step's clipping and AdamW against their definitions.
 
 Model: x = wte[token] + wpe[t]; L pre-LN blocks
     y = x + attn_proj(attention(qkv(ln1(x))));  out = y + proj(gelu_tanh(fc(ln2(y))))
@@ -13,8 +14,19 @@ lnf(x) wte^T (the head is tied to wte); loss = mean cross-entropy over the targe
 < 0 are ignored; with no target at all the loss and the gradients are 0). Matrices are [out][in]:
 y = x W^T + b.
 
+Training (--train): S steps from the parameters in IN, step s = 1..S on batch s: the loss and
+gradients as above; the global gradient norm, sqrt(sum of every gradient element squared); when
+max_norm > 0, clipping as torch.nn.utils.clip_grad_norm_ does it (coef = max_norm / (norm + 1e-6),
+every gradient multiplied by coef when coef < 1); then one AdamW step as torch.optim.AdamW takes it
+(decoupled weight decay p *= 1 - lr*wd first, bias corrections with t = s, eps added to
+sqrt(v)/sqrt(1 - beta2^t)) with lr_s, weight decay on wte, wpe and the block matrices (qkv_w,
+attn_w, fc_w, proj_w) only, as fy_gpt_decay_segments (common/model.c) splits the units. All in
+float64.
+
 Usage:
     python3 gpt_ref.py IN OUT      reads IN, writes the loss and every parameter gradient to OUT
+    python3 gpt_ref.py --train IN OUT
+                                   reads a training IN, writes the losses, norms and parameters
     python3 gpt_ref.py --self-check
 
 File formats (little-endian, no padding):
@@ -26,6 +38,14 @@ File formats (little-endian, no padding):
                    unit L+1    [lnf_w C | lnf_b C]
        int32     tokens [B][T] (0 <= token < V), then targets [B][T] (target < V; < 0 ignored)
   OUT: float64   the loss, then the gradient of every unit in the same layout as IN's parameters
+
+  training IN:  int32[10]  magic 0x53475946 ("FYGS" as bytes), version 1, B, T, L, NH, C, V, ctx, S
+                float64[5] beta1, beta2, eps, weight_decay, max_norm (0: no clipping)
+                float64[S] the learning rate of each step
+                float32    the initial parameters, as in IN
+                S times:   int32 tokens [B][T], then int32 targets [B][T] of that step's batch
+  training OUT: float64[S] the loss of each step (before its update), float64[S] the gradient norm
+                of each step (before clipping), then float64 the parameters after the S steps
 
 Exit status: 0 on success; 2 with a message on stderr for a malformed input or bad arguments;
 1 when --self-check finds a mismatch.
@@ -40,6 +60,14 @@ import numpy as np
 MAGIC = 0x52475946
 VERSION = 1
 HEADER_FIELDS = ("magic", "version", "B", "T", "L", "NH", "C", "V", "ctx")
+TRAIN_MAGIC = 0x53475946  # "FYGS"
+TRAIN_VERSION = 1
+TRAIN_HEADER_FIELDS = HEADER_FIELDS + ("S",)
+TRAIN_HPARAMS = ("beta1", "beta2", "eps", "weight_decay", "max_norm")
+MAX_STEPS = 1 << 16
+# The block tensors that weight decay applies to (fy_gpt_decay_segments); wte and wpe decay too.
+DECAY_BLOCK_TENSORS = ("qkv_w", "attn_w", "fc_w", "proj_w")
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 LN_EPS = 1e-5
 GELU_S = np.sqrt(2.0 / np.pi)
 MAX_DIM = 1 << 20
@@ -252,6 +280,55 @@ def model_loss_and_grads(cfg, units, tokens, targets):
     return float(loss), grads
 
 
+# ---- training ----
+
+def decay_masks(cfg):
+    """Per unit, 1.0 where weight decay applies, else 0.0."""
+    C, L = cfg["C"], cfg["L"]
+    masks = [np.ones(unit_sizes(cfg)[0])]
+    shapes = block_shapes(C)
+    block = {n: np.full(shapes[n], 1.0 if n in DECAY_BLOCK_TENSORS else 0.0) for n in BLOCK_TENSORS}
+    masks += [flatten_block(block) for _ in range(L)]
+    masks.append(np.zeros(2 * C))
+    return masks
+
+
+def clip_grads(grads, max_norm):
+    """(global norm, the gradients clipped to max_norm as clip_grad_norm_ does; 0: unclipped)."""
+    norm = float(np.sqrt(sum(float((g * g).sum()) for g in grads)))
+    if max_norm > 0:
+        coef = max_norm / (norm + CLIP_EPS)
+        if coef < 1.0:
+            grads = [g * coef for g in grads]
+    return norm, grads
+
+
+def adamw_step(units, grads, m, v, t, lr, hp, masks):
+    """One torch.optim.AdamW step (t 1-based) over every unit, in place."""
+    b1, b2, eps, wd = hp["beta1"], hp["beta2"], hp["eps"], hp["weight_decay"]
+    bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+    for u in range(len(units)):
+        units[u] *= 1.0 - lr * wd * masks[u]
+        m[u] = b1 * m[u] + (1.0 - b1) * grads[u]
+        v[u] = b2 * v[u] + (1.0 - b2) * grads[u] * grads[u]
+        units[u] -= (lr / bc1) * m[u] / (np.sqrt(v[u]) / np.sqrt(bc2) + eps)
+
+
+def train(cfg, hp, lrs, units, batches):
+    """S steps from units (changed in place). Returns (losses, norms)."""
+    masks = decay_masks(cfg)
+    m = [np.zeros_like(u) for u in units]
+    v = [np.zeros_like(u) for u in units]
+    losses, norms = [], []
+    for s, (tokens, targets) in enumerate(batches):
+        loss, grads = model_loss_and_grads(cfg, units, tokens, targets)
+        norm, grads = clip_grads(grads, hp["max_norm"])
+        adamw_step(units, grads, m, v, s + 1, lrs[s], hp, masks)
+        losses.append(loss)
+        norms.append(norm)
+    return losses, norms
+
+
 # ---- files ----
 
 def read_input(path):
@@ -270,6 +347,21 @@ def read_input(path):
     if hdr["version"] != VERSION:
         raise InputError(f"{path}: version {hdr['version']}, this script reads version {VERSION}")
     cfg = {k: hdr[k] for k in HEADER_FIELDS[2:]}
+    check_model(path, cfg)
+    sizes = unit_sizes(cfg)
+    n_params = sum(sizes)
+    n_tok = cfg["B"] * cfg["T"]
+    expect = hsize + 4 * n_params + 2 * 4 * n_tok
+    if len(data) != expect:
+        raise InputError(f"{path}: {len(data)} bytes, expected {expect} for B={cfg['B']} "
+                         f"T={cfg['T']} L={cfg['L']} NH={cfg['NH']} C={cfg['C']} V={cfg['V']} "
+                         f"ctx={cfg['ctx']} ({n_params} parameters)")
+    units = read_units(path, data, hsize, cfg)
+    tokens, targets = read_batch(path, data, hsize + 4 * n_params, cfg, "")
+    return cfg, units, tokens, targets
+
+
+def check_model(path, cfg):
     for k in cfg:
         if not 1 <= cfg[k] <= MAX_DIM:
             raise InputError(f"{path}: {k} = {cfg[k]} is out of range [1, {MAX_DIM}]")
@@ -279,29 +371,106 @@ def read_input(path):
         raise InputError(f"{path}: V = {cfg['V']} must be at least 2")
     if cfg["T"] > cfg["ctx"]:
         raise InputError(f"{path}: T = {cfg['T']} exceeds ctx = {cfg['ctx']}")
+
+
+def read_units(path, data, at, cfg):
+    """The float32 parameters at byte `at`, as float64 vectors in unit order."""
     sizes = unit_sizes(cfg)
-    n_params = sum(sizes)
-    n_tok = cfg["B"] * cfg["T"]
-    expect = hsize + 4 * n_params + 2 * 4 * n_tok
-    if len(data) != expect:
-        raise InputError(f"{path}: {len(data)} bytes, expected {expect} for B={cfg['B']} "
-                         f"T={cfg['T']} L={cfg['L']} NH={cfg['NH']} C={cfg['C']} V={cfg['V']} "
-                         f"ctx={cfg['ctx']} ({n_params} parameters)")
-    params = np.frombuffer(data, dtype="<f4", count=n_params, offset=hsize).astype(np.float64)
+    params = np.frombuffer(data, dtype="<f4", count=sum(sizes), offset=at).astype(np.float64)
     if not np.all(np.isfinite(params)):
         raise InputError(f"{path}: the parameters contain NaN or infinity")
-    ints = np.frombuffer(data, dtype="<i4", count=2 * n_tok, offset=hsize + 4 * n_params)
-    tokens = ints[:n_tok].reshape(cfg["B"], cfg["T"]).astype(np.int64)
-    targets = ints[n_tok:].reshape(cfg["B"], cfg["T"]).astype(np.int64)
-    if tokens.min() < 0 or tokens.max() >= cfg["V"]:
-        raise InputError(f"{path}: a token is outside [0, V={cfg['V']})")
-    if targets.max() >= cfg["V"]:
-        raise InputError(f"{path}: a target is >= V={cfg['V']}")
     units, at = [], 0
     for n in sizes:
         units.append(params[at:at + n].copy())
         at += n
-    return cfg, units, tokens, targets
+    return units
+
+
+def read_batch(path, data, at, cfg, what):
+    """(tokens, targets) [B][T] at byte `at`; `what` names the batch in messages."""
+    n_tok = cfg["B"] * cfg["T"]
+    ints = np.frombuffer(data, dtype="<i4", count=2 * n_tok, offset=at)
+    tokens = ints[:n_tok].reshape(cfg["B"], cfg["T"]).astype(np.int64)
+    targets = ints[n_tok:].reshape(cfg["B"], cfg["T"]).astype(np.int64)
+    if tokens.min() < 0 or tokens.max() >= cfg["V"]:
+        raise InputError(f"{path}: {what}a token is outside [0, V={cfg['V']})")
+    if targets.max() >= cfg["V"]:
+        raise InputError(f"{path}: {what}a target is >= V={cfg['V']}")
+    return tokens, targets
+
+
+def read_train_input(path):
+    """(cfg, hparams, learning rates, units, [(tokens, targets)] * S)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}")
+    hsize = 4 * len(TRAIN_HEADER_FIELDS)
+    psize = 8 * len(TRAIN_HPARAMS)
+    if len(data) < hsize + psize:
+        raise InputError(f"{path}: {len(data)} bytes, shorter than the {hsize + psize}-byte "
+                         f"header and hyperparameters")
+    hdr = dict(zip(TRAIN_HEADER_FIELDS, struct.unpack(f"<{len(TRAIN_HEADER_FIELDS)}i",
+                                                      data[:hsize])))
+    if hdr["magic"] != TRAIN_MAGIC:
+        hint = "; a one-batch input? (drop --train)" if hdr["magic"] == MAGIC else ""
+        raise InputError(f"{path}: bad magic 0x{hdr['magic'] & 0xffffffff:08x} "
+                         f"(expected 0x{TRAIN_MAGIC:08x}){hint}")
+    if hdr["version"] != TRAIN_VERSION:
+        raise InputError(f"{path}: version {hdr['version']}, this script reads version "
+                         f"{TRAIN_VERSION}")
+    cfg = {k: hdr[k] for k in HEADER_FIELDS[2:]}
+    check_model(path, cfg)
+    S = hdr["S"]
+    if not 1 <= S <= MAX_STEPS:
+        raise InputError(f"{path}: S = {S} is out of range [1, {MAX_STEPS}]")
+    n_params = sum(unit_sizes(cfg))
+    n_tok = cfg["B"] * cfg["T"]
+    expect = hsize + psize + 8 * S + 4 * n_params + S * 2 * 4 * n_tok
+    if len(data) != expect:
+        raise InputError(f"{path}: {len(data)} bytes, expected {expect} for B={cfg['B']} "
+                         f"T={cfg['T']} L={cfg['L']} NH={cfg['NH']} C={cfg['C']} V={cfg['V']} "
+                         f"ctx={cfg['ctx']} S={S} ({n_params} parameters)")
+    hp = dict(zip(TRAIN_HPARAMS, struct.unpack(f"<{len(TRAIN_HPARAMS)}d",
+                                               data[hsize:hsize + psize])))
+    lrs = [float(x) for x in np.frombuffer(data, dtype="<f8", count=S, offset=hsize + psize)]
+    if not all(np.isfinite(x) for x in list(hp.values()) + lrs):
+        raise InputError(f"{path}: a hyperparameter or learning rate is NaN or infinite")
+    if min(lrs) < 0 or hp["eps"] < 0 or hp["weight_decay"] < 0 or hp["max_norm"] < 0:
+        raise InputError(f"{path}: the learning rates, eps, weight_decay and max_norm must be "
+                         f">= 0 ({hp})")
+    if not (0 <= hp["beta1"] < 1 and 0 <= hp["beta2"] < 1):
+        raise InputError(f"{path}: the betas must be in [0, 1) ({hp})")
+    at = hsize + psize + 8 * S
+    units = read_units(path, data, at, cfg)
+    at += 4 * n_params
+    batches = [read_batch(path, data, at + s * 8 * n_tok, cfg, f"batch {s + 1}: ")
+               for s in range(S)]
+    return cfg, hp, lrs, units, batches
+
+
+def write_train_input(path, cfg, hp, lrs, units, batches):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<10i", TRAIN_MAGIC, TRAIN_VERSION,
+                            *(cfg[k] for k in HEADER_FIELDS[2:]), len(batches)))
+        f.write(struct.pack("<5d", *(hp[k] for k in TRAIN_HPARAMS)))
+        f.write(np.asarray(lrs, dtype="<f8").tobytes())
+        for u in units:
+            f.write(np.asarray(u, dtype="<f4").tobytes())
+        for tokens, targets in batches:
+            f.write(np.asarray(tokens, dtype="<i4").tobytes())
+            f.write(np.asarray(targets, dtype="<i4").tobytes())
+
+
+def write_train_output(path, losses, norms, units):
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(np.asarray(losses, dtype="<f8").tobytes())
+        f.write(np.asarray(norms, dtype="<f8").tobytes())
+        for u in units:
+            f.write(np.asarray(u, dtype="<f8").tobytes())
+    os.replace(tmp, path)
 
 
 def write_input(path, cfg, units, tokens, targets):
@@ -424,15 +593,114 @@ def self_check():
             ok = False
         except InputError:
             pass
+    ok &= self_check_training(cfg, units, rng)
     print(f"self-check: {'passed' if ok else 'FAILED'} (loss {loss:.6f})")
     return 0 if ok else 1
+
+
+def self_check_training(cfg, units, rng):
+    """Clipping, one AdamW step written out element by element, and the --train file path."""
+    ok = True
+    _, grads = model_loss_and_grads(cfg, units, *random_batch(cfg, rng))
+    norm, same = clip_grads(grads, 0.0)
+    direct = np.sqrt(sum(float(np.dot(g, g)) for g in grads))
+    big_norm, big = clip_grads(grads, 1e30)
+    small_norm, small = clip_grads(grads, 0.25 * norm)
+    clipped = np.sqrt(sum(float(np.dot(g, g)) for g in small))
+    good = (abs(norm - direct) <= 1e-12 * direct and big_norm == norm and small_norm == norm
+            and all(a is b for a, b in zip(same, grads))
+            and all(np.array_equal(a, b) for a, b in zip(big, grads))
+            and abs(clipped - 0.25 * norm * norm / (norm + CLIP_EPS)) <= 1e-12 * norm)
+    print(f"self-check: clipping (norm {norm:.4f}) {'ok' if good else 'MISMATCH'}")
+    ok &= good
+    # one AdamW step, element by element from the definition
+    hp = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "max_norm": 0.0}
+    lr, t = 1e-2, 3
+    after = [u.copy() for u in units]
+    m = [rng.normal(0.0, 0.01, u.size) for u in units]
+    v = [rng.uniform(0.0, 1e-4, u.size) for u in units]
+    m0, v0 = [a.copy() for a in m], [a.copy() for a in v]
+    masks = decay_masks(cfg)
+    adamw_step(after, grads, m, v, t, lr, hp, masks)
+    worst = 0.0
+    for u in range(len(units)):
+        for i in range(0, units[u].size, 7):
+            g, p = grads[u][i], units[u][i]
+            p -= lr * hp["weight_decay"] * masks[u][i] * p
+            mm = 0.9 * m0[u][i] + 0.1 * g
+            vv = 0.95 * v0[u][i] + 0.05 * g * g
+            p -= lr / (1 - 0.9 ** t) * mm / (np.sqrt(vv / (1 - 0.95 ** t)) + 1e-8)
+            worst = max(worst, abs(p - after[u][i]) / max(abs(p), 1e-30))
+    good = worst <= 1e-12
+    # and the decay masks: the LayerNorm and bias parameters of a block do not decay
+    block = split_block(masks[1], cfg["C"])
+    good &= all(bool(np.all(block[n] == (1.0 if n in DECAY_BLOCK_TENSORS else 0.0)))
+                for n in BLOCK_TENSORS) and not np.any(masks[-1]) and np.all(masks[0] == 1.0)
+    print(f"self-check: AdamW step (worst relative difference {worst:.1e}) "
+          f"{'ok' if good else 'MISMATCH'}")
+    ok &= bool(good)
+    # the --train file path: two steps, clipped, against train() called directly
+    import tempfile
+    hp["max_norm"] = 0.5 * norm
+    batches = [random_batch(cfg, rng) for _ in range(2)]
+    lrs = [1e-2, 5e-3]
+    with tempfile.TemporaryDirectory() as d:
+        fin, fout = os.path.join(d, "train.bin"), os.path.join(d, "out.bin")
+        write_train_input(fin, cfg, hp, lrs, units, batches)
+        rc = main([sys.argv[0], "--train", fin, fout])
+        out = np.fromfile(fout, dtype="<f8")
+        mine = [u.astype(np.float32).astype(np.float64) for u in units]  # IN holds float32
+        losses, norms = train(cfg, hp, lrs, mine, batches)
+        same = (rc == 0 and out.size == 4 + sum(unit_sizes(cfg))
+                and np.array_equal(out[:2], losses) and np.array_equal(out[2:4], norms)
+                and np.array_equal(out[4:], np.concatenate(mine)))
+        print(f"self-check: --train file round trip {'ok' if same else 'MISMATCH'}")
+        ok &= bool(same)
+        # a truncated training input, and a one-batch input given to --train, are refused
+        def truncate():
+            with open(fin, "r+b") as f:
+                f.truncate(os.path.getsize(fin) - 4)
+
+        for bad in (truncate, lambda: write_input(fin, cfg, units, *batches[0])):
+            bad()
+            try:
+                read_train_input(fin)
+                print("self-check: a malformed training input was accepted")
+                ok = False
+            except InputError:
+                pass
+    return ok
+
+
+def random_batch(cfg, rng):
+    tokens = rng.integers(0, cfg["V"], (cfg["B"], cfg["T"]))
+    targets = rng.integers(0, cfg["V"], (cfg["B"], cfg["T"]))
+    return tokens, targets
+
+
+def main_train(argv):
+    try:
+        cfg, hp, lrs, units, batches = read_train_input(argv[2])
+    except InputError as e:
+        print(f"gpt_ref.py: error: {e}", file=sys.stderr)
+        return 2
+    losses, norms = train(cfg, hp, lrs, units, batches)
+    try:
+        write_train_output(argv[3], losses, norms, units)
+    except OSError as e:
+        print(f"gpt_ref.py: error: cannot write {argv[3]}: {e.strerror}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv):
     if len(argv) == 2 and argv[1] == "--self-check":
         return self_check()
+    if len(argv) == 4 and argv[1] == "--train":
+        return main_train(argv)
     if len(argv) != 3 or argv[1].startswith("-"):
-        print(f"usage: {os.path.basename(argv[0])} IN OUT | --self-check", file=sys.stderr)
+        print(f"usage: {os.path.basename(argv[0])} IN OUT | --train IN OUT | --self-check",
+              file=sys.stderr)
         return 2
     try:
         cfg, units, tokens, targets = read_input(argv[1])
