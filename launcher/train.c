@@ -24,7 +24,7 @@ struct layout {
     uint64_t meta, tokens, targets;
     uint64_t acts, dacts, weights, grads, state;
     uint64_t slot_bytes; /* one unit's f32 parameters, 4 KiB padded */
-    uint64_t grads_bytes; /* the grads region (3 slots, and with clipping the final unit's gradient) */
+    uint64_t grads_bytes; /* the grads region (4 slots, and with clipping the final unit's gradient) */
 };
 
 /* A request in flight and the phase its waiting time counts to; id 0: nothing to wait for. */
@@ -54,7 +54,7 @@ struct run {
     int timeout_ms;
     double phase_s[PH_COUNT];
     /* Clipping: on (two backward passes; pass 1 also completes the embedding gradient), where the
-     * head writes the final unit's gradient (grads slot 1; with clipping the room after the three
+     * head writes the final unit's gradient (grads slot 1; with clipping the room after the four
      * slots, where it survives pass 1), and this step's gradient scale (0: none) for every
      * opt-adamw. */
     int clip;
@@ -109,7 +109,7 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uin
     return count;
 }
 
-/* The final unit's gradient, kept between the passes of a clipped step, after the three slots. */
+/* The final unit's gradient, kept between the passes of a clipped step, after the four slots. */
 static uint64_t dfinal_bytes(const struct fy_gpt_config *c)
 {
     return align4k(fy_gpt_unit_params(c, c->n_layer + 1) * 4);
@@ -127,12 +127,12 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigne
     out[i++] = (struct fy_pool_region_spec){"dacts", 2 * act};
     /* weights: slot 0 keeps the embeddings for the tied head, blocks alternate between 1 and 2 so
      * the next block's weights arrive while the current one computes; grads: slot 0 holds the
-     * embedding gradient through the backward, blocks alternate between 1 and 2 so one is
-     * updated while the next is computed, and with clipping the final unit's gradient after them
-     * (it must outlive pass 1, whose blocks use slots 1 and 2); state: two units' master, m, v for
-     * the same reason */
+     * embedding gradient through the backward, blocks take 1, 2 and 3 in turn so the gpu can run
+     * two blocks ahead of the optimizer, and with clipping the final unit's gradient after them
+     * (it must outlive pass 1, whose blocks use slots 1 and 2); state: two units' master, m, v so
+     * one is updated while the next is read */
     out[i++] = (struct fy_pool_region_spec){"weights", 3 * slot};
-    out[i++] = (struct fy_pool_region_spec){"grads", 3 * slot + (clip ? dfinal_bytes(c) : 0)};
+    out[i++] = (struct fy_pool_region_spec){"grads", 4 * slot + (clip ? dfinal_bytes(c) : 0)};
     out[i++] = (struct fy_pool_region_spec){"state", 6 * slot};
     uint64_t kept = fy_train_resident_bytes(c, resident);
     if (kept > 0) /* optimizer state that stays in the pool across steps */
@@ -535,36 +535,42 @@ static int update_unit(struct run *r, unsigned u, uint64_t grad, uint64_t step, 
     return wait_for(r, &t, NULL);
 }
 
-/* Backward through the blocks with each block's update overlapped with the next block's backward:
- * while the gpu computes block b, block b+1's AdamW runs on the opt worker, its state having been
- * read ahead; gradients alternate between grads slots 1 and 2, states between state slots 0 and
- * 1, weights between weights slots 1 and 2. Every reuse of a slot waits for its previous user. */
+/* Grads slot of block b in the backward: 1, 2 and 3 in turn, so that the gpu can compute two
+ * blocks ahead of the optimizer (with two requests in flight in the gpu worker, the next block's
+ * uploads then run while the current one computes). */
+static unsigned block_gslot(unsigned b) { return 1 + b % 3; }
+
+/* Backward through the blocks with each block's update overlapped with the backward of the blocks
+ * below: block b's backward is issued once block b+3's AdamW has freed its gradient slot; block
+ * b+1's AdamW is issued (not waited for) once its gradient is in, its state having been read
+ * ahead; block b+2's state is written back once its AdamW is done, and block b's state is read
+ * into the slot it leaves (state slots 0 and 1 alternate; weights slots 1 and 2). Every reuse of
+ * a slot waits for its previous user. */
 static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *version, unsigned *cur)
 {
     const struct layout *l = &r->l;
     unsigned L = l->c->n_layer;
-    struct ticket *rw = calloc(L + 3, sizeof *rw), *g = calloc(L + 3, sizeof *g);
-    struct ticket *rs = calloc(L + 3, sizeof *rs), *o = calloc(L + 3, sizeof *o);
-    struct ticket *ws = calloc(L + 3, sizeof *ws);
+    struct ticket *rw = calloc(L + 4, sizeof *rw), *g = calloc(L + 4, sizeof *g);
+    struct ticket *rs = calloc(L + 4, sizeof *rs), *o = calloc(L + 4, sizeof *o);
+    struct ticket *ws = calloc(L + 4, sizeof *ws);
     int rc = rw && g && rs && o && ws ? 0 : -ENOMEM;
     struct fy_desc req[5];
     if (rc == 0)
         rc = read_weights(r, L, block_wslot(L), &rw[L]);
-    /* the two state slots start with blocks L and L-1; block u's update then reads block u-2's
-     * state into the slot it has just written back */
+    /* the two state slots start with blocks L and L-1; block u-2's state then goes into the slot
+     * that block u's write-back leaves */
     if (rc == 0)
         rc = state_read(r, L, L & 1, &rs[L]);
     if (rc == 0 && L >= 2)
         rc = state_read(r, L - 1, (L - 1) & 1, &rs[L - 1]);
     for (unsigned b = L; rc == 0; b--) {
         if (b >= 1) {
-            unsigned gs = 1 + (b & 1);
             uint64_t w_off = 0;
             rc = wait_for(r, &rw[b], NULL);
             if (rc == 0)
                 rc = weights_of(r, b, block_wslot(b), &w_off);
-            if (rc == 0 && b + 2 <= L)
-                rc = wait_for(r, &o[b + 2], NULL); /* its gradient slot */
+            if (rc == 0 && b + 3 <= L)
+                rc = wait_for(r, &o[b + 3], NULL); /* its gradient slot */
             int op = FY_OP_GPT_BLOCK_BWD;
             req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b),
                                     (int)b);
@@ -574,8 +580,8 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
                                     (int)b);
             req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, *cur ^ 1),
                                     l->act_bytes, (int)b);
-            req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, gs), unit_bytes(l, b),
-                                    (int)b);
+            req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, block_gslot(b)),
+                                    unit_bytes(l, b), (int)b);
             if (rc == 0)
                 rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
             *cur ^= 1;
@@ -587,27 +593,33 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             }
         }
         if (rc == 0 && b + 1 <= L) { /* block b+1's update, while the gpu runs block b */
-            unsigned u = b + 1, st = u & 1;
+            unsigned u = b + 1;
             rc = wait_for(r, &g[u], NULL);
             if (rc == 0)
                 rc = wait_for(r, &rs[u], NULL);
             if (rc == 0)
-                rc = adamw(r, u, st, gslot(l, 1 + (u & 1)), step, lr, &o[u]);
+                rc = adamw(r, u, u & 1, gslot(l, block_gslot(u)), step, lr, &o[u]);
+            version[u] = step;
+        }
+        if (rc == 0 && b + 2 <= L) { /* block b+2's write-back, then block b's state read */
+            unsigned u = b + 2;
+            rc = wait_for(r, &o[u], NULL);
             if (rc == 0)
-                rc = wait_for(r, &o[u], NULL);
-            if (rc == 0)
-                rc = state_write(r, u, st, &ws[u]);
-            if (rc == 0 && u >= 3) { /* block u-2's state goes where block u's was */
+                rc = state_write(r, u, u & 1, &ws[u]);
+            if (rc == 0 && b >= 1 && u >= 3) {
                 rc = wait_for(r, &ws[u], NULL);
                 if (rc == 0)
-                    rc = state_read(r, u - 2, (u - 2) & 1, &rs[u - 2]);
+                    rc = state_read(r, b, b & 1, &rs[b]);
             }
-            version[u] = step;
         }
         if (b == 0)
             break;
     }
-    for (unsigned u = 0; u <= L + 2; u++) { /* nothing stays in flight */
+    if (rc == 0 && L >= 1) /* block 1's write-back */
+        rc = wait_for(r, &o[1], NULL);
+    if (rc == 0 && L >= 1)
+        rc = state_write(r, 1, 1, &ws[1]);
+    for (unsigned u = 0; u <= L + 3; u++) { /* nothing stays in flight */
         int w = wait_for(r, &ws[u], NULL);
         w = w ? w : wait_for(r, &g[u], NULL);
         w = w ? w : wait_for(r, &rs[u], NULL);
@@ -855,8 +867,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                o->clip_grad_norm);
     if (o->clip_grad_norm > 0) {
         r.clip = 1;
-        r.dfinal = gslot(&r.l, 3);
-        FY_REQUIRE(r.l.grads_bytes >= 3 * r.l.slot_bytes + dfinal_bytes(&meta->model), -EINVAL,
+        r.dfinal = gslot(&r.l, 4);
+        FY_REQUIRE(r.l.grads_bytes >= 4 * r.l.slot_bytes + dfinal_bytes(&meta->model), -EINVAL,
                    "train: the pool has no room for clipping's final-unit gradient (made by "
                    "fy_train_regions without clip)");
     }

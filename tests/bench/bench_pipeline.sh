@@ -8,7 +8,8 @@
 # fraction and per-resource busy times. The last step of each run also writes the resident state
 # to the store and syncs it (a checkpoint) and is left out as well.
 # Environment: PIPELINE_CONFIGS ("1.3B" or "1.3B 2.7B"), PIPELINE_BATCHES ("16 64"),
-# PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_STEPS (timed steps per run, 2), FUYOU_BENCH_DIR (where
+# PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"), PIPELINE_QUEUE1 (1: also
+# the host placement with one request at a time), PIPELINE_STEPS (timed steps per run, 2), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
 # PIPELINE_SEQ=32 PIPELINE_BACKEND=cpu.
 set -u
@@ -69,9 +70,11 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     for place in ${PIPELINE_PLACEMENTS:-host ssd}; do
       mem=$(awk -v p=$place -v s=$state -v k=$slots -v a=$act -v b=$B \
         'BEGIN{printf "%dM", 1024 * (p == "host" ? s + k + a * b + 2 : k + a * b + 1)}')
-      run "$cfg-$B-$place-overlap" "$cfg" "$B" "$place" overlap 2 "$mem"
-      run "$cfg-$B-$place-serial" "$cfg" "$B" "$place" serial 2 "$mem"
-      [ "$place" = host ] && run "$cfg-$B-$place-overlap-q1" "$cfg" "$B" "$place" overlap 1 "$mem"
+      for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
+        run "$cfg-$B-$place-$sched" "$cfg" "$B" "$place" "$sched" 2 "$mem"
+      done
+      [ "$place" = host ] && [ "${PIPELINE_QUEUE1:-1}" = 1 ] &&
+        run "$cfg-$B-$place-overlap-q1" "$cfg" "$B" "$place" overlap 1 "$mem"
     done
   done
   rm -rf "$work/run-$cfg"

@@ -131,8 +131,8 @@ static void losses_of(const char *metrics, char *out, size_t len)
 static void test_schedules_placements_and_queueing_agree(void **state)
 {
     (void)state;
-    /* 64M holds 3 of the 4 units' state (test_train measures the same plan on the CPU) */
-    const char *mems[3] = {NULL, "64M", "1G"};
+    /* 72M holds 3 of the 4 units' state (test_train measures the same plan on the CPU) */
+    const char *mems[3] = {NULL, "72M", "1G"};
     char *first = NULL, first_losses[512] = "";
     size_t first_n = 0;
     for (int i = 0; i < 7; i++) {

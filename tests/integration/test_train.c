@@ -226,7 +226,7 @@ static void test_store_run_matches_inprocess(void **state)
 static void test_resident_state_matches_streaming(void **state)
 {
     struct fixture *f = *state;
-    const char *mems[3] = {NULL, "64M", "1G"}; /* 64M holds 3 of the 4 units (measured) */
+    const char *mems[3] = {NULL, "72M", "1G"}; /* 72M holds 3 of the 4 units (measured) */
     const char *names[3] = {"stream", "some", "all"};
     char *first = NULL;
     size_t first_n = 0;
