@@ -222,37 +222,47 @@ static void test_store_run_matches_inprocess(void **state)
 }
 
 /* --cpu-mem keeps as much optimizer state in the pool as fits: nothing, some or all of it resident
- * gives the same bits as streaming everything from the store. */
+ * gives the same bits as streaming everything from the store, in the overlapped schedule and in
+ * the serial one. */
 static void test_resident_state_matches_streaming(void **state)
 {
     struct fixture *f = *state;
     const char *mems[3] = {NULL, "72M", "1G"}; /* 72M holds 3 of the 4 units (measured) */
     const char *names[3] = {"stream", "some", "all"};
-    char *first = NULL;
+    char *first = NULL, *first_losses = NULL;
     size_t first_n = 0;
-    for (int i = 0; i < 3; i++) {
-        char *run = path_in(f, names[i]), out[700];
+    for (int i = 0; i < 6; i++) {
+        const char *schedule = i < 3 ? "overlap" : "serial";
+        char run[700], out[720], metrics[740];
+        snprintf(run, sizeof run, "%s-%s", path_in(f, names[i % 3]), schedule);
         snprintf(out, sizeof out, "%s.fywt", run);
+        snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
         const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "4", "--embd",
                               "256", "--ctx", "32", "--seed", "3", NULL};
         assert_int_equal(launch(f, init, 60), 0);
-        assert_int_equal(train(f, run, f->data, "6", out, 0, mems[i] ? "--cpu-mem" : NULL, mems[i]), 0);
-        if (i == 1)
+        const char *extra[] = {"--schedule", schedule, mems[i % 3] ? "--cpu-mem" : NULL,
+                               mems[i % 3], NULL};
+        assert_int_equal(train_with(f, run, f->data, "6", out, 0, extra), 0);
+        if (i % 3 == 1)
             assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 4 units"));
-        if (i == 2)
+        if (i % 3 == 2)
             assert_true(fy_test_file_contains(f->log, "optimizer state of 4 of 4 units"));
         size_t n;
-        char *w = fy_test_slurp(out, &n);
+        char *w = fy_test_slurp(out, &n), *l = losses(metrics);
         assert_non_null(w);
         if (first == NULL) {
             first = w;
             first_n = n;
+            first_losses = l;
         } else {
+            assert_string_equal(l, first_losses);
             assert_int_equal(n, first_n);
             assert_memory_equal(w, first, n);
             free(w);
+            free(l);
         }
     }
+    free(first_losses);
     free(first);
     /* a cap below what the streaming regions alone need is refused before any work, with numbers */
     char *small = path_in(f, "small");
