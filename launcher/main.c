@@ -507,14 +507,19 @@ static int cmd_train(struct options *o)
                         fy_unit_state_bytes(&model, u);
             ssd_write += fy_unit_state_bytes(&model, u);
         }
-    char rd[32], wr[32];
+    char rd[32], wr[32], up[32], down[32];
     fy_format_size(ssd_read, rd, sizeof rd);
     fy_format_size(ssd_write, wr, sizeof wr);
+    uint64_t to_gpu, from_gpu;
+    fy_train_pcie_bytes(&model, (int)o->batch, (int)o->seq, clipping, &to_gpu, &from_gpu);
+    fy_format_size(to_gpu, up, sizeof up);
+    fy_format_size(from_gpu, down, sizeof down);
     fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
-            "%s streams from the SSD store each step (reads %s, writes %s per step)%s",
+            "%s streams from the SSD store each step (reads %s, writes %s per step)%s; PCIe per "
+            "step: %s to the GPU, %s back",
             kept, fy_gpt_unit_count(&model), kept_size,
             kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest", rd, wr,
-            o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)");
+            o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     struct fy_pool_region_spec regions[9];
     unsigned n;
     fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, clipping, regions, &n);

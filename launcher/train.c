@@ -80,6 +80,21 @@ static uint64_t max_unit_bytes(const struct fy_gpt_config *c)
     return m;
 }
 
+void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int clip, uint64_t *to_gpu,
+                         uint64_t *from_gpu)
+{
+    uint64_t act = (uint64_t)B * T * c->n_embd * 4, tok = (uint64_t)B * T * 4;
+    uint64_t embed = fy_gpt_unit_params(c, 0) * 4, block = fy_gpt_unit_params(c, 1) * 4;
+    uint64_t fin = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
+    uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
+    uint64_t passes = clip ? 2 : 1; /* backward passes through the blocks and the embeddings */
+    /* forward: embeddings, blocks; the head (x, targets, final, wte in; dx, dfinal, dwte out);
+     * backward: blocks (weights, x, dy in; dx, dweights out), embeddings (dx, dembed in and out) */
+    *to_gpu = (tok + embed) + L * (block + act) + (act + tok + fin + wte) +
+              passes * (L * (block + 2 * act) + (tok + embed + act));
+    *from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
+}
+
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident)
 {
     uint64_t bytes = 0;

@@ -71,6 +71,10 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigne
  * checkpoints), the others stream from the store. cpu_mem 0: none. Returns how many. */
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
                                 int clip, unsigned char *resident);
+/* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
+ * interface (fp32 weights, activations and gradients; with clipping the second backward pass too). */
+void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int clip, uint64_t *to_gpu,
+                         uint64_t *from_gpu);
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
 
 /* Learning rate at a step (1-based): linear warmup, then cosine to lr * min_lr_ratio at o->steps. */
