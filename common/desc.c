@@ -69,6 +69,19 @@ void fy_desc_set_timing(struct fy_desc *reply, uint64_t start_ns, uint64_t end_n
     reply->bytes = end_ns > start_ns ? end_ns - start_ns : 0;
 }
 
+void fy_desc_set_copy_times(struct fy_desc *reply, double h2d_s, double d2h_s)
+{
+    double h2d_us = h2d_s > 0 ? h2d_s * 1e6 + 0.5 : 0, d2h_us = d2h_s > 0 ? d2h_s * 1e6 + 0.5 : 0;
+    reply->tensor = h2d_us < 4e9 ? (uint32_t)h2d_us : UINT32_MAX;
+    reply->layer = d2h_us < 2e9 ? (int32_t)d2h_us : INT32_MAX;
+}
+
+void fy_desc_copy_times(const struct fy_desc *reply, double *h2d_s, double *d2h_s)
+{
+    *h2d_s = 1e-6 * (double)reply->tensor;
+    *d2h_s = reply->layer > 0 ? 1e-6 * (double)reply->layer : 0.0;
+}
+
 uint64_t fy_monotonic_ns(void)
 {
     struct timespec t;

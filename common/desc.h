@@ -80,6 +80,10 @@ struct fy_desc {
  * the offset and bytes fields (a reply names no region). */
 void fy_desc_set_timing(struct fy_desc *reply, uint64_t start_ns, uint64_t end_ns);
 uint64_t fy_monotonic_ns(void);
+/* DONE replies of gpu requests also carry the device time of the request's copies to and from the
+ * GPU, in microseconds, in the tensor and layer fields (0 where nothing was timed: CPU backend). */
+void fy_desc_set_copy_times(struct fy_desc *reply, double h2d_s, double d2h_s);
+void fy_desc_copy_times(const struct fy_desc *reply, double *h2d_s, double *d2h_s);
 
 /* A descriptor naming a region, every other field zero. */
 struct fy_desc fy_desc_region(int op, int kind, int dtype, uint64_t offset, uint64_t bytes, int layer);

@@ -109,8 +109,9 @@ int fy_backend_gpt_prepare(struct fy_backend *b, const struct fy_gpt_config *c, 
 /* A call that rc says was queued completes here unless the caller asked to finish it later. */
 static int completed(struct fy_backend *b, int rc)
 {
+    double h2d, d2h;
     if (rc == 0 && !b->queued && b->ops->gpt_finish != NULL)
-        rc = b->ops->gpt_finish(b->state);
+        rc = b->ops->gpt_finish(b->state, &h2d, &d2h);
     return rc;
 }
 
@@ -120,10 +121,16 @@ int fy_backend_gpt_set_queued(struct fy_backend *b, int on)
     return b->queued;
 }
 
-int fy_backend_gpt_finish(struct fy_backend *b)
+int fy_backend_gpt_finish(struct fy_backend *b, double *h2d_s, double *d2h_s)
 {
     FY_REQUIRE(b->queued, -EINVAL, "backend: finishing a call while not in queued mode");
-    return b->ops->gpt_finish(b->state);
+    double h2d, d2h;
+    FY_TRY(b->ops->gpt_finish(b->state, &h2d, &d2h));
+    if (h2d_s != NULL)
+        *h2d_s = h2d;
+    if (d2h_s != NULL)
+        *d2h_s = d2h;
+    return 0;
 }
 
 int fy_backend_gpt_ready_fd(struct fy_backend *b)

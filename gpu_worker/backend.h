@@ -41,9 +41,10 @@ struct fy_backend_ops {
                       float *logits);
     /* A backend whose gpt calls above only queue their work (CUDA: the next call's uploads run
      * while the current one computes) has these; NULL where each call completes before returning.
-     * gpt_finish completes the oldest queued call, waiting if need be; gpt_ready_fd is readable
-     * when that needs no waiting. At most FY_BACKEND_GPT_QUEUE calls are queued. */
-    int (*gpt_finish)(void *state);
+     * gpt_finish completes the oldest queued call, waiting if need be, and says how long its
+     * copies to and from the device took (device time, seconds); gpt_ready_fd is readable when
+     * that needs no waiting. At most FY_BACKEND_GPT_QUEUE calls are queued. */
+    int (*gpt_finish)(void *state, double *h2d_s, double *d2h_s);
     int (*gpt_ready_fd)(void *state);
 };
 
@@ -80,7 +81,8 @@ int fy_backend_gpt_logits(struct fy_backend *b, const float *final_params, const
  * untouched until then); at most FY_BACKEND_GPT_QUEUE in flight. Returns 1 when calls will queue,
  * 0 when the backend completes every call anyway. */
 int fy_backend_gpt_set_queued(struct fy_backend *b, int on);
-int fy_backend_gpt_finish(struct fy_backend *b);
+/* h2d_s, d2h_s (may be NULL): device time of the call's copies to and from the device. */
+int fy_backend_gpt_finish(struct fy_backend *b, double *h2d_s, double *d2h_s);
 /* Readable when the oldest queued call can be finished without waiting; -1 without queueing. */
 int fy_backend_gpt_ready_fd(struct fy_backend *b);
 

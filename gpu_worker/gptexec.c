@@ -175,7 +175,8 @@ int fy_gptexec_start(struct fy_gptexec *e, const struct fy_pool *pool, const str
     e->queued[slot].head = req[0].op == FY_OP_GPT_HEAD;
     e->queued[slot].loss = 0;
     FY_TRY(dispatch(e, pool, req, n, &e->queued[slot].loss));
-    if (!e->queues) { /* completed already */
+    if (!e->queues) { /* completed already, with no device copies timed */
+        fy_desc_set_copy_times(reply, 0, 0);
         if (e->queued[slot].head)
             memcpy(&reply->arg, &e->queued[slot].loss, sizeof(double));
         return 0;
@@ -190,7 +191,9 @@ int fy_gptexec_finish(struct fy_gptexec *e, struct fy_desc *reply)
     unsigned slot = e->first;
     e->first = (e->first + 1) % FY_BACKEND_GPT_QUEUE;
     e->count--;
-    FY_TRY(fy_backend_gpt_finish(e->backend));
+    double h2d_s, d2h_s;
+    FY_TRY(fy_backend_gpt_finish(e->backend, &h2d_s, &d2h_s));
+    fy_desc_set_copy_times(reply, h2d_s, d2h_s);
     if (e->queued[slot].head)
         memcpy(&reply->arg, &e->queued[slot].loss, sizeof(double));
     return 0;

@@ -69,6 +69,7 @@ static int gpu_handle(struct fy_worker *w, void *state, const struct fy_desc *re
     }
     FY_REQUIRE(req[0].op == FY_OP_GPU_SYNTH_GRAD, -EPROTO, "gpu worker: op %s is not a gpu operation",
                fy_op_name(req[0].op));
+    fy_desc_set_copy_times(reply, 0, 0); /* not timed */
     FY_REQUIRE(n == 1 && req[0].kind != FY_KIND_CONTROL, -EPROTO,
                "gpu-synth-grad takes one region descriptor, got %u", n);
     size_t count = req[0].bytes / fy_dtype_size(req[0].dtype);

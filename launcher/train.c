@@ -14,7 +14,7 @@
 
 enum { PH_IO, PH_GPU, PH_OPT, PH_COUNT };
 /* Busy time of each resource, from the workers' own timing of each request. */
-enum { BUSY_GPU, BUSY_SSD_READ, BUSY_SSD_WRITE, BUSY_OPT, BUSY_COUNT };
+enum { BUSY_GPU, BUSY_SSD_READ, BUSY_SSD_WRITE, BUSY_OPT, BUSY_H2D, BUSY_D2H, BUSY_COUNT };
 
 /* Where everything lives in the pool. */
 struct layout {
@@ -219,6 +219,12 @@ static void account(struct run *r, const struct ticket *t)
             : t->op == FY_OP_IO_WRITE || t->op == FY_OP_IO_SYNC ? BUSY_SSD_WRITE
                                                                 : BUSY_SSD_READ;
     r->busy_s[k] += seconds;
+    if (t->phase == PH_GPU) { /* and the device time of its copies (0 on the CPU backend) */
+        double h2d, d2h;
+        fy_desc_copy_times(&t->reply, &h2d, &d2h);
+        r->busy_s[BUSY_H2D] += h2d;
+        r->busy_s[BUSY_D2H] += d2h;
+    }
     if (r->trace != NULL && t->reply.bytes > 0)
         fprintf(r->trace,
                 "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, "
@@ -818,20 +824,22 @@ static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *
                  o->clip_grad_norm / (grad_norm + 1e-6) < 1.0 ? " (clipped)" : "");
     double gpu_idle = seconds > 0 ? 1.0 - busy[BUSY_GPU] / seconds : 0.0;
     fy_info("step %llu/%llu | loss %.4f%s%s | lr %.2e | %.0f tok/s | %.4f TFLOP/s | %.0f ms | busy: "
-            "gpu %.0f, ssd read %.0f, ssd write %.0f, opt %.0f ms | gpu idle %.0f%%",
+            "gpu %.0f (h2d %.0f, d2h %.0f), ssd read %.0f, ssd write %.0f, opt %.0f ms | gpu idle "
+            "%.0f%%",
             (unsigned long long)step, (unsigned long long)o->steps, loss, ev, gn, lr, tps, tflops,
-            1e3 * seconds, 1e3 * busy[BUSY_GPU], 1e3 * busy[BUSY_SSD_READ],
-            1e3 * busy[BUSY_SSD_WRITE], 1e3 * busy[BUSY_OPT], 100.0 * gpu_idle);
+            1e3 * seconds, 1e3 * busy[BUSY_GPU], 1e3 * busy[BUSY_H2D], 1e3 * busy[BUSY_D2H],
+            1e3 * busy[BUSY_SSD_READ], 1e3 * busy[BUSY_SSD_WRITE], 1e3 * busy[BUSY_OPT],
+            100.0 * gpu_idle);
     if (o->metrics == NULL)
         return;
     fprintf(o->metrics,
             "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
             "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
             "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
-            "\"busy_opt_s\": %.6f, \"gpu_idle\": %.4f",
+            "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, \"gpu_idle\": %.4f",
             (unsigned long long)step, loss, lr, tps, tflops, seconds, phase[PH_IO], phase[PH_GPU],
             phase[PH_OPT], busy[BUSY_GPU], busy[BUSY_SSD_READ], busy[BUSY_SSD_WRITE],
-            busy[BUSY_OPT], gpu_idle);
+            busy[BUSY_OPT], busy[BUSY_H2D], busy[BUSY_D2H], gpu_idle);
     if (grad_norm >= 0)
         fprintf(o->metrics, ", \"grad_norm\": %.9g", grad_norm);
     if (have_eval)

@@ -435,6 +435,26 @@ static void test_names(void **state)
     assert_non_null(strstr(buf, "master"));
 }
 
+/* gpu replies carry the device time of their copies: microseconds, rounded, clamped, never
+ * negative, and they survive the wire. */
+static void test_copy_times(void **state)
+{
+    (void)state;
+    struct fy_desc r = fy_desc_region(FY_OP_DONE, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, 0), back;
+    fy_desc_set_copy_times(&r, 0.0123456, 2.5e-6);
+    uint8_t wire[FY_DESC_WIRE_BYTES];
+    fy_desc_encode(&r, wire);
+    assert_int_equal(fy_desc_decode(wire, sizeof wire, 0, &back, NULL, 0), 0);
+    double h2d, d2h;
+    fy_desc_copy_times(&back, &h2d, &d2h);
+    assert_true(h2d == 12346e-6);
+    assert_true(d2h == 3e-6);
+    fy_desc_set_copy_times(&r, -1.0, 1e9); /* nonsense in, still sane out */
+    fy_desc_copy_times(&r, &h2d, &d2h);
+    assert_true(h2d == 0.0);
+    assert_true(d2h == 1e-6 * INT32_MAX);
+}
+
 static void test_random_roundtrip(void **state)
 {
     uint64_t seed = 99;
@@ -465,6 +485,7 @@ int main(void)
     fy_log_init("test", FY_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_basic),
+        cmocka_unit_test(test_copy_times),
         cmocka_unit_test(test_roundtrip_extremes),
         cmocka_unit_test(test_wire_layout),
         cmocka_unit_test(test_reject_length),

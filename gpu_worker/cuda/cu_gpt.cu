@@ -29,6 +29,7 @@ struct staging {
     int32_t *tokens, *targets;
     float *host_losses; /* pinned: the per-row losses come home without blocking the queueing */
     cudaEvent_t uploaded, computed, done;
+    cudaEvent_t h2d_begin, d2h_begin; /* with uploaded and done: the device time of the copies */
     /* the head's loss: mean of host_losses over the rows whose target is not ignored */
     const int32_t *targets_host;
     double *loss;
@@ -216,9 +217,10 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
     }
     for (int i = 0; rc == 0 && i < FY_CU_GPT_QUEUE; i++) {
         struct staging *st = &g->st[i];
-        if (cudaEventCreateWithFlags(&st->uploaded, cudaEventDisableTiming) != cudaSuccess ||
+        if (cudaEventCreate(&st->uploaded) != cudaSuccess ||
             cudaEventCreateWithFlags(&st->computed, cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreate(&st->done) != cudaSuccess || cudaEventCreate(&st->h2d_begin) != cudaSuccess ||
+            cudaEventCreate(&st->d2h_begin) != cudaSuccess ||
             cudaHostAlloc((void **)&st->host_losses, (size_t)g->N * sizeof(float),
                           cudaHostAllocDefault) != cudaSuccess) {
             fy_error("CUDA: cannot create the events and loss buffers of the backend's staging");
@@ -238,7 +240,7 @@ void fy_cu_gpt_destroy(struct fy_cu_gpt **gp)
     if (gp == NULL || *gp == NULL)
         return;
     struct fy_cu_gpt *g = *gp;
-    while (g->pending > 0 && fy_cu_gpt_finish(g) == 0) /* nothing may still write into buffers */
+    while (g->pending > 0 && fy_cu_gpt_finish(g, NULL) == 0) /* nothing may still write into buffers */
         ;                                                  /* about to be reused */
     fy_cu_lt_destroy(&g->lt);
     for (int i = 0; i < FY_CU_GPT_QUEUE; i++) {
@@ -249,6 +251,10 @@ void fy_cu_gpt_destroy(struct fy_cu_gpt **gp)
             cudaEventDestroy(st->computed);
         if (st->done)
             cudaEventDestroy(st->done);
+        if (st->h2d_begin)
+            cudaEventDestroy(st->h2d_begin);
+        if (st->d2h_begin)
+            cudaEventDestroy(st->d2h_begin);
         if (st->host_losses)
             cudaFreeHost(st->host_losses);
     }
@@ -281,6 +287,7 @@ static int call_begin(struct fy_cu_gpt *g, struct staging **out)
     st->loss = NULL;
     st->targets_host = NULL;
     st->wpe_grad = NULL;
+    FY_CUDA(cudaEventRecord(st->h2d_begin, g->h2d), "recording the upload start");
     *out = st;
     return 0;
 }
@@ -303,6 +310,7 @@ static int compute_done(struct fy_cu_gpt *g, struct staging *st)
 {
     FY_CUDA(cudaEventRecord(st->computed, g->compute), "recording the compute event");
     FY_CUDA(cudaStreamWaitEvent(g->d2h, st->computed, 0), "ordering downloads after compute");
+    FY_CUDA(cudaEventRecord(st->d2h_begin, g->d2h), "recording the download start");
     return 0;
 }
 
@@ -338,7 +346,7 @@ static int call_end(struct fy_cu_gpt *g, struct staging *st, int rc)
     return 0;
 }
 
-int fy_cu_gpt_finish(struct fy_cu_gpt *g)
+int fy_cu_gpt_finish(struct fy_cu_gpt *g, struct fy_cu_gpt_copy_times *times)
 {
     FY_REQUIRE(g->pending > 0, -EINVAL, "cu_gpt: finish without a call in flight");
     struct staging *st = &g->st[g->first];
@@ -351,6 +359,12 @@ int fy_cu_gpt_finish(struct fy_cu_gpt *g)
         ;
     FY_REQUIRE(got == (ssize_t)sizeof count, -EIO, "cu_gpt: reading the completion eventfd: %s",
                got < 0 ? strerror(errno) : "short read");
+    if (times != NULL) {
+        FY_CUDA(cudaEventElapsedTime(&times->h2d_ms, st->h2d_begin, st->uploaded),
+                "reading the upload time");
+        FY_CUDA(cudaEventElapsedTime(&times->d2h_ms, st->d2h_begin, st->done),
+                "reading the download time");
+    }
     if (st->loss != NULL) {
         /* mean over the rows with a target, summed in row order (deterministic) */
         double sum = 0;
@@ -725,7 +739,7 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
     size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
     while (g->pending > 0) /* synchronous: whatever was queued completes first */
-        FY_TRY(fy_cu_gpt_finish(g));
+        FY_TRY(fy_cu_gpt_finish(g, NULL));
     struct staging *st = &g->st[g->first];
     FY_TRY(upload(g, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
     FY_TRY(upload(g, st->p32, embed, (size_t)V * C * sizeof(float)));

@@ -42,8 +42,14 @@ int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const flo
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
 
-/* Waits for the oldest call in flight and completes it (-EINVAL when none is in flight). */
-int fy_cu_gpt_finish(struct fy_cu_gpt *g);
+/* Device time of a call's copies: from when the host-to-device stream reached its uploads to when
+ * they were done, and likewise for its downloads. */
+struct fy_cu_gpt_copy_times {
+    float h2d_ms, d2h_ms;
+};
+/* Waits for the oldest call in flight and completes it (-EINVAL when none is in flight); times
+ * (may be NULL) gets the device time of its copies. */
+int fy_cu_gpt_finish(struct fy_cu_gpt *g, struct fy_cu_gpt_copy_times *times);
 /* Calls in flight. */
 int fy_cu_gpt_pending(const struct fy_cu_gpt *g);
 /* Readable (an eventfd) when the oldest call in flight can be finished without waiting. */

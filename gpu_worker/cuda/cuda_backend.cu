@@ -235,7 +235,14 @@ static int cuda_logits(void *state, const float *final_params, const float *embe
     return fy_cu_gpt_logits(((struct cuda_state *)state)->gpt, final_params, embed, x, logits);
 }
 
-static int cuda_finish(void *state) { return fy_cu_gpt_finish(((struct cuda_state *)state)->gpt); }
+static int cuda_finish(void *state, double *h2d_s, double *d2h_s)
+{
+    struct fy_cu_gpt_copy_times t;
+    FY_TRY(fy_cu_gpt_finish(((struct cuda_state *)state)->gpt, &t));
+    *h2d_s = 1e-3 * t.h2d_ms;
+    *d2h_s = 1e-3 * t.d2h_ms;
+    return 0;
+}
 
 static int cuda_ready_fd(void *state) { return fy_cu_gpt_ready_fd(((struct cuda_state *)state)->gpt); }
 

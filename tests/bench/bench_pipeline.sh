@@ -5,7 +5,8 @@
 # overlapped and serial schedules, and with the gpu worker completing one request at a time
 # (FUYOU_GPU_QUEUE=1) beside its default of two in flight. A table last: per run the median over
 # the timed steps (the first step warms up and is left out) of step time, model TFLOP/s, GPU idle
-# fraction and per-resource busy times. The last step of each run also writes the resident state
+# fraction and per-resource busy times (gpu worker, its copies to and from the GPU, SSD reads and
+# writes, AdamW). The last step of each run also writes the resident state
 # to the store and syncs it (a checkpoint) and is left out as well.
 # Environment: PIPELINE_CONFIGS ("1.3B" or "1.3B 2.7B"), PIPELINE_BATCHES ("16 64"),
 # PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"), PIPELINE_QUEUE1 (1: also
@@ -22,8 +23,8 @@ work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
-printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s\n" config B place schedule queue \
-  "step s" "TFLOP/s" "gpu idle" "gpu s" "ssd rd s" "ssd wr s" "opt s" >"$table"
+printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s\n" config B place schedule \
+  queue "step s" "TFLOP/s" "gpu idle" "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" >"$table"
 "$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
 
 # run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM: STEPS+1 more steps on the config's store
@@ -45,11 +46,13 @@ run() {
 import json, statistics, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
 m = lambda k: statistics.median(r[k] for r in rows)
-print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f" % (m("step_s"), m("tflops"), 100 * m("gpu_idle"),
-      m("busy_gpu_s"), m("busy_ssd_read_s"), m("busy_ssd_write_s"), m("busy_opt_s")))' |
-    while read -r s tf idle g r w o; do
-      printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s\n" "$cfg" "$B" "$place" "$sched" \
-        "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$s" "$tf" "$idle" "$g" "$r" "$w" "$o" | tee -a "$table"
+print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f" % (m("step_s"), m("tflops"),
+      100 * m("gpu_idle"), m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
+      m("busy_ssd_write_s"), m("busy_opt_s")))' |
+    while read -r s tf idle g up down r w o; do
+      printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s\n" "$cfg" "$B" "$place" \
+        "$sched" "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$s" "$tf" "$idle" "$g" "$up" "$down" \
+        "$r" "$w" "$o" | tee -a "$table"
     done
 }
 

@@ -2,7 +2,8 @@
  * from the internals its forward kept must give the same bytes as a backward that recomputes the
  * block from its input, must not run the forward again, and must not depend on the unit's own
  * scratch (other blocks run in between); a kept set that does not fit the arena takes nothing.
- * The host interface's queue: calls in flight give the same bytes as calls completed one by one.
+ * The host interface's queue: calls in flight give the same bytes as calls completed one by one,
+ * and a finished call reports the device time of its copies.
  * Exact comparison is right here: both paths run the same kernels on the same inputs, and every
  * kernel is deterministic. The numerics of the blocks themselves are tested against the CPU
  * backend (test_cuda_gpt) and PyTorch (test_cuda_torch). Exits 77 (skipped) without a GPU. */
@@ -187,12 +188,17 @@ static void test_queued_host_calls(void **state)
         targets[i] = (int32_t)(i * 7 % cfg.vocab);
     /* one by one */
     assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[0]), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    struct fy_cu_gpt_copy_times times = {-1, -1};
+    assert_int_equal(fy_cu_gpt_finish(f.g, &times), 0);
+    print_message("block forward: uploads %.3f ms, downloads %.3f ms (device time)\n", times.h2d_ms,
+                  times.d2h_ms);
+    assert_true(times.h2d_ms > 0 && times.h2d_ms < 1000);
+    assert_true(times.d2h_ms > 0 && times.d2h_ms < 1000);
     assert_int_equal(fy_cu_gpt_block_forward(f.g, w2, x, out[1]), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
     double loss_sync = -1;
     assert_int_equal(fy_cu_gpt_head(f.g, fin, emb, x, targets, &loss_sync, NULL, NULL, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
     assert_true(loss_sync > 0);
     /* two in flight */
     assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[2]), 0);
@@ -201,10 +207,10 @@ static void test_queued_host_calls(void **state)
     assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[0]), -EBUSY);
     struct pollfd pfd = {fy_cu_gpt_ready_fd(f.g), POLLIN, 0};
     assert_int_equal(poll(&pfd, 1, 20000), 1); /* the first call's results come home */
-    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
     assert_int_equal(fy_cu_gpt_pending(f.g), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g), -EINVAL);
+    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), -EINVAL);
     assert_memory_equal(out[0], out[2], NC * sizeof(float));
     assert_memory_equal(out[1], out[3], NC * sizeof(float));
     assert_memory_not_equal(out[2], out[3], NC * sizeof(float));
@@ -212,9 +218,9 @@ static void test_queued_host_calls(void **state)
     double loss = -1;
     assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[2]), 0);
     assert_int_equal(fy_cu_gpt_head(f.g, fin, emb, x, targets, &loss, NULL, NULL, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
     assert_true(loss == -1);
-    assert_int_equal(fy_cu_gpt_finish(f.g), 0);
+    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
     assert_true(loss == loss_sync);
     for (float *p : {w1, w2, x, out[0], out[1], out[2], out[3], fin, emb})
         cudaFreeHost(p);

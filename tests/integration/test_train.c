@@ -304,6 +304,8 @@ static void test_trace_and_busy_metrics(void **state)
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
     assert_true(fy_test_file_contains(metrics, "\"busy_gpu_s\": "));
     assert_true(fy_test_file_contains(metrics, "\"busy_ssd_read_s\": "));
+    /* the CPU backend copies nothing to a device: its copy times are there, and zero */
+    assert_true(fy_test_file_contains(metrics, "\"busy_h2d_s\": 0.000000, \"busy_d2h_s\": 0.000000"));
     assert_true(fy_test_file_contains(metrics, "\"gpu_idle\": "));
 }
 
