@@ -29,7 +29,7 @@ struct options {
     const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path, *trace;
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
-    uint64_t checkpoint_every;
+    uint64_t checkpoint_every, prefetch;
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set;
@@ -55,6 +55,8 @@ static void usage(FILE *f)
             "               --eval-every N (50) --eval-batches N (4) --eval-fraction X (0.1)\n"
             "               --checkpoint-every N (50) --export FILE --inprocess (one process, memory)\n"
             "               --schedule overlap|serial (overlap: updates run beside the backward)\n"
+            "               --prefetch N (1) units of weights read ahead of the gpu (1..8; each\n"
+            "               costs a unit's fp32 weights of pool memory)\n"
             "               --trace FILE (Chrome trace-event JSON of every request; open in Perfetto)\n"
             "               --clip-grad-norm MAX (0: off) clip the global gradient norm to MAX (a\n"
             "               second backward pass per step computes the norm before any update)\n"
@@ -94,7 +96,7 @@ enum {
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
-    O_CLIP
+    O_CLIP, O_PREFETCH
 };
 
 static const struct option longopts[] = {
@@ -121,6 +123,7 @@ static const struct option longopts[] = {
     {"inprocess", no_argument, 0, O_INPROC},         {"schedule", required_argument, 0, O_SCHEDULE},
     {"trace", required_argument, 0, O_TRACE},
     {"clip-grad-norm", required_argument, 0, O_CLIP},
+    {"prefetch", required_argument, 0, O_PREFETCH},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -134,7 +137,8 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .ready_timeout_s = 60, .timeout_s = 300, .layers = 4, .heads = 4,
                           .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
                           .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
-                          .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1};
+                          .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1,
+                          .prefetch = 1};
     int c, rc = 0;
     uint64_t v;
     opterr = 0;
@@ -189,6 +193,14 @@ static int parse_options(int argc, char **argv, struct options *o)
             if (rc == 0 && !(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0)) {
                 fprintf(stderr, "fuyou-launch: --clip-grad-norm '%s' must be a finite number >= 0 "
                                 "(0: no clipping)\n", optarg);
+                rc = -EINVAL;
+            }
+            break;
+        case O_PREFETCH:
+            rc = parse_size_opt("--prefetch", optarg, &o->prefetch);
+            if (rc == 0 && (o->prefetch < 1 || o->prefetch > FY_TRAIN_PREFETCH_MAX)) {
+                fprintf(stderr, "fuyou-launch: --prefetch %s: give 1 to %d units\n", optarg,
+                        FY_TRAIN_PREFETCH_MAX);
                 rc = -EINVAL;
             }
             break;
@@ -384,7 +396,7 @@ static int cmd_init(struct options *o)
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, 0, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, 0, 1, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     int rc = fy_session_open(&s, &so, regions, n, "model initialisation");
@@ -477,10 +489,12 @@ static int cmd_train(struct options *o)
         snprintf(clip, sizeof clip, ", gradient norm clipped to %g (two backward passes)",
                  o->clip_grad_norm);
     fy_info("train: %s; batch %llu x %llu tokens, steps to %llu, lr %g (warmup %llu, cosine to %g), "
-            "weight decay %g%s; %s schedule; data %s (%llu training, %llu held-out tokens)%s",
+            "weight decay %g%s; %s schedule, weights read %llu unit%s ahead; data %s (%llu training, "
+            "%llu held-out tokens)%s",
             described, (unsigned long long)o->batch, (unsigned long long)o->seq,
             (unsigned long long)o->steps, o->lr, (unsigned long long)o->warmup,
-            o->lr * o->min_lr_ratio, o->weight_decay, clip, o->overlap ? "overlapped" : "serial", o->data,
+            o->lr * o->min_lr_ratio, o->weight_decay, clip, o->overlap ? "overlapped" : "serial",
+            (unsigned long long)o->prefetch, o->prefetch == 1 ? "" : "s", o->data,
             (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_TRAIN),
             (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_EVAL),
             o->inprocess ? "; in one process, state in memory" : "");
@@ -493,7 +507,7 @@ static int cmd_train(struct options *o)
     }
     int clipping = o->clip_grad_norm > 0;
     unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem, clipping,
-                                           resident);
+                                           (unsigned)o->prefetch, resident);
     char kept_size[32];
     fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
     /* SSD traffic per step of the streamed units: weights read in forward and in backward (a
@@ -522,7 +536,8 @@ static int cmd_train(struct options *o)
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, clipping, regions, &n);
+    fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, clipping, (unsigned)o->prefetch,
+                     regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     rc = fy_session_open(&s, &so, regions, n, "training");
@@ -599,7 +614,7 @@ static int cmd_export(struct options *o)
     }
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, 0, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, 0, 1, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     memset(&s, 0, sizeof s);

@@ -24,6 +24,7 @@ struct layout {
     uint64_t meta, tokens, targets;
     uint64_t acts, dacts, weights, grads, state;
     uint64_t slot_bytes; /* one unit's f32 parameters, 4 KiB padded */
+    unsigned wslots;     /* weights slots that blocks and the final unit take in turn */
     uint64_t grads_bytes; /* the grads region (4 slots, and with clipping the final unit's gradient) */
 };
 
@@ -45,8 +46,8 @@ struct run {
     /* Which unit each weights and state slot was last filled for: every use checks it, so a
      * schedule that reads a slot filled for another unit fails loudly instead of computing with
      * the wrong numbers. */
-    int wslot_unit[3], state_unit[2];
-    uint64_t wslot_off[3], state_off[2]; /* where the slot's contents are (a resident unit's own) */
+    int wslot_unit[FY_TRAIN_PREFETCH_MAX + 2], state_unit[2];
+    uint64_t wslot_off[FY_TRAIN_PREFETCH_MAX + 2], state_off[2]; /* where the slot's contents are (a resident unit's own) */
     uint64_t *resident;                  /* per unit: its state's offset in the pool, or 0 */
     double busy_s[BUSY_COUNT];
     FILE *trace;      /* Chrome trace-event JSON, or NULL */
@@ -105,7 +106,7 @@ uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned c
 }
 
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                int clip, unsigned char *resident)
+                                int clip, unsigned prefetch, unsigned char *resident)
 {
     unsigned units = fy_gpt_unit_count(c), count = 0;
     memset(resident, 0, units);
@@ -115,7 +116,7 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uin
         resident[u] = 1;
         struct fy_pool_region_spec regions[9];
         unsigned n;
-        fy_train_regions(c, B, T, resident, clip, regions, &n);
+        fy_train_regions(c, B, T, resident, clip, prefetch, regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             resident[u] = 0;
         else
@@ -131,7 +132,7 @@ static uint64_t dfinal_bytes(const struct fy_gpt_config *c)
 }
 
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
-                      int clip, struct fy_pool_region_spec out[9], unsigned *n)
+                      int clip, unsigned prefetch, struct fy_pool_region_spec out[9], unsigned *n)
 {
     uint64_t act = align4k((uint64_t)B * T * c->n_embd * 4), tok = align4k((uint64_t)B * T * 4);
     uint64_t slot = max_unit_bytes(c);
@@ -140,13 +141,15 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigne
     out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok};
     out[i++] = (struct fy_pool_region_spec){"acts", (c->n_layer + 1) * act};
     out[i++] = (struct fy_pool_region_spec){"dacts", 2 * act};
-    /* weights: slot 0 keeps the embeddings for the tied head, blocks alternate between 1 and 2 so
-     * the next block's weights arrive while the current one computes; grads: slot 0 holds the
+    /* weights: slot 0 keeps the embeddings for the tied head, the blocks and the final unit take
+     * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads: slot 0 holds the
      * embedding gradient through the backward, blocks take 1, 2 and 3 in turn so the gpu can run
      * two blocks ahead of the optimizer, and with clipping the final unit's gradient after them
      * (it must outlive pass 1, whose blocks use slots 1 and 2); state: two units' master, m, v so
      * one is updated while the next is read */
-    out[i++] = (struct fy_pool_region_spec){"weights", 3 * slot};
+    if (prefetch < 1 || prefetch > FY_TRAIN_PREFETCH_MAX)
+        prefetch = 1; /* the option parser refuses these; the layout stays sane anyway */
+    out[i++] = (struct fy_pool_region_spec){"weights", (2 + prefetch) * slot};
     out[i++] = (struct fy_pool_region_spec){"grads", 4 * slot + (clip ? dfinal_bytes(c) : 0)};
     out[i++] = (struct fy_pool_region_spec){"state", 6 * slot};
     uint64_t kept = fy_train_resident_bytes(c, resident);
@@ -175,6 +178,11 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
                "pool too small for batch %d x %d", B, T);
     FY_TRY(fy_pool_region(p, "dacts", &l->dacts, &bytes));
     FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
+    /* slot 0 for the embeddings, then the prefetch depth + 1 that the units take in turn */
+    l->wslots = (unsigned)(bytes / l->slot_bytes) - 1;
+    FY_REQUIRE(bytes / l->slot_bytes >= 3 && l->wslots <= FY_TRAIN_PREFETCH_MAX + 1, -EINVAL,
+               "shared pool: a weights region of %llu bytes is not 3 to %d unit slots",
+               (unsigned long long)bytes, FY_TRAIN_PREFETCH_MAX + 2);
     FY_TRY(fy_pool_region(p, "grads", &l->grads, &l->grads_bytes));
     FY_TRY(fy_pool_region(p, "state", &l->state, &bytes));
     return 0;
@@ -323,8 +331,9 @@ static int read_weights(struct run *r, unsigned unit, unsigned slot, struct tick
                     fy_unit_state_section(r->l.c, unit), t);
 }
 
-/* Weights slot of block b in the forward and backward: 1 and 2 alternate. */
-static unsigned block_wslot(unsigned b) { return 1 + (b & 1); }
+/* Weights slot of unit u (a block, or the final unit) in the forward and backward: slots 1 to
+ * wslots in turn, so that the weights of the next wslots - 1 units can be read while one computes. */
+static unsigned block_wslot(const struct layout *l, unsigned u) { return 1 + u % l->wslots; }
 
 /* The weights slot holding unit u, checked (see wslot_unit). */
 static int weights_of(struct run *r, unsigned u, unsigned slot, uint64_t *offset)
@@ -407,15 +416,17 @@ double fy_train_lr(const struct fy_train_opts *o, uint64_t step)
 }
 
 /* Forward through every unit; with `train`, also the head's backward into dacts[0] and the grads.
- * The next block's weights are read while the current block computes (weights slots 1 and 2). */
+ * The weights of the next units are read while the current block computes, as many ahead as the
+ * prefetch depth (weights slots 1.. in turn). */
 static int forward(struct run *r, int train, uint64_t step, const uint64_t *version, double *loss)
 {
     const struct layout *l = &r->l;
     const struct fy_gpt_config *c = l->c;
     unsigned L = c->n_layer, fin = L + 1;
     struct fy_desc req[7], reply = {0};
-    struct ticket t_embed = {0}, g_embed = {0}, rw_fin = {0}, head = {0};
+    struct ticket t_embed = {0}, g_embed = {0}, head = {0};
     struct ticket *rw = calloc(L + 2, sizeof *rw), *g = calloc(L + 2, sizeof *g);
+    unsigned depth = l->wslots - 1;
     int rc = rw && g ? 0 : -ENOMEM;
     for (unsigned u = 0; rc == 0 && u <= fin; u++)
         if (train && version[u] != step - 1) {
@@ -424,11 +435,12 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
                      (unsigned long long)(step - 1));
             rc = -EPROTO;
         }
-    /* slot 0 keeps the embeddings until the tied head has used them */
+    /* slot 0 keeps the embeddings until the tied head has used them; the blocks and then the
+     * final unit take the other slots in turn */
     if (rc == 0)
         rc = read_weights(r, 0, 0, &t_embed);
-    if (rc == 0 && L >= 1)
-        rc = read_weights(r, 1, block_wslot(1), &rw[1]);
+    for (unsigned u = 1; rc == 0 && u <= fin && u <= depth; u++)
+        rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
     if (rc == 0)
         rc = wait_for(r, &t_embed, NULL);
     uint64_t w_embed = 0;
@@ -445,7 +457,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         rc = wait_for(r, &rw[b], NULL);
         uint64_t w_off = 0;
         if (rc == 0)
-            rc = weights_of(r, b, block_wslot(b), &w_off);
+            rc = weights_of(r, b, block_wslot(l, b), &w_off);
         int op = FY_OP_GPT_BLOCK_FWD;
         req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
         req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes,
@@ -454,22 +466,20 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
                                 (int)b);
         if (rc == 0)
             rc = issue(r, PH_GPU, "gpu", req, 3, &g[b]);
-        /* the slot of block b+1 held block b-1's weights: reuse it once that block has run */
-        if (rc == 0 && b >= 2)
+        /* unit b+depth goes into the slot block b-1 had: once that block has run */
+        unsigned next = b + depth;
+        if (rc == 0 && next <= fin && b >= 2)
             rc = wait_for(r, &g[b - 1], NULL);
-        if (rc == 0)
-            rc = b < L ? read_weights(r, b + 1, block_wslot(b + 1), &rw[b + 1])
-                       : read_weights(r, fin, block_wslot(fin), &rw_fin);
+        if (rc == 0 && next <= fin)
+            rc = read_weights(r, next, block_wslot(l, next), &rw[next]);
     }
-    if (rc == 0 && L == 0)
-        rc = read_weights(r, fin, block_wslot(fin), &rw_fin);
     if (rc == 0)
-        rc = wait_for(r, &rw_fin, NULL);
+        rc = wait_for(r, &rw[fin], NULL);
     for (unsigned b = 0; rc == 0 && b <= L; b++)
         rc = wait_for(r, b ? &g[b] : &g_embed, NULL);
     uint64_t w_fin = 0;
     if (rc == 0)
-        rc = weights_of(r, fin, block_wslot(fin), &w_fin);
+        rc = weights_of(r, fin, block_wslot(l, fin), &w_fin);
     if (rc == 0)
         rc = weights_of(r, 0, 0, &w_embed); /* slot 0 still holds the embeddings */
     if (rc == 0) {
@@ -576,8 +586,9 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
     struct ticket *ws = calloc(L + 4, sizeof *ws);
     int rc = rw && g && rs && o && ws ? 0 : -ENOMEM;
     struct fy_desc req[5];
-    if (rc == 0)
-        rc = read_weights(r, L, block_wslot(L), &rw[L]);
+    unsigned depth = l->wslots - 1;
+    for (unsigned u = L; rc == 0 && u >= 1 && u + depth > L; u--) /* the first blocks' weights */
+        rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
     /* the two state slots start with blocks L and L-1; block u-2's state then goes into the slot
      * that block u's write-back leaves */
     if (rc == 0)
@@ -589,7 +600,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             uint64_t w_off = 0;
             rc = wait_for(r, &rw[b], NULL);
             if (rc == 0)
-                rc = weights_of(r, b, block_wslot(b), &w_off);
+                rc = weights_of(r, b, block_wslot(l, b), &w_off);
             if (rc == 0 && b + 3 <= L)
                 rc = wait_for(r, &o[b + 3], NULL); /* its gradient slot */
             int op = FY_OP_GPT_BLOCK_BWD;
@@ -606,11 +617,11 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             if (rc == 0)
                 rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
             *cur ^= 1;
-            if (rc == 0 && b >= 2) {
+            if (rc == 0 && b > depth) { /* block b-depth into the weights slot block b+1 had */
                 if (b + 1 <= L)
-                    rc = wait_for(r, &g[b + 1], NULL); /* its weights slot */
+                    rc = wait_for(r, &g[b + 1], NULL);
                 if (rc == 0)
-                    rc = read_weights(r, b - 1, block_wslot(b - 1), &rw[b - 1]);
+                    rc = read_weights(r, b - depth, block_wslot(l, b - depth), &rw[b - depth]);
             }
         }
         if (rc == 0 && b + 1 <= L) { /* block b+1's update, while the gpu runs block b */
@@ -694,8 +705,8 @@ static int sumsq_wait(struct run *r, struct ticket *t, double *out)
  * input, which nothing reads any more this step), the final unit's gradient after the grads slots,
  * and the complete embedding gradient (the lookup's share added to the head's) in grads slot 0.
  * Overlapped like the backward: while the gpu computes block b, the opt worker sums block b+1's
- * squares; grads slots 1 and 2 and weights slots 1 and 2 alternate, each reuse waiting for its
- * previous user. *total = the units' sums added in unit order, whatever the schedule. */
+ * squares; grads slots 1 and 2 alternate and the weights slots are taken in turn, each reuse
+ * waiting for its previous user. *total = the units' sums added in unit order, whatever the schedule. */
 static int norm_pass(struct run *r, double *total)
 {
     const struct layout *l = &r->l;
@@ -707,15 +718,16 @@ static int norm_pass(struct run *r, double *total)
     const uint64_t scratch[2] = {dact_at(l, 1), act_at(l, L)};
     uint64_t dy = dact_at(l, 0); /* dL/d(output of the block being processed) */
     struct fy_desc req[5];
+    unsigned depth = l->wslots - 1;
     if (rc == 0)
         rc = sumsq_issue(r, fin, r->dfinal, &sq[fin]);
-    if (rc == 0 && L >= 1)
-        rc = read_weights(r, L, block_wslot(L), &rw[L]);
+    for (unsigned u = L; rc == 0 && u >= 1 && u + depth > L; u--) /* the first blocks' weights */
+        rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
     for (unsigned b = L; rc == 0 && b >= 1; b--) {
         uint64_t dx = scratch[(L - b) & 1], w_off = 0;
         rc = wait_for(r, &rw[b], NULL);
         if (rc == 0)
-            rc = weights_of(r, b, block_wslot(b), &w_off);
+            rc = weights_of(r, b, block_wslot(l, b), &w_off);
         if (rc == 0 && b + 2 <= L)
             rc = sumsq_wait(r, &sq[b + 2], &part[b + 2]); /* its gradient slot */
         int op = FY_OP_GPT_BLOCK_BWD;
@@ -730,11 +742,11 @@ static int norm_pass(struct run *r, double *total)
             rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
         dy = dx;
         if (rc == 0 && b + 1 <= L) /* block b+1's gradient is complete: its squares, and its */
-            rc = wait_for(r, &g[b + 1], NULL); /* weights slot is free for block b-1 */
+            rc = wait_for(r, &g[b + 1], NULL); /* weights slot is free for block b-depth */
         if (rc == 0 && b + 1 <= L)
             rc = sumsq_issue(r, b + 1, gslot(l, 1 + ((b + 1) & 1)), &sq[b + 1]);
-        if (rc == 0 && b >= 2)
-            rc = read_weights(r, b - 1, block_wslot(b - 1), &rw[b - 1]);
+        if (rc == 0 && b > depth)
+            rc = read_weights(r, b - depth, block_wslot(l, b - depth), &rw[b - depth]);
     }
     if (rc == 0 && L >= 1)
         rc = wait_for(r, &g[1], NULL);

@@ -59,18 +59,21 @@ struct fy_train_opts {
     const volatile int *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
 };
 
+/* Units of weights read ahead of the one the gpu computes (--prefetch): each costs a unit slot. */
+#define FY_TRAIN_PREFETCH_MAX 8
+
 /* Pool regions for a model and batch (B = T = 1 for init/export), with a "resident" region for the
- * optimizer state of the units marked in `resident` (may be NULL) and, with `clip`, room for the
- * final unit's gradient between the two backward passes of a clipped step. n receives the count
- * (<= 9). */
+ * optimizer state of the units marked in `resident` (may be NULL), weights slots for `prefetch`
+ * units read ahead (1..FY_TRAIN_PREFETCH_MAX) and, with `clip`, room for the final unit's gradient
+ * between the two backward passes of a clipped step. n receives the count (<= 9). */
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
-                      int clip, struct fy_pool_region_spec out[9], unsigned *n);
+                      int clip, unsigned prefetch, struct fy_pool_region_spec out[9], unsigned *n);
 /* The memory plan under --cpu-mem: marks, unit 0 first, every unit whose optimizer state (master,
  * m, v) still fits in a pool of at most cpu_mem bytes together with the streaming regions; those
  * units' state stays in the pool across steps (no SSD traffic, written to the store at
  * checkpoints), the others stream from the store. cpu_mem 0: none. Returns how many. */
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                int clip, unsigned char *resident);
+                                int clip, unsigned prefetch, unsigned char *resident);
 /* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
  * interface (fp32 weights, activations and gradients; with clipping the second backward pass too). */
 void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int clip, uint64_t *to_gpu,

@@ -221,6 +221,58 @@ static void test_store_run_matches_inprocess(void **state)
     free(wb);
 }
 
+/* --prefetch N reads the weights of N units ahead (more weights slots, taken in turn): any depth,
+ * in either schedule and with clipping's extra backward pass, gives the same losses and weights;
+ * a depth outside 1..8 is refused. Five blocks, so that depths 2 and 3 go round the slots. */
+static void test_prefetch_depths_agree(void **state)
+{
+    struct fixture *f = *state;
+    const char *runs[][5] = {
+        {"d1", "1", "overlap", NULL, NULL}, {"d2", "2", "overlap", NULL, NULL},
+        {"d3", "3", "overlap", NULL, NULL}, {"d8", "8", "overlap", NULL, NULL},
+        {"d3s", "3", "serial", NULL, NULL}, {"c1", "1", "overlap", "--clip-grad-norm", "0.05"},
+        {"c3", "3", "overlap", "--clip-grad-norm", "0.05"},
+    };
+    char *first[2] = {NULL, NULL}, *first_losses[2] = {NULL, NULL};
+    size_t first_n[2] = {0, 0};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        char *run = path_in(f, runs[i][0]), out[720], metrics[740];
+        snprintf(out, sizeof out, "%s.fywt", run);
+        snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+        const char *init[] = {"init", "--run-dir", run, "--layers", "5", "--heads", "2", "--embd",
+                              "32", "--ctx", "32", "--seed", "4", NULL};
+        assert_int_equal(launch(f, init, 60), 0);
+        const char *extra[] = {"--prefetch", runs[i][1], "--schedule", runs[i][2], runs[i][3],
+                               runs[i][4], NULL};
+        assert_int_equal(train_with(f, run, f->data, "4", out, 0, extra), 0);
+        size_t n;
+        char *w = fy_test_slurp(out, &n), *l = losses(metrics);
+        assert_non_null(w);
+        int k = runs[i][3] != NULL; /* clipped runs compare among themselves */
+        if (first[k] == NULL) {
+            first[k] = w;
+            first_n[k] = n;
+            first_losses[k] = l;
+            continue;
+        }
+        assert_string_equal(l, first_losses[k]);
+        assert_int_equal(n, first_n[k]);
+        assert_memory_equal(w, first[k], n);
+        free(w);
+        free(l);
+    }
+    for (int k = 0; k < 2; k++) {
+        free(first[k]);
+        free(first_losses[k]);
+    }
+    const char *bad[] = {"0", "9"};
+    for (int i = 0; i < 2; i++) {
+        char *run = path_in(f, "d1");
+        assert_int_equal(train(f, run, f->data, "5", NULL, 0, "--prefetch", bad[i]), 2);
+        assert_true(fy_test_file_contains(f->log, "--prefetch"));
+    }
+}
+
 /* --cpu-mem keeps as much optimizer state in the pool as fits: nothing, some or all of it resident
  * gives the same bits as streaming everything from the store, in the overlapped schedule and in
  * the serial one. */
@@ -789,6 +841,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resident_state_matches_streaming, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prefetch_depths_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_and_init_refuse_overwrite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_clipping_overlap_matches_serial, setup, teardown),
