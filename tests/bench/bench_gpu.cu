@@ -62,7 +62,7 @@ static void *dev_alloc(size_t bytes)
 int main(int argc, char **argv)
 {
     struct fy_gpt_config c = {24, 16, 2048, 50304, 1024};
-    int B = 16, T = 1024, iters = 5, warmup = 2, profile = 0;
+    int B = 16, T = 1024, iters = 5, warmup = 2, profile = 0, modes = 3; /* bit 1 kept, bit 0 recompute */
     const char *name = "custom";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -76,9 +76,13 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--iters")) iters = atoi(v), i++;
         else if (!strcmp(a, "--name")) name = v, i++;
         else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--mode") && !strcmp(v, "kept")) modes = 2, i++;
+        else if (!strcmp(a, "--mode") && !strcmp(v, "recompute")) modes = 1, i++;
+        else if (!strcmp(a, "--mode") && !strcmp(v, "both")) modes = 3, i++;
         else {
             fprintf(stderr, "usage: bench_gpu [--name S] [--layers L] [--embd C] [--heads H] "
-                            "[--vocab V] [--seq T] [--batch B] [--iters N] [--profile]\n");
+                            "[--vocab V] [--seq T] [--batch B] [--iters N] [--profile] "
+                            "[--mode kept|recompute|both]\n");
             return 2;
         }
     }
@@ -115,11 +119,12 @@ int main(int argc, char **argv)
     /* one arena: the units' working buffers and one kept set of internals per block */
     size_t acts_bytes = fy_cu_gpt_acts_bytes(&c, B, T);
     struct fy_cu_arena arena;
-    OK(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&c, B, T) + (size_t)L * acts_bytes));
+    size_t kept_bytes = (modes & 2) ? (size_t)L * acts_bytes : 0;
+    OK(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&c, B, T) + kept_bytes));
     struct fy_cu_gpt *g = NULL;
     OK(fy_cu_gpt_new(&g, &arena, &c, B, T));
     std::vector<struct fy_cu_gpt_acts> kept(L + 1);
-    for (int l = 1; l <= L; l++)
+    for (int l = 1; (modes & 2) && l <= L; l++)
         OK(fy_cu_gpt_acts_take(g, &arena, &kept[l]));
     cudaStream_t s = fy_cu_gpt_stream(g);
     bf16 *wte = w[0], *wpe = w[0] + V * C;
@@ -143,6 +148,8 @@ int main(int argc, char **argv)
     double params = (double)fy_gpt_total_params(&c);
     double flops = 6.0 * params * B * T + 6.0 * L * (double)B * T * T * C;
     for (int keep = 1; keep >= 0; keep--) {
+        if (!(modes & (keep ? 2 : 1)))
+            continue;
         for (int i = 0; i < warmup; i++)
             step(keep);
         CK(cudaStreamSynchronize(s));
@@ -162,12 +169,12 @@ int main(int argc, char **argv)
                "%d)  %.1f TFLOP/s  arena %.1f GiB (%s)\n",
                keep ? "fuyou" : "fuyou-r", name, L, C, c.n_head, B, T, V, params / 1e9, ms, iters,
                flops / (ms * 1e-3) / 1e12,
-               (double)(keep ? arena.size : arena.size - (size_t)L * acts_bytes) / (1 << 30),
+               (double)(keep ? arena.size : arena.size - kept_bytes) / (1 << 30),
                keep ? "internals kept" : "blocks recomputed in backward");
     }
     if (profile) {
         fy_cu_gpt_set_timing(g, 1);
-        step(1);
+        step((modes & 2) != 0);
         CK(cudaStreamSynchronize(s));
         const struct fy_cu_gpt_op *ops;
         int n = fy_cu_gpt_timings(g, &ops);
@@ -177,12 +184,13 @@ int main(int argc, char **argv)
         /* FLOPs per layer of the products, for achieved rates */
         double f_qkv = 2.0 * N * C * 3 * C, f_attn = 2.0 * N * C * C, f_fc = 2.0 * N * C * 4 * C;
         double f_sdpa = 4.0 * B * (double)T * T * C / 2; /* causal: QK^T and PV, half the matrix */
+        double F = (modes & 2) ? L : 2.0 * L; /* forward runs: recomputing runs it twice */
         struct { const char *op; double flops; } rates[] = {
-            {"matmul qkv fwd", f_qkv * L},
-            {"matmul attn-proj fwd", f_attn * L},     {"matmul fc fwd", f_fc * L},
-            {"matmul proj fwd", f_fc * L},            {"matmul qkv bwd", 2 * f_qkv * L},
+            {"matmul qkv fwd", f_qkv * F},
+            {"matmul attn-proj fwd", f_attn * F},     {"matmul fc fwd", f_fc * F},
+            {"matmul proj fwd", f_fc * F},            {"matmul qkv bwd", 2 * f_qkv * L},
             {"matmul attn-proj bwd", 2 * f_attn * L}, {"matmul fc bwd", 2 * f_fc * L},
-            {"matmul proj bwd", 2 * f_fc * L},        {"attention fwd", f_sdpa * L},
+            {"matmul proj bwd", 2 * f_fc * L},        {"attention fwd", f_sdpa * F},
             {"attention bwd", 2 * f_sdpa * L},
             {"head (logits, loss, grads)", 6.0 * N * C * V},
         };

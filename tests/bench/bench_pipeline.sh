@@ -11,7 +11,9 @@
 # Environment: PIPELINE_CONFIGS ("1.3B" or "1.3B 2.7B"), PIPELINE_BATCHES ("16 64"),
 # PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"), PIPELINE_QUEUE1 (1: also
 # the host placement with one request at a time), PIPELINE_STEPS (timed steps per run, 2), FUYOU_BENCH_DIR (where
-# the store goes; removed afterwards), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
+# the store goes; removed afterwards). The bound column is the largest of the per-resource busy
+# times measured in the run and the compute time of the same step with every weight resident
+# (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
 # PIPELINE_SEQ=32 PIPELINE_BACKEND=cpu.
 set -u
 BUILD=${BUILD:-build}
@@ -23,8 +25,9 @@ work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
-printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s\n" config B place schedule \
-  queue "step s" "TFLOP/s" "gpu idle" "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" >"$table"
+printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s\n" config B place \
+  schedule queue "step s" "TFLOP/s" "gpu idle" "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" \
+  "opt s" "bound s" "x bound" >"$table"
 "$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
 
 # run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM: STEPS+1 more steps on the config's store
@@ -42,17 +45,23 @@ run() {
   echo $total >"$dir/steps"
   grep -E "plan|resident|state of" "$log" | head -3 | cut -c1-200
   # median over the timed steps of each field
-  tail -n $((STEPS + 1)) "$dir/metrics.jsonl" | head -n "$STEPS" | python3 -c '
+  tail -n $((STEPS + 1)) "$dir/metrics.jsonl" | head -n "$STEPS" | COMPUTE_S=${COMPUTE_S:-0} python3 -c '
 import json, statistics, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
 m = lambda k: statistics.median(r[k] for r in rows)
-print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f" % (m("step_s"), m("tflops"),
+import os
+# the bound: the busiest resource, each measured in this run except the compute, which is the same
+# step with every weight resident (bench_gpu, blocks recomputed as this path does); reads and
+# writes share the disk
+bound = max(float(os.environ["COMPUTE_S"]), m("busy_h2d_s"), m("busy_d2h_s"),
+            m("busy_ssd_read_s") + m("busy_ssd_write_s"), m("busy_opt_s"))
+print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f" % (m("step_s"), m("tflops"),
       100 * m("gpu_idle"), m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
-      m("busy_ssd_write_s"), m("busy_opt_s")))' |
-    while read -r s tf idle g up down r w o; do
-      printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s\n" "$cfg" "$B" "$place" \
-        "$sched" "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$s" "$tf" "$idle" "$g" "$up" "$down" \
-        "$r" "$w" "$o" | tee -a "$table"
+      m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0))' |
+    while read -r s tf idle g up down r w o bd x; do
+      printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s\n" "$cfg" "$B" \
+        "$place" "$sched" "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$s" "$tf" "$idle" "$g" "$up" \
+        "$down" "$r" "$w" "$o" "$bd" "$x" | tee -a "$table"
     done
 }
 
@@ -70,6 +79,15 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     >"$work/init-$cfg.log" 2>&1 || { tail -5 "$work/init-$cfg.log"; exit 1; }
   echo "init $cfg: $(( $(date +%s) - t0 )) s"
   for B in ${PIPELINE_BATCHES:-16}; do
+    # the compute time of the same step with every weight resident on the GPU
+    COMPUTE_S=0
+    if [ "$BACKEND" = cuda ]; then
+      ms=$("$BUILD/bench/bench_gpu" --name "$cfg" $model --vocab 50304 --seq "$SEQ" --batch "$B" \
+             --mode recompute --iters 3 | grep -o 'fwd+bwd [0-9.]* ms' | cut -d' ' -f2)
+      [ -n "$ms" ] && COMPUTE_S=$(awk -v ms="$ms" 'BEGIN{print ms / 1000}')
+      echo "compute, all weights resident, blocks recomputed ($cfg, B $B): ${ms:-?} ms"
+    fi
+    export COMPUTE_S
     for place in ${PIPELINE_PLACEMENTS:-host ssd}; do
       mem=$(awk -v p=$place -v s=$state -v k=$slots -v a=$act -v b=$B \
         'BEGIN{printf "%dM", 1024 * (p == "host" ? s + k + a * b + 2 : k + a * b + 1)}')
