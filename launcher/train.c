@@ -566,6 +566,26 @@ static int update_unit(struct run *r, unsigned u, uint64_t grad, uint64_t step, 
     return wait_for(r, &t, NULL);
 }
 
+/* The embedding lookup's gradient (dx0 at pool offset dx0) added to the head's wte gradient in
+ * grads slot 0. */
+static int embed_backward_issue(struct run *r, uint64_t dx0, struct ticket *t)
+{
+    const struct layout *l = &r->l;
+    int op = FY_OP_GPT_EMBED_BWD;
+    struct fy_desc req[3];
+    req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
+    req[1] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dx0, l->act_bytes, 0);
+    req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
+    return issue(r, PH_GPU, "gpu", req, 3, t);
+}
+
+static int embed_backward(struct run *r, uint64_t dx0)
+{
+    struct ticket t = {0};
+    FY_TRY(embed_backward_issue(r, dx0, &t));
+    return wait_for(r, &t, NULL);
+}
+
 /* Grads slot of block b in the backward: 1, 2 and 3 in turn, so that the gpu can compute two
  * blocks ahead of the optimizer (with two requests in flight in the gpu worker, the next block's
  * uploads then run while the current one computes). */
@@ -576,16 +596,20 @@ static unsigned block_gslot(unsigned b) { return 1 + b % 3; }
  * b+1's AdamW is issued (not waited for) once its gradient is in, its state having been read
  * ahead; block b+2's state is written back once its AdamW is done, and block b's state is read
  * into the slot it leaves (state slots 0 and 1 alternate; weights slots 1 and 2). Every reuse of
- * a slot waits for its previous user. */
-static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *version, unsigned *cur)
+ * a slot waits for its previous user. With `embed`, the embedding backward follows block 1's on
+ * the gpu while the last blocks are updated. */
+static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *version, unsigned *cur,
+                           int embed)
 {
     const struct layout *l = &r->l;
     unsigned L = l->c->n_layer;
     struct ticket *rw = calloc(L + 4, sizeof *rw), *g = calloc(L + 4, sizeof *g);
     struct ticket *rs = calloc(L + 4, sizeof *rs), *o = calloc(L + 4, sizeof *o);
-    struct ticket *ws = calloc(L + 4, sizeof *ws);
+    struct ticket *ws = calloc(L + 4, sizeof *ws), e = {0};
     int rc = rw && g && rs && o && ws ? 0 : -ENOMEM;
     struct fy_desc req[5];
+    if (rc == 0 && embed && L == 0)
+        rc = embed_backward_issue(r, dact_at(l, *cur), &e);
     unsigned depth = l->wslots - 1;
     for (unsigned u = L; rc == 0 && u >= 1 && u + depth > L; u--) /* the first blocks' weights */
         rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
@@ -617,6 +641,8 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             if (rc == 0)
                 rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
             *cur ^= 1;
+            if (rc == 0 && b == 1 && embed) /* dx0 is block 1's dx */
+                rc = embed_backward_issue(r, dact_at(l, *cur), &e);
             if (rc == 0 && b > depth) { /* block b-depth into the weights slot block b+1 had */
                 if (b + 1 <= L)
                     rc = wait_for(r, &g[b + 1], NULL);
@@ -651,6 +677,8 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
         rc = wait_for(r, &o[1], NULL);
     if (rc == 0 && L >= 1)
         rc = state_write(r, 1, 1, &ws[1]);
+    int we = wait_for(r, &e, NULL);
+    rc = rc ? rc : we;
     for (unsigned u = 0; u <= L + 3; u++) { /* nothing stays in flight */
         int w = wait_for(r, &ws[u], NULL);
         w = w ? w : wait_for(r, &g[u], NULL);
@@ -667,18 +695,6 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
     return rc;
 }
 
-/* The embedding lookup's gradient (dx0 at pool offset dx0) added to the head's wte gradient in
- * grads slot 0, waited for. */
-static int embed_backward(struct run *r, uint64_t dx0)
-{
-    const struct layout *l = &r->l;
-    int op = FY_OP_GPT_EMBED_BWD;
-    struct fy_desc req[3];
-    req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
-    req[1] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dx0, l->act_bytes, 0);
-    req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
-    return call(r, PH_GPU, "gpu", req, 3, NULL);
-}
 
 /* Unit u's gradient sum of squares on the opt worker (its gradient at pool offset grad). */
 static int sumsq_issue(struct run *r, unsigned u, uint64_t grad, struct ticket *t)
@@ -780,9 +796,8 @@ static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t
     FY_TRY(update_unit(r, fin, r->dfinal, step, lr));
     version[fin] = step;
     unsigned cur = 0; /* dacts[cur] holds dL/d(output of the unit being processed) */
-    FY_TRY(backward_blocks(r, step, lr, version, &cur));
-    if (!r->clip) /* with clipping, pass 1 has completed the embedding gradient already */
-        FY_TRY(embed_backward(r, dact_at(l, cur)));
+    /* with clipping, pass 1 has completed the embedding gradient already */
+    FY_TRY(backward_blocks(r, step, lr, version, &cur, !r->clip));
     FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
     version[0] = step;
     return 0;
