@@ -23,6 +23,8 @@
 #define HEAD_CHUNK_MAX 4096
 #define LT_WORKSPACE (32u << 20)
 
+#define STAGING_OUTS 8
+
 /* Device staging of one host-interface call in flight, and what finishing it still has to do. */
 struct staging {
     float *p32, *grad, *lnf32, *in0, *in1, *out, *losses;
@@ -35,6 +37,13 @@ struct staging {
     double *loss;
     float *wpe_grad; /* the head zeroes dembed's position part (untouched by the tied head) */
     size_t wpe_n;
+    /* the host ranges the call downloads into: a later call that uploads from one of them while
+     * this call is in flight must wait for this call's downloads */
+    struct {
+        const char *p;
+        size_t n;
+    } outs[STAGING_OUTS];
+    int n_outs;
 };
 
 struct fy_cu_gpt {
@@ -287,13 +296,33 @@ static int call_begin(struct fy_cu_gpt *g, struct staging **out)
     st->loss = NULL;
     st->targets_host = NULL;
     st->wpe_grad = NULL;
+    st->n_outs = 0;
     FY_CUDA(cudaEventRecord(st->h2d_begin, g->h2d), "recording the upload start");
     *out = st;
     return 0;
 }
 
-static int upload(struct fy_cu_gpt *g, void *dev, const void *host, size_t bytes)
+/* Host input of a call that a call still in flight downloads into: the layer-by-layer pipeline
+ * feeds each unit's output to the next unit, and the upload must not read it before it is home. */
+static int order_after_writers(struct fy_cu_gpt *g, const void *host, size_t bytes)
 {
+    const char *lo = (const char *)host, *hi = lo + bytes;
+    for (int i = 0; i < g->pending; i++) {
+        struct staging *c = &g->st[(g->first + i) % FY_CU_GPT_QUEUE];
+        for (int k = 0; k < c->n_outs; k++)
+            if (lo < c->outs[k].p + c->outs[k].n && c->outs[k].p < hi) {
+                FY_CUDA(cudaStreamWaitEvent(g->h2d, c->done, 0),
+                        "ordering an upload after the downloads that produce its input");
+                break;
+            }
+    }
+    return 0;
+}
+
+static int upload(struct fy_cu_gpt *g, struct staging *st, void *dev, const void *host, size_t bytes)
+{
+    (void)st;
+    FY_TRY(order_after_writers(g, host, bytes));
     FY_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, g->h2d), "upload of %zu bytes",
             bytes);
     return 0;
@@ -314,8 +343,14 @@ static int compute_done(struct fy_cu_gpt *g, struct staging *st)
     return 0;
 }
 
-static int download(struct fy_cu_gpt *g, void *host, const void *dev, size_t bytes)
+static int download(struct fy_cu_gpt *g, struct staging *st, void *host, const void *dev,
+                    size_t bytes)
 {
+    FY_REQUIRE(st->n_outs < STAGING_OUTS, -EINVAL, "cu_gpt: more than %d outputs in one call",
+               STAGING_OUTS);
+    st->outs[st->n_outs].p = (const char *)host;
+    st->outs[st->n_outs].n = bytes;
+    st->n_outs++;
     FY_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, g->d2h),
             "download of %zu bytes", bytes);
     return 0;
@@ -542,15 +577,15 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
 {
     size_t NC = (size_t)g->N * g->c.n_embd, P = g->lay.total;
     cudaStream_t s = g->compute;
-    FY_TRY(upload(g, st->p32, params, P * sizeof(float)));
-    FY_TRY(upload(g, st->in0, x, NC * sizeof(float)));
+    FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
+    FY_TRY(upload(g, st, st->in0, x, NC * sizeof(float)));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
     FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
     FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, &g->own));
     FY_TRY(fy_cu_bf16_to_f32(st->out, g->y, NC, s));
     FY_TRY(compute_done(g, st));
-    return download(g, y, st->out, NC * sizeof(float));
+    return download(g, st, y, st->out, NC * sizeof(float));
 }
 
 int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const float *x, float *y)
@@ -565,9 +600,9 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, const fl
 {
     size_t NC = (size_t)g->N * g->c.n_embd, P = g->lay.total;
     cudaStream_t s = g->compute;
-    FY_TRY(upload(g, st->p32, params, P * sizeof(float)));
-    FY_TRY(upload(g, st->in0, x, NC * sizeof(float)));
-    FY_TRY(upload(g, st->in1, dy, NC * sizeof(float)));
+    FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
+    FY_TRY(upload(g, st, st->in0, x, NC * sizeof(float)));
+    FY_TRY(upload(g, st, st->in1, dy, NC * sizeof(float)));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
     FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
@@ -575,8 +610,8 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, const fl
     FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, st->grad, NULL));
     FY_TRY(fy_cu_bf16_to_f32(st->out, g->dx, NC, s));
     FY_TRY(compute_done(g, st));
-    FY_TRY(download(g, dx, st->out, NC * sizeof(float)));
-    return download(g, dparams, st->grad, P * sizeof(float));
+    FY_TRY(download(g, st, dx, st->out, NC * sizeof(float)));
+    return download(g, st, dparams, st->grad, P * sizeof(float));
 }
 
 int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const float *x,
@@ -645,15 +680,15 @@ static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
     const struct fy_gpt_config *c = &g->c;
     size_t n = fy_gpt_unit_params(c, 0), NC = (size_t)g->N * c->n_embd;
     cudaStream_t s = g->compute;
-    FY_TRY(upload(g, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
-    FY_TRY(upload(g, st->p32, embed, n * sizeof(float)));
+    FY_TRY(upload(g, st, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
+    FY_TRY(upload(g, st, st->p32, embed, n * sizeof(float)));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, n, s));
     const bf16 *wte = g->pbf, *wpe = g->pbf + (size_t)c->vocab * c->n_embd;
     FY_TRY(fy_cu_gpt_dev_embed_forward(g, wte, wpe, st->tokens, g->x));
     FY_TRY(fy_cu_bf16_to_f32(st->out, g->x, NC, s));
     FY_TRY(compute_done(g, st));
-    return download(g, x, st->out, NC * sizeof(float));
+    return download(g, st, x, st->out, NC * sizeof(float));
 }
 
 int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, float *x)
@@ -668,15 +703,15 @@ static int embed_backward_call(struct fy_cu_gpt *g, struct staging *st, const in
 {
     const struct fy_gpt_config *c = &g->c;
     size_t n = fy_gpt_unit_params(c, 0), NC = (size_t)g->N * c->n_embd;
-    FY_TRY(upload(g, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
-    FY_TRY(upload(g, st->grad, dembed, n * sizeof(float)));
-    FY_TRY(upload(g, st->in1, dx, NC * sizeof(float)));
+    FY_TRY(upload(g, st, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
+    FY_TRY(upload(g, st, st->grad, dembed, n * sizeof(float)));
+    FY_TRY(upload(g, st, st->in1, dx, NC * sizeof(float)));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->dx, st->in1, NC, g->compute));
     float *dwte = st->grad, *dwpe = st->grad + (size_t)c->vocab * c->n_embd;
     FY_TRY(fy_cu_gpt_dev_embed_backward(g, st->tokens, g->dx, dwte, dwpe));
     FY_TRY(compute_done(g, st));
-    return download(g, dembed, st->grad, n * sizeof(float));
+    return download(g, st, dembed, st->grad, n * sizeof(float));
 }
 
 int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const float *dx,
@@ -695,10 +730,10 @@ static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
     size_t wte_n = (size_t)V * C, NC = (size_t)N * C;
     cudaStream_t s = g->compute;
-    FY_TRY(upload(g, st->targets, targets, (size_t)N * sizeof(int32_t)));
-    FY_TRY(upload(g, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
-    FY_TRY(upload(g, st->p32, embed, wte_n * sizeof(float))); /* only wte: the head is tied to it */
-    FY_TRY(upload(g, st->in0, x, NC * sizeof(float)));
+    FY_TRY(upload(g, st, st->targets, targets, (size_t)N * sizeof(int32_t)));
+    FY_TRY(upload(g, st, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
+    FY_TRY(upload(g, st, st->p32, embed, wte_n * sizeof(float))); /* only wte: the head is tied to it */
+    FY_TRY(upload(g, st, st->in0, x, NC * sizeof(float)));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, 2 * (size_t)C, s));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, wte_n, s));
@@ -711,13 +746,13 @@ static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final
         FY_TRY(fy_cu_bf16_to_f32(st->out, g->dx, NC, s));
     FY_TRY(compute_done(g, st));
     if (backward) {
-        FY_TRY(download(g, dx, st->out, NC * sizeof(float)));
-        FY_TRY(download(g, dfinal, dlnf, 2 * (size_t)C * sizeof(float)));
-        FY_TRY(download(g, dembed, st->grad, wte_n * sizeof(float)));
+        FY_TRY(download(g, st, dx, st->out, NC * sizeof(float)));
+        FY_TRY(download(g, st, dfinal, dlnf, 2 * (size_t)C * sizeof(float)));
+        FY_TRY(download(g, st, dembed, st->grad, wte_n * sizeof(float)));
         st->wpe_grad = dembed + wte_n;
         st->wpe_n = (size_t)c->ctx * C;
     }
-    FY_TRY(download(g, st->host_losses, st->losses, (size_t)N * sizeof(float)));
+    FY_TRY(download(g, st, st->host_losses, st->losses, (size_t)N * sizeof(float)));
     st->targets_host = targets;
     st->loss = loss;
     return 0;
@@ -741,9 +776,9 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
     while (g->pending > 0) /* synchronous: whatever was queued completes first */
         FY_TRY(fy_cu_gpt_finish(g, NULL));
     struct staging *st = &g->st[g->first];
-    FY_TRY(upload(g, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
-    FY_TRY(upload(g, st->p32, embed, (size_t)V * C * sizeof(float)));
-    FY_TRY(upload(g, st->in0, x, NC * sizeof(float)));
+    FY_TRY(upload(g, st, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
+    FY_TRY(upload(g, st, st->p32, embed, (size_t)V * C * sizeof(float)));
+    FY_TRY(upload(g, st, st->in0, x, NC * sizeof(float)));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, 2 * (size_t)C, s));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, (size_t)V * C, s));
@@ -757,7 +792,8 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
         FY_TRY(fy_cu_matmul_batched(g->lt, chunk, 1, a->ln1 + (size_t)r0 * C, g->pbf, rows, V, C, 0, 1,
                                     0, 0, 0, 1, 1.0f, 0.0f, s));
         FY_TRY(compute_done(g, st));
-        FY_TRY(download(g, logits + (size_t)r0 * V, chunk, (size_t)rows * V * sizeof(float)));
+        st->n_outs = 0; /* synchronous: nothing queued after it needs ordering */
+        FY_TRY(download(g, st, logits + (size_t)r0 * V, chunk, (size_t)rows * V * sizeof(float)));
         /* the chunk buffer is reused by the next rows */
         FY_CUDA(cudaStreamSynchronize(g->d2h), "waiting for a chunk of logits");
     }

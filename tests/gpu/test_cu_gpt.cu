@@ -3,7 +3,8 @@
  * block from its input, must not run the forward again, and must not depend on the unit's own
  * scratch (other blocks run in between); a kept set that does not fit the arena takes nothing.
  * The host interface's queue: calls in flight give the same bytes as calls completed one by one,
- * and a finished call reports the device time of its copies.
+ * a finished call reports the device time of its copies, and a call whose input is the output of
+ * the call in flight before it waits for that output (the pipeline's every step).
  * Exact comparison is right here: both paths run the same kernels on the same inputs, and every
  * kernel is deterministic. The numerics of the blocks themselves are tested against the CPU
  * backend (test_cuda_gpt) and PyTorch (test_cuda_torch). Exits 77 (skipped) without a GPU. */
@@ -228,6 +229,61 @@ static void test_queued_host_calls(void **state)
     teardown(&f);
 }
 
+/* The layer-by-layer pipeline feeds each unit's output to the next: a call queued behind another
+ * may take its input from the host buffer the other is still downloading into. Large enough that
+ * the first call is still computing when the second one's uploads start; the outputs are poisoned
+ * (NaN) beforehand, so an upload that read them too early would show. */
+static void test_chained_queued_calls(void **state)
+{
+    (void)state;
+    const struct fy_gpt_config big = {1, 8, 1024, 131, 512};
+    const int BB = 4, TT = 512;
+    struct fy_cu_arena arena;
+    struct fy_cu_gpt *g = NULL;
+    assert_int_equal(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&big, BB, TT)), 0);
+    assert_int_equal(fy_cu_gpt_new(&g, &arena, &big, BB, TT), 0);
+    size_t P = fy_gpt_unit_params(&big, 1), NC = (size_t)BB * TT * big.n_embd;
+    float *w1 = pinned_random(P, 21, 0.05f), *w2 = pinned_random(P, 22, 0.05f);
+    float *x = pinned_random(NC, 23, 1.0f), *dy = pinned_random(NC, 24, 1.0f);
+    float *y1s = pinned_random(NC, 0, 1), *y2s = pinned_random(NC, 0, 1);
+    float *y1 = pinned_random(NC, 0, 1), *y2 = pinned_random(NC, 0, 1);
+    float *dx2s = pinned_random(NC, 0, 1), *dx1s = pinned_random(NC, 0, 1);
+    float *dx2 = pinned_random(NC, 0, 1), *dx1 = pinned_random(NC, 0, 1);
+    float *dw2s = pinned_random(P, 0, 1), *dw1s = pinned_random(P, 0, 1);
+    float *dw2 = pinned_random(P, 0, 1), *dw1 = pinned_random(P, 0, 1);
+    /* one by one: forward through two blocks, backward through both */
+    assert_int_equal(fy_cu_gpt_block_forward(g, w1, x, y1s), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, w2, y1s, y2s), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, w2, y1s, dy, dx2s, dw2s), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, w1, x, dx2s, dx1s, dw1s), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    /* queued two deep, each call's input the output of the call still in flight */
+    memset(y1, 0xff, NC * sizeof(float));
+    memset(y2, 0xff, NC * sizeof(float));
+    memset(dx2, 0xff, NC * sizeof(float));
+    assert_int_equal(fy_cu_gpt_block_forward(g, w1, x, y1), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, w2, y1, y2), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, w2, y1, dy, dx2, dw2), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, w1, x, dx2, dx1, dw1), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_memory_equal(y1, y1s, NC * sizeof(float));
+    assert_memory_equal(y2, y2s, NC * sizeof(float));
+    assert_memory_equal(dx2, dx2s, NC * sizeof(float));
+    assert_memory_equal(dx1, dx1s, NC * sizeof(float));
+    assert_memory_equal(dw2, dw2s, P * sizeof(float));
+    assert_memory_equal(dw1, dw1s, P * sizeof(float));
+    for (float *p : {w1, w2, x, dy, y1s, y2s, y1, y2, dx2s, dx1s, dx2, dx1, dw2s, dw1s, dw2, dw1})
+        cudaFreeHost(p);
+    fy_cu_gpt_destroy(&g);
+    fy_cu_arena_release(&arena);
+}
+
 static void test_set_that_does_not_fit(void **state)
 {
     (void)state;
@@ -254,6 +310,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kept_equals_recomputed),
         cmocka_unit_test(test_queued_host_calls),
+        cmocka_unit_test(test_chained_queued_calls),
         cmocka_unit_test(test_set_that_does_not_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
