@@ -10,9 +10,11 @@ PKG_CONFIG ?= pkg-config
 DEB_liburing := liburing-dev
 DEB_libzmq   := libzmq3-dev
 DEB_hwloc    := libhwloc-dev
-DEPS_RUNTIME := liburing libzmq hwloc
+DEB_libcjson := libcjson-dev
+DEPS_RUNTIME := liburing libzmq hwloc libcjson
 DEPS_TEST    := cmocka
-DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev libcmocka-dev fio
+DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev libcjson-dev \
+                libcmocka-dev fio
 
 found   = $(shell $(PKG_CONFIG) --exists $(1) && echo yes)
 MISSING := $(strip $(foreach p,$(DEPS_RUNTIME),$(if $(call found,$(p)),,$(p))))
@@ -68,7 +70,7 @@ deps:
 check-deps:
 	@for p in $(DEPS_RUNTIME) $(DEPS_TEST); do \
 	  if $(PKG_CONFIG) --exists $$p; then echo "found   $$p $$($(PKG_CONFIG) --modversion $$p)"; \
-	  else case $$p in liburing) d=liburing-dev;; libzmq) d=libzmq3-dev;; hwloc) d=libhwloc-dev;; cmocka) d=libcmocka-dev;; esac; \
+	  else case $$p in liburing) d=liburing-dev;; libzmq) d=libzmq3-dev;; hwloc) d=libhwloc-dev;; libcjson) d=libcjson-dev;; cmocka) d=libcmocka-dev;; esac; \
 	       echo "MISSING $$p: install the Debian package $$d (or run: make deps)"; fi; done
 	@if command -v fio >/dev/null; then echo "found   fio (for make bench)"; else echo "MISSING fio: needed by make bench only; Debian package fio"; fi
 	@$(if $(NVCC),echo "found   nvcc $(NVCC): building the CUDA backend",echo "no nvcc: building without the CUDA backend")

@@ -24,6 +24,7 @@
 #define LT_WORKSPACE (32u << 20)
 
 #define STAGING_OUTS 8
+#define STAGING_UPLOADS 6
 
 /* Device staging of one host-interface call in flight, and what finishing it still has to do. */
 struct staging {
@@ -31,7 +32,11 @@ struct staging {
     int32_t *tokens, *targets;
     float *host_losses; /* pinned: the per-row losses come home without blocking the queueing */
     cudaEvent_t uploaded, computed, done;
-    cudaEvent_t h2d_begin, d2h_begin; /* with uploaded and done: the device time of the copies */
+    /* the device time of the copies: each upload between a pair of events (an upload may first
+     * wait for another call's downloads, which is not copy time), the downloads together from
+     * d2h_begin to done */
+    cudaEvent_t up_ev[2 * STAGING_UPLOADS], d2h_begin;
+    int n_up;
     /* the head's loss: mean of host_losses over the rows whose target is not ignored */
     const int32_t *targets_host;
     double *loss;
@@ -226,15 +231,19 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
     }
     for (int i = 0; rc == 0 && i < FY_CU_GPT_QUEUE; i++) {
         struct staging *st = &g->st[i];
-        if (cudaEventCreate(&st->uploaded) != cudaSuccess ||
+        if (cudaEventCreateWithFlags(&st->uploaded, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&st->computed, cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreate(&st->done) != cudaSuccess || cudaEventCreate(&st->h2d_begin) != cudaSuccess ||
-            cudaEventCreate(&st->d2h_begin) != cudaSuccess ||
+            cudaEventCreate(&st->done) != cudaSuccess || cudaEventCreate(&st->d2h_begin) != cudaSuccess ||
             cudaHostAlloc((void **)&st->host_losses, (size_t)g->N * sizeof(float),
                           cudaHostAllocDefault) != cudaSuccess) {
             fy_error("CUDA: cannot create the events and loss buffers of the backend's staging");
             rc = -EIO;
         }
+        for (int k = 0; rc == 0 && k < 2 * STAGING_UPLOADS; k++)
+            if (cudaEventCreate(&st->up_ev[k]) != cudaSuccess) {
+                fy_error("CUDA: cannot create the upload timing events of the backend's staging");
+                rc = -EIO;
+            }
     }
     if (rc < 0) {
         fy_cu_gpt_destroy(&g);
@@ -260,8 +269,9 @@ void fy_cu_gpt_destroy(struct fy_cu_gpt **gp)
             cudaEventDestroy(st->computed);
         if (st->done)
             cudaEventDestroy(st->done);
-        if (st->h2d_begin)
-            cudaEventDestroy(st->h2d_begin);
+        for (int k = 0; k < 2 * STAGING_UPLOADS; k++)
+            if (st->up_ev[k])
+                cudaEventDestroy(st->up_ev[k]);
         if (st->d2h_begin)
             cudaEventDestroy(st->d2h_begin);
         if (st->host_losses)
@@ -297,7 +307,7 @@ static int call_begin(struct fy_cu_gpt *g, struct staging **out)
     st->targets_host = NULL;
     st->wpe_grad = NULL;
     st->n_outs = 0;
-    FY_CUDA(cudaEventRecord(st->h2d_begin, g->h2d), "recording the upload start");
+    st->n_up = 0;
     *out = st;
     return 0;
 }
@@ -321,10 +331,14 @@ static int order_after_writers(struct fy_cu_gpt *g, const void *host, size_t byt
 
 static int upload(struct fy_cu_gpt *g, struct staging *st, void *dev, const void *host, size_t bytes)
 {
-    (void)st;
+    FY_REQUIRE(st->n_up < STAGING_UPLOADS, -EINVAL, "cu_gpt: more than %d uploads in one call",
+               STAGING_UPLOADS);
     FY_TRY(order_after_writers(g, host, bytes));
+    cudaEvent_t *ev = &st->up_ev[2 * st->n_up++];
+    FY_CUDA(cudaEventRecord(ev[0], g->h2d), "recording an upload start");
     FY_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, g->h2d), "upload of %zu bytes",
             bytes);
+    FY_CUDA(cudaEventRecord(ev[1], g->h2d), "recording an upload end");
     return 0;
 }
 
@@ -395,8 +409,13 @@ int fy_cu_gpt_finish(struct fy_cu_gpt *g, struct fy_cu_gpt_copy_times *times)
     FY_REQUIRE(got == (ssize_t)sizeof count, -EIO, "cu_gpt: reading the completion eventfd: %s",
                got < 0 ? strerror(errno) : "short read");
     if (times != NULL) {
-        FY_CUDA(cudaEventElapsedTime(&times->h2d_ms, st->h2d_begin, st->uploaded),
-                "reading the upload time");
+        times->h2d_ms = 0;
+        for (int k = 0; k < st->n_up; k++) {
+            float ms = 0;
+            FY_CUDA(cudaEventElapsedTime(&ms, st->up_ev[2 * k], st->up_ev[2 * k + 1]),
+                    "reading an upload time");
+            times->h2d_ms += ms;
+        }
         FY_CUDA(cudaEventElapsedTime(&times->d2h_ms, st->d2h_begin, st->done),
                 "reading the download time");
     }

@@ -42,8 +42,8 @@ int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const flo
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
 
-/* Device time of a call's copies: from when the host-to-device stream reached its uploads to when
- * they were done, and likewise for its downloads. */
+/* Device time of a call's copies: its uploads' summed (without any wait for another call's
+ * downloads), and the span of its downloads from when the device-to-host stream reached them. */
 struct fy_cu_gpt_copy_times {
     float h2d_ms, d2h_ms;
 };
