@@ -49,6 +49,17 @@ struct staging {
         size_t n;
     } outs[STAGING_OUTS];
     int n_outs;
+    /* the call's activation output: host buffer and the device copy it came from */
+    const float *act_out_host;
+    const bf16 *act_out_dev;
+};
+
+/* An activation input of a call (see act_in_queue). */
+struct act_in {
+    const float *host;
+    float *staging; /* upload target (f32) */
+    bf16 *dev;      /* where the kernels read it */
+    const bf16 *from; /* set when it comes from the device copy of the call before */
 };
 
 struct fy_cu_gpt {
@@ -308,6 +319,8 @@ static int call_begin(struct fy_cu_gpt *g, struct staging **out)
     st->wpe_grad = NULL;
     st->n_outs = 0;
     st->n_up = 0;
+    st->act_out_host = NULL;
+    st->act_out_dev = NULL;
     *out = st;
     return 0;
 }
@@ -339,6 +352,33 @@ static int upload(struct fy_cu_gpt *g, struct staging *st, void *dev, const void
     FY_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, g->h2d), "upload of %zu bytes",
             bytes);
     FY_CUDA(cudaEventRecord(ev[1], g->h2d), "recording an upload end");
+    return 0;
+}
+
+/* Queues an activation input. When it is the activation output of the call still in flight just
+ * before this one (the pipeline's usual case: block b's output is block b+1's input, block b's dx is
+ * block b-1's dy), it is taken from that call's device copy instead of crossing PCIe twice; the
+ * values are the same bits (the host holds their exact fp32 widening). Otherwise it is uploaded. */
+static int act_in_queue(struct fy_cu_gpt *g, struct staging *st, struct act_in *a)
+{
+    const struct staging *prev =
+        g->pending > 0 ? &g->st[(g->first + g->pending - 1) % FY_CU_GPT_QUEUE] : NULL;
+    a->from = prev != NULL && prev->act_out_host == a->host ? prev->act_out_dev : NULL;
+    if (a->from != NULL)
+        return 0;
+    return upload(g, st, a->staging, a->host, (size_t)g->N * g->c.n_embd * sizeof(float));
+}
+
+/* After uploads_done: the input onto its device buffer, on the compute stream. */
+static int act_in_place(struct fy_cu_gpt *g, const struct act_in *a)
+{
+    size_t NC = (size_t)g->N * g->c.n_embd;
+    if (a->from == NULL)
+        return fy_cu_f32_to_bf16(a->dev, a->staging, NC, g->compute);
+    if (a->from != a->dev)
+        FY_CUDA(cudaMemcpyAsync(a->dev, a->from, NC * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                                g->compute),
+                "forwarding an activation on the device");
     return 0;
 }
 
@@ -596,14 +636,17 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
 {
     size_t NC = (size_t)g->N * g->c.n_embd, P = g->lay.total;
     cudaStream_t s = g->compute;
+    struct act_in in_x = {x, st->in0, g->x, NULL};
     FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
-    FY_TRY(upload(g, st, st->in0, x, NC * sizeof(float)));
+    FY_TRY(act_in_queue(g, st, &in_x));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
-    FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
+    FY_TRY(act_in_place(g, &in_x));
     FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, &g->own));
     FY_TRY(fy_cu_bf16_to_f32(st->out, g->y, NC, s));
     FY_TRY(compute_done(g, st));
+    st->act_out_host = y;
+    st->act_out_dev = g->y;
     return download(g, st, y, st->out, NC * sizeof(float));
 }
 
@@ -619,16 +662,19 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, const fl
 {
     size_t NC = (size_t)g->N * g->c.n_embd, P = g->lay.total;
     cudaStream_t s = g->compute;
+    struct act_in in_x = {x, st->in0, g->x, NULL}, in_dy = {dy, st->in1, g->dy, NULL};
     FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
-    FY_TRY(upload(g, st, st->in0, x, NC * sizeof(float)));
-    FY_TRY(upload(g, st, st->in1, dy, NC * sizeof(float)));
+    FY_TRY(act_in_queue(g, st, &in_x));
+    FY_TRY(act_in_queue(g, st, &in_dy));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
-    FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
-    FY_TRY(fy_cu_f32_to_bf16(g->dy, st->in1, NC, s));
+    FY_TRY(act_in_place(g, &in_x));
+    FY_TRY(act_in_place(g, &in_dy));
     FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, st->grad, NULL));
     FY_TRY(fy_cu_bf16_to_f32(st->out, g->dx, NC, s));
     FY_TRY(compute_done(g, st));
+    st->act_out_host = dx;
+    st->act_out_dev = g->dx;
     FY_TRY(download(g, st, dx, st->out, NC * sizeof(float)));
     return download(g, st, dparams, st->grad, P * sizeof(float));
 }
@@ -707,6 +753,8 @@ static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
     FY_TRY(fy_cu_gpt_dev_embed_forward(g, wte, wpe, st->tokens, g->x));
     FY_TRY(fy_cu_bf16_to_f32(st->out, g->x, NC, s));
     FY_TRY(compute_done(g, st));
+    st->act_out_host = x;
+    st->act_out_dev = g->x;
     return download(g, st, x, st->out, NC * sizeof(float));
 }
 
@@ -721,12 +769,13 @@ static int embed_backward_call(struct fy_cu_gpt *g, struct staging *st, const in
                                const float *dx, float *dembed)
 {
     const struct fy_gpt_config *c = &g->c;
-    size_t n = fy_gpt_unit_params(c, 0), NC = (size_t)g->N * c->n_embd;
+    size_t n = fy_gpt_unit_params(c, 0);
+    struct act_in in_dx = {dx, st->in1, g->dx, NULL};
     FY_TRY(upload(g, st, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
     FY_TRY(upload(g, st, st->grad, dembed, n * sizeof(float)));
-    FY_TRY(upload(g, st, st->in1, dx, NC * sizeof(float)));
+    FY_TRY(act_in_queue(g, st, &in_dx));
     FY_TRY(uploads_done(g, st));
-    FY_TRY(fy_cu_f32_to_bf16(g->dx, st->in1, NC, g->compute));
+    FY_TRY(act_in_place(g, &in_dx));
     float *dwte = st->grad, *dwpe = st->grad + (size_t)c->vocab * c->n_embd;
     FY_TRY(fy_cu_gpt_dev_embed_backward(g, st->tokens, g->dx, dwte, dwpe));
     FY_TRY(compute_done(g, st));
@@ -751,12 +800,13 @@ static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final
     cudaStream_t s = g->compute;
     FY_TRY(upload(g, st, st->targets, targets, (size_t)N * sizeof(int32_t)));
     FY_TRY(upload(g, st, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
+    struct act_in in_x = {x, st->in0, g->x, NULL};
     FY_TRY(upload(g, st, st->p32, embed, wte_n * sizeof(float))); /* only wte: the head is tied to it */
-    FY_TRY(upload(g, st, st->in0, x, NC * sizeof(float)));
+    FY_TRY(act_in_queue(g, st, &in_x));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, 2 * (size_t)C, s));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, wte_n, s));
-    FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
+    FY_TRY(act_in_place(g, &in_x));
     int backward = dx != NULL;
     float *dlnf = st->grad + wte_n;
     FY_TRY(fy_cu_gpt_dev_head(g, g->lnf, g->pbf, g->x, st->targets, st->losses,
@@ -765,6 +815,8 @@ static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final
         FY_TRY(fy_cu_bf16_to_f32(st->out, g->dx, NC, s));
     FY_TRY(compute_done(g, st));
     if (backward) {
+        st->act_out_host = dx;
+        st->act_out_dev = g->dx;
         FY_TRY(download(g, st, dx, st->out, NC * sizeof(float)));
         FY_TRY(download(g, st, dfinal, dlnf, 2 * (size_t)C * sizeof(float)));
         FY_TRY(download(g, st, dembed, st->grad, wte_n * sizeof(float)));

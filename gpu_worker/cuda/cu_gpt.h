@@ -6,8 +6,9 @@
  *
  * The host-interface calls (fp32 host buffers, pinned for full speed) queue their work and return
  * at once: up to FY_CU_GPT_QUEUE calls are in flight, each with its own staging buffers, so the
- * next call's uploads (the next layer's weights and inputs) run while the current one computes and
- * its results travel home. Each call is completed, in order, by fy_cu_gpt_finish; until then its
+ * next call's uploads (the next layer's weights) run while the current one computes and its results
+ * travel home. An input that a call in flight produces is taken from the device (the activation it
+ * hands on) or uploaded once that call's download is done. Each call is completed, in order, by fy_cu_gpt_finish; until then its
  * host buffers must stay untouched and its outputs (the head's loss too) are not yet written. */
 #ifndef FY_CU_GPT_H
 #define FY_CU_GPT_H

@@ -230,9 +230,10 @@ static void test_queued_host_calls(void **state)
 }
 
 /* The layer-by-layer pipeline feeds each unit's output to the next: a call queued behind another
- * may take its input from the host buffer the other is still downloading into. Large enough that
- * the first call is still computing when the second one's uploads start; the outputs are poisoned
- * (NaN) beforehand, so an upload that read them too early would show. */
+ * may take its input from the host buffer the other is still downloading into. The activation the
+ * call in flight hands on is taken from its device copy; any other such input waits for the
+ * download. Large enough that the first call is still computing when the second one's uploads
+ * start; the outputs are poisoned (NaN) beforehand, so an input read too early would show. */
 static void test_chained_queued_calls(void **state)
 {
     (void)state;
@@ -278,6 +279,18 @@ static void test_chained_queued_calls(void **state)
     assert_memory_equal(dx1, dx1s, NC * sizeof(float));
     assert_memory_equal(dw2, dw2s, P * sizeof(float));
     assert_memory_equal(dw1, dw1s, P * sizeof(float));
+    /* an input that is not the activation the call in flight hands on, but another of its outputs
+     * (here its weight gradient, as weights): the upload waits for that download */
+    assert_int_equal(fy_cu_gpt_block_forward(g, dw1s, x, y1s), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    memset(dw1, 0xff, P * sizeof(float));
+    memset(y1, 0xff, NC * sizeof(float));
+    assert_int_equal(fy_cu_gpt_block_backward(g, w1, x, dx2s, dx1, dw1), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, dw1, x, y1), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_memory_equal(dw1, dw1s, P * sizeof(float));
+    assert_memory_equal(y1, y1s, NC * sizeof(float));
     for (float *p : {w1, w2, x, dy, y1s, y2s, y1, y2, dx2s, dx1s, dx2, dx1, dw2s, dw1s, dw2, dw1})
         cudaFreeHost(p);
     fy_cu_gpt_destroy(&g);
