@@ -530,7 +530,8 @@ static int cmd_train(struct options *o)
     fy_format_size(from_gpu, down, sizeof down);
     fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
             "%s streams from the SSD store each step (reads %s, writes %s per step)%s; PCIe per "
-            "step: %s to the GPU, %s back",
+            "step: at most %s to the GPU (less where a unit's output stays on the GPU for the "
+            "next), %s back",
             kept, fy_gpt_unit_count(&model), kept_size,
             kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);

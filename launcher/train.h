@@ -75,7 +75,9 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigne
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
                                 int clip, unsigned prefetch, unsigned char *resident);
 /* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
- * interface (fp32 weights, activations and gradients; with clipping the second backward pass too). */
+ * interface (fp32 weights, activations and gradients; with clipping the second backward pass too),
+ * every input uploaded: the CUDA backend hands a unit's output to the next unit on the device when
+ * the two are in flight together, which spares those uploads. */
 void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int clip, uint64_t *to_gpu,
                          uint64_t *from_gpu);
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
