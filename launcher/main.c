@@ -510,14 +510,14 @@ static int cmd_train(struct options *o)
                                            (unsigned)o->prefetch, resident);
     char kept_size[32];
     fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
-    /* SSD traffic per step of the streamed units: weights read in forward and in backward (a
-     * block's once more with clipping, for its second backward pass), the state (master, m, v) read
-     * and written once. */
+    /* SSD traffic per step of the streamed units: weights read in forward (a block's once more
+     * with clipping, for the norm pass), the state (master, m, v) read once, which also gives a
+     * block its weights in backward, and written once. */
     uint64_t ssd_read = 0, ssd_write = 0;
     for (unsigned u = 0; u < fy_gpt_unit_count(&model); u++)
         if (!resident[u]) {
             int block = fy_gpt_unit_kind(&model, u) == FY_UNIT_BLOCK;
-            ssd_read += (uint64_t)(2 + (clipping && block)) * fy_unit_state_section(&model, u) +
+            ssd_read += (uint64_t)(1 + (clipping && block)) * fy_unit_state_section(&model, u) +
                         fy_unit_state_bytes(&model, u);
             ssd_write += fy_unit_state_bytes(&model, u);
         }

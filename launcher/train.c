@@ -591,40 +591,80 @@ static int embed_backward(struct run *r, uint64_t dx0)
  * uploads then run while the current one computes). */
 static unsigned block_gslot(unsigned b) { return 1 + b % 3; }
 
+static int is_resident(const struct run *r, unsigned u)
+{
+    return r->resident != NULL && r->resident[u] != 0;
+}
+
+/* The backward's bookkeeping of write-backs: which blocks' have been issued, and per state slot
+ * the block whose write-back from it was issued last (-1: none), which a read into the slot must
+ * wait for. */
+struct writebacks {
+    struct ticket *o, *ws;
+    unsigned char *issued;
+    int slot_writer[2];
+};
+
+/* Block u's updated state back to the store once its AdamW is done (nothing to write for a
+ * resident block: it is written at checkpoints). */
+static int write_back(struct run *r, struct writebacks *wb, unsigned u)
+{
+    if (wb->issued[u])
+        return 0;
+    wb->issued[u] = 1;
+    if (is_resident(r, u))
+        return 0;
+    FY_TRY(wait_for(r, &wb->o[u], NULL));
+    FY_TRY(state_write(r, u, u & 1, &wb->ws[u]));
+    wb->slot_writer[u & 1] = (int)u;
+    return 0;
+}
+
 /* Backward through the blocks with each block's update overlapped with the backward of the blocks
- * below: block b's backward is issued once block b+3's AdamW has freed its gradient slot; block
- * b+1's AdamW is issued (not waited for) once its gradient is in, its state having been read
- * ahead; block b+2's state is written back once its AdamW is done, and block b's state is read
- * into the slot it leaves (state slots 0 and 1 alternate; weights slots 1 and 2). Every reuse of
- * a slot waits for its previous user. With `embed`, the embedding backward follows block 1's on
- * the gpu while the last blocks are updated. */
+ * below. A streamed block's weights come with its state: its master, m and v are read into a state
+ * slot before its backward, which takes the master from there, and AdamW updates them in place
+ * after it, so the master crosses from the SSD once in backward, not twice; the read goes into
+ * the slot that block b+2 leaves once written back (state slots 0 and 1 alternate). A resident
+ * block's weights and state are where they stay. Block b's backward is issued once block b+3's
+ * AdamW has freed its gradient slot (blocks take grads slots 1, 2 and 3 in turn), so the gpu can
+ * be two blocks ahead of the optimizer; block b+1's AdamW is issued, not waited for, once its
+ * gradient is in. Every reuse of a slot waits for its previous user. With `embed`, the embedding
+ * backward follows block 1's on the gpu while the last blocks are updated. */
 static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *version, unsigned *cur,
                            int embed)
 {
     const struct layout *l = &r->l;
     unsigned L = l->c->n_layer;
-    struct ticket *rw = calloc(L + 4, sizeof *rw), *g = calloc(L + 4, sizeof *g);
-    struct ticket *rs = calloc(L + 4, sizeof *rs), *o = calloc(L + 4, sizeof *o);
-    struct ticket *ws = calloc(L + 4, sizeof *ws), e = {0};
-    int rc = rw && g && rs && o && ws ? 0 : -ENOMEM;
+    struct ticket *g = calloc(L + 4, sizeof *g), *rs = calloc(L + 4, sizeof *rs);
+    struct ticket *o = calloc(L + 4, sizeof *o), *ws = calloc(L + 4, sizeof *ws), e = {0};
+    unsigned char *issued = calloc(L + 4, 1);
+    int rc = g && rs && o && ws && issued ? 0 : -ENOMEM;
+    struct writebacks wb = {o, ws, issued, {-1, -1}};
     struct fy_desc req[5];
     if (rc == 0 && embed && L == 0)
         rc = embed_backward_issue(r, dact_at(l, *cur), &e);
-    unsigned depth = l->wslots - 1;
-    for (unsigned u = L; rc == 0 && u >= 1 && u + depth > L; u--) /* the first blocks' weights */
-        rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
-    /* the two state slots start with blocks L and L-1; block u-2's state then goes into the slot
-     * that block u's write-back leaves */
-    if (rc == 0)
+    if (rc == 0 && L >= 1) /* the two state slots start with blocks L and L-1 */
         rc = state_read(r, L, L & 1, &rs[L]);
     if (rc == 0 && L >= 2)
         rc = state_read(r, L - 1, (L - 1) & 1, &rs[L - 1]);
     for (unsigned b = L; rc == 0; b--) {
-        if (b >= 1) {
-            uint64_t w_off = 0;
-            rc = wait_for(r, &rw[b], NULL);
+        int later_read = b >= 1 && b + 2 <= L; /* block b's state is not read yet */
+        if (later_read && !is_resident(r, b)) { /* into the slot block b+2 leaves */
+            rc = write_back(r, &wb, b + 2);
+            if (rc == 0 && wb.slot_writer[b & 1] >= 0)
+                rc = wait_for(r, &ws[wb.slot_writer[b & 1]], NULL);
             if (rc == 0)
-                rc = weights_of(r, b, block_wslot(l, b), &w_off);
+                rc = state_read(r, b, b & 1, &rs[b]);
+        }
+        if (rc == 0 && b >= 1) {
+            uint64_t w_off = r->resident != NULL ? r->resident[b] : 0;
+            if (!is_resident(r, b)) {
+                rc = wait_for(r, &rs[b], NULL);
+                FY_REQUIRE(rc != 0 || r->state_unit[b & 1] == (int)b, -EPROTO,
+                           "schedule error: block %u's weights expected in state slot %u, which "
+                           "holds unit %d's state", b, b & 1, r->state_unit[b & 1]);
+                w_off = r->state_off[b & 1]; /* the master section comes first */
+            }
             if (rc == 0 && b + 3 <= L)
                 rc = wait_for(r, &o[b + 3], NULL); /* its gradient slot */
             int op = FY_OP_GPT_BLOCK_BWD;
@@ -643,12 +683,6 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             *cur ^= 1;
             if (rc == 0 && b == 1 && embed) /* dx0 is block 1's dx */
                 rc = embed_backward_issue(r, dact_at(l, *cur), &e);
-            if (rc == 0 && b > depth) { /* block b-depth into the weights slot block b+1 had */
-                if (b + 1 <= L)
-                    rc = wait_for(r, &g[b + 1], NULL);
-                if (rc == 0)
-                    rc = read_weights(r, b - depth, block_wslot(l, b - depth), &rw[b - depth]);
-            }
         }
         if (rc == 0 && b + 1 <= L) { /* block b+1's update, while the gpu runs block b */
             unsigned u = b + 1;
@@ -659,42 +693,31 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
                 rc = adamw(r, u, u & 1, gslot(l, block_gslot(u)), step, lr, &o[u]);
             version[u] = step;
         }
-        if (rc == 0 && b + 2 <= L) { /* block b+2's write-back, then block b's state read */
-            unsigned u = b + 2;
-            rc = wait_for(r, &o[u], NULL);
-            if (rc == 0)
-                rc = state_write(r, u, u & 1, &ws[u]);
-            if (rc == 0 && b >= 1 && u >= 3) {
-                rc = wait_for(r, &ws[u], NULL);
-                if (rc == 0)
-                    rc = state_read(r, b, b & 1, &rs[b]);
-            }
-        }
+        if (rc == 0 && b + 2 <= L) /* block b+2's write-back (issued above if block b needed it) */
+            rc = write_back(r, &wb, b + 2);
+        if (rc == 0 && later_read && is_resident(r, b)) /* in place: only the bookkeeping */
+            rc = state_read(r, b, b & 1, &rs[b]);
         if (b == 0)
             break;
     }
     if (rc == 0 && L >= 1) /* block 1's write-back */
-        rc = wait_for(r, &o[1], NULL);
-    if (rc == 0 && L >= 1)
-        rc = state_write(r, 1, 1, &ws[1]);
+        rc = write_back(r, &wb, 1);
     int we = wait_for(r, &e, NULL);
     rc = rc ? rc : we;
     for (unsigned u = 0; u <= L + 3; u++) { /* nothing stays in flight */
         int w = wait_for(r, &ws[u], NULL);
         w = w ? w : wait_for(r, &g[u], NULL);
         w = w ? w : wait_for(r, &rs[u], NULL);
-        w = w ? w : wait_for(r, &rw[u], NULL);
         w = w ? w : wait_for(r, &o[u], NULL);
         rc = rc ? rc : w;
     }
-    free(rw);
     free(g);
     free(rs);
     free(o);
     free(ws);
+    free(issued);
     return rc;
 }
-
 
 /* Unit u's gradient sum of squares on the opt worker (its gradient at pool offset grad). */
 static int sumsq_issue(struct run *r, unsigned u, uint64_t grad, struct ticket *t)
