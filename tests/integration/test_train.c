@@ -221,6 +221,50 @@ static void test_store_run_matches_inprocess(void **state)
     free(wb);
 }
 
+/* A group of runs that must end with the same bits: the first run's export and losses, which every
+ * later run of the group is compared with. */
+struct same_bits {
+    char *weights, *losses;
+    size_t n;
+};
+
+/* Inits a fresh GPT of `layers` x `embd` (2 heads, context 32, seed 4) in `run`, trains it `steps`
+ * steps with the `extra` options, and compares its export and losses with the group's first run
+ * (or makes it the first). */
+static void train_same_bits(struct fixture *f, struct same_bits *group, const char *run,
+                            const char *layers, const char *embd, const char *steps,
+                            const char *const *extra)
+{
+    char out[720], metrics[740];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    const char *init[] = {"init", "--run-dir", run, "--layers", layers, "--heads", "2", "--embd",
+                          embd, "--ctx", "32", "--seed", "4", NULL};
+    assert_int_equal(launch(f, init, 60), 0);
+    assert_int_equal(train_with(f, run, f->data, steps, out, 0, extra), 0);
+    size_t n;
+    char *w = fy_test_slurp(out, &n), *l = losses(metrics);
+    assert_non_null(w);
+    assert_true(strlen(l) > 0);
+    if (group->weights == NULL) {
+        group->weights = w;
+        group->losses = l;
+        group->n = n;
+        return;
+    }
+    assert_string_equal(l, group->losses);
+    assert_int_equal(n, group->n);
+    assert_memory_equal(w, group->weights, n);
+    free(w);
+    free(l);
+}
+
+static void same_bits_free(struct same_bits *group)
+{
+    free(group->weights);
+    free(group->losses);
+}
+
 /* Five blocks, some resident and some streamed: a streamed block's backward takes its weights from
  * its state, read before it into the slot the block two above leaves; every mix of the two, in
  * either schedule, gives the same losses and weights. */
@@ -232,39 +276,17 @@ static void test_mixed_placement_five_blocks(void **state)
         {"m-stream", NULL, "overlap"}, {"m-30", "30M", "overlap"}, {"m-32", "32M", "overlap"},
         {"m-all", "1G", "overlap"},    {"m-30s", "30M", "serial"}, {"m-streams", NULL, "serial"},
     };
-    char *first = NULL, *first_losses = NULL;
-    size_t first_n = 0;
+    struct same_bits group = {0};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-        char *run = path_in(f, runs[i][0]), out[720], metrics[740];
-        snprintf(out, sizeof out, "%s.fywt", run);
-        snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
-        const char *init[] = {"init", "--run-dir", run, "--layers", "5", "--heads", "2", "--embd",
-                              "128", "--ctx", "32", "--seed", "4", NULL};
-        assert_int_equal(launch(f, init, 60), 0);
         const char *extra[] = {"--schedule", runs[i][2], runs[i][1] ? "--cpu-mem" : NULL, runs[i][1],
                                NULL};
-        assert_int_equal(train_with(f, run, f->data, "4", out, 0, extra), 0);
+        train_same_bits(f, &group, path_in(f, runs[i][0]), "5", "128", "4", extra);
         if (runs[i][1] != NULL && strcmp(runs[i][1], "30M") == 0)
             assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 7 units"));
         if (runs[i][1] != NULL && strcmp(runs[i][1], "32M") == 0)
             assert_true(fy_test_file_contains(f->log, "optimizer state of 4 of 7 units"));
-        size_t n;
-        char *w = fy_test_slurp(out, &n), *l = losses(metrics);
-        assert_non_null(w);
-        if (first == NULL) {
-            first = w;
-            first_n = n;
-            first_losses = l;
-            continue;
-        }
-        assert_string_equal(l, first_losses);
-        assert_int_equal(n, first_n);
-        assert_memory_equal(w, first, n);
-        free(w);
-        free(l);
     }
-    free(first);
-    free(first_losses);
+    same_bits_free(&group);
 }
 
 /* --prefetch N reads the weights of N units ahead (more weights slots, taken in turn): any depth,
@@ -279,38 +301,15 @@ static void test_prefetch_depths_agree(void **state)
         {"d3s", "3", "serial", NULL, NULL}, {"c1", "1", "overlap", "--clip-grad-norm", "0.05"},
         {"c3", "3", "overlap", "--clip-grad-norm", "0.05"},
     };
-    char *first[2] = {NULL, NULL}, *first_losses[2] = {NULL, NULL};
-    size_t first_n[2] = {0, 0};
+    struct same_bits group[2] = {{0}, {0}}; /* clipped runs compare among themselves */
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-        char *run = path_in(f, runs[i][0]), out[720], metrics[740];
-        snprintf(out, sizeof out, "%s.fywt", run);
-        snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
-        const char *init[] = {"init", "--run-dir", run, "--layers", "5", "--heads", "2", "--embd",
-                              "32", "--ctx", "32", "--seed", "4", NULL};
-        assert_int_equal(launch(f, init, 60), 0);
         const char *extra[] = {"--prefetch", runs[i][1], "--schedule", runs[i][2], runs[i][3],
                                runs[i][4], NULL};
-        assert_int_equal(train_with(f, run, f->data, "4", out, 0, extra), 0);
-        size_t n;
-        char *w = fy_test_slurp(out, &n), *l = losses(metrics);
-        assert_non_null(w);
-        int k = runs[i][3] != NULL; /* clipped runs compare among themselves */
-        if (first[k] == NULL) {
-            first[k] = w;
-            first_n[k] = n;
-            first_losses[k] = l;
-            continue;
-        }
-        assert_string_equal(l, first_losses[k]);
-        assert_int_equal(n, first_n[k]);
-        assert_memory_equal(w, first[k], n);
-        free(w);
-        free(l);
+        train_same_bits(f, &group[runs[i][3] != NULL], path_in(f, runs[i][0]), "5", "32", "4",
+                        extra);
     }
-    for (int k = 0; k < 2; k++) {
-        free(first[k]);
-        free(first_losses[k]);
-    }
+    same_bits_free(&group[0]);
+    same_bits_free(&group[1]);
     const char *bad[] = {"0", "9"};
     for (int i = 0; i < 2; i++) {
         char *run = path_in(f, "d1");
@@ -327,41 +326,20 @@ static void test_resident_state_matches_streaming(void **state)
     struct fixture *f = *state;
     const char *mems[3] = {NULL, "72M", "1G"}; /* 72M holds 3 of the 4 units (measured) */
     const char *names[3] = {"stream", "some", "all"};
-    char *first = NULL, *first_losses = NULL;
-    size_t first_n = 0;
+    struct same_bits group = {0};
     for (int i = 0; i < 6; i++) {
         const char *schedule = i < 3 ? "overlap" : "serial";
-        char run[700], out[720], metrics[740];
+        char run[700];
         snprintf(run, sizeof run, "%s-%s", path_in(f, names[i % 3]), schedule);
-        snprintf(out, sizeof out, "%s.fywt", run);
-        snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
-        const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "4", "--embd",
-                              "256", "--ctx", "32", "--seed", "3", NULL};
-        assert_int_equal(launch(f, init, 60), 0);
         const char *extra[] = {"--schedule", schedule, mems[i % 3] ? "--cpu-mem" : NULL,
                                mems[i % 3], NULL};
-        assert_int_equal(train_with(f, run, f->data, "6", out, 0, extra), 0);
+        train_same_bits(f, &group, run, "2", "256", "6", extra);
         if (i % 3 == 1)
             assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 4 units"));
         if (i % 3 == 2)
             assert_true(fy_test_file_contains(f->log, "optimizer state of 4 of 4 units"));
-        size_t n;
-        char *w = fy_test_slurp(out, &n), *l = losses(metrics);
-        assert_non_null(w);
-        if (first == NULL) {
-            first = w;
-            first_n = n;
-            first_losses = l;
-        } else {
-            assert_string_equal(l, first_losses);
-            assert_int_equal(n, first_n);
-            assert_memory_equal(w, first, n);
-            free(w);
-            free(l);
-        }
     }
-    free(first_losses);
-    free(first);
+    same_bits_free(&group);
     /* a cap below what the streaming regions alone need is refused before any work, with numbers */
     char *small = path_in(f, "small");
     const char *init[] = {"init", "--run-dir", small, "--layers", "2", "--heads", "4", "--embd", "256",
