@@ -38,24 +38,38 @@ static int launch(const char *const *args)
     return 0;
 }
 
-/* Trains a fresh model on `backend` in DIR/NAME and returns its per-step losses. */
-static void run(const char *name, const char *backend, double *loss, int n)
+/* Inits a 2-layer GPT (4 heads, seed 3) of width `embd` and context `ctx` in DIR/NAME, trains it
+ * with `opts` (NULL-terminated; the run directory, the data and --export DIR/NAME.fywt are added)
+ * and returns its metrics text. */
+static char *init_and_train(const char *name, const char *embd, const char *ctx,
+                            const char *const *opts)
 {
     char run_dir[600], data[600], out[600], metrics[700];
     snprintf(run_dir, sizeof run_dir, "%s/%s", dir, name);
     snprintf(data, sizeof data, "%s/sample.tok", dir);
     snprintf(out, sizeof out, "%s/%s.fywt", dir, name);
     const char *init[] = {"init", "--run-dir", run_dir, "--layers", "2", "--heads", "4", "--embd",
-                          "64", "--ctx", "64", "--seed", "3", NULL};
+                          embd, "--ctx", ctx, "--seed", "3", NULL};
     assert_int_equal(launch(init), 0);
-    const char *train[] = {"train", "--run-dir", run_dir, "--data", data, "--steps", STEPS,
-                           "--batch", "8", "--seq", "64", "--lr", "3e-3", "--warmup", "5",
-                           "--eval-every", "0", "--eval-batches", "4", "--backend", backend,
-                           "--export", out, NULL};
+    const char *train[48] = {"train", "--run-dir", run_dir, "--data", data, "--export", out};
+    int n = 7;
+    for (int i = 0; opts[i] != NULL && n < 47; i++)
+        train[n++] = opts[i];
+    train[n] = NULL;
     assert_int_equal(launch(train), 0);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run_dir);
     char *text = fy_test_slurp(metrics, NULL);
     assert_non_null(text);
+    return text;
+}
+
+/* Trains a fresh model on `backend` in DIR/NAME and returns its per-step losses. */
+static void run(const char *name, const char *backend, double *loss, int n)
+{
+    const char *opts[] = {"--steps", STEPS, "--batch", "8", "--seq", "64", "--lr", "3e-3",
+                          "--warmup", "5", "--eval-every", "0", "--eval-batches", "4",
+                          "--backend", backend, NULL};
+    char *text = init_and_train(name, "64", "64", opts);
     int i = 0;
     for (char *p = text; i < n && (p = strstr(p, "\"loss\": ")) != NULL; p++)
         loss[i++] = strtod(p + strlen("\"loss\": "), NULL);
@@ -97,22 +111,11 @@ static void test_cuda_follows_cpu_and_repeats(void **state)
 static char *run_placement(const char *name, const char *cpu_mem, const char *schedule,
                            char **weights, size_t *weights_n)
 {
-    char run_dir[600], data[600], out[600], metrics[700];
-    snprintf(run_dir, sizeof run_dir, "%s/%s", dir, name);
-    snprintf(data, sizeof data, "%s/sample.tok", dir);
+    const char *opts[] = {"--steps", "6", "--batch", "8", "--seq", "32", "--lr", "3e-3",
+                          "--eval-every", "0", "--backend", "cuda", "--schedule", schedule,
+                          cpu_mem ? "--cpu-mem" : NULL, cpu_mem, NULL};
+    char *text = init_and_train(name, "256", "32", opts), out[600];
     snprintf(out, sizeof out, "%s/%s.fywt", dir, name);
-    const char *init[] = {"init", "--run-dir", run_dir, "--layers", "2", "--heads", "4", "--embd",
-                          "256", "--ctx", "32", "--seed", "3", NULL};
-    assert_int_equal(launch(init), 0);
-    const char *train[] = {"train", "--run-dir", run_dir, "--data", data, "--steps", "6",
-                           "--batch", "8", "--seq", "32", "--lr", "3e-3", "--eval-every", "0",
-                           "--backend", "cuda",
-                           "--export", out, "--schedule", schedule,
-                           cpu_mem ? "--cpu-mem" : NULL, cpu_mem, NULL};
-    assert_int_equal(launch(train), 0);
-    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run_dir);
-    char *text = fy_test_slurp(metrics, NULL);
-    assert_non_null(text);
     *weights = fy_test_slurp(out, weights_n);
     assert_non_null(*weights);
     return text;
