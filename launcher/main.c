@@ -396,7 +396,7 @@ static int cmd_init(struct options *o)
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, 0, 1, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     int rc = fy_session_open(&s, &so, regions, n, "model initialisation");
@@ -537,8 +537,13 @@ static int cmd_train(struct options *o)
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     struct fy_pool_region_spec regions[9];
     unsigned n;
+    unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, o->cpu_mem,
+                                                   clipping, (unsigned)o->prefetch, resident);
+    fy_info("plan: %u block gradients in the pool at once: the optimizer can fall %u blocks behind "
+            "the backward and finish while the next forward runs",
+            grad_slots, grad_slots - 1);
     fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, clipping, (unsigned)o->prefetch,
-                     regions, &n);
+                     grad_slots, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     rc = fy_session_open(&s, &so, regions, n, "training");
@@ -615,7 +620,7 @@ static int cmd_export(struct options *o)
     }
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, 0, 1, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     memset(&s, 0, sizeof s);

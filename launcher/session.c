@@ -151,9 +151,12 @@ static int session_wait(void *ctx, int64_t ticket, struct fy_desc *reply, int ti
     return fy_sup_wait(ctx, ticket, reply, timeout_ms);
 }
 
+static int session_poll(void *ctx, int64_t ticket) { return fy_sup_poll(ctx, ticket); }
+
 struct fy_exec fy_session_exec(struct fy_session *s)
 {
-    return (struct fy_exec){.ctx = s->sup, .submit = session_submit, .wait = session_wait};
+    return (struct fy_exec){
+        .ctx = s->sup, .submit = session_submit, .wait = session_wait, .poll = session_poll};
 }
 
 int fy_session_close(struct fy_session *s, int rc)

@@ -322,6 +322,52 @@ static struct outstanding *outstanding_find(struct fy_sup *s, uint64_t seq)
     return NULL;
 }
 
+/* A received message: the reply of the request it names, kept until that request is waited for. */
+static void take_reply(struct fy_sup *s, const char *peer, const struct fy_desc *d,
+                       const char *awaiting)
+{
+    struct outstanding *hit = d[0].op == FY_OP_DONE ? outstanding_find(s, d[0].seq) : NULL;
+    if (hit == NULL || strcmp(peer, s->w[hit->worker].name) != 0) {
+        fy_warn("unexpected %s #%llu from '%s' while waiting for %s: ignored", fy_op_name(d[0].op),
+                (unsigned long long)d[0].seq, peer, awaiting);
+        return;
+    }
+    hit->reply = d[0];
+    hit->done = 1;
+}
+
+int fy_sup_poll(struct fy_sup *s, int64_t ticket)
+{
+    struct outstanding *o = ticket > 0 ? outstanding_find(s, (uint64_t)ticket) : NULL;
+    FY_REQUIRE(o != NULL, -EINVAL, "polling request #%lld, which is not in flight",
+               (long long)ticket);
+    struct sup_worker *w = &s->w[o->worker];
+    char awaiting[96];
+    snprintf(awaiting, sizeof awaiting, "the reply to %s", o->what);
+    while (!o->done) {
+        FY_TRY(drain_signals(s, 0));
+        if (!w->alive)
+            return -ECHILD;
+        zmq_pollitem_t item = {.socket = fy_chan_socket(s->chan), .events = ZMQ_POLLIN};
+        int ready = zmq_poll(&item, 1, 0);
+        if (ready < 0 && zmq_errno() == EINTR)
+            continue;
+        FY_ZMQ(ready, "launcher: polling for %s", awaiting);
+        if (!(item.revents & ZMQ_POLLIN))
+            return 0;
+        char peer[FY_CHAN_PEER_MAX];
+        struct fy_desc d[FY_DESC_MAX_PARTS];
+        char from[48];
+        snprintf(from, sizeof from, "the %s worker", w->name);
+        int got = fy_chan_recv(s->chan, peer, d, FY_DESC_MAX_PARTS, 0, awaiting, from);
+        if (got == -EBADMSG || got == -EPROTO || got == -ERANGE)
+            continue;
+        FY_TRY(got);
+        take_reply(s, peer, d, awaiting);
+    }
+    return 1;
+}
+
 int fy_sup_wait(struct fy_sup *s, int64_t ticket, struct fy_desc *reply, int timeout_ms)
 {
     struct outstanding *o = ticket > 0 ? outstanding_find(s, (uint64_t)ticket) : NULL;
@@ -342,14 +388,7 @@ int fy_sup_wait(struct fy_sup *s, int64_t ticket, struct fy_desc *reply, int tim
             o->seq = 0; /* the run is failing: forget the request */
             return got;
         }
-        struct outstanding *hit = d[0].op == FY_OP_DONE ? outstanding_find(s, d[0].seq) : NULL;
-        if (hit == NULL || strcmp(peer, s->w[hit->worker].name) != 0) {
-            fy_warn("unexpected %s #%llu from '%s' while waiting for %s: ignored",
-                    fy_op_name(d[0].op), (unsigned long long)d[0].seq, peer, awaiting);
-            continue;
-        }
-        hit->reply = d[0];
-        hit->done = 1; /* another request's reply is kept until it is waited for */
+        take_reply(s, peer, d, awaiting);
     }
     if (reply != NULL)
         *reply = o->reply;

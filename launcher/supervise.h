@@ -42,6 +42,9 @@ int64_t fy_sup_submit(struct fy_sup *s, const char *name, struct fy_desc *req, u
                       const char *what);
 /* Waits for a submitted request's reply; returns its status, as fy_sup_call does. */
 int fy_sup_wait(struct fy_sup *s, int64_t ticket, struct fy_desc *reply, int timeout_ms);
+/* Whether a submitted request's reply has arrived, without blocking: 1 (it is kept for
+ * fy_sup_wait), 0 (not yet), or -errno as fy_sup_wait returns. */
+int fy_sup_poll(struct fy_sup *s, int64_t ticket);
 /* Orderly stop: STOP to each live worker in spawn order, acknowledgements, exits; a worker that does
  * not comply within timeout_ms gets SIGTERM, then SIGKILL. Returns 0 when all stopped cleanly. */
 int fy_sup_stop(struct fy_sup *s, int timeout_ms);

@@ -25,7 +25,10 @@ struct layout {
     uint64_t acts, dacts, weights, grads, state;
     uint64_t slot_bytes; /* one unit's f32 parameters, 4 KiB padded */
     unsigned wslots;     /* weights slots that blocks and the final unit take in turn */
-    uint64_t grads_bytes; /* the grads region (4 slots, and with clipping the final unit's gradient) */
+    /* the grads region: one unit slot for the embeddings' gradient, gslots block-sized slots that
+     * the blocks (and the final unit) take in turn, and with clipping the final unit's gradient */
+    uint64_t grads_bytes, bslot_bytes;
+    unsigned gslots;
 };
 
 /* A request in flight and the phase its waiting time counts to; id 0: nothing to wait for. */
@@ -33,6 +36,7 @@ struct ticket {
     int64_t id;
     int phase;
     int op, layer;
+    uint64_t step; /* the step it belongs to (an update can finish in the next step) */
     int done; /* already waited for (serial mode): status and reply kept here */
     int status;
     struct fy_desc reply;
@@ -61,6 +65,11 @@ struct run {
     int clip;
     uint64_t dfinal;
     double grad_scale;
+    /* AdamW requests, per unit: prepared (opt_req), held back in `queue` in sending order, then
+     * sent (opt_sent; a ticket that may outlive its step: the next forward waits for it). */
+    struct fy_desc (*opt_req)[4];
+    struct ticket *opt_sent;
+    unsigned *queue, queued;
 };
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
@@ -116,7 +125,7 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uin
         resident[u] = 1;
         struct fy_pool_region_spec regions[9];
         unsigned n;
-        fy_train_regions(c, B, T, resident, clip, prefetch, regions, &n);
+        fy_train_regions(c, B, T, resident, clip, prefetch, FY_TRAIN_GRAD_SLOTS_MIN, regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             resident[u] = 0;
         else
@@ -125,14 +134,39 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uin
     return count;
 }
 
-/* The final unit's gradient, kept between the passes of a clipped step, after the four slots. */
+/* The final unit's gradient, kept between the passes of a clipped step, after the block slots. */
 static uint64_t dfinal_bytes(const struct fy_gpt_config *c)
 {
     return align4k(fy_gpt_unit_params(c, c->n_layer + 1) * 4);
 }
 
+static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
+{
+    return align4k(fy_gpt_unit_params(c, 1) * 4);
+}
+
+unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
+                                  int clip, unsigned prefetch, const unsigned char *resident)
+{
+    unsigned units = fy_gpt_unit_count(c), slots = FY_TRAIN_GRAD_SLOTS_MIN;
+    for (unsigned u = 0; u < units; u++)
+        if (!resident[u])
+            return slots; /* streamed blocks are paced by their two state slots anyway */
+    unsigned most = c->n_layer < FY_TRAIN_GRAD_SLOTS_MAX ? c->n_layer : FY_TRAIN_GRAD_SLOTS_MAX;
+    for (unsigned more = slots + 1; more <= most; more++) {
+        struct fy_pool_region_spec regions[9];
+        unsigned n;
+        fy_train_regions(c, B, T, resident, clip, prefetch, more, regions, &n);
+        if (fy_pool_layout_size(regions, n) > cpu_mem)
+            break;
+        slots = more;
+    }
+    return slots;
+}
+
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
-                      int clip, unsigned prefetch, struct fy_pool_region_spec out[9], unsigned *n)
+                      int clip, unsigned prefetch, unsigned grad_slots,
+                      struct fy_pool_region_spec out[9], unsigned *n)
 {
     uint64_t act = align4k((uint64_t)B * T * c->n_embd * 4), tok = align4k((uint64_t)B * T * 4);
     uint64_t slot = max_unit_bytes(c);
@@ -142,15 +176,18 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigne
     out[i++] = (struct fy_pool_region_spec){"acts", (c->n_layer + 1) * act};
     out[i++] = (struct fy_pool_region_spec){"dacts", 2 * act};
     /* weights: slot 0 keeps the embeddings for the tied head, the blocks and the final unit take
-     * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads: slot 0 holds the
-     * embedding gradient through the backward, blocks take 1, 2 and 3 in turn so the gpu can run
-     * two blocks ahead of the optimizer, and with clipping the final unit's gradient after them
-     * (it must outlive pass 1, whose blocks use slots 1 and 2); state: two units' master, m, v so
-     * one is updated while the next is read */
+     * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads:
+     * slot 0 holds the embedding gradient through the backward, the blocks take grad_slots
+     * block-sized slots in turn so the gpu can run grad_slots - 1 blocks ahead of the optimizer,
+     * and with clipping the final unit's gradient after them (it must outlive pass 1, whose blocks
+     * use slots 1 and 2); state: two units' master, m, v so one is updated while the next is read */
     if (prefetch < 1 || prefetch > FY_TRAIN_PREFETCH_MAX)
         prefetch = 1; /* the option parser refuses these; the layout stays sane anyway */
+    if (grad_slots < FY_TRAIN_GRAD_SLOTS_MIN || grad_slots > FY_TRAIN_GRAD_SLOTS_MAX)
+        grad_slots = FY_TRAIN_GRAD_SLOTS_MIN;
     out[i++] = (struct fy_pool_region_spec){"weights", (2 + prefetch) * slot};
-    out[i++] = (struct fy_pool_region_spec){"grads", 4 * slot + (clip ? dfinal_bytes(c) : 0)};
+    out[i++] = (struct fy_pool_region_spec){
+        "grads", slot + grad_slots * block_slot_bytes(c) + (clip ? dfinal_bytes(c) : 0)};
     out[i++] = (struct fy_pool_region_spec){"state", 6 * slot};
     uint64_t kept = fy_train_resident_bytes(c, resident);
     if (kept > 0) /* optimizer state that stays in the pool across steps */
@@ -184,6 +221,14 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
                "shared pool: a weights region of %llu bytes is not 3 to %d unit slots",
                (unsigned long long)bytes, FY_TRAIN_PREFETCH_MAX + 2);
     FY_TRY(fy_pool_region(p, "grads", &l->grads, &l->grads_bytes));
+    /* whatever follows the block slots (clipping's final-unit gradient) is smaller than one */
+    l->bslot_bytes = block_slot_bytes(c);
+    uint64_t gslots = l->grads_bytes >= l->slot_bytes
+                          ? (l->grads_bytes - l->slot_bytes) / l->bslot_bytes : 0;
+    FY_REQUIRE(gslots >= FY_TRAIN_GRAD_SLOTS_MIN && gslots <= FY_TRAIN_GRAD_SLOTS_MAX, -EINVAL,
+               "shared pool: a grads region of %llu bytes does not hold %d to %d block gradients",
+               (unsigned long long)l->grads_bytes, FY_TRAIN_GRAD_SLOTS_MIN, FY_TRAIN_GRAD_SLOTS_MAX);
+    l->gslots = (unsigned)gslots;
     FY_TRY(fy_pool_region(p, "state", &l->state, &bytes));
     return 0;
 }
@@ -209,13 +254,22 @@ static int resident_offsets(const struct fy_pool *p, const struct fy_gpt_config 
 static uint64_t act_at(const struct layout *l, unsigned i) { return l->acts + i * align4k(l->act_bytes); }
 static uint64_t dact_at(const struct layout *l, unsigned i) { return l->dacts + i * align4k(l->act_bytes); }
 static uint64_t wslot(const struct layout *l, unsigned i) { return l->weights + i * l->slot_bytes; }
-static uint64_t gslot(const struct layout *l, unsigned i) { return l->grads + i * l->slot_bytes; }
+/* Grads slot 0 (the embeddings' gradient, a unit slot), 1..gslots (block-sized), and gslots + 1
+ * (after them: clipping's final-unit gradient). */
+static uint64_t gslot(const struct layout *l, unsigned i)
+{
+    return i == 0 ? l->grads : l->grads + l->slot_bytes + (i - 1) * l->bslot_bytes;
+}
 static uint64_t unit_bytes(const struct layout *l, unsigned u) { return fy_gpt_unit_params(l->c, u) * 4; }
 
 
 /* Sends a request; in serial mode, also waits for it. */
 static int issue(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
                  struct ticket *t);
+
+/* Waits for the previous step's update of unit u where it is still running (the optimizer's queue,
+ * below the forward). */
+static int opt_settle(struct run *r, unsigned u);
 
 /* A finished request: its busy time, and a trace event. */
 static void account(struct run *r, const struct ticket *t)
@@ -239,7 +293,7 @@ static void account(struct run *r, const struct ticket *t)
                 "\"dur\": %.3f, \"pid\": 1, \"tid\": %d, \"args\": {\"step\": %llu, "
                 "\"unit\": %d}},\n",
                 fy_op_name(t->op), tracks[t->phase], (double)t->reply.offset * 1e-3,
-                (double)t->reply.bytes * 1e-3, t->phase + 1, (unsigned long long)r->step,
+                (double)t->reply.bytes * 1e-3, t->phase + 1, (unsigned long long)t->step,
                 t->layer);
 }
 
@@ -278,6 +332,7 @@ static int issue(struct run *r, int phase, const char *worker, struct fy_desc *r
     t->phase = phase;
     t->op = req[0].op;
     t->layer = req[0].layer;
+    t->step = r->step;
     t->done = 0;
     if (r->overlap)
         return 0;
@@ -446,6 +501,8 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     uint64_t w_embed = 0;
     if (rc == 0)
         rc = weights_of(r, 0, 0, &w_embed);
+    if (rc == 0) /* the previous step's update of this unit, which may still be running */
+        rc = opt_settle(r, 0);
     if (rc == 0) {
         int op = FY_OP_GPT_EMBED_FWD;
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
@@ -458,6 +515,8 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         uint64_t w_off = 0;
         if (rc == 0)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
+        if (rc == 0)
+            rc = opt_settle(r, b);
         int op = FY_OP_GPT_BLOCK_FWD;
         req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
         req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes,
@@ -482,6 +541,8 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         rc = weights_of(r, fin, block_wslot(l, fin), &w_fin);
     if (rc == 0)
         rc = weights_of(r, 0, 0, &w_embed); /* slot 0 still holds the embeddings */
+    if (rc == 0)
+        rc = opt_settle(r, fin);
     if (rc == 0) {
         int op = FY_OP_GPT_HEAD, f = (int)fin;
         req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, L), l->act_bytes, f);
@@ -518,29 +579,117 @@ static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
     return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), r->state_off[s], 3 * sec, t);
 }
 
-/* The gradient is at pool offset `grad`; the scale of this step's clipping (r->grad_scale, 0:
- * none) travels in the grad part's arg, the learning rate in the master part's. */
-static int adamw(struct run *r, unsigned u, unsigned s, uint64_t grad, uint64_t step, double lr,
-                 struct ticket *t)
+/* The optimizer's queue. In the backward the opt worker gets at most OPT_AHEAD updates ahead of
+ * the one it is running, so the rest can still be reordered; when the backward is done the ones
+ * left go in the order the next forward needs them (the embeddings, then the blocks upwards), and
+ * that forward waits for each unit's own update only (opt_settle), not for the whole optimizer. */
+#define OPT_AHEAD 2
+
+/* Unit u's update as requests: the gradient at pool offset `grad`, the scale of this step's
+ * clipping (r->grad_scale, 0: none) in the grad part's arg, the learning rate in the master
+ * part's; state in state slot s. Queued, not sent. */
+static int opt_enqueue(struct run *r, unsigned u, unsigned s, uint64_t grad, uint64_t step,
+                       double lr)
 {
     const struct layout *l = &r->l;
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
                "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
                r->state_unit[s]);
+    FY_REQUIRE(r->opt_sent[u].id == 0, -EPROTO,
+               "schedule error: unit %u's update of step %llu is still in flight", u,
+               (unsigned long long)r->opt_sent[u].step);
     uint64_t sec = fy_unit_state_section(l->c, u), n = unit_bytes(l, u);
     uint64_t state = r->state_off[s];
     int op = FY_OP_OPT_ADAMW;
-    struct fy_desc req[4] = {
-        fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, n, (int)u),
-        fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, (int)u),
-        fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, (int)u),
-        fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, (int)u),
-    };
+    struct fy_desc *req = r->opt_req[u];
+    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, n, (int)u);
+    req[1] = fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, (int)u);
+    req[2] = fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, (int)u);
+    req[3] = fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, (int)u);
     for (int i = 0; i < 4; i++)
         req[i].step = step;
     memcpy(&req[0].arg, &r->grad_scale, sizeof r->grad_scale);
     memcpy(&req[1].arg, &lr, sizeof lr);
-    return issue(r, PH_OPT, "opt", req, 4, t);
+    r->queue[r->queued++] = u;
+    return 0;
+}
+
+/* Sends the first queued update. */
+static int opt_send_next(struct run *r)
+{
+    unsigned u = r->queue[0];
+    memmove(r->queue, r->queue + 1, --r->queued * sizeof *r->queue);
+    return issue(r, PH_OPT, "opt", r->opt_req[u], 4, &r->opt_sent[u]);
+}
+
+/* Sends queued updates while fewer than OPT_AHEAD + 1 are unfinished in the opt worker. */
+static int opt_pump(struct run *r)
+{
+    while (r->queued > 0) {
+        unsigned busy = 0;
+        for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
+            struct ticket *t = &r->opt_sent[u];
+            if (t->id == 0 || t->done)
+                continue;
+            int in = r->x->poll(r->x->ctx, t->id);
+            FY_TRY(in);
+            if (in)
+                finish(r, t); /* its status stays in the ticket until waited for */
+            else
+                busy++;
+        }
+        if (busy > OPT_AHEAD)
+            return 0;
+        FY_TRY(opt_send_next(r));
+    }
+    return 0;
+}
+
+static int is_queued(const struct run *r, unsigned u)
+{
+    for (unsigned i = 0; i < r->queued; i++)
+        if (r->queue[i] == u)
+            return 1;
+    return 0;
+}
+
+/* Unit u's update done: sent first if still queued (with those queued before it). */
+static int opt_settle(struct run *r, unsigned u)
+{
+    if (r->opt_sent == NULL) /* a run that does not train */
+        return 0;
+    while (is_queued(r, u))
+        FY_TRY(opt_send_next(r));
+    FY_TRY(wait_for(r, &r->opt_sent[u], NULL));
+    return opt_pump(r);
+}
+
+static int unit_order(const void *a, const void *b)
+{
+    unsigned x = *(const unsigned *)a, y = *(const unsigned *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The backward is done: the updates left go in the next forward's order, all at once. */
+static int opt_send_for_forward(struct run *r)
+{
+    qsort(r->queue, r->queued, sizeof *r->queue, unit_order);
+    while (r->queued > 0)
+        FY_TRY(opt_send_next(r));
+    return 0;
+}
+
+/* Every update sent and done. */
+static int opt_drain(struct run *r)
+{
+    int rc = 0;
+    while (rc == 0 && r->queued > 0)
+        rc = opt_send_next(r);
+    for (unsigned u = 0; r->opt_sent != NULL && u < fy_gpt_unit_count(r->l.c); u++) {
+        int w = wait_for(r, &r->opt_sent[u], NULL);
+        rc = rc ? rc : w;
+    }
+    return rc;
 }
 
 static int state_write(struct run *r, unsigned u, unsigned s, struct ticket *t)
@@ -560,8 +709,8 @@ static int update_unit(struct run *r, unsigned u, uint64_t grad, uint64_t step, 
     struct ticket t = {0};
     FY_TRY(state_read(r, u, 0, &t));
     FY_TRY(wait_for(r, &t, NULL));
-    FY_TRY(adamw(r, u, 0, grad, step, lr, &t));
-    FY_TRY(wait_for(r, &t, NULL));
+    FY_TRY(opt_enqueue(r, u, 0, grad, step, lr));
+    FY_TRY(opt_settle(r, u));
     FY_TRY(state_write(r, u, 0, &t));
     return wait_for(r, &t, NULL);
 }
@@ -589,7 +738,7 @@ static int embed_backward(struct run *r, uint64_t dx0)
 /* Grads slot of block b in the backward: 1, 2 and 3 in turn, so that the gpu can compute two
  * blocks ahead of the optimizer (with two requests in flight in the gpu worker, the next block's
  * uploads then run while the current one computes). */
-static unsigned block_gslot(unsigned b) { return 1 + b % 3; }
+static unsigned block_gslot(const struct layout *l, unsigned b) { return 1 + b % l->gslots; }
 
 static int is_resident(const struct run *r, unsigned u)
 {
@@ -600,7 +749,7 @@ static int is_resident(const struct run *r, unsigned u)
  * the block whose write-back from it was issued last (-1: none), which a read into the slot must
  * wait for. */
 struct writebacks {
-    struct ticket *o, *ws;
+    struct ticket *ws;
     unsigned char *issued;
     int slot_writer[2];
 };
@@ -614,7 +763,7 @@ static int write_back(struct run *r, struct writebacks *wb, unsigned u)
     wb->issued[u] = 1;
     if (is_resident(r, u))
         return 0;
-    FY_TRY(wait_for(r, &wb->o[u], NULL));
+    FY_TRY(opt_settle(r, u));
     FY_TRY(state_write(r, u, u & 1, &wb->ws[u]));
     wb->slot_writer[u & 1] = (int)u;
     return 0;
@@ -635,11 +784,12 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
 {
     const struct layout *l = &r->l;
     unsigned L = l->c->n_layer;
+    unsigned G = l->gslots;
     struct ticket *g = calloc(L + 4, sizeof *g), *rs = calloc(L + 4, sizeof *rs);
-    struct ticket *o = calloc(L + 4, sizeof *o), *ws = calloc(L + 4, sizeof *ws), e = {0};
+    struct ticket *ws = calloc(L + 4, sizeof *ws), e = {0};
     unsigned char *issued = calloc(L + 4, 1);
-    int rc = g && rs && o && ws && issued ? 0 : -ENOMEM;
-    struct writebacks wb = {o, ws, issued, {-1, -1}};
+    int rc = g && rs && ws && issued ? 0 : -ENOMEM;
+    struct writebacks wb = {ws, issued, {-1, -1}};
     struct fy_desc req[5];
     if (rc == 0 && embed && L == 0)
         rc = embed_backward_issue(r, dact_at(l, *cur), &e);
@@ -649,6 +799,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
         rc = state_read(r, L - 1, (L - 1) & 1, &rs[L - 1]);
     for (unsigned b = L; rc == 0; b--) {
         int later_read = b >= 1 && b + 2 <= L; /* block b's state is not read yet */
+        rc = opt_pump(r);
         if (later_read && !is_resident(r, b)) { /* into the slot block b+2 leaves */
             rc = write_back(r, &wb, b + 2);
             if (rc == 0 && wb.slot_writer[b & 1] >= 0)
@@ -665,8 +816,8 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
                            "holds unit %d's state", b, b & 1, r->state_unit[b & 1]);
                 w_off = r->state_off[b & 1]; /* the master section comes first */
             }
-            if (rc == 0 && b + 3 <= L)
-                rc = wait_for(r, &o[b + 3], NULL); /* its gradient slot */
+            if (rc == 0 && b + G <= L)
+                rc = opt_settle(r, b + G); /* its gradient slot */
             int op = FY_OP_GPT_BLOCK_BWD;
             req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b),
                                     (int)b);
@@ -676,7 +827,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
                                     (int)b);
             req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, *cur ^ 1),
                                     l->act_bytes, (int)b);
-            req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, block_gslot(b)),
+            req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, block_gslot(l, b)),
                                     unit_bytes(l, b), (int)b);
             if (rc == 0)
                 rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
@@ -690,7 +841,9 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             if (rc == 0)
                 rc = wait_for(r, &rs[u], NULL);
             if (rc == 0)
-                rc = adamw(r, u, u & 1, gslot(l, block_gslot(u)), step, lr, &o[u]);
+                rc = opt_enqueue(r, u, u & 1, gslot(l, block_gslot(l, u)), step, lr);
+            if (rc == 0)
+                rc = opt_pump(r);
             version[u] = step;
         }
         if (rc == 0 && b + 2 <= L) /* block b+2's write-back (issued above if block b needed it) */
@@ -704,16 +857,15 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
         rc = write_back(r, &wb, 1);
     int we = wait_for(r, &e, NULL);
     rc = rc ? rc : we;
-    for (unsigned u = 0; u <= L + 3; u++) { /* nothing stays in flight */
+    /* nothing stays in flight but resident blocks' updates, which the next forward waits for */
+    for (unsigned u = 0; u <= L + 3; u++) {
         int w = wait_for(r, &ws[u], NULL);
         w = w ? w : wait_for(r, &g[u], NULL);
         w = w ? w : wait_for(r, &rs[u], NULL);
-        w = w ? w : wait_for(r, &o[u], NULL);
         rc = rc ? rc : w;
     }
     free(g);
     free(rs);
-    free(o);
     free(ws);
     free(issued);
     return rc;
@@ -821,9 +973,15 @@ static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t
     unsigned cur = 0; /* dacts[cur] holds dL/d(output of the unit being processed) */
     /* with clipping, pass 1 has completed the embedding gradient already */
     FY_TRY(backward_blocks(r, step, lr, version, &cur, !r->clip));
-    FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
+    if (is_resident(r, 0)) { /* updated in place: the next forward waits for it */
+        struct ticket none = {0};
+        FY_TRY(state_read(r, 0, 0, &none));
+        FY_TRY(opt_enqueue(r, 0, 0, gslot(l, 0), step, lr));
+    } else {
+        FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
+    }
     version[0] = step;
-    return 0;
+    return opt_send_for_forward(r);
 }
 
 static int load_batch(struct run *r, const struct fy_tokfile *data, int split, uint64_t seed,
@@ -940,8 +1098,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                o->clip_grad_norm);
     if (o->clip_grad_norm > 0) {
         r.clip = 1;
-        r.dfinal = gslot(&r.l, 4);
-        FY_REQUIRE(r.l.grads_bytes >= 4 * r.l.slot_bytes + dfinal_bytes(&meta->model), -EINVAL,
+        r.dfinal = gslot(&r.l, r.l.gslots + 1);
+        FY_REQUIRE(r.l.grads_bytes >= r.dfinal - r.l.grads + dfinal_bytes(&meta->model), -EINVAL,
                    "train: the pool has no room for clipping's final-unit gradient (made by "
                    "fy_train_regions without clip)");
     }
@@ -955,9 +1113,15 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     unsigned units = fy_gpt_unit_count(&meta->model);
     uint64_t *version = calloc(units, sizeof *version);
     uint64_t *resident = calloc(units, sizeof *resident);
-    if (version == NULL || resident == NULL) {
+    r.opt_req = calloc(units, sizeof *r.opt_req);
+    r.opt_sent = calloc(units, sizeof *r.opt_sent);
+    r.queue = calloc(units, sizeof *r.queue);
+    if (version == NULL || resident == NULL || !r.opt_req || !r.opt_sent || !r.queue) {
         free(version);
         free(resident);
+        free(r.opt_req);
+        free(r.opt_sent);
+        free(r.queue);
         return -ENOMEM;
     }
     int rc = 0;
@@ -994,6 +1158,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
             rc = write_meta(&r, meta);
         }
         int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);
+        int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
+        if (rc == 0 && (durable || do_eval)) /* the updates still running, done */
+            rc = opt_drain(&r);
         if (rc == 0 && durable)
             rc = resident_transfer(&r, FY_OP_IO_WRITE);
         if (rc == 0 && durable)
@@ -1002,13 +1169,14 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         double phase[PH_COUNT], busy[BUSY_COUNT];
         memcpy(phase, r.phase_s, sizeof phase);
         memcpy(busy, r.busy_s, sizeof busy);
-        int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
-        if (do_eval && o->eval_batches > 0)
+        if (rc == 0 && do_eval && o->eval_batches > 0)
             rc = eval_loss(&r, data, o->eval_batches, &eval);
         if (rc == 0)
             log_step(o, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy,
                      do_eval && o->eval_batches > 0, eval);
     }
+    int drained = opt_drain(&r); /* a stop at a step boundary leaves updates running */
+    rc = rc ? rc : drained;
     if (r.trace != NULL) { /* close the array (a trailing event carries no comma) */
         fprintf(r.trace, "{\"name\": \"end\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 1, \"tid\": 1, "
                          "\"ts\": %.3f}\n]\n",
@@ -1017,6 +1185,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     }
     free(version);
     free(resident);
+    free(r.opt_req);
+    free(r.opt_sent);
+    free(r.queue);
     return rc;
 }
 

@@ -38,6 +38,9 @@ struct fy_exec {
     int64_t (*submit)(void *ctx, const char *worker, struct fy_desc *req, unsigned n);
     /* Waits for a ticket's reply; returns the reply's status (0 or -errno). */
     int (*wait)(void *ctx, int64_t ticket, struct fy_desc *reply, int timeout_ms);
+    /* Whether a ticket's reply is in, without blocking: 1 (then wait returns at once), 0, or
+     * -errno. */
+    int (*poll)(void *ctx, int64_t ticket);
 };
 
 struct fy_train_opts {
@@ -62,18 +65,31 @@ struct fy_train_opts {
 /* Units of weights read ahead of the one the gpu computes (--prefetch): each costs a unit slot. */
 #define FY_TRAIN_PREFETCH_MAX 8
 
+/* Block gradients the pool holds at once: the gpu runs that many blocks, less one, ahead of the
+ * optimizer in the backward; what the optimizer has not done when the backward ends it finishes
+ * while the next step's forward runs. */
+#define FY_TRAIN_GRAD_SLOTS_MIN 3
+#define FY_TRAIN_GRAD_SLOTS_MAX 16
+
 /* Pool regions for a model and batch (B = T = 1 for init/export), with a "resident" region for the
  * optimizer state of the units marked in `resident` (may be NULL), weights slots for `prefetch`
- * units read ahead (1..FY_TRAIN_PREFETCH_MAX) and, with `clip`, room for the final unit's gradient
- * between the two backward passes of a clipped step. n receives the count (<= 9). */
+ * units read ahead (1..FY_TRAIN_PREFETCH_MAX), `grad_slots` block gradients (FY_TRAIN_GRAD_SLOTS_MIN
+ * to _MAX) and, with `clip`, room for the final unit's gradient between the two backward passes of
+ * a clipped step. n receives the count (<= 9). */
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
-                      int clip, unsigned prefetch, struct fy_pool_region_spec out[9], unsigned *n);
+                      int clip, unsigned prefetch, unsigned grad_slots,
+                      struct fy_pool_region_spec out[9], unsigned *n);
 /* The memory plan under --cpu-mem: marks, unit 0 first, every unit whose optimizer state (master,
  * m, v) still fits in a pool of at most cpu_mem bytes together with the streaming regions; those
  * units' state stays in the pool across steps (no SSD traffic, written to the store at
  * checkpoints), the others stream from the store. cpu_mem 0: none. Returns how many. */
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
                                 int clip, unsigned prefetch, unsigned char *resident);
+/* The block gradient slots for that plan: more than the minimum only when every unit's state is
+ * resident (then the optimizer is what the gpu may wait for, and more slots let it lag behind the
+ * backward instead), as many as still fit cpu_mem, at most one per block. */
+unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
+                                  int clip, unsigned prefetch, const unsigned char *resident);
 /* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
  * interface (fp32 weights, activations and gradients; with clipping the second backward pass too),
  * every input uploaded: the CUDA backend hands a unit's output to the next unit on the device when

@@ -1,10 +1,30 @@
 /* fuyou-opt-worker: AdamW on the CPU over regions of the shared pool, with one pinned thread per
  * core of its cpuset and the fastest SIMD kernel this CPU supports (opt_worker/optstep). */
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "common/log.h"
 #include "common/worker.h"
 #include "opt_worker/optstep.h"
 
+/* Test hook: FUYOU_TEST_OPT_DELAY_MS makes every AdamW request take that much longer, so that tests
+ * can make the optimizer the slowest stage and check what the schedule does then. */
+static long test_delay_ms;
+
 static int opt_init(struct fy_worker *w, void **state)
 {
+    const char *delay = getenv("FUYOU_TEST_OPT_DELAY_MS");
+    if (delay != NULL && *delay != 0) {
+        char *end;
+        test_delay_ms = strtol(delay, &end, 10);
+        if (*end != 0 || test_delay_ms < 0 || test_delay_ms > 10000) {
+            fy_error("FUYOU_TEST_OPT_DELAY_MS=%s: give 0 to 10000 milliseconds (a test hook)", delay);
+            return -EINVAL;
+        }
+        fy_warn("test hook: every AdamW request is delayed by %ld ms (FUYOU_TEST_OPT_DELAY_MS)",
+                test_delay_ms);
+    }
     struct fy_optstep *o = NULL;
     int rc = fy_optstep_new(&o, w->cfg, w->cpus);
     *state = o;
@@ -14,6 +34,11 @@ static int opt_init(struct fy_worker *w, void **state)
 static int opt_handle(struct fy_worker *w, void *state, const struct fy_desc *req, unsigned n,
                       struct fy_desc *reply)
 {
+    if (test_delay_ms > 0 && n > 0 && req[0].op == FY_OP_OPT_ADAMW) {
+        struct timespec pause = {test_delay_ms / 1000, (test_delay_ms % 1000) * 1000000};
+        while (nanosleep(&pause, &pause) != 0 && errno == EINTR)
+            ;
+    }
     return fy_optstep_handle(state, w->pool, req, n, reply);
 }
 

@@ -350,6 +350,40 @@ static void test_resident_state_matches_streaming(void **state)
     assert_true(fy_test_file_contains(f->log, "--cpu-mem is 30.0 MiB"));
 }
 
+/* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
+ * optimizer made the slowest stage (a test hook delays every AdamW by 40 ms), the updates still
+ * running when a backward ends go in the forward's order, so step N+1's forward starts while step
+ * N's updates run; each unit's forward still starts after that unit's update ended (checked in the
+ * trace), and the results equal the serial schedule's bit for bit. */
+static void test_forward_waits_for_its_unit_only(void **state)
+{
+    struct fixture *f = *state;
+    struct same_bits group = {0};
+    char *trace = strdup(path_in(f, "delayed.json"));
+    assert_int_equal(setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1), 0);
+    for (int i = 0; i < 2; i++) {
+        const char *schedule = i == 0 ? "overlap" : "serial";
+        char run[700];
+        snprintf(run, sizeof run, "%s-%s", path_in(f, "delayed"), schedule);
+        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G",
+                               i == 0 ? "--trace" : NULL, trace, NULL};
+        train_same_bits(f, &group, run, "6", "64", "4", extra);
+        assert_true(fy_test_file_contains(f->log, "every AdamW request is delayed by 40 ms"));
+    }
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    same_bits_free(&group);
+    if (system("python3 -c 'import json' 2>/dev/null") != 0) {
+        print_message("python3 missing: the trace's ordering was not checked\n");
+        free(trace);
+        return;
+    }
+    char cmd[800];
+    /* 3 steps after the first, each with 7 units (embeddings, 6 blocks) to check */
+    snprintf(cmd, sizeof cmd, "python3 tests/integration/trace_order.py %s 21", trace);
+    assert_int_equal(system(cmd), 0);
+    free(trace);
+}
+
 /* --trace writes Chrome trace-event JSON with every worker's requests; metrics carry busy times. */
 static void test_trace_and_busy_metrics(void **state)
 {
@@ -864,6 +898,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_run_matches_inprocess, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resident_state_matches_streaming, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefetch_depths_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_placement_five_blocks, setup, teardown),
