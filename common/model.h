@@ -52,7 +52,7 @@ enum fy_unit_kind fy_gpt_unit_kind(const struct fy_gpt_config *c, unsigned unit)
 /* Parameters (floats) of a unit: embeddings V*C + T*C; block layout.total; final 2*C. */
 size_t fy_gpt_unit_params(const struct fy_gpt_config *c, unsigned unit);
 size_t fy_gpt_total_params(const struct fy_gpt_config *c);
-/* Training FLOPs per token (forward + backward, with block recomputation counted). */
+/* Model FLOPs per training token: 6 N + 6 L T C (recomputation not counted). */
 double fy_gpt_flops_per_token(const struct fy_gpt_config *c, unsigned seq_len);
 
 /* A contiguous range [begin, end) of a unit's parameters and whether weight decay applies to it:
