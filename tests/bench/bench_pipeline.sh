@@ -10,7 +10,9 @@
 # to the store and syncs it (a checkpoint) and is left out as well.
 # Environment: PIPELINE_CONFIGS ("1.3B" or "1.3B 2.7B"), PIPELINE_BATCHES ("16 64"),
 # PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"), PIPELINE_QUEUE1 (1: also
-# the host placement with one request at a time), PIPELINE_STEPS (timed steps per run, 2), FUYOU_BENCH_DIR (where
+# the host placement with one request at a time), PIPELINE_FSDP2 (1: also PyTorch FSDP2 with CPU
+# offload, tests/bench/fsdp2_offload.py, at the batches in PIPELINE_FSDP2_BATCHES, "16"),
+# PIPELINE_STEPS (timed steps per run, 2), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
 # (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
@@ -67,7 +69,8 @@ print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f" % (m("step_s"),
 
 for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
   # GiB: optimizer state, the streaming slots (12 of the largest unit, the embeddings), the fp32
-  # activations per sequence of the batch; (a) holds all three, (b) the last two and 1 GiB
+  # activations per sequence of the batch; (a) holds all three and 5 GiB (room for the block
+  # gradient slots that let the optimizer lag the backward), (b) the last two and 1 GiB
   case $cfg in
     1.3B) model="--layers 24 --heads 16 --embd 2048"; state=16; slots=5; act=0.21 ;;
     2.7B) model="--layers 32 --heads 32 --embd 2560"; state=32; slots=7; act=0.35 ;;
@@ -90,7 +93,7 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     export COMPUTE_S
     for place in ${PIPELINE_PLACEMENTS:-host ssd}; do
       mem=$(awk -v p=$place -v s=$state -v k=$slots -v a=$act -v b=$B \
-        'BEGIN{printf "%dM", 1024 * (p == "host" ? s + k + a * b + 2 : k + a * b + 1)}')
+        'BEGIN{printf "%dM", 1024 * (p == "host" ? s + k + a * b + 5 : k + a * b + 1)}')
       for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
         run "$cfg-$B-$place-$sched" "$cfg" "$B" "$place" "$sched" 2 "$mem"
       done
@@ -99,7 +102,20 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     done
   done
   rm -rf "$work/run-$cfg"
+  # the peer in the same run: PyTorch FSDP2 with CPU offload on this GPU, same model and formula
+  if [ "$BACKEND" = cuda ] && [ "${PIPELINE_FSDP2:-1}" = 1 ] && [ "$cfg" != tiny ]; then
+    for B in ${PIPELINE_FSDP2_BATCHES:-16}; do
+      python3 tests/bench/fsdp2_offload.py --config "$cfg" --batch "$B" --seq "$SEQ" \
+        --steps "$STEPS" >"$work/fsdp2-$cfg-$B.log" 2>&1
+      line=$(grep '^fsdp2 ' "$work/fsdp2-$cfg-$B.log" | tail -1)
+      [ -n "$line" ] || line="fsdp2 config=$cfg B=$B failed: $(tail -1 "$work/fsdp2-$cfg-$B.log")"
+      echo "$line" | tee -a "$work/peers"
+    done
+  fi
 done
 echo
-echo "medians over $STEPS timed steps; queue: GPT requests in flight in the gpu worker"
+echo "medians over $STEPS timed steps; queue: GPT requests in flight in the gpu worker;"
+echo "model TFLOP/s = (6 N B T + 6 L B T^2 C) / step time (recomputation not counted)"
 cat "$table"
+[ -f "$work/peers" ] && cat "$work/peers"
+exit 0
