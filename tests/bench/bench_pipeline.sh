@@ -12,7 +12,8 @@
 # PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"), PIPELINE_QUEUE1 (1: also
 # the host placement with one request at a time), PIPELINE_FSDP2 (1: also PyTorch FSDP2 with CPU
 # offload, tests/bench/fsdp2_offload.py, at the batches in PIPELINE_FSDP2_BATCHES, "16"),
-# PIPELINE_STEPS (timed steps per run, 2), FUYOU_BENCH_DIR (where
+# PIPELINE_STEPS (timed steps per run, 2), PIPELINE_SSD_STEPS and PIPELINE_SSD_BATCHES (the same for
+# the SSD placement, whose steps take far longer), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
 # (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
@@ -35,9 +36,10 @@ printf "%-5s %3s %-5s %-8s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s\n" c
 # run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM: STEPS+1 more steps on the config's store
 run() {
   local cfg=$2 B=$3 place=$4 sched=$5 queue=$6 mem=$7
-  local dir=$work/run-$cfg done_steps
+  local dir=$work/run-$cfg done_steps steps=$STEPS
+  [ "$place" = ssd ] && steps=${PIPELINE_SSD_STEPS:-$STEPS}
   done_steps=$(cat "$dir/steps" 2>/dev/null || echo 0)
-  local total=$((done_steps + STEPS + 2))
+  local total=$((done_steps + steps + 2))
   local log=$work/$1.log
   FUYOU_GPU_QUEUE=$queue "$L" train --run-dir "$dir" --data "$work/data.tok" --steps $total \
     --batch "$B" --seq "$SEQ" --lr 1e-4 --warmup 1 --eval-every 0 --checkpoint-every 0 \
@@ -47,7 +49,7 @@ run() {
   echo $total >"$dir/steps"
   grep -E "plan|resident|state of" "$log" | head -3 | cut -c1-200
   # median over the timed steps of each field
-  tail -n $((STEPS + 1)) "$dir/metrics.jsonl" | head -n "$STEPS" | COMPUTE_S=${COMPUTE_S:-0} python3 -c '
+  tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" | COMPUTE_S=${COMPUTE_S:-0} python3 -c '
 import json, statistics, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
 m = lambda k: statistics.median(r[k] for r in rows)
@@ -92,6 +94,9 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     fi
     export COMPUTE_S
     for place in ${PIPELINE_PLACEMENTS:-host ssd}; do
+      # the SSD placement only at the batches in PIPELINE_SSD_BATCHES (default: all)
+      [ "$place" = ssd ] && [ -n "${PIPELINE_SSD_BATCHES:-}" ] &&
+        ! [[ " $PIPELINE_SSD_BATCHES " == *" $B "* ]] && continue
       mem=$(awk -v p=$place -v s=$state -v k=$slots -v a=$act -v b=$B \
         'BEGIN{printf "%dM", 1024 * (p == "host" ? s + k + a * b + 5 : k + a * b + 1)}')
       for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
