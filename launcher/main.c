@@ -29,7 +29,7 @@ struct options {
     const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path, *trace;
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
-    uint64_t checkpoint_every, prefetch;
+    uint64_t checkpoint_every, prefetch, grad_slots;
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set;
@@ -57,6 +57,10 @@ static void usage(FILE *f)
             "               --schedule overlap|serial (overlap: updates run beside the backward)\n"
             "               --prefetch N (1) units of weights read ahead of the gpu (1..8; each\n"
             "               costs a unit's fp32 weights of pool memory)\n"
+            "               --grad-slots N (3) block gradients held at once (3..16, each a block's\n"
+            "               fp32 gradient of pool memory): the optimizer may lag the backward by\n"
+            "               N - 1 blocks and finish while the next forward runs; used only when all\n"
+            "               optimizer state fits in --cpu-mem, and cut to what fits\n"
             "               --trace FILE (Chrome trace-event JSON of every request; open in Perfetto)\n"
             "               --clip-grad-norm MAX (0: off) clip the global gradient norm to MAX (a\n"
             "               second backward pass per step computes the norm before any update)\n"
@@ -96,7 +100,7 @@ enum {
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
-    O_CLIP, O_PREFETCH
+    O_CLIP, O_PREFETCH, O_GRAD_SLOTS
 };
 
 static const struct option longopts[] = {
@@ -124,6 +128,7 @@ static const struct option longopts[] = {
     {"trace", required_argument, 0, O_TRACE},
     {"clip-grad-norm", required_argument, 0, O_CLIP},
     {"prefetch", required_argument, 0, O_PREFETCH},
+    {"grad-slots", required_argument, 0, O_GRAD_SLOTS},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -138,7 +143,7 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
                           .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
                           .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1,
-                          .prefetch = 1};
+                          .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MIN};
     int c, rc = 0;
     uint64_t v;
     opterr = 0;
@@ -201,6 +206,15 @@ static int parse_options(int argc, char **argv, struct options *o)
             if (rc == 0 && (o->prefetch < 1 || o->prefetch > FY_TRAIN_PREFETCH_MAX)) {
                 fprintf(stderr, "fuyou-launch: --prefetch %s: give 1 to %d units\n", optarg,
                         FY_TRAIN_PREFETCH_MAX);
+                rc = -EINVAL;
+            }
+            break;
+        case O_GRAD_SLOTS:
+            rc = parse_size_opt("--grad-slots", optarg, &o->grad_slots);
+            if (rc == 0 && (o->grad_slots < FY_TRAIN_GRAD_SLOTS_MIN ||
+                            o->grad_slots > FY_TRAIN_GRAD_SLOTS_MAX)) {
+                fprintf(stderr, "fuyou-launch: --grad-slots %s: give %d to %d block gradients\n",
+                        optarg, FY_TRAIN_GRAD_SLOTS_MIN, FY_TRAIN_GRAD_SLOTS_MAX);
                 rc = -EINVAL;
             }
             break;
@@ -538,10 +552,11 @@ static int cmd_train(struct options *o)
     struct fy_pool_region_spec regions[9];
     unsigned n;
     unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, o->cpu_mem,
-                                                   clipping, (unsigned)o->prefetch, resident);
-    fy_info("plan: %u block gradients in the pool at once: the optimizer can fall %u blocks behind "
-            "the backward and finish while the next forward runs",
-            grad_slots, grad_slots - 1);
+                                                   clipping, (unsigned)o->prefetch, resident,
+                                                   (unsigned)o->grad_slots);
+    fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
+            "fall %u blocks behind the backward and finish while the next forward runs",
+            grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
     fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, clipping, (unsigned)o->prefetch,
                      grad_slots, regions, &n);
     struct fy_session s;

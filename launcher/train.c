@@ -146,13 +146,15 @@ static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
 }
 
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                  int clip, unsigned prefetch, const unsigned char *resident)
+                                  int clip, unsigned prefetch, const unsigned char *resident,
+                                  unsigned wanted)
 {
     unsigned units = fy_gpt_unit_count(c), slots = FY_TRAIN_GRAD_SLOTS_MIN;
     for (unsigned u = 0; u < units; u++)
         if (!resident[u])
             return slots; /* streamed blocks are paced by their two state slots anyway */
     unsigned most = c->n_layer < FY_TRAIN_GRAD_SLOTS_MAX ? c->n_layer : FY_TRAIN_GRAD_SLOTS_MAX;
+    most = wanted < most ? wanted : most;
     for (unsigned more = slots + 1; more <= most; more++) {
         struct fy_pool_region_spec regions[9];
         unsigned n;

@@ -85,11 +85,15 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigne
  * checkpoints), the others stream from the store. cpu_mem 0: none. Returns how many. */
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
                                 int clip, unsigned prefetch, unsigned char *resident);
-/* The block gradient slots for that plan: more than the minimum only when every unit's state is
- * resident (then the optimizer is what the gpu may wait for, and more slots let it lag behind the
- * backward instead), as many as still fit cpu_mem, at most one per block. */
+/* The block gradient slots for that plan, up to `wanted`: more than the minimum only when every
+ * unit's state is resident (then the optimizer is what the gpu may wait for, and more slots let it
+ * lag behind the backward instead), as many as still fit cpu_mem, at most one per block. More is
+ * not always faster: on the H200 machine the optimizer slowed by a third when it ran beside the
+ * denser copy traffic of an unthrottled backward (both share host memory bandwidth), so the
+ * default is the minimum. */
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                  int clip, unsigned prefetch, const unsigned char *resident);
+                                  int clip, unsigned prefetch, const unsigned char *resident,
+                                  unsigned wanted);
 /* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
  * interface (fp32 weights, activations and gradients; with clipping the second backward pass too),
  * every input uploaded: the CUDA backend hands a unit's output to the next unit on the device when

@@ -365,10 +365,11 @@ static void test_forward_waits_for_its_unit_only(void **state)
         const char *schedule = i == 0 ? "overlap" : "serial";
         char run[700];
         snprintf(run, sizeof run, "%s-%s", path_in(f, "delayed"), schedule);
-        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G",
+        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", "--grad-slots", "6",
                                i == 0 ? "--trace" : NULL, trace, NULL};
         train_same_bits(f, &group, run, "6", "64", "4", extra);
         assert_true(fy_test_file_contains(f->log, "every AdamW request is delayed by 40 ms"));
+        assert_true(fy_test_file_contains(f->log, "6 block gradients in the pool at once"));
     }
     unsetenv("FUYOU_TEST_OPT_DELAY_MS");
     same_bits_free(&group);
