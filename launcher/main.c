@@ -15,8 +15,11 @@
 #include "common/ckpt.h"
 #include "common/config.h"
 #include "common/dtype.h"
+#include "common/hfgpt2.h"
 #include "common/model.h"
+#include "common/safetensors.h"
 #include "common/tokfile.h"
+#include "io_worker/store.h"
 #include "launcher/inproc.h"
 #include "launcher/selftest.h"
 #include "launcher/session.h"
@@ -27,12 +30,15 @@ enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_WORKER = 3, EXIT_INTERR
 
 struct options {
     const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path, *trace;
+    const char *from_hf, *to_hf;
+    int hf_dtype;            /* export --to-hf --dtype: 0 (as the source), FY_ST_F32, FY_ST_BF16 */
+    uint64_t max_shard_size; /* export --to-hf: shard above this many bytes of tensors */
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every, prefetch, grad_slots;
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
-    int seed_set, lr_set, wd_set, steps_set;
+    int seed_set, lr_set, wd_set, steps_set, model_set, hf_opts_set;
 };
 
 static void usage(FILE *f)
@@ -43,13 +49,20 @@ static void usage(FILE *f)
             "commands:\n"
             "  prepare  --out FILE TEXT...          text files -> token file (byte-level, vocab 256)\n"
             "  init     --run-dir DIR [model]       create a GPT in the run's SSD store (GPT-2 init)\n"
+            "  init     --run-dir DIR --from-hf HF  import a Hugging Face GPT-2 directory instead\n"
             "  train    --run-dir DIR --data FILE   train it (continues from the store's step)\n"
             "  export   --run-dir DIR --out FILE    write the weights to a file\n"
+            "  export   --run-dir DIR --to-hf HF    write a Hugging Face model directory\n"
             "  selftest --run-dir DIR --ssd DIR     data path SSD -> pool -> gpu -> AdamW -> SSD\n"
             "  help                                 this text\n"
             "\n"
             "model (init):  --layers N (4) --heads N (4) --embd N (128) --vocab N (256) --ctx N (128)\n"
             "               --seed N (1) --ssd DIR[,DIR...] (default DIR/store) --overwrite\n"
+            "               --from-hf HF: config.json and model.safetensors (or shards with\n"
+            "               model.safetensors.index.json) of a GPT2LMHeadModel; sets the model\n"
+            "to-hf export:  --dtype f32|bf16 (default: the source's; F16 is written as F32)\n"
+            "               --max-shard-size SIZE (50000000000, as transformers) --overwrite\n"
+            "               (replace the model files of a non-empty directory, keep the others)\n"
             "train:         --steps N (total, 200) --batch B (8) --seq T (64) --lr X (1e-3)\n"
             "               --warmup N (10) --min-lr-ratio X (0.1) --weight-decay X (0.1) --seed N (1)\n"
             "               --eval-every N (50) --eval-batches N (4) --eval-fraction X (0.1)\n"
@@ -100,7 +113,7 @@ enum {
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
-    O_CLIP, O_PREFETCH, O_GRAD_SLOTS
+    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_FROM_HF, O_TO_HF, O_DTYPE, O_MAX_SHARD
 };
 
 static const struct option longopts[] = {
@@ -129,6 +142,9 @@ static const struct option longopts[] = {
     {"clip-grad-norm", required_argument, 0, O_CLIP},
     {"prefetch", required_argument, 0, O_PREFETCH},
     {"grad-slots", required_argument, 0, O_GRAD_SLOTS},
+    {"from-hf", required_argument, 0, O_FROM_HF},    {"to-hf", required_argument, 0, O_TO_HF},
+    {"dtype", required_argument, 0, O_DTYPE},
+    {"max-shard-size", required_argument, 0, O_MAX_SHARD},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -143,7 +159,7 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
                           .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
                           .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1,
-                          .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MIN};
+                          .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MIN, .max_shard_size = 50000000000ull};
     int c, rc = 0;
     uint64_t v;
     opterr = 0;
@@ -178,11 +194,11 @@ static int parse_options(int argc, char **argv, struct options *o)
         case O_DATA: o->data = optarg; break;
         case O_OUT: o->out = optarg; break;
         case O_EXPORT: o->export_path = optarg; break;
-        case O_LAYERS: rc = parse_size_opt("--layers", optarg, &o->layers); break;
-        case O_HEADS: rc = parse_size_opt("--heads", optarg, &o->heads); break;
-        case O_EMBD: rc = parse_size_opt("--embd", optarg, &o->embd); break;
-        case O_VOCAB: rc = parse_size_opt("--vocab", optarg, &o->vocab); break;
-        case O_CTX: rc = parse_size_opt("--ctx", optarg, &o->ctx); break;
+        case O_LAYERS: rc = parse_size_opt("--layers", optarg, &o->layers); o->model_set = 1; break;
+        case O_HEADS: rc = parse_size_opt("--heads", optarg, &o->heads); o->model_set = 1; break;
+        case O_EMBD: rc = parse_size_opt("--embd", optarg, &o->embd); o->model_set = 1; break;
+        case O_VOCAB: rc = parse_size_opt("--vocab", optarg, &o->vocab); o->model_set = 1; break;
+        case O_CTX: rc = parse_size_opt("--ctx", optarg, &o->ctx); o->model_set = 1; break;
         case O_BATCH: rc = parse_size_opt("--batch", optarg, &o->batch); break;
         case O_SEQ: rc = parse_size_opt("--seq", optarg, &o->seq); break;
         case O_WARMUP: rc = parse_size_opt("--warmup", optarg, &o->warmup); break;
@@ -223,6 +239,25 @@ static int parse_options(int argc, char **argv, struct options *o)
                 o->overlap = optarg[0] == 'o';
             else {
                 fprintf(stderr, "fuyou-launch: --schedule must be overlap or serial\n");
+                rc = -EINVAL;
+            }
+            break;
+        case O_FROM_HF: o->from_hf = optarg; break;
+        case O_TO_HF: o->to_hf = optarg; break;
+        case O_DTYPE:
+            o->hf_opts_set = 1;
+            if (strcmp(optarg, "f32") == 0 || strcmp(optarg, "bf16") == 0)
+                o->hf_dtype = optarg[0] == 'b' ? FY_ST_BF16 : FY_ST_F32;
+            else {
+                fprintf(stderr, "fuyou-launch: --dtype must be f32 or bf16\n");
+                rc = -EINVAL;
+            }
+            break;
+        case O_MAX_SHARD:
+            o->hf_opts_set = 1;
+            rc = parse_size_opt("--max-shard-size", optarg, &o->max_shard_size);
+            if (rc == 0 && o->max_shard_size == 0) {
+                fprintf(stderr, "fuyou-launch: --max-shard-size must be positive\n");
                 rc = -EINVAL;
             }
             break;
@@ -379,9 +414,13 @@ static int check_store_model(const struct fy_storemeta *meta, const struct fy_gp
     return -EINVAL;
 }
 
+static int cmd_init_hf(struct options *o);
+
 static int cmd_init(struct options *o)
 {
     FY_TRY(require(o->run_dir, "--run-dir", "init"));
+    if (o->from_hf != NULL)
+        return cmd_init_hf(o);
     struct fy_gpt_config model = {(uint32_t)o->layers, (uint32_t)o->heads, (uint32_t)o->embd,
                                   (uint32_t)o->vocab, (uint32_t)o->ctx};
     FY_REQUIRE(o->layers <= UINT32_MAX && o->heads <= UINT32_MAX && o->embd <= UINT32_MAX &&
@@ -436,8 +475,182 @@ static int cmd_init(struct options *o)
     }
     free(cfg);
     rc = fy_session_close(&s, rc);
+    if (rc == 0) { /* a model imported into this run before is gone */
+        char hf_dir[PATH_MAX];
+        snprintf(hf_dir, sizeof hf_dir, "%s/hf", o->run_dir);
+        rc = fy_hfgpt2_remove_source(hf_dir);
+    }
     if (rc == 0)
         fy_info("init: model written to the store at step 0 (%s)", mc_path);
+    return rc;
+}
+
+/* Pool regions for moving a model unit by unit between a Hugging Face directory and the store:
+ * the metadata block and one unit's master section. */
+static void hf_regions(const struct fy_gpt_config *c, struct fy_pool_region_spec out[2])
+{
+    uint64_t unit = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+        if (fy_unit_state_section(c, u) > unit)
+            unit = fy_unit_state_section(c, u);
+    out[0] = (struct fy_pool_region_spec){"meta", FY_CKPT_BLOCK};
+    out[1] = (struct fy_pool_region_spec){"unit", unit};
+}
+
+/* One request to the io worker, waited for. */
+static int io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
+                   uint64_t bytes, uint64_t arg, int timeout_ms)
+{
+    struct fy_desc d = fy_desc_region(op, bytes ? FY_KIND_RAW : FY_KIND_CONTROL, FY_DTYPE_NONE,
+                                      pool_offset, bytes, -1);
+    d.tensor = tensor;
+    d.arg = arg;
+    int64_t ticket = x->submit(x->ctx, "io", &d, 1);
+    return ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, NULL, timeout_ms);
+}
+
+/* Each unit's state extent [master | m | v] from the checkpoint, one unit in the pool at a time:
+ * the master section read from the Hugging Face files, then zeros for the moments. */
+static int import_units(const struct fy_exec *x, struct fy_pool *pool, struct fy_hfgpt2_src *src,
+                        int timeout_ms)
+{
+    const struct fy_gpt_config *c = fy_hfgpt2_model(src);
+    uint64_t off, bytes, meta_off, meta_bytes;
+    FY_TRY(fy_pool_region(pool, "unit", &off, &bytes));
+    FY_TRY(fy_pool_region(pool, "meta", &meta_off, &meta_bytes));
+    FY_TRY(io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_META, 0, 0, FY_CKPT_BLOCK, timeout_ms));
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++) {
+        uint64_t sec = fy_unit_state_section(c, u);
+        float *params = fy_pool_at(pool, off, sec);
+        FY_TRY(io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, 3 * sec, timeout_ms));
+        memset(params, 0, sec);
+        FY_TRY(fy_hfgpt2_read_unit(src, u, params));
+        FY_TRY(io_call(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), off, sec, 0, timeout_ms));
+        memset(params, 0, sec); /* Adam's moments start at zero */
+        FY_TRY(io_call(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), off, sec, sec, timeout_ms));
+        FY_TRY(io_call(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), off, sec, 2 * sec, timeout_ms));
+    }
+    struct fy_storemeta m = {.model = *c, .step = 0, .seed = 0};
+    fy_storemeta_encode(&m, fy_pool_at(pool, meta_off, FY_CKPT_BLOCK));
+    FY_TRY(io_call(x, FY_OP_IO_WRITE, FY_TENSOR_META, meta_off, FY_CKPT_BLOCK, 0, timeout_ms));
+    return io_call(x, FY_OP_IO_SYNC, 0, 0, 0, 0, timeout_ms);
+}
+
+/* After a failed import that had created the store: its files, and what described the run. */
+static void remove_failed_import(const char *ssd, const char *mc_path, const char *hf_dir,
+                                 const char *made_dir)
+{
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", ssd);
+    int first = 1;
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save), first = 0) {
+        char f[PATH_MAX];
+        snprintf(f, sizeof f, "%s/%s", p, FY_STORE_DATA_NAME);
+        unlink(f);
+        if (first) {
+            snprintf(f, sizeof f, "%s/%s", p, FY_STORE_INDEX_NAME);
+            unlink(f);
+            snprintf(f, sizeof f, "%s/%s.tmp", p, FY_STORE_INDEX_NAME);
+            unlink(f);
+        }
+    }
+    if (made_dir != NULL)
+        rmdir(made_dir);
+    unlink(mc_path); /* with --overwrite: the model it described is gone with its store */
+    fy_hfgpt2_remove_source(hf_dir);
+    fy_warn("init: the partly imported store and its run files were removed");
+}
+
+/* init --from-hf: every header, name and shape is checked before anything is created; then the
+ * store is written unit by unit, RUN/hf records what export needs, and model.conf comes last. */
+static int cmd_init_hf(struct options *o)
+{
+    char mc_path[PATH_MAX], hf_dir[PATH_MAX], store_dir[PATH_MAX];
+    model_conf_path(o->run_dir, mc_path, sizeof mc_path);
+    snprintf(hf_dir, sizeof hf_dir, "%s/hf", o->run_dir);
+    if (!o->overwrite && access(mc_path, F_OK) == 0) {
+        fy_error("%s exists: this run directory already has a model (pass --overwrite to replace "
+                 "it and its store)",
+                 mc_path);
+        return -EEXIST;
+    }
+    FY_REQUIRE(!o->model_set && !o->seed_set, -EINVAL,
+               "init --from-hf takes the model from %s/config.json: drop --layers, --heads, "
+               "--embd, --vocab, --ctx and --seed",
+               o->from_hf);
+    struct fy_hfgpt2_src *src = NULL;
+    FY_TRY(fy_hfgpt2_open(&src, o->from_hf));
+    const struct fy_gpt_config *model = fy_hfgpt2_model(src);
+    const char *made_dir = NULL;
+    int rc = 0;
+    if (o->ssd == NULL) {
+        snprintf(store_dir, sizeof store_dir, "%s/store", o->run_dir);
+        if (mkdir(o->run_dir, 0700) != 0 && errno != EEXIST)
+            rc = -errno;
+        if (rc == 0 && mkdir(store_dir, 0700) == 0)
+            made_dir = store_dir;
+        else if (rc == 0 && errno != EEXIST)
+            rc = -errno;
+        if (rc < 0)
+            fy_error("cannot create %s: %s", store_dir, strerror(-rc));
+        o->ssd = store_dir;
+    }
+    if (rc == 0)
+        rc = check_ssd_paths(o->ssd);
+    if (rc < 0) {
+        if (made_dir != NULL)
+            rmdir(made_dir);
+        fy_hfgpt2_close(&src);
+        return rc;
+    }
+    char described[160];
+    fy_gpt_config_describe(model, described, sizeof described);
+    fy_info("init: importing %s (%s, %s); store on %s", fy_hfgpt2_path(src), described,
+            fy_hfgpt2_dtype(src), o->ssd);
+    struct fy_pool_region_spec regions[2];
+    hf_regions(model, regions);
+    struct fy_session s;
+    struct fy_session_opts so = session_opts(o);
+    rc = fy_session_open(&s, &so, regions, 2, "model import");
+    struct fy_config *cfg = calloc(1, sizeof *cfg);
+    if (rc == 0)
+        rc = cfg ? base_config(o, cfg, 1) : -ENOMEM;
+    static const char *const workers[] = {"io"};
+    if (rc == 0)
+        rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
+    int store_made = rc == 0;
+    if (rc == 0) {
+        struct fy_exec x = fy_session_exec(&s);
+        rc = import_units(&x, s.pool, src, o->timeout_s * 1000);
+    }
+    rc = fy_session_close(&s, rc);
+    if (rc == 0)
+        rc = fy_hfgpt2_remove_source(hf_dir);
+    if (rc == 0)
+        rc = fy_hfgpt2_save_source(src, hf_dir);
+    if (rc == 0) {
+        fy_config_init(cfg);
+        rc = fy_gpt_config_to(model, cfg);
+        if (rc == 0)
+            rc = fy_config_set(cfg, "ssd", o->ssd);
+        if (rc == 0)
+            rc = fy_config_set(cfg, "hf", "1");
+        if (rc == 0)
+            rc = fy_config_set(cfg, "hf_source", o->from_hf);
+        if (rc == 0)
+            rc = fy_config_save(cfg, mc_path);
+    }
+    free(cfg);
+    if (rc < 0 && store_made)
+        remove_failed_import(o->ssd, mc_path, hf_dir, made_dir);
+    else if (rc < 0 && made_dir != NULL)
+        rmdir(made_dir);
+    if (rc == 0)
+        fy_info("init: %s imported into the store at step 0 (%s; %s records its names, dtypes "
+                "and config for export --to-hf)",
+                o->from_hf, mc_path, hf_dir);
+    fy_hfgpt2_close(&src);
     return rc;
 }
 
@@ -622,10 +835,73 @@ static int cmd_train(struct options *o)
     return fy_session_close(&s, rc);
 }
 
+/* export --to-hf: the store's committed weights, unit by unit, into a Hugging Face directory. */
+static int cmd_export_hf(struct options *o)
+{
+    struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
+    struct fy_gpt_config model;
+    int rc = mc && cfg ? load_model_conf(o, mc, &model) : -ENOMEM;
+    char hf_dir[PATH_MAX];
+    snprintf(hf_dir, sizeof hf_dir, "%s/hf", o->run_dir);
+    const char *hf = rc == 0 ? fy_config_get(mc, "hf") : NULL;
+    struct fy_hfgpt2_export_opts eo = {.source = hf && strcmp(hf, "1") == 0 ? hf_dir : NULL,
+                                       .dtype = o->hf_dtype, .max_shard_bytes = o->max_shard_size,
+                                       .overwrite = o->overwrite};
+    struct fy_hfgpt2_writer *w = NULL;
+    if (rc == 0)
+        rc = fy_hfgpt2_writer_new(&w, o->to_hf, &model, &eo);
+    struct fy_pool_region_spec regions[2];
+    hf_regions(&model, regions);
+    struct fy_session s;
+    struct fy_session_opts so = session_opts(o);
+    memset(&s, 0, sizeof s);
+    s.lock_fd = -1;
+    if (rc == 0)
+        rc = fy_session_open(&s, &so, regions, 2, "export");
+    if (rc == 0)
+        rc = base_config(o, cfg, 0);
+    static const char *const workers[] = {"io"};
+    if (rc == 0)
+        rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
+    struct fy_storemeta meta;
+    struct fy_exec x = fy_session_exec(&s);
+    if (rc == 0)
+        rc = fy_train_read_meta(&x, s.pool, o->ssd, &meta, o->timeout_s * 1000);
+    if (rc == 0)
+        rc = check_store_model(&meta, &model, o->ssd);
+    uint64_t off = 0, bytes;
+    if (rc == 0)
+        rc = fy_pool_region(s.pool, "unit", &off, &bytes);
+    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(&model); u++) {
+        uint64_t sec = fy_unit_state_section(&model, u);
+        rc = io_call(&x, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), off, sec, 0, o->timeout_s * 1000);
+        if (rc == 0)
+            rc = fy_hfgpt2_writer_put_unit(w, u, fy_pool_at(s.pool, off, sec));
+    }
+    char dtype[8] = "";
+    if (w != NULL)
+        snprintf(dtype, sizeof dtype, "%s", fy_hfgpt2_writer_dtype(w));
+    if (rc == 0)
+        rc = fy_hfgpt2_writer_finish(&w);
+    fy_hfgpt2_writer_destroy(&w);
+    if (rc == 0)
+        fy_info("exported step %llu to %s (a Hugging Face GPT-2 directory, %s%s)",
+                (unsigned long long)meta.step, o->to_hf, dtype,
+                eo.source ? ", names and config of the imported model" : ", config.json made here");
+    free(mc);
+    free(cfg);
+    return fy_session_close(&s, rc);
+}
+
 static int cmd_export(struct options *o)
 {
     FY_TRY(require(o->run_dir, "--run-dir", "export"));
-    FY_TRY(require(o->out, "--out", "export"));
+    FY_REQUIRE((o->out != NULL) != (o->to_hf != NULL), -EINVAL,
+               "export: give --out FILE (weights file) or --to-hf DIR (Hugging Face directory)");
+    if (o->to_hf != NULL)
+        return cmd_export_hf(o);
+    FY_REQUIRE(!o->hf_opts_set, -EINVAL,
+               "export: --dtype and --max-shard-size are options of --to-hf (a weights file is f32)");
     struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
     struct fy_gpt_config model;
     int rc = mc && cfg ? load_model_conf(o, mc, &model) : -ENOMEM;

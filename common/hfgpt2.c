@@ -1,0 +1,1099 @@
+/* Hugging Face GPT-2 import and export (mapping in hfgpt2.h): config.json checked against what the
+ * backends compute, every tensor name and shape checked before any data is read, units filled one
+ * at a time (Conv1D weights transposed), and exports written into a temporary directory beside the
+ * target and renamed into place only when whole. */
+#include "hfgpt2.h"
+
+#include <cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "fsutil.h"
+#include "safetensors.h"
+
+/* config.json is a few kB; a bound keeps a wrong file (a checkpoint renamed) out of memory. */
+#define HF_MAX_JSON (16u << 20)
+#define HF_NAME_MAX 160
+#define HF_PREFIX "transformer."
+#define HF_BLOCK_PARAMS 12
+#define HF_SOURCE_FORMAT "fuyou-hf-gpt2-source"
+
+/* One parameter as Hugging Face stores it and where it lives in a unit. */
+struct hf_param {
+    char name[HF_NAME_MAX]; /* without the prefix */
+    size_t offset;          /* floats into the unit */
+    int ndim;
+    uint64_t shape[2]; /* as stored: a Conv1D weight is [in][out] */
+    int transposed;    /* Conv1D weight: [in][out] there, [out][in] here */
+};
+
+/* The parameters of a unit in Hugging Face's module order; returns how many (<= 12). */
+static unsigned unit_params(const struct fy_gpt_config *c, unsigned unit, struct hf_param *p)
+{
+    const uint64_t C = c->n_embd;
+    enum fy_unit_kind kind = fy_gpt_unit_kind(c, unit);
+    if (kind == FY_UNIT_EMBED) {
+        p[0] = (struct hf_param){"wte.weight", 0, 2, {c->vocab, C}, 0};
+        p[1] = (struct hf_param){"wpe.weight", (size_t)c->vocab * C, 2, {c->ctx, C}, 0};
+        return 2;
+    }
+    if (kind == FY_UNIT_FINAL) {
+        p[0] = (struct hf_param){"ln_f.weight", 0, 1, {C, 0}, 0};
+        p[1] = (struct hf_param){"ln_f.bias", C, 1, {C, 0}, 0};
+        return 2;
+    }
+    struct fy_gpt_block_layout l;
+    fy_gpt_block_layout(c, &l);
+    const struct {
+        const char *name;
+        size_t offset;
+        int ndim;
+        uint64_t d0, d1;
+        int transposed;
+    } t[HF_BLOCK_PARAMS] = {
+        {"ln_1.weight", l.ln1_w, 1, C, 0, 0},          {"ln_1.bias", l.ln1_b, 1, C, 0, 0},
+        {"attn.c_attn.weight", l.qkv_w, 2, C, 3 * C, 1}, {"attn.c_attn.bias", l.qkv_b, 1, 3 * C, 0, 0},
+        {"attn.c_proj.weight", l.attn_w, 2, C, C, 1},  {"attn.c_proj.bias", l.attn_b, 1, C, 0, 0},
+        {"ln_2.weight", l.ln2_w, 1, C, 0, 0},          {"ln_2.bias", l.ln2_b, 1, C, 0, 0},
+        {"mlp.c_fc.weight", l.fc_w, 2, C, 4 * C, 1},   {"mlp.c_fc.bias", l.fc_b, 1, 4 * C, 0, 0},
+        {"mlp.c_proj.weight", l.proj_w, 2, 4 * C, C, 1}, {"mlp.c_proj.bias", l.proj_b, 1, C, 0, 0},
+    };
+    for (unsigned i = 0; i < HF_BLOCK_PARAMS; i++) {
+        snprintf(p[i].name, sizeof p[i].name, "h.%u.%s", unit - 1, t[i].name);
+        p[i].offset = t[i].offset;
+        p[i].ndim = t[i].ndim;
+        p[i].shape[0] = t[i].d0;
+        p[i].shape[1] = t[i].d1;
+        p[i].transposed = t[i].transposed;
+    }
+    return HF_BLOCK_PARAMS;
+}
+
+static uint64_t param_numel(const struct hf_param *p)
+{
+    return p->ndim == 1 ? p->shape[0] : p->shape[0] * p->shape[1];
+}
+
+/* dst[o][i] = src[i][o] for src [rows = in][cols = out]; blocked so both sides stay in cache. */
+static void transpose(float *dst, const float *src, size_t rows, size_t cols)
+{
+    const size_t B = 32;
+    for (size_t i0 = 0; i0 < rows; i0 += B)
+        for (size_t o0 = 0; o0 < cols; o0 += B) {
+            size_t i1 = i0 + B < rows ? i0 + B : rows, o1 = o0 + B < cols ? o0 + B : cols;
+            for (size_t o = o0; o < o1; o++)
+                for (size_t i = i0; i < i1; i++)
+                    dst[o * rows + i] = src[i * cols + o];
+        }
+}
+
+static void format_shape(char *buf, size_t len, int ndim, const uint64_t *shape)
+{
+    size_t n = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < ndim && n < len; d++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%llu", d ? ", " : "", (unsigned long long)shape[d]);
+    if (n < len)
+        snprintf(buf + n, len - n, "]");
+}
+
+/* Reads a whole small file (config.json, source.json) into a NUL-terminated buffer. */
+static int slurp(const char *path, char **out, size_t *len)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        fy_error("cannot open %s: %s", path, strerror(e));
+        return -e;
+    }
+    struct stat st;
+    int rc = fstat(fd, &st) == 0 ? 0 : -errno;
+    if (rc == 0 && (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > HF_MAX_JSON))
+        rc = -EINVAL;
+    char *buf = rc == 0 ? malloc((size_t)st.st_size + 1) : NULL;
+    if (rc == 0 && buf == NULL)
+        rc = -ENOMEM;
+    size_t done = 0;
+    while (rc == 0 && done < (size_t)st.st_size) {
+        ssize_t n = read(fd, buf + done, (size_t)st.st_size - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            rc = n < 0 ? -errno : -EIO;
+        else
+            done += (size_t)n;
+    }
+    close(fd);
+    if (rc < 0) {
+        free(buf);
+        if (rc == -EINVAL)
+            fy_error("%s is not a regular file of at most %u MiB: is it a config file?", path,
+                     HF_MAX_JSON >> 20);
+        else
+            fy_error("cannot read %s: %s", path, strerror(-rc));
+        return rc;
+    }
+    buf[done] = 0;
+    *out = buf;
+    *len = done;
+    return 0;
+}
+
+static int parse_json(const char *path, const char *text, size_t len, cJSON **out)
+{
+    const char *end = NULL;
+    *out = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (*out == NULL || !cJSON_IsObject(*out)) {
+        size_t at = end != NULL && end >= text ? (size_t)(end - text) : 0;
+        cJSON_Delete(*out);
+        *out = NULL;
+        fy_error("%s: not a JSON object (malformed near byte %zu)", path, at);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* A positive integer key, or its default when absent. */
+static int config_uint(const char *path, const cJSON *root, const char *key, uint32_t def,
+                       uint32_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (v == NULL) {
+        *out = def;
+        return 0;
+    }
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    FY_REQUIRE(d >= 1 && d <= 2147483647.0 && d == floor(d), -EINVAL,
+               "%s: \"%s\" must be a positive integer", path, key);
+    *out = (uint32_t)d;
+    return 0;
+}
+
+/* A boolean key that must have the value `want` (its default when absent is `def`). */
+static int config_bool(const char *path, const cJSON *root, const char *key, int def, int want,
+                       const char *why)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    FY_REQUIRE(v == NULL || cJSON_IsBool(v), -EINVAL, "%s: \"%s\" must be true or false", path, key);
+    int value = v == NULL ? def : cJSON_IsTrue(v);
+    FY_REQUIRE(value == want, -EINVAL, "%s: \"%s\": %s is not supported (%s)", path, key,
+               value ? "true" : "false", why);
+    return 0;
+}
+
+static int config_from_json(const char *path, const cJSON *root, struct fy_gpt_config *m)
+{
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
+    const char *type = cJSON_IsString(mt) ? mt->valuestring : NULL;
+    const char *first = cJSON_IsString(a0) ? a0->valuestring : NULL;
+    FY_REQUIRE(type != NULL && strcmp(type, "gpt2") == 0, -EINVAL,
+               "%s: model_type \"%s\"%s%s%s is not supported: this importer takes GPT-2 "
+               "checkpoints (model_type gpt2, GPT2LMHeadModel)",
+               path, type ? type : "(missing)", first ? " (architecture " : "", first ? first : "",
+               first ? ")" : "");
+    FY_REQUIRE(arch == NULL || (cJSON_IsArray(arch) && cJSON_GetArraySize(arch) == 1 && first &&
+                                (strcmp(first, "GPT2LMHeadModel") == 0 ||
+                                 strcmp(first, "GPT2Model") == 0)),
+               -EINVAL,
+               "%s: architectures %s is not supported: this importer takes GPT2LMHeadModel "
+               "(or GPT2Model) checkpoints",
+               path, first ? first : "(not a list of one name)");
+    uint32_t inner = 0;
+    FY_TRY(config_uint(path, root, "n_layer", 12, &m->n_layer));
+    FY_TRY(config_uint(path, root, "n_head", 12, &m->n_head));
+    FY_TRY(config_uint(path, root, "n_embd", 768, &m->n_embd));
+    FY_TRY(config_uint(path, root, "vocab_size", 50257, &m->vocab));
+    FY_TRY(config_uint(path, root, "n_positions", 1024, &m->ctx));
+    const cJSON *ni = cJSON_GetObjectItemCaseSensitive(root, "n_inner");
+    if (ni != NULL && !cJSON_IsNull(ni)) {
+        FY_TRY(config_uint(path, root, "n_inner", 0, &inner));
+        FY_REQUIRE((uint64_t)inner == 4ull * m->n_embd, -EINVAL,
+                   "%s: \"n_inner\": %u is not supported (the MLP is 4 * n_embd = %llu wide here)",
+                   path, inner, 4ull * m->n_embd);
+    }
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
+    const char *a = act == NULL ? "gelu_new" : cJSON_IsString(act) ? act->valuestring : "";
+    FY_REQUIRE(strcmp(a, "gelu_new") == 0 || strcmp(a, "gelu_pytorch_tanh") == 0, -EINVAL,
+               "%s: \"activation_function\": \"%s\" is not supported (the backends compute the tanh "
+               "approximation, gelu_new)",
+               path, a);
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "layer_norm_epsilon");
+    FY_REQUIRE(eps == NULL || (cJSON_IsNumber(eps) && eps->valuedouble == 1e-5), -EINVAL,
+               "%s: \"layer_norm_epsilon\": %g is not supported (the backends' LayerNorm uses 1e-5)",
+               path, cJSON_IsNumber(eps) ? eps->valuedouble : NAN);
+    FY_TRY(config_bool(path, root, "scale_attn_weights", 1, 1,
+                       "attention scores are scaled by 1/sqrt(head size)"));
+    FY_TRY(config_bool(path, root, "scale_attn_by_inverse_layer_idx", 0, 0,
+                       "attention scores are not scaled by layer"));
+    FY_TRY(config_bool(path, root, "add_cross_attention", 0, 0, "decoder-only blocks"));
+    FY_TRY(config_bool(path, root, "tie_word_embeddings", 1, 1,
+                       "the LM head is tied to wte"));
+    /* common/model.c's limits, stated here so that the one line names this file and the key */
+    FY_REQUIRE(m->n_layer <= 4096, -EINVAL, "%s: \"n_layer\" %u: at most 4096 layers", path,
+               m->n_layer);
+    FY_REQUIRE(m->n_embd <= 65536, -EINVAL, "%s: \"n_embd\" %u: at most 65536", path, m->n_embd);
+    FY_REQUIRE(m->n_embd % m->n_head == 0, -EINVAL,
+               "%s: \"n_head\" %u does not divide \"n_embd\" %u", path, m->n_head, m->n_embd);
+    FY_REQUIRE(m->vocab >= 2 && m->vocab <= (1u << 20) && m->ctx <= (1u << 20), -EINVAL,
+               "%s: \"vocab_size\" %u or \"n_positions\" %u outside 2..%u", path, m->vocab,
+               m->ctx, 1u << 20);
+    return fy_gpt_config_validate(m);
+}
+
+int fy_hfgpt2_read_config(const char *path, struct fy_gpt_config *model)
+{
+    char *text;
+    size_t len;
+    FY_TRY(slurp(path, &text, &len));
+    cJSON *root;
+    int rc = parse_json(path, text, len, &root);
+    free(text);
+    if (rc == 0)
+        rc = config_from_json(path, root, model);
+    cJSON_Delete(root);
+    return rc;
+}
+
+static int same_model(const struct fy_gpt_config *a, const struct fy_gpt_config *b)
+{
+    return a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
+           a->vocab == b->vocab && a->ctx == b->ctx;
+}
+
+/* Removes the plain files of a directory made here, then the directory; quiet (cleanup). */
+static void remove_dir_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+                unlinkat(dirfd(d), e->d_name, 0);
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* A new empty directory beside path ("path.tmp-XXXXXX") on the same filesystem. */
+static int make_temp_dir(const char *path, char *out, size_t len)
+{
+    int n = snprintf(out, len, "%s.tmp-XXXXXX", path);
+    FY_REQUIRE(n > 0 && (size_t)n < len, -ENAMETOOLONG, "path too long: %.200s", path);
+    if (mkdtemp(out) == NULL) {
+        int e = errno;
+        out[0] = 0;
+        fy_error("cannot create a temporary directory beside %s: %s", path, strerror(e));
+        return -e;
+    }
+    /* mkdtemp makes it 0700; the result should have the mode any new directory gets here */
+    mode_t mask = umask(0);
+    umask(mask);
+    if (chmod(out, 0777 & ~mask) != 0) {
+        int e = errno;
+        rmdir(out);
+        fy_error("cannot set the mode of %s: %s", out, strerror(e));
+        out[0] = 0;
+        return -e;
+    }
+    return 0;
+}
+
+/* Creates dir/name with text, fsynced. */
+static int write_file(const char *dir, const char *name, const char *text, size_t len)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    FY_SYS(fd, "cannot create %s", path);
+    int rc = fy_write_all(fd, text, len, path, 0);
+    if (rc == 0 && fsync(fd) != 0) {
+        rc = -errno;
+        fy_error("fsync of %s: %s", path, strerror(-rc));
+    }
+    if (close(fd) != 0 && rc == 0) {
+        rc = -errno;
+        fy_error("close of %s: %s", path, strerror(-rc));
+    }
+    return rc;
+}
+
+/* ---- import ---- */
+
+struct fy_hfgpt2_src {
+    char dir[PATH_MAX];
+    char ckpt[PATH_MAX];   /* the single file or the index */
+    char config[PATH_MAX]; /* DIR/config.json */
+    char *config_text;     /* its bytes, copied into the run at save_source */
+    size_t config_len;
+    char *gen_text; /* generation_config.json, when the directory has one (copied too) */
+    size_t gen_len;
+    struct fy_gpt_config model;
+    struct fy_st_reader *reader;
+    char prefix[16];
+    const struct fy_st_tensor *lm_head; /* NULL when not stored */
+    int dtype;                          /* of every parameter, or 0: mixed */
+    float *buf;                         /* one tensor: a Conv1D weight or lm_head.weight */
+    size_t buf_n;
+};
+
+const struct fy_gpt_config *fy_hfgpt2_model(const struct fy_hfgpt2_src *s) { return &s->model; }
+const char *fy_hfgpt2_path(const struct fy_hfgpt2_src *s) { return s->ckpt; }
+const char *fy_hfgpt2_dtype(const struct fy_hfgpt2_src *s)
+{
+    return s->dtype ? fy_st_dtype_name(s->dtype) : "mixed";
+}
+
+/* Whether a stored name (prefix already removed) is one of the mask buffers of block i < L. */
+static int is_buffer(const struct fy_gpt_config *c, const char *name)
+{
+    unsigned i;
+    int n = 0;
+    if (sscanf(name, "h.%u.%n", &i, &n) != 1 || n == 0 || i >= c->n_layer)
+        return 0;
+    char canon[HF_NAME_MAX];
+    snprintf(canon, sizeof canon, "h.%u.", i);
+    if (strncmp(name, canon, strlen(canon)) != 0) /* "h.01." is not block 1's */
+        return 0;
+    return strcmp(name + n, "attn.bias") == 0 || strcmp(name + n, "attn.masked_bias") == 0;
+}
+
+/* Checks one expected parameter: present, with its shape. */
+static int check_param(struct fy_hfgpt2_src *s, const struct hf_param *p)
+{
+    char full[HF_NAME_MAX + 16];
+    snprintf(full, sizeof full, "%s%s", s->prefix, p->name);
+    const struct fy_st_tensor *t = fy_st_find(s->reader, full);
+    FY_REQUIRE(t != NULL, -EINVAL,
+               "%s: tensor %s is missing (%s asks for %u layers, %u wide)", s->ckpt, full,
+               s->config, s->model.n_layer, s->model.n_embd);
+    int ok = t->ndim == p->ndim;
+    for (int d = 0; ok && d < p->ndim; d++)
+        ok = t->shape[d] == p->shape[d];
+    if (!ok) {
+        char have[96], want[96];
+        format_shape(have, sizeof have, t->ndim, t->shape);
+        format_shape(want, sizeof want, p->ndim, p->shape);
+        fy_error("%s: tensor %s has shape %s, but %s (n_embd %u, vocab_size %u, n_positions %u) "
+                 "needs %s",
+                 t->file, full, have, s->config, s->model.n_embd, s->model.vocab, s->model.ctx,
+                 want);
+        return -EINVAL;
+    }
+    if (s->dtype == -1)
+        s->dtype = t->dtype;
+    else if (s->dtype != t->dtype)
+        s->dtype = 0;
+    if (p->transposed && param_numel(p) > s->buf_n)
+        s->buf_n = param_numel(p);
+    return 0;
+}
+
+/* Every tensor of the checkpoint is a parameter, a mask buffer, or lm_head.weight. */
+static int check_extra(struct fy_hfgpt2_src *s)
+{
+    size_t plen = strlen(s->prefix);
+    for (size_t i = 0; i < fy_st_count(s->reader); i++) {
+        const struct fy_st_tensor *t = fy_st_tensor_at(s->reader, i);
+        if (strcmp(t->name, "lm_head.weight") == 0) {
+            uint64_t want[2] = {s->model.vocab, s->model.n_embd};
+            if (t->ndim != 2 || t->shape[0] != want[0] || t->shape[1] != want[1]) {
+                char have[96], need[96];
+                format_shape(have, sizeof have, t->ndim, t->shape);
+                format_shape(need, sizeof need, 2, want);
+                fy_error("%s: tensor lm_head.weight has shape %s, but %s needs %s (tied to wte)",
+                         t->file, have, s->config, need);
+                return -EINVAL;
+            }
+            s->lm_head = t;
+            if ((uint64_t)s->model.vocab * s->model.n_embd > s->buf_n)
+                s->buf_n = (size_t)s->model.vocab * s->model.n_embd;
+            continue;
+        }
+        int known = strncmp(t->name, s->prefix, plen) == 0;
+        const char *rest = t->name + plen;
+        if (known && !is_buffer(&s->model, rest)) {
+            /* A parameter name: then it was checked by check_param, unless it is out of range. */
+            known = 0;
+            struct hf_param p[HF_BLOCK_PARAMS];
+            for (unsigned u = 0; !known && u < fy_gpt_unit_count(&s->model); u++) {
+                unsigned n = unit_params(&s->model, u, p);
+                for (unsigned k = 0; !known && k < n; k++)
+                    known = strcmp(rest, p[k].name) == 0;
+            }
+        }
+        FY_REQUIRE(known, -EINVAL,
+                   "%s: tensor %s is not a parameter of the GPT-2 that %s describes (%u layers): "
+                   "another architecture or a model with extra heads",
+                   t->file, t->name, s->config, s->model.n_layer);
+    }
+    return 0;
+}
+
+static int find_checkpoint(struct fy_hfgpt2_src *s)
+{
+    snprintf(s->ckpt, sizeof s->ckpt, "%s/%s", s->dir, FY_ST_INDEX_NAME);
+    if (access(s->ckpt, F_OK) == 0)
+        return 0;
+    snprintf(s->ckpt, sizeof s->ckpt, "%s/%s", s->dir, FY_ST_SINGLE_NAME);
+    if (access(s->ckpt, F_OK) == 0)
+        return 0;
+    char bin[PATH_MAX];
+    snprintf(bin, sizeof bin, "%s/pytorch_model.bin", s->dir);
+    fy_error("%s: no %s or %s%s", s->dir, FY_ST_SINGLE_NAME, FY_ST_INDEX_NAME,
+             access(bin, F_OK) == 0
+                 ? " (only pytorch_model.bin: save the model with safe_serialization=True)"
+                 : ": give a Hugging Face model directory");
+    return -ENOENT;
+}
+
+static int src_open(struct fy_hfgpt2_src *s, const char *dir)
+{
+    size_t dlen = strlen(dir);
+    while (dlen > 1 && dir[dlen - 1] == '/')
+        dlen--;
+    FY_REQUIRE(dlen + 64 < sizeof s->dir, -ENAMETOOLONG, "path too long: %.200s", dir);
+    memcpy(s->dir, dir, dlen);
+    s->dir[dlen] = 0;
+    struct stat st;
+    if (stat(s->dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        int e = stat(s->dir, &st) != 0 ? errno : ENOTDIR;
+        fy_error("%s: %s: give a Hugging Face model directory (config.json, model.safetensors)",
+                 s->dir, strerror(e));
+        return -e;
+    }
+    snprintf(s->config, sizeof s->config, "%s/%s", s->dir, FY_HFGPT2_CONFIG_NAME);
+    if (access(s->config, F_OK) != 0) {
+        fy_error("%s: missing: a Hugging Face model directory has a config.json", s->config);
+        return -ENOENT;
+    }
+    FY_TRY(slurp(s->config, &s->config_text, &s->config_len));
+    cJSON *root;
+    FY_TRY(parse_json(s->config, s->config_text, s->config_len, &root));
+    int rc = config_from_json(s->config, root, &s->model);
+    cJSON_Delete(root);
+    FY_TRY(rc);
+    char gen[PATH_MAX];
+    snprintf(gen, sizeof gen, "%s/%s", s->dir, FY_HFGPT2_GENERATION_NAME);
+    if (access(gen, F_OK) == 0)
+        FY_TRY(slurp(gen, &s->gen_text, &s->gen_len));
+    FY_TRY(find_checkpoint(s));
+    FY_TRY(fy_st_open(&s->reader, s->ckpt));
+    if (fy_st_find(s->reader, HF_PREFIX "wte.weight") != NULL)
+        snprintf(s->prefix, sizeof s->prefix, "%s", HF_PREFIX);
+    else
+        FY_REQUIRE(fy_st_find(s->reader, "wte.weight") != NULL, -EINVAL,
+                   "%s: tensor " HF_PREFIX "wte.weight (or wte.weight) is missing: not a GPT-2 "
+                   "checkpoint",
+                   s->ckpt);
+    s->dtype = -1;
+    struct hf_param p[HF_BLOCK_PARAMS];
+    for (unsigned u = 0; u < fy_gpt_unit_count(&s->model); u++) {
+        unsigned n = unit_params(&s->model, u, p);
+        for (unsigned k = 0; k < n; k++)
+            FY_TRY(check_param(s, &p[k]));
+    }
+    FY_TRY(check_extra(s));
+    if (s->lm_head != NULL && s->dtype != s->lm_head->dtype)
+        s->dtype = 0;
+    return 0;
+}
+
+int fy_hfgpt2_open(struct fy_hfgpt2_src **out, const char *dir)
+{
+    *out = NULL;
+    struct fy_hfgpt2_src *s = calloc(1, sizeof *s);
+    FY_REQUIRE(s != NULL, -ENOMEM, "%s: out of memory", dir);
+    int rc = src_open(s, dir);
+    if (rc < 0) {
+        fy_hfgpt2_close(&s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void fy_hfgpt2_close(struct fy_hfgpt2_src **sp)
+{
+    struct fy_hfgpt2_src *s = sp ? *sp : NULL;
+    if (s == NULL)
+        return;
+    fy_st_close(&s->reader);
+    free(s->config_text);
+    free(s->gen_text);
+    free(s->buf);
+    free(s);
+    *sp = NULL;
+}
+
+static int ensure_buf(float **buf, size_t *have, size_t n)
+{
+    if (*buf != NULL || n == 0)
+        return 0;
+    *buf = malloc(n * sizeof **buf);
+    FY_REQUIRE(*buf != NULL, -ENOMEM, "out of memory for a tensor of %zu floats", n);
+    *have = n;
+    return 0;
+}
+
+static int check_tied(struct fy_hfgpt2_src *s, const float *wte)
+{
+    size_t n = (size_t)s->model.vocab * s->model.n_embd;
+    FY_TRY(fy_st_read_f32(s->reader, s->lm_head, s->buf, n));
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&s->buf[i], &wte[i], sizeof(float)) != 0) {
+            fy_error("%s: tensor lm_head.weight differs from %swte.weight (element %zu: %g, not "
+                     "%g): an untied LM head is not supported (the head is tied to wte here)",
+                     s->lm_head->file, s->prefix, i, (double)s->buf[i], (double)wte[i]);
+            return -EINVAL;
+        }
+    return 0;
+}
+
+int fy_hfgpt2_read_unit(struct fy_hfgpt2_src *s, unsigned unit, float *params)
+{
+    FY_REQUIRE(unit < fy_gpt_unit_count(&s->model), -EINVAL, "%s: no unit %u", s->ckpt, unit);
+    FY_TRY(ensure_buf(&s->buf, &s->buf_n, s->buf_n));
+    struct hf_param p[HF_BLOCK_PARAMS];
+    unsigned n = unit_params(&s->model, unit, p);
+    for (unsigned k = 0; k < n; k++) {
+        char full[HF_NAME_MAX + 16];
+        snprintf(full, sizeof full, "%s%s", s->prefix, p[k].name);
+        const struct fy_st_tensor *t = fy_st_find(s->reader, full);
+        FY_REQUIRE(t != NULL, -EINVAL, "%s: tensor %s is missing", s->ckpt, full);
+        if (!p[k].transposed) {
+            FY_TRY(fy_st_read_f32(s->reader, t, params + p[k].offset, t->numel));
+            continue;
+        }
+        FY_TRY(fy_st_read_f32(s->reader, t, s->buf, t->numel));
+        transpose(params + p[k].offset, s->buf, (size_t)p[k].shape[0], (size_t)p[k].shape[1]);
+    }
+    if (unit == 0 && s->lm_head != NULL)
+        FY_TRY(check_tied(s, params));
+    return 0;
+}
+
+static int add_dtype(cJSON *dtypes, const char *name, const struct fy_st_reader *r)
+{
+    const struct fy_st_tensor *t = fy_st_find(r, name);
+    return t != NULL && cJSON_AddStringToObject(dtypes, name, fy_st_dtype_name(t->dtype)) != NULL
+               ? 0
+               : -ENOMEM;
+}
+
+static char *source_json(const struct fy_hfgpt2_src *s)
+{
+    cJSON *root = cJSON_CreateObject();
+    int ok = root != NULL && cJSON_AddStringToObject(root, "format", HF_SOURCE_FORMAT) &&
+             cJSON_AddNumberToObject(root, "version", 1) &&
+             cJSON_AddStringToObject(root, "source", s->dir) &&
+             cJSON_AddStringToObject(root, "checkpoint", s->ckpt) &&
+             cJSON_AddStringToObject(root, "prefix", s->prefix) &&
+             cJSON_AddBoolToObject(root, "lm_head", s->lm_head != NULL);
+    cJSON *meta = ok ? cJSON_AddObjectToObject(root, "metadata") : NULL;
+    ok = meta != NULL;
+    for (size_t i = 0; ok && i < fy_st_metadata_count(s->reader); i++) {
+        const char *k, *v;
+        fy_st_metadata_at(s->reader, i, &k, &v);
+        ok = cJSON_AddStringToObject(meta, k, v) != NULL;
+    }
+    cJSON *dtypes = ok ? cJSON_AddObjectToObject(root, "dtypes") : NULL;
+    ok = dtypes != NULL;
+    struct hf_param p[HF_BLOCK_PARAMS];
+    for (unsigned u = 0; ok && u < fy_gpt_unit_count(&s->model); u++) {
+        unsigned n = unit_params(&s->model, u, p);
+        for (unsigned k = 0; ok && k < n; k++) {
+            char full[HF_NAME_MAX + 16];
+            snprintf(full, sizeof full, "%s%s", s->prefix, p[k].name);
+            ok = add_dtype(dtypes, full, s->reader) == 0;
+        }
+    }
+    if (ok && s->lm_head != NULL)
+        ok = add_dtype(dtypes, "lm_head.weight", s->reader) == 0;
+    char *text = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    return text;
+}
+
+int fy_hfgpt2_save_source(const struct fy_hfgpt2_src *s, const char *hf_dir)
+{
+    struct stat st;
+    FY_REQUIRE(lstat(hf_dir, &st) != 0, -EEXIST, "%s already exists: remove it first", hf_dir);
+    char *text = source_json(s);
+    FY_REQUIRE(text != NULL, -ENOMEM, "%s: out of memory building %s", hf_dir,
+               FY_HFGPT2_SOURCE_NAME);
+    char tmp[PATH_MAX] = "";
+    int rc = make_temp_dir(hf_dir, tmp, sizeof tmp);
+    if (rc == 0)
+        rc = write_file(tmp, FY_HFGPT2_CONFIG_NAME, s->config_text, s->config_len);
+    if (rc == 0)
+        rc = write_file(tmp, FY_HFGPT2_SOURCE_NAME, text, strlen(text));
+    if (rc == 0 && s->gen_text != NULL)
+        rc = write_file(tmp, FY_HFGPT2_GENERATION_NAME, s->gen_text, s->gen_len);
+    free(text);
+    if (rc == 0)
+        rc = fy_fsync_dir(tmp);
+    if (rc == 0 && rename(tmp, hf_dir) != 0) {
+        rc = -errno;
+        fy_error("cannot rename %s to %s: %s", tmp, hf_dir, strerror(-rc));
+    }
+    if (rc == 0)
+        return fy_fsync_parent(hf_dir);
+    if (tmp[0] != 0)
+        remove_dir_files(tmp);
+    return rc;
+}
+
+int fy_hfgpt2_remove_source(const char *hf_dir)
+{
+    struct stat st;
+    if (lstat(hf_dir, &st) != 0 && errno == ENOENT)
+        return 0;
+    remove_dir_files(hf_dir);
+    FY_REQUIRE(lstat(hf_dir, &st) != 0, -ENOTEMPTY,
+               "cannot remove %s (an earlier import's record): remove it by hand", hf_dir);
+    return 0;
+}
+
+/* ---- export ---- */
+
+struct fy_hfgpt2_writer {
+    char dir[PATH_MAX]; /* the target */
+    char tmp[PATH_MAX]; /* the temporary directory beside it, "" when none */
+    struct fy_gpt_config model;
+    struct fy_st_writer *st;
+    char prefix[16];
+    int lm_head;
+    int *dtypes; /* export dtype per parameter, in unit order (then lm_head) */
+    int lm_head_dtype;
+    int dtype; /* of every tensor written, or 0: mixed */
+    float *buf;
+    size_t buf_n;
+    unsigned next_unit;
+    char *config_text; /* config.json to write */
+    size_t config_len;
+    char *gen_text; /* generation_config.json of the source, or NULL */
+    size_t gen_len;
+    int replace; /* dir exists and is not empty (overwrite) */
+};
+
+const char *fy_hfgpt2_writer_dtype(const struct fy_hfgpt2_writer *w)
+{
+    return w->dtype ? fy_st_dtype_name(w->dtype) : "mixed";
+}
+
+/* Files an export writes (and replaces in an existing directory). */
+static int is_model_file(const struct fy_hfgpt2_writer *w, const char *name)
+{
+    size_t n = strlen(name);
+    if (w->gen_text != NULL && strcmp(name, FY_HFGPT2_GENERATION_NAME) == 0)
+        return 1;
+    if (strcmp(name, FY_HFGPT2_CONFIG_NAME) == 0 || strcmp(name, FY_ST_SINGLE_NAME) == 0 ||
+        strcmp(name, FY_ST_INDEX_NAME) == 0)
+        return 1;
+    return strncmp(name, "model-", 6) == 0 && n > 12 &&
+           strcmp(name + n - 12, ".safetensors") == 0 && strstr(name, "-of-") != NULL;
+}
+
+/* Whether dir may be written: absent, or an empty directory, or (overwrite) a directory of files. */
+static int check_target(struct fy_hfgpt2_writer *w, int overwrite)
+{
+    struct stat st;
+    if (lstat(w->dir, &st) != 0) {
+        int e = errno;
+        FY_REQUIRE(e == ENOENT, -e, "%s: %s", w->dir, strerror(e));
+        return 0;
+    }
+    FY_REQUIRE(S_ISDIR(st.st_mode), -ENOTDIR,
+               "%s exists and is not a directory: give a new or empty directory for the model",
+               w->dir);
+    DIR *d = opendir(w->dir);
+    FY_SYS(d == NULL ? -1 : 0, "cannot list %s", w->dir);
+    int rc = 0, entries = 0;
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        entries++;
+        struct stat es;
+        if (fstatat(dirfd(d), e->d_name, &es, AT_SYMLINK_NOFOLLOW) != 0)
+            rc = -errno;
+        else if (overwrite && S_ISDIR(es.st_mode)) {
+            fy_error("%s holds a directory (%s): --overwrite replaces the model files of a model "
+                     "directory, give a new or empty directory instead",
+                     w->dir, e->d_name);
+            rc = -EISDIR;
+        }
+    }
+    closedir(d);
+    FY_REQUIRE(rc == 0 || rc == -EISDIR, rc, "%s: cannot inspect its files: %s", w->dir,
+               strerror(-rc));
+    FY_TRY(rc);
+    FY_REQUIRE(entries == 0 || overwrite, -EEXIST,
+               "%s exists and is not empty: give a new or empty directory, or pass --overwrite to "
+               "replace the model files in it (its other files, such as a tokenizer's, are kept)",
+               w->dir);
+    w->replace = entries > 0;
+    return 0;
+}
+
+static int dtype_of(const cJSON *dtypes, const char *name, const char *path)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(dtypes, name);
+    const char *s = cJSON_IsString(v) ? v->valuestring : "";
+    for (int d = FY_ST_F32; d <= FY_ST_F16; d++)
+        if (strcmp(s, fy_st_dtype_name(d)) == 0)
+            return d;
+    fy_error("%s: no dtype for tensor %s (the file is damaged: import the model again)", path, name);
+    return -EINVAL;
+}
+
+static const char *torch_dtype_name(int dtype)
+{
+    return dtype == FY_ST_BF16 ? "bfloat16" : dtype == FY_ST_F16 ? "float16" : "float32";
+}
+
+/* A config.json for a model made here (no Hugging Face source). */
+static char *synth_config(const struct fy_gpt_config *m, int dtype)
+{
+    char *text = malloc(2048);
+    if (text == NULL)
+        return NULL;
+    snprintf(text, 2048,
+             "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+             "  \"vocab_size\": %u,\n  \"n_positions\": %u,\n  \"n_ctx\": %u,\n  \"n_embd\": %u,\n"
+             "  \"n_layer\": %u,\n  \"n_head\": %u,\n  \"n_inner\": null,\n"
+             "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n"
+             "  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
+             "  \"initializer_range\": 0.02,\n  \"scale_attn_weights\": true,\n"
+             "  \"scale_attn_by_inverse_layer_idx\": false,\n  \"reorder_and_upcast_attn\": false,\n"
+             "  \"tie_word_embeddings\": true,\n  \"bos_token_id\": %u,\n  \"eos_token_id\": %u,\n"
+             "  \"dtype\": \"%s\"\n}\n",
+             m->vocab, m->ctx, m->ctx, m->n_embd, m->n_layer, m->n_head, m->vocab - 1, m->vocab - 1,
+             torch_dtype_name(dtype));
+    return text;
+}
+
+/* The original config.json, with its torch_dtype (or dtype) changed where the export's differs. */
+static int export_config(struct fy_hfgpt2_writer *w, const char *path, char *text, size_t len)
+{
+    w->config_text = text;
+    w->config_len = len;
+    if (w->dtype == 0)
+        return 0;
+    cJSON *root;
+    FY_TRY(parse_json(path, text, len, &root));
+    int changed = 0, rc = 0;
+    const char *keys[] = {"torch_dtype", "dtype"};
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[k]);
+        const char *want = torch_dtype_name(w->dtype);
+        if (!cJSON_IsString(v) || strcmp(v->valuestring, want) == 0)
+            continue;
+        fy_info("%s: \"%s\" %s -> %s (the exported tensors' dtype)", w->dir, keys[k],
+                v->valuestring, want);
+        cJSON *nv = cJSON_CreateString(want);
+        if (nv == NULL || !cJSON_ReplaceItemInObjectCaseSensitive(root, keys[k], nv))
+            rc = -ENOMEM;
+        changed = 1;
+    }
+    char *out = rc == 0 && changed ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    FY_REQUIRE(rc == 0 && (!changed || out != NULL), -ENOMEM, "%s: out of memory", path);
+    if (changed) {
+        size_t n = strlen(out);
+        char *t = realloc(out, n + 2);
+        FY_REQUIRE(t != NULL, -ENOMEM, "%s: out of memory", path);
+        t[n] = '\n';
+        t[n + 1] = 0;
+        free(w->config_text);
+        w->config_text = t;
+        w->config_len = n + 1;
+    }
+    return 0;
+}
+
+static unsigned total_params(const struct fy_gpt_config *c) { return 4 + HF_BLOCK_PARAMS * c->n_layer; }
+
+/* Reads RUN/hf (config.json, source.json): names, dtypes and metadata for the export. */
+static int load_source(struct fy_hfgpt2_writer *w, const char *src, int force, cJSON **meta_out,
+                       cJSON **root_out)
+{
+    char path[PATH_MAX], spath[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", src, FY_HFGPT2_CONFIG_NAME);
+    snprintf(spath, sizeof spath, "%s/%s", src, FY_HFGPT2_SOURCE_NAME);
+    struct fy_gpt_config m;
+    FY_TRY(fy_hfgpt2_read_config(path, &m));
+    if (!same_model(&m, &w->model)) {
+        char have[160], want[160];
+        fy_gpt_config_describe(&m, have, sizeof have);
+        fy_gpt_config_describe(&w->model, want, sizeof want);
+        fy_error("%s describes another model (%s) than the store's (%s): the run directory was "
+                 "changed by hand; import the model again",
+                 path, have, want);
+        return -EINVAL;
+    }
+    char *text;
+    size_t len;
+    FY_TRY(slurp(spath, &text, &len));
+    cJSON *root;
+    int rc = parse_json(spath, text, len, &root);
+    free(text);
+    FY_TRY(rc);
+    *root_out = root;
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(root, "prefix");
+    const cJSON *lm = cJSON_GetObjectItemCaseSensitive(root, "lm_head");
+    const cJSON *dtypes = cJSON_GetObjectItemCaseSensitive(root, "dtypes");
+    FY_REQUIRE(cJSON_IsString(fmt) && strcmp(fmt->valuestring, HF_SOURCE_FORMAT) == 0 &&
+                   cJSON_IsString(prefix) &&
+                   (strcmp(prefix->valuestring, "") == 0 ||
+                    strcmp(prefix->valuestring, HF_PREFIX) == 0) &&
+                   cJSON_IsBool(lm) && cJSON_IsObject(dtypes),
+               -EINVAL, "%s: not a record of an imported GPT-2 (damaged?): import the model again",
+               spath);
+    snprintf(w->prefix, sizeof w->prefix, "%s", prefix->valuestring);
+    w->lm_head = cJSON_IsTrue(lm);
+    *meta_out = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+    int f16 = 0;
+    struct hf_param p[HF_BLOCK_PARAMS];
+    unsigned i = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(&w->model); u++) {
+        unsigned n = unit_params(&w->model, u, p);
+        for (unsigned k = 0; k < n; k++, i++) {
+            char full[HF_NAME_MAX + 16];
+            snprintf(full, sizeof full, "%s%s", w->prefix, p[k].name);
+            int d = dtype_of(dtypes, full, spath);
+            FY_TRY(d);
+            f16 |= d == FY_ST_F16;
+            w->dtypes[i] = force ? force : d == FY_ST_F16 ? FY_ST_F32 : d;
+        }
+    }
+    if (w->lm_head) {
+        int d = dtype_of(dtypes, "lm_head.weight", spath);
+        FY_TRY(d);
+        f16 |= d == FY_ST_F16;
+        w->lm_head_dtype = force ? force : d == FY_ST_F16 ? FY_ST_F32 : d;
+    }
+    if (f16 && !force)
+        fy_info("%s: the source's F16 tensors are written as F32 (the safetensors writer has no "
+                "F16 output; --dtype bf16 writes BF16)",
+                w->dir);
+    char gpath[PATH_MAX];
+    snprintf(gpath, sizeof gpath, "%s/%s", src, FY_HFGPT2_GENERATION_NAME);
+    if (access(gpath, F_OK) == 0)
+        FY_TRY(slurp(gpath, &w->gen_text, &w->gen_len));
+    FY_TRY(slurp(path, &text, &len));
+    w->dtype = w->dtypes[0];
+    for (unsigned k = 1; k < i; k++)
+        if (w->dtypes[k] != w->dtype)
+            w->dtype = 0;
+    if (w->lm_head && w->lm_head_dtype != w->dtype)
+        w->dtype = 0;
+    return export_config(w, path, text, len);
+}
+
+static int declare(struct fy_hfgpt2_writer *w, const char *name, int dtype, int ndim,
+                   const uint64_t *shape)
+{
+    return fy_st_writer_declare(w->st, name, dtype, ndim, shape);
+}
+
+static int writer_open(struct fy_hfgpt2_writer *w, const char *dir,
+                       const struct fy_hfgpt2_export_opts *o)
+{
+    size_t dlen = strlen(dir);
+    while (dlen > 1 && dir[dlen - 1] == '/')
+        dlen--;
+    FY_REQUIRE(dlen > 0 && dlen + 64 < sizeof w->dir, -ENAMETOOLONG, "bad path: %.200s", dir);
+    memcpy(w->dir, dir, dlen);
+    w->dir[dlen] = 0;
+    FY_REQUIRE(o->dtype == 0 || o->dtype == FY_ST_F32 || o->dtype == FY_ST_BF16, -EINVAL,
+               "%s: the export dtype must be F32 or BF16", w->dir);
+    FY_TRY(check_target(w, o->overwrite));
+    unsigned np = total_params(&w->model);
+    w->dtypes = calloc(np, sizeof *w->dtypes);
+    FY_REQUIRE(w->dtypes != NULL, -ENOMEM, "out of memory");
+    cJSON *meta = NULL, *root = NULL;
+    int rc = 0;
+    if (o->source != NULL) {
+        rc = load_source(w, o->source, o->dtype, &meta, &root);
+    } else {
+        snprintf(w->prefix, sizeof w->prefix, "%s", HF_PREFIX);
+        w->dtype = o->dtype ? o->dtype : FY_ST_F32;
+        for (unsigned k = 0; k < np; k++)
+            w->dtypes[k] = w->dtype;
+        w->config_text = synth_config(&w->model, w->dtype);
+        w->config_len = w->config_text ? strlen(w->config_text) : 0;
+        if (w->config_text == NULL)
+            rc = -ENOMEM;
+    }
+    if (rc == 0)
+        rc = make_temp_dir(w->dir, w->tmp, sizeof w->tmp);
+    else
+        w->tmp[0] = 0;
+    if (rc == 0) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", w->tmp, FY_ST_SINGLE_NAME);
+        rc = o->max_shard_bytes ? fy_st_writer_new_sharded(&w->st, w->tmp, o->max_shard_bytes, 0)
+                                : fy_st_writer_new(&w->st, path, 0);
+    }
+    /* The source's metadata, in order; transformers wants format "pt". */
+    int has_format = 0;
+    for (const cJSON *m = cJSON_IsObject(meta) ? meta->child : NULL; rc == 0 && m; m = m->next)
+        if (cJSON_IsString(m)) {
+            rc = fy_st_writer_metadata(w->st, m->string, m->valuestring);
+            has_format |= strcmp(m->string, "format") == 0;
+        }
+    if (rc == 0 && !has_format)
+        rc = fy_st_writer_metadata(w->st, "format", "pt");
+    cJSON_Delete(root);
+    struct hf_param p[HF_BLOCK_PARAMS];
+    unsigned i = 0;
+    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(&w->model); u++) {
+        unsigned n = unit_params(&w->model, u, p);
+        for (unsigned k = 0; rc == 0 && k < n; k++, i++) {
+            char full[HF_NAME_MAX + 16];
+            snprintf(full, sizeof full, "%s%s", w->prefix, p[k].name);
+            rc = declare(w, full, w->dtypes[i], p[k].ndim, p[k].shape);
+            if (rc == 0 && p[k].transposed && param_numel(&p[k]) > w->buf_n)
+                w->buf_n = (size_t)param_numel(&p[k]);
+            if (rc == 0 && u == 0 && k == 0 && w->lm_head)
+                rc = declare(w, "lm_head.weight", w->lm_head_dtype, 2, p[k].shape);
+        }
+    }
+    return rc;
+}
+
+int fy_hfgpt2_writer_new(struct fy_hfgpt2_writer **out, const char *dir,
+                         const struct fy_gpt_config *model, const struct fy_hfgpt2_export_opts *o)
+{
+    *out = NULL;
+    struct fy_hfgpt2_writer *w = calloc(1, sizeof *w);
+    FY_REQUIRE(w != NULL, -ENOMEM, "%s: out of memory", dir);
+    w->model = *model;
+    int rc = writer_open(w, dir, o);
+    if (rc < 0) {
+        fy_hfgpt2_writer_destroy(&w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+int fy_hfgpt2_writer_put_unit(struct fy_hfgpt2_writer *w, unsigned unit, const float *params)
+{
+    FY_REQUIRE(unit == w->next_unit && unit < fy_gpt_unit_count(&w->model), -EINVAL,
+               "%s: unit %u written out of order (expected %u)", w->dir, unit, w->next_unit);
+    FY_TRY(ensure_buf(&w->buf, &w->buf_n, w->buf_n));
+    struct hf_param p[HF_BLOCK_PARAMS];
+    unsigned n = unit_params(&w->model, unit, p);
+    for (unsigned k = 0; k < n; k++) {
+        char full[HF_NAME_MAX + 16];
+        snprintf(full, sizeof full, "%s%s", w->prefix, p[k].name);
+        uint64_t numel = param_numel(&p[k]);
+        const float *src = params + p[k].offset;
+        if (p[k].transposed) {
+            /* ours [out][in] -> stored [in][out]: the transpose of an [out][in] matrix */
+            transpose(w->buf, src, (size_t)p[k].shape[1], (size_t)p[k].shape[0]);
+            src = w->buf;
+        }
+        FY_TRY(fy_st_writer_put_f32(w->st, full, src, numel));
+        if (unit == 0 && k == 0 && w->lm_head)
+            FY_TRY(fy_st_writer_put_f32(w->st, "lm_head.weight", src, numel));
+    }
+    w->next_unit++;
+    return 0;
+}
+
+/* Moves the finished temporary directory to w->dir. */
+static int put_in_place(struct fy_hfgpt2_writer *w)
+{
+    if (!w->replace) {
+        /* Absent, or an empty directory (which rename replaces). */
+        FY_SYS(rename(w->tmp, w->dir), "cannot rename %s to %s", w->tmp, w->dir);
+        w->tmp[0] = 0;
+        return fy_fsync_parent(w->dir);
+    }
+    /* Keep the directory's other files (tokenizer, README): link them into the new copy. */
+    DIR *d = opendir(w->dir);
+    FY_SYS(d == NULL ? -1 : 0, "cannot list %s", w->dir);
+    int rc = 0;
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 || is_model_file(w, e->d_name))
+            continue;
+        char from[PATH_MAX], to[PATH_MAX];
+        snprintf(from, sizeof from, "%s/%s", w->dir, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", w->tmp, e->d_name);
+        if (link(from, to) != 0) {
+            rc = -errno;
+            fy_error("cannot keep %s in the new export (link to %s): %s", from, to, strerror(-rc));
+        }
+    }
+    closedir(d);
+    FY_TRY(rc);
+    FY_TRY(fy_fsync_dir(w->tmp));
+    FY_SYS(renameat2(AT_FDCWD, w->tmp, AT_FDCWD, w->dir, RENAME_EXCHANGE),
+           "cannot exchange %s with %s (a filesystem without RENAME_EXCHANGE? export to a new "
+           "directory instead)",
+           w->tmp, w->dir);
+    /* w->tmp now holds the previous copy: its model files and links to the kept ones. */
+    remove_dir_files(w->tmp);
+    struct stat st;
+    if (lstat(w->tmp, &st) == 0)
+        fy_warn("the previous model files were moved to %s and could not all be removed: remove "
+                "it by hand",
+                w->tmp);
+    w->tmp[0] = 0;
+    return fy_fsync_parent(w->dir);
+}
+
+int fy_hfgpt2_writer_finish(struct fy_hfgpt2_writer **wp)
+{
+    struct fy_hfgpt2_writer *w = *wp;
+    int rc = 0;
+    if (w->next_unit != fy_gpt_unit_count(&w->model)) {
+        fy_error("%s: export finished after %u of %u units", w->dir, w->next_unit,
+                 fy_gpt_unit_count(&w->model));
+        rc = -EINVAL;
+    }
+    if (rc == 0)
+        rc = fy_st_writer_finish(&w->st);
+    if (rc == 0)
+        rc = write_file(w->tmp, FY_HFGPT2_CONFIG_NAME, w->config_text, w->config_len);
+    if (rc == 0 && w->gen_text != NULL)
+        rc = write_file(w->tmp, FY_HFGPT2_GENERATION_NAME, w->gen_text, w->gen_len);
+    if (rc == 0)
+        rc = fy_fsync_dir(w->tmp);
+    if (rc == 0)
+        rc = put_in_place(w);
+    fy_hfgpt2_writer_destroy(wp);
+    return rc;
+}
+
+void fy_hfgpt2_writer_destroy(struct fy_hfgpt2_writer **wp)
+{
+    struct fy_hfgpt2_writer *w = wp ? *wp : NULL;
+    if (w == NULL)
+        return;
+    fy_st_writer_destroy(&w->st);
+    if (w->tmp[0] != 0)
+        remove_dir_files(w->tmp);
+    free(w->dtypes);
+    free(w->buf);
+    free(w->config_text);
+    free(w->gen_text);
+    free(w);
+    *wp = NULL;
+}
