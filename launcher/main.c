@@ -737,17 +737,8 @@ static int cmd_train(struct options *o)
                                            (unsigned)o->prefetch, resident);
     char kept_size[32];
     fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
-    /* SSD traffic per step of the streamed units: weights read in forward (a block's once more
-     * with clipping, for the norm pass), the state (master, m, v) read once, which also gives a
-     * block its weights in backward, and written once. */
-    uint64_t ssd_read = 0, ssd_write = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(&model); u++)
-        if (!resident[u]) {
-            int block = fy_gpt_unit_kind(&model, u) == FY_UNIT_BLOCK;
-            ssd_read += (uint64_t)(1 + (clipping && block)) * fy_unit_state_section(&model, u) +
-                        fy_unit_state_bytes(&model, u);
-            ssd_write += fy_unit_state_bytes(&model, u);
-        }
+    uint64_t ssd_read, ssd_write;
+    fy_train_ssd_bytes(&model, clipping, resident, &ssd_read, &ssd_write);
     char rd[32], wr[32], up[32], down[32];
     fy_format_size(ssd_read, rd, sizeof rd);
     fy_format_size(ssd_write, wr, sizeof wr);
@@ -762,6 +753,26 @@ static int cmd_train(struct options *o)
             kept, fy_gpt_unit_count(&model), kept_size,
             kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
+    struct fy_train_rates rates = fy_train_reference_rates();
+    struct fy_train_prediction p;
+    fy_train_predict(&model, (int)o->batch, (int)o->seq, clipping, resident, &rates, &p);
+    double step_flops = (double)o->batch * (double)o->seq *
+                        fy_gpt_flops_per_token(&model, (unsigned)o->seq);
+    const char *at = "predicted per step at the rates measured on the reference machine (one H200";
+    if (strcmp(o->backend, "cpu") == 0) /* its compute and copies are not the H200's */
+        fy_info("plan: %s: SSD %.1f/%.1f GB/s, AdamW %.1f G parameters/s): SSD %.3f s, optimizer "
+                "%.3f s; compute not predicted on the CPU backend",
+                at, rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.ssd_s,
+                p.opt_s);
+    else
+        fy_info("plan: %s: %.0f TFLOP/s with blocks recomputed, PCIe %.0f/%.0f GB/s, SSD "
+                "%.1f/%.1f GB/s, AdamW %.1f G parameters/s; yours may differ): GPU compute %.3f s, "
+                "PCIe to the GPU at most %.3f s, from it %.3f s, SSD %.3f s, optimizer %.3f s; "
+                "bound %.3f s by the %s (%.0f TFLOP/s)",
+                at, rates.gpu_flops * 1e-12, rates.h2d * 1e-9, rates.d2h * 1e-9,
+                rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.gpu_s,
+                p.h2d_s, p.d2h_s, p.ssd_s, p.opt_s, p.step_s, p.bound,
+                step_flops / p.step_s * 1e-12);
     struct fy_pool_region_spec regions[9];
     unsigned n;
     unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, o->cpu_mem,

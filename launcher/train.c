@@ -105,6 +105,57 @@ void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int clip, 
     *from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
 }
 
+void fy_train_ssd_bytes(const struct fy_gpt_config *c, int clip, const unsigned char *resident,
+                        uint64_t *read, uint64_t *write)
+{
+    *read = *write = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+        if (resident == NULL || !resident[u]) {
+            int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
+            *read += (uint64_t)(1 + (clip && block)) * fy_unit_state_section(c, u) +
+                     fy_unit_state_bytes(c, u);
+            *write += fy_unit_state_bytes(c, u);
+        }
+}
+
+struct fy_train_rates fy_train_reference_rates(void)
+{
+    return (struct fy_train_rates){.gpu_flops = 390e12, .h2d = 54e9, .d2h = 55e9,
+                                   .ssd_read = 2.3e9, .ssd_write = 2.4e9, .opt_params = 3.1e9};
+}
+
+void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int clip,
+                      const unsigned char *resident, const struct fy_train_rates *rates,
+                      struct fy_train_prediction *out)
+{
+    double tokens = (double)B * T, flops = tokens * fy_gpt_flops_per_token(c, (unsigned)T);
+    /* a clipped step runs the blocks' backward (with their recomputation) twice: 6 of the 8 parts
+     * (2 forward, 2 recompute, 4 backward) of the blocks' work once more */
+    double block_flops = tokens * c->n_layer *
+                         (6.0 * fy_gpt_unit_params(c, 1) + 6.0 * (double)T * c->n_embd);
+    if (clip)
+        flops += 0.75 * block_flops;
+    uint64_t up, down, rd, wr;
+    fy_train_pcie_bytes(c, B, T, clip, &up, &down);
+    fy_train_ssd_bytes(c, clip, resident, &rd, &wr);
+    double params = (double)fy_gpt_total_params(c);
+    memset(out, 0, sizeof *out);
+    out->gpu_s = rates->gpu_flops > 0 ? flops / rates->gpu_flops : 0;
+    out->h2d_s = up / rates->h2d;
+    out->d2h_s = down / rates->d2h;
+    out->ssd_s = rd / rates->ssd_read + wr / rates->ssd_write;
+    /* with clipping the opt worker also sums the squares of every gradient: 4 of AdamW's 28 bytes */
+    out->opt_s = params / rates->opt_params * (clip ? 1.0 + 4.0 / 28.0 : 1.0);
+    const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s};
+    static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
+                                        "SSD", "optimizer"};
+    for (int i = 0; i < 5; i++)
+        if (times[i] > out->step_s) {
+            out->step_s = times[i];
+            out->bound = names[i];
+        }
+}
+
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident)
 {
     uint64_t bytes = 0;

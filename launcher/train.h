@@ -94,6 +94,33 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uin
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
                                   int clip, unsigned prefetch, const unsigned char *resident,
                                   unsigned wanted);
+/* Bytes a training step reads from and writes to the SSD store: the streamed units' weights in the
+ * forward (a block's once more with clipping, for the norm pass), their state (master, m, v) read
+ * once, which also gives a block its weights in the backward, and written once. */
+void fy_train_ssd_bytes(const struct fy_gpt_config *c, int clip, const unsigned char *resident,
+                        uint64_t *read, uint64_t *write);
+
+/* Rates a step's time is predicted from. */
+struct fy_train_rates {
+    double gpu_flops;           /* model FLOP/s with blocks recomputed (0: compute not predicted) */
+    double h2d, d2h;            /* PCIe bytes/s to and from the GPU */
+    double ssd_read, ssd_write; /* bytes/s; reads and writes share the disk */
+    double opt_params;          /* AdamW parameters/s */
+};
+/* The rates measured on the reference machine (one H200, docs/benchmarks.md): bench-gpu's model
+ * FLOP/s with blocks recomputed, PCIe one way at a time, the io engine on its disk, AdamW beside
+ * the copies in bench-pipeline. */
+struct fy_train_rates fy_train_reference_rates(void);
+
+/* Predicted seconds per step of each resource and the largest (the bound) and its name. */
+struct fy_train_prediction {
+    double gpu_s, h2d_s, d2h_s, ssd_s, opt_s, step_s;
+    const char *bound;
+};
+void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int clip,
+                      const unsigned char *resident, const struct fy_train_rates *rates,
+                      struct fy_train_prediction *out);
+
 /* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
  * interface (fp32 weights, activations and gradients; with clipping the second backward pass too),
  * every input uploaded: the CUDA backend hands a unit's output to the next unit on the device when

@@ -350,6 +350,41 @@ static void test_resident_state_matches_streaming(void **state)
     assert_true(fy_test_file_contains(f->log, "--cpu-mem is 30.0 MiB"));
 }
 
+/* The plan's prediction per resource for a fixed model and rates, against values worked out by hand
+ * (2 blocks of width 64, vocabulary 256, context and T 32, B 4; block 1 streamed, the rest resident):
+ * N = 118528 parameters, 735744 model FLOPs per token; PCIe 1276928 bytes up and 736256 down; the
+ * streamed block's 200704-byte sections: 4 read, 3 written. */
+static void test_prediction_by_hand(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 64, .vocab = 256, .ctx = 32};
+    const unsigned char resident[4] = {1, 0, 1, 1};
+    struct fy_train_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9, .ssd_read = 1e8,
+                                   .ssd_write = 2e8, .opt_params = 1e6};
+    struct fy_train_prediction p;
+    fy_train_predict(&c, 4, 32, 0, resident, &rates, &p);
+    assert_float_equal(p.gpu_s, 9.4175232e-5, 1e-12);
+    assert_float_equal(p.h2d_s, 1.276928e-3, 1e-12);
+    assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
+    assert_float_equal(p.ssd_s, 1.103872e-2, 1e-12);
+    assert_float_equal(p.opt_s, 0.118528, 1e-12);
+    assert_float_equal(p.step_s, 0.118528, 1e-12);
+    assert_string_equal(p.bound, "optimizer");
+    /* clipping: the blocks' backward and recomputation once more (0.75 of 128 tokens x 2 blocks x
+     * 312192 FLOPs), the second pass's PCIe bytes and weights reads, the sums of squares */
+    fy_train_predict(&c, 4, 32, 1, resident, &rates, &p);
+    assert_float_equal(p.gpu_s, 1.54116096e-4, 1e-12);
+    assert_float_equal(p.h2d_s, 1.91488e-3, 1e-12);
+    assert_float_equal(p.d2h_s, 6.37696e-4, 1e-12);
+    assert_float_equal(p.ssd_s, 1.304576e-2, 1e-12);
+    assert_float_equal(p.opt_s, 0.118528 * 8.0 / 7.0, 1e-12);
+    /* a slow disk becomes the bound */
+    rates.ssd_read = 1e6;
+    fy_train_predict(&c, 4, 32, 0, resident, &rates, &p);
+    assert_float_equal(p.step_s, 0.802816 + 3.01056e-3, 1e-12);
+    assert_string_equal(p.bound, "SSD");
+}
+
 /* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
  * optimizer made the slowest stage (a test hook delays every AdamW by 40 ms), the updates still
  * running when a backward ends go in the forward's order, so step N+1's forward starts while step
@@ -900,6 +935,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
+        cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_resident_state_matches_streaming, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefetch_depths_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_placement_five_blocks, setup, teardown),
