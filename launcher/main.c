@@ -791,6 +791,12 @@ static int cmd_train(struct options *o)
     struct fy_exec x = {0};
     struct fy_storemeta meta;
     static const char *const workers[] = {"gpu", "io", "opt"};
+    if (rc == 0 && o->inprocess && fy_config_get(mc, "hf") != NULL) {
+        fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
+                 "holds an imported Hugging Face model: drop --inprocess to train it through the "
+                 "workers", o->run_dir);
+        rc = -EINVAL;
+    }
     if (rc == 0 && o->inprocess) {
         rc = fy_inproc_new(&inproc, s.pool, cfg, s.aff.opt);
         if (rc == 0) {

@@ -471,7 +471,16 @@ static void test_bad_inputs_refused(void **state)
     assert_int_equal(export_hf(f, made, shards, "--max-shard-size", "20K"), 0);
     assert_true(count_entries(shards) > 3);
     /* the good one imports */
-    assert_int_equal(init_hf(f, path_in(f, "ok"), good), 0);
+    char *ok = strdup(path_in(f, "ok"));
+    assert_int_equal(init_hf(f, ok, good), 0);
+    /* and refuses --inprocess, which would start from a seeded random model instead */
+    const char *prep[] = {"prepare", "--out", f->tokens, "tests/fixtures/sample.txt", NULL};
+    assert_int_equal(launch(f, prep, 60), 0);
+    const char *inproc[] = {"train", "--run-dir", ok, "--data", f->tokens, "--steps", "1",
+                            "--batch", "2", "--seq", "16", "--backend", "cpu", "--inprocess", NULL};
+    assert_int_equal(launch(f, inproc, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "drop --inprocess"));
+    free(ok);
     char p[700];
 
     /* corrupt header: the JSON's opening brace overwritten */
