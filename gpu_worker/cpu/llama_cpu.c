@@ -1,0 +1,458 @@
+/* The Llama decoder block (RMSNorm, RoPE, grouped-query causal attention, SwiGLU MLP) and the final
+ * RMSNorm in fp32 on the CPU: the readable reference for the Llama family, in the conventions of
+ * gpt_cpu.c (see llama_cpu.h for the maths and the buffer rules).
+ *
+ * Determinism: every loop that OpenMP splits runs over independent outputs (rows, (b,t), (b,h),
+ * (b, kv head), channels), with schedule(static), and each output element is accumulated by one
+ * thread in a fixed order; sums over rows (weight gradients) are parallelised over the element they
+ * produce. The build uses -ffp-contract=off, so no fused multiply-adds change the rounding. */
+#include "llama_cpu.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "gpt_cpu.h"
+
+#define MAX_DIM (1u << 20)
+
+/* Eight partial sums in a fixed order (as gpt_cpu.c): vectorisable, dependent only on n. */
+static float dot(const float *a, const float *b, int n)
+{
+    float s[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+#pragma omp simd
+        for (int k = 0; k < 8; k++)
+            s[k] += a[i + k] * b[i + k];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++)
+        r += a[i] * b[i];
+    return r;
+}
+
+/* y += a * x */
+static void axpy(float *restrict y, const float *restrict x, float a, int n)
+{
+#pragma omp simd
+    for (int i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void add(float *out, const float *a, const float *b, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+/* ---- configuration and layout ---- */
+
+int fy_llama_config_validate(const struct fy_llama_config *c)
+{
+    FY_REQUIRE(c->n_embd >= 1 && c->n_embd <= 65536, -EINVAL,
+               "llama: n_embd %u must be between 1 and 65536", c->n_embd);
+    FY_REQUIRE(c->n_head >= 1 && c->n_embd % c->n_head == 0, -EINVAL,
+               "llama: n_head %u must divide n_embd %u", c->n_head, c->n_embd);
+    FY_REQUIRE((c->n_embd / c->n_head) % 2 == 0, -EINVAL,
+               "llama: head_dim %u (n_embd / n_head) must be even for rotary embeddings",
+               c->n_embd / c->n_head);
+    FY_REQUIRE(c->n_kv_head >= 1 && c->n_head % c->n_kv_head == 0, -EINVAL,
+               "llama: n_kv_head %u must divide n_head %u", c->n_kv_head, c->n_head);
+    FY_REQUIRE(c->n_inter >= 1 && c->n_inter <= MAX_DIM, -EINVAL,
+               "llama: intermediate size %u must be between 1 and %u", c->n_inter, MAX_DIM);
+    FY_REQUIRE(c->rms_norm_eps > 0.0f && isfinite(c->rms_norm_eps), -EINVAL,
+               "llama: rms_norm_eps %g must be positive", (double)c->rms_norm_eps);
+    FY_REQUIRE(c->rope_theta > 0.0 && isfinite(c->rope_theta), -EINVAL,
+               "llama: rope_theta %g must be positive", c->rope_theta);
+    FY_REQUIRE(c->rope_type == FY_LLAMA_ROPE_DEFAULT || c->rope_type == FY_LLAMA_ROPE_LLAMA3, -EINVAL,
+               "llama: unknown rope type %d", (int)c->rope_type);
+    if (c->rope_type == FY_LLAMA_ROPE_LLAMA3) {
+        FY_REQUIRE(c->rope_factor > 0.0 && isfinite(c->rope_factor), -EINVAL,
+                   "llama: rope scaling factor %g must be positive", c->rope_factor);
+        FY_REQUIRE(c->rope_low_freq_factor > 0.0 &&
+                       c->rope_high_freq_factor > c->rope_low_freq_factor &&
+                       isfinite(c->rope_high_freq_factor),
+                   -EINVAL, "llama: rope low_freq_factor %g and high_freq_factor %g must satisfy "
+                   "0 < low < high", c->rope_low_freq_factor, c->rope_high_freq_factor);
+        FY_REQUIRE(c->rope_original_max_pos >= 1, -EINVAL,
+                   "llama: rope original_max_position_embeddings must be positive");
+    }
+    return 0;
+}
+
+void fy_llama_block_layout(const struct fy_llama_config *c, struct fy_llama_block_layout *out)
+{
+    size_t C = c->n_embd, hd = C / c->n_head, Q = c->n_head * hd, KV = c->n_kv_head * hd;
+    size_t I = c->n_inter, at = 0;
+    out->input_norm = at, at += C;
+    out->q_proj = at, at += Q * C;
+    out->k_proj = at, at += KV * C;
+    out->v_proj = at, at += KV * C;
+    out->o_proj = at, at += C * Q;
+    out->post_norm = at, at += C;
+    out->gate_proj = at, at += I * C;
+    out->up_proj = at, at += I * C;
+    out->down_proj = at, at += C * I;
+    out->total = at;
+}
+
+/* Each step in fp32 as transformers computes it (a Python scalar meeting an fp32 tensor is rounded
+ * to fp32 first), so that the frequencies agree to the last bit or so. */
+void fy_llama_rope_inv_freq(const struct fy_llama_config *c, float *inv_freq)
+{
+    int hd = (int)(c->n_embd / c->n_head), half = hd / 2;
+    float base = (float)c->rope_theta;
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)hd);
+    if (c->rope_type != FY_LLAMA_ROPE_LLAMA3)
+        return;
+    float factor = (float)c->rope_factor, low = (float)c->rope_low_freq_factor;
+    float old_len = (float)c->rope_original_max_pos;
+    float low_wavelen = (float)(c->rope_original_max_pos / c->rope_low_freq_factor);
+    float high_wavelen = (float)(c->rope_original_max_pos / c->rope_high_freq_factor);
+    float span = (float)(c->rope_high_freq_factor - c->rope_low_freq_factor);
+    for (int i = 0; i < half; i++) {
+        float f = inv_freq[i], wavelen = (float)(2.0 * M_PI) / f;
+        if (wavelen > low_wavelen) {
+            inv_freq[i] = f / factor; /* long wavelengths: interpolated */
+        } else if (!(wavelen < high_wavelen)) {
+            float s = (old_len / wavelen - low) / span; /* between: a smooth blend */
+            inv_freq[i] = (1.0f - s) * f / factor + s * f;
+        } /* short wavelengths: unchanged */
+    }
+}
+
+/* ---- RMSNorm ---- */
+
+void fy_llama_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                              float eps)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        float r = 1.0f / sqrtf(dot(x, x, C) / (float)C + eps);
+        for (int i = 0; i < C; i++)
+            y[i] = w[i] * (x[i] * r);
+        rstd[n] = r;
+    }
+}
+
+void fy_llama_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                               const float *w, const float *rstd, int N, int C)
+{
+    /* With xhat = x r and g = dout w: dx = r (g - xhat mean(g xhat)); dw = sum over rows dout xhat. */
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        float r = rstd[n], gx = 0.0f;
+        for (int i = 0; i < C; i++)
+            gx += dy[i] * w[i] * (x[i] * r);
+        gx /= (float)C;
+        for (int i = 0; i < C; i++)
+            dx[i] = r * (dy[i] * w[i] - (x[i] * r) * gx);
+    }
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < C; i++) {
+        float gw = 0.0f;
+        for (int n = 0; n < N; n++)
+            gw += dout[(size_t)n * C + i] * (inp[(size_t)n * C + i] * rstd[n]);
+        dw[i] += gw;
+    }
+}
+
+/* ---- rotary position embeddings ---- */
+
+void fy_llama_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int T, int half)
+{
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            float a = (float)t * inv_freq[i];
+            cos_t[(size_t)t * half + i] = cosf(a);
+            sin_t[(size_t)t * half + i] = sinf(a);
+        }
+}
+
+/* sign +1: the forward rotation by +angle; -1: its transpose (rotation by -angle). */
+static void rope_apply(float *x, int stride, int col, int NHx, int hd, const float *cos_t,
+                       const float *sin_t, int B, int T, float sign)
+{
+    int half = hd / 2;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < B * T; n++) {
+        const float *cs = cos_t + (size_t)(n % T) * half, *sn = sin_t + (size_t)(n % T) * half;
+        for (int h = 0; h < NHx; h++) {
+            float *v = x + (size_t)n * stride + col + (size_t)h * hd;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half], s = sign * sn[i];
+                v[i] = a * cs[i] - b * s;
+                v[i + half] = b * cs[i] + a * s;
+            }
+        }
+    }
+}
+
+void fy_llama_rope_forward(float *x, int stride, int col, int NHx, int hd, const float *cos_t,
+                           const float *sin_t, int B, int T)
+{
+    rope_apply(x, stride, col, NHx, hd, cos_t, sin_t, B, T, 1.0f);
+}
+
+void fy_llama_rope_backward(float *dx, int stride, int col, int NHx, int hd, const float *cos_t,
+                            const float *sin_t, int B, int T)
+{
+    rope_apply(dx, stride, col, NHx, hd, cos_t, sin_t, B, T, -1.0f);
+}
+
+/* ---- causal grouped-query attention ---- */
+
+void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                                int NKV, int hd)
+{
+    size_t QKV = (size_t)(NH + 2 * NKV) * hd, QC = (size_t)NH * hd;
+    int rep = NH / NKV;
+    float scale = (float)(1.0 / sqrt((double)hd)); /* transformers: head_dim ** -0.5, then fp32 */
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *seq = qkv + (size_t)b * T * QKV;
+                size_t ko = QC + (size_t)(h / rep) * hd, vo = ko + (size_t)NKV * hd;
+                const float *q = seq + t * QKV + (size_t)h * hd;
+                float *p = att + (((size_t)b * NH + h) * T + t) * T;
+                float maxv = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    p[t2] = dot(q, seq + t2 * QKV + ko, hd) * scale;
+                    if (p[t2] > maxv)
+                        maxv = p[t2];
+                }
+                float sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    p[t2] = expf(p[t2] - maxv);
+                    sum += p[t2];
+                }
+                for (int t2 = 0; t2 <= t; t2++)
+                    p[t2] /= sum;
+                for (int t2 = t + 1; t2 < T; t2++)
+                    p[t2] = 0.0f;
+                float *y = out + ((size_t)b * T + t) * QC + (size_t)h * hd;
+                memset(y, 0, (size_t)hd * sizeof *y);
+                for (int t2 = 0; t2 <= t; t2++)
+                    axpy(y, seq + t2 * QKV + vo, p[t2], hd);
+            }
+}
+
+void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                 int B, int T, int NH, int NKV, int hd)
+{
+    size_t QKV = (size_t)(NH + 2 * NKV) * hd, QC = (size_t)NH * hd;
+    int rep = NH / NKV;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    /* The dk and dv of a kv head sum over its rep query heads and all later queries, so one thread
+     * owns a whole (b, kv head) and walks its query heads, then the queries, in order. */
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < NKV; g++) {
+            const float *seq = qkv + (size_t)b * T * QKV;
+            float *dseq = dqkv + (size_t)b * T * QKV;
+            size_t ko = QC + (size_t)g * hd, vo = ko + (size_t)NKV * hd;
+            for (int t = 0; t < T; t++) {
+                memset(dseq + t * QKV + (size_t)g * rep * hd, 0, (size_t)rep * hd * sizeof(float));
+                memset(dseq + t * QKV + ko, 0, (size_t)hd * sizeof(float));
+                memset(dseq + t * QKV + vo, 0, (size_t)hd * sizeof(float));
+            }
+            float datt[T];
+            for (int h = g * rep; h < (g + 1) * rep; h++) {
+                size_t qo = (size_t)h * hd;
+                for (int t = 0; t < T; t++) {
+                    const float *p = att + (((size_t)b * NH + h) * T + t) * T;
+                    const float *dy = dout + ((size_t)b * T + t) * QC + qo;
+                    float pdatt = 0.0f;
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        datt[t2] = dot(dy, seq + t2 * QKV + vo, hd);
+                        pdatt += p[t2] * datt[t2];
+                    }
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        float dpre = p[t2] * (datt[t2] - pdatt) * scale;
+                        axpy(dseq + t * QKV + qo, seq + t2 * QKV + ko, dpre, hd);
+                        axpy(dseq + t2 * QKV + ko, seq + t * QKV + qo, dpre, hd);
+                        axpy(dseq + t2 * QKV + vo, dy, p[t2], hd);
+                    }
+                }
+            }
+        }
+}
+
+/* ---- SwiGLU ---- */
+
+void fy_llama_swiglu_forward(float *out, const float *gu, int N, int I)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * I, *u = g + I;
+        float *o = out + (size_t)n * I;
+        for (int i = 0; i < I; i++)
+            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+void fy_llama_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int I)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * I, *u = g + I, *d = dout + (size_t)n * I;
+        float *dg = dgu + (size_t)n * 2 * I, *du = dg + I;
+        for (int i = 0; i < I; i++) {
+            float e = 1.0f + expf(-g[i]), s = 1.0f / e;
+            du[i] = d[i] * (g[i] / e);
+            dg[i] = d[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
+        }
+    }
+}
+
+/* ---- one decoder block ---- */
+
+/* The block's scratch, carved from one float array: the forward internals first (what the backward
+ * recomputes), then the gradient buffers the backward alone uses. */
+struct block_buf {
+    float *inv_freq, *cos_t, *sin_t; /* [hd/2], [T][hd/2], [T][hd/2] */
+    float *n1, *rstd1;               /* [N][C], [N] */
+    float *qkv;                      /* [N][(NH + 2 NKV) hd], q and k after RoPE */
+    float *att;                      /* [B][NH][T][T] softmax probabilities */
+    float *atty;                     /* [N][NH hd] attention output, before o_proj */
+    float *h;                        /* [N][C] residual after attention */
+    float *n2, *rstd2;               /* [N][C], [N] */
+    float *gu;                       /* [N][2I] gate | up */
+    float *act;                      /* [N][I] silu(gate) * up */
+    float *dact;                     /* [N][I] */
+    float *dgu;                      /* [N][2I] */
+    float *dn2, *dh;                 /* [N][C] */
+    float *datty;                    /* [N][NH hd] */
+    float *dqkv;                     /* [N][(NH + 2 NKV) hd] */
+    float *dn1;                      /* [N][C] */
+    size_t total;                    /* floats */
+};
+
+static void block_carve(const struct fy_llama_config *c, int B, int T, float *base, struct block_buf *s)
+{
+    size_t C = c->n_embd, hd = C / c->n_head, N = (size_t)B * T, I = c->n_inter, at = 0;
+    size_t QC = c->n_head * hd, QKV = (c->n_head + 2 * (size_t)c->n_kv_head) * hd;
+#define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
+    CARVE(inv_freq, hd / 2);
+    CARVE(cos_t, (size_t)T * (hd / 2));
+    CARVE(sin_t, (size_t)T * (hd / 2));
+    CARVE(n1, N * C);
+    CARVE(rstd1, N);
+    CARVE(qkv, N * QKV);
+    CARVE(att, (size_t)B * c->n_head * T * T);
+    CARVE(atty, N * QC);
+    CARVE(h, N * C);
+    CARVE(n2, N * C);
+    CARVE(rstd2, N);
+    CARVE(gu, N * 2 * I);
+    CARVE(act, N * I);
+    CARVE(dact, N * I);
+    CARVE(dgu, N * 2 * I);
+    CARVE(dn2, N * C);
+    CARVE(dh, N * C);
+    CARVE(datty, N * QC);
+    CARVE(dqkv, N * QKV);
+    CARVE(dn1, N * C);
+#undef CARVE
+    s->total = at;
+}
+
+size_t fy_llama_block_scratch(const struct fy_llama_config *c, int B, int T)
+{
+    struct block_buf s;
+    block_carve(c, B, T, NULL, &s);
+    return s.total;
+}
+
+/* The forward pass, keeping every internal the backward needs in s. */
+static void block_forward_into(const struct fy_llama_config *c, const float *params, const float *x,
+                               float *y, const struct block_buf *s, int B, int T)
+{
+    struct fy_llama_block_layout l;
+    fy_llama_block_layout(c, &l);
+    const float *p = params;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->n_kv_head, hd = C / NH;
+    int I = (int)c->n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
+
+    fy_llama_rope_inv_freq(c, s->inv_freq);
+    fy_llama_rope_table(s->cos_t, s->sin_t, s->inv_freq, T, hd / 2);
+
+    /* attention: h = x + o_proj(attention(rope(q), rope(k), v)), q k v of rmsnorm(x) */
+    fy_llama_rmsnorm_forward(s->n1, s->rstd1, x, p + l.input_norm, N, C, c->rms_norm_eps);
+    fy_cpu_matmul_forward(s->qkv, s->n1, p + l.q_proj, NULL, N, C, QKV); /* q_proj|k_proj|v_proj */
+    fy_llama_rope_forward(s->qkv, QKV, 0, NH, hd, s->cos_t, s->sin_t, B, T);
+    fy_llama_rope_forward(s->qkv, QKV, NH * hd, NKV, hd, s->cos_t, s->sin_t, B, T);
+    fy_llama_attention_forward(s->atty, s->att, s->qkv, B, T, NH, NKV, hd);
+    fy_cpu_matmul_forward(s->h, s->atty, p + l.o_proj, NULL, N, NH * hd, C);
+    add(s->h, x, s->h, (size_t)N * C);
+
+    /* MLP: y = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h) */
+    fy_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, c->rms_norm_eps);
+    fy_cpu_matmul_forward(s->gu, s->n2, p + l.gate_proj, NULL, N, C, 2 * I); /* gate_proj|up_proj */
+    fy_llama_swiglu_forward(s->act, s->gu, N, I);
+    fy_cpu_matmul_forward(y, s->act, p + l.down_proj, NULL, N, I, C);
+    add(y, s->h, y, (size_t)N * C);
+}
+
+void fy_llama_block_forward(const struct fy_llama_config *c, const float *params, const float *x,
+                            float *y, float *scratch, int B, int T)
+{
+    struct block_buf s;
+    block_carve(c, B, T, scratch, &s);
+    block_forward_into(c, params, x, y, &s, B, T);
+}
+
+void fy_llama_block_backward(const struct fy_llama_config *c, const float *params, const float *x,
+                             const float *dy, float *dx, float *dparams, float *scratch, int B, int T)
+{
+    struct block_buf s;
+    block_carve(c, B, T, scratch, &s);
+    struct fy_llama_block_layout l;
+    fy_llama_block_layout(c, &l);
+    const float *p = params;
+    float *g = dparams;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->n_kv_head, hd = C / NH;
+    int I = (int)c->n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
+    size_t NC = (size_t)N * C;
+
+    /* The block output is only needed as somewhere to write; dn1 is free until the end. */
+    block_forward_into(c, params, x, s.dn1, &s, B, T);
+
+    /* MLP branch */
+    fy_cpu_matmul_backward(s.dact, g + l.down_proj, NULL, dy, s.act, p + l.down_proj, N, I, C);
+    fy_llama_swiglu_backward(s.dgu, s.dact, s.gu, N, I);
+    fy_cpu_matmul_backward(s.dn2, g + l.gate_proj, NULL, s.dgu, s.n2, p + l.gate_proj, N, C, 2 * I);
+    fy_llama_rmsnorm_backward(s.dh, g + l.post_norm, s.dn2, s.h, p + l.post_norm, s.rstd2, N, C);
+    add(s.dh, s.dh, dy, NC); /* the residual path */
+
+    /* attention branch */
+    fy_cpu_matmul_backward(s.datty, g + l.o_proj, NULL, s.dh, s.atty, p + l.o_proj, N, NH * hd, C);
+    fy_llama_attention_backward(s.dqkv, s.datty, s.qkv, s.att, B, T, NH, NKV, hd);
+    fy_llama_rope_backward(s.dqkv, QKV, 0, NH, hd, s.cos_t, s.sin_t, B, T);
+    fy_llama_rope_backward(s.dqkv, QKV, NH * hd, NKV, hd, s.cos_t, s.sin_t, B, T);
+    fy_cpu_matmul_backward(s.dn1, g + l.q_proj, NULL, s.dqkv, s.n1, p + l.q_proj, N, C, QKV);
+    fy_llama_rmsnorm_backward(dx, g + l.input_norm, s.dn1, x, p + l.input_norm, s.rstd1, N, C);
+    add(dx, dx, s.dh, NC);
+}
+
+/* ---- final norm ---- */
+
+void fy_llama_norm_forward(const struct fy_llama_config *c, const float *w, const float *x, float *y,
+                           float *rstd, int B, int T)
+{
+    fy_llama_rmsnorm_forward(y, rstd, x, w, B * T, (int)c->n_embd, c->rms_norm_eps);
+}
+
+void fy_llama_norm_backward(const struct fy_llama_config *c, const float *w, const float *x,
+                            const float *rstd, const float *dy, float *dx, float *dw, int B, int T)
+{
+    fy_llama_rmsnorm_backward(dx, dw, dy, x, w, rstd, B * T, (int)c->n_embd);
+}

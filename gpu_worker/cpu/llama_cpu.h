@@ -1,0 +1,143 @@
+/* The Llama transformer block on the CPU: fp32, OpenMP, written to be read; the reference for a
+ * later CUDA version, in the style of gpt_cpu.h. First increment of the Llama architecture
+ * (issue 7): one decoder block (Hugging Face's LlamaDecoderLayer) forward and backward, and the
+ * model's final RMSNorm. Nothing here is wired into the gpu worker or the launcher yet.
+ *
+ * The block (x, y: [B][T][C]; N = B*T rows; hd = C / n_head; I = intermediate size):
+ *   n1 = rmsnorm(x, input_layernorm)                      rmsnorm(x, w) = w * (x * rsqrt(mean(x^2) + eps))
+ *   q = n1 Wq^T, k = n1 Wk^T, v = n1 Wv^T                 no biases
+ *   q, k = rope(q), rope(k)                               positions 0..T-1 of each sequence
+ *   a = softmax(q k^T / sqrt(hd) + causal mask) v         query head h reads kv head h / (n_head / n_kv_head)
+ *   h = x + a Wo^T
+ *   n2 = rmsnorm(h, post_attention_layernorm)
+ *   y = h + (silu(n2 Wgate^T) * (n2 Wup^T)) Wdown^T       silu(g) = g / (1 + exp(-g))
+ * computed in fp32 in the order transformers computes it (RMSNorm in fp32, then times the weight).
+ *
+ * RoPE is Hugging Face's (non-interleaved, rotate_half): within a head, element i < hd/2 pairs with
+ * element i + hd/2; with angle a = t * inv_freq[i]:
+ *   out[i] = x[i] cos a - x[i + hd/2] sin a,   out[i + hd/2] = x[i + hd/2] cos a + x[i] sin a.
+ * inv_freq[i] = 1 / theta^(2i / hd), in fp32 as transformers computes it, and with rope_type
+ * "llama3" rescaled as transformers' _compute_llama3_parameters does (L = original max positions,
+ * wavelen = 2 pi / inv_freq): wavelen < L / high_freq_factor: unchanged; wavelen > L /
+ * low_freq_factor: divided by factor; between: (1 - s) inv_freq / factor + s inv_freq with
+ * s = (L / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor).
+ *
+ * Parameters of a block are one contiguous fp32 vector, the tensors of LlamaDecoderLayer in its
+ * order and its [out][in] orientation (struct fy_llama_block_layout). Since q, k, v (and gate, up)
+ * are adjacent, each group is also one [sum of outs][C] matrix, and is multiplied as one.
+ *
+ * Determinism: as in gpt_cpu.c, every output element is computed by one thread in a fixed order
+ * (schedule(static), no reductions split across threads), so the results are bit-identical whatever
+ * the number of OpenMP threads. Matrix products are gpt_cpu.c's fy_cpu_matmul_*.
+ *
+ * Buffers: the caller owns everything. Scratch is one float array of fy_llama_block_scratch floats;
+ * the backward recomputes the forward from x into it (activation checkpointing, as gpt_cpu.c does),
+ * so only the block input needs to be kept. Outputs named "overwritten" are written in full;
+ * parameter gradients are accumulated (+=) into a vector of the parameters' layout. */
+#ifndef FY_LLAMA_CPU_H
+#define FY_LLAMA_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum fy_llama_rope_type {
+    FY_LLAMA_ROPE_DEFAULT = 0, /* plain inverse frequencies from theta */
+    FY_LLAMA_ROPE_LLAMA3 = 1,  /* rope_scaling {"rope_type": "llama3", ...} (Llama 3.1 and later) */
+};
+
+/* The block's part of a Hugging Face LlamaConfig (config.json names in the comments). Attention and
+ * MLP have no biases (attention_bias and mlp_bias false); hidden_act is silu. */
+struct fy_llama_config {
+    uint32_t n_embd;       /* C: hidden_size */
+    uint32_t n_head;       /* num_attention_heads; head_dim = C / n_head, even */
+    uint32_t n_kv_head;    /* num_key_value_heads; divides n_head (grouped-query attention) */
+    uint32_t n_inter;      /* I: intermediate_size */
+    float rms_norm_eps;    /* rms_norm_eps */
+    double rope_theta;     /* rope_theta */
+    enum fy_llama_rope_type rope_type;
+    /* rope_type llama3 only: factor, low_freq_factor, high_freq_factor,
+     * original_max_position_embeddings */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    uint32_t rope_original_max_pos;
+};
+
+/* Offsets (in floats) of each tensor inside a block's parameter vector, and its total size. */
+struct fy_llama_block_layout {
+    size_t input_norm; /* input_layernorm.weight [C] */
+    size_t q_proj;     /* self_attn.q_proj.weight [n_head*hd][C] */
+    size_t k_proj;     /* self_attn.k_proj.weight [n_kv_head*hd][C] */
+    size_t v_proj;     /* self_attn.v_proj.weight [n_kv_head*hd][C] */
+    size_t o_proj;     /* self_attn.o_proj.weight [C][n_head*hd] */
+    size_t post_norm;  /* post_attention_layernorm.weight [C] */
+    size_t gate_proj;  /* mlp.gate_proj.weight [I][C] */
+    size_t up_proj;    /* mlp.up_proj.weight [I][C] */
+    size_t down_proj;  /* mlp.down_proj.weight [C][I] */
+    size_t total;
+};
+
+/* Checks sizes (heads divide the width, kv heads divide the heads, even head_dim, bounds), eps,
+ * theta and the llama3 parameters; 0, or -EINVAL with a logged message. */
+int fy_llama_config_validate(const struct fy_llama_config *c);
+void fy_llama_block_layout(const struct fy_llama_config *c, struct fy_llama_block_layout *out);
+/* inv_freq [head_dim / 2]: the rotary inverse frequencies, llama3 scaling applied when configured. */
+void fy_llama_rope_inv_freq(const struct fy_llama_config *c, float *inv_freq);
+
+/* ---- single operations (exported for the tests) ---- */
+
+/* RMSNorm over C of N rows: out = w * (x * rstd), rstd = rsqrt(mean(x^2) + eps); rstd [N] is
+ * saved for the backward. */
+void fy_llama_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                              float eps);
+/* dinp overwritten, dw accumulated. */
+void fy_llama_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                               const float *w, const float *rstd, int N, int C);
+/* cos and sin [T][half] of t * inv_freq[i] (half = head_dim / 2). */
+void fy_llama_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int T, int half);
+/* In place on NHx heads of hd floats at column col of rows of `stride` floats, [B][T][stride]. */
+void fy_llama_rope_forward(float *x, int stride, int col, int NHx, int hd, const float *cos_t,
+                           const float *sin_t, int B, int T);
+/* The transpose (inverse rotation), in place on the gradient. */
+void fy_llama_rope_backward(float *dx, int stride, int col, int NHx, int hd, const float *cos_t,
+                            const float *sin_t, int B, int T);
+/* Causal grouped-query attention. qkv [B][T][(NH + 2 NKV) hd]: q heads, then k heads, then v heads,
+ * each hd wide (the output of the fused q/k/v product, after RoPE). out [B][T][NH hd]; att
+ * [B][NH][T][T] the softmax probabilities (saved for backward; zero above the diagonal). */
+void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                                int NKV, int hd);
+/* dqkv overwritten. */
+void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                 int B, int T, int NH, int NKV, int hd);
+/* gu [N][2I]: gate in columns 0..I-1, up in I..2I-1; out [N][I] = silu(gate) * up. */
+void fy_llama_swiglu_forward(float *out, const float *gu, int N, int I);
+/* dgu overwritten. */
+void fy_llama_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int I);
+
+/* ---- the block and the final norm ---- */
+
+/* Floats of scratch one block's forward or backward needs. */
+size_t fy_llama_block_scratch(const struct fy_llama_config *c, int B, int T);
+/* y = block(x); x and y must not overlap. */
+void fy_llama_block_forward(const struct fy_llama_config *c, const float *params, const float *x,
+                            float *y, float *scratch, int B, int T);
+/* Recomputes the block's internals from x, then back-propagates dy: dx overwritten, the parameter
+ * gradients accumulated (+=) into dparams (the layout of params). */
+void fy_llama_block_backward(const struct fy_llama_config *c, const float *params, const float *x,
+                             const float *dy, float *dx, float *dparams, float *scratch, int B, int T);
+
+/* The model's final RMSNorm (model.norm.weight, w [C]) on [B][T][C]; rstd [B*T] is saved for the
+ * backward. */
+void fy_llama_norm_forward(const struct fy_llama_config *c, const float *w, const float *x, float *y,
+                           float *rstd, int B, int T);
+/* dx overwritten, dw accumulated; rstd as the forward left it. */
+void fy_llama_norm_backward(const struct fy_llama_config *c, const float *w, const float *x,
+                            const float *rstd, const float *dy, float *dx, float *dw, int B, int T);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""One Llama decoder block through transformers, for tests/test_llama_cpu.c.
+
+Builds transformers.models.llama.modeling_llama.LlamaDecoderLayer from a LlamaConfig (no biases,
+silu, eager attention), draws its weights, an input x and an output gradient dy from a seed, runs
+the forward and the backward in float32 on the CPU with position_ids 0..T-1, the rotary embeddings
+of LlamaRotaryEmbedding (rope_type "default", or "llama3" with --llama3) and an additive causal
+mask, and writes everything the C test compares to OUT.
+
+Usage:
+    python3 llama_ref.py OUT --batch B --seq T --embd C --heads NH --kv-heads NKV --inter I
+                         [--eps E] [--theta THETA] [--seed S]
+                         [--llama3 FACTOR LOW_FREQ_FACTOR HIGH_FREQ_FACTOR ORIGINAL_MAX_POS]
+    python3 llama_ref.py run 'OUT ARGS' ...
+        several of the above in one process (importing torch and transformers takes seconds)
+
+OUT (little-endian, no padding):
+  int32[16]   magic 0x4C4C5946 ("FYLL"), version 1, B, T, C, NH, NKV, I, rope type (0 default,
+              1 llama3), original_max_position_embeddings (0 without llama3), P (floats of the
+              block's parameters), then 5 zeros
+  float64[8]  rms_norm_eps, rope_theta, factor, low_freq_factor, high_freq_factor (0 without
+              llama3), then 3 zeros
+  float32     params[P]: the block's parameters in the layout of gpu_worker/cpu/llama_cpu.h
+              (input_layernorm, q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, gate_proj,
+              up_proj, down_proj; each weight [out][in] as transformers stores it);
+              x[B][T][C]; dy[B][T][C]; y[B][T][C]; dx[B][T][C]; dparams[P] (gradient of sum(y*dy))
+
+Exit status: 0 on success; 2 on bad arguments; 3 when torch or transformers cannot be imported.
+"""
+import argparse
+import math
+import shlex
+import struct
+import sys
+
+sys.dont_write_bytecode = True
+
+MAGIC = 0x4C4C5946
+VERSION = 1
+ORDER = [  # the layout of llama_cpu.h: LlamaDecoderLayer's parameters, in this order
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="A Llama decoder block through transformers.")
+    p.add_argument("out")
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--embd", type=int, required=True)
+    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--kv-heads", type=int, required=True)
+    p.add_argument("--inter", type=int, required=True)
+    p.add_argument("--eps", type=float, default=1e-5)
+    p.add_argument("--theta", type=float, default=500000.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--llama3", type=float, nargs=4, metavar=("FACTOR", "LOW", "HIGH", "ORIG"))
+    a = p.parse_args(argv)
+    if a.embd % a.heads or a.heads % a.kv_heads or (a.embd // a.heads) % 2:
+        p.error("heads must divide embd, kv-heads heads, and head_dim must be even")
+    return a
+
+
+def main(argv):
+    cases = [shlex.split(c) for c in argv[1:]] if argv[:1] == ["run"] else [argv]
+    parsed = [parse_args(c) for c in cases]
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print(f"llama_ref.py: {e}", file=sys.stderr)
+        return 3
+    for a in parsed:
+        rc = one_case(a)
+        if rc != 0:
+            return rc
+    return 0
+
+
+def one_case(a):
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    rope = {"rope_type": "default", "rope_theta": a.theta}
+    orig = 0
+    factor = low = high = 0.0
+    if a.llama3:
+        factor, low, high, orig_f = a.llama3
+        orig = int(orig_f)
+        rope = {"rope_type": "llama3", "rope_theta": a.theta, "factor": factor,
+                "low_freq_factor": low, "high_freq_factor": high,
+                "original_max_position_embeddings": orig}
+    cfg = LlamaConfig(hidden_size=a.embd, intermediate_size=a.inter, num_attention_heads=a.heads,
+                      num_key_value_heads=a.kv_heads, num_hidden_layers=1, rms_norm_eps=a.eps,
+                      rope_parameters=rope, attention_bias=False, mlp_bias=False,
+                      hidden_act="silu", max_position_embeddings=max(4 * orig, 2048),
+                      vocab_size=16)
+    cfg._attn_implementation = "eager"
+    layer = LlamaDecoderLayer(cfg, layer_idx=0).float()
+    rotary = LlamaRotaryEmbedding(cfg)
+
+    # Weights of a size that keeps activations of order one and the attention far from uniform;
+    # norm weights near 1 but not 1, so that their gradients and paths matter.
+    gen = torch.Generator().manual_seed(a.seed)
+    params = dict(layer.named_parameters())
+    if sorted(params) != sorted(ORDER):
+        print(f"llama_ref.py: unexpected parameters {sorted(params)}", file=sys.stderr)
+        return 1
+    with torch.no_grad():
+        for name in ORDER:
+            t = params[name]
+            if t.dim() == 1:
+                t.copy_(1.0 + 0.2 * torch.randn(t.shape, generator=gen))
+            else:
+                t.copy_(torch.randn(t.shape, generator=gen) * (1.5 / math.sqrt(t.shape[1])))
+    B, T, C = a.batch, a.seq, a.embd
+    x = torch.randn(B, T, C, generator=gen).requires_grad_(True)
+    dy = torch.randn(B, T, C, generator=gen)
+
+    pos = torch.arange(T).unsqueeze(0).expand(B, T)
+    cos, sin = rotary(x, pos)
+    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)
+    mask = mask[None, None].expand(B, 1, T, T)
+    y = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin))
+    if isinstance(y, tuple):
+        y = y[0]
+    y.backward(dy)
+
+    P = sum(params[n].numel() for n in ORDER)
+    flat = lambda ts: torch.cat([t.detach().reshape(-1) for t in ts]).float().numpy()  # noqa: E731
+    with open(a.out, "wb") as f:
+        f.write(struct.pack("<16i", MAGIC, VERSION, B, T, C, a.heads, a.kv_heads, a.inter,
+                            1 if a.llama3 else 0, orig, P, 0, 0, 0, 0, 0))
+        f.write(struct.pack("<8d", a.eps, a.theta, factor, low, high, 0, 0, 0))
+        f.write(flat([params[n] for n in ORDER]).astype("<f4").tobytes())
+        for t in (x, dy, y, x.grad):
+            f.write(flat([t]).astype("<f4").tobytes())
+        f.write(flat([params[n].grad for n in ORDER]).astype("<f4").tobytes())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,751 @@
+/* Tests of the CPU Llama block (gpu_worker/cpu/llama_cpu.c):
+ *   - the parameter layout (Hugging Face's LlamaDecoderLayer order) and configuration checks;
+ *   - the rotary inverse frequencies, plain and with llama3 scaling, against a float64 computation;
+ *   - the fp32 block forward against an independent float64 forward written here with plain loops
+ *     (ref_block_forward), and the fp32 backward (dx and every parameter gradient) against central
+ *     finite differences of that float64 forward, for grouped-query (2 kv heads), multi-query
+ *     (1 kv head) and llama3-scaled configurations; the final RMSNorm likewise;
+ *   - the block against transformers' LlamaDecoderLayer (tests/reference/llama_ref.py), forward and
+ *     backward in fp32, plain RoPE and llama3 scaling; skipped, saying so, where python3 lacks torch
+ *     or transformers, except under CI (CI=true), where their absence is a failure;
+ *   - gradients accumulate into dparams; bit-identical results across runs and thread counts.
+ *
+ * The loss is L = sum(y * r) for a fixed random r (the backward is run with dy = r). Comparisons
+ * are per tensor: an element passes when |ours - ref| <= rel * |ref| + abs * max|ref|, i.e. an
+ * absolute floor scaled by the tensor's largest element, so near-zero elements are judged against
+ * the tensor's magnitude rather than their own. Tolerances (measured values in the comments):
+ *   - fp32 forward vs float64: rel 1e-5, floor 2e-6 (measured: worst error 3e-7 of the max);
+ *   - fp32 backward vs finite differences of the float64 forward (step 1e-5, whose own error is
+ *     about 1e-9): rel 1e-4, floor 1e-5 (measured: worst 4e-7 of the max);
+ *   - against transformers (fp32 both sides, different summation orders): rel 1e-5, floor 1e-5
+ *     (measured: worst 9e-7 of the max).
+ * test_config_validate logs the refusals it provokes ("error: llama: ..."): expected.
+ * Each check can fail: a gradient element off by 1e-3 relative, and the plain-RoPE forward of a
+ * llama3 configuration, are both rejected (tests below). */
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gpu_worker/cpu/llama_cpu.h"
+#include "tests/refmodel.h"
+#include "tests/testutil.h"
+
+#define FWD_REL 1e-5
+#define FWD_ABS 2e-6
+#define FD_STEP 1e-5
+#define FD_REL 1e-4
+#define FD_ABS 1e-5
+#define HF_REL 1e-5
+#define HF_ABS 1e-5
+
+static int have_transformers;
+static int in_ci;
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static float *alloc_nan(size_t n)
+{
+    float *p = xmalloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
+}
+
+static float *alloc_rand(size_t n, uint64_t *st, float lo, float hi)
+{
+    float *p = xmalloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = fy_test_uniform(st, lo, hi);
+    return p;
+}
+
+/* ---- the configurations ---- */
+
+static struct fy_llama_config cfg_plain(uint32_t C, uint32_t NH, uint32_t NKV, uint32_t I,
+                                        double theta)
+{
+    return (struct fy_llama_config){.n_embd = C, .n_head = NH, .n_kv_head = NKV, .n_inter = I,
+                                    .rms_norm_eps = 1e-5f, .rope_theta = theta,
+                                    .rope_type = FY_LLAMA_ROPE_DEFAULT};
+}
+
+/* head_dim 8 and theta 500000: wavelengths 6.3, 167, 4443 and 118000 against 512 / 4 = 128 and
+ * 512 / 1 = 512, so one frequency stays, one is blended and two are divided by the factor. */
+static struct fy_llama_config cfg_llama3(uint32_t C, uint32_t NH, uint32_t NKV, uint32_t I)
+{
+    struct fy_llama_config c = cfg_plain(C, NH, NKV, I, 500000.0);
+    c.rope_type = FY_LLAMA_ROPE_LLAMA3;
+    c.rope_factor = 8.0;
+    c.rope_low_freq_factor = 1.0;
+    c.rope_high_freq_factor = 4.0;
+    c.rope_original_max_pos = 512;
+    return c;
+}
+
+/* ---- the float64 reference, independent of llama_cpu.c ---- */
+
+/* The tensors of LlamaDecoderLayer in order, with their sizes: the layout the module must have. */
+enum { R_IN_NORM, R_Q, R_K, R_V, R_O, R_POST_NORM, R_GATE, R_UP, R_DOWN, R_COUNT };
+static const char *const ref_names[R_COUNT] = {
+    "input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "post_attention_layernorm",
+    "gate_proj", "up_proj", "down_proj"};
+
+static void ref_offsets(const struct fy_llama_config *c, size_t off[R_COUNT + 1])
+{
+    size_t C = c->n_embd, hd = C / c->n_head, I = c->n_inter;
+    size_t n[R_COUNT] = {C, c->n_head * hd * C, c->n_kv_head * hd * C, c->n_kv_head * hd * C,
+                         C * c->n_head * hd, C, I * C, I * C, C * I};
+    off[0] = 0;
+    for (int i = 0; i < R_COUNT; i++)
+        off[i + 1] = off[i] + n[i];
+}
+
+/* Inverse frequencies in double; *regions counts (unchanged, blended, divided) when non-NULL. */
+static void ref_inv_freq(const struct fy_llama_config *c, double *f, int regions[3])
+{
+    int hd = (int)(c->n_embd / c->n_head);
+    if (regions)
+        regions[0] = regions[1] = regions[2] = 0;
+    for (int i = 0; i < hd / 2; i++) {
+        f[i] = pow(c->rope_theta, -2.0 * i / hd);
+        if (c->rope_type != FY_LLAMA_ROPE_LLAMA3)
+            continue;
+        double L = c->rope_original_max_pos, wl = 2.0 * M_PI / f[i];
+        double lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+        int r;
+        if (wl < L / hi) {
+            r = 0;
+        } else if (wl > L / lo) {
+            f[i] /= c->rope_factor;
+            r = 2;
+        } else {
+            double s = (L / wl - lo) / (hi - lo);
+            f[i] = (1.0 - s) * f[i] / c->rope_factor + s * f[i];
+            r = 1;
+        }
+        if (regions)
+            regions[r]++;
+    }
+}
+
+/* out[n][o] = sum_i in[n][i] w[o][i] */
+static void ref_linear(double *out, const double *in, const double *w, int N, int IN, int OUT)
+{
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OUT; o++) {
+            double s = 0.0;
+            for (int i = 0; i < IN; i++)
+                s += in[(size_t)n * IN + i] * w[(size_t)o * IN + i];
+            out[(size_t)n * OUT + o] = s;
+        }
+}
+
+static void ref_rmsnorm(double *out, const double *in, const double *w, int N, int C, double eps)
+{
+    for (int n = 0; n < N; n++) {
+        double ss = 0.0;
+        for (int i = 0; i < C; i++)
+            ss += in[(size_t)n * C + i] * in[(size_t)n * C + i];
+        double r = 1.0 / sqrt(ss / C + eps);
+        for (int i = 0; i < C; i++)
+            out[(size_t)n * C + i] = w[i] * in[(size_t)n * C + i] * r;
+    }
+}
+
+/* RoPE as transformers writes it: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1], with
+ * cos and sin of cat(freqs, freqs). x is [B][T][nh][hd]. */
+static void ref_rope(double *x, const double *f, int B, int T, int nh, int hd)
+{
+    double *v = xmalloc((size_t)hd * sizeof *v);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < nh; h++) {
+                double *p = x + (((size_t)b * T + t) * nh + h) * hd;
+                memcpy(v, p, (size_t)hd * sizeof *v);
+                for (int j = 0; j < hd; j++) {
+                    double rot = j < hd / 2 ? -v[j + hd / 2] : v[j - hd / 2];
+                    double a = t * f[j % (hd / 2)];
+                    p[j] = v[j] * cos(a) + rot * sin(a);
+                }
+            }
+    free(v);
+}
+
+static void ref_block_forward(const struct fy_llama_config *c, const double *p, const double *x,
+                              double *y, int B, int T)
+{
+    size_t off[R_COUNT + 1];
+    ref_offsets(c, off);
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->n_kv_head, hd = C / NH;
+    int I = (int)c->n_inter, N = B * T;
+    double eps = c->rms_norm_eps;
+    double *f = xmalloc((size_t)hd / 2 * sizeof *f);
+    ref_inv_freq(c, f, NULL);
+    double *n1 = xmalloc((size_t)N * C * sizeof(double)), *h = xmalloc((size_t)N * C * sizeof(double));
+    double *q = xmalloc((size_t)N * NH * hd * sizeof(double));
+    double *k = xmalloc((size_t)N * NKV * hd * sizeof(double));
+    double *v = xmalloc((size_t)N * NKV * hd * sizeof(double));
+    double *a = xmalloc((size_t)N * NH * hd * sizeof(double));
+    double *gate = xmalloc((size_t)N * I * sizeof(double)), *up = xmalloc((size_t)N * I * sizeof(double));
+    double *s = xmalloc((size_t)T * sizeof(double));
+
+    ref_rmsnorm(n1, x, p + off[R_IN_NORM], N, C, eps);
+    ref_linear(q, n1, p + off[R_Q], N, C, NH * hd);
+    ref_linear(k, n1, p + off[R_K], N, C, NKV * hd);
+    ref_linear(v, n1, p + off[R_V], N, C, NKV * hd);
+    ref_rope(q, f, B, T, NH, hd);
+    ref_rope(k, f, B, T, NKV, hd);
+    for (int b = 0; b < B; b++)
+        for (int hh = 0; hh < NH; hh++) {
+            int g = hh / (NH / NKV); /* repeat_kv: kv head g serves query heads g*rep .. */
+            for (int t = 0; t < T; t++) {
+                const double *qv = q + (((size_t)b * T + t) * NH + hh) * hd;
+                double mx = -INFINITY, sum = 0.0;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const double *kv = k + (((size_t)b * T + t2) * NKV + g) * hd;
+                    double d = 0.0;
+                    for (int i = 0; i < hd; i++)
+                        d += qv[i] * kv[i];
+                    s[t2] = d / sqrt((double)hd);
+                    mx = fmax(mx, s[t2]);
+                }
+                for (int t2 = 0; t2 <= t; t2++)
+                    sum += (s[t2] = exp(s[t2] - mx));
+                double *o = a + (((size_t)b * T + t) * NH + hh) * hd;
+                for (int i = 0; i < hd; i++) {
+                    double acc = 0.0;
+                    for (int t2 = 0; t2 <= t; t2++)
+                        acc += s[t2] / sum * v[(((size_t)b * T + t2) * NKV + g) * hd + i];
+                    o[i] = acc;
+                }
+            }
+        }
+    ref_linear(h, a, p + off[R_O], N, NH * hd, C);
+    for (size_t i = 0; i < (size_t)N * C; i++)
+        h[i] += x[i];
+    ref_rmsnorm(n1, h, p + off[R_POST_NORM], N, C, eps); /* n1 reused as n2 */
+    ref_linear(gate, n1, p + off[R_GATE], N, C, I);
+    ref_linear(up, n1, p + off[R_UP], N, C, I);
+    for (size_t i = 0; i < (size_t)N * I; i++)
+        gate[i] = gate[i] / (1.0 + exp(-gate[i])) * up[i];
+    ref_linear(y, gate, p + off[R_DOWN], N, I, C);
+    for (size_t i = 0; i < (size_t)N * C; i++)
+        y[i] += h[i];
+    free(f), free(n1), free(h), free(q), free(k), free(v), free(a), free(gate), free(up), free(s);
+}
+
+/* ---- comparisons ---- */
+
+/* Per-tensor check (see the top comment); prints one line, returns the number of bad elements. */
+static int compare(const char *what, const float *ours, const double *ref, size_t n, double rel,
+                   double abs_floor)
+{
+    double scale = 0.0, worst = 0.0;
+    size_t worst_i = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)ours[i] - ref[i]);
+        if (!(err <= rel * fabs(ref[i]) + abs_floor * scale)) /* also catches NaN */
+            bad++;
+        if (!(err <= worst)) {
+            worst = err;
+            worst_i = i;
+        }
+    }
+    printf("  %-28s %5zu elements, max|ref| %.3e, worst |d| %.2e (%.1e of max) at %zu "
+           "(ours %.7g, ref %.7g)%s\n",
+           what, n, scale, worst, scale > 0 ? worst / scale : 0.0, worst_i, (double)ours[worst_i],
+           ref[worst_i], bad ? "  FAIL" : "");
+    return bad;
+}
+
+static double *to_double(const float *p, size_t n)
+{
+    double *d = xmalloc(n * sizeof *d);
+    for (size_t i = 0; i < n; i++)
+        d[i] = p[i];
+    return d;
+}
+
+/* ---- layout, configuration, frequencies ---- */
+
+static void test_layout(void **state)
+{
+    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    struct fy_llama_block_layout l;
+    fy_llama_block_layout(&c, &l);
+    size_t off[R_COUNT + 1];
+    ref_offsets(&c, off);
+    size_t got[R_COUNT + 1] = {l.input_norm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.post_norm,
+                               l.gate_proj, l.up_proj, l.down_proj, l.total};
+    for (int i = 0; i <= R_COUNT; i++)
+        assert_int_equal(got[i], off[i]);
+    /* 16 + 256 + 2 * 128 + 256 + 16 + 3 * 384 */
+    assert_int_equal(l.total, 1952);
+}
+
+static void test_config_validate(void **state)
+{
+    struct fy_llama_config good = cfg_llama3(32, 4, 2, 48);
+    assert_int_equal(fy_llama_config_validate(&good), 0);
+    struct fy_llama_config plain = cfg_plain(16, 4, 4, 24, 10000.0);
+    assert_int_equal(fy_llama_config_validate(&plain), 0);
+
+    struct fy_llama_config c = good;
+    c.n_kv_head = 3; /* does not divide 4 heads */
+    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    c = good, c.n_head = 5; /* does not divide 32 */
+    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    c = cfg_plain(12, 4, 2, 24, 10000.0); /* head_dim 3 is odd */
+    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    c = good, c.rms_norm_eps = 0.0f;
+    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    c = good, c.rope_theta = -1.0;
+    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    c = good, c.rope_high_freq_factor = 1.0; /* not above low_freq_factor */
+    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    c = good, c.rope_original_max_pos = 0;
+    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    c = good, c.n_inter = 0;
+    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+}
+
+static void test_inv_freq(void **state)
+{
+    struct fy_llama_config cs[] = {cfg_plain(16, 2, 1, 8, 10000.0), cfg_llama3(32, 4, 2, 48),
+                                   cfg_llama3(128, 2, 1, 8)};
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        int half = (int)(cs[k].n_embd / cs[k].n_head / 2), regions[3];
+        float f[64];
+        double r[64];
+        fy_llama_rope_inv_freq(&cs[k], f);
+        ref_inv_freq(&cs[k], r, regions);
+        printf("  config %zu: %d frequencies; llama3 regions unchanged %d, blended %d, divided %d\n",
+               k, half, regions[0], regions[1], regions[2]);
+        if (cs[k].rope_type == FY_LLAMA_ROPE_LLAMA3)
+            assert_true(regions[0] >= 1 && regions[1] >= 1 && regions[2] >= 1);
+        for (int i = 0; i < half; i++)
+            if (!(fabs(f[i] - r[i]) <= 1e-6 * r[i]))
+                fail_msg("config %zu inv_freq[%d] = %.9g, float64 %.9g", k, i, (double)f[i], r[i]);
+    }
+    /* transformers' values for cfg_llama3(32, 4, 2, 48) (LlamaRotaryEmbedding.inv_freq, printed
+     * with transformers 5.17): 1, 2.7344e-02, 1.7678e-04, 6.6479e-06 */
+    float f[4];
+    struct fy_llama_config c = cfg_llama3(32, 4, 2, 48);
+    fy_llama_rope_inv_freq(&c, f);
+    const double hf[4] = {1.0, 2.7344e-02, 1.7678e-04, 6.6479e-06};
+    for (int i = 0; i < 4; i++)
+        assert_true(fabs(f[i] - hf[i]) <= 1e-4 * hf[i]);
+}
+
+/* ---- the block against float64 and finite differences ---- */
+
+struct blk {
+    struct fy_llama_config cfg;
+    int B, T;
+    size_t np, nx;
+    double *p, *x, *r, *y; /* float64 copies of the fp32 inputs; r the projection */
+};
+
+static double blk_loss(struct blk *b)
+{
+    ref_block_forward(&b->cfg, b->p, b->x, b->y, b->B, b->T);
+    double s = 0.0;
+    for (size_t i = 0; i < b->nx; i++)
+        s += b->y[i] * b->r[i];
+    return s;
+}
+
+/* Central differences of the float64 loss with respect to v[0..n). */
+static double *fd_grad(struct blk *b, double *v, size_t n)
+{
+    double *g = xmalloc(n * sizeof *g);
+    for (size_t i = 0; i < n; i++) {
+        double keep = v[i];
+        v[i] = keep + FD_STEP;
+        double lp = blk_loss(b);
+        v[i] = keep - FD_STEP;
+        double lm = blk_loss(b);
+        v[i] = keep;
+        g[i] = (lp - lm) / (2.0 * FD_STEP);
+    }
+    return g;
+}
+
+/* Random block parameters: norm weights near 1 (not 1, so their gradients matter), projections of
+ * a size that keeps activations of order one and the attention far from uniform. */
+static float *block_params(const struct fy_llama_config *c, uint64_t *st)
+{
+    size_t off[R_COUNT + 1];
+    ref_offsets(c, off);
+    float *p = xmalloc(off[R_COUNT] * sizeof *p);
+    for (int t = 0; t < R_COUNT; t++) {
+        int norm = t == R_IN_NORM || t == R_POST_NORM;
+        size_t in = t == R_O ? c->n_embd : t == R_DOWN ? c->n_inter : c->n_embd;
+        float a = norm ? 0.3f : (float)(2.0 / sqrt((double)in));
+        for (size_t i = off[t]; i < off[t + 1]; i++)
+            p[i] = (norm ? 1.0f : 0.0f) + fy_test_uniform(st, -a, a);
+    }
+    return p;
+}
+
+/* Forward against float64, then dx and every parameter gradient against finite differences.
+ * Returns the number of bad elements; corrupt_dx (when non-zero) scales dx[3] by (1 + corrupt_dx)
+ * first, for the self-test of the checker. */
+static int check_block(const struct fy_llama_config *cfg, int B, int T, uint64_t seed,
+                       double corrupt_dx)
+{
+    assert_int_equal(fy_llama_config_validate(cfg), 0);
+    uint64_t st = seed;
+    struct fy_llama_block_layout l;
+    fy_llama_block_layout(cfg, &l);
+    size_t nx = (size_t)B * T * cfg->n_embd, ns = fy_llama_block_scratch(cfg, B, T);
+    float *p = block_params(cfg, &st), *x = alloc_rand(nx, &st, -1.5f, 1.5f);
+    float *r = alloc_rand(nx, &st, -1, 1), *y = alloc_nan(nx), *dx = alloc_nan(nx);
+    float *scratch = alloc_nan(ns), *dp = xmalloc(l.total * sizeof *dp);
+    memset(dp, 0, l.total * sizeof *dp);
+
+    fy_llama_block_forward(cfg, p, x, y, scratch, B, T);
+    fy_llama_block_backward(cfg, p, x, r, dx, dp, scratch, B, T);
+    if (corrupt_dx != 0.0)
+        dx[3] *= (float)(1.0 + corrupt_dx);
+
+    struct blk b = {.cfg = *cfg, .B = B, .T = T, .np = l.total, .nx = nx};
+    b.p = to_double(p, l.total), b.x = to_double(x, nx), b.r = to_double(r, nx);
+    b.y = xmalloc(nx * sizeof *b.y);
+    blk_loss(&b);
+    int bad = compare("forward y vs float64", y, b.y, nx, FWD_REL, FWD_ABS);
+
+    double *gx = fd_grad(&b, b.x, nx);
+    bad += compare("dx vs finite differences", dx, gx, nx, FD_REL, FD_ABS);
+    free(gx);
+    size_t off[R_COUNT + 1];
+    ref_offsets(cfg, off);
+    for (int t = 0; t < R_COUNT; t++) {
+        size_t n = off[t + 1] - off[t];
+        double *g = fd_grad(&b, b.p + off[t], n);
+        char name[64];
+        snprintf(name, sizeof name, "d%s", ref_names[t]);
+        bad += compare(name, dp + off[t], g, n, FD_REL, FD_ABS);
+        free(g);
+    }
+    free(p), free(x), free(r), free(y), free(dx), free(scratch), free(dp);
+    free(b.p), free(b.x), free(b.r), free(b.y);
+    return bad;
+}
+
+static void test_block_gqa(void **state)
+{
+    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    assert_int_equal(check_block(&c, 2, 5, 101, 0.0), 0);
+}
+
+static void test_block_mqa(void **state)
+{
+    struct fy_llama_config c = cfg_plain(16, 4, 1, 24, 10000.0);
+    assert_int_equal(check_block(&c, 2, 5, 102, 0.0), 0);
+}
+
+static void test_block_llama3(void **state)
+{
+    struct fy_llama_config c = cfg_llama3(32, 4, 2, 40);
+    assert_int_equal(check_block(&c, 2, 5, 103, 0.0), 0);
+}
+
+/* The checks can fail: one dx element off by 1e-3 relative is caught... */
+static void test_checker_catches_wrong_gradient(void **state)
+{
+    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    assert_true(check_block(&c, 2, 5, 101, 1e-3) > 0);
+}
+
+/* ... and so is the forward of a llama3 configuration computed with plain RoPE. */
+static void test_checker_catches_wrong_rope(void **state)
+{
+    struct fy_llama_config c = cfg_llama3(32, 4, 2, 40), plain = c;
+    plain.rope_type = FY_LLAMA_ROPE_DEFAULT;
+    int B = 2, T = 5;
+    uint64_t st = 103;
+    size_t nx = (size_t)B * T * c.n_embd;
+    float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1.5f, 1.5f), *y = alloc_nan(nx);
+    float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
+    fy_llama_block_forward(&plain, p, x, y, scratch, B, T);
+    double *dx = to_double(x, nx);
+    struct fy_llama_block_layout l;
+    fy_llama_block_layout(&c, &l);
+    double *pd = to_double(p, l.total), *yd = xmalloc(nx * sizeof *yd);
+    ref_block_forward(&c, pd, dx, yd, B, T);
+    assert_true(compare("plain-RoPE y vs llama3 float64", y, yd, nx, FWD_REL, FWD_ABS) > 0);
+    free(p), free(x), free(y), free(scratch), free(dx), free(pd), free(yd);
+}
+
+/* dparams is accumulated into, not overwritten. */
+static void test_backward_accumulates(void **state)
+{
+    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    int B = 2, T = 5;
+    uint64_t st = 7;
+    struct fy_llama_block_layout l;
+    fy_llama_block_layout(&c, &l);
+    size_t nx = (size_t)B * T * c.n_embd;
+    float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
+    float *dx = alloc_nan(nx), *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
+    float *g0 = xmalloc(l.total * sizeof *g0), *before = alloc_rand(l.total, &st, -1, 1);
+    float *g1 = xmalloc(l.total * sizeof *g1);
+    memset(g0, 0, l.total * sizeof *g0);
+    memcpy(g1, before, l.total * sizeof *g1);
+    fy_llama_block_backward(&c, p, x, r, dx, g0, scratch, B, T);
+    fy_llama_block_backward(&c, p, x, r, dx, g1, scratch, B, T);
+    for (size_t i = 0; i < l.total; i++) /* a few ulps of the starting values */
+        if (!(fabsf(g1[i] - before[i] - g0[i]) <= 1e-6f * (1.0f + fabsf(g0[i]))))
+            fail_msg("dparams[%zu]: %g - %g != %g", i, (double)g1[i], (double)before[i], (double)g0[i]);
+    free(p), free(x), free(r), free(dx), free(scratch), free(g0), free(g1), free(before);
+}
+
+/* ---- the final norm ---- */
+
+static void test_final_norm(void **state)
+{
+    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    int B = 2, T = 5, C = 16, N = B * T;
+    size_t nx = (size_t)N * C;
+    uint64_t st = 31;
+    float *w = alloc_rand(C, &st, 0.7f, 1.3f), *x = alloc_rand(nx, &st, -1.5f, 1.5f);
+    float *r = alloc_rand(nx, &st, -1, 1), *y = alloc_nan(nx), *rstd = alloc_nan(N), *dx = alloc_nan(nx);
+    float *dw = xmalloc(C * sizeof *dw);
+    memset(dw, 0, C * sizeof *dw);
+    fy_llama_norm_forward(&c, w, x, y, rstd, B, T);
+    fy_llama_norm_backward(&c, w, x, rstd, r, dx, dw, B, T);
+
+    double *wd = to_double(w, C), *xd = to_double(x, nx), *yd = xmalloc(nx * sizeof *yd);
+    ref_rmsnorm(yd, xd, wd, N, C, c.rms_norm_eps);
+    int bad = compare("norm y vs float64", y, yd, nx, FWD_REL, FWD_ABS);
+    /* finite differences of sum(rmsnorm(x) * r) */
+    double *gx = xmalloc(nx * sizeof *gx), *gw = xmalloc(C * sizeof *gw);
+    for (int pass = 0; pass < 2; pass++) {
+        double *v = pass ? wd : xd, *g = pass ? gw : gx;
+        size_t n = pass ? (size_t)C : nx;
+        for (size_t i = 0; i < n; i++) {
+            double keep = v[i], l[2];
+            for (int sgn = 0; sgn < 2; sgn++) {
+                v[i] = keep + (sgn ? -FD_STEP : FD_STEP);
+                ref_rmsnorm(yd, xd, wd, N, C, c.rms_norm_eps);
+                l[sgn] = 0.0;
+                for (size_t j = 0; j < nx; j++)
+                    l[sgn] += yd[j] * r[j];
+            }
+            v[i] = keep;
+            g[i] = (l[0] - l[1]) / (2.0 * FD_STEP);
+        }
+    }
+    bad += compare("norm dx vs finite differences", dx, gx, nx, FD_REL, FD_ABS);
+    bad += compare("norm dw vs finite differences", dw, gw, C, FD_REL, FD_ABS);
+    assert_int_equal(bad, 0);
+    free(w), free(x), free(r), free(y), free(rstd), free(dx), free(dw);
+    free(wd), free(xd), free(yd), free(gx), free(gw);
+}
+
+/* ---- against transformers ---- */
+
+#define HF_MAGIC 0x4C4C5946
+
+struct hf_case {
+    const char *name, *args; /* llama_ref.py's arguments after OUT */
+    struct fy_llama_config cfg;
+    int B, T;
+};
+
+/* Reads llama_ref.py's OUT file, checks that its header is the case's, runs our block on its
+ * weights, x and dy, and compares y, dx and every parameter gradient. */
+static int hf_compare(const struct hf_case *hc, const char *path)
+{
+    size_t len = 0;
+    char *buf = fy_test_slurp(path, &len);
+    if (buf == NULL)
+        fail_msg("%s: cannot read what llama_ref.py wrote", path);
+    const struct fy_llama_config *c = &hc->cfg;
+    struct fy_llama_block_layout l;
+    fy_llama_block_layout(c, &l);
+    size_t nx = (size_t)hc->B * hc->T * c->n_embd, P = l.total;
+    int32_t h[16];
+    double d[8];
+    assert_true(len >= sizeof h + sizeof d);
+    memcpy(h, buf, sizeof h);
+    memcpy(d, buf + sizeof h, sizeof d);
+    int llama3 = c->rope_type == FY_LLAMA_ROPE_LLAMA3;
+    int32_t want[11] = {HF_MAGIC, 1, hc->B, hc->T, (int32_t)c->n_embd, (int32_t)c->n_head,
+                        (int32_t)c->n_kv_head, (int32_t)c->n_inter, llama3,
+                        llama3 ? (int32_t)c->rope_original_max_pos : 0, (int32_t)P};
+    for (int i = 0; i < 11; i++)
+        if (h[i] != want[i])
+            fail_msg("%s: header slot %d is %d, expected %d", path, i, h[i], want[i]);
+    assert_true(fabs(d[0] - c->rms_norm_eps) <= 1e-12 && d[1] == c->rope_theta);
+    if (llama3)
+        assert_true(d[2] == c->rope_factor && d[3] == c->rope_low_freq_factor &&
+                    d[4] == c->rope_high_freq_factor);
+    assert_int_equal(len, sizeof h + sizeof d + (2 * P + 4 * nx) * sizeof(float));
+
+    const float *f = (const float *)(buf + sizeof h + sizeof d);
+    const float *params = f, *x = params + P, *dy = x + nx, *y_ref = dy + nx, *dx_ref = y_ref + nx;
+    const float *dp_ref = dx_ref + nx;
+    float *y = alloc_nan(nx), *dx = alloc_nan(nx), *dp = xmalloc(P * sizeof *dp);
+    float *scratch = alloc_nan(fy_llama_block_scratch(c, hc->B, hc->T));
+    memset(dp, 0, P * sizeof *dp);
+    fy_llama_block_forward(c, params, x, y, scratch, hc->B, hc->T);
+    fy_llama_block_backward(c, params, x, dy, dx, dp, scratch, hc->B, hc->T);
+
+    double *ref = to_double(y_ref, nx);
+    int bad = compare("y vs transformers", y, ref, nx, HF_REL, HF_ABS);
+    free(ref);
+    ref = to_double(dx_ref, nx);
+    bad += compare("dx vs transformers", dx, ref, nx, HF_REL, HF_ABS);
+    free(ref);
+    size_t off[R_COUNT + 1];
+    ref_offsets(c, off);
+    for (int t = 0; t < R_COUNT; t++) {
+        char name[64];
+        snprintf(name, sizeof name, "d%s vs transformers", ref_names[t]);
+        ref = to_double(dp_ref + off[t], off[t + 1] - off[t]);
+        bad += compare(name, dp + off[t], ref, off[t + 1] - off[t], HF_REL, HF_ABS);
+        free(ref);
+    }
+    free(y), free(dx), free(dp), free(scratch), free(buf);
+    return bad;
+}
+
+static void test_transformers(void **state)
+{
+    if (!have_transformers) {
+        if (in_ci)
+            fail_msg("python3 with torch and transformers is missing under CI: .ci/run installs them");
+        printf("test_llama_cpu: skipped: python3 with torch and transformers is needed "
+               "(pip install torch==2.5.1 transformers==5.17.0)\n");
+        skip();
+    }
+    char script[4096];
+    if (fy_refmodel_script("llama_ref.py", script, sizeof script) != 0)
+        fail_msg("cannot read %s (run from the repository root)", script);
+    const struct hf_case cases[] = {
+        {"GQA, rope theta 500000", "--batch 2 --seq 7 --embd 32 --heads 4 --kv-heads 2 --inter 48 "
+         "--eps 1e-5 --theta 500000 --seed 5", cfg_plain(32, 4, 2, 48, 500000.0), 2, 7},
+        {"GQA, llama3 rope scaling", "--batch 2 --seq 7 --embd 32 --heads 4 --kv-heads 2 --inter 48 "
+         "--eps 1e-5 --theta 500000 --seed 6 --llama3 8 1 4 512", cfg_llama3(32, 4, 2, 48), 2, 7},
+    };
+    enum { NCASES = sizeof cases / sizeof cases[0] };
+    char *dir = fy_test_tmpdir("llama");
+    assert_non_null(dir);
+    char paths[NCASES][600], args[NCASES][1024];
+    char *argv[NCASES + 4] = {"python3", script, "run"};
+    for (int i = 0; i < NCASES; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/case%d.bin", dir, i);
+        snprintf(args[i], sizeof args[i], "%s %s", paths[i], cases[i].args);
+        argv[3 + i] = args[i];
+    }
+    argv[3 + NCASES] = NULL;
+    int st = fy_refmodel_run(argv, 300);
+    if (st != 0)
+        fail_msg("%s: exit status %d", script, st);
+    int bad = 0;
+    for (int i = 0; i < NCASES; i++) {
+        printf(" %s\n", cases[i].name);
+        bad += hf_compare(&cases[i], paths[i]);
+    }
+    fy_test_rmdir(dir);
+    free(dir);
+    assert_int_equal(bad, 0);
+}
+
+/* ---- determinism ---- */
+
+struct det_out {
+    float *y, *dx, *dp;
+};
+
+static void det_run(int threads, struct det_out *o)
+{
+    struct fy_llama_config c = cfg_llama3(64, 8, 2, 96);
+    int B = 3, T = 9;
+    uint64_t st = 77;
+    struct fy_llama_block_layout l;
+    fy_llama_block_layout(&c, &l);
+    size_t nx = (size_t)B * T * c.n_embd;
+    float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
+    float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
+    o->y = alloc_nan(nx), o->dx = alloc_nan(nx), o->dp = xmalloc(l.total * sizeof *o->dp);
+    memset(o->dp, 0, l.total * sizeof *o->dp);
+    omp_set_num_threads(threads);
+    fy_llama_block_forward(&c, p, x, o->y, scratch, B, T);
+    fy_llama_block_backward(&c, p, x, r, o->dx, o->dp, scratch, B, T);
+    free(p), free(x), free(r), free(scratch);
+}
+
+static void test_deterministic(void **state)
+{
+    struct fy_llama_config c = cfg_llama3(64, 8, 2, 96);
+    struct fy_llama_block_layout l;
+    fy_llama_block_layout(&c, &l);
+    size_t nx = (size_t)3 * 9 * c.n_embd;
+    int saved = omp_get_max_threads();
+    struct det_out a, b, d;
+    det_run(2, &a);
+    det_run(2, &b); /* the same run twice */
+    det_run(1, &d); /* and with another thread count */
+    omp_set_num_threads(3);
+    struct det_out e;
+    det_run(3, &e);
+    omp_set_num_threads(saved);
+    struct det_out *others[] = {&b, &d, &e};
+    for (int k = 0; k < 3; k++) {
+        assert_memory_equal(a.y, others[k]->y, nx * sizeof(float));
+        assert_memory_equal(a.dx, others[k]->dx, nx * sizeof(float));
+        assert_memory_equal(a.dp, others[k]->dp, l.total * sizeof(float));
+    }
+    for (size_t i = 0; i < nx; i++)
+        assert_true(isfinite(a.y[i]) && isfinite(a.dx[i]));
+    struct det_out *all[] = {&a, &b, &d, &e};
+    for (int k = 0; k < 4; k++)
+        free(all[k]->y), free(all[k]->dx), free(all[k]->dp);
+}
+
+int main(void)
+{
+    const char *ci = getenv("CI");
+    in_ci = ci != NULL && strcmp(ci, "true") == 0;
+    have_transformers = fy_refmodel_python_has("torch, transformers");
+    if (!have_transformers)
+        printf("test_llama_cpu: python3 with torch and transformers not found: the test against "
+               "transformers is %s (pip install torch==2.5.1 transformers==5.17.0)\n",
+               in_ci ? "FAILED under CI" : "skipped");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout),
+        cmocka_unit_test(test_config_validate),
+        cmocka_unit_test(test_inv_freq),
+        cmocka_unit_test(test_block_gqa),
+        cmocka_unit_test(test_block_mqa),
+        cmocka_unit_test(test_block_llama3),
+        cmocka_unit_test(test_checker_catches_wrong_gradient),
+        cmocka_unit_test(test_checker_catches_wrong_rope),
+        cmocka_unit_test(test_backward_accumulates),
+        cmocka_unit_test(test_final_norm),
+        cmocka_unit_test(test_transformers),
+        cmocka_unit_test(test_deterministic),
+    };
+    return cmocka_run_group_tests_name("llama_cpu", tests, NULL, NULL);
+}
