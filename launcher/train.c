@@ -638,6 +638,14 @@ static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
  * that forward waits for each unit's own update only (opt_settle), not for the whole optimizer. */
 #define OPT_AHEAD 2
 
+static int is_queued(const struct run *r, unsigned u)
+{
+    for (unsigned i = 0; i < r->queued; i++)
+        if (r->queue[i] == u)
+            return 1;
+    return 0;
+}
+
 /* Unit u's update as requests: the gradient at pool offset `grad`, the scale of this step's
  * clipping (r->grad_scale, 0: none) in the grad part's arg, the learning rate in the master
  * part's; state in state slot s. Queued, not sent. */
@@ -648,9 +656,8 @@ static int opt_enqueue(struct run *r, unsigned u, unsigned s, uint64_t grad, uin
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
                "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
                r->state_unit[s]);
-    FY_REQUIRE(r->opt_sent[u].id == 0, -EPROTO,
-               "schedule error: unit %u's update of step %llu is still in flight", u,
-               (unsigned long long)r->opt_sent[u].step);
+    FY_REQUIRE(r->opt_sent[u].id == 0 && !is_queued(r, u), -EPROTO,
+               "schedule error: unit %u's previous update is still queued or in flight", u);
     uint64_t sec = fy_unit_state_section(l->c, u), n = unit_bytes(l, u);
     uint64_t state = r->state_off[s];
     int op = FY_OP_OPT_ADAMW;
@@ -695,14 +702,6 @@ static int opt_pump(struct run *r)
             return 0;
         FY_TRY(opt_send_next(r));
     }
-    return 0;
-}
-
-static int is_queued(const struct run *r, unsigned u)
-{
-    for (unsigned i = 0; i < r->queued; i++)
-        if (r->queue[i] == u)
-            return 1;
     return 0;
 }
 
