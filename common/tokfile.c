@@ -26,8 +26,11 @@ struct fy_tokfile {
     const uint8_t *map; /* the whole file, read-only */
     size_t map_len;
     const uint8_t *tokens; /* map + header */
-    uint64_t count;
-    uint32_t width, vocab;
+    const uint8_t *mask;   /* the loss-mask plane, NULL when there is none */
+    uint64_t mask_off;     /* its offset in the file, 0 when there is none */
+    uint64_t count, masked;
+    uint32_t width, vocab, version;
+    struct fy_tokfile_source src;
     uint64_t eval_start; /* first token of the eval split; == count when there is none */
 };
 
@@ -44,15 +47,56 @@ static uint32_t get_le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-uint32_t fy_tokfile_header_checksum(const void *header)
+static uint32_t fnv1a32(const uint8_t *p, size_t n)
 {
-    const uint8_t *p = header;
     uint32_t h = 0x811c9dc5u;
-    for (int i = 0; i < 4 * FY_TOKFILE_SLOT_CHECKSUM; i++) {
+    for (size_t i = 0; i < n; i++) {
         h ^= p[i];
         h *= 0x01000193u;
     }
     return h;
+}
+
+uint32_t fy_tokfile_header_checksum(const void *header)
+{
+    return fnv1a32(header, 4 * FY_TOKFILE_SLOT_CHECKSUM);
+}
+
+uint32_t fy_tokfile_header_checksum_v2(const void *header)
+{
+    return fnv1a32(header, 4 * FY_TOKFILE_V2_SLOT_CHECKSUM);
+}
+
+int fy_tokfile_hash_file(const char *path, uint64_t *hash)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        fy_error("cannot read %s: %s", path, strerror(e));
+        return -e;
+    }
+    uint8_t buf[1 << 16];
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = errno;
+            close(fd);
+            fy_error("cannot read %s: %s", path, strerror(e));
+            return -e;
+        }
+        if (n == 0)
+            break;
+        for (ssize_t i = 0; i < n; i++) {
+            h ^= buf[i];
+            h *= 0x100000001b3ull;
+        }
+    }
+    close(fd);
+    *hash = h;
+    return 0;
 }
 
 static uint32_t width_for_vocab(uint32_t vocab)
@@ -64,16 +108,32 @@ static uint32_t width_for_vocab(uint32_t vocab)
     return 4;
 }
 
+static uint64_t align4k(uint64_t n)
+{
+    return (n + FY_TOKFILE_HEADER_BYTES - 1) / FY_TOKFILE_HEADER_BYTES * FY_TOKFILE_HEADER_BYTES;
+}
+
 /* ---- writer ---- */
 
 struct tok_writer {
-    char path[TOK_PATH_MAX], tmp[TOK_PATH_MAX + 8];
+    char path[TOK_PATH_MAX], tmp[TOK_PATH_MAX + 8], mtmp[TOK_PATH_MAX + 16];
     int fd;
     uint32_t width, vocab;
-    uint64_t count;
+    struct fy_tokfile_source src;
+    uint64_t count, masked;
     uint64_t offset; /* bytes written to tmp so far */
     uint8_t *buf;
     size_t fill;
+    /* the mask bits, when the writer keeps them: mbuf holds mbits bits, the earlier ones went to
+     * the unlinked side file mfd (moff bytes) */
+    int mfd;
+    uint8_t *mbuf;
+    uint64_t mbits, moff;
+};
+
+struct fy_tokwriter {
+    struct tok_writer w;
+    int overwrite;
 };
 
 static int write_all(struct tok_writer *w, const void *data, size_t len)
@@ -100,34 +160,66 @@ static void writer_abort(struct tok_writer *w)
         unlink(w->tmp);
     }
     w->fd = -1;
+    if (w->mfd >= 0)
+        close(w->mfd); /* unlinked at creation */
+    w->mfd = -1;
     free(w->buf);
     w->buf = NULL;
+    free(w->mbuf);
+    w->mbuf = NULL;
 }
 
-static int writer_begin(struct tok_writer *w, const char *path, uint32_t vocab, int overwrite)
+/* keep_mask: the writer records a mask bit per token (fy_tokwriter); otherwise every token is
+ * trained. */
+static int writer_begin(struct tok_writer *w, const char *path, uint32_t vocab,
+                        const struct fy_tokfile_source *src, int keep_mask, int overwrite)
 {
     memset(w, 0, sizeof *w);
     w->fd = -1;
+    w->mfd = -1;
     FY_REQUIRE(strlen(path) < TOK_PATH_MAX, -ENAMETOOLONG, "token file path too long: %.200s...",
                path);
     FY_REQUIRE(vocab >= 1 && vocab <= (uint32_t)INT32_MAX, -EINVAL,
                "%s: vocabulary size %u out of range (1..%d)", path, vocab, INT32_MAX);
+    if (src != NULL)
+        FY_REQUIRE(src->tokenizer <= FY_TOKENIZER_HF &&
+                       (src->eos == FY_TOKFILE_NO_EOS || src->eos < vocab),
+                   -EINVAL, "%s: bad tokenizer identity (kind %u, end-of-sequence token %u of %u)",
+                   path, src->tokenizer, src->eos, vocab);
     FY_TRY(check_not_existing(path, overwrite));
     snprintf(w->path, sizeof w->path, "%s", path);
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
+    snprintf(w->mtmp, sizeof w->mtmp, "%s.tmp.mask", path);
     w->vocab = vocab;
     w->width = width_for_vocab(vocab);
+    w->src = src != NULL ? *src
+                         : (struct fy_tokfile_source){FY_TOKENIZER_UNSPECIFIED, 0, FY_TOKFILE_NO_EOS};
     w->buf = malloc(TOK_CHUNK);
-    FY_REQUIRE(w->buf != NULL, -ENOMEM, "%s: out of memory for a %u-byte write buffer", path,
-               TOK_CHUNK);
+    if (keep_mask)
+        w->mbuf = calloc(1, TOK_CHUNK);
+    if (w->buf == NULL || (keep_mask && w->mbuf == NULL)) {
+        writer_abort(w);
+        fy_error("%s: out of memory for the write buffers", path);
+        return -ENOMEM;
+    }
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         int e = errno;
-        free(w->buf);
-        w->buf = NULL;
+        writer_abort(w);
         fy_error("cannot create %s: %s (check that the directory exists and is writable)", w->tmp,
                  strerror(e));
         return -e;
+    }
+    if (keep_mask) {
+        /* Unlinked at once: a crash leaves nothing of it. */
+        w->mfd = open(w->mtmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (w->mfd < 0) {
+            int e = errno;
+            writer_abort(w);
+            fy_error("cannot create %s: %s", w->mtmp, strerror(e));
+            return -e;
+        }
+        unlink(w->mtmp);
     }
     /* The real header goes in last, once the count is known; a crash leaves only the .tmp. */
     memset(w->buf, 0, FY_TOKFILE_HEADER_BYTES);
@@ -142,6 +234,37 @@ static int writer_flush(struct tok_writer *w)
     int rc = write_all(w, w->buf, w->fill);
     w->fill = 0;
     return rc;
+}
+
+/* Appends n mask bits of value `trained`; full chunks go to the side file. */
+static int mask_put(struct tok_writer *w, uint64_t n, int trained)
+{
+    if (!trained)
+        w->masked += n;
+    while (n > 0) {
+        if (w->mbits == (uint64_t)TOK_CHUNK * 8) {
+            FY_TRY(fy_write_all(w->mfd, w->mbuf, TOK_CHUNK, w->mtmp, w->moff));
+            w->moff += TOK_CHUNK;
+            memset(w->mbuf, 0, TOK_CHUNK);
+            w->mbits = 0;
+        }
+        uint64_t room = (uint64_t)TOK_CHUNK * 8 - w->mbits;
+        uint64_t k = n < room ? n : room;
+        if (trained) {
+            uint64_t i = w->mbits, end = w->mbits + k;
+            for (; i < end && (i & 7); i++)
+                w->mbuf[i >> 3] |= (uint8_t)(1u << (i & 7));
+            if (end - i >= 8) {
+                memset(w->mbuf + (i >> 3), 0xff, (size_t)((end - i) >> 3));
+                i += (end - i) & ~(uint64_t)7;
+            }
+            for (; i < end; i++)
+                w->mbuf[i >> 3] |= (uint8_t)(1u << (i & 7));
+        }
+        w->mbits += k;
+        n -= k;
+    }
+    return 0;
 }
 
 static int writer_put(struct tok_writer *w, const uint32_t *tokens, uint64_t n)
@@ -173,28 +296,72 @@ static int writer_put_bytes(struct tok_writer *w, const uint8_t *bytes, size_t n
     return 0;
 }
 
+static int write_padding(struct tok_writer *w)
+{
+    size_t pad = (size_t)(align4k(w->offset) - w->offset);
+    memset(w->buf, 0, pad);
+    return write_all(w, w->buf, pad);
+}
+
+/* Pads the tokens, then appends the mask plane: the side file's bytes and the bits still in
+ * mbuf, padded. */
+static int write_mask_plane(struct tok_writer *w)
+{
+    FY_TRY(write_padding(w));
+    for (uint64_t off = 0; off < w->moff;) {
+        size_t len = w->moff - off < TOK_CHUNK ? (size_t)(w->moff - off) : TOK_CHUNK;
+        ssize_t n = pread(w->mfd, w->buf, len, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            fy_error("cannot read back the mask bits of %s at offset %llu: %s", w->tmp,
+                     (unsigned long long)off, strerror(e));
+            return -e;
+        }
+        FY_TRY(write_all(w, w->buf, (size_t)n));
+        off += (uint64_t)n;
+    }
+    return write_all(w, w->mbuf, (size_t)((w->mbits + 7) / 8));
+}
 
 /* Pads, writes the header, syncs and renames into place. Aborts (removes the .tmp) on failure. */
 static int writer_finish(struct tok_writer *w, int overwrite)
 {
     int rc = writer_flush(w);
-    if (rc == 0) {
-        size_t pad = (size_t)((FY_TOKFILE_HEADER_BYTES - w->offset % FY_TOKFILE_HEADER_BYTES) %
-                              FY_TOKFILE_HEADER_BYTES);
-        memset(w->buf, 0, pad);
-        rc = write_all(w, w->buf, pad);
+    int plane = w->mbuf != NULL && w->masked > 0;
+    if (rc == 0 && w->masked == w->count && w->count > 0) {
+        fy_error("%s: every one of the %llu tokens is masked out of the loss: nothing to train on",
+                 w->path, (unsigned long long)w->count);
+        rc = -EINVAL;
     }
+    if (rc == 0 && plane)
+        rc = write_mask_plane(w);
+    if (rc == 0)
+        rc = write_padding(w);
     if (rc == 0) {
         uint8_t *h = w->buf;
+        int v1 = !plane && w->src.tokenizer == FY_TOKENIZER_UNSPECIFIED;
         memset(h, 0, FY_TOKFILE_HEADER_BYTES);
         put_le32(h + 4 * FY_TOKFILE_SLOT_MAGIC, FY_TOKFILE_MAGIC);
-        put_le32(h + 4 * FY_TOKFILE_SLOT_VERSION, FY_TOKFILE_VERSION);
+        put_le32(h + 4 * FY_TOKFILE_SLOT_VERSION, v1 ? 1 : 2);
         put_le32(h + 4 * FY_TOKFILE_SLOT_WIDTH, w->width);
         put_le32(h + 4 * FY_TOKFILE_SLOT_VOCAB, w->vocab);
         put_le32(h + 4 * FY_TOKFILE_SLOT_COUNT_LO, (uint32_t)w->count);
         put_le32(h + 4 * FY_TOKFILE_SLOT_COUNT_HI, (uint32_t)(w->count >> 32));
-        put_le32(h + 4 * FY_TOKFILE_SLOT_FLAGS, 0);
-        put_le32(h + 4 * FY_TOKFILE_SLOT_CHECKSUM, fy_tokfile_header_checksum(h));
+        put_le32(h + 4 * FY_TOKFILE_SLOT_FLAGS, plane ? FY_TOKFILE_FLAG_LOSS_MASK : 0);
+        if (v1) {
+            put_le32(h + 4 * FY_TOKFILE_SLOT_CHECKSUM, fy_tokfile_header_checksum(h));
+        } else {
+            uint64_t masked = plane ? w->masked : 0;
+            put_le32(h + 4 * FY_TOKFILE_SLOT_TOKENIZER, w->src.tokenizer);
+            put_le32(h + 4 * FY_TOKFILE_SLOT_TOKHASH_LO, (uint32_t)w->src.hash);
+            put_le32(h + 4 * FY_TOKFILE_SLOT_TOKHASH_HI, (uint32_t)(w->src.hash >> 32));
+            put_le32(h + 4 * FY_TOKFILE_SLOT_EOS, w->src.eos);
+            put_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_LO, (uint32_t)masked);
+            put_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_HI, (uint32_t)(masked >> 32));
+            put_le32(h + 4 * FY_TOKFILE_V2_SLOT_CHECKSUM, fy_tokfile_header_checksum_v2(h));
+        }
         ssize_t n = pwrite(w->fd, h, FY_TOKFILE_HEADER_BYTES, 0);
         if (n != FY_TOKFILE_HEADER_BYTES) {
             int e = n < 0 ? errno : EIO;
@@ -236,37 +403,111 @@ static int writer_finish(struct tok_writer *w, int overwrite)
             unlink(w->tmp);
         }
     }
-    if (rc < 0 && w->fd >= 0) {
-        writer_abort(w);
-        return rc;
-    }
-    free(w->buf);
-    w->buf = NULL;
+    writer_abort(w); /* the .tmp is gone by now unless something failed before the rename */
     if (rc < 0)
         return rc;
     return fy_fsync_parent(w->path);
 }
 
-int fy_tokfile_write(const char *path, const uint32_t *tokens, uint64_t count, uint32_t vocab,
-                     int overwrite)
+static int check_vocab(const char *path, const uint32_t *tokens, uint64_t count, uint64_t first,
+                       uint32_t vocab)
+{
+    for (uint64_t i = 0; i < count; i++)
+        FY_REQUIRE(tokens[i] < vocab, -EINVAL,
+                   "%s: token %u at index %llu is outside the vocabulary of %u: fix the tokenizer "
+                   "or the vocabulary size",
+                   path, tokens[i], (unsigned long long)(first + i), vocab);
+    return 0;
+}
+
+int fy_tokfile_write_masked(const char *path, const uint32_t *tokens, const uint8_t *trained,
+                            uint64_t count, uint32_t vocab, const struct fy_tokfile_source *src,
+                            int overwrite)
 {
     FY_REQUIRE(count > 0, -EINVAL, "%s: no tokens to write; give at least one token", path);
     FY_REQUIRE(vocab >= 1 && vocab <= (uint32_t)INT32_MAX, -EINVAL,
                "%s: vocabulary size %u out of range (1..%d)", path, vocab, INT32_MAX);
     /* Check everything before creating anything, so a refusal leaves no file behind. */
-    for (uint64_t i = 0; i < count; i++)
-        FY_REQUIRE(tokens[i] < vocab, -EINVAL,
-                   "%s: token %u at index %llu is outside the vocabulary of %u: fix the tokenizer "
-                   "or the vocabulary size",
-                   path, tokens[i], (unsigned long long)i, vocab);
+    FY_TRY(check_vocab(path, tokens, count, 0, vocab));
     struct tok_writer w;
-    FY_TRY(writer_begin(&w, path, vocab, overwrite));
-    int rc = writer_put(&w, tokens, count);
+    FY_TRY(writer_begin(&w, path, vocab, src, trained != NULL, overwrite));
+    int rc = 0;
+    for (uint64_t i = 0; rc == 0 && i < count;) {
+        uint64_t j = i + 1;
+        while (trained != NULL && j < count && !trained[j] == !trained[i])
+            j++;
+        rc = writer_put(&w, tokens + i, j - i);
+        if (rc == 0 && trained != NULL)
+            rc = mask_put(&w, j - i, trained[i] != 0);
+        i = j;
+    }
     if (rc < 0) {
         writer_abort(&w);
         return rc;
     }
     return writer_finish(&w, overwrite);
+}
+
+int fy_tokfile_write(const char *path, const uint32_t *tokens, uint64_t count, uint32_t vocab,
+                     int overwrite)
+{
+    return fy_tokfile_write_masked(path, tokens, NULL, count, vocab, NULL, overwrite);
+}
+
+/* ---- the streaming writer ---- */
+
+int fy_tokwriter_begin(struct fy_tokwriter **out, const char *path, uint32_t vocab,
+                       const struct fy_tokfile_source *src, int overwrite)
+{
+    *out = NULL;
+    struct fy_tokwriter *t = calloc(1, sizeof *t);
+    FY_REQUIRE(t != NULL, -ENOMEM, "%s: out of memory for a token writer", path);
+    int rc = writer_begin(&t->w, path, vocab, src, 1, overwrite);
+    if (rc < 0) {
+        free(t);
+        return rc;
+    }
+    t->overwrite = overwrite;
+    *out = t;
+    return 0;
+}
+
+int fy_tokwriter_put(struct fy_tokwriter *t, const uint32_t *tokens, uint64_t n, int trained)
+{
+    FY_TRY(check_vocab(t->w.path, tokens, n, t->w.count, t->w.vocab));
+    FY_TRY(writer_put(&t->w, tokens, n));
+    return mask_put(&t->w, n, trained);
+}
+
+uint64_t fy_tokwriter_count(const struct fy_tokwriter *t) { return t->w.count; }
+
+int fy_tokwriter_finish(struct fy_tokwriter **tp, uint64_t *count, uint64_t *masked)
+{
+    struct fy_tokwriter *t = *tp;
+    *tp = NULL;
+    int rc = 0;
+    if (t->w.count == 0) {
+        fy_error("%s: no tokens: nothing to prepare", t->w.path);
+        writer_abort(&t->w);
+        rc = -EINVAL;
+    } else {
+        if (count != NULL)
+            *count = t->w.count;
+        if (masked != NULL)
+            *masked = t->w.masked;
+        rc = writer_finish(&t->w, t->overwrite);
+    }
+    free(t);
+    return rc;
+}
+
+void fy_tokwriter_abort(struct fy_tokwriter **tp)
+{
+    if (tp == NULL || *tp == NULL)
+        return;
+    writer_abort(&(*tp)->w);
+    free(*tp);
+    *tp = NULL;
 }
 
 /* ---- byte-level preparation ---- */
@@ -316,7 +557,7 @@ int fy_tokfile_prepare_bytes(const char *out_path, const char *const *inputs, un
                out_path, n_inputs);
 
     struct tok_writer w;
-    FY_TRY(writer_begin(&w, out_path, FY_TOKFILE_BYTE_VOCAB, overwrite));
+    FY_TRY(writer_begin(&w, out_path, FY_TOKFILE_BYTE_VOCAB, NULL, 0, overwrite));
     uint8_t *chunk = malloc(TOK_CHUNK);
     int rc = chunk != NULL ? 0 : -ENOMEM;
     if (rc < 0)
@@ -440,12 +681,13 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
     FY_REQUIRE(get_le32(h + 4 * FY_TOKFILE_SLOT_MAGIC) == FY_TOKFILE_MAGIC, -EBADMSG,
                "%s: not a Fuyou token file: prepare it with fuyou-launch prepare", path);
     uint32_t version = get_le32(h + 4 * FY_TOKFILE_SLOT_VERSION);
-    FY_REQUIRE(version == FY_TOKFILE_VERSION, -EBADMSG,
-               "%s: token file version %u, this build reads version %d: prepare it again with this "
-               "build's fuyou-launch prepare",
-               path, version, FY_TOKFILE_VERSION);
-    uint32_t stored = get_le32(h + 4 * FY_TOKFILE_SLOT_CHECKSUM);
-    uint32_t computed = fy_tokfile_header_checksum(h);
+    FY_REQUIRE(version == 1 || version == 2, -EBADMSG,
+               "%s: token file version %u, this build reads versions 1 and 2: written by a newer "
+               "build? prepare it again with this build's fuyou-launch prepare",
+               path, version);
+    int v2 = version == 2;
+    uint32_t stored = get_le32(h + 4 * (v2 ? FY_TOKFILE_V2_SLOT_CHECKSUM : FY_TOKFILE_SLOT_CHECKSUM));
+    uint32_t computed = v2 ? fy_tokfile_header_checksum_v2(h) : fy_tokfile_header_checksum(h);
     FY_REQUIRE(stored == computed, -EBADMSG,
                "%s: bad header checksum (stored 0x%08x, computed 0x%08x): the file is corrupt, "
                "prepare it again",
@@ -455,13 +697,31 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
                "%s: bad token width %u in the header (expected 1, 2 or 4): prepare it again", path,
                width);
     uint32_t flags = get_le32(h + 4 * FY_TOKFILE_SLOT_FLAGS);
-    FY_REQUIRE((flags & FY_TOKFILE_FLAG_LOSS_MASK) == 0, -ENOTSUP,
-               "%s: the file has a loss-mask plane (flags 0x%x), which this build does not "
-               "support: prepare it without a loss mask",
+    FY_REQUIRE(v2 || (flags & FY_TOKFILE_FLAG_LOSS_MASK) == 0, -ENOTSUP,
+               "%s: a version 1 header with the loss-mask flag (flags 0x%x): version 1 files have "
+               "no loss mask; prepare it again with this build's fuyou-launch prepare",
                path, flags);
-    FY_REQUIRE(flags == 0, -ENOTSUP,
+    FY_REQUIRE((flags & ~FY_TOKFILE_FLAG_LOSS_MASK) == 0, -ENOTSUP,
                "%s: unknown flags 0x%x in the header: written by a newer build? prepare it again",
                path, flags);
+    t->src = (struct fy_tokfile_source){FY_TOKENIZER_UNSPECIFIED, 0, FY_TOKFILE_NO_EOS};
+    t->masked = 0;
+    if (v2) {
+        t->src.tokenizer = get_le32(h + 4 * FY_TOKFILE_SLOT_TOKENIZER);
+        t->src.hash = (uint64_t)get_le32(h + 4 * FY_TOKFILE_SLOT_TOKHASH_LO) |
+                      (uint64_t)get_le32(h + 4 * FY_TOKFILE_SLOT_TOKHASH_HI) << 32;
+        t->src.eos = get_le32(h + 4 * FY_TOKFILE_SLOT_EOS);
+        t->masked = (uint64_t)get_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_LO) |
+                    (uint64_t)get_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_HI) << 32;
+        FY_REQUIRE(t->src.tokenizer <= FY_TOKENIZER_HF, -ENOTSUP,
+                   "%s: unknown tokenizer kind %u in the header: written by a newer build? "
+                   "prepare it again",
+                   path, t->src.tokenizer);
+        FY_REQUIRE((flags & FY_TOKFILE_FLAG_LOSS_MASK) || t->masked == 0, -EBADMSG,
+                   "%s: %llu masked tokens but no mask plane: the file is corrupt, prepare it "
+                   "again",
+                   path, (unsigned long long)t->masked);
+    }
     uint32_t vocab = get_le32(h + 4 * FY_TOKFILE_SLOT_VOCAB);
     FY_REQUIRE(vocab >= 1 && vocab <= (uint32_t)INT32_MAX, -EBADMSG,
                "%s: bad vocabulary size %u in the header: prepare it again", path, vocab);
@@ -476,17 +736,59 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
         return -EBADMSG;
     }
     uint64_t expected = FY_TOKFILE_HEADER_BYTES + count * width;
+    if (flags & FY_TOKFILE_FLAG_LOSS_MASK) {
+        FY_REQUIRE(count < (1ull << 60), -EBADMSG,
+                   "%s: truncated: %llu tokens with a mask plane cannot fit in %llu bytes", path,
+                   (unsigned long long)count, (unsigned long long)file_size);
+        FY_REQUIRE(t->masked > 0 && t->masked < count, -EBADMSG,
+                   "%s: the header counts %llu masked tokens of %llu (a mask plane needs at least "
+                   "one masked and one trained token): the file is corrupt, prepare it again",
+                   path, (unsigned long long)t->masked, (unsigned long long)count);
+        t->mask_off = align4k(expected);
+        expected = t->mask_off + (count + 7) / 8;
+    }
     FY_REQUIRE(file_size >= expected, -EBADMSG,
                "%s: truncated: expected %llu bytes, found %llu: copy or prepare it again", path,
                (unsigned long long)expected, (unsigned long long)file_size);
-    FY_REQUIRE(model_vocab == 0 || vocab <= model_vocab, -ERANGE,
-               "%s: made for vocabulary %u, the model has %u: prepare the data with the model's "
-               "tokenizer",
-               path, vocab, model_vocab);
+    FY_REQUIRE(t->src.eos == FY_TOKFILE_NO_EOS || t->src.eos < vocab, -EBADMSG,
+               "%s: end-of-sequence token %u outside the file's vocabulary of %u: the file is "
+               "corrupt, prepare it again",
+               path, t->src.eos, vocab);
+    if (model_vocab != 0 && vocab > model_vocab) {
+        char who[96];
+        fy_tokfile_describe_source(&t->src, who, sizeof who);
+        fy_error("%s: made for vocabulary %u, the model has %u (the file's: %s): prepare the "
+                 "data with the model's tokenizer (fuyou-launch prepare --tokenizer MODEL_DIR)",
+                 path, vocab, model_vocab, who);
+        return -ERANGE;
+    }
     t->width = width;
     t->vocab = vocab;
     t->count = count;
+    t->version = version;
     t->eval_start = count;
+    return 0;
+}
+
+/* The mask plane's zero bits must number what the header says, and the bits after the last token
+ * must be 0. */
+static int check_mask(const struct fy_tokfile *t)
+{
+    uint64_t full = t->count / 8, ones = 0;
+    for (uint64_t i = 0; i < full; i++)
+        ones += (uint64_t)__builtin_popcount(t->mask[i]);
+    unsigned rest = (unsigned)(t->count % 8);
+    if (rest) {
+        uint8_t last = t->mask[full];
+        FY_REQUIRE((last >> rest) == 0, -EBADMSG,
+                   "%s: mask bits set after the last token: the file is corrupt, prepare it again",
+                   t->path);
+        ones += (uint64_t)__builtin_popcount(last);
+    }
+    FY_REQUIRE(t->count - ones == t->masked, -EBADMSG,
+               "%s: the mask plane has %llu masked tokens, the header says %llu: the file is "
+               "corrupt, prepare it again",
+               t->path, (unsigned long long)(t->count - ones), (unsigned long long)t->masked);
     return 0;
 }
 
@@ -535,6 +837,10 @@ static int open_into(struct fy_tokfile *t, const char *path, uint32_t model_voca
     if (rc < 0)
         return rc;
     FY_TRY(check_header(t, t->map, (uint64_t)st.st_size, model_vocab));
+    if (t->mask_off != 0) {
+        t->mask = t->map + t->mask_off;
+        FY_TRY(check_mask(t));
+    }
     return check_tokens(t, model_vocab);
 }
 
@@ -565,6 +871,24 @@ void fy_tokfile_close(struct fy_tokfile **t)
 uint64_t fy_tokfile_count(const struct fy_tokfile *t) { return t->count; }
 uint32_t fy_tokfile_vocab(const struct fy_tokfile *t) { return t->vocab; }
 uint32_t fy_tokfile_width(const struct fy_tokfile *t) { return t->width; }
+uint32_t fy_tokfile_version(const struct fy_tokfile *t) { return t->version; }
+
+void fy_tokfile_describe_source(const struct fy_tokfile_source *src, char *buf, size_t len)
+{
+    if (src->tokenizer == FY_TOKENIZER_HF)
+        snprintf(buf, len, "Hugging Face tokenizer.json %016llx", (unsigned long long)src->hash);
+    else if (src->tokenizer == FY_TOKENIZER_BYTES)
+        snprintf(buf, len, "byte-level tokenizer");
+    else
+        snprintf(buf, len, "tokenizer not recorded");
+}
+struct fy_tokfile_source fy_tokfile_source(const struct fy_tokfile *t) { return t->src; }
+uint64_t fy_tokfile_masked(const struct fy_tokfile *t) { return t->masked; }
+
+int fy_tokfile_trained(const struct fy_tokfile *t, uint64_t i)
+{
+    return t->mask == NULL || (t->mask[i >> 3] >> (i & 7) & 1u);
+}
 
 /* ---- splits and sampling ---- */
 
@@ -620,7 +944,7 @@ static void fill_row(const struct fy_tokfile *t, uint64_t start, int b, int T, i
     for (int j = 0; j < T; j++) {
         uint32_t next = fy_tokfile_token(t, start + (uint64_t)j + 1);
         in[j] = (int32_t)prev; /* tokens < vocab <= INT32_MAX, checked at open */
-        tg[j] = (int32_t)next;
+        tg[j] = fy_tokfile_trained(t, start + (uint64_t)j + 1) ? (int32_t)next : -1;
         prev = next;
     }
 }

@@ -1,7 +1,7 @@
-/* Pre-tokenized training data: the token file format, its writer, the built-in byte-level
+/* Pre-tokenized training data: the token file format, its writers, the built-in byte-level
  * preparation, and a validating reader with train/eval splits and deterministic batch sampling.
  *
- * Token file format, version 1 (all integers little-endian):
+ * Token file format (all integers little-endian). Version 1:
  *   bytes 0..4095: header of int32 slots, the rest zero
  *     [0] magic 0x4B4F5446 ("FTOK" as bytes F T O K)
  *     [1] version, 1
@@ -9,14 +9,34 @@
  *     [3] vocabulary size the tokens were made for, 1..INT32_MAX; every token is < it
  *     [4] token count, low 32 bits
  *     [5] token count, high 32 bits (count >= 1)
- *     [6] flags; bit 0 = a loss-mask plane follows the tokens (reserved: readers refuse it)
+ *     [6] flags, 0 (bit 0 was reserved for a loss-mask plane: a version 1 file with it is refused)
  *     [7] header checksum: 32-bit FNV-1a over bytes 0..27 (slots 0..6 as stored)
  *   bytes 4096..: count tokens, unsigned, `width` bytes each
  *   then zeros up to a multiple of 4096 bytes (readers accept a file without that padding).
+ * Version 2 (the tokenizer's identity and an optional loss mask), slots 0..6 as version 1 but:
+ *     [1] version, 2
+ *     [6] flags; bit 0 = a loss-mask plane follows the tokens; other bits 0
+ *     [7] tokenizer: 0 unspecified, 1 the built-in byte level, 2 a Hugging Face tokenizer.json
+ *     [8] tokenizer hash, low 32 bits: 64-bit FNV-1a of the tokenizer.json bytes (0 unless [7] = 2)
+ *     [9] tokenizer hash, high 32 bits
+ *     [10] the end-of-sequence token appended after each document, 0xFFFFFFFF for none
+ *     [11] masked tokens (mask bit 0), low 32 bits; 0 unless flags bit 0
+ *     [12] masked tokens, high 32 bits
+ *     [13] header checksum: 32-bit FNV-1a over bytes 0..51 (slots 0..12 as stored)
+ *   bytes 4096..: the tokens as in version 1, zero-padded to a multiple of 4096 bytes
+ *   with flags bit 0, then the mask plane: ceil(count / 8) bytes, bit (i % 8) of byte i / 8 (least
+ *   significant first) is token i's mask: 1 = trained (predicting token i from the tokens before it
+ *   counts in the loss), 0 = masked (token i is an input only, its prediction is not trained); the
+ *   bits after the last token are 0; then zeros to a multiple of 4096 bytes. A file has a plane
+ *   only when at least one token is masked, and at least one token is trained.
+ * The writers write version 1 for a file with neither a mask nor a tokenizer identity (byte for
+ * byte what earlier builds wrote, e.g. fy_tokfile_prepare_bytes), version 2 otherwise. Readers read
+ * both. In batches, the target of a masked token is -1 (ignored by the loss).
  */
 #ifndef FY_TOKFILE_H
 #define FY_TOKFILE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -24,13 +44,28 @@ extern "C" {
 #endif
 
 #define FY_TOKFILE_MAGIC 0x4B4F5446u
-#define FY_TOKFILE_VERSION 1
+#define FY_TOKFILE_VERSION 2 /* the newest this build reads and writes */
 #define FY_TOKFILE_HEADER_BYTES 4096
 #define FY_TOKFILE_FLAG_LOSS_MASK 1u
+#define FY_TOKFILE_NO_EOS 0xFFFFFFFFu
 
 enum { FY_TOKFILE_SLOT_MAGIC = 0, FY_TOKFILE_SLOT_VERSION = 1, FY_TOKFILE_SLOT_WIDTH = 2,
        FY_TOKFILE_SLOT_VOCAB = 3, FY_TOKFILE_SLOT_COUNT_LO = 4, FY_TOKFILE_SLOT_COUNT_HI = 5,
-       FY_TOKFILE_SLOT_FLAGS = 6, FY_TOKFILE_SLOT_CHECKSUM = 7 };
+       FY_TOKFILE_SLOT_FLAGS = 6, FY_TOKFILE_SLOT_CHECKSUM = 7 /* version 1 */,
+       /* version 2 */
+       FY_TOKFILE_SLOT_TOKENIZER = 7, FY_TOKFILE_SLOT_TOKHASH_LO = 8, FY_TOKFILE_SLOT_TOKHASH_HI = 9,
+       FY_TOKFILE_SLOT_EOS = 10, FY_TOKFILE_SLOT_MASKED_LO = 11, FY_TOKFILE_SLOT_MASKED_HI = 12,
+       FY_TOKFILE_V2_SLOT_CHECKSUM = 13 };
+
+/* What made the tokens (version 2, slot 7). */
+enum { FY_TOKENIZER_UNSPECIFIED = 0, FY_TOKENIZER_BYTES = 1, FY_TOKENIZER_HF = 2 };
+
+/* The tokenizer's identity as a version 2 header records it. */
+struct fy_tokfile_source {
+    uint32_t tokenizer; /* FY_TOKENIZER_* */
+    uint64_t hash;      /* FNV-1a 64 of tokenizer.json (FY_TOKENIZER_HF), else 0 */
+    uint32_t eos;       /* FY_TOKFILE_NO_EOS for none */
+};
 
 /* Splits, for fy_tokfile_batch and fy_tokfile_split_tokens. */
 enum { FY_TOKFILE_TRAIN = 0, FY_TOKFILE_EVAL = 1 };
@@ -38,13 +73,43 @@ enum { FY_TOKFILE_TRAIN = 0, FY_TOKFILE_EVAL = 1 };
 /* Vocabulary of the built-in byte-level tokenizer: a token is a byte value. */
 #define FY_TOKFILE_BYTE_VOCAB 256
 
-/* FNV-1a checksum of header slots 0..6 (the first 28 bytes of `header`), as stored in slot 7. */
+/* FNV-1a checksum of header slots 0..6 (the first 28 bytes of `header`), as stored in slot 7 of a
+ * version 1 header. */
 uint32_t fy_tokfile_header_checksum(const void *header);
+/* FNV-1a checksum of header slots 0..12, as stored in slot 13 of a version 2 header. */
+uint32_t fy_tokfile_header_checksum_v2(const void *header);
+
+/* 64-bit FNV-1a of a file's bytes (the tokenizer hash of slots 8..9), read in chunks. */
+int fy_tokfile_hash_file(const char *path, uint64_t *hash);
 
 /* Writes count tokens (each < vocab) to path atomically (temporary file path.tmp, fsync, rename,
  * fsync of the directory). An existing path is refused with -EEXIST unless overwrite. */
 int fy_tokfile_write(const char *path, const uint32_t *tokens, uint64_t count, uint32_t vocab,
                      int overwrite);
+
+/* As fy_tokfile_write, with a loss mask (trained[i] != 0: token i is trained; NULL: all are) and the
+ * tokenizer's identity (NULL: unspecified). Refuses a mask with no trained token. */
+int fy_tokfile_write_masked(const char *path, const uint32_t *tokens, const uint8_t *trained,
+                            uint64_t count, uint32_t vocab, const struct fy_tokfile_source *src,
+                            int overwrite);
+
+/* A streaming writer, for preparations that produce tokens piece by piece: memory stays bounded
+ * whatever the count (the mask bits go to an unlinked side file until the end). Nothing appears at
+ * path before fy_tokwriter_finish; an abort, or a failed finish, leaves no file behind. */
+struct fy_tokwriter;
+/* src may be NULL (unspecified). An existing path is refused with -EEXIST unless overwrite. */
+int fy_tokwriter_begin(struct fy_tokwriter **out, const char *path, uint32_t vocab,
+                       const struct fy_tokfile_source *src, int overwrite);
+/* Appends n tokens (each < vocab, else -EINVAL naming its index), all trained or all masked. */
+int fy_tokwriter_put(struct fy_tokwriter *w, const uint32_t *tokens, uint64_t n, int trained);
+/* Tokens put so far. */
+uint64_t fy_tokwriter_count(const struct fy_tokwriter *w);
+/* Writes the mask plane (if any token is masked), the header, syncs and renames into place; frees
+ * *w and sets it to NULL whatever happens. Refuses no tokens, or no trained token. count and
+ * masked (may be NULL) receive the totals. */
+int fy_tokwriter_finish(struct fy_tokwriter **w, uint64_t *count, uint64_t *masked);
+/* Removes the temporary file and frees; safe on NULL. */
+void fy_tokwriter_abort(struct fy_tokwriter **w);
 
 /* Byte-level preparation: the bytes of the inputs (regular files), concatenated in order, become
  * the tokens of out_path (vocab 256, width 1). Inputs are streamed, not held in memory. An empty
@@ -64,8 +129,18 @@ void fy_tokfile_close(struct fy_tokfile **t);
 uint64_t fy_tokfile_count(const struct fy_tokfile *t);
 uint32_t fy_tokfile_vocab(const struct fy_tokfile *t);
 uint32_t fy_tokfile_width(const struct fy_tokfile *t);
+/* The header's version (1 or 2). */
+uint32_t fy_tokfile_version(const struct fy_tokfile *t);
+/* The tokenizer's identity (unspecified for a version 1 file). */
+struct fy_tokfile_source fy_tokfile_source(const struct fy_tokfile *t);
+/* "Hugging Face tokenizer.json 0123abcd...", "byte-level tokenizer" or "tokenizer not recorded". */
+void fy_tokfile_describe_source(const struct fy_tokfile_source *src, char *buf, size_t len);
+/* Tokens whose mask is 0 (0 without a mask plane). */
+uint64_t fy_tokfile_masked(const struct fy_tokfile *t);
 /* Token i of the whole file; i < fy_tokfile_count(t). */
 uint32_t fy_tokfile_token(const struct fy_tokfile *t, uint64_t i);
+/* 1 when token i is trained (its mask bit is 1, or the file has no mask), else 0. */
+int fy_tokfile_trained(const struct fy_tokfile *t, uint64_t i);
 
 /* The last round(count * eval_fraction) tokens become the eval split, the rest the training split.
  * Refuses (-EINVAL) a fraction outside [0, 1] or a split with fewer than 2 tokens. */
@@ -74,7 +149,7 @@ int fy_tokfile_split(struct fy_tokfile *t, double eval_fraction);
 uint64_t fy_tokfile_split_tokens(const struct fy_tokfile *t, int split);
 
 /* B windows of T+1 consecutive tokens of the split: inputs[b*T + j] = w[j], targets[b*T + j] =
- * w[j+1]. Window starts are a pure function of (seed, split, step, b) (a counter-based generator,
+ * w[j+1], or -1 when w[j+1] is masked (fy_tokfile_trained is 0). Window starts are a pure function of (seed, split, step, b) (a counter-based generator,
  * no hidden state), so a restarted run draws the same batches on any machine. -EINVAL when the
  * split has fewer than T+1 tokens. */
 int fy_tokfile_batch(const struct fy_tokfile *t, int split, uint64_t seed, uint64_t step, int B,

@@ -21,6 +21,7 @@
 #include "common/tokfile.h"
 #include "io_worker/store.h"
 #include "launcher/inproc.h"
+#include "launcher/prepare.h"
 #include "launcher/selftest.h"
 #include "launcher/session.h"
 #include "launcher/supervise.h"
@@ -31,6 +32,8 @@ enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_WORKER = 3, EXIT_INTERR
 struct options {
     const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path, *trace;
     const char *from_hf, *to_hf;
+    const char *tokenizer, *text_field, *prompt_field, *response_field; /* prepare */
+    int jsonl;                                                           /* prepare */
     int hf_dtype;            /* export --to-hf --dtype: 0 (as the source), FY_ST_F32, FY_ST_BF16 */
     uint64_t max_shard_size; /* export --to-hf: shard above this many bytes of tensors */
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
@@ -47,7 +50,7 @@ static void usage(FILE *f)
             "usage: fuyou-launch COMMAND [options]\n"
             "\n"
             "commands:\n"
-            "  prepare  --out FILE TEXT...          text files -> token file (byte-level, vocab 256)\n"
+            "  prepare  --out FILE INPUT...         text or JSONL files -> token file\n"
             "  init     --run-dir DIR [model]       create a GPT in the run's SSD store (GPT-2 init)\n"
             "  init     --run-dir DIR --from-hf HF  import a Hugging Face GPT-2 directory instead\n"
             "  train    --run-dir DIR --data FILE   train it (continues from the store's step)\n"
@@ -56,6 +59,11 @@ static void usage(FILE *f)
             "  selftest --run-dir DIR --ssd DIR     data path SSD -> pool -> gpu -> AdamW -> SSD\n"
             "  help                                 this text\n"
             "\n"
+            "prepare:       byte-level (vocab 256) unless --tokenizer HF (a directory with\n"
+            "               tokenizer.json, or the file; needs python3 with tokenizers)\n"
+            "               --jsonl: one JSON object per line, --text-field NAME (text) trained\n"
+            "               on, or --prompt-field P --response-field R: the prompt masked out of\n"
+            "               the loss, the response and the EOS trained --overwrite\n"
             "model (init):  --layers N (4) --heads N (4) --embd N (128) --vocab N (256) --ctx N (128)\n"
             "               --seed N (1) --ssd DIR[,DIR...] (default DIR/store) --overwrite\n"
             "               --from-hf HF: config.json and model.safetensors (or shards with\n"
@@ -113,7 +121,8 @@ enum {
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
-    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_FROM_HF, O_TO_HF, O_DTYPE, O_MAX_SHARD
+    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_FROM_HF, O_TO_HF, O_DTYPE, O_MAX_SHARD,
+    O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD
 };
 
 static const struct option longopts[] = {
@@ -145,6 +154,10 @@ static const struct option longopts[] = {
     {"from-hf", required_argument, 0, O_FROM_HF},    {"to-hf", required_argument, 0, O_TO_HF},
     {"dtype", required_argument, 0, O_DTYPE},
     {"max-shard-size", required_argument, 0, O_MAX_SHARD},
+    {"tokenizer", required_argument, 0, O_TOKENIZER}, {"jsonl", no_argument, 0, O_JSONL},
+    {"text-field", required_argument, 0, O_TEXT_FIELD},
+    {"prompt-field", required_argument, 0, O_PROMPT_FIELD},
+    {"response-field", required_argument, 0, O_RESPONSE_FIELD},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -261,6 +274,11 @@ static int parse_options(int argc, char **argv, struct options *o)
                 rc = -EINVAL;
             }
             break;
+        case O_TOKENIZER: o->tokenizer = optarg; break;
+        case O_JSONL: o->jsonl = 1; break;
+        case O_TEXT_FIELD: o->text_field = optarg; break;
+        case O_PROMPT_FIELD: o->prompt_field = optarg; break;
+        case O_RESPONSE_FIELD: o->response_field = optarg; break;
         case 'h': usage(stdout); exit(EXIT_OK);
         default:
             fprintf(stderr, "fuyou-launch: unknown or incomplete option '%s' (see fuyou-launch help)\n",
@@ -367,12 +385,23 @@ static int cmd_selftest(struct options *o)
 static int cmd_prepare(struct options *o, int argc, char **argv)
 {
     FY_TRY(require(o->out, "--out", "prepare"));
-    FY_REQUIRE(optind < argc, -EINVAL, "prepare: give one or more text files after the options");
-    uint64_t count = 0;
-    FY_TRY(fy_tokfile_prepare_bytes(o->out, (const char *const *)argv + optind,
-                                    (unsigned)(argc - optind), o->overwrite, &count));
-    fy_info("wrote %s: %llu tokens (byte-level, vocabulary %d) from %d file(s)", o->out,
-            (unsigned long long)count, FY_TOKFILE_BYTE_VOCAB, argc - optind);
+    FY_REQUIRE(optind < argc, -EINVAL, "prepare: give one or more input files after the options");
+    struct fy_prepare_opts po = {.out = o->out, .tokenizer = o->tokenizer, .jsonl = o->jsonl,
+                                 .text_field = o->text_field, .prompt_field = o->prompt_field,
+                                 .response_field = o->response_field,
+                                 .inputs = (const char *const *)argv + optind,
+                                 .n_inputs = (unsigned)(argc - optind), .overwrite = o->overwrite};
+    struct fy_prepare_result res;
+    FY_TRY(fy_prepare(&po, &res));
+    char eos[48] = "";
+    if (res.eos != FY_TOKFILE_NO_EOS)
+        snprintf(eos, sizeof eos, ", end-of-sequence token %u", res.eos);
+    char masked[96] = "";
+    if (res.masked > 0)
+        snprintf(masked, sizeof masked, ", %llu of them masked out of the loss",
+                 (unsigned long long)res.masked);
+    fy_info("wrote %s: %llu tokens%s (%s, vocabulary %u%s) from %d file(s)", o->out,
+            (unsigned long long)res.count, masked, res.tokenizer, res.vocab, eos, argc - optind);
     return 0;
 }
 

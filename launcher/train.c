@@ -1036,26 +1036,56 @@ static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t
     return opt_send_for_forward(r);
 }
 
+/* Said once per process: a batch whose targets the token file's loss mask all masks out. */
+static int warned_no_trained_target;
+
+/* Samples batch `index` of the split into the pool; *trained (may be NULL) gets the number of
+ * targets the loss counts (a target whose token the file's loss mask masks is -1, ignored). */
 static int load_batch(struct run *r, const struct fy_tokfile *data, int split, uint64_t seed,
-                      uint64_t index)
+                      uint64_t index, uint64_t *trained)
 {
     int32_t *in = fy_pool_at(r->pool, r->l.tokens, r->l.tok_bytes);
     int32_t *tg = fy_pool_at(r->pool, r->l.targets, r->l.tok_bytes);
     if (split == FY_TOKFILE_EVAL)
-        return fy_tokfile_eval_batch(data, index, r->l.B, r->l.T, in, tg);
-    return fy_tokfile_batch(data, FY_TOKFILE_TRAIN, seed, index, r->l.B, r->l.T, in, tg);
+        FY_TRY(fy_tokfile_eval_batch(data, index, r->l.B, r->l.T, in, tg));
+    else
+        FY_TRY(fy_tokfile_batch(data, FY_TOKFILE_TRAIN, seed, index, r->l.B, r->l.T, in, tg));
+    uint64_t n = 0;
+    for (size_t i = 0; i < (size_t)r->l.B * (size_t)r->l.T; i++)
+        n += tg[i] >= 0;
+    if (n == 0 && !warned_no_trained_target) {
+        warned_no_trained_target = 1;
+        fy_warn("%s batch %llu: every target is masked out of the loss by the token file's loss "
+                "mask: its loss is 0 and its gradients are 0 (said once)",
+                split == FY_TOKFILE_EVAL ? "eval" : "training", (unsigned long long)index);
+    }
+    if (trained != NULL)
+        *trained = n;
+    return 0;
 }
 
+/* The mean loss over the eval batches' trained targets: with no loss mask every batch counts B*T
+ * targets and this is the mean of the batch losses; with one, each batch weighs by its trained
+ * targets (a batch without any adds nothing; none at all gives 0). */
 static int eval_loss(struct run *r, const struct fy_tokfile *data, uint64_t batches, double *loss)
 {
-    double sum = 0;
+    double sum = 0, weighted = 0;
+    uint64_t trained_total = 0;
+    int uniform = 1;
     for (uint64_t k = 0; k < batches; k++) {
         double one;
-        FY_TRY(load_batch(r, data, FY_TOKFILE_EVAL, 0, k));
+        uint64_t n;
+        FY_TRY(load_batch(r, data, FY_TOKFILE_EVAL, 0, k, &n));
         FY_TRY(forward(r, 0, 0, NULL, &one));
         sum += one;
+        weighted += one * (double)n;
+        trained_total += n;
+        uniform &= n == (uint64_t)r->l.B * (uint64_t)r->l.T;
     }
-    *loss = sum / (double)batches;
+    if (uniform)
+        *loss = sum / (double)batches;
+    else
+        *loss = trained_total > 0 ? weighted / (double)trained_total : 0.0;
     return 0;
 }
 
@@ -1197,7 +1227,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         memset(r.phase_s, 0, sizeof r.phase_s);
         memset(r.busy_s, 0, sizeof r.busy_s);
         r.step = step;
-        rc = load_batch(&r, data, FY_TOKFILE_TRAIN, o->seed, step);
+        rc = load_batch(&r, data, FY_TOKFILE_TRAIN, o->seed, step, NULL);
         if (rc == 0)
             rc = forward(&r, 1, step, version, &loss);
         r.grad_scale = 0.0;

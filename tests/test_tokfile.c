@@ -464,8 +464,8 @@ static void test_open_refusals(void **state)
     p = make_file("magic.tok", 0x12345678, 1, 1, 256, 10, 0, 0, 10, 0);
     expect_open_refused(p, 256, -EBADMSG,
                         "not a Fuyou token file: prepare it with fuyou-launch prepare");
-    p = make_file("version.tok", M, 2, 1, 256, 10, 0, 0, 10, 0);
-    expect_open_refused(p, 256, -EBADMSG, "version 2");
+    p = make_file("version.tok", M, 3, 1, 256, 10, 0, 0, 10, 0);
+    expect_open_refused(p, 256, -EBADMSG, "version 3, this build reads versions 1 and 2");
     p = make_file("width.tok", M, 1, 3, 256, 10, 0, 0, 30, 0);
     expect_open_refused(p, 256, -EBADMSG, "bad token width 3");
     p = make_file("width0.tok", M, 1, 0, 256, 10, 0, 0, 30, 0);
@@ -781,6 +781,246 @@ static void test_eval_batches(void **state)
     fy_tokfile_close(&t);
 }
 
+/* ---- version 2: loss mask and tokenizer identity ---- */
+
+static uint8_t *slurp_file(const char *path, size_t *len)
+{
+    uint8_t *b = (uint8_t *)fy_test_slurp(path, len);
+    assert_non_null(b);
+    return b;
+}
+
+/* Rewrites slot `slot` of a version 2 file and fixes its checksum. */
+static void patch_v2(const char *from, const char *to, int slot, uint32_t value, size_t cut)
+{
+    size_t len;
+    uint8_t *b = slurp_file(from, &len);
+    if (slot >= 0)
+        put32(b + 4 * slot, value);
+    put32(b + 4 * FY_TOKFILE_V2_SLOT_CHECKSUM, fy_tokfile_header_checksum_v2(b));
+    write_bytes(to, b, cut ? cut : len);
+    free(b);
+}
+
+static void test_masked_format(void **state)
+{
+    enum { N = 900, V = 1000 };
+    uint32_t tok[N];
+    uint8_t tr[N];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (uint32_t)i; /* unique: a window's start is its first input */
+        tr[i] = (i / 7) % 3 != 0;
+    }
+    uint64_t masked = 0;
+    for (int i = 0; i < N; i++)
+        masked += !tr[i];
+    struct fy_tokfile_source src = {FY_TOKENIZER_HF, 0x0123456789abcdefull, 999};
+    const char *p = tpath("m.tok");
+    assert_int_equal(fy_tokfile_write_masked(p, tok, tr, N, V, &src, 0), 0);
+
+    /* the bytes: header slots, tokens, the mask plane at the next 4 KiB boundary */
+    size_t len;
+    uint8_t *b = slurp_file(p, &len);
+    uint64_t mask_off = FY_TOKFILE_HEADER_BYTES + 4096; /* 1800 token bytes, padded */
+    assert_int_equal(len, mask_off + 4096);
+    assert_int_equal(le32(b + 4), 2);
+    assert_int_equal(le32(b + 8), 2);
+    assert_int_equal(le32(b + 12), V);
+    assert_int_equal(le32(b + 16), N);
+    assert_int_equal(le32(b + 24), FY_TOKFILE_FLAG_LOSS_MASK);
+    assert_int_equal(le32(b + 28), FY_TOKENIZER_HF);
+    assert_int_equal(le32(b + 32), 0x89abcdefu);
+    assert_int_equal(le32(b + 36), 0x01234567u);
+    assert_int_equal(le32(b + 40), 999);
+    assert_int_equal(le32(b + 44), masked);
+    assert_int_equal(le32(b + 48), 0);
+    assert_int_equal(le32(b + 52), fy_tokfile_header_checksum_v2(b));
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(b[FY_TOKFILE_HEADER_BYTES + 2 * i] | b[FY_TOKFILE_HEADER_BYTES + 2 * i + 1] << 8, i);
+        assert_int_equal(b[mask_off + i / 8] >> (i % 8) & 1, tr[i]);
+    }
+    for (size_t i = mask_off + (N + 7) / 8; i < len; i++)
+        assert_int_equal(b[i], 0);
+    free(b);
+
+    struct fy_tokfile *t;
+    assert_int_equal(fy_tokfile_open(&t, p, V), 0);
+    assert_int_equal(fy_tokfile_version(t), 2);
+    assert_int_equal(fy_tokfile_masked(t), masked);
+    struct fy_tokfile_source got = fy_tokfile_source(t);
+    assert_int_equal(got.tokenizer, FY_TOKENIZER_HF);
+    assert_true(got.hash == src.hash);
+    assert_int_equal(got.eos, 999);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(fy_tokfile_trained(t, (uint64_t)i), tr[i]);
+    /* batches: a masked token's target is -1, inputs are untouched */
+    assert_int_equal(fy_tokfile_split(t, 0.2), 0);
+    enum { B = 5, T = 30 };
+    int32_t in[B * T], tg[B * T];
+    int seen_masked = 0, seen_trained = 0;
+    for (uint64_t step = 0; step < 20; step++) {
+        for (int split = 0; split < 2; split++) {
+            if (split == FY_TOKFILE_TRAIN)
+                assert_int_equal(fy_tokfile_batch(t, split, 3, step, B, T, in, tg), 0);
+            else
+                assert_int_equal(fy_tokfile_eval_batch(t, step, B, T, in, tg), 0);
+            for (int r = 0; r < B; r++)
+                for (int j = 0; j < T; j++) {
+                    int start = in[r * T], next = start + j + 1;
+                    assert_int_equal(in[r * T + j], start + j);
+                    assert_int_equal(tg[r * T + j], tr[next] ? next : -1);
+                    seen_masked += !tr[next];
+                    seen_trained += tr[next];
+                }
+        }
+    }
+    assert_true(seen_masked > 0 && seen_trained > 0);
+    fy_tokfile_close(&t);
+
+    /* the vocabulary check names the file's tokenizer */
+    expect_open_refused(p, 998, -ERANGE,
+                        "made for vocabulary 1000, the model has 998 (the file's: Hugging Face "
+                        "tokenizer.json 0123456789abcdef)");
+
+    /* no masked token: no plane (version 2 for the identity); no identity either: version 1 */
+    memset(tr, 1, sizeof tr);
+    assert_int_equal(fy_tokfile_write_masked(tpath("all.tok"), tok, tr, N, V, &src, 0), 0);
+    b = slurp_file(tpath("all.tok"), &len);
+    assert_int_equal(len, FY_TOKFILE_HEADER_BYTES + 4096);
+    assert_int_equal(le32(b + 4), 2);
+    assert_int_equal(le32(b + 24), 0);
+    assert_int_equal(le32(b + 44), 0);
+    free(b);
+    assert_int_equal(fy_tokfile_write_masked(tpath("plain.tok"), tok, tr, N, V, NULL, 0), 0);
+    b = slurp_file(tpath("plain.tok"), &len);
+    assert_int_equal(le32(b + 4), 1);
+    assert_int_equal(le32(b + 28), fy_tokfile_header_checksum(b));
+    free(b);
+    assert_int_equal(fy_tokfile_open(&t, tpath("plain.tok"), V), 0);
+    assert_int_equal(fy_tokfile_source(t).tokenizer, FY_TOKENIZER_UNSPECIFIED);
+    assert_int_equal(fy_tokfile_trained(t, 5), 1);
+    fy_tokfile_close(&t);
+
+    /* every token masked: refused, nothing left */
+    memset(tr, 0, sizeof tr);
+    assert_int_equal(fy_tokfile_write_masked(tpath("none.tok"), tok, tr, N, V, &src, 0), -EINVAL);
+    assert_int_equal(access(tpath("none.tok"), F_OK), -1);
+    assert_int_equal(access(tpath("none.tok.tmp"), F_OK), -1);
+    /* an EOS outside the vocabulary: refused */
+    struct fy_tokfile_source bad_eos = {FY_TOKENIZER_HF, 1, V};
+    assert_int_equal(fy_tokfile_write_masked(tpath("eos.tok"), tok, NULL, N, V, &bad_eos, 0),
+                     -EINVAL);
+}
+
+static void test_masked_refusals(void **state)
+{
+    enum { N = 21, V = 256 };
+    uint32_t tok[N];
+    uint8_t tr[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (uint32_t)i, tr[i] = i % 2;
+    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS};
+    const char *good = tpath("good.tok");
+    assert_int_equal(fy_tokfile_write_masked(good, tok, tr, N, V, &src, 0), 0);
+    const uint64_t mask_off = 2 * FY_TOKFILE_HEADER_BYTES;
+
+    patch_v2(good, tpath("count.tok"), FY_TOKFILE_SLOT_MASKED_LO, 9, 0);
+    expect_open_refused(tpath("count.tok"), V, -EBADMSG, "the mask plane has 11 masked tokens, the header says 9");
+    patch_v2(good, tpath("nomask.tok"), FY_TOKFILE_SLOT_FLAGS, 0, 0);
+    expect_open_refused(tpath("nomask.tok"), V, -EBADMSG, "11 masked tokens but no mask plane");
+    patch_v2(good, tpath("zero.tok"), FY_TOKFILE_SLOT_MASKED_LO, 0, 0);
+    expect_open_refused(tpath("zero.tok"), V, -EBADMSG, "a mask plane needs at least one masked");
+    patch_v2(good, tpath("kind.tok"), FY_TOKFILE_SLOT_TOKENIZER, 3, 0);
+    expect_open_refused(tpath("kind.tok"), V, -ENOTSUP, "unknown tokenizer kind 3");
+    patch_v2(good, tpath("eos.tok"), FY_TOKFILE_SLOT_EOS, 256, 0);
+    expect_open_refused(tpath("eos.tok"), V, -EBADMSG, "end-of-sequence token 256 outside");
+    patch_v2(good, tpath("trunc.tok"), -1, 0, mask_off + 2);
+    expect_open_refused(tpath("trunc.tok"), V, -EBADMSG, "truncated: expected 8195 bytes, found 8194");
+    patch_v2(good, tpath("sum.tok"), -1, 0, 0);
+    size_t len;
+    uint8_t *b = slurp_file(tpath("sum.tok"), &len);
+    b[mask_off + 2] |= 0x80; /* token 23 does not exist */
+    write_bytes(tpath("tail.tok"), b, len);
+    expect_open_refused(tpath("tail.tok"), V, -EBADMSG, "mask bits set after the last token");
+    put32(b + 52, le32(b + 52) ^ 1);
+    write_bytes(tpath("sum.tok"), b, len);
+    expect_open_refused(tpath("sum.tok"), V, -EBADMSG, "bad header checksum");
+    free(b);
+}
+
+static void test_streaming_writer(void **state)
+{
+    /* more mask bits than the writer holds in memory (8 Mi), so they go through its side file */
+    const uint64_t n = 9000001;
+    const char *p = tpath("stream.tok");
+    struct fy_tokwriter *w;
+    struct fy_tokfile_source src = {FY_TOKENIZER_HF, 42, 7};
+    assert_int_equal(fy_tokwriter_begin(&w, p, 300, &src, 0), 0);
+    assert_int_equal(access(p, F_OK), -1); /* nothing before finish */
+    uint32_t *chunk = malloc(4096 * sizeof *chunk);
+    assert_non_null(chunk);
+    uint64_t done = 0, masked = 0;
+    for (unsigned k = 0; done < n; k++) {
+        /* runs of 1..4096 tokens, alternately trained and masked (masked ones shorter) */
+        uint64_t len = 1 + (k * 2654435761u) % (k % 2 ? 700 : 4096);
+        if (len > n - done)
+            len = n - done;
+        for (uint64_t i = 0; i < len; i++)
+            chunk[i] = (uint32_t)((done + i) % 300);
+        assert_int_equal(fy_tokwriter_put(w, chunk, len, k % 2 == 0), 0);
+        masked += k % 2 ? len : 0;
+        done += len;
+    }
+    assert_int_equal(fy_tokwriter_count(w), n);
+    chunk[0] = 300;
+    assert_int_equal(fy_tokwriter_put(w, chunk, 1, 1), -EINVAL); /* outside the vocabulary */
+    uint64_t count, got_masked;
+    assert_int_equal(fy_tokwriter_finish(&w, &count, &got_masked), 0);
+    assert_null(w);
+    assert_int_equal(count, n);
+    assert_int_equal(got_masked, masked);
+    struct fy_tokfile *t;
+    assert_int_equal(fy_tokfile_open(&t, p, 300), 0);
+    assert_int_equal(fy_tokfile_count(t), n);
+    assert_int_equal(fy_tokfile_masked(t), masked);
+    /* replay the runs */
+    done = 0;
+    int bad = 0;
+    for (unsigned k = 0; done < n; k++) {
+        uint64_t len = 1 + (k * 2654435761u) % (k % 2 ? 700 : 4096);
+        if (len > n - done)
+            len = n - done;
+        for (uint64_t i = done; i < done + len; i++)
+            bad += fy_tokfile_trained(t, i) != (k % 2 == 0) || fy_tokfile_token(t, i) != i % 300;
+        done += len;
+    }
+    assert_int_equal(bad, 0);
+    fy_tokfile_close(&t);
+    free(chunk);
+
+    /* abort and an empty finish leave nothing */
+    assert_int_equal(fy_tokwriter_begin(&w, tpath("ab.tok"), 300, &src, 0), 0);
+    uint32_t one = 1;
+    assert_int_equal(fy_tokwriter_put(w, &one, 1, 1), 0);
+    fy_tokwriter_abort(&w);
+    assert_null(w);
+    fy_tokwriter_abort(&w); /* safe on NULL */
+    assert_int_equal(access(tpath("ab.tok"), F_OK), -1);
+    assert_int_equal(access(tpath("ab.tok.tmp"), F_OK), -1);
+    assert_int_equal(fy_tokwriter_begin(&w, tpath("ab.tok"), 300, &src, 0), 0);
+    assert_int_equal(fy_tokwriter_finish(&w, NULL, NULL), -EINVAL);
+    assert_int_equal(access(tpath("ab.tok"), F_OK), -1);
+    assert_int_equal(access(tpath("ab.tok.tmp"), F_OK), -1);
+    /* the existing file is refused before anything */
+    assert_int_equal(fy_tokwriter_begin(&w, p, 300, &src, 0), -EEXIST);
+
+    /* the tokenizer hash: 64-bit FNV-1a */
+    write_bytes(tpath("a.txt"), "a", 1);
+    uint64_t h;
+    assert_int_equal(fy_tokfile_hash_file(tpath("a.txt"), &h), 0);
+    assert_true(h == 0xaf63dc4c8601ec8cull);
+}
+
 int main(void)
 {
     fy_log_init("test", FY_LOG_ERROR);
@@ -793,6 +1033,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batch_too_large, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eval_batches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_masked_format, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_masked_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_streaming_writer, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,565 @@
+/* `fuyou-launch prepare` end to end, and training on what it writes:
+ * - plain text with the byte tokenizer: the same bytes as before the loss mask existed (version 1);
+ * - JSONL with the byte tokenizer: a text field, prompt/response pairs with the prompt masked;
+ * - a real Hugging Face tokenizer.json (two tiny ones built by tests/reference/prepare_ref.py with
+ *   the `tokenizers` library: a byte-level BPE with <s>/</s> and a word-level one without an EOS):
+ *   text, JSONL text and prompt/response pairs, every token and mask bit against the library's own
+ *   encoding, and the header's tokenizer identity;
+ * - every bad input: one error line naming the file (and line), exit status 1, no file left;
+ * - training honours the mask: `train --inprocess` on a prepared prompt/response file reports the
+ *   loss of a float64 reference (tests/reference/gpt_ref.py) given the same batch with the masked
+ *   targets ignored, and a training split whose targets are all masked trains with loss 0, saying
+ *   so once.
+ * The tokenizer tests skip (saying so) without python3's `tokenizers`, and fail under CI=true; the
+ * reference comparison skips without numpy likewise. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/model.h"
+#include "common/tokfile.h"
+#include "gpu_worker/backend.h"
+#include "tests/refmodel.h"
+#include "tests/testutil.h"
+
+#define RUN_TIMEOUT_S 120
+
+static char *dir;
+static char log_path[512];
+static char ref_script[4096], gpt_ref_script[4096];
+static int have_tokenizers, have_numpy, in_ci;
+
+static const char *tpath(const char *name)
+{
+    static char bufs[8][1024];
+    static int k;
+    char *b = bufs[k++ % 8];
+    snprintf(b, 1024, "%s/%s", dir, name);
+    return b;
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Runs fuyou-launch with args (NULL-terminated); its exit code, output in log_path. */
+static int launch(const char *const *args)
+{
+    unlink(log_path);
+    int st = fy_test_run("fuyou-launch", args, log_path, RUN_TIMEOUT_S);
+    if (st == -1 || !WIFEXITED(st))
+        fail_msg("fuyou-launch did not exit normally (status %d)", st);
+    return WEXITSTATUS(st);
+}
+
+static int count_lines_with(const char *path, const char *needle)
+{
+    char *text = fy_test_slurp(path, NULL);
+    int n = 0;
+    for (char *p = text; p != NULL && (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    free(text);
+    return n;
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+static void le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static int python(const char *const *args)
+{
+    char *argv[32];
+    int n = 0;
+    argv[n++] = "python3";
+    for (; *args && n < 31; args++)
+        argv[n++] = (char *)*args;
+    argv[n] = NULL;
+    return fy_refmodel_run(argv, RUN_TIMEOUT_S);
+}
+
+static int skip_without(int have, const char *what)
+{
+    if (have)
+        return 0;
+    if (in_ci)
+        fail_msg("python3 %s is missing under CI: .ci/run installs it", what);
+    printf("test_prepare: skipped: python3 with %s is needed\n", what);
+    return 1;
+}
+
+/* ---- byte tokenizer ---- */
+
+static void test_bytes_text_unchanged(void **state)
+{
+    const char *a = "First file.\n", *b = "Second \xc3\xa9 file, no newline";
+    write_text(tpath("a.txt"), a);
+    write_text(tpath("b.txt"), b);
+    const char *args[] = {"prepare", "--out", tpath("ab.tok"), tpath("a.txt"), tpath("b.txt"), NULL};
+    assert_int_equal(launch(args), 0);
+    assert_true(fy_test_file_contains(log_path, "tokens (byte-level, vocabulary 256)"));
+
+    /* The version 1 layout, byte for byte: header slots, the bytes, zeros to 4 KiB. */
+    size_t n = strlen(a) + strlen(b), len = 0;
+    uint8_t want[8192] = {0};
+    le32(want + 0, FY_TOKFILE_MAGIC);
+    le32(want + 4, 1);
+    le32(want + 8, 1);
+    le32(want + 12, 256);
+    le32(want + 16, (uint32_t)n);
+    le32(want + 28, fy_tokfile_header_checksum(want));
+    memcpy(want + 4096, a, strlen(a));
+    memcpy(want + 4096 + strlen(a), b, strlen(b));
+    uint8_t *got = (uint8_t *)fy_test_slurp(tpath("ab.tok"), &len);
+    assert_non_null(got);
+    assert_int_equal(len, sizeof want);
+    assert_memory_equal(got, want, sizeof want);
+    free(got);
+}
+
+static void test_bytes_jsonl(void **state)
+{
+    write_text(tpath("t.jsonl"), "{\"text\": \"ab\"}\n\n{\"text\": \"\\u00e9\", \"other\": 1}\n");
+    const char *args[] = {"prepare", "--out", tpath("t.tok"), "--jsonl", tpath("t.jsonl"), NULL};
+    assert_int_equal(launch(args), 0);
+    struct fy_tokfile *t;
+    assert_int_equal(fy_tokfile_open(&t, tpath("t.tok"), 256), 0);
+    assert_int_equal(fy_tokfile_version(t), 2);
+    assert_int_equal(fy_tokfile_source(t).tokenizer, FY_TOKENIZER_BYTES);
+    assert_int_equal(fy_tokfile_source(t).eos, FY_TOKFILE_NO_EOS);
+    const uint8_t want[] = {'a', 'b', 0xc3, 0xa9};
+    assert_int_equal(fy_tokfile_count(t), sizeof want);
+    assert_int_equal(fy_tokfile_masked(t), 0);
+    for (size_t i = 0; i < sizeof want; i++)
+        assert_int_equal(fy_tokfile_token(t, i), want[i]);
+    fy_tokfile_close(&t);
+
+    write_text(tpath("p.jsonl"), "{\"q\": \"Hi?\", \"a\": \"Yo\"}\n{\"q\": \"\", \"a\": \"Z\"}\n");
+    const char *pargs[] = {"prepare", "--out", tpath("p.tok"), "--jsonl", "--prompt-field", "q",
+                           "--response-field", "a", tpath("p.jsonl"), NULL};
+    assert_int_equal(launch(pargs), 0);
+    assert_true(fy_test_file_contains(log_path, "6 tokens, 3 of them masked out of the loss"));
+    assert_int_equal(fy_tokfile_open(&t, tpath("p.tok"), 256), 0);
+    const char *toks = "Hi?YoZ";
+    const int mask[] = {0, 0, 0, 1, 1, 1};
+    assert_int_equal(fy_tokfile_count(t), 6);
+    assert_int_equal(fy_tokfile_masked(t), 3);
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(fy_tokfile_token(t, (uint64_t)i), (uint8_t)toks[i]);
+        assert_int_equal(fy_tokfile_trained(t, (uint64_t)i), mask[i]);
+    }
+    fy_tokfile_close(&t);
+}
+
+/* ---- Hugging Face tokenizers ---- */
+
+/* Compares a prepared file with prepare_ref.py's expectation for the same inputs. */
+static void check_against_reference(const char *tok_json, const char *mode, const char *tokfile,
+                                    const char *const *inputs)
+{
+    const char *exp = tpath("expect.txt");
+    const char *args[16] = {ref_script, "expect", tok_json, mode, exp};
+    int n = 5;
+    for (; *inputs; inputs++)
+        args[n++] = *inputs;
+    args[n] = NULL;
+    assert_int_equal(python(args), 0);
+    FILE *f = fopen(exp, "r");
+    assert_non_null(f);
+    long vocab, eos;
+    assert_int_equal(fscanf(f, "vocab %ld eos %ld", &vocab, &eos), 2);
+    struct fy_tokfile *t;
+    assert_int_equal(fy_tokfile_open(&t, tokfile, (uint32_t)vocab), 0);
+    assert_int_equal(fy_tokfile_vocab(t), vocab);
+    struct fy_tokfile_source src = fy_tokfile_source(t);
+    assert_int_equal(src.tokenizer, FY_TOKENIZER_HF);
+    assert_int_equal(src.eos, eos < 0 ? FY_TOKFILE_NO_EOS : (uint32_t)eos);
+    uint64_t hash;
+    assert_int_equal(fy_tokfile_hash_file(tok_json, &hash), 0);
+    assert_true(src.hash == hash);
+    uint64_t i = 0, masked = 0;
+    long tok, m;
+    while (fscanf(f, "%ld %ld", &tok, &m) == 2) {
+        assert_true(i < fy_tokfile_count(t));
+        if (fy_tokfile_token(t, i) != (uint32_t)tok || fy_tokfile_trained(t, i) != m)
+            fail_msg("%s (%s): token %llu is %u mask %d, the tokenizer says %ld mask %ld", tokfile,
+                     mode, (unsigned long long)i, fy_tokfile_token(t, i), fy_tokfile_trained(t, i),
+                     tok, m);
+        masked += m == 0;
+        i++;
+    }
+    fclose(f);
+    assert_int_equal(i, fy_tokfile_count(t));
+    assert_int_equal(masked, fy_tokfile_masked(t));
+    print_message("%s, %s: %llu tokens (%llu masked), vocabulary %ld, eos %ld: every token and "
+                  "mask bit as the tokenizer's own encoding\n",
+                  tok_json, mode,
+                  (unsigned long long)i, (unsigned long long)masked, vocab, eos);
+    fy_tokfile_close(&t);
+}
+
+static void prepare_and_check(const char *kind, const char *tok_arg, const char *tok_json)
+{
+    char out[1024];
+    const char *text[] = {tpath("doc1.txt"), tpath("doc2.txt"), NULL};
+    snprintf(out, sizeof out, "%s", tpath("hf-text.tok"));
+    const char *a1[] = {"prepare", "--overwrite", "--out", out, "--tokenizer", tok_arg,
+                        text[0], text[1], NULL};
+    assert_int_equal(launch(a1), 0);
+    check_against_reference(tok_json, "text", out, text);
+
+    const char *jt[] = {tpath("docs.jsonl"), NULL};
+    const char *a2[] = {"prepare", "--overwrite", "--out", out, "--tokenizer", tok_arg,
+                        "--jsonl", "--text-field", "text", jt[0], NULL};
+    assert_int_equal(launch(a2), 0);
+    check_against_reference(tok_json, "jsonl-text", out, jt);
+
+    const char *jp[] = {tpath("pairs.jsonl"), tpath("pairs2.jsonl"), NULL};
+    const char *a3[] = {"prepare", "--overwrite", "--out", out, "--tokenizer", tok_arg, "--jsonl",
+                        "--prompt-field", "prompt", "--response-field", "response", jp[0], jp[1],
+                        NULL};
+    assert_int_equal(launch(a3), 0);
+    check_against_reference(tok_json, "jsonl-pair", out, jp);
+    (void)kind;
+}
+
+static void write_hf_inputs(void)
+{
+    write_text(tpath("doc1.txt"), "the quick brown fox\njumps over the lazy dog\n\nhello world\n");
+    write_text(tpath("doc2.txt"), "caf\xc3\xa9 na\xc3\xafve: what is two plus two?");
+    write_text(tpath("docs.jsonl"), "{\"text\": \"hello there, world\"}\n"
+                                    "{\"text\": \"It is four.\", \"id\": 7}\n\n");
+    write_text(tpath("pairs.jsonl"),
+               "{\"prompt\": \"what is two plus two?\", \"response\": \"It is four.\"}\n"
+               "{\"prompt\": \"\", \"response\": \"the lazy dog\"}\n");
+    write_text(tpath("pairs2.jsonl"),
+               "{\"response\": \"hello world\", \"prompt\": \"caf\\u00e9 \\u2014 unicode?\"}\n");
+}
+
+static void test_hf_tokenizers(void **state)
+{
+    if (skip_without(have_tokenizers, "the package tokenizers"))
+        skip();
+    write_hf_inputs();
+    const char *kinds[] = {"bpe", "wordlevel"};
+    for (int k = 0; k < 2; k++) {
+        char d[1024], tj[1100];
+        snprintf(d, sizeof d, "%s/tok-%s", dir, kinds[k]);
+        assert_int_equal(mkdir(d, 0700), 0);
+        const char *b[] = {ref_script, "build", d, kinds[k], NULL};
+        assert_int_equal(python(b), 0);
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", d);
+        /* the directory for the BPE one (its tokenizer_config.json names the EOS), the file for
+         * the word-level one */
+        prepare_and_check(kinds[k], k == 0 ? d : tj, tj);
+    }
+}
+
+/* ---- bad inputs ---- */
+
+/* Runs prepare with args; expects exit 1, exactly one error line containing want, no output. */
+static void expect_refused(const char *const *args, const char *out, const char *want)
+{
+    int rc = launch(args);
+    if (rc != 1 || !fy_test_file_contains(log_path, want) ||
+        count_lines_with(log_path, "error:") != 1) {
+        char *text = fy_test_slurp(log_path, NULL);
+        fail_msg("expected exit 1 and one error line with '%s'; got exit %d and:\n%s", want, rc,
+                 text ? text : "(no log)");
+    }
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    assert_false(exists(out));
+    assert_false(exists(tmp));
+    snprintf(tmp, sizeof tmp, "%s.tmp.mask", out);
+    assert_false(exists(tmp));
+}
+
+static void test_bad_inputs(void **state)
+{
+    char out[1024];
+    snprintf(out, sizeof out, "%s", tpath("bad.tok"));
+    struct {
+        const char *name, *content, *want;
+        int pair;
+    } cases[] = {
+        {"badjson.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"no end}\n", "badjson.jsonl:2: invalid JSON", 0},
+        {"nofield.jsonl", "{\"text\": \"ok\"}\n\n{\"body\": \"x\"}\n", "nofield.jsonl:3: no field 'text' (the line has: body)", 0},
+        {"notstr.jsonl", "{\"text\": 12}\n", "notstr.jsonl:1: field 'text' is int, not a string", 0},
+        {"empty.jsonl", "{\"text\": \"\"}\n", "empty.jsonl:1: field 'text' is empty", 0},
+        {"list.jsonl", "[1, 2]\n", "list.jsonl:1: expected a JSON object, got list", 0},
+        {"blank.jsonl", "\n  \n", "blank.jsonl: the input hold no text", 0},
+        {"utf8.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"\xff\"}\n", "utf8.jsonl:2: not valid UTF-8", 0},
+        {"noresp.jsonl", "{\"prompt\": \"p\", \"response\": \"r\"}\n{\"prompt\": \"p\"}\n",
+         "noresp.jsonl:2: no field 'response' (the line has: prompt)", 1},
+        {"emptyresp.jsonl", "{\"prompt\": \"p\", \"response\": \"\"}\n",
+         "emptyresp.jsonl:1: field 'response' is empty", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_text(tpath(cases[i].name), cases[i].content);
+        const char *text[] = {"prepare", "--out", out, "--jsonl", tpath(cases[i].name), NULL};
+        const char *pair[] = {"prepare", "--out", out, "--jsonl", "--prompt-field", "prompt",
+                              "--response-field", "response", tpath(cases[i].name), NULL};
+        expect_refused(cases[i].pair ? pair : text, out, cases[i].want);
+    }
+    /* an empty JSONL file; a missing input */
+    write_text(tpath("zero.jsonl"), "");
+    const char *zero[] = {"prepare", "--out", out, "--jsonl", tpath("zero.jsonl"), NULL};
+    expect_refused(zero, out, "zero.jsonl: the input hold no text: nothing to prepare");
+    const char *missing[] = {"prepare", "--out", out, "--jsonl", tpath("nope.jsonl"), NULL};
+    expect_refused(missing, out, "nope.jsonl: No such file or directory");
+    /* options */
+    const char *nojsonl[] = {"prepare", "--out", out, "--text-field", "x", tpath("zero.jsonl"), NULL};
+    expect_refused(nojsonl, out, "need --jsonl");
+    const char *half[] = {"prepare", "--out", out, "--jsonl", "--prompt-field", "p",
+                          tpath("zero.jsonl"), NULL};
+    expect_refused(half, out, "--prompt-field and --response-field together");
+    /* an existing output is kept */
+    write_text(tpath("keep.tok"), "keep");
+    write_text(tpath("ok.jsonl"), "{\"text\": \"ok\"}\n");
+    const char *keep[] = {"prepare", "--out", tpath("keep.tok"), "--jsonl", tpath("ok.jsonl"), NULL};
+    assert_int_equal(launch(keep), 1);
+    assert_true(fy_test_file_contains(log_path, "keep.tok already exists"));
+    assert_true(fy_test_file_contains(tpath("keep.tok"), "keep"));
+
+    /* tokenizer paths */
+    assert_int_equal(mkdir(tpath("emptydir"), 0700), 0);
+    const char *nodir[] = {"prepare", "--out", out, "--tokenizer", tpath("emptydir"),
+                           tpath("ok.jsonl"), NULL};
+    expect_refused(nodir, out, "the directory has no tokenizer.json");
+    const char *notok[] = {"prepare", "--out", out, "--tokenizer", tpath("missing-model"),
+                           tpath("ok.jsonl"), NULL};
+    expect_refused(notok, out, "missing-model: No such file or directory");
+
+    /* python3 missing: PATH without it */
+    const char *path = getenv("PATH");
+    char *saved = path ? strdup(path) : NULL;
+    setenv("PATH", tpath("emptydir"), 1);
+    const char *nopy[] = {"prepare", "--out", out, "--jsonl", tpath("ok.jsonl"), NULL};
+    expect_refused(nopy, out, "needs python3 on PATH");
+    if (saved)
+        setenv("PATH", saved, 1);
+    free(saved);
+
+    /* the package tokenizers missing: a module of that name that fails to import shadows it */
+    assert_int_equal(mkdir(tpath("shadow"), 0700), 0);
+    write_text(tpath("shadow/tokenizers.py"), "raise ImportError('shadowed by test_prepare')\n");
+    write_text(tpath("tokenizer.json"), "{}");
+    setenv("PYTHONPATH", tpath("shadow"), 1);
+    const char *notokz[] = {"prepare", "--out", out, "--tokenizer", tpath("tokenizer.json"),
+                            tpath("ok.jsonl"), NULL};
+    expect_refused(notokz, out, "cannot import the package 'tokenizers'");
+    unsetenv("PYTHONPATH");
+}
+
+static void test_bad_tokenizer_inputs(void **state)
+{
+    if (skip_without(have_tokenizers, "the package tokenizers"))
+        skip();
+    char out[1024];
+    snprintf(out, sizeof out, "%s", tpath("bad.tok"));
+    assert_int_equal(mkdir(tpath("broken"), 0700), 0);
+    write_text(tpath("broken/tokenizer.json"), "{\"version\": \"1.0\", \"model\": 3}");
+    write_text(tpath("ok2.txt"), "hello\n");
+    const char *broken[] = {"prepare", "--out", out, "--tokenizer", tpath("broken"),
+                            tpath("ok2.txt"), NULL};
+    expect_refused(broken, out, "not a tokenizer.json the tokenizers library loads");
+
+    assert_int_equal(mkdir(tpath("wl"), 0700), 0);
+    const char *b[] = {ref_script, "build", tpath("wl"), "wordlevel", NULL};
+    assert_int_equal(python(b), 0);
+    write_text(tpath("latin1.txt"), "fine line\nna\xefve\n");
+    const char *latin[] = {"prepare", "--out", out, "--tokenizer", tpath("wl"),
+                           tpath("latin1.txt"), NULL};
+    expect_refused(latin, out, "latin1.txt:2: not valid UTF-8");
+}
+
+/* ---- training on a masked file ---- */
+
+static const struct fy_gpt_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab = 256,
+                                         .ctx = 16};
+enum { B = 4, T = 16 };
+
+static double metrics_loss(const char *run, int step)
+{
+    char p[1100], key[64];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run);
+    char *text = fy_test_slurp(p, NULL);
+    assert_non_null(text);
+    snprintf(key, sizeof key, "{\"step\": %d, \"loss\": ", step);
+    char *at = strstr(text, key);
+    assert_non_null(at);
+    double v = strtod(at + strlen(key), NULL);
+    free(text);
+    return v;
+}
+
+static void test_masked_training_vs_reference(void **state)
+{
+    if (skip_without(have_numpy, "numpy"))
+        skip();
+    /* prompt/response pairs: about half the tokens masked */
+    FILE *f = fopen(tpath("qa.jsonl"), "w");
+    assert_non_null(f);
+    for (int i = 0; i < 60; i++)
+        fprintf(f, "{\"prompt\": \"what is %d plus %d? \", \"response\": \"%d.\"}\n", i, i, 2 * i);
+    fclose(f);
+    const char *prep[] = {"prepare", "--out", tpath("qa.tok"), "--jsonl", "--prompt-field",
+                          "prompt", "--response-field", "response", tpath("qa.jsonl"), NULL};
+    assert_int_equal(launch(prep), 0);
+    const char *run = tpath("run");
+    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd", "16",
+                          "--vocab", "256", "--ctx", "16", "--seed", "7", NULL};
+    assert_int_equal(launch(init), 0);
+    const char *train[] = {"train", "--run-dir", run, "--data", tpath("qa.tok"), "--steps", "1",
+                           "--batch", "4", "--seq", "16", "--eval-batches", "0", "--seed", "5",
+                           "--inprocess", "--backend", "cpu", NULL};
+    assert_int_equal(launch(train), 0);
+    double ours = metrics_loss(run, 1);
+
+    /* The same batch as train's step 1 (seed 5, the default eval fraction 0.1), the init weights,
+     * through the float64 reference. */
+    struct fy_refmodel m;
+    assert_int_equal(fy_refmodel_init(&m, &CFG, B, T, 1), 0);
+    for (unsigned u = 0; u < m.n_units; u++)
+        fy_gpt_init_unit(&CFG, u, 7, m.params[u]);
+    struct fy_tokfile *t;
+    assert_int_equal(fy_tokfile_open(&t, tpath("qa.tok"), CFG.vocab), 0);
+    assert_true(fy_tokfile_masked(t) > 0);
+    assert_int_equal(fy_tokfile_split(t, 0.1), 0);
+    assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 5, 1, B, T, m.tokens, m.targets), 0);
+    int ignored = 0;
+    for (int i = 0; i < B * T; i++)
+        ignored += m.targets[i] < 0;
+    assert_true(ignored > 0 && ignored < B * T);
+    char in[1100], outp[1100];
+    snprintf(in, sizeof in, "%s", tpath("ref-in.bin"));
+    snprintf(outp, sizeof outp, "%s", tpath("ref-out.bin"));
+    assert_int_equal(fy_refmodel_write_input(&m, in), 0);
+    char *argv[] = {"python3", gpt_ref_script, in, outp, NULL};
+    assert_int_equal(fy_refmodel_run(argv, RUN_TIMEOUT_S), 0);
+    struct fy_refmodel_output ref;
+    assert_int_equal(fy_refmodel_read_output(&m, outp, &ref), 0);
+    /* and the loss with every target counted (the same tokens without a mask, the same batch):
+     * the mask must make a difference */
+    uint64_t n = fy_tokfile_count(t);
+    uint32_t *all = malloc(n * sizeof *all);
+    assert_non_null(all);
+    for (uint64_t i = 0; i < n; i++)
+        all[i] = fy_tokfile_token(t, i);
+    assert_int_equal(fy_tokfile_write(tpath("qa-nomask.tok"), all, n, 256, 0), 0);
+    free(all);
+    struct fy_tokfile *u;
+    assert_int_equal(fy_tokfile_open(&u, tpath("qa-nomask.tok"), CFG.vocab), 0);
+    assert_int_equal(fy_tokfile_split(u, 0.1), 0);
+    assert_int_equal(fy_tokfile_batch(u, FY_TOKFILE_TRAIN, 5, 1, B, T, m.tokens, m.targets), 0);
+    fy_tokfile_close(&u);
+    for (int i = 0; i < B * T; i++)
+        assert_true(m.targets[i] >= 0);
+    struct fy_backend *cpu;
+    assert_int_equal(fy_backend_open(&cpu, "cpu", 0), 0);
+    assert_int_equal(fy_refmodel_forward_backward(&m, cpu), 0);
+    double unmasked = m.loss;
+    fy_backend_close(&cpu);
+    double rel = fabs(ours - ref.loss) / fabs(ref.loss);
+    print_message("masked training loss at step 1: train %.9g, float64 reference %.9g (relative "
+                  "%.2e, bound 1e-5); %d of %d targets masked; with every target counted it "
+                  "would be %.6g\n",
+                  ours, ref.loss, rel, ignored, B * T, unmasked);
+    assert_true(rel < 1e-5);
+    assert_true(fabs(unmasked - ref.loss) > 1e-3);
+    fy_refmodel_output_free(&m, &ref);
+    fy_refmodel_free(&m);
+    fy_tokfile_close(&t);
+}
+
+/* Every training target masked (the trained tokens are all in the eval split): loss 0 at every
+ * step, said once; the eval loss is the held-out trained targets'. */
+static void test_fully_masked_training(void **state)
+{
+    enum { N = 400 };
+    uint32_t tok[N];
+    uint8_t tr[N];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (uint32_t)(i * 37 % 251);
+        tr[i] = i >= 370; /* eval split: the last 40 tokens */
+    }
+    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS};
+    assert_int_equal(fy_tokfile_write_masked(tpath("allmasked.tok"), tok, tr, N, 256, &src, 0), 0);
+    const char *run = tpath("run2");
+    const char *init[] = {"init", "--run-dir", run, "--layers", "1", "--heads", "2", "--embd", "16",
+                          "--ctx", "16", NULL};
+    assert_int_equal(launch(init), 0);
+    const char *train[] = {"train", "--run-dir", run, "--data", tpath("allmasked.tok"), "--steps",
+                           "3", "--batch", "2", "--seq", "8", "--eval-every", "3",
+                           "--eval-batches", "2", "--inprocess", "--backend", "cpu", NULL};
+    assert_int_equal(launch(train), 0);
+    for (int s = 1; s <= 3; s++)
+        assert_true(metrics_loss(run, s) == 0.0);
+    assert_int_equal(count_lines_with(log_path, "every target is masked out of the loss"), 1);
+    assert_true(fy_test_file_contains(log_path, "training batch 1: every target is masked"));
+    char p[1100];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run);
+    assert_true(fy_test_file_contains(p, "\"eval_loss\": "));
+    assert_int_equal(count_lines_with(p, "\"eval_loss\": 0,"), 0);
+}
+
+int main(void)
+{
+    dir = fy_test_tmpdir("prepare");
+    if (dir == NULL) {
+        fprintf(stderr, "test_prepare: cannot create a temporary directory\n");
+        return 1;
+    }
+    snprintf(log_path, sizeof log_path, "%s/launch.log", dir);
+    const char *ci = getenv("CI");
+    in_ci = ci != NULL && strcmp(ci, "true") == 0;
+    if (fy_refmodel_script("prepare_ref.py", ref_script, sizeof ref_script) != 0 ||
+        fy_refmodel_script("gpt_ref.py", gpt_ref_script, sizeof gpt_ref_script) != 0) {
+        fprintf(stderr, "test_prepare: tests/reference/ not found: run from the source tree or "
+                        "set FUYOU_SRC\n");
+        return 1;
+    }
+    have_tokenizers = fy_refmodel_python_has("tokenizers");
+    have_numpy = fy_refmodel_python_has("numpy") && fy_refmodel_little_endian();
+    if (!have_tokenizers)
+        printf("test_prepare: python3 cannot import tokenizers: the Hugging Face tokenizer tests "
+               "%s\n", in_ci ? "FAIL under CI" : "are skipped");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bytes_text_unchanged),
+        cmocka_unit_test(test_bytes_jsonl),
+        cmocka_unit_test(test_hf_tokenizers),
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_bad_tokenizer_inputs),
+        cmocka_unit_test(test_masked_training_vs_reference),
+        cmocka_unit_test(test_fully_masked_training),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (failed == 0)
+        fy_test_rmdir(dir);
+    free(dir);
+    return failed ? 1 : 0;
+}
