@@ -18,30 +18,7 @@
  * a line (any grouping would be deterministic; this one is also cache friendly). */
 #define EMBED_CHANNELS 16
 
-/* Eight partial sums in a fixed order: gives the compiler independent lanes to vectorise without
- * making the result depend on anything but n. */
-static float dot(const float *a, const float *b, int n)
-{
-    float s[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-#pragma omp simd
-        for (int k = 0; k < 8; k++)
-            s[k] += a[i + k] * b[i + k];
-    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; i++)
-        r += a[i] * b[i];
-    return r;
-}
 
-/* y += a * x. Each element is independent, so vectorising changes nothing; the pragma lets -O2
- * do it without a runtime aliasing check. */
-static void axpy(float *restrict y, const float *restrict x, float a, int n)
-{
-#pragma omp simd
-    for (int i = 0; i < n; i++)
-        y[i] += a * x[i];
-}
 
 /* ---- matmul ---- */
 
@@ -51,7 +28,7 @@ void fy_cpu_matmul_forward(float *out, const float *inp, const float *w, const f
 #pragma omp parallel for collapse(2) schedule(static)
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OUT; o++) {
-            float s = dot(inp + (size_t)n * IN, w + (size_t)o * IN, IN);
+            float s = fy_cpu_dot(inp + (size_t)n * IN, w + (size_t)o * IN, IN);
             out[(size_t)n * OUT + o] = bias ? s + bias[o] : s;
         }
 }
@@ -65,7 +42,7 @@ void fy_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *d
             float *di = dinp + (size_t)n * IN;
             memset(di, 0, (size_t)IN * sizeof *di);
             for (int o = 0; o < OUT; o++)
-                axpy(di, w + (size_t)o * IN, dout[(size_t)n * OUT + o], IN);
+                fy_cpu_axpy(di, w + (size_t)o * IN, dout[(size_t)n * OUT + o], IN);
         }
     }
     /* dw[o] = sum over rows n: one thread per output row o, rows n in order. */
@@ -75,7 +52,7 @@ void fy_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *d
         float db = 0.0f;
         for (int n = 0; n < N; n++) {
             float d = dout[(size_t)n * OUT + o];
-            axpy(dwo, inp + (size_t)n * IN, d, IN);
+            fy_cpu_axpy(dwo, inp + (size_t)n * IN, d, IN);
             db += d;
         }
         if (dbias)
@@ -160,7 +137,7 @@ void fy_cpu_attention_forward(float *out, float *att, const float *qkv, int B, i
                 float *p = att + (((size_t)b * NH + h) * T + t) * T;
                 float maxv = -INFINITY;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    p[t2] = dot(q, seq + t2 * C3 + C + (size_t)h * hs, hs) * scale;
+                    p[t2] = fy_cpu_dot(q, seq + t2 * C3 + C + (size_t)h * hs, hs) * scale;
                     if (p[t2] > maxv)
                         maxv = p[t2];
                 }
@@ -176,7 +153,7 @@ void fy_cpu_attention_forward(float *out, float *att, const float *qkv, int B, i
                 float *y = out + ((size_t)b * T + t) * C + (size_t)h * hs;
                 memset(y, 0, (size_t)hs * sizeof *y);
                 for (int t2 = 0; t2 <= t; t2++)
-                    axpy(y, seq + t2 * C3 + 2 * (size_t)C + (size_t)h * hs, p[t2], hs);
+                    fy_cpu_axpy(y, seq + t2 * C3 + 2 * (size_t)C + (size_t)h * hs, p[t2], hs);
             }
 }
 
@@ -206,14 +183,14 @@ void fy_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv,
                 /* softmax backward: dpre = p * (datt - sum(p * datt)) */
                 float pdatt = 0.0f;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    datt[t2] = dot(dy, seq + t2 * C3 + vo, hs);
+                    datt[t2] = fy_cpu_dot(dy, seq + t2 * C3 + vo, hs);
                     pdatt += p[t2] * datt[t2];
                 }
                 for (int t2 = 0; t2 <= t; t2++) {
                     float dpre = p[t2] * (datt[t2] - pdatt) * scale;
-                    axpy(dseq + t * C3 + qo, seq + t2 * C3 + ko, dpre, hs);
-                    axpy(dseq + t2 * C3 + ko, seq + t * C3 + qo, dpre, hs);
-                    axpy(dseq + t2 * C3 + vo, dy, p[t2], hs);
+                    fy_cpu_axpy(dseq + t * C3 + qo, seq + t2 * C3 + ko, dpre, hs);
+                    fy_cpu_axpy(dseq + t2 * C3 + ko, seq + t * C3 + qo, dpre, hs);
+                    fy_cpu_axpy(dseq + t2 * C3 + vo, dy, p[t2], hs);
                 }
             }
         }
@@ -334,12 +311,6 @@ size_t fy_cpu_block_scratch(const struct fy_gpt_config *c, int B, int T)
     return s.total;
 }
 
-static void add(float *out, const float *a, const float *b, size_t n)
-{
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i];
-}
 
 /* The forward pass, keeping every internal the backward needs in s. */
 static void block_forward_into(const struct fy_gpt_config *c, const float *params, const float *x,
@@ -354,13 +325,13 @@ static void block_forward_into(const struct fy_gpt_config *c, const float *param
     fy_cpu_matmul_forward(s->qkv, s->ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
     fy_cpu_attention_forward(s->atty, s->att, s->qkv, B, T, C, NH);
     fy_cpu_matmul_forward(s->y1, s->atty, p + l.attn_w, p + l.attn_b, N, C, C);
-    add(s->y1, s->y1, x, (size_t)N * C);
+    fy_cpu_add(s->y1, s->y1, x, (size_t)N * C);
 
     fy_cpu_layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->y1, p + l.ln2_w, p + l.ln2_b, N, C);
     fy_cpu_matmul_forward(s->fc, s->ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C);
     fy_cpu_gelu_forward(s->gelu, s->fc, (size_t)N * 4 * C);
     fy_cpu_matmul_forward(y, s->gelu, p + l.proj_w, p + l.proj_b, N, 4 * C, C);
-    add(y, y, s->y1, (size_t)N * C);
+    fy_cpu_add(y, y, s->y1, (size_t)N * C);
 }
 
 void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, const float *x,
@@ -393,7 +364,7 @@ void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, c
     fy_cpu_matmul_backward(s.dln2, g + l.fc_w, g + l.fc_b, s.dfc, s.ln2, p + l.fc_w, N, C, 4 * C);
     fy_cpu_layernorm_backward(s.dy1, g + l.ln2_w, g + l.ln2_b, s.dln2, s.y1, p + l.ln2_w, s.ln2_mean,
                               s.ln2_rstd, N, C);
-    add(s.dy1, s.dy1, dy, NC); /* the residual path */
+    fy_cpu_add(s.dy1, s.dy1, dy, NC); /* the residual path */
 
     /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
     fy_cpu_matmul_backward(s.datty, g + l.attn_w, g + l.attn_b, s.dy1, s.atty, p + l.attn_w, N, C, C);
@@ -401,7 +372,7 @@ void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, c
     fy_cpu_matmul_backward(s.dln1, g + l.qkv_w, g + l.qkv_b, s.dqkv, s.ln1, p + l.qkv_w, N, C, 3 * C);
     fy_cpu_layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, s.dln1, x, p + l.ln1_w, s.ln1_mean,
                               s.ln1_rstd, N, C);
-    add(dx, dx, s.dy1, NC);
+    fy_cpu_add(dx, dx, s.dy1, NC);
 }
 
 /* ---- final LayerNorm, tied LM head and cross-entropy ---- */

@@ -17,35 +17,8 @@
 
 #define MAX_DIM (1u << 20)
 
-/* Eight partial sums in a fixed order (as gpt_cpu.c): vectorisable, dependent only on n. */
-static float dot(const float *a, const float *b, int n)
-{
-    float s[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-#pragma omp simd
-        for (int k = 0; k < 8; k++)
-            s[k] += a[i + k] * b[i + k];
-    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; i++)
-        r += a[i] * b[i];
-    return r;
-}
 
-/* y += a * x */
-static void axpy(float *restrict y, const float *restrict x, float a, int n)
-{
-#pragma omp simd
-    for (int i = 0; i < n; i++)
-        y[i] += a * x[i];
-}
 
-static void add(float *out, const float *a, const float *b, size_t n)
-{
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i];
-}
 
 /* ---- configuration and layout ---- */
 
@@ -133,7 +106,7 @@ void fy_llama_rmsnorm_forward(float *out, float *rstd, const float *inp, const f
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
-        float r = 1.0f / sqrtf(dot(x, x, C) / (float)C + eps);
+        float r = 1.0f / sqrtf(fy_cpu_dot(x, x, C) / (float)C + eps);
         for (int i = 0; i < C; i++)
             y[i] = w[i] * (x[i] * r);
         rstd[n] = r;
@@ -225,7 +198,7 @@ void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B,
                 float *p = att + (((size_t)b * NH + h) * T + t) * T;
                 float maxv = -INFINITY;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    p[t2] = dot(q, seq + t2 * QKV + ko, hd) * scale;
+                    p[t2] = fy_cpu_dot(q, seq + t2 * QKV + ko, hd) * scale;
                     if (p[t2] > maxv)
                         maxv = p[t2];
                 }
@@ -241,7 +214,7 @@ void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B,
                 float *y = out + ((size_t)b * T + t) * QC + (size_t)h * hd;
                 memset(y, 0, (size_t)hd * sizeof *y);
                 for (int t2 = 0; t2 <= t; t2++)
-                    axpy(y, seq + t2 * QKV + vo, p[t2], hd);
+                    fy_cpu_axpy(y, seq + t2 * QKV + vo, p[t2], hd);
             }
 }
 
@@ -272,14 +245,14 @@ void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qk
                     const float *dy = dout + ((size_t)b * T + t) * QC + qo;
                     float pdatt = 0.0f;
                     for (int t2 = 0; t2 <= t; t2++) {
-                        datt[t2] = dot(dy, seq + t2 * QKV + vo, hd);
+                        datt[t2] = fy_cpu_dot(dy, seq + t2 * QKV + vo, hd);
                         pdatt += p[t2] * datt[t2];
                     }
                     for (int t2 = 0; t2 <= t; t2++) {
                         float dpre = p[t2] * (datt[t2] - pdatt) * scale;
-                        axpy(dseq + t * QKV + qo, seq + t2 * QKV + ko, dpre, hd);
-                        axpy(dseq + t2 * QKV + ko, seq + t * QKV + qo, dpre, hd);
-                        axpy(dseq + t2 * QKV + vo, dy, p[t2], hd);
+                        fy_cpu_axpy(dseq + t * QKV + qo, seq + t2 * QKV + ko, dpre, hd);
+                        fy_cpu_axpy(dseq + t2 * QKV + ko, seq + t * QKV + qo, dpre, hd);
+                        fy_cpu_axpy(dseq + t2 * QKV + vo, dy, p[t2], hd);
                     }
                 }
             }
@@ -392,14 +365,14 @@ static void block_forward_into(const struct fy_llama_config *c, const float *par
     fy_llama_rope_forward(s->qkv, QKV, NH * hd, NKV, hd, s->cos_t, s->sin_t, B, T);
     fy_llama_attention_forward(s->atty, s->att, s->qkv, B, T, NH, NKV, hd);
     fy_cpu_matmul_forward(s->h, s->atty, p + l.o_proj, NULL, N, NH * hd, C);
-    add(s->h, x, s->h, (size_t)N * C);
+    fy_cpu_add(s->h, x, s->h, (size_t)N * C);
 
     /* MLP: y = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h) */
     fy_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, c->rms_norm_eps);
     fy_cpu_matmul_forward(s->gu, s->n2, p + l.gate_proj, NULL, N, C, 2 * I); /* gate_proj|up_proj */
     fy_llama_swiglu_forward(s->act, s->gu, N, I);
     fy_cpu_matmul_forward(y, s->act, p + l.down_proj, NULL, N, I, C);
-    add(y, s->h, y, (size_t)N * C);
+    fy_cpu_add(y, s->h, y, (size_t)N * C);
 }
 
 void fy_llama_block_forward(const struct fy_llama_config *c, const float *params, const float *x,
@@ -431,7 +404,7 @@ void fy_llama_block_backward(const struct fy_llama_config *c, const float *param
     fy_llama_swiglu_backward(s.dgu, s.dact, s.gu, N, I);
     fy_cpu_matmul_backward(s.dn2, g + l.gate_proj, NULL, s.dgu, s.n2, p + l.gate_proj, N, C, 2 * I);
     fy_llama_rmsnorm_backward(s.dh, g + l.post_norm, s.dn2, s.h, p + l.post_norm, s.rstd2, N, C);
-    add(s.dh, s.dh, dy, NC); /* the residual path */
+    fy_cpu_add(s.dh, s.dh, dy, NC); /* the residual path */
 
     /* attention branch */
     fy_cpu_matmul_backward(s.datty, g + l.o_proj, NULL, s.dh, s.atty, p + l.o_proj, N, NH * hd, C);
@@ -440,7 +413,7 @@ void fy_llama_block_backward(const struct fy_llama_config *c, const float *param
     fy_llama_rope_backward(s.dqkv, QKV, NH * hd, NKV, hd, s.cos_t, s.sin_t, B, T);
     fy_cpu_matmul_backward(s.dn1, g + l.q_proj, NULL, s.dqkv, s.n1, p + l.q_proj, N, C, QKV);
     fy_llama_rmsnorm_backward(dx, g + l.input_norm, s.dn1, x, p + l.input_norm, s.rstd1, N, C);
-    add(dx, dx, s.dh, NC);
+    fy_cpu_add(dx, dx, s.dh, NC);
 }
 
 /* ---- final norm ---- */
