@@ -43,14 +43,7 @@ static int teardown(void **state)
     return 0;
 }
 
-static const char *tpath(const char *name)
-{
-    static char buf[32][1024];
-    static int next;
-    char *p = buf[next++ % 32];
-    snprintf(p, sizeof buf[0], "%s/%s", tmpdir, name);
-    return p;
-}
+static const char *tpath(const char *name) { return fy_test_path(tmpdir, name); }
 
 static int count_lines(const char *s)
 {
@@ -60,18 +53,7 @@ static int count_lines(const char *s)
     return n;
 }
 
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
-    closedir(d);
-    return n;
-}
+static int count_entries(const char *dir) { return fy_test_count_entries(dir); }
 
 /* Entries of tmpdir whose name starts with prefix (temporary directories left behind). */
 static int count_prefixed(const char *prefix)

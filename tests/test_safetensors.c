@@ -45,25 +45,12 @@ static int teardown(void **state)
     return 0;
 }
 
-static const char *tpath(const char *name)
-{
-    static char buf[64][1024];
-    static int next;
-    char *p = buf[next++ % 64];
-    snprintf(p, sizeof buf[0], "%s/%s", tmpdir, name);
-    return p;
-}
+static const char *tpath(const char *name) { return fy_test_path(tmpdir, name); }
 
 static int count_entries(const char *dir)
 {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-            n++;
-    closedir(d);
+    int n = fy_test_count_entries(dir);
+    assert_true(n >= 0);
     return n;
 }
 

@@ -36,15 +36,7 @@ static int teardown(void **state)
     return 0;
 }
 
-static const char *tpath(const char *name)
-{
-    /* A ring of buffers so a test can hold many paths at once. */
-    static char buf[256][1024];
-    static int next;
-    char *p = buf[next++ % 256];
-    snprintf(p, sizeof buf[0], "%s/%s", tmpdir, name);
-    return p;
-}
+static const char *tpath(const char *name) { return fy_test_path(tmpdir, name); }
 
 static uint32_t le32(const uint8_t *p)
 {
@@ -69,14 +61,8 @@ static void write_bytes(const char *path, const void *data, size_t len)
 /* Number of directory entries other than . and .. */
 static int count_entries(const char *dir)
 {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-            n++;
-    closedir(d);
+    int n = fy_test_count_entries(dir);
+    assert_true(n >= 0);
     return n;
 }
 

@@ -37,6 +37,37 @@ void fy_test_rmdir(const char *path)
     free(cmd);
 }
 
+char *fy_test_path(const char *dir, const char *name)
+{
+    static char buf[256][1024];
+    static int next;
+    char *p = buf[next++ % 256];
+    snprintf(p, sizeof buf[0], "%s/%s", dir, name);
+    return p;
+}
+
+int fy_test_count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+int fy_test_launch(const char *log, const char *const *args, int seconds)
+{
+    unlink(log);
+    int status = fy_test_run("fuyou-launch", args, log, seconds);
+    if (status == -1 || !WIFEXITED(status))
+        return -1;
+    return WEXITSTATUS(status);
+}
+
 const char *fy_test_bin(const char *name)
 {
     static char path[4096];

@@ -19,6 +19,13 @@ extern "C" {
 char *fy_test_tmpdir(const char *tag);
 /* rm -rf of a directory made by fy_test_tmpdir. */
 void fy_test_rmdir(const char *path);
+/* "dir/name" in one of 256 buffers used in turn, so a test can hold many paths at once. */
+char *fy_test_path(const char *dir, const char *name);
+/* Entries of a directory other than . and ..; -1 when it cannot be read. */
+int fy_test_count_entries(const char *dir);
+/* Runs fuyou-launch with args (NULL-terminated, without the program name) and its output in a fresh
+ * log; returns its exit code, or -1 when it did not exit normally within `seconds`. */
+int fy_test_launch(const char *log, const char *const *args, int seconds);
 /* Path of a built executable such as "fuyou-launch" ($BUILD/bin, default build/bin); static buffer. */
 const char *fy_test_bin(const char *name);
 /* splitmix64: a small deterministic generator for test data. */

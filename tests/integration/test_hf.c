@@ -72,25 +72,12 @@ static int teardown(void **state)
     return 0;
 }
 
-static char *path_in(struct fixture *f, const char *name)
-{
-    static char bufs[16][600];
-    static int next;
-    char *p = bufs[next++ % 16];
-    snprintf(p, 600, "%s/%s", f->dir, name);
-    return p;
-}
+static char *path_in(struct fixture *f, const char *name) { return fy_test_path(f->dir, name); }
 
 /* Runs fuyou-launch with a fresh log; returns the exit code (-1 if it did not exit normally). */
 static int launch(struct fixture *f, const char *const *args, int seconds)
 {
-    unlink(f->log);
-    int status = fy_test_run("fuyou-launch", args, f->log, seconds);
-    if (status == -1 || !WIFEXITED(status)) {
-        fy_test_file_contains(f->log, "(exit)");
-        return -1;
-    }
-    return WEXITSTATUS(status);
+    return fy_test_launch(f->log, args, seconds);
 }
 
 static void need_transformers(void)
@@ -448,13 +435,8 @@ static void add_untied_head(const char *src, const char *dst)
 
 static int count_entries(const char *dir)
 {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += e->d_name[0] != '.';
-    closedir(d);
+    int n = fy_test_count_entries(dir);
+    assert_true(n >= 0);
     return n;
 }
 

@@ -41,14 +41,7 @@ static char log_path[512];
 static char ref_script[4096], gpt_ref_script[4096];
 static int have_tokenizers, have_numpy, in_ci;
 
-static const char *tpath(const char *name)
-{
-    static char bufs[8][1024];
-    static int k;
-    char *b = bufs[k++ % 8];
-    snprintf(b, 1024, "%s/%s", dir, name);
-    return b;
-}
+static const char *tpath(const char *name) { return fy_test_path(dir, name); }
 
 static void write_text(const char *path, const char *text)
 {
@@ -61,11 +54,10 @@ static void write_text(const char *path, const char *text)
 /* Runs fuyou-launch with args (NULL-terminated); its exit code, output in log_path. */
 static int launch(const char *const *args)
 {
-    unlink(log_path);
-    int st = fy_test_run("fuyou-launch", args, log_path, RUN_TIMEOUT_S);
-    if (st == -1 || !WIFEXITED(st))
-        fail_msg("fuyou-launch did not exit normally (status %d)", st);
-    return WEXITSTATUS(st);
+    int rc = fy_test_launch(log_path, args, RUN_TIMEOUT_S);
+    if (rc < 0)
+        fail_msg("fuyou-launch did not exit normally within %d s", RUN_TIMEOUT_S);
+    return rc;
 }
 
 static int count_lines_with(const char *path, const char *needle)

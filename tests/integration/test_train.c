@@ -60,25 +60,12 @@ static int teardown(void **state)
     return 0;
 }
 
-static char *path_in(struct fixture *f, const char *name)
-{
-    static char bufs[8][600];
-    static int next;
-    char *p = bufs[next++ % 8];
-    snprintf(p, 600, "%s/%s", f->dir, name);
-    return p;
-}
+static char *path_in(struct fixture *f, const char *name) { return fy_test_path(f->dir, name); }
 
 /* Runs fuyou-launch with a fresh log; returns the exit code (-1 if it did not exit normally). */
 static int launch(struct fixture *f, const char *const *args, int seconds)
 {
-    unlink(f->log);
-    int status = fy_test_run("fuyou-launch", args, f->log, seconds);
-    if (status == -1 || !WIFEXITED(status)) {
-        fy_test_file_contains(f->log, "(exit)");
-        return -1;
-    }
-    return WEXITSTATUS(status);
+    return fy_test_launch(f->log, args, seconds);
 }
 
 static void init_model(struct fixture *f, const char *run, const char *embd, const char *seed)
