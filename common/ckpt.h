@@ -24,6 +24,9 @@
 /* Extent ids in the SSD store. */
 #define FY_TENSOR_META 1u
 #define FY_TENSOR_UNIT_STATE(u) (16u + (uint32_t)(u))
+/* Scratch for training's activation checkpoints spilled to the store (--ckpt-place ssd): size class
+ * k holds 2^k MiB, so runs with other batch sizes reuse or add a class; not part of the state. */
+#define FY_TENSOR_CKPT_SPILL(k) (0x40000000u + (uint32_t)(k))
 
 struct fy_storemeta {
     struct fy_gpt_config model;

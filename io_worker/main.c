@@ -90,8 +90,16 @@ static int io_handle(struct fy_worker *w, void *state, const struct fy_desc *req
     const struct fy_desc *d = &req[0];
     FY_REQUIRE(n == 1, -EPROTO, "io worker: %s takes one descriptor, got %u", fy_op_name(d->op), n);
     switch (d->op) {
-    case FY_OP_IO_ALLOC:
+    case FY_OP_IO_ALLOC: { /* idempotent: an extent of that tensor and size is already there */
+        struct fy_extent e;
+        if (fy_store_find(s->store, d->tensor, &e) == 0) {
+            FY_REQUIRE(e.bytes == d->arg, -EEXIST,
+                       "io worker: tensor %u has an extent of %llu bytes, not the %llu asked for",
+                       d->tensor, (unsigned long long)e.bytes, (unsigned long long)d->arg);
+            return 0;
+        }
         return fy_store_add_extent(s->store, d->tensor, d->arg);
+    }
     case FY_OP_IO_READ:
         FY_REQUIRE(d->kind != FY_KIND_CONTROL, -EPROTO, "io-read needs a pool region");
         return fy_store_read(s->store, s->ring, d->tensor, d->arg, fy_worker_region(w, d),

@@ -89,9 +89,12 @@ static int mem_io(struct fy_inproc *p, const struct fy_desc *d)
 {
     if (d->op == FY_OP_IO_SYNC)
         return 0;
-    if (d->op == FY_OP_IO_ALLOC) {
-        FY_REQUIRE(find_extent(p, d->tensor) == NULL, -EEXIST, "memory store: extent %u exists",
-                   d->tensor);
+    if (d->op == FY_OP_IO_ALLOC) { /* idempotent for the same size, as the io worker's */
+        struct mem_extent *have = find_extent(p, d->tensor);
+        FY_REQUIRE(have == NULL || have->bytes == d->arg, -EEXIST,
+                   "memory store: extent %u exists with another size", d->tensor);
+        if (have != NULL)
+            return 0;
         struct mem_extent *grown = realloc(p->extents, (p->n_extents + 1) * sizeof *grown);
         if (grown == NULL)
             return -ENOMEM;

@@ -39,6 +39,7 @@ struct options {
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every, prefetch, grad_slots;
+    int ckpt_ssd;
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set, model_set, hf_opts_set;
@@ -78,6 +79,9 @@ static void usage(FILE *f)
             "               --schedule overlap|serial (overlap: updates run beside the backward)\n"
             "               --prefetch N (1) units of weights read ahead of the gpu (1..8; each\n"
             "               costs a unit's fp32 weights of pool memory)\n"
+            "               --ckpt-place host|ssd (host) where the blocks' input checkpoints wait for\n"
+            "               the backward: the pool, or the SSD store through four pool slots\n"
+            "               (written in the forward, read back ahead of each backward pass)\n"
             "               --grad-slots N (3) block gradients held at once (3..16, each a block's\n"
             "               fp32 gradient of pool memory): the optimizer may lag the backward by\n"
             "               N - 1 blocks and finish while the next forward runs; used only when all\n"
@@ -121,7 +125,7 @@ enum {
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
-    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_FROM_HF, O_TO_HF, O_DTYPE, O_MAX_SHARD,
+    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_FROM_HF, O_TO_HF, O_DTYPE, O_MAX_SHARD,
     O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD
 };
 
@@ -151,6 +155,7 @@ static const struct option longopts[] = {
     {"clip-grad-norm", required_argument, 0, O_CLIP},
     {"prefetch", required_argument, 0, O_PREFETCH},
     {"grad-slots", required_argument, 0, O_GRAD_SLOTS},
+    {"ckpt-place", required_argument, 0, O_CKPT_PLACE},
     {"from-hf", required_argument, 0, O_FROM_HF},    {"to-hf", required_argument, 0, O_TO_HF},
     {"dtype", required_argument, 0, O_DTYPE},
     {"max-shard-size", required_argument, 0, O_MAX_SHARD},
@@ -235,6 +240,14 @@ static int parse_options(int argc, char **argv, struct options *o)
             if (rc == 0 && (o->prefetch < 1 || o->prefetch > FY_TRAIN_PREFETCH_MAX)) {
                 fprintf(stderr, "fuyou-launch: --prefetch %s: give 1 to %d units\n", optarg,
                         FY_TRAIN_PREFETCH_MAX);
+                rc = -EINVAL;
+            }
+            break;
+        case O_CKPT_PLACE:
+            if (strcmp(optarg, "host") == 0 || strcmp(optarg, "ssd") == 0) {
+                o->ckpt_ssd = strcmp(optarg, "ssd") == 0;
+            } else {
+                fprintf(stderr, "fuyou-launch: --ckpt-place %s: give host or ssd\n", optarg);
                 rc = -EINVAL;
             }
             break;
@@ -478,7 +491,7 @@ static int cmd_init(struct options *o)
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     int rc = fy_session_open(&s, &so, regions, n, "model initialisation");
@@ -763,11 +776,12 @@ static int cmd_train(struct options *o)
     }
     int clipping = o->clip_grad_norm > 0;
     unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem, clipping,
-                                           (unsigned)o->prefetch, resident);
+                                           (unsigned)o->prefetch, o->ckpt_ssd, resident);
     char kept_size[32];
     fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
     uint64_t ssd_read, ssd_write;
-    fy_train_ssd_bytes(&model, clipping, resident, &ssd_read, &ssd_write);
+    fy_train_ssd_bytes(&model, (int)o->batch, (int)o->seq, clipping, o->ckpt_ssd, resident,
+                       &ssd_read, &ssd_write);
     char rd[32], wr[32], up[32], down[32];
     fy_format_size(ssd_read, rd, sizeof rd);
     fy_format_size(ssd_write, wr, sizeof wr);
@@ -784,7 +798,8 @@ static int cmd_train(struct options *o)
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     struct fy_train_rates rates = fy_train_reference_rates();
     struct fy_train_prediction p;
-    fy_train_predict(&model, (int)o->batch, (int)o->seq, clipping, resident, &rates, &p);
+    fy_train_predict(&model, (int)o->batch, (int)o->seq, clipping, o->ckpt_ssd, resident, &rates,
+                     &p);
     double step_flops = (double)o->batch * (double)o->seq *
                         fy_gpt_flops_per_token(&model, (unsigned)o->seq);
     const char *at = "predicted per step at the rates measured on the reference machine (one H200";
@@ -805,13 +820,13 @@ static int cmd_train(struct options *o)
     struct fy_pool_region_spec regions[9];
     unsigned n;
     unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, o->cpu_mem,
-                                                   clipping, (unsigned)o->prefetch, resident,
-                                                   (unsigned)o->grad_slots);
+                                                   clipping, (unsigned)o->prefetch, o->ckpt_ssd,
+                                                   resident, (unsigned)o->grad_slots);
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
     fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, clipping, (unsigned)o->prefetch,
-                     grad_slots, regions, &n);
+                     grad_slots, o->ckpt_ssd, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     rc = fy_session_open(&s, &so, regions, n, "training");
@@ -860,7 +875,7 @@ static int cmd_train(struct options *o)
             .eval_every = o->eval_every, .eval_batches = o->eval_batches,
             .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
             .overlap = o->overlap, .metrics = metrics, .trace = trace, .resident = resident,
-            .clip_grad_norm = o->clip_grad_norm};
+            .clip_grad_norm = o->clip_grad_norm, .ckpt_ssd = o->ckpt_ssd};
         fy_info("starting at step %llu", (unsigned long long)meta.step);
         rc = fy_train_run(&x, s.pool, &meta, data, &to);
     }
@@ -957,7 +972,7 @@ static int cmd_export(struct options *o)
     }
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, regions, &n);
+    fy_train_regions(&model, 1, 1, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     memset(&s, 0, sizeof s);

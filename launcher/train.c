@@ -29,6 +29,7 @@ struct layout {
      * the blocks (and the final unit) take in turn, and with clipping the final unit's gradient */
     uint64_t grads_bytes, bslot_bytes;
     unsigned gslots;
+    unsigned act_slots, dact_slots; /* activations the acts and dacts regions hold */
 };
 
 /* A request in flight and the phase its waiting time counts to; id 0: nothing to wait for. */
@@ -53,6 +54,17 @@ struct run {
     int wslot_unit[FY_TRAIN_PREFETCH_MAX + 2], state_unit[2];
     uint64_t wslot_off[FY_TRAIN_PREFETCH_MAX + 2], state_off[2]; /* where the slot's contents are (a resident unit's own) */
     uint64_t *resident;                  /* per unit: its state's offset in the pool, or 0 */
+    /* Checkpoints (the blocks' inputs x_0..x_L) with --ckpt-place ssd: the acts region's slots
+     * taken in turn (checkpoint i in slot i % ckpt_slots); x_0..x_{L-1} are written to the store
+     * extent ckpt_tensor in the forward and read back ahead of each backward pass. Per slot: the
+     * checkpoint it holds (-1: none), its transfer to or from the store in flight, and the gpu
+     * request that used it last (within one schedule function: all of them are done between). */
+    int ckpt_ssd;
+    unsigned ckpt_slots;
+    uint32_t ckpt_tensor;
+    int ckpt_holds[FY_TRAIN_CKPT_SLOTS];
+    struct ticket ckpt_io[FY_TRAIN_CKPT_SLOTS];
+    struct ticket *ckpt_user[FY_TRAIN_CKPT_SLOTS];
     double busy_s[BUSY_COUNT];
     FILE *trace;      /* Chrome trace-event JSON, or NULL */
     uint64_t step;    /* for the trace */
@@ -105,10 +117,12 @@ void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int clip, 
     *from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
 }
 
-void fy_train_ssd_bytes(const struct fy_gpt_config *c, int clip, const unsigned char *resident,
-                        uint64_t *read, uint64_t *write)
+void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int clip, int ckpt_ssd,
+                        const unsigned char *resident, uint64_t *read, uint64_t *write)
 {
-    *read = *write = 0;
+    uint64_t ckpts = ckpt_ssd ? c->n_layer * align4k((uint64_t)B * T * c->n_embd * 4) : 0;
+    *read = (clip ? 2 : 1) * ckpts;
+    *write = ckpts;
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
         if (resident == NULL || !resident[u]) {
             int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
@@ -124,7 +138,7 @@ struct fy_train_rates fy_train_reference_rates(void)
                                    .ssd_read = 2.3e9, .ssd_write = 2.4e9, .opt_params = 3.1e9};
 }
 
-void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int clip,
+void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int clip, int ckpt_ssd,
                       const unsigned char *resident, const struct fy_train_rates *rates,
                       struct fy_train_prediction *out)
 {
@@ -137,7 +151,7 @@ void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int clip,
         flops += 0.75 * block_flops;
     uint64_t up, down, rd, wr;
     fy_train_pcie_bytes(c, B, T, clip, &up, &down);
-    fy_train_ssd_bytes(c, clip, resident, &rd, &wr);
+    fy_train_ssd_bytes(c, B, T, clip, ckpt_ssd, resident, &rd, &wr);
     double params = (double)fy_gpt_total_params(c);
     memset(out, 0, sizeof *out);
     out->gpu_s = rates->gpu_flops > 0 ? flops / rates->gpu_flops : 0;
@@ -166,7 +180,8 @@ uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned c
 }
 
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                int clip, unsigned prefetch, unsigned char *resident)
+                                int clip, unsigned prefetch, int ckpt_ssd,
+                                unsigned char *resident)
 {
     unsigned units = fy_gpt_unit_count(c), count = 0;
     memset(resident, 0, units);
@@ -176,7 +191,8 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uin
         resident[u] = 1;
         struct fy_pool_region_spec regions[9];
         unsigned n;
-        fy_train_regions(c, B, T, resident, clip, prefetch, FY_TRAIN_GRAD_SLOTS_MIN, regions, &n);
+        fy_train_regions(c, B, T, resident, clip, prefetch, FY_TRAIN_GRAD_SLOTS_MIN, ckpt_ssd,
+                         regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             resident[u] = 0;
         else
@@ -197,8 +213,8 @@ static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
 }
 
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                  int clip, unsigned prefetch, const unsigned char *resident,
-                                  unsigned wanted)
+                                  int clip, unsigned prefetch, int ckpt_ssd,
+                                  const unsigned char *resident, unsigned wanted)
 {
     unsigned units = fy_gpt_unit_count(c), slots = FY_TRAIN_GRAD_SLOTS_MIN;
     for (unsigned u = 0; u < units; u++)
@@ -209,7 +225,7 @@ unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, u
     for (unsigned more = slots + 1; more <= most; more++) {
         struct fy_pool_region_spec regions[9];
         unsigned n;
-        fy_train_regions(c, B, T, resident, clip, prefetch, more, regions, &n);
+        fy_train_regions(c, B, T, resident, clip, prefetch, more, ckpt_ssd, regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             break;
         slots = more;
@@ -218,7 +234,7 @@ unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, u
 }
 
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
-                      int clip, unsigned prefetch, unsigned grad_slots,
+                      int clip, unsigned prefetch, unsigned grad_slots, int ckpt_ssd,
                       struct fy_pool_region_spec out[9], unsigned *n)
 {
     uint64_t act = align4k((uint64_t)B * T * c->n_embd * 4), tok = align4k((uint64_t)B * T * 4);
@@ -226,8 +242,11 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigne
     unsigned i = 0;
     out[i++] = (struct fy_pool_region_spec){"meta", FY_CKPT_BLOCK};
     out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok};
-    out[i++] = (struct fy_pool_region_spec){"acts", (c->n_layer + 1) * act};
-    out[i++] = (struct fy_pool_region_spec){"dacts", 2 * act};
+    /* the checkpoints x_0..x_L, or with ckpt_ssd the slots they take in turn; two activation
+     * gradients (with ckpt_ssd a third: clipping's pass 1 can no longer borrow x_L's room) */
+    out[i++] = (struct fy_pool_region_spec){
+        "acts", (ckpt_ssd ? FY_TRAIN_CKPT_SLOTS : c->n_layer + 1) * act};
+    out[i++] = (struct fy_pool_region_spec){"dacts", (ckpt_ssd ? 3 : 2) * act};
     /* weights: slot 0 keeps the embeddings for the tied head, the blocks and the final unit take
      * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads:
      * slot 0 holds the embedding gradient through the backward, the blocks take grad_slots
@@ -264,9 +283,10 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
     l->targets = l->tokens + align4k(l->tok_bytes);
     FY_REQUIRE(bytes >= 2 * align4k(l->tok_bytes), -EINVAL, "pool too small for batch %d x %d", B, T);
     FY_TRY(fy_pool_region(p, "acts", &l->acts, &bytes));
-    FY_REQUIRE(bytes >= (c->n_layer + 1) * align4k(l->act_bytes), -EINVAL,
-               "pool too small for batch %d x %d", B, T);
+    l->act_slots = (unsigned)(bytes / align4k(l->act_bytes));
+    FY_REQUIRE(l->act_slots >= 1, -EINVAL, "pool too small for batch %d x %d", B, T);
     FY_TRY(fy_pool_region(p, "dacts", &l->dacts, &bytes));
+    l->dact_slots = (unsigned)(bytes / align4k(l->act_bytes));
     FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
     /* slot 0 for the embeddings, then the prefetch depth + 1 that the units take in turn */
     l->wslots = (unsigned)(bytes / l->slot_bytes) - 1;
@@ -453,6 +473,131 @@ static int weights_of(struct run *r, unsigned u, unsigned slot, uint64_t *offset
     return 0;
 }
 
+/* ---- checkpoints (see struct run) ---- */
+
+/* Slot k free for new contents: the gpu request that used it last and its transfer done. */
+static int ckpt_slot_free(struct run *r, unsigned k)
+{
+    if (r->ckpt_user[k] != NULL) {
+        struct ticket *t = r->ckpt_user[k];
+        r->ckpt_user[k] = NULL;
+        FY_TRY(wait_for(r, t, NULL));
+    }
+    return wait_for(r, &r->ckpt_io[k], NULL);
+}
+
+static int ckpt_transfer(struct run *r, int op, unsigned i, unsigned k)
+{
+    uint64_t bytes = align4k(r->l.act_bytes); /* the slot and the extent are padded alike */
+    struct fy_desc d = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, act_at(&r->l, k), bytes, -1);
+    d.tensor = r->ckpt_tensor;
+    d.arg = i * bytes;
+    return issue(r, PH_IO, "io", &d, 1, &r->ckpt_io[k]);
+}
+
+/* Where the gpu writes checkpoint i. */
+static int ckpt_out(struct run *r, unsigned i, uint64_t *off)
+{
+    if (!r->ckpt_ssd) {
+        *off = act_at(&r->l, i);
+        return 0;
+    }
+    unsigned k = i % r->ckpt_slots;
+    FY_TRY(ckpt_slot_free(r, k));
+    r->ckpt_holds[k] = (int)i;
+    *off = act_at(&r->l, k);
+    return 0;
+}
+
+/* Checkpoint i, once `producer` (the gpu request that wrote it) is done, to the store. */
+static int ckpt_spill(struct run *r, unsigned i, struct ticket *producer)
+{
+    if (!r->ckpt_ssd)
+        return 0;
+    FY_TRY(wait_for(r, producer, NULL));
+    return ckpt_transfer(r, FY_OP_IO_WRITE, i, i % r->ckpt_slots);
+}
+
+/* Checkpoint i in its slot for a gpu request to read: read back from the store unless the slot
+ * still holds it; with `wait`, until it is there (off may then be given). */
+static int ckpt_in(struct run *r, unsigned i, int wait, uint64_t *off)
+{
+    if (!r->ckpt_ssd) {
+        if (off != NULL)
+            *off = act_at(&r->l, i);
+        return 0;
+    }
+    unsigned k = i % r->ckpt_slots;
+    if (r->ckpt_holds[k] != (int)i) {
+        FY_TRY(ckpt_slot_free(r, k));
+        r->ckpt_holds[k] = (int)i;
+        FY_TRY(ckpt_transfer(r, FY_OP_IO_READ, i, k));
+    }
+    if (wait)
+        FY_TRY(wait_for(r, &r->ckpt_io[k], NULL)); /* a read, or a spill still being written */
+    if (off != NULL)
+        *off = act_at(&r->l, k);
+    return 0;
+}
+
+/* Gpu request t reads or writes checkpoint i's slot. */
+static void ckpt_used_by(struct run *r, unsigned i, struct ticket *t)
+{
+    if (r->ckpt_ssd)
+        r->ckpt_user[i % r->ckpt_slots] = t;
+}
+
+/* The end of a schedule function: its gpu requests are all done, their tickets gone. */
+static void ckpt_forget_users(struct run *r)
+{
+    for (unsigned k = 0; k < FY_TRAIN_CKPT_SLOTS; k++)
+        r->ckpt_user[k] = NULL;
+}
+
+/* The checkpoints' placement for this run: the pool must have been laid out for it; with ssd, the
+ * store extent of the size class that holds x_0..x_{L-1} (made on first use). */
+static int ckpt_setup(struct run *r, int ssd)
+{
+    const struct layout *l = &r->l;
+    unsigned L = l->c->n_layer;
+    r->ckpt_ssd = ssd;
+    for (unsigned k = 0; k < FY_TRAIN_CKPT_SLOTS; k++)
+        r->ckpt_holds[k] = -1;
+    if (!ssd) {
+        FY_REQUIRE(l->act_slots >= L + 1 && l->dact_slots >= 2, -EINVAL,
+                   "shared pool: room for %u checkpoints and %u activation gradients, not the %u "
+                   "and 2 this run keeps in the pool (laid out for --ckpt-place ssd?)",
+                   l->act_slots, l->dact_slots, L + 1);
+        return 0;
+    }
+    FY_REQUIRE(l->act_slots >= FY_TRAIN_CKPT_SLOTS && l->dact_slots >= 3, -EINVAL,
+               "shared pool: room for %u checkpoints and %u activation gradients, not the %d and 3 "
+               "of --ckpt-place ssd", l->act_slots, l->dact_slots, FY_TRAIN_CKPT_SLOTS);
+    r->ckpt_slots = FY_TRAIN_CKPT_SLOTS;
+    uint64_t need = (uint64_t)(L ? L : 1) * align4k(l->act_bytes);
+    unsigned cls = 0;
+    while (((uint64_t)1 << (20 + cls)) < need)
+        cls++;
+    r->ckpt_tensor = FY_TENSOR_CKPT_SPILL(cls);
+    /* made by the first run of this class, found by the next */
+    FY_TRY(io_op(r, FY_OP_IO_ALLOC, r->ckpt_tensor, 0, 0, (uint64_t)1 << (20 + cls)));
+    fy_info("checkpoints: %d pool slots, x_0..x_%u spilled to the store (%llu MiB of scratch, size "
+            "class %u)", FY_TRAIN_CKPT_SLOTS, L ? L - 1 : 0,
+            (unsigned long long)(((uint64_t)1 << (20 + cls)) >> 20), cls);
+    return 0;
+}
+
+/* Every checkpoint transfer done (the end of the run). */
+static int ckpt_drain(struct run *r)
+{
+    int rc = 0;
+    for (unsigned k = 0; k < FY_TRAIN_CKPT_SLOTS; k++) {
+        int w = wait_for(r, &r->ckpt_io[k], NULL);
+        rc = rc ? rc : w;
+    }
+    return rc;
+}
+
 static int write_meta(struct run *r, const struct fy_storemeta *m)
 {
     fy_storemeta_encode(m, fy_pool_at(r->pool, r->l.meta, FY_CKPT_BLOCK));
@@ -556,12 +701,16 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         rc = weights_of(r, 0, 0, &w_embed);
     if (rc == 0) /* the previous step's update of this unit, which may still be running */
         rc = opt_settle(r, 0);
+    uint64_t x_out = 0, x_in = 0;
+    if (rc == 0)
+        rc = ckpt_out(r, 0, &x_out);
     if (rc == 0) {
         int op = FY_OP_GPT_EMBED_FWD;
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
         req[1] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), 0);
-        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, 0), l->act_bytes, 0);
+        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_out, l->act_bytes, 0);
         rc = issue(r, PH_GPU, "gpu", req, 3, &g_embed);
+        ckpt_used_by(r, 0, &g_embed);
     }
     for (unsigned b = 1; rc == 0 && b <= L; b++) {
         rc = wait_for(r, &rw[b], NULL);
@@ -570,14 +719,20 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
         if (rc == 0)
             rc = opt_settle(r, b);
+        if (rc == 0)
+            rc = ckpt_in(r, b - 1, 0, &x_in); /* the slot block b-1 just wrote */
+        if (rc == 0)
+            rc = ckpt_out(r, b, &x_out);
         int op = FY_OP_GPT_BLOCK_FWD;
         req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
-        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1), l->act_bytes,
-                                (int)b);
-        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b), l->act_bytes,
-                                (int)b);
+        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_in, l->act_bytes, (int)b);
+        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_out, l->act_bytes, (int)b);
         if (rc == 0)
             rc = issue(r, PH_GPU, "gpu", req, 3, &g[b]);
+        ckpt_used_by(r, b - 1, &g[b]);
+        ckpt_used_by(r, b, &g[b]);
+        if (rc == 0 && train) /* x_{b-1} to the store once its block has written it */
+            rc = ckpt_spill(r, b - 1, b == 1 ? &g_embed : &g[b - 1]);
         /* unit b+depth goes into the slot block b-1 had: once that block has run */
         unsigned next = b + depth;
         if (rc == 0 && next <= fin && b >= 2)
@@ -596,9 +751,11 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         rc = weights_of(r, 0, 0, &w_embed); /* slot 0 still holds the embeddings */
     if (rc == 0)
         rc = opt_settle(r, fin);
+    if (rc == 0)
+        rc = ckpt_in(r, L, 0, &x_in);
     if (rc == 0) {
         int op = FY_OP_GPT_HEAD, f = (int)fin;
-        req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, L), l->act_bytes, f);
+        req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_in, l->act_bytes, f);
         req[1] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->targets, l->tok_bytes, f);
         req[2] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_fin, unit_bytes(l, fin), f);
         req[3] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), f);
@@ -609,6 +766,9 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     }
     if (rc == 0)
         rc = wait_for(r, &head, &reply);
+    for (unsigned b = 0; b <= L; b++) /* nothing stays in flight on the gpu */
+        rc = rc ? rc : wait_for(r, b ? &g[b] : &g_embed, NULL);
+    ckpt_forget_users(r);
     free(rw);
     free(g);
     FY_TRY(rc);
@@ -870,11 +1030,14 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             }
             if (rc == 0 && b + G <= L)
                 rc = opt_settle(r, b + G); /* its gradient slot */
+            uint64_t x_off = 0;
+            if (rc == 0)
+                rc = ckpt_in(r, b - 1, 1, &x_off);
             int op = FY_OP_GPT_BLOCK_BWD;
             req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b),
                                     (int)b);
-            req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1),
-                                    l->act_bytes, (int)b);
+            req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_off, l->act_bytes,
+                                    (int)b);
             req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, *cur), l->act_bytes,
                                     (int)b);
             req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, *cur ^ 1),
@@ -883,6 +1046,9 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
                                     unit_bytes(l, b), (int)b);
             if (rc == 0)
                 rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
+            ckpt_used_by(r, b - 1, &g[b]);
+            if (rc == 0 && b >= 2) /* the next block's checkpoint on its way */
+                rc = ckpt_in(r, b - 2, 0, NULL);
             *cur ^= 1;
             if (rc == 0 && b == 1 && embed) /* dx0 is block 1's dx */
                 rc = embed_backward_issue(r, dact_at(l, *cur), &e);
@@ -916,6 +1082,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
         w = w ? w : wait_for(r, &rs[u], NULL);
         rc = rc ? rc : w;
     }
+    ckpt_forget_users(r);
     free(g);
     free(rs);
     free(ws);
@@ -958,7 +1125,8 @@ static int norm_pass(struct run *r, double *total)
     struct ticket *sq = calloc(L + 3, sizeof *sq);
     double *part = calloc(L + 3, sizeof *part);
     int rc = rw && g && sq && part ? 0 : -ENOMEM;
-    const uint64_t scratch[2] = {dact_at(l, 1), act_at(l, L)};
+    /* x_L's room is free after the head; with the checkpoints in slots, a third dacts buffer */
+    const uint64_t scratch[2] = {dact_at(l, 1), r->ckpt_ssd ? dact_at(l, 2) : act_at(l, L)};
     uint64_t dy = dact_at(l, 0); /* dL/d(output of the block being processed) */
     struct fy_desc req[5];
     unsigned depth = l->wslots - 1;
@@ -973,16 +1141,21 @@ static int norm_pass(struct run *r, double *total)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
         if (rc == 0 && b + 2 <= L)
             rc = sumsq_wait(r, &sq[b + 2], &part[b + 2]); /* its gradient slot */
+        uint64_t x_off = 0;
+        if (rc == 0)
+            rc = ckpt_in(r, b - 1, 1, &x_off);
         int op = FY_OP_GPT_BLOCK_BWD;
         req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
-        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, act_at(l, b - 1),
-                                l->act_bytes, (int)b);
+        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_off, l->act_bytes, (int)b);
         req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dy, l->act_bytes, (int)b);
         req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dx, l->act_bytes, (int)b);
         req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1 + (b & 1)),
                                 unit_bytes(l, b), (int)b);
         if (rc == 0)
             rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
+        ckpt_used_by(r, b - 1, &g[b]);
+        if (rc == 0 && b >= 2)
+            rc = ckpt_in(r, b - 2, 0, NULL);
         dy = dx;
         if (rc == 0 && b + 1 <= L) /* block b+1's gradient is complete: its squares, and its */
             rc = wait_for(r, &g[b + 1], NULL); /* weights slot is free for block b-depth */
@@ -1005,6 +1178,7 @@ static int norm_pass(struct run *r, double *total)
         w = w ? w : wait_for(r, &rw[u], NULL);
         rc = rc ? rc : w;
     }
+    ckpt_forget_users(r);
     double sum = 0.0;
     for (unsigned u = 0; u <= fin; u++)
         sum += part[u];
@@ -1095,6 +1269,7 @@ int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy
 {
     struct run r;
     FY_TRY(run_init(&r, pool, c, B, T, x, timeout_ms));
+    FY_TRY(ckpt_setup(&r, 0));
     return eval_loss(&r, data, batches, loss);
 }
 
@@ -1174,6 +1349,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     struct run r;
     FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, x, o->timeout_ms));
     r.overlap = o->overlap;
+    FY_TRY(ckpt_setup(&r, o->ckpt_ssd));
     r.trace = o->trace;
     FY_REQUIRE(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0, -EINVAL,
                "train: the clipping norm %g must be finite and >= 0 (0: no clipping)",
@@ -1258,6 +1434,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                      do_eval && o->eval_batches > 0, eval);
     }
     int drained = opt_drain(&r); /* a stop at a step boundary leaves updates running */
+    rc = rc ? rc : drained;
+    drained = ckpt_drain(&r);
     rc = rc ? rc : drained;
     if (r.trace != NULL) { /* close the array (a trailing event carries no comma) */
         fprintf(r.trace, "{\"name\": \"end\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 1, \"tid\": 1, "

@@ -349,7 +349,7 @@ static void test_prediction_by_hand(void **state)
     struct fy_train_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9, .ssd_read = 1e8,
                                    .ssd_write = 2e8, .opt_params = 1e6};
     struct fy_train_prediction p;
-    fy_train_predict(&c, 4, 32, 0, resident, &rates, &p);
+    fy_train_predict(&c, 4, 32, 0, 0, resident, &rates, &p);
     assert_float_equal(p.gpu_s, 9.4175232e-5, 1e-12);
     assert_float_equal(p.h2d_s, 1.276928e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
@@ -359,7 +359,7 @@ static void test_prediction_by_hand(void **state)
     assert_string_equal(p.bound, "optimizer");
     /* clipping: the blocks' backward and recomputation once more (0.75 of 128 tokens x 2 blocks x
      * 312192 FLOPs), the second pass's PCIe bytes and weights reads, the sums of squares */
-    fy_train_predict(&c, 4, 32, 1, resident, &rates, &p);
+    fy_train_predict(&c, 4, 32, 1, 0, resident, &rates, &p);
     assert_float_equal(p.gpu_s, 1.54116096e-4, 1e-12);
     assert_float_equal(p.h2d_s, 1.91488e-3, 1e-12);
     assert_float_equal(p.d2h_s, 6.37696e-4, 1e-12);
@@ -367,9 +367,42 @@ static void test_prediction_by_hand(void **state)
     assert_float_equal(p.opt_s, 0.118528 * 8.0 / 7.0, 1e-12);
     /* a slow disk becomes the bound */
     rates.ssd_read = 1e6;
-    fy_train_predict(&c, 4, 32, 0, resident, &rates, &p);
+    fy_train_predict(&c, 4, 32, 0, 0, resident, &rates, &p);
     assert_float_equal(p.step_s, 0.802816 + 3.01056e-3, 1e-12);
     assert_string_equal(p.bound, "SSD");
+    /* checkpoints on the SSD: x_0 and x_1 (32768 bytes each) written once and read once */
+    rates.ssd_read = 1e8;
+    fy_train_predict(&c, 4, 32, 0, 1, resident, &rates, &p);
+    assert_float_equal(p.ssd_s, 1.202176e-2, 1e-12);
+}
+
+/* --ckpt-place ssd: the blocks' input checkpoints go through four pool slots to the store in the
+ * forward and come back ahead of each backward pass (six blocks, so the slots are reused); the
+ * results equal those with the checkpoints in the pool, bit for bit, in both schedules, with and
+ * without clipping (whose second backward pass reads them again), with the state resident or
+ * streamed. */
+static void test_checkpoints_on_ssd_agree(void **state)
+{
+    struct fixture *f = *state;
+    for (int clip = 0; clip < 2; clip++) {
+        struct same_bits group = {0};
+        for (int i = 0; i < 6; i++) {
+            const char *place = i == 0 ? "host" : "ssd";
+            const char *schedule = i % 2 ? "serial" : "overlap";
+            const char *mem = i >= 4 ? "1G" : NULL; /* state resident, or streamed */
+            char run[700];
+            snprintf(run, sizeof run, "%s-%d-%d", path_in(f, "ckpt"), clip, i);
+            const char *extra[] = {"--ckpt-place", place, "--schedule", schedule,
+                                   "--clip-grad-norm", clip ? "0.5" : "0",
+                                   mem ? "--cpu-mem" : NULL, mem, NULL};
+            train_same_bits(f, &group, run, "6", "64", "4", extra);
+            if (i > 0)
+                assert_true(fy_test_file_contains(f->log, "x_0..x_5 spilled to the store"));
+        }
+        same_bits_free(&group);
+    }
+    assert_int_equal(train(f, path_in(f, "bad"), f->data, "1", NULL, 0, "--ckpt-place", "gpu"), 2);
+    assert_true(fy_test_file_contains(f->log, "--ckpt-place gpu: give host or ssd"));
 }
 
 /* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
@@ -923,6 +956,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
+        cmocka_unit_test_setup_teardown(test_checkpoints_on_ssd_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resident_state_matches_streaming, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefetch_depths_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_placement_five_blocks, setup, teardown),
