@@ -39,11 +39,13 @@ struct options {
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every, prefetch, grad_slots;
-    int ckpt_ssd;
+    int ckpt_place; /* CKPT_HOST, CKPT_SSD, CKPT_AUTO */
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set, model_set, hf_opts_set;
 };
+
+enum { CKPT_HOST, CKPT_SSD, CKPT_AUTO };
 
 static void usage(FILE *f)
 {
@@ -79,9 +81,11 @@ static void usage(FILE *f)
             "               --schedule overlap|serial (overlap: updates run beside the backward)\n"
             "               --prefetch N (1) units of weights read ahead of the gpu (1..8; each\n"
             "               costs a unit's fp32 weights of pool memory)\n"
-            "               --ckpt-place host|ssd (host) where the blocks' input checkpoints wait for\n"
-            "               the backward: the pool, or the SSD store through four pool slots\n"
-            "               (written in the forward, read back ahead of each backward pass)\n"
+            "               --ckpt-place host|ssd|auto (host) where the blocks' input checkpoints\n"
+            "               wait for the backward: the pool, or the SSD store through four pool\n"
+            "               slots (written in the forward, read back ahead of each backward pass);\n"
+            "               auto: the pool when all optimizer state fits --cpu-mem beside them,\n"
+            "               else the SSD, leaving their room to optimizer state\n"
             "               --grad-slots N (3) block gradients held at once (3..16, each a block's\n"
             "               fp32 gradient of pool memory): the optimizer may lag the backward by\n"
             "               N - 1 blocks and finish while the next forward runs; used only when all\n"
@@ -244,10 +248,14 @@ static int parse_options(int argc, char **argv, struct options *o)
             }
             break;
         case O_CKPT_PLACE:
-            if (strcmp(optarg, "host") == 0 || strcmp(optarg, "ssd") == 0) {
-                o->ckpt_ssd = strcmp(optarg, "ssd") == 0;
+            if (strcmp(optarg, "host") == 0) {
+                o->ckpt_place = CKPT_HOST;
+            } else if (strcmp(optarg, "ssd") == 0) {
+                o->ckpt_place = CKPT_SSD;
+            } else if (strcmp(optarg, "auto") == 0) {
+                o->ckpt_place = CKPT_AUTO;
             } else {
-                fprintf(stderr, "fuyou-launch: --ckpt-place %s: give host or ssd\n", optarg);
+                fprintf(stderr, "fuyou-launch: --ckpt-place %s: give host, ssd or auto\n", optarg);
                 rc = -EINVAL;
             }
             break;
@@ -775,12 +783,25 @@ static int cmd_train(struct options *o)
         return -ENOMEM;
     }
     int clipping = o->clip_grad_norm > 0;
+    int ckpt_ssd = o->ckpt_place == CKPT_SSD;
+    if (o->ckpt_place == CKPT_AUTO) {
+        /* Everything in the pool when it all fits: no SSD traffic at all. Otherwise the pool is
+         * better spent on optimizer state: a streamed unit moves 28 bytes over the SSD per 12 of
+         * state each step (weights read, state read and written), a checkpoint 2 per byte. */
+        unsigned all = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem,
+                                              clipping, (unsigned)o->prefetch, 0, resident);
+        ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(&model);
+        fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
+                ckpt_ssd ? "on the SSD store" : "in the shared pool",
+                ckpt_ssd ? "the optimizer state does not all fit --cpu-mem beside them"
+                         : "they fit beside all the optimizer state");
+    }
     unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem, clipping,
-                                           (unsigned)o->prefetch, o->ckpt_ssd, resident);
+                                           (unsigned)o->prefetch, ckpt_ssd, resident);
     char kept_size[32];
     fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
     uint64_t ssd_read, ssd_write;
-    fy_train_ssd_bytes(&model, (int)o->batch, (int)o->seq, clipping, o->ckpt_ssd, resident,
+    fy_train_ssd_bytes(&model, (int)o->batch, (int)o->seq, clipping, ckpt_ssd, resident,
                        &ssd_read, &ssd_write);
     char rd[32], wr[32], up[32], down[32];
     fy_format_size(ssd_read, rd, sizeof rd);
@@ -798,7 +819,7 @@ static int cmd_train(struct options *o)
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     struct fy_train_rates rates = fy_train_reference_rates();
     struct fy_train_prediction p;
-    fy_train_predict(&model, (int)o->batch, (int)o->seq, clipping, o->ckpt_ssd, resident, &rates,
+    fy_train_predict(&model, (int)o->batch, (int)o->seq, clipping, ckpt_ssd, resident, &rates,
                      &p);
     double step_flops = (double)o->batch * (double)o->seq *
                         fy_gpt_flops_per_token(&model, (unsigned)o->seq);
@@ -820,13 +841,13 @@ static int cmd_train(struct options *o)
     struct fy_pool_region_spec regions[9];
     unsigned n;
     unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, o->cpu_mem,
-                                                   clipping, (unsigned)o->prefetch, o->ckpt_ssd,
+                                                   clipping, (unsigned)o->prefetch, ckpt_ssd,
                                                    resident, (unsigned)o->grad_slots);
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
     fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, clipping, (unsigned)o->prefetch,
-                     grad_slots, o->ckpt_ssd, regions, &n);
+                     grad_slots, ckpt_ssd, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     rc = fy_session_open(&s, &so, regions, n, "training");
@@ -875,7 +896,7 @@ static int cmd_train(struct options *o)
             .eval_every = o->eval_every, .eval_batches = o->eval_batches,
             .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
             .overlap = o->overlap, .metrics = metrics, .trace = trace, .resident = resident,
-            .clip_grad_norm = o->clip_grad_norm, .ckpt_ssd = o->ckpt_ssd};
+            .clip_grad_norm = o->clip_grad_norm, .ckpt_ssd = ckpt_ssd};
         fy_info("starting at step %llu", (unsigned long long)meta.step);
         rc = fy_train_run(&x, s.pool, &meta, data, &to);
     }

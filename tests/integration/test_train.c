@@ -399,10 +399,22 @@ static void test_checkpoints_on_ssd_agree(void **state)
             if (i > 0)
                 assert_true(fy_test_file_contains(f->log, "x_0..x_5 spilled to the store"));
         }
+        /* auto: the pool when all the state fits beside the checkpoints (this model's pool with
+         * everything resident is 22 MiB, measured), the SSD store when it does not */
+        const char *mems[2] = {"1G", "21M"};
+        for (int i = 0; i < 2; i++) {
+            char run[700];
+            snprintf(run, sizeof run, "%s-%d-auto%d", path_in(f, "ckpt"), clip, i);
+            const char *extra[] = {"--ckpt-place", "auto", "--cpu-mem", mems[i],
+                                   "--clip-grad-norm", clip ? "0.5" : "0", NULL};
+            train_same_bits(f, &group, run, "6", "64", "4", extra);
+            assert_true(fy_test_file_contains(f->log, i ? "checkpoints on the SSD store"
+                                                        : "checkpoints in the shared pool"));
+        }
         same_bits_free(&group);
     }
     assert_int_equal(train(f, path_in(f, "bad"), f->data, "1", NULL, 0, "--ckpt-place", "gpu"), 2);
-    assert_true(fy_test_file_contains(f->log, "--ckpt-place gpu: give host or ssd"));
+    assert_true(fy_test_file_contains(f->log, "--ckpt-place gpu: give host, ssd or auto"));
 }
 
 /* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
