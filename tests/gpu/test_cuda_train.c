@@ -38,18 +38,18 @@ static int launch(const char *const *args)
     return 0;
 }
 
-/* Inits a 2-layer GPT (4 heads, seed 3) of width `embd` and context `ctx` in DIR/NAME, trains it
- * with `opts` (NULL-terminated; the run directory, the data and --export DIR/NAME.fywt are added)
- * and returns its metrics text. */
-static char *init_and_train(const char *name, const char *embd, const char *ctx,
-                            const char *const *opts)
+/* Inits a GPT of `layers` layers (4 heads, seed 3) of width `embd` and context `ctx` in DIR/NAME,
+ * trains it with `opts` (NULL-terminated; the run directory, the data and --export DIR/NAME.fywt
+ * are added) and returns its metrics text. */
+static char *init_and_train(const char *name, const char *layers, const char *embd,
+                            const char *ctx, const char *const *opts)
 {
     char run_dir[600], data[600], out[600], metrics[700];
     snprintf(run_dir, sizeof run_dir, "%s/%s", dir, name);
     snprintf(data, sizeof data, "%s/sample.tok", dir);
     snprintf(out, sizeof out, "%s/%s.fywt", dir, name);
-    const char *init[] = {"init", "--run-dir", run_dir, "--layers", "2", "--heads", "4", "--embd",
-                          embd, "--ctx", ctx, "--seed", "3", NULL};
+    const char *init[] = {"init", "--run-dir", run_dir, "--layers", layers, "--heads", "4",
+                          "--embd", embd, "--ctx", ctx, "--seed", "3", NULL};
     assert_int_equal(launch(init), 0);
     const char *train[48] = {"train", "--run-dir", run_dir, "--data", data, "--export", out};
     int n = 7;
@@ -69,7 +69,7 @@ static void run(const char *name, const char *backend, double *loss, int n)
     const char *opts[] = {"--steps", STEPS, "--batch", "8", "--seq", "64", "--lr", "3e-3",
                           "--warmup", "5", "--eval-every", "0", "--eval-batches", "4",
                           "--backend", backend, NULL};
-    char *text = init_and_train(name, "64", "64", opts);
+    char *text = init_and_train(name, "2", "64", "64", opts);
     int i = 0;
     for (char *p = text; i < n && (p = strstr(p, "\"loss\": ")) != NULL; p++)
         loss[i++] = strtod(p + strlen("\"loss\": "), NULL);
@@ -107,14 +107,16 @@ static void test_cuda_follows_cpu_and_repeats(void **state)
     free(wb);
 }
 
-/* One CUDA run of 6 steps of a 2 x 256 model; returns its metrics text, *weights the export. */
-static char *run_placement(const char *name, const char *cpu_mem, const char *schedule,
-                           char **weights, size_t *weights_n)
+/* One CUDA run of 6 steps of a `layers` x 256 model with its checkpoints at `ckpt` (host or ssd);
+ * returns its metrics text, *weights the export. */
+static char *run_placement(const char *name, const char *layers, const char *ckpt,
+                           const char *cpu_mem, const char *schedule, char **weights,
+                           size_t *weights_n)
 {
     const char *opts[] = {"--steps", "6", "--batch", "8", "--seq", "32", "--lr", "3e-3",
                           "--eval-every", "0", "--backend", "cuda", "--schedule", schedule,
-                          cpu_mem ? "--cpu-mem" : NULL, cpu_mem, NULL};
-    char *text = init_and_train(name, "256", "32", opts), out[600];
+                          "--ckpt-place", ckpt, cpu_mem ? "--cpu-mem" : NULL, cpu_mem, NULL};
+    char *text = init_and_train(name, layers, "256", "32", opts), out[600];
     snprintf(out, sizeof out, "%s/%s.fywt", dir, name);
     *weights = fy_test_slurp(out, weights_n);
     assert_non_null(*weights);
@@ -145,7 +147,7 @@ static void test_schedules_placements_and_queueing_agree(void **state)
         if (i == 6)
             setenv("FUYOU_GPU_QUEUE", "1", 1);
         size_t n;
-        char *w, *metrics = run_placement(name, mem, schedule, &w, &n);
+        char *w, *metrics = run_placement(name, "2", "host", mem, schedule, &w, &n);
         unsetenv("FUYOU_GPU_QUEUE");
         char log[600];
         snprintf(log, sizeof log, "%s/log", dir);
@@ -160,6 +162,40 @@ static void test_schedules_placements_and_queueing_agree(void **state)
             first_n = n;
             snprintf(first_losses, sizeof first_losses, "%s", losses);
             assert_true(strlen(losses) > 0);
+            continue;
+        }
+        assert_string_equal(losses, first_losses);
+        assert_int_equal(n, first_n);
+        assert_memory_equal(w, first, n);
+        free(w);
+    }
+    free(first);
+}
+
+/* The checkpoints through four pool slots and the SSD store (six blocks, so the slots are reused,
+ * and read back in the backward) give the bits of the checkpoints in the pool, queued or not. */
+static void test_checkpoints_on_ssd_agree(void **state)
+{
+    (void)state;
+    char *first = NULL, first_losses[512] = "";
+    size_t first_n = 0;
+    for (int i = 0; i < 4; i++) {
+        const char *ckpt = i == 0 ? "host" : "ssd", *schedule = i == 2 ? "serial" : "overlap";
+        char name[32], losses[512];
+        snprintf(name, sizeof name, "ckpt%d", i);
+        if (i == 3)
+            setenv("FUYOU_GPU_QUEUE", "1", 1);
+        size_t n;
+        char *w, *metrics = run_placement(name, "6", ckpt, "1G", schedule, &w, &n);
+        unsetenv("FUYOU_GPU_QUEUE");
+        losses_of(metrics, losses, sizeof losses);
+        print_message("checkpoints %-4s %-8s %-22s losses %s\n", ckpt, schedule,
+                      i == 3 ? "one request at a time" : "queued", losses);
+        free(metrics);
+        if (first == NULL) {
+            first = w;
+            first_n = n;
+            snprintf(first_losses, sizeof first_losses, "%s", losses);
             continue;
         }
         assert_string_equal(losses, first_losses);
@@ -190,6 +226,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_follows_cpu_and_repeats),
         cmocka_unit_test(test_schedules_placements_and_queueing_agree),
+        cmocka_unit_test(test_checkpoints_on_ssd_agree),
     };
     int failed = cmocka_run_group_tests_name("cuda training", tests, NULL, NULL);
     fy_test_rmdir(dir);
