@@ -13,7 +13,8 @@
 # the host placement with one request at a time), PIPELINE_FSDP2 (1: also PyTorch FSDP2 with CPU
 # offload, tests/bench/fsdp2_offload.py, at the batches in PIPELINE_FSDP2_BATCHES, "16"),
 # PIPELINE_STEPS (timed steps per run, 2), PIPELINE_SSD_STEPS and PIPELINE_SSD_BATCHES (the same for
-# the SSD placement, whose steps take far longer), FUYOU_BENCH_DIR (where
+# the SSD placement, whose steps take far longer), PIPELINE_CKPT (--ckpt-place for every run),
+# PIPELINE_GRAD_SLOTS (--grad-slots), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
 # (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
@@ -44,6 +45,7 @@ run() {
   FUYOU_GPU_QUEUE=$queue "$L" train --run-dir "$dir" --data "$work/data.tok" --steps $total \
     --batch "$B" --seq "$SEQ" --lr 1e-4 --warmup 1 --eval-every 0 --checkpoint-every 0 \
     --backend "$BACKEND" --gpu-mem 24G --cpu-mem "$mem" --schedule "$sched" \
+    ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${PIPELINE_GRAD_SLOTS:+--grad-slots "$PIPELINE_GRAD_SLOTS"} \
     ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
     { echo "run $1 failed:"; tail -5 "$log"; return 1; }
   echo $total >"$dir/steps"
