@@ -17,6 +17,10 @@
 
 enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S_HASH_HI,
        S_STEP_LO, S_STEP_HI, S_EXTRA0, S_EXTRA1, S_CHECKSUM, S_COUNT };
+/* The architecture and the Llama fields follow the checksum (slots that GPT-2 headers, old and new,
+ * leave zero); the config hash in S_HASH_* covers them. */
+enum { S_ARCH = S_COUNT, S_KV_HEAD, S_INTER, S_TIED, S_ROPE_TYPE, S_ROPE_OMAX, S_EPS,
+       S_THETA /* then factor, low, high: four doubles, two slots each */ };
 
 static uint64_t align4k(uint64_t v) { return (v + FY_CKPT_BLOCK - 1) / FY_CKPT_BLOCK * FY_CKPT_BLOCK; }
 
@@ -53,6 +57,42 @@ static void encode_header(uint8_t *b, uint32_t magic, const struct fy_gpt_config
     for (int i = 0; i < S_CHECKSUM; i++)
         put32(b, i, v[i]);
     put32(b, S_CHECKSUM, checksum(b));
+    if (c->arch == FY_ARCH_GPT2)
+        return;
+    uint32_t eps;
+    memcpy(&eps, &c->rms_eps, sizeof eps);
+    const uint32_t a[] = {c->arch, c->n_kv_head, c->n_inter, c->tied, c->rope_type,
+                          c->rope_orig_max_pos, eps};
+    for (int i = 0; i < (int)(sizeof a / sizeof a[0]); i++)
+        put32(b, S_ARCH + i, a[i]);
+    const double d[4] = {c->rope_theta, c->rope_factor, c->rope_low_freq_factor,
+                         c->rope_high_freq_factor};
+    for (int i = 0; i < 4; i++) {
+        uint64_t bits;
+        memcpy(&bits, &d[i], sizeof bits);
+        put32(b, S_THETA + 2 * i, (uint32_t)bits);
+        put32(b, S_THETA + 2 * i + 1, (uint32_t)(bits >> 32));
+    }
+}
+
+static void decode_arch(const uint8_t *b, struct fy_gpt_config *c)
+{
+    c->arch = get32(b, S_ARCH);
+    if (c->arch == FY_ARCH_GPT2)
+        return;
+    c->n_kv_head = get32(b, S_KV_HEAD);
+    c->n_inter = get32(b, S_INTER);
+    c->tied = get32(b, S_TIED);
+    c->rope_type = get32(b, S_ROPE_TYPE);
+    c->rope_orig_max_pos = get32(b, S_ROPE_OMAX);
+    uint32_t eps = get32(b, S_EPS);
+    memcpy(&c->rms_eps, &eps, sizeof eps);
+    double *d[4] = {&c->rope_theta, &c->rope_factor, &c->rope_low_freq_factor,
+                    &c->rope_high_freq_factor};
+    for (int i = 0; i < 4; i++) {
+        uint64_t bits = get32(b, S_THETA + 2 * i) | (uint64_t)get32(b, S_THETA + 2 * i + 1) << 32;
+        memcpy(d[i], &bits, sizeof bits);
+    }
 }
 
 /* Validates magic, version, checksum, the model config and its hash. */
@@ -65,8 +105,10 @@ static int decode_header(const uint8_t *b, uint32_t magic, const char *what, con
                FY_CKPT_VERSION);
     FY_REQUIRE(get32(b, S_CHECKSUM) == checksum(b), -EBADMSG, "%s: %s header checksum mismatch (corrupt)",
                where, what);
-    *c = (struct fy_gpt_config){get32(b, S_LAYER), get32(b, S_HEAD), get32(b, S_EMBD),
-                                get32(b, S_VOCAB), get32(b, S_CTX)};
+    *c = (struct fy_gpt_config){.n_layer = get32(b, S_LAYER), .n_head = get32(b, S_HEAD),
+                                .n_embd = get32(b, S_EMBD), .vocab = get32(b, S_VOCAB),
+                                .ctx = get32(b, S_CTX)};
+    decode_arch(b, c);
     FY_REQUIRE(fy_gpt_config_validate(c) == 0, -EBADMSG, "%s: %s holds an invalid model config", where,
                what);
     uint64_t hash = get32(b, S_HASH_LO) | (uint64_t)get32(b, S_HASH_HI) << 32;

@@ -3,11 +3,14 @@
  * Store metadata block (extent FY_TENSOR_META of the SSD store, 4096 bytes, little-endian int32
  * slots): [0] magic "FYMD" [1] version [2..6] n_layer n_head n_embd vocab ctx [7,8] config hash
  * (low, high) [9,10] last completed step (low, high) [11,12] init seed (low, high) [13] checksum
- * (FNV-1a of slots 0..12); the rest zero.
+ * (FNV-1a of slots 0..12); [14] architecture (0 GPT-2, 1 Llama); for Llama [15..20] n_kv_head
+ * n_inter tied rope_type rope_original_max_pos rms_eps (f32 bits), [21..28] rope_theta, factor,
+ * low_freq_factor, high_freq_factor (f64 bits, low word first), covered by the config hash; the
+ * rest zero (so GPT-2 headers are unchanged).
  *
  * Exported weights file ("FYWT"): a 4096-byte header of int32 slots [0] magic [1] version
  * [2..6] model config [7,8] config hash [9,10] step [11] dtype (1 = f32) [12] unit count
- * [13] checksum of slots 0..12; then each unit's parameters (common/model.h order) as f32, each
+ * [13] checksum of slots 0..12, [14..28] as in the metadata block; then each unit's parameters (common/model.h order) as f32, each
  * unit starting on a 4096-byte boundary. Written to a temporary file, fsynced and renamed. */
 #ifndef FY_CKPT_H
 #define FY_CKPT_H

@@ -37,10 +37,57 @@ struct hf_param {
 };
 
 /* The parameters of a unit in Hugging Face's module order; returns how many (<= 12). */
+static unsigned llama_unit_params(const struct fy_gpt_config *c, unsigned unit, struct hf_param *p)
+{
+    const uint64_t C = c->n_embd, V = c->vocab, hd = C / c->n_head, I = c->n_inter;
+    const uint64_t Q = c->n_head * hd, KV = c->n_kv_head * hd;
+    enum fy_unit_kind kind = fy_gpt_unit_kind(c, unit);
+    if (kind == FY_UNIT_EMBED) {
+        p[0] = (struct hf_param){"model.embed_tokens.weight", 0, 2, {V, C}, 0};
+        return 1;
+    }
+    if (kind == FY_UNIT_FINAL) {
+        p[0] = (struct hf_param){"model.norm.weight", 0, 1, {C, 0}, 0};
+        if (c->tied)
+            return 1;
+        p[1] = (struct hf_param){"lm_head.weight", C, 2, {V, C}, 0};
+        return 2;
+    }
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(c, &l);
+    const struct {
+        const char *name;
+        size_t offset;
+        int ndim;
+        uint64_t d0, d1;
+    } t[9] = {
+        {"input_layernorm.weight", l.input_norm, 1, C, 0},
+        {"self_attn.q_proj.weight", l.q_proj, 2, Q, C},
+        {"self_attn.k_proj.weight", l.k_proj, 2, KV, C},
+        {"self_attn.v_proj.weight", l.v_proj, 2, KV, C},
+        {"self_attn.o_proj.weight", l.o_proj, 2, C, Q},
+        {"post_attention_layernorm.weight", l.post_norm, 1, C, 0},
+        {"mlp.gate_proj.weight", l.gate_proj, 2, I, C},
+        {"mlp.up_proj.weight", l.up_proj, 2, I, C},
+        {"mlp.down_proj.weight", l.down_proj, 2, C, I},
+    };
+    for (unsigned i = 0; i < 9; i++) {
+        snprintf(p[i].name, sizeof p[i].name, "model.layers.%u.%s", unit - 1, t[i].name);
+        p[i].offset = t[i].offset;
+        p[i].ndim = t[i].ndim;
+        p[i].shape[0] = t[i].d0;
+        p[i].shape[1] = t[i].d1;
+        p[i].transposed = 0;
+    }
+    return 9;
+}
+
 static unsigned unit_params(const struct fy_gpt_config *c, unsigned unit, struct hf_param *p)
 {
     const uint64_t C = c->n_embd;
     enum fy_unit_kind kind = fy_gpt_unit_kind(c, unit);
+    if (c->arch == FY_ARCH_LLAMA)
+        return llama_unit_params(c, unit, p);
     if (kind == FY_UNIT_EMBED) {
         p[0] = (struct hf_param){"wte.weight", 0, 2, {c->vocab, C}, 0};
         p[1] = (struct hf_param){"wpe.weight", (size_t)c->vocab * C, 2, {c->ctx, C}, 0};
@@ -190,6 +237,105 @@ static int config_bool(const char *path, const cJSON *root, const char *key, int
     return 0;
 }
 
+/* A positive number key, or its default when absent. */
+static int config_number(const char *path, const cJSON *obj, const char *key, double def,
+                         double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v == NULL || cJSON_IsNull(v)) {
+        *out = def;
+        return 0;
+    }
+    FY_REQUIRE(cJSON_IsNumber(v) && v->valuedouble > 0 && isfinite(v->valuedouble), -EINVAL,
+               "%s: \"%s\" must be a positive number", path, key);
+    *out = v->valuedouble;
+    return 0;
+}
+
+/* LlamaConfig (transformers' defaults for absent keys); the rotary settings either as
+ * rope_parameters (transformers 5) or as rope_theta and rope_scaling (earlier versions). */
+static int llama_config_from_json(const char *path, const cJSON *root, struct fy_gpt_config *m)
+{
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
+    const char *first = cJSON_IsString(a0) ? a0->valuestring : NULL;
+    FY_REQUIRE(arch == NULL || (cJSON_IsArray(arch) && cJSON_GetArraySize(arch) == 1 && first &&
+                                strcmp(first, "LlamaForCausalLM") == 0),
+               -EINVAL, "%s: architectures %s is not supported: this importer takes "
+               "LlamaForCausalLM checkpoints", path, first ? first : "(not a list of one name)");
+    m->arch = FY_ARCH_LLAMA;
+    FY_TRY(config_uint(path, root, "num_hidden_layers", 32, &m->n_layer));
+    FY_TRY(config_uint(path, root, "num_attention_heads", 32, &m->n_head));
+    FY_TRY(config_uint(path, root, "hidden_size", 4096, &m->n_embd));
+    FY_TRY(config_uint(path, root, "vocab_size", 32000, &m->vocab));
+    FY_TRY(config_uint(path, root, "max_position_embeddings", 2048, &m->ctx));
+    FY_TRY(config_uint(path, root, "intermediate_size", 11008, &m->n_inter));
+    FY_TRY(config_uint(path, root, "num_key_value_heads", m->n_head, &m->n_kv_head));
+    FY_REQUIRE(m->n_head <= m->n_embd && m->n_embd % m->n_head == 0, -EINVAL,
+               "%s: \"num_attention_heads\" %u does not divide \"hidden_size\" %u", path,
+               m->n_head, m->n_embd);
+    const cJSON *hdj = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
+    if (hdj != NULL && !cJSON_IsNull(hdj)) {
+        uint32_t hd;
+        FY_TRY(config_uint(path, root, "head_dim", 0, &hd));
+        FY_REQUIRE(hd == m->n_embd / m->n_head, -EINVAL,
+                   "%s: \"head_dim\": %u is not supported (it must be hidden_size / "
+                   "num_attention_heads = %u here)", path, hd, m->n_embd / m->n_head);
+    }
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    const char *a = act == NULL ? "silu" : cJSON_IsString(act) ? act->valuestring : "";
+    FY_REQUIRE(strcmp(a, "silu") == 0, -EINVAL,
+               "%s: \"hidden_act\": \"%s\" is not supported (the MLP is SwiGLU with silu)", path, a);
+    FY_TRY(config_bool(path, root, "attention_bias", 0, 0, "q/k/v/o projections have no bias"));
+    FY_TRY(config_bool(path, root, "mlp_bias", 0, 0, "the MLP projections have no bias"));
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(root, "pretraining_tp");
+    FY_REQUIRE(tp == NULL || cJSON_IsNull(tp) || (cJSON_IsNumber(tp) && tp->valuedouble == 1),
+               -EINVAL, "%s: \"pretraining_tp\" must be 1", path);
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    FY_REQUIRE(tie == NULL || cJSON_IsBool(tie), -EINVAL,
+               "%s: \"tie_word_embeddings\" must be true or false", path);
+    m->tied = tie != NULL && cJSON_IsTrue(tie);
+    double eps, theta;
+    FY_TRY(config_number(path, root, "rms_norm_eps", 1e-6, &eps));
+    m->rms_eps = (float)eps;
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    const cJSON *scaling = rp != NULL && !cJSON_IsNull(rp) ? rp : rs;
+    const char *skey = scaling == rp ? "rope_parameters" : "rope_scaling";
+    FY_REQUIRE(scaling == NULL || cJSON_IsNull(scaling) || cJSON_IsObject(scaling), -EINVAL,
+               "%s: \"%s\" must be an object", path, skey);
+    if (scaling == rp && rp != NULL && !cJSON_IsNull(rp))
+        FY_TRY(config_number(path, rp, "rope_theta", 10000.0, &theta));
+    else
+        FY_TRY(config_number(path, root, "rope_theta", 10000.0, &theta));
+    m->rope_theta = theta;
+    m->rope_type = FY_ROPE_DEFAULT;
+    if (scaling != NULL && cJSON_IsObject(scaling)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(scaling, "rope_type");
+        if (t == NULL)
+            t = cJSON_GetObjectItemCaseSensitive(scaling, "type");
+        const char *type = cJSON_IsString(t) ? t->valuestring : "default";
+        if (strcmp(type, "llama3") == 0) {
+            uint32_t omax;
+            m->rope_type = FY_ROPE_LLAMA3;
+            FY_TRY(config_number(path, scaling, "factor", 8.0, &m->rope_factor));
+            FY_TRY(config_number(path, scaling, "low_freq_factor", 1.0, &m->rope_low_freq_factor));
+            FY_TRY(config_number(path, scaling, "high_freq_factor", 4.0, &m->rope_high_freq_factor));
+            FY_TRY(config_uint(path, scaling, "original_max_position_embeddings", 8192, &omax));
+            m->rope_orig_max_pos = omax;
+        } else {
+            FY_REQUIRE(strcmp(type, "default") == 0, -EINVAL,
+                       "%s: \"%s\": rope_type \"%s\" is not supported (plain RoPE or llama3 "
+                       "scaling)", path, skey, type);
+        }
+    }
+    FY_REQUIRE(m->n_layer <= 4096 && m->n_embd <= 65536 && m->vocab >= 2 &&
+                   m->vocab <= (1u << 20) && m->ctx <= (1u << 20),
+               -EINVAL, "%s: sizes out of range (at most 4096 layers, hidden_size 65536, "
+               "vocab_size and max_position_embeddings 2..%u)", path, 1u << 20);
+    return fy_gpt_config_validate(m);
+}
+
 static int config_from_json(const char *path, const cJSON *root, struct fy_gpt_config *m)
 {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
@@ -197,9 +343,13 @@ static int config_from_json(const char *path, const cJSON *root, struct fy_gpt_c
     const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
     const char *type = cJSON_IsString(mt) ? mt->valuestring : NULL;
     const char *first = cJSON_IsString(a0) ? a0->valuestring : NULL;
+    *m = (struct fy_gpt_config){.arch = FY_ARCH_GPT2};
+    if (type != NULL && strcmp(type, "llama") == 0)
+        return llama_config_from_json(path, root, m);
     FY_REQUIRE(type != NULL && strcmp(type, "gpt2") == 0, -EINVAL,
                "%s: model_type \"%s\"%s%s%s is not supported: this importer takes GPT-2 "
-               "checkpoints (model_type gpt2, GPT2LMHeadModel)",
+               "(model_type gpt2, GPT2LMHeadModel) and Llama (model_type llama, "
+               "LlamaForCausalLM) checkpoints",
                path, type ? type : "(missing)", first ? " (architecture " : "", first ? first : "",
                first ? ")" : "");
     FY_REQUIRE(arch == NULL || (cJSON_IsArray(arch) && cJSON_GetArraySize(arch) == 1 && first &&
@@ -405,7 +555,8 @@ static int check_extra(struct fy_hfgpt2_src *s)
     size_t plen = strlen(s->prefix);
     for (size_t i = 0; i < fy_st_count(s->reader); i++) {
         const struct fy_st_tensor *t = fy_st_tensor_at(s->reader, i);
-        if (strcmp(t->name, "lm_head.weight") == 0) {
+        if (strcmp(t->name, "lm_head.weight") == 0 &&
+            (s->model.arch == FY_ARCH_GPT2 || s->model.tied)) {
             uint64_t want[2] = {s->model.vocab, s->model.n_embd};
             if (t->ndim != 2 || t->shape[0] != want[0] || t->shape[1] != want[1]) {
                 char have[96], need[96];
@@ -433,9 +584,10 @@ static int check_extra(struct fy_hfgpt2_src *s)
             }
         }
         FY_REQUIRE(known, -EINVAL,
-                   "%s: tensor %s is not a parameter of the GPT-2 that %s describes (%u layers): "
+                   "%s: tensor %s is not a parameter of the %s that %s describes (%u layers): "
                    "another architecture or a model with extra heads",
-                   t->file, t->name, s->config, s->model.n_layer);
+                   t->file, t->name, s->model.arch == FY_ARCH_LLAMA ? "Llama" : "GPT-2", s->config,
+                   s->model.n_layer);
     }
     return 0;
 }
@@ -489,7 +641,13 @@ static int src_open(struct fy_hfgpt2_src *s, const char *dir)
         FY_TRY(slurp(gen, &s->gen_text, &s->gen_len));
     FY_TRY(find_checkpoint(s));
     FY_TRY(fy_st_open(&s->reader, s->ckpt));
-    if (fy_st_find(s->reader, HF_PREFIX "wte.weight") != NULL)
+    if (s->model.arch == FY_ARCH_LLAMA) {
+        s->prefix[0] = 0; /* Llama names are full: model.*, lm_head.weight */
+        FY_REQUIRE(fy_st_find(s->reader, "model.embed_tokens.weight") != NULL, -EINVAL,
+                   "%s: tensor model.embed_tokens.weight is missing: not the LlamaForCausalLM "
+                   "checkpoint that %s describes (other layouts are not supported)",
+                   s->ckpt, s->config);
+    } else if (fy_st_find(s->reader, HF_PREFIX "wte.weight") != NULL)
         snprintf(s->prefix, sizeof s->prefix, "%s", HF_PREFIX);
     else
         FY_REQUIRE(fy_st_find(s->reader, "wte.weight") != NULL, -EINVAL,
@@ -979,6 +1137,9 @@ int fy_hfgpt2_writer_new(struct fy_hfgpt2_writer **out, const char *dir,
                          const struct fy_gpt_config *model, const struct fy_hfgpt2_export_opts *o)
 {
     *out = NULL;
+    FY_REQUIRE(model->arch == FY_ARCH_GPT2, -ENOTSUP,
+               "%s: export --to-hf of a Llama is not implemented yet (export --out FILE writes its "
+               "weights)", dir);
     struct fy_hfgpt2_writer *w = calloc(1, sizeof *w);
     FY_REQUIRE(w != NULL, -ENOMEM, "%s: out of memory", dir);
     w->model = *model;

@@ -1,10 +1,12 @@
-/* GPT configuration, per-unit parameter layout and GPT-2 initialisation from a counter-based
- * normal generator, so a unit's initial weights never depend on what was initialised before it. */
+/* Model configuration (GPT-2 and Llama), per-unit parameter layout and initialisation from a
+ * counter-based normal generator, so a unit's initial weights never depend on what was initialised
+ * before it. */
 #include "model.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "check.h"
 #include "config.h"
@@ -24,6 +26,77 @@ int fy_gpt_config_validate(const struct fy_gpt_config *c)
                "model: vocab %u must be between 2 and %u", c->vocab, MAX_DIM);
     FY_REQUIRE(c->ctx >= 1 && c->ctx <= MAX_DIM, -EINVAL, "model: ctx %u must be between 1 and %u",
                c->ctx, MAX_DIM);
+    FY_REQUIRE(c->arch == FY_ARCH_GPT2 || c->arch == FY_ARCH_LLAMA, -EINVAL,
+               "model: unknown architecture %u", c->arch);
+    if (c->arch == FY_ARCH_GPT2)
+        return 0;
+    FY_REQUIRE((c->n_embd / c->n_head) % 2 == 0, -EINVAL,
+               "model: head size %u (n_embd / n_head) must be even for rotary embeddings",
+               c->n_embd / c->n_head);
+    FY_REQUIRE(c->n_kv_head >= 1 && c->n_head % c->n_kv_head == 0, -EINVAL,
+               "model: n_kv_head %u must divide n_head %u", c->n_kv_head, c->n_head);
+    FY_REQUIRE(c->n_inter >= 1 && c->n_inter <= MAX_DIM, -EINVAL,
+               "model: n_inter %u must be between 1 and %u", c->n_inter, MAX_DIM);
+    FY_REQUIRE(c->tied <= 1, -EINVAL, "model: tied must be 0 or 1, not %u", c->tied);
+    FY_REQUIRE(c->rms_eps > 0.0f && isfinite(c->rms_eps), -EINVAL,
+               "model: rms_eps %g must be positive", (double)c->rms_eps);
+    FY_REQUIRE(c->rope_theta > 0.0 && isfinite(c->rope_theta), -EINVAL,
+               "model: rope_theta %g must be positive", c->rope_theta);
+    FY_REQUIRE(c->rope_type == FY_ROPE_DEFAULT || c->rope_type == FY_ROPE_LLAMA3, -EINVAL,
+               "model: unknown rope type %u", c->rope_type);
+    if (c->rope_type == FY_ROPE_LLAMA3) {
+        FY_REQUIRE(c->rope_factor > 0.0 && isfinite(c->rope_factor), -EINVAL,
+                   "model: rope_factor %g must be positive", c->rope_factor);
+        FY_REQUIRE(c->rope_low_freq_factor > 0.0 &&
+                       c->rope_high_freq_factor > c->rope_low_freq_factor &&
+                       isfinite(c->rope_high_freq_factor),
+                   -EINVAL, "model: rope_low_freq_factor %g and rope_high_freq_factor %g must "
+                   "satisfy 0 < low < high", c->rope_low_freq_factor, c->rope_high_freq_factor);
+        FY_REQUIRE(c->rope_orig_max_pos >= 1, -EINVAL,
+                   "model: rope_original_max_pos must be positive");
+    }
+    return 0;
+}
+
+const char *fy_arch_name(uint32_t arch)
+{
+    return arch == FY_ARCH_GPT2 ? "gpt2" : arch == FY_ARCH_LLAMA ? "llama" : "unknown";
+}
+
+/* The Llama keys of model.conf. */
+static int llama_from(const struct fy_config *cfg, struct fy_gpt_config *out)
+{
+    uint64_t kv, inter, tied = 0, omax = 0;
+    double eps, theta, factor = 0, low = 0, high = 0;
+    FY_TRY(fy_config_get_u64(cfg, "model.n_kv_head", 1, 0, &kv));
+    FY_TRY(fy_config_get_u64(cfg, "model.n_inter", 1, 0, &inter));
+    FY_TRY(fy_config_get_u64(cfg, "model.tied", 0, 0, &tied));
+    FY_TRY(fy_config_get_double(cfg, "model.rms_eps", 1, 0, &eps));
+    FY_TRY(fy_config_get_double(cfg, "model.rope_theta", 1, 0, &theta));
+    const char *rope = fy_config_get(cfg, "model.rope_type");
+    uint32_t rope_type = FY_ROPE_DEFAULT;
+    if (rope != NULL && strcmp(rope, "llama3") == 0) {
+        rope_type = FY_ROPE_LLAMA3;
+        FY_TRY(fy_config_get_double(cfg, "model.rope_factor", 1, 0, &factor));
+        FY_TRY(fy_config_get_double(cfg, "model.rope_low_freq_factor", 1, 0, &low));
+        FY_TRY(fy_config_get_double(cfg, "model.rope_high_freq_factor", 1, 0, &high));
+        FY_TRY(fy_config_get_u64(cfg, "model.rope_original_max_pos", 1, 0, &omax));
+    } else {
+        FY_REQUIRE(rope == NULL || strcmp(rope, "default") == 0, -EINVAL,
+                   "%s: model.rope_type \"%s\": expected default or llama3", cfg->path, rope);
+    }
+    FY_REQUIRE(kv <= UINT32_MAX && inter <= UINT32_MAX && tied <= 1 && omax <= UINT32_MAX, -EINVAL,
+               "%s: a model.* value is out of range", cfg->path);
+    out->n_kv_head = (uint32_t)kv;
+    out->n_inter = (uint32_t)inter;
+    out->tied = (uint32_t)tied;
+    out->rms_eps = (float)eps;
+    out->rope_theta = theta;
+    out->rope_type = rope_type;
+    out->rope_factor = factor;
+    out->rope_low_freq_factor = low;
+    out->rope_high_freq_factor = high;
+    out->rope_orig_max_pos = (uint32_t)omax;
     return 0;
 }
 
@@ -36,8 +109,17 @@ int fy_gpt_config_from(const struct fy_config *cfg, struct fy_gpt_config *out)
         FY_TRY(fy_config_get_u64(cfg, keys[i], 1, 0, &v[i]));
         FY_REQUIRE(v[i] <= UINT32_MAX, -EINVAL, "%s: %s is too large", cfg->path, keys[i]);
     }
-    *out = (struct fy_gpt_config){(uint32_t)v[0], (uint32_t)v[1], (uint32_t)v[2], (uint32_t)v[3],
-                                  (uint32_t)v[4]};
+    *out = (struct fy_gpt_config){.n_layer = (uint32_t)v[0], .n_head = (uint32_t)v[1],
+                                  .n_embd = (uint32_t)v[2], .vocab = (uint32_t)v[3],
+                                  .ctx = (uint32_t)v[4]};
+    const char *arch = fy_config_get(cfg, "model.arch");
+    if (arch != NULL && strcmp(arch, "llama") == 0) {
+        out->arch = FY_ARCH_LLAMA;
+        FY_TRY(llama_from(cfg, out));
+    } else {
+        FY_REQUIRE(arch == NULL || strcmp(arch, "gpt2") == 0, -EINVAL,
+                   "%s: model.arch \"%s\": expected gpt2 or llama", cfg->path, arch);
+    }
     return fy_gpt_config_validate(out);
 }
 
@@ -48,7 +130,29 @@ int fy_gpt_config_to(const struct fy_gpt_config *c, struct fy_config *cfg)
     FY_TRY(fy_config_setf(cfg, "model.n_embd", "%u", c->n_embd));
     FY_TRY(fy_config_setf(cfg, "model.vocab", "%u", c->vocab));
     FY_TRY(fy_config_setf(cfg, "model.ctx", "%u", c->ctx));
+    if (c->arch == FY_ARCH_GPT2)
+        return 0; /* GPT-2 model.conf files stay as they were */
+    FY_TRY(fy_config_set(cfg, "model.arch", fy_arch_name(c->arch)));
+    FY_TRY(fy_config_setf(cfg, "model.n_kv_head", "%u", c->n_kv_head));
+    FY_TRY(fy_config_setf(cfg, "model.n_inter", "%u", c->n_inter));
+    FY_TRY(fy_config_setf(cfg, "model.tied", "%u", c->tied));
+    FY_TRY(fy_config_setf(cfg, "model.rms_eps", "%.9g", (double)c->rms_eps));
+    FY_TRY(fy_config_setf(cfg, "model.rope_theta", "%.17g", c->rope_theta));
+    FY_TRY(fy_config_set(cfg, "model.rope_type", c->rope_type == FY_ROPE_LLAMA3 ? "llama3" : "default"));
+    if (c->rope_type == FY_ROPE_LLAMA3) {
+        FY_TRY(fy_config_setf(cfg, "model.rope_factor", "%.17g", c->rope_factor));
+        FY_TRY(fy_config_setf(cfg, "model.rope_low_freq_factor", "%.17g", c->rope_low_freq_factor));
+        FY_TRY(fy_config_setf(cfg, "model.rope_high_freq_factor", "%.17g", c->rope_high_freq_factor));
+        FY_TRY(fy_config_setf(cfg, "model.rope_original_max_pos", "%u", c->rope_orig_max_pos));
+    }
     return 0;
+}
+
+static uint64_t bits64(double v)
+{
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    return b;
 }
 
 uint64_t fy_gpt_config_hash(const struct fy_gpt_config *c)
@@ -57,11 +161,31 @@ uint64_t fy_gpt_config_hash(const struct fy_gpt_config *c)
     const uint32_t f[5] = {c->n_layer, c->n_head, c->n_embd, c->vocab, c->ctx};
     for (int i = 0; i < 5; i++)
         h = fy_synth_mix(h ^ f[i]);
+    if (c->arch == FY_ARCH_GPT2)
+        return h;
+    uint32_t eps;
+    memcpy(&eps, &c->rms_eps, sizeof eps);
+    const uint64_t g[12] = {0x6c6c616d61ull /* "llama" */, c->arch, c->n_kv_head, c->n_inter, c->tied,
+                            c->rope_type, c->rope_orig_max_pos, eps, bits64(c->rope_theta),
+                            bits64(c->rope_factor), bits64(c->rope_low_freq_factor),
+                            bits64(c->rope_high_freq_factor)};
+    for (int i = 0; i < 12; i++)
+        h = fy_synth_mix(h ^ g[i]);
     return h;
 }
 
 void fy_gpt_config_describe(const struct fy_gpt_config *c, char *buf, size_t len)
 {
+    if (c->arch == FY_ARCH_LLAMA) {
+        snprintf(buf, len,
+                 "Llama: %u layers, %u heads (%u kv), %u wide, MLP %u, vocab %u, context %u, %s "
+                 "head, rope theta %g%s, %.2f M parameters",
+                 c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->n_inter, c->vocab, c->ctx,
+                 c->tied ? "tied" : "untied", c->rope_theta,
+                 c->rope_type == FY_ROPE_LLAMA3 ? " (llama3 scaling)" : "",
+                 (double)fy_gpt_total_params(c) / 1e6);
+        return;
+    }
     snprintf(buf, len, "GPT: %u layers, %u heads, %u wide, vocab %u, context %u, %.2f M parameters",
              c->n_layer, c->n_head, c->n_embd, c->vocab, c->ctx,
              (double)fy_gpt_total_params(c) / 1e6);
@@ -87,6 +211,24 @@ void fy_gpt_block_layout(const struct fy_gpt_config *c, struct fy_gpt_block_layo
     o->total = at;
 }
 
+void fy_llama_unit_layout(const struct fy_gpt_config *c, struct fy_llama_unit_layout *o)
+{
+    size_t C = c->n_embd, hd = C / c->n_head, Q = c->n_head * hd, KV = c->n_kv_head * hd;
+    size_t I = c->n_inter, at = 0;
+#define PLACE(field, n) (o->field = at, at += (n))
+    PLACE(input_norm, C);
+    PLACE(q_proj, Q * C);
+    PLACE(k_proj, KV * C);
+    PLACE(v_proj, KV * C);
+    PLACE(o_proj, C * Q);
+    PLACE(post_norm, C);
+    PLACE(gate_proj, I * C);
+    PLACE(up_proj, I * C);
+    PLACE(down_proj, C * I);
+#undef PLACE
+    o->total = at;
+}
+
 unsigned fy_gpt_unit_count(const struct fy_gpt_config *c) { return c->n_layer + 2; }
 
 enum fy_unit_kind fy_gpt_unit_kind(const struct fy_gpt_config *c, unsigned unit)
@@ -96,6 +238,18 @@ enum fy_unit_kind fy_gpt_unit_kind(const struct fy_gpt_config *c, unsigned unit)
 
 size_t fy_gpt_unit_params(const struct fy_gpt_config *c, unsigned unit)
 {
+    if (c->arch == FY_ARCH_LLAMA) {
+        size_t VC = (size_t)c->vocab * c->n_embd;
+        switch (fy_gpt_unit_kind(c, unit)) {
+        case FY_UNIT_EMBED: return VC;
+        case FY_UNIT_FINAL: return c->n_embd + (c->tied ? 0 : VC);
+        default: {
+            struct fy_llama_unit_layout l;
+            fy_llama_unit_layout(c, &l);
+            return l.total;
+        }
+        }
+    }
     switch (fy_gpt_unit_kind(c, unit)) {
     case FY_UNIT_EMBED: return (size_t)c->vocab * c->n_embd + (size_t)c->ctx * c->n_embd;
     case FY_UNIT_FINAL: return 2 * (size_t)c->n_embd;
@@ -129,6 +283,27 @@ int fy_gpt_decay_segments(const struct fy_gpt_config *c, unsigned unit,
                           struct fy_param_segment out[FY_GPT_MAX_SEGMENTS])
 {
     size_t total = fy_gpt_unit_params(c, unit);
+    if (c->arch == FY_ARCH_LLAMA) {
+        size_t C = c->n_embd;
+        if (fy_gpt_unit_kind(c, unit) == FY_UNIT_EMBED) {
+            out[0] = (struct fy_param_segment){0, total, 1};
+            return 1;
+        }
+        if (fy_gpt_unit_kind(c, unit) == FY_UNIT_FINAL) {
+            out[0] = (struct fy_param_segment){0, C, 0}; /* norm */
+            if (total == C)
+                return 1;
+            out[1] = (struct fy_param_segment){C, total, 1}; /* lm_head */
+            return 2;
+        }
+        struct fy_llama_unit_layout l;
+        fy_llama_unit_layout(c, &l);
+        out[0] = (struct fy_param_segment){l.input_norm, l.q_proj, 0};
+        out[1] = (struct fy_param_segment){l.q_proj, l.post_norm, 1};
+        out[2] = (struct fy_param_segment){l.post_norm, l.gate_proj, 0};
+        out[3] = (struct fy_param_segment){l.gate_proj, l.total, 1};
+        return 4;
+    }
     if (fy_gpt_unit_kind(c, unit) != FY_UNIT_BLOCK) {
         out[0] = (struct fy_param_segment){0, total, fy_gpt_unit_kind(c, unit) == FY_UNIT_EMBED};
         return 1;
@@ -174,6 +349,23 @@ void fy_gpt_init_unit(const struct fy_gpt_config *c, unsigned unit, uint64_t see
 {
     size_t C = c->n_embd;
     const float std = 0.02f;
+    if (c->arch == FY_ARCH_LLAMA) {
+        size_t n = fy_gpt_unit_params(c, unit);
+        if (fy_gpt_unit_kind(c, unit) == FY_UNIT_EMBED) {
+            fill_normal(params, n, 0, std, seed, unit);
+        } else if (fy_gpt_unit_kind(c, unit) == FY_UNIT_FINAL) {
+            fill_const(params, C, 1.0f);
+            fill_normal(params + C, n - C, C, std, seed, unit);
+        } else {
+            struct fy_llama_unit_layout l;
+            fy_llama_unit_layout(c, &l);
+            fill_const(params + l.input_norm, C, 1.0f);
+            fill_normal(params + l.q_proj, l.post_norm - l.q_proj, l.q_proj, std, seed, unit);
+            fill_const(params + l.post_norm, C, 1.0f);
+            fill_normal(params + l.gate_proj, l.total - l.gate_proj, l.gate_proj, std, seed, unit);
+        }
+        return;
+    }
     switch (fy_gpt_unit_kind(c, unit)) {
     case FY_UNIT_EMBED:
         fill_normal(params, fy_gpt_unit_params(c, unit), 0, std, seed, unit);

@@ -43,6 +43,11 @@ struct options {
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set, model_set, hf_opts_set;
+    /* init --arch llama */
+    const char *arch;
+    uint64_t kv_heads, ffn; /* 0: --heads, 4 * --embd */
+    double rope_theta, rms_eps;
+    int tied;
 };
 
 enum { CKPT_HOST, CKPT_SSD, CKPT_AUTO };
@@ -54,11 +59,11 @@ static void usage(FILE *f)
             "\n"
             "commands:\n"
             "  prepare  --out FILE INPUT...         text or JSONL files -> token file\n"
-            "  init     --run-dir DIR [model]       create a GPT in the run's SSD store (GPT-2 init)\n"
-            "  init     --run-dir DIR --from-hf HF  import a Hugging Face GPT-2 directory instead\n"
+            "  init     --run-dir DIR [model]       create a model in the run's SSD store\n"
+            "  init     --run-dir DIR --from-hf HF  import a Hugging Face GPT-2 or Llama model\n"
             "  train    --run-dir DIR --data FILE   train it (continues from the store's step)\n"
             "  export   --run-dir DIR --out FILE    write the weights to a file\n"
-            "  export   --run-dir DIR --to-hf HF    write a Hugging Face model directory\n"
+            "  export   --run-dir DIR --to-hf HF    write a Hugging Face model directory (GPT-2)\n"
             "  selftest --run-dir DIR --ssd DIR     data path SSD -> pool -> gpu -> AdamW -> SSD\n"
             "  help                                 this text\n"
             "\n"
@@ -69,8 +74,12 @@ static void usage(FILE *f)
             "               the loss, the response and the EOS trained --overwrite\n"
             "model (init):  --layers N (4) --heads N (4) --embd N (128) --vocab N (256) --ctx N (128)\n"
             "               --seed N (1) --ssd DIR[,DIR...] (default DIR/store) --overwrite\n"
+            "               --arch gpt2|llama (gpt2); llama: --kv-heads N (--heads) --ffn N\n"
+            "               (4 x --embd) --rope-theta X (10000) --rms-eps X (1e-5) --tied (the LM\n"
+            "               head shares the token embeddings; default: a separate lm_head)\n"
             "               --from-hf HF: config.json and model.safetensors (or shards with\n"
-            "               model.safetensors.index.json) of a GPT2LMHeadModel; sets the model\n"
+            "               model.safetensors.index.json) of a GPT2LMHeadModel or a\n"
+            "               LlamaForCausalLM; sets the model\n"
             "to-hf export:  --dtype f32|bf16 (default: the source's; F16 is written as F32)\n"
             "               --max-shard-size SIZE (50000000000, as transformers) --overwrite\n"
             "               (replace the model files of a non-empty directory, keep the others)\n"
@@ -130,7 +139,8 @@ enum {
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
     O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_FROM_HF, O_TO_HF, O_DTYPE, O_MAX_SHARD,
-    O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD
+    O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD,
+    O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED
 };
 
 static const struct option longopts[] = {
@@ -167,6 +177,9 @@ static const struct option longopts[] = {
     {"text-field", required_argument, 0, O_TEXT_FIELD},
     {"prompt-field", required_argument, 0, O_PROMPT_FIELD},
     {"response-field", required_argument, 0, O_RESPONSE_FIELD},
+    {"arch", required_argument, 0, O_ARCH},          {"kv-heads", required_argument, 0, O_KV_HEADS},
+    {"ffn", required_argument, 0, O_FFN},            {"rope-theta", required_argument, 0, O_ROPE_THETA},
+    {"rms-eps", required_argument, 0, O_RMS_EPS},    {"tied", no_argument, 0, O_TIED},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -181,7 +194,8 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
                           .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
                           .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1,
-                          .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MIN, .max_shard_size = 50000000000ull};
+                          .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MIN, .max_shard_size = 50000000000ull,
+                          .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5};
     int c, rc = 0;
     uint64_t v;
     opterr = 0;
@@ -277,6 +291,19 @@ static int parse_options(int argc, char **argv, struct options *o)
             }
             break;
         case O_FROM_HF: o->from_hf = optarg; break;
+        case O_ARCH:
+            o->arch = optarg;
+            o->model_set = 1;
+            if (strcmp(optarg, "gpt2") != 0 && strcmp(optarg, "llama") != 0) {
+                fy_error("--arch %s: expected gpt2 or llama", optarg);
+                rc = -EINVAL;
+            }
+            break;
+        case O_KV_HEADS: rc = parse_size_opt("--kv-heads", optarg, &o->kv_heads); o->model_set = 1; break;
+        case O_FFN: rc = parse_size_opt("--ffn", optarg, &o->ffn); o->model_set = 1; break;
+        case O_ROPE_THETA: rc = parse_double_opt("--rope-theta", optarg, &o->rope_theta); o->model_set = 1; break;
+        case O_RMS_EPS: rc = parse_double_opt("--rms-eps", optarg, &o->rms_eps); o->model_set = 1; break;
+        case O_TIED: o->tied = 1; o->model_set = 1; break;
         case O_TO_HF: o->to_hf = optarg; break;
         case O_DTYPE:
             o->hf_opts_set = 1;
@@ -471,11 +498,26 @@ static int cmd_init(struct options *o)
     FY_TRY(require(o->run_dir, "--run-dir", "init"));
     if (o->from_hf != NULL)
         return cmd_init_hf(o);
-    struct fy_gpt_config model = {(uint32_t)o->layers, (uint32_t)o->heads, (uint32_t)o->embd,
-                                  (uint32_t)o->vocab, (uint32_t)o->ctx};
+    struct fy_gpt_config model = {.n_layer = (uint32_t)o->layers, .n_head = (uint32_t)o->heads,
+                                  .n_embd = (uint32_t)o->embd, .vocab = (uint32_t)o->vocab,
+                                  .ctx = (uint32_t)o->ctx};
     FY_REQUIRE(o->layers <= UINT32_MAX && o->heads <= UINT32_MAX && o->embd <= UINT32_MAX &&
-                   o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX,
+                   o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX && o->kv_heads <= UINT32_MAX &&
+                   o->ffn <= UINT32_MAX && 4 * o->embd <= UINT32_MAX,
                -EINVAL, "init: model dimensions too large");
+    if (strcmp(o->arch, "llama") == 0) {
+        model.arch = FY_ARCH_LLAMA;
+        model.n_kv_head = (uint32_t)(o->kv_heads != 0 ? o->kv_heads : o->heads);
+        model.n_inter = (uint32_t)(o->ffn != 0 ? o->ffn : 4 * o->embd);
+        model.tied = (uint32_t)o->tied;
+        model.rms_eps = (float)o->rms_eps;
+        model.rope_theta = o->rope_theta;
+    } else {
+        FY_REQUIRE(o->kv_heads == 0 && o->ffn == 0 && !o->tied && o->rope_theta == 10000.0 &&
+                       o->rms_eps == 1e-5,
+                   -EINVAL, "init: --kv-heads, --ffn, --rope-theta, --rms-eps and --tied are "
+                   "options of --arch llama");
+    }
     FY_TRY(fy_gpt_config_validate(&model));
     char mc_path[PATH_MAX], store_dir[PATH_MAX];
     model_conf_path(o->run_dir, mc_path, sizeof mc_path);

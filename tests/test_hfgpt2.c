@@ -25,7 +25,7 @@
 #include "tests/testutil.h"
 
 /* 2 layers, 2 heads, 8 wide, vocab 11, context 5: every shape distinct enough to catch a swap. */
-static const struct fy_gpt_config CFG = {2, 2, 8, 11, 5};
+static const struct fy_gpt_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 5};
 
 static char *tmpdir;
 
@@ -464,8 +464,10 @@ static void test_config_refusals(void **state)
         const char *text;
         const char *want;
     } v[] = {
-        {"llama", "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"]}",
-         "LlamaForCausalLM"},
+        {"mistral", "{\"model_type\": \"mistral\", \"architectures\": [\"MistralForCausalLM\"]}",
+         "MistralForCausalLM"},
+        {"llama-yarn", "{\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"yarn\"}}",
+         "rope_type \"yarn\" is not supported"},
         {"arch", "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2DoubleHeadsModel\"]}",
          "GPT2DoubleHeadsModel"},
         {"gelu", "{\"model_type\": \"gpt2\", \"activation_function\": \"gelu\"}", "activation_function"},

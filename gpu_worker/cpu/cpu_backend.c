@@ -1,19 +1,24 @@
 /* The CPU backend of the gpu worker: computes directly in host memory (so registering the pool is a
- * no-op), with the fp32 OpenMP GPT operations of gpt_cpu and private scratch sized per batch. */
+ * no-op), with the fp32 OpenMP operations of gpt_cpu (GPT-2) or llama_cpu (Llama, chosen by the
+ * model's architecture) and private scratch sized per batch. */
 #include "cpu_backend.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common/check.h"
 #include "common/dtype.h"
 #include "common/synth.h"
 #include "gpu_worker/cpu/gpt_cpu.h"
+#include "gpu_worker/cpu/llama_cpu.h"
 
 struct cpu_state {
     struct fy_gpt_config cfg;
+    int llama;                   /* cfg.arch == FY_ARCH_LLAMA */
+    struct fy_llama_config lcfg; /* the block's config when llama */
     int B, T;
     float *block_scratch;
     float *head_scratch;
@@ -69,7 +74,17 @@ static int cpu_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, in
     s->cfg = *c;
     s->B = B;
     s->T = T;
-    size_t block = fy_cpu_block_scratch(c, B, T), head = fy_cpu_head_scratch(c, B, T);
+    s->llama = c->arch == FY_ARCH_LLAMA;
+    size_t block, head;
+    if (s->llama) {
+        fy_llama_config_of(c, &s->lcfg);
+        FY_TRY(fy_llama_config_validate(&s->lcfg));
+        block = fy_llama_block_scratch(&s->lcfg, B, T);
+        head = fy_llama_head_scratch(c, B, T);
+    } else {
+        block = fy_cpu_block_scratch(c, B, T);
+        head = fy_cpu_head_scratch(c, B, T);
+    }
     s->block_scratch = malloc(block * sizeof(float));
     s->head_scratch = malloc(head * sizeof(float));
     if (s->block_scratch == NULL || s->head_scratch == NULL) {
@@ -83,21 +98,30 @@ static int cpu_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, in
 static int cpu_embed_forward(void *state, const float *embed, const int32_t *tokens, float *x)
 {
     struct cpu_state *s = state;
-    fy_cpu_embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
+    if (s->llama)
+        fy_llama_embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
+    else
+        fy_cpu_embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
     return 0;
 }
 
 static int cpu_embed_backward(void *state, const int32_t *tokens, const float *dx, float *dembed)
 {
     struct cpu_state *s = state;
-    fy_cpu_embed_backward(&s->cfg, tokens, dx, dembed, s->B, s->T);
+    if (s->llama)
+        fy_llama_embed_backward(&s->cfg, tokens, dx, dembed, s->B, s->T);
+    else
+        fy_cpu_embed_backward(&s->cfg, tokens, dx, dembed, s->B, s->T);
     return 0;
 }
 
 static int cpu_block_forward(void *state, const float *params, const float *x, float *y)
 {
     struct cpu_state *s = state;
-    fy_cpu_block_forward(&s->cfg, params, x, y, s->block_scratch, s->B, s->T);
+    if (s->llama)
+        fy_llama_block_forward(&s->lcfg, params, x, y, s->block_scratch, s->B, s->T);
+    else
+        fy_cpu_block_forward(&s->cfg, params, x, y, s->block_scratch, s->B, s->T);
     return 0;
 }
 
@@ -105,7 +129,13 @@ static int cpu_block_backward(void *state, const float *params, const float *x, 
                               float *dx, float *dparams)
 {
     struct cpu_state *s = state;
-    fy_cpu_block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
+    if (s->llama) {
+        /* the Llama block accumulates its parameter gradients; the request overwrites them */
+        memset(dparams, 0, fy_gpt_unit_params(&s->cfg, 1) * sizeof *dparams);
+        fy_llama_block_backward(&s->lcfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
+    } else {
+        fy_cpu_block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
+    }
     return 0;
 }
 
@@ -113,6 +143,11 @@ static int cpu_head(void *state, const float *final_params, const float *embed, 
                     const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed)
 {
     struct cpu_state *s = state;
+    if (s->llama) {
+        *loss = fy_llama_head_forward_backward(&s->cfg, final_params, embed, x, targets, dx, dfinal,
+                                               dembed, s->head_scratch, s->B, s->T);
+        return 0;
+    }
     *loss = fy_cpu_head_forward_backward(&s->cfg, final_params, embed, x, targets, dx, dfinal,
                                          dembed, s->head_scratch, s->B, s->T);
     return 0;
@@ -122,6 +157,10 @@ static int cpu_logits(void *state, const float *final_params, const float *embed
                       float *logits)
 {
     struct cpu_state *s = state;
+    if (s->llama) {
+        fy_llama_logits(&s->cfg, final_params, embed, x, logits, s->head_scratch, s->B, s->T);
+        return 0;
+    }
     size_t N = (size_t)s->B * s->T, C = s->cfg.n_embd;
     float *xn = malloc(N * C * sizeof *xn), *stats = malloc(2 * N * sizeof *stats);
     if (xn == NULL || stats == NULL) {

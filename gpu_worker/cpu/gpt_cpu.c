@@ -13,7 +13,7 @@
 
 #define LN_EPS 1e-5f
 /* Rows of logits the head holds at once: bounds its scratch to HEAD_CHUNK * V floats. */
-#define HEAD_CHUNK 64
+#define HEAD_CHUNK FY_CPU_HEAD_CHUNK
 /* Channels per task in the embedding backward: a cache line of floats, so that threads seldom share
  * a line (any grouping would be deterministic; this one is also cache friendly). */
 #define EMBED_CHANNELS 16
@@ -397,45 +397,27 @@ static void head_carve(const struct fy_gpt_config *c, int B, int T, float *base,
     s->total = at;
 }
 
-size_t fy_cpu_head_scratch(const struct fy_gpt_config *c, int B, int T)
+/* The LM head's matmul and the mean cross-entropy, shared by the GPT-2 and Llama heads. */
+float fy_cpu_xent_head(const float *xn_all, const float *w, const int32_t *targets, int N, int C,
+                       int V, float *logits, float *dxn, float *dw)
 {
-    struct head_buf s;
-    head_carve(c, B, T, NULL, &s);
-    return s.total;
-}
-
-float fy_cpu_head_forward_backward(const struct fy_gpt_config *c, const float *final_params,
-                                   const float *embed, const float *x, const int32_t *targets,
-                                   float *dx, float *dfinal, float *dembed, float *scratch, int B,
-                                   int T)
-{
-    struct head_buf s;
-    head_carve(c, B, T, scratch, &s);
-    int C = (int)c->n_embd, V = (int)c->vocab, N = B * T;
-    const float *lnf_w = final_params, *lnf_b = final_params + C;
-    const float *wte = embed;
-    int backward = dx != NULL;
-
+    int backward = dxn != NULL;
     int count = 0;
     for (int n = 0; n < N; n++)
         count += targets[n] >= 0;
     float inv_count = count > 0 ? 1.0f / (float)count : 0.0f;
-
-    fy_cpu_layernorm_forward(s.xn, s.mean, s.rstd, x, lnf_w, lnf_b, N, C);
-    if (backward)
-        memset(dembed, 0, ((size_t)V + c->ctx) * C * sizeof *dembed);
 
     /* Chunks run in order, so every dwte element sums its rows in the same order whatever the
      * threads; within a chunk, per-row losses are summed serially in double. */
     double loss_sum = 0.0;
     for (int r0 = 0; r0 < N; r0 += HEAD_CHUNK) {
         int R = N - r0 < HEAD_CHUNK ? N - r0 : HEAD_CHUNK;
-        const float *xn = s.xn + (size_t)r0 * C;
-        fy_cpu_matmul_forward(s.logits, xn, wte, NULL, R, C, V);
+        const float *xn = xn_all + (size_t)r0 * C;
+        fy_cpu_matmul_forward(logits, xn, w, NULL, R, C, V);
         double row_loss[HEAD_CHUNK];
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < R; r++) {
-            float *z = s.logits + (size_t)r * V;
+            float *z = logits + (size_t)r * V;
             int32_t target = targets[r0 + r];
             row_loss[r] = 0.0;
             if (target < 0) {
@@ -461,12 +443,40 @@ float fy_cpu_head_forward_backward(const struct fy_gpt_config *c, const float *f
         for (int r = 0; r < R; r++)
             loss_sum += row_loss[r];
         if (backward)
-            fy_cpu_matmul_backward(s.dxn + (size_t)r0 * C, dembed, NULL, s.logits, xn, wte, R, C, V);
+            fy_cpu_matmul_backward(dxn + (size_t)r0 * C, dw, NULL, logits, xn, w, R, C, V);
     }
+
+    return count > 0 ? (float)(loss_sum / count) : 0.0f;
+}
+
+size_t fy_cpu_head_scratch(const struct fy_gpt_config *c, int B, int T)
+{
+    struct head_buf s;
+    head_carve(c, B, T, NULL, &s);
+    return s.total;
+}
+
+float fy_cpu_head_forward_backward(const struct fy_gpt_config *c, const float *final_params,
+                                   const float *embed, const float *x, const int32_t *targets,
+                                   float *dx, float *dfinal, float *dembed, float *scratch, int B,
+                                   int T)
+{
+    struct head_buf s;
+    head_carve(c, B, T, scratch, &s);
+    int C = (int)c->n_embd, V = (int)c->vocab, N = B * T;
+    const float *lnf_w = final_params, *lnf_b = final_params + C;
+    const float *wte = embed;
+    int backward = dx != NULL;
+
+    fy_cpu_layernorm_forward(s.xn, s.mean, s.rstd, x, lnf_w, lnf_b, N, C);
+    if (backward)
+        memset(dembed, 0, ((size_t)V + c->ctx) * C * sizeof *dembed);
+    float loss = fy_cpu_xent_head(s.xn, wte, targets, N, C, V, s.logits, backward ? s.dxn : NULL,
+                                  dembed);
 
     if (backward) {
         memset(dfinal, 0, 2 * (size_t)C * sizeof *dfinal);
         fy_cpu_layernorm_backward(dx, dfinal, dfinal + C, s.dxn, x, lnf_w, s.mean, s.rstd, N, C);
     }
-    return count > 0 ? (float)(loss_sum / count) : 0.0f;
+    return loss;
 }

@@ -99,6 +99,15 @@ void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, co
 void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, const float *x,
                            const float *dy, float *dx, float *dparams, float *scratch, int B, int T);
 
+/* Rows of logits a head holds at once (its logits scratch is FY_CPU_HEAD_CHUNK * V floats). */
+#define FY_CPU_HEAD_CHUNK 64
+/* The LM head and mean cross-entropy on normalised rows xn [N][C] with the head matrix w [V][C]
+ * (logits = xn w^T; a target < 0 is ignored, the mean is over the others); returns the loss.
+ * logits: FY_CPU_HEAD_CHUNK * V floats of scratch. With dxn != NULL also back-propagates: dxn
+ * overwritten, dw accumulated (+=). */
+float fy_cpu_xent_head(const float *xn, const float *w, const int32_t *targets, int N, int C, int V,
+                       float *logits, float *dxn, float *dw);
+
 /* Floats of scratch the head needs (logits are processed in chunks of rows, never all at once). */
 size_t fy_cpu_head_scratch(const struct fy_gpt_config *c, int B, int T);
 /* Final LayerNorm, logits = lnf(x) wte^T, mean cross-entropy over the targets (a target < 0 is

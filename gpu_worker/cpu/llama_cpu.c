@@ -429,3 +429,116 @@ void fy_llama_norm_backward(const struct fy_llama_config *c, const float *w, con
 {
     fy_llama_rmsnorm_backward(dx, dw, dy, x, w, rstd, B * T, (int)c->n_embd);
 }
+
+/* ---- model pieces: embeddings, final norm with the LM head ---- */
+
+/* Channels per task in the embedding backward (as gpt_cpu.c). */
+#define EMBED_CHANNELS 16
+
+void fy_llama_config_of(const struct fy_gpt_config *m, struct fy_llama_config *out)
+{
+    *out = (struct fy_llama_config){
+        .n_embd = m->n_embd,
+        .n_head = m->n_head,
+        .n_kv_head = m->n_kv_head,
+        .n_inter = m->n_inter,
+        .rms_norm_eps = m->rms_eps,
+        .rope_theta = m->rope_theta,
+        .rope_type = m->rope_type == FY_ROPE_LLAMA3 ? FY_LLAMA_ROPE_LLAMA3 : FY_LLAMA_ROPE_DEFAULT,
+        .rope_factor = m->rope_factor,
+        .rope_low_freq_factor = m->rope_low_freq_factor,
+        .rope_high_freq_factor = m->rope_high_freq_factor,
+        .rope_original_max_pos = m->rope_orig_max_pos,
+    };
+}
+
+void fy_llama_embed_forward(const struct fy_gpt_config *m, const float *embed, const int32_t *tokens,
+                            float *x, int B, int T)
+{
+    size_t C = m->n_embd;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < B * T; n++)
+        memcpy(x + (size_t)n * C, embed + (size_t)tokens[n] * C, C * sizeof *x);
+}
+
+void fy_llama_embed_backward(const struct fy_gpt_config *m, const int32_t *tokens, const float *dx,
+                             float *dembed, int B, int T)
+{
+    int C = (int)m->n_embd;
+    /* A token may repeat, so a row sums over positions: split by channel, rows n in order. */
+    int tasks = (C + EMBED_CHANNELS - 1) / EMBED_CHANNELS;
+#pragma omp parallel for schedule(static)
+    for (int k = 0; k < tasks; k++) {
+        int c0 = k * EMBED_CHANNELS, c1 = c0 + EMBED_CHANNELS < C ? c0 + EMBED_CHANNELS : C;
+        for (int n = 0; n < B * T; n++) {
+            const float *d = dx + (size_t)n * C;
+            float *te = dembed + (size_t)tokens[n] * C;
+            for (int i = c0; i < c1; i++)
+                te[i] += d[i];
+        }
+    }
+}
+
+struct head_buf {
+    float *xn, *rstd; /* [N][C], [N] */
+    float *dxn;       /* [N][C] */
+    float *logits;    /* [FY_CPU_HEAD_CHUNK][V] */
+    size_t total;
+};
+
+static void head_carve(const struct fy_gpt_config *m, int B, int T, float *base, struct head_buf *s)
+{
+    size_t C = m->n_embd, N = (size_t)B * T, at = 0;
+#define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
+    CARVE(xn, N * C);
+    CARVE(rstd, N);
+    CARVE(dxn, N * C);
+    CARVE(logits, (size_t)FY_CPU_HEAD_CHUNK * m->vocab);
+#undef CARVE
+    s->total = at;
+}
+
+size_t fy_llama_head_scratch(const struct fy_gpt_config *m, int B, int T)
+{
+    struct head_buf s;
+    head_carve(m, B, T, NULL, &s);
+    return s.total;
+}
+
+float fy_llama_head_forward_backward(const struct fy_gpt_config *m, const float *final_params,
+                                     const float *embed, const float *x, const int32_t *targets,
+                                     float *dx, float *dfinal, float *dembed, float *scratch, int B,
+                                     int T)
+{
+    struct head_buf s;
+    head_carve(m, B, T, scratch, &s);
+    int C = (int)m->n_embd, V = (int)m->vocab, N = B * T;
+    size_t VC = (size_t)V * C;
+    const float *norm_w = final_params;
+    const float *head_w = m->tied ? embed : final_params + C;
+    int backward = dx != NULL;
+
+    fy_llama_rmsnorm_forward(s.xn, s.rstd, x, norm_w, N, C, m->rms_eps);
+    float *dhead = NULL;
+    if (backward) {
+        memset(dembed, 0, VC * sizeof *dembed);
+        memset(dfinal, 0, fy_gpt_unit_params(m, m->n_layer + 1) * sizeof *dfinal);
+        dhead = m->tied ? dembed : dfinal + C;
+    }
+    float loss = fy_cpu_xent_head(s.xn, head_w, targets, N, C, V, s.logits, backward ? s.dxn : NULL,
+                                  dhead);
+    if (backward)
+        fy_llama_rmsnorm_backward(dx, dfinal, s.dxn, x, norm_w, s.rstd, N, C);
+    return loss;
+}
+
+void fy_llama_logits(const struct fy_gpt_config *m, const float *final_params, const float *embed,
+                     const float *x, float *logits, float *scratch, int B, int T)
+{
+    struct head_buf s;
+    head_carve(m, B, T, scratch, &s);
+    int C = (int)m->n_embd, N = B * T;
+    fy_llama_rmsnorm_forward(s.xn, s.rstd, x, final_params, N, C, m->rms_eps);
+    fy_cpu_matmul_forward(logits, s.xn, m->tied ? embed : final_params + C, NULL, N, C,
+                          (int)m->vocab);
+}

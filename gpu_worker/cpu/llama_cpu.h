@@ -1,7 +1,9 @@
 /* The Llama transformer block on the CPU: fp32, OpenMP, written to be read; the reference for a
  * later CUDA version, in the style of gpt_cpu.h. First increment of the Llama architecture
  * (issue 7): one decoder block (Hugging Face's LlamaDecoderLayer) forward and backward, and the
- * model's final RMSNorm. Nothing here is wired into the gpu worker or the launcher yet.
+ * model's final RMSNorm; then the model pieces the gpu worker runs unit by unit for a Llama model
+ * (common/model.h's Llama units): the embedding lookup and the final norm with the (tied or
+ * untied) LM head and cross-entropy.
  *
  * The block (x, y: [B][T][C]; N = B*T rows; hd = C / n_head; I = intermediate size):
  *   n1 = rmsnorm(x, input_layernorm)                      rmsnorm(x, w) = w * (x * rsqrt(mean(x^2) + eps))
@@ -39,6 +41,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -135,6 +139,31 @@ void fy_llama_norm_forward(const struct fy_llama_config *c, const float *w, cons
 /* dx overwritten, dw accumulated; rstd as the forward left it. */
 void fy_llama_norm_backward(const struct fy_llama_config *c, const float *w, const float *x,
                             const float *rstd, const float *dy, float *dx, float *dw, int B, int T);
+
+/* ---- model pieces, one unit at a time (common/model.h's Llama units) ---- */
+
+/* The block's config from a Llama model config (arch FY_ARCH_LLAMA). */
+void fy_llama_config_of(const struct fy_gpt_config *m, struct fy_llama_config *out);
+/* x[b][t] = embed_tokens[tokens[b][t]] (no positions); tokens must be < V. */
+void fy_llama_embed_forward(const struct fy_gpt_config *m, const float *embed, const int32_t *tokens,
+                            float *x, int B, int T);
+/* dembed += gradient of the lookup. */
+void fy_llama_embed_backward(const struct fy_gpt_config *m, const int32_t *tokens, const float *dx,
+                             float *dembed, int B, int T);
+/* Floats of scratch the head needs. */
+size_t fy_llama_head_scratch(const struct fy_gpt_config *m, int B, int T);
+/* Final RMSNorm, logits = norm(x) W^T with W = lm_head (final unit, after the norm weight) or, when
+ * tied, embed_tokens; mean cross-entropy over the targets (a target < 0 is ignored). Returns the
+ * loss. With dx != NULL also back-propagates: dx overwritten, dfinal (the final unit's layout)
+ * overwritten, dembed overwritten with the head's share of the embedding gradient (zero when
+ * untied); the embedding backward then adds its own. */
+float fy_llama_head_forward_backward(const struct fy_gpt_config *m, const float *final_params,
+                                     const float *embed, const float *x, const int32_t *targets,
+                                     float *dx, float *dfinal, float *dembed, float *scratch, int B,
+                                     int T);
+/* logits [B*T][V] (needs fy_llama_head_scratch floats of scratch). */
+void fy_llama_logits(const struct fy_gpt_config *m, const float *final_params, const float *embed,
+                     const float *x, float *logits, float *scratch, int B, int T);
 
 #ifdef __cplusplus
 }

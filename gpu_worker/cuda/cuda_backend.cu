@@ -178,6 +178,11 @@ static int cuda_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor
 static int cuda_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, int T)
 {
     struct cuda_state *s = (struct cuda_state *)state;
+    if (c->arch != FY_ARCH_GPT2) {
+        fy_error("cuda backend: the model is %s: Llama runs on the CPU backend for now "
+                 "(train --backend cpu)", fy_arch_name(c->arch));
+        return -ENOTSUP;
+    }
     size_t need = fy_cu_gpt_arena_bytes(c, B, T);
     if (s->arena.base == NULL)
         FY_TRY(fy_cu_arena_init(&s->arena, need));

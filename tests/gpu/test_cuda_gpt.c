@@ -21,7 +21,7 @@
 #include "tests/testutil.h"
 
 static struct fy_backend *cuda, *cpu;
-static const struct fy_gpt_config cfg = {2, 4, 64, 259, 48};
+static const struct fy_gpt_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 259, .ctx = 48};
 static const int B = 3, T = 37;
 
 static float *unit_params(unsigned unit, uint64_t seed)
