@@ -417,8 +417,11 @@ int fy_hfgpt2_read_config(const char *path, struct fy_gpt_config *model)
 
 static int same_model(const struct fy_gpt_config *a, const struct fy_gpt_config *b)
 {
-    return a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
-           a->vocab == b->vocab && a->ctx == b->ctx;
+    int same = a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
+               a->vocab == b->vocab && a->ctx == b->ctx && a->arch == b->arch;
+    if (same && a->arch == FY_ARCH_LLAMA)
+        same = a->n_kv_head == b->n_kv_head && a->n_inter == b->n_inter && a->tied == b->tied;
+    return same;
 }
 
 /* Removes the plain files of a directory made here, then the directory; quiet (cleanup). */
@@ -921,9 +924,78 @@ static const char *torch_dtype_name(int dtype)
     return dtype == FY_ST_BF16 ? "bfloat16" : dtype == FY_ST_F16 ? "float16" : "float32";
 }
 
+/* The shortest %g form of a float that reads back as the same float, as a JSON number with a
+ * fraction or exponent (1e-05, 10000.0). */
+static void json_float(char *buf, size_t len, float v)
+{
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, len, "%.*g", prec, (double)v);
+        if (strtof(buf, NULL) == v)
+            break;
+    }
+    if (strpbrk(buf, ".eE") == NULL && strlen(buf) + 3 <= len)
+        strcat(buf, ".0");
+}
+
+static void json_double(char *buf, size_t len, double v)
+{
+    if (v == floor(v) && fabs(v) < 1e15) { /* 500000.0, not 5e+05 */
+        snprintf(buf, len, "%.1f", v);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    if (strpbrk(buf, ".eE") == NULL && strlen(buf) + 3 <= len)
+        strcat(buf, ".0");
+}
+
+/* A LlamaConfig config.json for a Llama made here (init --arch llama): every key that
+ * llama_config_from_json reads, and the rotary settings as rope_theta and rope_scaling, which
+ * transformers 4 and 5 both take. */
+static char *synth_llama_config(const struct fy_gpt_config *m, int dtype)
+{
+    enum { CAP = 4096 };
+    char *text = malloc(CAP);
+    if (text == NULL)
+        return NULL;
+    char eps[32], theta[40], scaling[512] = "null";
+    json_float(eps, sizeof eps, m->rms_eps);
+    json_double(theta, sizeof theta, m->rope_theta);
+    if (m->rope_type == FY_ROPE_LLAMA3) {
+        char f[40], lo[40], hi[40];
+        json_double(f, sizeof f, m->rope_factor);
+        json_double(lo, sizeof lo, m->rope_low_freq_factor);
+        json_double(hi, sizeof hi, m->rope_high_freq_factor);
+        snprintf(scaling, sizeof scaling,
+                 "{\"rope_type\": \"llama3\", \"factor\": %s, \"low_freq_factor\": %s, "
+                 "\"high_freq_factor\": %s, \"original_max_position_embeddings\": %u}",
+                 f, lo, hi, m->rope_orig_max_pos);
+    }
+    snprintf(text, CAP,
+             "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+             "  \"vocab_size\": %u,\n  \"hidden_size\": %u,\n  \"intermediate_size\": %u,\n"
+             "  \"num_hidden_layers\": %u,\n  \"num_attention_heads\": %u,\n"
+             "  \"num_key_value_heads\": %u,\n  \"head_dim\": %u,\n"
+             "  \"max_position_embeddings\": %u,\n  \"hidden_act\": \"silu\",\n"
+             "  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": %s,\n"
+             "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n"
+             "  \"mlp_bias\": false,\n  \"pretraining_tp\": 1,\n  \"initializer_range\": 0.02,\n"
+             "  \"tie_word_embeddings\": %s,\n  \"bos_token_id\": %u,\n  \"eos_token_id\": %u,\n"
+             "  \"use_cache\": true,\n  \"dtype\": \"%s\"\n}\n",
+             m->vocab, m->n_embd, m->n_inter, m->n_layer, m->n_head, m->n_kv_head,
+             m->n_embd / m->n_head, m->ctx, eps, theta, scaling, m->tied ? "true" : "false",
+             m->vocab - 1, m->vocab - 1, torch_dtype_name(dtype));
+    return text;
+}
+
 /* A config.json for a model made here (no Hugging Face source). */
 static char *synth_config(const struct fy_gpt_config *m, int dtype)
 {
+    if (m->arch == FY_ARCH_LLAMA)
+        return synth_llama_config(m, dtype);
     char *text = malloc(2048);
     if (text == NULL)
         return NULL;
@@ -1018,7 +1090,7 @@ static int load_source(struct fy_hfgpt2_writer *w, const char *src, int force, c
                    (strcmp(prefix->valuestring, "") == 0 ||
                     strcmp(prefix->valuestring, HF_PREFIX) == 0) &&
                    cJSON_IsBool(lm) && cJSON_IsObject(dtypes),
-               -EINVAL, "%s: not a record of an imported GPT-2 (damaged?): import the model again",
+               -EINVAL, "%s: not a record of an imported model (damaged?): import the model again",
                spath);
     snprintf(w->prefix, sizeof w->prefix, "%s", prefix->valuestring);
     w->lm_head = cJSON_IsTrue(lm);
@@ -1087,7 +1159,9 @@ static int writer_open(struct fy_hfgpt2_writer *w, const char *dir,
     if (o->source != NULL) {
         rc = load_source(w, o->source, o->dtype, &meta, &root);
     } else {
-        snprintf(w->prefix, sizeof w->prefix, "%s", HF_PREFIX);
+        /* Llama names are full (model.*, lm_head.weight); an untied head is a unit parameter */
+        snprintf(w->prefix, sizeof w->prefix, "%s",
+                 w->model.arch == FY_ARCH_LLAMA ? "" : HF_PREFIX);
         w->dtype = o->dtype ? o->dtype : FY_ST_F32;
         for (unsigned k = 0; k < np; k++)
             w->dtypes[k] = w->dtype;
@@ -1137,9 +1211,6 @@ int fy_hfgpt2_writer_new(struct fy_hfgpt2_writer **out, const char *dir,
                          const struct fy_gpt_config *model, const struct fy_hfgpt2_export_opts *o)
 {
     *out = NULL;
-    FY_REQUIRE(model->arch == FY_ARCH_GPT2, -ENOTSUP,
-               "%s: export --to-hf of a Llama is not implemented yet (export --out FILE writes its "
-               "weights)", dir);
     struct fy_hfgpt2_writer *w = calloc(1, sizeof *w);
     FY_REQUIRE(w != NULL, -ENOMEM, "%s: out of memory", dir);
     w->model = *model;

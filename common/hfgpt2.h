@@ -25,6 +25,11 @@
  * and exported with the model), and source.json (the tensor name prefix, whether lm_head.weight
  * was stored, the file's __metadata__ and each tensor's original dtype).
  *
+ * Llama (LlamaForCausalLM) is mapped without transposes and exported the same way: the names of
+ * hfgpt2.c's llama_unit_params (model.embed_tokens.weight; model.layers.i.* per block;
+ * model.norm.weight, then lm_head.weight when untied), the source's config.json and dtypes, or
+ * for a model made here (init --arch llama) a LlamaConfig config.json written from the model.
+ *
  * Errors: -EINVAL for a config or checkpoint that is not a GPT-2 this project computes (wrong
  * architecture, missing or misshapen tensor, untied head), -ENOENT for a missing file, -EEXIST for
  * an output that exists, the safetensors reader's codes for a malformed file, other -errno; each
@@ -83,7 +88,8 @@ int fy_hfgpt2_remove_source(const char *hf_dir);
 
 struct fy_hfgpt2_export_opts {
     /* A directory written by fy_hfgpt2_save_source (the original config.json, names and dtypes),
-     * or NULL for a model made here: a GPT-2 config.json is then written from the model. */
+     * or NULL for a model made here: a GPT2Config or LlamaConfig config.json is then written
+     * from the model. */
     const char *source;
     /* FY_ST_F32 or FY_ST_BF16 for every tensor; 0: each tensor's original dtype (F16 tensors as
      * F32, logged: the writer has no F16 output), F32 without a source. */

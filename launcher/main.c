@@ -63,7 +63,7 @@ static void usage(FILE *f)
             "  init     --run-dir DIR --from-hf HF  import a Hugging Face GPT-2 or Llama model\n"
             "  train    --run-dir DIR --data FILE   train it (continues from the store's step)\n"
             "  export   --run-dir DIR --out FILE    write the weights to a file\n"
-            "  export   --run-dir DIR --to-hf HF    write a Hugging Face model directory (GPT-2)\n"
+            "  export   --run-dir DIR --to-hf HF    write a Hugging Face model directory (GPT-2, Llama)\n"
             "  selftest --run-dir DIR --ssd DIR     data path SSD -> pool -> gpu -> AdamW -> SSD\n"
             "  help                                 this text\n"
             "\n"
@@ -1009,8 +1009,9 @@ static int cmd_export_hf(struct options *o)
         rc = fy_hfgpt2_writer_finish(&w);
     fy_hfgpt2_writer_destroy(&w);
     if (rc == 0)
-        fy_info("exported step %llu to %s (a Hugging Face GPT-2 directory, %s%s)",
-                (unsigned long long)meta.step, o->to_hf, dtype,
+        fy_info("exported step %llu to %s (a Hugging Face %s directory, %s%s)",
+                (unsigned long long)meta.step, o->to_hf,
+                model.arch == FY_ARCH_LLAMA ? "Llama" : "GPT-2", dtype,
                 eo.source ? ", names and config of the imported model" : ", config.json made here");
     free(mc);
     free(cfg);

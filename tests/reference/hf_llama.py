@@ -4,17 +4,21 @@
 Needs torch and transformers (the versions .ci/run installs). Commands:
 
   make DIR [--seed S] [--layers L --heads H --kv-heads K --embd C --ffn I --vocab V --ctx T]
-           [--llama3] [--tied]
+           [--llama3] [--tied] [--dtype f32|bf16]
       A tiny LlamaForCausalLM, random init from the seed (RMSNorm weights perturbed so that their
-      mapping matters), saved by save_pretrained (safetensors, float32). --llama3: rope_theta
+      mapping matters), saved by save_pretrained (safetensors, float32 or bfloat16). --llama3: rope_theta
       500000 and llama3 rope scaling with original_max_position_embeddings below the sequence
       length, so every branch of the scaling is used; --tied: tie_word_embeddings.
   tokens FILE --vocab V --count N --seed S
       As hf_gpt2.py's.
-  loss DIR TOKFILE --batch B --seq T --eval-fraction F --train-step K --seed S
+  loss DIR TOKFILE --batch B --seq T --eval-fraction F (--train-step K | --eval-batches N) --seed S
       Loads DIR with LlamaForCausalLM.from_pretrained in float32 (refusing missing or unexpected
-      keys) and prints "loss X": the mean cross-entropy of the training batch of step K as
-      fy_tokfile_batch draws it.
+      keys, and a tied config whose head is not embed_tokens) and prints "loss X": the mean
+      cross-entropy of the training batch of step K as fy_tokfile_batch draws it, or the mean over
+      the first N held-out batches as train's evaluation draws them.
+  compare A B [--expect-different]
+      As hf_gpt2.py's: the same tensor names, and each tensor equal bit for bit in shape, dtype and
+      bytes (or, --expect-different, some differ); config.json equal but for its dtype.
   run 'COMMAND ARGS' ...
       Several of the commands above in one process, in order, stopping at the first that fails.
 """
@@ -24,7 +28,7 @@ import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_gpt2 import read_tokens, train_batch, cmd_tokens  # noqa: E402
+from hf_gpt2 import read_tokens, train_batch, eval_batch, cmd_tokens, cmd_compare  # noqa: E402
 
 
 def cmd_make(a):
@@ -45,6 +49,8 @@ def cmd_make(a):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
+    if a.dtype == "bf16":
+        model = model.to(torch.bfloat16)
     model.save_pretrained(a.dir, safe_serialization=True)
     return 0
 
@@ -61,17 +67,27 @@ def cmd_loss(a):
     if problems:
         print(f"{a.dir}: transformers did not load it cleanly: {problems}", file=sys.stderr)
         return 1
+    if model.config.tie_word_embeddings and \
+            model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
+        print(f"{a.dir}: the LM head is not tied to embed_tokens after loading", file=sys.stderr)
+        return 1
     model.eval()
     tokens = read_tokens(a.tokens)
     count = len(tokens)
     eval_start = count - min(count, int(count * a.eval_fraction + 0.5))
-    rows = train_batch(tokens, eval_start, a.seed, a.train_step, a.batch, a.seq)
+    if a.train_step is not None:
+        batches = [train_batch(tokens, eval_start, a.seed, a.train_step, a.batch, a.seq)]
+    else:
+        batches = [eval_batch(tokens, eval_start, k, a.batch, a.seq) for k in range(a.eval_batches)]
+    total = 0.0
     with torch.no_grad():
-        w = torch.tensor(rows, dtype=torch.long)
-        logits = model(w[:, :-1]).logits.float()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 w[:, 1:].reshape(-1))
-    print(f"loss {float(loss):.9g}")
+        for rows in batches:
+            w = torch.tensor(rows, dtype=torch.long)
+            logits = model(w[:, :-1]).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     w[:, 1:].reshape(-1))
+            total += float(loss)
+    print(f"loss {total / len(batches):.9g}")
     return 0
 
 
@@ -90,6 +106,7 @@ def parser():
     m.add_argument("--ctx", type=int, default=64)
     m.add_argument("--llama3", action="store_true")
     m.add_argument("--tied", action="store_true")
+    m.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     t = sub.add_parser("tokens")
     t.add_argument("file")
     t.add_argument("--vocab", type=int, required=True)
@@ -101,8 +118,14 @@ def parser():
     lo.add_argument("--batch", type=int, required=True)
     lo.add_argument("--seq", type=int, required=True)
     lo.add_argument("--eval-fraction", type=float, required=True)
-    lo.add_argument("--train-step", type=int, required=True)
+    lo.add_argument("--train-step", type=int)
+    lo.add_argument("--eval-batches", type=int, default=0)
     lo.add_argument("--seed", type=int, default=1)
+    c = sub.add_parser("compare")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--f16-as-f32", action="store_true")
+    c.add_argument("--expect-different", action="store_true")
     r = sub.add_parser("run")
     r.add_argument("commands", nargs="+")
     return p
@@ -110,13 +133,16 @@ def parser():
 
 def dispatch(p, argv):
     a = p.parse_args(argv)
+    if a.cmd == "loss" and (a.train_step is None) == (a.eval_batches <= 0):
+        p.error("loss: give --train-step K or --eval-batches N")
     if a.cmd == "run":
         for c in a.commands:
             rc = dispatch(p, shlex.split(c))
             if rc != 0:
                 return rc
         return 0
-    return {"make": cmd_make, "tokens": cmd_tokens, "loss": cmd_loss}[a.cmd](a)
+    return {"make": cmd_make, "tokens": cmd_tokens, "loss": cmd_loss,
+            "compare": cmd_compare}[a.cmd](a)
 
 
 if __name__ == "__main__":
