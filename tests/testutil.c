@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <stdio.h>
@@ -236,4 +237,61 @@ char *fy_test_capture_stderr(int (*fn)(void *), void *arg, int *rc)
     if (text != NULL)
         fputs(text, stderr);
     return text;
+}
+
+int fy_test_python_run(const char *script, const char *const *commands, double *losses, int max)
+{
+    size_t cap = 16384, len = 0;
+    char *cmd = malloc(cap);
+    if (cmd == NULL)
+        return -1;
+    len += (size_t)snprintf(cmd + len, cap - len, "python3 '%s' run", script);
+    for (int i = 0; commands[i] != NULL && len < cap; i++) {
+        if (strchr(commands[i], '\'') != NULL) {
+            fprintf(stderr, "fy_test_python_run: a quote in command %s\n", commands[i]);
+            free(cmd);
+            return -1;
+        }
+        len += (size_t)snprintf(cmd + len, cap - len, " '%s'", commands[i]);
+    }
+    if (len >= cap) {
+        fprintf(stderr, "fy_test_python_run: commands longer than %zu bytes\n", cap);
+        free(cmd);
+        return -1;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL) {
+        perror("fy_test_python_run: popen");
+        free(cmd);
+        return -1;
+    }
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, p) != NULL) {
+        if (strncmp(line, "loss ", 5) == 0 && n < max)
+            losses[n++] = strtod(line + 5, NULL);
+        else
+            fputs(line, stderr);
+    }
+    int st = pclose(p);
+    if (st != 0) {
+        fprintf(stderr, "%s: exit status %d\n", cmd, st);
+        n = -1;
+    }
+    free(cmd);
+    return n;
+}
+
+const char *fy_test_fmt(const char *fmt, ...)
+{
+    static char bufs[16][1024];
+    static int next;
+    char *b = bufs[next++ % 16];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b, sizeof bufs[0], fmt, ap);
+    va_end(ap);
+    return b;
 }

@@ -23,6 +23,12 @@ void fy_test_rmdir(const char *path);
 char *fy_test_path(const char *dir, const char *name);
 /* Entries of a directory other than . and ..; -1 when it cannot be read. */
 int fy_test_count_entries(const char *dir);
+/* Runs `python3 SCRIPT run CMD...` (each command one argument, without single quotes) in one
+ * process; the values of the "loss X" lines it prints go to losses[] in order (at most max), the
+ * other lines to stderr. Returns how many, or -1 (said on stderr) when the script fails. */
+int fy_test_python_run(const char *script, const char *const *commands, double *losses, int max);
+/* printf into one of 16 buffers used in turn. */
+const char *fy_test_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Runs fuyou-launch with args (NULL-terminated, without the program name) and its output in a fresh
  * log; returns its exit code, or -1 when it did not exit normally within `seconds`. */
 int fy_test_launch(const char *log, const char *const *args, int seconds);

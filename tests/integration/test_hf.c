@@ -91,52 +91,17 @@ static void need_transformers(void)
     skip();
 }
 
-/* Runs the hf_gpt2.py commands (each a string, as on its command line; NULL-terminated) in one
- * Python process (importing transformers takes seconds); the values of the "loss X" lines it
- * prints go to losses[] in order (at most max). Fails the test when the script fails. */
+/* The reference script's commands in one Python process (fy_test_python_run); fails the test
+ * when the script fails. */
 static int python_run(const char *const *commands, double *losses, int max)
 {
-    size_t cap = 16384, len = 0;
-    char *cmd = malloc(cap);
-    assert_non_null(cmd);
-    len += (size_t)snprintf(cmd + len, cap - len, "python3 '%s' run", script);
-    for (int i = 0; commands[i] != NULL; i++) {
-        assert_null(strchr(commands[i], '\''));
-        len += (size_t)snprintf(cmd + len, cap - len, " '%s'", commands[i]);
-    }
-    assert_true(len < cap);
-    fflush(stdout);
-    fflush(stderr);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    char line[1024];
-    int n = 0;
-    while (fgets(line, sizeof line, p) != NULL) {
-        if (strncmp(line, "loss ", 5) == 0 && n < max)
-            losses[n++] = strtod(line + 5, NULL);
-        else
-            fputs(line, stderr);
-    }
-    int st = pclose(p);
-    if (st != 0)
-        fail_msg("%s: exit status %d", cmd, st);
-    free(cmd);
+    int n = fy_test_python_run(script, commands, losses, max);
+    assert_true(n >= 0);
     return n;
 }
 
 /* A command string for python_run, formatted. */
-static const char *pycmd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static const char *pycmd(const char *fmt, ...)
-{
-    static char bufs[16][1024];
-    static int next;
-    char *b = bufs[next++ % 16];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b, sizeof bufs[0], fmt, ap);
-    va_end(ap);
-    return b;
-}
+#define pycmd fy_test_fmt
 
 #define LOSS_ARGS " --batch " BATCH " --seq " SEQ " --eval-fraction " EVAL_FRACTION " --seed 1"
 
