@@ -258,6 +258,12 @@ def parser():
     m.add_argument("--base", action="store_true")
     m.add_argument("--lm-head", action="store_true")
     m.add_argument("--buffers", action="store_true")
+    add_shared_commands(sub)
+    return p
+
+
+def add_shared_commands(sub):
+    """The tokens, loss, compare and run commands, shared with hf_llama.py."""
     t = sub.add_parser("tokens")
     t.add_argument("file")
     t.add_argument("--vocab", type=int, required=True)
@@ -279,25 +285,26 @@ def parser():
     c.add_argument("--expect-different", action="store_true")
     r = sub.add_parser("run")
     r.add_argument("commands", nargs="+")
-    return p
 
 
-def dispatch(p, argv):
+def dispatch(p, argv, handlers):
+    """Runs one command (handlers: name -> function), or a run of several in order."""
     a = p.parse_args(argv)
     if a.cmd == "loss" and (a.train_step is None) == (a.eval_batches <= 0):
         p.error("loss: give --train-step K or --eval-batches N")
     if a.cmd == "run":
         for command in a.commands:
-            rc = dispatch(p, shlex.split(command))
+            rc = dispatch(p, shlex.split(command), handlers)
             if rc != 0:
                 print(f"failed: {command}", file=sys.stderr)
                 return rc
         return 0
-    return {"make": cmd_make, "tokens": cmd_tokens, "loss": cmd_loss, "compare": cmd_compare}[a.cmd](a)
+    return handlers[a.cmd](a)
 
 
 def main():
-    return dispatch(parser(), sys.argv[1:])
+    handlers = {"make": cmd_make, "tokens": cmd_tokens, "loss": cmd_loss, "compare": cmd_compare}
+    return dispatch(parser(), sys.argv[1:], handlers)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ Needs torch and transformers (the versions .ci/run installs). Commands:
 """
 import argparse
 import os
-import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_gpt2 import read_tokens, train_batch, eval_batch, cmd_tokens, cmd_compare  # noqa: E402
+from hf_gpt2 import (read_tokens, train_batch, eval_batch, cmd_tokens, cmd_compare,  # noqa: E402
+                     add_shared_commands, dispatch)
 
 
 def cmd_make(a):
@@ -107,43 +107,10 @@ def parser():
     m.add_argument("--llama3", action="store_true")
     m.add_argument("--tied", action="store_true")
     m.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
-    t = sub.add_parser("tokens")
-    t.add_argument("file")
-    t.add_argument("--vocab", type=int, required=True)
-    t.add_argument("--count", type=int, required=True)
-    t.add_argument("--seed", type=int, default=1)
-    lo = sub.add_parser("loss")
-    lo.add_argument("dir")
-    lo.add_argument("tokens")
-    lo.add_argument("--batch", type=int, required=True)
-    lo.add_argument("--seq", type=int, required=True)
-    lo.add_argument("--eval-fraction", type=float, required=True)
-    lo.add_argument("--train-step", type=int)
-    lo.add_argument("--eval-batches", type=int, default=0)
-    lo.add_argument("--seed", type=int, default=1)
-    c = sub.add_parser("compare")
-    c.add_argument("a")
-    c.add_argument("b")
-    c.add_argument("--f16-as-f32", action="store_true")
-    c.add_argument("--expect-different", action="store_true")
-    r = sub.add_parser("run")
-    r.add_argument("commands", nargs="+")
+    add_shared_commands(sub)
     return p
 
 
-def dispatch(p, argv):
-    a = p.parse_args(argv)
-    if a.cmd == "loss" and (a.train_step is None) == (a.eval_batches <= 0):
-        p.error("loss: give --train-step K or --eval-batches N")
-    if a.cmd == "run":
-        for c in a.commands:
-            rc = dispatch(p, shlex.split(c))
-            if rc != 0:
-                return rc
-        return 0
-    return {"make": cmd_make, "tokens": cmd_tokens, "loss": cmd_loss,
-            "compare": cmd_compare}[a.cmd](a)
-
-
 if __name__ == "__main__":
-    sys.exit(dispatch(parser(), sys.argv[1:]))
+    handlers = {"make": cmd_make, "tokens": cmd_tokens, "loss": cmd_loss, "compare": cmd_compare}
+    sys.exit(dispatch(parser(), sys.argv[1:], handlers))
