@@ -766,9 +766,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     }
     if (rc == 0)
         rc = wait_for(r, &head, &reply);
-    for (unsigned b = 0; b <= L; b++) /* nothing stays in flight on the gpu */
-        rc = rc ? rc : wait_for(r, b ? &g[b] : &g_embed, NULL);
-    ckpt_forget_users(r);
+    ckpt_forget_users(r); /* the gpu requests were all waited for before the head */
     free(rw);
     free(g);
     FY_TRY(rc);
