@@ -312,7 +312,8 @@ size_t fy_cpu_block_scratch(const struct fy_gpt_config *c, int B, int T)
 }
 
 
-/* The forward pass, keeping every internal the backward needs in s. */
+/* The forward pass, keeping every internal the backward needs in s. y == NULL: the recompute
+ * for the backward, which stops before the MLP's down product (its output is never read there). */
 static void block_forward_into(const struct fy_gpt_config *c, const float *params, const float *x,
                                float *y, const struct block_buf *s, int B, int T)
 {
@@ -330,6 +331,8 @@ static void block_forward_into(const struct fy_gpt_config *c, const float *param
     fy_cpu_layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->y1, p + l.ln2_w, p + l.ln2_b, N, C);
     fy_cpu_matmul_forward(s->fc, s->ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C);
     fy_cpu_gelu_forward(s->gelu, s->fc, (size_t)N * 4 * C);
+    if (y == NULL)
+        return;
     fy_cpu_matmul_forward(y, s->gelu, p + l.proj_w, p + l.proj_b, N, 4 * C, C);
     fy_cpu_add(y, y, s->y1, (size_t)N * C);
 }
@@ -354,8 +357,7 @@ void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, c
     int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
     size_t NC = (size_t)N * C;
 
-    /* The block output is only needed as somewhere to write; dln1 is free until the very end. */
-    block_forward_into(c, params, x, s.dln1, &s, B, T);
+    block_forward_into(c, params, x, NULL, &s, B, T);
     memset(dparams, 0, l.total * sizeof *dparams);
 
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */

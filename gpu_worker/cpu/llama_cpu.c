@@ -345,7 +345,8 @@ size_t fy_llama_block_scratch(const struct fy_llama_config *c, int B, int T)
     return s.total;
 }
 
-/* The forward pass, keeping every internal the backward needs in s. */
+/* The forward pass, keeping every internal the backward needs in s. y == NULL: the recompute
+ * for the backward, which stops before the down product (its output is never read there). */
 static void block_forward_into(const struct fy_llama_config *c, const float *params, const float *x,
                                float *y, const struct block_buf *s, int B, int T)
 {
@@ -371,6 +372,8 @@ static void block_forward_into(const struct fy_llama_config *c, const float *par
     fy_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, c->rms_norm_eps);
     fy_cpu_matmul_forward(s->gu, s->n2, p + l.gate_proj, NULL, N, C, 2 * I); /* gate_proj|up_proj */
     fy_llama_swiglu_forward(s->act, s->gu, N, I);
+    if (y == NULL)
+        return;
     fy_cpu_matmul_forward(y, s->act, p + l.down_proj, NULL, N, I, C);
     fy_cpu_add(y, s->h, y, (size_t)N * C);
 }
@@ -396,8 +399,7 @@ void fy_llama_block_backward(const struct fy_llama_config *c, const float *param
     int I = (int)c->n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
     size_t NC = (size_t)N * C;
 
-    /* The block output is only needed as somewhere to write; dn1 is free until the end. */
-    block_forward_into(c, params, x, s.dn1, &s, B, T);
+    block_forward_into(c, params, x, NULL, &s, B, T);
 
     /* MLP branch */
     fy_cpu_matmul_backward(s.dact, g + l.down_proj, NULL, dy, s.act, p + l.down_proj, N, I, C);

@@ -518,7 +518,9 @@ static int timing_end(struct fy_cu_gpt *g, int slot)
     return 0;
 }
 
-/* The block's forward from x into y, keeping every internal in `a` for the backward. */
+/* The block's forward from x into y, keeping every internal in `a` for the backward. y == NULL:
+ * the recompute for the backward, which stops before the MLP's down product (its output is never
+ * read there; a third of the recomputed products' work). */
 static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y,
                                 struct fy_cu_gpt_acts *a)
 {
@@ -542,12 +544,16 @@ static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const b
     if (g->fuse) {
         OP("matmul fc fwd", fy_cu_matmul_forward_ex(g->lt, a->g, a->ln2, P(fc_w), P(fc_b), NULL, a->fc,
                                                     N, C, 4 * C, s));
+        if (y == NULL)
+            return 0;
         OP("matmul proj fwd", fy_cu_matmul_forward_ex(g->lt, y, a->g, P(proj_w), P(proj_b), a->y1, NULL,
                                                       N, 4 * C, C, s));
         return 0;
     }
     OP("matmul fc fwd", fy_cu_matmul_forward(g->lt, a->fc, a->ln2, P(fc_w), P(fc_b), N, C, 4 * C, s));
     OP("gelu fwd", fy_cu_gelu_forward(a->g, a->fc, 4 * NC, s));
+    if (y == NULL)
+        return 0;
     OP("matmul proj fwd", fy_cu_matmul_forward(g->lt, y, a->g, P(proj_w), P(proj_b), N, 4 * C, C, s));
     OP("residual fwd", fy_cu_residual_forward(y, y, a->y1, NC, s));
     return 0;
@@ -586,6 +592,7 @@ int fy_cu_gpt_acts_take(struct fy_cu_gpt *g, struct fy_cu_arena *arena, struct f
 int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y,
                                 struct fy_cu_gpt_acts *keep)
 {
+    FY_REQUIRE(y != NULL, -EINVAL, "fy_cu_gpt_dev_block_forward: no output buffer");
     return block_forward_device(g, params, x, y, keep != NULL ? keep : &g->own);
 }
 
@@ -598,7 +605,7 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
     struct fy_cu_gpt_acts *a = kept;
     if (a == NULL) { /* recompute from the checkpoint x */
         a = &g->own;
-        FY_TRY(block_forward_device(g, params, x, g->y, a));
+        FY_TRY(block_forward_device(g, params, x, NULL, a));
     }
     FY_CUDA(cudaMemsetAsync(dparams, 0, g->lay.total * sizeof(float), s), "zeroing gradients");
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
