@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -407,20 +408,38 @@ int fy_adamw_update_range(const struct fy_adamw_hparams *hp, uint64_t t,
     return 0;
 }
 
+/* Threads take chunks of the tensor from a shared counter rather than one fixed share each: a
+ * core that another process (the gpu or io worker, the launcher, the kernel's copies) takes for a
+ * while then delays only its current chunk, not the whole update. Every element gets the same
+ * arithmetic wherever it falls, so the bits do not depend on who ran which chunk. */
 struct fy_adamw_job {
     const struct fy_adamw_k *k;
     const struct fy_adamw_tensor *x;
     fy_adamw_kernel kern;
+    size_t chunk; /* elements, a multiple of 64 */
+    atomic_size_t next;
 };
+
+/* About 8 chunks per thread, none below 16K elements (per-chunk costs stay negligible). */
+static size_t fy_adamw_chunk_size(size_t n, unsigned threads)
+{
+    size_t want = n / ((size_t)threads * 8);
+    if (want < 16384)
+        want = 16384;
+    return (want + 63) / 64 * 64;
+}
 
 static int fy_adamw_job_run(void *arg, unsigned index, unsigned count)
 {
-    const struct fy_adamw_job *j = arg;
-    size_t b, e;
-    fy_threads_split(j->x->n, 64, index, count, &b, &e);
-    if (b < e)
+    struct fy_adamw_job *j = arg;
+    size_t n = j->x->n;
+    for (;;) {
+        size_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= (n + j->chunk - 1) / j->chunk)
+            return 0;
+        size_t b = c * j->chunk, e = n - b < j->chunk ? n : b + j->chunk;
         j->kern(j->k, j->x, b, e);
-    return 0;
+    }
 }
 
 int fy_adamw_update(struct fy_threads *pool, const struct fy_adamw_hparams *hp, uint64_t t,
@@ -434,7 +453,10 @@ int fy_adamw_update(struct fy_threads *pool, const struct fy_adamw_hparams *hp, 
     struct fy_adamw_k k;
     fy_adamw_consts(hp, t, &k);
     fy_adamw_scale(x, &k);
-    struct fy_adamw_job job = {&k, x, kern};
+    unsigned threads = pool != NULL ? fy_threads_count(pool) : 1;
+    struct fy_adamw_job job = {.k = &k, .x = x, .kern = kern,
+                               .chunk = fy_adamw_chunk_size(x->n, threads)};
+    atomic_init(&job.next, 0);
     if (pool == NULL || x->n == 0)
         return fy_adamw_job_run(&job, 0, 1);
     return fy_threads_run(pool, fy_adamw_job_run, &job);
@@ -513,25 +535,29 @@ FY_AVX512 static double fy_adamw_sumsq_avx512(const void *g, int bf16, size_t n)
     return fy_adamw_lanes_sum(acc);
 }
 
+/* Chunks taken from a shared counter like the update's; each chunk's sum lands in its own slot and
+ * the slots are added in order, so the total does not depend on the threads. */
 struct fy_adamw_sumsq_job {
     const void *grad;
     int bf16;
     size_t n, chunks;
     double *part;
     double (*chunk)(const void *g, int bf16, size_t n);
+    atomic_size_t next;
 };
 
 static int fy_adamw_sumsq_run(void *arg, unsigned index, unsigned count)
 {
-    const struct fy_adamw_sumsq_job *j = arg;
-    size_t b, e, esz = j->bf16 ? 2 : 4;
-    fy_threads_split(j->chunks, 1, index, count, &b, &e);
-    for (size_t c = b; c < e; c++) {
+    struct fy_adamw_sumsq_job *j = arg;
+    size_t esz = j->bf16 ? 2 : 4;
+    for (;;) {
+        size_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= j->chunks)
+            return 0;
         size_t lo = c * FY_ADAMW_SUMSQ_CHUNK;
         size_t len = j->n - lo < FY_ADAMW_SUMSQ_CHUNK ? j->n - lo : FY_ADAMW_SUMSQ_CHUNK;
         j->part[c] = j->chunk((const char *)j->grad + lo * esz, j->bf16, len);
     }
-    return 0;
 }
 
 int fy_adamw_sumsq(struct fy_threads *pool, const void *grad, int grad_dtype, size_t n,
@@ -564,6 +590,7 @@ int fy_adamw_sumsq_impl(struct fy_threads *pool, const void *grad, int grad_dtyp
                  : impl == FY_ADAMW_AVX2 ? fy_adamw_sumsq_avx2
                                          : fy_adamw_sumsq_scalar,
     };
+    atomic_init(&j.next, 0);
     double one;
     j.part = j.chunks == 1 ? &one : malloc(j.chunks * sizeof *j.part);
     FY_REQUIRE(j.part != NULL, -ENOMEM, "adamw_sumsq: out of memory for %zu partial sums",
