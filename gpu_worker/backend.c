@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/dtype.h"
 #include "gpu_worker/cpu/cpu_backend.h"
 #ifdef FY_HAVE_CUDA
 #include "gpu_worker/cuda/cuda_backend.h"
@@ -106,6 +107,36 @@ int fy_backend_gpt_prepare(struct fy_backend *b, const struct fy_gpt_config *c, 
     return b->ops->gpt_prepare(b->state, c, B, T);
 }
 
+int fy_backend_gpt_act_dtype(struct fy_backend *b, int dtype)
+{
+    FY_REQUIRE(dtype == FY_DTYPE_F32 || dtype == FY_DTYPE_BF16, -EINVAL,
+               "activations in host memory are f32 or bf16, not %s", fy_dtype_name(dtype));
+    if (b->ops->gpt_acts_bf16 == NULL) {
+        FY_REQUIRE(dtype == FY_DTYPE_F32, -ENOTSUP,
+                   "the %s backend computes activations in f32 and takes them only as f32, not "
+                   "bf16 (train.act_dtype of the run config, which fuyou-launch train sets from "
+                   "the backend it starts: start the run through it)", b->ops->name);
+        return 0;
+    }
+    return b->ops->gpt_acts_bf16(b->state, dtype == FY_DTYPE_BF16);
+}
+
+int fy_backend_preferred_act_dtype(const char *backend_name)
+{
+    return strcmp(backend_name, "cuda") == 0 ? FY_DTYPE_BF16 : FY_DTYPE_F32;
+}
+
+const char *fy_backend_resolve(const char *which)
+{
+    if (strcmp(which, "auto") != 0)
+        return which;
+#ifdef FY_HAVE_CUDA
+    if (fy_cuda_device_visible())
+        return "cuda";
+#endif
+    return "cpu";
+}
+
 /* A call that rc says was queued completes here unless the caller asked to finish it later. */
 static int completed(struct fy_backend *b, int rc)
 {
@@ -140,37 +171,37 @@ int fy_backend_gpt_ready_fd(struct fy_backend *b)
 
 /* gpt_prepare succeeded, so the backend has every gpt operation. */
 int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const int32_t *tokens,
-                                 float *x)
+                                 void *x)
 {
     return completed(b, b->ops->gpt_embed_forward(b->state, embed, tokens, x));
 }
 
-int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const float *dx,
+int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
                                   float *dembed)
 {
     return completed(b, b->ops->gpt_embed_backward(b->state, tokens, dx, dembed));
 }
 
-int fy_backend_gpt_block_forward(struct fy_backend *b, const float *params, const float *x, float *y)
+int fy_backend_gpt_block_forward(struct fy_backend *b, const float *params, const void *x, void *y)
 {
     return completed(b, b->ops->gpt_block_forward(b->state, params, x, y));
 }
 
-int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, const float *x,
-                                  const float *dy, float *dx, float *dparams)
+int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, const void *x,
+                                  const void *dy, void *dx, float *dparams)
 {
     return completed(b, b->ops->gpt_block_backward(b->state, params, x, dy, dx, dparams));
 }
 
 int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
-                        const float *x, const int32_t *targets, double *loss, float *dx,
+                        const void *x, const int32_t *targets, double *loss, void *dx,
                         float *dfinal, float *dembed)
 {
     return completed(b, b->ops->gpt_head(b->state, final_params, embed, x, targets, loss, dx, dfinal, dembed));
 }
 
 int fy_backend_gpt_logits(struct fy_backend *b, const float *final_params, const float *embed,
-                          const float *x, float *logits)
+                          const void *x, float *logits)
 {
     return b->ops->gpt_logits(b->state, final_params, embed, x, logits);
 }

@@ -24,20 +24,22 @@ struct fy_backend_ops {
     int (*synth)(void *state, uint64_t seed, uint64_t step, uint32_t tensor, int dtype, size_t n,
                  void *out);
 
-    /* GPT, layer by layer, on fp32 host buffers of the pool (the semantics of gpu_worker/cpu/
-     * gpt_cpu.h). A backend without these (NULL) cannot train. gpt_prepare sizes the backend's
-     * private scratch for batches of B sequences of T tokens before any other gpt call. */
+    /* GPT, layer by layer, on host buffers of the pool (the semantics of gpu_worker/cpu/
+     * gpt_cpu.h): weights and gradients f32, activations (x, y, dx, dy) f32 unless
+     * gpt_acts_bf16 switched them to bf16. A backend without these (NULL) cannot train.
+     * gpt_prepare sizes the backend's private scratch for batches of B sequences of T tokens
+     * before any other gpt call. */
     int (*gpt_prepare)(void *state, const struct fy_gpt_config *c, int B, int T);
-    int (*gpt_embed_forward)(void *state, const float *embed, const int32_t *tokens, float *x);
-    int (*gpt_embed_backward)(void *state, const int32_t *tokens, const float *dx, float *dembed);
-    int (*gpt_block_forward)(void *state, const float *params, const float *x, float *y);
-    int (*gpt_block_backward)(void *state, const float *params, const float *x, const float *dy,
-                              float *dx, float *dparams);
+    int (*gpt_embed_forward)(void *state, const float *embed, const int32_t *tokens, void *x);
+    int (*gpt_embed_backward)(void *state, const int32_t *tokens, const void *dx, float *dembed);
+    int (*gpt_block_forward)(void *state, const float *params, const void *x, void *y);
+    int (*gpt_block_backward)(void *state, const float *params, const void *x, const void *dy,
+                              void *dx, float *dparams);
     /* dx == NULL: loss only. */
-    int (*gpt_head)(void *state, const float *final_params, const float *embed, const float *x,
-                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
+    int (*gpt_head)(void *state, const float *final_params, const float *embed, const void *x,
+                    const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed);
     /* logits [B*T][V] = lnf(x) wte^T, for evaluation, sampling and tests; always completes. */
-    int (*gpt_logits)(void *state, const float *final_params, const float *embed, const float *x,
+    int (*gpt_logits)(void *state, const float *final_params, const float *embed, const void *x,
                       float *logits);
     /* A backend whose gpt calls above only queue their work (CUDA: the next call's uploads run
      * while the current one computes) has these; NULL where each call completes before returning.
@@ -46,6 +48,10 @@ struct fy_backend_ops {
      * that needs no waiting. At most FY_BACKEND_GPT_QUEUE calls are queued. */
     int (*gpt_finish)(void *state, double *h2d_s, double *d2h_s);
     int (*gpt_ready_fd)(void *state);
+    /* Activations in host buffers as bf16 (on) or f32 (off, the default), after gpt_prepare. A
+     * backend that computes them in bf16 anyway (CUDA) has this: the same bits, half the bytes.
+     * NULL: f32 only (the CPU backend computes in f32). */
+    int (*gpt_acts_bf16)(void *state, int on);
 };
 
 #define FY_BACKEND_GPT_QUEUE 2
@@ -61,19 +67,25 @@ int fy_backend_synth(struct fy_backend *b, uint64_t seed, uint64_t step, uint32_
 /* The GPT operations of the backend (see struct fy_backend_ops); -ENOTSUP with a message when the
  * backend has none. */
 int fy_backend_gpt_prepare(struct fy_backend *b, const struct fy_gpt_config *c, int B, int T);
+/* The activations' dtype in host buffers: FY_DTYPE_F32 (the default) or FY_DTYPE_BF16, which a
+ * backend without gpt_acts_bf16 refuses with a message (-ENOTSUP). After gpt_prepare. */
+int fy_backend_gpt_act_dtype(struct fy_backend *b, int dtype);
+/* The activation dtype a backend would take for the fewest bytes with the same results: bf16 where
+ * it computes in bf16 (CUDA), else f32. */
+int fy_backend_preferred_act_dtype(const char *backend_name);
 int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const int32_t *tokens,
-                                 float *x);
-int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const float *dx,
+                                 void *x);
+int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
                                   float *dembed);
-int fy_backend_gpt_block_forward(struct fy_backend *b, const float *params, const float *x, float *y);
-int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, const float *x,
-                                  const float *dy, float *dx, float *dparams);
+int fy_backend_gpt_block_forward(struct fy_backend *b, const float *params, const void *x, void *y);
+int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, const void *x,
+                                  const void *dy, void *dx, float *dparams);
 int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
-                        const float *x, const int32_t *targets, double *loss, float *dx,
+                        const void *x, const int32_t *targets, double *loss, void *dx,
                         float *dfinal, float *dembed);
 
 int fy_backend_gpt_logits(struct fy_backend *b, const float *final_params, const float *embed,
-                          const float *x, float *logits);
+                          const void *x, float *logits);
 
 /* Queued use. Off (the default), every gpt call above completes before it returns. On, on a backend
  * that queues, they return once queued and each must be completed, in order, by
@@ -88,5 +100,8 @@ int fy_backend_gpt_ready_fd(struct fy_backend *b);
 
 /* 1 when this build contains the CUDA backend. */
 int fy_backend_cuda_built(void);
+/* What "auto" resolves to on this machine: "cuda" when the build has it and a device is visible,
+ * else "cpu"; other names come back unchanged. */
+const char *fy_backend_resolve(const char *which);
 
 #endif

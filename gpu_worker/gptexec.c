@@ -14,6 +14,7 @@ struct fy_gptexec {
     struct fy_backend *backend;
     struct fy_gpt_config cfg;
     int B, T;
+    int act_dtype; /* of activations and their gradients in the pool (train.act_dtype) */
     uint64_t act_bytes, tok_bytes;
     int queues; /* the backend queues calls (fy_backend_gpt_set_queued) */
     /* requests queued on the backend, oldest at `first`: where a head's loss lands */
@@ -41,14 +42,24 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
                  cfg->path, (unsigned long long)B, (unsigned long long)T, e->cfg.ctx);
         rc = -EINVAL;
     }
+    const char *act = fy_config_get(cfg, "train.act_dtype");
+    e->act_dtype = act == NULL || strcmp(act, "f32") == 0 ? FY_DTYPE_F32
+                   : strcmp(act, "bf16") == 0         ? FY_DTYPE_BF16
+                                                      : FY_DTYPE_NONE;
+    if (rc == 0 && e->act_dtype == FY_DTYPE_NONE) {
+        fy_error("%s: train.act_dtype = %s: use f32 or bf16", cfg->path, act);
+        rc = -EINVAL;
+    }
     if (rc == 0) {
         e->B = (int)B;
         e->T = (int)T;
-        e->act_bytes = (uint64_t)B * T * e->cfg.n_embd * 4;
+        e->act_bytes = (uint64_t)B * T * e->cfg.n_embd * fy_dtype_size(e->act_dtype);
         e->tok_bytes = (uint64_t)B * T * 4;
         e->backend = backend;
         rc = fy_backend_gpt_prepare(backend, &e->cfg, e->B, e->T);
     }
+    if (rc == 0)
+        rc = fy_backend_gpt_act_dtype(backend, e->act_dtype);
     /* FUYOU_GPU_QUEUE=1 completes every request before taking the next, for comparisons */
     const char *queue = getenv("FUYOU_GPU_QUEUE");
     int one_at_a_time = queue != NULL && strcmp(queue, "1") == 0;
@@ -115,14 +126,14 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
     uint64_t block_bytes = fy_gpt_unit_params(c, 1) * 4;
     uint64_t final_bytes = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
     const int A = FY_KIND_ACTIVATION, G = FY_KIND_GRAD, W = FY_KIND_WEIGHTS, K = FY_KIND_TOKENS;
-    const int F32 = FY_DTYPE_F32, I32 = FY_DTYPE_I32;
+    const int F32 = FY_DTYPE_F32, I32 = FY_DTYPE_I32, ACT = e->act_dtype;
     void *p[7];
     int layer = req[0].layer;
     switch (req[0].op) {
     case FY_OP_GPT_EMBED_FWD:
         FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));
         FY_TRY(part(pool, req, n, 1, W, F32, embed_bytes, &p[1]));
-        FY_TRY(part(pool, req, n, 2, A, F32, e->act_bytes, &p[2]));
+        FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-fwd inputs"));
         return fy_backend_gpt_embed_forward(e->backend, p[1], p[0], p[2]);
     case FY_OP_GPT_BLOCK_FWD:
@@ -130,25 +141,25 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_REQUIRE(layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
                    "%s: layer %d is not a block (1..%u)", fy_op_name(req[0].op), layer, c->n_layer);
         FY_TRY(part(pool, req, n, 0, W, F32, block_bytes, &p[0]));
-        FY_TRY(part(pool, req, n, 1, A, F32, e->act_bytes, &p[1]));
+        FY_TRY(part(pool, req, n, 1, A, ACT, e->act_bytes, &p[1]));
         if (req[0].op == FY_OP_GPT_BLOCK_FWD) {
-            FY_TRY(part(pool, req, n, 2, A, F32, e->act_bytes, &p[2]));
+            FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
             return fy_backend_gpt_block_forward(e->backend, p[0], p[1], p[2]);
         }
-        FY_TRY(part(pool, req, n, 2, G, F32, e->act_bytes, &p[2]));
-        FY_TRY(part(pool, req, n, 3, G, F32, e->act_bytes, &p[3]));
+        FY_TRY(part(pool, req, n, 2, G, ACT, e->act_bytes, &p[2]));
+        FY_TRY(part(pool, req, n, 3, G, ACT, e->act_bytes, &p[3]));
         FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
         return fy_backend_gpt_block_backward(e->backend, p[0], p[1], p[2], p[3], p[4]);
     case FY_OP_GPT_HEAD: {
         FY_REQUIRE(n == 4 || n == 7, -EPROTO, "gpt-head takes 4 parts (loss) or 7 (with gradients), got %u", n);
-        FY_TRY(part(pool, req, n, 0, A, F32, e->act_bytes, &p[0]));
+        FY_TRY(part(pool, req, n, 0, A, ACT, e->act_bytes, &p[0]));
         FY_TRY(part(pool, req, n, 1, K, I32, e->tok_bytes, &p[1]));
         FY_TRY(part(pool, req, n, 2, W, F32, final_bytes, &p[2]));
         FY_TRY(part(pool, req, n, 3, W, F32, embed_bytes, &p[3]));
         FY_TRY(check_tokens(p[1], (size_t)e->B * e->T, c->vocab, 1, "gpt-head targets"));
         p[4] = p[5] = p[6] = NULL;
         if (n == 7) {
-            FY_TRY(part(pool, req, n, 4, G, F32, e->act_bytes, &p[4]));
+            FY_TRY(part(pool, req, n, 4, G, ACT, e->act_bytes, &p[4]));
             FY_TRY(part(pool, req, n, 5, G, F32, final_bytes, &p[5]));
             FY_TRY(part(pool, req, n, 6, G, F32, embed_bytes, &p[6]));
         }
@@ -156,7 +167,7 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
     }
     case FY_OP_GPT_EMBED_BWD:
         FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));
-        FY_TRY(part(pool, req, n, 1, G, F32, e->act_bytes, &p[1]));
+        FY_TRY(part(pool, req, n, 1, G, ACT, e->act_bytes, &p[1]));
         FY_TRY(part(pool, req, n, 2, G, F32, embed_bytes, &p[2]));
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-bwd inputs"));
         return fy_backend_gpt_embed_backward(e->backend, p[0], p[1], p[2]);

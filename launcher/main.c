@@ -19,6 +19,7 @@
 #include "common/model.h"
 #include "common/safetensors.h"
 #include "common/tokfile.h"
+#include "gpu_worker/backend.h"
 #include "io_worker/store.h"
 #include "launcher/inproc.h"
 #include "launcher/prepare.h"
@@ -541,7 +542,8 @@ static int cmd_init(struct options *o)
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, regions, &n);
+    fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, regions,
+                     &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     int rc = fy_session_open(&s, &so, regions, n, "model initialisation");
@@ -764,13 +766,14 @@ static int open_data(const struct options *o, const struct fy_gpt_config *model,
     return rc;
 }
 
-static int train_config(const struct options *o, const struct fy_gpt_config *model,
+static int train_config(const struct options *o, const struct fy_gpt_config *model, int act_dtype,
                         struct fy_config *cfg)
 {
     FY_TRY(base_config(o, cfg, 0));
     FY_TRY(fy_gpt_config_to(model, cfg));
     FY_TRY(fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)o->batch));
     FY_TRY(fy_config_setf(cfg, "train.seq", "%llu", (unsigned long long)o->seq));
+    FY_TRY(fy_config_set(cfg, "train.act_dtype", fy_dtype_name(act_dtype)));
     return 0;
 }
 
@@ -793,8 +796,17 @@ static int cmd_train(struct options *o)
     }
     if (rc == 0)
         rc = open_data(o, &model, &data);
+    /* "auto" is settled here, not in the gpu worker: the activations' dtype in the pool follows the
+     * backend (bf16 where the device computes in bf16: the same bits, half the bytes) */
+    const char *asked = o->backend;
+    o->backend = fy_backend_resolve(o->backend);
+    if (strcmp(asked, "auto") == 0 && strcmp(o->backend, "cpu") == 0)
+        fy_warn("--backend auto: %s: using the CPU backend (slow; for tests and laptops)",
+                fy_backend_cuda_built() ? "no CUDA device is visible"
+                                        : "this build has no CUDA backend (nvcc was not found)");
+    int act_dtype = fy_backend_preferred_act_dtype(o->backend);
     if (rc == 0)
-        rc = train_config(o, &model, cfg);
+        rc = train_config(o, &model, act_dtype, cfg);
     if (rc < 0) {
         fy_tokfile_close(&data);
         free(mc);
@@ -830,26 +842,29 @@ static int cmd_train(struct options *o)
         /* Everything in the pool when it all fits: no SSD traffic at all. Otherwise the pool is
          * better spent on optimizer state: a streamed unit moves 28 bytes over the SSD per 12 of
          * state each step (weights read, state read and written), a checkpoint 2 per byte. */
-        unsigned all = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem,
-                                              clipping, (unsigned)o->prefetch, 0, resident);
+        unsigned all = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
+                                              o->cpu_mem, clipping, (unsigned)o->prefetch, 0,
+                                              resident);
         ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(&model);
         fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
                 ckpt_ssd ? "on the SSD store" : "in the shared pool",
                 ckpt_ssd ? "the optimizer state does not all fit --cpu-mem beside them"
                          : "they fit beside all the optimizer state");
     }
-    unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, o->cpu_mem, clipping,
-                                           (unsigned)o->prefetch, ckpt_ssd, resident);
+    unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
+                                           o->cpu_mem, clipping, (unsigned)o->prefetch, ckpt_ssd,
+                                           resident);
     char kept_size[32];
     fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
     uint64_t ssd_read, ssd_write;
-    fy_train_ssd_bytes(&model, (int)o->batch, (int)o->seq, clipping, ckpt_ssd, resident,
+    fy_train_ssd_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, ckpt_ssd, resident,
                        &ssd_read, &ssd_write);
     char rd[32], wr[32], up[32], down[32];
     fy_format_size(ssd_read, rd, sizeof rd);
     fy_format_size(ssd_write, wr, sizeof wr);
     uint64_t to_gpu, from_gpu;
-    fy_train_pcie_bytes(&model, (int)o->batch, (int)o->seq, clipping, &to_gpu, &from_gpu);
+    fy_train_pcie_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, &to_gpu,
+                        &from_gpu);
     fy_format_size(to_gpu, up, sizeof up);
     fy_format_size(from_gpu, down, sizeof down);
     fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
@@ -861,8 +876,8 @@ static int cmd_train(struct options *o)
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     struct fy_train_rates rates = fy_train_reference_rates();
     struct fy_train_prediction p;
-    fy_train_predict(&model, (int)o->batch, (int)o->seq, clipping, ckpt_ssd, resident, &rates,
-                     &p);
+    fy_train_predict(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, ckpt_ssd, resident,
+                     &rates, &p);
     double step_flops = (double)o->batch * (double)o->seq *
                         fy_gpt_flops_per_token(&model, (unsigned)o->seq);
     const char *at = "predicted per step at the rates measured on the reference machine (one H200";
@@ -882,14 +897,14 @@ static int cmd_train(struct options *o)
                 step_flops / p.step_s * 1e-12);
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, o->cpu_mem,
-                                                   clipping, (unsigned)o->prefetch, ckpt_ssd,
-                                                   resident, (unsigned)o->grad_slots);
+    unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, act_dtype,
+                                                   o->cpu_mem, clipping, (unsigned)o->prefetch,
+                                                   ckpt_ssd, resident, (unsigned)o->grad_slots);
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
-    fy_train_regions(&model, (int)o->batch, (int)o->seq, resident, clipping, (unsigned)o->prefetch,
-                     grad_slots, ckpt_ssd, regions, &n);
+    fy_train_regions(&model, (int)o->batch, (int)o->seq, act_dtype, resident, clipping,
+                     (unsigned)o->prefetch, grad_slots, ckpt_ssd, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     rc = fy_session_open(&s, &so, regions, n, "training");
@@ -938,7 +953,7 @@ static int cmd_train(struct options *o)
             .eval_every = o->eval_every, .eval_batches = o->eval_batches,
             .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
             .overlap = o->overlap, .metrics = metrics, .trace = trace, .resident = resident,
-            .clip_grad_norm = o->clip_grad_norm, .ckpt_ssd = ckpt_ssd};
+            .clip_grad_norm = o->clip_grad_norm, .ckpt_ssd = ckpt_ssd, .act_dtype = act_dtype};
         fy_info("starting at step %llu", (unsigned long long)meta.step);
         rc = fy_train_run(&x, s.pool, &meta, data, &to);
     }
@@ -1036,7 +1051,8 @@ static int cmd_export(struct options *o)
     }
     struct fy_pool_region_spec regions[9];
     unsigned n;
-    fy_train_regions(&model, 1, 1, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, regions, &n);
+    fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, regions,
+                     &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     memset(&s, 0, sizeof s);

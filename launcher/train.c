@@ -20,6 +20,7 @@ enum { BUSY_GPU, BUSY_SSD_READ, BUSY_SSD_WRITE, BUSY_OPT, BUSY_H2D, BUSY_D2H, BU
 struct layout {
     const struct fy_gpt_config *c;
     int B, T;
+    int act_dtype; /* activations and their gradients (FY_DTYPE_F32 or _BF16) */
     uint64_t act_bytes, tok_bytes;
     uint64_t meta, tokens, targets;
     uint64_t acts, dacts, weights, grads, state;
@@ -93,6 +94,11 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+uint64_t fy_train_act_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype)
+{
+    return (uint64_t)B * T * c->n_embd * fy_dtype_size(act_dtype);
+}
+
 static uint64_t max_unit_bytes(const struct fy_gpt_config *c)
 {
     uint64_t m = 0;
@@ -102,10 +108,10 @@ static uint64_t max_unit_bytes(const struct fy_gpt_config *c)
     return m;
 }
 
-void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int clip, uint64_t *to_gpu,
-                         uint64_t *from_gpu)
+void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
+                         uint64_t *to_gpu, uint64_t *from_gpu)
 {
-    uint64_t act = (uint64_t)B * T * c->n_embd * 4, tok = (uint64_t)B * T * 4;
+    uint64_t act = fy_train_act_bytes(c, B, T, act_dtype), tok = (uint64_t)B * T * 4;
     uint64_t embed = fy_gpt_unit_params(c, 0) * 4, block = fy_gpt_unit_params(c, 1) * 4;
     uint64_t fin = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
     uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
@@ -117,10 +123,11 @@ void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int clip, 
     *from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
 }
 
-void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int clip, int ckpt_ssd,
-                        const unsigned char *resident, uint64_t *read, uint64_t *write)
+void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
+                        int ckpt_ssd, const unsigned char *resident, uint64_t *read,
+                        uint64_t *write)
 {
-    uint64_t ckpts = ckpt_ssd ? c->n_layer * align4k((uint64_t)B * T * c->n_embd * 4) : 0;
+    uint64_t ckpts = ckpt_ssd ? c->n_layer * align4k(fy_train_act_bytes(c, B, T, act_dtype)) : 0;
     *read = (clip ? 2 : 1) * ckpts;
     *write = ckpts;
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
@@ -138,9 +145,9 @@ struct fy_train_rates fy_train_reference_rates(void)
                                    .ssd_read = 2.3e9, .ssd_write = 2.4e9, .opt_params = 3.1e9};
 }
 
-void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int clip, int ckpt_ssd,
-                      const unsigned char *resident, const struct fy_train_rates *rates,
-                      struct fy_train_prediction *out)
+void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
+                      int ckpt_ssd, const unsigned char *resident,
+                      const struct fy_train_rates *rates, struct fy_train_prediction *out)
 {
     double tokens = (double)B * T, flops = tokens * fy_gpt_flops_per_token(c, (unsigned)T);
     /* a clipped step runs the blocks' backward (with their recomputation) twice: 6 of the 8 parts
@@ -150,8 +157,8 @@ void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int clip, int
     if (clip)
         flops += 0.75 * block_flops;
     uint64_t up, down, rd, wr;
-    fy_train_pcie_bytes(c, B, T, clip, &up, &down);
-    fy_train_ssd_bytes(c, B, T, clip, ckpt_ssd, resident, &rd, &wr);
+    fy_train_pcie_bytes(c, B, T, act_dtype, clip, &up, &down);
+    fy_train_ssd_bytes(c, B, T, act_dtype, clip, ckpt_ssd, resident, &rd, &wr);
     double params = (double)fy_gpt_total_params(c);
     memset(out, 0, sizeof *out);
     out->gpu_s = rates->gpu_flops > 0 ? flops / rates->gpu_flops : 0;
@@ -179,8 +186,8 @@ uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned c
     return bytes;
 }
 
-unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                int clip, unsigned prefetch, int ckpt_ssd,
+unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
+                                uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
                                 unsigned char *resident)
 {
     unsigned units = fy_gpt_unit_count(c), count = 0;
@@ -191,8 +198,8 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uin
         resident[u] = 1;
         struct fy_pool_region_spec regions[9];
         unsigned n;
-        fy_train_regions(c, B, T, resident, clip, prefetch, FY_TRAIN_GRAD_SLOTS_MIN, ckpt_ssd,
-                         regions, &n);
+        fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, FY_TRAIN_GRAD_SLOTS_MIN,
+                         ckpt_ssd, regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             resident[u] = 0;
         else
@@ -212,8 +219,8 @@ static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
     return align4k(fy_gpt_unit_params(c, 1) * 4);
 }
 
-unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                  int clip, unsigned prefetch, int ckpt_ssd,
+unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
+                                  uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
                                   const unsigned char *resident, unsigned wanted)
 {
     unsigned units = fy_gpt_unit_count(c), slots = FY_TRAIN_GRAD_SLOTS_MIN;
@@ -225,7 +232,7 @@ unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, u
     for (unsigned more = slots + 1; more <= most; more++) {
         struct fy_pool_region_spec regions[9];
         unsigned n;
-        fy_train_regions(c, B, T, resident, clip, prefetch, more, ckpt_ssd, regions, &n);
+        fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, more, ckpt_ssd, regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             break;
         slots = more;
@@ -233,11 +240,13 @@ unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, u
     return slots;
 }
 
-void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
-                      int clip, unsigned prefetch, unsigned grad_slots, int ckpt_ssd,
-                      struct fy_pool_region_spec out[9], unsigned *n)
+void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
+                      const unsigned char *resident, int clip, unsigned prefetch,
+                      unsigned grad_slots, int ckpt_ssd, struct fy_pool_region_spec out[9],
+                      unsigned *n)
 {
-    uint64_t act = align4k((uint64_t)B * T * c->n_embd * 4), tok = align4k((uint64_t)B * T * 4);
+    uint64_t act = align4k(fy_train_act_bytes(c, B, T, act_dtype));
+    uint64_t tok = align4k((uint64_t)B * T * 4);
     uint64_t slot = max_unit_bytes(c);
     unsigned i = 0;
     out[i++] = (struct fy_pool_region_spec){"meta", FY_CKPT_BLOCK};
@@ -268,6 +277,7 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigne
 }
 
 static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config *c, int B, int T,
+                            int act_dtype,
                             struct layout *l)
 {
     uint64_t bytes;
@@ -275,7 +285,8 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
     l->c = c;
     l->B = B;
     l->T = T;
-    l->act_bytes = (uint64_t)B * T * c->n_embd * 4;
+    l->act_dtype = act_dtype;
+    l->act_bytes = fy_train_act_bytes(c, B, T, act_dtype);
     l->tok_bytes = (uint64_t)B * T * 4;
     l->slot_bytes = max_unit_bytes(c);
     FY_TRY(fy_pool_region(p, "meta", &l->meta, &bytes));
@@ -605,7 +616,7 @@ static int write_meta(struct run *r, const struct fy_storemeta *m)
 }
 
 static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_config *c, int B, int T,
-                    const struct fy_exec *x, int timeout_ms)
+                    int act_dtype, const struct fy_exec *x, int timeout_ms)
 {
     memset(r, 0, sizeof *r);
     for (int i = 0; i < 3; i++)
@@ -614,7 +625,7 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_con
     r->x = x;
     r->pool = pool;
     r->timeout_ms = timeout_ms;
-    FY_TRY(layout_from_pool(pool, c, B, T, &r->l));
+    FY_TRY(layout_from_pool(pool, c, B, T, act_dtype, &r->l));
     r->dfinal = gslot(&r->l, 1);
     return 0;
 }
@@ -623,7 +634,7 @@ int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const str
                         uint64_t seed, int timeout_ms)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, c, 1, 1, x, timeout_ms));
+    FY_TRY(run_init(&r, pool, c, 1, 1, FY_DTYPE_F32, x, timeout_ms));
     FY_TRY(io_op(&r, FY_OP_IO_ALLOC, FY_TENSOR_META, 0, 0, FY_CKPT_BLOCK));
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++) {
         uint64_t sec = fy_unit_state_section(c, u);
@@ -708,7 +719,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         int op = FY_OP_GPT_EMBED_FWD;
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
         req[1] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), 0);
-        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_out, l->act_bytes, 0);
+        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, 0);
         rc = issue(r, PH_GPU, "gpu", req, 3, &g_embed);
         ckpt_used_by(r, 0, &g_embed);
     }
@@ -725,8 +736,8 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
             rc = ckpt_out(r, b, &x_out);
         int op = FY_OP_GPT_BLOCK_FWD;
         req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
-        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_in, l->act_bytes, (int)b);
-        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_out, l->act_bytes, (int)b);
+        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, (int)b);
+        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, (int)b);
         if (rc == 0)
             rc = issue(r, PH_GPU, "gpu", req, 3, &g[b]);
         ckpt_used_by(r, b - 1, &g[b]);
@@ -755,11 +766,11 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         rc = ckpt_in(r, L, 0, &x_in);
     if (rc == 0) {
         int op = FY_OP_GPT_HEAD, f = (int)fin;
-        req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_in, l->act_bytes, f);
+        req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, f);
         req[1] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->targets, l->tok_bytes, f);
         req[2] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_fin, unit_bytes(l, fin), f);
         req[3] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), f);
-        req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, 0), l->act_bytes, f);
+        req[4] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dact_at(l, 0), l->act_bytes, f);
         req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, r->dfinal, unit_bytes(l, fin), f);
         req[6] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
         rc = issue(r, PH_GPU, "gpu", req, train ? 7 : 4, &head);
@@ -933,7 +944,7 @@ static int embed_backward_issue(struct run *r, uint64_t dx0, struct ticket *t)
     int op = FY_OP_GPT_EMBED_BWD;
     struct fy_desc req[3];
     req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
-    req[1] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dx0, l->act_bytes, 0);
+    req[1] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx0, l->act_bytes, 0);
     req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
     return issue(r, PH_GPU, "gpu", req, 3, t);
 }
@@ -1034,11 +1045,11 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             int op = FY_OP_GPT_BLOCK_BWD;
             req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b),
                                     (int)b);
-            req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_off, l->act_bytes,
+            req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_off, l->act_bytes,
                                     (int)b);
-            req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, *cur), l->act_bytes,
+            req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dact_at(l, *cur), l->act_bytes,
                                     (int)b);
-            req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dact_at(l, *cur ^ 1),
+            req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dact_at(l, *cur ^ 1),
                                     l->act_bytes, (int)b);
             req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, block_gslot(l, b)),
                                     unit_bytes(l, b), (int)b);
@@ -1144,9 +1155,9 @@ static int norm_pass(struct run *r, double *total)
             rc = ckpt_in(r, b - 1, 1, &x_off);
         int op = FY_OP_GPT_BLOCK_BWD;
         req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
-        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, FY_DTYPE_F32, x_off, l->act_bytes, (int)b);
-        req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dy, l->act_bytes, (int)b);
-        req[3] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, dx, l->act_bytes, (int)b);
+        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_off, l->act_bytes, (int)b);
+        req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dy, l->act_bytes, (int)b);
+        req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
         req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1 + (b & 1)),
                                 unit_bytes(l, b), (int)b);
         if (rc == 0)
@@ -1262,11 +1273,12 @@ static int eval_loss(struct run *r, const struct fy_tokfile *data, uint64_t batc
 }
 
 int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
-                  const struct fy_tokfile *data, int B, int T, uint64_t batches, int timeout_ms,
+                  const struct fy_tokfile *data, int B, int T, int act_dtype, uint64_t batches,
+                  int timeout_ms,
                   double *loss)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, c, B, T, x, timeout_ms));
+    FY_TRY(run_init(&r, pool, c, B, T, act_dtype, x, timeout_ms));
     FY_TRY(ckpt_setup(&r, 0));
     return eval_loss(&r, data, batches, loss);
 }
@@ -1345,7 +1357,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                  const struct fy_tokfile *data, const struct fy_train_opts *o)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, x, o->timeout_ms));
+    FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, o->act_dtype, x, o->timeout_ms));
     r.overlap = o->overlap;
     FY_TRY(ckpt_setup(&r, o->ckpt_ssd));
     r.trace = o->trace;
@@ -1468,7 +1480,7 @@ int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, const struct 
                     const char *path, int overwrite, int timeout_ms)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, &meta->model, 1, 1, x, timeout_ms));
+    FY_TRY(run_init(&r, pool, &meta->model, 1, 1, FY_DTYPE_F32, x, timeout_ms));
     struct export_ctx ctx = {&r};
     return fy_weights_write(path, &meta->model, meta->step, overwrite, export_unit, &ctx);
 }

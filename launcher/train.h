@@ -60,6 +60,9 @@ struct fy_train_opts {
     const unsigned char *resident; /* per unit: state kept in the pool (fy_train_plan_resident) */
     double clip_grad_norm; /* > 0: clip the global gradient norm to this (two backward passes) */
     int ckpt_ssd;          /* 1: the block-input checkpoints go to the SSD store (--ckpt-place ssd) */
+    int act_dtype;         /* activations in the pool: FY_DTYPE_F32 or _BF16, the backend's choice
+                              (fy_backend_preferred_act_dtype; the gpu worker reads
+                              train.act_dtype) */
     const volatile int *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
 };
 
@@ -77,35 +80,40 @@ struct fy_train_opts {
  * in the backward. */
 #define FY_TRAIN_CKPT_SLOTS 4
 
+/* Bytes of one activation [B][T][C] in the pool. */
+uint64_t fy_train_act_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype);
+
 /* Pool regions for a model and batch (B = T = 1 for init/export), with a "resident" region for the
  * optimizer state of the units marked in `resident` (may be NULL), weights slots for `prefetch`
  * units read ahead (1..FY_TRAIN_PREFETCH_MAX), `grad_slots` block gradients (FY_TRAIN_GRAD_SLOTS_MIN
  * to _MAX) and, with `clip`, room for the final unit's gradient between the two backward passes of
  * a clipped step. n receives the count (<= 9). */
-void fy_train_regions(const struct fy_gpt_config *c, int B, int T, const unsigned char *resident,
-                      int clip, unsigned prefetch, unsigned grad_slots, int ckpt_ssd,
-                      struct fy_pool_region_spec out[9], unsigned *n);
+void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
+                      const unsigned char *resident, int clip, unsigned prefetch,
+                      unsigned grad_slots, int ckpt_ssd, struct fy_pool_region_spec out[9],
+                      unsigned *n);
 /* The memory plan under --cpu-mem: marks, unit 0 first, every unit whose optimizer state (master,
  * m, v) still fits in a pool of at most cpu_mem bytes together with the streaming regions; those
  * units' state stays in the pool across steps (no SSD traffic, written to the store at
  * checkpoints), the others stream from the store. cpu_mem 0: none. Returns how many. */
-unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                int clip, unsigned prefetch, int ckpt_ssd,
+unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
+                                uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
                                 unsigned char *resident);
 /* The block gradient slots for that plan, up to `wanted`: more than the minimum only when every
  * unit's state is resident (then the optimizer is what the gpu may wait for, and more slots let it
  * lag behind the backward instead), as many as still fit cpu_mem, at most one per block. More is
  * not always faster: on the H200 machine AdamW ran a third slower with 16 slots (the cause is not
  * yet established; docs/benchmarks.md), so the default is the minimum. */
-unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, uint64_t cpu_mem,
-                                  int clip, unsigned prefetch, int ckpt_ssd,
+unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
+                                  uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
                                   const unsigned char *resident, unsigned wanted);
 /* Bytes a training step reads from and writes to the SSD store: the streamed units' weights in the
  * forward (a block's once more with clipping, for the norm pass), their state (master, m, v) read
  * once, which also gives a block its weights in the backward, and written once; with ckpt_ssd the
  * checkpoints x_0..x_{L-1} written in the forward and read in each backward pass. */
-void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int clip, int ckpt_ssd,
-                        const unsigned char *resident, uint64_t *read, uint64_t *write);
+void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
+                        int ckpt_ssd, const unsigned char *resident, uint64_t *read,
+                        uint64_t *write);
 
 /* Rates a step's time is predicted from. */
 struct fy_train_rates {
@@ -124,16 +132,17 @@ struct fy_train_prediction {
     double gpu_s, h2d_s, d2h_s, ssd_s, opt_s, step_s;
     const char *bound;
 };
-void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int clip, int ckpt_ssd,
-                      const unsigned char *resident, const struct fy_train_rates *rates,
-                      struct fy_train_prediction *out);
+void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
+                      int ckpt_ssd, const unsigned char *resident,
+                      const struct fy_train_rates *rates, struct fy_train_prediction *out);
 
 /* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
- * interface (fp32 weights, activations and gradients; with clipping the second backward pass too),
- * every input uploaded: the CUDA backend hands a unit's output to the next unit on the device when
+ * interface (fp32 weights and gradients, activations in act_dtype; with clipping the second
+ * backward pass too), every input uploaded: the CUDA backend hands a unit's output to the next
+ * unit on the device when
  * the two are in flight together, which spares those uploads. */
-void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int clip, uint64_t *to_gpu,
-                         uint64_t *from_gpu);
+void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
+                         uint64_t *to_gpu, uint64_t *from_gpu);
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
 
 /* Learning rate at a step (1-based): linear warmup, then cosine to lr * min_lr_ratio at o->steps. */
@@ -151,7 +160,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                  const struct fy_tokfile *data, const struct fy_train_opts *o);
 /* Mean loss over the first `batches` evaluation windows (forward only). */
 int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
-                  const struct fy_tokfile *data, int B, int T, uint64_t batches, int timeout_ms,
+                  const struct fy_tokfile *data, int B, int T, int act_dtype, uint64_t batches,
+                  int timeout_ms,
                   double *loss);
 /* Writes the store's master weights to a weights file (common/ckpt.h). */
 int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *meta,

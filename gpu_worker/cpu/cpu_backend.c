@@ -95,7 +95,7 @@ static int cpu_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, in
     return 0;
 }
 
-static int cpu_embed_forward(void *state, const float *embed, const int32_t *tokens, float *x)
+static int cpu_embed_forward(void *state, const float *embed, const int32_t *tokens, void *x)
 {
     struct cpu_state *s = state;
     if (s->llama)
@@ -105,7 +105,7 @@ static int cpu_embed_forward(void *state, const float *embed, const int32_t *tok
     return 0;
 }
 
-static int cpu_embed_backward(void *state, const int32_t *tokens, const float *dx, float *dembed)
+static int cpu_embed_backward(void *state, const int32_t *tokens, const void *dx, float *dembed)
 {
     struct cpu_state *s = state;
     if (s->llama)
@@ -115,7 +115,7 @@ static int cpu_embed_backward(void *state, const int32_t *tokens, const float *d
     return 0;
 }
 
-static int cpu_block_forward(void *state, const float *params, const float *x, float *y)
+static int cpu_block_forward(void *state, const float *params, const void *x, void *y)
 {
     struct cpu_state *s = state;
     if (s->llama)
@@ -125,8 +125,8 @@ static int cpu_block_forward(void *state, const float *params, const float *x, f
     return 0;
 }
 
-static int cpu_block_backward(void *state, const float *params, const float *x, const float *dy,
-                              float *dx, float *dparams)
+static int cpu_block_backward(void *state, const float *params, const void *x, const void *dy,
+                              void *dx, float *dparams)
 {
     struct cpu_state *s = state;
     if (s->llama) {
@@ -139,8 +139,8 @@ static int cpu_block_backward(void *state, const float *params, const float *x, 
     return 0;
 }
 
-static int cpu_head(void *state, const float *final_params, const float *embed, const float *x,
-                    const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed)
+static int cpu_head(void *state, const float *final_params, const float *embed, const void *x,
+                    const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed)
 {
     struct cpu_state *s = state;
     if (s->llama) {
@@ -153,7 +153,7 @@ static int cpu_head(void *state, const float *final_params, const float *embed, 
     return 0;
 }
 
-static int cpu_logits(void *state, const float *final_params, const float *embed, const float *x,
+static int cpu_logits(void *state, const float *final_params, const float *embed, const void *x,
                       float *logits)
 {
     struct cpu_state *s = state;

@@ -50,14 +50,14 @@ struct staging {
     } outs[STAGING_OUTS];
     int n_outs;
     /* the call's activation output: host buffer and the device copy it came from */
-    const float *act_out_host;
+    const void *act_out_host;
     const bf16 *act_out_dev;
 };
 
 /* An activation input of a call (see act_in_queue). */
 struct act_in {
-    const float *host;
-    float *staging; /* upload target (f32) */
+    const void *host;
+    void *staging; /* upload target (the host's dtype) */
     bf16 *dev;      /* where the kernels read it */
     const bf16 *from; /* set when it comes from the device copy of the call before */
 };
@@ -69,6 +69,7 @@ struct fy_cu_gpt {
     int head_rows;   /* rows per chunk of the head */
     int flash;       /* flash-style attention (else the materialising version) */
     int fuse;        /* GELU and residual adds in the products' epilogues (else separate kernels) */
+    int host_bf16;   /* activations in host buffers are bf16 (else f32) */
     size_t unit_max; /* floats of the largest unit */
     cudaStream_t compute, h2d, d2h;
     struct fy_cu_lt *lt;
@@ -355,6 +356,11 @@ static int upload(struct fy_cu_gpt *g, struct staging *st, void *dev, const void
     return 0;
 }
 
+static size_t act_host_bytes(const struct fy_cu_gpt *g)
+{
+    return (size_t)g->N * g->c.n_embd * (g->host_bf16 ? sizeof(bf16) : sizeof(float));
+}
+
 /* Queues an activation input. When it is the activation output of the call still in flight just
  * before this one (the pipeline's usual case: block b's output is block b+1's input, block b's dx is
  * block b-1's dy), it is taken from that call's device copy instead of crossing PCIe twice; the
@@ -366,17 +372,18 @@ static int act_in_queue(struct fy_cu_gpt *g, struct staging *st, struct act_in *
     a->from = prev != NULL && prev->act_out_host == a->host ? prev->act_out_dev : NULL;
     if (a->from != NULL)
         return 0;
-    return upload(g, st, a->staging, a->host, (size_t)g->N * g->c.n_embd * sizeof(float));
+    return upload(g, st, a->staging, a->host, act_host_bytes(g));
 }
 
 /* After uploads_done: the input onto its device buffer, on the compute stream. */
 static int act_in_place(struct fy_cu_gpt *g, const struct act_in *a)
 {
     size_t NC = (size_t)g->N * g->c.n_embd;
-    if (a->from == NULL)
-        return fy_cu_f32_to_bf16(a->dev, a->staging, NC, g->compute);
-    if (a->from != a->dev)
-        FY_CUDA(cudaMemcpyAsync(a->dev, a->from, NC * sizeof(bf16), cudaMemcpyDeviceToDevice,
+    if (a->from == NULL && !g->host_bf16)
+        return fy_cu_f32_to_bf16(a->dev, (const float *)a->staging, NC, g->compute);
+    const bf16 *from = a->from != NULL ? a->from : (const bf16 *)a->staging;
+    if (from != a->dev)
+        FY_CUDA(cudaMemcpyAsync(a->dev, from, NC * sizeof(bf16), cudaMemcpyDeviceToDevice,
                                 g->compute),
                 "forwarding an activation on the device");
     return 0;
@@ -394,6 +401,18 @@ static int compute_done(struct fy_cu_gpt *g, struct staging *st)
     FY_CUDA(cudaEventRecord(st->computed, g->compute), "recording the compute event");
     FY_CUDA(cudaStreamWaitEvent(g->d2h, st->computed, 0), "ordering downloads after compute");
     FY_CUDA(cudaEventRecord(st->d2h_begin, g->d2h), "recording the download start");
+    return 0;
+}
+
+/* On the compute stream: the call's activation output from its device buffer into the call's own
+ * staging in the host's dtype (the device buffer is the next call's to overwrite). */
+static int act_out_stage(struct fy_cu_gpt *g, struct staging *st, const bf16 *dev)
+{
+    size_t NC = (size_t)g->N * g->c.n_embd;
+    if (!g->host_bf16)
+        return fy_cu_bf16_to_f32(st->out, dev, NC, g->compute);
+    FY_CUDA(cudaMemcpyAsync(st->out, dev, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, g->compute),
+            "staging an activation output");
     return 0;
 }
 
@@ -639,9 +658,9 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
 }
 
 static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, const float *params,
-                              const float *x, float *y)
+                              const void *x, void *y)
 {
-    size_t NC = (size_t)g->N * g->c.n_embd, P = g->lay.total;
+    size_t P = g->lay.total;
     cudaStream_t s = g->compute;
     struct act_in in_x = {x, st->in0, g->x, NULL};
     FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
@@ -650,14 +669,14 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
     FY_TRY(act_in_place(g, &in_x));
     FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, &g->own));
-    FY_TRY(fy_cu_bf16_to_f32(st->out, g->y, NC, s));
+    FY_TRY(act_out_stage(g, st, g->y));
     FY_TRY(compute_done(g, st));
     st->act_out_host = y;
     st->act_out_dev = g->y;
-    return download(g, st, y, st->out, NC * sizeof(float));
+    return download(g, st, y, st->out, act_host_bytes(g));
 }
 
-int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const float *x, float *y)
+int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const void *x, void *y)
 {
     struct staging *st;
     FY_TRY(call_begin(g, &st));
@@ -665,9 +684,9 @@ int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const floa
 }
 
 static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, const float *params,
-                               const float *x, const float *dy, float *dx, float *dparams)
+                               const void *x, const void *dy, void *dx, float *dparams)
 {
-    size_t NC = (size_t)g->N * g->c.n_embd, P = g->lay.total;
+    size_t P = g->lay.total;
     cudaStream_t s = g->compute;
     struct act_in in_x = {x, st->in0, g->x, NULL}, in_dy = {dy, st->in1, g->dy, NULL};
     FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
@@ -678,16 +697,16 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, const fl
     FY_TRY(act_in_place(g, &in_x));
     FY_TRY(act_in_place(g, &in_dy));
     FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, st->grad, NULL));
-    FY_TRY(fy_cu_bf16_to_f32(st->out, g->dx, NC, s));
+    FY_TRY(act_out_stage(g, st, g->dx));
     FY_TRY(compute_done(g, st));
     st->act_out_host = dx;
     st->act_out_dev = g->dx;
-    FY_TRY(download(g, st, dx, st->out, NC * sizeof(float)));
+    FY_TRY(download(g, st, dx, st->out, act_host_bytes(g)));
     return download(g, st, dparams, st->grad, P * sizeof(float));
 }
 
-int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const float *x,
-                             const float *dy, float *dx, float *dparams)
+int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const void *x,
+                             const void *dy, void *dx, float *dparams)
 {
     struct staging *st;
     FY_TRY(call_begin(g, &st));
@@ -747,10 +766,10 @@ int fy_cu_gpt_timings(const struct fy_cu_gpt *g, const struct fy_cu_gpt_op **ops
 cudaStream_t fy_cu_gpt_stream(const struct fy_cu_gpt *g) { return g->compute; }
 
 static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const float *embed,
-                              const int32_t *tokens, float *x)
+                              const int32_t *tokens, void *x)
 {
     const struct fy_gpt_config *c = &g->c;
-    size_t n = fy_gpt_unit_params(c, 0), NC = (size_t)g->N * c->n_embd;
+    size_t n = fy_gpt_unit_params(c, 0);
     cudaStream_t s = g->compute;
     FY_TRY(upload(g, st, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
     FY_TRY(upload(g, st, st->p32, embed, n * sizeof(float)));
@@ -758,14 +777,14 @@ static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, n, s));
     const bf16 *wte = g->pbf, *wpe = g->pbf + (size_t)c->vocab * c->n_embd;
     FY_TRY(fy_cu_gpt_dev_embed_forward(g, wte, wpe, st->tokens, g->x));
-    FY_TRY(fy_cu_bf16_to_f32(st->out, g->x, NC, s));
+    FY_TRY(act_out_stage(g, st, g->x));
     FY_TRY(compute_done(g, st));
     st->act_out_host = x;
     st->act_out_dev = g->x;
-    return download(g, st, x, st->out, NC * sizeof(float));
+    return download(g, st, x, st->out, act_host_bytes(g));
 }
 
-int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, float *x)
+int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, void *x)
 {
     struct staging *st;
     FY_TRY(call_begin(g, &st));
@@ -773,7 +792,7 @@ int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32
 }
 
 static int embed_backward_call(struct fy_cu_gpt *g, struct staging *st, const int32_t *tokens,
-                               const float *dx, float *dembed)
+                               const void *dx, float *dembed)
 {
     const struct fy_gpt_config *c = &g->c;
     size_t n = fy_gpt_unit_params(c, 0);
@@ -789,7 +808,7 @@ static int embed_backward_call(struct fy_cu_gpt *g, struct staging *st, const in
     return download(g, st, dembed, st->grad, n * sizeof(float));
 }
 
-int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const float *dx,
+int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const void *dx,
                              float *dembed)
 {
     struct staging *st;
@@ -798,12 +817,12 @@ int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const f
 }
 
 static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final_params,
-                     const float *embed, const float *x, const int32_t *targets, double *loss,
-                     float *dx, float *dfinal, float *dembed)
+                     const float *embed, const void *x, const int32_t *targets, double *loss,
+                     void *dx, float *dfinal, float *dembed)
 {
     const struct fy_gpt_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
-    size_t wte_n = (size_t)V * C, NC = (size_t)N * C;
+    size_t wte_n = (size_t)V * C;
     cudaStream_t s = g->compute;
     FY_TRY(upload(g, st, st->targets, targets, (size_t)N * sizeof(int32_t)));
     FY_TRY(upload(g, st, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
@@ -819,12 +838,12 @@ static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final
     FY_TRY(fy_cu_gpt_dev_head(g, g->lnf, g->pbf, g->x, st->targets, st->losses,
                               backward ? g->dx : NULL, dlnf, st->grad));
     if (backward)
-        FY_TRY(fy_cu_bf16_to_f32(st->out, g->dx, NC, s));
+        FY_TRY(act_out_stage(g, st, g->dx));
     FY_TRY(compute_done(g, st));
     if (backward) {
         st->act_out_host = dx;
         st->act_out_dev = g->dx;
-        FY_TRY(download(g, st, dx, st->out, NC * sizeof(float)));
+        FY_TRY(download(g, st, dx, st->out, act_host_bytes(g)));
         FY_TRY(download(g, st, dfinal, dlnf, 2 * (size_t)C * sizeof(float)));
         FY_TRY(download(g, st, dembed, st->grad, wte_n * sizeof(float)));
         st->wpe_grad = dembed + wte_n;
@@ -836,8 +855,9 @@ static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final
     return 0;
 }
 
-int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
-                   const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed)
+int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed,
+                   const void *x, const int32_t *targets, double *loss, void *dx, float *dfinal,
+                   float *dembed)
 {
     struct staging *st;
     FY_TRY(call_begin(g, &st));
@@ -845,22 +865,22 @@ int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *
 }
 
 int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float *embed,
-                     const float *x, float *logits)
+                     const void *x, float *logits)
 {
     const struct fy_gpt_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
-    size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
     while (g->pending > 0) /* synchronous: whatever was queued completes first */
         FY_TRY(fy_cu_gpt_finish(g, NULL));
     struct staging *st = &g->st[g->first];
     FY_TRY(upload(g, st, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
     FY_TRY(upload(g, st, st->p32, embed, (size_t)V * C * sizeof(float)));
-    FY_TRY(upload(g, st, st->in0, x, NC * sizeof(float)));
+    struct act_in in_x = {x, st->in0, g->x, NULL};
+    FY_TRY(upload(g, st, st->in0, x, act_host_bytes(g)));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, 2 * (size_t)C, s));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, (size_t)V * C, s));
-    FY_TRY(fy_cu_f32_to_bf16(g->x, st->in0, NC, s));
+    FY_TRY(act_in_place(g, &in_x));
     struct fy_cu_gpt_acts *a = &g->own;
     FY_TRY(fy_cu_layernorm_forward(a->ln1, a->mean1, a->rstd1, g->x, g->lnf, g->lnf + C, N, C, s));
     /* the head's scratch holds at least head_rows x V f32 logits */
@@ -875,5 +895,13 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
         /* the chunk buffer is reused by the next rows */
         FY_CUDA(cudaStreamSynchronize(g->d2h), "waiting for a chunk of logits");
     }
+    return 0;
+}
+
+int fy_cu_gpt_set_host_acts_bf16(struct fy_cu_gpt *g, int on)
+{
+    FY_REQUIRE(g->pending == 0, -EBUSY,
+               "cu_gpt: changing the activations' host dtype with %d calls in flight", g->pending);
+    g->host_bf16 = on != 0;
     return 0;
 }

@@ -34,14 +34,20 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
                   int B, int T);
 void fy_cu_gpt_destroy(struct fy_cu_gpt **g);
 
-int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, float *x);
-int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const float *dx,
+/* Activations (x, y, dx, dy: [B][T][C]) in the host buffers below are f32, or bf16 after
+ * fy_cu_gpt_set_host_acts_bf16(g, 1): the device holds them in bf16 either way, so the two give
+ * the same bits and bf16 moves half the bytes over PCIe. Weights and gradients stay f32. */
+int fy_cu_gpt_set_host_acts_bf16(struct fy_cu_gpt *g, int on);
+int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens,
+                            void *x);
+int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const void *dx,
                              float *dembed);
-int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const float *x, float *y);
-int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const float *x,
-                             const float *dy, float *dx, float *dparams);
-int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed, const float *x,
-                   const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed);
+int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const void *x, void *y);
+int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const void *x,
+                             const void *dy, void *dx, float *dparams);
+int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed,
+                   const void *x, const int32_t *targets, double *loss, void *dx, float *dfinal,
+                   float *dembed);
 
 /* Device time of a call's copies: its uploads' summed (without any wait for another call's
  * downloads), and the span of its downloads from when the device-to-host stream reached them. */
@@ -59,7 +65,7 @@ int fy_cu_gpt_ready_fd(const struct fy_cu_gpt *g);
 /* logits [N][V] f32 (host) = lnf(x) wte^T, computed and copied back in chunks of rows; completes
  * every call in flight first, and itself before returning. */
 int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float *embed,
-                     const float *x, float *logits);
+                     const void *x, float *logits);
 
 /* Device-level units, for drivers that keep weights and activations on the GPU (bf16 weights in the
  * unit layout of common/model.h; activations [B][T][C] bf16; gradients f32, overwritten except where

@@ -206,35 +206,35 @@ static int cuda_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, i
     return 0;
 }
 
-static int cuda_embed_forward(void *state, const float *embed, const int32_t *tokens, float *x)
+static int cuda_embed_forward(void *state, const float *embed, const int32_t *tokens, void *x)
 {
     return fy_cu_gpt_embed_forward(((struct cuda_state *)state)->gpt, embed, tokens, x);
 }
 
-static int cuda_embed_backward(void *state, const int32_t *tokens, const float *dx, float *dembed)
+static int cuda_embed_backward(void *state, const int32_t *tokens, const void *dx, float *dembed)
 {
     return fy_cu_gpt_embed_backward(((struct cuda_state *)state)->gpt, tokens, dx, dembed);
 }
 
-static int cuda_block_forward(void *state, const float *params, const float *x, float *y)
+static int cuda_block_forward(void *state, const float *params, const void *x, void *y)
 {
     return fy_cu_gpt_block_forward(((struct cuda_state *)state)->gpt, params, x, y);
 }
 
-static int cuda_block_backward(void *state, const float *params, const float *x, const float *dy,
-                               float *dx, float *dparams)
+static int cuda_block_backward(void *state, const float *params, const void *x, const void *dy,
+                               void *dx, float *dparams)
 {
     return fy_cu_gpt_block_backward(((struct cuda_state *)state)->gpt, params, x, dy, dx, dparams);
 }
 
-static int cuda_head(void *state, const float *final_params, const float *embed, const float *x,
-                     const int32_t *targets, double *loss, float *dx, float *dfinal, float *dembed)
+static int cuda_head(void *state, const float *final_params, const float *embed, const void *x,
+                     const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed)
 {
     return fy_cu_gpt_head(((struct cuda_state *)state)->gpt, final_params, embed, x, targets, loss,
                           dx, dfinal, dembed);
 }
 
-static int cuda_logits(void *state, const float *final_params, const float *embed, const float *x,
+static int cuda_logits(void *state, const float *final_params, const float *embed, const void *x,
                        float *logits)
 {
     return fy_cu_gpt_logits(((struct cuda_state *)state)->gpt, final_params, embed, x, logits);
@@ -251,11 +251,22 @@ static int cuda_finish(void *state, double *h2d_s, double *d2h_s)
 
 static int cuda_ready_fd(void *state) { return fy_cu_gpt_ready_fd(((struct cuda_state *)state)->gpt); }
 
+static int cuda_acts_bf16(void *state, int on)
+{
+    return fy_cu_gpt_set_host_acts_bf16(((struct cuda_state *)state)->gpt, on);
+}
+
+extern "C" int fy_cuda_device_visible(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
 static_assert(FY_CU_GPT_QUEUE == FY_BACKEND_GPT_QUEUE, "queue depths of the interface and cu_gpt");
 
 extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     "cuda",          cuda_open,          cuda_close,          cuda_register_host,
     cuda_unregister_host, cuda_synth,    cuda_gpt_prepare,    cuda_embed_forward,
     cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
-    cuda_finish,     cuda_ready_fd,
+    cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,
 };

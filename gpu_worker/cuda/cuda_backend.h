@@ -9,6 +9,8 @@ extern "C" {
 #endif
 
 extern const struct fy_backend_ops fy_cuda_backend_ops;
+/* 1 when the CUDA runtime sees a device (no context is created). */
+int fy_cuda_device_visible(void);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "common/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/testutil.h"
@@ -136,6 +137,77 @@ static void test_units_match_cpu(void **state)
     free(dp_again); free(dx_again);
 }
 
+static uint16_t *to_bf16(const float *x, size_t n)
+{
+    uint16_t *h = malloc(n * sizeof *h);
+    for (size_t i = 0; h != NULL && i < n; i++)
+        h[i] = fy_f32_to_bf16(x[i]);
+    return h;
+}
+
+/* Activations as bf16 in host memory (what the pipeline sends with the CUDA backend) against f32:
+ * the device holds them in bf16 either way, so every output is the same bits: each bf16 activation
+ * widened equals the f32 one, and the loss and the f32 gradients are equal byte for byte. */
+static void test_bf16_host_activations_same_bits(void **state)
+{
+    size_t N = (size_t)B * T, C = cfg.n_embd, NC = N * C;
+    uint64_t seed = 5;
+    assert_int_equal(fy_backend_gpt_prepare(cuda, &cfg, B, T), 0);
+    int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);
+    for (size_t i = 0; i < N; i++) {
+        tokens[i] = (int32_t)(fy_test_rand(&seed) % cfg.vocab);
+        targets[i] = (int32_t)(fy_test_rand(&seed) % cfg.vocab);
+    }
+    float *embed = unit_params(0, 2), *block = unit_params(1, 2), *fin = unit_params(3, 2);
+    size_t ne = fy_gpt_unit_params(&cfg, 0), nb = fy_gpt_unit_params(&cfg, 1), nf = 2 * C;
+    size_t nl = N * cfg.vocab;
+    /* f32 activations */
+    float *x = malloc(NC * 4), *y = malloc(NC * 4), *dy = malloc(NC * 4), *dx = malloc(NC * 4);
+    float *dfin = malloc(nf * 4), *demb = malloc(ne * 4), *dp = malloc(nb * 4);
+    float *lg = malloc(nl * 4);
+    double loss;
+    assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, x), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cuda, block, x, y), 0);
+    assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y, targets, &loss, dy, dfin, demb), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(cuda, block, x, dy, dx, dp), 0);
+    assert_int_equal(fy_backend_gpt_embed_backward(cuda, tokens, dx, demb), 0);
+    assert_int_equal(fy_backend_gpt_logits(cuda, fin, embed, y, lg), 0);
+    /* bf16 activations, every input given as bf16 */
+    uint16_t *xh = malloc(NC * 2), *yh = malloc(NC * 2), *dyh = malloc(NC * 2);
+    uint16_t *dxh = malloc(NC * 2);
+    float *dfin2 = malloc(nf * 4), *demb2 = malloc(ne * 4), *dp2 = malloc(nb * 4);
+    float *lg2 = malloc(nl * 4);
+    double loss2;
+    assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, xh), 0);
+    uint16_t *x_in = to_bf16(x, NC);
+    assert_memory_equal(xh, x_in, NC * 2); /* f32 x was the exact widening of these */
+    assert_int_equal(fy_backend_gpt_block_forward(cuda, block, x_in, yh), 0);
+    uint16_t *y_ref = to_bf16(y, NC);
+    assert_memory_equal(yh, y_ref, NC * 2);
+    assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, yh, targets, &loss2, dyh, dfin2, demb2),
+                     0);
+    assert_memory_equal(&loss2, &loss, sizeof loss);
+    uint16_t *dy_ref = to_bf16(dy, NC);
+    assert_memory_equal(dyh, dy_ref, NC * 2);
+    assert_memory_equal(dfin2, dfin, nf * 4);
+    assert_int_equal(fy_backend_gpt_block_backward(cuda, block, xh, dyh, dxh, dp2), 0);
+    uint16_t *dx_ref = to_bf16(dx, NC);
+    assert_memory_equal(dxh, dx_ref, NC * 2);
+    assert_memory_equal(dp2, dp, nb * 4);
+    assert_int_equal(fy_backend_gpt_embed_backward(cuda, tokens, dxh, demb2), 0);
+    assert_memory_equal(demb2, demb, ne * 4);
+    assert_int_equal(fy_backend_gpt_logits(cuda, fin, embed, yh, lg2), 0);
+    assert_memory_equal(lg2, lg, nl * 4);
+    assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_F32), 0);
+    print_message("bf16 and f32 host activations: identical outputs (loss %.6f)\n", loss);
+    free(tokens); free(targets); free(embed); free(block); free(fin); free(x); free(y); free(dy);
+    free(dx); free(dfin); free(demb); free(dp); free(lg); free(xh); free(yh); free(dyh); free(dxh);
+    free(dfin2); free(demb2); free(dp2); free(lg2); free(x_in); free(y_ref); free(dy_ref);
+    free(dx_ref);
+}
+
 static void test_budget_refused(void **state)
 {
     struct fy_backend *small = NULL;
@@ -159,6 +231,7 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_units_match_cpu),
+        cmocka_unit_test(test_bf16_host_activations_same_bits),
         cmocka_unit_test(test_budget_refused),
     };
     int failed = cmocka_run_group_tests_name("cuda GPT units", tests, NULL, NULL);
