@@ -182,15 +182,21 @@ int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, c
     return completed(b, b->ops->gpt_embed_backward(b->state, tokens, dx, dembed));
 }
 
-int fy_backend_gpt_block_forward(struct fy_backend *b, const float *params, const void *x, void *y)
+int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const float *params,
+                                 const void *x, void *y)
 {
-    return completed(b, b->ops->gpt_block_forward(b->state, params, x, y));
+    return completed(b, b->ops->gpt_block_forward(b->state, layer, params, x, y));
 }
 
-int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, const void *x,
-                                  const void *dy, void *dx, float *dparams)
+int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const float *params,
+                                  const void *x, const void *dy, void *dx, float *dparams)
 {
-    return completed(b, b->ops->gpt_block_backward(b->state, params, x, dy, dx, dparams));
+    return completed(b, b->ops->gpt_block_backward(b->state, layer, params, x, dy, dx, dparams));
+}
+
+int fy_backend_gpt_keep(struct fy_backend *b, int max_layers)
+{
+    return b->ops->gpt_keep != NULL && max_layers > 0 ? b->ops->gpt_keep(b->state, max_layers) : 0;
 }
 
 int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,

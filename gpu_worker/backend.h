@@ -32,9 +32,10 @@ struct fy_backend_ops {
     int (*gpt_prepare)(void *state, const struct fy_gpt_config *c, int B, int T);
     int (*gpt_embed_forward)(void *state, const float *embed, const int32_t *tokens, void *x);
     int (*gpt_embed_backward)(void *state, const int32_t *tokens, const void *dx, float *dembed);
-    int (*gpt_block_forward)(void *state, const float *params, const void *x, void *y);
-    int (*gpt_block_backward)(void *state, const float *params, const void *x, const void *dy,
-                              void *dx, float *dparams);
+    /* layer: the block's index, 1..n_layer (0: one whose internals are never kept) */
+    int (*gpt_block_forward)(void *state, int layer, const float *params, const void *x, void *y);
+    int (*gpt_block_backward)(void *state, int layer, const float *params, const void *x,
+                              const void *dy, void *dx, float *dparams);
     /* dx == NULL: loss only. */
     int (*gpt_head)(void *state, const float *final_params, const float *embed, const void *x,
                     const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed);
@@ -52,6 +53,10 @@ struct fy_backend_ops {
      * backend that computes them in bf16 anyway (CUDA) has this: the same bits, half the bytes.
      * NULL: f32 only (the CPU backend computes in f32). */
     int (*gpt_acts_bf16)(void *state, int on);
+    /* Keep the forward internals of up to max_layers blocks in device memory left over after
+     * gpt_prepare, so that their backward does not recompute them (the same bits); returns how
+     * many blocks it keeps. NULL: the backend always recomputes. */
+    int (*gpt_keep)(void *state, int max_layers);
 };
 
 #define FY_BACKEND_GPT_QUEUE 2
@@ -77,9 +82,12 @@ int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const
                                  void *x);
 int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
                                   float *dembed);
-int fy_backend_gpt_block_forward(struct fy_backend *b, const float *params, const void *x, void *y);
-int fy_backend_gpt_block_backward(struct fy_backend *b, const float *params, const void *x,
-                                  const void *dy, void *dx, float *dparams);
+int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const float *params,
+                                 const void *x, void *y);
+int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const float *params,
+                                  const void *x, const void *dy, void *dx, float *dparams);
+/* Blocks whose internals the backend keeps (see gpt_keep); 0 where it always recomputes. */
+int fy_backend_gpt_keep(struct fy_backend *b, int max_layers);
 int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
                         const void *x, const int32_t *targets, double *loss, void *dx,
                         float *dfinal, float *dembed);

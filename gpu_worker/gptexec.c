@@ -60,6 +60,21 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     }
     if (rc == 0)
         rc = fy_backend_gpt_act_dtype(backend, e->act_dtype);
+    /* train.act_plan: "auto" keeps the internals of the blocks that fit in the GPU budget beside
+     * the working buffers (their backward then recomputes nothing), "recompute" keeps none */
+    const char *plan = fy_config_get(cfg, "train.act_plan");
+    if (rc == 0 && plan != NULL && strcmp(plan, "auto") != 0 && strcmp(plan, "recompute") != 0) {
+        fy_error("%s: train.act_plan = %s: use auto or recompute", cfg->path, plan);
+        rc = -EINVAL;
+    }
+    if (rc == 0 && plan != NULL && strcmp(plan, "auto") == 0) {
+        /* test hook: FUYOU_TEST_KEEP_LAYERS=N keeps at most N blocks, whatever fits */
+        const char *cap = getenv("FUYOU_TEST_KEEP_LAYERS");
+        int most = cap != NULL ? atoi(cap) : (int)e->cfg.n_layer;
+        most = most < (int)e->cfg.n_layer ? most : (int)e->cfg.n_layer;
+        int kept = most > 0 ? fy_backend_gpt_keep(backend, most) : 0;
+        rc = kept < 0 ? kept : 0;
+    }
     /* FUYOU_GPU_QUEUE=1 completes every request before taking the next, for comparisons */
     const char *queue = getenv("FUYOU_GPU_QUEUE");
     int one_at_a_time = queue != NULL && strcmp(queue, "1") == 0;
@@ -144,12 +159,12 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_TRY(part(pool, req, n, 1, A, ACT, e->act_bytes, &p[1]));
         if (req[0].op == FY_OP_GPT_BLOCK_FWD) {
             FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
-            return fy_backend_gpt_block_forward(e->backend, p[0], p[1], p[2]);
+            return fy_backend_gpt_block_forward(e->backend, layer, p[0], p[1], p[2]);
         }
         FY_TRY(part(pool, req, n, 2, G, ACT, e->act_bytes, &p[2]));
         FY_TRY(part(pool, req, n, 3, G, ACT, e->act_bytes, &p[3]));
         FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
-        return fy_backend_gpt_block_backward(e->backend, p[0], p[1], p[2], p[3], p[4]);
+        return fy_backend_gpt_block_backward(e->backend, layer, p[0], p[1], p[2], p[3], p[4]);
     case FY_OP_GPT_HEAD: {
         FY_REQUIRE(n == 4 || n == 7, -EPROTO, "gpt-head takes 4 parts (loss) or 7 (with gradients), got %u", n);
         FY_TRY(part(pool, req, n, 0, A, ACT, e->act_bytes, &p[0]));

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/actplan.h"
 #include "common/check.h"
 #include "common/ckpt.h"
 #include "common/config.h"
@@ -41,6 +42,7 @@ struct options {
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every, prefetch, grad_slots;
     int ckpt_place; /* CKPT_HOST, CKPT_SSD, CKPT_AUTO */
+    const char *act_plan; /* train --act-plan: "auto" or "recompute" */
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set, model_set, hf_opts_set;
@@ -96,6 +98,10 @@ static void usage(FILE *f)
             "               slots (written in the forward, read back ahead of each backward pass);\n"
             "               auto: the pool when all optimizer state fits --cpu-mem beside them,\n"
             "               else the SSD, leaving their room to optimizer state\n"
+            "               --act-plan auto|recompute (auto) the blocks' forward internals: auto\n"
+            "               keeps those of as many blocks as fit --gpu-mem beside the working\n"
+            "               buffers (the top blocks), so their backward recomputes nothing;\n"
+            "               recompute: every block's backward recomputes its forward\n"
             "               --grad-slots N (3) block gradients held at once (3..16, each a block's\n"
             "               fp32 gradient of pool memory): the optimizer may lag the backward by\n"
             "               N - 1 blocks and finish while the next forward runs; used only when all\n"
@@ -139,7 +145,8 @@ enum {
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
-    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_FROM_HF, O_TO_HF, O_DTYPE, O_MAX_SHARD,
+    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_ACT_PLAN, O_FROM_HF, O_TO_HF, O_DTYPE,
+    O_MAX_SHARD,
     O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD,
     O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED
 };
@@ -171,6 +178,7 @@ static const struct option longopts[] = {
     {"prefetch", required_argument, 0, O_PREFETCH},
     {"grad-slots", required_argument, 0, O_GRAD_SLOTS},
     {"ckpt-place", required_argument, 0, O_CKPT_PLACE},
+    {"act-plan", required_argument, 0, O_ACT_PLAN},
     {"from-hf", required_argument, 0, O_FROM_HF},    {"to-hf", required_argument, 0, O_TO_HF},
     {"dtype", required_argument, 0, O_DTYPE},
     {"max-shard-size", required_argument, 0, O_MAX_SHARD},
@@ -196,7 +204,8 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
                           .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1,
                           .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MIN, .max_shard_size = 50000000000ull,
-                          .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5};
+                          .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
+                          .act_plan = "auto"};
     int c, rc = 0;
     uint64_t v;
     opterr = 0;
@@ -274,6 +283,18 @@ static int parse_options(int argc, char **argv, struct options *o)
                 rc = -EINVAL;
             }
             break;
+        case O_ACT_PLAN: {
+            enum fy_actplan_mode mode;
+            o->act_plan = optarg;
+            rc = fy_actplan_mode_parse(optarg, &mode);
+            if (rc == 0 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD)) {
+                fprintf(stderr, "fuyou-launch: --act-plan %s: swapping the blocks' internals to "
+                        "the pool or the SSD store is not built yet; use auto (keep what fits "
+                        "the GPU) or recompute\n", optarg);
+                rc = -EINVAL;
+            }
+            break;
+        }
         case O_GRAD_SLOTS:
             rc = parse_size_opt("--grad-slots", optarg, &o->grad_slots);
             if (rc == 0 && (o->grad_slots < FY_TRAIN_GRAD_SLOTS_MIN ||
@@ -774,6 +795,7 @@ static int train_config(const struct options *o, const struct fy_gpt_config *mod
     FY_TRY(fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)o->batch));
     FY_TRY(fy_config_setf(cfg, "train.seq", "%llu", (unsigned long long)o->seq));
     FY_TRY(fy_config_set(cfg, "train.act_dtype", fy_dtype_name(act_dtype)));
+    FY_TRY(fy_config_set(cfg, "train.act_plan", o->act_plan));
     return 0;
 }
 

@@ -129,7 +129,7 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
     if ((rc = fy_backend_gpt_embed_forward(b, m->params[0], m->tokens, xs)) != 0)
         return set_err(m, "gpt_embed_forward failed (%d)", rc), rc;
     for (unsigned l = 0; l < L; l++)
-        if ((rc = fy_backend_gpt_block_forward(b, m->params[1 + l], xs + act * l,
+        if ((rc = fy_backend_gpt_block_forward(b, 1 + l, m->params[1 + l], xs + act * l,
                                                xs + act * (l + 1))) != 0)
             return set_err(m, "gpt_block_forward of block %u failed (%d)", l, rc), rc;
     free(m->logits);
@@ -143,7 +143,7 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
                                   &m->loss, dy, m->grads[L + 1], m->grads[0])) != 0)
         return set_err(m, "gpt_head failed (%d)", rc), rc;
     for (unsigned l = L; l-- > 0;) {
-        if ((rc = fy_backend_gpt_block_backward(b, m->params[1 + l], xs + act * l, dy, dx,
+        if ((rc = fy_backend_gpt_block_backward(b, 1 + l, m->params[1 + l], xs + act * l, dy, dx,
                                                 m->grads[1 + l])) != 0)
             return set_err(m, "gpt_block_backward of block %u failed (%d)", l, rc), rc;
         float *t = dx;

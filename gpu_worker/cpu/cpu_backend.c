@@ -115,8 +115,9 @@ static int cpu_embed_backward(void *state, const int32_t *tokens, const void *dx
     return 0;
 }
 
-static int cpu_block_forward(void *state, const float *params, const void *x, void *y)
+static int cpu_block_forward(void *state, int layer, const float *params, const void *x, void *y)
 {
+    (void)layer;
     struct cpu_state *s = state;
     if (s->llama)
         fy_llama_block_forward(&s->lcfg, params, x, y, s->block_scratch, s->B, s->T);
@@ -125,9 +126,10 @@ static int cpu_block_forward(void *state, const float *params, const void *x, vo
     return 0;
 }
 
-static int cpu_block_backward(void *state, const float *params, const void *x, const void *dy,
-                              void *dx, float *dparams)
+static int cpu_block_backward(void *state, int layer, const float *params, const void *x,
+                              const void *dy, void *dx, float *dparams)
 {
+    (void)layer;
     struct cpu_state *s = state;
     if (s->llama) {
         /* the Llama block accumulates its parameter gradients; the request overwrites them */

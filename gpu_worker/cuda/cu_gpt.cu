@@ -83,6 +83,11 @@ struct fy_cu_gpt {
     /* one block's input and output, and its internals when no kept set is given */
     bf16 *x, *y;
     struct fy_cu_gpt_acts own;
+    /* kept internals of the top `n_kept` blocks (set i: block L - n_kept + 1 + i), and whether a
+     * forward has filled a set that no backward has used since */
+    struct fy_cu_gpt_acts kept[FY_CU_GPT_MAX_KEPT];
+    unsigned char kept_full[FY_CU_GPT_MAX_KEPT];
+    int n_kept;
     /* the internals' gradients */
     bf16 *dy, *dy1, *dln2, *datty, *dln1, *dx, *dqkv, *dg, *dfc;
     void *head_scratch;
@@ -657,8 +662,15 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
     return 0;
 }
 
-static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, const float *params,
-                              const void *x, void *y)
+/* The kept set of block `layer` (1..L), or NULL where that block is recomputed. */
+static int kept_index(const struct fy_cu_gpt *g, int layer)
+{
+    int first = (int)g->c.n_layer - g->n_kept + 1;
+    return layer >= first && layer <= (int)g->c.n_layer ? layer - first : -1;
+}
+
+static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer,
+                              const float *params, const void *x, void *y)
 {
     size_t P = g->lay.total;
     cudaStream_t s = g->compute;
@@ -668,7 +680,10 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
     FY_TRY(act_in_place(g, &in_x));
-    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, &g->own));
+    int k = kept_index(g, layer);
+    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, k >= 0 ? &g->kept[k] : &g->own));
+    if (k >= 0)
+        g->kept_full[k] = 1;
     FY_TRY(act_out_stage(g, st, g->y));
     FY_TRY(compute_done(g, st));
     st->act_out_host = y;
@@ -676,15 +691,17 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
     return download(g, st, y, st->out, act_host_bytes(g));
 }
 
-int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const void *x, void *y)
+int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
+                            void *y)
 {
     struct staging *st;
     FY_TRY(call_begin(g, &st));
-    return call_end(g, st, block_forward_call(g, st, params, x, y));
+    return call_end(g, st, block_forward_call(g, st, layer, params, x, y));
 }
 
-static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, const float *params,
-                               const void *x, const void *dy, void *dx, float *dparams)
+static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int layer,
+                               const float *params, const void *x, const void *dy, void *dx,
+                               float *dparams)
 {
     size_t P = g->lay.total;
     cudaStream_t s = g->compute;
@@ -696,7 +713,13 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, const fl
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
     FY_TRY(act_in_place(g, &in_x));
     FY_TRY(act_in_place(g, &in_dy));
-    FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, st->grad, NULL));
+    /* a set is used once: the backward also uses its attention part as scratch, so a second
+     * backward of the same forward (clipping's second pass) recomputes */
+    int k = kept_index(g, layer);
+    struct fy_cu_gpt_acts *kept = k >= 0 && g->kept_full[k] ? &g->kept[k] : NULL;
+    if (k >= 0)
+        g->kept_full[k] = 0;
+    FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, st->grad, kept));
     FY_TRY(act_out_stage(g, st, g->dx));
     FY_TRY(compute_done(g, st));
     st->act_out_host = dx;
@@ -705,12 +728,12 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, const fl
     return download(g, st, dparams, st->grad, P * sizeof(float));
 }
 
-int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const void *x,
+int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
                              const void *dy, void *dx, float *dparams)
 {
     struct staging *st;
     FY_TRY(call_begin(g, &st));
-    return call_end(g, st, block_backward_call(g, st, params, x, dy, dx, dparams));
+    return call_end(g, st, block_backward_call(g, st, layer, params, x, dy, dx, dparams));
 }
 
 int fy_cu_gpt_dev_embed_forward(struct fy_cu_gpt *g, const bf16 *wte, const bf16 *wpe,
@@ -904,4 +927,17 @@ int fy_cu_gpt_set_host_acts_bf16(struct fy_cu_gpt *g, int on)
                "cu_gpt: changing the activations' host dtype with %d calls in flight", g->pending);
     g->host_bf16 = on != 0;
     return 0;
+}
+
+int fy_cu_gpt_keep_layers(struct fy_cu_gpt *g, struct fy_cu_arena *arena, int max_layers)
+{
+    FY_REQUIRE(g->pending == 0 && g->n_kept == 0, -EBUSY,
+               "cu_gpt: keeping internals with calls in flight or sets already taken");
+    int most = max_layers < (int)g->c.n_layer ? max_layers : (int)g->c.n_layer;
+    most = most < FY_CU_GPT_MAX_KEPT ? most : FY_CU_GPT_MAX_KEPT;
+    while (g->n_kept < most && fy_cu_gpt_acts_take(g, arena, &g->kept[g->n_kept]) == 0)
+        g->kept_full[g->n_kept++] = 0;
+    /* the sets were taken in order, but the top blocks are the ones kept: renumbering is only
+     * kept_index's arithmetic */
+    return g->n_kept;
 }

@@ -42,9 +42,19 @@ int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32
                             void *x);
 int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const void *dx,
                              float *dembed);
-int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, const float *params, const void *x, void *y);
-int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, const float *params, const void *x,
+/* layer: the block's index (1..n_layer), which says whether its internals are kept
+ * (fy_cu_gpt_keep_layers); 0 for a block that is never kept. */
+int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
+                            void *y);
+int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
                              const void *dy, void *dx, float *dparams);
+/* Keeps the forward internals of up to max_layers blocks, the top ones, in sets taken from the
+ * arena while they fit (none are taken once one does not); returns how many. The forward of a kept
+ * block fills its set and the next backward of that block uses it instead of recomputing the
+ * block (the same bits); a second backward without a forward in between recomputes. The sets go
+ * with the arena memory after the model's working buffers. */
+#define FY_CU_GPT_MAX_KEPT 256
+int fy_cu_gpt_keep_layers(struct fy_cu_gpt *g, struct fy_cu_arena *arena, int max_layers);
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed,
                    const void *x, const int32_t *targets, double *loss, void *dx, float *dfinal,
                    float *dembed);

@@ -216,15 +216,16 @@ static int cuda_embed_backward(void *state, const int32_t *tokens, const void *d
     return fy_cu_gpt_embed_backward(((struct cuda_state *)state)->gpt, tokens, dx, dembed);
 }
 
-static int cuda_block_forward(void *state, const float *params, const void *x, void *y)
+static int cuda_block_forward(void *state, int layer, const float *params, const void *x, void *y)
 {
-    return fy_cu_gpt_block_forward(((struct cuda_state *)state)->gpt, params, x, y);
+    return fy_cu_gpt_block_forward(((struct cuda_state *)state)->gpt, layer, params, x, y);
 }
 
-static int cuda_block_backward(void *state, const float *params, const void *x, const void *dy,
-                               void *dx, float *dparams)
+static int cuda_block_backward(void *state, int layer, const float *params, const void *x,
+                               const void *dy, void *dx, float *dparams)
 {
-    return fy_cu_gpt_block_backward(((struct cuda_state *)state)->gpt, params, x, dy, dx, dparams);
+    return fy_cu_gpt_block_backward(((struct cuda_state *)state)->gpt, layer, params, x, dy, dx,
+                                    dparams);
 }
 
 static int cuda_head(void *state, const float *final_params, const float *embed, const void *x,
@@ -251,6 +252,20 @@ static int cuda_finish(void *state, double *h2d_s, double *d2h_s)
 
 static int cuda_ready_fd(void *state) { return fy_cu_gpt_ready_fd(((struct cuda_state *)state)->gpt); }
 
+static int cuda_keep(void *state, int max_layers)
+{
+    struct cuda_state *s = (struct cuda_state *)state;
+    size_t before = s->arena.used;
+    int kept = fy_cu_gpt_keep_layers(s->gpt, &s->arena, max_layers);
+    if (kept >= 0)
+        fy_info("GPU arena: the internals of %d blocks kept for their backward (the top ones, of "
+                "%d asked; %.3f GiB), the others recomputed from their inputs; %.3f of %.3f GiB "
+                "in use",
+                kept, max_layers, (double)(s->arena.used - before) / (1 << 30),
+                (double)s->arena.used / (1 << 30), (double)s->arena.size / (1 << 30));
+    return kept;
+}
+
 static int cuda_acts_bf16(void *state, int on)
 {
     return fy_cu_gpt_set_host_acts_bf16(((struct cuda_state *)state)->gpt, on);
@@ -268,5 +283,5 @@ extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     "cuda",          cuda_open,          cuda_close,          cuda_register_host,
     cuda_unregister_host, cuda_synth,    cuda_gpt_prepare,    cuda_embed_forward,
     cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
-    cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,
+    cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,      cuda_keep,
 };

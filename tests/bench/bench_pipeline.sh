@@ -14,7 +14,8 @@
 # offload, tests/bench/fsdp2_offload.py, at the batches in PIPELINE_FSDP2_BATCHES, "16"),
 # PIPELINE_STEPS (timed steps per run, 2), PIPELINE_SSD_STEPS and PIPELINE_SSD_BATCHES (the same for
 # the SSD placement, whose steps take far longer), PIPELINE_CKPT (--ckpt-place for every run),
-# PIPELINE_GRAD_SLOTS (--grad-slots values, each run in turn for the host placement), FUYOU_BENCH_DIR (where
+# PIPELINE_GRAD_SLOTS (--grad-slots values, each run in turn for the host placement),
+# PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
 # (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
@@ -29,15 +30,15 @@ work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
-printf "%-5s %3s %-5s %-8s %-6s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s\n" config B \
-  place schedule queue gslots "step s" "TFLOP/s" "gpu idle" "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" \
+printf "%-5s %3s %-5s %-8s %-9s %-6s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s\n" \
+  config B place schedule act-plan queue gslots "step s" "TFLOP/s" "gpu idle" "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" \
   "opt s" "bound s" "x bound" >"$table"
 "$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
 
-# run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM [GRAD_SLOTS]: STEPS+1 more steps on the config's
-# store
+# run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM [GRAD_SLOTS [ACT_PLAN]]: STEPS+1 more steps on the
+# config's store
 run() {
-  local cfg=$2 B=$3 place=$4 sched=$5 queue=$6 mem=$7 gslots=${8:-}
+  local cfg=$2 B=$3 place=$4 sched=$5 queue=$6 mem=$7 gslots=${8:-} plan=${9:-auto}
   local dir=$work/run-$cfg done_steps steps=$STEPS
   [ "$place" = ssd ] && steps=${PIPELINE_SSD_STEPS:-$STEPS}
   done_steps=$(cat "$dir/steps" 2>/dev/null || echo 0)
@@ -46,7 +47,7 @@ run() {
   FUYOU_GPU_QUEUE=$queue "$L" train --run-dir "$dir" --data "$work/data.tok" --steps $total \
     --batch "$B" --seq "$SEQ" --lr 1e-4 --warmup 1 --eval-every 0 --checkpoint-every 0 \
     --backend "$BACKEND" --gpu-mem 24G --cpu-mem "$mem" --schedule "$sched" \
-    ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} \
+    ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} --act-plan "$plan" \
     ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
     { echo "run $1 failed:"; tail -5 "$log"; return 1; }
   echo $total >"$dir/steps"
@@ -66,8 +67,9 @@ print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f" % (m("step_s"),
       100 * m("gpu_idle"), m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
       m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0))' |
     while read -r s tf idle g up down r w o bd x; do
-      printf "%-5s %3s %-5s %-8s %-6s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s\n" "$cfg" \
-        "$B" "$place" "$sched" "$([ "$queue" = 1 ] && echo 1 || echo 2)" "${gslots:-3}" "$s" "$tf" "$idle" "$g" "$up" \
+      printf "%-5s %3s %-5s %-8s %-9s %-6s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s\n" \
+        "$cfg" "$B" "$place" "$sched" "$plan" "$([ "$queue" = 1 ] && echo 1 || echo 2)" \
+        "${gslots:-3}" "$s" "$tf" "$idle" "$g" "$up" \
         "$down" "$r" "$w" "$o" "$bd" "$x" | tee -a "$table"
     done
 }
@@ -87,13 +89,19 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     >"$work/init-$cfg.log" 2>&1 || { tail -5 "$work/init-$cfg.log"; exit 1; }
   echo "init $cfg: $(( $(date +%s) - t0 )) s"
   for B in ${PIPELINE_BATCHES:-16}; do
-    # the compute time of the same step with every weight resident on the GPU
+    # the compute time of the same step with every weight resident on the GPU, blocks recomputed
+    # (the bound below: the pipeline's own work when it keeps nothing) and every block's internals
+    # kept (all on the GPU, no budget: the throughput the pipeline is measured against)
     COMPUTE_S=0
     if [ "$BACKEND" = cuda ]; then
-      ms=$("$BUILD/bench/bench_gpu" --name "$cfg" $model --vocab 50304 --seq "$SEQ" --batch "$B" \
-             --mode recompute --iters 3 | grep -o 'fwd+bwd [0-9.]* ms' | cut -d' ' -f2)
+      out=$("$BUILD/bench/bench_gpu" --name "$cfg" $model --vocab 50304 --seq "$SEQ" --batch "$B" \
+             --mode both --iters 3)
+      ms=$(echo "$out" | grep 'fuyou-r' | grep -o 'fwd+bwd [0-9.]* ms' | cut -d' ' -f2)
+      kept=$(echo "$out" | grep '^fuyou ' | grep -o 'fwd+bwd [0-9.]* ms.*TFLOP/s' | sed 's/(median of [0-9]*) *//')
       [ -n "$ms" ] && COMPUTE_S=$(awk -v ms="$ms" 'BEGIN{print ms / 1000}')
       echo "compute, all weights resident, blocks recomputed ($cfg, B $B): ${ms:-?} ms"
+      echo "all on the GPU, every block's internals kept ($cfg, B $B): ${kept:-?}" |
+        tee -a "$work/peers"
     fi
     export COMPUTE_S
     for place in ${PIPELINE_PLACEMENTS:-host ssd}; do
@@ -103,7 +111,9 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
       mem=$(awk -v p=$place -v s=$state -v k=$slots -v a=$act -v b=$B \
         'BEGIN{printf "%dM", 1024 * (p == "host" ? s + k + a * b + 5 : k + a * b + 1)}')
       for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
-        run "$cfg-$B-$place-$sched" "$cfg" "$B" "$place" "$sched" 2 "$mem"
+        for plan in ${PIPELINE_ACT_PLANS:-auto}; do
+          run "$cfg-$B-$place-$sched-$plan" "$cfg" "$B" "$place" "$sched" 2 "$mem" "" "$plan"
+        done
       done
       if [ "$place" = host ]; then
         for gs in ${PIPELINE_GRAD_SLOTS:-}; do

@@ -188,24 +188,24 @@ static void test_queued_host_calls(void **state)
     for (size_t i = 0; i < N; i++)
         targets[i] = (int32_t)(i * 7 % cfg.vocab);
     /* one by one */
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[0]), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w1, x, out[0]), 0);
     struct fy_cu_gpt_copy_times times = {-1, -1};
     assert_int_equal(fy_cu_gpt_finish(f.g, &times), 0);
     print_message("block forward: uploads %.3f ms, downloads %.3f ms (device time)\n", times.h2d_ms,
                   times.d2h_ms);
     assert_true(times.h2d_ms > 0 && times.h2d_ms < 1000);
     assert_true(times.d2h_ms > 0 && times.d2h_ms < 1000);
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, w2, x, out[1]), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w2, x, out[1]), 0);
     assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
     double loss_sync = -1;
     assert_int_equal(fy_cu_gpt_head(f.g, fin, emb, x, targets, &loss_sync, NULL, NULL, NULL), 0);
     assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
     assert_true(loss_sync > 0);
     /* two in flight */
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[2]), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, w2, x, out[3]), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w1, x, out[2]), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w2, x, out[3]), 0);
     assert_int_equal(fy_cu_gpt_pending(f.g), 2);
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[0]), -EBUSY);
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w1, x, out[0]), -EBUSY);
     struct pollfd pfd = {fy_cu_gpt_ready_fd(f.g), POLLIN, 0};
     assert_int_equal(poll(&pfd, 1, 20000), 1); /* the first call's results come home */
     assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
@@ -217,7 +217,7 @@ static void test_queued_host_calls(void **state)
     assert_memory_not_equal(out[2], out[3], NC * sizeof(float));
     /* the head's loss is written when the call is finished, not before */
     double loss = -1;
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, w1, x, out[2]), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w1, x, out[2]), 0);
     assert_int_equal(fy_cu_gpt_head(f.g, fin, emb, x, targets, &loss, NULL, NULL, NULL), 0);
     assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
     assert_true(loss == -1);
@@ -253,24 +253,24 @@ static void test_chained_queued_calls(void **state)
     float *dw2s = pinned_random(P, 0, 1), *dw1s = pinned_random(P, 0, 1);
     float *dw2 = pinned_random(P, 0, 1), *dw1 = pinned_random(P, 0, 1);
     /* one by one: forward through two blocks, backward through both */
-    assert_int_equal(fy_cu_gpt_block_forward(g, w1, x, y1s), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w1, x, y1s), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, w2, y1s, y2s), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w2, y1s, y2s), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, w2, y1s, dy, dx2s, dw2s), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w2, y1s, dy, dx2s, dw2s), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, w1, x, dx2s, dx1s, dw1s), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w1, x, dx2s, dx1s, dw1s), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
     /* queued two deep, each call's input the output of the call still in flight */
     memset(y1, 0xff, NC * sizeof(float));
     memset(y2, 0xff, NC * sizeof(float));
     memset(dx2, 0xff, NC * sizeof(float));
-    assert_int_equal(fy_cu_gpt_block_forward(g, w1, x, y1), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, w2, y1, y2), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w1, x, y1), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w2, y1, y2), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, w2, y1, dy, dx2, dw2), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w2, y1, dy, dx2, dw2), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, w1, x, dx2, dx1, dw1), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w1, x, dx2, dx1, dw1), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
     assert_memory_equal(y1, y1s, NC * sizeof(float));
@@ -281,17 +281,80 @@ static void test_chained_queued_calls(void **state)
     assert_memory_equal(dw1, dw1s, P * sizeof(float));
     /* an input that is not the activation the call in flight hands on, but another of its outputs
      * (here its weight gradient, as weights): the upload waits for that download */
-    assert_int_equal(fy_cu_gpt_block_forward(g, dw1s, x, y1s), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, 0, dw1s, x, y1s), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
     memset(dw1, 0xff, P * sizeof(float));
     memset(y1, 0xff, NC * sizeof(float));
-    assert_int_equal(fy_cu_gpt_block_backward(g, w1, x, dx2s, dx1, dw1), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, dw1, x, y1), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w1, x, dx2s, dx1, dw1), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, 0, dw1, x, y1), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
     assert_memory_equal(dw1, dw1s, P * sizeof(float));
     assert_memory_equal(y1, y1s, NC * sizeof(float));
     for (float *p : {w1, w2, x, dy, y1s, y2s, y1, y2, dx2s, dx1s, dx2, dx1, dw2s, dw1s, dw2, dw1})
+        cudaFreeHost(p);
+    fy_cu_gpt_destroy(&g);
+    fy_cu_arena_release(&arena);
+}
+
+/* Kept layers through the host interface: with room for one set beside the working buffers,
+ * fy_cu_gpt_keep_layers keeps the top block only. Its backward uses the set its forward filled
+ * (queued behind that forward, as in the pipeline), the other block recomputes, and both give the
+ * bytes of calls that never keep (layer 0); a second backward of the kept block, with no forward
+ * in between (clipping's second pass), recomputes and gives them again. */
+static void test_host_calls_keep_layers(void **state)
+{
+    (void)state;
+    const struct fy_gpt_config two = {2, 4, 256, 131, 128};
+    const int BB = 4, TT = 128;
+    struct fy_cu_arena arena;
+    struct fy_cu_gpt *g = NULL;
+    size_t set = fy_cu_gpt_acts_bytes(&two, BB, TT);
+    size_t need = fy_cu_gpt_arena_bytes(&two, BB, TT);
+    assert_int_equal(fy_cu_arena_init(&arena, need + set + set / 2), 0);
+    assert_int_equal(fy_cu_gpt_new(&g, &arena, &two, BB, TT), 0);
+    assert_int_equal(fy_cu_gpt_keep_layers(g, &arena, 2), 1);
+    size_t P = fy_gpt_unit_params(&two, 1), NC = (size_t)BB * TT * two.n_embd;
+    float *w1 = pinned_random(P, 31, 0.05f), *w2 = pinned_random(P, 32, 0.05f);
+    float *x = pinned_random(NC, 33, 1.0f), *dy = pinned_random(NC, 34, 1.0f);
+    float *y1r = pinned_random(NC, 0, 1), *y2r = pinned_random(NC, 0, 1);
+    float *dx2r = pinned_random(NC, 0, 1), *dx1r = pinned_random(NC, 0, 1);
+    float *dw2r = pinned_random(P, 0, 1), *dw1r = pinned_random(P, 0, 1);
+    float *y1 = pinned_random(NC, 0, 1), *y2 = pinned_random(NC, 0, 1);
+    float *dx2 = pinned_random(NC, 0, 1), *dx1 = pinned_random(NC, 0, 1);
+    float *dw2 = pinned_random(P, 0, 1), *dw1 = pinned_random(P, 0, 1);
+    /* reference: never kept */
+    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w1, x, y1r), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w2, y1r, y2r), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w2, y1r, dy, dx2r, dw2r), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w1, x, dx2r, dx1r, dw1r), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    /* layers 1 and 2: block 2 kept */
+    assert_int_equal(fy_cu_gpt_block_forward(g, 1, w1, x, y1), 0);
+    assert_int_equal(fy_cu_gpt_block_forward(g, 2, w2, y1, y2), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, 2, w2, y1, dy, dx2, dw2), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_block_backward(g, 1, w1, x, dx2, dx1, dw1), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_memory_equal(y2, y2r, NC * sizeof(float));
+    assert_memory_equal(dx2, dx2r, NC * sizeof(float));
+    assert_memory_equal(dw2, dw2r, P * sizeof(float));
+    assert_memory_equal(dx1, dx1r, NC * sizeof(float));
+    assert_memory_equal(dw1, dw1r, P * sizeof(float));
+    /* the set was used: a second backward of block 2 recomputes, to the same bytes */
+    memset(dw2, 0xff, P * sizeof(float));
+    memset(dx2, 0xff, NC * sizeof(float));
+    assert_int_equal(fy_cu_gpt_block_backward(g, 2, w2, y1, dy, dx2, dw2), 0);
+    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_memory_equal(dx2, dx2r, NC * sizeof(float));
+    assert_memory_equal(dw2, dw2r, P * sizeof(float));
+    assert_memory_not_equal(dw1, dw2, P * sizeof(float));
+    for (float *p : {w1, w2, x, dy, y1r, y2r, dx2r, dx1r, dw2r, dw1r, y1, y2, dx2, dx1, dw2, dw1})
         cudaFreeHost(p);
     fy_cu_gpt_destroy(&g);
     fy_cu_arena_release(&arena);
@@ -324,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_kept_equals_recomputed),
         cmocka_unit_test(test_queued_host_calls),
         cmocka_unit_test(test_chained_queued_calls),
+        cmocka_unit_test(test_host_calls_keep_layers),
         cmocka_unit_test(test_set_that_does_not_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -72,8 +72,8 @@ static void test_units_match_cpu(void **state)
     assert_true(rel_err(x_gpu, x_cpu, NC, "embed forward") < 3e-2);
 
     float *y_gpu = malloc(NC * 4), *y_cpu = malloc(NC * 4);
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, block, x_cpu, y_gpu), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(cpu, block, x_cpu, y_cpu), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x_cpu, y_gpu), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cpu, 1, block, x_cpu, y_cpu), 0);
     assert_true(rel_err(y_gpu, y_cpu, NC, "block forward") < 3e-2);
 
     double loss_gpu, loss_cpu;
@@ -105,8 +105,10 @@ static void test_units_match_cpu(void **state)
 
     float *dxb_gpu = malloc(NC * 4), *dxb_cpu = malloc(NC * 4);
     float *dp_gpu = malloc(nb * 4), *dp_cpu = malloc(nb * 4);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, block, x_cpu, dx_cpu, dxb_gpu, dp_gpu), 0);
-    assert_int_equal(fy_backend_gpt_block_backward(cpu, block, x_cpu, dx_cpu, dxb_cpu, dp_cpu), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, x_cpu, dx_cpu, dxb_gpu, dp_gpu),
+                     0);
+    assert_int_equal(fy_backend_gpt_block_backward(cpu, 1, block, x_cpu, dx_cpu, dxb_cpu, dp_cpu),
+                     0);
     assert_true(rel_err(dxb_gpu, dxb_cpu, NC, "block backward dx") < 3e-2);
     struct fy_gpt_block_layout l;
     fy_gpt_block_layout(&cfg, &l);
@@ -121,7 +123,8 @@ static void test_units_match_cpu(void **state)
                     3e-2);
     /* determinism: the same backward again gives the same bytes */
     float *dp_again = malloc(nb * 4), *dx_again = malloc(NC * 4);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, block, x_cpu, dx_cpu, dx_again, dp_again), 0);
+    assert_int_equal(
+        fy_backend_gpt_block_backward(cuda, 1, block, x_cpu, dx_cpu, dx_again, dp_again), 0);
     assert_memory_equal(dp_again, dp_gpu, nb * 4);
     assert_memory_equal(dx_again, dxb_gpu, NC * 4);
 
@@ -168,9 +171,9 @@ static void test_bf16_host_activations_same_bits(void **state)
     double loss;
     assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_F32), 0);
     assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, x), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, block, x, y), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x, y), 0);
     assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y, targets, &loss, dy, dfin, demb), 0);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, block, x, dy, dx, dp), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, x, dy, dx, dp), 0);
     assert_int_equal(fy_backend_gpt_embed_backward(cuda, tokens, dx, demb), 0);
     assert_int_equal(fy_backend_gpt_logits(cuda, fin, embed, y, lg), 0);
     /* bf16 activations, every input given as bf16 */
@@ -183,7 +186,7 @@ static void test_bf16_host_activations_same_bits(void **state)
     assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, xh), 0);
     uint16_t *x_in = to_bf16(x, NC);
     assert_memory_equal(xh, x_in, NC * 2); /* f32 x was the exact widening of these */
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, block, x_in, yh), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x_in, yh), 0);
     uint16_t *y_ref = to_bf16(y, NC);
     assert_memory_equal(yh, y_ref, NC * 2);
     assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, yh, targets, &loss2, dyh, dfin2, demb2),
@@ -192,7 +195,7 @@ static void test_bf16_host_activations_same_bits(void **state)
     uint16_t *dy_ref = to_bf16(dy, NC);
     assert_memory_equal(dyh, dy_ref, NC * 2);
     assert_memory_equal(dfin2, dfin, nf * 4);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, block, xh, dyh, dxh, dp2), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, xh, dyh, dxh, dp2), 0);
     uint16_t *dx_ref = to_bf16(dx, NC);
     assert_memory_equal(dxh, dx_ref, NC * 2);
     assert_memory_equal(dp2, dp, nb * 4);

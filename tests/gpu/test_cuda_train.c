@@ -172,6 +172,61 @@ static void test_schedules_placements_and_queueing_agree(void **state)
     free(first);
 }
 
+/* --act-plan: the blocks' internals kept on the GPU for the backward (all six blocks within 1G, or
+ * three with the test hook capping them, so kept and recomputed blocks mix), against every block
+ * recomputed: the same bits, with both schedules and with clipping, whose second backward pass
+ * must recompute the blocks whose kept set the first pass used. */
+static void test_kept_internals_agree(void **state)
+{
+    (void)state;
+    char log[600];
+    snprintf(log, sizeof log, "%s/log", dir);
+    for (int clip = 0; clip < 2; clip++) {
+        char *first = NULL, first_losses[512] = "";
+        size_t first_n = 0;
+        for (int i = 0; i < 4; i++) {
+            const char *plan = i == 0 ? "recompute" : "auto";
+            const char *schedule = i == 3 ? "serial" : "overlap";
+            const char *cap = i == 2 ? "3" : NULL;
+            char name[32], losses[512], out[600];
+            snprintf(name, sizeof name, "keep%d-%d", clip, i);
+            const char *opts[] = {"--steps", "6", "--batch", "8", "--seq", "32", "--lr", "3e-3",
+                                  "--eval-every", "0", "--backend", "cuda", "--gpu-mem", "1G",
+                                  "--schedule", schedule, "--act-plan", plan,
+                                  "--clip-grad-norm", clip ? "0.05" : "0", NULL};
+            if (cap != NULL)
+                setenv("FUYOU_TEST_KEEP_LAYERS", cap, 1);
+            char *metrics = init_and_train(name, "6", "256", "32", opts);
+            unsetenv("FUYOU_TEST_KEEP_LAYERS");
+            const char *expect = i == 0 ? NULL : i == 2 ? "internals of 3 blocks kept"
+                                                        : "internals of 6 blocks kept";
+            if (expect != NULL)
+                assert_true(fy_test_file_contains(log, expect));
+            else
+                assert_false(fy_test_file_contains(log, "blocks kept"));
+            snprintf(out, sizeof out, "%s/%s.fywt", dir, name);
+            size_t n;
+            char *w = fy_test_slurp(out, &n);
+            assert_non_null(w);
+            losses_of(metrics, losses, sizeof losses);
+            print_message("act-plan %-9s %-8s clip %d kept %-4s losses %s\n", plan, schedule, clip,
+                          i == 0 ? "none" : cap ? cap : "all", losses);
+            free(metrics);
+            if (first == NULL) {
+                first = w;
+                first_n = n;
+                snprintf(first_losses, sizeof first_losses, "%s", losses);
+                continue;
+            }
+            assert_string_equal(losses, first_losses);
+            assert_int_equal(n, first_n);
+            assert_memory_equal(w, first, n);
+            free(w);
+        }
+        free(first);
+    }
+}
+
 /* The checkpoints through four pool slots and the SSD store (six blocks, so the slots are reused,
  * and read back in the backward) give the bits of the checkpoints in the pool, queued or not. */
 static void test_checkpoints_on_ssd_agree(void **state)
@@ -227,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_cuda_follows_cpu_and_repeats),
         cmocka_unit_test(test_schedules_placements_and_queueing_agree),
         cmocka_unit_test(test_checkpoints_on_ssd_agree),
+        cmocka_unit_test(test_kept_internals_agree),
     };
     int failed = cmocka_run_group_tests_name("cuda training", tests, NULL, NULL);
     fy_test_rmdir(dir);
