@@ -821,8 +821,13 @@ static int cmd_train(struct options *o)
     /* "auto" is settled here, not in the gpu worker: the activations' dtype in the pool follows the
      * backend (bf16 where the device computes in bf16: the same bits, half the bytes) */
     const char *asked = o->backend;
-    o->backend = fy_backend_resolve(o->backend);
-    if (strcmp(asked, "auto") == 0 && strcmp(o->backend, "cpu") == 0)
+    if (rc == 0 && o->inprocess && strcmp(asked, "cuda") == 0) {
+        fy_error("train --inprocess runs the CPU backend inside the launcher: drop --backend cuda, "
+                 "or drop --inprocess to train on the GPU through the workers");
+        rc = -EINVAL;
+    }
+    o->backend = o->inprocess ? "cpu" : fy_backend_resolve(o->backend);
+    if (!o->inprocess && strcmp(asked, "auto") == 0 && strcmp(o->backend, "cpu") == 0)
         fy_warn("--backend auto: %s: using the CPU backend (slow; for tests and laptops)",
                 fy_backend_cuda_built() ? "no CUDA device is visible"
                                         : "this build has no CUDA backend (nvcc was not found)");

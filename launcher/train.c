@@ -625,6 +625,9 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_con
     r->x = x;
     r->pool = pool;
     r->timeout_ms = timeout_ms;
+    FY_REQUIRE(act_dtype == FY_DTYPE_F32 || act_dtype == FY_DTYPE_BF16, -EINVAL,
+               "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
+               fy_dtype_name(act_dtype));
     FY_TRY(layout_from_pool(pool, c, B, T, act_dtype, &r->l));
     r->dfinal = gslot(&r->l, 1);
     return 0;

@@ -1,5 +1,7 @@
-/* A fixed pool of worker threads, each pinned to one core, running one function on all of them
- * with a static partition (no work stealing), so results are reproducible for a fixed thread count. */
+/* A fixed pool of worker threads, each pinned to one core, running one function on all of them.
+ * How the work is split is the function's: fy_threads_split gives a static partition; AdamW takes
+ * chunks from a shared counter instead, which is reproducible because each element's arithmetic
+ * does not depend on which thread runs it. */
 #ifndef FY_THREADS_H
 #define FY_THREADS_H
 

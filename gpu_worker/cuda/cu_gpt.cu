@@ -680,7 +680,11 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
     FY_TRY(act_in_place(g, &in_x));
+    /* a set counts as filled only once the whole forward is queued: a failure part way leaves it
+     * spent, so the next backward recomputes */
     int k = kept_index(g, layer);
+    if (k >= 0)
+        g->kept_full[k] = 0;
     FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, k >= 0 ? &g->kept[k] : &g->own));
     if (k >= 0)
         g->kept_full[k] = 1;
@@ -896,6 +900,8 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
     while (g->pending > 0) /* synchronous: whatever was queued completes first */
         FY_TRY(fy_cu_gpt_finish(g, NULL));
     struct staging *st = &g->st[g->first];
+    st->n_up = 0; /* the staging's last call is finished: its counts start over */
+    st->n_outs = 0;
     FY_TRY(upload(g, st, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
     FY_TRY(upload(g, st, st->p32, embed, (size_t)V * C * sizeof(float)));
     struct act_in in_x = {x, st->in0, g->x, NULL};

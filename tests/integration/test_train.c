@@ -628,6 +628,12 @@ static void test_bad_inputs_refused(void **state)
     char *missing = path_in(f, "no-such-ssd");
     refused(f, run, f->data, missing, "No such file or directory", "--ssd", missing);
 
+    /* --inprocess runs the CPU backend in the launcher: asking for CUDA with it is refused, not
+     * quietly run on the CPU */
+    const char *cuda[] = {"--backend", "cuda", NULL};
+    assert_int_equal(train_with(f, run, f->data, "5", NULL, 1, cuda), 1);
+    assert_true(fy_test_file_contains(f->log, "drop --backend cuda"));
+
     /* the run is still fine after all of that */
     assert_int_equal(train(f, run, f->data, "3", NULL, 0, NULL, NULL), 0);
 }
