@@ -102,8 +102,8 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int
 /* The block gradient slots for that plan, up to `wanted`: more than the minimum only when every
  * unit's state is resident (then the optimizer is what the gpu may wait for, and more slots let it
  * lag behind the backward instead), as many as still fit cpu_mem, at most one per block. More is
- * not always faster: on the H200 machine AdamW ran a third slower with 16 slots (the cause is not
- * yet established; docs/benchmarks.md), so the default is the minimum. */
+ * not always faster: on the H200 machine AdamW ran 17% slower with 16 slots, next to a backward
+ * no longer paced by it (docs/benchmarks.md), so the default is the minimum. */
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                                   uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
                                   const unsigned char *resident, unsigned wanted);
