@@ -483,14 +483,62 @@ static int write_file(const char *dir, const char *name, const char *text, size_
 
 /* ---- import ---- */
 
+/* Files of a model directory that travel with it unchanged, byte for byte: kept in the run at
+ * import (beside config.json) and written into every export, so the export is a drop-in directory
+ * with the model's own generation settings and tokenizer. */
+static const char *const carried_names[] = {
+    FY_HFGPT2_GENERATION_NAME, "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model",
+    "added_tokens.json", "chat_template.jinja"};
+#define CARRIED_COUNT (sizeof carried_names / sizeof carried_names[0])
+
+struct carried {
+    char *text[CARRIED_COUNT]; /* NULL where the directory has no such file */
+    size_t len[CARRIED_COUNT];
+};
+
+static int carried_load(const char *dir, struct carried *c)
+{
+    for (size_t i = 0; i < CARRIED_COUNT; i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", dir, carried_names[i]);
+        if (access(path, F_OK) == 0)
+            FY_TRY(slurp(path, &c->text[i], &c->len[i]));
+    }
+    return 0;
+}
+
+static int carried_write(const char *dir, const struct carried *c)
+{
+    for (size_t i = 0; i < CARRIED_COUNT; i++)
+        if (c->text[i] != NULL)
+            FY_TRY(write_file(dir, carried_names[i], c->text[i], c->len[i]));
+    return 0;
+}
+
+static int carried_has(const struct carried *c, const char *name)
+{
+    for (size_t i = 0; i < CARRIED_COUNT; i++)
+        if (c->text[i] != NULL && strcmp(name, carried_names[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static void carried_free(struct carried *c)
+{
+    for (size_t i = 0; i < CARRIED_COUNT; i++) {
+        free(c->text[i]);
+        c->text[i] = NULL;
+    }
+}
+
 struct fy_hfgpt2_src {
     char dir[PATH_MAX];
     char ckpt[PATH_MAX];   /* the single file or the index */
     char config[PATH_MAX]; /* DIR/config.json */
     char *config_text;     /* its bytes, copied into the run at save_source */
     size_t config_len;
-    char *gen_text; /* generation_config.json, when the directory has one (copied too) */
-    size_t gen_len;
+    struct carried carried; /* generation config and tokenizer files, copied too */
     struct fy_gpt_config model;
     struct fy_st_reader *reader;
     char prefix[16];
@@ -638,10 +686,7 @@ static int src_open(struct fy_hfgpt2_src *s, const char *dir)
     int rc = config_from_json(s->config, root, &s->model);
     cJSON_Delete(root);
     FY_TRY(rc);
-    char gen[PATH_MAX];
-    snprintf(gen, sizeof gen, "%s/%s", s->dir, FY_HFGPT2_GENERATION_NAME);
-    if (access(gen, F_OK) == 0)
-        FY_TRY(slurp(gen, &s->gen_text, &s->gen_len));
+    FY_TRY(carried_load(s->dir, &s->carried));
     FY_TRY(find_checkpoint(s));
     FY_TRY(fy_st_open(&s->reader, s->ckpt));
     if (s->model.arch == FY_ARCH_LLAMA) {
@@ -691,7 +736,7 @@ void fy_hfgpt2_close(struct fy_hfgpt2_src **sp)
         return;
     fy_st_close(&s->reader);
     free(s->config_text);
-    free(s->gen_text);
+    carried_free(&s->carried);
     free(s->buf);
     free(s);
     *sp = NULL;
@@ -799,8 +844,8 @@ int fy_hfgpt2_save_source(const struct fy_hfgpt2_src *s, const char *hf_dir)
         rc = write_file(tmp, FY_HFGPT2_CONFIG_NAME, s->config_text, s->config_len);
     if (rc == 0)
         rc = write_file(tmp, FY_HFGPT2_SOURCE_NAME, text, strlen(text));
-    if (rc == 0 && s->gen_text != NULL)
-        rc = write_file(tmp, FY_HFGPT2_GENERATION_NAME, s->gen_text, s->gen_len);
+    if (rc == 0)
+        rc = carried_write(tmp, &s->carried);
     free(text);
     if (rc == 0)
         rc = fy_fsync_dir(tmp);
@@ -843,8 +888,7 @@ struct fy_hfgpt2_writer {
     unsigned next_unit;
     char *config_text; /* config.json to write */
     size_t config_len;
-    char *gen_text; /* generation_config.json of the source, or NULL */
-    size_t gen_len;
+    struct carried carried; /* the source's generation config and tokenizer files */
     int replace; /* dir exists and is not empty (overwrite) */
 };
 
@@ -857,7 +901,7 @@ const char *fy_hfgpt2_writer_dtype(const struct fy_hfgpt2_writer *w)
 static int is_model_file(const struct fy_hfgpt2_writer *w, const char *name)
 {
     size_t n = strlen(name);
-    if (w->gen_text != NULL && strcmp(name, FY_HFGPT2_GENERATION_NAME) == 0)
+    if (carried_has(&w->carried, name))
         return 1;
     if (strcmp(name, FY_HFGPT2_CONFIG_NAME) == 0 || strcmp(name, FY_ST_SINGLE_NAME) == 0 ||
         strcmp(name, FY_ST_INDEX_NAME) == 0)
@@ -1119,10 +1163,7 @@ static int load_source(struct fy_hfgpt2_writer *w, const char *src, int force, c
         fy_info("%s: the source's F16 tensors are written as F32 (the safetensors writer has no "
                 "F16 output; --dtype bf16 writes BF16)",
                 w->dir);
-    char gpath[PATH_MAX];
-    snprintf(gpath, sizeof gpath, "%s/%s", src, FY_HFGPT2_GENERATION_NAME);
-    if (access(gpath, F_OK) == 0)
-        FY_TRY(slurp(gpath, &w->gen_text, &w->gen_len));
+    FY_TRY(carried_load(src, &w->carried));
     FY_TRY(slurp(path, &text, &len));
     w->dtype = w->dtypes[0];
     for (unsigned k = 1; k < i; k++)
@@ -1304,8 +1345,8 @@ int fy_hfgpt2_writer_finish(struct fy_hfgpt2_writer **wp)
         rc = fy_st_writer_finish(&w->st);
     if (rc == 0)
         rc = write_file(w->tmp, FY_HFGPT2_CONFIG_NAME, w->config_text, w->config_len);
-    if (rc == 0 && w->gen_text != NULL)
-        rc = write_file(w->tmp, FY_HFGPT2_GENERATION_NAME, w->gen_text, w->gen_len);
+    if (rc == 0)
+        rc = carried_write(w->tmp, &w->carried);
     if (rc == 0)
         rc = fy_fsync_dir(w->tmp);
     if (rc == 0)
@@ -1325,7 +1366,7 @@ void fy_hfgpt2_writer_destroy(struct fy_hfgpt2_writer **wp)
     free(w->dtypes);
     free(w->buf);
     free(w->config_text);
-    free(w->gen_text);
+    carried_free(&w->carried);
     free(w);
     *wp = NULL;
 }

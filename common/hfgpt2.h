@@ -21,7 +21,9 @@
  * defaults, as transformers gives them.
  *
  * A run imported from Hugging Face keeps what its export needs in RUN/hf/: config.json (the
- * original, byte for byte), generation_config.json where the source has one (copied likewise,
+ * original, byte for byte), the generation config and the tokenizer's files where the source has
+ * them (generation_config.json, tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+ * vocab.json, merges.txt, tokenizer.model, added_tokens.json, chat_template.jinja; copied likewise,
  * and exported with the model), and source.json (the tensor name prefix, whether lm_head.weight
  * was stored, the file's __metadata__ and each tensor's original dtype).
  *
@@ -98,8 +100,8 @@ struct fy_hfgpt2_export_opts {
      * Face splits; 0: always one model.safetensors. */
     uint64_t max_shard_bytes;
     /* Replace the model files of an existing non-empty directory (config.json, model.safetensors,
-     * model-*-of-*.safetensors, the index, and generation_config.json when the export writes
-     * one); its other files are kept. Without it such a directory
+     * model-*-of-*.safetensors, the index, and the generation config and tokenizer files the
+     * export writes); its other files are kept. Without it such a directory
      * is refused; an empty one is used. */
     int overwrite;
 };

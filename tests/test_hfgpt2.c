@@ -838,18 +838,35 @@ static void test_source_record(void **state)
     struct hf_ckpt c;
     struct make_opts o = {.dtype = FY_ST_BF16};
     make_dir(tpath("rec"), &o, &c, 400);
-    write_text(tpath("rec/generation_config.json"), "{\"bos_token_id\": 10}\n");
+    /* the generation settings and the tokenizer's files travel with the model; a README does not */
+    static const char *const carried[] = {"generation_config.json", "tokenizer.json",
+                                          "tokenizer_config.json", "special_tokens_map.json",
+                                          "vocab.json", "merges.txt"};
+    const size_t ncarried = sizeof carried / sizeof carried[0];
+    for (size_t i = 0; i < ncarried; i++) {
+        char name[64], text[160];
+        snprintf(name, sizeof name, "rec/%s", carried[i]);
+        snprintf(text, sizeof text, "{\"file\": \"%s\", \"bos_token_id\": 10}\n", carried[i]);
+        write_text(tpath(name), text);
+    }
+    write_text(tpath("rec/README.md"), "a model card\n");
     struct fy_hfgpt2_src *s = NULL;
     assert_int_equal(fy_hfgpt2_open(&s, tpath("rec")), 0);
     assert_int_equal(fy_hfgpt2_save_source(s, tpath("rec.hf")), 0);
     assert_int_equal(fy_hfgpt2_save_source(s, tpath("rec.hf")), -EEXIST);
     fy_hfgpt2_close(&s);
-    assert_int_equal(count_entries(tpath("rec.hf")), 3);
-    files_equal(tpath("rec/generation_config.json"), tpath("rec.hf/generation_config.json"));
-    /* the export carries generation_config.json */
+    assert_int_equal(count_entries(tpath("rec.hf")), 2 + (int)ncarried); /* config, source */
     struct fy_hfgpt2_export_opts eo = {.source = tpath("rec.hf")};
     assert_int_equal(roundtrip(tpath("rec"), NULL, tpath("rec.out"), &eo), 0);
-    files_equal(tpath("rec/generation_config.json"), tpath("rec.out/generation_config.json"));
+    for (size_t i = 0; i < ncarried; i++) {
+        char src[64], rec[64], out[64];
+        snprintf(src, sizeof src, "rec/%s", carried[i]);
+        snprintf(rec, sizeof rec, "rec.hf/%s", carried[i]);
+        snprintf(out, sizeof out, "rec.out/%s", carried[i]);
+        files_equal(tpath(src), tpath(rec));
+        files_equal(tpath(src), tpath(out)); /* the export carries it, byte for byte */
+    }
+    assert_int_equal(access(tpath("rec.out/README.md"), F_OK), -1);
     /* a record whose config no longer matches the model is refused */
     struct fy_gpt_config other = CFG;
     other.n_layer = 3;
