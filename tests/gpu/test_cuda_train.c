@@ -133,13 +133,36 @@ static void losses_of(const char *metrics, char *out, size_t len)
     }
 }
 
+/* Runs that must agree bit for bit: the first run's export and losses, which each later one must
+ * equal. */
+struct same_bits {
+    char *first;
+    size_t first_n;
+    char losses[512];
+};
+
+/* Takes w (an export of n bytes, freed here or kept as the first) and the run's losses. */
+static void same_bits_check(struct same_bits *g, char *w, size_t n, const char *losses)
+{
+    if (g->first == NULL) {
+        assert_true(strlen(losses) > 0);
+        g->first = w;
+        g->first_n = n;
+        snprintf(g->losses, sizeof g->losses, "%s", losses);
+        return;
+    }
+    assert_string_equal(losses, g->losses);
+    assert_int_equal(n, g->first_n);
+    assert_memory_equal(w, g->first, n);
+    free(w);
+}
+
 static void test_schedules_placements_and_queueing_agree(void **state)
 {
     (void)state;
     /* 72M holds 3 of the 4 units' state (test_train measures the same plan on the CPU) */
     const char *mems[3] = {NULL, "72M", "1G"};
-    char *first = NULL, first_losses[512] = "";
-    size_t first_n = 0;
+    struct same_bits group = {0};
     for (int i = 0; i < 7; i++) {
         const char *mem = mems[i % 3], *schedule = i / 3 == 1 ? "serial" : "overlap";
         char name[32], losses[512];
@@ -157,19 +180,9 @@ static void test_schedules_placements_and_queueing_agree(void **state)
         print_message("%-8s cpu-mem %-4s %-22s losses %s\n", schedule, mem ? mem : "none",
                       i == 6 ? "one request at a time" : "queued", losses);
         free(metrics);
-        if (first == NULL) {
-            first = w;
-            first_n = n;
-            snprintf(first_losses, sizeof first_losses, "%s", losses);
-            assert_true(strlen(losses) > 0);
-            continue;
-        }
-        assert_string_equal(losses, first_losses);
-        assert_int_equal(n, first_n);
-        assert_memory_equal(w, first, n);
-        free(w);
+        same_bits_check(&group, w, n, losses);
     }
-    free(first);
+    free(group.first);
 }
 
 /* --act-plan: the blocks' internals kept on the GPU for the backward (all six blocks within 1G, or
@@ -182,8 +195,7 @@ static void test_kept_internals_agree(void **state)
     char log[600];
     snprintf(log, sizeof log, "%s/log", dir);
     for (int clip = 0; clip < 2; clip++) {
-        char *first = NULL, first_losses[512] = "";
-        size_t first_n = 0;
+        struct same_bits group = {0};
         for (int i = 0; i < 4; i++) {
             const char *plan = i == 0 ? "recompute" : "auto";
             const char *schedule = i == 3 ? "serial" : "overlap";
@@ -212,18 +224,9 @@ static void test_kept_internals_agree(void **state)
             print_message("act-plan %-9s %-8s clip %d kept %-4s losses %s\n", plan, schedule, clip,
                           i == 0 ? "none" : cap ? cap : "all", losses);
             free(metrics);
-            if (first == NULL) {
-                first = w;
-                first_n = n;
-                snprintf(first_losses, sizeof first_losses, "%s", losses);
-                continue;
-            }
-            assert_string_equal(losses, first_losses);
-            assert_int_equal(n, first_n);
-            assert_memory_equal(w, first, n);
-            free(w);
+            same_bits_check(&group, w, n, losses);
         }
-        free(first);
+        free(group.first);
     }
 }
 
@@ -232,8 +235,7 @@ static void test_kept_internals_agree(void **state)
 static void test_checkpoints_on_ssd_agree(void **state)
 {
     (void)state;
-    char *first = NULL, first_losses[512] = "";
-    size_t first_n = 0;
+    struct same_bits group = {0};
     for (int i = 0; i < 4; i++) {
         const char *ckpt = i == 0 ? "host" : "ssd", *schedule = i == 2 ? "serial" : "overlap";
         char name[32], losses[512];
@@ -247,18 +249,9 @@ static void test_checkpoints_on_ssd_agree(void **state)
         print_message("checkpoints %-4s %-8s %-22s losses %s\n", ckpt, schedule,
                       i == 3 ? "one request at a time" : "queued", losses);
         free(metrics);
-        if (first == NULL) {
-            first = w;
-            first_n = n;
-            snprintf(first_losses, sizeof first_losses, "%s", losses);
-            continue;
-        }
-        assert_string_equal(losses, first_losses);
-        assert_int_equal(n, first_n);
-        assert_memory_equal(w, first, n);
-        free(w);
+        same_bits_check(&group, w, n, losses);
     }
-    free(first);
+    free(group.first);
 }
 
 int main(void)
