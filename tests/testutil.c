@@ -295,3 +295,46 @@ const char *fy_test_fmt(const char *fmt, ...)
     va_end(ap);
     return b;
 }
+
+int fy_test_setup(void **state, const char *tag, const char *text)
+{
+    struct fy_test_fixture *f = calloc(1, sizeof *f);
+    if (f == NULL || (f->dir = fy_test_tmpdir(tag)) == NULL) {
+        free(f);
+        return -1;
+    }
+    snprintf(f->log, sizeof f->log, "%s/log", f->dir);
+    snprintf(f->data, sizeof f->data, "%s/data.tok", f->dir);
+    *state = f;
+    if (text == NULL)
+        return 0;
+    const char *args[] = {"prepare", "--out", f->data, text, NULL};
+    int status = fy_test_run("fuyou-launch", args, f->log, 30);
+    if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return 0;
+    fprintf(stderr, "fuyou-launch prepare of %s failed (log %s)\n", text, f->log);
+    fy_test_teardown(state); /* cmocka runs no teardown after a failed setup */
+    return -1;
+}
+
+int fy_test_teardown(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (f == NULL)
+        return 0;
+    fy_test_rmdir(f->dir);
+    free(f->dir);
+    free(f);
+    *state = NULL;
+    return 0;
+}
+
+char *fy_test_in(struct fy_test_fixture *f, const char *name)
+{
+    return fy_test_path(f->dir, name);
+}
+
+int fy_test_launch_in(struct fy_test_fixture *f, const char *const *args, int seconds)
+{
+    return fy_test_launch(f->log, args, seconds);
+}

@@ -32,6 +32,22 @@ const char *fy_test_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2
 /* Runs fuyou-launch with args (NULL-terminated, without the program name) and its output in a fresh
  * log; returns its exit code, or -1 when it did not exit normally within `seconds`. */
 int fy_test_launch(const char *log, const char *const *args, int seconds);
+/* The scratch of an integration test that drives fuyou-launch: a fresh directory, the log every
+ * launch rewrites (DIR/log), and a token file (DIR/data.tok). */
+struct fy_test_fixture {
+    char *dir;
+    char log[512];
+    char data[512];
+};
+/* A cmocka setup: *state = a fixture in a fresh directory tagged `tag`; with text != NULL,
+ * `fuyou-launch prepare` makes the token file from that text file. Non-zero on failure. */
+int fy_test_setup(void **state, const char *tag, const char *text);
+/* The matching teardown: removes the directory and frees the fixture. */
+int fy_test_teardown(void **state);
+/* DIR/name (fy_test_path). */
+char *fy_test_in(struct fy_test_fixture *f, const char *name);
+/* fy_test_launch with the fixture's log. */
+int fy_test_launch_in(struct fy_test_fixture *f, const char *const *args, int seconds);
 /* Path of a built executable such as "fuyou-launch" ($BUILD/bin, default build/bin); static buffer. */
 const char *fy_test_bin(const char *name);
 /* splitmix64: a small deterministic generator for test data. */

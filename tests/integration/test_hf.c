@@ -46,39 +46,9 @@ static int have_transformers;
 static int in_ci;
 static char script[4096];
 
-struct fixture {
-    char *dir;
-    char log[512];
-    char tokens[512];
-};
+static int setup(void **state) { return fy_test_setup(state, "hf", NULL); }
+static int teardown(void **state) { return fy_test_teardown(state); }
 
-static int setup(void **state)
-{
-    struct fixture *f = calloc(1, sizeof *f);
-    f->dir = fy_test_tmpdir("hf");
-    assert_non_null(f->dir);
-    snprintf(f->log, sizeof f->log, "%s/log", f->dir);
-    snprintf(f->tokens, sizeof f->tokens, "%s/data.tok", f->dir);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    fy_test_rmdir(f->dir);
-    free(f->dir);
-    free(f);
-    return 0;
-}
-
-static char *path_in(struct fixture *f, const char *name) { return fy_test_path(f->dir, name); }
-
-/* Runs fuyou-launch with a fresh log; returns the exit code (-1 if it did not exit normally). */
-static int launch(struct fixture *f, const char *const *args, int seconds)
-{
-    return fy_test_launch(f->log, args, seconds);
-}
 
 static void need_transformers(void)
 {
@@ -105,26 +75,26 @@ static int python_run(const char *const *commands, double *losses, int max)
 
 #define LOSS_ARGS " --batch " BATCH " --seq " SEQ " --eval-fraction " EVAL_FRACTION " --seed 1"
 
-static int init_hf(struct fixture *f, const char *run, const char *src)
+static int init_hf(struct fy_test_fixture *f, const char *run, const char *src)
 {
     const char *args[] = {"init", "--run-dir", run, "--from-hf", src, NULL};
-    return launch(f, args, 120);
+    return fy_test_launch_in(f, args, 120);
 }
 
-static int export_hf(struct fixture *f, const char *run, const char *out, const char *opt,
+static int export_hf(struct fy_test_fixture *f, const char *run, const char *out, const char *opt,
                      const char *value)
 {
     const char *args[] = {"export", "--run-dir", run, "--to-hf", out, opt, value, NULL};
-    return launch(f, args, 120);
+    return fy_test_launch_in(f, args, 120);
 }
 
-static int train(struct fixture *f, const char *run, const char *steps)
+static int train(struct fy_test_fixture *f, const char *run, const char *steps)
 {
-    const char *args[] = {"train", "--run-dir", run, "--data", f->tokens, "--steps", steps,
+    const char *args[] = {"train", "--run-dir", run, "--data", f->data, "--steps", steps,
                           "--batch", BATCH, "--seq", SEQ, "--eval-fraction", EVAL_FRACTION,
                           "--lr", "1e-3", "--warmup", "0", "--eval-batches", "2", "--seed", "1",
                           "--backend", "cpu", NULL};
-    return launch(f, args, 300);
+    return fy_test_launch_in(f, args, 300);
 }
 
 /* A number after key on the metrics line of step `step`. */
@@ -149,25 +119,25 @@ static double metric(const char *run, int step, const char *key)
 static void test_loss_matches_transformers(void **state)
 {
     need_transformers();
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     const char *dtypes[] = {"f32", "bf16"};
-    const char *make[] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->tokens),
-                          pycmd("make %s --dtype f32 --seed 11", path_in(f, "src-f32")),
-                          pycmd("make %s --dtype bf16 --seed 11", path_in(f, "src-bf16")), NULL};
+    const char *make[] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->data),
+                          pycmd("make %s --dtype f32 --seed 11", fy_test_in(f, "src-f32")),
+                          pycmd("make %s --dtype bf16 --seed 11", fy_test_in(f, "src-bf16")), NULL};
     python_run(make, NULL, 0);
     double ours[2];
     for (int k = 0; k < 2; k++) {
         char name[32], run[32];
         snprintf(name, sizeof name, "src-%s", dtypes[k]);
         snprintf(run, sizeof run, "run-%s", dtypes[k]);
-        char *r = path_in(f, run);
-        assert_int_equal(init_hf(f, r, path_in(f, name)), 0);
+        char *r = fy_test_in(f, run);
+        assert_int_equal(init_hf(f, r, fy_test_in(f, name)), 0);
         assert_int_equal(train(f, r, "1"), 0);
         ours[k] = metric(r, 1, "\"loss\": ");
     }
     const char *loss[] = {
-        pycmd("loss %s %s --train-step 1" LOSS_ARGS, path_in(f, "src-f32"), f->tokens),
-        pycmd("loss %s %s --train-step 1" LOSS_ARGS, path_in(f, "src-bf16"), f->tokens), NULL};
+        pycmd("loss %s %s --train-step 1" LOSS_ARGS, fy_test_in(f, "src-f32"), f->data),
+        pycmd("loss %s %s --train-step 1" LOSS_ARGS, fy_test_in(f, "src-bf16"), f->data), NULL};
     double theirs[2];
     assert_int_equal(python_run(loss, theirs, 2), 2);
     for (int k = 0; k < 2; k++) {
@@ -185,7 +155,7 @@ static void test_loss_matches_transformers(void **state)
 static void test_roundtrip_bit_exact(void **state)
 {
     need_transformers();
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     struct {
         const char *name;
         const char *make_opts;
@@ -204,7 +174,7 @@ static void test_roundtrip_bit_exact(void **state)
     for (size_t k = 0; k < N; k++) {
         char src[64];
         snprintf(src, sizeof src, "src-%s", v[k].name);
-        make[k] = pycmd("make %s %s", path_in(f, src), v[k].make_opts);
+        make[k] = pycmd("make %s %s", fy_test_in(f, src), v[k].make_opts);
     }
     make[N] = NULL;
     python_run(make, NULL, 0);
@@ -213,19 +183,20 @@ static void test_roundtrip_bit_exact(void **state)
         snprintf(src, sizeof src, "src-%s", v[k].name);
         snprintf(run, sizeof run, "run-%s", v[k].name);
         snprintf(out, sizeof out, "out-%s", v[k].name);
-        assert_int_equal(init_hf(f, path_in(f, run), path_in(f, src)), 0);
-        assert_int_equal(export_hf(f, path_in(f, run), path_in(f, out), v[k].export_opt,
+        assert_int_equal(init_hf(f, fy_test_in(f, run), fy_test_in(f, src)), 0);
+        assert_int_equal(export_hf(f, fy_test_in(f, run), fy_test_in(f, out), v[k].export_opt,
                                    v[k].export_value),
                          0);
         if (strcmp(v[k].name, "f16") == 0)
             assert_true(fy_test_file_contains(f->log, "F16 tensors are written as F32"));
-        compare[k] = pycmd("compare %s %s %s", path_in(f, src), path_in(f, out), v[k].compare_opts);
+        compare[k] = pycmd("compare %s %s %s", fy_test_in(f, src), fy_test_in(f, out),
+                           v[k].compare_opts);
     }
     compare[N] = NULL;
     python_run(compare, NULL, 0);
     /* the sharded export really is sharded, with its index */
     char p[700];
-    snprintf(p, sizeof p, "%s/%s", path_in(f, "out-base"), FY_ST_INDEX_NAME);
+    snprintf(p, sizeof p, "%s/%s", fy_test_in(f, "out-base"), FY_ST_INDEX_NAME);
     assert_int_equal(access(p, F_OK), 0);
 }
 
@@ -235,11 +206,11 @@ static void test_roundtrip_bit_exact(void **state)
 static void test_trained_export_reproduces_loss(void **state)
 {
     need_transformers();
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     const char *dtypes[] = {"f32", "bf16"};
-    const char *make[] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->tokens),
-                          pycmd("make %s --dtype f32 --seed 12", path_in(f, "src-f32")),
-                          pycmd("make %s --dtype bf16 --seed 12", path_in(f, "src-bf16")), NULL};
+    const char *make[] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->data),
+                          pycmd("make %s --dtype f32 --seed 12", fy_test_in(f, "src-f32")),
+                          pycmd("make %s --dtype bf16 --seed 12", fy_test_in(f, "src-bf16")), NULL};
     python_run(make, NULL, 0);
     double ours[2];
     for (int k = 0; k < 2; k++) {
@@ -247,20 +218,21 @@ static void test_trained_export_reproduces_loss(void **state)
         snprintf(name, sizeof name, "src-%s", dtypes[k]);
         snprintf(run, sizeof run, "run-%s", dtypes[k]);
         snprintf(out, sizeof out, "out-%s", dtypes[k]);
-        char *r = path_in(f, run);
-        assert_int_equal(init_hf(f, r, path_in(f, name)), 0);
+        char *r = fy_test_in(f, run);
+        assert_int_equal(init_hf(f, r, fy_test_in(f, name)), 0);
         assert_int_equal(train(f, r, "3"), 0);
         ours[k] = metric(r, 3, "\"eval_loss\": ");
-        assert_int_equal(export_hf(f, r, path_in(f, out), k == 1 ? "--dtype" : NULL, "f32"), 0);
+        assert_int_equal(export_hf(f, r, fy_test_in(f, out), k == 1 ? "--dtype" : NULL, "f32"), 0);
         assert_true(fy_test_file_contains(f->log, "exported step 3"));
     }
     const char *cmds[] = {
-        pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, path_in(f, "out-f32"), f->tokens),
-        pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, path_in(f, "out-bf16"), f->tokens),
-        pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, path_in(f, "src-f32"), f->tokens),
-        pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, path_in(f, "src-bf16"), f->tokens),
+        pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, fy_test_in(f, "out-f32"), f->data),
+        pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, fy_test_in(f, "out-bf16"), f->data),
+        pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, fy_test_in(f, "src-f32"), f->data),
+        pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, fy_test_in(f, "src-bf16"), f->data),
         /* the export holds the trained weights, not the imported ones */
-        pycmd("compare %s %s --expect-different", path_in(f, "src-f32"), path_in(f, "out-f32")),
+        pycmd("compare %s %s --expect-different", fy_test_in(f, "src-f32"),
+              fy_test_in(f, "out-f32")),
         NULL};
     double theirs[4];
     assert_int_equal(python_run(cmds, theirs, 4), 4);
@@ -276,7 +248,7 @@ static void test_trained_export_reproduces_loss(void **state)
 /* ---- bad inputs (no Python needed) ---- */
 
 /* Error lines in the last log; the log must also contain each of want (NULL-terminated). */
-static void expect_one_error(struct fixture *f, const char *const *want)
+static void expect_one_error(struct fy_test_fixture *f, const char *const *want)
 {
     char *text = fy_test_slurp(f->log, NULL);
     assert_non_null(text);
@@ -308,7 +280,7 @@ static void expect_no_model(const char *run)
     closedir(d);
 }
 
-static void refused_init(struct fixture *f, const char *run, const char *src,
+static void refused_init(struct fy_test_fixture *f, const char *run, const char *src,
                          const char *const *want)
 {
     assert_int_equal(init_hf(f, run, src), 1);
@@ -407,31 +379,31 @@ static int count_entries(const char *dir)
 
 static void test_bad_inputs_refused(void **state)
 {
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     /* A valid checkpoint made without Python: a model made here, exported (sharded too). */
-    char *made = path_in(f, "made");
+    char *made = fy_test_in(f, "made");
     const char *init[] = {"init", "--run-dir", made, "--layers", "2", "--heads", "2", "--embd", "32",
                           "--vocab", "300", "--ctx", "32", NULL};
-    assert_int_equal(launch(f, init, 60), 0);
-    char *good = path_in(f, "good"), *shards = path_in(f, "shards");
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    char *good = fy_test_in(f, "good"), *shards = fy_test_in(f, "shards");
     assert_int_equal(export_hf(f, made, good, NULL, NULL), 0);
     assert_int_equal(export_hf(f, made, shards, "--max-shard-size", "20K"), 0);
     assert_true(count_entries(shards) > 3);
     /* the good one imports */
-    char *ok = strdup(path_in(f, "ok"));
+    char *ok = strdup(fy_test_in(f, "ok"));
     assert_int_equal(init_hf(f, ok, good), 0);
     /* and refuses --inprocess, which would start from a seeded random model instead */
-    const char *prep[] = {"prepare", "--out", f->tokens, "tests/fixtures/sample.txt", NULL};
-    assert_int_equal(launch(f, prep, 60), 0);
-    const char *inproc[] = {"train", "--run-dir", ok, "--data", f->tokens, "--steps", "1",
+    const char *prep[] = {"prepare", "--out", f->data, "tests/fixtures/sample.txt", NULL};
+    assert_int_equal(fy_test_launch_in(f, prep, 60), 0);
+    const char *inproc[] = {"train", "--run-dir", ok, "--data", f->data, "--steps", "1",
                             "--batch", "2", "--seq", "16", "--backend", "cpu", "--inprocess", NULL};
-    assert_int_equal(launch(f, inproc, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, inproc, 60), 1);
     assert_true(fy_test_file_contains(f->log, "drop --inprocess"));
     free(ok);
     char p[700];
 
     /* corrupt header: the JSON's opening brace overwritten */
-    char *corrupt = path_in(f, "corrupt");
+    char *corrupt = fy_test_in(f, "corrupt");
     copy_dir(good, corrupt);
     snprintf(p, sizeof p, "%s/model.safetensors", corrupt);
     FILE *fp = fopen(p, "r+b");
@@ -440,62 +412,62 @@ static void test_bad_inputs_refused(void **state)
     assert_int_equal(fputc('#', fp), '#');
     assert_int_equal(fclose(fp), 0);
     const char *w1[] = {p, "JSON", NULL};
-    refused_init(f, path_in(f, "r1"), corrupt, w1);
+    refused_init(f, fy_test_in(f, "r1"), corrupt, w1);
 
     /* missing shard */
-    char *missing = path_in(f, "missing");
+    char *missing = fy_test_in(f, "missing");
     copy_dir(shards, missing);
     snprintf(p, sizeof p, "%s/model-00002-of-%05d.safetensors", missing, count_entries(missing) - 2);
     assert_int_equal(unlink(p), 0);
     const char *w2[] = {"model-00002-of-", "missing", "transformer.", NULL};
-    refused_init(f, path_in(f, "r2"), missing, w2);
+    refused_init(f, fy_test_in(f, "r2"), missing, w2);
 
     /* shape mismatch with config.json */
-    char *shape = path_in(f, "shape");
+    char *shape = fy_test_in(f, "shape");
     copy_dir(good, shape);
     snprintf(p, sizeof p, "%s/config.json", shape);
     edit(p, "\"n_positions\": 32", "\"n_positions\": 64");
     const char *w3[] = {"transformer.wpe.weight", "[32, 32]", "[64, 32]", "config.json", NULL};
-    refused_init(f, path_in(f, "r3"), shape, w3);
+    refused_init(f, fy_test_in(f, "r3"), shape, w3);
 
     /* unsupported architecture */
-    char *llama = path_in(f, "llama");
+    char *llama = fy_test_in(f, "llama");
     copy_dir(good, llama);
     snprintf(p, sizeof p, "%s/config.json", llama);
     edit(p, "\"GPT2LMHeadModel\"", "\"LlamaForCausalLM\"");
     edit(p, "\"gpt2\"", "\"llama\"");
     const char *w4[] = {p, "LlamaForCausalLM", "not supported", NULL};
-    refused_init(f, path_in(f, "r4"), llama, w4);
+    refused_init(f, fy_test_in(f, "r4"), llama, w4);
 
     /* an untied head, found only when unit 0 is read: the store was being written, and is
      * removed with everything else of the import */
-    char *untied = path_in(f, "untied");
+    char *untied = fy_test_in(f, "untied");
     add_untied_head(good, untied);
     const char *w5[] = {"lm_head.weight", "untied", NULL};
-    refused_init(f, path_in(f, "r5"), untied, w5);
+    refused_init(f, fy_test_in(f, "r5"), untied, w5);
     assert_true(fy_test_file_contains(f->log, "partly imported store"));
 
     /* the model comes from config.json: model options are refused, not ignored */
-    const char *layers[] = {"init", "--run-dir", path_in(f, "r6"), "--from-hf", good, "--layers", "3",
-                            NULL};
-    assert_int_equal(launch(f, layers, 30), 1);
+    const char *layers[] = {"init", "--run-dir", fy_test_in(f, "r6"), "--from-hf", good,
+                            "--layers", "3", NULL};
+    assert_int_equal(fy_test_launch_in(f, layers, 30), 1);
     const char *w6[] = {"drop --layers", NULL};
     expect_one_error(f, w6);
-    expect_no_model(path_in(f, "r6"));
+    expect_no_model(fy_test_in(f, "r6"));
 
     /* a run that has a model is not replaced without --overwrite */
-    assert_int_equal(init_hf(f, path_in(f, "ok"), good), 1);
+    assert_int_equal(init_hf(f, fy_test_in(f, "ok"), good), 1);
     assert_true(fy_test_file_contains(f->log, "--overwrite"));
 }
 
 static void test_export_directories(void **state)
 {
-    struct fixture *f = *state;
-    char *made = path_in(f, "made");
+    struct fy_test_fixture *f = *state;
+    char *made = fy_test_in(f, "made");
     const char *init[] = {"init", "--run-dir", made, "--layers", "1", "--heads", "2", "--embd", "16",
                           "--vocab", "64", "--ctx", "16", NULL};
-    assert_int_equal(launch(f, init, 60), 0);
-    char *out = path_in(f, "out");
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    char *out = fy_test_in(f, "out");
     assert_int_equal(mkdir(out, 0755), 0);
     char p[700];
     snprintf(p, sizeof p, "%s/tokenizer.json", out);
@@ -515,7 +487,7 @@ static void test_export_directories(void **state)
     assert_int_equal(access(p, F_OK), 0);
     /* --out and --to-hf together are refused */
     const char *both[] = {"export", "--run-dir", made, "--to-hf", out, "--out", p, NULL};
-    assert_int_equal(launch(f, both, 30), 1);
+    assert_int_equal(fy_test_launch_in(f, both, 30), 1);
 }
 
 int main(void)

@@ -36,33 +36,8 @@ static int have_transformers;
 static int in_ci;
 static char script[4096];
 
-struct fixture {
-    char *dir;
-    char log[512];
-    char tokens[512];
-};
-
-static int setup(void **state)
-{
-    struct fixture *f = calloc(1, sizeof *f);
-    f->dir = fy_test_tmpdir("hfllama");
-    assert_non_null(f->dir);
-    snprintf(f->log, sizeof f->log, "%s/log", f->dir);
-    snprintf(f->tokens, sizeof f->tokens, "%s/data.tok", f->dir);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    fy_test_rmdir(f->dir);
-    free(f->dir);
-    free(f);
-    return 0;
-}
-
-static char *path_in(struct fixture *f, const char *name) { return fy_test_path(f->dir, name); }
+static int setup(void **state) { return fy_test_setup(state, "hfllama", NULL); }
+static int teardown(void **state) { return fy_test_teardown(state); }
 
 static void need_transformers(void)
 {
@@ -87,22 +62,22 @@ static int python_run(const char *const *commands, double *losses, int max)
 /* A command string for python_run, formatted. */
 #define pycmd fy_test_fmt
 
-static int init_hf(struct fixture *f, const char *run, const char *src)
+static int init_hf(struct fy_test_fixture *f, const char *run, const char *src)
 {
     const char *args[] = {"init", "--run-dir", run, "--from-hf", src, NULL};
     return fy_test_launch(f->log, args, 120);
 }
 
-static int export_hf(struct fixture *f, const char *run, const char *out, const char *opt,
+static int export_hf(struct fy_test_fixture *f, const char *run, const char *out, const char *opt,
                      const char *value)
 {
     const char *args[] = {"export", "--run-dir", run, "--to-hf", out, opt, value, NULL};
     return fy_test_launch(f->log, args, 120);
 }
 
-static int train(struct fixture *f, const char *run, const char *steps)
+static int train(struct fy_test_fixture *f, const char *run, const char *steps)
 {
-    const char *args[] = {"train", "--run-dir", run, "--data", f->tokens, "--steps", steps,
+    const char *args[] = {"train", "--run-dir", run, "--data", f->data, "--steps", steps,
                           "--batch", BATCH, "--seq", SEQ, "--eval-fraction", EVAL_FRACTION,
                           "--lr", "1e-3", "--warmup", "0", "--eval-batches", "2", "--seed", "1",
                           "--backend", "cpu", NULL};
@@ -134,10 +109,11 @@ static const char *const case_flags[CASES] = {"", "--llama3", "--llama3 --tied"}
 static void test_loss_matches_transformers(void **state)
 {
     need_transformers();
-    struct fixture *f = *state;
-    const char *make[CASES + 2] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->tokens)};
+    struct fy_test_fixture *f = *state;
+    const char *make[CASES + 2] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->data)};
     for (int k = 0; k < CASES; k++)
-        make[k + 1] = pycmd("make %s --seed %d %s", path_in(f, case_names[k]), 11 + k, case_flags[k]);
+        make[k + 1] = pycmd("make %s --seed %d %s", fy_test_in(f, case_names[k]), 11 + k,
+                            case_flags[k]);
     make[CASES + 1] = NULL;
     python_run(make, NULL, 0);
     double ours[CASES], theirs[CASES];
@@ -145,13 +121,13 @@ static void test_loss_matches_transformers(void **state)
     for (int k = 0; k < CASES; k++) {
         char run[64];
         snprintf(run, sizeof run, "run-%s", case_names[k]);
-        char *r = path_in(f, run);
-        assert_int_equal(init_hf(f, r, path_in(f, case_names[k])), 0);
+        char *r = fy_test_in(f, run);
+        assert_int_equal(init_hf(f, r, fy_test_in(f, case_names[k])), 0);
         assert_int_equal(train(f, r, "1"), 0);
         ours[k] = metric(r, 1, "\"loss\": ");
         loss[k] = pycmd("loss %s %s --train-step 1 --batch " BATCH " --seq " SEQ
                         " --eval-fraction " EVAL_FRACTION " --seed 1",
-                        path_in(f, case_names[k]), f->tokens);
+                        fy_test_in(f, case_names[k]), f->data);
     }
     loss[CASES] = NULL;
     assert_int_equal(python_run(loss, theirs, CASES), CASES);
@@ -168,7 +144,7 @@ static void test_loss_matches_transformers(void **state)
 static void test_roundtrip_bit_exact(void **state)
 {
     need_transformers();
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     static const char *const names[] = {"f32-untied", "bf16-untied-llama3", "f32-tied-llama3",
                                         "bf16-tied"};
     static const char *const flags[] = {"--dtype f32", "--dtype bf16 --llama3",
@@ -178,7 +154,7 @@ static void test_roundtrip_bit_exact(void **state)
     for (int k = 0; k < N; k++) {
         char src[64];
         snprintf(src, sizeof src, "src-%s", names[k]);
-        make[k] = pycmd("make %s --seed %d %s", path_in(f, src), 21 + k, flags[k]);
+        make[k] = pycmd("make %s --seed %d %s", fy_test_in(f, src), 21 + k, flags[k]);
     }
     make[N] = NULL;
     python_run(make, NULL, 0);
@@ -187,10 +163,10 @@ static void test_roundtrip_bit_exact(void **state)
         snprintf(src, sizeof src, "src-%s", names[k]);
         snprintf(run, sizeof run, "run-%s", names[k]);
         snprintf(out, sizeof out, "out-%s", names[k]);
-        assert_int_equal(init_hf(f, path_in(f, run), path_in(f, src)), 0);
-        assert_int_equal(export_hf(f, path_in(f, run), path_in(f, out), NULL, NULL), 0);
+        assert_int_equal(init_hf(f, fy_test_in(f, run), fy_test_in(f, src)), 0);
+        assert_int_equal(export_hf(f, fy_test_in(f, run), fy_test_in(f, out), NULL, NULL), 0);
         assert_true(fy_test_file_contains(f->log, "a Hugging Face Llama directory"));
-        compare[k] = pycmd("compare %s %s", path_in(f, src), path_in(f, out));
+        compare[k] = pycmd("compare %s %s", fy_test_in(f, src), fy_test_in(f, out));
     }
     compare[N] = NULL;
     python_run(compare, NULL, 0);
@@ -205,12 +181,12 @@ static void test_roundtrip_bit_exact(void **state)
 static void test_trained_export_reproduces_loss(void **state)
 {
     need_transformers();
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     static const char *const names[] = {"f32-untied", "bf16-tied-llama3"};
-    const char *make[] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->tokens),
-                          pycmd("make %s --seed 31 --dtype f32", path_in(f, "src-f32-untied")),
+    const char *make[] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->data),
+                          pycmd("make %s --seed 31 --dtype f32", fy_test_in(f, "src-f32-untied")),
                           pycmd("make %s --seed 32 --dtype bf16 --tied --llama3",
-                                path_in(f, "src-bf16-tied-llama3")),
+                                fy_test_in(f, "src-bf16-tied-llama3")),
                           NULL};
     python_run(make, NULL, 0);
     double ours[2];
@@ -220,20 +196,20 @@ static void test_trained_export_reproduces_loss(void **state)
         snprintf(src, sizeof src, "src-%s", names[k]);
         snprintf(run, sizeof run, "run-%s", names[k]);
         snprintf(out, sizeof out, "out-%s", names[k]);
-        char *r = path_in(f, run);
-        assert_int_equal(init_hf(f, r, path_in(f, src)), 0);
+        char *r = fy_test_in(f, run);
+        assert_int_equal(init_hf(f, r, fy_test_in(f, src)), 0);
         assert_int_equal(train(f, r, "3"), 0);
         ours[k] = metric(r, 3, "\"eval_loss\": ");
-        assert_int_equal(export_hf(f, r, path_in(f, out), k == 1 ? "--dtype" : NULL, "f32"), 0);
+        assert_int_equal(export_hf(f, r, fy_test_in(f, out), k == 1 ? "--dtype" : NULL, "f32"), 0);
         assert_true(fy_test_file_contains(f->log, "exported step 3"));
-        cmds[k] = pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, path_in(f, out), f->tokens);
-        cmds[2 + k] = pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, path_in(f, src), f->tokens);
+        cmds[k] = pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, fy_test_in(f, out), f->data);
+        cmds[2 + k] = pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, fy_test_in(f, src), f->data);
     }
     /* the export holds the trained weights, not the imported ones (checked on the tensors: the
      * tokens are uniformly random, so the held-out loss of a near-uniform model barely moves in
      * three steps and is only printed) */
-    cmds[4] = pycmd("compare %s %s --expect-different", path_in(f, "src-f32-untied"),
-                    path_in(f, "out-f32-untied"));
+    cmds[4] = pycmd("compare %s %s --expect-different", fy_test_in(f, "src-f32-untied"),
+                    fy_test_in(f, "out-f32-untied"));
     cmds[5] = NULL;
     double theirs[4];
     assert_int_equal(python_run(cmds, theirs, 4), 4);
@@ -253,8 +229,8 @@ static void test_trained_export_reproduces_loss(void **state)
 static void test_plain_init_export(void **state)
 {
     need_transformers();
-    struct fixture *f = *state;
-    const char *tok[] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->tokens), NULL};
+    struct fy_test_fixture *f = *state;
+    const char *tok[] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->data), NULL};
     python_run(tok, NULL, 0);
     static const char *const names[] = {"made-untied", "made-tied"};
     double ours[2];
@@ -265,7 +241,7 @@ static void test_plain_init_export(void **state)
         snprintf(out, sizeof out, "out-%s", names[k]);
         snprintf(again, sizeof again, "again-%s", names[k]);
         snprintf(back, sizeof back, "back-%s", names[k]);
-        char *r = path_in(f, run);
+        char *r = fy_test_in(f, run);
         const char *init[] = {"init", "--run-dir", r, "--arch", "llama", "--layers", "2",
                               "--heads", "4", "--kv-heads", "2", "--embd", "32", "--ffn", "48",
                               "--vocab", "300", "--ctx", "64", "--rope-theta", "500000",
@@ -273,19 +249,19 @@ static void test_plain_init_export(void **state)
         assert_int_equal(fy_test_launch(f->log, init, 60), 0);
         assert_int_equal(train(f, r, "2"), 0);
         ours[k] = metric(r, 2, "\"eval_loss\": ");
-        assert_int_equal(export_hf(f, r, path_in(f, out), NULL, NULL), 0);
+        assert_int_equal(export_hf(f, r, fy_test_in(f, out), NULL, NULL), 0);
         assert_true(fy_test_file_contains(f->log, "config.json made here"));
         char cfg[700];
-        snprintf(cfg, sizeof cfg, "%s/config.json", path_in(f, out));
+        snprintf(cfg, sizeof cfg, "%s/config.json", fy_test_in(f, out));
         assert_true(fy_test_file_contains(cfg, "\"LlamaForCausalLM\""));
         assert_true(fy_test_file_contains(cfg, "\"rope_theta\": 500000.0"));
         assert_true(fy_test_file_contains(cfg, k == 1 ? "\"tie_word_embeddings\": true"
                                                       : "\"tie_word_embeddings\": false"));
-        cmds[k] = pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, path_in(f, out), f->tokens);
+        cmds[k] = pycmd("loss %s %s --eval-batches 2" LOSS_ARGS, fy_test_in(f, out), f->data);
         /* the written config.json imports back into the same model */
-        assert_int_equal(init_hf(f, path_in(f, back), path_in(f, out)), 0);
-        assert_int_equal(export_hf(f, path_in(f, back), path_in(f, again), NULL, NULL), 0);
-        cmds[2 + k] = pycmd("compare %s %s", path_in(f, out), path_in(f, again));
+        assert_int_equal(init_hf(f, fy_test_in(f, back), fy_test_in(f, out)), 0);
+        assert_int_equal(export_hf(f, fy_test_in(f, back), fy_test_in(f, again), NULL, NULL), 0);
+        cmds[2 + k] = pycmd("compare %s %s", fy_test_in(f, out), fy_test_in(f, again));
     }
     const char *losses[] = {cmds[0], cmds[1], cmds[2], cmds[3], NULL};
     double theirs[2];
@@ -309,7 +285,7 @@ static void write_text(const char *path, const char *text)
 /* Unsupported configs are refused with one line naming config.json and the key. */
 static void test_bad_configs_refused(void **state)
 {
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     static const struct {
         const char *extra, *needle;
     } bad[] = {
@@ -322,7 +298,7 @@ static void test_bad_configs_refused(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char name[32];
         snprintf(name, sizeof name, "bad%zu", i);
-        char *src = path_in(f, name);
+        char *src = fy_test_in(f, name);
         assert_int_equal(mkdir(src, 0755), 0);
         char cfg[700], text[2048];
         snprintf(cfg, sizeof cfg, "%s/config.json", src);
@@ -335,7 +311,7 @@ static void test_bad_configs_refused(void **state)
         write_text(cfg, text);
         char run[64];
         snprintf(run, sizeof run, "run-bad%zu", i);
-        char *r = path_in(f, run);
+        char *r = fy_test_in(f, run);
         assert_int_equal(init_hf(f, r, src), 1);
         if (!fy_test_file_contains(f->log, bad[i].needle) || !fy_test_file_contains(f->log, cfg))
             fail_msg("case %zu: the log lacks \"%s\" naming %s", i, bad[i].needle, cfg);

@@ -24,39 +24,11 @@
 
 #define SAMPLE_TEXT "tests/fixtures/sample.txt"
 
-struct fixture {
-    char *dir;
-    char data[512];
-    char log[512];
-};
-
-static int setup(void **state)
-{
-    struct fixture *f = calloc(1, sizeof *f);
-    f->dir = fy_test_tmpdir("llama");
-    assert_non_null(f->dir);
-    snprintf(f->data, sizeof f->data, "%s/sample.tok", f->dir);
-    snprintf(f->log, sizeof f->log, "%s/log", f->dir);
-    const char *args[] = {"prepare", "--out", f->data, SAMPLE_TEXT, NULL};
-    int status = fy_test_run("fuyou-launch", args, f->log, 30);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    fy_test_rmdir(f->dir);
-    free(f->dir);
-    free(f);
-    return 0;
-}
-
-static char *path_in(struct fixture *f, const char *name) { return fy_test_path(f->dir, name); }
+static int setup(void **state) { return fy_test_setup(state, "llama", SAMPLE_TEXT); }
+static int teardown(void **state) { return fy_test_teardown(state); }
 
 /* A tiny Llama: 2 layers, 4 heads over 2 kv heads (grouped-query), 32 wide, MLP 48, context 32. */
-static void init_llama(struct fixture *f, const char *run, int tied)
+static void init_llama(struct fy_test_fixture *f, const char *run, int tied)
 {
     const char *args[] = {"init", "--run-dir", run, "--arch", "llama", "--layers", "2", "--heads", "4",
                           "--kv-heads", "2", "--embd", "32", "--ffn", "48", "--ctx", "32",
@@ -66,8 +38,8 @@ static void init_llama(struct fixture *f, const char *run, int tied)
 
 /* Trains `steps` steps with the options in `extra` (NULL-terminated, may be NULL), exporting to
  * `export_path`. */
-static int train(struct fixture *f, const char *run, const char *steps, const char *export_path,
-                 const char *const *extra)
+static int train(struct fy_test_fixture *f, const char *run, const char *steps,
+                 const char *export_path, const char *const *extra)
 {
     const char *args[40];
     int n = 0;
@@ -111,7 +83,8 @@ static double last_value(const char *lines)
 
 /* Three runs of the same model (overlap, serial, in one process) with the options in `extra`:
  * the same losses, every printed digit, and the same exported bits; the loss falls. */
-static void schedules_agree(struct fixture *f, int tied, const char *steps, const char *clip)
+static void schedules_agree(struct fy_test_fixture *f, int tied, const char *steps,
+                            const char *clip)
 {
     const char *names[3] = {"overlap", "serial", "inproc"};
     char *loss[3], *weights[3];
@@ -120,7 +93,7 @@ static void schedules_agree(struct fixture *f, int tied, const char *steps, cons
         char run[64], exp[64];
         snprintf(run, sizeof run, "%s-%s", names[i], tied ? "tied" : "untied");
         snprintf(exp, sizeof exp, "%s.fywt", run);
-        char *dir = path_in(f, run), *out = path_in(f, exp);
+        char *dir = fy_test_in(f, run), *out = fy_test_in(f, exp);
         init_llama(f, dir, tied);
         const char *extra[6] = {NULL};
         int n = 0;
@@ -183,8 +156,8 @@ static void test_tied_clipped_schedules_agree(void **state) { schedules_agree(*s
  * differs from the GPT-2 of the same sizes); a GPT-2 model.conf has none of the new keys. */
 static void test_model_conf_and_hash(void **state)
 {
-    struct fixture *f = *state;
-    char *run = path_in(f, "conf");
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "conf");
     init_llama(f, run, 0);
     char mc_path[600];
     snprintf(mc_path, sizeof mc_path, "%s/model.conf", run);
@@ -206,14 +179,14 @@ static void test_model_conf_and_hash(void **state)
     struct fy_gpt_config g = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab = 256, .ctx = 32};
     assert_true(fy_gpt_config_hash(&g) != fy_gpt_config_hash(&c));
 
-    char *gpt = path_in(f, "gpt");
+    char *gpt = fy_test_in(f, "gpt");
     const char *args[] = {"init", "--run-dir", gpt, "--layers", "1", "--heads", "2", "--embd", "16",
                           "--ctx", "16", NULL};
     assert_int_equal(fy_test_launch(f->log, args, 60), 0);
     snprintf(mc_path, sizeof mc_path, "%s/model.conf", gpt);
     assert_false(fy_test_file_contains(mc_path, "model.arch"));
     /* Llama options without --arch llama are refused */
-    char *bad = path_in(f, "bad");
+    char *bad = fy_test_in(f, "bad");
     const char *wrong[] = {"init", "--run-dir", bad, "--kv-heads", "2", NULL};
     assert_int_equal(fy_test_launch(f->log, wrong, 60), 1);
     assert_true(fy_test_file_contains(f->log, "options of --arch llama"));

@@ -32,48 +32,16 @@
 /* A snapshot of the project's own docs and sources, fixed so the loss bound below stays valid. */
 #define SAMPLE_TEXT "tests/fixtures/sample.txt"
 
-struct fixture {
-    char *dir;
-    char data[512];
-    char log[512];
-};
+static int setup(void **state) { return fy_test_setup(state, "train", SAMPLE_TEXT); }
+static int teardown(void **state) { return fy_test_teardown(state); }
 
-static int setup(void **state)
-{
-    struct fixture *f = calloc(1, sizeof *f);
-    f->dir = fy_test_tmpdir("train");
-    assert_non_null(f->dir);
-    snprintf(f->data, sizeof f->data, "%s/sample.tok", f->dir);
-    snprintf(f->log, sizeof f->log, "%s/log", f->dir);
-    const char *args[] = {"prepare", "--out", f->data, SAMPLE_TEXT, NULL};
-    int status = fy_test_run("fuyou-launch", args, f->log, 30);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    *state = f;
-    return 0;
-}
 
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    fy_test_rmdir(f->dir);
-    free(f->dir);
-    free(f);
-    return 0;
-}
-
-static char *path_in(struct fixture *f, const char *name) { return fy_test_path(f->dir, name); }
-
-/* Runs fuyou-launch with a fresh log; returns the exit code (-1 if it did not exit normally). */
-static int launch(struct fixture *f, const char *const *args, int seconds)
-{
-    return fy_test_launch(f->log, args, seconds);
-}
-
-static void init_model(struct fixture *f, const char *run, const char *embd, const char *seed)
+static void init_model(struct fy_test_fixture *f, const char *run, const char *embd,
+                       const char *seed)
 {
     const char *args[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd", embd,
                           "--ctx", "32", "--seed", seed, NULL};
-    assert_int_equal(launch(f, args, 60), 0);
+    assert_int_equal(fy_test_launch_in(f, args, 60), 0);
 }
 
 /* The training settings every run here uses (the reference comparison needs them as numbers), then
@@ -85,8 +53,9 @@ static void init_model(struct fixture *f, const char *run, const char *embd, con
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
-static int train_with(struct fixture *f, const char *run, const char *data, const char *steps,
-                      const char *export_path, int inprocess, const char *const *extra)
+static int train_with(struct fy_test_fixture *f, const char *run, const char *data,
+                      const char *steps, const char *export_path, int inprocess,
+                      const char *const *extra)
 {
     const char *args[48];
     int n = 0;
@@ -105,10 +74,10 @@ static int train_with(struct fixture *f, const char *run, const char *data, cons
     for (int i = 0; extra != NULL && extra[i] != NULL && n < 47; i++)
         args[n++] = extra[i];
     args[n] = NULL;
-    return launch(f, args, 300);
+    return fy_test_launch_in(f, args, 300);
 }
 
-static int train(struct fixture *f, const char *run, const char *data, const char *steps,
+static int train(struct fy_test_fixture *f, const char *run, const char *data, const char *steps,
                  const char *export_path, int inprocess, const char *extra_flag, const char *extra_value)
 {
     const char *extra[] = {extra_flag, extra_value, NULL};
@@ -160,15 +129,16 @@ static double last_eval_loss(const char *metrics)
 
 static void test_store_run_matches_inprocess(void **state)
 {
-    struct fixture *f = *state;
-    char *a = path_in(f, "a"), *b = path_in(f, "b"), *serial = path_in(f, "c");
+    struct fy_test_fixture *f = *state;
+    char *a = fy_test_in(f, "a"), *b = fy_test_in(f, "b"), *serial = fy_test_in(f, "c");
     init_model(f, a, "32", "5");
     init_model(f, b, "32", "5");
     init_model(f, serial, "32", "5");
     /* a: the overlapped schedule (the default); b: in one process; serial: the serial schedule */
-    assert_int_equal(train(f, a, f->data, "10", path_in(f, "a.fywt"), 0, NULL, NULL), 0);
-    assert_int_equal(train(f, b, f->data, "10", path_in(f, "b.fywt"), 1, NULL, NULL), 0);
-    assert_int_equal(train(f, serial, f->data, "10", path_in(f, "c.fywt"), 0, "--schedule", "serial"), 0);
+    assert_int_equal(train(f, a, f->data, "10", fy_test_in(f, "a.fywt"), 0, NULL, NULL), 0);
+    assert_int_equal(train(f, b, f->data, "10", fy_test_in(f, "b.fywt"), 1, NULL, NULL), 0);
+    assert_int_equal(train(f, serial, f->data, "10", fy_test_in(f, "c.fywt"), 0, "--schedule",
+                           "serial"), 0);
     char ma[600], mb[600];
     snprintf(ma, sizeof ma, "%s/metrics.jsonl", a);
     snprintf(mb, sizeof mb, "%s/metrics.jsonl", b);
@@ -179,8 +149,9 @@ static void test_store_run_matches_inprocess(void **state)
     assert_string_equal(la, lb); /* all 10 losses, every printed digit */
     assert_string_equal(la, lc);
     size_t na, nb, nc;
-    char *wa = fy_test_slurp(path_in(f, "a.fywt"), &na), *wb = fy_test_slurp(path_in(f, "b.fywt"), &nb);
-    char *wc = fy_test_slurp(path_in(f, "c.fywt"), &nc);
+    char *wa = fy_test_slurp(fy_test_in(f, "a.fywt"), &na);
+    char *wb = fy_test_slurp(fy_test_in(f, "b.fywt"), &nb);
+    char *wc = fy_test_slurp(fy_test_in(f, "c.fywt"), &nc);
     assert_non_null(wa);
     assert_non_null(wb);
     assert_non_null(wc);
@@ -194,7 +165,7 @@ static void test_store_run_matches_inprocess(void **state)
     struct fy_gpt_config c;
     uint64_t step;
     float *params = NULL;
-    assert_int_equal(fy_weights_read(path_in(f, "a.fywt"), &c, &step, &params), 0);
+    assert_int_equal(fy_weights_read(fy_test_in(f, "a.fywt"), &c, &step, &params), 0);
     assert_int_equal(step, 10);
     assert_int_equal(c.n_embd, 32);
     assert_int_equal(c.n_layer, 2);
@@ -219,7 +190,7 @@ struct same_bits {
 /* Inits a fresh GPT of `layers` x `embd` (2 heads, context 32, seed 4) in `run`, trains it `steps`
  * steps with the `extra` options, and compares its export and losses with the group's first run
  * (or makes it the first). */
-static void train_same_bits(struct fixture *f, struct same_bits *group, const char *run,
+static void train_same_bits(struct fy_test_fixture *f, struct same_bits *group, const char *run,
                             const char *layers, const char *embd, const char *steps,
                             const char *const *extra)
 {
@@ -228,7 +199,7 @@ static void train_same_bits(struct fixture *f, struct same_bits *group, const ch
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
     const char *init[] = {"init", "--run-dir", run, "--layers", layers, "--heads", "2", "--embd",
                           embd, "--ctx", "32", "--seed", "4", NULL};
-    assert_int_equal(launch(f, init, 60), 0);
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
     assert_int_equal(train_with(f, run, f->data, steps, out, 0, extra), 0);
     size_t n;
     char *w = fy_test_slurp(out, &n), *l = losses(metrics);
@@ -258,7 +229,7 @@ static void same_bits_free(struct same_bits *group)
  * either schedule, gives the same losses and weights. */
 static void test_mixed_placement_five_blocks(void **state)
 {
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     /* measured plans for this model and batch: 30M keeps 3 of the 7 units, 32M 4 */
     const char *runs[][3] = {
         {"m-stream", NULL, "overlap"}, {"m-30", "30M", "overlap"}, {"m-32", "32M", "overlap"},
@@ -268,7 +239,7 @@ static void test_mixed_placement_five_blocks(void **state)
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         const char *extra[] = {"--schedule", runs[i][2], runs[i][1] ? "--cpu-mem" : NULL, runs[i][1],
                                NULL};
-        train_same_bits(f, &group, path_in(f, runs[i][0]), "5", "128", "4", extra);
+        train_same_bits(f, &group, fy_test_in(f, runs[i][0]), "5", "128", "4", extra);
         if (runs[i][1] != NULL && strcmp(runs[i][1], "30M") == 0)
             assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 7 units"));
         if (runs[i][1] != NULL && strcmp(runs[i][1], "32M") == 0)
@@ -282,7 +253,7 @@ static void test_mixed_placement_five_blocks(void **state)
  * a depth outside 1..8 is refused. Five blocks, so that depths 2 and 3 go round the slots. */
 static void test_prefetch_depths_agree(void **state)
 {
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     const char *runs[][5] = {
         {"d1", "1", "overlap", NULL, NULL}, {"d2", "2", "overlap", NULL, NULL},
         {"d3", "3", "overlap", NULL, NULL}, {"d8", "8", "overlap", NULL, NULL},
@@ -293,14 +264,14 @@ static void test_prefetch_depths_agree(void **state)
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         const char *extra[] = {"--prefetch", runs[i][1], "--schedule", runs[i][2], runs[i][3],
                                runs[i][4], NULL};
-        train_same_bits(f, &group[runs[i][3] != NULL], path_in(f, runs[i][0]), "5", "32", "4",
+        train_same_bits(f, &group[runs[i][3] != NULL], fy_test_in(f, runs[i][0]), "5", "32", "4",
                         extra);
     }
     same_bits_free(&group[0]);
     same_bits_free(&group[1]);
     const char *bad[] = {"0", "9"};
     for (int i = 0; i < 2; i++) {
-        char *run = path_in(f, "d1");
+        char *run = fy_test_in(f, "d1");
         assert_int_equal(train(f, run, f->data, "5", NULL, 0, "--prefetch", bad[i]), 2);
         assert_true(fy_test_file_contains(f->log, "--prefetch"));
     }
@@ -311,14 +282,14 @@ static void test_prefetch_depths_agree(void **state)
  * the serial one. */
 static void test_resident_state_matches_streaming(void **state)
 {
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     const char *mems[3] = {NULL, "72M", "1G"}; /* 72M holds 3 of the 4 units (measured) */
     const char *names[3] = {"stream", "some", "all"};
     struct same_bits group = {0};
     for (int i = 0; i < 6; i++) {
         const char *schedule = i < 3 ? "overlap" : "serial";
         char run[700];
-        snprintf(run, sizeof run, "%s-%s", path_in(f, names[i % 3]), schedule);
+        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, names[i % 3]), schedule);
         const char *extra[] = {"--schedule", schedule, mems[i % 3] ? "--cpu-mem" : NULL,
                                mems[i % 3], NULL};
         train_same_bits(f, &group, run, "2", "256", "6", extra);
@@ -329,10 +300,10 @@ static void test_resident_state_matches_streaming(void **state)
     }
     same_bits_free(&group);
     /* a cap below what the streaming regions alone need is refused before any work, with numbers */
-    char *small = path_in(f, "small");
+    char *small = fy_test_in(f, "small");
     const char *init[] = {"init", "--run-dir", small, "--layers", "2", "--heads", "4", "--embd", "256",
                           "--ctx", "32", NULL};
-    assert_int_equal(launch(f, init, 60), 0);
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
     assert_int_equal(train(f, small, f->data, "6", NULL, 0, "--cpu-mem", "30M"), 1);
     assert_true(fy_test_file_contains(f->log, "plan does not fit"));
     assert_true(fy_test_file_contains(f->log, "--cpu-mem is 30.0 MiB"));
@@ -391,7 +362,7 @@ static void test_prediction_by_hand(void **state)
  * streamed. */
 static void test_checkpoints_on_ssd_agree(void **state)
 {
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     for (int clip = 0; clip < 2; clip++) {
         struct same_bits group = {0};
         for (int i = 0; i < 6; i++) {
@@ -399,7 +370,7 @@ static void test_checkpoints_on_ssd_agree(void **state)
             const char *schedule = i % 2 ? "serial" : "overlap";
             const char *mem = i >= 4 ? "1G" : NULL; /* state resident, or streamed */
             char run[700];
-            snprintf(run, sizeof run, "%s-%d-%d", path_in(f, "ckpt"), clip, i);
+            snprintf(run, sizeof run, "%s-%d-%d", fy_test_in(f, "ckpt"), clip, i);
             const char *extra[] = {"--ckpt-place", place, "--schedule", schedule,
                                    "--clip-grad-norm", clip ? "0.5" : "0",
                                    mem ? "--cpu-mem" : NULL, mem, NULL};
@@ -412,7 +383,7 @@ static void test_checkpoints_on_ssd_agree(void **state)
         const char *mems[2] = {"1G", "21M"};
         for (int i = 0; i < 2; i++) {
             char run[700];
-            snprintf(run, sizeof run, "%s-%d-auto%d", path_in(f, "ckpt"), clip, i);
+            snprintf(run, sizeof run, "%s-%d-auto%d", fy_test_in(f, "ckpt"), clip, i);
             const char *extra[] = {"--ckpt-place", "auto", "--cpu-mem", mems[i],
                                    "--clip-grad-norm", clip ? "0.5" : "0", NULL};
             train_same_bits(f, &group, run, "6", "64", "4", extra);
@@ -421,7 +392,8 @@ static void test_checkpoints_on_ssd_agree(void **state)
         }
         same_bits_free(&group);
     }
-    assert_int_equal(train(f, path_in(f, "bad"), f->data, "1", NULL, 0, "--ckpt-place", "gpu"), 2);
+    assert_int_equal(train(f, fy_test_in(f, "bad"), f->data, "1", NULL, 0, "--ckpt-place", "gpu"),
+                     2);
     assert_true(fy_test_file_contains(f->log, "--ckpt-place gpu: give host, ssd or auto"));
 }
 
@@ -432,14 +404,14 @@ static void test_checkpoints_on_ssd_agree(void **state)
  * trace), and the results equal the serial schedule's bit for bit. */
 static void test_forward_waits_for_its_unit_only(void **state)
 {
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     struct same_bits group = {0};
-    char *trace = strdup(path_in(f, "delayed.json"));
+    char *trace = strdup(fy_test_in(f, "delayed.json"));
     assert_int_equal(setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1), 0);
     for (int i = 0; i < 2; i++) {
         const char *schedule = i == 0 ? "overlap" : "serial";
         char run[700];
-        snprintf(run, sizeof run, "%s-%s", path_in(f, "delayed"), schedule);
+        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, "delayed"), schedule);
         const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", "--grad-slots", "6",
                                i == 0 ? "--trace" : NULL, trace, NULL};
         train_same_bits(f, &group, run, "6", "64", "4", extra);
@@ -463,10 +435,10 @@ static void test_forward_waits_for_its_unit_only(void **state)
 /* --trace writes Chrome trace-event JSON with every worker's requests; metrics carry busy times. */
 static void test_trace_and_busy_metrics(void **state)
 {
-    struct fixture *f = *state;
-    char *run = path_in(f, "run");
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "run");
     init_model(f, run, "32", "1");
-    char *trace = path_in(f, "trace.json");
+    char *trace = fy_test_in(f, "trace.json");
     assert_int_equal(train(f, run, f->data, "3", NULL, 0, "--trace", trace), 0);
     char *text = fy_test_slurp(trace, NULL);
     assert_non_null(text);
@@ -497,8 +469,8 @@ static void test_trace_and_busy_metrics(void **state)
 
 static void test_heldout_loss_falls(void **state)
 {
-    struct fixture *f = *state;
-    char *run = path_in(f, "run");
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "run");
     init_model(f, run, "32", "1");
     assert_int_equal(train(f, run, f->data, "200", NULL, 0, NULL, NULL), 0);
     char metrics[600];
@@ -526,7 +498,7 @@ struct store_snap {
     size_t ndata, nidx, nmetrics;
 };
 
-static void take(struct fixture *f, const char *run, struct store_snap *s)
+static void take(struct fy_test_fixture *f, const char *run, struct store_snap *s)
 {
     char p[700];
     snprintf(p, sizeof p, "%s/store/fuyou-store.data", run);
@@ -537,7 +509,7 @@ static void take(struct fixture *f, const char *run, struct store_snap *s)
     s->metrics = fy_test_slurp(p, &s->nmetrics);
 }
 
-static void assert_unchanged(struct fixture *f, const char *run, struct store_snap *before)
+static void assert_unchanged(struct fy_test_fixture *f, const char *run, struct store_snap *before)
 {
     struct store_snap after;
     take(f, run, &after);
@@ -557,7 +529,7 @@ static void assert_unchanged(struct fixture *f, const char *run, struct store_sn
 }
 
 /* One refused training: exit 1, one error line naming `name` and `problem`, the store untouched. */
-static void refused(struct fixture *f, const char *run, const char *data, const char *name,
+static void refused(struct fy_test_fixture *f, const char *run, const char *data, const char *name,
                     const char *problem, const char *flag, const char *value)
 {
     struct store_snap before;
@@ -585,12 +557,12 @@ static void write_file(const char *path, const void *bytes, size_t len)
 
 static void test_bad_inputs_refused(void **state)
 {
-    struct fixture *f = *state;
-    char *run = path_in(f, "run");
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "run");
     init_model(f, run, "32", "1");
 
     /* a token file with a wrong magic */
-    char *bad = path_in(f, "bad-magic.tok");
+    char *bad = fy_test_in(f, "bad-magic.tok");
     size_t n;
     char *good = fy_test_slurp(f->data, &n);
     good[0] ^= 0x55;
@@ -599,7 +571,7 @@ static void test_bad_inputs_refused(void **state)
 
     /* a truncated token file */
     good[0] ^= 0x55;
-    char *trunc = path_in(f, "truncated.tok");
+    char *trunc = fy_test_in(f, "truncated.tok");
     write_file(trunc, good, n / 2);
     refused(f, run, trunc, trunc, "truncated", NULL, NULL);
     free(good);
@@ -608,24 +580,24 @@ static void test_bad_inputs_refused(void **state)
     uint32_t tokens[400];
     for (int i = 0; i < 400; i++)
         tokens[i] = (uint32_t)(i * 7 % 300);
-    char *big = path_in(f, "vocab300.tok");
+    char *big = fy_test_in(f, "vocab300.tok");
     assert_int_equal(fy_tokfile_write(big, tokens, 400, 300, 0), 0);
     refused(f, run, big, big, "vocabulary", NULL, NULL);
 
     /* a batch larger than the data */
-    char *tiny = path_in(f, "tiny.tok");
+    char *tiny = fy_test_in(f, "tiny.tok");
     assert_int_equal(fy_tokfile_write(tiny, tokens, 30, 256, 0), 0);
     refused(f, run, tiny, tiny, "larger than", NULL, NULL);
 
     /* a store made for another model config */
-    char *other = path_in(f, "other");
+    char *other = fy_test_in(f, "other");
     init_model(f, other, "16", "1");
     char other_store[600];
     snprintf(other_store, sizeof other_store, "%s/store", other);
     refused(f, run, f->data, other_store, "made for another model", "--ssd", other_store);
 
     /* a missing SSD directory */
-    char *missing = path_in(f, "no-such-ssd");
+    char *missing = fy_test_in(f, "no-such-ssd");
     refused(f, run, f->data, missing, "No such file or directory", "--ssd", missing);
 
     /* --inprocess runs the CPU backend in the launcher: asking for CUDA with it is refused, not
@@ -640,19 +612,19 @@ static void test_bad_inputs_refused(void **state)
 
 static void test_export_and_init_refuse_overwrite(void **state)
 {
-    struct fixture *f = *state;
-    char *run = path_in(f, "run");
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "run");
     init_model(f, run, "32", "1");
     /* a second init of the same run directory is refused */
     const char *again[] = {"init", "--run-dir", run, NULL};
-    assert_int_equal(launch(f, again, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, again, 60), 1);
     assert_true(fy_test_file_contains(f->log, "already has a model"));
-    char *out = path_in(f, "w.fywt");
+    char *out = fy_test_in(f, "w.fywt");
     const char *exp[] = {"export", "--run-dir", run, "--out", out, NULL};
-    assert_int_equal(launch(f, exp, 60), 0);
+    assert_int_equal(fy_test_launch_in(f, exp, 60), 0);
     size_t n1;
     char *first = fy_test_slurp(out, &n1);
-    assert_int_equal(launch(f, exp, 60), 1); /* exists: refused */
+    assert_int_equal(fy_test_launch_in(f, exp, 60), 1); /* exists: refused */
     assert_true(fy_test_file_contains(f->log, "exists"));
     size_t n2;
     char *second = fy_test_slurp(out, &n2);
@@ -690,14 +662,14 @@ static void run_metrics(const char *run, char *out, size_t len)
  * losses, gradient norms and weights, bit for bit; clipping engaged on every step. */
 static void test_clipping_overlap_matches_serial(void **state)
 {
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     const char *names[3] = {"overlap", "serial", "inproc"};
     const char *clip[] = {"--clip-grad-norm", STR(CLIP_MAX), NULL};
     const char *clip_serial[] = {"--clip-grad-norm", STR(CLIP_MAX), "--schedule", "serial", NULL};
     char *first_w = NULL, *first_l = NULL, *first_g = NULL;
     size_t first_n = 0;
     for (int i = 0; i < 3; i++) {
-        char *run = path_in(f, names[i]), out[700], metrics[700];
+        char *run = fy_test_in(f, names[i]), out[700], metrics[700];
         snprintf(out, sizeof out, "%s.fywt", run);
         run_metrics(run, metrics, sizeof metrics);
         init_model(f, run, "32", "5");
@@ -737,9 +709,9 @@ static void test_clipping_overlap_matches_serial(void **state)
  * carry no gradient norm (computing it would cost a backward pass). */
 static void test_clipping_huge_bound_is_unclipped(void **state)
 {
-    struct fixture *f = *state;
-    char *huge = path_in(f, "huge"), *plain = path_in(f, "plain");
-    char *wh = path_in(f, "huge.fywt"), *wp = path_in(f, "plain.fywt");
+    struct fy_test_fixture *f = *state;
+    char *huge = fy_test_in(f, "huge"), *plain = fy_test_in(f, "plain");
+    char *wh = fy_test_in(f, "huge.fywt"), *wp = fy_test_in(f, "plain.fywt");
     init_model(f, huge, "32", "5");
     init_model(f, plain, "32", "5");
     assert_int_equal(train(f, huge, f->data, "4", wh, 0, "--clip-grad-norm", "1e30"), 0);
@@ -771,8 +743,8 @@ static void test_clipping_huge_bound_is_unclipped(void **state)
  * one line that names the option. */
 static void test_clipping_bad_bound_refused(void **state)
 {
-    struct fixture *f = *state;
-    char *run = path_in(f, "run");
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "run");
     init_model(f, run, "32", "1");
     const char *bad[] = {"-1", "-0.5", "abc", "0.5x", "nan", "inf", "1e999", ""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -893,7 +865,7 @@ static int weights_close(const float *init, const float *ours, const double *ref
  * python3 and numpy. */
 static void test_clipping_matches_reference(void **state)
 {
-    struct fixture *f = *state;
+    struct fy_test_fixture *f = *state;
     char script[4096];
     if (!fy_refmodel_python_has("numpy")) {
         print_message("skipped: python3 with numpy is needed for the float64 reference\n");
@@ -901,7 +873,7 @@ static void test_clipping_matches_reference(void **state)
     }
     if (fy_refmodel_script("gpt_ref.py", script, sizeof script) != 0)
         fail_msg("cannot read %s (run from the repository root, or set FUYOU_SRC)", script);
-    char *run = path_in(f, "clipped"), *weights = path_in(f, "clipped.fywt");
+    char *run = fy_test_in(f, "clipped"), *weights = fy_test_in(f, "clipped.fywt");
     init_model(f, run, "32", STR(REF_SEED));
     const char *clip[] = {"--clip-grad-norm", STR(CLIP_MAX), NULL};
     assert_int_equal(train_with(f, run, f->data, STR(CLIP_STEPS), weights, 0, clip), 0);
@@ -923,13 +895,13 @@ static void test_clipping_matches_reference(void **state)
     struct fy_tokfile *data = NULL;
     assert_int_equal(fy_tokfile_open(&data, f->data, c.vocab), 0);
     assert_int_equal(fy_tokfile_split(data, 0.1), 0); /* --eval-fraction's default */
-    char *in = path_in(f, "ref-in.bin"), *in0 = path_in(f, "ref-in0.bin");
+    char *in = fy_test_in(f, "ref-in.bin"), *in0 = fy_test_in(f, "ref-in0.bin");
     write_ref_input(in, &c, CLIP_MAX, data, init);
     write_ref_input(in0, &c, 0.0, data, init);
     fy_tokfile_close(&data);
     struct ref_out ref, unclipped;
-    run_ref(script, in, path_in(f, "ref-out.bin"), n_params, &ref);
-    run_ref(script, in0, path_in(f, "ref-out0.bin"), n_params, &unclipped);
+    run_ref(script, in, fy_test_in(f, "ref-out.bin"), n_params, &ref);
+    run_ref(script, in0, fy_test_in(f, "ref-out0.bin"), n_params, &unclipped);
 
     char metrics[700];
     run_metrics(run, metrics, sizeof metrics);
