@@ -1002,6 +1002,23 @@ static int cmd_train(struct options *o)
     return fy_session_close(&s, rc);
 }
 
+/* The exports' session: the io worker alone over a pool of the given regions, and the store's
+ * metadata, checked against the run's model. */
+static int export_session(const struct options *o, struct fy_config *cfg,
+                          const struct fy_gpt_config *model,
+                          const struct fy_pool_region_spec *regions, unsigned n,
+                          struct fy_session *s, struct fy_exec *x, struct fy_storemeta *meta)
+{
+    static const char *const workers[] = {"io"};
+    struct fy_session_opts so = session_opts(o);
+    FY_TRY(fy_session_open(s, &so, regions, n, "export"));
+    FY_TRY(base_config(o, cfg, 0));
+    FY_TRY(fy_session_start(s, cfg, workers, 1, so.ready_timeout_ms));
+    *x = fy_session_exec(s);
+    FY_TRY(fy_train_read_meta(x, s->pool, o->ssd, meta, o->timeout_s * 1000));
+    return check_store_model(meta, model, o->ssd);
+}
+
 /* export --to-hf: the store's committed weights, unit by unit, into a Hugging Face directory. */
 static int cmd_export_hf(struct options *o)
 {
@@ -1019,23 +1036,11 @@ static int cmd_export_hf(struct options *o)
         rc = fy_hfgpt2_writer_new(&w, o->to_hf, &model, &eo);
     struct fy_pool_region_spec regions[2];
     hf_regions(&model, regions);
-    struct fy_session s;
-    struct fy_session_opts so = session_opts(o);
-    memset(&s, 0, sizeof s);
-    s.lock_fd = -1;
-    if (rc == 0)
-        rc = fy_session_open(&s, &so, regions, 2, "export");
-    if (rc == 0)
-        rc = base_config(o, cfg, 0);
-    static const char *const workers[] = {"io"};
-    if (rc == 0)
-        rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
+    struct fy_session s = {.lock_fd = -1};
+    struct fy_exec x = {0};
     struct fy_storemeta meta;
-    struct fy_exec x = fy_session_exec(&s);
     if (rc == 0)
-        rc = fy_train_read_meta(&x, s.pool, o->ssd, &meta, o->timeout_s * 1000);
-    if (rc == 0)
-        rc = check_store_model(&meta, &model, o->ssd);
+        rc = export_session(o, cfg, &model, regions, 2, &s, &x, &meta);
     uint64_t off = 0, bytes;
     if (rc == 0)
         rc = fy_pool_region(s.pool, "unit", &off, &bytes);
@@ -1081,23 +1086,11 @@ static int cmd_export(struct options *o)
     unsigned n;
     fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, regions,
                      &n);
-    struct fy_session s;
-    struct fy_session_opts so = session_opts(o);
-    memset(&s, 0, sizeof s);
-    s.lock_fd = -1;
-    if (rc == 0)
-        rc = fy_session_open(&s, &so, regions, n, "export");
-    if (rc == 0)
-        rc = base_config(o, cfg, 0);
-    static const char *const workers[] = {"io"};
-    if (rc == 0)
-        rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
+    struct fy_session s = {.lock_fd = -1};
+    struct fy_exec x = {0};
     struct fy_storemeta meta;
-    struct fy_exec x = fy_session_exec(&s);
     if (rc == 0)
-        rc = fy_train_read_meta(&x, s.pool, o->ssd, &meta, o->timeout_s * 1000);
-    if (rc == 0)
-        rc = check_store_model(&meta, &model, o->ssd);
+        rc = export_session(o, cfg, &model, regions, n, &s, &x, &meta);
     if (rc == 0)
         rc = fy_train_export(&x, s.pool, &meta, o->out, o->overwrite, o->timeout_s * 1000);
     if (rc == 0)
