@@ -139,15 +139,29 @@ def cmd_loss(a):
     model, info = GPT2LMHeadModel.from_pretrained(a.dir, dtype=torch.float32,
                                                   attn_implementation="eager",
                                                   output_loading_info=True)
-    problems = {k: v for k, v in info.items() if v and k in
-                ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
-    if problems:
-        print(f"{a.dir}: transformers did not load it cleanly: {problems}", file=sys.stderr)
+    if not loaded_cleanly(a.dir, info):
         return 1
     if not model.config.tie_word_embeddings or \
             model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr():
         print(f"{a.dir}: the LM head is not tied to wte after loading", file=sys.stderr)
         return 1
+    return print_loss(model, a)
+
+
+def loaded_cleanly(path, info):
+    """False (said) when from_pretrained reports missing, unexpected or mismatched tensors."""
+    problems = {k: v for k, v in info.items() if v and k in
+                ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
+    if problems:
+        print(f"{path}: transformers did not load it cleanly: {problems}", file=sys.stderr)
+    return not problems
+
+
+def print_loss(model, a):
+    """Prints the model's mean loss on the batches `a` names (the training step's, or the
+    held-out ones), as the C side computes them."""
+    import torch
+
     model.eval()
     tokens = read_tokens(a.tokens)
     count = len(tokens)

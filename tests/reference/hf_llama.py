@@ -27,7 +27,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_gpt2 import (read_tokens, train_batch, eval_batch, cmd_tokens, cmd_compare,  # noqa: E402
+from hf_gpt2 import (cmd_tokens, cmd_compare, loaded_cleanly, print_loss,  # noqa: E402
                      add_shared_commands, dispatch)
 
 
@@ -62,33 +62,13 @@ def cmd_loss(a):
     model, info = LlamaForCausalLM.from_pretrained(a.dir, dtype=torch.float32,
                                                    attn_implementation="eager",
                                                    output_loading_info=True)
-    problems = {k: v for k, v in info.items() if v and k in
-                ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
-    if problems:
-        print(f"{a.dir}: transformers did not load it cleanly: {problems}", file=sys.stderr)
+    if not loaded_cleanly(a.dir, info):
         return 1
     if model.config.tie_word_embeddings and \
             model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
         print(f"{a.dir}: the LM head is not tied to embed_tokens after loading", file=sys.stderr)
         return 1
-    model.eval()
-    tokens = read_tokens(a.tokens)
-    count = len(tokens)
-    eval_start = count - min(count, int(count * a.eval_fraction + 0.5))
-    if a.train_step is not None:
-        batches = [train_batch(tokens, eval_start, a.seed, a.train_step, a.batch, a.seq)]
-    else:
-        batches = [eval_batch(tokens, eval_start, k, a.batch, a.seq) for k in range(a.eval_batches)]
-    total = 0.0
-    with torch.no_grad():
-        for rows in batches:
-            w = torch.tensor(rows, dtype=torch.long)
-            logits = model(w[:, :-1]).logits.float()
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     w[:, 1:].reshape(-1))
-            total += float(loss)
-    print(f"loss {total / len(batches):.9g}")
-    return 0
+    return print_loss(model, a)
 
 
 def parser():
