@@ -101,8 +101,8 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
       kept=$(gpu kept | grep -o 'fwd+bwd [0-9.]* ms.*TFLOP/s\|error.*' | sed 's/(median of [0-9]*) *//')
       [ -n "$ms" ] && COMPUTE_S=$(awk -v ms="$ms" 'BEGIN{print ms / 1000}')
       echo "compute, all weights resident, blocks recomputed ($cfg, B $B): ${ms:-?} ms"
-      echo "all on the GPU, every block's internals kept ($cfg, B $B): ${kept:-?}" |
-        tee -a "$work/peers"
+      # printed with the table at the end
+      echo "all on the GPU, every block's internals kept ($cfg, B $B): ${kept:-?}" >>"$work/peers"
     fi
     export COMPUTE_S
     for place in ${PIPELINE_PLACEMENTS:-host ssd}; do
