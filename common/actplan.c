@@ -105,6 +105,45 @@ int fy_actplan_sizes_gpt(const struct fy_gpt_config *c, int B, int T, int elem_b
     return 0;
 }
 
+int fy_actplan_sizes_backend(const struct fy_gpt_config *c, int B, int T, const char *backend,
+                             struct fy_actplan_sizes *out)
+{
+    int cpu = backend != NULL && strcmp(backend, "cpu") == 0;
+    FY_REQUIRE(cpu || (backend != NULL && strcmp(backend, "cuda") == 0), -EINVAL,
+               "activation sizes: backend %s: expected cpu or cuda", backend ? backend : "(none)");
+    FY_TRY(fy_actplan_sizes_gpt(c, B, T, cpu ? 4 : 2, out));
+    if (cpu) /* atty, then the softmax probabilities */
+        out->bytes[FY_ACT_ATTN] = (uint64_t)B * T * c->n_embd * 4 +
+                                  (uint64_t)B * c->n_head * (uint64_t)T * (uint64_t)T * 4;
+    return 0;
+}
+
+int fy_actplan_region_of(const struct fy_actplan_sizes *s, unsigned mask,
+                         struct fy_actplan_region *out)
+{
+    FY_REQUIRE((mask & ~FY_ACT_SWAPPABLE) == 0, -EINVAL,
+               "saved region: kinds 0x%x include some that are never swapped (0x%x)", mask,
+               mask & ~FY_ACT_SWAPPABLE);
+    memset(out, 0, sizeof *out);
+    uint64_t at = 0;
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        if (mask & FY_ACT_BIT(k)) {
+            out->offset[k] = at;
+            at += (s->bytes[k] + 4095) / 4096 * 4096;
+        }
+    out->bytes = at;
+    return 0;
+}
+
+unsigned fy_actplan_mask(const struct fy_actplan *p, int layer, int place)
+{
+    unsigned mask = 0;
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        if (fy_actplan_kind_swappable(k) && fy_actplan_at(p, layer, k) == place)
+            mask |= FY_ACT_BIT(k);
+    return mask;
+}
+
 static int time_ok(double t) { return isfinite(t) && t >= 0; }
 static int rate_ok(double r) { return !isnan(r) && r > 0; }
 

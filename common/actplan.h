@@ -143,6 +143,29 @@ struct fy_actplan_sizes {
 /* From the model and batch; elem_bytes is 2 (bf16) or 4 (f32). -EINVAL (said) otherwise. */
 int fy_actplan_sizes_gpt(const struct fy_gpt_config *c, int B, int T, int elem_bytes,
                          struct fy_actplan_sizes *out);
+/* The sizes in a backend's own layout of the internals, which is what a block's saved region
+ * holds: "cuda" computes in bf16 and its flash attention keeps a logsumexp [B][H][T] f32 (the
+ * sizes above, elem_bytes 2); "cpu" computes in f32 and its attention keeps the softmax
+ * probabilities [B][H][T][T] f32 instead. -EINVAL (said) for another backend or a bad shape. */
+int fy_actplan_sizes_backend(const struct fy_gpt_config *c, int B, int T, const char *backend,
+                             struct fy_actplan_sizes *out);
+
+/* Sets of kinds as bit masks. */
+#define FY_ACT_BIT(kind) (1u << (kind))
+#define FY_ACT_SWAPPABLE                                                                           \
+    (FY_ACT_BIT(FY_ACT_QKV) | FY_ACT_BIT(FY_ACT_ATTN) | FY_ACT_BIT(FY_ACT_RESID) |                \
+     FY_ACT_BIT(FY_ACT_FC) | FY_ACT_BIT(FY_ACT_GELU))
+
+/* A block's saved region: the swappable kinds of a mask, one after another in kind order, each at
+ * a 4 KiB-aligned offset so the region moves to and from the SSD store with O_DIRECT as it is.
+ * Within ATTN the attention output [N][C] comes first, its statistics right after. */
+struct fy_actplan_region {
+    uint64_t offset[FY_ACT_KINDS]; /* of each kind in the mask (others: 0) */
+    uint64_t bytes;                /* the whole region, 4 KiB-aligned */
+};
+/* -EINVAL (said) for a mask with a kind that is not swappable. */
+int fy_actplan_region_of(const struct fy_actplan_sizes *s, unsigned mask,
+                         struct fy_actplan_region *out);
 
 /* What a profiler run measures (seconds, bytes, bytes/s), plus the memory budgets. */
 struct fy_actplan_layer_prof {
@@ -209,6 +232,8 @@ static inline int fy_actplan_at(const struct fy_actplan *p, int layer, int kind)
 {
     return p->place[layer * FY_ACT_KINDS + kind];
 }
+/* The kinds a plan places on `place` in layer `layer` (0-based), as a mask. */
+unsigned fy_actplan_mask(const struct fy_actplan *p, int layer, int place);
 
 /* A few lines for people: bytes per placement, layers per placement of each kind, predicted phase
  * times and their bound resource. Truncates to len. */

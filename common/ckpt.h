@@ -30,6 +30,9 @@
 /* Scratch for training's activation checkpoints spilled to the store (--ckpt-place ssd): size class
  * k holds 2^k MiB, so runs with other batch sizes reuse or add a class; not part of the state. */
 #define FY_TENSOR_CKPT_SPILL(k) (0x40000000u + (uint32_t)(k))
+/* Scratch for the blocks' forward internals placed on the SSD (--act-plan ssd), size classes as
+ * above; not part of the state either. */
+#define FY_TENSOR_SAVED_SPILL(k) (0x40001000u + (uint32_t)(k))
 
 struct fy_storemeta {
     struct fy_gpt_config model;

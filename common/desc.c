@@ -198,6 +198,7 @@ const char *fy_op_name(int op)
         [FY_OP_GPT_EMBED_FWD] = "gpt-embed-fwd", [FY_OP_GPT_BLOCK_FWD] = "gpt-block-fwd",
         [FY_OP_GPT_HEAD] = "gpt-head", [FY_OP_GPT_BLOCK_BWD] = "gpt-block-bwd",
         [FY_OP_GPT_EMBED_BWD] = "gpt-embed-bwd", [FY_OP_OPT_SUMSQ] = "opt-sumsq",
+        [FY_OP_GPT_PROFILE] = "gpt-profile",
     };
     if (op <= 0 || op >= FY_OP_COUNT || names[op] == NULL)
         return "unknown-op";
@@ -211,6 +212,7 @@ const char *fy_kind_name(int kind)
         [FY_KIND_MASTER] = "master",   [FY_KIND_ADAM_M] = "adam-m",
         [FY_KIND_ADAM_V] = "adam-v",   [FY_KIND_GRAD] = "grad",
         [FY_KIND_ACTIVATION] = "activation", [FY_KIND_RAW] = "raw", [FY_KIND_TOKENS] = "tokens",
+        [FY_KIND_SAVED] = "saved",
     };
     if (kind < 0 || kind >= FY_KIND_COUNT)
         return "unknown-kind";

@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 #define FY_DESC_MAGIC 0x53445946u /* "FYDS" */
-#define FY_DESC_VERSION 1
+#define FY_DESC_VERSION 2
 #define FY_DESC_WIRE_BYTES 64
 /* Most descriptors one message may carry (an optimizer step names six regions). */
 #define FY_DESC_MAX_PARTS 8
@@ -34,6 +34,8 @@ enum fy_kind {
     FY_KIND_ACTIVATION = 6,
     FY_KIND_RAW = 7, /* bytes with no tensor meaning (I/O of a packed extent) */
     FY_KIND_TOKENS = 8, /* int32 token ids (inputs or targets) */
+    FY_KIND_SAVED = 9,  /* a block's swapped forward internals: the kinds of the mask in `arg`
+                           laid out by fy_actplan_region_of (common/actplan.h) */
     FY_KIND_COUNT
 };
 
@@ -56,6 +58,8 @@ enum fy_op {
     FY_OP_GPT_BLOCK_BWD = 14, /* block weights, x, dy -> dx, dparams */
     FY_OP_GPT_EMBED_BWD = 15, /* tokens, dx0 -> dembed += */
     FY_OP_OPT_SUMSQ = 16,     /* opt: sum of squares of the GRAD part, for global-norm clipping */
+    FY_OP_GPT_PROFILE = 17,   /* gpu: measure a block (struct fy_gpt_profile of gpu_worker/
+                                 backend.h) into the second part, copying through the first */
     FY_OP_COUNT
 };
 

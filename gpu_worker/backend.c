@@ -183,20 +183,39 @@ int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, c
 }
 
 int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const float *params,
-                                 const void *x, void *y)
+                                 const void *x, void *y, const struct fy_gpt_saved *saved)
 {
-    return completed(b, b->ops->gpt_block_forward(b->state, layer, params, x, y));
+    return completed(b, b->ops->gpt_block_forward(b->state, layer, params, x, y, saved));
 }
 
 int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const float *params,
-                                  const void *x, const void *dy, void *dx, float *dparams)
+                                  const void *x, const void *dy, void *dx, float *dparams,
+                                  const struct fy_gpt_saved *saved)
 {
-    return completed(b, b->ops->gpt_block_backward(b->state, layer, params, x, dy, dx, dparams));
+    return completed(b, b->ops->gpt_block_backward(b->state, layer, params, x, dy, dx, dparams,
+                                                   saved));
 }
 
 int fy_backend_gpt_keep(struct fy_backend *b, int max_layers)
 {
     return b->ops->gpt_keep != NULL && max_layers > 0 ? b->ops->gpt_keep(b->state, max_layers) : 0;
+}
+
+int fy_backend_gpt_swap(struct fy_backend *b)
+{
+    return b->ops->gpt_swap != NULL ? b->ops->gpt_swap(b->state) : 0;
+}
+
+int fy_backend_gpt_profile(struct fy_backend *b, void *host, size_t host_bytes,
+                           struct fy_gpt_profile *out)
+{
+    FY_REQUIRE(b->ops->gpt_profile != NULL, -ENOTSUP,
+               "the %s backend cannot profile its GPT blocks", b->ops->name);
+    memset(out, 0, sizeof *out);
+    FY_TRY(b->ops->gpt_profile(b->state, host, host_bytes, out));
+    out->magic = FY_GPT_PROFILE_MAGIC;
+    out->version = FY_GPT_PROFILE_VERSION;
+    return 0;
 }
 
 int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,

@@ -7,9 +7,41 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/actplan.h"
 #include "common/model.h"
 
 struct fy_backend;
+
+/* A block's internals swapped out to host memory (the --act-plan host and ssd placements): at[k]
+ * is where kind k (common/actplan.h: QKV, ATTN, RESID, FC or GELU) lies, in the backend's own
+ * layout (fy_actplan_sizes_backend), NULL for a kind the backward recomputes. The forward writes
+ * every kind given; the backward of the same block reads them (the same bits as recomputing,
+ * whatever the mix) and leaves them untouched, so a second backward (clipping) may read them
+ * again. Other kinds are never given. */
+struct fy_gpt_saved {
+    void *at[FY_ACT_KINDS];
+};
+
+/* What one block costs on a backend, measured for the activation planner (common/actplan.h) on
+ * the prepared batch. It lies in a pool region between processes of one build; magic and version
+ * catch a region that holds something else. */
+#define FY_GPT_PROFILE_MAGIC 0x50505946u /* "FYPP" */
+#define FY_GPT_PROFILE_VERSION 1
+struct fy_gpt_profile {
+    uint32_t magic, version;
+    double fwd_s; /* one block's forward, every op */
+    double bwd_s; /* its backward from kept internals (no recomputation) */
+    /* the forward op that produces each swappable kind, alone: what keeping that kind saves a
+     * backward. 0 where keeping it alone saves nothing (CUDA's fused MLP-up product writes FC and
+     * GELU in one go and reruns unless both are given: both 0, so the planner leaves them) */
+    double recompute_s[FY_ACT_KINDS];
+    double flops_per_s;                  /* the QKV product's rate, to estimate other matmuls */
+    double h2d_Bps, d2h_Bps, duplex_Bps; /* pool <-> device copies (duplex: both ways at once,
+                                            summed); memory copies on the CPU backend */
+    uint64_t gpu_free;  /* device memory left for internals' sets after the working buffers */
+    uint64_t set_bytes; /* one set of a block's internals, kept or swap (0: the CPU backend keeps
+                           none) */
+};
 
 struct fy_backend_ops {
     const char *name;
@@ -32,10 +64,14 @@ struct fy_backend_ops {
     int (*gpt_prepare)(void *state, const struct fy_gpt_config *c, int B, int T);
     int (*gpt_embed_forward)(void *state, const float *embed, const int32_t *tokens, void *x);
     int (*gpt_embed_backward)(void *state, const int32_t *tokens, const void *dx, float *dembed);
-    /* layer: the block's index, 1..n_layer (0: one whose internals are never kept) */
-    int (*gpt_block_forward)(void *state, int layer, const float *params, const void *x, void *y);
+    /* layer: the block's index, 1..n_layer (0: one whose internals are never kept). saved (may
+     * be NULL): host buffers for some of the block's internals (struct fy_gpt_saved), which the
+     * forward writes and the backward reads instead of recomputing them. */
+    int (*gpt_block_forward)(void *state, int layer, const float *params, const void *x, void *y,
+                             const struct fy_gpt_saved *saved);
     int (*gpt_block_backward)(void *state, int layer, const float *params, const void *x,
-                              const void *dy, void *dx, float *dparams);
+                              const void *dy, void *dx, float *dparams,
+                              const struct fy_gpt_saved *saved);
     /* dx == NULL: loss only. */
     int (*gpt_head)(void *state, const float *final_params, const float *embed, const void *x,
                     const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed);
@@ -57,6 +93,14 @@ struct fy_backend_ops {
      * gpt_prepare, so that their backward does not recompute them (the same bits); returns how
      * many blocks it keeps. NULL: the backend always recomputes. */
     int (*gpt_keep)(void *state, int max_layers);
+    /* Readies the backend for blocks whose internals are swapped (saved given): called once after
+     * gpt_prepare and before gpt_keep, so its device buffers come before any kept sets. NULL
+     * where nothing needs readying (the CPU backend). */
+    int (*gpt_swap)(void *state);
+    /* Measures struct fy_gpt_profile after gpt_prepare and before gpt_swap and gpt_keep, on
+     * values of its own (the results of other calls are unaffected), copying through `host`
+     * (host_bytes of registered memory) to time the links. Completes before returning. */
+    int (*gpt_profile)(void *state, void *host, size_t host_bytes, struct fy_gpt_profile *out);
 };
 
 #define FY_BACKEND_GPT_QUEUE 2
@@ -82,12 +126,20 @@ int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const
                                  void *x);
 int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
                                   float *dembed);
+/* saved: NULL, or a block's swapped internals (struct fy_gpt_saved); a backend without swapping
+ * refuses them (-ENOTSUP, said). */
 int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const float *params,
-                                 const void *x, void *y);
+                                 const void *x, void *y, const struct fy_gpt_saved *saved);
 int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const float *params,
-                                  const void *x, const void *dy, void *dx, float *dparams);
+                                  const void *x, const void *dy, void *dx, float *dparams,
+                                  const struct fy_gpt_saved *saved);
 /* Blocks whose internals the backend keeps (see gpt_keep); 0 where it always recomputes. */
 int fy_backend_gpt_keep(struct fy_backend *b, int max_layers);
+/* Readies swapping (see gpt_swap); 0 where the backend needs nothing. */
+int fy_backend_gpt_swap(struct fy_backend *b);
+/* See gpt_profile; -ENOTSUP (said) for a backend without it. */
+int fy_backend_gpt_profile(struct fy_backend *b, void *host, size_t host_bytes,
+                           struct fy_gpt_profile *out);
 int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
                         const void *x, const int32_t *targets, double *loss, void *dx,
                         float *dfinal, float *dembed);

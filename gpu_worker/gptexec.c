@@ -16,6 +16,7 @@ struct fy_gptexec {
     int B, T;
     int act_dtype; /* of activations and their gradients in the pool (train.act_dtype) */
     uint64_t act_bytes, tok_bytes;
+    struct fy_actplan_sizes saved_sizes; /* of the kinds in saved regions, the backend's layout */
     int queues; /* the backend queues calls (fy_backend_gpt_set_queued) */
     /* requests queued on the backend, oldest at `first`: where a head's loss lands */
     struct {
@@ -60,18 +61,32 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     }
     if (rc == 0)
         rc = fy_backend_gpt_act_dtype(backend, e->act_dtype);
+    if (rc == 0)
+        rc = fy_actplan_sizes_backend(&e->cfg, e->B, e->T, fy_backend_name(backend),
+                                      &e->saved_sizes);
     /* train.act_plan: "auto" keeps the internals of the blocks that fit in the GPU budget beside
-     * the working buffers (their backward then recomputes nothing), "recompute" keeps none */
+     * the working buffers (their backward then recomputes nothing), "recompute" keeps none,
+     * "host" and "ssd" swap them through the pool */
     const char *plan = fy_config_get(cfg, "train.act_plan");
-    if (rc == 0 && plan != NULL && strcmp(plan, "auto") != 0 && strcmp(plan, "recompute") != 0) {
-        fy_error("%s: train.act_plan = %s: use auto or recompute", cfg->path, plan);
+    enum fy_actplan_mode mode = FY_ACTPLAN_AUTO;
+    if (rc == 0 && plan != NULL && fy_actplan_mode_parse(plan, &mode) < 0) {
+        fy_error("%s: train.act_plan = %s: use auto, recompute, host or ssd", cfg->path, plan);
         rc = -EINVAL;
     }
+    /* auto: the launcher's plan says whether blocks swap (train.act_swap) and how many top blocks
+     * to keep at most (train.act_keep; absent: as many as fit) */
+    uint64_t swap = 0, keep = e->cfg.n_layer;
+    if (rc == 0 && mode == FY_ACTPLAN_AUTO)
+        rc = fy_config_get_u64(cfg, "train.act_swap", 0, 0, &swap);
+    if (rc == 0 && mode == FY_ACTPLAN_AUTO)
+        rc = fy_config_get_u64(cfg, "train.act_keep", 0, e->cfg.n_layer, &keep);
+    if (rc == 0 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap))
+        rc = fy_backend_gpt_swap(backend);
     if (rc == 0 && plan != NULL && strcmp(plan, "auto") == 0) {
         /* test hook: FUYOU_TEST_KEEP_LAYERS=N keeps at most N blocks, whatever fits */
         const char *cap = getenv("FUYOU_TEST_KEEP_LAYERS");
-        int most = cap != NULL ? atoi(cap) : (int)e->cfg.n_layer;
-        most = most < (int)e->cfg.n_layer ? most : (int)e->cfg.n_layer;
+        int most = cap != NULL ? atoi(cap) : (int)keep;
+        most = most < (int)keep ? most : (int)keep;
         int kept = most > 0 ? fy_backend_gpt_keep(backend, most) : 0;
         rc = kept < 0 ? kept : 0;
     }
@@ -100,7 +115,42 @@ void fy_gptexec_destroy(struct fy_gptexec **ep)
 
 int fy_gptexec_handles(int op)
 {
-    return op >= FY_OP_GPT_EMBED_FWD && op <= FY_OP_GPT_EMBED_BWD;
+    return (op >= FY_OP_GPT_EMBED_FWD && op <= FY_OP_GPT_EMBED_BWD) || op == FY_OP_GPT_PROFILE;
+}
+
+/* The saved parts from part `first` on (none, one or two) into *saved; *any = whether there were. */
+static int saved_parts(const struct fy_gptexec *e, const struct fy_pool *pool,
+                       const struct fy_desc *req, unsigned n, unsigned first,
+                       struct fy_gpt_saved *saved, int *any)
+{
+    memset(saved, 0, sizeof *saved);
+    *any = n > first;
+    FY_REQUIRE(n <= first + 2, -EPROTO, "%s: %u parts: at most %u (two saved regions)",
+               fy_op_name(req[0].op), n, first + 2);
+    unsigned seen = 0;
+    for (unsigned i = first; i < n; i++) {
+        const struct fy_desc *d = &req[i];
+        unsigned mask = (unsigned)d->arg;
+        struct fy_actplan_region reg;
+        FY_REQUIRE(d->kind == FY_KIND_SAVED && d->arg == mask && mask != 0 &&
+                       (mask & ~FY_ACT_SWAPPABLE) == 0 && (mask & seen) == 0,
+                   -EPROTO, "%s part %u: expected a saved region of new swappable kinds, got %s "
+                   "with kinds 0x%llx", fy_op_name(req[0].op), i, fy_kind_name(d->kind),
+                   (unsigned long long)d->arg);
+        FY_TRY(fy_actplan_region_of(&e->saved_sizes, mask, &reg));
+        FY_REQUIRE(d->bytes == reg.bytes, -EPROTO,
+                   "%s part %u: a saved region of kinds 0x%x is %llu bytes, not %llu",
+                   fy_op_name(req[0].op), i, mask, (unsigned long long)reg.bytes,
+                   (unsigned long long)d->bytes);
+        char *base = fy_pool_at(pool, d->offset, d->bytes);
+        FY_REQUIRE(base != NULL, -ERANGE, "%s part %u: region outside the pool",
+                   fy_op_name(req[0].op), i);
+        for (int k = 0; k < FY_ACT_KINDS; k++)
+            if (mask & FY_ACT_BIT(k))
+                saved->at[k] = base + reg.offset[k];
+        seen |= mask;
+    }
+    return 0;
 }
 
 /* Checks part i of the request and returns its address in the pool. */
@@ -157,14 +207,20 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
                    "%s: layer %d is not a block (1..%u)", fy_op_name(req[0].op), layer, c->n_layer);
         FY_TRY(part(pool, req, n, 0, W, F32, block_bytes, &p[0]));
         FY_TRY(part(pool, req, n, 1, A, ACT, e->act_bytes, &p[1]));
+        struct fy_gpt_saved saved;
+        int any;
         if (req[0].op == FY_OP_GPT_BLOCK_FWD) {
             FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
-            return fy_backend_gpt_block_forward(e->backend, layer, p[0], p[1], p[2]);
+            FY_TRY(saved_parts(e, pool, req, n, 3, &saved, &any));
+            return fy_backend_gpt_block_forward(e->backend, layer, p[0], p[1], p[2],
+                                                any ? &saved : NULL);
         }
         FY_TRY(part(pool, req, n, 2, G, ACT, e->act_bytes, &p[2]));
         FY_TRY(part(pool, req, n, 3, G, ACT, e->act_bytes, &p[3]));
         FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
-        return fy_backend_gpt_block_backward(e->backend, layer, p[0], p[1], p[2], p[3], p[4]);
+        FY_TRY(saved_parts(e, pool, req, n, 5, &saved, &any));
+        return fy_backend_gpt_block_backward(e->backend, layer, p[0], p[1], p[2], p[3], p[4],
+                                             any ? &saved : NULL);
     case FY_OP_GPT_HEAD: {
         FY_REQUIRE(n == 4 || n == 7, -EPROTO, "gpt-head takes 4 parts (loss) or 7 (with gradients), got %u", n);
         FY_TRY(part(pool, req, n, 0, A, ACT, e->act_bytes, &p[0]));
@@ -179,6 +235,20 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
             FY_TRY(part(pool, req, n, 6, G, F32, embed_bytes, &p[6]));
         }
         return fy_backend_gpt_head(e->backend, p[2], p[3], p[0], p[1], loss, p[4], p[5], p[6]);
+    }
+    case FY_OP_GPT_PROFILE: {
+        FY_REQUIRE(n == 2 && req[0].kind == FY_KIND_RAW && req[1].kind == FY_KIND_RAW &&
+                       req[1].bytes >= sizeof(struct fy_gpt_profile),
+                   -EPROTO, "gpt-profile takes 2 raw parts (copies, then >= %zu bytes for the "
+                   "result), got %u", sizeof(struct fy_gpt_profile), n);
+        void *copies = fy_pool_at(pool, req[0].offset, req[0].bytes);
+        void *result = fy_pool_at(pool, req[1].offset, req[1].bytes);
+        FY_REQUIRE(copies != NULL && result != NULL, -ERANGE,
+                   "gpt-profile: region outside the pool");
+        struct fy_gpt_profile prof;
+        FY_TRY(fy_backend_gpt_profile(e->backend, copies, req[0].bytes, &prof));
+        memcpy(result, &prof, sizeof prof);
+        return 0;
     }
     case FY_OP_GPT_EMBED_BWD:
         FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));

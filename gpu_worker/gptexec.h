@@ -4,12 +4,24 @@
  *
  * Parts, in order (A = activation [B][T][C] f32, W = weights f32 of the unit, G = gradient f32):
  *   gpt-embed-fwd  (layer 0):        tokens[B*T] i32, W embed, A x0 (out)
- *   gpt-block-fwd  (layer l):        W block l, A x (in), A y (out)
+ *   gpt-block-fwd  (layer l):        W block l, A x (in), A y (out) [, S saved (out)...]
  *   gpt-head       (layer L+1):      A x, tokens targets, W final, W embed
  *                                    [, G dx (out), G dfinal (out), G dembed (out)]; reply arg = loss
  *   gpt-block-bwd  (layer l):        W block l, A x (checkpoint), G dy, G dx (out), G dparams (out)
+ *                                    [, S saved (in)...]
  *   gpt-embed-bwd  (layer 0):        tokens, G dx0, G dembed (accumulated)
- */
+ *   gpt-profile:                     raw (copied through to time the links), raw (out: struct
+ *                                    fy_gpt_profile); on the prepared batch, before any swap
+ * S: up to two FY_KIND_SAVED parts (one in the pool for good, one in a slot on its way to or from
+ * the SSD store), each holding the kinds of the mask in its arg, laid out by fy_actplan_region_of
+ * over the backend's sizes (fy_actplan_sizes_backend); the masks are disjoint. A block's backward
+ * must name the same kinds as its forward wrote (the schedule's business: the backend cannot tell
+ * and would compute with whatever the region holds).
+ *
+ * train.act_plan selects what the backend readies: "auto" keeps the internals of the top blocks
+ * that fit the GPU budget, at most train.act_keep of them, and with train.act_swap = 1 readies
+ * swapping first (the launcher's plan swaps some kinds of the others); "recompute" nothing;
+ * "host" and "ssd" ready swapping (gpt_swap) and keep none. */
 #ifndef FY_GPTEXEC_H
 #define FY_GPTEXEC_H
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common/actplan.h"
@@ -22,6 +23,7 @@
 #include "common/tokfile.h"
 #include "gpu_worker/backend.h"
 #include "io_worker/store.h"
+#include "launcher/actrun.h"
 #include "launcher/inproc.h"
 #include "launcher/prepare.h"
 #include "launcher/selftest.h"
@@ -98,11 +100,14 @@ static void usage(FILE *f)
             "               slots (written in the forward, read back ahead of each backward pass);\n"
             "               auto: the pool when all optimizer state fits --cpu-mem beside them,\n"
             "               else the SSD, leaving their room to optimizer state\n"
-            "               --act-plan auto|recompute (auto) the blocks' forward internals: auto\n"
-            "               keeps those of as many blocks as fit --gpu-mem beside the working\n"
-            "               buffers (the top blocks), so their backward recomputes nothing;\n"
-            "               recompute: every block's backward recomputes its forward (the CPU\n"
-            "               backend always recomputes)\n"
+            "               --act-plan auto|recompute|host|ssd (auto) the blocks' forward\n"
+            "               internals: auto keeps those of as many blocks as fit --gpu-mem beside\n"
+            "               the working buffers (the top blocks), so their backward recomputes\n"
+            "               nothing; recompute: every block's backward recomputes its forward;\n"
+            "               host: the forward copies the internals (QKV, attention, residual, MLP\n"
+            "               up and GELU outputs) into the pool and the backward reads them back\n"
+            "               instead; ssd: likewise through four pool slots to the SSD store (GPT-2\n"
+            "               models; the same results whichever plan)\n"
             "               --grad-slots N (3) block gradients held at once (3..16, each a block's\n"
             "               fp32 gradient of pool memory): the optimizer may lag the backward by\n"
             "               N - 1 blocks and finish while the next forward runs; used only when all\n"
@@ -288,12 +293,6 @@ static int parse_options(int argc, char **argv, struct options *o)
             enum fy_actplan_mode mode;
             o->act_plan = optarg;
             rc = fy_actplan_mode_parse(optarg, &mode);
-            if (rc == 0 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD)) {
-                fprintf(stderr, "fuyou-launch: --act-plan %s: swapping the blocks' internals to "
-                        "the pool or the SSD store is not built yet; use auto (keep what fits "
-                        "the GPU) or recompute\n", optarg);
-                rc = -EINVAL;
-            }
             break;
         }
         case O_GRAD_SLOTS:
@@ -562,10 +561,10 @@ static int cmd_init(struct options *o)
     char described[160];
     fy_gpt_config_describe(&model, described, sizeof described);
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
-    struct fy_pool_region_spec regions[9];
+    struct fy_pool_region_spec regions[10];
     unsigned n;
-    fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, regions,
-                     &n);
+    fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, NULL,
+                     regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     int rc = fy_session_open(&s, &so, regions, n, "model initialisation");
@@ -800,6 +799,127 @@ static int train_config(const struct options *o, const struct fy_gpt_config *mod
     return 0;
 }
 
+/* The block profile for --act-plan auto: a session of the gpu worker alone over a small pool,
+ * which measures one block on the training batch (gpt-profile) before the training session's pool
+ * is laid out for the plan. */
+static int profile_blocks(const struct options *o, const struct fy_gpt_config *model,
+                          int act_dtype, struct fy_gpt_profile *out)
+{
+    /* enough to time PCIe at full speed; the CPU backend's copies are memory to memory */
+    uint64_t copies = strcmp(o->backend, "cpu") == 0 ? 16ull << 20 : 256ull << 20;
+    if (o->cpu_mem != 0 && copies > o->cpu_mem / 4)
+        copies = o->cpu_mem / 4 / 4096 * 4096;
+    copies = copies < (1u << 20) ? 1u << 20 : copies;
+    struct fy_pool_region_spec regions[2] = {{"profile", 4096}, {"copies", copies}};
+    struct fy_config *cfg = calloc(1, sizeof *cfg);
+    int rc = cfg != NULL ? train_config(o, model, act_dtype, cfg) : -ENOMEM;
+    if (rc == 0) /* nothing kept or readied: the profile measures the bare working buffers */
+        rc = fy_config_set(cfg, "train.act_plan", "recompute");
+    struct fy_session s = {.lock_fd = -1};
+    struct fy_session_opts so = session_opts(o);
+    if (rc == 0)
+        rc = fy_session_open(&s, &so, regions, 2, "the block profile");
+    static const char *const workers[] = {"gpu"};
+    if (rc == 0)
+        rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
+    uint64_t at_result = 0, at_copies = 0, bytes;
+    if (rc == 0)
+        rc = fy_pool_region(s.pool, "profile", &at_result, &bytes);
+    if (rc == 0)
+        rc = fy_pool_region(s.pool, "copies", &at_copies, &bytes);
+    if (rc == 0) {
+        struct fy_exec x = fy_session_exec(&s);
+        struct fy_desc req[2] = {
+            fy_desc_region(FY_OP_GPT_PROFILE, FY_KIND_RAW, FY_DTYPE_NONE, at_copies, copies, -1),
+            fy_desc_region(FY_OP_GPT_PROFILE, FY_KIND_RAW, FY_DTYPE_NONE, at_result, 4096, -1)};
+        int64_t t = x.submit(x.ctx, "gpu", req, 2);
+        struct fy_desc reply;
+        rc = t < 0 ? (int)t : x.wait(x.ctx, t, &reply, o->timeout_s * 1000);
+    }
+    if (rc == 0) {
+        memcpy(out, fy_pool_at(s.pool, at_result, sizeof *out), sizeof *out);
+        if (out->magic != FY_GPT_PROFILE_MAGIC || out->version != FY_GPT_PROFILE_VERSION) {
+            fy_error("the gpu worker's block profile has magic 0x%x version %u, not 0x%x %u: "
+                     "the workers come from another build (rebuild with make)",
+                     out->magic, out->version, FY_GPT_PROFILE_MAGIC, FY_GPT_PROFILE_VERSION);
+            rc = -EPROTO;
+        }
+    }
+    free(cfg);
+    return fy_session_close(&s, rc);
+}
+
+/* Room for swapped internals beside the pool's other regions: what --cpu-mem leaves, or without
+ * it half the machine's memory less that pool; and on the store, what its filesystem has free
+ * less 1 GiB. */
+static void swap_room(const struct options *o, uint64_t pool_bytes, uint64_t *host,
+                      uint64_t *ssd)
+{
+    uint64_t cap = o->cpu_mem;
+    if (cap == 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        cap = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 0;
+    }
+    /* the saved region is 2 MiB aligned in the pool */
+    *host = cap > pool_bytes + (2u << 20) ? cap - pool_bytes - (2u << 20) : 0;
+    char first[PATH_MAX];
+    snprintf(first, sizeof first, "%s", o->ssd);
+    char *comma = strchr(first, ',');
+    if (comma != NULL)
+        *comma = '\0';
+    struct statvfs fs;
+    uint64_t avail = statvfs(first, &fs) == 0 ? (uint64_t)fs.f_bavail * fs.f_frsize : 0;
+    *ssd = avail > (1ull << 30) ? avail - (1ull << 30) : 0;
+}
+
+/* The plan for the blocks' internals (launcher/actrun.h): forced modes as they are; auto profiles
+ * a block first on a backend that can (not the Llama blocks) and plans within the room the pool
+ * and the store leave. */
+static int plan_activations(const struct options *o, const struct fy_gpt_config *model,
+                            int act_dtype, int clip, int ckpt_ssd, const unsigned char *resident,
+                            struct fy_gpt_profile *prof, struct fy_actrun_in *in,
+                            struct fy_actrun *run)
+{
+    enum fy_actplan_mode mode;
+    FY_TRY(fy_actplan_mode_parse(o->act_plan, &mode));
+    *in = (struct fy_actrun_in){.c = model, .B = (int)o->batch, .T = (int)o->seq, .mode = mode,
+                                .backend = o->backend, .act_dtype = act_dtype, .clip = clip,
+                                .resident = resident, .rates = fy_train_reference_rates()};
+    if (mode == FY_ACTPLAN_AUTO && model->arch != FY_ARCH_LLAMA && !o->inprocess) {
+        FY_TRY(profile_blocks(o, model, act_dtype, prof));
+        in->prof = prof;
+        struct fy_pool_region_spec regions[10];
+        unsigned n;
+        fy_train_regions(model, in->B, in->T, act_dtype, resident, clip, (unsigned)o->prefetch,
+                         FY_TRAIN_GRAD_SLOTS_MIN, ckpt_ssd, NULL, regions, &n);
+        swap_room(o, fy_pool_layout_size(regions, n), &in->host_bytes, &in->ssd_bytes);
+    }
+    FY_TRY(fy_actrun_plan(in, run));
+    fy_actrun_log(run, in);
+    return 0;
+}
+
+/* The plan for people and tools: RUN/act_plan.json, replaced whole. */
+static int save_act_plan(const struct options *o, const struct fy_actrun *run,
+                         const struct fy_actrun_in *in)
+{
+    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    snprintf(path, sizeof path, "%s/act_plan.json", o->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    FY_REQUIRE(f != NULL, -errno, "cannot create %s: %s", tmp, strerror(errno));
+    int rc = fy_actrun_write_json(run, in, f);
+    if (fclose(f) != 0 && rc == 0) {
+        rc = -errno;
+        fy_error("writing %s: %s", tmp, strerror(-rc));
+    }
+    if (rc == 0 && rename(tmp, path) != 0) {
+        rc = -errno;
+        fy_error("cannot rename %s to %s: %s", tmp, path, strerror(-rc));
+    }
+    return rc;
+}
+
 static int cmd_train(struct options *o)
 {
     FY_TRY(require(o->run_dir, "--run-dir", "train"));
@@ -858,13 +978,24 @@ static int cmd_train(struct options *o)
             (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_EVAL),
             o->inprocess ? "; in one process, state in memory" : "");
     unsigned char *resident = calloc(fy_gpt_unit_count(&model), 1);
-    if (resident == NULL) {
+    struct fy_gpt_profile prof;
+    struct fy_actrun_in act_in;
+    struct fy_actrun act = {0};
+    enum fy_actplan_mode act_mode = FY_ACTPLAN_AUTO;
+    rc = resident != NULL ? fy_actplan_mode_parse(o->act_plan, &act_mode) : -ENOMEM;
+    /* forced swapping puts the internals in the pool first, the state's residency after */
+    int forced = act_mode == FY_ACTPLAN_HOST || act_mode == FY_ACTPLAN_SSD;
+    int clipping = o->clip_grad_norm > 0;
+    if (rc == 0 && forced)
+        rc = plan_activations(o, &model, act_dtype, clipping, 0, resident, &prof, &act_in, &act);
+    if (rc < 0) {
+        free(resident);
         fy_tokfile_close(&data);
         free(mc);
         free(cfg);
-        return -ENOMEM;
+        return rc;
     }
-    int clipping = o->clip_grad_norm > 0;
+    struct fy_train_swap swap = act.swap;
     int ckpt_ssd = o->ckpt_place == CKPT_SSD;
     if (o->ckpt_place == CKPT_AUTO) {
         /* Everything in the pool when it all fits: no SSD traffic at all. Otherwise the pool is
@@ -872,7 +1003,7 @@ static int cmd_train(struct options *o)
          * state each step (weights read, state read and written), a checkpoint 2 per byte. */
         unsigned all = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
                                               o->cpu_mem, clipping, (unsigned)o->prefetch, 0,
-                                              resident);
+                                              &swap, resident);
         ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(&model);
         fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
                 ckpt_ssd ? "on the SSD store" : "in the shared pool",
@@ -881,17 +1012,37 @@ static int cmd_train(struct options *o)
     }
     unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
                                            o->cpu_mem, clipping, (unsigned)o->prefetch, ckpt_ssd,
-                                           resident);
+                                           &swap, resident);
+    if (!forced) { /* auto profiles and plans in the room that state and streaming leave */
+        rc = plan_activations(o, &model, act_dtype, clipping, ckpt_ssd, resident, &prof, &act_in,
+                              &act);
+        swap = act.swap;
+    }
+    if (rc == 0)
+        rc = fy_config_setf(cfg, "train.act_keep", "%d", act.keep < 0 ? (int)model.n_layer
+                                                                       : act.keep);
+    if (rc == 0)
+        rc = fy_config_setf(cfg, "train.act_swap", "%d", act.swap_sets);
+    if (rc == 0)
+        rc = save_act_plan(o, &act, &act_in);
+    if (rc < 0) {
+        fy_actrun_free(&act);
+        free(resident);
+        fy_tokfile_close(&data);
+        free(mc);
+        free(cfg);
+        return rc;
+    }
     char kept_size[32];
     fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
     uint64_t ssd_read, ssd_write;
-    fy_train_ssd_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, ckpt_ssd, resident,
-                       &ssd_read, &ssd_write);
+    fy_train_ssd_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, ckpt_ssd, &swap,
+                       resident, &ssd_read, &ssd_write);
     char rd[32], wr[32], up[32], down[32];
     fy_format_size(ssd_read, rd, sizeof rd);
     fy_format_size(ssd_write, wr, sizeof wr);
     uint64_t to_gpu, from_gpu;
-    fy_train_pcie_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, &to_gpu,
+    fy_train_pcie_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, &swap, &to_gpu,
                         &from_gpu);
     fy_format_size(to_gpu, up, sizeof up);
     fy_format_size(from_gpu, down, sizeof down);
@@ -904,8 +1055,8 @@ static int cmd_train(struct options *o)
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     struct fy_train_rates rates = fy_train_reference_rates();
     struct fy_train_prediction p;
-    fy_train_predict(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, ckpt_ssd, resident,
-                     &rates, &p);
+    fy_train_predict(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, ckpt_ssd, &swap,
+                     resident, &rates, &p);
     double step_flops = (double)o->batch * (double)o->seq *
                         fy_gpt_flops_per_token(&model, (unsigned)o->seq);
     const char *at = "predicted per step at the rates measured on the reference machine (one H200";
@@ -923,16 +1074,17 @@ static int cmd_train(struct options *o)
                 rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.gpu_s,
                 p.h2d_s, p.d2h_s, p.ssd_s, p.opt_s, p.step_s, p.bound,
                 step_flops / p.step_s * 1e-12);
-    struct fy_pool_region_spec regions[9];
+    struct fy_pool_region_spec regions[10];
     unsigned n;
     unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, act_dtype,
                                                    o->cpu_mem, clipping, (unsigned)o->prefetch,
-                                                   ckpt_ssd, resident, (unsigned)o->grad_slots);
+                                                   ckpt_ssd, &swap, resident,
+                                                   (unsigned)o->grad_slots);
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
     fy_train_regions(&model, (int)o->batch, (int)o->seq, act_dtype, resident, clipping,
-                     (unsigned)o->prefetch, grad_slots, ckpt_ssd, regions, &n);
+                     (unsigned)o->prefetch, grad_slots, ckpt_ssd, &swap, regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     rc = fy_session_open(&s, &so, regions, n, "training");
@@ -981,7 +1133,8 @@ static int cmd_train(struct options *o)
             .eval_every = o->eval_every, .eval_batches = o->eval_batches,
             .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
             .overlap = o->overlap, .metrics = metrics, .trace = trace, .resident = resident,
-            .clip_grad_norm = o->clip_grad_norm, .ckpt_ssd = ckpt_ssd, .act_dtype = act_dtype};
+            .clip_grad_norm = o->clip_grad_norm, .ckpt_ssd = ckpt_ssd, .act_dtype = act_dtype,
+            .act_place = act.place, .saved_sizes = act.sizes};
         fy_info("starting at step %llu", (unsigned long long)meta.step);
         rc = fy_train_run(&x, s.pool, &meta, data, &to);
     }
@@ -996,6 +1149,7 @@ static int cmd_train(struct options *o)
         fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
     fy_inproc_destroy(&inproc);
     free(resident);
+    fy_actrun_free(&act);
     fy_tokfile_close(&data);
     free(mc);
     free(cfg);
@@ -1082,10 +1236,10 @@ static int cmd_export(struct options *o)
         fy_error("%s exists: remove it or pass --overwrite", o->out);
         rc = -EEXIST;
     }
-    struct fy_pool_region_spec regions[9];
+    struct fy_pool_region_spec regions[10];
     unsigned n;
-    fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, regions,
-                     &n);
+    fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, NULL,
+                     regions, &n);
     struct fy_session s = {.lock_fd = -1};
     struct fy_exec x = {0};
     struct fy_storemeta meta;

@@ -44,6 +44,23 @@ struct ticket {
     struct fy_desc reply;
 };
 
+/* Items (checkpoints, or blocks' saved internals) of item_bytes each, at base + i * item_bytes in
+ * the pool; or, when `on`, on the SSD store (byte i * item_bytes of extent `tensor`), passing
+ * through `slots` pool slots taken in turn (item i in slot i % slots, at base + slot * item_bytes):
+ * written to the store in the forward, read back ahead of each backward pass. Per slot: the item
+ * it holds (-1: none), its transfer to or from the store in flight, and the gpu request that used
+ * it last (within one schedule function: all of them are done between). */
+#define SPILL_SLOTS_MAX 4
+struct spill {
+    int on;
+    unsigned slots;
+    uint64_t base, item_bytes;
+    uint32_t tensor;
+    int holds[SPILL_SLOTS_MAX];
+    struct ticket io[SPILL_SLOTS_MAX];
+    struct ticket *user[SPILL_SLOTS_MAX];
+};
+
 struct run {
     const struct fy_exec *x;
     struct fy_pool *pool;
@@ -55,17 +72,16 @@ struct run {
     int wslot_unit[FY_TRAIN_PREFETCH_MAX + 2], state_unit[2];
     uint64_t wslot_off[FY_TRAIN_PREFETCH_MAX + 2], state_off[2]; /* where the slot's contents are (a resident unit's own) */
     uint64_t *resident;                  /* per unit: its state's offset in the pool, or 0 */
-    /* Checkpoints (the blocks' inputs x_0..x_L) with --ckpt-place ssd: the acts region's slots
-     * taken in turn (checkpoint i in slot i % ckpt_slots); x_0..x_{L-1} are written to the store
-     * extent ckpt_tensor in the forward and read back ahead of each backward pass. Per slot: the
-     * checkpoint it holds (-1: none), its transfer to or from the store in flight, and the gpu
-     * request that used it last (within one schedule function: all of them are done between). */
-    int ckpt_ssd;
-    unsigned ckpt_slots;
-    uint32_t ckpt_tensor;
-    int ckpt_holds[FY_TRAIN_CKPT_SLOTS];
-    struct ticket ckpt_io[FY_TRAIN_CKPT_SLOTS];
-    struct ticket *ckpt_user[FY_TRAIN_CKPT_SLOTS];
+    /* Checkpoints (the blocks' inputs x_0..x_L): item i is x_i, in the acts region; with
+     * --ckpt-place ssd x_0..x_{L-1} go through its slots to the store. */
+    struct spill ckpt;
+    /* The blocks' swapped internals (fy_train_opts.act_place), per block 1..L: the kinds that stay
+     * in the pool (host_mask, at host_off in the saved region) and those that go through the
+     * saved ring's slots to the store (ssd_mask; block b is item b - 1). */
+    unsigned *host_mask, *ssd_mask;
+    uint64_t *host_off;
+    struct spill saved;
+    struct fy_actplan_sizes saved_sizes;
     double busy_s[BUSY_COUNT];
     FILE *trace;      /* Chrome trace-event JSON, or NULL */
     uint64_t step;    /* for the trace */
@@ -108,8 +124,35 @@ static uint64_t max_unit_bytes(const struct fy_gpt_config *c)
     return m;
 }
 
+void fy_train_swap_of(const unsigned char *place, unsigned n_layer,
+                      const struct fy_actplan_sizes *sizes, struct fy_train_swap *out)
+{
+    memset(out, 0, sizeof *out);
+    for (unsigned l = 0; place != NULL && l < n_layer; l++) {
+        unsigned host = 0, ssd = 0;
+        for (int k = 0; k < FY_ACT_KINDS; k++)
+            if (fy_actplan_kind_swappable(k)) {
+                host |= place[l * FY_ACT_KINDS + k] == FY_ACT_HOST ? FY_ACT_BIT(k) : 0;
+                ssd |= place[l * FY_ACT_KINDS + k] == FY_ACT_SSD ? FY_ACT_BIT(k) : 0;
+            }
+        struct fy_actplan_region h, d;
+        fy_actplan_region_of(sizes, host, &h); /* swappable kinds only: cannot fail */
+        fy_actplan_region_of(sizes, ssd, &d);
+        out->host_bytes += h.bytes;
+        out->ssd_bytes += d.bytes;
+        out->slot_bytes = d.bytes > out->slot_bytes ? d.bytes : out->slot_bytes;
+    }
+}
+
+uint64_t fy_train_swap_pool_bytes(const struct fy_train_swap *swap)
+{
+    if (swap == NULL)
+        return 0;
+    return swap->host_bytes + (swap->ssd_bytes ? FY_TRAIN_SAVED_SLOTS * swap->slot_bytes : 0);
+}
+
 void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                         uint64_t *to_gpu, uint64_t *from_gpu)
+                         const struct fy_train_swap *swap, uint64_t *to_gpu, uint64_t *from_gpu)
 {
     uint64_t act = fy_train_act_bytes(c, B, T, act_dtype), tok = (uint64_t)B * T * 4;
     uint64_t embed = fy_gpt_unit_params(c, 0) * 4, block = fy_gpt_unit_params(c, 1) * 4;
@@ -121,13 +164,18 @@ void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dt
     *to_gpu = (tok + embed) + L * (block + act) + (act + tok + fin + wte) +
               passes * (L * (block + 2 * act) + (tok + embed + act));
     *from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
+    if (swap != NULL) {
+        *from_gpu += swap->host_bytes + swap->ssd_bytes;
+        *to_gpu += passes * (swap->host_bytes + swap->ssd_bytes);
+    }
 }
 
 void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                        int ckpt_ssd, const unsigned char *resident, uint64_t *read,
-                        uint64_t *write)
+                        int ckpt_ssd, const struct fy_train_swap *swap,
+                        const unsigned char *resident, uint64_t *read, uint64_t *write)
 {
     uint64_t ckpts = ckpt_ssd ? c->n_layer * align4k(fy_train_act_bytes(c, B, T, act_dtype)) : 0;
+    ckpts += swap != NULL ? swap->ssd_bytes : 0;
     *read = (clip ? 2 : 1) * ckpts;
     *write = ckpts;
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
@@ -146,8 +194,9 @@ struct fy_train_rates fy_train_reference_rates(void)
 }
 
 void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                      int ckpt_ssd, const unsigned char *resident,
-                      const struct fy_train_rates *rates, struct fy_train_prediction *out)
+                      int ckpt_ssd, const struct fy_train_swap *swap,
+                      const unsigned char *resident, const struct fy_train_rates *rates,
+                      struct fy_train_prediction *out)
 {
     double tokens = (double)B * T, flops = tokens * fy_gpt_flops_per_token(c, (unsigned)T);
     /* a clipped step runs the blocks' backward (with their recomputation) twice: 6 of the 8 parts
@@ -157,8 +206,8 @@ void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype
     if (clip)
         flops += 0.75 * block_flops;
     uint64_t up, down, rd, wr;
-    fy_train_pcie_bytes(c, B, T, act_dtype, clip, &up, &down);
-    fy_train_ssd_bytes(c, B, T, act_dtype, clip, ckpt_ssd, resident, &rd, &wr);
+    fy_train_pcie_bytes(c, B, T, act_dtype, clip, swap, &up, &down);
+    fy_train_ssd_bytes(c, B, T, act_dtype, clip, ckpt_ssd, swap, resident, &rd, &wr);
     double params = (double)fy_gpt_total_params(c);
     memset(out, 0, sizeof *out);
     out->gpu_s = rates->gpu_flops > 0 ? flops / rates->gpu_flops : 0;
@@ -188,7 +237,7 @@ uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned c
 
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                                 uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
-                                unsigned char *resident)
+                                const struct fy_train_swap *swap, unsigned char *resident)
 {
     unsigned units = fy_gpt_unit_count(c), count = 0;
     memset(resident, 0, units);
@@ -196,10 +245,10 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int
         return 0;
     for (unsigned u = 0; u < units; u++) {
         resident[u] = 1;
-        struct fy_pool_region_spec regions[9];
+        struct fy_pool_region_spec regions[10];
         unsigned n;
         fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, FY_TRAIN_GRAD_SLOTS_MIN,
-                         ckpt_ssd, regions, &n);
+                         ckpt_ssd, swap, regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             resident[u] = 0;
         else
@@ -221,7 +270,8 @@ static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
 
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                                   uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
-                                  const unsigned char *resident, unsigned wanted)
+                                  const struct fy_train_swap *swap, const unsigned char *resident,
+                                  unsigned wanted)
 {
     unsigned units = fy_gpt_unit_count(c), slots = FY_TRAIN_GRAD_SLOTS_MIN;
     for (unsigned u = 0; u < units; u++)
@@ -230,9 +280,10 @@ unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, i
     unsigned most = c->n_layer < FY_TRAIN_GRAD_SLOTS_MAX ? c->n_layer : FY_TRAIN_GRAD_SLOTS_MAX;
     most = wanted < most ? wanted : most;
     for (unsigned more = slots + 1; more <= most; more++) {
-        struct fy_pool_region_spec regions[9];
+        struct fy_pool_region_spec regions[10];
         unsigned n;
-        fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, more, ckpt_ssd, regions, &n);
+        fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, more, ckpt_ssd, swap,
+                         regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             break;
         slots = more;
@@ -242,8 +293,8 @@ unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, i
 
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                       const unsigned char *resident, int clip, unsigned prefetch,
-                      unsigned grad_slots, int ckpt_ssd, struct fy_pool_region_spec out[9],
-                      unsigned *n)
+                      unsigned grad_slots, int ckpt_ssd, const struct fy_train_swap *swap,
+                      struct fy_pool_region_spec out[10], unsigned *n)
 {
     uint64_t act = align4k(fy_train_act_bytes(c, B, T, act_dtype));
     uint64_t tok = align4k((uint64_t)B * T * 4);
@@ -273,6 +324,8 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype
     uint64_t kept = fy_train_resident_bytes(c, resident);
     if (kept > 0) /* optimizer state that stays in the pool across steps */
         out[i++] = (struct fy_pool_region_spec){"resident", kept};
+    if (fy_train_swap_pool_bytes(swap) > 0) /* the blocks' swapped internals */
+        out[i++] = (struct fy_pool_region_spec){"saved", fy_train_swap_pool_bytes(swap)};
     *n = i;
 }
 
@@ -484,129 +537,216 @@ static int weights_of(struct run *r, unsigned u, unsigned slot, uint64_t *offset
     return 0;
 }
 
-/* ---- checkpoints (see struct run) ---- */
+/* ---- items through pool slots to and from the store (struct spill) ---- */
+
+static uint64_t spill_at(const struct spill *sp, unsigned i) { return sp->base + i * sp->item_bytes; }
 
 /* Slot k free for new contents: the gpu request that used it last and its transfer done. */
-static int ckpt_slot_free(struct run *r, unsigned k)
+static int spill_slot_free(struct run *r, struct spill *sp, unsigned k)
 {
-    if (r->ckpt_user[k] != NULL) {
-        struct ticket *t = r->ckpt_user[k];
-        r->ckpt_user[k] = NULL;
+    if (sp->user[k] != NULL) {
+        struct ticket *t = sp->user[k];
+        sp->user[k] = NULL;
         FY_TRY(wait_for(r, t, NULL));
     }
-    return wait_for(r, &r->ckpt_io[k], NULL);
+    return wait_for(r, &sp->io[k], NULL);
 }
 
-static int ckpt_transfer(struct run *r, int op, unsigned i, unsigned k)
+static int spill_transfer(struct run *r, struct spill *sp, int op, unsigned i, unsigned k)
 {
-    uint64_t bytes = align4k(r->l.act_bytes); /* the slot and the extent are padded alike */
-    struct fy_desc d = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, act_at(&r->l, k), bytes, -1);
-    d.tensor = r->ckpt_tensor;
-    d.arg = i * bytes;
-    return issue(r, PH_IO, "io", &d, 1, &r->ckpt_io[k]);
+    struct fy_desc d = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, spill_at(sp, k),
+                                      sp->item_bytes, -1);
+    d.tensor = sp->tensor;
+    d.arg = i * sp->item_bytes;
+    return issue(r, PH_IO, "io", &d, 1, &sp->io[k]);
 }
 
-/* Where the gpu writes checkpoint i. */
-static int ckpt_out(struct run *r, unsigned i, uint64_t *off)
+/* Where the gpu writes item i. */
+static int spill_out(struct run *r, struct spill *sp, unsigned i, uint64_t *off)
 {
-    if (!r->ckpt_ssd) {
-        *off = act_at(&r->l, i);
+    if (!sp->on) {
+        *off = spill_at(sp, i);
         return 0;
     }
-    unsigned k = i % r->ckpt_slots;
-    FY_TRY(ckpt_slot_free(r, k));
-    r->ckpt_holds[k] = (int)i;
-    *off = act_at(&r->l, k);
+    unsigned k = i % sp->slots;
+    FY_TRY(spill_slot_free(r, sp, k));
+    sp->holds[k] = (int)i;
+    *off = spill_at(sp, k);
     return 0;
 }
 
-/* Checkpoint i, once `producer` (the gpu request that wrote it) is done, to the store. */
-static int ckpt_spill(struct run *r, unsigned i, struct ticket *producer)
+/* Item i, once `producer` (the gpu request that wrote it) is done, to the store. */
+static int spill_write(struct run *r, struct spill *sp, unsigned i, struct ticket *producer)
 {
-    if (!r->ckpt_ssd)
+    if (!sp->on)
         return 0;
     FY_TRY(wait_for(r, producer, NULL));
-    return ckpt_transfer(r, FY_OP_IO_WRITE, i, i % r->ckpt_slots);
+    return spill_transfer(r, sp, FY_OP_IO_WRITE, i, i % sp->slots);
 }
 
-/* Checkpoint i in its slot for a gpu request to read: read back from the store unless the slot
- * still holds it; with `wait`, until it is there (off may then be given). */
-static int ckpt_in(struct run *r, unsigned i, int wait, uint64_t *off)
+/* Item i in its slot for a gpu request to read: read back from the store unless the slot still
+ * holds it; with `wait`, until it is there (off may then be given). A write of the slot to the
+ * store may go on while the gpu reads it. */
+static int spill_in(struct run *r, struct spill *sp, unsigned i, int wait, uint64_t *off)
 {
-    if (!r->ckpt_ssd) {
+    if (!sp->on) {
         if (off != NULL)
-            *off = act_at(&r->l, i);
+            *off = spill_at(sp, i);
         return 0;
     }
-    unsigned k = i % r->ckpt_slots;
-    if (r->ckpt_holds[k] != (int)i) {
-        FY_TRY(ckpt_slot_free(r, k));
-        r->ckpt_holds[k] = (int)i;
-        FY_TRY(ckpt_transfer(r, FY_OP_IO_READ, i, k));
+    unsigned k = i % sp->slots;
+    if (sp->holds[k] != (int)i) {
+        FY_TRY(spill_slot_free(r, sp, k));
+        sp->holds[k] = (int)i;
+        FY_TRY(spill_transfer(r, sp, FY_OP_IO_READ, i, k));
     }
-    if (wait)
-        FY_TRY(wait_for(r, &r->ckpt_io[k], NULL)); /* a read, or a spill still being written */
+    if (wait && sp->io[k].op == FY_OP_IO_READ)
+        FY_TRY(wait_for(r, &sp->io[k], NULL));
     if (off != NULL)
-        *off = act_at(&r->l, k);
+        *off = spill_at(sp, k);
     return 0;
 }
 
-/* Gpu request t reads or writes checkpoint i's slot. */
-static void ckpt_used_by(struct run *r, unsigned i, struct ticket *t)
+/* Gpu request t reads or writes item i's slot. */
+static void spill_used_by(struct spill *sp, unsigned i, struct ticket *t)
 {
-    if (r->ckpt_ssd)
-        r->ckpt_user[i % r->ckpt_slots] = t;
+    if (sp->on)
+        sp->user[i % sp->slots] = t;
 }
 
 /* The end of a schedule function: its gpu requests are all done, their tickets gone. */
-static void ckpt_forget_users(struct run *r)
+static void spill_forget_users(struct run *r)
 {
-    for (unsigned k = 0; k < FY_TRAIN_CKPT_SLOTS; k++)
-        r->ckpt_user[k] = NULL;
+    for (unsigned k = 0; k < SPILL_SLOTS_MAX; k++)
+        r->ckpt.user[k] = r->saved.user[k] = NULL;
 }
 
-/* The checkpoints' placement for this run: the pool must have been laid out for it; with ssd, the
- * store extent of the size class that holds x_0..x_{L-1} (made on first use). */
+/* Every transfer done (the end of the run). */
+static int spill_drain(struct run *r, struct spill *sp)
+{
+    int rc = 0;
+    for (unsigned k = 0; k < SPILL_SLOTS_MAX; k++) {
+        int w = wait_for(r, &sp->io[k], NULL);
+        rc = rc ? rc : w;
+    }
+    return rc;
+}
+
+/* Puts `count` items on the store, through `slots` slots from the pool offset base: the extent of
+ * the smallest size class (2^k MiB, k from 0) that holds them, id first_tensor + k, made by the
+ * first run of that class and found by the next. */
+static int spill_setup(struct run *r, struct spill *sp, uint64_t base, uint64_t item_bytes,
+                       unsigned slots, unsigned count, uint32_t first_tensor, const char *what)
+{
+    memset(sp, 0, sizeof *sp);
+    for (unsigned k = 0; k < SPILL_SLOTS_MAX; k++)
+        sp->holds[k] = -1;
+    sp->on = 1;
+    sp->slots = slots;
+    sp->base = base;
+    sp->item_bytes = item_bytes;
+    uint64_t need = (uint64_t)(count ? count : 1) * item_bytes;
+    unsigned cls = 0;
+    while (((uint64_t)1 << (20 + cls)) < need)
+        cls++;
+    sp->tensor = first_tensor + cls;
+    FY_TRY(io_op(r, FY_OP_IO_ALLOC, sp->tensor, 0, 0, (uint64_t)1 << (20 + cls)));
+    fy_info("%s spilled to the store through %u pool slots (%llu MiB of scratch, size class %u)",
+            what, slots, (unsigned long long)(((uint64_t)1 << (20 + cls)) >> 20), cls);
+    return 0;
+}
+
+/* The checkpoints' placement for this run: the pool must have been laid out for it. */
 static int ckpt_setup(struct run *r, int ssd)
 {
     const struct layout *l = &r->l;
     unsigned L = l->c->n_layer;
-    r->ckpt_ssd = ssd;
-    for (unsigned k = 0; k < FY_TRAIN_CKPT_SLOTS; k++)
-        r->ckpt_holds[k] = -1;
     if (!ssd) {
         FY_REQUIRE(l->act_slots >= L + 1 && l->dact_slots >= 2, -EINVAL,
                    "shared pool: room for %u checkpoints and %u activation gradients, not the %u "
                    "and 2 this run keeps in the pool (laid out for --ckpt-place ssd?)",
                    l->act_slots, l->dact_slots, L + 1);
+        memset(&r->ckpt, 0, sizeof r->ckpt);
+        r->ckpt.base = l->acts;
+        r->ckpt.item_bytes = align4k(l->act_bytes);
         return 0;
     }
     FY_REQUIRE(l->act_slots >= FY_TRAIN_CKPT_SLOTS && l->dact_slots >= 3, -EINVAL,
                "shared pool: room for %u checkpoints and %u activation gradients, not the %d and 3 "
                "of --ckpt-place ssd", l->act_slots, l->dact_slots, FY_TRAIN_CKPT_SLOTS);
-    r->ckpt_slots = FY_TRAIN_CKPT_SLOTS;
-    uint64_t need = (uint64_t)(L ? L : 1) * align4k(l->act_bytes);
-    unsigned cls = 0;
-    while (((uint64_t)1 << (20 + cls)) < need)
-        cls++;
-    r->ckpt_tensor = FY_TENSOR_CKPT_SPILL(cls);
-    /* made by the first run of this class, found by the next */
-    FY_TRY(io_op(r, FY_OP_IO_ALLOC, r->ckpt_tensor, 0, 0, (uint64_t)1 << (20 + cls)));
-    fy_info("checkpoints: %d pool slots, x_0..x_%u spilled to the store (%llu MiB of scratch, size "
-            "class %u)", FY_TRAIN_CKPT_SLOTS, L ? L - 1 : 0,
-            (unsigned long long)(((uint64_t)1 << (20 + cls)) >> 20), cls);
-    return 0;
+    char what[64];
+    snprintf(what, sizeof what, "checkpoints x_0..x_%u", L ? L - 1 : 0);
+    return spill_setup(r, &r->ckpt, l->acts, align4k(l->act_bytes), FY_TRAIN_CKPT_SLOTS, L,
+                       FY_TENSOR_CKPT_SPILL(0), what);
 }
 
-/* Every checkpoint transfer done (the end of the run). */
-static int ckpt_drain(struct run *r)
+/* The blocks' swapped internals for this run (see struct run): masks per block, the pool-kept
+ * regions one after another at the start of the "saved" region, the SSD slots after them. */
+static int saved_setup(struct run *r, const struct fy_train_opts *o)
 {
-    int rc = 0;
-    for (unsigned k = 0; k < FY_TRAIN_CKPT_SLOTS; k++) {
-        int w = wait_for(r, &r->ckpt_io[k], NULL);
-        rc = rc ? rc : w;
+    unsigned L = r->l.c->n_layer;
+    r->host_mask = calloc(L + 1, sizeof *r->host_mask);
+    r->ssd_mask = calloc(L + 1, sizeof *r->ssd_mask);
+    r->host_off = calloc(L + 1, sizeof *r->host_off);
+    r->saved_sizes = o->saved_sizes;
+    memset(&r->saved, 0, sizeof r->saved);
+    FY_REQUIRE(r->host_mask && r->ssd_mask && r->host_off, -ENOMEM, "train: out of memory");
+    struct fy_train_swap swap;
+    fy_train_swap_of(o->act_place, L, &o->saved_sizes, &swap);
+    if (fy_train_swap_pool_bytes(&swap) == 0)
+        return 0;
+    uint64_t at, bytes;
+    FY_TRY(fy_pool_region(r->pool, "saved", &at, &bytes));
+    FY_REQUIRE(bytes >= fy_train_swap_pool_bytes(&swap), -EINVAL,
+               "shared pool: a saved region of %llu bytes, not the %llu this plan swaps (laid out "
+               "by fy_train_regions for another plan?)", (unsigned long long)bytes,
+               (unsigned long long)fy_train_swap_pool_bytes(&swap));
+    for (unsigned b = 1; b <= L; b++) {
+        for (int k = 0; k < FY_ACT_KINDS; k++) {
+            int place = o->act_place[(b - 1) * FY_ACT_KINDS + k];
+            if (fy_actplan_kind_swappable(k) && place == FY_ACT_HOST)
+                r->host_mask[b] |= FY_ACT_BIT(k);
+            if (fy_actplan_kind_swappable(k) && place == FY_ACT_SSD)
+                r->ssd_mask[b] |= FY_ACT_BIT(k);
+        }
+        struct fy_actplan_region reg;
+        FY_TRY(fy_actplan_region_of(&o->saved_sizes, r->host_mask[b], &reg));
+        r->host_off[b] = at;
+        at += reg.bytes;
     }
-    return rc;
+    if (swap.ssd_bytes == 0)
+        return 0;
+    return spill_setup(r, &r->saved, at, swap.slot_bytes, FY_TRAIN_SAVED_SLOTS, L,
+                       FY_TENSOR_SAVED_SPILL(0), "the blocks' internals placed on the SSD");
+}
+
+/* Appends block b's saved parts to a request of n parts (the SSD one at ssd_off, which spill_out
+ * or spill_in gave); returns the new count. */
+static unsigned saved_parts(const struct run *r, unsigned b, int op, uint64_t ssd_off,
+                            struct fy_desc *req, unsigned n)
+{
+    const unsigned mask[2] = {r->host_mask[b], r->ssd_mask[b]};
+    const uint64_t off[2] = {r->host_off[b], ssd_off};
+    for (int i = 0; i < 2; i++)
+        if (mask[i] != 0) {
+            struct fy_actplan_region reg;
+            fy_actplan_region_of(&r->saved_sizes, mask[i], &reg);
+            req[n] = fy_desc_region(op, FY_KIND_SAVED, FY_DTYPE_NONE, off[i], reg.bytes, (int)b);
+            req[n++].arg = mask[i];
+        }
+    return n;
+}
+
+/* In a backward pass, after block b's request: the next block's checkpoint, and the internals of
+ * the next FY_TRAIN_SAVED_AHEAD blocks placed on the SSD, on their way into their slots (each
+ * slot's previous item belongs to a block whose backward is done). */
+static int backward_ahead(struct run *r, unsigned b)
+{
+    FY_TRY(spill_in(r, &r->ckpt, b - 2, 0, NULL));
+    for (unsigned a = b - 1; a >= 1 && a + FY_TRAIN_SAVED_AHEAD >= b; a--)
+        if (r->ssd_mask[a])
+            FY_TRY(spill_in(r, &r->saved, a - 1, 0, NULL));
+    return 0;
 }
 
 static int write_meta(struct run *r, const struct fy_storemeta *m)
@@ -690,7 +830,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     const struct layout *l = &r->l;
     const struct fy_gpt_config *c = l->c;
     unsigned L = c->n_layer, fin = L + 1;
-    struct fy_desc req[7], reply = {0};
+    struct fy_desc req[FY_DESC_MAX_PARTS], reply = {0};
     struct ticket t_embed = {0}, g_embed = {0}, head = {0};
     struct ticket *rw = calloc(L + 2, sizeof *rw), *g = calloc(L + 2, sizeof *g);
     unsigned depth = l->wslots - 1;
@@ -717,14 +857,14 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         rc = opt_settle(r, 0);
     uint64_t x_out = 0, x_in = 0;
     if (rc == 0)
-        rc = ckpt_out(r, 0, &x_out);
+        rc = spill_out(r, &r->ckpt, 0, &x_out);
     if (rc == 0) {
         int op = FY_OP_GPT_EMBED_FWD;
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
         req[1] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), 0);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, 0);
         rc = issue(r, PH_GPU, "gpu", req, 3, &g_embed);
-        ckpt_used_by(r, 0, &g_embed);
+        spill_used_by(&r->ckpt, 0, &g_embed);
     }
     for (unsigned b = 1; rc == 0 && b <= L; b++) {
         rc = wait_for(r, &rw[b], NULL);
@@ -734,19 +874,28 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         if (rc == 0)
             rc = opt_settle(r, b);
         if (rc == 0)
-            rc = ckpt_in(r, b - 1, 0, &x_in); /* the slot block b-1 just wrote */
+            rc = spill_in(r, &r->ckpt, b - 1, 0, &x_in); /* the slot block b-1 just wrote */
         if (rc == 0)
-            rc = ckpt_out(r, b, &x_out);
+            rc = spill_out(r, &r->ckpt, b, &x_out);
+        uint64_t s_off = 0; /* the slot of block b's internals on their way to the store */
+        int swaps = train && r->ssd_mask[b] != 0;
+        if (rc == 0 && swaps)
+            rc = spill_out(r, &r->saved, b - 1, &s_off);
         int op = FY_OP_GPT_BLOCK_FWD;
         req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
         req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, (int)b);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, (int)b);
+        unsigned n = train ? saved_parts(r, b, op, s_off, req, 3) : 3;
         if (rc == 0)
-            rc = issue(r, PH_GPU, "gpu", req, 3, &g[b]);
-        ckpt_used_by(r, b - 1, &g[b]);
-        ckpt_used_by(r, b, &g[b]);
+            rc = issue(r, PH_GPU, "gpu", req, n, &g[b]);
+        spill_used_by(&r->ckpt, b - 1, &g[b]);
+        spill_used_by(&r->ckpt, b, &g[b]);
+        if (swaps)
+            spill_used_by(&r->saved, b - 1, &g[b]);
         if (rc == 0 && train) /* x_{b-1} to the store once its block has written it */
-            rc = ckpt_spill(r, b - 1, b == 1 ? &g_embed : &g[b - 1]);
+            rc = spill_write(r, &r->ckpt, b - 1, b == 1 ? &g_embed : &g[b - 1]);
+        if (rc == 0 && train && b >= 2 && r->ssd_mask[b - 1]) /* and block b-1's internals */
+            rc = spill_write(r, &r->saved, b - 2, &g[b - 1]);
         /* unit b+depth goes into the slot block b-1 had: once that block has run */
         unsigned next = b + depth;
         if (rc == 0 && next <= fin && b >= 2)
@@ -754,6 +903,8 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         if (rc == 0 && next <= fin)
             rc = read_weights(r, next, block_wslot(l, next), &rw[next]);
     }
+    if (rc == 0 && train && L >= 1 && r->ssd_mask[L])
+        rc = spill_write(r, &r->saved, L - 1, &g[L]);
     if (rc == 0)
         rc = wait_for(r, &rw[fin], NULL);
     for (unsigned b = 0; rc == 0 && b <= L; b++)
@@ -766,7 +917,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     if (rc == 0)
         rc = opt_settle(r, fin);
     if (rc == 0)
-        rc = ckpt_in(r, L, 0, &x_in);
+        rc = spill_in(r, &r->ckpt, L, 0, &x_in);
     if (rc == 0) {
         int op = FY_OP_GPT_HEAD, f = (int)fin;
         req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, f);
@@ -780,7 +931,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     }
     if (rc == 0)
         rc = wait_for(r, &head, &reply);
-    ckpt_forget_users(r); /* the gpu requests were all waited for before the head */
+    spill_forget_users(r); /* the gpu requests were all waited for before the head */
     free(rw);
     free(g);
     FY_TRY(rc);
@@ -1014,7 +1165,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
     unsigned char *issued = calloc(L + 4, 1);
     int rc = g && rs && ws && issued ? 0 : -ENOMEM;
     struct writebacks wb = {ws, issued, {-1, -1}};
-    struct fy_desc req[5];
+    struct fy_desc req[FY_DESC_MAX_PARTS];
     if (rc == 0 && embed && L == 0)
         rc = embed_backward_issue(r, dact_at(l, *cur), &e);
     if (rc == 0 && L >= 1) /* the two state slots start with blocks L and L-1 */
@@ -1042,9 +1193,11 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             }
             if (rc == 0 && b + G <= L)
                 rc = opt_settle(r, b + G); /* its gradient slot */
-            uint64_t x_off = 0;
+            uint64_t x_off = 0, s_off = 0;
             if (rc == 0)
-                rc = ckpt_in(r, b - 1, 1, &x_off);
+                rc = spill_in(r, &r->ckpt, b - 1, 1, &x_off);
+            if (rc == 0 && r->ssd_mask[b])
+                rc = spill_in(r, &r->saved, b - 1, 1, &s_off);
             int op = FY_OP_GPT_BLOCK_BWD;
             req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b),
                                     (int)b);
@@ -1057,10 +1210,12 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, block_gslot(l, b)),
                                     unit_bytes(l, b), (int)b);
             if (rc == 0)
-                rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
-            ckpt_used_by(r, b - 1, &g[b]);
-            if (rc == 0 && b >= 2) /* the next block's checkpoint on its way */
-                rc = ckpt_in(r, b - 2, 0, NULL);
+                rc = issue(r, PH_GPU, "gpu", req, saved_parts(r, b, op, s_off, req, 5), &g[b]);
+            spill_used_by(&r->ckpt, b - 1, &g[b]);
+            if (r->ssd_mask[b])
+                spill_used_by(&r->saved, b - 1, &g[b]);
+            if (rc == 0 && b >= 2) /* the next blocks' inputs on their way */
+                rc = backward_ahead(r, b);
             *cur ^= 1;
             if (rc == 0 && b == 1 && embed) /* dx0 is block 1's dx */
                 rc = embed_backward_issue(r, dact_at(l, *cur), &e);
@@ -1094,7 +1249,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
         w = w ? w : wait_for(r, &rs[u], NULL);
         rc = rc ? rc : w;
     }
-    ckpt_forget_users(r);
+    spill_forget_users(r);
     free(g);
     free(rs);
     free(ws);
@@ -1138,9 +1293,9 @@ static int norm_pass(struct run *r, double *total)
     double *part = calloc(L + 3, sizeof *part);
     int rc = rw && g && sq && part ? 0 : -ENOMEM;
     /* x_L's room is free after the head; with the checkpoints in slots, a third dacts buffer */
-    const uint64_t scratch[2] = {dact_at(l, 1), r->ckpt_ssd ? dact_at(l, 2) : act_at(l, L)};
+    const uint64_t scratch[2] = {dact_at(l, 1), r->ckpt.on ? dact_at(l, 2) : act_at(l, L)};
     uint64_t dy = dact_at(l, 0); /* dL/d(output of the block being processed) */
-    struct fy_desc req[5];
+    struct fy_desc req[FY_DESC_MAX_PARTS];
     unsigned depth = l->wslots - 1;
     if (rc == 0)
         rc = sumsq_issue(r, fin, r->dfinal, &sq[fin]);
@@ -1153,9 +1308,11 @@ static int norm_pass(struct run *r, double *total)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
         if (rc == 0 && b + 2 <= L)
             rc = sumsq_wait(r, &sq[b + 2], &part[b + 2]); /* its gradient slot */
-        uint64_t x_off = 0;
+        uint64_t x_off = 0, s_off = 0;
         if (rc == 0)
-            rc = ckpt_in(r, b - 1, 1, &x_off);
+            rc = spill_in(r, &r->ckpt, b - 1, 1, &x_off);
+        if (rc == 0 && r->ssd_mask[b])
+            rc = spill_in(r, &r->saved, b - 1, 1, &s_off);
         int op = FY_OP_GPT_BLOCK_BWD;
         req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
         req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_off, l->act_bytes, (int)b);
@@ -1164,10 +1321,12 @@ static int norm_pass(struct run *r, double *total)
         req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1 + (b & 1)),
                                 unit_bytes(l, b), (int)b);
         if (rc == 0)
-            rc = issue(r, PH_GPU, "gpu", req, 5, &g[b]);
-        ckpt_used_by(r, b - 1, &g[b]);
+            rc = issue(r, PH_GPU, "gpu", req, saved_parts(r, b, op, s_off, req, 5), &g[b]);
+        spill_used_by(&r->ckpt, b - 1, &g[b]);
+        if (r->ssd_mask[b])
+            spill_used_by(&r->saved, b - 1, &g[b]);
         if (rc == 0 && b >= 2)
-            rc = ckpt_in(r, b - 2, 0, NULL);
+            rc = backward_ahead(r, b);
         dy = dx;
         if (rc == 0 && b + 1 <= L) /* block b+1's gradient is complete: its squares, and its */
             rc = wait_for(r, &g[b + 1], NULL); /* weights slot is free for block b-depth */
@@ -1190,7 +1349,7 @@ static int norm_pass(struct run *r, double *total)
         w = w ? w : wait_for(r, &rw[u], NULL);
         rc = rc ? rc : w;
     }
-    ckpt_forget_users(r);
+    spill_forget_users(r);
     double sum = 0.0;
     for (unsigned u = 0; u <= fin; u++)
         sum += part[u];
@@ -1387,24 +1546,18 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     r.opt_req = calloc(units, sizeof *r.opt_req);
     r.opt_sent = calloc(units, sizeof *r.opt_sent);
     r.queue = calloc(units, sizeof *r.queue);
-    if (version == NULL || resident == NULL || !r.opt_req || !r.opt_sent || !r.queue) {
-        free(version);
-        free(resident);
-        free(r.opt_req);
-        free(r.opt_sent);
-        free(r.queue);
-        return -ENOMEM;
-    }
-    int rc = 0;
-    if (fy_train_resident_bytes(&meta->model, o->resident) > 0) {
+    int rc = version && resident && r.opt_req && r.opt_sent && r.queue ? 0 : -ENOMEM;
+    if (rc == 0)
+        rc = saved_setup(&r, o);
+    if (rc == 0 && fy_train_resident_bytes(&meta->model, o->resident) > 0) {
         rc = resident_offsets(pool, &meta->model, o->resident, resident);
         r.resident = resident;
         if (rc == 0)
             rc = resident_transfer(&r, FY_OP_IO_READ);
     }
-    for (unsigned u = 0; u < units; u++)
+    for (unsigned u = 0; rc == 0 && u < units; u++)
         version[u] = meta->step;
-    if (meta->step >= o->steps)
+    if (rc == 0 && meta->step >= o->steps)
         fy_info("the store is already at step %llu (--steps %llu): nothing to train",
                 (unsigned long long)meta->step, (unsigned long long)o->steps);
     for (uint64_t step = meta->step + 1; rc == 0 && step <= o->steps; step++) {
@@ -1448,7 +1601,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     }
     int drained = opt_drain(&r); /* a stop at a step boundary leaves updates running */
     rc = rc ? rc : drained;
-    drained = ckpt_drain(&r);
+    drained = spill_drain(&r, &r.ckpt);
+    rc = rc ? rc : drained;
+    drained = spill_drain(&r, &r.saved);
     rc = rc ? rc : drained;
     if (r.trace != NULL) { /* close the array (a trailing event carries no comma) */
         fprintf(r.trace, "{\"name\": \"end\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 1, \"tid\": 1, "
@@ -1461,6 +1616,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     free(r.opt_req);
     free(r.opt_sent);
     free(r.queue);
+    free(r.host_mask);
+    free(r.ssd_mask);
+    free(r.host_off);
     return rc;
 }
 

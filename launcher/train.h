@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/actplan.h"
 #include "common/ckpt.h"
 #include "common/desc.h"
 #include "common/model.h"
@@ -63,6 +64,13 @@ struct fy_train_opts {
     int act_dtype;         /* activations in the pool: FY_DTYPE_F32 or _BF16, the backend's choice
                               (fy_backend_preferred_act_dtype; the gpu worker reads
                               train.act_dtype) */
+    /* The blocks' swapped internals: place[l * FY_ACT_KINDS + k] for block l + 1 (common/
+     * actplan.h): swappable kinds placed FY_ACT_HOST stay in the pool from the forward to the
+     * backward, FY_ACT_SSD ones go to the store and come back; anything else is recomputed (NULL:
+     * all). saved_sizes: the kinds' bytes in the backend's layout (fy_actplan_sizes_backend). The
+     * pool must have been laid out with the fy_train_swap_of this gives. */
+    const unsigned char *act_place;
+    struct fy_actplan_sizes saved_sizes;
     const volatile int *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
 };
 
@@ -80,6 +88,23 @@ struct fy_train_opts {
  * in the backward. */
 #define FY_TRAIN_CKPT_SLOTS 4
 
+/* Pool slots that the blocks' SSD-placed internals take in turn (block b's in slot (b-1) % 4):
+ * the backward reads the next blocks' back up to FY_TRAIN_SAVED_AHEAD ahead of use. */
+#define FY_TRAIN_SAVED_SLOTS 4
+#define FY_TRAIN_SAVED_AHEAD (FY_TRAIN_SAVED_SLOTS - 2)
+
+/* What the blocks' swapped internals take (struct fy_train_opts.act_place). */
+struct fy_train_swap {
+    uint64_t host_bytes; /* saved regions that stay in the pool from forward to backward */
+    uint64_t ssd_bytes;  /* those written to the SSD store in the forward and read back */
+    uint64_t slot_bytes; /* one of the FY_TRAIN_SAVED_SLOTS slots the SSD ones pass through */
+};
+/* From a placement (NULL: nothing swapped) of n_layer blocks and the backend's kind sizes. */
+void fy_train_swap_of(const unsigned char *place, unsigned n_layer,
+                      const struct fy_actplan_sizes *sizes, struct fy_train_swap *out);
+/* Pool bytes of the "saved" region for it (0: none). */
+uint64_t fy_train_swap_pool_bytes(const struct fy_train_swap *swap);
+
 /* Bytes of one activation [B][T][C] in the pool. */
 uint64_t fy_train_act_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype);
 
@@ -87,18 +112,19 @@ uint64_t fy_train_act_bytes(const struct fy_gpt_config *c, int B, int T, int act
  * optimizer state of the units marked in `resident` (may be NULL), weights slots for `prefetch`
  * units read ahead (1..FY_TRAIN_PREFETCH_MAX), `grad_slots` block gradients (FY_TRAIN_GRAD_SLOTS_MIN
  * to _MAX) and, with `clip`, room for the final unit's gradient between the two backward passes of
- * a clipped step. n receives the count (<= 9). */
+ * a clipped step, and with swap (may be NULL) the "saved" region of the blocks' swapped
+ * internals. n receives the count (<= 10). */
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                       const unsigned char *resident, int clip, unsigned prefetch,
-                      unsigned grad_slots, int ckpt_ssd, struct fy_pool_region_spec out[9],
-                      unsigned *n);
+                      unsigned grad_slots, int ckpt_ssd, const struct fy_train_swap *swap,
+                      struct fy_pool_region_spec out[10], unsigned *n);
 /* The memory plan under --cpu-mem: marks, unit 0 first, every unit whose optimizer state (master,
  * m, v) still fits in a pool of at most cpu_mem bytes together with the streaming regions; those
  * units' state stays in the pool across steps (no SSD traffic, written to the store at
  * checkpoints), the others stream from the store. cpu_mem 0: none. Returns how many. */
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                                 uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
-                                unsigned char *resident);
+                                const struct fy_train_swap *swap, unsigned char *resident);
 /* The block gradient slots for that plan, up to `wanted`: more than the minimum only when every
  * unit's state is resident (then the optimizer is what the gpu may wait for, and more slots let it
  * lag behind the backward instead), as many as still fit cpu_mem, at most one per block. More is
@@ -106,14 +132,16 @@ unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int
  * no longer paced by it (docs/benchmarks.md), so the default is the minimum. */
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                                   uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
-                                  const unsigned char *resident, unsigned wanted);
+                                  const struct fy_train_swap *swap, const unsigned char *resident,
+                                  unsigned wanted);
 /* Bytes a training step reads from and writes to the SSD store: the streamed units' weights in the
  * forward (a block's once more with clipping, for the norm pass), their state (master, m, v) read
  * once, which also gives a block its weights in the backward, and written once; with ckpt_ssd the
- * checkpoints x_0..x_{L-1} written in the forward and read in each backward pass. */
+ * checkpoints x_0..x_{L-1} written in the forward and read in each backward pass; with swap the
+ * blocks' SSD-placed internals likewise (at most: the last ones may still be in their slots). */
 void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                        int ckpt_ssd, const unsigned char *resident, uint64_t *read,
-                        uint64_t *write);
+                        int ckpt_ssd, const struct fy_train_swap *swap,
+                        const unsigned char *resident, uint64_t *read, uint64_t *write);
 
 /* Rates a step's time is predicted from. */
 struct fy_train_rates {
@@ -133,16 +161,17 @@ struct fy_train_prediction {
     const char *bound;
 };
 void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                      int ckpt_ssd, const unsigned char *resident,
-                      const struct fy_train_rates *rates, struct fy_train_prediction *out);
+                      int ckpt_ssd, const struct fy_train_swap *swap,
+                      const unsigned char *resident, const struct fy_train_rates *rates,
+                      struct fy_train_prediction *out);
 
 /* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
  * interface (fp32 weights and gradients, activations in act_dtype; with clipping the second
- * backward pass too), every input uploaded: the CUDA backend hands a unit's output to the next
- * unit on the device when
- * the two are in flight together, which spares those uploads. */
+ * backward pass too; swap's internals down in the forward and up in each backward pass), every
+ * input uploaded: the CUDA backend hands a unit's output to the next unit on the device when the
+ * two are in flight together, which spares those uploads. */
 void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                         uint64_t *to_gpu, uint64_t *from_gpu);
+                         const struct fy_train_swap *swap, uint64_t *to_gpu, uint64_t *from_gpu);
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
 
 /* Learning rate at a step (1-based): linear warmup, then cosine to lr * min_lr_ratio at o->steps. */

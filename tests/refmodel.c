@@ -130,7 +130,7 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
         return set_err(m, "gpt_embed_forward failed (%d)", rc), rc;
     for (unsigned l = 0; l < L; l++)
         if ((rc = fy_backend_gpt_block_forward(b, 1 + l, m->params[1 + l], xs + act * l,
-                                               xs + act * (l + 1))) != 0)
+                                               xs + act * (l + 1), NULL)) != 0)
             return set_err(m, "gpt_block_forward of block %u failed (%d)", l, rc), rc;
     free(m->logits);
     m->logits = falloc((size_t)m->B * m->T * m->cfg.vocab);
@@ -144,7 +144,7 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
         return set_err(m, "gpt_head failed (%d)", rc), rc;
     for (unsigned l = L; l-- > 0;) {
         if ((rc = fy_backend_gpt_block_backward(b, 1 + l, m->params[1 + l], xs + act * l, dy, dx,
-                                                m->grads[1 + l])) != 0)
+                                                m->grads[1 + l], NULL)) != 0)
             return set_err(m, "gpt_block_backward of block %u failed (%d)", l, rc), rc;
         float *t = dx;
         dx = dy;

@@ -328,7 +328,7 @@ struct bl {
 static double bl_obj(void *ctx)
 {
     struct bl *b = ctx;
-    fy_cpu_block_forward(&b->cfg, b->params, b->x, b->y, b->scratch, b->B, b->T);
+    fy_cpu_block_forward(&b->cfg, b->params, b->x, b->y, b->scratch, NULL, b->B, b->T);
     return project(b->y, b->g, (size_t)b->B * b->T * b->cfg.n_embd);
 }
 
@@ -360,7 +360,7 @@ static void test_block(void **state)
     b.g = alloc_rand(nx, &st, -1, 1);
     b.scratch = alloc_nan(ns);
     float *dx = alloc_nan(nx), *dp = alloc_nan(l.total);
-    fy_cpu_block_backward(&b.cfg, b.params, b.x, b.g, dx, dp, b.scratch, b.B, b.T);
+    fy_cpu_block_backward(&b.cfg, b.params, b.x, b.g, dx, dp, b.scratch, NULL, b.B, b.T);
 
     int bad = fd_check("block dx", bl_obj, &b, b.x, dx, nx, EPS, REL, ABS);
     struct {
@@ -554,8 +554,8 @@ static void det_run(int threads, struct run_out *o)
     o->dembed = alloc_nan(ne), o->hdx = alloc_nan(nx), o->dfinal = alloc_nan(2 * C);
 
     fy_cpu_embed_forward(&cfg, embed, tokens, x, B, T);
-    fy_cpu_block_forward(&cfg, params, x, o->y, bs, B, T);
-    fy_cpu_block_backward(&cfg, params, x, dy, o->dx, o->dp, bs, B, T);
+    fy_cpu_block_forward(&cfg, params, x, o->y, bs, NULL, B, T);
+    fy_cpu_block_backward(&cfg, params, x, dy, o->dx, o->dp, bs, NULL, B, T);
     o->loss = fy_cpu_head_forward_backward(&cfg, final, embed, o->y, targets, o->hdx, o->dfinal,
                                            o->dembed, hs, B, T);
     fy_cpu_embed_backward(&cfg, tokens, o->dx, o->dembed, B, T);

@@ -4,9 +4,11 @@
 #include "cpu_backend.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/check.h"
@@ -115,28 +117,46 @@ static int cpu_embed_backward(void *state, const int32_t *tokens, const void *dx
     return 0;
 }
 
-static int cpu_block_forward(void *state, int layer, const float *params, const void *x, void *y)
+/* The Llama blocks' internals are not the GPT-2 kinds that common/actplan.h names. */
+static int llama_refuses_saved(const struct cpu_state *s, const struct fy_gpt_saved *saved)
+{
+    int any = 0;
+    for (int k = 0; saved != NULL && k < FY_ACT_KINDS; k++)
+        any |= saved->at[k] != NULL;
+    FY_REQUIRE(!(s->llama && any), -ENOTSUP,
+               "the CPU backend's Llama blocks always recompute their internals: train Llama "
+               "models with --act-plan auto or recompute");
+    return 0;
+}
+
+static int cpu_block_forward(void *state, int layer, const float *params, const void *x, void *y,
+                             const struct fy_gpt_saved *saved)
 {
     (void)layer;
     struct cpu_state *s = state;
+    FY_TRY(llama_refuses_saved(s, saved));
     if (s->llama)
         fy_llama_block_forward(&s->lcfg, params, x, y, s->block_scratch, s->B, s->T);
     else
-        fy_cpu_block_forward(&s->cfg, params, x, y, s->block_scratch, s->B, s->T);
+        fy_cpu_block_forward(&s->cfg, params, x, y, s->block_scratch, saved ? saved->at : NULL,
+                             s->B, s->T);
     return 0;
 }
 
 static int cpu_block_backward(void *state, int layer, const float *params, const void *x,
-                              const void *dy, void *dx, float *dparams)
+                              const void *dy, void *dx, float *dparams,
+                              const struct fy_gpt_saved *saved)
 {
     (void)layer;
     struct cpu_state *s = state;
+    FY_TRY(llama_refuses_saved(s, saved));
     if (s->llama) {
         /* the Llama block accumulates its parameter gradients; the request overwrites them */
         memset(dparams, 0, fy_gpt_unit_params(&s->cfg, 1) * sizeof *dparams);
         fy_llama_block_backward(&s->lcfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
     } else {
-        fy_cpu_block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
+        fy_cpu_block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch,
+                              saved ? saved->at : NULL, s->B, s->T);
     }
     return 0;
 }
@@ -177,6 +197,98 @@ static int cpu_logits(void *state, const float *final_params, const float *embed
     return 0;
 }
 
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The CPU backend's "device" is host memory: the links are memory copies, its internals sets cost
+ * nothing on a device (it keeps none), and the ops are timed on values of its own (small, finite),
+ * the best of three runs after one to warm up. */
+static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_gpt_profile *out)
+{
+    struct cpu_state *s = state;
+    FY_REQUIRE(s->block_scratch != NULL, -EINVAL, "CPU backend: profiling before gpt_prepare");
+    FY_REQUIRE(!s->llama, -ENOTSUP,
+               "the CPU backend's Llama blocks always recompute: nothing to profile for swapping");
+    FY_REQUIRE(host_bytes >= (1u << 20), -EINVAL,
+               "CPU backend: profiling copies need at least 1 MiB of pool, not %zu bytes",
+               host_bytes);
+    size_t P = fy_gpt_unit_params(&s->cfg, 1), NC = (size_t)s->B * s->T * s->cfg.n_embd;
+    /* the backward from every swappable kind given: only the LayerNorms rerun */
+    struct fy_actplan_sizes sizes;
+    struct fy_actplan_region reg;
+    FY_TRY(fy_actplan_sizes_backend(&s->cfg, s->B, s->T, "cpu", &sizes));
+    FY_TRY(fy_actplan_region_of(&sizes, FY_ACT_SWAPPABLE, &reg));
+    float *params = malloc(P * sizeof(float)), *x = malloc(NC * sizeof(float));
+    float *y = malloc(NC * sizeof(float)), *dx = malloc(NC * sizeof(float));
+    float *dp = malloc(P * sizeof(float)), *copy = malloc(host_bytes);
+    char *region = malloc(reg.bytes);
+    int rc = params && x && y && dx && dp && copy && region ? 0 : -ENOMEM;
+    if (rc < 0)
+        fy_error("CPU backend: no memory for profiling a block");
+    for (size_t i = 0; rc == 0 && i < P; i++)
+        params[i] = 0.02f * (float)((int)(i % 17) - 8) / 8.0f;
+    for (size_t i = 0; rc == 0 && i < NC; i++)
+        x[i] = (float)((int)(i % 13) - 6) / 6.0f;
+    double best_fwd = INFINITY, best_bwd = INFINITY, op[FY_ACT_KINDS], best_op[FY_ACT_KINDS];
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        best_op[k] = INFINITY;
+    void *saved[FY_ACT_KINDS] = {0};
+    for (int k = 0; region != NULL && k < FY_ACT_KINDS; k++)
+        if (FY_ACT_SWAPPABLE & FY_ACT_BIT(k))
+            saved[k] = region + reg.offset[k];
+    for (int rep = 0; rc == 0 && rep < 4; rep++) {
+        double t0 = seconds_now();
+        fy_cpu_block_forward(&s->cfg, params, x, y, s->block_scratch, saved, s->B, s->T);
+        double t1 = seconds_now();
+        fy_cpu_block_backward(&s->cfg, params, x, y, dx, dp, s->block_scratch, saved, s->B,
+                              s->T);
+        double t2 = seconds_now();
+        fy_cpu_block_op_times(&s->cfg, params, x, s->block_scratch, s->B, s->T, op);
+        if (rep == 0)
+            continue;
+        best_fwd = t1 - t0 < best_fwd ? t1 - t0 : best_fwd;
+        best_bwd = t2 - t1 < best_bwd ? t2 - t1 : best_bwd;
+        for (int k = 0; k < FY_ACT_KINDS; k++)
+            best_op[k] = op[k] < best_op[k] ? op[k] : best_op[k];
+    }
+    double best_copy = INFINITY;
+    for (int rep = 0; rc == 0 && rep < 4; rep++) {
+        double t0 = seconds_now();
+        memcpy(copy, host, host_bytes);
+        double t1 = seconds_now();
+        if (rep > 0 && t1 - t0 < best_copy)
+            best_copy = t1 - t0;
+    }
+    if (rc == 0) {
+        out->fwd_s = best_fwd;
+        out->bwd_s = best_bwd;
+        for (int k = 0; k < FY_ACT_KINDS; k++) /* the LayerNorms always rerun: not a saving */
+            out->recompute_s[k] = fy_actplan_kind_swappable(k) ? best_op[k] : 0;
+        double C = s->cfg.n_embd, N = (double)s->B * s->T;
+        out->flops_per_s = best_op[FY_ACT_QKV] > 0 ? 2 * N * C * 3 * C / best_op[FY_ACT_QKV] : 0;
+        out->h2d_Bps = out->d2h_Bps = out->duplex_Bps = (double)host_bytes / best_copy;
+        out->gpu_free = out->set_bytes = 0;
+        fy_info("profile (CPU backend, batch %d x %d): block forward %.3f ms, backward %.3f ms; "
+                "recompute qkv %.3f, attn %.3f, resid %.3f, fc %.3f, gelu %.3f ms; memory copies "
+                "%.1f GB/s", s->B, s->T, 1e3 * out->fwd_s, 1e3 * out->bwd_s,
+                1e3 * out->recompute_s[FY_ACT_QKV], 1e3 * out->recompute_s[FY_ACT_ATTN],
+                1e3 * out->recompute_s[FY_ACT_RESID], 1e3 * out->recompute_s[FY_ACT_FC],
+                1e3 * out->recompute_s[FY_ACT_GELU], 1e-9 * out->h2d_Bps);
+    }
+    free(params);
+    free(x);
+    free(y);
+    free(dx);
+    free(dp);
+    free(copy);
+    free(region);
+    return rc;
+}
+
 const struct fy_backend_ops fy_cpu_backend_ops = {
     .name = "cpu",
     .open = cpu_open,
@@ -191,4 +303,5 @@ const struct fy_backend_ops fy_cpu_backend_ops = {
     .gpt_block_backward = cpu_block_backward,
     .gpt_head = cpu_head,
     .gpt_logits = cpu_logits,
+    .gpt_profile = cpu_profile,
 };

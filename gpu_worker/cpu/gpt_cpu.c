@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #define LN_EPS 1e-5f
 /* Rows of logits the head holds at once: bounds its scratch to HEAD_CHUNK * V floats. */
@@ -312,10 +313,11 @@ size_t fy_cpu_block_scratch(const struct fy_gpt_config *c, int B, int T)
 }
 
 
-/* The forward pass, keeping every internal the backward needs in s. y == NULL: the recompute
- * for the backward, which stops before the MLP's down product (its output is never read there). */
+/* The forward pass, keeping every internal the backward needs in s, except the kinds in `have`
+ * (a mask of common/actplan.h kinds), which s holds already. y == NULL: the recompute for the
+ * backward, which stops before the MLP's down product (its output is never read there). */
 static void block_forward_into(const struct fy_gpt_config *c, const float *params, const float *x,
-                               float *y, const struct block_buf *s, int B, int T)
+                               float *y, const struct block_buf *s, unsigned have, int B, int T)
 {
     struct fy_gpt_block_layout l;
     fy_gpt_block_layout(c, &l);
@@ -323,30 +325,119 @@ static void block_forward_into(const struct fy_gpt_config *c, const float *param
     int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
 
     fy_cpu_layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
-    fy_cpu_matmul_forward(s->qkv, s->ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
-    fy_cpu_attention_forward(s->atty, s->att, s->qkv, B, T, C, NH);
-    fy_cpu_matmul_forward(s->y1, s->atty, p + l.attn_w, p + l.attn_b, N, C, C);
-    fy_cpu_add(s->y1, s->y1, x, (size_t)N * C);
+    if (!(have & FY_ACT_BIT(FY_ACT_QKV)))
+        fy_cpu_matmul_forward(s->qkv, s->ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
+    if (!(have & FY_ACT_BIT(FY_ACT_ATTN)))
+        fy_cpu_attention_forward(s->atty, s->att, s->qkv, B, T, C, NH);
+    if (!(have & FY_ACT_BIT(FY_ACT_RESID))) {
+        fy_cpu_matmul_forward(s->y1, s->atty, p + l.attn_w, p + l.attn_b, N, C, C);
+        fy_cpu_add(s->y1, s->y1, x, (size_t)N * C);
+    }
 
     fy_cpu_layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->y1, p + l.ln2_w, p + l.ln2_b, N, C);
-    fy_cpu_matmul_forward(s->fc, s->ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C);
-    fy_cpu_gelu_forward(s->gelu, s->fc, (size_t)N * 4 * C);
+    if (!(have & FY_ACT_BIT(FY_ACT_FC)))
+        fy_cpu_matmul_forward(s->fc, s->ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C);
+    if (!(have & FY_ACT_BIT(FY_ACT_GELU)))
+        fy_cpu_gelu_forward(s->gelu, s->fc, (size_t)N * 4 * C);
     if (y == NULL)
         return;
     fy_cpu_matmul_forward(y, s->gelu, p + l.proj_w, p + l.proj_b, N, 4 * C, C);
     fy_cpu_add(y, y, s->y1, (size_t)N * C);
 }
 
-void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, const float *x,
-                          float *y, float *scratch, int B, int T)
+/* The pieces of scratch that each swappable kind is, in the order of its saved layout (ATTN: the
+ * attention output, then the probabilities). */
+static int kind_pieces(const struct fy_gpt_config *c, const struct block_buf *s, int kind, int B,
+                       int T, float *piece[2], size_t n[2])
+{
+    size_t C = c->n_embd, N = (size_t)B * T;
+    piece[1] = NULL;
+    n[1] = 0;
+    switch (kind) {
+    case FY_ACT_QKV: piece[0] = s->qkv, n[0] = N * 3 * C; return 1;
+    case FY_ACT_ATTN:
+        piece[0] = s->atty, n[0] = N * C;
+        piece[1] = s->att, n[1] = (size_t)B * c->n_head * T * T;
+        return 2;
+    case FY_ACT_RESID: piece[0] = s->y1, n[0] = N * C; return 1;
+    case FY_ACT_FC: piece[0] = s->fc, n[0] = N * 4 * C; return 1;
+    case FY_ACT_GELU: piece[0] = s->gelu, n[0] = N * 4 * C; return 1;
+    default: return 0;
+    }
+}
+
+/* Between the scratch and the saved buffers: out (forward) or in (backward); returns the mask of
+ * kinds moved. */
+static unsigned move_saved(const struct fy_gpt_config *c, const struct block_buf *s,
+                           void *const *saved, int out, int B, int T)
+{
+    unsigned mask = 0;
+    for (int k = 0; saved != NULL && k < FY_ACT_KINDS; k++) {
+        float *piece[2];
+        size_t n[2];
+        int pieces = saved[k] != NULL ? kind_pieces(c, s, k, B, T, piece, n) : 0;
+        float *at = saved[k];
+        for (int i = 0; i < pieces; i++) {
+            if (out)
+                memcpy(at, piece[i], n[i] * sizeof(float));
+            else
+                memcpy(piece[i], at, n[i] * sizeof(float));
+            at += n[i];
+        }
+        mask |= pieces > 0 ? FY_ACT_BIT(k) : 0;
+    }
+    return mask;
+}
+
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void fy_cpu_block_op_times(const struct fy_gpt_config *c, const float *params, const float *x,
+                           float *scratch, int B, int T, double op_s[FY_ACT_KINDS])
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
-    block_forward_into(c, params, x, y, &s, B, T);
+    struct fy_gpt_block_layout l;
+    fy_gpt_block_layout(c, &l);
+    const float *p = params;
+    int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
+    memset(op_s, 0, FY_ACT_KINDS * sizeof *op_s);
+    double t = seconds_now(), t1;
+#define LAP(kind) (t1 = seconds_now(), op_s[kind] += t1 - t, t = t1)
+    fy_cpu_layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
+    LAP(FY_ACT_LN1);
+    fy_cpu_matmul_forward(s.qkv, s.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
+    LAP(FY_ACT_QKV);
+    fy_cpu_attention_forward(s.atty, s.att, s.qkv, B, T, C, NH);
+    LAP(FY_ACT_ATTN);
+    fy_cpu_matmul_forward(s.y1, s.atty, p + l.attn_w, p + l.attn_b, N, C, C);
+    fy_cpu_add(s.y1, s.y1, x, (size_t)N * C);
+    LAP(FY_ACT_RESID);
+    fy_cpu_layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.y1, p + l.ln2_w, p + l.ln2_b, N, C);
+    LAP(FY_ACT_LN2);
+    fy_cpu_matmul_forward(s.fc, s.ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C);
+    LAP(FY_ACT_FC);
+    fy_cpu_gelu_forward(s.gelu, s.fc, (size_t)N * 4 * C);
+    LAP(FY_ACT_GELU);
+#undef LAP
+}
+
+void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, const float *x,
+                          float *y, float *scratch, void *const *saved, int B, int T)
+{
+    struct block_buf s;
+    block_carve(c, B, T, scratch, &s);
+    block_forward_into(c, params, x, y, &s, 0, B, T);
+    move_saved(c, &s, saved, 1, B, T);
 }
 
 void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, const float *x,
-                           const float *dy, float *dx, float *dparams, float *scratch, int B, int T)
+                           const float *dy, float *dx, float *dparams, float *scratch,
+                           void *const *saved, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
@@ -357,7 +448,7 @@ void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, c
     int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
     size_t NC = (size_t)N * C;
 
-    block_forward_into(c, params, x, NULL, &s, B, T);
+    block_forward_into(c, params, x, NULL, &s, move_saved(c, &s, saved, 0, B, T), B, T);
     memset(dparams, 0, l.total * sizeof *dparams);
 
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */

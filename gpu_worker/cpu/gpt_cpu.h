@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/actplan.h"
 #include "common/model.h"
 
 #ifdef __cplusplus
@@ -91,13 +92,22 @@ void fy_cpu_embed_backward(const struct fy_gpt_config *c, const int32_t *tokens,
 
 /* Floats of scratch one block's forward or backward needs. */
 size_t fy_cpu_block_scratch(const struct fy_gpt_config *c, int B, int T);
-/* y = x + attn(ln1(x)); y = y + mlp(ln2(y)). */
+/* y = x + attn(ln1(x)); y = y + mlp(ln2(y)). saved (may be NULL): FY_ACT_KINDS buffers, where
+ * the forward copies the swappable internals whose entry is not NULL, in the CPU layout of
+ * fy_actplan_sizes_backend (f32; ATTN is the attention output then its probabilities). */
 void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, const float *x,
-                          float *y, float *scratch, int B, int T);
-/* Recomputes the block's internals from its input x (activation checkpointing), then back-propagates
- * dy: dx and dparams are overwritten (dparams in the block unit's layout). */
+                          float *y, float *scratch, void *const *saved, int B, int T);
+/* Seconds each forward op of a block takes (the ops that produce each kind, as the backward
+ * recomputes them; CKPT 0), for the activation planner's profile. */
+void fy_cpu_block_op_times(const struct fy_gpt_config *c, const float *params, const float *x,
+                           float *scratch, int B, int T, double op_s[FY_ACT_KINDS]);
+/* Recomputes the block's internals from its input x (activation checkpointing), except those that
+ * saved gives (as the forward wrote them; they are read, not changed), then back-propagates dy:
+ * dx and dparams are overwritten (dparams in the block unit's layout). The same bits whatever
+ * saved gives. */
 void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, const float *x,
-                           const float *dy, float *dx, float *dparams, float *scratch, int B, int T);
+                           const float *dy, float *dx, float *dparams, float *scratch,
+                           void *const *saved, int B, int T);
 
 /* Rows of logits a head holds at once (its logits scratch is FY_CPU_HEAD_CHUNK * V floats). */
 #define FY_CPU_HEAD_CHUNK 64

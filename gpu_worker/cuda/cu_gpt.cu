@@ -23,8 +23,16 @@
 #define HEAD_CHUNK_MAX 4096
 #define LT_WORKSPACE (32u << 20)
 
+/* a block forward downloads y and up to 6 pieces of swapped internals (qkv, atty, the attention's
+ * logsumexp, y1, fc, g); a head, 4 outputs */
 #define STAGING_OUTS 8
-#define STAGING_UPLOADS 6
+/* a block backward uploads params, x, dy and up to those 6 pieces */
+#define STAGING_UPLOADS 9
+/* fy_cu_gpt_profile: timing events (a start and the two copy streams' ends), repetitions timed
+ * after one warm-up, and the least host memory whose copies say something about the link */
+#define PROFILE_EVENTS 3
+#define PROFILE_REPS 3
+#define PROFILE_HOST_MIN (1u << 20)
 
 /* Device staging of one host-interface call in flight, and what finishing it still has to do. */
 struct staging {
@@ -52,6 +60,10 @@ struct staging {
     /* the call's activation output: host buffer and the device copy it came from */
     const void *act_out_host;
     const bf16 *act_out_dev;
+    /* the internals of a block call given saved host buffers (fy_cu_gpt_swap_sets): the forward
+     * computes into it and downloads from it, the backward uploads into it and recomputes the
+     * rest there. One per staging, so a call's set is free again once the call is finished. */
+    struct fy_cu_gpt_acts swap;
 };
 
 /* An activation input of a call (see act_in_queue). */
@@ -88,6 +100,7 @@ struct fy_cu_gpt {
     struct fy_cu_gpt_acts kept[FY_CU_GPT_MAX_KEPT];
     unsigned char kept_full[FY_CU_GPT_MAX_KEPT];
     int n_kept;
+    int swap_ready; /* every staging has its swap set */
     /* the internals' gradients */
     bf16 *dy, *dy1, *dln2, *datty, *dln1, *dx, *dqkv, *dg, *dfc;
     void *head_scratch;
@@ -96,6 +109,7 @@ struct fy_cu_gpt {
     cudaEvent_t t0, t1;
     struct fy_cu_gpt_op ops[FY_CU_GPT_MAX_OPS];
     int n_ops;
+    cudaEvent_t prof_ev[PROFILE_EVENTS]; /* fy_cu_gpt_profile's, made on its first call */
 };
 
 /* One list of every buffer, used both to size the arena and to carve it. */
@@ -300,6 +314,9 @@ void fy_cu_gpt_destroy(struct fy_cu_gpt **gp)
         cudaEventDestroy(g->t0);
     if (g->t1)
         cudaEventDestroy(g->t1);
+    for (int i = 0; i < PROFILE_EVENTS; i++)
+        if (g->prof_ev[i])
+            cudaEventDestroy(g->prof_ev[i]);
     if (g->compute)
         cudaStreamDestroy(g->compute);
     if (g->h2d)
@@ -544,41 +561,63 @@ static int timing_end(struct fy_cu_gpt *g, int slot)
 
 /* The block's forward from x into y, keeping every internal in `a` for the backward. y == NULL:
  * the recompute for the backward, which stops before the MLP's down product (its output is never
- * read there; a third of the recomputed products' work). */
+ * read there; a third of the recomputed products' work). have: the kinds (FY_ACT_BIT of common/
+ * actplan.h) already in `a`, uploaded from where the forward swapped them, whose ops are skipped;
+ * every other op runs as in the full forward, on the same inputs, so the set ends up with the same
+ * bits whatever the mix. LayerNorms always run (their outputs are never swapped). */
 static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y,
-                                struct fy_cu_gpt_acts *a)
+                                struct fy_cu_gpt_acts *a, unsigned have)
 {
     int N = g->N, C = (int)g->c.n_embd, NH = (int)g->c.n_head;
     size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
-    OP("layernorm fwd", fy_cu_layernorm_forward(a->ln1, a->mean1, a->rstd1, x, P(ln1_w), P(ln1_b), N, C, s));
-    OP("matmul qkv fwd", fy_cu_matmul_forward(g->lt, a->qkv, a->ln1, P(qkv_w), P(qkv_b), N, C, 3 * C, s));
-    if (g->flash)
-        OP("attention fwd", fy_cu_flash_forward(a->atty, a->qkv, a->attn, g->B, g->T, C, NH, s));
-    else
-        OP("attention fwd", fy_cu_attention_forward(g->lt, a->atty, a->qkv, a->attn, g->B, g->T, C, NH, s));
-    if (g->fuse) {
-        OP("matmul attn-proj fwd", fy_cu_matmul_forward_ex(g->lt, a->y1, a->atty, P(attn_w), P(attn_b),
-                                                           x, NULL, N, C, C, s));
-    } else {
-        OP("matmul attn-proj fwd", fy_cu_matmul_forward(g->lt, a->y1, a->atty, P(attn_w), P(attn_b), N, C, C, s));
-        OP("residual fwd", fy_cu_residual_forward(a->y1, a->y1, x, NC, s));
+    OP("layernorm fwd", fy_cu_layernorm_forward(a->ln1, a->mean1, a->rstd1, x, P(ln1_w), P(ln1_b),
+                                                N, C, s));
+    if (!(have & FY_ACT_BIT(FY_ACT_QKV)))
+        OP("matmul qkv fwd", fy_cu_matmul_forward(g->lt, a->qkv, a->ln1, P(qkv_w), P(qkv_b), N, C,
+                                                  3 * C, s));
+    if (!(have & FY_ACT_BIT(FY_ACT_ATTN))) {
+        if (g->flash)
+            OP("attention fwd", fy_cu_flash_forward(a->atty, a->qkv, a->attn, g->B, g->T, C, NH,
+                                                    s));
+        else
+            OP("attention fwd", fy_cu_attention_forward(g->lt, a->atty, a->qkv, a->attn, g->B, g->T,
+                                                        C, NH, s));
     }
-    OP("layernorm fwd", fy_cu_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->y1, P(ln2_w), P(ln2_b), N, C, s));
+    if (!(have & FY_ACT_BIT(FY_ACT_RESID))) {
+        if (g->fuse) {
+            OP("matmul attn-proj fwd", fy_cu_matmul_forward_ex(g->lt, a->y1, a->atty, P(attn_w),
+                                                               P(attn_b), x, NULL, N, C, C, s));
+        } else {
+            OP("matmul attn-proj fwd", fy_cu_matmul_forward(g->lt, a->y1, a->atty, P(attn_w),
+                                                            P(attn_b), N, C, C, s));
+            OP("residual fwd", fy_cu_residual_forward(a->y1, a->y1, x, NC, s));
+        }
+    }
+    OP("layernorm fwd", fy_cu_layernorm_forward(a->ln2, a->mean2, a->rstd2, a->y1, P(ln2_w),
+                                                P(ln2_b), N, C, s));
+    unsigned mlp = FY_ACT_BIT(FY_ACT_FC) | FY_ACT_BIT(FY_ACT_GELU);
     if (g->fuse) {
-        OP("matmul fc fwd", fy_cu_matmul_forward_ex(g->lt, a->g, a->ln2, P(fc_w), P(fc_b), NULL, a->fc,
-                                                    N, C, 4 * C, s));
+        /* one product writes both fc and g: it runs unless both are given, and rewriting the given
+         * one leaves it as it was (the same inputs through the same algorithm) */
+        if ((have & mlp) != mlp)
+            OP("matmul fc fwd", fy_cu_matmul_forward_ex(g->lt, a->g, a->ln2, P(fc_w), P(fc_b), NULL,
+                                                        a->fc, N, C, 4 * C, s));
         if (y == NULL)
             return 0;
-        OP("matmul proj fwd", fy_cu_matmul_forward_ex(g->lt, y, a->g, P(proj_w), P(proj_b), a->y1, NULL,
-                                                      N, 4 * C, C, s));
+        OP("matmul proj fwd", fy_cu_matmul_forward_ex(g->lt, y, a->g, P(proj_w), P(proj_b), a->y1,
+                                                      NULL, N, 4 * C, C, s));
         return 0;
     }
-    OP("matmul fc fwd", fy_cu_matmul_forward(g->lt, a->fc, a->ln2, P(fc_w), P(fc_b), N, C, 4 * C, s));
-    OP("gelu fwd", fy_cu_gelu_forward(a->g, a->fc, 4 * NC, s));
+    if (!(have & FY_ACT_BIT(FY_ACT_FC)))
+        OP("matmul fc fwd", fy_cu_matmul_forward(g->lt, a->fc, a->ln2, P(fc_w), P(fc_b), N, C,
+                                                 4 * C, s));
+    if (!(have & FY_ACT_BIT(FY_ACT_GELU)))
+        OP("gelu fwd", fy_cu_gelu_forward(a->g, a->fc, 4 * NC, s));
     if (y == NULL)
         return 0;
-    OP("matmul proj fwd", fy_cu_matmul_forward(g->lt, y, a->g, P(proj_w), P(proj_b), N, 4 * C, C, s));
+    OP("matmul proj fwd", fy_cu_matmul_forward(g->lt, y, a->g, P(proj_w), P(proj_b), N, 4 * C, C,
+                                               s));
     OP("residual fwd", fy_cu_residual_forward(y, y, a->y1, NC, s));
     return 0;
 }
@@ -617,7 +656,7 @@ int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const b
                                 struct fy_cu_gpt_acts *keep)
 {
     FY_REQUIRE(y != NULL, -EINVAL, "fy_cu_gpt_dev_block_forward: no output buffer");
-    return block_forward_device(g, params, x, y, keep != NULL ? keep : &g->own);
+    return block_forward_device(g, params, x, y, keep != NULL ? keep : &g->own, 0);
 }
 
 int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x,
@@ -629,7 +668,7 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
     struct fy_cu_gpt_acts *a = kept;
     if (a == NULL) { /* recompute from the checkpoint x */
         a = &g->own;
-        FY_TRY(block_forward_device(g, params, x, NULL, a));
+        FY_TRY(block_forward_device(g, params, x, NULL, a, 0));
     }
     FY_CUDA(cudaMemsetAsync(dparams, 0, g->lay.total * sizeof(float), s), "zeroing gradients");
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
@@ -662,6 +701,74 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
     return 0;
 }
 
+/* ---- swapped internals: pieces of a block's set in host buffers (struct fy_gpt_saved) ---- */
+
+/* The kinds `saved` gives, as a mask (0 for NULL or nothing given, which is the plain call), after
+ * checking that this unit can take them now. */
+static int saved_mask(const struct fy_cu_gpt *g, const struct fy_gpt_saved *saved, unsigned *mask)
+{
+    *mask = 0;
+    for (int k = 0; saved != NULL && k < FY_ACT_KINDS; k++)
+        if (saved->at[k] != NULL)
+            *mask |= FY_ACT_BIT(k);
+    FY_REQUIRE((*mask & ~FY_ACT_SWAPPABLE) == 0, -EINVAL,
+               "cu_gpt: saved internals of kinds 0x%x, which are never swapped (only qkv, attn, "
+               "resid, fc and gelu are)", *mask & ~FY_ACT_SWAPPABLE);
+    if (*mask == 0)
+        return 0;
+    FY_REQUIRE(g->swap_ready, -EINVAL,
+               "cu_gpt: a block call with swapped internals before their device sets were taken "
+               "(fy_cu_gpt_swap_sets, the backend's gpt_swap, after preparing)");
+    /* the materialised attention's statistics are the whole B x NH x T x T probabilities, which
+     * the host layout of ATTN (fy_actplan_sizes_backend) has no room for */
+    FY_REQUIRE(g->flash || !(*mask & FY_ACT_BIT(FY_ACT_ATTN)), -ENOTSUP,
+               "cu_gpt: the attention's internals (attn) cannot be swapped with the materialised "
+               "attention (FUYOU_CUDA_ATTENTION=materialised): recompute them or use the flash "
+               "attention");
+    return 0;
+}
+
+/* One piece of a swapped kind: a tensor of a device set and its place in the host buffer. */
+struct swap_piece {
+    void *dev;
+    char *host;
+    size_t bytes;
+};
+
+/* Bytes of the flash attention's logsumexp L [B][NH][T] f32, the start of its scratch: all of the
+ * scratch a backward reads (D after it is the backward's own). */
+static size_t lse_bytes(const struct fy_cu_gpt *g)
+{
+    return (size_t)g->B * g->c.n_head * (size_t)g->T * sizeof(float);
+}
+
+/* The pieces of the kinds in mask between set `a` and the host buffers of `saved`, in the layout
+ * of fy_actplan_sizes_backend "cuda": each kind's tensor as on the device, ATTN's attention output
+ * with the logsumexp right after it. Returns how many (at most SWAP_PIECES). */
+#define SWAP_PIECES 6
+static int swap_pieces(const struct fy_cu_gpt *g, const struct fy_cu_gpt_acts *a,
+                       const struct fy_gpt_saved *saved, unsigned mask, struct swap_piece *p)
+{
+    size_t NC = (size_t)g->N * g->c.n_embd * sizeof(bf16);
+    char *at[FY_ACT_KINDS];
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        at[k] = (char *)saved->at[k];
+    int n = 0;
+    if (mask & FY_ACT_BIT(FY_ACT_QKV))
+        p[n++] = (struct swap_piece){a->qkv, at[FY_ACT_QKV], 3 * NC};
+    if (mask & FY_ACT_BIT(FY_ACT_ATTN)) {
+        p[n++] = (struct swap_piece){a->atty, at[FY_ACT_ATTN], NC};
+        p[n++] = (struct swap_piece){a->attn, at[FY_ACT_ATTN] + NC, lse_bytes(g)};
+    }
+    if (mask & FY_ACT_BIT(FY_ACT_RESID))
+        p[n++] = (struct swap_piece){a->y1, at[FY_ACT_RESID], NC};
+    if (mask & FY_ACT_BIT(FY_ACT_FC))
+        p[n++] = (struct swap_piece){a->fc, at[FY_ACT_FC], 4 * NC};
+    if (mask & FY_ACT_BIT(FY_ACT_GELU))
+        p[n++] = (struct swap_piece){a->g, at[FY_ACT_GELU], 4 * NC};
+    return n;
+}
+
 /* The kept set of block `layer` (1..L), or NULL where that block is recomputed. */
 static int kept_index(const struct fy_cu_gpt *g, int layer)
 {
@@ -670,7 +777,8 @@ static int kept_index(const struct fy_cu_gpt *g, int layer)
 }
 
 static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer,
-                              const float *params, const void *x, void *y)
+                              const float *params, const void *x, void *y,
+                              const struct fy_gpt_saved *saved, unsigned mask)
 {
     size_t P = g->lay.total;
     cudaStream_t s = g->compute;
@@ -681,31 +789,45 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
     FY_TRY(act_in_place(g, &in_x));
     /* a set counts as filled only once the whole forward is queued: a failure part way leaves it
-     * spent, so the next backward recomputes */
+     * spent, so the next backward recomputes. A block whose internals are swapped computes into
+     * the call's own set instead, which its downloads read after this call's compute while the
+     * next call may already compute into g->own or a kept set; a kept block's set is left spent. */
     int k = kept_index(g, layer);
     if (k >= 0)
         g->kept_full[k] = 0;
-    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, k >= 0 ? &g->kept[k] : &g->own));
-    if (k >= 0)
+    struct fy_cu_gpt_acts *a = mask ? &st->swap : k >= 0 ? &g->kept[k] : &g->own;
+    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, a, 0));
+    if (k >= 0 && !mask)
         g->kept_full[k] = 1;
     FY_TRY(act_out_stage(g, st, g->y));
     FY_TRY(compute_done(g, st));
     st->act_out_host = y;
     st->act_out_dev = g->y;
-    return download(g, st, y, st->out, act_host_bytes(g));
+    FY_TRY(download(g, st, y, st->out, act_host_bytes(g)));
+    /* recorded in st->outs like y, so a backward queued while this call is in flight uploads
+     * them only once they are home; an earlier call still uploading from the same host buffers
+     * is ahead of these downloads anyway (they follow this call's compute, which follows every
+     * upload queued before it on the in-order host-to-device stream) */
+    struct swap_piece pieces[SWAP_PIECES];
+    int n = mask ? swap_pieces(g, a, saved, mask, pieces) : 0;
+    for (int i = 0; i < n; i++)
+        FY_TRY(download(g, st, pieces[i].host, pieces[i].dev, pieces[i].bytes));
+    return 0;
 }
 
 int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
-                            void *y)
+                            void *y, const struct fy_gpt_saved *saved)
 {
+    unsigned mask;
+    FY_TRY(saved_mask(g, saved, &mask));
     struct staging *st;
     FY_TRY(call_begin(g, &st));
-    return call_end(g, st, block_forward_call(g, st, layer, params, x, y));
+    return call_end(g, st, block_forward_call(g, st, layer, params, x, y, saved, mask));
 }
 
 static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int layer,
                                const float *params, const void *x, const void *dy, void *dx,
-                               float *dparams)
+                               float *dparams, const struct fy_gpt_saved *saved, unsigned mask)
 {
     size_t P = g->lay.total;
     cudaStream_t s = g->compute;
@@ -713,6 +835,12 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int laye
     FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
     FY_TRY(act_in_queue(g, st, &in_x));
     FY_TRY(act_in_queue(g, st, &in_dy));
+    /* the swapped kinds into the call's own set: the host buffers are only read, so a second
+     * backward from the same saved (clipping's second pass) finds them as they were */
+    struct swap_piece pieces[SWAP_PIECES];
+    int n = mask ? swap_pieces(g, &st->swap, saved, mask, pieces) : 0;
+    for (int i = 0; i < n; i++)
+        FY_TRY(upload(g, st, pieces[i].dev, pieces[i].host, pieces[i].bytes));
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
     FY_TRY(act_in_place(g, &in_x));
@@ -723,6 +851,10 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int laye
     struct fy_cu_gpt_acts *kept = k >= 0 && g->kept_full[k] ? &g->kept[k] : NULL;
     if (k >= 0)
         g->kept_full[k] = 0;
+    if (mask) { /* the rest of the call's set recomputed from x around what came from the host */
+        kept = &st->swap;
+        FY_TRY(block_forward_device(g, g->pbf, g->x, NULL, kept, mask));
+    }
     FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, st->grad, kept));
     FY_TRY(act_out_stage(g, st, g->dx));
     FY_TRY(compute_done(g, st));
@@ -733,11 +865,15 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int laye
 }
 
 int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
-                             const void *dy, void *dx, float *dparams)
+                             const void *dy, void *dx, float *dparams,
+                             const struct fy_gpt_saved *saved)
 {
+    unsigned mask;
+    FY_TRY(saved_mask(g, saved, &mask));
     struct staging *st;
     FY_TRY(call_begin(g, &st));
-    return call_end(g, st, block_backward_call(g, st, layer, params, x, dy, dx, dparams));
+    return call_end(g, st,
+                    block_backward_call(g, st, layer, params, x, dy, dx, dparams, saved, mask));
 }
 
 int fy_cu_gpt_dev_embed_forward(struct fy_cu_gpt *g, const bf16 *wte, const bf16 *wpe,
@@ -946,4 +1082,275 @@ int fy_cu_gpt_keep_layers(struct fy_cu_gpt *g, struct fy_cu_arena *arena, int ma
     /* the sets were taken in order, but the top blocks are the ones kept: renumbering is only
      * kept_index's arithmetic */
     return g->n_kept;
+}
+
+int fy_cu_gpt_swap_sets(struct fy_cu_gpt *g, struct fy_cu_arena *arena)
+{
+    if (g->swap_ready)
+        return 0;
+    /* before any kept set: those take what is left, and a later reset must not split them */
+    FY_REQUIRE(g->pending == 0 && g->n_kept == 0, -EBUSY,
+               "cu_gpt: taking the swap sets with calls in flight or after kept sets were taken "
+               "(they come first)");
+    /* the host layout the planner sizes the saved regions with must be the one copied here */
+    struct fy_actplan_sizes sizes;
+    FY_TRY(fy_actplan_sizes_backend(&g->c, g->B, g->T, "cuda", &sizes));
+    size_t NC = (size_t)g->N * g->c.n_embd * sizeof(bf16);
+    size_t mine[FY_ACT_KINDS] = {0};
+    mine[FY_ACT_QKV] = 3 * NC;
+    mine[FY_ACT_ATTN] = NC + lse_bytes(g);
+    mine[FY_ACT_RESID] = NC;
+    mine[FY_ACT_FC] = 4 * NC;
+    mine[FY_ACT_GELU] = 4 * NC;
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        FY_REQUIRE(!(FY_ACT_SWAPPABLE & FY_ACT_BIT(k)) || sizes.bytes[k] == mine[k] ||
+                       (k == FY_ACT_ATTN && !g->flash),
+                   -EINVAL, "cu_gpt: swapped %s takes %zu bytes here but %llu in the planner's "
+                   "layout (fy_actplan_sizes_backend)", fy_actplan_kind_name(k), mine[k],
+                   (unsigned long long)sizes.bytes[k]);
+    size_t mark = arena->used, set = fy_cu_gpt_acts_bytes(&g->c, g->B, g->T);
+    for (int i = 0; i < FY_CU_GPT_QUEUE; i++)
+        if (fy_cu_gpt_acts_take(g, arena, &g->st[i].swap) < 0) {
+            fy_cu_arena_reset(arena, mark);
+            for (int j = 0; j < FY_CU_GPT_QUEUE; j++)
+                memset(&g->st[j].swap, 0, sizeof g->st[j].swap);
+            fy_error("the GPU arena cannot hold the %d sets of block internals that swapped "
+                     "blocks compute in (%.3f GiB needed, %.3f GiB free of %.3f): raise "
+                     "--gpu-mem or lower the batch",
+                     FY_CU_GPT_QUEUE, (double)(FY_CU_GPT_QUEUE * set) / (1 << 30),
+                     (double)(arena->size - arena->used) / (1 << 30),
+                     (double)arena->size / (1 << 30));
+            return -ENOMEM;
+        }
+    g->swap_ready = 1;
+    return 0;
+}
+
+/* ---- the activation planner's profile of one block (struct fy_gpt_profile) ---- */
+
+/* Small values from the index alone, base + scale * [-1, 1): finite through every op, so the
+ * kernels run on ordinary data, and the same on every call. */
+static __global__ void profile_fill_kernel(bf16 *p, size_t n, uint32_t seed, float base,
+                                           float scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = ((uint32_t)i ^ seed) * 2654435761u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = __float2bfloat16(base + scale * ((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f));
+    }
+}
+
+static int profile_fill(bf16 *p, size_t n, uint32_t seed, float base, float scale, cudaStream_t s)
+{
+    profile_fill_kernel<<<fy_cu_blocks(n, 256), 256, 0, s>>>(p, n, seed, base, scale);
+    FY_CUDA_LAUNCHED("the profile's fill kernel");
+    return 0;
+}
+
+/* The block's parameters (GPT-2-like scale, LayerNorm weights 1), its input and its output
+ * gradient, in buffers that every later call rewrites before reading: pbf is converted from the
+ * call's uploaded parameters, x and dy are placed from the call's inputs. */
+static int profile_inputs(struct fy_cu_gpt *g)
+{
+    size_t C = g->c.n_embd, NC = (size_t)g->N * C;
+    cudaStream_t s = g->compute;
+    FY_TRY(profile_fill(g->pbf, g->lay.total, 1, 0.0f, 0.02f, s));
+    FY_TRY(profile_fill(g->pbf + g->lay.ln1_w, C, 2, 1.0f, 0.0f, s));
+    FY_TRY(profile_fill(g->pbf + g->lay.ln2_w, C, 3, 1.0f, 0.0f, s));
+    FY_TRY(profile_fill(g->x, NC, 4, 0.0f, 1.0f, s));
+    return profile_fill(g->dy, NC, 5, 0.0f, 1.0f, s);
+}
+
+/* The middle of n values (sorted in place). */
+static double profile_median(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v[n / 2];
+}
+
+static int profile_elapsed(cudaEvent_t from, cudaEvent_t to, double *s)
+{
+    float ms = 0;
+    FY_CUDA(cudaEventSynchronize(to), "waiting for a profiling event");
+    FY_CUDA(cudaEventElapsedTime(&ms, from, to), "reading a profiling event");
+    *s = 1e-3 * ms;
+    return 0;
+}
+
+/* Seconds the per-op table holds for one name (0 where that op did not run). */
+static double profile_op_s(const struct fy_cu_gpt *g, const char *name)
+{
+    for (int i = 0; i < g->n_ops; i++)
+        if (strcmp(g->ops[i].name, name) == 0)
+            return 1e-3 * g->ops[i].ms;
+    return 0;
+}
+
+/* Forward and backward of the whole block with timing off (the ops overlap as in training), then
+ * the forward ops that produce each kind, alone (per-op events). */
+static int profile_compute(struct fy_cu_gpt *g, struct fy_gpt_profile *out)
+{
+    cudaStream_t s = g->compute;
+    cudaEvent_t *ev = g->prof_ev;
+    double fwd[PROFILE_REPS], bwd[PROFILE_REPS], kind[FY_ACT_KINDS][PROFILE_REPS];
+    memset(kind, 0, sizeof kind);
+    g->timing = 0;
+    /* r = -1 warms up (cuBLASLt's plans, caches); each run is waited for, so that every one
+     * starts on an idle device */
+    for (int r = -1; r < PROFILE_REPS; r++) {
+        double t_fwd, t_bwd;
+        FY_CUDA(cudaEventRecord(ev[0], s), "recording a profiling event");
+        FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, &g->own, 0));
+        FY_CUDA(cudaEventRecord(ev[1], s), "recording a profiling event");
+        /* from the set the forward just filled: the backward without recomputation */
+        FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, g->st[0].grad,
+                                            &g->own));
+        FY_CUDA(cudaEventRecord(ev[2], s), "recording a profiling event");
+        FY_TRY(profile_elapsed(ev[0], ev[1], &t_fwd));
+        FY_TRY(profile_elapsed(ev[1], ev[2], &t_bwd));
+        if (r >= 0) {
+            fwd[r] = t_fwd;
+            bwd[r] = t_bwd;
+        }
+    }
+    /* The recompute forward (y NULL), as a backward reruns it: it stops before the MLP's down
+     * product, whose residual add would otherwise share the name "residual fwd" with the
+     * attention's. */
+    g->timing = 1;
+    for (int r = -1; r < PROFILE_REPS; r++) {
+        g->n_ops = 0;
+        FY_TRY(block_forward_device(g, g->pbf, g->x, NULL, &g->own, 0));
+        if (r < 0)
+            continue;
+        kind[FY_ACT_QKV][r] = profile_op_s(g, "matmul qkv fwd");
+        kind[FY_ACT_ATTN][r] = profile_op_s(g, "attention fwd");
+        /* fused, the residual add is the product's epilogue and has no op of its own */
+        kind[FY_ACT_RESID][r] = profile_op_s(g, "matmul attn-proj fwd") +
+                                profile_op_s(g, "residual fwd");
+        /* fused, one product writes fc and g and reruns unless both are kept: keeping either
+         * alone saves nothing, so both stay 0 (common/actplan.h's model takes them as such) */
+        if (!g->fuse) {
+            kind[FY_ACT_FC][r] = profile_op_s(g, "matmul fc fwd");
+            kind[FY_ACT_GELU][r] = profile_op_s(g, "gelu fwd");
+        }
+    }
+    g->timing = 0;
+    out->fwd_s = profile_median(fwd, PROFILE_REPS);
+    out->bwd_s = profile_median(bwd, PROFILE_REPS);
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        out->recompute_s[k] = profile_median(kind[k], PROFILE_REPS);
+    double N = g->N, C = g->c.n_embd;
+    FY_REQUIRE(out->recompute_s[FY_ACT_QKV] > 0, -EIO,
+               "cu_gpt: profiling timed the QKV product at 0 s");
+    out->flops_per_s = 2 * N * C * 3 * C / out->recompute_s[FY_ACT_QKV];
+    return 0;
+}
+
+/* Copies of `bytes` between `host` and the device buffer `dev`: each way alone on its own stream,
+ * then both at once, half the bytes each way (disjoint halves), from one start event on the idle
+ * compute stream to the later of the two ends. */
+static int profile_copies(struct fy_cu_gpt *g, char *host, char *dev, size_t bytes,
+                          struct fy_gpt_profile *out)
+{
+    cudaEvent_t *ev = g->prof_ev;
+    size_t half = bytes / 2;
+    double up[PROFILE_REPS], down[PROFILE_REPS], both[PROFILE_REPS];
+    for (int r = -1; r < PROFILE_REPS; r++) {
+        double t_up, t_down, t_a, t_b;
+        FY_CUDA(cudaEventRecord(ev[0], g->h2d), "recording a profiling event");
+        FY_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, g->h2d),
+                "profiling an upload of %zu bytes", bytes);
+        FY_CUDA(cudaEventRecord(ev[1], g->h2d), "recording a profiling event");
+        FY_TRY(profile_elapsed(ev[0], ev[1], &t_up));
+        FY_CUDA(cudaEventRecord(ev[0], g->d2h), "recording a profiling event");
+        FY_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, g->d2h),
+                "profiling a download of %zu bytes", bytes);
+        FY_CUDA(cudaEventRecord(ev[1], g->d2h), "recording a profiling event");
+        FY_TRY(profile_elapsed(ev[0], ev[1], &t_down));
+        FY_CUDA(cudaEventRecord(ev[0], g->compute), "recording a profiling event");
+        FY_CUDA(cudaStreamWaitEvent(g->h2d, ev[0], 0), "starting the profile's copies together");
+        FY_CUDA(cudaStreamWaitEvent(g->d2h, ev[0], 0), "starting the profile's copies together");
+        FY_CUDA(cudaMemcpyAsync(dev, host, half, cudaMemcpyHostToDevice, g->h2d),
+                "profiling an upload of %zu bytes", half);
+        FY_CUDA(cudaMemcpyAsync(host + half, dev + half, half, cudaMemcpyDeviceToHost, g->d2h),
+                "profiling a download of %zu bytes", half);
+        FY_CUDA(cudaEventRecord(ev[1], g->h2d), "recording a profiling event");
+        FY_CUDA(cudaEventRecord(ev[2], g->d2h), "recording a profiling event");
+        FY_TRY(profile_elapsed(ev[0], ev[1], &t_a));
+        FY_TRY(profile_elapsed(ev[0], ev[2], &t_b));
+        if (r < 0)
+            continue;
+        up[r] = t_up;
+        down[r] = t_down;
+        both[r] = t_a > t_b ? t_a : t_b;
+    }
+    out->h2d_Bps = (double)bytes / profile_median(up, PROFILE_REPS);
+    out->d2h_Bps = (double)bytes / profile_median(down, PROFILE_REPS);
+    out->duplex_Bps = (double)(2 * half) / profile_median(both, PROFILE_REPS);
+    return 0;
+}
+
+static int profile_run(struct fy_cu_gpt *g, void *host, size_t host_bytes,
+                       struct fy_gpt_profile *out)
+{
+    for (int i = 0; i < PROFILE_EVENTS; i++)
+        if (g->prof_ev[i] == NULL)
+            FY_CUDA(cudaEventCreate(&g->prof_ev[i]), "creating the profiling events");
+    FY_TRY(profile_inputs(g));
+    FY_TRY(profile_compute(g, out));
+    /* the copies go through the unit's own fc: the size of the largest kind a block swaps, and
+     * scratch that the next forward or recompute rewrites */
+    size_t dev_bytes = 4 * (size_t)g->N * g->c.n_embd * sizeof(bf16);
+    FY_CUDA(cudaStreamSynchronize(g->compute), "waiting for the profile's compute");
+    return profile_copies(g, (char *)host, (char *)g->own.fc,
+                          host_bytes < dev_bytes ? host_bytes : dev_bytes, out);
+}
+
+static int profile_sync(struct fy_cu_gpt *g)
+{
+    FY_CUDA(cudaStreamSynchronize(g->compute), "waiting for the profile's compute");
+    FY_CUDA(cudaStreamSynchronize(g->h2d), "waiting for the profile's uploads");
+    FY_CUDA(cudaStreamSynchronize(g->d2h), "waiting for the profile's downloads");
+    return 0;
+}
+
+int fy_cu_gpt_profile(struct fy_cu_gpt *g, struct fy_cu_arena *arena, void *host,
+                      size_t host_bytes, struct fy_gpt_profile *out)
+{
+    FY_REQUIRE(g->pending == 0, -EBUSY,
+               "cu_gpt: profiling with %d calls in flight (finish them first)", g->pending);
+    FY_REQUIRE(host != NULL && host_bytes >= PROFILE_HOST_MIN, -EINVAL,
+               "cu_gpt: profiling the copies needs at least %u bytes of pinned host memory, not "
+               "%zu", PROFILE_HOST_MIN, host != NULL ? host_bytes : 0);
+    /* pageable memory would be copied through a bounce buffer, at a speed training never sees */
+    cudaPointerAttributes attr;
+    FY_CUDA(cudaPointerGetAttributes(&attr, host), "looking up the profile's host memory");
+    FY_REQUIRE(attr.type == cudaMemoryTypeHost, -EINVAL,
+               "cu_gpt: profiling the copies through host memory that is not pinned (register "
+               "it with the backend first)");
+    memset(out, 0, sizeof *out);
+    /* a caller profiling the ops itself finds its table and switch as they were */
+    int timing = g->timing, n_ops = g->n_ops;
+    struct fy_cu_gpt_op ops[FY_CU_GPT_MAX_OPS];
+    memcpy(ops, g->ops, sizeof ops);
+    int rc = profile_run(g, host, host_bytes, out);
+    g->timing = timing;
+    g->n_ops = n_ops;
+    memcpy(g->ops, ops, sizeof ops);
+    /* nothing of the profile may still run when the next call rewrites its buffers */
+    int sync = profile_sync(g);
+    if (rc < 0)
+        return rc;
+    FY_TRY(sync);
+    out->gpu_free = arena->size - arena->used;
+    out->set_bytes = fy_cu_gpt_acts_bytes(&g->c, g->B, g->T);
+    return 0;
 }

@@ -1,19 +1,23 @@
 /* The GPT units on the GPU: embeddings, a transformer block (forward, and backward either from the
- * internals its forward kept or with the block recomputed from its input), and the final LayerNorm with the tied LM head and cross-entropy, over
- * the fp32 host buffers of the backend interface. Weights and activations are bf16 on the device
- * with fp32 accumulation; weight gradients are fp32. Every device buffer comes from the arena,
- * sized once for the batch. Copies go on their own streams, ordered by events.
+ * internals its forward kept, from those it swapped to host memory plus what the block recomputes
+ * around them, or with the block recomputed from its input), and the final LayerNorm with the tied
+ * LM head and cross-entropy, over the fp32 host buffers of the backend interface. Weights and
+ * activations are bf16 on the device with fp32 accumulation; weight gradients are fp32. Every
+ * device buffer comes from the arena, sized once for the batch. Copies go on their own streams,
+ * ordered by events.
  *
  * The host-interface calls (fp32 host buffers, pinned for full speed) queue their work and return
  * at once: up to FY_CU_GPT_QUEUE calls are in flight, each with its own staging buffers, so the
  * next call's uploads (the next layer's weights) run while the current one computes and its results
  * travel home. An input that a call in flight produces is taken from the device (the activation it
- * hands on) or uploaded once that call's download is done. Each call is completed, in order, by fy_cu_gpt_finish; until then its
- * host buffers must stay untouched and its outputs (the head's loss too) are not yet written. */
+ * hands on) or uploaded once that call's download is done. Each call is completed, in order, by
+ * fy_cu_gpt_finish; until then its host buffers must stay untouched and its outputs (the head's
+ * loss too) are not yet written. */
 #ifndef FY_CU_GPT_H
 #define FY_CU_GPT_H
 
 #include "common/model.h"
+#include "gpu_worker/backend.h" /* struct fy_gpt_saved */
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
 
@@ -43,11 +47,22 @@ int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32
 int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const void *dx,
                              float *dembed);
 /* layer: the block's index (1..n_layer), which says whether its internals are kept
- * (fy_cu_gpt_keep_layers); 0 for a block that is never kept. */
+ * (fy_cu_gpt_keep_layers); 0 for a block that is never kept.
+ * saved (may be NULL, or give no kind: the plain call): pinned host buffers for some of the
+ * block's internals (struct fy_gpt_saved of gpu_worker/backend.h: QKV, ATTN, RESID, FC, GELU),
+ * which needs fy_cu_gpt_swap_sets first (-EINVAL, said, before it). The forward computes into the
+ * call's swap set (a kept block's set is left spent) and downloads each given kind there, bytes as
+ * on the device: qkv bf16 [N][3C]; atty bf16 [N][C] then the flash attention's logsumexp
+ * [B][NH][T] f32; y1 bf16 [N][C]; fc and g bf16 [N][4C] (fy_actplan_sizes_backend "cuda"). The
+ * backward of the same block uploads them (after that forward's downloads, if it is still in
+ * flight) and recomputes only the rest from x, with the same bits as recomputing everything; it
+ * never writes to them, so a second backward may read them again. ATTN with the materialised
+ * attention (FUYOU_CUDA_ATTENTION=materialised): -ENOTSUP, said; another kind: -EINVAL. */
 int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
-                            void *y);
+                            void *y, const struct fy_gpt_saved *saved);
 int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
-                             const void *dy, void *dx, float *dparams);
+                             const void *dy, void *dx, float *dparams,
+                             const struct fy_gpt_saved *saved);
 /* Keeps the forward internals of up to max_layers blocks, the top ones, in sets taken from the
  * arena while they fit (none are taken once one does not); returns how many. The forward of a kept
  * block fills its set and the next backward of that block uses it instead of recomputing the
@@ -55,6 +70,28 @@ int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const float *params
  * with the arena memory after the model's working buffers. */
 #define FY_CU_GPT_MAX_KEPT 256
 int fy_cu_gpt_keep_layers(struct fy_cu_gpt *g, struct fy_cu_arena *arena, int max_layers);
+/* Takes one set of internals per staging (FY_CU_GPT_QUEUE sets, fy_cu_gpt_acts_bytes each) from
+ * the arena for block calls given saved host buffers: a call computes its block in its staging's
+ * set, which is free again once the call is finished. Before fy_cu_gpt_keep_layers and with no
+ * call in flight (-EBUSY, said); -ENOMEM (said, nothing taken) when they do not fit; a second
+ * call takes nothing and returns 0. */
+int fy_cu_gpt_swap_sets(struct fy_cu_gpt *g, struct fy_cu_arena *arena);
+/* Measures one block of this batch shape for the activation planner (struct fy_gpt_profile of
+ * gpu_worker/backend.h, all but magic and version), on values of its own, and completes before
+ * returning. Times are medians of 3 runs after a warm-up: fwd_s the whole forward; bwd_s the
+ * backward from the internals that forward kept; recompute_s[k] the forward op(s) producing kind
+ * k, timed op by op in the backward's recompute (QKV: the qkv product; ATTN: the attention; RESID:
+ * the attention's projection and its residual add; FC, GELU: the MLP-up product and the GELU, both
+ * 0 when fused, since the fused product reruns unless both are kept; others 0); flops_per_s the
+ * QKV product's rate. The link: copies of min(host_bytes, the unit's fc [N][4C] bf16) bytes
+ * through `host` (pinned) each way on the copy streams, and both ways at once. gpu_free: what the
+ * arena has left now; set_bytes: fy_cu_gpt_acts_bytes. Scratch only (the unit's parameters, x, y,
+ * dy, dx, own internals and a staging's gradient, all rewritten by any later call before it reads
+ * them): kept and swap sets and later calls' results are untouched, and so is the per-op timing
+ * table and switch (fy_cu_gpt_set_timing) of a caller profiling too. -EBUSY (said) with calls in
+ * flight; -EINVAL (said) for host_bytes under 1 MiB or host memory that is not pinned. */
+int fy_cu_gpt_profile(struct fy_cu_gpt *g, struct fy_cu_arena *arena, void *host,
+                      size_t host_bytes, struct fy_gpt_profile *out);
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed,
                    const void *x, const int32_t *targets, double *loss, void *dx, float *dfinal,
                    float *dembed);

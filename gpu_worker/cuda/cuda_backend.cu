@@ -216,16 +216,18 @@ static int cuda_embed_backward(void *state, const int32_t *tokens, const void *d
     return fy_cu_gpt_embed_backward(((struct cuda_state *)state)->gpt, tokens, dx, dembed);
 }
 
-static int cuda_block_forward(void *state, int layer, const float *params, const void *x, void *y)
+static int cuda_block_forward(void *state, int layer, const float *params, const void *x, void *y,
+                              const struct fy_gpt_saved *saved)
 {
-    return fy_cu_gpt_block_forward(((struct cuda_state *)state)->gpt, layer, params, x, y);
+    return fy_cu_gpt_block_forward(((struct cuda_state *)state)->gpt, layer, params, x, y, saved);
 }
 
 static int cuda_block_backward(void *state, int layer, const float *params, const void *x,
-                               const void *dy, void *dx, float *dparams)
+                               const void *dy, void *dx, float *dparams,
+                               const struct fy_gpt_saved *saved)
 {
     return fy_cu_gpt_block_backward(((struct cuda_state *)state)->gpt, layer, params, x, dy, dx,
-                                    dparams);
+                                    dparams, saved);
 }
 
 static int cuda_head(void *state, const float *final_params, const float *embed, const void *x,
@@ -266,6 +268,39 @@ static int cuda_keep(void *state, int max_layers)
     return kept;
 }
 
+static int cuda_swap(void *state)
+{
+    struct cuda_state *s = (struct cuda_state *)state;
+    FY_REQUIRE(s->gpt != NULL, -EINVAL, "cuda backend: readying swapped blocks before gpt_prepare");
+    size_t before = s->arena.used;
+    FY_TRY(fy_cu_gpt_swap_sets(s->gpt, &s->arena));
+    fy_info("GPU arena: %.3f GiB for the block internals that swapped blocks compute in (one set "
+            "per call in flight); %.3f of %.3f GiB in use",
+            (double)(s->arena.used - before) / (1 << 30), (double)s->arena.used / (1 << 30),
+            (double)s->arena.size / (1 << 30));
+    return 0;
+}
+
+static int cuda_profile(void *state, void *host, size_t host_bytes, struct fy_gpt_profile *out)
+{
+    struct cuda_state *s = (struct cuda_state *)state;
+    FY_REQUIRE(s->gpt != NULL, -EINVAL, "cuda backend: profiling GPT blocks before gpt_prepare");
+    FY_TRY(fy_cu_gpt_profile(s->gpt, &s->arena, host, host_bytes, out));
+    char kinds[160] = "";
+    size_t len = 0;
+    for (int k = 0; k < FY_ACT_KINDS && len < sizeof kinds; k++)
+        if (fy_actplan_kind_swappable(k))
+            len += (size_t)snprintf(kinds + len, sizeof kinds - len, " %s %.3f",
+                                    fy_actplan_kind_name(k), 1e3 * out->recompute_s[k]);
+    fy_info("profiled one block: forward %.3f ms, backward %.3f ms (from kept internals); "
+            "recompute ms:%s; PCIe %.1f GB/s up, %.1f down, %.1f both ways; %.3f GiB free for "
+            "internals, %.3f GiB a set",
+            1e3 * out->fwd_s, 1e3 * out->bwd_s, kinds, 1e-9 * out->h2d_Bps, 1e-9 * out->d2h_Bps,
+            1e-9 * out->duplex_Bps, (double)out->gpu_free / (1 << 30),
+            (double)out->set_bytes / (1 << 30));
+    return 0;
+}
+
 static int cuda_acts_bf16(void *state, int on)
 {
     return fy_cu_gpt_set_host_acts_bf16(((struct cuda_state *)state)->gpt, on);
@@ -283,5 +318,6 @@ extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     "cuda",          cuda_open,          cuda_close,          cuda_register_host,
     cuda_unregister_host, cuda_synth,    cuda_gpt_prepare,    cuda_embed_forward,
     cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
-    cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,      cuda_keep,
+    cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,      cuda_keep,          cuda_swap,
+    cuda_profile,
 };

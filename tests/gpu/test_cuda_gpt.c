@@ -1,6 +1,7 @@
 /* GPU test of the CUDA backend's GPT units against the CPU backend (the fp32 reference) through the
  * backend interface the gpu worker uses: embeddings, a block forward and backward, the head with
- * loss and gradients, the embedding backward; and determinism (two runs, identical bytes).
+ * loss and gradients, the embedding backward; and determinism (two runs, identical bytes). Blocks
+ * whose internals are swapped to host buffers (saved) give the bytes of the plain calls.
  * Tolerances are for bf16 weights and activations with fp32 accumulation: relative Frobenius error
  * of each output below 3e-2 (bf16 keeps 8 bits of mantissa, 2^-8 = 4e-3 per rounding, and a block
  * rounds each activation several times), loss within 1e-2 relative. */
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/actplan.h"
 #include "common/dtype.h"
 #include "common/model.h"
 #include "gpu_worker/backend.h"
@@ -72,8 +74,8 @@ static void test_units_match_cpu(void **state)
     assert_true(rel_err(x_gpu, x_cpu, NC, "embed forward") < 3e-2);
 
     float *y_gpu = malloc(NC * 4), *y_cpu = malloc(NC * 4);
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x_cpu, y_gpu), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(cpu, 1, block, x_cpu, y_cpu), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x_cpu, y_gpu, NULL), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cpu, 1, block, x_cpu, y_cpu, NULL), 0);
     assert_true(rel_err(y_gpu, y_cpu, NC, "block forward") < 3e-2);
 
     double loss_gpu, loss_cpu;
@@ -105,10 +107,10 @@ static void test_units_match_cpu(void **state)
 
     float *dxb_gpu = malloc(NC * 4), *dxb_cpu = malloc(NC * 4);
     float *dp_gpu = malloc(nb * 4), *dp_cpu = malloc(nb * 4);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, x_cpu, dx_cpu, dxb_gpu, dp_gpu),
-                     0);
-    assert_int_equal(fy_backend_gpt_block_backward(cpu, 1, block, x_cpu, dx_cpu, dxb_cpu, dp_cpu),
-                     0);
+    assert_int_equal(
+        fy_backend_gpt_block_backward(cuda, 1, block, x_cpu, dx_cpu, dxb_gpu, dp_gpu, NULL), 0);
+    assert_int_equal(
+        fy_backend_gpt_block_backward(cpu, 1, block, x_cpu, dx_cpu, dxb_cpu, dp_cpu, NULL), 0);
     assert_true(rel_err(dxb_gpu, dxb_cpu, NC, "block backward dx") < 3e-2);
     struct fy_gpt_block_layout l;
     fy_gpt_block_layout(&cfg, &l);
@@ -124,7 +126,7 @@ static void test_units_match_cpu(void **state)
     /* determinism: the same backward again gives the same bytes */
     float *dp_again = malloc(nb * 4), *dx_again = malloc(NC * 4);
     assert_int_equal(
-        fy_backend_gpt_block_backward(cuda, 1, block, x_cpu, dx_cpu, dx_again, dp_again), 0);
+        fy_backend_gpt_block_backward(cuda, 1, block, x_cpu, dx_cpu, dx_again, dp_again, NULL), 0);
     assert_memory_equal(dp_again, dp_gpu, nb * 4);
     assert_memory_equal(dx_again, dxb_gpu, NC * 4);
 
@@ -171,9 +173,9 @@ static void test_bf16_host_activations_same_bits(void **state)
     double loss;
     assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_F32), 0);
     assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, x), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x, y), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x, y, NULL), 0);
     assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y, targets, &loss, dy, dfin, demb), 0);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, x, dy, dx, dp), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, x, dy, dx, dp, NULL), 0);
     assert_int_equal(fy_backend_gpt_embed_backward(cuda, tokens, dx, demb), 0);
     assert_int_equal(fy_backend_gpt_logits(cuda, fin, embed, y, lg), 0);
     /* bf16 activations, every input given as bf16 */
@@ -186,7 +188,7 @@ static void test_bf16_host_activations_same_bits(void **state)
     assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, xh), 0);
     uint16_t *x_in = to_bf16(x, NC);
     assert_memory_equal(xh, x_in, NC * 2); /* f32 x was the exact widening of these */
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x_in, yh), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x_in, yh, NULL), 0);
     uint16_t *y_ref = to_bf16(y, NC);
     assert_memory_equal(yh, y_ref, NC * 2);
     assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, yh, targets, &loss2, dyh, dfin2, demb2),
@@ -195,7 +197,7 @@ static void test_bf16_host_activations_same_bits(void **state)
     uint16_t *dy_ref = to_bf16(dy, NC);
     assert_memory_equal(dyh, dy_ref, NC * 2);
     assert_memory_equal(dfin2, dfin, nf * 4);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, xh, dyh, dxh, dp2), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, xh, dyh, dxh, dp2, NULL), 0);
     uint16_t *dx_ref = to_bf16(dx, NC);
     assert_memory_equal(dxh, dx_ref, NC * 2);
     assert_memory_equal(dp2, dp, nb * 4);
@@ -219,6 +221,194 @@ static void test_budget_refused(void **state)
     fy_backend_close(&small);
 }
 
+/* ---- swapped internals through the backend interface ---- */
+
+#define KBIT(kind) FY_ACT_BIT(FY_ACT_##kind)
+/* none, all, each alone, and mixes where the backward skips some forward ops and reruns others */
+static const unsigned swap_masks[] = {
+    0,
+    FY_ACT_SWAPPABLE,
+    KBIT(QKV),
+    KBIT(ATTN),
+    KBIT(RESID),
+    KBIT(FC),
+    KBIT(GELU),
+    KBIT(QKV) | KBIT(RESID) | KBIT(GELU),
+    KBIT(ATTN) | KBIT(FC),
+};
+
+/* One registered allocation, as the pool is, carved by take(). */
+struct swap_pool {
+    char *base;
+    size_t size, used;
+};
+
+static void *take(struct swap_pool *p, size_t bytes)
+{
+    void *at = p->base + p->used;
+    p->used += (bytes + 4095) / 4096 * 4096;
+    assert_true(p->used <= p->size);
+    return at;
+}
+
+/* Outputs of two blocks, forward and backward. */
+struct two_blocks {
+    float *y1, *y2, *dx2, *dx1, *dp2, *dp1;
+};
+
+static void two_blocks_take(struct swap_pool *p, struct two_blocks *o, size_t NC, size_t nb)
+{
+    o->y1 = take(p, NC * 4);
+    o->y2 = take(p, NC * 4);
+    o->dx2 = take(p, NC * 4);
+    o->dx1 = take(p, NC * 4);
+    o->dp2 = take(p, nb * 4);
+    o->dp1 = take(p, nb * 4);
+}
+
+static void two_blocks_equal(const struct two_blocks *a, const struct two_blocks *b, size_t NC,
+                             size_t nb)
+{
+    assert_memory_equal(a->y1, b->y1, NC * 4);
+    assert_memory_equal(a->y2, b->y2, NC * 4);
+    assert_memory_equal(a->dx2, b->dx2, NC * 4);
+    assert_memory_equal(a->dp2, b->dp2, nb * 4);
+    assert_memory_equal(a->dx1, b->dx1, NC * 4);
+    assert_memory_equal(a->dp1, b->dp1, nb * 4);
+}
+
+static struct fy_gpt_saved saved_of(char *region, const struct fy_actplan_region *r, unsigned mask)
+{
+    struct fy_gpt_saved s;
+    memset(&s, 0, sizeof s);
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        if (mask & FY_ACT_BIT(k))
+            s.at[k] = region + r->offset[k];
+    return s;
+}
+
+/* fuse: FUYOU_CUDA_FUSE while preparing (NULL: the default, fused). With the calls queued as the
+ * pipeline queues them (both forwards in flight, each backward behind the call before it), every
+ * mask gives the bytes of the same calls completed one by one without saved; the saved regions
+ * are untouched by the backwards, a second pair of backwards (clipping) gives the same bytes, and
+ * a second pair of forwards over other poison writes the same saved bytes. */
+static void swapped_blocks_check(const char *fuse)
+{
+    size_t N = (size_t)B * T, NC = N * cfg.n_embd, nb = fy_gpt_unit_params(&cfg, 1);
+    struct fy_backend *b = NULL;
+    assert_int_equal(fy_backend_open(&b, "cuda", 256ull << 20), 0);
+    /* named either way, whatever the environment the test runs in says */
+    setenv("FUYOU_CUDA_FUSE", fuse != NULL ? fuse : "1", 1);
+    setenv("FUYOU_CUDA_ATTENTION", "flash", 1);
+    int rc = fy_backend_gpt_prepare(b, &cfg, B, T);
+    unsetenv("FUYOU_CUDA_FUSE");
+    unsetenv("FUYOU_CUDA_ATTENTION");
+    assert_int_equal(rc, 0);
+    struct fy_actplan_sizes sizes;
+    struct fy_actplan_region r;
+    assert_int_equal(fy_actplan_sizes_backend(&cfg, B, T, "cuda", &sizes), 0);
+    assert_int_equal(fy_actplan_region_of(&sizes, FY_ACT_SWAPPABLE, &r), 0);
+    struct swap_pool pool = {NULL, 16 * r.bytes + 32 * (nb + NC) * 4 + (1 << 20), 0};
+    pool.size = (pool.size + 4095) / 4096 * 4096;
+    pool.base = aligned_alloc(4096, pool.size);
+    assert_non_null(pool.base);
+    assert_int_equal(fy_backend_register_host(b, pool.base, pool.size), 0);
+    float *w1 = take(&pool, nb * 4), *w2 = take(&pool, nb * 4);
+    float *x = take(&pool, NC * 4), *dy = take(&pool, NC * 4);
+    float *p1 = unit_params(1, 21), *p2 = unit_params(2, 21);
+    memcpy(w1, p1, nb * 4);
+    memcpy(w2, p2, nb * 4);
+    free(p1);
+    free(p2);
+    uint64_t seed = 23;
+    for (size_t i = 0; i < NC; i++) {
+        x[i] = fy_test_uniform(&seed, -1, 1);
+        dy[i] = fy_test_uniform(&seed, -1e-2f, 1e-2f);
+    }
+    struct two_blocks ref, run, again;
+    two_blocks_take(&pool, &ref, NC, nb);
+    two_blocks_take(&pool, &run, NC, nb);
+    two_blocks_take(&pool, &again, NC, nb);
+    char *reg1 = take(&pool, r.bytes), *reg2 = take(&pool, r.bytes);
+    char *copy1 = malloc(r.bytes), *copy2 = malloc(r.bytes);
+    assert_true(copy1 != NULL && copy2 != NULL);
+
+    /* saved before gpt_swap: refused, nothing queued */
+    struct fy_gpt_saved qkv = saved_of(reg1, &r, KBIT(QKV));
+    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w1, x, run.y1, &qkv), -EINVAL);
+    assert_int_equal(fy_backend_gpt_swap(b), 0);
+    assert_int_equal(fy_backend_gpt_swap(b), 0); /* again: nothing more */
+
+    /* the reference: one by one, nothing saved */
+    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w1, x, ref.y1, NULL), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(b, 2, w2, ref.y1, ref.y2, NULL), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(b, 2, w2, ref.y1, dy, ref.dx2, ref.dp2, NULL),
+                     0);
+    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w1, x, ref.dx2, ref.dx1, ref.dp1, NULL),
+                     0);
+
+    assert_int_equal(fy_backend_gpt_set_queued(b, 1), 1);
+    for (size_t m = 0; m < sizeof swap_masks / sizeof swap_masks[0]; m++) {
+        unsigned mask = swap_masks[m];
+        print_message("backend, FUYOU_CUDA_FUSE=%s, swapped kinds 0x%02x\n", fuse ? fuse : "1",
+                      mask);
+        struct fy_gpt_saved s1 = saved_of(reg1, &r, mask), s2 = saved_of(reg2, &r, mask);
+        memset(reg1, 0xa5, r.bytes);
+        memset(reg2, 0xa5, r.bytes);
+        assert_int_equal(fy_backend_gpt_block_forward(b, 1, w1, x, run.y1, &s1), 0);
+        assert_int_equal(fy_backend_gpt_block_forward(b, 2, w2, run.y1, run.y2, &s2), 0);
+        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_int_equal(
+            fy_backend_gpt_block_backward(b, 2, w2, run.y1, dy, run.dx2, run.dp2, &s2), 0);
+        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_int_equal(
+            fy_backend_gpt_block_backward(b, 1, w1, x, run.dx2, run.dx1, run.dp1, &s1), 0);
+        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        two_blocks_equal(&run, &ref, NC, nb);
+        memcpy(copy1, reg1, r.bytes);
+        memcpy(copy2, reg2, r.bytes);
+        /* clipping's second pass, both backwards in flight */
+        assert_int_equal(
+            fy_backend_gpt_block_backward(b, 2, w2, run.y1, dy, again.dx2, again.dp2, &s2), 0);
+        assert_int_equal(
+            fy_backend_gpt_block_backward(b, 1, w1, x, again.dx2, again.dx1, again.dp1, &s1), 0);
+        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_memory_equal(again.dx2, ref.dx2, NC * 4);
+        assert_memory_equal(again.dp2, ref.dp2, nb * 4);
+        assert_memory_equal(again.dx1, ref.dx1, NC * 4);
+        assert_memory_equal(again.dp1, ref.dp1, nb * 4);
+        assert_memory_equal(reg1, copy1, r.bytes); /* read, never written, by the backwards */
+        assert_memory_equal(reg2, copy2, r.bytes);
+        /* the forwards again over other poison: every byte of the saved kinds written, the same */
+        memset(reg1, 0x5a, r.bytes);
+        memset(reg2, 0x5a, r.bytes);
+        assert_int_equal(fy_backend_gpt_block_forward(b, 1, w1, x, again.y1, &s1), 0);
+        assert_int_equal(fy_backend_gpt_block_forward(b, 2, w2, again.y1, again.y2, &s2), 0);
+        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_memory_equal(again.y2, ref.y2, NC * 4);
+        for (int k = 0; k < FY_ACT_KINDS; k++)
+            if (mask & FY_ACT_BIT(k)) {
+                assert_memory_equal(reg1 + r.offset[k], copy1 + r.offset[k], sizes.bytes[k]);
+                assert_memory_equal(reg2 + r.offset[k], copy2 + r.offset[k], sizes.bytes[k]);
+                assert_memory_not_equal(reg1 + r.offset[k], reg2 + r.offset[k], sizes.bytes[k]);
+            }
+    }
+    fy_backend_gpt_set_queued(b, 0);
+    fy_backend_close(&b); /* unregisters the pool */
+    free(pool.base);
+    free(copy1);
+    free(copy2);
+}
+
+static void test_swapped_blocks_queued(void **state)
+{
+    swapped_blocks_check(NULL);
+    swapped_blocks_check("0");
+}
+
 int main(void)
 {
     if (!fy_backend_cuda_built()) {
@@ -236,6 +426,7 @@ int main(void)
         cmocka_unit_test(test_units_match_cpu),
         cmocka_unit_test(test_bf16_host_activations_same_bits),
         cmocka_unit_test(test_budget_refused),
+        cmocka_unit_test(test_swapped_blocks_queued),
     };
     int failed = cmocka_run_group_tests_name("cuda GPT units", tests, NULL, NULL);
     fy_backend_close(&cuda);

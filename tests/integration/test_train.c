@@ -321,7 +321,7 @@ static void test_prediction_by_hand(void **state)
     struct fy_train_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9, .ssd_read = 1e8,
                                    .ssd_write = 2e8, .opt_params = 1e6};
     struct fy_train_prediction p;
-    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, resident, &rates, &p);
+    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, resident, &rates, &p);
     assert_float_equal(p.gpu_s, 9.4175232e-5, 1e-12);
     assert_float_equal(p.h2d_s, 1.276928e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
@@ -331,7 +331,7 @@ static void test_prediction_by_hand(void **state)
     assert_string_equal(p.bound, "optimizer");
     /* clipping: the blocks' backward and recomputation once more (0.75 of 128 tokens x 2 blocks x
      * 312192 FLOPs), the second pass's PCIe bytes and weights reads, the sums of squares */
-    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 1, 0, resident, &rates, &p);
+    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 1, 0, NULL, resident, &rates, &p);
     assert_float_equal(p.gpu_s, 1.54116096e-4, 1e-12);
     assert_float_equal(p.h2d_s, 1.91488e-3, 1e-12);
     assert_float_equal(p.d2h_s, 6.37696e-4, 1e-12);
@@ -339,19 +339,19 @@ static void test_prediction_by_hand(void **state)
     assert_float_equal(p.opt_s, 0.118528 * 8.0 / 7.0, 1e-12);
     /* a slow disk becomes the bound */
     rates.ssd_read = 1e6;
-    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, resident, &rates, &p);
+    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, resident, &rates, &p);
     assert_float_equal(p.step_s, 0.802816 + 3.01056e-3, 1e-12);
     assert_string_equal(p.bound, "SSD");
     /* checkpoints on the SSD: x_0 and x_1 (32768 bytes each) written once and read once */
     rates.ssd_read = 1e8;
-    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 1, resident, &rates, &p);
+    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 1, NULL, resident, &rates, &p);
     assert_float_equal(p.ssd_s, 1.202176e-2, 1e-12);
     /* bf16 activations (the CUDA backend's): 16384 bytes each instead of 32768, 8 of them up and 6
      * down per step, and the checkpoints half the size on the SSD */
-    fy_train_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 0, resident, &rates, &p);
+    fy_train_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 0, NULL, resident, &rates, &p);
     assert_float_equal(p.h2d_s, 1.145856e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.18976e-4, 1e-12);
-    fy_train_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 1, resident, &rates, &p);
+    fy_train_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 1, NULL, resident, &rates, &p);
     assert_float_equal(p.ssd_s, 1.103872e-2 + 3.2768e-4 + 1.6384e-4, 1e-12);
 }
 
@@ -395,6 +395,76 @@ static void test_checkpoints_on_ssd_agree(void **state)
     assert_int_equal(train(f, fy_test_in(f, "bad"), f->data, "1", NULL, 0, "--ckpt-place", "gpu"),
                      2);
     assert_true(fy_test_file_contains(f->log, "--ckpt-place gpu: give host, ssd or auto"));
+}
+
+/* --act-plan host|ssd: the forward copies the blocks' internals into the pool (host) or through
+ * four pool slots to the store (ssd; six blocks, so the slots are reused) and the backward reads
+ * them instead of recomputing; a seeded mix of host, ssd and recompute per block and kind does the
+ * same per kind, and auto profiles a block and plans (everything to the pool when it fits, a mix
+ * under a tight --cpu-mem). Over 10 steps every plan gives the losses and weights of
+ * recomputation bit for bit: in both schedules, with clipping (whose second backward pass reads
+ * them again), with the checkpoints on the SSD beside them and with the state resident. */
+static void test_swapped_internals_agree(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    const char *runs[][9] = {
+        {"recompute", "overlap", "0", NULL},
+        {"host", "overlap", "0", NULL},
+        {"ssd", "overlap", "0", NULL},
+        {"ssd", "serial", "0", NULL},
+        {"mix1", "overlap", "0", "--ckpt-place", "ssd", NULL},
+        {"mix2", "overlap", "0", "--cpu-mem", "1G", NULL},
+        {"ssd", "overlap", "0.5", NULL},
+        {"mix1", "serial", "0.5", "--ckpt-place", "ssd", NULL},
+        {"recompute", "overlap", "0.5", NULL},
+        {"auto", "overlap", "0", NULL},
+        {"auto", "overlap", "0", "--cpu-mem", "26M", NULL},
+        {"auto", "serial", "0.5", "--cpu-mem", "26M", NULL},
+    };
+    struct same_bits plain = {0}, clipped = {0};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const char *plan = strncmp(runs[i][0], "mix", 3) == 0 ? "ssd" : runs[i][0];
+        if (strncmp(runs[i][0], "mix", 3) == 0)
+            setenv("FUYOU_TEST_ACT_MIX", runs[i][0] + 3, 1);
+        const char *extra[12] = {"--act-plan", plan, "--schedule", runs[i][1],
+                                 "--clip-grad-norm", runs[i][2]};
+        for (int k = 3; k < 9 && runs[i][k] != NULL; k++)
+            extra[3 + k] = runs[i][k];
+        char run[700];
+        snprintf(run, sizeof run, "%s-%zu", fy_test_in(f, "swap"), i);
+        int clip = strcmp(runs[i][2], "0") != 0;
+        train_same_bits(f, clip ? &clipped : &plain, run, "6", "64", "10", extra);
+        unsetenv("FUYOU_TEST_ACT_MIX");
+        if (strcmp(plan, "ssd") == 0)
+            assert_true(fy_test_file_contains(f->log, "internals placed on the SSD spilled to the "
+                                                      "store through 4 pool slots"));
+        if (strncmp(runs[i][0], "mix", 3) == 0)
+            assert_true(fy_test_file_contains(f->log, "the blocks' internals mixed"));
+        if (strcmp(plan, "auto") == 0) { /* profiled and planned, the plan in the run directory */
+            char path[740];
+            snprintf(path, sizeof path, "%s/act_plan.json", run);
+            char *json = fy_test_slurp(path, NULL);
+            assert_non_null(json);
+            assert_non_null(strstr(json, "\"mode\": \"auto\""));
+            assert_non_null(strstr(json, "\"planner\": {"));
+            free(json);
+            assert_true(fy_test_file_contains(f->log, "from the measured block profile"));
+        }
+    }
+    same_bits_free(&plain);
+    same_bits_free(&clipped);
+    /* the pool holds every block's internals with host: a --cpu-mem that recomputation fits (its
+     * pool is 18 MiB, measured) and host does not is refused, with the numbers */
+    const char *init[] = {"init", "--run-dir", fy_test_in(f, "swap-tight"), "--layers", "6",
+                          "--heads", "2", "--embd", "64", "--ctx", "32", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    const char *fits[] = {"--act-plan", "recompute", "--cpu-mem", "20M", NULL};
+    assert_int_equal(train_with(f, fy_test_in(f, "swap-tight"), f->data, "1", NULL, 0, fits), 0);
+    const char *tight[] = {"--act-plan", "host", "--cpu-mem", "20M", NULL};
+    assert_int_not_equal(train_with(f, fy_test_in(f, "swap-tight"), f->data, "2", NULL, 0, tight),
+                         0);
+    assert_true(fy_test_file_contains(f->log, "--cpu-mem is 20.0 MiB"));
+    assert_true(fy_test_file_contains(f->log, "state 1.1 MiB, saved "));
 }
 
 /* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
@@ -955,6 +1025,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_checkpoints_on_ssd_agree, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_swapped_internals_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resident_state_matches_streaming, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefetch_depths_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_placement_five_blocks, setup, teardown),

@@ -1,0 +1,326 @@
+/* A training run's plan for the blocks' internals: forced placements, and auto's choice between
+ * keeping alone and keeping fewer while the planner swaps kinds of the rest. See actrun.h. */
+#include "actrun.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/synth.h"
+
+/* Forced host or ssd: every swappable kind there, or the test hook's seeded mix. */
+static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
+{
+    unsigned L = in->c->n_layer;
+    FY_REQUIRE(in->c->arch != FY_ARCH_LLAMA, -ENOTSUP,
+               "--act-plan %s: the Llama blocks always recompute their internals: use auto or "
+               "recompute", fy_actplan_mode_name(in->mode));
+    out->place = calloc((size_t)L * FY_ACT_KINDS + 1, 1);
+    FY_REQUIRE(out->place != NULL, -ENOMEM, "train: out of memory for the activation plan");
+    const char *mix = getenv("FUYOU_TEST_ACT_MIX");
+    uint64_t seed = mix != NULL ? strtoull(mix, NULL, 10) : 0;
+    static const int choice[3] = {FY_ACT_HOST, FY_ACT_SSD, FY_ACT_RECOMPUTE};
+    for (unsigned l = 0; l < L; l++)
+        for (int k = 0; k < FY_ACT_KINDS; k++) {
+            int at = k == FY_ACT_CKPT ? FY_ACT_HOST : FY_ACT_RECOMPUTE;
+            if (fy_actplan_kind_swappable(k))
+                at = in->mode == FY_ACTPLAN_HOST ? FY_ACT_HOST : FY_ACT_SSD;
+            if (mix != NULL && fy_actplan_kind_swappable(k))
+                at = choice[fy_synth_mix(seed * 1000003u + l * FY_ACT_KINDS + k) % 3];
+            out->place[l * FY_ACT_KINDS + k] = (unsigned char)at;
+        }
+    out->keep = 0;
+    out->swap_sets = 1;
+    return 0;
+}
+
+static uint64_t unit_f32(const struct fy_gpt_config *c, unsigned u)
+{
+    return fy_gpt_unit_params(c, u) * 4;
+}
+
+/* What the phases carry besides the planned blocks' internals, with `keep` top blocks kept and
+ * `planned` blocks under the planner. */
+static void other_work(const struct fy_actrun_in *in, int keep, int planned,
+                       struct fy_actplan_other *fwd, struct fy_actplan_other *bwd)
+{
+    const struct fy_gpt_config *c = in->c;
+    const struct fy_gpt_profile *p = in->prof;
+    unsigned L = c->n_layer, units = fy_gpt_unit_count(c);
+    double passes = in->clip ? 2 : 1, N = (double)in->B * in->T;
+    uint64_t act = fy_train_act_bytes(c, in->B, in->T, in->act_dtype);
+    memset(fwd, 0, sizeof *fwd);
+    memset(bwd, 0, sizeof *bwd);
+    for (unsigned u = 0; u < units; u++) {
+        fwd->h2d += unit_f32(c, u); /* every unit's weights up in the forward */
+        if (in->resident == NULL || !in->resident[u]) {
+            int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
+            fwd->ssd_read += fy_unit_state_section(c, u);
+            bwd->ssd_read += fy_unit_state_bytes(c, u) +
+                             (in->clip && block ? fy_unit_state_section(c, u) : 0);
+            bwd->ssd_write += fy_unit_state_bytes(c, u);
+        }
+    }
+    /* the head (forward and backward in one request): its gradients come home in the forward */
+    uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4;
+    fwd->d2h += act + unit_f32(c, L + 1) + wte;
+    double head_flops = 6.0 * N * c->n_embd * c->vocab;
+    double rate = p->flops_per_s > 0 ? p->flops_per_s : INFINITY;
+    fwd->gpu_s = keep * p->fwd_s + head_flops / rate;
+    bwd->h2d = (uint64_t)(passes * L * unit_f32(c, 1));
+    bwd->d2h = (uint64_t)(passes * L * (act + unit_f32(c, 1)) + unit_f32(c, 0));
+    /* a clipped step's first backward pass, recomputing the planned blocks in full */
+    double full_recompute = 0;
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        full_recompute += p->recompute_s[k];
+    bwd->gpu_s = passes * keep * p->bwd_s + (passes - 1) * planned * (p->bwd_s + full_recompute);
+    double params = (double)fy_gpt_total_params(c);
+    bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + 4.0 / 28.0 : 1.0);
+}
+
+/* A phase with no planned blocks: its slowest resource (the cost model of actplan.h, A = 0). */
+static double phase_alone(const struct fy_actplan_other *o, const struct fy_actrun_in *in)
+{
+    const struct fy_gpt_profile *p = in->prof;
+    double t[] = {o->gpu_s, o->h2d / p->h2d_Bps, o->d2h / p->d2h_Bps,
+                  (o->h2d + o->d2h) / p->duplex_Bps,
+                  o->ssd_read / in->rates.ssd_read + o->ssd_write / in->rates.ssd_write, o->opt_s};
+    double most = 0;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        most = t[i] > most ? t[i] : most;
+    return most;
+}
+
+/* The planner over the `planned` bottom blocks with `keep` top blocks kept, in mode m; *plan NULL
+ * and *step_s the prediction when no block is left to plan. */
+static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes, int keep,
+                     enum fy_actplan_mode m, uint64_t host_room, uint64_t ssd_room,
+                     struct fy_actplan **plan, double *step_s)
+{
+    int planned = (int)in->c->n_layer - keep;
+    struct fy_actplan_profile prof = {0};
+    other_work(in, keep, planned, &prof.fwd, &prof.bwd);
+    *plan = NULL;
+    if (planned == 0) {
+        *step_s = phase_alone(&prof.fwd, in) + phase_alone(&prof.bwd, in);
+        return 0;
+    }
+    struct fy_actplan_layer_prof *layer = calloc((size_t)planned, sizeof *layer);
+    FY_REQUIRE(layer != NULL, -ENOMEM, "train: out of memory for the activation profile");
+    for (int l = 0; l < planned; l++) {
+        layer[l].fwd_s = in->prof->fwd_s;
+        layer[l].bwd_s = in->prof->bwd_s;
+        memcpy(layer[l].recompute_s, in->prof->recompute_s, sizeof layer[l].recompute_s);
+    }
+    prof.n_layer = planned;
+    prof.layer = layer;
+    prof.h2d_Bps = in->prof->h2d_Bps;
+    prof.d2h_Bps = in->prof->d2h_Bps;
+    prof.duplex_Bps = in->prof->duplex_Bps;
+    prof.ssd_read_Bps = in->rates.ssd_read;
+    prof.ssd_write_Bps = in->rates.ssd_write;
+    prof.gpu_bytes = 0; /* a block on the GPU keeps everything: the kept ones, outside the plan */
+    prof.host_bytes = host_room + (uint64_t)planned * sizes->bytes[FY_ACT_CKPT];
+    prof.ssd_bytes = ssd_room;
+    int rc = fy_actplan_new(plan, &prof, sizes, m);
+    free(layer);
+    if (rc == 0)
+        *step_s = (*plan)->pred.step_s;
+    return rc;
+}
+
+/* Arrangement B with `keep` top blocks kept: the planner over the others, in a pool room that
+ * must also hold the SSD-placed kinds' slots, which the planner does not see: when they do not
+ * fit, it plans again with that much less room, and last with no SSD at all. *plan NULL when
+ * nothing fits. */
+static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes,
+                         int keep, struct fy_actplan **plan, double *step_s,
+                         unsigned char **place, struct fy_train_swap *swap)
+{
+    int L = (int)in->c->n_layer, planned = L - keep;
+    uint64_t room = in->host_bytes, ssd = in->ssd_bytes;
+    *plan = NULL;
+    *place = calloc((size_t)L * FY_ACT_KINDS + 1, 1);
+    FY_REQUIRE(*place != NULL, -ENOMEM, "train: out of memory for the activation plan");
+    for (int tries = 0; tries < 3; tries++) {
+        fy_actplan_destroy(plan);
+        int rc = plan_rest(in, sizes, keep, FY_ACTPLAN_AUTO, room, ssd, plan, step_s);
+        if (rc == -ENOSPC) /* not even the checkpoints: no swapping */
+            break;
+        if (rc < 0) {
+            free(*place);
+            *place = NULL;
+            return rc;
+        }
+        memcpy(*place, (*plan)->place, (size_t)planned * FY_ACT_KINDS);
+        for (int l = planned; l < L; l++)
+            for (int k = 0; k < FY_ACT_KINDS; k++)
+                (*place)[l * FY_ACT_KINDS + k] = k == FY_ACT_CKPT ? FY_ACT_HOST
+                                                 : fy_actplan_kind_swappable(k) ? FY_ACT_GPU
+                                                                              : FY_ACT_RECOMPUTE;
+        fy_train_swap_of(*place, (unsigned)L, sizes, swap);
+        if (fy_train_swap_pool_bytes(swap) <= in->host_bytes)
+            return 0;
+        uint64_t slots = FY_TRAIN_SAVED_SLOTS * swap->slot_bytes;
+        room = in->host_bytes > slots && tries == 0 ? in->host_bytes - slots : in->host_bytes;
+        ssd = tries == 0 ? ssd : 0;
+    }
+    fy_actplan_destroy(plan);
+    free(*place);
+    *place = NULL;
+    return 0;
+}
+
+static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
+{
+    const struct fy_gpt_profile *p = in->prof;
+    int L = (int)in->c->n_layer;
+    out->keep = -1; /* without a profile: as many as fit, nothing swapped */
+    if (p == NULL)
+        return 0;
+    uint64_t set = p->set_bytes;
+    int keep_a = set ? (int)(p->gpu_free / set < (uint64_t)L ? p->gpu_free / set : (uint64_t)L) : 0;
+    struct fy_actplan *plan_a = NULL, *plan_b = NULL;
+    double step_a = 0, step_b = INFINITY;
+    FY_TRY(plan_rest(in, &out->sizes, keep_a, FY_ACTPLAN_RECOMPUTE, in->host_bytes,
+                     in->ssd_bytes, &plan_a, &step_a));
+    /* swapping costs the gpu worker one set per call in flight */
+    int can_swap = in->c->arch != FY_ARCH_LLAMA && (set == 0 || p->gpu_free >= 2 * set);
+    int keep_b = 0;
+    if (can_swap && set) {
+        uint64_t room = (p->gpu_free - 2 * set) / set;
+        keep_b = room < (uint64_t)L ? (int)room : L;
+    }
+    struct fy_train_swap swap_b = {0};
+    unsigned char *place_b = NULL;
+    if (can_swap && keep_b < L) {
+        int rc = plan_swapping(in, &out->sizes, keep_b, &plan_b, &step_b, &place_b, &swap_b);
+        if (rc < 0) {
+            fy_actplan_destroy(&plan_a);
+            return rc;
+        }
+    }
+    /* B only when it swaps something and is predicted faster */
+    if (plan_b != NULL && swap_b.host_bytes + swap_b.ssd_bytes > 0 && step_b < step_a) {
+        out->place = place_b;
+        out->swap = swap_b;
+        out->keep = keep_b;
+        out->swap_sets = 1;
+        out->predicted_s = step_b;
+        out->plan = plan_b;
+        fy_actplan_destroy(&plan_a);
+        return 0;
+    }
+    free(place_b);
+    fy_actplan_destroy(&plan_b);
+    out->keep = keep_a;
+    out->predicted_s = step_a;
+    out->plan = plan_a;
+    return 0;
+}
+
+int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
+{
+    memset(out, 0, sizeof *out);
+    FY_TRY(fy_actplan_sizes_backend(in->c, in->B, in->T, in->backend, &out->sizes));
+    int rc = 0;
+    if (in->mode == FY_ACTPLAN_HOST || in->mode == FY_ACTPLAN_SSD)
+        rc = plan_forced(in, out);
+    else if (in->mode == FY_ACTPLAN_AUTO)
+        rc = plan_auto(in, out);
+    if (rc < 0) {
+        fy_actrun_free(out);
+        return rc;
+    }
+    fy_train_swap_of(out->place, in->c->n_layer, &out->sizes, &out->swap);
+    return 0;
+}
+
+void fy_actrun_free(struct fy_actrun *r)
+{
+    free(r->place);
+    r->place = NULL;
+    fy_actplan_destroy(&r->plan);
+}
+
+/* Block b's kinds at a placement, as "qkv,attn" ("-" for none). */
+static void kinds_at(const struct fy_actrun *r, unsigned b, int place, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < FY_ACT_KINDS && r->place != NULL; k++)
+        if (fy_actplan_kind_swappable(k) && r->place[(b - 1) * FY_ACT_KINDS + k] == place)
+            at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "%s%s", at ? "," : "",
+                                   fy_actplan_kind_name(k));
+    if (buf[0] == '\0')
+        snprintf(buf, len, "-");
+}
+
+void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
+{
+    char host[32], ssd[32], slot[32];
+    fy_format_size(r->swap.host_bytes, host, sizeof host);
+    fy_format_size(r->swap.ssd_bytes, ssd, sizeof ssd);
+    fy_format_size(r->swap.slot_bytes, slot, sizeof slot);
+    const char *mix = getenv("FUYOU_TEST_ACT_MIX");
+    if (mix != NULL && r->plan == NULL && r->place != NULL)
+        fy_info("FUYOU_TEST_ACT_MIX=%s: the blocks' internals mixed", mix);
+    if (in->mode == FY_ACTPLAN_AUTO && in->prof == NULL)
+        fy_info("plan: activations (auto, not profiled): the gpu worker keeps the internals of "
+                "as many top blocks as fit, the others are recomputed");
+    else if (r->keep != 0 || r->place != NULL)
+        fy_info("plan: activations (%s): the internals of %d top block%s kept on the GPU; of the "
+                "others, swapped instead of recomputed: %s in the pool from forward to backward, %s "
+                "to the SSD store through %d pool slots of %s",
+                fy_actplan_mode_name(in->mode), r->keep, r->keep == 1 ? "" : "s", host, ssd,
+                FY_TRAIN_SAVED_SLOTS, slot);
+    else
+        fy_info("plan: activations (%s): every block's backward recomputes its internals",
+                fy_actplan_mode_name(in->mode));
+    for (unsigned b = 1; r->place != NULL && b <= in->c->n_layer; b++) {
+        char h[64], d[64];
+        kinds_at(r, b, FY_ACT_HOST, h, sizeof h);
+        kinds_at(r, b, FY_ACT_SSD, d, sizeof d);
+        if (strcmp(h, "-") != 0 || strcmp(d, "-") != 0)
+            fy_info("plan:   block %u: pool %s, ssd %s", b, h, d);
+    }
+    if (r->plan != NULL) {
+        char text[1024];
+        fy_actplan_describe(r->plan, text, sizeof text);
+        for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n"))
+            fy_info("plan:   %s", line);
+    }
+    if (r->predicted_s > 0)
+        fy_info("plan: predicted step %.3f s from the measured block profile", r->predicted_s);
+}
+
+int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f)
+{
+    fprintf(f, "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
+               "\"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
+               "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"blocks\": [",
+            fy_actplan_mode_name(in->mode), in->backend, in->B, in->T, r->keep, r->swap_sets,
+            r->predicted_s, (unsigned long long)r->swap.host_bytes,
+            (unsigned long long)r->swap.ssd_bytes);
+    for (unsigned b = 1; r->place != NULL && b <= in->c->n_layer; b++) {
+        char h[64], d[64];
+        kinds_at(r, b, FY_ACT_HOST, h, sizeof h);
+        kinds_at(r, b, FY_ACT_SSD, d, sizeof d);
+        fprintf(f, "%s{\"block\": %u, \"host\": \"%s\", \"ssd\": \"%s\"}", b > 1 ? ", " : "", b,
+                h, d);
+    }
+    fprintf(f, "], \"planner\": ");
+    if (r->plan != NULL)
+        FY_TRY(fy_actplan_write_json(r->plan, f));
+    else
+        fprintf(f, "null\n");
+    errno = 0;
+    int bad = fprintf(f, "}\n") < 0 || fflush(f) != 0;
+    FY_REQUIRE(!bad, errno ? -errno : -EIO, "writing the activation plan: %s",
+               strerror(errno ? errno : EIO));
+    return 0;
+}

@@ -1,0 +1,62 @@
+/* The plan for a training run's block internals (--act-plan; the planner is common/actplan.h):
+ * which top blocks the gpu worker keeps on the device, which kinds of the other blocks the schedule
+ * swaps to the pool or the SSD store (the rest are recomputed), and the predicted step.
+ *
+ * auto, from a measured block profile (struct fy_gpt_profile): two arrangements are planned and
+ * the one predicted faster is taken.
+ *   A. no swapping: as many top blocks kept as the device memory left after the working buffers
+ *      holds (profile gpu_free / set_bytes), the others recomputed;
+ *   B. swapping: two sets fewer kept (the gpu worker computes swapped blocks in one set per call
+ *      in flight), and the planner's auto placement for the other blocks.
+ * The planner sees only the blocks that are not kept (n_layer of its profile = L - kept, no GPU
+ * budget: a kept block keeps everything); the kept blocks' compute, the head's and the embeddings'
+ * (estimated from the profile's matmul rate), the weights, gradients and optimizer state traffic
+ * and the optimizer's time go into the phases' other work. The checkpoints are placed by the
+ * planner for its accounting only: the schedule keeps them where --ckpt-place says.
+ * Forced modes: recompute keeps nothing and swaps nothing; host and ssd swap every swappable kind of
+ * every block (FUYOU_TEST_ACT_MIX=SEED: a seeded mix of host, ssd and recompute per block and kind
+ * instead, for tests) and keep nothing. No profile: auto keeps as many blocks as fit, swaps none. */
+#ifndef FY_ACTRUN_H
+#define FY_ACTRUN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/actplan.h"
+#include "common/model.h"
+#include "gpu_worker/backend.h"
+#include "launcher/train.h"
+
+struct fy_actrun_in {
+    const struct fy_gpt_config *c;
+    int B, T;
+    enum fy_actplan_mode mode;
+    const char *backend;                /* "cpu" or "cuda": the saved regions' layout */
+    const struct fy_gpt_profile *prof;  /* auto: the measured block; NULL: none */
+    int act_dtype, clip;
+    const unsigned char *resident;      /* units whose optimizer state stays in the pool */
+    struct fy_train_rates rates;        /* the SSD's and the optimizer's */
+    uint64_t host_bytes;                /* pool room for swapped internals (beyond the checkpoints) */
+    uint64_t ssd_bytes;                 /* store room for them */
+};
+
+struct fy_actrun {
+    /* [L][FY_ACT_KINDS] for blocks 1..L (NULL: nothing swapped); a kept block's kinds FY_ACT_GPU */
+    unsigned char *place;
+    struct fy_actplan_sizes sizes;
+    struct fy_train_swap swap;
+    int keep;         /* top blocks the gpu worker keeps; -1: as many as fit (no profile) */
+    int swap_sets;    /* the gpu worker readies swapping */
+    double predicted_s; /* the step the planner predicts; 0: not predicted */
+    struct fy_actplan *plan; /* auto: the planner's result over the blocks not kept (or NULL) */
+};
+
+/* -EINVAL, -ENOSPC (a forced plan that does not fit), -ENOMEM, said. */
+int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out);
+void fy_actrun_free(struct fy_actrun *r);
+/* The plan for people, one fy_info line each. */
+void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in);
+/* The plan as JSON (mode, kept blocks, masks per block, the planner's object when auto). */
+int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f);
+
+#endif
