@@ -15,7 +15,8 @@
 # PIPELINE_STEPS (timed steps per run, 2), PIPELINE_SSD_STEPS and PIPELINE_SSD_BATCHES (the same for
 # the SSD placement, whose steps take far longer), PIPELINE_CKPT (--ckpt-place for every run),
 # PIPELINE_GRAD_SLOTS (--grad-slots values, each run in turn for the host placement),
-# PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), FUYOU_BENCH_DIR (where
+# PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_ACT_GIB (GiB of
+# --cpu-mem beyond the placement's own for swapped activations; 0), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
 # (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
@@ -52,6 +53,7 @@ run() {
     { echo "run $1 failed:"; tail -5 "$log"; return 1; }
   echo $total >"$dir/steps"
   grep -E "plan|resident|state of|blocks kept" "$log" | head -4 | cut -c1-200
+  grep -E "plan: activations|predicted step .* from the measured|layers on gpu" "$log" | cut -c1-240
   # median over the timed steps of each field
   tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" | COMPUTE_S=${COMPUTE_S:-0} python3 -c '
 import json, statistics, sys
@@ -109,8 +111,8 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
       # the SSD placement only at the batches in PIPELINE_SSD_BATCHES (default: all)
       [ "$place" = ssd ] && [ -n "${PIPELINE_SSD_BATCHES:-}" ] &&
         ! [[ " $PIPELINE_SSD_BATCHES " == *" $B "* ]] && continue
-      mem=$(awk -v p=$place -v s=$state -v k=$slots -v a=$act -v b=$B \
-        'BEGIN{printf "%dM", 1024 * (p == "host" ? s + k + a * b + 5 : k + a * b + 1)}')
+      mem=$(awk -v p=$place -v s=$state -v k=$slots -v a=$act -v b=$B -v x=${PIPELINE_ACT_GIB:-0} \
+        'BEGIN{printf "%dM", 1024 * (x + (p == "host" ? s + k + a * b + 5 : k + a * b + 1))}')
       for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
         for plan in ${PIPELINE_ACT_PLANS:-auto}; do
           run "$cfg-$B-$place-$sched-$plan" "$cfg" "$B" "$place" "$sched" 2 "$mem" "" "$plan"
