@@ -26,14 +26,16 @@ struct fy_gpt_saved {
  * the prepared batch. It lies in a pool region between processes of one build; magic and version
  * catch a region that holds something else. */
 #define FY_GPT_PROFILE_MAGIC 0x50505946u /* "FYPP" */
-#define FY_GPT_PROFILE_VERSION 1
+#define FY_GPT_PROFILE_VERSION 2
 struct fy_gpt_profile {
     uint32_t magic, version;
+    /* 1: one product writes FC and GELU (CUDA's fused MLP up) and reruns unless both are given,
+     * so keeping either alone saves nothing; their recompute_s are half that product each */
+    uint32_t fc_gelu_fused, reserved;
     double fwd_s; /* one block's forward, every op */
     double bwd_s; /* its backward from kept internals (no recomputation) */
     /* the forward op that produces each swappable kind, alone: what keeping that kind saves a
-     * backward. 0 where keeping it alone saves nothing (CUDA's fused MLP-up product writes FC and
-     * GELU in one go and reruns unless both are given: both 0, so the planner leaves them) */
+     * backward (see fc_gelu_fused) */
     double recompute_s[FY_ACT_KINDS];
     double flops_per_s;                  /* the QKV product's rate, to estimate other matmuls */
     double h2d_Bps, d2h_Bps, duplex_Bps; /* pool <-> device copies (duplex: both ways at once,

@@ -9,10 +9,12 @@
  *   B. swapping: two sets fewer kept (the gpu worker computes swapped blocks in one set per call
  *      in flight), and the planner's auto placement for the other blocks.
  * The planner sees only the blocks that are not kept (n_layer of its profile = L - kept, no GPU
- * budget: a kept block keeps everything); the kept blocks' compute, the head's and the embeddings'
- * (estimated from the profile's matmul rate), the weights, gradients and optimizer state traffic
- * and the optimizer's time go into the phases' other work. The checkpoints are placed by the
- * planner for its accounting only: the schedule keeps them where --ckpt-place says.
+ * budget: a kept block keeps everything); the kept blocks' compute, the head's (estimated from the
+ * profile's matmul rate), the weights, gradients and optimizer state traffic and the optimizer's
+ * time go into the phases' other work. The checkpoints are placed by the planner for its
+ * accounting only: the schedule keeps them where --ckpt-place says. Where one product writes FC
+ * and GELU (fc_gelu_fused), a block with one of the two swapped and the other not gets both
+ * recomputed after planning (keeping one alone saves nothing) and is predicted again.
  * Forced modes: recompute keeps nothing and swaps nothing; host and ssd swap every swappable kind of
  * every block (FUYOU_TEST_ACT_MIX=SEED: a seeded mix of host, ssd and recompute per block and kind
  * instead, for tests) and keep nothing. No profile: auto keeps as many blocks as fit, swaps none. */
@@ -48,6 +50,10 @@ struct fy_actrun {
     int keep;         /* top blocks the gpu worker keeps; -1: as many as fit (no profile) */
     int swap_sets;    /* the gpu worker readies swapping */
     double predicted_s; /* the step the planner predicts; 0: not predicted */
+    /* auto's two arrangements (see above): kept blocks and predicted step of each (B: keep -1
+     * when it was not planned) */
+    int keep_a, keep_b;
+    double step_a, step_b;
     struct fy_actplan *plan; /* auto: the planner's result over the blocks not kept (or NULL) */
 };
 

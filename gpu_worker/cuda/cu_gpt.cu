@@ -1235,14 +1235,15 @@ static int profile_compute(struct fy_cu_gpt *g, struct fy_gpt_profile *out)
         /* fused, the residual add is the product's epilogue and has no op of its own */
         kind[FY_ACT_RESID][r] = profile_op_s(g, "matmul attn-proj fwd") +
                                 profile_op_s(g, "residual fwd");
-        /* fused, one product writes fc and g and reruns unless both are kept: keeping either
-         * alone saves nothing, so both stay 0 (common/actplan.h's model takes them as such) */
-        if (!g->fuse) {
-            kind[FY_ACT_FC][r] = profile_op_s(g, "matmul fc fwd");
-            kind[FY_ACT_GELU][r] = profile_op_s(g, "gelu fwd");
-        }
+        /* fused, one product writes fc and g and reruns unless both are kept: half its time
+         * each, with fc_gelu_fused telling the planner to place the two together */
+        kind[FY_ACT_FC][r] = profile_op_s(g, "matmul fc fwd");
+        kind[FY_ACT_GELU][r] = profile_op_s(g, "gelu fwd");
+        if (g->fuse)
+            kind[FY_ACT_FC][r] = kind[FY_ACT_GELU][r] = kind[FY_ACT_FC][r] / 2;
     }
     g->timing = 0;
+    out->fc_gelu_fused = g->fuse != 0;
     out->fwd_s = profile_median(fwd, PROFILE_REPS);
     out->bwd_s = profile_median(bwd, PROFILE_REPS);
     for (int k = 0; k < FY_ACT_KINDS; k++)

@@ -16,7 +16,8 @@
 # the SSD placement, whose steps take far longer), PIPELINE_CKPT (--ckpt-place for every run),
 # PIPELINE_GRAD_SLOTS (--grad-slots values, each run in turn for the host placement),
 # PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_ACT_GIB (GiB of
-# --cpu-mem beyond the placement's own for swapped activations; 0), FUYOU_BENCH_DIR (where
+# --cpu-mem beyond the placement's own for swapped activations; 0), PIPELINE_LOG_DIR (each run's
+# launcher log copied there), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
 # (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
@@ -51,9 +52,11 @@ run() {
     ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} --act-plan "$plan" \
     ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
     { echo "run $1 failed:"; tail -5 "$log"; return 1; }
+  [ -n "${PIPELINE_LOG_DIR:-}" ] && cp "$log" "$PIPELINE_LOG_DIR/"
   echo $total >"$dir/steps"
   grep -E "plan|resident|state of|blocks kept" "$log" | head -4 | cut -c1-200
-  grep -E "plan: activations|predicted step .* from the measured|layers on gpu" "$log" | cut -c1-240
+  grep -E "plan: activations|plan: auto|predicted step|layers on gpu|profiled one block" "$log" |
+    cut -c1-320
   # median over the timed steps of each field
   tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" | COMPUTE_S=${COMPUTE_S:-0} python3 -c '
 import json, statistics, sys

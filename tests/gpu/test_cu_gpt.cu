@@ -737,14 +737,16 @@ static void profile_expect_sane(const struct fy_gpt_profile *p, int fused)
     double sum = 0;
     for (int k = 0; k < FY_ACT_KINDS; k++) {
         double t = p->recompute_s[k];
-        int mlp = k == FY_ACT_FC || k == FY_ACT_GELU;
-        /* fused, the MLP-up product writes fc and g together: keeping one alone saves nothing */
-        if (k == FY_ACT_QKV || k == FY_ACT_ATTN || k == FY_ACT_RESID || (mlp && !fused))
+        if (fy_actplan_kind_swappable(k))
             assert_true(t > 0 && std::isfinite(t));
         else
             assert_true(t == 0);
         sum += t;
     }
+    /* fused, the MLP-up product writes fc and g together: half its time each, said by the flag */
+    assert_int_equal(p->fc_gelu_fused, (uint32_t)(fused != 0));
+    if (fused)
+        assert_true(p->recompute_s[FY_ACT_FC] == p->recompute_s[FY_ACT_GELU]);
     /* each op alone, serialised by its events, but together still a part of the forward */
     assert_true(sum < 1.5 * p->fwd_s);
     double N = PB * PT, C = prof_cfg.n_embd;
@@ -756,7 +758,7 @@ static void profile_expect_sane(const struct fy_gpt_profile *p, int fused)
 }
 
 /* The profile of each flavour is sane (times positive and finite where the kinds are produced,
- * FC and GELU 0 when fused, the kinds' ops less than the forward, the link faster than 100 MB/s,
+ * FC and GELU half the fused product each when fused, the kinds' ops less than the forward, the link faster than 100 MB/s,
  * the arena's room and a set's bytes), and disturbs nothing: around it, a kept block's backward
  * (from the set its forward filled before the profile) and a recomputed block give the bytes of
  * a unit that never profiled. */

@@ -1,0 +1,287 @@
+/* Tests of launcher/actrun, the run's plan for the blocks' internals, on synthetic block profiles:
+ * the obvious answers (fast links and room: everything swapped; no room: recompute; no device room
+ * for the swap sets: no swapping), the kept blocks' count from the device room, the budgets never
+ * exceeded over a sweep of pool rooms, FC and GELU placed together when one product writes both,
+ * the forced modes and the test hook's mix, and the refusals. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "launcher/actrun.h"
+
+#define K FY_ACT_KINDS
+
+/* GPT-2 shaped: 8 blocks of 256 wide, batch 4 x 128. */
+static struct fy_gpt_config model(void)
+{
+    struct fy_gpt_config c;
+    memset(&c, 0, sizeof c);
+    c.n_layer = 8;
+    c.n_head = 4;
+    c.n_embd = 256;
+    c.vocab = 1024;
+    c.ctx = 128;
+    c.arch = FY_ARCH_GPT2;
+    return c;
+}
+
+/* A block that takes 1 ms forward and 2 ms backward, 0.2 ms per swappable kind to recompute, on
+ * links of `bw` bytes/s; `set` bytes per set and `free` device bytes after the working buffers. */
+static struct fy_gpt_profile profile(double bw, uint64_t set, uint64_t free_bytes)
+{
+    struct fy_gpt_profile p;
+    memset(&p, 0, sizeof p);
+    p.magic = FY_GPT_PROFILE_MAGIC;
+    p.version = FY_GPT_PROFILE_VERSION;
+    p.fwd_s = 1e-3;
+    p.bwd_s = 2e-3;
+    for (int k = 0; k < K; k++)
+        p.recompute_s[k] = fy_actplan_kind_swappable(k) ? 2e-4 : 0;
+    p.flops_per_s = 1e14;
+    p.h2d_Bps = p.d2h_Bps = bw;
+    p.duplex_Bps = 2 * bw;
+    p.set_bytes = set;
+    p.gpu_free = free_bytes;
+    return p;
+}
+
+/* Every unit's optimizer state in the pool, so the SSD does not bound the step. */
+static const unsigned char all_resident[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+static struct fy_actrun_in input(const struct fy_gpt_config *c, const struct fy_gpt_profile *p,
+                                 enum fy_actplan_mode mode, const char *backend)
+{
+    struct fy_actrun_in in = {.c = c, .B = 4, .T = 128, .mode = mode, .backend = backend,
+                              .prof = p, .resident = all_resident,
+                              .rates = fy_train_reference_rates(), .host_bytes = 1ull << 40,
+                              .ssd_bytes = 1ull << 40};
+    in.act_dtype = strcmp(backend, "cpu") == 0 ? 1 : 2; /* FY_DTYPE_F32, _BF16 */
+    return in;
+}
+
+static int count(const struct fy_actrun *r, unsigned L, int place)
+{
+    int n = 0;
+    for (unsigned l = 0; r->place != NULL && l < L; l++)
+        for (int k = 0; k < K; k++)
+            n += fy_actplan_kind_swappable(k) && r->place[l * K + k] == place;
+    return n;
+}
+
+/* Links far faster than the compute and room everywhere: every swappable kind of every block goes
+ * to the pool (the CPU backend's case: no device sets, so nothing is kept either way). */
+static void test_fast_links_swap_everything(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = model();
+    struct fy_gpt_profile p = profile(1e15, 0, 0);
+    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
+    struct fy_actrun r;
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(r.keep, 0);
+    assert_int_equal(r.swap_sets, 1);
+    assert_int_equal(count(&r, c.n_layer, FY_ACT_HOST), 5 * (int)c.n_layer);
+    assert_true(r.step_b < r.step_a);
+    assert_true(r.predicted_s == r.step_b);
+    assert_true(r.swap.host_bytes > 0 && r.swap.ssd_bytes == 0);
+    fy_actrun_free(&r);
+}
+
+/* No pool room and no SSD room: nothing can be swapped, every block recomputes. */
+static void test_no_room_recomputes(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = model();
+    struct fy_gpt_profile p = profile(1e15, 0, 0);
+    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
+    in.host_bytes = 0;
+    in.ssd_bytes = 0;
+    struct fy_actrun r;
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_null(r.place);
+    assert_int_equal(r.swap_sets, 0);
+    assert_true(r.predicted_s == r.step_a && r.predicted_s > 0);
+    fy_actrun_free(&r);
+}
+
+/* Slow links: swapping only adds transfer time, so auto keeps what the device holds and
+ * recomputes the rest. */
+static void test_slow_links_recompute(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = model();
+    struct fy_gpt_profile p = profile(1e6, 1u << 20, 5u << 20);
+    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actrun r;
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(r.keep, 5); /* 5 MiB free, 1 MiB a set */
+    assert_null(r.place);
+    assert_int_equal(r.swap_sets, 0);
+    fy_actrun_free(&r);
+}
+
+/* The device room decides the kept blocks: swapping costs two sets, so with fast links auto keeps
+ * two fewer and swaps kinds of the others; with room for fewer than two sets it cannot swap. */
+static void test_device_room_and_swap_sets(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = model();
+    struct fy_gpt_profile p = profile(1e15, 1u << 20, 5u << 20);
+    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actrun r;
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(r.keep_a, 5);
+    assert_int_equal(r.keep_b, 3);
+    assert_int_equal(r.keep, 3);
+    assert_int_equal(r.swap_sets, 1);
+    for (unsigned l = 5; l < c.n_layer; l++) /* the kept top blocks: on the GPU */
+        assert_int_equal(r.place[l * K + FY_ACT_QKV], FY_ACT_GPU);
+    assert_int_equal(count(&r, c.n_layer, FY_ACT_HOST), 5 * 5);
+    fy_actrun_free(&r);
+
+    p = profile(1e15, 1u << 20, (1u << 20) + 5); /* one set and a bit: no swapping */
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(r.keep, 1);
+    assert_int_equal(r.keep_b, -1);
+    assert_null(r.place);
+    fy_actrun_free(&r);
+
+    p = profile(1e15, 1u << 20, 64u << 20); /* every block kept: nothing left to swap */
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(r.keep, (int)c.n_layer);
+    assert_null(r.place);
+    assert_true(r.predicted_s > 0);
+    fy_actrun_free(&r);
+}
+
+/* Over a sweep of pool rooms, the saved region (pool-kept kinds and, when some go to the SSD, the
+ * four slots they pass through) never exceeds the room, and the SSD bytes never exceed the store's
+ * room. */
+static void test_budgets_hold(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = model();
+    struct fy_gpt_profile p = profile(3e9, 0, 0);
+    p.recompute_s[FY_ACT_QKV] = 5e-3; /* worth moving, even through the SSD */
+    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
+    for (uint64_t room = 0; room <= (24u << 20); room += 3u << 19) {
+        for (uint64_t ssd = 0; ssd <= (16u << 20); ssd += 8u << 20) {
+            in.host_bytes = room;
+            in.ssd_bytes = ssd;
+            struct fy_actrun r;
+            assert_int_equal(fy_actrun_plan(&in, &r), 0);
+            assert_true(fy_train_swap_pool_bytes(&r.swap) <= room);
+            assert_true(r.swap.ssd_bytes <= ssd);
+            fy_actrun_free(&r);
+        }
+    }
+}
+
+/* One product writing FC and GELU: no block ends with one of the two swapped and the other
+ * recomputed, whatever the room. */
+static void test_fused_fc_gelu_together(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = model();
+    struct fy_gpt_profile p = profile(1e10, 1u << 20, 3u << 20);
+    p.fc_gelu_fused = 1;
+    p.recompute_s[FY_ACT_FC] = p.recompute_s[FY_ACT_GELU] = 1e-3; /* worth moving */
+    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    int swapped = 0;
+    for (uint64_t room = 0; room <= (48u << 20); room += 1u << 20) {
+        in.host_bytes = room;
+        struct fy_actrun r;
+        assert_int_equal(fy_actrun_plan(&in, &r), 0);
+        for (unsigned l = 0; r.place != NULL && l < c.n_layer; l++) {
+            int fc = r.place[l * K + FY_ACT_FC] == FY_ACT_RECOMPUTE;
+            int ge = r.place[l * K + FY_ACT_GELU] == FY_ACT_RECOMPUTE;
+            assert_int_equal(fc, ge);
+            swapped += !fc && r.place[l * K + FY_ACT_FC] != FY_ACT_GPU;
+        }
+        fy_actrun_free(&r);
+    }
+    assert_true(swapped > 0); /* and the pair does get swapped where there is room */
+}
+
+/* Forced host and ssd: every swappable kind of every block there, no block kept; the test hook
+ * mixes host, ssd and recompute by seed, the same for the same seed; recompute swaps nothing;
+ * Llama models refuse swapping. */
+static void test_forced_modes(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = model();
+    struct fy_actrun_in in = input(&c, NULL, FY_ACTPLAN_HOST, "cpu");
+    struct fy_actrun r, again;
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(count(&r, c.n_layer, FY_ACT_HOST), 5 * (int)c.n_layer);
+    assert_int_equal(r.keep, 0);
+    assert_int_equal(r.swap_sets, 1);
+    fy_actrun_free(&r);
+    in.mode = FY_ACTPLAN_SSD;
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(count(&r, c.n_layer, FY_ACT_SSD), 5 * (int)c.n_layer);
+    assert_true(r.swap.slot_bytes > 0 && r.swap.host_bytes == 0);
+    fy_actrun_free(&r);
+
+    setenv("FUYOU_TEST_ACT_MIX", "7", 1);
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(fy_actrun_plan(&in, &again), 0);
+    unsetenv("FUYOU_TEST_ACT_MIX");
+    assert_memory_equal(r.place, again.place, (size_t)c.n_layer * K);
+    for (int place = FY_ACT_HOST; place <= FY_ACT_RECOMPUTE; place++)
+        assert_true(count(&r, c.n_layer, place) > 0);
+    fy_actrun_free(&r);
+    fy_actrun_free(&again);
+
+    in.mode = FY_ACTPLAN_RECOMPUTE;
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_null(r.place);
+    assert_int_equal(r.keep, 0);
+    fy_actrun_free(&r);
+
+    c.arch = FY_ARCH_LLAMA;
+    c.n_kv_head = 4;
+    c.n_inter = 512;
+    in.mode = FY_ACTPLAN_HOST;
+    assert_int_equal(fy_actrun_plan(&in, &r), -ENOTSUP);
+}
+
+/* Without a profile (the Llama blocks, in-process runs), auto keeps as many blocks as fit and
+ * swaps nothing; a backend the layouts do not know is refused. */
+static void test_no_profile_and_bad_backend(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = model();
+    struct fy_actrun_in in = input(&c, NULL, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actrun r;
+    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(r.keep, -1);
+    assert_null(r.place);
+    assert_true(r.predicted_s == 0);
+    fy_actrun_free(&r);
+    in.backend = "tpu";
+    assert_int_equal(fy_actrun_plan(&in, &r), -EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fast_links_swap_everything),
+        cmocka_unit_test(test_no_room_recomputes),
+        cmocka_unit_test(test_slow_links_recompute),
+        cmocka_unit_test(test_device_room_and_swap_sets),
+        cmocka_unit_test(test_budgets_hold),
+        cmocka_unit_test(test_fused_fc_gelu_together),
+        cmocka_unit_test(test_forced_modes),
+        cmocka_unit_test(test_no_profile_and_bad_backend),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
