@@ -3,7 +3,8 @@
  * swaps to the pool or the SSD store (the rest are recomputed), and the predicted step.
  *
  * auto, from a measured block profile (struct fy_gpt_profile): two arrangements are planned and
- * the one predicted faster is taken.
+ * B is taken only when predicted at least 5% faster than A (the cost model leaves out the small
+ * stalls of a nearly balanced phase; see SWAP_MARGIN).
  *   A. no swapping: as many top blocks kept as the device memory left after the working buffers
  *      holds (profile gpu_free / set_bytes), the others recomputed;
  *   B. swapping: two sets fewer kept (the gpu worker computes swapped blocks in one set per call
