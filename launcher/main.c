@@ -115,6 +115,9 @@ static void usage(FILE *f)
             "               --trace FILE (Chrome trace-event JSON of every request; open in Perfetto)\n"
             "               --clip-grad-norm MAX (0: off) clip the global gradient norm to MAX (a\n"
             "               second backward pass per step computes the norm before any update)\n"
+            "               Ctrl-C or SIGTERM: the step in progress finishes and is written to the\n"
+            "               store and synced, then the run stops (exit 130; the same command\n"
+            "               continues from there); a second one stops at once\n"
             "common:        --backend auto|cpu|cuda --cpu-mem SIZE --gpu-mem SIZE --affinity SPEC\n"
             "               (e.g. gpu=0,io=1,opt=2-15) --queue-depth N (32) --block-size SIZE (1M)\n"
             "               --stripe-unit SIZE (1M) --ready-timeout S (60) --timeout S (300)\n"
@@ -920,6 +923,9 @@ static int save_act_plan(const struct options *o, const struct fy_actrun *run,
     return rc;
 }
 
+/* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
+static volatile int train_stop;
+
 static int cmd_train(struct options *o)
 {
     FY_TRY(require(o->run_dir, "--run-dir", "train"));
@@ -1111,6 +1117,8 @@ static int cmd_train(struct options *o)
     } else if (rc == 0) {
         rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
         x = fy_session_exec(&s);
+        if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
+            fy_sup_set_stop_flag(s.sup, &train_stop);
     }
     if (rc == 0)
         rc = fy_train_read_meta(&x, s.pool, o->ssd, &meta, o->timeout_s * 1000);
@@ -1134,9 +1142,14 @@ static int cmd_train(struct options *o)
             .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
             .overlap = o->overlap, .metrics = metrics, .trace = trace, .resident = resident,
             .clip_grad_norm = o->clip_grad_norm, .ckpt_ssd = ckpt_ssd, .act_dtype = act_dtype,
-            .act_place = act.place, .saved_sizes = act.sizes};
+            .act_place = act.place, .saved_sizes = act.sizes, .stop = &train_stop};
         fy_info("starting at step %llu", (unsigned long long)meta.step);
         rc = fy_train_run(&x, s.pool, &meta, data, &to);
+    }
+    if (rc == 0 && train_stop) {
+        fy_warn("stopped after step %llu, which is in the store: the same train command continues "
+                "from there (nothing exported)", (unsigned long long)meta.step);
+        rc = -EINTR;
     }
     if (rc == 0 && o->export_path != NULL) {
         rc = fy_train_export(&x, s.pool, &meta, o->export_path, o->overwrite, o->timeout_s * 1000);

@@ -48,6 +48,7 @@ struct fy_sup {
     unsigned n;
     uint64_t seq;
     int interrupted;
+    volatile int *stop_flag; /* graceful: the first signal lands here (fy_sup_set_stop_flag) */
     int failed; /* index of the first worker that died unexpectedly, or -1 */
     struct outstanding out[FY_SUP_MAX_OUTSTANDING];
 };
@@ -177,6 +178,10 @@ static int drain_signals(struct fy_sup *s, int stopping)
         if (si.ssi_signo == SIGCHLD) {
             if (reap(s) > 0)
                 rc = -ECHILD;
+        } else if (s->stop_flag != NULL && *s->stop_flag == 0 && !s->interrupted) {
+            *s->stop_flag = (int)si.ssi_signo;
+            fy_warn("%s received: stopping once this step is done and committed (again to stop "
+                    "at once)", strsignal((int)si.ssi_signo));
         } else if (!s->interrupted) {
             s->interrupted = (int)si.ssi_signo;
             fy_warn("%s received: stopping the run", strsignal((int)si.ssi_signo));
@@ -495,6 +500,8 @@ void fy_sup_destroy(struct fy_sup **sp)
     free(s);
     *sp = NULL;
 }
+
+void fy_sup_set_stop_flag(struct fy_sup *s, volatile int *flag) { s->stop_flag = flag; }
 
 int fy_sup_interrupted(const struct fy_sup *s) { return s->interrupted; }
 

@@ -49,6 +49,10 @@ int fy_sup_poll(struct fy_sup *s, int64_t ticket);
  * not comply within timeout_ms gets SIGTERM, then SIGKILL. Returns 0 when all stopped cleanly. */
 int fy_sup_stop(struct fy_sup *s, int timeout_ms);
 
+/* A graceful stop (training): with a flag given, the first SIGINT or SIGTERM only sets *flag to
+ * the signal's number, for the caller to stop at its next step boundary, and waits go on; a second
+ * one interrupts at once (-EINTR), as every one does without a flag (NULL). */
+void fy_sup_set_stop_flag(struct fy_sup *s, volatile int *flag);
 /* The signal that interrupted the run (SIGINT/SIGTERM), or 0. */
 int fy_sup_interrupted(const struct fy_sup *s);
 /* Name of the first worker that died unexpectedly, or NULL. */

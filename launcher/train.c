@@ -1560,6 +1560,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     if (rc == 0 && meta->step >= o->steps)
         fy_info("the store is already at step %llu (--steps %llu): nothing to train",
                 (unsigned long long)meta->step, (unsigned long long)o->steps);
+    int durable_at_end = 1; /* the store's last step is durable (nothing trained yet, say) */
     for (uint64_t step = meta->step + 1; rc == 0 && step <= o->steps; step++) {
         if (o->stop != NULL && *o->stop) {
             fy_warn("stopping at the step boundary before step %llu", (unsigned long long)step);
@@ -1589,6 +1590,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
             rc = resident_transfer(&r, FY_OP_IO_WRITE);
         if (rc == 0 && durable)
             rc = io_op(&r, FY_OP_IO_SYNC, 0, 0, 0, 0);
+        durable_at_end = durable;
         double seconds = now_s() - t0;
         double phase[PH_COUNT], busy[BUSY_COUNT];
         memcpy(phase, r.phase_s, sizeof phase);
@@ -1601,6 +1603,13 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     }
     int drained = opt_drain(&r); /* a stop at a step boundary leaves updates running */
     rc = rc ? rc : drained;
+    if (rc == 0 && !durable_at_end) { /* stopped early: the last step made durable, as at the end */
+        rc = resident_transfer(&r, FY_OP_IO_WRITE);
+        if (rc == 0)
+            rc = io_op(&r, FY_OP_IO_SYNC, 0, 0, 0, 0);
+        if (rc == 0)
+            fy_info("step %llu written to the store and synced", (unsigned long long)meta->step);
+    }
     drained = spill_drain(&r, &r.ckpt);
     rc = rc ? rc : drained;
     drained = spill_drain(&r, &r.saved);

@@ -19,11 +19,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/ckpt.h"
 #include "common/dtype.h"
 #include "common/model.h"
+#include "common/pool.h"
 #include "common/tokfile.h"
 #include "launcher/train.h"
 #include "tests/refmodel.h"
@@ -465,6 +467,115 @@ static void test_swapped_internals_agree(void **state)
                          0);
     assert_true(fy_test_file_contains(f->log, "--cpu-mem is 20.0 MiB"));
     assert_true(fy_test_file_contains(f->log, "state 1.1 MiB, saved "));
+}
+
+/* Occurrences of needle in a file (0 when it cannot be read). */
+static int count_matches(const char *path, const char *needle)
+{
+    char *text = fy_test_slurp(path, NULL);
+    int n = 0;
+    for (char *p = text; p != NULL && (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    free(text);
+    return n;
+}
+
+/* Lines of a metrics file that record a step. */
+static int metrics_steps(const char *metrics)
+{
+    return count_matches(metrics, "\"step\": ");
+}
+
+/* Starts a long training run in the background and returns its pid once it has logged `steps`
+ * steps (fails the test after a minute). */
+static int start_training(struct fy_test_fixture *f, const char *run, int steps)
+{
+    char metrics[740];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    const char *args[] = {"train", "--run-dir", run, "--data", f->data, "--steps", "400",
+                          "--batch", STR(TRAIN_BATCH), "--seq", STR(TRAIN_SEQ), "--lr",
+                          STR(TRAIN_LR), "--warmup", STR(TRAIN_WARMUP), "--eval-every", "1000",
+                          "--checkpoint-every", "1000", "--backend", "cpu", NULL};
+    int pid = fy_test_start("fuyou-launch", args, f->log);
+    assert_true(pid > 0);
+    for (int i = 0; i < 3000 && metrics_steps(metrics) < steps; i++) {
+        struct timespec pause = {0, 20 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    assert_true(metrics_steps(metrics) >= steps);
+    return pid;
+}
+
+/* Ctrl-C (SIGINT) during training: the step in progress finishes, is written to the store and
+ * synced, and the run exits with 130; the same command then continues, and the losses and final
+ * weights equal those of a run never interrupted, bit for bit. A second signal stops at once (130,
+ * workers stopped, nothing left behind). */
+static void test_sigint_stops_at_a_step_boundary(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "stopped"), metrics[740];
+    init_model(f, run, "64", "5");
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    int pid = start_training(f, run, 3);
+    assert_int_equal(kill(pid, SIGINT), 0);
+    int status = fy_test_wait(pid, 120);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130);
+    assert_true(fy_test_file_contains(f->log, "stopping once this step is done and committed"));
+    assert_true(fy_test_file_contains(f->log, "written to the store and synced"));
+    int done = metrics_steps(metrics);
+    assert_true(done >= 3 && done < 400);
+    char expect[64];
+    snprintf(expect, sizeof expect, "stopped after step %d, which is in the store", done);
+    assert_true(fy_test_file_contains(f->log, expect));
+
+    /* continued to done + 4, against a run that never stopped */
+    char total[16], out[720], ref_out[720], ref_metrics[740];
+    snprintf(total, sizeof total, "%d", done + 4);
+    char *ref = fy_test_in(f, "unstopped");
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(ref_out, sizeof ref_out, "%s.fywt", ref);
+    snprintf(ref_metrics, sizeof ref_metrics, "%s/metrics.jsonl", ref);
+    const char *more[] = {"--eval-every", "1000", NULL};
+    assert_int_equal(train_with(f, run, f->data, total, out, 0, more), 0);
+    init_model(f, ref, "64", "5");
+    assert_int_equal(train_with(f, ref, f->data, total, ref_out, 0, more), 0);
+    char *l = losses(metrics), *rl = losses(ref_metrics);
+    assert_string_equal(l, rl);
+    size_t n, rn;
+    char *w = fy_test_slurp(out, &n), *rw = fy_test_slurp(ref_out, &rn);
+    assert_int_equal(n, rn);
+    assert_memory_equal(w, rw, n);
+    free(l);
+    free(rl);
+    free(w);
+    free(rw);
+
+    /* twice: at once. Steps made slow (every AdamW 200 ms longer, a test hook) so that the second
+     * signal comes while the first one's step is still running. */
+    char *hard = fy_test_in(f, "hard-stop");
+    init_model(f, hard, "64", "5");
+    setenv("FUYOU_TEST_OPT_DELAY_MS", "200", 1);
+    pid = start_training(f, hard, 1);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    int seen = count_matches(f->log, "stopping once this step is done");
+    int synced = count_matches(f->log, "written to the store and synced");
+    assert_int_equal(kill(pid, SIGINT), 0);
+    for (int i = 0; i < 500 && count_matches(f->log, "stopping once this step is done") == seen;
+         i++) {
+        struct timespec pause = {0, 10 * 1000000};
+        nanosleep(&pause, NULL);
+    }
+    assert_int_equal(kill(pid, SIGINT), 0);
+    status = fy_test_wait(pid, 120);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130);
+    assert_true(fy_test_file_contains(f->log, "received: stopping the run"));
+    assert_int_equal(count_matches(f->log, "written to the store and synced"), synced);
+    char pool[FY_POOL_NAME_MAX], path[600];
+    assert_int_equal(fy_pool_name_for_run(hard, pool, sizeof pool), 0);
+    snprintf(path, sizeof path, "/dev/shm%s", pool);
+    assert_int_not_equal(access(path, F_OK), 0); /* the pool is gone */
 }
 
 /* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
@@ -1026,6 +1137,7 @@ int main(void)
         cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_checkpoints_on_ssd_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_swapped_internals_agree, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigint_stops_at_a_step_boundary, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resident_state_matches_streaming, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefetch_depths_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_placement_five_blocks, setup, teardown),
