@@ -33,6 +33,8 @@
 /* Scratch for the blocks' forward internals placed on the SSD (--act-plan ssd), size classes as
  * above; not part of the state either. */
 #define FY_TENSOR_SAVED_SPILL(k) (0x40001000u + (uint32_t)(k))
+/* Scratch the profile times the store with (--act-plan auto), size classes as above. */
+#define FY_TENSOR_PROBE(k) (0x40002000u + (uint32_t)(k))
 
 struct fy_storemeta {
     struct fy_gpt_config model;

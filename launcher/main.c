@@ -802,11 +802,66 @@ static int train_config(const struct options *o, const struct fy_gpt_config *mod
     return 0;
 }
 
-/* The block profile for --act-plan auto: a session of the gpu worker alone over a small pool,
- * which measures one block on the training batch (gpt-profile) before the training session's pool
- * is laid out for the plan. */
-static int profile_blocks(const struct options *o, const struct fy_gpt_config *model,
-                          int act_dtype, struct fy_gpt_profile *out)
+/* One request of the profile session, waited for; *seconds (may be NULL) gets how long the worker
+ * worked on it (the reply's timing). */
+static int profile_call(const struct options *o, struct fy_exec *x, const char *worker,
+                        struct fy_desc *req, unsigned n, double *seconds)
+{
+    int64_t t = x->submit(x->ctx, worker, req, n);
+    struct fy_desc reply;
+    int rc = t < 0 ? (int)t : x->wait(x->ctx, t, &reply, o->timeout_s * 1000);
+    if (rc == 0 && seconds != NULL)
+        *seconds = (double)reply.bytes * 1e-9;
+    return rc;
+}
+
+/* The rates the activation plan uses besides the block's: the SSD store written and read through
+ * the io worker (a scratch extent of the copies' size, not state), and AdamW on the opt worker over
+ * the copies region cut in four (gradient, master, m, v), the better of two runs each. */
+static int profile_links(const struct options *o, struct fy_exec *x, uint64_t at, uint64_t bytes,
+                         struct fy_train_rates *rates)
+{
+    unsigned cls = 0;
+    while (((uint64_t)1 << (20 + cls)) < bytes)
+        cls++;
+    struct fy_desc d = fy_desc_region(FY_OP_IO_ALLOC, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
+    d.tensor = FY_TENSOR_PROBE(cls);
+    d.arg = (uint64_t)1 << (20 + cls);
+    FY_TRY(profile_call(o, x, "io", &d, 1, NULL));
+    double best[3] = {INFINITY, INFINITY, INFINITY}, sec;
+    uint64_t quarter = bytes / 4 / 256 * 256, params = quarter / 4;
+    for (int rep = 0; rep < 2; rep++) {
+        const int ops[2] = {FY_OP_IO_WRITE, FY_OP_IO_READ};
+        for (int i = 0; i < 2; i++) {
+            d = fy_desc_region(ops[i], FY_KIND_RAW, FY_DTYPE_NONE, at, bytes, -1);
+            d.tensor = FY_TENSOR_PROBE(cls);
+            FY_TRY(profile_call(o, x, "io", &d, 1, &sec));
+            best[i] = sec < best[i] ? sec : best[i];
+        }
+        const int kinds[4] = {FY_KIND_GRAD, FY_KIND_MASTER, FY_KIND_ADAM_M, FY_KIND_ADAM_V};
+        struct fy_desc req[4];
+        for (int k = 0; k < 4; k++) {
+            req[k] = fy_desc_region(FY_OP_OPT_ADAMW, kinds[k], FY_DTYPE_F32, at + k * quarter,
+                                    quarter, -1);
+            req[k].step = 1;
+        }
+        FY_TRY(profile_call(o, x, "opt", req, 4, &sec));
+        best[2] = sec < best[2] ? sec : best[2];
+    }
+    rates->ssd_write = (double)bytes / best[0];
+    rates->ssd_read = (double)bytes / best[1];
+    rates->opt_params = (double)params / best[2];
+    fy_info("profile: the SSD store %.2f GB/s written, %.2f read (%llu MiB through the io "
+            "worker); AdamW %.2f G parameters/s on the opt worker", 1e-9 * rates->ssd_write,
+            1e-9 * rates->ssd_read, (unsigned long long)(bytes >> 20), 1e-9 * rates->opt_params);
+    return 0;
+}
+
+/* The profile for --act-plan auto: a session of the workers over a small pool, before the training
+ * session's pool is laid out for the plan. The gpu worker measures one block on the training batch
+ * (gpt-profile); the SSD store and AdamW are timed too (profile_links). */
+static int profile_run(const struct options *o, const struct fy_gpt_config *model, int act_dtype,
+                       struct fy_gpt_profile *out, struct fy_train_rates *rates)
 {
     /* enough to time PCIe at full speed; the CPU backend's copies are memory to memory */
     uint64_t copies = strcmp(o->backend, "cpu") == 0 ? 16ull << 20 : 256ull << 20;
@@ -821,23 +876,21 @@ static int profile_blocks(const struct options *o, const struct fy_gpt_config *m
     struct fy_session s = {.lock_fd = -1};
     struct fy_session_opts so = session_opts(o);
     if (rc == 0)
-        rc = fy_session_open(&s, &so, regions, 2, "the block profile");
-    static const char *const workers[] = {"gpu"};
+        rc = fy_session_open(&s, &so, regions, 2, "the profile");
+    static const char *const workers[] = {"gpu", "io", "opt"};
     if (rc == 0)
-        rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
+        rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
     uint64_t at_result = 0, at_copies = 0, bytes;
     if (rc == 0)
         rc = fy_pool_region(s.pool, "profile", &at_result, &bytes);
     if (rc == 0)
         rc = fy_pool_region(s.pool, "copies", &at_copies, &bytes);
+    struct fy_exec x = fy_session_exec(&s);
     if (rc == 0) {
-        struct fy_exec x = fy_session_exec(&s);
         struct fy_desc req[2] = {
             fy_desc_region(FY_OP_GPT_PROFILE, FY_KIND_RAW, FY_DTYPE_NONE, at_copies, copies, -1),
             fy_desc_region(FY_OP_GPT_PROFILE, FY_KIND_RAW, FY_DTYPE_NONE, at_result, 4096, -1)};
-        int64_t t = x.submit(x.ctx, "gpu", req, 2);
-        struct fy_desc reply;
-        rc = t < 0 ? (int)t : x.wait(x.ctx, t, &reply, o->timeout_s * 1000);
+        rc = profile_call(o, &x, "gpu", req, 2, NULL);
     }
     if (rc == 0) {
         memcpy(out, fy_pool_at(s.pool, at_result, sizeof *out), sizeof *out);
@@ -848,6 +901,8 @@ static int profile_blocks(const struct options *o, const struct fy_gpt_config *m
             rc = -EPROTO;
         }
     }
+    if (rc == 0)
+        rc = profile_links(o, &x, at_copies, copies, rates);
     free(cfg);
     return fy_session_close(&s, rc);
 }
@@ -889,7 +944,7 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
                                 .backend = o->backend, .act_dtype = act_dtype, .clip = clip,
                                 .resident = resident, .rates = fy_train_reference_rates()};
     if (mode == FY_ACTPLAN_AUTO && model->arch != FY_ARCH_LLAMA && !o->inprocess) {
-        FY_TRY(profile_blocks(o, model, act_dtype, prof));
+        FY_TRY(profile_run(o, model, act_dtype, prof, &in->rates));
         in->prof = prof;
         struct fy_pool_region_spec regions[10];
         unsigned n;
