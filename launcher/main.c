@@ -901,8 +901,13 @@ static int profile_run(const struct options *o, const struct fy_gpt_config *mode
             rc = -EPROTO;
         }
     }
-    if (rc == 0)
-        rc = profile_links(o, &x, at_copies, copies, rates);
+    if (rc == 0 && profile_links(o, &x, at_copies, copies, rates) < 0) {
+        if (fy_sup_interrupted(s.sup))
+            rc = -EINTR;
+        else /* the store's disk may be full, say: the block's figures still hold */
+            fy_warn("timing the SSD store and AdamW failed (above): the plan uses the reference "
+                    "machine's rates for them");
+    }
     free(cfg);
     return fy_session_close(&s, rc);
 }
@@ -944,8 +949,13 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
                                 .backend = o->backend, .act_dtype = act_dtype, .clip = clip,
                                 .resident = resident, .rates = fy_train_reference_rates()};
     if (mode == FY_ACTPLAN_AUTO && model->arch != FY_ARCH_LLAMA && !o->inprocess) {
-        FY_TRY(profile_run(o, model, act_dtype, prof, &in->rates));
-        in->prof = prof;
+        int rc = profile_run(o, model, act_dtype, prof, &in->rates);
+        if (rc == -EINTR || rc == -ECHILD)
+            return rc;
+        if (rc < 0) /* loudly, and on with what needs no profile */
+            fy_warn("--act-plan auto: profiling a block failed (above): planning without it, the "
+                    "gpu worker keeps the internals of what fits and nothing is swapped");
+        in->prof = rc == 0 ? prof : NULL;
         struct fy_pool_region_spec regions[10];
         unsigned n;
         fy_train_regions(model, in->B, in->T, act_dtype, resident, clip, (unsigned)o->prefetch,
