@@ -67,6 +67,8 @@ static void usage(FILE *f)
             "  init     --run-dir DIR [model]       create a model in the run's SSD store\n"
             "  init     --run-dir DIR --from-hf HF  import a Hugging Face GPT-2 or Llama model\n"
             "  train    --run-dir DIR --data FILE   train it (continues from the store's step)\n"
+            "  profile  --run-dir DIR               measure a block at --batch x --seq and show the\n"
+            "                                       activation plan train's --act-plan auto takes\n"
             "  export   --run-dir DIR --out FILE    write the weights to a file\n"
             "  export   --run-dir DIR --to-hf HF    write a Hugging Face model directory (GPT-2, Llama)\n"
             "  selftest --run-dir DIR --ssd DIR     data path SSD -> pool -> gpu -> AdamW -> SSD\n"
@@ -988,6 +990,43 @@ static int save_act_plan(const struct options *o, const struct fy_actrun *run,
     return rc;
 }
 
+/* profile: what --act-plan auto measures and chooses for the run's model at --batch x --seq under
+ * the given budgets (the optimizer state's residency planned as train plans it), without
+ * training; the plan also goes to RUN/act_plan.json. */
+static int cmd_profile(struct options *o)
+{
+    FY_TRY(require(o->run_dir, "--run-dir", "profile"));
+    struct fy_config *mc = calloc(1, sizeof *mc);
+    struct fy_gpt_config model;
+    int rc = mc != NULL ? load_model_conf(o, mc, &model) : -ENOMEM;
+    if (rc == 0 && (o->batch < 1 || o->batch > 65536 || o->seq < 1 || o->seq > model.ctx)) {
+        fy_error("profile: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence of "
+                 "1 to the model's context of %u", (unsigned long long)o->batch,
+                 (unsigned long long)o->seq, model.ctx);
+        rc = -EINVAL;
+    }
+    o->backend = fy_backend_resolve(o->backend);
+    o->act_plan = "auto";
+    int act_dtype = fy_backend_preferred_act_dtype(o->backend), clip = o->clip_grad_norm > 0;
+    unsigned char *resident = rc == 0 ? calloc(fy_gpt_unit_count(&model), 1) : NULL;
+    if (rc == 0 && resident == NULL)
+        rc = -ENOMEM;
+    if (rc == 0)
+        fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype, o->cpu_mem, clip,
+                               (unsigned)o->prefetch, 0, NULL, resident);
+    struct fy_gpt_profile prof;
+    struct fy_actrun_in in;
+    struct fy_actrun act = {0};
+    if (rc == 0)
+        rc = plan_activations(o, &model, act_dtype, clip, 0, resident, &prof, &in, &act);
+    if (rc == 0)
+        rc = save_act_plan(o, &act, &in);
+    fy_actrun_free(&act);
+    free(resident);
+    free(mc);
+    return rc;
+}
+
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
 static volatile int train_stop;
 
@@ -1342,7 +1381,8 @@ int main(int argc, char **argv)
         return argc < 2 ? EXIT_USAGE : EXIT_OK;
     }
     const char *command = argv[1];
-    static const char *const commands[] = {"selftest", "prepare", "init", "train", "export"};
+    static const char *const commands[] = {"selftest", "prepare", "init", "train", "export",
+                                           "profile"};
     int known = 0;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         known |= strcmp(command, commands[i]) == 0;
@@ -1379,6 +1419,8 @@ int main(int argc, char **argv)
         rc = cmd_init(&o);
     } else if (strcmp(command, "train") == 0) {
         rc = cmd_train(&o);
+    } else if (strcmp(command, "profile") == 0) {
+        rc = cmd_profile(&o);
     } else {
         rc = cmd_export(&o);
     }

@@ -469,6 +469,33 @@ static void test_swapped_internals_agree(void **state)
     assert_true(fy_test_file_contains(f->log, "state 1.1 MiB, saved "));
 }
 
+/* fuyou-launch profile measures a block at the batch given and prints the plan train's auto would
+ * take, writing it to RUN/act_plan.json, without training; a sequence beyond the context is
+ * refused. */
+static void test_profile_command(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "profiled"), path[740];
+    init_model(f, run, "64", "5");
+    const char *args[] = {"profile", "--run-dir", run, "--batch", "8", "--seq", "32",
+                          "--backend", "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, args, 120), 0);
+    assert_true(fy_test_file_contains(f->log, "profile (CPU backend, batch 8 x 32)"));
+    assert_true(fy_test_file_contains(f->log, "GB/s written"));
+    assert_true(fy_test_file_contains(f->log, "from the measured block profile"));
+    snprintf(path, sizeof path, "%s/act_plan.json", run);
+    char *json = fy_test_slurp(path, NULL);
+    assert_non_null(json);
+    assert_non_null(strstr(json, "\"batch\": 8, \"seq\": 32"));
+    free(json);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    assert_int_not_equal(access(path, F_OK), 0); /* nothing trained */
+    const char *bad[] = {"profile", "--run-dir", run, "--batch", "8", "--seq", "64", "--backend",
+                         "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, bad, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "to the model's context of 32"));
+}
+
 /* Occurrences of needle in a file (0 when it cannot be read). */
 static int count_matches(const char *path, const char *needle)
 {
@@ -1138,6 +1165,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_checkpoints_on_ssd_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_swapped_internals_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigint_stops_at_a_step_boundary, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_profile_command, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resident_state_matches_streaming, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefetch_depths_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_placement_five_blocks, setup, teardown),
