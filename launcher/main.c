@@ -1170,7 +1170,11 @@ static int cmd_train(struct options *o)
     double step_flops = (double)o->batch * (double)o->seq *
                         fy_gpt_flops_per_token(&model, (unsigned)o->seq);
     const char *at = "predicted per step at the rates measured on the reference machine (one H200";
-    if (strcmp(o->backend, "cpu") == 0) /* its compute and copies are not the H200's */
+    if (act.predicted_s > 0) /* measured here: the reference machine's figures would mislead */
+        fy_info("plan: per step, as the activation plan above predicts from this machine's "
+                "profile: %.3f s (%.3g TFLOP/s)", act.predicted_s,
+                step_flops / act.predicted_s * 1e-12);
+    else if (strcmp(o->backend, "cpu") == 0) /* its compute and copies are not the H200's */
         fy_info("plan: %s: SSD %.1f/%.1f GB/s, AdamW %.1f G parameters/s): SSD %.3f s, optimizer "
                 "%.3f s; compute not predicted on the CPU backend",
                 at, rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.ssd_s,
