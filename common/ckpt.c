@@ -21,6 +21,8 @@ enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S
  * leave zero); the config hash in S_HASH_* covers them. */
 enum { S_ARCH = S_COUNT, S_KV_HEAD, S_INTER, S_TIED, S_ROPE_TYPE, S_ROPE_OMAX, S_EPS,
        S_THETA /* then factor, low, high: four doubles, two slots each */ };
+/* The store metadata block's flag after them: state written back past the last synced step. */
+enum { S_UNSYNCED = S_THETA + 8 };
 
 static uint64_t align4k(uint64_t v) { return (v + FY_CKPT_BLOCK - 1) / FY_CKPT_BLOCK * FY_CKPT_BLOCK; }
 
@@ -122,6 +124,7 @@ void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t block[FY_CKPT_BLO
 {
     encode_header(block, FY_STOREMETA_MAGIC, &m->model, m->step, (uint32_t)m->seed,
                   (uint32_t)(m->seed >> 32));
+    put32(block, S_UNSYNCED, m->unsynced ? 1 : 0);
 }
 
 int fy_storemeta_decode(const uint8_t block[FY_CKPT_BLOCK], const char *where, struct fy_storemeta *m)
@@ -129,6 +132,7 @@ int fy_storemeta_decode(const uint8_t block[FY_CKPT_BLOCK], const char *where, s
     FY_TRY(decode_header(block, FY_STOREMETA_MAGIC, "store metadata block", where, &m->model,
                          &m->step));
     m->seed = get32(block, S_EXTRA0) | (uint64_t)get32(block, S_EXTRA1) << 32;
+    m->unsynced = get32(block, S_UNSYNCED) != 0;
     return 0;
 }
 

@@ -5,8 +5,9 @@
  * (low, high) [9,10] last completed step (low, high) [11,12] init seed (low, high) [13] checksum
  * (FNV-1a of slots 0..12); [14] architecture (0 GPT-2, 1 Llama); for Llama [15..20] n_kv_head
  * n_inter tied rope_type rope_original_max_pos rms_eps (f32 bits), [21..28] rope_theta, factor,
- * low_freq_factor, high_freq_factor (f64 bits, low word first), covered by the config hash; the
- * rest zero (so GPT-2 headers are unchanged).
+ * low_freq_factor, high_freq_factor (f64 bits, low word first), covered by the config hash; [29]
+ * 1 while state is written back past the last synced step (see struct fy_storemeta); the rest
+ * zero (so GPT-2 headers are unchanged).
  *
  * Exported weights file ("FYWT"): a 4096-byte header of int32 slots [0] magic [1] version
  * [2..6] model config [7,8] config hash [9,10] step [11] dtype (1 = f32) [12] unit count
@@ -40,6 +41,9 @@ struct fy_storemeta {
     struct fy_gpt_config model;
     uint64_t step;
     uint64_t seed;
+    /* 1: state has been written back past the last synced step, so a crash may have left units at
+     * different steps (slot [29]; 0 in stores older than the flag) */
+    uint32_t unsynced;
 };
 
 void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t block[FY_CKPT_BLOCK]);

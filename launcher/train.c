@@ -755,6 +755,15 @@ static int write_meta(struct run *r, const struct fy_storemeta *m)
     return io_op(r, FY_OP_IO_WRITE, FY_TENSOR_META, r->l.meta, FY_CKPT_BLOCK, 0);
 }
 
+/* The store's flag for state written back past its last synced step (struct fy_storemeta): made
+ * durable before the first such write, cleared once a sync has caught up. */
+static int set_unsynced(struct run *r, struct fy_storemeta *m, int on)
+{
+    m->unsynced = (uint32_t)on;
+    FY_TRY(write_meta(r, m));
+    return io_op(r, FY_OP_IO_SYNC, 0, 0, 0, 0);
+}
+
 static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_config *c, int B, int T,
                     int act_dtype, const struct fy_exec *x, int timeout_ms)
 {
@@ -1560,6 +1569,11 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     if (rc == 0 && meta->step >= o->steps)
         fy_info("the store is already at step %llu (--steps %llu): nothing to train",
                 (unsigned long long)meta->step, (unsigned long long)o->steps);
+    if (rc == 0 && meta->unsynced)
+        fy_warn("the store was left with state written back past its last synced step %llu (the "
+                "run was killed or the machine went down): its units may hold different steps, "
+                "so what follows will not equal a run never stopped; going on from it (stores "
+                "that keep the previous state are to come)", (unsigned long long)meta->step);
     int durable_at_end = 1; /* the store's last step is durable (nothing trained yet, say) */
     for (uint64_t step = meta->step + 1; rc == 0 && step <= o->steps; step++) {
         if (o->stop != NULL && *o->stop) {
@@ -1576,6 +1590,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         r.grad_scale = 0.0;
         if (rc == 0 && r.clip)
             rc = clip_scale(&r, step, o->clip_grad_norm, &grad_norm);
+        if (rc == 0 && !meta->unsynced) /* said before the first write-back since a sync */
+            rc = set_unsynced(&r, meta, 1);
         if (rc == 0)
             rc = backward_and_update(&r, step, lr, version);
         if (rc == 0) {
@@ -1590,6 +1606,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
             rc = resident_transfer(&r, FY_OP_IO_WRITE);
         if (rc == 0 && durable)
             rc = io_op(&r, FY_OP_IO_SYNC, 0, 0, 0, 0);
+        if (rc == 0 && durable)
+            rc = set_unsynced(&r, meta, 0);
         durable_at_end = durable;
         double seconds = now_s() - t0;
         double phase[PH_COUNT], busy[BUSY_COUNT];
@@ -1607,6 +1625,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         rc = resident_transfer(&r, FY_OP_IO_WRITE);
         if (rc == 0)
             rc = io_op(&r, FY_OP_IO_SYNC, 0, 0, 0, 0);
+        if (rc == 0)
+            rc = set_unsynced(&r, meta, 0);
         if (rc == 0)
             fy_info("step %llu written to the store and synced", (unsigned long long)meta->step);
     }
@@ -1651,6 +1671,10 @@ int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, const struct 
 {
     struct run r;
     FY_TRY(run_init(&r, pool, &meta->model, 1, 1, FY_DTYPE_F32, x, timeout_ms));
+    if (meta->unsynced)
+        fy_warn("exporting a store left with state written back past its last synced step %llu "
+                "(the run was killed or the machine went down): its units may hold different "
+                "steps", (unsigned long long)meta->step);
     struct export_ctx ctx = {&r};
     return fy_weights_write(path, &meta->model, meta->step, overwrite, export_unit, &ctx);
 }

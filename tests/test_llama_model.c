@@ -171,6 +171,13 @@ static void test_config_and_header_round_trip(void **state)
         assert_int_equal(block[i], 0);
     assert_int_equal(fy_storemeta_decode(block, "test", &mb), 0);
     assert_memory_equal(&mb.model, &g, sizeof g);
+    assert_int_equal(mb.unsynced, 0);
+    /* the flag for state written back past the last synced step, in slot 29 */
+    m.unsynced = 1;
+    fy_storemeta_encode(&m, block);
+    assert_int_equal(block[4 * 29], 1);
+    assert_int_equal(fy_storemeta_decode(block, "test", &mb), 0);
+    assert_int_equal(mb.unsynced, 1);
 }
 
 static void test_embed(void **state)

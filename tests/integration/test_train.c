@@ -536,7 +536,8 @@ static int start_training(struct fy_test_fixture *f, const char *run, int steps)
 /* Ctrl-C (SIGINT) during training: the step in progress finishes, is written to the store and
  * synced, and the run exits with 130; the same command then continues, and the losses and final
  * weights equal those of a run never interrupted, bit for bit. A second signal stops at once (130,
- * workers stopped, nothing left behind). */
+ * workers stopped, nothing left behind), and the store, left mid-step, says so: the next run warns
+ * that it goes on from a store whose units may hold different steps. */
 static void test_sigint_stops_at_a_step_boundary(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -565,6 +566,7 @@ static void test_sigint_stops_at_a_step_boundary(void **state)
     snprintf(ref_metrics, sizeof ref_metrics, "%s/metrics.jsonl", ref);
     const char *more[] = {"--eval-every", "1000", NULL};
     assert_int_equal(train_with(f, run, f->data, total, out, 0, more), 0);
+    assert_int_equal(count_matches(f->log, "was left with state written back"), 0);
     init_model(f, ref, "64", "5");
     assert_int_equal(train_with(f, ref, f->data, total, ref_out, 0, more), 0);
     char *l = losses(metrics), *rl = losses(ref_metrics);
@@ -603,6 +605,12 @@ static void test_sigint_stops_at_a_step_boundary(void **state)
     assert_int_equal(fy_pool_name_for_run(hard, pool, sizeof pool), 0);
     snprintf(path, sizeof path, "/dev/shm%s", pool);
     assert_int_not_equal(access(path, F_OK), 0); /* the pool is gone */
+    /* stopped mid-step, the store says so, and going on from it is said loudly */
+    char next[16];
+    snprintf(next, sizeof next, "%d", metrics_steps(fy_test_fmt("%s/metrics.jsonl", hard)) + 1);
+    assert_int_equal(train_with(f, hard, f->data, next, NULL, 0, more), 0);
+    assert_true(fy_test_file_contains(f->log, "was left with state written back past its last "
+                                              "synced step"));
 }
 
 /* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
