@@ -351,7 +351,28 @@ int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *i
         fprintf(f, "%s{\"block\": %u, \"host\": \"%s\", \"ssd\": \"%s\"}", b > 1 ? ", " : "", b,
                 h, d);
     }
-    fprintf(f, "], \"planner\": ");
+    fprintf(f, "], ");
+    const struct fy_gpt_profile *p = in->prof;
+    if (p != NULL) { /* what the plan came from, for people and tools */
+        fprintf(f, "\"block_profile\": {\"fwd_s\": %.9g, \"bwd_s\": %.9g, \"recompute_s\": {",
+                p->fwd_s, p->bwd_s);
+        for (int k = 0, first = 1; k < FY_ACT_KINDS; k++)
+            if (fy_actplan_kind_swappable(k)) {
+                fprintf(f, "%s\"%s\": %.9g", first ? "" : ", ", fy_actplan_kind_name(k),
+                        p->recompute_s[k]);
+                first = 0;
+            }
+        fprintf(f, "}, \"fc_gelu_fused\": %u, \"flops_per_s\": %.6g, \"h2d_Bps\": %.6g, "
+                   "\"d2h_Bps\": %.6g, \"duplex_Bps\": %.6g, \"gpu_free\": %llu, "
+                   "\"set_bytes\": %llu}, \"rates\": {\"ssd_read_Bps\": %.6g, "
+                   "\"ssd_write_Bps\": %.6g, \"opt_params_per_s\": %.6g}, \"arrangements\": "
+                   "{\"keep_a\": %d, \"step_a_s\": %.6f, \"keep_b\": %d, \"step_b_s\": %.6f}, ",
+                p->fc_gelu_fused, p->flops_per_s, p->h2d_Bps, p->d2h_Bps, p->duplex_Bps,
+                (unsigned long long)p->gpu_free, (unsigned long long)p->set_bytes,
+                in->rates.ssd_read, in->rates.ssd_write, in->rates.opt_params, r->keep_a,
+                r->step_a, r->keep_b, r->step_b);
+    }
+    fprintf(f, "\"planner\": ");
     if (r->plan != NULL)
         FY_TRY(fy_actplan_write_json(r->plan, f));
     else

@@ -63,7 +63,8 @@ int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out);
 void fy_actrun_free(struct fy_actrun *r);
 /* The plan for people, one fy_info line each. */
 void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in);
-/* The plan as JSON (mode, kept blocks, masks per block, the planner's object when auto). */
+/* The plan as JSON (mode, kept blocks, masks per block; when auto, the block profile, the rates
+ * and both arrangements' predictions it came from, and the planner's object). */
 int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f);
 
 #endif

@@ -471,7 +471,7 @@ static void test_swapped_internals_agree(void **state)
 
 /* fuyou-launch profile measures a block at the batch given and prints the plan train's auto would
  * take, writing it to RUN/act_plan.json, without training; a sequence beyond the context is
- * refused. */
+ * refused. A profile that fails (a test hook) is said and train goes on without one. */
 static void test_profile_command(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -487,9 +487,20 @@ static void test_profile_command(void **state)
     char *json = fy_test_slurp(path, NULL);
     assert_non_null(json);
     assert_non_null(strstr(json, "\"batch\": 8, \"seq\": 32"));
+    assert_non_null(strstr(json, "\"block_profile\": {\"fwd_s\": "));
+    assert_non_null(strstr(json, "\"arrangements\": {\"keep_a\": 0"));
     free(json);
     snprintf(path, sizeof path, "%s/metrics.jsonl", run);
-    assert_int_not_equal(access(path, F_OK), 0); /* nothing trained */
+    assert_int_not_equal(access(path, F_OK), 0); /* nothing trained by profile */
+    /* a profile that fails is said, and training goes on without it */
+    setenv("FUYOU_TEST_PROFILE_FAIL", "1", 1);
+    const char *one[] = {"--eval-every", "1000", NULL};
+    assert_int_equal(train_with(f, run, f->data, "1", NULL, 0, one), 0);
+    unsetenv("FUYOU_TEST_PROFILE_FAIL");
+    assert_true(fy_test_file_contains(f->log, "profiling a block failed (above): planning "
+                                              "without it"));
+    assert_true(fy_test_file_contains(f->log, "activations (auto, not profiled)"));
+    assert_true(fy_test_file_contains(f->log, "step 1/1"));
     const char *bad[] = {"profile", "--run-dir", run, "--batch", "8", "--seq", "64", "--backend",
                          "cpu", NULL};
     assert_int_equal(fy_test_launch_in(f, bad, 60), 1);
