@@ -135,11 +135,11 @@ int fy_actplan_region_of(const struct fy_actplan_sizes *s, unsigned mask,
     return 0;
 }
 
-unsigned fy_actplan_mask(const struct fy_actplan *p, int layer, int place)
+unsigned fy_actplan_mask(const unsigned char *place, int layer, int where)
 {
     unsigned mask = 0;
-    for (int k = 0; k < FY_ACT_KINDS; k++)
-        if (fy_actplan_kind_swappable(k) && fy_actplan_at(p, layer, k) == place)
+    for (int k = 0; place != NULL && k < FY_ACT_KINDS; k++)
+        if (fy_actplan_kind_swappable(k) && place[layer * FY_ACT_KINDS + k] == where)
             mask |= FY_ACT_BIT(k);
     return mask;
 }

@@ -166,6 +166,9 @@ struct fy_actplan_region {
 /* -EINVAL (said) for a mask with a kind that is not swappable. */
 int fy_actplan_region_of(const struct fy_actplan_sizes *s, unsigned mask,
                          struct fy_actplan_region *out);
+/* The swappable kinds that a placement array (place[layer * FY_ACT_KINDS + kind], as struct
+ * fy_actplan's; NULL: none) puts at `where` in one layer (0-based), as a mask. */
+unsigned fy_actplan_mask(const unsigned char *place, int layer, int where);
 
 /* What a profiler run measures (seconds, bytes, bytes/s), plus the memory budgets. */
 struct fy_actplan_layer_prof {
@@ -232,8 +235,6 @@ static inline int fy_actplan_at(const struct fy_actplan *p, int layer, int kind)
 {
     return p->place[layer * FY_ACT_KINDS + kind];
 }
-/* The kinds a plan places on `place` in layer `layer` (0-based), as a mask. */
-unsigned fy_actplan_mask(const struct fy_actplan *p, int layer, int place);
 
 /* A few lines for people: bytes per placement, layers per placement of each kind, predicted phase
  * times and their bound resource. Truncates to len. */

@@ -282,8 +282,9 @@ static void kinds_at(const struct fy_actrun *r, unsigned b, int place, char *buf
 {
     size_t at = 0;
     buf[0] = '\0';
-    for (int k = 0; k < FY_ACT_KINDS && r->place != NULL; k++)
-        if (fy_actplan_kind_swappable(k) && r->place[(b - 1) * FY_ACT_KINDS + k] == place)
+    unsigned mask = fy_actplan_mask(r->place, (int)b - 1, place);
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        if (mask & FY_ACT_BIT(k))
             at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "%s%s", at ? "," : "",
                                    fy_actplan_kind_name(k));
     if (buf[0] == '\0')

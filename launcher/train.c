@@ -129,15 +129,9 @@ void fy_train_swap_of(const unsigned char *place, unsigned n_layer,
 {
     memset(out, 0, sizeof *out);
     for (unsigned l = 0; place != NULL && l < n_layer; l++) {
-        unsigned host = 0, ssd = 0;
-        for (int k = 0; k < FY_ACT_KINDS; k++)
-            if (fy_actplan_kind_swappable(k)) {
-                host |= place[l * FY_ACT_KINDS + k] == FY_ACT_HOST ? FY_ACT_BIT(k) : 0;
-                ssd |= place[l * FY_ACT_KINDS + k] == FY_ACT_SSD ? FY_ACT_BIT(k) : 0;
-            }
-        struct fy_actplan_region h, d;
-        fy_actplan_region_of(sizes, host, &h); /* swappable kinds only: cannot fail */
-        fy_actplan_region_of(sizes, ssd, &d);
+        struct fy_actplan_region h, d; /* swappable kinds only: cannot fail */
+        fy_actplan_region_of(sizes, fy_actplan_mask(place, (int)l, FY_ACT_HOST), &h);
+        fy_actplan_region_of(sizes, fy_actplan_mask(place, (int)l, FY_ACT_SSD), &d);
         out->host_bytes += h.bytes;
         out->ssd_bytes += d.bytes;
         out->slot_bytes = d.bytes > out->slot_bytes ? d.bytes : out->slot_bytes;
@@ -702,13 +696,8 @@ static int saved_setup(struct run *r, const struct fy_train_opts *o)
                "by fy_train_regions for another plan?)", (unsigned long long)bytes,
                (unsigned long long)fy_train_swap_pool_bytes(&swap));
     for (unsigned b = 1; b <= L; b++) {
-        for (int k = 0; k < FY_ACT_KINDS; k++) {
-            int place = o->act_place[(b - 1) * FY_ACT_KINDS + k];
-            if (fy_actplan_kind_swappable(k) && place == FY_ACT_HOST)
-                r->host_mask[b] |= FY_ACT_BIT(k);
-            if (fy_actplan_kind_swappable(k) && place == FY_ACT_SSD)
-                r->ssd_mask[b] |= FY_ACT_BIT(k);
-        }
+        r->host_mask[b] = fy_actplan_mask(o->act_place, (int)b - 1, FY_ACT_HOST);
+        r->ssd_mask[b] = fy_actplan_mask(o->act_place, (int)b - 1, FY_ACT_SSD);
         struct fy_actplan_region reg;
         FY_TRY(fy_actplan_region_of(&o->saved_sizes, r->host_mask[b], &reg));
         r->host_off[b] = at;
