@@ -136,6 +136,14 @@ int fy_storemeta_decode(const uint8_t block[FY_CKPT_BLOCK], const char *where, s
     return 0;
 }
 
+unsigned fy_scratch_class(uint64_t bytes)
+{
+    unsigned k = 0;
+    while (fy_scratch_class_bytes(k) < bytes)
+        k++;
+    return k;
+}
+
 uint64_t fy_unit_state_section(const struct fy_gpt_config *c, unsigned unit)
 {
     return align4k(fy_gpt_unit_params(c, unit) * 4);

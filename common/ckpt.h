@@ -36,6 +36,10 @@
 #define FY_TENSOR_SAVED_SPILL(k) (0x40001000u + (uint32_t)(k))
 /* Scratch the profile times the store with (--act-plan auto), size classes as above. */
 #define FY_TENSOR_PROBE(k) (0x40002000u + (uint32_t)(k))
+/* The smallest size class k (2^k MiB) of those scratch extents that holds `bytes`. */
+unsigned fy_scratch_class(uint64_t bytes);
+/* The bytes of size class k. */
+static inline uint64_t fy_scratch_class_bytes(unsigned k) { return (uint64_t)1 << (20 + k); }
 
 struct fy_storemeta {
     struct fy_gpt_config model;

@@ -823,12 +823,10 @@ static int profile_call(const struct options *o, struct fy_exec *x, const char *
 static int profile_links(const struct options *o, struct fy_exec *x, uint64_t at, uint64_t bytes,
                          struct fy_train_rates *rates)
 {
-    unsigned cls = 0;
-    while (((uint64_t)1 << (20 + cls)) < bytes)
-        cls++;
+    unsigned cls = fy_scratch_class(bytes);
     struct fy_desc d = fy_desc_region(FY_OP_IO_ALLOC, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
     d.tensor = FY_TENSOR_PROBE(cls);
-    d.arg = (uint64_t)1 << (20 + cls);
+    d.arg = fy_scratch_class_bytes(cls);
     FY_TRY(profile_call(o, x, "io", &d, 1, NULL));
     double best[3] = {INFINITY, INFINITY, INFINITY}, sec;
     uint64_t quarter = bytes / 4 / 256 * 256, params = quarter / 4;

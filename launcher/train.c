@@ -639,14 +639,11 @@ static int spill_setup(struct run *r, struct spill *sp, uint64_t base, uint64_t 
     sp->slots = slots;
     sp->base = base;
     sp->item_bytes = item_bytes;
-    uint64_t need = (uint64_t)(count ? count : 1) * item_bytes;
-    unsigned cls = 0;
-    while (((uint64_t)1 << (20 + cls)) < need)
-        cls++;
+    unsigned cls = fy_scratch_class((uint64_t)(count ? count : 1) * item_bytes);
     sp->tensor = first_tensor + cls;
-    FY_TRY(io_op(r, FY_OP_IO_ALLOC, sp->tensor, 0, 0, (uint64_t)1 << (20 + cls)));
+    FY_TRY(io_op(r, FY_OP_IO_ALLOC, sp->tensor, 0, 0, fy_scratch_class_bytes(cls)));
     fy_info("%s spilled to the store through %u pool slots (%llu MiB of scratch, size class %u)",
-            what, slots, (unsigned long long)(((uint64_t)1 << (20 + cls)) >> 20), cls);
+            what, slots, (unsigned long long)(fy_scratch_class_bytes(cls) >> 20), cls);
     return 0;
 }
 
