@@ -735,6 +735,31 @@ static int backward_ahead(struct run *r, unsigned b)
     return 0;
 }
 
+/* Block b's backward, in either pass: its checkpoint (and its internals placed on the SSD) waited
+ * for in their slots, its weights at w_off, dy in and dx out, its gradient into `grad`; then the
+ * next blocks' inputs on their way. */
+static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint64_t dy,
+                                uint64_t dx, uint64_t grad, struct ticket *t)
+{
+    const struct layout *l = &r->l;
+    uint64_t x_off = 0, s_off = 0;
+    FY_TRY(spill_in(r, &r->ckpt, b - 1, 1, &x_off));
+    if (r->ssd_mask[b])
+        FY_TRY(spill_in(r, &r->saved, b - 1, 1, &s_off));
+    int op = FY_OP_GPT_BLOCK_BWD;
+    struct fy_desc req[FY_DESC_MAX_PARTS];
+    req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
+    req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_off, l->act_bytes, (int)b);
+    req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dy, l->act_bytes, (int)b);
+    req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
+    req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, unit_bytes(l, b), (int)b);
+    FY_TRY(issue(r, PH_GPU, "gpu", req, saved_parts(r, b, op, s_off, req, 5), t));
+    spill_used_by(&r->ckpt, b - 1, t);
+    if (r->ssd_mask[b])
+        spill_used_by(&r->saved, b - 1, t);
+    return b >= 2 ? backward_ahead(r, b) : 0;
+}
+
 static int write_meta(struct run *r, const struct fy_storemeta *m)
 {
     fy_storemeta_encode(m, fy_pool_at(r->pool, r->l.meta, FY_CKPT_BLOCK));
@@ -1160,7 +1185,6 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
     unsigned char *issued = calloc(L + 4, 1);
     int rc = g && rs && ws && issued ? 0 : -ENOMEM;
     struct writebacks wb = {ws, issued, {-1, -1}};
-    struct fy_desc req[FY_DESC_MAX_PARTS];
     if (rc == 0 && embed && L == 0)
         rc = embed_backward_issue(r, dact_at(l, *cur), &e);
     if (rc == 0 && L >= 1) /* the two state slots start with blocks L and L-1 */
@@ -1188,29 +1212,9 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             }
             if (rc == 0 && b + G <= L)
                 rc = opt_settle(r, b + G); /* its gradient slot */
-            uint64_t x_off = 0, s_off = 0;
             if (rc == 0)
-                rc = spill_in(r, &r->ckpt, b - 1, 1, &x_off);
-            if (rc == 0 && r->ssd_mask[b])
-                rc = spill_in(r, &r->saved, b - 1, 1, &s_off);
-            int op = FY_OP_GPT_BLOCK_BWD;
-            req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b),
-                                    (int)b);
-            req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_off, l->act_bytes,
-                                    (int)b);
-            req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dact_at(l, *cur), l->act_bytes,
-                                    (int)b);
-            req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dact_at(l, *cur ^ 1),
-                                    l->act_bytes, (int)b);
-            req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, block_gslot(l, b)),
-                                    unit_bytes(l, b), (int)b);
-            if (rc == 0)
-                rc = issue(r, PH_GPU, "gpu", req, saved_parts(r, b, op, s_off, req, 5), &g[b]);
-            spill_used_by(&r->ckpt, b - 1, &g[b]);
-            if (r->ssd_mask[b])
-                spill_used_by(&r->saved, b - 1, &g[b]);
-            if (rc == 0 && b >= 2) /* the next blocks' inputs on their way */
-                rc = backward_ahead(r, b);
+                rc = block_backward_issue(r, b, w_off, dact_at(l, *cur), dact_at(l, *cur ^ 1),
+                                          gslot(l, block_gslot(l, b)), &g[b]);
             *cur ^= 1;
             if (rc == 0 && b == 1 && embed) /* dx0 is block 1's dx */
                 rc = embed_backward_issue(r, dact_at(l, *cur), &e);
@@ -1290,7 +1294,6 @@ static int norm_pass(struct run *r, double *total)
     /* x_L's room is free after the head; with the checkpoints in slots, a third dacts buffer */
     const uint64_t scratch[2] = {dact_at(l, 1), r->ckpt.on ? dact_at(l, 2) : act_at(l, L)};
     uint64_t dy = dact_at(l, 0); /* dL/d(output of the block being processed) */
-    struct fy_desc req[FY_DESC_MAX_PARTS];
     unsigned depth = l->wslots - 1;
     if (rc == 0)
         rc = sumsq_issue(r, fin, r->dfinal, &sq[fin]);
@@ -1303,25 +1306,8 @@ static int norm_pass(struct run *r, double *total)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
         if (rc == 0 && b + 2 <= L)
             rc = sumsq_wait(r, &sq[b + 2], &part[b + 2]); /* its gradient slot */
-        uint64_t x_off = 0, s_off = 0;
         if (rc == 0)
-            rc = spill_in(r, &r->ckpt, b - 1, 1, &x_off);
-        if (rc == 0 && r->ssd_mask[b])
-            rc = spill_in(r, &r->saved, b - 1, 1, &s_off);
-        int op = FY_OP_GPT_BLOCK_BWD;
-        req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
-        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_off, l->act_bytes, (int)b);
-        req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dy, l->act_bytes, (int)b);
-        req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
-        req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 1 + (b & 1)),
-                                unit_bytes(l, b), (int)b);
-        if (rc == 0)
-            rc = issue(r, PH_GPU, "gpu", req, saved_parts(r, b, op, s_off, req, 5), &g[b]);
-        spill_used_by(&r->ckpt, b - 1, &g[b]);
-        if (r->ssd_mask[b])
-            spill_used_by(&r->saved, b - 1, &g[b]);
-        if (rc == 0 && b >= 2)
-            rc = backward_ahead(r, b);
+            rc = block_backward_issue(r, b, w_off, dy, dx, gslot(l, 1 + (b & 1)), &g[b]);
         dy = dx;
         if (rc == 0 && b + 1 <= L) /* block b+1's gradient is complete: its squares, and its */
             rc = wait_for(r, &g[b + 1], NULL); /* weights slot is free for block b-depth */
