@@ -1496,6 +1496,15 @@ static int resident_transfer(struct run *r, int op)
     return 0;
 }
 
+/* The store made to hold the step in meta whole (its updates done): the resident state written,
+ * everything synced, and the flag of state written past the synced step cleared. */
+static int make_durable(struct run *r, struct fy_storemeta *meta)
+{
+    FY_TRY(resident_transfer(r, FY_OP_IO_WRITE));
+    FY_TRY(io_op(r, FY_OP_IO_SYNC, 0, 0, 0, 0));
+    return set_unsynced(r, meta, 0);
+}
+
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                  const struct fy_tokfile *data, const struct fy_train_opts *o)
 {
@@ -1575,11 +1584,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         if (rc == 0 && (durable || do_eval)) /* the updates still running, done */
             rc = opt_drain(&r);
         if (rc == 0 && durable)
-            rc = resident_transfer(&r, FY_OP_IO_WRITE);
-        if (rc == 0 && durable)
-            rc = io_op(&r, FY_OP_IO_SYNC, 0, 0, 0, 0);
-        if (rc == 0 && durable)
-            rc = set_unsynced(&r, meta, 0);
+            rc = make_durable(&r, meta);
         durable_at_end = durable;
         double seconds = now_s() - t0;
         double phase[PH_COUNT], busy[BUSY_COUNT];
@@ -1594,11 +1599,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     int drained = opt_drain(&r); /* a stop at a step boundary leaves updates running */
     rc = rc ? rc : drained;
     if (rc == 0 && !durable_at_end) { /* stopped early: the last step made durable, as at the end */
-        rc = resident_transfer(&r, FY_OP_IO_WRITE);
-        if (rc == 0)
-            rc = io_op(&r, FY_OP_IO_SYNC, 0, 0, 0, 0);
-        if (rc == 0)
-            rc = set_unsynced(&r, meta, 0);
+        rc = make_durable(&r, meta);
         if (rc == 0)
             fy_info("step %llu written to the store and synced", (unsigned long long)meta->step);
     }
