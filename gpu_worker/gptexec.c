@@ -82,7 +82,7 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
         rc = fy_config_get_u64(cfg, "train.act_keep", 0, e->cfg.n_layer, &keep);
     if (rc == 0 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap))
         rc = fy_backend_gpt_swap(backend);
-    if (rc == 0 && plan != NULL && strcmp(plan, "auto") == 0) {
+    if (rc == 0 && plan != NULL && mode == FY_ACTPLAN_AUTO) {
         /* test hook: FUYOU_TEST_KEEP_LAYERS=N keeps at most N blocks, whatever fits */
         const char *cap = getenv("FUYOU_TEST_KEEP_LAYERS");
         int most = cap != NULL ? atoi(cap) : (int)keep;

@@ -8,10 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/desc.h"
 #include "common/dtype.h"
 #include "common/synth.h"
 #include "gpu_worker/cpu/gpt_cpu.h"
@@ -197,13 +197,6 @@ static int cpu_logits(void *state, const float *final_params, const float *embed
     return 0;
 }
 
-static double seconds_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The CPU backend's "device" is host memory: the links are memory copies, its internals sets cost
  * nothing on a device (it keeps none), and the ops are timed on values of its own (small, finite),
  * the best of three runs after one to warm up. */
@@ -245,12 +238,12 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_gpt
         if (FY_ACT_SWAPPABLE & FY_ACT_BIT(k))
             saved[k] = region + reg.offset[k];
     for (int rep = 0; rc == 0 && rep < 4; rep++) {
-        double t0 = seconds_now();
+        double t0 = 1e-9 * (double)fy_monotonic_ns();
         fy_cpu_block_forward(&s->cfg, params, x, y, s->block_scratch, saved, s->B, s->T);
-        double t1 = seconds_now();
+        double t1 = 1e-9 * (double)fy_monotonic_ns();
         fy_cpu_block_backward(&s->cfg, params, x, y, dx, dp, s->block_scratch, saved, s->B,
                               s->T);
-        double t2 = seconds_now();
+        double t2 = 1e-9 * (double)fy_monotonic_ns();
         fy_cpu_block_op_times(&s->cfg, params, x, s->block_scratch, s->B, s->T, op);
         if (rep == 0)
             continue;
@@ -261,9 +254,9 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_gpt
     }
     double best_copy = INFINITY;
     for (int rep = 0; rc == 0 && rep < 4; rep++) {
-        double t0 = seconds_now();
+        double t0 = 1e-9 * (double)fy_monotonic_ns();
         memcpy(copy, host, host_bytes);
-        double t1 = seconds_now();
+        double t1 = 1e-9 * (double)fy_monotonic_ns();
         if (rep > 0 && t1 - t0 < best_copy)
             best_copy = t1 - t0;
     }

@@ -10,7 +10,8 @@
 
 #include <math.h>
 #include <string.h>
-#include <time.h>
+
+#include "common/desc.h"
 
 #define LN_EPS 1e-5f
 /* Rows of logits the head holds at once: bounds its scratch to HEAD_CHUNK * V floats. */
@@ -389,13 +390,6 @@ static unsigned move_saved(const struct fy_gpt_config *c, const struct block_buf
     return mask;
 }
 
-static double seconds_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void fy_cpu_block_op_times(const struct fy_gpt_config *c, const float *params, const float *x,
                            float *scratch, int B, int T, double op_s[FY_ACT_KINDS])
 {
@@ -406,8 +400,8 @@ void fy_cpu_block_op_times(const struct fy_gpt_config *c, const float *params, c
     const float *p = params;
     int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
     memset(op_s, 0, FY_ACT_KINDS * sizeof *op_s);
-    double t = seconds_now(), t1;
-#define LAP(kind) (t1 = seconds_now(), op_s[kind] += t1 - t, t = t1)
+    double t = 1e-9 * (double)fy_monotonic_ns(), t1;
+#define LAP(kind) (t1 = 1e-9 * (double)fy_monotonic_ns(), op_s[kind] += t1 - t, t = t1)
     fy_cpu_layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
     LAP(FY_ACT_LN1);
     fy_cpu_matmul_forward(s.qkv, s.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
