@@ -14,10 +14,14 @@ DEB_libcjson := libcjson-dev
 DEPS_RUNTIME := liburing libzmq hwloc libcjson
 DEPS_TEST    := cmocka
 DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev libcjson-dev \
-                libcmocka-dev fio
+                libxxhash-dev libcmocka-dev fio
 
 found   = $(shell $(PKG_CONFIG) --exists $(1) && echo yes)
 MISSING := $(strip $(foreach p,$(DEPS_RUNTIME),$(if $(call found,$(p)),,$(p))))
+# xxhash is used header-only (common/digest.c): no pkg-config module, no library to link.
+HAVE_XXHASH := $(shell printf '\043include <xxhash.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 && echo yes)
+MISSING += $(if $(HAVE_XXHASH),,xxhash)
+DEB_xxhash := libxxhash-dev
 MISSING_TEST := $(strip $(foreach p,$(DEPS_TEST),$(if $(call found,$(p)),,$(p))))
 
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -O2 -g -pthread -fopenmp -Wall -Wextra -Wno-unused-parameter \
@@ -72,6 +76,7 @@ check-deps:
 	  if $(PKG_CONFIG) --exists $$p; then echo "found   $$p $$($(PKG_CONFIG) --modversion $$p)"; \
 	  else case $$p in liburing) d=liburing-dev;; libzmq) d=libzmq3-dev;; hwloc) d=libhwloc-dev;; libcjson) d=libcjson-dev;; cmocka) d=libcmocka-dev;; esac; \
 	       echo "MISSING $$p: install the Debian package $$d (or run: make deps)"; fi; done
+	@$(if $(HAVE_XXHASH),echo "found   xxhash.h",echo "MISSING xxhash.h: install the Debian package libxxhash-dev (or run: make deps)")
 	@if command -v fio >/dev/null; then echo "found   fio (for make bench)"; else echo "MISSING fio: needed by make bench only; Debian package fio"; fi
 	@$(if $(NVCC),echo "found   nvcc $(NVCC): building the CUDA backend",echo "no nvcc: building without the CUDA backend")
 	@$(if $(MISSING),echo "error: missing $(MISSING); install the Debian packages $(foreach p,$(MISSING),$(DEB_$(p))) (or run: make deps)"; exit 1,true)

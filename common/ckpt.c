@@ -1,5 +1,5 @@
-/* Store metadata block and exported weight files: fixed int32 slots with magic, version and a
- * checksum, data 4 KiB aligned, files replaced atomically. */
+/* Commit records (and the older metadata block) and exported weight files: fixed int32 slots
+ * with magic, version and a checksum, data 4 KiB aligned, files replaced atomically. */
 #include "ckpt.h"
 
 #include <errno.h>
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "digest.h"
 #include "fsutil.h"
 
 enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S_HASH_HI,
@@ -21,8 +22,9 @@ enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S
  * leave zero); the config hash in S_HASH_* covers them. */
 enum { S_ARCH = S_COUNT, S_KV_HEAD, S_INTER, S_TIED, S_ROPE_TYPE, S_ROPE_OMAX, S_EPS,
        S_THETA /* then factor, low, high: four doubles, two slots each */ };
-/* The store metadata block's flag after them: state written back past the last synced step. */
-enum { S_UNSYNCED = S_THETA + 8 };
+/* The version 1 metadata block's flag after them: state written back past the last synced step;
+ * then the commit record's fields. */
+enum { S_UNSYNCED = S_THETA + 8, S_COPY, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI };
 
 static uint64_t align4k(uint64_t v) { return (v + FY_CKPT_BLOCK - 1) / FY_CKPT_BLOCK * FY_CKPT_BLOCK; }
 
@@ -48,12 +50,13 @@ static uint32_t checksum(const uint8_t *b)
     return h;
 }
 
-static void encode_header(uint8_t *b, uint32_t magic, const struct fy_gpt_config *c, uint64_t step,
-                          uint32_t extra0, uint32_t extra1)
+static void encode_header(uint8_t *b, uint32_t magic, uint32_t version,
+                          const struct fy_gpt_config *c, uint64_t step, uint32_t extra0,
+                          uint32_t extra1)
 {
     memset(b, 0, FY_CKPT_BLOCK);
     uint64_t hash = fy_gpt_config_hash(c);
-    const uint32_t v[S_CHECKSUM] = {magic, FY_CKPT_VERSION, c->n_layer, c->n_head, c->n_embd,
+    const uint32_t v[S_CHECKSUM] = {magic, version, c->n_layer, c->n_head, c->n_embd,
                                     c->vocab, c->ctx, (uint32_t)hash, (uint32_t)(hash >> 32),
                                     (uint32_t)step, (uint32_t)(step >> 32), extra0, extra1};
     for (int i = 0; i < S_CHECKSUM; i++)
@@ -97,14 +100,17 @@ static void decode_arch(const uint8_t *b, struct fy_gpt_config *c)
     }
 }
 
-/* Validates magic, version, checksum, the model config and its hash. */
-static int decode_header(const uint8_t *b, uint32_t magic, const char *what, const char *where,
-                         struct fy_gpt_config *c, uint64_t *step)
+/* Validates magic, version (the one given, or FY_COMMIT_VERSION too where `or_version` is),
+ * checksum, the model config and its hash. */
+static int decode_header(const uint8_t *b, uint32_t magic, uint32_t or_version, const char *what,
+                         const char *where, struct fy_gpt_config *c, uint64_t *step)
 {
     FY_REQUIRE(get32(b, S_MAGIC) == magic, -EBADMSG, "%s: not a Fuyou %s (bad magic)", where, what);
-    FY_REQUIRE(get32(b, S_VERSION) == FY_CKPT_VERSION, -EBADMSG,
-               "%s: %s version %u, this build reads version %d", where, what, get32(b, S_VERSION),
-               FY_CKPT_VERSION);
+    uint32_t version = get32(b, S_VERSION);
+    FY_REQUIRE(version == FY_CKPT_VERSION || (or_version && version == or_version), -EBADMSG,
+               "%s: %s version %u, this build reads version %d (and %u for commit records): "
+               "made by another version of Fuyou?", where, what, version, FY_CKPT_VERSION,
+               or_version);
     FY_REQUIRE(get32(b, S_CHECKSUM) == checksum(b), -EBADMSG, "%s: %s header checksum mismatch (corrupt)",
                where, what);
     *c = (struct fy_gpt_config){.n_layer = get32(b, S_LAYER), .n_head = get32(b, S_HEAD),
@@ -120,19 +126,93 @@ static int decode_header(const uint8_t *b, uint32_t magic, const char *what, con
     return 0;
 }
 
-void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t block[FY_CKPT_BLOCK])
+static uint64_t record_digest(uint8_t *record)
 {
-    encode_header(block, FY_STOREMETA_MAGIC, &m->model, m->step, (uint32_t)m->seed,
-                  (uint32_t)(m->seed >> 32));
-    put32(block, S_UNSYNCED, m->unsynced ? 1 : 0);
+    uint32_t lo = get32(record, S_DIGEST_LO), hi = get32(record, S_DIGEST_HI);
+    put32(record, S_DIGEST_LO, 0);
+    put32(record, S_DIGEST_HI, 0);
+    uint64_t d = fy_digest(record, FY_COMMIT_RECORD_BYTES);
+    put32(record, S_DIGEST_LO, lo);
+    put32(record, S_DIGEST_HI, hi);
+    return d;
 }
 
-int fy_storemeta_decode(const uint8_t block[FY_CKPT_BLOCK], const char *where, struct fy_storemeta *m)
+void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t *record)
 {
-    FY_TRY(decode_header(block, FY_STOREMETA_MAGIC, "store metadata block", where, &m->model,
-                         &m->step));
-    m->seed = get32(block, S_EXTRA0) | (uint64_t)get32(block, S_EXTRA1) << 32;
-    m->unsynced = get32(block, S_UNSYNCED) != 0;
+    memset(record, 0, FY_COMMIT_RECORD_BYTES);
+    encode_header(record, FY_STOREMETA_MAGIC, FY_COMMIT_VERSION, &m->model, m->step,
+                  (uint32_t)m->seed, (uint32_t)(m->seed >> 32));
+    unsigned units = fy_gpt_unit_count(&m->model);
+    put32(record, S_COPY, m->copy);
+    put32(record, S_SEQ_LO, (uint32_t)m->seq);
+    put32(record, S_SEQ_HI, (uint32_t)(m->seq >> 32));
+    put32(record, S_UNITS, units);
+    for (unsigned u = 0; u < units && u < FY_COMMIT_MAX_UNITS; u++)
+        for (int i = 0; i < 8; i++)
+            record[FY_CKPT_BLOCK + 8 * u + i] = (uint8_t)(m->digest[u] >> (8 * i));
+    uint64_t d = record_digest(record);
+    put32(record, S_DIGEST_LO, (uint32_t)d);
+    put32(record, S_DIGEST_HI, (uint32_t)(d >> 32));
+}
+
+int fy_storemeta_check(const uint8_t *record, size_t len)
+{
+    size_t zero = 0;
+    while (zero < len && record[zero] == 0)
+        zero++;
+    if (len >= FY_CKPT_BLOCK && zero == len)
+        return 1;
+    if (len < FY_CKPT_BLOCK || get32(record, S_MAGIC) != FY_STOREMETA_MAGIC ||
+        get32(record, S_CHECKSUM) != checksum(record))
+        return -EBADMSG;
+    uint32_t version = get32(record, S_VERSION);
+    if (version == FY_CKPT_VERSION)
+        return 0;
+    if (version != FY_COMMIT_VERSION || len < FY_COMMIT_RECORD_BYTES)
+        return -EBADMSG;
+    uint8_t *copy = malloc(FY_COMMIT_RECORD_BYTES);
+    if (copy == NULL)
+        return -ENOMEM;
+    memcpy(copy, record, FY_COMMIT_RECORD_BYTES);
+    uint64_t want = get32(record, S_DIGEST_LO) | (uint64_t)get32(record, S_DIGEST_HI) << 32;
+    int ok = record_digest(copy) == want;
+    free(copy);
+    return ok ? 0 : -EBADMSG;
+}
+
+int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
+                        struct fy_storemeta *m)
+{
+    memset(m, 0, sizeof *m);
+    FY_REQUIRE(len >= FY_CKPT_BLOCK, -EBADMSG, "%s: %zu bytes are too few for a commit record",
+               where, len);
+    FY_TRY(decode_header(record, FY_STOREMETA_MAGIC, FY_COMMIT_VERSION, "commit record", where,
+                         &m->model, &m->step));
+    m->seed = get32(record, S_EXTRA0) | (uint64_t)get32(record, S_EXTRA1) << 32;
+    if (get32(record, S_VERSION) == FY_CKPT_VERSION) {
+        m->legacy = 1;
+        m->unsynced = get32(record, S_UNSYNCED) != 0;
+        return 0;
+    }
+    FY_REQUIRE(len >= FY_COMMIT_RECORD_BYTES, -EBADMSG,
+               "%s: a commit record of version %d takes %d bytes, not %zu", where,
+               FY_COMMIT_VERSION, (int)FY_COMMIT_RECORD_BYTES, len);
+    uint8_t *copy = malloc(FY_COMMIT_RECORD_BYTES);
+    FY_REQUIRE(copy != NULL, -ENOMEM, "%s: no memory to check a commit record", where);
+    memcpy(copy, record, FY_COMMIT_RECORD_BYTES);
+    uint64_t want = get32(record, S_DIGEST_LO) | (uint64_t)get32(record, S_DIGEST_HI) << 32;
+    uint64_t have = record_digest(copy);
+    free(copy);
+    FY_REQUIRE(have == want, -EBADMSG, "%s: commit record digest mismatch (torn or corrupt)", where);
+    m->copy = get32(record, S_COPY);
+    m->seq = get32(record, S_SEQ_LO) | (uint64_t)get32(record, S_SEQ_HI) << 32;
+    unsigned units = get32(record, S_UNITS);
+    FY_REQUIRE(m->copy <= 1 && units == fy_gpt_unit_count(&m->model), -EBADMSG,
+               "%s: commit record names copy %u and %u units (the model has %u): corrupt", where,
+               m->copy, units, fy_gpt_unit_count(&m->model));
+    for (unsigned u = 0; u < units; u++)
+        for (int i = 0; i < 8; i++)
+            m->digest[u] |= (uint64_t)record[FY_CKPT_BLOCK + 8 * u + i] << (8 * i);
     return 0;
 }
 
@@ -175,7 +255,7 @@ int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t s
     float *buf = calloc(align4k(max_unit * 4) / 4, sizeof(float));
     int rc = header && buf ? 0 : -ENOMEM;
     if (rc == 0) {
-        encode_header(header, FY_WEIGHTS_MAGIC, c, step, 1, fy_gpt_unit_count(c));
+        encode_header(header, FY_WEIGHTS_MAGIC, FY_CKPT_VERSION, c, step, 1, fy_gpt_unit_count(c));
         rc = fy_write_all(fd, header, FY_CKPT_BLOCK, tmp, 0);
     }
     uint64_t at = FY_CKPT_BLOCK;
@@ -215,7 +295,7 @@ int fy_weights_read(const char *path, struct fy_gpt_config *c, uint64_t *step, f
     if (rc < 0)
         fy_error("%s: shorter than a weights file header", path);
     if (rc == 0)
-        rc = decode_header(header, FY_WEIGHTS_MAGIC, "weights file", path, c, step);
+        rc = decode_header(header, FY_WEIGHTS_MAGIC, 0, "weights file", path, c, step);
     size_t total = rc == 0 ? fy_gpt_total_params(c) : 0;
     float *all = rc == 0 ? malloc(total * sizeof(float)) : NULL;
     if (rc == 0 && all == NULL)

@@ -1,13 +1,26 @@
-/* Model state metadata and weight files.
+/* Model state metadata, commit records and weight files.
  *
- * Store metadata block (extent FY_TENSOR_META of the SSD store, 4096 bytes, little-endian int32
- * slots): [0] magic "FYMD" [1] version [2..6] n_layer n_head n_embd vocab ctx [7,8] config hash
- * (low, high) [9,10] last completed step (low, high) [11,12] init seed (low, high) [13] checksum
- * (FNV-1a of slots 0..12); [14] architecture (0 GPT-2, 1 Llama); for Llama [15..20] n_kv_head
- * n_inter tied rope_type rope_original_max_pos rms_eps (f32 bits), [21..28] rope_theta, factor,
+ * The store keeps every unit's optimizer state twice (copies 0 and 1, extents
+ * FY_TENSOR_UNIT_STATE_COPY) and two commit records (extents FY_TENSOR_COMMIT(0) and (1)), written
+ * in turn. A record names a committed step, the copy that holds every unit's state at that step
+ * and each unit's digest there; a step's write-backs go to the other copy, so a crash at any
+ * moment leaves the committed copy whole. Recovery takes the intact record with the highest
+ * sequence number (docs/architecture.md, "Durability").
+ *
+ * Commit record (FY_COMMIT_RECORD_BYTES, little-endian int32 slots in its first 4096 bytes): [0]
+ * magic "FYMD" [1] version (2) [2..6] n_layer n_head n_embd vocab ctx [7,8] config hash (low,
+ * high) [9,10] committed step (low, high) [11,12] init seed (low, high) [13] checksum (FNV-1a of
+ * slots 0..12); [14] architecture (0 GPT-2, 1 Llama); for Llama [15..20] n_kv_head n_inter tied
+ * rope_type rope_original_max_pos rms_eps (f32 bits), [21..28] rope_theta, factor,
  * low_freq_factor, high_freq_factor (f64 bits, low word first), covered by the config hash; [29]
- * 1 while state is written back past the last synced step (see struct fy_storemeta); the rest
- * zero (so GPT-2 headers are unchanged).
+ * zero; [30] copy; [31,32] sequence number; [33] unit count; [34,35] digest (common/digest.h) of
+ * the whole record with these two slots zero; the rest of the block zero. From byte 4096: each
+ * unit's state digest (uint64, unit order).
+ *
+ * Stores made before commit records hold one 4096-byte metadata block of version 1 (extent
+ * FY_TENSOR_META, the same slots up to [28]; [29] 1 while state had been written back past its
+ * last synced step) and copy 0 only; they are read as a record of sequence 0 without digests, and
+ * the first commit of a training run gives them the rest.
  *
  * Exported weights file ("FYWT"): a 4096-byte header of int32 slots [0] magic [1] version
  * [2..6] model config [7,8] config hash [9,10] step [11] dtype (1 = f32) [12] unit count
@@ -23,11 +36,17 @@
 #define FY_CKPT_BLOCK 4096
 #define FY_STOREMETA_MAGIC 0x444d5946u /* "FYMD" */
 #define FY_WEIGHTS_MAGIC 0x54575946u   /* "FYWT" */
-#define FY_CKPT_VERSION 1
+#define FY_CKPT_VERSION 1   /* weights files, and the metadata block of stores before commits */
+#define FY_COMMIT_VERSION 2 /* commit records */
+/* Units a commit record has digests for (n_layer <= 4096, plus the embeddings and final unit). */
+#define FY_COMMIT_MAX_UNITS 4098u
+#define FY_COMMIT_RECORD_BYTES (FY_CKPT_BLOCK + (FY_COMMIT_MAX_UNITS * 8 + 4095) / 4096 * 4096)
 
 /* Extent ids in the SSD store. */
-#define FY_TENSOR_META 1u
-#define FY_TENSOR_UNIT_STATE(u) (16u + (uint32_t)(u))
+#define FY_TENSOR_META 1u /* the metadata block of stores made before commit records */
+#define FY_TENSOR_COMMIT(i) (2u + (uint32_t)(i)) /* commit records 0 and 1 */
+#define FY_TENSOR_UNIT_STATE_COPY(u, copy) (((copy) ? 0x20000000u : 0u) + 16u + (uint32_t)(u))
+#define FY_TENSOR_UNIT_STATE(u) FY_TENSOR_UNIT_STATE_COPY(u, 0)
 /* Scratch for training's activation checkpoints spilled to the store (--ckpt-place ssd): size class
  * k holds 2^k MiB, so runs with other batch sizes reuse or add a class; not part of the state. */
 #define FY_TENSOR_CKPT_SPILL(k) (0x40000000u + (uint32_t)(k))
@@ -41,18 +60,30 @@ unsigned fy_scratch_class(uint64_t bytes);
 /* The bytes of size class k. */
 static inline uint64_t fy_scratch_class_bytes(unsigned k) { return (uint64_t)1 << (20 + k); }
 
+/* A commit record (or a version 1 metadata block). */
 struct fy_storemeta {
     struct fy_gpt_config model;
-    uint64_t step;
+    uint64_t step; /* committed: every unit's state in `copy` is this step's */
     uint64_t seed;
-    /* 1: state has been written back past the last synced step, so a crash may have left units at
-     * different steps (slot [29]; 0 in stores older than the flag) */
+    uint64_t seq;  /* the record's sequence number; 0 for a version 1 block */
+    uint32_t copy; /* 0 or 1 */
+    uint32_t legacy; /* read from a version 1 block: no digests, copy 0 only */
+    /* version 1 blocks: state had been written back past the last synced step, so a crash may
+     * have left units at different steps */
     uint32_t unsynced;
+    uint64_t digest[FY_COMMIT_MAX_UNITS]; /* per unit, of its state extent in `copy` */
 };
 
-void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t block[FY_CKPT_BLOCK]);
-/* -EBADMSG with a message naming `where` when the block is not valid metadata. */
-int fy_storemeta_decode(const uint8_t block[FY_CKPT_BLOCK], const char *where, struct fy_storemeta *m);
+/* A commit record of FY_COMMIT_RECORD_BYTES. */
+void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t *record);
+/* Without a word: 0 when `record` is an intact commit record or version 1 metadata block (magic,
+ * version, checksum and digest), 1 when it is all zeros (an extent never written), -EBADMSG
+ * otherwise. */
+int fy_storemeta_check(const uint8_t *record, size_t len);
+/* A commit record (len >= FY_COMMIT_RECORD_BYTES) or a version 1 metadata block (len >=
+ * FY_CKPT_BLOCK). -EBADMSG with a message naming `where` when it is neither, or damaged. */
+int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
+                        struct fy_storemeta *m);
 
 /* Byte layout of a unit's state extent: master, adam m, adam v, each 4096-aligned. */
 uint64_t fy_unit_state_section(const struct fy_gpt_config *c, unsigned unit);

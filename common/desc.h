@@ -45,6 +45,9 @@ enum fy_op {
     FY_OP_STOP = 2,      /* launcher -> worker: finish and exit */
     FY_OP_DONE = 3,      /* reply to a request: same seq, status = 0 or -errno */
     FY_OP_IO_ALLOC = 4,  /* io: create extent `tensor` of `bytes` in the store */
+    /* io reads and writes take an optional second part, a control descriptor: then a write's
+     * reply arg is the digest (common/digest.h) of the bytes written, and a read fails with
+     * -EBADMSG unless the bytes read have the digest in that part's arg */
     FY_OP_IO_READ = 5,   /* io: extent `tensor` at byte `arg` -> pool region */
     FY_OP_IO_WRITE = 6,  /* io: pool region -> extent `tensor` at byte `arg` */
     FY_OP_IO_SYNC = 7,   /* io: make all written extents durable */

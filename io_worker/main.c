@@ -1,10 +1,13 @@
 /* fuyou-io-worker: owns the SSD store. Reads extents into the shared pool and writes pool regions
- * back through io_uring (separate read and write rings, O_DIRECT, the pool as fixed buffers). */
+ * back through io_uring (separate read and write rings, O_DIRECT, the pool as fixed buffers), and
+ * digests what it moves where asked (a second, control part): a write's reply carries the digest
+ * of the bytes written, a read checks the bytes read against the digest the part names. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/check.h"
+#include "common/digest.h"
 #include "common/worker.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
@@ -15,6 +18,9 @@ struct io_state {
     struct fy_store *store;
     struct fy_ring *ring;
     int timeout_ms;
+    /* test hook FUYOU_TEST_IO_ENOSPC_AFTER=N: every write after the first N fails as on a full
+     * disk (-1: off), so the tests reach the launcher's handling of a full SSD */
+    long long enospc_after, writes;
 };
 
 static int split_paths(char *list, const char **paths, unsigned max, unsigned *n)
@@ -46,6 +52,8 @@ static int io_open(struct fy_worker *w, struct io_state *s)
     FY_TRY(fy_config_get_u64(w->cfg, "block_size", 0, 1 << 20, &block));
     FY_TRY(fy_config_get_u64(w->cfg, "io_timeout_ms", 0, 120000, &timeout));
     s->timeout_ms = (int)timeout;
+    const char *full = getenv("FUYOU_TEST_IO_ENOSPC_AFTER");
+    s->enospc_after = full != NULL ? atoll(full) : -1;
     struct fy_store_opts so = {.paths = paths, .npaths = npaths, .stripe_unit = stripe,
                                .create = (int)create, .overwrite = (int)overwrite};
     FY_TRY(fy_store_open(&s->store, &so));
@@ -83,12 +91,46 @@ static int io_init(struct fy_worker *w, void **state)
     return 0;
 }
 
+/* A read, then the digest of what it read checked against `want`. */
+static int read_checked(struct fy_worker *w, struct io_state *s, const struct fy_desc *d,
+                        uint64_t want, struct fy_desc *reply)
+{
+    void *buf = fy_worker_region(w, d);
+    FY_TRY(fy_store_read(s->store, s->ring, d->tensor, d->arg, buf, d->bytes, s->timeout_ms));
+    reply->arg = fy_digest(buf, d->bytes);
+    FY_REQUIRE(reply->arg == want, -EBADMSG,
+               "io worker: tensor %u, bytes %llu..%llu read back from the store do not match the "
+               "digest they were written with (%016llx, read %016llx): torn or corrupted on the "
+               "SSD",
+               d->tensor, (unsigned long long)d->arg, (unsigned long long)(d->arg + d->bytes),
+               (unsigned long long)want, (unsigned long long)reply->arg);
+    return 0;
+}
+
 static int io_handle(struct fy_worker *w, void *state, const struct fy_desc *req, unsigned n,
                      struct fy_desc *reply)
 {
     struct io_state *s = state;
     const struct fy_desc *d = &req[0];
-    FY_REQUIRE(n == 1, -EPROTO, "io worker: %s takes one descriptor, got %u", fy_op_name(d->op), n);
+    int digest = n == 2 && (d->op == FY_OP_IO_READ || d->op == FY_OP_IO_WRITE) &&
+                 req[1].kind == FY_KIND_CONTROL;
+    FY_REQUIRE(n == 1 || digest, -EPROTO,
+               "io worker: %s takes one descriptor (reads and writes: and a control part for "
+               "their digest), got %u", fy_op_name(d->op), n);
+    if (d->op == FY_OP_IO_WRITE && s->enospc_after >= 0 && ++s->writes > s->enospc_after) {
+        fy_error("io worker: write of tensor %u failed: %s (test hook "
+                 "FUYOU_TEST_IO_ENOSPC_AFTER=%lld)", d->tensor, strerror(ENOSPC),
+                 s->enospc_after);
+        return -ENOSPC;
+    }
+    if (digest && d->op == FY_OP_IO_READ) {
+        FY_REQUIRE(d->kind != FY_KIND_CONTROL, -EPROTO, "io-read needs a pool region");
+        return read_checked(w, s, d, req[1].arg, reply);
+    }
+    if (digest) {
+        FY_REQUIRE(d->kind != FY_KIND_CONTROL, -EPROTO, "io-write needs a pool region");
+        reply->arg = fy_digest(fy_worker_region(w, d), d->bytes);
+    }
     switch (d->op) {
     case FY_OP_IO_ALLOC: { /* idempotent: an extent of that tensor and size is already there */
         struct fy_extent e;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/digest.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/gptexec.h"
 #include "opt_worker/optstep.h"
@@ -85,7 +86,10 @@ static struct mem_extent *find_extent(struct fy_inproc *p, uint32_t tensor)
     return NULL;
 }
 
-static int mem_io(struct fy_inproc *p, const struct fy_desc *d)
+/* An I/O request; with `digest` (the io worker's second, control part) a write's reply carries
+ * the digest of the bytes written and a read must have the digest *want. */
+static int mem_io(struct fy_inproc *p, const struct fy_desc *d, const struct fy_desc *digest,
+                  struct fy_desc *reply)
 {
     if (d->op == FY_OP_IO_SYNC)
         return 0;
@@ -121,6 +125,12 @@ static int mem_io(struct fy_inproc *p, const struct fy_desc *d)
         memcpy(region, e->data + d->arg, d->bytes);
     else
         memcpy(e->data + d->arg, region, d->bytes);
+    if (digest == NULL)
+        return 0;
+    reply->arg = fy_digest(region, d->bytes);
+    FY_REQUIRE(d->op == FY_OP_IO_WRITE || reply->arg == digest->arg, -EBADMSG,
+               "memory store: extent %u read back with another digest than it was written with",
+               d->tensor);
     return 0;
 }
 
@@ -142,7 +152,9 @@ static int inproc_run(struct fy_inproc *p, const char *worker, struct fy_desc *r
     else if (strcmp(worker, "opt") == 0)
         rc = fy_optstep_handle(p->opt, p->pool, req, n, reply);
     else if (strcmp(worker, "io") == 0 && n == 1)
-        rc = mem_io(p, &req[0]);
+        rc = mem_io(p, &req[0], NULL, reply);
+    else if (strcmp(worker, "io") == 0 && n == 2 && req[1].kind == FY_KIND_CONTROL)
+        rc = mem_io(p, &req[0], &req[1], reply);
     else {
         fy_error("in-process executor: no worker '%s' for %s", worker, fy_op_name(req[0].op));
         rc = -EPROTO;

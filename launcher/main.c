@@ -24,6 +24,7 @@
 #include "gpu_worker/backend.h"
 #include "io_worker/store.h"
 #include "launcher/actrun.h"
+#include "launcher/commit.h"
 #include "launcher/inproc.h"
 #include "launcher/prepare.h"
 #include "launcher/selftest.h"
@@ -42,12 +43,12 @@ struct options {
     uint64_t max_shard_size; /* export --to-hf: shard above this many bytes of tensors */
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
-    uint64_t checkpoint_every, prefetch, grad_slots;
+    uint64_t checkpoint_every, prefetch, grad_slots, max_restarts;
     int ckpt_place; /* CKPT_HOST, CKPT_SSD, CKPT_AUTO */
     const char *act_plan; /* train --act-plan: "auto" or "recompute" */
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
-    int seed_set, lr_set, wd_set, steps_set, model_set, hf_opts_set;
+    int seed_set, lr_set, wd_set, steps_set, model_set, hf_opts_set, timeout_set;
     /* init --arch llama */
     const char *arch;
     uint64_t kv_heads, ffn; /* 0: --heads, 4 * --embd */
@@ -66,7 +67,9 @@ static void usage(FILE *f)
             "  prepare  --out FILE INPUT...         text or JSONL files -> token file\n"
             "  init     --run-dir DIR [model]       create a model in the run's SSD store\n"
             "  init     --run-dir DIR --from-hf HF  import a Hugging Face GPT-2 or Llama model\n"
-            "  train    --run-dir DIR --data FILE   train it (continues from the store's step)\n"
+            "  train    --run-dir DIR --data FILE   train it (continues from the store's commit)\n"
+            "  resume   DIR [options]               continue a run's train command from its last\n"
+            "                                       commit (after a crash, a stop or a reboot)\n"
             "  profile  --run-dir DIR               measure a block at --batch x --seq and show the\n"
             "                                       activation plan train's --act-plan auto takes\n"
             "  export   --run-dir DIR --out FILE    write the weights to a file\n"
@@ -93,7 +96,13 @@ static void usage(FILE *f)
             "train:         --steps N (total, 200) --batch B (8) --seq T (64) --lr X (1e-3)\n"
             "               --warmup N (10) --min-lr-ratio X (0.1) --weight-decay X (0.1) --seed N (1)\n"
             "               --eval-every N (50) --eval-batches N (4) --eval-fraction X (0.1)\n"
-            "               --checkpoint-every N (50) --export FILE --inprocess (one process, memory)\n"
+            "               --checkpoint-every N (50) commit the step to the store every N steps\n"
+            "               (and at the end and at Ctrl-C): a crash goes back to the last commit\n"
+            "               --max-restarts N (5) a worker that dies or stops answering is\n"
+            "               restarted, from the last commit, up to N times an hour (0: never)\n"
+            "               --timeout S: a request not answered in S seconds is a stuck worker\n"
+            "               (default: 20 predicted steps, at least 60 s; 300 s unpredicted)\n"
+            "               --export FILE --inprocess (one process, memory)\n"
             "               --schedule overlap|serial (overlap: updates run beside the backward)\n"
             "               --prefetch N (1) units of weights read ahead of the gpu (1..8; each\n"
             "               costs a unit's fp32 weights of pool memory)\n"
@@ -159,7 +168,7 @@ enum {
     O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_ACT_PLAN, O_FROM_HF, O_TO_HF, O_DTYPE,
     O_MAX_SHARD,
     O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD,
-    O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED
+    O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED, O_MAX_RESTARTS
 };
 
 static const struct option longopts[] = {
@@ -200,6 +209,7 @@ static const struct option longopts[] = {
     {"arch", required_argument, 0, O_ARCH},          {"kv-heads", required_argument, 0, O_KV_HEADS},
     {"ffn", required_argument, 0, O_FFN},            {"rope-theta", required_argument, 0, O_ROPE_THETA},
     {"rms-eps", required_argument, 0, O_RMS_EPS},    {"tied", no_argument, 0, O_TIED},
+    {"max-restarts", required_argument, 0, O_MAX_RESTARTS},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -216,7 +226,7 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1,
                           .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MIN, .max_shard_size = 50000000000ull,
                           .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
-                          .act_plan = "auto"};
+                          .act_plan = "auto", .max_restarts = 5};
     int c, rc = 0;
     uint64_t v;
     opterr = 0;
@@ -247,7 +257,12 @@ static int parse_options(int argc, char **argv, struct options *o)
         case O_BLOCK: rc = parse_size_opt("--block-size", optarg, &o->block_size); break;
         case O_STRIPE: rc = parse_size_opt("--stripe-unit", optarg, &o->stripe_unit); break;
         case O_READY: rc = parse_size_opt("--ready-timeout", optarg, &v); o->ready_timeout_s = (int)v; break;
-        case O_TIMEOUT: rc = parse_size_opt("--timeout", optarg, &v); o->timeout_s = (int)v; break;
+        case O_TIMEOUT:
+            rc = parse_size_opt("--timeout", optarg, &v);
+            o->timeout_s = (int)v;
+            o->timeout_set = 1;
+            break;
+        case O_MAX_RESTARTS: rc = parse_size_opt("--max-restarts", optarg, &o->max_restarts); break;
         case O_DATA: o->data = optarg; break;
         case O_OUT: o->out = optarg; break;
         case O_EXPORT: o->export_path = optarg; break;
@@ -606,31 +621,20 @@ static int cmd_init(struct options *o)
 }
 
 /* Pool regions for moving a model unit by unit between a Hugging Face directory and the store:
- * the metadata block and one unit's master section. */
+ * a commit record and one unit's state (read whole on export, to check its digest). */
 static void hf_regions(const struct fy_gpt_config *c, struct fy_pool_region_spec out[2])
 {
     uint64_t unit = 0;
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        if (fy_unit_state_section(c, u) > unit)
-            unit = fy_unit_state_section(c, u);
-    out[0] = (struct fy_pool_region_spec){"meta", FY_CKPT_BLOCK};
+        if (fy_unit_state_bytes(c, u) > unit)
+            unit = fy_unit_state_bytes(c, u);
+    out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
     out[1] = (struct fy_pool_region_spec){"unit", unit};
 }
 
-/* One request to the io worker, waited for. */
-static int io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
-                   uint64_t bytes, uint64_t arg, int timeout_ms)
-{
-    struct fy_desc d = fy_desc_region(op, bytes ? FY_KIND_RAW : FY_KIND_CONTROL, FY_DTYPE_NONE,
-                                      pool_offset, bytes, -1);
-    d.tensor = tensor;
-    d.arg = arg;
-    int64_t ticket = x->submit(x->ctx, "io", &d, 1);
-    return ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, NULL, timeout_ms);
-}
-
 /* Each unit's state extent [master | m | v] from the checkpoint, one unit in the pool at a time:
- * the master section read from the Hugging Face files, then zeros for the moments. */
+ * the master section read from the Hugging Face files, zeros for the moments; then step 0
+ * committed with the units' digests. */
 static int import_units(const struct fy_exec *x, struct fy_pool *pool, struct fy_hfgpt2_src *src,
                         int timeout_ms)
 {
@@ -638,22 +642,25 @@ static int import_units(const struct fy_exec *x, struct fy_pool *pool, struct fy
     uint64_t off, bytes, meta_off, meta_bytes;
     FY_TRY(fy_pool_region(pool, "unit", &off, &bytes));
     FY_TRY(fy_pool_region(pool, "meta", &meta_off, &meta_bytes));
-    FY_TRY(io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_META, 0, 0, FY_CKPT_BLOCK, timeout_ms));
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++) {
-        uint64_t sec = fy_unit_state_section(c, u);
-        float *params = fy_pool_at(pool, off, sec);
-        FY_TRY(io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, 3 * sec, timeout_ms));
-        memset(params, 0, sec);
-        FY_TRY(fy_hfgpt2_read_unit(src, u, params));
-        FY_TRY(io_call(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), off, sec, 0, timeout_ms));
-        memset(params, 0, sec); /* Adam's moments start at zero */
-        FY_TRY(io_call(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), off, sec, sec, timeout_ms));
-        FY_TRY(io_call(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), off, sec, 2 * sec, timeout_ms));
+    struct fy_storemeta *m = calloc(1, sizeof *m);
+    FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
+    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = 0, .seq = 1, .copy = 0};
+    int rc = fy_commit_prepare(x, c, timeout_ms);
+    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
+        uint64_t state = fy_unit_state_bytes(c, u);
+        uint8_t *params = fy_pool_at(pool, off, state);
+        rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, state, timeout_ms);
+        memset(params, 0, state); /* Adam's moments start at zero */
+        if (rc == 0)
+            rc = fy_hfgpt2_read_unit(src, u, (float *)params);
+        if (rc == 0)
+            rc = fy_io_call_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), off, state,
+                                   &m->digest[u], timeout_ms);
     }
-    struct fy_storemeta m = {.model = *c, .step = 0, .seed = 0};
-    fy_storemeta_encode(&m, fy_pool_at(pool, meta_off, FY_CKPT_BLOCK));
-    FY_TRY(io_call(x, FY_OP_IO_WRITE, FY_TENSOR_META, meta_off, FY_CKPT_BLOCK, 0, timeout_ms));
-    return io_call(x, FY_OP_IO_SYNC, 0, 0, 0, 0, timeout_ms);
+    if (rc == 0)
+        rc = fy_commit_write(x, pool, meta_off, m, timeout_ms);
+    free(m);
+    return rc;
 }
 
 /* After a failed import that had created the store: its files, and what described the run. */
@@ -1028,6 +1035,100 @@ static int cmd_profile(struct options *o)
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
 static volatile int train_stop;
 
+/* One launch of the workers for training: the store's current commit (a restart goes back to it;
+ * the metrics of later steps are dropped, as they will be trained again), the steps up to
+ * --steps, and the export. A worker that died or stopped answering gives -ECHILD or -ETIMEDOUT
+ * with its name in `failed`. */
+static int train_attempt(struct options *o, struct fy_config *mc, struct fy_config *cfg,
+                         const struct fy_gpt_config *model, const struct fy_tokfile *data,
+                         const struct fy_pool_region_spec *regions, unsigned n,
+                         struct fy_train_opts *to, struct fy_storemeta *meta, int attempt,
+                         char *failed, size_t failed_len)
+{
+    double t0 = fy_monotonic_ns() * 1e-9;
+    struct fy_session s;
+    struct fy_session_opts so = session_opts(o);
+    int rc = fy_session_open(&s, &so, regions, n, "training");
+    FILE *metrics = NULL;
+    struct fy_inproc *inproc = NULL;
+    struct fy_exec x = {0};
+    static const char *const workers[] = {"gpu", "io", "opt"};
+    if (rc == 0 && o->inprocess && fy_config_get(mc, "hf") != NULL) {
+        fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
+                 "holds an imported Hugging Face model: drop --inprocess to train it through the "
+                 "workers", o->run_dir);
+        rc = -EINVAL;
+    }
+    if (rc == 0 && o->inprocess) {
+        rc = fy_inproc_new(&inproc, s.pool, cfg, s.aff.opt);
+        if (rc == 0) {
+            x = fy_inproc_exec(inproc);
+            uint64_t seed;
+            rc = fy_config_get_u64(mc, "seed", 1, 0, &seed);
+            if (rc == 0)
+                rc = fy_train_init_store(&x, s.pool, model, seed, o->timeout_s * 1000);
+        }
+    } else if (rc == 0) {
+        rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
+        x = fy_session_exec(&s);
+        if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
+            fy_sup_set_stop_flag(s.sup, &train_stop);
+    }
+    if (rc == 0)
+        rc = fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000);
+    if (rc == 0)
+        rc = check_store_model(meta, model, o->ssd);
+    char metrics_path[PATH_MAX + 16];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->run_dir);
+    if (rc == 0) {
+        int dropped = fy_train_metrics_rollback(metrics_path, meta->step);
+        rc = dropped < 0 ? dropped : 0;
+        if (dropped > 0)
+            fy_info("%s: dropped %d line%s of steps after the last commit (step %llu), which are "
+                    "trained again", metrics_path, dropped, dropped == 1 ? "" : "s",
+                    (unsigned long long)meta->step);
+    }
+    if (rc == 0 && (metrics = fopen(metrics_path, "a")) == NULL) {
+        rc = -errno;
+        fy_error("cannot open %s: %s", metrics_path, strerror(-rc));
+    }
+    FILE *trace = NULL;
+    if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
+        rc = -errno;
+        fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
+    }
+    if (rc == 0) {
+        to->metrics = metrics;
+        to->trace = trace;
+        if (attempt > 0)
+            fy_info("restarted in %.2f s: going on from the commit of step %llu",
+                    fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
+        else
+            fy_info("starting at step %llu", (unsigned long long)meta->step);
+        rc = fy_train_run(&x, s.pool, meta, data, to);
+        to->metrics = to->trace = NULL;
+    }
+    if (rc == 0 && !train_stop && o->export_path != NULL) {
+        rc = fy_train_export(&x, s.pool, meta, o->export_path, o->overwrite, o->timeout_s * 1000);
+        if (rc == 0)
+            fy_info("exported step %llu to %s", (unsigned long long)meta->step, o->export_path);
+    }
+    if (rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG)
+        fy_error("the SSD store (%s) is full: training stopped; the last commit, step %llu, is "
+                 "intact; free space there (or add an SSD path), then continue with fuyou-launch "
+                 "resume %s", o->ssd, (unsigned long long)meta->step, o->run_dir);
+    if (s.sup != NULL && fy_sup_failed_worker(s.sup) != NULL)
+        snprintf(failed, failed_len, "%s", fy_sup_failed_worker(s.sup));
+    else if (rc == -ETIMEDOUT && s.sup != NULL)
+        snprintf(failed, failed_len, "%s", fy_sup_timed_out_worker(s.sup));
+    if (metrics != NULL)
+        fclose(metrics);
+    if (trace != NULL && fclose(trace) != 0)
+        fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
+    fy_inproc_destroy(&inproc);
+    return fy_session_close(&s, rc);
+}
+
 static int cmd_train(struct options *o)
 {
     FY_TRY(require(o->run_dir, "--run-dir", "train"));
@@ -1069,7 +1170,7 @@ static int cmd_train(struct options *o)
         free(cfg);
         return rc;
     }
-    char described[160], metrics_path[PATH_MAX];
+    char described[160];
     fy_gpt_config_describe(&model, described, sizeof described);
     char clip[96] = "";
     if (o->clip_grad_norm > 0)
@@ -1197,82 +1298,73 @@ static int cmd_train(struct options *o)
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
     fy_train_regions(&model, (int)o->batch, (int)o->seq, act_dtype, resident, clipping,
                      (unsigned)o->prefetch, grad_slots, ckpt_ssd, &swap, regions, &n);
-    struct fy_session s;
-    struct fy_session_opts so = session_opts(o);
-    rc = fy_session_open(&s, &so, regions, n, "training");
-    FILE *metrics = NULL;
-    struct fy_inproc *inproc = NULL;
-    struct fy_exec x = {0};
-    struct fy_storemeta meta;
-    static const char *const workers[] = {"gpu", "io", "opt"};
-    if (rc == 0 && o->inprocess && fy_config_get(mc, "hf") != NULL) {
-        fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
-                 "holds an imported Hugging Face model: drop --inprocess to train it through the "
-                 "workers", o->run_dir);
-        rc = -EINVAL;
-    }
-    if (rc == 0 && o->inprocess) {
-        rc = fy_inproc_new(&inproc, s.pool, cfg, s.aff.opt);
-        if (rc == 0) {
-            x = fy_inproc_exec(inproc);
-            uint64_t seed;
-            rc = fy_config_get_u64(mc, "seed", 1, 0, &seed);
-            if (rc == 0)
-                rc = fy_train_init_store(&x, s.pool, &model, seed, o->timeout_s * 1000);
+    struct fy_train_opts to = {
+        .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
+        .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
+        .eval_every = o->eval_every, .eval_batches = o->eval_batches,
+        .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
+        .overlap = o->overlap, .resident = resident, .clip_grad_norm = o->clip_grad_norm,
+        .ckpt_ssd = ckpt_ssd, .act_dtype = act_dtype, .act_place = act.place,
+        .saved_sizes = act.sizes, .stop = &train_stop};
+    if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */
+        double predicted = act.predicted_s > 0 ? act.predicted_s
+                           : strcmp(o->backend, "cpu") != 0 ? p.step_s : 0;
+        if (predicted > 0) {
+            double deadline = 20 * predicted < 60 ? 60 : 20 * predicted;
+            to.timeout_ms = deadline > 3600 ? 3600 * 1000 : (int)(deadline * 1000);
         }
-    } else if (rc == 0) {
-        rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
-        x = fy_session_exec(&s);
-        if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
-            fy_sup_set_stop_flag(s.sup, &train_stop);
+        fy_info("plan: a request not answered within %d s counts as a stuck worker (%s; "
+                "--timeout to set it)", to.timeout_ms / 1000,
+                predicted > 0 ? "20 predicted steps, at least a minute" : "the default");
     }
-    if (rc == 0)
-        rc = fy_train_read_meta(&x, s.pool, o->ssd, &meta, o->timeout_s * 1000);
-    if (rc == 0)
-        rc = check_store_model(&meta, &model, o->ssd);
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->run_dir);
-    if (rc == 0 && (metrics = fopen(metrics_path, "a")) == NULL) {
-        rc = -errno;
-        fy_error("cannot open %s: %s", metrics_path, strerror(-rc));
-    }
-    FILE *trace = NULL;
-    if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
-        rc = -errno;
-        fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
-    }
-    if (rc == 0) {
-        struct fy_train_opts to = {
-            .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
-            .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
-            .eval_every = o->eval_every, .eval_batches = o->eval_batches,
-            .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
-            .overlap = o->overlap, .metrics = metrics, .trace = trace, .resident = resident,
-            .clip_grad_norm = o->clip_grad_norm, .ckpt_ssd = ckpt_ssd, .act_dtype = act_dtype,
-            .act_place = act.place, .saved_sizes = act.sizes, .stop = &train_stop};
-        fy_info("starting at step %llu", (unsigned long long)meta.step);
-        rc = fy_train_run(&x, s.pool, &meta, data, &to);
+    struct fy_storemeta *meta = malloc(sizeof *meta);
+    rc = meta != NULL ? 0 : -ENOMEM;
+    /* A worker that dies or hangs costs the steps since the last commit, not the run: the
+     * workers start again and the run goes on from that commit, up to --max-restarts times an
+     * hour. */
+    double restarts[64];
+    unsigned n_restarts = 0;
+    for (int attempt = 0; rc == 0; attempt++) {
+        double t0 = fy_monotonic_ns() * 1e-9;
+        char failed[64] = "";
+        rc = train_attempt(o, mc, cfg, &model, data, regions, n, &to, meta, attempt, failed,
+                           sizeof failed);
+        if (!(rc == -ECHILD || rc == -ETIMEDOUT) || train_stop)
+            break;
+        double now = fy_monotonic_ns() * 1e-9;
+        unsigned recent = 0;
+        for (unsigned i = 0; i < n_restarts; i++)
+            if (now - restarts[i] < 3600)
+                restarts[recent++] = restarts[i];
+        n_restarts = recent;
+        if (n_restarts >= o->max_restarts || n_restarts == sizeof restarts / sizeof restarts[0]) {
+            fy_error("the %s worker %s after %llu restart%s within the hour (--max-restarts "
+                     "%llu): giving up; find the cause in %s/fuyou.log, then continue with "
+                     "fuyou-launch resume %s", failed[0] ? failed : "a",
+                     rc == -ETIMEDOUT ? "stopped answering" : "failed",
+                     (unsigned long long)n_restarts, n_restarts == 1 ? "" : "s",
+                     (unsigned long long)o->max_restarts, o->run_dir, o->run_dir);
+            break;
+        }
+        restarts[n_restarts++] = now;
+        fy_warn("restart %u: the %s worker %s %.1f s into this attempt; going back to the last "
+                "commit and starting the workers again", n_restarts, failed[0] ? failed : "a",
+                rc == -ETIMEDOUT ? "stopped answering (a request passed its deadline)" : "died",
+                now - t0);
+        rc = 0;
     }
     if (rc == 0 && train_stop) {
-        fy_warn("stopped after step %llu, which is in the store: the same train command continues "
-                "from there (nothing exported)", (unsigned long long)meta.step);
+        fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
+                "from there (nothing exported)", (unsigned long long)meta->step, o->run_dir);
         rc = -EINTR;
     }
-    if (rc == 0 && o->export_path != NULL) {
-        rc = fy_train_export(&x, s.pool, &meta, o->export_path, o->overwrite, o->timeout_s * 1000);
-        if (rc == 0)
-            fy_info("exported step %llu to %s", (unsigned long long)meta.step, o->export_path);
-    }
-    if (metrics != NULL)
-        fclose(metrics);
-    if (trace != NULL && fclose(trace) != 0)
-        fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
-    fy_inproc_destroy(&inproc);
-    free(resident);
+    free(meta);
     fy_actrun_free(&act);
+    free(resident);
     fy_tokfile_close(&data);
     free(mc);
     free(cfg);
-    return fy_session_close(&s, rc);
+    return rc;
 }
 
 /* The exports' session: the io worker alone over a pool of the given regions, and the store's
@@ -1311,17 +1403,29 @@ static int cmd_export_hf(struct options *o)
     hf_regions(&model, regions);
     struct fy_session s = {.lock_fd = -1};
     struct fy_exec x = {0};
-    struct fy_storemeta meta;
+    struct fy_storemeta *meta = calloc(1, sizeof *meta);
+    if (rc == 0 && meta == NULL)
+        rc = -ENOMEM;
     if (rc == 0)
-        rc = export_session(o, cfg, &model, regions, 2, &s, &x, &meta);
-    uint64_t off = 0, bytes;
+        rc = export_session(o, cfg, &model, regions, 2, &s, &x, meta);
+    uint64_t off = 0, meta_off = 0, bytes;
     if (rc == 0)
         rc = fy_pool_region(s.pool, "unit", &off, &bytes);
-    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(&model); u++) {
-        uint64_t sec = fy_unit_state_section(&model, u);
-        rc = io_call(&x, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), off, sec, 0, o->timeout_s * 1000);
-        if (rc == 0)
-            rc = fy_hfgpt2_writer_put_unit(w, u, fy_pool_at(s.pool, off, sec));
+    if (rc == 0)
+        rc = fy_pool_region(s.pool, "meta", &meta_off, &bytes);
+    for (int moved = 0; rc == 0; moved++) { /* a run training meanwhile can commit over it */
+        for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(&model); u++) {
+            rc = fy_commit_read_unit(&x, meta, u, off, o->timeout_s * 1000);
+            if (rc == 0)
+                rc = fy_hfgpt2_writer_put_unit(w, u, fy_pool_at(s.pool, off,
+                                                                fy_unit_state_section(&model, u)));
+        }
+        if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
+            break;
+        rc = fy_commit_moved_on(&x, s.pool, meta_off, o->to_hf, meta, o->timeout_s * 1000);
+        fy_hfgpt2_writer_destroy(&w);
+        if (rc == 1)
+            rc = fy_hfgpt2_writer_new(&w, o->to_hf, &model, &eo);
     }
     char dtype[8] = "";
     if (w != NULL)
@@ -1331,9 +1435,10 @@ static int cmd_export_hf(struct options *o)
     fy_hfgpt2_writer_destroy(&w);
     if (rc == 0)
         fy_info("exported step %llu to %s (a Hugging Face %s directory, %s%s)",
-                (unsigned long long)meta.step, o->to_hf,
+                (unsigned long long)meta->step, o->to_hf,
                 model.arch == FY_ARCH_LLAMA ? "Llama" : "GPT-2", dtype,
                 eo.source ? ", names and config of the imported model" : ", config.json made here");
+    free(meta);
     free(mc);
     free(cfg);
     return fy_session_close(&s, rc);
@@ -1373,6 +1478,118 @@ static int cmd_export(struct options *o)
     return fy_session_close(&s, rc);
 }
 
+/* RUN/train.args: the train command's arguments (after "train") and the directory it ran in, for
+ * fuyou-launch resume. Line 1 "fuyou-train-args 1", line 2 the directory, then one per line. */
+#define TRAIN_ARGS_MAGIC "fuyou-train-args 1"
+
+static int save_train_args(const char *run_dir, int argc, char **argv)
+{
+    if (run_dir == NULL)
+        return 0; /* cmd_train refuses it with a message */
+    char path[PATH_MAX], tmp[PATH_MAX + 8], cwd[PATH_MAX];
+    snprintf(path, sizeof path, "%s/train.args", run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FY_SYS(getcwd(cwd, sizeof cwd) == NULL ? -1 : 0, "cannot get the working directory");
+    for (int i = 0; i < argc; i++)
+        if (strchr(argv[i], '\n') != NULL) {
+            fy_warn("an argument holds a line break: %s is not written, so fuyou-launch resume "
+                    "will not know this command", path);
+            return 0;
+        }
+    FILE *f = fopen(tmp, "w");
+    FY_SYS(f == NULL ? -1 : 0, "cannot create %s", tmp);
+    fprintf(f, "%s\n%s\n", TRAIN_ARGS_MAGIC, cwd);
+    for (int i = 0; i < argc; i++)
+        fprintf(f, "%s\n", argv[i]);
+    int rc = fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -errno;
+    if (fclose(f) != 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = -errno;
+    if (rc < 0) {
+        fy_error("cannot write %s: %s", path, strerror(-rc));
+        unlink(tmp);
+    }
+    return rc;
+}
+
+/* resume RUN_DIR [options]: argv becomes the run's train command (RUN/train.args) with the
+ * options given here after it (the last of a repeated option wins), run from the directory it
+ * ran in. *owned keeps the new argv's storage. */
+static int resume_args(int *argc, char ***argv, char ***owned)
+{
+    const char *dir = *argc >= 3 && (*argv)[2][0] != '-' ? (*argv)[2] : NULL;
+    int extra_at = dir != NULL ? 3 : 2;
+    for (int i = 2; dir == NULL && i + 1 < *argc; i++)
+        if (strcmp((*argv)[i], "--run-dir") == 0)
+            dir = (*argv)[i + 1];
+    if (dir == NULL) {
+        fprintf(stderr, "fuyou-launch resume: give the run directory: fuyou-launch resume "
+                        "RUN_DIR [options]\n");
+        return -EINVAL;
+    }
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/train.args", dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "fuyou-launch resume: %s: %s: only a run started with fuyou-launch train "
+                        "can be resumed\n", path, strerror(errno));
+        return -ENOENT;
+    }
+    char *line = NULL, cwd[PATH_MAX] = "";
+    size_t cap = 0;
+    ssize_t len;
+    int n = 0, rc = 0;
+    char **args = calloc((size_t)*argc + 2, sizeof *args);
+    size_t max = (size_t)*argc + 2;
+    while (rc == 0 && args != NULL && (len = getline(&line, &cap, f)) >= 0) {
+        if (len > 0 && line[len - 1] == '\n')
+            line[--len] = 0;
+        if (n == 0 && strcmp(line, TRAIN_ARGS_MAGIC) != 0) {
+            fprintf(stderr, "fuyou-launch resume: %s is not a train.args file of this version\n",
+                    path);
+            rc = -EBADMSG;
+        } else if (n == 1) {
+            snprintf(cwd, sizeof cwd, "%s", line);
+        } else if (n >= 2) {
+            if ((size_t)n + (size_t)*argc >= max) {
+                char **grown = realloc(args, (max *= 2) * sizeof *args);
+                if (grown == NULL) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                args = grown;
+            }
+            args[n] = strdup(line); /* args[0..1] become the program and "train" */
+        }
+        n++;
+    }
+    free(line);
+    fclose(f);
+    if (rc == 0 && (args == NULL || n < 2))
+        rc = args == NULL ? -ENOMEM : -EBADMSG;
+    if (rc == 0 && chdir(cwd) != 0) {
+        fprintf(stderr, "fuyou-launch resume: cannot enter %s, where the run was started: %s\n",
+                cwd, strerror(errno));
+        rc = -ENOENT;
+    }
+    if (rc < 0) {
+        for (int i = 2; args != NULL && i < n; i++)
+            free(args[i]);
+        free(args);
+        return rc;
+    }
+    args[0] = (*argv)[0];
+    args[1] = "train";
+    for (int i = extra_at; i < *argc; i++)
+        args[n++] = (*argv)[i];
+    args[n] = NULL;
+    *argc = n;
+    *argv = args;
+    *owned = args;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     fy_log_init("launch", FY_LOG_INFO);
@@ -1384,13 +1601,19 @@ int main(int argc, char **argv)
     }
     const char *command = argv[1];
     static const char *const commands[] = {"selftest", "prepare", "init", "train", "export",
-                                           "profile"};
+                                           "profile", "resume"};
     int known = 0;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         known |= strcmp(command, commands[i]) == 0;
     if (!known) {
         fprintf(stderr, "fuyou-launch: unknown command '%s' (see fuyou-launch help)\n", command);
         return EXIT_USAGE;
+    }
+    char **resumed = NULL;
+    if (strcmp(command, "resume") == 0) { /* the run's own train command, continued */
+        if (resume_args(&argc, &argv, &resumed) < 0)
+            return EXIT_USAGE;
+        command = "train";
     }
     struct options o;
     if (parse_options(argc - 1, argv + 1, &o) < 0)
@@ -1420,12 +1643,15 @@ int main(int argc, char **argv)
     } else if (strcmp(command, "init") == 0) {
         rc = cmd_init(&o);
     } else if (strcmp(command, "train") == 0) {
-        rc = cmd_train(&o);
+        rc = resumed != NULL ? 0 : save_train_args(o.run_dir, argc - 2, argv + 2);
+        if (rc == 0)
+            rc = cmd_train(&o);
     } else if (strcmp(command, "profile") == 0) {
         rc = cmd_profile(&o);
     } else {
         rc = cmd_export(&o);
     }
+    free(resumed);
     if (rc == -ECHILD)
         return EXIT_WORKER;
     if (rc == -EINTR) {

@@ -5,14 +5,49 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/check.h"
+
+/* Workers that a launcher killed outright left behind (RUN/workers.pid names them): they die with
+ * it (PDEATHSIG), but one may still be finishing a request, so each still alive is killed and
+ * waited for before a new session touches the store. */
+static void kill_orphaned_workers(const char *run_dir)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/workers.pid", run_dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    char name[32];
+    int pid;
+    while (fscanf(f, "%31s %d", name, &pid) == 2) {
+        char exe[PATH_MAX + 32], link[PATH_MAX], want[64];
+        snprintf(exe, sizeof exe, "/proc/%d/exe", pid);
+        ssize_t n = readlink(exe, link, sizeof link - 1);
+        if (pid <= 0 || n <= 0)
+            continue; /* gone */
+        link[n] = 0;
+        snprintf(want, sizeof want, "/fuyou-%s-worker", name);
+        if (strstr(link, want) == NULL)
+            continue; /* the pid belongs to another program now */
+        fy_warn("the %s worker (pid %d) of a launcher that died is still running: killing it",
+                name, pid);
+        kill(pid, SIGKILL);
+        for (int i = 0; i < 500 && kill(pid, 0) == 0; i++) {
+            struct timespec pause = {0, 10 * 1000000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    fclose(f);
+}
 
 /* The run directory is ours while we hold its lock; anything left in its ipc/ is stale. */
 static int prepare_run_dir(const char *run_dir, int *lock_fd)
@@ -39,6 +74,7 @@ static int prepare_run_dir(const char *run_dir, int *lock_fd)
         return -e;
     }
     *lock_fd = fd;
+    kill_orphaned_workers(run_dir);
     snprintf(path, sizeof path, "%s/ipc", run_dir);
     if (mkdir(path, 0700) != 0 && errno != EEXIST) {
         int e = errno;

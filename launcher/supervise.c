@@ -50,6 +50,7 @@ struct fy_sup {
     int interrupted;
     volatile int *stop_flag; /* graceful: the first signal lands here (fy_sup_set_stop_flag) */
     int failed; /* index of the first worker that died unexpectedly, or -1 */
+    int stuck;  /* index of a worker killed for not answering in time, or -1 */
     struct outstanding out[FY_SUP_MAX_OUTSTANDING];
 };
 
@@ -93,6 +94,7 @@ int fy_sup_new(struct fy_sup **out, const char *run_dir, struct fy_chan *chan)
     if (s == NULL)
         return -ENOMEM;
     s->failed = -1;
+    s->stuck = -1;
     s->sigfd = -1;
     s->chan = chan;
     snprintf(s->run_dir, sizeof s->run_dir, "%s", run_dir);
@@ -389,6 +391,13 @@ int fy_sup_wait(struct fy_sup *s, int64_t ticket, struct fy_desc *reply, int tim
         int got = wait_message(s, peer, d, deadline, awaiting, from, 0, w);
         if (got == -EBADMSG || got == -EPROTO || got == -ERANGE)
             continue;
+        if (got == -ETIMEDOUT && w->alive && w->pid > 0) {
+            /* stuck: killed now, so that stopping the others does not wait on it as well */
+            fy_error("the %s worker (pid %d) is stuck: no reply to %s within %d s; killing it",
+                     w->name, (int)w->pid, o->what, timeout_ms / 1000);
+            kill(w->pid, SIGKILL);
+            s->stuck = o->worker;
+        }
         if (got < 0) {
             o->seq = 0; /* the run is failing: forget the request */
             return got;
@@ -504,6 +513,11 @@ void fy_sup_destroy(struct fy_sup **sp)
 void fy_sup_set_stop_flag(struct fy_sup *s, volatile int *flag) { s->stop_flag = flag; }
 
 int fy_sup_interrupted(const struct fy_sup *s) { return s->interrupted; }
+
+const char *fy_sup_timed_out_worker(const struct fy_sup *s)
+{
+    return s->stuck >= 0 ? s->w[s->stuck].name : NULL;
+}
 
 const char *fy_sup_failed_worker(const struct fy_sup *s)
 {

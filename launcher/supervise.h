@@ -40,7 +40,8 @@ int fy_sup_call(struct fy_sup *s, const char *name, struct fy_desc *req, unsigne
  * waited for are kept, so requests to several workers can be in flight together. */
 int64_t fy_sup_submit(struct fy_sup *s, const char *name, struct fy_desc *req, unsigned n,
                       const char *what);
-/* Waits for a submitted request's reply; returns its status, as fy_sup_call does. */
+/* Waits for a submitted request's reply; returns its status, as fy_sup_call does. A worker that
+ * does not answer in time is taken for stuck and killed (SIGKILL). */
 int fy_sup_wait(struct fy_sup *s, int64_t ticket, struct fy_desc *reply, int timeout_ms);
 /* Whether a submitted request's reply has arrived, without blocking: 1 (it is kept for
  * fy_sup_wait), 0 (not yet), or -errno as fy_sup_wait returns. */
@@ -55,6 +56,8 @@ int fy_sup_stop(struct fy_sup *s, int timeout_ms);
 void fy_sup_set_stop_flag(struct fy_sup *s, volatile int *flag);
 /* The signal that interrupted the run (SIGINT/SIGTERM), or 0. */
 int fy_sup_interrupted(const struct fy_sup *s);
+/* Name of the worker that fy_sup_wait killed for not answering within its timeout, or NULL. */
+const char *fy_sup_timed_out_worker(const struct fy_sup *s);
 /* Name of the first worker that died unexpectedly, or NULL. */
 const char *fy_sup_failed_worker(const struct fy_sup *s);
 pid_t fy_sup_pid(const struct fy_sup *s, const char *name);

@@ -4,13 +4,17 @@
 #include "train.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/dtype.h"
+#include "launcher/commit.h"
 
 enum { PH_IO, PH_GPU, PH_OPT, PH_COUNT };
 /* Busy time of each resource, from the workers' own timing of each request. */
@@ -42,6 +46,7 @@ struct ticket {
     int done; /* already waited for (serial mode): status and reply kept here */
     int status;
     struct fy_desc reply;
+    uint64_t *digest_into; /* an io write's: where its reply's digest goes */
 };
 
 /* Items (checkpoints, or blocks' saved internals) of item_bytes each, at base + i * item_bytes in
@@ -99,6 +104,13 @@ struct run {
     struct fy_desc (*opt_req)[4];
     struct ticket *opt_sent;
     unsigned *queue, queued;
+    /* The two copies of the units' state (common/ckpt.h): the committed one is read_copy; a
+     * training run writes the other (work_copy) and keeps per unit the copy its latest state is
+     * in and that state's digest (known: 0 where a store from before digests has none yet).
+     * NULL arrays (init, eval, export): every unit is read from read_copy. */
+    unsigned read_copy, work_copy;
+    unsigned char *at_copy, *known;
+    uint64_t *digest;
 };
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
@@ -294,7 +306,7 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype
     uint64_t tok = align4k((uint64_t)B * T * 4);
     uint64_t slot = max_unit_bytes(c);
     unsigned i = 0;
-    out[i++] = (struct fy_pool_region_spec){"meta", FY_CKPT_BLOCK};
+    out[i++] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
     out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok};
     /* the checkpoints x_0..x_L, or with ckpt_ssd the slots they take in turn; two activation
      * gradients (with ckpt_ssd a third: clipping's pass 1 can no longer borrow x_L's room) */
@@ -434,6 +446,8 @@ static void finish(struct run *r, struct ticket *t)
     t->status = r->x->wait(r->x->ctx, t->id, &t->reply, r->timeout_ms);
     r->phase_s[t->phase] += now_s() - t0;
     t->done = 1;
+    if (t->status == 0 && t->digest_into != NULL)
+        *t->digest_into = t->reply.arg;
     if (t->status == 0)
         account(r, t);
 }
@@ -504,6 +518,30 @@ static int io_issue(struct run *r, int op, uint32_t tensor, uint64_t pool_offset
     return issue(r, PH_IO, "io", &d, 1, t);
 }
 
+/* A unit's whole state between the pool and its copy `copy` in the store, with its digest: a read
+ * checked against *digest (unchecked where `check` is 0), a write's digest left in *digest once
+ * the ticket is waited for. */
+static int state_io(struct run *r, int op, unsigned u, unsigned copy, uint64_t pool_offset,
+                    uint64_t *digest, int check, struct ticket *t)
+{
+    uint64_t bytes = fy_unit_state_bytes(r->l.c, u);
+    if (op == FY_OP_IO_READ && !check)
+        return io_issue(r, op, FY_TENSOR_UNIT_STATE_COPY(u, copy), pool_offset, bytes, t);
+    struct fy_desc d[2];
+    d[0] = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, (int)u);
+    d[0].tensor = FY_TENSOR_UNIT_STATE_COPY(u, copy);
+    d[1] = fy_desc_region(op, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, (int)u);
+    d[1].arg = *digest;
+    t->digest_into = op == FY_OP_IO_WRITE ? digest : NULL;
+    return issue(r, PH_IO, "io", d, 2, t);
+}
+
+/* The copy that holds unit u's latest state. */
+static unsigned copy_of(const struct run *r, unsigned u)
+{
+    return r->at_copy != NULL ? r->at_copy[u] : r->read_copy;
+}
+
 /* The master weights of a unit into a weights slot (the compute weights are fp32 for now). */
 static int read_weights(struct run *r, unsigned unit, unsigned slot, struct ticket *t)
 {
@@ -513,8 +551,8 @@ static int read_weights(struct run *r, unsigned unit, unsigned slot, struct tick
         return 0;
     }
     r->wslot_off[slot] = wslot(&r->l, slot);
-    return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(unit), wslot(&r->l, slot),
-                    fy_unit_state_section(r->l.c, unit), t);
+    return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE_COPY(unit, copy_of(r, unit)),
+                    wslot(&r->l, slot), fy_unit_state_section(r->l.c, unit), t);
 }
 
 /* Weights slot of unit u (a block, or the final unit) in the forward and backward: slots 1 to
@@ -760,21 +798,6 @@ static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint6
     return b >= 2 ? backward_ahead(r, b) : 0;
 }
 
-static int write_meta(struct run *r, const struct fy_storemeta *m)
-{
-    fy_storemeta_encode(m, fy_pool_at(r->pool, r->l.meta, FY_CKPT_BLOCK));
-    return io_op(r, FY_OP_IO_WRITE, FY_TENSOR_META, r->l.meta, FY_CKPT_BLOCK, 0);
-}
-
-/* The store's flag for state written back past its last synced step (struct fy_storemeta): made
- * durable before the first such write, cleared once a sync has caught up. */
-static int set_unsynced(struct run *r, struct fy_storemeta *m, int on)
-{
-    m->unsynced = (uint32_t)on;
-    FY_TRY(write_meta(r, m));
-    return io_op(r, FY_OP_IO_SYNC, 0, 0, 0, 0);
-}
-
 static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_config *c, int B, int T,
                     int act_dtype, const struct fy_exec *x, int timeout_ms)
 {
@@ -798,18 +821,24 @@ int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const str
 {
     struct run r;
     FY_TRY(run_init(&r, pool, c, 1, 1, FY_DTYPE_F32, x, timeout_ms));
-    FY_TRY(io_op(&r, FY_OP_IO_ALLOC, FY_TENSOR_META, 0, 0, FY_CKPT_BLOCK));
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++) {
-        uint64_t sec = fy_unit_state_section(c, u);
-        FY_TRY(io_op(&r, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, 3 * sec));
-        uint8_t *state = fy_pool_at(pool, r.l.state, 3 * sec);
-        memset(state, 0, 3 * sec);
+    struct fy_storemeta *m = calloc(1, sizeof *m);
+    FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
+    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0};
+    int rc = fy_commit_prepare(x, c, timeout_ms);
+    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
+        uint64_t bytes = fy_unit_state_bytes(c, u);
+        rc = io_op(&r, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, bytes);
+        uint8_t *state = fy_pool_at(pool, r.l.state, bytes);
+        memset(state, 0, bytes);
         fy_gpt_init_unit(c, u, seed, (float *)state);
-        FY_TRY(io_op(&r, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), r.l.state, 3 * sec, 0));
+        if (rc == 0)
+            rc = fy_io_call_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), r.l.state, bytes,
+                                   &m->digest[u], timeout_ms);
     }
-    struct fy_storemeta m = {.model = *c, .step = 0, .seed = seed};
-    FY_TRY(write_meta(&r, &m));
-    return io_op(&r, FY_OP_IO_SYNC, 0, 0, 0, 0);
+    if (rc == 0)
+        rc = fy_commit_write(x, pool, r.l.meta, m, timeout_ms);
+    free(m);
+    return rc;
 }
 
 int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char *where,
@@ -817,16 +846,10 @@ int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char
 {
     uint64_t off, bytes;
     FY_TRY(fy_pool_region(pool, "meta", &off, &bytes));
-    struct fy_desc d = fy_desc_region(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE, off, FY_CKPT_BLOCK, -1);
-    d.tensor = FY_TENSOR_META;
-    int64_t ticket = x->submit(x->ctx, "io", &d, 1);
-    int rc = ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, NULL, timeout_ms);
-    if (rc < 0) {
-        fy_error("%s: cannot read the model metadata (%s): is it a store made by fuyou-launch init?",
-                 where, strerror(-rc));
-        return rc;
-    }
-    return fy_storemeta_decode(fy_pool_at(pool, off, FY_CKPT_BLOCK), where, meta);
+    FY_REQUIRE(bytes >= FY_COMMIT_RECORD_BYTES, -EINVAL,
+               "shared pool: the meta region of %llu bytes does not hold a commit record",
+               (unsigned long long)bytes);
+    return fy_commit_read(x, pool, off, where, UINT64_MAX, meta, timeout_ms);
 }
 
 double fy_train_lr(const struct fy_train_opts *o, uint64_t step)
@@ -971,8 +994,10 @@ static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
         return 0;
     }
     r->state_off[s] = r->l.state + s * 3 * r->l.slot_bytes;
-    uint64_t sec = fy_unit_state_section(r->l.c, u);
-    return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE(u), r->state_off[s], 3 * sec, t);
+    if (r->at_copy == NULL)
+        return state_io(r, FY_OP_IO_READ, u, r->read_copy, r->state_off[s], NULL, 0, t);
+    return state_io(r, FY_OP_IO_READ, u, r->at_copy[u], r->state_off[s], &r->digest[u],
+                    r->known[u], t);
 }
 
 /* The optimizer's queue. In the backward the opt worker gets at most OPT_AHEAD updates ahead of
@@ -1087,6 +1112,15 @@ static int opt_drain(struct run *r)
     return rc;
 }
 
+/* Unit u's state at pool offset `from` to the copy being written (never the committed one). */
+static int state_written(struct run *r, unsigned u, uint64_t from, struct ticket *t)
+{
+    FY_REQUIRE(r->at_copy != NULL, -EPROTO, "schedule error: state written outside training");
+    r->at_copy[u] = (unsigned char)r->work_copy;
+    r->known[u] = 1;
+    return state_io(r, FY_OP_IO_WRITE, u, r->work_copy, from, &r->digest[u], 1, t);
+}
+
 static int state_write(struct run *r, unsigned u, unsigned s, struct ticket *t)
 {
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
@@ -1094,8 +1128,7 @@ static int state_write(struct run *r, unsigned u, unsigned s, struct ticket *t)
                s, r->state_unit[s]);
     if (r->resident != NULL && r->resident[u] != 0)
         return 0; /* stays in the pool; written to the store at checkpoints */
-    uint64_t sec = fy_unit_state_section(r->l.c, u);
-    return io_issue(r, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), r->state_off[s], 3 * sec, t);
+    return state_written(r, u, r->state_off[s], t);
 }
 
 /* The whole update of one unit (its gradient at pool offset `grad`), waited for. */
@@ -1466,6 +1499,45 @@ static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *
     fflush(o->metrics);
 }
 
+int fy_train_metrics_rollback(const char *path, uint64_t step)
+{
+    FILE *in = fopen(path, "r");
+    if (in == NULL && errno == ENOENT)
+        return 0;
+    FY_SYS(in == NULL ? -1 : 0, "cannot open %s", path);
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (out == NULL) {
+        int e = errno;
+        fclose(in);
+        fy_error("cannot create %s: %s", tmp, strerror(e));
+        return -e;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    int dropped = 0;
+    while (getline(&line, &cap, in) >= 0) {
+        unsigned long long at;
+        if (sscanf(line, "{\"step\": %llu", &at) == 1 && at > step)
+            dropped++;
+        else
+            fputs(line, out);
+    }
+    free(line);
+    fclose(in);
+    int rc = fflush(out) == 0 && fsync(fileno(out)) == 0 ? 0 : -errno;
+    if (fclose(out) != 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && dropped > 0 && rename(tmp, path) != 0)
+        rc = -errno;
+    if (rc < 0)
+        fy_error("cannot rewrite %s: %s", path, strerror(-rc));
+    if (rc < 0 || dropped == 0)
+        unlink(tmp);
+    return rc < 0 ? rc : dropped;
+}
+
 /* Pass 1 of a clipped step and the scale it gives, as torch.nn.utils.clip_grad_norm_ computes it:
  * norm = sqrt(sum of every gradient element squared), in double; scale = max / (norm + 1e-6),
  * applied (as a float, by the opt worker) only when below 1. */
@@ -1482,27 +1554,87 @@ static int clip_scale(struct run *r, uint64_t step, double max_norm, double *nor
     return 0;
 }
 
-/* Every resident unit's state between the pool and the store (load at start, write-back at
- * checkpoints). */
+/* Every resident unit's state between the pool and the store: loaded from the committed copy
+ * (checked against its digest where known) at start, written to the other at commits. */
 static int resident_transfer(struct run *r, int op)
 {
     for (unsigned u = 0; r->resident != NULL && u < fy_gpt_unit_count(r->l.c); u++)
         if (r->resident[u] != 0) {
             struct ticket t = {0};
-            FY_TRY(io_issue(r, op, FY_TENSOR_UNIT_STATE(u), r->resident[u],
-                            fy_unit_state_bytes(r->l.c, u), &t));
+            if (op == FY_OP_IO_READ)
+                FY_TRY(state_io(r, op, u, r->at_copy[u], r->resident[u], &r->digest[u],
+                                r->known[u], &t));
+            else
+                FY_TRY(state_written(r, u, r->resident[u], &t));
             FY_TRY(wait_for(r, &t, NULL));
         }
     return 0;
 }
 
-/* The store made to hold the step in meta whole (its updates done): the resident state written,
- * everything synced, and the flag of state written past the synced step cleared. */
-static int make_durable(struct run *r, struct fy_storemeta *meta)
+/* Commits the step in meta (its updates done, every streamed unit's written back): the resident
+ * state written to the working copy, then a commit record naming that copy once it is durable
+ * (fy_commit_write). The committed copy becomes the working one for the steps that follow. */
+static int commit(struct run *r, struct fy_storemeta *meta, uint64_t step)
 {
     FY_TRY(resident_transfer(r, FY_OP_IO_WRITE));
-    FY_TRY(io_op(r, FY_OP_IO_SYNC, 0, 0, 0, 0));
-    return set_unsynced(r, meta, 0);
+    struct fy_storemeta *next = malloc(sizeof *next);
+    FY_REQUIRE(next != NULL, -ENOMEM, "commit: no memory for the record");
+    *next = *meta;
+    next->step = step;
+    next->seq = meta->seq + 1;
+    next->copy = r->work_copy;
+    next->legacy = 0;
+    next->unsynced = 0;
+    int rc = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
+        next->digest[u] = r->digest[u];
+        if (r->at_copy[u] != r->work_copy || !r->known[u]) {
+            fy_error("schedule error: unit %u's state of step %llu is not in copy %u to commit",
+                     u, (unsigned long long)step, r->work_copy);
+            rc = -EPROTO;
+        }
+    }
+    if (rc == 0)
+        rc = fy_commit_write(r->x, r->pool, r->l.meta, next, r->timeout_ms);
+    if (rc == 0) {
+        *meta = *next;
+        r->read_copy = meta->copy;
+        r->work_copy = 1 - meta->copy;
+    }
+    free(next);
+    return rc;
+}
+
+/* Starts from the committed step in meta: the resident units' state loaded and every other unit's
+ * read once, all checked against the record's digests (a torn or corrupted copy is found here,
+ * before anything is written over the copy that the previous commit left). Where the step's state
+ * is damaged, the previous commit is taken instead when it is intact; meta follows. */
+static int open_committed(struct run *r, struct fy_storemeta *meta,
+                          const unsigned char *resident)
+{
+    unsigned units = fy_gpt_unit_count(r->l.c);
+    for (int attempt = 0;; attempt++) {
+        r->read_copy = meta->copy;
+        r->work_copy = 1 - meta->copy;
+        memset(r->at_copy, (int)meta->copy, units);
+        memset(r->known, !meta->legacy, units);
+        memcpy(r->digest, meta->digest, units * sizeof *r->digest);
+        double t0 = now_s();
+        unsigned bad = 0;
+        int rc = resident_transfer(r, FY_OP_IO_READ);
+        if (rc == 0)
+            rc = fy_commit_verify(r->x, r->pool, meta, r->l.state, resident, &bad, r->timeout_ms);
+        if (rc == 0 && !meta->legacy)
+            fy_info("step %llu's state checked against its commit record in %.1f s",
+                    (unsigned long long)meta->step, now_s() - t0);
+        if (!fy_commit_is_damage(rc) || attempt > 0)
+            return rc;
+        uint64_t damaged = meta->step;
+        FY_TRY(fy_commit_read(r->x, r->pool, r->l.meta, "the store", meta->seq, meta,
+                              r->timeout_ms));
+        fy_warn("step %llu's state is damaged on the SSD; going back to the commit before it, "
+                "step %llu", (unsigned long long)damaged, (unsigned long long)meta->step);
+    }
 }
 
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
@@ -1536,26 +1668,32 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     r.opt_req = calloc(units, sizeof *r.opt_req);
     r.opt_sent = calloc(units, sizeof *r.opt_sent);
     r.queue = calloc(units, sizeof *r.queue);
-    int rc = version && resident && r.opt_req && r.opt_sent && r.queue ? 0 : -ENOMEM;
+    r.at_copy = calloc(units, 1);
+    r.known = calloc(units, 1);
+    r.digest = calloc(units, sizeof *r.digest);
+    int rc = version && resident && r.opt_req && r.opt_sent && r.queue && r.at_copy && r.known &&
+                     r.digest ? 0 : -ENOMEM;
     if (rc == 0)
         rc = saved_setup(&r, o);
     if (rc == 0 && fy_train_resident_bytes(&meta->model, o->resident) > 0) {
         rc = resident_offsets(pool, &meta->model, o->resident, resident);
         r.resident = resident;
-        if (rc == 0)
-            rc = resident_transfer(&r, FY_OP_IO_READ);
     }
+    if (rc == 0)
+        rc = fy_commit_prepare(x, &meta->model, o->timeout_ms);
+    if (rc == 0)
+        rc = open_committed(&r, meta, o->resident);
     for (unsigned u = 0; rc == 0 && u < units; u++)
         version[u] = meta->step;
     if (rc == 0 && meta->step >= o->steps)
         fy_info("the store is already at step %llu (--steps %llu): nothing to train",
                 (unsigned long long)meta->step, (unsigned long long)o->steps);
-    if (rc == 0 && meta->unsynced)
+    if (rc == 0 && meta->legacy && meta->unsynced)
         fy_warn("the store was left with state written back past its last synced step %llu (the "
-                "run was killed or the machine went down): its units may hold different steps, "
-                "so what follows will not equal a run never stopped; going on from it (stores "
-                "that keep the previous state are to come)", (unsigned long long)meta->step);
-    int durable_at_end = 1; /* the store's last step is durable (nothing trained yet, say) */
+                "run was killed or the machine went down) by a version of Fuyou without commit "
+                "records: its units may hold different steps, so what follows will not equal a "
+                "run never stopped; going on from it", (unsigned long long)meta->step);
+    uint64_t done = meta->step; /* the last step trained; meta->step is the last committed */
     for (uint64_t step = meta->step + 1; rc == 0 && step <= o->steps; step++) {
         if (o->stop != NULL && *o->stop) {
             fy_warn("stopping at the step boundary before step %llu", (unsigned long long)step);
@@ -1571,21 +1709,16 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         r.grad_scale = 0.0;
         if (rc == 0 && r.clip)
             rc = clip_scale(&r, step, o->clip_grad_norm, &grad_norm);
-        if (rc == 0 && !meta->unsynced) /* said before the first write-back since a sync */
-            rc = set_unsynced(&r, meta, 1);
         if (rc == 0)
             rc = backward_and_update(&r, step, lr, version);
-        if (rc == 0) {
-            meta->step = step;
-            rc = write_meta(&r, meta);
-        }
+        if (rc == 0)
+            done = step;
         int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);
         int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
         if (rc == 0 && (durable || do_eval)) /* the updates still running, done */
             rc = opt_drain(&r);
         if (rc == 0 && durable)
-            rc = make_durable(&r, meta);
-        durable_at_end = durable;
+            rc = commit(&r, meta, step);
         double seconds = now_s() - t0;
         double phase[PH_COUNT], busy[BUSY_COUNT];
         memcpy(phase, r.phase_s, sizeof phase);
@@ -1598,10 +1731,10 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     }
     int drained = opt_drain(&r); /* a stop at a step boundary leaves updates running */
     rc = rc ? rc : drained;
-    if (rc == 0 && !durable_at_end) { /* stopped early: the last step made durable, as at the end */
-        rc = make_durable(&r, meta);
+    if (rc == 0 && done > meta->step) { /* stopped early: the last step committed, as at the end */
+        rc = commit(&r, meta, done);
         if (rc == 0)
-            fy_info("step %llu written to the store and synced", (unsigned long long)meta->step);
+            fy_info("step %llu committed to the store", (unsigned long long)meta->step);
     }
     drained = spill_drain(&r, &r.ckpt);
     rc = rc ? rc : drained;
@@ -1621,33 +1754,41 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     free(r.host_mask);
     free(r.ssd_mask);
     free(r.host_off);
+    free(r.at_copy);
+    free(r.known);
+    free(r.digest);
     return rc;
 }
 
 struct export_ctx {
     struct run *r;
+    const struct fy_storemeta *meta;
 };
 
 static int export_unit(void *ctx, unsigned unit, float *params)
 {
-    struct run *r = ((struct export_ctx *)ctx)->r;
-    struct ticket t = {0};
-    FY_TRY(read_weights(r, unit, 0, &t));
-    FY_TRY(wait_for(r, &t, NULL));
-    memcpy(params, fy_pool_at(r->pool, wslot(&r->l, 0), unit_bytes(&r->l, unit)),
+    const struct export_ctx *e = ctx;
+    struct run *r = e->r;
+    FY_TRY(fy_commit_read_unit(r->x, e->meta, unit, r->l.state, r->timeout_ms));
+    memcpy(params, fy_pool_at(r->pool, r->l.state, unit_bytes(&r->l, unit)),
            unit_bytes(&r->l, unit));
     return 0;
 }
 
-int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *meta,
+int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                     const char *path, int overwrite, int timeout_ms)
 {
     struct run r;
     FY_TRY(run_init(&r, pool, &meta->model, 1, 1, FY_DTYPE_F32, x, timeout_ms));
-    if (meta->unsynced)
+    if (meta->legacy && meta->unsynced)
         fy_warn("exporting a store left with state written back past its last synced step %llu "
                 "(the run was killed or the machine went down): its units may hold different "
                 "steps", (unsigned long long)meta->step);
-    struct export_ctx ctx = {&r};
-    return fy_weights_write(path, &meta->model, meta->step, overwrite, export_unit, &ctx);
+    for (int moved = 0;; moved++) { /* a run training meanwhile can commit over what is read */
+        struct export_ctx ctx = {&r, meta};
+        int rc = fy_weights_write(path, &meta->model, meta->step, overwrite, export_unit, &ctx);
+        if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
+            return rc;
+        FY_TRY(fy_commit_moved_on(x, pool, r.l.meta, path, meta, timeout_ms));
+    }
 }

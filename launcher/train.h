@@ -177,23 +177,34 @@ uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned c
 /* Learning rate at a step (1-based): linear warmup, then cosine to lr * min_lr_ratio at o->steps. */
 double fy_train_lr(const struct fy_train_opts *o, uint64_t step);
 
-/* Creates every extent of the model in the store and writes GPT-2 initial weights (zero moments)
- * and the metadata block (step 0). */
+/* Creates every extent of the model in the store (both copies of each unit's state, both commit
+ * records), writes the initial weights (zero moments) and commits them as step 0. */
 int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
                         uint64_t seed, int timeout_ms);
-/* Reads and validates the store's metadata block; `where` names the store in messages. */
+/* The store's current commit (launcher/commit.h, fy_commit_read); `where` names the store in
+ * messages. */
 int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char *where,
                        struct fy_storemeta *meta, int timeout_ms);
-/* Trains from meta->step + 1 to o->steps; meta->step follows. */
+/* Trains from the committed step in meta (its state checked against the record's digests first;
+ * where damaged, from the commit before it) to o->steps, committing every o->checkpoint_every
+ * steps, at the end and at a stop; meta follows the commits. */
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                  const struct fy_tokfile *data, const struct fy_train_opts *o);
+/* Drops the lines of metrics file `path` about steps after `step` (a run gone back to its last
+ * commit trains them again), replacing the file atomically; a missing file is fine. Returns how
+ * many lines went, or -errno (said). */
+int fy_train_metrics_rollback(const char *path, uint64_t step);
 /* Mean loss over the first `batches` evaluation windows (forward only). */
 int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
                   const struct fy_tokfile *data, int B, int T, int act_dtype, uint64_t batches,
                   int timeout_ms,
                   double *loss);
-/* Writes the store's master weights to a weights file (common/ckpt.h). */
-int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *meta,
+/* Writes the master weights of the committed step in meta to a weights file (common/ckpt.h),
+ * each unit checked against the commit record's digest. A training run may go on meanwhile: when
+ * it commits over the copy being read, the export starts again from the newer step (at most
+ * FY_TRAIN_EXPORT_RETRIES times); meta follows. */
+#define FY_TRAIN_EXPORT_RETRIES 3
+int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                     const char *path, int overwrite, int timeout_ms);
 
 #endif

@@ -155,29 +155,23 @@ static void test_config_and_header_round_trip(void **state)
     d.rms_eps = 1e-6f;
     assert_true(fy_gpt_config_hash(&d) != fy_gpt_config_hash(&c));
 
-    uint8_t block[FY_CKPT_BLOCK];
-    struct fy_storemeta m = {.model = c, .step = 7, .seed = 5}, mb;
+    static uint8_t block[FY_COMMIT_RECORD_BYTES];
+    static struct fy_storemeta m, mb;
+    m = (struct fy_storemeta){.model = c, .step = 7, .seed = 5, .seq = 3, .copy = 1};
     fy_storemeta_encode(&m, block);
-    assert_int_equal(fy_storemeta_decode(block, "test", &mb), 0);
+    assert_int_equal(fy_storemeta_decode(block, sizeof block, "test", &mb), 0);
     assert_memory_equal(&mb.model, &c, sizeof c);
     assert_int_equal(mb.step, 7);
     /* a corrupted Llama slot is caught by the hash */
     block[4 * 16] ^= 1;
-    assert_int_not_equal(fy_storemeta_decode(block, "test", &mb), 0);
-    /* GPT-2 headers leave every slot past the checksum zero */
+    assert_int_not_equal(fy_storemeta_decode(block, sizeof block, "test", &mb), 0);
+    /* GPT-2 records leave the architecture's slots (14 to 29) zero */
     m.model = g;
     fy_storemeta_encode(&m, block);
-    for (int i = 4 * 14; i < FY_CKPT_BLOCK; i++)
+    for (int i = 4 * 14; i < 4 * 30; i++)
         assert_int_equal(block[i], 0);
-    assert_int_equal(fy_storemeta_decode(block, "test", &mb), 0);
+    assert_int_equal(fy_storemeta_decode(block, sizeof block, "test", &mb), 0);
     assert_memory_equal(&mb.model, &g, sizeof g);
-    assert_int_equal(mb.unsynced, 0);
-    /* the flag for state written back past the last synced step, in slot 29 */
-    m.unsynced = 1;
-    fy_storemeta_encode(&m, block);
-    assert_int_equal(block[4 * 29], 1);
-    assert_int_equal(fy_storemeta_decode(block, "test", &mb), 0);
-    assert_int_equal(mb.unsynced, 1);
 }
 
 static void test_embed(void **state)

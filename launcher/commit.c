@@ -1,0 +1,183 @@
+/* The store's commit records and the two copies of the units' state, over the io worker. */
+#include "commit.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/desc.h"
+#include "common/dtype.h"
+
+int fy_io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
+               uint64_t bytes, uint64_t arg, int timeout_ms)
+{
+    struct fy_desc d = fy_desc_region(op, bytes ? FY_KIND_RAW : FY_KIND_CONTROL, FY_DTYPE_NONE,
+                                      pool_offset, bytes, -1);
+    d.tensor = tensor;
+    d.arg = arg;
+    int64_t ticket = x->submit(x->ctx, "io", &d, 1);
+    return ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, NULL, timeout_ms);
+}
+
+int fy_io_call_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
+                      uint64_t bytes, uint64_t *digest, int timeout_ms)
+{
+    struct fy_desc d[2], reply;
+    d[0] = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, -1);
+    d[0].tensor = tensor;
+    d[1] = fy_desc_region(op, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
+    d[1].arg = *digest;
+    int64_t ticket = x->submit(x->ctx, "io", d, 2);
+    int rc = ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, &reply, timeout_ms);
+    if (rc == 0 && op == FY_OP_IO_WRITE)
+        *digest = reply.arg;
+    return rc;
+}
+
+/* Record i into the pool and what it holds: 0 (decoded into *m), 1 (never written), -ENOENT (no
+ * such extent) or -EBADMSG (damaged); `why` says which. */
+static int read_record(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                       uint32_t tensor, uint64_t bytes, const char *where, struct fy_storemeta *m,
+                       const char **why, int timeout_ms)
+{
+    uint8_t *rec = fy_pool_at(pool, record_off, bytes);
+    memset(rec, 0, bytes);
+    int rc = fy_io_call(x, FY_OP_IO_READ, tensor, record_off, bytes, 0, timeout_ms);
+    if (rc == -ENOENT || rc == -ERANGE) {
+        *why = "absent";
+        return -ENOENT;
+    }
+    FY_TRY(rc);
+    rc = fy_storemeta_check(rec, bytes);
+    *why = rc == 1 ? "never written" : rc < 0 ? "damaged: torn write or corruption" : "intact";
+    if (rc != 0)
+        return rc;
+    return fy_storemeta_decode(rec, bytes, where, m);
+}
+
+int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                   const char *where, uint64_t below_seq, struct fy_storemeta *m, int timeout_ms)
+{
+    struct fy_storemeta *rec[2] = {malloc(sizeof *m), malloc(sizeof *m)};
+    const char *why[2] = {"", ""};
+    int got[2] = {-ENOENT, -ENOENT}, rc = rec[0] && rec[1] ? 0 : -ENOMEM;
+    for (int i = 0; rc == 0 && i < 2; i++) {
+        got[i] = read_record(x, pool, record_off, FY_TENSOR_COMMIT(i), FY_COMMIT_RECORD_BYTES,
+                             where, rec[i], &why[i], timeout_ms);
+        if (got[i] == -ENOMEM || got[i] == -ETIMEDOUT || got[i] == -ECHILD || got[i] == -EINTR)
+            rc = got[i];
+    }
+    int best = -1;
+    for (int i = 0; rc == 0 && i < 2; i++)
+        if (got[i] == 0 && rec[i]->seq < below_seq && (best < 0 || rec[i]->seq > rec[best]->seq))
+            best = i;
+    if (rc == 0 && best >= 0) {
+        int other = 1 - best;
+        if (got[other] == -EBADMSG)
+            fy_warn("%s: commit record %d is %s; using record %d (step %llu)", where, other,
+                    why[other], best, (unsigned long long)rec[best]->step);
+        memcpy(m, rec[best], sizeof *m);
+    } else if (rc == 0 && got[0] == -ENOENT && got[1] == -ENOENT) {
+        /* a store from before commit records: its version 1 metadata block */
+        int legacy = read_record(x, pool, record_off, FY_TENSOR_META, FY_CKPT_BLOCK, where, m,
+                                 &why[0], timeout_ms);
+        if (legacy != 0) {
+            fy_error("%s: no commit record and no readable metadata block (%s): is it a store "
+                     "made by fuyou-launch init?", where, why[0]);
+            rc = legacy < 0 ? legacy : -ENOENT;
+        }
+    } else if (rc == 0) {
+        fy_error("%s: no intact committed step%s (commit record 0: %s, record 1: %s): the store "
+                 "cannot be used; initialise a new one (fuyou-launch init --overwrite) or train "
+                 "from an exported checkpoint", where,
+                 below_seq != UINT64_MAX ? " before the damaged one" : "", why[0], why[1]);
+        rc = -ENOENT;
+    }
+    free(rec[0]);
+    free(rec[1]);
+    return rc;
+}
+
+int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                    const struct fy_storemeta *next, int timeout_ms)
+{
+    FY_TRY(fy_io_call(x, FY_OP_IO_SYNC, 0, 0, 0, 0, timeout_ms));
+    fy_storemeta_encode(next, fy_pool_at(pool, record_off, FY_COMMIT_RECORD_BYTES));
+    FY_TRY(fy_io_call(x, FY_OP_IO_WRITE, FY_TENSOR_COMMIT(next->seq % 2), record_off,
+                      FY_COMMIT_RECORD_BYTES, 0, timeout_ms));
+    return fy_io_call(x, FY_OP_IO_SYNC, 0, 0, 0, 0, timeout_ms);
+}
+
+int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, int timeout_ms)
+{
+    FY_REQUIRE(fy_gpt_unit_count(c) <= FY_COMMIT_MAX_UNITS, -EINVAL,
+               "model: %u units, commit records hold %u", fy_gpt_unit_count(c),
+               FY_COMMIT_MAX_UNITS);
+    for (int i = 0; i < 2; i++)
+        FY_TRY(fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_COMMIT(i), 0, 0, FY_COMMIT_RECORD_BYTES,
+                          timeout_ms));
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+        FY_TRY(fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE_COPY(u, 1), 0, 0,
+                          fy_unit_state_bytes(c, u), timeout_ms));
+    return 0;
+}
+
+int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *m,
+                     uint64_t buf_off, const unsigned char *skip, unsigned *bad, int timeout_ms)
+{
+    (void)pool;
+    if (m->legacy)
+        return 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(&m->model); u++) {
+        if (skip != NULL && skip[u])
+            continue;
+        uint64_t digest = m->digest[u];
+        int rc = fy_io_call_digest(x, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE_COPY(u, m->copy),
+                                   buf_off, fy_unit_state_bytes(&m->model, u), &digest,
+                                   timeout_ms);
+        if (fy_commit_is_damage(rc)) {
+            *bad = u;
+            fy_warn("step %llu's state of unit %u (copy %u) does not match its commit record",
+                    (unsigned long long)m->step, u, m->copy);
+        }
+        FY_TRY(rc);
+    }
+    return 0;
+}
+
+int fy_commit_is_damage(int rc) { return rc == -EBADMSG || rc == -EIO || rc == -ENODATA; }
+
+int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, unsigned u,
+                        uint64_t buf_off, int timeout_ms)
+{
+    uint32_t tensor = FY_TENSOR_UNIT_STATE_COPY(u, m->copy);
+    if (m->legacy) /* no digest to check: the master section alone */
+        return fy_io_call(x, FY_OP_IO_READ, tensor, buf_off,
+                          fy_unit_state_section(&m->model, u), 0, timeout_ms);
+    uint64_t digest = m->digest[u];
+    return fy_io_call_digest(x, FY_OP_IO_READ, tensor, buf_off,
+                             fy_unit_state_bytes(&m->model, u), &digest, timeout_ms);
+}
+
+int fy_commit_moved_on(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                       const char *where, struct fy_storemeta *m, int timeout_ms)
+{
+    struct fy_storemeta *now = malloc(sizeof *now);
+    FY_REQUIRE(now != NULL, -ENOMEM, "no memory for a commit record");
+    int rc = fy_commit_read(x, pool, record_off, where, UINT64_MAX, now, timeout_ms);
+    if (rc == 0 && now->seq > m->seq) {
+        fy_info("%s: step %llu was committed meanwhile, over the copy being read: going on from "
+                "step %llu instead of %llu", where, (unsigned long long)now->step,
+                (unsigned long long)now->step, (unsigned long long)m->step);
+        memcpy(m, now, sizeof *m);
+        rc = 1;
+    } else if (rc == 0) {
+        fy_error("%s: step %llu's state is damaged on the SSD (it does not match its commit "
+                 "record): train once more to commit a newer step (it goes back to the previous "
+                 "commit), or initialise the store anew", where, (unsigned long long)m->step);
+        rc = -EBADMSG;
+    }
+    free(now);
+    return rc;
+}

@@ -1,0 +1,63 @@
+/* The store's commit protocol, over the io worker: which of the two commit records is current,
+ * writing the next one after the state it names is durable, giving a store the extents that
+ * commits need, and checking a committed step's state against its digests. The record format and
+ * the two copies of each unit's state are in common/ckpt.h; docs/architecture.md ("Durability")
+ * says what a crash can and cannot lose. */
+#ifndef FY_COMMIT_H
+#define FY_COMMIT_H
+
+#include <stdint.h>
+
+#include "common/ckpt.h"
+#include "common/pool.h"
+#include "launcher/train.h"
+
+/* One request to the io worker, waited for: `bytes` at pool offset `pool_offset` (none: a control
+ * request), extent offset or size in `arg`. Returns the reply's status. */
+int fy_io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
+               uint64_t bytes, uint64_t arg, int timeout_ms);
+/* The same for a read or write with a digest: a write's digest goes to *digest; a read fails with
+ * -EBADMSG unless what it read has the digest *digest. */
+int fy_io_call_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
+                      uint64_t bytes, uint64_t *digest, int timeout_ms);
+
+/* The current commit: the intact record with the highest sequence number below `below_seq`
+ * (UINT64_MAX: any), read through the pool region at record_off (FY_COMMIT_RECORD_BYTES), or a
+ * store's version 1 metadata block where it has no records. A damaged record beside an intact one
+ * is reported and passed over. `where` names the store in messages. -ENOENT (said) when no intact
+ * record is left. */
+int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                   const char *where, uint64_t below_seq, struct fy_storemeta *m, int timeout_ms);
+
+/* Makes `next` the current commit: every data file synced (so the state it names is durable),
+ * the record written over the older one (record next->seq % 2), synced again. */
+int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                    const struct fy_storemeta *next, int timeout_ms);
+
+/* Creates whatever commits need that the store lacks: both records' extents and every unit's
+ * second copy (a store made before commit records has neither). Idempotent. */
+int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, int timeout_ms);
+
+/* Reads the state of every unit not marked in `skip` (may be NULL) from the committed copy,
+ * through the pool region at buf_off (at least the largest unit's state), and checks it against
+ * the record's digests. 0, or -EBADMSG with *bad the first unit that does not match (said). A
+ * version 1 record has no digests: nothing is read. */
+int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *m,
+                     uint64_t buf_off, const unsigned char *skip, unsigned *bad, int timeout_ms);
+
+/* Unit u's master weights of the committed step in m into the pool at buf_off (room for the
+ * unit's whole state: all of it is read, to check it against the record's digest). -EBADMSG where
+ * it does not match: a training run may have committed a later step over that copy meanwhile
+ * (fy_commit_moved_on tells). */
+int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, unsigned u,
+                        uint64_t buf_off, int timeout_ms);
+/* After such a mismatch: 1 with *m the newer commit when the store has moved on past m (said), or
+ * -EBADMSG when m is still the current commit, so its state is damaged (said). */
+int fy_commit_moved_on(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                       const char *where, struct fy_storemeta *m, int timeout_ms);
+
+/* Whether a transfer failed because the data on the SSD does not match its digest or is cut
+ * short, not because of the worker or the run. */
+int fy_commit_is_damage(int rc);
+
+#endif
