@@ -1049,7 +1049,6 @@ static int train_attempt(struct options *o, struct fy_config *mc, struct fy_conf
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
     int rc = fy_session_open(&s, &so, regions, n, "training");
-    FILE *metrics = NULL;
     struct fy_inproc *inproc = NULL;
     struct fy_exec x = {0};
     static const char *const workers[] = {"gpu", "io", "opt"};
@@ -1080,33 +1079,20 @@ static int train_attempt(struct options *o, struct fy_config *mc, struct fy_conf
         rc = check_store_model(meta, model, o->ssd);
     char metrics_path[PATH_MAX + 16];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->run_dir);
-    if (rc == 0) {
-        int dropped = fy_train_metrics_rollback(metrics_path, meta->step);
-        rc = dropped < 0 ? dropped : 0;
-        if (dropped > 0)
-            fy_info("%s: dropped %d line%s of steps after the last commit (step %llu), which are "
-                    "trained again", metrics_path, dropped, dropped == 1 ? "" : "s",
-                    (unsigned long long)meta->step);
-    }
-    if (rc == 0 && (metrics = fopen(metrics_path, "a")) == NULL) {
-        rc = -errno;
-        fy_error("cannot open %s: %s", metrics_path, strerror(-rc));
-    }
     FILE *trace = NULL;
     if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
         rc = -errno;
         fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
     }
     if (rc == 0) {
-        to->metrics = metrics;
+        to->metrics_path = metrics_path;
         to->trace = trace;
         if (attempt > 0)
-            fy_info("restarted in %.2f s: going on from the commit of step %llu",
-                    fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
-        else
-            fy_info("starting at step %llu", (unsigned long long)meta->step);
+            fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
+                    "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
         rc = fy_train_run(&x, s.pool, meta, data, to);
-        to->metrics = to->trace = NULL;
+        to->metrics_path = NULL;
+        to->trace = NULL;
     }
     if (rc == 0 && !train_stop && o->export_path != NULL) {
         rc = fy_train_export(&x, s.pool, meta, o->export_path, o->overwrite, o->timeout_s * 1000);
@@ -1121,8 +1107,6 @@ static int train_attempt(struct options *o, struct fy_config *mc, struct fy_conf
         snprintf(failed, failed_len, "%s", fy_sup_failed_worker(s.sup));
     else if (rc == -ETIMEDOUT && s.sup != NULL)
         snprintf(failed, failed_len, "%s", fy_sup_timed_out_worker(s.sup));
-    if (metrics != NULL)
-        fclose(metrics);
     if (trace != NULL && fclose(trace) != 0)
         fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
     fy_inproc_destroy(&inproc);

@@ -1460,7 +1460,8 @@ int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy
 }
 
 /* grad_norm < 0: not computed (no clipping: computing it would cost a backward pass). */
-static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *c, uint64_t step,
+static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct fy_gpt_config *c,
+                     uint64_t step,
                      double loss, double lr, double grad_norm, double seconds, const double *phase,
                      const double *busy, int have_eval, double eval)
 {
@@ -1481,9 +1482,9 @@ static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *
             1e3 * seconds, 1e3 * busy[BUSY_GPU], 1e3 * busy[BUSY_H2D], 1e3 * busy[BUSY_D2H],
             1e3 * busy[BUSY_SSD_READ], 1e3 * busy[BUSY_SSD_WRITE], 1e3 * busy[BUSY_OPT],
             100.0 * gpu_idle);
-    if (o->metrics == NULL)
+    if (metrics == NULL)
         return;
-    fprintf(o->metrics,
+    fprintf(metrics,
             "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
             "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
             "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
@@ -1492,11 +1493,11 @@ static void log_step(const struct fy_train_opts *o, const struct fy_gpt_config *
             phase[PH_OPT], busy[BUSY_GPU], busy[BUSY_SSD_READ], busy[BUSY_SSD_WRITE],
             busy[BUSY_OPT], busy[BUSY_H2D], busy[BUSY_D2H], gpu_idle);
     if (grad_norm >= 0)
-        fprintf(o->metrics, ", \"grad_norm\": %.9g", grad_norm);
+        fprintf(metrics, ", \"grad_norm\": %.9g", grad_norm);
     if (have_eval)
-        fprintf(o->metrics, ", \"eval_loss\": %.9g", eval);
-    fprintf(o->metrics, "}\n");
-    fflush(o->metrics);
+        fprintf(metrics, ", \"eval_loss\": %.9g", eval);
+    fprintf(metrics, "}\n");
+    fflush(metrics);
 }
 
 int fy_train_metrics_rollback(const char *path, uint64_t step)
@@ -1693,6 +1694,21 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                 "run was killed or the machine went down) by a version of Fuyou without commit "
                 "records: its units may hold different steps, so what follows will not equal a "
                 "run never stopped; going on from it", (unsigned long long)meta->step);
+    FILE *metrics = NULL;
+    if (rc == 0 && o->metrics_path != NULL) { /* what was logged past the commit is trained again */
+        int dropped = fy_train_metrics_rollback(o->metrics_path, meta->step);
+        rc = dropped < 0 ? dropped : 0;
+        if (dropped > 0)
+            fy_info("%s: dropped %d line%s of steps after the last commit (step %llu), which are "
+                    "trained again", o->metrics_path, dropped, dropped == 1 ? "" : "s",
+                    (unsigned long long)meta->step);
+        if (rc == 0 && (metrics = fopen(o->metrics_path, "a")) == NULL) {
+            rc = -errno;
+            fy_error("cannot open %s: %s", o->metrics_path, strerror(-rc));
+        }
+    }
+    if (rc == 0)
+        fy_info("starting at step %llu", (unsigned long long)meta->step);
     uint64_t done = meta->step; /* the last step trained; meta->step is the last committed */
     for (uint64_t step = meta->step + 1; rc == 0 && step <= o->steps; step++) {
         if (o->stop != NULL && *o->stop) {
@@ -1726,7 +1742,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         if (rc == 0 && do_eval && o->eval_batches > 0)
             rc = eval_loss(&r, data, o->eval_batches, &eval);
         if (rc == 0)
-            log_step(o, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy,
+            log_step(o, metrics, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy,
                      do_eval && o->eval_batches > 0, eval);
     }
     int drained = opt_drain(&r); /* a stop at a step boundary leaves updates running */
@@ -1757,6 +1773,10 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     free(r.at_copy);
     free(r.known);
     free(r.digest);
+    if (metrics != NULL && fclose(metrics) != 0 && rc == 0) {
+        rc = -errno;
+        fy_error("writing %s failed: %s", o->metrics_path, strerror(-rc));
+    }
     return rc;
 }
 

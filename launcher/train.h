@@ -56,7 +56,9 @@ struct fy_train_opts {
     uint64_t checkpoint_every; /* make the store durable every N steps (and at the end) */
     int timeout_ms;       /* per request */
     int overlap;          /* 1: overlap updates with the backward and prefetch weights; 0: serial */
-    FILE *metrics;        /* one JSON line per step; NULL: none */
+    /* one JSON line per step appended there (NULL: none); lines of steps after the commit a
+     * run starts from are dropped first, as those steps are trained again */
+    const char *metrics_path;
     FILE *trace;          /* Chrome trace-event JSON of every request (Perfetto); NULL: none */
     const unsigned char *resident; /* per unit: state kept in the pool (fy_train_plan_resident) */
     double clip_grad_norm; /* > 0: clip the global gradient norm to this (two backward passes) */

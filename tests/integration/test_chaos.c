@@ -1,0 +1,551 @@
+/* Fault isolation of long runs, through the real processes on the CPU backend: workers and the
+ * launcher killed (SIGKILL) at seeded random moments, a worker that stops answering, damaged state
+ * and commit records on the SSD, and a full SSD. Each run must end with the losses and final
+ * weights of a run never disturbed, bit for bit, and leave no process, shared memory or temporary
+ * file behind. The kills and recovery times are printed for the record. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/ckpt.h"
+#include "common/pool.h"
+#include "io_worker/store.h"
+#include "tests/testutil.h"
+
+#define SAMPLE_TEXT "tests/fixtures/sample.txt"
+#define STEPS "48"
+#define KILLS_PER_WORKER 8
+#define LAUNCHER_KILLS 8
+
+/* The group's scratch: the token file, and the losses and weights of the undisturbed run. */
+struct chaos {
+    struct fy_test_fixture *f;
+    char *ref_losses;
+    char *ref_weights;
+    size_t ref_len;
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void pause_ms(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&t, NULL);
+}
+
+static void init_model(struct fy_test_fixture *f, const char *run)
+{
+    const char *args[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                          "64", "--ctx", "32", "--seed", "5", NULL};
+    assert_int_equal(fy_test_launch_in(f, args, 60), 0);
+}
+
+/* The train command of every run here (run, token file, steps, export path), then `extra`
+ * (NULL-terminated, may be NULL), into args. */
+static void train_args(const char **args, const char *run, const char *data, const char *steps,
+                       const char *out, const char *const *extra)
+{
+    const char *base[] = {"train", "--run-dir", run, "--data", data, "--steps", steps,
+                          "--batch", "8", "--seq", "32", "--lr", "3e-3", "--warmup", "20",
+                          "--eval-every", "1000", "--checkpoint-every", "3", "--backend", "cpu",
+                          "--max-restarts", "100", "--export", out};
+    int n = 0;
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        args[n++] = base[i];
+    for (int i = 0; extra != NULL && extra[i] != NULL; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+}
+
+/* The "loss" values of a metrics file, one per line. */
+static char *losses(const char *metrics)
+{
+    char *text = fy_test_slurp(metrics, NULL);
+    assert_non_null(text);
+    size_t cap = strlen(text) + 1, n = 0;
+    char *out = calloc(cap, 1);
+    for (char *p = text; (p = strstr(p, "\"loss\": ")) != NULL; p++) {
+        p += strlen("\"loss\": ");
+        size_t len = strcspn(p, ",}");
+        memcpy(out + n, p, len);
+        n += len;
+        out[n++] = '\n';
+    }
+    free(text);
+    return out;
+}
+
+static int count_matches(const char *path, const char *needle)
+{
+    char *text = fy_test_slurp(path, NULL);
+    int n = 0;
+    for (char *p = text; p != NULL && (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    free(text);
+    return n;
+}
+
+/* The pid of a worker of the run (RUN/workers.pid), or -1. */
+static int worker_pid(const char *run, const char *name)
+{
+    FILE *f = fopen(fy_test_fmt("%s/workers.pid", run), "r");
+    if (f == NULL)
+        return -1;
+    char have[32];
+    int pid, found = -1;
+    while (fscanf(f, "%31s %d", have, &pid) == 2)
+        if (strcmp(have, name) == 0)
+            found = pid;
+    fclose(f);
+    return found;
+}
+
+/* Processes whose command line names the run directory. */
+static int processes_of(const char *run)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || atoi(e->d_name) == getpid())
+            continue;
+        size_t len;
+        char *cmd = fy_test_slurp(fy_test_fmt("/proc/%s/cmdline", e->d_name), &len);
+        for (size_t i = 0; cmd != NULL && i < len; i++)
+            if (cmd[i] == 0)
+                cmd[i] = ' ';
+        if (cmd != NULL && len > 0 && strstr(cmd, run) != NULL)
+            n++;
+        free(cmd);
+    }
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* Nothing of the run is left: no process, no pool in /dev/shm, no temporary file. */
+static void assert_nothing_left(const char *run)
+{
+    for (int i = 0; i < 200 && processes_of(run) > 0; i++)
+        pause_ms(10);
+    assert_int_equal(processes_of(run), 0);
+    char pool[FY_POOL_NAME_MAX];
+    assert_int_equal(fy_pool_name_for_run(run, pool, sizeof pool), 0);
+    assert_int_not_equal(access(fy_test_fmt("/dev/shm%s", pool), F_OK), 0);
+    DIR *d = opendir(run);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        assert_null(strstr(e->d_name, ".tmp"));
+    closedir(d);
+    assert_int_not_equal(access(fy_test_fmt("%s/workers.pid", run), F_OK), 0);
+}
+
+/* The run's losses and exported weights equal the undisturbed run's, bit for bit. */
+static void assert_same_as_reference(const struct chaos *c, const char *run, const char *out)
+{
+    char *l = losses(fy_test_fmt("%s/metrics.jsonl", run));
+    assert_string_equal(l, c->ref_losses);
+    size_t n;
+    char *w = fy_test_slurp(out, &n);
+    assert_non_null(w);
+    assert_int_equal(n, c->ref_len);
+    assert_memory_equal(w, c->ref_weights, n);
+    free(l);
+    free(w);
+}
+
+/* The "restarted in X s" times of a log: how many, and their largest and mean. */
+static void report_recoveries(const char *what, const char *log)
+{
+    char *text = fy_test_slurp(log, NULL);
+    int n = 0;
+    double max = 0, sum = 0;
+    for (char *p = text; p != NULL && (p = strstr(p, "restarted in ")) != NULL; p++) {
+        double s = atof(p + strlen("restarted in "));
+        max = s > max ? s : max;
+        sum += s;
+        n++;
+    }
+    free(text);
+    printf("chaos: %s: %d recoveries, mean %.2f s, longest %.2f s (workers started again and the "
+           "last commit checked)\n", what, n, n ? sum / n : 0.0, max);
+}
+
+static int group_setup(void **state)
+{
+    struct chaos *c = calloc(1, sizeof *c);
+    if (c == NULL || fy_test_setup((void **)&c->f, "chaos", SAMPLE_TEXT) != 0)
+        return -1;
+    *state = c;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    struct chaos *c = *state;
+    free(c->ref_losses);
+    free(c->ref_weights);
+    fy_test_teardown((void **)&c->f);
+    free(c);
+    return 0;
+}
+
+/* The undisturbed run every other is compared with. */
+static void test_reference_run(void **state)
+{
+    struct chaos *c = *state;
+    char *run = fy_test_in(c->f, "reference");
+    char *out = fy_test_in(c->f, "reference.fywt");
+    init_model(c->f, run);
+    const char *args[40];
+    train_args(args, run, c->f->data, STEPS, out, NULL);
+    assert_int_equal(fy_test_launch_in(c->f, args, 300), 0);
+    c->ref_losses = losses(fy_test_fmt("%s/metrics.jsonl", run));
+    c->ref_weights = fy_test_slurp(out, &c->ref_len);
+    assert_non_null(c->ref_weights);
+    assert_int_equal(count_matches(fy_test_fmt("%s/metrics.jsonl", run), "\"step\": "),
+                     atoi(STEPS));
+    assert_nothing_left(run);
+}
+
+/* Kills (SIGKILL) the named worker of a training run, `kills` times, each at a random moment
+ * once the run has made progress since the last kill; the run restarts it itself. */
+static void kill_worker_during_run(struct chaos *c, const char *name, uint64_t seed)
+{
+    char *run = fy_test_in(c->f, name), out[600], metrics[600], log[600];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    snprintf(log, sizeof log, "%s.log", run);
+    init_model(c->f, run);
+    const char *args[40];
+    train_args(args, run, c->f->data, STEPS, out, NULL);
+    unlink(log);
+    int pid = fy_test_start("fuyou-launch", args, log);
+    assert_true(pid > 0);
+    int kills = 0, last = -1, status = -1;
+    int seen = count_matches(metrics, "\"step\": ");
+    double t0 = now_s();
+    while (now_s() - t0 < 240) {
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            break;
+        int victim = worker_pid(run, name);
+        int done = count_matches(metrics, "\"step\": ");
+        if (kills < KILLS_PER_WORKER && victim > 0 && victim != last && done > seen) {
+            pause_ms((int)(fy_test_rand(&seed) % 120)); /* somewhere in a step */
+            if (kill(victim, SIGKILL) == 0) {
+                kills++;
+                last = victim;
+                seen = count_matches(metrics, "\"step\": ");
+            }
+        }
+        pause_ms(5);
+    }
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fy_test_file_contains(log, "no such line: the log, to see why");
+    assert_int_equal(WEXITSTATUS(status), 0);
+    printf("chaos: %s worker killed %d times during a run of %s steps\n", name, kills, STEPS);
+    assert_int_equal(kills, KILLS_PER_WORKER);
+    assert_int_equal(count_matches(log, "restart "), kills);
+    report_recoveries(fy_test_fmt("%s worker", name), log);
+    assert_same_as_reference(c, run, out);
+    assert_nothing_left(run);
+}
+
+static void test_gpu_worker_killed(void **state) { kill_worker_during_run(*state, "gpu", 11); }
+static void test_io_worker_killed(void **state) { kill_worker_during_run(*state, "io", 12); }
+static void test_opt_worker_killed(void **state) { kill_worker_during_run(*state, "opt", 13); }
+
+/* The launcher killed outright, at random moments, and the run resumed each time
+ * (fuyou-launch resume): the workers it leaves die with it, the next launch clears the rest. */
+static void test_launcher_killed(void **state)
+{
+    struct chaos *c = *state;
+    char *run = fy_test_in(c->f, "launcher"), out[600], metrics[600], log[600];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    snprintf(log, sizeof log, "%s.log", run);
+    init_model(c->f, run);
+    const char *args[40], *resume[] = {"resume", run, NULL};
+    train_args(args, run, c->f->data, STEPS, out, NULL);
+    unlink(log);
+    uint64_t seed = 14;
+    int kills = 0, status = -1;
+    double resumed_max = 0;
+    for (int launch = 0; launch < 100; launch++) {
+        int starts = count_matches(log, "starting at step");
+        double t0 = now_s();
+        int pid = fy_test_start("fuyou-launch", launch == 0 ? args : resume, log);
+        assert_true(pid > 0);
+        while (count_matches(log, "starting at step") == starts && now_s() - t0 < 60 &&
+               waitpid(pid, &status, WNOHANG) == 0)
+            pause_ms(5);
+        if (launch > 0 && now_s() - t0 > resumed_max)
+            resumed_max = now_s() - t0;
+        if (kills == LAUNCHER_KILLS) {
+            status = fy_test_wait(pid, 240);
+            break;
+        }
+        int seen = count_matches(metrics, "\"step\": ");
+        while (count_matches(metrics, "\"step\": ") <= seen && now_s() - t0 < 60)
+            pause_ms(5);
+        pause_ms((int)(fy_test_rand(&seed) % 120));
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        assert_true(fy_test_wait(pid, 30) != -1);
+        kills++;
+    }
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    printf("chaos: launcher killed %d times, resumed each time; the longest resume took %.2f s "
+           "from the command to its first step\n", kills, resumed_max);
+    assert_same_as_reference(c, run, out);
+    assert_nothing_left(run);
+}
+
+/* A worker that stops answering (SIGSTOP) is found when its request passes the deadline
+ * (--timeout 2 here), killed and restarted; the run goes on. */
+static void test_stuck_worker_restarted(void **state)
+{
+    struct chaos *c = *state;
+    char *run = fy_test_in(c->f, "stuck"), out[600], metrics[600], log[600];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    snprintf(log, sizeof log, "%s.log", run);
+    init_model(c->f, run);
+    const char *args[40], *extra[] = {"--timeout", "2", NULL};
+    train_args(args, run, c->f->data, STEPS, out, extra);
+    unlink(log);
+    int pid = fy_test_start("fuyou-launch", args, log);
+    assert_true(pid > 0);
+    while (count_matches(metrics, "\"step\": ") < 5)
+        pause_ms(5);
+    int opt = worker_pid(run, "opt");
+    assert_true(opt > 0);
+    double t0 = now_s();
+    assert_int_equal(kill(opt, SIGSTOP), 0);
+    while (count_matches(log, "restarted in") == 0 && now_s() - t0 < 60)
+        pause_ms(10);
+    double found = now_s() - t0;
+    int status = fy_test_wait(pid, 240);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(fy_test_file_contains(log, "the opt worker (pid"));
+    assert_true(fy_test_file_contains(log, "is stuck"));
+    printf("chaos: a stopped opt worker was found, killed and the run restarted %.2f s after it "
+           "stopped (deadline 2 s)\n", found);
+    assert_true(found < 10);
+    assert_same_as_reference(c, run, out);
+    assert_nothing_left(run);
+}
+
+/* ---- damage on the SSD while the run is stopped ---- */
+
+/* Byte offset of an extent in the store's one data file (one SSD path: logical + header). */
+static uint64_t extent_at(const char *store, uint32_t tensor, uint64_t *bytes)
+{
+    const char *paths[] = {store};
+    struct fy_store_opts o = {.paths = paths, .npaths = 1};
+    struct fy_store *s = NULL;
+    assert_int_equal(fy_store_open(&s, &o), 0);
+    struct fy_extent e;
+    assert_int_equal(fy_store_find(s, tensor, &e), 0);
+    fy_store_close(&s);
+    if (bytes != NULL)
+        *bytes = e.bytes;
+    return FY_STORE_HEADER_BYTES + e.logical_offset;
+}
+
+/* The store's newest intact commit record, and which of the two it is. */
+static int newest_record(const char *store, struct fy_storemeta *m)
+{
+    const char *data = fy_test_fmt("%s/%s", store, FY_STORE_DATA_NAME);
+    int best = -1;
+    static struct fy_storemeta r;
+    static uint8_t rec[FY_COMMIT_RECORD_BYTES];
+    for (int i = 0; i < 2; i++) {
+        int fd = open(data, O_RDONLY);
+        assert_true(fd >= 0);
+        ssize_t got = pread(fd, rec, sizeof rec, (off_t)extent_at(store, FY_TENSOR_COMMIT(i), NULL));
+        close(fd);
+        if (got == (ssize_t)sizeof rec && fy_storemeta_check(rec, sizeof rec) == 0 &&
+            fy_storemeta_decode(rec, sizeof rec, "test", &r) == 0 && (best < 0 || r.seq > m->seq)) {
+            memcpy(m, &r, sizeof r);
+            best = i;
+        }
+    }
+    return best;
+}
+
+static void flip_byte(const char *file, uint64_t at)
+{
+    int fd = open(file, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)at), 1);
+    b ^= 0x40;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)at), 1);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+}
+
+/* Trains `run` to `steps` with the usual settings; 0 or the exit code. */
+static int train_to(struct chaos *c, const char *run, const char *steps, const char *out)
+{
+    const char *args[40];
+    train_args(args, run, c->f->data, steps, out, NULL);
+    unlink(out);
+    int rc = fy_test_launch_in(c->f, args, 300);
+    if (rc != 0) /* its log, to see why */
+        fy_test_file_contains(c->f->log, "a line no log has");
+    return rc;
+}
+
+/* The newest commit's state of a unit corrupted, then its record: each time the next run says so,
+ * goes back to the commit before it and ends as the undisturbed run does. With both commits
+ * damaged it refuses, saying why, and writes nothing. */
+static void test_damaged_state_and_records(void **state)
+{
+    struct chaos *c = *state;
+    char *run = fy_test_in(c->f, "damaged"), out[600];
+    char *store = fy_test_in(c->f, "damaged/store");
+    const char *data = fy_test_fmt("%s/%s", store, FY_STORE_DATA_NAME);
+    snprintf(out, sizeof out, "%s.fywt", run);
+    static struct fy_storemeta m, older;
+    init_model(c->f, run);
+
+    /* corrupted state: one byte of block 1's Adam v in the newest copy */
+    assert_int_equal(train_to(c, run, "12", out), 0); /* commits at 3, 6, 9, 12 */
+    assert_true(newest_record(store, &m) >= 0);
+    assert_int_equal(m.step, 12);
+    uint64_t bytes, at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(1, m.copy), &bytes);
+    flip_byte(data, at + bytes - 8);
+    assert_int_equal(train_to(c, run, "15", out), 0);
+    assert_true(fy_test_file_contains(c->f->log, "step 12's state is damaged on the SSD; going "
+                                                 "back to the commit before it, step 9"));
+    assert_true(fy_test_file_contains(c->f->log, "dropped 3 lines of steps after the last commit"));
+
+    /* a torn commit record: the newest one's digest no longer matches */
+    int newest = newest_record(store, &m);
+    assert_int_equal(m.step, 15);
+    flip_byte(data, extent_at(store, FY_TENSOR_COMMIT(newest), NULL) + 4 * 40);
+    assert_int_equal(train_to(c, run, "18", out), 0);
+    assert_true(fy_test_file_contains(
+        c->f->log, fy_test_fmt("commit record %d is damaged: torn write or corruption; using "
+                               "record %d (step 12)", newest, 1 - newest)));
+
+    /* both commits damaged: refused, nothing written */
+    int which = newest_record(store, &m);
+    assert_int_equal(m.step, 18);
+    at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(0, m.copy), &bytes);
+    flip_byte(data, at + 100);
+    flip_byte(data, extent_at(store, FY_TENSOR_COMMIT(1 - which), NULL) + 4 * 40);
+    size_t before_len, after_len;
+    char *before = fy_test_slurp(data, &before_len);
+    assert_int_not_equal(train_to(c, run, "21", out), 0);
+    assert_true(fy_test_file_contains(c->f->log, "no intact committed step before the damaged "
+                                                 "one"));
+    char *after = fy_test_slurp(data, &after_len);
+    assert_int_equal(before_len, after_len);
+    assert_memory_equal(before, after, before_len);
+    free(before);
+    free(after);
+    (void)older;
+    assert_nothing_left(run);
+}
+
+/* A store cut short (its data file truncated inside the newest commit's state): the next run
+ * finds the newest commit damaged and goes back to the one before, and ends as the undisturbed
+ * run does. */
+static void test_truncated_store(void **state)
+{
+    struct chaos *c = *state;
+    char *run = fy_test_in(c->f, "truncated"), out[600];
+    char *store = fy_test_in(c->f, "truncated/store");
+    const char *data = fy_test_fmt("%s/%s", store, FY_STORE_DATA_NAME);
+    snprintf(out, sizeof out, "%s.fywt", run);
+    static struct fy_storemeta m;
+    init_model(c->f, run);
+    /* commits at 3, 6, 9 and 12 (seq 2 to 5): the newest, seq 5, is in copy 0, which init
+     * allocated after copy 1, so it is the end of the file (scratch extents aside) */
+    assert_int_equal(train_to(c, run, "12", out), 0);
+    assert_true(newest_record(store, &m) >= 0);
+    assert_int_equal(m.copy, 0);
+    unsigned last = fy_gpt_unit_count(&m.model) - 1;
+    uint64_t cut = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(last, 0), NULL) + 4096;
+    uint64_t older = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(last, 1), NULL);
+    assert_true(older < cut);
+    assert_int_equal(truncate(data, (off_t)cut), 0);
+    assert_int_equal(train_to(c, run, STEPS, out), 0);
+    assert_true(fy_test_file_contains(c->f->log, "step 12's state is damaged on the SSD; going "
+                                                 "back to the commit before it, step 9"));
+    assert_same_as_reference(c, run, out);
+    assert_nothing_left(run);
+}
+
+/* The SSD fills during write-back (a test hook fails every write after the first 150 as a full
+ * disk would): the run stops with a message that names the store, its last commit intact; once
+ * there is room, resume ends as the undisturbed run does. */
+static void test_disk_full(void **state)
+{
+    struct chaos *c = *state;
+    char *run = fy_test_in(c->f, "full"), out[600];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    init_model(c->f, run);
+    setenv("FUYOU_TEST_IO_ENOSPC_AFTER", "150", 1);
+    int rc = train_to(c, run, STEPS, out);
+    unsetenv("FUYOU_TEST_IO_ENOSPC_AFTER");
+    assert_int_equal(rc, 1);
+    assert_true(fy_test_file_contains(c->f->log, "No space left on device"));
+    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("the SSD store (%s/store) is full: "
+                                                             "training stopped", run)));
+    assert_int_equal(count_matches(c->f->log, "restart "), 0);
+    const char *resume[] = {"resume", run, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, resume, 300), 0);
+    assert_same_as_reference(c, run, out);
+    assert_nothing_left(run);
+}
+
+int main(void)
+{
+    signal(SIGCHLD, SIG_DFL);
+    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 || access(SAMPLE_TEXT, R_OK) != 0) {
+        fprintf(stderr, "test_chaos: run from the repository root after make\n");
+        return 1;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_run),
+        cmocka_unit_test(test_gpu_worker_killed),
+        cmocka_unit_test(test_io_worker_killed),
+        cmocka_unit_test(test_opt_worker_killed),
+        cmocka_unit_test(test_launcher_killed),
+        cmocka_unit_test(test_stuck_worker_restarted),
+        cmocka_unit_test(test_damaged_state_and_records),
+        cmocka_unit_test(test_truncated_store),
+        cmocka_unit_test(test_disk_full),
+    };
+    if (getenv("FY_TEST_ONLY") != NULL)
+        cmocka_set_test_filter(getenv("FY_TEST_ONLY"));
+    return cmocka_run_group_tests_name("chaos (integration)", tests, group_setup,
+                                       group_teardown);
+}
