@@ -1360,6 +1360,7 @@ static int export_session(const struct options *o, struct fy_config *cfg,
 {
     static const char *const workers[] = {"io"};
     struct fy_session_opts so = session_opts(o);
+    so.beside_other = 1; /* from the last commit, while a training run goes on */
     FY_TRY(fy_session_open(s, &so, regions, n, "export"));
     FY_TRY(base_config(o, cfg, 0));
     FY_TRY(fy_session_start(s, cfg, workers, 1, so.ready_timeout_ms));

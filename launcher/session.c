@@ -122,12 +122,32 @@ static int plan_affinity(struct fy_session *s, const char *spec)
     return 0;
 }
 
+/* Whether another launch holds the run directory's lock. */
+static int run_dir_busy(const char *run_dir)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/launch.lock", run_dir);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int busy = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd); /* releases it where taken */
+    return busy;
+}
+
 int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
                     const struct fy_pool_region_spec *regions, unsigned n, const char *what)
 {
     memset(s, 0, sizeof *s);
     s->lock_fd = -1;
     snprintf(s->run_dir, sizeof s->run_dir, "%s", o->run_dir);
+    snprintf(s->log_dir, sizeof s->log_dir, "%s", o->run_dir);
+    if (o->beside_other && run_dir_busy(o->run_dir)) {
+        snprintf(s->run_dir, sizeof s->run_dir, "%s/reader-%d", o->run_dir, (int)getpid());
+        s->beside = 1;
+        fy_info("%s is in use by another launch (a training run): the %s works beside it in %s, "
+                "from the store's last commit", o->run_dir, what, s->run_dir);
+    }
     uint64_t pool_bytes = fy_pool_layout_size(regions, n);
     char need[32], cap[32];
     fy_format_size(pool_bytes, need, sizeof need);
@@ -145,11 +165,11 @@ int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
                  what, need, parts, cap);
         return -ENOMEM;
     }
-    FY_TRY(prepare_run_dir(o->run_dir, &s->lock_fd));
-    FY_TRY(fy_pool_name_for_run(o->run_dir, s->pool_name, sizeof s->pool_name));
+    FY_TRY(prepare_run_dir(s->run_dir, &s->lock_fd));
+    FY_TRY(fy_pool_name_for_run(s->run_dir, s->pool_name, sizeof s->pool_name));
     FY_TRY(fy_topo_load(&s->topo));
     FY_TRY(plan_affinity(s, o->affinity));
-    struct fy_pool_opts po = {.topo = s->topo, .numa_node = s->aff.numa_node, .run_dir = o->run_dir};
+    struct fy_pool_opts po = {.topo = s->topo, .numa_node = s->aff.numa_node, .run_dir = s->run_dir};
     FY_TRY(fy_pool_create(&s->pool, s->pool_name, regions, n, &po));
     return 0;
 }
@@ -164,7 +184,7 @@ int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *co
     FY_TRY(fy_config_set(cfg, "affinity.gpu", s->aff.gpu));
     FY_TRY(fy_config_set(cfg, "affinity.io", s->aff.io));
     FY_TRY(fy_config_set(cfg, "affinity.opt", s->aff.opt));
-    snprintf(path, sizeof path, "%s/fuyou.log", s->run_dir);
+    snprintf(path, sizeof path, "%s/fuyou.log", s->log_dir);
     FY_TRY(fy_config_set(cfg, "log_file", path));
     snprintf(path, sizeof path, "%s/run.conf", s->run_dir);
     FY_TRY(fy_config_save(cfg, path));
@@ -218,6 +238,17 @@ int fy_session_close(struct fy_session *s, int rc)
         cleanup_run_dir(s->run_dir);
         close(s->lock_fd);
         s->lock_fd = -1;
+    }
+    if (s->beside) { /* the reader's directory beside the run's, gone with it */
+        static const char *const files[] = {"run.conf", "launch.lock"};
+        char path[PATH_MAX + 32];
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            snprintf(path, sizeof path, "%s/%s", s->run_dir, files[i]);
+            unlink(path);
+        }
+        if (rmdir(s->run_dir) != 0 && errno != ENOENT)
+            fy_warn("cannot remove %s: %s", s->run_dir, strerror(errno));
+        s->beside = 0;
     }
     return rc;
 }

@@ -18,10 +18,16 @@ struct fy_session_opts {
     const char *affinity;  /* --affinity spec or NULL */
     uint64_t cpu_mem;      /* cap on the pool, 0 = none */
     int ready_timeout_ms;
+    /* a reader of the store (export): when another launch (a training run) holds the run
+     * directory, work beside it instead, in RUN/reader-PID (its own pool, sockets and run.conf;
+     * the log still RUN/fuyou.log), removed at close */
+    int beside_other;
 };
 
 struct fy_session {
-    char run_dir[PATH_MAX];
+    char run_dir[PATH_MAX]; /* where the session's files are: the run's, or a reader's beside it */
+    char log_dir[PATH_MAX];
+    int beside;
     int lock_fd;
     struct fy_topo *topo;
     struct fy_affinity aff;

@@ -525,6 +525,58 @@ static void test_disk_full(void **state)
     assert_nothing_left(run);
 }
 
+/* An export while a training run goes on: it works beside the run (its own pool and sockets),
+ * writes the step last committed, and that file equals the export of a run trained to that step
+ * alone (the learning rate is still in its warmup, the same for both). The run is not disturbed. */
+static void test_export_while_training(void **state)
+{
+    struct chaos *c = *state;
+    char *run = fy_test_in(c->f, "busy"), out[600], metrics[600], log[600];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    snprintf(log, sizeof log, "%s.log", run);
+    init_model(c->f, run);
+    const char *args[40];
+    train_args(args, run, c->f->data, STEPS, out, NULL);
+    setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the export lands mid-run */
+    int pid = fy_test_start("fuyou-launch", args, log);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    assert_true(pid > 0);
+    while (count_matches(metrics, "\"step\": ") < 4)
+        pause_ms(5);
+    char *snap = fy_test_in(c->f, "busy-snapshot.fywt");
+    const char *exp[] = {"export", "--run-dir", run, "--out", snap, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, exp, 120), 0);
+    assert_true(fy_test_file_contains(c->f->log, "in use by another launch"));
+    assert_true(waitpid(pid, NULL, WNOHANG) == 0); /* still training */
+    char *text = fy_test_slurp(c->f->log, NULL), *at = strstr(text, "exported step ");
+    assert_non_null(at);
+    int step = atoi(at + strlen("exported step "));
+    free(text);
+    assert_true(step >= 3 && step % 3 == 0 && step < 20);
+    int status = fy_test_wait(pid, 240);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_same_as_reference(c, run, out);
+    assert_nothing_left(run);
+
+    char *alone = fy_test_in(c->f, "alone"), alone_out[600];
+    snprintf(alone_out, sizeof alone_out, "%s.fywt", alone);
+    init_model(c->f, alone);
+    assert_int_equal(train_to(c, alone, fy_test_fmt("%d", step), alone_out), 0);
+    size_t n, an;
+    char *w = fy_test_slurp(snap, &n), *aw = fy_test_slurp(alone_out, &an);
+    assert_int_equal(n, an);
+    assert_memory_equal(w, aw, n);
+    free(w);
+    free(aw);
+    DIR *d = opendir(run);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        assert_null(strstr(e->d_name, "reader-"));
+    closedir(d);
+}
+
 int main(void)
 {
     signal(SIGCHLD, SIG_DFL);
@@ -543,6 +595,7 @@ int main(void)
         cmocka_unit_test(test_damaged_state_and_records),
         cmocka_unit_test(test_truncated_store),
         cmocka_unit_test(test_disk_full),
+        cmocka_unit_test(test_export_while_training),
     };
     if (getenv("FY_TEST_ONLY") != NULL)
         cmocka_set_test_filter(getenv("FY_TEST_ONLY"));
