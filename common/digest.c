@@ -2,7 +2,40 @@
  * libxxhash-dev) and no shared library at run time. */
 #include "digest.h"
 
+#include <stdlib.h>
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 uint64_t fy_digest(const void *data, size_t len) { return (uint64_t)XXH3_64bits(data, len); }
+
+struct fy_digest_state {
+    XXH3_state_t *xxh;
+};
+
+struct fy_digest_state *fy_digest_begin(void)
+{
+    struct fy_digest_state *d = malloc(sizeof *d);
+    if (d == NULL)
+        return NULL;
+    d->xxh = XXH3_createState();
+    if (d->xxh == NULL || XXH3_64bits_reset(d->xxh) != XXH_OK) {
+        XXH3_freeState(d->xxh);
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void fy_digest_update(struct fy_digest_state *d, const void *data, size_t len)
+{
+    XXH3_64bits_update(d->xxh, data, len);
+}
+
+uint64_t fy_digest_end(struct fy_digest_state *d)
+{
+    uint64_t v = (uint64_t)XXH3_64bits_digest(d->xxh);
+    XXH3_freeState(d->xxh);
+    free(d);
+    return v;
+}

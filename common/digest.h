@@ -8,4 +8,10 @@
 
 uint64_t fy_digest(const void *data, size_t len);
 
+/* The same digest over data given in pieces, in order (equal to fy_digest of them joined). */
+struct fy_digest_state;
+struct fy_digest_state *fy_digest_begin(void); /* NULL when out of memory */
+void fy_digest_update(struct fy_digest_state *d, const void *data, size_t len);
+uint64_t fy_digest_end(struct fy_digest_state *d); /* frees d */
+
 #endif

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "common/check.h"
-#include "common/digest.h"
 #include "common/worker.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
@@ -91,13 +90,12 @@ static int io_init(struct fy_worker *w, void **state)
     return 0;
 }
 
-/* A read, then the digest of what it read checked against `want`. */
+/* A read with the digest of what it read checked against `want`. */
 static int read_checked(struct fy_worker *w, struct io_state *s, const struct fy_desc *d,
                         uint64_t want, struct fy_desc *reply)
 {
-    void *buf = fy_worker_region(w, d);
-    FY_TRY(fy_store_read(s->store, s->ring, d->tensor, d->arg, buf, d->bytes, s->timeout_ms));
-    reply->arg = fy_digest(buf, d->bytes);
+    FY_TRY(fy_store_transfer_digest(s->store, s->ring, d->tensor, d->arg, fy_worker_region(w, d),
+                                    d->bytes, FY_IO_READ, s->timeout_ms, &reply->arg));
     FY_REQUIRE(reply->arg == want, -EBADMSG,
                "io worker: tensor %u, bytes %llu..%llu read back from the store do not match the "
                "digest they were written with (%016llx, read %016llx): torn or corrupted on the "
@@ -129,7 +127,9 @@ static int io_handle(struct fy_worker *w, void *state, const struct fy_desc *req
     }
     if (digest) {
         FY_REQUIRE(d->kind != FY_KIND_CONTROL, -EPROTO, "io-write needs a pool region");
-        reply->arg = fy_digest(fy_worker_region(w, d), d->bytes);
+        return fy_store_transfer_digest(s->store, s->ring, d->tensor, d->arg,
+                                        fy_worker_region(w, d), d->bytes, FY_IO_WRITE,
+                                        s->timeout_ms, &reply->arg);
     }
     switch (d->op) {
     case FY_OP_IO_ALLOC: { /* idempotent: an extent of that tensor and size is already there */

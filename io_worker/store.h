@@ -81,4 +81,12 @@ int fy_store_write(struct fy_store *s, struct fy_ring *r, uint32_t tensor, uint6
                    const void *buf, size_t len, int timeout_ms);
 int fy_store_sync(struct fy_store *s); /* fsync every data file */
 
+/* A synchronous read or write that also gives the digest (common/digest.h) of the bytes moved, in
+ * about the time of the transfer alone: it is cut into FY_STORE_DIGEST_CHUNK pieces, and a piece
+ * is digested while the next ones are on the disk (a write digests a piece, then queues it). */
+#define FY_STORE_DIGEST_CHUNK ((size_t)8 << 20)
+int fy_store_transfer_digest(struct fy_store *s, struct fy_ring *r, uint32_t tensor,
+                             uint64_t offset, void *buf, size_t len, enum fy_io_dir dir,
+                             int timeout_ms, uint64_t *digest);
+
 #endif

@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "io_worker/ring.h"
+#include "common/digest.h"
 #include "io_worker/store.h"
 #include "tests/testutil.h"
 
@@ -204,6 +205,46 @@ static void roundtrip_paths(struct fixture *f, unsigned n)
     assert_int_equal(fy_store_extent_count(s), NEXT + 1);
     assert_int_equal(fy_store_find(s, 100, &e), 0);
     assert_int_equal(e.logical_offset, expect_off);
+    fy_store_close(&s);
+}
+
+/* Digested transfers (fy_store_transfer_digest): over three paths and across several digest
+ * chunks, the digest equals fy_digest of the bytes moved, for a write, a read back of the whole and
+ * of a sub-range; a refused transfer leaves the next one unaffected. */
+static void test_digest_transfers(void **state)
+{
+    struct fixture *f = *state;
+    struct fy_store *s = open_store(f, f->paths, 3, 1);
+    size_t len = 2 * FY_STORE_DIGEST_CHUNK + 5 * SU + 12288;
+    char *out = NULL, *in = NULL;
+    assert_int_equal(posix_memalign((void **)&out, 4096, len), 0);
+    assert_int_equal(posix_memalign((void **)&in, 4096, len), 0);
+    uint64_t st = 99;
+    for (size_t k = 0; k < len / 8; k++)
+        ((uint64_t *)out)[k] = fy_test_rand(&st);
+    assert_int_equal(fy_store_add_extent(s, 5, len), 0);
+    uint64_t dw = 0, dr = 0, dsub = 0;
+    assert_int_equal(fy_store_transfer_digest(s, f->r, 5, 0, out, len, FY_IO_WRITE, 10000, &dw),
+                     0);
+    assert_true(dw == fy_digest(out, len));
+    for (int again = 0; again < 3; again++) {
+        memset(in, 0, len);
+        assert_int_equal(fy_store_transfer_digest(s, f->r, 5, 0, in, len, FY_IO_READ, 10000, &dr),
+                         0);
+        assert_true(dr == dw);
+        assert_memory_equal(in, out, len);
+    }
+    size_t sub = FY_STORE_DIGEST_CHUNK + SU;
+    assert_int_equal(
+        fy_store_transfer_digest(s, f->r, 5, 8192, in, sub, FY_IO_READ, 10000, &dsub), 0);
+    assert_true(dsub == fy_digest(out + 8192, sub));
+    assert_int_equal(fy_store_transfer_digest(s, f->r, 6, 0, in, 4096, FY_IO_READ, 10000, &dsub),
+                     -ENOENT);
+    assert_int_equal(fy_store_transfer_digest(s, f->r, 5, 0, in, len, FY_IO_READ, 10000, &dr), 0);
+    assert_true(dr == dw);
+    assert_int_equal(fy_ring_pending(f->r), 0);
+    free(out);
+    free(in);
     fy_store_close(&s);
 }
 
@@ -405,6 +446,7 @@ int main(void)
     fy_log_init("test", FY_LOG_INFO);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_one_path, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_digest_transfers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_three_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_map, setup, teardown),
         cmocka_unit_test_setup_teardown(test_header_mismatch, setup, teardown),

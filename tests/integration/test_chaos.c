@@ -158,6 +158,7 @@ static void assert_nothing_left(const char *run)
         assert_null(strstr(e->d_name, ".tmp"));
     closedir(d);
     assert_int_not_equal(access(fy_test_fmt("%s/workers.pid", run), F_OK), 0);
+    assert_int_not_equal(access(fy_test_fmt("%s/ipc", run), F_OK), 0); /* its sockets */
 }
 
 /* The run's losses and exported weights equal the undisturbed run's, bit for bit. */
