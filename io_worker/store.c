@@ -136,7 +136,11 @@ int fy_store_check_direct(const char *dir)
         buf[i] = (unsigned char)(i * 31u + 7u);
     rc = 0;
     ssize_t w = pwrite(fd, buf, ALIGN, 0);
-    if (w != (ssize_t)ALIGN) {
+    if (w < 0 && (errno == ENOSPC || errno == EDQUOT)) {
+        rc = -errno;
+        fy_error("ssd path %s: the SSD is full (no room for a 4 KiB probe file): free space "
+                 "there or give another ssd path", dir);
+    } else if (w != (ssize_t)ALIGN) {
         rc = w < 0 ? -errno : -EIO;
         fy_error("ssd path %s: an aligned 4 KiB O_DIRECT write to %s at offset 0 failed: %s; "
                  "the filesystem does not support O_DIRECT properly: give a directory on ext4 or "
@@ -630,6 +634,10 @@ static int file_grow(struct fy_store *s, unsigned p, uint64_t need)
     if (fallocate(s->fds[p], 0, (off_t)have, (off_t)(need - have)) < 0) {
         int e = errno;
         if (e != EOPNOTSUPP) {
+            /* a failed fallocate can keep what it got: given back, so the disk is as before */
+            if (ftruncate(s->fds[p], (off_t)have) != 0)
+                fy_warn("store: cannot cut %s back to %" PRIu64 " bytes: %s", s->names[p], have,
+                        strerror(errno));
             fy_error("store: growing %s from %" PRIu64 " to %" PRIu64 " bytes: %s; %s",
                      s->names[p], have, need, strerror(e),
                      e == ENOSPC ? "the SSD is full: free space or add another ssd path"

@@ -1038,13 +1038,14 @@ static volatile int train_stop;
 /* One launch of the workers for training: the store's current commit (a restart goes back to it;
  * the metrics of later steps are dropped, as they will be trained again), the steps up to
  * --steps, and the export. A worker that died or stopped answering gives -ECHILD or -ETIMEDOUT
- * with its name in `failed`. */
+ * with its name in `failed`; *trained says whether training had begun. */
 static int train_attempt(struct options *o, struct fy_config *mc, struct fy_config *cfg,
                          const struct fy_gpt_config *model, const struct fy_tokfile *data,
                          const struct fy_pool_region_spec *regions, unsigned n,
                          struct fy_train_opts *to, struct fy_storemeta *meta, int attempt,
-                         char *failed, size_t failed_len)
+                         char *failed, size_t failed_len, int *trained)
 {
+    *trained = 0;
     double t0 = fy_monotonic_ns() * 1e-9;
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
@@ -1090,6 +1091,7 @@ static int train_attempt(struct options *o, struct fy_config *mc, struct fy_conf
         if (attempt > 0)
             fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
                     "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
+        *trained = 1;
         rc = fy_train_run(&x, s.pool, meta, data, to);
         to->metrics_path = NULL;
         to->trace = NULL;
@@ -1311,9 +1313,12 @@ static int cmd_train(struct options *o)
     for (int attempt = 0; rc == 0; attempt++) {
         double t0 = fy_monotonic_ns() * 1e-9;
         char failed[64] = "";
+        int trained;
         rc = train_attempt(o, mc, cfg, &model, data, regions, n, &to, meta, attempt, failed,
-                           sizeof failed);
-        if (!(rc == -ECHILD || rc == -ETIMEDOUT) || train_stop)
+                           sizeof failed, &trained);
+        /* a worker that fails while the first launch starts would fail so again (a bad config,
+         * a full disk); once training ran, or in a restart, it is a fault to recover from */
+        if (!(rc == -ECHILD || rc == -ETIMEDOUT) || (!trained && attempt == 0) || train_stop)
             break;
         double now = fy_monotonic_ns() * 1e-9;
         unsigned recent = 0;

@@ -1733,17 +1733,24 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
         if (rc == 0 && (durable || do_eval)) /* the updates still running, done */
             rc = opt_drain(&r);
-        if (rc == 0 && durable)
-            rc = commit(&r, meta, step);
         double seconds = now_s() - t0;
         double phase[PH_COUNT], busy[BUSY_COUNT];
         memcpy(phase, r.phase_s, sizeof phase);
         memcpy(busy, r.busy_s, sizeof busy);
         if (rc == 0 && do_eval && o->eval_batches > 0)
             rc = eval_loss(&r, data, o->eval_batches, &eval);
+        /* The step's metrics line goes before its commit: a commit that a crash cuts off after
+         * its record is durable still counts, and the line must be there for it (a line past the
+         * last commit is dropped when the run goes back). The commit's time is its own. */
         if (rc == 0)
             log_step(o, metrics, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy,
                      do_eval && o->eval_batches > 0, eval);
+        if (rc == 0 && durable) {
+            double c0 = now_s();
+            rc = commit(&r, meta, step);
+            if (rc == 0 && now_s() - c0 > 1.0)
+                fy_info("step %llu committed in %.1f s", (unsigned long long)step, now_s() - c0);
+        }
     }
     int drained = opt_drain(&r); /* a stop at a step boundary leaves updates running */
     rc = rc ? rc : drained;

@@ -212,6 +212,16 @@ int fy_test_file_contains(const char *path, const char *needle)
     return found;
 }
 
+int fy_test_count_matches(const char *path, const char *needle)
+{
+    char *text = fy_test_slurp(path, NULL);
+    int n = 0;
+    for (char *p = text; p != NULL && (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    free(text);
+    return n;
+}
+
 char *fy_test_capture_stderr(int (*fn)(void *), void *arg, int *rc)
 {
     char tmpl[] = "/tmp/fuyou-test-stderr-XXXXXX";

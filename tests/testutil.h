@@ -68,6 +68,8 @@ int fy_test_wait(int pid, int seconds);
 int fy_test_run(const char *program, const char *const *args, const char *log, int seconds);
 /* 1 when the file contains needle; otherwise 0, and the file is printed to stderr to show why. */
 int fy_test_file_contains(const char *path, const char *needle);
+/* How many times needle occurs in the file (0 when it cannot be read). */
+int fy_test_count_matches(const char *path, const char *needle);
 
 /* Runs fn(arg) with stderr sent to a temporary file; *rc gets its result. Returns what was logged
  * (caller frees; also echoed to the real stderr), or NULL if the redirection failed. */

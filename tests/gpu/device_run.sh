@@ -2,10 +2,14 @@
 # One call on the GPU machine: build (CUDA included), run the whole test suite, the GPU tests, the
 # data-path self-test on the CUDA backend, and the benchmarks; a short table last. Logs go to $OUT.
 # Usage there: source .device/env.sh && tests/gpu/device_run.sh
+# That machine has no xxhash.h (Debian's libxxhash-dev, used header-only): unpack the package into
+# .device/xxhash here first (apt-get download libxxhash-dev && dpkg -x libxxhash-dev_*.deb
+# .device/xxhash); it is put on CPATH below.
 set -u
 OUT=${OUT:-/tmp/fuyou-device}
 mkdir -p "$OUT"
 export PATH=$PWD/.device/bin:$PATH
+[ -d "$PWD/.device/xxhash/usr/include" ] && export CPATH=$PWD/.device/xxhash/usr/include${CPATH:+:$CPATH}
 jobs=$(nproc)
 if ! make -j"$jobs" all tests benches build/tests/gpu/test_cuda_backend >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1

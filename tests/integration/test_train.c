@@ -508,20 +508,26 @@ static void test_profile_command(void **state)
 }
 
 /* Occurrences of needle in a file (0 when it cannot be read). */
-static int count_matches(const char *path, const char *needle)
-{
-    char *text = fy_test_slurp(path, NULL);
-    int n = 0;
-    for (char *p = text; p != NULL && (p = strstr(p, needle)) != NULL; p++)
-        n++;
-    free(text);
-    return n;
-}
-
 /* Lines of a metrics file that record a step. */
 static int metrics_steps(const char *metrics)
 {
-    return count_matches(metrics, "\"step\": ");
+    return fy_test_count_matches(metrics, "\"step\": ");
+}
+
+/* Two runs' losses (metrics files) and exported weights are the same, bit for bit. */
+static void assert_same_run(const char *metrics, const char *out, const char *ref_metrics,
+                            const char *ref_out)
+{
+    char *l = losses(metrics), *rl = losses(ref_metrics);
+    assert_string_equal(l, rl);
+    size_t n, rn;
+    char *w = fy_test_slurp(out, &n), *rw = fy_test_slurp(ref_out, &rn);
+    assert_int_equal(n, rn);
+    assert_memory_equal(w, rw, n);
+    free(l);
+    free(rl);
+    free(w);
+    free(rw);
 }
 
 /* Starts a long training run in the background and returns its pid once it has logged `steps`
@@ -579,19 +585,10 @@ static void test_sigint_stops_at_a_step_boundary(void **state)
     const char *more[] = {"--eval-every", "1000", NULL};
     const char *resume[] = {"resume", run, "--steps", total, "--export", out, NULL};
     assert_int_equal(fy_test_launch_in(f, resume, 300), 0);
-    assert_int_equal(count_matches(f->log, "dropped"), 0); /* nothing past the commit */
+    assert_int_equal(fy_test_count_matches(f->log, "dropped"), 0); /* nothing past the commit */
     init_model(f, ref, "64", "5");
     assert_int_equal(train_with(f, ref, f->data, total, ref_out, 0, more), 0);
-    char *l = losses(metrics), *rl = losses(ref_metrics);
-    assert_string_equal(l, rl);
-    size_t n, rn;
-    char *w = fy_test_slurp(out, &n), *rw = fy_test_slurp(ref_out, &rn);
-    assert_int_equal(n, rn);
-    assert_memory_equal(w, rw, n);
-    free(l);
-    free(rl);
-    free(w);
-    free(rw);
+    assert_same_run(metrics, out, ref_metrics, ref_out);
 
     /* twice: at once. Steps made slow (every AdamW 200 ms longer, a test hook) so that the second
      * signal comes while the first one's step is still running. */
@@ -600,10 +597,10 @@ static void test_sigint_stops_at_a_step_boundary(void **state)
     setenv("FUYOU_TEST_OPT_DELAY_MS", "200", 1);
     pid = start_training(f, hard, 1);
     unsetenv("FUYOU_TEST_OPT_DELAY_MS");
-    int seen = count_matches(f->log, "stopping once this step is done");
-    int committed = count_matches(f->log, "committed to the store");
+    int seen = fy_test_count_matches(f->log, "stopping once this step is done");
+    int committed = fy_test_count_matches(f->log, "committed to the store");
     assert_int_equal(kill(pid, SIGINT), 0);
-    for (int i = 0; i < 500 && count_matches(f->log, "stopping once this step is done") == seen;
+    for (int i = 0; i < 500 && fy_test_count_matches(f->log, "stopping once this step is done") == seen;
          i++) {
         struct timespec pause = {0, 10 * 1000000};
         nanosleep(&pause, NULL);
@@ -613,7 +610,7 @@ static void test_sigint_stops_at_a_step_boundary(void **state)
     assert_true(status != -1 && WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 130);
     assert_true(fy_test_file_contains(f->log, "received: stopping the run"));
-    assert_int_equal(count_matches(f->log, "committed to the store"), committed);
+    assert_int_equal(fy_test_count_matches(f->log, "committed to the store"), committed);
     char pool[FY_POOL_NAME_MAX], path[600];
     assert_int_equal(fy_pool_name_for_run(hard, pool, sizeof pool), 0);
     snprintf(path, sizeof path, "/dev/shm%s", pool);
@@ -626,17 +623,7 @@ static void test_sigint_stops_at_a_step_boundary(void **state)
     snprintf(hard_out, sizeof hard_out, "%s.fywt", hard);
     assert_int_equal(train_with(f, hard, f->data, total, hard_out, 0, more), 0);
     assert_true(fy_test_file_contains(f->log, "of steps after the last commit (step 0)"));
-    l = losses(hard_metrics);
-    rl = losses(ref_metrics);
-    assert_string_equal(l, rl);
-    w = fy_test_slurp(hard_out, &n);
-    rw = fy_test_slurp(ref_out, &rn);
-    assert_int_equal(n, rn);
-    assert_memory_equal(w, rw, n);
-    free(l);
-    free(rl);
-    free(w);
-    free(rw);
+    assert_same_run(hard_metrics, hard_out, ref_metrics, ref_out);
 }
 
 /* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
