@@ -24,7 +24,8 @@ enum { S_ARCH = S_COUNT, S_KV_HEAD, S_INTER, S_TIED, S_ROPE_TYPE, S_ROPE_OMAX, S
        S_THETA /* then factor, low, high: four doubles, two slots each */ };
 /* The version 1 metadata block's flag after them: state written back past the last synced step;
  * then the commit record's fields. */
-enum { S_UNSYNCED = S_THETA + 8, S_COPY, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI };
+enum { S_UNSYNCED = S_THETA + 8, S_COPY, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI,
+       S_COPIES };
 
 static uint64_t align4k(uint64_t v) { return (v + FY_CKPT_BLOCK - 1) / FY_CKPT_BLOCK * FY_CKPT_BLOCK; }
 
@@ -147,6 +148,7 @@ void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t *record)
     put32(record, S_SEQ_LO, (uint32_t)m->seq);
     put32(record, S_SEQ_HI, (uint32_t)(m->seq >> 32));
     put32(record, S_UNITS, units);
+    put32(record, S_COPIES, m->copies);
     for (unsigned u = 0; u < units && u < FY_COMMIT_MAX_UNITS; u++)
         for (int i = 0; i < 8; i++)
             record[FY_CKPT_BLOCK + 8 * u + i] = (uint8_t)(m->digest[u] >> (8 * i));
@@ -191,6 +193,7 @@ int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
     m->seed = get32(record, S_EXTRA0) | (uint64_t)get32(record, S_EXTRA1) << 32;
     if (get32(record, S_VERSION) == FY_CKPT_VERSION) {
         m->legacy = 1;
+        m->copies = 2; /* its first training run gives it the second copy */
         m->unsynced = get32(record, S_UNSYNCED) != 0;
         return 0;
     }
@@ -205,6 +208,9 @@ int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
     free(copy);
     FY_REQUIRE(have == want, -EBADMSG, "%s: commit record digest mismatch (torn or corrupt)", where);
     m->copy = get32(record, S_COPY);
+    m->copies = get32(record, S_COPIES) ? get32(record, S_COPIES) : 2;
+    FY_REQUIRE(m->copies <= 2 && m->copy < m->copies, -EBADMSG,
+               "%s: commit record names copy %u of %u: corrupt", where, m->copy, m->copies);
     m->seq = get32(record, S_SEQ_LO) | (uint64_t)get32(record, S_SEQ_HI) << 32;
     unsigned units = get32(record, S_UNITS);
     FY_REQUIRE(m->copy <= 1 && units == fy_gpt_unit_count(&m->model), -EBADMSG,

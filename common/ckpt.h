@@ -14,7 +14,8 @@
  * rope_type rope_original_max_pos rms_eps (f32 bits), [21..28] rope_theta, factor,
  * low_freq_factor, high_freq_factor (f64 bits, low word first), covered by the config hash; [29]
  * zero; [30] copy; [31,32] sequence number; [33] unit count; [34,35] digest (common/digest.h) of
- * the whole record with these two slots zero; the rest of the block zero. From byte 4096: each
+ * the whole record with these two slots zero; [36] copies of the state the store keeps (1 or 2; 0
+ * in the first records written, meaning 2); the rest of the block zero. From byte 4096: each
  * unit's state digest (uint64, unit order).
  *
  * Stores made before commit records hold one 4096-byte metadata block of version 1 (extent
@@ -67,6 +68,9 @@ struct fy_storemeta {
     uint64_t seed;
     uint64_t seq;  /* the record's sequence number; 0 for a version 1 block */
     uint32_t copy; /* 0 or 1 */
+    /* copies of the state the store keeps: 2, or 1 (init --state-copies 1: half the space, and a
+     * run stopped between commits leaves the store unusable) */
+    uint32_t copies;
     uint32_t legacy; /* read from a version 1 block: no digests, copy 0 only */
     /* version 1 blocks: state had been written back past the last synced step, so a crash may
      * have left units at different steps */

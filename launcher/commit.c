@@ -109,15 +109,18 @@ int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t reco
     return fy_io_call(x, FY_OP_IO_SYNC, 0, 0, 0, 0, timeout_ms);
 }
 
-int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, int timeout_ms)
+int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, unsigned copies,
+                      int timeout_ms)
 {
+    FY_REQUIRE(copies == 1 || copies == 2, -EINVAL,
+               "the store keeps 1 or 2 copies of the state, not %u", copies);
     FY_REQUIRE(fy_gpt_unit_count(c) <= FY_COMMIT_MAX_UNITS, -EINVAL,
                "model: %u units, commit records hold %u", fy_gpt_unit_count(c),
                FY_COMMIT_MAX_UNITS);
     for (int i = 0; i < 2; i++)
         FY_TRY(fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_COMMIT(i), 0, 0, FY_COMMIT_RECORD_BYTES,
                           timeout_ms));
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; copies == 2 && u < fy_gpt_unit_count(c); u++)
         FY_TRY(fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE_COPY(u, 1), 0, 0,
                           fy_unit_state_bytes(c, u), timeout_ms));
     return 0;
@@ -172,6 +175,11 @@ int fy_commit_moved_on(const struct fy_exec *x, struct fy_pool *pool, uint64_t r
                 (unsigned long long)now->step, (unsigned long long)m->step);
         memcpy(m, now, sizeof *m);
         rc = 1;
+    } else if (rc == 0 && m->copies == 1) {
+        fy_error("%s: step %llu's state no longer matches its commit: this store keeps one copy "
+                 "of the state (init --state-copies 1), which training overwrites in place; stop "
+                 "the training run to export", where, (unsigned long long)m->step);
+        rc = -EBADMSG;
     } else if (rc == 0) {
         fy_error("%s: step %llu's state is damaged on the SSD (it does not match its commit "
                  "record): train once more to commit a newer step (it goes back to the previous "

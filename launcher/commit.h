@@ -34,9 +34,10 @@ int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t recor
 int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
                     const struct fy_storemeta *next, int timeout_ms);
 
-/* Creates whatever commits need that the store lacks: both records' extents and every unit's
- * second copy (a store made before commit records has neither). Idempotent. */
-int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, int timeout_ms);
+/* Creates whatever commits need that the store lacks: both records' extents and, with two copies,
+ * every unit's second copy (a store made before commit records has neither). Idempotent. */
+int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, unsigned copies,
+                      int timeout_ms);
 
 /* Reads the state of every unit not marked in `skip` (may be NULL) from the committed copy,
  * through the pool region at buf_off (at least the largest unit's state), and checks it against

@@ -43,7 +43,7 @@ struct options {
     uint64_t max_shard_size; /* export --to-hf: shard above this many bytes of tensors */
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
-    uint64_t checkpoint_every, prefetch, grad_slots, max_restarts;
+    uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies;
     int ckpt_place; /* CKPT_HOST, CKPT_SSD, CKPT_AUTO */
     const char *act_plan; /* train --act-plan: "auto" or "recompute" */
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
@@ -84,6 +84,9 @@ static void usage(FILE *f)
             "               the loss, the response and the EOS trained --overwrite\n"
             "model (init):  --layers N (4) --heads N (4) --embd N (128) --vocab N (256) --ctx N (128)\n"
             "               --seed N (1) --ssd DIR[,DIR...] (default DIR/store) --overwrite\n"
+            "               --state-copies 2|1 (2) copies of the optimizer state on the SSD: two\n"
+            "               keep the last commit whole whatever happens; one halves the space,\n"
+            "               and a run stopped between commits (a crash) leaves the store unusable\n"
             "               --arch gpt2|llama (gpt2); llama: --kv-heads N (--heads) --ffn N\n"
             "               (4 x --embd) --rope-theta X (10000) --rms-eps X (1e-5) --tied (the LM\n"
             "               head shares the token embeddings; default: a separate lm_head)\n"
@@ -168,7 +171,7 @@ enum {
     O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_ACT_PLAN, O_FROM_HF, O_TO_HF, O_DTYPE,
     O_MAX_SHARD,
     O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD,
-    O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED, O_MAX_RESTARTS
+    O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED, O_MAX_RESTARTS, O_STATE_COPIES
 };
 
 static const struct option longopts[] = {
@@ -210,6 +213,7 @@ static const struct option longopts[] = {
     {"ffn", required_argument, 0, O_FFN},            {"rope-theta", required_argument, 0, O_ROPE_THETA},
     {"rms-eps", required_argument, 0, O_RMS_EPS},    {"tied", no_argument, 0, O_TIED},
     {"max-restarts", required_argument, 0, O_MAX_RESTARTS},
+    {"state-copies", required_argument, 0, O_STATE_COPIES},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -226,7 +230,7 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1,
                           .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MIN, .max_shard_size = 50000000000ull,
                           .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
-                          .act_plan = "auto", .max_restarts = 5};
+                          .act_plan = "auto", .max_restarts = 5, .state_copies = 2};
     int c, rc = 0;
     uint64_t v;
     opterr = 0;
@@ -263,6 +267,13 @@ static int parse_options(int argc, char **argv, struct options *o)
             o->timeout_set = 1;
             break;
         case O_MAX_RESTARTS: rc = parse_size_opt("--max-restarts", optarg, &o->max_restarts); break;
+        case O_STATE_COPIES:
+            rc = parse_size_opt("--state-copies", optarg, &o->state_copies);
+            if (rc == 0 && o->state_copies != 1 && o->state_copies != 2) {
+                fprintf(stderr, "fuyou-launch: --state-copies is 1 or 2, not %s\n", optarg);
+                rc = -EINVAL;
+            }
+            break;
         case O_DATA: o->data = optarg; break;
         case O_OUT: o->out = optarg; break;
         case O_EXPORT: o->export_path = optarg; break;
@@ -596,7 +607,8 @@ static int cmd_init(struct options *o)
         rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
     if (rc == 0) {
         struct fy_exec x = fy_session_exec(&s);
-        rc = fy_train_init_store(&x, s.pool, &model, o->seed, o->timeout_s * 1000);
+        rc = fy_train_init_store(&x, s.pool, &model, o->seed, (unsigned)o->state_copies,
+                                 o->timeout_s * 1000);
     }
     if (rc == 0) {
         fy_config_init(cfg);
@@ -636,7 +648,7 @@ static void hf_regions(const struct fy_gpt_config *c, struct fy_pool_region_spec
  * the master section read from the Hugging Face files, zeros for the moments; then step 0
  * committed with the units' digests. */
 static int import_units(const struct fy_exec *x, struct fy_pool *pool, struct fy_hfgpt2_src *src,
-                        int timeout_ms)
+                        unsigned copies, int timeout_ms)
 {
     const struct fy_gpt_config *c = fy_hfgpt2_model(src);
     uint64_t off, bytes, meta_off, meta_bytes;
@@ -644,8 +656,9 @@ static int import_units(const struct fy_exec *x, struct fy_pool *pool, struct fy
     FY_TRY(fy_pool_region(pool, "meta", &meta_off, &meta_bytes));
     struct fy_storemeta *m = calloc(1, sizeof *m);
     FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
-    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = 0, .seq = 1, .copy = 0};
-    int rc = fy_commit_prepare(x, c, timeout_ms);
+    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = 0, .seq = 1, .copy = 0,
+                               .copies = copies};
+    int rc = fy_commit_prepare(x, c, copies, timeout_ms);
     for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
         uint64_t state = fy_unit_state_bytes(c, u);
         uint8_t *params = fy_pool_at(pool, off, state);
@@ -749,7 +762,7 @@ static int cmd_init_hf(struct options *o)
     int store_made = rc == 0;
     if (rc == 0) {
         struct fy_exec x = fy_session_exec(&s);
-        rc = import_units(&x, s.pool, src, o->timeout_s * 1000);
+        rc = import_units(&x, s.pool, src, (unsigned)o->state_copies, o->timeout_s * 1000);
     }
     rc = fy_session_close(&s, rc);
     if (rc == 0)
@@ -1066,7 +1079,7 @@ static int train_attempt(struct options *o, struct fy_config *mc, struct fy_conf
             uint64_t seed;
             rc = fy_config_get_u64(mc, "seed", 1, 0, &seed);
             if (rc == 0)
-                rc = fy_train_init_store(&x, s.pool, model, seed, o->timeout_s * 1000);
+                rc = fy_train_init_store(&x, s.pool, model, seed, 2, o->timeout_s * 1000);
         }
     } else if (rc == 0) {
         rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);

@@ -817,14 +817,15 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_con
 }
 
 int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
-                        uint64_t seed, int timeout_ms)
+                        uint64_t seed, unsigned copies, int timeout_ms)
 {
     struct run r;
     FY_TRY(run_init(&r, pool, c, 1, 1, FY_DTYPE_F32, x, timeout_ms));
     struct fy_storemeta *m = calloc(1, sizeof *m);
     FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
-    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0};
-    int rc = fy_commit_prepare(x, c, timeout_ms);
+    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0,
+                               .copies = copies};
+    int rc = fy_commit_prepare(x, c, copies, timeout_ms);
     for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
         uint64_t bytes = fy_unit_state_bytes(c, u);
         rc = io_op(&r, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, bytes);
@@ -1600,7 +1601,7 @@ static int commit(struct run *r, struct fy_storemeta *meta, uint64_t step)
     if (rc == 0) {
         *meta = *next;
         r->read_copy = meta->copy;
-        r->work_copy = 1 - meta->copy;
+        r->work_copy = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
     }
     free(next);
     return rc;
@@ -1616,7 +1617,7 @@ static int open_committed(struct run *r, struct fy_storemeta *meta,
     unsigned units = fy_gpt_unit_count(r->l.c);
     for (int attempt = 0;; attempt++) {
         r->read_copy = meta->copy;
-        r->work_copy = 1 - meta->copy;
+        r->work_copy = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
         memset(r->at_copy, (int)meta->copy, units);
         memset(r->known, !meta->legacy, units);
         memcpy(r->digest, meta->digest, units * sizeof *r->digest);
@@ -1628,6 +1629,13 @@ static int open_committed(struct run *r, struct fy_storemeta *meta,
         if (rc == 0 && !meta->legacy)
             fy_info("step %llu's state checked against its commit record in %.1f s",
                     (unsigned long long)meta->step, now_s() - t0);
+        if (fy_commit_is_damage(rc) && meta->copies == 1) {
+            fy_error("step %llu's state no longer matches its commit: this store keeps one copy "
+                     "of the state (init --state-copies 1), so a run stopped between commits "
+                     "(killed, crashed, a second Ctrl-C) leaves it unusable; initialise it again, "
+                     "or from an export", (unsigned long long)meta->step);
+            return rc;
+        }
         if (!fy_commit_is_damage(rc) || attempt > 0)
             return rc;
         uint64_t damaged = meta->step;
@@ -1681,7 +1689,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         r.resident = resident;
     }
     if (rc == 0)
-        rc = fy_commit_prepare(x, &meta->model, o->timeout_ms);
+        rc = fy_commit_prepare(x, &meta->model, meta->copies, o->timeout_ms);
     if (rc == 0)
         rc = open_committed(&r, meta, o->resident);
     for (unsigned u = 0; rc == 0 && u < units; u++)

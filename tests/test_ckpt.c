@@ -1,6 +1,6 @@
 /* Tests of the commit records (common/ckpt.c) and the state digest (common/digest.c):
  *   - the digest is XXH3-64 (its published values for "" and "a"), and one flipped bit changes it;
- *   - a record round-trips the step, seed, sequence number, copy and every unit's digest;
+ *   - a record round-trips the step, seed, sequence number, copy, copies and every unit's digest;
  *   - fy_storemeta_check: intact 0, all zeros 1 (never written), a flipped byte anywhere in the
  *     record (header, digests, padding) or a short buffer -EBADMSG; decode refuses the same;
  *   - a version 1 metadata block (stores before commit records), built slot by slot as the old
@@ -45,7 +45,7 @@ static void test_record_round_trip(void **state)
 {
     (void)state;
     m = (struct fy_storemeta){.model = gpt(), .step = 1234567890123ull, .seed = 77, .seq = 9,
-                              .copy = 1};
+                              .copy = 1, .copies = 2};
     for (unsigned u = 0; u < fy_gpt_unit_count(&m.model); u++)
         m.digest[u] = 0x0123456789abcdefull * (u + 1);
     fy_storemeta_encode(&m, rec);
@@ -56,6 +56,20 @@ static void test_record_round_trip(void **state)
     assert_int_equal(back.legacy, 0);
     assert_memory_equal(&back.model, &m.model, sizeof m.model);
     assert_memory_equal(back.digest, m.digest, fy_gpt_unit_count(&m.model) * sizeof m.digest[0]);
+    assert_int_equal(back.copies, 2);
+    /* one copy (init --state-copies 1); copy 1 of one is refused; 0 (the first records) reads 2 */
+    m.copy = 0;
+    m.copies = 1;
+    fy_storemeta_encode(&m, rec);
+    assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), 0);
+    assert_int_equal(back.copies, 1);
+    m.copy = 1;
+    fy_storemeta_encode(&m, rec);
+    assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), -EBADMSG);
+    m.copies = 0;
+    fy_storemeta_encode(&m, rec);
+    assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), 0);
+    assert_int_equal(back.copies, 2);
 }
 
 static void test_record_damage_found(void **state)

@@ -15,6 +15,8 @@
 # PIPELINE_STEPS (timed steps per run, 2), PIPELINE_SSD_STEPS and PIPELINE_SSD_BATCHES (the same for
 # the SSD placement, whose steps take far longer), PIPELINE_CKPT (--ckpt-place for every run),
 # PIPELINE_GRAD_SLOTS (--grad-slots values, each run in turn for the host placement),
+# PIPELINE_STATE_COPIES (init --state-copies: 2, or 1 where two copies of a model's state do not
+# fit the disk, as 2.7B on the 64 GiB GPU machine),
 # PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_ACT_GIB (GiB of
 # --cpu-mem beyond the placement's own for swapped activations; 0), PIPELINE_LOG_DIR (each run's
 # launcher log copied there), FUYOU_BENCH_DIR (where
@@ -91,6 +93,7 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
   esac
   t0=$(date +%s)
   "$L" init --run-dir "$work/run-$cfg" $model --vocab 50304 --ctx "$SEQ" --seed 1 \
+    --state-copies "${PIPELINE_STATE_COPIES:-2}" \
     >"$work/init-$cfg.log" 2>&1 || { tail -5 "$work/init-$cfg.log"; exit 1; }
   echo "init $cfg: $(( $(date +%s) - t0 )) s"
   for B in ${PIPELINE_BATCHES:-16}; do

@@ -582,6 +582,48 @@ static void test_full_filesystem(void **state)
     mounted[0] = 0;
 }
 
+/* A store with one copy of the state (init --state-copies 1): half the state's space on the SSD,
+ * the same bits as with two; a clean stop (a commit) resumes, but a worker killed between commits
+ * leaves the store unusable, which the restart says instead of training on mixed steps. */
+static void test_one_copy_store(void **state)
+{
+    struct chaos *c = *state;
+    char *run = fy_test_in(c->f, "onecopy"), out[600], metrics[600], log[600];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    snprintf(log, sizeof log, "%s.log", run);
+    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                          "64", "--ctx", "32", "--seed", "5", "--state-copies", "1", NULL};
+    assert_int_equal(fy_test_launch_in(c->f, init, 60), 0);
+    struct stat one, two;
+    assert_int_equal(stat(fy_test_fmt("%s/store/%s", run, FY_STORE_DATA_NAME), &one), 0);
+    assert_int_equal(stat(fy_test_fmt("%s/store/%s", fy_test_in(c->f, "reference"),
+                                      FY_STORE_DATA_NAME), &two), 0);
+    assert_true(one.st_size < two.st_size * 2 / 3); /* the second copy is most of it */
+    assert_int_equal(train_to(c, run, "18", out), 0); /* in the warmup: the same learning rates */
+    unlink(out);
+    const char *resume[] = {"resume", run, "--steps", STEPS, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, resume, 300), 0);
+    assert_same_as_reference(c, run, out);
+
+    /* killed between commits (--checkpoint-every 1000): no going back */
+    const char *args[40], *extra[] = {"--checkpoint-every", "1000", NULL};
+    train_args(args, run, c->f->data, "400", out, extra);
+    int pid = fy_test_start("fuyou-launch", args, log);
+    assert_true(pid > 0);
+    int lines = fy_test_count_matches(metrics, "\"step\": ");
+    while (fy_test_count_matches(metrics, "\"step\": ") < lines + 3)
+        pause_ms(5);
+    assert_int_equal(kill(worker_pid(run, "io"), SIGKILL), 0);
+    int status = fy_test_wait(pid, 120);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_not_equal(WEXITSTATUS(status), 0);
+    assert_true(fy_test_file_contains(log, "this store keeps one copy of the state (init "
+                                           "--state-copies 1), so a run stopped between commits"));
+    assert_int_equal(fy_test_count_matches(log, "restart 2:"), 0); /* it stops at once */
+    assert_nothing_left(run);
+}
+
 /* An export while a training run goes on: it works beside the run (its own pool and sockets),
  * writes the step last committed, and that file equals the export of a run trained to that step
  * alone (the learning rate is still in its warmup, the same for both). The run is not disturbed. */
@@ -656,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_full_filesystem),
         cmocka_unit_test(test_export_while_training),
+        cmocka_unit_test(test_one_copy_store),
     };
     if (getenv("FY_TEST_ONLY") != NULL)
         cmocka_set_test_filter(getenv("FY_TEST_ONLY"));
