@@ -75,7 +75,8 @@ static void usage(FILE *f)
             "  export   --run-dir DIR --out FILE    write the weights to a file\n"
             "  export   --run-dir DIR --to-hf HF    write a Hugging Face model directory (GPT-2, Llama)\n"
             "  selftest --run-dir DIR --ssd DIR     data path SSD -> pool -> gpu -> AdamW -> SSD\n"
-            "  help                                 this text\n"
+            "  help [--options]                     this text (--options: every option's name;\n"
+            "                                       docs/configuration.md describes each)\n"
             "\n"
             "prepare:       byte-level (vocab 256) unless --tokenizer HF (a directory with\n"
             "               tokenizer.json, or the file; needs python3 with tokenizers)\n"
@@ -129,12 +130,13 @@ static void usage(FILE *f)
             "               --trace FILE (Chrome trace-event JSON of every request; open in Perfetto)\n"
             "               --clip-grad-norm MAX (0: off) clip the global gradient norm to MAX (a\n"
             "               second backward pass per step computes the norm before any update)\n"
-            "               Ctrl-C or SIGTERM: the step in progress finishes and is written to the\n"
-            "               store and synced, then the run stops (exit 130; the same command\n"
-            "               continues from there); a second one stops at once\n"
+            "               Ctrl-C or SIGTERM: the step in progress finishes and is committed,\n"
+            "               then the run stops (exit 130; fuyou-launch resume DIR continues); a\n"
+            "               second one stops at once (the last commit stays)\n"
             "common:        --backend auto|cpu|cuda --cpu-mem SIZE --gpu-mem SIZE --affinity SPEC\n"
             "               (e.g. gpu=0,io=1,opt=2-15) --queue-depth N (32) --block-size SIZE (1M)\n"
-            "               --stripe-unit SIZE (1M) --ready-timeout S (60) --timeout S (300)\n"
+            "               --stripe-unit SIZE (1M) --ready-timeout S (60) --timeout S (300; train:\n"
+            "               derived from the plan, see train)\n"
             "selftest:      --params N (1M) --steps N (3) --grad-dtype bf16|f32 --lr X\n"
             "               --weight-decay X --adamw-impl auto|scalar|avx2|avx512 --overwrite\n"
             "\n"
@@ -1597,6 +1599,12 @@ int main(int argc, char **argv)
 {
     fy_log_init("launch", FY_LOG_INFO);
     signal(SIGPIPE, SIG_IGN); /* `fuyou-launch ... | head` must still clean up after itself */
+    if (argc == 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "--options") == 0) {
+        /* the option table, one name a line: docs/configuration.md is checked against it */
+        for (const struct option *opt = longopts; opt->name != NULL; opt++)
+            printf("--%s\n", opt->name);
+        return EXIT_OK;
+    }
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);

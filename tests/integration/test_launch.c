@@ -422,6 +422,61 @@ static void test_malformed_descriptor_rejected(void **state)
     fy_pool_destroy(&pool);
 }
 
+/* The names "--x" of a text, one per line, found after `prefix` at a line's start. */
+static int option_names(const char *text, const char *prefix, char names[][40], int max)
+{
+    int n = 0;
+    size_t plen = strlen(prefix);
+    for (const char *line = text; line != NULL && *line; line = strchr(line, '\n')) {
+        if (*line == '\n')
+            line++;
+        if (strncmp(line, prefix, plen) != 0)
+            continue;
+        const char *name = line + plen;
+        size_t len = strspn(name, "-abcdefghijklmnopqrstuvwxyz0123456789");
+        if (len > 2 && len < 40 && n < max) {
+            memcpy(names[n], name, len);
+            names[n++][len] = 0;
+        }
+    }
+    return n;
+}
+
+static int has_name(char names[][40], int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(names[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+/* docs/configuration.md describes every option of the launcher's option table (help --options)
+ * and no other: an option added without its row, or a row left after its option went, fails. */
+static void test_options_documented(void **state)
+{
+    (void)state;
+    char *dir = fy_test_tmpdir("options"), *out = fy_test_path(dir, "options.txt");
+    const char *args[] = {"help", "--options", NULL};
+    assert_int_equal(fy_test_launch(out, args, 30), 0);
+    char *table = fy_test_slurp(out, NULL), *doc = fy_test_slurp("docs/configuration.md", NULL);
+    assert_non_null(table);
+    assert_non_null(doc);
+    static char have[128][40], documented[128][40];
+    int nh = option_names(table, "", have, 128), nd = option_names(doc, "| `", documented, 128);
+    assert_true(nh > 50);
+    for (int i = 0; i < nh; i++)
+        if (!has_name(documented, nd, have[i]))
+            fail_msg("option %s is not in docs/configuration.md: add its row", have[i]);
+    for (int i = 0; i < nd; i++)
+        if (!has_name(have, nh, documented[i]))
+            fail_msg("docs/configuration.md describes %s, which fuyou-launch does not have",
+                     documented[i]);
+    free(table);
+    free(doc);
+    fy_test_rmdir(dir);
+    free(dir);
+}
+
 int main(void)
 {
     signal(SIGCHLD, SIG_DFL); /* waitpid must see our children, whatever we inherited */
@@ -440,6 +495,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kill_opt_worker, setup_run, teardown_run),
         cmocka_unit_test_setup_teardown(test_sigterm_orderly_stop, setup_run, teardown_run),
         cmocka_unit_test_setup_teardown(test_stale_leftovers_removed, setup_run, teardown_run),
+        cmocka_unit_test(test_options_documented),
     };
+    if (getenv("FY_TEST_ONLY") != NULL) /* one test while working on it: a glob of names */
+        cmocka_set_test_filter(getenv("FY_TEST_ONLY"));
     return cmocka_run_group_tests_name("launch (integration)", tests, NULL, NULL);
 }
