@@ -126,6 +126,23 @@ int fy_backend_preferred_act_dtype(const char *backend_name)
     return strcmp(backend_name, "cuda") == 0 ? FY_DTYPE_BF16 : FY_DTYPE_F32;
 }
 
+int fy_backend_gpu_bytes(const char *backend_name, const struct fy_gpt_config *c, int B, int T,
+                         uint64_t *working, uint64_t *set)
+{
+    *working = *set = 0;
+#ifdef FY_HAVE_CUDA
+    if (strcmp(backend_name, "cuda") == 0) {
+        fy_cuda_gpt_gpu_bytes(c, B, T, working, set);
+        return 1;
+    }
+#endif
+    (void)backend_name;
+    (void)c;
+    (void)B;
+    (void)T;
+    return 0;
+}
+
 const char *fy_backend_resolve(const char *which)
 {
     if (strcmp(which, "auto") != 0)

@@ -124,6 +124,10 @@ int fy_backend_gpt_act_dtype(struct fy_backend *b, int dtype);
 /* The activation dtype a backend would take for the fewest bytes with the same results: bf16 where
  * it computes in bf16 (CUDA), else f32. */
 int fy_backend_preferred_act_dtype(const char *backend_name);
+/* What a backend takes of device memory at batch B x T: its working buffers and a block's kept
+ * internals. 0 (both zero) where it is not modelled: the CPU backend, or a build without CUDA. */
+int fy_backend_gpu_bytes(const char *backend_name, const struct fy_gpt_config *c, int B, int T,
+                         uint64_t *working, uint64_t *set);
 int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const int32_t *tokens,
                                  void *x);
 int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,

@@ -25,6 +25,7 @@
 #include "io_worker/store.h"
 #include "launcher/actrun.h"
 #include "launcher/commit.h"
+#include "launcher/dryrun.h"
 #include "launcher/inproc.h"
 #include "launcher/prepare.h"
 #include "launcher/selftest.h"
@@ -37,6 +38,7 @@ enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_WORKER = 3, EXIT_INTERR
 struct options {
     const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path, *trace;
     const char *from_hf, *to_hf;
+    const char *machine; /* plan: a machine profile's rates (JSON) */
     const char *tokenizer, *text_field, *prompt_field, *response_field; /* prepare */
     int jsonl;                                                           /* prepare */
     int hf_dtype;            /* export --to-hf --dtype: 0 (as the source), FY_ST_F32, FY_ST_BF16 */
@@ -70,6 +72,10 @@ static void usage(FILE *f)
             "  train    --run-dir DIR --data FILE   train it (continues from the store's commit)\n"
             "  resume   DIR [options]               continue a run's train command from its last\n"
             "                                       commit (after a crash, a stop or a reboot)\n"
+            "  plan     [--run-dir DIR | model]     what train would do here, without training:\n"
+            "                                       placement, budgets, bytes and time per step,\n"
+            "                                       the bound, the largest batch and model, advice\n"
+            "                                       (--machine FILE: a machine profile's rates)\n"
             "  profile  --run-dir DIR               measure a block at --batch x --seq and show the\n"
             "                                       activation plan train's --act-plan auto takes\n"
             "  export   --run-dir DIR --out FILE    write the weights to a file\n"
@@ -173,7 +179,8 @@ enum {
     O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_ACT_PLAN, O_FROM_HF, O_TO_HF, O_DTYPE,
     O_MAX_SHARD,
     O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD,
-    O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED, O_MAX_RESTARTS, O_STATE_COPIES
+    O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED, O_MAX_RESTARTS, O_STATE_COPIES,
+    O_MACHINE
 };
 
 static const struct option longopts[] = {
@@ -216,6 +223,7 @@ static const struct option longopts[] = {
     {"rms-eps", required_argument, 0, O_RMS_EPS},    {"tied", no_argument, 0, O_TIED},
     {"max-restarts", required_argument, 0, O_MAX_RESTARTS},
     {"state-copies", required_argument, 0, O_STATE_COPIES},
+    {"machine", required_argument, 0, O_MACHINE},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -269,6 +277,7 @@ static int parse_options(int argc, char **argv, struct options *o)
             o->timeout_set = 1;
             break;
         case O_MAX_RESTARTS: rc = parse_size_opt("--max-restarts", optarg, &o->max_restarts); break;
+        case O_MACHINE: o->machine = optarg; break;
         case O_STATE_COPIES:
             rc = parse_size_opt("--state-copies", optarg, &o->state_copies);
             if (rc == 0 && o->state_copies != 1 && o->state_copies != 2) {
@@ -548,11 +557,9 @@ static int check_store_model(const struct fy_storemeta *meta, const struct fy_gp
 
 static int cmd_init_hf(struct options *o);
 
-static int cmd_init(struct options *o)
+/* The model that init's options describe (--arch, --layers, ...), validated. */
+static int model_from_options(const struct options *o, struct fy_gpt_config *out)
 {
-    FY_TRY(require(o->run_dir, "--run-dir", "init"));
-    if (o->from_hf != NULL)
-        return cmd_init_hf(o);
     struct fy_gpt_config model = {.n_layer = (uint32_t)o->layers, .n_head = (uint32_t)o->heads,
                                   .n_embd = (uint32_t)o->embd, .vocab = (uint32_t)o->vocab,
                                   .ctx = (uint32_t)o->ctx};
@@ -574,6 +581,17 @@ static int cmd_init(struct options *o)
                    "options of --arch llama");
     }
     FY_TRY(fy_gpt_config_validate(&model));
+    *out = model;
+    return 0;
+}
+
+static int cmd_init(struct options *o)
+{
+    FY_TRY(require(o->run_dir, "--run-dir", "init"));
+    if (o->from_hf != NULL)
+        return cmd_init_hf(o);
+    struct fy_gpt_config model;
+    FY_TRY(model_from_options(o, &model));
     char mc_path[PATH_MAX], store_dir[PATH_MAX];
     model_conf_path(o->run_dir, mc_path, sizeof mc_path);
     if (!o->overwrite && access(mc_path, F_OK) == 0) {
@@ -1013,6 +1031,47 @@ static int save_act_plan(const struct options *o, const struct fy_actrun *run,
 /* profile: what --act-plan auto measures and chooses for the run's model at --batch x --seq under
  * the given budgets (the optimizer state's residency planned as train plans it), without
  * training; the plan also goes to RUN/act_plan.json. */
+/* plan: the model of --run-dir (its model.conf), of --from-hf DIR's config.json, or of the model
+ * options; the budgets, batch and store of train's options; printed, nothing run. */
+static int cmd_plan(struct options *o)
+{
+    struct fy_dryrun_in in = {.B = (int)o->batch, .T = (int)o->seq, .clip = o->clip_grad_norm > 0,
+                              .prefetch = (unsigned)o->prefetch, .ckpt_place = o->ckpt_place,
+                              .copies = (unsigned)o->state_copies, .cpu_mem = o->cpu_mem,
+                              .gpu_mem = o->gpu_mem, .ssd = o->ssd};
+    char mc_path[PATH_MAX];
+    int rc;
+    if (o->run_dir != NULL) {
+        struct fy_config *mc = calloc(1, sizeof *mc);
+        rc = mc != NULL ? load_model_conf(o, mc, &in.model) : -ENOMEM;
+        in.ssd = o->ssd;
+        free(mc);
+    } else if (o->from_hf != NULL) {
+        snprintf(mc_path, sizeof mc_path, "%s/config.json", o->from_hf);
+        rc = fy_hfgpt2_read_config(mc_path, &in.model);
+    } else {
+        rc = model_from_options(o, &in.model);
+    }
+    FY_TRY(rc);
+    FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1 && o->seq <= in.model.ctx,
+               -EINVAL, "plan: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence "
+               "of 1 to the model's context of %u", (unsigned long long)o->batch,
+               (unsigned long long)o->seq, in.model.ctx);
+    /* for the machine it plans for, not this one: auto is CUDA wherever the build has it */
+    in.backend = strcmp(o->backend, "auto") == 0 ? (fy_backend_cuda_built() ? "cuda" : "cpu")
+                                                 : o->backend;
+    if (o->machine != NULL) {
+        FY_TRY(fy_dryrun_load_rates(o->machine, &in.rates));
+        in.rates_from = o->machine;
+    } else {
+        in.rates = fy_train_reference_rates();
+        in.rates_from = "the reference machine (one H200; fuyou-launch plan --machine FILE for "
+                        "another)";
+    }
+    rc = fy_dryrun_print(stdout, &in);
+    return rc == 1 ? -ENOSPC : rc;
+}
+
 static int cmd_profile(struct options *o)
 {
     FY_TRY(require(o->run_dir, "--run-dir", "profile"));
@@ -1612,7 +1671,7 @@ int main(int argc, char **argv)
     }
     const char *command = argv[1];
     static const char *const commands[] = {"selftest", "prepare", "init", "train", "export",
-                                           "profile", "resume"};
+                                           "profile", "resume", "plan"};
     int known = 0;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         known |= strcmp(command, commands[i]) == 0;
@@ -1629,7 +1688,8 @@ int main(int argc, char **argv)
     struct options o;
     if (parse_options(argc - 1, argv + 1, &o) < 0)
         return EXIT_USAGE;
-    int uses_workers = strcmp(command, "prepare") != 0 && !o.inprocess;
+    int uses_workers = strcmp(command, "prepare") != 0 && strcmp(command, "plan") != 0 &&
+                       !o.inprocess;
     /* Before any thread exists (ZeroMQ's), so supervision owns these signals. */
     if (uses_workers && fy_sup_block_signals(NULL) != 0) {
         fy_error("cannot block SIGCHLD/SIGINT/SIGTERM for supervision");
@@ -1659,6 +1719,8 @@ int main(int argc, char **argv)
             rc = cmd_train(&o);
     } else if (strcmp(command, "profile") == 0) {
         rc = cmd_profile(&o);
+    } else if (strcmp(command, "plan") == 0) {
+        rc = cmd_plan(&o);
     } else {
         rc = cmd_export(&o);
     }

@@ -306,6 +306,13 @@ static int cuda_acts_bf16(void *state, int on)
     return fy_cu_gpt_set_host_acts_bf16(((struct cuda_state *)state)->gpt, on);
 }
 
+extern "C" void fy_cuda_gpt_gpu_bytes(const struct fy_gpt_config *c, int B, int T,
+                                      uint64_t *working, uint64_t *set)
+{
+    *working = fy_cu_gpt_arena_bytes(c, B, T);
+    *set = fy_cu_gpt_acts_bytes(c, B, T);
+}
+
 extern "C" int fy_cuda_device_visible(void)
 {
     int n = 0;

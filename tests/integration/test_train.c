@@ -357,6 +357,51 @@ static void test_prediction_by_hand(void **state)
     assert_float_equal(p.ssd_s, 1.103872e-2 + 3.2768e-4 + 1.6384e-4, 1e-12);
 }
 
+/* fuyou-launch plan with a machine profile of round rates prints, without running anything, the
+ * predictions worked out by hand for the model above at batch 8, every unit streamed (no
+ * --cpu-mem): AdamW 118528 parameters (embeddings 256 x 64 + 32 x 64, two blocks of 12 x 64^2 +
+ * 13 x 64, the final LayerNorm's 128) at 1e6/s = 0.118528 s, the bound; the SSD reads each unit's
+ * master in the forward and its state (three sections) in the backward and writes the state back,
+ * sections 4 KiB-padded to 73728 + 2 x 200704 + 4096 = 479232 bytes: 4 x 479232 / 1e8 +
+ * 3 x 479232 / 2e8 = 0.026358 s; the GPU twice test_prediction_by_hand's batch-4 figure; 256
+ * tokens / 0.118528 s = 2160 tokens/s. A --cpu-mem below the pool's least is said not to fit (exit
+ * 1), and a profile without a rate is refused naming the key. */
+static void test_plan_by_hand(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *machine = fy_test_in(f, "machine.json"), *bad = fy_test_in(f, "bad.json");
+    FILE *m = fopen(machine, "w");
+    assert_non_null(m);
+    fputs("{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
+          "\"ssd_write\": 2e8, \"opt_params\": 1e6}\n", m);
+    fclose(m);
+    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
+                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
+                          "--machine", machine, NULL};
+    assert_int_equal(fy_test_launch_in(f, args, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: predicted seconds per step: GPU compute "
+                                              "0.000188, "));
+    assert_true(fy_test_file_contains(f->log, ", SSD 0.026358, optimizer 0.118528; bound: "
+                                              "optimizer"));
+    assert_true(fy_test_file_contains(f->log, "plan: predicted step 0.118528 s: 2160 tokens/s"));
+    assert_true(fy_test_file_contains(f->log, "0 of 4 units (0 B) stay in the shared pool"));
+    assert_true(fy_test_file_contains(f->log, "rates: " ));
+    const char *small[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
+                           "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
+                           "--machine", machine, "--cpu-mem", "1M", NULL};
+    assert_int_equal(fy_test_launch_in(f, small, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "(DOES NOT FIT)"));
+    assert_true(fy_test_file_contains(f->log, "train would refuse it"));
+    m = fopen(bad, "w");
+    assert_non_null(m);
+    fputs("{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
+          "\"opt_params\": 1e6}\n", m);
+    fclose(m);
+    const char *badargs[] = {"plan", "--batch", "8", "--seq", "32", "--machine", bad, NULL};
+    assert_int_equal(fy_test_launch_in(f, badargs, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "\"ssd_write\" must be a positive number"));
+}
+
 /* --ckpt-place ssd: the blocks' input checkpoints go through four pool slots to the store in the
  * forward and come back ahead of each backward pass (six blocks, so the slots are reused); the
  * results equal those with the checkpoints in the pool, bit for bit, in both schedules, with and
@@ -1183,6 +1228,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
+        cmocka_unit_test_setup_teardown(test_plan_by_hand, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoints_on_ssd_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_swapped_internals_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigint_stops_at_a_step_boundary, setup, teardown),

@@ -1,0 +1,284 @@
+/* The plan of a training run without running it (fuyou-launch plan), from the same planning
+ * functions train uses (launcher/train.h) and the backend's device-memory model. */
+#include "dryrun.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+
+#include "common/check.h"
+#include "common/config.h"
+#include "common/ckpt.h"
+#include "common/dtype.h"
+#include "common/pool.h"
+#include "gpu_worker/backend.h"
+
+int fy_dryrun_load_rates(const char *path, struct fy_train_rates *out)
+{
+    FILE *f = fopen(path, "r");
+    FY_SYS(f == NULL ? -1 : 0, "cannot open the machine profile %s", path);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *root = cJSON_Parse(buf);
+    FY_REQUIRE(root != NULL && cJSON_IsObject(root), -EINVAL,
+               "%s: not a JSON object (a machine profile has gpu_flops, h2d, d2h, ssd_read, "
+               "ssd_write and opt_params)", path);
+    static const char *const keys[] = {"gpu_flops", "h2d", "d2h", "ssd_read", "ssd_write",
+                                       "opt_params"};
+    double *fields[] = {&out->gpu_flops, &out->h2d, &out->d2h, &out->ssd_read, &out->ssd_write,
+                        &out->opt_params};
+    int rc = 0;
+    for (int i = 0; i < 6 && rc == 0; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
+            fy_error("%s: \"%s\" must be a positive number (its rate: FLOP/s, bytes/s or "
+                     "parameters/s)", path, keys[i]);
+            rc = -EINVAL;
+        } else {
+            *fields[i] = v->valuedouble;
+        }
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* What a run at batch B would take and do. */
+struct shape {
+    unsigned char *resident;
+    unsigned kept;
+    int ckpt_ssd;
+    uint64_t pool_bytes;
+    struct fy_train_prediction p;
+};
+
+static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
+                    uint64_t cpu_mem, struct shape *s)
+{
+    unsigned units = fy_gpt_unit_count(c);
+    free(s->resident);
+    s->resident = calloc(units, 1);
+    FY_REQUIRE(s->resident != NULL, -ENOMEM, "plan: out of memory");
+    int dtype = fy_backend_preferred_act_dtype(in->backend);
+    s->ckpt_ssd = in->ckpt_place == 1;
+    if (in->ckpt_place == 2) { /* as train's --ckpt-place auto */
+        unsigned all = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip,
+                                              in->prefetch, 0, NULL, s->resident);
+        s->ckpt_ssd = cpu_mem != 0 && all < units;
+    }
+    s->kept = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
+                                     s->ckpt_ssd, NULL, s->resident);
+    struct fy_pool_region_spec regions[10];
+    unsigned n;
+    unsigned slots = fy_train_plan_grad_slots(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
+                                              s->ckpt_ssd, NULL, s->resident,
+                                              FY_TRAIN_GRAD_SLOTS_MIN);
+    fy_train_regions(c, B, in->T, dtype, s->resident, in->clip, in->prefetch, slots, s->ckpt_ssd,
+                     NULL, regions, &n);
+    s->pool_bytes = fy_pool_layout_size(regions, n);
+    fy_train_predict(c, B, in->T, dtype, in->clip, s->ckpt_ssd, NULL, s->resident, &in->rates,
+                     &s->p);
+    return 0;
+}
+
+/* A size for people, in one of 8 buffers used in turn (a line prints several). */
+static const char *size(uint64_t bytes)
+{
+    static char bufs[8][32];
+    static unsigned next;
+    char *b = bufs[next++ % 8];
+    fy_format_size(bytes, b, sizeof bufs[0]);
+    return b;
+}
+
+static uint64_t state_bytes(const struct fy_gpt_config *c)
+{
+    uint64_t total = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+        total += fy_unit_state_bytes(c, u);
+    return total;
+}
+
+/* Free bytes over the store's directories (0 when none is given or readable: not checked). */
+static uint64_t ssd_free(const char *list, unsigned *paths)
+{
+    *paths = 0;
+    if (list == NULL)
+        return 0;
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", list);
+    uint64_t total = 0;
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
+        struct statvfs st;
+        if (statvfs(p, &st) == 0) {
+            total += (uint64_t)st.f_bavail * st.f_frsize;
+            (*paths)++;
+        }
+    }
+    return total;
+}
+
+/* Whether batch B fits the GPU (where modelled) and the pool's least (no state kept). */
+static int batch_fits(const struct fy_dryrun_in *in, int B)
+{
+    uint64_t working, set;
+    if (in->gpu_mem > 0 && fy_backend_gpu_bytes(in->backend, &in->model, B, in->T, &working, &set) &&
+        working > in->gpu_mem)
+        return 0;
+    struct shape s = {0};
+    int fits = shape_of(in, &in->model, B, 0, &s) == 0 &&
+               (in->cpu_mem == 0 || s.pool_bytes <= in->cpu_mem);
+    free(s.resident);
+    return fits;
+}
+
+static int largest_batch(const struct fy_dryrun_in *in)
+{
+    if (!batch_fits(in, 1))
+        return 0;
+    int lo = 1, hi = 2;
+    while (hi <= 65536 && batch_fits(in, hi)) {
+        lo = hi;
+        hi *= 2;
+    }
+    if (hi > 65536)
+        return lo;
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        if (batch_fits(in, mid))
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The most blocks at this width whose state fits the SSD's free space (free > 0) and whose least
+ * pool fits --cpu-mem; 0 when none is capped. */
+static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_bytes)
+{
+    if (free_bytes == 0 && in->cpu_mem == 0)
+        return 0;
+    unsigned best = 0;
+    for (unsigned L = 1; L <= 4096; L = L < 64 ? L + 1 : L + L / 8) {
+        struct fy_gpt_config c = in->model;
+        c.n_layer = L;
+        if (free_bytes > 0 && state_bytes(&c) * in->copies + 2 * FY_COMMIT_RECORD_BYTES > free_bytes)
+            break;
+        struct shape s = {0};
+        int fits = shape_of(in, &c, in->B, 0, &s) == 0 &&
+                   (in->cpu_mem == 0 || s.pool_bytes <= in->cpu_mem);
+        free(s.resident);
+        if (!fits)
+            break;
+        best = L;
+    }
+    return best;
+}
+
+int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
+{
+    const struct fy_gpt_config *c = &in->model;
+    unsigned units = fy_gpt_unit_count(c);
+    char described[160];
+    fy_gpt_config_describe(c, described, sizeof described);
+    double tokens = (double)in->B * in->T;
+    double step_flops = tokens * fy_gpt_flops_per_token(c, (unsigned)in->T);
+    struct shape s = {0};
+    FY_TRY(shape_of(in, c, in->B, in->cpu_mem, &s));
+    int fits = 1;
+    uint64_t state = state_bytes(c), kept = fy_train_resident_bytes(c, s.resident);
+    fprintf(out, "plan: %s; batch %d x %d tokens; %s backend (%s activations); rates: %s\n",
+            described, in->B, in->T, in->backend,
+            fy_dtype_name(fy_backend_preferred_act_dtype(in->backend)), in->rates_from);
+    fprintf(out, "plan: optimizer state %s: %u of %u units (%s) stay in the shared pool, the "
+            "rest (%s) streams from the SSD store each step; checkpoints %s\n",
+            size(state), s.kept, units, size(kept), size(state - kept),
+            s.ckpt_ssd ? "on the SSD store" : "in the shared pool");
+    if (in->cpu_mem > 0 && s.pool_bytes > in->cpu_mem)
+        fits = 0;
+    if (in->cpu_mem > 0)
+        fprintf(out, "plan: shared pool %s of --cpu-mem %s%s\n", size(s.pool_bytes),
+                size(in->cpu_mem), s.pool_bytes <= in->cpu_mem ? "" : " (DOES NOT FIT)");
+    else
+        fprintf(out, "plan: shared pool %s (no --cpu-mem: no state kept in memory; give it to "
+                "keep some)\n", size(s.pool_bytes));
+    uint64_t working, set;
+    if (fy_backend_gpu_bytes(in->backend, c, in->B, in->T, &working, &set)) {
+        int gpu_fits = in->gpu_mem == 0 || working <= in->gpu_mem;
+        fits &= gpu_fits;
+        uint64_t room = in->gpu_mem > working ? in->gpu_mem - working : 0;
+        uint64_t keep = set > 0 ? room / set : 0;
+        fprintf(out, "plan: GPU: working buffers %s of --gpu-mem %s%s; a block's internals %s, "
+                "so --act-plan auto can keep up to %llu of %u blocks\n",
+                size(working), in->gpu_mem ? size(in->gpu_mem) : "(all)",
+                gpu_fits ? "" : " (DOES NOT FIT)", size(set),
+                (unsigned long long)(keep < c->n_layer ? keep : c->n_layer), c->n_layer);
+    } else {
+        fprintf(out, "plan: GPU memory: not modelled for the %s backend\n", in->backend);
+    }
+    unsigned paths;
+    uint64_t store = state * in->copies + 2 * FY_COMMIT_RECORD_BYTES;
+    uint64_t free_bytes = ssd_free(in->ssd, &paths);
+    if (paths > 0) {
+        fits &= store <= free_bytes;
+        fprintf(out, "plan: SSD store %s (%u cop%s of the state) on %u path%s with %s free%s\n",
+                size(store), in->copies, in->copies == 1 ? "y" : "ies", paths,
+                paths == 1 ? "" : "s", size(free_bytes), store <= free_bytes ? "" :
+                " (DOES NOT FIT)");
+    } else {
+        fprintf(out, "plan: SSD store %s (%u cop%s of the state; give --ssd to check the free "
+                "space)\n", size(store), in->copies, in->copies == 1 ? "y" : "ies");
+    }
+    uint64_t up, down, rd, wr;
+    int dtype = fy_backend_preferred_act_dtype(in->backend);
+    fy_train_pcie_bytes(c, in->B, in->T, dtype, in->clip, NULL, &up, &down);
+    fy_train_ssd_bytes(c, in->B, in->T, dtype, in->clip, s.ckpt_ssd, NULL, s.resident, &rd, &wr);
+    fprintf(out, "plan: per step: PCIe %s to the GPU, %s back; SSD %s read, %s written\n",
+            size(up), size(down), size(rd), size(wr));
+    const struct fy_train_prediction *p = &s.p;
+    fprintf(out, "plan: predicted seconds per step: GPU compute %.6f, PCIe to the GPU %.6f, from "
+            "it %.6f, SSD %.6f, optimizer %.6f; bound: %s\n", p->gpu_s, p->h2d_s, p->d2h_s,
+            p->ssd_s, p->opt_s, p->bound);
+    fprintf(out, "plan: predicted step %.6f s: %.0f tokens/s, %.4g TFLOP/s (blocks recomputed; "
+            "train's --act-plan auto profiles and may keep some)\n", p->step_s, tokens / p->step_s,
+            step_flops / p->step_s * 1e-12);
+    int maxb = largest_batch(in);
+    unsigned maxl = largest_layers(in, free_bytes);
+    fprintf(out, "plan: largest batch that fits: %d (at %d tokens)\n", maxb, in->T);
+    if (maxl > 0)
+        fprintf(out, "plan: largest model of this width that fits: %u blocks (%s)\n", maxl,
+                paths > 0 ? "the SSD's free space and --cpu-mem" : "--cpu-mem");
+    /* what to change: the bound's own lever, and the prediction with it */
+    struct shape t = {0};
+    if (strcmp(p->bound, "SSD") == 0) {
+        fprintf(out, "plan: to go faster: the SSD binds; another SSD path of the same speed: "
+                "%.3f s a step", p->ssd_s * (paths ? paths : 1) / ((paths ? paths : 1) + 1.0));
+        if (shape_of(in, c, in->B, in->cpu_mem + (16ull << 30), &t) == 0)
+            fprintf(out, "; 16 GiB more --cpu-mem keeps %u more units: %.3f s", t.kept - s.kept,
+                    t.p.step_s);
+        fprintf(out, "\n");
+    } else if (strcmp(p->bound, "GPU compute") == 0) {
+        fprintf(out, "plan: to go faster: the GPU binds, which is where a step should be: a "
+                "larger batch only spreads the fixed transfers further\n");
+    } else if (2 * in->B <= maxb && shape_of(in, c, 2 * in->B, in->cpu_mem, &t) == 0) {
+        fprintf(out, "plan: to go faster: the %s binds; at batch %d the step does twice the work "
+                "in %.3f s (%.4g TFLOP/s)%s\n", p->bound, 2 * in->B, t.p.step_s,
+                2 * step_flops / t.p.step_s * 1e-12,
+                strcmp(p->bound, "optimizer") == 0 ? "; or give AdamW more cores (--affinity)"
+                                                   : "");
+    } else {
+        fprintf(out, "plan: to go faster: the %s binds, and a larger batch does not fit%s\n",
+                p->bound, strcmp(p->bound, "optimizer") == 0 ? ": give AdamW more cores "
+                "(--affinity)" : "");
+    }
+    free(s.resident);
+    free(t.resident);
+    if (!fits)
+        fprintf(out, "plan: this does not fit the budgets above: train would refuse it\n");
+    return fits ? 0 : 1;
+}

@@ -1,0 +1,39 @@
+/* fuyou-launch plan: what a training run would do on this machine, without running it. For a
+ * model, budgets and batch: where the optimizer state and the checkpoints live, what the shared
+ * pool, the GPU arena and the SSD store take against their budgets, the bytes per step over PCIe
+ * and the SSD, the predicted time per resource and the bound, tokens/s and TFLOP/s, the largest
+ * batch and model that fit, and what to change to go faster. The rates are a machine profile's
+ * (a JSON file) or the reference machine's. */
+#ifndef FY_DRYRUN_H
+#define FY_DRYRUN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/model.h"
+#include "launcher/train.h"
+
+struct fy_dryrun_in {
+    struct fy_gpt_config model;
+    int B, T;
+    const char *backend;  /* "cpu" or "cuda": the activations' dtype and the GPU memory model */
+    int clip;             /* --clip-grad-norm given */
+    unsigned prefetch;
+    int ckpt_place;       /* 0 host, 1 ssd, 2 auto (as train's --ckpt-place) */
+    unsigned copies;      /* of the state in the store: 2 or 1 */
+    uint64_t cpu_mem, gpu_mem; /* 0: no cap */
+    const char *ssd;      /* the store's directories (comma list) for their free space; may be NULL */
+    struct fy_train_rates rates;
+    const char *rates_from; /* where the rates come from, for the output */
+};
+
+/* The rates of a machine profile: a JSON object with gpu_flops (model FLOP/s with blocks
+ * recomputed), h2d, d2h (bytes/s), ssd_read, ssd_write (bytes/s), opt_params (AdamW
+ * parameters/s), all positive numbers. -EINVAL (said, naming the file and key) otherwise. */
+int fy_dryrun_load_rates(const char *path, struct fy_train_rates *out);
+
+/* Prints the plan, one "plan: ..." line each, to out. Returns 0 when it fits every budget, 1 when
+ * it does not (said), or -errno. */
+int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in);
+
+#endif
