@@ -46,14 +46,52 @@ int fy_log_set_file(const char *path)
     return 0;
 }
 
-void fy_log_v(enum fy_log_level level, const char *file, int line, const char *fmt, va_list ap)
+static char log_status[512]; /* the status line shown on the terminal, or "" */
+
+/* Formats a log line as fy_log_v writes it; returns its length. */
+static int format_line(char *out, size_t cap, enum fy_log_level level, const char *where,
+                       const char *msg)
 {
-    if (level > log_threshold)
-        return;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     struct tm tm;
     gmtime_r(&now.tv_sec, &tm);
+    int n = snprintf(out, cap, "%02d:%02d:%02d.%03ld [%s %d] %s: %s%s\n", tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, now.tv_nsec / 1000000, log_who, (int)getpid(),
+                     level_names[level], msg, where);
+    return n > (int)cap - 1 ? (int)cap - 1 : n;
+}
+
+int fy_log_status(const char *status)
+{
+    if (!isatty(STDERR_FILENO))
+        return 0;
+    char out[600];
+    int n = snprintf(out, sizeof out, "\r\033[K%s", status != NULL ? status : "");
+    ssize_t ignored = write(STDERR_FILENO, out, (size_t)(n < (int)sizeof out ? n : (int)sizeof out - 1));
+    (void)ignored;
+    snprintf(log_status, sizeof log_status, "%s", status != NULL ? status : "");
+    return 1;
+}
+
+void fy_log_file_info(const char *fmt, ...)
+{
+    if (log_file_fd < 0 || FY_LOG_INFO > log_threshold)
+        return;
+    char msg[1024], out[1280];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    int n = format_line(out, sizeof out, FY_LOG_INFO, "", msg);
+    ssize_t ignored = write(log_file_fd, out, (size_t)n);
+    (void)ignored;
+}
+
+void fy_log_v(enum fy_log_level level, const char *file, int line, const char *fmt, va_list ap)
+{
+    if (level > log_threshold)
+        return;
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     char where[96] = "";
@@ -61,16 +99,17 @@ void fy_log_v(enum fy_log_level level, const char *file, int line, const char *f
         const char *base = strrchr(file, '/');
         snprintf(where, sizeof where, " (%s:%d)", base ? base + 1 : file, line);
     }
-    /* One write per line so lines of concurrent processes sharing stderr do not interleave. */
-    char out[1280];
-    int n = snprintf(out, sizeof out, "%02d:%02d:%02d.%03ld [%s %d] %s: %s%s\n", tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, now.tv_nsec / 1000000, log_who, (int)getpid(),
-                     level_names[level], msg, where);
-    if (n > (int)sizeof out - 1)
-        n = (int)sizeof out - 1;
-    ssize_t ignored = write(STDERR_FILENO, out, (size_t)n);
+    /* One write per line so lines of concurrent processes sharing stderr do not interleave; a
+     * status line is cleared before it and drawn again after it. */
+    char out[1280 + 600];
+    int at = log_status[0] ? snprintf(out, sizeof out, "\r\033[K") : 0;
+    int n = format_line(out + at, 1280, level, where, msg);
+    int total = at + n;
+    if (log_status[0])
+        total += snprintf(out + total, sizeof out - (size_t)total, "%s", log_status);
+    ssize_t ignored = write(STDERR_FILENO, out, (size_t)total);
     if (log_file_fd >= 0)
-        ignored = write(log_file_fd, out, (size_t)n);
+        ignored = write(log_file_fd, out + at, (size_t)n);
     (void)ignored;
 }
 

@@ -19,6 +19,12 @@ int fy_log_set_file(const char *path);
 void fy_log_at(enum fy_log_level level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void fy_log_v(enum fy_log_level level, const char *file, int line, const char *fmt, va_list ap);
+/* A status line kept at the bottom of a terminal (stderr a tty): shown now, redrawn under every
+ * line logged after; NULL takes it away. Returns 0 where stderr is not a terminal (nothing shown:
+ * the caller logs plain lines instead), 1 where it is. */
+int fy_log_status(const char *status);
+/* An info line to the log file alone (its stderr twin is the status line). */
+void fy_log_file_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define fy_error(...) fy_log_at(FY_LOG_ERROR, __FILE__, __LINE__, __VA_ARGS__)
 #define fy_warn(...) fy_log_at(FY_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)

@@ -27,6 +27,7 @@
 #include "launcher/commit.h"
 #include "launcher/dryrun.h"
 #include "launcher/inproc.h"
+#include "launcher/progress.h"
 #include "launcher/prepare.h"
 #include "launcher/selftest.h"
 #include "launcher/session.h"
@@ -1410,12 +1411,14 @@ static int cmd_train(struct options *o)
             break;
         }
         restarts[n_restarts++] = now;
+        fy_progress_restart();
         fy_warn("restart %u: the %s worker %s %.1f s into this attempt; going back to the last "
                 "commit and starting the workers again", n_restarts, failed[0] ? failed : "a",
                 rc == -ETIMEDOUT ? "stopped answering (a request passed its deadline)" : "died",
                 now - t0);
         rc = 0;
     }
+    fy_progress_end();
     if (rc == 0 && train_stop) {
         fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
                 "from there (nothing exported)", (unsigned long long)meta->step, o->run_dir);

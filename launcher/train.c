@@ -15,6 +15,7 @@
 #include "common/check.h"
 #include "common/dtype.h"
 #include "launcher/commit.h"
+#include "launcher/progress.h"
 
 enum { PH_IO, PH_GPU, PH_OPT, PH_COUNT };
 /* Busy time of each resource, from the workers' own timing of each request. */
@@ -1476,13 +1477,21 @@ static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct 
         snprintf(gn, sizeof gn, " | grad norm %.4f%s", grad_norm,
                  o->clip_grad_norm / (grad_norm + 1e-6) < 1.0 ? " (clipped)" : "");
     double gpu_idle = seconds > 0 ? 1.0 - busy[BUSY_GPU] / seconds : 0.0;
-    fy_info("step %llu/%llu | loss %.4f%s%s | lr %.2e | %.0f tok/s | %.4f TFLOP/s | %.0f ms | busy: "
-            "gpu %.0f (h2d %.0f, d2h %.0f), ssd read %.0f, ssd write %.0f, opt %.0f ms | gpu idle "
-            "%.0f%%",
-            (unsigned long long)step, (unsigned long long)o->steps, loss, ev, gn, lr, tps, tflops,
-            1e3 * seconds, 1e3 * busy[BUSY_GPU], 1e3 * busy[BUSY_H2D], 1e3 * busy[BUSY_D2H],
-            1e3 * busy[BUSY_SSD_READ], 1e3 * busy[BUSY_SSD_WRITE], 1e3 * busy[BUSY_OPT],
-            100.0 * gpu_idle);
+    char line[512];
+    snprintf(line, sizeof line,
+             "step %llu/%llu | loss %.4f%s%s | lr %.2e | %.0f tok/s | %.4f TFLOP/s | %.0f ms | "
+             "busy: gpu %.0f (h2d %.0f, d2h %.0f), ssd read %.0f, ssd write %.0f, opt %.0f ms | "
+             "gpu idle %.0f%%",
+             (unsigned long long)step, (unsigned long long)o->steps, loss, ev, gn, lr, tps, tflops,
+             1e3 * seconds, 1e3 * busy[BUSY_GPU], 1e3 * busy[BUSY_H2D], 1e3 * busy[BUSY_D2H],
+             1e3 * busy[BUSY_SSD_READ], 1e3 * busy[BUSY_SSD_WRITE], 1e3 * busy[BUSY_OPT],
+             100.0 * gpu_idle);
+    struct fy_progress_step ps = {.step = step, .total = o->steps, .loss = loss,
+                                  .seconds = seconds, .tokens = tokens,
+                                  .flops = tokens * fy_gpt_flops_per_token(c, (unsigned)o->seq),
+                                  .gpu_busy_s = busy[BUSY_GPU], .have_eval = have_eval,
+                                  .eval = eval};
+    fy_progress_step(&ps, line);
     if (metrics == NULL)
         return;
     fprintf(metrics,

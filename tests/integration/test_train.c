@@ -402,6 +402,35 @@ static void test_plan_by_hand(void **state)
     assert_true(fy_test_file_contains(f->log, "\"ssd_write\" must be a positive number"));
 }
 
+/* Progress for people: on a terminal (here script(1)'s pseudo-terminal) one status line with the
+ * step, loss, tokens/s, TFLOP/s, GPU busy and ETA, redrawn in place, while the full step lines go
+ * to RUN/fuyou.log; elsewhere the full step lines; a summary at the end either way. */
+static void test_progress_line(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (system("command -v script >/dev/null 2>&1") != 0) {
+        printf("test_progress_line: skipped: no script(1) to give the run a terminal\n");
+        skip();
+    }
+    char *run = fy_test_in(f, "progress"), *tty = fy_test_in(f, "tty.out");
+    init_model(f, run, "64", "5");
+    assert_int_equal(train(f, run, f->data, "3", NULL, 0, "--eval-every", "1000"), 0);
+    assert_true(fy_test_file_contains(f->log, "info: step 3/3 | loss"));
+    assert_true(fy_test_file_contains(f->log, "summary: steps 1 to 3 (3 trained)"));
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "script -qec '%s train --run-dir %s --data %s --steps 6 --batch 8 --seq 32 --backend "
+             "cpu --eval-every 1000' /dev/null > %s 2>&1",
+             fy_test_bin("fuyou-launch"), run, f->data, tty);
+    assert_int_equal(system(cmd), 0);
+    assert_true(fy_test_file_contains(tty, "\r\033[Kstep 6/6 | loss "));
+    assert_true(fy_test_file_contains(tty, "| GPU busy "));
+    assert_true(fy_test_file_contains(tty, "| ETA "));
+    assert_true(fy_test_file_contains(tty, "summary: steps 4 to 6 (3 trained)"));
+    assert_int_equal(fy_test_count_matches(tty, "info: step 5/6"), 0); /* not on the terminal */
+    assert_true(fy_test_file_contains(fy_test_fmt("%s/fuyou.log", run), "info: step 5/6 | loss"));
+}
+
 /* --ckpt-place ssd: the blocks' input checkpoints go through four pool slots to the store in the
  * forward and come back ahead of each backward pass (six blocks, so the slots are reused); the
  * results equal those with the checkpoints in the pool, bit for bit, in both schedules, with and
@@ -1229,6 +1258,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_plan_by_hand, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_progress_line, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoints_on_ssd_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_swapped_internals_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigint_stops_at_a_step_boundary, setup, teardown),
