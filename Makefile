@@ -14,7 +14,7 @@ DEB_libcjson := libcjson-dev
 DEPS_RUNTIME := liburing libzmq hwloc libcjson
 DEPS_TEST    := cmocka
 DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev libcjson-dev \
-                libxxhash-dev libcmocka-dev fio
+                libxxhash-dev libcmocka-dev fio gnuplot-nox
 
 found   = $(shell $(PKG_CONFIG) --exists $(1) && echo yes)
 MISSING := $(strip $(foreach p,$(DEPS_RUNTIME),$(if $(call found,$(p)),,$(p))))

@@ -28,6 +28,7 @@
 #include "launcher/dryrun.h"
 #include "launcher/inproc.h"
 #include "launcher/progress.h"
+#include "launcher/report.h"
 #include "launcher/prepare.h"
 #include "launcher/selftest.h"
 #include "launcher/session.h"
@@ -77,6 +78,8 @@ static void usage(FILE *f)
             "                                       placement, budgets, bytes and time per step,\n"
             "                                       the bound, the largest batch and model, advice\n"
             "                                       (--machine FILE: a machine profile's rates)\n"
+            "  report   --run-dir DIR [--out DIR]   charts of the run's metrics as PNG (loss, busy\n"
+            "                                       time per resource, throughput; gnuplot)\n"
             "  profile  --run-dir DIR               measure a block at --batch x --seq and show the\n"
             "                                       activation plan train's --act-plan auto takes\n"
             "  export   --run-dir DIR --out FILE    write the weights to a file\n"
@@ -1073,6 +1076,22 @@ static int cmd_plan(struct options *o)
     return rc == 1 ? -ENOSPC : rc;
 }
 
+/* report: RUN/metrics.jsonl drawn into PNG charts in --out (default RUN/report). */
+static int cmd_report(struct options *o)
+{
+    FY_TRY(require(o->run_dir, "--run-dir", "report"));
+    char metrics[PATH_MAX + 16], out[PATH_MAX + 16];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", o->run_dir);
+    if (o->out != NULL)
+        snprintf(out, sizeof out, "%s", o->out);
+    else
+        snprintf(out, sizeof out, "%s/report", o->run_dir);
+    int steps = fy_report_write(metrics, out);
+    FY_TRY(steps);
+    fy_info("report: %d steps drawn into %s/loss.png, busy.png and throughput.png", steps, out);
+    return 0;
+}
+
 static int cmd_profile(struct options *o)
 {
     FY_TRY(require(o->run_dir, "--run-dir", "profile"));
@@ -1674,7 +1693,7 @@ int main(int argc, char **argv)
     }
     const char *command = argv[1];
     static const char *const commands[] = {"selftest", "prepare", "init", "train", "export",
-                                           "profile", "resume", "plan"};
+                                           "profile", "resume", "plan", "report"};
     int known = 0;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         known |= strcmp(command, commands[i]) == 0;
@@ -1692,7 +1711,7 @@ int main(int argc, char **argv)
     if (parse_options(argc - 1, argv + 1, &o) < 0)
         return EXIT_USAGE;
     int uses_workers = strcmp(command, "prepare") != 0 && strcmp(command, "plan") != 0 &&
-                       !o.inprocess;
+                       strcmp(command, "report") != 0 && !o.inprocess;
     /* Before any thread exists (ZeroMQ's), so supervision owns these signals. */
     if (uses_workers && fy_sup_block_signals(NULL) != 0) {
         fy_error("cannot block SIGCHLD/SIGINT/SIGTERM for supervision");
@@ -1724,6 +1743,8 @@ int main(int argc, char **argv)
         rc = cmd_profile(&o);
     } else if (strcmp(command, "plan") == 0) {
         rc = cmd_plan(&o);
+    } else if (strcmp(command, "report") == 0) {
+        rc = cmd_report(&o);
     } else {
         rc = cmd_export(&o);
     }

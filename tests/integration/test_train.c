@@ -431,6 +431,50 @@ static void test_progress_line(void **state)
     assert_true(fy_test_file_contains(fy_test_fmt("%s/fuyou.log", run), "info: step 5/6 | loss"));
 }
 
+/* A PNG file's width and height from its signature and IHDR chunk; 0 when it is not one. */
+static int png_size(const char *path, unsigned *w, unsigned *h)
+{
+    size_t n;
+    unsigned char *b = (unsigned char *)fy_test_slurp(path, &n);
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    int ok = b != NULL && n > 1000 && memcmp(b, sig, 8) == 0 && memcmp(b + 12, "IHDR", 4) == 0;
+    if (ok) {
+        *w = (unsigned)b[16] << 24 | (unsigned)b[17] << 16 | (unsigned)b[18] << 8 | b[19];
+        *h = (unsigned)b[20] << 24 | (unsigned)b[21] << 16 | (unsigned)b[22] << 8 | b[23];
+    }
+    free(b);
+    return ok;
+}
+
+/* fuyou-launch report draws a run's metrics into three PNG charts (valid images of the size asked
+ * for), and says what is wrong where a run has no metrics. */
+static void test_report_charts(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        printf("test_report_charts: skipped: gnuplot is not installed (Debian: gnuplot-nox)\n");
+        skip();
+    }
+    char *run = fy_test_in(f, "charted");
+    init_model(f, run, "64", "5");
+    const char *empty[] = {"report", "--run-dir", run, NULL};
+    assert_int_equal(fy_test_launch_in(f, empty, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "metrics.jsonl (a run's metrics: train writes "
+                                              "them)"));
+    assert_int_equal(train(f, run, f->data, "6", NULL, 0, "--eval-every", "2"), 0);
+    assert_int_equal(fy_test_launch_in(f, empty, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "report: 6 steps drawn"));
+    static const char *const charts[] = {"loss", "busy", "throughput"};
+    for (int i = 0; i < 3; i++) {
+        unsigned w = 0, h = 0;
+        assert_true(png_size(fy_test_fmt("%s/report/%s.png", run, charts[i]), &w, &h));
+        assert_int_equal(w, 1000);
+        assert_int_equal(h, 600);
+        assert_int_not_equal(access(fy_test_fmt("%s/report/%s.png.tmp", run, charts[i]), F_OK),
+                             0);
+    }
+}
+
 /* --ckpt-place ssd: the blocks' input checkpoints go through four pool slots to the store in the
  * forward and come back ahead of each backward pass (six blocks, so the slots are reused); the
  * results equal those with the checkpoints in the pool, bit for bit, in both schedules, with and
@@ -1259,6 +1303,7 @@ int main(void)
         cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_plan_by_hand, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_report_charts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoints_on_ssd_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_swapped_internals_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigint_stops_at_a_step_boundary, setup, teardown),

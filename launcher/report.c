@@ -1,0 +1,142 @@
+/* Charts of a run's metrics through gnuplot (launcher/report.h). */
+#include "report.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/check.h"
+
+/* The columns of the data file, in order: the metrics line's keys (NaN where absent). */
+static const char *const columns[] = {"step", "loss", "eval_loss", "tokens_per_s", "tflops",
+                                      "step_s", "busy_gpu_s", "busy_h2d_s", "busy_d2h_s",
+                                      "busy_ssd_read_s", "busy_ssd_write_s", "busy_opt_s"};
+#define NCOLS (sizeof columns / sizeof columns[0])
+
+/* metrics.jsonl -> a whitespace table for gnuplot; the number of steps. */
+static int write_data(const char *metrics_path, const char *data_path)
+{
+    FILE *in = fopen(metrics_path, "r");
+    FY_SYS(in == NULL ? -1 : 0, "report: cannot open %s (a run's metrics: train writes them)",
+           metrics_path);
+    FILE *out = fopen(data_path, "w");
+    if (out == NULL) {
+        int e = errno;
+        fclose(in);
+        fy_error("report: cannot create %s: %s", data_path, strerror(e));
+        return -e;
+    }
+    fprintf(out, "#");
+    for (size_t i = 0; i < NCOLS; i++)
+        fprintf(out, " %s", columns[i]);
+    fprintf(out, "\n");
+    char *line = NULL;
+    size_t cap = 0;
+    int steps = 0, rc = 0, lineno = 0;
+    while (rc == 0 && getline(&line, &cap, in) >= 0) {
+        lineno++;
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *step = j != NULL ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
+        if (!cJSON_IsNumber(step)) {
+            fy_error("report: %s line %d is not a metrics line (JSON with a \"step\")",
+                     metrics_path, lineno);
+            rc = -EBADMSG;
+        }
+        for (size_t i = 0; rc == 0 && i < NCOLS; i++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, columns[i]);
+            fprintf(out, "%s%.9g", i ? " " : "", cJSON_IsNumber(v) ? v->valuedouble : NAN);
+        }
+        if (rc == 0) {
+            fprintf(out, "\n");
+            steps++;
+        }
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(in);
+    if (fclose(out) != 0 && rc == 0)
+        rc = -errno;
+    FY_REQUIRE(rc != 0 || steps > 0, -ENODATA, "report: %s has no steps yet", metrics_path);
+    return rc < 0 ? rc : steps;
+}
+
+static int write_script(const char *path, const char *dir, const char *data)
+{
+    FILE *f = fopen(path, "w");
+    FY_SYS(f == NULL ? -1 : 0, "report: cannot create %s", path);
+    fprintf(f,
+            "set terminal pngcairo size 1000,600 font 'sans,10'\n"
+            "set datafile missing NaN\n"
+            "set grid\n"
+            "set key outside right top\n"
+            "set xlabel 'step'\n"
+            "set output '%s/loss.png.tmp'\n"
+            "set title 'loss'\n"
+            "set ylabel 'cross-entropy'\n"
+            "plot '%s' using 1:2 with lines lw 2 title 'training', "
+            "'' using 1:3 with linespoints pt 7 lw 2 title 'held-out'\n"
+            "set output '%s/busy.png.tmp'\n"
+            "set title 'where each step''s time goes: busy seconds per resource'\n"
+            "set ylabel 'seconds'\n"
+            "plot '%s' using 1:6 with lines lw 3 lc rgb 'black' title 'step', "
+            "'' using 1:7 with lines lw 2 title 'GPU compute', "
+            "'' using 1:8 with lines title 'PCIe to the GPU', "
+            "'' using 1:9 with lines title 'PCIe from the GPU', "
+            "'' using 1:10 with lines title 'SSD read', "
+            "'' using 1:11 with lines title 'SSD write', "
+            "'' using 1:12 with lines title 'AdamW'\n"
+            "set output '%s/throughput.png.tmp'\n"
+            "set title 'throughput'\n"
+            "set ylabel 'tokens/s'\n"
+            "set y2label 'model TFLOP/s'\n"
+            "set ytics nomirror\n"
+            "set y2tics\n"
+            "plot '%s' using 1:4 with lines lw 2 axes x1y1 title 'tokens/s', "
+            "'' using 1:5 with lines lw 2 axes x1y2 title 'TFLOP/s'\n"
+            "set output\n",
+            dir, data, dir, data, dir, data);
+    FY_SYS(fclose(f), "report: writing %s", path);
+    return 0;
+}
+
+int fy_report_write(const char *metrics_path, const char *out_dir)
+{
+    FY_REQUIRE(strchr(out_dir, '\'') == NULL, -EINVAL,
+               "report: %s: a directory whose name has a single quote cannot be given to gnuplot: "
+               "pass --out another", out_dir);
+    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
+        FY_SYS(-1, "report: cannot create %s", out_dir);
+    char data[PATH_MAX], script[PATH_MAX];
+    snprintf(data, sizeof data, "%s/metrics.dat", out_dir);
+    snprintf(script, sizeof script, "%s/charts.gnuplot", out_dir);
+    int steps = write_data(metrics_path, data);
+    FY_TRY(steps);
+    FY_TRY(write_script(script, out_dir, data));
+    pid_t pid = fork();
+    FY_SYS(pid, "report: fork");
+    if (pid == 0) {
+        execlp("gnuplot", "gnuplot", script, (char *)NULL);
+        _exit(127);
+    }
+    int status;
+    FY_SYS(waitpid(pid, &status, 0) < 0 ? -1 : 0, "report: waiting for gnuplot");
+    FY_REQUIRE(!(WIFEXITED(status) && WEXITSTATUS(status) == 127), -ENOENT,
+               "report: gnuplot is not installed: install the Debian package gnuplot-nox");
+    FY_REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, -EIO,
+               "report: gnuplot failed on %s (its message is above)", script);
+    static const char *const charts[] = {"loss", "busy", "throughput"};
+    for (size_t i = 0; i < sizeof charts / sizeof charts[0]; i++) {
+        char tmp[PATH_MAX + 16], png[PATH_MAX + 16];
+        snprintf(png, sizeof png, "%s/%s.png", out_dir, charts[i]);
+        snprintf(tmp, sizeof tmp, "%s.tmp", png);
+        FY_SYS(rename(tmp, png), "report: cannot rename %s to %s", tmp, png);
+    }
+    return steps;
+}
