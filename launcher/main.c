@@ -27,6 +27,7 @@
 #include "launcher/commit.h"
 #include "launcher/dryrun.h"
 #include "launcher/inproc.h"
+#include "launcher/probe.h"
 #include "launcher/progress.h"
 #include "launcher/report.h"
 #include "launcher/prepare.h"
@@ -78,6 +79,10 @@ static void usage(FILE *f)
             "                                       placement, budgets, bytes and time per step,\n"
             "                                       the bound, the largest batch and model, advice\n"
             "                                       (--machine FILE: a machine profile's rates)\n"
+            "  probe    --ssd DIR[,DIR...] [--out F] measure this machine in under a minute (device\n"
+            "                                       compute and copies, SSD through the io engine,\n"
+            "                                       memory, AdamW per thread count) into a machine\n"
+            "                                       profile for plan and train (RUN/machine.json)\n"
             "  report   --run-dir DIR [--out DIR]   charts of the run's metrics as PNG (loss, busy\n"
             "                                       time per resource, throughput; gnuplot)\n"
             "  profile  --run-dir DIR               measure a block at --batch x --seq and show the\n"
@@ -1045,11 +1050,10 @@ static int cmd_plan(struct options *o)
                               .gpu_mem = o->gpu_mem, .ssd = o->ssd};
     char mc_path[PATH_MAX];
     int rc;
+    static struct fy_config mc; /* o->ssd points into it */
     if (o->run_dir != NULL) {
-        struct fy_config *mc = calloc(1, sizeof *mc);
-        rc = mc != NULL ? load_model_conf(o, mc, &in.model) : -ENOMEM;
+        rc = load_model_conf(o, &mc, &in.model);
         in.ssd = o->ssd;
-        free(mc);
     } else if (o->from_hf != NULL) {
         snprintf(mc_path, sizeof mc_path, "%s/config.json", o->from_hf);
         rc = fy_hfgpt2_read_config(mc_path, &in.model);
@@ -1064,6 +1068,12 @@ static int cmd_plan(struct options *o)
     /* for the machine it plans for, not this one: auto is CUDA wherever the build has it */
     in.backend = strcmp(o->backend, "auto") == 0 ? (fy_backend_cuda_built() ? "cuda" : "cpu")
                                                  : o->backend;
+    char probed[PATH_MAX + 16] = "";
+    if (o->machine == NULL && o->run_dir != NULL) {
+        snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
+        if (access(probed, R_OK) == 0)
+            o->machine = probed; /* fuyou-launch probe's, for this run */
+    }
     if (o->machine != NULL) {
         FY_TRY(fy_dryrun_load_rates(o->machine, &in.rates));
         in.rates_from = o->machine;
@@ -1089,6 +1099,48 @@ static int cmd_report(struct options *o)
     int steps = fy_report_write(metrics, out);
     FY_TRY(steps);
     fy_info("report: %d steps drawn into %s/loss.png, busy.png and throughput.png", steps, out);
+    return 0;
+}
+
+/* probe: the machine profile, into --out, or RUN/machine.json with --run-dir (where train and
+ * plan find it), or ./machine.json. */
+static int cmd_probe(struct options *o)
+{
+    char ssd[PATH_MAX + 16], out[PATH_MAX + 16];
+    if (o->ssd == NULL && o->run_dir != NULL) {
+        snprintf(ssd, sizeof ssd, "%s/store", o->run_dir);
+        o->ssd = ssd;
+    }
+    FY_REQUIRE(o->ssd != NULL, -EINVAL,
+               "probe: give the SSD directories to measure (--ssd DIR[,DIR...]) or a --run-dir "
+               "whose store is in DIR/store");
+    FY_TRY(check_ssd_paths(o->ssd));
+    if (o->out != NULL)
+        snprintf(out, sizeof out, "%s", o->out);
+    else if (o->run_dir != NULL)
+        snprintf(out, sizeof out, "%s/machine.json", o->run_dir);
+    else
+        snprintf(out, sizeof out, "machine.json");
+    struct fy_probe_opts po = {.backend = fy_backend_resolve(o->backend), .gpu_mem = o->gpu_mem,
+                               .ssd = o->ssd};
+    fy_info("probe: measuring this machine (under a minute): the %s backend's block and copies, "
+            "the SSD store on %s, memory copies, AdamW per thread count", po.backend, o->ssd);
+    struct fy_probe_result r;
+    FY_TRY(fy_probe_run(&po, &r));
+    fy_info("probe: %s: %.4g TFLOP/s (a block, recomputed as in training); copies to %.1f GB/s, "
+            "from %.1f GB/s, both ways %.1f GB/s", r.device, r.rates.gpu_flops * 1e-12,
+            r.rates.h2d * 1e-9, r.rates.d2h * 1e-9, r.duplex_Bps * 1e-9);
+    fy_info("probe: SSD store on %u path%s: read %.2f GB/s, write %.2f GB/s; memory copy %.1f "
+            "GB/s", r.ssd_paths, r.ssd_paths == 1 ? "" : "s", r.rates.ssd_read * 1e-9,
+            r.rates.ssd_write * 1e-9, r.memcpy_Bps * 1e-9);
+    char per[512] = "";
+    for (unsigned i = 0; i < r.n_threads; i++)
+        snprintf(per + strlen(per), sizeof per - strlen(per), "%s%u: %.2f", i ? ", " : "",
+                 r.threads[i], r.opt_params[i] * 1e-9);
+    fy_info("probe: AdamW G parameters/s by threads: %s", per);
+    FY_TRY(fy_probe_save(out, &po, &r));
+    fy_info("probe: took %.1f s; machine profile written to %s (plan --machine %s; train reads "
+            "RUN/machine.json)", r.seconds, out, out);
     return 0;
 }
 
@@ -1343,17 +1395,23 @@ static int cmd_train(struct options *o)
             kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     struct fy_train_rates rates = fy_train_reference_rates();
+    char probed[PATH_MAX + 16], at[PATH_MAX + 96];
+    snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
+    snprintf(at, sizeof at, "predicted per step at the rates measured on the reference machine "
+                            "(one H200");
+    int have_probe = access(probed, R_OK) == 0 && fy_dryrun_load_rates(probed, &rates) == 0;
+    if (have_probe) /* fuyou-launch probe measured this machine */
+        snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", probed);
     struct fy_train_prediction p;
     fy_train_predict(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, ckpt_ssd, &swap,
                      resident, &rates, &p);
     double step_flops = (double)o->batch * (double)o->seq *
                         fy_gpt_flops_per_token(&model, (unsigned)o->seq);
-    const char *at = "predicted per step at the rates measured on the reference machine (one H200";
     if (act.predicted_s > 0) /* measured here: the reference machine's figures would mislead */
         fy_info("plan: per step, as the activation plan above predicts from this machine's "
                 "profile: %.3f s (%.3g TFLOP/s)", act.predicted_s,
                 step_flops / act.predicted_s * 1e-12);
-    else if (strcmp(o->backend, "cpu") == 0) /* its compute and copies are not the H200's */
+    else if (strcmp(o->backend, "cpu") == 0 && !have_probe) /* not the H200's compute */
         fy_info("plan: %s: SSD %.1f/%.1f GB/s, AdamW %.1f G parameters/s): SSD %.3f s, optimizer "
                 "%.3f s; compute not predicted on the CPU backend",
                 at, rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.ssd_s,
@@ -1693,7 +1751,7 @@ int main(int argc, char **argv)
     }
     const char *command = argv[1];
     static const char *const commands[] = {"selftest", "prepare", "init", "train", "export",
-                                           "profile", "resume", "plan", "report"};
+                                           "profile", "resume", "plan", "report", "probe"};
     int known = 0;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         known |= strcmp(command, commands[i]) == 0;
@@ -1711,7 +1769,8 @@ int main(int argc, char **argv)
     if (parse_options(argc - 1, argv + 1, &o) < 0)
         return EXIT_USAGE;
     int uses_workers = strcmp(command, "prepare") != 0 && strcmp(command, "plan") != 0 &&
-                       strcmp(command, "report") != 0 && !o.inprocess;
+                       strcmp(command, "report") != 0 && strcmp(command, "probe") != 0 &&
+                       !o.inprocess;
     /* Before any thread exists (ZeroMQ's), so supervision owns these signals. */
     if (uses_workers && fy_sup_block_signals(NULL) != 0) {
         fy_error("cannot block SIGCHLD/SIGINT/SIGTERM for supervision");
@@ -1745,6 +1804,8 @@ int main(int argc, char **argv)
         rc = cmd_plan(&o);
     } else if (strcmp(command, "report") == 0) {
         rc = cmd_report(&o);
+    } else if (strcmp(command, "probe") == 0) {
+        rc = cmd_probe(&o);
     } else {
         rc = cmd_export(&o);
     }

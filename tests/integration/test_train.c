@@ -402,6 +402,35 @@ static void test_plan_by_hand(void **state)
     assert_true(fy_test_file_contains(f->log, "\"ssd_write\" must be a positive number"));
 }
 
+/* fuyou-launch probe measures this machine (here the CPU backend: the GPU parts are said to be
+ * skipped) into RUN/machine.json, six positive rates that plan then predicts from. */
+static void test_probe_then_plan(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "probed");
+    init_model(f, run, "64", "5");
+    const char *probe[] = {"probe", "--run-dir", run, "--backend", "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, probe, 120), 0);
+    assert_true(fy_test_file_contains(f->log, "the GPU parts (PCIe, GEMM rate) are skipped"));
+    assert_true(fy_test_file_contains(f->log, "probe: took "));
+    char *profile = fy_test_slurp(fy_test_fmt("%s/machine.json", run), NULL);
+    assert_non_null(profile);
+    static const char *const keys[] = {"\"gpu_flops\": ", "\"h2d\": ", "\"d2h\": ",
+                                       "\"ssd_read\": ", "\"ssd_write\": ", "\"opt_params\": "};
+    for (int i = 0; i < 6; i++) {
+        char *at = strstr(profile, keys[i]);
+        assert_non_null(at);
+        assert_true(atof(at + strlen(keys[i])) > 0);
+    }
+    free(profile);
+    assert_int_equal(fy_test_count_matches(f->log, ".fuyou-probe"), 0);
+    const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
+                          "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("rates: %s/machine.json", run)));
+    assert_true(fy_test_file_contains(f->log, "plan: predicted step "));
+}
+
 /* Progress for people: on a terminal (here script(1)'s pseudo-terminal) one status line with the
  * step, loss, tokens/s, TFLOP/s, GPU busy and ETA, redrawn in place, while the full step lines go
  * to RUN/fuyou.log; elsewhere the full step lines; a summary at the end either way. */
@@ -1302,6 +1331,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_plan_by_hand, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_probe_then_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_line, setup, teardown),
         cmocka_unit_test_setup_teardown(test_report_charts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoints_on_ssd_agree, setup, teardown),

@@ -1,0 +1,40 @@
+/* fuyou-launch probe: measures this machine for the planner, in under a minute: the backend's
+ * block compute rate and its copies to and from the device (each way and both at once: PCIe on
+ * the CUDA backend, memory copies on the CPU one), the SSD store's read and write bandwidth
+ * through the io engine over the given paths together, host memory copy bandwidth, and AdamW's
+ * rate for each thread count. Saves a machine profile (JSON) that `plan --machine` and `train`
+ * (RUN/machine.json) use instead of the reference machine's figures. */
+#ifndef FY_PROBE_H
+#define FY_PROBE_H
+
+#include <stdint.h>
+
+#include "launcher/train.h"
+
+#define FY_PROBE_MAX_THREADS 16
+
+struct fy_probe_opts {
+    const char *backend; /* "cpu" or "cuda" (resolved) */
+    uint64_t gpu_mem;    /* the backend's arena (0: its default) */
+    const char *ssd;     /* the store's directories, comma-separated */
+    uint64_t io_bytes;   /* written and read back through the store (0: 1 GiB) */
+};
+
+struct fy_probe_result {
+    struct fy_train_rates rates; /* what plan and train predict from */
+    double duplex_Bps;           /* copies both ways at once, summed */
+    double memcpy_Bps;           /* host memory copy, bytes copied per second */
+    char device[128];
+    unsigned ssd_paths;
+    unsigned n_threads;          /* AdamW measured with threads[0..n) */
+    unsigned threads[FY_PROBE_MAX_THREADS];
+    double opt_params[FY_PROBE_MAX_THREADS];
+    double seconds;              /* the probe's own time */
+};
+
+int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r);
+/* The machine profile: the six rates plan reads (launcher/dryrun.h) and the details; written to a
+ * temporary file, fsynced, renamed. */
+int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct fy_probe_result *r);
+
+#endif
