@@ -51,3 +51,18 @@ int fy_fsync_parent(const char *path)
     snprintf(copy, sizeof copy, "%s", path);
     return fy_fsync_dir(dirname(copy));
 }
+
+int fy_file_replace(FILE *f, const char *tmp, const char *path)
+{
+    int rc = fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -errno;
+    if (fclose(f) != 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = -errno;
+    if (rc < 0) {
+        unlink(tmp);
+        fy_error("cannot write %s: %s (is the disk full?)", path, strerror(-rc));
+        return rc;
+    }
+    return fy_fsync_parent(path);
+}

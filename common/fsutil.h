@@ -4,6 +4,7 @@
 #define FY_FSUTIL_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 /* Writes all of buf at the file's current position; an error names the file and the offset (the
@@ -12,5 +13,9 @@ int fy_write_all(int fd, const void *buf, size_t len, const char *name, uint64_t
 /* fsync of a directory, and of the directory that holds a path. */
 int fy_fsync_dir(const char *dir);
 int fy_fsync_parent(const char *path);
+/* Ends the atomic replacement of `path` by the stdio file f written as `tmp`: flushed, fsynced,
+ * closed (always), renamed over path, the directory fsynced. On failure tmp is removed and the
+ * error said; returns 0 or -errno. */
+int fy_file_replace(FILE *f, const char *tmp, const char *path);
 
 #endif

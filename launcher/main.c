@@ -17,6 +17,7 @@
 #include "common/ckpt.h"
 #include "common/config.h"
 #include "common/dtype.h"
+#include "common/fsutil.h"
 #include "common/hfgpt2.h"
 #include "common/model.h"
 #include "common/safetensors.h"
@@ -1645,16 +1646,7 @@ static int save_train_args(const char *run_dir, int argc, char **argv)
     fprintf(f, "%s\n%s\n", TRAIN_ARGS_MAGIC, cwd);
     for (int i = 0; i < argc; i++)
         fprintf(f, "%s\n", argv[i]);
-    int rc = fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -errno;
-    if (fclose(f) != 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = -errno;
-    if (rc < 0) {
-        fy_error("cannot write %s: %s", path, strerror(-rc));
-        unlink(tmp);
-    }
-    return rc;
+    return fy_file_replace(f, tmp, path);
 }
 
 /* resume RUN_DIR [options]: argv becomes the run's train command (RUN/train.args) with the

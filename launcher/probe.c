@@ -220,15 +220,5 @@ int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct 
     for (unsigned i = 0; i < r->n_threads; i++)
         fprintf(f, "%s\"%u\": %.6g", i ? ", " : "", r->threads[i], r->opt_params[i]);
     fprintf(f, "},\n  \"probe_seconds\": %.3f\n}\n", r->seconds);
-    int rc = fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -errno;
-    if (fclose(f) != 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = -errno;
-    if (rc < 0) {
-        unlink(tmp);
-        fy_error("probe: cannot write %s: %s", path, strerror(-rc));
-        return rc;
-    }
-    return fy_fsync_parent(path);
+    return fy_file_replace(f, tmp, path);
 }

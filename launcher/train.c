@@ -14,6 +14,7 @@
 
 #include "common/check.h"
 #include "common/dtype.h"
+#include "common/fsutil.h"
 #include "launcher/commit.h"
 #include "launcher/progress.h"
 
@@ -1537,15 +1538,12 @@ int fy_train_metrics_rollback(const char *path, uint64_t step)
     }
     free(line);
     fclose(in);
-    int rc = fflush(out) == 0 && fsync(fileno(out)) == 0 ? 0 : -errno;
-    if (fclose(out) != 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && dropped > 0 && rename(tmp, path) != 0)
-        rc = -errno;
-    if (rc < 0)
-        fy_error("cannot rewrite %s: %s", path, strerror(-rc));
-    if (rc < 0 || dropped == 0)
+    if (dropped == 0) { /* nothing to replace */
+        fclose(out);
         unlink(tmp);
+        return 0;
+    }
+    int rc = fy_file_replace(out, tmp, path);
     return rc < 0 ? rc : dropped;
 }
 
