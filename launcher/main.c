@@ -149,7 +149,7 @@ static void usage(FILE *f)
             "               Ctrl-C or SIGTERM: the step in progress finishes and is committed,\n"
             "               then the run stops (exit 130; fuyou-launch resume DIR continues); a\n"
             "               second one stops at once (the last commit stays)\n"
-            "common:        --backend auto|cpu|cuda --cpu-mem SIZE --gpu-mem SIZE --affinity SPEC\n"
+            "common:        --backend auto|cpu|cuda --cpu-mem SIZE --gpu-mem SIZE --affinity auto|SPEC\n"
             "               (e.g. gpu=0,io=1,opt=2-15) --queue-depth N (32) --block-size SIZE (1M)\n"
             "               --stripe-unit SIZE (1M) --ready-timeout S (60) --timeout S (300; train:\n"
             "               derived from the plan, see train)\n"

@@ -114,11 +114,12 @@ static int plan_affinity(struct fy_session *s, const char *spec)
     fy_topo_describe(s->topo, described, sizeof described);
     fy_info("topology: %s", described);
     FY_TRY(fy_affinity_default(s->topo, &s->aff));
-    if (spec != NULL)
+    int explicit_spec = spec != NULL && strcmp(spec, "auto") != 0; /* auto: hwloc's placement */
+    if (explicit_spec)
         FY_TRY(fy_affinity_parse(s->topo, spec, &s->aff));
-    fy_info("placement: gpu worker on cpus %s, io worker on %s, opt worker on %s (NUMA node %d)%s",
-            s->aff.gpu, s->aff.io, s->aff.opt, s->aff.numa_node,
-            spec ? " [--affinity]" : " [hwloc default]");
+    fy_info("placement: gpu worker on cpus %s, io worker on %s, opt worker on %s (NUMA node %d) "
+            "[affinity %s]", s->aff.gpu, s->aff.io, s->aff.opt, s->aff.numa_node,
+            explicit_spec ? "explicit: --affinity" : "auto: hwloc, the gpu worker near the GPU");
     return 0;
 }
 

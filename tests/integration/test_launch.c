@@ -126,11 +126,13 @@ static void check_roundtrip(struct run *r, unsigned npaths, int grad_dtype, uint
     const char *args[] = {"selftest", "--run-dir", r->run_dir, "--ssd", ssd, "--params", params_s,
                           "--steps", steps_s, "--seed", seed_s, "--grad-dtype",
                           grad_dtype == FY_DTYPE_BF16 ? "bf16" : "f32", "--backend", "cpu",
-                          "--lr", "0.001", "--weight-decay", "0.1", "--stripe-unit", "64K", NULL};
+                          "--lr", "0.001", "--weight-decay", "0.1", "--stripe-unit", "64K",
+                          "--affinity", "auto", NULL};
     int status = run_launcher(r, args, 120);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
     assert_true(log_contains(r, "selftest passed"));
+    assert_true(log_contains(r, "[affinity auto: hwloc"));
     assert_no_leftovers(r);
 
     struct fy_selftest_layout l;
