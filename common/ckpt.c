@@ -206,7 +206,8 @@ int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
     uint64_t want = get32(record, S_DIGEST_LO) | (uint64_t)get32(record, S_DIGEST_HI) << 32;
     uint64_t have = record_digest(copy);
     free(copy);
-    FY_REQUIRE(have == want, -EBADMSG, "%s: commit record digest mismatch (torn or corrupt)", where);
+    FY_REQUIRE(have == want, -EBADMSG, "%s: commit record digest mismatch (torn or corrupt)",
+               where);
     m->copy = get32(record, S_COPY);
     m->copies = get32(record, S_COPIES) ? get32(record, S_COPIES) : 2;
     FY_REQUIRE(m->copies <= 2 && m->copy < m->copies, -EBADMSG,

@@ -68,7 +68,9 @@ int fy_log_status(const char *status)
         return 0;
     char out[600];
     int n = snprintf(out, sizeof out, "\r\033[K%s", status != NULL ? status : "");
-    ssize_t ignored = write(STDERR_FILENO, out, (size_t)(n < (int)sizeof out ? n : (int)sizeof out - 1));
+    if (n > (int)sizeof out - 1)
+        n = (int)sizeof out - 1;
+    ssize_t ignored = write(STDERR_FILENO, out, (size_t)n);
     (void)ignored;
     snprintf(log_status, sizeof log_status, "%s", status != NULL ? status : "");
     return 1;

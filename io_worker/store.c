@@ -836,7 +836,7 @@ int fy_store_transfer_digest(struct fy_store *s, struct fy_ring *r, uint32_t ten
                              uint64_t offset, void *buf, size_t len, enum fy_io_dir dir,
                              int timeout_ms, uint64_t *digest)
 {
-    static uint64_t serial; /* in the tags, so that pieces of an abandoned transfer are told apart */
+    static uint64_t serial; /* in the tags: pieces of an abandoned transfer are told apart */
     uint64_t id = ++serial << 32;
     unsigned chunks = (unsigned)((len + FY_STORE_DIGEST_CHUNK - 1) / FY_STORE_DIGEST_CHUNK);
     unsigned max = (unsigned)(FY_STORE_DIGEST_CHUNK / s->su) + 2;

@@ -126,7 +126,8 @@ static uint64_t ssd_free(const char *list, unsigned *paths)
 static int batch_fits(const struct fy_dryrun_in *in, int B)
 {
     uint64_t working, set;
-    if (in->gpu_mem > 0 && fy_backend_gpu_bytes(in->backend, &in->model, B, in->T, &working, &set) &&
+    if (in->gpu_mem > 0 &&
+        fy_backend_gpu_bytes(in->backend, &in->model, B, in->T, &working, &set) &&
         working > in->gpu_mem)
         return 0;
     struct shape s = {0};
@@ -167,7 +168,8 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
     for (unsigned L = 1; L <= 4096; L = L < 64 ? L + 1 : L + L / 8) {
         struct fy_gpt_config c = in->model;
         c.n_layer = L;
-        if (free_bytes > 0 && state_bytes(&c) * in->copies + 2 * FY_COMMIT_RECORD_BYTES > free_bytes)
+        uint64_t store = state_bytes(&c) * in->copies + 2 * FY_COMMIT_RECORD_BYTES;
+        if (free_bytes > 0 && store > free_bytes)
             break;
         struct shape s = {0};
         int fits = shape_of(in, &c, in->B, 0, &s) == 0 &&

@@ -22,7 +22,7 @@ struct fy_dryrun_in {
     int ckpt_place;       /* 0 host, 1 ssd, 2 auto (as train's --ckpt-place) */
     unsigned copies;      /* of the state in the store: 2 or 1 */
     uint64_t cpu_mem, gpu_mem; /* 0: no cap */
-    const char *ssd;      /* the store's directories (comma list) for their free space; may be NULL */
+    const char *ssd;      /* the store's directories (comma list), for their free space; or NULL */
     struct fy_train_rates rates;
     const char *rates_from; /* where the rates come from, for the output */
 };

@@ -170,7 +170,8 @@ int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
     FY_TRY(fy_pool_name_for_run(s->run_dir, s->pool_name, sizeof s->pool_name));
     FY_TRY(fy_topo_load(&s->topo));
     FY_TRY(plan_affinity(s, o->affinity));
-    struct fy_pool_opts po = {.topo = s->topo, .numa_node = s->aff.numa_node, .run_dir = s->run_dir};
+    struct fy_pool_opts po = {.topo = s->topo, .numa_node = s->aff.numa_node,
+                              .run_dir = s->run_dir};
     FY_TRY(fy_pool_create(&s->pool, s->pool_name, regions, n, &po));
     return 0;
 }

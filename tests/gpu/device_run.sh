@@ -9,7 +9,8 @@ set -u
 OUT=${OUT:-/tmp/fuyou-device}
 mkdir -p "$OUT"
 export PATH=$PWD/.device/bin:$PATH
-[ -d "$PWD/.device/xxhash/usr/include" ] && export CPATH=$PWD/.device/xxhash/usr/include${CPATH:+:$CPATH}
+xxh=$PWD/.device/xxhash/usr/include
+[ -d "$xxh" ] && export CPATH=$xxh${CPATH:+:$CPATH}
 jobs=$(nproc)
 if ! make -j"$jobs" all tests benches build/tests/gpu/test_cuda_backend >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1

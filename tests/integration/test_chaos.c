@@ -394,7 +394,8 @@ static int newest_record(const char *store, struct fy_storemeta *m)
     for (int i = 0; i < 2; i++) {
         int fd = open(data, O_RDONLY);
         assert_true(fd >= 0);
-        ssize_t got = pread(fd, rec, sizeof rec, (off_t)extent_at(store, FY_TENSOR_COMMIT(i), NULL));
+        off_t at = (off_t)extent_at(store, FY_TENSOR_COMMIT(i), NULL);
+        ssize_t got = pread(fd, rec, sizeof rec, at);
         close(fd);
         if (got == (ssize_t)sizeof rec && fy_storemeta_check(rec, sizeof rec) == 0 &&
             fy_storemeta_decode(rec, sizeof rec, "test", &r) == 0 && (best < 0 || r.seq > m->seq)) {
@@ -550,8 +551,8 @@ static void test_full_filesystem(void **state)
     snprintf(store, sizeof store, "%s/store", mnt);
     snprintf(filler, sizeof filler, "%s/filler", mnt);
     assert_int_equal(mkdir(mnt, 0700), 0);
-    if (run_cmd(fy_test_fmt("truncate -s 48M '%s' && mkfs.ext4 -q -F -m 0 '%s' >/dev/null 2>&1", img,
-                            img)) != 0 ||
+    if (run_cmd(fy_test_fmt("truncate -s 48M '%s' && mkfs.ext4 -q -F -m 0 '%s' >/dev/null 2>&1",
+                            img, img)) != 0 ||
         run_cmd(fy_test_fmt("mount -o loop '%s' '%s' 2>/dev/null", img, mnt)) != 0) {
         printf("test_full_filesystem: skipped: cannot make and mount a small ext4 filesystem "
                "(needs root, mkfs.ext4 and loop devices)\n");

@@ -747,8 +747,8 @@ static void test_sigint_stops_at_a_step_boundary(void **state)
     int seen = fy_test_count_matches(f->log, "stopping once this step is done");
     int committed = fy_test_count_matches(f->log, "committed to the store");
     assert_int_equal(kill(pid, SIGINT), 0);
-    for (int i = 0; i < 500 && fy_test_count_matches(f->log, "stopping once this step is done") == seen;
-         i++) {
+    for (int i = 0;
+         i < 500 && fy_test_count_matches(f->log, "stopping once this step is done") == seen; i++) {
         struct timespec pause = {0, 10 * 1000000};
         nanosleep(&pause, NULL);
     }
