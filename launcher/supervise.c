@@ -26,6 +26,7 @@ struct sup_worker {
     int alive;
     int ready;
     int stopping; /* asked to stop: its exit is expected */
+    int terminated; /* sent SIGTERM at the stop because it could not be asked (not started) */
     int status;   /* waitpid status once reaped */
 };
 
@@ -154,7 +155,8 @@ static int reap(struct fy_sup *s)
             w->status = status;
             char how[128];
             describe_exit(w, how, sizeof how);
-            int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            int clean = (WIFEXITED(status) && WEXITSTATUS(status) == 0) ||
+                        (w->terminated && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
             if (w->stopping && clean) {
                 fy_info("%s worker (pid %d) exited", w->name, (int)pid);
             } else {
@@ -451,8 +453,16 @@ int fy_sup_stop(struct fy_sup *s, int timeout_ms)
         uint64_t seq = ++s->seq;
         stop.seq = seq;
         w->stopping = 1;
+        if (!w->ready) { /* still starting (a launch that failed): no request in flight, no
+                            channel to ask it on; waiting for it would only cost the timeout */
+            w->terminated = 1;
+            kill(w->pid, SIGTERM);
+            continue;
+        }
         if (fy_chan_send(s->chan, w->name, &stop, 1) < 0) {
             rc = -EIO;
+            w->terminated = 1;
+            kill(w->pid, SIGTERM);
             continue;
         }
         int64_t deadline = now_ms() + timeout_ms;

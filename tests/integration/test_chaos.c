@@ -563,6 +563,19 @@ static void test_full_filesystem(void **state)
     const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
                           "64", "--ctx", "32", "--seed", "5", "--ssd", store, NULL};
     assert_int_equal(fy_test_launch_in(c->f, init, 60), 0);
+    /* filled to the last block: the io worker cannot even start (its O_DIRECT probe); the launch
+     * says so and stops the other workers at once, not after the stop timeout */
+    run_cmd(fy_test_fmt("dd if=/dev/zero of='%s' bs=4k 2>/dev/null", filler));
+    const char *full_args[40];
+    train_args(full_args, run, c->f->data, STEPS, out, NULL);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(fy_test_launch_in(c->f, full_args, 120), 3);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_true(fy_test_file_contains(c->f->log, "the SSD is full (no room for a 4 KiB probe"));
+    assert_int_equal(fy_test_count_matches(c->f->log, "did not stop: sending"), 0);
+    assert_true(t1.tv_sec - t0.tv_sec < 8); /* the stop timeout is 10 s */
+    assert_int_equal(unlink(filler), 0);
     /* filled to 512 KiB short of full: room for the io worker's 4 KiB O_DIRECT probe, none for
      * the checkpoints' scratch extent (1 MiB at least) */
     assert_int_equal(run_cmd(fy_test_fmt("fallocate -l $(( ($(df --output=avail -B4096 '%s' | "
