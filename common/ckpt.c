@@ -127,15 +127,17 @@ static int decode_header(const uint8_t *b, uint32_t magic, uint32_t or_version, 
     return 0;
 }
 
-static uint64_t record_digest(uint8_t *record)
+/* The digest of a whole record with its own digest slots taken as zero. */
+static uint64_t record_digest(const uint8_t *record)
 {
-    uint32_t lo = get32(record, S_DIGEST_LO), hi = get32(record, S_DIGEST_HI);
-    put32(record, S_DIGEST_LO, 0);
-    put32(record, S_DIGEST_HI, 0);
-    uint64_t d = fy_digest(record, FY_COMMIT_RECORD_BYTES);
-    put32(record, S_DIGEST_LO, lo);
-    put32(record, S_DIGEST_HI, hi);
-    return d;
+    return fy_digest_zeroing(record, FY_COMMIT_RECORD_BYTES, 4 * S_DIGEST_LO, 8);
+}
+
+/* Whether a record's stored digest is its digest. */
+static int record_digest_ok(const uint8_t *record)
+{
+    uint64_t want = get32(record, S_DIGEST_LO) | (uint64_t)get32(record, S_DIGEST_HI) << 32;
+    return record_digest(record) == want;
 }
 
 void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t *record)
@@ -172,14 +174,7 @@ int fy_storemeta_check(const uint8_t *record, size_t len)
         return 0;
     if (version != FY_COMMIT_VERSION || len < FY_COMMIT_RECORD_BYTES)
         return -EBADMSG;
-    uint8_t *copy = malloc(FY_COMMIT_RECORD_BYTES);
-    if (copy == NULL)
-        return -ENOMEM;
-    memcpy(copy, record, FY_COMMIT_RECORD_BYTES);
-    uint64_t want = get32(record, S_DIGEST_LO) | (uint64_t)get32(record, S_DIGEST_HI) << 32;
-    int ok = record_digest(copy) == want;
-    free(copy);
-    return ok ? 0 : -EBADMSG;
+    return record_digest_ok(record) ? 0 : -EBADMSG;
 }
 
 int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
@@ -200,13 +195,7 @@ int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
     FY_REQUIRE(len >= FY_COMMIT_RECORD_BYTES, -EBADMSG,
                "%s: a commit record of version %d takes %d bytes, not %zu", where,
                FY_COMMIT_VERSION, (int)FY_COMMIT_RECORD_BYTES, len);
-    uint8_t *copy = malloc(FY_COMMIT_RECORD_BYTES);
-    FY_REQUIRE(copy != NULL, -ENOMEM, "%s: no memory to check a commit record", where);
-    memcpy(copy, record, FY_COMMIT_RECORD_BYTES);
-    uint64_t want = get32(record, S_DIGEST_LO) | (uint64_t)get32(record, S_DIGEST_HI) << 32;
-    uint64_t have = record_digest(copy);
-    free(copy);
-    FY_REQUIRE(have == want, -EBADMSG, "%s: commit record digest mismatch (torn or corrupt)",
+    FY_REQUIRE(record_digest_ok(record), -EBADMSG, "%s: commit record digest mismatch (torn or corrupt)",
                where);
     m->copy = get32(record, S_COPY);
     m->copies = get32(record, S_COPIES) ? get32(record, S_COPIES) : 2;

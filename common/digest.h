@@ -7,6 +7,9 @@
 #include <stdint.h>
 
 uint64_t fy_digest(const void *data, size_t len);
+/* fy_digest of data with bytes [hole, hole + hole_len) read as zero (hole_len <= 64): a record's
+ * digest over itself, its own digest field left out. */
+uint64_t fy_digest_zeroing(const void *data, size_t len, size_t hole, size_t hole_len);
 
 /* The same digest over data given in pieces, in order (equal to fy_digest of them joined). */
 struct fy_digest_state;
