@@ -126,10 +126,36 @@ int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, un
     return 0;
 }
 
-int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *m,
-                     uint64_t buf_off, const unsigned char *skip, unsigned *bad, int timeout_ms)
+int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                     uint64_t buf_off, const struct fy_gpt_config *c, uint64_t seed,
+                     unsigned copies, int (*fill)(void *ctx, unsigned unit, float *master),
+                     void *ctx, int timeout_ms)
 {
-    (void)pool;
+    struct fy_storemeta *m = calloc(1, sizeof *m);
+    FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
+    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0,
+                               .copies = copies};
+    int rc = fy_commit_prepare(x, c, copies, timeout_ms);
+    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
+        uint64_t bytes = fy_unit_state_bytes(c, u);
+        uint8_t *state = fy_pool_at(pool, buf_off, bytes);
+        rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, bytes, timeout_ms);
+        memset(state, 0, bytes); /* Adam's moments start at zero */
+        if (rc == 0)
+            rc = fill(ctx, u, (float *)state);
+        if (rc == 0)
+            rc = fy_io_call_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), buf_off, bytes,
+                                   &m->digest[u], timeout_ms);
+    }
+    if (rc == 0)
+        rc = fy_commit_write(x, pool, record_off, m, timeout_ms);
+    free(m);
+    return rc;
+}
+
+int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint64_t buf_off,
+                     const unsigned char *skip, unsigned *bad, int timeout_ms)
+{
     if (m->legacy)
         return 0;
     for (unsigned u = 0; u < fy_gpt_unit_count(&m->model); u++) {

@@ -34,6 +34,15 @@ int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t recor
 int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
                     const struct fy_storemeta *next, int timeout_ms);
 
+/* A new store's step 0: the extents commits need (fy_commit_prepare), then each unit's state
+ * extent in copy 0 written whole through the pool at buf_off (room for the largest unit's state):
+ * the master section as fill(ctx, unit, master) writes it, the moments zero; then the first
+ * commit (sequence 1, copy 0, every unit's digest) through the pool at record_off. */
+int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                     uint64_t buf_off, const struct fy_gpt_config *c, uint64_t seed,
+                     unsigned copies, int (*fill)(void *ctx, unsigned unit, float *master),
+                     void *ctx, int timeout_ms);
+
 /* Creates whatever commits need that the store lacks: both records' extents and, with two copies,
  * every unit's second copy (a store made before commit records has neither). Idempotent. */
 int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, unsigned copies,
@@ -43,8 +52,8 @@ int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, un
  * through the pool region at buf_off (at least the largest unit's state), and checks it against
  * the record's digests. 0, or -EBADMSG with *bad the first unit that does not match (said). A
  * version 1 record has no digests: nothing is read. */
-int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *m,
-                     uint64_t buf_off, const unsigned char *skip, unsigned *bad, int timeout_ms);
+int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint64_t buf_off,
+                     const unsigned char *skip, unsigned *bad, int timeout_ms);
 
 /* Unit u's master weights of the committed step in m into the pool at buf_off (room for the
  * unit's whole state: all of it is read, to check it against the record's digest). -EBADMSG where

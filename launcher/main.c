@@ -673,36 +673,23 @@ static void hf_regions(const struct fy_gpt_config *c, struct fy_pool_region_spec
     out[1] = (struct fy_pool_region_spec){"unit", unit};
 }
 
+/* A unit's master weights from the Hugging Face files (fy_commit_create's fill). */
+static int read_unit(void *src, unsigned unit, float *master)
+{
+    return fy_hfgpt2_read_unit(src, unit, master);
+}
+
 /* Each unit's state extent [master | m | v] from the checkpoint, one unit in the pool at a time:
  * the master section read from the Hugging Face files, zeros for the moments; then step 0
  * committed with the units' digests. */
 static int import_units(const struct fy_exec *x, struct fy_pool *pool, struct fy_hfgpt2_src *src,
                         unsigned copies, int timeout_ms)
 {
-    const struct fy_gpt_config *c = fy_hfgpt2_model(src);
     uint64_t off, bytes, meta_off, meta_bytes;
     FY_TRY(fy_pool_region(pool, "unit", &off, &bytes));
     FY_TRY(fy_pool_region(pool, "meta", &meta_off, &meta_bytes));
-    struct fy_storemeta *m = calloc(1, sizeof *m);
-    FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
-    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = 0, .seq = 1, .copy = 0,
-                               .copies = copies};
-    int rc = fy_commit_prepare(x, c, copies, timeout_ms);
-    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
-        uint64_t state = fy_unit_state_bytes(c, u);
-        uint8_t *params = fy_pool_at(pool, off, state);
-        rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, state, timeout_ms);
-        memset(params, 0, state); /* Adam's moments start at zero */
-        if (rc == 0)
-            rc = fy_hfgpt2_read_unit(src, u, (float *)params);
-        if (rc == 0)
-            rc = fy_io_call_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), off, state,
-                                   &m->digest[u], timeout_ms);
-    }
-    if (rc == 0)
-        rc = fy_commit_write(x, pool, meta_off, m, timeout_ms);
-    free(m);
-    return rc;
+    return fy_commit_create(x, pool, meta_off, off, fy_hfgpt2_model(src), 0, copies, read_unit,
+                            src, timeout_ms);
 }
 
 /* After a failed import that had created the store: its files, and what described the run. */

@@ -818,30 +818,26 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_con
     return 0;
 }
 
+struct init_ctx {
+    const struct fy_gpt_config *c;
+    uint64_t seed;
+};
+
+static int init_unit(void *ctx, unsigned unit, float *master)
+{
+    const struct init_ctx *i = ctx;
+    fy_gpt_init_unit(i->c, unit, i->seed, master);
+    return 0;
+}
+
 int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
                         uint64_t seed, unsigned copies, int timeout_ms)
 {
     struct run r;
     FY_TRY(run_init(&r, pool, c, 1, 1, FY_DTYPE_F32, x, timeout_ms));
-    struct fy_storemeta *m = calloc(1, sizeof *m);
-    FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
-    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0,
-                               .copies = copies};
-    int rc = fy_commit_prepare(x, c, copies, timeout_ms);
-    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
-        uint64_t bytes = fy_unit_state_bytes(c, u);
-        rc = io_op(&r, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, bytes);
-        uint8_t *state = fy_pool_at(pool, r.l.state, bytes);
-        memset(state, 0, bytes);
-        fy_gpt_init_unit(c, u, seed, (float *)state);
-        if (rc == 0)
-            rc = fy_io_call_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), r.l.state, bytes,
-                                   &m->digest[u], timeout_ms);
-    }
-    if (rc == 0)
-        rc = fy_commit_write(x, pool, r.l.meta, m, timeout_ms);
-    free(m);
-    return rc;
+    struct init_ctx ctx = {c, seed};
+    return fy_commit_create(x, pool, r.l.meta, r.l.state, c, seed, copies, init_unit, &ctx,
+                            timeout_ms);
 }
 
 int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char *where,
@@ -1632,7 +1628,7 @@ static int open_committed(struct run *r, struct fy_storemeta *meta,
         unsigned bad = 0;
         int rc = resident_transfer(r, FY_OP_IO_READ);
         if (rc == 0)
-            rc = fy_commit_verify(r->x, r->pool, meta, r->l.state, resident, &bad, r->timeout_ms);
+            rc = fy_commit_verify(r->x, meta, r->l.state, resident, &bad, r->timeout_ms);
         if (rc == 0 && !meta->legacy)
             fy_info("step %llu's state checked against its commit record in %.1f s",
                     (unsigned long long)meta->step, now_s() - t0);
