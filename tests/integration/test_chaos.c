@@ -160,9 +160,10 @@ static void assert_nothing_left(const char *run)
     assert_int_not_equal(access(fy_test_fmt("%s/ipc", run), F_OK), 0); /* its sockets */
 }
 
-/* A run's directory (a model initialised there), its export, metrics and background log. */
+/* A run's directory (a model initialised there), its export, metrics, background log, and its
+ * store's directory and data file. */
 struct run_paths {
-    char run[512], out[600], metrics[600], log[600];
+    char run[512], out[600], metrics[600], log[600], store[600], data[700];
 };
 
 static struct run_paths new_run(struct chaos *c, const char *name)
@@ -172,6 +173,8 @@ static struct run_paths new_run(struct chaos *c, const char *name)
     snprintf(p.out, sizeof p.out, "%s.fywt", p.run);
     snprintf(p.metrics, sizeof p.metrics, "%s/metrics.jsonl", p.run);
     snprintf(p.log, sizeof p.log, "%s.log", p.run);
+    snprintf(p.store, sizeof p.store, "%s/store", p.run);
+    snprintf(p.data, sizeof p.data, "%s/%s", p.store, FY_STORE_DATA_NAME);
     init_model(c->f, p.run);
     return p;
 }
@@ -436,12 +439,9 @@ static int train_to(struct chaos *c, const char *run, const char *steps, const c
 static void test_damaged_state_and_records(void **state)
 {
     struct chaos *c = *state;
-    char *run = fy_test_in(c->f, "damaged"), out[600];
-    char *store = fy_test_in(c->f, "damaged/store");
-    const char *data = fy_test_fmt("%s/%s", store, FY_STORE_DATA_NAME);
-    snprintf(out, sizeof out, "%s.fywt", run);
-    static struct fy_storemeta m, older;
-    init_model(c->f, run);
+    struct run_paths rp = new_run(c, "damaged");
+    const char *run = rp.run, *out = rp.out, *store = rp.store, *data = rp.data;
+    static struct fy_storemeta m;
 
     /* corrupted state: one byte of block 1's Adam v in the newest copy */
     assert_int_equal(train_to(c, run, "12", out), 0); /* commits at 3, 6, 9, 12 */
@@ -479,7 +479,6 @@ static void test_damaged_state_and_records(void **state)
     assert_memory_equal(before, after, before_len);
     free(before);
     free(after);
-    (void)older;
     assert_nothing_left(run);
 }
 
@@ -489,12 +488,9 @@ static void test_damaged_state_and_records(void **state)
 static void test_truncated_store(void **state)
 {
     struct chaos *c = *state;
-    char *run = fy_test_in(c->f, "truncated"), out[600];
-    char *store = fy_test_in(c->f, "truncated/store");
-    const char *data = fy_test_fmt("%s/%s", store, FY_STORE_DATA_NAME);
-    snprintf(out, sizeof out, "%s.fywt", run);
+    struct run_paths rp = new_run(c, "truncated");
+    const char *run = rp.run, *out = rp.out, *store = rp.store, *data = rp.data;
     static struct fy_storemeta m;
-    init_model(c->f, run);
     /* commits at 3, 6, 9 and 12 (seq 2 to 5): the newest, seq 5, is in copy 0, which init
      * allocated after copy 1, so it is the end of the file (scratch extents aside) */
     assert_int_equal(train_to(c, run, "12", out), 0);
@@ -518,9 +514,8 @@ static void test_truncated_store(void **state)
 static void test_disk_full(void **state)
 {
     struct chaos *c = *state;
-    char *run = fy_test_in(c->f, "full"), out[600];
-    snprintf(out, sizeof out, "%s.fywt", run);
-    init_model(c->f, run);
+    struct run_paths rp = new_run(c, "full");
+    const char *run = rp.run, *out = rp.out;
     setenv("FUYOU_TEST_IO_ENOSPC_AFTER", "150", 1);
     int rc = train_to(c, run, STEPS, out);
     unsetenv("FUYOU_TEST_IO_ENOSPC_AFTER");
