@@ -17,13 +17,15 @@
 # PIPELINE_GRAD_SLOTS (--grad-slots values, each run in turn for the host placement),
 # PIPELINE_STATE_COPIES (init --state-copies: 2, or 1 where two copies of a model's state do not
 # fit the disk, as 2.7B on the 64 GiB GPU machine),
-# PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_ACT_GIB (GiB of
+# PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_RUNS (instead of
+# every combination of the lists above, these runs in order, each B/PLACEMENT/SCHEDULE/ACT_PLAN,
+# e.g. "16/host/overlap/auto 64/ssd/overlap/recompute"), PIPELINE_ACT_GIB (GiB of
 # --cpu-mem beyond the placement's own for swapped activations; 0), PIPELINE_LOG_DIR (each run's
 # launcher log copied there), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
-# (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny
-# PIPELINE_SEQ=32 PIPELINE_BACKEND=cpu.
+# (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a
+# smoke test anywhere: PIPELINE_CONFIGS=tiny PIPELINE_SEQ=32 PIPELINE_BACKEND=cpu.
 set -u
 BUILD=${BUILD:-build}
 L=$BUILD/bin/fuyou-launch
@@ -96,43 +98,66 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     --state-copies "${PIPELINE_STATE_COPIES:-2}" \
     >"$work/init-$cfg.log" 2>&1 || { tail -5 "$work/init-$cfg.log"; exit 1; }
   echo "init $cfg: $(( $(date +%s) - t0 )) s"
-  for B in ${PIPELINE_BATCHES:-16}; do
-    # the compute time of the same step with every weight resident on the GPU, blocks recomputed
-    # (the bound below: the pipeline's own work when it keeps nothing) and every block's internals
-    # kept (all on the GPU, no budget: the throughput the pipeline is measured against)
+  # the compute time of the same step with every weight resident on the GPU, blocks recomputed
+  # (the bound below: the pipeline's own work when it keeps nothing) and every block's internals
+  # kept (all on the GPU, no budget: the throughput the pipeline is measured against); once a batch
+  compute_for() {
+    local B=$1 ms kept
     COMPUTE_S=0
-    if [ "$BACKEND" = cuda ]; then
-      gpu() { "$BUILD/bench/bench_gpu" --name "$cfg" $model --vocab 50304 --seq "$SEQ" --batch "$B" \
-                --iters 3 --mode "$1" 2>&1; }
-      ms=$(gpu recompute | grep 'fuyou-r' | grep -o 'fwd+bwd [0-9.]* ms' | cut -d' ' -f2)
-      # (every block's internals may not fit the device: then this says so)
-      kept=$(gpu kept | grep -o 'fwd+bwd [0-9.]* ms.*TFLOP/s\|error.*' | sed 's/(median of [0-9]*) *//')
-      [ -n "$ms" ] && COMPUTE_S=$(awk -v ms="$ms" 'BEGIN{print ms / 1000}')
-      echo "compute, all weights resident, blocks recomputed ($cfg, B $B): ${ms:-?} ms"
-      # printed with the table at the end
-      echo "all on the GPU, every block's internals kept ($cfg, B $B): ${kept:-?}" >>"$work/peers"
-    fi
-    export COMPUTE_S
-    for place in ${PIPELINE_PLACEMENTS:-host ssd}; do
-      # the SSD placement only at the batches in PIPELINE_SSD_BATCHES (default: all)
-      [ "$place" = ssd ] && [ -n "${PIPELINE_SSD_BATCHES:-}" ] &&
-        ! [[ " $PIPELINE_SSD_BATCHES " == *" $B "* ]] && continue
-      mem=$(awk -v p=$place -v s=$state -v k=$slots -v a=$act -v b=$B -v x=${PIPELINE_ACT_GIB:-0} \
-        'BEGIN{printf "%dM", 1024 * (x + (p == "host" ? s + k + a * b + 5 : k + a * b + 1))}')
-      for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
-        for plan in ${PIPELINE_ACT_PLANS:-auto}; do
-          run "$cfg-$B-$place-$sched-$plan" "$cfg" "$B" "$place" "$sched" 2 "$mem" "" "$plan"
-        done
-      done
-      if [ "$place" = host ]; then
-        for gs in ${PIPELINE_GRAD_SLOTS:-}; do
-          run "$cfg-$B-$place-overlap-g$gs" "$cfg" "$B" "$place" overlap 2 "$mem" "$gs"
-        done
-      fi
-      [ "$place" = host ] && [ "${PIPELINE_QUEUE1:-1}" = 1 ] &&
-        run "$cfg-$B-$place-overlap-q1" "$cfg" "$B" "$place" overlap 1 "$mem"
+    [ "$BACKEND" = cuda ] || return 0
+    [ -f "$work/compute-$cfg-$B" ] && { COMPUTE_S=$(cat "$work/compute-$cfg-$B"); return 0; }
+    gpu() { "$BUILD/bench/bench_gpu" --name "$cfg" $model --vocab 50304 --seq "$SEQ" --batch "$B" \
+              --iters 3 --mode "$1" 2>&1; }
+    ms=$(gpu recompute | grep 'fuyou-r' | grep -o 'fwd+bwd [0-9.]* ms' | cut -d' ' -f2)
+    # (every block's internals may not fit the device: then this says so)
+    kept=$(gpu kept | grep -o 'fwd+bwd [0-9.]* ms.*TFLOP/s\|error.*' |
+      sed 's/(median of [0-9]*) *//')
+    [ -n "$ms" ] && COMPUTE_S=$(awk -v ms="$ms" 'BEGIN{print ms / 1000}')
+    echo "$COMPUTE_S" >"$work/compute-$cfg-$B"
+    echo "compute, all weights resident, blocks recomputed ($cfg, B $B): ${ms:-?} ms"
+    # printed with the table at the end
+    echo "all on the GPU, every block's internals kept ($cfg, B $B): ${kept:-?}" >>"$work/peers"
+  }
+  # --cpu-mem of a placement at batch B: GiB of optimizer state, the streaming slots (12 of the
+  # largest unit, the embeddings), the fp32 activations per sequence of the batch; host holds all
+  # three and 5 GiB (room for the block gradient slots that let the optimizer lag the backward),
+  # ssd the last two and 1 GiB
+  mem_for() {
+    awk -v p=$1 -v s=$state -v k=$slots -v a=$act -v b=$2 -v x=${PIPELINE_ACT_GIB:-0} \
+      'BEGIN{printf "%dM", 1024 * (x + (p == "host" ? s + k + a * b + 5 : k + a * b + 1))}'
+  }
+  if [ -n "${PIPELINE_RUNS:-}" ]; then
+    # an explicit list of runs, each B/PLACE/SCHEDULE/ACT_PLAN, in order on one store
+    for r in $PIPELINE_RUNS; do
+      IFS=/ read -r B place sched plan <<<"$r"
+      compute_for "$B"; export COMPUTE_S
+      run "$cfg-$B-$place-$sched-$plan" "$cfg" "$B" "$place" "$sched" 2 "$(mem_for "$place" "$B")" \
+        "" "$plan"
     done
-  done
+  else
+    for B in ${PIPELINE_BATCHES:-16}; do
+      compute_for "$B"
+      export COMPUTE_S
+      for place in ${PIPELINE_PLACEMENTS:-host ssd}; do
+        # the SSD placement only at the batches in PIPELINE_SSD_BATCHES (default: all)
+        [ "$place" = ssd ] && [ -n "${PIPELINE_SSD_BATCHES:-}" ] &&
+          ! [[ " $PIPELINE_SSD_BATCHES " == *" $B "* ]] && continue
+        mem=$(mem_for "$place" "$B")
+        for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
+          for plan in ${PIPELINE_ACT_PLANS:-auto}; do
+            run "$cfg-$B-$place-$sched-$plan" "$cfg" "$B" "$place" "$sched" 2 "$mem" "" "$plan"
+          done
+        done
+        if [ "$place" = host ]; then
+          for gs in ${PIPELINE_GRAD_SLOTS:-}; do
+            run "$cfg-$B-$place-overlap-g$gs" "$cfg" "$B" "$place" overlap 2 "$mem" "$gs"
+          done
+        fi
+        [ "$place" = host ] && [ "${PIPELINE_QUEUE1:-1}" = 1 ] &&
+          run "$cfg-$B-$place-overlap-q1" "$cfg" "$B" "$place" overlap 1 "$mem"
+      done
+    done
+  fi
   rm -rf "$work/run-$cfg"
   # the peer in the same run: PyTorch FSDP2 with CPU offload on this GPU, same model and formula
   if [ "$BACKEND" = cuda ] && [ "${PIPELINE_FSDP2:-1}" = 1 ] && [ "$cfg" != tiny ]; then
