@@ -63,7 +63,7 @@ BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 GPU_BENCH_BINS := $(if $(NVCC),$(patsubst tests/bench/%.cu,$(BUILD)/bench/%,$(wildcard tests/bench/bench_*.cu)))
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o $(BUILD)/obj/tests/refmodel.o
 
-.PHONY: all deps check-deps test test-gpu bench bench-gpu bench-pipeline tests benches demo clean
+.PHONY: all deps check-deps test test-gpu bench bench-gpu bench-pipeline bench-affinity tests benches demo clean
 all: check-deps $(BINS)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -141,6 +141,11 @@ bench-gpu: benches
 bench-pipeline: all
 	@$(if $(NVCC),true,echo "bench-pipeline needs nvcc and an NVIDIA GPU"; exit 1)
 	BUILD=$(BUILD) tests/bench/bench_pipeline.sh
+
+# The workers' CPU placement (--affinity) against the optimizer's rate and the step.
+bench-affinity: all
+	@$(if $(NVCC),true,echo "bench-affinity needs nvcc and an NVIDIA GPU"; exit 1)
+	BUILD=$(BUILD) tests/bench/bench_affinity.sh
 
 # The main job on a fresh machine: prepare the bundled sample text (the project's own docs and
 # sources) and fine-tune a small byte-level GPT through the three worker processes on the CPU.

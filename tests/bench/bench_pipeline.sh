@@ -18,8 +18,9 @@
 # PIPELINE_STATE_COPIES (init --state-copies: 2, or 1 where two copies of a model's state do not
 # fit the disk, as 2.7B on the 64 GiB GPU machine),
 # PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_RUNS (instead of
-# every combination of the lists above, these runs in order, each B/PLACEMENT/SCHEDULE/ACT_PLAN,
-# e.g. "16/host/overlap/auto 64/ssd/overlap/recompute"), PIPELINE_ACT_GIB (GiB of
+# every combination of the lists above, these runs in order, each B/PLACEMENT/SCHEDULE/ACT_PLAN
+# with an optional /AFFINITY (--affinity, default auto), e.g. "16/host/overlap/auto
+# 16/host/overlap/auto/gpu=0,io=0,opt=0-7 64/ssd/overlap/recompute"), PIPELINE_ACT_GIB (GiB of
 # --cpu-mem beyond the placement's own for swapped activations; 0), PIPELINE_LOG_DIR (each run's
 # launcher log copied there), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
@@ -36,15 +37,16 @@ work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
-printf "%-5s %3s %-5s %-8s %-9s %-6s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s\n" \
-  config B place schedule act-plan queue gslots "step s" "TFLOP/s" "gpu idle" "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" \
-  "opt s" "bound s" "x bound" >"$table"
+row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %s\n"
+printf "$row_format" config B place schedule act-plan queue gslots "step s" "TFLOP/s" "gpu idle" \
+  "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" affinity >"$table"
 "$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
 
-# run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM [GRAD_SLOTS [ACT_PLAN]]: STEPS+1 more steps on the
-# config's store
+# run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM [GRAD_SLOTS [ACT_PLAN [AFFINITY]]]: STEPS+1 more
+# steps on the config's store
 run() {
   local cfg=$2 B=$3 place=$4 sched=$5 queue=$6 mem=$7 gslots=${8:-} plan=${9:-auto}
+  local affinity=${10:-auto}
   local dir=$work/run-$cfg done_steps steps=$STEPS
   [ "$place" = ssd ] && steps=${PIPELINE_SSD_STEPS:-$STEPS}
   done_steps=$(cat "$dir/steps" 2>/dev/null || echo 0)
@@ -54,7 +56,7 @@ run() {
     --batch "$B" --seq "$SEQ" --lr 1e-4 --warmup 1 --eval-every 0 --checkpoint-every 0 \
     --backend "$BACKEND" --gpu-mem 24G --cpu-mem "$mem" --schedule "$sched" \
     ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} --act-plan "$plan" \
-    ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
+    --affinity "$affinity" ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
     { echo "run $1 failed:"; tail -5 "$log"; return 1; }
   [ -n "${PIPELINE_LOG_DIR:-}" ] && cp "$log" "$PIPELINE_LOG_DIR/"
   echo $total >"$dir/steps"
@@ -76,10 +78,9 @@ print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f" % (m("step_s"),
       100 * m("gpu_idle"), m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
       m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0))' |
     while read -r s tf idle g up down r w o bd x; do
-      printf "%-5s %3s %-5s %-8s %-9s %-6s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s\n" \
-        "$cfg" "$B" "$place" "$sched" "$plan" "$([ "$queue" = 1 ] && echo 1 || echo 2)" \
-        "${gslots:-3}" "$s" "$tf" "$idle" "$g" "$up" \
-        "$down" "$r" "$w" "$o" "$bd" "$x" | tee -a "$table"
+      printf "$row_format" "$cfg" "$B" "$place" "$sched" "$plan" \
+        "$([ "$queue" = 1 ] && echo 1 || echo 2)" "${gslots:-3}" "$s" "$tf" "$idle" "$g" "$up" \
+        "$down" "$r" "$w" "$o" "$bd" "$x" "$affinity" | tee -a "$table"
     done
 }
 
@@ -129,10 +130,10 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
   if [ -n "${PIPELINE_RUNS:-}" ]; then
     # an explicit list of runs, each B/PLACE/SCHEDULE/ACT_PLAN, in order on one store
     for r in $PIPELINE_RUNS; do
-      IFS=/ read -r B place sched plan <<<"$r"
+      IFS=/ read -r B place sched plan affinity <<<"$r"
       compute_for "$B"; export COMPUTE_S
-      run "$cfg-$B-$place-$sched-$plan" "$cfg" "$B" "$place" "$sched" 2 "$(mem_for "$place" "$B")" \
-        "" "$plan"
+      run "$cfg-$B-$place-$sched-$plan${affinity:+-${affinity//[=,]/_}}" "$cfg" "$B" "$place" \
+        "$sched" 2 "$(mem_for "$place" "$B")" "" "$plan" "${affinity:-auto}"
     done
   else
     for B in ${PIPELINE_BATCHES:-16}; do
