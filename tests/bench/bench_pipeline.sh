@@ -116,8 +116,9 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     [ -n "$ms" ] && COMPUTE_S=$(awk -v ms="$ms" 'BEGIN{print ms / 1000}')
     echo "$COMPUTE_S" >"$work/compute-$cfg-$B"
     echo "compute, all weights resident, blocks recomputed ($cfg, B $B): ${ms:-?} ms"
-    # printed with the table at the end
-    echo "all on the GPU, every block's internals kept ($cfg, B $B): ${kept:-?}" >>"$work/peers"
+    # printed with the table at the end too
+    echo "all on the GPU, every block's internals kept ($cfg, B $B): ${kept:-?}" |
+      tee -a "$work/peers"
   }
   # --cpu-mem of a placement at batch B: GiB of optimizer state, the streaming slots (12 of the
   # largest unit, the embeddings), the fp32 activations per sequence of the batch; host holds all
