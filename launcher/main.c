@@ -1114,12 +1114,17 @@ static int cmd_probe(struct options *o)
             "the SSD store on %s, memory copies, AdamW per thread count", po.backend, o->ssd);
     struct fy_probe_result r;
     FY_TRY(fy_probe_run(&po, &r));
-    fy_info("probe: %s: %.4g TFLOP/s (a block, recomputed as in training); copies to %.1f GB/s, "
-            "from %.1f GB/s, both ways %.1f GB/s", r.device, r.rates.gpu_flops * 1e-12,
-            r.rates.h2d * 1e-9, r.rates.d2h * 1e-9, r.duplex_Bps * 1e-9);
+    fy_info("probe: %s: %.4g TFLOP/s (a block, recomputed as in training), %.4g TFLOP/s its QKV "
+            "product alone; copies to %.1f GB/s, from %.1f GB/s, both ways %.1f GB/s", r.device,
+            r.rates.gpu_flops * 1e-12, r.gemm_flops * 1e-12, r.rates.h2d * 1e-9,
+            r.rates.d2h * 1e-9, r.duplex_Bps * 1e-9);
+    for (unsigned i = 0; r.ssd_paths > 1 && i < r.ssd_paths; i++)
+        fy_info("probe: SSD path %s alone: read %.2f GB/s, write %.2f GB/s", r.ssd_path[i],
+                r.ssd_path_read[i] * 1e-9, r.ssd_path_write[i] * 1e-9);
     fy_info("probe: SSD store on %u path%s: read %.2f GB/s, write %.2f GB/s; memory copy %.1f "
-            "GB/s", r.ssd_paths, r.ssd_paths == 1 ? "" : "s", r.rates.ssd_read * 1e-9,
-            r.rates.ssd_write * 1e-9, r.memcpy_Bps * 1e-9);
+            "GB/s by one thread, %.1f GB/s by %u", r.ssd_paths, r.ssd_paths == 1 ? "" : "s",
+            r.rates.ssd_read * 1e-9, r.rates.ssd_write * 1e-9, r.memcpy_Bps * 1e-9,
+            r.memcpy_all_Bps * 1e-9, r.memcpy_threads);
     char per[512] = "";
     for (unsigned i = 0; i < r.n_threads; i++)
         snprintf(per + strlen(per), sizeof per - strlen(per), "%s%u: %.2f", i ? ", " : "",

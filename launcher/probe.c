@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/check.h"
 #include "common/config.h"
 #include "common/desc.h"
@@ -51,6 +53,7 @@ static int probe_backend(const struct fy_probe_opts *o, struct fy_probe_result *
         double tokens = (double)B * T;
         double flops = tokens * (6.0 * (double)fy_gpt_unit_params(&c, 1) + 6.0 * T * c.n_embd);
         r->rates.gpu_flops = flops / (2 * p.fwd_s + p.bwd_s);
+        r->gemm_flops = p.flops_per_s;
         r->rates.h2d = p.h2d_Bps;
         r->rates.d2h = p.d2h_Bps;
         r->duplex_Bps = p.duplex_Bps;
@@ -61,22 +64,11 @@ static int probe_backend(const struct fy_probe_opts *o, struct fy_probe_result *
     return rc;
 }
 
-/* The store over the given paths, as the io worker builds it, in a scratch directory of each:
- * io_bytes written, synced, read back (O_DIRECT: from the device), then removed. */
-static int probe_ssd(const struct fy_probe_opts *o, struct fy_probe_result *r)
+/* A scratch store over paths[0..n), as the io worker builds it: io_bytes written, synced, read
+ * back (O_DIRECT: from the device); the files are removed by the caller. */
+static int probe_store(const char *const *paths, unsigned n, uint64_t total, double *read_Bps,
+                       double *write_Bps)
 {
-    char list[4096], dirs[16][PATH_MAX];
-    const char *paths[16];
-    unsigned n = 0;
-    snprintf(list, sizeof list, "%s", o->ssd);
-    for (char *save = NULL, *p = strtok_r(list, ",", &save); p != NULL && n < 16;
-         p = strtok_r(NULL, ",", &save), n++) {
-        snprintf(dirs[n], sizeof dirs[n], "%s/.fuyou-probe-%d", p, (int)getpid());
-        FY_SYS(mkdir(dirs[n], 0700), "probe: cannot create %s", dirs[n]);
-        paths[n] = dirs[n];
-    }
-    r->ssd_paths = n;
-    uint64_t total = o->io_bytes ? o->io_bytes : (uint64_t)1 << 30;
     size_t chunk = (size_t)64 << 20;
     total = (total + chunk - 1) / chunk * chunk;
     struct fy_store *s = NULL;
@@ -106,41 +98,103 @@ static int probe_ssd(const struct fy_probe_opts *o, struct fy_probe_result *r)
         rc = fy_store_read(s, ring, 1, at, buf, chunk, 120000);
     double t2 = now_s();
     if (rc == 0) {
-        r->rates.ssd_write = (double)total / (t1 - t0);
-        r->rates.ssd_read = (double)total / (t2 - t1);
+        *write_Bps = (double)total / (t1 - t0);
+        *read_Bps = (double)total / (t2 - t1);
     }
     fy_ring_destroy(&ring);
     fy_store_close(&s);
     free(buf);
-    for (unsigned i = 0; i < n; i++) { /* the scratch store's files, then its directory */
-        static const char *const files[] = {FY_STORE_DATA_NAME, FY_STORE_INDEX_NAME};
-        for (int f = 0; f < 2; f++) {
-            char path[PATH_MAX + 32];
-            snprintf(path, sizeof path, "%s/%s", dirs[i], files[f]);
-            unlink(path);
-        }
+    return rc;
+}
+
+static void remove_scratch_store(const char *dir)
+{
+    static const char *const files[] = {FY_STORE_DATA_NAME, FY_STORE_INDEX_NAME};
+    for (int f = 0; f < 2; f++) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/%s", dir, files[f]);
+        unlink(path);
+    }
+}
+
+/* Each path alone (when there are several: a slow one shows), then the store over all of them
+ * together, which is what training sees and what the planner takes. */
+static int probe_ssd(const struct fy_probe_opts *o, struct fy_probe_result *r)
+{
+    char list[4096], dirs[FY_PROBE_MAX_PATHS][PATH_MAX];
+    const char *paths[FY_PROBE_MAX_PATHS];
+    unsigned n = 0;
+    snprintf(list, sizeof list, "%s", o->ssd);
+    for (char *save = NULL, *p = strtok_r(list, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
+        FY_REQUIRE(n < FY_PROBE_MAX_PATHS, -EINVAL, "probe: more than %d SSD paths in --ssd %s",
+                   FY_PROBE_MAX_PATHS, o->ssd);
+        snprintf(r->ssd_path[n], sizeof r->ssd_path[n], "%s", p);
+        snprintf(dirs[n], sizeof dirs[n], "%s/.fuyou-probe-%d", p, (int)getpid());
+        FY_SYS(mkdir(dirs[n], 0700), "probe: cannot create %s", dirs[n]);
+        paths[n] = dirs[n];
+        n++;
+    }
+    r->ssd_paths = n;
+    uint64_t total = o->io_bytes ? o->io_bytes : (uint64_t)1 << 30;
+    int rc = 0;
+    for (unsigned i = 0; rc == 0 && n > 1 && i < n; i++) {
+        rc = probe_store(&paths[i], 1, total, &r->ssd_path_read[i], &r->ssd_path_write[i]);
+        remove_scratch_store(dirs[i]);
+    }
+    if (rc == 0)
+        rc = probe_store(paths, n, total * n, &r->rates.ssd_read, &r->rates.ssd_write);
+    if (n == 1) {
+        r->ssd_path_read[0] = r->rates.ssd_read;
+        r->ssd_path_write[0] = r->rates.ssd_write;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        remove_scratch_store(dirs[i]);
         rmdir(dirs[i]);
     }
     return rc;
 }
 
+struct memcpy_job {
+    char *a, *b;
+    size_t bytes;
+};
+
+static int copy_share(void *arg, unsigned index, unsigned count)
+{
+    struct memcpy_job *j = arg;
+    size_t begin, end;
+    fy_threads_split(j->bytes, 4096, index, count, &begin, &end);
+    for (int i = 0; i < 4; i++)
+        memcpy((i % 2 ? j->a : j->b) + begin, (i % 2 ? j->b : j->a) + begin, end - begin);
+    return 0;
+}
+
+/* Host memory bandwidth: a 256 MiB copy back and forth, by one thread and by one thread per
+ * core (what the optimizer's threads share). */
 static void probe_memcpy(struct fy_probe_result *r)
 {
-    size_t bytes = (size_t)256 << 20;
-    char *a = malloc(bytes), *b = malloc(bytes);
-    if (a == NULL || b == NULL) {
-        free(a);
-        free(b);
-        return;
+    struct memcpy_job j = {.bytes = (size_t)256 << 20};
+    j.a = malloc(j.bytes);
+    j.b = malloc(j.bytes);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    struct fy_threads *pool = NULL;
+    if (j.a != NULL && j.b != NULL &&
+        fy_threads_new(&pool, NULL, cores > 1 ? (unsigned)cores : 1) == 0) {
+        memset(j.a, 1, j.bytes);
+        memset(j.b, 2, j.bytes); /* every page touched before the timing */
+        double t0 = now_s();
+        copy_share(&j, 0, 1);
+        r->memcpy_Bps = 4.0 * (double)j.bytes / (now_s() - t0);
+        fy_threads_run(pool, copy_share, &j); /* a warm-up of the threads' pages */
+        t0 = now_s();
+        fy_threads_run(pool, copy_share, &j);
+        r->memcpy_all_Bps = 4.0 * (double)j.bytes / (now_s() - t0);
+        r->memcpy_threads = fy_threads_count(pool);
     }
-    memset(a, 1, bytes);
-    memset(b, 2, bytes); /* every page touched before the timing */
-    double t0 = now_s();
-    for (int i = 0; i < 4; i++)
-        memcpy(i % 2 ? a : b, i % 2 ? b : a, bytes);
-    r->memcpy_Bps = 4.0 * (double)bytes / (now_s() - t0);
-    free(a);
-    free(b);
+    fy_threads_destroy(&pool);
+    free(j.a);
+    free(j.b);
 }
 
 /* AdamW over 16M parameters (bf16 gradients, as in training) with 1, 2, 4, ... threads up to the
@@ -206,19 +260,50 @@ int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r)
 
 int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct fy_probe_result *r)
 {
+    cJSON *root = cJSON_CreateObject(), *paths = NULL, *threads = NULL;
+    int ok = root != NULL;
+    /* the six rates plan and train read (launcher/dryrun.h), then the details */
+    const struct { const char *key; double value; } rates[] = {
+        {"gpu_flops", r->rates.gpu_flops}, {"h2d", r->rates.h2d}, {"d2h", r->rates.d2h},
+        {"ssd_read", r->rates.ssd_read}, {"ssd_write", r->rates.ssd_write},
+        {"opt_params", r->rates.opt_params}};
+    for (size_t i = 0; ok && i < sizeof rates / sizeof rates[0]; i++)
+        ok = cJSON_AddNumberToObject(root, rates[i].key, rates[i].value) != NULL;
+    ok = ok && cJSON_AddStringToObject(root, "backend", o->backend) != NULL &&
+         cJSON_AddStringToObject(root, "device", r->device) != NULL &&
+         cJSON_AddNumberToObject(root, "copies_both_ways", r->duplex_Bps) != NULL &&
+         cJSON_AddNumberToObject(root, "gemm_flops", r->gemm_flops) != NULL &&
+         cJSON_AddNumberToObject(root, "memcpy", r->memcpy_Bps) != NULL &&
+         cJSON_AddNumberToObject(root, "memcpy_all_threads", r->memcpy_all_Bps) != NULL &&
+         cJSON_AddNumberToObject(root, "memcpy_threads", r->memcpy_threads) != NULL &&
+         (paths = cJSON_AddArrayToObject(root, "ssd_by_path")) != NULL;
+    for (unsigned i = 0; ok && i < r->ssd_paths; i++) {
+        cJSON *one = cJSON_CreateObject();
+        ok = one != NULL && cJSON_AddItemToArray(paths, one) &&
+             cJSON_AddStringToObject(one, "path", r->ssd_path[i]) != NULL &&
+             cJSON_AddNumberToObject(one, "read", r->ssd_path_read[i]) != NULL &&
+             cJSON_AddNumberToObject(one, "write", r->ssd_path_write[i]) != NULL;
+    }
+    ok = ok && (threads = cJSON_AddObjectToObject(root, "adamw_by_threads")) != NULL;
+    for (unsigned i = 0; ok && i < r->n_threads; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%u", r->threads[i]);
+        ok = cJSON_AddNumberToObject(threads, key, r->opt_params[i]) != NULL;
+    }
+    ok = ok && cJSON_AddNumberToObject(root, "probe_seconds", r->seconds) != NULL;
+    char *text = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    FY_REQUIRE(text != NULL, -ENOMEM, "probe: out of memory writing the machine profile");
     char tmp[PATH_MAX + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
-    FY_SYS(f == NULL ? -1 : 0, "probe: cannot create %s", tmp);
-    fprintf(f, "{\n  \"gpu_flops\": %.6g,\n  \"h2d\": %.6g,\n  \"d2h\": %.6g,\n"
-               "  \"ssd_read\": %.6g,\n  \"ssd_write\": %.6g,\n  \"opt_params\": %.6g,\n",
-            r->rates.gpu_flops, r->rates.h2d, r->rates.d2h, r->rates.ssd_read,
-            r->rates.ssd_write, r->rates.opt_params);
-    fprintf(f, "  \"backend\": \"%s\",\n  \"device\": \"%s\",\n  \"copies_both_ways\": %.6g,\n"
-               "  \"memcpy\": %.6g,\n  \"ssd_paths\": %u,\n  \"adamw_by_threads\": {",
-            o->backend, r->device, r->duplex_Bps, r->memcpy_Bps, r->ssd_paths);
-    for (unsigned i = 0; i < r->n_threads; i++)
-        fprintf(f, "%s\"%u\": %.6g", i ? ", " : "", r->threads[i], r->opt_params[i]);
-    fprintf(f, "},\n  \"probe_seconds\": %.3f\n}\n", r->seconds);
+    if (f == NULL) {
+        int err = errno;
+        free(text);
+        errno = err;
+        FY_SYS(-1, "probe: cannot create %s", tmp);
+    }
+    fprintf(f, "%s\n", text);
+    free(text);
     return fy_file_replace(f, tmp, path);
 }

@@ -1,8 +1,9 @@
 /* fuyou-launch probe: measures this machine for the planner, in under a minute: the backend's
  * block compute rate and its copies to and from the device (each way and both at once: PCIe on
- * the CUDA backend, memory copies on the CPU one), the SSD store's read and write bandwidth
- * through the io engine over the given paths together, host memory copy bandwidth, and AdamW's
- * rate for each thread count. Saves a machine profile (JSON) that `plan --machine` and `train`
+ * the CUDA backend, memory copies on the CPU one) and its GEMM rate, the SSD store's read and
+ * write bandwidth through the io engine on each given path alone and over all of them together,
+ * host memory copy bandwidth (one thread, and one per core), and AdamW's rate for each thread
+ * count. Saves a machine profile (JSON) that `plan --machine` and `train`
  * (RUN/machine.json) use instead of the reference machine's figures. */
 #ifndef FY_PROBE_H
 #define FY_PROBE_H
@@ -12,6 +13,7 @@
 #include "launcher/train.h"
 
 #define FY_PROBE_MAX_THREADS 16
+#define FY_PROBE_MAX_PATHS 16
 
 struct fy_probe_opts {
     const char *backend; /* "cpu" or "cuda" (resolved) */
@@ -23,9 +25,15 @@ struct fy_probe_opts {
 struct fy_probe_result {
     struct fy_train_rates rates; /* what plan and train predict from */
     double duplex_Bps;           /* copies both ways at once, summed */
-    double memcpy_Bps;           /* host memory copy, bytes copied per second */
+    double gemm_flops;           /* the block's QKV product alone (the GEMM rate), FLOP/s */
+    double memcpy_Bps;           /* host memory copy by one thread, bytes copied per second */
+    double memcpy_all_Bps;       /* ... by memcpy_threads threads, one per core */
+    unsigned memcpy_threads;
     char device[128];
     unsigned ssd_paths;
+    /* each path's store alone (with one path: the store's figures) */
+    char ssd_path[FY_PROBE_MAX_PATHS][256];
+    double ssd_path_read[FY_PROBE_MAX_PATHS], ssd_path_write[FY_PROBE_MAX_PATHS];
     unsigned n_threads;          /* AdamW measured with threads[0..n) */
     unsigned threads[FY_PROBE_MAX_THREADS];
     double opt_params[FY_PROBE_MAX_THREADS];

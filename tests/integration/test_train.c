@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -402,6 +403,19 @@ static void test_plan_by_hand(void **state)
     assert_true(fy_test_file_contains(f->log, "\"ssd_write\" must be a positive number"));
 }
 
+/* Entries of a directory other than . and .. (-1: cannot be read). */
+static int entries_in(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
 /* fuyou-launch probe measures this machine (here the CPU backend: the GPU parts are said to be
  * skipped) into RUN/machine.json, six positive rates that plan then predicts from. */
 static void test_probe_then_plan(void **state)
@@ -415,8 +429,8 @@ static void test_probe_then_plan(void **state)
     assert_true(fy_test_file_contains(f->log, "probe: took "));
     char *profile = fy_test_slurp(fy_test_fmt("%s/machine.json", run), NULL);
     assert_non_null(profile);
-    static const char *const keys[] = {"\"gpu_flops\": ", "\"h2d\": ", "\"d2h\": ",
-                                       "\"ssd_read\": ", "\"ssd_write\": ", "\"opt_params\": "};
+    static const char *const keys[] = {"\"gpu_flops\":", "\"h2d\":", "\"d2h\":",
+                                       "\"ssd_read\":", "\"ssd_write\":", "\"opt_params\":"};
     for (int i = 0; i < 6; i++) {
         char *at = strstr(profile, keys[i]);
         assert_non_null(at);
@@ -429,6 +443,34 @@ static void test_probe_then_plan(void **state)
     assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
     assert_true(fy_test_file_contains(f->log, fy_test_fmt("rates: %s/machine.json", run)));
     assert_true(fy_test_file_contains(f->log, "plan: predicted step "));
+
+    /* two SSD paths: each measured alone, then together; host memory by one thread and by all */
+    char *a = fy_test_in(f, "ssd-a"), *b = fy_test_in(f, "ssd-b"), *out = fy_test_in(f, "m.json");
+    assert_int_equal(mkdir(a, 0700), 0);
+    assert_int_equal(mkdir(b, 0700), 0);
+    const char *two[] = {"probe", "--ssd", fy_test_fmt("%s,%s", a, b), "--out", out, "--backend",
+                         "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, two, 120), 0);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("probe: SSD path %s alone: read ", a)));
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("probe: SSD path %s alone: read ", b)));
+    assert_true(fy_test_file_contains(f->log, "probe: SSD store on 2 paths: read "));
+    profile = fy_test_slurp(out, NULL);
+    assert_non_null(profile);
+    const char *at = profile;
+    for (int i = 0; i < 2; i++) {
+        at = strstr(at, "\"read\":");
+        assert_non_null(at);
+        assert_true(atof(at + strlen("\"read\":")) > 0);
+        at = strstr(at, "\"write\":");
+        assert_non_null(at);
+        assert_true(atof(at + strlen("\"write\":")) > 0);
+    }
+    at = strstr(profile, "\"memcpy_all_threads\":");
+    assert_non_null(at);
+    assert_true(atof(at + strlen("\"memcpy_all_threads\":")) > 0);
+    free(profile);
+    assert_int_equal(entries_in(a), 0); /* the scratch stores are gone */
+    assert_int_equal(entries_in(b), 0);
 }
 
 /* Progress for people: on a terminal (here script(1)'s pseudo-terminal) one status line with the
