@@ -8,8 +8,8 @@
 # fraction and per-resource busy times (gpu worker, its copies to and from the GPU, SSD reads and
 # writes, AdamW). The last step of each run also writes the resident state
 # to the store and syncs it (a checkpoint) and is left out as well.
-# Environment: PIPELINE_CONFIGS ("1.3B" or "1.3B 2.7B"), PIPELINE_BATCHES ("16 64"),
-# PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"), PIPELINE_QUEUE1 (1: also
+# Environment: PIPELINE_CONFIGS ("1.3B", or "1.3B 2.7B"; "350M" for quick looks), PIPELINE_BATCHES
+# ("16 64"), PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"), PIPELINE_QUEUE1 (1: also
 # the host placement with one request at a time), PIPELINE_FSDP2 (1: also PyTorch FSDP2 with CPU
 # offload, tests/bench/fsdp2_offload.py, at the batches in PIPELINE_FSDP2_BATCHES, "16"),
 # PIPELINE_STEPS (timed steps per run, 2), PIPELINE_SSD_STEPS and PIPELINE_SSD_BATCHES (the same for
@@ -89,6 +89,7 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
   # activations per sequence of the batch; (a) holds all three and 5 GiB (room for the block
   # gradient slots that let the optimizer lag the backward), (b) the last two and 1 GiB
   case $cfg in
+    350M) model="--layers 24 --heads 16 --embd 1024"; state=4; slots=2; act=0.11 ;;
     1.3B) model="--layers 24 --heads 16 --embd 2048"; state=16; slots=5; act=0.21 ;;
     2.7B) model="--layers 32 --heads 32 --embd 2560"; state=32; slots=7; act=0.35 ;;
     tiny) model="--layers 2 --heads 4 --embd 64"; state=0.04; slots=0.04; act=0.001 ;; # smoke test
