@@ -9,8 +9,8 @@
 #   half    the optimizer on half the cores, sharing the gpu and io workers' core
 # The table's "opt s" column is the optimizer's busy time a step; its rate is the model's
 # parameters over it. Environment: AFFINITY_CONFIG (1.3B; 350M for a quick look), AFFINITY_BATCH
-# (16), PIPELINE_STEPS and bench_pipeline.sh's; for a smoke test anywhere: AFFINITY_CONFIG=tiny PIPELINE_SEQ=32
-# PIPELINE_BACKEND=cpu.
+# (16), PIPELINE_STEPS and bench_pipeline.sh's; for a smoke test anywhere: AFFINITY_CONFIG=tiny
+# PIPELINE_SEQ=32 PIPELINE_BACKEND=cpu.
 set -u
 cpus=$(nproc)
 last=$((cpus - 1))

@@ -9,8 +9,8 @@
 # writes, AdamW). The last step of each run also writes the resident state
 # to the store and syncs it (a checkpoint) and is left out as well.
 # Environment: PIPELINE_CONFIGS ("1.3B", or "1.3B 2.7B"; "350M" for quick looks), PIPELINE_BATCHES
-# ("16 64"), PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"), PIPELINE_QUEUE1 (1: also
-# the host placement with one request at a time), PIPELINE_FSDP2 (1: also PyTorch FSDP2 with CPU
+# ("16 64"), PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"),
+# PIPELINE_QUEUE1 (1: also the host placement with one request at a time), PIPELINE_FSDP2 (1: also PyTorch FSDP2 with CPU
 # offload, tests/bench/fsdp2_offload.py, at the batches in PIPELINE_FSDP2_BATCHES, "16"),
 # PIPELINE_STEPS (timed steps per run, 2), PIPELINE_SSD_STEPS and PIPELINE_SSD_BATCHES (the same for
 # the SSD placement, whose steps take far longer), PIPELINE_CKPT (--ckpt-place for every run),
