@@ -1260,7 +1260,8 @@ static int cmd_train(struct options *o)
     if (!o->steps_set)
         o->steps = 200;
     FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1, -EINVAL,
-               "train: --batch and --seq must be positive");
+               "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
+               "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);
     struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
     struct fy_gpt_config model;
     struct fy_tokfile *data = NULL;

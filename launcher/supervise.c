@@ -242,7 +242,11 @@ static int wait_message(struct fy_sup *s, char peer[FY_CHAN_PEER_MAX], struct fy
             return -ECHILD;
         int64_t left = deadline - now_ms();
         if (left <= 0) {
-            fy_error("timed out waiting for %s from %s", awaiting, from);
+            fy_error("timed out waiting for %s from %s%s", awaiting, from,
+                     strcmp(awaiting, "READY") == 0
+                         ? ": a slow start (CUDA, pinning a large pool)? raise --ready-timeout S; "
+                           "the worker's own lines above say what it was doing"
+                         : "");
             return -ETIMEDOUT;
         }
         zmq_pollitem_t items[2] = {

@@ -351,7 +351,7 @@ static int fy_adamw_kernel_for(enum fy_adamw_impl impl, fy_adamw_kernel *out)
     FY_REQUIRE(impl >= FY_ADAMW_SCALAR && impl <= FY_ADAMW_AVX512, -EINVAL,
                "adamw: unknown implementation %d; use enum fy_adamw_impl", (int)impl);
     FY_REQUIRE(fy_adamw_impl_supported(impl), -EINVAL,
-               "adamw: this CPU lacks %s; use FY_ADAMW_AUTO (best here: %s)",
+               "adamw: this CPU lacks %s; use --adamw-impl auto (best here: %s)",
                fy_adamw_impl_name(impl), fy_adamw_impl_name(fy_adamw_best_impl()));
     *out = impl == FY_ADAMW_AVX512 ? fy_adamw_k_avx512
            : impl == FY_ADAMW_AVX2 ? fy_adamw_k_avx2
