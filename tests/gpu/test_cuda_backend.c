@@ -1,6 +1,7 @@
 /* GPU test of the CUDA backend: it must produce exactly the bytes of the CPU backend, through the
  * pinned pool path (device arena in halves, D2H stream), for sizes that straddle the arena halves
- * and the kernel's grid. Skips, saying why, where the build has no CUDA or the machine no GPU. */
+ * and the kernel's grid; and it takes of device memory what `plan` says it does. Skips, saying
+ * why, where the build has no CUDA or the machine no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 
 #include "common/dtype.h"
+#include "common/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/testutil.h"
 
@@ -72,6 +74,33 @@ static void test_arena_budget_refused(void **state)
     assert_null(huge);
 }
 
+/* What `plan` says the backend takes of device memory (fy_backend_gpu_bytes: working buffers and
+ * one block's kept internals) is what it takes: under a budget of the working buffers and exactly
+ * two sets it prepares the batch and keeps exactly two blocks; a budget just under the working
+ * buffers is refused at prepare. The CPU backend models nothing (0). */
+static void test_gpu_bytes_are_what_prepare_and_keep_take(void **state)
+{
+    struct fy_gpt_config c = {.n_layer = 4, .n_head = 4, .n_embd = 256, .vocab = 512, .ctx = 128};
+    const int B = 4, T = 128;
+    uint64_t working = 0, set = 0;
+    assert_int_equal(fy_backend_gpu_bytes("cpu", &c, B, T, &working, &set), 0);
+    assert_true(working == 0 && set == 0);
+    assert_int_equal(fy_backend_gpu_bytes("cuda", &c, B, T, &working, &set), 1);
+    assert_true(working > 0 && set > 0);
+    print_message("B %d x T %d: working buffers %llu bytes, a block's internals %llu bytes\n", B, T,
+                  (unsigned long long)working, (unsigned long long)set);
+
+    struct fy_backend *b = NULL;
+    assert_int_equal(fy_backend_open(&b, "cuda", working + 2 * set), 0);
+    assert_int_equal(fy_backend_gpt_prepare(b, &c, B, T), 0);
+    assert_int_equal(fy_backend_gpt_keep(b, (int)c.n_layer), 2);
+    fy_backend_close(&b);
+
+    assert_int_equal(fy_backend_open(&b, "cuda", working - 4096), 0);
+    assert_true(fy_backend_gpt_prepare(b, &c, B, T) < 0);
+    fy_backend_close(&b);
+}
+
 int main(void)
 {
     if (!fy_backend_cuda_built()) {
@@ -88,6 +117,7 @@ int main(void)
         cmocka_unit_test(test_bf16_sizes),
         cmocka_unit_test(test_f32_sizes),
         cmocka_unit_test(test_arena_budget_refused),
+        cmocka_unit_test(test_gpu_bytes_are_what_prepare_and_keep_take),
     };
     int failed = cmocka_run_group_tests_name("cuda backend", tests, NULL, NULL);
     fy_backend_close(&cuda);
