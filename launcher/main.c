@@ -997,6 +997,12 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
         fy_train_regions(model, in->B, in->T, act_dtype, resident, clip, (unsigned)o->prefetch,
                          FY_TRAIN_GRAD_SLOTS_MIN, ckpt_ssd, NULL, regions, &n);
         swap_room(o, fy_pool_layout_size(regions, n), &in->host_bytes, &in->ssd_bytes);
+    } else if (mode == FY_ACTPLAN_AUTO && model->arch == FY_ARCH_LLAMA) {
+        fy_info("--act-plan auto: a Llama model's blocks are neither profiled nor swapped: %s",
+                strcmp(o->backend, "cuda") == 0
+                    ? "the gpu worker keeps the internals of the top blocks that fit the GPU and "
+                      "recomputes the others in their backward"
+                    : "the CPU backend keeps no block's internals, every backward recomputes them");
     }
     FY_TRY(fy_actrun_plan(in, run));
     fy_actrun_log(run, in);

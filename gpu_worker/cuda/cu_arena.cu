@@ -53,3 +53,26 @@ void fy_cu_arena_reset(struct fy_cu_arena *a, size_t mark)
     if (mark <= a->used)
         a->used = mark;
 }
+
+size_t fy_cu_arena_pieces_footprint(const struct fy_cu_piece *p, int n)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += fy_cu_arena_footprint(p[i].bytes);
+    return total;
+}
+
+int fy_cu_arena_take_pieces(struct fy_cu_arena *a, const struct fy_cu_piece *p, int n)
+{
+    size_t mark = a->used;
+    for (int i = 0; i < n; i++) {
+        *p[i].ptr = fy_cu_arena_take(a, p[i].bytes);
+        if (*p[i].ptr == NULL) {
+            fy_cu_arena_reset(a, mark);
+            for (int j = 0; j < n; j++)
+                *p[j].ptr = NULL;
+            return -ENOMEM;
+        }
+    }
+    return 0;
+}

@@ -22,4 +22,15 @@ void *fy_cu_arena_take(struct fy_cu_arena *a, size_t n);
 /* Everything taken after `mark` (a value of a->used) is released. */
 void fy_cu_arena_reset(struct fy_cu_arena *a, size_t mark);
 
+/* One buffer of a list carved together: its bytes and where its address goes. */
+struct fy_cu_piece {
+    size_t bytes;
+    void **ptr;
+};
+/* Bytes the n pieces take in the arena (alignment included). */
+size_t fy_cu_arena_pieces_footprint(const struct fy_cu_piece *p, int n);
+/* Takes every piece in order, or none: -ENOMEM (not logged: the caller says what it was for) with
+ * the arena as it was and every *ptr NULL. */
+int fy_cu_arena_take_pieces(struct fy_cu_arena *a, const struct fy_cu_piece *p, int n);
+
 #endif

@@ -27,10 +27,11 @@
  *   L = m scale + log l (f32, scratch). Query rows t >= T are computed on zeros, never written.
  * Backward:
  *   fl_bwd_dot:  D[t] = sum_d dout[t][d] * out[t][d] (one warp per row, fixed shuffle tree);
- *   fl_bwd_dkdv, CTA (key block j, b*NH+h), warp w owns keys 16w..16w+15 of the block; K_j, V_j
- *     in smem; for i = j..nblk-1 in order (Q_{i+1}, dO_{i+1}, L, D prefetched): P^T = exp(K_j Q_i^T
- *     scale - L) (0 where key > query or query >= T, checked on the diagonal and the tail block),
- *     dV += P^T dO_i, dS^T = P^T (V_j dO_i^T - D), dK += dS^T Q_i;  dk = scale dK, dv = dV.
+ *   fl_bwd_dkdv, CTA (key block j, b*NKV+kvh), warp w owns keys 16w..16w+15 of the block; K_j,
+ *     V_j in smem; for each query head h of kv head kvh in order, for i = j..nblk-1 in order (the
+ *     next step's Q, dO, L, D prefetched): P^T = exp(K_j Q_i^T scale - L) (0 where key > query or
+ *     query >= T, checked on the diagonal and the tail block), dV += P^T dO_i,
+ *     dS^T = P^T (V_j dO_i^T - D), dK += dS^T Q_i;  dk = scale dK, dv = dV.
  *   fl_bwd_dq, CTA (query block i, heaviest first), warp w owns rows 16w..: Q_i, dO_i in smem, L, D
  *     of its rows in registers; for j = 0..i in order: P = exp(Q_i K_j^T scale - L) (diagonal
  *     masked), dS = P (dO_i V_j^T - D), dQ += dS K_j;  dq = scale dQ.
@@ -45,6 +46,10 @@
  *   67712; hp 64: 46208 / 56448 / 55424. Registers (ptxas, sm_90, no spills): forward 96..204,
  *   dk dv 126..255, dq 114..234 (hp 16..128), so 2 CTAs (8 warps) per SM at hp 128. The dk dv loop
  *   works on the 64 queries in two halves of 32 (not unrolled) to stay within 255 registers.
+ *
+ * Grouped-query attention (NKV kv heads, the layout is in cu_flash.h) changes only where the
+ * tiles come from and the dk dv grid; with NKV = NH every kernel does what it did for multi-head
+ * attention, in the same order.
  *
  * Scratch layout (256-byte aligned pieces): L f32 [B*NH][T], then D f32 [B*NH][T]. */
 #include "gpu_worker/cuda/cu_flash.h"
@@ -273,12 +278,37 @@ __device__ static inline void fl_store_acc(bf16 *dst, size_t row_stride,
     }
 }
 
+/* ---- where a head's rows lie ----
+ * The fused qkv of grouped-query attention is [B][T][S], S = (NH + 2 NKV) hs: query head h at
+ * columns h hs, then the NKV key heads, then the NKV value heads; query head h reads kv head
+ * h / (NH / NKV). Multi-head attention (GPT-2's [B][T][3C]) is NKV = NH. out and dout are
+ * [B][T][NH hs]. */
+
+__device__ static inline size_t fl_qkv_row(int NH, int NKV, int hs)
+{
+    return (size_t)(NH + 2 * NKV) * hs;
+}
+
+/* Row 0 of head h of sequence b in a [B][T][S] tensor whose heads start at column 0. */
+__device__ static inline const bf16 *fl_query(const bf16 *base, int b, int h, int T, size_t S,
+                                              int hs)
+{
+    return base + (size_t)b * T * S + (size_t)h * hs;
+}
+
+/* Row 0 of the keys of kv head kvh of sequence b (its values are NKV hs further on). */
+__device__ static inline const bf16 *fl_keys(const bf16 *qkv, int b, int kvh, int T, size_t S,
+                                             int NH, int hs)
+{
+    return qkv + (size_t)b * T * S + (size_t)(NH + kvh) * hs;
+}
+
 /* ---- forward ----
  * CTA (query block nblk-1-blockIdx.x, the heaviest first; b*NH+h), 4 warps of 16 query rows.
  * Shared: Q, K[2], V[2] tiles (K, V double-buffered, loaded by cp.async one block ahead). */
 template <int HP>
 __global__ void __launch_bounds__(FL_THREADS, 1)
-    fl_forward_kernel(bf16 *out, float *Lse, const bf16 *qkv, int T, int C, int NH, int hs,
+    fl_forward_kernel(bf16 *out, float *Lse, const bf16 *qkv, int T, int NH, int NKV, int hs,
                       float scale)
 {
     bf16 *Qs = (bf16 *)fl_smem_base();
@@ -287,13 +317,14 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int q0 = qb * FL_BLK, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3, wr = warp * 16; /* this warp's rows wr..wr+15 */
-    const size_t C3 = 3 * (size_t)C;
-    const bf16 *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs; /* this head's q at row 0 */
+    const size_t S = fl_qkv_row(NH, NKV, hs), QC = (size_t)NH * hs;
+    const bf16 *qs = fl_query(qkv, b, h, T, S, hs); /* this head's q at row 0 */
+    const bf16 *ks = fl_keys(qkv, b, h / (NH / NKV), T, S, NH, hs), *vs = ks + (size_t)NKV * hs;
     const float sl2 = scale * FL_LOG2E;
 
-    fl_load_tile<HP>(Qs, seq, C3, q0, T, hs);
-    fl_load_tile<HP>(Ks, seq + C, C3, 0, T, hs);
-    fl_load_tile<HP>(Vs, seq + 2 * (size_t)C, C3, 0, T, hs);
+    fl_load_tile<HP>(Qs, qs, S, q0, T, hs);
+    fl_load_tile<HP>(Ks, ks, S, 0, T, hs);
+    fl_load_tile<HP>(Vs, vs, S, 0, T, hs);
     fl_cp_commit();
 
     float o[HP / 8][4];
@@ -313,9 +344,8 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
         __syncthreads(); /* block kb in place for all; buffer (kb+1)&1 no longer read */
         if (kb < qb) {
             const int u = (kb + 1) & 1;
-            fl_load_tile<HP>(Ks + u * FL_TILE(HP), seq + C, C3, (kb + 1) * FL_BLK, T, hs);
-            fl_load_tile<HP>(Vs + u * FL_TILE(HP), seq + 2 * (size_t)C, C3, (kb + 1) * FL_BLK, T,
-                             hs);
+            fl_load_tile<HP>(Ks + u * FL_TILE(HP), ks, S, (kb + 1) * FL_BLK, T, hs);
+            fl_load_tile<HP>(Vs + u * FL_TILE(HP), vs, S, (kb + 1) * FL_BLK, T, hs);
             fl_cp_commit();
         }
         const bf16 *Kb = Ks + (kb & 1) * FL_TILE(HP), *Vb = Vs + (kb & 1) * FL_TILE(HP);
@@ -370,16 +400,17 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
         if (c == 0 && t < T)
             Lse[(size_t)bh * T + t] = m[i] * scale + logf(l[i]);
     }
-    fl_store_acc<HP>(out + (size_t)b * T * C + (size_t)h * hs, (size_t)C, o, inv[0], inv[1],
-                     q0 + wr, T, hs, lane);
+    fl_store_acc<HP>(out + (size_t)b * T * QC + (size_t)h * hs, QC, o, inv[0], inv[1], q0 + wr,
+                     T, hs, lane);
 }
 
 /* ---- backward ---- */
 
 /* D[bh][t] = sum_d dout[b][t][h*hs + d] * out[b][t][h*hs + d]: one warp per row. */
-__global__ void fl_bwd_dot(float *D, const bf16 *dout, const bf16 *out, int B, int T, int C, int NH,
+__global__ void fl_bwd_dot(float *D, const bf16 *dout, const bf16 *out, int B, int T, int NH,
                            int hs)
 {
+    const size_t QC = (size_t)NH * hs;
     const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
     const size_t rows = (size_t)B * NH * T;
     for (size_t row = (size_t)blockIdx.x * wpb + (threadIdx.x >> 5); row < rows;
@@ -387,7 +418,7 @@ __global__ void fl_bwd_dot(float *D, const bf16 *dout, const bf16 *out, int B, i
         const int t = (int)(row % T);
         const size_t bh = row / T;
         const int b = (int)(bh / NH), h = (int)(bh % NH);
-        const size_t base = ((size_t)b * T + t) * C + (size_t)h * hs;
+        const size_t base = ((size_t)b * T + t) * QC + (size_t)h * hs;
         float acc = 0.0f;
         for (int d = lane; d < hs; d += 32)
             acc += __bfloat162float(dout[base + d]) * __bfloat162float(out[base + d]);
@@ -398,33 +429,47 @@ __global__ void fl_bwd_dot(float *D, const bf16 *dout, const bf16 *out, int B, i
     }
 }
 
-/* CTA (key block blockIdx.x, b*NH+h): dk, dv of keys k0..k0+63; warp w owns keys k0+16w..+15 and
- * works on transposed tiles (rows = keys, columns = the 64 queries of the current block).
+/* The query side of one step of the dk dv loop, by cp.async into the buffers given: query head h's
+ * q and dout tiles of rows q0..q0+63 and their L and D. */
+template <int HP>
+__device__ static inline void fl_load_query_side(bf16 *Qd, bf16 *dOd, float *Ld, float *Dd,
+                                                 const bf16 *qkv, const bf16 *dout,
+                                                 const float *Lse, const float *Dg, int b, int h,
+                                                 int q0, int T, int NH, size_t S, int hs)
+{
+    const size_t bh = (size_t)b * NH + h;
+    fl_load_tile<HP>(Qd, fl_query(qkv, b, h, T, S, hs), S, q0, T, hs);
+    fl_load_tile<HP>(dOd, fl_query(dout, b, h, T, (size_t)NH * hs, hs), (size_t)NH * hs, q0, T,
+                     hs);
+    fl_load_vec(Ld, Lse + bh * T, q0, T);
+    fl_load_vec(Dd, Dg + bh * T, q0, T);
+}
+
+/* CTA (key block blockIdx.x, b*NKV+kvh): dk, dv of keys k0..k0+63 of kv head kvh, summed over its
+ * query heads h = kvh rep .. kvh rep + rep - 1 (rep = NH / NKV) in that order, each over its query
+ * blocks j..nblk-1 in order: one loop of rep (nblk - j) steps, the next step's query side
+ * prefetched across the change of head. Warp w owns keys k0+16w..+15 and works on transposed
+ * tiles (rows = keys, columns = the 64 queries of the current block).
  * Shared: K, V, then Q[2], dO[2] tiles, then L[2], D[2] vectors of 64 floats. */
 template <int HP>
 __global__ void __launch_bounds__(FL_THREADS, 1)
     fl_bwd_dkdv(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse, const float *Dg,
-                int T, int C, int NH, int hs, float scale)
+                int T, int NH, int NKV, int hs, float scale)
 {
     bf16 *Ks = (bf16 *)fl_smem_base();
     bf16 *Vs = Ks + FL_TILE(HP), *Qs = Ks + 2 * FL_TILE(HP), *dOs = Ks + 4 * FL_TILE(HP);
     float *Lv = (float *)(Ks + 6 * FL_TILE(HP)), *Dv = Lv + 2 * FL_BLK; /* buffer u at + 64u */
-    const int kb = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    const int k0 = kb * FL_BLK, nblk = (T + FL_BLK - 1) / FL_BLK;
+    const int kb = blockIdx.x, b = blockIdx.y / NKV, kvh = blockIdx.y % NKV, rep = NH / NKV;
+    const int k0 = kb * FL_BLK, nblk = (T + FL_BLK - 1) / FL_BLK, nq = nblk - kb;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3, wr = warp * 16;
-    const size_t C3 = 3 * (size_t)C;
-    const bf16 *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-    const bf16 *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
-    const float *Lbh = Lse + (size_t)bh * T, *Dbh = Dg + (size_t)bh * T;
+    const size_t S = fl_qkv_row(NH, NKV, hs);
+    const bf16 *ks = fl_keys(qkv, b, kvh, T, S, NH, hs);
     const float sl2 = scale * FL_LOG2E;
 
-    fl_load_tile<HP>(Ks, seq + C, C3, k0, T, hs);
-    fl_load_tile<HP>(Vs, seq + 2 * (size_t)C, C3, k0, T, hs);
-    fl_load_tile<HP>(Qs, seq, C3, k0, T, hs);
-    fl_load_tile<HP>(dOs, dseq, (size_t)C, k0, T, hs);
-    fl_load_vec(Lv, Lbh, k0, T);
-    fl_load_vec(Dv, Dbh, k0, T);
+    fl_load_tile<HP>(Ks, ks, S, k0, T, hs);
+    fl_load_tile<HP>(Vs, ks + (size_t)NKV * hs, S, k0, T, hs);
+    fl_load_query_side<HP>(Qs, dOs, Lv, Dv, qkv, dout, Lse, Dg, b, kvh * rep, k0, T, NH, S, hs);
     fl_cp_commit();
 
     float dk[HP / 8][4], dv[HP / 8][4];
@@ -435,16 +480,15 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
             dk[n][e] = 0.0f;
             dv[n][e] = 0.0f;
         }
-    for (int qb = kb; qb < nblk; qb++) {
-        const int q0 = qb * FL_BLK, u = (qb - kb) & 1;
+    for (int it = 0; it < rep * nq; it++) {
+        const int qb = kb + it % nq, q0 = qb * FL_BLK, u = it & 1;
         fl_cp_wait_all();
-        __syncthreads(); /* block qb in buffer u for all; buffer u^1 no longer read */
-        if (qb + 1 < nblk) {
-            const int q1 = q0 + FL_BLK;
-            fl_load_tile<HP>(Qs + (u ^ 1) * FL_TILE(HP), seq, C3, q1, T, hs);
-            fl_load_tile<HP>(dOs + (u ^ 1) * FL_TILE(HP), dseq, (size_t)C, q1, T, hs);
-            fl_load_vec(Lv + (u ^ 1) * FL_BLK, Lbh, q1, T);
-            fl_load_vec(Dv + (u ^ 1) * FL_BLK, Dbh, q1, T);
+        __syncthreads(); /* step it in buffer u for all; buffer u^1 no longer read */
+        if (it + 1 < rep * nq) {
+            const int h1 = kvh * rep + (it + 1) / nq, q1 = (kb + (it + 1) % nq) * FL_BLK;
+            fl_load_query_side<HP>(Qs + (u ^ 1) * FL_TILE(HP), dOs + (u ^ 1) * FL_TILE(HP),
+                                   Lv + (u ^ 1) * FL_BLK, Dv + (u ^ 1) * FL_BLK, qkv, dout, Lse,
+                                   Dg, b, h1, q1, T, NH, S, hs);
             fl_cp_commit();
         }
         const bf16 *Qb = Qs + u * FL_TILE(HP), *dOb = dOs + u * FL_TILE(HP);
@@ -486,17 +530,17 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
             fl_mm_pv<HP, 4>(dk, ds, Qb + qo * FL_LD(HP), lane);
         }
     }
-    bf16 *dkv = dqkv + (size_t)b * T * C3 + (size_t)h * hs;
-    fl_store_acc<HP>(dkv + C, C3, dk, scale, scale, k0 + wr, T, hs, lane);
-    fl_store_acc<HP>(dkv + 2 * (size_t)C, C3, dv, 1.0f, 1.0f, k0 + wr, T, hs, lane);
+    bf16 *dks = dqkv + (ks - qkv); /* kv head kvh's keys in dqkv, its values NKV hs further */
+    fl_store_acc<HP>(dks, S, dk, scale, scale, k0 + wr, T, hs, lane);
+    fl_store_acc<HP>(dks + (size_t)NKV * hs, S, dv, 1.0f, 1.0f, k0 + wr, T, hs, lane);
 }
 
-/* CTA (query block nblk-1-blockIdx.x, b*NH+h): dq of rows q0..q0+63; warp w owns rows q0+16w..+15.
- * Shared: Q, dO, then K[2], V[2] tiles. */
+/* CTA (query block nblk-1-blockIdx.x, b*NH+h): dq of rows q0..q0+63, from the keys and values of
+ * kv head h / (NH / NKV); warp w owns rows q0+16w..+15. Shared: Q, dO, then K[2], V[2] tiles. */
 template <int HP>
 __global__ void __launch_bounds__(FL_THREADS, 1)
     fl_bwd_dq(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse, const float *Dg,
-              int T, int C, int NH, int hs, float scale)
+              int T, int NH, int NKV, int hs, float scale)
 {
     bf16 *Qs = (bf16 *)fl_smem_base();
     bf16 *dOs = Qs + FL_TILE(HP), *Ks = Qs + 2 * FL_TILE(HP), *Vs = Qs + 4 * FL_TILE(HP);
@@ -504,15 +548,15 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH, q0 = qb * FL_BLK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3, wr = warp * 16;
-    const size_t C3 = 3 * (size_t)C;
-    const bf16 *seq = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-    const bf16 *dseq = dout + (size_t)b * T * C + (size_t)h * hs;
+    const size_t S = fl_qkv_row(NH, NKV, hs), QC = (size_t)NH * hs;
+    const bf16 *qs = fl_query(qkv, b, h, T, S, hs);
+    const bf16 *ks = fl_keys(qkv, b, h / (NH / NKV), T, S, NH, hs), *vs = ks + (size_t)NKV * hs;
     const float sl2 = scale * FL_LOG2E;
 
-    fl_load_tile<HP>(Qs, seq, C3, q0, T, hs);
-    fl_load_tile<HP>(dOs, dseq, (size_t)C, q0, T, hs);
-    fl_load_tile<HP>(Ks, seq + C, C3, 0, T, hs);
-    fl_load_tile<HP>(Vs, seq + 2 * (size_t)C, C3, 0, T, hs);
+    fl_load_tile<HP>(Qs, qs, S, q0, T, hs);
+    fl_load_tile<HP>(dOs, fl_query(dout, b, h, T, QC, hs), QC, q0, T, hs);
+    fl_load_tile<HP>(Ks, ks, S, 0, T, hs);
+    fl_load_tile<HP>(Vs, vs, S, 0, T, hs);
     fl_cp_commit();
     float lr[2], dr[2]; /* L * log2(e) and D of rows g, g + 8 (0 for rows >= T) */
 #pragma unroll
@@ -533,9 +577,8 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
         __syncthreads();
         if (kb < qb) {
             const int u = (kb + 1) & 1;
-            fl_load_tile<HP>(Ks + u * FL_TILE(HP), seq + C, C3, (kb + 1) * FL_BLK, T, hs);
-            fl_load_tile<HP>(Vs + u * FL_TILE(HP), seq + 2 * (size_t)C, C3, (kb + 1) * FL_BLK, T,
-                             hs);
+            fl_load_tile<HP>(Ks + u * FL_TILE(HP), ks, S, (kb + 1) * FL_BLK, T, hs);
+            fl_load_tile<HP>(Vs + u * FL_TILE(HP), vs, S, (kb + 1) * FL_BLK, T, hs);
             fl_cp_commit();
         }
         const bf16 *Kb = Ks + (kb & 1) * FL_TILE(HP), *Vb = Vs + (kb & 1) * FL_TILE(HP);
@@ -556,8 +599,7 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
         /* dQ += dS K */
         fl_mm_pv<HP, 8>(dq, ds, Kb, lane);
     }
-    fl_store_acc<HP>(dqkv + (size_t)b * T * C3 + (size_t)h * hs, C3, dq, scale, scale, q0 + wr, T,
-                     hs, lane);
+    fl_store_acc<HP>(dqkv + (qs - qkv), S, dq, scale, scale, q0 + wr, T, hs, lane);
 }
 
 /* ---- host ---- */
@@ -566,20 +608,24 @@ int fy_cu_flash_supported(int C, int NH)
 {
     if (C <= 0 || NH <= 0 || C % NH != 0)
         return 0;
-    int hs = C / NH;
-    return hs % 8 == 0 && hs <= FL_HS_MAX;
+    return fy_cu_flash_gqa_supported(NH, NH, C / NH);
+}
+
+int fy_cu_flash_gqa_supported(int NH, int NKV, int hs)
+{
+    return NH > 0 && NKV > 0 && NH % NKV == 0 && hs > 0 && hs % 8 == 0 && hs <= FL_HS_MAX;
 }
 
 static size_t fl_align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-static int fl_shape_ok(int B, int T, int C, int NH)
+static int fl_shape_ok(int B, int T, int NH, int NKV, int hs)
 {
-    return B > 0 && T > 0 && fy_cu_flash_supported(C, NH) && (long long)B * NH <= 65535;
+    return B > 0 && T > 0 && fy_cu_flash_gqa_supported(NH, NKV, hs) && (long long)B * NH <= 65535;
 }
 
 size_t fy_cu_flash_scratch_bytes(int B, int T, int C, int NH)
 {
-    if (!fl_shape_ok(B, T, C, NH))
+    if (!fy_cu_flash_supported(C, NH) || !fl_shape_ok(B, T, NH, NH, C / NH))
         return 0;
     return 2 * fl_align256((size_t)B * NH * T * sizeof(float));
 }
@@ -611,25 +657,34 @@ static int fl_prepare(const void *kernel, unsigned need, const char *what)
     return 0;
 }
 
-template <int HP>
-static int fl_forward_hp(bf16 *out, float *Lse, const bf16 *qkv, int B, int T, int C, int NH,
-                         float scale, cudaStream_t stream)
+/* One call's shape and operands, for the kernels of one padded head size. */
+struct fl_call {
+    bf16 *out;           /* forward: out; backward: dqkv */
+    const bf16 *dout;    /* backward */
+    const bf16 *qkv;
+    float *Lse, *D;
+    int B, T, NH, NKV, hs;
+    float scale;
+    cudaStream_t stream;
+};
+
+template <int HP> static int fl_forward_hp(const struct fl_call *a)
 {
     const unsigned smem = fl_smem_fwd(HP);
     int rc = fl_prepare((const void *)fl_forward_kernel<HP>, smem, "fy_cu_flash_forward");
     if (rc)
         return rc;
-    const int nblk = (T + FL_BLK - 1) / FL_BLK;
-    fl_forward_kernel<HP><<<dim3((unsigned)nblk, (unsigned)(B * NH)), FL_THREADS, smem, stream>>>(
-        out, Lse, qkv, T, C, NH, C / NH, scale);
+    const int nblk = (a->T + FL_BLK - 1) / FL_BLK;
+    fl_forward_kernel<HP><<<dim3((unsigned)nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem,
+                            a->stream>>>(a->out, a->Lse, a->qkv, a->T, a->NH, a->NKV, a->hs,
+                                         a->scale);
     FY_CUDA_LAUNCHED("fl_forward_kernel");
     return 0;
 }
 
-template <int HP>
-static int fl_backward_hp(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse,
-                          const float *D, int B, int T, int C, int NH, float scale,
-                          cudaStream_t stream)
+/* dk dv: one CTA per key block and kv head (each sums its query heads); dq: one per query block
+ * and query head. */
+template <int HP> static int fl_backward_hp(const struct fl_call *a)
 {
     const unsigned smem_kv = fl_smem_dkdv(HP), smem_q = fl_smem_dq(HP);
     int rc = fl_prepare((const void *)fl_bwd_dkdv<HP>, smem_kv, "fy_cu_flash_backward dk dv");
@@ -638,91 +693,96 @@ static int fl_backward_hp(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const f
     rc = fl_prepare((const void *)fl_bwd_dq<HP>, smem_q, "fy_cu_flash_backward dq");
     if (rc)
         return rc;
-    const int nblk = (T + FL_BLK - 1) / FL_BLK;
-    const dim3 grid((unsigned)nblk, (unsigned)(B * NH));
-    fl_bwd_dkdv<HP>
-        <<<grid, FL_THREADS, smem_kv, stream>>>(dqkv, dout, qkv, Lse, D, T, C, NH, C / NH, scale);
+    const unsigned nblk = (unsigned)((a->T + FL_BLK - 1) / FL_BLK);
+    fl_bwd_dkdv<HP><<<dim3(nblk, (unsigned)(a->B * a->NKV)), FL_THREADS, smem_kv, a->stream>>>(
+        a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH, a->NKV, a->hs, a->scale);
     FY_CUDA_LAUNCHED("fl_bwd_dkdv");
-    fl_bwd_dq<HP>
-        <<<grid, FL_THREADS, smem_q, stream>>>(dqkv, dout, qkv, Lse, D, T, C, NH, C / NH, scale);
+    fl_bwd_dq<HP><<<dim3(nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem_q, a->stream>>>(
+        a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH, a->NKV, a->hs, a->scale);
     FY_CUDA_LAUNCHED("fl_bwd_dq");
     return 0;
+}
+
+/* The kernels of each padded head size hp = 16, 32, .., 128 (hs rounded up to 16), at index
+ * hp / 16 - 1. */
+typedef int (*fl_run)(const struct fl_call *);
+static const fl_run fl_forward_by_hp[FL_HS_MAX / 16] = {
+    fl_forward_hp<16>, fl_forward_hp<32>, fl_forward_hp<48>,  fl_forward_hp<64>,
+    fl_forward_hp<80>, fl_forward_hp<96>, fl_forward_hp<112>, fl_forward_hp<128>};
+static const fl_run fl_backward_by_hp[FL_HS_MAX / 16] = {
+    fl_backward_hp<16>, fl_backward_hp<32>, fl_backward_hp<48>,  fl_backward_hp<64>,
+    fl_backward_hp<80>, fl_backward_hp<96>, fl_backward_hp<112>, fl_backward_hp<128>};
+
+static int fl_hp_index(int hs) { return ((hs + 15) & ~15) / 16 - 1; }
+
+/* The shape and the operands' alignment, said with `what` when wrong. */
+static int fl_check(const char *what, int B, int T, int NH, int NKV, int hs, const void *const *p,
+                    int n)
+{
+    if (!fl_shape_ok(B, T, NH, NKV, hs)) {
+        fy_error("%s: unsupported shape B=%d T=%d NH=%d NKV=%d hs=%d (hs must be a multiple of 8, "
+                 "at most %d; NKV must divide NH; B*NH at most 65535)",
+                 what, B, T, NH, NKV, hs, FL_HS_MAX);
+        return -EINVAL;
+    }
+    for (int i = 0; i < n; i++)
+        if (!fl_aligned16(p[i])) {
+            fy_error("%s: every operand and the scratch must be 16-byte aligned", what);
+            return -EINVAL;
+        }
+    return 0;
+}
+
+int fy_cu_flash_gqa_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T, int NH,
+                            int NKV, int hs, cudaStream_t stream)
+{
+    const void *p[] = {out, qkv, scratch};
+    int rc = fl_check("fy_cu_flash_forward", B, T, NH, NKV, hs, p, 3);
+    if (rc)
+        return rc;
+    struct fl_call a = {out, NULL, qkv, (float *)scratch, NULL, B, T, NH, NKV, hs,
+                        1.0f / sqrtf((float)hs), stream};
+    return fl_forward_by_hp[fl_hp_index(hs)](&a);
+}
+
+int fy_cu_flash_gqa_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
+                             void *scratch, int B, int T, int NH, int NKV, int hs,
+                             cudaStream_t stream)
+{
+    const void *p[] = {dqkv, dout, out, qkv, scratch};
+    int rc = fl_check("fy_cu_flash_backward", B, T, NH, NKV, hs, p, 5);
+    if (rc)
+        return rc;
+    float *D = (float *)((char *)scratch + fl_align256((size_t)B * NH * T * sizeof(float)));
+    size_t rows = (size_t)B * NH * T;
+    fl_bwd_dot<<<fy_cu_blocks(rows, 8), 256, 0, stream>>>(D, dout, out, B, T, NH, hs);
+    FY_CUDA_LAUNCHED("fl_bwd_dot");
+    struct fl_call a = {dqkv, dout, qkv, (float *)scratch, D, B, T, NH, NKV, hs,
+                        1.0f / sqrtf((float)hs), stream};
+    return fl_backward_by_hp[fl_hp_index(hs)](&a);
+}
+
+/* Multi-head attention: the grouped-query kernels with one kv head per query head. */
+static int fl_heads_of(const char *what, int C, int NH)
+{
+    if (C > 0 && NH > 0 && C % NH == 0)
+        return 0;
+    fy_error("%s: unsupported shape C=%d NH=%d (NH must divide C)", what, C, NH);
+    return -EINVAL;
 }
 
 int fy_cu_flash_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T, int C, int NH,
                         cudaStream_t stream)
 {
-    if (!fl_shape_ok(B, T, C, NH)) {
-        fy_error("fy_cu_flash_forward: unsupported shape B=%d T=%d C=%d NH=%d (hs must be a "
-                 "multiple of 8, at most %d; B*NH at most 65535)",
-                 B, T, C, NH, FL_HS_MAX);
-        return -EINVAL;
-    }
-    if (!fl_aligned16(out) || !fl_aligned16(qkv) || !fl_aligned16(scratch)) {
-        fy_error("fy_cu_flash_forward: out, qkv and scratch must be 16-byte aligned");
-        return -EINVAL;
-    }
-    int hs = C / NH, hp = (hs + 15) & ~15;
-    float scale = 1.0f / sqrtf((float)hs);
-    float *Lse = (float *)scratch;
-    switch (hp) {
-    case 16:
-        return fl_forward_hp<16>(out, Lse, qkv, B, T, C, NH, scale, stream);
-    case 32:
-        return fl_forward_hp<32>(out, Lse, qkv, B, T, C, NH, scale, stream);
-    case 48:
-        return fl_forward_hp<48>(out, Lse, qkv, B, T, C, NH, scale, stream);
-    case 64:
-        return fl_forward_hp<64>(out, Lse, qkv, B, T, C, NH, scale, stream);
-    case 80:
-        return fl_forward_hp<80>(out, Lse, qkv, B, T, C, NH, scale, stream);
-    case 96:
-        return fl_forward_hp<96>(out, Lse, qkv, B, T, C, NH, scale, stream);
-    case 112:
-        return fl_forward_hp<112>(out, Lse, qkv, B, T, C, NH, scale, stream);
-    default:
-        return fl_forward_hp<128>(out, Lse, qkv, B, T, C, NH, scale, stream);
-    }
+    int rc = fl_heads_of("fy_cu_flash_forward", C, NH);
+    return rc ? rc : fy_cu_flash_gqa_forward(out, qkv, scratch, B, T, NH, NH, C / NH, stream);
 }
 
 int fy_cu_flash_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
                          void *scratch, int B, int T, int C, int NH, cudaStream_t stream)
 {
-    if (!fl_shape_ok(B, T, C, NH)) {
-        fy_error("fy_cu_flash_backward: unsupported shape B=%d T=%d C=%d NH=%d (hs must be a "
-                 "multiple of 8, at most %d; B*NH at most 65535)",
-                 B, T, C, NH, FL_HS_MAX);
-        return -EINVAL;
-    }
-    if (!fl_aligned16(dqkv) || !fl_aligned16(dout) || !fl_aligned16(out) || !fl_aligned16(qkv) ||
-        !fl_aligned16(scratch)) {
-        fy_error("fy_cu_flash_backward: dqkv, dout, out, qkv and scratch must be 16-byte aligned");
-        return -EINVAL;
-    }
-    int hs = C / NH, hp = (hs + 15) & ~15;
-    float scale = 1.0f / sqrtf((float)hs);
-    const float *Lse = (const float *)scratch;
-    float *D = (float *)((char *)scratch + fl_align256((size_t)B * NH * T * sizeof(float)));
-
-    size_t rows = (size_t)B * NH * T;
-    fl_bwd_dot<<<fy_cu_blocks(rows, 8), 256, 0, stream>>>(D, dout, out, B, T, C, NH, hs);
-    FY_CUDA_LAUNCHED("fl_bwd_dot");
-    switch (hp) {
-    case 16:
-        return fl_backward_hp<16>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
-    case 32:
-        return fl_backward_hp<32>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
-    case 48:
-        return fl_backward_hp<48>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
-    case 64:
-        return fl_backward_hp<64>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
-    case 80:
-        return fl_backward_hp<80>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
-    case 96:
-        return fl_backward_hp<96>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
-    case 112:
-        return fl_backward_hp<112>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
-    default:
-        return fl_backward_hp<128>(dqkv, dout, qkv, Lse, D, B, T, C, NH, scale, stream);
-    }
+    int rc = fl_heads_of("fy_cu_flash_backward", C, NH);
+    return rc ? rc
+              : fy_cu_flash_gqa_backward(dqkv, dout, out, qkv, scratch, B, T, NH, NH, C / NH,
+                                         stream);
 }

@@ -1,9 +1,14 @@
-/* Flash-style causal multi-head attention (FlashAttention-2 algorithm) on tensor cores (WMMA, bf16
- * operands, fp32 accumulation): the T x T scores are never materialised. Same layouts and results
- * as fy_cu_attention_forward/backward (gpu_worker/cuda/cu_attention.h): qkv [B][T][3C] with
- * q | k | v, head h at columns h*hs..(h+1)*hs-1 of each; out [B][T][C]; scale 1/sqrt(hs); causal.
- * Deterministic: no atomics, every output element is accumulated by one CTA in a fixed order, so
- * reruns are bit-identical. All pointers must be 16-byte aligned. */
+/* Flash-style causal attention (FlashAttention-2 algorithm) on tensor cores (mma.sync, bf16
+ * operands, fp32 accumulation): the T x T scores are never materialised. Multi-head (GPT-2): the
+ * layouts and results of fy_cu_attention_forward/backward (gpu_worker/cuda/cu_attention.h): qkv
+ * [B][T][3C] with q | k | v, head h at columns h*hs..(h+1)*hs-1 of each; out [B][T][C]; scale
+ * 1/sqrt(hs); causal. Grouped-query (Llama, the layout of gpu_worker/cpu/llama_cpu.h): qkv
+ * [B][T][(NH + 2 NKV) hs] with NH query heads, then NKV key heads, then NKV value heads; query
+ * head h reads kv head h / (NH / NKV); out [B][T][NH hs]; the dk and dv of a kv head are the sums
+ * over its query heads. Multi-head is grouped-query with NKV = NH, to the same bits.
+ * Deterministic: no atomics, every output element is accumulated by one CTA in a fixed order (a kv
+ * head's query heads in index order), so reruns are bit-identical. All pointers must be 16-byte
+ * aligned. */
 #ifndef FY_CU_FLASH_H
 #define FY_CU_FLASH_H
 
@@ -21,5 +26,14 @@ int fy_cu_flash_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T,
 /* dqkv overwritten. out is the forward's output and scratch still holds its L (same inputs). */
 int fy_cu_flash_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
                          void *scratch, int B, int T, int C, int NH, cudaStream_t stream);
+
+/* Grouped-query attention. Supported: NKV divides NH, and the head size hs a multiple of 8, at
+ * most 128. Scratch: fy_cu_flash_scratch_bytes(B, T, NH * hs, NH) (L and D are per query head). */
+int fy_cu_flash_gqa_supported(int NH, int NKV, int hs);
+int fy_cu_flash_gqa_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T, int NH,
+                            int NKV, int hs, cudaStream_t stream);
+int fy_cu_flash_gqa_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
+                             void *scratch, int B, int T, int NH, int NKV, int hs,
+                             cudaStream_t stream);
 
 #endif

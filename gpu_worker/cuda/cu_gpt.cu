@@ -3,7 +3,10 @@
  * buffers, computes on the compute stream and downloads its outputs on the device-to-host stream,
  * each stream waiting on the previous one's event, and returns without waiting: with two calls in
  * flight the second one's uploads run while the first computes. Nothing synchronises the device;
- * fy_cu_gpt_finish waits for one call's event. */
+ * fy_cu_gpt_finish waits for one call's event. A Llama model's calls go through the same staging
+ * and queue; their device work is cu_llama's units (the unit holds one, g->llama), and the
+ * GPT-2-only parts (swapped internals, the planner's profile, per-op timing) refuse it or leave it
+ * out. */
 #include "cu_gpt.h"
 
 #include <stdlib.h>
@@ -13,6 +16,7 @@
 
 #include "gpu_worker/cuda/cu_attention.h"
 #include "gpu_worker/cuda/cu_flash.h"
+#include "gpu_worker/cuda/cu_llama.h"
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "gpu_worker/cuda/cu_norm.h"
 
@@ -48,8 +52,10 @@ struct staging {
     /* the head's loss: mean of host_losses over the rows whose target is not ignored */
     const int32_t *targets_host;
     double *loss;
-    float *wpe_grad; /* the head zeroes dembed's position part (untouched by the tied head) */
-    size_t wpe_n;
+    /* host floats the head zeroes when finished: dembed's position part (GPT-2, untouched by the
+     * tied head), or the whole dembed (a Llama head of its own, untied, adds nothing to it) */
+    float *zero_host;
+    size_t zero_n;
     /* the host ranges the call downloads into: a later call that uploads from one of them while
      * this call is in flight must wait for this call's downloads */
     struct {
@@ -83,6 +89,9 @@ struct fy_cu_gpt {
     int fuse;        /* GELU and residual adds in the products' epilogues (else separate kernels) */
     int host_bf16;   /* activations in host buffers are bf16 (else f32) */
     size_t unit_max; /* floats of the largest unit */
+    size_t block_n;  /* floats of a block unit */
+    size_t grad_n;   /* floats of a staging's gradient: a unit's, or the head's two pieces */
+    struct fy_cu_llama *llama; /* a Llama model's device units (NULL: GPT-2) */
     cudaStream_t compute, h2d, d2h;
     struct fy_cu_lt *lt;
     /* host-interface calls in flight: st[first] is the oldest of `pending` */
@@ -95,9 +104,12 @@ struct fy_cu_gpt {
     /* one block's input and output, and its internals when no kept set is given */
     bf16 *x, *y;
     struct fy_cu_gpt_acts own;
-    /* kept internals of the top `n_kept` blocks (set i: block L - n_kept + 1 + i), and whether a
-     * forward has filled a set that no backward has used since */
-    struct fy_cu_gpt_acts kept[FY_CU_GPT_MAX_KEPT];
+    /* kept internals of the top `n_kept` blocks (set i: block L - n_kept + 1 + i), of the model's
+     * architecture, and whether a forward has filled a set that no backward has used since */
+    union {
+        struct fy_cu_gpt_acts gpt;
+        struct fy_cu_llama_acts llama;
+    } kept[FY_CU_GPT_MAX_KEPT];
     unsigned char kept_full[FY_CU_GPT_MAX_KEPT];
     int n_kept;
     int swap_ready; /* every staging has its swap set */
@@ -112,19 +124,14 @@ struct fy_cu_gpt {
     cudaEvent_t prof_ev[PROFILE_EVENTS]; /* fy_cu_gpt_profile's, made on its first call */
 };
 
-/* One list of every buffer, used both to size the arena and to carve it. */
-struct piece {
-    size_t bytes;
-    void **ptr;
-};
-
 /* The pieces of one set of block internals; returns how many. */
-static int acts_plan(const struct fy_cu_gpt *g, struct fy_cu_gpt_acts *a, struct piece *p)
+static int acts_plan(const struct fy_cu_gpt *g, struct fy_cu_gpt_acts *a, struct fy_cu_piece *p)
 {
     const struct fy_gpt_config *c = &g->c;
     size_t N = (size_t)g->N, C = c->n_embd;
     int n = 0;
-#define PIECE(field, count, type) (p[n++] = (struct piece){(count) * sizeof(type), (void **)&a->field})
+#define PIECE(field, count, type)                                                                  \
+    (p[n++] = (struct fy_cu_piece){(count) * sizeof(type), (void **)&a->field})
     PIECE(ln1, N * C, bf16);
     PIECE(qkv, 3 * N * C, bf16);
     PIECE(atty, N * C, bf16);
@@ -143,15 +150,18 @@ static int acts_plan(const struct fy_cu_gpt *g, struct fy_cu_gpt_acts *a, struct
     return n;
 }
 
-static int plan(struct fy_cu_gpt *g, struct piece *p, void **lt_ws)
+/* The unit's buffers; a Llama unit's own internals and gradients are cu_llama's, taken after. */
+static int plan(struct fy_cu_gpt *g, struct fy_cu_piece *p, void **lt_ws)
 {
     const struct fy_gpt_config *c = &g->c;
     size_t N = (size_t)g->N, C = c->n_embd, U = g->unit_max;
-    int n = acts_plan(g, &g->own, p);
-#define PIECE(field, count, type) (p[n++] = (struct piece){(count) * sizeof(type), (void **)&g->field})
+    int gpt = c->arch != FY_ARCH_LLAMA;
+    int n = gpt ? acts_plan(g, &g->own, p) : 0;
+#define PIECE(field, count, type)                                                                  \
+    (p[n++] = (struct fy_cu_piece){(count) * sizeof(type), (void **)&g->field})
     for (int i = 0; i < FY_CU_GPT_QUEUE; i++) {
         PIECE(st[i].p32, U, float);
-        PIECE(st[i].grad, U, float);
+        PIECE(st[i].grad, g->grad_n, float);
         PIECE(st[i].lnf32, 2 * C, float);
         PIECE(st[i].in0, N * C, float);
         PIECE(st[i].in1, N * C, float);
@@ -162,21 +172,26 @@ static int plan(struct fy_cu_gpt *g, struct piece *p, void **lt_ws)
     }
     PIECE(pbf, U, bf16);
     PIECE(lnf, 2 * C, bf16);
-    PIECE(ln_scratch, fy_cu_layernorm_backward_scratch(g->N, (int)C), float);
+    if (gpt)
+        PIECE(ln_scratch, fy_cu_layernorm_backward_scratch(g->N, (int)C), float);
     PIECE(x, N * C, bf16);
     PIECE(y, N * C, bf16);
     PIECE(dy, N * C, bf16);
-    PIECE(dy1, N * C, bf16);
-    PIECE(dln2, N * C, bf16);
-    PIECE(datty, N * C, bf16);
-    PIECE(dln1, N * C, bf16);
+    if (gpt) {
+        PIECE(dy1, N * C, bf16);
+        PIECE(dln2, N * C, bf16);
+        PIECE(datty, N * C, bf16);
+        PIECE(dln1, N * C, bf16);
+    }
     PIECE(dx, N * C, bf16);
-    PIECE(dqkv, 3 * N * C, bf16);
-    PIECE(dg, 4 * N * C, bf16);
-    PIECE(dfc, 4 * N * C, bf16);
+    if (gpt) {
+        PIECE(dqkv, 3 * N * C, bf16);
+        PIECE(dg, 4 * N * C, bf16);
+        PIECE(dfc, 4 * N * C, bf16);
+    }
     PIECE(head_scratch, fy_cu_head_scratch_bytes(g->head_rows, c->vocab), char);
 #undef PIECE
-    p[n++] = (struct piece){LT_WORKSPACE, lt_ws};
+    p[n++] = (struct fy_cu_piece){LT_WORKSPACE, lt_ws};
     return n;
 }
 
@@ -202,6 +217,11 @@ static void setup_shape(struct fy_cu_gpt *g, const struct fy_gpt_config *c, int 
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
         if (fy_gpt_unit_params(c, u) > g->unit_max)
             g->unit_max = fy_gpt_unit_params(c, u);
+    g->block_n = fy_gpt_unit_params(c, 1);
+    /* the head's gradients side by side: the head weight's [V][C] and the final norm's (2C at
+     * most), which a GPT-2 embeddings unit (positions included) already covers */
+    size_t head = (size_t)c->vocab * c->n_embd + 2 * (size_t)c->n_embd;
+    g->grad_n = head > g->unit_max ? head : g->unit_max;
 }
 
 size_t fy_cu_gpt_arena_bytes(const struct fy_gpt_config *c, int B, int T)
@@ -209,13 +229,10 @@ size_t fy_cu_gpt_arena_bytes(const struct fy_gpt_config *c, int B, int T)
     struct fy_cu_gpt g;
     memset(&g, 0, sizeof g);
     setup_shape(&g, c, B, T);
-    struct piece p[64];
+    struct fy_cu_piece p[64];
     void *ws;
-    int n = plan(&g, p, &ws);
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += fy_cu_arena_footprint(p[i].bytes);
-    return total;
+    size_t total = fy_cu_arena_pieces_footprint(p, plan(&g, p, &ws));
+    return total + (c->arch == FY_ARCH_LLAMA ? fy_cu_llama_arena_bytes(c, B, T) : 0);
 }
 
 int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struct fy_gpt_config *c,
@@ -223,6 +240,8 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
 {
     *out = NULL;
     unsigned hs = c->n_embd / c->n_head;
+    if (c->arch == FY_ARCH_LLAMA)
+        FY_TRY(fy_cu_llama_check(c));
     if (c->n_embd % 8 != 0 || hs % 8 != 0) {
         fy_error("the CUDA backend needs n_embd (%u) and the head size (%u) to be multiples of 8",
                  c->n_embd, hs);
@@ -233,19 +252,15 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
         return -ENOMEM;
     g->ready_fd = -1;
     setup_shape(g, c, B, T);
-    struct piece p[64];
+    struct fy_cu_piece p[64];
     void *lt_ws = NULL;
-    int n = plan(g, p, &lt_ws);
-    for (int i = 0; i < n; i++) {
-        *p[i].ptr = fy_cu_arena_take(arena, p[i].bytes);
-        if (*p[i].ptr == NULL) {
-            fy_error("the GPU arena (%.2f GiB) cannot hold the model's working buffers for batch "
-                     "%d x %d (%.2f GiB): raise --gpu-mem or lower the batch",
-                     (double)arena->size / (1 << 30), B, T,
-                     (double)fy_cu_gpt_arena_bytes(c, B, T) / (1 << 30));
-            free(g);
-            return -ENOMEM;
-        }
+    if (fy_cu_arena_take_pieces(arena, p, plan(g, p, &lt_ws)) < 0) {
+        fy_error("the GPU arena (%.2f GiB) cannot hold the model's working buffers for batch "
+                 "%d x %d (%.2f GiB): raise --gpu-mem or lower the batch",
+                 (double)arena->size / (1 << 30), B, T,
+                 (double)fy_cu_gpt_arena_bytes(c, B, T) / (1 << 30));
+        free(g);
+        return -ENOMEM;
     }
     g->ready_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
     int rc = g->ready_fd < 0 ? -errno : 0;
@@ -276,6 +291,10 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
                 rc = -EIO;
             }
     }
+    if (rc == 0 && c->arch == FY_ARCH_LLAMA) {
+        struct fy_cu_llama_env env = {g->lt, g->compute, g->head_scratch, g->head_rows};
+        rc = fy_cu_llama_new(&g->llama, arena, c, B, T, &env);
+    }
     if (rc < 0) {
         fy_cu_gpt_destroy(&g);
         return rc;
@@ -291,6 +310,7 @@ void fy_cu_gpt_destroy(struct fy_cu_gpt **gp)
     struct fy_cu_gpt *g = *gp;
     while (g->pending > 0 && fy_cu_gpt_finish(g, NULL) == 0) /* nothing may still write into buffers */
         ;                                                  /* about to be reused */
+    fy_cu_llama_destroy(&g->llama);
     fy_cu_lt_destroy(&g->lt);
     for (int i = 0; i < FY_CU_GPT_QUEUE; i++) {
         struct staging *st = &g->st[i];
@@ -339,7 +359,7 @@ static int call_begin(struct fy_cu_gpt *g, struct staging **out)
     struct staging *st = &g->st[(g->first + g->pending) % FY_CU_GPT_QUEUE];
     st->loss = NULL;
     st->targets_host = NULL;
-    st->wpe_grad = NULL;
+    st->zero_host = NULL;
     st->n_outs = 0;
     st->n_up = 0;
     st->act_out_host = NULL;
@@ -511,8 +531,8 @@ int fy_cu_gpt_finish(struct fy_cu_gpt *g, struct fy_cu_gpt_copy_times *times)
             }
         *st->loss = rows ? sum / (double)rows : 0.0;
     }
-    if (st->wpe_grad != NULL)
-        memset(st->wpe_grad, 0, st->wpe_n * sizeof(float));
+    if (st->zero_host != NULL)
+        memset(st->zero_host, 0, st->zero_n * sizeof(float));
     return 0;
 }
 
@@ -624,37 +644,45 @@ static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const b
 
 size_t fy_cu_gpt_acts_bytes(const struct fy_gpt_config *c, int B, int T)
 {
+    if (c->arch == FY_ARCH_LLAMA)
+        return fy_cu_llama_acts_bytes(c, B, T);
     struct fy_cu_gpt g;
     memset(&g, 0, sizeof g);
     setup_shape(&g, c, B, T);
-    struct piece p[16];
+    struct fy_cu_piece p[16];
     struct fy_cu_gpt_acts a;
-    int n = acts_plan(&g, &a, p);
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += fy_cu_arena_footprint(p[i].bytes);
-    return total;
+    return fy_cu_arena_pieces_footprint(p, acts_plan(&g, &a, p));
+}
+
+/* The GPT-2 units on a Llama model's unit would use buffers it does not have. */
+static int gpt2_only(const struct fy_cu_gpt *g, const char *what)
+{
+    FY_REQUIRE(g->llama == NULL, -EINVAL,
+               "%s: this unit holds a Llama model, whose device units are cu_llama's", what);
+    return 0;
 }
 
 int fy_cu_gpt_acts_take(struct fy_cu_gpt *g, struct fy_cu_arena *arena, struct fy_cu_gpt_acts *a)
 {
-    struct piece p[16];
-    size_t mark = arena->used;
-    int n = acts_plan(g, a, p);
-    for (int i = 0; i < n; i++) {
-        *p[i].ptr = fy_cu_arena_take(arena, p[i].bytes);
-        if (*p[i].ptr == NULL) {
-            fy_cu_arena_reset(arena, mark);
-            memset(a, 0, sizeof *a);
-            return -ENOMEM; /* the caller knows what it was planning and says so */
-        }
-    }
-    return 0;
+    FY_TRY(gpt2_only(g, "fy_cu_gpt_acts_take"));
+    struct fy_cu_piece p[16];
+    /* -ENOMEM: the caller knows what it was planning and says so */
+    return fy_cu_arena_take_pieces(arena, p, acts_plan(g, a, p));
+}
+
+/* Kept set k of the model's architecture from the arena (-ENOMEM, nothing taken, when it does not
+ * fit). */
+static int kept_take(struct fy_cu_gpt *g, struct fy_cu_arena *arena, int k)
+{
+    if (g->llama != NULL)
+        return fy_cu_llama_acts_take(g->llama, arena, &g->kept[k].llama);
+    return fy_cu_gpt_acts_take(g, arena, &g->kept[k].gpt);
 }
 
 int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x, bf16 *y,
                                 struct fy_cu_gpt_acts *keep)
 {
+    FY_TRY(gpt2_only(g, "fy_cu_gpt_dev_block_forward"));
     FY_REQUIRE(y != NULL, -EINVAL, "fy_cu_gpt_dev_block_forward: no output buffer");
     return block_forward_device(g, params, x, y, keep != NULL ? keep : &g->own, 0);
 }
@@ -662,6 +690,7 @@ int fy_cu_gpt_dev_block_forward(struct fy_cu_gpt *g, const bf16 *params, const b
 int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const bf16 *x,
                                  const bf16 *dy, bf16 *dx, float *dparams, struct fy_cu_gpt_acts *kept)
 {
+    FY_TRY(gpt2_only(g, "fy_cu_gpt_dev_block_backward"));
     int N = g->N, C = (int)g->c.n_embd, NH = (int)g->c.n_head;
     size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
@@ -703,6 +732,16 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
 
 /* ---- swapped internals: pieces of a block's set in host buffers (struct fy_gpt_saved) ---- */
 
+/* The Llama blocks' internals are not the GPT-2 kinds that common/actplan.h names: they are kept on
+ * the GPU or recomputed, never swapped. */
+static int llama_not_swapped(const struct fy_cu_gpt *g)
+{
+    FY_REQUIRE(g->llama == NULL, -ENOTSUP,
+               "the CUDA backend's Llama blocks keep their internals on the GPU or recompute "
+               "them, never swap them: train Llama models with --act-plan auto or recompute");
+    return 0;
+}
+
 /* The kinds `saved` gives, as a mask (0 for NULL or nothing given, which is the plain call), after
  * checking that this unit can take them now. */
 static int saved_mask(const struct fy_cu_gpt *g, const struct fy_gpt_saved *saved, unsigned *mask)
@@ -716,6 +755,7 @@ static int saved_mask(const struct fy_cu_gpt *g, const struct fy_gpt_saved *save
                "resid, fc and gelu are)", *mask & ~FY_ACT_SWAPPABLE);
     if (*mask == 0)
         return 0;
+    FY_TRY(llama_not_swapped(g));
     FY_REQUIRE(g->swap_ready, -EINVAL,
                "cu_gpt: a block call with swapped internals before their device sets were taken "
                "(fy_cu_gpt_swap_sets, the backend's gpt_swap, after preparing)");
@@ -780,7 +820,7 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer
                               const float *params, const void *x, void *y,
                               const struct fy_gpt_saved *saved, unsigned mask)
 {
-    size_t P = g->lay.total;
+    size_t P = g->block_n;
     cudaStream_t s = g->compute;
     struct act_in in_x = {x, st->in0, g->x, NULL};
     FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
@@ -795,8 +835,12 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer
     int k = kept_index(g, layer);
     if (k >= 0)
         g->kept_full[k] = 0;
-    struct fy_cu_gpt_acts *a = mask ? &st->swap : k >= 0 ? &g->kept[k] : &g->own;
-    FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, a, 0));
+    struct fy_cu_gpt_acts *a = mask ? &st->swap : k >= 0 ? &g->kept[k].gpt : &g->own;
+    if (g->llama != NULL)
+        FY_TRY(fy_cu_llama_dev_block_forward(g->llama, g->pbf, g->x, g->y,
+                                             k >= 0 ? &g->kept[k].llama : NULL));
+    else
+        FY_TRY(block_forward_device(g, g->pbf, g->x, g->y, a, 0));
     if (k >= 0 && !mask)
         g->kept_full[k] = 1;
     FY_TRY(act_out_stage(g, st, g->y));
@@ -829,7 +873,7 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int laye
                                const float *params, const void *x, const void *dy, void *dx,
                                float *dparams, const struct fy_gpt_saved *saved, unsigned mask)
 {
-    size_t P = g->lay.total;
+    size_t P = g->block_n;
     cudaStream_t s = g->compute;
     struct act_in in_x = {x, st->in0, g->x, NULL}, in_dy = {dy, st->in1, g->dy, NULL};
     FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
@@ -847,15 +891,21 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int laye
     FY_TRY(act_in_place(g, &in_dy));
     /* a set is used once: the backward also uses its attention part as scratch, so a second
      * backward of the same forward (clipping's second pass) recomputes */
-    int k = kept_index(g, layer);
-    struct fy_cu_gpt_acts *kept = k >= 0 && g->kept_full[k] ? &g->kept[k] : NULL;
+    int k = kept_index(g, layer), full = k >= 0 && g->kept_full[k];
     if (k >= 0)
         g->kept_full[k] = 0;
-    if (mask) { /* the rest of the call's set recomputed from x around what came from the host */
-        kept = &st->swap;
-        FY_TRY(block_forward_device(g, g->pbf, g->x, NULL, kept, mask));
+    if (g->llama != NULL) {
+        FY_TRY(fy_cu_llama_dev_block_backward(g->llama, g->pbf, g->x, g->dy, g->dx, st->grad,
+                                              full ? &g->kept[k].llama : NULL));
+    } else {
+        struct fy_cu_gpt_acts *kept = full ? &g->kept[k].gpt : NULL;
+        if (mask) { /* the rest of the call's set recomputed from x around what came from the
+                       host */
+            kept = &st->swap;
+            FY_TRY(block_forward_device(g, g->pbf, g->x, NULL, kept, mask));
+        }
+        FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, st->grad, kept));
     }
-    FY_TRY(fy_cu_gpt_dev_block_backward(g, g->pbf, g->x, g->dy, g->dx, st->grad, kept));
     FY_TRY(act_out_stage(g, st, g->dx));
     FY_TRY(compute_done(g, st));
     st->act_out_host = dx;
@@ -879,6 +929,7 @@ int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const float *params
 int fy_cu_gpt_dev_embed_forward(struct fy_cu_gpt *g, const bf16 *wte, const bf16 *wpe,
                                 const int32_t *tokens, bf16 *x)
 {
+    FY_TRY(gpt2_only(g, "fy_cu_gpt_dev_embed_forward"));
     OP("embed fwd", fy_cu_embed_forward(x, tokens, wte, wpe, g->B, g->T, (int)g->c.n_embd, g->compute));
     return 0;
 }
@@ -886,6 +937,7 @@ int fy_cu_gpt_dev_embed_forward(struct fy_cu_gpt *g, const bf16 *wte, const bf16
 int fy_cu_gpt_dev_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const bf16 *dx,
                                  float *dwte, float *dwpe)
 {
+    FY_TRY(gpt2_only(g, "fy_cu_gpt_dev_embed_backward"));
     OP("embed bwd", fy_cu_embed_backward(dwte, dwpe, dx, tokens, g->B, g->T, (int)g->c.n_embd,
                                          (int)g->c.vocab, g->compute));
     return 0;
@@ -894,6 +946,7 @@ int fy_cu_gpt_dev_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, con
 int fy_cu_gpt_dev_head(struct fy_cu_gpt *g, const bf16 *lnf, const bf16 *wte, const bf16 *x,
                        const int32_t *targets, float *losses, bf16 *dx, float *dlnf, float *dwte)
 {
+    FY_TRY(gpt2_only(g, "fy_cu_gpt_dev_head"));
     const struct fy_gpt_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
     size_t NC = (size_t)N * C;
@@ -939,7 +992,10 @@ static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
     FY_TRY(uploads_done(g, st));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, n, s));
     const bf16 *wte = g->pbf, *wpe = g->pbf + (size_t)c->vocab * c->n_embd;
-    FY_TRY(fy_cu_gpt_dev_embed_forward(g, wte, wpe, st->tokens, g->x));
+    if (g->llama != NULL) /* no positions */
+        FY_TRY(fy_cu_llama_dev_embed_forward(g->llama, wte, st->tokens, g->x));
+    else
+        FY_TRY(fy_cu_gpt_dev_embed_forward(g, wte, wpe, st->tokens, g->x));
     FY_TRY(act_out_stage(g, st, g->x));
     FY_TRY(compute_done(g, st));
     st->act_out_host = x;
@@ -966,7 +1022,10 @@ static int embed_backward_call(struct fy_cu_gpt *g, struct staging *st, const in
     FY_TRY(uploads_done(g, st));
     FY_TRY(act_in_place(g, &in_dx));
     float *dwte = st->grad, *dwpe = st->grad + (size_t)c->vocab * c->n_embd;
-    FY_TRY(fy_cu_gpt_dev_embed_backward(g, st->tokens, g->dx, dwte, dwpe));
+    if (g->llama != NULL)
+        FY_TRY(fy_cu_llama_dev_embed_backward(g->llama, st->tokens, g->dx, dwte));
+    else
+        FY_TRY(fy_cu_gpt_dev_embed_backward(g, st->tokens, g->dx, dwte, dwpe));
     FY_TRY(compute_done(g, st));
     return download(g, st, dembed, st->grad, n * sizeof(float));
 }
@@ -979,27 +1038,52 @@ int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const v
     return call_end(g, st, embed_backward_call(g, st, tokens, dx, dembed));
 }
 
+/* Floats of the final unit's norm: GPT-2's LayerNorm weight and bias, Llama's RMSNorm weight. */
+static size_t final_norm_n(const struct fy_cu_gpt *g)
+{
+    return (g->llama != NULL ? 1 : 2) * (size_t)g->c.n_embd;
+}
+
+/* An untied Llama head: its lm_head [V][C] follows the norm in the final unit. */
+static int untied_head(const struct fy_cu_gpt *g) { return g->llama != NULL && !g->c.tied; }
+
+/* The head's weight [V][C]: the embeddings' token rows (GPT-2's wte, a tied Llama's
+ * embed_tokens), or an untied Llama's lm_head. */
+static const float *head_weight(const struct fy_cu_gpt *g, const float *final_params,
+                                const float *embed)
+{
+    return untied_head(g) ? final_params + g->c.n_embd : embed;
+}
+
 static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final_params,
                      const float *embed, const void *x, const int32_t *targets, double *loss,
                      void *dx, float *dfinal, float *dembed)
 {
     const struct fy_gpt_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
-    size_t wte_n = (size_t)V * C;
+    size_t wte_n = (size_t)V * C, norm_n = final_norm_n(g);
     cudaStream_t s = g->compute;
     FY_TRY(upload(g, st, st->targets, targets, (size_t)N * sizeof(int32_t)));
-    FY_TRY(upload(g, st, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
+    FY_TRY(upload(g, st, st->lnf32, final_params, norm_n * sizeof(float)));
     struct act_in in_x = {x, st->in0, g->x, NULL};
-    FY_TRY(upload(g, st, st->p32, embed, wte_n * sizeof(float))); /* only wte: the head is tied to it */
+    /* only the head's weight of the embeddings (wte: no positions) */
+    FY_TRY(upload(g, st, st->p32, head_weight(g, final_params, embed), wte_n * sizeof(float)));
     FY_TRY(act_in_queue(g, st, &in_x));
     FY_TRY(uploads_done(g, st));
-    FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, 2 * (size_t)C, s));
+    FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, norm_n, s));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, wte_n, s));
     FY_TRY(act_in_place(g, &in_x));
-    int backward = dx != NULL;
-    float *dlnf = st->grad + wte_n;
-    FY_TRY(fy_cu_gpt_dev_head(g, g->lnf, g->pbf, g->x, st->targets, st->losses,
-                              backward ? g->dx : NULL, dlnf, st->grad));
+    int backward = dx != NULL, untied = untied_head(g);
+    /* the gradients: an untied head's in the final unit's layout (norm, then lm_head), in one
+     * piece; otherwise the head weight's (the embeddings') then the norm's */
+    float *dnorm = untied ? st->grad : st->grad + wte_n;
+    float *dhead = untied ? st->grad + C : st->grad;
+    if (g->llama != NULL)
+        FY_TRY(fy_cu_llama_dev_head(g->llama, g->lnf, g->pbf, g->x, st->targets, st->losses,
+                                    backward ? g->dx : NULL, dnorm, dhead));
+    else
+        FY_TRY(fy_cu_gpt_dev_head(g, g->lnf, g->pbf, g->x, st->targets, st->losses,
+                                  backward ? g->dx : NULL, dnorm, dhead));
     if (backward)
         FY_TRY(act_out_stage(g, st, g->dx));
     FY_TRY(compute_done(g, st));
@@ -1007,10 +1091,16 @@ static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final
         st->act_out_host = dx;
         st->act_out_dev = g->dx;
         FY_TRY(download(g, st, dx, st->out, act_host_bytes(g)));
-        FY_TRY(download(g, st, dfinal, dlnf, 2 * (size_t)C * sizeof(float)));
-        FY_TRY(download(g, st, dembed, st->grad, wte_n * sizeof(float)));
-        st->wpe_grad = dembed + wte_n;
-        st->wpe_n = (size_t)c->ctx * C;
+        if (untied) { /* and the embeddings get nothing from the head */
+            FY_TRY(download(g, st, dfinal, st->grad, (norm_n + wte_n) * sizeof(float)));
+            st->zero_host = dembed;
+            st->zero_n = wte_n;
+        } else {
+            FY_TRY(download(g, st, dfinal, dnorm, norm_n * sizeof(float)));
+            FY_TRY(download(g, st, dembed, dhead, wte_n * sizeof(float)));
+            st->zero_host = g->llama != NULL ? NULL : dembed + wte_n; /* GPT-2's positions */
+            st->zero_n = (size_t)c->ctx * C;
+        }
     }
     FY_TRY(download(g, st, st->host_losses, st->losses, (size_t)N * sizeof(float)));
     st->targets_host = targets;
@@ -1038,22 +1128,28 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
     struct staging *st = &g->st[g->first];
     st->n_up = 0; /* the staging's last call is finished: its counts start over */
     st->n_outs = 0;
-    FY_TRY(upload(g, st, st->lnf32, final_params, 2 * (size_t)C * sizeof(float)));
-    FY_TRY(upload(g, st, st->p32, embed, (size_t)V * C * sizeof(float)));
+    size_t norm_n = final_norm_n(g);
+    FY_TRY(upload(g, st, st->lnf32, final_params, norm_n * sizeof(float)));
+    FY_TRY(upload(g, st, st->p32, head_weight(g, final_params, embed),
+                  (size_t)V * C * sizeof(float)));
     struct act_in in_x = {x, st->in0, g->x, NULL};
     FY_TRY(upload(g, st, st->in0, x, act_host_bytes(g)));
     FY_TRY(uploads_done(g, st));
-    FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, 2 * (size_t)C, s));
+    FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, norm_n, s));
     FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, (size_t)V * C, s));
     FY_TRY(act_in_place(g, &in_x));
-    struct fy_cu_gpt_acts *a = &g->own;
-    FY_TRY(fy_cu_layernorm_forward(a->ln1, a->mean1, a->rstd1, g->x, g->lnf, g->lnf + C, N, C, s));
+    const bf16 *xn = g->own.ln1;
+    if (g->llama != NULL)
+        FY_TRY(fy_cu_llama_dev_final_norm(g->llama, g->lnf, g->x, &xn));
+    else
+        FY_TRY(fy_cu_layernorm_forward(g->own.ln1, g->own.mean1, g->own.rstd1, g->x, g->lnf,
+                                       g->lnf + C, N, C, s));
     /* the head's scratch holds at least head_rows x V f32 logits */
     float *chunk = (float *)g->head_scratch;
     for (int r0 = 0; r0 < N; r0 += g->head_rows) {
         int rows = N - r0 < g->head_rows ? N - r0 : g->head_rows;
-        FY_TRY(fy_cu_matmul_batched(g->lt, chunk, 1, a->ln1 + (size_t)r0 * C, g->pbf, rows, V, C, 0, 1,
-                                    0, 0, 0, 1, 1.0f, 0.0f, s));
+        FY_TRY(fy_cu_matmul_batched(g->lt, chunk, 1, xn + (size_t)r0 * C, g->pbf, rows, V, C, 0,
+                                    1, 0, 0, 0, 1, 1.0f, 0.0f, s));
         FY_TRY(compute_done(g, st));
         st->n_outs = 0; /* synchronous: nothing queued after it needs ordering */
         FY_TRY(download(g, st, logits + (size_t)r0 * V, chunk, (size_t)rows * V * sizeof(float)));
@@ -1077,7 +1173,7 @@ int fy_cu_gpt_keep_layers(struct fy_cu_gpt *g, struct fy_cu_arena *arena, int ma
                "cu_gpt: keeping internals with calls in flight or sets already taken");
     int most = max_layers < (int)g->c.n_layer ? max_layers : (int)g->c.n_layer;
     most = most < FY_CU_GPT_MAX_KEPT ? most : FY_CU_GPT_MAX_KEPT;
-    while (g->n_kept < most && fy_cu_gpt_acts_take(g, arena, &g->kept[g->n_kept]) == 0)
+    while (g->n_kept < most && kept_take(g, arena, g->n_kept) == 0)
         g->kept_full[g->n_kept++] = 0;
     /* the sets were taken in order, but the top blocks are the ones kept: renumbering is only
      * kept_index's arithmetic */
@@ -1086,6 +1182,7 @@ int fy_cu_gpt_keep_layers(struct fy_cu_gpt *g, struct fy_cu_arena *arena, int ma
 
 int fy_cu_gpt_swap_sets(struct fy_cu_gpt *g, struct fy_cu_arena *arena)
 {
+    FY_TRY(llama_not_swapped(g));
     if (g->swap_ready)
         return 0;
     /* before any kept set: those take what is left, and a later reset must not split them */
@@ -1326,6 +1423,10 @@ static int profile_sync(struct fy_cu_gpt *g)
 int fy_cu_gpt_profile(struct fy_cu_gpt *g, struct fy_cu_arena *arena, void *host,
                       size_t host_bytes, struct fy_gpt_profile *out)
 {
+    FY_REQUIRE(g->llama == NULL, -ENOTSUP,
+               "cu_gpt: a Llama model's blocks are not profiled: the planner's profile times the "
+               "GPT-2 internals that swapping moves, and Llama blocks keep theirs on the GPU or "
+               "recompute them (--act-plan auto keeps what fits)");
     FY_REQUIRE(g->pending == 0, -EBUSY,
                "cu_gpt: profiling with %d calls in flight (finish them first)", g->pending);
     FY_REQUIRE(host != NULL && host_bytes >= PROFILE_HOST_MIN, -EINVAL,

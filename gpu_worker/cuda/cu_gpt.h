@@ -1,7 +1,11 @@
 /* The GPT units on the GPU: embeddings, a transformer block (forward, and backward either from the
  * internals its forward kept, from those it swapped to host memory plus what the block recomputes
  * around them, or with the block recomputed from its input), and the final LayerNorm with the tied
- * LM head and cross-entropy, over the fp32 host buffers of the backend interface. Weights and
+ * LM head and cross-entropy, over the fp32 host buffers of the backend interface. A unit made for
+ * a Llama model (arch FY_ARCH_LLAMA) serves the same host interface with cu_llama's units
+ * (gpu_worker/cuda/cu_llama.h: the embedding without positions, the decoder block, the final
+ * RMSNorm with the tied or untied head); its blocks' internals are kept or recomputed, never
+ * swapped, and not profiled (-ENOTSUP, said), and its ops are not timed one by one. Weights and
  * activations are bf16 on the device with fp32 accumulation; weight gradients are fp32. Every
  * device buffer comes from the arena, sized once for the batch. Copies go on their own streams,
  * ordered by events.
@@ -33,7 +37,8 @@ struct fy_cu_gpt_op {
 
 /* Arena bytes the model pieces need for batches of B x T. */
 size_t fy_cu_gpt_arena_bytes(const struct fy_gpt_config *c, int B, int T);
-/* -EINVAL (said) for shapes the kernels do not take (n_embd and head size multiples of 8). */
+/* -EINVAL (said) for shapes the kernels do not take (n_embd and head size multiples of 8; Llama:
+ * fy_cu_llama_check). */
 int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struct fy_gpt_config *c,
                   int B, int T);
 void fy_cu_gpt_destroy(struct fy_cu_gpt **g);
@@ -64,7 +69,8 @@ int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const float *params
                              const void *dy, void *dx, float *dparams,
                              const struct fy_gpt_saved *saved);
 /* Keeps the forward internals of up to max_layers blocks, the top ones, in sets taken from the
- * arena while they fit (none are taken once one does not); returns how many. The forward of a kept
+ * arena while they fit (none are taken once one does not); returns how many. Llama: sets of
+ * fy_cu_llama_acts_bytes. The forward of a kept
  * block fills its set and the next backward of that block uses it instead of recomputing the
  * block (the same bits); a second backward without a forward in between recomputes. The sets go
  * with the arena memory after the model's working buffers. */
@@ -74,7 +80,8 @@ int fy_cu_gpt_keep_layers(struct fy_cu_gpt *g, struct fy_cu_arena *arena, int ma
  * the arena for block calls given saved host buffers: a call computes its block in its staging's
  * set, which is free again once the call is finished. Before fy_cu_gpt_keep_layers and with no
  * call in flight (-EBUSY, said); -ENOMEM (said, nothing taken) when they do not fit; a second
- * call takes nothing and returns 0. */
+ * call takes nothing and returns 0. A Llama model's unit: -ENOTSUP (said), as for its block calls
+ * given saved buffers. */
 int fy_cu_gpt_swap_sets(struct fy_cu_gpt *g, struct fy_cu_arena *arena);
 /* Measures one block of this batch shape for the activation planner (struct fy_gpt_profile of
  * gpu_worker/backend.h, all but magic and version), on values of its own, and completes before
@@ -89,7 +96,8 @@ int fy_cu_gpt_swap_sets(struct fy_cu_gpt *g, struct fy_cu_arena *arena);
  * dy, dx, own internals and a staging's gradient, all rewritten by any later call before it reads
  * them): kept and swap sets and later calls' results are untouched, and so is the per-op timing
  * table and switch (fy_cu_gpt_set_timing) of a caller profiling too. -EBUSY (said) with calls in
- * flight; -EINVAL (said) for host_bytes under 1 MiB or host memory that is not pinned. */
+ * flight; -EINVAL (said) for host_bytes under 1 MiB or host memory that is not pinned; -ENOTSUP
+ * (said) for a Llama model's unit. */
 int fy_cu_gpt_profile(struct fy_cu_gpt *g, struct fy_cu_arena *arena, void *host,
                       size_t host_bytes, struct fy_gpt_profile *out);
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed,
@@ -116,7 +124,8 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
 
 /* Device-level units, for drivers that keep weights and activations on the GPU (bf16 weights in the
  * unit layout of common/model.h; activations [B][T][C] bf16; gradients f32, overwritten except where
- * noted). Everything is queued on the compute stream (fy_cu_gpt_stream); nothing synchronises. */
+ * noted). Everything is queued on the compute stream (fy_cu_gpt_stream); nothing synchronises.
+ * GPT-2 only: on a Llama model's unit they refuse (-EINVAL, said). */
 int fy_cu_gpt_dev_embed_forward(struct fy_cu_gpt *g, const bf16 *wte, const bf16 *wpe,
                                 const int32_t *tokens, bf16 *x);
 /* dwte, dwpe += the lookup's gradient. */
@@ -129,7 +138,7 @@ struct fy_cu_gpt_acts {
     float *mean1, *rstd1, *mean2, *rstd2;
     void *attn; /* the attention's saved statistics, and its backward's scratch */
 };
-/* Arena bytes of one set for batches of B x T. */
+/* Arena bytes of one set for batches of B x T (a Llama config's: fy_cu_llama_acts_bytes). */
 size_t fy_cu_gpt_acts_bytes(const struct fy_gpt_config *c, int B, int T);
 /* One set from the arena; -ENOMEM (nothing taken, not logged) when it does not fit. */
 int fy_cu_gpt_acts_take(struct fy_cu_gpt *g, struct fy_cu_arena *arena, struct fy_cu_gpt_acts *a);

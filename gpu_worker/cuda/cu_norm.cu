@@ -151,7 +151,8 @@ static __global__ void layernorm_backward_dinp_kernel(bf16 *__restrict__ dinp,
 
 /* First pass of dw/db: block (rb, cb) sums rows [rb*rows_per_block, ...) in ascending order for the
  * channels of column block cb, one thread per channel, and writes its partial sums to
- * scratch[rb][c] (dw) and scratch[rb][C + c] (db). Every (rb, c) of the scratch is written. */
+ * scratch[rb][c] (dw) and scratch[rb][C + c] (db). Every (rb, c) of the scratch is written. No
+ * mean (NULL): RMSNorm's, x * rstd. */
 static __global__ void layernorm_backward_partial_kernel(float *__restrict__ scratch,
                                                          const bf16 *__restrict__ dout,
                                                          const bf16 *__restrict__ inp,
@@ -169,14 +170,15 @@ static __global__ void layernorm_backward_partial_kernel(float *__restrict__ scr
     for (int n = r0; n < r1; n++) {
         size_t k = (size_t)n * C + c;
         float dy = ld(dout, k);
-        gw += dy * ((ld(inp, k) - mean[n]) * rstd[n]);
+        gw += dy * ((ld(inp, k) - (mean != NULL ? mean[n] : 0.0f)) * rstd[n]);
         gb += dy;
     }
     scratch[(size_t)rb * 2 * C + c] = gw;
     scratch[(size_t)rb * 2 * C + C + c] = gb;
 }
 
-/* Second pass: one thread per channel adds the partials of the row blocks in index order. */
+/* Second pass: one thread per channel adds the partials of the row blocks in index order (db NULL:
+ * no bias, its partials left). */
 static __global__ void layernorm_backward_reduce_kernel(float *__restrict__ dw,
                                                         float *__restrict__ db,
                                                         const float *__restrict__ scratch,
@@ -190,7 +192,8 @@ static __global__ void layernorm_backward_reduce_kernel(float *__restrict__ dw,
             gb += scratch[(size_t)rb * 2 * C + C + c];
         }
         dw[c] += gw;
-        db[c] += gb;
+        if (db != NULL)
+            db[c] += gb;
     }
 }
 
@@ -217,18 +220,15 @@ size_t fy_cu_layernorm_backward_scratch(int N, int C)
     return (size_t)ln_row_blocks(N) * 2 * (size_t)C;
 }
 
-int fy_cu_layernorm_backward(bf16 *dinp, float *dw, float *db, float *scratch, const bf16 *dout,
-                             const bf16 *inp, const bf16 *w, const float *mean, const float *rstd,
-                             int N, int C, cudaStream_t stream)
+int fy_cu_norm_weight_grads(float *dw, float *db, float *scratch, const bf16 *dout,
+                            const bf16 *inp, const float *mean, const float *rstd, int N, int C,
+                            cudaStream_t stream)
 {
-    CHECK_ARG(N > 0 && C > 0, "layernorm backward: bad shape N=%d C=%d", N, C);
-    CHECK_ARG(dinp && dw && db && scratch && dout && inp && w && mean && rstd,
-              "layernorm backward: NULL pointer");
+    CHECK_ARG(N > 0 && C > 0, "norm weight gradients: bad shape N=%d C=%d", N, C);
+    CHECK_ARG(dw && scratch && dout && inp && rstd, "norm weight gradients: NULL pointer");
     unsigned ch_blocks = (unsigned)(((size_t)C + LN_CH_THREADS - 1) / LN_CH_THREADS);
-    CHECK_ARG(ch_blocks <= GRID_YZ_MAX, "layernorm backward: C=%d too wide", C);
+    CHECK_ARG(ch_blocks <= GRID_YZ_MAX, "norm weight gradients: C=%d too wide", C);
     int rpb = ln_rows_per_block(N), nblocks = ln_row_blocks(N);
-
-    /* dw/db partials first: they only read the inputs. */
     dim3 grid((unsigned)nblocks, ch_blocks);
     layernorm_backward_partial_kernel<<<grid, LN_CH_THREADS, 0, stream>>>(scratch, dout, inp, mean,
                                                                           rstd, N, C, rpb);
@@ -236,6 +236,20 @@ int fy_cu_layernorm_backward(bf16 *dinp, float *dw, float *db, float *scratch, c
     layernorm_backward_reduce_kernel<<<fy_cu_blocks((size_t)C, EW_THREADS), EW_THREADS, 0,
                                        stream>>>(dw, db, scratch, nblocks, C);
     FY_CUDA_LAUNCHED("layernorm_backward_reduce_kernel");
+    return 0;
+}
+
+int fy_cu_layernorm_backward(bf16 *dinp, float *dw, float *db, float *scratch, const bf16 *dout,
+                             const bf16 *inp, const bf16 *w, const float *mean, const float *rstd,
+                             int N, int C, cudaStream_t stream)
+{
+    CHECK_ARG(N > 0 && C > 0, "layernorm backward: bad shape N=%d C=%d", N, C);
+    CHECK_ARG(dinp && dw && db && scratch && dout && inp && w && mean && rstd,
+              "layernorm backward: NULL pointer");
+    /* dw/db partials first: they only read the inputs. */
+    int rc = fy_cu_norm_weight_grads(dw, db, scratch, dout, inp, mean, rstd, N, C, stream);
+    if (rc)
+        return rc;
     layernorm_backward_dinp_kernel<<<row_blocks(N), ROW_WARPS * 32, 0, stream>>>(dinp, dout, inp, w,
                                                                                  mean, rstd, N, C);
     FY_CUDA_LAUNCHED("layernorm_backward_dinp_kernel");
@@ -306,7 +320,8 @@ int fy_cu_residual_forward(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cu
 
 /* ---- embeddings ---- */
 
-/* One element of [B*T][C] per iteration: out[n][c] = wte[tokens[n]][c] + wpe[n % T][c]. */
+/* One element of [B*T][C] per iteration: out[n][c] = wte[tokens[n]][c] + wpe[n % T][c] (no wpe:
+ * the token's row alone). */
 static __global__ void embed_forward_kernel(bf16 *__restrict__ out,
                                             const int32_t *__restrict__ tokens,
                                             const bf16 *__restrict__ wte,
@@ -317,7 +332,8 @@ static __global__ void embed_forward_kernel(bf16 *__restrict__ out,
         size_t n = i / (size_t)C, c = i % (size_t)C;
         size_t tok = (size_t)(uint32_t)tokens[n]; /* validity is the caller's (as on the CPU) */
         size_t t = n % (size_t)T;
-        out[i] = __float2bfloat16_rn(ld(wte, tok * C + c) + ld(wpe, t * C + c));
+        out[i] = wpe != NULL ? __float2bfloat16_rn(ld(wte, tok * C + c) + ld(wpe, t * C + c))
+                             : wte[tok * C + c];
     }
 }
 
@@ -325,7 +341,7 @@ int fy_cu_embed_forward(bf16 *out, const int32_t *tokens, const bf16 *wte, const
                         int T, int C, cudaStream_t stream)
 {
     CHECK_ARG(B > 0 && T > 0 && C > 0, "embed forward: bad shape B=%d T=%d C=%d", B, T, C);
-    CHECK_ARG(out && tokens && wte && wpe, "embed forward: NULL pointer");
+    CHECK_ARG(out && tokens && wte, "embed forward: NULL pointer");
     size_t total = (size_t)B * T * C;
     embed_forward_kernel<<<fy_cu_blocks(total, EW_THREADS), EW_THREADS, 0, stream>>>(
         out, tokens, wte, wpe, T, C, total);
@@ -374,11 +390,13 @@ int fy_cu_embed_backward(float *dwte, float *dwpe, const bf16 *dout, const int32
     CHECK_ARG(B > 0 && T > 0 && C > 0 && V > 0, "embed backward: bad shape B=%d T=%d C=%d V=%d", B,
               T, C, V);
     CHECK_ARG((size_t)B * T <= (size_t)INT_MAX, "embed backward: B*T too large");
-    CHECK_ARG(dwte && dwpe && dout && tokens, "embed backward: NULL pointer");
+    CHECK_ARG(dwte && dout && tokens, "embed backward: NULL pointer");
     /* Small blocks: there are only C threads in all, spread them over as many SMs as possible. */
     embed_backward_wte_kernel<<<fy_cu_blocks((size_t)C, 32), 32, 0, stream>>>(dwte, dout, tokens,
                                                                              B * T, C, V);
     FY_CUDA_LAUNCHED("embed_backward_wte_kernel");
+    if (dwpe == NULL)
+        return 0;
     size_t TC = (size_t)T * C;
     embed_backward_wpe_kernel<<<fy_cu_blocks(TC, EW_THREADS), EW_THREADS, 0, stream>>>(dwpe, dout,
                                                                                         B, T, C);

@@ -17,16 +17,24 @@ size_t fy_cu_layernorm_backward_scratch(int N, int C);
 int fy_cu_layernorm_backward(bf16 *dinp, float *dw, float *db, float *scratch, const bf16 *dout,
                              const bf16 *inp, const bf16 *w, const float *mean, const float *rstd,
                              int N, int C, cudaStream_t stream);
+/* The norm's weight gradients alone: dw[c] += sum over rows n of dout[n][c] (inp[n][c] - mean[n])
+ * rstd[n] and db[c] += sum of dout[n][c], in a fixed order through scratch (as above). mean NULL:
+ * RMSNorm's (x rstd, nothing subtracted); db NULL: no bias. */
+int fy_cu_norm_weight_grads(float *dw, float *db, float *scratch, const bf16 *dout,
+                            const bf16 *inp, const float *mean, const float *rstd, int N, int C,
+                            cudaStream_t stream);
 int fy_cu_gelu_forward(bf16 *out, const bf16 *inp, size_t n, cudaStream_t stream);
 /* dinp = gelu'(inp) * dout (overwritten; may alias dout). */
 int fy_cu_gelu_backward(bf16 *dinp, const bf16 *inp, const bf16 *dout, size_t n,
                         cudaStream_t stream);
 /* out = a + b (out may alias a or b). */
 int fy_cu_residual_forward(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cudaStream_t stream);
-/* out[b][t] = wte[tokens[b][t]] + wpe[t]; wte [V][C], wpe [>=T][C] bf16. */
+/* out[b][t] = wte[tokens[b][t]] + wpe[t]; wte [V][C], wpe [>=T][C] bf16. wpe NULL (Llama, no
+ * positions): out[b][t] = wte[tokens[b][t]]. */
 int fy_cu_embed_forward(bf16 *out, const int32_t *tokens, const bf16 *wte, const bf16 *wpe, int B,
                         int T, int C, cudaStream_t stream);
-/* dwte [V][C], dwpe [T][C] f32 += the lookup's gradient, in a fixed order (no atomics). */
+/* dwte [V][C], dwpe [T][C] f32 += the lookup's gradient, in a fixed order (no atomics); dwpe NULL:
+ * no positions. */
 int fy_cu_embed_backward(float *dwte, float *dwpe, const bf16 *dout, const int32_t *tokens, int B,
                          int T, int C, int V, cudaStream_t stream);
 /* Element type conversion (for the host interface and master weights): f32 <-> bf16 (RNE). */

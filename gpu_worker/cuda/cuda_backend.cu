@@ -1,7 +1,8 @@
 /* The CUDA backend of the gpu worker: one device arena of the budgeted size allocated once, the
  * shared pool pinned with cudaHostRegister so copies into it run at full PCIe speed, and the GPT
- * units of cu_gpt, whose calls queue (compute, host-to-device and device-to-host streams) and are
- * completed by gpt_finish. Every CUDA call is checked and reported with a hint. */
+ * units of cu_gpt (GPT-2, or Llama through cu_llama), whose calls queue (compute, host-to-device
+ * and device-to-host streams) and are completed by gpt_finish. Every CUDA call is checked and
+ * reported with a hint. */
 #include "cuda_backend.h"
 
 #include <stdlib.h>
@@ -178,11 +179,6 @@ static int cuda_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor
 static int cuda_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, int T)
 {
     struct cuda_state *s = (struct cuda_state *)state;
-    if (c->arch != FY_ARCH_GPT2) {
-        fy_error("cuda backend: the model is %s: Llama runs on the CPU backend for now "
-                 "(train --backend cpu)", fy_arch_name(c->arch));
-        return -ENOTSUP;
-    }
     size_t need = fy_cu_gpt_arena_bytes(c, B, T);
     if (s->arena.base == NULL)
         FY_TRY(fy_cu_arena_init(&s->arena, need));
