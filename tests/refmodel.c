@@ -5,6 +5,7 @@
 #include "refmodel.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,9 +33,31 @@ static int set_err(struct fy_refmodel *m, const char *fmt, ...)
 /* Zeroed floats (at least one, so that a NULL means out of memory). */
 static float *falloc(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
 
+/* Llama: the noise on a unit's RMSNorm weights (1 at init): the blocks' two, the final one. */
+static void perturb_llama_unit(const struct fy_refmodel *m, unsigned u, uint64_t *rng)
+{
+    const size_t C = m->cfg.n_embd;
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(&m->cfg, &l);
+    float *p = m->params[u];
+    enum fy_unit_kind kind = fy_gpt_unit_kind(&m->cfg, u);
+    for (size_t i = 0; kind != FY_UNIT_EMBED && i < C; i++) {
+        if (kind == FY_UNIT_FINAL) {
+            p[i] += fy_test_uniform(rng, -0.2f, 0.2f);
+            continue;
+        }
+        p[l.input_norm + i] += fy_test_uniform(rng, -0.2f, 0.2f);
+        p[l.post_norm + i] += fy_test_uniform(rng, -0.2f, 0.2f);
+    }
+}
+
 /* The noise on the biases and LayerNorm parameters of a unit (see fy_refmodel_init). */
 static void perturb_unit(const struct fy_refmodel *m, unsigned u, uint64_t *rng)
 {
+    if (m->cfg.arch == FY_ARCH_LLAMA) {
+        perturb_llama_unit(m, u, rng);
+        return;
+    }
     const size_t C = m->cfg.n_embd;
     struct fy_gpt_block_layout l;
     fy_gpt_block_layout(&m->cfg, &l);
@@ -271,4 +294,42 @@ int fy_refmodel_run(char *const argv[], int seconds)
         return -1;
     }
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int fy_refmodel_metric(const char *run, int step, const char *key, double *value)
+{
+    char path[1024], want[64];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    snprintf(want, sizeof want, "{\"step\": %d,", step);
+    char *text = fy_test_slurp(path, NULL);
+    if (text == NULL) {
+        fprintf(stderr, "%s: cannot read it\n", path);
+        return -1;
+    }
+    char *line = strstr(text, want);
+    char *end = line != NULL ? strchr(line, '\n') : NULL;
+    char *at = line != NULL ? strstr(line, key) : NULL;
+    int found = at != NULL && (end == NULL || at < end);
+    if (found)
+        *value = strtod(at + strlen(key), NULL);
+    else
+        fprintf(stderr, "%s: no %s on the line of step %d\n", path, key, step);
+    free(text);
+    return found ? 0 : -1;
+}
+
+double fy_refmodel_rel_err(const float *a, const float *ref, size_t n, const char *what)
+{
+    double num = 0, den = 0, largest = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        if (!(d <= largest)) /* a NaN counts as infinitely far */
+            largest = d == d ? d : INFINITY;
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    printf("%-24s n=%-9zu largest difference %.3e, relative Frobenius %.3e\n", what, n, largest,
+           rel);
+    return rel != rel ? INFINITY : rel;
 }

@@ -40,7 +40,8 @@ struct fy_refmodel_output {
 };
 
 /* GPT-2 init (fy_gpt_init_unit with seed), then noise on every bias and LayerNorm parameter (which
- * GPT-2 sets to 0 or 1) so that their gradients, and the paths through them, are not trivial; then
+ * GPT-2 sets to 0 or 1) so that their gradients, and the paths through them, are not trivial (a
+ * Llama config: its init, then noise on every RMSNorm weight); then
  * random tokens and targets, the target of sequence 1 position 3 ignored (-1: out of the mean, no
  * gradient). All drawn from fy_test_rand seeded with seed. Needs B >= 2 and T >= 4. 0, or -1 with
  * m->err (and nothing to free). */
@@ -70,6 +71,12 @@ int fy_refmodel_python_has(const char *modules);
 /* Path of tests/reference/NAME under $FUYOU_SRC, or under the working directory when that is unset,
  * into buf; 0 when it is readable, else -1. */
 int fy_refmodel_script(const char *name, char *buf, size_t len);
+/* ||a - ref|| / ||ref|| over n values (the plain norm of a - ref when ref is 0; infinite with a
+ * NaN), printed on one line with `what`, n and the largest absolute difference. */
+double fy_refmodel_rel_err(const float *a, const float *ref, size_t n, const char *what);
+/* The number after `key` (such as "\"eval_loss\": ") on the line of step `step` of
+ * RUN/metrics.jsonl, as fuyou-launch train reports it: 0, or -1 (said on stderr). */
+int fy_refmodel_metric(const char *run, int step, const char *key, double *value);
 /* Runs argv (argv[0] looked up in PATH), stdout and stderr passed through, for at most `seconds`
  * (then it is killed, with a message on stderr); its exit status, or -1. */
 int fy_refmodel_run(char *const argv[], int seconds);

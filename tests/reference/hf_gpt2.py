@@ -4,19 +4,23 @@
 Needs torch and transformers (the versions .ci/run installs). Commands:
 
   make DIR [--dtype f32|bf16|f16] [--seed S] [--layers L --heads H --embd C --vocab V --ctx T]
-           [--shard-size BYTES] [--base] [--lm-head] [--buffers]
+           [--shard-size BYTES] [--base] [--lm-head] [--buffers] [--device cpu|cuda]
       A tiny GPT2LMHeadModel, random init from the seed (biases and LayerNorm parameters
       perturbed so that their mapping matters), saved by save_pretrained (safetensors). --base
       saves the GPT2Model inside it (names without "transformer."); --lm-head and --buffers
       rewrite model.safetensors with lm_head.weight (a copy of wte) and the attention mask
-      buffers that older transformers versions stored.
-  tokens FILE --vocab V --count N --seed S
-      A token file (the format of common/tokfile.h) of N random tokens below V.
+      buffers that older transformers versions stored. --device cuda initialises on the GPU
+      (seconds instead of minutes for a model of a billion parameters).
+  tokens FILE --vocab V --count N --seed S [--skew X]
+      A token file (the format of common/tokfile.h) of N random tokens below V; --skew X (> 1)
+      draws token floor(V u^X), u uniform in [0, 1), so that low ids are frequent and a few
+      training steps learn something (1, the default: uniform, as before).
   loss DIR TOKFILE --batch B --seq T --eval-fraction F (--train-step K --seed S | --eval-batches N)
+       [--device cpu|cuda]
       Loads DIR with GPT2LMHeadModel.from_pretrained in float32 (refusing missing or unexpected
       keys) and prints "loss X": the mean cross-entropy of the training batch of step K as
       fy_tokfile_batch draws it, or the mean over the first N evaluation batches of the per-batch
-      mean, as fuyou-launch train reports eval_loss.
+      mean, as fuyou-launch train reports eval_loss; computed in float32 on --device.
   compare A B [--f16-as-f32] [--expect-different]
       Tensor by tensor: the same parameter names (mask buffers aside), shapes, and dtypes, and
       the same bytes (with --f16-as-f32, F16 tensors of A may be F32 in B with equal values);
@@ -78,7 +82,8 @@ def cmd_make(a):
     torch.manual_seed(a.seed)
     cfg = GPT2Config(n_layer=a.layers, n_head=a.heads, n_embd=a.embd, vocab_size=a.vocab,
                      n_positions=a.ctx, bos_token_id=a.vocab - 1, eos_token_id=a.vocab - 1)
-    model = GPT2LMHeadModel(cfg)
+    with torch.device(a.device):
+        model = GPT2LMHeadModel(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:  # biases 0 and LayerNorm weights 1 at init: make them matter
@@ -106,7 +111,11 @@ def cmd_make(a):
 def cmd_tokens(a):
     import random
     rng = random.Random(a.seed)
-    write_tokens(a.file, [rng.randrange(a.vocab) for _ in range(a.count)], a.vocab)
+    if a.skew == 1.0:
+        tokens = [rng.randrange(a.vocab) for _ in range(a.count)]
+    else:
+        tokens = [min(a.vocab - 1, int(a.vocab * rng.random() ** a.skew)) for _ in range(a.count)]
+    write_tokens(a.file, tokens, a.vocab)
     return 0
 
 
@@ -163,6 +172,7 @@ def print_loss(model, a):
     import torch
 
     model.eval()
+    model.to(a.device)
     tokens = read_tokens(a.tokens)
     count = len(tokens)
     eval_start = count - min(count, int(count * a.eval_fraction + 0.5))
@@ -173,7 +183,7 @@ def print_loss(model, a):
     total = 0.0
     with torch.no_grad():
         for rows in batches:
-            w = torch.tensor(rows, dtype=torch.long)
+            w = torch.tensor(rows, dtype=torch.long, device=a.device)
             logits = model(w[:, :-1]).logits.float()
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                      w[:, 1:].reshape(-1))
@@ -272,6 +282,7 @@ def parser():
     m.add_argument("--base", action="store_true")
     m.add_argument("--lm-head", action="store_true")
     m.add_argument("--buffers", action="store_true")
+    m.add_argument("--device", default="cpu")
     add_shared_commands(sub)
     return p
 
@@ -283,6 +294,7 @@ def add_shared_commands(sub):
     t.add_argument("--vocab", type=int, required=True)
     t.add_argument("--count", type=int, required=True)
     t.add_argument("--seed", type=int, default=1)
+    t.add_argument("--skew", type=float, default=1.0)
     lo = sub.add_parser("loss")
     lo.add_argument("dir")
     lo.add_argument("tokens")
@@ -292,6 +304,7 @@ def add_shared_commands(sub):
     lo.add_argument("--train-step", type=int)
     lo.add_argument("--seed", type=int, default=1)
     lo.add_argument("--eval-batches", type=int, default=0)
+    lo.add_argument("--device", default="cpu")
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")

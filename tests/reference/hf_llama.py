@@ -4,18 +4,23 @@
 Needs torch and transformers (the versions .ci/run installs). Commands:
 
   make DIR [--seed S] [--layers L --heads H --kv-heads K --embd C --ffn I --vocab V --ctx T]
-           [--llama3] [--tied] [--dtype f32|bf16]
+           [--llama3] [--rope-factor X] [--rope-original-max N] [--tied] [--dtype f32|bf16]
+           [--device cpu|cuda]
       A tiny LlamaForCausalLM, random init from the seed (RMSNorm weights perturbed so that their
       mapping matters), saved by save_pretrained (safetensors, float32 or bfloat16). --llama3: rope_theta
-      500000 and llama3 rope scaling with original_max_position_embeddings below the sequence
-      length, so every branch of the scaling is used; --tied: tie_word_embeddings.
+      500000 and llama3 rope scaling (factor --rope-factor, 8 by default) with
+      original_max_position_embeddings --rope-original-max (8 by default: below the sequence
+      length, so every branch of the scaling is used); --tied: tie_word_embeddings. --device cuda
+      initialises on the GPU (for models of a billion parameters).
   tokens FILE --vocab V --count N --seed S
       As hf_gpt2.py's.
   loss DIR TOKFILE --batch B --seq T --eval-fraction F (--train-step K | --eval-batches N) --seed S
+       [--device cpu|cuda]
       Loads DIR with LlamaForCausalLM.from_pretrained in float32 (refusing missing or unexpected
       keys, and a tied config whose head is not embed_tokens) and prints "loss X": the mean
       cross-entropy of the training batch of step K as fy_tokfile_batch draws it, or the mean over
-      the first N held-out batches as train's evaluation draws them.
+      the first N held-out batches as train's evaluation draws them; computed in float32 on
+      --device.
   compare A B [--expect-different]
       As hf_gpt2.py's: the same tensor names, and each tensor equal bit for bit in shape, dtype and
       bytes (or, --expect-different, some differ); config.json equal but for its dtype.
@@ -42,9 +47,11 @@ def cmd_make(a):
               bos_token_id=0, eos_token_id=a.vocab - 1)
     if a.llama3:
         kw["rope_theta"] = 500000.0
-        kw["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
-    model = LlamaForCausalLM(LlamaConfig(**kw))
+        kw["rope_scaling"] = {"rope_type": "llama3", "factor": a.rope_factor,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": a.rope_original_max}
+    with torch.device(a.device):
+        model = LlamaForCausalLM(LlamaConfig(**kw))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -87,6 +94,9 @@ def parser():
     m.add_argument("--llama3", action="store_true")
     m.add_argument("--tied", action="store_true")
     m.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    m.add_argument("--rope-factor", type=float, default=8.0)
+    m.add_argument("--rope-original-max", type=int, default=8)
+    m.add_argument("--device", default="cpu")
     add_shared_commands(sub)
     return p
 
