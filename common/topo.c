@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -26,6 +29,8 @@ struct fy_topo {
     int gpu_numa;           /* OS index, -1 if unknown */
     char gpu_desc[160];     /* empty when no GPU was seen */
     char gpu_near[32];      /* cpus of the GPU's first non-I/O ancestor */
+    int ssd_numa;           /* OS index of the store's disk's node, -1 if unknown */
+    char ssd_desc[200];     /* what fy_topo_locate_ssd found (empty before it ran) */
 };
 
 /* Like FY_HWLOC, but jumps to the function's cleanup (label out, variable rc) so bitmaps are freed.
@@ -329,6 +334,7 @@ static int topo_load(struct fy_topo **out, const char *synthetic)
     struct fy_topo *t = calloc(1, sizeof *t);
     FY_REQUIRE(t != NULL, -ENOMEM, "fy_topo_load: out of memory");
     t->gpu_numa = -1;
+    t->ssd_numa = -1;
     t->synthetic = synthetic != NULL;
     if (hwloc_topology_init(&t->topo) < 0) {
         rc = errno ? -errno : -ENOMEM;
@@ -523,6 +529,103 @@ void fy_topo_describe(const struct fy_topo *t, char *buf, size_t len)
     else
         append(buf, len, &off, " GPU locality: %s, near cpus %s, NUMA node %d", t->gpu_desc,
                t->gpu_near[0] ? t->gpu_near : "?", t->gpu_numa);
+    if (t->ssd_desc[0] != 0)
+        append(buf, len, &off, "; SSD locality: %s", t->ssd_desc);
+}
+
+/* The disk under path as the kernel names it ("nvme0n1" for a file on nvme0n1p2), from the
+ * block device's sysfs entry; -1 when path is not on a block device sysfs describes. */
+static int disk_of_path(const char *path, char *disk, size_t len)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -1;
+    char link[64], real[PATH_MAX], part[PATH_MAX + 16];
+    snprintf(link, sizeof link, "/sys/dev/block/%u:%u", major(st.st_dev), minor(st.st_dev));
+    if (realpath(link, real) == NULL)
+        return -1;
+    snprintf(part, sizeof part, "%s/partition", real);
+    char *slash = strrchr(real, '/');
+    if (slash == NULL)
+        return -1;
+    if (access(part, F_OK) == 0) { /* a partition: its disk is the directory above */
+        *slash = 0;
+        slash = strrchr(real, '/');
+        if (slash == NULL)
+            return -1;
+    }
+    snprintf(disk, len, "%s", slash + 1);
+    return 0;
+}
+
+static hwloc_obj_t find_block_device(const struct fy_topo *t, const char *disk)
+{
+    hwloc_obj_t o = NULL;
+    while ((o = hwloc_get_next_osdev(t->topo, o)) != NULL)
+        if (o->attr->osdev.type == HWLOC_OBJ_OSDEV_BLOCK && o->name != NULL &&
+            strcmp(o->name, disk) == 0)
+            return o;
+    return NULL;
+}
+
+int fy_topo_locate_ssd(struct fy_topo *t, const char *paths)
+{
+    FY_REQUIRE(t != NULL, -EINVAL, "fy_topo_locate_ssd: NULL topology");
+    t->ssd_numa = -1;
+    t->ssd_desc[0] = 0;
+    if (t->synthetic || paths == NULL || *paths == 0) {
+        snprintf(t->ssd_desc, sizeof t->ssd_desc, "not known");
+        return 0;
+    }
+    char list[4096];
+    snprintf(list, sizeof list, "%s", paths);
+    size_t off = 0;
+    for (char *save = NULL, *p = strtok_r(list, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
+        char disk[64] = "";
+        int node = -1;
+        hwloc_obj_t dev = disk_of_path(p, disk, sizeof disk) == 0 ? find_block_device(t, disk)
+                                                                    : NULL;
+        hwloc_obj_t anc = dev != NULL ? hwloc_get_non_io_ancestor_obj(t->topo, dev) : NULL;
+        for (int n = anc && anc->nodeset ? hwloc_bitmap_first(anc->nodeset) : -1; n >= 0;
+             n = hwloc_bitmap_next(anc->nodeset, n))
+            if (numa_has_allowed(t, numa_by_os(t, n))) {
+                node = n;
+                break;
+            }
+        int w;
+        if (node >= 0)
+            w = snprintf(t->ssd_desc + off, sizeof t->ssd_desc - off, "%s%s on %s, NUMA node %d",
+                         off ? "; " : "", p, disk, node);
+        else
+            w = snprintf(t->ssd_desc + off, sizeof t->ssd_desc - off, "%s%s on %s, not placed by "
+                         "hwloc", off ? "; " : "", p, disk[0] ? disk : "no block device");
+        off = w > 0 && off + (size_t)w < sizeof t->ssd_desc ? off + (size_t)w : off;
+        if (t->ssd_numa < 0)
+            t->ssd_numa = node; /* the first path's disk decides: the io worker has one core */
+    }
+    return 0;
+}
+
+int fy_topo_ssd_numa_node(const struct fy_topo *t)
+{
+    return t->ssd_numa;
+}
+
+int fy_topo_set_ssd_numa_node(struct fy_topo *t, int node)
+{
+    if (node < 0) {
+        t->ssd_numa = -1;
+        return 0;
+    }
+    hwloc_obj_t n = numa_by_os(t, node);
+    FY_REQUIRE(n != NULL, -EINVAL, "SSD NUMA node %d does not exist (this machine has %u nodes)",
+               node, fy_topo_numa_count(t));
+    FY_REQUIRE(numa_has_allowed(t, n), -EINVAL,
+               "SSD NUMA node %d has no cpus this process may use; pick another node", node);
+    t->ssd_numa = node;
+    snprintf(t->ssd_desc, sizeof t->ssd_desc, "set to NUMA node %d", node);
+    return 0;
 }
 
 /* ---- affinity ----------------------------------------------------------------------------- */
@@ -577,6 +680,13 @@ int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out)
         in_node += hwloc_bitmap_isset(nobj->cpuset, (unsigned)order[i]);
     if (nobj == NULL)
         in_node = n;
+    /* The io worker's core: on the SSD's node when that is another node with an allowed core and
+     * the GPU's node keeps at least three (the gpu worker and two for AdamW). */
+    int ssd_pu = -1;
+    hwloc_obj_t sobj = t->ssd_numa >= 0 && t->ssd_numa != node ? numa_by_os(t, t->ssd_numa) : NULL;
+    for (int i = in_node; sobj != NULL && in_node >= 3 && i < n && ssd_pu < 0; i++)
+        if (hwloc_bitmap_isset(sobj->cpuset, (unsigned)order[i]))
+            ssd_pu = order[i];
 
     if (n < 3) {
         TOPO_HW(hwloc_bitmap_only(gpu, (unsigned)order[0]), "building gpu cpuset");
@@ -585,6 +695,12 @@ int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out)
             TOPO_HW(hwloc_bitmap_set(opt, (unsigned)order[i]), "building opt cpuset");
         fy_info("only %d allowed core%s: gpu and io workers share cpu %d, opt uses all", n,
                 n == 1 ? "" : "s", order[0]);
+    } else if (ssd_pu >= 0) {
+        /* The store's disk hangs off another node: the io worker there, the others as before. */
+        TOPO_HW(hwloc_bitmap_only(gpu, (unsigned)order[0]), "building gpu cpuset");
+        TOPO_HW(hwloc_bitmap_only(io, (unsigned)ssd_pu), "building io cpuset");
+        for (int i = 1; i < in_node; i++)
+            TOPO_HW(hwloc_bitmap_set(opt, (unsigned)order[i]), "building opt cpuset");
     } else {
         TOPO_HW(hwloc_bitmap_only(gpu, (unsigned)order[0]), "building gpu cpuset");
         TOPO_HW(hwloc_bitmap_only(io, (unsigned)order[1]), "building io cpuset");
@@ -599,6 +715,7 @@ int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out)
     struct fy_affinity a;
     memset(&a, 0, sizeof a);
     a.numa_node = node;
+    a.io_near_ssd = ssd_pu >= 0;
     if (set_to_list(gpu, a.gpu, sizeof a.gpu) < 0 || set_to_list(io, a.io, sizeof a.io) < 0 ||
         set_to_list(opt, a.opt, sizeof a.opt) < 0) {
         fy_error("default cpu lists do not fit in %zu bytes; give --affinity with ranges",

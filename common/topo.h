@@ -26,6 +26,16 @@ int fy_topo_gpu_numa_node(const struct fy_topo *t);
 /* Says where the GPU is when hwloc cannot see it (config entry); node is an OS index with allowed
  * cpus, or -1 to forget the GPU's locality. -EINVAL with a message otherwise. */
 int fy_topo_set_gpu_numa_node(struct fy_topo *t, int node);
+/* Finds the NUMA node of the disk under the first of the comma-separated store paths (its block
+ * device through sysfs, then hwloc's block OS device of that name), for the io worker's placement,
+ * and a description of every path's disk for fy_topo_describe. Unknown locality is not an error
+ * (virtual disks, device-mapper, a synthetic topology): the node stays -1. */
+int fy_topo_locate_ssd(struct fy_topo *t, const char *paths);
+/* OS index of the store's disk's NUMA node; -1 if unknown. */
+int fy_topo_ssd_numa_node(const struct fy_topo *t);
+/* Says where the store's disk is (tests, configuration); -1 forgets it; -EINVAL with a message for
+ * a node that does not exist or has no allowed cpus. */
+int fy_topo_set_ssd_numa_node(struct fy_topo *t, int node);
 /* Narrows the allowed cpus to those of cpulist as a cgroup would (config entry, tests). */
 int fy_topo_restrict(struct fy_topo *t, const char *cpulist);
 /* Allowed cpus as a list; -ERANGE if buf is too small. */
@@ -41,11 +51,15 @@ struct fy_affinity {
     char io[256];
     char opt[256];
     int numa_node; /* OS index of the node the shared pool should live on; -1 if unknown */
+    int io_near_ssd; /* the default placed the io worker on the SSD's node, not the GPU's */
 };
 
 /* Placement on the allowed cores of the GPU's NUMA node (else the node of the first allowed core),
  * one PU per core (the first allowed one): gpu one core, io the next, opt the rest of the node.
- * With fewer than 3 allowed cores gpu and io share the first core and opt gets all of them. */
+ * When the store's disk is on another node (fy_topo_locate_ssd) with an allowed core and the
+ * GPU's node has at least three, the io worker goes on that node's first allowed core instead and
+ * opt takes every core of the GPU's node but the gpu worker's. With fewer than 3 allowed cores gpu
+ * and io share the first core and opt gets all of them. */
 int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out);
 /* Applies "gpu=0,io=1,opt=2-15" on top of *inout; a token without '=' continues the previous
  * worker's list; unnamed workers keep their lists. Every cpu must exist and be allowed. Lists come

@@ -425,7 +425,7 @@ static int require(const char *value, const char *option, const char *command)
 static struct fy_session_opts session_opts(const struct options *o)
 {
     return (struct fy_session_opts){.run_dir = o->run_dir, .affinity = o->affinity,
-                                    .cpu_mem = o->cpu_mem,
+                                    .ssd = o->ssd, .cpu_mem = o->cpu_mem,
                                     .ready_timeout_ms = o->ready_timeout_s * 1000};
 }
 

@@ -108,18 +108,23 @@ static void cleanup_run_dir(const char *run_dir)
     unlink(path);
 }
 
-static int plan_affinity(struct fy_session *s, const char *spec)
+static int plan_affinity(struct fy_session *s, const char *spec, const char *ssd)
 {
     char described[2048];
+    FY_TRY(fy_topo_locate_ssd(s->topo, ssd));
     fy_topo_describe(s->topo, described, sizeof described);
     fy_info("topology: %s", described);
     FY_TRY(fy_affinity_default(s->topo, &s->aff));
     int explicit_spec = spec != NULL && strcmp(spec, "auto") != 0; /* auto: hwloc's placement */
     if (explicit_spec)
         FY_TRY(fy_affinity_parse(s->topo, spec, &s->aff));
+    const char *how = "auto: hwloc, the gpu worker near the GPU";
+    if (explicit_spec)
+        how = "explicit: --affinity";
+    else if (s->aff.io_near_ssd)
+        how = "auto: hwloc, the gpu worker near the GPU, the io worker near the SSD";
     fy_info("placement: gpu worker on cpus %s, io worker on %s, opt worker on %s (NUMA node %d) "
-            "[affinity %s]", s->aff.gpu, s->aff.io, s->aff.opt, s->aff.numa_node,
-            explicit_spec ? "explicit: --affinity" : "auto: hwloc, the gpu worker near the GPU");
+            "[affinity %s]", s->aff.gpu, s->aff.io, s->aff.opt, s->aff.numa_node, how);
     return 0;
 }
 
@@ -169,7 +174,7 @@ int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
     FY_TRY(prepare_run_dir(s->run_dir, &s->lock_fd));
     FY_TRY(fy_pool_name_for_run(s->run_dir, s->pool_name, sizeof s->pool_name));
     FY_TRY(fy_topo_load(&s->topo));
-    FY_TRY(plan_affinity(s, o->affinity));
+    FY_TRY(plan_affinity(s, o->affinity, o->ssd));
     struct fy_pool_opts po = {.topo = s->topo, .numa_node = s->aff.numa_node,
                               .run_dir = s->run_dir};
     FY_TRY(fy_pool_create(&s->pool, s->pool_name, regions, n, &po));

@@ -16,6 +16,7 @@
 struct fy_session_opts {
     const char *run_dir;
     const char *affinity;  /* --affinity spec or NULL */
+    const char *ssd;       /* the store's paths (the io worker goes near the first one's disk) */
     uint64_t cpu_mem;      /* cap on the pool, 0 = none */
     int ready_timeout_ms;
     /* a reader of the store (export): when another launch (a training run) holds the run

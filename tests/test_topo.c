@@ -142,6 +142,63 @@ static void test_default_this_machine(void **state)
     }
 }
 
+/* The io worker goes near the store's disk when that hangs off another node than the GPU, as
+ * long as the GPU's node keeps three cores; otherwise the usual placement. */
+static void test_default_io_near_ssd(void **state)
+{
+    struct fy_topo *t = NULL;
+    struct fy_affinity a;
+    assert_int_equal(fy_topo_load_synthetic(&t, "numa:2 core:8 pu:1"), 0);
+    assert_int_equal(fy_topo_set_gpu_numa_node(t, 0), 0);
+    assert_int_equal(fy_topo_ssd_numa_node(t), -1);
+    assert_int_equal(fy_topo_set_ssd_numa_node(t, 1), 0);
+    assert_int_equal(fy_topo_ssd_numa_node(t), 1);
+    assert_int_equal(fy_affinity_default(t, &a), 0);
+    assert_string_equal(a.gpu, "0");
+    assert_string_equal(a.io, "8");
+    assert_string_equal(a.opt, "1-7");
+    assert_int_equal(a.numa_node, 0);
+    assert_int_equal(a.io_near_ssd, 1);
+    char buf[2048];
+    fy_topo_describe(t, buf, sizeof buf);
+    assert_non_null(strstr(buf, "SSD locality: set to NUMA node 1"));
+
+    /* the disk on the GPU's node: nothing moves */
+    assert_int_equal(fy_topo_set_ssd_numa_node(t, 0), 0);
+    assert_int_equal(fy_affinity_default(t, &a), 0);
+    assert_string_equal(a.io, "1");
+    assert_string_equal(a.opt, "2-7");
+    assert_int_equal(a.io_near_ssd, 0);
+
+    /* the GPU's node left with two cores: AdamW would lose a core, so io stays beside the gpu */
+    assert_int_equal(fy_topo_set_ssd_numa_node(t, 1), 0);
+    assert_int_equal(fy_topo_restrict(t, "6-15"), 0);
+    assert_int_equal(fy_affinity_default(t, &a), 0);
+    assert_string_equal(a.gpu, "6");
+    assert_string_equal(a.io, "7");
+    assert_string_equal(a.opt, "8-15");
+    assert_int_equal(a.io_near_ssd, 0);
+
+    assert_int_equal(fy_topo_set_ssd_numa_node(t, 2), -EINVAL);
+    assert_int_equal(fy_topo_set_ssd_numa_node(t, -1), 0);
+    assert_int_equal(fy_topo_ssd_numa_node(t), -1);
+    fy_topo_destroy(&t);
+}
+
+/* On this machine: the store's disk is looked up through sysfs and hwloc; whatever it finds (a
+ * virtual disk is usually not placed), it says so for every path and never fails. */
+static void test_locate_ssd_this_machine(void **state)
+{
+    assert_int_equal(fy_topo_locate_ssd(topo, "/tmp,/nonexistent-fuyou-path"), 0);
+    char buf[4096];
+    fy_topo_describe(topo, buf, sizeof buf);
+    printf("# %s\n", strstr(buf, "SSD locality"));
+    assert_non_null(strstr(buf, "SSD locality: /tmp on "));
+    assert_non_null(strstr(buf, "/nonexistent-fuyou-path on no block device, not placed by hwloc"));
+    int node = fy_topo_ssd_numa_node(topo);
+    assert_true(node >= -1 && node < (int)fy_topo_numa_count(topo) + 64);
+}
+
 static void test_default_synthetic_two_nodes(void **state)
 {
     struct fy_topo *t = NULL;
@@ -379,6 +436,8 @@ int main(void)
         cmocka_unit_test(test_cpulist_errors),
         cmocka_unit_test(test_default_this_machine),
         cmocka_unit_test(test_default_synthetic_two_nodes),
+        cmocka_unit_test(test_default_io_near_ssd),
+        cmocka_unit_test(test_locate_ssd_this_machine),
         cmocka_unit_test(test_default_synthetic_small_and_smt),
         cmocka_unit_test(test_parse_override),
         cmocka_unit_test(test_bind_self),
