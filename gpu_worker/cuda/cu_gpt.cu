@@ -254,6 +254,7 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
     setup_shape(g, c, B, T);
     struct fy_cu_piece p[64];
     void *lt_ws = NULL;
+    size_t mark = arena->used; /* a failure below gives back what was carved */
     if (fy_cu_arena_take_pieces(arena, p, plan(g, p, &lt_ws)) < 0) {
         fy_error("the GPU arena (%.2f GiB) cannot hold the model's working buffers for batch "
                  "%d x %d (%.2f GiB): raise --gpu-mem or lower the batch",
@@ -297,6 +298,7 @@ int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struc
     }
     if (rc < 0) {
         fy_cu_gpt_destroy(&g);
+        fy_cu_arena_reset(arena, mark);
         return rc;
     }
     *out = g;
