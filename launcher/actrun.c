@@ -17,7 +17,8 @@ static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
 {
     unsigned L = in->c->n_layer;
     FY_REQUIRE(in->c->arch != FY_ARCH_LLAMA, -ENOTSUP,
-               "--act-plan %s: the Llama blocks always recompute their internals: use auto or "
+               "--act-plan %s: Llama blocks keep their internals on the GPU or recompute them, "
+               "never swap them: use auto or "
                "recompute", fy_actplan_mode_name(in->mode));
     out->place = calloc((size_t)L * FY_ACT_KINDS + 1, 1);
     FY_REQUIRE(out->place != NULL, -ENOMEM, "train: out of memory for the activation plan");

@@ -14,6 +14,7 @@
 #include "common/dtype.h"
 #include "common/pool.h"
 #include "gpu_worker/backend.h"
+#include "launcher/actrun.h"
 
 int fy_dryrun_load_rates(const char *path, struct fy_train_rates *out)
 {
@@ -52,8 +53,43 @@ struct shape {
     unsigned kept;
     int ckpt_ssd;
     uint64_t pool_bytes;
+    struct fy_train_swap swap; /* --act-plan host or ssd: every block's internals; else none */
     struct fy_train_prediction p;
 };
+
+static int forced_swap(const struct fy_dryrun_in *in) /* --act-plan host or ssd */
+{
+    return in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
+}
+
+/* The internals train's forced host or ssd placement swaps at batch B (none otherwise). */
+static int swap_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
+                   struct fy_train_swap *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!forced_swap(in))
+        return 0;
+    struct fy_actrun_in a = {.c = c, .B = B, .T = in->T, .mode = (enum fy_actplan_mode)in->act_mode,
+                             .backend = in->backend,
+                             .act_dtype = fy_backend_preferred_act_dtype(in->backend),
+                             .clip = in->clip};
+    struct fy_actrun r;
+    FY_TRY(fy_actrun_plan(&a, &r));
+    *out = r.swap;
+    fy_actrun_free(&r);
+    return 0;
+}
+
+/* Device memory at batch B: the working buffers, and the swap sets (one per call in flight) that
+ * swapping internals takes; 0 where the backend's memory is not modelled. */
+static int gpu_need(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
+                    uint64_t *need, uint64_t *working, uint64_t *set)
+{
+    if (!fy_backend_gpu_bytes(in->backend, c, B, in->T, working, set))
+        return 0;
+    *need = *working + (forced_swap(in) ? FY_BACKEND_GPT_QUEUE * *set : 0);
+    return 1;
+}
 
 static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
                     uint64_t cpu_mem, struct shape *s)
@@ -63,23 +99,25 @@ static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c
     s->resident = calloc(units, 1);
     FY_REQUIRE(s->resident != NULL, -ENOMEM, "plan: out of memory");
     int dtype = fy_backend_preferred_act_dtype(in->backend);
+    FY_TRY(swap_of(in, c, B, &s->swap));
+    const struct fy_train_swap *swap = forced_swap(in) ? &s->swap : NULL;
     s->ckpt_ssd = in->ckpt_place == 1;
     if (in->ckpt_place == 2) { /* as train's --ckpt-place auto */
         unsigned all = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip,
-                                              in->prefetch, 0, NULL, s->resident);
+                                              in->prefetch, 0, swap, s->resident);
         s->ckpt_ssd = cpu_mem != 0 && all < units;
     }
     s->kept = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
-                                     s->ckpt_ssd, NULL, s->resident);
+                                     s->ckpt_ssd, swap, s->resident);
     struct fy_pool_region_spec regions[10];
     unsigned n;
     unsigned slots = fy_train_plan_grad_slots(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
-                                              s->ckpt_ssd, NULL, s->resident,
+                                              s->ckpt_ssd, swap, s->resident,
                                               FY_TRAIN_GRAD_SLOTS_MIN);
     fy_train_regions(c, B, in->T, dtype, s->resident, in->clip, in->prefetch, slots, s->ckpt_ssd,
-                     NULL, regions, &n);
+                     swap, regions, &n);
     s->pool_bytes = fy_pool_layout_size(regions, n);
-    fy_train_predict(c, B, in->T, dtype, in->clip, s->ckpt_ssd, NULL, s->resident, &in->rates,
+    fy_train_predict(c, B, in->T, dtype, in->clip, s->ckpt_ssd, swap, s->resident, &in->rates,
                      &s->p);
     return 0;
 }
@@ -125,10 +163,9 @@ static uint64_t ssd_free(const char *list, unsigned *paths)
 /* Whether batch B fits the GPU (where modelled) and the pool's least (no state kept). */
 static int batch_fits(const struct fy_dryrun_in *in, int B)
 {
-    uint64_t working, set;
-    if (in->gpu_mem > 0 &&
-        fy_backend_gpu_bytes(in->backend, &in->model, B, in->T, &working, &set) &&
-        working > in->gpu_mem)
+    uint64_t need, working, set;
+    if (in->gpu_mem > 0 && gpu_need(in, &in->model, B, &need, &working, &set) &&
+        need > in->gpu_mem)
         return 0;
     struct shape s = {0};
     int fits = shape_of(in, &in->model, B, 0, &s) == 0 &&
@@ -209,8 +246,14 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     else
         fprintf(out, "plan: shared pool %s (no --cpu-mem: no state kept in memory; give it to "
                 "keep some)\n", size(s.pool_bytes));
-    uint64_t working, set;
-    if (fy_backend_gpu_bytes(in->backend, c, in->B, in->T, &working, &set)) {
+    uint64_t need = 0, working = 0, set = 0;
+    if (gpu_need(in, c, in->B, &need, &working, &set) && forced_swap(in)) {
+        int gpu_fits = in->gpu_mem == 0 || need <= in->gpu_mem;
+        fits &= gpu_fits;
+        fprintf(out, "plan: GPU: working buffers %s and %d swap sets of %s (one per call in "
+                "flight) of --gpu-mem %s%s\n", size(working), FY_BACKEND_GPT_QUEUE, size(set),
+                in->gpu_mem ? size(in->gpu_mem) : "(all)", gpu_fits ? "" : " (DOES NOT FIT)");
+    } else if (need > 0) {
         int gpu_fits = in->gpu_mem == 0 || working <= in->gpu_mem;
         fits &= gpu_fits;
         uint64_t room = in->gpu_mem > working ? in->gpu_mem - working : 0;
@@ -223,32 +266,45 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     } else {
         fprintf(out, "plan: GPU memory: not modelled for the %s backend\n", in->backend);
     }
+    if (forced_swap(in))
+        fprintf(out, "plan: activations (--act-plan %s): every block's internals swapped, %s in "
+                "the shared pool from forward to backward, %s through the SSD store (%d pool "
+                "slots of %s)\n", fy_actplan_mode_name(in->act_mode), size(s.swap.host_bytes),
+                size(s.swap.ssd_bytes), s.swap.ssd_bytes ? FY_TRAIN_SAVED_SLOTS : 0,
+                size(s.swap.slot_bytes));
     unsigned paths;
-    uint64_t store = state * in->copies + 2 * FY_COMMIT_RECORD_BYTES;
+    uint64_t store = state * in->copies + 2 * FY_COMMIT_RECORD_BYTES + s.swap.ssd_bytes;
     uint64_t free_bytes = ssd_free(in->ssd, &paths);
+    const char *with = s.swap.ssd_bytes ? " and the swapped internals" : "";
     if (paths > 0) {
         fits &= store <= free_bytes;
-        fprintf(out, "plan: SSD store %s (%u cop%s of the state) on %u path%s with %s free%s\n",
-                size(store), in->copies, in->copies == 1 ? "y" : "ies", paths,
+        fprintf(out, "plan: SSD store %s (%u cop%s of the state%s) on %u path%s with %s free%s\n",
+                size(store), in->copies, in->copies == 1 ? "y" : "ies", with, paths,
                 paths == 1 ? "" : "s", size(free_bytes), store <= free_bytes ? "" :
                 " (DOES NOT FIT)");
     } else {
-        fprintf(out, "plan: SSD store %s (%u cop%s of the state; give --ssd to check the free "
-                "space)\n", size(store), in->copies, in->copies == 1 ? "y" : "ies");
+        fprintf(out, "plan: SSD store %s (%u cop%s of the state%s; give --ssd to check the free "
+                "space)\n", size(store), in->copies, in->copies == 1 ? "y" : "ies", with);
     }
     uint64_t up, down, rd, wr;
     int dtype = fy_backend_preferred_act_dtype(in->backend);
-    fy_train_pcie_bytes(c, in->B, in->T, dtype, in->clip, NULL, &up, &down);
-    fy_train_ssd_bytes(c, in->B, in->T, dtype, in->clip, s.ckpt_ssd, NULL, s.resident, &rd, &wr);
+    const struct fy_train_swap *swap = forced_swap(in) ? &s.swap : NULL;
+    fy_train_pcie_bytes(c, in->B, in->T, dtype, in->clip, swap, &up, &down);
+    fy_train_ssd_bytes(c, in->B, in->T, dtype, in->clip, s.ckpt_ssd, swap, s.resident, &rd, &wr);
     fprintf(out, "plan: per step: PCIe %s to the GPU, %s back; SSD %s read, %s written\n",
             size(up), size(down), size(rd), size(wr));
     const struct fy_train_prediction *p = &s.p;
     fprintf(out, "plan: predicted seconds per step: GPU compute %.6f, PCIe to the GPU %.6f, from "
             "it %.6f, SSD %.6f, optimizer %.6f; bound: %s\n", p->gpu_s, p->h2d_s, p->d2h_s,
             p->ssd_s, p->opt_s, p->bound);
-    fprintf(out, "plan: predicted step %.6f s: %.0f tokens/s, %.4g TFLOP/s (blocks recomputed; "
-            "train's --act-plan auto profiles and may keep some)\n", p->step_s, tokens / p->step_s,
-            step_flops / p->step_s * 1e-12);
+    static const char *const how[] = {
+        [FY_ACTPLAN_AUTO] = "blocks recomputed; train's --act-plan auto profiles a block and "
+                            "may keep or swap some",
+        [FY_ACTPLAN_RECOMPUTE] = "blocks recomputed",
+        [FY_ACTPLAN_HOST] = "every block's internals swapped through the pool",
+        [FY_ACTPLAN_SSD] = "every block's internals swapped through the SSD store"};
+    fprintf(out, "plan: predicted step %.6f s: %.0f tokens/s, %.4g TFLOP/s (%s)\n", p->step_s,
+            tokens / p->step_s, step_flops / p->step_s * 1e-12, how[in->act_mode]);
     int maxb = largest_batch(in);
     unsigned maxl = largest_layers(in, free_bytes);
     fprintf(out, "plan: largest batch that fits: %d (at %d tokens)\n", maxb, in->T);

@@ -20,6 +20,10 @@ struct fy_dryrun_in {
     int clip;             /* --clip-grad-norm given */
     unsigned prefetch;
     int ckpt_place;       /* 0 host, 1 ssd, 2 auto (as train's --ckpt-place) */
+    /* enum fy_actplan_mode (train's --act-plan): host and ssd swap every block's internals, as
+     * train's forced placements do (their pool, slots, swap sets on the GPU, traffic and store
+     * extents); auto and recompute are planned with the blocks recomputed */
+    int act_mode;
     unsigned copies;      /* of the state in the store: 2 or 1 */
     uint64_t cpu_mem, gpu_mem; /* 0: no cap */
     const char *ssd;      /* the store's directories (comma list), for their free space; or NULL */

@@ -51,7 +51,7 @@ struct options {
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies;
     int ckpt_place; /* CKPT_HOST, CKPT_SSD, CKPT_AUTO */
-    const char *act_plan; /* train --act-plan: "auto" or "recompute" */
+    const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, profile, plan) */
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set, model_set, hf_opts_set, timeout_set;
@@ -1037,7 +1037,10 @@ static int save_act_plan(const struct options *o, const struct fy_actrun *run,
  * options; the budgets, batch and store of train's options; printed, nothing run. */
 static int cmd_plan(struct options *o)
 {
+    enum fy_actplan_mode act_mode;
+    FY_TRY(fy_actplan_mode_parse(o->act_plan, &act_mode));
     struct fy_dryrun_in in = {.B = (int)o->batch, .T = (int)o->seq, .clip = o->clip_grad_norm > 0,
+                              .act_mode = act_mode,
                               .prefetch = (unsigned)o->prefetch, .ckpt_place = o->ckpt_place,
                               .copies = (unsigned)o->state_copies, .cpu_mem = o->cpu_mem,
                               .gpu_mem = o->gpu_mem, .ssd = o->ssd};

@@ -401,6 +401,35 @@ static void test_plan_by_hand(void **state)
     const char *badargs[] = {"plan", "--batch", "8", "--seq", "32", "--machine", bad, NULL};
     assert_int_equal(fy_test_launch_in(f, badargs, 60), 1);
     assert_true(fy_test_file_contains(f->log, "\"ssd_write\" must be a positive number"));
+
+    /* --act-plan host and ssd as train forces them: every block's internals (f32 on the CPU
+     * backend) are qkv 3NC + atty NC + softmax B H T T + resid NC + fc 4NC + gelu 4NC floats,
+     * N = 256, C = 64: 917504 bytes a block, 1835008 for two; they cross PCIe once each way
+     * (host: to the GPU 0.001541 + 1835008 / 1e9 s, back 0.000466 + 1835008 / 2e9) and, on the
+     * SSD, are written and read once more (0.026358 + 1835008 / 1e8 + 1835008 / 2e8 s) through
+     * four pool slots of one block's */
+    const char *host[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
+                          "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
+                          "--machine", machine, "--act-plan", "host", NULL};
+    assert_int_equal(fy_test_launch_in(f, host, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "every block's internals swapped, 1.8 MiB in the "
+                                              "shared pool from forward to backward, 0 B through"));
+    assert_true(fy_test_file_contains(f->log, "PCIe to the GPU 0.003376, from it 0.001384, SSD "
+                                              "0.026358"));
+    const char *ssd[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
+                         "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
+                         "--machine", machine, "--act-plan", "ssd", NULL};
+    assert_int_equal(fy_test_launch_in(f, ssd, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "through the SSD store (4 pool slots of 896.0 KiB)"));
+    assert_true(fy_test_file_contains(f->log, "from it 0.001384, SSD 0.053883, optimizer"));
+    assert_true(fy_test_file_contains(f->log, "(every block's internals swapped through the SSD "
+                                              "store)"));
+    const char *llama[] = {"plan", "--arch", "llama", "--layers", "2", "--heads", "2", "--embd",
+                           "64", "--vocab", "256", "--ctx", "32", "--batch", "8", "--seq", "32",
+                           "--backend", "cpu", "--act-plan", "ssd", NULL};
+    assert_int_equal(fy_test_launch_in(f, llama, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "--act-plan ssd: Llama blocks keep their internals "
+                                              "on the GPU or recompute them, never swap them"));
 }
 
 /* Entries of a directory other than . and .. (-1: cannot be read). */
