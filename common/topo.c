@@ -226,6 +226,17 @@ static int numa_has_allowed(const struct fy_topo *t, hwloc_obj_t n)
     return n && n->cpuset && hwloc_bitmap_intersects(n->cpuset, t->allowed);
 }
 
+/* The first NUMA node of obj (an I/O device's non-I/O ancestor) with cpus we may use; -1 when
+ * none is known. */
+static int first_allowed_node(const struct fy_topo *t, hwloc_obj_t obj)
+{
+    for (int n = obj && obj->nodeset ? hwloc_bitmap_first(obj->nodeset) : -1; n >= 0;
+         n = hwloc_bitmap_next(obj->nodeset, n))
+        if (numa_has_allowed(t, numa_by_os(t, n)))
+            return n;
+    return -1;
+}
+
 static int is_nvidia_pci(hwloc_obj_t o)
 {
     return o && o->type == HWLOC_OBJ_PCI_DEVICE && o->attr->pcidev.vendor_id == 0x10de &&
@@ -294,12 +305,7 @@ static void locate_gpu(struct fy_topo *t)
         snprintf(t->gpu_near, sizeof t->gpu_near, "(long list)");
     /* An ancestor spanning several nodes means the firmware did not say; take the first node we
      * may use and let describe() show the ambiguity. */
-    for (int node = hwloc_bitmap_first(anc->nodeset); node >= 0;
-         node = hwloc_bitmap_next(anc->nodeset, node))
-        if (numa_has_allowed(t, numa_by_os(t, node))) {
-            t->gpu_numa = node;
-            break;
-        }
+    t->gpu_numa = first_allowed_node(t, anc);
     int nodes = hwloc_bitmap_weight(anc->nodeset);
     if (nodes > 1) {
         size_t l = strlen(t->gpu_desc);
@@ -426,18 +432,22 @@ int fy_topo_gpu_numa_node(const struct fy_topo *t)
     return t->gpu_numa;
 }
 
+/* A node given for a device (what: "GPU" or "SSD") must exist and have cpus we may use. */
+static int check_device_node(const struct fy_topo *t, int node, const char *what)
+{
+    hwloc_obj_t n = numa_by_os(t, node);
+    FY_REQUIRE(n != NULL, -EINVAL, "%s NUMA node %d does not exist (this machine has %u nodes)",
+               what, node, fy_topo_numa_count(t));
+    FY_REQUIRE(numa_has_allowed(t, n), -EINVAL,
+               "%s NUMA node %d has no cpus this process may use; pick another node", what, node);
+    return 0;
+}
+
 int fy_topo_set_gpu_numa_node(struct fy_topo *t, int node)
 {
-    if (node < 0) {
-        t->gpu_numa = -1;
-        return 0;
-    }
-    hwloc_obj_t n = numa_by_os(t, node);
-    FY_REQUIRE(n != NULL, -EINVAL, "GPU NUMA node %d does not exist (this machine has %u nodes)",
-               node, fy_topo_numa_count(t));
-    FY_REQUIRE(numa_has_allowed(t, n), -EINVAL,
-               "GPU NUMA node %d has no cpus this process may use; pick another node", node);
-    t->gpu_numa = node;
+    if (node >= 0)
+        FY_TRY(check_device_node(t, node, "GPU"));
+    t->gpu_numa = node < 0 ? -1 : node;
     return 0;
 }
 
@@ -583,16 +593,10 @@ int fy_topo_locate_ssd(struct fy_topo *t, const char *paths)
     for (char *save = NULL, *p = strtok_r(list, ",", &save); p != NULL;
          p = strtok_r(NULL, ",", &save)) {
         char disk[64] = "";
-        int node = -1;
         hwloc_obj_t dev = disk_of_path(p, disk, sizeof disk) == 0 ? find_block_device(t, disk)
                                                                     : NULL;
-        hwloc_obj_t anc = dev != NULL ? hwloc_get_non_io_ancestor_obj(t->topo, dev) : NULL;
-        for (int n = anc && anc->nodeset ? hwloc_bitmap_first(anc->nodeset) : -1; n >= 0;
-             n = hwloc_bitmap_next(anc->nodeset, n))
-            if (numa_has_allowed(t, numa_by_os(t, n))) {
-                node = n;
-                break;
-            }
+        int node = dev != NULL ? first_allowed_node(t, hwloc_get_non_io_ancestor_obj(t->topo, dev))
+                               : -1;
         int w;
         if (node >= 0)
             w = snprintf(t->ssd_desc + off, sizeof t->ssd_desc - off, "%s%s on %s, NUMA node %d",
@@ -618,11 +622,7 @@ int fy_topo_set_ssd_numa_node(struct fy_topo *t, int node)
         t->ssd_numa = -1;
         return 0;
     }
-    hwloc_obj_t n = numa_by_os(t, node);
-    FY_REQUIRE(n != NULL, -EINVAL, "SSD NUMA node %d does not exist (this machine has %u nodes)",
-               node, fy_topo_numa_count(t));
-    FY_REQUIRE(numa_has_allowed(t, n), -EINVAL,
-               "SSD NUMA node %d has no cpus this process may use; pick another node", node);
+    FY_TRY(check_device_node(t, node, "SSD"));
     t->ssd_numa = node;
     snprintf(t->ssd_desc, sizeof t->ssd_desc, "set to NUMA node %d", node);
     return 0;
