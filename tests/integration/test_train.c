@@ -367,6 +367,17 @@ static void test_prediction_by_hand(void **state)
  * 3 x 479232 / 2e8 = 0.026358 s; the GPU twice test_prediction_by_hand's batch-4 figure; 256
  * tokens / 0.118528 s = 2160 tokens/s. A --cpu-mem below the pool's least is said not to fit (exit
  * 1), and a profile without a rate is refused naming the key. */
+/* plan of the 2-layer, 64-wide model at batch 8 x 32 on the CPU backend with the rates of
+ * `machine`, and one more option (opt and its value) unless opt is NULL; the launcher's status. */
+static int plan_small(struct fy_test_fixture *f, const char *machine, const char *opt,
+                      const char *value)
+{
+    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
+                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
+                          "--machine", machine, opt, value, NULL};
+    return fy_test_launch_in(f, args, 60);
+}
+
 static void test_plan_by_hand(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -376,10 +387,7 @@ static void test_plan_by_hand(void **state)
     fputs("{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
           "\"ssd_write\": 2e8, \"opt_params\": 1e6}\n", m);
     fclose(m);
-    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
-                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
-                          "--machine", machine, NULL};
-    assert_int_equal(fy_test_launch_in(f, args, 60), 0);
+    assert_int_equal(plan_small(f, machine, NULL, NULL), 0);
     assert_true(fy_test_file_contains(f->log, "plan: predicted seconds per step: GPU compute "
                                               "0.000188, "));
     assert_true(fy_test_file_contains(f->log, ", SSD 0.026358, optimizer 0.118528; bound: "
@@ -387,10 +395,7 @@ static void test_plan_by_hand(void **state)
     assert_true(fy_test_file_contains(f->log, "plan: predicted step 0.118528 s: 2160 tokens/s"));
     assert_true(fy_test_file_contains(f->log, "0 of 4 units (0 B) stay in the shared pool"));
     assert_true(fy_test_file_contains(f->log, "rates: " ));
-    const char *small[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
-                           "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
-                           "--machine", machine, "--cpu-mem", "1M", NULL};
-    assert_int_equal(fy_test_launch_in(f, small, 60), 1);
+    assert_int_equal(plan_small(f, machine, "--cpu-mem", "1M"), 1);
     assert_true(fy_test_file_contains(f->log, "(DOES NOT FIT)"));
     assert_true(fy_test_file_contains(f->log, "train would refuse it"));
     m = fopen(bad, "w");
@@ -408,18 +413,12 @@ static void test_plan_by_hand(void **state)
      * (host: to the GPU 0.001541 + 1835008 / 1e9 s, back 0.000466 + 1835008 / 2e9) and, on the
      * SSD, are written and read once more (0.026358 + 1835008 / 1e8 + 1835008 / 2e8 s) through
      * four pool slots of one block's */
-    const char *host[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
-                          "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
-                          "--machine", machine, "--act-plan", "host", NULL};
-    assert_int_equal(fy_test_launch_in(f, host, 60), 0);
+    assert_int_equal(plan_small(f, machine, "--act-plan", "host"), 0);
     assert_true(fy_test_file_contains(f->log, "every block's internals swapped, 1.8 MiB in the "
                                               "shared pool from forward to backward, 0 B through"));
     assert_true(fy_test_file_contains(f->log, "PCIe to the GPU 0.003376, from it 0.001384, SSD "
                                               "0.026358"));
-    const char *ssd[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
-                         "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
-                         "--machine", machine, "--act-plan", "ssd", NULL};
-    assert_int_equal(fy_test_launch_in(f, ssd, 60), 0);
+    assert_int_equal(plan_small(f, machine, "--act-plan", "ssd"), 0);
     assert_true(fy_test_file_contains(f->log, "through the SSD store (4 pool slots of 896.0 KiB)"));
     assert_true(fy_test_file_contains(f->log, "from it 0.001384, SSD 0.053883, optimizer"));
     assert_true(fy_test_file_contains(f->log, "(every block's internals swapped through the SSD "
