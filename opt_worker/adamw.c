@@ -462,6 +462,57 @@ int fy_adamw_update(struct fy_threads *pool, const struct fy_adamw_hparams *hp, 
     return fy_threads_run(pool, fy_adamw_job_run, &job);
 }
 
+/* The rows variant: threads take runs of rows from the shared counter, each row its own range. */
+struct fy_adamw_rows_job {
+    const struct fy_adamw_k *k;
+    const struct fy_adamw_tensor *x;
+    fy_adamw_kernel kern;
+    const int32_t *rows;
+    size_t nrows, row_len, per_take;
+    atomic_size_t next;
+};
+
+static int fy_adamw_rows_run(void *arg, unsigned index, unsigned count)
+{
+    struct fy_adamw_rows_job *j = arg;
+    for (;;) {
+        size_t first = atomic_fetch_add_explicit(&j->next, j->per_take, memory_order_relaxed);
+        if (first >= j->nrows)
+            return 0;
+        size_t last = j->nrows - first < j->per_take ? j->nrows : first + j->per_take;
+        for (size_t i = first; i < last; i++) {
+            size_t b = (size_t)j->rows[i] * j->row_len;
+            j->kern(j->k, j->x, b, b + j->row_len);
+        }
+    }
+}
+
+int fy_adamw_update_rows(struct fy_threads *pool, const struct fy_adamw_hparams *hp, uint64_t t,
+                         const struct fy_adamw_tensor *x, const int32_t *rows, size_t nrows,
+                         size_t row_len, enum fy_adamw_impl impl)
+{
+    fy_adamw_kernel kern;
+    FY_TRY(fy_adamw_check_hparams(hp, t));
+    FY_REQUIRE(x != NULL && (rows != NULL || nrows == 0) && row_len > 0, -EINVAL,
+               "adamw: rows update without a tensor, a row list or a row length");
+    FY_TRY(fy_adamw_check_tensor(x, 0, x->n));
+    for (size_t i = 0; i < nrows; i++)
+        FY_REQUIRE(rows[i] >= 0 && ((size_t)rows[i] + 1) * row_len <= x->n, -EINVAL,
+                   "adamw: row %d (of %zu elements) lies outside the tensor's %zu elements",
+                   rows[i], row_len, x->n);
+    FY_TRY(fy_adamw_kernel_for(impl, &kern));
+    struct fy_adamw_k k;
+    fy_adamw_consts(hp, t, &k);
+    fy_adamw_scale(x, &k);
+    size_t per_take = (16384 + row_len - 1) / row_len; /* like the chunks above: 16K elements */
+    struct fy_adamw_rows_job job = {.k = &k, .x = x, .kern = kern, .rows = rows, .nrows = nrows,
+                                    .row_len = row_len, .per_take = per_take};
+    atomic_init(&job.next, 0);
+    if (pool == NULL || nrows == 0)
+        return fy_adamw_rows_run(&job, 0, 1);
+    return fy_threads_run(pool, fy_adamw_rows_run, &job);
+}
+
 /* ---- sum of squares ---- */
 
 #define FY_SUMSQ_LANES 16

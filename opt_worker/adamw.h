@@ -64,6 +64,14 @@ struct fy_threads;
 int fy_adamw_update(struct fy_threads *pool, const struct fy_adamw_hparams *hp, uint64_t t,
                     const struct fy_adamw_tensor *x, enum fy_adamw_impl impl);
 
+/* Rows rows[0..nrows) of x only, row r being elements [r * row_len, (r + 1) * row_len): the same
+ * bits for those elements as fy_adamw_update gives, the others untouched (a unit's update done in
+ * parts, each part once its gradient is final). -EINVAL (logged) for a row outside x or the
+ * checks of fy_adamw_update. */
+int fy_adamw_update_rows(struct fy_threads *pool, const struct fy_adamw_hparams *hp, uint64_t t,
+                         const struct fy_adamw_tensor *x, const int32_t *rows, size_t nrows,
+                         size_t row_len, enum fy_adamw_impl impl);
+
 /* Elements per sum-of-squares chunk: each chunk is summed in double into 16 lanes (element j of
  * the chunk into lane j % 16), lanes combined pairwise, chunks added in index order. The result
  * therefore depends only on the data, not on the thread count or the SIMD width. */

@@ -105,6 +105,8 @@ static int adamw_tensor(const struct fy_pool *pool, const struct fy_desc *req, u
     const struct fy_desc *part[FY_KIND_COUNT] = {0};
     for (unsigned i = 0; i < n; i++) {
         int k = req[i].kind;
+        if (k == FY_KIND_TOKENS)
+            continue; /* the row list (update_rows), not a part of the tensor */
         FY_REQUIRE(k == FY_KIND_GRAD || k == FY_KIND_MASTER || k == FY_KIND_ADAM_M ||
                        k == FY_KIND_ADAM_V || k == FY_KIND_WEIGHTS,
                    -EPROTO, "opt-adamw: part of kind %s not expected", fy_kind_name(k));
@@ -159,6 +161,42 @@ static const struct fy_desc *part_of(const struct fy_desc *req, unsigned n, int 
         if (req[i].kind == k)
             return &req[i];
     return NULL;
+}
+
+/* opt-adamw over the rows a TOKENS part lists (int32, ascending, each a row of `arg` elements of
+ * the unit), per decay segment: the update of a unit in parts, each once its gradient is final. */
+static int update_rows(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *list,
+                       const struct fy_adamw_hparams *hp, uint64_t step,
+                       const struct fy_adamw_tensor *x, int layer)
+{
+    FY_REQUIRE(list->dtype == FY_DTYPE_I32 && list->arg > 0 && list->bytes % 4 == 0, -EPROTO,
+               "opt-adamw: a row list must be int32 with the row length in its arg");
+    FY_REQUIRE(layer >= 0 && o->have_model && (unsigned)layer < fy_gpt_unit_count(&o->model) &&
+                   fy_gpt_unit_params(&o->model, (unsigned)layer) == x->n,
+               -EPROTO, "opt-adamw: a row list needs the model's unit it updates (unit %d)", layer);
+    size_t nrows = list->bytes / 4, len = (size_t)list->arg;
+    const int32_t *rows = fy_pool_at(pool, list->offset, list->bytes);
+    FY_REQUIRE(rows != NULL || nrows == 0, -ERANGE, "opt-adamw: the row list lies outside the pool");
+    for (size_t i = 1; i < nrows; i++)
+        FY_REQUIRE(rows[i] > rows[i - 1], -EPROTO, "opt-adamw: the row list is not ascending");
+    struct fy_param_segment seg[FY_GPT_MAX_SEGMENTS];
+    int nseg = fy_gpt_decay_segments(&o->model, (unsigned)layer, seg);
+    size_t i = 0;
+    for (int s = 0; s < nseg; s++) {
+        size_t first = i;
+        while (i < nrows && ((size_t)rows[i] + 1) * len <= seg[s].end) {
+            FY_REQUIRE((size_t)rows[i] * len >= seg[s].begin, -EPROTO,
+                       "opt-adamw: row %d straddles two of the unit's decay segments", rows[i]);
+            i++;
+        }
+        struct fy_adamw_hparams shp = *hp;
+        if (!seg[s].decay)
+            shp.weight_decay = 0.0f;
+        FY_TRY(fy_adamw_update_rows(o->threads, &shp, step, x, rows + first, i - first, len,
+                                    o->impl));
+    }
+    FY_REQUIRE(i == nrows, -EPROTO, "opt-adamw: row %d lies outside unit %d", rows[i], layer);
+    return 0;
 }
 
 /* The clipping scale of the GRAD part's arg, as the float the kernel multiplies by (0: none). */
@@ -221,6 +259,9 @@ int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const st
         hp.lr = (float)lr;
     }
     int layer = req[0].layer;
+    const struct fy_desc *list = part_of(req, n, FY_KIND_TOKENS);
+    if (list != NULL)
+        return update_rows(o, pool, list, &hp, req[0].step, &x, layer);
     if (layer < 0 || !o->have_model)
         return fy_adamw_update(o->threads, &hp, req[0].step, &x, o->impl);
     FY_REQUIRE((unsigned)layer < fy_gpt_unit_count(&o->model) &&

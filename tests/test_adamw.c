@@ -469,6 +469,54 @@ static void test_threads_identical(void **state)
     }
 }
 
+/* An update by rows: the listed rows get exactly fy_adamw_update's bits (whatever the thread
+ * count), every other element keeps its value, and a row outside the tensor is refused. */
+static void test_rows_update(void **state)
+{
+    const size_t row = 96, rows = 1000, n = row * rows;
+    struct st whole, orig, part;
+    st_alloc(&whole, n, FY_DTYPE_F32, 0);
+    st_alloc(&orig, n, FY_DTYPE_F32, 0);
+    st_alloc(&part, n, FY_DTYPE_F32, 0);
+    st_fill(&whole, 21, 0);
+    st_copy(&orig, &whole);
+    struct fy_adamw_tensor xw = st_tensor(&whole, 1);
+    assert_int_equal(fy_adamw_update(NULL, &HP, 5, &xw, FY_ADAMW_AUTO), 0);
+    int32_t *list = malloc(rows * sizeof *list);
+    assert_non_null(list);
+    size_t count = 0;
+    for (size_t r = 0; r < rows; r++)
+        if (r % 3 == 0 || r % 7 == 2)
+            list[count++] = (int32_t)r;
+    for (unsigned nt = 1; nt <= 4; nt += 3) {
+        struct fy_threads *pool = NULL;
+        if (nt > 1)
+            assert_int_equal(fy_threads_new(&pool, NULL, nt), 0);
+        st_copy(&part, &orig);
+        struct fy_adamw_tensor xp = st_tensor(&part, 1);
+        assert_int_equal(fy_adamw_update_rows(pool, &HP, 5, &xp, list, count, row, FY_ADAMW_AUTO),
+                         0);
+        for (size_t r = 0, k = 0; r < rows; r++) {
+            int listed = k < count && list[k] == (int32_t)r;
+            k += listed;
+            const struct st *want = listed ? &whole : &orig;
+            size_t at = r * row;
+            assert_memory_equal(part.p + at, want->p + at, row * 4);
+            assert_memory_equal(part.m + at, want->m + at, row * 4);
+            assert_memory_equal(part.v + at, want->v + at, row * 4);
+        }
+        fy_threads_destroy(&pool);
+    }
+    int32_t outside = (int32_t)rows;
+    struct fy_adamw_tensor xp = st_tensor(&part, 1);
+    assert_int_equal(fy_adamw_update_rows(NULL, &HP, 5, &xp, &outside, 1, row, FY_ADAMW_AUTO),
+                     -EINVAL);
+    free(list);
+    st_free(&whole);
+    st_free(&orig);
+    st_free(&part);
+}
+
 static void test_sumsq(void **state)
 {
     static const size_t ns[] = {0, 1, 15, 17, 1000, 65536, 65536 + 17, 1000003};
@@ -577,7 +625,7 @@ int main(void)
         cmocka_unit_test(test_vs_double_reference), cmocka_unit_test(test_multistep_vs_reference),
         cmocka_unit_test(test_avx2_identical),      cmocka_unit_test(test_avx512_identical),
         cmocka_unit_test(test_bf16_output),         cmocka_unit_test(test_threads_identical),
-        cmocka_unit_test(test_scaled_equals_prescaled),
+        cmocka_unit_test(test_scaled_equals_prescaled), cmocka_unit_test(test_rows_update),
         cmocka_unit_test(test_sumsq),               cmocka_unit_test(test_invalid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -284,6 +284,73 @@ static void test_adamw_bad_scale_refused(void **state)
     free(before);
 }
 
+/* A unit's update (the embeddings, unit 0) as two requests over complementary row lists gives the
+ * bits of one request over the whole unit, each decay segment (token rows, position rows) keeping
+ * its own weight decay; a list that is not ascending, reaches outside the unit or comes without
+ * the unit's number is refused. */
+static void test_adamw_rows_in_two_parts(void **state)
+{
+    struct fx *f = *state;
+    const size_t C = MODEL.n_embd, rows = MODEL.vocab + MODEL.ctx;
+    const struct tensor t = tensor_at(fy_gpt_unit_params(&MODEL, 0));
+    assert_int_equal(t.n, rows * C);
+    uint64_t lists = 4 * ((t.n * 4 + 4095) / 4096 * 4096);
+    int op = FY_OP_OPT_ADAMW;
+    struct fy_desc req[5] = {
+        fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, f->base + t.grad, t.n * 4, 0),
+        fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, f->base + t.master, t.n * 4, 0),
+        fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, f->base + t.m, t.n * 4, 0),
+        fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, f->base + t.v, t.n * 4, 0),
+        fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, f->base + lists, 0, 0),
+    };
+    for (int i = 0; i < 5; i++)
+        req[i].step = 3;
+    req[4].arg = C;
+    struct fy_desc reply;
+    tensor_fill(f, &t, 31);
+    assert_int_equal(handle(f, req, 4, &reply), 0);
+    float *whole = snapshot(f, &t);
+    tensor_fill(f, &t, 31);
+    float *before = snapshot(f, &t);
+    int32_t *list = at(f, lists, rows * 4);
+    size_t first = 0;
+    for (size_t r = 0; r < rows; r++) /* some token rows; the rest and the positions after */
+        if (r < MODEL.vocab && r % 4 != 1)
+            list[first++] = (int32_t)r;
+    req[4].bytes = first * 4;
+    assert_int_equal(handle(f, req, 5, &reply), 0);
+    float *half = snapshot(f, &t);
+    assert_memory_not_equal(half, before, 3 * t.n * 4);
+    assert_memory_not_equal(half, whole, 3 * t.n * 4);
+    size_t rest = 0;
+    for (size_t r = 0; r < rows; r++)
+        if (!(r < MODEL.vocab && r % 4 != 1))
+            list[rest++] = (int32_t)r;
+    req[4].bytes = rest * 4;
+    assert_int_equal(handle(f, req, 5, &reply), 0);
+    float *parts = snapshot(f, &t);
+    assert_memory_equal(parts, whole, 3 * t.n * 4);
+    /* refused, nothing changed */
+    list[0] = 5;
+    list[1] = 3;
+    req[4].bytes = 2 * 4;
+    assert_int_equal(handle(f, req, 5, &reply), -EPROTO);
+    list[0] = (int32_t)rows;
+    req[4].bytes = 4;
+    assert_int_equal(handle(f, req, 5, &reply), -EPROTO);
+    list[0] = 0;
+    for (int i = 0; i < 5; i++)
+        req[i].layer = -1;
+    assert_int_equal(handle(f, req, 5, &reply), -EPROTO);
+    float *after = snapshot(f, &t);
+    assert_memory_equal(after, parts, 3 * t.n * 4);
+    free(whole);
+    free(before);
+    free(half);
+    free(parts);
+    free(after);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -291,6 +358,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sumsq_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adamw_scale_and_lr, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adamw_bad_scale_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adamw_rows_in_two_parts, setup, teardown),
     };
     return cmocka_run_group_tests_name("optstep", tests, NULL, NULL);
 }
