@@ -138,7 +138,7 @@ static void usage(FILE *f)
             "               up and GELU outputs) into the pool and the backward reads them back\n"
             "               instead; ssd: likewise through four pool slots to the SSD store (GPT-2\n"
             "               models; the same results whichever plan)\n"
-            "               --grad-slots N (3) block gradients held at once (3..16, each a block's\n"
+            "               --grad-slots N (16) block gradients held at once (3..16, each a block's\n"
             "               fp32 gradient of pool memory): the optimizer may lag the backward by\n"
             "               N - 1 blocks and finish while the next forward runs; used only when all\n"
             "               optimizer state fits in --cpu-mem, and cut to what fits\n"
@@ -247,7 +247,7 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
                           .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
                           .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1,
-                          .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MIN, .max_shard_size = 50000000000ull,
+                          .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MAX, .max_shard_size = 50000000000ull,
                           .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
                           .act_plan = "auto", .max_restarts = 5, .state_copies = 2};
     int c, rc = 0;

@@ -29,6 +29,7 @@ struct layout {
     int act_dtype; /* activations and their gradients (FY_DTYPE_F32 or _BF16) */
     uint64_t act_bytes, tok_bytes;
     uint64_t meta, tokens, targets;
+    uint64_t embed_rows; /* the embeddings' update in two parts: two row lists (embed_rows_bytes) */
     uint64_t acts, dacts, weights, grads, state;
     uint64_t slot_bytes; /* one unit's f32 parameters, 4 KiB padded */
     unsigned wslots;     /* weights slots that blocks and the final unit take in turn */
@@ -103,9 +104,22 @@ struct run {
     double grad_scale;
     /* AdamW requests, per unit: prepared (opt_req), held back in `queue` in sending order, then
      * sent (opt_sent; a ticket that may outlive its step: the next forward waits for it). */
-    struct fy_desc (*opt_req)[4];
+    struct fy_desc (*opt_req)[5];
+    unsigned char *opt_parts; /* per unit: 4, or 5 with a row list */
     struct ticket *opt_sent;
+    /* The embeddings' update in two parts (without clipping, state in the pool): the rows the
+     * batch's tokens do not touch, sent once the head's gradient is home (embed_early), and the
+     * rest once the embedding backward is done; row_touched is the scratch that sorts them. 0 in
+     * embed_split: one update after the backward (the test hook FUYOU_TEST_EMBED_WHOLE). */
+    int embed_split;
+    struct ticket embed_early;
+    unsigned char *row_touched;
     unsigned *queue, queued;
+    /* Grads slots 1..gslots in the backward (gslot_take): the block whose gradient each holds until
+     * that block's update is done (0: none; blocks count from 1), and whether that update has been
+     * queued (before, the gradient is still on its way home). */
+    unsigned gslot_holder[FY_TRAIN_GRAD_SLOTS_MAX + 1];
+    unsigned char gslot_queued[FY_TRAIN_GRAD_SLOTS_MAX + 1];
     /* The two copies of the units' state (common/ckpt.h): the committed one is read_copy; a
      * training run writes the other (work_copy) and keeps per unit the copy its latest state is
      * in and that state's digest (known: 0 where a store from before digests has none yet).
@@ -127,6 +141,19 @@ static double now_s(void)
 uint64_t fy_train_act_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype)
 {
     return (uint64_t)B * T * c->n_embd * fy_dtype_size(act_dtype);
+}
+
+/* Rows of the embeddings unit (GPT-2: the token rows, then the positions'), each n_embd floats. */
+static uint64_t embed_row_count(const struct fy_gpt_config *c)
+{
+    return fy_gpt_unit_params(c, 0) / c->n_embd;
+}
+
+/* Two lists of the embeddings' rows (int32): those the batch's tokens do not touch, whose
+ * gradient is final after the head, and the others (embed_update_early). */
+static uint64_t embed_rows_bytes(const struct fy_gpt_config *c)
+{
+    return align4k(2 * embed_row_count(c) * 4);
 }
 
 static uint64_t max_unit_bytes(const struct fy_gpt_config *c)
@@ -309,7 +336,7 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype
     uint64_t slot = max_unit_bytes(c);
     unsigned i = 0;
     out[i++] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
-    out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok};
+    out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok + embed_rows_bytes(c)};
     /* the checkpoints x_0..x_L, or with ckpt_ssd the slots they take in turn; two activation
      * gradients (with ckpt_ssd a third: clipping's pass 1 can no longer borrow x_L's room) */
     out[i++] = (struct fy_pool_region_spec){
@@ -353,7 +380,9 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
     FY_TRY(fy_pool_region(p, "meta", &l->meta, &bytes));
     FY_TRY(fy_pool_region(p, "tokens", &l->tokens, &bytes));
     l->targets = l->tokens + align4k(l->tok_bytes);
-    FY_REQUIRE(bytes >= 2 * align4k(l->tok_bytes), -EINVAL, "pool too small for batch %d x %d", B, T);
+    l->embed_rows = l->tokens + 2 * align4k(l->tok_bytes);
+    FY_REQUIRE(bytes >= 2 * align4k(l->tok_bytes) + embed_rows_bytes(c), -EINVAL,
+               "pool too small for batch %d x %d", B, T);
     FY_TRY(fy_pool_region(p, "acts", &l->acts, &bytes));
     l->act_slots = (unsigned)(bytes / align4k(l->act_bytes));
     FY_REQUIRE(l->act_slots >= 1, -EINVAL, "pool too small for batch %d x %d", B, T);
@@ -999,10 +1028,12 @@ static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
                     r->known[u], t);
 }
 
-/* The optimizer's queue. In the backward the opt worker gets at most OPT_AHEAD updates ahead of
- * the one it is running, so the rest can still be reordered; when the backward is done the ones
- * left go in the order the next forward needs them (the embeddings, then the blocks upwards), and
- * that forward waits for each unit's own update only (opt_settle), not for the whole optimizer. */
+/* The optimizer's queue. The opt worker gets at most OPT_AHEAD updates ahead of the one it is
+ * running, so the rest can still be reordered, and the next one sent is always the lowest unit
+ * queued: the one the next forward needs first (earliest deadline first). In the backward that is
+ * the newest gradient, so while the backward outruns AdamW the top blocks' updates wait in their
+ * gradient slots and run during the next forward, below which the forward waits for each unit's
+ * own update only (opt_settle): AdamW then works through the forward instead of idling in it. */
 #define OPT_AHEAD 2
 
 static int is_queued(const struct run *r, unsigned u)
@@ -1037,16 +1068,32 @@ static int opt_enqueue(struct run *r, unsigned u, unsigned s, uint64_t grad, uin
         req[i].step = step;
     memcpy(&req[0].arg, &r->grad_scale, sizeof r->grad_scale);
     memcpy(&req[1].arg, &lr, sizeof lr);
+    r->opt_parts[u] = 4;
     r->queue[r->queued++] = u;
     return 0;
 }
 
-/* Sends the first queued update. */
+/* Limits unit u's queued update to the `count` rows listed (int32) at pool offset `list`. */
+static void opt_rows(struct run *r, unsigned u, uint64_t list, uint64_t count)
+{
+    struct fy_desc *req = r->opt_req[u];
+    req[4] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, list, count * 4,
+                            (int)u);
+    req[4].step = req[0].step;
+    req[4].arg = r->l.c->n_embd;
+    r->opt_parts[u] = 5;
+}
+
+/* Sends the lowest unit's queued update. */
 static int opt_send_next(struct run *r)
 {
-    unsigned u = r->queue[0];
-    memmove(r->queue, r->queue + 1, --r->queued * sizeof *r->queue);
-    return issue(r, PH_OPT, "opt", r->opt_req[u], 4, &r->opt_sent[u]);
+    unsigned first = 0;
+    for (unsigned i = 1; i < r->queued; i++)
+        if (r->queue[i] < r->queue[first])
+            first = i;
+    unsigned u = r->queue[first];
+    memmove(r->queue + first, r->queue + first + 1, (--r->queued - first) * sizeof *r->queue);
+    return issue(r, PH_OPT, "opt", r->opt_req[u], r->opt_parts[u], &r->opt_sent[u]);
 }
 
 /* Sends queued updates while fewer than OPT_AHEAD + 1 are unfinished in the opt worker. */
@@ -1083,19 +1130,50 @@ static int opt_settle(struct run *r, unsigned u)
     return opt_pump(r);
 }
 
-static int unit_order(const void *a, const void *b)
-{
-    unsigned x = *(const unsigned *)a, y = *(const unsigned *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The backward is done: the updates left go in the next forward's order, all at once. */
 static int opt_send_for_forward(struct run *r)
 {
-    qsort(r->queue, r->queued, sizeof *r->queue, unit_order);
     while (r->queued > 0)
         FY_TRY(opt_send_next(r));
     return 0;
+}
+
+/* A free grads slot (1..gslots) into *slot. A slot is free once its block's update is done; when
+ * none is, this waits for the update the opt worker finishes first (the earliest sent; tickets
+ * count up), sending the next queued one when none holding a slot is in flight. */
+static int gslot_take(struct run *r, unsigned *slot)
+{
+    for (;;) {
+        struct ticket *first = NULL;
+        for (unsigned s = 1; s <= r->l.gslots; s++) {
+            unsigned b = r->gslot_holder[s];
+            struct ticket *t = b != 0 ? &r->opt_sent[b] : NULL;
+            if (b != 0 && (!r->gslot_queued[s] || is_queued(r, b)))
+                continue; /* its gradient is not home yet, or its update not sent */
+            if (t != NULL && t->id != 0 && !t->done) {
+                int in = r->x->poll(r->x->ctx, t->id);
+                FY_TRY(in);
+                if (in)
+                    finish(r, t); /* its status stays in the ticket until waited for */
+            }
+            if (t != NULL && t->id != 0 && t->done && t->status != 0)
+                return t->status;
+            if (t == NULL || t->id == 0 || t->done) {
+                r->gslot_holder[s] = 0;
+                *slot = s;
+                return 0;
+            }
+            if (first == NULL || t->id < first->id)
+                first = t;
+        }
+        if (first != NULL)
+            finish(r, first);
+        else if (r->queued > 0)
+            FY_TRY(opt_send_next(r));
+        else
+            FY_REQUIRE(0, -EPROTO, "schedule error: every gradient slot is taken and no update "
+                                   "that would free one is pending");
+    }
 }
 
 /* Every update sent and done. */
@@ -1162,11 +1240,6 @@ static int embed_backward(struct run *r, uint64_t dx0)
     return wait_for(r, &t, NULL);
 }
 
-/* Grads slot of block b in the backward: 1, 2 and 3 in turn, so that the gpu can compute two
- * blocks ahead of the optimizer (with two requests in flight in the gpu worker, the next block's
- * uploads then run while the current one computes). */
-static unsigned block_gslot(const struct layout *l, unsigned b) { return 1 + b % l->gslots; }
-
 static int is_resident(const struct run *r, unsigned u)
 {
     return r->resident != NULL && r->resident[u] != 0;
@@ -1201,22 +1274,30 @@ static int write_back(struct run *r, struct writebacks *wb, unsigned u)
  * slot before its backward, which takes the master from there, and AdamW updates them in place
  * after it, so the master crosses from the SSD once in backward, not twice; the read goes into
  * the slot that block b+2 leaves once written back (state slots 0 and 1 alternate). A resident
- * block's weights and state are where they stay. Block b's backward is issued once block b+3's
- * AdamW has freed its gradient slot (blocks take grads slots 1, 2 and 3 in turn), so the gpu can
- * be two blocks ahead of the optimizer; block b+1's AdamW is issued, not waited for, once its
- * gradient is in. Every reuse of a slot waits for its previous user. With `embed`, the embedding
- * backward follows block 1's on the gpu while the last blocks are updated. */
+ * block's weights and state are where they stay. Block b's backward is issued once a gradient
+ * slot is free (gslot_take: at least three, so the gpu can run two blocks ahead of the optimizer,
+ * and with more the optimizer can fall behind and finish in the next forward); block b+1's AdamW is
+ * queued, not waited for, once its gradient is in. Every reuse of a slot waits for its previous
+ * user. With `embed`, the embedding backward follows block 1's on the gpu while the last blocks are
+ * updated. */
 static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *version, unsigned *cur,
                            int embed)
 {
     const struct layout *l = &r->l;
     unsigned L = l->c->n_layer;
-    unsigned G = l->gslots;
     struct ticket *g = calloc(L + 4, sizeof *g), *rs = calloc(L + 4, sizeof *rs);
     struct ticket *ws = calloc(L + 4, sizeof *ws), e = {0};
     unsigned char *issued = calloc(L + 4, 1);
-    int rc = g && rs && ws && issued ? 0 : -ENOMEM;
+    unsigned *slot_of = calloc(L + 4, sizeof *slot_of);
+    int rc = g && rs && ws && issued && slot_of ? 0 : -ENOMEM;
     struct writebacks wb = {ws, issued, {-1, -1}};
+    for (unsigned s = 1; s <= l->gslots; s++) { /* the last step's updates were all waited for */
+        unsigned b = r->gslot_holder[s];
+        if (b != 0 && !is_queued(r, b) && r->opt_sent[b].id == 0)
+            r->gslot_holder[s] = 0;
+    }
+    if (rc == 0 && embed && L == 0)
+        rc = wait_for(r, &r->embed_early, NULL); /* it reads the gradient this overwrites */
     if (rc == 0 && embed && L == 0)
         rc = embed_backward_issue(r, dact_at(l, *cur), &e);
     if (rc == 0 && L >= 1) /* the two state slots start with blocks L and L-1 */
@@ -1242,12 +1323,17 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
                            "holds unit %d's state", b, b & 1, r->state_unit[b & 1]);
                 w_off = r->state_off[b & 1]; /* the master section comes first */
             }
-            if (rc == 0 && b + G <= L)
-                rc = opt_settle(r, b + G); /* its gradient slot */
             if (rc == 0)
+                rc = gslot_take(r, &slot_of[b]);
+            if (rc == 0) {
+                r->gslot_holder[slot_of[b]] = b;
+                r->gslot_queued[slot_of[b]] = 0;
                 rc = block_backward_issue(r, b, w_off, dact_at(l, *cur), dact_at(l, *cur ^ 1),
-                                          gslot(l, block_gslot(l, b)), &g[b]);
+                                          gslot(l, slot_of[b]), &g[b]);
+            }
             *cur ^= 1;
+            if (rc == 0 && b == 1 && embed) /* the early part reads the gradient this rewrites */
+                rc = wait_for(r, &r->embed_early, NULL);
             if (rc == 0 && b == 1 && embed) /* dx0 is block 1's dx */
                 rc = embed_backward_issue(r, dact_at(l, *cur), &e);
         }
@@ -1257,9 +1343,11 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             if (rc == 0)
                 rc = wait_for(r, &rs[u], NULL);
             if (rc == 0)
-                rc = opt_enqueue(r, u, u & 1, gslot(l, block_gslot(l, u)), step, lr);
-            if (rc == 0)
+                rc = opt_enqueue(r, u, u & 1, gslot(l, slot_of[u]), step, lr);
+            if (rc == 0) {
+                r->gslot_queued[slot_of[u]] = 1;
                 rc = opt_pump(r);
+            }
             version[u] = step;
         }
         if (rc == 0 && b + 2 <= L) /* block b+2's write-back (issued above if block b needed it) */
@@ -1285,6 +1373,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
     free(rs);
     free(ws);
     free(issued);
+    free(slot_of);
     return rc;
 }
 
@@ -1374,19 +1463,73 @@ static int norm_pass(struct run *r, double *total)
     return rc;
 }
 
+/* The embeddings' update, first part: the rows no token of the batch touches, whose gradient (the
+ * head's alone; none for an untied head) is final once the head is done. Sent now, it runs during
+ * the backward, and only the touched rows and the positions are left for the stretch between the
+ * backward and the next forward, which waits for them. The two row lists go to the pool (the
+ * untouched rows, then the rest); *late gets the second one's length. */
+static int embed_update_early(struct run *r, uint64_t step, double lr, uint64_t *late)
+{
+    const struct layout *l = &r->l;
+    const struct fy_gpt_config *c = l->c;
+    uint64_t rows = embed_row_count(c), tokens = (uint64_t)l->B * l->T;
+    const int32_t *tok = fy_pool_at(r->pool, l->tokens, l->tok_bytes);
+    int32_t *early = fy_pool_at(r->pool, l->embed_rows, 2 * rows * 4), *rest = early + rows;
+    FY_REQUIRE(tok != NULL && early != NULL, -ERANGE,
+               "schedule error: the batch or the embeddings' row lists lie outside the pool");
+    memset(r->row_touched, 0, c->vocab);
+    for (uint64_t i = 0; i < tokens; i++) {
+        FY_REQUIRE(tok[i] >= 0 && (uint64_t)tok[i] < c->vocab, -EINVAL,
+                   "train: token %d at %llu is outside the vocabulary of %llu", tok[i],
+                   (unsigned long long)i, (unsigned long long)c->vocab);
+        r->row_touched[tok[i]] = 1;
+    }
+    uint64_t n_early = 0, n_rest = 0;
+    for (uint64_t v = 0; v < rows; v++) {
+        if (v < c->vocab && !r->row_touched[v])
+            early[n_early++] = (int32_t)v;
+        else
+            rest[n_rest++] = (int32_t)v; /* touched, or a position's row */
+    }
+    *late = n_rest;
+    if (n_early == 0)
+        return 0;
+    uint64_t sec = fy_unit_state_section(c, 0), n = unit_bytes(l, 0), state = r->resident[0];
+    int op = FY_OP_OPT_ADAMW;
+    struct fy_desc req[5];
+    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), n, 0);
+    req[1] = fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, 0);
+    req[2] = fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, 0);
+    req[3] = fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, 0);
+    req[4] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->embed_rows, n_early * 4, 0);
+    for (int i = 0; i < 5; i++)
+        req[i].step = step;
+    memcpy(&req[1].arg, &lr, sizeof lr);
+    req[4].arg = c->n_embd;
+    return issue(r, PH_OPT, "opt", req, 5, &r->embed_early);
+}
+
 static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t *version)
 {
     const struct layout *l = &r->l;
     unsigned L = l->c->n_layer, fin = L + 1;
     FY_TRY(update_unit(r, fin, r->dfinal, step, lr));
     version[fin] = step;
+    int split = r->embed_split && !r->clip && is_resident(r, 0);
+    uint64_t late = 0;
+    if (split)
+        FY_TRY(embed_update_early(r, step, lr, &late));
     unsigned cur = 0; /* dacts[cur] holds dL/d(output of the unit being processed) */
     /* with clipping, pass 1 has completed the embedding gradient already */
-    FY_TRY(backward_blocks(r, step, lr, version, &cur, !r->clip));
+    int rc = backward_blocks(r, step, lr, version, &cur, !r->clip);
+    int early = wait_for(r, &r->embed_early, NULL); /* done before the embedding backward */
+    FY_TRY(rc ? rc : early);
     if (is_resident(r, 0)) { /* updated in place: the next forward waits for it */
         struct ticket none = {0};
         FY_TRY(state_read(r, 0, 0, &none));
         FY_TRY(opt_enqueue(r, 0, 0, gslot(l, 0), step, lr));
+        if (split)
+            opt_rows(r, 0, l->embed_rows + embed_row_count(l->c) * 4, late);
     } else {
         FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
     }
@@ -1678,13 +1821,20 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     uint64_t *version = calloc(units, sizeof *version);
     uint64_t *resident = calloc(units, sizeof *resident);
     r.opt_req = calloc(units, sizeof *r.opt_req);
+    r.opt_parts = calloc(units, 1);
+    r.row_touched = calloc(meta->model.vocab, 1);
     r.opt_sent = calloc(units, sizeof *r.opt_sent);
     r.queue = calloc(units, sizeof *r.queue);
     r.at_copy = calloc(units, 1);
     r.known = calloc(units, 1);
     r.digest = calloc(units, sizeof *r.digest);
-    int rc = version && resident && r.opt_req && r.opt_sent && r.queue && r.at_copy && r.known &&
-                     r.digest ? 0 : -ENOMEM;
+    int rc = version && resident && r.opt_req && r.opt_parts && r.row_touched && r.opt_sent &&
+                     r.queue && r.at_copy && r.known && r.digest ? 0 : -ENOMEM;
+    const char *whole = getenv("FUYOU_TEST_EMBED_WHOLE");
+    r.embed_split = whole == NULL || strcmp(whole, "1") != 0;
+    if (!r.embed_split)
+        fy_info("test hook: the embeddings are updated in one piece after the backward "
+                "(FUYOU_TEST_EMBED_WHOLE=1)");
     if (rc == 0)
         rc = saved_setup(&r, o);
     if (rc == 0 && fy_train_resident_bytes(&meta->model, o->resident) > 0) {
@@ -1783,6 +1933,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     free(version);
     free(resident);
     free(r.opt_req);
+    free(r.opt_parts);
+    free(r.row_touched);
     free(r.opt_sent);
     free(r.queue);
     free(r.host_mask);

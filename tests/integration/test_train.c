@@ -878,6 +878,42 @@ static void test_forward_waits_for_its_unit_only(void **state)
     free(trace);
 }
 
+/* With the state in the pool and no clipping, the embeddings are updated in two parts: the rows no
+ * token of the batch touches once the head is done, the rest after the embedding backward. Two
+ * AdamW requests on unit 0 per step (the trace), and the same bits as one update after the
+ * backward (the test hook FUYOU_TEST_EMBED_WHOLE), in either schedule. */
+static void test_embed_update_in_two_parts(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    struct same_bits group = {0};
+    char *trace = strdup(fy_test_in(f, "embed-split.json"));
+    const char *runs[][2] = {{"whole", "overlap"}, {"split", "overlap"}, {"split-serial", "serial"}};
+    for (int i = 0; i < 3; i++) {
+        int whole = strcmp(runs[i][0], "whole") == 0;
+        if (whole)
+            assert_int_equal(setenv("FUYOU_TEST_EMBED_WHOLE", "1", 1), 0);
+        const char *extra[] = {"--schedule", runs[i][1], "--cpu-mem", "1G",
+                               i == 1 ? "--trace" : NULL, trace, NULL};
+        train_same_bits(f, &group, fy_test_in(f, runs[i][0]), "3", "64", "4", extra);
+        assert_int_equal(fy_test_file_contains(f->log, "the embeddings are updated in one piece"),
+                         whole);
+        unsetenv("FUYOU_TEST_EMBED_WHOLE");
+    }
+    same_bits_free(&group);
+    char *text = fy_test_slurp(trace, NULL);
+    assert_non_null(text);
+    /* steps 1..4, two requests on unit 0 each */
+    int unit0 = 0;
+    for (const char *p = text; (p = strstr(p, "\"name\": \"opt-adamw\"")) != NULL; p++) {
+        const char *end = strchr(p, '\n');
+        const char *u = strstr(p, "\"unit\": 0}");
+        unit0 += u != NULL && (end == NULL || u < end);
+    }
+    assert_int_equal(unit0, 8);
+    free(text);
+    free(trace);
+}
+
 /* --trace writes Chrome trace-event JSON with every worker's requests; metrics carry busy times. */
 static void test_trace_and_busy_metrics(void **state)
 {
@@ -1399,6 +1435,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_embed_update_in_two_parts, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_plan_by_hand, setup, teardown),
         cmocka_unit_test_setup_teardown(test_probe_then_plan, setup, teardown),
