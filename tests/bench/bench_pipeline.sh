@@ -21,7 +21,9 @@
 # every combination of the lists above, these runs in order, each B/PLACEMENT/SCHEDULE/ACT_PLAN
 # with an optional /AFFINITY (--affinity, default auto), e.g. "16/host/overlap/auto
 # 16/host/overlap/auto/gpu=0,io=0,opt=0-7 64/ssd/overlap/recompute"), PIPELINE_ACT_GIB (GiB of
-# --cpu-mem beyond the placement's own for swapped activations; 0), PIPELINE_LOG_DIR (each run's
+# --cpu-mem beyond the placement's own for swapped activations; 0), PIPELINE_CPU_MEM (one --cpu-mem
+# for every run instead, e.g. 14G: a budget below the state's size whatever the batch, for the
+# largest batch of each act plan), PIPELINE_LOG_DIR (each run's
 # launcher log copied there), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
@@ -126,6 +128,7 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
   # three and 5 GiB (room for the block gradient slots that let the optimizer lag the backward),
   # ssd the last two and 1 GiB
   mem_for() {
+    [ -n "${PIPELINE_CPU_MEM:-}" ] && { echo "$PIPELINE_CPU_MEM"; return; }
     awk -v p=$1 -v s=$state -v k=$slots -v a=$act -v b=$2 -v x=${PIPELINE_ACT_GIB:-0} \
       'BEGIN{printf "%dM", 1024 * (x + (p == "host" ? s + k + a * b + 5 : k + a * b + 1))}'
   }
