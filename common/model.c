@@ -333,8 +333,11 @@ static float normal_at(uint64_t seed, unsigned unit, size_t index)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+/* Each value depends on its index alone, so the cores share the work with the same bits; on one
+ * core a 2.7B model's initialisation took two minutes. */
 static void fill_normal(float *p, size_t n, size_t first, float std, uint64_t seed, unsigned unit)
 {
+#pragma omp parallel for schedule(static) if (n >= (1u << 20))
     for (size_t i = 0; i < n; i++)
         p[i] = std * normal_at(seed, unit, first + i);
 }

@@ -2,7 +2,7 @@
  * CPU backend (gpu_worker/cpu/llama_cpu.c):
  *   - the block unit layout equals llama_cpu's fy_llama_block_layout; unit sizes, tied and untied;
  *   - weight-decay segments cover every unit exactly, norms without decay, matrices with;
- *   - initialisation: norms 1, matrices N(0, 0.02);
+ *   - initialisation: norms 1, matrices N(0, 0.02), the same bits on any thread count;
  *   - model.conf keys and the store header round-trip every field, the config hash differs between
  *     the architectures and between Llama settings; a GPT-2 header leaves the new slots zero;
  *   - the embedding lookup and its backward; the head's loss against a float64 computation, and its
@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <omp.h>
 
 #include "common/ckpt.h"
 #include "common/config.h"
@@ -331,11 +332,42 @@ static void test_head_tied(void **state)
     head_case(1);
 }
 
+/* Initialisation spreads a large unit over the cores; the values depend on their index alone, so
+ * one thread and four give the same bits (GPT-2's and Llama's embeddings, 3.2M values each). */
+static void test_init_same_bits_on_any_thread_count(void **state)
+{
+    struct fy_gpt_config gpt = {.n_layer = 1, .n_head = 2, .n_embd = 64, .vocab = 50304,
+                                .ctx = 64};
+    struct fy_gpt_config llama = gpt;
+    llama.arch = FY_ARCH_LLAMA;
+    llama.n_kv_head = 1;
+    llama.n_inter = 128;
+    llama.tied = 1;
+    llama.rope_theta = 10000.0;
+    llama.rms_eps = 1e-5f;
+    const struct fy_gpt_config *models[] = {&gpt, &llama};
+    for (int k = 0; k < 2; k++) {
+        size_t n = fy_gpt_unit_params(models[k], 0);
+        assert_true(n >= (1u << 20));
+        float *one = malloc(n * sizeof *one), *four = malloc(n * sizeof *four);
+        assert_non_null(one);
+        assert_non_null(four);
+        omp_set_num_threads(1);
+        fy_gpt_init_unit(models[k], 0, 7, one);
+        omp_set_num_threads(4);
+        fy_gpt_init_unit(models[k], 0, 7, four);
+        assert_memory_equal(one, four, n * sizeof *one);
+        free(one);
+        free(four);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_and_sizes),
         cmocka_unit_test(test_segments_and_init),
+        cmocka_unit_test(test_init_same_bits_on_any_thread_count),
         cmocka_unit_test(test_config_and_header_round_trip),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_head_untied),
