@@ -65,6 +65,9 @@ run() {
   grep -E "plan|resident|state of|blocks kept" "$log" | head -4 | cut -c1-200
   grep -E "plan: activations|plan: auto|predicted step|layers on gpu|profiled one block" "$log" |
     cut -c1-320
+  # the gradient slots the plan gave (--grad-slots cut to what --cpu-mem holds)
+  local held
+  held=$(grep -o "[0-9]* block gradients in the pool at once" "$log" | head -1 | cut -d' ' -f1)
   # median over the timed steps of each field
   tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" | COMPUTE_S=${COMPUTE_S:-0} python3 -c '
 import json, statistics, sys
@@ -81,7 +84,7 @@ print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f" % (m("step_s"),
       m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0))' |
     while read -r s tf idle g up down r w o bd x; do
       printf "$row_format" "$cfg" "$B" "$place" "$sched" "$plan" \
-        "$([ "$queue" = 1 ] && echo 1 || echo 2)" "${gslots:-3}" "$s" "$tf" "$idle" "$g" "$up" \
+        "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$s" "$tf" "$idle" "$g" "$up" \
         "$down" "$r" "$w" "$o" "$bd" "$x" "$affinity" | tee -a "$table"
     done
 }
