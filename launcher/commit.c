@@ -126,8 +126,29 @@ int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, un
     return 0;
 }
 
+/* A unit's state write in flight from one of fy_commit_create's buffers (ticket 0: none). */
+struct unit_write {
+    int64_t ticket;
+    unsigned unit;
+    uint64_t buf;
+};
+
+/* Waits for a unit's state write, its digest into the record (nothing when none is in flight). */
+static int unit_write_wait(const struct fy_exec *x, struct unit_write *w, struct fy_storemeta *m,
+                           int timeout_ms)
+{
+    if (w->ticket == 0)
+        return 0;
+    struct fy_desc reply;
+    int rc = x->wait(x->ctx, w->ticket, &reply, timeout_ms);
+    w->ticket = 0;
+    if (rc == 0)
+        m->digest[w->unit] = reply.arg;
+    return rc;
+}
+
 int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
-                     uint64_t buf_off, const struct fy_gpt_config *c, uint64_t seed,
+                     const uint64_t buf_off[2], const struct fy_gpt_config *c, uint64_t seed,
                      unsigned copies, int (*fill)(void *ctx, unsigned unit, float *master),
                      void *ctx, int timeout_ms)
 {
@@ -135,17 +156,37 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
     FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
     *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0,
                                .copies = copies};
+    struct unit_write w[2] = {{0}, {0}};
     int rc = fy_commit_prepare(x, c, copies, timeout_ms);
+    /* every extent first: the io worker would answer an allocation only after the write ahead */
+    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++)
+        rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0,
+                        fy_unit_state_bytes(c, u), timeout_ms);
     for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
-        uint64_t bytes = fy_unit_state_bytes(c, u);
-        uint8_t *state = fy_pool_at(pool, buf_off, bytes);
-        rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, bytes, timeout_ms);
-        memset(state, 0, bytes); /* Adam's moments start at zero */
-        if (rc == 0)
+        uint64_t bytes = fy_unit_state_bytes(c, u), buf = buf_off[u & 1];
+        for (int i = 0; i < 2 && rc == 0; i++) /* the write still reading this buffer */
+            if (w[i].ticket != 0 && w[i].buf == buf)
+                rc = unit_write_wait(x, &w[i], m, timeout_ms);
+        uint8_t *state = fy_pool_at(pool, buf, bytes);
+        if (rc == 0) {
+            memset(state, 0, bytes); /* Adam's moments start at zero */
             rc = fill(ctx, u, (float *)state);
-        if (rc == 0)
-            rc = fy_io_call_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), buf_off, bytes,
-                                   &m->digest[u], timeout_ms);
+        }
+        if (rc == 0) { /* written (and its digest taken) while the next unit is filled */
+            struct fy_desc d[2];
+            d[0] = fy_desc_region(FY_OP_IO_WRITE, FY_KIND_RAW, FY_DTYPE_NONE, buf, bytes, -1);
+            d[0].tensor = FY_TENSOR_UNIT_STATE(u);
+            d[1] = fy_desc_region(FY_OP_IO_WRITE, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
+            int64_t ticket = x->submit(x->ctx, "io", d, 2);
+            if (ticket < 0)
+                rc = (int)ticket;
+            else
+                w[u & 1] = (struct unit_write){ticket, u, buf};
+        }
+    }
+    for (int i = 0; i < 2; i++) { /* nothing stays in flight, whatever failed */
+        int done = unit_write_wait(x, &w[i], m, timeout_ms);
+        rc = rc ? rc : done;
     }
     if (rc == 0)
         rc = fy_commit_write(x, pool, record_off, m, timeout_ms);

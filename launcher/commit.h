@@ -35,11 +35,13 @@ int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t reco
                     const struct fy_storemeta *next, int timeout_ms);
 
 /* A new store's step 0: the extents commits need (fy_commit_prepare), then each unit's state
- * extent in copy 0 written whole through the pool at buf_off (room for the largest unit's state):
- * the master section as fill(ctx, unit, master) writes it, the moments zero; then the first
- * commit (sequence 1, copy 0, every unit's digest) through the pool at record_off. */
+ * extent in copy 0 written whole through the pool: the master section as fill(ctx, unit, master)
+ * writes it, the moments zero; then the first commit (sequence 1, copy 0, every unit's digest)
+ * through the pool at record_off. Units take the buffers at buf_off[0] and buf_off[1] in turn
+ * (each with room for the largest unit's state), so one is filled while the other's write runs;
+ * the two offsets may be equal (one buffer: each write is waited for before the next fill). */
 int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
-                     uint64_t buf_off, const struct fy_gpt_config *c, uint64_t seed,
+                     const uint64_t buf_off[2], const struct fy_gpt_config *c, uint64_t seed,
                      unsigned copies, int (*fill)(void *ctx, unsigned unit, float *master),
                      void *ctx, int timeout_ms);
 

@@ -688,8 +688,9 @@ static int import_units(const struct fy_exec *x, struct fy_pool *pool, struct fy
     uint64_t off, bytes, meta_off, meta_bytes;
     FY_TRY(fy_pool_region(pool, "unit", &off, &bytes));
     FY_TRY(fy_pool_region(pool, "meta", &meta_off, &meta_bytes));
-    return fy_commit_create(x, pool, meta_off, off, fy_hfgpt2_model(src), 0, copies, read_unit,
-                            src, timeout_ms);
+    const uint64_t one_buffer[2] = {off, off}; /* a large vocabulary's unit is gigabytes */
+    return fy_commit_create(x, pool, meta_off, one_buffer, fy_hfgpt2_model(src), 0, copies,
+                            read_unit, src, timeout_ms);
 }
 
 /* After a failed import that had created the store: its files, and what described the run. */

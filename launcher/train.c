@@ -865,7 +865,9 @@ int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const str
     struct run r;
     FY_TRY(run_init(&r, pool, c, 1, 1, FY_DTYPE_F32, x, timeout_ms));
     struct init_ctx ctx = {c, seed};
-    return fy_commit_create(x, pool, r.l.meta, r.l.state, c, seed, copies, init_unit, &ctx,
+    /* the two state slots, one unit's master, m and v each */
+    const uint64_t bufs[2] = {r.l.state, r.l.state + 3 * r.l.slot_bytes};
+    return fy_commit_create(x, pool, r.l.meta, bufs, c, seed, copies, init_unit, &ctx,
                             timeout_ms);
 }
 
