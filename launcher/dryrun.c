@@ -111,9 +111,10 @@ static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c
                                      s->ckpt_ssd, swap, s->resident);
     struct fy_pool_region_spec regions[10];
     unsigned n;
+    /* as train's default --grad-slots: as many as the budget holds, up to the most */
     unsigned slots = fy_train_plan_grad_slots(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
                                               s->ckpt_ssd, swap, s->resident,
-                                              FY_TRAIN_GRAD_SLOTS_MIN);
+                                              FY_TRAIN_GRAD_SLOTS_MAX);
     fy_train_regions(c, B, in->T, dtype, s->resident, in->clip, in->prefetch, slots, s->ckpt_ssd,
                      swap, regions, &n);
     s->pool_bytes = fy_pool_layout_size(regions, n);
