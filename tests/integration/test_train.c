@@ -937,6 +937,15 @@ static void test_trace_and_busy_metrics(void **state)
                  "sys.exit(0 if sum(1 for e in d if e.get(\"ph\")==\"X\" and e[\"dur\"]>0) > 30 else 1)' %s",
                  trace);
         assert_int_equal(system(cmd), 0);
+        /* the step summary of tests/bench/trace_gaps.py reads it (step 2 of 3) */
+        char out[700];
+        snprintf(out, sizeof out, "%s.gaps", trace);
+        snprintf(cmd, sizeof cmd, "python3 tests/bench/trace_gaps.py %s > %s", trace, out);
+        assert_int_equal(system(cmd), 0);
+        assert_true(fy_test_file_contains(out, "step 2: gpu span "));
+        assert_true(fy_test_file_contains(out, "optimizer idle > 1 ms"));
+        snprintf(cmd, sizeof cmd, "python3 tests/bench/trace_gaps.py %s 9 > %s", trace, out);
+        assert_int_not_equal(system(cmd), 0); /* no step 9 */
     } else {
         print_message("python3 missing: the trace's JSON syntax was not checked\n");
     }
