@@ -878,6 +878,40 @@ static void test_forward_waits_for_its_unit_only(void **state)
     free(trace);
 }
 
+/* Fewer gradient slots than blocks, with the optimizer the slowest stage (AdamW delayed by 20 ms):
+ * a block's backward waits for a free slot, which the update that ends first gives back, while the
+ * updates go lowest unit first. Each forward still follows its unit's update (the trace), and the
+ * bits are the serial schedule's. (With three slots nothing is left for the next forward: the
+ * updates in flight at the backward's end all run before the embeddings', which it needs first.) */
+static void test_fewer_gradient_slots_than_blocks(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    struct same_bits group = {0};
+    char *trace = strdup(fy_test_in(f, "three-slots.json"));
+    assert_int_equal(setenv("FUYOU_TEST_OPT_DELAY_MS", "20", 1), 0);
+    for (int i = 0; i < 2; i++) {
+        const char *schedule = i == 0 ? "overlap" : "serial";
+        char run[700];
+        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, "three-slots"), schedule);
+        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", "--grad-slots", "3",
+                               i == 0 ? "--trace" : NULL, trace, NULL};
+        train_same_bits(f, &group, run, "6", "64", "4", extra);
+        assert_true(fy_test_file_contains(f->log, "3 block gradients in the pool at once"));
+    }
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    same_bits_free(&group);
+    if (system("python3 -c 'import json' 2>/dev/null") != 0) {
+        print_message("python3 missing: the trace's ordering was not checked\n");
+        free(trace);
+        return;
+    }
+    char cmd[800];
+    /* every update is sent before the embeddings' last part, which the forward waits for first */
+    snprintf(cmd, sizeof cmd, "python3 tests/integration/trace_order.py %s 21 0", trace);
+    assert_int_equal(system(cmd), 0);
+    free(trace);
+}
+
 /* With the state in the pool and no clipping, the embeddings are updated in two parts: the rows no
  * token of the batch touches once the head is done, the rest after the embedding backward. Two
  * AdamW requests on unit 0 per step (the trace), and the same bits as one update after the
@@ -1444,6 +1478,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fewer_gradient_slots_than_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_embed_update_in_two_parts, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_plan_by_hand, setup, teardown),
