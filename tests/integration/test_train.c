@@ -878,6 +878,39 @@ static void test_forward_waits_for_its_unit_only(void **state)
     free(trace);
 }
 
+/* Updates go lowest unit first. With 24 blocks whose backward outruns an AdamW delayed by 30 ms,
+ * the opt worker is sent the newest gradient's block before older, higher ones while the backward
+ * still runs (trace_edf.py finds such pairs; with arrival order there are none, checked by hand),
+ * and the bits are the serial schedule's. */
+static void test_updates_lowest_unit_first(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    struct same_bits group = {0};
+    char *trace = strdup(fy_test_in(f, "lowest-first.json"));
+    assert_int_equal(setenv("FUYOU_TEST_OPT_DELAY_MS", "30", 1), 0);
+    for (int i = 0; i < 2; i++) {
+        const char *schedule = i == 0 ? "overlap" : "serial";
+        char run[700];
+        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, "lowest-first"), schedule);
+        /* batch 4: blocks fast enough for the backward to outrun AdamW even on one core */
+        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", "--batch", "4",
+                               i == 0 ? "--trace" : NULL, trace, NULL};
+        train_same_bits(f, &group, run, "24", "128", "4", extra);
+        assert_true(fy_test_file_contains(f->log, "16 block gradients in the pool at once"));
+    }
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    same_bits_free(&group);
+    if (system("python3 -c 'import json' 2>/dev/null") != 0) {
+        print_message("python3 missing: the trace's update order was not checked\n");
+        free(trace);
+        return;
+    }
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "python3 tests/integration/trace_edf.py %s", trace);
+    assert_int_equal(system(cmd), 0);
+    free(trace);
+}
+
 /* Fewer gradient slots than blocks, with the optimizer the slowest stage (AdamW delayed by 20 ms):
  * a block's backward waits for a free slot, which the update that ends first gives back, while the
  * updates go lowest unit first. Each forward still follows its unit's update (the trace), and the
@@ -1478,6 +1511,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_updates_lowest_unit_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fewer_gradient_slots_than_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_embed_update_in_two_parts, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
