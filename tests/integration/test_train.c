@@ -843,106 +843,76 @@ static void test_sigint_stops_at_a_step_boundary(void **state)
     assert_same_run(hard_metrics, hard_out, ref_metrics, ref_out);
 }
 
-/* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
- * optimizer made the slowest stage (a test hook delays every AdamW by 40 ms), the updates still
- * running when a backward ends go in the forward's order, so step N+1's forward starts while step
- * N's updates run; each unit's forward still starts after that unit's update ended (checked in the
- * trace), and the results equal the serial schedule's bit for bit. */
-static void test_forward_waits_for_its_unit_only(void **state)
+/* Trains a fresh GPT of `layers` x `embd` 4 steps with every AdamW delayed by delay_ms (the test
+ * hook), overlapped (traced) and then serial, with the option `opt` `value` too: both must log the
+ * delay and `slots` (the plan's gradient-slots line) and give the same bits. Then `check`, a
+ * python3 command line with %s for the trace, must exit 0 (skipped, visibly, without python3). */
+static void delayed_overlap_and_serial(struct fy_test_fixture *f, const char *name,
+                                       const char *delay_ms, const char *layers, const char *embd,
+                                       const char *opt, const char *value, const char *slots,
+                                       const char *check)
 {
-    struct fy_test_fixture *f = *state;
     struct same_bits group = {0};
-    char *trace = strdup(fy_test_in(f, "delayed.json"));
-    assert_int_equal(setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1), 0);
+    char trace[700], delayed[80], cmd[900];
+    snprintf(trace, sizeof trace, "%s.json", fy_test_in(f, name));
+    snprintf(delayed, sizeof delayed, "every AdamW request is delayed by %s ms", delay_ms);
+    assert_int_equal(setenv("FUYOU_TEST_OPT_DELAY_MS", delay_ms, 1), 0);
     for (int i = 0; i < 2; i++) {
         const char *schedule = i == 0 ? "overlap" : "serial";
         char run[700];
-        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, "delayed"), schedule);
-        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", "--grad-slots", "6",
+        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, name), schedule);
+        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", opt, value,
                                i == 0 ? "--trace" : NULL, trace, NULL};
-        train_same_bits(f, &group, run, "6", "64", "4", extra);
-        assert_true(fy_test_file_contains(f->log, "every AdamW request is delayed by 40 ms"));
-        assert_true(fy_test_file_contains(f->log, "6 block gradients in the pool at once"));
+        train_same_bits(f, &group, run, layers, embd, "4", extra);
+        assert_true(fy_test_file_contains(f->log, delayed));
+        assert_true(fy_test_file_contains(f->log, slots));
     }
     unsetenv("FUYOU_TEST_OPT_DELAY_MS");
     same_bits_free(&group);
     if (system("python3 -c 'import json' 2>/dev/null") != 0) {
-        print_message("python3 missing: the trace's ordering was not checked\n");
-        free(trace);
+        print_message("python3 missing: the trace of %s was not checked\n", name);
         return;
     }
-    char cmd[800];
-    /* 3 steps after the first, each with 7 units (embeddings, 6 blocks) to check */
-    snprintf(cmd, sizeof cmd, "python3 tests/integration/trace_order.py %s 21", trace);
+    snprintf(cmd, sizeof cmd, check, trace);
     assert_int_equal(system(cmd), 0);
-    free(trace);
+}
+
+/* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
+ * optimizer made the slowest stage (a test hook delays every AdamW by 40 ms), the updates still
+ * running when a backward ends go in the forward's order, so step N+1's forward starts while step
+ * N's updates run; each unit's forward still starts after that unit's update ended (checked in the
+ * trace: 3 steps after the first, each with 7 units, embeddings and 6 blocks), and the results
+ * equal the serial schedule's bit for bit. */
+static void test_forward_waits_for_its_unit_only(void **state)
+{
+    delayed_overlap_and_serial(*state, "delayed", "40", "6", "64", "--grad-slots", "6",
+                               "6 block gradients in the pool at once",
+                               "python3 tests/integration/trace_order.py %s 21");
 }
 
 /* Updates go lowest unit first. With 24 blocks whose backward outruns an AdamW delayed by 30 ms,
  * the opt worker is sent the newest gradient's block before older, higher ones while the backward
  * still runs (trace_edf.py finds such pairs; with arrival order there are none, checked by hand),
- * and the bits are the serial schedule's. */
+ * and the bits are the serial schedule's. Batch 4 keeps the blocks fast enough for the backward
+ * to outrun AdamW even on one core. */
 static void test_updates_lowest_unit_first(void **state)
 {
-    struct fy_test_fixture *f = *state;
-    struct same_bits group = {0};
-    char *trace = strdup(fy_test_in(f, "lowest-first.json"));
-    assert_int_equal(setenv("FUYOU_TEST_OPT_DELAY_MS", "30", 1), 0);
-    for (int i = 0; i < 2; i++) {
-        const char *schedule = i == 0 ? "overlap" : "serial";
-        char run[700];
-        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, "lowest-first"), schedule);
-        /* batch 4: blocks fast enough for the backward to outrun AdamW even on one core */
-        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", "--batch", "4",
-                               i == 0 ? "--trace" : NULL, trace, NULL};
-        train_same_bits(f, &group, run, "24", "128", "4", extra);
-        assert_true(fy_test_file_contains(f->log, "16 block gradients in the pool at once"));
-    }
-    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
-    same_bits_free(&group);
-    if (system("python3 -c 'import json' 2>/dev/null") != 0) {
-        print_message("python3 missing: the trace's update order was not checked\n");
-        free(trace);
-        return;
-    }
-    char cmd[800];
-    snprintf(cmd, sizeof cmd, "python3 tests/integration/trace_edf.py %s", trace);
-    assert_int_equal(system(cmd), 0);
-    free(trace);
+    delayed_overlap_and_serial(*state, "lowest-first", "30", "24", "128", "--batch", "4",
+                               "16 block gradients in the pool at once",
+                               "python3 tests/integration/trace_edf.py %s");
 }
 
 /* Fewer gradient slots than blocks, with the optimizer the slowest stage (AdamW delayed by 20 ms):
  * a block's backward waits for a free slot, which the update that ends first gives back, while the
  * updates go lowest unit first. Each forward still follows its unit's update (the trace), and the
- * bits are the serial schedule's. (With three slots nothing is left for the next forward: the
- * updates in flight at the backward's end all run before the embeddings', which it needs first.) */
+ * bits are the serial schedule's. With three slots nothing is left for the next forward (the last
+ * argument of trace_order.py: no late update required): the updates in flight at the backward's
+ * end all run before the embeddings', which it needs first. */
 static void test_fewer_gradient_slots_than_blocks(void **state)
 {
-    struct fy_test_fixture *f = *state;
-    struct same_bits group = {0};
-    char *trace = strdup(fy_test_in(f, "three-slots.json"));
-    assert_int_equal(setenv("FUYOU_TEST_OPT_DELAY_MS", "20", 1), 0);
-    for (int i = 0; i < 2; i++) {
-        const char *schedule = i == 0 ? "overlap" : "serial";
-        char run[700];
-        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, "three-slots"), schedule);
-        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", "--grad-slots", "3",
-                               i == 0 ? "--trace" : NULL, trace, NULL};
-        train_same_bits(f, &group, run, "6", "64", "4", extra);
-        assert_true(fy_test_file_contains(f->log, "3 block gradients in the pool at once"));
-    }
-    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
-    same_bits_free(&group);
-    if (system("python3 -c 'import json' 2>/dev/null") != 0) {
-        print_message("python3 missing: the trace's ordering was not checked\n");
-        free(trace);
-        return;
-    }
-    char cmd[800];
-    /* every update is sent before the embeddings' last part, which the forward waits for first */
-    snprintf(cmd, sizeof cmd, "python3 tests/integration/trace_order.py %s 21 0", trace);
-    assert_int_equal(system(cmd), 0);
-    free(trace);
+    delayed_overlap_and_serial(*state, "three-slots", "20", "6", "64", "--grad-slots", "3",
+                               "3 block gradients in the pool at once",
+                               "python3 tests/integration/trace_order.py %s 21 0");
 }
 
 /* With the state in the pool and no clipping, the embeddings are updated in two parts: the rows no
