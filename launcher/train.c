@@ -1046,9 +1046,38 @@ static int is_queued(const struct run *r, unsigned u)
     return 0;
 }
 
-/* Unit u's update as requests: the gradient at pool offset `grad`, the scale of this step's
- * clipping (r->grad_scale, 0: none) in the grad part's arg, the learning rate in the master
- * part's; state in state slot s. Queued, not sent. */
+/* Unit u's AdamW request parts into req[0..3]: the gradient at pool offset `grad`, the master, m
+ * and v sections of the state at `state`; the clipping scale (0: none) in the grad part's arg, the
+ * learning rate in the master part's. */
+static void adamw_parts(const struct layout *l, unsigned u, uint64_t grad, uint64_t state,
+                        uint64_t step, double lr, double scale, struct fy_desc *req)
+{
+    uint64_t sec = fy_unit_state_section(l->c, u), n = unit_bytes(l, u);
+    int op = FY_OP_OPT_ADAMW;
+    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, n, (int)u);
+    req[1] = fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, (int)u);
+    req[2] = fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, (int)u);
+    req[3] = fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, (int)u);
+    for (int i = 0; i < 4; i++)
+        req[i].step = step;
+    memcpy(&req[0].arg, &scale, sizeof scale);
+    memcpy(&req[1].arg, &lr, sizeof lr);
+}
+
+/* The part that limits an update of unit u to the `count` rows listed (int32, each n_embd
+ * elements) at pool offset `list`. */
+static struct fy_desc rows_part(const struct layout *l, unsigned u, uint64_t list, uint64_t count,
+                                uint64_t step)
+{
+    struct fy_desc d = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, list,
+                                      count * 4, (int)u);
+    d.step = step;
+    d.arg = l->c->n_embd;
+    return d;
+}
+
+/* Unit u's update as requests (adamw_parts, with this step's clipping scale r->grad_scale); state
+ * in state slot s. Queued, not sent. */
 static int opt_enqueue(struct run *r, unsigned u, unsigned s, uint64_t grad, uint64_t step,
                        double lr)
 {
@@ -1058,18 +1087,7 @@ static int opt_enqueue(struct run *r, unsigned u, unsigned s, uint64_t grad, uin
                r->state_unit[s]);
     FY_REQUIRE(r->opt_sent[u].id == 0 && !is_queued(r, u), -EPROTO,
                "schedule error: unit %u's previous update is still queued or in flight", u);
-    uint64_t sec = fy_unit_state_section(l->c, u), n = unit_bytes(l, u);
-    uint64_t state = r->state_off[s];
-    int op = FY_OP_OPT_ADAMW;
-    struct fy_desc *req = r->opt_req[u];
-    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, n, (int)u);
-    req[1] = fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, (int)u);
-    req[2] = fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, (int)u);
-    req[3] = fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, (int)u);
-    for (int i = 0; i < 4; i++)
-        req[i].step = step;
-    memcpy(&req[0].arg, &r->grad_scale, sizeof r->grad_scale);
-    memcpy(&req[1].arg, &lr, sizeof lr);
+    adamw_parts(l, u, grad, r->state_off[s], step, lr, r->grad_scale, r->opt_req[u]);
     r->opt_parts[u] = 4;
     r->queue[r->queued++] = u;
     return 0;
@@ -1078,11 +1096,7 @@ static int opt_enqueue(struct run *r, unsigned u, unsigned s, uint64_t grad, uin
 /* Limits unit u's queued update to the `count` rows listed (int32) at pool offset `list`. */
 static void opt_rows(struct run *r, unsigned u, uint64_t list, uint64_t count)
 {
-    struct fy_desc *req = r->opt_req[u];
-    req[4] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, list, count * 4,
-                            (int)u);
-    req[4].step = req[0].step;
-    req[4].arg = r->l.c->n_embd;
+    r->opt_req[u][4] = rows_part(&r->l, u, list, count, r->opt_req[u][0].step);
     r->opt_parts[u] = 5;
 }
 
@@ -1098,6 +1112,18 @@ static int opt_send_next(struct run *r)
     return issue(r, PH_OPT, "opt", r->opt_req[u], r->opt_parts[u], &r->opt_sent[u]);
 }
 
+/* 1 when the request behind ticket t (in flight or done) has finished, its status then kept in
+ * the ticket until waited for; 0 while it runs; -errno when polling fails. */
+static int finished(struct run *r, struct ticket *t)
+{
+    if (t->done)
+        return 1;
+    int in = r->x->poll(r->x->ctx, t->id);
+    if (in > 0)
+        finish(r, t);
+    return in;
+}
+
 /* Sends queued updates while fewer than OPT_AHEAD + 1 are unfinished in the opt worker. */
 static int opt_pump(struct run *r)
 {
@@ -1105,14 +1131,11 @@ static int opt_pump(struct run *r)
         unsigned busy = 0;
         for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
             struct ticket *t = &r->opt_sent[u];
-            if (t->id == 0 || t->done)
+            if (t->id == 0)
                 continue;
-            int in = r->x->poll(r->x->ctx, t->id);
+            int in = finished(r, t);
             FY_TRY(in);
-            if (in)
-                finish(r, t); /* its status stays in the ticket until waited for */
-            else
-                busy++;
+            busy += !in;
         }
         if (busy > OPT_AHEAD)
             return 0;
@@ -1149,18 +1172,14 @@ static int gslot_take(struct run *r, unsigned *slot)
         struct ticket *first = NULL;
         for (unsigned s = 1; s <= r->l.gslots; s++) {
             unsigned b = r->gslot_holder[s];
-            struct ticket *t = b != 0 ? &r->opt_sent[b] : NULL;
             if (b != 0 && (!r->gslot_queued[s] || is_queued(r, b)))
                 continue; /* its gradient is not home yet, or its update not sent */
-            if (t != NULL && t->id != 0 && !t->done) {
-                int in = r->x->poll(r->x->ctx, t->id);
-                FY_TRY(in);
-                if (in)
-                    finish(r, t); /* its status stays in the ticket until waited for */
-            }
-            if (t != NULL && t->id != 0 && t->done && t->status != 0)
+            struct ticket *t = b != 0 ? &r->opt_sent[b] : NULL;
+            int done = t == NULL || t->id == 0 ? 1 : finished(r, t); /* 0 id: waited for */
+            FY_TRY(done);
+            if (done && t != NULL && t->id != 0 && t->status != 0)
                 return t->status;
-            if (t == NULL || t->id == 0 || t->done) {
+            if (done) {
                 r->gslot_holder[s] = 0;
                 *slot = s;
                 return 0;
@@ -1496,18 +1515,9 @@ static int embed_update_early(struct run *r, uint64_t step, double lr, uint64_t 
     *late = n_rest;
     if (n_early == 0)
         return 0;
-    uint64_t sec = fy_unit_state_section(c, 0), n = unit_bytes(l, 0), state = r->resident[0];
-    int op = FY_OP_OPT_ADAMW;
     struct fy_desc req[5];
-    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), n, 0);
-    req[1] = fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, 0);
-    req[2] = fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, 0);
-    req[3] = fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, 0);
-    req[4] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->embed_rows, n_early * 4, 0);
-    for (int i = 0; i < 5; i++)
-        req[i].step = step;
-    memcpy(&req[1].arg, &lr, sizeof lr);
-    req[4].arg = c->n_embd;
+    adamw_parts(l, 0, gslot(l, 0), r->resident[0], step, lr, 0.0, req); /* no clipping here */
+    req[4] = rows_part(l, 0, l->embed_rows, n_early, step);
     return issue(r, PH_OPT, "opt", req, 5, &r->embed_early);
 }
 
