@@ -392,17 +392,27 @@ static int fy_adamw_check_tensor(const struct fy_adamw_tensor *x, size_t begin, 
     return 0;
 }
 
+/* What every update does first: the checks (elements [begin, end) of x), the kernel for impl, and
+ * the step's constants. */
+static int fy_adamw_begin(const struct fy_adamw_hparams *hp, uint64_t t,
+                          const struct fy_adamw_tensor *x, size_t begin, size_t end,
+                          enum fy_adamw_impl impl, fy_adamw_kernel *kern, struct fy_adamw_k *k)
+{
+    FY_TRY(fy_adamw_check_hparams(hp, t));
+    FY_TRY(fy_adamw_check_tensor(x, begin, end));
+    FY_TRY(fy_adamw_kernel_for(impl, kern));
+    fy_adamw_consts(hp, t, k);
+    fy_adamw_scale(x, k);
+    return 0;
+}
+
 int fy_adamw_update_range(const struct fy_adamw_hparams *hp, uint64_t t,
                           const struct fy_adamw_tensor *x, size_t begin, size_t end,
                           enum fy_adamw_impl impl)
 {
     fy_adamw_kernel kern;
-    FY_TRY(fy_adamw_check_hparams(hp, t));
-    FY_TRY(fy_adamw_check_tensor(x, begin, end));
-    FY_TRY(fy_adamw_kernel_for(impl, &kern));
     struct fy_adamw_k k;
-    fy_adamw_consts(hp, t, &k);
-    fy_adamw_scale(x, &k);
+    FY_TRY(fy_adamw_begin(hp, t, x, begin, end, impl, &kern, &k));
     if (begin < end)
         kern(&k, x, begin, end);
     return 0;
@@ -446,13 +456,9 @@ int fy_adamw_update(struct fy_threads *pool, const struct fy_adamw_hparams *hp, 
                     const struct fy_adamw_tensor *x, enum fy_adamw_impl impl)
 {
     fy_adamw_kernel kern;
-    FY_TRY(fy_adamw_check_hparams(hp, t));
-    FY_REQUIRE(x != NULL, -EINVAL, "adamw: tensor is NULL");
-    FY_TRY(fy_adamw_check_tensor(x, 0, x->n));
-    FY_TRY(fy_adamw_kernel_for(impl, &kern));
     struct fy_adamw_k k;
-    fy_adamw_consts(hp, t, &k);
-    fy_adamw_scale(x, &k);
+    FY_REQUIRE(x != NULL, -EINVAL, "adamw: tensor is NULL");
+    FY_TRY(fy_adamw_begin(hp, t, x, 0, x->n, impl, &kern, &k));
     unsigned threads = pool != NULL ? fy_threads_count(pool) : 1;
     struct fy_adamw_job job = {.k = &k, .x = x, .kern = kern,
                                .chunk = fy_adamw_chunk_size(x->n, threads)};
@@ -492,18 +498,14 @@ int fy_adamw_update_rows(struct fy_threads *pool, const struct fy_adamw_hparams 
                          size_t row_len, enum fy_adamw_impl impl)
 {
     fy_adamw_kernel kern;
-    FY_TRY(fy_adamw_check_hparams(hp, t));
+    struct fy_adamw_k k;
     FY_REQUIRE(x != NULL && (rows != NULL || nrows == 0) && row_len > 0, -EINVAL,
                "adamw: rows update without a tensor, a row list or a row length");
-    FY_TRY(fy_adamw_check_tensor(x, 0, x->n));
     for (size_t i = 0; i < nrows; i++)
         FY_REQUIRE(rows[i] >= 0 && ((size_t)rows[i] + 1) * row_len <= x->n, -EINVAL,
                    "adamw: row %d (of %zu elements) lies outside the tensor's %zu elements",
                    rows[i], row_len, x->n);
-    FY_TRY(fy_adamw_kernel_for(impl, &kern));
-    struct fy_adamw_k k;
-    fy_adamw_consts(hp, t, &k);
-    fy_adamw_scale(x, &k);
+    FY_TRY(fy_adamw_begin(hp, t, x, 0, x->n, impl, &kern, &k));
     size_t per_take = (16384 + row_len - 1) / row_len; /* like the chunks above: 16K elements */
     struct fy_adamw_rows_job job = {.k = &k, .x = x, .kern = kern, .rows = rows, .nrows = nrows,
                                     .row_len = row_len, .per_take = per_take};
