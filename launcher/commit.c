@@ -20,15 +20,24 @@ int fy_io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_o
     return ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, NULL, timeout_ms);
 }
 
-int fy_io_call_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
-                      uint64_t bytes, uint64_t *digest, int timeout_ms)
+/* An io read or write of `bytes` at pool_offset with its digest part (the digest to check a read
+ * against, or the reply's digest of a write), submitted; the ticket or -errno. */
+static int64_t io_submit_digest(const struct fy_exec *x, int op, uint32_t tensor,
+                                uint64_t pool_offset, uint64_t bytes, uint64_t digest)
 {
-    struct fy_desc d[2], reply;
+    struct fy_desc d[2];
     d[0] = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, -1);
     d[0].tensor = tensor;
     d[1] = fy_desc_region(op, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
-    d[1].arg = *digest;
-    int64_t ticket = x->submit(x->ctx, "io", d, 2);
+    d[1].arg = digest;
+    return x->submit(x->ctx, "io", d, 2);
+}
+
+int fy_io_call_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
+                      uint64_t bytes, uint64_t *digest, int timeout_ms)
+{
+    struct fy_desc reply;
+    int64_t ticket = io_submit_digest(x, op, tensor, pool_offset, bytes, *digest);
     int rc = ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, &reply, timeout_ms);
     if (rc == 0 && op == FY_OP_IO_WRITE)
         *digest = reply.arg;
@@ -173,11 +182,8 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
             rc = fill(ctx, u, (float *)state);
         }
         if (rc == 0) { /* written (and its digest taken) while the next unit is filled */
-            struct fy_desc d[2];
-            d[0] = fy_desc_region(FY_OP_IO_WRITE, FY_KIND_RAW, FY_DTYPE_NONE, buf, bytes, -1);
-            d[0].tensor = FY_TENSOR_UNIT_STATE(u);
-            d[1] = fy_desc_region(FY_OP_IO_WRITE, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
-            int64_t ticket = x->submit(x->ctx, "io", d, 2);
+            int64_t ticket = io_submit_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), buf,
+                                              bytes, 0);
             if (ticket < 0)
                 rc = (int)ticket;
             else

@@ -888,12 +888,12 @@ static int profile_links(const struct options *o, struct fy_exec *x, uint64_t at
     }
     const int kinds[4] = {FY_KIND_GRAD, FY_KIND_MASTER, FY_KIND_ADAM_M, FY_KIND_ADAM_V};
     struct fy_desc req[4];
+    for (int k = 0; k < 4; k++) {
+        req[k] = fy_desc_region(FY_OP_OPT_ADAMW, kinds[k], FY_DTYPE_F32, at + k * quarter, quarter,
+                                -1);
+        req[k].step = 1;
+    }
     for (int run = -1; run < PROFILE_ADAMW_RUNS; run++) {
-        for (int k = 0; k < 4; k++) {
-            req[k] = fy_desc_region(FY_OP_OPT_ADAMW, kinds[k], FY_DTYPE_F32, at + k * quarter,
-                                    quarter, -1);
-            req[k].step = 1;
-        }
         FY_TRY(profile_call(o, x, "opt", req, 4, &sec));
         if (run >= 0)
             adamw[run] = sec;
