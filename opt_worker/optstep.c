@@ -163,6 +163,16 @@ static const struct fy_desc *part_of(const struct fy_desc *req, unsigned n, int 
     return NULL;
 }
 
+/* The hyperparameters of one decay segment: without weight decay where the segment has none. */
+static struct fy_adamw_hparams segment_hparams(const struct fy_adamw_hparams *hp,
+                                               const struct fy_param_segment *seg)
+{
+    struct fy_adamw_hparams shp = *hp;
+    if (!seg->decay)
+        shp.weight_decay = 0.0f;
+    return shp;
+}
+
 /* opt-adamw over the rows a TOKENS part lists (int32, ascending, each a row of `arg` elements of
  * the unit), per decay segment: the update of a unit in parts, each once its gradient is final. */
 static int update_rows(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *list,
@@ -189,9 +199,7 @@ static int update_rows(struct fy_optstep *o, const struct fy_pool *pool, const s
                        "opt-adamw: row %d straddles two of the unit's decay segments", rows[i]);
             i++;
         }
-        struct fy_adamw_hparams shp = *hp;
-        if (!seg[s].decay)
-            shp.weight_decay = 0.0f;
+        struct fy_adamw_hparams shp = segment_hparams(hp, &seg[s]);
         FY_TRY(fy_adamw_update_rows(o->threads, &shp, step, x, rows + first, i - first, len,
                                     o->impl));
     }
@@ -270,9 +278,7 @@ int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const st
     struct fy_param_segment seg[FY_GPT_MAX_SEGMENTS];
     int nseg = fy_gpt_decay_segments(&o->model, (unsigned)layer, seg);
     for (int i = 0; i < nseg; i++) {
-        struct fy_adamw_hparams shp = hp;
-        if (!seg[i].decay)
-            shp.weight_decay = 0.0f;
+        struct fy_adamw_hparams shp = segment_hparams(&hp, &seg[i]);
         struct fy_adamw_tensor part = slice(&x, seg[i].begin, seg[i].end);
         FY_TRY(fy_adamw_update(o->threads, &shp, req[0].step, &part, o->impl));
     }
