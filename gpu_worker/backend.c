@@ -126,6 +126,24 @@ int fy_backend_preferred_act_dtype(const char *backend_name)
     return strcmp(backend_name, "cuda") == 0 ? FY_DTYPE_BF16 : FY_DTYPE_F32;
 }
 
+int fy_backend_gpt_weight_dtype(struct fy_backend *b, int dtype)
+{
+    FY_REQUIRE(dtype == FY_DTYPE_F32 || dtype == FY_DTYPE_BF16, -EINVAL,
+               "weights in host memory are f32 or bf16, not %s", fy_dtype_name(dtype));
+    if (b->ops->gpt_weights_bf16 == NULL) {
+        FY_REQUIRE(dtype == FY_DTYPE_F32, -ENOTSUP,
+                   "the %s backend takes weights only as f32, not bf16 (--weights-dtype of "
+                   "fuyou-launch train: use f32 or auto)", b->ops->name);
+        return 0;
+    }
+    return b->ops->gpt_weights_bf16(b->state, dtype == FY_DTYPE_BF16);
+}
+
+int fy_backend_preferred_weight_dtype(const char *backend_name)
+{
+    return fy_backend_preferred_act_dtype(backend_name);
+}
+
 int fy_backend_gpu_bytes(const char *backend_name, const struct fy_gpt_config *c, int B, int T,
                          uint64_t *working, uint64_t *set)
 {
@@ -187,7 +205,7 @@ int fy_backend_gpt_ready_fd(struct fy_backend *b)
 }
 
 /* gpt_prepare succeeded, so the backend has every gpt operation. */
-int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const int32_t *tokens,
+int fy_backend_gpt_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
                                  void *x)
 {
     return completed(b, b->ops->gpt_embed_forward(b->state, embed, tokens, x));
@@ -199,13 +217,13 @@ int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, c
     return completed(b, b->ops->gpt_embed_backward(b->state, tokens, dx, dembed));
 }
 
-int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const float *params,
+int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const void *params,
                                  const void *x, void *y, const struct fy_gpt_saved *saved)
 {
     return completed(b, b->ops->gpt_block_forward(b->state, layer, params, x, y, saved));
 }
 
-int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const float *params,
+int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const void *params,
                                   const void *x, const void *dy, void *dx, float *dparams,
                                   const struct fy_gpt_saved *saved)
 {
@@ -235,14 +253,14 @@ int fy_backend_gpt_profile(struct fy_backend *b, void *host, size_t host_bytes,
     return 0;
 }
 
-int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
+int fy_backend_gpt_head(struct fy_backend *b, const void *final_params, const void *embed,
                         const void *x, const int32_t *targets, double *loss, void *dx,
                         float *dfinal, float *dembed)
 {
     return completed(b, b->ops->gpt_head(b->state, final_params, embed, x, targets, loss, dx, dfinal, dembed));
 }
 
-int fy_backend_gpt_logits(struct fy_backend *b, const float *final_params, const float *embed,
+int fy_backend_gpt_logits(struct fy_backend *b, const void *final_params, const void *embed,
                           const void *x, float *logits)
 {
     return b->ops->gpt_logits(b->state, final_params, embed, x, logits);

@@ -59,26 +59,26 @@ struct fy_backend_ops {
                  void *out);
 
     /* GPT, layer by layer, on host buffers of the pool (the semantics of gpu_worker/cpu/
-     * gpt_cpu.h): weights and gradients f32, activations (x, y, dx, dy) f32 unless
-     * gpt_acts_bf16 switched them to bf16. A backend without these (NULL) cannot train.
+     * gpt_cpu.h): weights f32 unless gpt_weights_bf16 switched them to bf16, gradients f32,
+     * activations (x, y, dx, dy) f32 unless gpt_acts_bf16 switched them to bf16. A backend without these (NULL) cannot train.
      * gpt_prepare sizes the backend's private scratch for batches of B sequences of T tokens
      * before any other gpt call. */
     int (*gpt_prepare)(void *state, const struct fy_gpt_config *c, int B, int T);
-    int (*gpt_embed_forward)(void *state, const float *embed, const int32_t *tokens, void *x);
+    int (*gpt_embed_forward)(void *state, const void *embed, const int32_t *tokens, void *x);
     int (*gpt_embed_backward)(void *state, const int32_t *tokens, const void *dx, float *dembed);
     /* layer: the block's index, 1..n_layer (0: one whose internals are never kept). saved (may
      * be NULL): host buffers for some of the block's internals (struct fy_gpt_saved), which the
      * forward writes and the backward reads instead of recomputing them. */
-    int (*gpt_block_forward)(void *state, int layer, const float *params, const void *x, void *y,
+    int (*gpt_block_forward)(void *state, int layer, const void *params, const void *x, void *y,
                              const struct fy_gpt_saved *saved);
-    int (*gpt_block_backward)(void *state, int layer, const float *params, const void *x,
+    int (*gpt_block_backward)(void *state, int layer, const void *params, const void *x,
                               const void *dy, void *dx, float *dparams,
                               const struct fy_gpt_saved *saved);
     /* dx == NULL: loss only. */
-    int (*gpt_head)(void *state, const float *final_params, const float *embed, const void *x,
+    int (*gpt_head)(void *state, const void *final_params, const void *embed, const void *x,
                     const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed);
     /* logits [B*T][V] = lnf(x) wte^T, for evaluation, sampling and tests; always completes. */
-    int (*gpt_logits)(void *state, const float *final_params, const float *embed, const void *x,
+    int (*gpt_logits)(void *state, const void *final_params, const void *embed, const void *x,
                       float *logits);
     /* A backend whose gpt calls above only queue their work (CUDA: the next call's uploads run
      * while the current one computes) has these; NULL where each call completes before returning.
@@ -103,6 +103,12 @@ struct fy_backend_ops {
      * values of its own (the results of other calls are unaffected), copying through `host`
      * (host_bytes of registered memory) to time the links. Completes before returning. */
     int (*gpt_profile)(void *state, void *host, size_t host_bytes, struct fy_gpt_profile *out);
+    /* Weights (params, embed, final_params) in host buffers as bf16 (on) or f32 (off, the
+     * default) for the gpt calls made from now on, until switched again (a queued call keeps the
+     * mode it was made in); gradients stay f32. CUDA computes with bf16 weights anyway: the same
+     * bits, half the bytes uploaded. The CPU backend widens them and computes in f32: the results
+     * of weights rounded to bf16 first. NULL: f32 only. */
+    int (*gpt_weights_bf16)(void *state, int on);
 };
 
 #define FY_BACKEND_GPT_QUEUE 2
@@ -124,19 +130,25 @@ int fy_backend_gpt_act_dtype(struct fy_backend *b, int dtype);
 /* The activation dtype a backend would take for the fewest bytes with the same results: bf16 where
  * it computes in bf16 (CUDA), else f32. */
 int fy_backend_preferred_act_dtype(const char *backend_name);
+/* The weights' dtype in host buffers for the gpt calls that follow: FY_DTYPE_F32 (the default) or
+ * FY_DTYPE_BF16, which a backend without gpt_weights_bf16 refuses with a message (-ENOTSUP). */
+int fy_backend_gpt_weight_dtype(struct fy_backend *b, int dtype);
+/* The weights' dtype a backend takes for the fewest bytes with the same results: bf16 where it
+ * computes in bf16 (CUDA), else f32 (on the CPU backend bf16 weights change the results). */
+int fy_backend_preferred_weight_dtype(const char *backend_name);
 /* What a backend takes of device memory at batch B x T: its working buffers and a block's kept
  * internals. 0 (both zero) where it is not modelled: the CPU backend, or a build without CUDA. */
 int fy_backend_gpu_bytes(const char *backend_name, const struct fy_gpt_config *c, int B, int T,
                          uint64_t *working, uint64_t *set);
-int fy_backend_gpt_embed_forward(struct fy_backend *b, const float *embed, const int32_t *tokens,
+int fy_backend_gpt_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
                                  void *x);
 int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
                                   float *dembed);
 /* saved: NULL, or a block's swapped internals (struct fy_gpt_saved); a backend without swapping
  * refuses them (-ENOTSUP, said). */
-int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const float *params,
+int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const void *params,
                                  const void *x, void *y, const struct fy_gpt_saved *saved);
-int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const float *params,
+int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const void *params,
                                   const void *x, const void *dy, void *dx, float *dparams,
                                   const struct fy_gpt_saved *saved);
 /* Blocks whose internals the backend keeps (see gpt_keep); 0 where it always recomputes. */
@@ -146,11 +158,11 @@ int fy_backend_gpt_swap(struct fy_backend *b);
 /* See gpt_profile; -ENOTSUP (said) for a backend without it. */
 int fy_backend_gpt_profile(struct fy_backend *b, void *host, size_t host_bytes,
                            struct fy_gpt_profile *out);
-int fy_backend_gpt_head(struct fy_backend *b, const float *final_params, const float *embed,
+int fy_backend_gpt_head(struct fy_backend *b, const void *final_params, const void *embed,
                         const void *x, const int32_t *targets, double *loss, void *dx,
                         float *dfinal, float *dembed);
 
-int fy_backend_gpt_logits(struct fy_backend *b, const float *final_params, const float *embed,
+int fy_backend_gpt_logits(struct fy_backend *b, const void *final_params, const void *embed,
                           const void *x, float *logits);
 
 /* Queued use. Off (the default), every gpt call above completes before it returns. On, on a backend

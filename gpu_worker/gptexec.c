@@ -169,6 +169,20 @@ static int part(const struct fy_pool *pool, const struct fy_desc *req, unsigned 
     return 0;
 }
 
+/* The weights' dtype of a request (f32, or bf16: half the bytes, for a backend that computes in
+ * bf16), from its part i, which the backend is switched to for this call; every weights part of
+ * the request must have it (part() checks). */
+static int weights_dtype(struct fy_gptexec *e, const struct fy_desc *req, unsigned n, unsigned i,
+                         int *dtype)
+{
+    FY_REQUIRE(i < n, -EPROTO, "%s: part %u missing (%u parts given)", fy_op_name(req[0].op), i, n);
+    *dtype = req[i].dtype;
+    FY_REQUIRE(*dtype == FY_DTYPE_F32 || *dtype == FY_DTYPE_BF16, -EPROTO,
+               "%s part %u: weights must be f32 or bf16, not %s", fy_op_name(req[0].op), i,
+               fy_dtype_name(*dtype));
+    return fy_backend_gpt_weight_dtype(e->backend, *dtype);
+}
+
 static int check_tokens(const int32_t *tok, size_t n, uint32_t vocab, int allow_ignored,
                         const char *what)
 {
@@ -187,17 +201,20 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
                     unsigned n, double *loss)
 {
     const struct fy_gpt_config *c = &e->cfg;
-    uint64_t embed_bytes = fy_gpt_unit_params(c, 0) * 4;
-    uint64_t block_bytes = fy_gpt_unit_params(c, 1) * 4;
-    uint64_t final_bytes = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
+    uint64_t embed_n = fy_gpt_unit_params(c, 0), block_n = fy_gpt_unit_params(c, 1);
+    uint64_t final_n = fy_gpt_unit_params(c, c->n_layer + 1);
+    uint64_t embed_bytes = embed_n * 4, block_bytes = block_n * 4, final_bytes = final_n * 4;
     const int A = FY_KIND_ACTIVATION, G = FY_KIND_GRAD, W = FY_KIND_WEIGHTS, K = FY_KIND_TOKENS;
     const int F32 = FY_DTYPE_F32, I32 = FY_DTYPE_I32, ACT = e->act_dtype;
     void *p[7];
-    int layer = req[0].layer;
+    int layer = req[0].layer, WT;
+    size_t wsize;
     switch (req[0].op) {
     case FY_OP_GPT_EMBED_FWD:
         FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));
-        FY_TRY(part(pool, req, n, 1, W, F32, embed_bytes, &p[1]));
+        FY_TRY(weights_dtype(e, req, n, 1, &WT));
+        wsize = fy_dtype_size(WT);
+        FY_TRY(part(pool, req, n, 1, W, WT, embed_n * wsize, &p[1]));
         FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-fwd inputs"));
         return fy_backend_gpt_embed_forward(e->backend, p[1], p[0], p[2]);
@@ -205,7 +222,8 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
     case FY_OP_GPT_BLOCK_BWD:
         FY_REQUIRE(layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
                    "%s: layer %d is not a block (1..%u)", fy_op_name(req[0].op), layer, c->n_layer);
-        FY_TRY(part(pool, req, n, 0, W, F32, block_bytes, &p[0]));
+        FY_TRY(weights_dtype(e, req, n, 0, &WT));
+        FY_TRY(part(pool, req, n, 0, W, WT, block_n * fy_dtype_size(WT), &p[0]));
         FY_TRY(part(pool, req, n, 1, A, ACT, e->act_bytes, &p[1]));
         struct fy_gpt_saved saved;
         int any;
@@ -225,8 +243,10 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_REQUIRE(n == 4 || n == 7, -EPROTO, "gpt-head takes 4 parts (loss) or 7 (with gradients), got %u", n);
         FY_TRY(part(pool, req, n, 0, A, ACT, e->act_bytes, &p[0]));
         FY_TRY(part(pool, req, n, 1, K, I32, e->tok_bytes, &p[1]));
-        FY_TRY(part(pool, req, n, 2, W, F32, final_bytes, &p[2]));
-        FY_TRY(part(pool, req, n, 3, W, F32, embed_bytes, &p[3]));
+        FY_TRY(weights_dtype(e, req, n, 2, &WT));
+        wsize = fy_dtype_size(WT);
+        FY_TRY(part(pool, req, n, 2, W, WT, final_n * wsize, &p[2]));
+        FY_TRY(part(pool, req, n, 3, W, WT, embed_n * wsize, &p[3]));
         FY_TRY(check_tokens(p[1], (size_t)e->B * e->T, c->vocab, 1, "gpt-head targets"));
         p[4] = p[5] = p[6] = NULL;
         if (n == 7) {

@@ -2,7 +2,9 @@
  * the run's model and batch) and runs the backend on the pool regions it names. The same code serves
  * the gpu worker process and the launcher's in-process runs.
  *
- * Parts, in order (A = activation [B][T][C] f32, W = weights f32 of the unit, G = gradient f32):
+ * Parts, in order (A = activation [B][T][C] f32, W = weights of the unit, f32 or bf16 (the
+ * weights parts of one request alike; the backend is switched to that dtype for the call, and a
+ * backend without bf16 weights refuses them), G = gradient f32):
  *   gpt-embed-fwd  (layer 0):        tokens[B*T] i32, W embed, A x0 (out)
  *   gpt-block-fwd  (layer l):        W block l, A x (in), A y (out) [, S saved (out)...]
  *   gpt-head       (layer L+1):      A x, tokens targets, W final, W embed

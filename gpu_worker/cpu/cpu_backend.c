@@ -1,6 +1,7 @@
 /* The CPU backend of the gpu worker: computes directly in host memory (so registering the pool is a
  * no-op), with the fp32 OpenMP operations of gpt_cpu (GPT-2) or llama_cpu (Llama, chosen by the
- * model's architecture) and private scratch sized per batch. */
+ * model's architecture) and private scratch sized per batch; bf16 weights are widened into scratch
+ * of their own first. */
 #include "cpu_backend.h"
 
 #include <errno.h>
@@ -24,6 +25,11 @@ struct cpu_state {
     int B, T;
     float *block_scratch;
     float *head_scratch;
+    /* gpt_weights_bf16: weights arrive as bf16 and are widened into wide[0] (a unit's) and
+     * wide[1] (the tied head's embeddings), of wide_n floats each so far */
+    int weights_bf16;
+    float *wide[2];
+    size_t wide_n[2];
 };
 
 static int cpu_open(void **state, uint64_t gpu_mem, char *device, size_t device_len)
@@ -43,6 +49,8 @@ static void cpu_close(void *state)
         return;
     free(s->block_scratch);
     free(s->head_scratch);
+    free(s->wide[0]);
+    free(s->wide[1]);
     free(s);
 }
 
@@ -97,9 +105,40 @@ static int cpu_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, in
     return 0;
 }
 
-static int cpu_embed_forward(void *state, const float *embed, const int32_t *tokens, void *x)
+static int cpu_weights_bf16(void *state, int on)
+{
+    ((struct cpu_state *)state)->weights_bf16 = on != 0;
+    return 0;
+}
+
+/* The n weights at w as f32: w itself, or widened from bf16 into scratch `which`. */
+static int weights_f32(struct cpu_state *s, int which, const void *w, size_t n, const float **out)
+{
+    if (!s->weights_bf16) {
+        *out = w;
+        return 0;
+    }
+    if (s->wide_n[which] < n) {
+        float *grown = realloc(s->wide[which], n * sizeof(float));
+        FY_REQUIRE(grown != NULL, -ENOMEM,
+                   "CPU backend: no memory to widen %zu bf16 weights to f32", n);
+        s->wide[which] = grown;
+        s->wide_n[which] = n;
+    }
+    const uint16_t *h = w;
+    float *f = s->wide[which];
+#pragma omp parallel for schedule(static) if (n >= (1u << 16))
+    for (size_t i = 0; i < n; i++)
+        f[i] = fy_bf16_to_f32(h[i]);
+    *out = f;
+    return 0;
+}
+
+static int cpu_embed_forward(void *state, const void *embed_in, const int32_t *tokens, void *x)
 {
     struct cpu_state *s = state;
+    const float *embed;
+    FY_TRY(weights_f32(s, 0, embed_in, fy_gpt_unit_params(&s->cfg, 0), &embed));
     if (s->llama)
         fy_llama_embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
     else
@@ -129,12 +168,14 @@ static int llama_refuses_saved(const struct cpu_state *s, const struct fy_gpt_sa
     return 0;
 }
 
-static int cpu_block_forward(void *state, int layer, const float *params, const void *x, void *y,
+static int cpu_block_forward(void *state, int layer, const void *params_in, const void *x, void *y,
                              const struct fy_gpt_saved *saved)
 {
     (void)layer;
     struct cpu_state *s = state;
     FY_TRY(llama_refuses_saved(s, saved));
+    const float *params;
+    FY_TRY(weights_f32(s, 0, params_in, fy_gpt_unit_params(&s->cfg, 1), &params));
     if (s->llama)
         fy_llama_block_forward(&s->lcfg, params, x, y, s->block_scratch, s->B, s->T);
     else
@@ -143,13 +184,15 @@ static int cpu_block_forward(void *state, int layer, const float *params, const 
     return 0;
 }
 
-static int cpu_block_backward(void *state, int layer, const float *params, const void *x,
+static int cpu_block_backward(void *state, int layer, const void *params_in, const void *x,
                               const void *dy, void *dx, float *dparams,
                               const struct fy_gpt_saved *saved)
 {
     (void)layer;
     struct cpu_state *s = state;
     FY_TRY(llama_refuses_saved(s, saved));
+    const float *params;
+    FY_TRY(weights_f32(s, 0, params_in, fy_gpt_unit_params(&s->cfg, 1), &params));
     if (s->llama) {
         /* the Llama block accumulates its parameter gradients; the request overwrites them */
         memset(dparams, 0, fy_gpt_unit_params(&s->cfg, 1) * sizeof *dparams);
@@ -161,10 +204,21 @@ static int cpu_block_backward(void *state, int layer, const float *params, const
     return 0;
 }
 
-static int cpu_head(void *state, const float *final_params, const float *embed, const void *x,
+/* The final unit's and the embeddings' weights as f32 (see weights_f32). */
+static int head_weights(struct cpu_state *s, const void *final_in, const void *embed_in,
+                        const float **final_params, const float **embed)
+{
+    FY_TRY(weights_f32(s, 0, final_in, fy_gpt_unit_params(&s->cfg, s->cfg.n_layer + 1),
+                       final_params));
+    return weights_f32(s, 1, embed_in, fy_gpt_unit_params(&s->cfg, 0), embed);
+}
+
+static int cpu_head(void *state, const void *final_in, const void *embed_in, const void *x,
                     const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed)
 {
     struct cpu_state *s = state;
+    const float *final_params, *embed;
+    FY_TRY(head_weights(s, final_in, embed_in, &final_params, &embed));
     if (s->llama) {
         *loss = fy_llama_head_forward_backward(&s->cfg, final_params, embed, x, targets, dx, dfinal,
                                                dembed, s->head_scratch, s->B, s->T);
@@ -175,10 +229,12 @@ static int cpu_head(void *state, const float *final_params, const float *embed, 
     return 0;
 }
 
-static int cpu_logits(void *state, const float *final_params, const float *embed, const void *x,
+static int cpu_logits(void *state, const void *final_in, const void *embed_in, const void *x,
                       float *logits)
 {
     struct cpu_state *s = state;
+    const float *final_params, *embed;
+    FY_TRY(head_weights(s, final_in, embed_in, &final_params, &embed));
     if (s->llama) {
         fy_llama_logits(&s->cfg, final_params, embed, x, logits, s->head_scratch, s->B, s->T);
         return 0;
@@ -301,4 +357,5 @@ const struct fy_backend_ops fy_cpu_backend_ops = {
     .gpt_head = cpu_head,
     .gpt_logits = cpu_logits,
     .gpt_profile = cpu_profile,
+    .gpt_weights_bf16 = cpu_weights_bf16,
 };

@@ -40,7 +40,9 @@
 
 /* Device staging of one host-interface call in flight, and what finishing it still has to do. */
 struct staging {
-    float *p32, *grad, *lnf32, *in0, *in1, *out, *losses;
+    /* wts, norm_wts: a call's weights as uploaded, f32 or bf16 (sized for f32) */
+    void *wts, *norm_wts;
+    float *grad, *in0, *in1, *out, *losses;
     int32_t *tokens, *targets;
     float *host_losses; /* pinned: the per-row losses come home without blocking the queueing */
     cudaEvent_t uploaded, computed, done;
@@ -88,6 +90,7 @@ struct fy_cu_gpt {
     int flash;       /* flash-style attention (else the materialising version) */
     int fuse;        /* GELU and residual adds in the products' epilogues (else separate kernels) */
     int host_bf16;   /* activations in host buffers are bf16 (else f32) */
+    int host_wbf16;  /* weights in host buffers are bf16 (else f32), for calls made from now on */
     size_t unit_max; /* floats of the largest unit */
     size_t block_n;  /* floats of a block unit */
     size_t grad_n;   /* floats of a staging's gradient: a unit's, or the head's two pieces */
@@ -160,9 +163,9 @@ static int plan(struct fy_cu_gpt *g, struct fy_cu_piece *p, void **lt_ws)
 #define PIECE(field, count, type)                                                                  \
     (p[n++] = (struct fy_cu_piece){(count) * sizeof(type), (void **)&g->field})
     for (int i = 0; i < FY_CU_GPT_QUEUE; i++) {
-        PIECE(st[i].p32, U, float);
+        PIECE(st[i].wts, U, float);
         PIECE(st[i].grad, g->grad_n, float);
-        PIECE(st[i].lnf32, 2 * C, float);
+        PIECE(st[i].norm_wts, 2 * C, float);
         PIECE(st[i].in0, N * C, float);
         PIECE(st[i].in1, N * C, float);
         PIECE(st[i].out, N * C, float);
@@ -430,6 +433,41 @@ static int act_in_place(struct fy_cu_gpt *g, const struct act_in *a)
         FY_CUDA(cudaMemcpyAsync(a->dev, from, NC * sizeof(bf16), cudaMemcpyDeviceToDevice,
                                 g->compute),
                 "forwarding an activation on the device");
+    return 0;
+}
+
+/* A weight input of a call (a unit's parameters, the final norm, the head's weight): n values
+ * uploaded into the call's staging in the host's dtype, then placed on the device weights, which
+ * the call before may still be computing with until this call's compute starts. */
+struct weights_in {
+    const void *host;
+    void *staging;
+    bf16 *dev;
+    size_t n;
+    int host_bf16; /* the host's dtype when the call was queued */
+};
+
+static size_t weight_size(const struct fy_cu_gpt *g)
+{
+    return g->host_wbf16 ? sizeof(bf16) : sizeof(float);
+}
+
+/* Before uploads_done: the upload, of the bytes the host's dtype takes. */
+static int weights_queue(struct fy_cu_gpt *g, struct staging *st, struct weights_in *w)
+{
+    w->host_bf16 = g->host_wbf16;
+    return upload(g, st, w->staging, w->host, w->n * weight_size(g));
+}
+
+/* After uploads_done, on the compute stream: bf16 from the host is copied as it is, since it holds
+ * the bits the conversion would give (both round f32 to nearest even). */
+static int weights_place(struct fy_cu_gpt *g, const struct weights_in *w)
+{
+    if (!w->host_bf16)
+        return fy_cu_f32_to_bf16(w->dev, (const float *)w->staging, w->n, g->compute);
+    FY_CUDA(cudaMemcpyAsync(w->dev, w->staging, w->n * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                            g->compute),
+            "placing %zu bf16 weights on the device", w->n);
     return 0;
 }
 
@@ -819,16 +857,15 @@ static int kept_index(const struct fy_cu_gpt *g, int layer)
 }
 
 static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer,
-                              const float *params, const void *x, void *y,
+                              const void *params, const void *x, void *y,
                               const struct fy_gpt_saved *saved, unsigned mask)
 {
-    size_t P = g->block_n;
-    cudaStream_t s = g->compute;
+    struct weights_in w = {params, st->wts, g->pbf, g->block_n, 0};
     struct act_in in_x = {x, st->in0, g->x, NULL};
-    FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
+    FY_TRY(weights_queue(g, st, &w));
     FY_TRY(act_in_queue(g, st, &in_x));
     FY_TRY(uploads_done(g, st));
-    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
+    FY_TRY(weights_place(g, &w));
     FY_TRY(act_in_place(g, &in_x));
     /* a set counts as filled only once the whole forward is queued: a failure part way leaves it
      * spent, so the next backward recomputes. A block whose internals are swapped computes into
@@ -861,7 +898,7 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer
     return 0;
 }
 
-int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
+int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const void *params, const void *x,
                             void *y, const struct fy_gpt_saved *saved)
 {
     unsigned mask;
@@ -872,13 +909,12 @@ int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const float *params,
 }
 
 static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int layer,
-                               const float *params, const void *x, const void *dy, void *dx,
+                               const void *params, const void *x, const void *dy, void *dx,
                                float *dparams, const struct fy_gpt_saved *saved, unsigned mask)
 {
-    size_t P = g->block_n;
-    cudaStream_t s = g->compute;
+    struct weights_in w = {params, st->wts, g->pbf, g->block_n, 0};
     struct act_in in_x = {x, st->in0, g->x, NULL}, in_dy = {dy, st->in1, g->dy, NULL};
-    FY_TRY(upload(g, st, st->p32, params, P * sizeof(float)));
+    FY_TRY(weights_queue(g, st, &w));
     FY_TRY(act_in_queue(g, st, &in_x));
     FY_TRY(act_in_queue(g, st, &in_dy));
     /* the swapped kinds into the call's own set: the host buffers are only read, so a second
@@ -888,7 +924,7 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int laye
     for (int i = 0; i < n; i++)
         FY_TRY(upload(g, st, pieces[i].dev, pieces[i].host, pieces[i].bytes));
     FY_TRY(uploads_done(g, st));
-    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, P, s));
+    FY_TRY(weights_place(g, &w));
     FY_TRY(act_in_place(g, &in_x));
     FY_TRY(act_in_place(g, &in_dy));
     /* a set is used once: the backward also uses its attention part as scratch, so a second
@@ -913,10 +949,10 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int laye
     st->act_out_host = dx;
     st->act_out_dev = g->dx;
     FY_TRY(download(g, st, dx, st->out, act_host_bytes(g)));
-    return download(g, st, dparams, st->grad, P * sizeof(float));
+    return download(g, st, dparams, st->grad, g->block_n * sizeof(float));
 }
 
-int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
+int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const void *params, const void *x,
                              const void *dy, void *dx, float *dparams,
                              const struct fy_gpt_saved *saved)
 {
@@ -983,16 +1019,15 @@ int fy_cu_gpt_timings(const struct fy_cu_gpt *g, const struct fy_cu_gpt_op **ops
 
 cudaStream_t fy_cu_gpt_stream(const struct fy_cu_gpt *g) { return g->compute; }
 
-static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const float *embed,
+static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const void *embed,
                               const int32_t *tokens, void *x)
 {
     const struct fy_gpt_config *c = &g->c;
-    size_t n = fy_gpt_unit_params(c, 0);
-    cudaStream_t s = g->compute;
+    struct weights_in w = {embed, st->wts, g->pbf, fy_gpt_unit_params(c, 0), 0};
     FY_TRY(upload(g, st, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
-    FY_TRY(upload(g, st, st->p32, embed, n * sizeof(float)));
+    FY_TRY(weights_queue(g, st, &w));
     FY_TRY(uploads_done(g, st));
-    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, n, s));
+    FY_TRY(weights_place(g, &w));
     const bf16 *wte = g->pbf, *wpe = g->pbf + (size_t)c->vocab * c->n_embd;
     if (g->llama != NULL) /* no positions */
         FY_TRY(fy_cu_llama_dev_embed_forward(g->llama, wte, st->tokens, g->x));
@@ -1005,7 +1040,7 @@ static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const flo
     return download(g, st, x, st->out, act_host_bytes(g));
 }
 
-int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens, void *x)
+int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const void *embed, const int32_t *tokens, void *x)
 {
     struct staging *st;
     FY_TRY(call_begin(g, &st));
@@ -1049,31 +1084,41 @@ static size_t final_norm_n(const struct fy_cu_gpt *g)
 /* An untied Llama head: its lm_head [V][C] follows the norm in the final unit. */
 static int untied_head(const struct fy_cu_gpt *g) { return g->llama != NULL && !g->c.tied; }
 
-/* The head's weight [V][C]: the embeddings' token rows (GPT-2's wte, a tied Llama's
- * embed_tokens), or an untied Llama's lm_head. */
-static const float *head_weight(const struct fy_cu_gpt *g, const float *final_params,
-                                const float *embed)
+/* The head's weight [V][C] in the host's dtype: the embeddings' token rows (GPT-2's wte, a tied
+ * Llama's embed_tokens), or an untied Llama's lm_head. */
+static const void *head_weight(const struct fy_cu_gpt *g, const void *final_params,
+                               const void *embed)
 {
-    return untied_head(g) ? final_params + g->c.n_embd : embed;
+    return untied_head(g) ? (const char *)final_params + g->c.n_embd * weight_size(g) : embed;
 }
 
-static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final_params,
-                     const float *embed, const void *x, const int32_t *targets, double *loss,
+/* The final unit's weights: its norm's into g->lnf, the head's into g->pbf. */
+static void final_weights(const struct fy_cu_gpt *g, struct staging *st, const void *final_params,
+                          const void *embed, struct weights_in *norm, struct weights_in *head)
+{
+    *norm = (struct weights_in){final_params, st->norm_wts, g->lnf, final_norm_n(g), 0};
+    *head = (struct weights_in){head_weight(g, final_params, embed), st->wts, g->pbf,
+                                (size_t)g->c.vocab * g->c.n_embd, 0};
+}
+
+static int head_call(struct fy_cu_gpt *g, struct staging *st, const void *final_params,
+                     const void *embed, const void *x, const int32_t *targets, double *loss,
                      void *dx, float *dfinal, float *dembed)
 {
     const struct fy_gpt_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
     size_t wte_n = (size_t)V * C, norm_n = final_norm_n(g);
-    cudaStream_t s = g->compute;
+    struct weights_in norm, head;
+    final_weights(g, st, final_params, embed, &norm, &head);
     FY_TRY(upload(g, st, st->targets, targets, (size_t)N * sizeof(int32_t)));
-    FY_TRY(upload(g, st, st->lnf32, final_params, norm_n * sizeof(float)));
+    FY_TRY(weights_queue(g, st, &norm));
     struct act_in in_x = {x, st->in0, g->x, NULL};
     /* only the head's weight of the embeddings (wte: no positions) */
-    FY_TRY(upload(g, st, st->p32, head_weight(g, final_params, embed), wte_n * sizeof(float)));
+    FY_TRY(weights_queue(g, st, &head));
     FY_TRY(act_in_queue(g, st, &in_x));
     FY_TRY(uploads_done(g, st));
-    FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, norm_n, s));
-    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, wte_n, s));
+    FY_TRY(weights_place(g, &norm));
+    FY_TRY(weights_place(g, &head));
     FY_TRY(act_in_place(g, &in_x));
     int backward = dx != NULL, untied = untied_head(g);
     /* the gradients: an untied head's in the final unit's layout (norm, then lm_head), in one
@@ -1110,7 +1155,7 @@ static int head_call(struct fy_cu_gpt *g, struct staging *st, const float *final
     return 0;
 }
 
-int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed,
+int fy_cu_gpt_head(struct fy_cu_gpt *g, const void *final_params, const void *embed,
                    const void *x, const int32_t *targets, double *loss, void *dx, float *dfinal,
                    float *dembed)
 {
@@ -1119,7 +1164,7 @@ int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *
     return call_end(g, st, head_call(g, st, final_params, embed, x, targets, loss, dx, dfinal, dembed));
 }
 
-int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float *embed,
+int fy_cu_gpt_logits(struct fy_cu_gpt *g, const void *final_params, const void *embed,
                      const void *x, float *logits)
 {
     const struct fy_gpt_config *c = &g->c;
@@ -1130,15 +1175,15 @@ int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float
     struct staging *st = &g->st[g->first];
     st->n_up = 0; /* the staging's last call is finished: its counts start over */
     st->n_outs = 0;
-    size_t norm_n = final_norm_n(g);
-    FY_TRY(upload(g, st, st->lnf32, final_params, norm_n * sizeof(float)));
-    FY_TRY(upload(g, st, st->p32, head_weight(g, final_params, embed),
-                  (size_t)V * C * sizeof(float)));
+    struct weights_in norm, head;
+    final_weights(g, st, final_params, embed, &norm, &head);
+    FY_TRY(weights_queue(g, st, &norm));
+    FY_TRY(weights_queue(g, st, &head));
     struct act_in in_x = {x, st->in0, g->x, NULL};
     FY_TRY(upload(g, st, st->in0, x, act_host_bytes(g)));
     FY_TRY(uploads_done(g, st));
-    FY_TRY(fy_cu_f32_to_bf16(g->lnf, st->lnf32, norm_n, s));
-    FY_TRY(fy_cu_f32_to_bf16(g->pbf, st->p32, (size_t)V * C, s));
+    FY_TRY(weights_place(g, &norm));
+    FY_TRY(weights_place(g, &head));
     FY_TRY(act_in_place(g, &in_x));
     const bf16 *xn = g->own.ln1;
     if (g->llama != NULL)
@@ -1166,6 +1211,13 @@ int fy_cu_gpt_set_host_acts_bf16(struct fy_cu_gpt *g, int on)
     FY_REQUIRE(g->pending == 0, -EBUSY,
                "cu_gpt: changing the activations' host dtype with %d calls in flight", g->pending);
     g->host_bf16 = on != 0;
+    return 0;
+}
+
+int fy_cu_gpt_set_host_weights_bf16(struct fy_cu_gpt *g, int on)
+{
+    /* each call reads the dtype while queueing (weights_queue): those in flight are not affected */
+    g->host_wbf16 = on != 0;
     return 0;
 }
 
@@ -1250,7 +1302,7 @@ static int profile_fill(bf16 *p, size_t n, uint32_t seed, float base, float scal
 }
 
 /* The block's parameters (GPT-2-like scale, LayerNorm weights 1), its input and its output
- * gradient, in buffers that every later call rewrites before reading: pbf is converted from the
+ * gradient, in buffers that every later call rewrites before reading: pbf is placed from the
  * call's uploaded parameters, x and dy are placed from the call's inputs. */
 static int profile_inputs(struct fy_cu_gpt *g)
 {

@@ -1,16 +1,16 @@
 /* The GPT units on the GPU: embeddings, a transformer block (forward, and backward either from the
  * internals its forward kept, from those it swapped to host memory plus what the block recomputes
  * around them, or with the block recomputed from its input), and the final LayerNorm with the tied
- * LM head and cross-entropy, over the fp32 host buffers of the backend interface. A unit made for
- * a Llama model (arch FY_ARCH_LLAMA) serves the same host interface with cu_llama's units
- * (gpu_worker/cuda/cu_llama.h: the embedding without positions, the decoder block, the final
- * RMSNorm with the tied or untied head); its blocks' internals are kept or recomputed, never
- * swapped, and not profiled (-ENOTSUP, said), and its ops are not timed one by one. Weights and
- * activations are bf16 on the device with fp32 accumulation; weight gradients are fp32. Every
- * device buffer comes from the arena, sized once for the batch. Copies go on their own streams,
- * ordered by events.
+ * LM head and cross-entropy, over the host buffers of the backend interface (weights and
+ * activations f32 or bf16, gradients f32). A unit made for a Llama model (arch FY_ARCH_LLAMA)
+ * serves the same host interface with cu_llama's units (gpu_worker/cuda/cu_llama.h: the embedding
+ * without positions, the decoder block, the final RMSNorm with the tied or untied head); its
+ * blocks' internals are kept or recomputed, never swapped, and not profiled (-ENOTSUP, said), and
+ * its ops are not timed one by one. Weights and activations are bf16 on the device with fp32
+ * accumulation; weight gradients are fp32. Every device buffer comes from the arena, sized once
+ * for the batch. Copies go on their own streams, ordered by events.
  *
- * The host-interface calls (fp32 host buffers, pinned for full speed) queue their work and return
+ * The host-interface calls (host buffers pinned for full speed) queue their work and return
  * at once: up to FY_CU_GPT_QUEUE calls are in flight, each with its own staging buffers, so the
  * next call's uploads (the next layer's weights) run while the current one computes and its results
  * travel home. An input that a call in flight produces is taken from the device (the activation it
@@ -45,9 +45,17 @@ void fy_cu_gpt_destroy(struct fy_cu_gpt **g);
 
 /* Activations (x, y, dx, dy: [B][T][C]) in the host buffers below are f32, or bf16 after
  * fy_cu_gpt_set_host_acts_bf16(g, 1): the device holds them in bf16 either way, so the two give
- * the same bits and bf16 moves half the bytes over PCIe. Weights and gradients stay f32. */
+ * the same bits and bf16 moves half the bytes over PCIe. Gradients stay f32. With calls in
+ * flight: -EBUSY (said). */
 int fy_cu_gpt_set_host_acts_bf16(struct fy_cu_gpt *g, int on);
-int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const float *embed, const int32_t *tokens,
+/* Weights (embed, params, final_params: a unit's layout of common/model.h) in the host buffers
+ * below are f32, or bf16 after fy_cu_gpt_set_host_weights_bf16(g, 1), for the calls made from then
+ * on; calls in flight keep the dtype they were made with. The device holds them in bf16 either
+ * way, rounded to nearest even from f32 as common/dtype.h's fy_f32_to_bf16 rounds, so bf16 host
+ * weights rounded that way give the same bits as their f32 originals, in half the bytes over
+ * PCIe. Weight gradients stay f32. */
+int fy_cu_gpt_set_host_weights_bf16(struct fy_cu_gpt *g, int on);
+int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const void *embed, const int32_t *tokens,
                             void *x);
 int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const void *dx,
                              float *dembed);
@@ -63,9 +71,9 @@ int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const v
  * flight) and recomputes only the rest from x, with the same bits as recomputing everything; it
  * never writes to them, so a second backward may read them again. ATTN with the materialised
  * attention (FUYOU_CUDA_ATTENTION=materialised): -ENOTSUP, said; another kind: -EINVAL. */
-int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
+int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const void *params, const void *x,
                             void *y, const struct fy_gpt_saved *saved);
-int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const float *params, const void *x,
+int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const void *params, const void *x,
                              const void *dy, void *dx, float *dparams,
                              const struct fy_gpt_saved *saved);
 /* Keeps the forward internals of up to max_layers blocks, the top ones, in sets taken from the
@@ -100,7 +108,7 @@ int fy_cu_gpt_swap_sets(struct fy_cu_gpt *g, struct fy_cu_arena *arena);
  * (said) for a Llama model's unit. */
 int fy_cu_gpt_profile(struct fy_cu_gpt *g, struct fy_cu_arena *arena, void *host,
                       size_t host_bytes, struct fy_gpt_profile *out);
-int fy_cu_gpt_head(struct fy_cu_gpt *g, const float *final_params, const float *embed,
+int fy_cu_gpt_head(struct fy_cu_gpt *g, const void *final_params, const void *embed,
                    const void *x, const int32_t *targets, double *loss, void *dx, float *dfinal,
                    float *dembed);
 
@@ -119,7 +127,7 @@ int fy_cu_gpt_ready_fd(const struct fy_cu_gpt *g);
 
 /* logits [N][V] f32 (host) = lnf(x) wte^T, computed and copied back in chunks of rows; completes
  * every call in flight first, and itself before returning. */
-int fy_cu_gpt_logits(struct fy_cu_gpt *g, const float *final_params, const float *embed,
+int fy_cu_gpt_logits(struct fy_cu_gpt *g, const void *final_params, const void *embed,
                      const void *x, float *logits);
 
 /* Device-level units, for drivers that keep weights and activations on the GPU (bf16 weights in the

@@ -24,6 +24,7 @@ struct cuda_state {
     struct fy_cu_arena arena;
     struct fy_cu_gpt *gpt;
     size_t gpt_mark; /* arena use before the GPT buffers: released when preparing again */
+    int weights_bf16; /* gpt_weights_bf16's switch, which outlives a gpt_prepare on either side */
     cudaStream_t compute;
     cudaStream_t d2h;
     cudaEvent_t computed;
@@ -197,12 +198,13 @@ static int cuda_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, i
         return -ENOMEM;
     }
     FY_TRY(fy_cu_gpt_new(&s->gpt, &s->arena, c, B, T));
+    FY_TRY(fy_cu_gpt_set_host_weights_bf16(s->gpt, s->weights_bf16));
     fy_info("GPU arena: %.3f GiB for the model's working buffers (batch %d x %d), %.3f GiB budget",
             (double)need / (1 << 30), B, T, (double)s->arena.size / (1 << 30));
     return 0;
 }
 
-static int cuda_embed_forward(void *state, const float *embed, const int32_t *tokens, void *x)
+static int cuda_embed_forward(void *state, const void *embed, const int32_t *tokens, void *x)
 {
     return fy_cu_gpt_embed_forward(((struct cuda_state *)state)->gpt, embed, tokens, x);
 }
@@ -212,13 +214,13 @@ static int cuda_embed_backward(void *state, const int32_t *tokens, const void *d
     return fy_cu_gpt_embed_backward(((struct cuda_state *)state)->gpt, tokens, dx, dembed);
 }
 
-static int cuda_block_forward(void *state, int layer, const float *params, const void *x, void *y,
+static int cuda_block_forward(void *state, int layer, const void *params, const void *x, void *y,
                               const struct fy_gpt_saved *saved)
 {
     return fy_cu_gpt_block_forward(((struct cuda_state *)state)->gpt, layer, params, x, y, saved);
 }
 
-static int cuda_block_backward(void *state, int layer, const float *params, const void *x,
+static int cuda_block_backward(void *state, int layer, const void *params, const void *x,
                                const void *dy, void *dx, float *dparams,
                                const struct fy_gpt_saved *saved)
 {
@@ -226,14 +228,14 @@ static int cuda_block_backward(void *state, int layer, const float *params, cons
                                     dparams, saved);
 }
 
-static int cuda_head(void *state, const float *final_params, const float *embed, const void *x,
+static int cuda_head(void *state, const void *final_params, const void *embed, const void *x,
                      const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed)
 {
     return fy_cu_gpt_head(((struct cuda_state *)state)->gpt, final_params, embed, x, targets, loss,
                           dx, dfinal, dembed);
 }
 
-static int cuda_logits(void *state, const float *final_params, const float *embed, const void *x,
+static int cuda_logits(void *state, const void *final_params, const void *embed, const void *x,
                        float *logits)
 {
     return fy_cu_gpt_logits(((struct cuda_state *)state)->gpt, final_params, embed, x, logits);
@@ -299,7 +301,18 @@ static int cuda_profile(void *state, void *host, size_t host_bytes, struct fy_gp
 
 static int cuda_acts_bf16(void *state, int on)
 {
-    return fy_cu_gpt_set_host_acts_bf16(((struct cuda_state *)state)->gpt, on);
+    struct cuda_state *s = (struct cuda_state *)state;
+    FY_REQUIRE(s->gpt != NULL, -EINVAL,
+               "cuda backend: choosing the activations' host dtype before gpt_prepare");
+    return fy_cu_gpt_set_host_acts_bf16(s->gpt, on);
+}
+
+/* Unlike the activations' dtype, this may come before gpt_prepare, as on the CPU backend. */
+static int cuda_weights_bf16(void *state, int on)
+{
+    struct cuda_state *s = (struct cuda_state *)state;
+    s->weights_bf16 = on != 0;
+    return s->gpt != NULL ? fy_cu_gpt_set_host_weights_bf16(s->gpt, s->weights_bf16) : 0;
 }
 
 extern "C" void fy_cuda_gpt_gpu_bytes(const struct fy_gpt_config *c, int B, int T,
@@ -322,5 +335,5 @@ extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     cuda_unregister_host, cuda_synth,    cuda_gpt_prepare,    cuda_embed_forward,
     cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
     cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,      cuda_keep,          cuda_swap,
-    cuda_profile,
+    cuda_profile,    cuda_weights_bf16,
 };

@@ -1,7 +1,10 @@
 /* GPU test of the CUDA backend's GPT units against the CPU backend (the fp32 reference) through the
  * backend interface the gpu worker uses: embeddings, a block forward and backward, the head with
  * loss and gradients, the embedding backward; and determinism (two runs, identical bytes). Blocks
- * whose internals are swapped to host buffers (saved) give the bytes of the plain calls.
+ * whose internals are swapped to host buffers (saved) give the bytes of the plain calls. Weights
+ * given as bf16 (rounded by fy_f32_to_bf16) give the bytes of their f32 originals, for GPT-2 and
+ * Llama (tied and untied heads), one call at a time and queued with the dtype switched between
+ * calls in flight.
  * Tolerances are for bf16 weights and activations with fp32 accumulation: relative Frobenius error
  * of each output below 3e-2 (bf16 keeps 8 bits of mantissa, 2^-8 = 4e-3 per rounding, and a block
  * rounds each activation several times), loss within 1e-2 relative. */
@@ -21,6 +24,7 @@
 #include "common/dtype.h"
 #include "common/model.h"
 #include "gpu_worker/backend.h"
+#include "tests/refmodel.h"
 #include "tests/testutil.h"
 
 static struct fy_backend *cuda, *cpu;
@@ -409,6 +413,200 @@ static void test_swapped_blocks_queued(void **state)
     swapped_blocks_check("0");
 }
 
+/* ---- weights as bf16 in host memory ---- */
+
+/* test_cuda_llama's model: grouped-query attention, llama3-scaled rope, tied or untied head. */
+static struct fy_gpt_config llama_cfg(int tied)
+{
+    struct fy_gpt_config c = {.n_layer = 2, .n_head = 4, .n_embd = 256, .vocab = 300, .ctx = 64,
+                              .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 344,
+                              .tied = (uint32_t)tied, .rope_type = FY_ROPE_LLAMA3,
+                              .rope_orig_max_pos = 8, .rms_eps = 1e-5f, .rope_theta = 500000.0,
+                              .rope_factor = 8.0, .rope_low_freq_factor = 1.0,
+                              .rope_high_freq_factor = 4.0};
+    return c;
+}
+
+/* Floats of the pieces a pass reads and writes. */
+struct wsizes {
+    size_t NC, ne, nb, nf, nl;
+};
+
+static struct wsizes wsizes_of(const struct fy_refmodel *m)
+{
+    size_t N = (size_t)m->B * m->T;
+    return (struct wsizes){N * m->cfg.n_embd, m->sizes[0], m->sizes[1], m->sizes[m->n_units - 1],
+                           N * m->cfg.vocab};
+}
+
+/* Every output of the ops that take weights. */
+struct wouts {
+    float *x, *y, *dy, *dx, *dp, *dfin, *demb, *lg;
+    double loss;
+};
+
+static void wouts_take(struct swap_pool *p, struct wouts *o, const struct wsizes *z)
+{
+    o->x = take(p, z->NC * 4);
+    o->y = take(p, z->NC * 4);
+    o->dy = take(p, z->NC * 4);
+    o->dx = take(p, z->NC * 4);
+    o->dp = take(p, z->nb * 4);
+    o->dfin = take(p, z->nf * 4);
+    o->demb = take(p, z->ne * 4);
+    o->lg = take(p, z->nl * 4);
+    /* the head overwrites dembed (zeros where it gives nothing): poison shows what it misses */
+    memset(o->demb, 0xff, z->ne * 4);
+}
+
+static void wouts_equal(const struct wouts *a, const struct wouts *b, const struct wsizes *z)
+{
+    assert_memory_equal(a->x, b->x, z->NC * 4);
+    assert_memory_equal(a->y, b->y, z->NC * 4);
+    assert_memory_equal(&a->loss, &b->loss, sizeof a->loss);
+    assert_memory_equal(a->dy, b->dy, z->NC * 4);
+    assert_memory_equal(a->dfin, b->dfin, z->nf * 4);
+    assert_memory_equal(a->demb, b->demb, z->ne * 4);
+    assert_memory_equal(a->dx, b->dx, z->NC * 4);
+    assert_memory_equal(a->dp, b->dp, z->nb * 4);
+    assert_memory_equal(a->lg, b->lg, z->nl * 4);
+}
+
+/* Weights of the embeddings, block 1 and the final unit, in the dtype the backend is set to. */
+struct wunits {
+    const void *embed, *block, *fin;
+};
+
+/* Each op that takes weights once, one call at a time: embeddings, block 1 forward, the head with
+ * gradients, block 1 backward from the head's dx, the logits. */
+static void weights_pass(struct fy_backend *b, const struct fy_refmodel *m, const struct wunits *w,
+                         struct wouts *o)
+{
+    assert_int_equal(fy_backend_gpt_embed_forward(b, w->embed, m->tokens, o->x), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w->block, o->x, o->y, NULL), 0);
+    assert_int_equal(fy_backend_gpt_head(b, w->fin, w->embed, o->y, m->targets, &o->loss, o->dy,
+                                         o->dfin, o->demb),
+                     0);
+    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w->block, o->x, o->dy, o->dx, o->dp, NULL),
+                     0);
+    assert_int_equal(fy_backend_gpt_logits(b, w->fin, w->embed, o->y, o->lg), 0);
+}
+
+static void *weights_copy(struct swap_pool *p, const float *w, size_t n, int dtype)
+{
+    if (dtype == FY_DTYPE_F32)
+        return memcpy(take(p, n * 4), w, n * 4);
+    uint16_t *h = take(p, n * 2);
+    for (size_t i = 0; i < n; i++)
+        h[i] = fy_f32_to_bf16(w[i]);
+    return h;
+}
+
+/* The same calls with bf16 weights as with their f32 originals give the same bytes (the device
+ * rounds f32 weights to bf16 as fy_f32_to_bf16 does); the dtype chosen before gpt_prepare holds
+ * after it. Queued, each call keeps the dtype it was made with while the next one, made after a
+ * switch, is in flight: two block forwards (the second's input the first's output, handed on on
+ * the device), two block backwards, a head and an embedding forward, each against the calls made
+ * one at a time in f32. Host memory pinned, so that the calls really are in flight together. */
+static void weights_bf16_case(const struct fy_gpt_config *c, const char *name)
+{
+    struct fy_refmodel m;
+    if (fy_refmodel_init(&m, c, B, T, 31) != 0)
+        fail_msg("%s: %s", name, m.err);
+    print_message("%s: weights bf16 against f32\n", name);
+    struct wsizes z = wsizes_of(&m);
+    unsigned fin = m.n_units - 1;
+    struct fy_backend *b = NULL;
+    assert_int_equal(fy_backend_open(&b, "cuda", 0), 0);
+    size_t set = 4 * (4 * z.NC + z.nb + z.nf + z.ne + z.nl) + 8 * 4096;
+    struct swap_pool pool = {NULL, 5 * set + 2 * 4 * (z.ne + z.nb + z.nf) + (1 << 20), 0};
+    pool.size = (pool.size + 4095) / 4096 * 4096;
+    pool.base = aligned_alloc(4096, pool.size);
+    assert_non_null(pool.base);
+    assert_int_equal(fy_backend_register_host(b, pool.base, pool.size), 0);
+    struct wunits w32 = {weights_copy(&pool, m.params[0], z.ne, FY_DTYPE_F32),
+                         weights_copy(&pool, m.params[1], z.nb, FY_DTYPE_F32),
+                         weights_copy(&pool, m.params[fin], z.nf, FY_DTYPE_F32)};
+    struct wunits w16 = {weights_copy(&pool, m.params[0], z.ne, FY_DTYPE_BF16),
+                         weights_copy(&pool, m.params[1], z.nb, FY_DTYPE_BF16),
+                         weights_copy(&pool, m.params[fin], z.nf, FY_DTYPE_BF16)};
+    struct wouts ref, got, q;
+    wouts_take(&pool, &ref, &z);
+    wouts_take(&pool, &got, &z);
+    wouts_take(&pool, &q, &z);
+    float *y2 = take(&pool, z.NC * 4), *dx1 = take(&pool, z.NC * 4), *dp1 = take(&pool, z.nb * 4);
+    float *x_early = take(&pool, z.NC * 4), *q_dp1 = take(&pool, z.nb * 4);
+
+    /* chosen before preparing: the first call after it takes bf16 */
+    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_gpt_prepare(b, c, B, T), 0);
+    assert_int_equal(fy_backend_gpt_embed_forward(b, w16.embed, m.tokens, x_early), 0);
+    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_F32), 0);
+    weights_pass(b, &m, &w32, &ref);
+    assert_memory_equal(x_early, ref.x, z.NC * 4);
+    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_BF16), 0);
+    weights_pass(b, &m, &w16, &got);
+    wouts_equal(&got, &ref, &z);
+    print_message("%s: every output the same bytes (loss %.6f)\n", name, ref.loss);
+
+    /* references for the queued calls, one at a time in f32: block 1 again on its own output, and
+     * the backward of the block's input from the backward's dx */
+    float *dx2 = ref.dx, *dp2 = ref.dp;
+    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w32.block, ref.y, y2, NULL), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w32.block, ref.x, dx2, dx1, dp1, NULL),
+                     0);
+
+    assert_int_equal(fy_backend_gpt_set_queued(b, 1), 1);
+    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w32.block, ref.x, q.x, NULL), 0);
+    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w16.block, q.x, q.y, NULL), 0);
+    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+    assert_memory_equal(q.x, ref.y, z.NC * 4);
+    assert_memory_equal(q.y, y2, z.NC * 4);
+    /* bf16 then f32, the second's dy the first's dx */
+    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w16.block, ref.x, ref.dy, q.dy, q.dp,
+                                                   NULL),
+                     0);
+    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w32.block, ref.x, q.dy, q.dx, q_dp1, NULL),
+                     0);
+    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+    assert_memory_equal(q.dy, dx2, z.NC * 4);
+    assert_memory_equal(q.dp, dp2, z.nb * 4);
+    assert_memory_equal(q.dx, dx1, z.NC * 4);
+    assert_memory_equal(q_dp1, dp1, z.nb * 4);
+    /* the final unit's weights (an untied head's lm_head after the norm) in bf16, then f32 */
+    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_gpt_head(b, w16.fin, w16.embed, ref.y, m.targets, &q.loss, q.y,
+                                         q.dfin, q.demb),
+                     0);
+    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_gpt_embed_forward(b, w32.embed, m.tokens, q.x), 0);
+    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+    assert_memory_equal(&q.loss, &ref.loss, sizeof q.loss);
+    assert_memory_equal(q.y, ref.dy, z.NC * 4);
+    assert_memory_equal(q.dfin, ref.dfin, z.nf * 4);
+    assert_memory_equal(q.demb, ref.demb, z.ne * 4);
+    assert_memory_equal(q.x, ref.x, z.NC * 4);
+    assert_int_equal(fy_backend_gpt_set_queued(b, 0), 0);
+    print_message("%s: queued calls keep the dtype they were made with\n", name);
+    fy_backend_close(&b); /* unregisters the pool */
+    free(pool.base);
+    fy_refmodel_free(&m);
+}
+
+static void test_bf16_host_weights_same_bits(void **state)
+{
+    weights_bf16_case(&cfg, "GPT-2");
+    struct fy_gpt_config tied = llama_cfg(1), untied = llama_cfg(0);
+    weights_bf16_case(&tied, "Llama, tied head");
+    weights_bf16_case(&untied, "Llama, untied head");
+}
+
 int main(void)
 {
     if (!fy_backend_cuda_built()) {
@@ -427,6 +625,7 @@ int main(void)
         cmocka_unit_test(test_bf16_host_activations_same_bits),
         cmocka_unit_test(test_budget_refused),
         cmocka_unit_test(test_swapped_blocks_queued),
+        cmocka_unit_test(test_bf16_host_weights_same_bits),
     };
     int failed = cmocka_run_group_tests_name("cuda GPT units", tests, NULL, NULL);
     fy_backend_close(&cuda);
