@@ -67,7 +67,7 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     memset(fwd, 0, sizeof *fwd);
     memset(bwd, 0, sizeof *bwd);
     for (unsigned u = 0; u < units; u++) {
-        fwd->h2d += unit_f32(c, u); /* every unit's weights up in the forward */
+        fwd->h2d += fy_train_upload_bytes(c, in->resident, u); /* every unit's, in the forward */
         if (in->resident == NULL || !in->resident[u]) {
             int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
             fwd->ssd_read += fy_unit_state_section(c, u);
@@ -82,7 +82,8 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     double head_flops = 6.0 * N * c->n_embd * c->vocab;
     double rate = p->flops_per_s > 0 ? HEAD_RATE_SHARE * p->flops_per_s : INFINITY;
     fwd->gpu_s = keep * p->fwd_s + head_flops / rate;
-    bwd->h2d = (uint64_t)(passes * L * unit_f32(c, 1));
+    for (unsigned u = 1; u <= L; u++)
+        bwd->h2d += (uint64_t)passes * fy_train_upload_bytes(c, in->resident, u);
     bwd->d2h = (uint64_t)(passes * L * (act + unit_f32(c, 1)) + unit_f32(c, 0));
     /* a clipped step's first backward pass, recomputing the planned blocks in full */
     double full_recompute = 0;

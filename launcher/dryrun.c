@@ -91,6 +91,11 @@ static int gpu_need(const struct fy_dryrun_in *in, const struct fy_gpt_config *c
     return 1;
 }
 
+static int weight_dtype_of(const struct fy_dryrun_in *in)
+{
+    return in->weight_dtype ? in->weight_dtype : fy_backend_preferred_weight_dtype(in->backend);
+}
+
 static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
                     uint64_t cpu_mem, struct shape *s)
 {
@@ -104,11 +109,12 @@ static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c
     s->ckpt_ssd = in->ckpt_place == 1;
     if (in->ckpt_place == 2) { /* as train's --ckpt-place auto */
         unsigned all = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip,
-                                              in->prefetch, 0, swap, s->resident);
+                                              in->prefetch, 0, swap, weight_dtype_of(in),
+                                              s->resident);
         s->ckpt_ssd = cpu_mem != 0 && all < units;
     }
     s->kept = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
-                                     s->ckpt_ssd, swap, s->resident);
+                                     s->ckpt_ssd, swap, weight_dtype_of(in), s->resident);
     struct fy_pool_region_spec regions[10];
     unsigned n;
     /* as train's default --grad-slots: as many as the budget holds, up to the most */
@@ -235,10 +241,15 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     fprintf(out, "plan: %s; batch %d x %d tokens; %s backend (%s activations); rates: %s\n",
             described, in->B, in->T, in->backend,
             fy_dtype_name(fy_backend_preferred_act_dtype(in->backend)), in->rates_from);
+    uint64_t kept_state = 0;
+    for (unsigned u = 0; u < units; u++)
+        kept_state += s.resident[u] ? fy_unit_state_bytes(c, u) : 0;
     fprintf(out, "plan: optimizer state %s: %u of %u units (%s) stay in the shared pool, the "
-            "rest (%s) streams from the SSD store each step; checkpoints %s\n",
-            size(state), s.kept, units, size(kept), size(state - kept),
-            s.ckpt_ssd ? "on the SSD store" : "in the shared pool");
+            "rest (%s) streams from the SSD store each step; checkpoints %s; weights to the GPU "
+            "in bf16 for %u units (copies beside their state), in f32 for the others\n",
+            size(state), s.kept, units, size(kept), size(state - kept_state),
+            s.ckpt_ssd ? "on the SSD store" : "in the shared pool",
+            fy_train_weight_copies(c, s.resident));
     if (in->cpu_mem > 0 && s.pool_bytes > in->cpu_mem)
         fits = 0;
     if (in->cpu_mem > 0)
@@ -290,7 +301,7 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     uint64_t up, down, rd, wr;
     int dtype = fy_backend_preferred_act_dtype(in->backend);
     const struct fy_train_swap *swap = forced_swap(in) ? &s.swap : NULL;
-    fy_train_pcie_bytes(c, in->B, in->T, dtype, in->clip, swap, &up, &down);
+    fy_train_pcie_bytes(c, in->B, in->T, dtype, in->clip, swap, s.resident, &up, &down);
     fy_train_ssd_bytes(c, in->B, in->T, dtype, in->clip, s.ckpt_ssd, swap, s.resident, &rd, &wr);
     fprintf(out, "plan: per step: PCIe %s to the GPU, %s back; SSD %s read, %s written\n",
             size(up), size(down), size(rd), size(wr));

@@ -52,6 +52,7 @@ struct options {
     uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies;
     int ckpt_place; /* CKPT_HOST, CKPT_SSD, CKPT_AUTO */
     const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, profile, plan) */
+    int weights_dtype;    /* --weights-dtype: FY_DTYPE_F32, _BF16, or 0 (auto: the backend's) */
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, lr_set, wd_set, steps_set, model_set, hf_opts_set, timeout_set;
@@ -142,6 +143,11 @@ static void usage(FILE *f)
             "               fp32 gradient of pool memory): the optimizer may lag the backward by\n"
             "               N - 1 blocks and finish while the next forward runs; used only when all\n"
             "               optimizer state fits in --cpu-mem, and cut to what fits\n"
+            "               --weights-dtype auto|f32|bf16 (auto) the weights the GPU is sent:\n"
+            "               bf16 keeps a bf16 copy beside each unit's state in the pool (2 bytes\n"
+            "               a parameter, which AdamW rewrites) and halves the weights' PCIe bytes;\n"
+            "               auto: bf16 on CUDA (it computes in bf16: the same results), f32 on\n"
+            "               the CPU backend (bf16 there rounds the weights first, as CUDA does)\n"
             "               --trace FILE (Chrome trace-event JSON of every request; open in Perfetto)\n"
             "               --clip-grad-norm MAX (0: off) clip the global gradient norm to MAX (a\n"
             "               second backward pass per step computes the norm before any update)\n"
@@ -185,7 +191,7 @@ enum {
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
-    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_ACT_PLAN, O_FROM_HF, O_TO_HF, O_DTYPE,
+    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_WEIGHTS_DTYPE, O_CKPT_PLACE, O_ACT_PLAN, O_FROM_HF, O_TO_HF, O_DTYPE,
     O_MAX_SHARD,
     O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD,
     O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED, O_MAX_RESTARTS, O_STATE_COPIES,
@@ -218,6 +224,7 @@ static const struct option longopts[] = {
     {"clip-grad-norm", required_argument, 0, O_CLIP},
     {"prefetch", required_argument, 0, O_PREFETCH},
     {"grad-slots", required_argument, 0, O_GRAD_SLOTS},
+    {"weights-dtype", required_argument, 0, O_WEIGHTS_DTYPE},
     {"ckpt-place", required_argument, 0, O_CKPT_PLACE},
     {"act-plan", required_argument, 0, O_ACT_PLAN},
     {"from-hf", required_argument, 0, O_FROM_HF},    {"to-hf", required_argument, 0, O_TO_HF},
@@ -352,6 +359,17 @@ static int parse_options(int argc, char **argv, struct options *o)
                             o->grad_slots > FY_TRAIN_GRAD_SLOTS_MAX)) {
                 fprintf(stderr, "fuyou-launch: --grad-slots %s: give %d to %d block gradients\n",
                         optarg, FY_TRAIN_GRAD_SLOTS_MIN, FY_TRAIN_GRAD_SLOTS_MAX);
+                rc = -EINVAL;
+            }
+            break;
+        case O_WEIGHTS_DTYPE:
+            if (strcmp(optarg, "auto") == 0 || strcmp(optarg, "f32") == 0 ||
+                strcmp(optarg, "bf16") == 0) {
+                o->weights_dtype = optarg[0] == 'a' ? 0 : optarg[0] == 'f' ? FY_DTYPE_F32
+                                                                            : FY_DTYPE_BF16;
+            } else {
+                fprintf(stderr, "fuyou-launch: --weights-dtype %s: give auto, f32 or bf16\n",
+                        optarg);
                 rc = -EINVAL;
             }
             break;
@@ -991,6 +1009,12 @@ static void swap_room(const struct options *o, uint64_t pool_bytes, uint64_t *ho
 /* The plan for the blocks' internals (launcher/actrun.h): forced modes as they are; auto profiles
  * a block first on a backend that can (not the Llama blocks) and plans within the room the pool
  * and the store leave. */
+/* The dtype of the weights the gpu worker is sent (--weights-dtype, auto: the backend's). */
+static int weight_dtype_of(const struct options *o)
+{
+    return o->weights_dtype ? o->weights_dtype : fy_backend_preferred_weight_dtype(o->backend);
+}
+
 static int plan_activations(const struct options *o, const struct fy_gpt_config *model,
                             int act_dtype, int clip, int ckpt_ssd, const unsigned char *resident,
                             struct fy_gpt_profile *prof, struct fy_actrun_in *in,
@@ -1057,7 +1081,7 @@ static int cmd_plan(struct options *o)
     enum fy_actplan_mode act_mode;
     FY_TRY(fy_actplan_mode_parse(o->act_plan, &act_mode));
     struct fy_dryrun_in in = {.B = (int)o->batch, .T = (int)o->seq, .clip = o->clip_grad_norm > 0,
-                              .act_mode = act_mode,
+                              .act_mode = act_mode, .weight_dtype = o->weights_dtype,
                               .prefetch = (unsigned)o->prefetch, .ckpt_place = o->ckpt_place,
                               .copies = (unsigned)o->state_copies, .cpu_mem = o->cpu_mem,
                               .gpu_mem = o->gpu_mem, .ssd = o->ssd};
@@ -1182,7 +1206,7 @@ static int cmd_profile(struct options *o)
         rc = -ENOMEM;
     if (rc == 0)
         fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype, o->cpu_mem, clip,
-                               (unsigned)o->prefetch, 0, NULL, resident);
+                               (unsigned)o->prefetch, 0, NULL, weight_dtype_of(o), resident);
     struct fy_gpt_profile prof;
     struct fy_actrun_in in;
     struct fy_actrun act = {0};
@@ -1363,7 +1387,7 @@ static int cmd_train(struct options *o)
          * state each step (weights read, state read and written), a checkpoint 2 per byte. */
         unsigned all = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
                                               o->cpu_mem, clipping, (unsigned)o->prefetch, 0,
-                                              &swap, resident);
+                                              &swap, weight_dtype_of(o), resident);
         ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(&model);
         fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
                 ckpt_ssd ? "on the SSD store" : "in the shared pool",
@@ -1372,7 +1396,7 @@ static int cmd_train(struct options *o)
     }
     unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
                                            o->cpu_mem, clipping, (unsigned)o->prefetch, ckpt_ssd,
-                                           &swap, resident);
+                                           &swap, weight_dtype_of(o), resident);
     if (!forced) { /* auto profiles and plans in the room that state and streaming leave */
         rc = plan_activations(o, &model, act_dtype, clipping, ckpt_ssd, resident, &prof, &act_in,
                               &act);
@@ -1402,8 +1426,8 @@ static int cmd_train(struct options *o)
     fy_format_size(ssd_read, rd, sizeof rd);
     fy_format_size(ssd_write, wr, sizeof wr);
     uint64_t to_gpu, from_gpu;
-    fy_train_pcie_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, &swap, &to_gpu,
-                        &from_gpu);
+    fy_train_pcie_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, &swap, resident,
+                        &to_gpu, &from_gpu);
     fy_format_size(to_gpu, up, sizeof up);
     fy_format_size(from_gpu, down, sizeof down);
     fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
@@ -1413,6 +1437,14 @@ static int cmd_train(struct options *o)
             kept, fy_gpt_unit_count(&model), kept_size,
             kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
+    unsigned copies = fy_train_weight_copies(&model, resident);
+    if (weight_dtype_of(o) == FY_DTYPE_BF16)
+        fy_info("plan: weights to the GPU in bf16 for %u of the %u kept units (a bf16 copy beside "
+                "each one's state, rewritten by AdamW)%s", copies, kept,
+                copies < kept ? "; the others' in f32: --cpu-mem holds no more copies" : "");
+    else
+        fy_info("plan: weights to the GPU in f32 (--weights-dtype %s)",
+                o->weights_dtype ? "f32" : "auto, on the CPU backend");
     struct fy_train_rates rates = fy_train_reference_rates();
     char probed[PATH_MAX + 16], at[PATH_MAX + 96];
     snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);

@@ -59,6 +59,9 @@ struct ticket {
  * it holds (-1: none), its transfer to or from the store in flight, and the gpu request that used
  * it last (within one schedule function: all of them are done between). */
 #define SPILL_SLOTS_MAX 4
+
+/* An AdamW request: gradient, master, m, v, a bf16 weights copy, a row list. */
+#define OPT_PARTS_MAX 6
 struct spill {
     int on;
     unsigned slots;
@@ -80,6 +83,7 @@ struct run {
     int wslot_unit[FY_TRAIN_PREFETCH_MAX + 2], state_unit[2];
     uint64_t wslot_off[FY_TRAIN_PREFETCH_MAX + 2], state_off[2]; /* where the slot's contents are (a resident unit's own) */
     uint64_t *resident;                  /* per unit: its state's offset in the pool, or 0 */
+    uint64_t *wcopy; /* per unit: its bf16 weights copy's offset in the pool, or 0 (FY_TRAIN_KEPT_BF16) */
     /* Checkpoints (the blocks' inputs x_0..x_L): item i is x_i, in the acts region; with
      * --ckpt-place ssd x_0..x_{L-1} go through its slots to the store. */
     struct spill ckpt;
@@ -104,8 +108,8 @@ struct run {
     double grad_scale;
     /* AdamW requests, per unit: prepared (opt_req), held back in `queue` in sending order, then
      * sent (opt_sent; a ticket that may outlive its step: the next forward waits for it). */
-    struct fy_desc (*opt_req)[5];
-    unsigned char *opt_parts; /* per unit: 4, or 5 with a row list */
+    struct fy_desc (*opt_req)[OPT_PARTS_MAX];
+    unsigned char *opt_parts; /* per unit: 4, one more with a weights copy, one more with rows */
     struct ticket *opt_sent;
     /* The embeddings' update in two parts (without clipping, state in the pool): the rows the
      * batch's tokens do not touch, sent once the head's gradient is home (embed_early), and the
@@ -186,18 +190,44 @@ uint64_t fy_train_swap_pool_bytes(const struct fy_train_swap *swap)
     return swap->host_bytes + (swap->ssd_bytes ? FY_TRAIN_SAVED_SLOTS * swap->slot_bytes : 0);
 }
 
+uint64_t fy_train_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
+                               unsigned u)
+{
+    int copy = resident != NULL && resident[u] == FY_TRAIN_KEPT_BF16;
+    return fy_gpt_unit_params(c, u) * (copy ? 2 : 4);
+}
+
+unsigned fy_train_weight_copies(const struct fy_gpt_config *c, const unsigned char *resident)
+{
+    unsigned n = 0;
+    for (unsigned u = 0; resident != NULL && u < fy_gpt_unit_count(c); u++)
+        n += resident[u] == FY_TRAIN_KEPT_BF16;
+    return n;
+}
+
+/* The head's weights go up in bf16 only when both its units have copies (one dtype a request). */
+static int head_has_copies(const struct fy_gpt_config *c, const unsigned char *resident)
+{
+    return resident != NULL && resident[0] == FY_TRAIN_KEPT_BF16 &&
+           resident[c->n_layer + 1] == FY_TRAIN_KEPT_BF16;
+}
+
 void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                         const struct fy_train_swap *swap, uint64_t *to_gpu, uint64_t *from_gpu)
+                         const struct fy_train_swap *swap, const unsigned char *resident,
+                         uint64_t *to_gpu, uint64_t *from_gpu)
 {
     uint64_t act = fy_train_act_bytes(c, B, T, act_dtype), tok = (uint64_t)B * T * 4;
     uint64_t embed = fy_gpt_unit_params(c, 0) * 4, block = fy_gpt_unit_params(c, 1) * 4;
     uint64_t fin = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
     uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
     uint64_t passes = clip ? 2 : 1; /* backward passes through the blocks and the embeddings */
+    uint64_t blocks_up = 0, head_up = head_has_copies(c, resident) ? (fin + wte) / 2 : fin + wte;
+    for (unsigned u = 1; u <= L; u++)
+        blocks_up += fy_train_upload_bytes(c, resident, u);
     /* forward: embeddings, blocks; the head (x, targets, final, wte in; dx, dfinal, dwte out);
      * backward: blocks (weights, x, dy in; dx, dweights out), embeddings (dx, dembed in and out) */
-    *to_gpu = (tok + embed) + L * (block + act) + (act + tok + fin + wte) +
-              passes * (L * (block + 2 * act) + (tok + embed + act));
+    *to_gpu = (tok + fy_train_upload_bytes(c, resident, 0)) + blocks_up + L * act +
+              (act + tok + head_up) + passes * (blocks_up + L * 2 * act + (tok + embed + act));
     *from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
     if (swap != NULL) {
         *from_gpu += swap->host_bytes + swap->ssd_bytes;
@@ -241,7 +271,7 @@ void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype
     if (clip)
         flops += 0.75 * block_flops;
     uint64_t up, down, rd, wr;
-    fy_train_pcie_bytes(c, B, T, act_dtype, clip, swap, &up, &down);
+    fy_train_pcie_bytes(c, B, T, act_dtype, clip, swap, resident, &up, &down);
     fy_train_ssd_bytes(c, B, T, act_dtype, clip, ckpt_ssd, swap, resident, &rd, &wr);
     double params = (double)fy_gpt_total_params(c);
     memset(out, 0, sizeof *out);
@@ -261,35 +291,60 @@ void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype
         }
 }
 
+/* A bf16 copy of unit u's weights, after its state in the resident region. */
+static uint64_t weight_copy_bytes(const struct fy_gpt_config *c, unsigned u)
+{
+    return align4k(fy_gpt_unit_params(c, u) * 2);
+}
+
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident)
 {
     uint64_t bytes = 0;
     for (unsigned u = 0; resident != NULL && u < fy_gpt_unit_count(c); u++)
         if (resident[u])
-            bytes += fy_unit_state_bytes(c, u);
+            bytes += fy_unit_state_bytes(c, u) +
+                     (resident[u] == FY_TRAIN_KEPT_BF16 ? weight_copy_bytes(c, u) : 0);
     return bytes;
 }
 
-unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                                uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
-                                const struct fy_train_swap *swap, unsigned char *resident)
+/* Marks units of `resident` from FY_TRAIN_STREAMED (or _KEPT) up to `mark`, unit 0 first, while the
+ * pool still fits cpu_mem; returns how many it marked. */
+static unsigned plan_mark(const struct fy_gpt_config *c, int B, int T, int act_dtype,
+                          uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
+                          const struct fy_train_swap *swap, unsigned char mark,
+                          unsigned char *resident)
 {
-    unsigned units = fy_gpt_unit_count(c), count = 0;
-    memset(resident, 0, units);
-    if (cpu_mem == 0)
-        return 0;
-    for (unsigned u = 0; u < units; u++) {
-        resident[u] = 1;
+    unsigned count = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++) {
+        if (resident[u] != mark - 1)
+            continue;
+        resident[u] = mark;
         struct fy_pool_region_spec regions[10];
         unsigned n;
         fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, FY_TRAIN_GRAD_SLOTS_MIN,
                          ckpt_ssd, swap, regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
-            resident[u] = 0;
+            resident[u] = mark - 1;
         else
             count++;
     }
     return count;
+}
+
+unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
+                                uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
+                                const struct fy_train_swap *swap, int weight_dtype,
+                                unsigned char *resident)
+{
+    memset(resident, FY_TRAIN_STREAMED, fy_gpt_unit_count(c));
+    if (cpu_mem == 0)
+        return 0;
+    unsigned kept = plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_ssd, swap,
+                              FY_TRAIN_KEPT, resident);
+    if (weight_dtype == FY_DTYPE_BF16)
+        plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_ssd, swap, FY_TRAIN_KEPT_BF16,
+                  resident);
+    return kept;
 }
 
 /* The final unit's gradient, kept between the passes of a clipped step, after the block slots. */
@@ -407,21 +462,32 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
     return 0;
 }
 
-/* Offsets of the resident units' state in the pool (0: streamed from the store). */
+/* Offsets of the resident units' state in the pool (0: streamed from the store), and of their
+ * bf16 weight copies, each after its unit's state (0: none). */
 static int resident_offsets(const struct fy_pool *p, const struct fy_gpt_config *c,
-                            const unsigned char *resident, uint64_t *offsets)
+                            const unsigned char *resident, uint64_t *offsets, uint64_t *copies)
 {
     unsigned units = fy_gpt_unit_count(c);
     memset(offsets, 0, units * sizeof *offsets);
+    memset(copies, 0, units * sizeof *copies);
     if (fy_train_resident_bytes(c, resident) == 0)
         return 0;
-    uint64_t at, bytes;
-    FY_TRY(fy_pool_region(p, "resident", &at, &bytes));
+    uint64_t start, bytes, at;
+    FY_TRY(fy_pool_region(p, "resident", &start, &bytes));
+    at = start;
     for (unsigned u = 0; u < units; u++)
         if (resident[u]) {
             offsets[u] = at;
             at += fy_unit_state_bytes(c, u);
+            if (resident[u] == FY_TRAIN_KEPT_BF16) {
+                copies[u] = at;
+                at += weight_copy_bytes(c, u);
+            }
         }
+    FY_REQUIRE(at - start <= bytes, -EINVAL,
+               "shared pool: a resident region of %llu bytes does not hold the plan's %llu (made "
+               "by fy_train_regions for another plan?)", (unsigned long long)bytes,
+               (unsigned long long)(at - start));
     return 0;
 }
 
@@ -598,6 +664,19 @@ static int weights_of(struct run *r, unsigned u, unsigned slot, uint64_t *offset
                slot, r->wslot_unit[slot]);
     *offset = r->wslot_off[slot];
     return 0;
+}
+
+static int has_copy(const struct run *r, unsigned u) { return r->wcopy != NULL && r->wcopy[u] != 0; }
+
+/* Unit u's weights as a gpu request's part: its bf16 copy where it has one and copy_ok (the
+ * weights of one request share a dtype), else its f32 master weights at pool offset `master`. */
+static struct fy_desc weights_region(const struct run *r, int op, unsigned u, uint64_t master,
+                                     int layer, int copy_ok)
+{
+    if (copy_ok && has_copy(r, u))
+        return fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_BF16, r->wcopy[u],
+                              fy_gpt_unit_params(r->l.c, u) * 2, layer);
+    return fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, master, unit_bytes(&r->l, u), layer);
 }
 
 /* ---- items through pool slots to and from the store (struct spill) ---- */
@@ -817,7 +896,7 @@ static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint6
         FY_TRY(spill_in(r, &r->saved, b - 1, 1, &s_off));
     int op = FY_OP_GPT_BLOCK_BWD;
     struct fy_desc req[FY_DESC_MAX_PARTS];
-    req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
+    req[0] = weights_region(r, op, b, w_off, (int)b, 1);
     req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_off, l->act_bytes, (int)b);
     req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dy, l->act_bytes, (int)b);
     req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
@@ -934,7 +1013,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     if (rc == 0) {
         int op = FY_OP_GPT_EMBED_FWD;
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
-        req[1] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), 0);
+        req[1] = weights_region(r, op, 0, w_embed, 0, 1);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, 0);
         rc = issue(r, PH_GPU, "gpu", req, 3, &g_embed);
         spill_used_by(&r->ckpt, 0, &g_embed);
@@ -955,7 +1034,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         if (rc == 0 && swaps)
             rc = spill_out(r, &r->saved, b - 1, &s_off);
         int op = FY_OP_GPT_BLOCK_FWD;
-        req[0] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_off, unit_bytes(l, b), (int)b);
+        req[0] = weights_region(r, op, b, w_off, (int)b, 1);
         req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, (int)b);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, (int)b);
         unsigned n = train ? saved_parts(r, b, op, s_off, req, 3) : 3;
@@ -992,11 +1071,11 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     if (rc == 0)
         rc = spill_in(r, &r->ckpt, L, 0, &x_in);
     if (rc == 0) {
-        int op = FY_OP_GPT_HEAD, f = (int)fin;
+        int op = FY_OP_GPT_HEAD, f = (int)fin, copies = has_copy(r, 0) && has_copy(r, fin);
         req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, f);
         req[1] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->targets, l->tok_bytes, f);
-        req[2] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_fin, unit_bytes(l, fin), f);
-        req[3] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, w_embed, unit_bytes(l, 0), f);
+        req[2] = weights_region(r, op, fin, w_fin, f, copies);
+        req[3] = weights_region(r, op, 0, w_embed, f, copies);
         req[4] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dact_at(l, 0), l->act_bytes, f);
         req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, r->dfinal, unit_bytes(l, fin), f);
         req[6] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
@@ -1048,20 +1127,27 @@ static int is_queued(const struct run *r, unsigned u)
 
 /* Unit u's AdamW request parts into req[0..3]: the gradient at pool offset `grad`, the master, m
  * and v sections of the state at `state`; the clipping scale (0: none) in the grad part's arg, the
- * learning rate in the master part's. */
-static void adamw_parts(const struct layout *l, unsigned u, uint64_t grad, uint64_t state,
-                        uint64_t step, double lr, double scale, struct fy_desc *req)
+ * learning rate in the master part's; then, where the unit has a bf16 weights copy, req[4] for it
+ * (AdamW rewrites it from the new master). Returns the number of parts. */
+static unsigned adamw_parts(const struct run *r, unsigned u, uint64_t grad, uint64_t state,
+                            uint64_t step, double lr, double scale, struct fy_desc *req)
 {
+    const struct layout *l = &r->l;
     uint64_t sec = fy_unit_state_section(l->c, u), n = unit_bytes(l, u);
     int op = FY_OP_OPT_ADAMW;
+    unsigned parts = 4;
     req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, n, (int)u);
     req[1] = fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, (int)u);
     req[2] = fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, (int)u);
     req[3] = fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, (int)u);
-    for (int i = 0; i < 4; i++)
+    if (has_copy(r, u))
+        req[parts++] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_BF16, r->wcopy[u], n / 2,
+                                      (int)u);
+    for (unsigned i = 0; i < parts; i++)
         req[i].step = step;
     memcpy(&req[0].arg, &scale, sizeof scale);
     memcpy(&req[1].arg, &lr, sizeof lr);
+    return parts;
 }
 
 /* The part that limits an update of unit u to the `count` rows listed (int32, each n_embd
@@ -1081,14 +1167,13 @@ static struct fy_desc rows_part(const struct layout *l, unsigned u, uint64_t lis
 static int opt_enqueue(struct run *r, unsigned u, unsigned s, uint64_t grad, uint64_t step,
                        double lr)
 {
-    const struct layout *l = &r->l;
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
                "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
                r->state_unit[s]);
     FY_REQUIRE(r->opt_sent[u].id == 0 && !is_queued(r, u), -EPROTO,
                "schedule error: unit %u's previous update is still queued or in flight", u);
-    adamw_parts(l, u, grad, r->state_off[s], step, lr, r->grad_scale, r->opt_req[u]);
-    r->opt_parts[u] = 4;
+    r->opt_parts[u] = (unsigned char)adamw_parts(r, u, grad, r->state_off[s], step, lr,
+                                                 r->grad_scale, r->opt_req[u]);
     r->queue[r->queued++] = u;
     return 0;
 }
@@ -1096,8 +1181,8 @@ static int opt_enqueue(struct run *r, unsigned u, unsigned s, uint64_t grad, uin
 /* Limits unit u's queued update to the `count` rows listed (int32) at pool offset `list`. */
 static void opt_rows(struct run *r, unsigned u, uint64_t list, uint64_t count)
 {
-    r->opt_req[u][4] = rows_part(&r->l, u, list, count, r->opt_req[u][0].step);
-    r->opt_parts[u] = 5;
+    r->opt_req[u][r->opt_parts[u]] = rows_part(&r->l, u, list, count, r->opt_req[u][0].step);
+    r->opt_parts[u]++;
 }
 
 /* Sends the lowest unit's queued update. */
@@ -1515,10 +1600,10 @@ static int embed_update_early(struct run *r, uint64_t step, double lr, uint64_t 
     *late = n_rest;
     if (n_early == 0)
         return 0;
-    struct fy_desc req[5];
-    adamw_parts(l, 0, gslot(l, 0), r->resident[0], step, lr, 0.0, req); /* no clipping here */
-    req[4] = rows_part(l, 0, l->embed_rows, n_early, step);
-    return issue(r, PH_OPT, "opt", req, 5, &r->embed_early);
+    struct fy_desc req[OPT_PARTS_MAX];
+    unsigned n = adamw_parts(r, 0, gslot(l, 0), r->resident[0], step, lr, 0.0, req); /* unclipped */
+    req[n++] = rows_part(l, 0, l->embed_rows, n_early, step);
+    return issue(r, PH_OPT, "opt", req, n, &r->embed_early);
 }
 
 static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t *version)
@@ -1731,6 +1816,25 @@ static int resident_transfer(struct run *r, int op)
     return 0;
 }
 
+/* The resident units' bf16 weight copies from their masters, the bits AdamW writes them with
+ * (fy_f32_to_bf16): at start, once the committed state is in the pool. */
+static int fill_copies(struct run *r)
+{
+    for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
+        if (!has_copy(r, u))
+            continue;
+        size_t n = fy_gpt_unit_params(r->l.c, u);
+        const float *master = fy_pool_at(r->pool, r->resident[u], n * 4);
+        uint16_t *copy = fy_pool_at(r->pool, r->wcopy[u], n * 2);
+        FY_REQUIRE(master != NULL && copy != NULL, -ERANGE,
+                   "schedule error: unit %u's state or weights copy lies outside the pool", u);
+#pragma omp parallel for schedule(static) if (n >= (1u << 16))
+        for (size_t i = 0; i < n; i++)
+            copy[i] = fy_f32_to_bf16(master[i]);
+    }
+    return 0;
+}
+
 /* Commits the step in meta (its updates done, every streamed unit's written back): the resident
  * state written to the working copy, then a commit record naming that copy once it is durable
  * (fy_commit_write). The committed copy becomes the working one for the steps that follow. */
@@ -1831,7 +1935,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                          "\"args\": {\"name\": \"opt worker (AdamW)\"}},\n");
     unsigned units = fy_gpt_unit_count(&meta->model);
     uint64_t *version = calloc(units, sizeof *version);
-    uint64_t *resident = calloc(units, sizeof *resident);
+    uint64_t *resident = calloc(units, sizeof *resident), *wcopy = calloc(units, sizeof *wcopy);
     r.opt_req = calloc(units, sizeof *r.opt_req);
     r.opt_parts = calloc(units, 1);
     r.row_touched = calloc(meta->model.vocab, 1);
@@ -1840,7 +1944,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     r.at_copy = calloc(units, 1);
     r.known = calloc(units, 1);
     r.digest = calloc(units, sizeof *r.digest);
-    int rc = version && resident && r.opt_req && r.opt_parts && r.row_touched && r.opt_sent &&
+    int rc = version && resident && wcopy && r.opt_req && r.opt_parts && r.row_touched && r.opt_sent &&
                      r.queue && r.at_copy && r.known && r.digest ? 0 : -ENOMEM;
     const char *whole = getenv("FUYOU_TEST_EMBED_WHOLE");
     r.embed_split = whole == NULL || strcmp(whole, "1") != 0;
@@ -1850,13 +1954,16 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     if (rc == 0)
         rc = saved_setup(&r, o);
     if (rc == 0 && fy_train_resident_bytes(&meta->model, o->resident) > 0) {
-        rc = resident_offsets(pool, &meta->model, o->resident, resident);
+        rc = resident_offsets(pool, &meta->model, o->resident, resident, wcopy);
         r.resident = resident;
+        r.wcopy = wcopy;
     }
     if (rc == 0)
         rc = fy_commit_prepare(x, &meta->model, meta->copies, o->timeout_ms);
     if (rc == 0)
         rc = open_committed(&r, meta, o->resident);
+    if (rc == 0)
+        rc = fill_copies(&r);
     for (unsigned u = 0; rc == 0 && u < units; u++)
         version[u] = meta->step;
     if (rc == 0 && meta->step >= o->steps)
@@ -1944,6 +2051,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     }
     free(version);
     free(resident);
+    free(wcopy);
     free(r.opt_req);
     free(r.opt_parts);
     free(r.row_touched);

@@ -60,7 +60,8 @@ struct fy_train_opts {
      * run starts from are dropped first, as those steps are trained again */
     const char *metrics_path;
     FILE *trace;          /* Chrome trace-event JSON of every request (Perfetto); NULL: none */
-    const unsigned char *resident; /* per unit: state kept in the pool (fy_train_plan_resident) */
+    /* per unit: FY_TRAIN_STREAMED, _KEPT or _KEPT_BF16 (fy_train_plan_resident) */
+    const unsigned char *resident;
     double clip_grad_norm; /* > 0: clip the global gradient norm to this (two backward passes) */
     int ckpt_ssd;          /* 1: the block-input checkpoints go to the SSD store (--ckpt-place ssd) */
     int act_dtype;         /* activations in the pool: FY_DTYPE_F32 or _BF16, the backend's choice
@@ -120,18 +121,30 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype
                       const unsigned char *resident, int clip, unsigned prefetch,
                       unsigned grad_slots, int ckpt_ssd, const struct fy_train_swap *swap,
                       struct fy_pool_region_spec out[10], unsigned *n);
+/* Where a unit's optimizer state lives (fy_train_opts.resident): streamed from the store, kept in
+ * the pool across steps, or kept with a bf16 copy of its weights beside it, which AdamW writes
+ * with the master and the gpu worker reads instead of the master: half the bytes over PCIe, and
+ * the same bits where the backend computes in bf16 anyway (fy_backend_preferred_weight_dtype). */
+enum { FY_TRAIN_STREAMED = 0, FY_TRAIN_KEPT = 1, FY_TRAIN_KEPT_BF16 = 2 };
 /* The memory plan under --cpu-mem: marks, unit 0 first, every unit whose optimizer state (master,
  * m, v) still fits in a pool of at most cpu_mem bytes together with the streaming regions; those
  * units' state stays in the pool across steps (no SSD traffic, written to the store at
- * checkpoints), the others stream from the store. cpu_mem 0: none. Returns how many. */
+ * checkpoints), the others stream from the store. With weight_dtype FY_DTYPE_BF16 the kept units
+ * then get their bf16 copies, unit 0 first, while those fit too (a copy saves PCIe time, a kept
+ * unit SSD time, which is dearer). cpu_mem 0: none. Returns how many units are kept. */
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                                 uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
-                                const struct fy_train_swap *swap, unsigned char *resident);
+                                const struct fy_train_swap *swap, int weight_dtype,
+                                unsigned char *resident);
+/* Units with a bf16 copy of their weights in the plan. */
+unsigned fy_train_weight_copies(const struct fy_gpt_config *c, const unsigned char *resident);
+/* Bytes of unit u's weights that the gpu worker is sent: its bf16 copy's, or its f32 master's. */
+uint64_t fy_train_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
+                               unsigned u);
 /* The block gradient slots for that plan, up to `wanted`: more than the minimum only when every
  * unit's state is resident (then the optimizer is what the gpu may wait for, and more slots let it
- * lag behind the backward instead), as many as still fit cpu_mem, at most one per block. More is
- * not always faster: on the H200 machine AdamW ran 17% slower with 16 slots, next to a backward
- * no longer paced by it (docs/benchmarks.md), so the default is the minimum. */
+ * lag behind the backward instead, its updates going lowest unit first), as many as still fit
+ * cpu_mem, at most one per block. */
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                                   uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
                                   const struct fy_train_swap *swap, const unsigned char *resident,
@@ -168,12 +181,13 @@ void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype
                       struct fy_train_prediction *out);
 
 /* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
- * interface (fp32 weights and gradients, activations in act_dtype; with clipping the second
- * backward pass too; swap's internals down in the forward and up in each backward pass), every
- * input uploaded: the CUDA backend hands a unit's output to the next unit on the device when the
+ * interface (weights as fy_train_upload_bytes, fp32 gradients, activations in act_dtype; with
+ * clipping the second backward pass too; swap's internals down in the forward and up in each
+ * backward pass), every input uploaded: the CUDA backend hands a unit's output to the next unit on the device when the
  * two are in flight together, which spares those uploads. */
 void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                         const struct fy_train_swap *swap, uint64_t *to_gpu, uint64_t *from_gpu);
+                         const struct fy_train_swap *swap, const unsigned char *resident,
+                         uint64_t *to_gpu, uint64_t *from_gpu);
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
 
 /* Learning rate at a step (1-based): linear warmup, then cosine to lr * min_lr_ratio at o->steps. */

@@ -3,7 +3,8 @@
  * measured difference is about 4e-4), and two CUDA runs give identical losses and weights. The
  * overlapped and serial schedules, with the optimizer state all in the pool, all on the store or
  * split, and with the gpu worker's requests queued two deep or completed one at a time, all give
- * the same losses and weights, bit for bit. */
+ * the same losses and weights, bit for bit; so do the kept units' weights sent as the bf16 copies
+ * AdamW writes (--weights-dtype auto on CUDA) and the streamed units' sent as f32 masters. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -176,6 +177,9 @@ static void test_schedules_placements_and_queueing_agree(void **state)
         snprintf(log, sizeof log, "%s/log", dir);
         if (i % 3 == 1)
             assert_true(fy_test_file_contains(log, "optimizer state of 3 of 4 units"));
+        if (i % 3 == 2) /* every unit kept, with its copy: bf16 weights only */
+            assert_true(fy_test_file_contains(log, "weights to the GPU in bf16 for 4 of the 4 "
+                                                   "kept units"));
         losses_of(metrics, losses, sizeof losses);
         print_message("%-8s cpu-mem %-4s %-22s losses %s\n", schedule, mem ? mem : "none",
                       i == 6 ? "one request at a time" : "queued", losses);

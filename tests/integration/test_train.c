@@ -356,6 +356,18 @@ static void test_prediction_by_hand(void **state)
     assert_float_equal(p.d2h_s, 3.18976e-4, 1e-12);
     fy_train_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 1, NULL, resident, &rates, &p);
     assert_float_equal(p.ssd_s, 1.103872e-2 + 3.2768e-4 + 1.6384e-4, 1e-12);
+    /* bf16 weight copies of the kept units: the embeddings' 18432 parameters and block 2's 49984
+     * go up at 2 bytes instead of 4 (block 2 in the forward and the backward), and so do the
+     * head's final unit and wte (128 + 16384), both of its units having copies: 269824 fewer */
+    const unsigned char copies[4] = {FY_TRAIN_KEPT_BF16, FY_TRAIN_STREAMED, FY_TRAIN_KEPT_BF16,
+                                     FY_TRAIN_KEPT_BF16};
+    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, copies, &rates, &p);
+    assert_float_equal(p.h2d_s, 1.007104e-3, 1e-12);
+    assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
+    assert_float_equal(p.ssd_s, 1.103872e-2, 1e-12);
+    assert_int_equal(fy_train_weight_copies(&c, copies), 3);
+    assert_int_equal(fy_train_upload_bytes(&c, copies, 1), 49984 * 4);
+    assert_int_equal(fy_train_upload_bytes(&c, copies, 2), 49984 * 2);
 }
 
 /* fuyou-launch plan with a machine profile of round rates prints, without running anything, the
@@ -951,6 +963,70 @@ static void test_embed_update_in_two_parts(void **state)
     free(trace);
 }
 
+/* --weights-dtype bf16 on the CPU backend: the kept units' weights go to the gpu worker as the
+ * bf16 copies AdamW writes beside their state, which the backend widens (the results of weights
+ * rounded to bf16, so the losses differ from f32 weights'). Overlapped, serial and a run restarted
+ * at every step (each start rounds the committed masters afresh) give the same bits, so the
+ * copies AdamW writes are the masters' rounding; with copies for some of the kept units only
+ * (the others' weights go as f32) and with clipping (a second backward pass), overlap and serial
+ * agree too. */
+static void test_bf16_weights_agree(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    struct same_bits all = {0}, mixed = {0}, clipped = {0};
+    const char *runs[][4] = {
+        {"b-all", "overlap", "1G", NULL}, {"b-all-s", "serial", "1G", NULL},
+        {"b-mixed", "overlap", "76M", NULL}, {"b-mixed-s", "serial", "76M", NULL},
+        {"b-clip", "overlap", "1G", "0.05"}, {"b-clip-s", "serial", "1G", "0.05"},
+    };
+    for (int i = 0; i < 6; i++) {
+        const char *extra[] = {"--weights-dtype", "bf16", "--schedule", runs[i][1], "--cpu-mem",
+                               runs[i][2], runs[i][3] ? "--clip-grad-norm" : NULL, runs[i][3],
+                               NULL};
+        struct same_bits *g = i < 2 ? &all : i < 4 ? &mixed : &clipped;
+        train_same_bits(f, g, fy_test_in(f, runs[i][0]), "2", "256", "3", extra);
+        if (i < 2 || i >= 4)
+            assert_true(fy_test_file_contains(f->log, "weights to the GPU in bf16 for 4 of the 4 "
+                                                      "kept units"));
+        else /* measured: 76M keeps the 4 units and has room for 2 copies */
+            assert_true(fy_test_file_contains(f->log, "weights to the GPU in bf16 for 2 of the 4 "
+                                                      "kept units"));
+    }
+    /* restarted at every step: the copies come from the committed masters each time */
+    char *run = strdup(fy_test_in(f, "b-steps")), out[720], metrics[740];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                          "256", "--ctx", "32", "--seed", "4", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    const char *extra[] = {"--weights-dtype", "bf16", "--cpu-mem", "1G", NULL};
+    const char *steps[] = {"1", "2", "3"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(train_with(f, run, f->data, steps[i], i == 2 ? out : NULL, 0, extra), 0);
+    size_t n;
+    char *w = fy_test_slurp(out, &n), *l = losses(metrics);
+    assert_non_null(w);
+    assert_string_equal(l, all.losses);
+    assert_int_equal(n, all.n);
+    assert_memory_equal(w, all.weights, n);
+    free(w);
+    free(l);
+    /* f32 weights (the CPU backend's default) compute with other numbers */
+    struct same_bits f32 = {0};
+    const char *plain[] = {"--cpu-mem", "1G", NULL};
+    train_same_bits(f, &f32, fy_test_in(f, "b-f32"), "2", "256", "3", plain);
+    assert_true(fy_test_file_contains(f->log, "weights to the GPU in f32"));
+    assert_string_not_equal(f32.losses, all.losses);
+    same_bits_free(&f32);
+    same_bits_free(&all);
+    same_bits_free(&mixed);
+    same_bits_free(&clipped);
+    free(run);
+    const char *bad[] = {"--weights-dtype", "f16", NULL};
+    assert_int_equal(train_with(f, fy_test_in(f, "b-all"), f->data, "4", NULL, 0, bad), 2);
+    assert_true(fy_test_file_contains(f->log, "--weights-dtype f16: give auto, f32 or bf16"));
+}
+
 /* --trace writes Chrome trace-event JSON with every worker's requests; metrics carry busy times. */
 static void test_trace_and_busy_metrics(void **state)
 {
@@ -1484,6 +1560,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_updates_lowest_unit_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fewer_gradient_slots_than_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_embed_update_in_two_parts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_weights_agree, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_plan_by_hand, setup, teardown),
         cmocka_unit_test_setup_teardown(test_probe_then_plan, setup, teardown),
