@@ -19,8 +19,10 @@
 # fit the disk, as 2.7B on the 64 GiB GPU machine),
 # PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_RUNS (instead of
 # every combination of the lists above, these runs in order, each B/PLACEMENT/SCHEDULE/ACT_PLAN
-# with an optional /AFFINITY (--affinity, default auto), e.g. "16/host/overlap/auto
-# 16/host/overlap/auto/gpu=0,io=0,opt=0-7 64/ssd/overlap/recompute"), PIPELINE_ACT_GIB (GiB of
+# with an optional /AFFINITY (--affinity, default auto) and /WEIGHTS (--weights-dtype, default
+# auto), e.g. "16/host/overlap/auto 16/host/overlap/auto/gpu=0,io=0,opt=0-7
+# 16/host/overlap/auto/auto/f32 64/ssd/overlap/recompute"); the wts column says which weights the
+# GPU was sent (bf16 copies for every kept unit, some, or f32), PIPELINE_ACT_GIB (GiB of
 # --cpu-mem beyond the placement's own for swapped activations; 0), PIPELINE_CPU_MEM (one --cpu-mem
 # for every run instead, e.g. 14G: a budget below the state's size whatever the batch, for the
 # largest batch of each act plan), PIPELINE_LOG_DIR (each run's
@@ -39,16 +41,16 @@ work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
-row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %s\n"
-printf "$row_format" config B place schedule act-plan queue gslots "step s" "TFLOP/s" "gpu idle" \
+row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %s\n"
+printf "$row_format" config B place schedule act-plan queue gslots wts "step s" "TFLOP/s" "gpu idle" \
   "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" affinity >"$table"
 "$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
 
-# run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM [GRAD_SLOTS [ACT_PLAN [AFFINITY]]]: STEPS+1 more
-# steps on the config's store
+# run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM [GRAD_SLOTS [ACT_PLAN [AFFINITY [WEIGHTS]]]]:
+# STEPS+1 more steps on the config's store
 run() {
   local cfg=$2 B=$3 place=$4 sched=$5 queue=$6 mem=$7 gslots=${8:-} plan=${9:-auto}
-  local affinity=${10:-auto}
+  local affinity=${10:-auto} weights=${11:-auto}
   local dir=$work/run-$cfg done_steps steps=$STEPS
   [ "$place" = ssd ] && steps=${PIPELINE_SSD_STEPS:-$STEPS}
   done_steps=$(cat "$dir/steps" 2>/dev/null || echo 0)
@@ -58,8 +60,8 @@ run() {
     --batch "$B" --seq "$SEQ" --lr 1e-4 --warmup 1 --eval-every 0 --checkpoint-every 0 \
     --backend "$BACKEND" --gpu-mem 24G --cpu-mem "$mem" --schedule "$sched" \
     ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} --act-plan "$plan" \
-    --affinity "$affinity" ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
-    { echo "run $1 failed:"; tail -5 "$log"; return 1; }
+    --affinity "$affinity" --weights-dtype "$weights" ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
+    { echo "run $1 failed:"; grep -E " error: " "$log" | head -3; tail -3 "$log"; return 1; }
   [ -n "${PIPELINE_LOG_DIR:-}" ] && cp "$log" "$PIPELINE_LOG_DIR/"
   echo $total >"$dir/steps"
   grep -E "plan|resident|state of|blocks kept" "$log" | head -4 | cut -c1-200
@@ -68,6 +70,12 @@ run() {
   # the gradient slots the plan gave (--grad-slots cut to what --cpu-mem holds)
   local held
   held=$(grep -o "[0-9]* block gradients in the pool at once" "$log" | head -1 | cut -d' ' -f1)
+  # the weights the GPU was sent: bf16 (every kept unit's copy), bf16- (some), f32
+  local wts=f32
+  if grep -q "weights to the GPU in bf16" "$log"; then
+    wts=bf16
+    grep -q "no more copies" "$log" && wts=bf16-
+  fi
   # median over the timed steps of each field
   tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" | COMPUTE_S=${COMPUTE_S:-0} python3 -c '
 import json, statistics, sys
@@ -84,20 +92,21 @@ print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f" % (m("step_s"),
       m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0))' |
     while read -r s tf idle g up down r w o bd x; do
       printf "$row_format" "$cfg" "$B" "$place" "$sched" "$plan" \
-        "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$s" "$tf" "$idle" "$g" "$up" \
+        "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$wts" "$s" "$tf" "$idle" "$g" "$up" \
         "$down" "$r" "$w" "$o" "$bd" "$x" "$affinity" | tee -a "$table"
     done
 }
 
 for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
-  # GiB: optimizer state, the streaming slots (12 of the largest unit, the embeddings), the fp32
-  # activations per sequence of the batch; (a) holds all three and 5 GiB (room for the block
-  # gradient slots that let the optimizer lag the backward), (b) the last two and 1 GiB
+  # GiB: optimizer state with the bf16 weight copies, the streaming slots (12 of the largest unit,
+  # the embeddings), the fp32 activations per sequence of the batch; (a) holds all three and 5 GiB
+  # (room for the block gradient slots that let the optimizer lag the backward), (b) the last two
+  # and 1 GiB
   case $cfg in
-    350M) model="--layers 24 --heads 16 --embd 1024"; state=4; slots=2; act=0.11 ;;
-    1.3B) model="--layers 24 --heads 16 --embd 2048"; state=16; slots=5; act=0.21 ;;
-    2.7B) model="--layers 32 --heads 32 --embd 2560"; state=32; slots=7; act=0.35 ;;
-    tiny) model="--layers 2 --heads 4 --embd 64"; state=0.04; slots=0.04; act=0.001 ;; # smoke test
+    350M) model="--layers 24 --heads 16 --embd 1024"; state=5; slots=2; act=0.11 ;;
+    1.3B) model="--layers 24 --heads 16 --embd 2048"; state=19; slots=5; act=0.21 ;;
+    2.7B) model="--layers 32 --heads 32 --embd 2560"; state=37; slots=7; act=0.35 ;;
+    tiny) model="--layers 2 --heads 4 --embd 64"; state=0.05; slots=0.04; act=0.001 ;; # smoke test
     *) echo "unknown config $cfg"; exit 2 ;;
   esac
   t0=$(date +%s)
@@ -126,8 +135,8 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     echo "all on the GPU, every block's internals kept ($cfg, B $B): ${kept:-?}" |
       tee -a "$work/peers"
   }
-  # --cpu-mem of a placement at batch B: GiB of optimizer state, the streaming slots (12 of the
-  # largest unit, the embeddings), the fp32 activations per sequence of the batch; host holds all
+  # --cpu-mem of a placement at batch B: GiB of optimizer state and weight copies, the streaming
+  # slots (12 of the largest unit, the embeddings), the fp32 activations per sequence of the batch; host holds all
   # three and 5 GiB (room for the block gradient slots that let the optimizer lag the backward),
   # ssd the last two and 1 GiB
   mem_for() {
@@ -138,10 +147,11 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
   if [ -n "${PIPELINE_RUNS:-}" ]; then
     # an explicit list of runs, each B/PLACE/SCHEDULE/ACT_PLAN, in order on one store
     for r in $PIPELINE_RUNS; do
-      IFS=/ read -r B place sched plan affinity <<<"$r"
+      IFS=/ read -r B place sched plan affinity weights <<<"$r"
       compute_for "$B"; export COMPUTE_S
-      run "$cfg-$B-$place-$sched-$plan${affinity:+-${affinity//[=,]/_}}" "$cfg" "$B" "$place" \
-        "$sched" 2 "$(mem_for "$place" "$B")" "" "$plan" "${affinity:-auto}"
+      run "$cfg-$B-$place-$sched-$plan${affinity:+-${affinity//[=,]/_}}${weights:+-$weights}" \
+        "$cfg" "$B" "$place" "$sched" 2 "$(mem_for "$place" "$B")" "" "$plan" \
+        "${affinity:-auto}" "${weights:-auto}"
     done
   else
     for B in ${PIPELINE_BATCHES:-16}; do
