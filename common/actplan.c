@@ -17,7 +17,8 @@ static const char *const kind_names[FY_ACT_KINDS] = {"ckpt", "ln1",   "qkv", "at
                                                       "resid", "ln2", "fc",  "gelu"};
 static const char *const place_names[FY_ACT_PLACES] = {"gpu", "host", "ssd", "recompute"};
 static const char *const mode_names[] = {"auto", "recompute", "host", "ssd"};
-static const char *const res_names[FY_RES_COUNT] = {"gpu", "h2d", "d2h", "pcie", "ssd", "opt"};
+static const char *const res_names[FY_RES_COUNT] = {"gpu", "h2d", "d2h", "pcie", "ssd", "opt",
+                                                     "mem"};
 
 /* The forward op producing each kind: its inputs (kinds, -1 ends) and whether the backward reads
  * its output. Ops are listed in forward order, so consumers come after their inputs. */
@@ -161,6 +162,9 @@ int fy_actplan_profile_check(const struct fy_actplan_profile *p)
         FY_REQUIRE(rate_ok(rates[i].v), -EINVAL,
                    "activation profile: %s bandwidth %g B/s: must be positive", rates[i].name,
                    rates[i].v);
+    FY_REQUIRE(p->mem_Bps == 0 || rate_ok(p->mem_Bps), -EINVAL,
+               "activation profile: host memory bandwidth %g B/s: must be positive, or 0 (not "
+               "modelled)", p->mem_Bps);
     FY_REQUIRE(time_ok(p->fwd.gpu_s) && time_ok(p->fwd.opt_s) && time_ok(p->bwd.gpu_s) &&
                    time_ok(p->bwd.opt_s),
                -EINVAL, "activation profile: a GPU or optimizer time outside the blocks is not a "
@@ -220,6 +224,7 @@ static void model(const struct fy_actplan_profile *p, double sum_fwd, double sum
     f->res_s[FY_RES_PCIE] = xfer(A + o->d2h + o->h2d, p->duplex_Bps);
     f->res_s[FY_RES_SSD] = xfer(S + o->ssd_write, p->ssd_write_Bps) + xfer(o->ssd_read, p->ssd_read_Bps);
     f->res_s[FY_RES_OPT] = o->opt_s;
+    f->res_s[FY_RES_MEM] = p->mem_Bps > 0 ? xfer(A + S + o->mem, p->mem_Bps) : 0;
     phase_max(f);
 
     o = &p->bwd;
@@ -230,6 +235,7 @@ static void model(const struct fy_actplan_profile *p, double sum_fwd, double sum
     b->res_s[FY_RES_PCIE] = xfer(A + o->h2d + o->d2h, p->duplex_Bps);
     b->res_s[FY_RES_SSD] = xfer(S + o->ssd_read, p->ssd_read_Bps) + xfer(o->ssd_write, p->ssd_write_Bps);
     b->res_s[FY_RES_OPT] = o->opt_s;
+    b->res_s[FY_RES_MEM] = p->mem_Bps > 0 ? xfer(A + S + o->mem, p->mem_Bps) : 0;
     phase_max(b);
 
     out->step_s = f->s + b->s;

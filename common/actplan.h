@@ -47,12 +47,18 @@
  *             pcie = (A + o.d2h + o.h2d) / duplex_Bps (both directions at once)
  *             ssd  = (S + o.ssd_write) / ssd_write_Bps + o.ssd_read / ssd_read_Bps (one disk)
  *             opt  = o.opt_s
+ *             mem  = (A + S + o.mem) / mem_Bps
  *   backward: gpu  = sum bwd_s + o.gpu_s + R
  *             h2d  = (A + o.h2d) / h2d_Bps           d2h = o.d2h / d2h_Bps
  *             pcie = (A + o.h2d + o.d2h) / duplex_Bps
  *             ssd  = (S + o.ssd_read) / ssd_read_Bps + o.ssd_write / ssd_write_Bps
  *             opt  = o.opt_s
- * GPU-kept bytes cost GPU memory only. It ignores per-layer stalls (a prefetch arriving late in one
+ *             mem  = (A + S + o.mem) / mem_Bps
+ * mem is host memory, which every copy to or from the pool (PCIe and disk DMA alike) and the
+ * optimizer's reads and writes share: a swapped byte crosses it once on its way out of the GPU and
+ * once back, an SSD-placed byte once more each way (0 when mem_Bps is 0: not modelled). On the
+ * H200 machine AdamW ran 0.7 times its rate alone beside the backward's copies at batch 16, and
+ * this term accounts for that (docs/benchmarks.md). GPU-kept bytes cost GPU memory only. It ignores per-layer stalls (a prefetch arriving late in one
  * layer and early in another average out) and the fixed working set of the layers in flight (GPU
  * staging, host slots of SSD-bound activations): the caller passes budgets net of those.
  *
@@ -77,8 +83,8 @@
  * partial item (at most s_max more recompute) and loses less than one item per tier boundary to
  * packing (at most b_max more bytes off the GPU, 2*b_max more on the SSD); a phase's maximum grows
  * by at most the largest growth of its terms, so
- *   auto - optimum <= max(b_max/d2h, b_max/duplex, 2*b_max/ssd_write)
- *                   + max(s_max, b_max/h2d, b_max/duplex, 2*b_max/ssd_read)
+ *   auto - optimum <= max(b_max/d2h, b_max/duplex, 2*b_max/ssd_write, 3*b_max/mem)
+ *                   + max(s_max, b_max/h2d, b_max/duplex, 2*b_max/ssd_read, 3*b_max/mem)
  * (s_max: the largest saving, b_max: the largest item, checkpoints included).
  *
  * Errors: -EINVAL for a malformed profile or placement, -ENOSPC for a plan that does not fit,
@@ -118,6 +124,7 @@ enum fy_actplan_res {
     FY_RES_PCIE, /* both directions together */
     FY_RES_SSD,  /* reads + writes, one disk */
     FY_RES_OPT,  /* the CPU optimizer */
+    FY_RES_MEM,  /* host memory: the copies to and from the pool and the optimizer's traffic */
     FY_RES_COUNT
 };
 
@@ -181,12 +188,15 @@ struct fy_actplan_other {   /* what the rest of a phase puts on the shared resou
     uint64_t ssd_read, ssd_write;
     double gpu_s;           /* compute outside the blocks: embeddings, head */
     double opt_s;           /* CPU optimizer time in this phase */
+    uint64_t mem;           /* host memory bytes: the copies above (PCIe and SSD) and the
+                               optimizer's reads and writes */
 };
 struct fy_actplan_profile {
     int n_layer;
     const struct fy_actplan_layer_prof *layer; /* [n_layer], the caller's */
     double h2d_Bps, d2h_Bps, duplex_Bps;       /* PCIe; duplex = both directions summed */
     double ssd_read_Bps, ssd_write_Bps;
+    double mem_Bps;                            /* host memory; 0: not modelled */
     struct fy_actplan_other fwd, bwd;
     uint64_t gpu_bytes;  /* GPU memory for kept activations */
     uint64_t host_bytes; /* pinned pool for host-placed activations */

@@ -49,6 +49,14 @@ static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
  * the H200 (1.3B, batch 64: 108 ms for 41 TFLOP), so it is estimated at that share. */
 #define HEAD_RATE_SHARE 0.5
 
+/* Host memory bytes an f32 AdamW update moves per parameter: it reads the gradient, master, m and
+ * v and writes the last three (a bf16 weights copy writes 2 more). The profile times AdamW alone,
+ * which gives host memory's bandwidth as this many bytes per parameter at the measured rate: the
+ * copies to and from the pool share it with AdamW (actplan.h, "mem"). */
+#define ADAMW_BYTES 28
+
+static double mem_Bps(const struct fy_actrun_in *in) { return in->rates.opt_params * ADAMW_BYTES; }
+
 static uint64_t unit_f32(const struct fy_gpt_config *c, unsigned u)
 {
     return fy_gpt_unit_params(c, u) * 4;
@@ -92,6 +100,12 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     bwd->gpu_s = passes * keep * p->bwd_s + (passes - 1) * planned * (p->bwd_s + full_recompute);
     double params = (double)fy_gpt_total_params(c);
     bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + 4.0 / 28.0 : 1.0);
+    fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;
+    bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write;
+    for (unsigned u = 0; u < units; u++) { /* the updates, copies written, clipping's sums */
+        int copy = in->resident != NULL && in->resident[u] == FY_TRAIN_KEPT_BF16;
+        bwd->mem += fy_gpt_unit_params(c, u) * (ADAMW_BYTES + 2 * copy + 4 * in->clip);
+    }
 }
 
 /* A phase with no planned blocks: its slowest resource (the cost model of actplan.h, A = 0). */
@@ -100,7 +114,8 @@ static double phase_alone(const struct fy_actplan_other *o, const struct fy_actr
     const struct fy_gpt_profile *p = in->prof;
     double t[] = {o->gpu_s, o->h2d / p->h2d_Bps, o->d2h / p->d2h_Bps,
                   (o->h2d + o->d2h) / p->duplex_Bps,
-                  o->ssd_read / in->rates.ssd_read + o->ssd_write / in->rates.ssd_write, o->opt_s};
+                  o->ssd_read / in->rates.ssd_read + o->ssd_write / in->rates.ssd_write, o->opt_s,
+                  o->mem / mem_Bps(in)};
     double most = 0;
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         most = t[i] > most ? t[i] : most;
@@ -135,6 +150,7 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
     prof.duplex_Bps = in->prof->duplex_Bps;
     prof.ssd_read_Bps = in->rates.ssd_read;
     prof.ssd_write_Bps = in->rates.ssd_write;
+    prof.mem_Bps = mem_Bps(in);
     prof.gpu_bytes = 0; /* a block on the GPU keeps everything: the kept ones, outside the plan */
     prof.host_bytes = host_room + (uint64_t)planned * sizes->bytes[FY_ACT_CKPT];
     prof.ssd_bytes = ssd_room;
@@ -269,6 +285,30 @@ int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
         return rc;
     }
     fy_train_swap_of(out->place, in->c->n_layer, &out->sizes, &out->swap);
+    return 0;
+}
+
+int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r)
+{
+    if (in->prof == NULL || in->mode == FY_ACTPLAN_AUTO)
+        return 0;
+    /* the planner's forced placement of every block is the one plan_forced made (a test's mix
+     * aside); the budgets were checked there and by the pool's layout, so they are not binding */
+    const uint64_t ample = UINT64_MAX / 4;
+    struct fy_actplan *plan = NULL;
+    double step;
+    FY_TRY(plan_rest(in, &r->sizes, 0, (enum fy_actplan_mode)in->mode, ample, ample, &plan,
+                     &step));
+    fy_actplan_destroy(&r->plan);
+    r->plan = plan;
+    r->predicted_s = step;
+    char text[1024];
+    fy_actplan_describe(plan, text, sizeof text);
+    char *phases = strstr(text, "predicted step");
+    if (phases != NULL)
+        phases[strcspn(phases, "\n")] = '\0';
+    fy_info("plan: activations (%s): %s, from the measured block profile",
+            fy_actplan_mode_name(in->mode), phases != NULL ? phases : "predicted");
     return 0;
 }
 

@@ -55,11 +55,17 @@ struct fy_actrun {
      * when it was not planned) */
     int keep_a, keep_b;
     double step_a, step_b;
-    struct fy_actplan *plan; /* auto: the planner's result over the blocks not kept (or NULL) */
+    /* auto: the planner's result over the blocks not kept (or NULL); a forced mode: its
+     * placement's prediction (fy_actrun_predict) */
+    struct fy_actplan *plan;
 };
 
 /* -EINVAL, -ENOSPC (a forced plan that does not fit), -ENOMEM, said. */
 int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out);
+/* A forced mode's (recompute, host, ssd) predicted step, from the profile (none without one)
+ * under in->resident as it is now (the optimizer state's residency is planned after a forced
+ * placement): r->predicted_s and r->plan (its phases, for fy_actrun_log), said in one line. */
+int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r);
 void fy_actrun_free(struct fy_actrun *r);
 /* The plan for people, one fy_info line each. */
 void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in);

@@ -1025,14 +1025,20 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
     *in = (struct fy_actrun_in){.c = model, .B = (int)o->batch, .T = (int)o->seq, .mode = mode,
                                 .backend = o->backend, .act_dtype = act_dtype, .clip = clip,
                                 .resident = resident, .rates = fy_train_reference_rates()};
-    if (mode == FY_ACTPLAN_AUTO && model->arch != FY_ARCH_LLAMA && !o->inprocess) {
+    /* every mode is profiled: auto plans from it, the forced ones are predicted from it */
+    if (model->arch != FY_ARCH_LLAMA && !o->inprocess) {
         int rc = profile_run(o, model, act_dtype, prof, &in->rates);
         if (rc == -EINTR || rc == -ECHILD)
             return rc;
-        if (rc < 0) /* loudly, and on with what needs no profile */
+        if (rc < 0 && mode == FY_ACTPLAN_AUTO) /* loudly, and on with what needs no profile */
             fy_warn("--act-plan auto: profiling a block failed (above): planning without it, the "
                     "gpu worker keeps the internals of what fits and nothing is swapped");
+        else if (rc < 0)
+            fy_warn("--act-plan %s: profiling a block failed (above): the step is not predicted",
+                    o->act_plan);
         in->prof = rc == 0 ? prof : NULL;
+    }
+    if (mode == FY_ACTPLAN_AUTO && model->arch != FY_ARCH_LLAMA && !o->inprocess) {
         struct fy_pool_region_spec regions[10];
         unsigned n;
         fy_train_regions(model, in->B, in->T, act_dtype, resident, clip, (unsigned)o->prefetch,
@@ -1402,6 +1408,8 @@ static int cmd_train(struct options *o)
                               &act);
         swap = act.swap;
     }
+    if (rc == 0 && act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
+        rc = fy_actrun_predict(&act_in, &act);
     if (rc == 0)
         rc = fy_config_setf(cfg, "train.act_keep", "%d", act.keep < 0 ? (int)model.n_layer
                                                                        : act.keep);

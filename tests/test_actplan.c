@@ -223,6 +223,22 @@ static void test_cost_by_hand(void **state)
     assert_near(pr.bwd.s, 14.7, 1e-12);
     assert_int_equal(pr.bwd.bound, FY_RES_SSD);
     assert_near(pr.step_s, 20.25, 1e-12);
+    /* host memory, which every copy and the optimizer share: the bytes off the GPU, the SSD's once
+     * more, and the phase's own */
+    p.mem_Bps = 100;
+    p.fwd.mem = 300;
+    p.bwd.mem = 1500;
+    assert_int_equal(fy_actplan_predict(&p, &s, place, &pr), 0);
+    assert_near(pr.fwd.res_s[FY_RES_MEM], (1110 + 610 + 300) / 100.0, 1e-12);
+    assert_int_equal(pr.fwd.bound, FY_RES_MEM);
+    assert_near(pr.bwd.res_s[FY_RES_MEM], (1110 + 610 + 1500) / 100.0, 1e-12);
+    assert_int_equal(pr.bwd.bound, FY_RES_MEM);
+    assert_near(pr.step_s, 20.2 + 32.2, 1e-12);
+    assert_string_equal(fy_actplan_res_name(FY_RES_MEM), "mem");
+    p.mem_Bps = -1;
+    assert_int_equal(fy_actplan_predict(&p, &s, place, &pr), -EINVAL);
+    p.mem_Bps = 0; /* not modelled */
+    p.fwd.mem = p.bwd.mem = 0;
 
     /* checkpoints on the GPU, everything else recomputed: compute-bound both ways */
     unsigned char rc[2 * K] = {G, R, R, R, R, R, R, R, G, R, R, R, R, R, R, R};
@@ -575,6 +591,10 @@ static double stated_bound(const struct fy_actplan_profile *p, const struct fy_a
         }
     double f = fmax(fmax(bmax / p->d2h_Bps, bmax / p->duplex_Bps), 2 * bmax / p->ssd_write_Bps);
     double b = fmax(fmax(smax, bmax / p->h2d_Bps), fmax(bmax / p->duplex_Bps, 2 * bmax / p->ssd_read_Bps));
+    if (p->mem_Bps > 0) {
+        f = fmax(f, 3 * bmax / p->mem_Bps);
+        b = fmax(b, 3 * bmax / p->mem_Bps);
+    }
     return f + b;
 }
 
@@ -592,6 +612,12 @@ static void test_brute_force(void **state)
         struct fy_actplan_profile p;
         random_profile(&seed, &p, lp, 2, &s);
         p.ssd_bytes = UINT64_MAX; /* the bound assumes unlimited SSD room */
+        if (iter % 2) { /* host memory too, from a seed of its own (the others' draws unchanged) */
+            uint64_t mseed = 7 + (uint64_t)iter;
+            p.mem_Bps = (p.h2d_Bps + p.d2h_Bps) * urand(&mseed, 0.5, 3);
+            p.fwd.mem = (uint64_t)urand(&mseed, 0, 2.0 * (double)sum_bytes(&s, 1, 1));
+            p.bwd.mem = (uint64_t)urand(&mseed, 0, 6.0 * (double)sum_bytes(&s, 1, 1));
+        }
         /* budgets that bind: a fraction of the two layers' bytes */
         uint64_t total = 2 * sum_bytes(&s, 1, 1);
         p.gpu_bytes = iter % 5 == 0 ? 0 : (uint64_t)urand(&seed, 0, 0.7 * (double)total);
