@@ -56,11 +56,12 @@
  *             mem  = (A + S + o.mem) / mem_Bps
  * mem is host memory, which every copy to or from the pool (PCIe and disk DMA alike) and the
  * optimizer's reads and writes share: a swapped byte crosses it once on its way out of the GPU and
- * once back, an SSD-placed byte once more each way (0 when mem_Bps is 0: not modelled). On the
- * H200 machine AdamW ran 0.7 times its rate alone beside the backward's copies at batch 16, and
- * this term accounts for that (docs/benchmarks.md). GPU-kept bytes cost GPU memory only. It ignores per-layer stalls (a prefetch arriving late in one
- * layer and early in another average out) and the fixed working set of the layers in flight (GPU
- * staging, host slots of SSD-bound activations): the caller passes budgets net of those.
+ * once back, an SSD-placed byte once more each way (0 when mem_Bps is 0: not modelled). On the H200
+ * machine AdamW ran 0.7 times its rate alone beside the backward's copies at batch 16, and this
+ * term accounts for that (docs/benchmarks.md). GPU-kept bytes cost GPU memory only. It ignores
+ * per-layer stalls (a prefetch arriving late in one layer and early in another average out) and the
+ * fixed working set of the layers in flight (GPU staging, host slots of SSD-bound activations): the
+ * caller passes budgets net of those.
  *
  * PLANNER (fy_actplan_new). Forced modes: "recompute" = checkpoints on the host (the pool, as the
  * current training schedule keeps them), everything else recomputed; "host" = checkpoints and every

@@ -60,7 +60,8 @@ struct fy_backend_ops {
 
     /* GPT, layer by layer, on host buffers of the pool (the semantics of gpu_worker/cpu/
      * gpt_cpu.h): weights f32 unless gpt_weights_bf16 switched them to bf16, gradients f32,
-     * activations (x, y, dx, dy) f32 unless gpt_acts_bf16 switched them to bf16. A backend without these (NULL) cannot train.
+     * activations (x, y, dx, dy) f32 unless gpt_acts_bf16 switched them to bf16. A backend
+     * without these (NULL) cannot train.
      * gpt_prepare sizes the backend's private scratch for batches of B sequences of T tokens
      * before any other gpt call. */
     int (*gpt_prepare)(void *state, const struct fy_gpt_config *c, int B, int T);

@@ -144,8 +144,8 @@ static void usage(FILE *f)
             "               N - 1 blocks and finish while the next forward runs; used only when all\n"
             "               optimizer state fits in --cpu-mem, and cut to what fits\n"
             "               --weights-dtype auto|f32|bf16 (auto) the weights the GPU is sent:\n"
-            "               bf16 keeps a bf16 copy beside each unit's state in the pool (2 bytes\n"
-            "               a parameter, which AdamW rewrites) and halves the weights' PCIe bytes;\n"
+            "               bf16: a bf16 copy of each kept unit's weights (2 bytes a parameter,\n"
+            "               rewritten by AdamW) beside its state is sent: half the PCIe bytes;\n"
             "               auto: bf16 on CUDA (it computes in bf16: the same results), f32 on\n"
             "               the CPU backend (bf16 there rounds the weights first, as CUDA does)\n"
             "               --trace FILE (Chrome trace-event JSON of every request; open in Perfetto)\n"
@@ -191,8 +191,8 @@ enum {
     O_SEED, O_GRAD_DTYPE, O_LR, O_WD, O_IMPL, O_QD, O_BLOCK, O_STRIPE, O_READY, O_TIMEOUT, O_DATA,
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
-    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_WEIGHTS_DTYPE, O_CKPT_PLACE, O_ACT_PLAN, O_FROM_HF, O_TO_HF, O_DTYPE,
-    O_MAX_SHARD,
+    O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_ACT_PLAN, O_FROM_HF, O_TO_HF, O_DTYPE,
+    O_MAX_SHARD, O_WEIGHTS_DTYPE,
     O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD,
     O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED, O_MAX_RESTARTS, O_STATE_COPIES,
     O_MACHINE

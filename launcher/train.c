@@ -83,7 +83,7 @@ struct run {
     int wslot_unit[FY_TRAIN_PREFETCH_MAX + 2], state_unit[2];
     uint64_t wslot_off[FY_TRAIN_PREFETCH_MAX + 2], state_off[2]; /* where the slot's contents are (a resident unit's own) */
     uint64_t *resident;                  /* per unit: its state's offset in the pool, or 0 */
-    uint64_t *wcopy; /* per unit: its bf16 weights copy's offset in the pool, or 0 (FY_TRAIN_KEPT_BF16) */
+    uint64_t *wcopy; /* per unit: its bf16 weights copy's offset in the pool, or 0 */
     /* Checkpoints (the blocks' inputs x_0..x_L): item i is x_i, in the acts region; with
      * --ckpt-place ssd x_0..x_{L-1} go through its slots to the store. */
     struct spill ckpt;
@@ -666,7 +666,10 @@ static int weights_of(struct run *r, unsigned u, unsigned slot, uint64_t *offset
     return 0;
 }
 
-static int has_copy(const struct run *r, unsigned u) { return r->wcopy != NULL && r->wcopy[u] != 0; }
+static int has_copy(const struct run *r, unsigned u)
+{
+    return r->wcopy != NULL && r->wcopy[u] != 0;
+}
 
 /* Unit u's weights as a gpu request's part: its bf16 copy where it has one and copy_ok (the
  * weights of one request share a dtype), else its f32 master weights at pool offset `master`. */
@@ -1944,8 +1947,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     r.at_copy = calloc(units, 1);
     r.known = calloc(units, 1);
     r.digest = calloc(units, sizeof *r.digest);
-    int rc = version && resident && wcopy && r.opt_req && r.opt_parts && r.row_touched && r.opt_sent &&
-                     r.queue && r.at_copy && r.known && r.digest ? 0 : -ENOMEM;
+    int rc = version && resident && wcopy && r.opt_req && r.opt_parts && r.row_touched &&
+                     r.opt_sent && r.queue && r.at_copy && r.known && r.digest ? 0 : -ENOMEM;
     const char *whole = getenv("FUYOU_TEST_EMBED_WHOLE");
     r.embed_split = whole == NULL || strcmp(whole, "1") != 0;
     if (!r.embed_split)

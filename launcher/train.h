@@ -183,8 +183,8 @@ void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype
 /* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
  * interface (weights as fy_train_upload_bytes, fp32 gradients, activations in act_dtype; with
  * clipping the second backward pass too; swap's internals down in the forward and up in each
- * backward pass), every input uploaded: the CUDA backend hands a unit's output to the next unit on the device when the
- * two are in flight together, which spares those uploads. */
+ * backward pass), every input uploaded: the CUDA backend hands a unit's output to the next unit on
+ * the device when the two are in flight together, which spares those uploads. */
 void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
                          const struct fy_train_swap *swap, const unsigned char *resident,
                          uint64_t *to_gpu, uint64_t *from_gpu);

@@ -126,6 +126,17 @@ int fy_refmodel_init(struct fy_refmodel *m, const struct fy_gpt_config *cfg, int
     return 0;
 }
 
+struct fy_gpt_config fy_refmodel_llama_small(int tied)
+{
+    struct fy_gpt_config c = {.n_layer = 2, .n_head = 4, .n_embd = 256, .vocab = 300, .ctx = 64,
+                              .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 344,
+                              .tied = (uint32_t)tied, .rope_type = FY_ROPE_LLAMA3,
+                              .rope_orig_max_pos = 8, .rms_eps = 1e-5f, .rope_theta = 500000.0,
+                              .rope_factor = 8.0, .rope_low_freq_factor = 1.0,
+                              .rope_high_freq_factor = 4.0};
+    return c;
+}
+
 void fy_refmodel_free(struct fy_refmodel *m)
 {
     for (unsigned u = 0; u < m->n_units; u++) {

@@ -48,6 +48,10 @@ struct fy_refmodel_output {
 int fy_refmodel_init(struct fy_refmodel *m, const struct fy_gpt_config *cfg, int B, int T,
                      uint64_t seed);
 void fy_refmodel_free(struct fy_refmodel *m);
+/* A small Llama for the GPU tests: 2 layers, 256 wide, 4 heads of 64 with 2 kv heads, MLP 344,
+ * vocab 300, llama3 rope with an original context (8) below their T, so that every branch of its
+ * scaling is used; the head tied to the embeddings or not. */
+struct fy_gpt_config fy_refmodel_llama_small(int tied);
 
 /* Forward and backward of the whole model on backend b (gpt_prepare for B x T first), unit by unit
  * as the gpu worker runs them: each block's input kept as its checkpoint, blocks recomputed in

@@ -42,7 +42,8 @@ rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
 row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %s\n"
-printf "$row_format" config B place schedule act-plan queue gslots wts "step s" "TFLOP/s" "gpu idle" \
+printf "$row_format" config B place schedule act-plan queue gslots wts "step s" "TFLOP/s" \
+  "gpu idle" \
   "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" affinity >"$table"
 "$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
 
@@ -60,7 +61,8 @@ run() {
     --batch "$B" --seq "$SEQ" --lr 1e-4 --warmup 1 --eval-every 0 --checkpoint-every 0 \
     --backend "$BACKEND" --gpu-mem 24G --cpu-mem "$mem" --schedule "$sched" \
     ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} --act-plan "$plan" \
-    --affinity "$affinity" --weights-dtype "$weights" ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
+    --affinity "$affinity" --weights-dtype "$weights" \
+    ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
     { echo "run $1 failed:"; grep -E " error: " "$log" | head -3; tail -3 "$log"; return 1; }
   [ -n "${PIPELINE_LOG_DIR:-}" ] && cp "$log" "$PIPELINE_LOG_DIR/"
   echo $total >"$dir/steps"
@@ -136,9 +138,9 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
       tee -a "$work/peers"
   }
   # --cpu-mem of a placement at batch B: GiB of optimizer state and weight copies, the streaming
-  # slots (12 of the largest unit, the embeddings), the fp32 activations per sequence of the batch; host holds all
-  # three and 5 GiB (room for the block gradient slots that let the optimizer lag the backward),
-  # ssd the last two and 1 GiB
+  # slots (12 of the largest unit, the embeddings), the fp32 activations per sequence of the batch;
+  # host holds all three and 5 GiB (room for the block gradient slots that let the optimizer lag
+  # the backward), ssd the last two and 1 GiB
   mem_for() {
     [ -n "${PIPELINE_CPU_MEM:-}" ] && { echo "$PIPELINE_CPU_MEM"; return; }
     awk -v p=$1 -v s=$state -v k=$slots -v a=$act -v b=$2 -v x=${PIPELINE_ACT_GIB:-0} \

@@ -415,17 +415,6 @@ static void test_swapped_blocks_queued(void **state)
 
 /* ---- weights as bf16 in host memory ---- */
 
-/* test_cuda_llama's model: grouped-query attention, llama3-scaled rope, tied or untied head. */
-static struct fy_gpt_config llama_cfg(int tied)
-{
-    struct fy_gpt_config c = {.n_layer = 2, .n_head = 4, .n_embd = 256, .vocab = 300, .ctx = 64,
-                              .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 344,
-                              .tied = (uint32_t)tied, .rope_type = FY_ROPE_LLAMA3,
-                              .rope_orig_max_pos = 8, .rms_eps = 1e-5f, .rope_theta = 500000.0,
-                              .rope_factor = 8.0, .rope_low_freq_factor = 1.0,
-                              .rope_high_freq_factor = 4.0};
-    return c;
-}
 
 /* Floats of the pieces a pass reads and writes. */
 struct wsizes {
@@ -602,7 +591,7 @@ static void weights_bf16_case(const struct fy_gpt_config *c, const char *name)
 static void test_bf16_host_weights_same_bits(void **state)
 {
     weights_bf16_case(&cfg, "GPT-2");
-    struct fy_gpt_config tied = llama_cfg(1), untied = llama_cfg(0);
+    struct fy_gpt_config tied = fy_refmodel_llama_small(1), untied = fy_refmodel_llama_small(0);
     weights_bf16_case(&tied, "Llama, tied head");
     weights_bf16_case(&untied, "Llama, untied head");
 }

@@ -34,18 +34,8 @@
 static struct fy_backend *cuda, *cpu;
 static const int B = 3, T = 37;
 
-/* 2 layers, 256 wide, 4 heads of 64 with 2 kv heads, MLP 344, vocab 300, llama3 rope with an
- * original context (8) below T, so that every branch of its scaling is used. */
-static struct fy_gpt_config llama(int tied)
-{
-    struct fy_gpt_config c = {.n_layer = 2, .n_head = 4, .n_embd = 256, .vocab = 300, .ctx = 64,
-                              .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 344,
-                              .tied = (uint32_t)tied, .rope_type = FY_ROPE_LLAMA3,
-                              .rope_orig_max_pos = 8, .rms_eps = 1e-5f, .rope_theta = 500000.0,
-                              .rope_factor = 8.0, .rope_low_freq_factor = 1.0,
-                              .rope_high_freq_factor = 4.0};
-    return c;
-}
+/* fy_refmodel_llama_small: its rope's original context (8) is below T. */
+static struct fy_gpt_config llama(int tied) { return fy_refmodel_llama_small(tied); }
 
 #define rel_err fy_refmodel_rel_err
 
