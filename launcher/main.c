@@ -1006,14 +1006,16 @@ static void swap_room(const struct options *o, uint64_t pool_bytes, uint64_t *ho
     *ssd = avail > (1ull << 30) ? avail - (1ull << 30) : 0;
 }
 
-/* The plan for the blocks' internals (launcher/actrun.h): forced modes as they are; auto profiles
- * a block first on a backend that can (not the Llama blocks) and plans within the room the pool
- * and the store leave. */
 /* The dtype of the weights the gpu worker is sent (--weights-dtype, auto: the backend's). */
 static int weight_dtype_of(const struct options *o)
 {
     return o->weights_dtype ? o->weights_dtype : fy_backend_preferred_weight_dtype(o->backend);
 }
+
+/* The plan for the blocks' internals (launcher/actrun.h): every mode profiles a block first on a
+ * backend that can (not the Llama blocks); auto plans from the profile within the room the pool
+ * and the store leave, the forced modes are placed as they are (and predicted from the profile
+ * once the state's residency is planned, fy_actrun_predict). */
 
 static int plan_activations(const struct options *o, const struct fy_gpt_config *model,
                             int act_dtype, int clip, int ckpt_ssd, const unsigned char *resident,
