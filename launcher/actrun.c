@@ -99,7 +99,7 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
         full_recompute += p->recompute_s[k];
     bwd->gpu_s = passes * keep * p->bwd_s + (passes - 1) * planned * (p->bwd_s + full_recompute);
     double params = (double)fy_gpt_total_params(c);
-    bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + 4.0 / 28.0 : 1.0);
+    bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + 4.0 / ADAMW_BYTES : 1.0);
     fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;
     bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write;
     for (unsigned u = 0; u < units; u++) { /* the updates, copies written, clipping's sums */

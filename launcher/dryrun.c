@@ -91,11 +91,6 @@ static int gpu_need(const struct fy_dryrun_in *in, const struct fy_gpt_config *c
     return 1;
 }
 
-static int weight_dtype_of(const struct fy_dryrun_in *in)
-{
-    return in->weight_dtype ? in->weight_dtype : fy_backend_preferred_weight_dtype(in->backend);
-}
-
 static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
                     uint64_t cpu_mem, struct shape *s)
 {
@@ -109,12 +104,12 @@ static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c
     s->ckpt_ssd = in->ckpt_place == 1;
     if (in->ckpt_place == 2) { /* as train's --ckpt-place auto */
         unsigned all = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip,
-                                              in->prefetch, 0, swap, weight_dtype_of(in),
+                                              in->prefetch, 0, swap, in->weight_dtype,
                                               s->resident);
         s->ckpt_ssd = cpu_mem != 0 && all < units;
     }
     s->kept = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
-                                     s->ckpt_ssd, swap, weight_dtype_of(in), s->resident);
+                                     s->ckpt_ssd, swap, in->weight_dtype, s->resident);
     struct fy_pool_region_spec regions[10];
     unsigned n;
     /* as train's default --grad-slots: as many as the budget holds, up to the most */

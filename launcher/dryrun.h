@@ -24,8 +24,8 @@ struct fy_dryrun_in {
      * train's forced placements do (their pool, slots, swap sets on the GPU, traffic and store
      * extents); auto and recompute are planned with the blocks recomputed */
     int act_mode;
-    /* the weights the gpu worker is sent (train's --weights-dtype): FY_DTYPE_F32, _BF16 (copies
-     * beside the kept state), or 0: the backend's */
+    /* the weights the gpu worker is sent (train's --weights-dtype, resolved for the backend):
+     * FY_DTYPE_F32, or _BF16 (copies beside the kept state) */
     int weight_dtype;
     unsigned copies;      /* of the state in the store: 2 or 1 */
     uint64_t cpu_mem, gpu_mem; /* 0: no cap */

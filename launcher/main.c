@@ -1006,10 +1006,11 @@ static void swap_room(const struct options *o, uint64_t pool_bytes, uint64_t *ho
     *ssd = avail > (1ull << 30) ? avail - (1ull << 30) : 0;
 }
 
-/* The dtype of the weights the gpu worker is sent (--weights-dtype, auto: the backend's). */
-static int weight_dtype_of(const struct options *o)
+/* The dtype of the weights the gpu worker of `backend` is sent (--weights-dtype, auto: the
+ * backend's). */
+static int weight_dtype_of(const struct options *o, const char *backend)
 {
-    return o->weights_dtype ? o->weights_dtype : fy_backend_preferred_weight_dtype(o->backend);
+    return o->weights_dtype ? o->weights_dtype : fy_backend_preferred_weight_dtype(backend);
 }
 
 /* The plan for the blocks' internals (launcher/actrun.h): every mode profiles a block first on a
@@ -1089,7 +1090,7 @@ static int cmd_plan(struct options *o)
     enum fy_actplan_mode act_mode;
     FY_TRY(fy_actplan_mode_parse(o->act_plan, &act_mode));
     struct fy_dryrun_in in = {.B = (int)o->batch, .T = (int)o->seq, .clip = o->clip_grad_norm > 0,
-                              .act_mode = act_mode, .weight_dtype = o->weights_dtype,
+                              .act_mode = act_mode,
                               .prefetch = (unsigned)o->prefetch, .ckpt_place = o->ckpt_place,
                               .copies = (unsigned)o->state_copies, .cpu_mem = o->cpu_mem,
                               .gpu_mem = o->gpu_mem, .ssd = o->ssd};
@@ -1113,6 +1114,7 @@ static int cmd_plan(struct options *o)
     /* for the machine it plans for, not this one: auto is CUDA wherever the build has it */
     in.backend = strcmp(o->backend, "auto") == 0 ? (fy_backend_cuda_built() ? "cuda" : "cpu")
                                                  : o->backend;
+    in.weight_dtype = weight_dtype_of(o, in.backend);
     char probed[PATH_MAX + 16] = "";
     if (o->machine == NULL && o->run_dir != NULL) {
         snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
@@ -1209,12 +1211,13 @@ static int cmd_profile(struct options *o)
     o->backend = fy_backend_resolve(o->backend);
     o->act_plan = "auto";
     int act_dtype = fy_backend_preferred_act_dtype(o->backend), clip = o->clip_grad_norm > 0;
+    int weight_dtype = weight_dtype_of(o, o->backend);
     unsigned char *resident = rc == 0 ? calloc(fy_gpt_unit_count(&model), 1) : NULL;
     if (rc == 0 && resident == NULL)
         rc = -ENOMEM;
     if (rc == 0)
         fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype, o->cpu_mem, clip,
-                               (unsigned)o->prefetch, 0, NULL, weight_dtype_of(o), resident);
+                               (unsigned)o->prefetch, 0, NULL, weight_dtype, resident);
     struct fy_gpt_profile prof;
     struct fy_actrun_in in;
     struct fy_actrun act = {0};
@@ -1345,6 +1348,7 @@ static int cmd_train(struct options *o)
                 fy_backend_cuda_built() ? "no CUDA device is visible"
                                         : "this build has no CUDA backend (nvcc was not found)");
     int act_dtype = fy_backend_preferred_act_dtype(o->backend);
+    int weight_dtype = weight_dtype_of(o, o->backend);
     if (rc == 0)
         rc = train_config(o, &model, act_dtype, cfg);
     if (rc < 0) {
@@ -1395,7 +1399,7 @@ static int cmd_train(struct options *o)
          * state each step (weights read, state read and written), a checkpoint 2 per byte. */
         unsigned all = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
                                               o->cpu_mem, clipping, (unsigned)o->prefetch, 0,
-                                              &swap, weight_dtype_of(o), resident);
+                                              &swap, weight_dtype, resident);
         ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(&model);
         fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
                 ckpt_ssd ? "on the SSD store" : "in the shared pool",
@@ -1404,7 +1408,7 @@ static int cmd_train(struct options *o)
     }
     unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
                                            o->cpu_mem, clipping, (unsigned)o->prefetch, ckpt_ssd,
-                                           &swap, weight_dtype_of(o), resident);
+                                           &swap, weight_dtype, resident);
     if (!forced) { /* auto profiles and plans in the room that state and streaming leave */
         rc = plan_activations(o, &model, act_dtype, clipping, ckpt_ssd, resident, &prof, &act_in,
                               &act);
@@ -1448,7 +1452,7 @@ static int cmd_train(struct options *o)
             kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     unsigned copies = fy_train_weight_copies(&model, resident);
-    if (weight_dtype_of(o) == FY_DTYPE_BF16)
+    if (weight_dtype == FY_DTYPE_BF16)
         fy_info("plan: weights to the GPU in bf16 for %u of the %u kept units (a bf16 copy beside "
                 "each one's state, rewritten by AdamW)%s", copies, kept,
                 copies < kept ? "; the others' in f32: --cpu-mem holds no more copies" : "");

@@ -1144,8 +1144,7 @@ static unsigned adamw_parts(const struct run *r, unsigned u, uint64_t grad, uint
     req[2] = fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, (int)u);
     req[3] = fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, (int)u);
     if (has_copy(r, u))
-        req[parts++] = fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_BF16, r->wcopy[u], n / 2,
-                                      (int)u);
+        req[parts++] = weights_region(r, op, u, state, (int)u, 1);
     for (unsigned i = 0; i < parts; i++)
         req[i].step = step;
     memcpy(&req[0].arg, &scale, sizeof scale);
