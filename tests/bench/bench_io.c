@@ -1,5 +1,8 @@
 /* Sequential bandwidth of the fy_ring engine (fixed buffers, registered O_DIRECT file), for a
- * side-by-side comparison with fio's io_uring engine (tests/bench/bench_io.sh). */
+ * side-by-side comparison with fio's io_uring engine (tests/bench/bench_io.sh); and, with --rw
+ * alternate, the rates of reads and writes that take turns chunk by chunk as the io worker's
+ * state traffic does, back to back or with the disk left idle between (--gap-ms): a virtual
+ * disk's rates depend on the pattern (and drift over minutes), and the pipeline's bound uses them. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -17,7 +20,13 @@
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_io --file PATH --size BYTES --block BYTES --qd N --rw read|write "
-                    "[--seconds S]\n  sizes take K, M, G, T suffixes (powers of 1024)\n");
+                    "[--seconds S]\n"
+                    "       bench_io --file PATH --size BYTES --block BYTES --qd N --rw alternate "
+                    "--chunk BYTES [--gap-ms MS] [--seconds S]\n"
+                    "  alternate: read a chunk, write it back, go on to the next, for at least S "
+                    "seconds\n  and one pass over the file (laid out first with --rw write), "
+                    "idle MS ms after each write\n"
+                    "  sizes take K, M, G, T suffixes (powers of 1024)\n");
 }
 
 static int parse_size(const char *s, uint64_t *out)
@@ -50,17 +59,79 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Moves `count` blocks from block `first` on (the buffers taken in turn), all queued at once up to
+ * the ring's slots; returns when the last is done. */
+static int transfer_span(struct fy_ring *r, char *mem, unsigned slots, uint64_t block,
+                         enum fy_io_dir dir, uint64_t first, uint64_t count)
+{
+    struct fy_io_done done[64];
+    uint64_t issued = 0, completed = 0;
+    while (completed < count) {
+        while (issued < count && issued - completed < slots) {
+            struct fy_io_req q = {.dir = dir,
+                                  .file = 0,
+                                  .file_offset = (first + issued) * block,
+                                  .buf = mem + (size_t)(issued % slots) * block,
+                                  .len = block,
+                                  .tag = issued};
+            int rc = fy_ring_submit(r, &q);
+            if (rc < 0)
+                return rc;
+            issued++;
+        }
+        int n = fy_ring_poll(r, done, 64, 10000);
+        if (n < 0)
+            return n;
+        for (int i = 0; i < n; i++)
+            if (done[i].result < 0)
+                return done[i].result;
+        completed += (uint64_t)n;
+    }
+    return 0;
+}
+
+/* --rw alternate: per chunk, a read then a write of the same bytes; each direction timed alone. */
+static int alternate(struct fy_ring *r, char *mem, unsigned slots, uint64_t size, uint64_t block,
+                     uint64_t chunk, double seconds, long gap_ms, unsigned long qd)
+{
+    uint64_t per_chunk = chunk / block, chunks = size / chunk, moved = 0;
+    double busy[2] = {0, 0}, t0 = now_s();
+    struct timespec gap = {.tv_sec = gap_ms / 1000, .tv_nsec = (gap_ms % 1000) * 1000000};
+    for (; moved < chunks || now_s() - t0 < seconds; moved++) {
+        for (int w = 0; w < 2; w++) {
+            double t = now_s();
+            int rc = transfer_span(r, mem, slots, block, w ? FY_IO_WRITE : FY_IO_READ,
+                                   (moved % chunks) * per_chunk, per_chunk);
+            if (rc < 0)
+                return rc;
+            busy[w] += now_s() - t;
+        }
+        struct timespec left = gap;
+        while (gap_ms > 0 && nanosleep(&left, &left) != 0)
+            if (errno != EINTR)
+                return -errno;
+    }
+    double bytes = (double)moved * (double)chunk;
+    printf("fuyou-io rw=alternate bs=%" PRIu64 " qd=%lu chunk=%" PRIu64 " gap_ms=%ld bytes=%.0f "
+           "each way, seconds=%.3f, read_GBps=%.3f write_GBps=%.3f both_GBps=%.3f\n",
+           block, qd, chunk, gap_ms, bytes, now_s() - t0, bytes / busy[0] / 1e9,
+           bytes / busy[1] / 1e9, 2 * bytes / (busy[0] + busy[1]) / 1e9);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     fy_log_init("bench", FY_LOG_WARN);
     const char *file = NULL, *rw = NULL;
-    uint64_t size = 0, block = 1 << 20;
+    uint64_t size = 0, block = 1 << 20, chunk = 0;
     unsigned long qd = 32;
+    long gap_ms = 0;
     double seconds = 5.0;
     static const struct option longopts[] = {
         {"file", required_argument, 0, 'f'}, {"size", required_argument, 0, 's'},
         {"block", required_argument, 0, 'b'}, {"qd", required_argument, 0, 'q'},
         {"rw", required_argument, 0, 'r'},    {"seconds", required_argument, 0, 't'},
+        {"chunk", required_argument, 0, 'c'}, {"gap-ms", required_argument, 0, 'g'},
         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -78,6 +149,13 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'c':
+            if (parse_size(optarg, &chunk) < 0) {
+                fprintf(stderr, "bench_io: --chunk %s is not a size such as 256M\n", optarg);
+                return 2;
+            }
+            break;
+        case 'g': gap_ms = strtol(optarg, NULL, 10); break;
         case 'q': qd = strtoul(optarg, NULL, 10); break;
         case 'r': rw = optarg; break;
         case 't': seconds = strtod(optarg, NULL); break;
@@ -85,8 +163,15 @@ int main(int argc, char **argv)
         default: usage(); return 2;
         }
     }
-    if (file == NULL || rw == NULL || size == 0 || (strcmp(rw, "read") && strcmp(rw, "write"))) {
+    int alternating = rw != NULL && strcmp(rw, "alternate") == 0;
+    if (file == NULL || rw == NULL || size == 0 ||
+        (strcmp(rw, "read") && strcmp(rw, "write") && !alternating)) {
         usage();
+        return 2;
+    }
+    if (alternating && (chunk == 0 || chunk % block || size % chunk || gap_ms < 0)) {
+        fprintf(stderr, "bench_io: --rw alternate needs a --chunk that is a multiple of --block "
+                        "and divides --size, and a --gap-ms of 0 or more\n");
         return 2;
     }
     if (block == 0 || block % 4096 || size % block || qd == 0 || qd > 4096) {
@@ -100,7 +185,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_io: open %s with O_DIRECT: %s\n", file, strerror(errno));
         return 1;
     }
-    if (!writing) {
+    if (!writing) { /* reading, or alternating: the file holds data already */
         off_t end = lseek(fd, 0, SEEK_END);
         if (end < (off_t)size) {
             fprintf(stderr, "bench_io: %s holds %lld bytes, fewer than --size %" PRIu64
@@ -127,6 +212,17 @@ int main(int argc, char **argv)
         fy_ring_register_files(r, &fd, names, 1) < 0)
         return 1;
 
+    if (alternating) {
+        int rc = alternate(r, mem, slots, size, block, chunk, seconds, gap_ms, qd);
+        fy_ring_destroy(&r);
+        close(fd);
+        munmap(mem, mem_len);
+        if (rc < 0) {
+            fprintf(stderr, "bench_io: alternate failed: %s\n", strerror(-rc));
+            return 1;
+        }
+        return 0;
+    }
     uint64_t nblocks = size / block, next = 0, issued = 0, completed = 0, passes_blocks = 0;
     unsigned outstanding = 0;
     struct fy_io_done done[64];

@@ -1,6 +1,10 @@
 #!/bin/bash
 # Sequential bandwidth of fio's io_uring engine and of Fuyou's ring (bench_io) side by side, on
-# the same file and settings, alternating rounds so drift in the device hits both alike.
+# the same file and settings, alternating rounds so drift in the device hits both alike (fio's
+# column is left out where fio is not installed). Then Fuyou's ring in the patterns the io worker
+# sees: a short burst (the size the launcher's profile moves), reads and writes taking turns chunk
+# by chunk back to back (the overlapped schedule), and the same with the disk idle between chunks
+# (the serial schedule): a virtual disk's rates depend on them, and drift over minutes.
 # Run from the repository root: BUILD=build tests/bench/bench_io.sh
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -16,9 +20,12 @@ if [ ! -x "$BIN" ]; then
   echo "bench_io.sh: $BIN not found: build it first (make benches)" >&2
   exit 1
 fi
+CHUNK=${FUYOU_BENCH_IO_CHUNK:-512M}
+GAP_MS=${FUYOU_BENCH_IO_GAP_MS:-200}
+HAVE_FIO=1
 if ! command -v fio >/dev/null; then
-  echo "bench_io.sh: skipping: fio is not installed (apt-get install fio)"
-  exit 0
+  echo "bench_io.sh: fio is not installed (apt-get install fio): its column is left out"
+  HAVE_FIO=0
 fi
 mkdir -p "$DIR"
 FILE=$DIR/fuyou-bench-io.dat
@@ -48,11 +55,11 @@ declare -A FIO FY
 for dir in read write; do
   f=() y=()
   for ((i = 1; i <= ROUNDS; i++)); do
-    f+=("$(fio_gbps $dir)")
+    if ((HAVE_FIO)); then f+=("$(fio_gbps $dir)"); else f+=(-); fi
     y+=("$(fuyou_gbps $dir)")
     echo "round $i $dir: fio ${f[-1]} GB/s, fuyou ${y[-1]} GB/s"
   done
-  FIO[$dir]=$(median "${f[@]}")
+  if ((HAVE_FIO)); then FIO[$dir]=$(median "${f[@]}"); else FIO[$dir]=-; fi
   FY[$dir]=$(median "${y[@]}")
 done
 
@@ -60,6 +67,24 @@ echo
 printf '%-9s %10s %12s %7s   (bs=%s qd=%s size=%s, median of %d rounds of %ss)\n' \
   direction "fio GB/s" "fuyou GB/s" ratio $BS $QD "$SIZE" "$ROUNDS" "$SECS"
 for dir in read write; do
-  ratio=$(awk -v a="${FY[$dir]}" -v b="${FIO[$dir]}" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}')
+  ratio=$(awk -v a="${FY[$dir]}" -v b="${FIO[$dir]}" \
+          'BEGIN {b += 0; print (b > 0 ? sprintf("%.2f", a / b) : "-")}')
   printf '%-9s %10s %12s %7s\n' $dir "${FIO[$dir]}" "${FY[$dir]}" "$ratio"
 done
+
+# The patterns: a burst of 256 MiB each way (as the launcher's profile), then turns of $CHUNK.
+rate() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+burst_w=$("$BIN" --file "$FILE" --size 256M --block $BS --qd $QD --rw write --seconds 0 | rate GBps)
+burst_r=$("$BIN" --file "$FILE" --size 256M --block $BS --qd $QD --rw read --seconds 0 | rate GBps)
+turns=$("$BIN" --file "$FILE" --size "$SIZE" --block $BS --qd $QD --rw alternate --chunk "$CHUNK" \
+        --seconds "$SECS")
+idle=$("$BIN" --file "$FILE" --size "$SIZE" --block $BS --qd $QD --rw alternate --chunk "$CHUNK" \
+       --gap-ms "$GAP_MS" --seconds "$SECS")
+echo
+printf '%-44s %10s %11s\n' "pattern (fuyou's ring)" "read GB/s" "write GB/s"
+printf '%-44s %10s %11s\n' "burst, 256 MiB" "$burst_r" "$burst_w"
+printf '%-44s %10s %11s\n' "sustained, ${SECS}s (median above)" "${FY[read]}" "${FY[write]}"
+printf '%-44s %10s %11s\n' "turns of $CHUNK, back to back" "$(rate read_GBps <<<"$turns")" \
+  "$(rate write_GBps <<<"$turns")"
+printf '%-44s %10s %11s\n' "turns of $CHUNK, ${GAP_MS} ms idle between" \
+  "$(rate read_GBps <<<"$idle")" "$(rate write_GBps <<<"$idle")"
