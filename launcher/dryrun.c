@@ -162,8 +162,16 @@ static uint64_t ssd_free(const char *list, unsigned *paths)
     return total;
 }
 
-/* Whether batch B fits the GPU (where modelled) and the pool's least (no state kept). */
-static int batch_fits(const struct fy_dryrun_in *in, int B)
+/* The store's bytes: the state's copies, the commit records, and the internals swapped to it. */
+static uint64_t store_bytes(const struct fy_dryrun_in *in, const struct fy_gpt_config *c,
+                            const struct shape *s)
+{
+    return state_bytes(c) * in->copies + 2 * FY_COMMIT_RECORD_BYTES + s->swap.ssd_bytes;
+}
+
+/* Whether batch B fits the GPU (where modelled), the pool's least (no state kept) and the SSD's
+ * free space (free > 0: the internals a forced ssd plan swaps there grow with the batch). */
+static int batch_fits(const struct fy_dryrun_in *in, int B, uint64_t free_bytes)
 {
     uint64_t need, working, set;
     if (in->gpu_mem > 0 && gpu_need(in, &in->model, B, &need, &working, &set) &&
@@ -171,17 +179,18 @@ static int batch_fits(const struct fy_dryrun_in *in, int B)
         return 0;
     struct shape s = {0};
     int fits = shape_of(in, &in->model, B, 0, &s) == 0 &&
-               (in->cpu_mem == 0 || s.pool_bytes <= in->cpu_mem);
+               (in->cpu_mem == 0 || s.pool_bytes <= in->cpu_mem) &&
+               (free_bytes == 0 || store_bytes(in, &in->model, &s) <= free_bytes);
     free(s.resident);
     return fits;
 }
 
-static int largest_batch(const struct fy_dryrun_in *in)
+static int largest_batch(const struct fy_dryrun_in *in, uint64_t free_bytes)
 {
-    if (!batch_fits(in, 1))
+    if (!batch_fits(in, 1, free_bytes))
         return 0;
     int lo = 1, hi = 2;
-    while (hi <= 65536 && batch_fits(in, hi)) {
+    while (hi <= 65536 && batch_fits(in, hi, free_bytes)) {
         lo = hi;
         hi *= 2;
     }
@@ -189,7 +198,7 @@ static int largest_batch(const struct fy_dryrun_in *in)
         return lo;
     while (hi - lo > 1) {
         int mid = lo + (hi - lo) / 2;
-        if (batch_fits(in, mid))
+        if (batch_fits(in, mid, free_bytes))
             lo = mid;
         else
             hi = mid;
@@ -197,8 +206,8 @@ static int largest_batch(const struct fy_dryrun_in *in)
     return lo;
 }
 
-/* The most blocks at this width whose state fits the SSD's free space (free > 0) and whose least
- * pool fits --cpu-mem; 0 when none is capped. */
+/* The most blocks at this width whose store (state and swapped internals) fits the SSD's free
+ * space (free > 0) and whose least pool fits --cpu-mem; 0 when none is capped. */
 static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_bytes)
 {
     if (free_bytes == 0 && in->cpu_mem == 0)
@@ -207,12 +216,10 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
     for (unsigned L = 1; L <= 4096; L = L < 64 ? L + 1 : L + L / 8) {
         struct fy_gpt_config c = in->model;
         c.n_layer = L;
-        uint64_t store = state_bytes(&c) * in->copies + 2 * FY_COMMIT_RECORD_BYTES;
-        if (free_bytes > 0 && store > free_bytes)
-            break;
         struct shape s = {0};
         int fits = shape_of(in, &c, in->B, 0, &s) == 0 &&
-                   (in->cpu_mem == 0 || s.pool_bytes <= in->cpu_mem);
+                   (in->cpu_mem == 0 || s.pool_bytes <= in->cpu_mem) &&
+                   (free_bytes == 0 || store_bytes(in, &c, &s) <= free_bytes);
         free(s.resident);
         if (!fits)
             break;
@@ -280,7 +287,7 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
                 size(s.swap.ssd_bytes), s.swap.ssd_bytes ? FY_TRAIN_SAVED_SLOTS : 0,
                 size(s.swap.slot_bytes));
     unsigned paths;
-    uint64_t store = state * in->copies + 2 * FY_COMMIT_RECORD_BYTES + s.swap.ssd_bytes;
+    uint64_t store = store_bytes(in, c, &s);
     uint64_t free_bytes = ssd_free(in->ssd, &paths);
     const char *with = s.swap.ssd_bytes ? " and the swapped internals" : "";
     if (paths > 0) {
@@ -312,9 +319,10 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
         [FY_ACTPLAN_SSD] = "every block's internals swapped through the SSD store"};
     fprintf(out, "plan: predicted step %.6f s: %.0f tokens/s, %.4g TFLOP/s (%s)\n", p->step_s,
             tokens / p->step_s, step_flops / p->step_s * 1e-12, how[in->act_mode]);
-    int maxb = largest_batch(in);
+    int maxb = largest_batch(in, free_bytes);
     unsigned maxl = largest_layers(in, free_bytes);
-    fprintf(out, "plan: largest batch that fits: %d (at %d tokens)\n", maxb, in->T);
+    fprintf(out, "plan: largest batch that fits: %d (at %d tokens; %s)\n", maxb, in->T,
+            paths > 0 ? "the GPU, --cpu-mem and the SSD's free space" : "the GPU and --cpu-mem");
     if (maxl > 0)
         fprintf(out, "plan: largest model of this width that fits: %u blocks (%s)\n", maxl,
                 paths > 0 ? "the SSD's free space and --cpu-mem" : "--cpu-mem");

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -441,6 +442,51 @@ static void test_plan_by_hand(void **state)
     assert_int_equal(fy_test_launch_in(f, llama, 60), 1);
     assert_true(fy_test_file_contains(f->log, "--act-plan ssd: Llama blocks keep their internals "
                                               "on the GPU or recompute them, never swap them"));
+}
+
+/* plan's largest batch counts the SSD's free space: with every block's internals swapped to the
+ * store (68 MiB a sample for two 512-wide blocks at T 1024, f32 on the CPU backend), the store's
+ * filesystem binds long before the search's cap of 65536, and the batch printed is planned as
+ * fitting while two more are not (the SSD store's line says so; 136 MiB of margin against the
+ * free space moving between the runs). */
+static int plan_wide(struct fy_test_fixture *f, const char *ssd, const char *batch)
+{
+    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "512", "--vocab",
+                          "256", "--ctx", "1024", "--seq", "1024", "--batch", batch, "--backend",
+                          "cpu", "--act-plan", "ssd", "--ssd", ssd, NULL};
+    return fy_test_launch_in(f, args, 60);
+}
+
+static void test_plan_largest_batch_fits_ssd(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *ssd = fy_test_in(f, "ssd");
+    assert_int_equal(mkdir(ssd, 0755), 0);
+    struct statvfs st;
+    assert_int_equal(statvfs(ssd, &st), 0);
+    uint64_t free_bytes = (uint64_t)st.f_bavail * st.f_frsize;
+    if (free_bytes < (1ull << 30) || free_bytes > (4ull << 40)) {
+        print_message("skipped: %s has %llu bytes free, outside the 1 GiB to 4 TiB this test "
+                      "plans for\n", ssd, (unsigned long long)free_bytes);
+        skip();
+    }
+    assert_int_equal(plan_wide(f, ssd, "1"), 0);
+    char *log = fy_test_slurp(f->log, NULL);
+    const char *at = strstr(log, "plan: largest batch that fits: ");
+    assert_non_null(at);
+    int largest = atoi(at + strlen("plan: largest batch that fits: "));
+    free(log);
+    assert_true(fy_test_file_contains(f->log, "(at 1024 tokens; the GPU, --cpu-mem and the SSD's "
+                                              "free space)"));
+    /* 68 MiB a sample: the free space over it, within the state's and the records' share */
+    uint64_t per_sample = 68ull << 20;
+    assert_true(largest > 1 && (uint64_t)largest <= free_bytes / per_sample);
+    assert_true((uint64_t)largest + 8 >= free_bytes / per_sample);
+    assert_int_equal(plan_wide(f, ssd, fy_test_fmt("%d", largest)), 0);
+    assert_false(fy_test_file_contains(f->log, "DOES NOT FIT"));
+    assert_int_equal(plan_wide(f, ssd, fy_test_fmt("%d", largest + 2)), 1);
+    assert_true(fy_test_file_contains(f->log, "swapped internals) on 1 path with "));
+    assert_true(fy_test_file_contains(f->log, "free (DOES NOT FIT)"));
 }
 
 /* Entries of a directory other than . and .. (-1: cannot be read). */
@@ -1563,6 +1609,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bf16_weights_agree, setup, teardown),
         cmocka_unit_test(test_prediction_by_hand),
         cmocka_unit_test_setup_teardown(test_plan_by_hand, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plan_largest_batch_fits_ssd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_probe_then_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_line, setup, teardown),
         cmocka_unit_test_setup_teardown(test_report_charts, setup, teardown),
