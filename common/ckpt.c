@@ -215,7 +215,7 @@ int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
 unsigned fy_scratch_class(uint64_t bytes)
 {
     unsigned k = 0;
-    while (fy_scratch_class_bytes(k) < bytes)
+    while (k < 8 * 43 - 1 && fy_scratch_class_bytes(k) < bytes) /* the last: 15 x 2^59 bytes */
         k++;
     return k;
 }

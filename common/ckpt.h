@@ -48,18 +48,29 @@
 #define FY_TENSOR_COMMIT(i) (2u + (uint32_t)(i)) /* commit records 0 and 1 */
 #define FY_TENSOR_UNIT_STATE_COPY(u, copy) (((copy) ? 0x20000000u : 0u) + 16u + (uint32_t)(u))
 #define FY_TENSOR_UNIT_STATE(u) FY_TENSOR_UNIT_STATE_COPY(u, 0)
-/* Scratch for training's activation checkpoints spilled to the store (--ckpt-place ssd): size class
- * k holds 2^k MiB, so runs with other batch sizes reuse or add a class; not part of the state. */
-#define FY_TENSOR_CKPT_SPILL(k) (0x40000000u + (uint32_t)(k))
+/* Scratch for training's activation checkpoints spilled to the store (--ckpt-place ssd), in size
+ * classes (below), so runs with other batch sizes reuse or add a class; not part of the state.
+ * Classes once came in powers of two under the ids 0x40000000 + k (and + 0x1000, + 0x2000 for the
+ * two below): a store made then keeps those extents unused. */
+#define FY_TENSOR_CKPT_SPILL(k) (0x40010000u + (uint32_t)(k))
 /* Scratch for the blocks' forward internals placed on the SSD (--act-plan ssd), size classes as
  * above; not part of the state either. */
-#define FY_TENSOR_SAVED_SPILL(k) (0x40001000u + (uint32_t)(k))
+#define FY_TENSOR_SAVED_SPILL(k) (0x40011000u + (uint32_t)(k))
 /* Scratch the profile times the store with (--act-plan auto), size classes as above. */
-#define FY_TENSOR_PROBE(k) (0x40002000u + (uint32_t)(k))
-/* The smallest size class k (2^k MiB) of those scratch extents that holds `bytes`. */
-unsigned fy_scratch_class(uint64_t bytes);
-/* The bytes of size class k. */
-static inline uint64_t fy_scratch_class_bytes(unsigned k) { return (uint64_t)1 << (20 + k); }
+#define FY_TENSOR_PROBE(k) (0x40012000u + (uint32_t)(k))
+/* Size class k of those scratch extents holds (8 + k % 8) / 8 x 2^(k / 8) MiB: eight steps to each
+ * doubling, so an extent is at most 1/8 larger than asked (a power of two could take twice the
+ * room, and a disk's worth). */
+unsigned fy_scratch_class(uint64_t bytes); /* the smallest class that holds `bytes` */
+static inline uint64_t fy_scratch_class_bytes(unsigned k)
+{
+    return (uint64_t)(8 + k % 8) << (17 + k / 8);
+}
+/* The bytes of the scratch extent that holds `bytes` (its class's). */
+static inline uint64_t fy_scratch_bytes(uint64_t bytes)
+{
+    return fy_scratch_class_bytes(fy_scratch_class(bytes));
+}
 
 /* A commit record (or a version 1 metadata block). */
 struct fy_storemeta {

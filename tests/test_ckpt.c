@@ -5,7 +5,9 @@
  *   - fy_storemeta_check: intact 0, all zeros 1 (never written), a flipped byte anywhere in the
  *     record (header, digests, padding) or a short buffer -EBADMSG; decode refuses the same;
  *   - a version 1 metadata block (stores before commit records), built slot by slot as the old
- *     format had it, still decodes: legacy, copy 0, no digests, its unsynced flag kept. */
+ *     format had it, still decodes: legacy, copy 0, no digests, its unsynced flag kept;
+ *   - the scratch extents' size classes: the smallest that holds the bytes asked, at most 1/8
+ *     larger (above 1 MiB), 128 KiB-aligned, growing, with ids inside each kind's range. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -131,6 +133,36 @@ static void test_version1_block_read(void **state)
     assert_int_equal(fy_storemeta_check(block, sizeof block), -EBADMSG);
 }
 
+static void test_scratch_classes(void **state)
+{
+    (void)state;
+    assert_int_equal(fy_scratch_class_bytes(0), 1u << 20);
+    assert_int_equal(fy_scratch_class_bytes(1), (1u << 20) + (1u << 17));
+    assert_int_equal(fy_scratch_class_bytes(8), 2u << 20);
+    assert_int_equal(fy_scratch_class(1), 0);
+    assert_int_equal(fy_scratch_class(1u << 20), 0);
+    assert_int_equal(fy_scratch_class((1u << 20) + 1), 1);
+    /* 1.3B's internals at B 30 (36.6 GiB): 40 GiB, where powers of two took 64 */
+    assert_int_equal(fy_scratch_bytes(39299612672ull), 40ull << 30);
+    for (unsigned k = 1; k < 8 * 43 - 1; k++) {
+        uint64_t b = fy_scratch_class_bytes(k), below = fy_scratch_class_bytes(k - 1);
+        assert_true(b > below && b % (128u << 10) == 0);
+        assert_true((double)b <= 1.125 * (double)below);
+        assert_int_equal(fy_scratch_class(b), k);
+        assert_int_equal(fy_scratch_class(below + 1), k);
+        assert_true(FY_TENSOR_CKPT_SPILL(k) < FY_TENSOR_SAVED_SPILL(0) &&
+                    FY_TENSOR_SAVED_SPILL(k) < FY_TENSOR_PROBE(0));
+    }
+    uint64_t seed = 7;
+    for (int i = 0; i < 100000; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t bytes = (seed >> 20) + 1; /* up to 16 TiB */
+        uint64_t got = fy_scratch_bytes(bytes);
+        assert_true(got >= bytes);
+        assert_true(bytes <= (1u << 20) ? got == (1u << 20) : (double)got < 1.125 * (double)bytes);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -138,6 +170,7 @@ int main(void)
         cmocka_unit_test(test_record_round_trip),
         cmocka_unit_test(test_record_damage_found),
         cmocka_unit_test(test_version1_block_read),
+        cmocka_unit_test(test_scratch_classes),
     };
     return cmocka_run_group_tests_name("ckpt", tests, NULL, NULL);
 }
