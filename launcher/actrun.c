@@ -177,9 +177,10 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
 }
 
 /* Arrangement B with `keep` top blocks kept: the planner over the others, in a pool room that
- * must also hold the SSD-placed kinds' slots, which the planner does not see: when they do not
- * fit, it plans again with that much less room, and last with no SSD at all. *plan NULL when
- * nothing fits. */
+ * must also hold the SSD-placed kinds' slots, and an SSD room that must hold their scratch extent
+ * (a slot's size for each block, rounded up to its size class), neither of which the planner
+ * sees: when they do not fit, it plans again with that much less room, and last with no SSD at
+ * all. *plan NULL when nothing fits. */
 static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes,
                          int keep, struct fy_actplan **plan, double *step_s,
                          unsigned char **place, struct fy_train_swap *swap)
@@ -206,11 +207,15 @@ static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_
                                                  : fy_actplan_kind_swappable(k) ? FY_ACT_GPU
                                                                               : FY_ACT_RECOMPUTE;
         fy_train_swap_of(*place, (unsigned)L, sizes, swap);
-        if (fy_train_swap_pool_bytes(swap) <= in->host_bytes)
+        uint64_t store = fy_train_swap_store_bytes(swap, (unsigned)L);
+        if (fy_train_swap_pool_bytes(swap) <= in->host_bytes && store <= in->ssd_bytes)
             return 0;
         uint64_t slots = FY_TRAIN_SAVED_SLOTS * swap->slot_bytes;
         room = in->host_bytes > slots && tries == 0 ? in->host_bytes - slots : in->host_bytes;
-        ssd = tries == 0 ? ssd : 0;
+        if (tries > 0)
+            ssd = 0;
+        else if (store > in->ssd_bytes) /* the sum it counted, shrunk by the extent's excess */
+            ssd = (uint64_t)((double)ssd * (double)in->ssd_bytes / (double)store);
     }
     fy_actplan_destroy(plan);
     free(*place);

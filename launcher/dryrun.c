@@ -162,11 +162,15 @@ static uint64_t ssd_free(const char *list, unsigned *paths)
     return total;
 }
 
-/* The store's bytes: the state's copies, the commit records, and the internals swapped to it. */
-static uint64_t store_bytes(const struct fy_dryrun_in *in, const struct fy_gpt_config *c,
+/* The store's bytes: the state's copies, the commit records, and the scratch extents of the
+ * internals swapped to it and of the checkpoints placed on it, as train makes them. */
+static uint64_t store_bytes(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
                             const struct shape *s)
 {
-    return state_bytes(c) * in->copies + 2 * FY_COMMIT_RECORD_BYTES + s->swap.ssd_bytes;
+    int dtype = fy_backend_preferred_act_dtype(in->backend);
+    return state_bytes(c) * in->copies + 2 * FY_COMMIT_RECORD_BYTES +
+           fy_train_swap_store_bytes(&s->swap, c->n_layer) +
+           (s->ckpt_ssd ? fy_train_ckpt_store_bytes(c, B, in->T, dtype) : 0);
 }
 
 /* Whether batch B fits the GPU (where modelled), the pool's least (no state kept) and the SSD's
@@ -180,7 +184,7 @@ static int batch_fits(const struct fy_dryrun_in *in, int B, uint64_t free_bytes)
     struct shape s = {0};
     int fits = shape_of(in, &in->model, B, 0, &s) == 0 &&
                (in->cpu_mem == 0 || s.pool_bytes <= in->cpu_mem) &&
-               (free_bytes == 0 || store_bytes(in, &in->model, &s) <= free_bytes);
+               (free_bytes == 0 || store_bytes(in, &in->model, B, &s) <= free_bytes);
     free(s.resident);
     return fits;
 }
@@ -219,7 +223,7 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
         struct shape s = {0};
         int fits = shape_of(in, &c, in->B, 0, &s) == 0 &&
                    (in->cpu_mem == 0 || s.pool_bytes <= in->cpu_mem) &&
-                   (free_bytes == 0 || store_bytes(in, &c, &s) <= free_bytes);
+                   (free_bytes == 0 || store_bytes(in, &c, in->B, &s) <= free_bytes);
         free(s.resident);
         if (!fits)
             break;
@@ -287,9 +291,13 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
                 size(s.swap.ssd_bytes), s.swap.ssd_bytes ? FY_TRAIN_SAVED_SLOTS : 0,
                 size(s.swap.slot_bytes));
     unsigned paths;
-    uint64_t store = store_bytes(in, c, &s);
+    uint64_t store = store_bytes(in, c, in->B, &s);
     uint64_t free_bytes = ssd_free(in->ssd, &paths);
-    const char *with = s.swap.ssd_bytes ? " and the swapped internals" : "";
+    const char *with = s.swap.ssd_bytes && s.ckpt_ssd ? ", the swapped internals' scratch and the "
+                                                       "checkpoints'"
+                       : s.swap.ssd_bytes ? " and the swapped internals' scratch"
+                       : s.ckpt_ssd       ? " and the checkpoints' scratch"
+                                          : "";
     if (paths > 0) {
         fits &= store <= free_bytes;
         fprintf(out, "plan: SSD store %s (%u cop%s of the state%s) on %u path%s with %s free%s\n",

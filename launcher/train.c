@@ -190,6 +190,22 @@ uint64_t fy_train_swap_pool_bytes(const struct fy_train_swap *swap)
     return swap->host_bytes + (swap->ssd_bytes ? FY_TRAIN_SAVED_SLOTS * swap->slot_bytes : 0);
 }
 
+/* The scratch extent of `count` items (at least one) of item_bytes each: spill_setup's. */
+static uint64_t spill_extent_bytes(uint64_t item_bytes, unsigned count)
+{
+    return fy_scratch_bytes((uint64_t)(count ? count : 1) * item_bytes);
+}
+
+uint64_t fy_train_swap_store_bytes(const struct fy_train_swap *swap, unsigned n_layer)
+{
+    return swap != NULL && swap->ssd_bytes ? spill_extent_bytes(swap->slot_bytes, n_layer) : 0;
+}
+
+uint64_t fy_train_ckpt_store_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype)
+{
+    return spill_extent_bytes(align4k(fy_train_act_bytes(c, B, T, act_dtype)), c->n_layer);
+}
+
 uint64_t fy_train_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
                                unsigned u)
 {
@@ -790,11 +806,12 @@ static int spill_setup(struct run *r, struct spill *sp, uint64_t base, uint64_t 
     sp->slots = slots;
     sp->base = base;
     sp->item_bytes = item_bytes;
-    unsigned cls = fy_scratch_class((uint64_t)(count ? count : 1) * item_bytes);
+    uint64_t bytes = spill_extent_bytes(item_bytes, count);
+    unsigned cls = fy_scratch_class(bytes);
     sp->tensor = first_tensor + cls;
-    FY_TRY(io_op(r, FY_OP_IO_ALLOC, sp->tensor, 0, 0, fy_scratch_class_bytes(cls)));
+    FY_TRY(io_op(r, FY_OP_IO_ALLOC, sp->tensor, 0, 0, bytes));
     fy_info("%s spilled to the store through %u pool slots (%llu MiB of scratch, size class %u)",
-            what, slots, (unsigned long long)(fy_scratch_class_bytes(cls) >> 20), cls);
+            what, slots, (unsigned long long)(bytes >> 20), cls);
     return 0;
 }
 

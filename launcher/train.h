@@ -107,6 +107,10 @@ void fy_train_swap_of(const unsigned char *place, unsigned n_layer,
                       const struct fy_actplan_sizes *sizes, struct fy_train_swap *out);
 /* Pool bytes of the "saved" region for it (0: none). */
 uint64_t fy_train_swap_pool_bytes(const struct fy_train_swap *swap);
+/* The store's scratch extents a run takes (0: none), as train makes them: the SSD-placed internals'
+ * (one slot's size for each block), and the checkpoints' with --ckpt-place ssd. */
+uint64_t fy_train_swap_store_bytes(const struct fy_train_swap *swap, unsigned n_layer);
+uint64_t fy_train_ckpt_store_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype);
 
 /* Bytes of one activation [B][T][C] in the pool. */
 uint64_t fy_train_act_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype);

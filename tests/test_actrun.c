@@ -163,7 +163,8 @@ static void test_device_room_and_swap_sets(void **state)
 }
 
 /* Over a sweep of pool rooms, the saved region (pool-kept kinds and, when some go to the SSD, the
- * four slots they pass through) never exceeds the room, and the SSD bytes never exceed the store's
+ * four slots they pass through) never exceeds the room, and the scratch extent train makes for the
+ * SSD-placed ones (a slot for each block, rounded up to its size class) never exceeds the store's
  * room. */
 static void test_budgets_hold(void **state)
 {
@@ -173,13 +174,14 @@ static void test_budgets_hold(void **state)
     p.recompute_s[FY_ACT_QKV] = 5e-3; /* worth moving, even through the SSD */
     struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
     for (uint64_t room = 0; room <= (24u << 20); room += 3u << 19) {
-        for (uint64_t ssd = 0; ssd <= (16u << 20); ssd += 8u << 20) {
+        for (uint64_t ssd = 0; ssd <= (16u << 20); ssd += 1u << 20) {
             in.host_bytes = room;
             in.ssd_bytes = ssd;
             struct fy_actrun r;
             assert_int_equal(fy_actrun_plan(&in, &r), 0);
             assert_true(fy_train_swap_pool_bytes(&r.swap) <= room);
             assert_true(r.swap.ssd_bytes <= ssd);
+            assert_true(fy_train_swap_store_bytes(&r.swap, c.n_layer) <= ssd);
             fy_actrun_free(&r);
         }
     }
