@@ -794,7 +794,7 @@ static int spill_drain(struct run *r, struct spill *sp)
 }
 
 /* Puts `count` items on the store, through `slots` slots from the pool offset base: the extent of
- * the smallest size class (2^k MiB, k from 0) that holds them, id first_tensor + k, made by the
+ * the smallest size class k (fy_scratch_class) that holds them, id first_tensor + k, made by the
  * first run of that class and found by the next. */
 static int spill_setup(struct run *r, struct spill *sp, uint64_t base, uint64_t item_bytes,
                        unsigned slots, unsigned count, uint32_t first_tensor, const char *what)
