@@ -378,8 +378,9 @@ static void test_prediction_by_hand(void **state)
  * master in the forward and its state (three sections) in the backward and writes the state back,
  * sections 4 KiB-padded to 73728 + 2 x 200704 + 4096 = 479232 bytes: 4 x 479232 / 1e8 +
  * 3 x 479232 / 2e8 = 0.026358 s; the GPU twice test_prediction_by_hand's batch-4 figure; 256
- * tokens / 0.118528 s = 2160 tokens/s. A --cpu-mem below the pool's least is said not to fit (exit
- * 1), and a profile without a rate is refused naming the key. */
+ * tokens / 0.118528 s = 2160 tokens/s. The store is 2.8 MiB, 1 MiB more with the checkpoints on it
+ * (their scratch extent's smallest class). A --cpu-mem below the pool's least is said not to fit
+ * (exit 1), and a profile without a rate is refused naming the key. */
 /* plan of the 2-layer, 64-wide model at batch 8 x 32 on the CPU backend with the rates of
  * `machine`, and one more option (opt and its value) unless opt is NULL; the launcher's status. */
 static int plan_small(struct fy_test_fixture *f, const char *machine, const char *opt,
@@ -408,6 +409,11 @@ static void test_plan_by_hand(void **state)
     assert_true(fy_test_file_contains(f->log, "plan: predicted step 0.118528 s: 2160 tokens/s"));
     assert_true(fy_test_file_contains(f->log, "0 of 4 units (0 B) stay in the shared pool"));
     assert_true(fy_test_file_contains(f->log, "rates: " ));
+    assert_true(fy_test_file_contains(f->log, "plan: SSD store 2.8 MiB (2 copies of the state; "));
+    /* the checkpoints on the store: 2 x 64 KiB in a scratch extent of the smallest class, 1 MiB */
+    assert_int_equal(plan_small(f, machine, "--ckpt-place", "ssd"), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: SSD store 3.8 MiB (2 copies of the state and "
+                                              "the checkpoints' scratch; "));
     assert_int_equal(plan_small(f, machine, "--cpu-mem", "1M"), 1);
     assert_true(fy_test_file_contains(f->log, "(DOES NOT FIT)"));
     assert_true(fy_test_file_contains(f->log, "train would refuse it"));
