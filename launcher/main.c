@@ -985,9 +985,9 @@ static int profile_run(const struct options *o, const struct fy_gpt_config *mode
 
 /* Room for swapped internals beside the pool's other regions: what --cpu-mem leaves, or without
  * it half the machine's memory less that pool; and on the store, what its filesystem has free
- * less 1 GiB. */
-static void swap_room(const struct options *o, uint64_t pool_bytes, uint64_t *host,
-                      uint64_t *ssd)
+ * less 1 GiB and less `reserved` (the checkpoints' scratch extent, where they go there). */
+static void swap_room(const struct options *o, uint64_t pool_bytes, uint64_t reserved,
+                      uint64_t *host, uint64_t *ssd)
 {
     uint64_t cap = o->cpu_mem;
     if (cap == 0) {
@@ -1003,7 +1003,7 @@ static void swap_room(const struct options *o, uint64_t pool_bytes, uint64_t *ho
         *comma = '\0';
     struct statvfs fs;
     uint64_t avail = statvfs(first, &fs) == 0 ? (uint64_t)fs.f_bavail * fs.f_frsize : 0;
-    *ssd = avail > (1ull << 30) ? avail - (1ull << 30) : 0;
+    *ssd = avail > (1ull << 30) + reserved ? avail - (1ull << 30) - reserved : 0;
 }
 
 /* The dtype of the weights the gpu worker of `backend` is sent (--weights-dtype, auto: the
@@ -1046,7 +1046,8 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
         unsigned n;
         fy_train_regions(model, in->B, in->T, act_dtype, resident, clip, (unsigned)o->prefetch,
                          FY_TRAIN_GRAD_SLOTS_MIN, ckpt_ssd, NULL, regions, &n);
-        swap_room(o, fy_pool_layout_size(regions, n), &in->host_bytes, &in->ssd_bytes);
+        uint64_t ckpts = ckpt_ssd ? fy_train_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
+        swap_room(o, fy_pool_layout_size(regions, n), ckpts, &in->host_bytes, &in->ssd_bytes);
     } else if (mode == FY_ACTPLAN_AUTO && model->arch == FY_ARCH_LLAMA) {
         fy_info("--act-plan auto: a Llama model's blocks are neither profiled nor swapped: %s",
                 strcmp(o->backend, "cuda") == 0
