@@ -1017,7 +1017,6 @@ static int weight_dtype_of(const struct options *o, const char *backend)
  * backend that can (not the Llama blocks); auto plans from the profile within the room the pool
  * and the store leave, the forced modes are placed as they are (and predicted from the profile
  * once the state's residency is planned, fy_actrun_predict). */
-
 static int plan_activations(const struct options *o, const struct fy_gpt_config *model,
                             int act_dtype, int clip, int ckpt_ssd, const unsigned char *resident,
                             struct fy_gpt_profile *prof, struct fy_actrun_in *in,
@@ -1040,14 +1039,16 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
             fy_warn("--act-plan %s: profiling a block failed (above): the step is not predicted",
                     o->act_plan);
         in->prof = rc == 0 ? prof : NULL;
-    }
-    if (mode == FY_ACTPLAN_AUTO && model->arch != FY_ARCH_LLAMA && !o->inprocess) {
-        struct fy_pool_region_spec regions[10];
-        unsigned n;
-        fy_train_regions(model, in->B, in->T, act_dtype, resident, clip, (unsigned)o->prefetch,
-                         FY_TRAIN_GRAD_SLOTS_MIN, ckpt_ssd, NULL, regions, &n);
-        uint64_t ckpts = ckpt_ssd ? fy_train_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
-        swap_room(o, fy_pool_layout_size(regions, n), ckpts, &in->host_bytes, &in->ssd_bytes);
+        if (mode == FY_ACTPLAN_AUTO) { /* the room that state and streaming leave */
+            struct fy_pool_region_spec regions[10];
+            unsigned n;
+            fy_train_regions(model, in->B, in->T, act_dtype, resident, clip,
+                             (unsigned)o->prefetch, FY_TRAIN_GRAD_SLOTS_MIN, ckpt_ssd, NULL,
+                             regions, &n);
+            uint64_t ckpts =
+                ckpt_ssd ? fy_train_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
+            swap_room(o, fy_pool_layout_size(regions, n), ckpts, &in->host_bytes, &in->ssd_bytes);
+        }
     } else if (mode == FY_ACTPLAN_AUTO && model->arch == FY_ARCH_LLAMA) {
         fy_info("--act-plan auto: a Llama model's blocks are neither profiled nor swapped: %s",
                 strcmp(o->backend, "cuda") == 0
