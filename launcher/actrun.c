@@ -206,11 +206,11 @@ static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_
                 (*place)[l * FY_ACT_KINDS + k] = k == FY_ACT_CKPT ? FY_ACT_HOST
                                                  : fy_actplan_kind_swappable(k) ? FY_ACT_GPU
                                                                               : FY_ACT_RECOMPUTE;
-        fy_train_swap_of(*place, (unsigned)L, sizes, swap);
+        fy_train_swap_of(*place, (unsigned)L, sizes, in->act_ahead, swap);
         uint64_t store = fy_train_swap_store_bytes(swap, (unsigned)L);
         if (fy_train_swap_pool_bytes(swap) <= in->host_bytes && store <= in->ssd_bytes)
             return 0;
-        uint64_t slots = FY_TRAIN_SAVED_SLOTS * swap->slot_bytes;
+        uint64_t slots = (uint64_t)swap->slots * swap->slot_bytes;
         room = in->host_bytes > slots && tries == 0 ? in->host_bytes - slots : in->host_bytes;
         if (tries > 0)
             ssd = 0;
@@ -289,7 +289,7 @@ int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
         fy_actrun_free(out);
         return rc;
     }
-    fy_train_swap_of(out->place, in->c->n_layer, &out->sizes, &out->swap);
+    fy_train_swap_of(out->place, in->c->n_layer, &out->sizes, in->act_ahead, &out->swap);
     return 0;
 }
 
@@ -355,7 +355,7 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
                 "others, swapped instead of recomputed: %s in the pool from forward to backward, %s "
                 "to the SSD store through %d pool slots of %s",
                 fy_actplan_mode_name(in->mode), r->keep, r->keep == 1 ? "" : "s", host, ssd,
-                FY_TRAIN_SAVED_SLOTS, slot);
+                fy_train_spill_slots(in->act_ahead), slot);
     else
         fy_info("plan: activations (%s): every block's backward recomputes its internals",
                 fy_actplan_mode_name(in->mode));
@@ -388,10 +388,10 @@ int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *i
 {
     fprintf(f, "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
                "\"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
-               "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"blocks\": [",
+               "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": %u, \"blocks\": [",
             fy_actplan_mode_name(in->mode), in->backend, in->B, in->T, r->keep, r->swap_sets,
             r->predicted_s, (unsigned long long)r->swap.host_bytes,
-            (unsigned long long)r->swap.ssd_bytes);
+            (unsigned long long)r->swap.ssd_bytes, r->swap.slots);
     for (unsigned b = 1; r->place != NULL && b <= in->c->n_layer; b++) {
         char h[64], d[64];
         kinds_at(r, b, FY_ACT_HOST, h, sizeof h);

@@ -41,6 +41,7 @@ struct fy_actrun_in {
     struct fy_train_rates rates;        /* the SSD's and the optimizer's */
     uint64_t host_bytes;                /* pool room for swapped internals (beyond the checkpoints) */
     uint64_t ssd_bytes;                 /* store room for them */
+    unsigned act_ahead;                 /* --act-ahead (0: the default): the SSD slots' count */
 };
 
 struct fy_actrun {

@@ -72,7 +72,7 @@ static int swap_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c,
     struct fy_actrun_in a = {.c = c, .B = B, .T = in->T, .mode = (enum fy_actplan_mode)in->act_mode,
                              .backend = in->backend,
                              .act_dtype = fy_backend_preferred_act_dtype(in->backend),
-                             .clip = in->clip};
+                             .clip = in->clip, .act_ahead = in->act_ahead};
     struct fy_actrun r;
     FY_TRY(fy_actrun_plan(&a, &r));
     *out = r.swap;
@@ -108,15 +108,16 @@ static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c
                                               s->resident);
         s->ckpt_ssd = cpu_mem != 0 && all < units;
     }
+    unsigned ckpt_slots = s->ckpt_ssd ? fy_train_spill_slots(in->act_ahead) : 0;
     s->kept = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
-                                     s->ckpt_ssd, swap, in->weight_dtype, s->resident);
+                                     ckpt_slots, swap, in->weight_dtype, s->resident);
     struct fy_pool_region_spec regions[10];
     unsigned n;
     /* as train's default --grad-slots: as many as the budget holds, up to the most */
     unsigned slots = fy_train_plan_grad_slots(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
-                                              s->ckpt_ssd, swap, s->resident,
+                                              ckpt_slots, swap, s->resident,
                                               FY_TRAIN_GRAD_SLOTS_MAX);
-    fy_train_regions(c, B, in->T, dtype, s->resident, in->clip, in->prefetch, slots, s->ckpt_ssd,
+    fy_train_regions(c, B, in->T, dtype, s->resident, in->clip, in->prefetch, slots, ckpt_slots,
                      swap, regions, &n);
     s->pool_bytes = fy_pool_layout_size(regions, n);
     fy_train_predict(c, B, in->T, dtype, in->clip, s->ckpt_ssd, swap, s->resident, &in->rates,
@@ -286,10 +287,9 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     }
     if (forced_swap(in))
         fprintf(out, "plan: activations (--act-plan %s): every block's internals swapped, %s in "
-                "the shared pool from forward to backward, %s through the SSD store (%d pool "
+                "the shared pool from forward to backward, %s through the SSD store (%u pool "
                 "slots of %s)\n", fy_actplan_mode_name(in->act_mode), size(s.swap.host_bytes),
-                size(s.swap.ssd_bytes), s.swap.ssd_bytes ? FY_TRAIN_SAVED_SLOTS : 0,
-                size(s.swap.slot_bytes));
+                size(s.swap.ssd_bytes), s.swap.slots, size(s.swap.slot_bytes));
     unsigned paths;
     uint64_t store = store_bytes(in, c, in->B, &s);
     uint64_t free_bytes = ssd_free(in->ssd, &paths);

@@ -20,6 +20,7 @@ struct fy_dryrun_in {
     int clip;             /* --clip-grad-norm given */
     unsigned prefetch;
     int ckpt_place;       /* 0 host, 1 ssd, 2 auto (as train's --ckpt-place) */
+    unsigned act_ahead;   /* --act-ahead (0: the default): the slots of what goes to the store */
     /* enum fy_actplan_mode (train's --act-plan): host and ssd swap every block's internals, as
      * train's forced placements do (their pool, slots, swap sets on the GPU, traffic and store
      * extents); auto and recompute are planned with the blocks recomputed */

@@ -49,7 +49,7 @@ struct options {
     uint64_t max_shard_size; /* export --to-hf: shard above this many bytes of tensors */
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
-    uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies;
+    uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies, act_ahead;
     int ckpt_place; /* CKPT_HOST, CKPT_SSD, CKPT_AUTO */
     const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, profile, plan) */
     int weights_dtype;    /* --weights-dtype: FY_DTYPE_F32, _BF16, or 0 (auto: the backend's) */
@@ -127,8 +127,8 @@ static void usage(FILE *f)
             "               --prefetch N (1) units of weights read ahead of the gpu (1..8; each\n"
             "               costs a unit's fp32 weights of pool memory)\n"
             "               --ckpt-place host|ssd|auto (host) where the blocks' input checkpoints\n"
-            "               wait for the backward: the pool, or the SSD store through four pool\n"
-            "               slots (written in the forward, read back ahead of each backward pass);\n"
+            "               wait for the backward: the pool, or the SSD store through pool slots\n"
+            "               (written in the forward, read back ahead of each backward pass);\n"
             "               auto: the pool when all optimizer state fits --cpu-mem beside them,\n"
             "               else the SSD, leaving their room to optimizer state\n"
             "               --act-plan auto|recompute|host|ssd (auto) the blocks' forward\n"
@@ -137,8 +137,11 @@ static void usage(FILE *f)
             "               nothing; recompute: every block's backward recomputes its forward;\n"
             "               host: the forward copies the internals (QKV, attention, residual, MLP\n"
             "               up and GELU outputs) into the pool and the backward reads them back\n"
-            "               instead; ssd: likewise through four pool slots to the SSD store (GPT-2\n"
+            "               instead; ssd: likewise through pool slots to the SSD store (GPT-2\n"
             "               models; the same results whichever plan)\n"
+            "               --act-ahead N (2) blocks whose activations on the SSD store (internals,\n"
+            "               checkpoints) the backward reads back ahead of use (1..6): each kind\n"
+            "               passes through N + 2 pool slots\n"
             "               --grad-slots N (16) block gradients held at once (3..16, each a block's\n"
             "               fp32 gradient of pool memory): the optimizer may lag the backward by\n"
             "               N - 1 blocks and finish while the next forward runs; used only when all\n"
@@ -192,7 +195,7 @@ enum {
     O_OUT, O_EXPORT, O_LAYERS, O_HEADS, O_EMBD, O_VOCAB, O_CTX, O_BATCH, O_SEQ, O_WARMUP,
     O_MIN_LR, O_EVAL_EVERY, O_EVAL_BATCHES, O_EVAL_FRACTION, O_CKPT_EVERY, O_INPROC, O_SCHEDULE, O_TRACE,
     O_CLIP, O_PREFETCH, O_GRAD_SLOTS, O_CKPT_PLACE, O_ACT_PLAN, O_FROM_HF, O_TO_HF, O_DTYPE,
-    O_MAX_SHARD, O_WEIGHTS_DTYPE,
+    O_MAX_SHARD, O_WEIGHTS_DTYPE, O_ACT_AHEAD,
     O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD,
     O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED, O_MAX_RESTARTS, O_STATE_COPIES,
     O_MACHINE
@@ -223,6 +226,7 @@ static const struct option longopts[] = {
     {"trace", required_argument, 0, O_TRACE},
     {"clip-grad-norm", required_argument, 0, O_CLIP},
     {"prefetch", required_argument, 0, O_PREFETCH},
+    {"act-ahead", required_argument, 0, O_ACT_AHEAD},
     {"grad-slots", required_argument, 0, O_GRAD_SLOTS},
     {"weights-dtype", required_argument, 0, O_WEIGHTS_DTYPE},
     {"ckpt-place", required_argument, 0, O_CKPT_PLACE},
@@ -254,7 +258,7 @@ static int parse_options(int argc, char **argv, struct options *o)
                           .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
                           .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
                           .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1,
-                          .prefetch = 1, .grad_slots = FY_TRAIN_GRAD_SLOTS_MAX, .max_shard_size = 50000000000ull,
+                          .prefetch = 1, .act_ahead = FY_TRAIN_ACT_AHEAD_DEFAULT, .grad_slots = FY_TRAIN_GRAD_SLOTS_MAX, .max_shard_size = 50000000000ull,
                           .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
                           .act_plan = "auto", .max_restarts = 5, .state_copies = 2};
     int c, rc = 0;
@@ -332,6 +336,14 @@ static int parse_options(int argc, char **argv, struct options *o)
             if (rc == 0 && (o->prefetch < 1 || o->prefetch > FY_TRAIN_PREFETCH_MAX)) {
                 fprintf(stderr, "fuyou-launch: --prefetch %s: give 1 to %d units\n", optarg,
                         FY_TRAIN_PREFETCH_MAX);
+                rc = -EINVAL;
+            }
+            break;
+        case O_ACT_AHEAD:
+            rc = parse_size_opt("--act-ahead", optarg, &o->act_ahead);
+            if (rc == 0 && (o->act_ahead < 1 || o->act_ahead > FY_TRAIN_ACT_AHEAD_MAX)) {
+                fprintf(stderr, "fuyou-launch: --act-ahead %s: give 1 to %d blocks\n", optarg,
+                        FY_TRAIN_ACT_AHEAD_MAX);
                 rc = -EINVAL;
             }
             break;
@@ -1026,7 +1038,8 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
     FY_TRY(fy_actplan_mode_parse(o->act_plan, &mode));
     *in = (struct fy_actrun_in){.c = model, .B = (int)o->batch, .T = (int)o->seq, .mode = mode,
                                 .backend = o->backend, .act_dtype = act_dtype, .clip = clip,
-                                .resident = resident, .rates = fy_train_reference_rates()};
+                                .resident = resident, .rates = fy_train_reference_rates(),
+                                .act_ahead = (unsigned)o->act_ahead};
     /* every mode is profiled: auto plans from it, the forced ones are predicted from it */
     if (model->arch != FY_ARCH_LLAMA && !o->inprocess) {
         int rc = profile_run(o, model, act_dtype, prof, &in->rates);
@@ -1043,7 +1056,8 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
             struct fy_pool_region_spec regions[10];
             unsigned n;
             fy_train_regions(model, in->B, in->T, act_dtype, resident, clip,
-                             (unsigned)o->prefetch, FY_TRAIN_GRAD_SLOTS_MIN, ckpt_ssd, NULL,
+                             (unsigned)o->prefetch, FY_TRAIN_GRAD_SLOTS_MIN,
+                             ckpt_ssd ? fy_train_spill_slots((unsigned)o->act_ahead) : 0, NULL,
                              regions, &n);
             uint64_t ckpts =
                 ckpt_ssd ? fy_train_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
@@ -1094,6 +1108,7 @@ static int cmd_plan(struct options *o)
     struct fy_dryrun_in in = {.B = (int)o->batch, .T = (int)o->seq, .clip = o->clip_grad_norm > 0,
                               .act_mode = act_mode,
                               .prefetch = (unsigned)o->prefetch, .ckpt_place = o->ckpt_place,
+                              .act_ahead = (unsigned)o->act_ahead,
                               .copies = (unsigned)o->state_copies, .cpu_mem = o->cpu_mem,
                               .gpu_mem = o->gpu_mem, .ssd = o->ssd};
     char mc_path[PATH_MAX];
@@ -1408,8 +1423,9 @@ static int cmd_train(struct options *o)
                 ckpt_ssd ? "the optimizer state does not all fit --cpu-mem beside them"
                          : "they fit beside all the optimizer state");
     }
+    unsigned ckpt_slots = ckpt_ssd ? fy_train_spill_slots((unsigned)o->act_ahead) : 0;
     unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
-                                           o->cpu_mem, clipping, (unsigned)o->prefetch, ckpt_ssd,
+                                           o->cpu_mem, clipping, (unsigned)o->prefetch, ckpt_slots,
                                            &swap, weight_dtype, resident);
     if (!forced) { /* auto profiles and plans in the room that state and streaming leave */
         rc = plan_activations(o, &model, act_dtype, clipping, ckpt_ssd, resident, &prof, &act_in,
@@ -1496,20 +1512,21 @@ static int cmd_train(struct options *o)
     unsigned n;
     unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, act_dtype,
                                                    o->cpu_mem, clipping, (unsigned)o->prefetch,
-                                                   ckpt_ssd, &swap, resident,
+                                                   ckpt_slots, &swap, resident,
                                                    (unsigned)o->grad_slots);
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
     fy_train_regions(&model, (int)o->batch, (int)o->seq, act_dtype, resident, clipping,
-                     (unsigned)o->prefetch, grad_slots, ckpt_ssd, &swap, regions, &n);
+                     (unsigned)o->prefetch, grad_slots, ckpt_slots, &swap, regions, &n);
     struct fy_train_opts to = {
         .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
         .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
         .eval_every = o->eval_every, .eval_batches = o->eval_batches,
         .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
         .overlap = o->overlap, .resident = resident, .clip_grad_norm = o->clip_grad_norm,
-        .ckpt_ssd = ckpt_ssd, .act_dtype = act_dtype, .act_place = act.place,
+        .ckpt_ssd = ckpt_ssd, .act_ahead = (unsigned)o->act_ahead, .act_dtype = act_dtype,
+        .act_place = act.place,
         .saved_sizes = act.sizes, .stop = &train_stop};
     if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */
         double predicted = act.predicted_s > 0 ? act.predicted_s

@@ -58,7 +58,7 @@ struct ticket {
  * written to the store in the forward, read back ahead of each backward pass. Per slot: the item
  * it holds (-1: none), its transfer to or from the store in flight, and the gpu request that used
  * it last (within one schedule function: all of them are done between). */
-#define SPILL_SLOTS_MAX 4
+#define SPILL_SLOTS_MAX (FY_TRAIN_ACT_AHEAD_MAX + 2)
 
 /* An AdamW request: gradient, master, m, v, a bf16 weights copy, a row list. */
 #define OPT_PARTS_MAX 6
@@ -94,6 +94,7 @@ struct run {
     uint64_t *host_off;
     struct spill saved;
     struct fy_actplan_sizes saved_sizes;
+    unsigned act_ahead; /* blocks whose items on the store the backward reads ahead (--act-ahead) */
     double busy_s[BUSY_COUNT];
     FILE *trace;      /* Chrome trace-event JSON, or NULL */
     uint64_t step;    /* for the trace */
@@ -169,8 +170,14 @@ static uint64_t max_unit_bytes(const struct fy_gpt_config *c)
     return m;
 }
 
+unsigned fy_train_spill_slots(unsigned act_ahead)
+{
+    return (act_ahead ? act_ahead : FY_TRAIN_ACT_AHEAD_DEFAULT) + 2;
+}
+
 void fy_train_swap_of(const unsigned char *place, unsigned n_layer,
-                      const struct fy_actplan_sizes *sizes, struct fy_train_swap *out)
+                      const struct fy_actplan_sizes *sizes, unsigned act_ahead,
+                      struct fy_train_swap *out)
 {
     memset(out, 0, sizeof *out);
     for (unsigned l = 0; place != NULL && l < n_layer; l++) {
@@ -181,13 +188,14 @@ void fy_train_swap_of(const unsigned char *place, unsigned n_layer,
         out->ssd_bytes += d.bytes;
         out->slot_bytes = d.bytes > out->slot_bytes ? d.bytes : out->slot_bytes;
     }
+    out->slots = out->ssd_bytes ? fy_train_spill_slots(act_ahead) : 0;
 }
 
 uint64_t fy_train_swap_pool_bytes(const struct fy_train_swap *swap)
 {
     if (swap == NULL)
         return 0;
-    return swap->host_bytes + (swap->ssd_bytes ? FY_TRAIN_SAVED_SLOTS * swap->slot_bytes : 0);
+    return swap->host_bytes + swap->slots * swap->slot_bytes;
 }
 
 /* The scratch extent of `count` items (at least one) of item_bytes each: spill_setup's. */
@@ -326,7 +334,7 @@ uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned c
 /* Marks units of `resident` from FY_TRAIN_STREAMED (or _KEPT) up to `mark`, unit 0 first, while the
  * pool still fits cpu_mem; returns how many it marked. */
 static unsigned plan_mark(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                          uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
+                          uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
                           const struct fy_train_swap *swap, unsigned char mark,
                           unsigned char *resident)
 {
@@ -338,7 +346,7 @@ static unsigned plan_mark(const struct fy_gpt_config *c, int B, int T, int act_d
         struct fy_pool_region_spec regions[10];
         unsigned n;
         fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, FY_TRAIN_GRAD_SLOTS_MIN,
-                         ckpt_ssd, swap, regions, &n);
+                         ckpt_slots, swap, regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             resident[u] = mark - 1;
         else
@@ -348,18 +356,18 @@ static unsigned plan_mark(const struct fy_gpt_config *c, int B, int T, int act_d
 }
 
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                                uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
+                                uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
                                 const struct fy_train_swap *swap, int weight_dtype,
                                 unsigned char *resident)
 {
     memset(resident, FY_TRAIN_STREAMED, fy_gpt_unit_count(c));
     if (cpu_mem == 0)
         return 0;
-    unsigned kept = plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_ssd, swap,
+    unsigned kept = plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_slots, swap,
                               FY_TRAIN_KEPT, resident);
     if (weight_dtype == FY_DTYPE_BF16)
-        plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_ssd, swap, FY_TRAIN_KEPT_BF16,
-                  resident);
+        plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_slots, swap,
+                  FY_TRAIN_KEPT_BF16, resident);
     return kept;
 }
 
@@ -375,7 +383,7 @@ static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
 }
 
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                                  uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
+                                  uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
                                   const struct fy_train_swap *swap, const unsigned char *resident,
                                   unsigned wanted)
 {
@@ -388,7 +396,7 @@ unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, i
     for (unsigned more = slots + 1; more <= most; more++) {
         struct fy_pool_region_spec regions[10];
         unsigned n;
-        fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, more, ckpt_ssd, swap,
+        fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, more, ckpt_slots, swap,
                          regions, &n);
         if (fy_pool_layout_size(regions, n) > cpu_mem)
             break;
@@ -399,7 +407,7 @@ unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, i
 
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                       const unsigned char *resident, int clip, unsigned prefetch,
-                      unsigned grad_slots, int ckpt_ssd, const struct fy_train_swap *swap,
+                      unsigned grad_slots, unsigned ckpt_slots, const struct fy_train_swap *swap,
                       struct fy_pool_region_spec out[10], unsigned *n)
 {
     uint64_t act = align4k(fy_train_act_bytes(c, B, T, act_dtype));
@@ -408,11 +416,11 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype
     unsigned i = 0;
     out[i++] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
     out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok + embed_rows_bytes(c)};
-    /* the checkpoints x_0..x_L, or with ckpt_ssd the slots they take in turn; two activation
-     * gradients (with ckpt_ssd a third: clipping's pass 1 can no longer borrow x_L's room) */
-    out[i++] = (struct fy_pool_region_spec){
-        "acts", (ckpt_ssd ? FY_TRAIN_CKPT_SLOTS : c->n_layer + 1) * act};
-    out[i++] = (struct fy_pool_region_spec){"dacts", (ckpt_ssd ? 3 : 2) * act};
+    /* the checkpoints x_0..x_L, or the slots they take in turn on their way to the store; two
+     * activation gradients (with the store a third: clipping's pass 1 can no longer borrow x_L's
+     * room) */
+    out[i++] = (struct fy_pool_region_spec){"acts", (ckpt_slots ? ckpt_slots : c->n_layer + 1) * act};
+    out[i++] = (struct fy_pool_region_spec){"dacts", (ckpt_slots ? 3 : 2) * act};
     /* weights: slot 0 keeps the embeddings for the tied head, the blocks and the final unit take
      * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads:
      * slot 0 holds the embedding gradient through the backward, the blocks take grad_slots
@@ -800,6 +808,9 @@ static int spill_setup(struct run *r, struct spill *sp, uint64_t base, uint64_t 
                        unsigned slots, unsigned count, uint32_t first_tensor, const char *what)
 {
     memset(sp, 0, sizeof *sp);
+    FY_REQUIRE(slots >= 3 && slots <= SPILL_SLOTS_MAX, -EINVAL,
+               "train: %s through %u pool slots, not 3 to %d (--act-ahead 1 to %d)", what, slots,
+               SPILL_SLOTS_MAX, FY_TRAIN_ACT_AHEAD_MAX);
     for (unsigned k = 0; k < SPILL_SLOTS_MAX; k++)
         sp->holds[k] = -1;
     sp->on = 1;
@@ -830,12 +841,14 @@ static int ckpt_setup(struct run *r, int ssd)
         r->ckpt.item_bytes = align4k(l->act_bytes);
         return 0;
     }
-    FY_REQUIRE(l->act_slots >= FY_TRAIN_CKPT_SLOTS && l->dact_slots >= 3, -EINVAL,
-               "shared pool: room for %u checkpoints and %u activation gradients, not the %d and 3 "
-               "of --ckpt-place ssd", l->act_slots, l->dact_slots, FY_TRAIN_CKPT_SLOTS);
+    unsigned slots = fy_train_spill_slots(r->act_ahead);
+    FY_REQUIRE(l->act_slots >= slots && l->dact_slots >= 3, -EINVAL,
+               "shared pool: room for %u checkpoints and %u activation gradients, not the %u and 3 "
+               "of --ckpt-place ssd with --act-ahead %u", l->act_slots, l->dact_slots, slots,
+               r->act_ahead);
     char what[64];
     snprintf(what, sizeof what, "checkpoints x_0..x_%u", L ? L - 1 : 0);
-    return spill_setup(r, &r->ckpt, l->acts, align4k(l->act_bytes), FY_TRAIN_CKPT_SLOTS, L,
+    return spill_setup(r, &r->ckpt, l->acts, align4k(l->act_bytes), slots, L,
                        FY_TENSOR_CKPT_SPILL(0), what);
 }
 
@@ -851,7 +864,7 @@ static int saved_setup(struct run *r, const struct fy_train_opts *o)
     memset(&r->saved, 0, sizeof r->saved);
     FY_REQUIRE(r->host_mask && r->ssd_mask && r->host_off, -ENOMEM, "train: out of memory");
     struct fy_train_swap swap;
-    fy_train_swap_of(o->act_place, L, &o->saved_sizes, &swap);
+    fy_train_swap_of(o->act_place, L, &o->saved_sizes, r->act_ahead, &swap);
     if (fy_train_swap_pool_bytes(&swap) == 0)
         return 0;
     uint64_t at, bytes;
@@ -870,7 +883,7 @@ static int saved_setup(struct run *r, const struct fy_train_opts *o)
     }
     if (swap.ssd_bytes == 0)
         return 0;
-    return spill_setup(r, &r->saved, at, swap.slot_bytes, FY_TRAIN_SAVED_SLOTS, L,
+    return spill_setup(r, &r->saved, at, swap.slot_bytes, swap.slots, L,
                        FY_TENSOR_SAVED_SPILL(0), "the blocks' internals placed on the SSD");
 }
 
@@ -891,15 +904,16 @@ static unsigned saved_parts(const struct run *r, unsigned b, int op, uint64_t ss
     return n;
 }
 
-/* In a backward pass, after block b's request: the next block's checkpoint, and the internals of
- * the next FY_TRAIN_SAVED_AHEAD blocks placed on the SSD, on their way into their slots (each
- * slot's previous item belongs to a block whose backward is done). */
+/* In a backward pass, after block b's request: the checkpoints and the SSD-placed internals of
+ * the next act_ahead blocks on their way into their slots, nearest first (each slot's previous
+ * item belongs to a block whose backward is done or is the request before b's). */
 static int backward_ahead(struct run *r, unsigned b)
 {
-    FY_TRY(spill_in(r, &r->ckpt, b - 2, 0, NULL));
-    for (unsigned a = b - 1; a >= 1 && a + FY_TRAIN_SAVED_AHEAD >= b; a--)
+    for (unsigned a = b - 1; a >= 1 && a + r->act_ahead >= b; a--) {
+        FY_TRY(spill_in(r, &r->ckpt, a - 1, 0, NULL));
         if (r->ssd_mask[a])
             FY_TRY(spill_in(r, &r->saved, a - 1, 0, NULL));
+    }
     return 0;
 }
 
@@ -1933,6 +1947,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     struct run r;
     FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, o->act_dtype, x, o->timeout_ms));
     r.overlap = o->overlap;
+    r.act_ahead = o->act_ahead ? o->act_ahead : FY_TRAIN_ACT_AHEAD_DEFAULT;
+    FY_REQUIRE(r.act_ahead <= FY_TRAIN_ACT_AHEAD_MAX, -EINVAL,
+               "train: --act-ahead %u: give 1 to %d blocks", r.act_ahead, FY_TRAIN_ACT_AHEAD_MAX);
     FY_TRY(ckpt_setup(&r, o->ckpt_ssd));
     r.trace = o->trace;
     FY_REQUIRE(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0, -EINVAL,

@@ -64,6 +64,8 @@ struct fy_train_opts {
     const unsigned char *resident;
     double clip_grad_norm; /* > 0: clip the global gradient norm to this (two backward passes) */
     int ckpt_ssd;          /* 1: the block-input checkpoints go to the SSD store (--ckpt-place ssd) */
+    unsigned act_ahead;    /* --act-ahead: blocks whose activations on the store the backward reads
+                              ahead (1..FY_TRAIN_ACT_AHEAD_MAX; 0: FY_TRAIN_ACT_AHEAD_DEFAULT) */
     int act_dtype;         /* activations in the pool: FY_DTYPE_F32 or _BF16, the backend's choice
                               (fy_backend_preferred_act_dtype; the gpu worker reads
                               train.act_dtype) */
@@ -86,25 +88,28 @@ struct fy_train_opts {
 #define FY_TRAIN_GRAD_SLOTS_MIN 3
 #define FY_TRAIN_GRAD_SLOTS_MAX 16
 
-/* With --ckpt-place ssd the block-input checkpoints take this many pool slots in turn (instead of
- * one per block): each is written to the SSD store in the forward and read back ahead of its use
- * in the backward. */
-#define FY_TRAIN_CKPT_SLOTS 4
-
-/* Pool slots that the blocks' SSD-placed internals take in turn (block b's in slot (b-1) % 4):
- * the backward reads the next blocks' back up to FY_TRAIN_SAVED_AHEAD ahead of use. */
-#define FY_TRAIN_SAVED_SLOTS 4
-#define FY_TRAIN_SAVED_AHEAD (FY_TRAIN_SAVED_SLOTS - 2)
+/* Activations on the SSD store (the block-input checkpoints with --ckpt-place ssd, the blocks'
+ * SSD-placed internals) pass through pool slots taken in turn (item i in slot i % slots): written
+ * to the store in the forward, read back in the backward up to act_ahead blocks ahead of use
+ * (--act-ahead). A ring of act_ahead + 2 slots: the one the gpu request being issued reads, the
+ * one the request before it may still read, and those being read ahead. */
+#define FY_TRAIN_ACT_AHEAD_DEFAULT 2
+#define FY_TRAIN_ACT_AHEAD_MAX 6
+/* The slots of one ring at that depth (0: the default depth). */
+unsigned fy_train_spill_slots(unsigned act_ahead);
 
 /* What the blocks' swapped internals take (struct fy_train_opts.act_place). */
 struct fy_train_swap {
     uint64_t host_bytes; /* saved regions that stay in the pool from forward to backward */
     uint64_t ssd_bytes;  /* those written to the SSD store in the forward and read back */
-    uint64_t slot_bytes; /* one of the FY_TRAIN_SAVED_SLOTS slots the SSD ones pass through */
+    uint64_t slot_bytes; /* one of the slots the SSD ones pass through */
+    unsigned slots;      /* those slots (fy_train_spill_slots; 0: nothing on the SSD) */
 };
-/* From a placement (NULL: nothing swapped) of n_layer blocks and the backend's kind sizes. */
+/* From a placement (NULL: nothing swapped) of n_layer blocks, the backend's kind sizes and the
+ * read-ahead depth (0: the default). */
 void fy_train_swap_of(const unsigned char *place, unsigned n_layer,
-                      const struct fy_actplan_sizes *sizes, struct fy_train_swap *out);
+                      const struct fy_actplan_sizes *sizes, unsigned act_ahead,
+                      struct fy_train_swap *out);
 /* Pool bytes of the "saved" region for it (0: none). */
 uint64_t fy_train_swap_pool_bytes(const struct fy_train_swap *swap);
 /* The store's scratch extents a run takes (0: none), as train makes them: the SSD-placed internals'
@@ -119,11 +124,12 @@ uint64_t fy_train_act_bytes(const struct fy_gpt_config *c, int B, int T, int act
  * optimizer state of the units marked in `resident` (may be NULL), weights slots for `prefetch`
  * units read ahead (1..FY_TRAIN_PREFETCH_MAX), `grad_slots` block gradients (FY_TRAIN_GRAD_SLOTS_MIN
  * to _MAX) and, with `clip`, room for the final unit's gradient between the two backward passes of
- * a clipped step, and with swap (may be NULL) the "saved" region of the blocks' swapped
- * internals. n receives the count (<= 10). */
+ * a clipped step, the checkpoints (x_0..x_L, or with ckpt_slots > 0 the slots they pass through on
+ * their way to the store: fy_train_spill_slots), and with swap (may be NULL) the "saved" region of
+ * the blocks' swapped internals. n receives the count (<= 10). */
 void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
                       const unsigned char *resident, int clip, unsigned prefetch,
-                      unsigned grad_slots, int ckpt_ssd, const struct fy_train_swap *swap,
+                      unsigned grad_slots, unsigned ckpt_slots, const struct fy_train_swap *swap,
                       struct fy_pool_region_spec out[10], unsigned *n);
 /* Where a unit's optimizer state lives (fy_train_opts.resident): streamed from the store, kept in
  * the pool across steps, or kept with a bf16 copy of its weights beside it, which AdamW writes
@@ -135,9 +141,10 @@ enum { FY_TRAIN_STREAMED = 0, FY_TRAIN_KEPT = 1, FY_TRAIN_KEPT_BF16 = 2 };
  * units' state stays in the pool across steps (no SSD traffic, written to the store at
  * checkpoints), the others stream from the store. With weight_dtype FY_DTYPE_BF16 the kept units
  * then get their bf16 copies, unit 0 first, while those fit too (a copy saves PCIe time, a kept
- * unit SSD time, which is dearer). cpu_mem 0: none. Returns how many units are kept. */
+ * unit SSD time, which is dearer). cpu_mem 0: none. ckpt_slots as fy_train_regions takes it.
+ * Returns how many units are kept. */
 unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                                uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
+                                uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
                                 const struct fy_train_swap *swap, int weight_dtype,
                                 unsigned char *resident);
 /* Units with a bf16 copy of their weights in the plan. */
@@ -150,7 +157,7 @@ uint64_t fy_train_upload_bytes(const struct fy_gpt_config *c, const unsigned cha
  * lag behind the backward instead, its updates going lowest unit first), as many as still fit
  * cpu_mem, at most one per block. */
 unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                                  uint64_t cpu_mem, int clip, unsigned prefetch, int ckpt_ssd,
+                                  uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
                                   const struct fy_train_swap *swap, const unsigned char *resident,
                                   unsigned wanted);
 /* Bytes a training step reads from and writes to the SSD store: the streamed units' weights in the

@@ -442,6 +442,26 @@ static void test_plan_by_hand(void **state)
     assert_true(fy_test_file_contains(f->log, "from it 0.001384, SSD 0.053883, optimizer"));
     assert_true(fy_test_file_contains(f->log, "(every block's internals swapped through the SSD "
                                               "store)"));
+    /* --act-ahead N: N + 2 slots of each kind on its way to the store; 5 more than 2 of the
+     * internals' (3 x 896 KiB) and the checkpoints' (3 x 64 KiB) take the pool from 22 to 26 MiB
+     * (whole MiB); outside 1..6 it is refused */
+    for (int i = 0; i < 4; i++) {
+        static const char *const ahead[] = {"2", "5", "0", "7"};
+        const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
+                              "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend",
+                              "cpu", "--act-plan", "ssd", "--ckpt-place", "ssd", "--act-ahead",
+                              ahead[i], NULL};
+        assert_int_equal(fy_test_launch_in(f, args, 60), i < 2 ? 0 : 2);
+        if (i < 2) {
+            assert_true(fy_test_file_contains(
+                f->log, i ? "(7 pool slots of 896.0 KiB)" : "(4 pool slots of 896.0 KiB)"));
+            assert_true(fy_test_file_contains(f->log, i ? "plan: shared pool 26.0 MiB"
+                                                        : "plan: shared pool 22.0 MiB"));
+        } else {
+            assert_true(fy_test_file_contains(
+                f->log, fy_test_fmt("--act-ahead %s: give 1 to 6 blocks", ahead[i])));
+        }
+    }
     const char *llama[] = {"plan", "--arch", "llama", "--layers", "2", "--heads", "2", "--embd",
                            "64", "--vocab", "256", "--ctx", "32", "--batch", "8", "--seq", "32",
                            "--backend", "cpu", "--act-plan", "ssd", NULL};
@@ -682,12 +702,13 @@ static void test_checkpoints_on_ssd_agree(void **state)
 }
 
 /* --act-plan host|ssd: the forward copies the blocks' internals into the pool (host) or through
- * four pool slots to the store (ssd; six blocks, so the slots are reused) and the backward reads
- * them instead of recomputing; a seeded mix of host, ssd and recompute per block and kind does the
- * same per kind, and auto profiles a block and plans (everything to the pool when it fits, a mix
- * under a tight --cpu-mem). Over 10 steps every plan gives the losses and weights of
- * recomputation bit for bit: in both schedules, with clipping (whose second backward pass reads
- * them again), with the checkpoints on the SSD beside them and with the state resident. */
+ * pool slots to the store (ssd; four slots and six blocks, so the slots are reused) and the
+ * backward reads them instead of recomputing; a seeded mix of host, ssd and recompute per block
+ * and kind does the same per kind, and auto profiles a block and plans (everything to the pool
+ * when it fits, a mix under a tight --cpu-mem). Over 10 steps every plan gives the losses and
+ * weights of recomputation bit for bit: in both schedules, with clipping (whose second backward
+ * pass reads them again), with the checkpoints on the SSD beside them, with the state resident,
+ * and reading 1, 3 or 6 blocks ahead (--act-ahead: 3, 5 or 8 slots of each kind). */
 static void test_swapped_internals_agree(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -704,6 +725,10 @@ static void test_swapped_internals_agree(void **state)
         {"auto", "overlap", "0", NULL},
         {"auto", "overlap", "0", "--cpu-mem", "26M", NULL},
         {"auto", "serial", "0.5", "--cpu-mem", "26M", NULL},
+        {"ssd", "overlap", "0", "--act-ahead", "1", "--ckpt-place", "ssd", NULL},
+        {"mix1", "overlap", "0", "--act-ahead", "6", "--ckpt-place", "ssd", NULL},
+        {"ssd", "overlap", "0.5", "--act-ahead", "1", "--ckpt-place", "ssd", NULL},
+        {"ssd", "serial", "0.5", "--act-ahead", "3", NULL},
     };
     struct same_bits plain = {0}, clipped = {0};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
@@ -719,9 +744,22 @@ static void test_swapped_internals_agree(void **state)
         int clip = strcmp(runs[i][2], "0") != 0;
         train_same_bits(f, clip ? &clipped : &plain, run, "6", "64", "10", extra);
         unsetenv("FUYOU_TEST_ACT_MIX");
-        if (strcmp(plan, "ssd") == 0)
-            assert_true(fy_test_file_contains(f->log, "internals placed on the SSD spilled to the "
-                                                      "store through 4 pool slots"));
+        unsigned slots = 4; /* --act-ahead N: N + 2, for the checkpoints too */
+        for (int k = 3; k < 8 && runs[i][k] != NULL; k++)
+            if (strcmp(runs[i][k], "--act-ahead") == 0)
+                slots = (unsigned)atoi(runs[i][k + 1]) + 2;
+        if (strcmp(plan, "ssd") == 0) {
+            assert_true(fy_test_file_contains(
+                f->log, fy_test_fmt("internals placed on the SSD spilled to the store through %u "
+                                    "pool slots", slots)));
+            assert_true(fy_test_file_contains(fy_test_fmt("%s/act_plan.json", run),
+                                              fy_test_fmt("\"ssd_slots\": %u,", slots)));
+        }
+        for (int k = 3; k < 8 && runs[i][k] != NULL; k++)
+            if (strcmp(runs[i][k], "--ckpt-place") == 0)
+                assert_true(fy_test_file_contains(
+                    f->log, fy_test_fmt("x_0..x_5 spilled to the store through %u pool slots",
+                                        slots)));
         if (strncmp(runs[i][0], "mix", 3) == 0)
             assert_true(fy_test_file_contains(f->log, "the blocks' internals mixed"));
         if (strcmp(plan, "auto") == 0) { /* profiled and planned, the plan in the run directory */
