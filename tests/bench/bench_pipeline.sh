@@ -25,7 +25,8 @@
 # GPU was sent (bf16 copies for every kept unit, some, or f32), PIPELINE_ACT_GIB (GiB of
 # --cpu-mem beyond the placement's own for swapped activations; 0), PIPELINE_CPU_MEM (one --cpu-mem
 # for every run instead, e.g. 14G: a budget below the state's size whatever the batch, for the
-# largest batch of each act plan), PIPELINE_LOG_DIR (each run's
+# largest batch of each act plan), PIPELINE_TRAIN_ARGS (more train options for every run, e.g.
+# "--act-ahead 4"), PIPELINE_LOG_DIR (each run's
 # launcher log copied there), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
@@ -62,7 +63,8 @@ run() {
     --backend "$BACKEND" --gpu-mem 24G --cpu-mem "$mem" --schedule "$sched" \
     ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} --act-plan "$plan" \
     --affinity "$affinity" --weights-dtype "$weights" \
-    ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} >"$log" 2>&1 ||
+    ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} ${PIPELINE_TRAIN_ARGS:-} \
+    >"$log" 2>&1 ||
     { echo "run $1 failed:"; grep -E " error: " "$log" | head -3; tail -3 "$log"; return 1; }
   [ -n "${PIPELINE_LOG_DIR:-}" ] && cp "$log" "$PIPELINE_LOG_DIR/"
   echo $total >"$dir/steps"
