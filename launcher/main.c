@@ -178,6 +178,19 @@ static int parse_size_opt(const char *name, const char *text, uint64_t *out)
     return 0;
 }
 
+/* A count from lo to hi of `what` (--prefetch, --act-ahead, --grad-slots). */
+static int parse_count_opt(const char *name, const char *text, uint64_t lo, uint64_t hi,
+                           const char *what, uint64_t *out)
+{
+    FY_TRY(parse_size_opt(name, text, out));
+    if (*out < lo || *out > hi) {
+        fprintf(stderr, "fuyou-launch: %s %s: give %llu to %llu %s\n", name, text,
+                (unsigned long long)lo, (unsigned long long)hi, what);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int parse_double_opt(const char *name, const char *text, double *out)
 {
     char *end = NULL;
@@ -332,20 +345,12 @@ static int parse_options(int argc, char **argv, struct options *o)
             }
             break;
         case O_PREFETCH:
-            rc = parse_size_opt("--prefetch", optarg, &o->prefetch);
-            if (rc == 0 && (o->prefetch < 1 || o->prefetch > FY_TRAIN_PREFETCH_MAX)) {
-                fprintf(stderr, "fuyou-launch: --prefetch %s: give 1 to %d units\n", optarg,
-                        FY_TRAIN_PREFETCH_MAX);
-                rc = -EINVAL;
-            }
+            rc = parse_count_opt("--prefetch", optarg, 1, FY_TRAIN_PREFETCH_MAX, "units",
+                                 &o->prefetch);
             break;
         case O_ACT_AHEAD:
-            rc = parse_size_opt("--act-ahead", optarg, &o->act_ahead);
-            if (rc == 0 && (o->act_ahead < 1 || o->act_ahead > FY_TRAIN_ACT_AHEAD_MAX)) {
-                fprintf(stderr, "fuyou-launch: --act-ahead %s: give 1 to %d blocks\n", optarg,
-                        FY_TRAIN_ACT_AHEAD_MAX);
-                rc = -EINVAL;
-            }
+            rc = parse_count_opt("--act-ahead", optarg, 1, FY_TRAIN_ACT_AHEAD_MAX, "blocks",
+                                 &o->act_ahead);
             break;
         case O_CKPT_PLACE:
             if (strcmp(optarg, "host") == 0) {
@@ -366,13 +371,8 @@ static int parse_options(int argc, char **argv, struct options *o)
             break;
         }
         case O_GRAD_SLOTS:
-            rc = parse_size_opt("--grad-slots", optarg, &o->grad_slots);
-            if (rc == 0 && (o->grad_slots < FY_TRAIN_GRAD_SLOTS_MIN ||
-                            o->grad_slots > FY_TRAIN_GRAD_SLOTS_MAX)) {
-                fprintf(stderr, "fuyou-launch: --grad-slots %s: give %d to %d block gradients\n",
-                        optarg, FY_TRAIN_GRAD_SLOTS_MIN, FY_TRAIN_GRAD_SLOTS_MAX);
-                rc = -EINVAL;
-            }
+            rc = parse_count_opt("--grad-slots", optarg, FY_TRAIN_GRAD_SLOTS_MIN,
+                                 FY_TRAIN_GRAD_SLOTS_MAX, "block gradients", &o->grad_slots);
             break;
         case O_WEIGHTS_DTYPE:
             if (strcmp(optarg, "auto") == 0 || strcmp(optarg, "f32") == 0 ||

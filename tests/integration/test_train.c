@@ -462,6 +462,11 @@ static void test_plan_by_hand(void **state)
                 f->log, fy_test_fmt("--act-ahead %s: give 1 to 6 blocks", ahead[i])));
         }
     }
+    /* the other counts, out of their ranges */
+    assert_int_equal(plan_small(f, machine, "--prefetch", "9"), 2);
+    assert_true(fy_test_file_contains(f->log, "--prefetch 9: give 1 to 8 units"));
+    assert_int_equal(plan_small(f, machine, "--grad-slots", "2"), 2);
+    assert_true(fy_test_file_contains(f->log, "--grad-slots 2: give 3 to 16 block gradients"));
     const char *llama[] = {"plan", "--arch", "llama", "--layers", "2", "--heads", "2", "--embd",
                            "64", "--vocab", "256", "--ctx", "32", "--batch", "8", "--seq", "32",
                            "--backend", "cpu", "--act-plan", "ssd", NULL};
