@@ -45,6 +45,8 @@ struct ticket {
     int64_t id;
     int phase;
     int op, layer;
+    uint32_t tensor; /* an io request's extent and byte offset in it, for the trace */
+    uint64_t at;
     uint64_t step; /* the step it belongs to (an update can finish in the next step) */
     int done; /* already waited for (serial mode): status and reply kept here */
     int status;
@@ -555,10 +557,10 @@ static void account(struct run *r, const struct ticket *t)
         fprintf(r->trace,
                 "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, "
                 "\"dur\": %.3f, \"pid\": 1, \"tid\": %d, \"args\": {\"step\": %llu, "
-                "\"unit\": %d}},\n",
+                "\"unit\": %d, \"seq\": %lld, \"tensor\": %u, \"at\": %llu}},\n",
                 fy_op_name(t->op), tracks[t->phase], (double)t->reply.offset * 1e-3,
                 (double)t->reply.bytes * 1e-3, t->phase + 1, (unsigned long long)t->step,
-                t->layer);
+                t->layer, (long long)t->id, t->tensor, (unsigned long long)t->at);
 }
 
 static void finish(struct run *r, struct ticket *t)
@@ -586,6 +588,21 @@ static int wait_for(struct run *r, struct ticket *t, struct fy_desc *reply)
     return rc;
 }
 
+/* Ticket t for request `id` (its first descriptor req), just sent. */
+static void ticket_fill(const struct run *r, struct ticket *t, int64_t id, int phase,
+                        const struct fy_desc *req)
+{
+    t->id = id;
+    t->phase = phase;
+    t->op = req->op;
+    t->layer = req->layer;
+    int io = t->op == FY_OP_IO_READ || t->op == FY_OP_IO_WRITE;
+    t->tensor = io ? req->tensor : 0;
+    t->at = io ? req->arg : 0;
+    t->step = r->step;
+    t->done = 0;
+}
+
 static int issue(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
                  struct ticket *t)
 {
@@ -594,12 +611,7 @@ static int issue(struct run *r, int phase, const char *worker, struct fy_desc *r
     r->phase_s[phase] += now_s() - t0;
     if (id < 0)
         return (int)id;
-    t->id = id;
-    t->phase = phase;
-    t->op = req[0].op;
-    t->layer = req[0].layer;
-    t->step = r->step;
-    t->done = 0;
+    ticket_fill(r, t, id, phase, req);
     if (r->overlap)
         return 0;
     finish(r, t);
@@ -614,10 +626,7 @@ static int call(struct run *r, int phase, const char *worker, struct fy_desc *re
     int64_t id = r->x->submit(r->x->ctx, worker, req, n);
     if (id < 0)
         return (int)id;
-    t.id = id;
-    t.phase = phase;
-    t.op = req[0].op;
-    t.layer = req[0].layer;
+    ticket_fill(r, &t, id, phase, req);
     return wait_for(r, &t, reply);
 }
 

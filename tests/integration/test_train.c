@@ -794,6 +794,42 @@ static void test_swapped_internals_agree(void **state)
     assert_true(fy_test_file_contains(f->log, "state 1.1 MiB, saved "));
 }
 
+/* --act-ahead N reads the activations on the store N blocks ahead: in a traced run with every
+ * block's internals and checkpoints on the SSD (six blocks), each read from their scratch extents
+ * is sent right after the backward request of the block N above its own and before the next
+ * (trace_ahead.py, by the requests' sequence numbers); the same trace checked for another depth
+ * fails, so the check tells the depths apart. Skipped, visibly, without python3. */
+static void test_act_ahead_in_trace(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (system("python3 -c 'import json' 2>/dev/null") != 0) {
+        print_message("python3 missing: the read-ahead was not checked\n");
+        return;
+    }
+    static const char *const depths[] = {"1", "3"};
+    for (int i = 0; i < 2; i++) {
+        char run[700], trace[740], cmd[1600];
+        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, "ahead"), depths[i]);
+        snprintf(trace, sizeof trace, "%s.json", run);
+        const char *init[] = {"init", "--run-dir", run, "--layers", "6", "--heads", "2",
+                              "--embd", "64", "--ctx", "32", NULL};
+        assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+        const char *extra[] = {"--act-plan", "ssd", "--ckpt-place", "ssd", "--act-ahead",
+                               depths[i], "--trace", trace, NULL};
+        assert_int_equal(train_with(f, run, f->data, "3", NULL, 0, extra), 0);
+        for (int k = 0; k < 2; k++) {
+            snprintf(cmd, sizeof cmd, "python3 tests/integration/trace_ahead.py %s %s 6", trace,
+                     depths[k]);
+            int status = system(cmd);
+            assert_true(WIFEXITED(status));
+            if (k == i)
+                assert_int_equal(WEXITSTATUS(status), 0);
+            else
+                assert_int_not_equal(WEXITSTATUS(status), 0);
+        }
+    }
+}
+
 /* fuyou-launch profile measures a block at the batch given and prints the plan train's auto would
  * take, writing it to RUN/act_plan.json, without training; a sequence beyond the context is
  * refused. A profile that fails (a test hook) is said and train goes on without one. */
@@ -1665,6 +1701,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_report_charts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoints_on_ssd_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_swapped_internals_agree, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_act_ahead_in_trace, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigint_stops_at_a_step_boundary, setup, teardown),
         cmocka_unit_test_setup_teardown(test_profile_command, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resident_state_matches_streaming, setup, teardown),
