@@ -1087,7 +1087,7 @@ static void test_embed_update_in_two_parts(void **state)
     int unit0 = 0;
     for (const char *p = text; (p = strstr(p, "\"name\": \"opt-adamw\"")) != NULL; p++) {
         const char *end = strchr(p, '\n');
-        const char *u = strstr(p, "\"unit\": 0}");
+        const char *u = strstr(p, "\"unit\": 0,");
         unit0 += u != NULL && (end == NULL || u < end);
     }
     assert_int_equal(unit0, 8);
