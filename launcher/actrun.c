@@ -353,7 +353,7 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
     else if (r->keep != 0 || r->place != NULL)
         fy_info("plan: activations (%s): the internals of %d top block%s kept on the GPU; of the "
                 "others, swapped instead of recomputed: %s in the pool from forward to backward, %s "
-                "to the SSD store through %d pool slots of %s",
+                "to the SSD store through %u pool slots of %s",
                 fy_actplan_mode_name(in->mode), r->keep, r->keep == 1 ? "" : "s", host, ssd,
                 fy_train_spill_slots(in->act_ahead), slot);
     else

@@ -1028,11 +1028,12 @@ static int weight_dtype_of(const struct options *o, const char *backend)
 /* The plan for the blocks' internals (launcher/actrun.h): every mode profiles a block first on a
  * backend that can (not the Llama blocks); auto plans from the profile within the room the pool
  * and the store leave, the forced modes are placed as they are (and predicted from the profile
- * once the state's residency is planned, fy_actrun_predict). */
+ * once the state's residency is planned, fy_actrun_predict). ckpt_slots: the checkpoints' pool
+ * slots on their way to the store, 0 where they stay in the pool (fy_train_regions). */
 static int plan_activations(const struct options *o, const struct fy_gpt_config *model,
-                            int act_dtype, int clip, int ckpt_ssd, const unsigned char *resident,
-                            struct fy_gpt_profile *prof, struct fy_actrun_in *in,
-                            struct fy_actrun *run)
+                            int act_dtype, int clip, unsigned ckpt_slots,
+                            const unsigned char *resident, struct fy_gpt_profile *prof,
+                            struct fy_actrun_in *in, struct fy_actrun *run)
 {
     enum fy_actplan_mode mode;
     FY_TRY(fy_actplan_mode_parse(o->act_plan, &mode));
@@ -1056,11 +1057,10 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
             struct fy_pool_region_spec regions[10];
             unsigned n;
             fy_train_regions(model, in->B, in->T, act_dtype, resident, clip,
-                             (unsigned)o->prefetch, FY_TRAIN_GRAD_SLOTS_MIN,
-                             ckpt_ssd ? fy_train_spill_slots((unsigned)o->act_ahead) : 0, NULL,
+                             (unsigned)o->prefetch, FY_TRAIN_GRAD_SLOTS_MIN, ckpt_slots, NULL,
                              regions, &n);
             uint64_t ckpts =
-                ckpt_ssd ? fy_train_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
+                ckpt_slots ? fy_train_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
             swap_room(o, fy_pool_layout_size(regions, n), ckpts, &in->host_bytes, &in->ssd_bytes);
         }
     } else if (mode == FY_ACTPLAN_AUTO && model->arch == FY_ARCH_LLAMA) {
@@ -1428,7 +1428,7 @@ static int cmd_train(struct options *o)
                                            o->cpu_mem, clipping, (unsigned)o->prefetch, ckpt_slots,
                                            &swap, weight_dtype, resident);
     if (!forced) { /* auto profiles and plans in the room that state and streaming leave */
-        rc = plan_activations(o, &model, act_dtype, clipping, ckpt_ssd, resident, &prof, &act_in,
+        rc = plan_activations(o, &model, act_dtype, clipping, ckpt_slots, resident, &prof, &act_in,
                               &act);
         swap = act.swap;
     }

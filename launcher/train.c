@@ -172,9 +172,15 @@ static uint64_t max_unit_bytes(const struct fy_gpt_config *c)
     return m;
 }
 
+/* --act-ahead as given, 0 meaning the default. */
+static unsigned act_ahead_of(unsigned asked)
+{
+    return asked ? asked : FY_TRAIN_ACT_AHEAD_DEFAULT;
+}
+
 unsigned fy_train_spill_slots(unsigned act_ahead)
 {
-    return (act_ahead ? act_ahead : FY_TRAIN_ACT_AHEAD_DEFAULT) + 2;
+    return act_ahead_of(act_ahead) + 2;
 }
 
 void fy_train_swap_of(const unsigned char *place, unsigned n_layer,
@@ -1956,7 +1962,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     struct run r;
     FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, o->act_dtype, x, o->timeout_ms));
     r.overlap = o->overlap;
-    r.act_ahead = o->act_ahead ? o->act_ahead : FY_TRAIN_ACT_AHEAD_DEFAULT;
+    r.act_ahead = act_ahead_of(o->act_ahead);
     FY_REQUIRE(r.act_ahead <= FY_TRAIN_ACT_AHEAD_MAX, -EINVAL,
                "train: --act-ahead %u: give 1 to %d blocks", r.act_ahead, FY_TRAIN_ACT_AHEAD_MAX);
     FY_TRY(ckpt_setup(&r, o->ckpt_ssd));
