@@ -88,6 +88,15 @@ static int train(struct fy_test_fixture *f, const char *run, const char *data, c
     return train_with(f, run, data, steps, export_path, inprocess, extra);
 }
 
+/* Whether python3 (with json) is there to check `what`; said, visibly, when it is not. */
+static int have_python(const char *what)
+{
+    if (system("python3 -c 'import json' 2>/dev/null") == 0)
+        return 1;
+    print_message("python3 missing: %s was not checked\n", what);
+    return 0;
+}
+
 /* The values of one field (key: "\"loss\": ", say) of a metrics file, as text, one per line. */
 static char *field_values(const char *metrics, const char *key)
 {
@@ -706,6 +715,15 @@ static void test_checkpoints_on_ssd_agree(void **state)
     assert_true(fy_test_file_contains(f->log, "--ckpt-place gpu: give host, ssd or auto"));
 }
 
+/* The value of option `name` among a run's options (from index 3, up to its NULL), or NULL. */
+static const char *run_option(const char *const run[9], const char *name)
+{
+    for (int k = 3; k < 8 && run[k] != NULL; k++)
+        if (strcmp(run[k], name) == 0)
+            return run[k + 1];
+    return NULL;
+}
+
 /* --act-plan host|ssd: the forward copies the blocks' internals into the pool (host) or through
  * pool slots to the store (ssd; four slots and six blocks, so the slots are reused) and the
  * backward reads them instead of recomputing; a seeded mix of host, ssd and recompute per block
@@ -749,10 +767,8 @@ static void test_swapped_internals_agree(void **state)
         int clip = strcmp(runs[i][2], "0") != 0;
         train_same_bits(f, clip ? &clipped : &plain, run, "6", "64", "10", extra);
         unsetenv("FUYOU_TEST_ACT_MIX");
-        unsigned slots = 4; /* --act-ahead N: N + 2, for the checkpoints too */
-        for (int k = 3; k < 8 && runs[i][k] != NULL; k++)
-            if (strcmp(runs[i][k], "--act-ahead") == 0)
-                slots = (unsigned)atoi(runs[i][k + 1]) + 2;
+        const char *ahead = run_option(runs[i], "--act-ahead");
+        unsigned slots = ahead ? (unsigned)atoi(ahead) + 2 : 4; /* the checkpoints' too */
         if (strcmp(plan, "ssd") == 0) {
             assert_true(fy_test_file_contains(
                 f->log, fy_test_fmt("internals placed on the SSD spilled to the store through %u "
@@ -760,11 +776,9 @@ static void test_swapped_internals_agree(void **state)
             assert_true(fy_test_file_contains(fy_test_fmt("%s/act_plan.json", run),
                                               fy_test_fmt("\"ssd_slots\": %u,", slots)));
         }
-        for (int k = 3; k < 8 && runs[i][k] != NULL; k++)
-            if (strcmp(runs[i][k], "--ckpt-place") == 0)
-                assert_true(fy_test_file_contains(
-                    f->log, fy_test_fmt("x_0..x_5 spilled to the store through %u pool slots",
-                                        slots)));
+        if (run_option(runs[i], "--ckpt-place") != NULL)
+            assert_true(fy_test_file_contains(
+                f->log, fy_test_fmt("x_0..x_5 spilled to the store through %u pool slots", slots)));
         if (strncmp(runs[i][0], "mix", 3) == 0)
             assert_true(fy_test_file_contains(f->log, "the blocks' internals mixed"));
         if (strcmp(plan, "auto") == 0) { /* profiled and planned, the plan in the run directory */
@@ -802,10 +816,8 @@ static void test_swapped_internals_agree(void **state)
 static void test_act_ahead_in_trace(void **state)
 {
     struct fy_test_fixture *f = *state;
-    if (system("python3 -c 'import json' 2>/dev/null") != 0) {
-        print_message("python3 missing: the read-ahead was not checked\n");
+    if (!have_python("the read-ahead"))
         return;
-    }
     static const char *const depths[] = {"1", "3"};
     for (int i = 0; i < 2; i++) {
         char run[700], trace[740], cmd[1600];
@@ -1013,10 +1025,8 @@ static void delayed_overlap_and_serial(struct fy_test_fixture *f, const char *na
     }
     unsetenv("FUYOU_TEST_OPT_DELAY_MS");
     same_bits_free(&group);
-    if (system("python3 -c 'import json' 2>/dev/null") != 0) {
-        print_message("python3 missing: the trace of %s was not checked\n", name);
+    if (!have_python(fy_test_fmt("the trace of %s", name)))
         return;
-    }
     snprintf(cmd, sizeof cmd, check, trace);
     assert_int_equal(system(cmd), 0);
 }
@@ -1175,7 +1185,7 @@ static void test_trace_and_busy_metrics(void **state)
     assert_non_null(strstr(text, "\"name\": \"io-read\""));
     assert_non_null(strstr(text, "\"cat\": \"gpu worker\""));
     free(text);
-    if (system("python3 -c 'import json' 2>/dev/null") == 0) { /* the whole file parses as JSON */
+    if (have_python("the trace as JSON and by trace_gaps.py")) { /* the whole file parses */
         char cmd[800];
         snprintf(cmd, sizeof cmd,
                  "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
