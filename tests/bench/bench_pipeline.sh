@@ -6,7 +6,9 @@
 # (FUYOU_GPU_QUEUE=1) beside its default of two in flight. A table last: per run the median over
 # the timed steps (the first step warms up and is left out) of step time, model TFLOP/s, GPU idle
 # fraction and per-resource busy times (gpu worker, its copies to and from the GPU, SSD reads and
-# writes, AdamW). The last step of each run also writes the resident state
+# writes, AdamW), beside the step the run's activation plan predicted at its start ("over": the
+# prediction's excess over the measured step) and the SSD read/write rates the profile behind that
+# prediction measured (GB/s; the disk drifts, and these show how fast it was then). The last step of each run also writes the resident state
 # to the store and syncs it (a checkpoint) and is left out as well.
 # Environment: PIPELINE_CONFIGS ("1.3B", or "1.3B 2.7B"; "350M" for quick looks), PIPELINE_BATCHES
 # ("16 64"), PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"),
@@ -27,7 +29,7 @@
 # for every run instead, e.g. 14G: a budget below the state's size whatever the batch, for the
 # largest batch of each act plan), PIPELINE_TRAIN_ARGS (more train options for every run, e.g.
 # "--act-ahead 4"), PIPELINE_LOG_DIR (each run's
-# launcher log copied there), FUYOU_BENCH_DIR (where
+# launcher log copied there, a failed run's too; made if missing), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
 # (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a
@@ -42,10 +44,12 @@ work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
-row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %s\n"
-printf "$row_format" config B place schedule act-plan queue gslots wts "step s" "TFLOP/s" \
-  "gpu idle" \
-  "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" affinity >"$table"
+row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %9s %7s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %-9s %s\n"
+printf "$row_format" config B place schedule act-plan queue gslots wts "step s" "predicted" over \
+  "TFLOP/s" "gpu idle" \
+  "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" "disk GB/s" affinity \
+  >"$table"
+[ -n "${PIPELINE_LOG_DIR:-}" ] && { mkdir -p "$PIPELINE_LOG_DIR" || exit 1; }
 "$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
 
 # run NAME CONFIG B PLACE SCHEDULE QUEUE CPU_MEM [GRAD_SLOTS [ACT_PLAN [AFFINITY [WEIGHTS]]]]:
@@ -64,9 +68,11 @@ run() {
     ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} --act-plan "$plan" \
     --affinity "$affinity" --weights-dtype "$weights" \
     ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} ${PIPELINE_TRAIN_ARGS:-} \
-    >"$log" 2>&1 ||
-    { echo "run $1 failed:"; grep -E " error: " "$log" | head -3; tail -3 "$log"; return 1; }
+    >"$log" 2>&1
+  local rc=$?
   [ -n "${PIPELINE_LOG_DIR:-}" ] && cp "$log" "$PIPELINE_LOG_DIR/"
+  [ $rc = 0 ] ||
+    { echo "run $1 failed:"; grep -E " error: " "$log" | head -3; tail -3 "$log"; return 1; }
   echo $total >"$dir/steps"
   grep -E "plan|resident|state of|blocks kept" "$log" | head -4 | cut -c1-200
   grep -E "plan: activations|plan: auto|predicted step|layers on gpu|profiled one block" "$log" |
@@ -80,8 +86,16 @@ run() {
     wts=bf16
     grep -q "no more copies" "$log" && wts=bf16-
   fi
+  # the step the plan predicted from the profile at the run's start, and the SSD rates that profile
+  # measured (read/write): "-" where the run printed none
+  local pred disk
+  pred=$(grep -o "predicts from this machine's profile: [0-9.]* s" "$log" | head -1 |
+    grep -o "[0-9.]* s$" | cut -d' ' -f1)
+  disk=$(grep -o "the SSD store [0-9.]* GB/s written, [0-9.]* read" "$log" | head -1 |
+    awk '{print $7 "/" $4}')
   # median over the timed steps of each field
-  tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" | COMPUTE_S=${COMPUTE_S:-0} python3 -c '
+  tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" |
+    COMPUTE_S=${COMPUTE_S:-0} PRED_S=${pred:-0} python3 -c '
 import json, statistics, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
 m = lambda k: statistics.median(r[k] for r in rows)
@@ -91,13 +105,16 @@ import os
 # writes share the disk
 bound = max(float(os.environ["COMPUTE_S"]), m("busy_h2d_s"), m("busy_d2h_s"),
             m("busy_ssd_read_s") + m("busy_ssd_write_s"), m("busy_opt_s"))
-print("%.3f %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f" % (m("step_s"), m("tflops"),
-      100 * m("gpu_idle"), m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
+# the prediction against the measured step: its excess as a share of the step (negative: short)
+pred = float(os.environ["PRED_S"])
+over = "%+.1f%%" % (100 * (pred / m("step_s") - 1)) if pred > 0 and m("step_s") > 0 else "-"
+print("%.3f %s %s %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f" % (m("step_s"),
+      "%.3f" % pred if pred > 0 else "-", over, m("tflops"), 100 * m("gpu_idle"), m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
       m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0))' |
-    while read -r s tf idle g up down r w o bd x; do
+    while read -r s pr ov tf idle g up down r w o bd x; do
       printf "$row_format" "$cfg" "$B" "$place" "$sched" "$plan" \
-        "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$wts" "$s" "$tf" "$idle" "$g" "$up" \
-        "$down" "$r" "$w" "$o" "$bd" "$x" "$affinity" | tee -a "$table"
+        "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$wts" "$s" "$pr" "$ov" "$tf" "$idle" \
+        "$g" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${disk:--}" "$affinity" | tee -a "$table"
     done
 }
 

@@ -1213,6 +1213,54 @@ static void test_trace_and_busy_metrics(void **state)
     assert_true(fy_test_file_contains(metrics, "\"gpu_idle\": "));
 }
 
+/* make bench-pipeline's table on the CPU backend (tests/bench/bench_pipeline.sh, its smoke test):
+ * one row per run, each with the step its plan predicted, that prediction's excess over the
+ * measured step, and the SSD rates its profile measured; every run's log copied into a log
+ * directory the script makes. */
+static void test_bench_pipeline_table(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (!have_python("make bench-pipeline's table (its medians are python's)"))
+        return;
+    char *logs = fy_test_in(f, "logs/made-by-the-bench"), *work = fy_test_in(f, "bench");
+    const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "timeout 300 env BUILD=%s PIPELINE_CONFIGS=tiny PIPELINE_SEQ=32 PIPELINE_BACKEND=cpu "
+             "PIPELINE_FSDP2=0 PIPELINE_CPU_MEM=2G PIPELINE_LOG_DIR=%s FUYOU_BENCH_DIR=%s "
+             "PIPELINE_RUNS='4/host/overlap/recompute 4/host/overlap/ssd' "
+             "bash tests/bench/bench_pipeline.sh >%s 2>&1",
+             build, logs, work, f->log);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(fy_test_count_entries(logs), 2);
+    assert_true(fy_test_file_contains(f->log, "step s predicted    over"));
+    char *text = fy_test_slurp(f->log, NULL), *save = NULL;
+    assert_non_null(text);
+    int rows = 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "tiny ", 5) != 0)
+            continue;
+        char *field[32], *at = NULL;
+        int n = 0;
+        for (char *w = strtok_r(line, " ", &at); w && n < 32; w = strtok_r(NULL, " ", &at))
+            field[n++] = w;
+        assert_int_equal(n, 23);
+        assert_string_equal(field[3], "overlap");
+        double step = atof(field[8]), pred = atof(field[9]), rd = 0, wr = 0;
+        assert_true(step > 0 && pred > 0);
+        size_t len = strlen(field[10]);
+        assert_true(len > 1 && field[10][len - 1] == '%');
+        /* "over" is printed to 0.1% from the unrounded figures, step and pred to 1 ms */
+        double within = 0.05 + 0.05 * (pred / (step * step) + 1 / step);
+        assert_float_equal(atof(field[10]), 100 * (pred / step - 1), within);
+        assert_int_equal(sscanf(field[21], "%lf/%lf", &rd, &wr), 2);
+        assert_true(rd > 0 && wr > 0);
+        rows++;
+    }
+    free(text);
+    assert_int_equal(rows, 4); /* each run's row as it ends, and again in the table at the end */
+}
+
 static void test_heldout_loss_falls(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -1698,6 +1746,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_run_matches_inprocess, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bench_pipeline_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_updates_lowest_unit_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fewer_gradient_slots_than_blocks, setup, teardown),
