@@ -4,7 +4,7 @@
  * refused with one line that names the file, a non-zero exit, and nothing overwritten; and
  * --clip-grad-norm: overlap and serial bit-identical, a huge bound bit-identical to no clipping,
  * the run against the float64 reference with clipping (tests/reference/gpt_ref.py --train), bad
- * bounds refused. */
+ * bounds refused; and make bench-pipeline's table, on the CPU backend. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
