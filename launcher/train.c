@@ -48,6 +48,7 @@ struct ticket {
     uint32_t tensor; /* an io request's extent and byte offset in it, for the trace */
     uint64_t at;
     uint64_t step; /* the step it belongs to (an update can finish in the next step) */
+    uint64_t io_bytes; /* an io read's or write's bytes, all its descriptors' */
     int done; /* already waited for (serial mode): status and reply kept here */
     int status;
     struct fy_desc reply;
@@ -98,6 +99,7 @@ struct run {
     struct fy_actplan_sizes saved_sizes;
     unsigned act_ahead; /* blocks whose items on the store the backward reads ahead (--act-ahead) */
     double busy_s[BUSY_COUNT];
+    uint64_t ssd_bytes[2]; /* read and written this step, for the rates the disk ran at */
     FILE *trace;      /* Chrome trace-event JSON, or NULL */
     uint64_t step;    /* for the trace */
     int timeout_ms;
@@ -553,6 +555,8 @@ static void account(struct run *r, const struct ticket *t)
             : t->op == FY_OP_IO_WRITE || t->op == FY_OP_IO_SYNC ? BUSY_SSD_WRITE
                                                                 : BUSY_SSD_READ;
     r->busy_s[k] += seconds;
+    if (t->op == FY_OP_IO_READ || t->op == FY_OP_IO_WRITE)
+        r->ssd_bytes[t->op == FY_OP_IO_WRITE] += t->io_bytes;
     if (t->phase == PH_GPU) { /* and the device time of its copies (0 on the CPU backend) */
         double h2d, d2h;
         fy_desc_copy_times(&t->reply, &h2d, &d2h);
@@ -596,7 +600,7 @@ static int wait_for(struct run *r, struct ticket *t, struct fy_desc *reply)
 
 /* Ticket t for request `id` (its first descriptor req), just sent. */
 static void ticket_fill(const struct run *r, struct ticket *t, int64_t id, int phase,
-                        const struct fy_desc *req)
+                        const struct fy_desc *req, unsigned n)
 {
     t->id = id;
     t->phase = phase;
@@ -605,6 +609,9 @@ static void ticket_fill(const struct run *r, struct ticket *t, int64_t id, int p
     int io = t->op == FY_OP_IO_READ || t->op == FY_OP_IO_WRITE;
     t->tensor = io ? req->tensor : 0;
     t->at = io ? req->arg : 0;
+    t->io_bytes = 0;
+    for (unsigned i = 0; io && i < n; i++)
+        t->io_bytes += req[i].bytes;
     t->step = r->step;
     t->done = 0;
 }
@@ -617,7 +624,7 @@ static int issue(struct run *r, int phase, const char *worker, struct fy_desc *r
     r->phase_s[phase] += now_s() - t0;
     if (id < 0)
         return (int)id;
-    ticket_fill(r, t, id, phase, req);
+    ticket_fill(r, t, id, phase, req, n);
     if (r->overlap)
         return 0;
     finish(r, t);
@@ -632,7 +639,7 @@ static int call(struct run *r, int phase, const char *worker, struct fy_desc *re
     int64_t id = r->x->submit(r->x->ctx, worker, req, n);
     if (id < 0)
         return (int)id;
-    ticket_fill(r, &t, id, phase, req);
+    ticket_fill(r, &t, id, phase, req, n);
     return wait_for(r, &t, reply);
 }
 
@@ -1750,7 +1757,7 @@ int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy
 static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct fy_gpt_config *c,
                      uint64_t step,
                      double loss, double lr, double grad_norm, double seconds, const double *phase,
-                     const double *busy, int have_eval, double eval)
+                     const double *busy, const uint64_t *ssd_bytes, int have_eval, double eval)
 {
     double tokens = (double)o->batch * o->seq;
     double tps = tokens / seconds;
@@ -1783,10 +1790,12 @@ static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct 
             "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
             "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
             "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
-            "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, \"gpu_idle\": %.4f",
+            "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, \"gpu_idle\": %.4f, "
+            "\"ssd_read_bytes\": %llu, \"ssd_write_bytes\": %llu",
             (unsigned long long)step, loss, lr, tps, tflops, seconds, phase[PH_IO], phase[PH_GPU],
             phase[PH_OPT], busy[BUSY_GPU], busy[BUSY_SSD_READ], busy[BUSY_SSD_WRITE],
-            busy[BUSY_OPT], busy[BUSY_H2D], busy[BUSY_D2H], gpu_idle);
+            busy[BUSY_OPT], busy[BUSY_H2D], busy[BUSY_D2H], gpu_idle,
+            (unsigned long long)ssd_bytes[0], (unsigned long long)ssd_bytes[1]);
     if (grad_norm >= 0)
         fprintf(metrics, ", \"grad_norm\": %.9g", grad_norm);
     if (have_eval)
@@ -2049,6 +2058,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         double t0 = now_s(), loss = 0, lr = fy_train_lr(o, step), eval = 0, grad_norm = -1;
         memset(r.phase_s, 0, sizeof r.phase_s);
         memset(r.busy_s, 0, sizeof r.busy_s);
+        memset(r.ssd_bytes, 0, sizeof r.ssd_bytes);
         r.step = step;
         rc = load_batch(&r, data, FY_TOKFILE_TRAIN, o->seed, step, NULL);
         if (rc == 0)
@@ -2066,6 +2076,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
             rc = opt_drain(&r);
         double seconds = now_s() - t0;
         double phase[PH_COUNT], busy[BUSY_COUNT];
+        uint64_t ssd_bytes[2] = {r.ssd_bytes[0], r.ssd_bytes[1]};
         memcpy(phase, r.phase_s, sizeof phase);
         memcpy(busy, r.busy_s, sizeof busy);
         if (rc == 0 && do_eval && o->eval_batches > 0)
@@ -2075,7 +2086,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
          * last commit is dropped when the run goes back). The commit's time is its own. */
         if (rc == 0)
             log_step(o, metrics, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy,
-                     do_eval && o->eval_batches > 0, eval);
+                     ssd_bytes, do_eval && o->eval_batches > 0, eval);
         if (rc == 0 && durable) {
             double c0 = now_s();
             rc = commit(&r, meta, step);

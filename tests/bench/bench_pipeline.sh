@@ -8,8 +8,9 @@
 # fraction and per-resource busy times (gpu worker, its copies to and from the GPU, SSD reads and
 # writes, AdamW), beside the step the run's activation plan predicted at its start ("over": the
 # prediction's excess over the measured step) and the SSD read/write rates the profile behind that
-# prediction measured (GB/s; the disk drifts, and these show how fast it was then). The last step of each run also writes the resident state
-# to the store and syncs it (a checkpoint) and is left out as well.
+# prediction measured (GB/s), beside those the steps ran at (their bytes over the busy times): the
+# disk drifts. The last step of each run also writes the resident state to the store and syncs it
+# (a checkpoint) and is left out as well.
 # Environment: PIPELINE_CONFIGS ("1.3B", or "1.3B 2.7B"; "350M" for quick looks), PIPELINE_BATCHES
 # ("16 64"), PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"),
 # PIPELINE_QUEUE1 (1: also the host placement with one request at a time), PIPELINE_FSDP2 (1: also PyTorch FSDP2 with CPU
@@ -44,10 +45,10 @@ work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
-row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %9s %7s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %-9s %s\n"
+row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %9s %7s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %-9s %-9s %s\n"
 printf "$row_format" config B place schedule act-plan queue gslots wts "step s" "predicted" over \
   "TFLOP/s" "gpu idle" \
-  "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" "disk GB/s" affinity \
+  "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" "disk GB/s" "in steps" affinity \
   >"$table"
 [ -n "${PIPELINE_LOG_DIR:-}" ] && { mkdir -p "$PIPELINE_LOG_DIR" || exit 1; }
 "$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
@@ -108,13 +109,17 @@ bound = max(float(os.environ["COMPUTE_S"]), m("busy_h2d_s"), m("busy_d2h_s"),
 # the prediction against the measured step: its excess as a share of the step (negative: short)
 pred = float(os.environ["PRED_S"])
 over = "%+.1f%%" % (100 * (pred / m("step_s") - 1)) if pred > 0 and m("step_s") > 0 else "-"
-print("%.3f %s %s %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f" % (m("step_s"),
+# the rates the disk ran at in the steps: the bytes the io worker moved over its busy times
+rate = lambda b, s: "%.2f" % (m(b) / m(s) * 1e-9) if m(s) > 0 else "-"
+disk = rate("ssd_read_bytes", "busy_ssd_read_s") + "/" + rate("ssd_write_bytes", "busy_ssd_write_s")
+print("%.3f %s %s %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f %s" % (m("step_s"),
       "%.3f" % pred if pred > 0 else "-", over, m("tflops"), 100 * m("gpu_idle"), m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
-      m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0))' |
-    while read -r s pr ov tf idle g up down r w o bd x; do
+      m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0, disk))' |
+    while read -r s pr ov tf idle g up down r w o bd x steps_disk; do
       printf "$row_format" "$cfg" "$B" "$place" "$sched" "$plan" \
         "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$wts" "$s" "$pr" "$ov" "$tf" "$idle" \
-        "$g" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${disk:--}" "$affinity" | tee -a "$table"
+        "$g" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${disk:--}" "$steps_disk" "$affinity" |
+        tee -a "$table"
     done
 }
 

@@ -1211,12 +1211,24 @@ static void test_trace_and_busy_metrics(void **state)
     /* the CPU backend copies nothing to a device: its copy times are there, and zero */
     assert_true(fy_test_file_contains(metrics, "\"busy_h2d_s\": 0.000000, \"busy_d2h_s\": 0.000000"));
     assert_true(fy_test_file_contains(metrics, "\"gpu_idle\": "));
+    /* the bytes the io worker moved: state streamed each step, the same every step, in O_DIRECT
+     * pieces */
+    double rd[3], wr[3];
+    assert_int_equal(field_numbers(metrics, "\"ssd_read_bytes\": ", rd, 3), 3);
+    assert_int_equal(field_numbers(metrics, "\"ssd_write_bytes\": ", wr, 3), 3);
+    for (int i = 0; i < 3; i++) {
+        assert_true(rd[i] > 0 && wr[i] > 0);
+        assert_true(fmod(rd[i], 4096) == 0 && fmod(wr[i], 4096) == 0);
+    }
+    assert_true(rd[1] == rd[0] && wr[1] == wr[0]);
 }
 
 /* make bench-pipeline's table on the CPU backend (tests/bench/bench_pipeline.sh, its smoke test):
  * one row per run, each with the step its plan predicted, that prediction's excess over the
- * measured step, and the SSD rates its profile measured; every run's log copied into a log
- * directory the script makes. */
+ * measured step, the SSD rates its profile measured and those its steps ran at; every run's log
+ * copied into a log directory the script makes. With the state in the pool the steps move nothing
+ * on the SSD but the internals --act-plan ssd writes there (two blocks: both stay in their pool
+ * slots for the backward, so none is read back). */
 static void test_bench_pipeline_table(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -1244,7 +1256,7 @@ static void test_bench_pipeline_table(void **state)
         int n = 0;
         for (char *w = strtok_r(line, " ", &at); w && n < 32; w = strtok_r(NULL, " ", &at))
             field[n++] = w;
-        assert_int_equal(n, 23);
+        assert_int_equal(n, 24);
         assert_string_equal(field[3], "overlap");
         double step = atof(field[8]), pred = atof(field[9]), rd = 0, wr = 0;
         assert_true(step > 0 && pred > 0);
@@ -1255,6 +1267,13 @@ static void test_bench_pipeline_table(void **state)
         assert_float_equal(atof(field[10]), 100 * (pred / step - 1), within);
         assert_int_equal(sscanf(field[21], "%lf/%lf", &rd, &wr), 2);
         assert_true(rd > 0 && wr > 0);
+        if (strcmp(field[4], "recompute") == 0) {
+            assert_string_equal(field[22], "-/-");
+        } else {
+            assert_string_equal(field[4], "ssd");
+            assert_int_equal(sscanf(field[22], "-/%lf", &wr), 1);
+            assert_true(wr > 0);
+        }
         rows++;
     }
     free(text);
