@@ -1527,7 +1527,9 @@ static int cmd_train(struct options *o)
         .overlap = o->overlap, .resident = resident, .clip_grad_norm = o->clip_grad_norm,
         .ckpt_ssd = ckpt_ssd, .act_ahead = (unsigned)o->act_ahead, .act_dtype = act_dtype,
         .act_place = act.place,
-        .saved_sizes = act.sizes, .stop = &train_stop};
+        .saved_sizes = act.sizes, .stop = &train_stop, .plan_step_s = act.predicted_s,
+        .plan_ssd_read = act_in.rates.ssd_read, .plan_ssd_write = act_in.rates.ssd_write,
+        .plan_opt_params = act_in.rates.opt_params};
     if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */
         double predicted = act.predicted_s > 0 ? act.predicted_s
                            : strcmp(o->backend, "cpu") != 0 ? p.step_s : 0;

@@ -1753,6 +1753,36 @@ int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy
     return eval_loss(&r, data, batches, loss);
 }
 
+/* "R.RR" GB/s of bytes over busy seconds; "-" where the step moved none. */
+static const char *gbps(uint64_t bytes, double busy_s, char *buf, size_t len)
+{
+    if (bytes == 0 || busy_s <= 0)
+        return "-";
+    snprintf(buf, len, "%.2f", (double)bytes / busy_s * 1e-9);
+    return buf;
+}
+
+/* The plan check: one step (the session's second; the first warms up) beside what the activation
+ * plan predicted from the profile at the start, with the rates the disk and AdamW ran at in it, so
+ * that a prediction that misses says which resource the profile misjudged. */
+static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_config *c,
+                           uint64_t step, double seconds, const double *busy,
+                           const uint64_t *ssd_bytes)
+{
+    char rd[32], wr[32], opt[32];
+    double params = (double)fy_gpt_total_params(c);
+    snprintf(opt, sizeof opt, busy[BUSY_OPT] > 0 ? "%.2f" : "-",
+             busy[BUSY_OPT] > 0 ? params / busy[BUSY_OPT] * 1e-9 : 0.0);
+    fy_info("plan check, step %llu: %.3f s against the %.3f s predicted (%+.1f%%); in it the SSD "
+            "read %s GB/s and wrote %s (the profile: %.2f and %.2f), AdamW %s G parameters/s (the "
+            "profile: %.2f)",
+            (unsigned long long)step, seconds, o->plan_step_s,
+            100.0 * (o->plan_step_s / seconds - 1.0),
+            gbps(ssd_bytes[0], busy[BUSY_SSD_READ], rd, sizeof rd),
+            gbps(ssd_bytes[1], busy[BUSY_SSD_WRITE], wr, sizeof wr), o->plan_ssd_read * 1e-9,
+            o->plan_ssd_write * 1e-9, opt, o->plan_opt_params * 1e-9);
+}
+
 /* grad_norm < 0: not computed (no clipping: computing it would cost a backward pass). */
 static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct fy_gpt_config *c,
                      uint64_t step,
@@ -2050,6 +2080,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     if (rc == 0)
         fy_info("starting at step %llu", (unsigned long long)meta->step);
     uint64_t done = meta->step; /* the last step trained; meta->step is the last committed */
+    const uint64_t first = meta->step + 1; /* this session's first step */
     for (uint64_t step = meta->step + 1; rc == 0 && step <= o->steps; step++) {
         if (o->stop != NULL && *o->stop) {
             fy_warn("stopping at the step boundary before step %llu", (unsigned long long)step);
@@ -2087,6 +2118,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         if (rc == 0)
             log_step(o, metrics, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy,
                      ssd_bytes, do_eval && o->eval_batches > 0, eval);
+        if (rc == 0 && o->plan_step_s > 0 && step == first + 1 && seconds > 0)
+            log_plan_check(o, &meta->model, step, seconds, busy, ssd_bytes);
         if (rc == 0 && durable) {
             double c0 = now_s();
             rc = commit(&r, meta, step);

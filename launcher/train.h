@@ -77,6 +77,10 @@ struct fy_train_opts {
     const unsigned char *act_place;
     struct fy_actplan_sizes saved_sizes;
     const volatile int *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
+    /* What the activation plan predicted from the profile, set beside the session's second step
+     * (its first is a warm-up) in the log's plan check: the step's seconds (0: not predicted, no
+     * check), and the SSD's read and write rates (bytes/s) and AdamW's parameters/s it assumed. */
+    double plan_step_s, plan_ssd_read, plan_ssd_write, plan_opt_params;
 };
 
 /* Units of weights read ahead of the one the gpu computes (--prefetch): each costs a unit slot. */

@@ -1221,6 +1221,30 @@ static void test_trace_and_busy_metrics(void **state)
         assert_true(fmod(rd[i], 4096) == 0 && fmod(wr[i], 4096) == 0);
     }
     assert_true(rd[1] == rd[0] && wr[1] == wr[0]);
+    /* the plan check: step 2 beside the plan's prediction (RUN/act_plan.json, full precision) and
+     * the rates of its metrics line */
+    double step_s[3], busy_rd[3], busy_wr[3], predicted = 0;
+    assert_int_equal(field_numbers(metrics, "\"step_s\": ", step_s, 3), 3);
+    assert_int_equal(field_numbers(metrics, "\"busy_ssd_read_s\": ", busy_rd, 3), 3);
+    assert_int_equal(field_numbers(metrics, "\"busy_ssd_write_s\": ", busy_wr, 3), 3);
+    char plan[600];
+    snprintf(plan, sizeof plan, "%s/act_plan.json", run);
+    assert_int_equal(field_numbers(plan, "\"predicted_step_s\": ", &predicted, 1), 1);
+    assert_true(predicted > 0);
+    char *log = fy_test_slurp(f->log, NULL), *check = log ? strstr(log, "plan check, step 2: ") : NULL;
+    assert_non_null(check);
+    assert_null(strstr(log, "plan check, step 3")); /* once a session */
+    double sec, pred, over, r, w;
+    assert_int_equal(sscanf(check, "plan check, step 2: %lf s against the %lf s predicted (%lf%%); "
+                                   "in it the SSD read %lf GB/s and wrote %lf",
+                            &sec, &pred, &over, &r, &w),
+                     5);
+    free(log);
+    assert_float_equal(sec, step_s[1], 0.0005);
+    assert_float_equal(pred, predicted, 0.0005);
+    assert_float_equal(over, 100 * (predicted / step_s[1] - 1), 0.06);
+    assert_float_equal(r, rd[1] / busy_rd[1] * 1e-9, 0.006 + 0.01 * r);
+    assert_float_equal(w, wr[1] / busy_wr[1] * 1e-9, 0.006 + 0.01 * w);
 }
 
 /* make bench-pipeline's table on the CPU backend (tests/bench/bench_pipeline.sh, its smoke test):
