@@ -99,7 +99,7 @@ struct run {
     struct fy_actplan_sizes saved_sizes;
     unsigned act_ahead; /* blocks whose items on the store the backward reads ahead (--act-ahead) */
     double busy_s[BUSY_COUNT];
-    uint64_t ssd_bytes[2]; /* read and written this step, for the rates the disk ran at */
+    uint64_t busy_bytes[BUSY_COUNT]; /* what the io requests behind busy_s moved (SSD kinds) */
     FILE *trace;      /* Chrome trace-event JSON, or NULL */
     uint64_t step;    /* for the trace */
     int timeout_ms;
@@ -555,8 +555,7 @@ static void account(struct run *r, const struct ticket *t)
             : t->op == FY_OP_IO_WRITE || t->op == FY_OP_IO_SYNC ? BUSY_SSD_WRITE
                                                                 : BUSY_SSD_READ;
     r->busy_s[k] += seconds;
-    if (t->op == FY_OP_IO_READ || t->op == FY_OP_IO_WRITE)
-        r->ssd_bytes[t->op == FY_OP_IO_WRITE] += t->io_bytes;
+    r->busy_bytes[k] += t->io_bytes;
     if (t->phase == PH_GPU) { /* and the device time of its copies (0 on the CPU backend) */
         double h2d, d2h;
         fy_desc_copy_times(&t->reply, &h2d, &d2h);
@@ -1767,7 +1766,7 @@ static const char *gbps(uint64_t bytes, double busy_s, char *buf, size_t len)
  * that a prediction that misses says which resource the profile misjudged. */
 static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_config *c,
                            uint64_t step, double seconds, const double *busy,
-                           const uint64_t *ssd_bytes)
+                           const uint64_t *bytes)
 {
     char rd[32], wr[32], opt[32];
     double params = (double)fy_gpt_total_params(c);
@@ -1778,16 +1777,16 @@ static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_co
             "profile: %.2f)",
             (unsigned long long)step, seconds, o->plan_step_s,
             100.0 * (o->plan_step_s / seconds - 1.0),
-            gbps(ssd_bytes[0], busy[BUSY_SSD_READ], rd, sizeof rd),
-            gbps(ssd_bytes[1], busy[BUSY_SSD_WRITE], wr, sizeof wr), o->plan_ssd_read * 1e-9,
-            o->plan_ssd_write * 1e-9, opt, o->plan_opt_params * 1e-9);
+            gbps(bytes[BUSY_SSD_READ], busy[BUSY_SSD_READ], rd, sizeof rd),
+            gbps(bytes[BUSY_SSD_WRITE], busy[BUSY_SSD_WRITE], wr, sizeof wr),
+            o->plan_ssd_read * 1e-9, o->plan_ssd_write * 1e-9, opt, o->plan_opt_params * 1e-9);
 }
 
 /* grad_norm < 0: not computed (no clipping: computing it would cost a backward pass). */
 static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct fy_gpt_config *c,
                      uint64_t step,
                      double loss, double lr, double grad_norm, double seconds, const double *phase,
-                     const double *busy, const uint64_t *ssd_bytes, int have_eval, double eval)
+                     const double *busy, const uint64_t *bytes, int have_eval, double eval)
 {
     double tokens = (double)o->batch * o->seq;
     double tps = tokens / seconds;
@@ -1825,7 +1824,7 @@ static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct 
             (unsigned long long)step, loss, lr, tps, tflops, seconds, phase[PH_IO], phase[PH_GPU],
             phase[PH_OPT], busy[BUSY_GPU], busy[BUSY_SSD_READ], busy[BUSY_SSD_WRITE],
             busy[BUSY_OPT], busy[BUSY_H2D], busy[BUSY_D2H], gpu_idle,
-            (unsigned long long)ssd_bytes[0], (unsigned long long)ssd_bytes[1]);
+            (unsigned long long)bytes[BUSY_SSD_READ], (unsigned long long)bytes[BUSY_SSD_WRITE]);
     if (grad_norm >= 0)
         fprintf(metrics, ", \"grad_norm\": %.9g", grad_norm);
     if (have_eval)
@@ -2089,7 +2088,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         double t0 = now_s(), loss = 0, lr = fy_train_lr(o, step), eval = 0, grad_norm = -1;
         memset(r.phase_s, 0, sizeof r.phase_s);
         memset(r.busy_s, 0, sizeof r.busy_s);
-        memset(r.ssd_bytes, 0, sizeof r.ssd_bytes);
+        memset(r.busy_bytes, 0, sizeof r.busy_bytes);
         r.step = step;
         rc = load_batch(&r, data, FY_TOKFILE_TRAIN, o->seed, step, NULL);
         if (rc == 0)
@@ -2107,9 +2106,10 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
             rc = opt_drain(&r);
         double seconds = now_s() - t0;
         double phase[PH_COUNT], busy[BUSY_COUNT];
-        uint64_t ssd_bytes[2] = {r.ssd_bytes[0], r.ssd_bytes[1]};
+        uint64_t bytes[BUSY_COUNT];
         memcpy(phase, r.phase_s, sizeof phase);
         memcpy(busy, r.busy_s, sizeof busy);
+        memcpy(bytes, r.busy_bytes, sizeof bytes);
         if (rc == 0 && do_eval && o->eval_batches > 0)
             rc = eval_loss(&r, data, o->eval_batches, &eval);
         /* The step's metrics line goes before its commit: a commit that a crash cuts off after
@@ -2117,9 +2117,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
          * last commit is dropped when the run goes back). The commit's time is its own. */
         if (rc == 0)
             log_step(o, metrics, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy,
-                     ssd_bytes, do_eval && o->eval_batches > 0, eval);
+                     bytes, do_eval && o->eval_batches > 0, eval);
         if (rc == 0 && o->plan_step_s > 0 && step == first + 1 && seconds > 0)
-            log_plan_check(o, &meta->model, step, seconds, busy, ssd_bytes);
+            log_plan_check(o, &meta->model, step, seconds, busy, bytes);
         if (rc == 0 && durable) {
             double c0 = now_s();
             rc = commit(&r, meta, step);

@@ -89,10 +89,10 @@ run() {
   fi
   # the step the plan predicted from the profile at the run's start, and the SSD rates that profile
   # measured (read/write): "-" where the run printed none
-  local pred disk
+  local pred profile_disk
   pred=$(grep -o "predicts from this machine's profile: [0-9.]* s" "$log" | head -1 |
     grep -o "[0-9.]* s$" | cut -d' ' -f1)
-  disk=$(grep -o "the SSD store [0-9.]* GB/s written, [0-9.]* read" "$log" | head -1 |
+  profile_disk=$(grep -o "the SSD store [0-9.]* GB/s written, [0-9.]* read" "$log" | head -1 |
     awk '{print $7 "/" $4}')
   # median over the timed steps of each field
   tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" |
@@ -111,14 +111,17 @@ pred = float(os.environ["PRED_S"])
 over = "%+.1f%%" % (100 * (pred / m("step_s") - 1)) if pred > 0 and m("step_s") > 0 else "-"
 # the rates the disk ran at in the steps: the bytes the io worker moved over its busy times
 rate = lambda b, s: "%.2f" % (m(b) / m(s) * 1e-9) if m(s) > 0 else "-"
-disk = rate("ssd_read_bytes", "busy_ssd_read_s") + "/" + rate("ssd_write_bytes", "busy_ssd_write_s")
+steps_disk = rate("ssd_read_bytes", "busy_ssd_read_s") + "/" + rate("ssd_write_bytes",
+                                                                     "busy_ssd_write_s")
 print("%.3f %s %s %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f %s" % (m("step_s"),
-      "%.3f" % pred if pred > 0 else "-", over, m("tflops"), 100 * m("gpu_idle"), m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
-      m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0, disk))' |
+      "%.3f" % pred if pred > 0 else "-", over, m("tflops"), 100 * m("gpu_idle"),
+      m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
+      m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0,
+      steps_disk))' |
     while read -r s pr ov tf idle g up down r w o bd x steps_disk; do
       printf "$row_format" "$cfg" "$B" "$place" "$sched" "$plan" \
         "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$wts" "$s" "$pr" "$ov" "$tf" "$idle" \
-        "$g" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${disk:--}" "$steps_disk" "$affinity" |
+        "$g" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${profile_disk:--}" "$steps_disk" "$affinity" |
         tee -a "$table"
     done
 }
