@@ -413,11 +413,13 @@ int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *i
         fprintf(f, "}, \"fc_gelu_fused\": %u, \"flops_per_s\": %.6g, \"h2d_Bps\": %.6g, "
                    "\"d2h_Bps\": %.6g, \"duplex_Bps\": %.6g, \"gpu_free\": %llu, "
                    "\"set_bytes\": %llu}, \"rates\": {\"ssd_read_Bps\": %.6g, "
-                   "\"ssd_write_Bps\": %.6g, \"opt_params_per_s\": %.6g}, \"arrangements\": "
-                   "{\"keep_a\": %d, \"step_a_s\": %.6f, \"keep_b\": %d, \"step_b_s\": %.6f}, ",
+                   "\"ssd_write_Bps\": %.6g, \"ssd_rates_from\": \"%s\", "
+                   "\"opt_params_per_s\": %.6g}, \"arrangements\": {\"keep_a\": %d, "
+                   "\"step_a_s\": %.6f, \"keep_b\": %d, \"step_b_s\": %.6f}, ",
                 p->fc_gelu_fused, p->flops_per_s, p->h2d_Bps, p->d2h_Bps, p->duplex_Bps,
                 (unsigned long long)p->gpu_free, (unsigned long long)p->set_bytes,
-                in->rates.ssd_read, in->rates.ssd_write, in->rates.opt_params, r->keep_a,
+                in->rates.ssd_read, in->rates.ssd_write,
+                in->ssd_rates_from_steps ? "steps" : "profile", in->rates.opt_params, r->keep_a,
                 r->step_a, r->keep_b, r->step_b);
     }
     fprintf(f, "\"planner\": ");

@@ -39,6 +39,8 @@ struct fy_actrun_in {
     int act_dtype, clip;
     const unsigned char *resident;      /* units whose optimizer state stays in the pool */
     struct fy_train_rates rates;        /* the SSD's and the optimizer's */
+    int ssd_rates_from_steps;           /* rates.ssd_* are a past session's steps' (else the
+                                           profile's: launcher/diskrates.h) */
     uint64_t host_bytes;                /* pool room for swapped internals (beyond the checkpoints) */
     uint64_t ssd_bytes;                 /* store room for them */
     unsigned act_ahead;                 /* --act-ahead (0: the default): the SSD slots' count */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/actplan.h"
@@ -26,6 +27,7 @@
 #include "io_worker/store.h"
 #include "launcher/actrun.h"
 #include "launcher/commit.h"
+#include "launcher/diskrates.h"
 #include "launcher/dryrun.h"
 #include "launcher/inproc.h"
 #include "launcher/probe.h"
@@ -61,6 +63,7 @@ struct options {
     uint64_t kv_heads, ffn; /* 0: --heads, 4 * --embd */
     double rope_theta, rms_eps;
     int tied;
+    int ssd_rates_profile; /* --ssd-rates profile: plan from the profile's sample, not the record */
 };
 
 enum { CKPT_HOST, CKPT_SSD, CKPT_AUTO };
@@ -142,6 +145,10 @@ static void usage(FILE *f)
             "               --act-ahead N (2) blocks whose activations on the SSD store (internals,\n"
             "               checkpoints) the backward reads back ahead of use (1..6): each kind\n"
             "               passes through N + 2 pool slots\n"
+            "               --ssd-rates auto|profile (auto) the SSD rates the plan predicts with:\n"
+            "               auto: those the last session's steps ran at on this store\n"
+            "               (RUN/ssd_rates.json, written at the end of each session), else the\n"
+            "               profile's 256 MiB sample; profile: always the sample\n"
             "               --grad-slots N (16) block gradients held at once (3..16, each a block's\n"
             "               fp32 gradient of pool memory): the optimizer may lag the backward by\n"
             "               N - 1 blocks and finish while the next forward runs; used only when all\n"
@@ -211,7 +218,7 @@ enum {
     O_MAX_SHARD, O_WEIGHTS_DTYPE, O_ACT_AHEAD,
     O_TOKENIZER, O_JSONL, O_TEXT_FIELD, O_PROMPT_FIELD, O_RESPONSE_FIELD,
     O_ARCH, O_KV_HEADS, O_FFN, O_ROPE_THETA, O_RMS_EPS, O_TIED, O_MAX_RESTARTS, O_STATE_COPIES,
-    O_MACHINE
+    O_MACHINE, O_SSD_RATES
 };
 
 static const struct option longopts[] = {
@@ -257,6 +264,7 @@ static const struct option longopts[] = {
     {"max-restarts", required_argument, 0, O_MAX_RESTARTS},
     {"state-copies", required_argument, 0, O_STATE_COPIES},
     {"machine", required_argument, 0, O_MACHINE},
+    {"ssd-rates", required_argument, 0, O_SSD_RATES},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -311,6 +319,14 @@ static int parse_options(int argc, char **argv, struct options *o)
             break;
         case O_MAX_RESTARTS: rc = parse_size_opt("--max-restarts", optarg, &o->max_restarts); break;
         case O_MACHINE: o->machine = optarg; break;
+        case O_SSD_RATES:
+            if (strcmp(optarg, "auto") == 0 || strcmp(optarg, "profile") == 0) {
+                o->ssd_rates_profile = optarg[0] == 'p';
+            } else {
+                fprintf(stderr, "fuyou-launch: --ssd-rates %s: give auto or profile\n", optarg);
+                rc = -EINVAL;
+            }
+            break;
         case O_STATE_COPIES:
             rc = parse_size_opt("--state-copies", optarg, &o->state_copies);
             if (rc == 0 && o->state_copies != 1 && o->state_copies != 2) {
@@ -1030,6 +1046,71 @@ static int weight_dtype_of(const struct options *o, const char *backend)
  * and the store leave, the forced modes are placed as they are (and predicted from the profile
  * once the state's residency is planned, fy_actrun_predict). ckpt_slots: the checkpoints' pool
  * slots on their way to the store, 0 where they stay in the pool (fy_train_regions). */
+/* RUN/ssd_rates.json: the SSD's rates in a past session's steps (launcher/diskrates.h). */
+static void ssd_rates_path(const struct options *o, char *path, size_t len)
+{
+    snprintf(path, len, "%s/ssd_rates.json", o->run_dir);
+}
+
+/* "R.RR" GB/s, or `none` where nothing was measured. */
+static const char *gb_per_s(double Bps, const char *none, char *buf, size_t len)
+{
+    if (!(Bps > 0))
+        return none;
+    snprintf(buf, len, "%.2f", Bps * 1e-9);
+    return buf;
+}
+
+/* --ssd-rates auto: the plan takes the SSD's rates from the run directory's record of the last
+ * session's steps on this store, where there is one, in place of the profile's sample; each way
+ * that the steps moved nothing keeps the sample's. */
+static void plan_ssd_rates(const struct options *o, struct fy_actrun_in *in)
+{
+    if (o->ssd_rates_profile || o->run_dir == NULL || o->ssd == NULL)
+        return;
+    char path[PATH_MAX], why[256];
+    ssd_rates_path(o, path, sizeof path);
+    struct fy_diskrates d;
+    int rc = fy_diskrates_load(path, &d, why, sizeof why);
+    if (rc == -ENOENT)
+        return;
+    if (rc < 0) {
+        fy_warn("%s: %s: the plan uses the profile's SSD rates (this session's steps will replace "
+                "the record)", path, why);
+        return;
+    }
+    if (strcmp(d.ssd, o->ssd) != 0) {
+        fy_info("plan: %s holds the rates of the store at %s, not this run's %s: the plan uses the "
+                "profile's SSD rates", path, d.ssd, o->ssd);
+        return;
+    }
+    double rd = fy_diskrates_read_Bps(&d), wr = fy_diskrates_write_Bps(&d);
+    if (!(rd > 0) && !(wr > 0))
+        return;
+    double age_s = difftime(time(NULL), (time_t)d.written);
+    char age[48], r[32], w[32];
+    if (age_s < 2 * 3600)
+        snprintf(age, sizeof age, "%.0f minutes ago", age_s < 0 ? 0 : age_s / 60);
+    else if (age_s < 2 * 86400)
+        snprintf(age, sizeof age, "%.0f hours ago", age_s / 3600);
+    else
+        snprintf(age, sizeof age, "%.0f days ago", age_s / 86400);
+    fy_info("plan: SSD rates as the last session's %llu step%s ran at (steps %llu to %llu, batch "
+            "%d, --act-plan %s, %s; %s): read %s, write %s GB/s, in place of the profile's sample "
+            "(read %.2f, write %.2f): a short sample misjudges a disk under training traffic "
+            "(--ssd-rates profile plans from the sample)",
+            (unsigned long long)d.steps, d.steps == 1 ? "" : "s",
+            (unsigned long long)d.first_step, (unsigned long long)d.last_step, d.batch, d.act_plan,
+            age, path, gb_per_s(rd, "the profile's", r, sizeof r),
+            gb_per_s(wr, "the profile's", w, sizeof w), in->rates.ssd_read * 1e-9,
+            in->rates.ssd_write * 1e-9);
+    if (rd > 0)
+        in->rates.ssd_read = rd;
+    if (wr > 0)
+        in->rates.ssd_write = wr;
+    in->ssd_rates_from_steps = 1;
+}
+
 static int plan_activations(const struct options *o, const struct fy_gpt_config *model,
                             int act_dtype, int clip, unsigned ckpt_slots,
                             const unsigned char *resident, struct fy_gpt_profile *prof,
@@ -1053,6 +1134,8 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
             fy_warn("--act-plan %s: profiling a block failed (above): the step is not predicted",
                     o->act_plan);
         in->prof = rc == 0 ? prof : NULL;
+        if (rc == 0)
+            plan_ssd_rates(o, in);
         if (mode == FY_ACTPLAN_AUTO) { /* the room that state and streaming leave */
             struct fy_pool_region_spec regions[10];
             unsigned n;
@@ -1246,6 +1329,27 @@ static int cmd_profile(struct options *o)
     free(resident);
     free(mc);
     return rc;
+}
+
+/* The SSD's rates in this session's steps, for the next session's plan (--ssd-rates auto): kept
+ * where the steps after the first moved anything on the SSD; a record that cannot be written is
+ * said, and the run goes on (the next plan uses its profile). */
+static void save_ssd_seen(const struct options *o, const struct fy_diskrates *d)
+{
+    if (d->steps == 0 || (d->read_bytes == 0 && d->write_bytes == 0))
+        return;
+    char path[PATH_MAX], r[32], w[32];
+    ssd_rates_path(o, path, sizeof path);
+    if (fy_diskrates_save(path, d) < 0) {
+        fy_warn("the SSD rates of this session's steps were not kept (above): the next session "
+                "plans from its profile's sample");
+        return;
+    }
+    fy_info("the SSD ran at read %s, write %s GB/s in this session's %llu step%s after the first "
+            "(kept in %s for the next session's plan)",
+            gb_per_s(fy_diskrates_read_Bps(d), "-", r, sizeof r),
+            gb_per_s(fy_diskrates_write_Bps(d), "-", w, sizeof w), (unsigned long long)d->steps,
+            d->steps == 1 ? "" : "s", path);
 }
 
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
@@ -1529,7 +1633,13 @@ static int cmd_train(struct options *o)
         .act_place = act.place,
         .saved_sizes = act.sizes, .stop = &train_stop, .plan_step_s = act.predicted_s,
         .plan_ssd_read = act_in.rates.ssd_read, .plan_ssd_write = act_in.rates.ssd_write,
-        .plan_opt_params = act_in.rates.opt_params};
+        .plan_opt_params = act_in.rates.opt_params,
+        .plan_ssd_from_steps = act_in.ssd_rates_from_steps};
+    struct fy_diskrates *ssd_seen = malloc(sizeof *ssd_seen);
+    if (ssd_seen != NULL) {
+        fy_diskrates_begin(ssd_seen, o->ssd, (int)o->batch, o->act_plan);
+        to.ssd_seen = ssd_seen;
+    }
     if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */
         double predicted = act.predicted_s > 0 ? act.predicted_s
                            : strcmp(o->backend, "cpu") != 0 ? p.step_s : 0;
@@ -1582,6 +1692,9 @@ static int cmd_train(struct options *o)
         rc = 0;
     }
     fy_progress_end();
+    if (ssd_seen != NULL)
+        save_ssd_seen(o, ssd_seen);
+    free(ssd_seen);
     if (rc == 0 && train_stop) {
         fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
                 "from there (nothing exported)", (unsigned long long)meta->step, o->run_dir);

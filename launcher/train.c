@@ -1762,8 +1762,9 @@ static const char *gbps(uint64_t bytes, double busy_s, char *buf, size_t len)
 }
 
 /* The plan check: one step (the session's second; the first warms up) beside what the activation
- * plan predicted from the profile at the start, with the rates the disk and AdamW ran at in it, so
- * that a prediction that misses says which resource the profile misjudged. */
+ * plan predicted at the start, with the rates the disk and AdamW ran at in it beside those the plan
+ * assumed (the profile's, or for the disk a past session's steps'), so that a prediction that
+ * misses says which resource was misjudged. */
 static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_config *c,
                            uint64_t step, double seconds, const double *busy,
                            const uint64_t *bytes)
@@ -1773,13 +1774,15 @@ static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_co
     snprintf(opt, sizeof opt, busy[BUSY_OPT] > 0 ? "%.2f" : "-",
              busy[BUSY_OPT] > 0 ? params / busy[BUSY_OPT] * 1e-9 : 0.0);
     fy_info("plan check, step %llu: %.3f s against the %.3f s predicted (%+.1f%%); in it the SSD "
-            "read %s GB/s and wrote %s (the profile: %.2f and %.2f), AdamW %s G parameters/s (the "
-            "profile: %.2f)",
+            "read %s GB/s and wrote %s (the plan's: %.2f and %.2f, from %s), AdamW %s G "
+            "parameters/s (the profile: %.2f)",
             (unsigned long long)step, seconds, o->plan_step_s,
             100.0 * (o->plan_step_s / seconds - 1.0),
             gbps(bytes[BUSY_SSD_READ], busy[BUSY_SSD_READ], rd, sizeof rd),
             gbps(bytes[BUSY_SSD_WRITE], busy[BUSY_SSD_WRITE], wr, sizeof wr),
-            o->plan_ssd_read * 1e-9, o->plan_ssd_write * 1e-9, opt, o->plan_opt_params * 1e-9);
+            o->plan_ssd_read * 1e-9, o->plan_ssd_write * 1e-9,
+            o->plan_ssd_from_steps ? "the last session's steps" : "the profile", opt,
+            o->plan_opt_params * 1e-9);
 }
 
 /* grad_norm < 0: not computed (no clipping: computing it would cost a backward pass). */
@@ -2120,6 +2123,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                      bytes, do_eval && o->eval_batches > 0, eval);
         if (rc == 0 && o->plan_step_s > 0 && step == first + 1 && seconds > 0)
             log_plan_check(o, &meta->model, step, seconds, busy, bytes);
+        if (rc == 0 && o->ssd_seen != NULL && step > first)
+            fy_diskrates_add(o->ssd_seen, step, bytes[BUSY_SSD_READ], busy[BUSY_SSD_READ],
+                             bytes[BUSY_SSD_WRITE], busy[BUSY_SSD_WRITE]);
         if (rc == 0 && durable) {
             double c0 = now_s();
             rc = commit(&r, meta, step);

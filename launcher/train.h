@@ -31,6 +31,7 @@
 #include "common/model.h"
 #include "common/pool.h"
 #include "common/tokfile.h"
+#include "launcher/diskrates.h"
 
 struct fy_exec {
     void *ctx;
@@ -81,6 +82,10 @@ struct fy_train_opts {
      * (its first is a warm-up) in the log's plan check: the step's seconds (0: not predicted, no
      * check), and the SSD's read and write rates (bytes/s) and AdamW's parameters/s it assumed. */
     double plan_step_s, plan_ssd_read, plan_ssd_write, plan_opt_params;
+    int plan_ssd_from_steps; /* the plan's SSD rates were a past session's steps' (not the profile's) */
+    /* counts the SSD's bytes and busy seconds of each step after the session's first (a warm-up)
+     * for the next session's plan (launcher/diskrates.h); NULL: not counted */
+    struct fy_diskrates *ssd_seen;
 };
 
 /* Units of weights read ahead of the one the gpu computes (--prefetch): each costs a unit slot. */

@@ -7,9 +7,10 @@
 # the timed steps (the first step warms up and is left out) of step time, model TFLOP/s, GPU idle
 # fraction and per-resource busy times (gpu worker, its copies to and from the GPU, SSD reads and
 # writes, AdamW), beside the step the run's activation plan predicted at its start ("over": the
-# prediction's excess over the measured step) and the SSD read/write rates the profile behind that
-# prediction measured (GB/s), beside those the steps ran at (their bytes over the busy times): the
-# disk drifts. The last step of each run also writes the resident state to the store and syncs it
+# prediction's excess over the measured step) and the SSD read/write rates behind that prediction
+# (GB/s) with where they came from ("from": the profile's 256 MiB sample, or, with --ssd-rates
+# auto, the steps of the run before on the same store: the runs of one call share it), beside the
+# rates the steps ran at (their bytes over the busy times): the disk drifts. The last step of each run also writes the resident state to the store and syncs it
 # (a checkpoint) and is left out as well.
 # Environment: PIPELINE_CONFIGS ("1.3B", or "1.3B 2.7B"; "350M" for quick looks), PIPELINE_BATCHES
 # ("16 64"), PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"),
@@ -45,10 +46,11 @@ work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
-row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %9s %7s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %-9s %-9s %s\n"
+row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %9s %7s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %-9s %-7s %-9s %s\n"
 printf "$row_format" config B place schedule act-plan queue gslots wts "step s" "predicted" over \
   "TFLOP/s" "gpu idle" \
-  "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" "disk GB/s" "in steps" affinity \
+  "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" "disk GB/s" from "in steps" \
+  affinity \
   >"$table"
 [ -n "${PIPELINE_LOG_DIR:-}" ] && { mkdir -p "$PIPELINE_LOG_DIR" || exit 1; }
 "$L" prepare --out "$work/data.tok" tests/fixtures/sample.txt >/dev/null 2>&1 || exit 1
@@ -87,13 +89,19 @@ run() {
     wts=bf16
     grep -q "no more copies" "$log" && wts=bf16-
   fi
-  # the step the plan predicted from the profile at the run's start, and the SSD rates that profile
-  # measured (read/write): "-" where the run printed none
-  local pred profile_disk
+  # the step the plan predicted at the run's start, and the SSD rates (read/write) it assumed, as
+  # the plan check gives them, with their source; without a plan check, the profile's sample; "-"
+  # where the run printed neither
+  local pred plan_disk disk_from=profile
   pred=$(grep -o "predicts from this machine's profile: [0-9.]* s" "$log" | head -1 |
     grep -o "[0-9.]* s$" | cut -d' ' -f1)
-  profile_disk=$(grep -o "the SSD store [0-9.]* GB/s written, [0-9.]* read" "$log" | head -1 |
-    awk '{print $7 "/" $4}')
+  plan_disk=$(grep -o "the plan's: [0-9.]* and [0-9.]*, from the [a-z]*" "$log" | head -1 |
+    awk '{sub(",", "", $5); print $3 "/" $5}')
+  grep -q "the plan's: [0-9.]* and [0-9.]*, from the last session's steps" "$log" &&
+    disk_from=steps
+  [ -n "$plan_disk" ] ||
+    plan_disk=$(grep -o "the SSD store [0-9.]* GB/s written, [0-9.]* read" "$log" | head -1 |
+      awk '{print $7 "/" $4}')
   # median over the timed steps of each field
   tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" |
     COMPUTE_S=${COMPUTE_S:-0} PRED_S=${pred:-0} python3 -c '
@@ -121,7 +129,8 @@ print("%.3f %s %s %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f %s" % (m("
     while read -r s pr ov tf idle g up down r w o bd x steps_disk; do
       printf "$row_format" "$cfg" "$B" "$place" "$sched" "$plan" \
         "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$wts" "$s" "$pr" "$ov" "$tf" "$idle" \
-        "$g" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${profile_disk:--}" "$steps_disk" "$affinity" |
+        "$g" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${plan_disk:--}" \
+        "$([ -n "$plan_disk" ] && echo $disk_from || echo -)" "$steps_disk" "$affinity" |
         tee -a "$table"
     done
 }

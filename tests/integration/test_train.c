@@ -1247,6 +1247,99 @@ static void test_trace_and_busy_metrics(void **state)
     assert_float_equal(w, wr[1] / busy_wr[1] * 1e-9, 0.006 + 0.01 * w);
 }
 
+/* --ssd-rates: the steps of a session after its first leave the SSD's rates in RUN/ssd_rates.json
+ * (their bytes over their busy seconds, as metrics.jsonl has them); the next session predicts with
+ * them in place of the profile's sample and says so in its log, its plan check and act_plan.json.
+ * With --ssd-rates profile, a damaged record or one of another store, the plan uses the sample. */
+static void test_ssd_rates_carried(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "run");
+    init_model(f, run, "32", "1");
+    assert_int_equal(train(f, run, f->data, "4", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "in this session's 3 steps after the first (kept in"));
+    char metrics[600], rates[600], plan[600];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    snprintf(rates, sizeof rates, "%s/ssd_rates.json", run);
+    snprintf(plan, sizeof plan, "%s/act_plan.json", run);
+    double rd[4], wr[4], busy_rd[4], busy_wr[4];
+    assert_int_equal(field_numbers(metrics, "\"ssd_read_bytes\": ", rd, 4), 4);
+    assert_int_equal(field_numbers(metrics, "\"ssd_write_bytes\": ", wr, 4), 4);
+    assert_int_equal(field_numbers(metrics, "\"busy_ssd_read_s\": ", busy_rd, 4), 4);
+    assert_int_equal(field_numbers(metrics, "\"busy_ssd_write_s\": ", busy_wr, 4), 4);
+    double rb = 0, rs = 0, wb = 0, ws = 0, steps = 0, first = 0, last = 0; /* cJSON_Print's tabs */
+    assert_int_equal(field_numbers(rates, "\"read_bytes\":\t", &rb, 1), 1);
+    assert_int_equal(field_numbers(rates, "\"read_seconds\":\t", &rs, 1), 1);
+    assert_int_equal(field_numbers(rates, "\"write_bytes\":\t", &wb, 1), 1);
+    assert_int_equal(field_numbers(rates, "\"write_seconds\":\t", &ws, 1), 1);
+    assert_int_equal(field_numbers(rates, "\"steps\":\t", &steps, 1), 1);
+    assert_int_equal(field_numbers(rates, "\"first_step\":\t", &first, 1), 1);
+    assert_int_equal(field_numbers(rates, "\"last_step\":\t", &last, 1), 1);
+    /* steps 2 to 4: the first, a warm-up, is left out */
+    assert_true(steps == 3 && first == 2 && last == 4);
+    assert_true(rb == rd[1] + rd[2] + rd[3] && wb == wr[1] + wr[2] + wr[3]);
+    assert_true(rb > 0 && wb > 0);
+    assert_float_equal(rs, busy_rd[1] + busy_rd[2] + busy_rd[3], 2e-6);
+    assert_float_equal(ws, busy_wr[1] + busy_wr[2] + busy_wr[3], 2e-6);
+
+    /* the next session plans with them */
+    assert_int_equal(train(f, run, f->data, "6", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: SSD rates as the last session's 3 steps ran "
+                                              "at (steps 2 to 4, batch " STR(TRAIN_BATCH)
+                                              ", --act-plan auto"));
+    assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"steps\""));
+    double plan_rd = 0, plan_wr = 0;
+    assert_int_equal(field_numbers(plan, "\"ssd_read_Bps\": ", &plan_rd, 1), 1);
+    assert_int_equal(field_numbers(plan, "\"ssd_write_Bps\": ", &plan_wr, 1), 1);
+    assert_float_equal(plan_rd, rb / rs, 1e-5 * plan_rd);
+    assert_float_equal(plan_wr, wb / ws, 1e-5 * plan_wr);
+    char *log = fy_test_slurp(f->log, NULL);
+    assert_non_null(log);
+    char *check = strstr(log, "(the plan's: ");
+    assert_non_null(check);
+    double r, w;
+    assert_int_equal(sscanf(check, "(the plan's: %lf and %lf", &r, &w), 2);
+    assert_float_equal(r, plan_rd * 1e-9, 0.006);
+    assert_float_equal(w, plan_wr * 1e-9, 0.006);
+    assert_non_null(strstr(check, ", from the last session's steps)"));
+    free(log);
+    /* and the record is now that session's: step 6 (5 warmed up) */
+    assert_int_equal(field_numbers(rates, "\"first_step\":\t", &first, 1), 1);
+    assert_true(first == 6);
+
+    /* --ssd-rates profile: the sample, though a record is there */
+    assert_int_equal(train(f, run, f->data, "8", NULL, 0, "--ssd-rates", "profile"), 0);
+    assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
+    assert_false(fy_test_file_contains(f->log, "in place of the profile's sample"));
+    assert_true(fy_test_file_contains(f->log, ", from the profile)"));
+    assert_int_equal(train(f, run, f->data, "9", NULL, 0, "--ssd-rates", "sometimes"), 2);
+
+    /* a damaged record: said, the sample used, the record written anew */
+    FILE *bad = fopen(rates, "w");
+    assert_non_null(bad);
+    fputs("{\"version\": 1, \"read_bytes\"", bad);
+    assert_int_equal(fclose(bad), 0);
+    assert_int_equal(train(f, run, f->data, "10", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "ssd_rates.json: not a JSON object: the plan uses "
+                                              "the profile's SSD rates"));
+    assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
+    assert_true(fy_test_file_contains(rates, "\"first_step\":\t10"));
+
+    /* a record of another store: the sample */
+    size_t len;
+    char *text = fy_test_slurp(rates, &len), *ssd = text ? strstr(text, "\"ssd\":\t\"") : NULL;
+    assert_non_null(ssd);
+    FILE *out = fopen(rates, "w");
+    assert_non_null(out);
+    fprintf(out, "%.*s\"ssd\":\t\"/elsewhere%s", (int)(ssd - text), text,
+            ssd + strlen("\"ssd\":\t\""));
+    assert_int_equal(fclose(out), 0);
+    free(text);
+    assert_int_equal(train(f, run, f->data, "12", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "holds the rates of the store at /elsewhere"));
+    assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
+}
+
 /* make bench-pipeline's table on the CPU backend (tests/bench/bench_pipeline.sh, its smoke test):
  * one row per run, each with the step its plan predicted, that prediction's excess over the
  * measured step, the SSD rates its profile measured and those its steps ran at; every run's log
@@ -1280,7 +1373,7 @@ static void test_bench_pipeline_table(void **state)
         int n = 0;
         for (char *w = strtok_r(line, " ", &at); w && n < 32; w = strtok_r(NULL, " ", &at))
             field[n++] = w;
-        assert_int_equal(n, 24);
+        assert_int_equal(n, 25);
         assert_string_equal(field[3], "overlap");
         double step = atof(field[8]), pred = atof(field[9]), rd = 0, wr = 0;
         assert_true(step > 0 && pred > 0);
@@ -1291,11 +1384,13 @@ static void test_bench_pipeline_table(void **state)
         assert_float_equal(atof(field[10]), 100 * (pred / step - 1), within);
         assert_int_equal(sscanf(field[21], "%lf/%lf", &rd, &wr), 2);
         assert_true(rd > 0 && wr > 0);
+        /* the first run leaves no SSD rates (it moves nothing there): both plan from the sample */
+        assert_string_equal(field[22], "profile");
         if (strcmp(field[4], "recompute") == 0) {
-            assert_string_equal(field[22], "-/-");
+            assert_string_equal(field[23], "-/-");
         } else {
             assert_string_equal(field[4], "ssd");
-            assert_int_equal(sscanf(field[22], "-/%lf", &wr), 1);
+            assert_int_equal(sscanf(field[23], "-/%lf", &wr), 1);
             assert_true(wr > 0);
         }
         rows++;
@@ -1789,6 +1884,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_run_matches_inprocess, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heldout_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_and_busy_metrics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssd_rates_carried, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bench_pipeline_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forward_waits_for_its_unit_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_updates_lowest_unit_first, setup, teardown),
