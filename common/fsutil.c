@@ -66,3 +66,17 @@ int fy_file_replace(FILE *f, const char *tmp, const char *path)
     }
     return fy_fsync_parent(path);
 }
+
+int fy_file_write_text(const char *path, const char *text)
+{
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL) {
+        int err = errno;
+        fy_error("cannot create %s: %s", tmp, strerror(err));
+        return -err;
+    }
+    fprintf(f, "%s\n", text);
+    return fy_file_replace(f, tmp, path);
+}

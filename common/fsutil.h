@@ -17,5 +17,8 @@ int fy_fsync_parent(const char *path);
  * closed (always), renamed over path, the directory fsynced. On failure tmp is removed and the
  * error said; returns 0 or -errno. */
 int fy_file_replace(FILE *f, const char *tmp, const char *path);
+/* Replaces `path` atomically by `text` and a line break, through PATH.tmp (fy_file_replace); 0 or
+ * -errno, said. */
+int fy_file_write_text(const char *path, const char *text);
 
 #endif

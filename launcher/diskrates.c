@@ -70,18 +70,9 @@ int fy_diskrates_save(const char *path, const struct fy_diskrates *d)
     char *text = ok ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
     FY_REQUIRE(text != NULL, -ENOMEM, "out of memory writing the SSD rates record %s", path);
-    char tmp[PATH_MAX + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL) {
-        int err = errno;
-        free(text);
-        errno = err;
-        FY_SYS(-1, "cannot create %s", tmp);
-    }
-    fprintf(f, "%s\n", text);
+    int rc = fy_file_write_text(path, text);
     free(text);
-    return fy_file_replace(f, tmp, path);
+    return rc;
 }
 
 /* A non-negative number field; 0 or -EINVAL with the reason. */

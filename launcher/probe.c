@@ -294,16 +294,7 @@ int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct 
     char *text = ok ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
     FY_REQUIRE(text != NULL, -ENOMEM, "probe: out of memory writing the machine profile");
-    char tmp[PATH_MAX + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL) {
-        int err = errno;
-        free(text);
-        errno = err;
-        FY_SYS(-1, "probe: cannot create %s", tmp);
-    }
-    fprintf(f, "%s\n", text);
+    int rc = fy_file_write_text(path, text);
     free(text);
-    return fy_file_replace(f, tmp, path);
+    return rc;
 }
