@@ -1041,11 +1041,6 @@ static int weight_dtype_of(const struct options *o, const char *backend)
     return o->weights_dtype ? o->weights_dtype : fy_backend_preferred_weight_dtype(backend);
 }
 
-/* The plan for the blocks' internals (launcher/actrun.h): every mode profiles a block first on a
- * backend that can (not the Llama blocks); auto plans from the profile within the room the pool
- * and the store leave, the forced modes are placed as they are (and predicted from the profile
- * once the state's residency is planned, fy_actrun_predict). ckpt_slots: the checkpoints' pool
- * slots on their way to the store, 0 where they stay in the pool (fy_train_regions). */
 /* RUN/ssd_rates.json: the SSD's rates in a past session's steps (launcher/diskrates.h). */
 static void ssd_rates_path(const struct options *o, char *path, size_t len)
 {
@@ -1111,6 +1106,11 @@ static void plan_ssd_rates(const struct options *o, struct fy_actrun_in *in)
     in->ssd_rates_from_steps = 1;
 }
 
+/* The plan for the blocks' internals (launcher/actrun.h): every mode profiles a block first on a
+ * backend that can (not the Llama blocks); auto plans from the profile within the room the pool
+ * and the store leave, the forced modes are placed as they are (and predicted from the profile
+ * once the state's residency is planned, fy_actrun_predict). ckpt_slots: the checkpoints' pool
+ * slots on their way to the store, 0 where they stay in the pool (fy_train_regions). */
 static int plan_activations(const struct options *o, const struct fy_gpt_config *model,
                             int act_dtype, int clip, unsigned ckpt_slots,
                             const unsigned char *resident, struct fy_gpt_profile *prof,
@@ -1635,11 +1635,9 @@ static int cmd_train(struct options *o)
         .plan_ssd_read = act_in.rates.ssd_read, .plan_ssd_write = act_in.rates.ssd_write,
         .plan_opt_params = act_in.rates.opt_params,
         .plan_ssd_from_steps = act_in.ssd_rates_from_steps};
-    struct fy_diskrates *ssd_seen = malloc(sizeof *ssd_seen);
-    if (ssd_seen != NULL) {
-        fy_diskrates_begin(ssd_seen, o->ssd, (int)o->batch, o->act_plan);
-        to.ssd_seen = ssd_seen;
-    }
+    struct fy_diskrates ssd_seen;
+    fy_diskrates_begin(&ssd_seen, o->ssd, (int)o->batch, o->act_plan);
+    to.ssd_seen = &ssd_seen;
     if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */
         double predicted = act.predicted_s > 0 ? act.predicted_s
                            : strcmp(o->backend, "cpu") != 0 ? p.step_s : 0;
@@ -1692,9 +1690,7 @@ static int cmd_train(struct options *o)
         rc = 0;
     }
     fy_progress_end();
-    if (ssd_seen != NULL)
-        save_ssd_seen(o, ssd_seen);
-    free(ssd_seen);
+    save_ssd_seen(o, &ssd_seen);
     if (rc == 0 && train_stop) {
         fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
                 "from there (nothing exported)", (unsigned long long)meta->step, o->run_dir);
