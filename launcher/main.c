@@ -1057,31 +1057,33 @@ static const char *gb_per_s(double Bps, const char *none, char *buf, size_t len)
 }
 
 /* --ssd-rates auto: the plan takes the SSD's rates from the run directory's record of the last
- * session's steps on this store, where there is one, in place of the profile's sample; each way
- * that the steps moved nothing keeps the sample's. */
-static void plan_ssd_rates(const struct options *o, struct fy_actrun_in *in)
+ * session's steps on this store, where there is one, in place of `instead` (the profile's sample;
+ * for `plan`, the machine profile's or the reference machine's); each way that the steps moved
+ * nothing keeps the rate it had. Returns 1 where it took them, else 0. */
+static int plan_ssd_rates(const struct options *o, struct fy_train_rates *rates,
+                          const char *instead)
 {
     if (o->ssd_rates_profile || o->run_dir == NULL || o->ssd == NULL)
-        return;
+        return 0;
     char path[PATH_MAX], why[256];
     ssd_rates_path(o, path, sizeof path);
     struct fy_diskrates d;
     int rc = fy_diskrates_load(path, &d, why, sizeof why);
     if (rc == -ENOENT)
-        return;
+        return 0;
     if (rc < 0) {
-        fy_warn("%s: %s: the plan uses the profile's SSD rates (this session's steps will replace "
-                "the record)", path, why);
-        return;
+        fy_warn("%s: %s: the plan's SSD rates are %s (a training session's steps will replace "
+                "the record)", path, why, instead);
+        return 0;
     }
     if (strcmp(d.ssd, o->ssd) != 0) {
-        fy_info("plan: %s holds the rates of the store at %s, not this run's %s: the plan uses the "
-                "profile's SSD rates", path, d.ssd, o->ssd);
-        return;
+        fy_info("plan: %s holds the rates of the store at %s, not this run's %s: the plan's SSD "
+                "rates are %s", path, d.ssd, o->ssd, instead);
+        return 0;
     }
     double rd = fy_diskrates_read_Bps(&d), wr = fy_diskrates_write_Bps(&d);
     if (!(rd > 0) && !(wr > 0))
-        return;
+        return 0;
     double age_s = difftime(time(NULL), (time_t)d.written);
     char age[48], r[32], w[32];
     if (age_s < 2 * 3600)
@@ -1091,19 +1093,18 @@ static void plan_ssd_rates(const struct options *o, struct fy_actrun_in *in)
     else
         snprintf(age, sizeof age, "%.0f days ago", age_s / 86400);
     fy_info("plan: SSD rates as the last session's %llu step%s ran at (steps %llu to %llu, batch "
-            "%d, --act-plan %s, %s; %s): read %s, write %s GB/s, in place of the profile's sample "
-            "(read %.2f, write %.2f): a short sample misjudges a disk under training traffic "
-            "(--ssd-rates profile plans from the sample)",
+            "%d, --act-plan %s, %s; %s): read %s, write %s GB/s, in place of %s (read %.2f, "
+            "write %.2f): a short sample misjudges a disk under training traffic (--ssd-rates "
+            "profile plans without the record)",
             (unsigned long long)d.steps, d.steps == 1 ? "" : "s",
             (unsigned long long)d.first_step, (unsigned long long)d.last_step, d.batch, d.act_plan,
-            age, path, gb_per_s(rd, "the profile's", r, sizeof r),
-            gb_per_s(wr, "the profile's", w, sizeof w), in->rates.ssd_read * 1e-9,
-            in->rates.ssd_write * 1e-9);
+            age, path, gb_per_s(rd, "as before", r, sizeof r), gb_per_s(wr, "as before", w, sizeof w),
+            instead, rates->ssd_read * 1e-9, rates->ssd_write * 1e-9);
     if (rd > 0)
-        in->rates.ssd_read = rd;
+        rates->ssd_read = rd;
     if (wr > 0)
-        in->rates.ssd_write = wr;
-    in->ssd_rates_from_steps = 1;
+        rates->ssd_write = wr;
+    return 1;
 }
 
 /* The plan for the blocks' internals (launcher/actrun.h): every mode profiles a block first on a
@@ -1135,7 +1136,7 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
                     o->act_plan);
         in->prof = rc == 0 ? prof : NULL;
         if (rc == 0)
-            plan_ssd_rates(o, in);
+            in->ssd_rates_from_steps = plan_ssd_rates(o, &in->rates, "the profile's sample");
         if (mode == FY_ACTPLAN_AUTO) { /* the room that state and streaming leave */
             struct fy_pool_region_spec regions[10];
             unsigned n;
@@ -1228,6 +1229,13 @@ static int cmd_plan(struct options *o)
         in.rates = fy_train_reference_rates();
         in.rates_from = "the reference machine (one H200; fuyou-launch plan --machine FILE for "
                         "another)";
+    }
+    char rates_from[PATH_MAX + 160];
+    if (plan_ssd_rates(o, &in.rates, o->machine ? "the machine profile's rates"
+                                                : "the reference machine's rates")) {
+        snprintf(rates_from, sizeof rates_from, "%s; the SSD's as the last session's steps ran "
+                 "(%s/ssd_rates.json)", in.rates_from, o->run_dir);
+        in.rates_from = rates_from;
     }
     rc = fy_dryrun_print(stdout, &in);
     return rc == 1 ? -ENOSPC : rc;

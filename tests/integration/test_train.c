@@ -1249,8 +1249,9 @@ static void test_trace_and_busy_metrics(void **state)
 
 /* --ssd-rates: the steps of a session after its first leave the SSD's rates in RUN/ssd_rates.json
  * (their bytes over their busy seconds, as metrics.jsonl has them); the next session predicts with
- * them in place of the profile's sample and says so in its log, its plan check and act_plan.json.
- * With --ssd-rates profile, a damaged record or one of another store, the plan uses the sample. */
+ * them in place of the profile's sample and says so in its log, its plan check and act_plan.json
+ * (`plan` for the run, in place of the reference machine's). With --ssd-rates profile, a damaged
+ * record or one of another store, the plan uses the sample. */
 static void test_ssd_rates_carried(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -1281,6 +1282,17 @@ static void test_ssd_rates_carried(void **state)
     assert_true(rb > 0 && wb > 0);
     assert_float_equal(rs, busy_rd[1] + busy_rd[2] + busy_rd[3], 2e-6);
     assert_float_equal(ws, busy_wr[1] + busy_wr[2] + busy_wr[3], 2e-6);
+
+    /* so does `plan` for the run, beside the reference machine's other rates */
+    const char *plan_args[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32",
+                               "--backend", "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, plan_args, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "; the SSD's as the last session's steps ran ("));
+    assert_true(fy_test_file_contains(f->log, "in place of the reference machine's rates (read "));
+    const char *plan_sample[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32",
+                                 "--backend", "cpu", "--ssd-rates", "profile", NULL};
+    assert_int_equal(fy_test_launch_in(f, plan_sample, 60), 0);
+    assert_false(fy_test_file_contains(f->log, "the last session's steps"));
 
     /* the next session plans with them */
     assert_int_equal(train(f, run, f->data, "6", NULL, 0, NULL, NULL), 0);
@@ -1320,8 +1332,8 @@ static void test_ssd_rates_carried(void **state)
     fputs("{\"version\": 1, \"read_bytes\"", bad);
     assert_int_equal(fclose(bad), 0);
     assert_int_equal(train(f, run, f->data, "10", NULL, 0, NULL, NULL), 0);
-    assert_true(fy_test_file_contains(f->log, "ssd_rates.json: not a JSON object: the plan uses "
-                                              "the profile's SSD rates"));
+    assert_true(fy_test_file_contains(f->log, "ssd_rates.json: not a JSON object: the plan's SSD "
+                                              "rates are the profile's sample"));
     assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
     assert_true(fy_test_file_contains(rates, "\"first_step\":\t10"));
 
