@@ -33,16 +33,27 @@ void fy_diskrates_add(struct fy_diskrates *d, uint64_t step, uint64_t read_bytes
     d->write_s += write_s;
 }
 
-static double rate(uint64_t bytes, double seconds)
+double fy_diskrates_rate(uint64_t bytes, double seconds)
 {
     return bytes > 0 && seconds > 0 ? (double)bytes / seconds : 0.0;
 }
 
-double fy_diskrates_read_Bps(const struct fy_diskrates *d) { return rate(d->read_bytes, d->read_s); }
+double fy_diskrates_read_Bps(const struct fy_diskrates *d)
+{
+    return fy_diskrates_rate(d->read_bytes, d->read_s);
+}
 
 double fy_diskrates_write_Bps(const struct fy_diskrates *d)
 {
-    return rate(d->write_bytes, d->write_s);
+    return fy_diskrates_rate(d->write_bytes, d->write_s);
+}
+
+const char *fy_diskrates_gbps(double Bps, const char *none, char *buf, size_t len)
+{
+    if (!(Bps > 0))
+        return none;
+    snprintf(buf, len, "%.2f", Bps * 1e-9);
+    return buf;
 }
 
 int fy_diskrates_save(const char *path, const struct fy_diskrates *d)

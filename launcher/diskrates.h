@@ -29,6 +29,10 @@ void fy_diskrates_add(struct fy_diskrates *d, uint64_t step, uint64_t read_bytes
 /* Bytes/s each way; 0 where the steps moved nothing that way. */
 double fy_diskrates_read_Bps(const struct fy_diskrates *d);
 double fy_diskrates_write_Bps(const struct fy_diskrates *d);
+/* bytes over seconds; 0 where either is none */
+double fy_diskrates_rate(uint64_t bytes, double seconds);
+/* A rate for people: "R.RR" (GB/s) in buf, or `none` where Bps is not above 0. */
+const char *fy_diskrates_gbps(double Bps, const char *none, char *buf, size_t len);
 
 /* Replaces the record at `path` (temporary file, fsync, rename); -errno, said. */
 int fy_diskrates_save(const char *path, const struct fy_diskrates *d);

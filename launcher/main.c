@@ -1047,15 +1047,6 @@ static void ssd_rates_path(const struct options *o, char *path, size_t len)
     snprintf(path, len, "%s/ssd_rates.json", o->run_dir);
 }
 
-/* "R.RR" GB/s, or `none` where nothing was measured. */
-static const char *gb_per_s(double Bps, const char *none, char *buf, size_t len)
-{
-    if (!(Bps > 0))
-        return none;
-    snprintf(buf, len, "%.2f", Bps * 1e-9);
-    return buf;
-}
-
 /* --ssd-rates auto: the plan takes the SSD's rates from the run directory's record of the last
  * session's steps on this store, where there is one, in place of `instead` (the profile's sample;
  * for `plan`, the machine profile's or the reference machine's); each way that the steps moved
@@ -1098,7 +1089,8 @@ static int plan_ssd_rates(const struct options *o, struct fy_train_rates *rates,
             "profile plans without the record)",
             (unsigned long long)d.steps, d.steps == 1 ? "" : "s",
             (unsigned long long)d.first_step, (unsigned long long)d.last_step, d.batch, d.act_plan,
-            age, path, gb_per_s(rd, "as before", r, sizeof r), gb_per_s(wr, "as before", w, sizeof w),
+            age, path, fy_diskrates_gbps(rd, "as before", r, sizeof r),
+            fy_diskrates_gbps(wr, "as before", w, sizeof w),
             instead, rates->ssd_read * 1e-9, rates->ssd_write * 1e-9);
     if (rd > 0)
         rates->ssd_read = rd;
@@ -1355,9 +1347,9 @@ static void save_ssd_seen(const struct options *o, const struct fy_diskrates *d)
     }
     fy_info("the SSD ran at read %s, write %s GB/s in this session's %llu step%s after the first "
             "(kept in %s for the next session's plan)",
-            gb_per_s(fy_diskrates_read_Bps(d), "-", r, sizeof r),
-            gb_per_s(fy_diskrates_write_Bps(d), "-", w, sizeof w), (unsigned long long)d->steps,
-            d->steps == 1 ? "" : "s", path);
+            fy_diskrates_gbps(fy_diskrates_read_Bps(d), "-", r, sizeof r),
+            fy_diskrates_gbps(fy_diskrates_write_Bps(d), "-", w, sizeof w),
+            (unsigned long long)d->steps, d->steps == 1 ? "" : "s", path);
 }
 
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */

@@ -1752,15 +1752,6 @@ int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy
     return eval_loss(&r, data, batches, loss);
 }
 
-/* "R.RR" GB/s of bytes over busy seconds; "-" where the step moved none. */
-static const char *gbps(uint64_t bytes, double busy_s, char *buf, size_t len)
-{
-    if (bytes == 0 || busy_s <= 0)
-        return "-";
-    snprintf(buf, len, "%.2f", (double)bytes / busy_s * 1e-9);
-    return buf;
-}
-
 /* The plan check: one step (the session's second; the first warms up) beside what the activation
  * plan predicted at the start, with the rates the disk and AdamW ran at in it beside those the plan
  * assumed (the profile's, or for the disk a past session's steps'), so that a prediction that
@@ -1778,8 +1769,10 @@ static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_co
             "parameters/s (the profile: %.2f)",
             (unsigned long long)step, seconds, o->plan_step_s,
             100.0 * (o->plan_step_s / seconds - 1.0),
-            gbps(bytes[BUSY_SSD_READ], busy[BUSY_SSD_READ], rd, sizeof rd),
-            gbps(bytes[BUSY_SSD_WRITE], busy[BUSY_SSD_WRITE], wr, sizeof wr),
+            fy_diskrates_gbps(fy_diskrates_rate(bytes[BUSY_SSD_READ], busy[BUSY_SSD_READ]), "-",
+                              rd, sizeof rd),
+            fy_diskrates_gbps(fy_diskrates_rate(bytes[BUSY_SSD_WRITE], busy[BUSY_SSD_WRITE]), "-",
+                              wr, sizeof wr),
             o->plan_ssd_read * 1e-9, o->plan_ssd_write * 1e-9,
             o->plan_ssd_from_steps ? "the last session's steps" : "the profile", opt,
             o->plan_opt_params * 1e-9);
