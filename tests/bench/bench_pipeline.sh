@@ -10,8 +10,9 @@
 # prediction's excess over the measured step) and the SSD read/write rates behind that prediction
 # (GB/s) with where they came from ("from": the profile's 256 MiB sample, or, with --ssd-rates
 # auto, the steps of the run before on the same store: the runs of one call share it), beside the
-# rates the steps ran at (their bytes over the busy times): the disk drifts. The last step of each run also writes the resident state to the store and syncs it
-# (a checkpoint) and is left out as well.
+# rates the steps ran at (their bytes over the busy times): the disk drifts. The last step of each
+# run also writes the resident state to the store and syncs it (a checkpoint) and is left out as
+# well.
 # Environment: PIPELINE_CONFIGS ("1.3B", or "1.3B 2.7B"; "350M" for quick looks), PIPELINE_BATCHES
 # ("16 64"), PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"),
 # PIPELINE_QUEUE1 (1: also the host placement with one request at a time), PIPELINE_FSDP2 (1: also PyTorch FSDP2 with CPU
@@ -92,16 +93,17 @@ run() {
   # the step the plan predicted at the run's start, and the SSD rates (read/write) it assumed, as
   # the plan check gives them, with their source; without a plan check, the profile's sample; "-"
   # where the run printed neither
-  local pred plan_disk disk_from=profile
+  local pred plan_disk disk_from
   pred=$(grep -o "predicts from this machine's profile: [0-9.]* s" "$log" | head -1 |
     grep -o "[0-9.]* s$" | cut -d' ' -f1)
-  plan_disk=$(grep -o "the plan's: [0-9.]* and [0-9.]*, from the [a-z]*" "$log" | head -1 |
-    awk '{sub(",", "", $5); print $3 "/" $5}')
-  grep -q "the plan's: [0-9.]* and [0-9.]*, from the last session's steps" "$log" &&
-    disk_from=steps
-  [ -n "$plan_disk" ] ||
+  # "the plan's: R and W, from the profile" or "..., from the last session's steps"
+  read -r plan_disk disk_from < <(grep -o "the plan's: [0-9.]* and [0-9.]*, from the [a-z]*" \
+    "$log" | head -1 | awk '{sub(",", "", $5); print $3 "/" $5, ($8 == "last" ? "steps" : $8)}')
+  [ -n "$plan_disk" ] || {
+    disk_from=profile
     plan_disk=$(grep -o "the SSD store [0-9.]* GB/s written, [0-9.]* read" "$log" | head -1 |
       awk '{print $7 "/" $4}')
+  }
   # median over the timed steps of each field
   tail -n $((steps + 1)) "$dir/metrics.jsonl" | head -n "$steps" |
     COMPUTE_S=${COMPUTE_S:-0} PRED_S=${pred:-0} python3 -c '
