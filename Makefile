@@ -14,7 +14,11 @@ DEB_libcjson := libcjson-dev
 DEPS_RUNTIME := liburing libzmq hwloc libcjson
 DEPS_TEST    := cmocka
 DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev libcjson-dev \
-                libxxhash-dev libcmocka-dev fio gnuplot-nox
+                libxxhash-dev libcmocka-dev fio gnuplot-nox python3 python3-numpy
+# The tests against PyTorch and transformers (Hugging Face import and export, the Llama reference,
+# the tokenizer tests, the GPU tests) need these from PyPI: Debian does not package them.
+PYTHON       ?= python3
+PIP_PACKAGES := numpy==2.2.6 torch==2.5.1 transformers==5.17.0
 
 found   = $(shell $(PKG_CONFIG) --exists $(1) && echo yes)
 MISSING := $(strip $(foreach p,$(DEPS_RUNTIME),$(if $(call found,$(p)),,$(p))))
@@ -63,13 +67,17 @@ BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 GPU_BENCH_BINS := $(if $(NVCC),$(patsubst tests/bench/%.cu,$(BUILD)/bench/%,$(wildcard tests/bench/bench_*.cu)))
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o $(BUILD)/obj/tests/refmodel.o
 
-.PHONY: all deps check-deps test test-gpu bench bench-gpu bench-pipeline bench-affinity tests benches demo clean
+.PHONY: all deps deps-python check-deps test test-gpu bench bench-gpu bench-pipeline bench-affinity tests benches demo clean
 all: check-deps $(BINS)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	$(SUDO) apt-get update
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $(DEB_PACKAGES)
+
+# Into the python3 the tests run (a virtual environment's, where one is active).
+deps-python:
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check $(PIP_PACKAGES)
 
 check-deps:
 	@for p in $(DEPS_RUNTIME) $(DEPS_TEST); do \
