@@ -228,10 +228,14 @@ int fy_session_close(struct fy_session *s, int rc)
         int stop_rc = fy_sup_stop(s->sup, 10000);
         if (rc == 0 && stop_rc < 0)
             rc = stop_rc;
-        if (fy_sup_failed_worker(s->sup) != NULL) {
+        fy_sup_fault(s->sup, &s->fault);
+        if (s->fault.stuck) {
+            fy_error("run failed: the %s worker stopped answering and was killed (above); the "
+                     "other workers were stopped", s->fault.worker);
+            rc = -ECHILD;
+        } else if (s->fault.worker[0] != 0) {
             fy_error("run failed: the %s worker died (its exit is reported above); the other "
-                     "workers were stopped",
-                     fy_sup_failed_worker(s->sup));
+                     "workers were stopped", s->fault.worker);
             rc = -ECHILD;
         } else if (fy_sup_interrupted(s->sup)) {
             rc = -EINTR;

@@ -37,6 +37,7 @@ struct fy_session {
     struct fy_sup *sup;
     char pool_name[FY_POOL_NAME_MAX];
     char endpoint[512];
+    struct fy_sup_fault fault; /* set by fy_session_close: the worker that failed, if any */
 };
 
 /* Locks and prepares the run directory (created if missing), places the workers and creates the
@@ -50,7 +51,8 @@ int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *co
 /* The executor that sends requests to the workers. */
 struct fy_exec fy_session_exec(struct fy_session *s);
 /* Stops the workers (if any) and removes the pool, sockets and pid file. rc is the outcome so far;
- * the result is -ECHILD when a worker died, -EINTR when interrupted, else rc (or a stop failure). */
+ * the result is -ECHILD when a worker died or stopped answering (s->fault says which and how),
+ * -EINTR when interrupted, else rc (or a stop failure). */
 int fy_session_close(struct fy_session *s, int rc);
 
 #endif

@@ -27,6 +27,7 @@ struct sup_worker {
     int ready;
     int stopping; /* asked to stop: its exit is expected */
     int terminated; /* sent SIGTERM at the stop because it could not be asked (not started) */
+    int killed_stuck; /* killed for not answering within a request's deadline */
     int status;   /* waitpid status once reaped */
 };
 
@@ -159,6 +160,9 @@ static int reap(struct fy_sup *s)
                         (w->terminated && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
             if (w->stopping && clean) {
                 fy_info("%s worker (pid %d) exited", w->name, (int)pid);
+            } else if (w->killed_stuck) { /* its fault is that it stopped answering, said then */
+                fy_info("%s worker (pid %d), killed for not answering, is gone", w->name,
+                        (int)pid);
             } else {
                 fy_error("%s worker (pid %d) %s", w->name, (int)pid, how);
                 if (!w->stopping) {
@@ -402,6 +406,7 @@ int fy_sup_wait(struct fy_sup *s, int64_t ticket, struct fy_desc *reply, int tim
             fy_error("the %s worker (pid %d) is stuck: no reply to %s within %d s; killing it",
                      w->name, (int)w->pid, o->what, timeout_ms / 1000);
             kill(w->pid, SIGKILL);
+            w->killed_stuck = 1;
             s->stuck = o->worker;
         }
         if (got < 0) {
@@ -536,6 +541,18 @@ const char *fy_sup_timed_out_worker(const struct fy_sup *s)
 const char *fy_sup_failed_worker(const struct fy_sup *s)
 {
     return s->failed >= 0 ? s->w[s->failed].name : NULL;
+}
+
+void fy_sup_fault(const struct fy_sup *s, struct fy_sup_fault *out)
+{
+    memset(out, 0, sizeof *out);
+    int i = s->stuck >= 0 ? s->stuck : s->failed;
+    if (i < 0)
+        return;
+    snprintf(out->worker, sizeof out->worker, "%s", s->w[i].name);
+    out->stuck = i == s->stuck;
+    if (!out->stuck && !s->w[i].alive && WIFSIGNALED(s->w[i].status))
+        out->signal = WTERMSIG(s->w[i].status);
 }
 
 pid_t fy_sup_pid(const struct fy_sup *s, const char *name)

@@ -60,6 +60,14 @@ int fy_sup_interrupted(const struct fy_sup *s);
 const char *fy_sup_timed_out_worker(const struct fy_sup *s);
 /* Name of the first worker that died unexpectedly, or NULL. */
 const char *fy_sup_failed_worker(const struct fy_sup *s);
+/* Which worker ended a session early and how, for a caller deciding whether to start the workers
+ * again (a worker that exited on its own said why, and would likely say so again). */
+struct fy_sup_fault {
+    char worker[16]; /* "": none failed */
+    int stuck;       /* killed for not answering within a request's deadline */
+    int signal;      /* died of this signal; 0 when it exited on its own, or was stuck */
+};
+void fy_sup_fault(const struct fy_sup *s, struct fy_sup_fault *out);
 pid_t fy_sup_pid(const struct fy_sup *s, const char *name);
 /* Writes "name pid" lines to path (atomically), for people and tools watching the run. */
 int fy_sup_write_pids(const struct fy_sup *s, const char *path);
