@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
@@ -79,4 +80,27 @@ int fy_file_write_text(const char *path, const char *text)
     }
     fprintf(f, "%s\n", text);
     return fy_file_replace(f, tmp, path);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    if ((type == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT)
+        return 0;
+    int e = errno;
+    fy_error("cannot remove %s: %s", path, strerror(e));
+    return e; /* positive: nftw's own failures are -1 */
+}
+
+int fy_remove_tree(const char *path)
+{
+    if (access(path, F_OK) != 0 && errno == ENOENT)
+        return 0;
+    int rc = nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (rc < 0) {
+        rc = errno;
+        fy_error("cannot remove %s: %s", path, strerror(rc));
+    }
+    return -rc;
 }

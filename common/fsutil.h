@@ -20,5 +20,8 @@ int fy_file_replace(FILE *f, const char *tmp, const char *path);
 /* Replaces `path` atomically by `text` and a line break, through PATH.tmp (fy_file_replace); 0 or
  * -errno, said. */
 int fy_file_write_text(const char *path, const char *text);
+/* Removes a directory and everything under it (symbolic links themselves, not what they point
+ * to); a path that does not exist is not an error. Returns 0 or the first -errno, said. */
+int fy_remove_tree(const char *path);
 
 #endif
