@@ -572,12 +572,29 @@ static void account(struct run *r, const struct ticket *t)
                 t->layer, (long long)t->id, t->tensor, (unsigned long long)t->at);
 }
 
+/* A read that the store answered with bytes other than were written there (a digest mismatch, an
+ * I/O error): said with what it was, for the restart that goes back to the last commit. */
+static void say_damage(const struct run *r, const struct ticket *t)
+{
+    char what[64];
+    uint32_t copy = t->tensor >= FY_TENSOR_UNIT_STATE_COPY(0, 1);
+    uint32_t unit = t->tensor - FY_TENSOR_UNIT_STATE_COPY(0, copy);
+    if (unit < fy_gpt_unit_count(r->l.c))
+        snprintf(what, sizeof what, "unit %u's state in copy %u", unit, copy);
+    else
+        snprintf(what, sizeof what, "extent %u", t->tensor);
+    fy_error("step %llu: %s read back from the SSD store is damaged (%s): it is not what was "
+             "written there", (unsigned long long)t->step, what, strerror(-t->status));
+}
+
 static void finish(struct run *r, struct ticket *t)
 {
     double t0 = now_s();
     t->status = r->x->wait(r->x->ctx, t->id, &t->reply, r->timeout_ms);
     r->phase_s[t->phase] += now_s() - t0;
     t->done = 1;
+    if (t->step > 0 && t->op == FY_OP_IO_READ && fy_commit_is_damage(t->status))
+        say_damage(r, t); /* in a step (opening a commit says what its check found) */
     if (t->status == 0 && t->digest_into != NULL)
         *t->digest_into = t->reply.arg;
     if (t->status == 0)
@@ -1959,6 +1976,7 @@ static int open_committed(struct run *r, struct fy_storemeta *meta,
                           const unsigned char *resident)
 {
     unsigned units = fy_gpt_unit_count(r->l.c);
+    uint64_t damaged = 0, damaged_seq = 0;
     for (int attempt = 0;; attempt++) {
         r->read_copy = meta->copy;
         r->work_copy = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
@@ -1973,16 +1991,29 @@ static int open_committed(struct run *r, struct fy_storemeta *meta,
         if (rc == 0 && !meta->legacy)
             fy_info("step %llu's state checked against its commit record in %.1f s",
                     (unsigned long long)meta->step, now_s() - t0);
+        /* no intact commit left: -ENOENT, not the damage itself, which in the steps means
+         * "go back to the last commit" (a restart) */
         if (fy_commit_is_damage(rc) && meta->copies == 1) {
             fy_error("step %llu's state no longer matches its commit: this store keeps one copy "
                      "of the state (init --state-copies 1), so a run stopped between commits "
                      "(killed, crashed, a second Ctrl-C) leaves it unusable; initialise it again, "
                      "or from an export", (unsigned long long)meta->step);
-            return rc;
+            return -ENOENT;
         }
-        if (!fy_commit_is_damage(rc) || attempt > 0)
+        if (fy_commit_is_damage(rc) && attempt > 0) {
+            fy_error("neither commit of the store is intact: the state of step %llu (commit "
+                     "record %llu) and that of step %llu (record %llu) do not match their records "
+                     "(the units are named above), so nothing was trained: restore the store's "
+                     "files from a copy, or start the run again (fuyou-launch init --overwrite, "
+                     "--from-hf DIR for a model exported with export --to-hf)",
+                     (unsigned long long)damaged, (unsigned long long)(damaged_seq % 2),
+                     (unsigned long long)meta->step, (unsigned long long)(meta->seq % 2));
+            return -ENOENT;
+        }
+        if (!fy_commit_is_damage(rc))
             return rc;
-        uint64_t damaged = meta->step;
+        damaged = meta->step;
+        damaged_seq = meta->seq;
         FY_TRY(fy_commit_read(r->x, r->pool, r->l.meta, "the store", meta->seq, meta,
                               r->timeout_ms));
         fy_warn("step %llu's state is damaged on the SSD; going back to the commit before it, "
