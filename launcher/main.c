@@ -38,6 +38,7 @@
 #include "launcher/session.h"
 #include "launcher/supervise.h"
 #include "launcher/train.h"
+#include "opt_worker/adamw.h"
 
 enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_WORKER = 3, EXIT_INTERRUPTED = 130 };
 
@@ -64,6 +65,12 @@ struct options {
     double rope_theta, rms_eps;
     int tied;
     int ssd_rates_profile; /* --ssd-rates profile: plan from the profile's sample, not the record */
+    int store_in_run_dir;        /* init: the store is RUN/store (no --ssd) */
+    char ssd_here[PATH_MAX];     /* the store's paths as found from model.conf (load_model_conf) */
+    /* train: its arguments, kept in RUN/train.args for resume once the workers are up (NULL:
+     * resumed, or kept already) */
+    int train_argc;
+    char **train_argv;
 };
 
 enum { CKPT_HOST, CKPT_SSD, CKPT_AUTO };
@@ -292,7 +299,14 @@ static int parse_options(int argc, char **argv, struct options *o)
         case O_OVERWRITE: o->overwrite = 1; break;
         case O_CPU_MEM: rc = parse_size_opt("--cpu-mem", optarg, &o->cpu_mem); break;
         case O_GPU_MEM: rc = parse_size_opt("--gpu-mem", optarg, &o->gpu_mem); break;
-        case O_BACKEND: o->backend = optarg; break;
+        case O_BACKEND:
+            o->backend = optarg;
+            if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "cpu") != 0 &&
+                strcmp(optarg, "cuda") != 0) {
+                fprintf(stderr, "fuyou-launch: --backend %s: give auto, cpu or cuda\n", optarg);
+                rc = -EINVAL;
+            }
+            break;
         case O_AFFINITY: o->affinity = optarg; break;
         case O_PARAMS: rc = parse_size_opt("--params", optarg, &o->params); break;
         case O_STEPS: rc = parse_size_opt("--steps", optarg, &o->steps); o->steps_set = 1; break;
@@ -307,7 +321,12 @@ static int parse_options(int argc, char **argv, struct options *o)
             break;
         case O_LR: rc = parse_double_opt("--lr", optarg, &o->lr); o->lr_set = 1; break;
         case O_WD: rc = parse_double_opt("--weight-decay", optarg, &o->weight_decay); o->wd_set = 1; break;
-        case O_IMPL: o->adamw_impl = optarg; break;
+        case O_IMPL: {
+            enum fy_adamw_impl impl;
+            o->adamw_impl = optarg;
+            rc = fy_adamw_impl_parse(optarg, &impl); /* says what it takes */
+            break;
+        }
         case O_QD: rc = parse_size_opt("--queue-depth", optarg, &o->queue_depth); break;
         case O_BLOCK: rc = parse_size_opt("--block-size", optarg, &o->block_size); break;
         case O_STRIPE: rc = parse_size_opt("--stripe-unit", optarg, &o->stripe_unit); break;
@@ -577,6 +596,62 @@ static void model_conf_path(const char *run_dir, char *out, size_t len)
     snprintf(out, len, "%s/model.conf", run_dir);
 }
 
+/* model.conf's record of where the store lives (init): a store inside the run directory as a
+ * path relative to it (`store_in_run_dir = 1`), so that a copied or moved run directory trains
+ * its own store; --ssd directories as absolute paths. */
+static int model_conf_set_store(struct fy_config *mc, const struct options *o)
+{
+    if (o->store_in_run_dir) {
+        FY_TRY(fy_config_set(mc, "ssd", "store"));
+        return fy_config_set(mc, "store_in_run_dir", "1");
+    }
+    char list[FY_CONFIG_VALUE_MAX] = "", copy[4096];
+    snprintf(copy, sizeof copy, "%s", o->ssd);
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
+        char abs[PATH_MAX];
+        FY_SYS(realpath(p, abs) == NULL ? -1 : 0, "ssd path %s", p);
+        size_t at = strlen(list);
+        FY_REQUIRE(at + strlen(abs) + 2 < sizeof list, -E2BIG,
+                   "init: the --ssd paths are longer than model.conf holds (%zu bytes)",
+                   sizeof list - 1);
+        snprintf(list + at, sizeof list - at, "%s%s", at ? "," : "", abs);
+    }
+    return fy_config_set(mc, "ssd", list);
+}
+
+/* The store of the run in o->run_dir as model.conf records it, into o->ssd_here. A model.conf
+ * written before stores were recorded relative to their run directory names the store of the
+ * directory it was made in: where that is another directory's store/ and this one has its own
+ * (a copy or a move), this one's is taken, and said. */
+static void find_store(struct options *o, const struct fy_config *mc, const char *recorded)
+{
+    const char *in_run = fy_config_get(mc, "store_in_run_dir");
+    if (in_run != NULL && strcmp(in_run, "1") == 0) { /* absolute: one name whatever the cwd */
+        char dir[PATH_MAX];
+        snprintf(o->ssd_here, sizeof o->ssd_here, "%s/%s",
+                 realpath(o->run_dir, dir) != NULL ? dir : o->run_dir, recorded);
+        return;
+    }
+    snprintf(o->ssd_here, sizeof o->ssd_here, "%s", recorded);
+    size_t len = strlen(recorded);
+    char own[PATH_MAX + 32], own_data[PATH_MAX + 64], theirs[PATH_MAX], here[PATH_MAX];
+    snprintf(own, sizeof own, "%s/store", o->run_dir);
+    snprintf(own_data, sizeof own_data, "%s/%s", own, FY_STORE_DATA_NAME);
+    if (strchr(recorded, ',') != NULL || len < 6 || strcmp(recorded + len - 6, "/store") != 0 ||
+        access(own_data, F_OK) != 0)
+        return;
+    snprintf(theirs, sizeof theirs, "%.*s", (int)(len - 6), recorded);
+    if (realpath(o->run_dir, here) == NULL)
+        return;
+    char theirs_real[PATH_MAX];
+    if (realpath(theirs, theirs_real) != NULL && strcmp(theirs_real, here) == 0)
+        return; /* its own store after all */
+    fy_info("%s/model.conf names the store %s, of the run directory it was made in; this one "
+            "has its own: using %s", o->run_dir, recorded, own);
+    snprintf(o->ssd_here, sizeof o->ssd_here, "%s", own);
+}
+
 /* Reads RUN/model.conf (written by init): the model and where its store lives. */
 static int load_model_conf(struct options *o, struct fy_config *mc, struct fy_gpt_config *model)
 {
@@ -589,10 +664,26 @@ static int load_model_conf(struct options *o, struct fy_config *mc, struct fy_gp
     }
     FY_TRY(fy_config_load(mc, path));
     FY_TRY(fy_gpt_config_from(mc, model));
-    if (o->ssd == NULL)
-        o->ssd = fy_config_get(mc, "ssd");
-    FY_REQUIRE(o->ssd != NULL, -EINVAL, "%s has no 'ssd' entry: pass --ssd", path);
-    return check_ssd_paths(o->ssd);
+    if (o->ssd != NULL) /* --ssd: the store is where the command says */
+        return check_ssd_paths(o->ssd);
+    const char *recorded = fy_config_get(mc, "ssd");
+    FY_REQUIRE(recorded != NULL, -EINVAL, "%s has no 'ssd' entry: pass --ssd", path);
+    find_store(o, mc, recorded);
+    o->ssd = o->ssd_here;
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", o->ssd);
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
+        struct stat st;
+        int e = stat(p, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+        if (e != 0) {
+            fy_error("the store of %s is missing (%s: ssd = %s): %s: %s; mount or restore it "
+                     "there, or pass --ssd with the store's directories", o->run_dir, path,
+                     recorded, p, strerror(e));
+            return -e;
+        }
+    }
+    return 0;
 }
 
 /* The store must hold the model this run describes. */
@@ -662,6 +753,7 @@ static int cmd_init(struct options *o)
         if (mkdir(store_dir, 0700) != 0 && errno != EEXIST)
             FY_SYS(-1, "cannot create %s", store_dir);
         o->ssd = store_dir;
+        o->store_in_run_dir = 1;
     }
     FY_TRY(check_ssd_paths(o->ssd));
     char described[160];
@@ -689,7 +781,7 @@ static int cmd_init(struct options *o)
         fy_config_init(cfg);
         rc = fy_gpt_config_to(&model, cfg);
         if (rc == 0)
-            rc = fy_config_set(cfg, "ssd", o->ssd);
+            rc = model_conf_set_store(cfg, o);
         if (rc == 0)
             rc = fy_config_setf(cfg, "seed", "%llu", (unsigned long long)o->seed);
         if (rc == 0)
@@ -798,6 +890,7 @@ static int cmd_init_hf(struct options *o)
         if (rc < 0)
             fy_error("cannot create %s: %s", store_dir, strerror(-rc));
         o->ssd = store_dir;
+        o->store_in_run_dir = 1;
     }
     if (rc == 0)
         rc = check_ssd_paths(o->ssd);
@@ -836,7 +929,7 @@ static int cmd_init_hf(struct options *o)
         fy_config_init(cfg);
         rc = fy_gpt_config_to(model, cfg);
         if (rc == 0)
-            rc = fy_config_set(cfg, "ssd", o->ssd);
+            rc = model_conf_set_store(cfg, o);
         if (rc == 0)
             rc = fy_config_set(cfg, "hf", "1");
         if (rc == 0)
@@ -885,6 +978,56 @@ static int train_config(const struct options *o, const struct fy_gpt_config *mod
     FY_TRY(fy_config_set(cfg, "train.act_dtype", fy_dtype_name(act_dtype)));
     FY_TRY(fy_config_set(cfg, "train.act_plan", o->act_plan));
     return 0;
+}
+
+/* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
+static volatile int train_stop;
+
+/* The restarts of one train command, for --max-restarts (so many an hour). */
+struct restarts {
+    double at[64];
+    unsigned n;
+};
+
+/* After a launch of the workers (the profile's or training's) failed with rc, whether to start
+ * them again, counted against --max-restarts an hour, and said either way. A worker that died or
+ * stopped answering is restarted, and so is state read back damaged from the SSD in the steps
+ * (`stepping`: they had begun; the restart goes back to the last commit, which is checked whole
+ * first). Before the steps, a worker that exited on its own is not: it said why, and a bad
+ * configuration or a full disk would fail it again. `since`: when the launch began. */
+static int restart_after(const struct options *o, struct restarts *r, int rc, int stepping,
+                         const struct fy_sup_fault *f, double since)
+{
+    int worker = rc == -ECHILD || rc == -ETIMEDOUT, damage = stepping && fy_commit_is_damage(rc);
+    if (train_stop || !(worker || damage) || (worker && !stepping && f->worker[0] != 0 &&
+                                              !f->stuck && f->signal == 0))
+        return 0;
+    char what[128];
+    if (damage)
+        snprintf(what, sizeof what, "state read back from the SSD store was damaged (above)");
+    else if (f->worker[0] == 0)
+        snprintf(what, sizeof what, "a worker did not answer in time");
+    else
+        snprintf(what, sizeof what, "the %s worker %s", f->worker,
+                 f->stuck ? "stopped answering (a request passed its deadline)" : "died");
+    double now = fy_monotonic_ns() * 1e-9;
+    unsigned recent = 0;
+    for (unsigned i = 0; i < r->n; i++)
+        if (now - r->at[i] < 3600)
+            r->at[recent++] = r->at[i];
+    r->n = recent;
+    if (r->n >= o->max_restarts || r->n == sizeof r->at / sizeof r->at[0]) {
+        fy_error("%s after %llu restart%s within the hour (--max-restarts %llu): giving up; find "
+                 "the cause in %s/fuyou.log, then continue with fuyou-launch resume %s", what,
+                 (unsigned long long)r->n, r->n == 1 ? "" : "s",
+                 (unsigned long long)o->max_restarts, o->run_dir, o->run_dir);
+        return 0;
+    }
+    r->at[r->n++] = now;
+    fy_progress_restart();
+    fy_warn("restart %u: %s %.1f s into this attempt; going back to the last commit and starting "
+            "the workers again", r->n, what, now - since);
+    return 1;
 }
 
 /* One request of the profile session, waited for; *seconds (may be NULL) gets how long the worker
@@ -960,7 +1103,8 @@ static int profile_links(const struct options *o, struct fy_exec *x, uint64_t at
  * session's pool is laid out for the plan. The gpu worker measures one block on the training batch
  * (gpt-profile); the SSD store and AdamW are timed too (profile_links). */
 static int profile_run(const struct options *o, const struct fy_gpt_config *model, int act_dtype,
-                       struct fy_gpt_profile *out, struct fy_train_rates *rates)
+                       struct fy_gpt_profile *out, struct fy_train_rates *rates,
+                       struct fy_sup_fault *fault)
 {
     /* enough to time PCIe at full speed; the CPU backend's copies are memory to memory */
     uint64_t copies = strcmp(o->backend, "cpu") == 0 ? 16ull << 20 : 256ull << 20;
@@ -1008,7 +1152,9 @@ static int profile_run(const struct options *o, const struct fy_gpt_config *mode
                     "machine's rates for them");
     }
     free(cfg);
-    return fy_session_close(&s, rc);
+    rc = fy_session_close(&s, rc);
+    *fault = s.fault;
+    return rc;
 }
 
 /* Room for swapped internals beside the pool's other regions: what --cpu-mem leaves, or without
@@ -1106,8 +1252,9 @@ static int plan_ssd_rates(const struct options *o, struct fy_train_rates *rates,
  * slots on their way to the store, 0 where they stay in the pool (fy_train_regions). */
 static int plan_activations(const struct options *o, const struct fy_gpt_config *model,
                             int act_dtype, int clip, unsigned ckpt_slots,
-                            const unsigned char *resident, struct fy_gpt_profile *prof,
-                            struct fy_actrun_in *in, struct fy_actrun *run)
+                            const unsigned char *resident, struct restarts *restarts,
+                            struct fy_gpt_profile *prof, struct fy_actrun_in *in,
+                            struct fy_actrun *run)
 {
     enum fy_actplan_mode mode;
     FY_TRY(fy_actplan_mode_parse(o->act_plan, &mode));
@@ -1117,8 +1264,16 @@ static int plan_activations(const struct options *o, const struct fy_gpt_config 
                                 .act_ahead = (unsigned)o->act_ahead};
     /* every mode is profiled: auto plans from it, the forced ones are predicted from it */
     if (model->arch != FY_ARCH_LLAMA && !o->inprocess) {
-        int rc = profile_run(o, model, act_dtype, prof, &in->rates);
-        if (rc == -EINTR || rc == -ECHILD)
+        struct fy_sup_fault fault;
+        int rc;
+        for (;;) { /* a worker that fails here is restarted as in training (restarts: train's) */
+            double t0 = fy_monotonic_ns() * 1e-9;
+            rc = profile_run(o, model, act_dtype, prof, &in->rates, &fault);
+            if (restarts == NULL || !restart_after(o, restarts, rc, 0, &fault, t0))
+                break;
+        }
+        /* interrupted, a worker that failed, a run directory in use: said, and no plan */
+        if (rc == -EINTR || rc == -ECHILD || rc == -ETIMEDOUT || rc == -EBUSY)
             return rc;
         if (rc < 0 && mode == FY_ACTPLAN_AUTO) /* loudly, and on with what needs no profile */
             fy_warn("--act-plan auto: profiling a block failed (above): planning without it, the "
@@ -1322,7 +1477,7 @@ static int cmd_profile(struct options *o)
     struct fy_actrun_in in;
     struct fy_actrun act = {0};
     if (rc == 0)
-        rc = plan_activations(o, &model, act_dtype, clip, 0, resident, &prof, &in, &act);
+        rc = plan_activations(o, &model, act_dtype, clip, 0, resident, NULL, &prof, &in, &act);
     if (rc == 0)
         rc = save_act_plan(o, &act, &in);
     fy_actrun_free(&act);
@@ -1352,20 +1507,44 @@ static void save_ssd_seen(const struct options *o, const struct fy_diskrates *d)
             (unsigned long long)d->steps, d->steps == 1 ? "" : "s", path);
 }
 
-/* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
-static volatile int train_stop;
+/* RUN/train.args: the train command's arguments (after "train") and the directory it ran in, for
+ * fuyou-launch resume. Line 1 "fuyou-train-args 1", line 2 the directory, then one per line. */
+#define TRAIN_ARGS_MAGIC "fuyou-train-args 1"
+
+static int save_train_args(const char *run_dir, int argc, char **argv)
+{
+    if (run_dir == NULL)
+        return 0; /* cmd_train refuses it with a message */
+    char path[PATH_MAX], tmp[PATH_MAX + 8], cwd[PATH_MAX];
+    snprintf(path, sizeof path, "%s/train.args", run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FY_SYS(getcwd(cwd, sizeof cwd) == NULL ? -1 : 0, "cannot get the working directory");
+    for (int i = 0; i < argc; i++)
+        if (strchr(argv[i], '\n') != NULL) {
+            fy_warn("an argument holds a line break: %s is not written, so fuyou-launch resume "
+                    "will not know this command", path);
+            return 0;
+        }
+    FILE *f = fopen(tmp, "w");
+    FY_SYS(f == NULL ? -1 : 0, "cannot create %s", tmp);
+    fprintf(f, "%s\n%s\n", TRAIN_ARGS_MAGIC, cwd);
+    for (int i = 0; i < argc; i++)
+        fprintf(f, "%s\n", argv[i]);
+    return fy_file_replace(f, tmp, path);
+}
 
 /* One launch of the workers for training: the store's current commit (a restart goes back to it;
  * the metrics of later steps are dropped, as they will be trained again), the steps up to
- * --steps, and the export. A worker that died or stopped answering gives -ECHILD or -ETIMEDOUT
- * with its name in `failed`; *trained says whether training had begun. */
+ * --steps, and the export. *fault says which worker failed and how; *stepping whether training
+ * had begun (the commit was opened). The train command's arguments are kept for resume once the
+ * workers are up: a command that fails before that leaves the run's last one in place. */
 static int train_attempt(struct options *o, struct fy_config *mc, struct fy_config *cfg,
                          const struct fy_gpt_config *model, const struct fy_tokfile *data,
                          const struct fy_pool_region_spec *regions, unsigned n,
                          struct fy_train_opts *to, struct fy_storemeta *meta, int attempt,
-                         char *failed, size_t failed_len, int *trained)
+                         struct fy_sup_fault *fault, int *stepping)
 {
-    *trained = 0;
+    *stepping = 0;
     double t0 = fy_monotonic_ns() * 1e-9;
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
@@ -1394,6 +1573,10 @@ static int train_attempt(struct options *o, struct fy_config *mc, struct fy_conf
         if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
             fy_sup_set_stop_flag(s.sup, &train_stop);
     }
+    if (rc == 0 && o->train_argv != NULL) {
+        rc = save_train_args(o->run_dir, o->train_argc, o->train_argv);
+        o->train_argv = NULL;
+    }
     if (rc == 0)
         rc = fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000);
     if (rc == 0)
@@ -1411,7 +1594,7 @@ static int train_attempt(struct options *o, struct fy_config *mc, struct fy_conf
         if (attempt > 0)
             fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
                     "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
-        *trained = 1;
+        *stepping = 1;
         rc = fy_train_run(&x, s.pool, meta, data, to);
         to->metrics_path = NULL;
         to->trace = NULL;
@@ -1425,14 +1608,29 @@ static int train_attempt(struct options *o, struct fy_config *mc, struct fy_conf
         fy_error("the SSD store (%s) is full: training stopped; the last commit, step %llu, is "
                  "intact; free space there (or add an SSD path), then continue with fuyou-launch "
                  "resume %s", o->ssd, (unsigned long long)meta->step, o->run_dir);
-    if (s.sup != NULL && fy_sup_failed_worker(s.sup) != NULL)
-        snprintf(failed, failed_len, "%s", fy_sup_failed_worker(s.sup));
-    else if (rc == -ETIMEDOUT && s.sup != NULL)
-        snprintf(failed, failed_len, "%s", fy_sup_timed_out_worker(s.sup));
     if (trace != NULL && fclose(trace) != 0)
         fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
     fy_inproc_destroy(&inproc);
-    return fy_session_close(&s, rc);
+    rc = fy_session_close(&s, rc);
+    *fault = s.fault;
+    return rc;
+}
+
+/* Training writes its log, metrics, commits and (in RUN/store) the store in the run directory:
+ * one it cannot write is refused before anything starts. */
+static int check_run_dir_writable(const char *run_dir)
+{
+    struct statvfs fs;
+    int e = statvfs(run_dir, &fs) != 0          ? errno
+            : (fs.f_flag & ST_RDONLY) != 0      ? EROFS
+            : access(run_dir, W_OK | X_OK) != 0 ? errno
+                                                : 0;
+    if (e == 0)
+        return 0;
+    fy_error("run directory %s cannot be written (%s): training writes its log, metrics and "
+             "commits there; copy it somewhere writable (cp -a) and train or resume the copy",
+             run_dir, strerror(e));
+    return -e;
 }
 
 static int cmd_train(struct options *o)
@@ -1441,6 +1639,7 @@ static int cmd_train(struct options *o)
     FY_TRY(require(o->data, "--data", "train"));
     if (!o->steps_set)
         o->steps = 200;
+    struct restarts restarts = {.n = 0};
     FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1, -EINVAL,
                "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
                "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);
@@ -1448,6 +1647,8 @@ static int cmd_train(struct options *o)
     struct fy_gpt_config model;
     struct fy_tokfile *data = NULL;
     int rc = mc && cfg ? load_model_conf(o, mc, &model) : -ENOMEM;
+    if (rc == 0)
+        rc = check_run_dir_writable(o->run_dir);
     if (rc == 0 && o->seq > model.ctx) {
         fy_error("train: --seq %llu exceeds the model's context of %u tokens",
                  (unsigned long long)o->seq, model.ctx);
@@ -1504,7 +1705,8 @@ static int cmd_train(struct options *o)
     int forced = act_mode == FY_ACTPLAN_HOST || act_mode == FY_ACTPLAN_SSD;
     int clipping = o->clip_grad_norm > 0;
     if (rc == 0 && forced)
-        rc = plan_activations(o, &model, act_dtype, clipping, 0, resident, &prof, &act_in, &act);
+        rc = plan_activations(o, &model, act_dtype, clipping, 0, resident, &restarts, &prof,
+                              &act_in, &act);
     if (rc < 0) {
         free(resident);
         fy_tokfile_close(&data);
@@ -1532,8 +1734,8 @@ static int cmd_train(struct options *o)
                                            o->cpu_mem, clipping, (unsigned)o->prefetch, ckpt_slots,
                                            &swap, weight_dtype, resident);
     if (!forced) { /* auto profiles and plans in the room that state and streaming leave */
-        rc = plan_activations(o, &model, act_dtype, clipping, ckpt_slots, resident, &prof, &act_in,
-                              &act);
+        rc = plan_activations(o, &model, act_dtype, clipping, ckpt_slots, resident, &restarts,
+                              &prof, &act_in, &act);
         swap = act.swap;
     }
     if (rc == 0 && act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
@@ -1653,40 +1855,15 @@ static int cmd_train(struct options *o)
     rc = meta != NULL ? 0 : -ENOMEM;
     /* A worker that dies or hangs costs the steps since the last commit, not the run: the
      * workers start again and the run goes on from that commit, up to --max-restarts times an
-     * hour. */
-    double restarts[64];
-    unsigned n_restarts = 0;
+     * hour (restart_after). */
     for (int attempt = 0; rc == 0; attempt++) {
         double t0 = fy_monotonic_ns() * 1e-9;
-        char failed[64] = "";
-        int trained;
-        rc = train_attempt(o, mc, cfg, &model, data, regions, n, &to, meta, attempt, failed,
-                           sizeof failed, &trained);
-        /* a worker that fails while the first launch starts would fail so again (a bad config,
-         * a full disk); once training ran, or in a restart, it is a fault to recover from */
-        if (!(rc == -ECHILD || rc == -ETIMEDOUT) || (!trained && attempt == 0) || train_stop)
+        struct fy_sup_fault fault;
+        int stepping;
+        rc = train_attempt(o, mc, cfg, &model, data, regions, n, &to, meta, attempt, &fault,
+                           &stepping);
+        if (!restart_after(o, &restarts, rc, stepping, &fault, t0))
             break;
-        double now = fy_monotonic_ns() * 1e-9;
-        unsigned recent = 0;
-        for (unsigned i = 0; i < n_restarts; i++)
-            if (now - restarts[i] < 3600)
-                restarts[recent++] = restarts[i];
-        n_restarts = recent;
-        if (n_restarts >= o->max_restarts || n_restarts == sizeof restarts / sizeof restarts[0]) {
-            fy_error("the %s worker %s after %llu restart%s within the hour (--max-restarts "
-                     "%llu): giving up; find the cause in %s/fuyou.log, then continue with "
-                     "fuyou-launch resume %s", failed[0] ? failed : "a",
-                     rc == -ETIMEDOUT ? "stopped answering" : "failed",
-                     (unsigned long long)n_restarts, n_restarts == 1 ? "" : "s",
-                     (unsigned long long)o->max_restarts, o->run_dir, o->run_dir);
-            break;
-        }
-        restarts[n_restarts++] = now;
-        fy_progress_restart();
-        fy_warn("restart %u: the %s worker %s %.1f s into this attempt; going back to the last "
-                "commit and starting the workers again", n_restarts, failed[0] ? failed : "a",
-                rc == -ETIMEDOUT ? "stopped answering (a request passed its deadline)" : "died",
-                now - t0);
         rc = 0;
     }
     fy_progress_end();
@@ -1739,7 +1916,8 @@ static int cmd_export_hf(struct options *o)
     if (rc == 0)
         rc = fy_hfgpt2_writer_new(&w, o->to_hf, &model, &eo);
     struct fy_pool_region_spec regions[2];
-    hf_regions(&model, regions);
+    if (rc == 0)
+        hf_regions(&model, regions);
     struct fy_session s = {.lock_fd = -1};
     struct fy_exec x = {0};
     struct fy_storemeta *meta = calloc(1, sizeof *meta);
@@ -1800,9 +1978,10 @@ static int cmd_export(struct options *o)
         rc = -EEXIST;
     }
     struct fy_pool_region_spec regions[10];
-    unsigned n;
-    fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, NULL,
-                     regions, &n);
+    unsigned n = 0;
+    if (rc == 0) /* the model is only known once model.conf has been read */
+        fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, NULL,
+                         regions, &n);
     struct fy_session s = {.lock_fd = -1};
     struct fy_exec x = {0};
     struct fy_storemeta meta;
@@ -1817,35 +1996,10 @@ static int cmd_export(struct options *o)
     return fy_session_close(&s, rc);
 }
 
-/* RUN/train.args: the train command's arguments (after "train") and the directory it ran in, for
- * fuyou-launch resume. Line 1 "fuyou-train-args 1", line 2 the directory, then one per line. */
-#define TRAIN_ARGS_MAGIC "fuyou-train-args 1"
-
-static int save_train_args(const char *run_dir, int argc, char **argv)
-{
-    if (run_dir == NULL)
-        return 0; /* cmd_train refuses it with a message */
-    char path[PATH_MAX], tmp[PATH_MAX + 8], cwd[PATH_MAX];
-    snprintf(path, sizeof path, "%s/train.args", run_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FY_SYS(getcwd(cwd, sizeof cwd) == NULL ? -1 : 0, "cannot get the working directory");
-    for (int i = 0; i < argc; i++)
-        if (strchr(argv[i], '\n') != NULL) {
-            fy_warn("an argument holds a line break: %s is not written, so fuyou-launch resume "
-                    "will not know this command", path);
-            return 0;
-        }
-    FILE *f = fopen(tmp, "w");
-    FY_SYS(f == NULL ? -1 : 0, "cannot create %s", tmp);
-    fprintf(f, "%s\n%s\n", TRAIN_ARGS_MAGIC, cwd);
-    for (int i = 0; i < argc; i++)
-        fprintf(f, "%s\n", argv[i]);
-    return fy_file_replace(f, tmp, path);
-}
-
 /* resume RUN_DIR [options]: argv becomes the run's train command (RUN/train.args) with the
  * options given here after it (the last of a repeated option wins), run from the directory it
- * ran in. *owned keeps the new argv's storage. */
+ * ran in (its relative paths, --data say, are as they were) on RUN_DIR itself, wherever the run
+ * directory has been copied or moved since. *owned keeps the new argv's storage. */
 static int resume_args(int *argc, char ***argv, char ***owned)
 {
     const char *dir = *argc >= 3 && (*argv)[2][0] != '-' ? (*argv)[2] : NULL;
@@ -1858,8 +2012,13 @@ static int resume_args(int *argc, char ***argv, char ***owned)
                         "RUN_DIR [options]\n");
         return -EINVAL;
     }
+    static char run_dir[PATH_MAX]; /* argv's --run-dir, as named here, before the chdir */
+    if (realpath(dir, run_dir) == NULL) {
+        fprintf(stderr, "fuyou-launch resume: run directory %s: %s\n", dir, strerror(errno));
+        return -ENOENT;
+    }
     char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/train.args", dir);
+    snprintf(path, sizeof path, "%s/train.args", run_dir);
     FILE *f = fopen(path, "r");
     if (f == NULL) {
         fprintf(stderr, "fuyou-launch resume: %s: %s: only a run started with fuyou-launch train "
@@ -1870,8 +2029,8 @@ static int resume_args(int *argc, char ***argv, char ***owned)
     size_t cap = 0;
     ssize_t len;
     int n = 0, rc = 0;
-    char **args = calloc((size_t)*argc + 2, sizeof *args);
-    size_t max = (size_t)*argc + 2;
+    char **args = calloc((size_t)*argc + 4, sizeof *args);
+    size_t max = (size_t)*argc + 4;
     while (rc == 0 && args != NULL && (len = getline(&line, &cap, f)) >= 0) {
         if (len > 0 && line[len - 1] == '\n')
             line[--len] = 0;
@@ -1882,7 +2041,7 @@ static int resume_args(int *argc, char ***argv, char ***owned)
         } else if (n == 1) {
             snprintf(cwd, sizeof cwd, "%s", line);
         } else if (n >= 2) {
-            if ((size_t)n + (size_t)*argc >= max) {
+            if ((size_t)n + (size_t)*argc + 2 >= max) {
                 char **grown = realloc(args, (max *= 2) * sizeof *args);
                 if (grown == NULL) {
                     rc = -ENOMEM;
@@ -1898,11 +2057,10 @@ static int resume_args(int *argc, char ***argv, char ***owned)
     fclose(f);
     if (rc == 0 && (args == NULL || n < 2))
         rc = args == NULL ? -ENOMEM : -EBADMSG;
-    if (rc == 0 && chdir(cwd) != 0) {
-        fprintf(stderr, "fuyou-launch resume: cannot enter %s, where the run was started: %s\n",
-                cwd, strerror(errno));
-        rc = -ENOENT;
-    }
+    if (rc == 0 && chdir(cwd) != 0) /* the run was started elsewhere, or on another machine */
+        fprintf(stderr, "fuyou-launch resume: cannot enter %s, where the run was started (%s): "
+                        "its train command's relative paths are taken from here; give them "
+                        "again after RUN_DIR where they differ\n", cwd, strerror(errno));
     if (rc < 0) {
         for (int i = 2; args != NULL && i < n; i++)
             free(args[i]);
@@ -1911,6 +2069,8 @@ static int resume_args(int *argc, char ***argv, char ***owned)
     }
     args[0] = (*argv)[0];
     args[1] = "train";
+    args[n++] = "--run-dir"; /* this run directory, not the one it was started in */
+    args[n++] = run_dir;
     for (int i = extra_at; i < *argc; i++)
         args[n++] = (*argv)[i];
     args[n] = NULL;
@@ -1962,14 +2122,19 @@ int main(int argc, char **argv)
         fy_error("cannot block SIGCHLD/SIGINT/SIGTERM for supervision");
         return EXIT_ERROR;
     }
+    /* Only the commands that make a run directory create it: any other names one that must
+     * exist, and a mistyped or moved one is refused without leaving a directory behind. */
+    int makes_run_dir = strcmp(command, "init") == 0 || strcmp(command, "selftest") == 0;
+    int made_run_dir = 0;
     if (o.run_dir != NULL && strcmp(command, "prepare") != 0) {
         char log_path[PATH_MAX + 16];
         struct stat st;
-        if (stat(o.run_dir, &st) == 0 || mkdir(o.run_dir, 0700) == 0) {
-            snprintf(log_path, sizeof log_path, "%s/fuyou.log", o.run_dir);
-            if (fy_log_set_file(log_path) < 0)
-                fy_warn("cannot append to %s: logging to stderr only", log_path);
-        }
+        int have = stat(o.run_dir, &st) == 0;
+        if (!have && makes_run_dir && mkdir(o.run_dir, 0700) == 0)
+            have = made_run_dir = 1;
+        snprintf(log_path, sizeof log_path, "%s/fuyou.log", o.run_dir);
+        if (have && fy_log_set_file(log_path) < 0)
+            fy_warn("cannot append to %s: logging to stderr only", log_path);
     }
     int rc;
     if (strcmp(command, "selftest") == 0) {
@@ -1981,9 +2146,11 @@ int main(int argc, char **argv)
     } else if (strcmp(command, "init") == 0) {
         rc = cmd_init(&o);
     } else if (strcmp(command, "train") == 0) {
-        rc = resumed != NULL ? 0 : save_train_args(o.run_dir, argc - 2, argv + 2);
-        if (rc == 0)
-            rc = cmd_train(&o);
+        if (resumed == NULL) { /* kept for resume once its workers are up (train_attempt) */
+            o.train_argc = argc - 2;
+            o.train_argv = argv + 2;
+        }
+        rc = cmd_train(&o);
     } else if (strcmp(command, "profile") == 0) {
         rc = cmd_profile(&o);
     } else if (strcmp(command, "plan") == 0) {
@@ -1996,6 +2163,8 @@ int main(int argc, char **argv)
         rc = cmd_export(&o);
     }
     free(resumed);
+    if (rc < 0 && made_run_dir && fy_remove_tree(o.run_dir) == 0)
+        fy_info("removed %s, which this failed %s had created", o.run_dir, command);
     if (rc == -ECHILD)
         return EXIT_WORKER;
     if (rc == -EINTR) {
