@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/wait.h>
@@ -347,4 +348,18 @@ char *fy_test_in(struct fy_test_fixture *f, const char *name)
 int fy_test_launch_in(struct fy_test_fixture *f, const char *const *args, int seconds)
 {
     return fy_test_launch(f->log, args, seconds);
+}
+
+int fy_test_wanted(const char *name)
+{
+    const char *only = getenv("FY_TEST_ONLY");
+    if (only == NULL)
+        return 1;
+    char globs[1024];
+    snprintf(globs, sizeof globs, "%s", only);
+    for (char *save = NULL, *g = strtok_r(globs, ",", &save); g != NULL;
+         g = strtok_r(NULL, ",", &save))
+        if (fnmatch(g, name, 0) == 0)
+            return 1;
+    return 0;
 }

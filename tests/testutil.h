@@ -71,6 +71,10 @@ int fy_test_file_contains(const char *path, const char *needle);
 /* How many times needle occurs in the file (0 when it cannot be read). */
 int fy_test_count_matches(const char *path, const char *needle);
 
+/* Whether the test of this name is to run: FY_TEST_ONLY unset, or one of its comma-separated
+ * globs matches it (to run a few tests of a program while working on them). */
+int fy_test_wanted(const char *name);
+
 /* Runs fn(arg) with stderr sent to a temporary file; *rc gets its result. Returns what was logged
  * (caller frees; also echoed to the real stderr), or NULL if the redirection failed. */
 char *fy_test_capture_stderr(int (*fn)(void *), void *arg, int *rc);
