@@ -1554,6 +1554,78 @@ static void test_bad_inputs_refused(void **state)
     assert_int_equal(train(f, run, f->data, "3", NULL, 0, NULL, NULL), 0);
 }
 
+/* A train command that fails, before or after its options are checked, leaves RUN/train.args as
+ * the last command that ran made it, so that resume continues that one; a bad --backend is a
+ * usage error (exit 2) refused before anything starts. */
+static void test_failed_train_keeps_train_args(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "args"), args_path[700];
+    snprintf(args_path, sizeof args_path, "%s/train.args", run);
+    init_model(f, run, "32", "1");
+    assert_int_equal(train(f, run, f->data, "3", NULL, 0, NULL, NULL), 0);
+    size_t len, n;
+    char *before = fy_test_slurp(args_path, &len);
+    assert_non_null(before);
+
+    assert_int_equal(train(f, run, f->data, "6", NULL, 0, "--backend", "xyz"), 2);
+    assert_true(fy_test_file_contains(f->log, "--backend xyz: give auto, cpu or cuda"));
+    assert_int_equal(train(f, run, f->data, "6", NULL, 0, "--adamw-impl", "avx9"), 2);
+    char *missing = fy_test_in(f, "no-such.tok");
+    assert_int_equal(train(f, run, missing, "6", NULL, 0, NULL, NULL), 1);
+    assert_int_equal(train(f, run, f->data, "6", NULL, 0, "--ready-timeout", "0"), 2);
+    char *after = fy_test_slurp(args_path, &n);
+    assert_int_equal(n, len);
+    assert_memory_equal(after, before, n);
+    free(after);
+
+    const char *resume[] = {"resume", run, "--steps", "5", NULL};
+    assert_int_equal(fy_test_launch_in(f, resume, 300), 0);
+    assert_int_equal(metrics_steps(fy_test_fmt("%s/metrics.jsonl", run)), 5);
+    free(before);
+}
+
+/* Commands given a run directory that does not exist (mistyped, moved) say so, exit 1 and create
+ * nothing: not the directory, not its log, not the output. */
+static void test_missing_run_dir_refused(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *gone = fy_test_in(f, "no-such-run"), *out = fy_test_in(f, "gone.fywt");
+    char *hf = fy_test_in(f, "gone-hf");
+    const char *exp[] = {"export", "--run-dir", gone, "--out", out, NULL};
+    const char *exp_hf[] = {"export", "--run-dir", gone, "--to-hf", hf, NULL};
+    const char *tr[] = {"train", "--run-dir", gone, "--data", f->data, "--backend", "cpu", NULL};
+    const char *prof[] = {"profile", "--run-dir", gone, "--backend", "cpu", NULL};
+    const char *const *cmds[] = {exp, exp_hf, tr, prof};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        assert_int_equal(fy_test_launch_in(f, cmds[i], 60), 1);
+        assert_true(fy_test_file_contains(f->log, "no model in this run directory"));
+        assert_int_not_equal(access(gone, F_OK), 0);
+    }
+    assert_int_not_equal(access(out, F_OK), 0);
+    assert_int_not_equal(access(hf, F_OK), 0);
+}
+
+/* A second launch on a run directory in use is refused with one line, before any work (not a
+ * profile that fails and a second refusal). */
+static void test_run_dir_in_use_said_once(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "busy");
+    init_model(f, run, "32", "1");
+    setenv("FUYOU_TEST_OPT_DELAY_MS", "50", 1);
+    int pid = start_training(f, run, 1);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    char *second = fy_test_in(f, "second.log");
+    const char *args[] = {"train", "--run-dir", run, "--data", f->data, "--steps", "400",
+                          "--seq", STR(TRAIN_SEQ), "--backend", "cpu", NULL};
+    assert_int_equal(fy_test_launch(second, args, 120), 1);
+    assert_int_equal(fy_test_count_matches(second, "is in use by another fuyou-launch"), 1);
+    assert_int_equal(fy_test_count_matches(second, "profiling"), 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_true(fy_test_wait(pid, 60) != -1);
+}
+
 static void test_export_and_init_refuse_overwrite(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -1918,13 +1990,19 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_prefetch_depths_agree, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_placement_five_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_train_keeps_train_args, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_dir_in_use_said_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_missing_run_dir_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_and_init_refuse_overwrite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_clipping_overlap_matches_serial, setup, teardown),
         cmocka_unit_test_setup_teardown(test_clipping_huge_bound_is_unclipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_clipping_bad_bound_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_clipping_matches_reference, setup, teardown),
     };
-    if (getenv("FY_TEST_ONLY") != NULL) /* one test while working on it: a glob of names */
-        cmocka_set_test_filter(getenv("FY_TEST_ONLY"));
-    return cmocka_run_group_tests_name("train (integration)", tests, NULL, NULL);
+    struct CMUnitTest run[sizeof tests / sizeof tests[0]];
+    size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+        if (fy_test_wanted(tests[i].name))
+            run[wanted++] = tests[i];
+    return _cmocka_run_group_tests("train (integration)", run, wanted, NULL, NULL);
 }
