@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,7 +273,7 @@ int fy_staging_replace(struct fy_staging *st)
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGHUP);
-    sigprocmask(SIG_BLOCK, &mask, &old);
+    pthread_sigmask(SIG_BLOCK, &mask, &old);
     /* the session that built the model has let go of the run directory: hold it again, so that no
      * other launch opens the run while its files change */
     char lock[PATH_MAX];
@@ -298,7 +299,7 @@ int fy_staging_replace(struct fy_staging *st)
         remove_staged(st);
     if (fd >= 0)
         close(fd);
-    sigprocmask(SIG_SETMASK, &old, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
 }
 

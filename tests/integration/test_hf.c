@@ -19,7 +19,7 @@
  *     as before; a successful one replaces the model (its export is the new checkpoint); neither
  *     leaves a staging directory or temporary file; staging left by a killed init is removed by
  *     the next one, and a run left without model.conf in the middle of a replacement is refused
- *     at its next use, saying so.
+ *     at its next use, saying so; the same for a store over two --ssd directories.
  * The transformers tests skip, saying so, where python3 lacks torch or transformers, except under CI
  * (CI=true), where .ci/run installs them and their absence is a failure. */
 #include <stdarg.h>
@@ -725,6 +725,62 @@ static void test_overwrite_builds_beside(void **state)
     free(good[1]);
 }
 
+/* The same for a store over two --ssd directories: the new store is built in a staging directory
+ * inside each; a failure leaves both directories' files as they were, a success replaces them, and
+ * neither leaves anything beside the store's files. */
+static void test_overwrite_two_paths(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *dirs[2] = {strdup(fy_test_in(f, "ssd-a")), strdup(fy_test_in(f, "ssd-b"))};
+    char *run = strdup(fy_test_in(f, "run")), list[1400];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(mkdir(dirs[k], 0700), 0);
+    snprintf(list, sizeof list, "%s,%s", dirs[0], dirs[1]);
+    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd", "32",
+                          "--vocab", "300", "--ctx", "32", "--ssd", list, "--overwrite", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    char *was[2], *conf_was;
+    size_t was_len[2], conf_len;
+    for (int k = 0; k < 2; k++)
+        was[k] = snapshot(dirs[k], &was_len[k]);
+    conf_was = fy_test_slurp(fy_test_path(run, "model.conf"), &conf_len);
+    assert_non_null(conf_was);
+    assert_int_equal(count_entries(dirs[0]), 2); /* data and index */
+    assert_int_equal(count_entries(dirs[1]), 1); /* data */
+
+    setenv("FUYOU_TEST_IO_ENOSPC_AFTER", "2", 1);
+    int rc = fy_test_launch_in(f, init, 60);
+    unsetenv("FUYOU_TEST_IO_ENOSPC_AFTER");
+    assert_int_equal(rc, 1);
+    for (int k = 0; k < 2; k++) {
+        size_t len;
+        char *now = snapshot(dirs[k], &len);
+        assert_same_bytes(dirs[k], was[k], was_len[k], now, len);
+        free(now);
+    }
+    size_t len;
+    char *conf = fy_test_slurp(fy_test_path(run, "model.conf"), &len);
+    assert_non_null(conf);
+    assert_same_bytes("model.conf", conf_was, conf_len, conf, len);
+    free(conf);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("the previous model of %s is intact", run)));
+
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    assert_int_equal(count_entries(dirs[0]), 2);
+    assert_int_equal(count_entries(dirs[1]), 1);
+    for (int k = 0; k < 2; k++) {
+        char *now = snapshot(dirs[k], &len);
+        assert_true(len != was_len[k] || memcmp(now, was[k], len) != 0); /* a new store id */
+        free(now);
+        free(was[k]);
+        free(dirs[k]);
+    }
+    assert_int_equal(export_out(f, run, fy_test_in(f, "two.fywt")), 0);
+    assert_true(fy_test_file_contains(f->log, "exported step 0"));
+    free(conf_was);
+    free(run);
+}
+
 static void test_export_directories(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -779,6 +835,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trained_export_reproduces_loss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overwrite_builds_beside, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_overwrite_two_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_directories, setup, teardown),
     };
     if (getenv("FY_TEST_ONLY") != NULL)
