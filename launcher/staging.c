@@ -20,21 +20,21 @@
 #include "common/fsutil.h"
 #include "io_worker/store.h"
 
-/* The i-th path of a comma-separated list into out; 0, or -ENOENT past the end. */
+/* The i-th path of a comma-separated list into out (empty items skipped, as the io worker skips
+ * them); 0, or -ENOENT past the end. */
 static int path_at(const char *list, unsigned i, char *out, size_t len)
 {
-    const char *p = list;
-    for (unsigned k = 0; k < i; k++) {
-        p = strchr(p, ',');
-        if (p == NULL)
-            return -ENOENT;
-        p++;
+    for (const char *p = list; *p != 0;) {
+        size_t n = strcspn(p, ",");
+        if (n > 0 && i-- == 0) {
+            snprintf(out, len, "%.*s", (int)n, p);
+            return 0;
+        }
+        p += n;
+        if (*p == ',')
+            p++;
     }
-    size_t n = strcspn(p, ",");
-    if (n == 0 && *p == 0)
-        return -ENOENT;
-    snprintf(out, len, "%.*s", (int)n, p);
-    return 0;
+    return -ENOENT;
 }
 
 static void join(char *out, size_t len, const char *dir, const char *name)
@@ -72,9 +72,26 @@ static long staging_pid(const char *name, const char *prefix)
     return *end == 0 && errno == 0 && pid > 0 ? pid : -1;
 }
 
+/* Whether the init that named a staging directory may still run: a process of that pid that is a
+ * fuyou-launch and not a zombie (a killed init's pid may linger unreaped for a moment, or be
+ * reused by another program). */
 static int pid_alive(long pid)
 {
-    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return errno == ENOENT ? 0 : kill((pid_t)pid, 0) == 0 || errno == EPERM;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *name = strchr(buf, '('), *end = strrchr(buf, ')');
+    if (name == NULL || end == NULL || end < name || end[1] != ' ')
+        return 1; /* unreadable: keep its directory */
+    static const char self[] = "fuyou-launch";
+    size_t len = (size_t)(end - name - 1);
+    int ours = len == strlen(self) && strncmp(name + 1, self, len) == 0;
+    return ours && end[2] != 'Z' && end[2] != 'X';
 }
 
 /* Removes, from dir, the staging directories (named prefix-PID) of inits that are no longer
