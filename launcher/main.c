@@ -36,6 +36,7 @@
 #include "launcher/prepare.h"
 #include "launcher/selftest.h"
 #include "launcher/session.h"
+#include "launcher/staging.h"
 #include "launcher/supervise.h"
 #include "launcher/train.h"
 #include "opt_worker/adamw.h"
@@ -658,6 +659,8 @@ static int load_model_conf(struct options *o, struct fy_config *mc, struct fy_gp
     char path[PATH_MAX];
     model_conf_path(o->run_dir, path, sizeof path);
     if (access(path, F_OK) != 0) {
+        if (fy_staging_explain_missing(o->run_dir, path)) /* an init unfinished, or running */
+            return -ENOENT;
         fy_error("%s: no model in this run directory: create one with fuyou-launch init --run-dir %s",
                  path, o->run_dir);
         return -ENOENT;
@@ -731,31 +734,46 @@ static int model_from_options(const struct options *o, struct fy_gpt_config *out
     return 0;
 }
 
+/* Points the io worker of an init at the staging directories, where it creates the new store. */
+static int staged_store_config(const struct options *o, const struct fy_staging *st,
+                               struct fy_config *cfg)
+{
+    FY_TRY(base_config(o, cfg, 1));
+    FY_TRY(fy_config_set(cfg, "ssd", st->store_stage));
+    return fy_config_set(cfg, "store_overwrite", "0");
+}
+
+/* The end of an init: the staged model put in place once the session that wrote its store closed
+ * cleanly (rc 0), or what was staged removed. */
+static int finish_init(struct fy_staging *st, int rc)
+{
+    if (rc == 0)
+        rc = fy_staging_replace(st);
+    if (rc < 0)
+        fy_staging_abort(st);
+    return rc;
+}
+
 static int cmd_init(struct options *o)
 {
     FY_TRY(require(o->run_dir, "--run-dir", "init"));
     if (o->from_hf != NULL)
         return cmd_init_hf(o);
+    FY_TRY(fy_staging_check_target(o->run_dir, o->ssd, o->overwrite));
     struct fy_gpt_config model;
     FY_TRY(model_from_options(o, &model));
-    char mc_path[PATH_MAX], store_dir[PATH_MAX];
-    model_conf_path(o->run_dir, mc_path, sizeof mc_path);
-    if (!o->overwrite && access(mc_path, F_OK) == 0) {
-        fy_error("%s exists: this run directory already has a model (pass --overwrite to replace "
-                 "it and its store)",
-                 mc_path);
-        return -EEXIST;
+    if (o->ssd != NULL)
+        FY_TRY(check_ssd_paths(o->ssd));
+    struct fy_staging *st = malloc(sizeof *st);
+    FY_REQUIRE(st != NULL, -ENOMEM, "init: out of memory");
+    int rc = fy_staging_begin(st, o->run_dir, o->ssd);
+    if (rc < 0) {
+        free(st);
+        return rc;
     }
-    if (o->ssd == NULL) {
-        if (mkdir(o->run_dir, 0700) != 0 && errno != EEXIST)
-            FY_SYS(-1, "cannot create run directory %s", o->run_dir);
-        snprintf(store_dir, sizeof store_dir, "%s/store", o->run_dir);
-        if (mkdir(store_dir, 0700) != 0 && errno != EEXIST)
-            FY_SYS(-1, "cannot create %s", store_dir);
-        o->ssd = store_dir;
-        o->store_in_run_dir = 1;
-    }
-    FY_TRY(check_ssd_paths(o->ssd));
+    const char *given_ssd = o->ssd;
+    o->ssd = st->store; /* until st is freed */
+    o->store_in_run_dir = given_ssd == NULL;
     char described[160];
     fy_gpt_config_describe(&model, described, sizeof described);
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
@@ -765,10 +783,10 @@ static int cmd_init(struct options *o)
                      regions, &n);
     struct fy_session s;
     struct fy_session_opts so = session_opts(o);
-    int rc = fy_session_open(&s, &so, regions, n, "model initialisation");
+    rc = fy_session_open(&s, &so, regions, n, "model initialisation");
     struct fy_config *cfg = calloc(1, sizeof *cfg);
     if (rc == 0)
-        rc = cfg ? base_config(o, cfg, 1) : -ENOMEM;
+        rc = cfg ? staged_store_config(o, st, cfg) : -ENOMEM;
     static const char *const workers[] = {"io"};
     if (rc == 0)
         rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
@@ -777,6 +795,7 @@ static int cmd_init(struct options *o)
         rc = fy_train_init_store(&x, s.pool, &model, o->seed, (unsigned)o->state_copies,
                                  o->timeout_s * 1000);
     }
+    rc = fy_session_close(&s, rc);
     if (rc == 0) {
         fy_config_init(cfg);
         rc = fy_gpt_config_to(&model, cfg);
@@ -785,17 +804,14 @@ static int cmd_init(struct options *o)
         if (rc == 0)
             rc = fy_config_setf(cfg, "seed", "%llu", (unsigned long long)o->seed);
         if (rc == 0)
-            rc = fy_config_save(cfg, mc_path);
+            rc = fy_config_save(cfg, st->conf);
     }
     free(cfg);
-    rc = fy_session_close(&s, rc);
-    if (rc == 0) { /* a model imported into this run before is gone */
-        char hf_dir[PATH_MAX];
-        snprintf(hf_dir, sizeof hf_dir, "%s/hf", o->run_dir);
-        rc = fy_hfgpt2_remove_source(hf_dir);
-    }
+    rc = finish_init(st, rc);
     if (rc == 0)
-        fy_info("init: model written to the store at step 0 (%s)", mc_path);
+        fy_info("init: model written to the store at step 0 (%s/model.conf)", o->run_dir);
+    o->ssd = given_ssd;
+    free(st);
     return rc;
 }
 
@@ -831,45 +847,12 @@ static int import_units(const struct fy_exec *x, struct fy_pool *pool, struct fy
                             read_unit, src, timeout_ms);
 }
 
-/* After a failed import that had created the store: its files, and what described the run. */
-static void remove_failed_import(const char *ssd, const char *mc_path, const char *hf_dir,
-                                 const char *made_dir)
-{
-    char copy[4096];
-    snprintf(copy, sizeof copy, "%s", ssd);
-    int first = 1;
-    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL;
-         p = strtok_r(NULL, ",", &save), first = 0) {
-        char f[PATH_MAX];
-        snprintf(f, sizeof f, "%s/%s", p, FY_STORE_DATA_NAME);
-        unlink(f);
-        if (first) {
-            snprintf(f, sizeof f, "%s/%s", p, FY_STORE_INDEX_NAME);
-            unlink(f);
-            snprintf(f, sizeof f, "%s/%s.tmp", p, FY_STORE_INDEX_NAME);
-            unlink(f);
-        }
-    }
-    if (made_dir != NULL)
-        rmdir(made_dir);
-    unlink(mc_path); /* with --overwrite: the model it described is gone with its store */
-    fy_hfgpt2_remove_source(hf_dir);
-    fy_warn("init: the partly imported store and its run files were removed");
-}
-
 /* init --from-hf: every header, name and shape is checked before anything is created; then the
- * store is written unit by unit, RUN/hf records what export needs, and model.conf comes last. */
+ * store is written unit by unit beside the run's model, RUN/hf records what export needs, and the
+ * whole is put in place with model.conf last (launcher/staging.h). */
 static int cmd_init_hf(struct options *o)
 {
-    char mc_path[PATH_MAX], hf_dir[PATH_MAX], store_dir[PATH_MAX];
-    model_conf_path(o->run_dir, mc_path, sizeof mc_path);
-    snprintf(hf_dir, sizeof hf_dir, "%s/hf", o->run_dir);
-    if (!o->overwrite && access(mc_path, F_OK) == 0) {
-        fy_error("%s exists: this run directory already has a model (pass --overwrite to replace "
-                 "it and its store)",
-                 mc_path);
-        return -EEXIST;
-    }
+    FY_TRY(fy_staging_check_target(o->run_dir, o->ssd, o->overwrite));
     FY_REQUIRE(!o->model_set && !o->seed_set, -EINVAL,
                "init --from-hf takes the model from %s/config.json: drop --layers, --heads, "
                "--embd, --vocab, --ctx and --seed",
@@ -877,29 +860,22 @@ static int cmd_init_hf(struct options *o)
     struct fy_hfgpt2_src *src = NULL;
     FY_TRY(fy_hfgpt2_open(&src, o->from_hf));
     const struct fy_gpt_config *model = fy_hfgpt2_model(src);
-    const char *made_dir = NULL;
-    int rc = 0;
-    if (o->ssd == NULL) {
-        snprintf(store_dir, sizeof store_dir, "%s/store", o->run_dir);
-        if (mkdir(o->run_dir, 0700) != 0 && errno != EEXIST)
-            rc = -errno;
-        if (rc == 0 && mkdir(store_dir, 0700) == 0)
-            made_dir = store_dir;
-        else if (rc == 0 && errno != EEXIST)
-            rc = -errno;
-        if (rc < 0)
-            fy_error("cannot create %s: %s", store_dir, strerror(-rc));
-        o->ssd = store_dir;
-        o->store_in_run_dir = 1;
+    int rc = o->ssd != NULL ? check_ssd_paths(o->ssd) : 0;
+    struct fy_staging *st = rc == 0 ? malloc(sizeof *st) : NULL;
+    if (rc == 0 && st == NULL) {
+        fy_error("init: out of memory");
+        rc = -ENOMEM;
     }
     if (rc == 0)
-        rc = check_ssd_paths(o->ssd);
+        rc = fy_staging_begin(st, o->run_dir, o->ssd);
     if (rc < 0) {
-        if (made_dir != NULL)
-            rmdir(made_dir);
+        free(st);
         fy_hfgpt2_close(&src);
         return rc;
     }
+    const char *given_ssd = o->ssd;
+    o->ssd = st->store; /* until st is freed */
+    o->store_in_run_dir = given_ssd == NULL;
     char described[160];
     fy_gpt_config_describe(model, described, sizeof described);
     fy_info("init: importing %s (%s, %s); store on %s", fy_hfgpt2_path(src), described,
@@ -911,20 +887,17 @@ static int cmd_init_hf(struct options *o)
     rc = fy_session_open(&s, &so, regions, 2, "model import");
     struct fy_config *cfg = calloc(1, sizeof *cfg);
     if (rc == 0)
-        rc = cfg ? base_config(o, cfg, 1) : -ENOMEM;
+        rc = cfg ? staged_store_config(o, st, cfg) : -ENOMEM;
     static const char *const workers[] = {"io"};
     if (rc == 0)
         rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
-    int store_made = rc == 0;
     if (rc == 0) {
         struct fy_exec x = fy_session_exec(&s);
         rc = import_units(&x, s.pool, src, (unsigned)o->state_copies, o->timeout_s * 1000);
     }
     rc = fy_session_close(&s, rc);
     if (rc == 0)
-        rc = fy_hfgpt2_remove_source(hf_dir);
-    if (rc == 0)
-        rc = fy_hfgpt2_save_source(src, hf_dir);
+        rc = fy_hfgpt2_save_source(src, st->hf_dir);
     if (rc == 0) {
         fy_config_init(cfg);
         rc = fy_gpt_config_to(model, cfg);
@@ -935,17 +908,16 @@ static int cmd_init_hf(struct options *o)
         if (rc == 0)
             rc = fy_config_set(cfg, "hf_source", o->from_hf);
         if (rc == 0)
-            rc = fy_config_save(cfg, mc_path);
+            rc = fy_config_save(cfg, st->conf);
     }
     free(cfg);
-    if (rc < 0 && store_made)
-        remove_failed_import(o->ssd, mc_path, hf_dir, made_dir);
-    else if (rc < 0 && made_dir != NULL)
-        rmdir(made_dir);
+    rc = finish_init(st, rc);
     if (rc == 0)
-        fy_info("init: %s imported into the store at step 0 (%s; %s records its names, dtypes "
-                "and config for export --to-hf)",
-                o->from_hf, mc_path, hf_dir);
+        fy_info("init: %s imported into the store at step 0 (%s/model.conf; %s/hf records its "
+                "names, dtypes and config for export --to-hf)",
+                o->from_hf, o->run_dir, o->run_dir);
+    o->ssd = given_ssd;
+    free(st);
     fy_hfgpt2_close(&src);
     return rc;
 }

@@ -12,7 +12,14 @@
  *     error line naming the file and tensor or key, a non-zero exit and nothing left in the run
  *     directory (these need no Python: the checkpoints come from export --to-hf of a model made
  *     here); exports refuse a non-empty directory and replace only the model files with
- *     --overwrite.
+ *     --overwrite;
+ *   - init --overwrite builds the new model beside the previous one: an import that fails only
+ *     while its data is read (an untied head), or a plain init whose store writes fail, leaves
+ *     model.conf, RUN/hf and the store byte for byte as they were, and the run exports and trains
+ *     as before; a successful one replaces the model (its export is the new checkpoint); neither
+ *     leaves a staging directory or temporary file; staging left by a killed init is removed by
+ *     the next one, and a run left without model.conf in the middle of a replacement is refused
+ *     at its next use, saying so; the same for a store over two --ssd directories.
  * The transformers tests skip, saying so, where python3 lacks torch or transformers, except under CI
  * (CI=true), where .ci/run installs them and their absence is a failure. */
 #include <stdarg.h>
@@ -445,7 +452,7 @@ static void test_bad_inputs_refused(void **state)
     add_untied_head(good, untied);
     const char *w5[] = {"lm_head.weight", "untied", NULL};
     refused_init(f, fy_test_in(f, "r5"), untied, w5);
-    assert_true(fy_test_file_contains(f->log, "partly imported store"));
+    assert_true(fy_test_file_contains(f->log, "partly written files were removed"));
 
     /* the model comes from config.json: model options are refused, not ignored */
     const char *layers[] = {"init", "--run-dir", fy_test_in(f, "r6"), "--from-hf", good,
@@ -458,6 +465,320 @@ static void test_bad_inputs_refused(void **state)
     /* a run that has a model is not replaced without --overwrite */
     assert_int_equal(init_hf(f, fy_test_in(f, "ok"), good), 1);
     assert_true(fy_test_file_contains(f->log, "--overwrite"));
+}
+
+/* A directory's plain files, sorted by name, as one buffer (name, size, bytes of each); *len its
+ * length. Subdirectories are listed by name only. */
+static char *snapshot(const char *dir, size_t *len)
+{
+    struct dirent **names;
+    int n = scandir(dir, &names, NULL, alphasort);
+    assert_true(n >= 0);
+    char *buf = NULL;
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        char p[700];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]->d_name);
+        struct stat st;
+        assert_int_equal(lstat(p, &st), 0);
+        size_t flen = 0;
+        char *bytes = S_ISREG(st.st_mode) ? fy_test_slurp(p, &flen) : NULL;
+        assert_true(bytes != NULL || !S_ISREG(st.st_mode));
+        size_t head = strlen(names[i]->d_name) + 32;
+        buf = realloc(buf, used + head + flen);
+        assert_non_null(buf);
+        used += (size_t)snprintf(buf + used, head, "%s %zu\n", names[i]->d_name, flen);
+        if (flen > 0)
+            memcpy(buf + used, bytes, flen);
+        used += flen;
+        free(bytes);
+        free(names[i]);
+    }
+    free(names);
+    *len = used;
+    return buf;
+}
+
+/* What a run's model is made of, byte for byte: model.conf, RUN/hf's files, the store's files. */
+struct model_bytes {
+    char *conf, *hf, *store;
+    size_t conf_len, hf_len, store_len;
+};
+
+static struct model_bytes model_bytes(const char *run)
+{
+    struct model_bytes m;
+    char p[700];
+    snprintf(p, sizeof p, "%s/model.conf", run);
+    m.conf = fy_test_slurp(p, &m.conf_len);
+    assert_non_null(m.conf);
+    snprintf(p, sizeof p, "%s/hf", run);
+    m.hf = snapshot(p, &m.hf_len);
+    snprintf(p, sizeof p, "%s/store", run);
+    m.store = snapshot(p, &m.store_len);
+    return m;
+}
+
+static void free_model_bytes(struct model_bytes *m)
+{
+    free(m->conf);
+    free(m->hf);
+    free(m->store);
+}
+
+static void assert_same_bytes(const char *what, const char *a, size_t alen, const char *b,
+                              size_t blen)
+{
+    if (alen != blen || memcmp(a, b, alen) != 0)
+        fail_msg("%s changed (%zu bytes before, %zu after)", what, alen, blen);
+}
+
+static void assert_model_unchanged(const char *run, const struct model_bytes *before)
+{
+    struct model_bytes now = model_bytes(run);
+    assert_same_bytes("model.conf", before->conf, before->conf_len, now.conf, now.conf_len);
+    assert_same_bytes("RUN/hf", before->hf, before->hf_len, now.hf, now.hf_len);
+    assert_same_bytes("the store", before->store, before->store_len, now.store, now.store_len);
+    free_model_bytes(&now);
+}
+
+/* Nothing staged or temporary left in the run directory or its store. */
+static void assert_no_staging(const char *run)
+{
+    const char *dirs[] = {run, fy_test_path(run, "store")};
+    for (int k = 0; k < 2; k++) {
+        DIR *d = opendir(dirs[k]);
+        assert_non_null(d);
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            if (strstr(e->d_name, ".new-") != NULL || strstr(e->d_name, ".tmp") != NULL ||
+                strstr(e->d_name, ".old") != NULL)
+                fail_msg("%s/%s is left", dirs[k], e->d_name);
+        closedir(d);
+    }
+    assert_int_equal(count_entries(fy_test_path(run, "store")), 2); /* data and index */
+}
+
+/* Two safetensors directories hold the same tensors: names, shapes and f32 values. */
+static void assert_same_tensors(const char *a_dir, const char *b_dir)
+{
+    struct fy_st_reader *a = NULL, *b = NULL;
+    assert_int_equal(fy_st_open(&a, a_dir), 0);
+    assert_int_equal(fy_st_open(&b, b_dir), 0);
+    assert_int_equal(fy_st_count(a), fy_st_count(b));
+    for (size_t i = 0; i < fy_st_count(a); i++) {
+        const struct fy_st_tensor *t = fy_st_tensor_at(a, i), *u = fy_st_find(b, t->name);
+        if (u == NULL)
+            fail_msg("%s has no tensor %s", b_dir, t->name);
+        assert_int_equal(t->numel, u->numel);
+        float *x = malloc(t->numel * sizeof *x), *y = malloc(t->numel * sizeof *y);
+        assert_true(x != NULL && y != NULL);
+        assert_int_equal(fy_st_read_f32(a, t, x, t->numel), 0);
+        assert_int_equal(fy_st_read_f32(b, u, y, u->numel), 0);
+        if (memcmp(x, y, t->numel * sizeof *x) != 0)
+            fail_msg("tensor %s differs between %s and %s", t->name, a_dir, b_dir);
+        free(x);
+        free(y);
+    }
+    fy_st_close(&a);
+    fy_st_close(&b);
+}
+
+static int export_out(struct fy_test_fixture *f, const char *run, const char *out)
+{
+    const char *args[] = {"export", "--run-dir", run, "--out", out, NULL};
+    return fy_test_launch_in(f, args, 120);
+}
+
+/* A pid that no process has: a child's, once it has exited and been reaped. */
+static long dead_pid(void)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(0);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+    return (long)pid;
+}
+
+static void test_overwrite_builds_beside(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    /* two valid checkpoints made here (no Python), and the second with an untied head */
+    char *good[2], p[700];
+    for (int k = 0; k < 2; k++) {
+        char made[32], seed[8], name[32];
+        snprintf(made, sizeof made, "made%d", k);
+        snprintf(seed, sizeof seed, "%d", k + 1);
+        snprintf(name, sizeof name, "good%d", k);
+        const char *init[] = {"init", "--run-dir", fy_test_in(f, made), "--layers", "2",
+                              "--heads", "2", "--embd", "32", "--vocab", "300", "--ctx", "32",
+                              "--seed", seed, NULL};
+        assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+        good[k] = strdup(fy_test_in(f, name));
+        assert_int_equal(export_hf(f, fy_test_in(f, made), good[k], NULL, NULL), 0);
+    }
+    char *untied = strdup(fy_test_in(f, "untied"));
+    add_untied_head(good[1], untied);
+    const char *prep[] = {"prepare", "--out", f->data, "tests/fixtures/sample.txt", NULL};
+    assert_int_equal(fy_test_launch_in(f, prep, 60), 0);
+
+    /* a run imported from the first, trained two steps, exported */
+    char *run = strdup(fy_test_in(f, "run"));
+    char *before = strdup(fy_test_in(f, "before.fywt")), *after = strdup(fy_test_in(f, "after.fywt"));
+    assert_int_equal(init_hf(f, run, good[0]), 0);
+    assert_int_equal(train(f, run, "2"), 0);
+    assert_int_equal(export_out(f, run, before), 0);
+    struct model_bytes was = model_bytes(run);
+
+    /* the import fails only while unit 0 is read: the previous model stays as it was */
+    const char *bad[] = {"init", "--run-dir", run, "--from-hf", untied, "--overwrite", NULL};
+    assert_int_equal(fy_test_launch_in(f, bad, 120), 1);
+    assert_model_unchanged(run, &was);
+    assert_no_staging(run);
+    const char *w1[] = {"lm_head.weight", "untied",
+                        fy_test_fmt("the previous model of %s is intact", run), NULL};
+    expect_one_error(f, w1);
+    assert_int_equal(export_out(f, run, after), 0);
+    size_t blen, alen;
+    char *b = fy_test_slurp(before, &blen), *a = fy_test_slurp(after, &alen);
+    assert_true(a != NULL && b != NULL);
+    assert_same_bytes("the export", b, blen, a, alen);
+    free(a);
+    free(b);
+
+    /* a plain init whose store writes fail (a full disk, by the io worker's test hook) too */
+    const char *plain[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                           "32", "--vocab", "300", "--ctx", "32", "--overwrite", NULL};
+    setenv("FUYOU_TEST_IO_ENOSPC_AFTER", "2", 1);
+    int rc = fy_test_launch_in(f, plain, 120);
+    unsetenv("FUYOU_TEST_IO_ENOSPC_AFTER");
+    assert_int_equal(rc, 1);
+    assert_model_unchanged(run, &was);
+    assert_no_staging(run);
+    assert_true(fy_test_file_contains(f->log, "No space left on device"));
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("the previous model of %s is intact", run)));
+    free_model_bytes(&was);
+    /* and the run still trains */
+    assert_int_equal(train(f, run, "3"), 0);
+
+    /* staging left by an init that was killed, and a replacement it stopped in the middle of:
+     * model.conf moved aside. The run is refused at its next use, saying why */
+    long pid = dead_pid();
+    char stage[700], store_stage[700];
+    snprintf(stage, sizeof stage, "%s/init.new-%ld", run, pid);
+    snprintf(store_stage, sizeof store_stage, "%s/store/fuyou-store.new-%ld", run, pid);
+    assert_int_equal(mkdir(stage, 0700), 0);
+    assert_int_equal(mkdir(store_stage, 0700), 0);
+    snprintf(p, sizeof p, "%s/%s", store_stage, "fuyou-store.data");
+    FILE *fp = fopen(p, "w");
+    assert_non_null(fp);
+    assert_int_equal(fclose(fp), 0);
+    char conf[700], old[760];
+    snprintf(conf, sizeof conf, "%s/model.conf", run);
+    snprintf(old, sizeof old, "%s/model.conf.old", stage);
+    assert_int_equal(rename(conf, old), 0);
+    assert_int_equal(train(f, run, "4"), 1);
+    const char *w2[] = {fy_test_fmt("init --overwrite (pid %ld) stopped while it replaced the "
+                                    "previous model", pid),
+                        NULL};
+    expect_one_error(f, w2);
+
+    /* a successful import replaces the model: its export is the new checkpoint */
+    assert_int_equal(init_hf(f, run, good[1]), 1); /* a store is there: --overwrite needed */
+    assert_true(fy_test_file_contains(f->log, "already holds a Fuyou store"));
+    const char *ok[] = {"init", "--run-dir", run, "--from-hf", good[1], "--overwrite", NULL};
+    assert_int_equal(fy_test_launch_in(f, ok, 120), 0);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("removed %s, left by an init (pid %ld) "
+                                                          "that did not finish", stage, pid)));
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("removed %s, left by an init (pid %ld) "
+                                                          "that did not finish", store_stage, pid)));
+    assert_no_staging(run);
+    char *out = strdup(fy_test_in(f, "out"));
+    assert_int_equal(export_hf(f, run, out, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "exported step 0"));
+    assert_same_tensors(good[1], out);
+    snprintf(p, sizeof p, "%s/hf/config.json", run);
+    char *have = fy_test_slurp(p, NULL);
+    snprintf(p, sizeof p, "%s/config.json", good[1]);
+    char *want = fy_test_slurp(p, NULL);
+    assert_true(have != NULL && want != NULL);
+    assert_string_equal(have, want);
+    free(have);
+    free(want);
+
+    /* a plain init over it replaces the imported model and its RUN/hf */
+    assert_int_equal(fy_test_launch_in(f, plain, 120), 0);
+    assert_no_staging(run);
+    snprintf(p, sizeof p, "%s/hf", run);
+    assert_int_not_equal(access(p, F_OK), 0);
+    have = fy_test_slurp(conf, NULL);
+    assert_non_null(have);
+    assert_null(strstr(have, "hf = 1"));
+    free(have);
+    free(out);
+    free(run);
+    free(before);
+    free(after);
+    free(untied);
+    free(good[0]);
+    free(good[1]);
+}
+
+/* The same for a store over two --ssd directories: the new store is built in a staging directory
+ * inside each; a failure leaves both directories' files as they were, a success replaces them, and
+ * neither leaves anything beside the store's files. */
+static void test_overwrite_two_paths(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *dirs[2] = {strdup(fy_test_in(f, "ssd-a")), strdup(fy_test_in(f, "ssd-b"))};
+    char *run = strdup(fy_test_in(f, "run")), list[1400];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(mkdir(dirs[k], 0700), 0);
+    snprintf(list, sizeof list, "%s,%s", dirs[0], dirs[1]);
+    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd", "32",
+                          "--vocab", "300", "--ctx", "32", "--ssd", list, "--overwrite", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    char *was[2], *conf_was;
+    size_t was_len[2], conf_len;
+    for (int k = 0; k < 2; k++)
+        was[k] = snapshot(dirs[k], &was_len[k]);
+    conf_was = fy_test_slurp(fy_test_path(run, "model.conf"), &conf_len);
+    assert_non_null(conf_was);
+    assert_int_equal(count_entries(dirs[0]), 2); /* data and index */
+    assert_int_equal(count_entries(dirs[1]), 1); /* data */
+
+    setenv("FUYOU_TEST_IO_ENOSPC_AFTER", "2", 1);
+    int rc = fy_test_launch_in(f, init, 60);
+    unsetenv("FUYOU_TEST_IO_ENOSPC_AFTER");
+    assert_int_equal(rc, 1);
+    for (int k = 0; k < 2; k++) {
+        size_t len;
+        char *now = snapshot(dirs[k], &len);
+        assert_same_bytes(dirs[k], was[k], was_len[k], now, len);
+        free(now);
+    }
+    size_t len;
+    char *conf = fy_test_slurp(fy_test_path(run, "model.conf"), &len);
+    assert_non_null(conf);
+    assert_same_bytes("model.conf", conf_was, conf_len, conf, len);
+    free(conf);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("the previous model of %s is intact", run)));
+
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    assert_int_equal(count_entries(dirs[0]), 2);
+    assert_int_equal(count_entries(dirs[1]), 1);
+    for (int k = 0; k < 2; k++) {
+        char *now = snapshot(dirs[k], &len);
+        assert_true(len != was_len[k] || memcmp(now, was[k], len) != 0); /* a new store id */
+        free(now);
+        free(was[k]);
+        free(dirs[k]);
+    }
+    assert_int_equal(export_out(f, run, fy_test_in(f, "two.fywt")), 0);
+    assert_true(fy_test_file_contains(f->log, "exported step 0"));
+    free(conf_was);
+    free(run);
 }
 
 static void test_export_directories(void **state)
@@ -513,7 +834,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_roundtrip_bit_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trained_export_reproduces_loss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_inputs_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_overwrite_builds_beside, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_overwrite_two_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_directories, setup, teardown),
     };
+    if (getenv("FY_TEST_ONLY") != NULL)
+        cmocka_set_test_filter(getenv("FY_TEST_ONLY"));
     return cmocka_run_group_tests_name("hf (integration)", tests, NULL, NULL);
 }
