@@ -82,6 +82,8 @@ int fy_file_write_text(const char *path, const char *text)
     return fy_file_replace(f, tmp, path);
 }
 
+static _Thread_local int remove_failed; /* the first errno of fy_remove_tree's walk */
+
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
 {
     (void)st;
@@ -90,17 +92,20 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
         return 0;
     int e = errno;
     fy_error("cannot remove %s: %s", path, strerror(e));
-    return e; /* positive: nftw's own failures are -1 */
+    if (remove_failed == 0)
+        remove_failed = e;
+    return 0; /* the rest is removed all the same */
 }
 
 int fy_remove_tree(const char *path)
 {
     if (access(path, F_OK) != 0 && errno == ENOENT)
         return 0;
-    int rc = nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-    if (rc < 0) {
-        rc = errno;
-        fy_error("cannot remove %s: %s", path, strerror(rc));
+    remove_failed = 0;
+    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0) {
+        int e = errno;
+        fy_error("cannot remove %s: %s", path, strerror(e));
+        return -e;
     }
-    return -rc;
+    return -remove_failed;
 }

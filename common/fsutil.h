@@ -21,7 +21,8 @@ int fy_file_replace(FILE *f, const char *tmp, const char *path);
  * -errno, said. */
 int fy_file_write_text(const char *path, const char *text);
 /* Removes a directory and everything under it (symbolic links themselves, not what they point
- * to); a path that does not exist is not an error. Returns 0 or the first -errno, said. */
+ * to; nothing on another file system mounted below it); a path that does not exist is not an
+ * error. Whatever cannot be removed is said, the rest removed; returns 0 or the first -errno. */
 int fy_remove_tree(const char *path);
 
 #endif

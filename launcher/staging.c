@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,24 +39,6 @@ static int path_at(const char *list, unsigned i, char *out, size_t len)
 static void join(char *out, size_t len, const char *dir, const char *name)
 {
     snprintf(out, len, "%s/%s", dir, name);
-}
-
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    if ((type == FTW_DP ? rmdir(path) : unlink(path)) != 0)
-        fy_warn("cannot remove %s: %s: remove it by hand", path, strerror(errno));
-    return 0;
-}
-
-/* rm -rf of a staging directory (nothing there is a mount point or a link that leads out). */
-static void remove_tree(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0)
-        return;
-    nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
 }
 
 /* The pid in a staging directory's name (prefix then digits), or -1 where it is not one. */
@@ -108,7 +89,7 @@ static void remove_stale(const char *dir, const char *prefix)
             continue;
         char path[PATH_MAX];
         join(path, sizeof path, dir, e->d_name);
-        remove_tree(path);
+        fy_remove_tree(path);
         fy_warn("init: removed %s, left by an init (pid %ld) that did not finish", path, pid);
     }
     closedir(d);
@@ -156,9 +137,9 @@ static void remove_staged(struct fy_staging *st)
 {
     char dir[PATH_MAX];
     for (unsigned i = 0; path_at(st->store_stage, i, dir, sizeof dir) == 0; i++)
-        remove_tree(dir);
+        fy_remove_tree(dir);
     if (st->dir[0] != 0)
-        remove_tree(st->dir);
+        fy_remove_tree(st->dir);
     if (st->made_store[0] != 0)
         rmdir(st->made_store); /* only when empty: a store put in place stays */
     st->store_stage[0] = 0;
