@@ -1719,6 +1719,15 @@ static int export_session(const struct options *o, struct fy_config *cfg,
     FY_TRY(base_config(o, cfg, 0));
     FY_TRY(fy_session_start(s, cfg, workers, 1, so.ready_timeout_ms));
     *x = fy_session_exec(s);
+    const char *pause = getenv("FUYOU_TEST_EXPORT_PAUSE_MS");
+    int pause_ms = pause != NULL ? atoi(pause) : 0;
+    if (pause_ms > 0) { /* a test hook: time to kill the export mid-way */
+        fy_info("test hook: the export waits %d ms with its worker started "
+                "(FUYOU_TEST_EXPORT_PAUSE_MS)", pause_ms);
+        struct timespec t = {pause_ms / 1000, pause_ms % 1000 * 1000000L};
+        while (nanosleep(&t, &t) != 0 && errno == EINTR)
+            ;
+    }
     FY_TRY(fy_train_read_meta(x, s->pool, o->ssd, meta, o->timeout_s * 1000));
     return check_store_model(meta, model, o->ssd);
 }

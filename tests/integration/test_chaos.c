@@ -687,6 +687,112 @@ static void test_export_while_training(void **state)
     closedir(d);
 }
 
+/* Whether a process has ended (a zombie no one reaps counts as ended). */
+static int process_gone(int pid)
+{
+    char *stat = fy_test_slurp(fy_test_fmt("/proc/%d/stat", pid), NULL);
+    char *end = stat != NULL ? strrchr(stat, ')') : NULL;
+    int gone = end == NULL || end[1] != ' ' || end[2] == 'Z' || end[2] == 'X';
+    free(stat);
+    return gone;
+}
+
+/* What an export killed beside a training run left: its reader directory, its pool in /dev/shm
+ * and its io worker. */
+struct killed_export {
+    char dir[600];
+    char shm[FY_POOL_NAME_MAX + 16];
+    int io;
+};
+
+/* Starts an export of `run` beside its training run that waits once its io worker is up (the
+ * test hook FUYOU_TEST_EXPORT_PAUSE_MS), sees its reader directory, pool and io worker there, and
+ * kills it outright (SIGKILL). */
+static struct killed_export kill_export_beside(struct chaos *c, const char *run)
+{
+    struct killed_export k;
+    char *log = fy_test_in(c->f, "killed-export.log"), *out = fy_test_in(c->f, "killed.fywt");
+    const char *exp[] = {"export", "--run-dir", run, "--out", out, NULL};
+    unlink(log);
+    setenv("FUYOU_TEST_EXPORT_PAUSE_MS", "60000", 1);
+    int pid = fy_test_start("fuyou-launch", exp, log);
+    unsetenv("FUYOU_TEST_EXPORT_PAUSE_MS");
+    assert_true(pid > 0);
+    double t0 = now_s();
+    while (fy_test_count_matches(log, "FUYOU_TEST_EXPORT_PAUSE_MS") == 0 && now_s() - t0 < 60 &&
+           waitpid(pid, NULL, WNOHANG) == 0)
+        pause_ms(5);
+    assert_true(fy_test_file_contains(log, "works beside it in"));
+    snprintf(k.dir, sizeof k.dir, "%s/reader-%d", run, pid);
+    char pool[FY_POOL_NAME_MAX];
+    assert_int_equal(fy_pool_name_for_run(k.dir, pool, sizeof pool), 0);
+    snprintf(k.shm, sizeof k.shm, "/dev/shm%s", pool);
+    assert_int_equal(access(k.shm, F_OK), 0);
+    k.io = worker_pid(k.dir, "io");
+    assert_true(k.io > 0 && !process_gone(k.io));
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_true(fy_test_wait(pid, 30) != -1);
+    assert_int_equal(access(k.dir, F_OK), 0); /* what it leaves */
+    return k;
+}
+
+/* Nothing of a killed export is left; the log of the launch that removed it says so. */
+static void assert_export_removed(const struct killed_export *k, const char *log)
+{
+    assert_int_not_equal(access(k->dir, F_OK), 0);
+    assert_int_not_equal(access(k->shm, F_OK), 0);
+    for (int i = 0; i < 200 && !process_gone(k->io); i++)
+        pause_ms(10);
+    assert_true(process_gone(k->io));
+    assert_true(fy_test_file_contains(log, fy_test_fmt("removed %s, left by an export that died",
+                                                       k->dir)));
+    assert_true(fy_test_file_contains(log, k->shm + strlen("/dev/shm")));
+}
+
+/* An export killed outright beside a training run leaves its reader directory, pool and worker;
+ * the next launch on the run directory removes them, an export beside the run as well as the
+ * training run's own resume. The run ends as the undisturbed one does. */
+static void test_export_killed_beside_training(void **state)
+{
+    struct chaos *c = *state;
+    struct run_paths rp = new_run(c, "readers");
+    const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
+    const char *args[40];
+    train_args(args, run, c->f->data, STEPS, out, NULL);
+    unlink(log);
+    setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the exports land mid-run */
+    int pid = fy_test_start("fuyou-launch", args, log);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    assert_true(pid > 0);
+    while (fy_test_count_matches(metrics, "\"step\": ") < 4)
+        pause_ms(5);
+
+    /* removed by the next export */
+    struct killed_export k = kill_export_beside(c, run);
+    char *snap = fy_test_in(c->f, "readers-snapshot.fywt");
+    const char *exp[] = {"export", "--run-dir", run, "--out", snap, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, exp, 120), 0);
+    assert_true(fy_test_file_contains(c->f->log, "in use by another launch"));
+    assert_true(fy_test_file_contains(c->f->log, "exported step "));
+    assert_export_removed(&k, c->f->log);
+
+    /* removed by the training run's resume (its launcher killed too) */
+    k = kill_export_beside(c, run);
+    assert_true(waitpid(pid, NULL, WNOHANG) == 0); /* still training */
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_true(fy_test_wait(pid, 30) != -1);
+    const char *resume[] = {"resume", run, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, resume, 300), 0);
+    assert_export_removed(&k, c->f->log);
+    assert_same_as_reference(c, run, out);
+    assert_nothing_left(run);
+    DIR *d = opendir(run);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        assert_null(strstr(e->d_name, "reader-"));
+    closedir(d);
+}
+
 int main(void)
 {
     signal(SIGCHLD, SIG_DFL);
@@ -707,6 +813,7 @@ int main(void)
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_full_filesystem),
         cmocka_unit_test(test_export_while_training),
+        cmocka_unit_test(test_export_killed_beside_training),
         cmocka_unit_test(test_one_copy_store),
     };
     if (getenv("FY_TEST_ONLY") != NULL)
