@@ -482,6 +482,72 @@ static void test_damaged_state_and_records(void **state)
     assert_nothing_left(run);
 }
 
+/* Two exports' files are the same, byte for byte. */
+static void assert_same_file(const char *a, const char *b)
+{
+    size_t na, nb;
+    char *wa = fy_test_slurp(a, &na), *wb = fy_test_slurp(b, &nb);
+    assert_non_null(wa);
+    assert_non_null(wb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(wa, wb, na);
+    free(wa);
+    free(wb);
+}
+
+/* The newest commit's state damaged (a byte of a unit's master weights): export, to a weights file
+ * and to a Hugging Face directory, says so and exports the commit before it, as an export of that
+ * commit taken before wrote it; with that commit's state damaged too it refuses, naming both. */
+static void test_export_damaged_commit(void **state)
+{
+    struct chaos *c = *state;
+    struct run_paths rp = new_run(c, "expdamaged");
+    const char *run = rp.run, *out = rp.out, *store = rp.store, *data = rp.data;
+    static struct fy_storemeta m;
+    char *at6 = fy_test_in(c->f, "expdamaged-6.fywt"), *hf6 = fy_test_in(c->f, "expdamaged-6-hf");
+    char *got = fy_test_in(c->f, "expdamaged-9.fywt"), *got_hf = fy_test_in(c->f, "expdamaged-9-hf");
+    assert_int_equal(train_to(c, run, "6", out), 0); /* commits at 3 and 6 */
+    const char *exp6[] = {"export", "--run-dir", run, "--out", at6, NULL};
+    const char *exp6_hf[] = {"export", "--run-dir", run, "--to-hf", hf6, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, exp6, 120), 0);
+    assert_int_equal(fy_test_launch_in(c->f, exp6_hf, 120), 0);
+    assert_int_equal(train_to(c, run, "9", out), 0); /* and 9, into the other copy */
+    assert_true(newest_record(store, &m) >= 0);
+    assert_int_equal(m.step, 9);
+    uint64_t bytes, at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(1, m.copy), &bytes);
+    flip_byte(data, at + 100);
+
+    const char *exp[] = {"export", "--run-dir", run, "--out", got, NULL};
+    if (fy_test_launch_in(c->f, exp, 120) != 0) /* its log, to see why */
+        fy_test_file_contains(c->f->log, "a line no log has");
+    assert_true(access(got, R_OK) == 0);
+    const char *said = fy_test_fmt("%s: step 9's state is damaged on the SSD; exporting the commit "
+                                   "before it, step 6", got);
+    assert_true(fy_test_file_contains(c->f->log, said));
+    assert_true(fy_test_file_contains(c->f->log, "exported step 6 to"));
+    assert_same_file(got, at6);
+    const char *exp_hf[] = {"export", "--run-dir", run, "--to-hf", got_hf, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, exp_hf, 120), 0);
+    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("%s: step 9's state is damaged on "
+                                                             "the SSD; exporting the commit "
+                                                             "before it, step 6", got_hf)));
+    assert_true(fy_test_file_contains(c->f->log, "exported step 6 to"));
+    assert_same_file(fy_test_fmt("%s/model.safetensors", got_hf),
+                     fy_test_fmt("%s/model.safetensors", hf6));
+    assert_same_file(fy_test_fmt("%s/config.json", got_hf), fy_test_fmt("%s/config.json", hf6));
+
+    /* step 6's state damaged too: nothing to export */
+    at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(2, 1 - m.copy), &bytes);
+    flip_byte(data, at + 100);
+    unlink(got);
+    assert_int_not_equal(fy_test_launch_in(c->f, exp, 120), 0);
+    assert_true(fy_test_file_contains(c->f->log, "step 9's state is damaged on the SSD, and so is "
+                                                 "step 6's, the commit before it: nothing intact "
+                                                 "to export; initialise the store anew"));
+    assert_int_not_equal(access(got, F_OK), 0);
+    assert_nothing_left(run);
+}
+
 /* A store cut short (its data file truncated inside the newest commit's state): the next run
  * finds the newest commit damaged and goes back to the one before, and ends as the undisturbed
  * run does. */
@@ -630,6 +696,15 @@ static void test_one_copy_store(void **state)
     assert_true(fy_test_file_contains(log, "this store keeps one copy of the state (init "
                                            "--state-copies 1), so a run stopped between commits"));
     assert_int_equal(fy_test_count_matches(log, "restart 2:"), 0); /* it stops at once */
+    /* an export now finds the same, with nothing training: it says what to do instead */
+    char *left = fy_test_in(c->f, "onecopy-left.fywt");
+    const char *exp[] = {"export", "--run-dir", run, "--out", left, NULL};
+    assert_int_not_equal(fy_test_launch_in(c->f, exp, 120), 0);
+    assert_true(fy_test_file_contains(c->f->log, "no run is training: this store keeps one copy "
+                                                 "of the state (init --state-copies 1), and a "
+                                                 "run stopped between commits"));
+    assert_int_equal(fy_test_count_matches(c->f->log, "stop the training run"), 0);
+    assert_int_not_equal(access(left, F_OK), 0);
     assert_nothing_left(run);
 }
 
@@ -809,6 +884,7 @@ int main(void)
         cmocka_unit_test(test_launcher_killed),
         cmocka_unit_test(test_stuck_worker_restarted),
         cmocka_unit_test(test_damaged_state_and_records),
+        cmocka_unit_test(test_export_damaged_commit),
         cmocka_unit_test(test_truncated_store),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_full_filesystem),
