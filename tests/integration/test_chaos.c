@@ -851,11 +851,30 @@ static void test_export_killed_beside_training(void **state)
     assert_true(fy_test_file_contains(c->f->log, "exported step "));
     assert_export_removed(&k, c->f->log);
 
+    /* exports at once beside the run, each cleaning as it starts: none disturbs another */
+    int many[3];
+    for (int i = 0; i < 3; i++) {
+        const char *one[] = {"export", "--run-dir", run, "--out",
+                             fy_test_in(c->f, fy_test_fmt("readers-%d.fywt", i)), NULL};
+        many[i] = fy_test_start("fuyou-launch", one, fy_test_in(c->f, "readers-many.log"));
+        assert_true(many[i] > 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        int status = fy_test_wait(many[i], 120);
+        assert_true(status != -1 && WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+    }
+    assert_int_equal(fy_test_count_matches(fy_test_in(c->f, "readers-many.log"), "exported step"),
+                     3);
+    assert_int_equal(fy_test_count_matches(fy_test_in(c->f, "readers-many.log"), "removed "), 0);
+
     /* removed by the training run's resume (its launcher killed too) */
     k = kill_export_beside(c, run);
     assert_true(waitpid(pid, NULL, WNOHANG) == 0); /* still training */
     assert_int_equal(kill(pid, SIGKILL), 0);
     assert_true(fy_test_wait(pid, 30) != -1);
+    printf("chaos: exports killed beside a training run; the run's launcher killed after %d of %s "
+           "steps, then resumed\n", fy_test_count_matches(metrics, "\"step\": "), STEPS);
     const char *resume[] = {"resume", run, NULL};
     assert_int_equal(fy_test_launch_in(c->f, resume, 300), 0);
     assert_export_removed(&k, c->f->log);
