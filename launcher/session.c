@@ -241,9 +241,12 @@ static void remove_stale_readers(const char *run_dir)
     if (d == NULL)
         return; /* no run directory yet, so no reader */
     struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, "reader-", 7) == 0 || strncmp(e->d_name, ".reader-", 8) == 0)
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        if ((strncmp(e->d_name, "reader-", 7) == 0 || strncmp(e->d_name, ".reader-", 8) == 0) &&
+            fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
             remove_stale_reader(run_dir, e->d_name);
+    }
     closedir(d);
 }
 
