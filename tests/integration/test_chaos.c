@@ -782,8 +782,9 @@ struct killed_export {
 
 /* Starts an export of `run` beside its training run that waits once its io worker is up (the
  * test hook FUYOU_TEST_EXPORT_PAUSE_MS), sees its reader directory, pool and io worker there, and
- * kills it outright (SIGKILL). */
-static struct killed_export kill_export_beside(struct chaos *c, const char *run)
+ * kills it outright (SIGKILL); with stop_io, its io worker is stopped (SIGSTOP) first, so that it
+ * outlives the launcher (its PDEATHSIG waits) and the launch that cleans up must kill it. */
+static struct killed_export kill_export_beside(struct chaos *c, const char *run, int stop_io)
 {
     struct killed_export k;
     char *log = fy_test_in(c->f, "killed-export.log"), *out = fy_test_in(c->f, "killed.fywt");
@@ -805,6 +806,8 @@ static struct killed_export kill_export_beside(struct chaos *c, const char *run)
     assert_int_equal(access(k.shm, F_OK), 0);
     k.io = worker_pid(k.dir, "io");
     assert_true(k.io > 0 && !process_gone(k.io));
+    if (stop_io)
+        assert_int_equal(kill(k.io, SIGSTOP), 0);
     assert_int_equal(kill(pid, SIGKILL), 0);
     assert_true(fy_test_wait(pid, 30) != -1);
     assert_int_equal(access(k.dir, F_OK), 0); /* what it leaves */
@@ -825,8 +828,9 @@ static void assert_export_removed(const struct killed_export *k, const char *log
 }
 
 /* An export killed outright beside a training run leaves its reader directory, pool and worker;
- * the next launch on the run directory removes them, an export beside the run as well as the
- * training run's own resume. The run ends as the undisturbed one does. */
+ * the next launch on the run directory removes them (a worker still running killed), an export
+ * beside the run as well as the training run's own resume. The run ends as the undisturbed one
+ * does. */
 static void test_export_killed_beside_training(void **state)
 {
     struct chaos *c = *state;
@@ -843,13 +847,16 @@ static void test_export_killed_beside_training(void **state)
         pause_ms(5);
 
     /* removed by the next export */
-    struct killed_export k = kill_export_beside(c, run);
+    struct killed_export k = kill_export_beside(c, run, 1);
     char *snap = fy_test_in(c->f, "readers-snapshot.fywt");
     const char *exp[] = {"export", "--run-dir", run, "--out", snap, NULL};
     assert_int_equal(fy_test_launch_in(c->f, exp, 120), 0);
     assert_true(fy_test_file_contains(c->f->log, "in use by another launch"));
     assert_true(fy_test_file_contains(c->f->log, "exported step "));
     assert_export_removed(&k, c->f->log);
+    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("the io worker (pid %d) of a launcher "
+                                                             "that died is still running: "
+                                                             "killing it", k.io)));
 
     /* exports at once beside the run, each cleaning as it starts: none disturbs another */
     int many[3];
@@ -869,7 +876,7 @@ static void test_export_killed_beside_training(void **state)
     assert_int_equal(fy_test_count_matches(fy_test_in(c->f, "readers-many.log"), "removed "), 0);
 
     /* removed by the training run's resume (its launcher killed too) */
-    k = kill_export_beside(c, run);
+    k = kill_export_beside(c, run, 0);
     assert_true(waitpid(pid, NULL, WNOHANG) == 0); /* still training */
     assert_int_equal(kill(pid, SIGKILL), 0);
     assert_true(fy_test_wait(pid, 30) != -1);
