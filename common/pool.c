@@ -116,7 +116,7 @@ static int owner_alive(const struct pool_header *h)
     return start != 0 && start == h->owner_start;
 }
 
-int fy_pool_remove_stale(const char *name)
+static int remove_stale(const char *name, int say)
 {
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) {
@@ -145,10 +145,15 @@ int fy_pool_remove_stale(const char *name)
         return -EBUSY;
     }
     FY_SYS(shm_unlink(name), "cannot remove stale shared memory %s", name);
-    fy_warn("removed stale shared memory %s left by a run that died (pid %d, run directory %s)", name,
-            h.owner_pid, h.magic == FY_POOL_MAGIC ? h.run_dir : "unknown");
+    if (say)
+        fy_warn("removed stale shared memory %s left by a run that died (pid %d, run directory "
+                "%s)", name, h.owner_pid, h.magic == FY_POOL_MAGIC ? h.run_dir : "unknown");
     return 1;
 }
+
+int fy_pool_remove_stale(const char *name) { return remove_stale(name, 1); }
+
+int fy_pool_remove_stale_quietly(const char *name) { return remove_stale(name, 0); }
 
 /* Transparent huge pages for shared memory depend on an admin setting; report what we get. */
 static int shmem_thp_mode(char *mode, size_t len)

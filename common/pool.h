@@ -44,6 +44,9 @@ int fy_pool_attach(struct fy_pool **out, const char *name);
 void fy_pool_destroy(struct fy_pool **p);
 /* Removes a pool left by a dead creator: 1 removed, 0 nothing there, -EBUSY creator alive. */
 int fy_pool_remove_stale(const char *name);
+/* The same without a word when it removes the pool (the caller's message says so); a live creator
+ * and a failure are still said. */
+int fy_pool_remove_stale_quietly(const char *name);
 
 const char *fy_pool_name(const struct fy_pool *p);
 void *fy_pool_base(const struct fy_pool *p);

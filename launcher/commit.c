@@ -236,24 +236,53 @@ int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, u
                              fy_unit_state_bytes(&m->model, u), &digest, timeout_ms);
 }
 
-int fy_commit_moved_on(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
-                       const char *where, struct fy_storemeta *m, int timeout_ms)
+int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                          const char *where, int beside, struct fy_commit_export *e,
+                          struct fy_storemeta *m, int timeout_ms)
 {
     struct fy_storemeta *now = malloc(sizeof *now);
     FY_REQUIRE(now != NULL, -ENOMEM, "no memory for a commit record");
+    uint64_t failed_seq = e->fell_back ? e->damaged_seq : m->seq; /* the newest commit tried */
     int rc = fy_commit_read(x, pool, record_off, where, UINT64_MAX, now, timeout_ms);
-    if (rc == 0 && now->seq > m->seq) {
+    if (rc == 0 && now->seq > failed_seq) {
         fy_info("%s: step %llu was committed meanwhile, over the copy being read: going on from "
                 "step %llu instead of %llu", where, (unsigned long long)now->step,
                 (unsigned long long)now->step, (unsigned long long)m->step);
         memcpy(m, now, sizeof *m);
         rc = 1;
-    } else if (rc == 0 && m->copies == 1) {
+    } else if (rc == 0 && m->copies == 1 && beside) {
         fy_error("%s: step %llu's state no longer matches its commit: this store keeps one copy "
                  "of the state (init --state-copies 1), which training overwrites in place; stop "
                  "the training run to export", where, (unsigned long long)m->step);
         rc = -EBADMSG;
-    } else if (rc == 0) {
+    } else if (rc == 0 && m->copies == 1) {
+        fy_error("%s: step %llu's state no longer matches its commit and no run is training: "
+                 "this store keeps one copy of the state (init --state-copies 1), and a run "
+                 "stopped between commits (killed, crashed, a second Ctrl-C) left it unusable; "
+                 "initialise it again (init --overwrite), or from an earlier export (init "
+                 "--from-hf DIR)", where, (unsigned long long)m->step);
+        rc = -EBADMSG;
+    } else if (rc == 0 && !e->fell_back && !m->legacy) {
+        rc = fy_commit_read(x, pool, record_off, where, m->seq, now, timeout_ms);
+        if (rc == 0) {
+            fy_warn("%s: step %llu's state is damaged on the SSD; exporting the commit before it, "
+                    "step %llu", where, (unsigned long long)m->step,
+                    (unsigned long long)now->step);
+            *e = (struct fy_commit_export){.fell_back = 1, .damaged_seq = m->seq,
+                                           .damaged_step = m->step};
+            memcpy(m, now, sizeof *m);
+            rc = 1;
+        }
+    } else if (rc == 0 && e->fell_back) {
+        fy_error("%s: step %llu's state is damaged on the SSD, and so is step %llu's, the commit "
+                 "before it: nothing intact to export; %s", where,
+                 (unsigned long long)e->damaged_step, (unsigned long long)m->step,
+                 beside ? "the training run writes over the older commit's copy: export again "
+                          "once it has committed a newer step"
+                        : "initialise the store anew (init --overwrite), or from an earlier "
+                          "export (init --from-hf DIR)");
+        rc = -EBADMSG;
+    } else if (rc == 0) { /* a store from before commit records: no commit before it */
         fy_error("%s: step %llu's state is damaged on the SSD (it does not match its commit "
                  "record): train once more to commit a newer step (it goes back to the previous "
                  "commit), or initialise the store anew", where, (unsigned long long)m->step);

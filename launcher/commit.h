@@ -59,14 +59,25 @@ int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint
 
 /* Unit u's master weights of the committed step in m into the pool at buf_off (room for the
  * unit's whole state: all of it is read, to check it against the record's digest). -EBADMSG where
- * it does not match: a training run may have committed a later step over that copy meanwhile
- * (fy_commit_moved_on tells). */
+ * it does not match: a training run may have committed a later step over that copy meanwhile,
+ * or the state is damaged (fy_commit_export_next tells and finds what to export instead). */
 int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, unsigned u,
                         uint64_t buf_off, int timeout_ms);
-/* After such a mismatch: 1 with *m the newer commit when the store has moved on past m (said), or
- * -EBADMSG when m is still the current commit, so its state is damaged (said). */
-int fy_commit_moved_on(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
-                       const char *where, struct fy_storemeta *m, int timeout_ms);
+/* What an export has passed over so far (fy_commit_export_next); zeroed before it starts. */
+struct fy_commit_export {
+    int fell_back;          /* it went back from a damaged commit, */
+    uint64_t damaged_seq;   /* this one, */
+    uint64_t damaged_step;  /* of this step */
+};
+/* After an export's read of the commit in *m failed its digest (fy_commit_read_unit): 1 with *m
+ * the commit to export instead, said: the newer one when a training run committed meanwhile (its
+ * copy was being overwritten), else, once, the intact commit before m, m's state being damaged on
+ * the SSD. -EBADMSG (said) when there is none: a one-copy store's state overwritten (`beside`:
+ * the export works beside a training run, fy_session.beside; else a run stopped between commits
+ * left it so), or the commit before the damaged one damaged too. */
+int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
+                          const char *where, int beside, struct fy_commit_export *e,
+                          struct fy_storemeta *m, int timeout_ms);
 
 /* Whether a transfer failed because the data on the SSD does not match its digest or is cut
  * short, not because of the worker or the run. */

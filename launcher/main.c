@@ -1868,6 +1868,15 @@ static int export_session(const struct options *o, struct fy_config *cfg,
     FY_TRY(base_config(o, cfg, 0));
     FY_TRY(fy_session_start(s, cfg, workers, 1, so.ready_timeout_ms));
     *x = fy_session_exec(s);
+    const char *pause = getenv("FUYOU_TEST_EXPORT_PAUSE_MS");
+    int pause_ms = pause != NULL ? atoi(pause) : 0;
+    if (pause_ms > 0) { /* a test hook: time to kill the export mid-way */
+        fy_info("test hook: the export waits %d ms with its worker started "
+                "(FUYOU_TEST_EXPORT_PAUSE_MS)", pause_ms);
+        struct timespec t = {pause_ms / 1000, pause_ms % 1000 * 1000000L};
+        while (nanosleep(&t, &t) != 0 && errno == EINTR)
+            ;
+    }
     FY_TRY(fy_train_read_meta(x, s->pool, o->ssd, meta, o->timeout_s * 1000));
     return check_store_model(meta, model, o->ssd);
 }
@@ -1902,7 +1911,9 @@ static int cmd_export_hf(struct options *o)
         rc = fy_pool_region(s.pool, "unit", &off, &bytes);
     if (rc == 0)
         rc = fy_pool_region(s.pool, "meta", &meta_off, &bytes);
-    for (int moved = 0; rc == 0; moved++) { /* a run training meanwhile can commit over it */
+    struct fy_commit_export passed = {0};
+    /* a run training meanwhile can commit over it; damaged state: the commit before */
+    for (int moved = 0; rc == 0; moved++) {
         for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(&model); u++) {
             rc = fy_commit_read_unit(&x, meta, u, off, o->timeout_s * 1000);
             if (rc == 0)
@@ -1911,7 +1922,8 @@ static int cmd_export_hf(struct options *o)
         }
         if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
             break;
-        rc = fy_commit_moved_on(&x, s.pool, meta_off, o->to_hf, meta, o->timeout_s * 1000);
+        rc = fy_commit_export_next(&x, s.pool, meta_off, o->to_hf, s.beside, &passed, meta,
+                                   o->timeout_s * 1000);
         fy_hfgpt2_writer_destroy(&w);
         if (rc == 1)
             rc = fy_hfgpt2_writer_new(&w, o->to_hf, &model, &eo);
@@ -1960,7 +1972,8 @@ static int cmd_export(struct options *o)
     if (rc == 0)
         rc = export_session(o, cfg, &model, regions, n, &s, &x, &meta);
     if (rc == 0)
-        rc = fy_train_export(&x, s.pool, &meta, o->out, o->overwrite, o->timeout_s * 1000);
+        rc = fy_train_export_store(&x, s.pool, &meta, o->out, o->overwrite, s.beside,
+                                   o->timeout_s * 1000);
     if (rc == 0)
         fy_info("exported step %llu to %s", (unsigned long long)meta.step, o->out);
     free(mc);

@@ -1,5 +1,6 @@
-/* One launch of the workers for a run directory: directory lock and stale cleanup, placement,
- * pool, run.conf, workers started and supervised, and a cleanup that runs on every path. */
+/* One launch of the workers for a run directory: directory lock and stale cleanup (a dead run's
+ * and dead readers' beside it), placement, pool, run.conf, workers started and supervised, and a
+ * cleanup that runs on every path. */
 #include "session.h"
 
 #include <dirent.h>
@@ -16,9 +17,37 @@
 
 #include "common/check.h"
 
+/* Whether process pid was started with --run-dir naming run_dir (the same directory, however
+ * written; a relative one from the process's working directory). */
+static int started_for(int pid, const char *run_dir)
+{
+    char path[PATH_MAX + 64], args[4096];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(args, 1, sizeof args - 1, f);
+    fclose(f);
+    args[n] = 0;
+    const char *dir = NULL;
+    for (size_t i = 0; i < n && dir == NULL; i += strlen(args + i) + 1)
+        if (strcmp(args + i, "--run-dir") == 0 && i + strlen(args + i) + 1 < n)
+            dir = args + i + strlen(args + i) + 1;
+    if (dir == NULL)
+        return 0;
+    if (dir[0] == '/')
+        snprintf(path, sizeof path, "%s", dir);
+    else
+        snprintf(path, sizeof path, "/proc/%d/cwd/%s", pid, dir);
+    struct stat a, b;
+    return stat(path, &a) == 0 && stat(run_dir, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
 /* Workers that a launcher killed outright left behind (RUN/workers.pid names them): they die with
  * it (PDEATHSIG), but one may still be finishing a request, so each still alive is killed and
- * waited for before a new session touches the store. */
+ * waited for before a new session touches the store. A pid that now belongs to another program,
+ * or to a worker of another run directory, is left alone. */
 static void kill_orphaned_workers(const char *run_dir)
 {
     char path[PATH_MAX + 32];
@@ -36,8 +65,8 @@ static void kill_orphaned_workers(const char *run_dir)
             continue; /* gone */
         link[n] = 0;
         snprintf(want, sizeof want, "/fuyou-%s-worker", name);
-        if (strstr(link, want) == NULL)
-            continue; /* the pid belongs to another program now */
+        if (strstr(link, want) == NULL || !started_for(pid, run_dir))
+            continue; /* the pid belongs to another program, or another run, now */
         fy_warn("the %s worker (pid %d) of a launcher that died is still running: killing it",
                 name, pid);
         kill(pid, SIGKILL);
@@ -49,8 +78,8 @@ static void kill_orphaned_workers(const char *run_dir)
     fclose(f);
 }
 
-/* The run directory is ours while we hold its lock; anything left in its ipc/ is stale. */
-static int prepare_run_dir(const char *run_dir, int *lock_fd)
+/* Creates the run directory where missing and takes its lock. */
+static int lock_run_dir(const char *run_dir, int *lock_fd)
 {
     if (mkdir(run_dir, 0700) != 0 && errno != EEXIST) {
         int e = errno;
@@ -74,6 +103,16 @@ static int prepare_run_dir(const char *run_dir, int *lock_fd)
         return -e;
     }
     *lock_fd = fd;
+    return 0;
+}
+
+/* The run directory is ours while we hold its lock (taken here unless *lock_fd already holds it);
+ * anything left in its ipc/ is stale. */
+static int prepare_run_dir(const char *run_dir, int *lock_fd)
+{
+    char path[PATH_MAX + 32];
+    if (*lock_fd < 0)
+        FY_TRY(lock_run_dir(run_dir, lock_fd));
     kill_orphaned_workers(run_dir);
     snprintf(path, sizeof path, "%s/ipc", run_dir);
     if (mkdir(path, 0700) != 0 && errno != EEXIST) {
@@ -106,6 +145,150 @@ static void cleanup_run_dir(const char *run_dir)
         fy_warn("cannot remove %s: %s", path, strerror(errno));
     snprintf(path, sizeof path, "%s/workers.pid", run_dir);
     unlink(path);
+}
+
+/* Readers: sessions of an export that work beside the launch holding the run directory (a
+ * training run). A reader's directory is made as RUN/.reader-PID, locked (its launch.lock) and only
+ * then renamed RUN/reader-PID; its close removes everything in it, the lock file last, before it
+ * lets the lock go. So a RUN/reader-* directory whose lock nobody holds, while the file locked is
+ * still the one linked there, was left by an export that died, whatever became of its pid. */
+
+static int pid_alive(int pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+/* Appends ", text" (or text, the first) to the list in buf. */
+static void list_add(char *buf, size_t len, const char *text)
+{
+    size_t n = strlen(buf);
+    snprintf(buf + n, len - n, "%s%s", n ? ", " : "", text);
+}
+
+/* Removes the entries of dir other than directories and launch.lock, each named in `what` as
+ * prefix + name. */
+static void remove_files(const char *dir, const char *prefix, char *what, size_t len)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+            strcmp(e->d_name, "launch.lock") == 0)
+            continue;
+        char path[PATH_MAX + 300], named[300];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        snprintf(named, sizeof named, "%s%s", prefix, e->d_name);
+        if (unlink(path) == 0) /* a directory fails (EISDIR) and stays, named by rmdir's failure */
+            list_add(what, len, named);
+    }
+    if (d != NULL)
+        closedir(d);
+}
+
+/* RUN/name (reader-PID or .reader-PID) removed when it was left by an export that died: its
+ * workers still running killed, its pool, sockets and files removed, then the directory; said in
+ * one line. A reader alive, being made or closing is left alone. */
+static void remove_stale_reader(const char *run_dir, const char *name)
+{
+    int making = name[0] == '.';
+    int pid = atoi(name + strlen(making ? ".reader-" : "reader-"));
+    char dir[PATH_MAX + 300], lock[PATH_MAX + 320];
+    snprintf(dir, sizeof dir, "%s/%s", run_dir, name);
+    snprintf(lock, sizeof lock, "%s/launch.lock", dir);
+    if (making && pid_alive(pid))
+        return; /* being made: its lock may not be taken yet */
+    int fd = open(lock, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) { /* a reader between removing its lock file and its directory, or one that died
+                   * there */
+        if (errno == ENOENT && !pid_alive(pid) && rmdir(dir) == 0)
+            fy_warn("removed %s, left empty by an export that died (pid %d)", dir, pid);
+        return;
+    }
+    struct stat held, linked;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &held) != 0 || stat(lock, &linked) != 0 ||
+        held.st_dev != linked.st_dev || held.st_ino != linked.st_ino) {
+        close(fd); /* in use, or removed meanwhile by its reader or another launch */
+        return;
+    }
+    kill_orphaned_workers(dir);
+    char what[2048] = "", pool[FY_POOL_NAME_MAX], ipc[PATH_MAX + 320];
+    int rc = fy_pool_name_for_run(dir, pool, sizeof pool);
+    if (rc == 0)
+        rc = fy_pool_remove_stale_quietly(pool);
+    if (rc < 0) { /* said; its owner alive, against all odds: leave it */
+        close(fd);
+        return;
+    }
+    if (rc == 1) {
+        char shm[FY_POOL_NAME_MAX + 32];
+        snprintf(shm, sizeof shm, "shared memory %s", pool);
+        list_add(what, sizeof what, shm);
+    }
+    snprintf(ipc, sizeof ipc, "%s/ipc", dir);
+    remove_files(ipc, "ipc/", what, sizeof what);
+    if (rmdir(ipc) != 0 && errno != ENOENT)
+        fy_warn("cannot remove %s: %s", ipc, strerror(errno));
+    remove_files(dir, "", what, sizeof what);
+    if (unlink(lock) == 0)
+        list_add(what, sizeof what, "launch.lock");
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        fy_warn("cannot remove %s: %s", dir, strerror(errno));
+    close(fd);
+    fy_warn("removed %s, left by an export that died (pid %d): %s", dir, pid, what);
+}
+
+/* Every reader directory in RUN that an export which died left (remove_stale_reader). */
+static void remove_stale_readers(const char *run_dir)
+{
+    DIR *d = opendir(run_dir);
+    if (d == NULL)
+        return; /* no run directory yet, so no reader */
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        if ((strncmp(e->d_name, "reader-", 7) == 0 || strncmp(e->d_name, ".reader-", 8) == 0) &&
+            fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+            remove_stale_reader(run_dir, e->d_name);
+    }
+    closedir(d);
+}
+
+/* RUN/reader-PID made (as above) and locked, its path into out. */
+static int make_reader_dir(const char *run_dir, const char *what, char *out, size_t len,
+                           int *lock_fd)
+{
+    char making[PATH_MAX + 32], lock[PATH_MAX + 64];
+    snprintf(making, sizeof making, "%s/.reader-%d", run_dir, (int)getpid());
+    snprintf(lock, sizeof lock, "%s/launch.lock", making);
+    snprintf(out, len, "%s/reader-%d", run_dir, (int)getpid());
+    int fd = -1, rc = mkdir(making, 0700) == 0 || errno == EEXIST ? 0 : -errno;
+    if (rc == 0 && (fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
+        rc = -errno;
+    if (rc == 0 && flock(fd, LOCK_EX | LOCK_NB) != 0)
+        rc = -errno;
+    if (rc == 0 && rename(making, out) != 0)
+        rc = -errno;
+    if (rc == 0) {
+        *lock_fd = fd;
+        return 0;
+    }
+    fy_error("cannot make %s, where the %s works beside the launch that holds %s: %s", out, what,
+             run_dir, strerror(-rc));
+    unlink(lock);
+    rmdir(making);
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* A reader's files and directory, removed at its close while it still holds its lock. */
+static void remove_reader_dir(const char *dir)
+{
+    static const char *const files[] = {"run.conf", "launch.lock"};
+    char path[PATH_MAX + 32];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        fy_warn("cannot remove %s: %s", dir, strerror(errno));
 }
 
 static int plan_affinity(struct fy_session *s, const char *spec, const char *ssd)
@@ -148,12 +331,8 @@ int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
     s->lock_fd = -1;
     snprintf(s->run_dir, sizeof s->run_dir, "%s", o->run_dir);
     snprintf(s->log_dir, sizeof s->log_dir, "%s", o->run_dir);
-    if (o->beside_other && run_dir_busy(o->run_dir)) {
-        snprintf(s->run_dir, sizeof s->run_dir, "%s/reader-%d", o->run_dir, (int)getpid());
-        s->beside = 1;
-        fy_info("%s is in use by another launch (a training run): the %s works beside it in %s, "
-                "from the store's last commit", o->run_dir, what, s->run_dir);
-    }
+    remove_stale_readers(o->run_dir);
+    int beside = o->beside_other && run_dir_busy(o->run_dir);
     uint64_t pool_bytes = fy_pool_layout_size(regions, n);
     char need[32], cap[32];
     fy_format_size(pool_bytes, need, sizeof need);
@@ -170,6 +349,12 @@ int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
                  "--cpu-mem is %s: raise --cpu-mem or make the model or batch smaller",
                  what, need, parts, cap);
         return -ENOMEM;
+    }
+    if (beside) {
+        FY_TRY(make_reader_dir(o->run_dir, what, s->run_dir, sizeof s->run_dir, &s->lock_fd));
+        s->beside = 1;
+        fy_info("%s is in use by another launch (a training run): the %s works beside it in %s, "
+                "from the store's last commit", o->run_dir, what, s->run_dir);
     }
     FY_TRY(prepare_run_dir(s->run_dir, &s->lock_fd));
     FY_TRY(fy_pool_name_for_run(s->run_dir, s->pool_name, sizeof s->pool_name));
@@ -247,19 +432,11 @@ int fy_session_close(struct fy_session *s, int rc)
     fy_topo_destroy(&s->topo);
     if (s->lock_fd >= 0) {
         cleanup_run_dir(s->run_dir);
+        if (s->beside) /* the reader's directory beside the run's, gone before its lock goes */
+            remove_reader_dir(s->run_dir);
         close(s->lock_fd);
         s->lock_fd = -1;
     }
-    if (s->beside) { /* the reader's directory beside the run's, gone with it */
-        static const char *const files[] = {"run.conf", "launch.lock"};
-        char path[PATH_MAX + 32];
-        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-            snprintf(path, sizeof path, "%s/%s", s->run_dir, files[i]);
-            unlink(path);
-        }
-        if (rmdir(s->run_dir) != 0 && errno != ENOENT)
-            fy_warn("cannot remove %s: %s", s->run_dir, strerror(errno));
-        s->beside = 0;
-    }
+    s->beside = 0;
     return rc;
 }

@@ -20,8 +20,8 @@ struct fy_session_opts {
     uint64_t cpu_mem;      /* cap on the pool, 0 = none */
     int ready_timeout_ms;
     /* a reader of the store (export): when another launch (a training run) holds the run
-     * directory, work beside it instead, in RUN/reader-PID (its own pool, sockets and run.conf;
-     * the log still RUN/fuyou.log), removed at close */
+     * directory, work beside it instead, in RUN/reader-PID (its own lock, pool, sockets and
+     * run.conf; the log still RUN/fuyou.log), removed at close */
     int beside_other;
 };
 
@@ -41,7 +41,9 @@ struct fy_session {
 };
 
 /* Locks and prepares the run directory (created if missing), places the workers and creates the
- * pool; refuses a pool larger than cpu_mem with the numbers. `what` names the pool's use. */
+ * pool; refuses a pool larger than cpu_mem with the numbers. `what` names the pool's use. First
+ * removes what readers that died (an export killed beside a training run) left in RUN/reader-*:
+ * their workers, pool, sockets and files, one line each. */
 int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
                     const struct fy_pool_region_spec *regions, unsigned n, const char *what);
 /* Adds the session's entries (pool, endpoint, affinity, log) to cfg, saves RUN/run.conf, binds the

@@ -2210,8 +2210,9 @@ static int export_unit(void *ctx, unsigned unit, float *params)
     return 0;
 }
 
-int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
-                    const char *path, int overwrite, int timeout_ms)
+int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
+                          struct fy_storemeta *meta, const char *path, int overwrite, int beside,
+                          int timeout_ms)
 {
     struct run r;
     FY_TRY(run_init(&r, pool, &meta->model, 1, 1, FY_DTYPE_F32, x, timeout_ms));
@@ -2219,11 +2220,20 @@ int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, struct fy_sto
         fy_warn("exporting a store left with state written back past its last synced step %llu "
                 "(the run was killed or the machine went down): its units may hold different "
                 "steps", (unsigned long long)meta->step);
-    for (int moved = 0;; moved++) { /* a run training meanwhile can commit over what is read */
+    struct fy_commit_export passed = {0};
+    /* a run training meanwhile can commit over what is read; damaged state: the commit before */
+    for (int moved = 0;; moved++) {
         struct export_ctx ctx = {&r, meta};
         int rc = fy_weights_write(path, &meta->model, meta->step, overwrite, export_unit, &ctx);
         if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
             return rc;
-        FY_TRY(fy_commit_moved_on(x, pool, r.l.meta, path, meta, timeout_ms));
+        FY_TRY(fy_commit_export_next(x, pool, r.l.meta, path, beside, &passed, meta,
+                                     timeout_ms));
     }
+}
+
+int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
+                    const char *path, int overwrite, int timeout_ms)
+{
+    return fy_train_export_store(x, pool, meta, path, overwrite, 0, timeout_ms);
 }

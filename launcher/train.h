@@ -236,10 +236,15 @@ int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy
                   int timeout_ms,
                   double *loss);
 /* Writes the master weights of the committed step in meta to a weights file (common/ckpt.h),
- * each unit checked against the commit record's digest. A training run may go on meanwhile: when
- * it commits over the copy being read, the export starts again from the newer step (at most
- * FY_TRAIN_EXPORT_RETRIES times); meta follows. */
+ * each unit checked against the commit record's digest. A training run may go on meanwhile
+ * (`beside`: the export works beside it, fy_session.beside): when it commits over the copy being
+ * read, the export starts again from the newer step; where the step's state is damaged, from the
+ * commit before it (fy_commit_export_next; at most FY_TRAIN_EXPORT_RETRIES times); meta follows. */
 #define FY_TRAIN_EXPORT_RETRIES 3
+int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
+                          struct fy_storemeta *meta, const char *path, int overwrite, int beside,
+                          int timeout_ms);
+/* The same from the session that holds the run directory (nothing trains beside it). */
 int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                     const char *path, int overwrite, int timeout_ms);
 

@@ -714,6 +714,72 @@ static void test_damage_found_while_training(void **state)
     assert_nothing_left(run);
 }
 
+/* Two exports' files are the same, byte for byte. */
+static void assert_same_file(const char *a, const char *b)
+{
+    size_t na, nb;
+    char *wa = fy_test_slurp(a, &na), *wb = fy_test_slurp(b, &nb);
+    assert_non_null(wa);
+    assert_non_null(wb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(wa, wb, na);
+    free(wa);
+    free(wb);
+}
+
+/* The newest commit's state damaged (a byte of a unit's master weights): export, to a weights file
+ * and to a Hugging Face directory, says so and exports the commit before it, as an export of that
+ * commit taken before wrote it; with that commit's state damaged too it refuses, naming both. */
+static void test_export_damaged_commit(void **state)
+{
+    struct chaos *c = *state;
+    struct run_paths rp = new_run(c, "expdamaged");
+    const char *run = rp.run, *out = rp.out, *store = rp.store, *data = rp.data;
+    static struct fy_storemeta m;
+    char *at6 = fy_test_in(c->f, "expdamaged-6.fywt"), *hf6 = fy_test_in(c->f, "expdamaged-6-hf");
+    char *got = fy_test_in(c->f, "expdamaged-9.fywt"), *got_hf = fy_test_in(c->f, "expdamaged-9-hf");
+    assert_int_equal(train_to(c, run, "6", out), 0); /* commits at 3 and 6 */
+    const char *exp6[] = {"export", "--run-dir", run, "--out", at6, NULL};
+    const char *exp6_hf[] = {"export", "--run-dir", run, "--to-hf", hf6, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, exp6, 120), 0);
+    assert_int_equal(fy_test_launch_in(c->f, exp6_hf, 120), 0);
+    assert_int_equal(train_to(c, run, "9", out), 0); /* and 9, into the other copy */
+    assert_true(newest_record(store, &m) >= 0);
+    assert_int_equal(m.step, 9);
+    uint64_t bytes, at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(1, m.copy), &bytes);
+    flip_byte(data, at + 100);
+
+    const char *exp[] = {"export", "--run-dir", run, "--out", got, NULL};
+    if (fy_test_launch_in(c->f, exp, 120) != 0) /* its log, to see why */
+        fy_test_file_contains(c->f->log, "a line no log has");
+    assert_true(access(got, R_OK) == 0);
+    const char *said = fy_test_fmt("%s: step 9's state is damaged on the SSD; exporting the commit "
+                                   "before it, step 6", got);
+    assert_true(fy_test_file_contains(c->f->log, said));
+    assert_true(fy_test_file_contains(c->f->log, "exported step 6 to"));
+    assert_same_file(got, at6);
+    const char *exp_hf[] = {"export", "--run-dir", run, "--to-hf", got_hf, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, exp_hf, 120), 0);
+    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("%s: step 9's state is damaged on "
+                                                             "the SSD; exporting the commit "
+                                                             "before it, step 6", got_hf)));
+    assert_true(fy_test_file_contains(c->f->log, "exported step 6 to"));
+    assert_same_file(fy_test_fmt("%s/model.safetensors", got_hf),
+                     fy_test_fmt("%s/model.safetensors", hf6));
+    assert_same_file(fy_test_fmt("%s/config.json", got_hf), fy_test_fmt("%s/config.json", hf6));
+
+    /* step 6's state damaged too: nothing to export */
+    at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(2, 1 - m.copy), &bytes);
+    flip_byte(data, at + 100);
+    unlink(got);
+    assert_int_not_equal(fy_test_launch_in(c->f, exp, 120), 0);
+    assert_true(fy_test_file_contains(c->f->log, "step 9's state is damaged on the SSD, and so is "
+                                                 "step 6's, the commit before it: nothing intact "
+                                                 "to export; initialise the store anew"));
+    assert_int_not_equal(access(got, F_OK), 0);
+    assert_nothing_left(run);
+}
+
 /* A store cut short (its data file truncated inside the newest commit's state): the next run
  * finds the newest commit damaged and goes back to the one before, and ends as the undisturbed
  * run does. */
@@ -862,6 +928,15 @@ static void test_one_copy_store(void **state)
     assert_true(fy_test_file_contains(log, "this store keeps one copy of the state (init "
                                            "--state-copies 1), so a run stopped between commits"));
     assert_int_equal(fy_test_count_matches(log, "restart 2:"), 0); /* it stops at once */
+    /* an export now finds the same, with nothing training: it says what to do instead */
+    char *left = fy_test_in(c->f, "onecopy-left.fywt");
+    const char *exp[] = {"export", "--run-dir", run, "--out", left, NULL};
+    assert_int_not_equal(fy_test_launch_in(c->f, exp, 120), 0);
+    assert_true(fy_test_file_contains(c->f->log, "no run is training: this store keeps one copy "
+                                                 "of the state (init --state-copies 1), and a "
+                                                 "run stopped between commits"));
+    assert_int_equal(fy_test_count_matches(c->f->log, "stop the training run"), 0);
+    assert_int_not_equal(access(left, F_OK), 0);
     assert_nothing_left(run);
 }
 
@@ -919,6 +994,138 @@ static void test_export_while_training(void **state)
     closedir(d);
 }
 
+/* Whether a process has ended (a zombie no one reaps counts as ended). */
+static int process_gone(int pid)
+{
+    char *stat = fy_test_slurp(fy_test_fmt("/proc/%d/stat", pid), NULL);
+    char *end = stat != NULL ? strrchr(stat, ')') : NULL;
+    int gone = end == NULL || end[1] != ' ' || end[2] == 'Z' || end[2] == 'X';
+    free(stat);
+    return gone;
+}
+
+/* What an export killed beside a training run left: its reader directory, its pool in /dev/shm
+ * and its io worker. */
+struct killed_export {
+    char dir[600];
+    char shm[FY_POOL_NAME_MAX + 16];
+    int io;
+};
+
+/* Starts an export of `run` beside its training run that waits once its io worker is up (the
+ * test hook FUYOU_TEST_EXPORT_PAUSE_MS), sees its reader directory, pool and io worker there, and
+ * kills it outright (SIGKILL); with stop_io, its io worker is stopped (SIGSTOP) first, so that it
+ * outlives the launcher (its PDEATHSIG waits) and the launch that cleans up must kill it. */
+static struct killed_export kill_export_beside(struct chaos *c, const char *run, int stop_io)
+{
+    struct killed_export k;
+    char *log = fy_test_in(c->f, "killed-export.log"), *out = fy_test_in(c->f, "killed.fywt");
+    const char *exp[] = {"export", "--run-dir", run, "--out", out, NULL};
+    unlink(log);
+    setenv("FUYOU_TEST_EXPORT_PAUSE_MS", "60000", 1);
+    int pid = fy_test_start("fuyou-launch", exp, log);
+    unsetenv("FUYOU_TEST_EXPORT_PAUSE_MS");
+    assert_true(pid > 0);
+    double t0 = now_s();
+    while (fy_test_count_matches(log, "FUYOU_TEST_EXPORT_PAUSE_MS") == 0 && now_s() - t0 < 60 &&
+           waitpid(pid, NULL, WNOHANG) == 0)
+        pause_ms(5);
+    assert_true(fy_test_file_contains(log, "works beside it in"));
+    snprintf(k.dir, sizeof k.dir, "%s/reader-%d", run, pid);
+    char pool[FY_POOL_NAME_MAX];
+    assert_int_equal(fy_pool_name_for_run(k.dir, pool, sizeof pool), 0);
+    snprintf(k.shm, sizeof k.shm, "/dev/shm%s", pool);
+    assert_int_equal(access(k.shm, F_OK), 0);
+    k.io = worker_pid(k.dir, "io");
+    assert_true(k.io > 0 && !process_gone(k.io));
+    if (stop_io)
+        assert_int_equal(kill(k.io, SIGSTOP), 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_true(fy_test_wait(pid, 30) != -1);
+    assert_int_equal(access(k.dir, F_OK), 0); /* what it leaves */
+    return k;
+}
+
+/* Nothing of a killed export is left; the log of the launch that removed it says so. */
+static void assert_export_removed(const struct killed_export *k, const char *log)
+{
+    assert_int_not_equal(access(k->dir, F_OK), 0);
+    assert_int_not_equal(access(k->shm, F_OK), 0);
+    for (int i = 0; i < 200 && !process_gone(k->io); i++)
+        pause_ms(10);
+    assert_true(process_gone(k->io));
+    assert_true(fy_test_file_contains(log, fy_test_fmt("removed %s, left by an export that died",
+                                                       k->dir)));
+    assert_true(fy_test_file_contains(log, k->shm + strlen("/dev/shm")));
+}
+
+/* An export killed outright beside a training run leaves its reader directory, pool and worker;
+ * the next launch on the run directory removes them (a worker still running killed), an export
+ * beside the run as well as the training run's own resume. The run ends as the undisturbed one
+ * does. */
+static void test_export_killed_beside_training(void **state)
+{
+    struct chaos *c = *state;
+    struct run_paths rp = new_run(c, "readers");
+    const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
+    const char *args[40];
+    train_args(args, run, c->f->data, STEPS, out, NULL);
+    unlink(log);
+    setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the exports land mid-run */
+    int pid = fy_test_start("fuyou-launch", args, log);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    assert_true(pid > 0);
+    while (fy_test_count_matches(metrics, "\"step\": ") < 4)
+        pause_ms(5);
+
+    /* removed by the next export */
+    struct killed_export k = kill_export_beside(c, run, 1);
+    char *snap = fy_test_in(c->f, "readers-snapshot.fywt");
+    const char *exp[] = {"export", "--run-dir", run, "--out", snap, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, exp, 120), 0);
+    assert_true(fy_test_file_contains(c->f->log, "in use by another launch"));
+    assert_true(fy_test_file_contains(c->f->log, "exported step "));
+    assert_export_removed(&k, c->f->log);
+    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("the io worker (pid %d) of a launcher "
+                                                             "that died is still running: "
+                                                             "killing it", k.io)));
+
+    /* exports at once beside the run, each cleaning as it starts: none disturbs another */
+    int many[3];
+    for (int i = 0; i < 3; i++) {
+        const char *one[] = {"export", "--run-dir", run, "--out",
+                             fy_test_in(c->f, fy_test_fmt("readers-%d.fywt", i)), NULL};
+        many[i] = fy_test_start("fuyou-launch", one, fy_test_in(c->f, "readers-many.log"));
+        assert_true(many[i] > 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        int status = fy_test_wait(many[i], 120);
+        assert_true(status != -1 && WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+    }
+    assert_int_equal(fy_test_count_matches(fy_test_in(c->f, "readers-many.log"), "exported step"),
+                     3);
+    assert_int_equal(fy_test_count_matches(fy_test_in(c->f, "readers-many.log"), "removed "), 0);
+
+    /* removed by the training run's resume (its launcher killed too) */
+    k = kill_export_beside(c, run, 0);
+    assert_true(waitpid(pid, NULL, WNOHANG) == 0); /* still training */
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_true(fy_test_wait(pid, 30) != -1);
+    printf("chaos: exports killed beside a training run; the run's launcher killed after %d of %s "
+           "steps, then resumed\n", fy_test_count_matches(metrics, "\"step\": "), STEPS);
+    const char *resume[] = {"resume", run, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, resume, 300), 0);
+    assert_export_removed(&k, c->f->log);
+    assert_same_as_reference(c, run, out);
+    assert_nothing_left(run);
+    DIR *d = opendir(run);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        assert_null(strstr(e->d_name, "reader-"));
+    closedir(d);
+}
+
 int main(void)
 {
     signal(SIGCHLD, SIG_DFL);
@@ -939,10 +1146,12 @@ int main(void)
         cmocka_unit_test(test_damaged_state_and_records),
         cmocka_unit_test(test_both_commits_damaged),
         cmocka_unit_test(test_damage_found_while_training),
+        cmocka_unit_test(test_export_damaged_commit),
         cmocka_unit_test(test_truncated_store),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_full_filesystem),
         cmocka_unit_test(test_export_while_training),
+        cmocka_unit_test(test_export_killed_beside_training),
         cmocka_unit_test(test_one_copy_store),
     };
     struct CMUnitTest run[sizeof tests / sizeof tests[0]];
