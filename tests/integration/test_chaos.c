@@ -467,6 +467,17 @@ static void flip_byte(const char *file, uint64_t at)
     close(fd);
 }
 
+/* A file still holds exactly the `len` bytes it held before (`before`, as fy_test_slurp read it). */
+static void assert_unchanged(const char *path, const char *before, size_t len)
+{
+    size_t n;
+    char *now = fy_test_slurp(path, &n);
+    assert_non_null(now);
+    assert_int_equal(n, len);
+    assert_memory_equal(now, before, n);
+    free(now);
+}
+
 /* Trains `run` to `steps` with the usual settings; 0 or the exit code. */
 static int train_to(struct chaos *c, const char *run, const char *steps, const char *out)
 {
@@ -515,16 +526,13 @@ static void test_damaged_state_and_records(void **state)
     at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(0, m.copy), &bytes);
     flip_byte(data, at + 100);
     flip_byte(data, extent_at(store, FY_TENSOR_COMMIT(1 - which), NULL) + 4 * 40);
-    size_t before_len, after_len;
+    size_t before_len;
     char *before = fy_test_slurp(data, &before_len);
     assert_int_not_equal(train_to(c, run, "21", out), 0);
     assert_true(fy_test_file_contains(c->f->log, "no intact committed step before the damaged "
                                                  "one"));
-    char *after = fy_test_slurp(data, &after_len);
-    assert_int_equal(before_len, after_len);
-    assert_memory_equal(before, after, before_len);
+    assert_unchanged(data, before, before_len);
     free(before);
-    free(after);
     assert_nothing_left(run);
 }
 
@@ -559,19 +567,9 @@ static void test_relocated_run(void **state)
     assert_int_equal(fy_test_launch_in(c->f, resume_copy, 300), 0);
     assert_int_equal(fy_test_count_matches(fy_test_fmt("%s/metrics.jsonl", copy), "\"step\": "),
                      18); /* within the warmup: the learning rates of a run to STEPS */
-    size_t n;
-    char *after = fy_test_slurp(data, &n);
-    assert_int_equal(n, store_len);
-    assert_memory_equal(after, store_before, n);
-    free(after);
-    after = fy_test_slurp(rp.metrics, &n);
-    assert_int_equal(n, metrics_len);
-    assert_memory_equal(after, metrics_before, n);
-    free(after);
-    after = fy_test_slurp(log, &n);
-    assert_int_equal(n, log_len); /* not even a line in the original's log */
-    assert_memory_equal(after, log_before, n);
-    free(after);
+    assert_unchanged(data, store_before, store_len);
+    assert_unchanged(rp.metrics, metrics_before, metrics_len);
+    assert_unchanged(log, log_before, log_len); /* not even a line in the original's log */
 
     /* moved, then resumed where it is now: the old name is not made again */
     assert_int_equal(rename(copy, moved), 0);
@@ -591,10 +589,7 @@ static void test_relocated_run(void **state)
     assert_int_equal(fy_test_launch_in(c->f, resume_legacy, 300), 0);
     assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("names the store %s/store, of the run "
                                                              "directory it was made in", run)));
-    after = fy_test_slurp(data, &n);
-    assert_int_equal(n, store_len);
-    assert_memory_equal(after, store_before, n);
-    free(after);
+    assert_unchanged(data, store_before, store_len);
 
     /* read-only (a read-only bind mount of the original): refused, the original untouched */
     assert_int_equal(mkdir(ro, 0700), 0);
@@ -606,10 +601,7 @@ static void test_relocated_run(void **state)
         assert_true(fy_test_file_contains(c->f->log, "cannot be written (Read-only file system)"));
         assert_int_equal(run_cmd(fy_test_fmt("umount '%s'", ro)), 0);
         mounted[0] = 0;
-        after = fy_test_slurp(data, &n);
-        assert_int_equal(n, store_len);
-        assert_memory_equal(after, store_before, n);
-        free(after);
+        assert_unchanged(data, store_before, store_len);
     } else {
         printf("test_relocated_run: the read-only part skipped: cannot bind-mount (needs root)\n");
     }
@@ -647,7 +639,7 @@ static void test_both_commits_damaged(void **state)
     flip_byte(data, at + 100);
     at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(2, 1 - m.copy), &bytes);
     flip_byte(data, at + bytes - 8);
-    size_t before_len, after_len;
+    size_t before_len;
     char *before = fy_test_slurp(data, &before_len);
     assert_int_equal(train_to(c, run, "15", out), 1);
     assert_true(fy_test_file_contains(c->f->log, "step 12's state is damaged on the SSD; going "
@@ -657,11 +649,8 @@ static void test_both_commits_damaged(void **state)
                                "(commit record %d) and that of step 9 (record %d) do not match",
                                newest, 1 - newest)));
     assert_int_equal(fy_test_count_matches(c->f->log, "restart "), 0);
-    char *after = fy_test_slurp(data, &after_len);
-    assert_int_equal(before_len, after_len);
-    assert_memory_equal(before, after, before_len);
+    assert_unchanged(data, before, before_len);
     free(before);
-    free(after);
     assert_nothing_left(run);
 }
 
