@@ -221,9 +221,9 @@ static void kept_at_exit(void)
     pthread_mutex_lock(&kept.lock);
     if (log_file_fd >= 0 && kept.said && !flush_kept())
         say_on_stderr(FY_LOG_WARN, "%llu line%s of this process could not be written to the run "
-                      "log %s (%s): they are on stderr only", kept.lines + kept.dropped,
+                      "log %s (%s): %s on stderr only", kept.lines + kept.dropped,
                       kept.lines + kept.dropped == 1 ? "" : "s", log_file_path,
-                      strerror(kept.err));
+                      strerror(kept.err), kept.lines + kept.dropped == 1 ? "it is" : "they are");
     pthread_mutex_unlock(&kept.lock);
 }
 

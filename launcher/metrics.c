@@ -50,6 +50,21 @@ int fy_metrics_open(struct fy_metrics **out, const char *run_dir)
     snprintf(m->run_dir, sizeof m->run_dir, "%s", run_dir);
     snprintf(m->path, sizeof m->path, "%s/metrics.jsonl", run_dir);
     m->cap = FY_METRICS_PENDING_MAX;
+    /* test hook: a cap that a test reaches in a few steps */
+    const char *cap = getenv("FUYOU_TEST_METRICS_PENDING_MAX");
+    if (cap != NULL) {
+        char *end;
+        unsigned long long bytes = strtoull(cap, &end, 10);
+        if (*cap < '0' || *cap > '9' || *end != 0 || bytes == 0) {
+            fy_error("FUYOU_TEST_METRICS_PENDING_MAX=%s: give a number of bytes (a test hook)",
+                     cap);
+            free(m);
+            return -EINVAL;
+        }
+        m->cap = (size_t)bytes;
+        fy_warn("test hook: training stops once more than %llu bytes of metrics lines wait for "
+                "room (FUYOU_TEST_METRICS_PENDING_MAX)", bytes);
+    }
     int rc = open_append(m);
     if (rc < 0) {
         fy_error("cannot open %s: %s", m->path, strerror(-rc));
