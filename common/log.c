@@ -123,8 +123,9 @@ static void keep(const char *rest, size_t n)
     if (kept.len + n > FY_LOG_KEPT_MAX) {
         if (!kept.overflow_said)
             say_on_stderr(FY_LOG_WARN, "the lines kept for the run log %s fill their %d MiB: "
-                          "later ones are dropped from it (they are on stderr) until it can be "
-                          "written", log_file_path, FY_LOG_KEPT_MAX >> 20);
+                          "later ones are dropped from it until it can be written (stderr has "
+                          "them, but for a terminal's per-step lines)", log_file_path,
+                          FY_LOG_KEPT_MAX >> 20);
         kept.overflow_said = 1;
         kept.dropped++;
         return;
@@ -163,8 +164,10 @@ static int flush_kept(void)
         kept.lines--;
         kept.late++;
     }
-    memmove(kept.buf, kept.buf + head, kept.len - head);
-    kept.len -= head;
+    if (head > 0) {
+        memmove(kept.buf, kept.buf + head, kept.len - head);
+        kept.len -= head;
+    }
     char msg[700], out[1280];
     int n = 0;
     if (rc == 0) {
@@ -173,8 +176,8 @@ static int flush_kept(void)
                  strerror(kept.err));
         if (kept.dropped > 0)
             snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "; %llu line%s dropped here, "
-                     "past the %d MiB kept in memory (they were on stderr)", kept.dropped,
-                     kept.dropped == 1 ? "" : "s", FY_LOG_KEPT_MAX >> 20);
+                     "past the %d MiB kept in memory", kept.dropped, kept.dropped == 1 ? "" : "s",
+                     FY_LOG_KEPT_MAX >> 20);
         n = format_line(out, sizeof out, kept.dropped > 0 ? FY_LOG_WARN : FY_LOG_INFO, "", msg);
         rc = write_line(out, (size_t)n, &done);
         if (rc < 0 && done > 0) /* its start is in the file: its rest waits as a line's would */
@@ -215,15 +218,15 @@ static void file_line(const char *line, size_t n)
 }
 
 /* At exit the lines that wait are tried once more; those the file still refuses are said lost
- * (they were on stderr). */
+ * from it (stderr has them, but for the per-step lines that a terminal's status line shows). */
 static void kept_at_exit(void)
 {
     pthread_mutex_lock(&kept.lock);
     if (log_file_fd >= 0 && kept.said && !flush_kept())
-        say_on_stderr(FY_LOG_WARN, "%llu line%s of this process could not be written to the run "
-                      "log %s (%s): %s on stderr only", kept.lines + kept.dropped,
-                      kept.lines + kept.dropped == 1 ? "" : "s", log_file_path,
-                      strerror(kept.err), kept.lines + kept.dropped == 1 ? "it is" : "they are");
+        say_on_stderr(FY_LOG_WARN, "the run log %s lacks %llu line%s of this process (%s): "
+                      "stderr has %s, but for a terminal's per-step lines", log_file_path,
+                      kept.lines + kept.dropped, kept.lines + kept.dropped == 1 ? "" : "s",
+                      strerror(kept.err), kept.lines + kept.dropped == 1 ? "it" : "them");
     pthread_mutex_unlock(&kept.lock);
 }
 
