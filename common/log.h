@@ -14,7 +14,12 @@ enum fy_log_level { FY_LOG_ERROR = 0, FY_LOG_WARN = 1, FY_LOG_INFO = 2, FY_LOG_D
  * (error|warn|info|debug) when set, else `level`. */
 void fy_log_init(const char *who, enum fy_log_level level);
 enum fy_log_level fy_log_level(void);
-/* Also append every line to this file (the run's log); returns 0 or -errno. */
+/* Also append every line to this file (the run's log); returns 0 or -errno. Lines the file
+ * refuses (a full disk) wait in memory, up to FY_LOG_KEPT_MAX bytes, and go out in order before
+ * the next line once it takes them; the failure is said once on stderr, and the lines that went
+ * late, or were dropped past that size, in the file once they have. At exit those still waiting
+ * are tried once more, else said lost. */
+#define FY_LOG_KEPT_MAX (4 << 20)
 int fy_log_set_file(const char *path);
 void fy_log_at(enum fy_log_level level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

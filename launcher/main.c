@@ -30,6 +30,7 @@
 #include "launcher/diskrates.h"
 #include "launcher/dryrun.h"
 #include "launcher/inproc.h"
+#include "launcher/metrics.h"
 #include "launcher/probe.h"
 #include "launcher/progress.h"
 #include "launcher/report.h"
@@ -1553,22 +1554,18 @@ static int train_attempt(struct options *o, struct fy_config *mc, struct fy_conf
         rc = fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000);
     if (rc == 0)
         rc = check_store_model(meta, model, o->ssd);
-    char metrics_path[PATH_MAX + 16];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->run_dir);
     FILE *trace = NULL;
     if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
         rc = -errno;
         fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
     }
     if (rc == 0) {
-        to->metrics_path = metrics_path;
         to->trace = trace;
         if (attempt > 0)
             fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
                     "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
         *stepping = 1;
         rc = fy_train_run(&x, s.pool, meta, data, to);
-        to->metrics_path = NULL;
         to->trace = NULL;
     }
     if (rc == 0 && !train_stop && o->export_path != NULL) {
@@ -1823,8 +1820,12 @@ static int cmd_train(struct options *o)
                 "--timeout to set it)", to.timeout_ms / 1000,
                 predicted > 0 ? "20 predicted steps, at least a minute" : "the default");
     }
-    struct fy_storemeta *meta = malloc(sizeof *meta);
+    struct fy_storemeta *meta = calloc(1, sizeof *meta);
     rc = meta != NULL ? 0 : -ENOMEM;
+    struct fy_metrics *metrics = NULL; /* kept across restarts: lines wait there for room */
+    if (rc == 0)
+        rc = fy_metrics_open(&metrics, o->run_dir);
+    to.metrics = metrics;
     /* A worker that dies or hangs costs the steps since the last commit, not the run: the
      * workers start again and the run goes on from that commit, up to --max-restarts times an
      * hour (restart_after). */
@@ -1845,6 +1846,8 @@ static int cmd_train(struct options *o)
                 "from there (nothing exported)", (unsigned long long)meta->step, o->run_dir);
         rc = -EINTR;
     }
+    int lost = fy_metrics_close(&metrics, meta != NULL ? meta->step : 0);
+    rc = rc ? rc : lost;
     free(meta);
     fy_actrun_free(&act);
     free(resident);

@@ -16,6 +16,7 @@
 #include "common/dtype.h"
 #include "common/fsutil.h"
 #include "launcher/commit.h"
+#include "launcher/metrics.h"
 #include "launcher/progress.h"
 
 enum { PH_IO, PH_GPU, PH_OPT, PH_COUNT };
@@ -1796,10 +1797,9 @@ static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_co
 }
 
 /* grad_norm < 0: not computed (no clipping: computing it would cost a backward pass). */
-static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct fy_gpt_config *c,
-                     uint64_t step,
-                     double loss, double lr, double grad_norm, double seconds, const double *phase,
-                     const double *busy, const uint64_t *bytes, int have_eval, double eval)
+static int log_step(const struct fy_train_opts *o, const struct fy_gpt_config *c, uint64_t step,
+                    double loss, double lr, double grad_norm, double seconds, const double *phase,
+                    const double *busy, const uint64_t *bytes, int have_eval, double eval)
 {
     double tokens = (double)o->batch * o->seq;
     double tps = tokens / seconds;
@@ -1826,9 +1826,10 @@ static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct 
                                   .gpu_busy_s = busy[BUSY_GPU], .have_eval = have_eval,
                                   .eval = eval};
     fy_progress_step(&ps, line);
-    if (metrics == NULL)
-        return;
-    fprintf(metrics,
+    if (o->metrics == NULL)
+        return 0;
+    char json[1024];
+    int n = snprintf(json, sizeof json,
             "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
             "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
             "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
@@ -1839,47 +1840,11 @@ static void log_step(const struct fy_train_opts *o, FILE *metrics, const struct 
             busy[BUSY_OPT], busy[BUSY_H2D], busy[BUSY_D2H], gpu_idle,
             (unsigned long long)bytes[BUSY_SSD_READ], (unsigned long long)bytes[BUSY_SSD_WRITE]);
     if (grad_norm >= 0)
-        fprintf(metrics, ", \"grad_norm\": %.9g", grad_norm);
+        n += snprintf(json + n, sizeof json - (size_t)n, ", \"grad_norm\": %.9g", grad_norm);
     if (have_eval)
-        fprintf(metrics, ", \"eval_loss\": %.9g", eval);
-    fprintf(metrics, "}\n");
-    fflush(metrics);
-}
-
-int fy_train_metrics_rollback(const char *path, uint64_t step)
-{
-    FILE *in = fopen(path, "r");
-    if (in == NULL && errno == ENOENT)
-        return 0;
-    FY_SYS(in == NULL ? -1 : 0, "cannot open %s", path);
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *out = fopen(tmp, "w");
-    if (out == NULL) {
-        int e = errno;
-        fclose(in);
-        fy_error("cannot create %s: %s", tmp, strerror(e));
-        return -e;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    int dropped = 0;
-    while (getline(&line, &cap, in) >= 0) {
-        unsigned long long at;
-        if (sscanf(line, "{\"step\": %llu", &at) == 1 && at > step)
-            dropped++;
-        else
-            fputs(line, out);
-    }
-    free(line);
-    fclose(in);
-    if (dropped == 0) { /* nothing to replace */
-        fclose(out);
-        unlink(tmp);
-        return 0;
-    }
-    int rc = fy_file_replace(out, tmp, path);
-    return rc < 0 ? rc : dropped;
+        n += snprintf(json + n, sizeof json - (size_t)n, ", \"eval_loss\": %.9g", eval);
+    snprintf(json + n, sizeof json - (size_t)n, "}");
+    return fy_metrics_append(o->metrics, step, json);
 }
 
 /* Pass 1 of a clipped step and the scale it gives, as torch.nn.utils.clip_grad_norm_ computes it:
@@ -2090,26 +2055,26 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                 "run was killed or the machine went down) by a version of Fuyou without commit "
                 "records: its units may hold different steps, so what follows will not equal a "
                 "run never stopped; going on from it", (unsigned long long)meta->step);
-    FILE *metrics = NULL;
-    if (rc == 0 && o->metrics_path != NULL) { /* what was logged past the commit is trained again */
-        int dropped = fy_train_metrics_rollback(o->metrics_path, meta->step);
+    if (rc == 0 && o->metrics != NULL) { /* what was logged past the commit is trained again */
+        int dropped = fy_metrics_rollback(o->metrics, meta->step);
         rc = dropped < 0 ? dropped : 0;
         if (dropped > 0)
             fy_info("%s: dropped %d line%s of steps after the last commit (step %llu), which are "
-                    "trained again", o->metrics_path, dropped, dropped == 1 ? "" : "s",
+                    "trained again", fy_metrics_path(o->metrics), dropped, dropped == 1 ? "" : "s",
                     (unsigned long long)meta->step);
-        if (rc == 0 && (metrics = fopen(o->metrics_path, "a")) == NULL) {
-            rc = -errno;
-            fy_error("cannot open %s: %s", o->metrics_path, strerror(-rc));
-        }
     }
     if (rc == 0)
         fy_info("starting at step %llu", (unsigned long long)meta->step);
     uint64_t done = meta->step; /* the last step trained; meta->step is the last committed */
     const uint64_t first = meta->step + 1; /* this session's first step */
+    int metrics_full = 0; /* too many metrics lines wait for room: stopped at a commit */
     for (uint64_t step = meta->step + 1; rc == 0 && step <= o->steps; step++) {
         if (o->stop != NULL && *o->stop) {
             fy_warn("stopping at the step boundary before step %llu", (unsigned long long)step);
+            break;
+        }
+        if (o->metrics != NULL && fy_metrics_over_cap(o->metrics)) { /* as a full store */
+            metrics_full = 1;
             break;
         }
         double t0 = now_s(), loss = 0, lr = fy_train_lr(o, step), eval = 0, grad_norm = -1;
@@ -2143,8 +2108,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
          * its record is durable still counts, and the line must be there for it (a line past the
          * last commit is dropped when the run goes back). The commit's time is its own. */
         if (rc == 0)
-            log_step(o, metrics, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy,
-                     bytes, do_eval && o->eval_batches > 0, eval);
+            rc = log_step(o, &meta->model, step, loss, lr, grad_norm, seconds, phase, busy, bytes,
+                          do_eval && o->eval_batches > 0, eval);
         if (rc == 0 && o->plan_step_s > 0 && step == first + 1 && seconds > 0)
             log_plan_check(o, &meta->model, step, seconds, busy, bytes);
         if (rc == 0 && o->ssd_seen != NULL && step > first)
@@ -2164,6 +2129,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         if (rc == 0)
             fy_info("step %llu committed to the store", (unsigned long long)meta->step);
     }
+    if (rc == 0 && metrics_full)
+        rc = fy_metrics_stopped(o->metrics, meta->step);
     drained = spill_drain(&r, &r.ckpt);
     rc = rc ? rc : drained;
     drained = spill_drain(&r, &r.saved);
@@ -2188,10 +2155,6 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     free(r.at_copy);
     free(r.known);
     free(r.digest);
-    if (metrics != NULL && fclose(metrics) != 0 && rc == 0) {
-        rc = -errno;
-        fy_error("writing %s failed: %s", o->metrics_path, strerror(-rc));
-    }
     return rc;
 }
 

@@ -33,6 +33,8 @@
 #include "common/tokfile.h"
 #include "launcher/diskrates.h"
 
+struct fy_metrics;
+
 struct fy_exec {
     void *ctx;
     /* Sends a request to a worker ("gpu", "io", "opt") without waiting; returns a ticket (> 0) or
@@ -58,8 +60,9 @@ struct fy_train_opts {
     int timeout_ms;       /* per request */
     int overlap;          /* 1: overlap updates with the backward and prefetch weights; 0: serial */
     /* one JSON line per step appended there (NULL: none); lines of steps after the commit a
-     * run starts from are dropped first, as those steps are trained again */
-    const char *metrics_path;
+     * run starts from are dropped first, as those steps are trained again; too many lines
+     * waiting for room there stop the run at a commit (launcher/metrics.h) */
+    struct fy_metrics *metrics;
     FILE *trace;          /* Chrome trace-event JSON of every request (Perfetto); NULL: none */
     /* per unit: FY_TRAIN_STREAMED, _KEPT or _KEPT_BF16 (fy_train_plan_resident) */
     const unsigned char *resident;
@@ -226,10 +229,6 @@ int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char
  * steps, at the end and at a stop; meta follows the commits. */
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                  const struct fy_tokfile *data, const struct fy_train_opts *o);
-/* Drops the lines of metrics file `path` about steps after `step` (a run gone back to its last
- * commit trains them again), replacing the file atomically; a missing file is fine. Returns how
- * many lines went, or -errno (said). */
-int fy_train_metrics_rollback(const char *path, uint64_t step);
 /* Mean loss over the first `batches` evaluation windows (forward only). */
 int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
                   const struct fy_tokfile *data, int B, int T, int act_dtype, uint64_t batches,

@@ -222,8 +222,10 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     struct chaos *c = *state;
-    if (mounted[0] != 0) /* test_full_filesystem failed with its filesystem mounted */
-        run_cmd(fy_test_fmt("umount '%s'", mounted));
+    if (mounted[0] != 0) /* a test of a full filesystem failed with it mounted (and perhaps
+                            processes of its run still exiting) */
+        run_cmd(fy_test_fmt("umount '%s' || { sleep 2; umount '%s'; } || umount -l '%s'", mounted,
+                            mounted, mounted));
     free(c->ref_losses);
     free(c->ref_weights);
     fy_test_teardown((void **)&c->f);
@@ -878,6 +880,157 @@ static void test_full_filesystem(void **state)
     mounted[0] = 0;
 }
 
+/* The steps' lines in a metrics file, in order: 1 when they are first..last, each once, but for
+ * those of lost_from..lost_to (none where lost_from is 0). */
+static int steps_in_order(const char *metrics, int first, int last, int lost_from, int lost_to)
+{
+    char *text = fy_test_slurp(metrics, NULL);
+    int want = first, ok = text != NULL;
+    for (char *p = text; ok && (p = strstr(p, "{\"step\": ")) != NULL; p++) {
+        want = want == lost_from ? lost_to + 1 : want;
+        ok = atoi(p + strlen("{\"step\": ")) == want++;
+    }
+    free(text);
+    return ok && want == last + 1;
+}
+
+/* Fills the filesystem mounted at mnt to its last block (filler files beside `filler`): large
+ * writes stop short of it (ext4 reserves for the worst case), 1 KiB ones (its block) go on, and
+ * again once the first ones are written back. */
+static void fill_up(const char *mnt, const char *filler)
+{
+    run_cmd(fy_test_fmt("dd if=/dev/zero of='%s' bs=64k 2>/dev/null; dd if=/dev/zero of='%s-2' "
+                        "bs=1k 2>/dev/null; sync -f '%s'; dd if=/dev/zero of='%s-3' bs=1k "
+                        "2>/dev/null", filler, filler, mnt, filler));
+}
+
+static void free_up(const char *filler)
+{
+    assert_int_equal(run_cmd(fy_test_fmt("rm '%s' '%s-2' '%s-3'", filler, filler, filler)), 0);
+}
+
+/* The run directory fills while training (a small ext4 filesystem, filler files written to its
+ * last block; the store elsewhere): the metrics lines and the log lines of the steps meanwhile
+ * wait in memory, said once, and go in once the filler is removed. The run ends as the
+ * undisturbed run does, with each step's metrics line once and in order, and RUN/fuyou.log holds
+ * the progress lines of the steps trained while it was full. Full for longer than the memory kept
+ * for the metrics lines, the run stops at a commit, and the lines that could not be written are
+ * said lost. Skipped, saying so, where a loop filesystem cannot be mounted. */
+static void test_run_directory_full(void **state)
+{
+    struct chaos *c = *state;
+    char *img = fy_test_in(c->f, "rundir.img"), *mnt = fy_test_in(c->f, "rundir");
+    char *store = fy_test_in(c->f, "rundir-store"), *out = fy_test_in(c->f, "rundir.fywt");
+    char *log = fy_test_in(c->f, "rundir.log");
+    char run[640], filler[640], metrics[700], runlog[700];
+    snprintf(run, sizeof run, "%s/run", mnt);
+    snprintf(filler, sizeof filler, "%s/filler", mnt);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    snprintf(runlog, sizeof runlog, "%s/fuyou.log", run);
+    assert_int_equal(mkdir(mnt, 0700), 0);
+    assert_int_equal(mkdir(store, 0700), 0);
+    if (run_cmd(fy_test_fmt("truncate -s 32M '%s' && mkfs.ext4 -q -F -m 0 '%s' >/dev/null 2>&1",
+                            img, img)) != 0 ||
+        run_cmd(fy_test_fmt("mount -o loop '%s' '%s' 2>/dev/null", img, mnt)) != 0) {
+        printf("test_run_directory_full: skipped: cannot make and mount a small ext4 filesystem "
+               "(needs root, mkfs.ext4 and loop devices)\n");
+        skip();
+    }
+    snprintf(mounted, sizeof mounted, "%s", mnt);
+    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                          "64", "--ctx", "32", "--seed", "5", "--ssd", store, NULL};
+    assert_int_equal(fy_test_launch_in(c->f, init, 60), 0);
+    const char *args[40];
+    train_args(args, run, c->f->data, STEPS, out, NULL);
+    setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the disk fills mid-run */
+    int pid = fy_test_start("fuyou-launch", args, log);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    assert_true(pid > 0);
+    double t0 = now_s();
+    while (fy_test_count_matches(metrics, "\"step\": ") < 6 && now_s() - t0 < 60)
+        pause_ms(5);
+    fill_up(mnt, filler);
+    int lines = fy_test_count_matches(metrics, "\"step\": ");
+    int steps = fy_test_count_matches(log, "/" STEPS " | loss");
+    while (fy_test_count_matches(log, "/" STEPS " | loss") < steps + 4 && now_s() - t0 < 60)
+        pause_ms(5);
+    steps = fy_test_count_matches(log, "/" STEPS " | loss");
+    int stalled = fy_test_count_matches(metrics, "\"step\": ");
+    printf("chaos: the run directory filled after %d metrics lines; %d lines in the file when "
+           "%d steps were done\n", lines, stalled, steps);
+    assert_true(stalled < steps && steps < atoi(STEPS)); /* it was full, and the run went on */
+    free_up(filler);
+    int status = fy_test_wait(pid, 240);
+    assert_true(status != -1 && WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fy_test_file_contains(log, "no such line: the log, to see why");
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(steps_in_order(metrics, 1, atoi(STEPS), 0, 0));
+    assert_same_as_reference(c, run, out);
+    for (int s = 1; s <= atoi(STEPS); s++) /* the progress lines, those of the full disk too */
+        assert_int_equal(fy_test_count_matches(runlog, fy_test_fmt("] info: step %d/" STEPS " | ",
+                                                                   s)), 1);
+    assert_int_equal(fy_test_count_matches(log, fy_test_fmt("cannot write %s: No space left on "
+                                                            "device: training goes on", metrics)),
+                     1);
+    assert_true(fy_test_file_contains(log, fy_test_fmt("%s: there is room again: ", metrics)));
+    assert_true(fy_test_file_contains(log, fy_test_fmt("cannot write the run log %s: No space "
+                                                       "left on device", runlog)));
+    assert_true(fy_test_file_contains(runlog, fy_test_fmt("the run log %s is written again",
+                                                          runlog)));
+    assert_nothing_left(run);
+
+    /* full for longer than the memory kept (a test hook makes it 1000 bytes: two lines): the run
+     * stops at a commit, saying so and which lines are lost (exit 1); with room, resume goes on
+     * after them */
+    const char *more[] = {"resume", run, "--steps", "60", NULL};
+    unlink(out);
+    setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1);
+    setenv("FUYOU_TEST_METRICS_PENDING_MAX", "1000", 1);
+    pid = fy_test_start("fuyou-launch", more, log);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    unsetenv("FUYOU_TEST_METRICS_PENDING_MAX");
+    assert_true(pid > 0);
+    t0 = now_s();
+    while (fy_test_count_matches(metrics, "\"step\": ") <= atoi(STEPS) && now_s() - t0 < 60)
+        pause_ms(5);
+    fill_up(mnt, filler);
+    status = fy_test_wait(pid, 240);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 1);
+    assert_true(fy_test_file_contains(log, "test hook: training stops once more than 1000 bytes "
+                                           "of metrics lines wait for room"));
+    char *text = fy_test_slurp(log, NULL), *at = strstr(text, "metrics lines of committed steps (");
+    assert_non_null(at);
+    int lost_from = atoi(at + strlen("metrics lines of committed steps (")), lost_to;
+    at = strstr(at, " to ");
+    assert_non_null(at);
+    lost_to = atoi(at + strlen(" to "));
+    free(text);
+    printf("chaos: the run directory full again: the run stopped at step %d; the lines of steps "
+           "%d to %d are lost\n", lost_to, lost_from, lost_to);
+    assert_true(lost_from > atoi(STEPS) && lost_to >= lost_from + 1 && lost_to < 60);
+    assert_true(fy_test_file_contains(log, fy_test_fmt(
+        "metrics lines (steps %d to %d) wait in memory for room on its file system (No space left "
+        "on device), more than the 1000 B kept: training stopped at step %d, which is committed; "
+        "free space on the file system of %s, then continue with fuyou-launch resume %s",
+        lost_from, lost_to, lost_to, run, run)));
+    assert_true(fy_test_file_contains(log, fy_test_fmt(
+        "%d metrics lines of committed steps (%d to %d) could not be written (No space left on "
+        "device) and are lost", lost_to - lost_from + 1, lost_from, lost_to)));
+    assert_true(fy_test_file_contains(log, fy_test_fmt("the run log %s lacks ", runlog)));
+    assert_true(fy_test_file_contains(log, " of this process (No space left on device): stderr "
+                                           "has "));
+    assert_nothing_left(run);
+    free_up(filler);
+    assert_int_equal(fy_test_launch_in(c->f, more, 300), 0);
+    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("starting at step %d", lost_to)));
+    assert_true(steps_in_order(metrics, 1, 60, lost_from, lost_to));
+    assert_nothing_left(run);
+    assert_int_equal(run_cmd(fy_test_fmt("umount '%s'", mnt)), 0);
+    mounted[0] = 0;
+}
+
 /* A store with one copy of the state (init --state-copies 1): half the state's space on the SSD,
  * the same bits as with two; a clean stop (a commit) resumes, but a worker killed between commits
  * leaves the store unusable, which the restart says instead of training on mixed steps. */
@@ -1139,6 +1292,7 @@ int main(void)
         cmocka_unit_test(test_truncated_store),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_full_filesystem),
+        cmocka_unit_test(test_run_directory_full),
         cmocka_unit_test(test_export_while_training),
         cmocka_unit_test(test_export_killed_beside_training),
         cmocka_unit_test(test_one_copy_store),
