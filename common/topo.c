@@ -643,7 +643,9 @@ static int placement_node(const struct fy_topo *t, int first_cpu)
     return numa_of_cpu(t, first_cpu);
 }
 
-int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out)
+/* cpu_backend: the gpu worker computes the model on the CPU, so it also gets the opt worker's cores
+ * (AdamW runs mostly beside the backward, and takes much less of them). */
+static int default_placement(const struct fy_topo *t, int cpu_backend, struct fy_affinity *out)
 {
     FY_REQUIRE(t != NULL && out != NULL, -EINVAL, "fy_affinity_default: NULL argument");
     int rc = 0;
@@ -693,8 +695,12 @@ int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out)
         TOPO_HW(hwloc_bitmap_only(io, (unsigned)order[0]), "building io cpuset");
         for (int i = 0; i < n; i++)
             TOPO_HW(hwloc_bitmap_set(opt, (unsigned)order[i]), "building opt cpuset");
-        fy_info("only %d allowed core%s: gpu and io workers share cpu %d, opt uses all", n,
-                n == 1 ? "" : "s", order[0]);
+        if (cpu_backend)
+            fy_info("only %d allowed core%s: the io worker on cpu %d, the gpu worker (CPU backend) "
+                    "and the opt worker on all", n, n == 1 ? "" : "s", order[0]);
+        else
+            fy_info("only %d allowed core%s: gpu and io workers share cpu %d, opt uses all", n,
+                    n == 1 ? "" : "s", order[0]);
     } else if (ssd_pu >= 0) {
         /* The store's disk hangs off another node: the io worker there, the others as before. */
         TOPO_HW(hwloc_bitmap_only(gpu, (unsigned)order[0]), "building gpu cpuset");
@@ -712,6 +718,8 @@ int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out)
         for (int i = 2; i < end; i++)
             TOPO_HW(hwloc_bitmap_set(opt, (unsigned)order[i]), "building opt cpuset");
     }
+    if (cpu_backend)
+        TOPO_HW(hwloc_bitmap_or(gpu, gpu, opt), "building gpu cpuset");
     struct fy_affinity a;
     memset(&a, 0, sizeof a);
     a.numa_node = node;
@@ -730,6 +738,16 @@ out:
     hwloc_bitmap_free(io);
     hwloc_bitmap_free(opt);
     return rc;
+}
+
+int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out)
+{
+    return default_placement(t, 0, out);
+}
+
+int fy_affinity_default_cpu_backend(const struct fy_topo *t, struct fy_affinity *out)
+{
+    return default_placement(t, 1, out);
 }
 
 enum { W_GPU, W_IO, W_OPT, W_COUNT };

@@ -61,6 +61,10 @@ struct fy_affinity {
  * opt takes every core of the GPU's node but the gpu worker's. With fewer than 3 allowed cores gpu
  * and io share the first core and opt gets all of them. */
 int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out);
+/* The default where the gpu worker computes on the CPU (the CPU backend): as fy_affinity_default,
+ * and the gpu worker also on every core of the opt worker, which it shares with AdamW (mostly
+ * running beside the backward); the io worker keeps its core. On 2 cores: gpu=0-1,io=0,opt=0-1. */
+int fy_affinity_default_cpu_backend(const struct fy_topo *t, struct fy_affinity *out);
 /* Applies "gpu=0,io=1,opt=2-15" on top of *inout; a token without '=' continues the previous
  * worker's list; unnamed workers keep their lists. Every cpu must exist and be allowed. Lists come
  * back normalized ("2,3,4-6" -> "2-6"); numa_node follows the opt worker's first cpu. On error

@@ -1,6 +1,9 @@
 /* The life of a worker process: parse --run-dir, read the run config, pin to the configured cpuset,
  * attach the shared pool, connect to the launcher, say READY, then serve descriptors until STOP,
- * SIGTERM, the launcher's death or an idle timeout. */
+ * SIGTERM or the launcher's death. A worker waits for commands as long as its launcher lives, with
+ * no limit: the schedule may have nothing for it for a long time (the io worker when every unit's
+ * state is in memory, between commits), and a launcher stopped (SIGSTOP, Ctrl-Z) is not gone.
+ * Hangs are the launcher's to find, by the deadlines of its requests. */
 #include "worker.h"
 
 #include <errno.h>
@@ -171,15 +174,12 @@ static int serve_request(struct fy_worker *w, const struct fy_worker_ops *ops, v
 /* Serves requests until STOP; returns 0 on an orderly stop, negative on failure. */
 static int serve(struct fy_worker *w, const struct fy_worker_ops *ops, void *state)
 {
-    uint64_t idle_limit_s;
-    FY_TRY(fy_config_get_u64(w->cfg, "worker_idle_timeout_s", 0, 600, &idle_limit_s));
     unsigned depth = ops->start != NULL && ops->queue_depth != NULL ? ops->queue_depth(state) : 1;
     FY_REQUIRE(depth >= 1 && depth <= QUEUE_MAX, -EINVAL, "%s worker: queue depth %u outside 1..%d",
                w->name, depth, QUEUE_MAX);
     struct inflight f;
     memset(&f, 0, sizeof f);
     pid_t launcher = getppid();
-    uint64_t idle_ms = 0;
     for (;;) {
         if (worker_terminate) {
             fy_info("terminated by signal %d", (int)worker_terminate);
@@ -213,19 +213,9 @@ static int serve(struct fy_worker *w, const struct fy_worker_ops *ops, void *sta
             FY_TRY(finish_oldest(w, ops, state, &f));
             continue;
         }
-        if (cmd < 0 || !(items[cmd].revents & ZMQ_POLLIN)) {
-            if (f.count > 0) /* busy, not idle */
-                continue;
-            idle_ms += 1000;
-            if (idle_limit_s > 0 && idle_ms >= idle_limit_s * 1000) {
-                fy_error("timed out after %llu ms waiting for a command from the launcher "
-                         "(worker_idle_timeout_s = %llu)",
-                         (unsigned long long)idle_ms, (unsigned long long)idle_limit_s);
-                return -ETIMEDOUT;
-            }
+        /* nothing within the poll's second: look at the launcher again, wait on */
+        if (cmd < 0 || !(items[cmd].revents & ZMQ_POLLIN))
             continue;
-        }
-        idle_ms = 0;
         struct fy_desc req[FY_DESC_MAX_PARTS], reply;
         int n = fy_chan_recv(w->chan, NULL, req, FY_DESC_MAX_PARTS, 0, "a command", "the launcher");
         if (n < 0 && n != -EBADMSG && n != -EPROTO && n != -ERANGE)

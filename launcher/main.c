@@ -491,8 +491,13 @@ static int require(const char *value, const char *option, const char *command)
 
 static struct fy_session_opts session_opts(const struct options *o)
 {
+    /* train and profile have resolved the backend; the other commands leave "auto" as it is (no
+     * CUDA call in the launcher), which is the CPU backend where CUDA is not built */
+    int cpu_backend = strcmp(o->backend, "cpu") == 0 ||
+                      (strcmp(o->backend, "auto") == 0 && !fy_backend_cuda_built());
     return (struct fy_session_opts){.run_dir = o->run_dir, .affinity = o->affinity,
                                     .ssd = o->ssd, .cpu_mem = o->cpu_mem,
+                                    .cpu_backend = cpu_backend,
                                     .ready_timeout_ms = o->ready_timeout_s * 1000};
 }
 

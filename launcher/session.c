@@ -291,19 +291,27 @@ static void remove_reader_dir(const char *dir)
         fy_warn("cannot remove %s: %s", dir, strerror(errno));
 }
 
-static int plan_affinity(struct fy_session *s, const char *spec, const char *ssd)
+static int plan_affinity(struct fy_session *s, const char *spec, const char *ssd, int cpu_backend)
 {
     char described[2048];
     FY_TRY(fy_topo_locate_ssd(s->topo, ssd));
     fy_topo_describe(s->topo, described, sizeof described);
     fy_info("topology: %s", described);
-    FY_TRY(fy_affinity_default(s->topo, &s->aff));
+    if (cpu_backend)
+        FY_TRY(fy_affinity_default_cpu_backend(s->topo, &s->aff));
+    else
+        FY_TRY(fy_affinity_default(s->topo, &s->aff));
     int explicit_spec = spec != NULL && strcmp(spec, "auto") != 0; /* auto: hwloc's placement */
     if (explicit_spec)
         FY_TRY(fy_affinity_parse(s->topo, spec, &s->aff));
     const char *how = "auto: hwloc, the gpu worker near the GPU";
     if (explicit_spec)
         how = "explicit: --affinity";
+    else if (cpu_backend)
+        how = s->aff.io_near_ssd ? "auto: hwloc, the gpu worker (CPU backend) on the opt worker's "
+                                   "cores too, the io worker near the SSD"
+                                 : "auto: hwloc, the gpu worker (CPU backend) on the opt worker's "
+                                   "cores too";
     else if (s->aff.io_near_ssd)
         how = "auto: hwloc, the gpu worker near the GPU, the io worker near the SSD";
     fy_info("placement: gpu worker on cpus %s, io worker on %s, opt worker on %s (NUMA node %d) "
@@ -359,7 +367,7 @@ int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
     FY_TRY(prepare_run_dir(s->run_dir, &s->lock_fd));
     FY_TRY(fy_pool_name_for_run(s->run_dir, s->pool_name, sizeof s->pool_name));
     FY_TRY(fy_topo_load(&s->topo));
-    FY_TRY(plan_affinity(s, o->affinity, o->ssd));
+    FY_TRY(plan_affinity(s, o->affinity, o->ssd, o->cpu_backend));
     struct fy_pool_opts po = {.topo = s->topo, .numa_node = s->aff.numa_node,
                               .run_dir = s->run_dir};
     FY_TRY(fy_pool_create(&s->pool, s->pool_name, regions, n, &po));

@@ -17,6 +17,8 @@ struct fy_session_opts {
     const char *run_dir;
     const char *affinity;  /* --affinity spec or NULL */
     const char *ssd;       /* the store's paths (the io worker goes near the first one's disk) */
+    int cpu_backend;       /* the gpu worker computes on the CPU: auto gives it the opt worker's
+                              cores too */
     uint64_t cpu_mem;      /* cap on the pool, 0 = none */
     int ready_timeout_ms;
     /* a reader of the store (export): when another launch (a training run) holds the run

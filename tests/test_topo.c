@@ -301,6 +301,72 @@ static void test_default_synthetic_small_and_smt(void **state)
     assert_null(t);
 }
 
+/* The CPU backend's gpu worker computes the model: it gets the opt worker's cores too, the io
+ * worker keeps its own; the other lists are those of the CUDA placement, which does not change. */
+static void test_default_cpu_backend(void **state)
+{
+    struct fy_topo *t = NULL;
+    struct fy_affinity a, cuda;
+
+    /* Two cores, as in CI: the gpu worker computes on both instead of on cpu 0 alone. */
+    assert_int_equal(fy_topo_load_synthetic(&t, "numa:1 core:2 pu:1"), 0);
+    assert_int_equal(fy_affinity_default_cpu_backend(t, &a), 0);
+    assert_string_equal(a.gpu, "0-1");
+    assert_string_equal(a.io, "0");
+    assert_string_equal(a.opt, "0-1");
+    assert_int_equal(a.numa_node, 0);
+    assert_int_equal(fy_affinity_default(t, &cuda), 0);
+    assert_string_equal(cuda.gpu, "0");
+    fy_topo_destroy(&t);
+
+    assert_int_equal(fy_topo_load_synthetic(&t, "numa:1 core:1 pu:1"), 0);
+    assert_int_equal(fy_affinity_default_cpu_backend(t, &a), 0);
+    assert_string_equal(a.gpu, "0");
+    assert_string_equal(a.io, "0");
+    assert_string_equal(a.opt, "0");
+    fy_topo_destroy(&t);
+
+    /* Sixteen cores on one node: every core but the io worker's. */
+    assert_int_equal(fy_topo_load_synthetic(&t, "numa:1 core:16 pu:1"), 0);
+    assert_int_equal(fy_affinity_default_cpu_backend(t, &a), 0);
+    assert_string_equal(a.gpu, "0,2-15");
+    assert_string_equal(a.io, "1");
+    assert_string_equal(a.opt, "2-15");
+    assert_int_equal(fy_affinity_default(t, &cuda), 0);
+    assert_string_equal(cuda.gpu, "0");
+    assert_string_equal(cuda.io, "1");
+    assert_string_equal(cuda.opt, "2-15");
+    fy_topo_destroy(&t);
+
+    /* Two nodes: the placement node's cores, not the other node's; with the store's disk on the
+     * other node the io worker goes there and the gpu worker has the whole node. */
+    assert_int_equal(fy_topo_load_synthetic(&t, "numa:2 core:8 pu:1"), 0);
+    assert_int_equal(fy_affinity_default_cpu_backend(t, &a), 0);
+    assert_string_equal(a.gpu, "0,2-7");
+    assert_string_equal(a.io, "1");
+    assert_string_equal(a.opt, "2-7");
+    assert_int_equal(a.numa_node, 0);
+    assert_int_equal(fy_topo_set_ssd_numa_node(t, 1), 0);
+    assert_int_equal(fy_affinity_default_cpu_backend(t, &a), 0);
+    assert_string_equal(a.gpu, "0-7");
+    assert_string_equal(a.io, "8");
+    assert_string_equal(a.opt, "1-7");
+    assert_int_equal(a.io_near_ssd, 1);
+    fy_topo_destroy(&t);
+
+    /* Two PUs per core: one thread per core, on its first PU. */
+    assert_int_equal(fy_topo_load_synthetic(&t, "numa:1 core:4 pu:2"), 0);
+    assert_int_equal(fy_affinity_default_cpu_backend(t, &a), 0);
+    assert_string_equal(a.gpu, "0,4,6");
+    assert_string_equal(a.io, "2");
+    assert_string_equal(a.opt, "4,6");
+    /* --affinity on top of it: the workers it does not name keep these lists */
+    assert_int_equal(fy_affinity_parse(t, "io=6", &a), 0);
+    assert_string_equal(a.gpu, "0,4,6");
+    assert_string_equal(a.io, "6");
+    fy_topo_destroy(&t);
+}
+
 static void test_parse_override(void **state)
 {
     struct fy_topo *t = NULL;
@@ -439,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_default_io_near_ssd),
         cmocka_unit_test(test_locate_ssd_this_machine),
         cmocka_unit_test(test_default_synthetic_small_and_smt),
+        cmocka_unit_test(test_default_cpu_backend),
         cmocka_unit_test(test_parse_override),
         cmocka_unit_test(test_bind_self),
         cmocka_unit_test(test_bind_memory),

@@ -3,7 +3,10 @@
  * queueing worker) serves a ROUTER in this process through a real pool and run config.
  * The fake completes its queued requests only when it holds two, or when a request asks for it,
  * so the tests can tell that a second request was started while the first was in flight; finish
- * writes the reply's arg, so the tests can tell that replies come from finish, in order. */
+ * writes the reply's arg, so the tests can tell that replies come from finish, in order.
+ * The worker's life beside its launcher: it waits for commands as long as its parent lives, even
+ * silent or stopped, and exits when its parent dies. For those the worker is forked by a stand-in
+ * launcher process (its parent) while this process, a child subreaper, keeps the ROUTER. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,8 +19,10 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/chan.h"
@@ -132,11 +137,14 @@ struct fixture {
     char *dir;
     struct fy_pool *pool;
     struct fy_chan *router;
-    pid_t child;
+    pid_t child;    /* the worker */
+    pid_t launcher; /* the worker's parent when it is not this process, else 0 */
     uint64_t seq;
 };
 
-static int setup(void **state)
+/* The worker's run.conf may carry one more entry; with via_launcher the worker is the child of a
+ * stand-in launcher that only waits, so that the tests can stop or kill the worker's parent. */
+static int start(void **state, const char *key, const char *value, int via_launcher)
 {
     struct fixture *fx = calloc(1, sizeof *fx);
     assert_non_null(fx);
@@ -156,25 +164,52 @@ static int setup(void **state)
     fy_config_init(&cfg);
     assert_int_equal(fy_config_set(&cfg, "pool", name), 0);
     assert_int_equal(fy_config_set(&cfg, "endpoint", endpoint), 0);
+    if (key != NULL)
+        assert_int_equal(fy_config_set(&cfg, key, value), 0);
     snprintf(path, sizeof path, "%s/run.conf", fx->dir);
     assert_int_equal(fy_config_save(&cfg, path), 0);
-    fx->child = fork();
-    assert_true(fx->child >= 0);
-    if (fx->child == 0) {
+    /* a worker orphaned by its stand-in launcher comes to this process, to be waited for */
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0 && via_launcher && fork() != 0) {
+        for (;;) /* the stand-in launcher: alive, silent, never waits for its worker */
+            pause();
+    }
+    if (pid == 0) {
         char *argv[] = {"fake-worker", "--run-dir", fx->dir, NULL};
         _exit(fy_worker_main(3, argv, "gpu", &fake_ops));
     }
+    if (via_launcher)
+        fx->launcher = pid;
+    else
+        fx->child = pid;
     struct fy_desc ready;
     char peer[FY_CHAN_PEER_MAX];
     assert_int_equal(fy_chan_recv(fx->router, peer, &ready, 1, WAIT_MS, "READY", "the worker"), 1);
     assert_int_equal(ready.op, FY_OP_READY);
+    fx->child = (pid_t)ready.arg; /* READY carries the worker's pid */
     *state = fx;
     return 0;
 }
 
+static int setup(void **state) { return start(state, NULL, NULL, 0); }
+
+/* worker_idle_timeout_s = 1: the key of a limit on a worker's wait for a command, which workers
+ * do not read; set so that a worker that honoured such a limit would be gone within the waits. */
+static int setup_silent(void **state) { return start(state, "worker_idle_timeout_s", "1", 0); }
+
+static int setup_stopped(void **state) { return start(state, "worker_idle_timeout_s", "1", 1); }
+
+static int setup_orphaned(void **state) { return start(state, NULL, NULL, 1); }
+
 static int teardown(void **state)
 {
     struct fixture *fx = *state;
+    if (fx->launcher > 0) { /* first, so that the worker is this process's child, to be waited */
+        kill(fx->launcher, SIGKILL);
+        waitpid(fx->launcher, NULL, 0);
+    }
     if (fx->child > 0) {
         kill(fx->child, SIGKILL);
         waitpid(fx->child, NULL, 0);
@@ -260,6 +295,66 @@ static void test_stop_finishes_what_is_in_flight(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+static void pause_s(int seconds)
+{
+    struct timespec t = {seconds, 0};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR)
+        ;
+}
+
+/* A launcher with nothing to ask (every optimizer state in memory, a long step) is not a fault:
+ * its worker waits past any limit and answers the next request. */
+static void test_worker_waits_for_a_silent_launcher(void **state)
+{
+    struct fixture *fx = *state;
+    pause_s(3);
+    int status = 0;
+    pid_t gone = waitpid(fx->child, &status, WNOHANG);
+    if (gone == fx->child)
+        fx->child = 0;
+    assert_int_equal(gone, 0); /* still running */
+    uint64_t a = send_request(fx, ARG_INLINE);
+    struct fy_desc ra = receive(fx);
+    assert_int_equal(ra.seq, a);
+    assert_int_equal(ra.status, 0);
+    assert_int_equal(ra.arg, 99);
+}
+
+/* A launcher stopped (kill -STOP, Ctrl-Z) is alive: its worker stays and serves. The requests come
+ * from this process, so the worker is seen answering while its parent is stopped. */
+static void test_worker_stays_while_launcher_stopped(void **state)
+{
+    struct fixture *fx = *state;
+    assert_int_equal(kill(fx->launcher, SIGSTOP), 0);
+    pause_s(3);
+    uint64_t a = send_request(fx, ARG_INLINE);
+    struct fy_desc ra = receive(fx);
+    assert_int_equal(ra.seq, a);
+    assert_int_equal(ra.status, 0);
+    assert_int_equal(kill(fx->launcher, SIGCONT), 0);
+    uint64_t b = send_request(fx, ARG_INLINE);
+    struct fy_desc rb = receive(fx);
+    assert_int_equal(rb.seq, b);
+    assert_int_equal(rb.status, 0);
+}
+
+/* A launcher that dies takes its worker with it (the worker sees its parent change within a
+ * second; the real launcher also arms PDEATHSIG), whatever the worker was waiting for. */
+static void test_worker_exits_when_launcher_dies(void **state)
+{
+    struct fixture *fx = *state;
+    uint64_t a = send_request(fx, ARG_INLINE);
+    assert_int_equal(receive(fx).seq, a);
+    assert_int_equal(kill(fx->launcher, SIGKILL), 0);
+    assert_int_equal(waitpid(fx->launcher, NULL, 0), fx->launcher);
+    fx->launcher = 0;
+    int status = fy_test_wait(fx->child, 10); /* the orphan is this subreaper's child now */
+    fx->child = 0;
+    assert_int_not_equal(status, -1); /* exited by itself, not killed at the time limit */
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 1); /* "the launcher (pid N) is gone: exiting" */
+}
+
 int main(void)
 {
     fy_log_init("test_worker", FY_LOG_WARN);
@@ -268,6 +363,12 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_inline_failed_and_single_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_finishes_what_is_in_flight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_worker_waits_for_a_silent_launcher, setup_silent,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_worker_stays_while_launcher_stopped, setup_stopped,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_worker_exits_when_launcher_dies, setup_orphaned,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,7 @@
 #include "common/dtype.h"
 #include "common/pool.h"
 #include "common/synth.h"
+#include "common/topo.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
 #include "launcher/selftest.h"
@@ -117,6 +118,46 @@ static void read_extent(struct fy_store *s, struct fy_ring *ring, uint32_t tenso
 
 /* Runs the self-test and compares the SSD store, byte for byte, with the same steps computed here
  * by the scalar AdamW kernel (itself checked against float64 in test_adamw). */
+/* The cpus of one worker in the log's placement line, between `from` and `to`. */
+static int placement_cpus(const char *line, const char *from, const char *to, int *cpus, int max)
+{
+    const char *begin = strstr(line, from), *end = begin ? strstr(begin, to) : NULL;
+    assert_non_null(end);
+    char list[256];
+    begin += strlen(from);
+    assert_true(end - begin > 0 && end - begin < (long)sizeof list);
+    memcpy(list, begin, (size_t)(end - begin));
+    list[end - begin] = 0;
+    int n = fy_cpulist_parse(list, cpus, max);
+    assert_true(n > 0);
+    return n;
+}
+
+/* --backend cpu --affinity auto: the gpu worker computes, so it runs on every cpu of the opt
+ * worker as well (all of this machine's cpus on a 2-core machine, not one of them). */
+static void assert_cpu_backend_placement(struct run *r)
+{
+    assert_true(log_contains(r, "[affinity auto: hwloc, the gpu worker (CPU backend) on the opt "
+                                "worker's cores too"));
+    char *text = fy_test_slurp(r->log, NULL);
+    assert_non_null(text);
+    const char *line = strstr(text, "placement: ");
+    assert_non_null(line);
+    int gpu[1024], opt[1024];
+    int ngpu = placement_cpus(line, "gpu worker on cpus ", ", io worker on ", gpu, 1024);
+    int nopt = placement_cpus(line, ", opt worker on ", " (NUMA node", opt, 1024);
+    for (int i = 0; i < nopt; i++) {
+        int found = 0;
+        for (int j = 0; j < ngpu && !found; j++)
+            found = gpu[j] == opt[i];
+        if (!found)
+            fprintf(stderr, "cpu %d of the opt worker is not the gpu worker's: %.200s\n", opt[i],
+                    line);
+        assert_true(found);
+    }
+    free(text);
+}
+
 static void check_roundtrip(struct run *r, unsigned npaths, int grad_dtype, uint64_t params,
                             unsigned steps, uint64_t seed)
 {
@@ -135,6 +176,7 @@ static void check_roundtrip(struct run *r, unsigned npaths, int grad_dtype, uint
     assert_int_equal(WEXITSTATUS(status), 0);
     assert_true(log_contains(r, "selftest passed"));
     assert_true(log_contains(r, "[affinity auto: hwloc"));
+    assert_cpu_backend_placement(r);
     assert_no_leftovers(r);
 
     struct fy_selftest_layout l;
