@@ -232,19 +232,22 @@ int fy_sup_spawn(struct fy_sup *s, const char *name)
     return 0;
 }
 
-/* Waits for one message (any peer) or a signal; returns descriptor count, or negative: -ECHILD
- * also when `watch` (if given) has exited, expected or not. */
+/* Waits for one message (any peer) or a signal until *deadline; returns descriptor count, or
+ * negative: -ECHILD also when `watch` (if given) has exited, expected or not. Time this process
+ * spent stopped (SIGSTOP, Ctrl-Z) is not the workers': *deadline moves on by it, so that a
+ * launcher continued after its deadline reads the replies waiting for it instead of taking its
+ * workers for stuck. */
 static int wait_message(struct fy_sup *s, char peer[FY_CHAN_PEER_MAX], struct fy_desc *d,
-                        int64_t deadline, const char *awaiting, const char *from, int stopping,
+                        int64_t *deadline, const char *awaiting, const char *from, int stopping,
                         const struct sup_worker *watch)
 {
-    for (;;) {
+    for (int64_t polled = now_ms();;) {
         int rc = drain_signals(s, stopping);
         if (rc < 0)
             return rc;
         if (watch != NULL && !watch->alive)
             return -ECHILD;
-        int64_t left = deadline - now_ms();
+        int64_t left = *deadline - now_ms();
         if (left <= 0) {
             fy_error("timed out waiting for %s from %s%s", awaiting, from,
                      strcmp(awaiting, "READY") == 0
@@ -257,7 +260,13 @@ static int wait_message(struct fy_sup *s, char peer[FY_CHAN_PEER_MAX], struct fy
             {.socket = fy_chan_socket(s->chan), .events = ZMQ_POLLIN},
             {.socket = NULL, .fd = s->sigfd, .events = ZMQ_POLLIN},
         };
-        int ready = zmq_poll(items, 2, left < 1000 ? (long)left : 1000);
+        long wait = left < 1000 ? (long)left : 1000;
+        int64_t before = now_ms();
+        int ready = zmq_poll(items, 2, wait);
+        int64_t stopped = now_ms() - before - wait, since = before - polled;
+        polled = now_ms();
+        if (stopped > 1000 || since > 2000) /* this process did not run for a while */
+            *deadline += (stopped > 1000 ? stopped : 0) + (since > 2000 ? since : 0);
         if (ready < 0 && zmq_errno() == EINTR)
             continue;
         FY_ZMQ(ready, "launcher: polling for %s from %s", awaiting, from);
@@ -279,7 +288,7 @@ int fy_sup_wait_ready(struct fy_sup *s, int timeout_ms)
             return 0;
         char peer[FY_CHAN_PEER_MAX];
         struct fy_desc d[FY_DESC_MAX_PARTS];
-        int n = wait_message(s, peer, d, deadline, "READY", waiting, 0, NULL);
+        int n = wait_message(s, peer, d, &deadline, "READY", waiting, 0, NULL);
         if (n == -EBADMSG || n == -EPROTO || n == -ERANGE)
             continue;
         if (n < 0)
@@ -398,7 +407,7 @@ int fy_sup_wait(struct fy_sup *s, int64_t ticket, struct fy_desc *reply, int tim
     while (!o->done) {
         char peer[FY_CHAN_PEER_MAX];
         struct fy_desc d[FY_DESC_MAX_PARTS];
-        int got = wait_message(s, peer, d, deadline, awaiting, from, 0, w);
+        int got = wait_message(s, peer, d, &deadline, awaiting, from, 0, w);
         if (got == -EBADMSG || got == -EPROTO || got == -ERANGE)
             continue;
         if (got == -ETIMEDOUT && w->alive && w->pid > 0) {
@@ -478,7 +487,8 @@ int fy_sup_stop(struct fy_sup *s, int timeout_ms)
         for (;;) {
             char peer[FY_CHAN_PEER_MAX];
             struct fy_desc d[FY_DESC_MAX_PARTS];
-            int got = wait_message(s, peer, d, deadline, "the stop acknowledgement", w->name, 1, w);
+            int got = wait_message(s, peer, d, &deadline, "the stop acknowledgement", w->name, 1,
+                                   w);
             if (got == -ECHILD) {
                 if (!w->alive)
                     break;

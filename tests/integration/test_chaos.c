@@ -379,6 +379,43 @@ static void test_stuck_worker_restarted(void **state)
     assert_nothing_left(run);
 }
 
+/* The launcher stopped (SIGSTOP) for longer than the requests' deadline, alone and then with its
+ * workers (as Ctrl-Z stops them all), and continued: the time it did not run is not taken for its
+ * workers' (no worker is taken for stuck), and the run ends as the undisturbed run does. */
+static void test_launcher_stopped_and_continued(void **state)
+{
+    struct chaos *c = *state;
+    struct run_paths rp = new_run(c, "paused");
+    const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
+    const char *args[40], *extra[] = {"--timeout", "2", NULL};
+    train_args(args, run, c->f->data, STEPS, out, extra);
+    unlink(log);
+    int pid = fy_test_start("fuyou-launch", args, log);
+    assert_true(pid > 0);
+    static const char *const workers[] = {"gpu", "io", "opt"};
+    for (int all = 0; all < 2; all++) {
+        int lines = fy_test_count_matches(metrics, "\"step\": ");
+        while (fy_test_count_matches(metrics, "\"step\": ") < lines + 5)
+            pause_ms(5);
+        assert_int_equal(kill(pid, SIGSTOP), 0);
+        for (int w = 0; all && w < 3; w++)
+            assert_int_equal(kill(worker_pid(run, workers[w]), SIGSTOP), 0);
+        pause_ms(4000);
+        for (int w = 0; all && w < 3; w++)
+            assert_int_equal(kill(worker_pid(run, workers[w]), SIGCONT), 0);
+        assert_int_equal(kill(pid, SIGCONT), 0);
+    }
+    int status = fy_test_wait(pid, 240);
+    assert_true(status != -1 && WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fy_test_file_contains(log, "no such line: the log, to see why");
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(fy_test_count_matches(log, "is stuck"), 0);
+    assert_int_equal(fy_test_count_matches(log, "restart "), 0);
+    assert_same_as_reference(c, run, out);
+    assert_nothing_left(run);
+}
+
 /* Workers killed before the run's first step (in the profile that plans the activations, while
  * starting, or before any step) are restarted as any other, within --max-restarts. */
 static void test_worker_killed_before_first_step(void **state)
@@ -1283,6 +1320,7 @@ int main(void)
         cmocka_unit_test(test_opt_worker_killed),
         cmocka_unit_test(test_launcher_killed),
         cmocka_unit_test(test_stuck_worker_restarted),
+        cmocka_unit_test(test_launcher_stopped_and_continued),
         cmocka_unit_test(test_worker_killed_before_first_step),
         cmocka_unit_test(test_relocated_run),
         cmocka_unit_test(test_damaged_state_and_records),
