@@ -65,12 +65,7 @@ int fy_metrics_open(struct fy_metrics **out, const char *run_dir)
         fy_warn("test hook: training stops once more than %llu bytes of metrics lines wait for "
                 "room (FUYOU_TEST_METRICS_PENDING_MAX)", bytes);
     }
-    int rc = open_append(m);
-    if (rc < 0) {
-        fy_error("cannot open %s: %s", m->path, strerror(-rc));
-        free(m);
-        return rc;
-    }
+    m->fd = -1; /* opened by the first line: a run refused before its first step makes no file */
     *out = m;
     return 0;
 }

@@ -17,8 +17,8 @@
 
 struct fy_metrics;
 
-/* Opens RUN/metrics.jsonl for appending (created when missing); 0 or -errno (said). The test hook
- * FUYOU_TEST_METRICS_PENDING_MAX=BYTES sets the cap (said). */
+/* RUN/metrics.jsonl for appending (created by the first line that goes out); 0 or -errno (said).
+ * The test hook FUYOU_TEST_METRICS_PENDING_MAX=BYTES sets the cap (said). */
 int fy_metrics_open(struct fy_metrics **m, const char *run_dir);
 /* The file's path. */
 const char *fy_metrics_path(const struct fy_metrics *m);

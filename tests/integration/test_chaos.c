@@ -179,6 +179,30 @@ static struct run_paths new_run(struct chaos *c, const char *name)
     return p;
 }
 
+/* Starts the usual training run to STEPS in the background (its output to rp->log, made anew),
+ * with `extra` options (may be NULL) and, where delay_ms is given, every AdamW that much slower
+ * (FUYOU_TEST_OPT_DELAY_MS: a test stops or damages it between steps); its pid. */
+static int start_run(struct chaos *c, const struct run_paths *rp, const char *const *extra,
+                     const char *delay_ms)
+{
+    const char *args[40];
+    train_args(args, rp->run, c->f->data, STEPS, rp->out, extra);
+    unlink(rp->log);
+    if (delay_ms != NULL)
+        setenv("FUYOU_TEST_OPT_DELAY_MS", delay_ms, 1);
+    int pid = fy_test_start("fuyou-launch", args, rp->log);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* Waits until the metrics file holds at least `lines` steps' lines. */
+static void wait_steps(const char *metrics, int lines)
+{
+    while (fy_test_count_matches(metrics, "\"step\": ") < lines)
+        pause_ms(5);
+}
+
 /* The run's losses and exported weights equal the undisturbed run's, bit for bit. */
 static void assert_same_as_reference(const struct chaos *c, const char *run, const char *out)
 {
@@ -257,11 +281,7 @@ static void kill_worker_during_run(struct chaos *c, const char *name, uint64_t s
 {
     struct run_paths rp = new_run(c, name);
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    const char *args[40];
-    train_args(args, run, c->f->data, STEPS, out, NULL);
-    unlink(log);
-    int pid = fy_test_start("fuyou-launch", args, log);
-    assert_true(pid > 0);
+    int pid = start_run(c, &rp, NULL, NULL);
     int kills = 0, last = -1, status = -1;
     int seen = fy_test_count_matches(metrics, "\"step\": ");
     double t0 = now_s();
@@ -347,16 +367,11 @@ static void test_stuck_worker_restarted(void **state)
     struct chaos *c = *state;
     struct run_paths rp = new_run(c, "stuck");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    const char *args[40], *extra[] = {"--timeout", "2", NULL};
-    train_args(args, run, c->f->data, STEPS, out, extra);
-    unlink(log);
-    int pid = fy_test_start("fuyou-launch", args, log);
-    assert_true(pid > 0);
+    const char *extra[] = {"--timeout", "2", NULL};
+    int pid = start_run(c, &rp, extra, NULL);
     double longest = 0;
     for (int stop = 0; stop < 3; stop++) {
-        int lines = fy_test_count_matches(metrics, "\"step\": ");
-        while (fy_test_count_matches(metrics, "\"step\": ") < lines + 5)
-            pause_ms(5);
+        wait_steps(metrics, fy_test_count_matches(metrics, "\"step\": ") + 5);
         int opt = worker_pid(run, "opt");
         assert_true(opt > 0);
         double t0 = now_s();
@@ -387,16 +402,11 @@ static void test_launcher_stopped_and_continued(void **state)
     struct chaos *c = *state;
     struct run_paths rp = new_run(c, "paused");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    const char *args[40], *extra[] = {"--timeout", "2", NULL};
-    train_args(args, run, c->f->data, STEPS, out, extra);
-    unlink(log);
-    int pid = fy_test_start("fuyou-launch", args, log);
-    assert_true(pid > 0);
+    const char *extra[] = {"--timeout", "2", NULL};
+    int pid = start_run(c, &rp, extra, NULL);
     static const char *const workers[] = {"gpu", "io", "opt"};
     for (int all = 0; all < 2; all++) {
-        int lines = fy_test_count_matches(metrics, "\"step\": ");
-        while (fy_test_count_matches(metrics, "\"step\": ") < lines + 5)
-            pause_ms(5);
+        wait_steps(metrics, fy_test_count_matches(metrics, "\"step\": ") + 5);
         assert_int_equal(kill(pid, SIGSTOP), 0);
         for (int w = 0; all && w < 3; w++)
             assert_int_equal(kill(worker_pid(run, workers[w]), SIGSTOP), 0);
@@ -423,11 +433,7 @@ static void test_worker_killed_before_first_step(void **state)
     struct chaos *c = *state;
     struct run_paths rp = new_run(c, "early");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    const char *args[40];
-    train_args(args, run, c->f->data, STEPS, out, NULL);
-    unlink(log);
-    int pid = fy_test_start("fuyou-launch", args, log);
-    assert_true(pid > 0);
+    int pid = start_run(c, &rp, NULL, NULL);
     int kills = 0, last = -1, status = -1, ended = 0;
     double t0 = now_s();
     while (kills < 3 && fy_test_count_matches(metrics, "\"step\": ") == 0 &&
@@ -702,13 +708,7 @@ static void test_damage_found_while_training(void **state)
     struct run_paths rp = new_run(c, "rot");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
     const char *store = rp.store, *data = rp.data;
-    const char *args[40];
-    train_args(args, run, c->f->data, STEPS, out, NULL);
-    unlink(log);
-    setenv("FUYOU_TEST_OPT_DELAY_MS", "20", 1); /* slower steps: the test stops it between two */
-    int pid = fy_test_start("fuyou-launch", args, log);
-    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
-    assert_true(pid > 0);
+    int pid = start_run(c, &rp, NULL, "20"); /* slower steps: the test stops it between two */
     /* stopped after step 3k + 1 and before the next commit, so the working copy holds state
      * written since the last commit that the next steps read back before they commit again */
     for (double t0 = now_s();; pause_ms(1)) {
