@@ -220,18 +220,6 @@ unsigned fy_scratch_class(uint64_t bytes)
     return k;
 }
 
-uint64_t fy_unit_state_section(const struct fy_gpt_config *c, unsigned unit)
-{
-    return align4k(fy_gpt_unit_params(c, unit) * 4);
-}
-
-uint64_t fy_unit_state_bytes(const struct fy_gpt_config *c, unsigned unit)
-{
-    return 3 * fy_unit_state_section(c, unit);
-}
-
-
-
 int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t step, int overwrite,
                      int (*next)(void *ctx, unsigned unit, float *params), void *ctx)
 {

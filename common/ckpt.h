@@ -1,8 +1,8 @@
 /* Model state metadata, commit records and weight files.
  *
- * The store keeps every unit's optimizer state twice (copies 0 and 1, extents
- * FY_TENSOR_UNIT_STATE_COPY) and two commit records (extents FY_TENSOR_COMMIT(0) and (1)), written
- * in turn. A record names a committed step, the copy that holds every unit's state at that step
+ * The store keeps every unit's optimizer state (its layout: common/optstate.h) twice (copies 0
+ * and 1, extents FY_TENSOR_UNIT_STATE_COPY) and two commit records (extents FY_TENSOR_COMMIT(0)
+ * and (1)), written in turn. A record names a committed step, the copy that holds every unit's state at that step
  * and each unit's digest there; a step's write-backs go to the other copy, so a crash at any
  * moment leaves the committed copy whole. Recovery takes the intact record with the highest
  * sequence number (docs/architecture.md, "Durability").
@@ -99,10 +99,6 @@ int fy_storemeta_check(const uint8_t *record, size_t len);
  * FY_CKPT_BLOCK). -EBADMSG with a message naming `where` when it is neither, or damaged. */
 int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
                         struct fy_storemeta *m);
-
-/* Byte layout of a unit's state extent: master, adam m, adam v, each 4096-aligned. */
-uint64_t fy_unit_state_section(const struct fy_gpt_config *c, unsigned unit);
-uint64_t fy_unit_state_bytes(const struct fy_gpt_config *c, unsigned unit);
 
 /* Weight files. The writer takes the units in order through `next` (called once per unit with a
  * buffer of fy_gpt_unit_params floats to fill). */

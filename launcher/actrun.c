@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/optstate.h"
 #include "common/synth.h"
 
 /* Forced host or ssd: every swappable kind there, or the test hook's seeded mix. */
@@ -49,13 +50,17 @@ static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
  * the H200 (1.3B, batch 64: 108 ms for 41 TFLOP), so it is estimated at that share. */
 #define HEAD_RATE_SHARE 0.5
 
-/* Host memory bytes an f32 AdamW update moves per parameter: it reads the gradient, master, m and
- * v and writes the last three (a bf16 weights copy writes 2 more). The profile times AdamW alone,
- * which gives host memory's bandwidth as this many bytes per parameter at the measured rate: the
- * copies to and from the pool share it with AdamW (actplan.h, "mem"). */
-#define ADAMW_BYTES 28
+/* Host memory bytes an AdamW update moves per parameter: it reads the f32 gradient and the
+ * state's sections and writes the latter (common/optstate.h: 28; a bf16 weights copy writes 2
+ * more). The profile times AdamW alone, which gives host memory's bandwidth as this many bytes per
+ * parameter at the measured rate: the copies to and from the pool share it with AdamW (actplan.h,
+ * "mem"). */
+static unsigned adamw_bytes(void) { return fy_optstate_update_param_bytes(FY_DTYPE_F32); }
 
-static double mem_Bps(const struct fy_actrun_in *in) { return in->rates.opt_params * ADAMW_BYTES; }
+static double mem_Bps(const struct fy_actrun_in *in)
+{
+    return in->rates.opt_params * adamw_bytes();
+}
 
 static uint64_t unit_f32(const struct fy_gpt_config *c, unsigned u)
 {
@@ -78,10 +83,10 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
         fwd->h2d += fy_train_upload_bytes(c, in->resident, u); /* every unit's, in the forward */
         if (in->resident == NULL || !in->resident[u]) {
             int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
-            fwd->ssd_read += fy_unit_state_section(c, u);
-            bwd->ssd_read += fy_unit_state_bytes(c, u) +
-                             (in->clip && block ? fy_unit_state_section(c, u) : 0);
-            bwd->ssd_write += fy_unit_state_bytes(c, u);
+            fwd->ssd_read += fy_optstate_master_bytes(c, u);
+            bwd->ssd_read += fy_optstate_bytes(c, u) +
+                             (in->clip && block ? fy_optstate_master_bytes(c, u) : 0);
+            bwd->ssd_write += fy_optstate_bytes(c, u);
         }
     }
     /* the head (forward and backward in one request): its gradients come home in the forward */
@@ -99,12 +104,15 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
         full_recompute += p->recompute_s[k];
     bwd->gpu_s = passes * keep * p->bwd_s + (passes - 1) * planned * (p->bwd_s + full_recompute);
     double params = (double)fy_gpt_total_params(c);
-    bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + 4.0 / ADAMW_BYTES : 1.0);
+    double grad = (double)fy_dtype_size(FY_DTYPE_F32); /* clipping's sums read the gradients */
+    bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + grad / adamw_bytes() : 1.0);
     fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;
     bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write;
     for (unsigned u = 0; u < units; u++) { /* the updates, copies written, clipping's sums */
         int copy = in->resident != NULL && in->resident[u] == FY_TRAIN_KEPT_BF16;
-        bwd->mem += fy_gpt_unit_params(c, u) * (ADAMW_BYTES + 2 * copy + 4 * in->clip);
+        bwd->mem += fy_gpt_unit_params(c, u) *
+                    (adamw_bytes() + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy +
+                     fy_dtype_size(FY_DTYPE_F32) * in->clip);
     }
 }
 

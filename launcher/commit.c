@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "common/desc.h"
 #include "common/dtype.h"
+#include "common/optstate.h"
 
 int fy_io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
                uint64_t bytes, uint64_t arg, int timeout_ms)
@@ -131,7 +132,7 @@ int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, un
                           timeout_ms));
     for (unsigned u = 0; copies == 2 && u < fy_gpt_unit_count(c); u++)
         FY_TRY(fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE_COPY(u, 1), 0, 0,
-                          fy_unit_state_bytes(c, u), timeout_ms));
+                          fy_optstate_bytes(c, u), timeout_ms));
     return 0;
 }
 
@@ -170,16 +171,18 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
     /* every extent first: the io worker would answer an allocation only after the write ahead */
     for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++)
         rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0,
-                        fy_unit_state_bytes(c, u), timeout_ms);
+                        fy_optstate_bytes(c, u), timeout_ms);
     for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
-        uint64_t bytes = fy_unit_state_bytes(c, u), buf = buf_off[u & 1];
+        struct fy_optstate_layout lay;
+        fy_optstate_layout(c, u, &lay);
+        uint64_t bytes = lay.bytes, buf = buf_off[u & 1];
         for (int i = 0; i < 2 && rc == 0; i++) /* the write still reading this buffer */
             if (w[i].ticket != 0 && w[i].buf == buf)
                 rc = unit_write_wait(x, &w[i], m, timeout_ms);
         uint8_t *state = fy_pool_at(pool, buf, bytes);
         if (rc == 0) {
             memset(state, 0, bytes); /* Adam's moments start at zero */
-            rc = fill(ctx, u, (float *)state);
+            rc = fill(ctx, u, (float *)(state + lay.section[FY_OPTSTATE_MASTER].offset));
         }
         if (rc == 0) { /* written (and its digest taken) while the next unit is filled */
             int64_t ticket = io_submit_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), buf,
@@ -210,7 +213,7 @@ int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint
             continue;
         uint64_t digest = m->digest[u];
         int rc = fy_io_call_digest(x, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE_COPY(u, m->copy),
-                                   buf_off, fy_unit_state_bytes(&m->model, u), &digest,
+                                   buf_off, fy_optstate_bytes(&m->model, u), &digest,
                                    timeout_ms);
         if (fy_commit_is_damage(rc)) {
             *bad = u;
@@ -230,10 +233,19 @@ int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, u
     uint32_t tensor = FY_TENSOR_UNIT_STATE_COPY(u, m->copy);
     if (m->legacy) /* no digest to check: the master section alone */
         return fy_io_call(x, FY_OP_IO_READ, tensor, buf_off,
-                          fy_unit_state_section(&m->model, u), 0, timeout_ms);
+                          fy_optstate_master_bytes(&m->model, u), 0, timeout_ms);
     uint64_t digest = m->digest[u];
     return fy_io_call_digest(x, FY_OP_IO_READ, tensor, buf_off,
-                             fy_unit_state_bytes(&m->model, u), &digest, timeout_ms);
+                             fy_optstate_bytes(&m->model, u), &digest, timeout_ms);
+}
+
+const float *fy_commit_unit_master(const struct fy_pool *pool, const struct fy_storemeta *m,
+                                   unsigned u, uint64_t buf_off)
+{
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(&m->model, u, &lay);
+    const struct fy_optstate_section *master = &lay.section[FY_OPTSTATE_MASTER];
+    return fy_pool_at(pool, buf_off + master->offset, master->bytes);
 }
 
 int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,

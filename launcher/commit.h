@@ -63,6 +63,10 @@ int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint
  * or the state is damaged (fy_commit_export_next tells and finds what to export instead). */
 int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, unsigned u,
                         uint64_t buf_off, int timeout_ms);
+/* Unit u's master weights (f32, fy_gpt_unit_params of them) in the pool, where
+ * fy_commit_read_unit read its state to buf_off. */
+const float *fy_commit_unit_master(const struct fy_pool *pool, const struct fy_storemeta *m,
+                                   unsigned u, uint64_t buf_off);
 /* What an export has passed over so far (fy_commit_export_next); zeroed before it starts. */
 struct fy_commit_export {
     int fell_back;          /* it went back from a damaged commit, */

@@ -12,6 +12,7 @@
 #include "common/config.h"
 #include "common/ckpt.h"
 #include "common/dtype.h"
+#include "common/optstate.h"
 #include "common/pool.h"
 #include "gpu_worker/backend.h"
 #include "launcher/actrun.h"
@@ -139,7 +140,7 @@ static uint64_t state_bytes(const struct fy_gpt_config *c)
 {
     uint64_t total = 0;
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        total += fy_unit_state_bytes(c, u);
+        total += fy_optstate_bytes(c, u);
     return total;
 }
 
@@ -250,7 +251,7 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
             fy_dtype_name(fy_backend_preferred_act_dtype(in->backend)), in->rates_from);
     uint64_t kept_state = 0;
     for (unsigned u = 0; u < units; u++)
-        kept_state += s.resident[u] ? fy_unit_state_bytes(c, u) : 0;
+        kept_state += s.resident[u] ? fy_optstate_bytes(c, u) : 0;
     fprintf(out, "plan: optimizer state %s: %u of %u units (%s) stay in the shared pool, the "
             "rest (%s) streams from the SSD store each step; checkpoints %s; weights to the GPU "
             "in bf16 for %u units (copies beside their state), in f32 for the others\n",

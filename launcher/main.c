@@ -21,6 +21,7 @@
 #include "common/fsutil.h"
 #include "common/hfgpt2.h"
 #include "common/model.h"
+#include "common/optstate.h"
 #include "common/safetensors.h"
 #include "common/tokfile.h"
 #include "gpu_worker/backend.h"
@@ -825,12 +826,8 @@ static int cmd_init(struct options *o)
  * a commit record and one unit's state (read whole on export, to check its digest). */
 static void hf_regions(const struct fy_gpt_config *c, struct fy_pool_region_spec out[2])
 {
-    uint64_t unit = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        if (fy_unit_state_bytes(c, u) > unit)
-            unit = fy_unit_state_bytes(c, u);
     out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
-    out[1] = (struct fy_pool_region_spec){"unit", unit};
+    out[1] = (struct fy_pool_region_spec){"unit", fy_optstate_max_bytes(c)};
 }
 
 /* A unit's master weights from the Hugging Face files (fy_commit_create's fill). */
@@ -1023,9 +1020,9 @@ static int profile_call(const struct options *o, struct fy_exec *x, const char *
 
 /* The rates the activation plan uses besides the block's: the SSD store written and read through
  * the io worker (a scratch extent of the copies' size, not state), the better of two runs each; and
- * AdamW on the opt worker over the copies region cut in four (gradient, master, m, v), the median
- * of PROFILE_ADAMW_RUNS after one that warms it up: on a shared machine single runs of a few
- * milliseconds spread by 2x, and the best of them is far above what a training step sees. */
+ * AdamW on the opt worker over a gradient and a state laid out as a unit's in the copies region,
+ * the median of PROFILE_ADAMW_RUNS after one that warms it up: on a shared machine single runs of
+ * a few milliseconds spread by 2x, and the best of them is far above what a training step sees. */
 #define PROFILE_ADAMW_RUNS 5
 
 static int double_order(const void *a, const void *b)
@@ -1043,7 +1040,9 @@ static int profile_links(const struct options *o, struct fy_exec *x, uint64_t at
     d.arg = fy_scratch_class_bytes(cls);
     FY_TRY(profile_call(o, x, "io", &d, 1, NULL));
     double best[2] = {INFINITY, INFINITY}, sec, adamw[PROFILE_ADAMW_RUNS];
-    uint64_t quarter = bytes / 4 / 256 * 256, params = quarter / 4;
+    /* AdamW over `params` parameters: their f32 gradient, then their state laid out as a unit's
+     * (common/optstate.h); a multiple of 4096 parameters, so that no section needs padding */
+    uint64_t params = bytes / (4 + fy_optstate_param_bytes()) / 4096 * 4096;
     for (int rep = 0; rep < 2; rep++) {
         const int ops[2] = {FY_OP_IO_WRITE, FY_OP_IO_READ};
         for (int i = 0; i < 2; i++) {
@@ -1053,15 +1052,15 @@ static int profile_links(const struct options *o, struct fy_exec *x, uint64_t at
             best[i] = sec < best[i] ? sec : best[i];
         }
     }
-    const int kinds[4] = {FY_KIND_GRAD, FY_KIND_MASTER, FY_KIND_ADAM_M, FY_KIND_ADAM_V};
-    struct fy_desc req[4];
-    for (int k = 0; k < 4; k++) {
-        req[k] = fy_desc_region(FY_OP_OPT_ADAMW, kinds[k], FY_DTYPE_F32, at + k * quarter, quarter,
-                                -1);
+    struct fy_optstate_layout st;
+    fy_optstate_layout_params(params, &st);
+    struct fy_desc req[1 + FY_OPTSTATE_PARTS];
+    req[0] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, FY_DTYPE_F32, at, params * 4, -1);
+    unsigned parts = 1 + fy_optstate_parts(&st, at + params * 4, -1, req + 1);
+    for (unsigned k = 0; k < parts; k++)
         req[k].step = 1;
-    }
     for (int run = -1; run < PROFILE_ADAMW_RUNS; run++) {
-        FY_TRY(profile_call(o, x, "opt", req, 4, &sec));
+        FY_TRY(profile_call(o, x, "opt", req, parts, &sec));
         if (run >= 0)
             adamw[run] = sec;
     }
@@ -1925,8 +1924,7 @@ static int cmd_export_hf(struct options *o)
         for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(&model); u++) {
             rc = fy_commit_read_unit(&x, meta, u, off, o->timeout_s * 1000);
             if (rc == 0)
-                rc = fy_hfgpt2_writer_put_unit(w, u, fy_pool_at(s.pool, off,
-                                                                fy_unit_state_section(&model, u)));
+                rc = fy_hfgpt2_writer_put_unit(w, u, fy_commit_unit_master(s.pool, meta, u, off));
         }
         if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
             break;

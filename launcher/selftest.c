@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "common/dtype.h"
+#include "common/optstate.h"
 #include "common/synth.h"
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
@@ -23,11 +24,12 @@ static double now_s(void)
 
 void fy_selftest_layout(uint64_t params, int grad_dtype, struct fy_selftest_layout *out)
 {
-    uint64_t f32 = align4k(params * 4);
+    struct fy_optstate_layout st; /* a model unit's state layout, for `params` parameters */
+    fy_optstate_layout_params(params, &st);
     out->params = params;
-    out->m_offset = f32;
-    out->v_offset = 2 * f32;
-    out->state_bytes = 3 * f32;
+    out->m_offset = st.section[FY_OPTSTATE_ADAM_M].offset;
+    out->v_offset = st.section[FY_OPTSTATE_ADAM_V].offset;
+    out->state_bytes = st.bytes;
     out->grad_bytes = align4k(params * fy_dtype_size(grad_dtype));
     out->weights_bytes = align4k(params * 2);
 }
@@ -107,21 +109,20 @@ int fy_selftest_run(struct fy_sup *s, struct fy_pool *pool, const struct fy_self
         }
         double t2 = now_s();
         if (rc == 0) {
-            struct fy_desc parts[5] = {
-                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, o->grad_dtype, grad_off,
-                       o->params * fy_dtype_size(o->grad_dtype), -1),
-                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_MASTER, FY_DTYPE_F32, state_off, o->params * 4, -1),
-                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_ADAM_M, FY_DTYPE_F32, state_off + l.m_offset,
-                       o->params * 4, -1),
-                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_ADAM_V, FY_DTYPE_F32, state_off + l.v_offset,
-                       o->params * 4, -1),
-                fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16, weights_off, o->params * 2, -1),
-            };
-            for (int i = 0; i < 5; i++) {
+            /* the gradient, the state's sections (a unit's layout), the bf16 weights */
+            struct fy_desc parts[2 + FY_OPTSTATE_PARTS];
+            struct fy_optstate_layout st;
+            fy_optstate_layout_params(o->params, &st);
+            parts[0] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, o->grad_dtype, grad_off,
+                                      o->params * fy_dtype_size(o->grad_dtype), -1);
+            unsigned n = 1 + fy_optstate_parts(&st, state_off, -1, parts + 1);
+            parts[n++] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16,
+                                        weights_off, o->params * 2, -1);
+            for (unsigned i = 0; i < n; i++) {
                 parts[i].step = step;
                 parts[i].tensor = FY_SELFTEST_TENSOR_STATE;
             }
-            rc = fy_sup_call(s, "opt", parts, 5, NULL, t);
+            rc = fy_sup_call(s, "opt", parts, n, NULL, t);
         }
         if (grad_off != 0 && fy_slots_free(&grads, grad_off) < 0 && rc == 0)
             rc = -EINVAL;

@@ -11,7 +11,7 @@
 #include "common/pool.h"
 #include "launcher/supervise.h"
 
-#define FY_SELFTEST_TENSOR_STATE 1   /* extent: [master | adam m | adam v], each 4 KiB aligned */
+#define FY_SELFTEST_TENSOR_STATE 1   /* extent: a unit's state layout (common/optstate.h) */
 #define FY_SELFTEST_TENSOR_WEIGHTS 2 /* extent: bf16 weights after the last step */
 #define FY_SELFTEST_INIT_SCALE 0.02f
 

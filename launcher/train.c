@@ -15,6 +15,7 @@
 #include "common/check.h"
 #include "common/dtype.h"
 #include "common/fsutil.h"
+#include "common/optstate.h"
 #include "launcher/commit.h"
 #include "launcher/metrics.h"
 #include "launcher/progress.h"
@@ -32,8 +33,10 @@ struct layout {
     uint64_t meta, tokens, targets;
     uint64_t embed_rows; /* the embeddings' update in two parts: two row lists (embed_rows_bytes) */
     uint64_t acts, dacts, weights, grads, state;
-    uint64_t slot_bytes; /* one unit's f32 parameters, 4 KiB padded */
-    unsigned wslots;     /* weights slots that blocks and the final unit take in turn */
+    uint64_t slot_bytes;  /* one unit's f32 gradient, 4 KiB padded (grads slot 0) */
+    uint64_t wslot_bytes; /* a weights slot: the largest unit's master section */
+    uint64_t state_slot_bytes; /* a state slot: the largest unit's state (common/optstate.h) */
+    unsigned wslots;      /* weights slots that blocks and the final unit take in turn */
     /* the grads region: one unit slot for the embeddings' gradient, gslots block-sized slots that
      * the blocks (and the final unit) take in turn, and with clipping the final unit's gradient */
     uint64_t grads_bytes, bslot_bytes;
@@ -64,8 +67,8 @@ struct ticket {
  * it last (within one schedule function: all of them are done between). */
 #define SPILL_SLOTS_MAX (FY_TRAIN_ACT_AHEAD_MAX + 2)
 
-/* An AdamW request: gradient, master, m, v, a bf16 weights copy, a row list. */
-#define OPT_PARTS_MAX 6
+/* An AdamW request: the gradient, the state's sections, a bf16 weights copy, a row list. */
+#define OPT_PARTS_MAX (1 + FY_OPTSTATE_PARTS + 2)
 struct spill {
     int on;
     unsigned slots;
@@ -115,7 +118,9 @@ struct run {
     /* AdamW requests, per unit: prepared (opt_req), held back in `queue` in sending order, then
      * sent (opt_sent; a ticket that may outlive its step: the next forward waits for it). */
     struct fy_desc (*opt_req)[OPT_PARTS_MAX];
-    unsigned char *opt_parts; /* per unit: 4, one more with a weights copy, one more with rows */
+    /* per unit: the gradient and the state's sections, one more with a weights copy, one more
+     * with rows */
+    unsigned char *opt_parts;
     struct ticket *opt_sent;
     /* The embeddings' update in two parts (without clipping, state in the pool): the rows the
      * batch's tokens do not touch, sent once the head's gradient is home (embed_early), and the
@@ -166,13 +171,22 @@ static uint64_t embed_rows_bytes(const struct fy_gpt_config *c)
     return align4k(2 * embed_row_count(c) * 4);
 }
 
-static uint64_t max_unit_bytes(const struct fy_gpt_config *c)
+/* The largest unit's f32 gradient, 4 KiB padded. */
+static uint64_t max_grad_bytes(const struct fy_gpt_config *c)
 {
     uint64_t m = 0;
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        if (fy_unit_state_section(c, u) > m)
-            m = fy_unit_state_section(c, u);
+        if (align4k(fy_gpt_unit_params(c, u) * 4) > m)
+            m = align4k(fy_gpt_unit_params(c, u) * 4);
     return m;
+}
+
+/* Where unit u's master weights lie in its state at pool offset `state`. */
+static uint64_t master_at(const struct fy_gpt_config *c, unsigned u, uint64_t state)
+{
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(c, u, &lay);
+    return state + lay.section[FY_OPTSTATE_MASTER].offset;
 }
 
 /* --act-ahead as given, 0 meaning the default. */
@@ -228,8 +242,11 @@ uint64_t fy_train_ckpt_store_bytes(const struct fy_gpt_config *c, int B, int T, 
 uint64_t fy_train_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
                                unsigned u)
 {
-    int copy = resident != NULL && resident[u] == FY_TRAIN_KEPT_BF16;
-    return fy_gpt_unit_params(c, u) * (copy ? 2 : 4);
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(c, u, &lay);
+    if (resident != NULL && resident[u] == FY_TRAIN_KEPT_BF16)
+        return lay.params * fy_dtype_size(FY_OPTSTATE_COPY_DTYPE);
+    return lay.section[FY_OPTSTATE_MASTER].bytes;
 }
 
 unsigned fy_train_weight_copies(const struct fy_gpt_config *c, const unsigned char *resident)
@@ -281,9 +298,9 @@ void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int act_dty
     for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
         if (resident == NULL || !resident[u]) {
             int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
-            *read += (uint64_t)(1 + (clip && block)) * fy_unit_state_section(c, u) +
-                     fy_unit_state_bytes(c, u);
-            *write += fy_unit_state_bytes(c, u);
+            *read += (uint64_t)(1 + (clip && block)) * fy_optstate_master_bytes(c, u) +
+                     fy_optstate_bytes(c, u);
+            *write += fy_optstate_bytes(c, u);
         }
 }
 
@@ -314,8 +331,11 @@ void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype
     out->h2d_s = up / rates->h2d;
     out->d2h_s = down / rates->d2h;
     out->ssd_s = rd / rates->ssd_read + wr / rates->ssd_write;
-    /* with clipping the opt worker also sums the squares of every gradient: 4 of AdamW's 28 bytes */
-    out->opt_s = params / rates->opt_params * (clip ? 1.0 + 4.0 / 28.0 : 1.0);
+    /* with clipping the opt worker also reads every gradient for its sum of squares: with f32
+     * gradients 4 bytes a parameter beside the update's 28 */
+    double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) /
+                         (double)fy_optstate_update_param_bytes(FY_DTYPE_F32);
+    out->opt_s = params / rates->opt_params * (clip ? 1.0 + sumsq_share : 1.0);
     const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s};
     static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
                                         "SSD", "optimizer"};
@@ -326,19 +346,13 @@ void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype
         }
 }
 
-/* A bf16 copy of unit u's weights, after its state in the resident region. */
-static uint64_t weight_copy_bytes(const struct fy_gpt_config *c, unsigned u)
-{
-    return align4k(fy_gpt_unit_params(c, u) * 2);
-}
-
 uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident)
 {
     uint64_t bytes = 0;
     for (unsigned u = 0; resident != NULL && u < fy_gpt_unit_count(c); u++)
         if (resident[u])
-            bytes += fy_unit_state_bytes(c, u) +
-                     (resident[u] == FY_TRAIN_KEPT_BF16 ? weight_copy_bytes(c, u) : 0);
+            bytes += fy_optstate_bytes(c, u) +
+                     (resident[u] == FY_TRAIN_KEPT_BF16 ? fy_optstate_copy_bytes(c, u) : 0);
     return bytes;
 }
 
@@ -423,7 +437,7 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype
 {
     uint64_t act = align4k(fy_train_act_bytes(c, B, T, act_dtype));
     uint64_t tok = align4k((uint64_t)B * T * 4);
-    uint64_t slot = max_unit_bytes(c);
+    uint64_t slot = max_grad_bytes(c);
     unsigned i = 0;
     out[i++] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
     out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok + embed_rows_bytes(c)};
@@ -437,15 +451,17 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype
      * slot 0 holds the embedding gradient through the backward, the blocks take grad_slots
      * block-sized slots in turn so the gpu can run grad_slots - 1 blocks ahead of the optimizer,
      * and with clipping the final unit's gradient after them (it must outlive pass 1, whose blocks
-     * use slots 1 and 2); state: two units' master, m, v so one is updated while the next is read */
+     * use slots 1 and 2); state: two units' whole state (common/optstate.h) so one is updated
+     * while the next is read */
     if (prefetch < 1 || prefetch > FY_TRAIN_PREFETCH_MAX)
         prefetch = 1; /* the option parser refuses these; the layout stays sane anyway */
     if (grad_slots < FY_TRAIN_GRAD_SLOTS_MIN || grad_slots > FY_TRAIN_GRAD_SLOTS_MAX)
         grad_slots = FY_TRAIN_GRAD_SLOTS_MIN;
-    out[i++] = (struct fy_pool_region_spec){"weights", (2 + prefetch) * slot};
+    out[i++] = (struct fy_pool_region_spec){"weights",
+                                            (2 + prefetch) * fy_optstate_max_master_bytes(c)};
     out[i++] = (struct fy_pool_region_spec){
         "grads", slot + grad_slots * block_slot_bytes(c) + (clip ? dfinal_bytes(c) : 0)};
-    out[i++] = (struct fy_pool_region_spec){"state", 6 * slot};
+    out[i++] = (struct fy_pool_region_spec){"state", 2 * fy_optstate_max_bytes(c)};
     uint64_t kept = fy_train_resident_bytes(c, resident);
     if (kept > 0) /* optimizer state that stays in the pool across steps */
         out[i++] = (struct fy_pool_region_spec){"resident", kept};
@@ -466,7 +482,9 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
     l->act_dtype = act_dtype;
     l->act_bytes = fy_train_act_bytes(c, B, T, act_dtype);
     l->tok_bytes = (uint64_t)B * T * 4;
-    l->slot_bytes = max_unit_bytes(c);
+    l->slot_bytes = max_grad_bytes(c);
+    l->wslot_bytes = fy_optstate_max_master_bytes(c);
+    l->state_slot_bytes = fy_optstate_max_bytes(c);
     FY_TRY(fy_pool_region(p, "meta", &l->meta, &bytes));
     FY_TRY(fy_pool_region(p, "tokens", &l->tokens, &bytes));
     l->targets = l->tokens + align4k(l->tok_bytes);
@@ -480,8 +498,8 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
     l->dact_slots = (unsigned)(bytes / align4k(l->act_bytes));
     FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
     /* slot 0 for the embeddings, then the prefetch depth + 1 that the units take in turn */
-    l->wslots = (unsigned)(bytes / l->slot_bytes) - 1;
-    FY_REQUIRE(bytes / l->slot_bytes >= 3 && l->wslots <= FY_TRAIN_PREFETCH_MAX + 1, -EINVAL,
+    l->wslots = (unsigned)(bytes / l->wslot_bytes) - 1;
+    FY_REQUIRE(bytes / l->wslot_bytes >= 3 && l->wslots <= FY_TRAIN_PREFETCH_MAX + 1, -EINVAL,
                "shared pool: a weights region of %llu bytes is not 3 to %d unit slots",
                (unsigned long long)bytes, FY_TRAIN_PREFETCH_MAX + 2);
     FY_TRY(fy_pool_region(p, "grads", &l->grads, &l->grads_bytes));
@@ -494,6 +512,9 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
                (unsigned long long)l->grads_bytes, FY_TRAIN_GRAD_SLOTS_MIN, FY_TRAIN_GRAD_SLOTS_MAX);
     l->gslots = (unsigned)gslots;
     FY_TRY(fy_pool_region(p, "state", &l->state, &bytes));
+    FY_REQUIRE(bytes >= 2 * l->state_slot_bytes, -EINVAL,
+               "shared pool: a state region of %llu bytes does not hold two units' state",
+               (unsigned long long)bytes);
     return 0;
 }
 
@@ -513,10 +534,10 @@ static int resident_offsets(const struct fy_pool *p, const struct fy_gpt_config 
     for (unsigned u = 0; u < units; u++)
         if (resident[u]) {
             offsets[u] = at;
-            at += fy_unit_state_bytes(c, u);
+            at += fy_optstate_bytes(c, u);
             if (resident[u] == FY_TRAIN_KEPT_BF16) {
                 copies[u] = at;
-                at += weight_copy_bytes(c, u);
+                at += fy_optstate_copy_bytes(c, u);
             }
         }
     FY_REQUIRE(at - start <= bytes, -EINVAL,
@@ -528,13 +549,17 @@ static int resident_offsets(const struct fy_pool *p, const struct fy_gpt_config 
 
 static uint64_t act_at(const struct layout *l, unsigned i) { return l->acts + i * align4k(l->act_bytes); }
 static uint64_t dact_at(const struct layout *l, unsigned i) { return l->dacts + i * align4k(l->act_bytes); }
-static uint64_t wslot(const struct layout *l, unsigned i) { return l->weights + i * l->slot_bytes; }
+static uint64_t wslot(const struct layout *l, unsigned i)
+{
+    return l->weights + i * l->wslot_bytes;
+}
 /* Grads slot 0 (the embeddings' gradient, a unit slot), 1..gslots (block-sized), and gslots + 1
  * (after them: clipping's final-unit gradient). */
 static uint64_t gslot(const struct layout *l, unsigned i)
 {
     return i == 0 ? l->grads : l->grads + l->slot_bytes + (i - 1) * l->bslot_bytes;
 }
+/* A unit's f32 gradient. */
 static uint64_t unit_bytes(const struct layout *l, unsigned u) { return fy_gpt_unit_params(l->c, u) * 4; }
 
 
@@ -684,7 +709,7 @@ static int io_issue(struct run *r, int op, uint32_t tensor, uint64_t pool_offset
 static int state_io(struct run *r, int op, unsigned u, unsigned copy, uint64_t pool_offset,
                     uint64_t *digest, int check, struct ticket *t)
 {
-    uint64_t bytes = fy_unit_state_bytes(r->l.c, u);
+    uint64_t bytes = fy_optstate_bytes(r->l.c, u);
     if (op == FY_OP_IO_READ && !check)
         return io_issue(r, op, FY_TENSOR_UNIT_STATE_COPY(u, copy), pool_offset, bytes, t);
     struct fy_desc d[2];
@@ -702,17 +727,26 @@ static unsigned copy_of(const struct run *r, unsigned u)
     return r->at_copy != NULL ? r->at_copy[u] : r->read_copy;
 }
 
-/* The master weights of a unit into a weights slot (the compute weights are fp32 for now). */
+/* The master weights of a unit into a weights slot: the master section alone of its state in the
+ * store (the gpu worker is sent them, or where the unit is kept in the pool with a bf16 copy,
+ * that copy: weights_region). */
 static int read_weights(struct run *r, unsigned unit, unsigned slot, struct ticket *t)
 {
     r->wslot_unit[slot] = (int)unit;
     if (r->resident != NULL && r->resident[unit] != 0) {
-        r->wslot_off[slot] = r->resident[unit]; /* its master weights are already in the pool */
+        /* its master weights are already in the pool */
+        r->wslot_off[slot] = master_at(r->l.c, unit, r->resident[unit]);
         return 0;
     }
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(r->l.c, unit, &lay);
+    const struct fy_optstate_section *master = &lay.section[FY_OPTSTATE_MASTER];
     r->wslot_off[slot] = wslot(&r->l, slot);
-    return io_issue(r, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE_COPY(unit, copy_of(r, unit)),
-                    wslot(&r->l, slot), fy_unit_state_section(r->l.c, unit), t);
+    struct fy_desc d = fy_desc_region(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE,
+                                      wslot(&r->l, slot), master->padded, -1);
+    d.tensor = FY_TENSOR_UNIT_STATE_COPY(unit, copy_of(r, unit));
+    d.arg = master->offset;
+    return issue(r, PH_IO, "io", &d, 1, t);
 }
 
 /* Weights slot of unit u (a block, or the final unit) in the forward and backward: slots 1 to
@@ -735,14 +769,17 @@ static int has_copy(const struct run *r, unsigned u)
 }
 
 /* Unit u's weights as a gpu request's part: its bf16 copy where it has one and copy_ok (the
- * weights of one request share a dtype), else its f32 master weights at pool offset `master`. */
+ * weights of one request share a dtype), else its master weights at pool offset `master`. */
 static struct fy_desc weights_region(const struct run *r, int op, unsigned u, uint64_t master,
                                      int layer, int copy_ok)
 {
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(r->l.c, u, &lay);
     if (copy_ok && has_copy(r, u))
-        return fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_BF16, r->wcopy[u],
-                              fy_gpt_unit_params(r->l.c, u) * 2, layer);
-    return fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_F32, master, unit_bytes(&r->l, u), layer);
+        return fy_desc_region(op, FY_KIND_WEIGHTS, FY_OPTSTATE_COPY_DTYPE, r->wcopy[u],
+                              lay.params * fy_dtype_size(FY_OPTSTATE_COPY_DTYPE), layer);
+    const struct fy_optstate_section *m = &lay.section[FY_OPTSTATE_MASTER];
+    return fy_desc_region(op, FY_KIND_WEIGHTS, m->dtype, master, m->bytes, layer);
 }
 
 /* ---- items through pool slots to and from the store (struct spill) ---- */
@@ -1017,8 +1054,8 @@ int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const str
     struct run r;
     FY_TRY(run_init(&r, pool, c, 1, 1, FY_DTYPE_F32, x, timeout_ms));
     struct init_ctx ctx = {c, seed};
-    /* the two state slots, one unit's master, m and v each */
-    const uint64_t bufs[2] = {r.l.state, r.l.state + 3 * r.l.slot_bytes};
+    /* the two state slots, one unit's whole state each */
+    const uint64_t bufs[2] = {r.l.state, r.l.state + r.l.state_slot_bytes};
     return fy_commit_create(x, pool, r.l.meta, bufs, c, seed, copies, init_unit, &ctx,
                             timeout_ms);
 }
@@ -1175,7 +1212,7 @@ static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
         r->state_off[s] = r->resident[u]; /* updated in place, where it stays */
         return 0;
     }
-    r->state_off[s] = r->l.state + s * 3 * r->l.slot_bytes;
+    r->state_off[s] = r->l.state + s * r->l.state_slot_bytes;
     if (r->at_copy == NULL)
         return state_io(r, FY_OP_IO_READ, u, r->read_copy, r->state_off[s], NULL, 0, t);
     return state_io(r, FY_OP_IO_READ, u, r->at_copy[u], r->state_off[s], &r->digest[u],
@@ -1198,27 +1235,25 @@ static int is_queued(const struct run *r, unsigned u)
     return 0;
 }
 
-/* Unit u's AdamW request parts into req[0..3]: the gradient at pool offset `grad`, the master, m
- * and v sections of the state at `state`; the clipping scale (0: none) in the grad part's arg, the
- * learning rate in the master part's; then, where the unit has a bf16 weights copy, req[4] for it
- * (AdamW rewrites it from the new master). Returns the number of parts. */
+/* Unit u's AdamW request parts: req[0] the gradient at pool offset `grad`, then each section of
+ * the state at `state` (common/optstate.h: master, m, v); the clipping scale (0: none) in the grad
+ * part's arg, the learning rate in the master part's; then, where the unit has a bf16 weights
+ * copy, a part for it (AdamW rewrites it from the new master). Returns the number of parts. */
 static unsigned adamw_parts(const struct run *r, unsigned u, uint64_t grad, uint64_t state,
                             uint64_t step, double lr, double scale, struct fy_desc *req)
 {
     const struct layout *l = &r->l;
-    uint64_t sec = fy_unit_state_section(l->c, u), n = unit_bytes(l, u);
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(l->c, u, &lay);
     int op = FY_OP_OPT_ADAMW;
-    unsigned parts = 4;
-    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, n, (int)u);
-    req[1] = fy_desc_region(op, FY_KIND_MASTER, FY_DTYPE_F32, state, n, (int)u);
-    req[2] = fy_desc_region(op, FY_KIND_ADAM_M, FY_DTYPE_F32, state + sec, n, (int)u);
-    req[3] = fy_desc_region(op, FY_KIND_ADAM_V, FY_DTYPE_F32, state + 2 * sec, n, (int)u);
+    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, unit_bytes(l, u), (int)u);
+    memcpy(&req[0].arg, &scale, sizeof scale);
+    unsigned parts = 1 + fy_optstate_parts(&lay, state, (int)u, req + 1);
+    memcpy(&req[1 + FY_OPTSTATE_MASTER].arg, &lr, sizeof lr);
     if (has_copy(r, u))
-        req[parts++] = weights_region(r, op, u, state, (int)u, 1);
+        req[parts++] = weights_region(r, op, u, master_at(l->c, u, state), (int)u, 1);
     for (unsigned i = 0; i < parts; i++)
         req[i].step = step;
-    memcpy(&req[0].arg, &scale, sizeof scale);
-    memcpy(&req[1].arg, &lr, sizeof lr);
     return parts;
 }
 
@@ -1493,13 +1528,13 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
                 rc = state_read(r, b, b & 1, &rs[b]);
         }
         if (rc == 0 && b >= 1) {
-            uint64_t w_off = r->resident != NULL ? r->resident[b] : 0;
+            uint64_t w_off = is_resident(r, b) ? master_at(l->c, b, r->resident[b]) : 0;
             if (!is_resident(r, b)) {
                 rc = wait_for(r, &rs[b], NULL);
                 FY_REQUIRE(rc != 0 || r->state_unit[b & 1] == (int)b, -EPROTO,
                            "schedule error: block %u's weights expected in state slot %u, which "
                            "holds unit %d's state", b, b & 1, r->state_unit[b & 1]);
-                w_off = r->state_off[b & 1]; /* the master section comes first */
+                w_off = master_at(l->c, b, r->state_off[b & 1]);
             }
             if (rc == 0)
                 rc = gslot_take(r, &slot_of[b]);
@@ -1888,7 +1923,7 @@ static int fill_copies(struct run *r)
         if (!has_copy(r, u))
             continue;
         size_t n = fy_gpt_unit_params(r->l.c, u);
-        const float *master = fy_pool_at(r->pool, r->resident[u], n * 4);
+        const float *master = fy_pool_at(r->pool, master_at(r->l.c, u, r->resident[u]), n * 4);
         uint16_t *copy = fy_pool_at(r->pool, r->wcopy[u], n * 2);
         FY_REQUIRE(master != NULL && copy != NULL, -ERANGE,
                    "schedule error: unit %u's state or weights copy lies outside the pool", u);
@@ -2168,8 +2203,8 @@ static int export_unit(void *ctx, unsigned unit, float *params)
     const struct export_ctx *e = ctx;
     struct run *r = e->r;
     FY_TRY(fy_commit_read_unit(r->x, e->meta, unit, r->l.state, r->timeout_ms));
-    memcpy(params, fy_pool_at(r->pool, r->l.state, unit_bytes(&r->l, unit)),
-           unit_bytes(&r->l, unit));
+    memcpy(params, fy_commit_unit_master(r->pool, e->meta, unit, r->l.state),
+           fy_gpt_unit_params(r->l.c, unit) * sizeof *params);
     return 0;
 }
 

@@ -172,9 +172,10 @@ unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, i
                                   uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
                                   const struct fy_train_swap *swap, const unsigned char *resident,
                                   unsigned wanted);
-/* Bytes a training step reads from and writes to the SSD store: the streamed units' weights in the
- * forward (a block's once more with clipping, for the norm pass), their state (master, m, v) read
- * once, which also gives a block its weights in the backward, and written once; with ckpt_ssd the
+/* Bytes a training step reads from and writes to the SSD store, from the state's layout
+ * (common/optstate.h): the streamed units' master sections in the forward (a block's once more with
+ * clipping, for the norm pass), their whole state read once, which also gives a block its weights
+ * in the backward, and written once; with ckpt_ssd the
  * checkpoints x_0..x_{L-1} written in the forward and read in each backward pass; with swap the
  * blocks' SSD-placed internals likewise (at most: the last ones may still be in their slots). */
 void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
