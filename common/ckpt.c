@@ -1,5 +1,5 @@
-/* Commit records (and the older metadata block) and exported weight files: fixed int32 slots
- * with magic, version and a checksum, data 4 KiB aligned, files replaced atomically. */
+/* Commit records and exported weight files: fixed int32 slots with magic, version and a
+ * checksum, data 4 KiB aligned, files replaced atomically. */
 #include "ckpt.h"
 
 #include <errno.h>
@@ -22,10 +22,9 @@ enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S
  * leave zero); the config hash in S_HASH_* covers them. */
 enum { S_ARCH = S_COUNT, S_KV_HEAD, S_INTER, S_TIED, S_ROPE_TYPE, S_ROPE_OMAX, S_EPS,
        S_THETA /* then factor, low, high: four doubles, two slots each */ };
-/* The version 1 metadata block's flag after them: state written back past the last synced step;
- * then the commit record's fields. */
-enum { S_UNSYNCED = S_THETA + 8, S_COPY, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI,
-       S_COPIES };
+/* The commit record's fields after them, past one slot left zero (the version 1 metadata block's
+ * flag, in stores before commit records). */
+enum { S_COPY = S_THETA + 9, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI, S_COPIES };
 
 static uint64_t align4k(uint64_t v) { return (v + FY_CKPT_BLOCK - 1) / FY_CKPT_BLOCK * FY_CKPT_BLOCK; }
 
@@ -101,17 +100,15 @@ static void decode_arch(const uint8_t *b, struct fy_gpt_config *c)
     }
 }
 
-/* Validates magic, version (the one given, or FY_COMMIT_VERSION too where `or_version` is),
- * checksum, the model config and its hash. */
-static int decode_header(const uint8_t *b, uint32_t magic, uint32_t or_version, const char *what,
+/* Validates magic, version, checksum, the model config and its hash. */
+static int decode_header(const uint8_t *b, uint32_t magic, uint32_t want_version, const char *what,
                          const char *where, struct fy_gpt_config *c, uint64_t *step)
 {
     FY_REQUIRE(get32(b, S_MAGIC) == magic, -EBADMSG, "%s: not a Fuyou %s (bad magic)", where, what);
     uint32_t version = get32(b, S_VERSION);
-    FY_REQUIRE(version == FY_CKPT_VERSION || (or_version && version == or_version), -EBADMSG,
-               "%s: %s version %u, this build reads version %d (and %u for commit records): "
-               "made by another version of Fuyou?", where, what, version, FY_CKPT_VERSION,
-               or_version);
+    FY_REQUIRE(version == want_version, -EBADMSG,
+               "%s: %s version %u, this build reads version %u: made by another version of Fuyou?",
+               where, what, version, want_version);
     FY_REQUIRE(get32(b, S_CHECKSUM) == checksum(b), -EBADMSG, "%s: %s header checksum mismatch (corrupt)",
                where, what);
     *c = (struct fy_gpt_config){.n_layer = get32(b, S_LAYER), .n_head = get32(b, S_HEAD),
@@ -169,10 +166,7 @@ int fy_storemeta_check(const uint8_t *record, size_t len)
     if (len < FY_CKPT_BLOCK || get32(record, S_MAGIC) != FY_STOREMETA_MAGIC ||
         get32(record, S_CHECKSUM) != checksum(record))
         return -EBADMSG;
-    uint32_t version = get32(record, S_VERSION);
-    if (version == FY_CKPT_VERSION)
-        return 0;
-    if (version != FY_COMMIT_VERSION || len < FY_COMMIT_RECORD_BYTES)
+    if (get32(record, S_VERSION) != FY_COMMIT_VERSION || len < FY_COMMIT_RECORD_BYTES)
         return -EBADMSG;
     return record_digest_ok(record) ? 0 : -EBADMSG;
 }
@@ -186,12 +180,6 @@ int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
     FY_TRY(decode_header(record, FY_STOREMETA_MAGIC, FY_COMMIT_VERSION, "commit record", where,
                          &m->model, &m->step));
     m->seed = get32(record, S_EXTRA0) | (uint64_t)get32(record, S_EXTRA1) << 32;
-    if (get32(record, S_VERSION) == FY_CKPT_VERSION) {
-        m->legacy = 1;
-        m->copies = 2; /* its first training run gives it the second copy */
-        m->unsynced = get32(record, S_UNSYNCED) != 0;
-        return 0;
-    }
     FY_REQUIRE(len >= FY_COMMIT_RECORD_BYTES, -EBADMSG,
                "%s: a commit record of version %d takes %d bytes, not %zu", where,
                FY_COMMIT_VERSION, (int)FY_COMMIT_RECORD_BYTES, len);
@@ -239,7 +227,8 @@ int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t s
     float *buf = calloc(align4k(max_unit * 4) / 4, sizeof(float));
     int rc = header && buf ? 0 : -ENOMEM;
     if (rc == 0) {
-        encode_header(header, FY_WEIGHTS_MAGIC, FY_CKPT_VERSION, c, step, 1, fy_gpt_unit_count(c));
+        encode_header(header, FY_WEIGHTS_MAGIC, FY_WEIGHTS_VERSION, c, step, 1,
+                      fy_gpt_unit_count(c));
         rc = fy_write_all(fd, header, FY_CKPT_BLOCK, tmp, 0);
     }
     uint64_t at = FY_CKPT_BLOCK;
@@ -279,7 +268,8 @@ int fy_weights_read(const char *path, struct fy_gpt_config *c, uint64_t *step, f
     if (rc < 0)
         fy_error("%s: shorter than a weights file header", path);
     if (rc == 0)
-        rc = decode_header(header, FY_WEIGHTS_MAGIC, 0, "weights file", path, c, step);
+        rc = decode_header(header, FY_WEIGHTS_MAGIC, FY_WEIGHTS_VERSION, "weights file", path, c,
+                           step);
     size_t total = rc == 0 ? fy_gpt_total_params(c) : 0;
     float *all = rc == 0 ? malloc(total * sizeof(float)) : NULL;
     if (rc == 0 && all == NULL)

@@ -18,15 +18,15 @@
  * in the first records written, meaning 2); the rest of the block zero. From byte 4096: each
  * unit's state digest (uint64, unit order).
  *
- * Stores made before commit records hold one 4096-byte metadata block of version 1 (extent
- * FY_TENSOR_META, the same slots up to [28]; [29] 1 while state had been written back past its
- * last synced step) and copy 0 only; they are read as a record of sequence 0 without digests, and
- * the first commit of a training run gives them the rest.
+ * Stores made before commit records held a 4096-byte metadata block of version 1 in extent
+ * FY_TENSOR_META instead, and one copy of the state. They are no longer read: opening one is
+ * refused with a line that says what to do (launcher/commit.h, fy_commit_read).
  *
  * Exported weights file ("FYWT"): a 4096-byte header of int32 slots [0] magic [1] version
  * [2..6] model config [7,8] config hash [9,10] step [11] dtype (1 = f32) [12] unit count
- * [13] checksum of slots 0..12, [14..28] as in the metadata block; then each unit's parameters (common/model.h order) as f32, each
- * unit starting on a 4096-byte boundary. Written to a temporary file, fsynced and renamed. */
+ * [13] checksum of slots 0..12, [14..28] as in a commit record; then each unit's parameters
+ * (common/model.h order) as f32, each unit starting on a 4096-byte boundary. Written to a
+ * temporary file, fsynced and renamed. */
 #ifndef FY_CKPT_H
 #define FY_CKPT_H
 
@@ -37,14 +37,15 @@
 #define FY_CKPT_BLOCK 4096
 #define FY_STOREMETA_MAGIC 0x444d5946u /* "FYMD" */
 #define FY_WEIGHTS_MAGIC 0x54575946u   /* "FYWT" */
-#define FY_CKPT_VERSION 1   /* weights files, and the metadata block of stores before commits */
-#define FY_COMMIT_VERSION 2 /* commit records */
+#define FY_WEIGHTS_VERSION 1 /* weights files */
+#define FY_COMMIT_VERSION 2  /* commit records */
 /* Units a commit record has digests for (n_layer <= 4096, plus the embeddings and final unit). */
 #define FY_COMMIT_MAX_UNITS 4098u
 #define FY_COMMIT_RECORD_BYTES (FY_CKPT_BLOCK + (FY_COMMIT_MAX_UNITS * 8 + 4095) / 4096 * 4096)
 
 /* Extent ids in the SSD store. */
-#define FY_TENSOR_META 1u /* the metadata block of stores made before commit records */
+/* The metadata block of stores made before commit records: looked for only to refuse them. */
+#define FY_TENSOR_META 1u
 #define FY_TENSOR_COMMIT(i) (2u + (uint32_t)(i)) /* commit records 0 and 1 */
 #define FY_TENSOR_UNIT_STATE_COPY(u, copy) (((copy) ? 0x20000000u : 0u) + 16u + (uint32_t)(u))
 #define FY_TENSOR_UNIT_STATE(u) FY_TENSOR_UNIT_STATE_COPY(u, 0)
@@ -72,31 +73,26 @@ static inline uint64_t fy_scratch_bytes(uint64_t bytes)
     return fy_scratch_class_bytes(fy_scratch_class(bytes));
 }
 
-/* A commit record (or a version 1 metadata block). */
+/* A commit record. */
 struct fy_storemeta {
     struct fy_gpt_config model;
     uint64_t step; /* committed: every unit's state in `copy` is this step's */
     uint64_t seed;
-    uint64_t seq;  /* the record's sequence number; 0 for a version 1 block */
+    uint64_t seq;  /* the record's sequence number */
     uint32_t copy; /* 0 or 1 */
     /* copies of the state the store keeps: 2, or 1 (init --state-copies 1: half the space, and a
      * run stopped between commits leaves the store unusable) */
     uint32_t copies;
-    uint32_t legacy; /* read from a version 1 block: no digests, copy 0 only */
-    /* version 1 blocks: state had been written back past the last synced step, so a crash may
-     * have left units at different steps */
-    uint32_t unsynced;
     uint64_t digest[FY_COMMIT_MAX_UNITS]; /* per unit, of its state extent in `copy` */
 };
 
 /* A commit record of FY_COMMIT_RECORD_BYTES. */
 void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t *record);
-/* Without a word: 0 when `record` is an intact commit record or version 1 metadata block (magic,
- * version, checksum and digest), 1 when it is all zeros (an extent never written), -EBADMSG
- * otherwise. */
+/* Without a word: 0 when `record` is an intact commit record (magic, version, checksum and
+ * digest), 1 when it is all zeros (an extent never written), -EBADMSG otherwise. */
 int fy_storemeta_check(const uint8_t *record, size_t len);
-/* A commit record (len >= FY_COMMIT_RECORD_BYTES) or a version 1 metadata block (len >=
- * FY_CKPT_BLOCK). -EBADMSG with a message naming `where` when it is neither, or damaged. */
+/* A commit record (len >= FY_COMMIT_RECORD_BYTES). -EBADMSG with a message naming `where` when it
+ * is not one, or damaged. */
 int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
                         struct fy_storemeta *m);
 

@@ -89,14 +89,17 @@ int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t recor
                     why[other], best, (unsigned long long)rec[best]->step);
         memcpy(m, rec[best], sizeof *m);
     } else if (rc == 0 && got[0] == -ENOENT && got[1] == -ENOENT) {
-        /* a store from before commit records: its version 1 metadata block */
-        int legacy = read_record(x, pool, record_off, FY_TENSOR_META, FY_CKPT_BLOCK, where, m,
-                                 &why[0], timeout_ms);
-        if (legacy != 0) {
-            fy_error("%s: no commit record and no readable metadata block (%s): is it a store "
-                     "made by fuyou-launch init?", where, why[0]);
-            rc = legacy < 0 ? legacy : -ENOENT;
-        }
+        /* a store from before commit records has its version 1 metadata block there */
+        int old = fy_io_call(x, FY_OP_IO_READ, FY_TENSOR_META, record_off, FY_CKPT_BLOCK, 0,
+                             timeout_ms);
+        if (old == 0)
+            fy_error("%s: a store made by a version of Fuyou from before commit records (it has "
+                     "a version 1 metadata block), which this version no longer reads: train or "
+                     "export it with the Fuyou build that made it, or initialise the run again "
+                     "(fuyou-launch init --overwrite, or --from-hf DIR from an export)", where);
+        else
+            fy_error("%s: no commit record: is it a store made by fuyou-launch init?", where);
+        rc = -ENOENT;
     } else if (rc == 0) {
         fy_error("%s: no intact committed step%s (commit record 0: %s, record 1: %s): the store "
                  "cannot be used; initialise a new one (fuyou-launch init --overwrite) or train "
@@ -119,8 +122,10 @@ int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t reco
     return fy_io_call(x, FY_OP_IO_SYNC, 0, 0, 0, 0, timeout_ms);
 }
 
-int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, unsigned copies,
-                      int timeout_ms)
+/* The extents a store needs besides each unit's first copy: both records' and, with two copies,
+ * every unit's second copy. */
+static int commit_extents(const struct fy_exec *x, const struct fy_gpt_config *c, unsigned copies,
+                          int timeout_ms)
 {
     FY_REQUIRE(copies == 1 || copies == 2, -EINVAL,
                "the store keeps 1 or 2 copies of the state, not %u", copies);
@@ -167,7 +172,7 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
     *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0,
                                .copies = copies};
     struct unit_write w[2] = {{0}, {0}};
-    int rc = fy_commit_prepare(x, c, copies, timeout_ms);
+    int rc = commit_extents(x, c, copies, timeout_ms);
     /* every extent first: the io worker would answer an allocation only after the write ahead */
     for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++)
         rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0,
@@ -206,8 +211,6 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
 int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint64_t buf_off,
                      const unsigned char *skip, unsigned *bad, int timeout_ms)
 {
-    if (m->legacy)
-        return 0;
     for (unsigned u = 0; u < fy_gpt_unit_count(&m->model); u++) {
         if (skip != NULL && skip[u])
             continue;
@@ -231,9 +234,6 @@ int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, u
                         uint64_t buf_off, int timeout_ms)
 {
     uint32_t tensor = FY_TENSOR_UNIT_STATE_COPY(u, m->copy);
-    if (m->legacy) /* no digest to check: the master section alone */
-        return fy_io_call(x, FY_OP_IO_READ, tensor, buf_off,
-                          fy_optstate_master_bytes(&m->model, u), 0, timeout_ms);
     uint64_t digest = m->digest[u];
     return fy_io_call_digest(x, FY_OP_IO_READ, tensor, buf_off,
                              fy_optstate_bytes(&m->model, u), &digest, timeout_ms);
@@ -274,7 +274,7 @@ int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_
                  "initialise it again (init --overwrite), or from an earlier export (init "
                  "--from-hf DIR)", where, (unsigned long long)m->step);
         rc = -EBADMSG;
-    } else if (rc == 0 && !e->fell_back && !m->legacy) {
+    } else if (rc == 0 && !e->fell_back) {
         rc = fy_commit_read(x, pool, record_off, where, m->seq, now, timeout_ms);
         if (rc == 0) {
             fy_warn("%s: step %llu's state is damaged on the SSD; exporting the commit before it, "
@@ -285,7 +285,7 @@ int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_
             memcpy(m, now, sizeof *m);
             rc = 1;
         }
-    } else if (rc == 0 && e->fell_back) {
+    } else if (rc == 0) {
         fy_error("%s: step %llu's state is damaged on the SSD, and so is step %llu's, the commit "
                  "before it: nothing intact to export; %s", where,
                  (unsigned long long)e->damaged_step, (unsigned long long)m->step,
@@ -293,11 +293,6 @@ int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_
                           "once it has committed a newer step"
                         : "initialise the store anew (init --overwrite), or from an earlier "
                           "export (init --from-hf DIR)");
-        rc = -EBADMSG;
-    } else if (rc == 0) { /* a store from before commit records: no commit before it */
-        fy_error("%s: step %llu's state is damaged on the SSD (it does not match its commit "
-                 "record): train once more to commit a newer step (it goes back to the previous "
-                 "commit), or initialise the store anew", where, (unsigned long long)m->step);
         rc = -EBADMSG;
     }
     free(now);

@@ -22,10 +22,10 @@ int fy_io_call_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t
                       uint64_t bytes, uint64_t *digest, int timeout_ms);
 
 /* The current commit: the intact record with the highest sequence number below `below_seq`
- * (UINT64_MAX: any), read through the pool region at record_off (FY_COMMIT_RECORD_BYTES), or a
- * store's version 1 metadata block where it has no records. A damaged record beside an intact one
- * is reported and passed over. `where` names the store in messages. -ENOENT (said) when no intact
- * record is left. */
+ * (UINT64_MAX: any), read through the pool region at record_off (FY_COMMIT_RECORD_BYTES). A
+ * damaged record beside an intact one is reported and passed over. `where` names the store in
+ * messages. -ENOENT (said) when no intact record is left, and for a store with no record at all:
+ * one made before commit records (common/ckpt.h), which is refused, or not a store of ours. */
 int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
                    const char *where, uint64_t below_seq, struct fy_storemeta *m, int timeout_ms);
 
@@ -34,7 +34,8 @@ int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t recor
 int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
                     const struct fy_storemeta *next, int timeout_ms);
 
-/* A new store's step 0: the extents commits need (fy_commit_prepare), then each unit's state
+/* A new store's step 0: both records' extents and, with two copies, every unit's second copy;
+ * then each unit's state
  * extent in copy 0 written whole through the pool: the master section as fill(ctx, unit, master)
  * writes it, the moments zero; then the first commit (sequence 1, copy 0, every unit's digest)
  * through the pool at record_off. Units take the buffers at buf_off[0] and buf_off[1] in turn
@@ -45,15 +46,9 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
                      unsigned copies, int (*fill)(void *ctx, unsigned unit, float *master),
                      void *ctx, int timeout_ms);
 
-/* Creates whatever commits need that the store lacks: both records' extents and, with two copies,
- * every unit's second copy (a store made before commit records has neither). Idempotent. */
-int fy_commit_prepare(const struct fy_exec *x, const struct fy_gpt_config *c, unsigned copies,
-                      int timeout_ms);
-
 /* Reads the state of every unit not marked in `skip` (may be NULL) from the committed copy,
  * through the pool region at buf_off (at least the largest unit's state), and checks it against
- * the record's digests. 0, or -EBADMSG with *bad the first unit that does not match (said). A
- * version 1 record has no digests: nothing is read. */
+ * the record's digests. 0, or -EBADMSG with *bad the first unit that does not match (said). */
 int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint64_t buf_off,
                      const unsigned char *skip, unsigned *bad, int timeout_ms);
 

@@ -137,10 +137,10 @@ struct run {
     unsigned char gslot_queued[FY_TRAIN_GRAD_SLOTS_MAX + 1];
     /* The two copies of the units' state (common/ckpt.h): the committed one is read_copy; a
      * training run writes the other (work_copy) and keeps per unit the copy its latest state is
-     * in and that state's digest (known: 0 where a store from before digests has none yet).
-     * NULL arrays (init, eval, export): every unit is read from read_copy. */
+     * in and that state's digest. NULL arrays (init, eval, export): every unit is read from
+     * read_copy. */
     unsigned read_copy, work_copy;
-    unsigned char *at_copy, *known;
+    unsigned char *at_copy;
     uint64_t *digest;
 };
 
@@ -1215,8 +1215,7 @@ static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
     r->state_off[s] = r->l.state + s * r->l.state_slot_bytes;
     if (r->at_copy == NULL)
         return state_io(r, FY_OP_IO_READ, u, r->read_copy, r->state_off[s], NULL, 0, t);
-    return state_io(r, FY_OP_IO_READ, u, r->at_copy[u], r->state_off[s], &r->digest[u],
-                    r->known[u], t);
+    return state_io(r, FY_OP_IO_READ, u, r->at_copy[u], r->state_off[s], &r->digest[u], 1, t);
 }
 
 /* The optimizer's queue. The opt worker gets at most OPT_AHEAD updates ahead of the one it is
@@ -1407,7 +1406,6 @@ static int state_written(struct run *r, unsigned u, uint64_t from, struct ticket
 {
     FY_REQUIRE(r->at_copy != NULL, -EPROTO, "schedule error: state written outside training");
     r->at_copy[u] = (unsigned char)r->work_copy;
-    r->known[u] = 1;
     return state_io(r, FY_OP_IO_WRITE, u, r->work_copy, from, &r->digest[u], 1, t);
 }
 
@@ -1899,15 +1897,15 @@ static int clip_scale(struct run *r, uint64_t step, double max_norm, double *nor
 }
 
 /* Every resident unit's state between the pool and the store: loaded from the committed copy
- * (checked against its digest where known) at start, written to the other at commits. */
+ * (checked against its digest) at start, written to the other at commits. */
 static int resident_transfer(struct run *r, int op)
 {
     for (unsigned u = 0; r->resident != NULL && u < fy_gpt_unit_count(r->l.c); u++)
         if (r->resident[u] != 0) {
             struct ticket t = {0};
             if (op == FY_OP_IO_READ)
-                FY_TRY(state_io(r, op, u, r->at_copy[u], r->resident[u], &r->digest[u],
-                                r->known[u], &t));
+                FY_TRY(state_io(r, op, u, r->at_copy[u], r->resident[u], &r->digest[u], 1,
+                                &t));
             else
                 FY_TRY(state_written(r, u, r->resident[u], &t));
             FY_TRY(wait_for(r, &t, NULL));
@@ -1946,12 +1944,10 @@ static int commit(struct run *r, struct fy_storemeta *meta, uint64_t step)
     next->step = step;
     next->seq = meta->seq + 1;
     next->copy = r->work_copy;
-    next->legacy = 0;
-    next->unsynced = 0;
     int rc = 0;
     for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
         next->digest[u] = r->digest[u];
-        if (r->at_copy[u] != r->work_copy || !r->known[u]) {
+        if (r->at_copy[u] != r->work_copy) {
             fy_error("schedule error: unit %u's state of step %llu is not in copy %u to commit",
                      u, (unsigned long long)step, r->work_copy);
             rc = -EPROTO;
@@ -1981,14 +1977,13 @@ static int open_committed(struct run *r, struct fy_storemeta *meta,
         r->read_copy = meta->copy;
         r->work_copy = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
         memset(r->at_copy, (int)meta->copy, units);
-        memset(r->known, !meta->legacy, units);
         memcpy(r->digest, meta->digest, units * sizeof *r->digest);
         double t0 = now_s();
         unsigned bad = 0;
         int rc = resident_transfer(r, FY_OP_IO_READ);
         if (rc == 0)
             rc = fy_commit_verify(r->x, meta, r->l.state, resident, &bad, r->timeout_ms);
-        if (rc == 0 && !meta->legacy)
+        if (rc == 0)
             fy_info("step %llu's state checked against its commit record in %.1f s",
                     (unsigned long long)meta->step, now_s() - t0);
         /* no intact commit left: -ENOENT, not the damage itself, which in the steps means
@@ -2058,10 +2053,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     r.opt_sent = calloc(units, sizeof *r.opt_sent);
     r.queue = calloc(units, sizeof *r.queue);
     r.at_copy = calloc(units, 1);
-    r.known = calloc(units, 1);
     r.digest = calloc(units, sizeof *r.digest);
     int rc = version && resident && wcopy && r.opt_req && r.opt_parts && r.row_touched &&
-                     r.opt_sent && r.queue && r.at_copy && r.known && r.digest ? 0 : -ENOMEM;
+                     r.opt_sent && r.queue && r.at_copy && r.digest ? 0 : -ENOMEM;
     const char *whole = getenv("FUYOU_TEST_EMBED_WHOLE");
     r.embed_split = whole == NULL || strcmp(whole, "1") != 0;
     if (!r.embed_split)
@@ -2075,8 +2069,6 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         r.wcopy = wcopy;
     }
     if (rc == 0)
-        rc = fy_commit_prepare(x, &meta->model, meta->copies, o->timeout_ms);
-    if (rc == 0)
         rc = open_committed(&r, meta, o->resident);
     if (rc == 0)
         rc = fill_copies(&r);
@@ -2085,11 +2077,6 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     if (rc == 0 && meta->step >= o->steps)
         fy_info("the store is already at step %llu (--steps %llu): nothing to train",
                 (unsigned long long)meta->step, (unsigned long long)o->steps);
-    if (rc == 0 && meta->legacy && meta->unsynced)
-        fy_warn("the store was left with state written back past its last synced step %llu (the "
-                "run was killed or the machine went down) by a version of Fuyou without commit "
-                "records: its units may hold different steps, so what follows will not equal a "
-                "run never stopped; going on from it", (unsigned long long)meta->step);
     if (rc == 0 && o->metrics != NULL) { /* what was logged past the commit is trained again */
         int dropped = fy_metrics_rollback(o->metrics, meta->step);
         rc = dropped < 0 ? dropped : 0;
@@ -2188,7 +2175,6 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     free(r.ssd_mask);
     free(r.host_off);
     free(r.at_copy);
-    free(r.known);
     free(r.digest);
     return rc;
 }
@@ -2214,10 +2200,6 @@ int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
 {
     struct run r;
     FY_TRY(run_init(&r, pool, &meta->model, 1, 1, FY_DTYPE_F32, x, timeout_ms));
-    if (meta->legacy && meta->unsynced)
-        fy_warn("exporting a store left with state written back past its last synced step %llu "
-                "(the run was killed or the machine went down): its units may hold different "
-                "steps", (unsigned long long)meta->step);
     struct fy_commit_export passed = {0};
     /* a run training meanwhile can commit over what is read; damaged state: the commit before */
     for (int moved = 0;; moved++) {

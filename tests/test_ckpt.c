@@ -5,7 +5,8 @@
  *   - fy_storemeta_check: intact 0, all zeros 1 (never written), a flipped byte anywhere in the
  *     record (header, digests, padding) or a short buffer -EBADMSG; decode refuses the same;
  *   - a version 1 metadata block (stores before commit records), built slot by slot as the old
- *     format had it, still decodes: legacy, copy 0, no digests, its unsynced flag kept;
+ *     format had it, is not a commit record: check and decode refuse it (a store holding one is
+ *     refused by launcher/commit, tests/integration/test_chaos);
  *   - the scratch extents' size classes: the smallest that holds the bytes asked, at most 1/8
  *     larger (above 1 MiB), 128 KiB-aligned, growing, with ids inside each kind's range. */
 #include <errno.h>
@@ -60,7 +61,6 @@ static void test_record_round_trip(void **state)
     assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), 0);
     assert_true(back.step == m.step && back.seed == m.seed && back.seq == m.seq);
     assert_int_equal(back.copy, 1);
-    assert_int_equal(back.legacy, 0);
     assert_memory_equal(&back.model, &m.model, sizeof m.model);
     assert_memory_equal(back.digest, m.digest, fy_gpt_unit_count(&m.model) * sizeof m.digest[0]);
     assert_int_equal(back.copies, 2);
@@ -108,7 +108,7 @@ static void put32(uint8_t *b, int slot, uint32_t v)
 
 /* The version 1 block as stores before commit records wrote it: slots 0..12, the FNV-1a checksum
  * of their bytes in slot 13, slot 29 the unsynced flag. */
-static void test_version1_block_read(void **state)
+static void test_version1_block_refused(void **state)
 {
     (void)state;
     struct fy_gpt_config c = gpt();
@@ -123,14 +123,21 @@ static void test_version1_block_read(void **state)
         h = (h ^ block[i]) * 16777619u;
     put32(block, 13, h);
     put32(block, 29, 1);
-    assert_int_equal(fy_storemeta_check(block, sizeof block), 0);
-    assert_int_equal(fy_storemeta_decode(block, sizeof block, "test", &back), 0);
-    assert_int_equal(back.legacy, 1);
-    assert_int_equal(back.unsynced, 1);
-    assert_int_equal(back.copy, 0);
-    assert_true(back.step == 40 && back.seed == 9 && back.seq == 0);
-    block[4 * 3] ^= 1; /* n_head */
     assert_int_equal(fy_storemeta_check(block, sizeof block), -EBADMSG);
+    assert_int_equal(fy_storemeta_decode(block, sizeof block, "test", &back), -EBADMSG);
+    /* the same slots with version 2 are a commit record's header: the version is what refuses */
+    put32(block, 1, FY_COMMIT_VERSION);
+    h = 2166136261u;
+    for (int i = 0; i < 4 * 13; i++)
+        h = (h ^ block[i]) * 16777619u;
+    put32(block, 13, h);
+    static uint8_t whole[FY_COMMIT_RECORD_BYTES];
+    memcpy(whole, block, sizeof block);
+    assert_int_equal(fy_storemeta_check(whole, sizeof whole), -EBADMSG); /* no digest yet */
+    m = (struct fy_storemeta){.model = c, .step = 40, .seed = 9, .seq = 1, .copies = 2};
+    fy_storemeta_encode(&m, whole);
+    assert_int_equal(fy_storemeta_check(whole, sizeof whole), 0);
+    assert_int_equal(memcmp(whole, block, 4 * 14), 0);
 }
 
 static void test_scratch_classes(void **state)
@@ -169,7 +176,7 @@ int main(void)
         cmocka_unit_test(test_digest),
         cmocka_unit_test(test_record_round_trip),
         cmocka_unit_test(test_record_damage_found),
-        cmocka_unit_test(test_version1_block_read),
+        cmocka_unit_test(test_version1_block_refused),
         cmocka_unit_test(test_scratch_classes),
     };
     return cmocka_run_group_tests_name("ckpt", tests, NULL, NULL);

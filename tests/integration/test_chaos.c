@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "common/ckpt.h"
+#include "common/optstate.h"
 #include "common/pool.h"
 #include "io_worker/store.h"
 #include "tests/testutil.h"
@@ -1305,6 +1306,86 @@ static void test_export_killed_beside_training(void **state)
     closedir(d);
 }
 
+static void put32(uint8_t *b, int slot, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        b[4 * slot + i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The store as versions of Fuyou from before commit records made it, in place of the one init
+ * made for `model`: its version 1 metadata block (slots 0..12 as a commit record's, the checksum
+ * in slot 13, slot 29 the flag of state written past the last sync) and one copy of each unit's
+ * state, no commit record. */
+static void make_pre_commit_store(const struct run_paths *rp, const struct fy_gpt_config *model,
+                                  uint64_t step)
+{
+    const char *paths[1] = {rp->store};
+    struct fy_store_opts o = {.paths = paths, .npaths = 1, .create = 1, .overwrite = 1};
+    struct fy_store *s = NULL;
+    assert_int_equal(fy_store_open(&s, &o), 0);
+    assert_int_equal(fy_store_add_extent(s, FY_TENSOR_META, FY_CKPT_BLOCK), 0);
+    for (unsigned u = 0; u < fy_gpt_unit_count(model); u++)
+        assert_int_equal(fy_store_add_extent(s, FY_TENSOR_UNIT_STATE(u),
+                                             fy_optstate_bytes(model, u)), 0);
+    struct fy_extent e;
+    assert_int_equal(fy_store_find(s, FY_TENSOR_META, &e), 0);
+    fy_store_close(&s);
+    uint8_t block[FY_CKPT_BLOCK] = {0};
+    uint64_t hash = fy_gpt_config_hash(model);
+    const uint32_t v[13] = {FY_STOREMETA_MAGIC, 1, model->n_layer, model->n_head, model->n_embd,
+                            model->vocab, model->ctx, (uint32_t)hash, (uint32_t)(hash >> 32),
+                            (uint32_t)step, 0, 5, 0};
+    for (int i = 0; i < 13; i++)
+        put32(block, i, v[i]);
+    uint32_t h = 2166136261u; /* FNV-1a of slots 0..12 */
+    for (int i = 0; i < 4 * 13; i++)
+        h = (h ^ block[i]) * 16777619u;
+    put32(block, 13, h);
+    put32(block, 29, 1);
+    int fd = open(rp->data, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, block, sizeof block,
+                            (off_t)(FY_STORE_HEADER_BYTES + e.logical_offset)),
+                     (ssize_t)sizeof block);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+}
+
+/* A store made before commit records is refused by training and by export with one line that says
+ * what it is and what to do (after the io worker's lines about the absent commit records); nothing
+ * of its state is written (train's profile may add a scratch extent after it), no export made. */
+static void test_pre_commit_store_refused(void **state)
+{
+    struct chaos *c = *state;
+    struct run_paths rp = new_run(c, "precommit");
+    static struct fy_storemeta m;
+    assert_true(newest_record(rp.store, &m) >= 0);
+    make_pre_commit_store(&rp, &m.model, 12);
+    size_t data_len, now_len;
+    char *data = fy_test_slurp(rp.data, &data_len);
+    assert_non_null(data);
+    const char *said = "a store made by a version of Fuyou from before commit records (it has a "
+                       "version 1 metadata block), which this version no longer reads: train or "
+                       "export it with the Fuyou build that made it, or initialise the run again";
+    assert_int_not_equal(train_to(c, rp.run, "15", rp.out), 0);
+    assert_true(fy_test_file_contains(c->f->log, said));
+    const char *resume[] = {"resume", rp.run, NULL};
+    assert_int_not_equal(fy_test_launch_in(c->f, resume, 60), 0);
+    assert_true(fy_test_file_contains(c->f->log, said));
+    const char *exp[] = {"export", "--run-dir", rp.run, "--out", rp.out, NULL};
+    assert_int_not_equal(fy_test_launch_in(c->f, exp, 60), 0);
+    assert_true(fy_test_file_contains(c->f->log, said));
+    assert_int_equal(fy_test_count_matches(c->f->log, said), 1); /* said once */
+    assert_int_not_equal(access(rp.out, F_OK), 0);
+    char *now = fy_test_slurp(rp.data, &now_len);
+    assert_non_null(now);
+    assert_true(now_len >= data_len);
+    assert_memory_equal(now, data, data_len);
+    assert_nothing_left(rp.run);
+    free(data);
+    free(now);
+}
+
 int main(void)
 {
     signal(SIGCHLD, SIG_DFL);
@@ -1334,6 +1415,7 @@ int main(void)
         cmocka_unit_test(test_export_while_training),
         cmocka_unit_test(test_export_killed_beside_training),
         cmocka_unit_test(test_one_copy_store),
+        cmocka_unit_test(test_pre_commit_store_refused),
     };
     struct CMUnitTest run[sizeof tests / sizeof tests[0]];
     size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */
