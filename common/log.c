@@ -12,9 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "knobs.h"
 
 static char log_who[16] = "fuyou";
 static enum fy_log_level log_threshold = FY_LOG_INFO;
@@ -40,12 +41,9 @@ void fy_log_init(const char *who, enum fy_log_level level)
 {
     snprintf(log_who, sizeof log_who, "%s", who);
     log_threshold = level;
-    const char *env = getenv("FUYOU_LOG");
-    if (env == NULL)
-        return;
-    for (int i = 0; i <= FY_LOG_DEBUG; i++)
-        if (strcasecmp(env, level_names[i]) == 0)
-            log_threshold = (enum fy_log_level)i;
+    int asked = fy_knob_log_level(); /* FUYOU_LOG */
+    if (asked >= 0)
+        log_threshold = (enum fy_log_level)asked;
 }
 
 enum fy_log_level fy_log_level(void) { return log_threshold; }

@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/dtype.h"
+#include "common/knobs.h"
 
 struct fy_gptexec {
     struct fy_backend *backend;
@@ -84,15 +85,16 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
         rc = fy_backend_gpt_swap(backend);
     if (rc == 0 && plan != NULL && mode == FY_ACTPLAN_AUTO) {
         /* test hook: FUYOU_TEST_KEEP_LAYERS=N keeps at most N blocks, whatever fits */
-        const char *cap = getenv("FUYOU_TEST_KEEP_LAYERS");
-        int most = cap != NULL ? atoi(cap) : (int)keep;
+        int most = (int)keep;
+        if (fy_knob_test_keep_layers(&most))
+            fy_info("test hook: at most %d blocks keep their internals (FUYOU_TEST_KEEP_LAYERS)",
+                    most);
         most = most < (int)keep ? most : (int)keep;
         int kept = most > 0 ? fy_backend_gpt_keep(backend, most) : 0;
         rc = kept < 0 ? kept : 0;
     }
     /* FUYOU_GPU_QUEUE=1 completes every request before taking the next, for comparisons */
-    const char *queue = getenv("FUYOU_GPU_QUEUE");
-    int one_at_a_time = queue != NULL && strcmp(queue, "1") == 0;
+    int one_at_a_time = fy_knob_gpu_one_at_a_time();
     if (rc == 0 && one_at_a_time)
         fy_info("FUYOU_GPU_QUEUE=1: each GPT request completes before the next one starts");
     if (rc == 0)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/knobs.h"
 #include "common/worker.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
@@ -51,8 +52,10 @@ static int io_open(struct fy_worker *w, struct io_state *s)
     FY_TRY(fy_config_get_u64(w->cfg, "block_size", 0, 1 << 20, &block));
     FY_TRY(fy_config_get_u64(w->cfg, "io_timeout_ms", 0, 120000, &timeout));
     s->timeout_ms = (int)timeout;
-    const char *full = getenv("FUYOU_TEST_IO_ENOSPC_AFTER");
-    s->enospc_after = full != NULL ? atoll(full) : -1;
+    s->enospc_after = fy_knob_test_io_enospc_after();
+    if (s->enospc_after >= 0)
+        fy_info("test hook: every write after the first %lld fails as on a full disk "
+                "(FUYOU_TEST_IO_ENOSPC_AFTER)", s->enospc_after);
     struct fy_store_opts so = {.paths = paths, .npaths = npaths, .stripe_unit = stripe,
                                .create = (int)create, .overwrite = (int)overwrite};
     FY_TRY(fy_store_open(&s->store, &so));

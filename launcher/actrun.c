@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/config.h"
+#include "common/knobs.h"
 #include "common/log.h"
 #include "common/optstate.h"
 #include "common/synth.h"
@@ -23,8 +24,8 @@ static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
                "recompute", fy_actplan_mode_name(in->mode));
     out->place = calloc((size_t)L * FY_ACT_KINDS + 1, 1);
     FY_REQUIRE(out->place != NULL, -ENOMEM, "train: out of memory for the activation plan");
-    const char *mix = getenv("FUYOU_TEST_ACT_MIX");
-    uint64_t seed = mix != NULL ? strtoull(mix, NULL, 10) : 0;
+    uint64_t seed;
+    const char *mix = fy_knob_test_act_mix(&seed);
     static const int choice[3] = {FY_ACT_HOST, FY_ACT_SSD, FY_ACT_RECOMPUTE};
     for (unsigned l = 0; l < L; l++)
         for (int k = 0; k < FY_ACT_KINDS; k++) {
@@ -352,9 +353,10 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
     fy_format_size(r->swap.host_bytes, host, sizeof host);
     fy_format_size(r->swap.ssd_bytes, ssd, sizeof ssd);
     fy_format_size(r->swap.slot_bytes, slot, sizeof slot);
-    const char *mix = getenv("FUYOU_TEST_ACT_MIX");
+    uint64_t seed;
+    const char *mix = fy_knob_test_act_mix(&seed);
     if (mix != NULL && r->plan == NULL && r->place != NULL)
-        fy_info("FUYOU_TEST_ACT_MIX=%s: the blocks' internals mixed", mix);
+        fy_info("test hook: FUYOU_TEST_ACT_MIX=%s: the blocks' internals mixed", mix);
     if (in->mode == FY_ACTPLAN_AUTO && in->prof == NULL)
         fy_info("plan: activations (auto, not profiled): the gpu worker keeps the internals of "
                 "as many top blocks as fit, the others are recomputed");

@@ -20,6 +20,7 @@
 #include "common/dtype.h"
 #include "common/fsutil.h"
 #include "common/hfgpt2.h"
+#include "common/knobs.h"
 #include "common/model.h"
 #include "common/optstate.h"
 #include "common/safetensors.h"
@@ -1875,8 +1876,7 @@ static int export_session(const struct options *o, struct fy_config *cfg,
     FY_TRY(base_config(o, cfg, 0));
     FY_TRY(fy_session_start(s, cfg, workers, 1, so.ready_timeout_ms));
     *x = fy_session_exec(s);
-    const char *pause = getenv("FUYOU_TEST_EXPORT_PAUSE_MS");
-    int pause_ms = pause != NULL ? atoi(pause) : 0;
+    int pause_ms = fy_knob_test_export_pause_ms();
     if (pause_ms > 0) { /* a test hook: time to kill the export mid-way */
         fy_info("test hook: the export waits %d ms with its worker started "
                 "(FUYOU_TEST_EXPORT_PAUSE_MS)", pause_ms);

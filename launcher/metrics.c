@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "common/config.h"
 #include "common/fsutil.h"
+#include "common/knobs.h"
 #include "common/log.h"
 
 struct kept_line {
@@ -51,20 +52,14 @@ int fy_metrics_open(struct fy_metrics **out, const char *run_dir)
     snprintf(m->path, sizeof m->path, "%s/metrics.jsonl", run_dir);
     m->cap = FY_METRICS_PENDING_MAX;
     /* test hook: a cap that a test reaches in a few steps */
-    const char *cap = getenv("FUYOU_TEST_METRICS_PENDING_MAX");
-    if (cap != NULL) {
-        char *end;
-        unsigned long long bytes = strtoull(cap, &end, 10);
-        if (*cap < '0' || *cap > '9' || *end != 0 || bytes == 0) {
-            fy_error("FUYOU_TEST_METRICS_PENDING_MAX=%s: give a number of bytes (a test hook)",
-                     cap);
-            free(m);
-            return -EINVAL;
-        }
-        m->cap = (size_t)bytes;
-        fy_warn("test hook: training stops once more than %llu bytes of metrics lines wait for "
-                "room (FUYOU_TEST_METRICS_PENDING_MAX)", bytes);
+    int hook = fy_knob_test_metrics_pending_max(&m->cap);
+    if (hook < 0) {
+        free(m);
+        return hook;
     }
+    if (hook > 0)
+        fy_warn("test hook: training stops once more than %llu bytes of metrics lines wait for "
+                "room (FUYOU_TEST_METRICS_PENDING_MAX)", (unsigned long long)m->cap);
     m->fd = -1; /* opened by the first line: a run refused before its first step makes no file */
     *out = m;
     return 0;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/knobs.h"
 #include "common/tokfile.h"
 
 extern char **environ;
@@ -28,8 +29,8 @@ enum { REC_BEGIN = 1, REC_TRAINED = 2, REC_MASKED = 3, REC_ERROR = 4, REC_END = 
  * tree the executable was built in (BUILD/bin/fuyou-launch). */
 static int find_helper(char *buf, size_t len)
 {
-    const char *env = getenv("FUYOU_TOKENIZE_SCRIPT");
-    if (env != NULL && *env) {
+    const char *env = fy_knob_tokenize_script();
+    if (env != NULL) {
         FY_REQUIRE(access(env, R_OK) == 0, -ENOENT,
                    "FUYOU_TOKENIZE_SCRIPT=%s: %s: point it at launcher/" HELPER, env,
                    strerror(errno));

@@ -15,6 +15,7 @@
 #include "common/check.h"
 #include "common/dtype.h"
 #include "common/fsutil.h"
+#include "common/knobs.h"
 #include "common/optstate.h"
 #include "launcher/commit.h"
 #include "launcher/metrics.h"
@@ -2056,8 +2057,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     r.digest = calloc(units, sizeof *r.digest);
     int rc = version && resident && wcopy && r.opt_req && r.opt_parts && r.row_touched &&
                      r.opt_sent && r.queue && r.at_copy && r.digest ? 0 : -ENOMEM;
-    const char *whole = getenv("FUYOU_TEST_EMBED_WHOLE");
-    r.embed_split = whole == NULL || strcmp(whole, "1") != 0;
+    r.embed_split = !fy_knob_test_embed_whole();
     if (!r.embed_split)
         fy_info("test hook: the embeddings are updated in one piece after the backward "
                 "(FUYOU_TEST_EMBED_WHOLE=1)");

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/knobs.h"
 #include "common/log.h"
 #include "common/worker.h"
 #include "opt_worker/optstep.h"
@@ -14,19 +15,14 @@ static long test_delay_ms;
 
 static int opt_init(struct fy_worker *w, void **state)
 {
-    const char *delay = getenv("FUYOU_TEST_OPT_DELAY_MS");
-    if (delay != NULL && *delay != 0) {
-        char *end;
-        test_delay_ms = strtol(delay, &end, 10);
-        if (*end != 0 || test_delay_ms < 0 || test_delay_ms > 10000) {
-            fy_error("FUYOU_TEST_OPT_DELAY_MS=%s: give 0 to 10000 milliseconds (a test hook)", delay);
-            return -EINVAL;
-        }
+    int rc = fy_knob_test_opt_delay_ms(&test_delay_ms);
+    if (rc < 0)
+        return rc;
+    if (rc > 0)
         fy_warn("test hook: every AdamW request is delayed by %ld ms (FUYOU_TEST_OPT_DELAY_MS)",
                 test_delay_ms);
-    }
     struct fy_optstep *o = NULL;
-    int rc = fy_optstep_new(&o, w->cfg, w->cpus);
+    rc = fy_optstep_new(&o, w->cfg, w->cpus);
     *state = o;
     return rc;
 }

@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "common/desc.h"
 #include "common/dtype.h"
+#include "common/knobs.h"
 #include "common/synth.h"
 #include "gpu_worker/cpu/gpt_cpu.h"
 #include "gpu_worker/cpu/llama_cpu.h"
@@ -261,8 +262,7 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_gpt
     struct cpu_state *s = state;
     FY_REQUIRE(s->block_scratch != NULL, -EINVAL, "CPU backend: profiling before gpt_prepare");
     /* test hook: FUYOU_TEST_PROFILE_FAIL=1 makes profiling fail, as a device error would */
-    const char *fail = getenv("FUYOU_TEST_PROFILE_FAIL");
-    FY_REQUIRE(fail == NULL || strcmp(fail, "1") != 0, -EIO,
+    FY_REQUIRE(!fy_knob_test_profile_fail(), -EIO,
                "CPU backend: profiling failed (FUYOU_TEST_PROFILE_FAIL=1, a test hook)");
     FY_REQUIRE(!s->llama, -ENOTSUP,
                "the CPU backend's Llama blocks always recompute: nothing to profile for swapping");

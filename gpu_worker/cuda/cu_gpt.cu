@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "common/knobs.h"
 #include "gpu_worker/cuda/cu_attention.h"
 #include "gpu_worker/cuda/cu_flash.h"
 #include "gpu_worker/cuda/cu_llama.h"
@@ -206,12 +207,10 @@ static void setup_shape(struct fy_cu_gpt *g, const struct fy_gpt_config *c, int 
     g->T = T;
     g->N = B * T;
     /* FUYOU_CUDA_ATTENTION=materialised selects the first version, for comparisons. */
-    const char *attn = getenv("FUYOU_CUDA_ATTENTION");
     g->flash = fy_cu_flash_supported((int)c->n_embd, (int)c->n_head) &&
-               !(attn != NULL && strcmp(attn, "materialised") == 0);
+               !fy_knob_cuda_materialised_attention();
     /* FUYOU_CUDA_FUSE=0 runs GELU and the residual adds as separate kernels, for comparisons. */
-    const char *fuse = getenv("FUYOU_CUDA_FUSE");
-    g->fuse = !(fuse != NULL && strcmp(fuse, "0") == 0);
+    g->fuse = !fy_knob_cuda_unfused();
     size_t per_row = fy_cu_head_scratch_bytes(1, c->vocab);
     size_t rows = per_row ? HEAD_CHUNK_BYTES / per_row : HEAD_CHUNK_MAX;
     rows = rows < HEAD_CHUNK_MIN ? HEAD_CHUNK_MIN : rows > HEAD_CHUNK_MAX ? HEAD_CHUNK_MAX : rows;
