@@ -2,11 +2,14 @@
  * and what to do with it. Encoded little-endian into 64 bytes; decoding validates every field.
  *
  * The optimizer's two requests (opt_worker/optstep.h has the details):
- *   opt-adamw  parts GRAD, MASTER, ADAM_M, ADAM_V [, WEIGHTS]; the MASTER part's arg is the learning
- *              rate and the GRAD part's arg the gradient scale of global-norm clipping (IEEE double
- *              bits each; 0: the run's lr, no scaling). The scale travels in the part whose
- *              elements it multiplies, so no field gains a second meaning.
- *   opt-sumsq  one GRAD part; the reply's arg is the sum of its squared elements (double bits). */
+ *   opt-adamw  parts GRAD, the state's sections (MASTER, ADAM_M, ADAM_V: common/optstate.h),
+ *              [WEIGHTS] (a bf16 copy to rewrite), [TOKENS] (the rows to update, the row length in
+ *              its arg); the MASTER part's arg is the learning rate and the GRAD part's arg the
+ *              gradient scale of global-norm clipping (IEEE double bits each; 0: the run's lr, no
+ *              scaling): each value travels in the part it is about.
+ *   opt-sumsq  one GRAD part; the reply's arg is the sum of its squared elements (double bits).
+ * What `arg` holds depends on the op and the part's kind (struct fy_desc), and a reply, which names
+ * no region, carries timings in the region's fields. */
 #ifndef FY_DESC_H
 #define FY_DESC_H
 
@@ -52,7 +55,8 @@ enum fy_op {
     FY_OP_IO_WRITE = 6,  /* io: pool region -> extent `tensor` at byte `arg` */
     FY_OP_IO_SYNC = 7,   /* io: make all written extents durable */
     FY_OP_GPU_SYNTH_GRAD = 8, /* gpu: write the synthetic gradient (seed `arg`, step) into the region */
-    FY_OP_OPT_ADAMW = 9, /* opt: AdamW over the GRAD, MASTER, ADAM_M, ADAM_V (+WEIGHTS) parts */
+    FY_OP_OPT_ADAMW = 9, /* opt: AdamW over the GRAD, MASTER, ADAM_M, ADAM_V (+WEIGHTS, +TOKENS)
+                            parts */
     FY_OP_PING = 10,     /* any: reply DONE at once (liveness) */
     /* GPT on the gpu worker, one unit at a time; parts in the order given (see gpu_worker/gptexec.h) */
     FY_OP_GPT_EMBED_FWD = 11, /* tokens, embed weights -> x0 */
@@ -77,10 +81,12 @@ struct fy_desc {
     uint64_t offset; /* byte offset of the region in the pool */
     uint64_t bytes;  /* region length in bytes */
     uint64_t seq;    /* request number; replies carry the request's */
-    uint64_t arg;    /* op-specific: extent offset for I/O, seed for synthetic data; for opt-adamw
-                        the learning rate (MASTER part) and the clipping scale (GRAD part) as IEEE
-                        double bits; the loss (double bits) in a head reply, the sum of squares
-                        (double bits) in an opt-sumsq reply */
+    uint64_t arg;    /* op- and kind-specific: extent offset for I/O, extent size for io-alloc,
+                        the digest in an I/O request's control part and in a write's reply, seed
+                        for synthetic data; for opt-adamw the learning rate (MASTER part) and the
+                        clipping scale (GRAD part) as IEEE double bits and the row length (TOKENS
+                        part); the kinds' mask of a SAVED part; the loss (double bits) in a head
+                        reply, the sum of squares (double bits) in an opt-sumsq reply */
 };
 
 /* DONE replies carry when the request's work ran: start and duration in ns of CLOCK_MONOTONIC, in

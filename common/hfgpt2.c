@@ -860,17 +860,6 @@ int fy_hfgpt2_save_source(const struct fy_hfgpt2_src *s, const char *hf_dir)
     return rc;
 }
 
-int fy_hfgpt2_remove_source(const char *hf_dir)
-{
-    struct stat st;
-    if (lstat(hf_dir, &st) != 0 && errno == ENOENT)
-        return 0;
-    remove_dir_files(hf_dir);
-    FY_REQUIRE(lstat(hf_dir, &st) != 0, -ENOTEMPTY,
-               "cannot remove %s (an earlier import's record): remove it by hand", hf_dir);
-    return 0;
-}
-
 /* ---- export ---- */
 
 struct fy_hfgpt2_writer {

@@ -82,10 +82,6 @@ int fy_hfgpt2_read_unit(struct fy_hfgpt2_src *s, unsigned unit, float *params);
  * hf_dir is refused (-EEXIST). */
 int fy_hfgpt2_save_source(const struct fy_hfgpt2_src *s, const char *hf_dir);
 
-/* Removes a directory written by fy_hfgpt2_save_source (its files, then itself); 0 when it is
- * gone or was never there. */
-int fy_hfgpt2_remove_source(const char *hf_dir);
-
 /* ---- export ---- */
 
 struct fy_hfgpt2_export_opts {

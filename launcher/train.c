@@ -110,9 +110,9 @@ struct run {
     int timeout_ms;
     double phase_s[PH_COUNT];
     /* Clipping: on (two backward passes; pass 1 also completes the embedding gradient), where the
-     * head writes the final unit's gradient (grads slot 1; with clipping the room after the four
-     * slots, where it survives pass 1), and this step's gradient scale (0: none) for every
-     * opt-adamw. */
+     * head writes the final unit's gradient (grads slot 1; with clipping the room after the
+     * block gradient slots, where it survives pass 1), and this step's gradient scale (0: none)
+     * for every opt-adamw. */
     int clip;
     uint64_t dfinal;
     double grad_scale;
@@ -138,7 +138,7 @@ struct run {
     unsigned char gslot_queued[FY_TRAIN_GRAD_SLOTS_MAX + 1];
     /* The two copies of the units' state (common/ckpt.h): the committed one is read_copy; a
      * training run writes the other (work_copy) and keeps per unit the copy its latest state is
-     * in and that state's digest. NULL arrays (init, eval, export): every unit is read from
+     * in and that state's digest. NULL arrays (init, export): every unit is read from
      * read_copy. */
     unsigned read_copy, work_copy;
     unsigned char *at_copy;
@@ -1791,17 +1791,6 @@ static int eval_loss(struct run *r, const struct fy_tokfile *data, uint64_t batc
     else
         *loss = trained_total > 0 ? weighted / (double)trained_total : 0.0;
     return 0;
-}
-
-int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
-                  const struct fy_tokfile *data, int B, int T, int act_dtype, uint64_t batches,
-                  int timeout_ms,
-                  double *loss)
-{
-    struct run r;
-    FY_TRY(run_init(&r, pool, c, B, T, act_dtype, x, timeout_ms));
-    FY_TRY(ckpt_setup(&r, 0));
-    return eval_loss(&r, data, batches, loss);
 }
 
 /* The plan check: one step (the session's second; the first warms up) beside what the activation

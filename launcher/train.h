@@ -230,11 +230,6 @@ int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char
  * steps, at the end and at a stop; meta follows the commits. */
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                  const struct fy_tokfile *data, const struct fy_train_opts *o);
-/* Mean loss over the first `batches` evaluation windows (forward only). */
-int fy_train_eval(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
-                  const struct fy_tokfile *data, int B, int T, int act_dtype, uint64_t batches,
-                  int timeout_ms,
-                  double *loss);
 /* Writes the master weights of the committed step in meta to a weights file (common/ckpt.h),
  * each unit checked against the commit record's digest. A training run may go on meanwhile
  * (`beside`: the export works beside it, fy_session.beside): when it commits over the copy being
