@@ -97,42 +97,72 @@ static int save_train_args(const char *run_dir, int argc, char **argv)
     return fy_file_replace(f, tmp, path);
 }
 
+/* A train command's plan and state, from the model to the last step; train_free frees it whatever
+ * happened. */
+struct train_run {
+    struct fy_config *mc, *cfg; /* RUN/model.conf; the workers' configuration */
+    struct fy_gpt_config model;
+    struct fy_tokfile *data;
+    struct fy_restart restarts;
+    int act_dtype, weight_dtype, clipping, ckpt_ssd;
+    unsigned ckpt_slots, kept; /* the checkpoints' pool slots (0: in the pool); units kept */
+    unsigned char *resident;   /* per unit: its optimizer state stays in the pool */
+    struct fy_gpt_profile prof;
+    struct fy_actrun_in act_in;
+    struct fy_actrun act;
+    struct fy_train_swap swap;
+    struct fy_pool_region_spec regions[10];
+    unsigned n_regions;
+    struct fy_train_opts to;
+    struct fy_diskrates ssd_seen;
+    struct fy_storemeta *meta;
+};
+
+static void train_free(struct train_run *t)
+{
+    free(t->meta);
+    fy_actrun_free(&t->act);
+    free(t->resident);
+    fy_tokfile_close(&t->data);
+    free(t->mc);
+    free(t->cfg);
+    free(t);
+}
+
 /* One launch of the workers for training: the store's current commit (a restart goes back to it;
  * the metrics of later steps are dropped, as they will be trained again), the steps up to
  * --steps, and the export. *fault says which worker failed and how; *stepping whether training
  * had begun (the commit was opened). The train command's arguments are kept for resume once the
  * workers are up: a command that fails before that leaves the run's last one in place. */
-static int train_attempt(struct fy_options *o, struct fy_config *mc, struct fy_config *cfg,
-                         const struct fy_gpt_config *model, const struct fy_tokfile *data,
-                         const struct fy_pool_region_spec *regions, unsigned n,
-                         struct fy_train_opts *to, struct fy_storemeta *meta, int attempt,
+static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
                          struct fy_sup_fault *fault, int *stepping)
 {
     *stepping = 0;
     double t0 = fy_monotonic_ns() * 1e-9;
+    struct fy_storemeta *meta = t->meta;
     struct fy_session s;
     struct fy_session_opts so = fy_runconf_session(o);
-    int rc = fy_session_open(&s, &so, regions, n, "training");
+    int rc = fy_session_open(&s, &so, t->regions, t->n_regions, "training");
     struct fy_inproc *inproc = NULL;
     struct fy_exec x = {0};
     static const char *const workers[] = {"gpu", "io", "opt"};
-    if (rc == 0 && o->inprocess && fy_config_get(mc, "hf") != NULL) {
+    if (rc == 0 && o->inprocess && fy_config_get(t->mc, "hf") != NULL) {
         fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
                  "holds an imported Hugging Face model: drop --inprocess to train it through the "
                  "workers", o->run_dir);
         rc = -EINVAL;
     }
     if (rc == 0 && o->inprocess) {
-        rc = fy_inproc_new(&inproc, s.pool, cfg, s.aff.opt);
+        rc = fy_inproc_new(&inproc, s.pool, t->cfg, s.aff.opt);
         if (rc == 0) {
             x = fy_inproc_exec(inproc);
             uint64_t seed;
-            rc = fy_config_get_u64(mc, "seed", 1, 0, &seed);
+            rc = fy_config_get_u64(t->mc, "seed", 1, 0, &seed);
             if (rc == 0)
-                rc = fy_train_init_store(&x, s.pool, model, seed, 2, o->timeout_s * 1000);
+                rc = fy_train_init_store(&x, s.pool, &t->model, seed, 2, o->timeout_s * 1000);
         }
     } else if (rc == 0) {
-        rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
+        rc = fy_session_start(&s, t->cfg, workers, 3, so.ready_timeout_ms);
         x = fy_session_exec(&s);
         if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
             fy_sup_set_stop_flag(s.sup, &train_stop);
@@ -144,20 +174,20 @@ static int train_attempt(struct fy_options *o, struct fy_config *mc, struct fy_c
     if (rc == 0)
         rc = fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000);
     if (rc == 0)
-        rc = fy_runconf_check_store(meta, model, o->ssd);
+        rc = fy_runconf_check_store(meta, &t->model, o->ssd);
     FILE *trace = NULL;
     if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
         rc = -errno;
         fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
     }
     if (rc == 0) {
-        to->trace = trace;
+        t->to.trace = trace;
         if (attempt > 0)
             fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
                     "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
         *stepping = 1;
-        rc = fy_train_run(&x, s.pool, meta, data, to);
-        to->trace = NULL;
+        rc = fy_train_run(&x, s.pool, meta, t->data, &t->to);
+        t->to.trace = NULL;
     }
     if (rc == 0 && !train_stop && o->export_path != NULL) {
         rc = fy_train_export(&x, s.pool, meta, o->export_path, o->overwrite, o->timeout_s * 1000);
@@ -193,30 +223,21 @@ static int check_run_dir_writable(const char *run_dir)
     return -e;
 }
 
-int fy_cmd_train(struct fy_options *o)
+/* The run's model and data, the backend settled, and the workers' configuration. */
+static int train_setup(struct fy_options *o, struct train_run *t)
 {
-    FY_TRY(fy_options_require(o->run_dir, "--run-dir", "train"));
-    FY_TRY(fy_options_require(o->data, "--data", "train"));
-    if (!o->steps_set)
-        o->steps = 200;
-    struct fy_restart restarts;
-    fy_restart_init(&restarts, o->max_restarts, o->run_dir, &train_stop);
-    FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1, -EINVAL,
-               "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
-               "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);
-    struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
-    struct fy_gpt_config model;
-    struct fy_tokfile *data = NULL;
-    int rc = mc && cfg ? fy_runconf_load(o, mc, &model) : -ENOMEM;
+    t->mc = calloc(1, sizeof *t->mc);
+    t->cfg = calloc(1, sizeof *t->cfg);
+    int rc = t->mc && t->cfg ? fy_runconf_load(o, t->mc, &t->model) : -ENOMEM;
     if (rc == 0)
         rc = check_run_dir_writable(o->run_dir);
-    if (rc == 0 && o->seq > model.ctx) {
+    if (rc == 0 && o->seq > t->model.ctx) {
         fy_error("train: --seq %llu exceeds the model's context of %u tokens",
-                 (unsigned long long)o->seq, model.ctx);
+                 (unsigned long long)o->seq, t->model.ctx);
         rc = -EINVAL;
     }
     if (rc == 0)
-        rc = open_data(o, &model, &data);
+        rc = open_data(o, &t->model, &t->data);
     /* "auto" is settled here, not in the gpu worker: the activations' dtype in the pool follows the
      * backend (bf16 where the device computes in bf16: the same bits, half the bytes) */
     const char *asked = o->backend;
@@ -230,18 +251,19 @@ int fy_cmd_train(struct fy_options *o)
         fy_warn("--backend auto: %s: using the CPU backend (slow; for tests and laptops)",
                 fy_backend_cuda_built() ? "no CUDA device is visible"
                                         : "this build has no CUDA backend (nvcc was not found)");
-    int act_dtype = fy_backend_preferred_act_dtype(o->backend);
-    int weight_dtype = fy_runconf_weight_dtype(o, o->backend);
+    t->act_dtype = fy_backend_preferred_act_dtype(o->backend);
+    t->weight_dtype = fy_runconf_weight_dtype(o, o->backend);
+    t->clipping = o->clip_grad_norm > 0;
     if (rc == 0)
-        rc = fy_runconf_train(o, &model, act_dtype, cfg);
-    if (rc < 0) {
-        fy_tokfile_close(&data);
-        free(mc);
-        free(cfg);
-        return rc;
-    }
+        rc = fy_runconf_train(o, &t->model, t->act_dtype, t->cfg);
+    return rc;
+}
+
+/* The train line: the model, the batch, the schedule and the data. */
+static void train_describe(const struct fy_options *o, const struct train_run *t)
+{
     char described[160];
-    fy_gpt_config_describe(&model, described, sizeof described);
+    fy_gpt_config_describe(&t->model, described, sizeof described);
     char clip[96] = "";
     if (o->clip_grad_norm > 0)
         snprintf(clip, sizeof clip, ", gradient norm clipped to %g (two backward passes)",
@@ -253,97 +275,109 @@ int fy_cmd_train(struct fy_options *o)
             (unsigned long long)o->steps, o->lr, (unsigned long long)o->warmup,
             o->lr * o->min_lr_ratio, o->weight_decay, clip, o->overlap ? "overlapped" : "serial",
             (unsigned long long)o->prefetch, o->prefetch == 1 ? "" : "s", o->data,
-            (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_TRAIN),
-            (unsigned long long)fy_tokfile_split_tokens(data, FY_TOKFILE_EVAL),
+            (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_TRAIN),
+            (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_EVAL),
             o->inprocess ? "; in one process, state in memory" : "");
-    unsigned char *resident = calloc(fy_gpt_unit_count(&model), 1);
-    struct fy_gpt_profile prof;
-    struct fy_actrun_in act_in;
-    struct fy_actrun act = {0};
-    enum fy_actplan_mode act_mode = FY_ACTPLAN_AUTO;
-    rc = resident != NULL ? fy_actplan_mode_parse(o->act_plan, &act_mode) : -ENOMEM;
-    /* forced swapping puts the internals in the pool first, the state's residency after */
-    int forced = act_mode == FY_ACTPLAN_HOST || act_mode == FY_ACTPLAN_SSD;
-    int clipping = o->clip_grad_norm > 0;
-    if (rc == 0 && forced)
-        rc = fy_planact_make(o, &model, act_dtype, clipping, 0, resident, &restarts, &prof,
-                              &act_in, &act);
-    if (rc < 0) {
-        free(resident);
-        fy_tokfile_close(&data);
-        free(mc);
-        free(cfg);
-        return rc;
-    }
-    struct fy_train_swap swap = act.swap;
-    int ckpt_ssd = o->ckpt_place == FY_CKPT_SSD;
+}
+
+/* Which units' optimizer state stays in the pool (t->resident, t->kept), with --ckpt-place
+ * auto's choice of where the checkpoints go. */
+static void train_plan_residency(const struct fy_options *o, struct train_run *t)
+{
+    const struct fy_gpt_config *model = &t->model;
+    t->ckpt_ssd = o->ckpt_place == FY_CKPT_SSD;
     if (o->ckpt_place == FY_CKPT_AUTO) {
         /* Everything in the pool when it all fits: no SSD traffic at all. Otherwise the pool is
          * better spent on optimizer state: a streamed unit moves 28 bytes over the SSD per 12 of
          * state each step (weights read, state read and written), a checkpoint 2 per byte. */
-        unsigned all = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
-                                              o->cpu_mem, clipping, (unsigned)o->prefetch, 0,
-                                              &swap, weight_dtype, resident);
-        ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(&model);
+        unsigned all = fy_train_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype,
+                                              o->cpu_mem, t->clipping, (unsigned)o->prefetch, 0,
+                                              &t->swap, t->weight_dtype, t->resident);
+        t->ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(model);
         fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
-                ckpt_ssd ? "on the SSD store" : "in the shared pool",
-                ckpt_ssd ? "the optimizer state does not all fit --cpu-mem beside them"
-                         : "they fit beside all the optimizer state");
+                t->ckpt_ssd ? "on the SSD store" : "in the shared pool",
+                t->ckpt_ssd ? "the optimizer state does not all fit --cpu-mem beside them"
+                            : "they fit beside all the optimizer state");
     }
-    unsigned ckpt_slots = ckpt_ssd ? fy_train_spill_slots((unsigned)o->act_ahead) : 0;
-    unsigned kept = fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype,
-                                           o->cpu_mem, clipping, (unsigned)o->prefetch, ckpt_slots,
-                                           &swap, weight_dtype, resident);
-    if (!forced) { /* auto profiles and plans in the room that state and streaming leave */
-        rc = fy_planact_make(o, &model, act_dtype, clipping, ckpt_slots, resident, &restarts,
-                              &prof, &act_in, &act);
-        swap = act.swap;
+    t->ckpt_slots = t->ckpt_ssd ? fy_train_spill_slots((unsigned)o->act_ahead) : 0;
+    t->kept = fy_train_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype, o->cpu_mem,
+                                     t->clipping, (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
+                                     t->weight_dtype, t->resident);
+}
+
+/* Where the state, the checkpoints and the blocks' internals live: forced swapping (--act-plan
+ * host or ssd) puts the internals in the pool first and the state's residency after; auto
+ * profiles and plans in the room that state and streaming leave. The plan goes to the workers'
+ * configuration and RUN/act_plan.json. */
+static int train_plan(const struct fy_options *o, struct train_run *t)
+{
+    t->resident = calloc(fy_gpt_unit_count(&t->model), 1);
+    enum fy_actplan_mode act_mode = FY_ACTPLAN_AUTO;
+    FY_TRY(t->resident != NULL ? fy_actplan_mode_parse(o->act_plan, &act_mode) : -ENOMEM);
+    int forced = act_mode == FY_ACTPLAN_HOST || act_mode == FY_ACTPLAN_SSD;
+    if (forced)
+        FY_TRY(fy_planact_make(o, &t->model, t->act_dtype, t->clipping, 0, t->resident,
+                               &t->restarts, &t->prof, &t->act_in, &t->act));
+    t->swap = t->act.swap;
+    train_plan_residency(o, t);
+    int rc = 0;
+    if (!forced) {
+        rc = fy_planact_make(o, &t->model, t->act_dtype, t->clipping, t->ckpt_slots, t->resident,
+                             &t->restarts, &t->prof, &t->act_in, &t->act);
+        t->swap = t->act.swap;
     }
     if (rc == 0 && act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
-        rc = fy_actrun_predict(&act_in, &act);
+        rc = fy_actrun_predict(&t->act_in, &t->act);
     if (rc == 0)
-        rc = fy_config_setf(cfg, "train.act_keep", "%d", act.keep < 0 ? (int)model.n_layer
-                                                                       : act.keep);
+        rc = fy_config_setf(t->cfg, "train.act_keep", "%d",
+                            t->act.keep < 0 ? (int)t->model.n_layer : t->act.keep);
     if (rc == 0)
-        rc = fy_config_setf(cfg, "train.act_swap", "%d", act.swap_sets);
+        rc = fy_config_setf(t->cfg, "train.act_swap", "%d", t->act.swap_sets);
     if (rc == 0)
-        rc = fy_planact_save(o, &act, &act_in);
-    if (rc < 0) {
-        fy_actrun_free(&act);
-        free(resident);
-        fy_tokfile_close(&data);
-        free(mc);
-        free(cfg);
-        return rc;
-    }
+        rc = fy_planact_save(o, &t->act, &t->act_in);
+    return rc;
+}
+
+/* The plan's lines on what stays in the pool and what moves over the SSD and PCIe each step. */
+static void train_log_traffic(const struct fy_options *o, const struct train_run *t)
+{
+    const struct fy_gpt_config *model = &t->model;
+    unsigned kept = t->kept;
     char kept_size[32];
-    fy_format_size(fy_train_resident_bytes(&model, resident), kept_size, sizeof kept_size);
+    fy_format_size(fy_train_resident_bytes(model, t->resident), kept_size, sizeof kept_size);
     uint64_t ssd_read, ssd_write;
-    fy_train_ssd_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, ckpt_ssd, &swap,
-                       resident, &ssd_read, &ssd_write);
+    fy_train_ssd_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, t->ckpt_ssd,
+                       &t->swap, t->resident, &ssd_read, &ssd_write);
     char rd[32], wr[32], up[32], down[32];
     fy_format_size(ssd_read, rd, sizeof rd);
     fy_format_size(ssd_write, wr, sizeof wr);
     uint64_t to_gpu, from_gpu;
-    fy_train_pcie_bytes(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, &swap, resident,
-                        &to_gpu, &from_gpu);
+    fy_train_pcie_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, &t->swap,
+                        t->resident, &to_gpu, &from_gpu);
     fy_format_size(to_gpu, up, sizeof up);
     fy_format_size(from_gpu, down, sizeof down);
     fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
             "%s streams from the SSD store each step (reads %s, writes %s per step)%s; PCIe per "
             "step: at most %s to the GPU (less where a unit's output stays on the GPU for the "
             "next), %s back",
-            kept, fy_gpt_unit_count(&model), kept_size,
-            kept == fy_gpt_unit_count(&model) ? "nothing" : "the rest", rd, wr,
+            kept, fy_gpt_unit_count(model), kept_size,
+            kept == fy_gpt_unit_count(model) ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
-    unsigned copies = fy_train_weight_copies(&model, resident);
-    if (weight_dtype == FY_DTYPE_BF16)
+    unsigned copies = fy_train_weight_copies(model, t->resident);
+    if (t->weight_dtype == FY_DTYPE_BF16)
         fy_info("plan: weights to the GPU in bf16 for %u of the %u kept units (a bf16 copy beside "
                 "each one's state, rewritten by AdamW)%s", copies, kept,
                 copies < kept ? "; the others' in f32: --cpu-mem holds no more copies" : "");
     else
         fy_info("plan: weights to the GPU in f32 (--weights-dtype %s)",
                 o->weights_dtype ? "f32" : "auto, on the CPU backend");
+}
+
+/* The plan's predicted step, said: from the activation plan's profile where it has one, else at
+ * the rates of RUN/machine.json (fuyou-launch probe) or the reference machine's. Returns the
+ * seconds a step is predicted to take, 0 where nothing is predicted (the CPU backend's compute). */
+static double train_log_prediction(const struct fy_options *o, const struct train_run *t)
+{
     struct fy_train_rates rates = fy_train_reference_rates();
     char probed[PATH_MAX + 16], at[PATH_MAX + 96];
     snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
@@ -353,14 +387,14 @@ int fy_cmd_train(struct fy_options *o)
     if (have_probe) /* fuyou-launch probe measured this machine */
         snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", probed);
     struct fy_train_prediction p;
-    fy_train_predict(&model, (int)o->batch, (int)o->seq, act_dtype, clipping, ckpt_ssd, &swap,
-                     resident, &rates, &p);
+    fy_train_predict(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping,
+                     t->ckpt_ssd, &t->swap, t->resident, &rates, &p);
     double step_flops = (double)o->batch * (double)o->seq *
-                        fy_gpt_flops_per_token(&model, (unsigned)o->seq);
-    if (act.predicted_s > 0) /* measured here: the reference machine's figures would mislead */
+                        fy_gpt_flops_per_token(&t->model, (unsigned)o->seq);
+    double predicted_s = t->act.predicted_s;
+    if (predicted_s > 0) /* measured here: the reference machine's figures would mislead */
         fy_info("plan: per step, as the activation plan above predicts from this machine's "
-                "profile: %.3f s (%.3g TFLOP/s)", act.predicted_s,
-                step_flops / act.predicted_s * 1e-12);
+                "profile: %.3f s (%.3g TFLOP/s)", predicted_s, step_flops / predicted_s * 1e-12);
     else if (strcmp(o->backend, "cpu") == 0 && !have_probe) /* not the H200's compute */
         fy_info("plan: %s: SSD %.1f/%.1f GB/s, AdamW %.1f G parameters/s): SSD %.3f s, optimizer "
                 "%.3f s; compute not predicted on the CPU backend",
@@ -375,49 +409,59 @@ int fy_cmd_train(struct fy_options *o)
                 rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.gpu_s,
                 p.h2d_s, p.d2h_s, p.ssd_s, p.opt_s, p.step_s, p.bound,
                 step_flops / p.step_s * 1e-12);
-    struct fy_pool_region_spec regions[10];
-    unsigned n;
-    unsigned grad_slots = fy_train_plan_grad_slots(&model, (int)o->batch, (int)o->seq, act_dtype,
-                                                   o->cpu_mem, clipping, (unsigned)o->prefetch,
-                                                   ckpt_slots, &swap, resident,
-                                                   (unsigned)o->grad_slots);
+    return predicted_s > 0 ? predicted_s : strcmp(o->backend, "cpu") != 0 ? p.step_s : 0;
+}
+
+/* The pool's regions (with the gradient slots that fit) and the options of the steps; a stuck
+ * worker's deadline from `predicted_s` unless --timeout gave it. */
+static void train_layout(const struct fy_options *o, struct train_run *t, double predicted_s)
+{
+    unsigned grad_slots = fy_train_plan_grad_slots(&t->model, (int)o->batch, (int)o->seq,
+                                                   t->act_dtype, o->cpu_mem, t->clipping,
+                                                   (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
+                                                   t->resident, (unsigned)o->grad_slots);
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
-    fy_train_regions(&model, (int)o->batch, (int)o->seq, act_dtype, resident, clipping,
-                     (unsigned)o->prefetch, grad_slots, ckpt_slots, &swap, regions, &n);
-    struct fy_train_opts to = {
+    fy_train_regions(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->resident,
+                     t->clipping, (unsigned)o->prefetch, grad_slots, t->ckpt_slots, &t->swap,
+                     t->regions, &t->n_regions);
+    const struct fy_actrun *act = &t->act;
+    t->to = (struct fy_train_opts){
         .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
         .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
         .eval_every = o->eval_every, .eval_batches = o->eval_batches,
         .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
-        .overlap = o->overlap, .resident = resident, .clip_grad_norm = o->clip_grad_norm,
-        .ckpt_ssd = ckpt_ssd, .act_ahead = (unsigned)o->act_ahead, .act_dtype = act_dtype,
-        .act_place = act.place,
-        .saved_sizes = act.sizes, .stop = &train_stop, .plan_step_s = act.predicted_s,
-        .plan_ssd_read = act_in.rates.ssd_read, .plan_ssd_write = act_in.rates.ssd_write,
-        .plan_opt_params = act_in.rates.opt_params,
-        .plan_ssd_from_steps = act_in.ssd_rates_from_steps};
-    struct fy_diskrates ssd_seen;
-    fy_diskrates_begin(&ssd_seen, o->ssd, (int)o->batch, o->act_plan);
-    to.ssd_seen = &ssd_seen;
+        .overlap = o->overlap, .resident = t->resident, .clip_grad_norm = o->clip_grad_norm,
+        .ckpt_ssd = t->ckpt_ssd, .act_ahead = (unsigned)o->act_ahead, .act_dtype = t->act_dtype,
+        .act_place = act->place,
+        .saved_sizes = act->sizes, .stop = &train_stop, .plan_step_s = act->predicted_s,
+        .plan_ssd_read = t->act_in.rates.ssd_read, .plan_ssd_write = t->act_in.rates.ssd_write,
+        .plan_opt_params = t->act_in.rates.opt_params,
+        .plan_ssd_from_steps = t->act_in.ssd_rates_from_steps};
+    fy_diskrates_begin(&t->ssd_seen, o->ssd, (int)o->batch, o->act_plan);
+    t->to.ssd_seen = &t->ssd_seen;
     if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */
-        double predicted = act.predicted_s > 0 ? act.predicted_s
-                           : strcmp(o->backend, "cpu") != 0 ? p.step_s : 0;
-        if (predicted > 0) {
-            double deadline = 20 * predicted < 60 ? 60 : 20 * predicted;
-            to.timeout_ms = deadline > 3600 ? 3600 * 1000 : (int)(deadline * 1000);
+        if (predicted_s > 0) {
+            double deadline = 20 * predicted_s < 60 ? 60 : 20 * predicted_s;
+            t->to.timeout_ms = deadline > 3600 ? 3600 * 1000 : (int)(deadline * 1000);
         }
         fy_info("plan: a request not answered within %d s counts as a stuck worker (%s; "
-                "--timeout to set it)", to.timeout_ms / 1000,
-                predicted > 0 ? "20 predicted steps, at least a minute" : "the default");
+                "--timeout to set it)", t->to.timeout_ms / 1000,
+                predicted_s > 0 ? "20 predicted steps, at least a minute" : "the default");
     }
-    struct fy_storemeta *meta = calloc(1, sizeof *meta);
-    rc = meta != NULL ? 0 : -ENOMEM;
+}
+
+/* The steps: launches of the workers until --steps is reached, the run is stopped, or a worker
+ * fails more often than --max-restarts allows. */
+static int train_steps(struct fy_options *o, struct train_run *t)
+{
+    t->meta = calloc(1, sizeof *t->meta);
+    int rc = t->meta != NULL ? 0 : -ENOMEM;
     struct fy_metrics *metrics = NULL; /* kept across restarts: lines wait there for room */
     if (rc == 0)
         rc = fy_metrics_open(&metrics, o->run_dir);
-    to.metrics = metrics;
+    t->to.metrics = metrics;
     /* A worker that dies or hangs costs the steps since the last commit, not the run: the
      * workers start again and the run goes on from that commit, up to --max-restarts times an
      * hour (fy_restart_after). */
@@ -425,27 +469,46 @@ int fy_cmd_train(struct fy_options *o)
         double t0 = fy_monotonic_ns() * 1e-9;
         struct fy_sup_fault fault;
         int stepping;
-        rc = train_attempt(o, mc, cfg, &model, data, regions, n, &to, meta, attempt, &fault,
-                           &stepping);
-        if (!fy_restart_after(&restarts, rc, stepping, &fault, t0))
+        rc = train_attempt(o, t, attempt, &fault, &stepping);
+        if (!fy_restart_after(&t->restarts, rc, stepping, &fault, t0))
             break;
         rc = 0;
     }
     fy_progress_end();
-    save_ssd_seen(o, &ssd_seen);
+    save_ssd_seen(o, &t->ssd_seen);
     if (rc == 0 && train_stop) {
         fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
-                "from there (nothing exported)", (unsigned long long)meta->step, o->run_dir);
+                "from there (nothing exported)", (unsigned long long)t->meta->step, o->run_dir);
         rc = -EINTR;
     }
-    int lost = fy_metrics_close(&metrics, meta != NULL ? meta->step : 0);
-    rc = rc ? rc : lost;
-    free(meta);
-    fy_actrun_free(&act);
-    free(resident);
-    fy_tokfile_close(&data);
-    free(mc);
-    free(cfg);
+    int lost = fy_metrics_close(&metrics, t->meta != NULL ? t->meta->step : 0);
+    return rc ? rc : lost;
+}
+
+int fy_cmd_train(struct fy_options *o)
+{
+    FY_TRY(fy_options_require(o->run_dir, "--run-dir", "train"));
+    FY_TRY(fy_options_require(o->data, "--data", "train"));
+    if (!o->steps_set)
+        o->steps = 200;
+    FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1, -EINVAL,
+               "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
+               "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);
+    struct train_run *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return -ENOMEM;
+    fy_restart_init(&t->restarts, o->max_restarts, o->run_dir, &train_stop);
+    int rc = train_setup(o, t);
+    if (rc == 0) {
+        train_describe(o, t);
+        rc = train_plan(o, t);
+    }
+    if (rc == 0) {
+        train_log_traffic(o, t);
+        train_layout(o, t, train_log_prediction(o, t));
+        rc = train_steps(o, t);
+    }
+    train_free(t);
     return rc;
 }
 
