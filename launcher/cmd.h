@@ -6,8 +6,8 @@
 
 #include "launcher/options.h"
 
-/* prepare --out FILE INPUT...: argv[optind..argc) are the inputs (cmd_prepare.c). */
-int fy_cmd_prepare(struct fy_options *o, int argc, char **argv);
+/* prepare --out FILE INPUT...: the inputs are o->args (cmd_prepare.c). */
+int fy_cmd_prepare(struct fy_options *o);
 /* init --run-dir DIR [model options | --from-hf HF] (cmd_init.c). */
 int fy_cmd_init(struct fy_options *o);
 /* train --run-dir DIR --data FILE, and resume (cmd_train.c). */

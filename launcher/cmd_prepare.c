@@ -1,6 +1,5 @@
 /* fuyou-launch prepare: text or JSON lines files into a token file (launcher/prepare.h). */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 
 #include "common/check.h"
@@ -9,15 +8,15 @@
 #include "launcher/cmd.h"
 #include "launcher/prepare.h"
 
-int fy_cmd_prepare(struct fy_options *o, int argc, char **argv)
+int fy_cmd_prepare(struct fy_options *o)
 {
     FY_TRY(fy_options_require(o->out, "--out", "prepare"));
-    FY_REQUIRE(optind < argc, -EINVAL, "prepare: give one or more input files after the options");
+    FY_REQUIRE(o->n_args > 0, -EINVAL, "prepare: give one or more input files after the options");
     struct fy_prepare_opts po = {.out = o->out, .tokenizer = o->tokenizer, .jsonl = o->jsonl,
                                  .text_field = o->text_field, .prompt_field = o->prompt_field,
                                  .response_field = o->response_field,
-                                 .inputs = (const char *const *)argv + optind,
-                                 .n_inputs = (unsigned)(argc - optind), .overwrite = o->overwrite};
+                                 .inputs = (const char *const *)o->args,
+                                 .n_inputs = (unsigned)o->n_args, .overwrite = o->overwrite};
     struct fy_prepare_result res;
     FY_TRY(fy_prepare(&po, &res));
     char eos[48] = "";
@@ -28,6 +27,6 @@ int fy_cmd_prepare(struct fy_options *o, int argc, char **argv)
         snprintf(masked, sizeof masked, ", %llu of them masked out of the loss",
                  (unsigned long long)res.masked);
     fy_info("wrote %s: %llu tokens%s (%s, vocabulary %u%s) from %d file(s)", o->out,
-            (unsigned long long)res.count, masked, res.tokenizer, res.vocab, eos, argc - optind);
+            (unsigned long long)res.count, masked, res.tokenizer, res.vocab, eos, o->n_args);
     return 0;
 }

@@ -18,90 +18,95 @@
 
 enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_WORKER = 3, EXIT_INTERRUPTED = 130 };
 
-int main(int argc, char **argv)
+/* Each command: its function, whether it starts workers (unless --inprocess), and whether it
+ * creates its --run-dir (and removes it again where it fails). */
+static const struct {
+    int (*run)(struct fy_options *o);
+    int workers, makes_run_dir;
+} commands[FY_CMD_COUNT] = {
+    [FY_CMD_PREPARE] = {fy_cmd_prepare, 0, 0}, [FY_CMD_INIT] = {fy_cmd_init, 1, 1},
+    [FY_CMD_TRAIN] = {fy_cmd_train, 1, 0},     [FY_CMD_RESUME] = {fy_cmd_train, 1, 0},
+    [FY_CMD_PLAN] = {fy_cmd_plan, 0, 0},       [FY_CMD_PROBE] = {fy_cmd_probe, 0, 0},
+    [FY_CMD_PROFILE] = {fy_cmd_profile, 1, 0}, [FY_CMD_REPORT] = {fy_cmd_report, 0, 0},
+    [FY_CMD_EXPORT] = {fy_cmd_export, 1, 0},   [FY_CMD_SELFTEST] = {fy_cmd_selftest, 1, 1},
+};
+
+/* fuyou-launch help [--options | COMMAND], or no command at all: the exit status. */
+static int help(int argc, char **argv)
 {
-    fy_log_init("launch", FY_LOG_INFO);
-    signal(SIGPIPE, SIG_IGN); /* `fuyou-launch ... | head` must still clean up after itself */
-    if (argc == 3 && strcmp(argv[1], "help") == 0 && strcmp(argv[2], "--options") == 0) {
+    if (argc == 3 && strcmp(argv[2], "--options") == 0) {
         /* the option table, one name a line: docs/configuration.md is checked against it */
         fy_options_list(stdout);
         return EXIT_OK;
     }
-    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
-        strcmp(argv[1], "-h") == 0) {
+    int cmd = argc == 3 ? fy_options_command(argv[2]) : -1;
+    if (cmd >= 0)
+        fy_options_help(cmd, stdout);
+    else
         fy_options_usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? EXIT_USAGE : EXIT_OK;
-    }
-    const char *command = argv[1];
-    static const char *const commands[] = {"selftest", "prepare", "init", "train", "export",
-                                           "profile", "resume", "plan", "report", "probe"};
-    int known = 0;
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        known |= strcmp(command, commands[i]) == 0;
-    if (!known) {
-        fprintf(stderr, "fuyou-launch: unknown command '%s' (see fuyou-launch help)\n", command);
+    return argc < 2 ? EXIT_USAGE : EXIT_OK;
+}
+
+/* The log goes to RUN/fuyou.log once the run directory is there. Only the commands that make a
+ * run directory create it: any other names one that must exist, and a mistyped or moved one is
+ * refused without leaving a directory behind. *made: this command created it. */
+static void open_run_log(const struct fy_options *o, int makes_run_dir, int *made)
+{
+    *made = 0;
+    if (o->run_dir == NULL)
+        return;
+    char log_path[PATH_MAX + 16];
+    struct stat st;
+    int have = stat(o->run_dir, &st) == 0;
+    if (!have && makes_run_dir && mkdir(o->run_dir, 0700) == 0)
+        have = *made = 1;
+    snprintf(log_path, sizeof log_path, "%s/fuyou.log", o->run_dir);
+    if (have && fy_log_set_file(log_path) < 0)
+        fy_warn("cannot append to %s: logging to stderr only", log_path);
+}
+
+int main(int argc, char **argv)
+{
+    fy_log_init("launch", FY_LOG_INFO);
+    signal(SIGPIPE, SIG_IGN); /* `fuyou-launch ... | head` must still clean up after itself */
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "-h") == 0)
+        return help(argc, argv);
+    int cmd = fy_options_command(argv[1]);
+    if (cmd < 0) {
+        fprintf(stderr, "fuyou-launch: unknown command '%s' (see fuyou-launch help)\n", argv[1]);
         return EXIT_USAGE;
+    }
+    if (fy_options_asks_help(argc, argv)) { /* resume DIR --help too: before DIR is needed */
+        fy_options_help(cmd, stdout);
+        return EXIT_OK;
     }
     char **resumed = NULL;
-    if (strcmp(command, "resume") == 0) { /* the run's own train command, continued */
-        if (fy_cmd_resume_args(&argc, &argv, &resumed) < 0)
-            return EXIT_USAGE;
-        command = "train";
-    }
+    if (cmd == FY_CMD_RESUME && fy_cmd_resume_args(&argc, &argv, &resumed) < 0)
+        return EXIT_USAGE; /* argv is now the run's own train command, continued */
     struct fy_options o;
-    if (fy_options_parse(argc - 1, argv + 1, &o) < 0)
-        return EXIT_USAGE;
-    int uses_workers = strcmp(command, "prepare") != 0 && strcmp(command, "plan") != 0 &&
-                       strcmp(command, "report") != 0 && strcmp(command, "probe") != 0 &&
-                       !o.inprocess;
+    int parsed = fy_options_parse(cmd, argc - 1, argv + 1, &o);
+    if (parsed != 0) {
+        free(resumed);
+        return parsed == FY_OPTIONS_HELP ? EXIT_OK : EXIT_USAGE;
+    }
     /* Before any thread exists (ZeroMQ's), so supervision owns these signals. */
-    if (uses_workers && fy_sup_block_signals(NULL) != 0) {
+    if (commands[cmd].workers && !o.inprocess && fy_sup_block_signals(NULL) != 0) {
         fy_error("cannot block SIGCHLD/SIGINT/SIGTERM for supervision");
+        free(resumed);
         return EXIT_ERROR;
     }
-    /* Only the commands that make a run directory create it: any other names one that must
-     * exist, and a mistyped or moved one is refused without leaving a directory behind. */
-    int makes_run_dir = strcmp(command, "init") == 0 || strcmp(command, "selftest") == 0;
-    int made_run_dir = 0;
-    if (o.run_dir != NULL && strcmp(command, "prepare") != 0) {
-        char log_path[PATH_MAX + 16];
-        struct stat st;
-        int have = stat(o.run_dir, &st) == 0;
-        if (!have && makes_run_dir && mkdir(o.run_dir, 0700) == 0)
-            have = made_run_dir = 1;
-        snprintf(log_path, sizeof log_path, "%s/fuyou.log", o.run_dir);
-        if (have && fy_log_set_file(log_path) < 0)
-            fy_warn("cannot append to %s: logging to stderr only", log_path);
+    int made_run_dir;
+    open_run_log(&o, commands[cmd].makes_run_dir, &made_run_dir);
+    if (cmd == FY_CMD_TRAIN) { /* kept for resume once its workers are up (train_attempt) */
+        o.train_argc = argc - 2;
+        o.train_argv = argv + 2;
     }
-    int rc;
-    if (strcmp(command, "selftest") == 0) {
-        if (!o.steps_set)
-            o.steps = 3;
-        rc = fy_cmd_selftest(&o);
-    } else if (strcmp(command, "prepare") == 0) {
-        rc = fy_cmd_prepare(&o, argc - 1, argv + 1);
-    } else if (strcmp(command, "init") == 0) {
-        rc = fy_cmd_init(&o);
-    } else if (strcmp(command, "train") == 0) {
-        if (resumed == NULL) { /* kept for resume once its workers are up (train_attempt) */
-            o.train_argc = argc - 2;
-            o.train_argv = argv + 2;
-        }
-        rc = fy_cmd_train(&o);
-    } else if (strcmp(command, "profile") == 0) {
-        rc = fy_cmd_profile(&o);
-    } else if (strcmp(command, "plan") == 0) {
-        rc = fy_cmd_plan(&o);
-    } else if (strcmp(command, "report") == 0) {
-        rc = fy_cmd_report(&o);
-    } else if (strcmp(command, "probe") == 0) {
-        rc = fy_cmd_probe(&o);
-    } else {
-        rc = fy_cmd_export(&o);
-    }
+    int rc = commands[cmd].run(&o);
     free(resumed);
+    const char *name = fy_options_command_name(cmd);
     if (rc < 0 && made_run_dir && fy_remove_tree(o.run_dir) == 0)
-        fy_info("removed %s, which this failed %s had created", o.run_dir, command);
+        fy_info("removed %s, which this failed %s had created", o.run_dir, name);
     if (rc == -ECHILD)
         return EXIT_WORKER;
     if (rc == -EINTR) {
