@@ -474,7 +474,12 @@ static void test_plan_by_hand(void **state)
     /* the other counts, out of their ranges */
     assert_int_equal(plan_small(f, machine, "--prefetch", "9"), 2);
     assert_true(fy_test_file_contains(f->log, "--prefetch 9: give 1 to 8 units"));
-    assert_int_equal(plan_small(f, machine, "--grad-slots", "2"), 2);
+    /* --grad-slots is train's alone: plan refuses it; train refuses it out of its range */
+    assert_int_equal(plan_small(f, machine, "--grad-slots", "3"), 2);
+    assert_true(fy_test_file_contains(f->log, "plan: --grad-slots does not apply to plan"));
+    const char *slots[] = {"train", "--run-dir", fy_test_in(f, "no-run"), "--data", f->data,
+                           "--grad-slots", "2", NULL};
+    assert_int_equal(fy_test_launch_in(f, slots, 60), 2);
     assert_true(fy_test_file_contains(f->log, "--grad-slots 2: give 3 to 16 block gradients"));
     const char *llama[] = {"plan", "--arch", "llama", "--layers", "2", "--heads", "2", "--embd",
                            "64", "--vocab", "256", "--ctx", "32", "--batch", "8", "--seq", "32",
