@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -15,10 +16,17 @@
  * plan find it), or ./machine.json. */
 int fy_cmd_probe(struct fy_options *o)
 {
-    char ssd[PATH_MAX + 16], out[PATH_MAX + 16];
+    char ssd[PATH_MAX + 16], out[PATH_MAX + 16], mc_path[PATH_MAX + 16];
     if (o->ssd == NULL && o->run_dir != NULL) {
-        snprintf(ssd, sizeof ssd, "%s/store", o->run_dir);
-        o->ssd = ssd;
+        snprintf(mc_path, sizeof mc_path, "%s/model.conf", o->run_dir);
+        if (access(mc_path, F_OK) == 0) { /* the run's store, wherever init put it */
+            static struct fy_config mc; /* o->ssd may point into it */
+            struct fy_gpt_config model;
+            FY_TRY(fy_runconf_load(o, &mc, &model));
+        } else {
+            snprintf(ssd, sizeof ssd, "%s/store", o->run_dir);
+            o->ssd = ssd;
+        }
     }
     FY_REQUIRE(o->ssd != NULL, -EINVAL,
                "probe: give the SSD directories to measure (--ssd DIR[,DIR...]) or a --run-dir "
