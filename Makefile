@@ -67,7 +67,7 @@ BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 GPU_BENCH_BINS := $(if $(NVCC),$(patsubst tests/bench/%.cu,$(BUILD)/bench/%,$(wildcard tests/bench/bench_*.cu)))
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o $(BUILD)/obj/tests/refmodel.o
 
-.PHONY: all deps deps-python check-deps test test-gpu bench bench-gpu bench-pipeline bench-affinity tests benches demo clean
+.PHONY: all deps deps-python check-deps results test test-gpu bench bench-gpu bench-pipeline bench-affinity tests benches demo clean
 all: check-deps $(BINS)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -154,6 +154,11 @@ bench-pipeline: all
 bench-affinity: all
 	@$(if $(NVCC),true,echo "bench-affinity needs nvcc and an NVIDIA GPU"; exit 1)
 	BUILD=$(BUILD) tests/bench/bench_affinity.sh
+
+# One line of results (losses, the export's digest) per run of a fixed set, to diff before and
+# after a change that must leave results unchanged (tests/results.sh).
+results: all
+	BUILD=$(BUILD) tests/results.sh
 
 # The main job on a fresh machine: prepare the bundled sample text (the project's own docs and
 # sources) and fine-tune a small byte-level GPT through the three worker processes on the CPU.

@@ -472,8 +472,7 @@ void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype
 }
 
 static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config *c, int B, int T,
-                            int act_dtype,
-                            struct layout *l)
+                            int act_dtype, int clip, struct layout *l)
 {
     uint64_t bytes;
     memset(l, 0, sizeof *l);
@@ -504,10 +503,11 @@ static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config 
                "shared pool: a weights region of %llu bytes is not 3 to %d unit slots",
                (unsigned long long)bytes, FY_TRAIN_PREFETCH_MAX + 2);
     FY_TRY(fy_pool_region(p, "grads", &l->grads, &l->grads_bytes));
-    /* whatever follows the block slots (clipping's final-unit gradient) is smaller than one */
+    /* the block slots, less clipping's final-unit gradient after them (which can be larger than
+     * a block's: a Llama's untied head) */
     l->bslot_bytes = block_slot_bytes(c);
-    uint64_t gslots = l->grads_bytes >= l->slot_bytes
-                          ? (l->grads_bytes - l->slot_bytes) / l->bslot_bytes : 0;
+    uint64_t fixed = l->slot_bytes + (clip ? dfinal_bytes(c) : 0);
+    uint64_t gslots = l->grads_bytes >= fixed ? (l->grads_bytes - fixed) / l->bslot_bytes : 0;
     FY_REQUIRE(gslots >= FY_TRAIN_GRAD_SLOTS_MIN && gslots <= FY_TRAIN_GRAD_SLOTS_MAX, -EINVAL,
                "shared pool: a grads region of %llu bytes does not hold %d to %d block gradients",
                (unsigned long long)l->grads_bytes, FY_TRAIN_GRAD_SLOTS_MIN, FY_TRAIN_GRAD_SLOTS_MAX);
@@ -1020,7 +1020,7 @@ static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint6
 }
 
 static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_config *c, int B, int T,
-                    int act_dtype, const struct fy_exec *x, int timeout_ms)
+                    int act_dtype, int clip, const struct fy_exec *x, int timeout_ms)
 {
     memset(r, 0, sizeof *r);
     for (int i = 0; i < 3; i++)
@@ -1032,7 +1032,7 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_con
     FY_REQUIRE(act_dtype == FY_DTYPE_F32 || act_dtype == FY_DTYPE_BF16, -EINVAL,
                "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
                fy_dtype_name(act_dtype));
-    FY_TRY(layout_from_pool(pool, c, B, T, act_dtype, &r->l));
+    FY_TRY(layout_from_pool(pool, c, B, T, act_dtype, clip, &r->l));
     r->dfinal = gslot(&r->l, 1);
     return 0;
 }
@@ -1053,7 +1053,7 @@ int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const str
                         uint64_t seed, unsigned copies, int timeout_ms)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, c, 1, 1, FY_DTYPE_F32, x, timeout_ms));
+    FY_TRY(run_init(&r, pool, c, 1, 1, FY_DTYPE_F32, 0, x, timeout_ms));
     struct init_ctx ctx = {c, seed};
     /* the two state slots, one unit's whole state each */
     const uint64_t bufs[2] = {r.l.state, r.l.state + r.l.state_slot_bytes};
@@ -2010,7 +2010,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                  const struct fy_tokfile *data, const struct fy_train_opts *o)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, o->act_dtype, x, o->timeout_ms));
+    FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, o->act_dtype, o->clip_grad_norm > 0,
+                    x, o->timeout_ms));
     r.overlap = o->overlap;
     r.act_ahead = act_ahead_of(o->act_ahead);
     FY_REQUIRE(r.act_ahead <= FY_TRAIN_ACT_AHEAD_MAX, -EINVAL,
@@ -2188,7 +2189,7 @@ int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
                           int timeout_ms)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, &meta->model, 1, 1, FY_DTYPE_F32, x, timeout_ms));
+    FY_TRY(run_init(&r, pool, &meta->model, 1, 1, FY_DTYPE_F32, 0, x, timeout_ms));
     struct fy_commit_export passed = {0};
     /* a run training meanwhile can commit over what is read; damaged state: the commit before */
     for (int moved = 0;; moved++) {

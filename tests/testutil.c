@@ -172,12 +172,16 @@ int fy_test_start(const char *program, const char *const *args, const char *log)
         _exit(126);
     dup2(fd, 1);
     dup2(fd, 2);
-    const char *argv[64];
+    const char *argv[256];
     int n = 0;
     argv[n++] = fy_test_bin(program);
-    for (; *args && n < 63; args++)
+    for (; *args && n < 255; args++)
         argv[n++] = *args;
     argv[n] = NULL;
+    if (*args != NULL) { /* not cut short silently */
+        dprintf(fd, "fy_test_start: more than 254 arguments for %s\n", program);
+        _exit(125);
+    }
     execv(argv[0], (char *const *)argv);
     _exit(127);
 }

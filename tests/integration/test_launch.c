@@ -532,6 +532,240 @@ static void test_options_documented(void **state)
     free(dir);
 }
 
+/* ---- each command takes the options docs/configuration.md's "commands" column gives it ------- */
+
+static const char *const all_commands[] = {"prepare", "init",    "train",  "resume", "plan",
+                                           "probe",   "profile", "report", "export", "selftest"};
+#define N_COMMANDS ((int)(sizeof all_commands / sizeof all_commands[0]))
+
+static unsigned command_bit(const char *name, size_t len)
+{
+    for (int c = 0; c < N_COMMANDS; c++)
+        if (strlen(all_commands[c]) == len && strncmp(all_commands[c], name, len) == 0)
+            return 1u << c;
+    return 0;
+}
+
+/* The commands of a "commands" cell (one bit per all_commands[]): names separated by commas,
+ * "train" with resume, "with workers" (the commands that start workers), "all", "all but X, Y";
+ * parenthesised notes ignored. 0 where a word is none of these. */
+static unsigned cell_commands(const char *cell, size_t len)
+{
+    const unsigned workers = command_bit("init", 4) | command_bit("train", 5) |
+                             command_bit("resume", 6) | command_bit("profile", 7) |
+                             command_bit("export", 6) | command_bit("selftest", 8);
+    char text[256];
+    size_t n = 0;
+    for (size_t i = 0, depth = 0; i < len && n + 1 < sizeof text; i++) {
+        depth += cell[i] == '(';
+        if (depth == 0)
+            text[n++] = cell[i];
+        depth -= cell[i] == ')' && depth > 0;
+    }
+    text[n] = 0;
+    unsigned set = 0, but = 0;
+    for (char *save = NULL, *w = strtok_r(text, ",", &save); w != NULL;
+         w = strtok_r(NULL, ",", &save)) {
+        w += strspn(w, " ");
+        size_t wl = strlen(w);
+        while (wl > 0 && w[wl - 1] == ' ')
+            wl--;
+        w[wl] = 0;
+        if (strncmp(w, "all but ", 8) == 0) {
+            set = (1u << N_COMMANDS) - 1;
+            but = 1;
+            w += 8;
+            wl -= 8;
+        }
+        unsigned bits = strcmp(w, "all") == 0            ? (1u << N_COMMANDS) - 1
+                        : strcmp(w, "with workers") == 0 ? workers
+                                                         : command_bit(w, wl);
+        if (bits == 0)
+            return 0;
+        if (bits == command_bit("train", 5))
+            bits |= command_bit("resume", 6);
+        set = but ? set & ~bits : set | bits;
+    }
+    return set;
+}
+
+struct doc_option {
+    char name[40];  /* --x */
+    char value[40]; /* a valid value for it ("" for a switch), from its placeholder */
+    unsigned commands;
+};
+
+/* A valid value for an option from the placeholder of its row: the first of alternatives, a
+ * count, a size, a number, or a name. */
+static void value_for(const char *placeholder, size_t len, char *out, size_t cap)
+{
+    const char *bar = memchr(placeholder, '\\', len);
+    if (len == 0)
+        snprintf(out, cap, "%s", "");
+    else if (bar != NULL)
+        snprintf(out, cap, "%.*s", (int)(bar - placeholder), placeholder);
+    else if (len == 4 && strncmp(placeholder, "SIZE", 4) == 0)
+        snprintf(out, cap, "1M");
+    else if (len == 1 && placeholder[0] == 'X')
+        snprintf(out, cap, "0.5");
+    else if (strspn(placeholder, "NBTSMAX") == len)
+        snprintf(out, cap, "3");
+    else
+        snprintf(out, cap, "x");
+}
+
+/* The rows "| `--name VALUE` | commands | ..." of docs/configuration.md. */
+static int doc_options(const char *doc, struct doc_option *out, int max)
+{
+    int n = 0;
+    for (const char *line = doc; line != NULL && *line; line = strchr(line + 1, '\n')) {
+        line += *line == '\n';
+        if (strncmp(line, "| `--", 5) != 0 || n == max)
+            continue;
+        const char *name = line + 3, *end = strchr(line, '\n');
+        size_t len = strspn(name, "-abcdefghijklmnopqrstuvwxyz0123456789");
+        const char *cell = strstr(name, "` | ");
+        assert_true(len < sizeof out[n].name && cell != NULL && (end == NULL || cell < end));
+        snprintf(out[n].name, sizeof out[n].name, "%.*s", (int)len, name);
+        const char *ph = name + len + (name[len] == ' ');
+        value_for(ph, (size_t)(name[len] == ' ' ? strcspn(ph, "`") : 0), out[n].value,
+                  sizeof out[n].value);
+        cell += 4;
+        out[n].commands = cell_commands(cell, strcspn(cell, "|"));
+        if (out[n].commands == 0)
+            fail_msg("docs/configuration.md, %s: the commands column '%.*s' names no command",
+                     out[n].name, (int)strcspn(cell, "|"), cell);
+        n++;
+    }
+    return n;
+}
+
+/* A run directory that resume can read (RUN/train.args with no arguments, started here). */
+static void resumable_dir(const char *dir)
+{
+    char cwd[4096];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    FILE *f = fopen(fy_test_path(dir, "train.args"), "w");
+    assert_non_null(f);
+    fprintf(f, "fuyou-train-args 1\n%s\n", cwd);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Every command's --help lists exactly the options the doc's "commands" column gives it (the
+ * parser's table), and the parser takes them: all of them with valid values, before an unknown
+ * option, get as far as the unknown one; one it does not take (a different one for each command)
+ * is refused, naming the option and the command (exit 2). Nothing runs: each launch stops at its
+ * options. */
+static void test_options_per_command(void **state)
+{
+    (void)state;
+    char *dir = fy_test_tmpdir("percmd"), *out = fy_test_path(dir, "out.txt");
+    char *run = fy_test_path(dir, "run");
+    assert_int_equal(mkdir(run, 0700), 0);
+    resumable_dir(run);
+    char *doc = fy_test_slurp("docs/configuration.md", NULL);
+    assert_non_null(doc);
+    static struct doc_option opts[128];
+    int n = doc_options(doc, opts, 128);
+    assert_true(n > 50);
+    for (int c = 0; c < N_COMMANDS; c++) {
+        const char *cmd = all_commands[c], *help[] = {cmd, "--help", NULL};
+        assert_int_equal(fy_test_launch(out, help, 30), 0);
+        char *text = fy_test_slurp(out, NULL);
+        assert_non_null(text);
+        assert_non_null(strstr(text, fy_test_fmt("usage: fuyou-launch %s ", cmd)));
+        static char listed[128][40];
+        int nl = option_names(text, "  ", listed, 128);
+        for (int i = 0; i < n; i++) {
+            int takes = (opts[i].commands >> c) & 1, shown = has_name(listed, nl, opts[i].name);
+            if (takes != shown)
+                fail_msg("fuyou-launch %s --help %s %s, which docs/configuration.md says it %s",
+                         cmd, shown ? "lists" : "does not list", opts[i].name,
+                         takes ? "takes" : "does not take");
+        }
+        free(text);
+        /* every option it takes at once, then an unknown one; one of those it does not take */
+        const char *args[200];
+        int k = 0, refused = 0;
+        args[k++] = cmd;
+        if (strcmp(cmd, "resume") == 0)
+            args[k++] = run;
+        for (int i = 0; i < n; i++) {
+            if (strcmp(opts[i].name, "--help") == 0)
+                continue;
+            if (((opts[i].commands >> c) & 1) == 0) {
+                refused++;
+                continue;
+            }
+            assert_true(k + 3 < (int)(sizeof args / sizeof args[0]));
+            args[k++] = opts[i].name;
+            if (opts[i].value[0] != 0)
+                args[k++] = opts[i].value;
+        }
+        args[k++] = "--no-such-option";
+        args[k] = NULL;
+        assert_int_equal(fy_test_launch(out, args, 30), 2);
+        if (!fy_test_file_contains(out, "unknown or incomplete option '--no-such-option'"))
+            fail_msg("fuyou-launch %s refused one of the options docs/configuration.md gives it",
+                     cmd);
+        for (int i = 0, seen = 0; i < n && refused > 0; i++) {
+            if (((opts[i].commands >> c) & 1) != 0 || strcmp(opts[i].name, "--help") == 0 ||
+                seen++ != c * 7 % refused)
+                continue;
+            k = strcmp(cmd, "resume") == 0 ? 2 : 1;
+            args[k++] = opts[i].name;
+            if (opts[i].value[0] != 0)
+                args[k++] = opts[i].value;
+            args[k] = NULL;
+            assert_int_equal(fy_test_launch(out, args, 30), 2);
+            assert_true(fy_test_file_contains(
+                out, fy_test_fmt("fuyou-launch %s: %s does not apply to %s (see fuyou-launch %s "
+                                 "--help)", cmd, opts[i].name, cmd, cmd)));
+        }
+    }
+    free(doc);
+    fy_test_rmdir(dir);
+    free(dir);
+}
+
+/* An option a command does not take is refused before anything starts: init --batch creates no
+ * run directory and exits 2 with one line naming the option and the command. --help and -h print
+ * the command's own usage (resume's without its run directory), as help COMMAND does. */
+static void test_command_help_and_refusal(void **state)
+{
+    (void)state;
+    char *dir = fy_test_tmpdir("refuse"), *out = fy_test_path(dir, "out.txt");
+    char *run = fy_test_path(dir, "r");
+    const char *init[] = {"init", "--run-dir", run, "--batch", "4", NULL};
+    assert_int_equal(fy_test_launch(out, init, 30), 2);
+    assert_true(fy_test_file_contains(out, "fuyou-launch init: --batch does not apply to init"));
+    assert_int_equal(fy_test_count_matches(out, "\n"), 1);
+    assert_int_equal(access(run, F_OK), -1);
+    const char *two[] = {"init", "--run-dir", run, "--layers", "2", "--clip-grad-norm", "3", NULL};
+    assert_int_equal(fy_test_launch(out, two, 30), 2);
+    assert_true(fy_test_file_contains(out, "--clip-grad-norm does not apply to init"));
+    assert_int_equal(access(run, F_OK), -1);
+    const char *resume[] = {"resume", "--help", NULL};
+    assert_int_equal(fy_test_launch(out, resume, 30), 0);
+    assert_true(fy_test_file_contains(out, "usage: fuyou-launch resume DIR"));
+    assert_false(fy_test_count_matches(out, "give the run directory") > 0);
+    for (int c = 0; c < N_COMMANDS; c++) {
+        const char *h[] = {all_commands[c], "-h", NULL}, *hc[] = {"help", all_commands[c], NULL};
+        assert_int_equal(fy_test_launch(out, h, 30), 0);
+        char *mine = fy_test_slurp(out, NULL);
+        assert_int_equal(fy_test_launch(out, hc, 30), 0);
+        char *by_help = fy_test_slurp(out, NULL);
+        assert_non_null(mine);
+        assert_non_null(by_help);
+        assert_string_equal(mine, by_help);
+        assert_non_null(strstr(mine, fy_test_fmt("usage: fuyou-launch %s ", all_commands[c])));
+        free(mine);
+        free(by_help);
+    }
+    fy_test_rmdir(dir);
+    free(dir);
+}
+
 /* ---- every message the tool prints is in docs/troubleshooting.md ---------------------------- */
 
 /* Where the messages are, from the repository root (where the tests run). */
@@ -981,6 +1215,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sigterm_orderly_stop, setup_run, teardown_run),
         cmocka_unit_test_setup_teardown(test_stale_leftovers_removed, setup_run, teardown_run),
         cmocka_unit_test(test_options_documented),
+        cmocka_unit_test(test_options_per_command),
+        cmocka_unit_test(test_command_help_and_refusal),
         cmocka_unit_test(test_messages_documented),
     };
     struct CMUnitTest run[sizeof tests / sizeof tests[0]];

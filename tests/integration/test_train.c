@@ -474,7 +474,12 @@ static void test_plan_by_hand(void **state)
     /* the other counts, out of their ranges */
     assert_int_equal(plan_small(f, machine, "--prefetch", "9"), 2);
     assert_true(fy_test_file_contains(f->log, "--prefetch 9: give 1 to 8 units"));
-    assert_int_equal(plan_small(f, machine, "--grad-slots", "2"), 2);
+    /* --grad-slots is train's alone: plan refuses it; train refuses it out of its range */
+    assert_int_equal(plan_small(f, machine, "--grad-slots", "3"), 2);
+    assert_true(fy_test_file_contains(f->log, "plan: --grad-slots does not apply to plan"));
+    const char *slots[] = {"train", "--run-dir", fy_test_in(f, "no-run"), "--data", f->data,
+                           "--grad-slots", "2", NULL};
+    assert_int_equal(fy_test_launch_in(f, slots, 60), 2);
     assert_true(fy_test_file_contains(f->log, "--grad-slots 2: give 3 to 16 block gradients"));
     const char *llama[] = {"plan", "--arch", "llama", "--layers", "2", "--heads", "2", "--embd",
                            "64", "--vocab", "256", "--ctx", "32", "--batch", "8", "--seq", "32",
@@ -571,12 +576,18 @@ static void test_probe_then_plan(void **state)
     assert_true(fy_test_file_contains(f->log, fy_test_fmt("rates: %s/machine.json", run)));
     assert_true(fy_test_file_contains(f->log, "plan: predicted step "));
 
-    /* two SSD paths: each measured alone, then together; host memory by one thread and by all */
+    /* two SSD paths: each measured alone, then together; host memory by one thread and by all.
+     * The run's store, as model.conf records it (init --ssd), is what probe --run-dir measures */
     char *a = fy_test_in(f, "ssd-a"), *b = fy_test_in(f, "ssd-b"), *out = fy_test_in(f, "m.json");
+    char *striped = fy_test_in(f, "striped");
     assert_int_equal(mkdir(a, 0700), 0);
     assert_int_equal(mkdir(b, 0700), 0);
-    const char *two[] = {"probe", "--ssd", fy_test_fmt("%s,%s", a, b), "--out", out, "--backend",
-                         "cpu", NULL};
+    const char *init_two[] = {"init", "--run-dir", striped, "--layers", "2", "--heads", "2",
+                              "--embd", "64", "--ctx", "32", "--ssd", fy_test_fmt("%s,%s", a, b),
+                              NULL};
+    assert_int_equal(fy_test_launch_in(f, init_two, 60), 0);
+    int in_a = entries_in(a), in_b = entries_in(b); /* the run's store */
+    const char *two[] = {"probe", "--run-dir", striped, "--out", out, "--backend", "cpu", NULL};
     assert_int_equal(fy_test_launch_in(f, two, 120), 0);
     assert_true(fy_test_file_contains(f->log, fy_test_fmt("probe: SSD path %s alone: read ", a)));
     assert_true(fy_test_file_contains(f->log, fy_test_fmt("probe: SSD path %s alone: read ", b)));
@@ -596,8 +607,8 @@ static void test_probe_then_plan(void **state)
     assert_non_null(at);
     assert_true(atof(at + strlen("\"memcpy_all_threads\":")) > 0);
     free(profile);
-    assert_int_equal(entries_in(a), 0); /* the scratch stores are gone */
-    assert_int_equal(entries_in(b), 0);
+    assert_int_equal(entries_in(a), in_a); /* the scratch stores are gone, the run's store stays */
+    assert_int_equal(entries_in(b), in_b);
 }
 
 /* Progress for people: on a terminal (here script(1)'s pseudo-terminal) one status line with the

@@ -1,0 +1,34 @@
+/* fuyou-launch's commands, one source file each (launcher/cmd_NAME.c): each takes the parsed
+ * options (launcher/options.h) and returns 0 or -errno, having said what failed; launcher/main.c
+ * maps that to the exit status. */
+#ifndef FY_CMD_H
+#define FY_CMD_H
+
+#include "launcher/options.h"
+
+/* prepare --out FILE INPUT...: the inputs are o->args (cmd_prepare.c). */
+int fy_cmd_prepare(struct fy_options *o);
+/* init --run-dir DIR [model options | --from-hf HF] (cmd_init.c). */
+int fy_cmd_init(struct fy_options *o);
+/* train --run-dir DIR --data FILE, and resume (cmd_train.c). */
+int fy_cmd_train(struct fy_options *o);
+/* resume RUN_DIR [options]: *argv becomes the run's train command (RUN/train.args) with the
+ * options given here after it (the last of a repeated option wins), run from the directory it
+ * ran in (its relative paths, --data say, are as they were) on RUN_DIR itself, wherever the run
+ * directory has been copied or moved since. *owned keeps the new argv's storage (free it).
+ * -errno, said, where there is no such run (cmd_train.c). */
+int fy_cmd_resume_args(int *argc, char ***argv, char ***owned);
+/* plan [--run-dir DIR | --from-hf HF | model options] (cmd_plan.c). */
+int fy_cmd_plan(struct fy_options *o);
+/* probe --ssd DIRS | --run-dir DIR (cmd_probe.c). */
+int fy_cmd_probe(struct fy_options *o);
+/* profile --run-dir DIR (cmd_profile.c). */
+int fy_cmd_profile(struct fy_options *o);
+/* report --run-dir DIR (cmd_report.c). */
+int fy_cmd_report(struct fy_options *o);
+/* export --run-dir DIR --out FILE | --to-hf HF (cmd_export.c). */
+int fy_cmd_export(struct fy_options *o);
+/* selftest --run-dir DIR --ssd DIR (cmd_selftest.c). */
+int fy_cmd_selftest(struct fy_options *o);
+
+#endif

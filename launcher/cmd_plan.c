@@ -1,0 +1,74 @@
+/* fuyou-launch plan: what train would do with these options, printed, nothing run
+ * (launcher/dryrun.h). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/actplan.h"
+#include "common/check.h"
+#include "common/hfgpt2.h"
+#include "gpu_worker/backend.h"
+#include "launcher/cmd.h"
+#include "launcher/dryrun.h"
+#include "launcher/planact.h"
+#include "launcher/runconf.h"
+
+/* plan: the model of --run-dir (its model.conf), of --from-hf DIR's config.json, or of the model
+ * options; the budgets, batch and store of train's options; printed, nothing run. */
+int fy_cmd_plan(struct fy_options *o)
+{
+    enum fy_actplan_mode act_mode;
+    FY_TRY(fy_actplan_mode_parse(o->act_plan, &act_mode));
+    struct fy_dryrun_in in = {.B = (int)o->batch, .T = (int)o->seq, .clip = o->clip_grad_norm > 0,
+                              .act_mode = act_mode,
+                              .prefetch = (unsigned)o->prefetch, .ckpt_place = o->ckpt_place,
+                              .act_ahead = (unsigned)o->act_ahead,
+                              .copies = (unsigned)o->state_copies, .cpu_mem = o->cpu_mem,
+                              .gpu_mem = o->gpu_mem, .ssd = o->ssd};
+    char mc_path[PATH_MAX];
+    int rc;
+    static struct fy_config mc; /* o->ssd points into it */
+    if (o->run_dir != NULL) {
+        rc = fy_runconf_load(o, &mc, &in.model);
+        in.ssd = o->ssd;
+    } else if (o->from_hf != NULL) {
+        snprintf(mc_path, sizeof mc_path, "%s/config.json", o->from_hf);
+        rc = fy_hfgpt2_read_config(mc_path, &in.model);
+    } else {
+        rc = fy_runconf_model(o, &in.model);
+    }
+    FY_TRY(rc);
+    FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1 && o->seq <= in.model.ctx,
+               -EINVAL, "plan: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence "
+               "of 1 to the model's context of %u", (unsigned long long)o->batch,
+               (unsigned long long)o->seq, in.model.ctx);
+    /* for the machine it plans for, not this one: auto is CUDA wherever the build has it */
+    in.backend = strcmp(o->backend, "auto") == 0 ? (fy_backend_cuda_built() ? "cuda" : "cpu")
+                                                 : o->backend;
+    in.weight_dtype = fy_runconf_weight_dtype(o, in.backend);
+    char probed[PATH_MAX + 16] = "";
+    if (o->machine == NULL && o->run_dir != NULL) {
+        snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
+        if (access(probed, R_OK) == 0)
+            o->machine = probed; /* fuyou-launch probe's, for this run */
+    }
+    if (o->machine != NULL) {
+        FY_TRY(fy_dryrun_load_rates(o->machine, &in.rates));
+        in.rates_from = o->machine;
+    } else {
+        in.rates = fy_train_reference_rates();
+        in.rates_from = "the reference machine (one H200; fuyou-launch plan --machine FILE for "
+                        "another)";
+    }
+    char rates_from[PATH_MAX + 160];
+    if (fy_planact_ssd_rates(o, &in.rates, o->machine ? "the machine profile's rates"
+                                                : "the reference machine's rates")) {
+        snprintf(rates_from, sizeof rates_from, "%s; the SSD's as the last session's steps ran "
+                 "(%s/ssd_rates.json)", in.rates_from, o->run_dir);
+        in.rates_from = rates_from;
+    }
+    rc = fy_dryrun_print(stdout, &in);
+    return rc == 1 ? -ENOSPC : rc;
+}

@@ -1,0 +1,32 @@
+/* fuyou-launch prepare: text or JSON lines files into a token file (launcher/prepare.h). */
+#include <errno.h>
+#include <stdio.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "common/tokfile.h"
+#include "launcher/cmd.h"
+#include "launcher/prepare.h"
+
+int fy_cmd_prepare(struct fy_options *o)
+{
+    FY_TRY(fy_options_require(o->out, "--out", "prepare"));
+    FY_REQUIRE(o->n_args > 0, -EINVAL, "prepare: give one or more input files after the options");
+    struct fy_prepare_opts po = {.out = o->out, .tokenizer = o->tokenizer, .jsonl = o->jsonl,
+                                 .text_field = o->text_field, .prompt_field = o->prompt_field,
+                                 .response_field = o->response_field,
+                                 .inputs = (const char *const *)o->args,
+                                 .n_inputs = (unsigned)o->n_args, .overwrite = o->overwrite};
+    struct fy_prepare_result res;
+    FY_TRY(fy_prepare(&po, &res));
+    char eos[48] = "";
+    if (res.eos != FY_TOKFILE_NO_EOS)
+        snprintf(eos, sizeof eos, ", end-of-sequence token %u", res.eos);
+    char masked[96] = "";
+    if (res.masked > 0)
+        snprintf(masked, sizeof masked, ", %llu of them masked out of the loss",
+                 (unsigned long long)res.masked);
+    fy_info("wrote %s: %llu tokens%s (%s, vocabulary %u%s) from %d file(s)", o->out,
+            (unsigned long long)res.count, masked, res.tokenizer, res.vocab, eos, o->n_args);
+    return 0;
+}

@@ -1,0 +1,67 @@
+/* fuyou-launch probe: this machine measured into a machine profile (launcher/probe.h). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "gpu_worker/backend.h"
+#include "launcher/cmd.h"
+#include "launcher/probe.h"
+#include "launcher/runconf.h"
+
+/* probe: the machine profile, into --out, or RUN/machine.json with --run-dir (where train and
+ * plan find it), or ./machine.json. */
+int fy_cmd_probe(struct fy_options *o)
+{
+    char ssd[PATH_MAX + 16], out[PATH_MAX + 16], mc_path[PATH_MAX + 16];
+    if (o->ssd == NULL && o->run_dir != NULL) {
+        snprintf(mc_path, sizeof mc_path, "%s/model.conf", o->run_dir);
+        if (access(mc_path, F_OK) == 0) { /* the run's store, wherever init put it */
+            static struct fy_config mc; /* o->ssd may point into it */
+            struct fy_gpt_config model;
+            FY_TRY(fy_runconf_load(o, &mc, &model));
+        } else {
+            snprintf(ssd, sizeof ssd, "%s/store", o->run_dir);
+            o->ssd = ssd;
+        }
+    }
+    FY_REQUIRE(o->ssd != NULL, -EINVAL,
+               "probe: give the SSD directories to measure (--ssd DIR[,DIR...]) or a --run-dir "
+               "whose store is in DIR/store");
+    FY_TRY(fy_runconf_check_ssd(o->ssd));
+    if (o->out != NULL)
+        snprintf(out, sizeof out, "%s", o->out);
+    else if (o->run_dir != NULL)
+        snprintf(out, sizeof out, "%s/machine.json", o->run_dir);
+    else
+        snprintf(out, sizeof out, "machine.json");
+    struct fy_probe_opts po = {.backend = fy_backend_resolve(o->backend), .gpu_mem = o->gpu_mem,
+                               .ssd = o->ssd};
+    fy_info("probe: measuring this machine (under a minute): the %s backend's block and copies, "
+            "the SSD store on %s, memory copies, AdamW per thread count", po.backend, o->ssd);
+    struct fy_probe_result r;
+    FY_TRY(fy_probe_run(&po, &r));
+    fy_info("probe: %s: %.4g TFLOP/s (a block, recomputed as in training), %.4g TFLOP/s its QKV "
+            "product alone; copies to %.1f GB/s, from %.1f GB/s, both ways %.1f GB/s", r.device,
+            r.rates.gpu_flops * 1e-12, r.gemm_flops * 1e-12, r.rates.h2d * 1e-9,
+            r.rates.d2h * 1e-9, r.duplex_Bps * 1e-9);
+    for (unsigned i = 0; r.ssd_paths > 1 && i < r.ssd_paths; i++)
+        fy_info("probe: SSD path %s alone: read %.2f GB/s, write %.2f GB/s", r.ssd_path[i],
+                r.ssd_path_read[i] * 1e-9, r.ssd_path_write[i] * 1e-9);
+    fy_info("probe: SSD store on %u path%s: read %.2f GB/s, write %.2f GB/s; memory copy %.1f "
+            "GB/s by one thread, %.1f GB/s by %u", r.ssd_paths, r.ssd_paths == 1 ? "" : "s",
+            r.rates.ssd_read * 1e-9, r.rates.ssd_write * 1e-9, r.memcpy_Bps * 1e-9,
+            r.memcpy_all_Bps * 1e-9, r.memcpy_threads);
+    char per[512] = "";
+    for (unsigned i = 0; i < r.n_threads; i++)
+        snprintf(per + strlen(per), sizeof per - strlen(per), "%s%u: %.2f", i ? ", " : "",
+                 r.threads[i], r.opt_params[i] * 1e-9);
+    fy_info("probe: AdamW G parameters/s by threads: %s", per);
+    FY_TRY(fy_probe_save(out, &po, &r));
+    fy_info("probe: took %.1f s; machine profile written to %s (plan --machine %s; train reads "
+            "RUN/machine.json)", r.seconds, out, out);
+    return 0;
+}

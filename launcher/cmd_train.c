@@ -1,0 +1,597 @@
+/* fuyou-launch train and resume: the run's model trained through the workers from the store's
+ * last commit (launcher/train.h), the placement planned first (state, checkpoints, the blocks'
+ * internals, pool regions) and said; a worker that fails is restarted from the last commit
+ * (launcher/restart.h). resume runs a run's train command again (RUN/train.args). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "common/actplan.h"
+#include "common/check.h"
+#include "common/dtype.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/tokfile.h"
+#include "gpu_worker/backend.h"
+#include "launcher/cmd.h"
+#include "launcher/diskrates.h"
+#include "launcher/dryrun.h"
+#include "launcher/inproc.h"
+#include "launcher/metrics.h"
+#include "launcher/planact.h"
+#include "launcher/progress.h"
+#include "launcher/restart.h"
+#include "launcher/runconf.h"
+#include "launcher/session.h"
+#include "launcher/train.h"
+
+/* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
+static volatile int train_stop;
+
+static int open_data(const struct fy_options *o, const struct fy_gpt_config *model,
+                     struct fy_tokfile **data)
+{
+    FY_TRY(fy_tokfile_open(data, o->data, model->vocab));
+    FY_TRY(fy_tokfile_split(*data, o->eval_fraction));
+    /* Refuse a batch larger than the data now, before any worker starts. */
+    size_t n = (size_t)o->batch * o->seq;
+    int32_t *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg);
+    int rc = in && tg ? 0 : -ENOMEM;
+    if (rc == 0)
+        rc = fy_tokfile_batch(*data, FY_TOKFILE_TRAIN, o->seed, 1, (int)o->batch, (int)o->seq, in, tg);
+    if (rc == 0 && o->eval_batches > 0)
+        rc = fy_tokfile_eval_batch(*data, 0, (int)o->batch, (int)o->seq, in, tg);
+    free(in);
+    free(tg);
+    return rc;
+}
+
+/* The SSD's rates in this session's steps, for the next session's plan (--ssd-rates auto): kept
+ * where the steps after the first moved anything on the SSD; a record that cannot be written is
+ * said, and the run goes on (the next plan uses its profile). */
+static void save_ssd_seen(const struct fy_options *o, const struct fy_diskrates *d)
+{
+    if (d->steps == 0 || (d->read_bytes == 0 && d->write_bytes == 0))
+        return;
+    char path[PATH_MAX], r[32], w[32];
+    fy_planact_ssd_rates_path(o, path, sizeof path);
+    if (fy_diskrates_save(path, d) < 0) {
+        fy_warn("the SSD rates of this session's steps were not kept (above): the next session "
+                "plans from its profile's sample");
+        return;
+    }
+    fy_info("the SSD ran at read %s, write %s GB/s in this session's %llu step%s after the first "
+            "(kept in %s for the next session's plan)",
+            fy_diskrates_gbps(fy_diskrates_read_Bps(d), "-", r, sizeof r),
+            fy_diskrates_gbps(fy_diskrates_write_Bps(d), "-", w, sizeof w),
+            (unsigned long long)d->steps, d->steps == 1 ? "" : "s", path);
+}
+
+/* RUN/train.args: the train command's arguments (after "train") and the directory it ran in, for
+ * fuyou-launch resume. Line 1 "fuyou-train-args 1", line 2 the directory, then one per line. */
+#define TRAIN_ARGS_MAGIC "fuyou-train-args 1"
+
+static int save_train_args(const char *run_dir, int argc, char **argv)
+{
+    if (run_dir == NULL)
+        return 0; /* fy_cmd_train refuses it with a message */
+    char path[PATH_MAX], tmp[PATH_MAX + 8], cwd[PATH_MAX];
+    snprintf(path, sizeof path, "%s/train.args", run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FY_SYS(getcwd(cwd, sizeof cwd) == NULL ? -1 : 0, "cannot get the working directory");
+    for (int i = 0; i < argc; i++)
+        if (strchr(argv[i], '\n') != NULL) {
+            fy_warn("an argument holds a line break: %s is not written, so fuyou-launch resume "
+                    "will not know this command", path);
+            return 0;
+        }
+    FILE *f = fopen(tmp, "w");
+    FY_SYS(f == NULL ? -1 : 0, "cannot create %s", tmp);
+    fprintf(f, "%s\n%s\n", TRAIN_ARGS_MAGIC, cwd);
+    for (int i = 0; i < argc; i++)
+        fprintf(f, "%s\n", argv[i]);
+    return fy_file_replace(f, tmp, path);
+}
+
+/* A train command's plan and state, from the model to the last step; train_free frees it whatever
+ * happened. */
+struct train_run {
+    struct fy_config *mc, *cfg; /* RUN/model.conf; the workers' configuration */
+    struct fy_gpt_config model;
+    struct fy_tokfile *data;
+    struct fy_restart restarts;
+    int act_dtype, weight_dtype, clipping, ckpt_ssd;
+    unsigned ckpt_slots, kept; /* the checkpoints' pool slots (0: in the pool); units kept */
+    unsigned char *resident;   /* per unit: its optimizer state stays in the pool */
+    struct fy_gpt_profile prof;
+    struct fy_actrun_in act_in;
+    struct fy_actrun act;
+    struct fy_train_swap swap;
+    struct fy_pool_region_spec regions[10];
+    unsigned n_regions;
+    struct fy_train_opts to;
+    struct fy_diskrates ssd_seen;
+    struct fy_storemeta *meta;
+};
+
+static void train_free(struct train_run *t)
+{
+    free(t->meta);
+    fy_actrun_free(&t->act);
+    free(t->resident);
+    fy_tokfile_close(&t->data);
+    free(t->mc);
+    free(t->cfg);
+    free(t);
+}
+
+/* One launch of the workers for training: the store's current commit (a restart goes back to it;
+ * the metrics of later steps are dropped, as they will be trained again), the steps up to
+ * --steps, and the export. *fault says which worker failed and how; *stepping whether training
+ * had begun (the commit was opened). The train command's arguments are kept for resume once the
+ * workers are up: a command that fails before that leaves the run's last one in place. */
+static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
+                         struct fy_sup_fault *fault, int *stepping)
+{
+    *stepping = 0;
+    double t0 = fy_monotonic_ns() * 1e-9;
+    struct fy_storemeta *meta = t->meta;
+    struct fy_session s;
+    struct fy_session_opts so = fy_runconf_session(o);
+    int rc = fy_session_open(&s, &so, t->regions, t->n_regions, "training");
+    struct fy_inproc *inproc = NULL;
+    struct fy_exec x = {0};
+    static const char *const workers[] = {"gpu", "io", "opt"};
+    if (rc == 0 && o->inprocess && fy_config_get(t->mc, "hf") != NULL) {
+        fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
+                 "holds an imported Hugging Face model: drop --inprocess to train it through the "
+                 "workers", o->run_dir);
+        rc = -EINVAL;
+    }
+    if (rc == 0 && o->inprocess) {
+        rc = fy_inproc_new(&inproc, s.pool, t->cfg, s.aff.opt);
+        if (rc == 0) {
+            x = fy_inproc_exec(inproc);
+            uint64_t seed;
+            rc = fy_config_get_u64(t->mc, "seed", 1, 0, &seed);
+            if (rc == 0)
+                rc = fy_train_init_store(&x, s.pool, &t->model, seed, 2, o->timeout_s * 1000);
+        }
+    } else if (rc == 0) {
+        rc = fy_session_start(&s, t->cfg, workers, 3, so.ready_timeout_ms);
+        x = fy_session_exec(&s);
+        if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
+            fy_sup_set_stop_flag(s.sup, &train_stop);
+    }
+    if (rc == 0 && o->train_argv != NULL) {
+        rc = save_train_args(o->run_dir, o->train_argc, o->train_argv);
+        o->train_argv = NULL;
+    }
+    if (rc == 0)
+        rc = fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000);
+    if (rc == 0)
+        rc = fy_runconf_check_store(meta, &t->model, o->ssd);
+    FILE *trace = NULL;
+    if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
+        rc = -errno;
+        fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
+    }
+    if (rc == 0) {
+        t->to.trace = trace;
+        if (attempt > 0)
+            fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
+                    "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
+        *stepping = 1;
+        rc = fy_train_run(&x, s.pool, meta, t->data, &t->to);
+        t->to.trace = NULL;
+    }
+    if (rc == 0 && !train_stop && o->export_path != NULL) {
+        rc = fy_train_export(&x, s.pool, meta, o->export_path, o->overwrite, o->timeout_s * 1000);
+        if (rc == 0)
+            fy_info("exported step %llu to %s", (unsigned long long)meta->step, o->export_path);
+    }
+    if (rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG)
+        fy_error("the SSD store (%s) is full: training stopped; the last commit, step %llu, is "
+                 "intact; free space there (or add an SSD path), then continue with fuyou-launch "
+                 "resume %s", o->ssd, (unsigned long long)meta->step, o->run_dir);
+    if (trace != NULL && fclose(trace) != 0)
+        fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
+    fy_inproc_destroy(&inproc);
+    rc = fy_session_close(&s, rc);
+    *fault = s.fault;
+    return rc;
+}
+
+/* Training writes its log, metrics, commits and (in RUN/store) the store in the run directory:
+ * one it cannot write is refused before anything starts. */
+static int check_run_dir_writable(const char *run_dir)
+{
+    struct statvfs fs;
+    int e = statvfs(run_dir, &fs) != 0          ? errno
+            : (fs.f_flag & ST_RDONLY) != 0      ? EROFS
+            : access(run_dir, W_OK | X_OK) != 0 ? errno
+                                                : 0;
+    if (e == 0)
+        return 0;
+    fy_error("run directory %s cannot be written (%s): training writes its log, metrics and "
+             "commits there; copy it somewhere writable (cp -a) and train or resume the copy",
+             run_dir, strerror(e));
+    return -e;
+}
+
+/* The run's model and data, the backend settled, and the workers' configuration. */
+static int train_setup(struct fy_options *o, struct train_run *t)
+{
+    t->mc = calloc(1, sizeof *t->mc);
+    t->cfg = calloc(1, sizeof *t->cfg);
+    int rc = t->mc && t->cfg ? fy_runconf_load(o, t->mc, &t->model) : -ENOMEM;
+    if (rc == 0)
+        rc = check_run_dir_writable(o->run_dir);
+    if (rc == 0 && o->seq > t->model.ctx) {
+        fy_error("train: --seq %llu exceeds the model's context of %u tokens",
+                 (unsigned long long)o->seq, t->model.ctx);
+        rc = -EINVAL;
+    }
+    if (rc == 0)
+        rc = open_data(o, &t->model, &t->data);
+    /* "auto" is settled here, not in the gpu worker: the activations' dtype in the pool follows the
+     * backend (bf16 where the device computes in bf16: the same bits, half the bytes) */
+    const char *asked = o->backend;
+    if (rc == 0 && o->inprocess && strcmp(asked, "cuda") == 0) {
+        fy_error("train --inprocess runs the CPU backend inside the launcher: drop --backend cuda, "
+                 "or drop --inprocess to train on the GPU through the workers");
+        rc = -EINVAL;
+    }
+    o->backend = o->inprocess ? "cpu" : fy_backend_resolve(o->backend);
+    if (!o->inprocess && strcmp(asked, "auto") == 0 && strcmp(o->backend, "cpu") == 0)
+        fy_warn("--backend auto: %s: using the CPU backend (slow; for tests and laptops)",
+                fy_backend_cuda_built() ? "no CUDA device is visible"
+                                        : "this build has no CUDA backend (nvcc was not found)");
+    t->act_dtype = fy_backend_preferred_act_dtype(o->backend);
+    t->weight_dtype = fy_runconf_weight_dtype(o, o->backend);
+    t->clipping = o->clip_grad_norm > 0;
+    if (rc == 0)
+        rc = fy_runconf_train(o, &t->model, t->act_dtype, t->cfg);
+    return rc;
+}
+
+/* The train line: the model, the batch, the schedule and the data. */
+static void train_describe(const struct fy_options *o, const struct train_run *t)
+{
+    char described[160];
+    fy_gpt_config_describe(&t->model, described, sizeof described);
+    char clip[96] = "";
+    if (o->clip_grad_norm > 0)
+        snprintf(clip, sizeof clip, ", gradient norm clipped to %g (two backward passes)",
+                 o->clip_grad_norm);
+    fy_info("train: %s; batch %llu x %llu tokens, steps to %llu, lr %g (warmup %llu, cosine to %g), "
+            "weight decay %g%s; %s schedule, weights read %llu unit%s ahead; data %s (%llu training, "
+            "%llu held-out tokens)%s",
+            described, (unsigned long long)o->batch, (unsigned long long)o->seq,
+            (unsigned long long)o->steps, o->lr, (unsigned long long)o->warmup,
+            o->lr * o->min_lr_ratio, o->weight_decay, clip, o->overlap ? "overlapped" : "serial",
+            (unsigned long long)o->prefetch, o->prefetch == 1 ? "" : "s", o->data,
+            (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_TRAIN),
+            (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_EVAL),
+            o->inprocess ? "; in one process, state in memory" : "");
+}
+
+/* Which units' optimizer state stays in the pool (t->resident, t->kept), with --ckpt-place
+ * auto's choice of where the checkpoints go. */
+static void train_plan_residency(const struct fy_options *o, struct train_run *t)
+{
+    const struct fy_gpt_config *model = &t->model;
+    t->ckpt_ssd = o->ckpt_place == FY_CKPT_SSD;
+    if (o->ckpt_place == FY_CKPT_AUTO) {
+        /* Everything in the pool when it all fits: no SSD traffic at all. Otherwise the pool is
+         * better spent on optimizer state: a streamed unit moves 28 bytes over the SSD per 12 of
+         * state each step (weights read, state read and written), a checkpoint 2 per byte. */
+        unsigned all = fy_train_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype,
+                                              o->cpu_mem, t->clipping, (unsigned)o->prefetch, 0,
+                                              &t->swap, t->weight_dtype, t->resident);
+        t->ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(model);
+        fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
+                t->ckpt_ssd ? "on the SSD store" : "in the shared pool",
+                t->ckpt_ssd ? "the optimizer state does not all fit --cpu-mem beside them"
+                            : "they fit beside all the optimizer state");
+    }
+    t->ckpt_slots = t->ckpt_ssd ? fy_train_spill_slots((unsigned)o->act_ahead) : 0;
+    t->kept = fy_train_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype, o->cpu_mem,
+                                     t->clipping, (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
+                                     t->weight_dtype, t->resident);
+}
+
+/* Where the state, the checkpoints and the blocks' internals live: forced swapping (--act-plan
+ * host or ssd) puts the internals in the pool first and the state's residency after; auto
+ * profiles and plans in the room that state and streaming leave. The plan goes to the workers'
+ * configuration and RUN/act_plan.json. */
+static int train_plan(const struct fy_options *o, struct train_run *t)
+{
+    t->resident = calloc(fy_gpt_unit_count(&t->model), 1);
+    enum fy_actplan_mode act_mode = FY_ACTPLAN_AUTO;
+    FY_TRY(t->resident != NULL ? fy_actplan_mode_parse(o->act_plan, &act_mode) : -ENOMEM);
+    int forced = act_mode == FY_ACTPLAN_HOST || act_mode == FY_ACTPLAN_SSD;
+    if (forced)
+        FY_TRY(fy_planact_make(o, &t->model, t->act_dtype, t->clipping, 0, t->resident,
+                               &t->restarts, &t->prof, &t->act_in, &t->act));
+    t->swap = t->act.swap;
+    train_plan_residency(o, t);
+    int rc = 0;
+    if (!forced) {
+        rc = fy_planact_make(o, &t->model, t->act_dtype, t->clipping, t->ckpt_slots, t->resident,
+                             &t->restarts, &t->prof, &t->act_in, &t->act);
+        t->swap = t->act.swap;
+    }
+    if (rc == 0 && act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
+        rc = fy_actrun_predict(&t->act_in, &t->act);
+    if (rc == 0)
+        rc = fy_config_setf(t->cfg, "train.act_keep", "%d",
+                            t->act.keep < 0 ? (int)t->model.n_layer : t->act.keep);
+    if (rc == 0)
+        rc = fy_config_setf(t->cfg, "train.act_swap", "%d", t->act.swap_sets);
+    if (rc == 0)
+        rc = fy_planact_save(o, &t->act, &t->act_in);
+    return rc;
+}
+
+/* The plan's lines on what stays in the pool and what moves over the SSD and PCIe each step. */
+static void train_log_traffic(const struct fy_options *o, const struct train_run *t)
+{
+    const struct fy_gpt_config *model = &t->model;
+    unsigned kept = t->kept;
+    char kept_size[32];
+    fy_format_size(fy_train_resident_bytes(model, t->resident), kept_size, sizeof kept_size);
+    uint64_t ssd_read, ssd_write;
+    fy_train_ssd_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, t->ckpt_ssd,
+                       &t->swap, t->resident, &ssd_read, &ssd_write);
+    char rd[32], wr[32], up[32], down[32];
+    fy_format_size(ssd_read, rd, sizeof rd);
+    fy_format_size(ssd_write, wr, sizeof wr);
+    uint64_t to_gpu, from_gpu;
+    fy_train_pcie_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, &t->swap,
+                        t->resident, &to_gpu, &from_gpu);
+    fy_format_size(to_gpu, up, sizeof up);
+    fy_format_size(from_gpu, down, sizeof down);
+    fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
+            "%s streams from the SSD store each step (reads %s, writes %s per step)%s; PCIe per "
+            "step: at most %s to the GPU (less where a unit's output stays on the GPU for the "
+            "next), %s back",
+            kept, fy_gpt_unit_count(model), kept_size,
+            kept == fy_gpt_unit_count(model) ? "nothing" : "the rest", rd, wr,
+            o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
+    unsigned copies = fy_train_weight_copies(model, t->resident);
+    if (t->weight_dtype == FY_DTYPE_BF16)
+        fy_info("plan: weights to the GPU in bf16 for %u of the %u kept units (a bf16 copy beside "
+                "each one's state, rewritten by AdamW)%s", copies, kept,
+                copies < kept ? "; the others' in f32: --cpu-mem holds no more copies" : "");
+    else
+        fy_info("plan: weights to the GPU in f32 (--weights-dtype %s)",
+                o->weights_dtype ? "f32" : "auto, on the CPU backend");
+}
+
+/* The plan's predicted step, said: from the activation plan's profile where it has one, else at
+ * the rates of RUN/machine.json (fuyou-launch probe) or the reference machine's. Returns the
+ * seconds a step is predicted to take, 0 where nothing is predicted (the CPU backend's compute). */
+static double train_log_prediction(const struct fy_options *o, const struct train_run *t)
+{
+    struct fy_train_rates rates = fy_train_reference_rates();
+    char probed[PATH_MAX + 16], at[PATH_MAX + 96];
+    snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
+    snprintf(at, sizeof at, "predicted per step at the rates measured on the reference machine "
+                            "(one H200");
+    int have_probe = access(probed, R_OK) == 0 && fy_dryrun_load_rates(probed, &rates) == 0;
+    if (have_probe) /* fuyou-launch probe measured this machine */
+        snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", probed);
+    struct fy_train_prediction p;
+    fy_train_predict(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping,
+                     t->ckpt_ssd, &t->swap, t->resident, &rates, &p);
+    double step_flops = (double)o->batch * (double)o->seq *
+                        fy_gpt_flops_per_token(&t->model, (unsigned)o->seq);
+    double predicted_s = t->act.predicted_s;
+    if (predicted_s > 0) /* measured here: the reference machine's figures would mislead */
+        fy_info("plan: per step, as the activation plan above predicts from this machine's "
+                "profile: %.3f s (%.3g TFLOP/s)", predicted_s, step_flops / predicted_s * 1e-12);
+    else if (strcmp(o->backend, "cpu") == 0 && !have_probe) /* not the H200's compute */
+        fy_info("plan: %s: SSD %.1f/%.1f GB/s, AdamW %.1f G parameters/s): SSD %.3f s, optimizer "
+                "%.3f s; compute not predicted on the CPU backend",
+                at, rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.ssd_s,
+                p.opt_s);
+    else
+        fy_info("plan: %s: %.0f TFLOP/s with blocks recomputed, PCIe %.0f/%.0f GB/s, SSD "
+                "%.1f/%.1f GB/s, AdamW %.1f G parameters/s; yours may differ): GPU compute %.3f s, "
+                "PCIe to the GPU at most %.3f s, from it %.3f s, SSD %.3f s, optimizer %.3f s; "
+                "bound %.3f s by the %s (%.0f TFLOP/s)",
+                at, rates.gpu_flops * 1e-12, rates.h2d * 1e-9, rates.d2h * 1e-9,
+                rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.gpu_s,
+                p.h2d_s, p.d2h_s, p.ssd_s, p.opt_s, p.step_s, p.bound,
+                step_flops / p.step_s * 1e-12);
+    return predicted_s > 0 ? predicted_s : strcmp(o->backend, "cpu") != 0 ? p.step_s : 0;
+}
+
+/* The pool's regions (with the gradient slots that fit) and the options of the steps; a stuck
+ * worker's deadline from `predicted_s` unless --timeout gave it. */
+static void train_layout(const struct fy_options *o, struct train_run *t, double predicted_s)
+{
+    unsigned grad_slots = fy_train_plan_grad_slots(&t->model, (int)o->batch, (int)o->seq,
+                                                   t->act_dtype, o->cpu_mem, t->clipping,
+                                                   (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
+                                                   t->resident, (unsigned)o->grad_slots);
+    fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
+            "fall %u blocks behind the backward and finish while the next forward runs",
+            grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
+    fy_train_regions(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->resident,
+                     t->clipping, (unsigned)o->prefetch, grad_slots, t->ckpt_slots, &t->swap,
+                     t->regions, &t->n_regions);
+    const struct fy_actrun *act = &t->act;
+    t->to = (struct fy_train_opts){
+        .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
+        .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
+        .eval_every = o->eval_every, .eval_batches = o->eval_batches,
+        .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
+        .overlap = o->overlap, .resident = t->resident, .clip_grad_norm = o->clip_grad_norm,
+        .ckpt_ssd = t->ckpt_ssd, .act_ahead = (unsigned)o->act_ahead, .act_dtype = t->act_dtype,
+        .act_place = act->place,
+        .saved_sizes = act->sizes, .stop = &train_stop, .plan_step_s = act->predicted_s,
+        .plan_ssd_read = t->act_in.rates.ssd_read, .plan_ssd_write = t->act_in.rates.ssd_write,
+        .plan_opt_params = t->act_in.rates.opt_params,
+        .plan_ssd_from_steps = t->act_in.ssd_rates_from_steps};
+    fy_diskrates_begin(&t->ssd_seen, o->ssd, (int)o->batch, o->act_plan);
+    t->to.ssd_seen = &t->ssd_seen;
+    if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */
+        if (predicted_s > 0) {
+            double deadline = 20 * predicted_s < 60 ? 60 : 20 * predicted_s;
+            t->to.timeout_ms = deadline > 3600 ? 3600 * 1000 : (int)(deadline * 1000);
+        }
+        fy_info("plan: a request not answered within %d s counts as a stuck worker (%s; "
+                "--timeout to set it)", t->to.timeout_ms / 1000,
+                predicted_s > 0 ? "20 predicted steps, at least a minute" : "the default");
+    }
+}
+
+/* The steps: launches of the workers until --steps is reached, the run is stopped, or a worker
+ * fails more often than --max-restarts allows. */
+static int train_steps(struct fy_options *o, struct train_run *t)
+{
+    t->meta = calloc(1, sizeof *t->meta);
+    int rc = t->meta != NULL ? 0 : -ENOMEM;
+    struct fy_metrics *metrics = NULL; /* kept across restarts: lines wait there for room */
+    if (rc == 0)
+        rc = fy_metrics_open(&metrics, o->run_dir);
+    t->to.metrics = metrics;
+    /* A worker that dies or hangs costs the steps since the last commit, not the run: the
+     * workers start again and the run goes on from that commit, up to --max-restarts times an
+     * hour (fy_restart_after). */
+    for (int attempt = 0; rc == 0; attempt++) {
+        double t0 = fy_monotonic_ns() * 1e-9;
+        struct fy_sup_fault fault;
+        int stepping;
+        rc = train_attempt(o, t, attempt, &fault, &stepping);
+        if (!fy_restart_after(&t->restarts, rc, stepping, &fault, t0))
+            break;
+        rc = 0;
+    }
+    fy_progress_end();
+    save_ssd_seen(o, &t->ssd_seen);
+    if (rc == 0 && train_stop) {
+        fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
+                "from there (nothing exported)", (unsigned long long)t->meta->step, o->run_dir);
+        rc = -EINTR;
+    }
+    int lost = fy_metrics_close(&metrics, t->meta != NULL ? t->meta->step : 0);
+    return rc ? rc : lost;
+}
+
+int fy_cmd_train(struct fy_options *o)
+{
+    FY_TRY(fy_options_require(o->run_dir, "--run-dir", "train"));
+    FY_TRY(fy_options_require(o->data, "--data", "train"));
+    if (!o->steps_set)
+        o->steps = 200;
+    FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1, -EINVAL,
+               "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
+               "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);
+    struct train_run *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return -ENOMEM;
+    fy_restart_init(&t->restarts, o->max_restarts, o->run_dir, &train_stop);
+    int rc = train_setup(o, t);
+    if (rc == 0) {
+        train_describe(o, t);
+        rc = train_plan(o, t);
+    }
+    if (rc == 0) {
+        train_log_traffic(o, t);
+        train_layout(o, t, train_log_prediction(o, t));
+        rc = train_steps(o, t);
+    }
+    train_free(t);
+    return rc;
+}
+
+/* resume RUN_DIR [options]: argv becomes the run's train command (RUN/train.args) with the
+ * options given here after it (the last of a repeated option wins), run from the directory it
+ * ran in (its relative paths, --data say, are as they were) on RUN_DIR itself, wherever the run
+ * directory has been copied or moved since. *owned keeps the new argv's storage. */
+int fy_cmd_resume_args(int *argc, char ***argv, char ***owned)
+{
+    const char *dir = *argc >= 3 && (*argv)[2][0] != '-' ? (*argv)[2] : NULL;
+    int extra_at = dir != NULL ? 3 : 2;
+    for (int i = 2; dir == NULL && i + 1 < *argc; i++)
+        if (strcmp((*argv)[i], "--run-dir") == 0)
+            dir = (*argv)[i + 1];
+    if (dir == NULL) {
+        fprintf(stderr, "fuyou-launch resume: give the run directory: fuyou-launch resume "
+                        "RUN_DIR [options]\n");
+        return -EINVAL;
+    }
+    static char run_dir[PATH_MAX]; /* argv's --run-dir, as named here, before the chdir */
+    if (realpath(dir, run_dir) == NULL) {
+        fprintf(stderr, "fuyou-launch resume: run directory %s: %s\n", dir, strerror(errno));
+        return -ENOENT;
+    }
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/train.args", run_dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "fuyou-launch resume: %s: %s: only a run started with fuyou-launch train "
+                        "can be resumed\n", path, strerror(errno));
+        return -ENOENT;
+    }
+    char *line = NULL, cwd[PATH_MAX] = "";
+    size_t cap = 0;
+    ssize_t len;
+    int n = 0, rc = 0;
+    char **args = calloc((size_t)*argc + 4, sizeof *args);
+    size_t max = (size_t)*argc + 4;
+    while (rc == 0 && args != NULL && (len = getline(&line, &cap, f)) >= 0) {
+        if (len > 0 && line[len - 1] == '\n')
+            line[--len] = 0;
+        if (n == 0 && strcmp(line, TRAIN_ARGS_MAGIC) != 0) {
+            fprintf(stderr, "fuyou-launch resume: %s is not a train.args file of this version\n",
+                    path);
+            rc = -EBADMSG;
+        } else if (n == 1) {
+            snprintf(cwd, sizeof cwd, "%s", line);
+        } else if (n >= 2) {
+            if ((size_t)n + (size_t)*argc + 2 >= max) {
+                char **grown = realloc(args, (max *= 2) * sizeof *args);
+                if (grown == NULL) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                args = grown;
+            }
+            args[n] = strdup(line); /* args[0..1] become the program and "train" */
+        }
+        n++;
+    }
+    free(line);
+    fclose(f);
+    if (rc == 0 && (args == NULL || n < 2))
+        rc = args == NULL ? -ENOMEM : -EBADMSG;
+    if (rc == 0 && chdir(cwd) != 0) /* the run was started elsewhere, or on another machine */
+        fprintf(stderr, "fuyou-launch resume: cannot enter %s, where the run was started (%s): "
+                        "its train command's relative paths are taken from here; give them "
+                        "again after RUN_DIR where they differ\n", cwd, strerror(errno));
+    if (rc < 0) {
+        for (int i = 2; args != NULL && i < n; i++)
+            free(args[i]);
+        free(args);
+        return rc;
+    }
+    args[0] = (*argv)[0];
+    args[1] = "train";
+    args[n++] = "--run-dir"; /* this run directory, not the one it was started in */
+    args[n++] = run_dir;
+    for (int i = extra_at; i < *argc; i++)
+        args[n++] = (*argv)[i];
+    args[n] = NULL;
+    *argc = n;
+    *argv = args;
+    *owned = args;
+    return 0;
+}

@@ -1,0 +1,84 @@
+/* fuyou-launch's commands and options: one struct that every command reads (launcher/cmd.h), one
+ * table of the options (name, value, the commands that take each, help), the parser that fills
+ * the struct from the command line for one command, refusing an option that command does not
+ * take, and the usage texts (the overview, and each command's own). */
+#ifndef FY_OPTIONS_H
+#define FY_OPTIONS_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum fy_command {
+    FY_CMD_PREPARE,
+    FY_CMD_INIT,
+    FY_CMD_TRAIN,
+    FY_CMD_RESUME, /* takes train's options */
+    FY_CMD_PLAN,
+    FY_CMD_PROBE,
+    FY_CMD_PROFILE,
+    FY_CMD_REPORT,
+    FY_CMD_EXPORT,
+    FY_CMD_SELFTEST,
+    FY_CMD_COUNT
+};
+
+struct fy_options {
+    const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path, *trace;
+    const char *from_hf, *to_hf;
+    const char *machine; /* plan: a machine profile's rates (JSON) */
+    const char *tokenizer, *text_field, *prompt_field, *response_field; /* prepare */
+    int jsonl;                                                           /* prepare */
+    int hf_dtype;            /* export --to-hf --dtype: 0 (as the source), FY_ST_F32, FY_ST_BF16 */
+    uint64_t max_shard_size; /* export --to-hf: shard above this many bytes of tensors */
+    uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
+    uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
+    uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies, act_ahead;
+    int ckpt_place; /* FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO */
+    const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, plan) */
+    int weights_dtype;    /* --weights-dtype: FY_DTYPE_F32, _BF16, or 0 (auto: the backend's) */
+    double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
+    int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
+    int seed_set, steps_set, model_set, hf_opts_set, timeout_set; /* given on the command line */
+    /* init --arch llama */
+    const char *arch;
+    uint64_t kv_heads, ffn; /* 0: --heads, 4 * --embd */
+    double rope_theta, rms_eps;
+    int tied;
+    int ssd_rates_profile; /* --ssd-rates profile: plan from the profile's sample, not the record */
+    char **args;           /* the arguments after the options (prepare's inputs) */
+    int n_args;
+    int store_in_run_dir;        /* init: the store is RUN/store (no --ssd) */
+    char ssd_here[PATH_MAX];     /* the store's paths as found from model.conf (fy_runconf_load) */
+    /* train: its arguments, kept in RUN/train.args for resume once the workers are up (NULL:
+     * resumed, or kept already) */
+    int train_argc;
+    char **train_argv;
+};
+
+/* --ckpt-place (launcher/dryrun.h takes the same values) */
+enum { FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO };
+
+/* fy_options_parse's result where --help was asked for (and printed). */
+#define FY_OPTIONS_HELP 1
+
+/* The command of that name (enum fy_command), or -1. */
+int fy_options_command(const char *name);
+const char *fy_options_command_name(enum fy_command cmd);
+/* Whether argv[2..] (argv[1] the command) asks for --help or -h, before a "--". */
+int fy_options_asks_help(int argc, char **argv);
+/* Parses argv (argv[0] the command's name) into *o for `cmd`: the options that command takes,
+ * with their defaults; the arguments after them in o->args. An option that `cmd` does not take,
+ * an unknown one, or a value out of range is said on stderr in one line: -EINVAL. --help prints
+ * the command's usage on stdout: FY_OPTIONS_HELP. */
+int fy_options_parse(enum fy_command cmd, int argc, char **argv, struct fy_options *o);
+/* The overview: the commands, and where their options are described (fuyou-launch help). */
+void fy_options_usage(FILE *f);
+/* One command's usage and options, only those it takes (fuyou-launch CMD --help). */
+void fy_options_help(enum fy_command cmd, FILE *f);
+/* Every option's name, one "--name" a line (fuyou-launch help --options). */
+void fy_options_list(FILE *f);
+/* 0 where value is given; else says that `command` requires `option`: -EINVAL. */
+int fy_options_require(const char *value, const char *option, const char *command);
+
+#endif

@@ -1,0 +1,178 @@
+/* The activation plan of a train or profile command (launcher/planact.h). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/desc.h"
+#include "common/log.h"
+#include "launcher/diskrates.h"
+#include "launcher/planact.h"
+#include "launcher/profile.h"
+
+/* Room for swapped internals beside the pool's other regions: what --cpu-mem leaves, or without
+ * it half the machine's memory less that pool; and on the store, what its filesystem has free
+ * less 1 GiB and less `reserved` (the checkpoints' scratch extent, where they go there). */
+static void swap_room(const struct fy_options *o, uint64_t pool_bytes, uint64_t reserved,
+                      uint64_t *host, uint64_t *ssd)
+{
+    uint64_t cap = o->cpu_mem;
+    if (cap == 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        cap = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 0;
+    }
+    /* the saved region is 2 MiB aligned in the pool */
+    *host = cap > pool_bytes + (2u << 20) ? cap - pool_bytes - (2u << 20) : 0;
+    char first[PATH_MAX];
+    snprintf(first, sizeof first, "%s", o->ssd);
+    char *comma = strchr(first, ',');
+    if (comma != NULL)
+        *comma = '\0';
+    struct statvfs fs;
+    uint64_t avail = statvfs(first, &fs) == 0 ? (uint64_t)fs.f_bavail * fs.f_frsize : 0;
+    *ssd = avail > (1ull << 30) + reserved ? avail - (1ull << 30) - reserved : 0;
+}
+
+/* RUN/ssd_rates.json: the SSD's rates in a past session's steps (launcher/diskrates.h). */
+void fy_planact_ssd_rates_path(const struct fy_options *o, char *path, size_t len)
+{
+    snprintf(path, len, "%s/ssd_rates.json", o->run_dir);
+}
+
+/* --ssd-rates auto: the plan takes the SSD's rates from the run directory's record of the last
+ * session's steps on this store, where there is one, in place of `instead` (the profile's sample;
+ * for `plan`, the machine profile's or the reference machine's); each way that the steps moved
+ * nothing keeps the rate it had. Returns 1 where it took them, else 0. */
+int fy_planact_ssd_rates(const struct fy_options *o, struct fy_train_rates *rates,
+                         const char *instead)
+{
+    if (o->ssd_rates_profile || o->run_dir == NULL || o->ssd == NULL)
+        return 0;
+    char path[PATH_MAX], why[256];
+    fy_planact_ssd_rates_path(o, path, sizeof path);
+    struct fy_diskrates d;
+    int rc = fy_diskrates_load(path, &d, why, sizeof why);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc < 0) {
+        fy_warn("%s: %s: the plan's SSD rates are %s (a training session's steps will replace "
+                "the record)", path, why, instead);
+        return 0;
+    }
+    if (strcmp(d.ssd, o->ssd) != 0) {
+        fy_info("plan: %s holds the rates of the store at %s, not this run's %s: the plan's SSD "
+                "rates are %s", path, d.ssd, o->ssd, instead);
+        return 0;
+    }
+    double rd = fy_diskrates_read_Bps(&d), wr = fy_diskrates_write_Bps(&d);
+    if (!(rd > 0) && !(wr > 0))
+        return 0;
+    double age_s = difftime(time(NULL), (time_t)d.written);
+    char age[48], r[32], w[32];
+    if (age_s < 2 * 3600)
+        snprintf(age, sizeof age, "%.0f minutes ago", age_s < 0 ? 0 : age_s / 60);
+    else if (age_s < 2 * 86400)
+        snprintf(age, sizeof age, "%.0f hours ago", age_s / 3600);
+    else
+        snprintf(age, sizeof age, "%.0f days ago", age_s / 86400);
+    fy_info("plan: SSD rates as the last session's %llu step%s ran at (steps %llu to %llu, batch "
+            "%d, --act-plan %s, %s; %s): read %s, write %s GB/s, in place of %s (read %.2f, "
+            "write %.2f): a short sample misjudges a disk under training traffic (--ssd-rates "
+            "profile plans without the record)",
+            (unsigned long long)d.steps, d.steps == 1 ? "" : "s",
+            (unsigned long long)d.first_step, (unsigned long long)d.last_step, d.batch, d.act_plan,
+            age, path, fy_diskrates_gbps(rd, "as before", r, sizeof r),
+            fy_diskrates_gbps(wr, "as before", w, sizeof w),
+            instead, rates->ssd_read * 1e-9, rates->ssd_write * 1e-9);
+    if (rd > 0)
+        rates->ssd_read = rd;
+    if (wr > 0)
+        rates->ssd_write = wr;
+    return 1;
+}
+
+/* The plan for the blocks' internals (launcher/actrun.h): every mode profiles a block first on a
+ * backend that can (not the Llama blocks); auto plans from the profile within the room the pool
+ * and the store leave, the forced modes are placed as they are (and predicted from the profile
+ * once the state's residency is planned, fy_actrun_predict). ckpt_slots: the checkpoints' pool
+ * slots on their way to the store, 0 where they stay in the pool (fy_train_regions). */
+int fy_planact_make(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
+                    int clip, unsigned ckpt_slots, const unsigned char *resident,
+                    struct fy_restart *restarts, struct fy_gpt_profile *prof,
+                    struct fy_actrun_in *in, struct fy_actrun *run)
+{
+    enum fy_actplan_mode mode;
+    FY_TRY(fy_actplan_mode_parse(o->act_plan, &mode));
+    *in = (struct fy_actrun_in){.c = model, .B = (int)o->batch, .T = (int)o->seq, .mode = mode,
+                                .backend = o->backend, .act_dtype = act_dtype, .clip = clip,
+                                .resident = resident, .rates = fy_train_reference_rates(),
+                                .act_ahead = (unsigned)o->act_ahead};
+    /* every mode is profiled: auto plans from it, the forced ones are predicted from it */
+    if (model->arch != FY_ARCH_LLAMA && !o->inprocess) {
+        struct fy_sup_fault fault;
+        int rc;
+        for (;;) { /* a worker that fails here is restarted as in training (restarts: train's) */
+            double t0 = fy_monotonic_ns() * 1e-9;
+            rc = fy_profile_run(o, model, act_dtype, prof, &in->rates, &fault);
+            if (restarts == NULL || !fy_restart_after(restarts, rc, 0, &fault, t0))
+                break;
+        }
+        /* interrupted, a worker that failed, a run directory in use: said, and no plan */
+        if (rc == -EINTR || rc == -ECHILD || rc == -ETIMEDOUT || rc == -EBUSY)
+            return rc;
+        if (rc < 0 && mode == FY_ACTPLAN_AUTO) /* loudly, and on with what needs no profile */
+            fy_warn("--act-plan auto: profiling a block failed (above): planning without it, the "
+                    "gpu worker keeps the internals of what fits and nothing is swapped");
+        else if (rc < 0)
+            fy_warn("--act-plan %s: profiling a block failed (above): the step is not predicted",
+                    o->act_plan);
+        in->prof = rc == 0 ? prof : NULL;
+        if (rc == 0)
+            in->ssd_rates_from_steps = fy_planact_ssd_rates(o, &in->rates, "the profile's sample");
+        if (mode == FY_ACTPLAN_AUTO) { /* the room that state and streaming leave */
+            struct fy_pool_region_spec regions[10];
+            unsigned n;
+            fy_train_regions(model, in->B, in->T, act_dtype, resident, clip,
+                             (unsigned)o->prefetch, FY_TRAIN_GRAD_SLOTS_MIN, ckpt_slots, NULL,
+                             regions, &n);
+            uint64_t ckpts =
+                ckpt_slots ? fy_train_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
+            swap_room(o, fy_pool_layout_size(regions, n), ckpts, &in->host_bytes, &in->ssd_bytes);
+        }
+    } else if (mode == FY_ACTPLAN_AUTO && model->arch == FY_ARCH_LLAMA) {
+        fy_info("--act-plan auto: a Llama model's blocks are neither profiled nor swapped: %s",
+                strcmp(o->backend, "cuda") == 0
+                    ? "the gpu worker keeps the internals of the top blocks that fit the GPU and "
+                      "recomputes the others in their backward"
+                    : "the CPU backend keeps no block's internals, every backward recomputes them");
+    }
+    FY_TRY(fy_actrun_plan(in, run));
+    fy_actrun_log(run, in);
+    return 0;
+}
+
+/* The plan for people and tools: RUN/act_plan.json, replaced whole. */
+int fy_planact_save(const struct fy_options *o, const struct fy_actrun *run,
+                    const struct fy_actrun_in *in)
+{
+    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    snprintf(path, sizeof path, "%s/act_plan.json", o->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    FY_REQUIRE(f != NULL, -errno, "cannot create %s: %s", tmp, strerror(errno));
+    int rc = fy_actrun_write_json(run, in, f);
+    if (fclose(f) != 0 && rc == 0) {
+        rc = -errno;
+        fy_error("writing %s: %s", tmp, strerror(-rc));
+    }
+    if (rc == 0 && rename(tmp, path) != 0) {
+        rc = -errno;
+        fy_error("cannot rename %s to %s: %s", tmp, path, strerror(-rc));
+    }
+    return rc;
+}

@@ -1,0 +1,20 @@
+/* The profile for --act-plan auto (train, profile): a session of the workers over a small pool,
+ * before the training session's pool is laid out for the plan. The gpu worker measures one block
+ * on the training batch (gpt-profile); the SSD store's write and read rates through the io worker
+ * and AdamW's on the opt worker are timed too. */
+#ifndef FY_PROFILE_H
+#define FY_PROFILE_H
+
+#include "common/model.h"
+#include "gpu_worker/backend.h"
+#include "launcher/options.h"
+#include "launcher/supervise.h"
+#include "launcher/train.h"
+
+/* Fills *out (the block) and rates' ssd_read, ssd_write and opt_params (where timing the store
+ * and AdamW fails, said, rates keeps what it had). *fault: the worker that failed, if any. */
+int fy_profile_run(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
+                   struct fy_gpt_profile *out, struct fy_train_rates *rates,
+                   struct fy_sup_fault *fault);
+
+#endif

@@ -1,0 +1,213 @@
+/* What the commands know of their run: RUN/model.conf (the model, where its store lives), the
+ * model that init's and plan's options describe, and the configuration the workers start with. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/ckpt.h"
+#include "common/dtype.h"
+#include "common/optstate.h"
+#include "gpu_worker/backend.h"
+#include "io_worker/store.h"
+#include "launcher/runconf.h"
+#include "launcher/staging.h"
+
+struct fy_session_opts fy_runconf_session(const struct fy_options *o)
+{
+    /* train and profile have resolved the backend; the other commands leave "auto" as it is (no
+     * CUDA call in the launcher), which is the CPU backend where CUDA is not built */
+    int cpu_backend = strcmp(o->backend, "cpu") == 0 ||
+                      (strcmp(o->backend, "auto") == 0 && !fy_backend_cuda_built());
+    return (struct fy_session_opts){.run_dir = o->run_dir, .affinity = o->affinity,
+                                    .ssd = o->ssd, .cpu_mem = o->cpu_mem,
+                                    .cpu_backend = cpu_backend,
+                                    .ready_timeout_ms = o->ready_timeout_s * 1000};
+}
+
+/* Entries every worker reads: the store, the backend, AdamW settings. */
+int fy_runconf_base(const struct fy_options *o, struct fy_config *c, int create_store)
+{
+    fy_config_init(c);
+    FY_TRY(fy_config_set(c, "ssd", o->ssd));
+    FY_TRY(fy_config_setf(c, "store_create", "%d", create_store));
+    FY_TRY(fy_config_setf(c, "store_overwrite", "%d", o->overwrite));
+    FY_TRY(fy_config_setf(c, "stripe_unit", "%llu", (unsigned long long)o->stripe_unit));
+    FY_TRY(fy_config_setf(c, "queue_depth", "%llu", (unsigned long long)o->queue_depth));
+    FY_TRY(fy_config_setf(c, "block_size", "%llu", (unsigned long long)o->block_size));
+    FY_TRY(fy_config_setf(c, "io_timeout_ms", "%d", o->timeout_s * 1000));
+    FY_TRY(fy_config_set(c, "backend", o->backend));
+    FY_TRY(fy_config_setf(c, "gpu_mem", "%llu", (unsigned long long)o->gpu_mem));
+    FY_TRY(fy_config_set(c, "adamw_impl", o->adamw_impl));
+    FY_TRY(fy_config_setf(c, "lr", "%.9g", o->lr));
+    FY_TRY(fy_config_setf(c, "weight_decay", "%.9g", o->weight_decay));
+    FY_TRY(fy_config_set(c, "beta1", "0.9"));
+    FY_TRY(fy_config_set(c, "beta2", "0.95"));
+    FY_TRY(fy_config_set(c, "eps", "1e-8"));
+    return 0;
+}
+
+/* Every --ssd directory must exist before any worker starts, so a typo costs one clear line. */
+int fy_runconf_check_ssd(const char *list)
+{
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", list);
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
+        struct stat st;
+        if (stat(p, &st) != 0) {
+            int e = errno;
+            fy_error("ssd path %s: %s: create it, or pass the --ssd directories of this run's store",
+                     p, strerror(e));
+            return -e;
+        }
+        FY_REQUIRE(S_ISDIR(st.st_mode), -ENOTDIR, "ssd path %s is not a directory", p);
+    }
+    return 0;
+}
+
+static void model_conf_path(const char *run_dir, char *out, size_t len)
+{
+    snprintf(out, len, "%s/model.conf", run_dir);
+}
+
+/* The store of the run in o->run_dir as model.conf records it, into o->ssd_here. A model.conf
+ * written before stores were recorded relative to their run directory names the store of the
+ * directory it was made in: where that is another directory's store/ and this one has its own
+ * (a copy or a move), this one's is taken, and said. */
+static void find_store(struct fy_options *o, const struct fy_config *mc, const char *recorded)
+{
+    const char *in_run = fy_config_get(mc, "store_in_run_dir");
+    if (in_run != NULL && strcmp(in_run, "1") == 0) { /* absolute: one name whatever the cwd */
+        char dir[PATH_MAX];
+        snprintf(o->ssd_here, sizeof o->ssd_here, "%s/%s",
+                 realpath(o->run_dir, dir) != NULL ? dir : o->run_dir, recorded);
+        return;
+    }
+    snprintf(o->ssd_here, sizeof o->ssd_here, "%s", recorded);
+    size_t len = strlen(recorded);
+    char own[PATH_MAX + 32], own_data[PATH_MAX + 64], theirs[PATH_MAX], here[PATH_MAX];
+    snprintf(own, sizeof own, "%s/store", o->run_dir);
+    snprintf(own_data, sizeof own_data, "%s/%s", own, FY_STORE_DATA_NAME);
+    if (strchr(recorded, ',') != NULL || len < 6 || strcmp(recorded + len - 6, "/store") != 0 ||
+        access(own_data, F_OK) != 0)
+        return;
+    snprintf(theirs, sizeof theirs, "%.*s", (int)(len - 6), recorded);
+    if (realpath(o->run_dir, here) == NULL)
+        return;
+    char theirs_real[PATH_MAX];
+    if (realpath(theirs, theirs_real) != NULL && strcmp(theirs_real, here) == 0)
+        return; /* its own store after all */
+    fy_info("%s/model.conf names the store %s, of the run directory it was made in; this one "
+            "has its own: using %s", o->run_dir, recorded, own);
+    snprintf(o->ssd_here, sizeof o->ssd_here, "%s", own);
+}
+
+/* Reads RUN/model.conf (written by init): the model and where its store lives. */
+int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_gpt_config *model)
+{
+    char path[PATH_MAX];
+    model_conf_path(o->run_dir, path, sizeof path);
+    if (access(path, F_OK) != 0) {
+        if (fy_staging_explain_missing(o->run_dir, path)) /* an init unfinished, or running */
+            return -ENOENT;
+        fy_error("%s: no model in this run directory: create one with fuyou-launch init --run-dir %s",
+                 path, o->run_dir);
+        return -ENOENT;
+    }
+    FY_TRY(fy_config_load(mc, path));
+    FY_TRY(fy_gpt_config_from(mc, model));
+    if (o->ssd != NULL) /* --ssd: the store is where the command says */
+        return fy_runconf_check_ssd(o->ssd);
+    const char *recorded = fy_config_get(mc, "ssd");
+    FY_REQUIRE(recorded != NULL, -EINVAL, "%s has no 'ssd' entry: pass --ssd", path);
+    find_store(o, mc, recorded);
+    o->ssd = o->ssd_here;
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", o->ssd);
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
+        struct stat st;
+        int e = stat(p, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+        if (e != 0) {
+            fy_error("the store of %s is missing (%s: ssd = %s): %s: %s; mount or restore it "
+                     "there, or pass --ssd with the store's directories", o->run_dir, path,
+                     recorded, p, strerror(e));
+            return -e;
+        }
+    }
+    return 0;
+}
+
+/* The store must hold the model this run describes. */
+int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_gpt_config *model,
+                           const char *ssd)
+{
+    if (fy_gpt_config_hash(&meta->model) == fy_gpt_config_hash(model))
+        return 0;
+    char have[160], want[160];
+    fy_gpt_config_describe(&meta->model, have, sizeof have);
+    fy_gpt_config_describe(model, want, sizeof want);
+    fy_error("store %s was made for another model (%s) than this run's (%s): pass the --ssd of "
+             "this run's store",
+             ssd, have, want);
+    return -EINVAL;
+}
+
+/* The model that init's options describe (--arch, --layers, ...), validated. */
+int fy_runconf_model(const struct fy_options *o, struct fy_gpt_config *out)
+{
+    struct fy_gpt_config model = {.n_layer = (uint32_t)o->layers, .n_head = (uint32_t)o->heads,
+                                  .n_embd = (uint32_t)o->embd, .vocab = (uint32_t)o->vocab,
+                                  .ctx = (uint32_t)o->ctx};
+    FY_REQUIRE(o->layers <= UINT32_MAX && o->heads <= UINT32_MAX && o->embd <= UINT32_MAX &&
+                   o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX && o->kv_heads <= UINT32_MAX &&
+                   o->ffn <= UINT32_MAX && 4 * o->embd <= UINT32_MAX,
+               -EINVAL, "init: model dimensions too large");
+    if (strcmp(o->arch, "llama") == 0) {
+        model.arch = FY_ARCH_LLAMA;
+        model.n_kv_head = (uint32_t)(o->kv_heads != 0 ? o->kv_heads : o->heads);
+        model.n_inter = (uint32_t)(o->ffn != 0 ? o->ffn : 4 * o->embd);
+        model.tied = (uint32_t)o->tied;
+        model.rms_eps = (float)o->rms_eps;
+        model.rope_theta = o->rope_theta;
+    } else {
+        FY_REQUIRE(o->kv_heads == 0 && o->ffn == 0 && !o->tied && o->rope_theta == 10000.0 &&
+                       o->rms_eps == 1e-5,
+                   -EINVAL, "init: --kv-heads, --ffn, --rope-theta, --rms-eps and --tied are "
+                   "options of --arch llama");
+    }
+    FY_TRY(fy_gpt_config_validate(&model));
+    *out = model;
+    return 0;
+}
+
+/* Pool regions for moving a model unit by unit between a Hugging Face directory and the store:
+ * a commit record and one unit's state (read whole on export, to check its digest). */
+void fy_runconf_unit_regions(const struct fy_gpt_config *c, struct fy_pool_region_spec out[2])
+{
+    out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
+    out[1] = (struct fy_pool_region_spec){"unit", fy_optstate_max_bytes(c)};
+}
+
+int fy_runconf_train(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
+                     struct fy_config *cfg)
+{
+    FY_TRY(fy_runconf_base(o, cfg, 0));
+    FY_TRY(fy_gpt_config_to(model, cfg));
+    FY_TRY(fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)o->batch));
+    FY_TRY(fy_config_setf(cfg, "train.seq", "%llu", (unsigned long long)o->seq));
+    FY_TRY(fy_config_set(cfg, "train.act_dtype", fy_dtype_name(act_dtype)));
+    FY_TRY(fy_config_set(cfg, "train.act_plan", o->act_plan));
+    return 0;
+}
+
+/* The dtype of the weights the gpu worker of `backend` is sent (--weights-dtype, auto: the
+ * backend's). */
+int fy_runconf_weight_dtype(const struct fy_options *o, const char *backend)
+{
+    return o->weights_dtype ? o->weights_dtype : fy_backend_preferred_weight_dtype(backend);
+}

@@ -1,0 +1,40 @@
+/* What the commands know of their run: RUN/model.conf (the model, where its store lives), the
+ * model that init's and plan's options describe, and the configuration the workers start with
+ * (the store, the backend, AdamW, the batch), all from the options (launcher/options.h). */
+#ifndef FY_RUNCONF_H
+#define FY_RUNCONF_H
+
+#include "common/ckpt.h"
+#include "common/config.h"
+#include "common/model.h"
+#include "common/pool.h"
+#include "launcher/options.h"
+#include "launcher/session.h"
+
+/* The session of a command's workers: its run directory, affinity, store, --cpu-mem and
+ * --ready-timeout. */
+struct fy_session_opts fy_runconf_session(const struct fy_options *o);
+/* Entries every worker reads: the store (created where create_store), the backend, AdamW's
+ * settings. */
+int fy_runconf_base(const struct fy_options *o, struct fy_config *c, int create_store);
+/* fy_runconf_base's and the training entries of the gpu worker: the model, the batch, the
+ * activations' dtype and --act-plan. */
+int fy_runconf_train(const struct fy_options *o, const struct fy_gpt_config *model,
+                     int act_dtype, struct fy_config *cfg);
+/* Every directory of a --ssd list exists: else one line that names it, -errno. */
+int fy_runconf_check_ssd(const char *list);
+/* Reads RUN/model.conf (written by init) into mc and model, and points o->ssd at the run's store
+ * (o->ssd_here) unless --ssd gave it; a missing model or store is said. */
+int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_gpt_config *model);
+/* The store (at ssd) holds the model this run describes: else said, -EINVAL. */
+int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_gpt_config *model,
+                           const char *ssd);
+/* The model that the model options describe (--arch, --layers, ...), validated. */
+int fy_runconf_model(const struct fy_options *o, struct fy_gpt_config *out);
+/* Pool regions for moving a model unit by unit between a Hugging Face directory and the store. */
+void fy_runconf_unit_regions(const struct fy_gpt_config *c, struct fy_pool_region_spec out[2]);
+/* The dtype of the weights the gpu worker of `backend` is sent (--weights-dtype; auto: the
+ * backend's). */
+int fy_runconf_weight_dtype(const struct fy_options *o, const char *backend);
+
+#endif
