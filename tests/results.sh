@@ -33,12 +33,14 @@ n=0 failed=0
 
 # run LABEL INIT_OPTIONS TRAIN_OPTIONS: one line of results, or FAILED with the log's last lines.
 run() {
-  local label=$1 init=$2 opts=$3 backend=$4
+  local label=$1 init=$2 opts=$3 backend=$4 gpu=""
+  # a budget: without one the CUDA arena holds the working buffers alone, no swapped internals
+  [ "$backend" = cuda ] && gpu="--gpu-mem 4G"
   n=$((n + 1))
   local r="$dir/r$n"
   # shellcheck disable=SC2086 # the option lists are meant to split
   if ! "$L" init --run-dir "$r" $init >"$dir/init$n.log" 2>&1 ||
-     ! "$L" train --run-dir "$r" --data "$dir/data.tok" $TRAIN --backend "$backend" $opts \
+     ! "$L" train --run-dir "$r" --data "$dir/data.tok" $TRAIN --backend "$backend" $opts $gpu \
          --export "$r.fywt" >"$dir/train$n.log" 2>&1; then
     echo "$backend $label: FAILED"; tail -n 3 "$dir/train$n.log" | sed 's/^/    /'
     failed=$((failed + 1)); return
