@@ -77,11 +77,11 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     const struct fy_gpt_profile *p = in->prof;
     unsigned L = c->n_layer, units = fy_gpt_unit_count(c);
     double passes = in->clip ? 2 : 1, N = (double)in->B * in->T;
-    uint64_t act = fy_train_act_bytes(c, in->B, in->T, in->act_dtype);
+    uint64_t act = fy_plan_act_bytes(c, in->B, in->T, in->act_dtype);
     memset(fwd, 0, sizeof *fwd);
     memset(bwd, 0, sizeof *bwd);
     for (unsigned u = 0; u < units; u++) {
-        fwd->h2d += fy_train_upload_bytes(c, in->resident, u); /* every unit's, in the forward */
+        fwd->h2d += fy_plan_upload_bytes(c, in->resident, u); /* every unit's, in the forward */
         if (in->resident == NULL || !in->resident[u]) {
             int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
             fwd->ssd_read += fy_optstate_master_bytes(c, u);
@@ -97,7 +97,7 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     double rate = p->flops_per_s > 0 ? HEAD_RATE_SHARE * p->flops_per_s : INFINITY;
     fwd->gpu_s = keep * p->fwd_s + head_flops / rate;
     for (unsigned u = 1; u <= L; u++)
-        bwd->h2d += (uint64_t)passes * fy_train_upload_bytes(c, in->resident, u);
+        bwd->h2d += (uint64_t)passes * fy_plan_upload_bytes(c, in->resident, u);
     bwd->d2h = (uint64_t)(passes * L * (act + unit_f32(c, 1)) + unit_f32(c, 0));
     /* a clipped step's first backward pass, recomputing the planned blocks in full */
     double full_recompute = 0;
@@ -110,7 +110,7 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;
     bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write;
     for (unsigned u = 0; u < units; u++) { /* the updates, copies written, clipping's sums */
-        int copy = in->resident != NULL && in->resident[u] == FY_TRAIN_KEPT_BF16;
+        int copy = in->resident != NULL && in->resident[u] == FY_PLAN_KEPT_BF16;
         bwd->mem += fy_gpt_unit_params(c, u) *
                     (adamw_bytes() + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy +
                      fy_dtype_size(FY_DTYPE_F32) * in->clip);
@@ -192,7 +192,7 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
  * all. *plan NULL when nothing fits. */
 static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes,
                          int keep, struct fy_actplan **plan, double *step_s,
-                         unsigned char **place, struct fy_train_swap *swap)
+                         unsigned char **place, struct fy_plan_swap *swap)
 {
     int L = (int)in->c->n_layer, planned = L - keep;
     uint64_t room = in->host_bytes, ssd = in->ssd_bytes;
@@ -215,9 +215,9 @@ static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_
                 (*place)[l * FY_ACT_KINDS + k] = k == FY_ACT_CKPT ? FY_ACT_HOST
                                                  : fy_actplan_kind_swappable(k) ? FY_ACT_GPU
                                                                               : FY_ACT_RECOMPUTE;
-        fy_train_swap_of(*place, (unsigned)L, sizes, in->act_ahead, swap);
-        uint64_t store = fy_train_swap_store_bytes(swap, (unsigned)L);
-        if (fy_train_swap_pool_bytes(swap) <= in->host_bytes && store <= in->ssd_bytes)
+        fy_plan_swap_of(*place, (unsigned)L, sizes, in->act_ahead, swap);
+        uint64_t store = fy_plan_swap_store_bytes(swap, (unsigned)L);
+        if (fy_plan_swap_pool_bytes(swap) <= in->host_bytes && store <= in->ssd_bytes)
             return 0;
         uint64_t slots = (uint64_t)swap->slots * swap->slot_bytes;
         room = in->host_bytes > slots && tries == 0 ? in->host_bytes - slots : in->host_bytes;
@@ -252,7 +252,7 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
         uint64_t room = (p->gpu_free - 2 * set) / set;
         keep_b = room < (uint64_t)L ? (int)room : L;
     }
-    struct fy_train_swap swap_b = {0};
+    struct fy_plan_swap swap_b = {0};
     unsigned char *place_b = NULL;
     if (can_swap && keep_b < L) {
         int rc = plan_swapping(in, &out->sizes, keep_b, &plan_b, &step_b, &place_b, &swap_b);
@@ -298,7 +298,7 @@ int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
         fy_actrun_free(out);
         return rc;
     }
-    fy_train_swap_of(out->place, in->c->n_layer, &out->sizes, in->act_ahead, &out->swap);
+    fy_plan_swap_of(out->place, in->c->n_layer, &out->sizes, in->act_ahead, &out->swap);
     return 0;
 }
 
@@ -365,7 +365,7 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
                 "others, swapped instead of recomputed: %s in the pool from forward to backward, %s "
                 "to the SSD store through %u pool slots of %s",
                 fy_actplan_mode_name(in->mode), r->keep, r->keep == 1 ? "" : "s", host, ssd,
-                fy_train_spill_slots(in->act_ahead), slot);
+                fy_plan_spill_slots(in->act_ahead), slot);
     else
         fy_info("plan: activations (%s): every block's backward recomputes its internals",
                 fy_actplan_mode_name(in->mode));

@@ -28,7 +28,7 @@
 #include "common/actplan.h"
 #include "common/model.h"
 #include "gpu_worker/backend.h"
-#include "launcher/train.h"
+#include "launcher/plan.h"
 
 struct fy_actrun_in {
     const struct fy_gpt_config *c;
@@ -38,7 +38,7 @@ struct fy_actrun_in {
     const struct fy_gpt_profile *prof;  /* auto: the measured block; NULL: none */
     int act_dtype, clip;
     const unsigned char *resident;      /* units whose optimizer state stays in the pool */
-    struct fy_train_rates rates;        /* the SSD's and the optimizer's */
+    struct fy_plan_rates rates;        /* the SSD's and the optimizer's */
     int ssd_rates_from_steps;           /* rates.ssd_* are a past session's steps' (else the
                                            profile's: launcher/diskrates.h) */
     uint64_t host_bytes;                /* pool room for swapped internals (beyond the checkpoints) */
@@ -50,7 +50,7 @@ struct fy_actrun {
     /* [L][FY_ACT_KINDS] for blocks 1..L (NULL: nothing swapped); a kept block's kinds FY_ACT_GPU */
     unsigned char *place;
     struct fy_actplan_sizes sizes;
-    struct fy_train_swap swap;
+    struct fy_plan_swap swap;
     int keep;         /* top blocks the gpu worker keeps; -1: as many as fit (no profile) */
     int swap_sets;    /* the gpu worker readies swapping */
     double predicted_s; /* the step the planner predicts; 0: not predicted */

@@ -126,8 +126,8 @@ int fy_cmd_export(struct fy_options *o)
     struct fy_pool_region_spec regions[10];
     unsigned n = 0;
     if (rc == 0) /* the model is only known once model.conf has been read */
-        fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, NULL,
-                         regions, &n);
+        fy_plan_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_PLAN_GRAD_SLOTS_MIN, 0, NULL,
+                        regions, &n);
     struct fy_session s = {.lock_fd = -1};
     struct fy_exec x = {0};
     struct fy_storemeta meta;

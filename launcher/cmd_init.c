@@ -218,8 +218,8 @@ int fy_cmd_init(struct fy_options *o)
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
     struct fy_pool_region_spec regions[10];
     unsigned n;
-    fy_train_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, NULL,
-                     regions, &n);
+    fy_plan_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_PLAN_GRAD_SLOTS_MIN, 0, NULL,
+                    regions, &n);
     int rc = init_store(o, st, regions, n, "model initialisation", seed_units, &model);
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);

@@ -55,10 +55,10 @@ int fy_cmd_plan(struct fy_options *o)
             o->machine = probed; /* fuyou-launch probe's, for this run */
     }
     if (o->machine != NULL) {
-        FY_TRY(fy_dryrun_load_rates(o->machine, &in.rates));
+        FY_TRY(fy_plan_rates_load(o->machine, &in.rates));
         in.rates_from = o->machine;
     } else {
-        in.rates = fy_train_reference_rates();
+        in.rates = fy_plan_reference_rates();
         in.rates_from = "the reference machine (one H200; fuyou-launch plan --machine FILE for "
                         "another)";
     }

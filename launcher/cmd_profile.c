@@ -34,8 +34,8 @@ int fy_cmd_profile(struct fy_options *o)
     if (rc == 0 && resident == NULL)
         rc = -ENOMEM;
     if (rc == 0)
-        fy_train_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype, o->cpu_mem, clip,
-                               (unsigned)o->prefetch, 0, NULL, weight_dtype, resident);
+        fy_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype, o->cpu_mem, clip,
+                         (unsigned)o->prefetch, 0, NULL, weight_dtype, resident);
     struct fy_gpt_profile prof;
     struct fy_actrun_in in;
     struct fy_actrun act = {0};

@@ -110,7 +110,7 @@ struct train_run {
     struct fy_gpt_profile prof;
     struct fy_actrun_in act_in;
     struct fy_actrun act;
-    struct fy_train_swap swap;
+    struct fy_plan_swap swap;
     struct fy_pool_region_spec regions[10];
     unsigned n_regions;
     struct fy_train_opts to;
@@ -290,19 +290,19 @@ static void train_plan_residency(const struct fy_options *o, struct train_run *t
         /* Everything in the pool when it all fits: no SSD traffic at all. Otherwise the pool is
          * better spent on optimizer state: a streamed unit moves 28 bytes over the SSD per 12 of
          * state each step (weights read, state read and written), a checkpoint 2 per byte. */
-        unsigned all = fy_train_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype,
-                                              o->cpu_mem, t->clipping, (unsigned)o->prefetch, 0,
-                                              &t->swap, t->weight_dtype, t->resident);
+        unsigned all = fy_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype,
+                                        o->cpu_mem, t->clipping, (unsigned)o->prefetch, 0,
+                                        &t->swap, t->weight_dtype, t->resident);
         t->ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(model);
         fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
                 t->ckpt_ssd ? "on the SSD store" : "in the shared pool",
                 t->ckpt_ssd ? "the optimizer state does not all fit --cpu-mem beside them"
                             : "they fit beside all the optimizer state");
     }
-    t->ckpt_slots = t->ckpt_ssd ? fy_train_spill_slots((unsigned)o->act_ahead) : 0;
-    t->kept = fy_train_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype, o->cpu_mem,
-                                     t->clipping, (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
-                                     t->weight_dtype, t->resident);
+    t->ckpt_slots = t->ckpt_ssd ? fy_plan_spill_slots((unsigned)o->act_ahead) : 0;
+    t->kept = fy_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype, o->cpu_mem,
+                               t->clipping, (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
+                               t->weight_dtype, t->resident);
 }
 
 /* Where the state, the checkpoints and the blocks' internals live: forced swapping (--act-plan
@@ -344,16 +344,16 @@ static void train_log_traffic(const struct fy_options *o, const struct train_run
     const struct fy_gpt_config *model = &t->model;
     unsigned kept = t->kept;
     char kept_size[32];
-    fy_format_size(fy_train_resident_bytes(model, t->resident), kept_size, sizeof kept_size);
+    fy_format_size(fy_plan_resident_bytes(model, t->resident), kept_size, sizeof kept_size);
     uint64_t ssd_read, ssd_write;
-    fy_train_ssd_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, t->ckpt_ssd,
-                       &t->swap, t->resident, &ssd_read, &ssd_write);
+    fy_plan_ssd_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, t->ckpt_ssd,
+                      &t->swap, t->resident, &ssd_read, &ssd_write);
     char rd[32], wr[32], up[32], down[32];
     fy_format_size(ssd_read, rd, sizeof rd);
     fy_format_size(ssd_write, wr, sizeof wr);
     uint64_t to_gpu, from_gpu;
-    fy_train_pcie_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, &t->swap,
-                        t->resident, &to_gpu, &from_gpu);
+    fy_plan_pcie_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, &t->swap,
+                       t->resident, &to_gpu, &from_gpu);
     fy_format_size(to_gpu, up, sizeof up);
     fy_format_size(from_gpu, down, sizeof down);
     fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
@@ -363,7 +363,7 @@ static void train_log_traffic(const struct fy_options *o, const struct train_run
             kept, fy_gpt_unit_count(model), kept_size,
             kept == fy_gpt_unit_count(model) ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
-    unsigned copies = fy_train_weight_copies(model, t->resident);
+    unsigned copies = fy_plan_weight_copies(model, t->resident);
     if (t->weight_dtype == FY_DTYPE_BF16)
         fy_info("plan: weights to the GPU in bf16 for %u of the %u kept units (a bf16 copy beside "
                 "each one's state, rewritten by AdamW)%s", copies, kept,
@@ -378,17 +378,17 @@ static void train_log_traffic(const struct fy_options *o, const struct train_run
  * seconds a step is predicted to take, 0 where nothing is predicted (the CPU backend's compute). */
 static double train_log_prediction(const struct fy_options *o, const struct train_run *t)
 {
-    struct fy_train_rates rates = fy_train_reference_rates();
+    struct fy_plan_rates rates = fy_plan_reference_rates();
     char probed[PATH_MAX + 16], at[PATH_MAX + 96];
     snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
     snprintf(at, sizeof at, "predicted per step at the rates measured on the reference machine "
                             "(one H200");
-    int have_probe = access(probed, R_OK) == 0 && fy_dryrun_load_rates(probed, &rates) == 0;
+    int have_probe = access(probed, R_OK) == 0 && fy_plan_rates_load(probed, &rates) == 0;
     if (have_probe) /* fuyou-launch probe measured this machine */
         snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", probed);
-    struct fy_train_prediction p;
-    fy_train_predict(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping,
-                     t->ckpt_ssd, &t->swap, t->resident, &rates, &p);
+    struct fy_plan_prediction p;
+    fy_plan_predict(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping,
+                    t->ckpt_ssd, &t->swap, t->resident, &rates, &p);
     double step_flops = (double)o->batch * (double)o->seq *
                         fy_gpt_flops_per_token(&t->model, (unsigned)o->seq);
     double predicted_s = t->act.predicted_s;
@@ -416,16 +416,16 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
  * worker's deadline from `predicted_s` unless --timeout gave it. */
 static void train_layout(const struct fy_options *o, struct train_run *t, double predicted_s)
 {
-    unsigned grad_slots = fy_train_plan_grad_slots(&t->model, (int)o->batch, (int)o->seq,
-                                                   t->act_dtype, o->cpu_mem, t->clipping,
-                                                   (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
-                                                   t->resident, (unsigned)o->grad_slots);
+    unsigned grad_slots = fy_plan_grad_slots(&t->model, (int)o->batch, (int)o->seq,
+                                             t->act_dtype, o->cpu_mem, t->clipping,
+                                             (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
+                                             t->resident, (unsigned)o->grad_slots);
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
-    fy_train_regions(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->resident,
-                     t->clipping, (unsigned)o->prefetch, grad_slots, t->ckpt_slots, &t->swap,
-                     t->regions, &t->n_regions);
+    fy_plan_regions(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->resident,
+                    t->clipping, (unsigned)o->prefetch, grad_slots, t->ckpt_slots, &t->swap,
+                    t->regions, &t->n_regions);
     const struct fy_actrun *act = &t->act;
     t->to = (struct fy_train_opts){
         .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,

@@ -2,7 +2,6 @@
  * functions train uses (launcher/train.h) and the backend's device-memory model. */
 #include "dryrun.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,45 +16,14 @@
 #include "gpu_worker/backend.h"
 #include "launcher/actrun.h"
 
-int fy_dryrun_load_rates(const char *path, struct fy_train_rates *out)
-{
-    FILE *f = fopen(path, "r");
-    FY_SYS(f == NULL ? -1 : 0, "cannot open the machine profile %s", path);
-    char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    cJSON *root = cJSON_Parse(buf);
-    FY_REQUIRE(root != NULL && cJSON_IsObject(root), -EINVAL,
-               "%s: not a JSON object (a machine profile has gpu_flops, h2d, d2h, ssd_read, "
-               "ssd_write and opt_params)", path);
-    static const char *const keys[] = {"gpu_flops", "h2d", "d2h", "ssd_read", "ssd_write",
-                                       "opt_params"};
-    double *fields[] = {&out->gpu_flops, &out->h2d, &out->d2h, &out->ssd_read, &out->ssd_write,
-                        &out->opt_params};
-    int rc = 0;
-    for (int i = 0; i < 6 && rc == 0; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
-        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
-            fy_error("%s: \"%s\" must be a positive number (its rate: FLOP/s, bytes/s or "
-                     "parameters/s)", path, keys[i]);
-            rc = -EINVAL;
-        } else {
-            *fields[i] = v->valuedouble;
-        }
-    }
-    cJSON_Delete(root);
-    return rc;
-}
-
 /* What a run at batch B would take and do. */
 struct shape {
     unsigned char *resident;
     unsigned kept;
     int ckpt_ssd;
     uint64_t pool_bytes;
-    struct fy_train_swap swap; /* --act-plan host or ssd: every block's internals; else none */
-    struct fy_train_prediction p;
+    struct fy_plan_swap swap; /* --act-plan host or ssd: every block's internals; else none */
+    struct fy_plan_prediction p;
 };
 
 static int forced_swap(const struct fy_dryrun_in *in) /* --act-plan host or ssd */
@@ -65,7 +33,7 @@ static int forced_swap(const struct fy_dryrun_in *in) /* --act-plan host or ssd 
 
 /* The internals train's forced host or ssd placement swaps at batch B (none otherwise). */
 static int swap_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
-                   struct fy_train_swap *out)
+                   struct fy_plan_swap *out)
 {
     memset(out, 0, sizeof *out);
     if (!forced_swap(in))
@@ -101,28 +69,28 @@ static int shape_of(const struct fy_dryrun_in *in, const struct fy_gpt_config *c
     FY_REQUIRE(s->resident != NULL, -ENOMEM, "plan: out of memory");
     int dtype = fy_backend_preferred_act_dtype(in->backend);
     FY_TRY(swap_of(in, c, B, &s->swap));
-    const struct fy_train_swap *swap = forced_swap(in) ? &s->swap : NULL;
+    const struct fy_plan_swap *swap = forced_swap(in) ? &s->swap : NULL;
     s->ckpt_ssd = in->ckpt_place == 1;
     if (in->ckpt_place == 2) { /* as train's --ckpt-place auto */
-        unsigned all = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip,
-                                              in->prefetch, 0, swap, in->weight_dtype,
-                                              s->resident);
+        unsigned all = fy_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip,
+                                        in->prefetch, 0, swap, in->weight_dtype,
+                                        s->resident);
         s->ckpt_ssd = cpu_mem != 0 && all < units;
     }
-    unsigned ckpt_slots = s->ckpt_ssd ? fy_train_spill_slots(in->act_ahead) : 0;
-    s->kept = fy_train_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
-                                     ckpt_slots, swap, in->weight_dtype, s->resident);
+    unsigned ckpt_slots = s->ckpt_ssd ? fy_plan_spill_slots(in->act_ahead) : 0;
+    s->kept = fy_plan_resident(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
+                               ckpt_slots, swap, in->weight_dtype, s->resident);
     struct fy_pool_region_spec regions[10];
     unsigned n;
     /* as train's default --grad-slots: as many as the budget holds, up to the most */
-    unsigned slots = fy_train_plan_grad_slots(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
-                                              ckpt_slots, swap, s->resident,
-                                              FY_TRAIN_GRAD_SLOTS_MAX);
-    fy_train_regions(c, B, in->T, dtype, s->resident, in->clip, in->prefetch, slots, ckpt_slots,
-                     swap, regions, &n);
+    unsigned slots = fy_plan_grad_slots(c, B, in->T, dtype, cpu_mem, in->clip, in->prefetch,
+                                        ckpt_slots, swap, s->resident,
+                                        FY_PLAN_GRAD_SLOTS_MAX);
+    fy_plan_regions(c, B, in->T, dtype, s->resident, in->clip, in->prefetch, slots, ckpt_slots,
+                    swap, regions, &n);
     s->pool_bytes = fy_pool_layout_size(regions, n);
-    fy_train_predict(c, B, in->T, dtype, in->clip, s->ckpt_ssd, swap, s->resident, &in->rates,
-                     &s->p);
+    fy_plan_predict(c, B, in->T, dtype, in->clip, s->ckpt_ssd, swap, s->resident, &in->rates,
+                    &s->p);
     return 0;
 }
 
@@ -171,8 +139,8 @@ static uint64_t store_bytes(const struct fy_dryrun_in *in, const struct fy_gpt_c
 {
     int dtype = fy_backend_preferred_act_dtype(in->backend);
     return state_bytes(c) * in->copies + 2 * FY_COMMIT_RECORD_BYTES +
-           fy_train_swap_store_bytes(&s->swap, c->n_layer) +
-           (s->ckpt_ssd ? fy_train_ckpt_store_bytes(c, B, in->T, dtype) : 0);
+           fy_plan_swap_store_bytes(&s->swap, c->n_layer) +
+           (s->ckpt_ssd ? fy_plan_ckpt_store_bytes(c, B, in->T, dtype) : 0);
 }
 
 /* Whether batch B fits the GPU (where modelled), the pool's least (no state kept) and the SSD's
@@ -245,7 +213,7 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     struct shape s = {0};
     FY_TRY(shape_of(in, c, in->B, in->cpu_mem, &s));
     int fits = 1;
-    uint64_t state = state_bytes(c), kept = fy_train_resident_bytes(c, s.resident);
+    uint64_t state = state_bytes(c), kept = fy_plan_resident_bytes(c, s.resident);
     fprintf(out, "plan: %s; batch %d x %d tokens; %s backend (%s activations); rates: %s\n",
             described, in->B, in->T, in->backend,
             fy_dtype_name(fy_backend_preferred_act_dtype(in->backend)), in->rates_from);
@@ -257,7 +225,7 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
             "in bf16 for %u units (copies beside their state), in f32 for the others\n",
             size(state), s.kept, units, size(kept), size(state - kept_state),
             s.ckpt_ssd ? "on the SSD store" : "in the shared pool",
-            fy_train_weight_copies(c, s.resident));
+            fy_plan_weight_copies(c, s.resident));
     if (in->cpu_mem > 0 && s.pool_bytes > in->cpu_mem)
         fits = 0;
     if (in->cpu_mem > 0)
@@ -311,12 +279,12 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     }
     uint64_t up, down, rd, wr;
     int dtype = fy_backend_preferred_act_dtype(in->backend);
-    const struct fy_train_swap *swap = forced_swap(in) ? &s.swap : NULL;
-    fy_train_pcie_bytes(c, in->B, in->T, dtype, in->clip, swap, s.resident, &up, &down);
-    fy_train_ssd_bytes(c, in->B, in->T, dtype, in->clip, s.ckpt_ssd, swap, s.resident, &rd, &wr);
+    const struct fy_plan_swap *swap = forced_swap(in) ? &s.swap : NULL;
+    fy_plan_pcie_bytes(c, in->B, in->T, dtype, in->clip, swap, s.resident, &up, &down);
+    fy_plan_ssd_bytes(c, in->B, in->T, dtype, in->clip, s.ckpt_ssd, swap, s.resident, &rd, &wr);
     fprintf(out, "plan: per step: PCIe %s to the GPU, %s back; SSD %s read, %s written\n",
             size(up), size(down), size(rd), size(wr));
-    const struct fy_train_prediction *p = &s.p;
+    const struct fy_plan_prediction *p = &s.p;
     fprintf(out, "plan: predicted seconds per step: GPU compute %.6f, PCIe to the GPU %.6f, from "
             "it %.6f, SSD %.6f, optimizer %.6f; bound: %s\n", p->gpu_s, p->h2d_s, p->d2h_s,
             p->ssd_s, p->opt_s, p->bound);

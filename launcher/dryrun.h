@@ -11,7 +11,7 @@
 #include <stdio.h>
 
 #include "common/model.h"
-#include "launcher/train.h"
+#include "launcher/plan.h"
 
 struct fy_dryrun_in {
     struct fy_gpt_config model;
@@ -31,14 +31,9 @@ struct fy_dryrun_in {
     unsigned copies;      /* of the state in the store: 2 or 1 */
     uint64_t cpu_mem, gpu_mem; /* 0: no cap */
     const char *ssd;      /* the store's directories (comma list), for their free space; or NULL */
-    struct fy_train_rates rates;
+    struct fy_plan_rates rates;
     const char *rates_from; /* where the rates come from, for the output */
 };
-
-/* The rates of a machine profile: a JSON object with gpu_flops (model FLOP/s with blocks
- * recomputed), h2d, d2h (bytes/s), ssd_read, ssd_write (bytes/s), opt_params (AdamW
- * parameters/s), all positive numbers. -EINVAL (said, naming the file and key) otherwise. */
-int fy_dryrun_load_rates(const char *path, struct fy_train_rates *out);
 
 /* Prints the plan, one "plan: ..." line each, to out. Returns 0 when it fits every budget, 1 when
  * it does not (said), or -errno. */

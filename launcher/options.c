@@ -248,17 +248,17 @@ static int parse_clip(struct fy_options *o, const char *v)
 
 static int parse_prefetch(struct fy_options *o, const char *v)
 {
-    return parse_count_opt("--prefetch", v, 1, FY_TRAIN_PREFETCH_MAX, "units", &o->prefetch);
+    return parse_count_opt("--prefetch", v, 1, FY_PLAN_PREFETCH_MAX, "units", &o->prefetch);
 }
 
 static int parse_act_ahead(struct fy_options *o, const char *v)
 {
-    return parse_count_opt("--act-ahead", v, 1, FY_TRAIN_ACT_AHEAD_MAX, "blocks", &o->act_ahead);
+    return parse_count_opt("--act-ahead", v, 1, FY_PLAN_ACT_AHEAD_MAX, "blocks", &o->act_ahead);
 }
 
 static int parse_grad_slots(struct fy_options *o, const char *v)
 {
-    return parse_count_opt("--grad-slots", v, FY_TRAIN_GRAD_SLOTS_MIN, FY_TRAIN_GRAD_SLOTS_MAX,
+    return parse_count_opt("--grad-slots", v, FY_PLAN_GRAD_SLOTS_MIN, FY_PLAN_GRAD_SLOTS_MAX,
                            "block gradients", &o->grad_slots);
 }
 
@@ -556,7 +556,7 @@ static void set_defaults(struct fy_options *o)
         .layers = 4, .heads = 4, .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
         .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
         .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1, .prefetch = 1,
-        .act_ahead = FY_TRAIN_ACT_AHEAD_DEFAULT, .grad_slots = FY_TRAIN_GRAD_SLOTS_MAX,
+        .act_ahead = FY_PLAN_ACT_AHEAD_DEFAULT, .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
         .max_shard_size = 50000000000ull, .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
         .act_plan = "auto", .max_restarts = 5, .state_copies = 2};
 }

@@ -48,7 +48,7 @@ void fy_planact_ssd_rates_path(const struct fy_options *o, char *path, size_t le
  * session's steps on this store, where there is one, in place of `instead` (the profile's sample;
  * for `plan`, the machine profile's or the reference machine's); each way that the steps moved
  * nothing keeps the rate it had. Returns 1 where it took them, else 0. */
-int fy_planact_ssd_rates(const struct fy_options *o, struct fy_train_rates *rates,
+int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates,
                          const char *instead)
 {
     if (o->ssd_rates_profile || o->run_dir == NULL || o->ssd == NULL)
@@ -100,7 +100,7 @@ int fy_planact_ssd_rates(const struct fy_options *o, struct fy_train_rates *rate
  * backend that can (not the Llama blocks); auto plans from the profile within the room the pool
  * and the store leave, the forced modes are placed as they are (and predicted from the profile
  * once the state's residency is planned, fy_actrun_predict). ckpt_slots: the checkpoints' pool
- * slots on their way to the store, 0 where they stay in the pool (fy_train_regions). */
+ * slots on their way to the store, 0 where they stay in the pool (fy_plan_regions). */
 int fy_planact_make(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
                     int clip, unsigned ckpt_slots, const unsigned char *resident,
                     struct fy_restart *restarts, struct fy_gpt_profile *prof,
@@ -110,7 +110,7 @@ int fy_planact_make(const struct fy_options *o, const struct fy_gpt_config *mode
     FY_TRY(fy_actplan_mode_parse(o->act_plan, &mode));
     *in = (struct fy_actrun_in){.c = model, .B = (int)o->batch, .T = (int)o->seq, .mode = mode,
                                 .backend = o->backend, .act_dtype = act_dtype, .clip = clip,
-                                .resident = resident, .rates = fy_train_reference_rates(),
+                                .resident = resident, .rates = fy_plan_reference_rates(),
                                 .act_ahead = (unsigned)o->act_ahead};
     /* every mode is profiled: auto plans from it, the forced ones are predicted from it */
     if (model->arch != FY_ARCH_LLAMA && !o->inprocess) {
@@ -137,11 +137,11 @@ int fy_planact_make(const struct fy_options *o, const struct fy_gpt_config *mode
         if (mode == FY_ACTPLAN_AUTO) { /* the room that state and streaming leave */
             struct fy_pool_region_spec regions[10];
             unsigned n;
-            fy_train_regions(model, in->B, in->T, act_dtype, resident, clip,
-                             (unsigned)o->prefetch, FY_TRAIN_GRAD_SLOTS_MIN, ckpt_slots, NULL,
-                             regions, &n);
+            fy_plan_regions(model, in->B, in->T, act_dtype, resident, clip,
+                            (unsigned)o->prefetch, FY_PLAN_GRAD_SLOTS_MIN, ckpt_slots, NULL,
+                            regions, &n);
             uint64_t ckpts =
-                ckpt_slots ? fy_train_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
+                ckpt_slots ? fy_plan_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
             swap_room(o, fy_pool_layout_size(regions, n), ckpts, &in->host_bytes, &in->ssd_bytes);
         }
     } else if (mode == FY_ACTPLAN_AUTO && model->arch == FY_ARCH_LLAMA) {

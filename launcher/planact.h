@@ -19,13 +19,13 @@ void fy_planact_ssd_rates_path(const struct fy_options *o, char *path, size_t le
  * session's steps on this store, where there is one, in place of `instead` (the profile's sample;
  * for `plan`, the machine profile's or the reference machine's); each way that the steps moved
  * nothing keeps the rate it had. Returns 1 where it took them, else 0. */
-int fy_planact_ssd_rates(const struct fy_options *o, struct fy_train_rates *rates,
+int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates,
                          const char *instead);
 /* The plan for the blocks' internals: every mode profiles a block first on a backend that can
  * (not the Llama blocks); auto plans from the profile within the room the pool and the store
  * leave, the forced modes are placed as they are (and predicted from the profile once the
  * state's residency is planned, fy_actrun_predict). ckpt_slots: the checkpoints' pool slots on
- * their way to the store, 0 where they stay in the pool (fy_train_regions). restarts: train's,
+ * their way to the store, 0 where they stay in the pool (fy_plan_regions). restarts: train's,
  * for a worker that fails in the profile; NULL: none. */
 int fy_planact_make(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
                     int clip, unsigned ckpt_slots, const unsigned char *resident,

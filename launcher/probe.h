@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "launcher/train.h"
+#include "launcher/plan.h"
 
 #define FY_PROBE_MAX_THREADS 16
 #define FY_PROBE_MAX_PATHS 16
@@ -23,7 +23,7 @@ struct fy_probe_opts {
 };
 
 struct fy_probe_result {
-    struct fy_train_rates rates; /* what plan and train predict from */
+    struct fy_plan_rates rates; /* what plan and train predict from */
     double duplex_Bps;           /* copies both ways at once, summed */
     double gemm_flops;           /* the block's QKV product alone (the GEMM rate), FLOP/s */
     double memcpy_Bps;           /* host memory copy by one thread, bytes copied per second */

@@ -41,7 +41,7 @@ static int double_order(const void *a, const void *b)
 }
 
 static int profile_links(const struct fy_options *o, struct fy_exec *x, uint64_t at, uint64_t bytes,
-                         struct fy_train_rates *rates)
+                         struct fy_plan_rates *rates)
 {
     unsigned cls = fy_scratch_class(bytes);
     struct fy_desc d = fy_desc_region(FY_OP_IO_ALLOC, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
@@ -89,7 +89,7 @@ static int profile_links(const struct fy_options *o, struct fy_exec *x, uint64_t
  * session's pool is laid out for the plan. The gpu worker measures one block on the training batch
  * (gpt-profile); the SSD store and AdamW are timed too (profile_links). */
 int fy_profile_run(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
-                   struct fy_gpt_profile *out, struct fy_train_rates *rates,
+                   struct fy_gpt_profile *out, struct fy_plan_rates *rates,
                    struct fy_sup_fault *fault)
 {
     /* enough to time PCIe at full speed; the CPU backend's copies are memory to memory */

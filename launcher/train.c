@@ -25,26 +25,6 @@ enum { PH_IO, PH_GPU, PH_OPT, PH_COUNT };
 /* Busy time of each resource, from the workers' own timing of each request. */
 enum { BUSY_GPU, BUSY_SSD_READ, BUSY_SSD_WRITE, BUSY_OPT, BUSY_H2D, BUSY_D2H, BUSY_COUNT };
 
-/* Where everything lives in the pool. */
-struct layout {
-    const struct fy_gpt_config *c;
-    int B, T;
-    int act_dtype; /* activations and their gradients (FY_DTYPE_F32 or _BF16) */
-    uint64_t act_bytes, tok_bytes;
-    uint64_t meta, tokens, targets;
-    uint64_t embed_rows; /* the embeddings' update in two parts: two row lists (embed_rows_bytes) */
-    uint64_t acts, dacts, weights, grads, state;
-    uint64_t slot_bytes;  /* one unit's f32 gradient, 4 KiB padded (grads slot 0) */
-    uint64_t wslot_bytes; /* a weights slot: the largest unit's master section */
-    uint64_t state_slot_bytes; /* a state slot: the largest unit's state (common/optstate.h) */
-    unsigned wslots;      /* weights slots that blocks and the final unit take in turn */
-    /* the grads region: one unit slot for the embeddings' gradient, gslots block-sized slots that
-     * the blocks (and the final unit) take in turn, and with clipping the final unit's gradient */
-    uint64_t grads_bytes, bslot_bytes;
-    unsigned gslots;
-    unsigned act_slots, dact_slots; /* activations the acts and dacts regions hold */
-};
-
 /* A request in flight and the phase its waiting time counts to; id 0: nothing to wait for. */
 struct ticket {
     int64_t id;
@@ -66,7 +46,7 @@ struct ticket {
  * written to the store in the forward, read back ahead of each backward pass. Per slot: the item
  * it holds (-1: none), its transfer to or from the store in flight, and the gpu request that used
  * it last (within one schedule function: all of them are done between). */
-#define SPILL_SLOTS_MAX (FY_TRAIN_ACT_AHEAD_MAX + 2)
+#define SPILL_SLOTS_MAX (FY_PLAN_ACT_AHEAD_MAX + 2)
 
 /* An AdamW request: the gradient, the state's sections, a bf16 weights copy, a row list. */
 #define OPT_PARTS_MAX (1 + FY_OPTSTATE_PARTS + 2)
@@ -83,13 +63,13 @@ struct spill {
 struct run {
     const struct fy_exec *x;
     struct fy_pool *pool;
-    struct layout l;
+    struct fy_plan_layout l;
     int overlap; /* 0: wait for every request before sending the next (the serial order) */
     /* Which unit each weights and state slot was last filled for: every use checks it, so a
      * schedule that reads a slot filled for another unit fails loudly instead of computing with
      * the wrong numbers. */
-    int wslot_unit[FY_TRAIN_PREFETCH_MAX + 2], state_unit[2];
-    uint64_t wslot_off[FY_TRAIN_PREFETCH_MAX + 2], state_off[2]; /* where the slot's contents are (a resident unit's own) */
+    int wslot_unit[FY_PLAN_PREFETCH_MAX + 2], state_unit[2];
+    uint64_t wslot_off[FY_PLAN_PREFETCH_MAX + 2], state_off[2]; /* where the slot's contents are (a resident unit's own) */
     uint64_t *resident;                  /* per unit: its state's offset in the pool, or 0 */
     uint64_t *wcopy; /* per unit: its bf16 weights copy's offset in the pool, or 0 */
     /* Checkpoints (the blocks' inputs x_0..x_L): item i is x_i, in the acts region; with
@@ -134,8 +114,8 @@ struct run {
     /* Grads slots 1..gslots in the backward (gslot_take): the block whose gradient each holds until
      * that block's update is done (0: none; blocks count from 1), and whether that update has been
      * queued (before, the gradient is still on its way home). */
-    unsigned gslot_holder[FY_TRAIN_GRAD_SLOTS_MAX + 1];
-    unsigned char gslot_queued[FY_TRAIN_GRAD_SLOTS_MAX + 1];
+    unsigned gslot_holder[FY_PLAN_GRAD_SLOTS_MAX + 1];
+    unsigned char gslot_queued[FY_PLAN_GRAD_SLOTS_MAX + 1];
     /* The two copies of the units' state (common/ckpt.h): the committed one is read_copy; a
      * training run writes the other (work_copy) and keeps per unit the copy its latest state is
      * in and that state's digest. NULL arrays (init, export): every unit is read from
@@ -154,34 +134,6 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-uint64_t fy_train_act_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype)
-{
-    return (uint64_t)B * T * c->n_embd * fy_dtype_size(act_dtype);
-}
-
-/* Rows of the embeddings unit (GPT-2: the token rows, then the positions'), each n_embd floats. */
-static uint64_t embed_row_count(const struct fy_gpt_config *c)
-{
-    return fy_gpt_unit_params(c, 0) / c->n_embd;
-}
-
-/* Two lists of the embeddings' rows (int32): those the batch's tokens do not touch, whose
- * gradient is final after the head, and the others (embed_update_early). */
-static uint64_t embed_rows_bytes(const struct fy_gpt_config *c)
-{
-    return align4k(2 * embed_row_count(c) * 4);
-}
-
-/* The largest unit's f32 gradient, 4 KiB padded. */
-static uint64_t max_grad_bytes(const struct fy_gpt_config *c)
-{
-    uint64_t m = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        if (align4k(fy_gpt_unit_params(c, u) * 4) > m)
-            m = align4k(fy_gpt_unit_params(c, u) * 4);
-    return m;
-}
-
 /* Where unit u's master weights lie in its state at pool offset `state`. */
 static uint64_t master_at(const struct fy_gpt_config *c, unsigned u, uint64_t state)
 {
@@ -190,378 +142,30 @@ static uint64_t master_at(const struct fy_gpt_config *c, unsigned u, uint64_t st
     return state + lay.section[FY_OPTSTATE_MASTER].offset;
 }
 
-/* --act-ahead as given, 0 meaning the default. */
-static unsigned act_ahead_of(unsigned asked)
-{
-    return asked ? asked : FY_TRAIN_ACT_AHEAD_DEFAULT;
-}
 
-unsigned fy_train_spill_slots(unsigned act_ahead)
+static uint64_t act_at(const struct fy_plan_layout *l, unsigned i)
 {
-    return act_ahead_of(act_ahead) + 2;
+    return l->acts + i * align4k(l->act_bytes);
 }
-
-void fy_train_swap_of(const unsigned char *place, unsigned n_layer,
-                      const struct fy_actplan_sizes *sizes, unsigned act_ahead,
-                      struct fy_train_swap *out)
+static uint64_t dact_at(const struct fy_plan_layout *l, unsigned i)
 {
-    memset(out, 0, sizeof *out);
-    for (unsigned l = 0; place != NULL && l < n_layer; l++) {
-        struct fy_actplan_region h, d; /* swappable kinds only: cannot fail */
-        fy_actplan_region_of(sizes, fy_actplan_mask(place, (int)l, FY_ACT_HOST), &h);
-        fy_actplan_region_of(sizes, fy_actplan_mask(place, (int)l, FY_ACT_SSD), &d);
-        out->host_bytes += h.bytes;
-        out->ssd_bytes += d.bytes;
-        out->slot_bytes = d.bytes > out->slot_bytes ? d.bytes : out->slot_bytes;
-    }
-    out->slots = out->ssd_bytes ? fy_train_spill_slots(act_ahead) : 0;
+    return l->dacts + i * align4k(l->act_bytes);
 }
-
-uint64_t fy_train_swap_pool_bytes(const struct fy_train_swap *swap)
-{
-    if (swap == NULL)
-        return 0;
-    return swap->host_bytes + swap->slots * swap->slot_bytes;
-}
-
-/* The scratch extent of `count` items (at least one) of item_bytes each: spill_setup's. */
-static uint64_t spill_extent_bytes(uint64_t item_bytes, unsigned count)
-{
-    return fy_scratch_bytes((uint64_t)(count ? count : 1) * item_bytes);
-}
-
-uint64_t fy_train_swap_store_bytes(const struct fy_train_swap *swap, unsigned n_layer)
-{
-    return swap != NULL && swap->ssd_bytes ? spill_extent_bytes(swap->slot_bytes, n_layer) : 0;
-}
-
-uint64_t fy_train_ckpt_store_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype)
-{
-    return spill_extent_bytes(align4k(fy_train_act_bytes(c, B, T, act_dtype)), c->n_layer);
-}
-
-uint64_t fy_train_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
-                               unsigned u)
-{
-    struct fy_optstate_layout lay;
-    fy_optstate_layout(c, u, &lay);
-    if (resident != NULL && resident[u] == FY_TRAIN_KEPT_BF16)
-        return lay.params * fy_dtype_size(FY_OPTSTATE_COPY_DTYPE);
-    return lay.section[FY_OPTSTATE_MASTER].bytes;
-}
-
-unsigned fy_train_weight_copies(const struct fy_gpt_config *c, const unsigned char *resident)
-{
-    unsigned n = 0;
-    for (unsigned u = 0; resident != NULL && u < fy_gpt_unit_count(c); u++)
-        n += resident[u] == FY_TRAIN_KEPT_BF16;
-    return n;
-}
-
-/* The head's weights go up in bf16 only when both its units have copies (one dtype a request). */
-static int head_has_copies(const struct fy_gpt_config *c, const unsigned char *resident)
-{
-    return resident != NULL && resident[0] == FY_TRAIN_KEPT_BF16 &&
-           resident[c->n_layer + 1] == FY_TRAIN_KEPT_BF16;
-}
-
-void fy_train_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                         const struct fy_train_swap *swap, const unsigned char *resident,
-                         uint64_t *to_gpu, uint64_t *from_gpu)
-{
-    uint64_t act = fy_train_act_bytes(c, B, T, act_dtype), tok = (uint64_t)B * T * 4;
-    uint64_t embed = fy_gpt_unit_params(c, 0) * 4, block = fy_gpt_unit_params(c, 1) * 4;
-    uint64_t fin = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
-    uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
-    uint64_t passes = clip ? 2 : 1; /* backward passes through the blocks and the embeddings */
-    uint64_t blocks_up = 0, head_up = head_has_copies(c, resident) ? (fin + wte) / 2 : fin + wte;
-    for (unsigned u = 1; u <= L; u++)
-        blocks_up += fy_train_upload_bytes(c, resident, u);
-    /* forward: embeddings, blocks; the head (x, targets, final, wte in; dx, dfinal, dwte out);
-     * backward: blocks (weights, x, dy in; dx, dweights out), embeddings (dx, dembed in and out) */
-    *to_gpu = (tok + fy_train_upload_bytes(c, resident, 0)) + blocks_up + L * act +
-              (act + tok + head_up) + passes * (blocks_up + L * 2 * act + (tok + embed + act));
-    *from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
-    if (swap != NULL) {
-        *from_gpu += swap->host_bytes + swap->ssd_bytes;
-        *to_gpu += passes * (swap->host_bytes + swap->ssd_bytes);
-    }
-}
-
-void fy_train_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                        int ckpt_ssd, const struct fy_train_swap *swap,
-                        const unsigned char *resident, uint64_t *read, uint64_t *write)
-{
-    uint64_t ckpts = ckpt_ssd ? c->n_layer * align4k(fy_train_act_bytes(c, B, T, act_dtype)) : 0;
-    ckpts += swap != NULL ? swap->ssd_bytes : 0;
-    *read = (clip ? 2 : 1) * ckpts;
-    *write = ckpts;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        if (resident == NULL || !resident[u]) {
-            int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
-            *read += (uint64_t)(1 + (clip && block)) * fy_optstate_master_bytes(c, u) +
-                     fy_optstate_bytes(c, u);
-            *write += fy_optstate_bytes(c, u);
-        }
-}
-
-struct fy_train_rates fy_train_reference_rates(void)
-{
-    return (struct fy_train_rates){.gpu_flops = 390e12, .h2d = 54e9, .d2h = 55e9,
-                                   .ssd_read = 2.3e9, .ssd_write = 2.4e9, .opt_params = 3.1e9};
-}
-
-void fy_train_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                      int ckpt_ssd, const struct fy_train_swap *swap,
-                      const unsigned char *resident, const struct fy_train_rates *rates,
-                      struct fy_train_prediction *out)
-{
-    double tokens = (double)B * T, flops = tokens * fy_gpt_flops_per_token(c, (unsigned)T);
-    /* a clipped step runs the blocks' backward (with their recomputation) twice: 6 of the 8 parts
-     * (2 forward, 2 recompute, 4 backward) of the blocks' work once more */
-    double block_flops = tokens * c->n_layer *
-                         (6.0 * fy_gpt_unit_params(c, 1) + 6.0 * (double)T * c->n_embd);
-    if (clip)
-        flops += 0.75 * block_flops;
-    uint64_t up, down, rd, wr;
-    fy_train_pcie_bytes(c, B, T, act_dtype, clip, swap, resident, &up, &down);
-    fy_train_ssd_bytes(c, B, T, act_dtype, clip, ckpt_ssd, swap, resident, &rd, &wr);
-    double params = (double)fy_gpt_total_params(c);
-    memset(out, 0, sizeof *out);
-    out->gpu_s = rates->gpu_flops > 0 ? flops / rates->gpu_flops : 0;
-    out->h2d_s = up / rates->h2d;
-    out->d2h_s = down / rates->d2h;
-    out->ssd_s = rd / rates->ssd_read + wr / rates->ssd_write;
-    /* with clipping the opt worker also reads every gradient for its sum of squares: with f32
-     * gradients 4 bytes a parameter beside the update's 28 */
-    double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) /
-                         (double)fy_optstate_update_param_bytes(FY_DTYPE_F32);
-    out->opt_s = params / rates->opt_params * (clip ? 1.0 + sumsq_share : 1.0);
-    const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s};
-    static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
-                                        "SSD", "optimizer"};
-    for (int i = 0; i < 5; i++)
-        if (times[i] > out->step_s) {
-            out->step_s = times[i];
-            out->bound = names[i];
-        }
-}
-
-uint64_t fy_train_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident)
-{
-    uint64_t bytes = 0;
-    for (unsigned u = 0; resident != NULL && u < fy_gpt_unit_count(c); u++)
-        if (resident[u])
-            bytes += fy_optstate_bytes(c, u) +
-                     (resident[u] == FY_TRAIN_KEPT_BF16 ? fy_optstate_copy_bytes(c, u) : 0);
-    return bytes;
-}
-
-/* Marks units of `resident` from FY_TRAIN_STREAMED (or _KEPT) up to `mark`, unit 0 first, while the
- * pool still fits cpu_mem; returns how many it marked. */
-static unsigned plan_mark(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                          uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
-                          const struct fy_train_swap *swap, unsigned char mark,
-                          unsigned char *resident)
-{
-    unsigned count = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++) {
-        if (resident[u] != mark - 1)
-            continue;
-        resident[u] = mark;
-        struct fy_pool_region_spec regions[10];
-        unsigned n;
-        fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, FY_TRAIN_GRAD_SLOTS_MIN,
-                         ckpt_slots, swap, regions, &n);
-        if (fy_pool_layout_size(regions, n) > cpu_mem)
-            resident[u] = mark - 1;
-        else
-            count++;
-    }
-    return count;
-}
-
-unsigned fy_train_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                                uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
-                                const struct fy_train_swap *swap, int weight_dtype,
-                                unsigned char *resident)
-{
-    memset(resident, FY_TRAIN_STREAMED, fy_gpt_unit_count(c));
-    if (cpu_mem == 0)
-        return 0;
-    unsigned kept = plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_slots, swap,
-                              FY_TRAIN_KEPT, resident);
-    if (weight_dtype == FY_DTYPE_BF16)
-        plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_slots, swap,
-                  FY_TRAIN_KEPT_BF16, resident);
-    return kept;
-}
-
-/* The final unit's gradient, kept between the passes of a clipped step, after the block slots. */
-static uint64_t dfinal_bytes(const struct fy_gpt_config *c)
-{
-    return align4k(fy_gpt_unit_params(c, c->n_layer + 1) * 4);
-}
-
-static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
-{
-    return align4k(fy_gpt_unit_params(c, 1) * 4);
-}
-
-unsigned fy_train_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                                  uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
-                                  const struct fy_train_swap *swap, const unsigned char *resident,
-                                  unsigned wanted)
-{
-    unsigned units = fy_gpt_unit_count(c), slots = FY_TRAIN_GRAD_SLOTS_MIN;
-    for (unsigned u = 0; u < units; u++)
-        if (!resident[u])
-            return slots; /* streamed blocks are paced by their two state slots anyway */
-    unsigned most = c->n_layer < FY_TRAIN_GRAD_SLOTS_MAX ? c->n_layer : FY_TRAIN_GRAD_SLOTS_MAX;
-    most = wanted < most ? wanted : most;
-    for (unsigned more = slots + 1; more <= most; more++) {
-        struct fy_pool_region_spec regions[10];
-        unsigned n;
-        fy_train_regions(c, B, T, act_dtype, resident, clip, prefetch, more, ckpt_slots, swap,
-                         regions, &n);
-        if (fy_pool_layout_size(regions, n) > cpu_mem)
-            break;
-        slots = more;
-    }
-    return slots;
-}
-
-void fy_train_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                      const unsigned char *resident, int clip, unsigned prefetch,
-                      unsigned grad_slots, unsigned ckpt_slots, const struct fy_train_swap *swap,
-                      struct fy_pool_region_spec out[10], unsigned *n)
-{
-    uint64_t act = align4k(fy_train_act_bytes(c, B, T, act_dtype));
-    uint64_t tok = align4k((uint64_t)B * T * 4);
-    uint64_t slot = max_grad_bytes(c);
-    unsigned i = 0;
-    out[i++] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
-    out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok + embed_rows_bytes(c)};
-    /* the checkpoints x_0..x_L, or the slots they take in turn on their way to the store; two
-     * activation gradients (with the store a third: clipping's pass 1 can no longer borrow x_L's
-     * room) */
-    out[i++] = (struct fy_pool_region_spec){"acts", (ckpt_slots ? ckpt_slots : c->n_layer + 1) * act};
-    out[i++] = (struct fy_pool_region_spec){"dacts", (ckpt_slots ? 3 : 2) * act};
-    /* weights: slot 0 keeps the embeddings for the tied head, the blocks and the final unit take
-     * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads:
-     * slot 0 holds the embedding gradient through the backward, the blocks take grad_slots
-     * block-sized slots in turn so the gpu can run grad_slots - 1 blocks ahead of the optimizer,
-     * and with clipping the final unit's gradient after them (it must outlive pass 1, whose blocks
-     * use slots 1 and 2); state: two units' whole state (common/optstate.h) so one is updated
-     * while the next is read */
-    if (prefetch < 1 || prefetch > FY_TRAIN_PREFETCH_MAX)
-        prefetch = 1; /* the option parser refuses these; the layout stays sane anyway */
-    if (grad_slots < FY_TRAIN_GRAD_SLOTS_MIN || grad_slots > FY_TRAIN_GRAD_SLOTS_MAX)
-        grad_slots = FY_TRAIN_GRAD_SLOTS_MIN;
-    out[i++] = (struct fy_pool_region_spec){"weights",
-                                            (2 + prefetch) * fy_optstate_max_master_bytes(c)};
-    out[i++] = (struct fy_pool_region_spec){
-        "grads", slot + grad_slots * block_slot_bytes(c) + (clip ? dfinal_bytes(c) : 0)};
-    out[i++] = (struct fy_pool_region_spec){"state", 2 * fy_optstate_max_bytes(c)};
-    uint64_t kept = fy_train_resident_bytes(c, resident);
-    if (kept > 0) /* optimizer state that stays in the pool across steps */
-        out[i++] = (struct fy_pool_region_spec){"resident", kept};
-    if (fy_train_swap_pool_bytes(swap) > 0) /* the blocks' swapped internals */
-        out[i++] = (struct fy_pool_region_spec){"saved", fy_train_swap_pool_bytes(swap)};
-    *n = i;
-}
-
-static int layout_from_pool(const struct fy_pool *p, const struct fy_gpt_config *c, int B, int T,
-                            int act_dtype, int clip, struct layout *l)
-{
-    uint64_t bytes;
-    memset(l, 0, sizeof *l);
-    l->c = c;
-    l->B = B;
-    l->T = T;
-    l->act_dtype = act_dtype;
-    l->act_bytes = fy_train_act_bytes(c, B, T, act_dtype);
-    l->tok_bytes = (uint64_t)B * T * 4;
-    l->slot_bytes = max_grad_bytes(c);
-    l->wslot_bytes = fy_optstate_max_master_bytes(c);
-    l->state_slot_bytes = fy_optstate_max_bytes(c);
-    FY_TRY(fy_pool_region(p, "meta", &l->meta, &bytes));
-    FY_TRY(fy_pool_region(p, "tokens", &l->tokens, &bytes));
-    l->targets = l->tokens + align4k(l->tok_bytes);
-    l->embed_rows = l->tokens + 2 * align4k(l->tok_bytes);
-    FY_REQUIRE(bytes >= 2 * align4k(l->tok_bytes) + embed_rows_bytes(c), -EINVAL,
-               "pool too small for batch %d x %d", B, T);
-    FY_TRY(fy_pool_region(p, "acts", &l->acts, &bytes));
-    l->act_slots = (unsigned)(bytes / align4k(l->act_bytes));
-    FY_REQUIRE(l->act_slots >= 1, -EINVAL, "pool too small for batch %d x %d", B, T);
-    FY_TRY(fy_pool_region(p, "dacts", &l->dacts, &bytes));
-    l->dact_slots = (unsigned)(bytes / align4k(l->act_bytes));
-    FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
-    /* slot 0 for the embeddings, then the prefetch depth + 1 that the units take in turn */
-    l->wslots = (unsigned)(bytes / l->wslot_bytes) - 1;
-    FY_REQUIRE(bytes / l->wslot_bytes >= 3 && l->wslots <= FY_TRAIN_PREFETCH_MAX + 1, -EINVAL,
-               "shared pool: a weights region of %llu bytes is not 3 to %d unit slots",
-               (unsigned long long)bytes, FY_TRAIN_PREFETCH_MAX + 2);
-    FY_TRY(fy_pool_region(p, "grads", &l->grads, &l->grads_bytes));
-    /* the block slots, less clipping's final-unit gradient after them (which can be larger than
-     * a block's: a Llama's untied head) */
-    l->bslot_bytes = block_slot_bytes(c);
-    uint64_t fixed = l->slot_bytes + (clip ? dfinal_bytes(c) : 0);
-    uint64_t gslots = l->grads_bytes >= fixed ? (l->grads_bytes - fixed) / l->bslot_bytes : 0;
-    FY_REQUIRE(gslots >= FY_TRAIN_GRAD_SLOTS_MIN && gslots <= FY_TRAIN_GRAD_SLOTS_MAX, -EINVAL,
-               "shared pool: a grads region of %llu bytes does not hold %d to %d block gradients",
-               (unsigned long long)l->grads_bytes, FY_TRAIN_GRAD_SLOTS_MIN, FY_TRAIN_GRAD_SLOTS_MAX);
-    l->gslots = (unsigned)gslots;
-    FY_TRY(fy_pool_region(p, "state", &l->state, &bytes));
-    FY_REQUIRE(bytes >= 2 * l->state_slot_bytes, -EINVAL,
-               "shared pool: a state region of %llu bytes does not hold two units' state",
-               (unsigned long long)bytes);
-    return 0;
-}
-
-/* Offsets of the resident units' state in the pool (0: streamed from the store), and of their
- * bf16 weight copies, each after its unit's state (0: none). */
-static int resident_offsets(const struct fy_pool *p, const struct fy_gpt_config *c,
-                            const unsigned char *resident, uint64_t *offsets, uint64_t *copies)
-{
-    unsigned units = fy_gpt_unit_count(c);
-    memset(offsets, 0, units * sizeof *offsets);
-    memset(copies, 0, units * sizeof *copies);
-    if (fy_train_resident_bytes(c, resident) == 0)
-        return 0;
-    uint64_t start, bytes, at;
-    FY_TRY(fy_pool_region(p, "resident", &start, &bytes));
-    at = start;
-    for (unsigned u = 0; u < units; u++)
-        if (resident[u]) {
-            offsets[u] = at;
-            at += fy_optstate_bytes(c, u);
-            if (resident[u] == FY_TRAIN_KEPT_BF16) {
-                copies[u] = at;
-                at += fy_optstate_copy_bytes(c, u);
-            }
-        }
-    FY_REQUIRE(at - start <= bytes, -EINVAL,
-               "shared pool: a resident region of %llu bytes does not hold the plan's %llu (made "
-               "by fy_train_regions for another plan?)", (unsigned long long)bytes,
-               (unsigned long long)(at - start));
-    return 0;
-}
-
-static uint64_t act_at(const struct layout *l, unsigned i) { return l->acts + i * align4k(l->act_bytes); }
-static uint64_t dact_at(const struct layout *l, unsigned i) { return l->dacts + i * align4k(l->act_bytes); }
-static uint64_t wslot(const struct layout *l, unsigned i)
+static uint64_t wslot(const struct fy_plan_layout *l, unsigned i)
 {
     return l->weights + i * l->wslot_bytes;
 }
 /* Grads slot 0 (the embeddings' gradient, a unit slot), 1..gslots (block-sized), and gslots + 1
  * (after them: clipping's final-unit gradient). */
-static uint64_t gslot(const struct layout *l, unsigned i)
+static uint64_t gslot(const struct fy_plan_layout *l, unsigned i)
 {
     return i == 0 ? l->grads : l->grads + l->slot_bytes + (i - 1) * l->bslot_bytes;
 }
 /* A unit's f32 gradient. */
-static uint64_t unit_bytes(const struct layout *l, unsigned u) { return fy_gpt_unit_params(l->c, u) * 4; }
+static uint64_t unit_bytes(const struct fy_plan_layout *l, unsigned u)
+{
+    return fy_gpt_unit_params(l->c, u) * 4;
+}
 
 
 /* Sends a request; in serial mode, also waits for it. */
@@ -752,7 +356,7 @@ static int read_weights(struct run *r, unsigned unit, unsigned slot, struct tick
 
 /* Weights slot of unit u (a block, or the final unit) in the forward and backward: slots 1 to
  * wslots in turn, so that the weights of the next wslots - 1 units can be read while one computes. */
-static unsigned block_wslot(const struct layout *l, unsigned u) { return 1 + u % l->wslots; }
+static unsigned block_wslot(const struct fy_plan_layout *l, unsigned u) { return 1 + u % l->wslots; }
 
 /* The weights slot holding unit u, checked (see wslot_unit). */
 static int weights_of(struct run *r, unsigned u, unsigned slot, uint64_t *offset)
@@ -887,14 +491,14 @@ static int spill_setup(struct run *r, struct spill *sp, uint64_t base, uint64_t 
     memset(sp, 0, sizeof *sp);
     FY_REQUIRE(slots >= 3 && slots <= SPILL_SLOTS_MAX, -EINVAL,
                "train: %s through %u pool slots, not 3 to %d (--act-ahead 1 to %d)", what, slots,
-               SPILL_SLOTS_MAX, FY_TRAIN_ACT_AHEAD_MAX);
+               SPILL_SLOTS_MAX, FY_PLAN_ACT_AHEAD_MAX);
     for (unsigned k = 0; k < SPILL_SLOTS_MAX; k++)
         sp->holds[k] = -1;
     sp->on = 1;
     sp->slots = slots;
     sp->base = base;
     sp->item_bytes = item_bytes;
-    uint64_t bytes = spill_extent_bytes(item_bytes, count);
+    uint64_t bytes = fy_plan_spill_extent_bytes(item_bytes, count);
     unsigned cls = fy_scratch_class(bytes);
     sp->tensor = first_tensor + cls;
     FY_TRY(io_op(r, FY_OP_IO_ALLOC, sp->tensor, 0, 0, bytes));
@@ -906,7 +510,7 @@ static int spill_setup(struct run *r, struct spill *sp, uint64_t base, uint64_t 
 /* The checkpoints' placement for this run: the pool must have been laid out for it. */
 static int ckpt_setup(struct run *r, int ssd)
 {
-    const struct layout *l = &r->l;
+    const struct fy_plan_layout *l = &r->l;
     unsigned L = l->c->n_layer;
     if (!ssd) {
         FY_REQUIRE(l->act_slots >= L + 1 && l->dact_slots >= 2, -EINVAL,
@@ -918,7 +522,7 @@ static int ckpt_setup(struct run *r, int ssd)
         r->ckpt.item_bytes = align4k(l->act_bytes);
         return 0;
     }
-    unsigned slots = fy_train_spill_slots(r->act_ahead);
+    unsigned slots = fy_plan_spill_slots(r->act_ahead);
     FY_REQUIRE(l->act_slots >= slots && l->dact_slots >= 3, -EINVAL,
                "shared pool: room for %u checkpoints and %u activation gradients, not the %u and 3 "
                "of --ckpt-place ssd with --act-ahead %u", l->act_slots, l->dact_slots, slots,
@@ -940,16 +544,16 @@ static int saved_setup(struct run *r, const struct fy_train_opts *o)
     r->saved_sizes = o->saved_sizes;
     memset(&r->saved, 0, sizeof r->saved);
     FY_REQUIRE(r->host_mask && r->ssd_mask && r->host_off, -ENOMEM, "train: out of memory");
-    struct fy_train_swap swap;
-    fy_train_swap_of(o->act_place, L, &o->saved_sizes, r->act_ahead, &swap);
-    if (fy_train_swap_pool_bytes(&swap) == 0)
+    struct fy_plan_swap swap;
+    fy_plan_swap_of(o->act_place, L, &o->saved_sizes, r->act_ahead, &swap);
+    if (fy_plan_swap_pool_bytes(&swap) == 0)
         return 0;
     uint64_t at, bytes;
     FY_TRY(fy_pool_region(r->pool, "saved", &at, &bytes));
-    FY_REQUIRE(bytes >= fy_train_swap_pool_bytes(&swap), -EINVAL,
+    FY_REQUIRE(bytes >= fy_plan_swap_pool_bytes(&swap), -EINVAL,
                "shared pool: a saved region of %llu bytes, not the %llu this plan swaps (laid out "
-               "by fy_train_regions for another plan?)", (unsigned long long)bytes,
-               (unsigned long long)fy_train_swap_pool_bytes(&swap));
+               "by fy_plan_regions for another plan?)", (unsigned long long)bytes,
+               (unsigned long long)fy_plan_swap_pool_bytes(&swap));
     for (unsigned b = 1; b <= L; b++) {
         r->host_mask[b] = fy_actplan_mask(o->act_place, (int)b - 1, FY_ACT_HOST);
         r->ssd_mask[b] = fy_actplan_mask(o->act_place, (int)b - 1, FY_ACT_SSD);
@@ -1000,7 +604,7 @@ static int backward_ahead(struct run *r, unsigned b)
 static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint64_t dy,
                                 uint64_t dx, uint64_t grad, struct ticket *t)
 {
-    const struct layout *l = &r->l;
+    const struct fy_plan_layout *l = &r->l;
     uint64_t x_off = 0, s_off = 0;
     FY_TRY(spill_in(r, &r->ckpt, b - 1, 1, &x_off));
     if (r->ssd_mask[b])
@@ -1032,7 +636,7 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_con
     FY_REQUIRE(act_dtype == FY_DTYPE_F32 || act_dtype == FY_DTYPE_BF16, -EINVAL,
                "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
                fy_dtype_name(act_dtype));
-    FY_TRY(layout_from_pool(pool, c, B, T, act_dtype, clip, &r->l));
+    FY_TRY(fy_plan_layout_read(pool, c, B, T, act_dtype, clip, &r->l));
     r->dfinal = gslot(&r->l, 1);
     return 0;
 }
@@ -1090,7 +694,7 @@ double fy_train_lr(const struct fy_train_opts *o, uint64_t step)
  * prefetch depth (weights slots 1.. in turn). */
 static int forward(struct run *r, int train, uint64_t step, const uint64_t *version, double *loss)
 {
-    const struct layout *l = &r->l;
+    const struct fy_plan_layout *l = &r->l;
     const struct fy_gpt_config *c = l->c;
     unsigned L = c->n_layer, fin = L + 1;
     struct fy_desc req[FY_DESC_MAX_PARTS], reply = {0};
@@ -1242,7 +846,7 @@ static int is_queued(const struct run *r, unsigned u)
 static unsigned adamw_parts(const struct run *r, unsigned u, uint64_t grad, uint64_t state,
                             uint64_t step, double lr, double scale, struct fy_desc *req)
 {
-    const struct layout *l = &r->l;
+    const struct fy_plan_layout *l = &r->l;
     struct fy_optstate_layout lay;
     fy_optstate_layout(l->c, u, &lay);
     int op = FY_OP_OPT_ADAMW;
@@ -1259,8 +863,8 @@ static unsigned adamw_parts(const struct run *r, unsigned u, uint64_t grad, uint
 
 /* The part that limits an update of unit u to the `count` rows listed (int32, each n_embd
  * elements) at pool offset `list`. */
-static struct fy_desc rows_part(const struct layout *l, unsigned u, uint64_t list, uint64_t count,
-                                uint64_t step)
+static struct fy_desc rows_part(const struct fy_plan_layout *l, unsigned u, uint64_t list,
+                                uint64_t count, uint64_t step)
 {
     struct fy_desc d = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, list,
                                       count * 4, (int)u);
@@ -1436,7 +1040,7 @@ static int update_unit(struct run *r, unsigned u, uint64_t grad, uint64_t step, 
  * grads slot 0. */
 static int embed_backward_issue(struct run *r, uint64_t dx0, struct ticket *t)
 {
-    const struct layout *l = &r->l;
+    const struct fy_plan_layout *l = &r->l;
     int op = FY_OP_GPT_EMBED_BWD;
     struct fy_desc req[3];
     req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
@@ -1495,7 +1099,7 @@ static int write_back(struct run *r, struct writebacks *wb, unsigned u)
 static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *version, unsigned *cur,
                            int embed)
 {
-    const struct layout *l = &r->l;
+    const struct fy_plan_layout *l = &r->l;
     unsigned L = l->c->n_layer;
     struct ticket *g = calloc(L + 4, sizeof *g), *rs = calloc(L + 4, sizeof *rs);
     struct ticket *ws = calloc(L + 4, sizeof *ws), e = {0};
@@ -1618,7 +1222,7 @@ static int sumsq_wait(struct run *r, struct ticket *t, double *out)
  * waiting for its previous user. *total = the units' sums added in unit order, whatever the schedule. */
 static int norm_pass(struct run *r, double *total)
 {
-    const struct layout *l = &r->l;
+    const struct fy_plan_layout *l = &r->l;
     unsigned L = l->c->n_layer, fin = L + 1;
     struct ticket *rw = calloc(L + 3, sizeof *rw), *g = calloc(L + 3, sizeof *g);
     struct ticket *sq = calloc(L + 3, sizeof *sq);
@@ -1682,9 +1286,9 @@ static int norm_pass(struct run *r, double *total)
  * untouched rows, then the rest); *late gets the second one's length. */
 static int embed_update_early(struct run *r, uint64_t step, double lr, uint64_t *late)
 {
-    const struct layout *l = &r->l;
+    const struct fy_plan_layout *l = &r->l;
     const struct fy_gpt_config *c = l->c;
-    uint64_t rows = embed_row_count(c), tokens = (uint64_t)l->B * l->T;
+    uint64_t rows = fy_plan_embed_rows(c), tokens = (uint64_t)l->B * l->T;
     const int32_t *tok = fy_pool_at(r->pool, l->tokens, l->tok_bytes);
     int32_t *early = fy_pool_at(r->pool, l->embed_rows, 2 * rows * 4), *rest = early + rows;
     FY_REQUIRE(tok != NULL && early != NULL, -ERANGE,
@@ -1714,7 +1318,7 @@ static int embed_update_early(struct run *r, uint64_t step, double lr, uint64_t 
 
 static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t *version)
 {
-    const struct layout *l = &r->l;
+    const struct fy_plan_layout *l = &r->l;
     unsigned L = l->c->n_layer, fin = L + 1;
     FY_TRY(update_unit(r, fin, r->dfinal, step, lr));
     version[fin] = step;
@@ -1732,7 +1336,7 @@ static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t
         FY_TRY(state_read(r, 0, 0, &none));
         FY_TRY(opt_enqueue(r, 0, 0, gslot(l, 0), step, lr));
         if (split)
-            opt_rows(r, 0, l->embed_rows + embed_row_count(l->c) * 4, late);
+            opt_rows(r, 0, l->embed_rows + fy_plan_embed_rows(l->c) * 4, late);
     } else {
         FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
     }
@@ -2013,9 +1617,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, o->act_dtype, o->clip_grad_norm > 0,
                     x, o->timeout_ms));
     r.overlap = o->overlap;
-    r.act_ahead = act_ahead_of(o->act_ahead);
-    FY_REQUIRE(r.act_ahead <= FY_TRAIN_ACT_AHEAD_MAX, -EINVAL,
-               "train: --act-ahead %u: give 1 to %d blocks", r.act_ahead, FY_TRAIN_ACT_AHEAD_MAX);
+    r.act_ahead = fy_plan_act_ahead(o->act_ahead);
+    FY_REQUIRE(r.act_ahead <= FY_PLAN_ACT_AHEAD_MAX, -EINVAL,
+               "train: --act-ahead %u: give 1 to %d blocks", r.act_ahead, FY_PLAN_ACT_AHEAD_MAX);
     FY_TRY(ckpt_setup(&r, o->ckpt_ssd));
     r.trace = o->trace;
     FY_REQUIRE(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0, -EINVAL,
@@ -2024,9 +1628,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     if (o->clip_grad_norm > 0) {
         r.clip = 1;
         r.dfinal = gslot(&r.l, r.l.gslots + 1);
-        FY_REQUIRE(r.l.grads_bytes >= r.dfinal - r.l.grads + dfinal_bytes(&meta->model), -EINVAL,
+        FY_REQUIRE(r.l.grads_bytes >= r.dfinal - r.l.grads + r.l.dfinal_bytes, -EINVAL,
                    "train: the pool has no room for clipping's final-unit gradient (made by "
-                   "fy_train_regions without clip)");
+                   "fy_plan_regions without clip)");
     }
     if (r.trace != NULL) /* Chrome trace-event JSON array; one track per worker */
         fprintf(r.trace, "[\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, "
@@ -2053,8 +1657,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                 "(FUYOU_TEST_EMBED_WHOLE=1)");
     if (rc == 0)
         rc = saved_setup(&r, o);
-    if (rc == 0 && fy_train_resident_bytes(&meta->model, o->resident) > 0) {
-        rc = resident_offsets(pool, &meta->model, o->resident, resident, wcopy);
+    if (rc == 0 && fy_plan_resident_bytes(&meta->model, o->resident) > 0) {
+        rc = fy_plan_resident_offsets(pool, &meta->model, o->resident, resident, wcopy);
         r.resident = resident;
         r.wcopy = wcopy;
     }

@@ -61,7 +61,7 @@ static struct fy_actrun_in input(const struct fy_gpt_config *c, const struct fy_
 {
     struct fy_actrun_in in = {.c = c, .B = 4, .T = 128, .mode = mode, .backend = backend,
                               .prof = p, .resident = all_resident,
-                              .rates = fy_train_reference_rates(), .host_bytes = 1ull << 40,
+                              .rates = fy_plan_reference_rates(), .host_bytes = 1ull << 40,
                               .ssd_bytes = 1ull << 40};
     in.act_dtype = strcmp(backend, "cpu") == 0 ? 1 : 2; /* FY_DTYPE_F32, _BF16 */
     return in;
@@ -179,9 +179,9 @@ static void test_budgets_hold(void **state)
             in.ssd_bytes = ssd;
             struct fy_actrun r;
             assert_int_equal(fy_actrun_plan(&in, &r), 0);
-            assert_true(fy_train_swap_pool_bytes(&r.swap) <= room);
+            assert_true(fy_plan_swap_pool_bytes(&r.swap) <= room);
             assert_true(r.swap.ssd_bytes <= ssd);
-            assert_true(fy_train_swap_store_bytes(&r.swap, c.n_layer) <= ssd);
+            assert_true(fy_plan_swap_store_bytes(&r.swap, c.n_layer) <= ssd);
             fy_actrun_free(&r);
         }
     }

@@ -98,7 +98,7 @@ static void test_bytes_a_parameter(void **state)
 /* Every unit kept but block 1, which streams (or is kept with a bf16 copy: `keep1`). */
 static void one_streamed(const struct fy_gpt_config *c, unsigned char keep1, unsigned char *res)
 {
-    memset(res, FY_TRAIN_KEPT, fy_gpt_unit_count(c));
+    memset(res, FY_PLAN_KEPT, fy_gpt_unit_count(c));
     res[1] = keep1;
 }
 
@@ -108,33 +108,33 @@ static void test_planner_counts(void **state)
     struct fy_gpt_config c = gpt_wide();
     uint64_t P = fy_gpt_unit_params(&c, 1), rd, wr;
     unsigned char res[8];
-    one_streamed(&c, FY_TRAIN_STREAMED, res);
-    fy_train_ssd_bytes(&c, 2, 16, FY_DTYPE_F32, 0, 0, NULL, res, &rd, &wr);
+    one_streamed(&c, FY_PLAN_STREAMED, res);
+    fy_plan_ssd_bytes(&c, 2, 16, FY_DTYPE_F32, 0, 0, NULL, res, &rd, &wr);
     assert_int_equal(rd, 16 * P); /* 4 in the forward, 12 in the backward */
     assert_int_equal(wr, 12 * P);
     assert_int_equal(rd + wr, 28 * P);
-    fy_train_ssd_bytes(&c, 2, 16, FY_DTYPE_F32, 1, 0, NULL, res, &rd, &wr);
+    fy_plan_ssd_bytes(&c, 2, 16, FY_DTYPE_F32, 1, 0, NULL, res, &rd, &wr);
     assert_int_equal(rd + wr, 32 * P); /* the norm pass reads the master once more */
-    assert_int_equal(fy_train_upload_bytes(&c, res, 1), 4 * P);
+    assert_int_equal(fy_plan_upload_bytes(&c, res, 1), 4 * P);
     uint64_t kept_others = 0; /* the other units' state, kept */
     for (unsigned u = 0; u < fy_gpt_unit_count(&c); u++)
         kept_others += u == 1 ? 0 : 3 * pad(4 * fy_gpt_unit_params(&c, u));
-    assert_int_equal(fy_train_resident_bytes(&c, res), kept_others);
+    assert_int_equal(fy_plan_resident_bytes(&c, res), kept_others);
 
-    one_streamed(&c, FY_TRAIN_KEPT, res);
-    fy_train_ssd_bytes(&c, 2, 16, FY_DTYPE_F32, 1, 0, NULL, res, &rd, &wr);
+    one_streamed(&c, FY_PLAN_KEPT, res);
+    fy_plan_ssd_bytes(&c, 2, 16, FY_DTYPE_F32, 1, 0, NULL, res, &rd, &wr);
     assert_int_equal(rd, 0);
     assert_int_equal(wr, 0);
-    assert_int_equal(fy_train_resident_bytes(&c, res), kept_others + 12 * P);
-    one_streamed(&c, FY_TRAIN_KEPT_BF16, res);
-    assert_int_equal(fy_train_resident_bytes(&c, res), kept_others + 12 * P + pad(2 * P));
-    assert_int_equal(fy_train_upload_bytes(&c, res, 1), 2 * P);
+    assert_int_equal(fy_plan_resident_bytes(&c, res), kept_others + 12 * P);
+    one_streamed(&c, FY_PLAN_KEPT_BF16, res);
+    assert_int_equal(fy_plan_resident_bytes(&c, res), kept_others + 12 * P + pad(2 * P));
+    assert_int_equal(fy_plan_upload_bytes(&c, res, 1), 2 * P);
 
     /* the pool's state region: two of the largest unit's state */
     struct fy_pool_region_spec regions[10];
     unsigned n, found = 0;
-    fy_train_regions(&c, 2, 16, FY_DTYPE_F32, NULL, 0, 1, FY_TRAIN_GRAD_SLOTS_MIN, 0, NULL,
-                     regions, &n);
+    fy_plan_regions(&c, 2, 16, FY_DTYPE_F32, NULL, 0, 1, FY_PLAN_GRAD_SLOTS_MIN, 0, NULL,
+                    regions, &n);
     for (unsigned i = 0; i < n; i++)
         if (strcmp(regions[i].name, "state") == 0) {
             assert_int_equal(regions[i].bytes, 2 * 12 * P);

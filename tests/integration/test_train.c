@@ -331,10 +331,10 @@ static void test_prediction_by_hand(void **state)
     (void)state;
     struct fy_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 64, .vocab = 256, .ctx = 32};
     const unsigned char resident[4] = {1, 0, 1, 1};
-    struct fy_train_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9, .ssd_read = 1e8,
+    struct fy_plan_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9, .ssd_read = 1e8,
                                    .ssd_write = 2e8, .opt_params = 1e6};
-    struct fy_train_prediction p;
-    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, resident, &rates, &p);
+    struct fy_plan_prediction p;
+    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, resident, &rates, &p);
     assert_float_equal(p.gpu_s, 9.4175232e-5, 1e-12);
     assert_float_equal(p.h2d_s, 1.276928e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
@@ -344,7 +344,7 @@ static void test_prediction_by_hand(void **state)
     assert_string_equal(p.bound, "optimizer");
     /* clipping: the blocks' backward and recomputation once more (0.75 of 128 tokens x 2 blocks x
      * 312192 FLOPs), the second pass's PCIe bytes and weights reads, the sums of squares */
-    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 1, 0, NULL, resident, &rates, &p);
+    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 1, 0, NULL, resident, &rates, &p);
     assert_float_equal(p.gpu_s, 1.54116096e-4, 1e-12);
     assert_float_equal(p.h2d_s, 1.91488e-3, 1e-12);
     assert_float_equal(p.d2h_s, 6.37696e-4, 1e-12);
@@ -352,32 +352,32 @@ static void test_prediction_by_hand(void **state)
     assert_float_equal(p.opt_s, 0.118528 * 8.0 / 7.0, 1e-12);
     /* a slow disk becomes the bound */
     rates.ssd_read = 1e6;
-    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, resident, &rates, &p);
+    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, resident, &rates, &p);
     assert_float_equal(p.step_s, 0.802816 + 3.01056e-3, 1e-12);
     assert_string_equal(p.bound, "SSD");
     /* checkpoints on the SSD: x_0 and x_1 (32768 bytes each) written once and read once */
     rates.ssd_read = 1e8;
-    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 1, NULL, resident, &rates, &p);
+    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 0, 1, NULL, resident, &rates, &p);
     assert_float_equal(p.ssd_s, 1.202176e-2, 1e-12);
     /* bf16 activations (the CUDA backend's): 16384 bytes each instead of 32768, 8 of them up and 6
      * down per step, and the checkpoints half the size on the SSD */
-    fy_train_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 0, NULL, resident, &rates, &p);
+    fy_plan_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 0, NULL, resident, &rates, &p);
     assert_float_equal(p.h2d_s, 1.145856e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.18976e-4, 1e-12);
-    fy_train_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 1, NULL, resident, &rates, &p);
+    fy_plan_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 1, NULL, resident, &rates, &p);
     assert_float_equal(p.ssd_s, 1.103872e-2 + 3.2768e-4 + 1.6384e-4, 1e-12);
     /* bf16 weight copies of the kept units: the embeddings' 18432 parameters and block 2's 49984
      * go up at 2 bytes instead of 4 (block 2 in the forward and the backward), and so do the
      * head's final unit and wte (128 + 16384), both of its units having copies: 269824 fewer */
-    const unsigned char copies[4] = {FY_TRAIN_KEPT_BF16, FY_TRAIN_STREAMED, FY_TRAIN_KEPT_BF16,
-                                     FY_TRAIN_KEPT_BF16};
-    fy_train_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, copies, &rates, &p);
+    const unsigned char copies[4] = {FY_PLAN_KEPT_BF16, FY_PLAN_STREAMED, FY_PLAN_KEPT_BF16,
+                                     FY_PLAN_KEPT_BF16};
+    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, copies, &rates, &p);
     assert_float_equal(p.h2d_s, 1.007104e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
     assert_float_equal(p.ssd_s, 1.103872e-2, 1e-12);
-    assert_int_equal(fy_train_weight_copies(&c, copies), 3);
-    assert_int_equal(fy_train_upload_bytes(&c, copies, 1), 49984 * 4);
-    assert_int_equal(fy_train_upload_bytes(&c, copies, 2), 49984 * 2);
+    assert_int_equal(fy_plan_weight_copies(&c, copies), 3);
+    assert_int_equal(fy_plan_upload_bytes(&c, copies, 1), 49984 * 4);
+    assert_int_equal(fy_plan_upload_bytes(&c, copies, 2), 49984 * 2);
 }
 
 /* fuyou-launch plan with a machine profile of round rates prints, without running anything, the
