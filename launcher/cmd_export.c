@@ -123,11 +123,10 @@ int fy_cmd_export(struct fy_options *o)
         fy_error("%s exists: remove it or pass --overwrite", o->out);
         rc = -EEXIST;
     }
-    struct fy_pool_region_spec regions[10];
+    struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n = 0;
     if (rc == 0) /* the model is only known once model.conf has been read */
-        fy_plan_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_PLAN_GRAD_SLOTS_MIN, 0, NULL,
-                        regions, &n);
+        fy_plan_unit_regions(&model, regions, &n);
     struct fy_session s = {.lock_fd = -1};
     struct fy_exec x = {0};
     struct fy_storemeta meta;

@@ -216,10 +216,9 @@ int fy_cmd_init(struct fy_options *o)
     char described[160];
     fy_gpt_config_describe(&model, described, sizeof described);
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
-    struct fy_pool_region_spec regions[10];
+    struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n;
-    fy_plan_regions(&model, 1, 1, FY_DTYPE_F32, NULL, 0, 1, FY_PLAN_GRAD_SLOTS_MIN, 0, NULL,
-                    regions, &n);
+    fy_plan_unit_regions(&model, regions, &n);
     int rc = init_store(o, st, regions, n, "model initialisation", seed_units, &model);
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);

@@ -19,14 +19,7 @@
  * options; the budgets, batch and store of train's options; printed, nothing run. */
 int fy_cmd_plan(struct fy_options *o)
 {
-    enum fy_actplan_mode act_mode;
-    FY_TRY(fy_actplan_mode_parse(o->act_plan, &act_mode));
-    struct fy_dryrun_in in = {.B = (int)o->batch, .T = (int)o->seq, .clip = o->clip_grad_norm > 0,
-                              .act_mode = act_mode,
-                              .prefetch = (unsigned)o->prefetch, .ckpt_place = o->ckpt_place,
-                              .act_ahead = (unsigned)o->act_ahead,
-                              .copies = (unsigned)o->state_copies, .cpu_mem = o->cpu_mem,
-                              .gpu_mem = o->gpu_mem, .ssd = o->ssd};
+    struct fy_dryrun_in in = {.ssd = o->ssd};
     char mc_path[PATH_MAX];
     int rc;
     static struct fy_config mc; /* o->ssd points into it */
@@ -45,9 +38,10 @@ int fy_cmd_plan(struct fy_options *o)
                "of 1 to the model's context of %u", (unsigned long long)o->batch,
                (unsigned long long)o->seq, in.model.ctx);
     /* for the machine it plans for, not this one: auto is CUDA wherever the build has it */
-    in.backend = strcmp(o->backend, "auto") == 0 ? (fy_backend_cuda_built() ? "cuda" : "cpu")
-                                                 : o->backend;
-    in.weight_dtype = fy_runconf_weight_dtype(o, in.backend);
+    const char *backend = strcmp(o->backend, "auto") != 0 ? o->backend
+                          : fy_backend_cuda_built()       ? "cuda"
+                                                          : "cpu";
+    FY_TRY(fy_runconf_plan_in(o, &in.model, backend, &in.plan));
     char probed[PATH_MAX + 16] = "";
     if (o->machine == NULL && o->run_dir != NULL) {
         snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
@@ -55,15 +49,14 @@ int fy_cmd_plan(struct fy_options *o)
             o->machine = probed; /* fuyou-launch probe's, for this run */
     }
     if (o->machine != NULL) {
-        FY_TRY(fy_plan_rates_load(o->machine, &in.rates));
+        FY_TRY(fy_plan_rates_load(o->machine, &in.plan.rates));
         in.rates_from = o->machine;
-    } else {
-        in.rates = fy_plan_reference_rates();
+    } else { /* fy_runconf_plan_in's */
         in.rates_from = "the reference machine (one H200; fuyou-launch plan --machine FILE for "
                         "another)";
     }
     char rates_from[PATH_MAX + 160];
-    if (fy_planact_ssd_rates(o, &in.rates, o->machine ? "the machine profile's rates"
+    if (fy_planact_ssd_rates(o, &in.plan.rates, o->machine ? "the machine profile's rates"
                                                 : "the reference machine's rates")) {
         snprintf(rates_from, sizeof rates_from, "%s; the SSD's as the last session's steps ran "
                  "(%s/ssd_rates.json)", in.rates_from, o->run_dir);

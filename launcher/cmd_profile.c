@@ -8,8 +8,8 @@
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
 #include "launcher/planact.h"
+#include "launcher/plan.h"
 #include "launcher/runconf.h"
-#include "launcher/train.h"
 
 /* profile: what --act-plan auto measures and chooses for the run's model at --batch x --seq under
  * the given budgets (the optimizer state's residency planned as train plans it), without
@@ -28,23 +28,20 @@ int fy_cmd_profile(struct fy_options *o)
     }
     o->backend = fy_backend_resolve(o->backend);
     o->act_plan = "auto";
-    int act_dtype = fy_backend_preferred_act_dtype(o->backend), clip = o->clip_grad_norm > 0;
-    int weight_dtype = fy_runconf_weight_dtype(o, o->backend);
-    unsigned char *resident = rc == 0 ? calloc(fy_gpt_unit_count(&model), 1) : NULL;
-    if (rc == 0 && resident == NULL)
-        rc = -ENOMEM;
+    /* the plan's sequence as train's: the state's residency, then the activation plan in the
+     * room it leaves (the checkpoints in the pool, as profile takes no --ckpt-place) */
+    struct fy_plan_in in;
+    struct fy_plan plan = {0};
+    struct fy_planact act = {.o = o};
+    struct fy_plan_acts acts = fy_planact_acts(&act);
     if (rc == 0)
-        fy_plan_resident(&model, (int)o->batch, (int)o->seq, act_dtype, o->cpu_mem, clip,
-                         (unsigned)o->prefetch, 0, NULL, weight_dtype, resident);
-    struct fy_gpt_profile prof;
-    struct fy_actrun_in in;
-    struct fy_actrun act = {0};
+        rc = fy_runconf_plan_in(o, &model, o->backend, &in);
     if (rc == 0)
-        rc = fy_planact_make(o, &model, act_dtype, clip, 0, resident, NULL, &prof, &in, &act);
+        rc = fy_plan_make(&in, &acts, &plan);
     if (rc == 0)
-        rc = fy_planact_save(o, &act, &in);
-    fy_actrun_free(&act);
-    free(resident);
+        rc = fy_planact_save(&act);
+    fy_planact_free(&act);
+    fy_plan_free(&plan);
     free(mc);
     return rc;
 }

@@ -19,9 +19,9 @@
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
 #include "launcher/diskrates.h"
-#include "launcher/dryrun.h"
 #include "launcher/inproc.h"
 #include "launcher/metrics.h"
+#include "launcher/plan.h"
 #include "launcher/planact.h"
 #include "launcher/progress.h"
 #include "launcher/restart.h"
@@ -104,15 +104,11 @@ struct train_run {
     struct fy_gpt_config model;
     struct fy_tokfile *data;
     struct fy_restart restarts;
-    int act_dtype, weight_dtype, clipping, ckpt_ssd;
-    unsigned ckpt_slots, kept; /* the checkpoints' pool slots (0: in the pool); units kept */
-    unsigned char *resident;   /* per unit: its optimizer state stays in the pool */
-    struct fy_gpt_profile prof;
-    struct fy_actrun_in act_in;
-    struct fy_actrun act;
-    struct fy_plan_swap swap;
-    struct fy_pool_region_spec regions[10];
-    unsigned n_regions;
+    struct fy_plan_in plan_in;
+    struct fy_plan plan;
+    struct fy_planact act;    /* the plan's activation step */
+    int have_probe;           /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
+    char probed[PATH_MAX + 16];
     struct fy_train_opts to;
     struct fy_diskrates ssd_seen;
     struct fy_storemeta *meta;
@@ -121,8 +117,8 @@ struct train_run {
 static void train_free(struct train_run *t)
 {
     free(t->meta);
-    fy_actrun_free(&t->act);
-    free(t->resident);
+    fy_planact_free(&t->act);
+    fy_plan_free(&t->plan);
     fy_tokfile_close(&t->data);
     free(t->mc);
     free(t->cfg);
@@ -142,7 +138,7 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
     struct fy_storemeta *meta = t->meta;
     struct fy_session s;
     struct fy_session_opts so = fy_runconf_session(o);
-    int rc = fy_session_open(&s, &so, t->regions, t->n_regions, "training");
+    int rc = fy_session_open(&s, &so, t->plan.regions, t->plan.n_regions, "training");
     struct fy_inproc *inproc = NULL;
     struct fy_exec x = {0};
     static const char *const workers[] = {"gpu", "io", "opt"};
@@ -251,11 +247,10 @@ static int train_setup(struct fy_options *o, struct train_run *t)
         fy_warn("--backend auto: %s: using the CPU backend (slow; for tests and laptops)",
                 fy_backend_cuda_built() ? "no CUDA device is visible"
                                         : "this build has no CUDA backend (nvcc was not found)");
-    t->act_dtype = fy_backend_preferred_act_dtype(o->backend);
-    t->weight_dtype = fy_runconf_weight_dtype(o, o->backend);
-    t->clipping = o->clip_grad_norm > 0;
     if (rc == 0)
-        rc = fy_runconf_train(o, &t->model, t->act_dtype, t->cfg);
+        rc = fy_runconf_plan_in(o, &t->model, o->backend, &t->plan_in);
+    if (rc == 0)
+        rc = fy_runconf_train(o, &t->model, t->plan_in.shape.act_dtype, t->cfg);
     return rc;
 }
 
@@ -280,91 +275,59 @@ static void train_describe(const struct fy_options *o, const struct train_run *t
             o->inprocess ? "; in one process, state in memory" : "");
 }
 
-/* Which units' optimizer state stays in the pool (t->resident, t->kept), with --ckpt-place
- * auto's choice of where the checkpoints go. */
-static void train_plan_residency(const struct fy_options *o, struct train_run *t)
+/* The rates the plan predicts with: RUN/machine.json's where fuyou-launch probe measured this
+ * machine, else the reference machine's. */
+static void train_rates(const struct fy_options *o, struct train_run *t)
 {
-    const struct fy_gpt_config *model = &t->model;
-    t->ckpt_ssd = o->ckpt_place == FY_CKPT_SSD;
-    if (o->ckpt_place == FY_CKPT_AUTO) {
-        /* Everything in the pool when it all fits: no SSD traffic at all. Otherwise the pool is
-         * better spent on optimizer state: a streamed unit moves 28 bytes over the SSD per 12 of
-         * state each step (weights read, state read and written), a checkpoint 2 per byte. */
-        unsigned all = fy_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype,
-                                        o->cpu_mem, t->clipping, (unsigned)o->prefetch, 0,
-                                        &t->swap, t->weight_dtype, t->resident);
-        t->ckpt_ssd = o->cpu_mem != 0 && all < fy_gpt_unit_count(model);
-        fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
-                t->ckpt_ssd ? "on the SSD store" : "in the shared pool",
-                t->ckpt_ssd ? "the optimizer state does not all fit --cpu-mem beside them"
-                            : "they fit beside all the optimizer state");
-    }
-    t->ckpt_slots = t->ckpt_ssd ? fy_plan_spill_slots((unsigned)o->act_ahead) : 0;
-    t->kept = fy_plan_resident(model, (int)o->batch, (int)o->seq, t->act_dtype, o->cpu_mem,
-                               t->clipping, (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
-                               t->weight_dtype, t->resident);
+    snprintf(t->probed, sizeof t->probed, "%s/machine.json", o->run_dir);
+    t->have_probe = access(t->probed, R_OK) == 0 &&
+                    fy_plan_rates_load(t->probed, &t->plan_in.rates) == 0;
 }
 
-/* Where the state, the checkpoints and the blocks' internals live: forced swapping (--act-plan
- * host or ssd) puts the internals in the pool first and the state's residency after; auto
- * profiles and plans in the room that state and streaming leave. The plan goes to the workers'
- * configuration and RUN/act_plan.json. */
+/* The plan (launcher/plan.h) with the activation plan as its activation step: forced swapping
+ * (--act-plan host or ssd) puts the internals in the pool first and the state's residency after;
+ * auto profiles and plans in the room that state and streaming leave. The activation plan goes to
+ * the workers' configuration and RUN/act_plan.json. */
 static int train_plan(const struct fy_options *o, struct train_run *t)
 {
-    t->resident = calloc(fy_gpt_unit_count(&t->model), 1);
-    enum fy_actplan_mode act_mode = FY_ACTPLAN_AUTO;
-    FY_TRY(t->resident != NULL ? fy_actplan_mode_parse(o->act_plan, &act_mode) : -ENOMEM);
-    int forced = act_mode == FY_ACTPLAN_HOST || act_mode == FY_ACTPLAN_SSD;
-    if (forced)
-        FY_TRY(fy_planact_make(o, &t->model, t->act_dtype, t->clipping, 0, t->resident,
-                               &t->restarts, &t->prof, &t->act_in, &t->act));
-    t->swap = t->act.swap;
-    train_plan_residency(o, t);
+    train_rates(o, t);
+    t->plan_in.say = 1;
+    t->act = (struct fy_planact){.o = o, .restarts = &t->restarts};
+    struct fy_plan_acts acts = fy_planact_acts(&t->act);
+    FY_TRY(fy_plan_make(&t->plan_in, &acts, &t->plan));
     int rc = 0;
-    if (!forced) {
-        rc = fy_planact_make(o, &t->model, t->act_dtype, t->clipping, t->ckpt_slots, t->resident,
-                             &t->restarts, &t->prof, &t->act_in, &t->act);
-        t->swap = t->act.swap;
-    }
-    if (rc == 0 && act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
-        rc = fy_actrun_predict(&t->act_in, &t->act);
+    if (t->plan_in.act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
+        rc = fy_actrun_predict(&t->act.in, &t->act.run);
+    const struct fy_actrun *act = &t->act.run;
     if (rc == 0)
         rc = fy_config_setf(t->cfg, "train.act_keep", "%d",
-                            t->act.keep < 0 ? (int)t->model.n_layer : t->act.keep);
+                            act->keep < 0 ? (int)t->model.n_layer : act->keep);
     if (rc == 0)
-        rc = fy_config_setf(t->cfg, "train.act_swap", "%d", t->act.swap_sets);
+        rc = fy_config_setf(t->cfg, "train.act_swap", "%d", act->swap_sets);
     if (rc == 0)
-        rc = fy_planact_save(o, &t->act, &t->act_in);
+        rc = fy_planact_save(&t->act);
     return rc;
 }
 
 /* The plan's lines on what stays in the pool and what moves over the SSD and PCIe each step. */
 static void train_log_traffic(const struct fy_options *o, const struct train_run *t)
 {
-    const struct fy_gpt_config *model = &t->model;
-    unsigned kept = t->kept;
-    char kept_size[32];
-    fy_format_size(fy_plan_resident_bytes(model, t->resident), kept_size, sizeof kept_size);
-    uint64_t ssd_read, ssd_write;
-    fy_plan_ssd_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, t->ckpt_ssd,
-                      &t->swap, t->resident, &ssd_read, &ssd_write);
-    char rd[32], wr[32], up[32], down[32];
-    fy_format_size(ssd_read, rd, sizeof rd);
-    fy_format_size(ssd_write, wr, sizeof wr);
-    uint64_t to_gpu, from_gpu;
-    fy_plan_pcie_bytes(model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping, &t->swap,
-                       t->resident, &to_gpu, &from_gpu);
-    fy_format_size(to_gpu, up, sizeof up);
-    fy_format_size(from_gpu, down, sizeof down);
+    const struct fy_plan *p = &t->plan;
+    unsigned kept = p->kept, units = fy_gpt_unit_count(&t->model);
+    char kept_size[32], rd[32], wr[32], up[32], down[32];
+    fy_format_size(p->resident_bytes, kept_size, sizeof kept_size);
+    fy_format_size(p->traffic.ssd_read, rd, sizeof rd);
+    fy_format_size(p->traffic.ssd_write, wr, sizeof wr);
+    fy_format_size(p->traffic.to_gpu, up, sizeof up);
+    fy_format_size(p->traffic.from_gpu, down, sizeof down);
     fy_info("plan: optimizer state of %u of %u units (%s) stays in the shared pool across steps; "
             "%s streams from the SSD store each step (reads %s, writes %s per step)%s; PCIe per "
             "step: at most %s to the GPU (less where a unit's output stays on the GPU for the "
             "next), %s back",
-            kept, fy_gpt_unit_count(model), kept_size,
-            kept == fy_gpt_unit_count(model) ? "nothing" : "the rest", rd, wr,
+            kept, units, kept_size, kept == units ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
-    unsigned copies = fy_plan_weight_copies(model, t->resident);
-    if (t->weight_dtype == FY_DTYPE_BF16)
+    unsigned copies = p->weight_copies;
+    if (t->plan_in.weight_dtype == FY_DTYPE_BF16)
         fy_info("plan: weights to the GPU in bf16 for %u of the %u kept units (a bf16 copy beside "
                 "each one's state, rewritten by AdamW)%s", copies, kept,
                 copies < kept ? "; the others' in f32: --cpu-mem holds no more copies" : "");
@@ -378,67 +341,60 @@ static void train_log_traffic(const struct fy_options *o, const struct train_run
  * seconds a step is predicted to take, 0 where nothing is predicted (the CPU backend's compute). */
 static double train_log_prediction(const struct fy_options *o, const struct train_run *t)
 {
-    struct fy_plan_rates rates = fy_plan_reference_rates();
-    char probed[PATH_MAX + 16], at[PATH_MAX + 96];
-    snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
-    snprintf(at, sizeof at, "predicted per step at the rates measured on the reference machine "
-                            "(one H200");
-    int have_probe = access(probed, R_OK) == 0 && fy_plan_rates_load(probed, &rates) == 0;
-    if (have_probe) /* fuyou-launch probe measured this machine */
-        snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", probed);
-    struct fy_plan_prediction p;
-    fy_plan_predict(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->clipping,
-                    t->ckpt_ssd, &t->swap, t->resident, &rates, &p);
+    const struct fy_plan_rates *rates = &t->plan_in.rates;
+    const struct fy_plan_prediction *p = &t->plan.predicted;
+    char at[PATH_MAX + 96];
+    if (t->have_probe) /* fuyou-launch probe measured this machine */
+        snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", t->probed);
+    else
+        snprintf(at, sizeof at, "predicted per step at the rates measured on the reference "
+                                "machine (one H200");
     double step_flops = (double)o->batch * (double)o->seq *
                         fy_gpt_flops_per_token(&t->model, (unsigned)o->seq);
-    double predicted_s = t->act.predicted_s;
+    double predicted_s = t->act.run.predicted_s;
     if (predicted_s > 0) /* measured here: the reference machine's figures would mislead */
         fy_info("plan: per step, as the activation plan above predicts from this machine's "
                 "profile: %.3f s (%.3g TFLOP/s)", predicted_s, step_flops / predicted_s * 1e-12);
-    else if (strcmp(o->backend, "cpu") == 0 && !have_probe) /* not the H200's compute */
+    else if (strcmp(o->backend, "cpu") == 0 && !t->have_probe) /* not the H200's compute */
         fy_info("plan: %s: SSD %.1f/%.1f GB/s, AdamW %.1f G parameters/s): SSD %.3f s, optimizer "
                 "%.3f s; compute not predicted on the CPU backend",
-                at, rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.ssd_s,
-                p.opt_s);
+                at, rates->ssd_read * 1e-9, rates->ssd_write * 1e-9, rates->opt_params * 1e-9,
+                p->ssd_s, p->opt_s);
     else
         fy_info("plan: %s: %.0f TFLOP/s with blocks recomputed, PCIe %.0f/%.0f GB/s, SSD "
                 "%.1f/%.1f GB/s, AdamW %.1f G parameters/s; yours may differ): GPU compute %.3f s, "
                 "PCIe to the GPU at most %.3f s, from it %.3f s, SSD %.3f s, optimizer %.3f s; "
                 "bound %.3f s by the %s (%.0f TFLOP/s)",
-                at, rates.gpu_flops * 1e-12, rates.h2d * 1e-9, rates.d2h * 1e-9,
-                rates.ssd_read * 1e-9, rates.ssd_write * 1e-9, rates.opt_params * 1e-9, p.gpu_s,
-                p.h2d_s, p.d2h_s, p.ssd_s, p.opt_s, p.step_s, p.bound,
-                step_flops / p.step_s * 1e-12);
-    return predicted_s > 0 ? predicted_s : strcmp(o->backend, "cpu") != 0 ? p.step_s : 0;
+                at, rates->gpu_flops * 1e-12, rates->h2d * 1e-9, rates->d2h * 1e-9,
+                rates->ssd_read * 1e-9, rates->ssd_write * 1e-9, rates->opt_params * 1e-9,
+                p->gpu_s, p->h2d_s, p->d2h_s, p->ssd_s, p->opt_s, p->step_s, p->bound,
+                step_flops / p->step_s * 1e-12);
+    return predicted_s > 0 ? predicted_s : strcmp(o->backend, "cpu") != 0 ? p->step_s : 0;
 }
 
-/* The pool's regions (with the gradient slots that fit) and the options of the steps; a stuck
- * worker's deadline from `predicted_s` unless --timeout gave it. */
+/* The options of the steps from the plan, said: the gradient slots that fit, and a stuck worker's
+ * deadline from `predicted_s` unless --timeout gave it. */
 static void train_layout(const struct fy_options *o, struct train_run *t, double predicted_s)
 {
-    unsigned grad_slots = fy_plan_grad_slots(&t->model, (int)o->batch, (int)o->seq,
-                                             t->act_dtype, o->cpu_mem, t->clipping,
-                                             (unsigned)o->prefetch, t->ckpt_slots, &t->swap,
-                                             t->resident, (unsigned)o->grad_slots);
+    const struct fy_plan *p = &t->plan;
+    unsigned grad_slots = p->place.grad_slots;
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
-    fy_plan_regions(&t->model, (int)o->batch, (int)o->seq, t->act_dtype, t->resident,
-                    t->clipping, (unsigned)o->prefetch, grad_slots, t->ckpt_slots, &t->swap,
-                    t->regions, &t->n_regions);
-    const struct fy_actrun *act = &t->act;
+    const struct fy_actrun *act = &t->act.run;
+    const struct fy_actrun_in *act_in = &t->act.in;
     t->to = (struct fy_train_opts){
         .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
         .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
         .eval_every = o->eval_every, .eval_batches = o->eval_batches,
         .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
-        .overlap = o->overlap, .resident = t->resident, .clip_grad_norm = o->clip_grad_norm,
-        .ckpt_ssd = t->ckpt_ssd, .act_ahead = (unsigned)o->act_ahead, .act_dtype = t->act_dtype,
-        .act_place = act->place,
+        .overlap = o->overlap, .resident = p->resident, .clip_grad_norm = o->clip_grad_norm,
+        .ckpt_ssd = p->place.ckpt_slots != 0, .act_ahead = (unsigned)o->act_ahead,
+        .act_dtype = t->plan_in.shape.act_dtype, .act_place = act->place,
         .saved_sizes = act->sizes, .stop = &train_stop, .plan_step_s = act->predicted_s,
-        .plan_ssd_read = t->act_in.rates.ssd_read, .plan_ssd_write = t->act_in.rates.ssd_write,
-        .plan_opt_params = t->act_in.rates.opt_params,
-        .plan_ssd_from_steps = t->act_in.ssd_rates_from_steps};
+        .plan_ssd_read = act_in->rates.ssd_read, .plan_ssd_write = act_in->rates.ssd_write,
+        .plan_opt_params = act_in->rates.opt_params,
+        .plan_ssd_from_steps = act_in->ssd_rates_from_steps};
     fy_diskrates_begin(&t->ssd_seen, o->ssd, (int)o->batch, o->act_plan);
     t->to.ssd_seen = &t->ssd_seen;
     if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */

@@ -15,23 +15,12 @@
 
 struct fy_dryrun_in {
     struct fy_gpt_config model;
-    int B, T;
-    const char *backend;  /* "cpu" or "cuda": the activations' dtype and the GPU memory model */
-    int clip;             /* --clip-grad-norm given */
-    unsigned prefetch;
-    int ckpt_place;       /* 0 host, 1 ssd, 2 auto (as train's --ckpt-place) */
-    unsigned act_ahead;   /* --act-ahead (0: the default): the slots of what goes to the store */
-    /* enum fy_actplan_mode (train's --act-plan): host and ssd swap every block's internals, as
-     * train's forced placements do (their pool, slots, swap sets on the GPU, traffic and store
-     * extents); auto and recompute are planned with the blocks recomputed */
-    int act_mode;
-    /* the weights the gpu worker is sent (train's --weights-dtype, resolved for the backend):
-     * FY_DTYPE_F32, or _BF16 (copies beside the kept state) */
-    int weight_dtype;
-    unsigned copies;      /* of the state in the store: 2 or 1 */
-    uint64_t cpu_mem, gpu_mem; /* 0: no cap */
-    const char *ssd;      /* the store's directories (comma list), for their free space; or NULL */
-    struct fy_plan_rates rates;
+    /* what the planner is given (plan.shape.c: &model; the batch, the options, the budgets and the
+     * rates); plan.act_mode host and ssd swap every block's internals, as train's forced
+     * placements do (their pool, slots, swap sets on the GPU, traffic and store extents), auto
+     * and recompute are planned with the blocks recomputed */
+    struct fy_plan_in plan;
+    const char *ssd;        /* the store's directories (comma list), for their free space; or NULL */
     const char *rates_from; /* where the rates come from, for the output */
 };
 

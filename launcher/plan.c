@@ -10,7 +10,52 @@
 #include "common/check.h"
 #include "common/ckpt.h"
 #include "common/dtype.h"
+#include "common/log.h"
 #include "common/optstate.h"
+#include "gpu_worker/backend.h"
+#include "launcher/options.h"
+
+/* The reference machine: one H200 with a 16-core Xeon and one virtual disk, measured as
+ * docs/benchmarks.md ("The machine") lists. */
+const struct fy_plan_rates fy_plan_reference_rates = {
+    .gpu_flops = 390e12, /* model FLOP/s of a step with the blocks recomputed (make bench-gpu) */
+    .h2d = 54e9,         /* PCIe, pinned memory to the GPU, one way at a time */
+    .d2h = 55e9,         /* ... and back */
+    .ssd_read = 2.3e9,   /* the io engine on its disk (io_uring, O_DIRECT, 1-4 MiB requests) */
+    .ssd_write = 2.4e9,
+    .opt_params = 3.1e9, /* AdamW beside the copies (make bench-pipeline) */
+};
+
+int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
+{
+    FILE *f = fopen(path, "r");
+    FY_SYS(f == NULL ? -1 : 0, "cannot open the machine profile %s", path);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *root = cJSON_Parse(buf);
+    FY_REQUIRE(root != NULL && cJSON_IsObject(root), -EINVAL,
+               "%s: not a JSON object (a machine profile has gpu_flops, h2d, d2h, ssd_read, "
+               "ssd_write and opt_params)", path);
+    static const char *const keys[] = {"gpu_flops", "h2d", "d2h", "ssd_read", "ssd_write",
+                                       "opt_params"};
+    double *fields[] = {&out->gpu_flops, &out->h2d, &out->d2h, &out->ssd_read, &out->ssd_write,
+                        &out->opt_params};
+    int rc = 0;
+    for (int i = 0; i < 6 && rc == 0; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
+            fy_error("%s: \"%s\" must be a positive number (its rate: FLOP/s, bytes/s or "
+                     "parameters/s)", path, keys[i]);
+            rc = -EINVAL;
+        } else {
+            *fields[i] = v->valuedouble;
+        }
+    }
+    cJSON_Delete(root);
+    return rc;
+}
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
@@ -25,13 +70,13 @@ uint64_t fy_plan_embed_rows(const struct fy_gpt_config *c)
 }
 
 /* Two lists of the embeddings' rows (int32): those the batch's tokens do not touch, whose
- * gradient is final after the head, and the others (embed_update_early). */
+ * gradient is final after the head, and the others (launcher/train.c, embed_update_early). */
 static uint64_t embed_rows_bytes(const struct fy_gpt_config *c)
 {
     return align4k(2 * fy_plan_embed_rows(c) * 4);
 }
 
-/* The largest unit's f32 gradient, 4 KiB padded. */
+/* The largest unit's f32 gradient, 4 KiB padded: grads slot 0. */
 static uint64_t max_grad_bytes(const struct fy_gpt_config *c)
 {
     uint64_t m = 0;
@@ -39,6 +84,17 @@ static uint64_t max_grad_bytes(const struct fy_gpt_config *c)
         if (align4k(fy_gpt_unit_params(c, u) * 4) > m)
             m = align4k(fy_gpt_unit_params(c, u) * 4);
     return m;
+}
+
+/* The final unit's gradient, kept between the passes of a clipped step, after the block slots. */
+static uint64_t dfinal_bytes(const struct fy_gpt_config *c)
+{
+    return align4k(fy_gpt_unit_params(c, c->n_layer + 1) * 4);
+}
+
+static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
+{
+    return align4k(fy_gpt_unit_params(c, 1) * 4);
 }
 
 unsigned fy_plan_act_ahead(unsigned asked)
@@ -49,6 +105,11 @@ unsigned fy_plan_act_ahead(unsigned asked)
 unsigned fy_plan_spill_slots(unsigned act_ahead)
 {
     return fy_plan_act_ahead(act_ahead) + 2;
+}
+
+uint64_t fy_plan_spill_extent_bytes(uint64_t item_bytes, unsigned count)
+{
+    return fy_scratch_bytes((uint64_t)(count ? count : 1) * item_bytes);
 }
 
 void fy_plan_swap_of(const unsigned char *place, unsigned n_layer,
@@ -69,24 +130,18 @@ void fy_plan_swap_of(const unsigned char *place, unsigned n_layer,
 
 uint64_t fy_plan_swap_pool_bytes(const struct fy_plan_swap *swap)
 {
-    if (swap == NULL)
-        return 0;
     return swap->host_bytes + swap->slots * swap->slot_bytes;
-}
-
-uint64_t fy_plan_spill_extent_bytes(uint64_t item_bytes, unsigned count)
-{
-    return fy_scratch_bytes((uint64_t)(count ? count : 1) * item_bytes);
 }
 
 uint64_t fy_plan_swap_store_bytes(const struct fy_plan_swap *swap, unsigned n_layer)
 {
-    return swap != NULL && swap->ssd_bytes ? fy_plan_spill_extent_bytes(swap->slot_bytes, n_layer) : 0;
+    return swap->ssd_bytes ? fy_plan_spill_extent_bytes(swap->slot_bytes, n_layer) : 0;
 }
 
-uint64_t fy_plan_ckpt_store_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype)
+uint64_t fy_plan_ckpt_store_bytes(const struct fy_plan_shape *s)
 {
-    return fy_plan_spill_extent_bytes(align4k(fy_plan_act_bytes(c, B, T, act_dtype)), c->n_layer);
+    uint64_t act = align4k(fy_plan_act_bytes(s->c, s->B, s->T, s->act_dtype));
+    return fy_plan_spill_extent_bytes(act, s->c->n_layer);
 }
 
 uint64_t fy_plan_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
@@ -107,95 +162,6 @@ unsigned fy_plan_weight_copies(const struct fy_gpt_config *c, const unsigned cha
     return n;
 }
 
-/* The head's weights go up in bf16 only when both its units have copies (one dtype a request). */
-static int head_has_copies(const struct fy_gpt_config *c, const unsigned char *resident)
-{
-    return resident != NULL && resident[0] == FY_PLAN_KEPT_BF16 &&
-           resident[c->n_layer + 1] == FY_PLAN_KEPT_BF16;
-}
-
-void fy_plan_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                        const struct fy_plan_swap *swap, const unsigned char *resident,
-                        uint64_t *to_gpu, uint64_t *from_gpu)
-{
-    uint64_t act = fy_plan_act_bytes(c, B, T, act_dtype), tok = (uint64_t)B * T * 4;
-    uint64_t embed = fy_gpt_unit_params(c, 0) * 4, block = fy_gpt_unit_params(c, 1) * 4;
-    uint64_t fin = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
-    uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
-    uint64_t passes = clip ? 2 : 1; /* backward passes through the blocks and the embeddings */
-    uint64_t blocks_up = 0, head_up = head_has_copies(c, resident) ? (fin + wte) / 2 : fin + wte;
-    for (unsigned u = 1; u <= L; u++)
-        blocks_up += fy_plan_upload_bytes(c, resident, u);
-    /* forward: embeddings, blocks; the head (x, targets, final, wte in; dx, dfinal, dwte out);
-     * backward: blocks (weights, x, dy in; dx, dweights out), embeddings (dx, dembed in and out) */
-    *to_gpu = (tok + fy_plan_upload_bytes(c, resident, 0)) + blocks_up + L * act +
-              (act + tok + head_up) + passes * (blocks_up + L * 2 * act + (tok + embed + act));
-    *from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
-    if (swap != NULL) {
-        *from_gpu += swap->host_bytes + swap->ssd_bytes;
-        *to_gpu += passes * (swap->host_bytes + swap->ssd_bytes);
-    }
-}
-
-void fy_plan_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                       int ckpt_ssd, const struct fy_plan_swap *swap,
-                       const unsigned char *resident, uint64_t *read, uint64_t *write)
-{
-    uint64_t ckpts = ckpt_ssd ? c->n_layer * align4k(fy_plan_act_bytes(c, B, T, act_dtype)) : 0;
-    ckpts += swap != NULL ? swap->ssd_bytes : 0;
-    *read = (clip ? 2 : 1) * ckpts;
-    *write = ckpts;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        if (resident == NULL || !resident[u]) {
-            int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
-            *read += (uint64_t)(1 + (clip && block)) * fy_optstate_master_bytes(c, u) +
-                     fy_optstate_bytes(c, u);
-            *write += fy_optstate_bytes(c, u);
-        }
-}
-
-struct fy_plan_rates fy_plan_reference_rates(void)
-{
-    return (struct fy_plan_rates){.gpu_flops = 390e12, .h2d = 54e9, .d2h = 55e9,
-                                  .ssd_read = 2.3e9, .ssd_write = 2.4e9, .opt_params = 3.1e9};
-}
-
-void fy_plan_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                     int ckpt_ssd, const struct fy_plan_swap *swap,
-                     const unsigned char *resident, const struct fy_plan_rates *rates,
-                     struct fy_plan_prediction *out)
-{
-    double tokens = (double)B * T, flops = tokens * fy_gpt_flops_per_token(c, (unsigned)T);
-    /* a clipped step runs the blocks' backward (with their recomputation) twice: 6 of the 8 parts
-     * (2 forward, 2 recompute, 4 backward) of the blocks' work once more */
-    double block_flops = tokens * c->n_layer *
-                         (6.0 * fy_gpt_unit_params(c, 1) + 6.0 * (double)T * c->n_embd);
-    if (clip)
-        flops += 0.75 * block_flops;
-    uint64_t up, down, rd, wr;
-    fy_plan_pcie_bytes(c, B, T, act_dtype, clip, swap, resident, &up, &down);
-    fy_plan_ssd_bytes(c, B, T, act_dtype, clip, ckpt_ssd, swap, resident, &rd, &wr);
-    double params = (double)fy_gpt_total_params(c);
-    memset(out, 0, sizeof *out);
-    out->gpu_s = rates->gpu_flops > 0 ? flops / rates->gpu_flops : 0;
-    out->h2d_s = up / rates->h2d;
-    out->d2h_s = down / rates->d2h;
-    out->ssd_s = rd / rates->ssd_read + wr / rates->ssd_write;
-    /* with clipping the opt worker also reads every gradient for its sum of squares: with f32
-     * gradients 4 bytes a parameter beside the update's 28 */
-    double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) /
-                         (double)fy_optstate_update_param_bytes(FY_DTYPE_F32);
-    out->opt_s = params / rates->opt_params * (clip ? 1.0 + sumsq_share : 1.0);
-    const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s};
-    static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
-                                        "SSD", "optimizer"};
-    for (int i = 0; i < 5; i++)
-        if (times[i] > out->step_s) {
-            out->step_s = times[i];
-            out->bound = names[i];
-        }
-}
-
 uint64_t fy_plan_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident)
 {
     uint64_t bytes = 0;
@@ -206,95 +172,23 @@ uint64_t fy_plan_resident_bytes(const struct fy_gpt_config *c, const unsigned ch
     return bytes;
 }
 
-/* Marks units of `resident` from FY_PLAN_STREAMED (or _KEPT) up to `mark`, unit 0 first, while the
- * pool still fits cpu_mem; returns how many it marked. */
-static unsigned plan_mark(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                          uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
-                          const struct fy_plan_swap *swap, unsigned char mark,
-                          unsigned char *resident)
-{
-    unsigned count = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++) {
-        if (resident[u] != mark - 1)
-            continue;
-        resident[u] = mark;
-        struct fy_pool_region_spec regions[10];
-        unsigned n;
-        fy_plan_regions(c, B, T, act_dtype, resident, clip, prefetch, FY_PLAN_GRAD_SLOTS_MIN,
-                        ckpt_slots, swap, regions, &n);
-        if (fy_pool_layout_size(regions, n) > cpu_mem)
-            resident[u] = mark - 1;
-        else
-            count++;
-    }
-    return count;
-}
+/* ---- the pool's regions ---------------------------------------------------------------------- */
 
-unsigned fy_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                          uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
-                          const struct fy_plan_swap *swap, int weight_dtype,
-                          unsigned char *resident)
+void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                     struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n)
 {
-    memset(resident, FY_PLAN_STREAMED, fy_gpt_unit_count(c));
-    if (cpu_mem == 0)
-        return 0;
-    unsigned kept = plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_slots, swap,
-                              FY_PLAN_KEPT, resident);
-    if (weight_dtype == FY_DTYPE_BF16)
-        plan_mark(c, B, T, act_dtype, cpu_mem, clip, prefetch, ckpt_slots, swap,
-                  FY_PLAN_KEPT_BF16, resident);
-    return kept;
-}
-
-/* The final unit's gradient, kept between the passes of a clipped step, after the block slots. */
-static uint64_t dfinal_bytes(const struct fy_gpt_config *c)
-{
-    return align4k(fy_gpt_unit_params(c, c->n_layer + 1) * 4);
-}
-
-static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
-{
-    return align4k(fy_gpt_unit_params(c, 1) * 4);
-}
-
-unsigned fy_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                            uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
-                            const struct fy_plan_swap *swap, const unsigned char *resident,
-                            unsigned wanted)
-{
-    unsigned units = fy_gpt_unit_count(c), slots = FY_PLAN_GRAD_SLOTS_MIN;
-    for (unsigned u = 0; u < units; u++)
-        if (!resident[u])
-            return slots; /* streamed blocks are paced by their two state slots anyway */
-    unsigned most = c->n_layer < FY_PLAN_GRAD_SLOTS_MAX ? c->n_layer : FY_PLAN_GRAD_SLOTS_MAX;
-    most = wanted < most ? wanted : most;
-    for (unsigned more = slots + 1; more <= most; more++) {
-        struct fy_pool_region_spec regions[10];
-        unsigned n;
-        fy_plan_regions(c, B, T, act_dtype, resident, clip, prefetch, more, ckpt_slots, swap,
-                        regions, &n);
-        if (fy_pool_layout_size(regions, n) > cpu_mem)
-            break;
-        slots = more;
-    }
-    return slots;
-}
-
-void fy_plan_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                     const unsigned char *resident, int clip, unsigned prefetch,
-                     unsigned grad_slots, unsigned ckpt_slots, const struct fy_plan_swap *swap,
-                     struct fy_pool_region_spec out[10], unsigned *n)
-{
-    uint64_t act = align4k(fy_plan_act_bytes(c, B, T, act_dtype));
-    uint64_t tok = align4k((uint64_t)B * T * 4);
+    const struct fy_gpt_config *c = s->c;
+    uint64_t act = align4k(fy_plan_act_bytes(c, s->B, s->T, s->act_dtype));
+    uint64_t tok = align4k((uint64_t)s->B * s->T * 4);
     uint64_t slot = max_grad_bytes(c);
-    unsigned i = 0;
+    unsigned i = 0, ckpt_slots = p->ckpt_slots;
     out[i++] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
     out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok + embed_rows_bytes(c)};
     /* the checkpoints x_0..x_L, or the slots they take in turn on their way to the store; two
      * activation gradients (with the store a third: clipping's pass 1 can no longer borrow x_L's
      * room) */
-    out[i++] = (struct fy_pool_region_spec){"acts", (ckpt_slots ? ckpt_slots : c->n_layer + 1) * act};
+    out[i++] = (struct fy_pool_region_spec){"acts",
+                                            (ckpt_slots ? ckpt_slots : c->n_layer + 1) * act};
     out[i++] = (struct fy_pool_region_spec){"dacts", (ckpt_slots ? 3 : 2) * act};
     /* weights: slot 0 keeps the embeddings for the tied head, the blocks and the final unit take
      * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads:
@@ -303,6 +197,7 @@ void fy_plan_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
      * and with clipping the final unit's gradient after them (it must outlive pass 1, whose blocks
      * use slots 1 and 2); state: two units' whole state (common/optstate.h) so one is updated
      * while the next is read */
+    unsigned prefetch = p->prefetch, grad_slots = p->grad_slots;
     if (prefetch < 1 || prefetch > FY_PLAN_PREFETCH_MAX)
         prefetch = 1; /* the option parser refuses these; the layout stays sane anyway */
     if (grad_slots < FY_PLAN_GRAD_SLOTS_MIN || grad_slots > FY_PLAN_GRAD_SLOTS_MAX)
@@ -310,26 +205,45 @@ void fy_plan_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
     out[i++] = (struct fy_pool_region_spec){"weights",
                                             (2 + prefetch) * fy_optstate_max_master_bytes(c)};
     out[i++] = (struct fy_pool_region_spec){
-        "grads", slot + grad_slots * block_slot_bytes(c) + (clip ? dfinal_bytes(c) : 0)};
+        "grads", slot + grad_slots * block_slot_bytes(c) + (s->clip ? dfinal_bytes(c) : 0)};
     out[i++] = (struct fy_pool_region_spec){"state", 2 * fy_optstate_max_bytes(c)};
-    uint64_t kept = fy_plan_resident_bytes(c, resident);
+    uint64_t kept = fy_plan_resident_bytes(c, p->resident);
     if (kept > 0) /* optimizer state that stays in the pool across steps */
         out[i++] = (struct fy_pool_region_spec){"resident", kept};
-    if (fy_plan_swap_pool_bytes(swap) > 0) /* the blocks' swapped internals */
-        out[i++] = (struct fy_pool_region_spec){"saved", fy_plan_swap_pool_bytes(swap)};
+    if (fy_plan_swap_pool_bytes(&p->swap) > 0) /* the blocks' swapped internals */
+        out[i++] = (struct fy_pool_region_spec){"saved", fy_plan_swap_pool_bytes(&p->swap)};
     *n = i;
 }
 
-int fy_plan_layout_read(const struct fy_pool *p, const struct fy_gpt_config *c, int B, int T,
-                        int act_dtype, int clip, struct fy_plan_layout *l)
+void fy_plan_unit_regions(const struct fy_gpt_config *c,
+                          struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n)
 {
+    const struct fy_plan_shape one = {.c = c, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};
+    const struct fy_plan_place none = {.prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_MIN};
+    fy_plan_regions(&one, &none, out, n);
+}
+
+/* The pool that placement p takes for a step of shape s. */
+static uint64_t pool_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p)
+{
+    struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
+    unsigned n;
+    fy_plan_regions(s, p, regions, &n);
+    return fy_pool_layout_size(regions, n);
+}
+
+int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
+                        struct fy_plan_layout *l)
+{
+    const struct fy_gpt_config *c = s->c;
+    int B = s->B, T = s->T;
     uint64_t bytes;
     memset(l, 0, sizeof *l);
     l->c = c;
     l->B = B;
     l->T = T;
-    l->act_dtype = act_dtype;
-    l->act_bytes = fy_plan_act_bytes(c, B, T, act_dtype);
+    l->act_dtype = s->act_dtype;
+    l->act_bytes = fy_plan_act_bytes(c, B, T, s->act_dtype);
     l->tok_bytes = (uint64_t)B * T * 4;
     l->slot_bytes = max_grad_bytes(c);
     l->wslot_bytes = fy_optstate_max_master_bytes(c);
@@ -356,7 +270,7 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_gpt_config *c, 
      * a block's: a Llama's untied head) */
     l->bslot_bytes = block_slot_bytes(c);
     l->dfinal_bytes = dfinal_bytes(c);
-    uint64_t fixed = l->slot_bytes + (clip ? l->dfinal_bytes : 0);
+    uint64_t fixed = l->slot_bytes + (s->clip ? l->dfinal_bytes : 0);
     uint64_t gslots = l->grads_bytes >= fixed ? (l->grads_bytes - fixed) / l->bslot_bytes : 0;
     FY_REQUIRE(gslots >= FY_PLAN_GRAD_SLOTS_MIN && gslots <= FY_PLAN_GRAD_SLOTS_MAX, -EINVAL,
                "shared pool: a grads region of %llu bytes does not hold %d to %d block gradients",
@@ -396,33 +310,230 @@ int fy_plan_resident_offsets(const struct fy_pool *p, const struct fy_gpt_config
     return 0;
 }
 
-int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
+/* ---- traffic and prediction ------------------------------------------------------------------ */
+
+/* The head's weights go up in bf16 only when both its units have copies (one dtype a request). */
+static int head_has_copies(const struct fy_gpt_config *c, const unsigned char *resident)
 {
-    FILE *f = fopen(path, "r");
-    FY_SYS(f == NULL ? -1 : 0, "cannot open the machine profile %s", path);
-    char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    cJSON *root = cJSON_Parse(buf);
-    FY_REQUIRE(root != NULL && cJSON_IsObject(root), -EINVAL,
-               "%s: not a JSON object (a machine profile has gpu_flops, h2d, d2h, ssd_read, "
-               "ssd_write and opt_params)", path);
-    static const char *const keys[] = {"gpu_flops", "h2d", "d2h", "ssd_read", "ssd_write",
-                                       "opt_params"};
-    double *fields[] = {&out->gpu_flops, &out->h2d, &out->d2h, &out->ssd_read, &out->ssd_write,
-                        &out->opt_params};
-    int rc = 0;
-    for (int i = 0; i < 6 && rc == 0; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
-        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
-            fy_error("%s: \"%s\" must be a positive number (its rate: FLOP/s, bytes/s or "
-                     "parameters/s)", path, keys[i]);
-            rc = -EINVAL;
-        } else {
-            *fields[i] = v->valuedouble;
+    return resident != NULL && resident[0] == FY_PLAN_KEPT_BF16 &&
+           resident[c->n_layer + 1] == FY_PLAN_KEPT_BF16;
+}
+
+static void pcie_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                       struct fy_plan_traffic *out)
+{
+    const struct fy_gpt_config *c = s->c;
+    const unsigned char *resident = p->resident;
+    uint64_t act = fy_plan_act_bytes(c, s->B, s->T, s->act_dtype), tok = (uint64_t)s->B * s->T * 4;
+    uint64_t embed = fy_gpt_unit_params(c, 0) * 4, block = fy_gpt_unit_params(c, 1) * 4;
+    uint64_t fin = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
+    uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
+    uint64_t passes = s->clip ? 2 : 1; /* backward passes through the blocks and the embeddings */
+    uint64_t blocks_up = 0, head_up = head_has_copies(c, resident) ? (fin + wte) / 2 : fin + wte;
+    for (unsigned u = 1; u <= L; u++)
+        blocks_up += fy_plan_upload_bytes(c, resident, u);
+    /* forward: embeddings, blocks; the head (x, targets, final, wte in; dx, dfinal, dwte out);
+     * backward: blocks (weights, x, dy in; dx, dweights out), embeddings (dx, dembed in and out) */
+    out->to_gpu = (tok + fy_plan_upload_bytes(c, resident, 0)) + blocks_up + L * act +
+                  (act + tok + head_up) + passes * (blocks_up + L * 2 * act + (tok + embed + act));
+    out->from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
+    out->from_gpu += p->swap.host_bytes + p->swap.ssd_bytes;
+    out->to_gpu += passes * (p->swap.host_bytes + p->swap.ssd_bytes);
+}
+
+static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                      struct fy_plan_traffic *out)
+{
+    const struct fy_gpt_config *c = s->c;
+    uint64_t act = align4k(fy_plan_act_bytes(c, s->B, s->T, s->act_dtype));
+    uint64_t ckpts = p->ckpt_slots ? c->n_layer * act : 0;
+    ckpts += p->swap.ssd_bytes;
+    out->ssd_read = (s->clip ? 2 : 1) * ckpts;
+    out->ssd_write = ckpts;
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+        if (p->resident == NULL || !p->resident[u]) {
+            int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
+            out->ssd_read += (uint64_t)(1 + (s->clip && block)) * fy_optstate_master_bytes(c, u) +
+                             fy_optstate_bytes(c, u);
+            out->ssd_write += fy_optstate_bytes(c, u);
         }
+}
+
+void fy_plan_traffic(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                     struct fy_plan_traffic *out)
+{
+    pcie_bytes(s, p, out);
+    ssd_bytes(s, p, out);
+}
+
+void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                     const struct fy_plan_rates *rates, struct fy_plan_prediction *out)
+{
+    const struct fy_gpt_config *c = s->c;
+    double tokens = (double)s->B * s->T, flops = tokens * fy_gpt_flops_per_token(c, (unsigned)s->T);
+    /* a clipped step runs the blocks' backward (with their recomputation) twice: 6 of the 8 parts
+     * (2 forward, 2 recompute, 4 backward) of the blocks' work once more */
+    double block_flops = tokens * c->n_layer *
+                         (6.0 * fy_gpt_unit_params(c, 1) + 6.0 * (double)s->T * c->n_embd);
+    if (s->clip)
+        flops += 0.75 * block_flops;
+    struct fy_plan_traffic t;
+    fy_plan_traffic(s, p, &t);
+    double params = (double)fy_gpt_total_params(c);
+    memset(out, 0, sizeof *out);
+    out->gpu_s = rates->gpu_flops > 0 ? flops / rates->gpu_flops : 0;
+    out->h2d_s = t.to_gpu / rates->h2d;
+    out->d2h_s = t.from_gpu / rates->d2h;
+    out->ssd_s = t.ssd_read / rates->ssd_read + t.ssd_write / rates->ssd_write;
+    /* with clipping the opt worker also reads every gradient for its sum of squares: with f32
+     * gradients 4 bytes a parameter beside the update's 28 */
+    double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) /
+                         (double)fy_optstate_update_param_bytes(FY_DTYPE_F32);
+    out->opt_s = params / rates->opt_params * (s->clip ? 1.0 + sumsq_share : 1.0);
+    const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s};
+    static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
+                                        "SSD", "optimizer"};
+    for (int i = 0; i < 5; i++)
+        if (times[i] > out->step_s) {
+            out->step_s = times[i];
+            out->bound = names[i];
+        }
+}
+
+/* ---- the plan -------------------------------------------------------------------------------- */
+
+/* Marks units of p->resident from FY_PLAN_STREAMED (or _KEPT) up to `mark`, unit 0 first, while a
+ * pool with the fewest gradient slots still fits cpu_mem; returns how many it marked. */
+static unsigned plan_mark(const struct fy_plan_in *in, struct fy_plan *p, unsigned char mark)
+{
+    unsigned count = 0;
+    struct fy_plan_place least = p->place;
+    least.grad_slots = FY_PLAN_GRAD_SLOTS_MIN;
+    for (unsigned u = 0; u < fy_gpt_unit_count(in->shape.c); u++) {
+        if (p->resident[u] != mark - 1)
+            continue;
+        p->resident[u] = mark;
+        if (pool_bytes(&in->shape, &least) > in->cpu_mem)
+            p->resident[u] = mark - 1;
+        else
+            count++;
     }
-    cJSON_Delete(root);
-    return rc;
+    return count;
+}
+
+/* The state's residency (fy_plan_make) with the checkpoints and swap of p->place: p->resident,
+ * and the units kept. */
+static unsigned plan_resident(const struct fy_plan_in *in, struct fy_plan *p)
+{
+    memset(p->resident, FY_PLAN_STREAMED, fy_gpt_unit_count(in->shape.c));
+    if (in->cpu_mem == 0)
+        return 0;
+    unsigned kept = plan_mark(in, p, FY_PLAN_KEPT);
+    if (in->weight_dtype == FY_DTYPE_BF16)
+        plan_mark(in, p, FY_PLAN_KEPT_BF16);
+    return kept;
+}
+
+/* --ckpt-place: where the checkpoints go (p->place.ckpt_slots). auto: everything in the pool when
+ * it all fits, no SSD traffic at all; otherwise the pool is better spent on optimizer state: a
+ * streamed unit moves 28 bytes over the SSD per 12 of state each step (weights read, state read
+ * and written), a checkpoint 2 per byte. */
+static void plan_checkpoints(const struct fy_plan_in *in, struct fy_plan *p)
+{
+    int ssd = in->ckpt_place == FY_CKPT_SSD;
+    if (in->ckpt_place == FY_CKPT_AUTO) {
+        p->place.ckpt_slots = 0;
+        unsigned all = plan_resident(in, p);
+        ssd = in->cpu_mem != 0 && all < fy_gpt_unit_count(in->shape.c);
+        if (in->say)
+            fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
+                    ssd ? "on the SSD store" : "in the shared pool",
+                    ssd ? "the optimizer state does not all fit --cpu-mem beside them"
+                        : "they fit beside all the optimizer state");
+    }
+    p->place.ckpt_slots = ssd ? fy_plan_spill_slots(in->act_ahead) : 0;
+}
+
+/* The block gradient slots, up to in->grad_slots: more than the minimum only when every unit's
+ * state is resident (then the optimizer is what the gpu may wait for, and more slots let it lag
+ * behind the backward instead, its updates going lowest unit first), as many as still fit
+ * cpu_mem, at most one per block. */
+static unsigned plan_grad_slots(const struct fy_plan_in *in, const struct fy_plan *p)
+{
+    const struct fy_gpt_config *c = in->shape.c;
+    unsigned units = fy_gpt_unit_count(c), slots = FY_PLAN_GRAD_SLOTS_MIN;
+    for (unsigned u = 0; u < units; u++)
+        if (!p->resident[u])
+            return slots; /* streamed blocks are paced by their two state slots anyway */
+    unsigned most = c->n_layer < FY_PLAN_GRAD_SLOTS_MAX ? c->n_layer : FY_PLAN_GRAD_SLOTS_MAX;
+    most = in->grad_slots < most ? in->grad_slots : most;
+    struct fy_plan_place more = p->place;
+    for (more.grad_slots = slots + 1; more.grad_slots <= most; more.grad_slots++) {
+        if (pool_bytes(&in->shape, &more) > in->cpu_mem)
+            break;
+        slots = more.grad_slots;
+    }
+    return slots;
+}
+
+/* What the store takes: the state's copies, both commit records, and the scratch extents of the
+ * internals and checkpoints placed there, as train makes them. */
+static uint64_t store_bytes(const struct fy_plan_in *in, const struct fy_plan *p)
+{
+    const struct fy_gpt_config *c = in->shape.c;
+    uint64_t state = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+        state += fy_optstate_bytes(c, u);
+    return state * in->state_copies + 2 * FY_COMMIT_RECORD_BYTES +
+           fy_plan_swap_store_bytes(&p->place.swap, c->n_layer) +
+           (p->place.ckpt_slots ? fy_plan_ckpt_store_bytes(&in->shape) : 0);
+}
+
+/* What the GPU arena takes, where the backend's memory is modelled: the working buffers, and with
+ * every block's internals swapped (--act-plan host or ssd) a set per call in flight. */
+static void plan_gpu(const struct fy_plan_in *in, struct fy_plan *p)
+{
+    const struct fy_plan_shape *s = &in->shape;
+    int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
+    p->gpu_modelled = in->backend != NULL &&
+                      fy_backend_gpu_bytes(in->backend, s->c, s->B, s->T, &p->gpu_working,
+                                           &p->gpu_set);
+    if (p->gpu_modelled)
+        p->gpu_need = p->gpu_working + (forced ? FY_BACKEND_GPT_QUEUE * p->gpu_set : 0);
+    p->fits_gpu = !p->gpu_modelled || in->gpu_mem == 0 || p->gpu_need <= in->gpu_mem;
+}
+
+int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, struct fy_plan *p)
+{
+    const struct fy_plan_shape *s = &in->shape;
+    memset(p, 0, sizeof *p);
+    p->resident = calloc(fy_gpt_unit_count(s->c), 1);
+    FY_REQUIRE(p->resident != NULL, -ENOMEM, "plan: out of memory");
+    p->place.resident = p->resident;
+    p->place.prefetch = in->prefetch;
+    int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
+    if (forced && acts != NULL) /* placed whatever the room; the residency plans around them */
+        FY_TRY(acts->place(acts->ctx, in, p));
+    plan_checkpoints(in, p);
+    p->kept = plan_resident(in, p);
+    if (!forced && acts != NULL) /* in the room that the kept state and the streaming leave */
+        FY_TRY(acts->place(acts->ctx, in, p));
+    p->place.grad_slots = plan_grad_slots(in, p);
+    p->weight_copies = fy_plan_weight_copies(s->c, p->resident);
+    p->resident_bytes = fy_plan_resident_bytes(s->c, p->resident);
+    fy_plan_regions(s, &p->place, p->regions, &p->n_regions);
+    p->pool_bytes = fy_pool_layout_size(p->regions, p->n_regions);
+    p->fits_cpu = in->cpu_mem == 0 || p->pool_bytes <= in->cpu_mem;
+    p->store_bytes = store_bytes(in, p);
+    plan_gpu(in, p);
+    fy_plan_traffic(s, &p->place, &p->traffic);
+    fy_plan_predict(s, &p->place, &in->rates, &p->predicted);
+    return 0;
+}
+
+void fy_plan_free(struct fy_plan *p)
+{
+    free(p->resident);
+    p->resident = NULL;
+    p->place.resident = NULL;
 }

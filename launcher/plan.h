@@ -1,8 +1,11 @@
-/* The planner of a training run: where each unit's optimizer state lives (kept in the shared pool,
- * with or without a bf16 weights copy, or streamed from the SSD store), where the checkpoints go,
- * the block gradient slots, the pool's regions and how the executor finds them again, the bytes a
- * step moves over the SSD and PCIe, the store's scratch, and the predicted time per resource at a
- * machine's rates (the reference machine's, or a machine profile's). */
+/* The planner of a training run, one sequence for train, plan and profile (fy_plan_make): from the
+ * run's shape, its options, its budgets and the machine's rates, where each unit's optimizer state
+ * lives (kept in the shared pool, with or without a bf16 weights copy, or streamed from the SSD
+ * store), where the checkpoints go, the blocks' swapped internals (the activation plan's part,
+ * which the caller plugs in: launcher/planact.h with the workers' profile), the block gradient
+ * slots, the pool's regions, the bytes a step moves over the SSD and PCIe, what the store and the
+ * GPU take, and the predicted time per resource. The training executor (launcher/train.h) finds
+ * the regions again with fy_plan_layout_read. */
 #ifndef FY_PLAN_H
 #define FY_PLAN_H
 
@@ -11,6 +14,33 @@
 #include "common/actplan.h"
 #include "common/model.h"
 #include "common/pool.h"
+
+/* ---- the machine's rates -------------------------------------------------------------------- */
+
+/* Rates a step's time is predicted from. */
+struct fy_plan_rates {
+    double gpu_flops;           /* model FLOP/s with blocks recomputed (0: compute not predicted) */
+    double h2d, d2h;            /* PCIe bytes/s to and from the GPU */
+    double ssd_read, ssd_write; /* bytes/s; reads and writes share the disk */
+    double opt_params;          /* AdamW parameters/s */
+};
+/* The reference machine's (one H200, docs/benchmarks.md "The machine"): what train and plan
+ * predict with where no machine profile (fuyou-launch probe) is given. */
+extern const struct fy_plan_rates fy_plan_reference_rates;
+/* The rates of a machine profile: a JSON object with gpu_flops (model FLOP/s with blocks
+ * recomputed), h2d, d2h (bytes/s), ssd_read, ssd_write (bytes/s), opt_params (AdamW
+ * parameters/s), all positive numbers. -EINVAL (said, naming the file and key) otherwise. */
+int fy_plan_rates_load(const char *path, struct fy_plan_rates *out);
+
+/* ---- what a step is and where things live ---------------------------------------------------- */
+
+/* One training step's shape: what every count of the plan is of. */
+struct fy_plan_shape {
+    const struct fy_gpt_config *c;
+    int B, T;      /* B sequences of T tokens a step (1 x 1: init and export) */
+    int act_dtype; /* activations in the pool: FY_DTYPE_F32 or _BF16 (the backend's) */
+    int clip;      /* the gradient norm clipped: two backward passes */
+};
 
 /* Units of weights read ahead of the one the gpu computes (--prefetch): each costs a unit slot. */
 #define FY_PLAN_PREFETCH_MAX 8
@@ -52,24 +82,53 @@ uint64_t fy_plan_swap_pool_bytes(const struct fy_plan_swap *swap);
 /* The store's scratch extents a run takes (0: none), as train makes them: the SSD-placed internals'
  * (one slot's size for each block), and the checkpoints' with --ckpt-place ssd. */
 uint64_t fy_plan_swap_store_bytes(const struct fy_plan_swap *swap, unsigned n_layer);
-uint64_t fy_plan_ckpt_store_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype);
+uint64_t fy_plan_ckpt_store_bytes(const struct fy_plan_shape *s);
+
+/* Where a unit's optimizer state lives (struct fy_plan_place.resident): streamed from the store,
+ * kept in the pool across steps, or kept with a bf16 copy of its weights beside it, which AdamW
+ * writes with the master and the gpu worker reads instead of the master: half the bytes over
+ * PCIe, and the same bits where the backend computes in bf16 anyway
+ * (fy_backend_preferred_weight_dtype). */
+enum { FY_PLAN_STREAMED = 0, FY_PLAN_KEPT = 1, FY_PLAN_KEPT_BF16 = 2 };
+
+/* Where things live in a step: a plan's placement (struct fy_plan), or one a caller gives. */
+struct fy_plan_place {
+    /* per unit FY_PLAN_STREAMED, _KEPT or _KEPT_BF16 (NULL: all streamed) */
+    const unsigned char *resident;
+    unsigned prefetch;   /* units of weights read ahead, 1..FY_PLAN_PREFETCH_MAX */
+    unsigned grad_slots; /* block gradients, FY_PLAN_GRAD_SLOTS_MIN.._MAX */
+    /* 0: the checkpoints x_0..x_L stay in the pool; else x_0..x_{L-1} go to the store through
+     * these slots (fy_plan_spill_slots) */
+    unsigned ckpt_slots;
+    struct fy_plan_swap swap; /* the blocks' swapped internals (all 0: none) */
+};
 
 /* Bytes of one activation [B][T][C] in the pool. */
 uint64_t fy_plan_act_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype);
 /* Rows of the embeddings unit (GPT-2: the token rows, then the positions'), each n_embd floats. */
 uint64_t fy_plan_embed_rows(const struct fy_gpt_config *c);
+/* Units with a bf16 copy of their weights (NULL: none). */
+unsigned fy_plan_weight_copies(const struct fy_gpt_config *c, const unsigned char *resident);
+/* Bytes of unit u's weights that the gpu worker is sent: its bf16 copy's, or its f32 master's. */
+uint64_t fy_plan_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
+                              unsigned u);
+/* Bytes of the kept units' state and weight copies: the "resident" region. */
+uint64_t fy_plan_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
 
-/* Pool regions for a model and batch (B = T = 1 for init/export), with a "resident" region for the
- * optimizer state of the units marked in `resident` (may be NULL), weights slots for `prefetch`
- * units read ahead (1..FY_PLAN_PREFETCH_MAX), `grad_slots` block gradients (FY_PLAN_GRAD_SLOTS_MIN
- * to _MAX) and, with `clip`, room for the final unit's gradient between the two backward passes of
- * a clipped step, the checkpoints (x_0..x_L, or with ckpt_slots > 0 the slots they pass through on
- * their way to the store: fy_plan_spill_slots), and with swap (may be NULL) the "saved" region of
- * the blocks' swapped internals. n receives the count (<= 10). */
-void fy_plan_regions(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                     const unsigned char *resident, int clip, unsigned prefetch,
-                     unsigned grad_slots, unsigned ckpt_slots, const struct fy_plan_swap *swap,
-                     struct fy_pool_region_spec out[10], unsigned *n);
+/* ---- the pool's regions ---------------------------------------------------------------------- */
+
+#define FY_PLAN_REGIONS_MAX 10
+/* Pool regions for a step of shape s (B = T = 1 for init and export) with placement p: the
+ * streaming regions (meta, tokens, the checkpoints or their slots, activation gradients, the
+ * weights slots, the gradient slots with clipping's final-unit gradient after them, two state
+ * slots), then the kept state ("resident") and the swapped internals ("saved") where there are
+ * any. n receives the count. */
+void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                     struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n);
+/* The same for a session that moves the model unit by unit through them (init, export): a step of
+ * one token with f32 activations, nothing kept, nothing swapped. */
+void fy_plan_unit_regions(const struct fy_gpt_config *c,
+                          struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n);
 
 /* Where everything lives in the pool, as fy_plan_regions laid it out (fy_plan_layout_read). */
 struct fy_plan_layout {
@@ -91,88 +150,106 @@ struct fy_plan_layout {
     unsigned gslots;
     unsigned act_slots, dact_slots; /* activations the acts and dacts regions hold */
 };
-/* The layout of a pool laid out by fy_plan_regions for this model and batch (and `clip`): its
- * regions found and checked against what the steps need (-EINVAL, said, where they fall short). */
-int fy_plan_layout_read(const struct fy_pool *p, const struct fy_gpt_config *c, int B, int T,
-                        int act_dtype, int clip, struct fy_plan_layout *l);
+/* The layout of a pool that fy_plan_regions laid out for a step of shape s: its regions found and
+ * checked against what the steps need (-EINVAL, said, where they fall short). */
+int fy_plan_layout_read(const struct fy_pool *pool, const struct fy_plan_shape *s,
+                        struct fy_plan_layout *l);
 /* Offsets of the resident units' state in the pool (0: streamed from the store), and of their
  * bf16 weight copies, each after its unit's state (0: none). */
-int fy_plan_resident_offsets(const struct fy_pool *p, const struct fy_gpt_config *c,
+int fy_plan_resident_offsets(const struct fy_pool *pool, const struct fy_gpt_config *c,
                              const unsigned char *resident, uint64_t *offsets, uint64_t *copies);
 
-/* Where a unit's optimizer state lives (fy_train_opts.resident): streamed from the store, kept in
- * the pool across steps, or kept with a bf16 copy of its weights beside it, which AdamW writes
- * with the master and the gpu worker reads instead of the master: half the bytes over PCIe, and
- * the same bits where the backend computes in bf16 anyway (fy_backend_preferred_weight_dtype). */
-enum { FY_PLAN_STREAMED = 0, FY_PLAN_KEPT = 1, FY_PLAN_KEPT_BF16 = 2 };
-/* The memory plan under --cpu-mem: marks, unit 0 first, every unit whose optimizer state (master,
- * m, v) still fits in a pool of at most cpu_mem bytes together with the streaming regions; those
- * units' state stays in the pool across steps (no SSD traffic, written to the store at
- * checkpoints), the others stream from the store. With weight_dtype FY_DTYPE_BF16 the kept units
- * then get their bf16 copies, unit 0 first, while those fit too (a copy saves PCIe time, a kept
- * unit SSD time, which is dearer). cpu_mem 0: none. ckpt_slots as fy_plan_regions takes it.
- * Returns how many units are kept. */
-unsigned fy_plan_resident(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                          uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
-                          const struct fy_plan_swap *swap, int weight_dtype,
-                          unsigned char *resident);
-/* Units with a bf16 copy of their weights in the plan. */
-unsigned fy_plan_weight_copies(const struct fy_gpt_config *c, const unsigned char *resident);
-/* Bytes of unit u's weights that the gpu worker is sent: its bf16 copy's, or its f32 master's. */
-uint64_t fy_plan_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
-                              unsigned u);
-/* Bytes of the kept units' state and weight copies (the "resident" region). */
-uint64_t fy_plan_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
-/* The block gradient slots for that plan, up to `wanted`: more than the minimum only when every
- * unit's state is resident (then the optimizer is what the gpu may wait for, and more slots let it
- * lag behind the backward instead, its updates going lowest unit first), as many as still fit
- * cpu_mem, at most one per block. */
-unsigned fy_plan_grad_slots(const struct fy_gpt_config *c, int B, int T, int act_dtype,
-                            uint64_t cpu_mem, int clip, unsigned prefetch, unsigned ckpt_slots,
-                            const struct fy_plan_swap *swap, const unsigned char *resident,
-                            unsigned wanted);
-/* Bytes a training step reads from and writes to the SSD store, from the state's layout
- * (common/optstate.h): the streamed units' master sections in the forward (a block's once more with
- * clipping, for the norm pass), their whole state read once, which also gives a block its weights
- * in the backward, and written once; with ckpt_ssd the
- * checkpoints x_0..x_{L-1} written in the forward and read in each backward pass; with swap the
- * blocks' SSD-placed internals likewise (at most: the last ones may still be in their slots). */
-void fy_plan_ssd_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                       int ckpt_ssd, const struct fy_plan_swap *swap,
-                       const unsigned char *resident, uint64_t *read, uint64_t *write);
-/* Bytes a training step moves to the GPU and back over PCIe through the gpu worker's host
- * interface (weights as fy_plan_upload_bytes, fp32 gradients, activations in act_dtype; with
- * clipping the second backward pass too; swap's internals down in the forward and up in each
- * backward pass), every input uploaded: the CUDA backend hands a unit's output to the next unit on
- * the device when the two are in flight together, which spares those uploads. */
-void fy_plan_pcie_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                        const struct fy_plan_swap *swap, const unsigned char *resident,
-                        uint64_t *to_gpu, uint64_t *from_gpu);
+/* ---- traffic and prediction ------------------------------------------------------------------ */
 
-/* Rates a step's time is predicted from. */
-struct fy_plan_rates {
-    double gpu_flops;           /* model FLOP/s with blocks recomputed (0: compute not predicted) */
-    double h2d, d2h;            /* PCIe bytes/s to and from the GPU */
-    double ssd_read, ssd_write; /* bytes/s; reads and writes share the disk */
-    double opt_params;          /* AdamW parameters/s */
+/* What a step moves. SSD: the streamed units' master sections in the forward (a block's once more
+ * with clipping, for the norm pass), their whole state read once, which also gives a block its
+ * weights in the backward, and written once (common/optstate.h); the checkpoints x_0..x_{L-1} on
+ * the store written in the forward and read in each backward pass; the blocks' SSD-placed
+ * internals likewise (at most: the last ones may still be in their slots). PCIe, through the gpu
+ * worker's host interface: weights as fy_plan_upload_bytes, f32 gradients, activations in the
+ * shape's dtype, with clipping the second backward pass too, the swapped internals down in the
+ * forward and up in each backward pass, every input uploaded (at most: the CUDA backend hands a
+ * unit's output to the next unit on the device when the two are in flight together). */
+struct fy_plan_traffic {
+    uint64_t ssd_read, ssd_write;
+    uint64_t to_gpu, from_gpu;
 };
-/* The rates measured on the reference machine (one H200, docs/benchmarks.md): bench-gpu's model
- * FLOP/s with blocks recomputed, PCIe one way at a time, the io engine on its disk, AdamW beside
- * the copies in bench-pipeline. */
-struct fy_plan_rates fy_plan_reference_rates(void);
-/* The rates of a machine profile: a JSON object with gpu_flops (model FLOP/s with blocks
- * recomputed), h2d, d2h (bytes/s), ssd_read, ssd_write (bytes/s), opt_params (AdamW
- * parameters/s), all positive numbers. -EINVAL (said, naming the file and key) otherwise. */
-int fy_plan_rates_load(const char *path, struct fy_plan_rates *out);
+void fy_plan_traffic(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                     struct fy_plan_traffic *out);
 
 /* Predicted seconds per step of each resource and the largest (the bound) and its name. */
 struct fy_plan_prediction {
     double gpu_s, h2d_s, d2h_s, ssd_s, opt_s, step_s;
     const char *bound;
 };
-void fy_plan_predict(const struct fy_gpt_config *c, int B, int T, int act_dtype, int clip,
-                     int ckpt_ssd, const struct fy_plan_swap *swap,
-                     const unsigned char *resident, const struct fy_plan_rates *rates,
-                     struct fy_plan_prediction *out);
+/* The GPU's compute from the model FLOPs (with clipping, the blocks' backward once more) at
+ * gpu_flops, the traffic at its rates (SSD reads and writes share the disk), AdamW over every
+ * parameter (with clipping, the sums of squares too). */
+void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                     const struct fy_plan_rates *rates, struct fy_plan_prediction *out);
+
+/* ---- the plan -------------------------------------------------------------------------------- */
+
+/* What a plan is made from: the step, the options that place things, the budgets, the rates. */
+struct fy_plan_in {
+    struct fy_plan_shape shape;
+    const char *backend;     /* "cpu" or "cuda", resolved: its GPU memory model */
+    unsigned prefetch;       /* --prefetch */
+    unsigned grad_slots;     /* --grad-slots: the most block gradients wanted */
+    unsigned act_ahead;      /* --act-ahead (0: the default) */
+    int ckpt_place;          /* --ckpt-place: FY_CKPT_HOST, _SSD or _AUTO (launcher/options.h) */
+    enum fy_actplan_mode act_mode; /* --act-plan */
+    int weight_dtype;        /* the weights sent to the gpu: FY_DTYPE_F32, or _BF16 (copies) */
+    uint64_t cpu_mem;        /* the pool's cap (0: none, and no state kept) */
+    uint64_t gpu_mem;        /* the GPU arena's (0: all of it) */
+    unsigned state_copies;   /* of the optimizer state in the store: 2 or 1 */
+    struct fy_plan_rates rates;
+    int say;                 /* say --ckpt-place auto's choice in the log as it is made (train) */
+};
+
+/* A plan. */
+struct fy_plan {
+    unsigned char *resident;     /* per unit, FY_PLAN_*: place.resident (fy_plan_free frees it) */
+    struct fy_plan_place place;  /* where things live, the gradient slots as many as fit */
+    unsigned kept, weight_copies; /* units whose state is kept; of those, with a bf16 copy */
+    uint64_t resident_bytes;     /* the kept state and copies */
+    struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
+    unsigned n_regions;
+    uint64_t pool_bytes;         /* the regions laid out (fy_pool_layout_size) */
+    /* the store: the state's copies, both commit records, the scratch extents of the checkpoints
+     * and internals placed there */
+    uint64_t store_bytes;
+    /* the GPU arena (where the backend's memory is modelled, gpu_modelled): its working buffers,
+     * a block's internals (a set), and what the plan needs: the working buffers, and with every
+     * block's internals swapped a set per call in flight */
+    int gpu_modelled;
+    uint64_t gpu_working, gpu_set, gpu_need;
+    int fits_cpu, fits_gpu;      /* pool_bytes within cpu_mem (or none); gpu_need within gpu_mem */
+    struct fy_plan_traffic traffic;
+    struct fy_plan_prediction predicted; /* at in->rates */
+};
+
+/* The activation plan's step in the sequence, which places the blocks' internals in p->place.swap:
+ * called before the state's residency is planned for --act-plan host and ssd (every block's
+ * internals placed whatever the room; the residency plans around them), after it for auto and
+ * recompute (auto plans in the room that the kept state and the streaming leave: p->resident and
+ * p->place.ckpt_slots as planned). Returns 0 or -errno (said). NULL: nothing swapped. */
+struct fy_plan_acts {
+    int (*place)(void *ctx, const struct fy_plan_in *in, struct fy_plan *p);
+    void *ctx;
+};
+
+/* The plan, in one sequence: the forced activation placement; the checkpoints' place (--ckpt-place
+ * auto: the pool when all optimizer state fits --cpu-mem beside them, else the store); the state's
+ * residency (unit 0 first, every unit whose state still fits --cpu-mem with the streaming regions
+ * is kept in the pool across steps, the others stream from the store; with bf16 weights the kept
+ * units then get their copies, unit 0 first, while those fit too); the activation plan of auto
+ * and recompute; the gradient slots (more than the minimum only when every unit's state is kept:
+ * as many as --grad-slots asks and the budget holds, one per block at most); the regions; the
+ * store, the GPU, the traffic and the prediction. acts may be NULL. -errno (said) where the
+ * activation plan fails or memory runs out; a plan that does not fit its budgets is made all the
+ * same (fits_cpu, fits_gpu). */
+int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, struct fy_plan *p);
+void fy_plan_free(struct fy_plan *p);
 
 #endif

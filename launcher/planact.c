@@ -96,76 +96,102 @@ int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates
     return 1;
 }
 
-/* The plan for the blocks' internals (launcher/actrun.h): every mode profiles a block first on a
- * backend that can (not the Llama blocks); auto plans from the profile within the room the pool
- * and the store leave, the forced modes are placed as they are (and predicted from the profile
- * once the state's residency is planned, fy_actrun_predict). ckpt_slots: the checkpoints' pool
- * slots on their way to the store, 0 where they stay in the pool (fy_plan_regions). */
-int fy_planact_make(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
-                    int clip, unsigned ckpt_slots, const unsigned char *resident,
-                    struct fy_restart *restarts, struct fy_gpt_profile *prof,
-                    struct fy_actrun_in *in, struct fy_actrun *run)
+/* The room for auto: what the pool and the store leave beside the kept state, the streaming
+ * regions and the checkpoints as planned so far. */
+static void auto_room(const struct fy_planact *a, const struct fy_plan_in *in,
+                      const struct fy_plan *p, uint64_t *host, uint64_t *ssd)
 {
-    enum fy_actplan_mode mode;
-    FY_TRY(fy_actplan_mode_parse(o->act_plan, &mode));
-    *in = (struct fy_actrun_in){.c = model, .B = (int)o->batch, .T = (int)o->seq, .mode = mode,
-                                .backend = o->backend, .act_dtype = act_dtype, .clip = clip,
-                                .resident = resident, .rates = fy_plan_reference_rates(),
-                                .act_ahead = (unsigned)o->act_ahead};
+    struct fy_plan_place least = p->place;
+    least.grad_slots = FY_PLAN_GRAD_SLOTS_MIN;
+    memset(&least.swap, 0, sizeof least.swap);
+    struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
+    unsigned n;
+    fy_plan_regions(&in->shape, &least, regions, &n);
+    uint64_t ckpts = p->place.ckpt_slots ? fy_plan_ckpt_store_bytes(&in->shape) : 0;
+    swap_room(a->o, fy_pool_layout_size(regions, n), ckpts, host, ssd);
+}
+
+/* The block profiled (restarted as in training where a worker fails, with train's restarts), the
+ * SSD rates taken from the last session's steps where --ssd-rates says, and for auto the room.
+ * 0, or -errno where the plan must not go on (interrupted, a worker that failed, a run directory
+ * in use); a profile that failed otherwise is said, and the plan goes on without it. */
+static int profile_block(struct fy_planact *a, const struct fy_plan_in *in,
+                         const struct fy_plan *p)
+{
+    const struct fy_options *o = a->o;
+    struct fy_actrun_in *ain = &a->in;
+    struct fy_sup_fault fault;
+    int rc;
+    for (;;) {
+        double t0 = fy_monotonic_ns() * 1e-9;
+        rc = fy_profile_run(o, in->shape.c, in->shape.act_dtype, &a->prof, &ain->rates, &fault);
+        if (a->restarts == NULL || !fy_restart_after(a->restarts, rc, 0, &fault, t0))
+            break;
+    }
+    /* interrupted, a worker that failed, a run directory in use: said, and no plan */
+    if (rc == -EINTR || rc == -ECHILD || rc == -ETIMEDOUT || rc == -EBUSY)
+        return rc;
+    if (rc < 0 && ain->mode == FY_ACTPLAN_AUTO) /* loudly, and on with what needs no profile */
+        fy_warn("--act-plan auto: profiling a block failed (above): planning without it, the "
+                "gpu worker keeps the internals of what fits and nothing is swapped");
+    else if (rc < 0)
+        fy_warn("--act-plan %s: profiling a block failed (above): the step is not predicted",
+                o->act_plan);
+    ain->prof = rc == 0 ? &a->prof : NULL;
+    if (rc == 0)
+        ain->ssd_rates_from_steps = fy_planact_ssd_rates(o, &ain->rates, "the profile's sample");
+    if (ain->mode == FY_ACTPLAN_AUTO)
+        auto_room(a, in, p, &ain->host_bytes, &ain->ssd_bytes);
+    return 0;
+}
+
+/* fy_plan_make's activation step (fy_planact_acts). */
+static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
+{
+    struct fy_planact *a = ctx;
+    const struct fy_options *o = a->o;
+    const struct fy_gpt_config *model = in->shape.c;
+    a->in = (struct fy_actrun_in){.c = model, .B = in->shape.B, .T = in->shape.T,
+                                  .mode = in->act_mode, .backend = in->backend,
+                                  .act_dtype = in->shape.act_dtype, .clip = in->shape.clip,
+                                  .resident = p->resident, .rates = fy_plan_reference_rates,
+                                  .act_ahead = in->act_ahead};
     /* every mode is profiled: auto plans from it, the forced ones are predicted from it */
     if (model->arch != FY_ARCH_LLAMA && !o->inprocess) {
-        struct fy_sup_fault fault;
-        int rc;
-        for (;;) { /* a worker that fails here is restarted as in training (restarts: train's) */
-            double t0 = fy_monotonic_ns() * 1e-9;
-            rc = fy_profile_run(o, model, act_dtype, prof, &in->rates, &fault);
-            if (restarts == NULL || !fy_restart_after(restarts, rc, 0, &fault, t0))
-                break;
-        }
-        /* interrupted, a worker that failed, a run directory in use: said, and no plan */
-        if (rc == -EINTR || rc == -ECHILD || rc == -ETIMEDOUT || rc == -EBUSY)
-            return rc;
-        if (rc < 0 && mode == FY_ACTPLAN_AUTO) /* loudly, and on with what needs no profile */
-            fy_warn("--act-plan auto: profiling a block failed (above): planning without it, the "
-                    "gpu worker keeps the internals of what fits and nothing is swapped");
-        else if (rc < 0)
-            fy_warn("--act-plan %s: profiling a block failed (above): the step is not predicted",
-                    o->act_plan);
-        in->prof = rc == 0 ? prof : NULL;
-        if (rc == 0)
-            in->ssd_rates_from_steps = fy_planact_ssd_rates(o, &in->rates, "the profile's sample");
-        if (mode == FY_ACTPLAN_AUTO) { /* the room that state and streaming leave */
-            struct fy_pool_region_spec regions[10];
-            unsigned n;
-            fy_plan_regions(model, in->B, in->T, act_dtype, resident, clip,
-                            (unsigned)o->prefetch, FY_PLAN_GRAD_SLOTS_MIN, ckpt_slots, NULL,
-                            regions, &n);
-            uint64_t ckpts =
-                ckpt_slots ? fy_plan_ckpt_store_bytes(model, in->B, in->T, act_dtype) : 0;
-            swap_room(o, fy_pool_layout_size(regions, n), ckpts, &in->host_bytes, &in->ssd_bytes);
-        }
-    } else if (mode == FY_ACTPLAN_AUTO && model->arch == FY_ARCH_LLAMA) {
+        FY_TRY(profile_block(a, in, p));
+    } else if (in->act_mode == FY_ACTPLAN_AUTO && model->arch == FY_ARCH_LLAMA) {
         fy_info("--act-plan auto: a Llama model's blocks are neither profiled nor swapped: %s",
-                strcmp(o->backend, "cuda") == 0
+                strcmp(in->backend, "cuda") == 0
                     ? "the gpu worker keeps the internals of the top blocks that fit the GPU and "
                       "recomputes the others in their backward"
                     : "the CPU backend keeps no block's internals, every backward recomputes them");
     }
-    FY_TRY(fy_actrun_plan(in, run));
-    fy_actrun_log(run, in);
+    FY_TRY(fy_actrun_plan(&a->in, &a->run));
+    fy_actrun_log(&a->run, &a->in);
+    p->place.swap = a->run.swap;
     return 0;
 }
 
-/* The plan for people and tools: RUN/act_plan.json, replaced whole. */
-int fy_planact_save(const struct fy_options *o, const struct fy_actrun *run,
-                    const struct fy_actrun_in *in)
+struct fy_plan_acts fy_planact_acts(struct fy_planact *a)
 {
+    return (struct fy_plan_acts){.place = place_acts, .ctx = a};
+}
+
+void fy_planact_free(struct fy_planact *a)
+{
+    fy_actrun_free(&a->run);
+}
+
+/* The plan for people and tools: RUN/act_plan.json, replaced whole. */
+int fy_planact_save(const struct fy_planact *a)
+{
+    const struct fy_options *o = a->o;
     char path[PATH_MAX], tmp[PATH_MAX + 8];
     snprintf(path, sizeof path, "%s/act_plan.json", o->run_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     FY_REQUIRE(f != NULL, -errno, "cannot create %s: %s", tmp, strerror(errno));
-    int rc = fy_actrun_write_json(run, in, f);
+    int rc = fy_actrun_write_json(&a->run, &a->in, f);
     if (fclose(f) != 0 && rc == 0) {
         rc = -errno;
         fy_error("writing %s: %s", tmp, strerror(-rc));

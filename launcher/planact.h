@@ -10,8 +10,8 @@
 #include "common/model.h"
 #include "launcher/actrun.h"
 #include "launcher/options.h"
+#include "launcher/plan.h"
 #include "launcher/restart.h"
-#include "launcher/train.h"
 
 /* RUN/ssd_rates.json: the SSD's rates in a past session's steps (launcher/diskrates.h). */
 void fy_planact_ssd_rates_path(const struct fy_options *o, char *path, size_t len);
@@ -21,18 +21,23 @@ void fy_planact_ssd_rates_path(const struct fy_options *o, char *path, size_t le
  * nothing keeps the rate it had. Returns 1 where it took them, else 0. */
 int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates,
                          const char *instead);
-/* The plan for the blocks' internals: every mode profiles a block first on a backend that can
- * (not the Llama blocks); auto plans from the profile within the room the pool and the store
- * leave, the forced modes are placed as they are (and predicted from the profile once the
- * state's residency is planned, fy_actrun_predict). ckpt_slots: the checkpoints' pool slots on
- * their way to the store, 0 where they stay in the pool (fy_plan_regions). restarts: train's,
- * for a worker that fails in the profile; NULL: none. */
-int fy_planact_make(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
-                    int clip, unsigned ckpt_slots, const unsigned char *resident,
-                    struct fy_restart *restarts, struct fy_gpt_profile *prof,
-                    struct fy_actrun_in *in, struct fy_actrun *run);
+/* An activation plan of a train or profile command, made as fy_plan_make's activation step
+ * (launcher/plan.h): the command's options, the block's profile, the planner's input and its
+ * result. */
+struct fy_planact {
+    const struct fy_options *o;
+    struct fy_restart *restarts; /* train's, for a worker that fails in the profile; NULL: none */
+    struct fy_gpt_profile prof;
+    struct fy_actrun_in in;
+    struct fy_actrun run;
+};
+/* The activation step for fy_plan_make: every mode profiles a block first on a backend that can
+ * (not the Llama blocks; not with --inprocess); auto plans from the profile within the room the
+ * pool and the store leave, the forced modes are placed as they are (and are predicted from the
+ * profile once the plan is made: fy_actrun_predict). The plan is said in the log. */
+struct fy_plan_acts fy_planact_acts(struct fy_planact *a);
 /* The plan for people and tools: RUN/act_plan.json, replaced whole. */
-int fy_planact_save(const struct fy_options *o, const struct fy_actrun *run,
-                    const struct fy_actrun_in *in);
+int fy_planact_save(const struct fy_planact *a);
+void fy_planact_free(struct fy_planact *a);
 
 #endif

@@ -9,6 +9,7 @@
 #include "common/model.h"
 #include "common/pool.h"
 #include "launcher/options.h"
+#include "launcher/plan.h"
 #include "launcher/session.h"
 
 /* The session of a command's workers: its run directory, affinity, store, --cpu-mem and
@@ -36,5 +37,10 @@ void fy_runconf_unit_regions(const struct fy_gpt_config *c, struct fy_pool_regio
 /* The dtype of the weights the gpu worker of `backend` is sent (--weights-dtype; auto: the
  * backend's). */
 int fy_runconf_weight_dtype(const struct fy_options *o, const char *backend);
+/* What the planner (launcher/plan.h) is given for a run of `model` on `backend` (resolved) with
+ * these options: the step's shape (the backend's activations), where things may go, the budgets,
+ * and the reference machine's rates. -EINVAL (said) for an --act-plan it does not know. */
+int fy_runconf_plan_in(const struct fy_options *o, const struct fy_gpt_config *model,
+                       const char *backend, struct fy_plan_in *in);
 
 #endif

@@ -623,8 +623,8 @@ static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint6
     return b >= 2 ? backward_ahead(r, b) : 0;
 }
 
-static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_config *c, int B, int T,
-                    int act_dtype, int clip, const struct fy_exec *x, int timeout_ms)
+static int run_init(struct run *r, struct fy_pool *pool, const struct fy_plan_shape *s,
+                    const struct fy_exec *x, int timeout_ms)
 {
     memset(r, 0, sizeof *r);
     for (int i = 0; i < 3; i++)
@@ -633,10 +633,10 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_gpt_con
     r->x = x;
     r->pool = pool;
     r->timeout_ms = timeout_ms;
-    FY_REQUIRE(act_dtype == FY_DTYPE_F32 || act_dtype == FY_DTYPE_BF16, -EINVAL,
+    FY_REQUIRE(s->act_dtype == FY_DTYPE_F32 || s->act_dtype == FY_DTYPE_BF16, -EINVAL,
                "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
-               fy_dtype_name(act_dtype));
-    FY_TRY(fy_plan_layout_read(pool, c, B, T, act_dtype, clip, &r->l));
+               fy_dtype_name(s->act_dtype));
+    FY_TRY(fy_plan_layout_read(pool, s, &r->l));
     r->dfinal = gslot(&r->l, 1);
     return 0;
 }
@@ -657,7 +657,8 @@ int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const str
                         uint64_t seed, unsigned copies, int timeout_ms)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, c, 1, 1, FY_DTYPE_F32, 0, x, timeout_ms));
+    const struct fy_plan_shape one = {.c = c, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};
+    FY_TRY(run_init(&r, pool, &one, x, timeout_ms));
     struct init_ctx ctx = {c, seed};
     /* the two state slots, one unit's whole state each */
     const uint64_t bufs[2] = {r.l.state, r.l.state + r.l.state_slot_bytes};
@@ -1614,8 +1615,10 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                  const struct fy_tokfile *data, const struct fy_train_opts *o)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, &meta->model, o->batch, o->seq, o->act_dtype, o->clip_grad_norm > 0,
-                    x, o->timeout_ms));
+    const struct fy_plan_shape shape = {.c = &meta->model, .B = o->batch, .T = o->seq,
+                                        .act_dtype = o->act_dtype,
+                                        .clip = o->clip_grad_norm > 0};
+    FY_TRY(run_init(&r, pool, &shape, x, o->timeout_ms));
     r.overlap = o->overlap;
     r.act_ahead = fy_plan_act_ahead(o->act_ahead);
     FY_REQUIRE(r.act_ahead <= FY_PLAN_ACT_AHEAD_MAX, -EINVAL,
@@ -1793,7 +1796,8 @@ int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
                           int timeout_ms)
 {
     struct run r;
-    FY_TRY(run_init(&r, pool, &meta->model, 1, 1, FY_DTYPE_F32, 0, x, timeout_ms));
+    const struct fy_plan_shape one = {.c = &meta->model, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};
+    FY_TRY(run_init(&r, pool, &one, x, timeout_ms));
     struct fy_commit_export passed = {0};
     /* a run training meanwhile can commit over what is read; damaged state: the commit before */
     for (int moved = 0;; moved++) {

@@ -65,7 +65,7 @@ struct fy_train_opts {
      * waiting for room there stop the run at a commit (launcher/metrics.h) */
     struct fy_metrics *metrics;
     FILE *trace;          /* Chrome trace-event JSON of every request (Perfetto); NULL: none */
-    /* per unit: FY_PLAN_STREAMED, _KEPT or _KEPT_BF16 (fy_plan_resident) */
+    /* per unit: FY_PLAN_STREAMED, _KEPT or _KEPT_BF16 (struct fy_plan.resident) */
     const unsigned char *resident;
     double clip_grad_norm; /* > 0: clip the global gradient norm to this (two backward passes) */
     int ckpt_ssd;          /* 1: the block-input checkpoints go to the SSD store (--ckpt-place ssd) */

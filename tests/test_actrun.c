@@ -61,7 +61,7 @@ static struct fy_actrun_in input(const struct fy_gpt_config *c, const struct fy_
 {
     struct fy_actrun_in in = {.c = c, .B = 4, .T = 128, .mode = mode, .backend = backend,
                               .prof = p, .resident = all_resident,
-                              .rates = fy_plan_reference_rates(), .host_bytes = 1ull << 40,
+                              .rates = fy_plan_reference_rates, .host_bytes = 1ull << 40,
                               .ssd_bytes = 1ull << 40};
     in.act_dtype = strcmp(backend, "cpu") == 0 ? 1 : 2; /* FY_DTYPE_F32, _BF16 */
     return in;

@@ -24,8 +24,8 @@
 #include "common/desc.h"
 #include "common/dtype.h"
 #include "common/optstate.h"
+#include "launcher/plan.h"
 #include "launcher/selftest.h"
-#include "launcher/train.h"
 
 /* GPT-2, 1024 wide: a block's 12 C^2 + 13 C parameters are a multiple of 1024, so its f32
  * sections need no padding. */
@@ -106,15 +106,20 @@ static void test_planner_counts(void **state)
 {
     (void)state;
     struct fy_gpt_config c = gpt_wide();
-    uint64_t P = fy_gpt_unit_params(&c, 1), rd, wr;
+    uint64_t P = fy_gpt_unit_params(&c, 1);
     unsigned char res[8];
+    struct fy_plan_shape step = {.c = &c, .B = 2, .T = 16, .act_dtype = FY_DTYPE_F32};
+    struct fy_plan_shape clipped = step;
+    clipped.clip = 1;
+    const struct fy_plan_place place = {.resident = res};
+    struct fy_plan_traffic t;
     one_streamed(&c, FY_PLAN_STREAMED, res);
-    fy_plan_ssd_bytes(&c, 2, 16, FY_DTYPE_F32, 0, 0, NULL, res, &rd, &wr);
-    assert_int_equal(rd, 16 * P); /* 4 in the forward, 12 in the backward */
-    assert_int_equal(wr, 12 * P);
-    assert_int_equal(rd + wr, 28 * P);
-    fy_plan_ssd_bytes(&c, 2, 16, FY_DTYPE_F32, 1, 0, NULL, res, &rd, &wr);
-    assert_int_equal(rd + wr, 32 * P); /* the norm pass reads the master once more */
+    fy_plan_traffic(&step, &place, &t);
+    assert_int_equal(t.ssd_read, 16 * P); /* 4 in the forward, 12 in the backward */
+    assert_int_equal(t.ssd_write, 12 * P);
+    assert_int_equal(t.ssd_read + t.ssd_write, 28 * P);
+    fy_plan_traffic(&clipped, &place, &t);
+    assert_int_equal(t.ssd_read + t.ssd_write, 32 * P); /* the norm pass reads the master once more */
     assert_int_equal(fy_plan_upload_bytes(&c, res, 1), 4 * P);
     uint64_t kept_others = 0; /* the other units' state, kept */
     for (unsigned u = 0; u < fy_gpt_unit_count(&c); u++)
@@ -122,19 +127,19 @@ static void test_planner_counts(void **state)
     assert_int_equal(fy_plan_resident_bytes(&c, res), kept_others);
 
     one_streamed(&c, FY_PLAN_KEPT, res);
-    fy_plan_ssd_bytes(&c, 2, 16, FY_DTYPE_F32, 1, 0, NULL, res, &rd, &wr);
-    assert_int_equal(rd, 0);
-    assert_int_equal(wr, 0);
+    fy_plan_traffic(&clipped, &place, &t);
+    assert_int_equal(t.ssd_read, 0);
+    assert_int_equal(t.ssd_write, 0);
     assert_int_equal(fy_plan_resident_bytes(&c, res), kept_others + 12 * P);
     one_streamed(&c, FY_PLAN_KEPT_BF16, res);
     assert_int_equal(fy_plan_resident_bytes(&c, res), kept_others + 12 * P + pad(2 * P));
     assert_int_equal(fy_plan_upload_bytes(&c, res, 1), 2 * P);
 
     /* the pool's state region: two of the largest unit's state */
-    struct fy_pool_region_spec regions[10];
+    struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n, found = 0;
-    fy_plan_regions(&c, 2, 16, FY_DTYPE_F32, NULL, 0, 1, FY_PLAN_GRAD_SLOTS_MIN, 0, NULL,
-                    regions, &n);
+    const struct fy_plan_place streamed = {.prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_MIN};
+    fy_plan_regions(&step, &streamed, regions, &n);
     for (unsigned i = 0; i < n; i++)
         if (strcmp(regions[i].name, "state") == 0) {
             assert_int_equal(regions[i].bytes, 2 * 12 * P);

@@ -29,6 +29,7 @@
 #include "common/model.h"
 #include "common/pool.h"
 #include "common/tokfile.h"
+#include "launcher/plan.h"
 #include "launcher/train.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
@@ -332,9 +333,15 @@ static void test_prediction_by_hand(void **state)
     struct fy_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 64, .vocab = 256, .ctx = 32};
     const unsigned char resident[4] = {1, 0, 1, 1};
     struct fy_plan_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9, .ssd_read = 1e8,
-                                   .ssd_write = 2e8, .opt_params = 1e6};
+                                  .ssd_write = 2e8, .opt_params = 1e6};
+    struct fy_plan_shape f32 = {.c = &c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32};
+    struct fy_plan_shape clipped = f32, bf16 = f32;
+    clipped.clip = 1;
+    bf16.act_dtype = FY_DTYPE_BF16;
+    struct fy_plan_place place = {.resident = resident}, ckpt_ssd = place;
+    ckpt_ssd.ckpt_slots = fy_plan_spill_slots(0);
     struct fy_plan_prediction p;
-    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, resident, &rates, &p);
+    fy_plan_predict(&f32, &place, &rates, &p);
     assert_float_equal(p.gpu_s, 9.4175232e-5, 1e-12);
     assert_float_equal(p.h2d_s, 1.276928e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
@@ -344,7 +351,7 @@ static void test_prediction_by_hand(void **state)
     assert_string_equal(p.bound, "optimizer");
     /* clipping: the blocks' backward and recomputation once more (0.75 of 128 tokens x 2 blocks x
      * 312192 FLOPs), the second pass's PCIe bytes and weights reads, the sums of squares */
-    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 1, 0, NULL, resident, &rates, &p);
+    fy_plan_predict(&clipped, &place, &rates, &p);
     assert_float_equal(p.gpu_s, 1.54116096e-4, 1e-12);
     assert_float_equal(p.h2d_s, 1.91488e-3, 1e-12);
     assert_float_equal(p.d2h_s, 6.37696e-4, 1e-12);
@@ -352,26 +359,27 @@ static void test_prediction_by_hand(void **state)
     assert_float_equal(p.opt_s, 0.118528 * 8.0 / 7.0, 1e-12);
     /* a slow disk becomes the bound */
     rates.ssd_read = 1e6;
-    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, resident, &rates, &p);
+    fy_plan_predict(&f32, &place, &rates, &p);
     assert_float_equal(p.step_s, 0.802816 + 3.01056e-3, 1e-12);
     assert_string_equal(p.bound, "SSD");
     /* checkpoints on the SSD: x_0 and x_1 (32768 bytes each) written once and read once */
     rates.ssd_read = 1e8;
-    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 0, 1, NULL, resident, &rates, &p);
+    fy_plan_predict(&f32, &ckpt_ssd, &rates, &p);
     assert_float_equal(p.ssd_s, 1.202176e-2, 1e-12);
     /* bf16 activations (the CUDA backend's): 16384 bytes each instead of 32768, 8 of them up and 6
      * down per step, and the checkpoints half the size on the SSD */
-    fy_plan_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 0, NULL, resident, &rates, &p);
+    fy_plan_predict(&bf16, &place, &rates, &p);
     assert_float_equal(p.h2d_s, 1.145856e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.18976e-4, 1e-12);
-    fy_plan_predict(&c, 4, 32, FY_DTYPE_BF16, 0, 1, NULL, resident, &rates, &p);
+    fy_plan_predict(&bf16, &ckpt_ssd, &rates, &p);
     assert_float_equal(p.ssd_s, 1.103872e-2 + 3.2768e-4 + 1.6384e-4, 1e-12);
     /* bf16 weight copies of the kept units: the embeddings' 18432 parameters and block 2's 49984
      * go up at 2 bytes instead of 4 (block 2 in the forward and the backward), and so do the
      * head's final unit and wte (128 + 16384), both of its units having copies: 269824 fewer */
     const unsigned char copies[4] = {FY_PLAN_KEPT_BF16, FY_PLAN_STREAMED, FY_PLAN_KEPT_BF16,
                                      FY_PLAN_KEPT_BF16};
-    fy_plan_predict(&c, 4, 32, FY_DTYPE_F32, 0, 0, NULL, copies, &rates, &p);
+    const struct fy_plan_place with_copies = {.resident = copies};
+    fy_plan_predict(&f32, &with_copies, &rates, &p);
     assert_float_equal(p.h2d_s, 1.007104e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
     assert_float_equal(p.ssd_s, 1.103872e-2, 1e-12);
