@@ -1,0 +1,376 @@
+/* Tests of launcher/plan, the planner, against numbers worked out by hand for small GPT-2 models
+ * (f32 activations, batch 4 x 32; a unit's state is three f32 sections, each 4 KiB aligned):
+ *   - the pool's regions for a placement, one by one, streamed and with everything placed;
+ *   - fy_plan_make's sequence: nothing kept without --cpu-mem and what a streamed step moves over
+ *     the SSD and PCIe, the store and the prediction; under a budget, unit 0 first and every unit
+ *     whose state still fits (one that does not is passed over), then the bf16 copies; --ckpt-place
+ *     auto sends the checkpoints to the store when not all state fits; the gradient slots: three
+ *     while a unit streams, else as many as asked and the budget holds, one per block at most;
+ *   - where the activation step runs: before the residency for the forced modes (whose swap the
+ *     residency then plans around), after it for auto (which sees the residency);
+ *   - the GPU: the working buffers, and a set per call in flight with every block swapped.
+ * The pools' sizes are fy_pool_layout_size of the regions listed by hand (2 MiB a region here). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "common/ckpt.h"
+#include "common/dtype.h"
+#include "common/pool.h"
+#include "gpu_worker/backend.h"
+#include "launcher/options.h"
+#include "launcher/plan.h"
+
+#define KIB 1024ull
+#define MIB (1024ull * 1024)
+
+/* L blocks of width C; vocabulary 256, context 32. */
+static struct fy_gpt_config gpt(unsigned L, unsigned C)
+{
+    return (struct fy_gpt_config){.n_layer = L, .n_head = 2, .n_embd = C, .vocab = 256, .ctx = 32};
+}
+
+/* Width 64: the embeddings 288 x 64 = 18432 parameters (73728 bytes f32, 4 KiB aligned as it
+ * is), a block 12 x 64^2 + 13 x 64 = 49984 (199936 bytes, padded to 200704), the final LayerNorm
+ * 128 (512, padded to 4096). Their state: 221184, 602112 and 12288 bytes; bf16 copies 36864,
+ * 102400 and 4096. An activation [4][32][64] f32: 32768 bytes. */
+#define EMBED_STATE 221184ull
+#define BLOCK_STATE 602112ull
+#define FINAL_STATE 12288ull
+#define BLOCK_SECTION 200704ull
+#define ACT 32768ull
+
+static const struct fy_plan_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9,
+                                           .ssd_read = 1e8, .ssd_write = 2e8, .opt_params = 1e6};
+
+/* A plan's input for model c at batch 4 x 32 on the CPU backend, every other option its default. */
+static struct fy_plan_in input(const struct fy_gpt_config *c)
+{
+    return (struct fy_plan_in){
+        .shape = {.c = c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32},
+        .backend = "cpu", .prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
+        .ckpt_place = FY_CKPT_HOST, .act_mode = FY_ACTPLAN_RECOMPUTE,
+        .weight_dtype = FY_DTYPE_F32, .state_copies = 2, .rates = rates};
+}
+
+/* The streaming regions of width 64 at 4 x 32 with L blocks: grad_slots block gradients, the
+ * checkpoints in the pool or in ckpt_slots slots, no clipping; n = 7. */
+static void streaming(unsigned L, unsigned grad_slots, unsigned ckpt_slots,
+                      struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX])
+{
+    out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
+    /* inputs and targets, 512 bytes each, and two lists of the 288 embedding rows, 4 KiB each */
+    out[1] = (struct fy_pool_region_spec){"tokens", 3 * 4 * KIB};
+    out[2] = (struct fy_pool_region_spec){"acts", (ckpt_slots ? ckpt_slots : L + 1) * ACT};
+    out[3] = (struct fy_pool_region_spec){"dacts", (ckpt_slots ? 3 : 2) * ACT};
+    out[4] = (struct fy_pool_region_spec){"weights", 3 * BLOCK_SECTION};
+    out[5] = (struct fy_pool_region_spec){"grads", (1 + grad_slots) * BLOCK_SECTION};
+    out[6] = (struct fy_pool_region_spec){"state", 2 * BLOCK_STATE};
+}
+
+static void check_regions(const struct fy_plan *p, const struct fy_pool_region_spec *want,
+                          unsigned n)
+{
+    assert_int_equal(p->n_regions, n);
+    for (unsigned i = 0; i < n; i++) {
+        assert_string_equal(p->regions[i].name, want[i].name);
+        assert_int_equal(p->regions[i].bytes, want[i].bytes);
+    }
+    assert_int_equal(p->pool_bytes, fy_pool_layout_size(want, n));
+}
+
+static void test_regions_by_hand(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = gpt(2, 64);
+    struct fy_plan_shape s = {.c = &c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32};
+    struct fy_pool_region_spec got[FY_PLAN_REGIONS_MAX], want[FY_PLAN_REGIONS_MAX];
+    unsigned n;
+    const struct fy_plan_place streamed = {.prefetch = 1, .grad_slots = 3};
+    fy_plan_regions(&s, &streamed, got, &n);
+    streaming(2, 3, 0, want);
+    assert_int_equal(n, 7);
+    for (unsigned i = 0; i < n; i++) {
+        assert_string_equal(got[i].name, want[i].name);
+        assert_int_equal(got[i].bytes, want[i].bytes);
+    }
+    /* everything: clipped, two units read ahead, five gradient slots, the checkpoints through four
+     * slots, every unit kept with a bf16 copy, internals swapped (64 KiB in the pool, four slots of
+     * 8 KiB for those on the store) */
+    const unsigned char copies[4] = {2, 2, 2, 2};
+    s.clip = 1;
+    const struct fy_plan_place all = {
+        .resident = copies, .prefetch = 2, .grad_slots = 5, .ckpt_slots = 4,
+        .swap = {.host_bytes = 64 * KIB, .ssd_bytes = 16 * KIB, .slot_bytes = 8 * KIB, .slots = 4}};
+    fy_plan_regions(&s, &all, got, &n);
+    static const char *const names[9] = {"meta", "tokens", "acts", "dacts", "weights", "grads",
+                                         "state", "resident", "saved"};
+    const uint64_t bytes[9] = {
+        FY_COMMIT_RECORD_BYTES, 12 * KIB, 4 * ACT, 3 * ACT, 4 * BLOCK_SECTION,
+        6 * BLOCK_SECTION + 4 * KIB, /* the final unit's gradient after the slots */
+        2 * BLOCK_STATE,
+        EMBED_STATE + 36864 + 2 * (BLOCK_STATE + 102400) + FINAL_STATE + 4096,
+        64 * KIB + 4 * 8 * KIB};
+    assert_int_equal(n, 9);
+    for (unsigned i = 0; i < n; i++) {
+        assert_string_equal(got[i].name, names[i]);
+        assert_int_equal(got[i].bytes, bytes[i]);
+    }
+}
+
+/* No --cpu-mem: every unit streams. A step reads each unit's master section and state (73728 +
+ * 221184, 2 x (200704 + 602112), 4096 + 12288 bytes) and writes the state back; PCIe as the
+ * prediction test in test_train works out (1276928 bytes up, 736256 down); the store holds two
+ * copies of the state and both commit records; one more for the checkpoints on it: x_0 and x_1
+ * written and read, 64 KiB in a scratch extent of the smallest class, 1 MiB. */
+static void test_streamed_by_hand(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = gpt(2, 64);
+    struct fy_plan_in in = input(&c);
+    struct fy_plan p;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.kept, 0);
+    assert_int_equal(p.weight_copies, 0);
+    assert_int_equal(p.resident_bytes, 0);
+    for (unsigned u = 0; u < 4; u++)
+        assert_int_equal(p.resident[u], FY_PLAN_STREAMED);
+    assert_int_equal(p.place.ckpt_slots, 0);
+    assert_int_equal(p.place.grad_slots, 3);
+    struct fy_pool_region_spec want[FY_PLAN_REGIONS_MAX];
+    streaming(2, 3, 0, want);
+    check_regions(&p, want, 7);
+    /* the header's 2 MiB, then each region from the next 2 MiB boundary at least a guard past the
+     * one before (the first at 4 MiB), each under 2 MiB */
+    assert_int_equal(p.pool_bytes, 4 * MIB + 7 * 2 * MIB);
+    uint64_t state_total = EMBED_STATE + 2 * BLOCK_STATE + FINAL_STATE;
+    assert_int_equal(p.traffic.ssd_read, 294912 + 2 * 802816 + 16384);
+    assert_int_equal(p.traffic.ssd_write, state_total);
+    assert_int_equal(p.traffic.to_gpu, 1276928);
+    assert_int_equal(p.traffic.from_gpu, 736256);
+    assert_int_equal(p.store_bytes, 2 * state_total + 2 * FY_COMMIT_RECORD_BYTES);
+    assert_float_equal(p.predicted.ssd_s, 1916928 / 1e8 + 1437696 / 2e8, 1e-12);
+    assert_float_equal(p.predicted.step_s, 0.118528, 1e-12);
+    assert_string_equal(p.predicted.bound, "optimizer");
+    assert_true(p.fits_cpu);
+    fy_plan_free(&p);
+
+    in.ckpt_place = FY_CKPT_SSD;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.ckpt_slots, 4); /* --act-ahead 2, and two */
+    streaming(2, 3, 4, want);
+    check_regions(&p, want, 7);
+    assert_int_equal(p.traffic.ssd_read, 1916928 + 2 * ACT);
+    assert_int_equal(p.traffic.ssd_write, state_total + 2 * ACT);
+    assert_int_equal(p.store_bytes, 2 * state_total + 2 * FY_COMMIT_RECORD_BYTES + MIB);
+    fy_plan_free(&p);
+}
+
+/* Width 256, four blocks: the embeddings' state 884736 bytes (73728 parameters), a block's
+ * 9486336 (789760 parameters, 3159040 bytes padded to 3162112 a section), the final unit's 12288.
+ * A budget of the streaming pool and one 2 MiB region more keeps unit 0 and, passing over the
+ * blocks, the final unit (884736 + 12288 bytes); their bf16 copies (147456 and 4096 bytes) fit
+ * too. Not all state fits, so --ckpt-place auto sends the checkpoints to the store. */
+static void test_residency_by_budget(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = gpt(4, 256);
+    const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
+    struct fy_pool_region_spec least[8] = {
+        {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB},  {"acts", 5 * act},
+        {"dacts", 2 * act},               {"weights", 3 * section}, {"grads", 4 * section},
+        {"state", 2 * block_state},       {"resident", 884736 + 12288}};
+    struct fy_plan_in in = input(&c);
+    in.cpu_mem = fy_pool_layout_size(least, 8);
+    struct fy_plan p;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.kept, 2);
+    const unsigned char kept[6] = {1, 0, 0, 0, 0, 1};
+    assert_memory_equal(p.resident, kept, 6);
+    assert_int_equal(p.resident_bytes, 884736 + 12288);
+    check_regions(&p, least, 8);
+    assert_true(p.fits_cpu);
+    /* the streamed blocks' traffic alone: 4 x (3162112 + 9486336) read, 4 x 9486336 written */
+    assert_int_equal(p.traffic.ssd_read, 4 * (section + block_state));
+    assert_int_equal(p.traffic.ssd_write, 4 * block_state);
+    fy_plan_free(&p);
+
+    in.weight_dtype = FY_DTYPE_BF16;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    const unsigned char copies[6] = {2, 0, 0, 0, 0, 2};
+    assert_memory_equal(p.resident, copies, 6);
+    assert_int_equal(p.kept, 2);
+    assert_int_equal(p.weight_copies, 2);
+    assert_int_equal(p.resident_bytes, 884736 + 147456 + 12288 + 4096);
+    fy_plan_free(&p);
+
+    in.weight_dtype = FY_DTYPE_F32;
+    in.ckpt_place = FY_CKPT_AUTO;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.ckpt_slots, 4);
+    assert_int_equal(p.kept, 2);
+    fy_plan_free(&p);
+    in.cpu_mem = 1024 * MIB; /* all of it fits: the checkpoints stay in the pool */
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.kept, 6);
+    assert_int_equal(p.place.ckpt_slots, 0);
+    assert_int_equal(p.traffic.ssd_read + p.traffic.ssd_write, 0);
+    fy_plan_free(&p);
+}
+
+/* Every unit kept: as many gradient slots as asked, one per block at most (8 of 8 blocks, or 5
+ * when 5 are asked). Sixteen blocks under a budget of the streaming pool with three and all the
+ * state: ten gradients (the embeddings' slot and nine blocks', 10 x 200704 bytes) still fit the
+ * grads region's 2 MiB, eleven do not: nine slots; a unit streamed: three. */
+static void test_grad_slots(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = gpt(8, 64);
+    struct fy_plan_in in = input(&c);
+    in.cpu_mem = 1024 * MIB;
+    struct fy_plan p;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.kept, 10);
+    assert_int_equal(p.place.grad_slots, 8);
+    fy_plan_free(&p);
+    in.grad_slots = 5;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.grad_slots, 5);
+    fy_plan_free(&p);
+
+    struct fy_gpt_config deep = gpt(16, 64);
+    in = input(&deep);
+    struct fy_pool_region_spec least[FY_PLAN_REGIONS_MAX];
+    streaming(16, 3, 0, least);
+    least[7] = (struct fy_pool_region_spec){"resident",
+                                            EMBED_STATE + 16 * BLOCK_STATE + FINAL_STATE};
+    in.cpu_mem = fy_pool_layout_size(least, 8);
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.kept, 18);
+    assert_int_equal(p.place.grad_slots, 9);
+    assert_int_equal(p.pool_bytes, in.cpu_mem);
+    fy_plan_free(&p);
+    /* 2 MiB less: four for the resident region, which hold unit 0, blocks 1 to 13 and the final
+     * unit (221184 + 13 x 602112 + 12288 bytes); blocks 14 to 16 stream */
+    in.cpu_mem -= 2 * MIB;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.kept, 15);
+    for (unsigned u = 0; u < 18; u++)
+        assert_int_equal(p.resident[u], u >= 14 && u <= 16 ? FY_PLAN_STREAMED : FY_PLAN_KEPT);
+    assert_int_equal(p.place.grad_slots, 3);
+    fy_plan_free(&p);
+}
+
+/* What the activation step saw when it ran, and the swap it places. */
+struct seen {
+    int calls;
+    unsigned kept_before, ckpt_slots;
+    struct fy_plan_swap swap;
+};
+
+static int place_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
+{
+    struct seen *s = ctx;
+    s->calls++;
+    s->kept_before = 0;
+    for (unsigned u = 0; u < fy_gpt_unit_count(in->shape.c); u++)
+        s->kept_before += p->resident[u] != FY_PLAN_STREAMED;
+    s->ckpt_slots = p->place.ckpt_slots;
+    p->place.swap = s->swap;
+    return 0;
+}
+
+/* --act-plan host: the swap is placed first, and 2 MiB of it in the pool leaves the budget that
+ * kept two units (test_residency_by_budget) none; auto: placed after the residency, seeing it, its
+ * swap in the regions and the traffic all the same. */
+static void test_activation_step_order(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = gpt(4, 256);
+    const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
+    struct fy_pool_region_spec least[8] = {
+        {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB},  {"acts", 5 * act},
+        {"dacts", 2 * act},               {"weights", 3 * section}, {"grads", 4 * section},
+        {"state", 2 * block_state},       {"resident", 884736 + 12288}};
+    struct fy_plan_in in = input(&c);
+    in.cpu_mem = fy_pool_layout_size(least, 8);
+    struct seen seen = {.swap = {.host_bytes = 2 * MIB}};
+    const struct fy_plan_acts acts = {.place = place_swap, .ctx = &seen};
+    struct fy_plan p;
+    in.act_mode = FY_ACTPLAN_HOST;
+    assert_int_equal(fy_plan_make(&in, &acts, &p), 0);
+    assert_int_equal(seen.calls, 1);
+    assert_int_equal(seen.kept_before, 0);
+    assert_int_equal(p.kept, 0);
+    assert_string_equal(p.regions[p.n_regions - 1].name, "saved");
+    assert_int_equal(p.regions[p.n_regions - 1].bytes, 2 * MIB);
+    fy_plan_free(&p);
+
+    in.act_mode = FY_ACTPLAN_AUTO;
+    in.ckpt_place = FY_CKPT_AUTO;
+    seen = (struct seen){.swap = {.host_bytes = 64 * KIB, .ssd_bytes = 96 * KIB,
+                                  .slot_bytes = 32 * KIB, .slots = 4}};
+    assert_int_equal(fy_plan_make(&in, &acts, &p), 0);
+    assert_int_equal(seen.calls, 1);
+    assert_int_equal(seen.kept_before, 2);
+    assert_int_equal(seen.ckpt_slots, 4);
+    assert_int_equal(p.kept, 2);
+    assert_int_equal(p.regions[p.n_regions - 1].bytes, 64 * KIB + 4 * 32 * KIB);
+    /* the internals on the store written once and read once, beside the checkpoints x_0..x_3 */
+    assert_int_equal(p.traffic.ssd_write, 4 * block_state + 4 * act + 96 * KIB);
+    assert_int_equal(p.traffic.ssd_read, 4 * (section + block_state) + 4 * act + 96 * KIB);
+    /* and across PCIe: down in the forward, up in the backward */
+    struct fy_plan_place none = p.place;
+    memset(&none.swap, 0, sizeof none.swap);
+    struct fy_plan_traffic without;
+    fy_plan_traffic(&in.shape, &none, &without);
+    assert_int_equal(p.traffic.from_gpu - without.from_gpu, 160 * KIB);
+    assert_int_equal(p.traffic.to_gpu - without.to_gpu, 160 * KIB);
+    fy_plan_free(&p);
+}
+
+/* The GPU, where the backend's memory is modelled (the CUDA backend of a build with it): the
+ * working buffers, and two sets more (one per call in flight) with every block's internals
+ * swapped; --gpu-mem below that does not fit. */
+static void test_gpu_need(void **state)
+{
+    (void)state;
+    struct fy_gpt_config c = gpt(2, 64);
+    struct fy_plan_in in = input(&c);
+    struct fy_plan p;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_false(p.gpu_modelled); /* the CPU backend */
+    assert_true(p.fits_gpu);
+    fy_plan_free(&p);
+    uint64_t working, set;
+    if (!fy_backend_gpu_bytes("cuda", &c, 4, 32, &working, &set)) {
+        print_message("skipped: this build has no CUDA backend, whose memory the plan models\n");
+        skip();
+    }
+    in.backend = "cuda";
+    in.gpu_mem = working;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_true(p.gpu_modelled);
+    assert_int_equal(p.gpu_need, working);
+    assert_true(p.fits_gpu);
+    fy_plan_free(&p);
+    in.act_mode = FY_ACTPLAN_SSD;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.gpu_need, working + FY_BACKEND_GPT_QUEUE * set);
+    assert_false(p.fits_gpu);
+    fy_plan_free(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_regions_by_hand),     cmocka_unit_test(test_streamed_by_hand),
+        cmocka_unit_test(test_residency_by_budget), cmocka_unit_test(test_grad_slots),
+        cmocka_unit_test(test_activation_step_order), cmocka_unit_test(test_gpu_need),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
