@@ -10,7 +10,8 @@
 
 #include "common/ckpt.h"
 #include "common/pool.h"
-#include "launcher/train.h"
+#include "common/model.h"
+#include "launcher/ticket.h"
 
 /* One request to the io worker, waited for: `bytes` at pool offset `pool_offset` (none: a control
  * request), extent offset or size in `arg`. Returns the reply's status. */

@@ -7,7 +7,7 @@
 
 #include "common/config.h"
 #include "common/pool.h"
-#include "launcher/train.h"
+#include "launcher/ticket.h"
 
 struct fy_inproc;
 

@@ -11,7 +11,7 @@
 #include "common/pool.h"
 #include "common/topo.h"
 #include "launcher/supervise.h"
-#include "launcher/train.h"
+#include "launcher/ticket.h"
 
 struct fy_session_opts {
     const char *run_dir;

@@ -20,25 +20,7 @@
 #include "launcher/commit.h"
 #include "launcher/metrics.h"
 #include "launcher/progress.h"
-
-enum { PH_IO, PH_GPU, PH_OPT, PH_COUNT };
-/* Busy time of each resource, from the workers' own timing of each request. */
-enum { BUSY_GPU, BUSY_SSD_READ, BUSY_SSD_WRITE, BUSY_OPT, BUSY_H2D, BUSY_D2H, BUSY_COUNT };
-
-/* A request in flight and the phase its waiting time counts to; id 0: nothing to wait for. */
-struct ticket {
-    int64_t id;
-    int phase;
-    int op, layer;
-    uint32_t tensor; /* an io request's extent and byte offset in it, for the trace */
-    uint64_t at;
-    uint64_t step; /* the step it belongs to (an update can finish in the next step) */
-    uint64_t io_bytes; /* an io read's or write's bytes, all its descriptors' */
-    int done; /* already waited for (serial mode): status and reply kept here */
-    int status;
-    struct fy_desc reply;
-    uint64_t *digest_into; /* an io write's: where its reply's digest goes */
-};
+#include "launcher/ticket.h"
 
 /* Items (checkpoints, or blocks' saved internals) of item_bytes each, at base + i * item_bytes in
  * the pool; or, when `on`, on the SSD store (byte i * item_bytes of extent `tensor`), passing
@@ -56,15 +38,14 @@ struct spill {
     uint64_t base, item_bytes;
     uint32_t tensor;
     int holds[SPILL_SLOTS_MAX];
-    struct ticket io[SPILL_SLOTS_MAX];
-    struct ticket *user[SPILL_SLOTS_MAX];
+    struct fy_ticket io[SPILL_SLOTS_MAX];
+    struct fy_ticket *user[SPILL_SLOTS_MAX];
 };
 
 struct run {
-    const struct fy_exec *x;
+    struct fy_tickets tk; /* the requests and their tickets, the times waited and busy */
     struct fy_pool *pool;
     struct fy_plan_layout l;
-    int overlap; /* 0: wait for every request before sending the next (the serial order) */
     /* Which unit each weights and state slot was last filled for: every use checks it, so a
      * schedule that reads a slot filled for another unit fails loudly instead of computing with
      * the wrong numbers. */
@@ -83,12 +64,6 @@ struct run {
     struct spill saved;
     struct fy_actplan_sizes saved_sizes;
     unsigned act_ahead; /* blocks whose items on the store the backward reads ahead (--act-ahead) */
-    double busy_s[BUSY_COUNT];
-    uint64_t busy_bytes[BUSY_COUNT]; /* what the io requests behind busy_s moved (SSD kinds) */
-    FILE *trace;      /* Chrome trace-event JSON, or NULL */
-    uint64_t step;    /* for the trace */
-    int timeout_ms;
-    double phase_s[PH_COUNT];
     /* Clipping: on (two backward passes; pass 1 also completes the embedding gradient), where the
      * head writes the final unit's gradient (grads slot 1; with clipping the room after the
      * block gradient slots, where it survives pass 1), and this step's gradient scale (0: none)
@@ -102,13 +77,13 @@ struct run {
     /* per unit: the gradient and the state's sections, one more with a weights copy, one more
      * with rows */
     unsigned char *opt_parts;
-    struct ticket *opt_sent;
+    struct fy_ticket *opt_sent;
     /* The embeddings' update in two parts (without clipping, state in the pool): the rows the
      * batch's tokens do not touch, sent once the head's gradient is home (embed_early), and the
      * rest once the embedding backward is done; row_touched is the scratch that sorts them. 0 in
      * embed_split: one update after the backward (the test hook FUYOU_TEST_EMBED_WHOLE). */
     int embed_split;
-    struct ticket embed_early;
+    struct fy_ticket embed_early;
     unsigned char *row_touched;
     unsigned *queue, queued;
     /* Grads slots 1..gslots in the backward (gslot_take): the block whose gradient each holds until
@@ -168,162 +143,27 @@ static uint64_t unit_bytes(const struct fy_plan_layout *l, unsigned u)
 }
 
 
-/* Sends a request; in serial mode, also waits for it. */
-static int issue(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
-                 struct ticket *t);
-
 /* Waits for the previous step's update of unit u where it is still running (the optimizer's queue,
  * below the forward). */
 static int opt_settle(struct run *r, unsigned u);
-
-/* A finished request: its busy time, and a trace event. */
-static void account(struct run *r, const struct ticket *t)
-{
-    static const char *const tracks[PH_COUNT] = {"io worker", "gpu worker", "opt worker"};
-    double seconds = (double)t->reply.bytes * 1e-9;
-    int k = t->phase == PH_GPU   ? BUSY_GPU
-            : t->phase == PH_OPT ? BUSY_OPT
-            : t->op == FY_OP_IO_WRITE || t->op == FY_OP_IO_SYNC ? BUSY_SSD_WRITE
-                                                                : BUSY_SSD_READ;
-    r->busy_s[k] += seconds;
-    r->busy_bytes[k] += t->io_bytes;
-    if (t->phase == PH_GPU) { /* and the device time of its copies (0 on the CPU backend) */
-        double h2d, d2h;
-        fy_desc_copy_times(&t->reply, &h2d, &d2h);
-        r->busy_s[BUSY_H2D] += h2d;
-        r->busy_s[BUSY_D2H] += d2h;
-    }
-    if (r->trace != NULL && t->reply.bytes > 0)
-        fprintf(r->trace,
-                "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, "
-                "\"dur\": %.3f, \"pid\": 1, \"tid\": %d, \"args\": {\"step\": %llu, "
-                "\"unit\": %d, \"seq\": %lld, \"tensor\": %u, \"at\": %llu}},\n",
-                fy_op_name(t->op), tracks[t->phase], (double)t->reply.offset * 1e-3,
-                (double)t->reply.bytes * 1e-3, t->phase + 1, (unsigned long long)t->step,
-                t->layer, (long long)t->id, t->tensor, (unsigned long long)t->at);
-}
-
-/* A read that the store answered with bytes other than were written there (a digest mismatch, an
- * I/O error): said with what it was, for the restart that goes back to the last commit. */
-static void say_damage(const struct run *r, const struct ticket *t)
-{
-    char what[64];
-    uint32_t copy = t->tensor >= FY_TENSOR_UNIT_STATE_COPY(0, 1);
-    uint32_t unit = t->tensor - FY_TENSOR_UNIT_STATE_COPY(0, copy);
-    if (unit < fy_gpt_unit_count(r->l.c))
-        snprintf(what, sizeof what, "unit %u's state in copy %u", unit, copy);
-    else
-        snprintf(what, sizeof what, "extent %u", t->tensor);
-    fy_error("step %llu: %s read back from the SSD store is damaged (%s): it is not what was "
-             "written there", (unsigned long long)t->step, what, strerror(-t->status));
-}
-
-static void finish(struct run *r, struct ticket *t)
-{
-    double t0 = now_s();
-    t->status = r->x->wait(r->x->ctx, t->id, &t->reply, r->timeout_ms);
-    r->phase_s[t->phase] += now_s() - t0;
-    t->done = 1;
-    if (t->step > 0 && t->op == FY_OP_IO_READ && fy_commit_is_damage(t->status))
-        say_damage(r, t); /* in a step (opening a commit says what its check found) */
-    if (t->status == 0 && t->digest_into != NULL)
-        *t->digest_into = t->reply.arg;
-    if (t->status == 0)
-        account(r, t);
-}
-
-static int wait_for(struct run *r, struct ticket *t, struct fy_desc *reply)
-{
-    if (t->id == 0)
-        return 0;
-    if (!t->done)
-        finish(r, t);
-    if (reply != NULL)
-        *reply = t->reply;
-    int rc = t->status;
-    memset(t, 0, sizeof *t);
-    return rc;
-}
-
-/* Ticket t for request `id` (its first descriptor req), just sent. */
-static void ticket_fill(const struct run *r, struct ticket *t, int64_t id, int phase,
-                        const struct fy_desc *req, unsigned n)
-{
-    t->id = id;
-    t->phase = phase;
-    t->op = req->op;
-    t->layer = req->layer;
-    int io = t->op == FY_OP_IO_READ || t->op == FY_OP_IO_WRITE;
-    t->tensor = io ? req->tensor : 0;
-    t->at = io ? req->arg : 0;
-    t->io_bytes = 0;
-    for (unsigned i = 0; io && i < n; i++)
-        t->io_bytes += req[i].bytes;
-    t->step = r->step;
-    t->done = 0;
-}
-
-static int issue(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
-                 struct ticket *t)
-{
-    double t0 = now_s();
-    int64_t id = r->x->submit(r->x->ctx, worker, req, n);
-    r->phase_s[phase] += now_s() - t0;
-    if (id < 0)
-        return (int)id;
-    ticket_fill(r, t, id, phase, req, n);
-    if (r->overlap)
-        return 0;
-    finish(r, t);
-    return t->status;
-}
-
-static int call(struct run *r, int phase, const char *worker, struct fy_desc *req, unsigned n,
-                struct fy_desc *reply)
-{
-    struct ticket t;
-    memset(&t, 0, sizeof t);
-    int64_t id = r->x->submit(r->x->ctx, worker, req, n);
-    if (id < 0)
-        return (int)id;
-    ticket_fill(r, &t, id, phase, req, n);
-    return wait_for(r, &t, reply);
-}
-
-static int io_op(struct run *r, int op, uint32_t tensor, uint64_t pool_offset, uint64_t bytes,
-                 uint64_t arg)
-{
-    struct fy_desc d = fy_desc_region(op, bytes ? FY_KIND_RAW : FY_KIND_CONTROL, FY_DTYPE_NONE, pool_offset,
-                            bytes, -1);
-    d.tensor = tensor;
-    d.arg = arg;
-    return call(r, PH_IO, "io", &d, 1, NULL);
-}
-
-static int io_issue(struct run *r, int op, uint32_t tensor, uint64_t pool_offset, uint64_t bytes,
-                    struct ticket *t)
-{
-    struct fy_desc d = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, -1);
-    d.tensor = tensor;
-    return issue(r, PH_IO, "io", &d, 1, t);
-}
 
 /* A unit's whole state between the pool and its copy `copy` in the store, with its digest: a read
  * checked against *digest (unchecked where `check` is 0), a write's digest left in *digest once
  * the ticket is waited for. */
 static int state_io(struct run *r, int op, unsigned u, unsigned copy, uint64_t pool_offset,
-                    uint64_t *digest, int check, struct ticket *t)
+                    uint64_t *digest, int check, struct fy_ticket *t)
 {
     uint64_t bytes = fy_optstate_bytes(r->l.c, u);
+    uint32_t extent = FY_TENSOR_UNIT_STATE_COPY(u, copy);
     if (op == FY_OP_IO_READ && !check)
-        return io_issue(r, op, FY_TENSOR_UNIT_STATE_COPY(u, copy), pool_offset, bytes, t);
+        return fy_ticket_io_issue(&r->tk, op, extent, pool_offset, bytes, t);
     struct fy_desc d[2];
     d[0] = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, (int)u);
-    d[0].tensor = FY_TENSOR_UNIT_STATE_COPY(u, copy);
+    d[0].tensor = extent;
     d[1] = fy_desc_region(op, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, (int)u);
     d[1].arg = *digest;
     t->digest_into = op == FY_OP_IO_WRITE ? digest : NULL;
-    return issue(r, PH_IO, "io", d, 2, t);
+    return fy_ticket_issue(&r->tk, FY_TICKET_IO, d, 2, t);
 }
 
 /* The copy that holds unit u's latest state. */
@@ -335,7 +175,7 @@ static unsigned copy_of(const struct run *r, unsigned u)
 /* The master weights of a unit into a weights slot: the master section alone of its state in the
  * store (the gpu worker is sent them, or where the unit is kept in the pool with a bf16 copy,
  * that copy: weights_region). */
-static int read_weights(struct run *r, unsigned unit, unsigned slot, struct ticket *t)
+static int read_weights(struct run *r, unsigned unit, unsigned slot, struct fy_ticket *t)
 {
     r->wslot_unit[slot] = (int)unit;
     if (r->resident != NULL && r->resident[unit] != 0) {
@@ -351,7 +191,7 @@ static int read_weights(struct run *r, unsigned unit, unsigned slot, struct tick
                                       wslot(&r->l, slot), master->padded, -1);
     d.tensor = FY_TENSOR_UNIT_STATE_COPY(unit, copy_of(r, unit));
     d.arg = master->offset;
-    return issue(r, PH_IO, "io", &d, 1, t);
+    return fy_ticket_issue(&r->tk, FY_TICKET_IO, &d, 1, t);
 }
 
 /* Weights slot of unit u (a block, or the final unit) in the forward and backward: slots 1 to
@@ -395,11 +235,11 @@ static uint64_t spill_at(const struct spill *sp, unsigned i) { return sp->base +
 static int spill_slot_free(struct run *r, struct spill *sp, unsigned k)
 {
     if (sp->user[k] != NULL) {
-        struct ticket *t = sp->user[k];
+        struct fy_ticket *t = sp->user[k];
         sp->user[k] = NULL;
-        FY_TRY(wait_for(r, t, NULL));
+        FY_TRY(fy_ticket_wait(&r->tk, t, NULL));
     }
-    return wait_for(r, &sp->io[k], NULL);
+    return fy_ticket_wait(&r->tk, &sp->io[k], NULL);
 }
 
 static int spill_transfer(struct run *r, struct spill *sp, int op, unsigned i, unsigned k)
@@ -408,7 +248,7 @@ static int spill_transfer(struct run *r, struct spill *sp, int op, unsigned i, u
                                       sp->item_bytes, -1);
     d.tensor = sp->tensor;
     d.arg = i * sp->item_bytes;
-    return issue(r, PH_IO, "io", &d, 1, &sp->io[k]);
+    return fy_ticket_issue(&r->tk, FY_TICKET_IO, &d, 1, &sp->io[k]);
 }
 
 /* Where the gpu writes item i. */
@@ -426,11 +266,11 @@ static int spill_out(struct run *r, struct spill *sp, unsigned i, uint64_t *off)
 }
 
 /* Item i, once `producer` (the gpu request that wrote it) is done, to the store. */
-static int spill_write(struct run *r, struct spill *sp, unsigned i, struct ticket *producer)
+static int spill_write(struct run *r, struct spill *sp, unsigned i, struct fy_ticket *producer)
 {
     if (!sp->on)
         return 0;
-    FY_TRY(wait_for(r, producer, NULL));
+    FY_TRY(fy_ticket_wait(&r->tk, producer, NULL));
     return spill_transfer(r, sp, FY_OP_IO_WRITE, i, i % sp->slots);
 }
 
@@ -451,14 +291,14 @@ static int spill_in(struct run *r, struct spill *sp, unsigned i, int wait, uint6
         FY_TRY(spill_transfer(r, sp, FY_OP_IO_READ, i, k));
     }
     if (wait && sp->io[k].op == FY_OP_IO_READ)
-        FY_TRY(wait_for(r, &sp->io[k], NULL));
+        FY_TRY(fy_ticket_wait(&r->tk, &sp->io[k], NULL));
     if (off != NULL)
         *off = spill_at(sp, k);
     return 0;
 }
 
 /* Gpu request t reads or writes item i's slot. */
-static void spill_used_by(struct spill *sp, unsigned i, struct ticket *t)
+static void spill_used_by(struct spill *sp, unsigned i, struct fy_ticket *t)
 {
     if (sp->on)
         sp->user[i % sp->slots] = t;
@@ -476,7 +316,7 @@ static int spill_drain(struct run *r, struct spill *sp)
 {
     int rc = 0;
     for (unsigned k = 0; k < SPILL_SLOTS_MAX; k++) {
-        int w = wait_for(r, &sp->io[k], NULL);
+        int w = fy_ticket_wait(&r->tk, &sp->io[k], NULL);
         rc = rc ? rc : w;
     }
     return rc;
@@ -501,7 +341,7 @@ static int spill_setup(struct run *r, struct spill *sp, uint64_t base, uint64_t 
     uint64_t bytes = fy_plan_spill_extent_bytes(item_bytes, count);
     unsigned cls = fy_scratch_class(bytes);
     sp->tensor = first_tensor + cls;
-    FY_TRY(io_op(r, FY_OP_IO_ALLOC, sp->tensor, 0, 0, bytes));
+    FY_TRY(fy_ticket_io(&r->tk, FY_OP_IO_ALLOC, sp->tensor, 0, 0, bytes));
     fy_info("%s spilled to the store through %u pool slots (%llu MiB of scratch, size class %u)",
             what, slots, (unsigned long long)(bytes >> 20), cls);
     return 0;
@@ -602,7 +442,7 @@ static int backward_ahead(struct run *r, unsigned b)
  * for in their slots, its weights at w_off, dy in and dx out, its gradient into `grad`; then the
  * next blocks' inputs on their way. */
 static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint64_t dy,
-                                uint64_t dx, uint64_t grad, struct ticket *t)
+                                uint64_t dx, uint64_t grad, struct fy_ticket *t)
 {
     const struct fy_plan_layout *l = &r->l;
     uint64_t x_off = 0, s_off = 0;
@@ -616,7 +456,7 @@ static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint6
     req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dy, l->act_bytes, (int)b);
     req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
     req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, unit_bytes(l, b), (int)b);
-    FY_TRY(issue(r, PH_GPU, "gpu", req, saved_parts(r, b, op, s_off, req, 5), t));
+    FY_TRY(fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, saved_parts(r, b, op, s_off, req, 5), t));
     spill_used_by(&r->ckpt, b - 1, t);
     if (r->ssd_mask[b])
         spill_used_by(&r->saved, b - 1, t);
@@ -630,9 +470,10 @@ static int run_init(struct run *r, struct fy_pool *pool, const struct fy_plan_sh
     for (int i = 0; i < 3; i++)
         r->wslot_unit[i] = -1;
     r->state_unit[0] = r->state_unit[1] = -1;
-    r->x = x;
+    r->tk.x = x;
+    r->tk.timeout_ms = timeout_ms;
+    r->tk.units = fy_gpt_unit_count(s->c);
     r->pool = pool;
-    r->timeout_ms = timeout_ms;
     FY_REQUIRE(s->act_dtype == FY_DTYPE_F32 || s->act_dtype == FY_DTYPE_BF16, -EINVAL,
                "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
                fy_dtype_name(s->act_dtype));
@@ -699,8 +540,8 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     const struct fy_gpt_config *c = l->c;
     unsigned L = c->n_layer, fin = L + 1;
     struct fy_desc req[FY_DESC_MAX_PARTS], reply = {0};
-    struct ticket t_embed = {0}, g_embed = {0}, head = {0};
-    struct ticket *rw = calloc(L + 2, sizeof *rw), *g = calloc(L + 2, sizeof *g);
+    struct fy_ticket t_embed = {0}, g_embed = {0}, head = {0};
+    struct fy_ticket *rw = calloc(L + 2, sizeof *rw), *g = calloc(L + 2, sizeof *g);
     unsigned depth = l->wslots - 1;
     int rc = rw && g ? 0 : -ENOMEM;
     for (unsigned u = 0; rc == 0 && u <= fin; u++)
@@ -717,7 +558,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     for (unsigned u = 1; rc == 0 && u <= fin && u <= depth; u++)
         rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
     if (rc == 0)
-        rc = wait_for(r, &t_embed, NULL);
+        rc = fy_ticket_wait(&r->tk, &t_embed, NULL);
     uint64_t w_embed = 0;
     if (rc == 0)
         rc = weights_of(r, 0, 0, &w_embed);
@@ -731,11 +572,11 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
         req[1] = weights_region(r, op, 0, w_embed, 0, 1);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, 0);
-        rc = issue(r, PH_GPU, "gpu", req, 3, &g_embed);
+        rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 3, &g_embed);
         spill_used_by(&r->ckpt, 0, &g_embed);
     }
     for (unsigned b = 1; rc == 0 && b <= L; b++) {
-        rc = wait_for(r, &rw[b], NULL);
+        rc = fy_ticket_wait(&r->tk, &rw[b], NULL);
         uint64_t w_off = 0;
         if (rc == 0)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
@@ -755,7 +596,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, (int)b);
         unsigned n = train ? saved_parts(r, b, op, s_off, req, 3) : 3;
         if (rc == 0)
-            rc = issue(r, PH_GPU, "gpu", req, n, &g[b]);
+            rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, n, &g[b]);
         spill_used_by(&r->ckpt, b - 1, &g[b]);
         spill_used_by(&r->ckpt, b, &g[b]);
         if (swaps)
@@ -767,16 +608,16 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         /* unit b+depth goes into the slot block b-1 had: once that block has run */
         unsigned next = b + depth;
         if (rc == 0 && next <= fin && b >= 2)
-            rc = wait_for(r, &g[b - 1], NULL);
+            rc = fy_ticket_wait(&r->tk, &g[b - 1], NULL);
         if (rc == 0 && next <= fin)
             rc = read_weights(r, next, block_wslot(l, next), &rw[next]);
     }
     if (rc == 0 && train && L >= 1 && r->ssd_mask[L])
         rc = spill_write(r, &r->saved, L - 1, &g[L]);
     if (rc == 0)
-        rc = wait_for(r, &rw[fin], NULL);
+        rc = fy_ticket_wait(&r->tk, &rw[fin], NULL);
     for (unsigned b = 0; rc == 0 && b <= L; b++)
-        rc = wait_for(r, b ? &g[b] : &g_embed, NULL);
+        rc = fy_ticket_wait(&r->tk, b ? &g[b] : &g_embed, NULL);
     uint64_t w_fin = 0;
     if (rc == 0)
         rc = weights_of(r, fin, block_wslot(l, fin), &w_fin);
@@ -795,10 +636,10 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         req[4] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dact_at(l, 0), l->act_bytes, f);
         req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, r->dfinal, unit_bytes(l, fin), f);
         req[6] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
-        rc = issue(r, PH_GPU, "gpu", req, train ? 7 : 4, &head);
+        rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, train ? 7 : 4, &head);
     }
     if (rc == 0)
-        rc = wait_for(r, &head, &reply);
+        rc = fy_ticket_wait(&r->tk, &head, &reply);
     spill_forget_users(r); /* the gpu requests were all waited for before the head */
     free(rw);
     free(g);
@@ -811,7 +652,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
 
 /* Unit u's optimizer step, in three requests that the caller can interleave with other work: its
  * state into state slot s, AdamW with the gradient in grads slot g, the state back to the store. */
-static int state_read(struct run *r, unsigned u, unsigned s, struct ticket *t)
+static int state_read(struct run *r, unsigned u, unsigned s, struct fy_ticket *t)
 {
     r->state_unit[s] = (int)u;
     if (r->resident != NULL && r->resident[u] != 0) {
@@ -906,19 +747,7 @@ static int opt_send_next(struct run *r)
             first = i;
     unsigned u = r->queue[first];
     memmove(r->queue + first, r->queue + first + 1, (--r->queued - first) * sizeof *r->queue);
-    return issue(r, PH_OPT, "opt", r->opt_req[u], r->opt_parts[u], &r->opt_sent[u]);
-}
-
-/* 1 when the request behind ticket t (in flight or done) has finished, its status then kept in
- * the ticket until waited for; 0 while it runs; -errno when polling fails. */
-static int finished(struct run *r, struct ticket *t)
-{
-    if (t->done)
-        return 1;
-    int in = r->x->poll(r->x->ctx, t->id);
-    if (in > 0)
-        finish(r, t);
-    return in;
+    return fy_ticket_issue(&r->tk, FY_TICKET_OPT, r->opt_req[u], r->opt_parts[u], &r->opt_sent[u]);
 }
 
 /* Sends queued updates while fewer than OPT_AHEAD + 1 are unfinished in the opt worker. */
@@ -927,10 +756,10 @@ static int opt_pump(struct run *r)
     while (r->queued > 0) {
         unsigned busy = 0;
         for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
-            struct ticket *t = &r->opt_sent[u];
+            struct fy_ticket *t = &r->opt_sent[u];
             if (t->id == 0)
                 continue;
-            int in = finished(r, t);
+            int in = fy_ticket_finished(&r->tk, t);
             FY_TRY(in);
             busy += !in;
         }
@@ -948,7 +777,7 @@ static int opt_settle(struct run *r, unsigned u)
         return 0;
     while (is_queued(r, u))
         FY_TRY(opt_send_next(r));
-    FY_TRY(wait_for(r, &r->opt_sent[u], NULL));
+    FY_TRY(fy_ticket_wait(&r->tk, &r->opt_sent[u], NULL));
     return opt_pump(r);
 }
 
@@ -966,13 +795,14 @@ static int opt_send_for_forward(struct run *r)
 static int gslot_take(struct run *r, unsigned *slot)
 {
     for (;;) {
-        struct ticket *first = NULL;
+        struct fy_ticket *first = NULL;
         for (unsigned s = 1; s <= r->l.gslots; s++) {
             unsigned b = r->gslot_holder[s];
             if (b != 0 && (!r->gslot_queued[s] || is_queued(r, b)))
                 continue; /* its gradient is not home yet, or its update not sent */
-            struct ticket *t = b != 0 ? &r->opt_sent[b] : NULL;
-            int done = t == NULL || t->id == 0 ? 1 : finished(r, t); /* 0 id: waited for */
+            struct fy_ticket *t = b != 0 ? &r->opt_sent[b] : NULL;
+            /* a 0 id: waited for */
+            int done = t == NULL || t->id == 0 ? 1 : fy_ticket_finished(&r->tk, t);
             FY_TRY(done);
             if (done && t != NULL && t->id != 0 && t->status != 0)
                 return t->status;
@@ -985,7 +815,7 @@ static int gslot_take(struct run *r, unsigned *slot)
                 first = t;
         }
         if (first != NULL)
-            finish(r, first);
+            fy_ticket_finish(&r->tk, first);
         else if (r->queued > 0)
             FY_TRY(opt_send_next(r));
         else
@@ -1001,21 +831,21 @@ static int opt_drain(struct run *r)
     while (rc == 0 && r->queued > 0)
         rc = opt_send_next(r);
     for (unsigned u = 0; r->opt_sent != NULL && u < fy_gpt_unit_count(r->l.c); u++) {
-        int w = wait_for(r, &r->opt_sent[u], NULL);
+        int w = fy_ticket_wait(&r->tk, &r->opt_sent[u], NULL);
         rc = rc ? rc : w;
     }
     return rc;
 }
 
 /* Unit u's state at pool offset `from` to the copy being written (never the committed one). */
-static int state_written(struct run *r, unsigned u, uint64_t from, struct ticket *t)
+static int state_written(struct run *r, unsigned u, uint64_t from, struct fy_ticket *t)
 {
     FY_REQUIRE(r->at_copy != NULL, -EPROTO, "schedule error: state written outside training");
     r->at_copy[u] = (unsigned char)r->work_copy;
     return state_io(r, FY_OP_IO_WRITE, u, r->work_copy, from, &r->digest[u], 1, t);
 }
 
-static int state_write(struct run *r, unsigned u, unsigned s, struct ticket *t)
+static int state_write(struct run *r, unsigned u, unsigned s, struct fy_ticket *t)
 {
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
                "schedule error: writing unit %u from state slot %u, which holds unit %d's state", u,
@@ -1028,18 +858,18 @@ static int state_write(struct run *r, unsigned u, unsigned s, struct ticket *t)
 /* The whole update of one unit (its gradient at pool offset `grad`), waited for. */
 static int update_unit(struct run *r, unsigned u, uint64_t grad, uint64_t step, double lr)
 {
-    struct ticket t = {0};
+    struct fy_ticket t = {0};
     FY_TRY(state_read(r, u, 0, &t));
-    FY_TRY(wait_for(r, &t, NULL));
+    FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
     FY_TRY(opt_enqueue(r, u, 0, grad, step, lr));
     FY_TRY(opt_settle(r, u));
     FY_TRY(state_write(r, u, 0, &t));
-    return wait_for(r, &t, NULL);
+    return fy_ticket_wait(&r->tk, &t, NULL);
 }
 
 /* The embedding lookup's gradient (dx0 at pool offset dx0) added to the head's wte gradient in
  * grads slot 0. */
-static int embed_backward_issue(struct run *r, uint64_t dx0, struct ticket *t)
+static int embed_backward_issue(struct run *r, uint64_t dx0, struct fy_ticket *t)
 {
     const struct fy_plan_layout *l = &r->l;
     int op = FY_OP_GPT_EMBED_BWD;
@@ -1047,14 +877,14 @@ static int embed_backward_issue(struct run *r, uint64_t dx0, struct ticket *t)
     req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
     req[1] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx0, l->act_bytes, 0);
     req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
-    return issue(r, PH_GPU, "gpu", req, 3, t);
+    return fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 3, t);
 }
 
 static int embed_backward(struct run *r, uint64_t dx0)
 {
-    struct ticket t = {0};
+    struct fy_ticket t = {0};
     FY_TRY(embed_backward_issue(r, dx0, &t));
-    return wait_for(r, &t, NULL);
+    return fy_ticket_wait(&r->tk, &t, NULL);
 }
 
 static int is_resident(const struct run *r, unsigned u)
@@ -1066,7 +896,7 @@ static int is_resident(const struct run *r, unsigned u)
  * the block whose write-back from it was issued last (-1: none), which a read into the slot must
  * wait for. */
 struct writebacks {
-    struct ticket *ws;
+    struct fy_ticket *ws;
     unsigned char *issued;
     int slot_writer[2];
 };
@@ -1102,8 +932,8 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
 {
     const struct fy_plan_layout *l = &r->l;
     unsigned L = l->c->n_layer;
-    struct ticket *g = calloc(L + 4, sizeof *g), *rs = calloc(L + 4, sizeof *rs);
-    struct ticket *ws = calloc(L + 4, sizeof *ws), e = {0};
+    struct fy_ticket *g = calloc(L + 4, sizeof *g), *rs = calloc(L + 4, sizeof *rs);
+    struct fy_ticket *ws = calloc(L + 4, sizeof *ws), e = {0};
     unsigned char *issued = calloc(L + 4, 1);
     unsigned *slot_of = calloc(L + 4, sizeof *slot_of);
     int rc = g && rs && ws && issued && slot_of ? 0 : -ENOMEM;
@@ -1113,8 +943,8 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
         if (b != 0 && !is_queued(r, b) && r->opt_sent[b].id == 0)
             r->gslot_holder[s] = 0;
     }
-    if (rc == 0 && embed && L == 0)
-        rc = wait_for(r, &r->embed_early, NULL); /* it reads the gradient this overwrites */
+    if (rc == 0 && embed && L == 0) /* it reads the gradient this overwrites */
+        rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
     if (rc == 0 && embed && L == 0)
         rc = embed_backward_issue(r, dact_at(l, *cur), &e);
     if (rc == 0 && L >= 1) /* the two state slots start with blocks L and L-1 */
@@ -1127,14 +957,14 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
         if (later_read && !is_resident(r, b)) { /* into the slot block b+2 leaves */
             rc = write_back(r, &wb, b + 2);
             if (rc == 0 && wb.slot_writer[b & 1] >= 0)
-                rc = wait_for(r, &ws[wb.slot_writer[b & 1]], NULL);
+                rc = fy_ticket_wait(&r->tk, &ws[wb.slot_writer[b & 1]], NULL);
             if (rc == 0)
                 rc = state_read(r, b, b & 1, &rs[b]);
         }
         if (rc == 0 && b >= 1) {
             uint64_t w_off = is_resident(r, b) ? master_at(l->c, b, r->resident[b]) : 0;
             if (!is_resident(r, b)) {
-                rc = wait_for(r, &rs[b], NULL);
+                rc = fy_ticket_wait(&r->tk, &rs[b], NULL);
                 FY_REQUIRE(rc != 0 || r->state_unit[b & 1] == (int)b, -EPROTO,
                            "schedule error: block %u's weights expected in state slot %u, which "
                            "holds unit %d's state", b, b & 1, r->state_unit[b & 1]);
@@ -1150,15 +980,15 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             }
             *cur ^= 1;
             if (rc == 0 && b == 1 && embed) /* the early part reads the gradient this rewrites */
-                rc = wait_for(r, &r->embed_early, NULL);
+                rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
             if (rc == 0 && b == 1 && embed) /* dx0 is block 1's dx */
                 rc = embed_backward_issue(r, dact_at(l, *cur), &e);
         }
         if (rc == 0 && b + 1 <= L) { /* block b+1's update, while the gpu runs block b */
             unsigned u = b + 1;
-            rc = wait_for(r, &g[u], NULL);
+            rc = fy_ticket_wait(&r->tk, &g[u], NULL);
             if (rc == 0)
-                rc = wait_for(r, &rs[u], NULL);
+                rc = fy_ticket_wait(&r->tk, &rs[u], NULL);
             if (rc == 0)
                 rc = opt_enqueue(r, u, u & 1, gslot(l, slot_of[u]), step, lr);
             if (rc == 0) {
@@ -1176,13 +1006,13 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
     }
     if (rc == 0 && L >= 1) /* block 1's write-back */
         rc = write_back(r, &wb, 1);
-    int we = wait_for(r, &e, NULL);
+    int we = fy_ticket_wait(&r->tk, &e, NULL);
     rc = rc ? rc : we;
     /* nothing stays in flight but resident blocks' updates, which the next forward waits for */
     for (unsigned u = 0; u <= L + 3; u++) {
-        int w = wait_for(r, &ws[u], NULL);
-        w = w ? w : wait_for(r, &g[u], NULL);
-        w = w ? w : wait_for(r, &rs[u], NULL);
+        int w = fy_ticket_wait(&r->tk, &ws[u], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &g[u], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &rs[u], NULL);
         rc = rc ? rc : w;
     }
     spill_forget_users(r);
@@ -1195,20 +1025,20 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
 }
 
 /* Unit u's gradient sum of squares on the opt worker (its gradient at pool offset grad). */
-static int sumsq_issue(struct run *r, unsigned u, uint64_t grad, struct ticket *t)
+static int sumsq_issue(struct run *r, unsigned u, uint64_t grad, struct fy_ticket *t)
 {
     struct fy_desc d = fy_desc_region(FY_OP_OPT_SUMSQ, FY_KIND_GRAD, FY_DTYPE_F32, grad,
                                       unit_bytes(&r->l, u), (int)u);
-    return issue(r, PH_OPT, "opt", &d, 1, t);
+    return fy_ticket_issue(&r->tk, FY_TICKET_OPT, &d, 1, t);
 }
 
 /* Waits for a sum-of-squares request, its result into *out (nothing when none is in flight). */
-static int sumsq_wait(struct run *r, struct ticket *t, double *out)
+static int sumsq_wait(struct run *r, struct fy_ticket *t, double *out)
 {
     if (t->id == 0)
         return 0;
     struct fy_desc reply;
-    FY_TRY(wait_for(r, t, &reply));
+    FY_TRY(fy_ticket_wait(&r->tk, t, &reply));
     memcpy(out, &reply.arg, sizeof *out);
     return 0;
 }
@@ -1225,8 +1055,8 @@ static int norm_pass(struct run *r, double *total)
 {
     const struct fy_plan_layout *l = &r->l;
     unsigned L = l->c->n_layer, fin = L + 1;
-    struct ticket *rw = calloc(L + 3, sizeof *rw), *g = calloc(L + 3, sizeof *g);
-    struct ticket *sq = calloc(L + 3, sizeof *sq);
+    struct fy_ticket *rw = calloc(L + 3, sizeof *rw), *g = calloc(L + 3, sizeof *g);
+    struct fy_ticket *sq = calloc(L + 3, sizeof *sq);
     double *part = calloc(L + 3, sizeof *part);
     int rc = rw && g && sq && part ? 0 : -ENOMEM;
     /* x_L's room is free after the head; with the checkpoints in slots, a third dacts buffer */
@@ -1239,7 +1069,7 @@ static int norm_pass(struct run *r, double *total)
         rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
     for (unsigned b = L; rc == 0 && b >= 1; b--) {
         uint64_t dx = scratch[(L - b) & 1], w_off = 0;
-        rc = wait_for(r, &rw[b], NULL);
+        rc = fy_ticket_wait(&r->tk, &rw[b], NULL);
         if (rc == 0)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
         if (rc == 0 && b + 2 <= L)
@@ -1247,15 +1077,17 @@ static int norm_pass(struct run *r, double *total)
         if (rc == 0)
             rc = block_backward_issue(r, b, w_off, dy, dx, gslot(l, 1 + (b & 1)), &g[b]);
         dy = dx;
-        if (rc == 0 && b + 1 <= L) /* block b+1's gradient is complete: its squares, and its */
-            rc = wait_for(r, &g[b + 1], NULL); /* weights slot is free for block b-depth */
+        /* block b+1's gradient is complete: its squares, and its weights slot is free for block
+         * b-depth */
+        if (rc == 0 && b + 1 <= L)
+            rc = fy_ticket_wait(&r->tk, &g[b + 1], NULL);
         if (rc == 0 && b + 1 <= L)
             rc = sumsq_issue(r, b + 1, gslot(l, 1 + ((b + 1) & 1)), &sq[b + 1]);
         if (rc == 0 && b > depth)
             rc = read_weights(r, b - depth, block_wslot(l, b - depth), &rw[b - depth]);
     }
     if (rc == 0 && L >= 1)
-        rc = wait_for(r, &g[1], NULL);
+        rc = fy_ticket_wait(&r->tk, &g[1], NULL);
     if (rc == 0 && L >= 1)
         rc = sumsq_issue(r, 1, gslot(l, 2), &sq[1]);
     if (rc == 0)
@@ -1264,8 +1096,8 @@ static int norm_pass(struct run *r, double *total)
         rc = sumsq_issue(r, 0, gslot(l, 0), &sq[0]);
     for (unsigned u = 0; u <= L + 2; u++) { /* nothing stays in flight */
         int w = sumsq_wait(r, &sq[u], &part[u]);
-        w = w ? w : wait_for(r, &g[u], NULL);
-        w = w ? w : wait_for(r, &rw[u], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &g[u], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &rw[u], NULL);
         rc = rc ? rc : w;
     }
     spill_forget_users(r);
@@ -1314,7 +1146,7 @@ static int embed_update_early(struct run *r, uint64_t step, double lr, uint64_t 
     struct fy_desc req[OPT_PARTS_MAX];
     unsigned n = adamw_parts(r, 0, gslot(l, 0), r->resident[0], step, lr, 0.0, req); /* unclipped */
     req[n++] = rows_part(l, 0, l->embed_rows, n_early, step);
-    return issue(r, PH_OPT, "opt", req, n, &r->embed_early);
+    return fy_ticket_issue(&r->tk, FY_TICKET_OPT, req, n, &r->embed_early);
 }
 
 static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t *version)
@@ -1330,10 +1162,11 @@ static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t
     unsigned cur = 0; /* dacts[cur] holds dL/d(output of the unit being processed) */
     /* with clipping, pass 1 has completed the embedding gradient already */
     int rc = backward_blocks(r, step, lr, version, &cur, !r->clip);
-    int early = wait_for(r, &r->embed_early, NULL); /* done before the embedding backward */
+    /* done before the embedding backward */
+    int early = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
     FY_TRY(rc ? rc : early);
     if (is_resident(r, 0)) { /* updated in place: the next forward waits for it */
-        struct ticket none = {0};
+        struct fy_ticket none = {0};
         FY_TRY(state_read(r, 0, 0, &none));
         FY_TRY(opt_enqueue(r, 0, 0, gslot(l, 0), step, lr));
         if (split)
@@ -1408,16 +1241,16 @@ static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_co
 {
     char rd[32], wr[32], opt[32];
     double params = (double)fy_gpt_total_params(c);
-    snprintf(opt, sizeof opt, busy[BUSY_OPT] > 0 ? "%.2f" : "-",
-             busy[BUSY_OPT] > 0 ? params / busy[BUSY_OPT] * 1e-9 : 0.0);
+    snprintf(opt, sizeof opt, busy[FY_TICKET_BUSY_OPT] > 0 ? "%.2f" : "-",
+             busy[FY_TICKET_BUSY_OPT] > 0 ? params / busy[FY_TICKET_BUSY_OPT] * 1e-9 : 0.0);
     fy_info("plan check, step %llu: %.3f s against the %.3f s predicted (%+.1f%%); in it the SSD "
             "read %s GB/s and wrote %s (the plan's: %.2f and %.2f, from %s), AdamW %s G "
             "parameters/s (the profile: %.2f)",
             (unsigned long long)step, seconds, o->plan_step_s,
             100.0 * (o->plan_step_s / seconds - 1.0),
-            fy_diskrates_gbps(fy_diskrates_rate(bytes[BUSY_SSD_READ], busy[BUSY_SSD_READ]), "-",
+            fy_diskrates_gbps(fy_diskrates_rate(bytes[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_READ]), "-",
                               rd, sizeof rd),
-            fy_diskrates_gbps(fy_diskrates_rate(bytes[BUSY_SSD_WRITE], busy[BUSY_SSD_WRITE]), "-",
+            fy_diskrates_gbps(fy_diskrates_rate(bytes[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_SSD_WRITE]), "-",
                               wr, sizeof wr),
             o->plan_ssd_read * 1e-9, o->plan_ssd_write * 1e-9,
             o->plan_ssd_from_steps ? "the last session's steps" : "the profile", opt,
@@ -1438,20 +1271,20 @@ static int log_step(const struct fy_train_opts *o, const struct fy_gpt_config *c
     if (grad_norm >= 0)
         snprintf(gn, sizeof gn, " | grad norm %.4f%s", grad_norm,
                  o->clip_grad_norm / (grad_norm + 1e-6) < 1.0 ? " (clipped)" : "");
-    double gpu_idle = seconds > 0 ? 1.0 - busy[BUSY_GPU] / seconds : 0.0;
+    double gpu_idle = seconds > 0 ? 1.0 - busy[FY_TICKET_BUSY_GPU] / seconds : 0.0;
     char line[512];
     snprintf(line, sizeof line,
              "step %llu/%llu | loss %.4f%s%s | lr %.2e | %.0f tok/s | %.4f TFLOP/s | %.0f ms | "
              "busy: gpu %.0f (h2d %.0f, d2h %.0f), ssd read %.0f, ssd write %.0f, opt %.0f ms | "
              "gpu idle %.0f%%",
              (unsigned long long)step, (unsigned long long)o->steps, loss, ev, gn, lr, tps, tflops,
-             1e3 * seconds, 1e3 * busy[BUSY_GPU], 1e3 * busy[BUSY_H2D], 1e3 * busy[BUSY_D2H],
-             1e3 * busy[BUSY_SSD_READ], 1e3 * busy[BUSY_SSD_WRITE], 1e3 * busy[BUSY_OPT],
+             1e3 * seconds, 1e3 * busy[FY_TICKET_BUSY_GPU], 1e3 * busy[FY_TICKET_BUSY_H2D], 1e3 * busy[FY_TICKET_BUSY_D2H],
+             1e3 * busy[FY_TICKET_BUSY_SSD_READ], 1e3 * busy[FY_TICKET_BUSY_SSD_WRITE], 1e3 * busy[FY_TICKET_BUSY_OPT],
              100.0 * gpu_idle);
     struct fy_progress_step ps = {.step = step, .total = o->steps, .loss = loss,
                                   .seconds = seconds, .tokens = tokens,
                                   .flops = tokens * fy_gpt_flops_per_token(c, (unsigned)o->seq),
-                                  .gpu_busy_s = busy[BUSY_GPU], .have_eval = have_eval,
+                                  .gpu_busy_s = busy[FY_TICKET_BUSY_GPU], .have_eval = have_eval,
                                   .eval = eval};
     fy_progress_step(&ps, line);
     if (o->metrics == NULL)
@@ -1463,10 +1296,10 @@ static int log_step(const struct fy_train_opts *o, const struct fy_gpt_config *c
             "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
             "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, \"gpu_idle\": %.4f, "
             "\"ssd_read_bytes\": %llu, \"ssd_write_bytes\": %llu",
-            (unsigned long long)step, loss, lr, tps, tflops, seconds, phase[PH_IO], phase[PH_GPU],
-            phase[PH_OPT], busy[BUSY_GPU], busy[BUSY_SSD_READ], busy[BUSY_SSD_WRITE],
-            busy[BUSY_OPT], busy[BUSY_H2D], busy[BUSY_D2H], gpu_idle,
-            (unsigned long long)bytes[BUSY_SSD_READ], (unsigned long long)bytes[BUSY_SSD_WRITE]);
+            (unsigned long long)step, loss, lr, tps, tflops, seconds, phase[FY_TICKET_IO], phase[FY_TICKET_GPU],
+            phase[FY_TICKET_OPT], busy[FY_TICKET_BUSY_GPU], busy[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_WRITE],
+            busy[FY_TICKET_BUSY_OPT], busy[FY_TICKET_BUSY_H2D], busy[FY_TICKET_BUSY_D2H], gpu_idle,
+            (unsigned long long)bytes[FY_TICKET_BUSY_SSD_READ], (unsigned long long)bytes[FY_TICKET_BUSY_SSD_WRITE]);
     if (grad_norm >= 0)
         n += snprintf(json + n, sizeof json - (size_t)n, ", \"grad_norm\": %.9g", grad_norm);
     if (have_eval)
@@ -1497,13 +1330,13 @@ static int resident_transfer(struct run *r, int op)
 {
     for (unsigned u = 0; r->resident != NULL && u < fy_gpt_unit_count(r->l.c); u++)
         if (r->resident[u] != 0) {
-            struct ticket t = {0};
+            struct fy_ticket t = {0};
             if (op == FY_OP_IO_READ)
                 FY_TRY(state_io(r, op, u, r->at_copy[u], r->resident[u], &r->digest[u], 1,
                                 &t));
             else
                 FY_TRY(state_written(r, u, r->resident[u], &t));
-            FY_TRY(wait_for(r, &t, NULL));
+            FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
         }
     return 0;
 }
@@ -1549,7 +1382,7 @@ static int commit(struct run *r, struct fy_storemeta *meta, uint64_t step)
         }
     }
     if (rc == 0)
-        rc = fy_commit_write(r->x, r->pool, r->l.meta, next, r->timeout_ms);
+        rc = fy_commit_write(r->tk.x, r->pool, r->l.meta, next, r->tk.timeout_ms);
     if (rc == 0) {
         *meta = *next;
         r->read_copy = meta->copy;
@@ -1577,7 +1410,7 @@ static int open_committed(struct run *r, struct fy_storemeta *meta,
         unsigned bad = 0;
         int rc = resident_transfer(r, FY_OP_IO_READ);
         if (rc == 0)
-            rc = fy_commit_verify(r->x, meta, r->l.state, resident, &bad, r->timeout_ms);
+            rc = fy_commit_verify(r->tk.x, meta, r->l.state, resident, &bad, r->tk.timeout_ms);
         if (rc == 0)
             fy_info("step %llu's state checked against its commit record in %.1f s",
                     (unsigned long long)meta->step, now_s() - t0);
@@ -1604,8 +1437,8 @@ static int open_committed(struct run *r, struct fy_storemeta *meta,
             return rc;
         damaged = meta->step;
         damaged_seq = meta->seq;
-        FY_TRY(fy_commit_read(r->x, r->pool, r->l.meta, "the store", meta->seq, meta,
-                              r->timeout_ms));
+        FY_TRY(fy_commit_read(r->tk.x, r->pool, r->l.meta, "the store", meta->seq, meta,
+                              r->tk.timeout_ms));
         fy_warn("step %llu's state is damaged on the SSD; going back to the commit before it, "
                 "step %llu", (unsigned long long)damaged, (unsigned long long)meta->step);
     }
@@ -1619,12 +1452,12 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                                         .act_dtype = o->act_dtype,
                                         .clip = o->clip_grad_norm > 0};
     FY_TRY(run_init(&r, pool, &shape, x, o->timeout_ms));
-    r.overlap = o->overlap;
+    r.tk.overlap = o->overlap;
     r.act_ahead = fy_plan_act_ahead(o->act_ahead);
     FY_REQUIRE(r.act_ahead <= FY_PLAN_ACT_AHEAD_MAX, -EINVAL,
                "train: --act-ahead %u: give 1 to %d blocks", r.act_ahead, FY_PLAN_ACT_AHEAD_MAX);
     FY_TRY(ckpt_setup(&r, o->ckpt_ssd));
-    r.trace = o->trace;
+    r.tk.trace = o->trace;
     FY_REQUIRE(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0, -EINVAL,
                "train: the clipping norm %g must be finite and >= 0 (0: no clipping)",
                o->clip_grad_norm);
@@ -1635,13 +1468,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                    "train: the pool has no room for clipping's final-unit gradient (made by "
                    "fy_plan_regions without clip)");
     }
-    if (r.trace != NULL) /* Chrome trace-event JSON array; one track per worker */
-        fprintf(r.trace, "[\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, "
-                         "\"args\": {\"name\": \"io worker (SSD)\"}},\n"
-                         "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 2, "
-                         "\"args\": {\"name\": \"gpu worker\"}},\n"
-                         "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 3, "
-                         "\"args\": {\"name\": \"opt worker (AdamW)\"}},\n");
+    fy_ticket_trace_begin(&r.tk);
     unsigned units = fy_gpt_unit_count(&meta->model);
     uint64_t *version = calloc(units, sizeof *version);
     uint64_t *resident = calloc(units, sizeof *resident), *wcopy = calloc(units, sizeof *wcopy);
@@ -1697,10 +1524,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
             break;
         }
         double t0 = now_s(), loss = 0, lr = fy_train_lr(o, step), eval = 0, grad_norm = -1;
-        memset(r.phase_s, 0, sizeof r.phase_s);
-        memset(r.busy_s, 0, sizeof r.busy_s);
-        memset(r.busy_bytes, 0, sizeof r.busy_bytes);
-        r.step = step;
+        fy_ticket_step(&r.tk, step);
         rc = load_batch(&r, data, FY_TOKFILE_TRAIN, o->seed, step, NULL);
         if (rc == 0)
             rc = forward(&r, 1, step, version, &loss);
@@ -1716,11 +1540,11 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         if (rc == 0 && (durable || do_eval)) /* the updates still running, done */
             rc = opt_drain(&r);
         double seconds = now_s() - t0;
-        double phase[PH_COUNT], busy[BUSY_COUNT];
-        uint64_t bytes[BUSY_COUNT];
-        memcpy(phase, r.phase_s, sizeof phase);
-        memcpy(busy, r.busy_s, sizeof busy);
-        memcpy(bytes, r.busy_bytes, sizeof bytes);
+        double phase[FY_TICKET_WORKERS], busy[FY_TICKET_BUSY_COUNT];
+        uint64_t bytes[FY_TICKET_BUSY_COUNT];
+        memcpy(phase, r.tk.wait_s, sizeof phase);
+        memcpy(busy, r.tk.busy_s, sizeof busy);
+        memcpy(bytes, r.tk.busy_bytes, sizeof bytes);
         if (rc == 0 && do_eval && o->eval_batches > 0)
             rc = eval_loss(&r, data, o->eval_batches, &eval);
         /* The step's metrics line goes before its commit: a commit that a crash cuts off after
@@ -1732,8 +1556,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         if (rc == 0 && o->plan_step_s > 0 && step == first + 1 && seconds > 0)
             log_plan_check(o, &meta->model, step, seconds, busy, bytes);
         if (rc == 0 && o->ssd_seen != NULL && step > first)
-            fy_diskrates_add(o->ssd_seen, step, bytes[BUSY_SSD_READ], busy[BUSY_SSD_READ],
-                             bytes[BUSY_SSD_WRITE], busy[BUSY_SSD_WRITE]);
+            fy_diskrates_add(o->ssd_seen, step, bytes[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_READ],
+                             bytes[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_SSD_WRITE]);
         if (rc == 0 && durable) {
             double c0 = now_s();
             rc = commit(&r, meta, step);
@@ -1754,12 +1578,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     rc = rc ? rc : drained;
     drained = spill_drain(&r, &r.saved);
     rc = rc ? rc : drained;
-    if (r.trace != NULL) { /* close the array (a trailing event carries no comma) */
-        fprintf(r.trace, "{\"name\": \"end\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 1, \"tid\": 1, "
-                         "\"ts\": %.3f}\n]\n",
-                (double)fy_monotonic_ns() * 1e-3);
-        fflush(r.trace);
-    }
+    fy_ticket_trace_end(&r.tk);
     free(version);
     free(resident);
     free(wcopy);
@@ -1785,7 +1604,7 @@ static int export_unit(void *ctx, unsigned unit, float *params)
 {
     const struct export_ctx *e = ctx;
     struct run *r = e->r;
-    FY_TRY(fy_commit_read_unit(r->x, e->meta, unit, r->l.state, r->timeout_ms));
+    FY_TRY(fy_commit_read_unit(r->tk.x, e->meta, unit, r->l.state, r->tk.timeout_ms));
     memcpy(params, fy_commit_unit_master(r->pool, e->meta, unit, r->l.state),
            fy_gpt_unit_params(r->l.c, unit) * sizeof *params);
     return 0;

@@ -33,20 +33,9 @@
 #include "common/tokfile.h"
 #include "launcher/diskrates.h"
 #include "launcher/plan.h"
+#include "launcher/ticket.h"
 
 struct fy_metrics;
-
-struct fy_exec {
-    void *ctx;
-    /* Sends a request to a worker ("gpu", "io", "opt") without waiting; returns a ticket (> 0) or
-     * -errno. Each worker serves its requests in the order they were sent. */
-    int64_t (*submit)(void *ctx, const char *worker, struct fy_desc *req, unsigned n);
-    /* Waits for a ticket's reply; returns the reply's status (0 or -errno). */
-    int (*wait)(void *ctx, int64_t ticket, struct fy_desc *reply, int timeout_ms);
-    /* Whether a ticket's reply is in, without blocking: 1 (then wait returns at once), 0, or
-     * -errno. */
-    int (*poll)(void *ctx, int64_t ticket);
-};
 
 struct fy_train_opts {
     uint64_t steps;       /* train until this step (total, counting steps already in the store) */
