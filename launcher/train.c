@@ -20,28 +20,11 @@
 #include "launcher/commit.h"
 #include "launcher/metrics.h"
 #include "launcher/progress.h"
+#include "launcher/spill.h"
 #include "launcher/ticket.h"
-
-/* Items (checkpoints, or blocks' saved internals) of item_bytes each, at base + i * item_bytes in
- * the pool; or, when `on`, on the SSD store (byte i * item_bytes of extent `tensor`), passing
- * through `slots` pool slots taken in turn (item i in slot i % slots, at base + slot * item_bytes):
- * written to the store in the forward, read back ahead of each backward pass. Per slot: the item
- * it holds (-1: none), its transfer to or from the store in flight, and the gpu request that used
- * it last (within one schedule function: all of them are done between). */
-#define SPILL_SLOTS_MAX (FY_PLAN_ACT_AHEAD_MAX + 2)
 
 /* An AdamW request: the gradient, the state's sections, a bf16 weights copy, a row list. */
 #define OPT_PARTS_MAX (1 + FY_OPTSTATE_PARTS + 2)
-struct spill {
-    int on;
-    unsigned slots;
-    uint64_t base, item_bytes;
-    uint32_t tensor;
-    int holds[SPILL_SLOTS_MAX];
-    struct fy_ticket io[SPILL_SLOTS_MAX];
-    struct fy_ticket *user[SPILL_SLOTS_MAX];
-};
-
 struct run {
     struct fy_tickets tk; /* the requests and their tickets, the times waited and busy */
     struct fy_pool *pool;
@@ -55,13 +38,13 @@ struct run {
     uint64_t *wcopy; /* per unit: its bf16 weights copy's offset in the pool, or 0 */
     /* Checkpoints (the blocks' inputs x_0..x_L): item i is x_i, in the acts region; with
      * --ckpt-place ssd x_0..x_{L-1} go through its slots to the store. */
-    struct spill ckpt;
+    struct fy_spill ckpt;
     /* The blocks' swapped internals (fy_train_opts.act_place), per block 1..L: the kinds that stay
      * in the pool (host_mask, at host_off in the saved region) and those that go through the
      * saved ring's slots to the store (ssd_mask; block b is item b - 1). */
     unsigned *host_mask, *ssd_mask;
     uint64_t *host_off;
-    struct spill saved;
+    struct fy_spill saved;
     struct fy_actplan_sizes saved_sizes;
     unsigned act_ahead; /* blocks whose items on the store the backward reads ahead (--act-ahead) */
     /* Clipping: on (two backward passes; pass 1 also completes the embedding gradient), where the
@@ -227,126 +210,6 @@ static struct fy_desc weights_region(const struct run *r, int op, unsigned u, ui
     return fy_desc_region(op, FY_KIND_WEIGHTS, m->dtype, master, m->bytes, layer);
 }
 
-/* ---- items through pool slots to and from the store (struct spill) ---- */
-
-static uint64_t spill_at(const struct spill *sp, unsigned i) { return sp->base + i * sp->item_bytes; }
-
-/* Slot k free for new contents: the gpu request that used it last and its transfer done. */
-static int spill_slot_free(struct run *r, struct spill *sp, unsigned k)
-{
-    if (sp->user[k] != NULL) {
-        struct fy_ticket *t = sp->user[k];
-        sp->user[k] = NULL;
-        FY_TRY(fy_ticket_wait(&r->tk, t, NULL));
-    }
-    return fy_ticket_wait(&r->tk, &sp->io[k], NULL);
-}
-
-static int spill_transfer(struct run *r, struct spill *sp, int op, unsigned i, unsigned k)
-{
-    struct fy_desc d = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, spill_at(sp, k),
-                                      sp->item_bytes, -1);
-    d.tensor = sp->tensor;
-    d.arg = i * sp->item_bytes;
-    return fy_ticket_issue(&r->tk, FY_TICKET_IO, &d, 1, &sp->io[k]);
-}
-
-/* Where the gpu writes item i. */
-static int spill_out(struct run *r, struct spill *sp, unsigned i, uint64_t *off)
-{
-    if (!sp->on) {
-        *off = spill_at(sp, i);
-        return 0;
-    }
-    unsigned k = i % sp->slots;
-    FY_TRY(spill_slot_free(r, sp, k));
-    sp->holds[k] = (int)i;
-    *off = spill_at(sp, k);
-    return 0;
-}
-
-/* Item i, once `producer` (the gpu request that wrote it) is done, to the store. */
-static int spill_write(struct run *r, struct spill *sp, unsigned i, struct fy_ticket *producer)
-{
-    if (!sp->on)
-        return 0;
-    FY_TRY(fy_ticket_wait(&r->tk, producer, NULL));
-    return spill_transfer(r, sp, FY_OP_IO_WRITE, i, i % sp->slots);
-}
-
-/* Item i in its slot for a gpu request to read: read back from the store unless the slot still
- * holds it; with `wait`, until it is there (off may then be given). A write of the slot to the
- * store may go on while the gpu reads it. */
-static int spill_in(struct run *r, struct spill *sp, unsigned i, int wait, uint64_t *off)
-{
-    if (!sp->on) {
-        if (off != NULL)
-            *off = spill_at(sp, i);
-        return 0;
-    }
-    unsigned k = i % sp->slots;
-    if (sp->holds[k] != (int)i) {
-        FY_TRY(spill_slot_free(r, sp, k));
-        sp->holds[k] = (int)i;
-        FY_TRY(spill_transfer(r, sp, FY_OP_IO_READ, i, k));
-    }
-    if (wait && sp->io[k].op == FY_OP_IO_READ)
-        FY_TRY(fy_ticket_wait(&r->tk, &sp->io[k], NULL));
-    if (off != NULL)
-        *off = spill_at(sp, k);
-    return 0;
-}
-
-/* Gpu request t reads or writes item i's slot. */
-static void spill_used_by(struct spill *sp, unsigned i, struct fy_ticket *t)
-{
-    if (sp->on)
-        sp->user[i % sp->slots] = t;
-}
-
-/* The end of a schedule function: its gpu requests are all done, their tickets gone. */
-static void spill_forget_users(struct run *r)
-{
-    for (unsigned k = 0; k < SPILL_SLOTS_MAX; k++)
-        r->ckpt.user[k] = r->saved.user[k] = NULL;
-}
-
-/* Every transfer done (the end of the run). */
-static int spill_drain(struct run *r, struct spill *sp)
-{
-    int rc = 0;
-    for (unsigned k = 0; k < SPILL_SLOTS_MAX; k++) {
-        int w = fy_ticket_wait(&r->tk, &sp->io[k], NULL);
-        rc = rc ? rc : w;
-    }
-    return rc;
-}
-
-/* Puts `count` items on the store, through `slots` slots from the pool offset base: the extent of
- * the smallest size class k (fy_scratch_class) that holds them, id first_tensor + k, made by the
- * first run of that class and found by the next. */
-static int spill_setup(struct run *r, struct spill *sp, uint64_t base, uint64_t item_bytes,
-                       unsigned slots, unsigned count, uint32_t first_tensor, const char *what)
-{
-    memset(sp, 0, sizeof *sp);
-    FY_REQUIRE(slots >= 3 && slots <= SPILL_SLOTS_MAX, -EINVAL,
-               "train: %s through %u pool slots, not 3 to %d (--act-ahead 1 to %d)", what, slots,
-               SPILL_SLOTS_MAX, FY_PLAN_ACT_AHEAD_MAX);
-    for (unsigned k = 0; k < SPILL_SLOTS_MAX; k++)
-        sp->holds[k] = -1;
-    sp->on = 1;
-    sp->slots = slots;
-    sp->base = base;
-    sp->item_bytes = item_bytes;
-    uint64_t bytes = fy_plan_spill_extent_bytes(item_bytes, count);
-    unsigned cls = fy_scratch_class(bytes);
-    sp->tensor = first_tensor + cls;
-    FY_TRY(fy_ticket_io(&r->tk, FY_OP_IO_ALLOC, sp->tensor, 0, 0, bytes));
-    fy_info("%s spilled to the store through %u pool slots (%llu MiB of scratch, size class %u)",
-            what, slots, (unsigned long long)(bytes >> 20), cls);
-    return 0;
-}
-
 /* The checkpoints' placement for this run: the pool must have been laid out for it. */
 static int ckpt_setup(struct run *r, int ssd)
 {
@@ -357,9 +220,7 @@ static int ckpt_setup(struct run *r, int ssd)
                    "shared pool: room for %u checkpoints and %u activation gradients, not the %u "
                    "and 2 this run keeps in the pool (laid out for --ckpt-place ssd?)",
                    l->act_slots, l->dact_slots, L + 1);
-        memset(&r->ckpt, 0, sizeof r->ckpt);
-        r->ckpt.base = l->acts;
-        r->ckpt.item_bytes = align4k(l->act_bytes);
+        fy_spill_in_pool(&r->ckpt, &r->tk, l->acts, align4k(l->act_bytes));
         return 0;
     }
     unsigned slots = fy_plan_spill_slots(r->act_ahead);
@@ -369,8 +230,8 @@ static int ckpt_setup(struct run *r, int ssd)
                r->act_ahead);
     char what[64];
     snprintf(what, sizeof what, "checkpoints x_0..x_%u", L ? L - 1 : 0);
-    return spill_setup(r, &r->ckpt, l->acts, align4k(l->act_bytes), slots, L,
-                       FY_TENSOR_CKPT_SPILL(0), what);
+    return fy_spill_setup(&r->ckpt, &r->tk, l->acts, align4k(l->act_bytes), slots, L,
+                          FY_TENSOR_CKPT_SPILL(0), what);
 }
 
 /* The blocks' swapped internals for this run (see struct run): masks per block, the pool-kept
@@ -382,7 +243,7 @@ static int saved_setup(struct run *r, const struct fy_train_opts *o)
     r->ssd_mask = calloc(L + 1, sizeof *r->ssd_mask);
     r->host_off = calloc(L + 1, sizeof *r->host_off);
     r->saved_sizes = o->saved_sizes;
-    memset(&r->saved, 0, sizeof r->saved);
+    fy_spill_in_pool(&r->saved, &r->tk, 0, 0); /* none but those placed on the SSD below */
     FY_REQUIRE(r->host_mask && r->ssd_mask && r->host_off, -ENOMEM, "train: out of memory");
     struct fy_plan_swap swap;
     fy_plan_swap_of(o->act_place, L, &o->saved_sizes, r->act_ahead, &swap);
@@ -404,12 +265,12 @@ static int saved_setup(struct run *r, const struct fy_train_opts *o)
     }
     if (swap.ssd_bytes == 0)
         return 0;
-    return spill_setup(r, &r->saved, at, swap.slot_bytes, swap.slots, L,
-                       FY_TENSOR_SAVED_SPILL(0), "the blocks' internals placed on the SSD");
+    return fy_spill_setup(&r->saved, &r->tk, at, swap.slot_bytes, swap.slots, L,
+                          FY_TENSOR_SAVED_SPILL(0), "the blocks' internals placed on the SSD");
 }
 
-/* Appends block b's saved parts to a request of n parts (the SSD one at ssd_off, which spill_out
- * or spill_in gave); returns the new count. */
+/* Appends block b's saved parts to a request of n parts (the SSD one at ssd_off, which
+ * fy_spill_out or fy_spill_in gave); returns the new count. */
 static unsigned saved_parts(const struct run *r, unsigned b, int op, uint64_t ssd_off,
                             struct fy_desc *req, unsigned n)
 {
@@ -431,9 +292,9 @@ static unsigned saved_parts(const struct run *r, unsigned b, int op, uint64_t ss
 static int backward_ahead(struct run *r, unsigned b)
 {
     for (unsigned a = b - 1; a >= 1 && a + r->act_ahead >= b; a--) {
-        FY_TRY(spill_in(r, &r->ckpt, a - 1, 0, NULL));
+        FY_TRY(fy_spill_in(&r->ckpt, a - 1, 0, NULL));
         if (r->ssd_mask[a])
-            FY_TRY(spill_in(r, &r->saved, a - 1, 0, NULL));
+            FY_TRY(fy_spill_in(&r->saved, a - 1, 0, NULL));
     }
     return 0;
 }
@@ -446,9 +307,9 @@ static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint6
 {
     const struct fy_plan_layout *l = &r->l;
     uint64_t x_off = 0, s_off = 0;
-    FY_TRY(spill_in(r, &r->ckpt, b - 1, 1, &x_off));
+    FY_TRY(fy_spill_in(&r->ckpt, b - 1, 1, &x_off));
     if (r->ssd_mask[b])
-        FY_TRY(spill_in(r, &r->saved, b - 1, 1, &s_off));
+        FY_TRY(fy_spill_in(&r->saved, b - 1, 1, &s_off));
     int op = FY_OP_GPT_BLOCK_BWD;
     struct fy_desc req[FY_DESC_MAX_PARTS];
     req[0] = weights_region(r, op, b, w_off, (int)b, 1);
@@ -457,9 +318,9 @@ static int block_backward_issue(struct run *r, unsigned b, uint64_t w_off, uint6
     req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
     req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, unit_bytes(l, b), (int)b);
     FY_TRY(fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, saved_parts(r, b, op, s_off, req, 5), t));
-    spill_used_by(&r->ckpt, b - 1, t);
+    fy_spill_used_by(&r->ckpt, b - 1, t);
     if (r->ssd_mask[b])
-        spill_used_by(&r->saved, b - 1, t);
+        fy_spill_used_by(&r->saved, b - 1, t);
     return b >= 2 ? backward_ahead(r, b) : 0;
 }
 
@@ -566,14 +427,14 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         rc = opt_settle(r, 0);
     uint64_t x_out = 0, x_in = 0;
     if (rc == 0)
-        rc = spill_out(r, &r->ckpt, 0, &x_out);
+        rc = fy_spill_out(&r->ckpt, 0, &x_out);
     if (rc == 0) {
         int op = FY_OP_GPT_EMBED_FWD;
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
         req[1] = weights_region(r, op, 0, w_embed, 0, 1);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, 0);
         rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 3, &g_embed);
-        spill_used_by(&r->ckpt, 0, &g_embed);
+        fy_spill_used_by(&r->ckpt, 0, &g_embed);
     }
     for (unsigned b = 1; rc == 0 && b <= L; b++) {
         rc = fy_ticket_wait(&r->tk, &rw[b], NULL);
@@ -583,13 +444,13 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         if (rc == 0)
             rc = opt_settle(r, b);
         if (rc == 0)
-            rc = spill_in(r, &r->ckpt, b - 1, 0, &x_in); /* the slot block b-1 just wrote */
+            rc = fy_spill_in(&r->ckpt, b - 1, 0, &x_in); /* the slot block b-1 just wrote */
         if (rc == 0)
-            rc = spill_out(r, &r->ckpt, b, &x_out);
+            rc = fy_spill_out(&r->ckpt, b, &x_out);
         uint64_t s_off = 0; /* the slot of block b's internals on their way to the store */
         int swaps = train && r->ssd_mask[b] != 0;
         if (rc == 0 && swaps)
-            rc = spill_out(r, &r->saved, b - 1, &s_off);
+            rc = fy_spill_out(&r->saved, b - 1, &s_off);
         int op = FY_OP_GPT_BLOCK_FWD;
         req[0] = weights_region(r, op, b, w_off, (int)b, 1);
         req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, (int)b);
@@ -597,14 +458,14 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         unsigned n = train ? saved_parts(r, b, op, s_off, req, 3) : 3;
         if (rc == 0)
             rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, n, &g[b]);
-        spill_used_by(&r->ckpt, b - 1, &g[b]);
-        spill_used_by(&r->ckpt, b, &g[b]);
+        fy_spill_used_by(&r->ckpt, b - 1, &g[b]);
+        fy_spill_used_by(&r->ckpt, b, &g[b]);
         if (swaps)
-            spill_used_by(&r->saved, b - 1, &g[b]);
+            fy_spill_used_by(&r->saved, b - 1, &g[b]);
         if (rc == 0 && train) /* x_{b-1} to the store once its block has written it */
-            rc = spill_write(r, &r->ckpt, b - 1, b == 1 ? &g_embed : &g[b - 1]);
+            rc = fy_spill_write(&r->ckpt, b - 1, b == 1 ? &g_embed : &g[b - 1]);
         if (rc == 0 && train && b >= 2 && r->ssd_mask[b - 1]) /* and block b-1's internals */
-            rc = spill_write(r, &r->saved, b - 2, &g[b - 1]);
+            rc = fy_spill_write(&r->saved, b - 2, &g[b - 1]);
         /* unit b+depth goes into the slot block b-1 had: once that block has run */
         unsigned next = b + depth;
         if (rc == 0 && next <= fin && b >= 2)
@@ -613,7 +474,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
             rc = read_weights(r, next, block_wslot(l, next), &rw[next]);
     }
     if (rc == 0 && train && L >= 1 && r->ssd_mask[L])
-        rc = spill_write(r, &r->saved, L - 1, &g[L]);
+        rc = fy_spill_write(&r->saved, L - 1, &g[L]);
     if (rc == 0)
         rc = fy_ticket_wait(&r->tk, &rw[fin], NULL);
     for (unsigned b = 0; rc == 0 && b <= L; b++)
@@ -626,7 +487,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     if (rc == 0)
         rc = opt_settle(r, fin);
     if (rc == 0)
-        rc = spill_in(r, &r->ckpt, L, 0, &x_in);
+        rc = fy_spill_in(&r->ckpt, L, 0, &x_in);
     if (rc == 0) {
         int op = FY_OP_GPT_HEAD, f = (int)fin, copies = has_copy(r, 0) && has_copy(r, fin);
         req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, f);
@@ -640,7 +501,9 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     }
     if (rc == 0)
         rc = fy_ticket_wait(&r->tk, &head, &reply);
-    spill_forget_users(r); /* the gpu requests were all waited for before the head */
+    /* the gpu requests were all waited for before the head */
+    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->saved);
     free(rw);
     free(g);
     FY_TRY(rc);
@@ -1015,7 +878,8 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
         w = w ? w : fy_ticket_wait(&r->tk, &rs[u], NULL);
         rc = rc ? rc : w;
     }
-    spill_forget_users(r);
+    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->saved);
     free(g);
     free(rs);
     free(ws);
@@ -1100,7 +964,8 @@ static int norm_pass(struct run *r, double *total)
         w = w ? w : fy_ticket_wait(&r->tk, &rw[u], NULL);
         rc = rc ? rc : w;
     }
-    spill_forget_users(r);
+    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->saved);
     double sum = 0.0;
     for (unsigned u = 0; u <= fin; u++)
         sum += part[u];
@@ -1574,9 +1439,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     }
     if (rc == 0 && metrics_full)
         rc = fy_metrics_stopped(o->metrics, meta->step);
-    drained = spill_drain(&r, &r.ckpt);
+    drained = fy_spill_drain(&r.ckpt);
     rc = rc ? rc : drained;
-    drained = spill_drain(&r, &r.saved);
+    drained = fy_spill_drain(&r.saved);
     rc = rc ? rc : drained;
     fy_ticket_trace_end(&r.tk);
     free(version);
