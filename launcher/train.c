@@ -19,12 +19,11 @@
 #include "common/optstate.h"
 #include "launcher/commit.h"
 #include "launcher/metrics.h"
+#include "launcher/optq.h"
 #include "launcher/progress.h"
 #include "launcher/spill.h"
 #include "launcher/ticket.h"
 
-/* An AdamW request: the gradient, the state's sections, a bf16 weights copy, a row list. */
-#define OPT_PARTS_MAX (1 + FY_OPTSTATE_PARTS + 2)
 struct run {
     struct fy_tickets tk; /* the requests and their tickets, the times waited and busy */
     struct fy_pool *pool;
@@ -54,13 +53,7 @@ struct run {
     int clip;
     uint64_t dfinal;
     double grad_scale;
-    /* AdamW requests, per unit: prepared (opt_req), held back in `queue` in sending order, then
-     * sent (opt_sent; a ticket that may outlive its step: the next forward waits for it). */
-    struct fy_desc (*opt_req)[OPT_PARTS_MAX];
-    /* per unit: the gradient and the state's sections, one more with a weights copy, one more
-     * with rows */
-    unsigned char *opt_parts;
-    struct fy_ticket *opt_sent;
+    struct fy_optq opt; /* the AdamW updates queued and sent, and the gradient slots */
     /* The embeddings' update in two parts (without clipping, state in the pool): the rows the
      * batch's tokens do not touch, sent once the head's gradient is home (embed_early), and the
      * rest once the embedding backward is done; row_touched is the scratch that sorts them. 0 in
@@ -68,12 +61,6 @@ struct run {
     int embed_split;
     struct fy_ticket embed_early;
     unsigned char *row_touched;
-    unsigned *queue, queued;
-    /* Grads slots 1..gslots in the backward (gslot_take): the block whose gradient each holds until
-     * that block's update is done (0: none; blocks count from 1), and whether that update has been
-     * queued (before, the gradient is still on its way home). */
-    unsigned gslot_holder[FY_PLAN_GRAD_SLOTS_MAX + 1];
-    unsigned char gslot_queued[FY_PLAN_GRAD_SLOTS_MAX + 1];
     /* The two copies of the units' state (common/ckpt.h): the committed one is read_copy; a
      * training run writes the other (work_copy) and keeps per unit the copy its latest state is
      * in and that state's digest. NULL arrays (init, export): every unit is read from
@@ -125,10 +112,6 @@ static uint64_t unit_bytes(const struct fy_plan_layout *l, unsigned u)
     return fy_gpt_unit_params(l->c, u) * 4;
 }
 
-
-/* Waits for the previous step's update of unit u where it is still running (the optimizer's queue,
- * below the forward). */
-static int opt_settle(struct run *r, unsigned u);
 
 /* A unit's whole state between the pool and its copy `copy` in the store, with its digest: a read
  * checked against *digest (unchecked where `check` is 0), a write's digest left in *digest once
@@ -424,7 +407,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     if (rc == 0)
         rc = weights_of(r, 0, 0, &w_embed);
     if (rc == 0) /* the previous step's update of this unit, which may still be running */
-        rc = opt_settle(r, 0);
+        rc = fy_optq_settle(&r->opt, 0);
     uint64_t x_out = 0, x_in = 0;
     if (rc == 0)
         rc = fy_spill_out(&r->ckpt, 0, &x_out);
@@ -442,7 +425,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
         if (rc == 0)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
         if (rc == 0)
-            rc = opt_settle(r, b);
+            rc = fy_optq_settle(&r->opt, b);
         if (rc == 0)
             rc = fy_spill_in(&r->ckpt, b - 1, 0, &x_in); /* the slot block b-1 just wrote */
         if (rc == 0)
@@ -485,7 +468,7 @@ static int forward(struct run *r, int train, uint64_t step, const uint64_t *vers
     if (rc == 0)
         rc = weights_of(r, 0, 0, &w_embed); /* slot 0 still holds the embeddings */
     if (rc == 0)
-        rc = opt_settle(r, fin);
+        rc = fy_optq_settle(&r->opt, fin);
     if (rc == 0)
         rc = fy_spill_in(&r->ckpt, L, 0, &x_in);
     if (rc == 0) {
@@ -526,22 +509,6 @@ static int state_read(struct run *r, unsigned u, unsigned s, struct fy_ticket *t
     if (r->at_copy == NULL)
         return state_io(r, FY_OP_IO_READ, u, r->read_copy, r->state_off[s], NULL, 0, t);
     return state_io(r, FY_OP_IO_READ, u, r->at_copy[u], r->state_off[s], &r->digest[u], 1, t);
-}
-
-/* The optimizer's queue. The opt worker gets at most OPT_AHEAD updates ahead of the one it is
- * running, so the rest can still be reordered, and the next one sent is always the lowest unit
- * queued: the one the next forward needs first (earliest deadline first). In the backward that is
- * the newest gradient, so while the backward outruns AdamW the top blocks' updates wait in their
- * gradient slots and run during the next forward, below which the forward waits for each unit's
- * own update only (opt_settle): AdamW then works through the forward instead of idling in it. */
-#define OPT_AHEAD 2
-
-static int is_queued(const struct run *r, unsigned u)
-{
-    for (unsigned i = 0; i < r->queued; i++)
-        if (r->queue[i] == u)
-            return 1;
-    return 0;
 }
 
 /* Unit u's AdamW request parts: req[0] the gradient at pool offset `grad`, then each section of
@@ -586,118 +553,9 @@ static int opt_enqueue(struct run *r, unsigned u, unsigned s, uint64_t grad, uin
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
                "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
                r->state_unit[s]);
-    FY_REQUIRE(r->opt_sent[u].id == 0 && !is_queued(r, u), -EPROTO,
-               "schedule error: unit %u's previous update is still queued or in flight", u);
-    r->opt_parts[u] = (unsigned char)adamw_parts(r, u, grad, r->state_off[s], step, lr,
-                                                 r->grad_scale, r->opt_req[u]);
-    r->queue[r->queued++] = u;
-    return 0;
-}
-
-/* Limits unit u's queued update to the `count` rows listed (int32) at pool offset `list`. */
-static void opt_rows(struct run *r, unsigned u, uint64_t list, uint64_t count)
-{
-    r->opt_req[u][r->opt_parts[u]] = rows_part(&r->l, u, list, count, r->opt_req[u][0].step);
-    r->opt_parts[u]++;
-}
-
-/* Sends the lowest unit's queued update. */
-static int opt_send_next(struct run *r)
-{
-    unsigned first = 0;
-    for (unsigned i = 1; i < r->queued; i++)
-        if (r->queue[i] < r->queue[first])
-            first = i;
-    unsigned u = r->queue[first];
-    memmove(r->queue + first, r->queue + first + 1, (--r->queued - first) * sizeof *r->queue);
-    return fy_ticket_issue(&r->tk, FY_TICKET_OPT, r->opt_req[u], r->opt_parts[u], &r->opt_sent[u]);
-}
-
-/* Sends queued updates while fewer than OPT_AHEAD + 1 are unfinished in the opt worker. */
-static int opt_pump(struct run *r)
-{
-    while (r->queued > 0) {
-        unsigned busy = 0;
-        for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
-            struct fy_ticket *t = &r->opt_sent[u];
-            if (t->id == 0)
-                continue;
-            int in = fy_ticket_finished(&r->tk, t);
-            FY_TRY(in);
-            busy += !in;
-        }
-        if (busy > OPT_AHEAD)
-            return 0;
-        FY_TRY(opt_send_next(r));
-    }
-    return 0;
-}
-
-/* Unit u's update done: sent first if still queued (with those queued before it). */
-static int opt_settle(struct run *r, unsigned u)
-{
-    if (r->opt_sent == NULL) /* a run that does not train */
-        return 0;
-    while (is_queued(r, u))
-        FY_TRY(opt_send_next(r));
-    FY_TRY(fy_ticket_wait(&r->tk, &r->opt_sent[u], NULL));
-    return opt_pump(r);
-}
-
-/* The backward is done: the updates left go in the next forward's order, all at once. */
-static int opt_send_for_forward(struct run *r)
-{
-    while (r->queued > 0)
-        FY_TRY(opt_send_next(r));
-    return 0;
-}
-
-/* A free grads slot (1..gslots) into *slot. A slot is free once its block's update is done; when
- * none is, this waits for the update the opt worker finishes first (the earliest sent; tickets
- * count up), sending the next queued one when none holding a slot is in flight. */
-static int gslot_take(struct run *r, unsigned *slot)
-{
-    for (;;) {
-        struct fy_ticket *first = NULL;
-        for (unsigned s = 1; s <= r->l.gslots; s++) {
-            unsigned b = r->gslot_holder[s];
-            if (b != 0 && (!r->gslot_queued[s] || is_queued(r, b)))
-                continue; /* its gradient is not home yet, or its update not sent */
-            struct fy_ticket *t = b != 0 ? &r->opt_sent[b] : NULL;
-            /* a 0 id: waited for */
-            int done = t == NULL || t->id == 0 ? 1 : fy_ticket_finished(&r->tk, t);
-            FY_TRY(done);
-            if (done && t != NULL && t->id != 0 && t->status != 0)
-                return t->status;
-            if (done) {
-                r->gslot_holder[s] = 0;
-                *slot = s;
-                return 0;
-            }
-            if (first == NULL || t->id < first->id)
-                first = t;
-        }
-        if (first != NULL)
-            fy_ticket_finish(&r->tk, first);
-        else if (r->queued > 0)
-            FY_TRY(opt_send_next(r));
-        else
-            FY_REQUIRE(0, -EPROTO, "schedule error: every gradient slot is taken and no update "
-                                   "that would free one is pending");
-    }
-}
-
-/* Every update sent and done. */
-static int opt_drain(struct run *r)
-{
-    int rc = 0;
-    while (rc == 0 && r->queued > 0)
-        rc = opt_send_next(r);
-    for (unsigned u = 0; r->opt_sent != NULL && u < fy_gpt_unit_count(r->l.c); u++) {
-        int w = fy_ticket_wait(&r->tk, &r->opt_sent[u], NULL);
-        rc = rc ? rc : w;
-    }
-    return rc;
+    struct fy_desc req[FY_OPTQ_PARTS_MAX];
+    unsigned n = adamw_parts(r, u, grad, r->state_off[s], step, lr, r->grad_scale, req);
+    return fy_optq_push(&r->opt, u, req, n);
 }
 
 /* Unit u's state at pool offset `from` to the copy being written (never the committed one). */
@@ -725,7 +583,7 @@ static int update_unit(struct run *r, unsigned u, uint64_t grad, uint64_t step, 
     FY_TRY(state_read(r, u, 0, &t));
     FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
     FY_TRY(opt_enqueue(r, u, 0, grad, step, lr));
-    FY_TRY(opt_settle(r, u));
+    FY_TRY(fy_optq_settle(&r->opt, u));
     FY_TRY(state_write(r, u, 0, &t));
     return fy_ticket_wait(&r->tk, &t, NULL);
 }
@@ -773,7 +631,7 @@ static int write_back(struct run *r, struct writebacks *wb, unsigned u)
     wb->issued[u] = 1;
     if (is_resident(r, u))
         return 0;
-    FY_TRY(opt_settle(r, u));
+    FY_TRY(fy_optq_settle(&r->opt, u));
     FY_TRY(state_write(r, u, u & 1, &wb->ws[u]));
     wb->slot_writer[u & 1] = (int)u;
     return 0;
@@ -785,7 +643,7 @@ static int write_back(struct run *r, struct writebacks *wb, unsigned u)
  * after it, so the master crosses from the SSD once in backward, not twice; the read goes into
  * the slot that block b+2 leaves once written back (state slots 0 and 1 alternate). A resident
  * block's weights and state are where they stay. Block b's backward is issued once a gradient
- * slot is free (gslot_take: at least three, so the gpu can run two blocks ahead of the optimizer,
+ * slot is free (fy_optq_take_gslot: at least three, so the gpu can run two blocks ahead of the optimizer,
  * and with more the optimizer can fall behind and finish in the next forward); block b+1's AdamW is
  * queued, not waited for, once its gradient is in. Every reuse of a slot waits for its previous
  * user. With `embed`, the embedding backward follows block 1's on the gpu while the last blocks are
@@ -801,11 +659,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
     unsigned *slot_of = calloc(L + 4, sizeof *slot_of);
     int rc = g && rs && ws && issued && slot_of ? 0 : -ENOMEM;
     struct writebacks wb = {ws, issued, {-1, -1}};
-    for (unsigned s = 1; s <= l->gslots; s++) { /* the last step's updates were all waited for */
-        unsigned b = r->gslot_holder[s];
-        if (b != 0 && !is_queued(r, b) && r->opt_sent[b].id == 0)
-            r->gslot_holder[s] = 0;
-    }
+    fy_optq_release_gslots(&r->opt); /* the last step's updates were all waited for */
     if (rc == 0 && embed && L == 0) /* it reads the gradient this overwrites */
         rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
     if (rc == 0 && embed && L == 0)
@@ -816,7 +670,7 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
         rc = state_read(r, L - 1, (L - 1) & 1, &rs[L - 1]);
     for (unsigned b = L; rc == 0; b--) {
         int later_read = b >= 1 && b + 2 <= L; /* block b's state is not read yet */
-        rc = opt_pump(r);
+        rc = fy_optq_pump(&r->opt);
         if (later_read && !is_resident(r, b)) { /* into the slot block b+2 leaves */
             rc = write_back(r, &wb, b + 2);
             if (rc == 0 && wb.slot_writer[b & 1] >= 0)
@@ -834,10 +688,8 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
                 w_off = master_at(l->c, b, r->state_off[b & 1]);
             }
             if (rc == 0)
-                rc = gslot_take(r, &slot_of[b]);
+                rc = fy_optq_take_gslot(&r->opt, b, &slot_of[b]);
             if (rc == 0) {
-                r->gslot_holder[slot_of[b]] = b;
-                r->gslot_queued[slot_of[b]] = 0;
                 rc = block_backward_issue(r, b, w_off, dact_at(l, *cur), dact_at(l, *cur ^ 1),
                                           gslot(l, slot_of[b]), &g[b]);
             }
@@ -855,8 +707,8 @@ static int backward_blocks(struct run *r, uint64_t step, double lr, uint64_t *ve
             if (rc == 0)
                 rc = opt_enqueue(r, u, u & 1, gslot(l, slot_of[u]), step, lr);
             if (rc == 0) {
-                r->gslot_queued[slot_of[u]] = 1;
-                rc = opt_pump(r);
+                r->opt.gslot_queued[slot_of[u]] = 1;
+                rc = fy_optq_pump(&r->opt);
             }
             version[u] = step;
         }
@@ -1008,7 +860,7 @@ static int embed_update_early(struct run *r, uint64_t step, double lr, uint64_t 
     *late = n_rest;
     if (n_early == 0)
         return 0;
-    struct fy_desc req[OPT_PARTS_MAX];
+    struct fy_desc req[FY_OPTQ_PARTS_MAX];
     unsigned n = adamw_parts(r, 0, gslot(l, 0), r->resident[0], step, lr, 0.0, req); /* unclipped */
     req[n++] = rows_part(l, 0, l->embed_rows, n_early, step);
     return fy_ticket_issue(&r->tk, FY_TICKET_OPT, req, n, &r->embed_early);
@@ -1035,12 +887,14 @@ static int backward_and_update(struct run *r, uint64_t step, double lr, uint64_t
         FY_TRY(state_read(r, 0, 0, &none));
         FY_TRY(opt_enqueue(r, 0, 0, gslot(l, 0), step, lr));
         if (split)
-            opt_rows(r, 0, l->embed_rows + fy_plan_embed_rows(l->c) * 4, late);
+            fy_optq_add_part(&r->opt, 0,
+                             rows_part(l, 0, l->embed_rows + fy_plan_embed_rows(l->c) * 4, late,
+                                       step));
     } else {
         FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
     }
     version[0] = step;
-    return opt_send_for_forward(r);
+    return fy_optq_send_all(&r->opt);
 }
 
 /* Said once per process: a batch whose targets the token file's loss mask all masks out. */
@@ -1337,15 +1191,13 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     unsigned units = fy_gpt_unit_count(&meta->model);
     uint64_t *version = calloc(units, sizeof *version);
     uint64_t *resident = calloc(units, sizeof *resident), *wcopy = calloc(units, sizeof *wcopy);
-    r.opt_req = calloc(units, sizeof *r.opt_req);
-    r.opt_parts = calloc(units, 1);
+    int queue = fy_optq_init(&r.opt, &r.tk, units, r.l.gslots);
     r.row_touched = calloc(meta->model.vocab, 1);
-    r.opt_sent = calloc(units, sizeof *r.opt_sent);
-    r.queue = calloc(units, sizeof *r.queue);
     r.at_copy = calloc(units, 1);
     r.digest = calloc(units, sizeof *r.digest);
-    int rc = version && resident && wcopy && r.opt_req && r.opt_parts && r.row_touched &&
-                     r.opt_sent && r.queue && r.at_copy && r.digest ? 0 : -ENOMEM;
+    int rc = queue == 0 && version && resident && wcopy && r.row_touched && r.at_copy && r.digest
+                 ? 0
+                 : -ENOMEM;
     r.embed_split = !fy_knob_test_embed_whole();
     if (!r.embed_split)
         fy_info("test hook: the embeddings are updated in one piece after the backward "
@@ -1403,7 +1255,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);
         int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
         if (rc == 0 && (durable || do_eval)) /* the updates still running, done */
-            rc = opt_drain(&r);
+            rc = fy_optq_drain(&r.opt);
         double seconds = now_s() - t0;
         double phase[FY_TICKET_WORKERS], busy[FY_TICKET_BUSY_COUNT];
         uint64_t bytes[FY_TICKET_BUSY_COUNT];
@@ -1430,7 +1282,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                 fy_info("step %llu committed in %.1f s", (unsigned long long)step, now_s() - c0);
         }
     }
-    int drained = opt_drain(&r); /* a stop at a step boundary leaves updates running */
+    int drained = fy_optq_drain(&r.opt); /* a stop at a step boundary leaves updates running */
     rc = rc ? rc : drained;
     if (rc == 0 && done > meta->step) { /* stopped early: the last step committed, as at the end */
         rc = commit(&r, meta, done);
@@ -1447,11 +1299,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     free(version);
     free(resident);
     free(wcopy);
-    free(r.opt_req);
-    free(r.opt_parts);
+    fy_optq_free(&r.opt);
     free(r.row_touched);
-    free(r.opt_sent);
-    free(r.queue);
     free(r.host_mask);
     free(r.ssd_mask);
     free(r.host_off);
