@@ -164,7 +164,8 @@ int fy_ticket_io_issue(struct fy_tickets *tk, int op, uint32_t tensor, uint64_t 
 
 void fy_ticket_trace_begin(struct fy_tickets *tk)
 {
-    if (tk->trace != NULL) /* Chrome trace-event JSON array; one track per worker */
+    tk->traced = tk->trace != NULL;
+    if (tk->traced) /* Chrome trace-event JSON array; one track per worker */
         fprintf(tk->trace, "[\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, "
                            "\"args\": {\"name\": \"io worker (SSD)\"}},\n"
                            "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 2, "
@@ -175,7 +176,7 @@ void fy_ticket_trace_begin(struct fy_tickets *tk)
 
 void fy_ticket_trace_end(struct fy_tickets *tk)
 {
-    if (tk->trace == NULL)
+    if (!tk->traced)
         return;
     /* close the array (a trailing event carries no comma) */
     fprintf(tk->trace, "{\"name\": \"end\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 1, \"tid\": 1, "

@@ -58,6 +58,7 @@ struct fy_tickets {
     int timeout_ms; /* per request */
     unsigned units; /* the model's, to name a damaged unit's state */
     FILE *trace;    /* Chrome trace-event JSON, or NULL */
+    int traced;     /* the trace's opening is written (fy_ticket_trace_begin) */
     uint64_t step;  /* the step the requests sent now belong to */
     /* since fy_ticket_step: the time waited for each worker, each resource's busy time and what
      * the io requests behind it moved (the SSD's) */
@@ -88,7 +89,8 @@ int fy_ticket_io(struct fy_tickets *tk, int op, uint32_t tensor, uint64_t pool_o
  * `tensor`, sent. */
 int fy_ticket_io_issue(struct fy_tickets *tk, int op, uint32_t tensor, uint64_t pool_offset,
                        uint64_t bytes, struct fy_ticket *t);
-/* The trace's opening (a JSON array and a track per worker) and its end; nothing without one. */
+/* The trace's opening (a JSON array and a track per worker), and its end where it was opened;
+ * nothing without a trace. */
 void fy_ticket_trace_begin(struct fy_tickets *tk);
 void fy_ticket_trace_end(struct fy_tickets *tk);
 

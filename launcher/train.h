@@ -1,7 +1,8 @@
-/* The training schedule: which descriptors go to which worker, in which order, for initialising a
- * model in the store, one training step, evaluation and export. It runs over an executor, so the
- * same schedule drives the worker processes (launcher/supervise) or, for tests and debugging, the
- * same handlers called in one process (launcher/inproc).
+/* Training over an executor: initialising a model in the store, a run of training steps from the
+ * store's last intact commit with its commits and log, evaluation and export. The executor is the
+ * worker processes (launcher/supervise) or, for tests and debugging, the same handlers called in
+ * one process (launcher/inproc); which descriptors go to which worker in a step, in which order,
+ * is launcher/sched's; the pool's layout is the plan's (launcher/plan.h).
  *
  * A step is serial and layer-major: the whole batch goes through one unit before the next.
  * Forward: embed, blocks 1..L (each block's input kept in the pool as its checkpoint), head with

@@ -1,0 +1,944 @@
+/* The schedule of a training step over an executor (launcher/sched.h). */
+#include "sched.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/dtype.h"
+#include "common/knobs.h"
+#include "common/log.h"
+#include "common/optstate.h"
+#include "launcher/commit.h"
+
+static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+
+/* Where unit u's master weights lie in its state at pool offset `state`. */
+static uint64_t master_at(const struct fy_gpt_config *c, unsigned u, uint64_t state)
+{
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(c, u, &lay);
+    return state + lay.section[FY_OPTSTATE_MASTER].offset;
+}
+
+static uint64_t act_at(const struct fy_plan_layout *l, unsigned i)
+{
+    return l->acts + i * align4k(l->act_bytes);
+}
+static uint64_t dact_at(const struct fy_plan_layout *l, unsigned i)
+{
+    return l->dacts + i * align4k(l->act_bytes);
+}
+static uint64_t wslot(const struct fy_plan_layout *l, unsigned i)
+{
+    return l->weights + i * l->wslot_bytes;
+}
+/* Grads slot 0 (the embeddings' gradient, a unit slot), 1..gslots (block-sized), and gslots + 1
+ * (after them: clipping's final-unit gradient). */
+static uint64_t gslot(const struct fy_plan_layout *l, unsigned i)
+{
+    return i == 0 ? l->grads : l->grads + l->slot_bytes + (i - 1) * l->bslot_bytes;
+}
+/* A unit's f32 gradient. */
+static uint64_t unit_bytes(const struct fy_plan_layout *l, unsigned u)
+{
+    return fy_gpt_unit_params(l->c, u) * 4;
+}
+
+/* A unit's whole state between the pool and its copy `copy` in the store, with its digest: a read
+ * checked against *digest (unchecked where `check` is 0), a write's digest left in *digest once
+ * the ticket is waited for. */
+static int state_io(struct fy_sched *r, int op, unsigned u, unsigned copy, uint64_t pool_offset,
+                    uint64_t *digest, int check, struct fy_ticket *t)
+{
+    uint64_t bytes = fy_optstate_bytes(r->l.c, u);
+    uint32_t extent = FY_TENSOR_UNIT_STATE_COPY(u, copy);
+    if (op == FY_OP_IO_READ && !check)
+        return fy_ticket_io_issue(&r->tk, op, extent, pool_offset, bytes, t);
+    struct fy_desc d[2];
+    d[0] = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, (int)u);
+    d[0].tensor = extent;
+    d[1] = fy_desc_region(op, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, (int)u);
+    d[1].arg = *digest;
+    t->digest_into = op == FY_OP_IO_WRITE ? digest : NULL;
+    return fy_ticket_issue(&r->tk, FY_TICKET_IO, d, 2, t);
+}
+
+/* The copy that holds unit u's latest state. */
+static unsigned copy_of(const struct fy_sched *r, unsigned u)
+{
+    return r->at_copy != NULL ? r->at_copy[u] : r->read_copy;
+}
+
+/* The master weights of a unit into a weights slot: the master section alone of its state in the
+ * store (the gpu worker is sent them, or where the unit is kept in the pool with a bf16 copy,
+ * that copy: weights_region). */
+static int read_weights(struct fy_sched *r, unsigned unit, unsigned slot, struct fy_ticket *t)
+{
+    r->wslot_unit[slot] = (int)unit;
+    if (r->resident != NULL && r->resident[unit] != 0) {
+        /* its master weights are already in the pool */
+        r->wslot_off[slot] = master_at(r->l.c, unit, r->resident[unit]);
+        return 0;
+    }
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(r->l.c, unit, &lay);
+    const struct fy_optstate_section *master = &lay.section[FY_OPTSTATE_MASTER];
+    r->wslot_off[slot] = wslot(&r->l, slot);
+    struct fy_desc d = fy_desc_region(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE,
+                                      wslot(&r->l, slot), master->padded, -1);
+    d.tensor = FY_TENSOR_UNIT_STATE_COPY(unit, copy_of(r, unit));
+    d.arg = master->offset;
+    return fy_ticket_issue(&r->tk, FY_TICKET_IO, &d, 1, t);
+}
+
+/* Weights slot of unit u (a block, or the final unit) in the forward and backward: slots 1 to
+ * wslots in turn, so that the weights of the next wslots - 1 units can be read while one computes. */
+static unsigned block_wslot(const struct fy_plan_layout *l, unsigned u) { return 1 + u % l->wslots; }
+
+/* The weights slot holding unit u, checked (see wslot_unit). */
+static int weights_of(struct fy_sched *r, unsigned u, unsigned slot, uint64_t *offset)
+{
+    FY_REQUIRE(r->wslot_unit[slot] == (int)u, -EPROTO,
+               "schedule error: unit %u's weights expected in slot %u, which holds unit %d's", u,
+               slot, r->wslot_unit[slot]);
+    *offset = r->wslot_off[slot];
+    return 0;
+}
+
+static int has_copy(const struct fy_sched *r, unsigned u)
+{
+    return r->wcopy != NULL && r->wcopy[u] != 0;
+}
+
+/* Unit u's weights as a gpu request's part: its bf16 copy where it has one and copy_ok (the
+ * weights of one request share a dtype), else its master weights at pool offset `master`. */
+static struct fy_desc weights_region(const struct fy_sched *r, int op, unsigned u, uint64_t master,
+                                     int layer, int copy_ok)
+{
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(r->l.c, u, &lay);
+    if (copy_ok && has_copy(r, u))
+        return fy_desc_region(op, FY_KIND_WEIGHTS, FY_OPTSTATE_COPY_DTYPE, r->wcopy[u],
+                              lay.params * fy_dtype_size(FY_OPTSTATE_COPY_DTYPE), layer);
+    const struct fy_optstate_section *m = &lay.section[FY_OPTSTATE_MASTER];
+    return fy_desc_region(op, FY_KIND_WEIGHTS, m->dtype, master, m->bytes, layer);
+}
+
+/* The checkpoints' placement for this run: the pool must have been laid out for it. */
+static int ckpt_setup(struct fy_sched *r, int ssd)
+{
+    const struct fy_plan_layout *l = &r->l;
+    unsigned L = l->c->n_layer;
+    if (!ssd) {
+        FY_REQUIRE(l->act_slots >= L + 1 && l->dact_slots >= 2, -EINVAL,
+                   "shared pool: room for %u checkpoints and %u activation gradients, not the %u "
+                   "and 2 this run keeps in the pool (laid out for --ckpt-place ssd?)",
+                   l->act_slots, l->dact_slots, L + 1);
+        fy_spill_in_pool(&r->ckpt, &r->tk, l->acts, align4k(l->act_bytes));
+        return 0;
+    }
+    unsigned slots = fy_plan_spill_slots(r->act_ahead);
+    FY_REQUIRE(l->act_slots >= slots && l->dact_slots >= 3, -EINVAL,
+               "shared pool: room for %u checkpoints and %u activation gradients, not the %u and 3 "
+               "of --ckpt-place ssd with --act-ahead %u", l->act_slots, l->dact_slots, slots,
+               r->act_ahead);
+    char what[64];
+    snprintf(what, sizeof what, "checkpoints x_0..x_%u", L ? L - 1 : 0);
+    return fy_spill_setup(&r->ckpt, &r->tk, l->acts, align4k(l->act_bytes), slots, L,
+                          FY_TENSOR_CKPT_SPILL(0), what);
+}
+
+/* The blocks' swapped internals for this run (see struct fy_sched): masks per block, the pool-kept
+ * regions one after another at the start of the "saved" region, the SSD slots after them. */
+static int saved_setup(struct fy_sched *r, const struct fy_train_opts *o)
+{
+    unsigned L = r->l.c->n_layer;
+    r->host_mask = calloc(L + 1, sizeof *r->host_mask);
+    r->ssd_mask = calloc(L + 1, sizeof *r->ssd_mask);
+    r->host_off = calloc(L + 1, sizeof *r->host_off);
+    r->saved_sizes = o->saved_sizes;
+    fy_spill_in_pool(&r->saved, &r->tk, 0, 0); /* none but those placed on the SSD below */
+    FY_REQUIRE(r->host_mask && r->ssd_mask && r->host_off, -ENOMEM, "train: out of memory");
+    struct fy_plan_swap swap;
+    fy_plan_swap_of(o->act_place, L, &o->saved_sizes, r->act_ahead, &swap);
+    if (fy_plan_swap_pool_bytes(&swap) == 0)
+        return 0;
+    uint64_t at, bytes;
+    FY_TRY(fy_pool_region(r->pool, "saved", &at, &bytes));
+    FY_REQUIRE(bytes >= fy_plan_swap_pool_bytes(&swap), -EINVAL,
+               "shared pool: a saved region of %llu bytes, not the %llu this plan swaps (laid out "
+               "by fy_plan_regions for another plan?)", (unsigned long long)bytes,
+               (unsigned long long)fy_plan_swap_pool_bytes(&swap));
+    for (unsigned b = 1; b <= L; b++) {
+        r->host_mask[b] = fy_actplan_mask(o->act_place, (int)b - 1, FY_ACT_HOST);
+        r->ssd_mask[b] = fy_actplan_mask(o->act_place, (int)b - 1, FY_ACT_SSD);
+        struct fy_actplan_region reg;
+        FY_TRY(fy_actplan_region_of(&o->saved_sizes, r->host_mask[b], &reg));
+        r->host_off[b] = at;
+        at += reg.bytes;
+    }
+    if (swap.ssd_bytes == 0)
+        return 0;
+    return fy_spill_setup(&r->saved, &r->tk, at, swap.slot_bytes, swap.slots, L,
+                          FY_TENSOR_SAVED_SPILL(0), "the blocks' internals placed on the SSD");
+}
+
+/* Appends block b's saved parts to a request of n parts (the SSD one at ssd_off, which
+ * fy_spill_out or fy_spill_in gave); returns the new count. */
+static unsigned saved_parts(const struct fy_sched *r, unsigned b, int op, uint64_t ssd_off,
+                            struct fy_desc *req, unsigned n)
+{
+    const unsigned mask[2] = {r->host_mask[b], r->ssd_mask[b]};
+    const uint64_t off[2] = {r->host_off[b], ssd_off};
+    for (int i = 0; i < 2; i++)
+        if (mask[i] != 0) {
+            struct fy_actplan_region reg;
+            fy_actplan_region_of(&r->saved_sizes, mask[i], &reg);
+            req[n] = fy_desc_region(op, FY_KIND_SAVED, FY_DTYPE_NONE, off[i], reg.bytes, (int)b);
+            req[n++].arg = mask[i];
+        }
+    return n;
+}
+
+/* In a backward pass, after block b's request: the checkpoints and the SSD-placed internals of
+ * the next act_ahead blocks on their way into their slots, nearest first (each slot's previous
+ * item belongs to a block whose backward is done or is the request before b's). */
+static int backward_ahead(struct fy_sched *r, unsigned b)
+{
+    for (unsigned a = b - 1; a >= 1 && a + r->act_ahead >= b; a--) {
+        FY_TRY(fy_spill_in(&r->ckpt, a - 1, 0, NULL));
+        if (r->ssd_mask[a])
+            FY_TRY(fy_spill_in(&r->saved, a - 1, 0, NULL));
+    }
+    return 0;
+}
+
+/* Block b's backward, in either pass: its checkpoint (and its internals placed on the SSD) waited
+ * for in their slots, its weights at w_off, dy in and dx out, its gradient into `grad`; then the
+ * next blocks' inputs on their way. */
+static int block_backward_issue(struct fy_sched *r, unsigned b, uint64_t w_off, uint64_t dy,
+                                uint64_t dx, uint64_t grad, struct fy_ticket *t)
+{
+    const struct fy_plan_layout *l = &r->l;
+    uint64_t x_off = 0, s_off = 0;
+    FY_TRY(fy_spill_in(&r->ckpt, b - 1, 1, &x_off));
+    if (r->ssd_mask[b])
+        FY_TRY(fy_spill_in(&r->saved, b - 1, 1, &s_off));
+    int op = FY_OP_GPT_BLOCK_BWD;
+    struct fy_desc req[FY_DESC_MAX_PARTS];
+    req[0] = weights_region(r, op, b, w_off, (int)b, 1);
+    req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_off, l->act_bytes, (int)b);
+    req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dy, l->act_bytes, (int)b);
+    req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
+    req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, unit_bytes(l, b), (int)b);
+    FY_TRY(fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, saved_parts(r, b, op, s_off, req, 5), t));
+    fy_spill_used_by(&r->ckpt, b - 1, t);
+    if (r->ssd_mask[b])
+        fy_spill_used_by(&r->saved, b - 1, t);
+    return b >= 2 ? backward_ahead(r, b) : 0;
+}
+
+int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan_shape *s,
+                  const struct fy_exec *x, int timeout_ms)
+{
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < 3; i++)
+        r->wslot_unit[i] = -1;
+    r->state_unit[0] = r->state_unit[1] = -1;
+    r->tk.x = x;
+    r->tk.timeout_ms = timeout_ms;
+    r->tk.units = fy_gpt_unit_count(s->c);
+    r->pool = pool;
+    FY_REQUIRE(s->act_dtype == FY_DTYPE_F32 || s->act_dtype == FY_DTYPE_BF16, -EINVAL,
+               "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
+               fy_dtype_name(s->act_dtype));
+    FY_TRY(fy_plan_layout_read(pool, s, &r->l));
+    r->dfinal = gslot(&r->l, 1);
+    return 0;
+}
+
+int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
+{
+    const struct fy_gpt_config *c = r->l.c;
+    r->tk.overlap = o->overlap;
+    r->act_ahead = fy_plan_act_ahead(o->act_ahead);
+    FY_REQUIRE(r->act_ahead <= FY_PLAN_ACT_AHEAD_MAX, -EINVAL,
+               "train: --act-ahead %u: give 1 to %d blocks", r->act_ahead, FY_PLAN_ACT_AHEAD_MAX);
+    FY_TRY(ckpt_setup(r, o->ckpt_ssd));
+    r->tk.trace = o->trace;
+    FY_REQUIRE(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0, -EINVAL,
+               "train: the clipping norm %g must be finite and >= 0 (0: no clipping)",
+               o->clip_grad_norm);
+    if (o->clip_grad_norm > 0) {
+        r->clip = 1;
+        r->dfinal = gslot(&r->l, r->l.gslots + 1);
+        FY_REQUIRE(r->l.grads_bytes >= r->dfinal - r->l.grads + r->l.dfinal_bytes, -EINVAL,
+                   "train: the pool has no room for clipping's final-unit gradient (made by "
+                   "fy_plan_regions without clip)");
+    }
+    fy_ticket_trace_begin(&r->tk);
+    unsigned units = fy_gpt_unit_count(c);
+    r->version = calloc(units, sizeof *r->version);
+    r->resident = calloc(units, sizeof *r->resident);
+    r->wcopy = calloc(units, sizeof *r->wcopy);
+    int queue = fy_optq_init(&r->opt, &r->tk, units, r->l.gslots);
+    r->row_touched = calloc(c->vocab, 1);
+    r->at_copy = calloc(units, 1);
+    r->digest = calloc(units, sizeof *r->digest);
+    FY_REQUIRE(queue == 0 && r->version && r->resident && r->wcopy && r->row_touched &&
+                   r->at_copy && r->digest,
+               -ENOMEM, "train: out of memory");
+    r->embed_split = !fy_knob_test_embed_whole();
+    if (!r->embed_split)
+        fy_info("test hook: the embeddings are updated in one piece after the backward "
+                "(FUYOU_TEST_EMBED_WHOLE=1)");
+    FY_TRY(saved_setup(r, o));
+    /* the kept units' state, and their copies: offsets 0 for the others (all where none is kept) */
+    return fy_plan_resident_offsets(r->pool, c, o->resident, r->resident, r->wcopy);
+}
+
+void fy_sched_free(struct fy_sched *r)
+{
+    fy_optq_free(&r->opt);
+    free(r->version);
+    free(r->resident);
+    free(r->wcopy);
+    free(r->row_touched);
+    free(r->host_mask);
+    free(r->ssd_mask);
+    free(r->host_off);
+    free(r->at_copy);
+    free(r->digest);
+}
+
+/* Forward through every unit; with `train`, also the head's backward into dacts[0] and the grads.
+ * The weights of the next units are read while the current block computes, as many ahead as the
+ * prefetch depth (weights slots 1.. in turn). */
+int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
+{
+    const struct fy_plan_layout *l = &r->l;
+    const struct fy_gpt_config *c = l->c;
+    unsigned L = c->n_layer, fin = L + 1;
+    struct fy_desc req[FY_DESC_MAX_PARTS], reply = {0};
+    struct fy_ticket t_embed = {0}, g_embed = {0}, head = {0};
+    struct fy_ticket *rw = calloc(L + 2, sizeof *rw), *g = calloc(L + 2, sizeof *g);
+    unsigned depth = l->wslots - 1;
+    int rc = rw && g ? 0 : -ENOMEM;
+    for (unsigned u = 0; rc == 0 && u <= fin; u++)
+        if (train && r->version[u] != step - 1) {
+            fy_error("schedule error: unit %u holds step %llu's weights, step %llu needs step %llu's",
+                     u, (unsigned long long)r->version[u], (unsigned long long)step,
+                     (unsigned long long)(step - 1));
+            rc = -EPROTO;
+        }
+    /* slot 0 keeps the embeddings until the tied head has used them; the blocks and then the
+     * final unit take the other slots in turn */
+    if (rc == 0)
+        rc = read_weights(r, 0, 0, &t_embed);
+    for (unsigned u = 1; rc == 0 && u <= fin && u <= depth; u++)
+        rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
+    if (rc == 0)
+        rc = fy_ticket_wait(&r->tk, &t_embed, NULL);
+    uint64_t w_embed = 0;
+    if (rc == 0)
+        rc = weights_of(r, 0, 0, &w_embed);
+    if (rc == 0) /* the previous step's update of this unit, which may still be running */
+        rc = fy_optq_settle(&r->opt, 0);
+    uint64_t x_out = 0, x_in = 0;
+    if (rc == 0)
+        rc = fy_spill_out(&r->ckpt, 0, &x_out);
+    if (rc == 0) {
+        int op = FY_OP_GPT_EMBED_FWD;
+        req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
+        req[1] = weights_region(r, op, 0, w_embed, 0, 1);
+        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, 0);
+        rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 3, &g_embed);
+        fy_spill_used_by(&r->ckpt, 0, &g_embed);
+    }
+    for (unsigned b = 1; rc == 0 && b <= L; b++) {
+        rc = fy_ticket_wait(&r->tk, &rw[b], NULL);
+        uint64_t w_off = 0;
+        if (rc == 0)
+            rc = weights_of(r, b, block_wslot(l, b), &w_off);
+        if (rc == 0)
+            rc = fy_optq_settle(&r->opt, b);
+        if (rc == 0)
+            rc = fy_spill_in(&r->ckpt, b - 1, 0, &x_in); /* the slot block b-1 just wrote */
+        if (rc == 0)
+            rc = fy_spill_out(&r->ckpt, b, &x_out);
+        uint64_t s_off = 0; /* the slot of block b's internals on their way to the store */
+        int swaps = train && r->ssd_mask[b] != 0;
+        if (rc == 0 && swaps)
+            rc = fy_spill_out(&r->saved, b - 1, &s_off);
+        int op = FY_OP_GPT_BLOCK_FWD;
+        req[0] = weights_region(r, op, b, w_off, (int)b, 1);
+        req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, (int)b);
+        req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, (int)b);
+        unsigned n = train ? saved_parts(r, b, op, s_off, req, 3) : 3;
+        if (rc == 0)
+            rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, n, &g[b]);
+        fy_spill_used_by(&r->ckpt, b - 1, &g[b]);
+        fy_spill_used_by(&r->ckpt, b, &g[b]);
+        if (swaps)
+            fy_spill_used_by(&r->saved, b - 1, &g[b]);
+        if (rc == 0 && train) /* x_{b-1} to the store once its block has written it */
+            rc = fy_spill_write(&r->ckpt, b - 1, b == 1 ? &g_embed : &g[b - 1]);
+        if (rc == 0 && train && b >= 2 && r->ssd_mask[b - 1]) /* and block b-1's internals */
+            rc = fy_spill_write(&r->saved, b - 2, &g[b - 1]);
+        /* unit b+depth goes into the slot block b-1 had: once that block has run */
+        unsigned next = b + depth;
+        if (rc == 0 && next <= fin && b >= 2)
+            rc = fy_ticket_wait(&r->tk, &g[b - 1], NULL);
+        if (rc == 0 && next <= fin)
+            rc = read_weights(r, next, block_wslot(l, next), &rw[next]);
+    }
+    if (rc == 0 && train && L >= 1 && r->ssd_mask[L])
+        rc = fy_spill_write(&r->saved, L - 1, &g[L]);
+    if (rc == 0)
+        rc = fy_ticket_wait(&r->tk, &rw[fin], NULL);
+    for (unsigned b = 0; rc == 0 && b <= L; b++)
+        rc = fy_ticket_wait(&r->tk, b ? &g[b] : &g_embed, NULL);
+    uint64_t w_fin = 0;
+    if (rc == 0)
+        rc = weights_of(r, fin, block_wslot(l, fin), &w_fin);
+    if (rc == 0)
+        rc = weights_of(r, 0, 0, &w_embed); /* slot 0 still holds the embeddings */
+    if (rc == 0)
+        rc = fy_optq_settle(&r->opt, fin);
+    if (rc == 0)
+        rc = fy_spill_in(&r->ckpt, L, 0, &x_in);
+    if (rc == 0) {
+        int op = FY_OP_GPT_HEAD, f = (int)fin, copies = has_copy(r, 0) && has_copy(r, fin);
+        req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, f);
+        req[1] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->targets, l->tok_bytes, f);
+        req[2] = weights_region(r, op, fin, w_fin, f, copies);
+        req[3] = weights_region(r, op, 0, w_embed, f, copies);
+        req[4] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dact_at(l, 0), l->act_bytes, f);
+        req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, r->dfinal, unit_bytes(l, fin), f);
+        req[6] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
+        rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, train ? 7 : 4, &head);
+    }
+    if (rc == 0)
+        rc = fy_ticket_wait(&r->tk, &head, &reply);
+    /* the gpu requests were all waited for before the head */
+    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->saved);
+    free(rw);
+    free(g);
+    FY_TRY(rc);
+    memcpy(loss, &reply.arg, sizeof *loss);
+    FY_REQUIRE(isfinite(*loss), -EDOM, "step %llu: the loss is %g: lower the learning rate",
+               (unsigned long long)step, *loss);
+    return 0;
+}
+
+/* Unit u's optimizer step, in three requests that the caller can interleave with other work: its
+ * state into state slot s, AdamW with the gradient in grads slot g, the state back to the store. */
+static int state_read(struct fy_sched *r, unsigned u, unsigned s, struct fy_ticket *t)
+{
+    r->state_unit[s] = (int)u;
+    if (r->resident != NULL && r->resident[u] != 0) {
+        r->state_off[s] = r->resident[u]; /* updated in place, where it stays */
+        return 0;
+    }
+    r->state_off[s] = r->l.state + s * r->l.state_slot_bytes;
+    if (r->at_copy == NULL)
+        return state_io(r, FY_OP_IO_READ, u, r->read_copy, r->state_off[s], NULL, 0, t);
+    return state_io(r, FY_OP_IO_READ, u, r->at_copy[u], r->state_off[s], &r->digest[u], 1, t);
+}
+
+/* Unit u's AdamW request parts: req[0] the gradient at pool offset `grad`, then each section of
+ * the state at `state` (common/optstate.h: master, m, v); the clipping scale (0: none) in the grad
+ * part's arg, the learning rate in the master part's; then, where the unit has a bf16 weights
+ * copy, a part for it (AdamW rewrites it from the new master). Returns the number of parts. */
+static unsigned adamw_parts(const struct fy_sched *r, unsigned u, uint64_t grad, uint64_t state,
+                            uint64_t step, double lr, double scale, struct fy_desc *req)
+{
+    const struct fy_plan_layout *l = &r->l;
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(l->c, u, &lay);
+    int op = FY_OP_OPT_ADAMW;
+    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, unit_bytes(l, u), (int)u);
+    memcpy(&req[0].arg, &scale, sizeof scale);
+    unsigned parts = 1 + fy_optstate_parts(&lay, state, (int)u, req + 1);
+    memcpy(&req[1 + FY_OPTSTATE_MASTER].arg, &lr, sizeof lr);
+    if (has_copy(r, u))
+        req[parts++] = weights_region(r, op, u, master_at(l->c, u, state), (int)u, 1);
+    for (unsigned i = 0; i < parts; i++)
+        req[i].step = step;
+    return parts;
+}
+
+/* The part that limits an update of unit u to the `count` rows listed (int32, each n_embd
+ * elements) at pool offset `list`. */
+static struct fy_desc rows_part(const struct fy_plan_layout *l, unsigned u, uint64_t list,
+                                uint64_t count, uint64_t step)
+{
+    struct fy_desc d = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, list,
+                                      count * 4, (int)u);
+    d.step = step;
+    d.arg = l->c->n_embd;
+    return d;
+}
+
+/* Unit u's update as requests (adamw_parts, with this step's clipping scale r->grad_scale); state
+ * in state slot s. Queued, not sent. */
+static int opt_enqueue(struct fy_sched *r, unsigned u, unsigned s, uint64_t grad, uint64_t step,
+                       double lr)
+{
+    FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
+               "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
+               r->state_unit[s]);
+    struct fy_desc req[FY_OPTQ_PARTS_MAX];
+    unsigned n = adamw_parts(r, u, grad, r->state_off[s], step, lr, r->grad_scale, req);
+    return fy_optq_push(&r->opt, u, req, n);
+}
+
+/* Unit u's state at pool offset `from` to the copy being written (never the committed one). */
+static int state_written(struct fy_sched *r, unsigned u, uint64_t from, struct fy_ticket *t)
+{
+    FY_REQUIRE(r->at_copy != NULL, -EPROTO, "schedule error: state written outside training");
+    r->at_copy[u] = (unsigned char)r->work_copy;
+    return state_io(r, FY_OP_IO_WRITE, u, r->work_copy, from, &r->digest[u], 1, t);
+}
+
+static int state_write(struct fy_sched *r, unsigned u, unsigned s, struct fy_ticket *t)
+{
+    FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
+               "schedule error: writing unit %u from state slot %u, which holds unit %d's state", u,
+               s, r->state_unit[s]);
+    if (r->resident != NULL && r->resident[u] != 0)
+        return 0; /* stays in the pool; written to the store at checkpoints */
+    return state_written(r, u, r->state_off[s], t);
+}
+
+/* The whole update of one unit (its gradient at pool offset `grad`), waited for. */
+static int update_unit(struct fy_sched *r, unsigned u, uint64_t grad, uint64_t step, double lr)
+{
+    struct fy_ticket t = {0};
+    FY_TRY(state_read(r, u, 0, &t));
+    FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
+    FY_TRY(opt_enqueue(r, u, 0, grad, step, lr));
+    FY_TRY(fy_optq_settle(&r->opt, u));
+    FY_TRY(state_write(r, u, 0, &t));
+    return fy_ticket_wait(&r->tk, &t, NULL);
+}
+
+/* The embedding lookup's gradient (dx0 at pool offset dx0) added to the head's wte gradient in
+ * grads slot 0. */
+static int embed_backward_issue(struct fy_sched *r, uint64_t dx0, struct fy_ticket *t)
+{
+    const struct fy_plan_layout *l = &r->l;
+    int op = FY_OP_GPT_EMBED_BWD;
+    struct fy_desc req[3];
+    req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
+    req[1] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx0, l->act_bytes, 0);
+    req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
+    return fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 3, t);
+}
+
+static int embed_backward(struct fy_sched *r, uint64_t dx0)
+{
+    struct fy_ticket t = {0};
+    FY_TRY(embed_backward_issue(r, dx0, &t));
+    return fy_ticket_wait(&r->tk, &t, NULL);
+}
+
+static int is_resident(const struct fy_sched *r, unsigned u)
+{
+    return r->resident != NULL && r->resident[u] != 0;
+}
+
+/* The backward's bookkeeping of write-backs: which blocks' have been issued, and per state slot
+ * the block whose write-back from it was issued last (-1: none), which a read into the slot must
+ * wait for. */
+struct writebacks {
+    struct fy_ticket *ws;
+    unsigned char *issued;
+    int slot_writer[2];
+};
+
+/* Block u's updated state back to the store once its AdamW is done (nothing to write for a
+ * resident block: it is written at checkpoints). */
+static int write_back(struct fy_sched *r, struct writebacks *wb, unsigned u)
+{
+    if (wb->issued[u])
+        return 0;
+    wb->issued[u] = 1;
+    if (is_resident(r, u))
+        return 0;
+    FY_TRY(fy_optq_settle(&r->opt, u));
+    FY_TRY(state_write(r, u, u & 1, &wb->ws[u]));
+    wb->slot_writer[u & 1] = (int)u;
+    return 0;
+}
+
+/* Backward through the blocks with each block's update overlapped with the backward of the blocks
+ * below. A streamed block's weights come with its state: its master, m and v are read into a state
+ * slot before its backward, which takes the master from there, and AdamW updates them in place
+ * after it, so the master crosses from the SSD once in backward, not twice; the read goes into
+ * the slot that block b+2 leaves once written back (state slots 0 and 1 alternate). A resident
+ * block's weights and state are where they stay. Block b's backward is issued once a gradient
+ * slot is free (fy_optq_take_gslot: at least three, so the gpu can run two blocks ahead of the
+ * optimizer, and with more the optimizer can fall behind and finish in the next forward); block
+ * b+1's AdamW is queued, not waited for, once its gradient is in. Every reuse of a slot waits for
+ * its previous user. With `embed`, the embedding backward follows block 1's on the gpu while the
+ * last blocks are updated. */
+static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigned *cur, int embed)
+{
+    const struct fy_plan_layout *l = &r->l;
+    unsigned L = l->c->n_layer;
+    struct fy_ticket *g = calloc(L + 4, sizeof *g), *rs = calloc(L + 4, sizeof *rs);
+    struct fy_ticket *ws = calloc(L + 4, sizeof *ws), e = {0};
+    unsigned char *issued = calloc(L + 4, 1);
+    unsigned *slot_of = calloc(L + 4, sizeof *slot_of);
+    int rc = g && rs && ws && issued && slot_of ? 0 : -ENOMEM;
+    struct writebacks wb = {ws, issued, {-1, -1}};
+    fy_optq_release_gslots(&r->opt); /* the last step's updates were all waited for */
+    if (rc == 0 && embed && L == 0) /* it reads the gradient this overwrites */
+        rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
+    if (rc == 0 && embed && L == 0)
+        rc = embed_backward_issue(r, dact_at(l, *cur), &e);
+    if (rc == 0 && L >= 1) /* the two state slots start with blocks L and L-1 */
+        rc = state_read(r, L, L & 1, &rs[L]);
+    if (rc == 0 && L >= 2)
+        rc = state_read(r, L - 1, (L - 1) & 1, &rs[L - 1]);
+    for (unsigned b = L; rc == 0; b--) {
+        int later_read = b >= 1 && b + 2 <= L; /* block b's state is not read yet */
+        rc = fy_optq_pump(&r->opt);
+        if (later_read && !is_resident(r, b)) { /* into the slot block b+2 leaves */
+            rc = write_back(r, &wb, b + 2);
+            if (rc == 0 && wb.slot_writer[b & 1] >= 0)
+                rc = fy_ticket_wait(&r->tk, &ws[wb.slot_writer[b & 1]], NULL);
+            if (rc == 0)
+                rc = state_read(r, b, b & 1, &rs[b]);
+        }
+        if (rc == 0 && b >= 1) {
+            uint64_t w_off = is_resident(r, b) ? master_at(l->c, b, r->resident[b]) : 0;
+            if (!is_resident(r, b)) {
+                rc = fy_ticket_wait(&r->tk, &rs[b], NULL);
+                FY_REQUIRE(rc != 0 || r->state_unit[b & 1] == (int)b, -EPROTO,
+                           "schedule error: block %u's weights expected in state slot %u, which "
+                           "holds unit %d's state", b, b & 1, r->state_unit[b & 1]);
+                w_off = master_at(l->c, b, r->state_off[b & 1]);
+            }
+            if (rc == 0)
+                rc = fy_optq_take_gslot(&r->opt, b, &slot_of[b]);
+            if (rc == 0) {
+                rc = block_backward_issue(r, b, w_off, dact_at(l, *cur), dact_at(l, *cur ^ 1),
+                                          gslot(l, slot_of[b]), &g[b]);
+            }
+            *cur ^= 1;
+            if (rc == 0 && b == 1 && embed) /* the early part reads the gradient this rewrites */
+                rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
+            if (rc == 0 && b == 1 && embed) /* dx0 is block 1's dx */
+                rc = embed_backward_issue(r, dact_at(l, *cur), &e);
+        }
+        if (rc == 0 && b + 1 <= L) { /* block b+1's update, while the gpu runs block b */
+            unsigned u = b + 1;
+            rc = fy_ticket_wait(&r->tk, &g[u], NULL);
+            if (rc == 0)
+                rc = fy_ticket_wait(&r->tk, &rs[u], NULL);
+            if (rc == 0)
+                rc = opt_enqueue(r, u, u & 1, gslot(l, slot_of[u]), step, lr);
+            if (rc == 0) {
+                r->opt.gslot_queued[slot_of[u]] = 1;
+                rc = fy_optq_pump(&r->opt);
+            }
+            r->version[u] = step;
+        }
+        if (rc == 0 && b + 2 <= L) /* block b+2's write-back (issued above if block b needed it) */
+            rc = write_back(r, &wb, b + 2);
+        if (rc == 0 && later_read && is_resident(r, b)) /* in place: only the bookkeeping */
+            rc = state_read(r, b, b & 1, &rs[b]);
+        if (b == 0)
+            break;
+    }
+    if (rc == 0 && L >= 1) /* block 1's write-back */
+        rc = write_back(r, &wb, 1);
+    int we = fy_ticket_wait(&r->tk, &e, NULL);
+    rc = rc ? rc : we;
+    /* nothing stays in flight but resident blocks' updates, which the next forward waits for */
+    for (unsigned u = 0; u <= L + 3; u++) {
+        int w = fy_ticket_wait(&r->tk, &ws[u], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &g[u], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &rs[u], NULL);
+        rc = rc ? rc : w;
+    }
+    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->saved);
+    free(g);
+    free(rs);
+    free(ws);
+    free(issued);
+    free(slot_of);
+    return rc;
+}
+
+/* Unit u's gradient sum of squares on the opt worker (its gradient at pool offset grad). */
+static int sumsq_issue(struct fy_sched *r, unsigned u, uint64_t grad, struct fy_ticket *t)
+{
+    struct fy_desc d = fy_desc_region(FY_OP_OPT_SUMSQ, FY_KIND_GRAD, FY_DTYPE_F32, grad,
+                                      unit_bytes(&r->l, u), (int)u);
+    return fy_ticket_issue(&r->tk, FY_TICKET_OPT, &d, 1, t);
+}
+
+/* Waits for a sum-of-squares request, its result into *out (nothing when none is in flight). */
+static int sumsq_wait(struct fy_sched *r, struct fy_ticket *t, double *out)
+{
+    if (t->id == 0)
+        return 0;
+    struct fy_desc reply;
+    FY_TRY(fy_ticket_wait(&r->tk, t, &reply));
+    memcpy(out, &reply.arg, sizeof *out);
+    return 0;
+}
+
+/* Pass 1 of a clipped step, after the forward (whose head request ran the head's backward): every
+ * unit's gradient and its sum of squares, no update. It leaves what pass 2 needs where pass 2
+ * finds it: dx_L in dacts[0] (the blocks' dx alternate between dacts[1] and acts[L], the head's
+ * input, which nothing reads any more this step), the final unit's gradient after the grads slots,
+ * and the complete embedding gradient (the lookup's share added to the head's) in grads slot 0.
+ * Overlapped like the backward: while the gpu computes block b, the opt worker sums block b+1's
+ * squares; grads slots 1 and 2 alternate and the weights slots are taken in turn, each reuse
+ * waiting for its previous user. *total = the units' sums added in unit order, whatever the schedule. */
+static int norm_pass(struct fy_sched *r, double *total)
+{
+    const struct fy_plan_layout *l = &r->l;
+    unsigned L = l->c->n_layer, fin = L + 1;
+    struct fy_ticket *rw = calloc(L + 3, sizeof *rw), *g = calloc(L + 3, sizeof *g);
+    struct fy_ticket *sq = calloc(L + 3, sizeof *sq);
+    double *part = calloc(L + 3, sizeof *part);
+    int rc = rw && g && sq && part ? 0 : -ENOMEM;
+    /* x_L's room is free after the head; with the checkpoints in slots, a third dacts buffer */
+    const uint64_t scratch[2] = {dact_at(l, 1), r->ckpt.on ? dact_at(l, 2) : act_at(l, L)};
+    uint64_t dy = dact_at(l, 0); /* dL/d(output of the block being processed) */
+    unsigned depth = l->wslots - 1;
+    if (rc == 0)
+        rc = sumsq_issue(r, fin, r->dfinal, &sq[fin]);
+    for (unsigned u = L; rc == 0 && u >= 1 && u + depth > L; u--) /* the first blocks' weights */
+        rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
+    for (unsigned b = L; rc == 0 && b >= 1; b--) {
+        uint64_t dx = scratch[(L - b) & 1], w_off = 0;
+        rc = fy_ticket_wait(&r->tk, &rw[b], NULL);
+        if (rc == 0)
+            rc = weights_of(r, b, block_wslot(l, b), &w_off);
+        if (rc == 0 && b + 2 <= L)
+            rc = sumsq_wait(r, &sq[b + 2], &part[b + 2]); /* its gradient slot */
+        if (rc == 0)
+            rc = block_backward_issue(r, b, w_off, dy, dx, gslot(l, 1 + (b & 1)), &g[b]);
+        dy = dx;
+        /* block b+1's gradient is complete: its squares, and its weights slot is free for block
+         * b-depth */
+        if (rc == 0 && b + 1 <= L)
+            rc = fy_ticket_wait(&r->tk, &g[b + 1], NULL);
+        if (rc == 0 && b + 1 <= L)
+            rc = sumsq_issue(r, b + 1, gslot(l, 1 + ((b + 1) & 1)), &sq[b + 1]);
+        if (rc == 0 && b > depth)
+            rc = read_weights(r, b - depth, block_wslot(l, b - depth), &rw[b - depth]);
+    }
+    if (rc == 0 && L >= 1)
+        rc = fy_ticket_wait(&r->tk, &g[1], NULL);
+    if (rc == 0 && L >= 1)
+        rc = sumsq_issue(r, 1, gslot(l, 2), &sq[1]);
+    if (rc == 0)
+        rc = embed_backward(r, dy);
+    if (rc == 0)
+        rc = sumsq_issue(r, 0, gslot(l, 0), &sq[0]);
+    for (unsigned u = 0; u <= L + 2; u++) { /* nothing stays in flight */
+        int w = sumsq_wait(r, &sq[u], &part[u]);
+        w = w ? w : fy_ticket_wait(&r->tk, &g[u], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &rw[u], NULL);
+        rc = rc ? rc : w;
+    }
+    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->saved);
+    double sum = 0.0;
+    for (unsigned u = 0; u <= fin; u++)
+        sum += part[u];
+    *total = sum;
+    free(rw);
+    free(g);
+    free(sq);
+    free(part);
+    return rc;
+}
+
+/* The embeddings' update, first part: the rows no token of the batch touches, whose gradient (the
+ * head's alone; none for an untied head) is final once the head is done. Sent now, it runs during
+ * the backward, and only the touched rows and the positions are left for the stretch between the
+ * backward and the next forward, which waits for them. The two row lists go to the pool (the
+ * untouched rows, then the rest); *late gets the second one's length. */
+static int embed_update_early(struct fy_sched *r, uint64_t step, double lr, uint64_t *late)
+{
+    const struct fy_plan_layout *l = &r->l;
+    const struct fy_gpt_config *c = l->c;
+    uint64_t rows = fy_plan_embed_rows(c), tokens = (uint64_t)l->B * l->T;
+    const int32_t *tok = fy_pool_at(r->pool, l->tokens, l->tok_bytes);
+    int32_t *early = fy_pool_at(r->pool, l->embed_rows, 2 * rows * 4), *rest = early + rows;
+    FY_REQUIRE(tok != NULL && early != NULL, -ERANGE,
+               "schedule error: the batch or the embeddings' row lists lie outside the pool");
+    memset(r->row_touched, 0, c->vocab);
+    for (uint64_t i = 0; i < tokens; i++) {
+        FY_REQUIRE(tok[i] >= 0 && (uint64_t)tok[i] < c->vocab, -EINVAL,
+                   "train: token %d at %llu is outside the vocabulary of %llu", tok[i],
+                   (unsigned long long)i, (unsigned long long)c->vocab);
+        r->row_touched[tok[i]] = 1;
+    }
+    uint64_t n_early = 0, n_rest = 0;
+    for (uint64_t v = 0; v < rows; v++) {
+        if (v < c->vocab && !r->row_touched[v])
+            early[n_early++] = (int32_t)v;
+        else
+            rest[n_rest++] = (int32_t)v; /* touched, or a position's row */
+    }
+    *late = n_rest;
+    if (n_early == 0)
+        return 0;
+    struct fy_desc req[FY_OPTQ_PARTS_MAX];
+    unsigned n = adamw_parts(r, 0, gslot(l, 0), r->resident[0], step, lr, 0.0, req); /* unclipped */
+    req[n++] = rows_part(l, 0, l->embed_rows, n_early, step);
+    return fy_ticket_issue(&r->tk, FY_TICKET_OPT, req, n, &r->embed_early);
+}
+
+int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr)
+{
+    const struct fy_plan_layout *l = &r->l;
+    unsigned L = l->c->n_layer, fin = L + 1;
+    FY_TRY(update_unit(r, fin, r->dfinal, step, lr));
+    r->version[fin] = step;
+    int split = r->embed_split && !r->clip && is_resident(r, 0);
+    uint64_t late = 0;
+    if (split)
+        FY_TRY(embed_update_early(r, step, lr, &late));
+    unsigned cur = 0; /* dacts[cur] holds dL/d(output of the unit being processed) */
+    /* with clipping, pass 1 has completed the embedding gradient already */
+    int rc = backward_blocks(r, step, lr, &cur, !r->clip);
+    /* done before the embedding backward */
+    int early = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
+    FY_TRY(rc ? rc : early);
+    if (is_resident(r, 0)) { /* updated in place: the next forward waits for it */
+        struct fy_ticket none = {0};
+        FY_TRY(state_read(r, 0, 0, &none));
+        FY_TRY(opt_enqueue(r, 0, 0, gslot(l, 0), step, lr));
+        if (split)
+            fy_optq_add_part(&r->opt, 0,
+                             rows_part(l, 0, l->embed_rows + fy_plan_embed_rows(l->c) * 4, late,
+                                       step));
+    } else {
+        FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
+    }
+    r->version[0] = step;
+    return fy_optq_send_all(&r->opt);
+}
+
+/* Said once per process: a batch whose targets the token file's loss mask all masks out. */
+static int warned_no_trained_target;
+
+/* Samples batch `index` of the split into the pool; *trained (may be NULL) gets the number of
+ * targets the loss counts (a target whose token the file's loss mask masks is -1, ignored). */
+int fy_sched_load_batch(struct fy_sched *r, const struct fy_tokfile *data, int split,
+                        uint64_t seed, uint64_t index, uint64_t *trained)
+{
+    int32_t *in = fy_pool_at(r->pool, r->l.tokens, r->l.tok_bytes);
+    int32_t *tg = fy_pool_at(r->pool, r->l.targets, r->l.tok_bytes);
+    if (split == FY_TOKFILE_EVAL)
+        FY_TRY(fy_tokfile_eval_batch(data, index, r->l.B, r->l.T, in, tg));
+    else
+        FY_TRY(fy_tokfile_batch(data, FY_TOKFILE_TRAIN, seed, index, r->l.B, r->l.T, in, tg));
+    uint64_t n = 0;
+    for (size_t i = 0; i < (size_t)r->l.B * (size_t)r->l.T; i++)
+        n += tg[i] >= 0;
+    if (n == 0 && !warned_no_trained_target) {
+        warned_no_trained_target = 1;
+        fy_warn("%s batch %llu: every target is masked out of the loss by the token file's loss "
+                "mask: its loss is 0 and its gradients are 0 (said once)",
+                split == FY_TOKFILE_EVAL ? "eval" : "training", (unsigned long long)index);
+    }
+    if (trained != NULL)
+        *trained = n;
+    return 0;
+}
+
+/* The mean loss over the eval batches' trained targets: with no loss mask every batch counts B*T
+ * targets and this is the mean of the batch losses; with one, each batch weighs by its trained
+ * targets (a batch without any adds nothing; none at all gives 0). */
+int fy_sched_eval_loss(struct fy_sched *r, const struct fy_tokfile *data, uint64_t batches,
+                       double *loss)
+{
+    double sum = 0, weighted = 0;
+    uint64_t trained_total = 0;
+    int uniform = 1;
+    for (uint64_t k = 0; k < batches; k++) {
+        double one;
+        uint64_t n;
+        FY_TRY(fy_sched_load_batch(r, data, FY_TOKFILE_EVAL, 0, k, &n));
+        FY_TRY(fy_sched_forward(r, 0, 0, &one));
+        sum += one;
+        weighted += one * (double)n;
+        trained_total += n;
+        uniform &= n == (uint64_t)r->l.B * (uint64_t)r->l.T;
+    }
+    if (uniform)
+        *loss = sum / (double)batches;
+    else
+        *loss = trained_total > 0 ? weighted / (double)trained_total : 0.0;
+    return 0;
+}
+
+/* Pass 1 of a clipped step and the scale it gives, as torch.nn.utils.clip_grad_norm_ computes it:
+ * norm = sqrt(sum of every gradient element squared), in double; scale = max / (norm + 1e-6),
+ * applied (as a float, by the opt worker) only when below 1. */
+int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, double *norm)
+{
+    double sumsq;
+    FY_TRY(norm_pass(r, &sumsq));
+    *norm = sqrt(sumsq);
+    FY_REQUIRE(isfinite(*norm), -EDOM,
+               "step %llu: the gradient norm is %g: lower the learning rate",
+               (unsigned long long)step, *norm);
+    double scale = max_norm / (*norm + 1e-6);
+    r->grad_scale = scale < 1.0 ? scale : 0.0;
+    return 0;
+}
+
+/* Every resident unit's state between the pool and the store: loaded from the committed copy
+ * (checked against its digest) at start, written to the other at commits. */
+int fy_sched_resident_transfer(struct fy_sched *r, int op)
+{
+    for (unsigned u = 0; r->resident != NULL && u < fy_gpt_unit_count(r->l.c); u++)
+        if (r->resident[u] != 0) {
+            struct fy_ticket t = {0};
+            if (op == FY_OP_IO_READ)
+                FY_TRY(state_io(r, op, u, r->at_copy[u], r->resident[u], &r->digest[u], 1,
+                                &t));
+            else
+                FY_TRY(state_written(r, u, r->resident[u], &t));
+            FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
+        }
+    return 0;
+}
+
+/* The resident units' bf16 weight copies from their masters, the bits AdamW writes them with
+ * (fy_f32_to_bf16): at start, once the committed state is in the pool. */
+int fy_sched_fill_copies(struct fy_sched *r)
+{
+    for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
+        if (!has_copy(r, u))
+            continue;
+        size_t n = fy_gpt_unit_params(r->l.c, u);
+        const float *master = fy_pool_at(r->pool, master_at(r->l.c, u, r->resident[u]), n * 4);
+        uint16_t *copy = fy_pool_at(r->pool, r->wcopy[u], n * 2);
+        FY_REQUIRE(master != NULL && copy != NULL, -ERANGE,
+                   "schedule error: unit %u's state or weights copy lies outside the pool", u);
+#pragma omp parallel for schedule(static) if (n >= (1u << 16))
+        for (size_t i = 0; i < n; i++)
+            copy[i] = fy_f32_to_bf16(master[i]);
+    }
+    return 0;
+}
+

@@ -1,0 +1,104 @@
+/* The schedule of a training step (launcher/train.h says what a step does): which descriptors go
+ * to which worker, in which order, over the pool's regions as the plan laid them out
+ * (launcher/plan.h): the forward, the backward with each block's update overlapped, clipping's
+ * norm pass, the embeddings' update in two parts, evaluation; and moving the kept units' state
+ * between the pool and the store. struct fy_sched is what the steps of a run share; the run
+ * around them (the commits, the step loop, its log) is launcher/train.c's. */
+#ifndef FY_SCHED_H
+#define FY_SCHED_H
+
+#include <stdint.h>
+
+#include "common/actplan.h"
+#include "common/pool.h"
+#include "common/tokfile.h"
+#include "launcher/optq.h"
+#include "launcher/plan.h"
+#include "launcher/spill.h"
+#include "launcher/ticket.h"
+#include "launcher/train.h"
+
+struct fy_sched {
+    struct fy_tickets tk; /* the requests and their tickets, the times waited and busy */
+    struct fy_pool *pool;
+    struct fy_plan_layout l;
+    /* Which unit each weights and state slot was last filled for: every use checks it, so a
+     * schedule that reads a slot filled for another unit fails loudly instead of computing with
+     * the wrong numbers; and where the slot's contents are (a resident unit's own). */
+    int wslot_unit[FY_PLAN_PREFETCH_MAX + 2], state_unit[2];
+    uint64_t wslot_off[FY_PLAN_PREFETCH_MAX + 2], state_off[2];
+    uint64_t *resident; /* per unit: its state's offset in the pool, or 0 */
+    uint64_t *wcopy;    /* per unit: its bf16 weights copy's offset in the pool, or 0 */
+    uint64_t *version;  /* per unit: the step whose weights it holds */
+    /* Checkpoints (the blocks' inputs x_0..x_L): item i is x_i, in the acts region; with
+     * --ckpt-place ssd x_0..x_{L-1} go through its slots to the store. */
+    struct fy_spill ckpt;
+    /* The blocks' swapped internals (fy_train_opts.act_place), per block 1..L: the kinds that stay
+     * in the pool (host_mask, at host_off in the saved region) and those that go through the
+     * saved ring's slots to the store (ssd_mask; block b is item b - 1). */
+    unsigned *host_mask, *ssd_mask;
+    uint64_t *host_off;
+    struct fy_spill saved;
+    struct fy_actplan_sizes saved_sizes;
+    unsigned act_ahead; /* blocks whose items on the store the backward reads ahead (--act-ahead) */
+    /* Clipping: on (two backward passes; pass 1 also completes the embedding gradient), where the
+     * head writes the final unit's gradient (grads slot 1; with clipping the room after the
+     * block gradient slots, where it survives pass 1), and this step's gradient scale (0: none)
+     * for every opt-adamw. */
+    int clip;
+    uint64_t dfinal;
+    double grad_scale;
+    struct fy_optq opt; /* the AdamW updates queued and sent, and the gradient slots */
+    /* The embeddings' update in two parts (without clipping, state in the pool): the rows the
+     * batch's tokens do not touch, sent once the head's gradient is home (embed_early), and the
+     * rest once the embedding backward is done; row_touched is the scratch that sorts them. 0 in
+     * embed_split: one update after the backward (the test hook FUYOU_TEST_EMBED_WHOLE). */
+    int embed_split;
+    struct fy_ticket embed_early;
+    unsigned char *row_touched;
+    /* The two copies of the units' state (common/ckpt.h): the committed one is read_copy; a
+     * training run writes the other (work_copy) and keeps per unit the copy its latest state is
+     * in and that state's digest. NULL arrays (init, export): every unit is read from
+     * read_copy. */
+    unsigned read_copy, work_copy;
+    unsigned char *at_copy;
+    uint64_t *digest;
+};
+
+/* A schedule over a pool laid out for steps of shape s (1 x 1 for init and export, which move
+ * units alone); requests through x, each answered within timeout_ms. */
+int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan_shape *s,
+                  const struct fy_exec *x, int timeout_ms);
+/* The rest for training with o: the schedule (overlapped or serial), the trace, the checkpoints'
+ * and internals' places, clipping, the optimizer's queue, the kept units' offsets. The pool must
+ * have been laid out for that plan (-EINVAL, said, otherwise). fy_sched_free frees it whatever
+ * happened. */
+int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o);
+void fy_sched_free(struct fy_sched *r);
+
+/* Samples batch `index` of the split into the pool; *trained (may be NULL) gets the number of
+ * targets the loss counts (a target whose token the file's loss mask masks is -1, ignored). */
+int fy_sched_load_batch(struct fy_sched *r, const struct fy_tokfile *data, int split,
+                        uint64_t seed, uint64_t index, uint64_t *trained);
+/* Forward through every unit into *loss; with `train`, also the head's backward and its
+ * gradients, each unit's weights checked to be step - 1's. */
+int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss);
+/* Pass 1 of a clipped step and the scale it gives (r->grad_scale), as
+ * torch.nn.utils.clip_grad_norm_ computes it: norm = sqrt(sum of every gradient element squared),
+ * in double; scale = max / (norm + 1e-6), applied (as a float, by the opt worker) only when below
+ * 1. */
+int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, double *norm);
+/* The backward with each unit's update: the final unit's, each block's overlapped with the blocks
+ * below, the embeddings' last; what the optimizer has not done is sent for the next forward. */
+int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr);
+/* The mean loss over the eval batches' trained targets. */
+int fy_sched_eval_loss(struct fy_sched *r, const struct fy_tokfile *data, uint64_t batches,
+                       double *loss);
+/* Every resident unit's state between the pool and the store: loaded from the committed copy
+ * (checked against its digest) at start, written to the other at commits. */
+int fy_sched_resident_transfer(struct fy_sched *r, int op);
+/* The resident units' bf16 weight copies from their masters, the bits AdamW writes them with
+ * (fy_f32_to_bf16): at start, once the committed state is in the pool. */
+int fy_sched_fill_copies(struct fy_sched *r);
+
+#endif
