@@ -49,7 +49,7 @@ CFLAGS  += $(CFLAGS_BASE) $(PKG_CFLAGS) $(CUDA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) $(CUDA_LIBS) -lgomp -lm -lpthread
 
 MAIN_SRCS := launcher/main.c gpu_worker/main.c io_worker/main.c opt_worker/main.c
-LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard common/*.c launcher/*.c gpu_worker/*.c \
+LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard common/*.c common/arch/*.c launcher/*.c gpu_worker/*.c \
                gpu_worker/cpu/*.c io_worker/*.c opt_worker/*.c))
 CU_SRCS   := $(if $(NVCC),$(wildcard gpu_worker/cuda/*.cu))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)

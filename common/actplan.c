@@ -84,7 +84,7 @@ int fy_actplan_allowed(int kind, int place)
     return 1;
 }
 
-int fy_actplan_sizes_gpt(const struct fy_gpt_config *c, int B, int T, int elem_bytes,
+int fy_actplan_sizes_gpt(const struct fy_model_config *c, int B, int T, int elem_bytes,
                          struct fy_actplan_sizes *out)
 {
     FY_REQUIRE(c != NULL && c->n_embd > 0 && c->n_head > 0, -EINVAL,
@@ -106,7 +106,7 @@ int fy_actplan_sizes_gpt(const struct fy_gpt_config *c, int B, int T, int elem_b
     return 0;
 }
 
-int fy_actplan_sizes_backend(const struct fy_gpt_config *c, int B, int T, const char *backend,
+int fy_actplan_sizes_backend(const struct fy_model_config *c, int B, int T, const char *backend,
                              struct fy_actplan_sizes *out)
 {
     int cpu = backend != NULL && strcmp(backend, "cpu") == 0;

@@ -149,13 +149,13 @@ struct fy_actplan_sizes {
     uint64_t bytes[FY_ACT_KINDS];
 };
 /* From the model and batch; elem_bytes is 2 (bf16) or 4 (f32). -EINVAL (said) otherwise. */
-int fy_actplan_sizes_gpt(const struct fy_gpt_config *c, int B, int T, int elem_bytes,
+int fy_actplan_sizes_gpt(const struct fy_model_config *c, int B, int T, int elem_bytes,
                          struct fy_actplan_sizes *out);
 /* The sizes in a backend's own layout of the internals, which is what a block's saved region
  * holds: "cuda" computes in bf16 and its flash attention keeps a logsumexp [B][H][T] f32 (the
  * sizes above, elem_bytes 2); "cpu" computes in f32 and its attention keeps the softmax
  * probabilities [B][H][T][T] f32 instead. -EINVAL (said) for another backend or a bad shape. */
-int fy_actplan_sizes_backend(const struct fy_gpt_config *c, int B, int T, const char *backend,
+int fy_actplan_sizes_backend(const struct fy_model_config *c, int B, int T, const char *backend,
                              struct fy_actplan_sizes *out);
 
 /* Sets of kinds as bit masks. */

@@ -12,19 +12,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "arch/arch.h"
 #include "check.h"
 #include "digest.h"
 #include "fsutil.h"
 
 enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S_HASH_HI,
        S_STEP_LO, S_STEP_HI, S_EXTRA0, S_EXTRA1, S_CHECKSUM, S_COUNT };
-/* The architecture and the Llama fields follow the checksum (slots that GPT-2 headers, old and new,
- * leave zero); the config hash in S_HASH_* covers them. */
-enum { S_ARCH = S_COUNT, S_KV_HEAD, S_INTER, S_TIED, S_ROPE_TYPE, S_ROPE_OMAX, S_EPS,
-       S_THETA /* then factor, low, high: four doubles, two slots each */ };
+/* The family's id and its own fields (common/arch: FY_FAMILY_SLOTS of them) follow the checksum;
+ * GPT-2 leaves them zero; the config hash in S_HASH_* covers them. */
+enum { S_ARCH = S_COUNT, S_FAMILY /* FY_FAMILY_SLOTS of them */ };
 /* The commit record's fields after them, past one slot left zero (the version 1 metadata block's
  * flag, in stores before commit records). */
-enum { S_COPY = S_THETA + 9, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI, S_COPIES };
+enum { S_COPY = S_FAMILY + FY_FAMILY_SLOTS + 1, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI, S_COPIES };
 
 static uint64_t align4k(uint64_t v) { return (v + FY_CKPT_BLOCK - 1) / FY_CKPT_BLOCK * FY_CKPT_BLOCK; }
 
@@ -51,58 +51,40 @@ static uint32_t checksum(const uint8_t *b)
 }
 
 static void encode_header(uint8_t *b, uint32_t magic, uint32_t version,
-                          const struct fy_gpt_config *c, uint64_t step, uint32_t extra0,
+                          const struct fy_model_config *c, uint64_t step, uint32_t extra0,
                           uint32_t extra1)
 {
     memset(b, 0, FY_CKPT_BLOCK);
-    uint64_t hash = fy_gpt_config_hash(c);
+    uint64_t hash = fy_model_config_hash(c);
     const uint32_t v[S_CHECKSUM] = {magic, version, c->n_layer, c->n_head, c->n_embd,
                                     c->vocab, c->ctx, (uint32_t)hash, (uint32_t)(hash >> 32),
                                     (uint32_t)step, (uint32_t)(step >> 32), extra0, extra1};
     for (int i = 0; i < S_CHECKSUM; i++)
         put32(b, i, v[i]);
     put32(b, S_CHECKSUM, checksum(b));
-    if (c->arch == FY_ARCH_GPT2)
-        return;
-    uint32_t eps;
-    memcpy(&eps, &c->rms_eps, sizeof eps);
-    const uint32_t a[] = {c->arch, c->n_kv_head, c->n_inter, c->tied, c->rope_type,
-                          c->rope_orig_max_pos, eps};
-    for (int i = 0; i < (int)(sizeof a / sizeof a[0]); i++)
-        put32(b, S_ARCH + i, a[i]);
-    const double d[4] = {c->rope_theta, c->rope_factor, c->rope_low_freq_factor,
-                         c->rope_high_freq_factor};
-    for (int i = 0; i < 4; i++) {
-        uint64_t bits;
-        memcpy(&bits, &d[i], sizeof bits);
-        put32(b, S_THETA + 2 * i, (uint32_t)bits);
-        put32(b, S_THETA + 2 * i + 1, (uint32_t)(bits >> 32));
-    }
+    const struct fy_arch *arch = fy_model_arch(c);
+    uint32_t slots[FY_FAMILY_SLOTS] = {0};
+    arch->slots_write(c, slots);
+    put32(b, S_ARCH, arch->id);
+    for (int i = 0; i < FY_FAMILY_SLOTS; i++)
+        put32(b, S_FAMILY + i, slots[i]);
 }
 
-static void decode_arch(const uint8_t *b, struct fy_gpt_config *c)
+static int decode_arch(const uint8_t *b, struct fy_model_config *c)
 {
-    c->arch = get32(b, S_ARCH);
-    if (c->arch == FY_ARCH_GPT2)
-        return;
-    c->n_kv_head = get32(b, S_KV_HEAD);
-    c->n_inter = get32(b, S_INTER);
-    c->tied = get32(b, S_TIED);
-    c->rope_type = get32(b, S_ROPE_TYPE);
-    c->rope_orig_max_pos = get32(b, S_ROPE_OMAX);
-    uint32_t eps = get32(b, S_EPS);
-    memcpy(&c->rms_eps, &eps, sizeof eps);
-    double *d[4] = {&c->rope_theta, &c->rope_factor, &c->rope_low_freq_factor,
-                    &c->rope_high_freq_factor};
-    for (int i = 0; i < 4; i++) {
-        uint64_t bits = get32(b, S_THETA + 2 * i) | (uint64_t)get32(b, S_THETA + 2 * i + 1) << 32;
-        memcpy(d[i], &bits, sizeof bits);
-    }
+    c->arch = fy_arch_by_id(get32(b, S_ARCH));
+    if (c->arch == NULL)
+        return -EBADMSG;
+    uint32_t slots[FY_FAMILY_SLOTS];
+    for (int i = 0; i < FY_FAMILY_SLOTS; i++)
+        slots[i] = get32(b, S_FAMILY + i);
+    c->arch->slots_read(slots, c);
+    return 0;
 }
 
 /* Validates magic, version, checksum, the model config and its hash. */
 static int decode_header(const uint8_t *b, uint32_t magic, uint32_t want_version, const char *what,
-                         const char *where, struct fy_gpt_config *c, uint64_t *step)
+                         const char *where, struct fy_model_config *c, uint64_t *step)
 {
     FY_REQUIRE(get32(b, S_MAGIC) == magic, -EBADMSG, "%s: not a Fuyou %s (bad magic)", where, what);
     uint32_t version = get32(b, S_VERSION);
@@ -111,14 +93,16 @@ static int decode_header(const uint8_t *b, uint32_t magic, uint32_t want_version
                where, what, version, want_version);
     FY_REQUIRE(get32(b, S_CHECKSUM) == checksum(b), -EBADMSG, "%s: %s header checksum mismatch (corrupt)",
                where, what);
-    *c = (struct fy_gpt_config){.n_layer = get32(b, S_LAYER), .n_head = get32(b, S_HEAD),
+    *c = (struct fy_model_config){.n_layer = get32(b, S_LAYER), .n_head = get32(b, S_HEAD),
                                 .n_embd = get32(b, S_EMBD), .vocab = get32(b, S_VOCAB),
                                 .ctx = get32(b, S_CTX)};
-    decode_arch(b, c);
-    FY_REQUIRE(fy_gpt_config_validate(c) == 0, -EBADMSG, "%s: %s holds an invalid model config", where,
+    FY_REQUIRE(decode_arch(b, c) == 0, -EBADMSG,
+               "%s: %s names model family %u, which this build does not know: made by a newer "
+               "Fuyou?", where, what, get32(b, S_ARCH));
+    FY_REQUIRE(fy_model_config_validate(c) == 0, -EBADMSG, "%s: %s holds an invalid model config", where,
                what);
     uint64_t hash = get32(b, S_HASH_LO) | (uint64_t)get32(b, S_HASH_HI) << 32;
-    FY_REQUIRE(hash == fy_gpt_config_hash(c), -EBADMSG, "%s: %s model hash mismatch (corrupt)", where,
+    FY_REQUIRE(hash == fy_model_config_hash(c), -EBADMSG, "%s: %s model hash mismatch (corrupt)", where,
                what);
     *step = get32(b, S_STEP_LO) | (uint64_t)get32(b, S_STEP_HI) << 32;
     return 0;
@@ -142,7 +126,7 @@ void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t *record)
     memset(record, 0, FY_COMMIT_RECORD_BYTES);
     encode_header(record, FY_STOREMETA_MAGIC, FY_COMMIT_VERSION, &m->model, m->step,
                   (uint32_t)m->seed, (uint32_t)(m->seed >> 32));
-    unsigned units = fy_gpt_unit_count(&m->model);
+    unsigned units = fy_model_unit_count(&m->model);
     put32(record, S_COPY, m->copy);
     put32(record, S_SEQ_LO, (uint32_t)m->seq);
     put32(record, S_SEQ_HI, (uint32_t)(m->seq >> 32));
@@ -191,9 +175,9 @@ int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
                "%s: commit record names copy %u of %u: corrupt", where, m->copy, m->copies);
     m->seq = get32(record, S_SEQ_LO) | (uint64_t)get32(record, S_SEQ_HI) << 32;
     unsigned units = get32(record, S_UNITS);
-    FY_REQUIRE(m->copy <= 1 && units == fy_gpt_unit_count(&m->model), -EBADMSG,
+    FY_REQUIRE(m->copy <= 1 && units == fy_model_unit_count(&m->model), -EBADMSG,
                "%s: commit record names copy %u and %u units (the model has %u): corrupt", where,
-               m->copy, units, fy_gpt_unit_count(&m->model));
+               m->copy, units, fy_model_unit_count(&m->model));
     for (unsigned u = 0; u < units; u++)
         for (int i = 0; i < 8; i++)
             m->digest[u] |= (uint64_t)record[FY_CKPT_BLOCK + 8 * u + i] << (8 * i);
@@ -208,7 +192,7 @@ unsigned fy_scratch_class(uint64_t bytes)
     return k;
 }
 
-int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t step, int overwrite,
+int fy_weights_write(const char *path, const struct fy_model_config *c, uint64_t step, int overwrite,
                      int (*next)(void *ctx, unsigned unit, float *params), void *ctx)
 {
     if (!overwrite && access(path, F_OK) == 0) {
@@ -221,19 +205,19 @@ int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t s
     FY_SYS(fd, "cannot create %s (does its directory exist?)", tmp);
     uint8_t *header = calloc(1, FY_CKPT_BLOCK);
     size_t max_unit = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        if (fy_gpt_unit_params(c, u) > max_unit)
-            max_unit = fy_gpt_unit_params(c, u);
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+        if (fy_model_unit_params(c, u) > max_unit)
+            max_unit = fy_model_unit_params(c, u);
     float *buf = calloc(align4k(max_unit * 4) / 4, sizeof(float));
     int rc = header && buf ? 0 : -ENOMEM;
     if (rc == 0) {
         encode_header(header, FY_WEIGHTS_MAGIC, FY_WEIGHTS_VERSION, c, step, 1,
-                      fy_gpt_unit_count(c));
+                      fy_model_unit_count(c));
         rc = fy_write_all(fd, header, FY_CKPT_BLOCK, tmp, 0);
     }
     uint64_t at = FY_CKPT_BLOCK;
-    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
-        size_t n = fy_gpt_unit_params(c, u);
+    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++) {
+        size_t n = fy_model_unit_params(c, u);
         memset(buf, 0, align4k(n * 4));
         rc = next(ctx, u, buf);
         if (rc == 0)
@@ -258,7 +242,7 @@ int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t s
     return fy_fsync_parent(path);
 }
 
-int fy_weights_read(const char *path, struct fy_gpt_config *c, uint64_t *step, float **params)
+int fy_weights_read(const char *path, struct fy_model_config *c, uint64_t *step, float **params)
 {
     *params = NULL;
     FILE *f = fopen(path, "rb");
@@ -270,13 +254,13 @@ int fy_weights_read(const char *path, struct fy_gpt_config *c, uint64_t *step, f
     if (rc == 0)
         rc = decode_header(header, FY_WEIGHTS_MAGIC, FY_WEIGHTS_VERSION, "weights file", path, c,
                            step);
-    size_t total = rc == 0 ? fy_gpt_total_params(c) : 0;
+    size_t total = rc == 0 ? fy_model_total_params(c) : 0;
     float *all = rc == 0 ? malloc(total * sizeof(float)) : NULL;
     if (rc == 0 && all == NULL)
         rc = -ENOMEM;
     size_t at = 0;
-    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
-        size_t n = fy_gpt_unit_params(c, u);
+    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++) {
+        size_t n = fy_model_unit_params(c, u);
         size_t padded = align4k(n * 4);
         if (fread(all + at, 4, n, f) != n || fseek(f, (long)(padded - n * 4), SEEK_CUR) != 0) {
             fy_error("%s: truncated in unit %u", path, u);

@@ -75,7 +75,7 @@ static inline uint64_t fy_scratch_bytes(uint64_t bytes)
 
 /* A commit record. */
 struct fy_storemeta {
-    struct fy_gpt_config model;
+    struct fy_model_config model;
     uint64_t step; /* committed: every unit's state in `copy` is this step's */
     uint64_t seed;
     uint64_t seq;  /* the record's sequence number */
@@ -97,10 +97,10 @@ int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
                         struct fy_storemeta *m);
 
 /* Weight files. The writer takes the units in order through `next` (called once per unit with a
- * buffer of fy_gpt_unit_params floats to fill). */
-int fy_weights_write(const char *path, const struct fy_gpt_config *c, uint64_t step, int overwrite,
+ * buffer of fy_model_unit_params floats to fill). */
+int fy_weights_write(const char *path, const struct fy_model_config *c, uint64_t step, int overwrite,
                      int (*next)(void *ctx, unsigned unit, float *params), void *ctx);
 /* Reads the whole file into *params (malloc'd, units concatenated without padding). */
-int fy_weights_read(const char *path, struct fy_gpt_config *c, uint64_t *step, float **params);
+int fy_weights_read(const char *path, struct fy_model_config *c, uint64_t *step, float **params);
 
 #endif

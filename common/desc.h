@@ -65,7 +65,7 @@ enum fy_op {
     FY_OP_GPT_BLOCK_BWD = 14, /* block weights, x, dy -> dx, dparams */
     FY_OP_GPT_EMBED_BWD = 15, /* tokens, dx0 -> dembed += */
     FY_OP_OPT_SUMSQ = 16,     /* opt: sum of squares of the GRAD part, for global-norm clipping */
-    FY_OP_GPT_PROFILE = 17,   /* gpu: measure a block (struct fy_gpt_profile of gpu_worker/
+    FY_OP_GPT_PROFILE = 17,   /* gpu: measure a block (struct fy_block_profile of gpu_worker/
                                  backend.h) into the second part, copying through the first */
     FY_OP_COUNT
 };

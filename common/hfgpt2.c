@@ -37,11 +37,11 @@ struct hf_param {
 };
 
 /* The parameters of a unit in Hugging Face's module order; returns how many (<= 12). */
-static unsigned llama_unit_params(const struct fy_gpt_config *c, unsigned unit, struct hf_param *p)
+static unsigned llama_unit_params(const struct fy_model_config *c, unsigned unit, struct hf_param *p)
 {
     const uint64_t C = c->n_embd, V = c->vocab, hd = C / c->n_head, I = c->n_inter;
     const uint64_t Q = c->n_head * hd, KV = c->n_kv_head * hd;
-    enum fy_unit_kind kind = fy_gpt_unit_kind(c, unit);
+    enum fy_unit_kind kind = fy_model_unit_kind(c, unit);
     if (kind == FY_UNIT_EMBED) {
         p[0] = (struct hf_param){"model.embed_tokens.weight", 0, 2, {V, C}, 0};
         return 1;
@@ -82,10 +82,10 @@ static unsigned llama_unit_params(const struct fy_gpt_config *c, unsigned unit, 
     return 9;
 }
 
-static unsigned unit_params(const struct fy_gpt_config *c, unsigned unit, struct hf_param *p)
+static unsigned unit_params(const struct fy_model_config *c, unsigned unit, struct hf_param *p)
 {
     const uint64_t C = c->n_embd;
-    enum fy_unit_kind kind = fy_gpt_unit_kind(c, unit);
+    enum fy_unit_kind kind = fy_model_unit_kind(c, unit);
     if (c->arch == FY_ARCH_LLAMA)
         return llama_unit_params(c, unit, p);
     if (kind == FY_UNIT_EMBED) {
@@ -98,8 +98,8 @@ static unsigned unit_params(const struct fy_gpt_config *c, unsigned unit, struct
         p[1] = (struct hf_param){"ln_f.bias", C, 1, {C, 0}, 0};
         return 2;
     }
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(c, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(c, &l);
     const struct {
         const char *name;
         size_t offset;
@@ -254,7 +254,7 @@ static int config_number(const char *path, const cJSON *obj, const char *key, do
 
 /* LlamaConfig (transformers' defaults for absent keys); the rotary settings either as
  * rope_parameters (transformers 5) or as rope_theta and rope_scaling (earlier versions). */
-static int llama_config_from_json(const char *path, const cJSON *root, struct fy_gpt_config *m)
+static int llama_config_from_json(const char *path, const cJSON *root, struct fy_model_config *m)
 {
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
@@ -333,17 +333,17 @@ static int llama_config_from_json(const char *path, const cJSON *root, struct fy
                    m->vocab <= (1u << 20) && m->ctx <= (1u << 20),
                -EINVAL, "%s: sizes out of range (at most 4096 layers, hidden_size 65536, "
                "vocab_size and max_position_embeddings 2..%u)", path, 1u << 20);
-    return fy_gpt_config_validate(m);
+    return fy_model_config_validate(m);
 }
 
-static int config_from_json(const char *path, const cJSON *root, struct fy_gpt_config *m)
+static int config_from_json(const char *path, const cJSON *root, struct fy_model_config *m)
 {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
     const char *type = cJSON_IsString(mt) ? mt->valuestring : NULL;
     const char *first = cJSON_IsString(a0) ? a0->valuestring : NULL;
-    *m = (struct fy_gpt_config){.arch = FY_ARCH_GPT2};
+    *m = (struct fy_model_config){.arch = FY_ARCH_GPT2};
     if (type != NULL && strcmp(type, "llama") == 0)
         return llama_config_from_json(path, root, m);
     FY_REQUIRE(type != NULL && strcmp(type, "gpt2") == 0, -EINVAL,
@@ -398,10 +398,10 @@ static int config_from_json(const char *path, const cJSON *root, struct fy_gpt_c
     FY_REQUIRE(m->vocab >= 2 && m->vocab <= (1u << 20) && m->ctx <= (1u << 20), -EINVAL,
                "%s: \"vocab_size\" %u or \"n_positions\" %u outside 2..%u", path, m->vocab,
                m->ctx, 1u << 20);
-    return fy_gpt_config_validate(m);
+    return fy_model_config_validate(m);
 }
 
-int fy_hfgpt2_read_config(const char *path, struct fy_gpt_config *model)
+int fy_hfgpt2_read_config(const char *path, struct fy_model_config *model)
 {
     char *text;
     size_t len;
@@ -415,7 +415,7 @@ int fy_hfgpt2_read_config(const char *path, struct fy_gpt_config *model)
     return rc;
 }
 
-static int same_model(const struct fy_gpt_config *a, const struct fy_gpt_config *b)
+static int same_model(const struct fy_model_config *a, const struct fy_model_config *b)
 {
     int same = a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
                a->vocab == b->vocab && a->ctx == b->ctx && a->arch == b->arch;
@@ -539,7 +539,7 @@ struct fy_hfgpt2_src {
     char *config_text;     /* its bytes, copied into the run at save_source */
     size_t config_len;
     struct carried carried; /* generation config and tokenizer files, copied too */
-    struct fy_gpt_config model;
+    struct fy_model_config model;
     struct fy_st_reader *reader;
     char prefix[16];
     const struct fy_st_tensor *lm_head; /* NULL when not stored */
@@ -548,7 +548,7 @@ struct fy_hfgpt2_src {
     size_t buf_n;
 };
 
-const struct fy_gpt_config *fy_hfgpt2_model(const struct fy_hfgpt2_src *s) { return &s->model; }
+const struct fy_model_config *fy_hfgpt2_model(const struct fy_hfgpt2_src *s) { return &s->model; }
 const char *fy_hfgpt2_path(const struct fy_hfgpt2_src *s) { return s->ckpt; }
 const char *fy_hfgpt2_dtype(const struct fy_hfgpt2_src *s)
 {
@@ -556,7 +556,7 @@ const char *fy_hfgpt2_dtype(const struct fy_hfgpt2_src *s)
 }
 
 /* Whether a stored name (prefix already removed) is one of the mask buffers of block i < L. */
-static int is_buffer(const struct fy_gpt_config *c, const char *name)
+static int is_buffer(const struct fy_model_config *c, const char *name)
 {
     unsigned i;
     int n = 0;
@@ -628,7 +628,7 @@ static int check_extra(struct fy_hfgpt2_src *s)
             /* A parameter name: then it was checked by check_param, unless it is out of range. */
             known = 0;
             struct hf_param p[HF_BLOCK_PARAMS];
-            for (unsigned u = 0; !known && u < fy_gpt_unit_count(&s->model); u++) {
+            for (unsigned u = 0; !known && u < fy_model_unit_count(&s->model); u++) {
                 unsigned n = unit_params(&s->model, u, p);
                 for (unsigned k = 0; !known && k < n; k++)
                     known = strcmp(rest, p[k].name) == 0;
@@ -704,7 +704,7 @@ static int src_open(struct fy_hfgpt2_src *s, const char *dir)
                    s->ckpt);
     s->dtype = -1;
     struct hf_param p[HF_BLOCK_PARAMS];
-    for (unsigned u = 0; u < fy_gpt_unit_count(&s->model); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(&s->model); u++) {
         unsigned n = unit_params(&s->model, u, p);
         for (unsigned k = 0; k < n; k++)
             FY_TRY(check_param(s, &p[k]));
@@ -768,7 +768,7 @@ static int check_tied(struct fy_hfgpt2_src *s, const float *wte)
 
 int fy_hfgpt2_read_unit(struct fy_hfgpt2_src *s, unsigned unit, float *params)
 {
-    FY_REQUIRE(unit < fy_gpt_unit_count(&s->model), -EINVAL, "%s: no unit %u", s->ckpt, unit);
+    FY_REQUIRE(unit < fy_model_unit_count(&s->model), -EINVAL, "%s: no unit %u", s->ckpt, unit);
     FY_TRY(ensure_buf(&s->buf, &s->buf_n, s->buf_n));
     struct hf_param p[HF_BLOCK_PARAMS];
     unsigned n = unit_params(&s->model, unit, p);
@@ -816,7 +816,7 @@ static char *source_json(const struct fy_hfgpt2_src *s)
     cJSON *dtypes = ok ? cJSON_AddObjectToObject(root, "dtypes") : NULL;
     ok = dtypes != NULL;
     struct hf_param p[HF_BLOCK_PARAMS];
-    for (unsigned u = 0; ok && u < fy_gpt_unit_count(&s->model); u++) {
+    for (unsigned u = 0; ok && u < fy_model_unit_count(&s->model); u++) {
         unsigned n = unit_params(&s->model, u, p);
         for (unsigned k = 0; ok && k < n; k++) {
             char full[HF_NAME_MAX + 16];
@@ -865,7 +865,7 @@ int fy_hfgpt2_save_source(const struct fy_hfgpt2_src *s, const char *hf_dir)
 struct fy_hfgpt2_writer {
     char dir[PATH_MAX]; /* the target */
     char tmp[PATH_MAX]; /* the temporary directory beside it, "" when none */
-    struct fy_gpt_config model;
+    struct fy_model_config model;
     struct fy_st_writer *st;
     char prefix[16];
     int lm_head;
@@ -988,7 +988,7 @@ static void json_double(char *buf, size_t len, double v)
 /* A LlamaConfig config.json for a Llama made here (init --arch llama): every key that
  * llama_config_from_json reads, and the rotary settings as rope_theta and rope_scaling, which
  * transformers 4 and 5 both take. */
-static char *synth_llama_config(const struct fy_gpt_config *m, int dtype)
+static char *synth_llama_config(const struct fy_model_config *m, int dtype)
 {
     enum { CAP = 4096 };
     char *text = malloc(CAP);
@@ -1025,7 +1025,7 @@ static char *synth_llama_config(const struct fy_gpt_config *m, int dtype)
 }
 
 /* A config.json for a model made here (no Hugging Face source). */
-static char *synth_config(const struct fy_gpt_config *m, int dtype)
+static char *synth_config(const struct fy_model_config *m, int dtype)
 {
     if (m->arch == FY_ARCH_LLAMA)
         return synth_llama_config(m, dtype);
@@ -1086,7 +1086,7 @@ static int export_config(struct fy_hfgpt2_writer *w, const char *path, char *tex
     return 0;
 }
 
-static unsigned total_params(const struct fy_gpt_config *c) { return 4 + HF_BLOCK_PARAMS * c->n_layer; }
+static unsigned total_params(const struct fy_model_config *c) { return 4 + HF_BLOCK_PARAMS * c->n_layer; }
 
 /* Reads RUN/hf (config.json, source.json): names, dtypes and metadata for the export. */
 static int load_source(struct fy_hfgpt2_writer *w, const char *src, int force, cJSON **meta_out,
@@ -1095,12 +1095,12 @@ static int load_source(struct fy_hfgpt2_writer *w, const char *src, int force, c
     char path[PATH_MAX], spath[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", src, FY_HFGPT2_CONFIG_NAME);
     snprintf(spath, sizeof spath, "%s/%s", src, FY_HFGPT2_SOURCE_NAME);
-    struct fy_gpt_config m;
+    struct fy_model_config m;
     FY_TRY(fy_hfgpt2_read_config(path, &m));
     if (!same_model(&m, &w->model)) {
         char have[160], want[160];
-        fy_gpt_config_describe(&m, have, sizeof have);
-        fy_gpt_config_describe(&w->model, want, sizeof want);
+        fy_model_config_describe(&m, have, sizeof have);
+        fy_model_config_describe(&w->model, want, sizeof want);
         fy_error("%s describes another model (%s) than the store's (%s): the run directory was "
                  "changed by hand; import the model again",
                  path, have, want);
@@ -1131,7 +1131,7 @@ static int load_source(struct fy_hfgpt2_writer *w, const char *src, int force, c
     int f16 = 0;
     struct hf_param p[HF_BLOCK_PARAMS];
     unsigned i = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(&w->model); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(&w->model); u++) {
         unsigned n = unit_params(&w->model, u, p);
         for (unsigned k = 0; k < n; k++, i++) {
             char full[HF_NAME_MAX + 16];
@@ -1222,7 +1222,7 @@ static int writer_open(struct fy_hfgpt2_writer *w, const char *dir,
     cJSON_Delete(root);
     struct hf_param p[HF_BLOCK_PARAMS];
     unsigned i = 0;
-    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(&w->model); u++) {
+    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(&w->model); u++) {
         unsigned n = unit_params(&w->model, u, p);
         for (unsigned k = 0; rc == 0 && k < n; k++, i++) {
             char full[HF_NAME_MAX + 16];
@@ -1238,7 +1238,7 @@ static int writer_open(struct fy_hfgpt2_writer *w, const char *dir,
 }
 
 int fy_hfgpt2_writer_new(struct fy_hfgpt2_writer **out, const char *dir,
-                         const struct fy_gpt_config *model, const struct fy_hfgpt2_export_opts *o)
+                         const struct fy_model_config *model, const struct fy_hfgpt2_export_opts *o)
 {
     *out = NULL;
     struct fy_hfgpt2_writer *w = calloc(1, sizeof *w);
@@ -1255,7 +1255,7 @@ int fy_hfgpt2_writer_new(struct fy_hfgpt2_writer **out, const char *dir,
 
 int fy_hfgpt2_writer_put_unit(struct fy_hfgpt2_writer *w, unsigned unit, const float *params)
 {
-    FY_REQUIRE(unit == w->next_unit && unit < fy_gpt_unit_count(&w->model), -EINVAL,
+    FY_REQUIRE(unit == w->next_unit && unit < fy_model_unit_count(&w->model), -EINVAL,
                "%s: unit %u written out of order (expected %u)", w->dir, unit, w->next_unit);
     FY_TRY(ensure_buf(&w->buf, &w->buf_n, w->buf_n));
     struct hf_param p[HF_BLOCK_PARAMS];
@@ -1325,9 +1325,9 @@ int fy_hfgpt2_writer_finish(struct fy_hfgpt2_writer **wp)
 {
     struct fy_hfgpt2_writer *w = *wp;
     int rc = 0;
-    if (w->next_unit != fy_gpt_unit_count(&w->model)) {
+    if (w->next_unit != fy_model_unit_count(&w->model)) {
         fy_error("%s: export finished after %u of %u units", w->dir, w->next_unit,
-                 fy_gpt_unit_count(&w->model));
+                 fy_model_unit_count(&w->model));
         rc = -EINVAL;
     }
     if (rc == 0)

@@ -53,7 +53,7 @@ extern "C" {
 
 /* Reads a GPT-2 config.json (at path) into *model, refusing any architecture or setting the
  * backends do not compute with one line naming the file and the key. */
-int fy_hfgpt2_read_config(const char *path, struct fy_gpt_config *model);
+int fy_hfgpt2_read_config(const char *path, struct fy_model_config *model);
 
 /* ---- import ---- */
 
@@ -66,13 +66,13 @@ struct fy_hfgpt2_src;
 int fy_hfgpt2_open(struct fy_hfgpt2_src **out, const char *dir);
 void fy_hfgpt2_close(struct fy_hfgpt2_src **s); /* sets *s = NULL; safe on NULL */
 
-const struct fy_gpt_config *fy_hfgpt2_model(const struct fy_hfgpt2_src *s);
+const struct fy_model_config *fy_hfgpt2_model(const struct fy_hfgpt2_src *s);
 /* "F32", "BF16", "F16", or "mixed" when the parameters' dtypes differ. */
 const char *fy_hfgpt2_dtype(const struct fy_hfgpt2_src *s);
 /* The checkpoint path named in messages (the single file or the index). */
 const char *fy_hfgpt2_path(const struct fy_hfgpt2_src *s);
 
-/* Fills params (fy_gpt_unit_params(model, unit) floats) with the unit's parameters in the layout
+/* Fills params (fy_model_unit_params(model, unit) floats) with the unit's parameters in the layout
  * of common/model.h, converted to f32 exactly. Unit 0 also checks lm_head.weight against wte
  * (bit for bit, after conversion) and refuses an untied head. Uses a buffer of one tensor. */
 int fy_hfgpt2_read_unit(struct fy_hfgpt2_src *s, unsigned unit, float *params);
@@ -108,7 +108,7 @@ struct fy_hfgpt2_writer;
  * exists and is not empty, without overwrite), reads and checks the source against model, and
  * opens the safetensors writer in a temporary directory beside dir. */
 int fy_hfgpt2_writer_new(struct fy_hfgpt2_writer **out, const char *dir,
-                         const struct fy_gpt_config *model, const struct fy_hfgpt2_export_opts *o);
+                         const struct fy_model_config *model, const struct fy_hfgpt2_export_opts *o);
 /* Writes one unit's parameters (common/model.h layout), units in order 0, 1, ... */
 int fy_hfgpt2_writer_put_unit(struct fy_hfgpt2_writer *w, unsigned unit, const float *params);
 /* After every unit: completes the checkpoint and config.json in the temporary directory, fsyncs

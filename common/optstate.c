@@ -32,10 +32,10 @@ void fy_optstate_layout_params(uint64_t params, struct fy_optstate_layout *out)
     out->bytes = at;
 }
 
-void fy_optstate_layout(const struct fy_gpt_config *c, unsigned unit,
+void fy_optstate_layout(const struct fy_model_config *c, unsigned unit,
                         struct fy_optstate_layout *out)
 {
-    fy_optstate_layout_params(fy_gpt_unit_params(c, unit), out);
+    fy_optstate_layout_params(fy_model_unit_params(c, unit), out);
 }
 
 unsigned fy_optstate_parts(const struct fy_optstate_layout *l, uint64_t state, int layer,
@@ -49,33 +49,33 @@ unsigned fy_optstate_parts(const struct fy_optstate_layout *l, uint64_t state, i
     return l->count;
 }
 
-uint64_t fy_optstate_bytes(const struct fy_gpt_config *c, unsigned unit)
+uint64_t fy_optstate_bytes(const struct fy_model_config *c, unsigned unit)
 {
     struct fy_optstate_layout l;
     fy_optstate_layout(c, unit, &l);
     return l.bytes;
 }
 
-uint64_t fy_optstate_max_bytes(const struct fy_gpt_config *c)
+uint64_t fy_optstate_max_bytes(const struct fy_model_config *c)
 {
     uint64_t most = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
         if (fy_optstate_bytes(c, u) > most)
             most = fy_optstate_bytes(c, u);
     return most;
 }
 
-uint64_t fy_optstate_master_bytes(const struct fy_gpt_config *c, unsigned unit)
+uint64_t fy_optstate_master_bytes(const struct fy_model_config *c, unsigned unit)
 {
     struct fy_optstate_layout l;
     fy_optstate_layout(c, unit, &l);
     return l.section[FY_OPTSTATE_MASTER].padded;
 }
 
-uint64_t fy_optstate_max_master_bytes(const struct fy_gpt_config *c)
+uint64_t fy_optstate_max_master_bytes(const struct fy_model_config *c)
 {
     uint64_t most = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
         if (fy_optstate_master_bytes(c, u) > most)
             most = fy_optstate_master_bytes(c, u);
     return most;
@@ -94,7 +94,7 @@ unsigned fy_optstate_update_param_bytes(int grad_dtype)
     return (unsigned)fy_dtype_size(grad_dtype) + 2 * fy_optstate_param_bytes();
 }
 
-uint64_t fy_optstate_copy_bytes(const struct fy_gpt_config *c, unsigned unit)
+uint64_t fy_optstate_copy_bytes(const struct fy_model_config *c, unsigned unit)
 {
-    return align4k(fy_gpt_unit_params(c, unit) * fy_dtype_size(FY_OPTSTATE_COPY_DTYPE));
+    return align4k(fy_model_unit_params(c, unit) * fy_dtype_size(FY_OPTSTATE_COPY_DTYPE));
 }

@@ -44,7 +44,7 @@ struct fy_optstate_layout {
 /* The layout of the state of `params` parameters (a model unit's, or the self-test's tensor). */
 void fy_optstate_layout_params(uint64_t params, struct fy_optstate_layout *out);
 /* The layout of unit `unit`'s state. */
-void fy_optstate_layout(const struct fy_gpt_config *c, unsigned unit,
+void fy_optstate_layout(const struct fy_model_config *c, unsigned unit,
                         struct fy_optstate_layout *out);
 
 /* The parts of an opt-adamw request (common/desc.h) that name a state laid out as `l` at pool
@@ -54,13 +54,13 @@ unsigned fy_optstate_parts(const struct fy_optstate_layout *l, uint64_t state, i
                            struct fy_desc *out);
 
 /* Unit `unit`'s whole state (its layout's bytes). */
-uint64_t fy_optstate_bytes(const struct fy_gpt_config *c, unsigned unit);
+uint64_t fy_optstate_bytes(const struct fy_model_config *c, unsigned unit);
 /* The largest unit's whole state: the room that holds any unit's. */
-uint64_t fy_optstate_max_bytes(const struct fy_gpt_config *c);
+uint64_t fy_optstate_max_bytes(const struct fy_model_config *c);
 /* Unit `unit`'s master section, padded: what a read of its weights alone moves. */
-uint64_t fy_optstate_master_bytes(const struct fy_gpt_config *c, unsigned unit);
+uint64_t fy_optstate_master_bytes(const struct fy_model_config *c, unsigned unit);
 /* The largest unit's master section, padded. */
-uint64_t fy_optstate_max_master_bytes(const struct fy_gpt_config *c);
+uint64_t fy_optstate_max_master_bytes(const struct fy_model_config *c);
 /* Bytes a parameter of the state, every section's element added (12). */
 unsigned fy_optstate_param_bytes(void);
 /* Bytes a parameter that an update moves through host memory: the gradient read in grad_dtype,
@@ -69,7 +69,7 @@ unsigned fy_optstate_update_param_bytes(int grad_dtype);
 
 /* The bf16 weights copy of a unit kept in the pool: its element type and padded bytes. */
 #define FY_OPTSTATE_COPY_DTYPE FY_DTYPE_BF16
-uint64_t fy_optstate_copy_bytes(const struct fy_gpt_config *c, unsigned unit);
+uint64_t fy_optstate_copy_bytes(const struct fy_model_config *c, unsigned unit);
 
 #ifdef __cplusplus
 }

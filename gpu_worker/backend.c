@@ -19,7 +19,7 @@ struct fy_backend {
     void *state;
     void *registered;
     char device[128];
-    int queued; /* gpt calls return once queued (fy_backend_gpt_set_queued) */
+    int queued; /* gpt calls return once queued (fy_backend_model_set_queued) */
 };
 
 int fy_backend_cuda_built(void)
@@ -100,25 +100,25 @@ int fy_backend_synth(struct fy_backend *b, uint64_t seed, uint64_t step, uint32_
     return b->ops->synth(b->state, seed, step, tensor, dtype, n, out);
 }
 
-int fy_backend_gpt_prepare(struct fy_backend *b, const struct fy_gpt_config *c, int B, int T)
+int fy_backend_model_prepare(struct fy_backend *b, const struct fy_model_config *c, int B, int T)
 {
-    FY_REQUIRE(b->ops->gpt_prepare != NULL, -ENOTSUP,
+    FY_REQUIRE(b->ops->model_prepare != NULL, -ENOTSUP,
                "the %s backend cannot train GPT models yet: use --backend cpu", b->ops->name);
-    return b->ops->gpt_prepare(b->state, c, B, T);
+    return b->ops->model_prepare(b->state, c, B, T);
 }
 
-int fy_backend_gpt_act_dtype(struct fy_backend *b, int dtype)
+int fy_backend_model_act_dtype(struct fy_backend *b, int dtype)
 {
     FY_REQUIRE(dtype == FY_DTYPE_F32 || dtype == FY_DTYPE_BF16, -EINVAL,
                "activations in host memory are f32 or bf16, not %s", fy_dtype_name(dtype));
-    if (b->ops->gpt_acts_bf16 == NULL) {
+    if (b->ops->model_acts_bf16 == NULL) {
         FY_REQUIRE(dtype == FY_DTYPE_F32, -ENOTSUP,
                    "the %s backend computes activations in f32 and takes them only as f32, not "
                    "bf16 (train.act_dtype of the run config, which fuyou-launch train sets from "
                    "the backend it starts: start the run through it)", b->ops->name);
         return 0;
     }
-    return b->ops->gpt_acts_bf16(b->state, dtype == FY_DTYPE_BF16);
+    return b->ops->model_acts_bf16(b->state, dtype == FY_DTYPE_BF16);
 }
 
 int fy_backend_preferred_act_dtype(const char *backend_name)
@@ -126,17 +126,17 @@ int fy_backend_preferred_act_dtype(const char *backend_name)
     return strcmp(backend_name, "cuda") == 0 ? FY_DTYPE_BF16 : FY_DTYPE_F32;
 }
 
-int fy_backend_gpt_weight_dtype(struct fy_backend *b, int dtype)
+int fy_backend_model_weight_dtype(struct fy_backend *b, int dtype)
 {
     FY_REQUIRE(dtype == FY_DTYPE_F32 || dtype == FY_DTYPE_BF16, -EINVAL,
                "weights in host memory are f32 or bf16, not %s", fy_dtype_name(dtype));
-    if (b->ops->gpt_weights_bf16 == NULL) {
+    if (b->ops->model_weights_bf16 == NULL) {
         FY_REQUIRE(dtype == FY_DTYPE_F32, -ENOTSUP,
                    "the %s backend takes weights only as f32, not bf16 (--weights-dtype of "
                    "fuyou-launch train: use f32 or auto)", b->ops->name);
         return 0;
     }
-    return b->ops->gpt_weights_bf16(b->state, dtype == FY_DTYPE_BF16);
+    return b->ops->model_weights_bf16(b->state, dtype == FY_DTYPE_BF16);
 }
 
 int fy_backend_preferred_weight_dtype(const char *backend_name)
@@ -144,7 +144,7 @@ int fy_backend_preferred_weight_dtype(const char *backend_name)
     return fy_backend_preferred_act_dtype(backend_name);
 }
 
-int fy_backend_gpu_bytes(const char *backend_name, const struct fy_gpt_config *c, int B, int T,
+int fy_backend_gpu_bytes(const char *backend_name, const struct fy_model_config *c, int B, int T,
                          uint64_t *working, uint64_t *set)
 {
     *working = *set = 0;
@@ -176,22 +176,22 @@ const char *fy_backend_resolve(const char *which)
 static int completed(struct fy_backend *b, int rc)
 {
     double h2d, d2h;
-    if (rc == 0 && !b->queued && b->ops->gpt_finish != NULL)
-        rc = b->ops->gpt_finish(b->state, &h2d, &d2h);
+    if (rc == 0 && !b->queued && b->ops->model_finish != NULL)
+        rc = b->ops->model_finish(b->state, &h2d, &d2h);
     return rc;
 }
 
-int fy_backend_gpt_set_queued(struct fy_backend *b, int on)
+int fy_backend_model_set_queued(struct fy_backend *b, int on)
 {
-    b->queued = on && b->ops->gpt_finish != NULL;
+    b->queued = on && b->ops->model_finish != NULL;
     return b->queued;
 }
 
-int fy_backend_gpt_finish(struct fy_backend *b, double *h2d_s, double *d2h_s)
+int fy_backend_model_finish(struct fy_backend *b, double *h2d_s, double *d2h_s)
 {
     FY_REQUIRE(b->queued, -EINVAL, "backend: finishing a call while not in queued mode");
     double h2d, d2h;
-    FY_TRY(b->ops->gpt_finish(b->state, &h2d, &d2h));
+    FY_TRY(b->ops->model_finish(b->state, &h2d, &d2h));
     if (h2d_s != NULL)
         *h2d_s = h2d;
     if (d2h_s != NULL)
@@ -199,69 +199,69 @@ int fy_backend_gpt_finish(struct fy_backend *b, double *h2d_s, double *d2h_s)
     return 0;
 }
 
-int fy_backend_gpt_ready_fd(struct fy_backend *b)
+int fy_backend_model_ready_fd(struct fy_backend *b)
 {
-    return b->queued ? b->ops->gpt_ready_fd(b->state) : -1;
+    return b->queued ? b->ops->model_ready_fd(b->state) : -1;
 }
 
-/* gpt_prepare succeeded, so the backend has every gpt operation. */
-int fy_backend_gpt_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
+/* model_prepare succeeded, so the backend has every gpt operation. */
+int fy_backend_model_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
                                  void *x)
 {
-    return completed(b, b->ops->gpt_embed_forward(b->state, embed, tokens, x));
+    return completed(b, b->ops->model_embed_forward(b->state, embed, tokens, x));
 }
 
-int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
+int fy_backend_model_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
                                   float *dembed)
 {
-    return completed(b, b->ops->gpt_embed_backward(b->state, tokens, dx, dembed));
+    return completed(b, b->ops->model_embed_backward(b->state, tokens, dx, dembed));
 }
 
-int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const void *params,
-                                 const void *x, void *y, const struct fy_gpt_saved *saved)
+int fy_backend_model_block_forward(struct fy_backend *b, int layer, const void *params,
+                                 const void *x, void *y, const struct fy_block_saved *saved)
 {
-    return completed(b, b->ops->gpt_block_forward(b->state, layer, params, x, y, saved));
+    return completed(b, b->ops->model_block_forward(b->state, layer, params, x, y, saved));
 }
 
-int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const void *params,
+int fy_backend_model_block_backward(struct fy_backend *b, int layer, const void *params,
                                   const void *x, const void *dy, void *dx, float *dparams,
-                                  const struct fy_gpt_saved *saved)
+                                  const struct fy_block_saved *saved)
 {
-    return completed(b, b->ops->gpt_block_backward(b->state, layer, params, x, dy, dx, dparams,
+    return completed(b, b->ops->model_block_backward(b->state, layer, params, x, dy, dx, dparams,
                                                    saved));
 }
 
-int fy_backend_gpt_keep(struct fy_backend *b, int max_layers)
+int fy_backend_model_keep(struct fy_backend *b, int max_layers)
 {
-    return b->ops->gpt_keep != NULL && max_layers > 0 ? b->ops->gpt_keep(b->state, max_layers) : 0;
+    return b->ops->model_keep != NULL && max_layers > 0 ? b->ops->model_keep(b->state, max_layers) : 0;
 }
 
-int fy_backend_gpt_swap(struct fy_backend *b)
+int fy_backend_model_swap(struct fy_backend *b)
 {
-    return b->ops->gpt_swap != NULL ? b->ops->gpt_swap(b->state) : 0;
+    return b->ops->model_swap != NULL ? b->ops->model_swap(b->state) : 0;
 }
 
-int fy_backend_gpt_profile(struct fy_backend *b, void *host, size_t host_bytes,
-                           struct fy_gpt_profile *out)
+int fy_backend_model_profile(struct fy_backend *b, void *host, size_t host_bytes,
+                           struct fy_block_profile *out)
 {
-    FY_REQUIRE(b->ops->gpt_profile != NULL, -ENOTSUP,
+    FY_REQUIRE(b->ops->model_profile != NULL, -ENOTSUP,
                "the %s backend cannot profile its GPT blocks", b->ops->name);
     memset(out, 0, sizeof *out);
-    FY_TRY(b->ops->gpt_profile(b->state, host, host_bytes, out));
-    out->magic = FY_GPT_PROFILE_MAGIC;
-    out->version = FY_GPT_PROFILE_VERSION;
+    FY_TRY(b->ops->model_profile(b->state, host, host_bytes, out));
+    out->magic = FY_BLOCK_PROFILE_MAGIC;
+    out->version = FY_BLOCK_PROFILE_VERSION;
     return 0;
 }
 
-int fy_backend_gpt_head(struct fy_backend *b, const void *final_params, const void *embed,
+int fy_backend_model_head(struct fy_backend *b, const void *final_params, const void *embed,
                         const void *x, const int32_t *targets, double *loss, void *dx,
                         float *dfinal, float *dembed)
 {
-    return completed(b, b->ops->gpt_head(b->state, final_params, embed, x, targets, loss, dx, dfinal, dembed));
+    return completed(b, b->ops->model_head(b->state, final_params, embed, x, targets, loss, dx, dfinal, dembed));
 }
 
-int fy_backend_gpt_logits(struct fy_backend *b, const void *final_params, const void *embed,
+int fy_backend_model_logits(struct fy_backend *b, const void *final_params, const void *embed,
                           const void *x, float *logits)
 {
-    return b->ops->gpt_logits(b->state, final_params, embed, x, logits);
+    return b->ops->model_logits(b->state, final_params, embed, x, logits);
 }

@@ -18,16 +18,16 @@ struct fy_backend;
  * every kind given; the backward of the same block reads them (the same bits as recomputing,
  * whatever the mix) and leaves them untouched, so a second backward (clipping) may read them
  * again. Other kinds are never given. */
-struct fy_gpt_saved {
+struct fy_block_saved {
     void *at[FY_ACT_KINDS];
 };
 
 /* What one block costs on a backend, measured for the activation planner (common/actplan.h) on
  * the prepared batch. It lies in a pool region between processes of one build; magic and version
  * catch a region that holds something else. */
-#define FY_GPT_PROFILE_MAGIC 0x50505946u /* "FYPP" */
-#define FY_GPT_PROFILE_VERSION 2
-struct fy_gpt_profile {
+#define FY_BLOCK_PROFILE_MAGIC 0x50505946u /* "FYPP" */
+#define FY_BLOCK_PROFILE_VERSION 2
+struct fy_block_profile {
     uint32_t magic, version;
     /* 1: one product writes FC and GELU (CUDA's fused MLP up) and reruns unless both are given,
      * so keeping either alone saves nothing; their recompute_s are half that product each */
@@ -59,60 +59,60 @@ struct fy_backend_ops {
                  void *out);
 
     /* GPT, layer by layer, on host buffers of the pool (the semantics of gpu_worker/cpu/
-     * gpt_cpu.h): weights f32 unless gpt_weights_bf16 switched them to bf16, gradients f32,
-     * activations (x, y, dx, dy) f32 unless gpt_acts_bf16 switched them to bf16. A backend
+     * gpt_cpu.h): weights f32 unless model_weights_bf16 switched them to bf16, gradients f32,
+     * activations (x, y, dx, dy) f32 unless model_acts_bf16 switched them to bf16. A backend
      * without these (NULL) cannot train.
-     * gpt_prepare sizes the backend's private scratch for batches of B sequences of T tokens
+     * model_prepare sizes the backend's private scratch for batches of B sequences of T tokens
      * before any other gpt call. */
-    int (*gpt_prepare)(void *state, const struct fy_gpt_config *c, int B, int T);
-    int (*gpt_embed_forward)(void *state, const void *embed, const int32_t *tokens, void *x);
-    int (*gpt_embed_backward)(void *state, const int32_t *tokens, const void *dx, float *dembed);
+    int (*model_prepare)(void *state, const struct fy_model_config *c, int B, int T);
+    int (*model_embed_forward)(void *state, const void *embed, const int32_t *tokens, void *x);
+    int (*model_embed_backward)(void *state, const int32_t *tokens, const void *dx, float *dembed);
     /* layer: the block's index, 1..n_layer (0: one whose internals are never kept). saved (may
-     * be NULL): host buffers for some of the block's internals (struct fy_gpt_saved), which the
+     * be NULL): host buffers for some of the block's internals (struct fy_block_saved), which the
      * forward writes and the backward reads instead of recomputing them. */
-    int (*gpt_block_forward)(void *state, int layer, const void *params, const void *x, void *y,
-                             const struct fy_gpt_saved *saved);
-    int (*gpt_block_backward)(void *state, int layer, const void *params, const void *x,
+    int (*model_block_forward)(void *state, int layer, const void *params, const void *x, void *y,
+                             const struct fy_block_saved *saved);
+    int (*model_block_backward)(void *state, int layer, const void *params, const void *x,
                               const void *dy, void *dx, float *dparams,
-                              const struct fy_gpt_saved *saved);
+                              const struct fy_block_saved *saved);
     /* dx == NULL: loss only. */
-    int (*gpt_head)(void *state, const void *final_params, const void *embed, const void *x,
+    int (*model_head)(void *state, const void *final_params, const void *embed, const void *x,
                     const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed);
     /* logits [B*T][V] = lnf(x) wte^T, for evaluation, sampling and tests; always completes. */
-    int (*gpt_logits)(void *state, const void *final_params, const void *embed, const void *x,
+    int (*model_logits)(void *state, const void *final_params, const void *embed, const void *x,
                       float *logits);
     /* A backend whose gpt calls above only queue their work (CUDA: the next call's uploads run
      * while the current one computes) has these; NULL where each call completes before returning.
-     * gpt_finish completes the oldest queued call, waiting if need be, and says how long its
-     * copies to and from the device took (device time, seconds); gpt_ready_fd is readable when
-     * that needs no waiting. At most FY_BACKEND_GPT_QUEUE calls are queued. */
-    int (*gpt_finish)(void *state, double *h2d_s, double *d2h_s);
-    int (*gpt_ready_fd)(void *state);
-    /* Activations in host buffers as bf16 (on) or f32 (off, the default), after gpt_prepare. A
+     * model_finish completes the oldest queued call, waiting if need be, and says how long its
+     * copies to and from the device took (device time, seconds); model_ready_fd is readable when
+     * that needs no waiting. At most FY_BACKEND_QUEUE calls are queued. */
+    int (*model_finish)(void *state, double *h2d_s, double *d2h_s);
+    int (*model_ready_fd)(void *state);
+    /* Activations in host buffers as bf16 (on) or f32 (off, the default), after model_prepare. A
      * backend that computes them in bf16 anyway (CUDA) has this: the same bits, half the bytes.
      * NULL: f32 only (the CPU backend computes in f32). */
-    int (*gpt_acts_bf16)(void *state, int on);
+    int (*model_acts_bf16)(void *state, int on);
     /* Keep the forward internals of up to max_layers blocks in device memory left over after
-     * gpt_prepare, so that their backward does not recompute them (the same bits); returns how
+     * model_prepare, so that their backward does not recompute them (the same bits); returns how
      * many blocks it keeps. NULL: the backend always recomputes. */
-    int (*gpt_keep)(void *state, int max_layers);
+    int (*model_keep)(void *state, int max_layers);
     /* Readies the backend for blocks whose internals are swapped (saved given): called once after
-     * gpt_prepare and before gpt_keep, so its device buffers come before any kept sets. NULL
+     * model_prepare and before model_keep, so its device buffers come before any kept sets. NULL
      * where nothing needs readying (the CPU backend). */
-    int (*gpt_swap)(void *state);
-    /* Measures struct fy_gpt_profile after gpt_prepare and before gpt_swap and gpt_keep, on
+    int (*model_swap)(void *state);
+    /* Measures struct fy_block_profile after model_prepare and before model_swap and model_keep, on
      * values of its own (the results of other calls are unaffected), copying through `host`
      * (host_bytes of registered memory) to time the links. Completes before returning. */
-    int (*gpt_profile)(void *state, void *host, size_t host_bytes, struct fy_gpt_profile *out);
+    int (*model_profile)(void *state, void *host, size_t host_bytes, struct fy_block_profile *out);
     /* Weights (params, embed, final_params) in host buffers as bf16 (on) or f32 (off, the
      * default) for the gpt calls made from now on, until switched again (a queued call keeps the
      * mode it was made in); gradients stay f32. CUDA computes with bf16 weights anyway: the same
      * bits, half the bytes uploaded. The CPU backend widens them and computes in f32: the results
      * of weights rounded to bf16 first. NULL: f32 only. */
-    int (*gpt_weights_bf16)(void *state, int on);
+    int (*model_weights_bf16)(void *state, int on);
 };
 
-#define FY_BACKEND_GPT_QUEUE 2
+#define FY_BACKEND_QUEUE 2
 
 /* which: "cpu", "cuda", or "auto" (CUDA when a device is usable, else the CPU backend, said loudly). */
 int fy_backend_open(struct fy_backend **out, const char *which, uint64_t gpu_mem);
@@ -124,58 +124,58 @@ int fy_backend_synth(struct fy_backend *b, uint64_t seed, uint64_t step, uint32_
                      size_t n, void *out);
 /* The GPT operations of the backend (see struct fy_backend_ops); -ENOTSUP with a message when the
  * backend has none. */
-int fy_backend_gpt_prepare(struct fy_backend *b, const struct fy_gpt_config *c, int B, int T);
+int fy_backend_model_prepare(struct fy_backend *b, const struct fy_model_config *c, int B, int T);
 /* The activations' dtype in host buffers: FY_DTYPE_F32 (the default) or FY_DTYPE_BF16, which a
- * backend without gpt_acts_bf16 refuses with a message (-ENOTSUP). After gpt_prepare. */
-int fy_backend_gpt_act_dtype(struct fy_backend *b, int dtype);
+ * backend without model_acts_bf16 refuses with a message (-ENOTSUP). After model_prepare. */
+int fy_backend_model_act_dtype(struct fy_backend *b, int dtype);
 /* The activation dtype a backend would take for the fewest bytes with the same results: bf16 where
  * it computes in bf16 (CUDA), else f32. */
 int fy_backend_preferred_act_dtype(const char *backend_name);
 /* The weights' dtype in host buffers for the gpt calls that follow: FY_DTYPE_F32 (the default) or
- * FY_DTYPE_BF16, which a backend without gpt_weights_bf16 refuses with a message (-ENOTSUP). */
-int fy_backend_gpt_weight_dtype(struct fy_backend *b, int dtype);
+ * FY_DTYPE_BF16, which a backend without model_weights_bf16 refuses with a message (-ENOTSUP). */
+int fy_backend_model_weight_dtype(struct fy_backend *b, int dtype);
 /* The weights' dtype a backend takes for the fewest bytes with the same results: bf16 where it
  * computes in bf16 (CUDA), else f32 (on the CPU backend bf16 weights change the results). */
 int fy_backend_preferred_weight_dtype(const char *backend_name);
 /* What a backend takes of device memory at batch B x T: its working buffers and a block's kept
  * internals. 0 (both zero) where it is not modelled: the CPU backend, or a build without CUDA. */
-int fy_backend_gpu_bytes(const char *backend_name, const struct fy_gpt_config *c, int B, int T,
+int fy_backend_gpu_bytes(const char *backend_name, const struct fy_model_config *c, int B, int T,
                          uint64_t *working, uint64_t *set);
-int fy_backend_gpt_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
+int fy_backend_model_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
                                  void *x);
-int fy_backend_gpt_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
+int fy_backend_model_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
                                   float *dembed);
-/* saved: NULL, or a block's swapped internals (struct fy_gpt_saved); a backend without swapping
+/* saved: NULL, or a block's swapped internals (struct fy_block_saved); a backend without swapping
  * refuses them (-ENOTSUP, said). */
-int fy_backend_gpt_block_forward(struct fy_backend *b, int layer, const void *params,
-                                 const void *x, void *y, const struct fy_gpt_saved *saved);
-int fy_backend_gpt_block_backward(struct fy_backend *b, int layer, const void *params,
+int fy_backend_model_block_forward(struct fy_backend *b, int layer, const void *params,
+                                 const void *x, void *y, const struct fy_block_saved *saved);
+int fy_backend_model_block_backward(struct fy_backend *b, int layer, const void *params,
                                   const void *x, const void *dy, void *dx, float *dparams,
-                                  const struct fy_gpt_saved *saved);
-/* Blocks whose internals the backend keeps (see gpt_keep); 0 where it always recomputes. */
-int fy_backend_gpt_keep(struct fy_backend *b, int max_layers);
-/* Readies swapping (see gpt_swap); 0 where the backend needs nothing. */
-int fy_backend_gpt_swap(struct fy_backend *b);
-/* See gpt_profile; -ENOTSUP (said) for a backend without it. */
-int fy_backend_gpt_profile(struct fy_backend *b, void *host, size_t host_bytes,
-                           struct fy_gpt_profile *out);
-int fy_backend_gpt_head(struct fy_backend *b, const void *final_params, const void *embed,
+                                  const struct fy_block_saved *saved);
+/* Blocks whose internals the backend keeps (see model_keep); 0 where it always recomputes. */
+int fy_backend_model_keep(struct fy_backend *b, int max_layers);
+/* Readies swapping (see model_swap); 0 where the backend needs nothing. */
+int fy_backend_model_swap(struct fy_backend *b);
+/* See model_profile; -ENOTSUP (said) for a backend without it. */
+int fy_backend_model_profile(struct fy_backend *b, void *host, size_t host_bytes,
+                           struct fy_block_profile *out);
+int fy_backend_model_head(struct fy_backend *b, const void *final_params, const void *embed,
                         const void *x, const int32_t *targets, double *loss, void *dx,
                         float *dfinal, float *dembed);
 
-int fy_backend_gpt_logits(struct fy_backend *b, const void *final_params, const void *embed,
+int fy_backend_model_logits(struct fy_backend *b, const void *final_params, const void *embed,
                           const void *x, float *logits);
 
 /* Queued use. Off (the default), every gpt call above completes before it returns. On, on a backend
  * that queues, they return once queued and each must be completed, in order, by
- * fy_backend_gpt_finish (outputs, the head's loss included, are written by then; inputs must stay
- * untouched until then); at most FY_BACKEND_GPT_QUEUE in flight. Returns 1 when calls will queue,
+ * fy_backend_model_finish (outputs, the head's loss included, are written by then; inputs must stay
+ * untouched until then); at most FY_BACKEND_QUEUE in flight. Returns 1 when calls will queue,
  * 0 when the backend completes every call anyway. */
-int fy_backend_gpt_set_queued(struct fy_backend *b, int on);
+int fy_backend_model_set_queued(struct fy_backend *b, int on);
 /* h2d_s, d2h_s (may be NULL): device time of the call's copies to and from the device. */
-int fy_backend_gpt_finish(struct fy_backend *b, double *h2d_s, double *d2h_s);
+int fy_backend_model_finish(struct fy_backend *b, double *h2d_s, double *d2h_s);
 /* Readable when the oldest queued call can be finished without waiting; -1 without queueing. */
-int fy_backend_gpt_ready_fd(struct fy_backend *b);
+int fy_backend_model_ready_fd(struct fy_backend *b);
 
 /* 1 when this build contains the CUDA backend. */
 int fy_backend_cuda_built(void);

@@ -13,17 +13,17 @@
 
 struct fy_gptexec {
     struct fy_backend *backend;
-    struct fy_gpt_config cfg;
+    struct fy_model_config cfg;
     int B, T;
     int act_dtype; /* of activations and their gradients in the pool (train.act_dtype) */
     uint64_t act_bytes, tok_bytes;
     struct fy_actplan_sizes saved_sizes; /* of the kinds in saved regions, the backend's layout */
-    int queues; /* the backend queues calls (fy_backend_gpt_set_queued) */
+    int queues; /* the backend queues calls (fy_backend_model_set_queued) */
     /* requests queued on the backend, oldest at `first`: where a head's loss lands */
     struct {
         int head;
         double loss;
-    } queued[FY_BACKEND_GPT_QUEUE];
+    } queued[FY_BACKEND_QUEUE];
     unsigned first, count;
 };
 
@@ -34,7 +34,7 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     if (e == NULL)
         return -ENOMEM;
     uint64_t B = 0, T = 0;
-    int rc = fy_gpt_config_from(cfg, &e->cfg);
+    int rc = fy_model_config_from(cfg, &e->cfg);
     if (rc == 0)
         rc = fy_config_get_u64(cfg, "train.batch", 1, 0, &B);
     if (rc == 0)
@@ -58,10 +58,10 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
         e->act_bytes = (uint64_t)B * T * e->cfg.n_embd * fy_dtype_size(e->act_dtype);
         e->tok_bytes = (uint64_t)B * T * 4;
         e->backend = backend;
-        rc = fy_backend_gpt_prepare(backend, &e->cfg, e->B, e->T);
+        rc = fy_backend_model_prepare(backend, &e->cfg, e->B, e->T);
     }
     if (rc == 0)
-        rc = fy_backend_gpt_act_dtype(backend, e->act_dtype);
+        rc = fy_backend_model_act_dtype(backend, e->act_dtype);
     if (rc == 0)
         rc = fy_actplan_sizes_backend(&e->cfg, e->B, e->T, fy_backend_name(backend),
                                       &e->saved_sizes);
@@ -82,7 +82,7 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     if (rc == 0 && mode == FY_ACTPLAN_AUTO)
         rc = fy_config_get_u64(cfg, "train.act_keep", 0, e->cfg.n_layer, &keep);
     if (rc == 0 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap))
-        rc = fy_backend_gpt_swap(backend);
+        rc = fy_backend_model_swap(backend);
     if (rc == 0 && plan != NULL && mode == FY_ACTPLAN_AUTO) {
         /* test hook: FUYOU_TEST_KEEP_LAYERS=N keeps at most N blocks, whatever fits */
         int most = (int)keep;
@@ -90,7 +90,7 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
             fy_info("test hook: at most %d blocks keep their internals (FUYOU_TEST_KEEP_LAYERS)",
                     most);
         most = most < (int)keep ? most : (int)keep;
-        int kept = most > 0 ? fy_backend_gpt_keep(backend, most) : 0;
+        int kept = most > 0 ? fy_backend_model_keep(backend, most) : 0;
         rc = kept < 0 ? kept : 0;
     }
     /* FUYOU_GPU_QUEUE=1 completes every request before taking the next, for comparisons */
@@ -98,7 +98,7 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     if (rc == 0 && one_at_a_time)
         fy_info("FUYOU_GPU_QUEUE=1: each GPT request completes before the next one starts");
     if (rc == 0)
-        e->queues = fy_backend_gpt_set_queued(backend, !one_at_a_time);
+        e->queues = fy_backend_model_set_queued(backend, !one_at_a_time);
     if (rc < 0) {
         free(e);
         return rc;
@@ -123,7 +123,7 @@ int fy_gptexec_handles(int op)
 /* The saved parts from part `first` on (none, one or two) into *saved; *any = whether there were. */
 static int saved_parts(const struct fy_gptexec *e, const struct fy_pool *pool,
                        const struct fy_desc *req, unsigned n, unsigned first,
-                       struct fy_gpt_saved *saved, int *any)
+                       struct fy_block_saved *saved, int *any)
 {
     memset(saved, 0, sizeof *saved);
     *any = n > first;
@@ -182,7 +182,7 @@ static int weights_dtype(struct fy_gptexec *e, const struct fy_desc *req, unsign
     FY_REQUIRE(*dtype == FY_DTYPE_F32 || *dtype == FY_DTYPE_BF16, -EPROTO,
                "%s part %u: weights must be f32 or bf16, not %s", fy_op_name(req[0].op), i,
                fy_dtype_name(*dtype));
-    return fy_backend_gpt_weight_dtype(e->backend, *dtype);
+    return fy_backend_model_weight_dtype(e->backend, *dtype);
 }
 
 static int check_tokens(const int32_t *tok, size_t n, uint32_t vocab, int allow_ignored,
@@ -202,9 +202,9 @@ static int check_tokens(const int32_t *tok, size_t n, uint32_t vocab, int allow_
 static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
                     unsigned n, double *loss)
 {
-    const struct fy_gpt_config *c = &e->cfg;
-    uint64_t embed_n = fy_gpt_unit_params(c, 0), block_n = fy_gpt_unit_params(c, 1);
-    uint64_t final_n = fy_gpt_unit_params(c, c->n_layer + 1);
+    const struct fy_model_config *c = &e->cfg;
+    uint64_t embed_n = fy_model_unit_params(c, 0), block_n = fy_model_unit_params(c, 1);
+    uint64_t final_n = fy_model_unit_params(c, c->n_layer + 1);
     uint64_t embed_bytes = embed_n * 4, block_bytes = block_n * 4, final_bytes = final_n * 4;
     const int A = FY_KIND_ACTIVATION, G = FY_KIND_GRAD, W = FY_KIND_WEIGHTS, K = FY_KIND_TOKENS;
     const int F32 = FY_DTYPE_F32, I32 = FY_DTYPE_I32, ACT = e->act_dtype;
@@ -219,7 +219,7 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_TRY(part(pool, req, n, 1, W, WT, embed_n * wsize, &p[1]));
         FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-fwd inputs"));
-        return fy_backend_gpt_embed_forward(e->backend, p[1], p[0], p[2]);
+        return fy_backend_model_embed_forward(e->backend, p[1], p[0], p[2]);
     case FY_OP_GPT_BLOCK_FWD:
     case FY_OP_GPT_BLOCK_BWD:
         FY_REQUIRE(layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
@@ -227,19 +227,19 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_TRY(weights_dtype(e, req, n, 0, &WT));
         FY_TRY(part(pool, req, n, 0, W, WT, block_n * fy_dtype_size(WT), &p[0]));
         FY_TRY(part(pool, req, n, 1, A, ACT, e->act_bytes, &p[1]));
-        struct fy_gpt_saved saved;
+        struct fy_block_saved saved;
         int any;
         if (req[0].op == FY_OP_GPT_BLOCK_FWD) {
             FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
             FY_TRY(saved_parts(e, pool, req, n, 3, &saved, &any));
-            return fy_backend_gpt_block_forward(e->backend, layer, p[0], p[1], p[2],
+            return fy_backend_model_block_forward(e->backend, layer, p[0], p[1], p[2],
                                                 any ? &saved : NULL);
         }
         FY_TRY(part(pool, req, n, 2, G, ACT, e->act_bytes, &p[2]));
         FY_TRY(part(pool, req, n, 3, G, ACT, e->act_bytes, &p[3]));
         FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
         FY_TRY(saved_parts(e, pool, req, n, 5, &saved, &any));
-        return fy_backend_gpt_block_backward(e->backend, layer, p[0], p[1], p[2], p[3], p[4],
+        return fy_backend_model_block_backward(e->backend, layer, p[0], p[1], p[2], p[3], p[4],
                                              any ? &saved : NULL);
     case FY_OP_GPT_HEAD: {
         FY_REQUIRE(n == 4 || n == 7, -EPROTO, "gpt-head takes 4 parts (loss) or 7 (with gradients), got %u", n);
@@ -256,19 +256,19 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
             FY_TRY(part(pool, req, n, 5, G, F32, final_bytes, &p[5]));
             FY_TRY(part(pool, req, n, 6, G, F32, embed_bytes, &p[6]));
         }
-        return fy_backend_gpt_head(e->backend, p[2], p[3], p[0], p[1], loss, p[4], p[5], p[6]);
+        return fy_backend_model_head(e->backend, p[2], p[3], p[0], p[1], loss, p[4], p[5], p[6]);
     }
     case FY_OP_GPT_PROFILE: {
         FY_REQUIRE(n == 2 && req[0].kind == FY_KIND_RAW && req[1].kind == FY_KIND_RAW &&
-                       req[1].bytes >= sizeof(struct fy_gpt_profile),
+                       req[1].bytes >= sizeof(struct fy_block_profile),
                    -EPROTO, "gpt-profile takes 2 raw parts (copies, then >= %zu bytes for the "
-                   "result), got %u", sizeof(struct fy_gpt_profile), n);
+                   "result), got %u", sizeof(struct fy_block_profile), n);
         void *copies = fy_pool_at(pool, req[0].offset, req[0].bytes);
         void *result = fy_pool_at(pool, req[1].offset, req[1].bytes);
         FY_REQUIRE(copies != NULL && result != NULL, -ERANGE,
                    "gpt-profile: region outside the pool");
-        struct fy_gpt_profile prof;
-        FY_TRY(fy_backend_gpt_profile(e->backend, copies, req[0].bytes, &prof));
+        struct fy_block_profile prof;
+        FY_TRY(fy_backend_model_profile(e->backend, copies, req[0].bytes, &prof));
         memcpy(result, &prof, sizeof prof);
         return 0;
     }
@@ -277,7 +277,7 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_TRY(part(pool, req, n, 1, G, ACT, e->act_bytes, &p[1]));
         FY_TRY(part(pool, req, n, 2, G, F32, embed_bytes, &p[2]));
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-bwd inputs"));
-        return fy_backend_gpt_embed_backward(e->backend, p[0], p[1], p[2]);
+        return fy_backend_model_embed_backward(e->backend, p[0], p[1], p[2]);
     default:
         fy_error("gpu worker: op %s is not a GPT operation", fy_op_name(req[0].op));
         return -EPROTO;
@@ -292,9 +292,9 @@ int fy_gptexec_start(struct fy_gptexec *e, const struct fy_pool *pool, const str
         fy_desc_set_copy_times(reply, 0, 0);
         return 0;
     }
-    FY_REQUIRE(e->count < FY_BACKEND_GPT_QUEUE, -EBUSY,
+    FY_REQUIRE(e->count < FY_BACKEND_QUEUE, -EBUSY,
                "gpu worker: %u requests already queued: finish one first", e->count);
-    unsigned slot = (e->first + e->count) % FY_BACKEND_GPT_QUEUE;
+    unsigned slot = (e->first + e->count) % FY_BACKEND_QUEUE;
     e->queued[slot].head = req[0].op == FY_OP_GPT_HEAD;
     e->queued[slot].loss = 0;
     FY_TRY(dispatch(e, pool, req, n, &e->queued[slot].loss));
@@ -312,10 +312,10 @@ int fy_gptexec_finish(struct fy_gptexec *e, struct fy_desc *reply)
 {
     FY_REQUIRE(e->count > 0, -EINVAL, "gpu worker: finishing with no request queued");
     unsigned slot = e->first;
-    e->first = (e->first + 1) % FY_BACKEND_GPT_QUEUE;
+    e->first = (e->first + 1) % FY_BACKEND_QUEUE;
     e->count--;
     double h2d_s, d2h_s;
-    FY_TRY(fy_backend_gpt_finish(e->backend, &h2d_s, &d2h_s));
+    FY_TRY(fy_backend_model_finish(e->backend, &h2d_s, &d2h_s));
     fy_desc_set_copy_times(reply, h2d_s, d2h_s);
     if (e->queued[slot].head)
         memcpy(&reply->arg, &e->queued[slot].loss, sizeof(double));
@@ -329,6 +329,6 @@ int fy_gptexec_handle(struct fy_gptexec *e, const struct fy_pool *pool, const st
     return rc == 1 ? fy_gptexec_finish(e, reply) : rc;
 }
 
-unsigned fy_gptexec_queue_depth(const struct fy_gptexec *e) { return e->queues ? FY_BACKEND_GPT_QUEUE : 1; }
+unsigned fy_gptexec_queue_depth(const struct fy_gptexec *e) { return e->queues ? FY_BACKEND_QUEUE : 1; }
 
-int fy_gptexec_ready_fd(const struct fy_gptexec *e) { return fy_backend_gpt_ready_fd(e->backend); }
+int fy_gptexec_ready_fd(const struct fy_gptexec *e) { return fy_backend_model_ready_fd(e->backend); }

@@ -13,7 +13,7 @@
  *                                    [, S saved (in)...]
  *   gpt-embed-bwd  (layer 0):        tokens, G dx0, G dembed (accumulated)
  *   gpt-profile:                     raw (copied through to time the links), raw (out: struct
- *                                    fy_gpt_profile); on the prepared batch, before any swap
+ *                                    fy_block_profile); on the prepared batch, before any swap
  * S: up to two FY_KIND_SAVED parts (one in the pool for good, one in a slot on its way to or from
  * the SSD store), each holding the kinds of the mask in its arg, laid out by fy_actplan_region_of
  * over the backend's sizes (fy_actplan_sizes_backend); the masks are disjoint. A block's backward
@@ -23,7 +23,7 @@
  * train.act_plan selects what the backend readies: "auto" keeps the internals of the top blocks
  * that fit the GPU budget, at most train.act_keep of them, and with train.act_swap = 1 readies
  * swapping first (the launcher's plan swaps some kinds of the others); "recompute" nothing;
- * "host" and "ssd" ready swapping (gpt_swap) and keep none. */
+ * "host" and "ssd" ready swapping (model_swap) and keep none. */
 #ifndef FY_GPTEXEC_H
 #define FY_GPTEXEC_H
 

@@ -63,9 +63,9 @@ static double mem_Bps(const struct fy_actrun_in *in)
     return in->rates.opt_params * adamw_bytes();
 }
 
-static uint64_t unit_f32(const struct fy_gpt_config *c, unsigned u)
+static uint64_t unit_f32(const struct fy_model_config *c, unsigned u)
 {
-    return fy_gpt_unit_params(c, u) * 4;
+    return fy_model_unit_params(c, u) * 4;
 }
 
 /* What the phases carry besides the planned blocks' internals, with `keep` top blocks kept and
@@ -73,9 +73,9 @@ static uint64_t unit_f32(const struct fy_gpt_config *c, unsigned u)
 static void other_work(const struct fy_actrun_in *in, int keep, int planned,
                        struct fy_actplan_other *fwd, struct fy_actplan_other *bwd)
 {
-    const struct fy_gpt_config *c = in->c;
-    const struct fy_gpt_profile *p = in->prof;
-    unsigned L = c->n_layer, units = fy_gpt_unit_count(c);
+    const struct fy_model_config *c = in->c;
+    const struct fy_block_profile *p = in->prof;
+    unsigned L = c->n_layer, units = fy_model_unit_count(c);
     double passes = in->clip ? 2 : 1, N = (double)in->B * in->T;
     uint64_t act = fy_plan_act_bytes(c, in->B, in->T, in->act_dtype);
     memset(fwd, 0, sizeof *fwd);
@@ -83,7 +83,7 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     for (unsigned u = 0; u < units; u++) {
         fwd->h2d += fy_plan_upload_bytes(c, in->resident, u); /* every unit's, in the forward */
         if (in->resident == NULL || !in->resident[u]) {
-            int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
+            int block = fy_model_unit_kind(c, u) == FY_UNIT_BLOCK;
             fwd->ssd_read += fy_optstate_master_bytes(c, u);
             bwd->ssd_read += fy_optstate_bytes(c, u) +
                              (in->clip && block ? fy_optstate_master_bytes(c, u) : 0);
@@ -104,14 +104,14 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     for (int k = 0; k < FY_ACT_KINDS; k++)
         full_recompute += p->recompute_s[k];
     bwd->gpu_s = passes * keep * p->bwd_s + (passes - 1) * planned * (p->bwd_s + full_recompute);
-    double params = (double)fy_gpt_total_params(c);
+    double params = (double)fy_model_total_params(c);
     double grad = (double)fy_dtype_size(FY_DTYPE_F32); /* clipping's sums read the gradients */
     bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + grad / adamw_bytes() : 1.0);
     fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;
     bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write;
     for (unsigned u = 0; u < units; u++) { /* the updates, copies written, clipping's sums */
         int copy = in->resident != NULL && in->resident[u] == FY_PLAN_KEPT_BF16;
-        bwd->mem += fy_gpt_unit_params(c, u) *
+        bwd->mem += fy_model_unit_params(c, u) *
                     (adamw_bytes() + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy +
                      fy_dtype_size(FY_DTYPE_F32) * in->clip);
     }
@@ -120,7 +120,7 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
 /* A phase with no planned blocks: its slowest resource (the cost model of actplan.h, A = 0). */
 static double phase_alone(const struct fy_actplan_other *o, const struct fy_actrun_in *in)
 {
-    const struct fy_gpt_profile *p = in->prof;
+    const struct fy_block_profile *p = in->prof;
     double t[] = {o->gpu_s, o->h2d / p->h2d_Bps, o->d2h / p->d2h_Bps,
                   (o->h2d + o->d2h) / p->duplex_Bps,
                   o->ssd_read / in->rates.ssd_read + o->ssd_write / in->rates.ssd_write, o->opt_s,
@@ -234,7 +234,7 @@ static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_
 
 static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
 {
-    const struct fy_gpt_profile *p = in->prof;
+    const struct fy_block_profile *p = in->prof;
     int L = (int)in->c->n_layer;
     out->keep = -1; /* without a profile: as many as fit, nothing swapped */
     if (p == NULL)
@@ -410,7 +410,7 @@ int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *i
                 h, d);
     }
     fprintf(f, "], ");
-    const struct fy_gpt_profile *p = in->prof;
+    const struct fy_block_profile *p = in->prof;
     if (p != NULL) { /* what the plan came from, for people and tools */
         fprintf(f, "\"block_profile\": {\"fwd_s\": %.9g, \"bwd_s\": %.9g, \"recompute_s\": {",
                 p->fwd_s, p->bwd_s);

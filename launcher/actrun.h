@@ -2,7 +2,7 @@
  * which top blocks the gpu worker keeps on the device, which kinds of the other blocks the schedule
  * swaps to the pool or the SSD store (the rest are recomputed), and the predicted step.
  *
- * auto, from a measured block profile (struct fy_gpt_profile): two arrangements are planned and
+ * auto, from a measured block profile (struct fy_block_profile): two arrangements are planned and
  * B is taken only when predicted at least 5% faster than A (the cost model leaves out the small
  * stalls of a nearly balanced phase; see SWAP_MARGIN).
  *   A. no swapping: as many top blocks kept as the device memory left after the working buffers
@@ -31,11 +31,11 @@
 #include "launcher/plan.h"
 
 struct fy_actrun_in {
-    const struct fy_gpt_config *c;
+    const struct fy_model_config *c;
     int B, T;
     enum fy_actplan_mode mode;
     const char *backend;                /* "cpu" or "cuda": the saved regions' layout */
-    const struct fy_gpt_profile *prof;  /* auto: the measured block; NULL: none */
+    const struct fy_block_profile *prof;  /* auto: the measured block; NULL: none */
     int act_dtype, clip;
     const unsigned char *resident;      /* units whose optimizer state stays in the pool */
     struct fy_plan_rates rates;        /* the SSD's and the optimizer's */

@@ -21,7 +21,7 @@
 /* The exports' session: the io worker alone over a pool of the given regions, and the store's
  * metadata, checked against the run's model. */
 static int export_session(const struct fy_options *o, struct fy_config *cfg,
-                          const struct fy_gpt_config *model,
+                          const struct fy_model_config *model,
                           const struct fy_pool_region_spec *regions, unsigned n,
                           struct fy_session *s, struct fy_exec *x, struct fy_storemeta *meta)
 {
@@ -48,7 +48,7 @@ static int export_session(const struct fy_options *o, struct fy_config *cfg,
 static int export_hf(struct fy_options *o)
 {
     struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
-    struct fy_gpt_config model;
+    struct fy_model_config model;
     int rc = mc && cfg ? fy_runconf_load(o, mc, &model) : -ENOMEM;
     char hf_dir[PATH_MAX];
     snprintf(hf_dir, sizeof hf_dir, "%s/hf", o->run_dir);
@@ -77,7 +77,7 @@ static int export_hf(struct fy_options *o)
     struct fy_commit_export passed = {0};
     /* a run training meanwhile can commit over it; damaged state: the commit before */
     for (int moved = 0; rc == 0; moved++) {
-        for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(&model); u++) {
+        for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(&model); u++) {
             rc = fy_commit_read_unit(&x, meta, u, off, o->timeout_s * 1000);
             if (rc == 0)
                 rc = fy_hfgpt2_writer_put_unit(w, u, fy_commit_unit_master(s.pool, meta, u, off));
@@ -117,7 +117,7 @@ int fy_cmd_export(struct fy_options *o)
     FY_REQUIRE(!o->hf_opts_set, -EINVAL,
                "export: --dtype and --max-shard-size are options of --to-hf (a weights file is f32)");
     struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
-    struct fy_gpt_config model;
+    struct fy_model_config model;
     int rc = mc && cfg ? fy_runconf_load(o, mc, &model) : -ENOMEM;
     if (rc == 0 && !o->overwrite && access(o->out, F_OK) == 0) {
         fy_error("%s exists: remove it or pass --overwrite", o->out);

@@ -54,13 +54,13 @@ static int staged_store_config(const struct fy_options *o, const struct fy_stagi
 /* RUN/model.conf of the staged model: the model, where its store lives, then `extra`'s entries
  * (key and value pairs, NULL-ended). */
 static int save_model_conf(const struct fy_options *o, const struct fy_staging *st,
-                           const struct fy_gpt_config *model, const char *const *extra)
+                           const struct fy_model_config *model, const char *const *extra)
 {
     struct fy_config *mc = calloc(1, sizeof *mc);
     if (mc == NULL)
         return -ENOMEM;
     fy_config_init(mc);
-    int rc = fy_gpt_config_to(model, mc);
+    int rc = fy_model_config_to(model, mc);
     if (rc == 0)
         rc = model_conf_set_store(mc, o);
     for (; rc == 0 && *extra != NULL; extra += 2)
@@ -170,7 +170,7 @@ static int init_hf(struct fy_options *o)
                o->from_hf);
     struct fy_hfgpt2_src *src = NULL;
     FY_TRY(fy_hfgpt2_open(&src, o->from_hf));
-    const struct fy_gpt_config *model = fy_hfgpt2_model(src);
+    const struct fy_model_config *model = fy_hfgpt2_model(src);
     const char *given_ssd = o->ssd;
     struct fy_staging *st = NULL;
     int rc = o->ssd != NULL ? fy_runconf_check_ssd(o->ssd) : 0;
@@ -179,7 +179,7 @@ static int init_hf(struct fy_options *o)
     if (rc < 0)
         goto out;
     char described[160];
-    fy_gpt_config_describe(model, described, sizeof described);
+    fy_model_config_describe(model, described, sizeof described);
     fy_info("init: importing %s (%s, %s); store on %s", fy_hfgpt2_path(src), described,
             fy_hfgpt2_dtype(src), o->ssd);
     struct fy_pool_region_spec regions[2];
@@ -206,7 +206,7 @@ int fy_cmd_init(struct fy_options *o)
     if (o->from_hf != NULL)
         return init_hf(o);
     FY_TRY(fy_staging_check_target(o->run_dir, o->ssd, o->overwrite));
-    struct fy_gpt_config model;
+    struct fy_model_config model;
     FY_TRY(fy_runconf_model(o, &model));
     if (o->ssd != NULL)
         FY_TRY(fy_runconf_check_ssd(o->ssd));
@@ -214,7 +214,7 @@ int fy_cmd_init(struct fy_options *o)
     struct fy_staging *st;
     FY_TRY(init_begin(o, &st));
     char described[160];
-    fy_gpt_config_describe(&model, described, sizeof described);
+    fy_model_config_describe(&model, described, sizeof described);
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
     struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n;

@@ -21,7 +21,7 @@ int fy_cmd_probe(struct fy_options *o)
         snprintf(mc_path, sizeof mc_path, "%s/model.conf", o->run_dir);
         if (access(mc_path, F_OK) == 0) { /* the run's store, wherever init put it */
             static struct fy_config mc; /* o->ssd may point into it */
-            struct fy_gpt_config model;
+            struct fy_model_config model;
             FY_TRY(fy_runconf_load(o, &mc, &model));
         } else {
             snprintf(ssd, sizeof ssd, "%s/store", o->run_dir);

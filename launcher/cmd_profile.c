@@ -18,7 +18,7 @@ int fy_cmd_profile(struct fy_options *o)
 {
     FY_TRY(fy_options_require(o->run_dir, "--run-dir", "profile"));
     struct fy_config *mc = calloc(1, sizeof *mc);
-    struct fy_gpt_config model;
+    struct fy_model_config model;
     int rc = mc != NULL ? fy_runconf_load(o, mc, &model) : -ENOMEM;
     if (rc == 0 && (o->batch < 1 || o->batch > 65536 || o->seq < 1 || o->seq > model.ctx)) {
         fy_error("profile: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence of "

@@ -32,7 +32,7 @@
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
 static volatile int train_stop;
 
-static int open_data(const struct fy_options *o, const struct fy_gpt_config *model,
+static int open_data(const struct fy_options *o, const struct fy_model_config *model,
                      struct fy_tokfile **data)
 {
     FY_TRY(fy_tokfile_open(data, o->data, model->vocab));
@@ -101,7 +101,7 @@ static int save_train_args(const char *run_dir, int argc, char **argv)
  * happened. */
 struct train_run {
     struct fy_config *mc, *cfg; /* RUN/model.conf; the workers' configuration */
-    struct fy_gpt_config model;
+    struct fy_model_config model;
     struct fy_tokfile *data;
     struct fy_restart restarts;
     struct fy_plan_in plan_in;
@@ -258,7 +258,7 @@ static int train_setup(struct fy_options *o, struct train_run *t)
 static void train_describe(const struct fy_options *o, const struct train_run *t)
 {
     char described[160];
-    fy_gpt_config_describe(&t->model, described, sizeof described);
+    fy_model_config_describe(&t->model, described, sizeof described);
     char clip[96] = "";
     if (o->clip_grad_norm > 0)
         snprintf(clip, sizeof clip, ", gradient norm clipped to %g (two backward passes)",
@@ -313,7 +313,7 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
 static void train_log_traffic(const struct fy_options *o, const struct train_run *t)
 {
     const struct fy_plan *p = &t->plan;
-    unsigned kept = p->kept, units = fy_gpt_unit_count(&t->model);
+    unsigned kept = p->kept, units = fy_model_unit_count(&t->model);
     char kept_size[32], rd[32], wr[32], up[32], down[32];
     fy_format_size(p->resident_bytes, kept_size, sizeof kept_size);
     fy_format_size(p->traffic.ssd_read, rd, sizeof rd);
@@ -350,7 +350,7 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
         snprintf(at, sizeof at, "predicted per step at the rates measured on the reference "
                                 "machine (one H200");
     double step_flops = (double)o->batch * (double)o->seq *
-                        fy_gpt_flops_per_token(&t->model, (unsigned)o->seq);
+                        fy_model_flops_per_token(&t->model, (unsigned)o->seq);
     double predicted_s = t->act.run.predicted_s;
     if (predicted_s > 0) /* measured here: the reference machine's figures would mislead */
         fy_info("plan: per step, as the activation plan above predicts from this machine's "

@@ -124,18 +124,18 @@ int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t reco
 
 /* The extents a store needs besides each unit's first copy: both records' and, with two copies,
  * every unit's second copy. */
-static int commit_extents(const struct fy_exec *x, const struct fy_gpt_config *c, unsigned copies,
+static int commit_extents(const struct fy_exec *x, const struct fy_model_config *c, unsigned copies,
                           int timeout_ms)
 {
     FY_REQUIRE(copies == 1 || copies == 2, -EINVAL,
                "the store keeps 1 or 2 copies of the state, not %u", copies);
-    FY_REQUIRE(fy_gpt_unit_count(c) <= FY_COMMIT_MAX_UNITS, -EINVAL,
-               "model: %u units, commit records hold %u", fy_gpt_unit_count(c),
+    FY_REQUIRE(fy_model_unit_count(c) <= FY_COMMIT_MAX_UNITS, -EINVAL,
+               "model: %u units, commit records hold %u", fy_model_unit_count(c),
                FY_COMMIT_MAX_UNITS);
     for (int i = 0; i < 2; i++)
         FY_TRY(fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_COMMIT(i), 0, 0, FY_COMMIT_RECORD_BYTES,
                           timeout_ms));
-    for (unsigned u = 0; copies == 2 && u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; copies == 2 && u < fy_model_unit_count(c); u++)
         FY_TRY(fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE_COPY(u, 1), 0, 0,
                           fy_optstate_bytes(c, u), timeout_ms));
     return 0;
@@ -163,7 +163,7 @@ static int unit_write_wait(const struct fy_exec *x, struct unit_write *w, struct
 }
 
 int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
-                     const uint64_t buf_off[2], const struct fy_gpt_config *c, uint64_t seed,
+                     const uint64_t buf_off[2], const struct fy_model_config *c, uint64_t seed,
                      unsigned copies, int (*fill)(void *ctx, unsigned unit, float *master),
                      void *ctx, int timeout_ms)
 {
@@ -174,10 +174,10 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
     struct unit_write w[2] = {{0}, {0}};
     int rc = commit_extents(x, c, copies, timeout_ms);
     /* every extent first: the io worker would answer an allocation only after the write ahead */
-    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++)
         rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0,
                         fy_optstate_bytes(c, u), timeout_ms);
-    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(c); u++) {
+    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++) {
         struct fy_optstate_layout lay;
         fy_optstate_layout(c, u, &lay);
         uint64_t bytes = lay.bytes, buf = buf_off[u & 1];
@@ -211,7 +211,7 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
 int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint64_t buf_off,
                      const unsigned char *skip, unsigned *bad, int timeout_ms)
 {
-    for (unsigned u = 0; u < fy_gpt_unit_count(&m->model); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(&m->model); u++) {
         if (skip != NULL && skip[u])
             continue;
         uint64_t digest = m->digest[u];

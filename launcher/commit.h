@@ -43,7 +43,7 @@ int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t reco
  * (each with room for the largest unit's state), so one is filled while the other's write runs;
  * the two offsets may be equal (one buffer: each write is waited for before the next fill). */
 int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
-                     const uint64_t buf_off[2], const struct fy_gpt_config *c, uint64_t seed,
+                     const uint64_t buf_off[2], const struct fy_model_config *c, uint64_t seed,
                      unsigned copies, int (*fill)(void *ctx, unsigned unit, float *master),
                      void *ctx, int timeout_ms);
 
@@ -59,7 +59,7 @@ int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint
  * or the state is damaged (fy_commit_export_next tells and finds what to export instead). */
 int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, unsigned u,
                         uint64_t buf_off, int timeout_ms);
-/* Unit u's master weights (f32, fy_gpt_unit_params of them) in the pool, where
+/* Unit u's master weights (f32, fy_model_unit_params of them) in the pool, where
  * fy_commit_read_unit read its state to buf_off. */
 const float *fy_commit_unit_master(const struct fy_pool *pool, const struct fy_storemeta *m,
                                    unsigned u, uint64_t buf_off);

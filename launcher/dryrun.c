@@ -39,7 +39,7 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
 }
 
 /* The plan for model c at batch B under cpu_mem (the searches vary them); p freed first. */
-static int plan_at(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
+static int plan_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
                    uint64_t cpu_mem, struct fy_plan *p)
 {
     struct fy_plan_in at = in->plan;
@@ -62,10 +62,10 @@ static const char *size(uint64_t bytes)
 }
 
 /* The optimizer state's bytes, of every unit or (resident not NULL) of the kept ones. */
-static uint64_t state_bytes(const struct fy_gpt_config *c, const unsigned char *resident)
+static uint64_t state_bytes(const struct fy_model_config *c, const unsigned char *resident)
 {
     uint64_t total = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
         total += resident == NULL || resident[u] ? fy_optstate_bytes(c, u) : 0;
     return total;
 }
@@ -93,7 +93,7 @@ static uint64_t ssd_free(const char *list, unsigned *paths)
 /* Whether model c at batch B fits the GPU (where modelled), the pool's least (no state kept)
  * under --cpu-mem and the SSD's free space (free > 0: the internals a forced ssd plan swaps there
  * grow with the batch). */
-static int fits_at(const struct fy_dryrun_in *in, const struct fy_gpt_config *c, int B,
+static int fits_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
                    uint64_t free_bytes)
 {
     struct fy_plan p = {0};
@@ -133,7 +133,7 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
         return 0;
     unsigned best = 0;
     for (unsigned L = 1; L <= 4096; L = L < 64 ? L + 1 : L + L / 8) {
-        struct fy_gpt_config c = in->model;
+        struct fy_model_config c = in->model;
         c.n_layer = L;
         /* the GPU is not the search's: a deeper model's working buffers are the same */
         struct fy_dryrun_in wide = *in;
@@ -148,14 +148,14 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
 /* The GPU line: the arena's working buffers (and a forced plan's swap sets) against --gpu-mem. */
 static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p)
 {
-    const struct fy_gpt_config *c = &in->model;
+    const struct fy_model_config *c = &in->model;
     const char *budget = in->plan.gpu_mem ? size(in->plan.gpu_mem) : "(all)";
     const char *over = p->fits_gpu ? "" : " (DOES NOT FIT)";
     if (!p->gpu_modelled) {
         fprintf(out, "plan: GPU memory: not modelled for the %s backend\n", in->plan.backend);
     } else if (forced(in)) {
         fprintf(out, "plan: GPU: working buffers %s and %d swap sets of %s (one per call in "
-                "flight) of --gpu-mem %s%s\n", size(p->gpu_working), FY_BACKEND_GPT_QUEUE,
+                "flight) of --gpu-mem %s%s\n", size(p->gpu_working), FY_BACKEND_QUEUE,
                 size(p->gpu_set), budget, over);
     } else {
         uint64_t gpu_mem = in->plan.gpu_mem;
@@ -173,12 +173,12 @@ static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_
 static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p,
                          uint64_t free_bytes, unsigned paths)
 {
-    const struct fy_gpt_config *c = &in->model;
+    const struct fy_model_config *c = &in->model;
     uint64_t state = state_bytes(c, NULL), cpu_mem = in->plan.cpu_mem;
     fprintf(out, "plan: optimizer state %s: %u of %u units (%s) stay in the shared pool, the "
             "rest (%s) streams from the SSD store each step; checkpoints %s; weights to the GPU "
             "in bf16 for %u units (copies beside their state), in f32 for the others\n",
-            size(state), p->kept, fy_gpt_unit_count(c), size(p->resident_bytes),
+            size(state), p->kept, fy_model_unit_count(c), size(p->resident_bytes),
             size(state - state_bytes(c, p->resident)),
             p->place.ckpt_slots ? "on the SSD store" : "in the shared pool", p->weight_copies);
     if (cpu_mem > 0)
@@ -218,7 +218,7 @@ static void print_advice(FILE *out, const struct fy_dryrun_in *in, const struct 
     const struct fy_plan_prediction *pr = &p->predicted;
     int B = in->plan.shape.B;
     double step_flops = (double)B * in->plan.shape.T *
-                        fy_gpt_flops_per_token(&in->model, (unsigned)in->plan.shape.T);
+                        fy_model_flops_per_token(&in->model, (unsigned)in->plan.shape.T);
     int optimizer = strcmp(pr->bound, "optimizer") == 0;
     struct fy_plan t = {0};
     if (strcmp(pr->bound, "SSD") == 0) {
@@ -245,12 +245,12 @@ static void print_advice(FILE *out, const struct fy_dryrun_in *in, const struct 
 
 int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
 {
-    const struct fy_gpt_config *c = &in->model;
+    const struct fy_model_config *c = &in->model;
     const struct fy_plan_shape *shape = &in->plan.shape;
     char described[160];
-    fy_gpt_config_describe(c, described, sizeof described);
+    fy_model_config_describe(c, described, sizeof described);
     double tokens = (double)shape->B * shape->T;
-    double step_flops = tokens * fy_gpt_flops_per_token(c, (unsigned)shape->T);
+    double step_flops = tokens * fy_model_flops_per_token(c, (unsigned)shape->T);
     struct fy_plan p = {0};
     int rc = plan_at(in, c, shape->B, in->plan.cpu_mem, &p);
     if (rc < 0) {

@@ -14,7 +14,7 @@
 #include "launcher/plan.h"
 
 struct fy_dryrun_in {
-    struct fy_gpt_config model;
+    struct fy_model_config model;
     /* what the planner is given (plan.shape.c: &model; the batch, the options, the budgets and the
      * rates); plan.act_mode host and ssd swap every block's internals, as train's forced
      * placements do (their pool, slots, swap sets on the GPU, traffic and store extents), auto

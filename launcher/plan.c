@@ -59,42 +59,42 @@ int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
-uint64_t fy_plan_act_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype)
+uint64_t fy_plan_act_bytes(const struct fy_model_config *c, int B, int T, int act_dtype)
 {
     return (uint64_t)B * T * c->n_embd * fy_dtype_size(act_dtype);
 }
 
-uint64_t fy_plan_embed_rows(const struct fy_gpt_config *c)
+uint64_t fy_plan_embed_rows(const struct fy_model_config *c)
 {
-    return fy_gpt_unit_params(c, 0) / c->n_embd;
+    return fy_model_unit_params(c, 0) / c->n_embd;
 }
 
 /* Two lists of the embeddings' rows (int32): those the batch's tokens do not touch, whose
  * gradient is final after the head, and the others (launcher/train.c, embed_update_early). */
-static uint64_t embed_rows_bytes(const struct fy_gpt_config *c)
+static uint64_t embed_rows_bytes(const struct fy_model_config *c)
 {
     return align4k(2 * fy_plan_embed_rows(c) * 4);
 }
 
 /* The largest unit's f32 gradient, 4 KiB padded: grads slot 0. */
-static uint64_t max_grad_bytes(const struct fy_gpt_config *c)
+static uint64_t max_grad_bytes(const struct fy_model_config *c)
 {
     uint64_t m = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        if (align4k(fy_gpt_unit_params(c, u) * 4) > m)
-            m = align4k(fy_gpt_unit_params(c, u) * 4);
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+        if (align4k(fy_model_unit_params(c, u) * 4) > m)
+            m = align4k(fy_model_unit_params(c, u) * 4);
     return m;
 }
 
 /* The final unit's gradient, kept between the passes of a clipped step, after the block slots. */
-static uint64_t dfinal_bytes(const struct fy_gpt_config *c)
+static uint64_t dfinal_bytes(const struct fy_model_config *c)
 {
-    return align4k(fy_gpt_unit_params(c, c->n_layer + 1) * 4);
+    return align4k(fy_model_unit_params(c, c->n_layer + 1) * 4);
 }
 
-static uint64_t block_slot_bytes(const struct fy_gpt_config *c)
+static uint64_t block_slot_bytes(const struct fy_model_config *c)
 {
-    return align4k(fy_gpt_unit_params(c, 1) * 4);
+    return align4k(fy_model_unit_params(c, 1) * 4);
 }
 
 unsigned fy_plan_act_ahead(unsigned asked)
@@ -144,7 +144,7 @@ uint64_t fy_plan_ckpt_store_bytes(const struct fy_plan_shape *s)
     return fy_plan_spill_extent_bytes(act, s->c->n_layer);
 }
 
-uint64_t fy_plan_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
+uint64_t fy_plan_upload_bytes(const struct fy_model_config *c, const unsigned char *resident,
                               unsigned u)
 {
     struct fy_optstate_layout lay;
@@ -154,18 +154,18 @@ uint64_t fy_plan_upload_bytes(const struct fy_gpt_config *c, const unsigned char
     return lay.section[FY_OPTSTATE_MASTER].bytes;
 }
 
-unsigned fy_plan_weight_copies(const struct fy_gpt_config *c, const unsigned char *resident)
+unsigned fy_plan_weight_copies(const struct fy_model_config *c, const unsigned char *resident)
 {
     unsigned n = 0;
-    for (unsigned u = 0; resident != NULL && u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; resident != NULL && u < fy_model_unit_count(c); u++)
         n += resident[u] == FY_PLAN_KEPT_BF16;
     return n;
 }
 
-uint64_t fy_plan_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident)
+uint64_t fy_plan_resident_bytes(const struct fy_model_config *c, const unsigned char *resident)
 {
     uint64_t bytes = 0;
-    for (unsigned u = 0; resident != NULL && u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; resident != NULL && u < fy_model_unit_count(c); u++)
         if (resident[u])
             bytes += fy_optstate_bytes(c, u) +
                      (resident[u] == FY_PLAN_KEPT_BF16 ? fy_optstate_copy_bytes(c, u) : 0);
@@ -177,7 +177,7 @@ uint64_t fy_plan_resident_bytes(const struct fy_gpt_config *c, const unsigned ch
 void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                      struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n)
 {
-    const struct fy_gpt_config *c = s->c;
+    const struct fy_model_config *c = s->c;
     uint64_t act = align4k(fy_plan_act_bytes(c, s->B, s->T, s->act_dtype));
     uint64_t tok = align4k((uint64_t)s->B * s->T * 4);
     uint64_t slot = max_grad_bytes(c);
@@ -215,7 +215,7 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     *n = i;
 }
 
-void fy_plan_unit_regions(const struct fy_gpt_config *c,
+void fy_plan_unit_regions(const struct fy_model_config *c,
                           struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n)
 {
     const struct fy_plan_shape one = {.c = c, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};
@@ -235,7 +235,7 @@ static uint64_t pool_bytes(const struct fy_plan_shape *s, const struct fy_plan_p
 int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
                         struct fy_plan_layout *l)
 {
-    const struct fy_gpt_config *c = s->c;
+    const struct fy_model_config *c = s->c;
     int B = s->B, T = s->T;
     uint64_t bytes;
     memset(l, 0, sizeof *l);
@@ -283,10 +283,10 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
     return 0;
 }
 
-int fy_plan_resident_offsets(const struct fy_pool *p, const struct fy_gpt_config *c,
+int fy_plan_resident_offsets(const struct fy_pool *p, const struct fy_model_config *c,
                              const unsigned char *resident, uint64_t *offsets, uint64_t *copies)
 {
-    unsigned units = fy_gpt_unit_count(c);
+    unsigned units = fy_model_unit_count(c);
     memset(offsets, 0, units * sizeof *offsets);
     memset(copies, 0, units * sizeof *copies);
     if (fy_plan_resident_bytes(c, resident) == 0)
@@ -313,7 +313,7 @@ int fy_plan_resident_offsets(const struct fy_pool *p, const struct fy_gpt_config
 /* ---- traffic and prediction ------------------------------------------------------------------ */
 
 /* The head's weights go up in bf16 only when both its units have copies (one dtype a request). */
-static int head_has_copies(const struct fy_gpt_config *c, const unsigned char *resident)
+static int head_has_copies(const struct fy_model_config *c, const unsigned char *resident)
 {
     return resident != NULL && resident[0] == FY_PLAN_KEPT_BF16 &&
            resident[c->n_layer + 1] == FY_PLAN_KEPT_BF16;
@@ -322,11 +322,11 @@ static int head_has_copies(const struct fy_gpt_config *c, const unsigned char *r
 static void pcie_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                        struct fy_plan_traffic *out)
 {
-    const struct fy_gpt_config *c = s->c;
+    const struct fy_model_config *c = s->c;
     const unsigned char *resident = p->resident;
     uint64_t act = fy_plan_act_bytes(c, s->B, s->T, s->act_dtype), tok = (uint64_t)s->B * s->T * 4;
-    uint64_t embed = fy_gpt_unit_params(c, 0) * 4, block = fy_gpt_unit_params(c, 1) * 4;
-    uint64_t fin = fy_gpt_unit_params(c, c->n_layer + 1) * 4;
+    uint64_t embed = fy_model_unit_params(c, 0) * 4, block = fy_model_unit_params(c, 1) * 4;
+    uint64_t fin = fy_model_unit_params(c, c->n_layer + 1) * 4;
     uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
     uint64_t passes = s->clip ? 2 : 1; /* backward passes through the blocks and the embeddings */
     uint64_t blocks_up = 0, head_up = head_has_copies(c, resident) ? (fin + wte) / 2 : fin + wte;
@@ -344,15 +344,15 @@ static void pcie_bytes(const struct fy_plan_shape *s, const struct fy_plan_place
 static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                       struct fy_plan_traffic *out)
 {
-    const struct fy_gpt_config *c = s->c;
+    const struct fy_model_config *c = s->c;
     uint64_t act = align4k(fy_plan_act_bytes(c, s->B, s->T, s->act_dtype));
     uint64_t ckpts = p->ckpt_slots ? c->n_layer * act : 0;
     ckpts += p->swap.ssd_bytes;
     out->ssd_read = (s->clip ? 2 : 1) * ckpts;
     out->ssd_write = ckpts;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
         if (p->resident == NULL || !p->resident[u]) {
-            int block = fy_gpt_unit_kind(c, u) == FY_UNIT_BLOCK;
+            int block = fy_model_unit_kind(c, u) == FY_UNIT_BLOCK;
             out->ssd_read += (uint64_t)(1 + (s->clip && block)) * fy_optstate_master_bytes(c, u) +
                              fy_optstate_bytes(c, u);
             out->ssd_write += fy_optstate_bytes(c, u);
@@ -369,17 +369,17 @@ void fy_plan_traffic(const struct fy_plan_shape *s, const struct fy_plan_place *
 void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                      const struct fy_plan_rates *rates, struct fy_plan_prediction *out)
 {
-    const struct fy_gpt_config *c = s->c;
-    double tokens = (double)s->B * s->T, flops = tokens * fy_gpt_flops_per_token(c, (unsigned)s->T);
+    const struct fy_model_config *c = s->c;
+    double tokens = (double)s->B * s->T, flops = tokens * fy_model_flops_per_token(c, (unsigned)s->T);
     /* a clipped step runs the blocks' backward (with their recomputation) twice: 6 of the 8 parts
      * (2 forward, 2 recompute, 4 backward) of the blocks' work once more */
     double block_flops = tokens * c->n_layer *
-                         (6.0 * fy_gpt_unit_params(c, 1) + 6.0 * (double)s->T * c->n_embd);
+                         (6.0 * fy_model_unit_params(c, 1) + 6.0 * (double)s->T * c->n_embd);
     if (s->clip)
         flops += 0.75 * block_flops;
     struct fy_plan_traffic t;
     fy_plan_traffic(s, p, &t);
-    double params = (double)fy_gpt_total_params(c);
+    double params = (double)fy_model_total_params(c);
     memset(out, 0, sizeof *out);
     out->gpu_s = rates->gpu_flops > 0 ? flops / rates->gpu_flops : 0;
     out->h2d_s = t.to_gpu / rates->h2d;
@@ -409,7 +409,7 @@ static unsigned plan_mark(const struct fy_plan_in *in, struct fy_plan *p, unsign
     unsigned count = 0;
     struct fy_plan_place least = p->place;
     least.grad_slots = FY_PLAN_GRAD_SLOTS_MIN;
-    for (unsigned u = 0; u < fy_gpt_unit_count(in->shape.c); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(in->shape.c); u++) {
         if (p->resident[u] != mark - 1)
             continue;
         p->resident[u] = mark;
@@ -425,7 +425,7 @@ static unsigned plan_mark(const struct fy_plan_in *in, struct fy_plan *p, unsign
  * and the units kept. */
 static unsigned plan_resident(const struct fy_plan_in *in, struct fy_plan *p)
 {
-    memset(p->resident, FY_PLAN_STREAMED, fy_gpt_unit_count(in->shape.c));
+    memset(p->resident, FY_PLAN_STREAMED, fy_model_unit_count(in->shape.c));
     if (in->cpu_mem == 0)
         return 0;
     unsigned kept = plan_mark(in, p, FY_PLAN_KEPT);
@@ -444,7 +444,7 @@ static void plan_checkpoints(const struct fy_plan_in *in, struct fy_plan *p)
     if (in->ckpt_place == FY_CKPT_AUTO) {
         p->place.ckpt_slots = 0;
         unsigned all = plan_resident(in, p);
-        ssd = in->cpu_mem != 0 && all < fy_gpt_unit_count(in->shape.c);
+        ssd = in->cpu_mem != 0 && all < fy_model_unit_count(in->shape.c);
         if (in->say)
             fy_info("plan: checkpoints %s (--ckpt-place auto: %s)",
                     ssd ? "on the SSD store" : "in the shared pool",
@@ -460,8 +460,8 @@ static void plan_checkpoints(const struct fy_plan_in *in, struct fy_plan *p)
  * cpu_mem, at most one per block. */
 static unsigned plan_grad_slots(const struct fy_plan_in *in, const struct fy_plan *p)
 {
-    const struct fy_gpt_config *c = in->shape.c;
-    unsigned units = fy_gpt_unit_count(c), slots = FY_PLAN_GRAD_SLOTS_MIN;
+    const struct fy_model_config *c = in->shape.c;
+    unsigned units = fy_model_unit_count(c), slots = FY_PLAN_GRAD_SLOTS_MIN;
     for (unsigned u = 0; u < units; u++)
         if (!p->resident[u])
             return slots; /* streamed blocks are paced by their two state slots anyway */
@@ -480,9 +480,9 @@ static unsigned plan_grad_slots(const struct fy_plan_in *in, const struct fy_pla
  * internals and checkpoints placed there, as train makes them. */
 static uint64_t store_bytes(const struct fy_plan_in *in, const struct fy_plan *p)
 {
-    const struct fy_gpt_config *c = in->shape.c;
+    const struct fy_model_config *c = in->shape.c;
     uint64_t state = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
         state += fy_optstate_bytes(c, u);
     return state * in->state_copies + 2 * FY_COMMIT_RECORD_BYTES +
            fy_plan_swap_store_bytes(&p->place.swap, c->n_layer) +
@@ -499,7 +499,7 @@ static void plan_gpu(const struct fy_plan_in *in, struct fy_plan *p)
                       fy_backend_gpu_bytes(in->backend, s->c, s->B, s->T, &p->gpu_working,
                                            &p->gpu_set);
     if (p->gpu_modelled)
-        p->gpu_need = p->gpu_working + (forced ? FY_BACKEND_GPT_QUEUE * p->gpu_set : 0);
+        p->gpu_need = p->gpu_working + (forced ? FY_BACKEND_QUEUE * p->gpu_set : 0);
     p->fits_gpu = !p->gpu_modelled || in->gpu_mem == 0 || p->gpu_need <= in->gpu_mem;
 }
 
@@ -507,7 +507,7 @@ int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, s
 {
     const struct fy_plan_shape *s = &in->shape;
     memset(p, 0, sizeof *p);
-    p->resident = calloc(fy_gpt_unit_count(s->c), 1);
+    p->resident = calloc(fy_model_unit_count(s->c), 1);
     FY_REQUIRE(p->resident != NULL, -ENOMEM, "plan: out of memory");
     p->place.resident = p->resident;
     p->place.prefetch = in->prefetch;

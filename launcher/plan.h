@@ -36,7 +36,7 @@ int fy_plan_rates_load(const char *path, struct fy_plan_rates *out);
 
 /* One training step's shape: what every count of the plan is of. */
 struct fy_plan_shape {
-    const struct fy_gpt_config *c;
+    const struct fy_model_config *c;
     int B, T;      /* B sequences of T tokens a step (1 x 1: init and export) */
     int act_dtype; /* activations in the pool: FY_DTYPE_F32 or _BF16 (the backend's) */
     int clip;      /* the gradient norm clipped: two backward passes */
@@ -104,16 +104,16 @@ struct fy_plan_place {
 };
 
 /* Bytes of one activation [B][T][C] in the pool. */
-uint64_t fy_plan_act_bytes(const struct fy_gpt_config *c, int B, int T, int act_dtype);
+uint64_t fy_plan_act_bytes(const struct fy_model_config *c, int B, int T, int act_dtype);
 /* Rows of the embeddings unit (GPT-2: the token rows, then the positions'), each n_embd floats. */
-uint64_t fy_plan_embed_rows(const struct fy_gpt_config *c);
+uint64_t fy_plan_embed_rows(const struct fy_model_config *c);
 /* Units with a bf16 copy of their weights (NULL: none). */
-unsigned fy_plan_weight_copies(const struct fy_gpt_config *c, const unsigned char *resident);
+unsigned fy_plan_weight_copies(const struct fy_model_config *c, const unsigned char *resident);
 /* Bytes of unit u's weights that the gpu worker is sent: its bf16 copy's, or its f32 master's. */
-uint64_t fy_plan_upload_bytes(const struct fy_gpt_config *c, const unsigned char *resident,
+uint64_t fy_plan_upload_bytes(const struct fy_model_config *c, const unsigned char *resident,
                               unsigned u);
 /* Bytes of the kept units' state and weight copies: the "resident" region. */
-uint64_t fy_plan_resident_bytes(const struct fy_gpt_config *c, const unsigned char *resident);
+uint64_t fy_plan_resident_bytes(const struct fy_model_config *c, const unsigned char *resident);
 
 /* ---- the pool's regions ---------------------------------------------------------------------- */
 
@@ -127,12 +127,12 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
                      struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n);
 /* The same for a session that moves the model unit by unit through them (init, export): a step of
  * one token with f32 activations, nothing kept, nothing swapped. */
-void fy_plan_unit_regions(const struct fy_gpt_config *c,
+void fy_plan_unit_regions(const struct fy_model_config *c,
                           struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n);
 
 /* Where everything lives in the pool, as fy_plan_regions laid it out (fy_plan_layout_read). */
 struct fy_plan_layout {
-    const struct fy_gpt_config *c;
+    const struct fy_model_config *c;
     int B, T;
     int act_dtype; /* activations and their gradients (FY_DTYPE_F32 or _BF16) */
     uint64_t act_bytes, tok_bytes;
@@ -156,7 +156,7 @@ int fy_plan_layout_read(const struct fy_pool *pool, const struct fy_plan_shape *
                         struct fy_plan_layout *l);
 /* Offsets of the resident units' state in the pool (0: streamed from the store), and of their
  * bf16 weight copies, each after its unit's state (0: none). */
-int fy_plan_resident_offsets(const struct fy_pool *pool, const struct fy_gpt_config *c,
+int fy_plan_resident_offsets(const struct fy_pool *pool, const struct fy_model_config *c,
                              const unsigned char *resident, uint64_t *offsets, uint64_t *copies);
 
 /* ---- traffic and prediction ------------------------------------------------------------------ */

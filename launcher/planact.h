@@ -27,7 +27,7 @@ int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates
 struct fy_planact {
     const struct fy_options *o;
     struct fy_restart *restarts; /* train's, for a worker that fails in the profile; NULL: none */
-    struct fy_gpt_profile prof;
+    struct fy_block_profile prof;
     struct fy_actrun_in in;
     struct fy_actrun run;
 };

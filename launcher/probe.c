@@ -31,7 +31,7 @@ static double now_s(void) { return (double)fy_monotonic_ns() * 1e-9; }
 static int probe_backend(const struct fy_probe_opts *o, struct fy_probe_result *r)
 {
     int cuda = strcmp(o->backend, "cuda") == 0;
-    struct fy_gpt_config c = {.n_layer = 1, .n_head = cuda ? 16 : 4, .n_embd = cuda ? 2048 : 256,
+    struct fy_model_config c = {.n_layer = 1, .n_head = cuda ? 16 : 4, .n_embd = cuda ? 2048 : 256,
                               .vocab = 50304, .ctx = cuda ? 1024 : 128};
     int B = cuda ? 8 : 4, T = (int)c.ctx;
     size_t host_bytes = cuda ? (size_t)256 << 20 : (size_t)32 << 20;
@@ -45,13 +45,13 @@ static int probe_backend(const struct fy_probe_opts *o, struct fy_probe_result *
         rc = fy_backend_register_host(b, host, host_bytes);
     }
     if (rc == 0)
-        rc = fy_backend_gpt_prepare(b, &c, B, T);
-    struct fy_gpt_profile p;
+        rc = fy_backend_model_prepare(b, &c, B, T);
+    struct fy_block_profile p;
     if (rc == 0)
-        rc = fy_backend_gpt_profile(b, host, host_bytes, &p);
+        rc = fy_backend_model_profile(b, host, host_bytes, &p);
     if (rc == 0) {
         double tokens = (double)B * T;
-        double flops = tokens * (6.0 * (double)fy_gpt_unit_params(&c, 1) + 6.0 * T * c.n_embd);
+        double flops = tokens * (6.0 * (double)fy_model_unit_params(&c, 1) + 6.0 * T * c.n_embd);
         r->rates.gpu_flops = flops / (2 * p.fwd_s + p.bwd_s);
         r->gemm_flops = p.flops_per_s;
         r->rates.h2d = p.h2d_Bps;

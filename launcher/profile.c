@@ -88,8 +88,8 @@ static int profile_links(const struct fy_options *o, struct fy_exec *x, uint64_t
 /* The profile for --act-plan auto: a session of the workers over a small pool, before the training
  * session's pool is laid out for the plan. The gpu worker measures one block on the training batch
  * (gpt-profile); the SSD store and AdamW are timed too (profile_links). */
-int fy_profile_run(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
-                   struct fy_gpt_profile *out, struct fy_plan_rates *rates,
+int fy_profile_run(const struct fy_options *o, const struct fy_model_config *model, int act_dtype,
+                   struct fy_block_profile *out, struct fy_plan_rates *rates,
                    struct fy_sup_fault *fault)
 {
     /* enough to time PCIe at full speed; the CPU backend's copies are memory to memory */
@@ -123,10 +123,10 @@ int fy_profile_run(const struct fy_options *o, const struct fy_gpt_config *model
     }
     if (rc == 0) {
         memcpy(out, fy_pool_at(s.pool, at_result, sizeof *out), sizeof *out);
-        if (out->magic != FY_GPT_PROFILE_MAGIC || out->version != FY_GPT_PROFILE_VERSION) {
+        if (out->magic != FY_BLOCK_PROFILE_MAGIC || out->version != FY_BLOCK_PROFILE_VERSION) {
             fy_error("the gpu worker's block profile has magic 0x%x version %u, not 0x%x %u: "
                      "the workers come from another build (rebuild with make)",
-                     out->magic, out->version, FY_GPT_PROFILE_MAGIC, FY_GPT_PROFILE_VERSION);
+                     out->magic, out->version, FY_BLOCK_PROFILE_MAGIC, FY_BLOCK_PROFILE_VERSION);
             rc = -EPROTO;
         }
     }

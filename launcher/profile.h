@@ -13,8 +13,8 @@
 
 /* Fills *out (the block) and rates' ssd_read, ssd_write and opt_params (where timing the store
  * and AdamW fails, said, rates keeps what it had). *fault: the worker that failed, if any. */
-int fy_profile_run(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
-                   struct fy_gpt_profile *out, struct fy_plan_rates *rates,
+int fy_profile_run(const struct fy_options *o, const struct fy_model_config *model, int act_dtype,
+                   struct fy_block_profile *out, struct fy_plan_rates *rates,
                    struct fy_sup_fault *fault);
 
 #endif

@@ -107,7 +107,7 @@ static void find_store(struct fy_options *o, const struct fy_config *mc, const c
 }
 
 /* Reads RUN/model.conf (written by init): the model and where its store lives. */
-int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_gpt_config *model)
+int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_model_config *model)
 {
     char path[PATH_MAX];
     model_conf_path(o->run_dir, path, sizeof path);
@@ -119,7 +119,7 @@ int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_gpt_co
         return -ENOENT;
     }
     FY_TRY(fy_config_load(mc, path));
-    FY_TRY(fy_gpt_config_from(mc, model));
+    FY_TRY(fy_model_config_from(mc, model));
     if (o->ssd != NULL) /* --ssd: the store is where the command says */
         return fy_runconf_check_ssd(o->ssd);
     const char *recorded = fy_config_get(mc, "ssd");
@@ -143,14 +143,14 @@ int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_gpt_co
 }
 
 /* The store must hold the model this run describes. */
-int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_gpt_config *model,
+int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_model_config *model,
                            const char *ssd)
 {
-    if (fy_gpt_config_hash(&meta->model) == fy_gpt_config_hash(model))
+    if (fy_model_config_hash(&meta->model) == fy_model_config_hash(model))
         return 0;
     char have[160], want[160];
-    fy_gpt_config_describe(&meta->model, have, sizeof have);
-    fy_gpt_config_describe(model, want, sizeof want);
+    fy_model_config_describe(&meta->model, have, sizeof have);
+    fy_model_config_describe(model, want, sizeof want);
     fy_error("store %s was made for another model (%s) than this run's (%s): pass the --ssd of "
              "this run's store",
              ssd, have, want);
@@ -158,9 +158,9 @@ int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_gpt_
 }
 
 /* The model that init's options describe (--arch, --layers, ...), validated. */
-int fy_runconf_model(const struct fy_options *o, struct fy_gpt_config *out)
+int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out)
 {
-    struct fy_gpt_config model = {.n_layer = (uint32_t)o->layers, .n_head = (uint32_t)o->heads,
+    struct fy_model_config model = {.n_layer = (uint32_t)o->layers, .n_head = (uint32_t)o->heads,
                                   .n_embd = (uint32_t)o->embd, .vocab = (uint32_t)o->vocab,
                                   .ctx = (uint32_t)o->ctx};
     FY_REQUIRE(o->layers <= UINT32_MAX && o->heads <= UINT32_MAX && o->embd <= UINT32_MAX &&
@@ -180,24 +180,24 @@ int fy_runconf_model(const struct fy_options *o, struct fy_gpt_config *out)
                    -EINVAL, "init: --kv-heads, --ffn, --rope-theta, --rms-eps and --tied are "
                    "options of --arch llama");
     }
-    FY_TRY(fy_gpt_config_validate(&model));
+    FY_TRY(fy_model_config_validate(&model));
     *out = model;
     return 0;
 }
 
 /* Pool regions for moving a model unit by unit between a Hugging Face directory and the store:
  * a commit record and one unit's state (read whole on export, to check its digest). */
-void fy_runconf_unit_regions(const struct fy_gpt_config *c, struct fy_pool_region_spec out[2])
+void fy_runconf_unit_regions(const struct fy_model_config *c, struct fy_pool_region_spec out[2])
 {
     out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
     out[1] = (struct fy_pool_region_spec){"unit", fy_optstate_max_bytes(c)};
 }
 
-int fy_runconf_train(const struct fy_options *o, const struct fy_gpt_config *model, int act_dtype,
+int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *model, int act_dtype,
                      struct fy_config *cfg)
 {
     FY_TRY(fy_runconf_base(o, cfg, 0));
-    FY_TRY(fy_gpt_config_to(model, cfg));
+    FY_TRY(fy_model_config_to(model, cfg));
     FY_TRY(fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)o->batch));
     FY_TRY(fy_config_setf(cfg, "train.seq", "%llu", (unsigned long long)o->seq));
     FY_TRY(fy_config_set(cfg, "train.act_dtype", fy_dtype_name(act_dtype)));
@@ -212,7 +212,7 @@ int fy_runconf_weight_dtype(const struct fy_options *o, const char *backend)
     return o->weights_dtype ? o->weights_dtype : fy_backend_preferred_weight_dtype(backend);
 }
 
-int fy_runconf_plan_in(const struct fy_options *o, const struct fy_gpt_config *model,
+int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config *model,
                        const char *backend, struct fy_plan_in *in)
 {
     *in = (struct fy_plan_in){

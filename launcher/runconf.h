@@ -20,27 +20,27 @@ struct fy_session_opts fy_runconf_session(const struct fy_options *o);
 int fy_runconf_base(const struct fy_options *o, struct fy_config *c, int create_store);
 /* fy_runconf_base's and the training entries of the gpu worker: the model, the batch, the
  * activations' dtype and --act-plan. */
-int fy_runconf_train(const struct fy_options *o, const struct fy_gpt_config *model,
+int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *model,
                      int act_dtype, struct fy_config *cfg);
 /* Every directory of a --ssd list exists: else one line that names it, -errno. */
 int fy_runconf_check_ssd(const char *list);
 /* Reads RUN/model.conf (written by init) into mc and model, and points o->ssd at the run's store
  * (o->ssd_here) unless --ssd gave it; a missing model or store is said. */
-int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_gpt_config *model);
+int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_model_config *model);
 /* The store (at ssd) holds the model this run describes: else said, -EINVAL. */
-int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_gpt_config *model,
+int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_model_config *model,
                            const char *ssd);
 /* The model that the model options describe (--arch, --layers, ...), validated. */
-int fy_runconf_model(const struct fy_options *o, struct fy_gpt_config *out);
+int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out);
 /* Pool regions for moving a model unit by unit between a Hugging Face directory and the store. */
-void fy_runconf_unit_regions(const struct fy_gpt_config *c, struct fy_pool_region_spec out[2]);
+void fy_runconf_unit_regions(const struct fy_model_config *c, struct fy_pool_region_spec out[2]);
 /* The dtype of the weights the gpu worker of `backend` is sent (--weights-dtype; auto: the
  * backend's). */
 int fy_runconf_weight_dtype(const struct fy_options *o, const char *backend);
 /* What the planner (launcher/plan.h) is given for a run of `model` on `backend` (resolved) with
  * these options: the step's shape (the backend's activations), where things may go, the budgets,
  * and the reference machine's rates. -EINVAL (said) for an --act-plan it does not know. */
-int fy_runconf_plan_in(const struct fy_options *o, const struct fy_gpt_config *model,
+int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config *model,
                        const char *backend, struct fy_plan_in *in);
 
 #endif

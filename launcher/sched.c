@@ -17,7 +17,7 @@
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
 /* Where unit u's master weights lie in its state at pool offset `state`. */
-static uint64_t master_at(const struct fy_gpt_config *c, unsigned u, uint64_t state)
+static uint64_t master_at(const struct fy_model_config *c, unsigned u, uint64_t state)
 {
     struct fy_optstate_layout lay;
     fy_optstate_layout(c, u, &lay);
@@ -45,7 +45,7 @@ static uint64_t gslot(const struct fy_plan_layout *l, unsigned i)
 /* A unit's f32 gradient. */
 static uint64_t unit_bytes(const struct fy_plan_layout *l, unsigned u)
 {
-    return fy_gpt_unit_params(l->c, u) * 4;
+    return fy_model_unit_params(l->c, u) * 4;
 }
 
 /* A unit's whole state between the pool and its copy `copy` in the store, with its digest: a read
@@ -251,7 +251,7 @@ int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan
     r->state_unit[0] = r->state_unit[1] = -1;
     r->tk.x = x;
     r->tk.timeout_ms = timeout_ms;
-    r->tk.units = fy_gpt_unit_count(s->c);
+    r->tk.units = fy_model_unit_count(s->c);
     r->pool = pool;
     FY_REQUIRE(s->act_dtype == FY_DTYPE_F32 || s->act_dtype == FY_DTYPE_BF16, -EINVAL,
                "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
@@ -263,7 +263,7 @@ int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan
 
 int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
 {
-    const struct fy_gpt_config *c = r->l.c;
+    const struct fy_model_config *c = r->l.c;
     r->tk.overlap = o->overlap;
     r->act_ahead = fy_plan_act_ahead(o->act_ahead);
     FY_REQUIRE(r->act_ahead <= FY_PLAN_ACT_AHEAD_MAX, -EINVAL,
@@ -281,7 +281,7 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
                    "fy_plan_regions without clip)");
     }
     fy_ticket_trace_begin(&r->tk);
-    unsigned units = fy_gpt_unit_count(c);
+    unsigned units = fy_model_unit_count(c);
     r->version = calloc(units, sizeof *r->version);
     r->resident = calloc(units, sizeof *r->resident);
     r->wcopy = calloc(units, sizeof *r->wcopy);
@@ -321,7 +321,7 @@ void fy_sched_free(struct fy_sched *r)
 int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
 {
     const struct fy_plan_layout *l = &r->l;
-    const struct fy_gpt_config *c = l->c;
+    const struct fy_model_config *c = l->c;
     unsigned L = c->n_layer, fin = L + 1;
     struct fy_desc req[FY_DESC_MAX_PARTS], reply = {0};
     struct fy_ticket t_embed = {0}, g_embed = {0}, head = {0};
@@ -776,7 +776,7 @@ static int norm_pass(struct fy_sched *r, double *total)
 static int embed_update_early(struct fy_sched *r, uint64_t step, double lr, uint64_t *late)
 {
     const struct fy_plan_layout *l = &r->l;
-    const struct fy_gpt_config *c = l->c;
+    const struct fy_model_config *c = l->c;
     uint64_t rows = fy_plan_embed_rows(c), tokens = (uint64_t)l->B * l->T;
     const int32_t *tok = fy_pool_at(r->pool, l->tokens, l->tok_bytes);
     int32_t *early = fy_pool_at(r->pool, l->embed_rows, 2 * rows * 4), *rest = early + rows;
@@ -910,7 +910,7 @@ int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, doub
  * (checked against its digest) at start, written to the other at commits. */
 int fy_sched_resident_transfer(struct fy_sched *r, int op)
 {
-    for (unsigned u = 0; r->resident != NULL && u < fy_gpt_unit_count(r->l.c); u++)
+    for (unsigned u = 0; r->resident != NULL && u < fy_model_unit_count(r->l.c); u++)
         if (r->resident[u] != 0) {
             struct fy_ticket t = {0};
             if (op == FY_OP_IO_READ)
@@ -927,10 +927,10 @@ int fy_sched_resident_transfer(struct fy_sched *r, int op)
  * (fy_f32_to_bf16): at start, once the committed state is in the pool. */
 int fy_sched_fill_copies(struct fy_sched *r)
 {
-    for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(r->l.c); u++) {
         if (!has_copy(r, u))
             continue;
-        size_t n = fy_gpt_unit_params(r->l.c, u);
+        size_t n = fy_model_unit_params(r->l.c, u);
         const float *master = fy_pool_at(r->pool, master_at(r->l.c, u, r->resident[u]), n * 4);
         uint16_t *copy = fy_pool_at(r->pool, r->wcopy[u], n * 2);
         FY_REQUIRE(master != NULL && copy != NULL, -ERANGE,

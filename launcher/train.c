@@ -27,18 +27,18 @@ static double now_s(void)
 }
 
 struct init_ctx {
-    const struct fy_gpt_config *c;
+    const struct fy_model_config *c;
     uint64_t seed;
 };
 
 static int init_unit(void *ctx, unsigned unit, float *master)
 {
     const struct init_ctx *i = ctx;
-    fy_gpt_init_unit(i->c, unit, i->seed, master);
+    fy_model_init_unit(i->c, unit, i->seed, master);
     return 0;
 }
 
-int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
+int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_model_config *c,
                         uint64_t seed, unsigned copies, int timeout_ms)
 {
     struct fy_sched r;
@@ -92,12 +92,12 @@ struct step_line {
  * plan predicted at the start, with the rates the disk and AdamW ran at in it beside those the plan
  * assumed (the profile's, or for the disk a past session's steps'), so that a prediction that
  * misses says which resource was misjudged. */
-static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_config *c,
+static void log_plan_check(const struct fy_train_opts *o, const struct fy_model_config *c,
                            const struct step_line *s)
 {
     char rd[32], wr[32], opt[32];
     const double *busy = s->busy;
-    double params = (double)fy_gpt_total_params(c);
+    double params = (double)fy_model_total_params(c);
     double opt_s = busy[FY_TICKET_BUSY_OPT];
     snprintf(opt, sizeof opt, opt_s > 0 ? "%.2f" : "-", opt_s > 0 ? params / opt_s * 1e-9 : 0.0);
     double read = fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_READ],
@@ -117,13 +117,13 @@ static void log_plan_check(const struct fy_train_opts *o, const struct fy_gpt_co
 }
 
 /* The step's line in the log (and the progress line) and in metrics.jsonl. */
-static int log_step(const struct fy_train_opts *o, const struct fy_gpt_config *c,
+static int log_step(const struct fy_train_opts *o, const struct fy_model_config *c,
                     const struct step_line *s)
 {
     const double *busy = s->busy, *wait = s->wait_s;
     double tokens = (double)o->batch * o->seq;
     double tps = tokens / s->seconds;
-    double tflops = tps * fy_gpt_flops_per_token(c, (unsigned)o->seq) / 1e12;
+    double tflops = tps * fy_model_flops_per_token(c, (unsigned)o->seq) / 1e12;
     char ev[48] = "", gn[64] = "";
     if (s->have_eval)
         snprintf(ev, sizeof ev, " | eval %.4f", s->eval);
@@ -143,7 +143,7 @@ static int log_step(const struct fy_train_opts *o, const struct fy_gpt_config *c
              1e3 * busy[FY_TICKET_BUSY_OPT], 100.0 * gpu_idle);
     struct fy_progress_step ps = {.step = s->step, .total = o->steps, .loss = s->loss,
                                   .seconds = s->seconds, .tokens = tokens,
-                                  .flops = tokens * fy_gpt_flops_per_token(c, (unsigned)o->seq),
+                                  .flops = tokens * fy_model_flops_per_token(c, (unsigned)o->seq),
                                   .gpu_busy_s = busy[FY_TICKET_BUSY_GPU],
                                   .have_eval = s->have_eval, .eval = s->eval};
     fy_progress_step(&ps, line);
@@ -184,7 +184,7 @@ static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
     next->seq = meta->seq + 1;
     next->copy = r->work_copy;
     int rc = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(r->l.c); u++) {
         next->digest[u] = r->digest[u];
         if (r->at_copy[u] != r->work_copy) {
             fy_error("schedule error: unit %u's state of step %llu is not in copy %u to commit",
@@ -210,7 +210,7 @@ static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
 static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
                           const unsigned char *resident)
 {
-    unsigned units = fy_gpt_unit_count(r->l.c);
+    unsigned units = fy_model_unit_count(r->l.c);
     uint64_t damaged = 0, damaged_seq = 0;
     for (int attempt = 0;; attempt++) {
         r->read_copy = meta->copy;
@@ -260,7 +260,7 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
 static int run_start(struct fy_sched *r, const struct fy_storemeta *meta,
                      const struct fy_train_opts *o)
 {
-    for (unsigned u = 0; u < fy_gpt_unit_count(r->l.c); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(r->l.c); u++)
         r->version[u] = meta->step;
     if (meta->step >= o->steps)
         fy_info("the store is already at step %llu (--steps %llu): nothing to train",
@@ -385,7 +385,7 @@ static int export_unit(void *ctx, unsigned unit, float *params)
     struct fy_sched *r = e->r;
     FY_TRY(fy_commit_read_unit(r->tk.x, e->meta, unit, r->l.state, r->tk.timeout_ms));
     memcpy(params, fy_commit_unit_master(r->pool, e->meta, unit, r->l.state),
-           fy_gpt_unit_params(r->l.c, unit) * sizeof *params);
+           fy_model_unit_params(r->l.c, unit) * sizeof *params);
     return 0;
 }
 

@@ -87,7 +87,7 @@ double fy_train_lr(const struct fy_train_opts *o, uint64_t step);
 
 /* Creates every extent of the model in the store (`copies` of each unit's state, 2 or 1, and both
  * commit records), writes the initial weights (zero moments) and commits them as step 0. */
-int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_gpt_config *c,
+int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_model_config *c,
                         uint64_t seed, unsigned copies, int timeout_ms);
 /* The store's current commit (launcher/commit.h, fy_commit_read); `where` names the store in
  * messages. */

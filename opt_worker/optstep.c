@@ -22,7 +22,7 @@ struct fy_optstep {
     struct fy_adamw_hparams hp;
     enum fy_adamw_impl impl;
     int have_model;
-    struct fy_gpt_config model;
+    struct fy_model_config model;
 };
 
 static int read_hparams(const struct fy_config *cfg, struct fy_adamw_hparams *hp)
@@ -47,7 +47,7 @@ static int optstep_setup(struct fy_optstep *o, const struct fy_config *cfg, cons
     FY_REQUIRE(fy_adamw_impl_supported(o->impl), -ENOTSUP,
                "adamw_impl = %s is not supported by this CPU: use auto", impl);
     if (fy_config_get(cfg, "model.n_layer") != NULL) {
-        FY_TRY(fy_gpt_config_from(cfg, &o->model));
+        FY_TRY(fy_model_config_from(cfg, &o->model));
         o->have_model = 1;
     }
     int *list = calloc(MAX_THREADS, sizeof *list);
@@ -181,16 +181,16 @@ static int update_rows(struct fy_optstep *o, const struct fy_pool *pool, const s
 {
     FY_REQUIRE(list->dtype == FY_DTYPE_I32 && list->arg > 0 && list->bytes % 4 == 0, -EPROTO,
                "opt-adamw: a row list must be int32 with the row length in its arg");
-    FY_REQUIRE(layer >= 0 && o->have_model && (unsigned)layer < fy_gpt_unit_count(&o->model) &&
-                   fy_gpt_unit_params(&o->model, (unsigned)layer) == x->n,
+    FY_REQUIRE(layer >= 0 && o->have_model && (unsigned)layer < fy_model_unit_count(&o->model) &&
+                   fy_model_unit_params(&o->model, (unsigned)layer) == x->n,
                -EPROTO, "opt-adamw: a row list needs the model's unit it updates (unit %d)", layer);
     size_t nrows = list->bytes / 4, len = (size_t)list->arg;
     const int32_t *rows = fy_pool_at(pool, list->offset, list->bytes);
     FY_REQUIRE(rows != NULL || nrows == 0, -ERANGE, "opt-adamw: the row list lies outside the pool");
     for (size_t i = 1; i < nrows; i++)
         FY_REQUIRE(rows[i] > rows[i - 1], -EPROTO, "opt-adamw: the row list is not ascending");
-    struct fy_param_segment seg[FY_GPT_MAX_SEGMENTS];
-    int nseg = fy_gpt_decay_segments(&o->model, (unsigned)layer, seg);
+    struct fy_param_segment seg[FY_MODEL_MAX_SEGMENTS];
+    int nseg = fy_model_decay_segments(&o->model, (unsigned)layer, seg);
     size_t i = 0;
     for (int s = 0; s < nseg; s++) {
         size_t first = i;
@@ -235,8 +235,8 @@ static int sumsq(struct fy_optstep *o, const struct fy_pool *pool, const struct 
     size_t count = g->bytes / fy_dtype_size(g->dtype);
     int layer = g->layer;
     if (layer >= 0 && o->have_model)
-        FY_REQUIRE((unsigned)layer < fy_gpt_unit_count(&o->model) &&
-                       fy_gpt_unit_params(&o->model, (unsigned)layer) == count,
+        FY_REQUIRE((unsigned)layer < fy_model_unit_count(&o->model) &&
+                       fy_model_unit_params(&o->model, (unsigned)layer) == count,
                    -EPROTO, "opt-sumsq: unit %d of the model does not hold %zu parameters", layer,
                    count);
     const void *grad = fy_pool_at(pool, g->offset, g->bytes);
@@ -272,11 +272,11 @@ int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const st
         return update_rows(o, pool, list, &hp, req[0].step, &x, layer);
     if (layer < 0 || !o->have_model)
         return fy_adamw_update(o->threads, &hp, req[0].step, &x, o->impl);
-    FY_REQUIRE((unsigned)layer < fy_gpt_unit_count(&o->model) &&
-                   fy_gpt_unit_params(&o->model, (unsigned)layer) == x.n,
+    FY_REQUIRE((unsigned)layer < fy_model_unit_count(&o->model) &&
+                   fy_model_unit_params(&o->model, (unsigned)layer) == x.n,
                -EPROTO, "opt-adamw: unit %d of the model does not hold %zu parameters", layer, x.n);
-    struct fy_param_segment seg[FY_GPT_MAX_SEGMENTS];
-    int nseg = fy_gpt_decay_segments(&o->model, (unsigned)layer, seg);
+    struct fy_param_segment seg[FY_MODEL_MAX_SEGMENTS];
+    int nseg = fy_model_decay_segments(&o->model, (unsigned)layer, seg);
     for (int i = 0; i < nseg; i++) {
         struct fy_adamw_hparams shp = segment_hparams(&hp, &seg[i]);
         struct fy_adamw_tensor part = slice(&x, seg[i].begin, seg[i].end);

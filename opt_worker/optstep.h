@@ -6,7 +6,7 @@
  *
  * opt-adamw parts (any order, each kind once): GRAD (f32 or bf16), MASTER, ADAM_M, ADAM_V (f32)
  * and optionally WEIGHTS (bf16 copy out). step = Adam's t (>= 1); layer = model unit (weight decay
- * on matrices only, per fy_gpt_decay_segments) or -1 (decay on every element). The arg of a part
+ * on matrices only, per fy_model_decay_segments) or -1 (decay on every element). The arg of a part
  * is about that part, as IEEE double bits:
  *   MASTER  the learning rate (0: the run config's lr);
  *   GRAD    the gradient scale of global-norm clipping, min(1, max_norm / (norm + 1e-6)) as the

@@ -40,7 +40,7 @@ static void perturb_llama_unit(const struct fy_refmodel *m, unsigned u, uint64_t
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&m->cfg, &l);
     float *p = m->params[u];
-    enum fy_unit_kind kind = fy_gpt_unit_kind(&m->cfg, u);
+    enum fy_unit_kind kind = fy_model_unit_kind(&m->cfg, u);
     for (size_t i = 0; kind != FY_UNIT_EMBED && i < C; i++) {
         if (kind == FY_UNIT_FINAL) {
             p[i] += fy_test_uniform(rng, -0.2f, 0.2f);
@@ -59,10 +59,10 @@ static void perturb_unit(const struct fy_refmodel *m, unsigned u, uint64_t *rng)
         return;
     }
     const size_t C = m->cfg.n_embd;
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(&m->cfg, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(&m->cfg, &l);
     float *p = m->params[u];
-    switch (fy_gpt_unit_kind(&m->cfg, u)) {
+    switch (fy_model_unit_kind(&m->cfg, u)) {
     case FY_UNIT_EMBED: break;
     case FY_UNIT_FINAL:
         for (size_t i = 0; i < C; i++) {
@@ -85,14 +85,14 @@ static void perturb_unit(const struct fy_refmodel *m, unsigned u, uint64_t *rng)
     }
 }
 
-int fy_refmodel_init(struct fy_refmodel *m, const struct fy_gpt_config *cfg, int B, int T,
+int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, int B, int T,
                      uint64_t seed)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->B = B;
     m->T = T;
-    m->n_units = fy_gpt_unit_count(cfg);
+    m->n_units = fy_model_unit_count(cfg);
     if (m->n_units > FY_REFMODEL_MAX_UNITS || B < 2 || T < 4) {
         set_err(m, "reference model: %u units (at most %d), batch %d x %d (at least 2 x 4)",
              m->n_units, FY_REFMODEL_MAX_UNITS, B, T);
@@ -105,12 +105,12 @@ int fy_refmodel_init(struct fy_refmodel *m, const struct fy_gpt_config *cfg, int
     int ok = m->tokens != NULL && m->targets != NULL;
     uint64_t rng = seed;
     for (unsigned u = 0; u < m->n_units && ok; u++) {
-        m->sizes[u] = fy_gpt_unit_params(cfg, u);
+        m->sizes[u] = fy_model_unit_params(cfg, u);
         m->params[u] = falloc(m->sizes[u]);
         m->grads[u] = falloc(m->sizes[u]);
         ok = m->params[u] != NULL && m->grads[u] != NULL;
         if (ok) {
-            fy_gpt_init_unit(cfg, u, seed, m->params[u]);
+            fy_model_init_unit(cfg, u, seed, m->params[u]);
             perturb_unit(m, u, &rng);
         }
     }
@@ -126,9 +126,9 @@ int fy_refmodel_init(struct fy_refmodel *m, const struct fy_gpt_config *cfg, int
     return 0;
 }
 
-struct fy_gpt_config fy_refmodel_llama_small(int tied)
+struct fy_model_config fy_refmodel_llama_small(int tied)
 {
-    struct fy_gpt_config c = {.n_layer = 2, .n_head = 4, .n_embd = 256, .vocab = 300, .ctx = 64,
+    struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 256, .vocab = 300, .ctx = 64,
                               .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 344,
                               .tied = (uint32_t)tied, .rope_type = FY_ROPE_LLAMA3,
                               .rope_orig_max_pos = 8, .rms_eps = 1e-5f, .rope_theta = 500000.0,
@@ -158,34 +158,34 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
     const unsigned L = m->cfg.n_layer;
     const size_t act = (size_t)m->B * m->T * m->cfg.n_embd;
     int rc;
-    if ((rc = fy_backend_gpt_prepare(b, &m->cfg, m->B, m->T)) != 0)
-        return set_err(m, "gpt_prepare for %d x %d failed (%d)", m->B, m->T, rc), rc;
-    if ((rc = fy_backend_gpt_embed_forward(b, m->params[0], m->tokens, xs)) != 0)
-        return set_err(m, "gpt_embed_forward failed (%d)", rc), rc;
+    if ((rc = fy_backend_model_prepare(b, &m->cfg, m->B, m->T)) != 0)
+        return set_err(m, "model_prepare for %d x %d failed (%d)", m->B, m->T, rc), rc;
+    if ((rc = fy_backend_model_embed_forward(b, m->params[0], m->tokens, xs)) != 0)
+        return set_err(m, "model_embed_forward failed (%d)", rc), rc;
     for (unsigned l = 0; l < L; l++)
-        if ((rc = fy_backend_gpt_block_forward(b, 1 + l, m->params[1 + l], xs + act * l,
+        if ((rc = fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], xs + act * l,
                                                xs + act * (l + 1), NULL)) != 0)
-            return set_err(m, "gpt_block_forward of block %u failed (%d)", l, rc), rc;
+            return set_err(m, "model_block_forward of block %u failed (%d)", l, rc), rc;
     free(m->logits);
     m->logits = falloc((size_t)m->B * m->T * m->cfg.vocab);
     if (m->logits == NULL)
         return set_err(m, "reference model: out of memory for the logits");
-    if ((rc = fy_backend_gpt_logits(b, m->params[L + 1], m->params[0], xs + act * L, m->logits)) != 0)
-        return set_err(m, "gpt_logits failed (%d)", rc), rc;
+    if ((rc = fy_backend_model_logits(b, m->params[L + 1], m->params[0], xs + act * L, m->logits)) != 0)
+        return set_err(m, "model_logits failed (%d)", rc), rc;
     /* the head overwrites dembed with its share of the wte gradient (wpe part zero) */
-    if ((rc = fy_backend_gpt_head(b, m->params[L + 1], m->params[0], xs + act * L, m->targets,
+    if ((rc = fy_backend_model_head(b, m->params[L + 1], m->params[0], xs + act * L, m->targets,
                                   &m->loss, dy, m->grads[L + 1], m->grads[0])) != 0)
-        return set_err(m, "gpt_head failed (%d)", rc), rc;
+        return set_err(m, "model_head failed (%d)", rc), rc;
     for (unsigned l = L; l-- > 0;) {
-        if ((rc = fy_backend_gpt_block_backward(b, 1 + l, m->params[1 + l], xs + act * l, dy, dx,
+        if ((rc = fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], xs + act * l, dy, dx,
                                                 m->grads[1 + l], NULL)) != 0)
-            return set_err(m, "gpt_block_backward of block %u failed (%d)", l, rc), rc;
+            return set_err(m, "model_block_backward of block %u failed (%d)", l, rc), rc;
         float *t = dx;
         dx = dy;
         dy = t; /* dy now holds the gradient of this block's input */
     }
-    if ((rc = fy_backend_gpt_embed_backward(b, m->tokens, dy, m->grads[0])) != 0)
-        return set_err(m, "gpt_embed_backward failed (%d)", rc), rc;
+    if ((rc = fy_backend_model_embed_backward(b, m->tokens, dy, m->grads[0])) != 0)
+        return set_err(m, "model_embed_backward failed (%d)", rc), rc;
     return 0;
 }
 
@@ -212,7 +212,7 @@ int fy_refmodel_write_input(struct fy_refmodel *m, const char *path)
     FILE *f = fopen(path, "wb");
     if (f == NULL)
         return set_err(m, "cannot create %s: %s", path, strerror(errno));
-    const struct fy_gpt_config *c = &m->cfg;
+    const struct fy_model_config *c = &m->cfg;
     const int32_t hdr[9] = {REF_MAGIC,          REF_VERSION,        m->B,
                             m->T,               (int32_t)c->n_layer, (int32_t)c->n_head,
                             (int32_t)c->n_embd, (int32_t)c->vocab,   (int32_t)c->ctx};

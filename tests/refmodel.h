@@ -21,7 +21,7 @@ struct fy_backend;
 enum { FY_REFMODEL_MAX_UNITS = 16 };
 
 struct fy_refmodel {
-    struct fy_gpt_config cfg;
+    struct fy_model_config cfg;
     int B, T;
     unsigned n_units;
     size_t sizes[FY_REFMODEL_MAX_UNITS]; /* parameters per unit */
@@ -39,21 +39,21 @@ struct fy_refmodel_output {
     double *grads[FY_REFMODEL_MAX_UNITS];
 };
 
-/* GPT-2 init (fy_gpt_init_unit with seed), then noise on every bias and LayerNorm parameter (which
+/* GPT-2 init (fy_model_init_unit with seed), then noise on every bias and LayerNorm parameter (which
  * GPT-2 sets to 0 or 1) so that their gradients, and the paths through them, are not trivial (a
  * Llama config: its init, then noise on every RMSNorm weight); then
  * random tokens and targets, the target of sequence 1 position 3 ignored (-1: out of the mean, no
  * gradient). All drawn from fy_test_rand seeded with seed. Needs B >= 2 and T >= 4. 0, or -1 with
  * m->err (and nothing to free). */
-int fy_refmodel_init(struct fy_refmodel *m, const struct fy_gpt_config *cfg, int B, int T,
+int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, int B, int T,
                      uint64_t seed);
 void fy_refmodel_free(struct fy_refmodel *m);
 /* A small Llama for the GPU tests: 2 layers, 256 wide, 4 heads of 64 with 2 kv heads, MLP 344,
  * vocab 300, llama3 rope with an original context (8) below their T, so that every branch of its
  * scaling is used; the head tied to the embeddings or not. */
-struct fy_gpt_config fy_refmodel_llama_small(int tied);
+struct fy_model_config fy_refmodel_llama_small(int tied);
 
-/* Forward and backward of the whole model on backend b (gpt_prepare for B x T first), unit by unit
+/* Forward and backward of the whole model on backend b (model_prepare for B x T first), unit by unit
  * as the gpu worker runs them: each block's input kept as its checkpoint, blocks recomputed in
  * their backward, the head's share of the wte gradient then the embedding backward accumulating
  * onto it. Fills m->loss, m->grads and m->logits (the backend's logits output on the head's input).

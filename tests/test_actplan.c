@@ -74,7 +74,7 @@ static void base_profile(struct fy_actplan_profile *p, struct fy_actplan_layer_p
 
 static void gpt_sizes(struct fy_actplan_sizes *s)
 {
-    struct fy_gpt_config c = {.n_layer = 4, .n_head = 4, .n_embd = 64, .vocab = 256, .ctx = 64};
+    struct fy_model_config c = {.n_layer = 4, .n_head = 4, .n_embd = 64, .vocab = 256, .ctx = 64};
     assert_int_equal(fy_actplan_sizes_gpt(&c, 4, 64, 2, s), 0);
 }
 
@@ -116,7 +116,7 @@ static void test_names_parse(void **state)
 
 static void test_sizes(void **state)
 {
-    struct fy_gpt_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 256, .ctx = 64};
+    struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 256, .ctx = 64};
     struct fy_actplan_sizes s;
     assert_int_equal(fy_actplan_sizes_gpt(&c, 2, 8, 2, &s), 0);
     /* N = 16 rows: a [N][C] bf16 tensor is 2048 bytes, a row statistic 64, the lse 16*4*4 = 256 */
@@ -452,7 +452,7 @@ static void random_profile(uint64_t *seed, struct fy_actplan_profile *p,
 static void random_sizes(uint64_t *seed, struct fy_actplan_sizes *s)
 {
     if (fy_test_rand(seed) % 2) {
-        struct fy_gpt_config c = {.n_layer = 1, .n_head = 1u << (fy_test_rand(seed) % 4),
+        struct fy_model_config c = {.n_layer = 1, .n_head = 1u << (fy_test_rand(seed) % 4),
                                   .n_embd = 64, .vocab = 256, .ctx = 1024};
         c.n_embd = 16u * (1 + (unsigned)(fy_test_rand(seed) % 8));
         int B = 1 + (int)(fy_test_rand(seed) % 4), T = 16 << (fy_test_rand(seed) % 3);
@@ -660,7 +660,7 @@ static void test_full_size(void **state)
 {
     enum { LMAX = 96 };
     static struct fy_actplan_layer_prof lp[LMAX];
-    struct fy_gpt_config c = {.n_layer = 24, .n_head = 16, .n_embd = 2048, .vocab = 50257, .ctx = 1024};
+    struct fy_model_config c = {.n_layer = 24, .n_head = 16, .n_embd = 2048, .vocab = 50257, .ctx = 1024};
     struct fy_actplan_sizes s;
     assert_int_equal(fy_actplan_sizes_gpt(&c, 16, 1024, 2, &s), 0);
     double N = 16 * 1024.0, C = 2048, T = 1024, F = 460e12;

@@ -20,9 +20,9 @@
 #define K FY_ACT_KINDS
 
 /* GPT-2 shaped: 8 blocks of 256 wide, batch 4 x 128. */
-static struct fy_gpt_config model(void)
+static struct fy_model_config model(void)
 {
-    struct fy_gpt_config c;
+    struct fy_model_config c;
     memset(&c, 0, sizeof c);
     c.n_layer = 8;
     c.n_head = 4;
@@ -35,12 +35,12 @@ static struct fy_gpt_config model(void)
 
 /* A block that takes 1 ms forward and 2 ms backward, 0.2 ms per swappable kind to recompute, on
  * links of `bw` bytes/s; `set` bytes per set and `free` device bytes after the working buffers. */
-static struct fy_gpt_profile profile(double bw, uint64_t set, uint64_t free_bytes)
+static struct fy_block_profile profile(double bw, uint64_t set, uint64_t free_bytes)
 {
-    struct fy_gpt_profile p;
+    struct fy_block_profile p;
     memset(&p, 0, sizeof p);
-    p.magic = FY_GPT_PROFILE_MAGIC;
-    p.version = FY_GPT_PROFILE_VERSION;
+    p.magic = FY_BLOCK_PROFILE_MAGIC;
+    p.version = FY_BLOCK_PROFILE_VERSION;
     p.fwd_s = 1e-3;
     p.bwd_s = 2e-3;
     for (int k = 0; k < K; k++)
@@ -56,7 +56,7 @@ static struct fy_gpt_profile profile(double bw, uint64_t set, uint64_t free_byte
 /* Every unit's optimizer state in the pool, so the SSD does not bound the step. */
 static const unsigned char all_resident[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
-static struct fy_actrun_in input(const struct fy_gpt_config *c, const struct fy_gpt_profile *p,
+static struct fy_actrun_in input(const struct fy_model_config *c, const struct fy_block_profile *p,
                                  enum fy_actplan_mode mode, const char *backend)
 {
     struct fy_actrun_in in = {.c = c, .B = 4, .T = 128, .mode = mode, .backend = backend,
@@ -81,8 +81,8 @@ static int count(const struct fy_actrun *r, unsigned L, int place)
 static void test_fast_links_swap_everything(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = model();
-    struct fy_gpt_profile p = profile(1e15, 0, 0);
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e15, 0, 0);
     struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
     struct fy_actrun r;
     assert_int_equal(fy_actrun_plan(&in, &r), 0);
@@ -99,8 +99,8 @@ static void test_fast_links_swap_everything(void **state)
 static void test_no_room_recomputes(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = model();
-    struct fy_gpt_profile p = profile(1e15, 0, 0);
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e15, 0, 0);
     struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
     in.host_bytes = 0;
     in.ssd_bytes = 0;
@@ -117,8 +117,8 @@ static void test_no_room_recomputes(void **state)
 static void test_slow_links_recompute(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = model();
-    struct fy_gpt_profile p = profile(1e6, 1u << 20, 5u << 20);
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e6, 1u << 20, 5u << 20);
     struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
     struct fy_actrun r;
     assert_int_equal(fy_actrun_plan(&in, &r), 0);
@@ -133,8 +133,8 @@ static void test_slow_links_recompute(void **state)
 static void test_device_room_and_swap_sets(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = model();
-    struct fy_gpt_profile p = profile(1e15, 1u << 20, 5u << 20);
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e15, 1u << 20, 5u << 20);
     struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
     struct fy_actrun r;
     assert_int_equal(fy_actrun_plan(&in, &r), 0);
@@ -169,8 +169,8 @@ static void test_device_room_and_swap_sets(void **state)
 static void test_budgets_hold(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = model();
-    struct fy_gpt_profile p = profile(3e9, 0, 0);
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(3e9, 0, 0);
     p.recompute_s[FY_ACT_QKV] = 5e-3; /* worth moving, even through the SSD */
     struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
     for (uint64_t room = 0; room <= (24u << 20); room += 3u << 19) {
@@ -192,8 +192,8 @@ static void test_budgets_hold(void **state)
 static void test_fused_fc_gelu_together(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = model();
-    struct fy_gpt_profile p = profile(1e10, 1u << 20, 3u << 20);
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e10, 1u << 20, 3u << 20);
     p.fc_gelu_fused = 1;
     p.recompute_s[FY_ACT_FC] = p.recompute_s[FY_ACT_GELU] = 1e-3; /* worth moving */
     struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
@@ -219,7 +219,7 @@ static void test_fused_fc_gelu_together(void **state)
 static void test_forced_modes(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = model();
+    struct fy_model_config c = model();
     struct fy_actrun_in in = input(&c, NULL, FY_ACTPLAN_HOST, "cpu");
     struct fy_actrun r, again;
     assert_int_equal(fy_actrun_plan(&in, &r), 0);
@@ -261,7 +261,7 @@ static void test_forced_modes(void **state)
 static void test_no_profile_and_bad_backend(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = model();
+    struct fy_model_config c = model();
     struct fy_actrun_in in = input(&c, NULL, FY_ACTPLAN_AUTO, "cuda");
     struct fy_actrun r;
     assert_int_equal(fy_actrun_plan(&in, &r), 0);

@@ -37,15 +37,15 @@ static void test_preferred_act_dtype(void **state)
 static void test_cpu_backend_takes_f32_activations_only(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 16, .ctx = 8};
+    struct fy_model_config c = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 16, .ctx = 8};
     struct fy_backend *b = NULL;
     assert_int_equal(fy_backend_open(&b, "cpu", 0), 0);
-    assert_int_equal(fy_backend_gpt_prepare(b, &c, 2, 4), 0);
-    assert_int_equal(fy_backend_gpt_act_dtype(b, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_model_prepare(b, &c, 2, 4), 0);
+    assert_int_equal(fy_backend_model_act_dtype(b, FY_DTYPE_F32), 0);
     print_message("the CPU backend is expected to refuse bf16 activations (next line):\n");
-    assert_int_equal(fy_backend_gpt_act_dtype(b, FY_DTYPE_BF16), -ENOTSUP);
+    assert_int_equal(fy_backend_model_act_dtype(b, FY_DTYPE_BF16), -ENOTSUP);
     print_message("and an activation dtype that is neither (next line):\n");
-    assert_int_equal(fy_backend_gpt_act_dtype(b, FY_DTYPE_I32), -EINVAL);
+    assert_int_equal(fy_backend_model_act_dtype(b, FY_DTYPE_I32), -EINVAL);
     fy_backend_close(&b);
     assert_null(b);
 }

@@ -23,9 +23,9 @@
 #include "common/digest.h"
 #include "common/model.h"
 
-static struct fy_gpt_config gpt(void)
+static struct fy_model_config gpt(void)
 {
-    return (struct fy_gpt_config){.n_layer = 3, .n_head = 2, .n_embd = 16, .vocab = 50,
+    return (struct fy_model_config){.n_layer = 3, .n_head = 2, .n_embd = 16, .vocab = 50,
                                   .ctx = 32};
 }
 
@@ -54,7 +54,7 @@ static void test_record_round_trip(void **state)
     (void)state;
     m = (struct fy_storemeta){.model = gpt(), .step = 1234567890123ull, .seed = 77, .seq = 9,
                               .copy = 1, .copies = 2};
-    for (unsigned u = 0; u < fy_gpt_unit_count(&m.model); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(&m.model); u++)
         m.digest[u] = 0x0123456789abcdefull * (u + 1);
     fy_storemeta_encode(&m, rec);
     assert_int_equal(fy_storemeta_check(rec, sizeof rec), 0);
@@ -62,7 +62,7 @@ static void test_record_round_trip(void **state)
     assert_true(back.step == m.step && back.seed == m.seed && back.seq == m.seq);
     assert_int_equal(back.copy, 1);
     assert_memory_equal(&back.model, &m.model, sizeof m.model);
-    assert_memory_equal(back.digest, m.digest, fy_gpt_unit_count(&m.model) * sizeof m.digest[0]);
+    assert_memory_equal(back.digest, m.digest, fy_model_unit_count(&m.model) * sizeof m.digest[0]);
     assert_int_equal(back.copies, 2);
     /* one copy (init --state-copies 1); copy 1 of one is refused; 0 (the first records) reads 2 */
     m.copy = 0;
@@ -111,9 +111,9 @@ static void put32(uint8_t *b, int slot, uint32_t v)
 static void test_version1_block_refused(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = gpt();
+    struct fy_model_config c = gpt();
     uint8_t block[FY_CKPT_BLOCK] = {0};
-    uint64_t hash = fy_gpt_config_hash(&c);
+    uint64_t hash = fy_model_config_hash(&c);
     const uint32_t v[13] = {FY_STOREMETA_MAGIC, 1, c.n_layer, c.n_head, c.n_embd, c.vocab, c.ctx,
                             (uint32_t)hash, (uint32_t)(hash >> 32), 40, 0, 9, 0};
     for (int i = 0; i < 13; i++)

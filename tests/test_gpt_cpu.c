@@ -286,7 +286,7 @@ static void test_gelu(void **state)
 /* ---- embeddings ---- */
 
 struct em {
-    struct fy_gpt_config cfg;
+    struct fy_model_config cfg;
     int B, T;
     int32_t *tokens;
     float *embed, *x, *g;
@@ -305,7 +305,7 @@ static void test_embed(void **state)
     struct em e = {.cfg = {.n_layer = 1, .n_head = 1, .n_embd = 5, .vocab = 7, .ctx = 6}, .B = 2, .T = 4};
     int32_t tokens[8] = {3, 0, 3, 6, 6, 3, 1, 0}; /* repeats, within and across sequences */
     e.tokens = tokens;
-    size_t ne = fy_gpt_unit_params(&e.cfg, 0), nx = (size_t)e.B * e.T * e.cfg.n_embd;
+    size_t ne = fy_model_unit_params(&e.cfg, 0), nx = (size_t)e.B * e.T * e.cfg.n_embd;
     e.embed = alloc_rand(ne, &st, -1, 1);
     e.x = alloc_nan(nx);
     e.g = alloc_rand(nx, &st, -1, 1);
@@ -320,7 +320,7 @@ static void test_embed(void **state)
 /* ---- one block ---- */
 
 struct bl {
-    struct fy_gpt_config cfg;
+    struct fy_model_config cfg;
     int B, T;
     float *params, *x, *y, *g, *scratch;
 };
@@ -334,10 +334,10 @@ static double bl_obj(void *ctx)
 
 /* Random block parameters: LayerNorm weights near 1, everything else of a size that keeps the
  * activations of order one, so that every nonlinearity is exercised. */
-static float *block_params(const struct fy_gpt_config *cfg, uint64_t *st)
+static float *block_params(const struct fy_model_config *cfg, uint64_t *st)
 {
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(cfg, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(cfg, &l);
     size_t C = cfg->n_embd;
     float *p = alloc_rand(l.total, st, -0.4f, 0.4f);
     for (size_t i = 0; i < C; i++) {
@@ -351,8 +351,8 @@ static void test_block(void **state)
 {
     uint64_t st = 61;
     struct bl b = {.cfg = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 5}, .B = 2, .T = 5};
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(&b.cfg, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(&b.cfg, &l);
     size_t nx = (size_t)b.B * b.T * b.cfg.n_embd, ns = fy_cpu_block_scratch(&b.cfg, b.B, b.T);
     b.params = block_params(&b.cfg, &st);
     b.x = alloc_rand(nx, &st, -1, 1);
@@ -384,7 +384,7 @@ static void test_block(void **state)
 /* ---- head ---- */
 
 struct hd {
-    struct fy_gpt_config cfg;
+    struct fy_model_config cfg;
     int B, T;
     float *final, *embed, *x, *scratch;
     int32_t *targets;
@@ -403,7 +403,7 @@ static void hd_alloc(struct hd *h, uint64_t *st)
     h->final = alloc_rand(2 * C, st, -0.5f, 0.5f);
     for (size_t i = 0; i < C; i++)
         h->final[i] += 1.0f;
-    h->embed = alloc_rand(fy_gpt_unit_params(&h->cfg, 0), st, -1, 1);
+    h->embed = alloc_rand(fy_model_unit_params(&h->cfg, 0), st, -1, 1);
     h->x = alloc_rand(nx, st, -1, 1);
     h->scratch = alloc_nan(fy_cpu_head_scratch(&h->cfg, h->B, h->T));
     h->targets = malloc((size_t)h->B * h->T * sizeof *h->targets);
@@ -424,7 +424,7 @@ static void test_head(void **state)
     hd_alloc(&h, &st);
     h.targets[3] = -1; /* ignored */
     size_t C = h.cfg.n_embd, V = h.cfg.vocab, nx = (size_t)h.B * h.T * C;
-    size_t ne = fy_gpt_unit_params(&h.cfg, 0);
+    size_t ne = fy_model_unit_params(&h.cfg, 0);
     float *dx = alloc_nan(nx), *dfinal = alloc_nan(2 * C), *dembed = alloc_nan(ne);
     float loss = fy_cpu_head_forward_backward(&h.cfg, h.final, h.embed, h.x, h.targets, dx, dfinal,
                                               dembed, h.scratch, h.B, h.T);
@@ -470,7 +470,7 @@ static void test_head_chunks_match_naive(void **state)
     for (int n = 0; n < N; n += 7)
         h.targets[n] = -1;
     float *dx = alloc_nan((size_t)N * C), *dfinal = alloc_nan(2 * (size_t)C);
-    float *dembed = alloc_nan(fy_gpt_unit_params(&h.cfg, 0));
+    float *dembed = alloc_nan(fy_model_unit_params(&h.cfg, 0));
     float loss = fy_cpu_head_forward_backward(&h.cfg, h.final, h.embed, h.x, h.targets, dx, dfinal,
                                               dembed, h.scratch, h.B, h.T);
 
@@ -536,11 +536,11 @@ static void det_run(int threads, struct run_out *o)
 {
     omp_set_num_threads(threads);
     uint64_t st = 91;
-    struct fy_gpt_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 70, .ctx = 30};
+    struct fy_model_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 70, .ctx = 30};
     int B = 3, T = 30, N = B * T; /* N spans two head chunks */
-    size_t C = cfg.n_embd, nx = (size_t)N * C, ne = fy_gpt_unit_params(&cfg, 0);
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(&cfg, &l);
+    size_t C = cfg.n_embd, nx = (size_t)N * C, ne = fy_model_unit_params(&cfg, 0);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(&cfg, &l);
     float *params = block_params(&cfg, &st), *embed = alloc_rand(ne, &st, -1, 1);
     float *final = alloc_rand(2 * C, &st, 0.5f, 1.5f), *x = alloc_f(nx), *dy = alloc_rand(nx, &st, -1, 1);
     int32_t *tokens = malloc((size_t)N * sizeof *tokens), *targets = malloc((size_t)N * sizeof *targets);
@@ -571,10 +571,10 @@ static void test_determinism(void **state)
     det_run(1, &a);
     det_run(3, &b);
     omp_set_num_threads(saved);
-    struct fy_gpt_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 70, .ctx = 30};
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(&cfg, &l);
-    size_t nx = 3 * 30 * 16, ne = fy_gpt_unit_params(&cfg, 0);
+    struct fy_model_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 70, .ctx = 30};
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(&cfg, &l);
+    size_t nx = 3 * 30 * 16, ne = fy_model_unit_params(&cfg, 0);
     assert_memory_equal(a.y, b.y, nx * sizeof(float));
     assert_memory_equal(a.dx, b.dx, nx * sizeof(float));
     assert_memory_equal(a.dp, b.dp, l.total * sizeof(float));

@@ -22,7 +22,7 @@
 
 /* Tiny, but with every feature present: 2 layers, 2 heads, T < ctx (unused wpe rows), V not a
  * multiple of anything. */
-static const struct fy_gpt_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 13,
+static const struct fy_model_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 13,
                                          .ctx = 8};
 enum { B = 2, T = 7 };
 static const uint64_t SEED = 20240611;
@@ -48,7 +48,7 @@ static char script[4096];
 
 static const char *unit_name(unsigned u, char *buf, size_t len)
 {
-    switch (fy_gpt_unit_kind(&CFG, u)) {
+    switch (fy_model_unit_kind(&CFG, u)) {
     case FY_UNIT_EMBED: snprintf(buf, len, "embed"); break;
     case FY_UNIT_FINAL: snprintf(buf, len, "final"); break;
     default: snprintf(buf, len, "block%u", u - 1); break;

@@ -25,7 +25,7 @@
 #include "tests/testutil.h"
 
 /* 2 layers, 2 heads, 8 wide, vocab 11, context 5: every shape distinct enough to catch a swap. */
-static const struct fy_gpt_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 5};
+static const struct fy_model_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 5};
 
 static char *tmpdir;
 
@@ -279,7 +279,7 @@ static void write_sharded(const struct hf_ckpt *c, const struct make_opts *o, co
     assert_int_equal(fy_st_writer_finish(&w), 0);
 }
 
-static char *gpt2_config_as(const struct fy_gpt_config *m, const char *extra, int dtype)
+static char *gpt2_config_as(const struct fy_model_config *m, const char *extra, int dtype)
 {
     static char buf[2048];
     snprintf(buf, sizeof buf,
@@ -292,7 +292,7 @@ static char *gpt2_config_as(const struct fy_gpt_config *m, const char *extra, in
     return buf;
 }
 
-static char *gpt2_config(const struct fy_gpt_config *m, const char *extra)
+static char *gpt2_config(const struct fy_model_config *m, const char *extra)
 {
     return gpt2_config_as(m, extra, FY_ST_F32);
 }
@@ -318,7 +318,7 @@ static void make_dir(const char *dir, const struct make_opts *o, struct hf_ckpt 
 /* Our unit u's expected parameters, from the Hugging Face tensors. */
 static float *expected_unit(struct hf_ckpt *c, unsigned u)
 {
-    size_t n = fy_gpt_unit_params(&CFG, u);
+    size_t n = fy_model_unit_params(&CFG, u);
     float *e = calloc(n, sizeof *e);
     assert_non_null(e);
     char name[128];
@@ -337,8 +337,8 @@ static float *expected_unit(struct hf_ckpt *c, unsigned u)
         memcpy(e + C, find(c, name)->f, C * 4);
         return e;
     }
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(&CFG, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(&CFG, &l);
     struct {
         const char *hf;
         size_t at;
@@ -369,11 +369,11 @@ static void check_import(const char *dir, struct hf_ckpt *c, const char *dtype_n
 {
     struct fy_hfgpt2_src *s = NULL;
     assert_int_equal(fy_hfgpt2_open(&s, dir), 0);
-    const struct fy_gpt_config *m = fy_hfgpt2_model(s);
-    assert_int_equal(fy_gpt_config_hash(m), fy_gpt_config_hash(&CFG));
+    const struct fy_model_config *m = fy_hfgpt2_model(s);
+    assert_int_equal(fy_model_config_hash(m), fy_model_config_hash(&CFG));
     assert_string_equal(fy_hfgpt2_dtype(s), dtype_name);
-    for (unsigned u = 0; u < fy_gpt_unit_count(&CFG); u++) {
-        size_t n = fy_gpt_unit_params(&CFG, u);
+    for (unsigned u = 0; u < fy_model_unit_count(&CFG); u++) {
+        size_t n = fy_model_unit_params(&CFG, u);
         float *got = malloc(n * sizeof *got), *want = expected_unit(c, u);
         assert_non_null(got);
         assert_int_equal(fy_hfgpt2_read_unit(s, u, got), 0);
@@ -429,7 +429,7 @@ static int open_and_read(void *arg)
     struct fy_hfgpt2_src *s = NULL;
     int rc = fy_hfgpt2_open(&s, r->dir);
     if (rc == 0 && r->unit >= 0) {
-        float *p = calloc(fy_gpt_unit_params(&CFG, (unsigned)r->unit), sizeof *p);
+        float *p = calloc(fy_model_unit_params(&CFG, (unsigned)r->unit), sizeof *p);
         rc = p ? fy_hfgpt2_read_unit(s, (unsigned)r->unit, p) : -ENOMEM;
         free(p);
     }
@@ -490,7 +490,7 @@ static void test_config_refusals(void **state)
         snprintf(p, sizeof p, "%s/config.json", dir);
         write_text(p, v[k].text);
         expect_refused(dir, -1, -EINVAL, p, v[k].want, NULL);
-        struct fy_gpt_config m;
+        struct fy_model_config m;
         assert_int_equal(fy_hfgpt2_read_config(p, &m), -EINVAL);
     }
     /* Defaults are GPT2Config's. */
@@ -498,7 +498,7 @@ static void test_config_refusals(void **state)
     assert_int_equal(mkdir(dir, 0755), 0);
     char p[1200];
     snprintf(p, sizeof p, "%s/config.json", dir);
-    struct fy_gpt_config m;
+    struct fy_model_config m;
     write_text(p, "{\"model_type\": \"gpt2\"}");
     assert_int_equal(fy_hfgpt2_read_config(p, &m), 0);
     assert_int_equal(m.n_layer, 12);
@@ -508,7 +508,7 @@ static void test_config_refusals(void **state)
     assert_int_equal(m.ctx, 1024);
     write_text(p, gpt2_config(&CFG, ",\n  \"activation_function\": \"gelu_pytorch_tanh\""));
     assert_int_equal(fy_hfgpt2_read_config(p, &m), 0);
-    assert_int_equal(fy_gpt_config_hash(&m), fy_gpt_config_hash(&CFG));
+    assert_int_equal(fy_model_config_hash(&m), fy_model_config_hash(&CFG));
 }
 
 static void test_checkpoint_refusals(void **state)
@@ -529,7 +529,7 @@ static void test_checkpoint_refusals(void **state)
                    "[9, 24]");
     ckpt_free(&c);
     /* config.json for another width than the tensors */
-    struct fy_gpt_config wide = CFG;
+    struct fy_model_config wide = CFG;
     wide.n_embd = 16;
     o = (struct make_opts){.dtype = FY_ST_F32, .config = gpt2_config(&wide, NULL)};
     make_dir(tpath("wide"), &o, &c, 3);
@@ -595,8 +595,8 @@ static int roundtrip(const char *dir, const char *record, const char *out,
         assert_int_equal(fy_hfgpt2_save_source(s, record), 0);
     struct fy_hfgpt2_writer *w = NULL;
     int rc = fy_hfgpt2_writer_new(&w, out, fy_hfgpt2_model(s), eo);
-    for (unsigned u = 0; rc == 0 && u < fy_gpt_unit_count(&CFG); u++) {
-        float *p = calloc(fy_gpt_unit_params(&CFG, u), sizeof *p);
+    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(&CFG); u++) {
+        float *p = calloc(fy_model_unit_params(&CFG, u), sizeof *p);
         assert_non_null(p);
         assert_int_equal(fy_hfgpt2_read_unit(s, u, p), 0);
         rc = fy_hfgpt2_writer_put_unit(w, u, p);
@@ -711,9 +711,9 @@ static void test_roundtrip(void **state)
             assert_non_null(text);
             assert_non_null(strstr(text, v[k].want == FY_ST_BF16 ? "\"bfloat16\"" : "\"float32\""));
             free(text);
-            struct fy_gpt_config m;
+            struct fy_model_config m;
             assert_int_equal(fy_hfgpt2_read_config(q, &m), 0);
-            assert_int_equal(fy_gpt_config_hash(&m), fy_gpt_config_hash(&CFG));
+            assert_int_equal(fy_model_config_hash(&m), fy_model_config_hash(&CFG));
         }
         /* one file: the shard limit is far above the model (the source's sharding is not kept) */
         assert_int_equal(count_entries(out), 2);
@@ -744,9 +744,9 @@ static void test_export_sharded_and_made_here(void **state)
     assert_int_equal(roundtrip(tpath("sh"), NULL, tpath("sh.made"), &eo), 0);
     compare_dirs(tpath("sh"), tpath("sh.made"), 0);
     snprintf(p, sizeof p, "%s/config.json", tpath("sh.made"));
-    struct fy_gpt_config m;
+    struct fy_model_config m;
     assert_int_equal(fy_hfgpt2_read_config(p, &m), 0);
-    assert_int_equal(fy_gpt_config_hash(&m), fy_gpt_config_hash(&CFG));
+    assert_int_equal(fy_model_config_hash(&m), fy_model_config_hash(&CFG));
     ckpt_free(&c);
 }
 
@@ -766,7 +766,7 @@ static int export_plain(const char *dir, int overwrite, unsigned units)
     struct fy_hfgpt2_export_opts eo = {.overwrite = overwrite};
     int rc = fy_hfgpt2_writer_new(&w, dir, &CFG, &eo);
     for (unsigned u = 0; rc == 0 && u < units; u++) {
-        size_t n = fy_gpt_unit_params(&CFG, u);
+        size_t n = fy_model_unit_params(&CFG, u);
         float *p = malloc(n * sizeof *p);
         assert_non_null(p);
         for (size_t i = 0; i < n; i++)
@@ -796,15 +796,15 @@ static void test_export_targets(void **state)
     assert_int_equal(count_prefixed("full.tmp-"), 0);
     /* a file where the directory should be */
     write_text(tpath("afile"), "x");
-    assert_int_equal(export_plain(tpath("afile"), 1, fy_gpt_unit_count(&CFG)), -ENOTDIR);
+    assert_int_equal(export_plain(tpath("afile"), 1, fy_model_unit_count(&CFG)), -ENOTDIR);
     /* an empty directory is used */
     assert_int_equal(mkdir(tpath("emptyout"), 0755), 0);
-    assert_int_equal(export_plain(tpath("emptyout"), 0, fy_gpt_unit_count(&CFG)), 0);
+    assert_int_equal(export_plain(tpath("emptyout"), 0, fy_model_unit_count(&CFG)), 0);
     assert_int_equal(count_entries(tpath("emptyout")), 2);
     /* with overwrite: the model files are replaced, a stale shard goes, other files stay */
     write_text(tpath("full/model-00001-of-00002.safetensors"), "stale");
     write_text(tpath("full/config.json"), "{}");
-    assert_int_equal(export_plain(d, 1, fy_gpt_unit_count(&CFG)), 0);
+    assert_int_equal(export_plain(d, 1, fy_model_unit_count(&CFG)), 0);
     assert_int_equal(count_entries(d), 3);
     size_t len;
     char *text = fy_test_slurp(tpath("full/notes.txt"), &len);
@@ -812,12 +812,12 @@ static void test_export_targets(void **state)
     assert_string_equal(text, "mine");
     free(text);
     assert_int_equal(access(tpath("full/model-00001-of-00002.safetensors"), F_OK), -1);
-    struct fy_gpt_config m;
+    struct fy_model_config m;
     assert_int_equal(fy_hfgpt2_read_config(tpath("full/config.json"), &m), 0);
     assert_int_equal(count_prefixed("full.tmp-"), 0);
     /* overwrite refuses a directory that holds directories */
     assert_int_equal(mkdir(tpath("full/sub"), 0755), 0);
-    assert_int_equal(export_plain(d, 1, fy_gpt_unit_count(&CFG)), -EISDIR);
+    assert_int_equal(export_plain(d, 1, fy_model_unit_count(&CFG)), -EISDIR);
     /* an export that stops half-way leaves nothing: neither the target nor a temporary */
     assert_int_equal(export_plain(tpath("half"), 0, 2), -EINVAL);
     assert_int_equal(access(tpath("half"), F_OK), -1);
@@ -826,7 +826,7 @@ static void test_export_targets(void **state)
     struct fy_hfgpt2_writer *w = NULL;
     struct fy_hfgpt2_export_opts eo = {0};
     assert_int_equal(fy_hfgpt2_writer_new(&w, tpath("order"), &CFG, &eo), 0);
-    float *p = calloc(fy_gpt_unit_params(&CFG, 1), sizeof *p);
+    float *p = calloc(fy_model_unit_params(&CFG, 1), sizeof *p);
     assert_int_equal(fy_hfgpt2_writer_put_unit(w, 1, p), -EINVAL);
     free(p);
     fy_hfgpt2_writer_destroy(&w);
@@ -868,7 +868,7 @@ static void test_source_record(void **state)
     }
     assert_int_equal(access(tpath("rec.out/README.md"), F_OK), -1);
     /* a record whose config no longer matches the model is refused */
-    struct fy_gpt_config other = CFG;
+    struct fy_model_config other = CFG;
     other.n_layer = 3;
     struct fy_hfgpt2_writer *w = NULL;
     assert_int_equal(fy_hfgpt2_writer_new(&w, tpath("rec.bad"), &other, &eo), -EINVAL);

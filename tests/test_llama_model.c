@@ -26,9 +26,9 @@
 #include "gpu_worker/cpu/llama_cpu.h"
 #include "tests/testutil.h"
 
-static struct fy_gpt_config llama(int tied, int llama3)
+static struct fy_model_config llama(int tied, int llama3)
 {
-    struct fy_gpt_config c = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12,
+    struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12,
                               .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 24,
                               .tied = (uint32_t)tied, .rms_eps = 1e-6f, .rope_theta = 10000.0};
     if (llama3) {
@@ -44,8 +44,8 @@ static struct fy_gpt_config llama(int tied, int llama3)
 static void test_layout_and_sizes(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = llama(0, 1);
-    assert_int_equal(fy_gpt_config_validate(&c), 0);
+    struct fy_model_config c = llama(0, 1);
+    assert_int_equal(fy_model_config_validate(&c), 0);
     struct fy_llama_config lc;
     fy_llama_config_of(&c, &lc);
     assert_int_equal(fy_llama_config_validate(&lc), 0);
@@ -54,45 +54,45 @@ static void test_layout_and_sizes(void **state)
     fy_llama_block_layout(&lc, &a);
     fy_llama_unit_layout(&c, &b);
     assert_memory_equal(&a, &b, sizeof a);
-    assert_int_equal(fy_gpt_unit_count(&c), 4);
-    assert_int_equal(fy_gpt_unit_params(&c, 0), 23 * 16);
-    assert_int_equal(fy_gpt_unit_params(&c, 1), a.total);
-    assert_int_equal(fy_gpt_unit_params(&c, 3), 16 + 23 * 16);
-    struct fy_gpt_config t = llama(1, 0);
-    assert_int_equal(fy_gpt_unit_params(&t, 3), 16);
+    assert_int_equal(fy_model_unit_count(&c), 4);
+    assert_int_equal(fy_model_unit_params(&c, 0), 23 * 16);
+    assert_int_equal(fy_model_unit_params(&c, 1), a.total);
+    assert_int_equal(fy_model_unit_params(&c, 3), 16 + 23 * 16);
+    struct fy_model_config t = llama(1, 0);
+    assert_int_equal(fy_model_unit_params(&t, 3), 16);
     /* 16 + 16*16 + 2 * 8*16 + 16*16 + 16 + 3 * 24*16 */
     assert_int_equal(a.total, 16 + 256 + 256 + 256 + 16 + 3 * 384);
     /* bad Llama settings are refused */
-    struct fy_gpt_config bad = c;
+    struct fy_model_config bad = c;
     bad.n_kv_head = 3;
-    assert_int_not_equal(fy_gpt_config_validate(&bad), 0);
+    assert_int_not_equal(fy_model_config_validate(&bad), 0);
     bad = c;
     bad.rms_eps = 0;
-    assert_int_not_equal(fy_gpt_config_validate(&bad), 0);
+    assert_int_not_equal(fy_model_config_validate(&bad), 0);
     bad = c;
     bad.n_head = 16; /* head size 1: odd */
     bad.n_kv_head = 1;
-    assert_int_not_equal(fy_gpt_config_validate(&bad), 0);
+    assert_int_not_equal(fy_model_config_validate(&bad), 0);
 }
 
 static void test_segments_and_init(void **state)
 {
     (void)state;
     for (int tied = 0; tied < 2; tied++) {
-        struct fy_gpt_config c = llama(tied, 0);
+        struct fy_model_config c = llama(tied, 0);
         struct fy_llama_unit_layout l;
         fy_llama_unit_layout(&c, &l);
-        for (unsigned u = 0; u < fy_gpt_unit_count(&c); u++) {
-            size_t n = fy_gpt_unit_params(&c, u);
-            struct fy_param_segment seg[FY_GPT_MAX_SEGMENTS];
-            int k = fy_gpt_decay_segments(&c, u, seg);
+        for (unsigned u = 0; u < fy_model_unit_count(&c); u++) {
+            size_t n = fy_model_unit_params(&c, u);
+            struct fy_param_segment seg[FY_MODEL_MAX_SEGMENTS];
+            int k = fy_model_decay_segments(&c, u, seg);
             assert_true(k >= 1);
             assert_int_equal(seg[0].begin, 0);
             assert_int_equal(seg[k - 1].end, n);
             for (int i = 1; i < k; i++)
                 assert_int_equal(seg[i].begin, seg[i - 1].end);
             float *p = malloc(n * sizeof *p);
-            fy_gpt_init_unit(&c, u, 9, p);
+            fy_model_init_unit(&c, u, 9, p);
             /* every no-decay range is a norm (ones); every decay range a N(0, 0.02) matrix */
             for (int i = 0; i < k; i++) {
                 size_t len = seg[i].end - seg[i].begin;
@@ -125,36 +125,36 @@ static void test_segments_and_init(void **state)
 static void test_config_and_header_round_trip(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = llama(0, 1);
+    struct fy_model_config c = llama(0, 1);
     c.rms_eps = 1e-5f;
     c.rope_theta = 500000.0;
     struct fy_config *cfg = malloc(sizeof *cfg);
     fy_config_init(cfg);
-    assert_int_equal(fy_gpt_config_to(&c, cfg), 0);
-    struct fy_gpt_config back;
-    assert_int_equal(fy_gpt_config_from(cfg, &back), 0);
+    assert_int_equal(fy_model_config_to(&c, cfg), 0);
+    struct fy_model_config back;
+    assert_int_equal(fy_model_config_from(cfg, &back), 0);
     assert_memory_equal(&c, &back, sizeof c);
-    assert_true(fy_gpt_config_hash(&c) == fy_gpt_config_hash(&back));
+    assert_true(fy_model_config_hash(&c) == fy_model_config_hash(&back));
     /* a GPT-2 config writes no Llama keys and reads back as GPT-2 */
-    struct fy_gpt_config g = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12};
+    struct fy_model_config g = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12};
     fy_config_init(cfg);
-    assert_int_equal(fy_gpt_config_to(&g, cfg), 0);
+    assert_int_equal(fy_model_config_to(&g, cfg), 0);
     assert_null(fy_config_get(cfg, "model.arch"));
-    assert_int_equal(fy_gpt_config_from(cfg, &back), 0);
+    assert_int_equal(fy_model_config_from(cfg, &back), 0);
     assert_memory_equal(&g, &back, sizeof g);
     free(cfg);
 
     /* the hash tells the architectures and every Llama field apart */
-    assert_true(fy_gpt_config_hash(&g) != fy_gpt_config_hash(&c));
-    struct fy_gpt_config d = c;
+    assert_true(fy_model_config_hash(&g) != fy_model_config_hash(&c));
+    struct fy_model_config d = c;
     d.tied = 1;
-    assert_true(fy_gpt_config_hash(&d) != fy_gpt_config_hash(&c));
+    assert_true(fy_model_config_hash(&d) != fy_model_config_hash(&c));
     d = c;
     d.rope_factor = 4.0;
-    assert_true(fy_gpt_config_hash(&d) != fy_gpt_config_hash(&c));
+    assert_true(fy_model_config_hash(&d) != fy_model_config_hash(&c));
     d = c;
     d.rms_eps = 1e-6f;
-    assert_true(fy_gpt_config_hash(&d) != fy_gpt_config_hash(&c));
+    assert_true(fy_model_config_hash(&d) != fy_model_config_hash(&c));
 
     static uint8_t block[FY_COMMIT_RECORD_BYTES];
     static struct fy_storemeta m, mb;
@@ -178,7 +178,7 @@ static void test_config_and_header_round_trip(void **state)
 static void test_embed(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = llama(0, 0);
+    struct fy_model_config c = llama(0, 0);
     int B = 2, T = 3, C = 16, N = 6;
     const int32_t tok[6] = {4, 0, 4, 22, 9, 4};
     size_t VC = (size_t)c.vocab * C;
@@ -204,7 +204,7 @@ static void test_embed(void **state)
 }
 
 /* float64 loss of the head: mean over targets >= 0 of -log softmax(rmsnorm(x) W^T)[target]. */
-static double ref_head_loss(const struct fy_gpt_config *c, const double *fin, const double *emb,
+static double ref_head_loss(const struct fy_model_config *c, const double *fin, const double *emb,
                             const double *x, const int32_t *tg, int N)
 {
     int C = (int)c->n_embd, V = (int)c->vocab, count = 0;
@@ -234,7 +234,7 @@ static double ref_head_loss(const struct fy_gpt_config *c, const double *fin, co
 }
 
 static void check_grad(const char *what, const float *ours, double *v, size_t n,
-                       const struct fy_gpt_config *c, double *fin, double *emb, double *x,
+                       const struct fy_model_config *c, double *fin, double *emb, double *x,
                        const int32_t *tg, int N)
 {
     double maxref = 0, worst = 0;
@@ -260,9 +260,9 @@ static void check_grad(const char *what, const float *ours, double *v, size_t n,
 
 static void head_case(int tied)
 {
-    struct fy_gpt_config c = llama(tied, 0);
+    struct fy_model_config c = llama(tied, 0);
     int B = 2, T = 5, N = B * T, C = (int)c.n_embd;
-    size_t VC = (size_t)c.vocab * C, nfin = fy_gpt_unit_params(&c, 3);
+    size_t VC = (size_t)c.vocab * C, nfin = fy_model_unit_params(&c, 3);
     int32_t tg[10] = {1, 22, -1, 5, 5, 0, 17, -1, 3, 9};
     uint64_t st = 11 + (uint64_t)tied;
     float *fin = malloc(nfin * 4), *emb = malloc(VC * 4), *x = malloc((size_t)N * C * 4);
@@ -336,26 +336,26 @@ static void test_head_tied(void **state)
  * one thread and four give the same bits (GPT-2's and Llama's embeddings, 3.2M values each). */
 static void test_init_same_bits_on_any_thread_count(void **state)
 {
-    struct fy_gpt_config gpt = {.n_layer = 1, .n_head = 2, .n_embd = 64, .vocab = 50304,
+    struct fy_model_config gpt = {.n_layer = 1, .n_head = 2, .n_embd = 64, .vocab = 50304,
                                 .ctx = 64};
-    struct fy_gpt_config llama = gpt;
+    struct fy_model_config llama = gpt;
     llama.arch = FY_ARCH_LLAMA;
     llama.n_kv_head = 1;
     llama.n_inter = 128;
     llama.tied = 1;
     llama.rope_theta = 10000.0;
     llama.rms_eps = 1e-5f;
-    const struct fy_gpt_config *models[] = {&gpt, &llama};
+    const struct fy_model_config *models[] = {&gpt, &llama};
     for (int k = 0; k < 2; k++) {
-        size_t n = fy_gpt_unit_params(models[k], 0);
+        size_t n = fy_model_unit_params(models[k], 0);
         assert_true(n >= (1u << 20));
         float *one = malloc(n * sizeof *one), *four = malloc(n * sizeof *four);
         assert_non_null(one);
         assert_non_null(four);
         omp_set_num_threads(1);
-        fy_gpt_init_unit(models[k], 0, 7, one);
+        fy_model_init_unit(models[k], 0, 7, one);
         omp_set_num_threads(4);
-        fy_gpt_init_unit(models[k], 0, 7, four);
+        fy_model_init_unit(models[k], 0, 7, four);
         assert_memory_equal(one, four, n * sizeof *one);
         free(one);
         free(four);

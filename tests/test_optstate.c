@@ -29,15 +29,15 @@
 
 /* GPT-2, 1024 wide: a block's 12 C^2 + 13 C parameters are a multiple of 1024, so its f32
  * sections need no padding. */
-static struct fy_gpt_config gpt_wide(void)
+static struct fy_model_config gpt_wide(void)
 {
-    return (struct fy_gpt_config){.n_layer = 2, .n_head = 8, .n_embd = 1024, .vocab = 1000,
+    return (struct fy_model_config){.n_layer = 2, .n_head = 8, .n_embd = 1024, .vocab = 1000,
                                   .ctx = 64};
 }
 
-static struct fy_gpt_config llama_small(void)
+static struct fy_model_config llama_small(void)
 {
-    struct fy_gpt_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 300, .ctx = 32,
+    struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 300, .ctx = 32,
                               .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 96, .tied = 0,
                               .rms_eps = 1e-5f, .rope_theta = 10000.0};
     return c;
@@ -45,9 +45,9 @@ static struct fy_gpt_config llama_small(void)
 
 static uint64_t pad(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
 
-static void check_unit(const struct fy_gpt_config *c, unsigned u)
+static void check_unit(const struct fy_model_config *c, unsigned u)
 {
-    uint64_t P = fy_gpt_unit_params(c, u), sec = pad(4 * P);
+    uint64_t P = fy_model_unit_params(c, u), sec = pad(4 * P);
     struct fy_optstate_layout l;
     fy_optstate_layout(c, u, &l);
     static const char *const names[3] = {"master", "adam_m", "adam_v"};
@@ -71,19 +71,19 @@ static void check_unit(const struct fy_gpt_config *c, unsigned u)
 static void test_sections(void **state)
 {
     (void)state;
-    struct fy_gpt_config g = gpt_wide(), l = llama_small();
-    for (unsigned u = 0; u < fy_gpt_unit_count(&g); u++)
+    struct fy_model_config g = gpt_wide(), l = llama_small();
+    for (unsigned u = 0; u < fy_model_unit_count(&g); u++)
         check_unit(&g, u);
-    for (unsigned u = 0; u < fy_gpt_unit_count(&l); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(&l); u++)
         check_unit(&l, u);
     /* the block's sections need no padding; the Llama final unit's (RMSNorm [64] and lm_head
      * [300][64]: 77056 bytes a section) do */
-    assert_int_equal(fy_optstate_bytes(&g, 1), 12u * fy_gpt_unit_params(&g, 1));
+    assert_int_equal(fy_optstate_bytes(&g, 1), 12u * fy_model_unit_params(&g, 1));
     assert_int_equal(fy_optstate_bytes(&l, 3), 3u * 77824);
     assert_int_equal(fy_optstate_master_bytes(&l, 3), 77824);
     /* the largest unit: GPT-2's blocks (12.6M parameters) over its embeddings (1.09M) */
-    assert_int_equal(fy_optstate_max_bytes(&g), 12u * fy_gpt_unit_params(&g, 1));
-    assert_int_equal(fy_optstate_max_master_bytes(&g), 4u * fy_gpt_unit_params(&g, 1));
+    assert_int_equal(fy_optstate_max_bytes(&g), 12u * fy_model_unit_params(&g, 1));
+    assert_int_equal(fy_optstate_max_master_bytes(&g), 4u * fy_model_unit_params(&g, 1));
 }
 
 static void test_bytes_a_parameter(void **state)
@@ -96,17 +96,17 @@ static void test_bytes_a_parameter(void **state)
 }
 
 /* Every unit kept but block 1, which streams (or is kept with a bf16 copy: `keep1`). */
-static void one_streamed(const struct fy_gpt_config *c, unsigned char keep1, unsigned char *res)
+static void one_streamed(const struct fy_model_config *c, unsigned char keep1, unsigned char *res)
 {
-    memset(res, FY_PLAN_KEPT, fy_gpt_unit_count(c));
+    memset(res, FY_PLAN_KEPT, fy_model_unit_count(c));
     res[1] = keep1;
 }
 
 static void test_planner_counts(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = gpt_wide();
-    uint64_t P = fy_gpt_unit_params(&c, 1);
+    struct fy_model_config c = gpt_wide();
+    uint64_t P = fy_model_unit_params(&c, 1);
     unsigned char res[8];
     struct fy_plan_shape step = {.c = &c, .B = 2, .T = 16, .act_dtype = FY_DTYPE_F32};
     struct fy_plan_shape clipped = step;
@@ -122,8 +122,8 @@ static void test_planner_counts(void **state)
     assert_int_equal(t.ssd_read + t.ssd_write, 32 * P); /* the norm pass reads the master once more */
     assert_int_equal(fy_plan_upload_bytes(&c, res, 1), 4 * P);
     uint64_t kept_others = 0; /* the other units' state, kept */
-    for (unsigned u = 0; u < fy_gpt_unit_count(&c); u++)
-        kept_others += u == 1 ? 0 : 3 * pad(4 * fy_gpt_unit_params(&c, u));
+    for (unsigned u = 0; u < fy_model_unit_count(&c); u++)
+        kept_others += u == 1 ? 0 : 3 * pad(4 * fy_model_unit_params(&c, u));
     assert_int_equal(fy_plan_resident_bytes(&c, res), kept_others);
 
     one_streamed(&c, FY_PLAN_KEPT, res);

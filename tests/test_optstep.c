@@ -26,7 +26,7 @@
 #include "tests/testutil.h"
 
 /* A model whose units the handler knows (model.* in the config), tiny. */
-static const struct fy_gpt_config MODEL = {.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab = 50,
+static const struct fy_model_config MODEL = {.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab = 50,
                                            .ctx = 8};
 /* The hyperparameters in the config; the requests below override lr. */
 static const struct fy_adamw_hparams HP = {
@@ -60,7 +60,7 @@ static int setup(void **state)
     assert_int_equal(fy_config_setf(cfg, "eps", "%.9g", (double)HP.eps), 0);
     assert_int_equal(fy_config_setf(cfg, "weight_decay", "%.9g", (double)HP.weight_decay), 0);
     assert_int_equal(fy_config_set(cfg, "opt_threads", "2"), 0);
-    assert_int_equal(fy_gpt_config_to(&MODEL, cfg), 0);
+    assert_int_equal(fy_model_config_to(&MODEL, cfg), 0);
     assert_int_equal(fy_optstep_new(&f->opt, cfg, "0"), 0);
     free(cfg);
     *state = f;
@@ -115,10 +115,10 @@ static uint64_t double_arg(double v)
 static void test_sumsq(void **state)
 {
     struct fx *f = *state;
-    for (unsigned u = 0; u < fy_gpt_unit_count(&MODEL); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(&MODEL); u++)
         for (int d = 0; d < 2; d++) {
             int dtype = d ? FY_DTYPE_BF16 : FY_DTYPE_F32;
-            size_t n = fy_gpt_unit_params(&MODEL, u), bytes = n * fy_dtype_size(dtype);
+            size_t n = fy_model_unit_params(&MODEL, u), bytes = n * fy_dtype_size(dtype);
             void *g = at(f, 0, bytes);
             for (size_t i = 0; i < n; i++) {
                 uint64_t seed = 100 * u + i;
@@ -150,7 +150,7 @@ static void test_sumsq(void **state)
 static void test_sumsq_refused(void **state)
 {
     struct fx *f = *state;
-    size_t n = fy_gpt_unit_params(&MODEL, 1);
+    size_t n = fy_model_unit_params(&MODEL, 1);
     struct fy_desc reply, req[2];
     req[0] = fy_desc_region(FY_OP_OPT_SUMSQ, FY_KIND_GRAD, FY_DTYPE_F32, f->base, n * 4, 1);
     req[1] = req[0];
@@ -166,7 +166,7 @@ static void test_sumsq_refused(void **state)
     req[1].bytes -= 4;
     assert_int_equal(handle(f, &req[1], 1, &reply), -EPROTO); /* not unit 1's size */
     req[1] = req[0];
-    req[1].layer = (int)fy_gpt_unit_count(&MODEL);
+    req[1].layer = (int)fy_model_unit_count(&MODEL);
     assert_int_equal(handle(f, &req[1], 1, &reply), -EPROTO); /* no such unit */
     req[1] = req[0];
     req[1].offset = fy_pool_size(f->pool);
@@ -292,7 +292,7 @@ static void test_adamw_rows_in_two_parts(void **state)
 {
     struct fx *f = *state;
     const size_t C = MODEL.n_embd, rows = MODEL.vocab + MODEL.ctx;
-    const struct tensor t = tensor_at(fy_gpt_unit_params(&MODEL, 0));
+    const struct tensor t = tensor_at(fy_model_unit_params(&MODEL, 0));
     assert_int_equal(t.n, rows * C);
     uint64_t lists = 4 * ((t.n * 4 + 4095) / 4096 * 4096);
     int op = FY_OP_OPT_ADAMW;

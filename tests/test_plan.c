@@ -29,9 +29,9 @@
 #define MIB (1024ull * 1024)
 
 /* L blocks of width C; vocabulary 256, context 32. */
-static struct fy_gpt_config gpt(unsigned L, unsigned C)
+static struct fy_model_config gpt(unsigned L, unsigned C)
 {
-    return (struct fy_gpt_config){.n_layer = L, .n_head = 2, .n_embd = C, .vocab = 256, .ctx = 32};
+    return (struct fy_model_config){.n_layer = L, .n_head = 2, .n_embd = C, .vocab = 256, .ctx = 32};
 }
 
 /* Width 64: the embeddings 288 x 64 = 18432 parameters (73728 bytes f32, 4 KiB aligned as it
@@ -48,7 +48,7 @@ static const struct fy_plan_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h =
                                            .ssd_read = 1e8, .ssd_write = 2e8, .opt_params = 1e6};
 
 /* A plan's input for model c at batch 4 x 32 on the CPU backend, every other option its default. */
-static struct fy_plan_in input(const struct fy_gpt_config *c)
+static struct fy_plan_in input(const struct fy_model_config *c)
 {
     return (struct fy_plan_in){
         .shape = {.c = c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32},
@@ -86,7 +86,7 @@ static void check_regions(const struct fy_plan *p, const struct fy_pool_region_s
 static void test_regions_by_hand(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = gpt(2, 64);
+    struct fy_model_config c = gpt(2, 64);
     struct fy_plan_shape s = {.c = &c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32};
     struct fy_pool_region_spec got[FY_PLAN_REGIONS_MAX], want[FY_PLAN_REGIONS_MAX];
     unsigned n;
@@ -130,7 +130,7 @@ static void test_regions_by_hand(void **state)
 static void test_streamed_by_hand(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = gpt(2, 64);
+    struct fy_model_config c = gpt(2, 64);
     struct fy_plan_in in = input(&c);
     struct fy_plan p;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
@@ -178,7 +178,7 @@ static void test_streamed_by_hand(void **state)
 static void test_residency_by_budget(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = gpt(4, 256);
+    struct fy_model_config c = gpt(4, 256);
     const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
     struct fy_pool_region_spec least[8] = {
         {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB},  {"acts", 5 * act},
@@ -229,7 +229,7 @@ static void test_residency_by_budget(void **state)
 static void test_grad_slots(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = gpt(8, 64);
+    struct fy_model_config c = gpt(8, 64);
     struct fy_plan_in in = input(&c);
     in.cpu_mem = 1024 * MIB;
     struct fy_plan p;
@@ -242,7 +242,7 @@ static void test_grad_slots(void **state)
     assert_int_equal(p.place.grad_slots, 5);
     fy_plan_free(&p);
 
-    struct fy_gpt_config deep = gpt(16, 64);
+    struct fy_model_config deep = gpt(16, 64);
     in = input(&deep);
     struct fy_pool_region_spec least[FY_PLAN_REGIONS_MAX];
     streaming(16, 3, 0, least);
@@ -277,7 +277,7 @@ static int place_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
     struct seen *s = ctx;
     s->calls++;
     s->kept_before = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(in->shape.c); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(in->shape.c); u++)
         s->kept_before += p->resident[u] != FY_PLAN_STREAMED;
     s->ckpt_slots = p->place.ckpt_slots;
     p->place.swap = s->swap;
@@ -290,7 +290,7 @@ static int place_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
 static void test_activation_step_order(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = gpt(4, 256);
+    struct fy_model_config c = gpt(4, 256);
     const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
     struct fy_pool_region_spec least[8] = {
         {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB},  {"acts", 5 * act},
@@ -339,7 +339,7 @@ static void test_activation_step_order(void **state)
 static void test_gpu_need(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = gpt(2, 64);
+    struct fy_model_config c = gpt(2, 64);
     struct fy_plan_in in = input(&c);
     struct fy_plan p;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
@@ -360,7 +360,7 @@ static void test_gpu_need(void **state)
     fy_plan_free(&p);
     in.act_mode = FY_ACTPLAN_SSD;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
-    assert_int_equal(p.gpu_need, working + FY_BACKEND_GPT_QUEUE * set);
+    assert_int_equal(p.gpu_need, working + FY_BACKEND_QUEUE * set);
     assert_false(p.fits_gpu);
     fy_plan_free(&p);
 }

@@ -20,13 +20,13 @@
 #include "gpu_worker/cpu/llama_cpu.h"
 
 struct cpu_state {
-    struct fy_gpt_config cfg;
+    struct fy_model_config cfg;
     int llama;                   /* cfg.arch == FY_ARCH_LLAMA */
     struct fy_llama_config lcfg; /* the block's config when llama */
     int B, T;
     float *block_scratch;
     float *head_scratch;
-    /* gpt_weights_bf16: weights arrive as bf16 and are widened into wide[0] (a unit's) and
+    /* model_weights_bf16: weights arrive as bf16 and are widened into wide[0] (a unit's) and
      * wide[1] (the tied head's embeddings), of wide_n floats each so far */
     int weights_bf16;
     float *wide[2];
@@ -75,7 +75,7 @@ static int cpu_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor,
     return 0;
 }
 
-static int cpu_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, int T)
+static int cpu_gpt_prepare(void *state, const struct fy_model_config *c, int B, int T)
 {
     struct cpu_state *s = state;
     FY_REQUIRE(B >= 1 && T >= 1 && (uint32_t)T <= c->ctx, -EINVAL,
@@ -139,7 +139,7 @@ static int cpu_embed_forward(void *state, const void *embed_in, const int32_t *t
 {
     struct cpu_state *s = state;
     const float *embed;
-    FY_TRY(weights_f32(s, 0, embed_in, fy_gpt_unit_params(&s->cfg, 0), &embed));
+    FY_TRY(weights_f32(s, 0, embed_in, fy_model_unit_params(&s->cfg, 0), &embed));
     if (s->llama)
         fy_llama_embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
     else
@@ -158,7 +158,7 @@ static int cpu_embed_backward(void *state, const int32_t *tokens, const void *dx
 }
 
 /* The Llama blocks' internals are not the GPT-2 kinds that common/actplan.h names. */
-static int llama_refuses_saved(const struct cpu_state *s, const struct fy_gpt_saved *saved)
+static int llama_refuses_saved(const struct cpu_state *s, const struct fy_block_saved *saved)
 {
     int any = 0;
     for (int k = 0; saved != NULL && k < FY_ACT_KINDS; k++)
@@ -170,13 +170,13 @@ static int llama_refuses_saved(const struct cpu_state *s, const struct fy_gpt_sa
 }
 
 static int cpu_block_forward(void *state, int layer, const void *params_in, const void *x, void *y,
-                             const struct fy_gpt_saved *saved)
+                             const struct fy_block_saved *saved)
 {
     (void)layer;
     struct cpu_state *s = state;
     FY_TRY(llama_refuses_saved(s, saved));
     const float *params;
-    FY_TRY(weights_f32(s, 0, params_in, fy_gpt_unit_params(&s->cfg, 1), &params));
+    FY_TRY(weights_f32(s, 0, params_in, fy_model_unit_params(&s->cfg, 1), &params));
     if (s->llama)
         fy_llama_block_forward(&s->lcfg, params, x, y, s->block_scratch, s->B, s->T);
     else
@@ -187,16 +187,16 @@ static int cpu_block_forward(void *state, int layer, const void *params_in, cons
 
 static int cpu_block_backward(void *state, int layer, const void *params_in, const void *x,
                               const void *dy, void *dx, float *dparams,
-                              const struct fy_gpt_saved *saved)
+                              const struct fy_block_saved *saved)
 {
     (void)layer;
     struct cpu_state *s = state;
     FY_TRY(llama_refuses_saved(s, saved));
     const float *params;
-    FY_TRY(weights_f32(s, 0, params_in, fy_gpt_unit_params(&s->cfg, 1), &params));
+    FY_TRY(weights_f32(s, 0, params_in, fy_model_unit_params(&s->cfg, 1), &params));
     if (s->llama) {
         /* the Llama block accumulates its parameter gradients; the request overwrites them */
-        memset(dparams, 0, fy_gpt_unit_params(&s->cfg, 1) * sizeof *dparams);
+        memset(dparams, 0, fy_model_unit_params(&s->cfg, 1) * sizeof *dparams);
         fy_llama_block_backward(&s->lcfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
     } else {
         fy_cpu_block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch,
@@ -209,9 +209,9 @@ static int cpu_block_backward(void *state, int layer, const void *params_in, con
 static int head_weights(struct cpu_state *s, const void *final_in, const void *embed_in,
                         const float **final_params, const float **embed)
 {
-    FY_TRY(weights_f32(s, 0, final_in, fy_gpt_unit_params(&s->cfg, s->cfg.n_layer + 1),
+    FY_TRY(weights_f32(s, 0, final_in, fy_model_unit_params(&s->cfg, s->cfg.n_layer + 1),
                        final_params));
-    return weights_f32(s, 1, embed_in, fy_gpt_unit_params(&s->cfg, 0), embed);
+    return weights_f32(s, 1, embed_in, fy_model_unit_params(&s->cfg, 0), embed);
 }
 
 static int cpu_head(void *state, const void *final_in, const void *embed_in, const void *x,
@@ -257,10 +257,10 @@ static int cpu_logits(void *state, const void *final_in, const void *embed_in, c
 /* The CPU backend's "device" is host memory: the links are memory copies, its internals sets cost
  * nothing on a device (it keeps none), and the ops are timed on values of its own (small, finite),
  * the best of three runs after one to warm up. */
-static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_gpt_profile *out)
+static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_block_profile *out)
 {
     struct cpu_state *s = state;
-    FY_REQUIRE(s->block_scratch != NULL, -EINVAL, "CPU backend: profiling before gpt_prepare");
+    FY_REQUIRE(s->block_scratch != NULL, -EINVAL, "CPU backend: profiling before model_prepare");
     /* test hook: FUYOU_TEST_PROFILE_FAIL=1 makes profiling fail, as a device error would */
     FY_REQUIRE(!fy_knob_test_profile_fail(), -EIO,
                "CPU backend: profiling failed (FUYOU_TEST_PROFILE_FAIL=1, a test hook)");
@@ -269,7 +269,7 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_gpt
     FY_REQUIRE(host_bytes >= (1u << 20), -EINVAL,
                "CPU backend: profiling copies need at least 1 MiB of pool, not %zu bytes",
                host_bytes);
-    size_t P = fy_gpt_unit_params(&s->cfg, 1), NC = (size_t)s->B * s->T * s->cfg.n_embd;
+    size_t P = fy_model_unit_params(&s->cfg, 1), NC = (size_t)s->B * s->T * s->cfg.n_embd;
     /* the backward from every swappable kind given: only the LayerNorms rerun */
     struct fy_actplan_sizes sizes;
     struct fy_actplan_region reg;
@@ -349,13 +349,13 @@ const struct fy_backend_ops fy_cpu_backend_ops = {
     .register_host = cpu_register_host,
     .unregister_host = cpu_unregister_host,
     .synth = cpu_synth,
-    .gpt_prepare = cpu_gpt_prepare,
-    .gpt_embed_forward = cpu_embed_forward,
-    .gpt_embed_backward = cpu_embed_backward,
-    .gpt_block_forward = cpu_block_forward,
-    .gpt_block_backward = cpu_block_backward,
-    .gpt_head = cpu_head,
-    .gpt_logits = cpu_logits,
-    .gpt_profile = cpu_profile,
-    .gpt_weights_bf16 = cpu_weights_bf16,
+    .model_prepare = cpu_gpt_prepare,
+    .model_embed_forward = cpu_embed_forward,
+    .model_embed_backward = cpu_embed_backward,
+    .model_block_forward = cpu_block_forward,
+    .model_block_backward = cpu_block_backward,
+    .model_head = cpu_head,
+    .model_logits = cpu_logits,
+    .model_profile = cpu_profile,
+    .model_weights_bf16 = cpu_weights_bf16,
 };

@@ -225,7 +225,7 @@ void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 
 /* ---- embeddings ---- */
 
-void fy_cpu_embed_forward(const struct fy_gpt_config *c, const float *embed, const int32_t *tokens,
+void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed, const int32_t *tokens,
                           float *x, int B, int T)
 {
     size_t C = c->n_embd;
@@ -238,7 +238,7 @@ void fy_cpu_embed_forward(const struct fy_gpt_config *c, const float *embed, con
     }
 }
 
-void fy_cpu_embed_backward(const struct fy_gpt_config *c, const int32_t *tokens, const float *dx,
+void fy_cpu_embed_backward(const struct fy_model_config *c, const int32_t *tokens, const float *dx,
                            float *dembed, int B, int T)
 {
     int C = (int)c->n_embd;
@@ -279,7 +279,7 @@ struct block_buf {
     size_t total;                     /* floats */
 };
 
-static void block_carve(const struct fy_gpt_config *c, int B, int T, float *base, struct block_buf *s)
+static void block_carve(const struct fy_model_config *c, int B, int T, float *base, struct block_buf *s)
 {
     size_t C = c->n_embd, N = (size_t)B * T, at = 0;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
@@ -306,7 +306,7 @@ static void block_carve(const struct fy_gpt_config *c, int B, int T, float *base
     s->total = at;
 }
 
-size_t fy_cpu_block_scratch(const struct fy_gpt_config *c, int B, int T)
+size_t fy_cpu_block_scratch(const struct fy_model_config *c, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, NULL, &s);
@@ -317,11 +317,11 @@ size_t fy_cpu_block_scratch(const struct fy_gpt_config *c, int B, int T)
 /* The forward pass, keeping every internal the backward needs in s, except the kinds in `have`
  * (a mask of common/actplan.h kinds), which s holds already. y == NULL: the recompute for the
  * backward, which stops before the MLP's down product (its output is never read there). */
-static void block_forward_into(const struct fy_gpt_config *c, const float *params, const float *x,
+static void block_forward_into(const struct fy_model_config *c, const float *params, const float *x,
                                float *y, const struct block_buf *s, unsigned have, int B, int T)
 {
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(c, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(c, &l);
     const float *p = params;
     int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
 
@@ -348,7 +348,7 @@ static void block_forward_into(const struct fy_gpt_config *c, const float *param
 
 /* The pieces of scratch that each swappable kind is, in the order of its saved layout (ATTN: the
  * attention output, then the probabilities). */
-static int kind_pieces(const struct fy_gpt_config *c, const struct block_buf *s, int kind, int B,
+static int kind_pieces(const struct fy_model_config *c, const struct block_buf *s, int kind, int B,
                        int T, float *piece[2], size_t n[2])
 {
     size_t C = c->n_embd, N = (size_t)B * T;
@@ -369,7 +369,7 @@ static int kind_pieces(const struct fy_gpt_config *c, const struct block_buf *s,
 
 /* Between the scratch and the saved buffers: out (forward) or in (backward); returns the mask of
  * kinds moved. */
-static unsigned move_saved(const struct fy_gpt_config *c, const struct block_buf *s,
+static unsigned move_saved(const struct fy_model_config *c, const struct block_buf *s,
                            void *const *saved, int out, int B, int T)
 {
     unsigned mask = 0;
@@ -390,13 +390,13 @@ static unsigned move_saved(const struct fy_gpt_config *c, const struct block_buf
     return mask;
 }
 
-void fy_cpu_block_op_times(const struct fy_gpt_config *c, const float *params, const float *x,
+void fy_cpu_block_op_times(const struct fy_model_config *c, const float *params, const float *x,
                            float *scratch, int B, int T, double op_s[FY_ACT_KINDS])
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(c, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(c, &l);
     const float *p = params;
     int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
     memset(op_s, 0, FY_ACT_KINDS * sizeof *op_s);
@@ -420,7 +420,7 @@ void fy_cpu_block_op_times(const struct fy_gpt_config *c, const float *params, c
 #undef LAP
 }
 
-void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, const float *x,
+void fy_cpu_block_forward(const struct fy_model_config *c, const float *params, const float *x,
                           float *y, float *scratch, void *const *saved, int B, int T)
 {
     struct block_buf s;
@@ -429,14 +429,14 @@ void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, co
     move_saved(c, &s, saved, 1, B, T);
 }
 
-void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, const float *x,
+void fy_cpu_block_backward(const struct fy_model_config *c, const float *params, const float *x,
                            const float *dy, float *dx, float *dparams, float *scratch,
                            void *const *saved, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(c, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(c, &l);
     const float *p = params;
     float *g = dparams;
     int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
@@ -471,7 +471,7 @@ struct head_buf {
     size_t total;
 };
 
-static void head_carve(const struct fy_gpt_config *c, int B, int T, float *base, struct head_buf *s)
+static void head_carve(const struct fy_model_config *c, int B, int T, float *base, struct head_buf *s)
 {
     size_t C = c->n_embd, N = (size_t)B * T, at = 0;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
@@ -536,14 +536,14 @@ float fy_cpu_xent_head(const float *xn_all, const float *w, const int32_t *targe
     return count > 0 ? (float)(loss_sum / count) : 0.0f;
 }
 
-size_t fy_cpu_head_scratch(const struct fy_gpt_config *c, int B, int T)
+size_t fy_cpu_head_scratch(const struct fy_model_config *c, int B, int T)
 {
     struct head_buf s;
     head_carve(c, B, T, NULL, &s);
     return s.total;
 }
 
-float fy_cpu_head_forward_backward(const struct fy_gpt_config *c, const float *final_params,
+float fy_cpu_head_forward_backward(const struct fy_model_config *c, const float *final_params,
                                    const float *embed, const float *x, const int32_t *targets,
                                    float *dx, float *dfinal, float *dembed, float *scratch, int B,
                                    int T)

@@ -84,28 +84,28 @@ void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 /* ---- model pieces, one unit at a time (what the gpu worker runs layer by layer) ---- */
 
 /* x[b][t] = wte[tokens[b][t]] + wpe[t]; embed = [wte V*C | wpe ctx*C]. Tokens must be < V. */
-void fy_cpu_embed_forward(const struct fy_gpt_config *c, const float *embed, const int32_t *tokens,
+void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed, const int32_t *tokens,
                           float *x, int B, int T);
 /* dembed += gradient of the embedding lookup (wte rows and wpe rows). */
-void fy_cpu_embed_backward(const struct fy_gpt_config *c, const int32_t *tokens, const float *dx,
+void fy_cpu_embed_backward(const struct fy_model_config *c, const int32_t *tokens, const float *dx,
                            float *dembed, int B, int T);
 
 /* Floats of scratch one block's forward or backward needs. */
-size_t fy_cpu_block_scratch(const struct fy_gpt_config *c, int B, int T);
+size_t fy_cpu_block_scratch(const struct fy_model_config *c, int B, int T);
 /* y = x + attn(ln1(x)); y = y + mlp(ln2(y)). saved (may be NULL): FY_ACT_KINDS buffers, where
  * the forward copies the swappable internals whose entry is not NULL, in the CPU layout of
  * fy_actplan_sizes_backend (f32; ATTN is the attention output then its probabilities). */
-void fy_cpu_block_forward(const struct fy_gpt_config *c, const float *params, const float *x,
+void fy_cpu_block_forward(const struct fy_model_config *c, const float *params, const float *x,
                           float *y, float *scratch, void *const *saved, int B, int T);
 /* Seconds each forward op of a block takes (the ops that produce each kind, as the backward
  * recomputes them; CKPT 0), for the activation planner's profile. */
-void fy_cpu_block_op_times(const struct fy_gpt_config *c, const float *params, const float *x,
+void fy_cpu_block_op_times(const struct fy_model_config *c, const float *params, const float *x,
                            float *scratch, int B, int T, double op_s[FY_ACT_KINDS]);
 /* Recomputes the block's internals from its input x (activation checkpointing), except those that
  * saved gives (as the forward wrote them; they are read, not changed), then back-propagates dy:
  * dx and dparams are overwritten (dparams in the block unit's layout). The same bits whatever
  * saved gives. */
-void fy_cpu_block_backward(const struct fy_gpt_config *c, const float *params, const float *x,
+void fy_cpu_block_backward(const struct fy_model_config *c, const float *params, const float *x,
                            const float *dy, float *dx, float *dparams, float *scratch,
                            void *const *saved, int B, int T);
 
@@ -119,12 +119,12 @@ float fy_cpu_xent_head(const float *xn, const float *w, const int32_t *targets, 
                        float *logits, float *dxn, float *dw);
 
 /* Floats of scratch the head needs (logits are processed in chunks of rows, never all at once). */
-size_t fy_cpu_head_scratch(const struct fy_gpt_config *c, int B, int T);
+size_t fy_cpu_head_scratch(const struct fy_model_config *c, int B, int T);
 /* Final LayerNorm, logits = lnf(x) wte^T, mean cross-entropy over the targets (a target < 0 is
  * ignored; the mean is over the others). Returns the loss. With dx != NULL also back-propagates:
  * dx overwritten, dfinal (final unit's layout) overwritten, and dembed overwritten with the head's
  * share of the wte gradient (its wpe part set to zero); the embedding backward then adds its own. */
-float fy_cpu_head_forward_backward(const struct fy_gpt_config *c, const float *final_params,
+float fy_cpu_head_forward_backward(const struct fy_model_config *c, const float *final_params,
                                    const float *embed, const float *x, const int32_t *targets,
                                    float *dx, float *dfinal, float *dembed, float *scratch, int B,
                                    int T);

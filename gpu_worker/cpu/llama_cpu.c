@@ -437,7 +437,7 @@ void fy_llama_norm_backward(const struct fy_llama_config *c, const float *w, con
 /* Channels per task in the embedding backward (as gpt_cpu.c). */
 #define EMBED_CHANNELS 16
 
-void fy_llama_config_of(const struct fy_gpt_config *m, struct fy_llama_config *out)
+void fy_llama_config_of(const struct fy_model_config *m, struct fy_llama_config *out)
 {
     *out = (struct fy_llama_config){
         .n_embd = m->n_embd,
@@ -454,7 +454,7 @@ void fy_llama_config_of(const struct fy_gpt_config *m, struct fy_llama_config *o
     };
 }
 
-void fy_llama_embed_forward(const struct fy_gpt_config *m, const float *embed, const int32_t *tokens,
+void fy_llama_embed_forward(const struct fy_model_config *m, const float *embed, const int32_t *tokens,
                             float *x, int B, int T)
 {
     size_t C = m->n_embd;
@@ -463,7 +463,7 @@ void fy_llama_embed_forward(const struct fy_gpt_config *m, const float *embed, c
         memcpy(x + (size_t)n * C, embed + (size_t)tokens[n] * C, C * sizeof *x);
 }
 
-void fy_llama_embed_backward(const struct fy_gpt_config *m, const int32_t *tokens, const float *dx,
+void fy_llama_embed_backward(const struct fy_model_config *m, const int32_t *tokens, const float *dx,
                              float *dembed, int B, int T)
 {
     int C = (int)m->n_embd;
@@ -488,7 +488,7 @@ struct head_buf {
     size_t total;
 };
 
-static void head_carve(const struct fy_gpt_config *m, int B, int T, float *base, struct head_buf *s)
+static void head_carve(const struct fy_model_config *m, int B, int T, float *base, struct head_buf *s)
 {
     size_t C = m->n_embd, N = (size_t)B * T, at = 0;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
@@ -500,14 +500,14 @@ static void head_carve(const struct fy_gpt_config *m, int B, int T, float *base,
     s->total = at;
 }
 
-size_t fy_llama_head_scratch(const struct fy_gpt_config *m, int B, int T)
+size_t fy_llama_head_scratch(const struct fy_model_config *m, int B, int T)
 {
     struct head_buf s;
     head_carve(m, B, T, NULL, &s);
     return s.total;
 }
 
-float fy_llama_head_forward_backward(const struct fy_gpt_config *m, const float *final_params,
+float fy_llama_head_forward_backward(const struct fy_model_config *m, const float *final_params,
                                      const float *embed, const float *x, const int32_t *targets,
                                      float *dx, float *dfinal, float *dembed, float *scratch, int B,
                                      int T)
@@ -524,7 +524,7 @@ float fy_llama_head_forward_backward(const struct fy_gpt_config *m, const float 
     float *dhead = NULL;
     if (backward) {
         memset(dembed, 0, VC * sizeof *dembed);
-        memset(dfinal, 0, fy_gpt_unit_params(m, m->n_layer + 1) * sizeof *dfinal);
+        memset(dfinal, 0, fy_model_unit_params(m, m->n_layer + 1) * sizeof *dfinal);
         dhead = m->tied ? dembed : dfinal + C;
     }
     float loss = fy_cpu_xent_head(s.xn, head_w, targets, N, C, V, s.logits, backward ? s.dxn : NULL,
@@ -534,7 +534,7 @@ float fy_llama_head_forward_backward(const struct fy_gpt_config *m, const float 
     return loss;
 }
 
-void fy_llama_logits(const struct fy_gpt_config *m, const float *final_params, const float *embed,
+void fy_llama_logits(const struct fy_model_config *m, const float *final_params, const float *embed,
                      const float *x, float *logits, float *scratch, int B, int T)
 {
     struct head_buf s;

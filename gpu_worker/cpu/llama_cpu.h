@@ -143,26 +143,26 @@ void fy_llama_norm_backward(const struct fy_llama_config *c, const float *w, con
 /* ---- model pieces, one unit at a time (common/model.h's Llama units) ---- */
 
 /* The block's config from a Llama model config (arch FY_ARCH_LLAMA). */
-void fy_llama_config_of(const struct fy_gpt_config *m, struct fy_llama_config *out);
+void fy_llama_config_of(const struct fy_model_config *m, struct fy_llama_config *out);
 /* x[b][t] = embed_tokens[tokens[b][t]] (no positions); tokens must be < V. */
-void fy_llama_embed_forward(const struct fy_gpt_config *m, const float *embed, const int32_t *tokens,
+void fy_llama_embed_forward(const struct fy_model_config *m, const float *embed, const int32_t *tokens,
                             float *x, int B, int T);
 /* dembed += gradient of the lookup. */
-void fy_llama_embed_backward(const struct fy_gpt_config *m, const int32_t *tokens, const float *dx,
+void fy_llama_embed_backward(const struct fy_model_config *m, const int32_t *tokens, const float *dx,
                              float *dembed, int B, int T);
 /* Floats of scratch the head needs. */
-size_t fy_llama_head_scratch(const struct fy_gpt_config *m, int B, int T);
+size_t fy_llama_head_scratch(const struct fy_model_config *m, int B, int T);
 /* Final RMSNorm, logits = norm(x) W^T with W = lm_head (final unit, after the norm weight) or, when
  * tied, embed_tokens; mean cross-entropy over the targets (a target < 0 is ignored). Returns the
  * loss. With dx != NULL also back-propagates: dx overwritten, dfinal (the final unit's layout)
  * overwritten, dembed overwritten with the head's share of the embedding gradient (zero when
  * untied); the embedding backward then adds its own. */
-float fy_llama_head_forward_backward(const struct fy_gpt_config *m, const float *final_params,
+float fy_llama_head_forward_backward(const struct fy_model_config *m, const float *final_params,
                                      const float *embed, const float *x, const int32_t *targets,
                                      float *dx, float *dfinal, float *dembed, float *scratch, int B,
                                      int T);
 /* logits [B*T][V] (needs fy_llama_head_scratch floats of scratch). */
-void fy_llama_logits(const struct fy_gpt_config *m, const float *final_params, const float *embed,
+void fy_llama_logits(const struct fy_model_config *m, const float *final_params, const float *embed,
                      const float *x, float *logits, float *scratch, int B, int T);
 
 #ifdef __cplusplus

@@ -84,8 +84,8 @@ struct act_in {
 };
 
 struct fy_cu_gpt {
-    struct fy_gpt_config c;
-    struct fy_gpt_block_layout lay;
+    struct fy_model_config c;
+    struct fy_gpt2_block_layout lay;
     int B, T, N;
     int head_rows;   /* rows per chunk of the head */
     int flash;       /* flash-style attention (else the materialising version) */
@@ -131,7 +131,7 @@ struct fy_cu_gpt {
 /* The pieces of one set of block internals; returns how many. */
 static int acts_plan(const struct fy_cu_gpt *g, struct fy_cu_gpt_acts *a, struct fy_cu_piece *p)
 {
-    const struct fy_gpt_config *c = &g->c;
+    const struct fy_model_config *c = &g->c;
     size_t N = (size_t)g->N, C = c->n_embd;
     int n = 0;
 #define PIECE(field, count, type)                                                                  \
@@ -157,7 +157,7 @@ static int acts_plan(const struct fy_cu_gpt *g, struct fy_cu_gpt_acts *a, struct
 /* The unit's buffers; a Llama unit's own internals and gradients are cu_llama's, taken after. */
 static int plan(struct fy_cu_gpt *g, struct fy_cu_piece *p, void **lt_ws)
 {
-    const struct fy_gpt_config *c = &g->c;
+    const struct fy_model_config *c = &g->c;
     size_t N = (size_t)g->N, C = c->n_embd, U = g->unit_max;
     int gpt = c->arch != FY_ARCH_LLAMA;
     int n = gpt ? acts_plan(g, &g->own, p) : 0;
@@ -199,10 +199,10 @@ static int plan(struct fy_cu_gpt *g, struct fy_cu_piece *p, void **lt_ws)
     return n;
 }
 
-static void setup_shape(struct fy_cu_gpt *g, const struct fy_gpt_config *c, int B, int T)
+static void setup_shape(struct fy_cu_gpt *g, const struct fy_model_config *c, int B, int T)
 {
     g->c = *c;
-    fy_gpt_block_layout(c, &g->lay);
+    fy_gpt2_block_layout(c, &g->lay);
     g->B = B;
     g->T = T;
     g->N = B * T;
@@ -216,17 +216,17 @@ static void setup_shape(struct fy_cu_gpt *g, const struct fy_gpt_config *c, int 
     rows = rows < HEAD_CHUNK_MIN ? HEAD_CHUNK_MIN : rows > HEAD_CHUNK_MAX ? HEAD_CHUNK_MAX : rows;
     g->head_rows = (int)(rows < (size_t)g->N ? rows : (size_t)g->N);
     g->unit_max = 0;
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        if (fy_gpt_unit_params(c, u) > g->unit_max)
-            g->unit_max = fy_gpt_unit_params(c, u);
-    g->block_n = fy_gpt_unit_params(c, 1);
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+        if (fy_model_unit_params(c, u) > g->unit_max)
+            g->unit_max = fy_model_unit_params(c, u);
+    g->block_n = fy_model_unit_params(c, 1);
     /* the head's gradients side by side: the head weight's [V][C] and the final norm's (2C at
      * most), which a GPT-2 embeddings unit (positions included) already covers */
     size_t head = (size_t)c->vocab * c->n_embd + 2 * (size_t)c->n_embd;
     g->grad_n = head > g->unit_max ? head : g->unit_max;
 }
 
-size_t fy_cu_gpt_arena_bytes(const struct fy_gpt_config *c, int B, int T)
+size_t fy_cu_gpt_arena_bytes(const struct fy_model_config *c, int B, int T)
 {
     struct fy_cu_gpt g;
     memset(&g, 0, sizeof g);
@@ -237,7 +237,7 @@ size_t fy_cu_gpt_arena_bytes(const struct fy_gpt_config *c, int B, int T)
     return total + (c->arch == FY_ARCH_LLAMA ? fy_cu_llama_arena_bytes(c, B, T) : 0);
 }
 
-int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struct fy_gpt_config *c,
+int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struct fy_model_config *c,
                   int B, int T)
 {
     *out = NULL;
@@ -681,7 +681,7 @@ static int block_forward_device(struct fy_cu_gpt *g, const bf16 *params, const b
     return 0;
 }
 
-size_t fy_cu_gpt_acts_bytes(const struct fy_gpt_config *c, int B, int T)
+size_t fy_cu_gpt_acts_bytes(const struct fy_model_config *c, int B, int T)
 {
     if (c->arch == FY_ARCH_LLAMA)
         return fy_cu_llama_acts_bytes(c, B, T);
@@ -769,7 +769,7 @@ int fy_cu_gpt_dev_block_backward(struct fy_cu_gpt *g, const bf16 *params, const 
     return 0;
 }
 
-/* ---- swapped internals: pieces of a block's set in host buffers (struct fy_gpt_saved) ---- */
+/* ---- swapped internals: pieces of a block's set in host buffers (struct fy_block_saved) ---- */
 
 /* The Llama blocks' internals are not the GPT-2 kinds that common/actplan.h names: they are kept on
  * the GPU or recomputed, never swapped. */
@@ -783,7 +783,7 @@ static int llama_not_swapped(const struct fy_cu_gpt *g)
 
 /* The kinds `saved` gives, as a mask (0 for NULL or nothing given, which is the plain call), after
  * checking that this unit can take them now. */
-static int saved_mask(const struct fy_cu_gpt *g, const struct fy_gpt_saved *saved, unsigned *mask)
+static int saved_mask(const struct fy_cu_gpt *g, const struct fy_block_saved *saved, unsigned *mask)
 {
     *mask = 0;
     for (int k = 0; saved != NULL && k < FY_ACT_KINDS; k++)
@@ -797,7 +797,7 @@ static int saved_mask(const struct fy_cu_gpt *g, const struct fy_gpt_saved *save
     FY_TRY(llama_not_swapped(g));
     FY_REQUIRE(g->swap_ready, -EINVAL,
                "cu_gpt: a block call with swapped internals before their device sets were taken "
-               "(fy_cu_gpt_swap_sets, the backend's gpt_swap, after preparing)");
+               "(fy_cu_gpt_swap_sets, the backend's model_swap, after preparing)");
     /* the materialised attention's statistics are the whole B x NH x T x T probabilities, which
      * the host layout of ATTN (fy_actplan_sizes_backend) has no room for */
     FY_REQUIRE(g->flash || !(*mask & FY_ACT_BIT(FY_ACT_ATTN)), -ENOTSUP,
@@ -826,7 +826,7 @@ static size_t lse_bytes(const struct fy_cu_gpt *g)
  * with the logsumexp right after it. Returns how many (at most SWAP_PIECES). */
 #define SWAP_PIECES 6
 static int swap_pieces(const struct fy_cu_gpt *g, const struct fy_cu_gpt_acts *a,
-                       const struct fy_gpt_saved *saved, unsigned mask, struct swap_piece *p)
+                       const struct fy_block_saved *saved, unsigned mask, struct swap_piece *p)
 {
     size_t NC = (size_t)g->N * g->c.n_embd * sizeof(bf16);
     char *at[FY_ACT_KINDS];
@@ -857,7 +857,7 @@ static int kept_index(const struct fy_cu_gpt *g, int layer)
 
 static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer,
                               const void *params, const void *x, void *y,
-                              const struct fy_gpt_saved *saved, unsigned mask)
+                              const struct fy_block_saved *saved, unsigned mask)
 {
     struct weights_in w = {params, st->wts, g->pbf, g->block_n, 0};
     struct act_in in_x = {x, st->in0, g->x, NULL};
@@ -898,7 +898,7 @@ static int block_forward_call(struct fy_cu_gpt *g, struct staging *st, int layer
 }
 
 int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const void *params, const void *x,
-                            void *y, const struct fy_gpt_saved *saved)
+                            void *y, const struct fy_block_saved *saved)
 {
     unsigned mask;
     FY_TRY(saved_mask(g, saved, &mask));
@@ -909,7 +909,7 @@ int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const void *params, 
 
 static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int layer,
                                const void *params, const void *x, const void *dy, void *dx,
-                               float *dparams, const struct fy_gpt_saved *saved, unsigned mask)
+                               float *dparams, const struct fy_block_saved *saved, unsigned mask)
 {
     struct weights_in w = {params, st->wts, g->pbf, g->block_n, 0};
     struct act_in in_x = {x, st->in0, g->x, NULL}, in_dy = {dy, st->in1, g->dy, NULL};
@@ -953,7 +953,7 @@ static int block_backward_call(struct fy_cu_gpt *g, struct staging *st, int laye
 
 int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const void *params, const void *x,
                              const void *dy, void *dx, float *dparams,
-                             const struct fy_gpt_saved *saved)
+                             const struct fy_block_saved *saved)
 {
     unsigned mask;
     FY_TRY(saved_mask(g, saved, &mask));
@@ -984,7 +984,7 @@ int fy_cu_gpt_dev_head(struct fy_cu_gpt *g, const bf16 *lnf, const bf16 *wte, co
                        const int32_t *targets, float *losses, bf16 *dx, float *dlnf, float *dwte)
 {
     FY_TRY(gpt2_only(g, "fy_cu_gpt_dev_head"));
-    const struct fy_gpt_config *c = &g->c;
+    const struct fy_model_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
     size_t NC = (size_t)N * C;
     cudaStream_t s = g->compute;
@@ -1021,8 +1021,8 @@ cudaStream_t fy_cu_gpt_stream(const struct fy_cu_gpt *g) { return g->compute; }
 static int embed_forward_call(struct fy_cu_gpt *g, struct staging *st, const void *embed,
                               const int32_t *tokens, void *x)
 {
-    const struct fy_gpt_config *c = &g->c;
-    struct weights_in w = {embed, st->wts, g->pbf, fy_gpt_unit_params(c, 0), 0};
+    const struct fy_model_config *c = &g->c;
+    struct weights_in w = {embed, st->wts, g->pbf, fy_model_unit_params(c, 0), 0};
     FY_TRY(upload(g, st, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
     FY_TRY(weights_queue(g, st, &w));
     FY_TRY(uploads_done(g, st));
@@ -1049,8 +1049,8 @@ int fy_cu_gpt_embed_forward(struct fy_cu_gpt *g, const void *embed, const int32_
 static int embed_backward_call(struct fy_cu_gpt *g, struct staging *st, const int32_t *tokens,
                                const void *dx, float *dembed)
 {
-    const struct fy_gpt_config *c = &g->c;
-    size_t n = fy_gpt_unit_params(c, 0);
+    const struct fy_model_config *c = &g->c;
+    size_t n = fy_model_unit_params(c, 0);
     struct act_in in_dx = {dx, st->in1, g->dx, NULL};
     FY_TRY(upload(g, st, st->tokens, tokens, (size_t)g->N * sizeof(int32_t)));
     FY_TRY(upload(g, st, st->grad, dembed, n * sizeof(float)));
@@ -1104,7 +1104,7 @@ static int head_call(struct fy_cu_gpt *g, struct staging *st, const void *final_
                      const void *embed, const void *x, const int32_t *targets, double *loss,
                      void *dx, float *dfinal, float *dembed)
 {
-    const struct fy_gpt_config *c = &g->c;
+    const struct fy_model_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
     size_t wte_n = (size_t)V * C, norm_n = final_norm_n(g);
     struct weights_in norm, head;
@@ -1166,7 +1166,7 @@ int fy_cu_gpt_head(struct fy_cu_gpt *g, const void *final_params, const void *em
 int fy_cu_gpt_logits(struct fy_cu_gpt *g, const void *final_params, const void *embed,
                      const void *x, float *logits)
 {
-    const struct fy_gpt_config *c = &g->c;
+    const struct fy_model_config *c = &g->c;
     int N = g->N, C = (int)c->n_embd, V = (int)c->vocab;
     cudaStream_t s = g->compute;
     while (g->pending > 0) /* synchronous: whatever was queued completes first */
@@ -1276,7 +1276,7 @@ int fy_cu_gpt_swap_sets(struct fy_cu_gpt *g, struct fy_cu_arena *arena)
     return 0;
 }
 
-/* ---- the activation planner's profile of one block (struct fy_gpt_profile) ---- */
+/* ---- the activation planner's profile of one block (struct fy_block_profile) ---- */
 
 /* Small values from the index alone, base + scale * [-1, 1): finite through every op, so the
  * kernels run on ordinary data, and the same on every call. */
@@ -1346,7 +1346,7 @@ static double profile_op_s(const struct fy_cu_gpt *g, const char *name)
 
 /* Forward and backward of the whole block with timing off (the ops overlap as in training), then
  * the forward ops that produce each kind, alone (per-op events). */
-static int profile_compute(struct fy_cu_gpt *g, struct fy_gpt_profile *out)
+static int profile_compute(struct fy_cu_gpt *g, struct fy_block_profile *out)
 {
     cudaStream_t s = g->compute;
     cudaEvent_t *ev = g->prof_ev;
@@ -1409,7 +1409,7 @@ static int profile_compute(struct fy_cu_gpt *g, struct fy_gpt_profile *out)
  * then both at once, half the bytes each way (disjoint halves), from one start event on the idle
  * compute stream to the later of the two ends. */
 static int profile_copies(struct fy_cu_gpt *g, char *host, char *dev, size_t bytes,
-                          struct fy_gpt_profile *out)
+                          struct fy_block_profile *out)
 {
     cudaEvent_t *ev = g->prof_ev;
     size_t half = bytes / 2;
@@ -1450,7 +1450,7 @@ static int profile_copies(struct fy_cu_gpt *g, char *host, char *dev, size_t byt
 }
 
 static int profile_run(struct fy_cu_gpt *g, void *host, size_t host_bytes,
-                       struct fy_gpt_profile *out)
+                       struct fy_block_profile *out)
 {
     for (int i = 0; i < PROFILE_EVENTS; i++)
         if (g->prof_ev[i] == NULL)
@@ -1474,7 +1474,7 @@ static int profile_sync(struct fy_cu_gpt *g)
 }
 
 int fy_cu_gpt_profile(struct fy_cu_gpt *g, struct fy_cu_arena *arena, void *host,
-                      size_t host_bytes, struct fy_gpt_profile *out)
+                      size_t host_bytes, struct fy_block_profile *out)
 {
     FY_REQUIRE(g->llama == NULL, -ENOTSUP,
                "cu_gpt: a Llama model's blocks are not profiled: the planner's profile times the "

@@ -21,7 +21,7 @@
 #define FY_CU_GPT_H
 
 #include "common/model.h"
-#include "gpu_worker/backend.h" /* struct fy_gpt_saved */
+#include "gpu_worker/backend.h" /* struct fy_block_saved */
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
 
@@ -36,10 +36,10 @@ struct fy_cu_gpt_op {
 };
 
 /* Arena bytes the model pieces need for batches of B x T. */
-size_t fy_cu_gpt_arena_bytes(const struct fy_gpt_config *c, int B, int T);
+size_t fy_cu_gpt_arena_bytes(const struct fy_model_config *c, int B, int T);
 /* -EINVAL (said) for shapes the kernels do not take (n_embd and head size multiples of 8; Llama:
  * fy_cu_llama_check). */
-int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struct fy_gpt_config *c,
+int fy_cu_gpt_new(struct fy_cu_gpt **out, struct fy_cu_arena *arena, const struct fy_model_config *c,
                   int B, int T);
 void fy_cu_gpt_destroy(struct fy_cu_gpt **g);
 
@@ -62,7 +62,7 @@ int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const v
 /* layer: the block's index (1..n_layer), which says whether its internals are kept
  * (fy_cu_gpt_keep_layers); 0 for a block that is never kept.
  * saved (may be NULL, or give no kind: the plain call): pinned host buffers for some of the
- * block's internals (struct fy_gpt_saved of gpu_worker/backend.h: QKV, ATTN, RESID, FC, GELU),
+ * block's internals (struct fy_block_saved of gpu_worker/backend.h: QKV, ATTN, RESID, FC, GELU),
  * which needs fy_cu_gpt_swap_sets first (-EINVAL, said, before it). The forward computes into the
  * call's swap set (a kept block's set is left spent) and downloads each given kind there, bytes as
  * on the device: qkv bf16 [N][3C]; atty bf16 [N][C] then the flash attention's logsumexp
@@ -72,10 +72,10 @@ int fy_cu_gpt_embed_backward(struct fy_cu_gpt *g, const int32_t *tokens, const v
  * never writes to them, so a second backward may read them again. ATTN with the materialised
  * attention (FUYOU_CUDA_ATTENTION=materialised): -ENOTSUP, said; another kind: -EINVAL. */
 int fy_cu_gpt_block_forward(struct fy_cu_gpt *g, int layer, const void *params, const void *x,
-                            void *y, const struct fy_gpt_saved *saved);
+                            void *y, const struct fy_block_saved *saved);
 int fy_cu_gpt_block_backward(struct fy_cu_gpt *g, int layer, const void *params, const void *x,
                              const void *dy, void *dx, float *dparams,
-                             const struct fy_gpt_saved *saved);
+                             const struct fy_block_saved *saved);
 /* Keeps the forward internals of up to max_layers blocks, the top ones, in sets taken from the
  * arena while they fit (none are taken once one does not); returns how many. Llama: sets of
  * fy_cu_llama_acts_bytes. The forward of a kept
@@ -91,7 +91,7 @@ int fy_cu_gpt_keep_layers(struct fy_cu_gpt *g, struct fy_cu_arena *arena, int ma
  * call takes nothing and returns 0. A Llama model's unit: -ENOTSUP (said), as for its block calls
  * given saved buffers. */
 int fy_cu_gpt_swap_sets(struct fy_cu_gpt *g, struct fy_cu_arena *arena);
-/* Measures one block of this batch shape for the activation planner (struct fy_gpt_profile of
+/* Measures one block of this batch shape for the activation planner (struct fy_block_profile of
  * gpu_worker/backend.h, all but magic and version), on values of its own, and completes before
  * returning. Times are medians of 3 runs after a warm-up: fwd_s the whole forward; bwd_s the
  * backward from the internals that forward kept; recompute_s[k] the forward op(s) producing kind
@@ -107,7 +107,7 @@ int fy_cu_gpt_swap_sets(struct fy_cu_gpt *g, struct fy_cu_arena *arena);
  * flight; -EINVAL (said) for host_bytes under 1 MiB or host memory that is not pinned; -ENOTSUP
  * (said) for a Llama model's unit. */
 int fy_cu_gpt_profile(struct fy_cu_gpt *g, struct fy_cu_arena *arena, void *host,
-                      size_t host_bytes, struct fy_gpt_profile *out);
+                      size_t host_bytes, struct fy_block_profile *out);
 int fy_cu_gpt_head(struct fy_cu_gpt *g, const void *final_params, const void *embed,
                    const void *x, const int32_t *targets, double *loss, void *dx, float *dfinal,
                    float *dembed);
@@ -147,7 +147,7 @@ struct fy_cu_gpt_acts {
     void *attn; /* the attention's saved statistics, and its backward's scratch */
 };
 /* Arena bytes of one set for batches of B x T (a Llama config's: fy_cu_llama_acts_bytes). */
-size_t fy_cu_gpt_acts_bytes(const struct fy_gpt_config *c, int B, int T);
+size_t fy_cu_gpt_acts_bytes(const struct fy_model_config *c, int B, int T);
 /* One set from the arena; -ENOMEM (nothing taken, not logged) when it does not fit. */
 int fy_cu_gpt_acts_take(struct fy_cu_gpt *g, struct fy_cu_arena *arena, struct fy_cu_gpt_acts *a);
 /* keep: where the internals go (NULL: the unit's own scratch, overwritten by the next call). */

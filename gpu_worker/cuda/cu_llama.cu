@@ -25,7 +25,7 @@
 #define ROW_WARPS 8
 
 struct fy_cu_llama {
-    struct fy_gpt_config c;
+    struct fy_model_config c;
     struct fy_llama_unit_layout lay;
     int B, T, N;
     int C, NH, NKV, hd, I;
@@ -218,7 +218,7 @@ int fy_cu_llama_swiglu_backward(bf16 *dgu, const bf16 *dout, const bf16 *gu, int
 
 /* ---- the unit: shape, buffers ---- */
 
-int fy_cu_llama_check(const struct fy_gpt_config *c)
+int fy_cu_llama_check(const struct fy_model_config *c)
 {
     FY_REQUIRE(c->arch == FY_ARCH_LLAMA, -EINVAL, "cu_llama: the model is %s, not Llama",
                fy_arch_name(c->arch));
@@ -234,7 +234,7 @@ int fy_cu_llama_check(const struct fy_gpt_config *c)
     return 0;
 }
 
-static void setup_shape(struct fy_cu_llama *l, const struct fy_gpt_config *c, int B, int T)
+static void setup_shape(struct fy_cu_llama *l, const struct fy_model_config *c, int B, int T)
 {
     l->c = *c;
     fy_llama_unit_layout(c, &l->lay);
@@ -292,7 +292,7 @@ static int unit_plan(struct fy_cu_llama *l, struct fy_cu_piece *p)
     return n;
 }
 
-size_t fy_cu_llama_arena_bytes(const struct fy_gpt_config *c, int B, int T)
+size_t fy_cu_llama_arena_bytes(const struct fy_model_config *c, int B, int T)
 {
     struct fy_cu_llama l;
     memset(&l, 0, sizeof l);
@@ -301,7 +301,7 @@ size_t fy_cu_llama_arena_bytes(const struct fy_gpt_config *c, int B, int T)
     return fy_cu_arena_pieces_footprint(p, unit_plan(&l, p));
 }
 
-size_t fy_cu_llama_acts_bytes(const struct fy_gpt_config *c, int B, int T)
+size_t fy_cu_llama_acts_bytes(const struct fy_model_config *c, int B, int T)
 {
     struct fy_cu_llama l;
     memset(&l, 0, sizeof l);
@@ -344,7 +344,7 @@ static int upload_rope_table(struct fy_cu_llama *l)
 }
 
 int fy_cu_llama_new(struct fy_cu_llama **out, struct fy_cu_arena *arena,
-                    const struct fy_gpt_config *c, int B, int T,
+                    const struct fy_model_config *c, int B, int T,
                     const struct fy_cu_llama_env *env)
 {
     *out = NULL;

@@ -32,14 +32,14 @@ struct fy_cu_llama_env {
 
 /* 0 when the CUDA kernels take this Llama config (head size a multiple of 8, at most 128: 64 and
  * 128 are those of the ~1B Llamas); else -EINVAL with a message naming the problem. */
-int fy_cu_llama_check(const struct fy_gpt_config *c);
+int fy_cu_llama_check(const struct fy_model_config *c);
 /* Arena bytes of a unit's own buffers (one set of internals, the backward's gradients, the rotary
  * table, the norms' scratch) for batches of B x T. */
-size_t fy_cu_llama_arena_bytes(const struct fy_gpt_config *c, int B, int T);
+size_t fy_cu_llama_arena_bytes(const struct fy_model_config *c, int B, int T);
 /* The unit's buffers from the arena and the rotary table uploaded (synchronously). -EINVAL for a
  * config fy_cu_llama_check refuses, -ENOMEM (said, nothing taken) when the arena is too small. */
 int fy_cu_llama_new(struct fy_cu_llama **out, struct fy_cu_arena *arena,
-                    const struct fy_gpt_config *c, int B, int T,
+                    const struct fy_model_config *c, int B, int T,
                     const struct fy_cu_llama_env *env);
 void fy_cu_llama_destroy(struct fy_cu_llama **l);
 
@@ -54,7 +54,7 @@ struct fy_cu_llama_acts {
     void *attn;
 };
 /* Arena bytes of one set for batches of B x T. */
-size_t fy_cu_llama_acts_bytes(const struct fy_gpt_config *c, int B, int T);
+size_t fy_cu_llama_acts_bytes(const struct fy_model_config *c, int B, int T);
 /* One set from the arena; -ENOMEM (nothing taken, not logged) when it does not fit. */
 int fy_cu_llama_acts_take(const struct fy_cu_llama *l, struct fy_cu_arena *arena,
                           struct fy_cu_llama_acts *a);

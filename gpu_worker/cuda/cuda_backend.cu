@@ -1,7 +1,7 @@
 /* The CUDA backend of the gpu worker: one device arena of the budgeted size allocated once, the
  * shared pool pinned with cudaHostRegister so copies into it run at full PCIe speed, and the GPT
  * units of cu_gpt (GPT-2, or Llama through cu_llama), whose calls queue (compute, host-to-device
- * and device-to-host streams) and are completed by gpt_finish. Every CUDA call is checked and
+ * and device-to-host streams) and are completed by model_finish. Every CUDA call is checked and
  * reported with a hint. */
 #include "cuda_backend.h"
 
@@ -24,7 +24,7 @@ struct cuda_state {
     struct fy_cu_arena arena;
     struct fy_cu_gpt *gpt;
     size_t gpt_mark; /* arena use before the GPT buffers: released when preparing again */
-    int weights_bf16; /* gpt_weights_bf16's switch, which outlives a gpt_prepare on either side */
+    int weights_bf16; /* model_weights_bf16's switch, which outlives a model_prepare on either side */
     cudaStream_t compute;
     cudaStream_t d2h;
     cudaEvent_t computed;
@@ -177,7 +177,7 @@ static int cuda_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor
     return 0;
 }
 
-static int cuda_gpt_prepare(void *state, const struct fy_gpt_config *c, int B, int T)
+static int cuda_gpt_prepare(void *state, const struct fy_model_config *c, int B, int T)
 {
     struct cuda_state *s = (struct cuda_state *)state;
     size_t need = fy_cu_gpt_arena_bytes(c, B, T);
@@ -215,14 +215,14 @@ static int cuda_embed_backward(void *state, const int32_t *tokens, const void *d
 }
 
 static int cuda_block_forward(void *state, int layer, const void *params, const void *x, void *y,
-                              const struct fy_gpt_saved *saved)
+                              const struct fy_block_saved *saved)
 {
     return fy_cu_gpt_block_forward(((struct cuda_state *)state)->gpt, layer, params, x, y, saved);
 }
 
 static int cuda_block_backward(void *state, int layer, const void *params, const void *x,
                                const void *dy, void *dx, float *dparams,
-                               const struct fy_gpt_saved *saved)
+                               const struct fy_block_saved *saved)
 {
     return fy_cu_gpt_block_backward(((struct cuda_state *)state)->gpt, layer, params, x, dy, dx,
                                     dparams, saved);
@@ -269,7 +269,7 @@ static int cuda_keep(void *state, int max_layers)
 static int cuda_swap(void *state)
 {
     struct cuda_state *s = (struct cuda_state *)state;
-    FY_REQUIRE(s->gpt != NULL, -EINVAL, "cuda backend: readying swapped blocks before gpt_prepare");
+    FY_REQUIRE(s->gpt != NULL, -EINVAL, "cuda backend: readying swapped blocks before model_prepare");
     size_t before = s->arena.used;
     FY_TRY(fy_cu_gpt_swap_sets(s->gpt, &s->arena));
     fy_info("GPU arena: %.3f GiB for the block internals that swapped blocks compute in (one set "
@@ -279,10 +279,10 @@ static int cuda_swap(void *state)
     return 0;
 }
 
-static int cuda_profile(void *state, void *host, size_t host_bytes, struct fy_gpt_profile *out)
+static int cuda_profile(void *state, void *host, size_t host_bytes, struct fy_block_profile *out)
 {
     struct cuda_state *s = (struct cuda_state *)state;
-    FY_REQUIRE(s->gpt != NULL, -EINVAL, "cuda backend: profiling GPT blocks before gpt_prepare");
+    FY_REQUIRE(s->gpt != NULL, -EINVAL, "cuda backend: profiling GPT blocks before model_prepare");
     FY_TRY(fy_cu_gpt_profile(s->gpt, &s->arena, host, host_bytes, out));
     char kinds[160] = "";
     size_t len = 0;
@@ -303,11 +303,11 @@ static int cuda_acts_bf16(void *state, int on)
 {
     struct cuda_state *s = (struct cuda_state *)state;
     FY_REQUIRE(s->gpt != NULL, -EINVAL,
-               "cuda backend: choosing the activations' host dtype before gpt_prepare");
+               "cuda backend: choosing the activations' host dtype before model_prepare");
     return fy_cu_gpt_set_host_acts_bf16(s->gpt, on);
 }
 
-/* Unlike the activations' dtype, this may come before gpt_prepare, as on the CPU backend. */
+/* Unlike the activations' dtype, this may come before model_prepare, as on the CPU backend. */
 static int cuda_weights_bf16(void *state, int on)
 {
     struct cuda_state *s = (struct cuda_state *)state;
@@ -315,7 +315,7 @@ static int cuda_weights_bf16(void *state, int on)
     return s->gpt != NULL ? fy_cu_gpt_set_host_weights_bf16(s->gpt, s->weights_bf16) : 0;
 }
 
-extern "C" void fy_cuda_gpt_gpu_bytes(const struct fy_gpt_config *c, int B, int T,
+extern "C" void fy_cuda_gpt_gpu_bytes(const struct fy_model_config *c, int B, int T,
                                       uint64_t *working, uint64_t *set)
 {
     *working = fy_cu_gpt_arena_bytes(c, B, T);
@@ -328,7 +328,7 @@ extern "C" int fy_cuda_device_visible(void)
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-static_assert(FY_CU_GPT_QUEUE == FY_BACKEND_GPT_QUEUE, "queue depths of the interface and cu_gpt");
+static_assert(FY_CU_GPT_QUEUE == FY_BACKEND_QUEUE, "queue depths of the interface and cu_gpt");
 
 extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     "cuda",          cuda_open,          cuda_close,          cuda_register_host,

@@ -13,7 +13,7 @@ extern const struct fy_backend_ops fy_cuda_backend_ops;
 int fy_cuda_device_visible(void);
 /* Device bytes of the model's working buffers at batch B x T, and of one block's kept internals
  * (a set); arithmetic only, no device needed. */
-void fy_cuda_gpt_gpu_bytes(const struct fy_gpt_config *c, int B, int T, uint64_t *working,
+void fy_cuda_gpt_gpu_bytes(const struct fy_model_config *c, int B, int T, uint64_t *working,
                            uint64_t *set);
 
 #ifdef __cplusplus

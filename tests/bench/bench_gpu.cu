@@ -61,7 +61,7 @@ static void *dev_alloc(size_t bytes)
 
 int main(int argc, char **argv)
 {
-    struct fy_gpt_config c = {24, 16, 2048, 50304, 1024};
+    struct fy_model_config c = {24, 16, 2048, 50304, 1024};
     int B = 16, T = 1024, iters = 5, warmup = 2, profile = 0, modes = 3; /* bit 1 kept, bit 0 recompute */
     const char *name = "custom";
     for (int i = 1; i < argc; i++) {
@@ -86,7 +86,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    OK(fy_gpt_config_validate(&c));
+    OK(fy_model_config_validate(&c));
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         printf("bench_gpu: skipped: no usable CUDA device\n");
@@ -94,11 +94,11 @@ int main(int argc, char **argv)
     }
     const int L = (int)c.n_layer, C = (int)c.n_embd;
     const size_t N = (size_t)B * T, NC = N * C, V = c.vocab;
-    unsigned units = fy_gpt_unit_count(&c);
+    unsigned units = fy_model_unit_count(&c);
     /* resident weights, one bf16 buffer per unit */
     std::vector<bf16 *> w(units);
     for (unsigned u = 0; u < units; u++) {
-        size_t n = fy_gpt_unit_params(&c, u);
+        size_t n = fy_model_unit_params(&c, u);
         w[u] = (bf16 *)dev_alloc(n * sizeof(bf16));
         fill_uniform<<<1024, 256>>>(w[u], n, 1000 + u, 0.02f);
         CK(cudaGetLastError());
@@ -107,8 +107,8 @@ int main(int argc, char **argv)
     for (int l = 0; l <= L; l++)
         act[l] = (bf16 *)dev_alloc(NC * sizeof(bf16));
     bf16 *dact[2] = {(bf16 *)dev_alloc(NC * sizeof(bf16)), (bf16 *)dev_alloc(NC * sizeof(bf16))};
-    float *dblock = (float *)dev_alloc(fy_gpt_unit_params(&c, 1) * sizeof(float));
-    float *dembed = (float *)dev_alloc(fy_gpt_unit_params(&c, 0) * sizeof(float));
+    float *dblock = (float *)dev_alloc(fy_model_unit_params(&c, 1) * sizeof(float));
+    float *dembed = (float *)dev_alloc(fy_model_unit_params(&c, 0) * sizeof(float));
     float *dlnf = (float *)dev_alloc(2 * (size_t)C * sizeof(float));
     float *losses = (float *)dev_alloc(N * sizeof(float));
     int32_t *tokens = (int32_t *)dev_alloc(N * sizeof(int32_t));
@@ -145,7 +145,7 @@ int main(int argc, char **argv)
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    double params = (double)fy_gpt_total_params(&c);
+    double params = (double)fy_model_total_params(&c);
     double flops = 6.0 * params * B * T + 6.0 * L * (double)B * T * T * C;
     for (int keep = 1; keep >= 0; keep--) {
         if (!(modes & (keep ? 2 : 1)))

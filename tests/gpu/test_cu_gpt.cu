@@ -44,7 +44,7 @@ using std::vector;
     } while (0)
 
 /* Head size 48 and T = 37: neither is a multiple of the attention kernels' tiles. */
-static const struct fy_gpt_config cfg = {2, 2, 96, 131, 64};
+static const struct fy_model_config cfg = {2, 2, 96, 131, 64};
 static const int B = 3, T = 37;
 
 static bf16 *device_random(size_t n, uint64_t seed, float scale)
@@ -83,7 +83,7 @@ static void setup(struct fixture *f, size_t extra_sets)
     assert_int_equal(fy_cu_gpt_new(&f->g, &f->arena, &cfg, B, T), 0);
     f->s = fy_cu_gpt_stream(f->g);
     f->NC = (size_t)B * T * cfg.n_embd;
-    f->P = fy_gpt_unit_params(&cfg, 1);
+    f->P = fy_model_unit_params(&cfg, 1);
     for (int l = 1; l <= 2; l++)
         f->w[l] = device_random(f->P, 100 + l, 0.2f);
     f->x[0] = device_random(f->NC, 7, 1.0f);
@@ -183,7 +183,7 @@ static void test_queued_host_calls(void **state)
     float *x = pinned_random(NC, 3, 1.0f), *out[4];
     for (int i = 0; i < 4; i++)
         out[i] = pinned_random(NC, 10 + i, 1.0f);
-    size_t fin_n = fy_gpt_unit_params(&cfg, cfg.n_layer + 1), emb_n = fy_gpt_unit_params(&cfg, 0);
+    size_t fin_n = fy_model_unit_params(&cfg, cfg.n_layer + 1), emb_n = fy_model_unit_params(&cfg, 0);
     float *fin = pinned_random(fin_n, 4, 0.2f), *emb = pinned_random(emb_n, 5, 0.2f);
     int32_t *targets = NULL;
     CK(cudaHostAlloc((void **)&targets, N * sizeof(int32_t), cudaHostAllocDefault));
@@ -239,13 +239,13 @@ static void test_queued_host_calls(void **state)
 static void test_chained_queued_calls(void **state)
 {
     (void)state;
-    const struct fy_gpt_config big = {1, 8, 1024, 131, 512};
+    const struct fy_model_config big = {1, 8, 1024, 131, 512};
     const int BB = 4, TT = 512;
     struct fy_cu_arena arena;
     struct fy_cu_gpt *g = NULL;
     assert_int_equal(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&big, BB, TT)), 0);
     assert_int_equal(fy_cu_gpt_new(&g, &arena, &big, BB, TT), 0);
-    size_t P = fy_gpt_unit_params(&big, 1), NC = (size_t)BB * TT * big.n_embd;
+    size_t P = fy_model_unit_params(&big, 1), NC = (size_t)BB * TT * big.n_embd;
     float *w1 = pinned_random(P, 21, 0.05f), *w2 = pinned_random(P, 22, 0.05f);
     float *x = pinned_random(NC, 23, 1.0f), *dy = pinned_random(NC, 24, 1.0f);
     float *y1s = pinned_random(NC, 0, 1), *y2s = pinned_random(NC, 0, 1);
@@ -307,7 +307,7 @@ static void test_chained_queued_calls(void **state)
 static void test_host_calls_keep_layers(void **state)
 {
     (void)state;
-    const struct fy_gpt_config two = {2, 4, 256, 131, 128};
+    const struct fy_model_config two = {2, 4, 256, 131, 128};
     const int BB = 4, TT = 128;
     struct fy_cu_arena arena;
     struct fy_cu_gpt *g = NULL;
@@ -316,7 +316,7 @@ static void test_host_calls_keep_layers(void **state)
     assert_int_equal(fy_cu_arena_init(&arena, need + set + set / 2), 0);
     assert_int_equal(fy_cu_gpt_new(&g, &arena, &two, BB, TT), 0);
     assert_int_equal(fy_cu_gpt_keep_layers(g, &arena, 2), 1);
-    size_t P = fy_gpt_unit_params(&two, 1), NC = (size_t)BB * TT * two.n_embd;
+    size_t P = fy_model_unit_params(&two, 1), NC = (size_t)BB * TT * two.n_embd;
     float *w1 = pinned_random(P, 31, 0.05f), *w2 = pinned_random(P, 32, 0.05f);
     float *x = pinned_random(NC, 33, 1.0f), *dy = pinned_random(NC, 34, 1.0f);
     float *y1r = pinned_random(NC, 0, 1), *y2r = pinned_random(NC, 0, 1);
@@ -404,16 +404,16 @@ struct saved_host {
     char *base;
 };
 
-static void saved_alloc(struct saved_host *h, const struct fy_gpt_config *c, int b, int t)
+static void saved_alloc(struct saved_host *h, const struct fy_model_config *c, int b, int t)
 {
     assert_int_equal(fy_actplan_sizes_backend(c, b, t, "cuda", &h->sizes), 0);
     assert_int_equal(fy_actplan_region_of(&h->sizes, FY_ACT_SWAPPABLE, &h->region), 0);
     CK(cudaHostAlloc((void **)&h->base, h->region.bytes, cudaHostAllocDefault));
 }
 
-static struct fy_gpt_saved saved_of(const struct saved_host *h, unsigned mask)
+static struct fy_block_saved saved_of(const struct saved_host *h, unsigned mask)
 {
-    struct fy_gpt_saved s;
+    struct fy_block_saved s;
     memset(&s, 0, sizeof s);
     for (int k = 0; k < FY_ACT_KINDS; k++)
         if (mask & FY_ACT_BIT(k))
@@ -456,8 +456,8 @@ static void chain_free(struct chain *c)
 }
 
 static void chain_run(struct fy_cu_gpt *g, const float *w1, const float *w2, const float *x,
-                      const float *dy, struct chain *c, const struct fy_gpt_saved *s1,
-                      const struct fy_gpt_saved *s2)
+                      const float *dy, struct chain *c, const struct fy_block_saved *s1,
+                      const struct fy_block_saved *s2)
 {
     assert_int_equal(fy_cu_gpt_block_forward(g, 1, w1, x, c->y1, s1), 0);
     assert_int_equal(fy_cu_gpt_block_forward(g, 2, w2, c->y1, c->y2, s2), 0);
@@ -513,7 +513,7 @@ static void swap_masks_check(const char *fuse)
     assert_int_equal(fy_cu_gpt_swap_sets(g, &arena), 0); /* a second call takes nothing */
     assert_int_equal(arena.used, used);
     assert_int_equal(fy_cu_gpt_keep_layers(g, &arena, 2), 1);
-    size_t P = fy_gpt_unit_params(&cfg, 1), NC = (size_t)B * T * cfg.n_embd;
+    size_t P = fy_model_unit_params(&cfg, 1), NC = (size_t)B * T * cfg.n_embd;
     float *w1 = pinned_random(P, 41, 0.2f), *w2 = pinned_random(P, 42, 0.2f);
     float *x = pinned_random(NC, 43, 1.0f), *dy = pinned_random(NC, 44, 1.0f);
     struct chain ref, run, again;
@@ -527,7 +527,7 @@ static void swap_masks_check(const char *fuse)
     size_t region = h1.region.bytes;
     for (unsigned mask : swap_masks) {
         print_message("FUYOU_CUDA_FUSE=%s, swapped kinds 0x%02x\n", fuse ? fuse : "1", mask);
-        struct fy_gpt_saved s1 = saved_of(&h1, mask), s2 = saved_of(&h2, mask);
+        struct fy_block_saved s1 = saved_of(&h1, mask), s2 = saved_of(&h2, mask);
         memset(h1.base, 0xa5, region);
         memset(h2.base, 0xa5, region);
         chain_run(g, w1, w2, x, dy, &run, &s1, &s2);
@@ -597,7 +597,7 @@ static void test_swapped_equals_recomputed(void **state)
 static void test_swap_refusals(void **state)
 {
     (void)state;
-    size_t P = fy_gpt_unit_params(&cfg, 1), NC = (size_t)B * T * cfg.n_embd;
+    size_t P = fy_model_unit_params(&cfg, 1), NC = (size_t)B * T * cfg.n_embd;
     float *w = pinned_random(P, 51, 0.2f), *x = pinned_random(NC, 52, 1.0f);
     float *dy = pinned_random(NC, 53, 1.0f);
     struct chain ref, run;
@@ -605,8 +605,8 @@ static void test_swap_refusals(void **state)
     chain_alloc(&run, NC, P);
     struct saved_host h;
     saved_alloc(&h, &cfg, B, T);
-    struct fy_gpt_saved qkv = saved_of(&h, KBIT(QKV)), attn = saved_of(&h, KBIT(ATTN));
-    struct fy_gpt_saved ln1 = saved_of(&h, KBIT(QKV));
+    struct fy_block_saved qkv = saved_of(&h, KBIT(QKV)), attn = saved_of(&h, KBIT(ATTN));
+    struct fy_block_saved ln1 = saved_of(&h, KBIT(QKV));
     ln1.at[FY_ACT_LN1] = h.base;
 
     struct fy_cu_arena arena;
@@ -641,7 +641,7 @@ static void test_swap_refusals(void **state)
     assert_int_equal(fy_cu_gpt_block_forward(g, 0, w, x, run.y1, &attn), -ENOTSUP);
     assert_int_equal(fy_cu_gpt_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &attn), -ENOTSUP);
     assert_int_equal(fy_cu_gpt_pending(g), 0);
-    struct fy_gpt_saved some = saved_of(&h, KBIT(QKV) | KBIT(RESID) | KBIT(FC));
+    struct fy_block_saved some = saved_of(&h, KBIT(QKV) | KBIT(RESID) | KBIT(FC));
     assert_int_equal(fy_cu_gpt_block_forward(g, 0, w, x, ref.y1, NULL), 0);
     assert_int_equal(fy_cu_gpt_block_backward(g, 0, w, x, dy, ref.dx1, ref.dw1, NULL), 0);
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
@@ -666,7 +666,7 @@ static void test_swap_refusals(void **state)
 /* ---- the activation planner's profile (fy_cu_gpt_profile) ---- */
 
 /* Large enough that the block's products, not kernel launches, make up its times. */
-static const struct fy_gpt_config prof_cfg = {1, 8, 1024, 131, 512};
+static const struct fy_model_config prof_cfg = {1, 8, 1024, 131, 512};
 static const int PB = 4, PT = 512;
 
 /* A unit with FUYOU_CUDA_FUSE named ("0": separate GELU and residual kernels) and its one block
@@ -694,7 +694,7 @@ static struct fy_cu_gpt *profile_unit(struct fy_cu_arena *arena, const char *fus
  * come back as it was. */
 static void profile_calls(struct fy_cu_gpt *g, struct fy_cu_arena *arena, const float *w,
                           const float *x, const float *dy, float *const *out, void *host,
-                          size_t host_bytes, struct fy_gpt_profile *prof)
+                          size_t host_bytes, struct fy_block_profile *prof)
 {
     if (prof != NULL)
         fy_cu_gpt_set_timing(g, 1);
@@ -721,7 +721,7 @@ static void profile_calls(struct fy_cu_gpt *g, struct fy_cu_arena *arena, const 
     assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
 }
 
-static void profile_expect_sane(const struct fy_gpt_profile *p, int fused)
+static void profile_expect_sane(const struct fy_block_profile *p, int fused)
 {
     print_message("FUYOU_CUDA_FUSE=%d: forward %.3f ms, backward %.3f ms, qkv %.3f, attn %.3f, "
                   "resid %.3f, fc %.3f, gelu %.3f ms, %.1f TFLOP/s; %.2f GB/s up, %.2f down, "
@@ -766,7 +766,7 @@ static void profile_check(const char *fuse)
 {
     struct fy_cu_arena arena, ref_arena;
     struct fy_cu_gpt *g = profile_unit(&arena, fuse), *ref = profile_unit(&ref_arena, fuse);
-    size_t P = fy_gpt_unit_params(&prof_cfg, 1), NC = (size_t)PB * PT * prof_cfg.n_embd;
+    size_t P = fy_model_unit_params(&prof_cfg, 1), NC = (size_t)PB * PT * prof_cfg.n_embd;
     float *w = pinned_random(P, 61, 0.05f), *x = pinned_random(NC, 62, 1.0f);
     float *dy = pinned_random(NC, 63, 1.0f);
     float *got[PROFILE_OUTS], *want[PROFILE_OUTS];
@@ -778,7 +778,7 @@ static void profile_check(const char *fuse)
     size_t host_bytes = 16u << 20;
     void *host = NULL;
     CK(cudaHostAlloc(&host, host_bytes, cudaHostAllocDefault));
-    struct fy_gpt_profile prof;
+    struct fy_block_profile prof;
     memset(&prof, 0, sizeof prof);
     profile_calls(ref, &ref_arena, w, x, dy, want, NULL, 0, NULL);
     profile_calls(g, &arena, w, x, dy, got, host, host_bytes, &prof);
@@ -786,7 +786,7 @@ static void profile_check(const char *fuse)
     for (int i = 0; i < PROFILE_OUTS; i++)
         assert_memory_equal(got[i], want[i], n[i] * sizeof(float));
     /* a second profile of the same unit measures the same things */
-    struct fy_gpt_profile again;
+    struct fy_block_profile again;
     assert_int_equal(fy_cu_gpt_profile(g, &arena, host, host_bytes, &again), 0);
     profile_expect_sane(&again, strcmp(fuse, "0") != 0);
     for (int i = 0; i < PROFILE_OUTS; i++) {
@@ -822,7 +822,7 @@ static void test_profile_refusals(void **state)
     float *y = pinned_random(NC, 0, 1);
     void *host = NULL;
     CK(cudaHostAlloc(&host, mib, cudaHostAllocDefault));
-    struct fy_gpt_profile prof;
+    struct fy_block_profile prof;
     assert_int_equal(fy_cu_gpt_profile(f.g, &f.arena, host, mib - 1, &prof), -EINVAL);
     assert_int_equal(fy_cu_gpt_profile(f.g, &f.arena, NULL, mib, &prof), -EINVAL);
     vector<char> pageable(2 * mib);

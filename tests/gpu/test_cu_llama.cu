@@ -283,11 +283,11 @@ static void test_rmsnorm(void **state)
 
 /* A Llama config of the given shape; llama3: rope theta 500000 and llama3 scaling with an original
  * context of 8, below T, so every branch of the scaling is used (as hf_llama.py --llama3). */
-static struct fy_gpt_config llama_cfg(unsigned C, unsigned NH, unsigned NKV, unsigned I,
+static struct fy_model_config llama_cfg(unsigned C, unsigned NH, unsigned NKV, unsigned I,
                                       unsigned V, int llama3, int tied)
 {
-    /* the fields in struct fy_gpt_config's order; the scaling's are read only with llama3 */
-    const struct fy_gpt_config c = {
+    /* the fields in struct fy_model_config's order; the scaling's are read only with llama3 */
+    const struct fy_model_config c = {
         1, NH, C, V, 1024, FY_ARCH_LLAMA, NKV, I, (uint32_t)tied,
         llama3 ? (uint32_t)FY_ROPE_LLAMA3 : (uint32_t)FY_ROPE_DEFAULT, 8, 1e-5f,
         llama3 ? 500000.0 : 10000.0, 8.0, 1.0, 4.0};
@@ -295,7 +295,7 @@ static struct fy_gpt_config llama_cfg(unsigned C, unsigned NH, unsigned NKV, uns
 }
 
 /* The reference's rotary table for config c at T positions, on the host (cos, then sin). */
-static vector<float> rope_table(const struct fy_gpt_config *c, int T)
+static vector<float> rope_table(const struct fy_model_config *c, int T)
 {
     struct fy_llama_config lc;
     fy_llama_config_of(c, &lc);
@@ -316,7 +316,7 @@ static void test_rope(void **state)
         int llama3, B, T;
     } cases[] = {{256, 4, 2, 1, 2, 37}, {256, 2, 1, 0, 1, 70}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        struct fy_gpt_config c = llama_cfg(cases[k].C, cases[k].NH, cases[k].NKV, 64, 64,
+        struct fy_model_config c = llama_cfg(cases[k].C, cases[k].NH, cases[k].NKV, 64, 64,
                                            cases[k].llama3, 0);
         int B = cases[k].B, T = cases[k].T, NH = (int)c.n_head, NKV = (int)c.n_kv_head;
         int hd = (int)(c.n_embd / c.n_head), S = (NH + 2 * NKV) * hd, half = hd / 2;
@@ -465,7 +465,7 @@ struct unit {
     void *head_scratch;
 };
 
-static void unit_new(struct unit *u, const struct fy_gpt_config *c, int B, int T, size_t extra)
+static void unit_new(struct unit *u, const struct fy_model_config *c, int B, int T, size_t extra)
 {
     int rows = B * T;
     size_t hs = fy_cu_head_scratch_bytes(rows, (int)c->vocab);
@@ -483,9 +483,9 @@ static void unit_free(struct unit *u)
 
 static void head_case(int tied)
 {
-    struct fy_gpt_config c = llama_cfg(256, 4, 2, 64, 300, 0, tied);
+    struct fy_model_config c = llama_cfg(256, 4, 2, 64, 300, 0, tied);
     int B = 2, T = 37, N = B * T, C = (int)c.n_embd, V = (int)c.vocab;
-    size_t NC = (size_t)N * C, VC = (size_t)V * C, nf = fy_gpt_unit_params(&c, 2);
+    size_t NC = (size_t)N * C, VC = (size_t)V * C, nf = fy_model_unit_params(&c, 2);
     char shape[64];
     snprintf(shape, sizeof shape, "N=%d C=%d V=%d %s", N, C, V, tied ? "tied" : "untied");
     uint64_t rng = tied ? 500 : 501;
@@ -550,7 +550,7 @@ struct part {
     size_t at, n;
 };
 
-static int block_parts(const struct fy_gpt_config *c, struct part *p)
+static int block_parts(const struct fy_model_config *c, struct part *p)
 {
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(c, &l);
@@ -572,7 +572,7 @@ static int block_parts(const struct fy_gpt_config *c, struct part *p)
 /* Weights of a block: the norms' U(0.8, 1.2), every matrix U(-a, a) with a = 1.5 / sqrt(its
  * inputs: C, or I for down_proj), so that activations stay O(1) and the attention is far from
  * uniform. */
-static bvals block_params(const struct fy_gpt_config *c, uint64_t *rng)
+static bvals block_params(const struct fy_model_config *c, uint64_t *rng)
 {
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(c, &l);
@@ -587,12 +587,12 @@ static bvals block_params(const struct fy_gpt_config *c, uint64_t *rng)
     return p;
 }
 
-static void block_case(const struct fy_gpt_config *c, int B, int T, uint64_t seed)
+static void block_case(const struct fy_model_config *c, int B, int T, uint64_t seed)
 {
     struct fy_llama_config lc;
     fy_llama_config_of(c, &lc);
     int C = (int)c->n_embd;
-    size_t NC = (size_t)B * T * C, P = fy_gpt_unit_params(c, 1);
+    size_t NC = (size_t)B * T * C, P = fy_model_unit_params(c, 1);
     char shape[96];
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d NKV=%d I=%u %s", B, T, C,
              (int)c->n_head, (int)c->n_kv_head, c->n_inter,
@@ -646,10 +646,10 @@ static void test_block(void **state)
     (void)state;
     g_bad = 0;
     /* head size 64, grouped (4 heads, 2 kv), llama3 rope */
-    struct fy_gpt_config a = llama_cfg(256, 4, 2, 688, 300, 1, 0);
+    struct fy_model_config a = llama_cfg(256, 4, 2, 688, 300, 1, 0);
     block_case(&a, 2, 37, 600);
     /* head size 128, one kv head per head, plain rope, another epsilon */
-    struct fy_gpt_config b = llama_cfg(256, 2, 2, 512, 300, 0, 0);
+    struct fy_model_config b = llama_cfg(256, 2, 2, 512, 300, 0, 0);
     b.rms_eps = 1e-6f;
     block_case(&b, 1, 70, 601);
     assert_int_equal(g_bad, 0);
@@ -661,7 +661,7 @@ static void test_embedding(void **state)
 {
     (void)state;
     g_bad = 0;
-    struct fy_gpt_config c = llama_cfg(256, 4, 2, 64, 300, 0, 1);
+    struct fy_model_config c = llama_cfg(256, 4, 2, 64, 300, 0, 1);
     int B = 2, T = 37, N = B * T, C = (int)c.n_embd, V = (int)c.vocab;
     size_t NC = (size_t)N * C, VC = (size_t)V * C;
     uint64_t rng = 700;
@@ -697,16 +697,16 @@ static void test_embedding(void **state)
 static void test_refusals(void **state)
 {
     (void)state;
-    struct fy_gpt_config ok = llama_cfg(2048, 32, 8, 8192, 1000, 1, 1);
+    struct fy_model_config ok = llama_cfg(2048, 32, 8, 8192, 1000, 1, 1);
     assert_int_equal(fy_cu_llama_check(&ok), 0);
-    struct fy_gpt_config tiny = llama_cfg(2048, 16, 4, 5632, 1000, 0, 0); /* hd 128 */
+    struct fy_model_config tiny = llama_cfg(2048, 16, 4, 5632, 1000, 0, 0); /* hd 128 */
     assert_int_equal(fy_cu_llama_check(&tiny), 0);
     print_message("(three error lines about unsupported Llama shapes are expected next)\n");
-    struct fy_gpt_config odd = llama_cfg(48, 4, 2, 64, 300, 0, 0); /* hd 12 */
+    struct fy_model_config odd = llama_cfg(48, 4, 2, 64, 300, 0, 0); /* hd 12 */
     assert_int_equal(fy_cu_llama_check(&odd), -EINVAL);
-    struct fy_gpt_config wide = llama_cfg(544, 2, 1, 64, 300, 0, 0); /* hd 272 */
+    struct fy_model_config wide = llama_cfg(544, 2, 1, 64, 300, 0, 0); /* hd 272 */
     assert_int_equal(fy_cu_llama_check(&wide), -EINVAL);
-    struct fy_gpt_config gpt = {2, 4, 64, 300, 64};
+    struct fy_model_config gpt = {2, 4, 64, 300, 64};
     assert_int_equal(fy_cu_llama_check(&gpt), -EINVAL);
 }
 

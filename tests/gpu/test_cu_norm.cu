@@ -588,7 +588,7 @@ static void test_embed_forward(void **state)
         vector<uint16_t> eh;
         vector<float> ef; /* [wte V*C | wpe ctx*C], the CPU layout */
         rand_bf16(eh, ef, ((size_t)V + ctx) * C, -1.0f, 1.0f, &rng);
-        struct fy_gpt_config cfg = {1, 1, (uint32_t)C, (uint32_t)V, (uint32_t)ctx};
+        struct fy_model_config cfg = {1, 1, (uint32_t)C, (uint32_t)V, (uint32_t)ctx};
         vector<float> cx(n);
         fy_cpu_embed_forward(&cfg, ef.data(), tok.data(), cx.data(), B, T);
         vector<double> ref(n);
@@ -633,7 +633,7 @@ static void test_embed_backward(void **state)
         vector<float> dyf, pre; /* prefill, CPU layout [dwte V*C | dwpe T*C] */
         rand_bf16(dyh, dyf, n, -1.0f, 1.0f, &rng);
         rand_f32(pre, VC + TC, -1.0f, 1.0f, &rng);
-        struct fy_gpt_config cfg = {1, 1, (uint32_t)C, (uint32_t)V, (uint32_t)T};
+        struct fy_model_config cfg = {1, 1, (uint32_t)C, (uint32_t)V, (uint32_t)T};
         vector<float> cpu(pre);
         fy_cpu_embed_backward(&cfg, tok.data(), dyf.data(), cpu.data(), B, T);
 

@@ -80,7 +80,7 @@ static void test_arena_budget_refused(void **state)
  * buffers is refused at prepare. The CPU backend models nothing (0). */
 static void test_gpu_bytes_are_what_prepare_and_keep_take(void **state)
 {
-    struct fy_gpt_config c = {.n_layer = 4, .n_head = 4, .n_embd = 256, .vocab = 512, .ctx = 128};
+    struct fy_model_config c = {.n_layer = 4, .n_head = 4, .n_embd = 256, .vocab = 512, .ctx = 128};
     const int B = 4, T = 128;
     uint64_t working = 0, set = 0;
     assert_int_equal(fy_backend_gpu_bytes("cpu", &c, B, T, &working, &set), 0);
@@ -92,12 +92,12 @@ static void test_gpu_bytes_are_what_prepare_and_keep_take(void **state)
 
     struct fy_backend *b = NULL;
     assert_int_equal(fy_backend_open(&b, "cuda", working + 2 * set), 0);
-    assert_int_equal(fy_backend_gpt_prepare(b, &c, B, T), 0);
-    assert_int_equal(fy_backend_gpt_keep(b, (int)c.n_layer), 2);
+    assert_int_equal(fy_backend_model_prepare(b, &c, B, T), 0);
+    assert_int_equal(fy_backend_model_keep(b, (int)c.n_layer), 2);
     fy_backend_close(&b);
 
     assert_int_equal(fy_backend_open(&b, "cuda", working - 4096), 0);
-    assert_true(fy_backend_gpt_prepare(b, &c, B, T) < 0);
+    assert_true(fy_backend_model_prepare(b, &c, B, T) < 0);
     fy_backend_close(&b);
 }
 

@@ -28,14 +28,14 @@
 #include "tests/testutil.h"
 
 static struct fy_backend *cuda, *cpu;
-static const struct fy_gpt_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 259, .ctx = 48};
+static const struct fy_model_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 259, .ctx = 48};
 static const int B = 3, T = 37;
 
 static float *unit_params(unsigned unit, uint64_t seed)
 {
-    size_t n = fy_gpt_unit_params(&cfg, unit);
+    size_t n = fy_model_unit_params(&cfg, unit);
     float *p = malloc(n * sizeof *p);
-    fy_gpt_init_unit(&cfg, unit, seed, p);
+    fy_model_init_unit(&cfg, unit, seed, p);
     /* perturb so LayerNorm parameters and biases are not trivially 1 and 0 */
     uint64_t s = seed * 7 + unit;
     for (size_t i = 0; i < n; i++)
@@ -63,7 +63,7 @@ static void test_units_match_cpu(void **state)
     size_t N = (size_t)B * T, C = cfg.n_embd, NC = N * C;
     uint64_t seed = 11;
     /* preparing again reuses the arena (sized exactly for the first preparation) */
-    assert_int_equal(fy_backend_gpt_prepare(cuda, &cfg, B, T), 0);
+    assert_int_equal(fy_backend_model_prepare(cuda, &cfg, B, T), 0);
     int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);
     for (size_t i = 0; i < N; i++) {
         tokens[i] = (int32_t)(fy_test_rand(&seed) % cfg.vocab);
@@ -71,25 +71,25 @@ static void test_units_match_cpu(void **state)
     }
     targets[5] = -1;
     float *embed = unit_params(0, 1), *block = unit_params(1, 1), *fin = unit_params(3, 1);
-    size_t ne = fy_gpt_unit_params(&cfg, 0), nb = fy_gpt_unit_params(&cfg, 1), nf = 2 * C;
+    size_t ne = fy_model_unit_params(&cfg, 0), nb = fy_model_unit_params(&cfg, 1), nf = 2 * C;
     float *x_gpu = malloc(NC * 4), *x_cpu = malloc(NC * 4);
-    assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, x_gpu), 0);
-    assert_int_equal(fy_backend_gpt_embed_forward(cpu, embed, tokens, x_cpu), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, x_gpu), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cpu, embed, tokens, x_cpu), 0);
     assert_true(rel_err(x_gpu, x_cpu, NC, "embed forward") < 3e-2);
 
     float *y_gpu = malloc(NC * 4), *y_cpu = malloc(NC * 4);
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x_cpu, y_gpu, NULL), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(cpu, 1, block, x_cpu, y_cpu, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x_cpu, y_gpu, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cpu, 1, block, x_cpu, y_cpu, NULL), 0);
     assert_true(rel_err(y_gpu, y_cpu, NC, "block forward") < 3e-2);
 
     double loss_gpu, loss_cpu;
     float *dx_gpu = malloc(NC * 4), *dx_cpu = malloc(NC * 4);
     float *dfin_gpu = malloc(nf * 4), *dfin_cpu = malloc(nf * 4);
     float *demb_gpu = malloc(ne * 4), *demb_cpu = malloc(ne * 4);
-    assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y_cpu, targets, &loss_gpu, dx_gpu,
+    assert_int_equal(fy_backend_model_head(cuda, fin, embed, y_cpu, targets, &loss_gpu, dx_gpu,
                                          dfin_gpu, demb_gpu),
                      0);
-    assert_int_equal(fy_backend_gpt_head(cpu, fin, embed, y_cpu, targets, &loss_cpu, dx_cpu,
+    assert_int_equal(fy_backend_model_head(cpu, fin, embed, y_cpu, targets, &loss_cpu, dx_cpu,
                                          dfin_cpu, demb_cpu),
                      0);
     print_message("loss gpu %.6f cpu %.6f\n", loss_gpu, loss_cpu);
@@ -99,25 +99,25 @@ static void test_units_match_cpu(void **state)
     assert_true(rel_err(demb_gpu, demb_cpu, ne, "head dembed") < 3e-2);
     size_t nl = N * cfg.vocab;
     float *lg_gpu = malloc(nl * 4), *lg_cpu = malloc(nl * 4);
-    assert_int_equal(fy_backend_gpt_logits(cuda, fin, embed, y_cpu, lg_gpu), 0);
-    assert_int_equal(fy_backend_gpt_logits(cpu, fin, embed, y_cpu, lg_cpu), 0);
+    assert_int_equal(fy_backend_model_logits(cuda, fin, embed, y_cpu, lg_gpu), 0);
+    assert_int_equal(fy_backend_model_logits(cpu, fin, embed, y_cpu, lg_cpu), 0);
     assert_true(rel_err(lg_gpu, lg_cpu, nl, "logits") < 3e-2);
     free(lg_gpu);
     free(lg_cpu);
     double no_grad;
-    assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y_cpu, targets, &no_grad, NULL, NULL, NULL),
+    assert_int_equal(fy_backend_model_head(cuda, fin, embed, y_cpu, targets, &no_grad, NULL, NULL, NULL),
                      0);
     assert_true(fabs(no_grad - loss_gpu) <= 1e-6 * fabs(loss_gpu));
 
     float *dxb_gpu = malloc(NC * 4), *dxb_cpu = malloc(NC * 4);
     float *dp_gpu = malloc(nb * 4), *dp_cpu = malloc(nb * 4);
     assert_int_equal(
-        fy_backend_gpt_block_backward(cuda, 1, block, x_cpu, dx_cpu, dxb_gpu, dp_gpu, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, x_cpu, dx_cpu, dxb_gpu, dp_gpu, NULL), 0);
     assert_int_equal(
-        fy_backend_gpt_block_backward(cpu, 1, block, x_cpu, dx_cpu, dxb_cpu, dp_cpu, NULL), 0);
+        fy_backend_model_block_backward(cpu, 1, block, x_cpu, dx_cpu, dxb_cpu, dp_cpu, NULL), 0);
     assert_true(rel_err(dxb_gpu, dxb_cpu, NC, "block backward dx") < 3e-2);
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(&cfg, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(&cfg, &l);
     const struct { const char *name; size_t off, n; } parts[] = {
         {"dln1_w", l.ln1_w, C},        {"dln1_b", l.ln1_b, C},  {"dqkv_w", l.qkv_w, 3 * C * C},
         {"dqkv_b", l.qkv_b, 3 * C},    {"dattn_w", l.attn_w, C * C}, {"dattn_b", l.attn_b, C},
@@ -130,14 +130,14 @@ static void test_units_match_cpu(void **state)
     /* determinism: the same backward again gives the same bytes */
     float *dp_again = malloc(nb * 4), *dx_again = malloc(NC * 4);
     assert_int_equal(
-        fy_backend_gpt_block_backward(cuda, 1, block, x_cpu, dx_cpu, dx_again, dp_again, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, x_cpu, dx_cpu, dx_again, dp_again, NULL), 0);
     assert_memory_equal(dp_again, dp_gpu, nb * 4);
     assert_memory_equal(dx_again, dxb_gpu, NC * 4);
 
     /* embedding backward accumulates onto the head's share */
     memcpy(demb_gpu, demb_cpu, ne * 4);
-    assert_int_equal(fy_backend_gpt_embed_backward(cuda, tokens, dxb_cpu, demb_gpu), 0);
-    assert_int_equal(fy_backend_gpt_embed_backward(cpu, tokens, dxb_cpu, demb_cpu), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, dxb_cpu, demb_gpu), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cpu, tokens, dxb_cpu, demb_cpu), 0);
     assert_true(rel_err(demb_gpu, demb_cpu, ne, "embed backward") < 3e-2);
 
     free(tokens); free(targets); free(embed); free(block); free(fin); free(x_gpu); free(x_cpu);
@@ -161,55 +161,55 @@ static void test_bf16_host_activations_same_bits(void **state)
 {
     size_t N = (size_t)B * T, C = cfg.n_embd, NC = N * C;
     uint64_t seed = 5;
-    assert_int_equal(fy_backend_gpt_prepare(cuda, &cfg, B, T), 0);
+    assert_int_equal(fy_backend_model_prepare(cuda, &cfg, B, T), 0);
     int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);
     for (size_t i = 0; i < N; i++) {
         tokens[i] = (int32_t)(fy_test_rand(&seed) % cfg.vocab);
         targets[i] = (int32_t)(fy_test_rand(&seed) % cfg.vocab);
     }
     float *embed = unit_params(0, 2), *block = unit_params(1, 2), *fin = unit_params(3, 2);
-    size_t ne = fy_gpt_unit_params(&cfg, 0), nb = fy_gpt_unit_params(&cfg, 1), nf = 2 * C;
+    size_t ne = fy_model_unit_params(&cfg, 0), nb = fy_model_unit_params(&cfg, 1), nf = 2 * C;
     size_t nl = N * cfg.vocab;
     /* f32 activations */
     float *x = malloc(NC * 4), *y = malloc(NC * 4), *dy = malloc(NC * 4), *dx = malloc(NC * 4);
     float *dfin = malloc(nf * 4), *demb = malloc(ne * 4), *dp = malloc(nb * 4);
     float *lg = malloc(nl * 4);
     double loss;
-    assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, x), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x, y, NULL), 0);
-    assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y, targets, &loss, dy, dfin, demb), 0);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, x, dy, dx, dp, NULL), 0);
-    assert_int_equal(fy_backend_gpt_embed_backward(cuda, tokens, dx, demb), 0);
-    assert_int_equal(fy_backend_gpt_logits(cuda, fin, embed, y, lg), 0);
+    assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, x), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x, y, NULL), 0);
+    assert_int_equal(fy_backend_model_head(cuda, fin, embed, y, targets, &loss, dy, dfin, demb), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, x, dy, dx, dp, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, dx, demb), 0);
+    assert_int_equal(fy_backend_model_logits(cuda, fin, embed, y, lg), 0);
     /* bf16 activations, every input given as bf16 */
     uint16_t *xh = malloc(NC * 2), *yh = malloc(NC * 2), *dyh = malloc(NC * 2);
     uint16_t *dxh = malloc(NC * 2);
     float *dfin2 = malloc(nf * 4), *demb2 = malloc(ne * 4), *dp2 = malloc(nb * 4);
     float *lg2 = malloc(nl * 4);
     double loss2;
-    assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, tokens, xh), 0);
+    assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, xh), 0);
     uint16_t *x_in = to_bf16(x, NC);
     assert_memory_equal(xh, x_in, NC * 2); /* f32 x was the exact widening of these */
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x_in, yh, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x_in, yh, NULL), 0);
     uint16_t *y_ref = to_bf16(y, NC);
     assert_memory_equal(yh, y_ref, NC * 2);
-    assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, yh, targets, &loss2, dyh, dfin2, demb2),
+    assert_int_equal(fy_backend_model_head(cuda, fin, embed, yh, targets, &loss2, dyh, dfin2, demb2),
                      0);
     assert_memory_equal(&loss2, &loss, sizeof loss);
     uint16_t *dy_ref = to_bf16(dy, NC);
     assert_memory_equal(dyh, dy_ref, NC * 2);
     assert_memory_equal(dfin2, dfin, nf * 4);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, xh, dyh, dxh, dp2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, xh, dyh, dxh, dp2, NULL), 0);
     uint16_t *dx_ref = to_bf16(dx, NC);
     assert_memory_equal(dxh, dx_ref, NC * 2);
     assert_memory_equal(dp2, dp, nb * 4);
-    assert_int_equal(fy_backend_gpt_embed_backward(cuda, tokens, dxh, demb2), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, dxh, demb2), 0);
     assert_memory_equal(demb2, demb, ne * 4);
-    assert_int_equal(fy_backend_gpt_logits(cuda, fin, embed, yh, lg2), 0);
+    assert_int_equal(fy_backend_model_logits(cuda, fin, embed, yh, lg2), 0);
     assert_memory_equal(lg2, lg, nl * 4);
-    assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_F32), 0);
     print_message("bf16 and f32 host activations: identical outputs (loss %.6f)\n", loss);
     free(tokens); free(targets); free(embed); free(block); free(fin); free(x); free(y); free(dy);
     free(dx); free(dfin); free(demb); free(dp); free(lg); free(xh); free(yh); free(dyh); free(dxh);
@@ -221,7 +221,7 @@ static void test_budget_refused(void **state)
 {
     struct fy_backend *small = NULL;
     assert_int_equal(fy_backend_open(&small, "cuda", 1 << 20), 0);
-    assert_int_equal(fy_backend_gpt_prepare(small, &cfg, B, T), -ENOMEM); /* 1 MiB cannot hold it */
+    assert_int_equal(fy_backend_model_prepare(small, &cfg, B, T), -ENOMEM); /* 1 MiB cannot hold it */
     fy_backend_close(&small);
 }
 
@@ -281,9 +281,9 @@ static void two_blocks_equal(const struct two_blocks *a, const struct two_blocks
     assert_memory_equal(a->dp1, b->dp1, nb * 4);
 }
 
-static struct fy_gpt_saved saved_of(char *region, const struct fy_actplan_region *r, unsigned mask)
+static struct fy_block_saved saved_of(char *region, const struct fy_actplan_region *r, unsigned mask)
 {
-    struct fy_gpt_saved s;
+    struct fy_block_saved s;
     memset(&s, 0, sizeof s);
     for (int k = 0; k < FY_ACT_KINDS; k++)
         if (mask & FY_ACT_BIT(k))
@@ -298,13 +298,13 @@ static struct fy_gpt_saved saved_of(char *region, const struct fy_actplan_region
  * a second pair of forwards over other poison writes the same saved bytes. */
 static void swapped_blocks_check(const char *fuse)
 {
-    size_t N = (size_t)B * T, NC = N * cfg.n_embd, nb = fy_gpt_unit_params(&cfg, 1);
+    size_t N = (size_t)B * T, NC = N * cfg.n_embd, nb = fy_model_unit_params(&cfg, 1);
     struct fy_backend *b = NULL;
     assert_int_equal(fy_backend_open(&b, "cuda", 256ull << 20), 0);
     /* named either way, whatever the environment the test runs in says */
     setenv("FUYOU_CUDA_FUSE", fuse != NULL ? fuse : "1", 1);
     setenv("FUYOU_CUDA_ATTENTION", "flash", 1);
-    int rc = fy_backend_gpt_prepare(b, &cfg, B, T);
+    int rc = fy_backend_model_prepare(b, &cfg, B, T);
     unsetenv("FUYOU_CUDA_FUSE");
     unsetenv("FUYOU_CUDA_ATTENTION");
     assert_int_equal(rc, 0);
@@ -337,48 +337,48 @@ static void swapped_blocks_check(const char *fuse)
     char *copy1 = malloc(r.bytes), *copy2 = malloc(r.bytes);
     assert_true(copy1 != NULL && copy2 != NULL);
 
-    /* saved before gpt_swap: refused, nothing queued */
-    struct fy_gpt_saved qkv = saved_of(reg1, &r, KBIT(QKV));
-    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w1, x, run.y1, &qkv), -EINVAL);
-    assert_int_equal(fy_backend_gpt_swap(b), 0);
-    assert_int_equal(fy_backend_gpt_swap(b), 0); /* again: nothing more */
+    /* saved before model_swap: refused, nothing queued */
+    struct fy_block_saved qkv = saved_of(reg1, &r, KBIT(QKV));
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, run.y1, &qkv), -EINVAL);
+    assert_int_equal(fy_backend_model_swap(b), 0);
+    assert_int_equal(fy_backend_model_swap(b), 0); /* again: nothing more */
 
     /* the reference: one by one, nothing saved */
-    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w1, x, ref.y1, NULL), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(b, 2, w2, ref.y1, ref.y2, NULL), 0);
-    assert_int_equal(fy_backend_gpt_block_backward(b, 2, w2, ref.y1, dy, ref.dx2, ref.dp2, NULL),
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, ref.y1, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 2, w2, ref.y1, ref.y2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 2, w2, ref.y1, dy, ref.dx2, ref.dp2, NULL),
                      0);
-    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w1, x, ref.dx2, ref.dx1, ref.dp1, NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w1, x, ref.dx2, ref.dx1, ref.dp1, NULL),
                      0);
 
-    assert_int_equal(fy_backend_gpt_set_queued(b, 1), 1);
+    assert_int_equal(fy_backend_model_set_queued(b, 1), 1);
     for (size_t m = 0; m < sizeof swap_masks / sizeof swap_masks[0]; m++) {
         unsigned mask = swap_masks[m];
         print_message("backend, FUYOU_CUDA_FUSE=%s, swapped kinds 0x%02x\n", fuse ? fuse : "1",
                       mask);
-        struct fy_gpt_saved s1 = saved_of(reg1, &r, mask), s2 = saved_of(reg2, &r, mask);
+        struct fy_block_saved s1 = saved_of(reg1, &r, mask), s2 = saved_of(reg2, &r, mask);
         memset(reg1, 0xa5, r.bytes);
         memset(reg2, 0xa5, r.bytes);
-        assert_int_equal(fy_backend_gpt_block_forward(b, 1, w1, x, run.y1, &s1), 0);
-        assert_int_equal(fy_backend_gpt_block_forward(b, 2, w2, run.y1, run.y2, &s2), 0);
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, run.y1, &s1), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, run.y1, run.y2, &s2), 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(
-            fy_backend_gpt_block_backward(b, 2, w2, run.y1, dy, run.dx2, run.dp2, &s2), 0);
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+            fy_backend_model_block_backward(b, 2, w2, run.y1, dy, run.dx2, run.dp2, &s2), 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(
-            fy_backend_gpt_block_backward(b, 1, w1, x, run.dx2, run.dx1, run.dp1, &s1), 0);
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+            fy_backend_model_block_backward(b, 1, w1, x, run.dx2, run.dx1, run.dp1, &s1), 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         two_blocks_equal(&run, &ref, NC, nb);
         memcpy(copy1, reg1, r.bytes);
         memcpy(copy2, reg2, r.bytes);
         /* clipping's second pass, both backwards in flight */
         assert_int_equal(
-            fy_backend_gpt_block_backward(b, 2, w2, run.y1, dy, again.dx2, again.dp2, &s2), 0);
+            fy_backend_model_block_backward(b, 2, w2, run.y1, dy, again.dx2, again.dp2, &s2), 0);
         assert_int_equal(
-            fy_backend_gpt_block_backward(b, 1, w1, x, again.dx2, again.dx1, again.dp1, &s1), 0);
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+            fy_backend_model_block_backward(b, 1, w1, x, again.dx2, again.dx1, again.dp1, &s1), 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_memory_equal(again.dx2, ref.dx2, NC * 4);
         assert_memory_equal(again.dp2, ref.dp2, nb * 4);
         assert_memory_equal(again.dx1, ref.dx1, NC * 4);
@@ -388,10 +388,10 @@ static void swapped_blocks_check(const char *fuse)
         /* the forwards again over other poison: every byte of the saved kinds written, the same */
         memset(reg1, 0x5a, r.bytes);
         memset(reg2, 0x5a, r.bytes);
-        assert_int_equal(fy_backend_gpt_block_forward(b, 1, w1, x, again.y1, &s1), 0);
-        assert_int_equal(fy_backend_gpt_block_forward(b, 2, w2, again.y1, again.y2, &s2), 0);
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, again.y1, &s1), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, again.y1, again.y2, &s2), 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_memory_equal(again.y2, ref.y2, NC * 4);
         for (int k = 0; k < FY_ACT_KINDS; k++)
             if (mask & FY_ACT_BIT(k)) {
@@ -400,7 +400,7 @@ static void swapped_blocks_check(const char *fuse)
                 assert_memory_not_equal(reg1 + r.offset[k], reg2 + r.offset[k], sizes.bytes[k]);
             }
     }
-    fy_backend_gpt_set_queued(b, 0);
+    fy_backend_model_set_queued(b, 0);
     fy_backend_close(&b); /* unregisters the pool */
     free(pool.base);
     free(copy1);
@@ -471,14 +471,14 @@ struct wunits {
 static void weights_pass(struct fy_backend *b, const struct fy_refmodel *m, const struct wunits *w,
                          struct wouts *o)
 {
-    assert_int_equal(fy_backend_gpt_embed_forward(b, w->embed, m->tokens, o->x), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w->block, o->x, o->y, NULL), 0);
-    assert_int_equal(fy_backend_gpt_head(b, w->fin, w->embed, o->y, m->targets, &o->loss, o->dy,
+    assert_int_equal(fy_backend_model_embed_forward(b, w->embed, m->tokens, o->x), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w->block, o->x, o->y, NULL), 0);
+    assert_int_equal(fy_backend_model_head(b, w->fin, w->embed, o->y, m->targets, &o->loss, o->dy,
                                          o->dfin, o->demb),
                      0);
-    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w->block, o->x, o->dy, o->dx, o->dp, NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w->block, o->x, o->dy, o->dx, o->dp, NULL),
                      0);
-    assert_int_equal(fy_backend_gpt_logits(b, w->fin, w->embed, o->y, o->lg), 0);
+    assert_int_equal(fy_backend_model_logits(b, w->fin, w->embed, o->y, o->lg), 0);
 }
 
 static void *weights_copy(struct swap_pool *p, const float *w, size_t n, int dtype)
@@ -492,12 +492,12 @@ static void *weights_copy(struct swap_pool *p, const float *w, size_t n, int dty
 }
 
 /* The same calls with bf16 weights as with their f32 originals give the same bytes (the device
- * rounds f32 weights to bf16 as fy_f32_to_bf16 does); the dtype chosen before gpt_prepare holds
+ * rounds f32 weights to bf16 as fy_f32_to_bf16 does); the dtype chosen before model_prepare holds
  * after it. Queued, each call keeps the dtype it was made with while the next one, made after a
  * switch, is in flight: two block forwards (the second's input the first's output, handed on on
  * the device), two block backwards, a head and an embedding forward, each against the calls made
  * one at a time in f32. Host memory pinned, so that the calls really are in flight together. */
-static void weights_bf16_case(const struct fy_gpt_config *c, const char *name)
+static void weights_bf16_case(const struct fy_model_config *c, const char *name)
 {
     struct fy_refmodel m;
     if (fy_refmodel_init(&m, c, B, T, 31) != 0)
@@ -527,13 +527,13 @@ static void weights_bf16_case(const struct fy_gpt_config *c, const char *name)
     float *x_early = take(&pool, z.NC * 4), *q_dp1 = take(&pool, z.nb * 4);
 
     /* chosen before preparing: the first call after it takes bf16 */
-    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_gpt_prepare(b, c, B, T), 0);
-    assert_int_equal(fy_backend_gpt_embed_forward(b, w16.embed, m.tokens, x_early), 0);
-    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_model_prepare(b, c, B, T), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, w16.embed, m.tokens, x_early), 0);
+    assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
     weights_pass(b, &m, &w32, &ref);
     assert_memory_equal(x_early, ref.x, z.NC * 4);
-    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_BF16), 0);
     weights_pass(b, &m, &w16, &got);
     wouts_equal(&got, &ref, &z);
     print_message("%s: every output the same bytes (loss %.6f)\n", name, ref.loss);
@@ -541,47 +541,47 @@ static void weights_bf16_case(const struct fy_gpt_config *c, const char *name)
     /* references for the queued calls, one at a time in f32: block 1 again on its own output, and
      * the backward of the block's input from the backward's dx */
     float *dx2 = ref.dx, *dp2 = ref.dp;
-    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w32.block, ref.y, y2, NULL), 0);
-    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w32.block, ref.x, dx2, dx1, dp1, NULL),
+    assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, ref.y, y2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, ref.x, dx2, dx1, dp1, NULL),
                      0);
 
-    assert_int_equal(fy_backend_gpt_set_queued(b, 1), 1);
-    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w32.block, ref.x, q.x, NULL), 0);
-    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(b, 1, w16.block, q.x, q.y, NULL), 0);
-    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
-    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+    assert_int_equal(fy_backend_model_set_queued(b, 1), 1);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, ref.x, q.x, NULL), 0);
+    assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w16.block, q.x, q.y, NULL), 0);
+    assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
+    assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_memory_equal(q.x, ref.y, z.NC * 4);
     assert_memory_equal(q.y, y2, z.NC * 4);
     /* bf16 then f32, the second's dy the first's dx */
-    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w16.block, ref.x, ref.dy, q.dy, q.dp,
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w16.block, ref.x, ref.dy, q.dy, q.dp,
                                                    NULL),
                      0);
-    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_gpt_block_backward(b, 1, w32.block, ref.x, q.dy, q.dx, q_dp1, NULL),
+    assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, ref.x, q.dy, q.dx, q_dp1, NULL),
                      0);
-    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
-    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+    assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
+    assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_memory_equal(q.dy, dx2, z.NC * 4);
     assert_memory_equal(q.dp, dp2, z.nb * 4);
     assert_memory_equal(q.dx, dx1, z.NC * 4);
     assert_memory_equal(q_dp1, dp1, z.nb * 4);
     /* the final unit's weights (an untied head's lm_head after the norm) in bf16, then f32 */
-    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_gpt_head(b, w16.fin, w16.embed, ref.y, m.targets, &q.loss, q.y,
+    assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_model_head(b, w16.fin, w16.embed, ref.y, m.targets, &q.loss, q.y,
                                          q.dfin, q.demb),
                      0);
-    assert_int_equal(fy_backend_gpt_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_gpt_embed_forward(b, w32.embed, m.tokens, q.x), 0);
-    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
-    assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+    assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, w32.embed, m.tokens, q.x), 0);
+    assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
+    assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_memory_equal(&q.loss, &ref.loss, sizeof q.loss);
     assert_memory_equal(q.y, ref.dy, z.NC * 4);
     assert_memory_equal(q.dfin, ref.dfin, z.nf * 4);
     assert_memory_equal(q.demb, ref.demb, z.ne * 4);
     assert_memory_equal(q.x, ref.x, z.NC * 4);
-    assert_int_equal(fy_backend_gpt_set_queued(b, 0), 0);
+    assert_int_equal(fy_backend_model_set_queued(b, 0), 0);
     print_message("%s: queued calls keep the dtype they were made with\n", name);
     fy_backend_close(&b); /* unregisters the pool */
     free(pool.base);
@@ -591,7 +591,7 @@ static void weights_bf16_case(const struct fy_gpt_config *c, const char *name)
 static void test_bf16_host_weights_same_bits(void **state)
 {
     weights_bf16_case(&cfg, "GPT-2");
-    struct fy_gpt_config tied = fy_refmodel_llama_small(1), untied = fy_refmodel_llama_small(0);
+    struct fy_model_config tied = fy_refmodel_llama_small(1), untied = fy_refmodel_llama_small(0);
     weights_bf16_case(&tied, "Llama, tied head");
     weights_bf16_case(&untied, "Llama, untied head");
 }
@@ -606,8 +606,8 @@ int main(void)
         printf("test_cuda_gpt: SKIPPED: no usable CUDA device on this machine\n");
         return FY_TEST_SKIP;
     }
-    if (fy_backend_open(&cpu, "cpu", 0) < 0 || fy_backend_gpt_prepare(cpu, &cfg, B, T) < 0 ||
-        fy_backend_gpt_prepare(cuda, &cfg, B, T) < 0)
+    if (fy_backend_open(&cpu, "cpu", 0) < 0 || fy_backend_model_prepare(cpu, &cfg, B, T) < 0 ||
+        fy_backend_model_prepare(cuda, &cfg, B, T) < 0)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_units_match_cpu),

@@ -5,7 +5,7 @@
  * logits, embedding backward onto the head's share), the whole model's loss and every unit's
  * gradient (tests/refmodel), determinism; activations as bf16 in host memory give the same bits as
  * f32; the calls queued two deep as the pipeline queues them, with the top blocks' internals kept
- * on the GPU (gpt_keep), give the bits of calls completed one by one that recompute every block;
+ * on the GPU (model_keep), give the bits of calls completed one by one that recompute every block;
  * and what Llama refuses on CUDA (swapped internals, the planner's profile, head sizes the kernels
  * do not take), each with -ENOTSUP or -EINVAL and a message.
  * Tolerances, as test_cuda_gpt states them for GPT-2 (bf16 weights and activations, fp32
@@ -35,7 +35,7 @@ static struct fy_backend *cuda, *cpu;
 static const int B = 3, T = 37;
 
 /* fy_refmodel_llama_small: its rope's original context (8) is below T. */
-static struct fy_gpt_config llama(int tied) { return fy_refmodel_llama_small(tied); }
+static struct fy_model_config llama(int tied) { return fy_refmodel_llama_small(tied); }
 
 #define rel_err fy_refmodel_rel_err
 
@@ -44,7 +44,7 @@ static float *falloc(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
 /* The whole model on both backends: the loss, every unit's gradient and the logits. */
 static void whole_model_case(int tied)
 {
-    struct fy_gpt_config c = llama(tied);
+    struct fy_model_config c = llama(tied);
     struct fy_refmodel on_gpu, on_cpu;
     assert_int_equal(fy_refmodel_init(&on_gpu, &c, B, T, 41), 0);
     assert_int_equal(fy_refmodel_init(&on_cpu, &c, B, T, 41), 0);
@@ -75,11 +75,11 @@ static void test_whole_model_matches_cpu(void **state)
 /* One op at a time on the same inputs (the CPU's outputs feed both), as test_cuda_gpt does. */
 static void units_case(int tied)
 {
-    struct fy_gpt_config c = llama(tied);
+    struct fy_model_config c = llama(tied);
     struct fy_refmodel m;
     assert_int_equal(fy_refmodel_init(&m, &c, B, T, 43), 0);
-    assert_int_equal(fy_backend_gpt_prepare(cuda, &c, B, T), 0);
-    assert_int_equal(fy_backend_gpt_prepare(cpu, &c, B, T), 0);
+    assert_int_equal(fy_backend_model_prepare(cuda, &c, B, T), 0);
+    assert_int_equal(fy_backend_model_prepare(cpu, &c, B, T), 0);
     size_t N = (size_t)B * T, C = c.n_embd, NC = N * C;
     size_t ne = m.sizes[0], nb = m.sizes[1], nf = m.sizes[3];
     float *embed = m.params[0], *block = m.params[1], *fin = m.params[3];
@@ -93,14 +93,14 @@ static void units_case(int tied)
     for (int k = 1; k >= 0; k--) { /* the CPU first: its x, y and dx are both backends' inputs */
         /* dembed poisoned: the head overwrites it (with zeros when untied) */
         memset(demb[k], 0xff, ne * sizeof(float));
-        assert_int_equal(fy_backend_gpt_embed_forward(be[k], embed, m.tokens, x[k]), 0);
-        assert_int_equal(fy_backend_gpt_block_forward(be[k], 1, block, x[1], y[k], NULL), 0);
-        assert_int_equal(fy_backend_gpt_head(be[k], fin, embed, y[1], m.targets, &loss[k], dx[k],
+        assert_int_equal(fy_backend_model_embed_forward(be[k], embed, m.tokens, x[k]), 0);
+        assert_int_equal(fy_backend_model_block_forward(be[k], 1, block, x[1], y[k], NULL), 0);
+        assert_int_equal(fy_backend_model_head(be[k], fin, embed, y[1], m.targets, &loss[k], dx[k],
                                              dfin[k], demb[k]),
                          0);
-        assert_int_equal(fy_backend_gpt_logits(be[k], fin, embed, y[1], lg[k]), 0);
+        assert_int_equal(fy_backend_model_logits(be[k], fin, embed, y[1], lg[k]), 0);
         assert_int_equal(
-            fy_backend_gpt_block_backward(be[k], 1, block, x[1], dx[1], dxb[k], dp[k], NULL), 0);
+            fy_backend_model_block_backward(be[k], 1, block, x[1], dx[1], dxb[k], dp[k], NULL), 0);
     }
     const char *head = tied ? "tied" : "untied";
     print_message("%s head: loss gpu %.7f cpu %.7f\n", head, loss[0], loss[1]);
@@ -137,13 +137,13 @@ static void units_case(int tied)
     /* determinism: the same backward again, the same bytes */
     float *dp_again = falloc(nb), *dx_again = falloc(NC);
     assert_int_equal(
-        fy_backend_gpt_block_backward(cuda, 1, block, x[1], dx[1], dx_again, dp_again, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, x[1], dx[1], dx_again, dp_again, NULL), 0);
     assert_memory_equal(dp_again, dp[0], nb * sizeof(float));
     assert_memory_equal(dx_again, dxb[0], NC * sizeof(float));
     /* the embedding backward adds the lookup's gradient onto the head's share */
     memcpy(demb[0], demb[1], ne * sizeof(float));
     for (int k = 0; k < 2; k++)
-        assert_int_equal(fy_backend_gpt_embed_backward(be[k], m.tokens, dxb[1], demb[k]), 0);
+        assert_int_equal(fy_backend_model_embed_backward(be[k], m.tokens, dxb[1], demb[k]), 0);
     assert_true(rel_err(demb[0], demb[1], ne, "embed backward") < 3e-2);
     for (int k = 0; k < 2; k++) {
         free(x[k]), free(y[k]), free(dx[k]), free(dfin[k]), free(demb[k]), free(dxb[k]);
@@ -189,7 +189,7 @@ static void step_free(struct step_out *o, const struct fy_refmodel *m)
 static void keep_one(struct fy_backend *b, int queued, int *inflight)
 {
     if (queued && ++*inflight == 2) {
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         (*inflight)--;
     }
 }
@@ -202,23 +202,23 @@ static void pipeline_step(struct fy_backend *b, int queued, const struct fy_refm
     const unsigned L = m->cfg.n_layer;
     const size_t NC = (size_t)m->B * m->T * m->cfg.n_embd;
     int inflight = 0;
-    assert_int_equal(fy_backend_gpt_set_queued(b, queued), queued);
-    assert_int_equal(fy_backend_gpt_embed_forward(b, m->params[0], m->tokens, o->xs), 0);
+    assert_int_equal(fy_backend_model_set_queued(b, queued), queued);
+    assert_int_equal(fy_backend_model_embed_forward(b, m->params[0], m->tokens, o->xs), 0);
     keep_one(b, queued, &inflight);
     for (unsigned l = 0; l < L; l++) {
-        assert_int_equal(fy_backend_gpt_block_forward(b, 1 + l, m->params[1 + l], o->xs + NC * l,
+        assert_int_equal(fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], o->xs + NC * l,
                                                       o->xs + NC * (l + 1), NULL),
                          0);
         keep_one(b, queued, &inflight);
     }
-    assert_int_equal(fy_backend_gpt_head(b, m->params[L + 1], m->params[0], o->xs + NC * L,
+    assert_int_equal(fy_backend_model_head(b, m->params[L + 1], m->params[0], o->xs + NC * L,
                                          m->targets, &o->loss, o->dy, o->grads[L + 1],
                                          o->grads[0]),
                      0);
     keep_one(b, queued, &inflight);
     float *dy = o->dy, *dx = o->dx;
     for (unsigned l = L; l-- > 0;) {
-        assert_int_equal(fy_backend_gpt_block_backward(b, 1 + l, m->params[1 + l], o->xs + NC * l,
+        assert_int_equal(fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], o->xs + NC * l,
                                                        dy, dx, o->grads[1 + l], NULL),
                          0);
         keep_one(b, queued, &inflight);
@@ -227,16 +227,16 @@ static void pipeline_step(struct fy_backend *b, int queued, const struct fy_refm
         dy = t;
     }
     /* the head is finished by now (two calls at most in flight): its dembed is written */
-    assert_int_equal(fy_backend_gpt_embed_backward(b, m->tokens, dy, o->grads[0]), 0);
+    assert_int_equal(fy_backend_model_embed_backward(b, m->tokens, dy, o->grads[0]), 0);
     for (inflight += queued; inflight > 0; inflight--)
-        assert_int_equal(fy_backend_gpt_finish(b, NULL, NULL), 0);
-    fy_backend_gpt_set_queued(b, 0);
+        assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
+    fy_backend_model_set_queued(b, 0);
 }
 
 /* Queued two deep with the top blocks kept, against one by one recomputing: the same bits. */
 static void queued_kept_case(int tied)
 {
-    struct fy_gpt_config c = llama(tied);
+    struct fy_model_config c = llama(tied);
     struct fy_refmodel m;
     assert_int_equal(fy_refmodel_init(&m, &c, B, T, 47), 0);
     uint64_t working, set;
@@ -246,9 +246,9 @@ static void queued_kept_case(int tied)
      * with is what prepare and keep take, for Llama too */
     struct fy_backend *kept = NULL;
     assert_int_equal(fy_backend_open(&kept, "cuda", working + 2 * set), 0);
-    assert_int_equal(fy_backend_gpt_prepare(kept, &c, B, T), 0);
-    assert_int_equal(fy_backend_gpt_keep(kept, 2), 2);
-    assert_int_equal(fy_backend_gpt_prepare(cuda, &c, B, T), 0);
+    assert_int_equal(fy_backend_model_prepare(kept, &c, B, T), 0);
+    assert_int_equal(fy_backend_model_keep(kept, 2), 2);
+    assert_int_equal(fy_backend_model_prepare(cuda, &c, B, T), 0);
     struct step_out ref, run;
     step_alloc(&ref, &m);
     step_alloc(&run, &m);
@@ -288,10 +288,10 @@ static uint16_t *to_bf16(const float *x, size_t n)
  * every output has the same bits (each bf16 activation widened equals the f32 one). */
 static void test_bf16_host_activations_same_bits(void **state)
 {
-    struct fy_gpt_config c = llama(0);
+    struct fy_model_config c = llama(0);
     struct fy_refmodel m;
     assert_int_equal(fy_refmodel_init(&m, &c, B, T, 53), 0);
-    assert_int_equal(fy_backend_gpt_prepare(cuda, &c, B, T), 0);
+    assert_int_equal(fy_backend_model_prepare(cuda, &c, B, T), 0);
     size_t NC = (size_t)B * T * c.n_embd, ne = m.sizes[0], nb = m.sizes[1], nf = m.sizes[3];
     float *x = falloc(NC), *y = falloc(NC), *dy = falloc(NC), *dx = falloc(NC);
     float *dfin = falloc(nf), *demb = falloc(ne), *dp = falloc(nb);
@@ -300,35 +300,35 @@ static void test_bf16_host_activations_same_bits(void **state)
     uint16_t *dxh = malloc(NC * 2);
     double loss, loss2;
     float *embed = m.params[0], *block = m.params[1], *fin = m.params[3];
-    assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, m.tokens, x), 0);
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, x, y, NULL), 0);
-    assert_int_equal(fy_backend_gpt_head(cuda, fin, embed, y, m.targets, &loss, dy, dfin, demb),
+    assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, x), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x, y, NULL), 0);
+    assert_int_equal(fy_backend_model_head(cuda, fin, embed, y, m.targets, &loss, dy, dfin, demb),
                      0);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, x, dy, dx, dp, NULL), 0);
-    assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_gpt_embed_forward(cuda, embed, m.tokens, xh), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, x, dy, dx, dp, NULL), 0);
+    assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_BF16), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, xh), 0);
     uint16_t *want = to_bf16(x, NC);
     assert_memory_equal(xh, want, NC * 2);
     free(want);
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, block, xh, yh, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, xh, yh, NULL), 0);
     want = to_bf16(y, NC);
     assert_memory_equal(yh, want, NC * 2);
     free(want);
     assert_int_equal(
-        fy_backend_gpt_head(cuda, fin, embed, yh, m.targets, &loss2, dyh, dfin2, demb2), 0);
+        fy_backend_model_head(cuda, fin, embed, yh, m.targets, &loss2, dyh, dfin2, demb2), 0);
     assert_memory_equal(&loss2, &loss, sizeof loss);
     assert_memory_equal(dfin2, dfin, nf * sizeof(float));
     assert_memory_equal(demb2, demb, ne * sizeof(float));
     want = to_bf16(dy, NC);
     assert_memory_equal(dyh, want, NC * 2);
     free(want);
-    assert_int_equal(fy_backend_gpt_block_backward(cuda, 1, block, xh, dyh, dxh, dp2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, xh, dyh, dxh, dp2, NULL), 0);
     want = to_bf16(dx, NC);
     assert_memory_equal(dxh, want, NC * 2);
     free(want);
     assert_memory_equal(dp2, dp, nb * sizeof(float));
-    assert_int_equal(fy_backend_gpt_act_dtype(cuda, FY_DTYPE_F32), 0);
+    assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_F32), 0);
     print_message("bf16 and f32 host activations: identical outputs (loss %.6f)\n", loss);
     free(x), free(y), free(dy), free(dx), free(dfin), free(demb), free(dp), free(dfin2);
     free(demb2), free(dp2), free(xh), free(yh), free(dyh), free(dxh);
@@ -339,29 +339,29 @@ static void test_bf16_host_activations_same_bits(void **state)
  * (-ENOTSUP), and a head size the kernels do not take (-EINVAL). */
 static void test_refusals(void **state)
 {
-    struct fy_gpt_config c = llama(1);
+    struct fy_model_config c = llama(1);
     struct fy_refmodel m;
     assert_int_equal(fy_refmodel_init(&m, &c, B, T, 59), 0);
-    assert_int_equal(fy_backend_gpt_prepare(cuda, &c, B, T), 0);
+    assert_int_equal(fy_backend_model_prepare(cuda, &c, B, T), 0);
     size_t NC = (size_t)B * T * c.n_embd;
     float *x = falloc(NC), *y = falloc(NC), *region = falloc(NC * 4);
-    struct fy_gpt_saved saved;
+    struct fy_block_saved saved;
     memset(&saved, 0, sizeof saved);
     saved.at[FY_ACT_QKV] = region;
     print_message("(error lines about Llama refusals are expected next)\n");
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, m.params[1], x, y, &saved), -ENOTSUP);
-    assert_int_equal(fy_backend_gpt_swap(cuda), -ENOTSUP);
-    struct fy_gpt_profile prof;
-    assert_int_equal(fy_backend_gpt_profile(cuda, region, NC * 4 * sizeof(float), &prof),
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], x, y, &saved), -ENOTSUP);
+    assert_int_equal(fy_backend_model_swap(cuda), -ENOTSUP);
+    struct fy_block_profile prof;
+    assert_int_equal(fy_backend_model_profile(cuda, region, NC * 4 * sizeof(float), &prof),
                      -ENOTSUP);
     /* the unit still works after the refusals */
-    assert_int_equal(fy_backend_gpt_block_forward(cuda, 1, m.params[1], x, y, NULL), 0);
-    struct fy_gpt_config odd = c;
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], x, y, NULL), 0);
+    struct fy_model_config odd = c;
     odd.n_embd = 96;
     odd.n_head = 8; /* head size 12 */
     odd.n_kv_head = 4;
-    assert_int_equal(fy_gpt_config_validate(&odd), 0);
-    assert_int_equal(fy_backend_gpt_prepare(cuda, &odd, B, T), -EINVAL);
+    assert_int_equal(fy_model_config_validate(&odd), 0);
+    assert_int_equal(fy_backend_model_prepare(cuda, &odd, B, T), -EINVAL);
     free(x);
     free(y);
     free(region);
@@ -381,8 +381,8 @@ int main(void)
     if (fy_backend_open(&cpu, "cpu", 0) < 0)
         return 1;
     /* the arena is sized by the first preparation: the untied model's is the larger */
-    struct fy_gpt_config first = llama(0);
-    if (fy_backend_gpt_prepare(cuda, &first, B, T) < 0)
+    struct fy_model_config first = llama(0);
+    if (fy_backend_model_prepare(cuda, &first, B, T) < 0)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_units_match_cpu),

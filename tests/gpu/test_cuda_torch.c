@@ -30,7 +30,7 @@
 
 /* Small but GPT-3-style in shape, within what the CUDA kernels take (n_embd and the head size
  * multiples of 8): 2 layers, 4 heads of 32, 128 wide, 512 tokens, full context. */
-static const struct fy_gpt_config CFG = {.n_layer = 2, .n_head = 4, .n_embd = 128, .vocab = 512,
+static const struct fy_model_config CFG = {.n_layer = 2, .n_head = 4, .n_embd = 128, .vocab = 512,
                                          .ctx = 64};
 enum { B = 4, T = 64, MAX_TENSORS = 64 };
 static const uint64_t SEED = 20240917;
@@ -75,7 +75,7 @@ static void add_tensor(struct tensors *ts, unsigned unit, const char *name, size
 {
     assert_true(ts->n < MAX_TENSORS);
     struct tensor *t = &ts->t[ts->n++];
-    if (fy_gpt_unit_kind(&CFG, unit) == FY_UNIT_BLOCK)
+    if (fy_model_unit_kind(&CFG, unit) == FY_UNIT_BLOCK)
         snprintf(t->name, sizeof t->name, "block%u.%s", unit - 1, name);
     else
         snprintf(t->name, sizeof t->name, "%s", name);
@@ -88,11 +88,11 @@ static void add_tensor(struct tensors *ts, unsigned unit, const char *name, size
 static void list_tensors(const struct fy_refmodel *m, struct tensors *ts)
 {
     const size_t C = CFG.n_embd, V = CFG.vocab;
-    struct fy_gpt_block_layout l;
-    fy_gpt_block_layout(&CFG, &l);
+    struct fy_gpt2_block_layout l;
+    fy_gpt2_block_layout(&CFG, &l);
     ts->n = 0;
     for (unsigned u = 0; u < m->n_units; u++) {
-        switch (fy_gpt_unit_kind(&CFG, u)) {
+        switch (fy_model_unit_kind(&CFG, u)) {
         case FY_UNIT_EMBED:
             add_tensor(ts, u, "wte", 0, V * C);
             add_tensor(ts, u, "wpe", V * C, (size_t)CFG.ctx * C);

@@ -4,7 +4,7 @@
  *
  * Our side, each step: the whole model's forward and backward on the CUDA backend, composed through
  * the backend interface as the gpu worker runs it (tests/refmodel.h), then our AdamW kernel
- * (fy_adamw_update_range) on every unit, weight decay per fy_gpt_decay_segments segment, over fp32
+ * (fy_adamw_update_range) on every unit, weight decay per fy_model_decay_segments segment, over fp32
  * master weights and moments kept here. PyTorch's side: torch.optim.AdamW with the same
  * hyperparameters and two parameter groups mirroring those segments, in fp32 (the reference: no
  * TF32, SDPA's math backend) and in bf16 autocast (to calibrate what bf16 costs). Per step:
@@ -36,7 +36,7 @@
 #define BACKEND "cuda"
 
 /* As test_cuda_torch.c: 2 layers, 4 heads of 32, 128 wide, 512 tokens, full context. */
-static const struct fy_gpt_config CFG = {.n_layer = 2, .n_head = 4, .n_embd = 128, .vocab = 512,
+static const struct fy_model_config CFG = {.n_layer = 2, .n_head = 4, .n_embd = 128, .vocab = 512,
                                          .ctx = 64};
 enum { B = 4, T = 64, S = 10 };
 static const uint64_t SEED = 20250311;
@@ -190,8 +190,8 @@ static void train_ours(struct fy_refmodel *m, const struct batches *d, double lo
             const struct fy_adamw_tensor x = {.master = m->params[u], .m = mom[u], .v = var[u],
                                               .grad = m->grads[u], .grad_dtype = FY_DTYPE_F32,
                                               .weight_bf16 = NULL, .n = m->sizes[u]};
-            struct fy_param_segment seg[FY_GPT_MAX_SEGMENTS];
-            int n_seg = fy_gpt_decay_segments(&CFG, u, seg);
+            struct fy_param_segment seg[FY_MODEL_MAX_SEGMENTS];
+            int n_seg = fy_model_decay_segments(&CFG, u, seg);
             for (int k = 0; k < n_seg; k++) {
                 struct fy_adamw_hparams hp = HP;
                 if (!seg[k].decay)
@@ -305,7 +305,7 @@ static void test_training_vs_torch(void **state)
                   "n", "ours vs fp32", "bf16 vs fp32");
     for (unsigned u = 0; u < m.n_units; u++) {
         char name[16];
-        switch (fy_gpt_unit_kind(&CFG, u)) {
+        switch (fy_model_unit_kind(&CFG, u)) {
         case FY_UNIT_EMBED: snprintf(name, sizeof name, "embed"); break;
         case FY_UNIT_BLOCK: snprintf(name, sizeof name, "block%u", u - 1); break;
         default: snprintf(name, sizeof name, "final"); break;

@@ -724,7 +724,7 @@ static void test_damage_found_while_training(void **state)
     }
     static struct fy_storemeta m;
     assert_true(newest_record(store, &m) >= 0);
-    for (unsigned u = 0; u < fy_gpt_unit_count(&m.model); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(&m.model); u++) {
         uint64_t bytes, at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(u, 1 - m.copy), &bytes);
         flip_byte(data, at + bytes / 2);
     }
@@ -823,7 +823,7 @@ static void test_truncated_store(void **state)
     assert_int_equal(train_to(c, run, "12", out), 0);
     assert_true(newest_record(store, &m) >= 0);
     assert_int_equal(m.copy, 0);
-    unsigned last = fy_gpt_unit_count(&m.model) - 1;
+    unsigned last = fy_model_unit_count(&m.model) - 1;
     uint64_t cut = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(last, 0), NULL) + 4096;
     uint64_t older = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(last, 1), NULL);
     assert_true(older < cut);
@@ -1316,7 +1316,7 @@ static void put32(uint8_t *b, int slot, uint32_t v)
  * made for `model`: its version 1 metadata block (slots 0..12 as a commit record's, the checksum
  * in slot 13, slot 29 the flag of state written past the last sync) and one copy of each unit's
  * state, no commit record. */
-static void make_pre_commit_store(const struct run_paths *rp, const struct fy_gpt_config *model,
+static void make_pre_commit_store(const struct run_paths *rp, const struct fy_model_config *model,
                                   uint64_t step)
 {
     const char *paths[1] = {rp->store};
@@ -1324,14 +1324,14 @@ static void make_pre_commit_store(const struct run_paths *rp, const struct fy_gp
     struct fy_store *s = NULL;
     assert_int_equal(fy_store_open(&s, &o), 0);
     assert_int_equal(fy_store_add_extent(s, FY_TENSOR_META, FY_CKPT_BLOCK), 0);
-    for (unsigned u = 0; u < fy_gpt_unit_count(model); u++)
+    for (unsigned u = 0; u < fy_model_unit_count(model); u++)
         assert_int_equal(fy_store_add_extent(s, FY_TENSOR_UNIT_STATE(u),
                                              fy_optstate_bytes(model, u)), 0);
     struct fy_extent e;
     assert_int_equal(fy_store_find(s, FY_TENSOR_META, &e), 0);
     fy_store_close(&s);
     uint8_t block[FY_CKPT_BLOCK] = {0};
-    uint64_t hash = fy_gpt_config_hash(model);
+    uint64_t hash = fy_model_config_hash(model);
     const uint32_t v[13] = {FY_STOREMETA_MAGIC, 1, model->n_layer, model->n_head, model->n_embd,
                             model->vocab, model->ctx, (uint32_t)hash, (uint32_t)(hash >> 32),
                             (uint32_t)step, 0, 5, 0};

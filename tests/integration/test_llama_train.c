@@ -113,7 +113,7 @@ static void schedules_agree(struct fy_test_fixture *f, int tied, const char *ste
         assert_non_null(weights[i]);
         if (i == 0) {
             /* the export is this Llama at the last step, its blocks trained away from the init */
-            struct fy_gpt_config c;
+            struct fy_model_config c;
             uint64_t step;
             float *params = NULL;
             assert_int_equal(fy_weights_read(out, &c, &step, &params), 0);
@@ -123,10 +123,10 @@ static void schedules_agree(struct fy_test_fixture *f, int tied, const char *ste
             assert_int_equal(c.n_inter, 48);
             assert_int_equal(c.tied, tied);
             assert_true(c.rope_theta == 500000.0);
-            size_t n1 = fy_gpt_unit_params(&c, 1);
+            size_t n1 = fy_model_unit_params(&c, 1);
             float *init = malloc(n1 * sizeof *init);
-            fy_gpt_init_unit(&c, 1, 3, init);
-            assert_memory_not_equal(params + fy_gpt_unit_params(&c, 0), init, n1 * sizeof *init);
+            fy_model_init_unit(&c, 1, 3, init);
+            assert_memory_not_equal(params + fy_model_unit_params(&c, 0), init, n1 * sizeof *init);
             free(init);
             free(params);
         }
@@ -173,8 +173,8 @@ static void test_model_conf_and_hash(void **state)
     assert_non_null(cfg);
     fy_config_init(cfg);
     assert_int_equal(fy_config_load(cfg, mc_path), 0);
-    struct fy_gpt_config c;
-    assert_int_equal(fy_gpt_config_from(cfg, &c), 0);
+    struct fy_model_config c;
+    assert_int_equal(fy_model_config_from(cfg, &c), 0);
     assert_int_equal(c.arch, FY_ARCH_LLAMA);
     assert_int_equal(c.n_head, 4);
     assert_int_equal(c.n_kv_head, 2);
@@ -183,8 +183,8 @@ static void test_model_conf_and_hash(void **state)
     assert_true(c.rope_theta == 500000.0);
     assert_true(c.rms_eps == 1e-5f);
     free(cfg);
-    struct fy_gpt_config g = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab = 256, .ctx = 32};
-    assert_true(fy_gpt_config_hash(&g) != fy_gpt_config_hash(&c));
+    struct fy_model_config g = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab = 256, .ctx = 32};
+    assert_true(fy_model_config_hash(&g) != fy_model_config_hash(&c));
 
     char *gpt = fy_test_in(f, "gpt");
     const char *args[] = {"init", "--run-dir", gpt, "--layers", "1", "--heads", "2", "--embd", "16",

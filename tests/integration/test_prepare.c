@@ -391,7 +391,7 @@ static void test_bad_tokenizer_inputs(void **state)
 
 /* ---- training on a masked file ---- */
 
-static const struct fy_gpt_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab = 256,
+static const struct fy_model_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab = 256,
                                          .ctx = 16};
 enum { B = 4, T = 16 };
 
@@ -437,7 +437,7 @@ static void test_masked_training_vs_reference(void **state)
     struct fy_refmodel m;
     assert_int_equal(fy_refmodel_init(&m, &CFG, B, T, 1), 0);
     for (unsigned u = 0; u < m.n_units; u++)
-        fy_gpt_init_unit(&CFG, u, 7, m.params[u]);
+        fy_model_init_unit(&CFG, u, 7, m.params[u]);
     struct fy_tokfile *t;
     assert_int_equal(fy_tokfile_open(&t, tpath("qa.tok"), CFG.vocab), 0);
     assert_true(fy_tokfile_masked(t) > 0);

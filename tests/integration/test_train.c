@@ -176,16 +176,16 @@ static void test_store_run_matches_inprocess(void **state)
     free(lc);
     free(wc);
     /* and the export is a readable weights file of the trained model at step 10 */
-    struct fy_gpt_config c;
+    struct fy_model_config c;
     uint64_t step;
     float *params = NULL;
     assert_int_equal(fy_weights_read(fy_test_in(f, "a.fywt"), &c, &step, &params), 0);
     assert_int_equal(step, 10);
     assert_int_equal(c.n_embd, 32);
     assert_int_equal(c.n_layer, 2);
-    float *init = malloc(fy_gpt_unit_params(&c, 1) * sizeof(float));
-    fy_gpt_init_unit(&c, 1, 5, init);
-    assert_memory_not_equal(params + fy_gpt_unit_params(&c, 0), init, fy_gpt_unit_params(&c, 1) * 4);
+    float *init = malloc(fy_model_unit_params(&c, 1) * sizeof(float));
+    fy_model_init_unit(&c, 1, 5, init);
+    assert_memory_not_equal(params + fy_model_unit_params(&c, 0), init, fy_model_unit_params(&c, 1) * 4);
     free(init);
     free(params);
     free(la);
@@ -330,7 +330,7 @@ static void test_resident_state_matches_streaming(void **state)
 static void test_prediction_by_hand(void **state)
 {
     (void)state;
-    struct fy_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 64, .vocab = 256, .ctx = 32};
+    struct fy_model_config c = {.n_layer = 2, .n_head = 2, .n_embd = 64, .vocab = 256, .ctx = 32};
     const unsigned char resident[4] = {1, 0, 1, 1};
     struct fy_plan_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9, .ssd_read = 1e8,
                                   .ssd_write = 2e8, .opt_params = 1e6};
@@ -1666,14 +1666,14 @@ static void test_export_and_init_refuse_overwrite(void **state)
     assert_int_equal(n1, n2);
     assert_memory_equal(first, second, n1);
     /* the export of a fresh store holds the GPT-2 initialisation */
-    struct fy_gpt_config c;
+    struct fy_model_config c;
     uint64_t step;
     float *params = NULL;
     assert_int_equal(fy_weights_read(out, &c, &step, &params), 0);
     assert_int_equal(step, 0);
-    float *init = malloc(fy_gpt_unit_params(&c, 0) * sizeof(float));
-    fy_gpt_init_unit(&c, 0, 1, init);
-    assert_memory_equal(params, init, fy_gpt_unit_params(&c, 0) * 4);
+    float *init = malloc(fy_model_unit_params(&c, 0) * sizeof(float));
+    fy_model_init_unit(&c, 0, 1, init);
+    assert_memory_equal(params, init, fy_model_unit_params(&c, 0) * 4);
     free(init);
     free(params);
     free(first);
@@ -1808,7 +1808,7 @@ static void test_clipping_bad_bound_refused(void **state)
 #define REF_TRAIN_VERSION 1
 #define REF_SEED 7
 
-static void write_ref_input(const char *path, const struct fy_gpt_config *c, double max_norm,
+static void write_ref_input(const char *path, const struct fy_model_config *c, double max_norm,
                             const struct fy_tokfile *data, float *const *init)
 {
     FILE *fp = fopen(path, "wb");
@@ -1826,8 +1826,8 @@ static void write_ref_input(const char *path, const struct fy_gpt_config *c, dou
         double lr = (float)fy_train_lr(&o, s); /* the request's lr, as the worker rounds it */
         ok &= fwrite(&lr, 8, 1, fp) == 1;
     }
-    for (unsigned u = 0; u < fy_gpt_unit_count(c); u++)
-        ok &= fwrite(init[u], 4, fy_gpt_unit_params(c, u), fp) == fy_gpt_unit_params(c, u);
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+        ok &= fwrite(init[u], 4, fy_model_unit_params(c, u), fp) == fy_model_unit_params(c, u);
     int32_t in[TRAIN_BATCH * TRAIN_SEQ], tg[TRAIN_BATCH * TRAIN_SEQ];
     for (uint64_t s = 1; s <= CLIP_STEPS; s++) {
         assert_int_equal(fy_tokfile_batch(data, FY_TOKFILE_TRAIN, 1, s, TRAIN_BATCH, TRAIN_SEQ, in,
@@ -1913,19 +1913,19 @@ static void test_clipping_matches_reference(void **state)
     const char *clip[] = {"--clip-grad-norm", STR(CLIP_MAX), NULL};
     assert_int_equal(train_with(f, run, f->data, STR(CLIP_STEPS), weights, 0, clip), 0);
 
-    struct fy_gpt_config c;
+    struct fy_model_config c;
     uint64_t step;
     float *ours = NULL;
     assert_int_equal(fy_weights_read(weights, &c, &step, &ours), 0);
     assert_int_equal(step, CLIP_STEPS);
-    unsigned units = fy_gpt_unit_count(&c);
+    unsigned units = fy_model_unit_count(&c);
     float *init[FY_REFMODEL_MAX_UNITS];
     size_t n_params = 0;
     for (unsigned u = 0; u < units; u++) {
-        init[u] = malloc(fy_gpt_unit_params(&c, u) * sizeof(float));
+        init[u] = malloc(fy_model_unit_params(&c, u) * sizeof(float));
         assert_non_null(init[u]);
-        fy_gpt_init_unit(&c, u, REF_SEED, init[u]);
-        n_params += fy_gpt_unit_params(&c, u);
+        fy_model_init_unit(&c, u, REF_SEED, init[u]);
+        n_params += fy_model_unit_params(&c, u);
     }
     struct fy_tokfile *data = NULL;
     assert_int_equal(fy_tokfile_open(&data, f->data, c.vocab), 0);
@@ -1955,7 +1955,7 @@ static void test_clipping_matches_reference(void **state)
     size_t at = 0;
     int far_from_unclipped = 1;
     for (unsigned u = 0; u < units; u++) {
-        size_t n = fy_gpt_unit_params(&c, u), bad, bad0;
+        size_t n = fy_model_unit_params(&c, u), bad, bad0;
         double frob, frob0;
         int close = weights_close(init[u], ours + at, ref.params + at, n, &frob, &bad);
         int close0 = weights_close(init[u], ours + at, unclipped.params + at, n, &frob0, &bad0);

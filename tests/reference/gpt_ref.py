@@ -20,7 +20,7 @@ max_norm > 0, clipping as torch.nn.utils.clip_grad_norm_ does it (coef = max_nor
 every gradient multiplied by coef when coef < 1); then one AdamW step as torch.optim.AdamW takes it
 (decoupled weight decay p *= 1 - lr*wd first, bias corrections with t = s, eps added to
 sqrt(v)/sqrt(1 - beta2^t)) with lr_s, weight decay on wte, wpe and the block matrices (qkv_w,
-attn_w, fc_w, proj_w) only, as fy_gpt_decay_segments (common/model.c) splits the units. All in
+attn_w, fc_w, proj_w) only, as fy_model_decay_segments (common/model.c) splits the units. All in
 float64.
 
 Usage:
@@ -65,7 +65,7 @@ TRAIN_VERSION = 1
 TRAIN_HEADER_FIELDS = HEADER_FIELDS + ("S",)
 TRAIN_HPARAMS = ("beta1", "beta2", "eps", "weight_decay", "max_norm")
 MAX_STEPS = 1 << 16
-# The block tensors that weight decay applies to (fy_gpt_decay_segments); wte and wpe decay too.
+# The block tensors that weight decay applies to (fy_model_decay_segments); wte and wpe decay too.
 DECAY_BLOCK_TENSORS = ("qkv_w", "attn_w", "fc_w", "proj_w")
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 LN_EPS = 1e-5

@@ -8,7 +8,7 @@ comment and gpt_ref.py's. From the initial parameters in IN, each step s = 1..S 
 and backward of batch s, records its loss (before the update), then takes one torch.optim.AdamW
 step: lr, betas (beta1, beta2), eps and weight_decay from IN, constant lr, no gradient clipping,
 the single-tensor implementation (foreach=False, fused=False). Two parameter groups mirror
-fy_gpt_decay_segments (common/model.c): weight decay on wte, wpe and the matrices of the blocks
+fy_model_decay_segments (common/model.c): weight decay on wte, wpe and the matrices of the blocks
 (qkv_w, attn_w, fc_w, proj_w); none on the biases and the LayerNorm parameters (ln1_*, ln2_*,
 lnf_*, *_b).
 
@@ -54,7 +54,7 @@ VERSION = 1
 HEADER_FIELDS = ("magic", "version", "B", "T", "L", "NH", "C", "V", "ctx", "S")
 HPARAM_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 MAX_STEPS = 1 << 16
-# The block tensors that weight decay applies to (fy_gpt_decay_segments); wte and wpe decay too.
+# The block tensors that weight decay applies to (fy_model_decay_segments); wte and wpe decay too.
 DECAY_BLOCK_TENSORS = ("qkv_w", "attn_w", "fc_w", "proj_w")
 
 
@@ -178,7 +178,7 @@ def main(argv):
 
     P = gpt_torch.model_params(torch, cfg, units, dev)
 
-    # In unit order, each tensor once: (tensor, decays), as fy_gpt_decay_segments splits the units.
+    # In unit order, each tensor once: (tensor, decays), as fy_model_decay_segments splits the units.
     ordered = [(P["wte"], True), (P["wpe"], True)]
     for p in P["blocks"]:
         ordered += [(p[name], name in DECAY_BLOCK_TENSORS) for name in gpt_ref.BLOCK_TENSORS]

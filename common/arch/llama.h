@@ -1,0 +1,50 @@
+/* The Llama family (Hugging Face LlamaForCausalLM): its config fields and its units' layout, for
+ * the registry (common/arch/arch.h) and the backends' Llama files. Units: 0 holds embed_tokens
+ * [V][C] (no positions), 1..n_layer the decoder blocks, n_layer+1 the final RMSNorm weight [C]
+ * followed, when the head is untied, by lm_head [V][C]. */
+#ifndef FY_ARCH_LLAMA_H
+#define FY_ARCH_LLAMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct fy_model_config;
+
+enum fy_rope { FY_ROPE_DEFAULT = 0, FY_ROPE_LLAMA3 = 1 };
+
+/* Hugging Face LlamaConfig names in the comments. */
+struct fy_llama_fields {
+    uint32_t n_kv_head;         /* num_key_value_heads */
+    uint32_t n_inter;           /* intermediate_size */
+    uint32_t tied;              /* tie_word_embeddings: 1 = no lm_head, embed_tokens serves */
+    uint32_t rope_type;         /* enum fy_rope: rope_scaling absent, or rope_type "llama3" */
+    uint32_t rope_orig_max_pos; /* llama3: original_max_position_embeddings */
+    float rms_eps;              /* rms_norm_eps */
+    double rope_theta;          /* rope_theta */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+};
+
+/* Offsets in floats of each tensor inside a Llama block unit (from the family's tensor table). */
+struct fy_llama_unit_layout {
+    size_t input_norm; /* input_layernorm.weight [C] */
+    size_t q_proj;     /* self_attn.q_proj.weight [n_head*hd][C] */
+    size_t k_proj;     /* self_attn.k_proj.weight [n_kv_head*hd][C] */
+    size_t v_proj;     /* self_attn.v_proj.weight [n_kv_head*hd][C] */
+    size_t o_proj;     /* self_attn.o_proj.weight [C][n_head*hd] */
+    size_t post_norm;  /* post_attention_layernorm.weight [C] */
+    size_t gate_proj;  /* mlp.gate_proj.weight [I][C] */
+    size_t up_proj;    /* mlp.up_proj.weight [I][C] */
+    size_t down_proj;  /* mlp.down_proj.weight [C][I] */
+    size_t total;
+};
+void fy_llama_unit_layout(const struct fy_model_config *c, struct fy_llama_unit_layout *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
