@@ -19,7 +19,9 @@
 #include <unistd.h>
 
 #include "common/dtype.h"
+#include "common/arch/gpt2.h"
 #include "common/hf.h"
+#include "common/hfexport.h"
 #include "common/model.h"
 #include "common/safetensors.h"
 #include "tests/testutil.h"
