@@ -19,6 +19,7 @@
 #include "fsutil.h"
 #include "hf.h"
 #include "safetensors.h"
+#include "stwriter.h"
 
 struct fy_hf_writer {
     char dir[PATH_MAX]; /* the target */

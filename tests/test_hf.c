@@ -24,6 +24,7 @@
 #include "common/hfexport.h"
 #include "common/model.h"
 #include "common/safetensors.h"
+#include "common/stwriter.h"
 #include "tests/testutil.h"
 
 /* 2 layers, 2 heads, 8 wide, vocab 11, context 5: every shape distinct enough to catch a swap. */
