@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/arch/arch.h"
 #include "common/check.h"
 #include "common/desc.h"
 #include "common/dtype.h"
@@ -85,7 +86,7 @@ static int cpu_gpt_prepare(void *state, const struct fy_model_config *c, int B, 
     s->cfg = *c;
     s->B = B;
     s->T = T;
-    s->llama = c->arch == FY_ARCH_LLAMA;
+    s->llama = fy_model_arch(c) == &fy_arch_llama; /* (the family ops table replaces this) */
     size_t block, head;
     if (s->llama) {
         fy_llama_config_of(c, &s->lcfg);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/actplan.h"
+#include "common/arch/gpt2.h"
 #include "common/model.h"
 
 #ifdef __cplusplus

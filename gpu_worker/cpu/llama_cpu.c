@@ -442,15 +442,15 @@ void fy_llama_config_of(const struct fy_model_config *m, struct fy_llama_config 
     *out = (struct fy_llama_config){
         .n_embd = m->n_embd,
         .n_head = m->n_head,
-        .n_kv_head = m->n_kv_head,
-        .n_inter = m->n_inter,
-        .rms_norm_eps = m->rms_eps,
-        .rope_theta = m->rope_theta,
-        .rope_type = m->rope_type == FY_ROPE_LLAMA3 ? FY_LLAMA_ROPE_LLAMA3 : FY_LLAMA_ROPE_DEFAULT,
-        .rope_factor = m->rope_factor,
-        .rope_low_freq_factor = m->rope_low_freq_factor,
-        .rope_high_freq_factor = m->rope_high_freq_factor,
-        .rope_original_max_pos = m->rope_orig_max_pos,
+        .n_kv_head = m->llama.n_kv_head,
+        .n_inter = m->llama.n_inter,
+        .rms_norm_eps = m->llama.rms_eps,
+        .rope_theta = m->llama.rope_theta,
+        .rope_type = m->llama.rope_type == FY_ROPE_LLAMA3 ? FY_LLAMA_ROPE_LLAMA3 : FY_LLAMA_ROPE_DEFAULT,
+        .rope_factor = m->llama.rope_factor,
+        .rope_low_freq_factor = m->llama.rope_low_freq_factor,
+        .rope_high_freq_factor = m->llama.rope_high_freq_factor,
+        .rope_original_max_pos = m->llama.rope_orig_max_pos,
     };
 }
 
@@ -517,15 +517,15 @@ float fy_llama_head_forward_backward(const struct fy_model_config *m, const floa
     int C = (int)m->n_embd, V = (int)m->vocab, N = B * T;
     size_t VC = (size_t)V * C;
     const float *norm_w = final_params;
-    const float *head_w = m->tied ? embed : final_params + C;
+    const float *head_w = m->llama.tied ? embed : final_params + C;
     int backward = dx != NULL;
 
-    fy_llama_rmsnorm_forward(s.xn, s.rstd, x, norm_w, N, C, m->rms_eps);
+    fy_llama_rmsnorm_forward(s.xn, s.rstd, x, norm_w, N, C, m->llama.rms_eps);
     float *dhead = NULL;
     if (backward) {
         memset(dembed, 0, VC * sizeof *dembed);
         memset(dfinal, 0, fy_model_unit_params(m, m->n_layer + 1) * sizeof *dfinal);
-        dhead = m->tied ? dembed : dfinal + C;
+        dhead = m->llama.tied ? dembed : dfinal + C;
     }
     float loss = fy_cpu_xent_head(s.xn, head_w, targets, N, C, V, s.logits, backward ? s.dxn : NULL,
                                   dhead);
@@ -540,7 +540,7 @@ void fy_llama_logits(const struct fy_model_config *m, const float *final_params,
     struct head_buf s;
     head_carve(m, B, T, scratch, &s);
     int C = (int)m->n_embd, N = B * T;
-    fy_llama_rmsnorm_forward(s.xn, s.rstd, x, final_params, N, C, m->rms_eps);
-    fy_cpu_matmul_forward(logits, s.xn, m->tied ? embed : final_params + C, NULL, N, C,
+    fy_llama_rmsnorm_forward(s.xn, s.rstd, x, final_params, N, C, m->llama.rms_eps);
+    fy_cpu_matmul_forward(logits, s.xn, m->llama.tied ? embed : final_params + C, NULL, N, C,
                           (int)m->vocab);
 }
