@@ -12,7 +12,8 @@
 #include "common/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
-#include "gpu_worker/cuda/cu_gpt.h"
+#include "gpu_worker/cuda/cu_gpt2_units.h"
+#include "gpu_worker/cuda/cu_model.h"
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -117,30 +118,34 @@ int main(int argc, char **argv)
     fill_tokens<<<256, 256>>>(targets, N, c.vocab, 2);
     CK(cudaDeviceSynchronize());
     /* one arena: the units' working buffers and one kept set of internals per block */
-    size_t acts_bytes = fy_cu_gpt_acts_bytes(&c, B, T);
+    size_t acts_bytes = fy_cu_gpt2_acts_bytes(&c, B, T);
     struct fy_cu_arena arena;
     size_t kept_bytes = (modes & 2) ? (size_t)L * acts_bytes : 0;
-    OK(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&c, B, T) + kept_bytes));
-    struct fy_cu_gpt *g = NULL;
-    OK(fy_cu_gpt_new(&g, &arena, &c, B, T));
-    std::vector<struct fy_cu_gpt_acts> kept(L + 1);
+    OK(fy_cu_arena_init(&arena, fy_cu_model_arena_bytes(&c, B, T) + kept_bytes));
+    struct fy_cu_model *m = NULL;
+    OK(fy_cu_model_new(&m, &arena, &c, B, T));
+    /* the model's GPT-2 units, driven on the device */
+    struct fy_cu_gpt2 *g = (struct fy_cu_gpt2 *)fy_cu_model_units(m, &fy_cu_family_gpt2);
+    if (g == NULL)
+        return 1;
+    std::vector<struct fy_cu_gpt2_acts> kept(L + 1);
     for (int l = 1; (modes & 2) && l <= L; l++)
-        OK(fy_cu_gpt_acts_take(g, &arena, &kept[l]));
-    cudaStream_t s = fy_cu_gpt_stream(g);
+        OK(fy_cu_gpt2_acts_take(g, &arena, &kept[l]));
+    cudaStream_t s = fy_cu_model_stream(m);
     bf16 *wte = w[0], *wpe = w[0] + V * C;
 
     auto step = [&](int keep) {
-        OK(fy_cu_gpt_dev_embed_forward(g, wte, wpe, tokens, act[0]));
+        OK(fy_cu_gpt2_embed_forward(g, wte, wpe, tokens, act[0]));
         for (int l = 1; l <= L; l++)
-            OK(fy_cu_gpt_dev_block_forward(g, w[l], act[l - 1], act[l], keep ? &kept[l] : NULL));
-        OK(fy_cu_gpt_dev_head(g, w[L + 1], wte, act[L], targets, losses, dact[0], dlnf, dembed));
+            OK(fy_cu_gpt2_block_forward(g, w[l], act[l - 1], act[l], keep ? &kept[l] : NULL));
+        OK(fy_cu_gpt2_head(g, w[L + 1], wte, act[L], targets, losses, dact[0], dlnf, dembed));
         int cur = 0;
         for (int l = L; l >= 1; l--) {
-            OK(fy_cu_gpt_dev_block_backward(g, w[l], act[l - 1], dact[cur], dact[cur ^ 1], dblock,
-                                            keep ? &kept[l] : NULL));
+            OK(fy_cu_gpt2_block_backward(g, w[l], act[l - 1], dact[cur], dact[cur ^ 1], dblock,
+                                         keep ? &kept[l] : NULL));
             cur ^= 1;
         }
-        OK(fy_cu_gpt_dev_embed_backward(g, tokens, dact[cur], dembed, dembed + V * C));
+        OK(fy_cu_gpt2_embed_backward(g, tokens, dact[cur], dembed, dembed + V * C));
     };
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -173,11 +178,11 @@ int main(int argc, char **argv)
                keep ? "internals kept" : "blocks recomputed in backward");
     }
     if (profile) {
-        fy_cu_gpt_set_timing(g, 1);
+        fy_cu_gpt2_set_timing(g, 1);
         step((modes & 2) != 0);
         CK(cudaStreamSynchronize(s));
-        const struct fy_cu_gpt_op *ops;
-        int n = fy_cu_gpt_timings(g, &ops);
+        const struct fy_cu_gpt2_op *ops;
+        int n = fy_cu_gpt2_timings(g, &ops);
         double sum = 0;
         for (int i = 0; i < n; i++)
             sum += ops[i].ms;
@@ -209,7 +214,7 @@ int main(int argc, char **argv)
                 printf("%10s\n", "-");
         }
     }
-    fy_cu_gpt_destroy(&g);
+    fy_cu_model_destroy(&m);
     fy_cu_arena_release(&arena);
     return 0;
 }

@@ -1,8 +1,9 @@
-/* GPU test of gpu_worker/cuda/cu_attention.cu: causal attention forward/backward against the fp32
- * CPU reference (fy_cpu_attention_forward/backward) and the LM head (logits, cross-entropy, dxn,
- * dwte) against a CPU computation in fp64, on bf16-rounded inputs (so both sides see the same
- * values). Every call runs twice on poisoned outputs and scratch, and the two results must be
- * identical byte for byte. Skips (exit 77) where there is no usable CUDA device.
+/* GPU test of gpu_worker/cuda/cu_attention.cu and cu_head.cu: the materialising causal attention
+ * forward/backward against the fp32 CPU reference (fy_cpu_attention_forward/backward) and the LM
+ * head (logits, cross-entropy, dxn, dwte) against a CPU computation in fp64, on bf16-rounded
+ * inputs (so both sides see the same values). Every call runs twice on poisoned outputs and
+ * scratch, and the two results must be identical byte for byte. Skips (exit 77) where there is no
+ * usable CUDA device.
  *
  * Tolerances (bf16 products with fp32 accumulation against an fp32/fp64 reference):
  *  - outputs: |gpu - cpu| <= 2^-6 |cpu| + 2e-2 rms(cpu) per element. The GPU rounds P to bf16 before
@@ -31,6 +32,7 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 #include "common/dtype.h"
 #include "gpu_worker/cpu/gpt_cpu.h"
 #include "gpu_worker/cuda/cu_attention.h"
+#include "gpu_worker/cuda/cu_head.h"
 #include "tests/testutil.h"
 
 #define CK(call)                                                                                   \
