@@ -1,10 +1,11 @@
-/* GPU test of the GPT-2 family's device units, gpu_worker/cuda/cu_gpt2_units.cu (contract:
- * cu_gpt2_units.h): a backward from the internals its forward kept must give the same bytes as a
- * backward that recomputes the block from its input, must not run the forward again, and must not
- * depend on the units' own scratch (other blocks run in between); a kept set that does not fit the
- * arena takes nothing. Exact comparison is right here: both paths run the same kernels on the same
- * inputs, and every kernel is deterministic. The numerics of the blocks themselves are tested
- * against the CPU backend (test_cuda_gpt) and PyTorch (test_cuda_torch); the host interface over
+/* GPU test of the GPT-2 family's units on the CUDA backend, gpu_worker/cuda/cu_gpt2_units.cu
+ * (contract: cu_gpt2_units.h): a backward from the internals its forward kept must give the same
+ * bytes as a backward that recomputes the block from its input, must not run the forward again,
+ * and must not depend on the units' own scratch (other blocks run in between); a kept set that
+ * does not fit the arena takes nothing. Exact comparison is right here: both paths run the same
+ * kernels on the same inputs, and every kernel is deterministic. The numerics of the blocks
+ * themselves are tested against the CPU backend (test_cuda_gpt) and PyTorch (test_cuda_torch), its
+ * kernels by test_cu_kernels, test_cu_attention and test_cu_flash, and the host interface over
  * these units by test_cu_model. Exits 77 (skipped) without a GPU. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -182,7 +183,7 @@ int main(void)
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
-        printf("test_cu_gpt2_units: SKIPPED: no usable CUDA device (cudaGetDeviceCount: %s, %d "
+        printf("test_cu_gpt2: SKIPPED: no usable CUDA device (cudaGetDeviceCount: %s, %d "
                "devices)\n",
                e != cudaSuccess ? cudaGetErrorString(e) : "ok", count);
         return FY_TEST_SKIP;
