@@ -60,6 +60,46 @@ static void *dev_alloc(size_t bytes)
     return p;
 }
 
+/* The per-op table of one step (fy_cu_gpt2_timings) with each product's achieved rate. */
+static void print_profile(const struct fy_cu_gpt2 *g, const struct fy_model_config *c, int B,
+                          int T, int modes)
+{
+    const int L = (int)c->n_layer, C = (int)c->n_embd;
+    const size_t N = (size_t)B * T, V = c->vocab;
+    const struct fy_cu_gpt2_op *ops;
+    int n = fy_cu_gpt2_timings(g, &ops);
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += ops[i].ms;
+    /* FLOPs per layer of the products, for achieved rates */
+    double f_qkv = 2.0 * N * C * 3 * C, f_attn = 2.0 * N * C * C, f_fc = 2.0 * N * C * 4 * C;
+    double f_sdpa = 4.0 * B * (double)T * T * C / 2; /* causal: QK^T and PV, half the matrix */
+    double F = (modes & 2) ? L : 2.0 * L; /* forward runs: recomputing runs it twice */
+    struct { const char *op; double flops; } rates[] = {
+        {"matmul qkv fwd", f_qkv * F},
+        {"matmul attn-proj fwd", f_attn * F},     {"matmul fc fwd", f_fc * F},
+        {"matmul proj fwd", f_fc * F},            {"matmul qkv bwd", 2 * f_qkv * L},
+        {"matmul attn-proj bwd", 2 * f_attn * L}, {"matmul fc bwd", 2 * f_fc * L},
+        {"matmul proj bwd", 2 * f_fc * L},        {"attention fwd", f_sdpa * F},
+        {"attention bwd", 2 * f_sdpa * L},
+        {"head (logits, loss, grads)", 6.0 * N * C * V},
+    };
+    printf("profile of one step (each op bracketed by events; the sum %.1f ms exceeds the "
+           "timed step by the serialisation):\n", sum);
+    printf("  %-28s %10s %7s %10s\n", "op", "ms/step", "share", "TFLOP/s");
+    for (int i = 0; i < n; i++) {
+        double tf = 0;
+        for (size_t k = 0; k < sizeof rates / sizeof rates[0]; k++)
+            if (!strcmp(rates[k].op, ops[i].name))
+                tf = rates[k].flops / (ops[i].ms * 1e-3) / 1e12;
+        printf("  %-28s %10.2f %6.1f%% ", ops[i].name, ops[i].ms, 100.0 * ops[i].ms / sum);
+        if (tf > 0)
+            printf("%10.1f\n", tf);
+        else
+            printf("%10s\n", "-");
+    }
+}
+
 int main(int argc, char **argv)
 {
     struct fy_model_config c = {24, 16, 2048, 50304, 1024};
@@ -181,38 +221,7 @@ int main(int argc, char **argv)
         fy_cu_gpt2_set_timing(g, 1);
         step((modes & 2) != 0);
         CK(cudaStreamSynchronize(s));
-        const struct fy_cu_gpt2_op *ops;
-        int n = fy_cu_gpt2_timings(g, &ops);
-        double sum = 0;
-        for (int i = 0; i < n; i++)
-            sum += ops[i].ms;
-        /* FLOPs per layer of the products, for achieved rates */
-        double f_qkv = 2.0 * N * C * 3 * C, f_attn = 2.0 * N * C * C, f_fc = 2.0 * N * C * 4 * C;
-        double f_sdpa = 4.0 * B * (double)T * T * C / 2; /* causal: QK^T and PV, half the matrix */
-        double F = (modes & 2) ? L : 2.0 * L; /* forward runs: recomputing runs it twice */
-        struct { const char *op; double flops; } rates[] = {
-            {"matmul qkv fwd", f_qkv * F},
-            {"matmul attn-proj fwd", f_attn * F},     {"matmul fc fwd", f_fc * F},
-            {"matmul proj fwd", f_fc * F},            {"matmul qkv bwd", 2 * f_qkv * L},
-            {"matmul attn-proj bwd", 2 * f_attn * L}, {"matmul fc bwd", 2 * f_fc * L},
-            {"matmul proj bwd", 2 * f_fc * L},        {"attention fwd", f_sdpa * F},
-            {"attention bwd", 2 * f_sdpa * L},
-            {"head (logits, loss, grads)", 6.0 * N * C * V},
-        };
-        printf("profile of one step (each op bracketed by events; the sum %.1f ms exceeds the "
-               "timed step by the serialisation):\n", sum);
-        printf("  %-28s %10s %7s %10s\n", "op", "ms/step", "share", "TFLOP/s");
-        for (int i = 0; i < n; i++) {
-            double tf = 0;
-            for (size_t k = 0; k < sizeof rates / sizeof rates[0]; k++)
-                if (!strcmp(rates[k].op, ops[i].name))
-                    tf = rates[k].flops / (ops[i].ms * 1e-3) / 1e12;
-            printf("  %-28s %10.2f %6.1f%% ", ops[i].name, ops[i].ms, 100.0 * ops[i].ms / sum);
-            if (tf > 0)
-                printf("%10.1f\n", tf);
-            else
-                printf("%10s\n", "-");
-        }
+        print_profile(g, &c, B, T, modes);
     }
     fy_cu_model_destroy(&m);
     fy_cu_arena_release(&arena);
