@@ -34,7 +34,7 @@ struct fy_cu_swap_piece {
 };
 #define FY_CU_SWAP_PIECES 6
 
-/* A family whose blocks' internals can be swapped to host memory (the kinds of common/actplan.h). */
+/* A family whose blocks' internals can be swapped to host memory (common/actplan.h's kinds). */
 struct fy_cu_swapping {
     /* 0 when these units can swap the kinds in mask; else -ENOTSUP, said. */
     int (*check)(void *units, unsigned mask);

@@ -25,9 +25,9 @@
 
 struct fy_cu_model;
 
-/* Arena bytes the model needs for batches of B x T (its working buffers and its family's units'). */
+/* Arena bytes the model needs for batches of B x T (its working buffers and its units'). */
 size_t fy_cu_model_arena_bytes(const struct fy_model_config *c, int B, int T);
-/* Arena bytes of one set of a block's internals, kept or swap (0 for a family without CUDA units). */
+/* Arena bytes of one set of a block's internals, kept or swap (0: a family without CUDA units). */
 size_t fy_cu_model_set_bytes(const struct fy_model_config *c, int B, int T);
 /* -EINVAL (said) for a family without CUDA units and for shapes the kernels do not take (n_embd
  * and head size multiples of 8, and the family's own checks); -ENOMEM (said) when the arena cannot

@@ -785,7 +785,8 @@ int main(void)
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
-        printf("test_cu_kernels: SKIPPED: no usable CUDA device (cudaGetDeviceCount: %s, %d devices)\n",
+        printf("test_cu_kernels: SKIPPED: no usable CUDA device (cudaGetDeviceCount: %s, %d "
+               "devices)\n",
                e != cudaSuccess ? cudaGetErrorString(e) : "ok", count);
         return FY_TEST_SKIP;
     }

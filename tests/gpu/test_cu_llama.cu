@@ -1,10 +1,10 @@
 /* GPU test of the Llama family on the CUDA backend: its units (gpu_worker/cuda/cu_llama_units.cu),
- * its kernels (cu_rmsnorm, cu_rope, cu_swiglu) and the grouped-query flash attention of cu_flash.cu,
- * against the fp32 CPU reference gpu_worker/cpu/llama_cpu.c, on the same inputs: random values
- * rounded to bf16 on the host, so both sides see identical weights and activations. Each kernel
- * forward and backward (RMSNorm, RoPE with plain and llama3-scaled frequencies, SwiGLU, attention
- * with NKV < NH and NKV = NH, T not a multiple of the 64-row tile), the head (tied and untied), and
- * whole decoder blocks forward and backward (head sizes 64 and 128). Outputs are poisoned (0xff:
+ * its kernels (cu_rmsnorm, cu_rope, cu_swiglu) and the grouped-query flash attention of
+ * cu_flash.cu, against the fp32 CPU reference gpu_worker/cpu/llama_cpu.c, on the same inputs:
+ * random values rounded to bf16 on the host, so both sides see identical weights and activations.
+ * Each kernel forward and backward (RMSNorm, RoPE with plain and llama3-scaled frequencies,
+ * SwiGLU, attention with NKV < NH and NKV = NH, T not a multiple of the 64-row tile), the head
+ * (tied and untied), and whole decoder blocks forward and backward (head sizes 64 and 128). Outputs are poisoned (0xff:
  * NaN) before every GPU call, so an element left unwritten fails. A block's backward from its kept
  * internals and from a recompute give the same bytes, and reruns are bit-identical. Every check
  * prints its max abs error and relative Frobenius error, so one GPU run shows what is wrong.
