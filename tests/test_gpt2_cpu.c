@@ -1,6 +1,7 @@
-/* Tests of the CPU GPT operations: every backward against central finite differences of its forward
- * at small sizes, the head's chunked loss and wte gradient against a naive all-rows computation in
- * double, and bit-identical results whatever the number of OpenMP threads.
+/* Tests of the GPT-2 family on the CPU backend (gpu_worker/cpu/gpt2_cpu.c, with cpu_ops.c): every
+ * backward against central finite differences of its forward at small sizes, the head's chunked
+ * loss and wte gradient against a naive all-rows computation in double, and bit-identical results
+ * whatever the number of OpenMP threads.
  *
  * Finite differences: the output is projected on a fixed random g, L = sum(out * g) accumulated in
  * double, and the backward is run with dout = g; numeric dL/dp = (L(p + eps) - L(p - eps)) / 2 eps.
@@ -18,8 +19,9 @@
 
 #include <cmocka.h>
 
+#include "common/arch/gpt2.h"
 #include "common/model.h"
-#include "gpu_worker/cpu/gpt_cpu.h"
+#include "gpu_worker/cpu/gpt2_cpu.h"
 #include "tests/testutil.h"
 
 /* Tolerances. The forward is fp32, so L carries a rounding error of about 1e-7 relative to
