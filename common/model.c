@@ -127,8 +127,9 @@ int fy_model_decay_segments(const struct fy_model_config *c, unsigned unit,
             out[count - 1].end = end;
             continue;
         }
-        if (count == FY_MODEL_MAX_SEGMENTS)
-            return -E2BIG; /* a family whose table alternates more often: raise the bound */
+        FY_REQUIRE(count < FY_MODEL_MAX_SEGMENTS, -E2BIG,
+                   "model: unit %u of a %s model has more than %d weight-decay segments: raise "
+                   "FY_MODEL_MAX_SEGMENTS", unit, fy_model_arch(c)->label, FY_MODEL_MAX_SEGMENTS);
         out[count++] = (struct fy_param_segment){t[i].offset, end, t[i].decay};
     }
     return count;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/arch/arch.h"
 #include "common/check.h"
 #include "common/config.h"
 #include "common/knobs.h"
@@ -18,10 +19,10 @@
 static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
 {
     unsigned L = in->c->n_layer;
-    FY_REQUIRE(in->c->arch != FY_ARCH_LLAMA, -ENOTSUP,
-               "--act-plan %s: Llama blocks keep their internals on the GPU or recompute them, "
-               "never swap them: use auto or "
-               "recompute", fy_actplan_mode_name(in->mode));
+    FY_REQUIRE(fy_model_arch(in->c)->swaps_internals, -ENOTSUP,
+               "--act-plan %s: %s blocks keep their internals on the GPU or recompute them, "
+               "never swap them: use auto or recompute", fy_actplan_mode_name(in->mode),
+               fy_model_arch(in->c)->label);
     out->place = calloc((size_t)L * FY_ACT_KINDS + 1, 1);
     FY_REQUIRE(out->place != NULL, -ENOMEM, "train: out of memory for the activation plan");
     uint64_t seed;
@@ -246,7 +247,7 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     FY_TRY(plan_rest(in, &out->sizes, keep_a, FY_ACTPLAN_RECOMPUTE, in->host_bytes,
                      in->ssd_bytes, &plan_a, &step_a));
     /* swapping costs the gpu worker one set per call in flight */
-    int can_swap = in->c->arch != FY_ARCH_LLAMA && (set == 0 || p->gpu_free >= 2 * set);
+    int can_swap = fy_model_arch(in->c)->swaps_internals && (set == 0 || p->gpu_free >= 2 * set);
     int keep_b = 0;
     if (can_swap && set) {
         uint64_t room = (p->gpu_free - 2 * set) / set;

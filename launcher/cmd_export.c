@@ -9,7 +9,9 @@
 
 #include "common/check.h"
 #include "common/dtype.h"
-#include "common/hfgpt2.h"
+#include "common/arch/arch.h"
+#include "common/hf.h"
+#include "common/hfexport.h"
 #include "common/knobs.h"
 #include "common/log.h"
 #include "launcher/cmd.h"
@@ -53,12 +55,12 @@ static int export_hf(struct fy_options *o)
     char hf_dir[PATH_MAX];
     snprintf(hf_dir, sizeof hf_dir, "%s/hf", o->run_dir);
     const char *hf = rc == 0 ? fy_config_get(mc, "hf") : NULL;
-    struct fy_hfgpt2_export_opts eo = {.source = hf && strcmp(hf, "1") == 0 ? hf_dir : NULL,
+    struct fy_hf_export_opts eo = {.source = hf && strcmp(hf, "1") == 0 ? hf_dir : NULL,
                                        .dtype = o->hf_dtype, .max_shard_bytes = o->max_shard_size,
                                        .overwrite = o->overwrite};
-    struct fy_hfgpt2_writer *w = NULL;
+    struct fy_hf_writer *w = NULL;
     if (rc == 0)
-        rc = fy_hfgpt2_writer_new(&w, o->to_hf, &model, &eo);
+        rc = fy_hf_writer_new(&w, o->to_hf, &model, &eo);
     struct fy_pool_region_spec regions[2];
     if (rc == 0)
         fy_runconf_unit_regions(&model, regions);
@@ -80,26 +82,26 @@ static int export_hf(struct fy_options *o)
         for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(&model); u++) {
             rc = fy_commit_read_unit(&x, meta, u, off, o->timeout_s * 1000);
             if (rc == 0)
-                rc = fy_hfgpt2_writer_put_unit(w, u, fy_commit_unit_master(s.pool, meta, u, off));
+                rc = fy_hf_writer_put_unit(w, u, fy_commit_unit_master(s.pool, meta, u, off));
         }
         if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
             break;
         rc = fy_commit_export_next(&x, s.pool, meta_off, o->to_hf, s.beside, &passed, meta,
                                    o->timeout_s * 1000);
-        fy_hfgpt2_writer_destroy(&w);
+        fy_hf_writer_destroy(&w);
         if (rc == 1)
-            rc = fy_hfgpt2_writer_new(&w, o->to_hf, &model, &eo);
+            rc = fy_hf_writer_new(&w, o->to_hf, &model, &eo);
     }
     char dtype[8] = "";
     if (w != NULL)
-        snprintf(dtype, sizeof dtype, "%s", fy_hfgpt2_writer_dtype(w));
+        snprintf(dtype, sizeof dtype, "%s", fy_hf_writer_dtype(w));
     if (rc == 0)
-        rc = fy_hfgpt2_writer_finish(&w);
-    fy_hfgpt2_writer_destroy(&w);
+        rc = fy_hf_writer_finish(&w);
+    fy_hf_writer_destroy(&w);
     if (rc == 0)
         fy_info("exported step %llu to %s (a Hugging Face %s directory, %s%s)",
                 (unsigned long long)meta->step, o->to_hf,
-                model.arch == FY_ARCH_LLAMA ? "Llama" : "GPT-2", dtype,
+                fy_model_arch(&model)->label, dtype,
                 eo.source ? ", names and config of the imported model" : ", config.json made here");
     free(meta);
     free(mc);

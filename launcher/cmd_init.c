@@ -9,7 +9,7 @@
 
 #include "common/check.h"
 #include "common/dtype.h"
-#include "common/hfgpt2.h"
+#include "common/hf.h"
 #include "common/log.h"
 #include "launcher/cmd.h"
 #include "launcher/commit.h"
@@ -132,7 +132,7 @@ static int init_store(const struct fy_options *o, const struct fy_staging *st,
 /* A unit's master weights from the Hugging Face files (fy_commit_create's fill). */
 static int read_unit(void *src, unsigned unit, float *master)
 {
-    return fy_hfgpt2_read_unit(src, unit, master);
+    return fy_hf_read_unit(src, unit, master);
 }
 
 /* Each unit's state extent [master | m | v] from the checkpoint, one unit in the pool at a time:
@@ -141,12 +141,12 @@ static int read_unit(void *src, unsigned unit, float *master)
 static int import_units(const struct fy_options *o, const struct fy_exec *x, struct fy_pool *pool,
                         void *ctx)
 {
-    struct fy_hfgpt2_src *src = ctx;
+    struct fy_hf_src *src = ctx;
     uint64_t off, bytes, meta_off, meta_bytes;
     FY_TRY(fy_pool_region(pool, "unit", &off, &bytes));
     FY_TRY(fy_pool_region(pool, "meta", &meta_off, &meta_bytes));
     const uint64_t one_buffer[2] = {off, off}; /* a large vocabulary's unit is gigabytes */
-    return fy_commit_create(x, pool, meta_off, one_buffer, fy_hfgpt2_model(src), 0,
+    return fy_commit_create(x, pool, meta_off, one_buffer, fy_hf_model(src), 0,
                             (unsigned)o->state_copies, read_unit, src, o->timeout_s * 1000);
 }
 
@@ -168,9 +168,9 @@ static int init_hf(struct fy_options *o)
                "init --from-hf takes the model from %s/config.json: drop --layers, --heads, "
                "--embd, --vocab, --ctx and --seed",
                o->from_hf);
-    struct fy_hfgpt2_src *src = NULL;
-    FY_TRY(fy_hfgpt2_open(&src, o->from_hf));
-    const struct fy_model_config *model = fy_hfgpt2_model(src);
+    struct fy_hf_src *src = NULL;
+    FY_TRY(fy_hf_open(&src, o->from_hf));
+    const struct fy_model_config *model = fy_hf_model(src);
     const char *given_ssd = o->ssd;
     struct fy_staging *st = NULL;
     int rc = o->ssd != NULL ? fy_runconf_check_ssd(o->ssd) : 0;
@@ -180,13 +180,13 @@ static int init_hf(struct fy_options *o)
         goto out;
     char described[160];
     fy_model_config_describe(model, described, sizeof described);
-    fy_info("init: importing %s (%s, %s); store on %s", fy_hfgpt2_path(src), described,
-            fy_hfgpt2_dtype(src), o->ssd);
+    fy_info("init: importing %s (%s, %s); store on %s", fy_hf_path(src), described,
+            fy_hf_dtype(src), o->ssd);
     struct fy_pool_region_spec regions[2];
     fy_runconf_unit_regions(model, regions);
     rc = init_store(o, st, regions, 2, "model import", import_units, src);
     if (rc == 0)
-        rc = fy_hfgpt2_save_source(src, st->hf_dir);
+        rc = fy_hf_save_source(src, st->hf_dir);
     const char *const extra[] = {"hf", "1", "hf_source", o->from_hf, NULL};
     if (rc == 0)
         rc = save_model_conf(o, st, model, extra);
@@ -196,7 +196,7 @@ static int init_hf(struct fy_options *o)
                 "names, dtypes and config for export --to-hf)",
                 o->from_hf, o->run_dir, o->run_dir);
 out:
-    fy_hfgpt2_close(&src);
+    fy_hf_close(&src);
     return rc;
 }
 

@@ -8,7 +8,7 @@
 
 #include "common/actplan.h"
 #include "common/check.h"
-#include "common/hfgpt2.h"
+#include "common/hf.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
 #include "launcher/dryrun.h"
@@ -28,7 +28,7 @@ int fy_cmd_plan(struct fy_options *o)
         in.ssd = o->ssd;
     } else if (o->from_hf != NULL) {
         snprintf(mc_path, sizeof mc_path, "%s/config.json", o->from_hf);
-        rc = fy_hfgpt2_read_config(mc_path, &in.model);
+        rc = fy_hf_read_config(mc_path, &in.model);
     } else {
         rc = fy_runconf_model(o, &in.model);
     }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/arch/arch.h"
 #include "common/actplan.h"
 #include "common/check.h"
 #include "common/config.h"
@@ -305,8 +306,10 @@ static int parse_schedule(struct fy_options *o, const char *v)
 static int parse_arch(struct fy_options *o, const char *v)
 {
     o->arch = v;
-    if (strcmp(v, "gpt2") != 0 && strcmp(v, "llama") != 0) {
-        fy_error("--arch %s: expected gpt2 or llama", v);
+    if (fy_arch_by_name(v) == NULL) {
+        char names[128];
+        fy_arch_names(names, sizeof names, 0);
+        fy_error("--arch %s: expected one of %s", v, names);
         return -EINVAL;
     }
     return 0;

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/arch/arch.h"
 #include "common/check.h"
 #include "common/desc.h"
 #include "common/log.h"
@@ -157,11 +158,12 @@ static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
                                   .resident = p->resident, .rates = fy_plan_reference_rates,
                                   .act_ahead = in->act_ahead};
     /* every mode is profiled: auto plans from it, the forced ones are predicted from it */
-    if (model->arch != FY_ARCH_LLAMA && !o->inprocess) {
+    const struct fy_arch *arch = fy_model_arch(model);
+    if (arch->swaps_internals && !o->inprocess) {
         FY_TRY(profile_block(a, in, p));
-    } else if (in->act_mode == FY_ACTPLAN_AUTO && model->arch == FY_ARCH_LLAMA) {
-        fy_info("--act-plan auto: a Llama model's blocks are neither profiled nor swapped: %s",
-                strcmp(in->backend, "cuda") == 0
+    } else if (in->act_mode == FY_ACTPLAN_AUTO && !arch->swaps_internals) {
+        fy_info("--act-plan auto: a %s model's blocks are neither profiled nor swapped: %s",
+                arch->label, strcmp(in->backend, "cuda") == 0
                     ? "the gpu worker keeps the internals of the top blocks that fit the GPU and "
                       "recomputes the others in their backward"
                     : "the CPU backend keeps no block's internals, every backward recomputes them");

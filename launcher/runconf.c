@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/arch/arch.h"
 #include "common/check.h"
 #include "common/ckpt.h"
 #include "common/dtype.h"
@@ -167,19 +168,11 @@ int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out)
                    o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX && o->kv_heads <= UINT32_MAX &&
                    o->ffn <= UINT32_MAX && 4 * o->embd <= UINT32_MAX,
                -EINVAL, "init: model dimensions too large");
-    if (strcmp(o->arch, "llama") == 0) {
-        model.arch = FY_ARCH_LLAMA;
-        model.n_kv_head = (uint32_t)(o->kv_heads != 0 ? o->kv_heads : o->heads);
-        model.n_inter = (uint32_t)(o->ffn != 0 ? o->ffn : 4 * o->embd);
-        model.tied = (uint32_t)o->tied;
-        model.rms_eps = (float)o->rms_eps;
-        model.rope_theta = o->rope_theta;
-    } else {
-        FY_REQUIRE(o->kv_heads == 0 && o->ffn == 0 && !o->tied && o->rope_theta == 10000.0 &&
-                       o->rms_eps == 1e-5,
-                   -EINVAL, "init: --kv-heads, --ffn, --rope-theta, --rms-eps and --tied are "
-                   "options of --arch llama");
-    }
+    model.arch = fy_arch_by_name(o->arch); /* parse_arch took a registry name */
+    FY_REQUIRE(model.arch != NULL, -EINVAL, "init: --arch %s is not a model family", o->arch);
+    const struct fy_family_options fo = {.kv_heads = o->kv_heads, .ffn = o->ffn, .tied = o->tied,
+                                         .rms_eps = o->rms_eps, .rope_theta = o->rope_theta};
+    FY_TRY(model.arch->from_options(&fo, &model));
     FY_TRY(fy_model_config_validate(&model));
     *out = model;
     return 0;

@@ -191,6 +191,7 @@ static int update_rows(struct fy_optstep *o, const struct fy_pool *pool, const s
         FY_REQUIRE(rows[i] > rows[i - 1], -EPROTO, "opt-adamw: the row list is not ascending");
     struct fy_param_segment seg[FY_MODEL_MAX_SEGMENTS];
     int nseg = fy_model_decay_segments(&o->model, (unsigned)layer, seg);
+    FY_TRY(nseg);
     size_t i = 0;
     for (int s = 0; s < nseg; s++) {
         size_t first = i;
@@ -277,6 +278,7 @@ int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const st
                -EPROTO, "opt-adamw: unit %d of the model does not hold %zu parameters", layer, x.n);
     struct fy_param_segment seg[FY_MODEL_MAX_SEGMENTS];
     int nseg = fy_model_decay_segments(&o->model, (unsigned)layer, seg);
+    FY_TRY(nseg);
     for (int i = 0; i < nseg; i++) {
         struct fy_adamw_hparams shp = segment_hparams(&hp, &seg[i]);
         struct fy_adamw_tensor part = slice(&x, seg[i].begin, seg[i].end);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/arch/arch.h"
 #include "launcher/actrun.h"
 
 #define K FY_ACT_KINDS
@@ -29,7 +30,7 @@ static struct fy_model_config model(void)
     c.n_embd = 256;
     c.vocab = 1024;
     c.ctx = 128;
-    c.arch = FY_ARCH_GPT2;
+    c.arch = &fy_arch_gpt2;
     return c;
 }
 
@@ -249,9 +250,9 @@ static void test_forced_modes(void **state)
     assert_int_equal(r.keep, 0);
     fy_actrun_free(&r);
 
-    c.arch = FY_ARCH_LLAMA;
-    c.n_kv_head = 4;
-    c.n_inter = 512;
+    c.arch = &fy_arch_llama;
+    c.llama.n_kv_head = 4;
+    c.llama.n_inter = 512;
     in.mode = FY_ACTPLAN_HOST;
     assert_int_equal(fy_actrun_plan(&in, &r), -ENOTSUP);
 }

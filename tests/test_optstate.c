@@ -21,6 +21,7 @@
 
 #include <string.h>
 
+#include "common/arch/arch.h"
 #include "common/desc.h"
 #include "common/dtype.h"
 #include "common/optstate.h"
@@ -38,8 +39,9 @@ static struct fy_model_config gpt_wide(void)
 static struct fy_model_config llama_small(void)
 {
     struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 300, .ctx = 32,
-                              .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 96, .tied = 0,
-                              .rms_eps = 1e-5f, .rope_theta = 10000.0};
+                              .arch = &fy_arch_llama,
+                              .llama = {.n_kv_head = 2, .n_inter = 96, .tied = 0, .rms_eps = 1e-5f,
+                                        .rope_theta = 10000.0}};
     return c;
 }
 

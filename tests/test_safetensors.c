@@ -22,6 +22,7 @@
 
 #include "common/dtype.h"
 #include "common/safetensors.h"
+#include "common/stwriter.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 

@@ -47,6 +47,14 @@ struct fy_tensor_spec {
 /* Slots of binary headers (commit records, weight files) that hold a family's own fields. */
 #define FY_FAMILY_SLOTS 14
 
+/* init's model options beyond the common shape (--kv-heads, --ffn, --tied, --rms-eps,
+ * --rope-theta), as given or at their defaults (0 for the sizes and tied, 1e-5, 10000). */
+struct fy_family_options {
+    uint64_t kv_heads, ffn;
+    int tied;
+    double rms_eps, rope_theta;
+};
+
 struct fy_arch {
     uint32_t id;       /* in binary headers and the config hash: fixed once stores exist */
     const char *name;  /* model.conf's model.arch */
@@ -61,6 +69,9 @@ struct fy_arch {
 
     /* The family's own checks, after the common ones (fy_model_config_validate). */
     int (*validate)(const struct fy_model_config *c);
+    /* init's family options into the family's fields; an option the family does not take,
+     * refused with one line naming it. */
+    int (*from_options)(const struct fy_family_options *o, struct fy_model_config *c);
     /* The family's model.* keys of model.conf (the common five are read and written for it). */
     int (*conf_read)(const struct fy_config *cfg, struct fy_model_config *c);
     int (*conf_write)(const struct fy_model_config *c, struct fy_config *cfg);

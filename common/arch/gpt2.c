@@ -20,28 +20,28 @@ static unsigned gpt2_unit_table(const struct fy_model_config *c, enum fy_unit_ki
 {
     const uint64_t C = c->n_embd, V = c->vocab, T = c->ctx;
     if (kind == FY_UNIT_EMBED) {
-        t[0] = (struct fy_tensor_spec){"wte.weight", 2, {V, C}, 0, 1, FY_INIT_NORMAL};
-        t[1] = (struct fy_tensor_spec){"wpe.weight", 2, {T, C}, 0, 1, FY_INIT_NORMAL};
+        t[0] = (struct fy_tensor_spec){"wte.weight", 2, {V, C}, 0, 1, FY_INIT_NORMAL, 0};
+        t[1] = (struct fy_tensor_spec){"wpe.weight", 2, {T, C}, 0, 1, FY_INIT_NORMAL, 0};
         return 2;
     }
     if (kind == FY_UNIT_FINAL) {
-        t[0] = (struct fy_tensor_spec){"ln_f.weight", 1, {C}, 0, 0, FY_INIT_ONE};
-        t[1] = (struct fy_tensor_spec){"ln_f.bias", 1, {C}, 0, 0, FY_INIT_ZERO};
+        t[0] = (struct fy_tensor_spec){"ln_f.weight", 1, {C}, 0, 0, FY_INIT_ONE, 0};
+        t[1] = (struct fy_tensor_spec){"ln_f.bias", 1, {C}, 0, 0, FY_INIT_ZERO, 0};
         return 2;
     }
     const struct fy_tensor_spec block[] = {
-        {"h.%u.ln_1.weight", 1, {C}, 0, 0, FY_INIT_ONE},
-        {"h.%u.ln_1.bias", 1, {C}, 0, 0, FY_INIT_ZERO},
-        {"h.%u.attn.c_attn.weight", 2, {C, 3 * C}, 1, 1, FY_INIT_NORMAL},
-        {"h.%u.attn.c_attn.bias", 1, {3 * C}, 0, 0, FY_INIT_ZERO},
-        {"h.%u.attn.c_proj.weight", 2, {C, C}, 1, 1, FY_INIT_NORMAL_RESIDUAL},
-        {"h.%u.attn.c_proj.bias", 1, {C}, 0, 0, FY_INIT_ZERO},
-        {"h.%u.ln_2.weight", 1, {C}, 0, 0, FY_INIT_ONE},
-        {"h.%u.ln_2.bias", 1, {C}, 0, 0, FY_INIT_ZERO},
-        {"h.%u.mlp.c_fc.weight", 2, {C, 4 * C}, 1, 1, FY_INIT_NORMAL},
-        {"h.%u.mlp.c_fc.bias", 1, {4 * C}, 0, 0, FY_INIT_ZERO},
-        {"h.%u.mlp.c_proj.weight", 2, {4 * C, C}, 1, 1, FY_INIT_NORMAL_RESIDUAL},
-        {"h.%u.mlp.c_proj.bias", 1, {C}, 0, 0, FY_INIT_ZERO},
+        {"h.%u.ln_1.weight", 1, {C}, 0, 0, FY_INIT_ONE, 0},
+        {"h.%u.ln_1.bias", 1, {C}, 0, 0, FY_INIT_ZERO, 0},
+        {"h.%u.attn.c_attn.weight", 2, {C, 3 * C}, 1, 1, FY_INIT_NORMAL, 0},
+        {"h.%u.attn.c_attn.bias", 1, {3 * C}, 0, 0, FY_INIT_ZERO, 0},
+        {"h.%u.attn.c_proj.weight", 2, {C, C}, 1, 1, FY_INIT_NORMAL_RESIDUAL, 0},
+        {"h.%u.attn.c_proj.bias", 1, {C}, 0, 0, FY_INIT_ZERO, 0},
+        {"h.%u.ln_2.weight", 1, {C}, 0, 0, FY_INIT_ONE, 0},
+        {"h.%u.ln_2.bias", 1, {C}, 0, 0, FY_INIT_ZERO, 0},
+        {"h.%u.mlp.c_fc.weight", 2, {C, 4 * C}, 1, 1, FY_INIT_NORMAL, 0},
+        {"h.%u.mlp.c_fc.bias", 1, {4 * C}, 0, 0, FY_INIT_ZERO, 0},
+        {"h.%u.mlp.c_proj.weight", 2, {4 * C, C}, 1, 1, FY_INIT_NORMAL_RESIDUAL, 0},
+        {"h.%u.mlp.c_proj.bias", 1, {C}, 0, 0, FY_INIT_ZERO, 0},
     };
     memcpy(t, block, sizeof block);
     return sizeof block / sizeof block[0];
@@ -59,6 +59,15 @@ void fy_gpt2_block_layout(const struct fy_model_config *c, struct fy_gpt2_block_
 }
 
 static int gpt2_validate(const struct fy_model_config *c) { return 0; }
+
+static int gpt2_from_options(const struct fy_family_options *o, struct fy_model_config *c)
+{
+    FY_REQUIRE(o->kv_heads == 0 && o->ffn == 0 && !o->tied && o->rope_theta == 10000.0 &&
+                   o->rms_eps == 1e-5,
+               -EINVAL, "init: --kv-heads, --ffn, --rope-theta, --rms-eps and --tied are not "
+               "options of --arch gpt2 (its MLP is 4 x --embd, its head tied)");
+    return 0;
+}
 
 /* GPT-2's model.conf has the common keys alone, as it always had. */
 static int gpt2_conf_read(const struct fy_config *cfg, struct fy_model_config *c) { return 0; }
@@ -170,6 +179,7 @@ const struct fy_arch fy_arch_gpt2 = {
     .hf_prefix = "transformer.",
     .swaps_internals = 1,
     .validate = gpt2_validate,
+    .from_options = gpt2_from_options,
     .conf_read = gpt2_conf_read,
     .conf_write = gpt2_conf_write,
     .hf_config_read = gpt2_hf_config_read,

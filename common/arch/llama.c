@@ -26,26 +26,26 @@ static unsigned llama_unit_table(const struct fy_model_config *c, enum fy_unit_k
     const uint64_t C = c->n_embd, V = c->vocab, hd = C / c->n_head, I = l->n_inter;
     const uint64_t Q = c->n_head * hd, KV = l->n_kv_head * hd;
     if (kind == FY_UNIT_EMBED) {
-        t[0] = (struct fy_tensor_spec){"model.embed_tokens.weight", 2, {V, C}, 0, 1, FY_INIT_NORMAL};
+        t[0] = (struct fy_tensor_spec){"model.embed_tokens.weight", 2, {V, C}, 0, 1, FY_INIT_NORMAL, 0};
         return 1;
     }
     if (kind == FY_UNIT_FINAL) {
-        t[0] = (struct fy_tensor_spec){"model.norm.weight", 1, {C}, 0, 0, FY_INIT_ONE};
+        t[0] = (struct fy_tensor_spec){"model.norm.weight", 1, {C}, 0, 0, FY_INIT_ONE, 0};
         if (l->tied)
             return 1;
-        t[1] = (struct fy_tensor_spec){"lm_head.weight", 2, {V, C}, 0, 1, FY_INIT_NORMAL};
+        t[1] = (struct fy_tensor_spec){"lm_head.weight", 2, {V, C}, 0, 1, FY_INIT_NORMAL, 0};
         return 2;
     }
     const struct fy_tensor_spec block[] = {
-        {"model.layers.%u.input_layernorm.weight", 1, {C}, 0, 0, FY_INIT_ONE},
-        {"model.layers.%u.self_attn.q_proj.weight", 2, {Q, C}, 0, 1, FY_INIT_NORMAL},
-        {"model.layers.%u.self_attn.k_proj.weight", 2, {KV, C}, 0, 1, FY_INIT_NORMAL},
-        {"model.layers.%u.self_attn.v_proj.weight", 2, {KV, C}, 0, 1, FY_INIT_NORMAL},
-        {"model.layers.%u.self_attn.o_proj.weight", 2, {C, Q}, 0, 1, FY_INIT_NORMAL},
-        {"model.layers.%u.post_attention_layernorm.weight", 1, {C}, 0, 0, FY_INIT_ONE},
-        {"model.layers.%u.mlp.gate_proj.weight", 2, {I, C}, 0, 1, FY_INIT_NORMAL},
-        {"model.layers.%u.mlp.up_proj.weight", 2, {I, C}, 0, 1, FY_INIT_NORMAL},
-        {"model.layers.%u.mlp.down_proj.weight", 2, {C, I}, 0, 1, FY_INIT_NORMAL},
+        {"model.layers.%u.input_layernorm.weight", 1, {C}, 0, 0, FY_INIT_ONE, 0},
+        {"model.layers.%u.self_attn.q_proj.weight", 2, {Q, C}, 0, 1, FY_INIT_NORMAL, 0},
+        {"model.layers.%u.self_attn.k_proj.weight", 2, {KV, C}, 0, 1, FY_INIT_NORMAL, 0},
+        {"model.layers.%u.self_attn.v_proj.weight", 2, {KV, C}, 0, 1, FY_INIT_NORMAL, 0},
+        {"model.layers.%u.self_attn.o_proj.weight", 2, {C, Q}, 0, 1, FY_INIT_NORMAL, 0},
+        {"model.layers.%u.post_attention_layernorm.weight", 1, {C}, 0, 0, FY_INIT_ONE, 0},
+        {"model.layers.%u.mlp.gate_proj.weight", 2, {I, C}, 0, 1, FY_INIT_NORMAL, 0},
+        {"model.layers.%u.mlp.up_proj.weight", 2, {I, C}, 0, 1, FY_INIT_NORMAL, 0},
+        {"model.layers.%u.mlp.down_proj.weight", 2, {C, I}, 0, 1, FY_INIT_NORMAL, 0},
     };
     memcpy(t, block, sizeof block);
     return sizeof block / sizeof block[0];
@@ -90,6 +90,15 @@ static int llama_validate(const struct fy_model_config *c)
         FY_REQUIRE(l->rope_orig_max_pos >= 1, -EINVAL,
                    "model: rope_original_max_pos must be positive");
     }
+    return 0;
+}
+
+static int llama_from_options(const struct fy_family_options *o, struct fy_model_config *c)
+{
+    c->llama = (struct fy_llama_fields){
+        .n_kv_head = (uint32_t)(o->kv_heads != 0 ? o->kv_heads : c->n_head),
+        .n_inter = (uint32_t)(o->ffn != 0 ? o->ffn : 4ull * c->n_embd),
+        .tied = (uint32_t)o->tied, .rms_eps = (float)o->rms_eps, .rope_theta = o->rope_theta};
     return 0;
 }
 
@@ -350,6 +359,7 @@ const struct fy_arch fy_arch_llama = {
     .hf_prefix = "",
     .swaps_internals = 0,
     .validate = llama_validate,
+    .from_options = llama_from_options,
     .conf_read = llama_conf_read,
     .conf_write = llama_conf_write,
     .hf_config_read = llama_hf_config_read,

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "common/actplan.h"
+#include "common/arch/gpt2.h"
 #include "common/model.h"
 #include "gpu_worker/cpu/cpu_family.h"
 #include "gpu_worker/cpu/cpu_ops.h"

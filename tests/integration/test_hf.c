@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "common/safetensors.h"
+#include "common/stwriter.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 

@@ -19,9 +19,12 @@
 #include <unistd.h>
 
 #include "common/dtype.h"
-#include "common/hfgpt2.h"
+#include "common/arch/gpt2.h"
+#include "common/hf.h"
+#include "common/hfexport.h"
 #include "common/model.h"
 #include "common/safetensors.h"
+#include "common/stwriter.h"
 #include "tests/testutil.h"
 
 /* 2 layers, 2 heads, 8 wide, vocab 11, context 5: every shape distinct enough to catch a swap. */
@@ -367,16 +370,16 @@ static float *expected_unit(struct hf_ckpt *c, unsigned u)
 
 static void check_import(const char *dir, struct hf_ckpt *c, const char *dtype_name)
 {
-    struct fy_hfgpt2_src *s = NULL;
-    assert_int_equal(fy_hfgpt2_open(&s, dir), 0);
-    const struct fy_model_config *m = fy_hfgpt2_model(s);
+    struct fy_hf_src *s = NULL;
+    assert_int_equal(fy_hf_open(&s, dir), 0);
+    const struct fy_model_config *m = fy_hf_model(s);
     assert_int_equal(fy_model_config_hash(m), fy_model_config_hash(&CFG));
-    assert_string_equal(fy_hfgpt2_dtype(s), dtype_name);
+    assert_string_equal(fy_hf_dtype(s), dtype_name);
     for (unsigned u = 0; u < fy_model_unit_count(&CFG); u++) {
         size_t n = fy_model_unit_params(&CFG, u);
         float *got = malloc(n * sizeof *got), *want = expected_unit(c, u);
         assert_non_null(got);
-        assert_int_equal(fy_hfgpt2_read_unit(s, u, got), 0);
+        assert_int_equal(fy_hf_read_unit(s, u, got), 0);
         for (size_t i = 0; i < n; i++)
             if (memcmp(&got[i], &want[i], 4) != 0)
                 fail_msg("%s: unit %u element %zu: %g, expected %g", dir, u, i, (double)got[i],
@@ -384,7 +387,7 @@ static void check_import(const char *dir, struct hf_ckpt *c, const char *dtype_n
         free(got);
         free(want);
     }
-    fy_hfgpt2_close(&s);
+    fy_hf_close(&s);
     assert_null(s);
 }
 
@@ -426,14 +429,14 @@ struct refusal {
 static int open_and_read(void *arg)
 {
     const struct refusal *r = arg;
-    struct fy_hfgpt2_src *s = NULL;
-    int rc = fy_hfgpt2_open(&s, r->dir);
+    struct fy_hf_src *s = NULL;
+    int rc = fy_hf_open(&s, r->dir);
     if (rc == 0 && r->unit >= 0) {
         float *p = calloc(fy_model_unit_params(&CFG, (unsigned)r->unit), sizeof *p);
-        rc = p ? fy_hfgpt2_read_unit(s, (unsigned)r->unit, p) : -ENOMEM;
+        rc = p ? fy_hf_read_unit(s, (unsigned)r->unit, p) : -ENOMEM;
         free(p);
     }
-    fy_hfgpt2_close(&s);
+    fy_hf_close(&s);
     return rc;
 }
 
@@ -491,7 +494,7 @@ static void test_config_refusals(void **state)
         write_text(p, v[k].text);
         expect_refused(dir, -1, -EINVAL, p, v[k].want, NULL);
         struct fy_model_config m;
-        assert_int_equal(fy_hfgpt2_read_config(p, &m), -EINVAL);
+        assert_int_equal(fy_hf_read_config(p, &m), -EINVAL);
     }
     /* Defaults are GPT2Config's. */
     const char *dir = tpath("defaults");
@@ -500,14 +503,14 @@ static void test_config_refusals(void **state)
     snprintf(p, sizeof p, "%s/config.json", dir);
     struct fy_model_config m;
     write_text(p, "{\"model_type\": \"gpt2\"}");
-    assert_int_equal(fy_hfgpt2_read_config(p, &m), 0);
+    assert_int_equal(fy_hf_read_config(p, &m), 0);
     assert_int_equal(m.n_layer, 12);
     assert_int_equal(m.n_head, 12);
     assert_int_equal(m.n_embd, 768);
     assert_int_equal(m.vocab, 50257);
     assert_int_equal(m.ctx, 1024);
     write_text(p, gpt2_config(&CFG, ",\n  \"activation_function\": \"gelu_pytorch_tanh\""));
-    assert_int_equal(fy_hfgpt2_read_config(p, &m), 0);
+    assert_int_equal(fy_hf_read_config(p, &m), 0);
     assert_int_equal(fy_model_config_hash(&m), fy_model_config_hash(&CFG));
 }
 
@@ -587,25 +590,25 @@ static void test_checkpoint_refusals(void **state)
 
 /* Imports dir into memory (every unit) and exports it to out with opts. */
 static int roundtrip(const char *dir, const char *record, const char *out,
-                     const struct fy_hfgpt2_export_opts *eo)
+                     const struct fy_hf_export_opts *eo)
 {
-    struct fy_hfgpt2_src *s = NULL;
-    assert_int_equal(fy_hfgpt2_open(&s, dir), 0);
+    struct fy_hf_src *s = NULL;
+    assert_int_equal(fy_hf_open(&s, dir), 0);
     if (record != NULL)
-        assert_int_equal(fy_hfgpt2_save_source(s, record), 0);
-    struct fy_hfgpt2_writer *w = NULL;
-    int rc = fy_hfgpt2_writer_new(&w, out, fy_hfgpt2_model(s), eo);
+        assert_int_equal(fy_hf_save_source(s, record), 0);
+    struct fy_hf_writer *w = NULL;
+    int rc = fy_hf_writer_new(&w, out, fy_hf_model(s), eo);
     for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(&CFG); u++) {
         float *p = calloc(fy_model_unit_params(&CFG, u), sizeof *p);
         assert_non_null(p);
-        assert_int_equal(fy_hfgpt2_read_unit(s, u, p), 0);
-        rc = fy_hfgpt2_writer_put_unit(w, u, p);
+        assert_int_equal(fy_hf_read_unit(s, u, p), 0);
+        rc = fy_hf_writer_put_unit(w, u, p);
         free(p);
     }
     if (rc == 0)
-        rc = fy_hfgpt2_writer_finish(&w);
-    fy_hfgpt2_writer_destroy(&w);
-    fy_hfgpt2_close(&s);
+        rc = fy_hf_writer_finish(&w);
+    fy_hf_writer_destroy(&w);
+    fy_hf_close(&s);
     return rc;
 }
 
@@ -697,7 +700,7 @@ static void test_roundtrip(void **state)
         snprintf(rec, sizeof rec, "%s.rec", src);
         snprintf(out, sizeof out, "%s.out", src);
         make_dir(src, &v[k].o, &c, 200 + k);
-        struct fy_hfgpt2_export_opts eo = {.source = rec, .dtype = v[k].force,
+        struct fy_hf_export_opts eo = {.source = rec, .dtype = v[k].force,
                                            .max_shard_bytes = 1000000000};
         assert_int_equal(roundtrip(src, rec, out, &eo), 0);
         compare_dirs(src, out, v[k].want);
@@ -712,7 +715,7 @@ static void test_roundtrip(void **state)
             assert_non_null(strstr(text, v[k].want == FY_ST_BF16 ? "\"bfloat16\"" : "\"float32\""));
             free(text);
             struct fy_model_config m;
-            assert_int_equal(fy_hfgpt2_read_config(q, &m), 0);
+            assert_int_equal(fy_hf_read_config(q, &m), 0);
             assert_int_equal(fy_model_config_hash(&m), fy_model_config_hash(&CFG));
         }
         /* one file: the shard limit is far above the model (the source's sharding is not kept) */
@@ -732,7 +735,7 @@ static void test_export_sharded_and_made_here(void **state)
     struct make_opts o = {.dtype = FY_ST_F32};
     make_dir(tpath("sh"), &o, &c, 300);
     /* sharded output with its index, from the record */
-    struct fy_hfgpt2_export_opts eo = {.source = tpath("sh.rec"), .max_shard_bytes = 3000};
+    struct fy_hf_export_opts eo = {.source = tpath("sh.rec"), .max_shard_bytes = 3000};
     assert_int_equal(roundtrip(tpath("sh"), tpath("sh.rec"), tpath("sh.out"), &eo), 0);
     char p[1200];
     snprintf(p, sizeof p, "%s/%s", tpath("sh.out"), FY_ST_INDEX_NAME);
@@ -740,43 +743,43 @@ static void test_export_sharded_and_made_here(void **state)
     assert_true(count_entries(tpath("sh.out")) > 3);
     compare_dirs(tpath("sh"), tpath("sh.out"), 0);
     /* no source: a config.json made from the model, names with the prefix, F32 */
-    eo = (struct fy_hfgpt2_export_opts){.source = NULL};
+    eo = (struct fy_hf_export_opts){.source = NULL};
     assert_int_equal(roundtrip(tpath("sh"), NULL, tpath("sh.made"), &eo), 0);
     compare_dirs(tpath("sh"), tpath("sh.made"), 0);
     snprintf(p, sizeof p, "%s/config.json", tpath("sh.made"));
     struct fy_model_config m;
-    assert_int_equal(fy_hfgpt2_read_config(p, &m), 0);
+    assert_int_equal(fy_hf_read_config(p, &m), 0);
     assert_int_equal(fy_model_config_hash(&m), fy_model_config_hash(&CFG));
     ckpt_free(&c);
 }
 
 static int new_writer(void *arg)
 {
-    struct fy_hfgpt2_writer *w = NULL;
-    struct fy_hfgpt2_export_opts eo = {0};
-    int rc = fy_hfgpt2_writer_new(&w, arg, &CFG, &eo);
-    fy_hfgpt2_writer_destroy(&w);
+    struct fy_hf_writer *w = NULL;
+    struct fy_hf_export_opts eo = {0};
+    int rc = fy_hf_writer_new(&w, arg, &CFG, &eo);
+    fy_hf_writer_destroy(&w);
     return rc;
 }
 
 /* Exports CFG's unit values (all 0.25) into dir without a source. */
 static int export_plain(const char *dir, int overwrite, unsigned units)
 {
-    struct fy_hfgpt2_writer *w = NULL;
-    struct fy_hfgpt2_export_opts eo = {.overwrite = overwrite};
-    int rc = fy_hfgpt2_writer_new(&w, dir, &CFG, &eo);
+    struct fy_hf_writer *w = NULL;
+    struct fy_hf_export_opts eo = {.overwrite = overwrite};
+    int rc = fy_hf_writer_new(&w, dir, &CFG, &eo);
     for (unsigned u = 0; rc == 0 && u < units; u++) {
         size_t n = fy_model_unit_params(&CFG, u);
         float *p = malloc(n * sizeof *p);
         assert_non_null(p);
         for (size_t i = 0; i < n; i++)
             p[i] = 0.25f;
-        rc = fy_hfgpt2_writer_put_unit(w, u, p);
+        rc = fy_hf_writer_put_unit(w, u, p);
         free(p);
     }
     if (rc == 0)
-        rc = fy_hfgpt2_writer_finish(&w);
-    fy_hfgpt2_writer_destroy(&w);
+        rc = fy_hf_writer_finish(&w);
+    fy_hf_writer_destroy(&w);
     return rc;
 }
 
@@ -813,7 +816,7 @@ static void test_export_targets(void **state)
     free(text);
     assert_int_equal(access(tpath("full/model-00001-of-00002.safetensors"), F_OK), -1);
     struct fy_model_config m;
-    assert_int_equal(fy_hfgpt2_read_config(tpath("full/config.json"), &m), 0);
+    assert_int_equal(fy_hf_read_config(tpath("full/config.json"), &m), 0);
     assert_int_equal(count_prefixed("full.tmp-"), 0);
     /* overwrite refuses a directory that holds directories */
     assert_int_equal(mkdir(tpath("full/sub"), 0755), 0);
@@ -823,13 +826,13 @@ static void test_export_targets(void **state)
     assert_int_equal(access(tpath("half"), F_OK), -1);
     assert_int_equal(count_prefixed("half"), 0);
     /* and units must come in order */
-    struct fy_hfgpt2_writer *w = NULL;
-    struct fy_hfgpt2_export_opts eo = {0};
-    assert_int_equal(fy_hfgpt2_writer_new(&w, tpath("order"), &CFG, &eo), 0);
+    struct fy_hf_writer *w = NULL;
+    struct fy_hf_export_opts eo = {0};
+    assert_int_equal(fy_hf_writer_new(&w, tpath("order"), &CFG, &eo), 0);
     float *p = calloc(fy_model_unit_params(&CFG, 1), sizeof *p);
-    assert_int_equal(fy_hfgpt2_writer_put_unit(w, 1, p), -EINVAL);
+    assert_int_equal(fy_hf_writer_put_unit(w, 1, p), -EINVAL);
     free(p);
-    fy_hfgpt2_writer_destroy(&w);
+    fy_hf_writer_destroy(&w);
     assert_int_equal(count_prefixed("order"), 0);
 }
 
@@ -850,13 +853,13 @@ static void test_source_record(void **state)
         write_text(tpath(name), text);
     }
     write_text(tpath("rec/README.md"), "a model card\n");
-    struct fy_hfgpt2_src *s = NULL;
-    assert_int_equal(fy_hfgpt2_open(&s, tpath("rec")), 0);
-    assert_int_equal(fy_hfgpt2_save_source(s, tpath("rec.hf")), 0);
-    assert_int_equal(fy_hfgpt2_save_source(s, tpath("rec.hf")), -EEXIST);
-    fy_hfgpt2_close(&s);
+    struct fy_hf_src *s = NULL;
+    assert_int_equal(fy_hf_open(&s, tpath("rec")), 0);
+    assert_int_equal(fy_hf_save_source(s, tpath("rec.hf")), 0);
+    assert_int_equal(fy_hf_save_source(s, tpath("rec.hf")), -EEXIST);
+    fy_hf_close(&s);
     assert_int_equal(count_entries(tpath("rec.hf")), 2 + (int)ncarried); /* config, source */
-    struct fy_hfgpt2_export_opts eo = {.source = tpath("rec.hf")};
+    struct fy_hf_export_opts eo = {.source = tpath("rec.hf")};
     assert_int_equal(roundtrip(tpath("rec"), NULL, tpath("rec.out"), &eo), 0);
     for (size_t i = 0; i < ncarried; i++) {
         char src[64], rec[64], out[64];
@@ -870,8 +873,8 @@ static void test_source_record(void **state)
     /* a record whose config no longer matches the model is refused */
     struct fy_model_config other = CFG;
     other.n_layer = 3;
-    struct fy_hfgpt2_writer *w = NULL;
-    assert_int_equal(fy_hfgpt2_writer_new(&w, tpath("rec.bad"), &other, &eo), -EINVAL);
+    struct fy_hf_writer *w = NULL;
+    assert_int_equal(fy_hf_writer_new(&w, tpath("rec.bad"), &other, &eo), -EINVAL);
     assert_null(w);
     ckpt_free(&c);
 }
