@@ -139,8 +139,9 @@ static void test_config_and_header_round_trip(void **state)
     assert_int_equal(fy_model_config_from(cfg, &back), 0);
     assert_memory_equal(&c, &back, sizeof c);
     assert_true(fy_model_config_hash(&c) == fy_model_config_hash(&back));
-    /* a GPT-2 config writes no Llama keys and reads back as GPT-2 */
-    struct fy_model_config g = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12};
+    /* a GPT-2 config writes no model.arch nor Llama keys and reads back as GPT-2 */
+    struct fy_model_config g = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12,
+                                .arch = &fy_arch_gpt2};
     fy_config_init(cfg);
     assert_int_equal(fy_model_config_to(&g, cfg), 0);
     assert_null(fy_config_get(cfg, "model.arch"));
