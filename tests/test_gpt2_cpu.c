@@ -527,6 +527,43 @@ static void test_head_chunks_match_naive(void **state)
     free(dx), free(dfinal), free(dembed), free(xn), free(dl), free(dwte);
 }
 
+/* The logits (fy_cpu_logits, in the head's scratch) against the final LayerNorm and the tied head
+ * computed in double, over rows spanning three head chunks. */
+static void test_logits(void **state)
+{
+    uint64_t st = 83;
+    struct hd h = {.cfg = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 50},
+                   .B = 3, .T = 50};
+    hd_alloc(&h, &st);
+    int N = h.B * h.T, C = (int)h.cfg.n_embd, V = (int)h.cfg.vocab;
+    float *logits = alloc_nan((size_t)N * V);
+    fy_cpu_logits(&h.cfg, h.final, h.embed, h.x, logits, h.scratch, h.B, h.T);
+    double worst = 0.0, zmax = 0.0;
+    for (int n = 0; n < N; n++) {
+        const float *x = h.x + (size_t)n * C;
+        double m = 0.0, v = 0.0, xn[8]; /* C = 8 */
+        for (int i = 0; i < C; i++)
+            m += x[i];
+        m /= C;
+        for (int i = 0; i < C; i++)
+            v += (x[i] - m) * (x[i] - m);
+        v /= C;
+        for (int i = 0; i < C; i++)
+            xn[i] = (x[i] - m) / sqrt(v + 1e-5) * h.final[i] + h.final[C + i];
+        for (int k = 0; k < V; k++) {
+            double z = 0.0;
+            for (int i = 0; i < C; i++)
+                z += xn[i] * h.embed[(size_t)k * C + i];
+            worst = fmax(worst, fabs(logits[(size_t)n * V + k] - z));
+            zmax = fmax(zmax, fabs(z));
+        }
+    }
+    printf("  logits: worst difference %.2e of the largest %.2f\n", worst, zmax);
+    assert_true(worst <= 1e-5 * zmax);
+    hd_free(&h);
+    free(logits);
+}
+
 /* ---- determinism across thread counts ---- */
 
 struct run_out {
@@ -604,6 +641,7 @@ int main(void)
         cmocka_unit_test(test_block),
         cmocka_unit_test(test_head),
         cmocka_unit_test(test_head_chunks_match_naive),
+        cmocka_unit_test(test_logits),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
