@@ -41,8 +41,8 @@ struct fy_refmodel_output {
 
 /* The family's init (fy_model_init_unit with seed), then noise on the parameters it sets to 0 or 1
  * so that their gradients, and the paths through them, are not trivial (GPT-2: every bias and
- * LayerNorm parameter; Llama: every RMSNorm weight; refmodel.c lists the noise of each family, and
- * refuses one it has none for); then random tokens and targets, the target of sequence 1 position 3
+ * LayerNorm parameter; Llama: every RMSNorm weight; another family: every tensor its table
+ * initialises to 0 or 1); then random tokens and targets, the target of sequence 1 position 3
  * ignored (-1: out of the mean, no gradient). All drawn from fy_test_rand seeded with seed. Needs
  * B >= 2 and T >= 4. 0, or -1 with m->err (and nothing to free). */
 int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, int B, int T,
