@@ -147,8 +147,6 @@ int fy_cu_llama_acts_take(const struct fy_cu_llama *l, struct fy_cu_arena *arena
 /* The rotary table of the CPU reference, computed the same way on the host, uploaded. */
 static int upload_rope_table(struct fy_cu_llama *l)
 {
-    struct fy_llama_config lc;
-    fy_llama_config_of(&l->c, &lc);
     size_t half = (size_t)l->hd / 2, n = (size_t)l->T * half;
     float *inv_freq = (float *)malloc(half * sizeof(float));
     float *table = (float *)malloc(2 * n * sizeof(float));
@@ -158,7 +156,7 @@ static int upload_rope_table(struct fy_cu_llama *l)
         fy_error("cu_llama: no host memory for the rotary table");
         return -ENOMEM;
     }
-    fy_llama_rope_inv_freq(&lc, inv_freq);
+    fy_llama_rope_inv_freq(&l->c, inv_freq);
     fy_llama_rope_table(table, table + n, inv_freq, l->T, (int)half);
     cudaError_t e = cudaMemcpy(l->cos_t, table, n * sizeof(float), cudaMemcpyHostToDevice);
     if (e == cudaSuccess)

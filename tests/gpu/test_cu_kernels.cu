@@ -1,5 +1,5 @@
 /* GPU test of the CUDA backend's kernels outside the matrix products and attention, against the
- * fp32 CPU reference gpu_worker/cpu/gpt_cpu.c: LayerNorm forward/backward (cu_layernorm), GELU
+ * fp32 CPU reference gpu_worker/cpu/gpt2_cpu.c: LayerNorm forward/backward (cu_layernorm), GELU
  * forward/backward (cu_gelu), residual add (cu_residual), embedding forward/backward (cu_embed),
  * f32 <-> bf16 conversion (cu_convert), and argument checking.
  *
@@ -55,7 +55,7 @@ extern "C" {
 #include <vector>
 
 #include "common/dtype.h"
-#include "gpu_worker/cpu/gpt_cpu.h"
+#include "gpu_worker/cpu/gpt2_cpu.h"
 #include "gpu_worker/cuda/cu_convert.h"
 #include "gpu_worker/cuda/cu_embed.h"
 #include "gpu_worker/cuda/cu_gelu.h"

@@ -310,11 +310,9 @@ static struct fy_model_config llama_cfg(unsigned C, unsigned NH, unsigned NKV, u
 /* The reference's rotary table for config c at T positions, on the host (cos, then sin). */
 static vector<float> rope_table(const struct fy_model_config *c, int T)
 {
-    struct fy_llama_config lc;
-    fy_llama_config_of(c, &lc);
     int half = (int)(c->n_embd / c->n_head) / 2;
     vector<float> inv(half), t(2 * (size_t)T * half);
-    fy_llama_rope_inv_freq(&lc, inv.data());
+    fy_llama_rope_inv_freq(c, inv.data());
     fy_llama_rope_table(t.data(), t.data() + (size_t)T * half, inv.data(), T, half);
     return t;
 }
@@ -602,8 +600,6 @@ static bvals block_params(const struct fy_model_config *c, uint64_t *rng)
 
 static void block_case(const struct fy_model_config *c, int B, int T, uint64_t seed)
 {
-    struct fy_llama_config lc;
-    fy_llama_config_of(c, &lc);
     int C = (int)c->n_embd;
     size_t NC = (size_t)B * T * C, P = fy_model_unit_params(c, 1);
     char shape[96];
@@ -612,9 +608,9 @@ static void block_case(const struct fy_model_config *c, int B, int T, uint64_t s
              c->llama.rope_type == FY_ROPE_LLAMA3 ? "llama3" : "plain");
     uint64_t rng = seed;
     bvals p = block_params(c, &rng), x = rnd(NC, -1, 1, &rng), dy = rnd(NC, -1, 1, &rng);
-    vector<float> y(NC), dx(NC), dp(P, 0.0f), scratch(fy_llama_block_scratch(&lc, B, T));
-    fy_llama_block_forward(&lc, p.f.data(), x.f.data(), y.data(), scratch.data(), B, T);
-    fy_llama_block_backward(&lc, p.f.data(), x.f.data(), dy.f.data(), dx.data(), dp.data(),
+    vector<float> y(NC), dx(NC), dp(P, 0.0f), scratch(fy_llama_block_scratch(c, B, T));
+    fy_llama_block_forward(c, p.f.data(), x.f.data(), y.data(), scratch.data(), B, T);
+    fy_llama_block_backward(c, p.f.data(), x.f.data(), dy.f.data(), dx.data(), dp.data(),
                             scratch.data(), B, T);
     struct unit u;
     unit_new(&u, c, B, T, fy_cu_llama_acts_bytes(c, B, T));
