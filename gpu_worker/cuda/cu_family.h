@@ -81,7 +81,8 @@ struct fy_cu_family {
     /* Arena bytes of the units' own buffers, and of one set of block internals, for B x T. */
     size_t (*arena_bytes)(const struct fy_model_config *c, int B, int T);
     size_t (*set_bytes)(const struct fy_model_config *c, int B, int T);
-    /* The units' buffers from the arena (-ENOMEM said, nothing taken, when they do not fit). */
+    /* The units' buffers from the arena; -ENOMEM, nothing taken and nothing said (cu_model checks
+     * the room first and says so), when they do not fit. */
     int (*create)(void **units, struct fy_cu_arena *arena, const struct fy_model_config *c, int B,
                   int T, const struct fy_cu_env *env);
     void (*destroy)(void **units);
