@@ -67,7 +67,7 @@ BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 GPU_BENCH_BINS := $(if $(NVCC),$(patsubst tests/bench/%.cu,$(BUILD)/bench/%,$(wildcard tests/bench/bench_*.cu)))
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o $(BUILD)/obj/tests/refmodel.o
 # Helpers that assert with cmocka: linked into the test programs, not the benchmarks.
-TEST_CMOCKA_HELPERS := $(BUILD)/obj/tests/trainutil.o
+TEST_CMOCKA_HELPERS := $(BUILD)/obj/tests/trainutil.o $(BUILD)/obj/tests/chaos.o
 
 .PHONY: all deps deps-python check-deps results test test-gpu bench bench-gpu bench-pipeline bench-affinity tests benches demo clean
 all: check-deps $(BINS)
