@@ -72,13 +72,14 @@ static void encode_header(uint8_t *b, uint32_t magic, uint32_t version,
 
 static int decode_arch(const uint8_t *b, struct fy_model_config *c)
 {
-    c->arch = fy_arch_by_id(get32(b, S_ARCH));
-    if (c->arch == NULL)
+    const struct fy_arch *family = fy_arch_by_id(get32(b, S_ARCH));
+    if (family == NULL)
         return -EBADMSG;
+    c->arch = family;
     uint32_t slots[FY_FAMILY_SLOTS];
     for (int i = 0; i < FY_FAMILY_SLOTS; i++)
         slots[i] = get32(b, S_FAMILY + i);
-    c->arch->slots_read(slots, c);
+    family->slots_read(slots, c);
     return 0;
 }
 

@@ -44,14 +44,15 @@ int fy_model_config_from(const struct fy_config *cfg, struct fy_model_config *ou
                                     .n_embd = (uint32_t)v[2], .vocab = (uint32_t)v[3],
                                     .ctx = (uint32_t)v[4]};
     const char *name = fy_config_get(cfg, "model.arch");
-    out->arch = name == NULL ? &fy_arch_gpt2 : fy_arch_by_name(name);
-    if (out->arch == NULL) {
+    const struct fy_arch *family = name == NULL ? &fy_arch_gpt2 : fy_arch_by_name(name);
+    if (family == NULL) {
         char names[128];
         fy_arch_names(names, sizeof names, 0);
         fy_error("%s: model.arch \"%s\": expected one of %s", cfg->path, name, names);
         return -EINVAL;
     }
-    FY_TRY(out->arch->conf_read(cfg, out));
+    out->arch = family;
+    FY_TRY(family->conf_read(cfg, out));
     return fy_model_config_validate(out);
 }
 
