@@ -103,7 +103,7 @@ int fy_backend_synth(struct fy_backend *b, uint64_t seed, uint64_t step, uint32_
 int fy_backend_model_prepare(struct fy_backend *b, const struct fy_model_config *c, int B, int T)
 {
     FY_REQUIRE(b->ops->model_prepare != NULL, -ENOTSUP,
-               "the %s backend cannot train GPT models yet: use --backend cpu", b->ops->name);
+               "the %s backend cannot train models yet: use --backend cpu", b->ops->name);
     return b->ops->model_prepare(b->state, c, B, T);
 }
 
@@ -245,7 +245,7 @@ int fy_backend_model_profile(struct fy_backend *b, void *host, size_t host_bytes
                            struct fy_block_profile *out)
 {
     FY_REQUIRE(b->ops->model_profile != NULL, -ENOTSUP,
-               "the %s backend cannot profile its GPT blocks", b->ops->name);
+               "the %s backend cannot profile its blocks", b->ops->name);
     memset(out, 0, sizeof *out);
     FY_TRY(b->ops->model_profile(b->state, host, host_bytes, out));
     out->magic = FY_BLOCK_PROFILE_MAGIC;

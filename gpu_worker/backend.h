@@ -58,12 +58,12 @@ struct fy_backend_ops {
     int (*synth)(void *state, uint64_t seed, uint64_t step, uint32_t tensor, int dtype, size_t n,
                  void *out);
 
-    /* GPT, layer by layer, on host buffers of the pool (the semantics of gpu_worker/cpu/
-     * gpt_cpu.h): weights f32 unless model_weights_bf16 switched them to bf16, gradients f32,
+    /* The model, unit by unit, on host buffers of the pool (the semantics of the CPU backend's
+     * family files, gpu_worker/cpu/): weights f32 unless model_weights_bf16 switched them to bf16, gradients f32,
      * activations (x, y, dx, dy) f32 unless model_acts_bf16 switched them to bf16. A backend
      * without these (NULL) cannot train.
      * model_prepare sizes the backend's private scratch for batches of B sequences of T tokens
-     * before any other gpt call. */
+     * before any other model call. */
     int (*model_prepare)(void *state, const struct fy_model_config *c, int B, int T);
     int (*model_embed_forward)(void *state, const void *embed, const int32_t *tokens, void *x);
     int (*model_embed_backward)(void *state, const int32_t *tokens, const void *dx, float *dembed);
@@ -81,7 +81,7 @@ struct fy_backend_ops {
     /* logits [B*T][V] = lnf(x) wte^T, for evaluation, sampling and tests; always completes. */
     int (*model_logits)(void *state, const void *final_params, const void *embed, const void *x,
                       float *logits);
-    /* A backend whose gpt calls above only queue their work (CUDA: the next call's uploads run
+    /* A backend whose model calls above only queue their work (CUDA: the next call's uploads run
      * while the current one computes) has these; NULL where each call completes before returning.
      * model_finish completes the oldest queued call, waiting if need be, and says how long its
      * copies to and from the device took (device time, seconds); model_ready_fd is readable when
@@ -105,7 +105,7 @@ struct fy_backend_ops {
      * (host_bytes of registered memory) to time the links. Completes before returning. */
     int (*model_profile)(void *state, void *host, size_t host_bytes, struct fy_block_profile *out);
     /* Weights (params, embed, final_params) in host buffers as bf16 (on) or f32 (off, the
-     * default) for the gpt calls made from now on, until switched again (a queued call keeps the
+     * default) for the model calls made from now on, until switched again (a queued call keeps the
      * mode it was made in); gradients stay f32. CUDA computes with bf16 weights anyway: the same
      * bits, half the bytes uploaded. The CPU backend widens them and computes in f32: the results
      * of weights rounded to bf16 first. NULL: f32 only. */
@@ -122,7 +122,7 @@ const char *fy_backend_device(const struct fy_backend *b);
 int fy_backend_register_host(struct fy_backend *b, void *base, size_t len);
 int fy_backend_synth(struct fy_backend *b, uint64_t seed, uint64_t step, uint32_t tensor, int dtype,
                      size_t n, void *out);
-/* The GPT operations of the backend (see struct fy_backend_ops); -ENOTSUP with a message when the
+/* The model operations of the backend (see struct fy_backend_ops); -ENOTSUP with a message when the
  * backend has none. */
 int fy_backend_model_prepare(struct fy_backend *b, const struct fy_model_config *c, int B, int T);
 /* The activations' dtype in host buffers: FY_DTYPE_F32 (the default) or FY_DTYPE_BF16, which a
@@ -131,7 +131,7 @@ int fy_backend_model_act_dtype(struct fy_backend *b, int dtype);
 /* The activation dtype a backend would take for the fewest bytes with the same results: bf16 where
  * it computes in bf16 (CUDA), else f32. */
 int fy_backend_preferred_act_dtype(const char *backend_name);
-/* The weights' dtype in host buffers for the gpt calls that follow: FY_DTYPE_F32 (the default) or
+/* The weights' dtype in host buffers for the model calls that follow: FY_DTYPE_F32 (the default) or
  * FY_DTYPE_BF16, which a backend without model_weights_bf16 refuses with a message (-ENOTSUP). */
 int fy_backend_model_weight_dtype(struct fy_backend *b, int dtype);
 /* The weights' dtype a backend takes for the fewest bytes with the same results: bf16 where it
@@ -166,7 +166,7 @@ int fy_backend_model_head(struct fy_backend *b, const void *final_params, const 
 int fy_backend_model_logits(struct fy_backend *b, const void *final_params, const void *embed,
                           const void *x, float *logits);
 
-/* Queued use. Off (the default), every gpt call above completes before it returns. On, on a backend
+/* Queued use. Off (the default), every model call above completes before it returns. On, on a backend
  * that queues, they return once queued and each must be completed, in order, by
  * fy_backend_model_finish (outputs, the head's loss included, are written by then; inputs must stay
  * untouched until then); at most FY_BACKEND_QUEUE in flight. Returns 1 when calls will queue,

@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/arch/arch.h"
+#include "common/arch/gpt2.h"
 #include "gpu_worker/backend.h"
 #include "tests/testutil.h"
 
@@ -51,13 +53,9 @@ static void perturb_llama_unit(const struct fy_refmodel *m, unsigned u, uint64_t
     }
 }
 
-/* The noise on the biases and LayerNorm parameters of a unit (see fy_refmodel_init). */
-static void perturb_unit(const struct fy_refmodel *m, unsigned u, uint64_t *rng)
+/* GPT-2: the noise on the biases and LayerNorm parameters of a unit. */
+static void perturb_gpt2_unit(const struct fy_refmodel *m, unsigned u, uint64_t *rng)
 {
-    if (m->cfg.arch == FY_ARCH_LLAMA) {
-        perturb_llama_unit(m, u, rng);
-        return;
-    }
     const size_t C = m->cfg.n_embd;
     struct fy_gpt2_block_layout l;
     fy_gpt2_block_layout(&m->cfg, &l);
@@ -85,6 +83,39 @@ static void perturb_unit(const struct fy_refmodel *m, unsigned u, uint64_t *rng)
     }
 }
 
+/* Any other family: the noise on every tensor its table initialises to 1 (+-0.2) or 0 (+-0.1), one
+ * tensor after another. */
+static void perturb_by_table(const struct fy_refmodel *m, unsigned u, uint64_t *rng)
+{
+    struct fy_tensor_spec t[FY_UNIT_MAX_TENSORS];
+    unsigned n = fy_unit_tensors(&m->cfg, u, t);
+    for (unsigned k = 0; k < n; k++) {
+        float amp = t[k].init == FY_INIT_ONE ? 0.2f : t[k].init == FY_INIT_ZERO ? 0.1f : 0.0f;
+        for (uint64_t i = 0; amp > 0.0f && i < fy_tensor_numel(&t[k]); i++)
+            m->params[u][t[k].offset + i] += fy_test_uniform(rng, -amp, amp);
+    }
+}
+
+typedef void perturb_fn(const struct fy_refmodel *m, unsigned u, uint64_t *rng);
+
+/* The noise a family's parameters get (see fy_refmodel_init), by the registry's name: GPT-2's and
+ * Llama's as they always were, so that the tests' inputs stay the same bits; the tensor table's
+ * for any other family. */
+static perturb_fn *perturbation_of(const struct fy_model_config *c)
+{
+    static const struct {
+        const char *family;
+        perturb_fn *perturb;
+    } perturbations[] = {
+        {"gpt2", perturb_gpt2_unit},
+        {"llama", perturb_llama_unit},
+    };
+    for (size_t i = 0; i < sizeof perturbations / sizeof perturbations[0]; i++)
+        if (strcmp(perturbations[i].family, fy_model_arch(c)->name) == 0)
+            return perturbations[i].perturb;
+    return perturb_by_table;
+}
+
 int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, int B, int T,
                      uint64_t seed)
 {
@@ -99,6 +130,7 @@ int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, i
         m->n_units = 0;
         return -1;
     }
+    perturb_fn *perturb = perturbation_of(cfg);
     const size_t n_tok = (size_t)B * T;
     m->tokens = calloc(n_tok, sizeof *m->tokens);
     m->targets = calloc(n_tok, sizeof *m->targets);
@@ -111,7 +143,7 @@ int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, i
         ok = m->params[u] != NULL && m->grads[u] != NULL;
         if (ok) {
             fy_model_init_unit(cfg, u, seed, m->params[u]);
-            perturb_unit(m, u, &rng);
+            perturb(m, u, &rng);
         }
     }
     if (!ok) {
@@ -128,12 +160,12 @@ int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, i
 
 struct fy_model_config fy_refmodel_llama_small(int tied)
 {
-    struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 256, .vocab = 300, .ctx = 64,
-                              .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 344,
-                              .tied = (uint32_t)tied, .rope_type = FY_ROPE_LLAMA3,
-                              .rope_orig_max_pos = 8, .rms_eps = 1e-5f, .rope_theta = 500000.0,
-                              .rope_factor = 8.0, .rope_low_freq_factor = 1.0,
-                              .rope_high_freq_factor = 4.0};
+    struct fy_model_config c = {
+        .n_layer = 2, .n_head = 4, .n_embd = 256, .vocab = 300, .ctx = 64, .arch = &fy_arch_llama,
+        .llama = {.n_kv_head = 2, .n_inter = 344, .tied = (uint32_t)tied,
+                  .rope_type = FY_ROPE_LLAMA3, .rope_orig_max_pos = 8, .rms_eps = 1e-5f,
+                  .rope_theta = 500000.0, .rope_factor = 8.0, .rope_low_freq_factor = 1.0,
+                  .rope_high_freq_factor = 4.0}};
     return c;
 }
 

@@ -39,12 +39,12 @@ struct fy_refmodel_output {
     double *grads[FY_REFMODEL_MAX_UNITS];
 };
 
-/* GPT-2 init (fy_model_init_unit with seed), then noise on every bias and LayerNorm parameter (which
- * GPT-2 sets to 0 or 1) so that their gradients, and the paths through them, are not trivial (a
- * Llama config: its init, then noise on every RMSNorm weight); then
- * random tokens and targets, the target of sequence 1 position 3 ignored (-1: out of the mean, no
- * gradient). All drawn from fy_test_rand seeded with seed. Needs B >= 2 and T >= 4. 0, or -1 with
- * m->err (and nothing to free). */
+/* The family's init (fy_model_init_unit with seed), then noise on the parameters it sets to 0 or 1
+ * so that their gradients, and the paths through them, are not trivial (GPT-2: every bias and
+ * LayerNorm parameter; Llama: every RMSNorm weight; another family: every tensor its table
+ * initialises to 0 or 1); then random tokens and targets, the target of sequence 1 position 3
+ * ignored (-1: out of the mean, no gradient). All drawn from fy_test_rand seeded with seed. Needs
+ * B >= 2 and T >= 4. 0, or -1 with m->err (and nothing to free). */
 int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, int B, int T,
                      uint64_t seed);
 void fy_refmodel_free(struct fy_refmodel *m);

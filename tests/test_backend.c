@@ -1,16 +1,22 @@
 /* Backend selection and the activations' dtype in host buffers (gpu_worker/backend.h): what "auto"
  * resolves to, which dtype a backend prefers, and the CPU backend refusing bf16 activations, which
  * it does not compute in, with a message instead of misreading them. The CUDA side (bf16 and f32
- * host activations giving the same bits) is tests/gpu/test_cuda_gpt.c. */
+ * host activations giving the same bits) is tests/gpu/test_cuda_gpt.c. And the CPU backend's
+ * families (gpu_worker/cpu/cpu_family.h): what a family's table lacks (Llama: swapped internals,
+ * the per-op profile) refused with a message; where it has them (GPT-2), a backward from swapped
+ * internals gives the bits of recomputing them. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
+#include "common/actplan.h"
+#include "common/arch/arch.h"
 #include "common/dtype.h"
 #include "common/model.h"
 #include "gpu_worker/backend.h"
@@ -50,12 +56,95 @@ static void test_cpu_backend_takes_f32_activations_only(void **state)
     assert_null(b);
 }
 
+static float *filled(size_t n, float scale)
+{
+    float *p = malloc(n * sizeof *p);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = scale * (float)((int)(i % 13) - 6) / 6.0f;
+    return p;
+}
+
+/* One block of c through the CPU backend: forward, backward recomputing its internals, then forward
+ * and backward with every swappable kind saved. Returns the second pass's code (the first must
+ * succeed); with 0, the two backwards' dx and dparams are compared bit for bit. */
+static int block_with_saved(const struct fy_model_config *c)
+{
+    const int B = 2, T = 4;
+    size_t P = fy_model_unit_params(c, 1), NC = (size_t)B * T * c->n_embd;
+    struct fy_actplan_sizes sizes;
+    struct fy_actplan_region reg;
+    assert_int_equal(fy_actplan_sizes_backend(c, B, T, "cpu", &sizes), 0);
+    assert_int_equal(fy_actplan_region_of(&sizes, FY_ACT_SWAPPABLE, &reg), 0);
+    float *params = filled(P, 0.05f), *x = filled(NC, 1.0f), *y = filled(NC, 0.0f);
+    float *dy = filled(NC, 0.5f), *dx[2] = {filled(NC, 0.0f), filled(NC, 0.0f)};
+    float *dp[2] = {filled(P, 0.0f), filled(P, 0.0f)};
+    char *region = malloc(reg.bytes);
+    assert_non_null(region);
+    struct fy_block_saved saved = {{0}};
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        if (FY_ACT_SWAPPABLE & FY_ACT_BIT(k))
+            saved.at[k] = region + reg.offset[k];
+
+    struct fy_backend *b = NULL;
+    assert_int_equal(fy_backend_open(&b, "cpu", 0), 0);
+    assert_int_equal(fy_backend_model_prepare(b, c, B, T), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, params, x, y, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 1, params, x, dy, dx[0], dp[0], NULL), 0);
+    int rc = fy_backend_model_block_forward(b, 1, params, x, y, &saved);
+    if (rc == 0)
+        rc = fy_backend_model_block_backward(b, 1, params, x, dy, dx[1], dp[1], &saved);
+    if (rc == 0) {
+        assert_memory_equal(dx[0], dx[1], NC * sizeof(float));
+        assert_memory_equal(dp[0], dp[1], P * sizeof(float));
+    }
+    fy_backend_close(&b);
+    free(params), free(x), free(y), free(dy), free(dx[0]), free(dx[1]), free(dp[0]), free(dp[1]);
+    free(region);
+    return rc;
+}
+
+/* The per-op profile through the CPU backend (on values of its own). */
+static int profile(const struct fy_model_config *c)
+{
+    size_t host_bytes = 1u << 20;
+    void *host = calloc(1, host_bytes);
+    assert_non_null(host);
+    struct fy_backend *b = NULL;
+    struct fy_block_profile out;
+    assert_int_equal(fy_backend_open(&b, "cpu", 0), 0);
+    assert_int_equal(fy_backend_model_prepare(b, c, 2, 4), 0);
+    int rc = fy_backend_model_profile(b, host, host_bytes, &out);
+    if (rc == 0)
+        assert_true(out.fwd_s > 0 && out.recompute_s[FY_ACT_QKV] > 0 && out.flops_per_s > 0);
+    fy_backend_close(&b);
+    free(host);
+    return rc;
+}
+
+static void test_cpu_families_capabilities(void **state)
+{
+    (void)state;
+    const struct fy_model_config gpt2 = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 16,
+                                         .ctx = 8};
+    const struct fy_model_config llama = {
+        .n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 16, .ctx = 8, .arch = &fy_arch_llama,
+        .llama = {.n_kv_head = 1, .n_inter = 12, .rms_eps = 1e-5f, .rope_theta = 10000.0}};
+    assert_int_equal(block_with_saved(&gpt2), 0);
+    assert_int_equal(profile(&gpt2), 0);
+    print_message("the CPU backend is expected to refuse Llama's swapped internals and profile "
+                  "(the two errors below):\n");
+    assert_int_equal(block_with_saved(&llama), -ENOTSUP);
+    assert_int_equal(profile(&llama), -ENOTSUP);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resolve),
         cmocka_unit_test(test_preferred_act_dtype),
         cmocka_unit_test(test_cpu_backend_takes_f32_activations_only),
+        cmocka_unit_test(test_cpu_families_capabilities),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,14 +19,16 @@
 
 #include <cmocka.h>
 
+#include "common/arch/arch.h"
 #include "common/ckpt.h"
 #include "common/digest.h"
 #include "common/model.h"
 
 static struct fy_model_config gpt(void)
 {
+    /* the family named, as a decoded header names it */
     return (struct fy_model_config){.n_layer = 3, .n_head = 2, .n_embd = 16, .vocab = 50,
-                                  .ctx = 32};
+                                    .ctx = 32, .arch = &fy_arch_gpt2};
 }
 
 static void test_digest(void **state)

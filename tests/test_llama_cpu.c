@@ -1,5 +1,6 @@
 /* Tests of the CPU Llama block (gpu_worker/cpu/llama_cpu.c):
- *   - the parameter layout (Hugging Face's LlamaDecoderLayer order) and configuration checks;
+ *   - the block's parameter layout (fy_llama_unit_layout: Hugging Face's LlamaDecoderLayer order)
+ *     and the Llama configuration checks (fy_model_config_validate);
  *   - the rotary inverse frequencies, plain and with llama3 scaling, against a float64 computation;
  *   - the fp32 block forward against an independent float64 forward written here with plain loops
  *     (ref_block_forward), and the fp32 backward (dx and every parameter gradient) against central
@@ -19,7 +20,7 @@
  *     about 1e-9): rel 1e-4, floor 1e-5 (measured: worst 4e-7 of the max);
  *   - against transformers (fp32 both sides, different summation orders): rel 1e-5, floor 1e-5
  *     (measured: worst 9e-7 of the max).
- * test_config_validate logs the refusals it provokes ("error: llama: ..."): expected.
+ * test_config_validate logs the refusals it provokes ("error: model: ..."): expected.
  * Each check can fail: a gradient element off by 1e-3 relative, and the plain-RoPE forward of a
  * llama3 configuration, are both rejected (tests below). */
 #include <errno.h>
@@ -36,6 +37,8 @@
 
 #include <cmocka.h>
 
+#include "common/arch/arch.h"
+#include "common/arch/llama.h"
 #include "gpu_worker/cpu/llama_cpu.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
@@ -76,24 +79,26 @@ static float *alloc_rand(size_t n, uint64_t *st, float lo, float hi)
 
 /* ---- the configurations ---- */
 
-static struct fy_llama_config cfg_plain(uint32_t C, uint32_t NH, uint32_t NKV, uint32_t I,
+static struct fy_model_config cfg_plain(uint32_t C, uint32_t NH, uint32_t NKV, uint32_t I,
                                         double theta)
 {
-    return (struct fy_llama_config){.n_embd = C, .n_head = NH, .n_kv_head = NKV, .n_inter = I,
-                                    .rms_norm_eps = 1e-5f, .rope_theta = theta,
-                                    .rope_type = FY_LLAMA_ROPE_DEFAULT};
+    /* one block's model: the vocabulary and the context matter to no block computation */
+    return (struct fy_model_config){
+        .n_layer = 1, .n_head = NH, .n_embd = C, .vocab = 2, .ctx = 1024, .arch = &fy_arch_llama,
+        .llama = {.n_kv_head = NKV, .n_inter = I, .rms_eps = 1e-5f, .rope_theta = theta,
+                  .rope_type = FY_ROPE_DEFAULT}};
 }
 
 /* head_dim 8 and theta 500000: wavelengths 6.3, 167, 4443 and 118000 against 512 / 4 = 128 and
  * 512 / 1 = 512, so one frequency stays, one is blended and two are divided by the factor. */
-static struct fy_llama_config cfg_llama3(uint32_t C, uint32_t NH, uint32_t NKV, uint32_t I)
+static struct fy_model_config cfg_llama3(uint32_t C, uint32_t NH, uint32_t NKV, uint32_t I)
 {
-    struct fy_llama_config c = cfg_plain(C, NH, NKV, I, 500000.0);
-    c.rope_type = FY_LLAMA_ROPE_LLAMA3;
-    c.rope_factor = 8.0;
-    c.rope_low_freq_factor = 1.0;
-    c.rope_high_freq_factor = 4.0;
-    c.rope_original_max_pos = 512;
+    struct fy_model_config c = cfg_plain(C, NH, NKV, I, 500000.0);
+    c.llama.rope_type = FY_ROPE_LLAMA3;
+    c.llama.rope_factor = 8.0;
+    c.llama.rope_low_freq_factor = 1.0;
+    c.llama.rope_high_freq_factor = 4.0;
+    c.llama.rope_orig_max_pos = 512;
     return c;
 }
 
@@ -105,37 +110,38 @@ static const char *const ref_names[R_COUNT] = {
     "input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "post_attention_layernorm",
     "gate_proj", "up_proj", "down_proj"};
 
-static void ref_offsets(const struct fy_llama_config *c, size_t off[R_COUNT + 1])
+static void ref_offsets(const struct fy_model_config *c, size_t off[R_COUNT + 1])
 {
-    size_t C = c->n_embd, hd = C / c->n_head, I = c->n_inter;
-    size_t n[R_COUNT] = {C, c->n_head * hd * C, c->n_kv_head * hd * C, c->n_kv_head * hd * C,
-                         C * c->n_head * hd, C, I * C, I * C, C * I};
+    size_t C = c->n_embd, hd = C / c->n_head, I = c->llama.n_inter;
+    size_t KV = c->llama.n_kv_head * hd;
+    size_t n[R_COUNT] = {C, c->n_head * hd * C, KV * C, KV * C, C * c->n_head * hd, C, I * C, I * C,
+                         C * I};
     off[0] = 0;
     for (int i = 0; i < R_COUNT; i++)
         off[i + 1] = off[i] + n[i];
 }
 
 /* Inverse frequencies in double; *regions counts (unchanged, blended, divided) when non-NULL. */
-static void ref_inv_freq(const struct fy_llama_config *c, double *f, int regions[3])
+static void ref_inv_freq(const struct fy_model_config *c, double *f, int regions[3])
 {
     int hd = (int)(c->n_embd / c->n_head);
     if (regions)
         regions[0] = regions[1] = regions[2] = 0;
     for (int i = 0; i < hd / 2; i++) {
-        f[i] = pow(c->rope_theta, -2.0 * i / hd);
-        if (c->rope_type != FY_LLAMA_ROPE_LLAMA3)
+        f[i] = pow(c->llama.rope_theta, -2.0 * i / hd);
+        if (c->llama.rope_type != FY_ROPE_LLAMA3)
             continue;
-        double L = c->rope_original_max_pos, wl = 2.0 * M_PI / f[i];
-        double lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+        double L = c->llama.rope_orig_max_pos, wl = 2.0 * M_PI / f[i];
+        double lo = c->llama.rope_low_freq_factor, hi = c->llama.rope_high_freq_factor;
         int r;
         if (wl < L / hi) {
             r = 0;
         } else if (wl > L / lo) {
-            f[i] /= c->rope_factor;
+            f[i] /= c->llama.rope_factor;
             r = 2;
         } else {
             double s = (L / wl - lo) / (hi - lo);
-            f[i] = (1.0 - s) * f[i] / c->rope_factor + s * f[i];
+            f[i] = (1.0 - s) * f[i] / c->llama.rope_factor + s * f[i];
             r = 1;
         }
         if (regions)
@@ -186,14 +192,14 @@ static void ref_rope(double *x, const double *f, int B, int T, int nh, int hd)
     free(v);
 }
 
-static void ref_block_forward(const struct fy_llama_config *c, const double *p, const double *x,
+static void ref_block_forward(const struct fy_model_config *c, const double *p, const double *x,
                               double *y, int B, int T)
 {
     size_t off[R_COUNT + 1];
     ref_offsets(c, off);
-    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->n_kv_head, hd = C / NH;
-    int I = (int)c->n_inter, N = B * T;
-    double eps = c->rms_norm_eps;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head, hd = C / NH;
+    int I = (int)c->llama.n_inter, N = B * T;
+    double eps = c->llama.rms_eps;
     double *f = xmalloc((size_t)hd / 2 * sizeof *f);
     ref_inv_freq(c, f, NULL);
     double *n1 = xmalloc((size_t)N * C * sizeof(double)), *h = xmalloc((size_t)N * C * sizeof(double));
@@ -288,9 +294,9 @@ static double *to_double(const float *p, size_t n)
 
 static void test_layout(void **state)
 {
-    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
-    struct fy_llama_block_layout l;
-    fy_llama_block_layout(&c, &l);
+    struct fy_model_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(&c, &l);
     size_t off[R_COUNT + 1];
     ref_offsets(&c, off);
     size_t got[R_COUNT + 1] = {l.input_norm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.post_norm,
@@ -303,33 +309,33 @@ static void test_layout(void **state)
 
 static void test_config_validate(void **state)
 {
-    struct fy_llama_config good = cfg_llama3(32, 4, 2, 48);
-    assert_int_equal(fy_llama_config_validate(&good), 0);
-    struct fy_llama_config plain = cfg_plain(16, 4, 4, 24, 10000.0);
-    assert_int_equal(fy_llama_config_validate(&plain), 0);
+    struct fy_model_config good = cfg_llama3(32, 4, 2, 48);
+    assert_int_equal(fy_model_config_validate(&good), 0);
+    struct fy_model_config plain = cfg_plain(16, 4, 4, 24, 10000.0);
+    assert_int_equal(fy_model_config_validate(&plain), 0);
 
-    struct fy_llama_config c = good;
-    c.n_kv_head = 3; /* does not divide 4 heads */
-    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    struct fy_model_config c = good;
+    c.llama.n_kv_head = 3; /* does not divide 4 heads */
+    assert_int_equal(fy_model_config_validate(&c), -EINVAL);
     c = good, c.n_head = 5; /* does not divide 32 */
-    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    assert_int_equal(fy_model_config_validate(&c), -EINVAL);
     c = cfg_plain(12, 4, 2, 24, 10000.0); /* head_dim 3 is odd */
-    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
-    c = good, c.rms_norm_eps = 0.0f;
-    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
-    c = good, c.rope_theta = -1.0;
-    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
-    c = good, c.rope_high_freq_factor = 1.0; /* not above low_freq_factor */
-    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
-    c = good, c.rope_original_max_pos = 0;
-    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
-    c = good, c.n_inter = 0;
-    assert_int_equal(fy_llama_config_validate(&c), -EINVAL);
+    assert_int_equal(fy_model_config_validate(&c), -EINVAL);
+    c = good, c.llama.rms_eps = 0.0f;
+    assert_int_equal(fy_model_config_validate(&c), -EINVAL);
+    c = good, c.llama.rope_theta = -1.0;
+    assert_int_equal(fy_model_config_validate(&c), -EINVAL);
+    c = good, c.llama.rope_high_freq_factor = 1.0; /* not above low_freq_factor */
+    assert_int_equal(fy_model_config_validate(&c), -EINVAL);
+    c = good, c.llama.rope_orig_max_pos = 0;
+    assert_int_equal(fy_model_config_validate(&c), -EINVAL);
+    c = good, c.llama.n_inter = 0;
+    assert_int_equal(fy_model_config_validate(&c), -EINVAL);
 }
 
 static void test_inv_freq(void **state)
 {
-    struct fy_llama_config cs[] = {cfg_plain(16, 2, 1, 8, 10000.0), cfg_llama3(32, 4, 2, 48),
+    struct fy_model_config cs[] = {cfg_plain(16, 2, 1, 8, 10000.0), cfg_llama3(32, 4, 2, 48),
                                    cfg_llama3(128, 2, 1, 8)};
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         int half = (int)(cs[k].n_embd / cs[k].n_head / 2), regions[3];
@@ -339,7 +345,7 @@ static void test_inv_freq(void **state)
         ref_inv_freq(&cs[k], r, regions);
         printf("  config %zu: %d frequencies; llama3 regions unchanged %d, blended %d, divided %d\n",
                k, half, regions[0], regions[1], regions[2]);
-        if (cs[k].rope_type == FY_LLAMA_ROPE_LLAMA3)
+        if (cs[k].llama.rope_type == FY_ROPE_LLAMA3)
             assert_true(regions[0] >= 1 && regions[1] >= 1 && regions[2] >= 1);
         for (int i = 0; i < half; i++)
             if (!(fabs(f[i] - r[i]) <= 1e-6 * r[i]))
@@ -348,7 +354,7 @@ static void test_inv_freq(void **state)
     /* transformers' values for cfg_llama3(32, 4, 2, 48) (LlamaRotaryEmbedding.inv_freq, printed
      * with transformers 5.17): 1, 2.7344e-02, 1.7678e-04, 6.6479e-06 */
     float f[4];
-    struct fy_llama_config c = cfg_llama3(32, 4, 2, 48);
+    struct fy_model_config c = cfg_llama3(32, 4, 2, 48);
     fy_llama_rope_inv_freq(&c, f);
     const double hf[4] = {1.0, 2.7344e-02, 1.7678e-04, 6.6479e-06};
     for (int i = 0; i < 4; i++)
@@ -358,7 +364,7 @@ static void test_inv_freq(void **state)
 /* ---- the block against float64 and finite differences ---- */
 
 struct blk {
-    struct fy_llama_config cfg;
+    struct fy_model_config cfg;
     int B, T;
     size_t np, nx;
     double *p, *x, *r, *y; /* float64 copies of the fp32 inputs; r the projection */
@@ -391,14 +397,14 @@ static double *fd_grad(struct blk *b, double *v, size_t n)
 
 /* Random block parameters: norm weights near 1 (not 1, so their gradients matter), projections of
  * a size that keeps activations of order one and the attention far from uniform. */
-static float *block_params(const struct fy_llama_config *c, uint64_t *st)
+static float *block_params(const struct fy_model_config *c, uint64_t *st)
 {
     size_t off[R_COUNT + 1];
     ref_offsets(c, off);
     float *p = xmalloc(off[R_COUNT] * sizeof *p);
     for (int t = 0; t < R_COUNT; t++) {
         int norm = t == R_IN_NORM || t == R_POST_NORM;
-        size_t in = t == R_O ? c->n_embd : t == R_DOWN ? c->n_inter : c->n_embd;
+        size_t in = t == R_O ? c->n_embd : t == R_DOWN ? c->llama.n_inter : c->n_embd;
         float a = norm ? 0.3f : (float)(2.0 / sqrt((double)in));
         for (size_t i = off[t]; i < off[t + 1]; i++)
             p[i] = (norm ? 1.0f : 0.0f) + fy_test_uniform(st, -a, a);
@@ -409,13 +415,13 @@ static float *block_params(const struct fy_llama_config *c, uint64_t *st)
 /* Forward against float64, then dx and every parameter gradient against finite differences.
  * Returns the number of bad elements; corrupt_dx (when non-zero) scales dx[3] by (1 + corrupt_dx)
  * first, for the self-test of the checker. */
-static int check_block(const struct fy_llama_config *cfg, int B, int T, uint64_t seed,
+static int check_block(const struct fy_model_config *cfg, int B, int T, uint64_t seed,
                        double corrupt_dx)
 {
-    assert_int_equal(fy_llama_config_validate(cfg), 0);
+    assert_int_equal(fy_model_config_validate(cfg), 0);
     uint64_t st = seed;
-    struct fy_llama_block_layout l;
-    fy_llama_block_layout(cfg, &l);
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(cfg, &l);
     size_t nx = (size_t)B * T * cfg->n_embd, ns = fy_llama_block_scratch(cfg, B, T);
     float *p = block_params(cfg, &st), *x = alloc_rand(nx, &st, -1.5f, 1.5f);
     float *r = alloc_rand(nx, &st, -1, 1), *y = alloc_nan(nx), *dx = alloc_nan(nx);
@@ -453,34 +459,34 @@ static int check_block(const struct fy_llama_config *cfg, int B, int T, uint64_t
 
 static void test_block_gqa(void **state)
 {
-    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    struct fy_model_config c = cfg_plain(16, 4, 2, 24, 10000.0);
     assert_int_equal(check_block(&c, 2, 5, 101, 0.0), 0);
 }
 
 static void test_block_mqa(void **state)
 {
-    struct fy_llama_config c = cfg_plain(16, 4, 1, 24, 10000.0);
+    struct fy_model_config c = cfg_plain(16, 4, 1, 24, 10000.0);
     assert_int_equal(check_block(&c, 2, 5, 102, 0.0), 0);
 }
 
 static void test_block_llama3(void **state)
 {
-    struct fy_llama_config c = cfg_llama3(32, 4, 2, 40);
+    struct fy_model_config c = cfg_llama3(32, 4, 2, 40);
     assert_int_equal(check_block(&c, 2, 5, 103, 0.0), 0);
 }
 
 /* The checks can fail: one dx element off by 1e-3 relative is caught... */
 static void test_checker_catches_wrong_gradient(void **state)
 {
-    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    struct fy_model_config c = cfg_plain(16, 4, 2, 24, 10000.0);
     assert_true(check_block(&c, 2, 5, 101, 1e-3) > 0);
 }
 
 /* ... and so is the forward of a llama3 configuration computed with plain RoPE. */
 static void test_checker_catches_wrong_rope(void **state)
 {
-    struct fy_llama_config c = cfg_llama3(32, 4, 2, 40), plain = c;
-    plain.rope_type = FY_LLAMA_ROPE_DEFAULT;
+    struct fy_model_config c = cfg_llama3(32, 4, 2, 40), plain = c;
+    plain.llama.rope_type = FY_ROPE_DEFAULT;
     int B = 2, T = 5;
     uint64_t st = 103;
     size_t nx = (size_t)B * T * c.n_embd;
@@ -488,8 +494,8 @@ static void test_checker_catches_wrong_rope(void **state)
     float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
     fy_llama_block_forward(&plain, p, x, y, scratch, B, T);
     double *dx = to_double(x, nx);
-    struct fy_llama_block_layout l;
-    fy_llama_block_layout(&c, &l);
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(&c, &l);
     double *pd = to_double(p, l.total), *yd = xmalloc(nx * sizeof *yd);
     ref_block_forward(&c, pd, dx, yd, B, T);
     assert_true(compare("plain-RoPE y vs llama3 float64", y, yd, nx, FWD_REL, FWD_ABS) > 0);
@@ -499,11 +505,11 @@ static void test_checker_catches_wrong_rope(void **state)
 /* dparams is accumulated into, not overwritten. */
 static void test_backward_accumulates(void **state)
 {
-    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    struct fy_model_config c = cfg_plain(16, 4, 2, 24, 10000.0);
     int B = 2, T = 5;
     uint64_t st = 7;
-    struct fy_llama_block_layout l;
-    fy_llama_block_layout(&c, &l);
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)B * T * c.n_embd;
     float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
     float *dx = alloc_nan(nx), *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
@@ -523,7 +529,7 @@ static void test_backward_accumulates(void **state)
 
 static void test_final_norm(void **state)
 {
-    struct fy_llama_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    struct fy_model_config c = cfg_plain(16, 4, 2, 24, 10000.0);
     int B = 2, T = 5, C = 16, N = B * T;
     size_t nx = (size_t)N * C;
     uint64_t st = 31;
@@ -535,7 +541,7 @@ static void test_final_norm(void **state)
     fy_llama_norm_backward(&c, w, x, rstd, r, dx, dw, B, T);
 
     double *wd = to_double(w, C), *xd = to_double(x, nx), *yd = xmalloc(nx * sizeof *yd);
-    ref_rmsnorm(yd, xd, wd, N, C, c.rms_norm_eps);
+    ref_rmsnorm(yd, xd, wd, N, C, c.llama.rms_eps);
     int bad = compare("norm y vs float64", y, yd, nx, FWD_REL, FWD_ABS);
     /* finite differences of sum(rmsnorm(x) * r) */
     double *gx = xmalloc(nx * sizeof *gx), *gw = xmalloc(C * sizeof *gw);
@@ -546,7 +552,7 @@ static void test_final_norm(void **state)
             double keep = v[i], l[2];
             for (int sgn = 0; sgn < 2; sgn++) {
                 v[i] = keep + (sgn ? -FD_STEP : FD_STEP);
-                ref_rmsnorm(yd, xd, wd, N, C, c.rms_norm_eps);
+                ref_rmsnorm(yd, xd, wd, N, C, c.llama.rms_eps);
                 l[sgn] = 0.0;
                 for (size_t j = 0; j < nx; j++)
                     l[sgn] += yd[j] * r[j];
@@ -568,7 +574,7 @@ static void test_final_norm(void **state)
 
 struct hf_case {
     const char *name, *args; /* llama_ref.py's arguments after OUT */
-    struct fy_llama_config cfg;
+    struct fy_model_config cfg;
     int B, T;
 };
 
@@ -580,26 +586,26 @@ static int hf_compare(const struct hf_case *hc, const char *path)
     char *buf = fy_test_slurp(path, &len);
     if (buf == NULL)
         fail_msg("%s: cannot read what llama_ref.py wrote", path);
-    const struct fy_llama_config *c = &hc->cfg;
-    struct fy_llama_block_layout l;
-    fy_llama_block_layout(c, &l);
+    const struct fy_model_config *c = &hc->cfg;
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(c, &l);
     size_t nx = (size_t)hc->B * hc->T * c->n_embd, P = l.total;
     int32_t h[16];
     double d[8];
     assert_true(len >= sizeof h + sizeof d);
     memcpy(h, buf, sizeof h);
     memcpy(d, buf + sizeof h, sizeof d);
-    int llama3 = c->rope_type == FY_LLAMA_ROPE_LLAMA3;
+    int llama3 = c->llama.rope_type == FY_ROPE_LLAMA3;
     int32_t want[11] = {HF_MAGIC, 1, hc->B, hc->T, (int32_t)c->n_embd, (int32_t)c->n_head,
-                        (int32_t)c->n_kv_head, (int32_t)c->n_inter, llama3,
-                        llama3 ? (int32_t)c->rope_original_max_pos : 0, (int32_t)P};
+                        (int32_t)c->llama.n_kv_head, (int32_t)c->llama.n_inter, llama3,
+                        llama3 ? (int32_t)c->llama.rope_orig_max_pos : 0, (int32_t)P};
     for (int i = 0; i < 11; i++)
         if (h[i] != want[i])
             fail_msg("%s: header slot %d is %d, expected %d", path, i, h[i], want[i]);
-    assert_true(fabs(d[0] - c->rms_norm_eps) <= 1e-12 && d[1] == c->rope_theta);
+    assert_true(fabs(d[0] - c->llama.rms_eps) <= 1e-12 && d[1] == c->llama.rope_theta);
     if (llama3)
-        assert_true(d[2] == c->rope_factor && d[3] == c->rope_low_freq_factor &&
-                    d[4] == c->rope_high_freq_factor);
+        assert_true(d[2] == c->llama.rope_factor && d[3] == c->llama.rope_low_freq_factor &&
+                    d[4] == c->llama.rope_high_freq_factor);
     assert_int_equal(len, sizeof h + sizeof d + (2 * P + 4 * nx) * sizeof(float));
 
     const float *f = (const float *)(buf + sizeof h + sizeof d);
@@ -680,11 +686,11 @@ struct det_out {
 
 static void det_run(int threads, struct det_out *o)
 {
-    struct fy_llama_config c = cfg_llama3(64, 8, 2, 96);
+    struct fy_model_config c = cfg_llama3(64, 8, 2, 96);
     int B = 3, T = 9;
     uint64_t st = 77;
-    struct fy_llama_block_layout l;
-    fy_llama_block_layout(&c, &l);
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)B * T * c.n_embd;
     float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
     float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
@@ -698,9 +704,9 @@ static void det_run(int threads, struct det_out *o)
 
 static void test_deterministic(void **state)
 {
-    struct fy_llama_config c = cfg_llama3(64, 8, 2, 96);
-    struct fy_llama_block_layout l;
-    fy_llama_block_layout(&c, &l);
+    struct fy_model_config c = cfg_llama3(64, 8, 2, 96);
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)3 * 9 * c.n_embd;
     int saved = omp_get_max_threads();
     struct det_out a, b, d;

@@ -1,6 +1,7 @@
 /* Tests of the Llama model layout (common/model.c, common/ckpt.c) and the Llama model pieces of the
  * CPU backend (gpu_worker/cpu/llama_cpu.c):
- *   - the block unit layout equals llama_cpu's fy_llama_block_layout; unit sizes, tied and untied;
+ *   - the block unit layout (fy_llama_unit_layout) against offsets counted by hand; unit sizes,
+ *     tied and untied;
  *   - weight-decay segments cover every unit exactly, norms without decay, matrices with;
  *   - initialisation: norms 1, matrices N(0, 0.02), the same bits on any thread count;
  *   - model.conf keys and the store header round-trip every field, the config hash differs between
@@ -20,6 +21,7 @@
 #include <cmocka.h>
 #include <omp.h>
 
+#include "common/arch/arch.h"
 #include "common/ckpt.h"
 #include "common/config.h"
 #include "common/model.h"
@@ -28,15 +30,16 @@
 
 static struct fy_model_config llama(int tied, int llama3)
 {
-    struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12,
-                              .arch = FY_ARCH_LLAMA, .n_kv_head = 2, .n_inter = 24,
-                              .tied = (uint32_t)tied, .rms_eps = 1e-6f, .rope_theta = 10000.0};
+    struct fy_model_config c = {
+        .n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12, .arch = &fy_arch_llama,
+        .llama = {.n_kv_head = 2, .n_inter = 24, .tied = (uint32_t)tied, .rms_eps = 1e-6f,
+                  .rope_theta = 10000.0}};
     if (llama3) {
-        c.rope_type = FY_ROPE_LLAMA3;
-        c.rope_factor = 8.0;
-        c.rope_low_freq_factor = 1.0;
-        c.rope_high_freq_factor = 4.0;
-        c.rope_orig_max_pos = 8;
+        c.llama.rope_type = FY_ROPE_LLAMA3;
+        c.llama.rope_factor = 8.0;
+        c.llama.rope_low_freq_factor = 1.0;
+        c.llama.rope_high_freq_factor = 4.0;
+        c.llama.rope_orig_max_pos = 8;
     }
     return c;
 }
@@ -46,14 +49,15 @@ static void test_layout_and_sizes(void **state)
     (void)state;
     struct fy_model_config c = llama(0, 1);
     assert_int_equal(fy_model_config_validate(&c), 0);
-    struct fy_llama_config lc;
-    fy_llama_config_of(&c, &lc);
-    assert_int_equal(fy_llama_config_validate(&lc), 0);
-    struct fy_llama_block_layout a;
-    struct fy_llama_unit_layout b;
-    fy_llama_block_layout(&lc, &a);
-    fy_llama_unit_layout(&c, &b);
-    assert_memory_equal(&a, &b, sizeof a);
+    /* C 16, 4 heads of 4, 2 kv heads, MLP 24: the tensors of LlamaDecoderLayer in its order, norms
+     * [16], q [16][16], k and v [8][16], o [16][16], gate and up [24][16], down [16][24] */
+    struct fy_llama_unit_layout a;
+    fy_llama_unit_layout(&c, &a);
+    const size_t got[10] = {a.input_norm, a.q_proj,    a.k_proj,  a.v_proj,    a.o_proj,
+                            a.post_norm,  a.gate_proj, a.up_proj, a.down_proj, a.total};
+    const size_t want[10] = {0, 16, 272, 400, 528, 784, 800, 1184, 1568, 1952};
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(got[i], want[i]);
     assert_int_equal(fy_model_unit_count(&c), 4);
     assert_int_equal(fy_model_unit_params(&c, 0), 23 * 16);
     assert_int_equal(fy_model_unit_params(&c, 1), a.total);
@@ -64,14 +68,14 @@ static void test_layout_and_sizes(void **state)
     assert_int_equal(a.total, 16 + 256 + 256 + 256 + 16 + 3 * 384);
     /* bad Llama settings are refused */
     struct fy_model_config bad = c;
-    bad.n_kv_head = 3;
+    bad.llama.n_kv_head = 3;
     assert_int_not_equal(fy_model_config_validate(&bad), 0);
     bad = c;
-    bad.rms_eps = 0;
+    bad.llama.rms_eps = 0;
     assert_int_not_equal(fy_model_config_validate(&bad), 0);
     bad = c;
     bad.n_head = 16; /* head size 1: odd */
-    bad.n_kv_head = 1;
+    bad.llama.n_kv_head = 1;
     assert_int_not_equal(fy_model_config_validate(&bad), 0);
 }
 
@@ -126,8 +130,8 @@ static void test_config_and_header_round_trip(void **state)
 {
     (void)state;
     struct fy_model_config c = llama(0, 1);
-    c.rms_eps = 1e-5f;
-    c.rope_theta = 500000.0;
+    c.llama.rms_eps = 1e-5f;
+    c.llama.rope_theta = 500000.0;
     struct fy_config *cfg = malloc(sizeof *cfg);
     fy_config_init(cfg);
     assert_int_equal(fy_model_config_to(&c, cfg), 0);
@@ -135,8 +139,9 @@ static void test_config_and_header_round_trip(void **state)
     assert_int_equal(fy_model_config_from(cfg, &back), 0);
     assert_memory_equal(&c, &back, sizeof c);
     assert_true(fy_model_config_hash(&c) == fy_model_config_hash(&back));
-    /* a GPT-2 config writes no Llama keys and reads back as GPT-2 */
-    struct fy_model_config g = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12};
+    /* a GPT-2 config writes no model.arch nor Llama keys and reads back as GPT-2 */
+    struct fy_model_config g = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12,
+                                .arch = &fy_arch_gpt2};
     fy_config_init(cfg);
     assert_int_equal(fy_model_config_to(&g, cfg), 0);
     assert_null(fy_config_get(cfg, "model.arch"));
@@ -147,13 +152,13 @@ static void test_config_and_header_round_trip(void **state)
     /* the hash tells the architectures and every Llama field apart */
     assert_true(fy_model_config_hash(&g) != fy_model_config_hash(&c));
     struct fy_model_config d = c;
-    d.tied = 1;
+    d.llama.tied = 1;
     assert_true(fy_model_config_hash(&d) != fy_model_config_hash(&c));
     d = c;
-    d.rope_factor = 4.0;
+    d.llama.rope_factor = 4.0;
     assert_true(fy_model_config_hash(&d) != fy_model_config_hash(&c));
     d = c;
-    d.rms_eps = 1e-6f;
+    d.llama.rms_eps = 1e-6f;
     assert_true(fy_model_config_hash(&d) != fy_model_config_hash(&c));
 
     static uint8_t block[FY_COMMIT_RECORD_BYTES];
@@ -208,7 +213,7 @@ static double ref_head_loss(const struct fy_model_config *c, const double *fin, 
                             const double *x, const int32_t *tg, int N)
 {
     int C = (int)c->n_embd, V = (int)c->vocab, count = 0;
-    const double *W = c->tied ? emb : fin + C;
+    const double *W = c->llama.tied ? emb : fin + C;
     double loss = 0;
     for (int n = 0; n < N; n++) {
         if (tg[n] < 0)
@@ -217,7 +222,7 @@ static double ref_head_loss(const struct fy_model_config *c, const double *fin, 
         double ms = 0, xn[64], z[64], mx = -1e300, s = 0;
         for (int i = 0; i < C; i++)
             ms += x[n * C + i] * x[n * C + i];
-        double r = 1.0 / sqrt(ms / C + c->rms_eps);
+        double r = 1.0 / sqrt(ms / C + c->llama.rms_eps);
         for (int i = 0; i < C; i++)
             xn[i] = fin[i] * (x[n * C + i] * r);
         for (int v = 0; v < V; v++) {
@@ -339,12 +344,9 @@ static void test_init_same_bits_on_any_thread_count(void **state)
     struct fy_model_config gpt = {.n_layer = 1, .n_head = 2, .n_embd = 64, .vocab = 50304,
                                 .ctx = 64};
     struct fy_model_config llama = gpt;
-    llama.arch = FY_ARCH_LLAMA;
-    llama.n_kv_head = 1;
-    llama.n_inter = 128;
-    llama.tied = 1;
-    llama.rope_theta = 10000.0;
-    llama.rms_eps = 1e-5f;
+    llama.arch = &fy_arch_llama;
+    llama.llama = (struct fy_llama_fields){
+        .n_kv_head = 1, .n_inter = 128, .tied = 1, .rope_theta = 10000.0, .rms_eps = 1e-5f};
     const struct fy_model_config *models[] = {&gpt, &llama};
     for (int k = 0; k < 2; k++) {
         size_t n = fy_model_unit_params(models[k], 0);

@@ -88,7 +88,9 @@ struct fy_arch {
     /* The family's fields in binary headers' slots (zero where unused), and back. */
     void (*slots_write)(const struct fy_model_config *c, uint32_t slots[FY_FAMILY_SLOTS]);
     void (*slots_read)(const uint32_t slots[FY_FAMILY_SLOTS], struct fy_model_config *c);
-    /* The family's part of the config hash, mixed after the common fields' (fy_model_config_hash). */
+    /* The family's part of the config hash, mixed after the common fields' (fy_model_config_hash).
+     * GPT-2's is empty (its hash is the common fields', as it always was); every other family mixes
+     * in its id, so that no two families hash alike. */
     uint64_t (*hash)(const struct fy_model_config *c, uint64_t h);
     /* "Llama: 2 layers, ..." for people */
     void (*describe)(const struct fy_model_config *c, char *buf, size_t len);

@@ -1,7 +1,8 @@
 /* The CPU backend of the gpu worker: computes directly in host memory (so registering the pool is a
- * no-op), with the fp32 OpenMP operations of gpt_cpu (GPT-2) or llama_cpu (Llama, chosen by the
- * model's architecture) and private scratch sized per batch; bf16 weights are widened into scratch
- * of their own first. */
+ * no-op), through the table of fp32 OpenMP operations of the model's family (cpu_family.h; one file
+ * per family, listed once below), with private scratch sized per batch; bf16 weights are widened
+ * into scratch of their own first. Nothing here knows a family: what one lacks is refused by its
+ * label, from its table. */
 #include "cpu_backend.h"
 
 #include <errno.h>
@@ -17,13 +18,19 @@
 #include "common/dtype.h"
 #include "common/knobs.h"
 #include "common/synth.h"
-#include "gpu_worker/cpu/gpt_cpu.h"
+#include "gpu_worker/cpu/cpu_family.h"
+#include "gpu_worker/cpu/gpt2_cpu.h"
 #include "gpu_worker/cpu/llama_cpu.h"
+
+/* The families the CPU backend computes, one line each, found by their registry name. */
+static const struct fy_cpu_family *const cpu_families[] = {
+    &fy_gpt2_cpu_family,
+    &fy_llama_cpu_family,
+};
 
 struct cpu_state {
     struct fy_model_config cfg;
-    int llama;                   /* cfg.arch == FY_ARCH_LLAMA */
-    struct fy_llama_config lcfg; /* the block's config when llama */
+    const struct fy_cpu_family *fam; /* cfg's family's operations */
     int B, T;
     float *block_scratch;
     float *head_scratch;
@@ -76,27 +83,35 @@ static int cpu_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor,
     return 0;
 }
 
-static int cpu_gpt_prepare(void *state, const struct fy_model_config *c, int B, int T)
+/* The family's operations, by the registry's name of c's family; NULL (said) when there are none. */
+static const struct fy_cpu_family *cpu_family_of(const struct fy_model_config *c)
+{
+    const struct fy_arch *a = fy_model_arch(c);
+    for (size_t i = 0; i < sizeof cpu_families / sizeof cpu_families[0]; i++)
+        if (strcmp(cpu_families[i]->name, a->name) == 0)
+            return cpu_families[i];
+    fy_error("the CPU backend has no operations for %s models: a model family needs its file in "
+             "gpu_worker/cpu/ and its line in cpu_backend.c's list", a->label);
+    return NULL;
+}
+
+static int cpu_model_prepare(void *state, const struct fy_model_config *c, int B, int T)
 {
     struct cpu_state *s = state;
     FY_REQUIRE(B >= 1 && T >= 1 && (uint32_t)T <= c->ctx, -EINVAL,
                "batch %d x %d: need B >= 1 and 1 <= T <= context %u", B, T, c->ctx);
+    FY_TRY(fy_model_config_validate(c));
+    const struct fy_cpu_family *fam = cpu_family_of(c);
+    if (fam == NULL)
+        return -ENOTSUP;
     free(s->block_scratch);
     free(s->head_scratch);
+    s->block_scratch = s->head_scratch = NULL;
     s->cfg = *c;
+    s->fam = fam;
     s->B = B;
     s->T = T;
-    s->llama = fy_model_arch(c) == &fy_arch_llama; /* (the family ops table replaces this) */
-    size_t block, head;
-    if (s->llama) {
-        fy_llama_config_of(c, &s->lcfg);
-        FY_TRY(fy_llama_config_validate(&s->lcfg));
-        block = fy_llama_block_scratch(&s->lcfg, B, T);
-        head = fy_llama_head_scratch(c, B, T);
-    } else {
-        block = fy_cpu_block_scratch(c, B, T);
-        head = fy_cpu_head_scratch(c, B, T);
-    }
+    size_t block = fam->block_scratch(c, B, T), head = fam->head_scratch(c, B, T);
     s->block_scratch = malloc(block * sizeof(float));
     s->head_scratch = malloc(head * sizeof(float));
     if (s->block_scratch == NULL || s->head_scratch == NULL) {
@@ -141,33 +156,31 @@ static int cpu_embed_forward(void *state, const void *embed_in, const int32_t *t
     struct cpu_state *s = state;
     const float *embed;
     FY_TRY(weights_f32(s, 0, embed_in, fy_model_unit_params(&s->cfg, 0), &embed));
-    if (s->llama)
-        fy_llama_embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
-    else
-        fy_cpu_embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
+    s->fam->embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
     return 0;
 }
 
 static int cpu_embed_backward(void *state, const int32_t *tokens, const void *dx, float *dembed)
 {
     struct cpu_state *s = state;
-    if (s->llama)
-        fy_llama_embed_backward(&s->cfg, tokens, dx, dembed, s->B, s->T);
-    else
-        fy_cpu_embed_backward(&s->cfg, tokens, dx, dembed, s->B, s->T);
+    s->fam->embed_backward(&s->cfg, tokens, dx, dembed, s->B, s->T);
     return 0;
 }
 
-/* The Llama blocks' internals are not the GPT-2 kinds that common/actplan.h names. */
-static int llama_refuses_saved(const struct cpu_state *s, const struct fy_block_saved *saved)
+/* 1 when saved gives any internals, which the family must then swap (-ENOTSUP, said, where its
+ * blocks cannot). */
+static int swapping(const struct cpu_state *s, const struct fy_block_saved *saved)
 {
     int any = 0;
     for (int k = 0; saved != NULL && k < FY_ACT_KINDS; k++)
         any |= saved->at[k] != NULL;
-    FY_REQUIRE(!(s->llama && any), -ENOTSUP,
-               "the CPU backend's Llama blocks always recompute their internals: train Llama "
-               "models with --act-plan auto or recompute");
-    return 0;
+    if (any && s->fam->block_forward_saved == NULL) {
+        const char *label = fy_model_arch(&s->cfg)->label;
+        fy_error("the CPU backend's %s blocks always recompute their internals: train %s models "
+                 "with --act-plan auto or recompute", label, label);
+        return -ENOTSUP;
+    }
+    return any;
 }
 
 static int cpu_block_forward(void *state, int layer, const void *params_in, const void *x, void *y,
@@ -175,14 +188,15 @@ static int cpu_block_forward(void *state, int layer, const void *params_in, cons
 {
     (void)layer;
     struct cpu_state *s = state;
-    FY_TRY(llama_refuses_saved(s, saved));
+    int swap = swapping(s, saved);
+    FY_TRY(swap);
     const float *params;
     FY_TRY(weights_f32(s, 0, params_in, fy_model_unit_params(&s->cfg, 1), &params));
-    if (s->llama)
-        fy_llama_block_forward(&s->lcfg, params, x, y, s->block_scratch, s->B, s->T);
+    if (swap)
+        s->fam->block_forward_saved(&s->cfg, params, x, y, s->block_scratch, saved->at, s->B,
+                                    s->T);
     else
-        fy_cpu_block_forward(&s->cfg, params, x, y, s->block_scratch, saved ? saved->at : NULL,
-                             s->B, s->T);
+        s->fam->block_forward(&s->cfg, params, x, y, s->block_scratch, s->B, s->T);
     return 0;
 }
 
@@ -192,17 +206,15 @@ static int cpu_block_backward(void *state, int layer, const void *params_in, con
 {
     (void)layer;
     struct cpu_state *s = state;
-    FY_TRY(llama_refuses_saved(s, saved));
+    int swap = swapping(s, saved);
+    FY_TRY(swap);
     const float *params;
     FY_TRY(weights_f32(s, 0, params_in, fy_model_unit_params(&s->cfg, 1), &params));
-    if (s->llama) {
-        /* the Llama block accumulates its parameter gradients; the request overwrites them */
-        memset(dparams, 0, fy_model_unit_params(&s->cfg, 1) * sizeof *dparams);
-        fy_llama_block_backward(&s->lcfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
-    } else {
-        fy_cpu_block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch,
-                              saved ? saved->at : NULL, s->B, s->T);
-    }
+    if (swap)
+        s->fam->block_backward_saved(&s->cfg, params, x, dy, dx, dparams, s->block_scratch,
+                                     saved->at, s->B, s->T);
+    else
+        s->fam->block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
     return 0;
 }
 
@@ -221,13 +233,8 @@ static int cpu_head(void *state, const void *final_in, const void *embed_in, con
     struct cpu_state *s = state;
     const float *final_params, *embed;
     FY_TRY(head_weights(s, final_in, embed_in, &final_params, &embed));
-    if (s->llama) {
-        *loss = fy_llama_head_forward_backward(&s->cfg, final_params, embed, x, targets, dx, dfinal,
-                                               dembed, s->head_scratch, s->B, s->T);
-        return 0;
-    }
-    *loss = fy_cpu_head_forward_backward(&s->cfg, final_params, embed, x, targets, dx, dfinal,
-                                         dembed, s->head_scratch, s->B, s->T);
+    *loss = s->fam->head(&s->cfg, final_params, embed, x, targets, dx, dfinal, dembed,
+                         s->head_scratch, s->B, s->T);
     return 0;
 }
 
@@ -237,21 +244,7 @@ static int cpu_logits(void *state, const void *final_in, const void *embed_in, c
     struct cpu_state *s = state;
     const float *final_params, *embed;
     FY_TRY(head_weights(s, final_in, embed_in, &final_params, &embed));
-    if (s->llama) {
-        fy_llama_logits(&s->cfg, final_params, embed, x, logits, s->head_scratch, s->B, s->T);
-        return 0;
-    }
-    size_t N = (size_t)s->B * s->T, C = s->cfg.n_embd;
-    float *xn = malloc(N * C * sizeof *xn), *stats = malloc(2 * N * sizeof *stats);
-    if (xn == NULL || stats == NULL) {
-        free(xn);
-        free(stats);
-        return -ENOMEM;
-    }
-    fy_cpu_layernorm_forward(xn, stats, stats + N, x, final_params, final_params + C, (int)N, (int)C);
-    fy_cpu_matmul_forward(logits, xn, embed, NULL, (int)N, (int)C, (int)s->cfg.vocab);
-    free(xn);
-    free(stats);
+    s->fam->logits(&s->cfg, final_params, embed, x, logits, s->head_scratch, s->B, s->T);
     return 0;
 }
 
@@ -265,8 +258,12 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_blo
     /* test hook: FUYOU_TEST_PROFILE_FAIL=1 makes profiling fail, as a device error would */
     FY_REQUIRE(!fy_knob_test_profile_fail(), -EIO,
                "CPU backend: profiling failed (FUYOU_TEST_PROFILE_FAIL=1, a test hook)");
-    FY_REQUIRE(!s->llama, -ENOTSUP,
-               "the CPU backend's Llama blocks always recompute: nothing to profile for swapping");
+    const struct fy_cpu_family *fam = s->fam;
+    FY_REQUIRE(fam->block_forward_saved != NULL && fam->block_op_times != NULL &&
+                   fam->qkv_flops != NULL,
+               -ENOTSUP,
+               "the CPU backend's %s blocks always recompute: nothing to profile for swapping",
+               fy_model_arch(&s->cfg)->label);
     FY_REQUIRE(host_bytes >= (1u << 20), -EINVAL,
                "CPU backend: profiling copies need at least 1 MiB of pool, not %zu bytes",
                host_bytes);
@@ -296,12 +293,12 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_blo
             saved[k] = region + reg.offset[k];
     for (int rep = 0; rc == 0 && rep < 4; rep++) {
         double t0 = 1e-9 * (double)fy_monotonic_ns();
-        fy_cpu_block_forward(&s->cfg, params, x, y, s->block_scratch, saved, s->B, s->T);
+        fam->block_forward_saved(&s->cfg, params, x, y, s->block_scratch, saved, s->B, s->T);
         double t1 = 1e-9 * (double)fy_monotonic_ns();
-        fy_cpu_block_backward(&s->cfg, params, x, y, dx, dp, s->block_scratch, saved, s->B,
-                              s->T);
+        fam->block_backward_saved(&s->cfg, params, x, y, dx, dp, s->block_scratch, saved, s->B,
+                                  s->T);
         double t2 = 1e-9 * (double)fy_monotonic_ns();
-        fy_cpu_block_op_times(&s->cfg, params, x, s->block_scratch, s->B, s->T, op);
+        fam->block_op_times(&s->cfg, params, x, s->block_scratch, s->B, s->T, op);
         if (rep == 0)
             continue;
         best_fwd = t1 - t0 < best_fwd ? t1 - t0 : best_fwd;
@@ -322,8 +319,8 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_blo
         out->bwd_s = best_bwd;
         for (int k = 0; k < FY_ACT_KINDS; k++) /* the LayerNorms always rerun: not a saving */
             out->recompute_s[k] = fy_actplan_kind_swappable(k) ? best_op[k] : 0;
-        double C = s->cfg.n_embd, N = (double)s->B * s->T;
-        out->flops_per_s = best_op[FY_ACT_QKV] > 0 ? 2 * N * C * 3 * C / best_op[FY_ACT_QKV] : 0;
+        out->flops_per_s =
+            best_op[FY_ACT_QKV] > 0 ? fam->qkv_flops(&s->cfg, s->B, s->T) / best_op[FY_ACT_QKV] : 0;
         out->h2d_Bps = out->d2h_Bps = out->duplex_Bps = (double)host_bytes / best_copy;
         out->gpu_free = out->set_bytes = 0;
         fy_info("profile (CPU backend, batch %d x %d): block forward %.3f ms, backward %.3f ms; "
@@ -350,7 +347,7 @@ const struct fy_backend_ops fy_cpu_backend_ops = {
     .register_host = cpu_register_host,
     .unregister_host = cpu_unregister_host,
     .synth = cpu_synth,
-    .model_prepare = cpu_gpt_prepare,
+    .model_prepare = cpu_model_prepare,
     .model_embed_forward = cpu_embed_forward,
     .model_embed_backward = cpu_embed_backward,
     .model_block_forward = cpu_block_forward,

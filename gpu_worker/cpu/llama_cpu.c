@@ -1,6 +1,7 @@
-/* The Llama decoder block (RMSNorm, RoPE, grouped-query causal attention, SwiGLU MLP) and the final
- * RMSNorm in fp32 on the CPU: the readable reference for the Llama family, in the conventions of
- * gpt_cpu.c (see llama_cpu.h for the maths and the buffer rules).
+/* The Llama decoder block (RMSNorm, RoPE, grouped-query causal attention, SwiGLU MLP), the final
+ * RMSNorm and the model pieces in fp32 on the CPU: the readable reference for the Llama family, in
+ * the conventions of gpt2_cpu.c (see llama_cpu.h for the maths and the buffer rules); its table for
+ * the backend at the end.
  *
  * Determinism: every loop that OpenMP splits runs over independent outputs (rows, (b,t), (b,h),
  * (b, kv head), channels), with schedule(static), and each output element is accumulated by one
@@ -8,83 +9,29 @@
  * produce. The build uses -ffp-contract=off, so no fused multiply-adds change the rounding. */
 #include "llama_cpu.h"
 
-#include <errno.h>
 #include <math.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "gpt_cpu.h"
+#include "common/arch/llama.h"
+#include "cpu_ops.h"
 
-#define MAX_DIM (1u << 20)
-
-
-
-
-/* ---- configuration and layout ---- */
-
-int fy_llama_config_validate(const struct fy_llama_config *c)
-{
-    FY_REQUIRE(c->n_embd >= 1 && c->n_embd <= 65536, -EINVAL,
-               "llama: n_embd %u must be between 1 and 65536", c->n_embd);
-    FY_REQUIRE(c->n_head >= 1 && c->n_embd % c->n_head == 0, -EINVAL,
-               "llama: n_head %u must divide n_embd %u", c->n_head, c->n_embd);
-    FY_REQUIRE((c->n_embd / c->n_head) % 2 == 0, -EINVAL,
-               "llama: head_dim %u (n_embd / n_head) must be even for rotary embeddings",
-               c->n_embd / c->n_head);
-    FY_REQUIRE(c->n_kv_head >= 1 && c->n_head % c->n_kv_head == 0, -EINVAL,
-               "llama: n_kv_head %u must divide n_head %u", c->n_kv_head, c->n_head);
-    FY_REQUIRE(c->n_inter >= 1 && c->n_inter <= MAX_DIM, -EINVAL,
-               "llama: intermediate size %u must be between 1 and %u", c->n_inter, MAX_DIM);
-    FY_REQUIRE(c->rms_norm_eps > 0.0f && isfinite(c->rms_norm_eps), -EINVAL,
-               "llama: rms_norm_eps %g must be positive", (double)c->rms_norm_eps);
-    FY_REQUIRE(c->rope_theta > 0.0 && isfinite(c->rope_theta), -EINVAL,
-               "llama: rope_theta %g must be positive", c->rope_theta);
-    FY_REQUIRE(c->rope_type == FY_LLAMA_ROPE_DEFAULT || c->rope_type == FY_LLAMA_ROPE_LLAMA3, -EINVAL,
-               "llama: unknown rope type %d", (int)c->rope_type);
-    if (c->rope_type == FY_LLAMA_ROPE_LLAMA3) {
-        FY_REQUIRE(c->rope_factor > 0.0 && isfinite(c->rope_factor), -EINVAL,
-                   "llama: rope scaling factor %g must be positive", c->rope_factor);
-        FY_REQUIRE(c->rope_low_freq_factor > 0.0 &&
-                       c->rope_high_freq_factor > c->rope_low_freq_factor &&
-                       isfinite(c->rope_high_freq_factor),
-                   -EINVAL, "llama: rope low_freq_factor %g and high_freq_factor %g must satisfy "
-                   "0 < low < high", c->rope_low_freq_factor, c->rope_high_freq_factor);
-        FY_REQUIRE(c->rope_original_max_pos >= 1, -EINVAL,
-                   "llama: rope original_max_position_embeddings must be positive");
-    }
-    return 0;
-}
-
-void fy_llama_block_layout(const struct fy_llama_config *c, struct fy_llama_block_layout *out)
-{
-    size_t C = c->n_embd, hd = C / c->n_head, Q = c->n_head * hd, KV = c->n_kv_head * hd;
-    size_t I = c->n_inter, at = 0;
-    out->input_norm = at, at += C;
-    out->q_proj = at, at += Q * C;
-    out->k_proj = at, at += KV * C;
-    out->v_proj = at, at += KV * C;
-    out->o_proj = at, at += C * Q;
-    out->post_norm = at, at += C;
-    out->gate_proj = at, at += I * C;
-    out->up_proj = at, at += I * C;
-    out->down_proj = at, at += C * I;
-    out->total = at;
-}
+/* ---- rotary frequencies ---- */
 
 /* Each step in fp32 as transformers computes it (a Python scalar meeting an fp32 tensor is rounded
  * to fp32 first), so that the frequencies agree to the last bit or so. */
-void fy_llama_rope_inv_freq(const struct fy_llama_config *c, float *inv_freq)
+void fy_llama_rope_inv_freq(const struct fy_model_config *m, float *inv_freq)
 {
-    int hd = (int)(c->n_embd / c->n_head), half = hd / 2;
+    const struct fy_llama_fields *c = &m->llama;
+    int hd = (int)(m->n_embd / m->n_head), half = hd / 2;
     float base = (float)c->rope_theta;
     for (int i = 0; i < half; i++)
         inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)hd);
-    if (c->rope_type != FY_LLAMA_ROPE_LLAMA3)
+    if (c->rope_type != FY_ROPE_LLAMA3)
         return;
     float factor = (float)c->rope_factor, low = (float)c->rope_low_freq_factor;
-    float old_len = (float)c->rope_original_max_pos;
-    float low_wavelen = (float)(c->rope_original_max_pos / c->rope_low_freq_factor);
-    float high_wavelen = (float)(c->rope_original_max_pos / c->rope_high_freq_factor);
+    float old_len = (float)c->rope_orig_max_pos;
+    float low_wavelen = (float)(c->rope_orig_max_pos / c->rope_low_freq_factor);
+    float high_wavelen = (float)(c->rope_orig_max_pos / c->rope_high_freq_factor);
     float span = (float)(c->rope_high_freq_factor - c->rope_low_freq_factor);
     for (int i = 0; i < half; i++) {
         float f = inv_freq[i], wavelen = (float)(2.0 * M_PI) / f;
@@ -309,10 +256,10 @@ struct block_buf {
     size_t total;                    /* floats */
 };
 
-static void block_carve(const struct fy_llama_config *c, int B, int T, float *base, struct block_buf *s)
+static void block_carve(const struct fy_model_config *c, int B, int T, float *base, struct block_buf *s)
 {
-    size_t C = c->n_embd, hd = C / c->n_head, N = (size_t)B * T, I = c->n_inter, at = 0;
-    size_t QC = c->n_head * hd, QKV = (c->n_head + 2 * (size_t)c->n_kv_head) * hd;
+    size_t C = c->n_embd, hd = C / c->n_head, N = (size_t)B * T, I = c->llama.n_inter, at = 0;
+    size_t QC = c->n_head * hd, QKV = (c->n_head + 2 * (size_t)c->llama.n_kv_head) * hd;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
     CARVE(inv_freq, hd / 2);
     CARVE(cos_t, (size_t)T * (hd / 2));
@@ -338,7 +285,7 @@ static void block_carve(const struct fy_llama_config *c, int B, int T, float *ba
     s->total = at;
 }
 
-size_t fy_llama_block_scratch(const struct fy_llama_config *c, int B, int T)
+size_t fy_llama_block_scratch(const struct fy_model_config *c, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, NULL, &s);
@@ -347,20 +294,20 @@ size_t fy_llama_block_scratch(const struct fy_llama_config *c, int B, int T)
 
 /* The forward pass, keeping every internal the backward needs in s. y == NULL: the recompute
  * for the backward, which stops before the down product (its output is never read there). */
-static void block_forward_into(const struct fy_llama_config *c, const float *params, const float *x,
+static void block_forward_into(const struct fy_model_config *c, const float *params, const float *x,
                                float *y, const struct block_buf *s, int B, int T)
 {
-    struct fy_llama_block_layout l;
-    fy_llama_block_layout(c, &l);
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(c, &l);
     const float *p = params;
-    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->n_kv_head, hd = C / NH;
-    int I = (int)c->n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head, hd = C / NH;
+    int I = (int)c->llama.n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
 
     fy_llama_rope_inv_freq(c, s->inv_freq);
     fy_llama_rope_table(s->cos_t, s->sin_t, s->inv_freq, T, hd / 2);
 
     /* attention: h = x + o_proj(attention(rope(q), rope(k), v)), q k v of rmsnorm(x) */
-    fy_llama_rmsnorm_forward(s->n1, s->rstd1, x, p + l.input_norm, N, C, c->rms_norm_eps);
+    fy_llama_rmsnorm_forward(s->n1, s->rstd1, x, p + l.input_norm, N, C, c->llama.rms_eps);
     fy_cpu_matmul_forward(s->qkv, s->n1, p + l.q_proj, NULL, N, C, QKV); /* q_proj|k_proj|v_proj */
     fy_llama_rope_forward(s->qkv, QKV, 0, NH, hd, s->cos_t, s->sin_t, B, T);
     fy_llama_rope_forward(s->qkv, QKV, NH * hd, NKV, hd, s->cos_t, s->sin_t, B, T);
@@ -369,7 +316,7 @@ static void block_forward_into(const struct fy_llama_config *c, const float *par
     fy_cpu_add(s->h, x, s->h, (size_t)N * C);
 
     /* MLP: y = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h) */
-    fy_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, c->rms_norm_eps);
+    fy_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, c->llama.rms_eps);
     fy_cpu_matmul_forward(s->gu, s->n2, p + l.gate_proj, NULL, N, C, 2 * I); /* gate_proj|up_proj */
     fy_llama_swiglu_forward(s->act, s->gu, N, I);
     if (y == NULL)
@@ -378,7 +325,7 @@ static void block_forward_into(const struct fy_llama_config *c, const float *par
     fy_cpu_add(y, s->h, y, (size_t)N * C);
 }
 
-void fy_llama_block_forward(const struct fy_llama_config *c, const float *params, const float *x,
+void fy_llama_block_forward(const struct fy_model_config *c, const float *params, const float *x,
                             float *y, float *scratch, int B, int T)
 {
     struct block_buf s;
@@ -386,17 +333,17 @@ void fy_llama_block_forward(const struct fy_llama_config *c, const float *params
     block_forward_into(c, params, x, y, &s, B, T);
 }
 
-void fy_llama_block_backward(const struct fy_llama_config *c, const float *params, const float *x,
+void fy_llama_block_backward(const struct fy_model_config *c, const float *params, const float *x,
                              const float *dy, float *dx, float *dparams, float *scratch, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
-    struct fy_llama_block_layout l;
-    fy_llama_block_layout(c, &l);
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(c, &l);
     const float *p = params;
     float *g = dparams;
-    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->n_kv_head, hd = C / NH;
-    int I = (int)c->n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head, hd = C / NH;
+    int I = (int)c->llama.n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
     size_t NC = (size_t)N * C;
 
     block_forward_into(c, params, x, NULL, &s, B, T);
@@ -420,13 +367,13 @@ void fy_llama_block_backward(const struct fy_llama_config *c, const float *param
 
 /* ---- final norm ---- */
 
-void fy_llama_norm_forward(const struct fy_llama_config *c, const float *w, const float *x, float *y,
+void fy_llama_norm_forward(const struct fy_model_config *c, const float *w, const float *x, float *y,
                            float *rstd, int B, int T)
 {
-    fy_llama_rmsnorm_forward(y, rstd, x, w, B * T, (int)c->n_embd, c->rms_norm_eps);
+    fy_llama_rmsnorm_forward(y, rstd, x, w, B * T, (int)c->n_embd, c->llama.rms_eps);
 }
 
-void fy_llama_norm_backward(const struct fy_llama_config *c, const float *w, const float *x,
+void fy_llama_norm_backward(const struct fy_model_config *c, const float *w, const float *x,
                             const float *rstd, const float *dy, float *dx, float *dw, int B, int T)
 {
     fy_llama_rmsnorm_backward(dx, dw, dy, x, w, rstd, B * T, (int)c->n_embd);
@@ -434,25 +381,8 @@ void fy_llama_norm_backward(const struct fy_llama_config *c, const float *w, con
 
 /* ---- model pieces: embeddings, final norm with the LM head ---- */
 
-/* Channels per task in the embedding backward (as gpt_cpu.c). */
+/* Channels per task in the embedding backward (as gpt2_cpu.c). */
 #define EMBED_CHANNELS 16
-
-void fy_llama_config_of(const struct fy_model_config *m, struct fy_llama_config *out)
-{
-    *out = (struct fy_llama_config){
-        .n_embd = m->n_embd,
-        .n_head = m->n_head,
-        .n_kv_head = m->llama.n_kv_head,
-        .n_inter = m->llama.n_inter,
-        .rms_norm_eps = m->llama.rms_eps,
-        .rope_theta = m->llama.rope_theta,
-        .rope_type = m->llama.rope_type == FY_ROPE_LLAMA3 ? FY_LLAMA_ROPE_LLAMA3 : FY_LLAMA_ROPE_DEFAULT,
-        .rope_factor = m->llama.rope_factor,
-        .rope_low_freq_factor = m->llama.rope_low_freq_factor,
-        .rope_high_freq_factor = m->llama.rope_high_freq_factor,
-        .rope_original_max_pos = m->llama.rope_orig_max_pos,
-    };
-}
 
 void fy_llama_embed_forward(const struct fy_model_config *m, const float *embed, const int32_t *tokens,
                             float *x, int B, int T)
@@ -544,3 +474,29 @@ void fy_llama_logits(const struct fy_model_config *m, const float *final_params,
     fy_cpu_matmul_forward(logits, s.xn, m->llama.tied ? embed : final_params + C, NULL, N, C,
                           (int)m->vocab);
 }
+
+/* ---- the family's table ---- */
+
+/* The backend's block backward overwrites the parameter gradients; fy_llama_block_backward adds. */
+static void block_backward_overwrite(const struct fy_model_config *c, const float *params,
+                                     const float *x, const float *dy, float *dx, float *dparams,
+                                     float *scratch, int B, int T)
+{
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(c, &l);
+    memset(dparams, 0, l.total * sizeof *dparams);
+    fy_llama_block_backward(c, params, x, dy, dx, dparams, scratch, B, T);
+}
+
+/* Its blocks always recompute their internals: no swapped internals, no per-op profile. */
+const struct fy_cpu_family fy_llama_cpu_family = {
+    .name = "llama",
+    .block_scratch = fy_llama_block_scratch,
+    .head_scratch = fy_llama_head_scratch,
+    .embed_forward = fy_llama_embed_forward,
+    .embed_backward = fy_llama_embed_backward,
+    .block_forward = fy_llama_block_forward,
+    .block_backward = block_backward_overwrite,
+    .head = fy_llama_head_forward_backward,
+    .logits = fy_llama_logits,
+};

@@ -1,9 +1,10 @@
-/* The Llama transformer block on the CPU: fp32, OpenMP, written to be read; the reference for a
- * later CUDA version, in the style of gpt_cpu.h. First increment of the Llama architecture
- * (issue 7): one decoder block (Hugging Face's LlamaDecoderLayer) forward and backward, and the
- * model's final RMSNorm; then the model pieces the gpu worker runs unit by unit for a Llama model
- * (common/model.h's Llama units): the embedding lookup and the final norm with the (tied or
- * untied) LM head and cross-entropy.
+/* The Llama family on the CPU backend (common/arch/llama.h): fp32, OpenMP, written to be read, in
+ * the style of gpt2_cpu.h; the reference for the CUDA version. One decoder block (Hugging Face's
+ * LlamaDecoderLayer) forward and backward, the model's final RMSNorm, and the model pieces the gpu
+ * worker runs unit by unit for a Llama model: the embedding lookup and the final norm with the
+ * (tied or untied) LM head and cross-entropy. The family's table for the backend is
+ * fy_llama_cpu_family (cpu_family.h); its blocks always recompute their internals (no swapped
+ * internals, no per-op profile).
  *
  * The block (x, y: [B][T][C]; N = B*T rows; hd = C / n_head; I = intermediate size):
  *   n1 = rmsnorm(x, input_layernorm)                      rmsnorm(x, w) = w * (x * rsqrt(mean(x^2) + eps))
@@ -24,18 +25,21 @@
  * low_freq_factor: divided by factor; between: (1 - s) inv_freq / factor + s inv_freq with
  * s = (L / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor).
  *
- * Parameters of a block are one contiguous fp32 vector, the tensors of LlamaDecoderLayer in its
- * order and its [out][in] orientation (struct fy_llama_block_layout). Since q, k, v (and gate, up)
- * are adjacent, each group is also one [sum of outs][C] matrix, and is multiplied as one.
+ * The model's config is a Llama fy_model_config (its family's fields in c->llama, validated by
+ * fy_model_config_validate). Parameters of a block are one contiguous fp32 vector, the tensors of
+ * LlamaDecoderLayer in its order and its [out][in] orientation (struct fy_llama_unit_layout, from
+ * the family's tensor table). Since q, k, v (and gate, up) are adjacent, each group is also one
+ * [sum of outs][C] matrix, and is multiplied as one.
  *
- * Determinism: as in gpt_cpu.c, every output element is computed by one thread in a fixed order
+ * Determinism: as in gpt2_cpu.c, every output element is computed by one thread in a fixed order
  * (schedule(static), no reductions split across threads), so the results are bit-identical whatever
- * the number of OpenMP threads. Matrix products are gpt_cpu.c's fy_cpu_matmul_*.
+ * the number of OpenMP threads. Matrix products are cpu_ops.h's fy_cpu_matmul_*.
  *
  * Buffers: the caller owns everything. Scratch is one float array of fy_llama_block_scratch floats;
- * the backward recomputes the forward from x into it (activation checkpointing, as gpt_cpu.c does),
- * so only the block input needs to be kept. Outputs named "overwritten" are written in full;
- * parameter gradients are accumulated (+=) into a vector of the parameters' layout. */
+ * the backward recomputes the forward from x into it (activation checkpointing, as gpt2_cpu.c
+ * does), so only the block input needs to be kept. Outputs named "overwritten" are written in full;
+ * parameter gradients of the block and the final norm are accumulated (+=) into a vector of the
+ * parameters' layout. */
 #ifndef FY_LLAMA_CPU_H
 #define FY_LLAMA_CPU_H
 
@@ -43,52 +47,14 @@
 #include <stdint.h>
 
 #include "common/model.h"
+#include "gpu_worker/cpu/cpu_family.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-enum fy_llama_rope_type {
-    FY_LLAMA_ROPE_DEFAULT = 0, /* plain inverse frequencies from theta */
-    FY_LLAMA_ROPE_LLAMA3 = 1,  /* rope_scaling {"rope_type": "llama3", ...} (Llama 3.1 and later) */
-};
-
-/* The block's part of a Hugging Face LlamaConfig (config.json names in the comments). Attention and
- * MLP have no biases (attention_bias and mlp_bias false); hidden_act is silu. */
-struct fy_llama_config {
-    uint32_t n_embd;       /* C: hidden_size */
-    uint32_t n_head;       /* num_attention_heads; head_dim = C / n_head, even */
-    uint32_t n_kv_head;    /* num_key_value_heads; divides n_head (grouped-query attention) */
-    uint32_t n_inter;      /* I: intermediate_size */
-    float rms_norm_eps;    /* rms_norm_eps */
-    double rope_theta;     /* rope_theta */
-    enum fy_llama_rope_type rope_type;
-    /* rope_type llama3 only: factor, low_freq_factor, high_freq_factor,
-     * original_max_position_embeddings */
-    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
-    uint32_t rope_original_max_pos;
-};
-
-/* Offsets (in floats) of each tensor inside a block's parameter vector, and its total size. */
-struct fy_llama_block_layout {
-    size_t input_norm; /* input_layernorm.weight [C] */
-    size_t q_proj;     /* self_attn.q_proj.weight [n_head*hd][C] */
-    size_t k_proj;     /* self_attn.k_proj.weight [n_kv_head*hd][C] */
-    size_t v_proj;     /* self_attn.v_proj.weight [n_kv_head*hd][C] */
-    size_t o_proj;     /* self_attn.o_proj.weight [C][n_head*hd] */
-    size_t post_norm;  /* post_attention_layernorm.weight [C] */
-    size_t gate_proj;  /* mlp.gate_proj.weight [I][C] */
-    size_t up_proj;    /* mlp.up_proj.weight [I][C] */
-    size_t down_proj;  /* mlp.down_proj.weight [C][I] */
-    size_t total;
-};
-
-/* Checks sizes (heads divide the width, kv heads divide the heads, even head_dim, bounds), eps,
- * theta and the llama3 parameters; 0, or -EINVAL with a logged message. */
-int fy_llama_config_validate(const struct fy_llama_config *c);
-void fy_llama_block_layout(const struct fy_llama_config *c, struct fy_llama_block_layout *out);
 /* inv_freq [head_dim / 2]: the rotary inverse frequencies, llama3 scaling applied when configured. */
-void fy_llama_rope_inv_freq(const struct fy_llama_config *c, float *inv_freq);
+void fy_llama_rope_inv_freq(const struct fy_model_config *c, float *inv_freq);
 
 /* ---- single operations (exported for the tests) ---- */
 
@@ -123,27 +89,25 @@ void fy_llama_swiglu_backward(float *dgu, const float *dout, const float *gu, in
 /* ---- the block and the final norm ---- */
 
 /* Floats of scratch one block's forward or backward needs. */
-size_t fy_llama_block_scratch(const struct fy_llama_config *c, int B, int T);
+size_t fy_llama_block_scratch(const struct fy_model_config *c, int B, int T);
 /* y = block(x); x and y must not overlap. */
-void fy_llama_block_forward(const struct fy_llama_config *c, const float *params, const float *x,
+void fy_llama_block_forward(const struct fy_model_config *c, const float *params, const float *x,
                             float *y, float *scratch, int B, int T);
 /* Recomputes the block's internals from x, then back-propagates dy: dx overwritten, the parameter
  * gradients accumulated (+=) into dparams (the layout of params). */
-void fy_llama_block_backward(const struct fy_llama_config *c, const float *params, const float *x,
+void fy_llama_block_backward(const struct fy_model_config *c, const float *params, const float *x,
                              const float *dy, float *dx, float *dparams, float *scratch, int B, int T);
 
 /* The model's final RMSNorm (model.norm.weight, w [C]) on [B][T][C]; rstd [B*T] is saved for the
  * backward. */
-void fy_llama_norm_forward(const struct fy_llama_config *c, const float *w, const float *x, float *y,
+void fy_llama_norm_forward(const struct fy_model_config *c, const float *w, const float *x, float *y,
                            float *rstd, int B, int T);
 /* dx overwritten, dw accumulated; rstd as the forward left it. */
-void fy_llama_norm_backward(const struct fy_llama_config *c, const float *w, const float *x,
+void fy_llama_norm_backward(const struct fy_model_config *c, const float *w, const float *x,
                             const float *rstd, const float *dy, float *dx, float *dw, int B, int T);
 
 /* ---- model pieces, one unit at a time (common/model.h's Llama units) ---- */
 
-/* The block's config from a Llama model config (arch FY_ARCH_LLAMA). */
-void fy_llama_config_of(const struct fy_model_config *m, struct fy_llama_config *out);
 /* x[b][t] = embed_tokens[tokens[b][t]] (no positions); tokens must be < V. */
 void fy_llama_embed_forward(const struct fy_model_config *m, const float *embed, const int32_t *tokens,
                             float *x, int B, int T);
@@ -164,6 +128,9 @@ float fy_llama_head_forward_backward(const struct fy_model_config *m, const floa
 /* logits [B*T][V] (needs fy_llama_head_scratch floats of scratch). */
 void fy_llama_logits(const struct fy_model_config *m, const float *final_params, const float *embed,
                      const float *x, float *logits, float *scratch, int B, int T);
+
+/* The family's operations for the CPU backend. */
+extern const struct fy_cpu_family fy_llama_cpu_family;
 
 #ifdef __cplusplus
 }

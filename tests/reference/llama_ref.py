@@ -20,7 +20,7 @@ OUT (little-endian, no padding):
               block's parameters), then 5 zeros
   float64[8]  rms_norm_eps, rope_theta, factor, low_freq_factor, high_freq_factor (0 without
               llama3), then 3 zeros
-  float32     params[P]: the block's parameters in the layout of gpu_worker/cpu/llama_cpu.h
+  float32     params[P]: the block's parameters in the Llama family's block layout (common/arch/llama.c's tensor table)
               (input_layernorm, q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, gate_proj,
               up_proj, down_proj; each weight [out][in] as transformers stores it);
               x[B][T][C]; dy[B][T][C]; y[B][T][C]; dx[B][T][C]; dparams[P] (gradient of sum(y*dy))
@@ -37,7 +37,7 @@ sys.dont_write_bytecode = True
 
 MAGIC = 0x4C4C5946
 VERSION = 1
-ORDER = [  # the layout of llama_cpu.h: LlamaDecoderLayer's parameters, in this order
+ORDER = [  # the Llama block layout (common/arch/llama.c): LlamaDecoderLayer's parameters, in this order
     "input_layernorm.weight",
     "self_attn.q_proj.weight",
     "self_attn.k_proj.weight",

@@ -1,66 +1,24 @@
-/* The GPT-2 operations in fp32 on the CPU: the readable reference that the CUDA backend is checked
- * against, and the compute of the CPU backend for tiny models.
+/* The GPT-2 family in fp32 on the CPU (see gpt2_cpu.h): the readable reference that the CUDA
+ * backend is checked against, and the compute of the CPU backend for tiny models; its table for
+ * the backend at the end.
  *
  * Determinism: every loop that OpenMP splits runs over independent outputs (rows, (b,t), (b,h),
  * channels, vocabulary rows), with schedule(static), and each output element is accumulated by one
  * thread in a fixed order. Sums that run over rows (weight, bias and embedding gradients) are
  * therefore parallelised over the element they produce and loop over the rows inside, in order.
  * The build uses -ffp-contract=off, so no fused multiply-adds change the rounding either. */
-#include "gpt_cpu.h"
+#include "gpt2_cpu.h"
 
 #include <math.h>
 #include <string.h>
 
+#include "common/arch/gpt2.h"
 #include "common/desc.h"
 
 #define LN_EPS 1e-5f
-/* Rows of logits the head holds at once: bounds its scratch to HEAD_CHUNK * V floats. */
-#define HEAD_CHUNK FY_CPU_HEAD_CHUNK
 /* Channels per task in the embedding backward: a cache line of floats, so that threads seldom share
  * a line (any grouping would be deterministic; this one is also cache friendly). */
 #define EMBED_CHANNELS 16
-
-
-
-/* ---- matmul ---- */
-
-void fy_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N,
-                           int IN, int OUT)
-{
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OUT; o++) {
-            float s = fy_cpu_dot(inp + (size_t)n * IN, w + (size_t)o * IN, IN);
-            out[(size_t)n * OUT + o] = bias ? s + bias[o] : s;
-        }
-}
-
-void fy_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                            const float *w, int N, int IN, int OUT)
-{
-    if (dinp) {
-#pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++) {
-            float *di = dinp + (size_t)n * IN;
-            memset(di, 0, (size_t)IN * sizeof *di);
-            for (int o = 0; o < OUT; o++)
-                fy_cpu_axpy(di, w + (size_t)o * IN, dout[(size_t)n * OUT + o], IN);
-        }
-    }
-    /* dw[o] = sum over rows n: one thread per output row o, rows n in order. */
-#pragma omp parallel for schedule(static)
-    for (int o = 0; o < OUT; o++) {
-        float *dwo = dw + (size_t)o * IN;
-        float db = 0.0f;
-        for (int n = 0; n < N; n++) {
-            float d = dout[(size_t)n * OUT + o];
-            fy_cpu_axpy(dwo, inp + (size_t)n * IN, d, IN);
-            db += d;
-        }
-        if (dbias)
-            dbias[o] += db;
-    }
-}
 
 /* ---- LayerNorm ---- */
 
@@ -467,7 +425,7 @@ void fy_cpu_block_backward(const struct fy_model_config *c, const float *params,
 struct head_buf {
     float *xn, *mean, *rstd; /* [N][C], [N], [N] */
     float *dxn;              /* [N][C] */
-    float *logits;           /* [HEAD_CHUNK][V], becomes dlogits in the backward */
+    float *logits;           /* [FY_CPU_HEAD_CHUNK][V], becomes dlogits in the backward */
     size_t total;
 };
 
@@ -479,61 +437,9 @@ static void head_carve(const struct fy_model_config *c, int B, int T, float *bas
     CARVE(mean, N);
     CARVE(rstd, N);
     CARVE(dxn, N * C);
-    CARVE(logits, (size_t)HEAD_CHUNK * c->vocab);
+    CARVE(logits, (size_t)FY_CPU_HEAD_CHUNK * c->vocab);
 #undef CARVE
     s->total = at;
-}
-
-/* The LM head's matmul and the mean cross-entropy, shared by the GPT-2 and Llama heads. */
-float fy_cpu_xent_head(const float *xn_all, const float *w, const int32_t *targets, int N, int C,
-                       int V, float *logits, float *dxn, float *dw)
-{
-    int backward = dxn != NULL;
-    int count = 0;
-    for (int n = 0; n < N; n++)
-        count += targets[n] >= 0;
-    float inv_count = count > 0 ? 1.0f / (float)count : 0.0f;
-
-    /* Chunks run in order, so every dwte element sums its rows in the same order whatever the
-     * threads; within a chunk, per-row losses are summed serially in double. */
-    double loss_sum = 0.0;
-    for (int r0 = 0; r0 < N; r0 += HEAD_CHUNK) {
-        int R = N - r0 < HEAD_CHUNK ? N - r0 : HEAD_CHUNK;
-        const float *xn = xn_all + (size_t)r0 * C;
-        fy_cpu_matmul_forward(logits, xn, w, NULL, R, C, V);
-        double row_loss[HEAD_CHUNK];
-#pragma omp parallel for schedule(static)
-        for (int r = 0; r < R; r++) {
-            float *z = logits + (size_t)r * V;
-            int32_t target = targets[r0 + r];
-            row_loss[r] = 0.0;
-            if (target < 0) {
-                if (backward)
-                    memset(z, 0, (size_t)V * sizeof *z);
-                continue;
-            }
-            float maxv = z[0];
-            for (int v = 1; v < V; v++)
-                if (z[v] > maxv)
-                    maxv = z[v];
-            double sum = 0.0;
-            for (int v = 0; v < V; v++)
-                sum += exp((double)z[v] - maxv);
-            row_loss[r] = log(sum) + maxv - z[target]; /* -log softmax[target] */
-            if (backward) {
-                /* dlogits = (softmax - onehot) / count, written over the logits */
-                for (int v = 0; v < V; v++)
-                    z[v] = (float)(exp((double)z[v] - maxv) / sum) * inv_count;
-                z[target] -= inv_count;
-            }
-        }
-        for (int r = 0; r < R; r++)
-            loss_sum += row_loss[r];
-        if (backward)
-            fy_cpu_matmul_backward(dxn + (size_t)r0 * C, dw, NULL, logits, xn, w, R, C, V);
-    }
-
-    return count > 0 ? (float)(loss_sum / count) : 0.0f;
 }
 
 size_t fy_cpu_head_scratch(const struct fy_model_config *c, int B, int T)
@@ -567,3 +473,52 @@ float fy_cpu_head_forward_backward(const struct fy_model_config *c, const float 
     }
     return loss;
 }
+
+void fy_cpu_logits(const struct fy_model_config *c, const float *final_params, const float *embed,
+                   const float *x, float *logits, float *scratch, int B, int T)
+{
+    struct head_buf s;
+    head_carve(c, B, T, scratch, &s);
+    int C = (int)c->n_embd, N = B * T;
+    fy_cpu_layernorm_forward(s.xn, s.mean, s.rstd, x, final_params, final_params + C, N, C);
+    fy_cpu_matmul_forward(logits, s.xn, embed, NULL, N, C, (int)c->vocab);
+}
+
+/* ---- the family's table ---- */
+
+/* The block without swapped internals: every internal recomputed. */
+static void block_forward_plain(const struct fy_model_config *c, const float *params,
+                                const float *x, float *y, float *scratch, int B, int T)
+{
+    fy_cpu_block_forward(c, params, x, y, scratch, NULL, B, T);
+}
+
+static void block_backward_plain(const struct fy_model_config *c, const float *params,
+                                 const float *x, const float *dy, float *dx, float *dparams,
+                                 float *scratch, int B, int T)
+{
+    fy_cpu_block_backward(c, params, x, dy, dx, dparams, scratch, NULL, B, T);
+}
+
+/* The QKV product: N rows of C times a [3C][C] matrix. */
+static double qkv_flops(const struct fy_model_config *c, int B, int T)
+{
+    double C = c->n_embd, N = (double)B * T;
+    return 2 * N * C * 3 * C;
+}
+
+const struct fy_cpu_family fy_gpt2_cpu_family = {
+    .name = "gpt2",
+    .block_scratch = fy_cpu_block_scratch,
+    .head_scratch = fy_cpu_head_scratch,
+    .embed_forward = fy_cpu_embed_forward,
+    .embed_backward = fy_cpu_embed_backward,
+    .block_forward = block_forward_plain,
+    .block_backward = block_backward_plain,
+    .head = fy_cpu_head_forward_backward,
+    .logits = fy_cpu_logits,
+    .block_forward_saved = fy_cpu_block_forward,
+    .block_backward_saved = fy_cpu_block_backward,
+    .block_op_times = fy_cpu_block_op_times,
+    .qkv_flops = qkv_flops,
+};

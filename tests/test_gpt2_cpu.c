@@ -1,6 +1,7 @@
-/* Tests of the CPU GPT operations: every backward against central finite differences of its forward
- * at small sizes, the head's chunked loss and wte gradient against a naive all-rows computation in
- * double, and bit-identical results whatever the number of OpenMP threads.
+/* Tests of the GPT-2 family on the CPU backend (gpu_worker/cpu/gpt2_cpu.c, with cpu_ops.c): every
+ * backward against central finite differences of its forward at small sizes, the head's chunked
+ * loss and wte gradient against a naive all-rows computation in double, and bit-identical results
+ * whatever the number of OpenMP threads.
  *
  * Finite differences: the output is projected on a fixed random g, L = sum(out * g) accumulated in
  * double, and the backward is run with dout = g; numeric dL/dp = (L(p + eps) - L(p - eps)) / 2 eps.
@@ -18,8 +19,9 @@
 
 #include <cmocka.h>
 
+#include "common/arch/gpt2.h"
 #include "common/model.h"
-#include "gpu_worker/cpu/gpt_cpu.h"
+#include "gpu_worker/cpu/gpt2_cpu.h"
 #include "tests/testutil.h"
 
 /* Tolerances. The forward is fp32, so L carries a rounding error of about 1e-7 relative to
@@ -525,6 +527,43 @@ static void test_head_chunks_match_naive(void **state)
     free(dx), free(dfinal), free(dembed), free(xn), free(dl), free(dwte);
 }
 
+/* The logits (fy_cpu_logits, in the head's scratch) against the final LayerNorm and the tied head
+ * computed in double, over rows spanning three head chunks. */
+static void test_logits(void **state)
+{
+    uint64_t st = 83;
+    struct hd h = {.cfg = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 50},
+                   .B = 3, .T = 50};
+    hd_alloc(&h, &st);
+    int N = h.B * h.T, C = (int)h.cfg.n_embd, V = (int)h.cfg.vocab;
+    float *logits = alloc_nan((size_t)N * V);
+    fy_cpu_logits(&h.cfg, h.final, h.embed, h.x, logits, h.scratch, h.B, h.T);
+    double worst = 0.0, zmax = 0.0;
+    for (int n = 0; n < N; n++) {
+        const float *x = h.x + (size_t)n * C;
+        double m = 0.0, v = 0.0, xn[8]; /* C = 8 */
+        for (int i = 0; i < C; i++)
+            m += x[i];
+        m /= C;
+        for (int i = 0; i < C; i++)
+            v += (x[i] - m) * (x[i] - m);
+        v /= C;
+        for (int i = 0; i < C; i++)
+            xn[i] = (x[i] - m) / sqrt(v + 1e-5) * h.final[i] + h.final[C + i];
+        for (int k = 0; k < V; k++) {
+            double z = 0.0;
+            for (int i = 0; i < C; i++)
+                z += xn[i] * h.embed[(size_t)k * C + i];
+            worst = fmax(worst, fabs(logits[(size_t)n * V + k] - z));
+            zmax = fmax(zmax, fabs(z));
+        }
+    }
+    printf("  logits: worst difference %.2e of the largest %.2f\n", worst, zmax);
+    assert_true(worst <= 1e-5 * zmax);
+    hd_free(&h);
+    free(logits);
+}
+
 /* ---- determinism across thread counts ---- */
 
 struct run_out {
@@ -602,6 +641,7 @@ int main(void)
         cmocka_unit_test(test_block),
         cmocka_unit_test(test_head),
         cmocka_unit_test(test_head_chunks_match_naive),
+        cmocka_unit_test(test_logits),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,12 +1,15 @@
-/* The GPT-2 operations of the CPU backend: fp32, OpenMP, written to be read. The reference that the
- * CUDA backend is checked against. Every function gives bit-identical results whatever the number of
- * OpenMP threads: each output element is computed by one thread in a fixed order (no reductions split
- * across threads), so multi-process and in-process runs, and runs on different machines, agree.
+/* The GPT-2 family on the CPU backend (common/arch/gpt2.h): LayerNorm, causal multi-head
+ * attention, the GELU MLP, learned positions and the tied LM head, in fp32 with OpenMP, written to
+ * be read. The reference that the CUDA backend is checked against. Every function gives
+ * bit-identical results whatever the number of OpenMP threads (as cpu_ops.h's do). The family's
+ * table for the backend is fy_gpt2_cpu_family (cpu_family.h); it supports swapped internals and
+ * the per-op profile.
  *
  * Shapes: B sequences of T tokens, C = n_embd, NH heads, V = vocab. Activations are [B][T][C].
- * Matrices are [out][in]: y = x W^T + b. Parameter layouts are those of common/model.h. */
-#ifndef FY_GPT_CPU_H
-#define FY_GPT_CPU_H
+ * Matrices are [out][in]: y = x W^T + b. Parameter layouts are those of the family's tensor table
+ * (struct fy_gpt2_block_layout). */
+#ifndef FY_GPT2_CPU_H
+#define FY_GPT2_CPU_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -14,57 +17,15 @@
 #include "common/actplan.h"
 #include "common/arch/gpt2.h"
 #include "common/model.h"
+#include "gpu_worker/cpu/cpu_family.h"
+#include "gpu_worker/cpu/cpu_ops.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Small vector helpers the CPU ops share (inline, so each call site vectorises as before; C only,
- * as `restrict` is). */
-#ifndef __cplusplus
-
-/* Eight partial sums in a fixed order: gives the compiler independent lanes to vectorise without
- * making the result depend on anything but n. */
-static inline float fy_cpu_dot(const float *a, const float *b, int n)
-{
-    float s[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-#pragma omp simd
-        for (int k = 0; k < 8; k++)
-            s[k] += a[i + k] * b[i + k];
-    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; i++)
-        r += a[i] * b[i];
-    return r;
-}
-
-/* y += a * x. Each element is independent, so vectorising changes nothing; the pragma lets -O2
- * do it without a runtime aliasing check. */
-static inline void fy_cpu_axpy(float *restrict y, const float *restrict x, float a, int n)
-{
-#pragma omp simd
-    for (int i = 0; i < n; i++)
-        y[i] += a * x[i];
-}
-
-/* out = a + b, element by element (threads split the range; each element is independent). */
-static inline void fy_cpu_add(float *out, const float *a, const float *b, size_t n)
-{
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i];
-}
-#endif
-
 /* ---- single operations (exported for the finite-difference tests) ---- */
 
-/* out[n][o] = sum_i inp[n][i] * w[o][i] + (bias ? bias[o] : 0) */
-void fy_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N,
-                           int IN, int OUT);
-/* dinp (overwritten, may be NULL), dw and dbias (accumulated +=, dbias may be NULL) */
-void fy_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                            const float *w, int N, int IN, int OUT);
 /* LayerNorm over C with eps 1e-5; mean and rstd [N] are saved for backward. */
 void fy_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                               const float *b, int N, int C);
@@ -110,15 +71,6 @@ void fy_cpu_block_backward(const struct fy_model_config *c, const float *params,
                            const float *dy, float *dx, float *dparams, float *scratch,
                            void *const *saved, int B, int T);
 
-/* Rows of logits a head holds at once (its logits scratch is FY_CPU_HEAD_CHUNK * V floats). */
-#define FY_CPU_HEAD_CHUNK 64
-/* The LM head and mean cross-entropy on normalised rows xn [N][C] with the head matrix w [V][C]
- * (logits = xn w^T; a target < 0 is ignored, the mean is over the others); returns the loss.
- * logits: FY_CPU_HEAD_CHUNK * V floats of scratch. With dxn != NULL also back-propagates: dxn
- * overwritten, dw accumulated (+=). */
-float fy_cpu_xent_head(const float *xn, const float *w, const int32_t *targets, int N, int C, int V,
-                       float *logits, float *dxn, float *dw);
-
 /* Floats of scratch the head needs (logits are processed in chunks of rows, never all at once). */
 size_t fy_cpu_head_scratch(const struct fy_model_config *c, int B, int T);
 /* Final LayerNorm, logits = lnf(x) wte^T, mean cross-entropy over the targets (a target < 0 is
@@ -129,6 +81,12 @@ float fy_cpu_head_forward_backward(const struct fy_model_config *c, const float 
                                    const float *embed, const float *x, const int32_t *targets,
                                    float *dx, float *dfinal, float *dembed, float *scratch, int B,
                                    int T);
+/* logits [B*T][V] = lnf(x) wte^T (needs fy_cpu_head_scratch floats of scratch). */
+void fy_cpu_logits(const struct fy_model_config *c, const float *final_params, const float *embed,
+                   const float *x, float *logits, float *scratch, int B, int T);
+
+/* The family's operations for the CPU backend. */
+extern const struct fy_cpu_family fy_gpt2_cpu_family;
 
 #ifdef __cplusplus
 }
