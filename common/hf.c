@@ -385,8 +385,8 @@ static int find_prefix(struct fy_hf_src *s)
     s->prefix[0] = 0;
     if (fy_st_find(s->reader, t[0].hf_name) != NULL)
         return 0;
-    fy_error("%s: tensor %s is missing: not the %s checkpoint that %s describes", s->ckpt, with,
-             a->label, s->config);
+    fy_error("%s: tensor %s is missing: not the %s checkpoint that %s describes (other layouts "
+             "are not supported)", s->ckpt, with, a->hf_architectures[0], s->config);
     return -EINVAL;
 }
 

@@ -181,19 +181,9 @@ static const struct algo_entry *cache_find(const struct fy_cu_lt *lt, const stru
     return NULL;
 }
 
-/* Runs one problem: builds the descriptors (on the stack: nothing to free), finds or chooses the
- * algorithm, calls cublasLtMatmul on the stream. */
-static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t stream)
+/* The problem's operation descriptor: transposes, epilogue, bias and GELU's auxiliary output. */
+static int gemm_op_desc(const struct gemm *g, cublasLtMatmulDesc_t op)
 {
-    const cudaDataType_t ab = CUDA_R_16BF;
-    /* stored shapes of A and B (before op) */
-    uint64_t a_rows = g->transa == CUBLAS_OP_N ? g->m : g->k;
-    uint64_t a_cols = g->transa == CUBLAS_OP_N ? g->k : g->m;
-    uint64_t b_rows = g->transb == CUBLAS_OP_N ? g->k : g->n;
-    uint64_t b_cols = g->transb == CUBLAS_OP_N ? g->n : g->k;
-
-    cublasLtMatmulDescOpaque_t op_store;
-    cublasLtMatmulDesc_t op = &op_store;
     FY_LT(cublasLtMatmulDescInit(op, CUBLAS_COMPUTE_32F, CUDA_R_32F), g);
     int32_t ta = g->transa, tb = g->transb;
     FY_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), g);
@@ -228,9 +218,19 @@ static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t strea
                                              &aux_type, sizeof aux_type),
               g);
     }
+    return 0;
+}
 
-    cublasLtMatrixLayoutOpaque_t a_store, b_store, c_store;
-    cublasLtMatrixLayout_t la = &a_store, lb = &b_store, lc = &c_store;
+/* The layouts of A, B and C (D has C's), with the batch's count and strides. */
+static int gemm_layouts(const struct gemm *g, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                        cublasLtMatrixLayout_t lc)
+{
+    const cudaDataType_t ab = CUDA_R_16BF;
+    /* stored shapes of A and B (before op) */
+    uint64_t a_rows = g->transa == CUBLAS_OP_N ? g->m : g->k;
+    uint64_t a_cols = g->transa == CUBLAS_OP_N ? g->k : g->m;
+    uint64_t b_rows = g->transb == CUBLAS_OP_N ? g->k : g->n;
+    uint64_t b_cols = g->transb == CUBLAS_OP_N ? g->n : g->k;
     FY_LT(cublasLtMatrixLayoutInit(la, ab, a_rows, a_cols, g->lda), g);
     FY_LT(cublasLtMatrixLayoutInit(lb, ab, b_rows, b_cols, g->ldb), g);
     FY_LT(cublasLtMatrixLayoutInit(lc, g->ctype, (uint64_t)g->m, (uint64_t)g->n, g->ldc), g);
@@ -256,129 +256,155 @@ static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t strea
                                                sizeof sc),
               g);
     }
+    return 0;
+}
 
-    struct algo_key key;
-    memset(&key, 0, sizeof key);
-    key.transa = g->transa;
-    key.transb = g->transb;
-    key.m = g->m;
-    key.n = g->n;
-    key.k = g->k;
-    key.count = g->count;
-    key.ctype = g->ctype;
-    key.bias = g->bias != NULL;
-    key.gelu = g->gelu;
-    key.cin = g->cin != NULL;
-    key.lda = g->lda;
-    key.ldb = g->ldb;
-    key.ldc = g->ldc;
+/* What the algorithm cache knows a problem by: its shape, epilogue, leading dimensions, strides
+ * and operand alignments. */
+static void gemm_key(const struct fy_cu_lt *lt, const struct gemm *g, struct algo_key *key)
+{
+    memset(key, 0, sizeof *key);
+    key->transa = g->transa;
+    key->transb = g->transb;
+    key->m = g->m;
+    key->n = g->n;
+    key->k = g->k;
+    key->count = g->count;
+    key->ctype = g->ctype;
+    key->bias = g->bias != NULL;
+    key->gelu = g->gelu;
+    key->cin = g->cin != NULL;
+    key->lda = g->lda;
+    key->ldb = g->ldb;
+    key->ldc = g->ldc;
     if (g->count > 1) {
-        key.stride_a = g->stride_a;
-        key.stride_b = g->stride_b;
-        key.stride_c = g->stride_c;
+        key->stride_a = g->stride_a;
+        key->stride_b = g->stride_b;
+        key->stride_c = g->stride_c;
     }
-    key.align_a = align_class(g->a, g->stride_a * 2, g->count);
-    key.align_b = align_class(g->b, g->stride_b * 2, g->count);
-    key.align_c = align_class(g->c, g->stride_c * (long long)type_size(g->ctype), g->count);
-    key.align_bias = g->bias ? align_class(g->bias, 0, 1) : 0;
-    key.align_cin = g->cin ? align_class(g->cin, 0, 1) : 0;
-    key.align_aux = g->gelu ? align_class(g->aux, 0, 1) : 0;
-    key.workspace_bytes = lt->workspace_bytes;
+    key->align_a = align_class(g->a, g->stride_a * 2, g->count);
+    key->align_b = align_class(g->b, g->stride_b * 2, g->count);
+    key->align_c = align_class(g->c, g->stride_c * (long long)type_size(g->ctype), g->count);
+    key->align_bias = g->bias ? align_class(g->bias, 0, 1) : 0;
+    key->align_cin = g->cin ? align_class(g->cin, 0, 1) : 0;
+    key->align_aux = g->gelu ? align_class(g->aux, 0, 1) : 0;
+    key->workspace_bytes = lt->workspace_bytes;
+}
 
+/* Chooses the problem's algorithm through cuBLASLt's heuristic and caches it under key. */
+static int algo_choose(struct fy_cu_lt *lt, const struct gemm *g, cublasLtMatmulDesc_t op,
+                       cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                       cublasLtMatrixLayout_t lc, const struct algo_key *key,
+                       cublasLtMatmulAlgo_t *algo)
+{
+    cublasLtMatmulPreferenceOpaque_t pref_store;
+    cublasLtMatmulPreference_t pref = &pref_store;
+    FY_LT(cublasLtMatmulPreferenceInit(pref), g);
+    uint64_t ws = lt->workspace_bytes;
+    uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE; /* no split-K: see the top comment */
+    FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &ws, sizeof ws),
+          g);
+    FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                               &reduction, sizeof reduction),
+          g);
+    FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                               &key->align_a, sizeof key->align_a),
+          g);
+    FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                               &key->align_b, sizeof key->align_b),
+          g);
+    uint32_t align_cin = g->cin ? key->align_cin : key->align_c;
+    FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                               &align_cin, sizeof align_cin),
+          g);
+    FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                               &key->align_c, sizeof key->align_c),
+          g);
+
+    enum { WANT = 8 };
+    cublasLtMatmulHeuristicResult_t res[WANT];
+    int got = 0;
+    memset(res, 0, sizeof res);
+    FY_LT(cublasLtMatmulAlgoGetHeuristic(lt->handle, op, la, lb, lc, lc, pref, WANT, res, &got),
+          g);
+    int pick = -1;
+    /* Results come fastest first; take the first that is valid, fits the workspace and,
+     * read back from its configuration, does not split k. */
+    for (int i = 0; i < got && pick < 0; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > lt->workspace_bytes)
+            continue;
+        uint32_t scheme = 0;
+        int32_t splitk = 1;
+        size_t written = 0;
+        FY_LT(cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo,
+                                                   CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                   &scheme, sizeof scheme, &written),
+              g);
+        FY_LT(cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                   &splitk, sizeof splitk, &written),
+              g);
+        if (scheme != CUBLASLT_REDUCTION_SCHEME_NONE || splitk > 1)
+            continue;
+        pick = i;
+    }
+    if (pick < 0) {
+        char what[384];
+        gemm_describe(g, what, sizeof what);
+        fy_error("%s: no deterministic cuBLASLt algorithm (%d candidates; alignment A %u B %u "
+                 "C %u bias %u bytes, workspace %zu bytes)",
+                 what, got, key->align_a, key->align_b, key->align_c, key->align_bias,
+                 lt->workspace_bytes);
+        return -EIO;
+    }
+    *algo = res[pick].algo;
+    int32_t id = -1;
+    uint32_t tile = 0;
+    size_t written = 0;
+    FY_LT(cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id,
+                                               &written),
+          g);
+    FY_LT(cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                               sizeof tile, &written),
+          g);
+    if (lt->n_cache == lt->cap_cache) {
+        size_t cap = lt->cap_cache ? 2 * lt->cap_cache : 32;
+        struct algo_entry *c =
+            (struct algo_entry *)realloc(lt->cache, cap * sizeof *lt->cache);
+        if (!c)
+            return -ENOMEM;
+        lt->cache = c;
+        lt->cap_cache = cap;
+    }
+    lt->cache[lt->n_cache].key = *key;
+    lt->cache[lt->n_cache].algo = *algo;
+    lt->n_cache++;
+    fy_debug("%s m=%d n=%d k=%d count=%d: cuBLASLt algo %d tile %u (candidate %d of %d, "
+             "workspace %zu of %zu, alignment A %u B %u C %u bias %u)",
+             g->what, g->m, g->n, g->k, g->count, (int)id, (unsigned)tile, pick, got,
+             res[pick].workspaceSize, lt->workspace_bytes, key->align_a, key->align_b,
+             key->align_c, key->align_bias);
+    return 0;
+}
+
+/* Runs one problem: builds the descriptors (on the stack: nothing to free), finds or chooses the
+ * algorithm, calls cublasLtMatmul on the stream. */
+static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t stream)
+{
+    cublasLtMatmulDescOpaque_t op_store;
+    cublasLtMatmulDesc_t op = &op_store;
+    FY_TRY(gemm_op_desc(g, op));
+    cublasLtMatrixLayoutOpaque_t a_store, b_store, c_store;
+    cublasLtMatrixLayout_t la = &a_store, lb = &b_store, lc = &c_store;
+    FY_TRY(gemm_layouts(g, la, lb, lc));
+    struct algo_key key;
+    gemm_key(lt, g, &key);
     const struct algo_entry *hit = cache_find(lt, &key);
     cublasLtMatmulAlgo_t algo;
-    if (hit) {
+    if (hit)
         algo = hit->algo;
-    } else {
-        cublasLtMatmulPreferenceOpaque_t pref_store;
-        cublasLtMatmulPreference_t pref = &pref_store;
-        FY_LT(cublasLtMatmulPreferenceInit(pref), g);
-        uint64_t ws = lt->workspace_bytes;
-        uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE; /* no split-K: see the top comment */
-        FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                   &ws, sizeof ws),
-              g);
-        FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                   &reduction, sizeof reduction),
-              g);
-        FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                   &key.align_a, sizeof key.align_a),
-              g);
-        FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                   &key.align_b, sizeof key.align_b),
-              g);
-        uint32_t align_cin = g->cin ? key.align_cin : key.align_c;
-        FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                   &align_cin, sizeof align_cin),
-              g);
-        FY_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                   &key.align_c, sizeof key.align_c),
-              g);
-
-        enum { WANT = 8 };
-        cublasLtMatmulHeuristicResult_t res[WANT];
-        int got = 0;
-        memset(res, 0, sizeof res);
-        FY_LT(cublasLtMatmulAlgoGetHeuristic(lt->handle, op, la, lb, lc, lc, pref, WANT, res, &got),
-              g);
-        int pick = -1;
-        /* Results come fastest first; take the first that is valid, fits the workspace and,
-         * read back from its configuration, does not split k. */
-        for (int i = 0; i < got && pick < 0; i++) {
-            if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > lt->workspace_bytes)
-                continue;
-            uint32_t scheme = 0;
-            int32_t splitk = 1;
-            size_t written = 0;
-            FY_LT(cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo,
-                                                       CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                       &scheme, sizeof scheme, &written),
-                  g);
-            FY_LT(cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                       &splitk, sizeof splitk, &written),
-                  g);
-            if (scheme != CUBLASLT_REDUCTION_SCHEME_NONE || splitk > 1)
-                continue;
-            pick = i;
-        }
-        if (pick < 0) {
-            char what[384];
-            gemm_describe(g, what, sizeof what);
-            fy_error("%s: no deterministic cuBLASLt algorithm (%d candidates; alignment A %u B %u "
-                     "C %u bias %u bytes, workspace %zu bytes)",
-                     what, got, key.align_a, key.align_b, key.align_c, key.align_bias,
-                     lt->workspace_bytes);
-            return -EIO;
-        }
-        algo = res[pick].algo;
-        int32_t id = -1;
-        uint32_t tile = 0;
-        size_t written = 0;
-        FY_LT(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id,
-                                                   &written),
-              g);
-        FY_LT(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
-                                                   sizeof tile, &written),
-              g);
-        if (lt->n_cache == lt->cap_cache) {
-            size_t cap = lt->cap_cache ? 2 * lt->cap_cache : 32;
-            struct algo_entry *c =
-                (struct algo_entry *)realloc(lt->cache, cap * sizeof *lt->cache);
-            if (!c)
-                return -ENOMEM;
-            lt->cache = c;
-            lt->cap_cache = cap;
-        }
-        lt->cache[lt->n_cache].key = key;
-        lt->cache[lt->n_cache].algo = algo;
-        lt->n_cache++;
-        fy_debug("%s m=%d n=%d k=%d count=%d: cuBLASLt algo %d tile %u (candidate %d of %d, "
-                 "workspace %zu of %zu, alignment A %u B %u C %u bias %u)",
-                 g->what, g->m, g->n, g->k, g->count, (int)id, (unsigned)tile, pick, got,
-                 res[pick].workspaceSize, lt->workspace_bytes, key.align_a, key.align_b,
-                 key.align_c, key.align_bias);
-    }
-
+    else
+        FY_TRY(algo_choose(lt, g, op, la, lb, lc, &key, &algo));
     FY_LT(cublasLtMatmul(lt->handle, op, &g->alpha, g->a, la, g->b, lb, &g->beta,
                          g->cin ? g->cin : g->c, lc, g->c, lc, &algo, lt->workspace,
                          lt->workspace_bytes, stream),

@@ -1,6 +1,6 @@
 /* The CUDA backend of the gpu worker: one device arena of the budgeted size allocated once, the
- * shared pool pinned with cudaHostRegister so copies into it run at full PCIe speed, and the GPT
- * units of cu_gpt (GPT-2, or Llama through cu_llama), whose calls queue (compute, host-to-device
+ * shared pool pinned with cudaHostRegister so copies into it run at full PCIe speed, and the model
+ * of cu_model (any family with CUDA units: cu_family.h), whose calls queue (compute, host-to-device
  * and device-to-host streams) and are completed by model_finish. Every CUDA call is checked and
  * reported with a hint. */
 #include "cuda_backend.h"
@@ -13,7 +13,7 @@
 #include "common/synth.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
-#include "gpu_worker/cuda/cu_gpt.h"
+#include "gpu_worker/cuda/cu_model.h"
 
 /* Default arena when no budget is given: enough for staging, small enough for any GPU. */
 static const uint64_t default_arena_bytes = 256ull << 20;
@@ -22,8 +22,8 @@ struct cuda_state {
     int device;
     uint64_t budget; /* --gpu-mem; 0: size the arena to what the work needs */
     struct fy_cu_arena arena;
-    struct fy_cu_gpt *gpt;
-    size_t gpt_mark; /* arena use before the GPT buffers: released when preparing again */
+    struct fy_cu_model *model;
+    size_t model_mark; /* arena use before the model's buffers: released when preparing again */
     int weights_bf16; /* model_weights_bf16's switch, which outlives a model_prepare on either side */
     cudaStream_t compute;
     cudaStream_t d2h;
@@ -60,7 +60,7 @@ static void cuda_release(struct cuda_state *s)
         cudaStreamDestroy(s->compute);
     if (s->d2h)
         cudaStreamDestroy(s->d2h);
-    fy_cu_gpt_destroy(&s->gpt);
+    fy_cu_model_destroy(&s->model);
     if (s->arena.base != NULL)
         fy_info("GPU arena: peak %.3f GiB of %.3f GiB", (double)s->arena.peak / (1 << 30),
                 (double)s->arena.size / (1 << 30));
@@ -177,18 +177,18 @@ static int cuda_synth(void *state, uint64_t seed, uint64_t step, uint32_t tensor
     return 0;
 }
 
-static int cuda_gpt_prepare(void *state, const struct fy_model_config *c, int B, int T)
+static int cuda_model_prepare(void *state, const struct fy_model_config *c, int B, int T)
 {
     struct cuda_state *s = (struct cuda_state *)state;
-    size_t need = fy_cu_gpt_arena_bytes(c, B, T);
+    size_t need = fy_cu_model_arena_bytes(c, B, T);
     if (s->arena.base == NULL)
         FY_TRY(fy_cu_arena_init(&s->arena, need));
     /* Preparing again (another batch shape, or the same one) replaces the previous buffers. */
-    if (s->gpt != NULL) {
-        fy_cu_gpt_destroy(&s->gpt);
-        fy_cu_arena_reset(&s->arena, s->gpt_mark);
+    if (s->model != NULL) {
+        fy_cu_model_destroy(&s->model);
+        fy_cu_arena_reset(&s->arena, s->model_mark);
     }
-    s->gpt_mark = s->arena.used;
+    s->model_mark = s->arena.used;
     if (need > s->arena.size - s->arena.used) {
         fy_error("plan does not fit the GPU: the model's working buffers for batch %d x %d need "
                  "%.3f GiB but --gpu-mem is %.3f GiB (%.3f GiB in use): raise --gpu-mem or lower "
@@ -197,8 +197,8 @@ static int cuda_gpt_prepare(void *state, const struct fy_model_config *c, int B,
                  (double)s->arena.used / (1 << 30));
         return -ENOMEM;
     }
-    FY_TRY(fy_cu_gpt_new(&s->gpt, &s->arena, c, B, T));
-    FY_TRY(fy_cu_gpt_set_host_weights_bf16(s->gpt, s->weights_bf16));
+    FY_TRY(fy_cu_model_new(&s->model, &s->arena, c, B, T));
+    FY_TRY(fy_cu_model_set_host_weights_bf16(s->model, s->weights_bf16));
     fy_info("GPU arena: %.3f GiB for the model's working buffers (batch %d x %d), %.3f GiB budget",
             (double)need / (1 << 30), B, T, (double)s->arena.size / (1 << 30));
     return 0;
@@ -206,57 +206,61 @@ static int cuda_gpt_prepare(void *state, const struct fy_model_config *c, int B,
 
 static int cuda_embed_forward(void *state, const void *embed, const int32_t *tokens, void *x)
 {
-    return fy_cu_gpt_embed_forward(((struct cuda_state *)state)->gpt, embed, tokens, x);
+    return fy_cu_model_embed_forward(((struct cuda_state *)state)->model, embed, tokens, x);
 }
 
 static int cuda_embed_backward(void *state, const int32_t *tokens, const void *dx, float *dembed)
 {
-    return fy_cu_gpt_embed_backward(((struct cuda_state *)state)->gpt, tokens, dx, dembed);
+    return fy_cu_model_embed_backward(((struct cuda_state *)state)->model, tokens, dx, dembed);
 }
 
 static int cuda_block_forward(void *state, int layer, const void *params, const void *x, void *y,
                               const struct fy_block_saved *saved)
 {
-    return fy_cu_gpt_block_forward(((struct cuda_state *)state)->gpt, layer, params, x, y, saved);
+    return fy_cu_model_block_forward(((struct cuda_state *)state)->model, layer, params, x, y,
+                                     saved);
 }
 
 static int cuda_block_backward(void *state, int layer, const void *params, const void *x,
                                const void *dy, void *dx, float *dparams,
                                const struct fy_block_saved *saved)
 {
-    return fy_cu_gpt_block_backward(((struct cuda_state *)state)->gpt, layer, params, x, dy, dx,
-                                    dparams, saved);
+    return fy_cu_model_block_backward(((struct cuda_state *)state)->model, layer, params, x, dy,
+                                      dx, dparams, saved);
 }
 
 static int cuda_head(void *state, const void *final_params, const void *embed, const void *x,
                      const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed)
 {
-    return fy_cu_gpt_head(((struct cuda_state *)state)->gpt, final_params, embed, x, targets, loss,
-                          dx, dfinal, dembed);
+    return fy_cu_model_head(((struct cuda_state *)state)->model, final_params, embed, x, targets,
+                            loss, dx, dfinal, dembed);
 }
 
 static int cuda_logits(void *state, const void *final_params, const void *embed, const void *x,
                        float *logits)
 {
-    return fy_cu_gpt_logits(((struct cuda_state *)state)->gpt, final_params, embed, x, logits);
+    return fy_cu_model_logits(((struct cuda_state *)state)->model, final_params, embed, x, logits);
 }
 
 static int cuda_finish(void *state, double *h2d_s, double *d2h_s)
 {
-    struct fy_cu_gpt_copy_times t;
-    FY_TRY(fy_cu_gpt_finish(((struct cuda_state *)state)->gpt, &t));
+    struct fy_cu_copy_times t;
+    FY_TRY(fy_cu_model_finish(((struct cuda_state *)state)->model, &t));
     *h2d_s = 1e-3 * t.h2d_ms;
     *d2h_s = 1e-3 * t.d2h_ms;
     return 0;
 }
 
-static int cuda_ready_fd(void *state) { return fy_cu_gpt_ready_fd(((struct cuda_state *)state)->gpt); }
+static int cuda_ready_fd(void *state)
+{
+    return fy_cu_model_ready_fd(((struct cuda_state *)state)->model);
+}
 
 static int cuda_keep(void *state, int max_layers)
 {
     struct cuda_state *s = (struct cuda_state *)state;
     size_t before = s->arena.used;
-    int kept = fy_cu_gpt_keep_layers(s->gpt, &s->arena, max_layers);
+    int kept = fy_cu_model_keep_layers(s->model, &s->arena, max_layers);
     if (kept >= 0)
         fy_info("GPU arena: the internals of %d blocks kept for their backward (the top ones, of "
                 "%d asked; %.3f GiB), the others recomputed from their inputs; %.3f of %.3f GiB "
@@ -269,9 +273,10 @@ static int cuda_keep(void *state, int max_layers)
 static int cuda_swap(void *state)
 {
     struct cuda_state *s = (struct cuda_state *)state;
-    FY_REQUIRE(s->gpt != NULL, -EINVAL, "cuda backend: readying swapped blocks before model_prepare");
+    FY_REQUIRE(s->model != NULL, -EINVAL,
+               "cuda backend: readying swapped blocks before model_prepare");
     size_t before = s->arena.used;
-    FY_TRY(fy_cu_gpt_swap_sets(s->gpt, &s->arena));
+    FY_TRY(fy_cu_model_swap_sets(s->model, &s->arena));
     fy_info("GPU arena: %.3f GiB for the block internals that swapped blocks compute in (one set "
             "per call in flight); %.3f of %.3f GiB in use",
             (double)(s->arena.used - before) / (1 << 30), (double)s->arena.used / (1 << 30),
@@ -282,8 +287,8 @@ static int cuda_swap(void *state)
 static int cuda_profile(void *state, void *host, size_t host_bytes, struct fy_block_profile *out)
 {
     struct cuda_state *s = (struct cuda_state *)state;
-    FY_REQUIRE(s->gpt != NULL, -EINVAL, "cuda backend: profiling GPT blocks before model_prepare");
-    FY_TRY(fy_cu_gpt_profile(s->gpt, &s->arena, host, host_bytes, out));
+    FY_REQUIRE(s->model != NULL, -EINVAL, "cuda backend: profiling blocks before model_prepare");
+    FY_TRY(fy_cu_model_profile(s->model, &s->arena, host, host_bytes, out));
     char kinds[160] = "";
     size_t len = 0;
     for (int k = 0; k < FY_ACT_KINDS && len < sizeof kinds; k++)
@@ -302,9 +307,9 @@ static int cuda_profile(void *state, void *host, size_t host_bytes, struct fy_bl
 static int cuda_acts_bf16(void *state, int on)
 {
     struct cuda_state *s = (struct cuda_state *)state;
-    FY_REQUIRE(s->gpt != NULL, -EINVAL,
+    FY_REQUIRE(s->model != NULL, -EINVAL,
                "cuda backend: choosing the activations' host dtype before model_prepare");
-    return fy_cu_gpt_set_host_acts_bf16(s->gpt, on);
+    return fy_cu_model_set_host_acts_bf16(s->model, on);
 }
 
 /* Unlike the activations' dtype, this may come before model_prepare, as on the CPU backend. */
@@ -312,14 +317,14 @@ static int cuda_weights_bf16(void *state, int on)
 {
     struct cuda_state *s = (struct cuda_state *)state;
     s->weights_bf16 = on != 0;
-    return s->gpt != NULL ? fy_cu_gpt_set_host_weights_bf16(s->gpt, s->weights_bf16) : 0;
+    return s->model != NULL ? fy_cu_model_set_host_weights_bf16(s->model, s->weights_bf16) : 0;
 }
 
 extern "C" void fy_cuda_gpt_gpu_bytes(const struct fy_model_config *c, int B, int T,
                                       uint64_t *working, uint64_t *set)
 {
-    *working = fy_cu_gpt_arena_bytes(c, B, T);
-    *set = fy_cu_gpt_acts_bytes(c, B, T);
+    *working = fy_cu_model_arena_bytes(c, B, T);
+    *set = fy_cu_model_set_bytes(c, B, T);
 }
 
 extern "C" int fy_cuda_device_visible(void)
@@ -328,11 +333,11 @@ extern "C" int fy_cuda_device_visible(void)
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-static_assert(FY_CU_GPT_QUEUE == FY_BACKEND_QUEUE, "queue depths of the interface and cu_gpt");
+static_assert(FY_CU_QUEUE == FY_BACKEND_QUEUE, "queue depths of the interface and cu_queue");
 
 extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     "cuda",          cuda_open,          cuda_close,          cuda_register_host,
-    cuda_unregister_host, cuda_synth,    cuda_gpt_prepare,    cuda_embed_forward,
+    cuda_unregister_host, cuda_synth,    cuda_model_prepare,    cuda_embed_forward,
     cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
     cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,      cuda_keep,          cuda_swap,
     cuda_profile,    cuda_weights_bf16,

@@ -12,7 +12,8 @@
 #include "common/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
-#include "gpu_worker/cuda/cu_gpt.h"
+#include "gpu_worker/cuda/cu_gpt2_units.h"
+#include "gpu_worker/cuda/cu_model.h"
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -57,6 +58,46 @@ static void *dev_alloc(size_t bytes)
     void *p = NULL;
     CK(cudaMalloc(&p, bytes));
     return p;
+}
+
+/* The per-op table of one step (fy_cu_gpt2_timings) with each product's achieved rate. */
+static void print_profile(const struct fy_cu_gpt2 *g, const struct fy_model_config *c, int B,
+                          int T, int modes)
+{
+    const int L = (int)c->n_layer, C = (int)c->n_embd;
+    const size_t N = (size_t)B * T, V = c->vocab;
+    const struct fy_cu_gpt2_op *ops;
+    int n = fy_cu_gpt2_timings(g, &ops);
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += ops[i].ms;
+    /* FLOPs per layer of the products, for achieved rates */
+    double f_qkv = 2.0 * N * C * 3 * C, f_attn = 2.0 * N * C * C, f_fc = 2.0 * N * C * 4 * C;
+    double f_sdpa = 4.0 * B * (double)T * T * C / 2; /* causal: QK^T and PV, half the matrix */
+    double F = (modes & 2) ? L : 2.0 * L; /* forward runs: recomputing runs it twice */
+    struct { const char *op; double flops; } rates[] = {
+        {"matmul qkv fwd", f_qkv * F},
+        {"matmul attn-proj fwd", f_attn * F},     {"matmul fc fwd", f_fc * F},
+        {"matmul proj fwd", f_fc * F},            {"matmul qkv bwd", 2 * f_qkv * L},
+        {"matmul attn-proj bwd", 2 * f_attn * L}, {"matmul fc bwd", 2 * f_fc * L},
+        {"matmul proj bwd", 2 * f_fc * L},        {"attention fwd", f_sdpa * F},
+        {"attention bwd", 2 * f_sdpa * L},
+        {"head (logits, loss, grads)", 6.0 * N * C * V},
+    };
+    printf("profile of one step (each op bracketed by events; the sum %.1f ms exceeds the "
+           "timed step by the serialisation):\n", sum);
+    printf("  %-28s %10s %7s %10s\n", "op", "ms/step", "share", "TFLOP/s");
+    for (int i = 0; i < n; i++) {
+        double tf = 0;
+        for (size_t k = 0; k < sizeof rates / sizeof rates[0]; k++)
+            if (!strcmp(rates[k].op, ops[i].name))
+                tf = rates[k].flops / (ops[i].ms * 1e-3) / 1e12;
+        printf("  %-28s %10.2f %6.1f%% ", ops[i].name, ops[i].ms, 100.0 * ops[i].ms / sum);
+        if (tf > 0)
+            printf("%10.1f\n", tf);
+        else
+            printf("%10s\n", "-");
+    }
 }
 
 int main(int argc, char **argv)
@@ -117,30 +158,34 @@ int main(int argc, char **argv)
     fill_tokens<<<256, 256>>>(targets, N, c.vocab, 2);
     CK(cudaDeviceSynchronize());
     /* one arena: the units' working buffers and one kept set of internals per block */
-    size_t acts_bytes = fy_cu_gpt_acts_bytes(&c, B, T);
+    size_t acts_bytes = fy_cu_gpt2_acts_bytes(&c, B, T);
     struct fy_cu_arena arena;
     size_t kept_bytes = (modes & 2) ? (size_t)L * acts_bytes : 0;
-    OK(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&c, B, T) + kept_bytes));
-    struct fy_cu_gpt *g = NULL;
-    OK(fy_cu_gpt_new(&g, &arena, &c, B, T));
-    std::vector<struct fy_cu_gpt_acts> kept(L + 1);
+    OK(fy_cu_arena_init(&arena, fy_cu_model_arena_bytes(&c, B, T) + kept_bytes));
+    struct fy_cu_model *m = NULL;
+    OK(fy_cu_model_new(&m, &arena, &c, B, T));
+    /* the model's GPT-2 units, driven on the device */
+    struct fy_cu_gpt2 *g = (struct fy_cu_gpt2 *)fy_cu_model_units(m, &fy_cu_family_gpt2);
+    if (g == NULL)
+        return 1;
+    std::vector<struct fy_cu_gpt2_acts> kept(L + 1);
     for (int l = 1; (modes & 2) && l <= L; l++)
-        OK(fy_cu_gpt_acts_take(g, &arena, &kept[l]));
-    cudaStream_t s = fy_cu_gpt_stream(g);
+        OK(fy_cu_gpt2_acts_take(g, &arena, &kept[l]));
+    cudaStream_t s = fy_cu_model_stream(m);
     bf16 *wte = w[0], *wpe = w[0] + V * C;
 
     auto step = [&](int keep) {
-        OK(fy_cu_gpt_dev_embed_forward(g, wte, wpe, tokens, act[0]));
+        OK(fy_cu_gpt2_embed_forward(g, wte, wpe, tokens, act[0]));
         for (int l = 1; l <= L; l++)
-            OK(fy_cu_gpt_dev_block_forward(g, w[l], act[l - 1], act[l], keep ? &kept[l] : NULL));
-        OK(fy_cu_gpt_dev_head(g, w[L + 1], wte, act[L], targets, losses, dact[0], dlnf, dembed));
+            OK(fy_cu_gpt2_block_forward(g, w[l], act[l - 1], act[l], keep ? &kept[l] : NULL));
+        OK(fy_cu_gpt2_head(g, w[L + 1], wte, act[L], targets, losses, dact[0], dlnf, dembed));
         int cur = 0;
         for (int l = L; l >= 1; l--) {
-            OK(fy_cu_gpt_dev_block_backward(g, w[l], act[l - 1], dact[cur], dact[cur ^ 1], dblock,
-                                            keep ? &kept[l] : NULL));
+            OK(fy_cu_gpt2_block_backward(g, w[l], act[l - 1], dact[cur], dact[cur ^ 1], dblock,
+                                         keep ? &kept[l] : NULL));
             cur ^= 1;
         }
-        OK(fy_cu_gpt_dev_embed_backward(g, tokens, dact[cur], dembed, dembed + V * C));
+        OK(fy_cu_gpt2_embed_backward(g, tokens, dact[cur], dembed, dembed + V * C));
     };
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -173,43 +218,12 @@ int main(int argc, char **argv)
                keep ? "internals kept" : "blocks recomputed in backward");
     }
     if (profile) {
-        fy_cu_gpt_set_timing(g, 1);
+        fy_cu_gpt2_set_timing(g, 1);
         step((modes & 2) != 0);
         CK(cudaStreamSynchronize(s));
-        const struct fy_cu_gpt_op *ops;
-        int n = fy_cu_gpt_timings(g, &ops);
-        double sum = 0;
-        for (int i = 0; i < n; i++)
-            sum += ops[i].ms;
-        /* FLOPs per layer of the products, for achieved rates */
-        double f_qkv = 2.0 * N * C * 3 * C, f_attn = 2.0 * N * C * C, f_fc = 2.0 * N * C * 4 * C;
-        double f_sdpa = 4.0 * B * (double)T * T * C / 2; /* causal: QK^T and PV, half the matrix */
-        double F = (modes & 2) ? L : 2.0 * L; /* forward runs: recomputing runs it twice */
-        struct { const char *op; double flops; } rates[] = {
-            {"matmul qkv fwd", f_qkv * F},
-            {"matmul attn-proj fwd", f_attn * F},     {"matmul fc fwd", f_fc * F},
-            {"matmul proj fwd", f_fc * F},            {"matmul qkv bwd", 2 * f_qkv * L},
-            {"matmul attn-proj bwd", 2 * f_attn * L}, {"matmul fc bwd", 2 * f_fc * L},
-            {"matmul proj bwd", 2 * f_fc * L},        {"attention fwd", f_sdpa * F},
-            {"attention bwd", 2 * f_sdpa * L},
-            {"head (logits, loss, grads)", 6.0 * N * C * V},
-        };
-        printf("profile of one step (each op bracketed by events; the sum %.1f ms exceeds the "
-               "timed step by the serialisation):\n", sum);
-        printf("  %-28s %10s %7s %10s\n", "op", "ms/step", "share", "TFLOP/s");
-        for (int i = 0; i < n; i++) {
-            double tf = 0;
-            for (size_t k = 0; k < sizeof rates / sizeof rates[0]; k++)
-                if (!strcmp(rates[k].op, ops[i].name))
-                    tf = rates[k].flops / (ops[i].ms * 1e-3) / 1e12;
-            printf("  %-28s %10.2f %6.1f%% ", ops[i].name, ops[i].ms, 100.0 * ops[i].ms / sum);
-            if (tf > 0)
-                printf("%10.1f\n", tf);
-            else
-                printf("%10s\n", "-");
-        }
+        print_profile(g, &c, B, T, modes);
     }
-    fy_cu_gpt_destroy(&g);
+    fy_cu_model_destroy(&m);
     fy_cu_arena_release(&arena);
     return 0;
 }

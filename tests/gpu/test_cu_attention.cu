@@ -1,8 +1,9 @@
-/* GPU test of gpu_worker/cuda/cu_attention.cu: causal attention forward/backward against the fp32
- * CPU reference (fy_cpu_attention_forward/backward) and the LM head (logits, cross-entropy, dxn,
- * dwte) against a CPU computation in fp64, on bf16-rounded inputs (so both sides see the same
- * values). Every call runs twice on poisoned outputs and scratch, and the two results must be
- * identical byte for byte. Skips (exit 77) where there is no usable CUDA device.
+/* GPU test of gpu_worker/cuda/cu_attention.cu and cu_head.cu: the materialising causal attention
+ * forward/backward against the fp32 CPU reference (fy_cpu_attention_forward/backward) and the LM
+ * head (logits, cross-entropy, dxn, dwte) against a CPU computation in fp64, on bf16-rounded
+ * inputs (so both sides see the same values). Every call runs twice on poisoned outputs and
+ * scratch, and the two results must be identical byte for byte. Skips (exit 77) where there is no
+ * usable CUDA device.
  *
  * Tolerances (bf16 products with fp32 accumulation against an fp32/fp64 reference):
  *  - outputs: |gpu - cpu| <= 2^-6 |cpu| + 2e-2 rms(cpu) per element. The GPU rounds P to bf16 before
@@ -29,8 +30,9 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 #include <string.h>
 
 #include "common/dtype.h"
-#include "gpu_worker/cpu/gpt_cpu.h"
+#include "gpu_worker/cpu/gpt2_cpu.h"
 #include "gpu_worker/cuda/cu_attention.h"
+#include "gpu_worker/cuda/cu_head.h"
 #include "tests/testutil.h"
 
 #define CK(call)                                                                                   \
@@ -227,33 +229,15 @@ static void test_attention(void **state)
 
 #define DWTE_INIT 0.25f /* dwte starts here: checks that the head adds (+=) rather than overwrites */
 
-/* all_ignored: every target -1 (count 0: all losses and gradients must be exactly 0). */
-static void head_case(int N, int C, int V, int chunk_rows, int all_ignored, uint64_t seed)
+/* The reference: fp32 logits from the same bf16 values, fp64 softmax, loss and gradients (dwte's
+ * increment), over count targets. */
+static void head_reference(int N, int C, int V, const float *xn_f, const float *wte_f,
+                           const int32_t *targets, int count, double *loss_ref, float *dxn_ref,
+                           float *dwte_ref)
 {
-    uint64_t st = seed;
-    size_t nx = (size_t)N * C, nw = (size_t)V * C;
-    uint16_t *xn_b = (uint16_t *)malloc(nx * 2), *wte_b = (uint16_t *)malloc(nw * 2);
-    float *xn_f = (float *)malloc(nx * 4), *wte_f = (float *)malloc(nw * 4);
-    int32_t *targets = (int32_t *)malloc((size_t)N * 4);
     float *logits = (float *)malloc((size_t)N * V * 4);
     double *dl = (double *)malloc((size_t)N * V * sizeof(double));
-    double *loss_ref = (double *)malloc((size_t)N * sizeof(double));
-    float *dxn_ref = (float *)malloc(nx * 4), *dwte_ref = (float *)malloc(nw * 4);
-    assert_true(xn_b && wte_b && xn_f && wte_f && targets && logits && dl && loss_ref && dxn_ref &&
-                dwte_ref);
-    rand_bf16(xn_b, xn_f, nx, &st, -1.0f, 1.0f);
-    rand_bf16(wte_b, wte_f, nw, &st, -0.5f, 0.5f);
-    for (int n = 0; n < N; n++)
-        targets[n] = all_ignored ? -1 : (int32_t)(fy_test_rand(&st) % (uint64_t)V);
-    if (!all_ignored) {
-        targets[N / 2] = -1;  /* one ignored row in the middle */
-        targets[0] = V - 1;   /* the last vocabulary column is reachable */
-    }
-    int count = 0;
-    for (int n = 0; n < N; n++)
-        count += targets[n] >= 0;
-
-    /* reference: fp32 logits from the same bf16 values, fp64 softmax, loss and gradients */
+    assert_true(logits && dl);
     fy_cpu_matmul_forward(logits, xn_f, wte_f, NULL, N, C, V);
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * V;
@@ -289,7 +273,17 @@ static void head_case(int N, int C, int V, int chunk_rows, int all_ignored, uint
                 a += dl[(size_t)n * V + v] * xn_f[(size_t)n * C + c];
             dwte_ref[(size_t)v * C + c] = (float)a; /* the increment */
         }
+    free(logits);
+    free(dl);
+}
 
+/* Runs 0 and 1: forward + backward; run 2: forward only (dxn NULL), each on poisoned outputs and
+ * scratch, dwte starting at dwte_init. */
+static void head_gpu_runs(int N, int C, int V, int chunk_rows, const uint16_t *xn_b,
+                          const uint16_t *wte_b, const int32_t *targets, const float *dwte_init,
+                          float *losses_g[3], uint16_t *dxn_g[2], float *dwte_g[2])
+{
+    size_t nx = (size_t)N * C, nw = (size_t)V * C;
     size_t sbytes = fy_cu_head_scratch_bytes(chunk_rows, V);
     assert_true(sbytes > 0);
     bf16 *d_xn, *d_wte, *d_dxn;
@@ -306,24 +300,6 @@ static void head_case(int N, int C, int V, int chunk_rows, int all_ignored, uint
     CK(cudaMemcpy(d_xn, xn_b, nx * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_wte, wte_b, nw * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_targets, targets, (size_t)N * 4, cudaMemcpyHostToDevice));
-    float *dwte_init = (float *)malloc(nw * 4);
-    assert_non_null(dwte_init);
-    for (size_t i = 0; i < nw; i++)
-        dwte_init[i] = DWTE_INIT;
-
-    float *losses_g[3];
-    uint16_t *dxn_g[2];
-    float *dwte_g[2];
-    for (int k = 0; k < 3; k++) {
-        losses_g[k] = (float *)malloc((size_t)N * 4);
-        assert_non_null(losses_g[k]);
-    }
-    for (int k = 0; k < 2; k++) {
-        dxn_g[k] = (uint16_t *)malloc(nx * 2);
-        dwte_g[k] = (float *)malloc(nw * 4);
-        assert_true(dxn_g[k] && dwte_g[k]);
-    }
-    /* runs 0 and 1: forward + backward; run 2: forward only (dxn NULL) */
     for (int k = 0; k < 3; k++) {
         int bwd = k < 2;
         CK(cudaMemsetAsync(d_losses, 0xff, (size_t)N * 4, g_stream));
@@ -348,6 +324,57 @@ static void head_case(int N, int C, int V, int chunk_rows, int all_ignored, uint
             free(w);
         }
     }
+    CK(cudaFree(d_xn));
+    CK(cudaFree(d_wte));
+    CK(cudaFree(d_dxn));
+    CK(cudaFree(d_losses));
+    CK(cudaFree(d_dwte));
+    CK(cudaFree(d_targets));
+    CK(cudaFree(d_scratch));
+}
+
+/* all_ignored: every target -1 (count 0: all losses and gradients must be exactly 0). */
+static void head_case(int N, int C, int V, int chunk_rows, int all_ignored, uint64_t seed)
+{
+    uint64_t st = seed;
+    size_t nx = (size_t)N * C, nw = (size_t)V * C;
+    uint16_t *xn_b = (uint16_t *)malloc(nx * 2), *wte_b = (uint16_t *)malloc(nw * 2);
+    float *xn_f = (float *)malloc(nx * 4), *wte_f = (float *)malloc(nw * 4);
+    int32_t *targets = (int32_t *)malloc((size_t)N * 4);
+    double *loss_ref = (double *)malloc((size_t)N * sizeof(double));
+    float *dxn_ref = (float *)malloc(nx * 4), *dwte_ref = (float *)malloc(nw * 4);
+    assert_true(xn_b && wte_b && xn_f && wte_f && targets && loss_ref && dxn_ref && dwte_ref);
+    rand_bf16(xn_b, xn_f, nx, &st, -1.0f, 1.0f);
+    rand_bf16(wte_b, wte_f, nw, &st, -0.5f, 0.5f);
+    for (int n = 0; n < N; n++)
+        targets[n] = all_ignored ? -1 : (int32_t)(fy_test_rand(&st) % (uint64_t)V);
+    if (!all_ignored) {
+        targets[N / 2] = -1;  /* one ignored row in the middle */
+        targets[0] = V - 1;   /* the last vocabulary column is reachable */
+    }
+    int count = 0;
+    for (int n = 0; n < N; n++)
+        count += targets[n] >= 0;
+
+    head_reference(N, C, V, xn_f, wte_f, targets, count, loss_ref, dxn_ref, dwte_ref);
+    float *dwte_init = (float *)malloc(nw * 4);
+    assert_non_null(dwte_init);
+    for (size_t i = 0; i < nw; i++)
+        dwte_init[i] = DWTE_INIT;
+
+    float *losses_g[3];
+    uint16_t *dxn_g[2];
+    float *dwte_g[2];
+    for (int k = 0; k < 3; k++) {
+        losses_g[k] = (float *)malloc((size_t)N * 4);
+        assert_non_null(losses_g[k]);
+    }
+    for (int k = 0; k < 2; k++) {
+        dxn_g[k] = (uint16_t *)malloc(nx * 2);
+        dwte_g[k] = (float *)malloc(nw * 4);
+        assert_true(dxn_g[k] && dwte_g[k]);
+    }
+    head_gpu_runs(N, C, V, chunk_rows, xn_b, wte_b, targets, dwte_init, losses_g, dxn_g, dwte_g);
 
     /* losses */
     size_t loss_bad = 0;
@@ -401,13 +428,6 @@ static void head_case(int N, int C, int V, int chunk_rows, int all_ignored, uint
     assert_true(same_dxn);
     assert_true(same_dwte);
 
-    CK(cudaFree(d_xn));
-    CK(cudaFree(d_wte));
-    CK(cudaFree(d_dxn));
-    CK(cudaFree(d_losses));
-    CK(cudaFree(d_dwte));
-    CK(cudaFree(d_targets));
-    CK(cudaFree(d_scratch));
     for (int k = 0; k < 3; k++)
         free(losses_g[k]);
     for (int k = 0; k < 2; k++) {
@@ -422,8 +442,6 @@ static void head_case(int N, int C, int V, int chunk_rows, int all_ignored, uint
     free(xn_f);
     free(wte_f);
     free(targets);
-    free(logits);
-    free(dl);
     free(loss_ref);
     free(dxn_ref);
     free(dwte_ref);

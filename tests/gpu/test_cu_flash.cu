@@ -31,7 +31,7 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 #include <string.h>
 
 #include "common/dtype.h"
-#include "gpu_worker/cpu/gpt_cpu.h"
+#include "gpu_worker/cpu/gpt2_cpu.h"
 #include "gpu_worker/cuda/cu_attention.h"
 #include "gpu_worker/cuda/cu_flash.h"
 #include "tests/testutil.h"

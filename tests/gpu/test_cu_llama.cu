@@ -1,9 +1,10 @@
-/* GPU test of gpu_worker/cuda/cu_llama.cu and the grouped-query flash attention of cu_flash.cu
- * against the fp32 CPU reference gpu_worker/cpu/llama_cpu.c, on the same inputs: random values
- * rounded to bf16 on the host, so both sides see identical weights and activations. Each kernel
- * forward and backward (RMSNorm, RoPE with plain and llama3-scaled frequencies, SwiGLU, attention
- * with NKV < NH and NKV = NH, T not a multiple of the 64-row tile), the head (tied and untied), and
- * whole decoder blocks forward and backward (head sizes 64 and 128). Outputs are poisoned (0xff:
+/* GPU test of the Llama family on the CUDA backend: its units (gpu_worker/cuda/cu_llama_units.cu),
+ * its kernels (cu_rmsnorm, cu_rope, cu_swiglu) and the grouped-query flash attention of
+ * cu_flash.cu, against the fp32 CPU reference gpu_worker/cpu/llama_cpu.c, on the same inputs:
+ * random values rounded to bf16 on the host, so both sides see identical weights and activations.
+ * Each kernel forward and backward (RMSNorm, RoPE with plain and llama3-scaled frequencies,
+ * SwiGLU, attention with NKV < NH and NKV = NH, T not a multiple of the 64-row tile), the head
+ * (tied and untied), and whole decoder blocks forward and backward (head sizes 64 and 128). Outputs are poisoned (0xff:
  * NaN) before every GPU call, so an element left unwritten fails. A block's backward from its kept
  * internals and from a recompute give the same bytes, and reruns are bit-identical. Every check
  * prints its max abs error and relative Frobenius error, so one GPU run shows what is wrong.
@@ -40,14 +41,18 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 
 #include <vector>
 
+#include "common/arch/arch.h"
 #include "common/dtype.h"
 #include "common/model.h"
 #include "gpu_worker/cpu/llama_cpu.h"
-#include "gpu_worker/cuda/cu_attention.h"
 #include "gpu_worker/cuda/cu_flash.h"
-#include "gpu_worker/cuda/cu_llama.h"
+#include "gpu_worker/cuda/cu_head.h"
+#include "gpu_worker/cuda/cu_layernorm.h"
+#include "gpu_worker/cuda/cu_llama_units.h"
 #include "gpu_worker/cuda/cu_matmul.h"
-#include "gpu_worker/cuda/cu_norm.h"
+#include "gpu_worker/cuda/cu_rmsnorm.h"
+#include "gpu_worker/cuda/cu_rope.h"
+#include "gpu_worker/cuda/cu_swiglu.h"
 #include "tests/testutil.h"
 
 using std::vector;
@@ -242,7 +247,7 @@ static void test_rmsnorm(void **state)
                                   rstd.data(), N, C);
         bf16 *dx = (bf16 *)dcopy(x.b), *dwb = (bf16 *)dcopy(w.b), *dy = dalloc<bf16>(NC);
         float *drstd = dalloc<float>(N);
-        RUN(fy_cu_llama_rmsnorm_forward(dy, drstd, dx, dwb, N, C, eps, g_s));
+        RUN(fy_cu_rmsnorm_forward(dy, drstd, dx, dwb, N, C, eps, g_s));
         check("rmsnorm fwd out", shape, hfloats(dy, NC).data(), out.data(), NC, BF16_OUT);
         check("rmsnorm fwd rstd", shape, hcopy(drstd, N).data(), rstd.data(), N, F32_SUM);
         /* the backward from the reference's rstd (both sides the same statistics), twice */
@@ -256,7 +261,7 @@ static void test_rmsnorm(void **state)
             CK(cudaMemcpy(ddinp, pre.b.data(), NC * 2, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(ddw, dw_pre.data(), C * sizeof(float), cudaMemcpyHostToDevice));
             dpoison(scratch, fy_cu_layernorm_backward_scratch(N, C));
-            RUN(fy_cu_llama_rmsnorm_backward(ddinp, ddw, scratch, ddout, dx, dwb, drstd, N, C,
+            RUN(fy_cu_rmsnorm_backward(ddinp, ddw, scratch, ddout, dx, dwb, drstd, N, C,
                                              g_s));
             vector<uint16_t> gd = hcopy((const uint16_t *)ddinp, NC);
             vector<float> gw = hcopy(ddw, C);
@@ -286,22 +291,28 @@ static void test_rmsnorm(void **state)
 static struct fy_model_config llama_cfg(unsigned C, unsigned NH, unsigned NKV, unsigned I,
                                       unsigned V, int llama3, int tied)
 {
-    /* the fields in struct fy_model_config's order; the scaling's are read only with llama3 */
-    const struct fy_model_config c = {
-        1, NH, C, V, 1024, FY_ARCH_LLAMA, NKV, I, (uint32_t)tied,
-        llama3 ? (uint32_t)FY_ROPE_LLAMA3 : (uint32_t)FY_ROPE_DEFAULT, 8, 1e-5f,
-        llama3 ? 500000.0 : 10000.0, 8.0, 1.0, 4.0};
+    /* the scaling's fields are read only with llama3 */
+    struct fy_model_config c = {1, NH, C, V, 1024};
+    c.arch = &fy_arch_llama;
+    c.llama.n_kv_head = NKV;
+    c.llama.n_inter = I;
+    c.llama.tied = (uint32_t)tied;
+    c.llama.rope_type = llama3 ? (uint32_t)FY_ROPE_LLAMA3 : (uint32_t)FY_ROPE_DEFAULT;
+    c.llama.rope_orig_max_pos = 8;
+    c.llama.rms_eps = 1e-5f;
+    c.llama.rope_theta = llama3 ? 500000.0 : 10000.0;
+    c.llama.rope_factor = 8.0;
+    c.llama.rope_low_freq_factor = 1.0;
+    c.llama.rope_high_freq_factor = 4.0;
     return c;
 }
 
 /* The reference's rotary table for config c at T positions, on the host (cos, then sin). */
 static vector<float> rope_table(const struct fy_model_config *c, int T)
 {
-    struct fy_llama_config lc;
-    fy_llama_config_of(c, &lc);
     int half = (int)(c->n_embd / c->n_head) / 2;
     vector<float> inv(half), t(2 * (size_t)T * half);
-    fy_llama_rope_inv_freq(&lc, inv.data());
+    fy_llama_rope_inv_freq(c, inv.data());
     fy_llama_rope_table(t.data(), t.data() + (size_t)T * half, inv.data(), T, half);
     return t;
 }
@@ -318,7 +329,7 @@ static void test_rope(void **state)
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         struct fy_model_config c = llama_cfg(cases[k].C, cases[k].NH, cases[k].NKV, 64, 64,
                                            cases[k].llama3, 0);
-        int B = cases[k].B, T = cases[k].T, NH = (int)c.n_head, NKV = (int)c.n_kv_head;
+        int B = cases[k].B, T = cases[k].T, NH = (int)c.n_head, NKV = (int)c.llama.n_kv_head;
         int hd = (int)(c.n_embd / c.n_head), S = (NH + 2 * NKV) * hd, half = hd / 2;
         size_t n = (size_t)B * T * S;
         char shape[96];
@@ -334,11 +345,11 @@ static void test_rope(void **state)
             if (dir == 0) {
                 fy_llama_rope_forward(ref.data(), S, 0, NH + NKV, hd, table.data(),
                                       table.data() + (size_t)T * half, B, T);
-                RUN(fy_cu_llama_rope_forward(dx, S, 0, NH + NKV, hd, dcos, dsin, B, T, g_s));
+                RUN(fy_cu_rope_forward(dx, S, 0, NH + NKV, hd, dcos, dsin, B, T, g_s));
             } else {
                 fy_llama_rope_backward(ref.data(), S, 0, NH + NKV, hd, table.data(),
                                        table.data() + (size_t)T * half, B, T);
-                RUN(fy_cu_llama_rope_backward(dx, S, 0, NH + NKV, hd, dcos, dsin, B, T, g_s));
+                RUN(fy_cu_rope_backward(dx, S, 0, NH + NKV, hd, dcos, dsin, B, T, g_s));
             }
             vector<float> got = hfloats(dx, n);
             check(dir ? "rope bwd" : "rope fwd", shape, got.data(), ref.data(), n, BF16_OUT);
@@ -376,8 +387,8 @@ static void test_swiglu(void **state)
         fy_llama_swiglu_backward(dgu.data(), dout.f.data(), gu.f.data(), N, I);
         bf16 *dg = (bf16 *)dcopy(gu.b), *dd = (bf16 *)dcopy(dout.b);
         bf16 *dout_d = dalloc<bf16>(n), *ddgu = dalloc<bf16>(2 * n);
-        RUN(fy_cu_llama_swiglu_forward(dout_d, dg, N, I, g_s));
-        RUN(fy_cu_llama_swiglu_backward(ddgu, dd, dg, N, I, g_s));
+        RUN(fy_cu_swiglu_forward(dout_d, dg, N, I, g_s));
+        RUN(fy_cu_swiglu_backward(ddgu, dd, dg, N, I, g_s));
         check("swiglu fwd", shape, hfloats(dout_d, n).data(), out.data(), n, BF16_OUT);
         check("swiglu bwd", shape, hfloats(ddgu, 2 * n).data(), dgu.data(), 2 * n, BF16_OUT);
         free_all();
@@ -471,7 +482,7 @@ static void unit_new(struct unit *u, const struct fy_model_config *c, int B, int
     size_t hs = fy_cu_head_scratch_bytes(rows, (int)c->vocab);
     u->head_scratch = dalloc<char>(hs);
     assert_int_equal(fy_cu_arena_init(&u->arena, fy_cu_llama_arena_bytes(c, B, T) + extra), 0);
-    struct fy_cu_llama_env env = {g_lt, g_s, u->head_scratch, rows};
+    struct fy_cu_env env = {g_lt, g_s, u->head_scratch, rows};
     assert_int_equal(fy_cu_llama_new(&u->l, &u->arena, c, B, T, &env), 0);
 }
 
@@ -508,7 +519,7 @@ static void head_case(int tied)
     int32_t *dtg = dcopy(targets);
     float *losses = dalloc<float>(N), *dnorm = dalloc<float>(C), *dhead = dalloc<float>(VC);
     bf16 *ddx = dalloc<bf16>(NC);
-    RUN(fy_cu_llama_dev_head(u.l, dfin_b, head_w, dxin, dtg, losses, ddx, dnorm, dhead));
+    RUN(fy_cu_llama_head(u.l, dfin_b, head_w, dxin, dtg, losses, ddx, dnorm, dhead));
     vector<float> hl = hcopy(losses, N);
     double sum = 0;
     int counted = 0;
@@ -528,7 +539,7 @@ static void head_case(int tied)
           VC, GRAD);
     /* loss only: the same losses */
     float *losses2 = dalloc<float>(N);
-    RUN(fy_cu_llama_dev_head(u.l, dfin_b, head_w, dxin, dtg, losses2, NULL, NULL, NULL));
+    RUN(fy_cu_llama_head(u.l, dfin_b, head_w, dxin, dtg, losses2, NULL, NULL, NULL));
     check_same_bytes("head loss only", shape, hcopy(losses2, N).data(), hl.data(),
                      N * sizeof(float));
     unit_free(&u);
@@ -579,7 +590,7 @@ static bvals block_params(const struct fy_model_config *c, uint64_t *rng)
     bvals p = rnd(l.total, -1, 1, rng);
     for (size_t i = 0; i < l.total; i++) {
         int norm = i < l.q_proj || (i >= l.post_norm && i < l.gate_proj);
-        double fan_in = i >= l.down_proj ? c->n_inter : c->n_embd;
+        double fan_in = i >= l.down_proj ? c->llama.n_inter : c->n_embd;
         float v = norm ? 1.0f + 0.2f * p.f[i] : (float)(1.5 / sqrt(fan_in) * p.f[i]);
         p.b[i] = fy_f32_to_bf16(v);
         p.f[i] = fy_bf16_to_f32(p.b[i]);
@@ -589,19 +600,17 @@ static bvals block_params(const struct fy_model_config *c, uint64_t *rng)
 
 static void block_case(const struct fy_model_config *c, int B, int T, uint64_t seed)
 {
-    struct fy_llama_config lc;
-    fy_llama_config_of(c, &lc);
     int C = (int)c->n_embd;
     size_t NC = (size_t)B * T * C, P = fy_model_unit_params(c, 1);
     char shape[96];
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d NKV=%d I=%u %s", B, T, C,
-             (int)c->n_head, (int)c->n_kv_head, c->n_inter,
-             c->rope_type == FY_ROPE_LLAMA3 ? "llama3" : "plain");
+             (int)c->n_head, (int)c->llama.n_kv_head, c->llama.n_inter,
+             c->llama.rope_type == FY_ROPE_LLAMA3 ? "llama3" : "plain");
     uint64_t rng = seed;
     bvals p = block_params(c, &rng), x = rnd(NC, -1, 1, &rng), dy = rnd(NC, -1, 1, &rng);
-    vector<float> y(NC), dx(NC), dp(P, 0.0f), scratch(fy_llama_block_scratch(&lc, B, T));
-    fy_llama_block_forward(&lc, p.f.data(), x.f.data(), y.data(), scratch.data(), B, T);
-    fy_llama_block_backward(&lc, p.f.data(), x.f.data(), dy.f.data(), dx.data(), dp.data(),
+    vector<float> y(NC), dx(NC), dp(P, 0.0f), scratch(fy_llama_block_scratch(c, B, T));
+    fy_llama_block_forward(c, p.f.data(), x.f.data(), y.data(), scratch.data(), B, T);
+    fy_llama_block_backward(c, p.f.data(), x.f.data(), dy.f.data(), dx.data(), dp.data(),
                             scratch.data(), B, T);
     struct unit u;
     unit_new(&u, c, B, T, fy_cu_llama_acts_bytes(c, B, T));
@@ -611,9 +620,9 @@ static void block_case(const struct fy_model_config *c, int B, int T, uint64_t s
     bf16 *dyo = dalloc<bf16>(NC), *ddx = dalloc<bf16>(NC);
     float *ddp = dalloc<float>(P);
     /* recomputing: forward, then backward from x */
-    RUN(fy_cu_llama_dev_block_forward(u.l, dparams, dx_in, dyo, NULL));
+    RUN(fy_cu_llama_block_forward(u.l, dparams, dx_in, dyo, NULL));
     vector<uint16_t> gy = hcopy((const uint16_t *)dyo, NC);
-    RUN(fy_cu_llama_dev_block_backward(u.l, dparams, dx_in, ddy, ddx, ddp, NULL));
+    RUN(fy_cu_llama_block_backward(u.l, dparams, dx_in, ddy, ddx, ddp, NULL));
     vector<uint16_t> gdx = hcopy((const uint16_t *)ddx, NC);
     vector<float> gdp = hcopy(ddp, P);
     check("block y", shape, widen(gy).data(), y.data(), NC, BLOCK_Y);
@@ -627,12 +636,12 @@ static void block_case(const struct fy_model_config *c, int B, int T, uint64_t s
     dpoison(dyo, NC);
     dpoison(ddx, NC);
     dpoison(ddp, P);
-    RUN(fy_cu_llama_dev_block_forward(u.l, dparams, dx_in, dyo, &kept));
+    RUN(fy_cu_llama_block_forward(u.l, dparams, dx_in, dyo, &kept));
     bf16 *other = dalloc<bf16>(NC);
-    RUN(fy_cu_llama_dev_block_forward(u.l, dparams, ddy, other, NULL));
+    RUN(fy_cu_llama_block_forward(u.l, dparams, ddy, other, NULL));
     check_same_bytes("block y kept", shape, hcopy((const uint16_t *)dyo, NC).data(), gy.data(),
                      NC * 2);
-    RUN(fy_cu_llama_dev_block_backward(u.l, dparams, dx_in, ddy, ddx, ddp, &kept));
+    RUN(fy_cu_llama_block_backward(u.l, dparams, dx_in, ddy, ddx, ddp, &kept));
     check_same_bytes("block dx kept", shape, hcopy((const uint16_t *)ddx, NC).data(), gdx.data(),
                      NC * 2);
     check_same_bytes("block dparams kept", shape, hcopy(ddp, P).data(), gdp.data(),
@@ -650,7 +659,7 @@ static void test_block(void **state)
     block_case(&a, 2, 37, 600);
     /* head size 128, one kv head per head, plain rope, another epsilon */
     struct fy_model_config b = llama_cfg(256, 2, 2, 512, 300, 0, 0);
-    b.rms_eps = 1e-6f;
+    b.llama.rms_eps = 1e-6f;
     block_case(&b, 1, 70, 601);
     assert_int_equal(g_bad, 0);
 }
@@ -680,8 +689,8 @@ static void test_embedding(void **state)
     bf16 *de = (bf16 *)dcopy(emb.b), *ddx = (bf16 *)dcopy(dx.b), *dxo = dalloc<bf16>(NC);
     int32_t *dt = dcopy(tokens);
     float *dd = dcopy(demb_pre);
-    RUN(fy_cu_llama_dev_embed_forward(u.l, de, dt, dxo));
-    RUN(fy_cu_llama_dev_embed_backward(u.l, dt, ddx, dd));
+    RUN(fy_cu_llama_embed_forward(u.l, de, dt, dxo));
+    RUN(fy_cu_llama_embed_backward(u.l, dt, ddx, dd));
     check_same_bytes("embed fwd", "N=74 C=256", hfloats(dxo, NC).data(), x.data(),
                      NC * sizeof(float));
     /* the reference's additions in its order (rows ascending): the same bits */

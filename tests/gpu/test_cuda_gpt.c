@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "common/actplan.h"
+#include "common/arch/gpt2.h"
 #include "common/dtype.h"
 #include "common/model.h"
 #include "gpu_worker/backend.h"

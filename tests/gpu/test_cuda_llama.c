@@ -359,7 +359,7 @@ static void test_refusals(void **state)
     struct fy_model_config odd = c;
     odd.n_embd = 96;
     odd.n_head = 8; /* head size 12 */
-    odd.n_kv_head = 4;
+    odd.llama.n_kv_head = 4;
     assert_int_equal(fy_model_config_validate(&odd), 0);
     assert_int_equal(fy_backend_model_prepare(cuda, &odd, B, T), -EINVAL);
     free(x);

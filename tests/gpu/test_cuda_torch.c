@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "common/arch/gpt2.h"
 #include "common/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"

@@ -1,6 +1,7 @@
-/* GPU test of gpu_worker/cuda/cu_norm.cu (contract: cu_norm.h) against the fp32 CPU reference
- * gpu_worker/cpu/gpt_cpu.c: LayerNorm forward/backward, GELU forward/backward, residual add,
- * embedding forward/backward, f32 <-> bf16 conversion, and argument checking.
+/* GPU test of the CUDA backend's kernels outside the matrix products and attention, against the
+ * fp32 CPU reference gpu_worker/cpu/gpt2_cpu.c: LayerNorm forward/backward (cu_layernorm), GELU
+ * forward/backward (cu_gelu), residual add (cu_residual), embedding forward/backward (cu_embed),
+ * f32 <-> bf16 conversion (cu_convert), and argument checking.
  *
  * Method: random inputs are rounded to bf16 on the host, so the CPU reference (fp32, on the rounded
  * values) and the GPU see identical inputs. Outputs the op overwrites are poisoned (0xff bytes: NaN
@@ -54,8 +55,12 @@ extern "C" {
 #include <vector>
 
 #include "common/dtype.h"
-#include "gpu_worker/cpu/gpt_cpu.h"
-#include "gpu_worker/cuda/cu_norm.h"
+#include "gpu_worker/cpu/gpt2_cpu.h"
+#include "gpu_worker/cuda/cu_convert.h"
+#include "gpu_worker/cuda/cu_embed.h"
+#include "gpu_worker/cuda/cu_gelu.h"
+#include "gpu_worker/cuda/cu_layernorm.h"
+#include "gpu_worker/cuda/cu_residual.h"
 #include "tests/testutil.h"
 
 using std::vector;
@@ -780,7 +785,8 @@ int main(void)
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
-        printf("test_cu_norm: SKIPPED: no usable CUDA device (cudaGetDeviceCount: %s, %d devices)\n",
+        printf("test_cu_kernels: SKIPPED: no usable CUDA device (cudaGetDeviceCount: %s, %d "
+               "devices)\n",
                e != cudaSuccess ? cudaGetErrorString(e) : "ok", count);
         return FY_TEST_SKIP;
     }
@@ -791,20 +797,20 @@ int main(void)
     if (e == cudaSuccess)
         e = cudaStreamCreate(&g_stream);
     if (e != cudaSuccess) {
-        printf("test_cu_norm: SKIPPED: no usable CUDA device (%s)\n", cudaGetErrorString(e));
+        printf("test_cu_kernels: SKIPPED: no usable CUDA device (%s)\n", cudaGetErrorString(e));
         return FY_TEST_SKIP;
     }
-    printf("test_cu_norm: device 0: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+    printf("test_cu_kernels: device 0: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layernorm_forward), cmocka_unit_test(test_layernorm_backward),
         cmocka_unit_test(test_gelu),              cmocka_unit_test(test_residual),
         cmocka_unit_test(test_embed_forward),     cmocka_unit_test(test_embed_backward),
         cmocka_unit_test(test_convert),           cmocka_unit_test(test_bad_arguments),
     };
-    int failed = cmocka_run_group_tests_name("cu_norm", tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("cu_kernels", tests, NULL, NULL);
     e = cudaStreamDestroy(g_stream);
     if (e != cudaSuccess) {
-        printf("test_cu_norm: cudaStreamDestroy: %s\n", cudaGetErrorString(e));
+        printf("test_cu_kernels: cudaStreamDestroy: %s\n", cudaGetErrorString(e));
         return 1;
     }
     return failed;

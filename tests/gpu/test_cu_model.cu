@@ -1,11 +1,10 @@
-/* GPU test of gpu_worker/cuda/cu_gpt.cu's device-level blocks (contract: cu_gpt.h): a backward
- * from the internals its forward kept must give the same bytes as a backward that recomputes the
- * block from its input, must not run the forward again, and must not depend on the unit's own
- * scratch (other blocks run in between); a kept set that does not fit the arena takes nothing.
- * The host interface's queue: calls in flight give the same bytes as calls completed one by one,
- * a finished call reports the device time of its copies, and a call whose input is the output of
- * the call in flight before it waits for that output (the pipeline's every step). The activation
- * planner's profile gives sane figures and changes nothing that later calls compute.
+/* GPU test of gpu_worker/cuda/cu_model.cu and cu_queue.cu (contracts: cu_model.h, cu_queue.h), on
+ * a GPT-2 model, whose units (cu_gpt2_units) swap their internals and are profiled. The host
+ * interface's queue: calls in flight give the same bytes as calls completed one by one, a finished
+ * call reports the device time of its copies, and a call whose input is the output of the call in
+ * flight before it waits for that output (the pipeline's every step). Kept layers and swapped
+ * internals give the bytes of calls that recompute; what they refuse queues nothing. The
+ * activation planner's profile gives sane figures and changes nothing that later calls compute.
  * Exact comparison is right here: both paths run the same kernels on the same inputs, and every
  * kernel is deterministic. The numerics of the blocks themselves are tested against the CPU
  * backend (test_cuda_gpt) and PyTorch (test_cuda_torch). Exits 77 (skipped) without a GPU. */
@@ -30,7 +29,8 @@ extern "C" {
 #include "common/dtype.h"
 #include "common/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
-#include "gpu_worker/cuda/cu_gpt.h"
+#include "gpu_worker/cuda/cu_gpt2_units.h"
+#include "gpu_worker/cuda/cu_model.h"
 #include "tests/testutil.h"
 
 using std::vector;
@@ -47,117 +47,36 @@ using std::vector;
 static const struct fy_model_config cfg = {2, 2, 96, 131, 64};
 static const int B = 3, T = 37;
 
-static bf16 *device_random(size_t n, uint64_t seed, float scale)
-{
-    vector<uint16_t> h(n); /* bf16 bit patterns */
-    for (size_t i = 0; i < n; i++)
-        h[i] = fy_f32_to_bf16(fy_test_uniform(&seed, -scale, scale));
-    bf16 *d = NULL;
-    CK(cudaMalloc(&d, n * sizeof(bf16)));
-    CK(cudaMemcpy(d, h.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
-    return d;
-}
-
-template <typename E> static vector<E> download(const E *d, size_t n, cudaStream_t s)
-{
-    vector<E> h(n);
-    CK(cudaStreamSynchronize(s));
-    CK(cudaMemcpy(h.data(), d, n * sizeof(E), cudaMemcpyDeviceToHost));
-    return h;
-}
-
+/* A GPT-2 model in an arena with room for extra_sets sets of internals beside its buffers. */
 struct fixture {
     struct fy_cu_arena arena;
-    struct fy_cu_gpt *g;
-    cudaStream_t s;
+    struct fy_cu_model *g;
     size_t NC, P;
-    bf16 *w[3], *x[3], *dy, *dx;
-    float *dw;
 };
 
 static void setup(struct fixture *f, size_t extra_sets)
 {
     memset(f, 0, sizeof *f);
-    size_t bytes = fy_cu_gpt_arena_bytes(&cfg, B, T) + extra_sets * fy_cu_gpt_acts_bytes(&cfg, B, T);
+    size_t bytes =
+        fy_cu_model_arena_bytes(&cfg, B, T) + extra_sets * fy_cu_model_set_bytes(&cfg, B, T);
     assert_int_equal(fy_cu_arena_init(&f->arena, bytes), 0);
-    assert_int_equal(fy_cu_gpt_new(&f->g, &f->arena, &cfg, B, T), 0);
-    f->s = fy_cu_gpt_stream(f->g);
+    assert_int_equal(fy_cu_model_new(&f->g, &f->arena, &cfg, B, T), 0);
     f->NC = (size_t)B * T * cfg.n_embd;
     f->P = fy_model_unit_params(&cfg, 1);
-    for (int l = 1; l <= 2; l++)
-        f->w[l] = device_random(f->P, 100 + l, 0.2f);
-    f->x[0] = device_random(f->NC, 7, 1.0f);
-    for (int l = 1; l <= 2; l++)
-        CK(cudaMalloc(&f->x[l], f->NC * sizeof(bf16)));
-    f->dy = device_random(f->NC, 8, 1.0f);
-    CK(cudaMalloc(&f->dx, f->NC * sizeof(bf16)));
-    CK(cudaMalloc(&f->dw, f->P * sizeof(float)));
 }
 
 static void teardown(struct fixture *f)
 {
-    for (int l = 0; l <= 2; l++) {
-        cudaFree(f->x[l]);
-        if (l)
-            cudaFree(f->w[l]);
-    }
-    cudaFree(f->dy);
-    cudaFree(f->dx);
-    cudaFree(f->dw);
-    fy_cu_gpt_destroy(&f->g);
+    fy_cu_model_destroy(&f->g);
     fy_cu_arena_release(&f->arena);
 }
 
-/* Backward of block l (input x[l-1]) into host copies of dx and dweights. */
-static void backward(struct fixture *f, int l, struct fy_cu_gpt_acts *kept, vector<bf16> *dx,
-                     vector<float> *dw)
+/* The model's GPT-2 units, whose per-op timing the profile must leave as it was. */
+static struct fy_cu_gpt2 *gpt2_units(struct fy_cu_model *m)
 {
-    assert_int_equal(fy_cu_gpt_dev_block_backward(f->g, f->w[l], f->x[l - 1], f->dy, f->dx, f->dw, kept), 0);
-    *dx = download(f->dx, f->NC, f->s);
-    *dw = download(f->dw, f->P, f->s);
-}
-
-static void test_kept_equals_recomputed(void **state)
-{
-    (void)state;
-    struct fixture f;
-    setup(&f, 2);
-    struct fy_cu_gpt_acts kept[3];
-    for (int l = 1; l <= 2; l++)
-        assert_int_equal(fy_cu_gpt_acts_take(f.g, &f.arena, &kept[l]), 0);
-    /* forward through both blocks, keeping each block's internals in its own set */
-    for (int l = 1; l <= 2; l++)
-        assert_int_equal(fy_cu_gpt_dev_block_forward(f.g, f.w[l], f.x[l - 1], f.x[l], &kept[l]), 0);
-    vector<bf16> y_kept = download(f.x[2], f.NC, f.s);
-    /* block 1 from its kept set, after block 2's forward has come and gone: the set, not the
-     * unit's scratch, must carry it; and no forward op may run in a kept backward */
-    fy_cu_gpt_set_timing(f.g, 1);
-    vector<bf16> dx1_kept, dx1_re, dx2_kept, dx2_re;
-    vector<float> dw1_kept, dw1_re, dw2_kept, dw2_re;
-    backward(&f, 2, &kept[2], &dx2_kept, &dw2_kept);
-    backward(&f, 1, &kept[1], &dx1_kept, &dw1_kept);
-    const struct fy_cu_gpt_op *ops;
-    int n = fy_cu_gpt_timings(f.g, &ops);
-    assert_true(n > 0);
-    for (int i = 0; i < n; i++) {
-        print_message("kept backward ran %-22s %.3f ms\n", ops[i].name, ops[i].ms);
-        assert_null(strstr(ops[i].name, "fwd"));
-    }
-    fy_cu_gpt_set_timing(f.g, 0);
-    /* the same backwards recomputing each block, and the same forward without keeping */
-    backward(&f, 2, NULL, &dx2_re, &dw2_re);
-    backward(&f, 1, NULL, &dx1_re, &dw1_re);
-    for (int l = 1; l <= 2; l++)
-        assert_int_equal(fy_cu_gpt_dev_block_forward(f.g, f.w[l], f.x[l - 1], f.x[l], NULL), 0);
-    vector<bf16> y_re = download(f.x[2], f.NC, f.s);
-    assert_memory_equal(y_kept.data(), y_re.data(), f.NC * sizeof(bf16));
-    assert_memory_equal(dx2_kept.data(), dx2_re.data(), f.NC * sizeof(bf16));
-    assert_memory_equal(dw2_kept.data(), dw2_re.data(), f.P * sizeof(float));
-    assert_memory_equal(dx1_kept.data(), dx1_re.data(), f.NC * sizeof(bf16));
-    assert_memory_equal(dw1_kept.data(), dw1_re.data(), f.P * sizeof(float));
-    /* and the two blocks' gradients differ, so the comparison above is not vacuous */
-    assert_memory_not_equal(dw1_kept.data(), dw2_kept.data(), f.P * sizeof(float));
-    teardown(&f);
+    struct fy_cu_gpt2 *u = (struct fy_cu_gpt2 *)fy_cu_model_units(m, &fy_cu_family_gpt2);
+    assert_non_null(u);
+    return u;
 }
 
 /* fp32 host buffers in pinned memory, as the pool is */
@@ -183,47 +102,48 @@ static void test_queued_host_calls(void **state)
     float *x = pinned_random(NC, 3, 1.0f), *out[4];
     for (int i = 0; i < 4; i++)
         out[i] = pinned_random(NC, 10 + i, 1.0f);
-    size_t fin_n = fy_model_unit_params(&cfg, cfg.n_layer + 1), emb_n = fy_model_unit_params(&cfg, 0);
+    size_t fin_n = fy_model_unit_params(&cfg, cfg.n_layer + 1);
+    size_t emb_n = fy_model_unit_params(&cfg, 0);
     float *fin = pinned_random(fin_n, 4, 0.2f), *emb = pinned_random(emb_n, 5, 0.2f);
     int32_t *targets = NULL;
     CK(cudaHostAlloc((void **)&targets, N * sizeof(int32_t), cudaHostAllocDefault));
     for (size_t i = 0; i < N; i++)
         targets[i] = (int32_t)(i * 7 % cfg.vocab);
     /* one by one */
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w1, x, out[0], NULL), 0);
-    struct fy_cu_gpt_copy_times times = {-1, -1};
-    assert_int_equal(fy_cu_gpt_finish(f.g, &times), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, x, out[0], NULL), 0);
+    struct fy_cu_copy_times times = {-1, -1};
+    assert_int_equal(fy_cu_model_finish(f.g, &times), 0);
     print_message("block forward: uploads %.3f ms, downloads %.3f ms (device time)\n", times.h2d_ms,
                   times.d2h_ms);
     assert_true(times.h2d_ms > 0 && times.h2d_ms < 1000);
     assert_true(times.d2h_ms > 0 && times.d2h_ms < 1000);
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w2, x, out[1], NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w2, x, out[1], NULL), 0);
+    assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
     double loss_sync = -1;
-    assert_int_equal(fy_cu_gpt_head(f.g, fin, emb, x, targets, &loss_sync, NULL, NULL, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
+    assert_int_equal(fy_cu_model_head(f.g, fin, emb, x, targets, &loss_sync, NULL, NULL, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
     assert_true(loss_sync > 0);
     /* two in flight */
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w1, x, out[2], NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w2, x, out[3], NULL), 0);
-    assert_int_equal(fy_cu_gpt_pending(f.g), 2);
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w1, x, out[0], NULL), -EBUSY);
-    struct pollfd pfd = {fy_cu_gpt_ready_fd(f.g), POLLIN, 0};
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, x, out[2], NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w2, x, out[3], NULL), 0);
+    assert_int_equal(fy_cu_model_pending(f.g), 2);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, x, out[0], NULL), -EBUSY);
+    struct pollfd pfd = {fy_cu_model_ready_fd(f.g), POLLIN, 0};
     assert_int_equal(poll(&pfd, 1, 20000), 1); /* the first call's results come home */
-    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_pending(f.g), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), -EINVAL);
+    assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
+    assert_int_equal(fy_cu_model_pending(f.g), 0);
+    assert_int_equal(fy_cu_model_finish(f.g, NULL), -EINVAL);
     assert_memory_equal(out[0], out[2], NC * sizeof(float));
     assert_memory_equal(out[1], out[3], NC * sizeof(float));
     assert_memory_not_equal(out[2], out[3], NC * sizeof(float));
     /* the head's loss is written when the call is finished, not before */
     double loss = -1;
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w1, x, out[2], NULL), 0);
-    assert_int_equal(fy_cu_gpt_head(f.g, fin, emb, x, targets, &loss, NULL, NULL, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, x, out[2], NULL), 0);
+    assert_int_equal(fy_cu_model_head(f.g, fin, emb, x, targets, &loss, NULL, NULL, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
     assert_true(loss == -1);
-    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
     assert_true(loss == loss_sync);
     for (float *p : {w1, w2, x, out[0], out[1], out[2], out[3], fin, emb})
         cudaFreeHost(p);
@@ -242,9 +162,9 @@ static void test_chained_queued_calls(void **state)
     const struct fy_model_config big = {1, 8, 1024, 131, 512};
     const int BB = 4, TT = 512;
     struct fy_cu_arena arena;
-    struct fy_cu_gpt *g = NULL;
-    assert_int_equal(fy_cu_arena_init(&arena, fy_cu_gpt_arena_bytes(&big, BB, TT)), 0);
-    assert_int_equal(fy_cu_gpt_new(&g, &arena, &big, BB, TT), 0);
+    struct fy_cu_model *g = NULL;
+    assert_int_equal(fy_cu_arena_init(&arena, fy_cu_model_arena_bytes(&big, BB, TT)), 0);
+    assert_int_equal(fy_cu_model_new(&g, &arena, &big, BB, TT), 0);
     size_t P = fy_model_unit_params(&big, 1), NC = (size_t)BB * TT * big.n_embd;
     float *w1 = pinned_random(P, 21, 0.05f), *w2 = pinned_random(P, 22, 0.05f);
     float *x = pinned_random(NC, 23, 1.0f), *dy = pinned_random(NC, 24, 1.0f);
@@ -255,26 +175,26 @@ static void test_chained_queued_calls(void **state)
     float *dw2s = pinned_random(P, 0, 1), *dw1s = pinned_random(P, 0, 1);
     float *dw2 = pinned_random(P, 0, 1), *dw1 = pinned_random(P, 0, 1);
     /* one by one: forward through two blocks, backward through both */
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w1, x, y1s, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w2, y1s, y2s, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w2, y1s, dy, dx2s, dw2s, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w1, x, dx2s, dx1s, dw1s, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w1, x, y1s, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w2, y1s, y2s, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w2, y1s, dy, dx2s, dw2s, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, x, dx2s, dx1s, dw1s, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     /* queued two deep, each call's input the output of the call still in flight */
     memset(y1, 0xff, NC * sizeof(float));
     memset(y2, 0xff, NC * sizeof(float));
     memset(dx2, 0xff, NC * sizeof(float));
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w1, x, y1, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w2, y1, y2, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w2, y1, dy, dx2, dw2, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w1, x, dx2, dx1, dw1, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w1, x, y1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w2, y1, y2, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w2, y1, dy, dx2, dw2, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, x, dx2, dx1, dw1, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(y1, y1s, NC * sizeof(float));
     assert_memory_equal(y2, y2s, NC * sizeof(float));
     assert_memory_equal(dx2, dx2s, NC * sizeof(float));
@@ -283,24 +203,24 @@ static void test_chained_queued_calls(void **state)
     assert_memory_equal(dw1, dw1s, P * sizeof(float));
     /* an input that is not the activation the call in flight hands on, but another of its outputs
      * (here its weight gradient, as weights): the upload waits for that download */
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, dw1s, x, y1s, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, dw1s, x, y1s, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     memset(dw1, 0xff, P * sizeof(float));
     memset(y1, 0xff, NC * sizeof(float));
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w1, x, dx2s, dx1, dw1, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, dw1, x, y1, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, x, dx2s, dx1, dw1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, dw1, x, y1, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(dw1, dw1s, P * sizeof(float));
     assert_memory_equal(y1, y1s, NC * sizeof(float));
     for (float *p : {w1, w2, x, dy, y1s, y2s, y1, y2, dx2s, dx1s, dx2, dx1, dw2s, dw1s, dw2, dw1})
         cudaFreeHost(p);
-    fy_cu_gpt_destroy(&g);
+    fy_cu_model_destroy(&g);
     fy_cu_arena_release(&arena);
 }
 
 /* Kept layers through the host interface: with room for one set beside the working buffers,
- * fy_cu_gpt_keep_layers keeps the top block only. Its backward uses the set its forward filled
+ * fy_cu_model_keep_layers keeps the top block only. Its backward uses the set its forward filled
  * (queued behind that forward, as in the pipeline), the other block recomputes, and both give the
  * bytes of calls that never keep (layer 0); a second backward of the kept block, with no forward
  * in between (clipping's second pass), recomputes and gives them again. */
@@ -310,12 +230,12 @@ static void test_host_calls_keep_layers(void **state)
     const struct fy_model_config two = {2, 4, 256, 131, 128};
     const int BB = 4, TT = 128;
     struct fy_cu_arena arena;
-    struct fy_cu_gpt *g = NULL;
-    size_t set = fy_cu_gpt_acts_bytes(&two, BB, TT);
-    size_t need = fy_cu_gpt_arena_bytes(&two, BB, TT);
+    struct fy_cu_model *g = NULL;
+    size_t set = fy_cu_model_set_bytes(&two, BB, TT);
+    size_t need = fy_cu_model_arena_bytes(&two, BB, TT);
     assert_int_equal(fy_cu_arena_init(&arena, need + set + set / 2), 0);
-    assert_int_equal(fy_cu_gpt_new(&g, &arena, &two, BB, TT), 0);
-    assert_int_equal(fy_cu_gpt_keep_layers(g, &arena, 2), 1);
+    assert_int_equal(fy_cu_model_new(&g, &arena, &two, BB, TT), 0);
+    assert_int_equal(fy_cu_model_keep_layers(g, &arena, 2), 1);
     size_t P = fy_model_unit_params(&two, 1), NC = (size_t)BB * TT * two.n_embd;
     float *w1 = pinned_random(P, 31, 0.05f), *w2 = pinned_random(P, 32, 0.05f);
     float *x = pinned_random(NC, 33, 1.0f), *dy = pinned_random(NC, 34, 1.0f);
@@ -326,23 +246,23 @@ static void test_host_calls_keep_layers(void **state)
     float *dx2 = pinned_random(NC, 0, 1), *dx1 = pinned_random(NC, 0, 1);
     float *dw2 = pinned_random(P, 0, 1), *dw1 = pinned_random(P, 0, 1);
     /* reference: never kept */
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w1, x, y1r, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w2, y1r, y2r, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w2, y1r, dy, dx2r, dw2r, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w1, x, dx2r, dx1r, dw1r, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w1, x, y1r, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w2, y1r, y2r, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w2, y1r, dy, dx2r, dw2r, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, x, dx2r, dx1r, dw1r, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     /* layers 1 and 2: block 2 kept */
-    assert_int_equal(fy_cu_gpt_block_forward(g, 1, w1, x, y1, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 2, w2, y1, y2, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 2, w2, y1, dy, dx2, dw2, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 1, w1, x, dx2, dx1, dw1, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 1, w1, x, y1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 2, w2, y1, y2, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 2, w2, y1, dy, dx2, dw2, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 1, w1, x, dx2, dx1, dw1, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(y2, y2r, NC * sizeof(float));
     assert_memory_equal(dx2, dx2r, NC * sizeof(float));
     assert_memory_equal(dw2, dw2r, P * sizeof(float));
@@ -351,29 +271,15 @@ static void test_host_calls_keep_layers(void **state)
     /* the set was used: a second backward of block 2 recomputes, to the same bytes */
     memset(dw2, 0xff, P * sizeof(float));
     memset(dx2, 0xff, NC * sizeof(float));
-    assert_int_equal(fy_cu_gpt_block_backward(g, 2, w2, y1, dy, dx2, dw2, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 2, w2, y1, dy, dx2, dw2, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(dx2, dx2r, NC * sizeof(float));
     assert_memory_equal(dw2, dw2r, P * sizeof(float));
     assert_memory_not_equal(dw1, dw2, P * sizeof(float));
     for (float *p : {w1, w2, x, dy, y1r, y2r, dx2r, dx1r, dw2r, dw1r, y1, y2, dx2, dx1, dw2, dw1})
         cudaFreeHost(p);
-    fy_cu_gpt_destroy(&g);
+    fy_cu_model_destroy(&g);
     fy_cu_arena_release(&arena);
-}
-
-static void test_set_that_does_not_fit(void **state)
-{
-    (void)state;
-    struct fixture f;
-    setup(&f, 1);
-    struct fy_cu_gpt_acts a, b;
-    assert_int_equal(fy_cu_gpt_acts_take(f.g, &f.arena, &a), 0);
-    size_t used = f.arena.used;
-    assert_int_equal(fy_cu_gpt_acts_take(f.g, &f.arena, &b), -ENOMEM);
-    assert_int_equal(f.arena.used, used);
-    assert_null(b.ln1);
-    teardown(&f);
 }
 
 /* ---- swapped internals (saved host buffers) ---- */
@@ -455,18 +361,18 @@ static void chain_free(struct chain *c)
         cudaFreeHost(p);
 }
 
-static void chain_run(struct fy_cu_gpt *g, const float *w1, const float *w2, const float *x,
+static void chain_run(struct fy_cu_model *g, const float *w1, const float *w2, const float *x,
                       const float *dy, struct chain *c, const struct fy_block_saved *s1,
                       const struct fy_block_saved *s2)
 {
-    assert_int_equal(fy_cu_gpt_block_forward(g, 1, w1, x, c->y1, s1), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 2, w2, c->y1, c->y2, s2), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 2, w2, c->y1, dy, c->dx2, c->dw2, s2), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 1, w1, x, c->dx2, c->dx1, c->dw1, s1), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 1, w1, x, c->y1, s1), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 2, w2, c->y1, c->y2, s2), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 2, w2, c->y1, dy, c->dx2, c->dw2, s2), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 1, w1, x, c->dx2, c->dx1, c->dw1, s1), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
 }
 
 static void chain_equal(const struct chain *a, const struct chain *b, size_t NC, size_t P)
@@ -481,18 +387,18 @@ static void chain_equal(const struct chain *a, const struct chain *b, size_t NC,
 
 /* fuse: FUYOU_CUDA_FUSE as the unit reads it when made ("0": separate GELU and residual kernels);
  * attention: FUYOU_CUDA_ATTENTION (NULL: the flash attention, which this shape takes). */
-static struct fy_cu_gpt *swap_unit(struct fy_cu_arena *arena, size_t extra_sets, const char *fuse,
+static struct fy_cu_model *swap_unit(struct fy_cu_arena *arena, size_t extra_sets, const char *fuse,
                                    const char *attention)
 {
     /* named either way, whatever the environment the test runs in says */
     setenv("FUYOU_CUDA_FUSE", fuse != NULL ? fuse : "1", 1);
     setenv("FUYOU_CUDA_ATTENTION", attention != NULL ? attention : "flash", 1);
     /* the sizes too depend on the attention (the materialised one's scratch is T x T per head) */
-    size_t set = fy_cu_gpt_acts_bytes(&cfg, B, T);
-    int rc = fy_cu_arena_init(arena, fy_cu_gpt_arena_bytes(&cfg, B, T) + extra_sets * set);
-    struct fy_cu_gpt *g = NULL;
+    size_t set = fy_cu_model_set_bytes(&cfg, B, T);
+    int rc = fy_cu_arena_init(arena, fy_cu_model_arena_bytes(&cfg, B, T) + extra_sets * set);
+    struct fy_cu_model *g = NULL;
     if (rc == 0)
-        rc = fy_cu_gpt_new(&g, arena, &cfg, B, T);
+        rc = fy_cu_model_new(&g, arena, &cfg, B, T);
     unsetenv("FUYOU_CUDA_FUSE");
     unsetenv("FUYOU_CUDA_ATTENTION");
     assert_int_equal(rc, 0);
@@ -507,12 +413,12 @@ static struct fy_cu_gpt *swap_unit(struct fy_cu_arena *arena, size_t extra_sets,
 static void swap_masks_check(const char *fuse)
 {
     struct fy_cu_arena arena;
-    struct fy_cu_gpt *g = swap_unit(&arena, FY_CU_GPT_QUEUE + 1, fuse, NULL);
-    assert_int_equal(fy_cu_gpt_swap_sets(g, &arena), 0);
+    struct fy_cu_model *g = swap_unit(&arena, FY_CU_QUEUE + 1, fuse, NULL);
+    assert_int_equal(fy_cu_model_swap_sets(g, &arena), 0);
     size_t used = arena.used;
-    assert_int_equal(fy_cu_gpt_swap_sets(g, &arena), 0); /* a second call takes nothing */
+    assert_int_equal(fy_cu_model_swap_sets(g, &arena), 0); /* a second call takes nothing */
     assert_int_equal(arena.used, used);
-    assert_int_equal(fy_cu_gpt_keep_layers(g, &arena, 2), 1);
+    assert_int_equal(fy_cu_model_keep_layers(g, &arena, 2), 1);
     size_t P = fy_model_unit_params(&cfg, 1), NC = (size_t)B * T * cfg.n_embd;
     float *w1 = pinned_random(P, 41, 0.2f), *w2 = pinned_random(P, 42, 0.2f);
     float *x = pinned_random(NC, 43, 1.0f), *dy = pinned_random(NC, 44, 1.0f);
@@ -534,12 +440,12 @@ static void swap_masks_check(const char *fuse)
         chain_equal(&run, &ref, NC, P);
         vector<char> r1(h1.base, h1.base + region), r2(h2.base, h2.base + region);
         /* clipping's second pass: the same backwards from the same saved buffers */
-        assert_int_equal(fy_cu_gpt_block_backward(g, 2, w2, run.y1, dy, again.dx2, again.dw2, &s2),
-                         0);
-        assert_int_equal(fy_cu_gpt_block_backward(g, 1, w1, x, run.dx2, again.dx1, again.dw1, &s1),
-                         0);
-        assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-        assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+        assert_int_equal(
+            fy_cu_model_block_backward(g, 2, w2, run.y1, dy, again.dx2, again.dw2, &s2), 0);
+        assert_int_equal(
+            fy_cu_model_block_backward(g, 1, w1, x, run.dx2, again.dx1, again.dw1, &s1), 0);
+        assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+        assert_int_equal(fy_cu_model_finish(g, NULL), 0);
         assert_memory_equal(again.dx2, ref.dx2, NC * sizeof(float));
         assert_memory_equal(again.dw2, ref.dw2, P * sizeof(float));
         assert_memory_equal(again.dx1, ref.dx1, NC * sizeof(float));
@@ -551,10 +457,10 @@ static void swap_masks_check(const char *fuse)
         vector<char> k1 = saved_bytes(&h1, mask), k2 = saved_bytes(&h2, mask);
         memset(h1.base, 0x5a, region);
         memset(h2.base, 0x5a, region);
-        assert_int_equal(fy_cu_gpt_block_forward(g, 1, w1, x, again.y1, &s1), 0);
-        assert_int_equal(fy_cu_gpt_block_forward(g, 2, w2, again.y1, again.y2, &s2), 0);
-        assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-        assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+        assert_int_equal(fy_cu_model_block_forward(g, 1, w1, x, again.y1, &s1), 0);
+        assert_int_equal(fy_cu_model_block_forward(g, 2, w2, again.y1, again.y2, &s2), 0);
+        assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+        assert_int_equal(fy_cu_model_finish(g, NULL), 0);
         assert_memory_equal(again.y2, ref.y2, NC * sizeof(float));
         vector<char> k1b = saved_bytes(&h1, mask), k2b = saved_bytes(&h2, mask);
         assert_int_equal(k1b.size(), k1.size());
@@ -568,8 +474,9 @@ static void swap_masks_check(const char *fuse)
     }
     /* after swapped forwards of the kept block (its set left spent), a plain backward recomputes,
      * to the same bytes */
-    assert_int_equal(fy_cu_gpt_block_backward(g, 2, w2, ref.y1, dy, again.dx2, again.dw2, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(
+        fy_cu_model_block_backward(g, 2, w2, ref.y1, dy, again.dx2, again.dw2, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(again.dx2, ref.dx2, NC * sizeof(float));
     assert_memory_equal(again.dw2, ref.dw2, P * sizeof(float));
     chain_free(&ref);
@@ -579,7 +486,7 @@ static void swap_masks_check(const char *fuse)
         cudaFreeHost(p);
     cudaFreeHost(h1.base);
     cudaFreeHost(h2.base);
-    fy_cu_gpt_destroy(&g);
+    fy_cu_model_destroy(&g);
     fy_cu_arena_release(&arena);
 }
 
@@ -610,50 +517,50 @@ static void test_swap_refusals(void **state)
     ln1.at[FY_ACT_LN1] = h.base;
 
     struct fy_cu_arena arena;
-    struct fy_cu_gpt *g = swap_unit(&arena, FY_CU_GPT_QUEUE, NULL, NULL);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w, x, run.y1, &qkv), -EINVAL);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &qkv), -EINVAL);
-    assert_int_equal(fy_cu_gpt_pending(g), 0);
-    assert_int_equal(fy_cu_gpt_swap_sets(g, &arena), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w, x, run.y1, &ln1), -EINVAL);
-    assert_int_equal(fy_cu_gpt_pending(g), 0);
-    fy_cu_gpt_destroy(&g);
+    struct fy_cu_model *g = swap_unit(&arena, FY_CU_QUEUE, NULL, NULL);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &qkv), -EINVAL);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &qkv), -EINVAL);
+    assert_int_equal(fy_cu_model_pending(g), 0);
+    assert_int_equal(fy_cu_model_swap_sets(g, &arena), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &ln1), -EINVAL);
+    assert_int_equal(fy_cu_model_pending(g), 0);
+    fy_cu_model_destroy(&g);
     fy_cu_arena_release(&arena);
 
     /* kept sets first, then the swap sets: refused */
-    g = swap_unit(&arena, FY_CU_GPT_QUEUE + 1, NULL, NULL);
-    assert_int_equal(fy_cu_gpt_keep_layers(g, &arena, 1), 1);
-    assert_int_equal(fy_cu_gpt_swap_sets(g, &arena), -EBUSY);
-    fy_cu_gpt_destroy(&g);
+    g = swap_unit(&arena, FY_CU_QUEUE + 1, NULL, NULL);
+    assert_int_equal(fy_cu_model_keep_layers(g, &arena, 1), 1);
+    assert_int_equal(fy_cu_model_swap_sets(g, &arena), -EBUSY);
+    fy_cu_model_destroy(&g);
     fy_cu_arena_release(&arena);
     /* room for one set of the two */
     g = swap_unit(&arena, 1, NULL, NULL);
     size_t used = arena.used;
-    assert_int_equal(fy_cu_gpt_swap_sets(g, &arena), -ENOMEM);
+    assert_int_equal(fy_cu_model_swap_sets(g, &arena), -ENOMEM);
     assert_int_equal(arena.used, used);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w, x, run.y1, &qkv), -EINVAL);
-    fy_cu_gpt_destroy(&g);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &qkv), -EINVAL);
+    fy_cu_model_destroy(&g);
     fy_cu_arena_release(&arena);
 
     /* the materialised attention */
-    g = swap_unit(&arena, FY_CU_GPT_QUEUE, NULL, "materialised");
-    assert_int_equal(fy_cu_gpt_swap_sets(g, &arena), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w, x, run.y1, &attn), -ENOTSUP);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &attn), -ENOTSUP);
-    assert_int_equal(fy_cu_gpt_pending(g), 0);
+    g = swap_unit(&arena, FY_CU_QUEUE, NULL, "materialised");
+    assert_int_equal(fy_cu_model_swap_sets(g, &arena), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &attn), -ENOTSUP);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &attn), -ENOTSUP);
+    assert_int_equal(fy_cu_model_pending(g), 0);
     struct fy_block_saved some = saved_of(&h, KBIT(QKV) | KBIT(RESID) | KBIT(FC));
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w, x, ref.y1, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w, x, dy, ref.dx1, ref.dw1, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w, x, run.y1, &some), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &some), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, ref.y1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, ref.dx1, ref.dw1, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &some), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &some), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(run.y1, ref.y1, NC * sizeof(float));
     assert_memory_equal(run.dx1, ref.dx1, NC * sizeof(float));
     assert_memory_equal(run.dw1, ref.dw1, P * sizeof(float));
-    fy_cu_gpt_destroy(&g);
+    fy_cu_model_destroy(&g);
     fy_cu_arena_release(&arena);
 
     chain_free(&ref);
@@ -663,7 +570,7 @@ static void test_swap_refusals(void **state)
     cudaFreeHost(h.base);
 }
 
-/* ---- the activation planner's profile (fy_cu_gpt_profile) ---- */
+/* ---- the activation planner's profile (fy_cu_model_profile) ---- */
 
 /* Large enough that the block's products, not kernel launches, make up its times. */
 static const struct fy_model_config prof_cfg = {1, 8, 1024, 131, 512};
@@ -671,17 +578,17 @@ static const int PB = 4, PT = 512;
 
 /* A unit with FUYOU_CUDA_FUSE named ("0": separate GELU and residual kernels) and its one block
  * kept, in an arena with room for that set. */
-static struct fy_cu_gpt *profile_unit(struct fy_cu_arena *arena, const char *fuse)
+static struct fy_cu_model *profile_unit(struct fy_cu_arena *arena, const char *fuse)
 {
     setenv("FUYOU_CUDA_FUSE", fuse, 1);
-    size_t need = fy_cu_gpt_arena_bytes(&prof_cfg, PB, PT);
-    int rc = fy_cu_arena_init(arena, need + fy_cu_gpt_acts_bytes(&prof_cfg, PB, PT));
-    struct fy_cu_gpt *g = NULL;
+    size_t need = fy_cu_model_arena_bytes(&prof_cfg, PB, PT);
+    int rc = fy_cu_arena_init(arena, need + fy_cu_model_set_bytes(&prof_cfg, PB, PT));
+    struct fy_cu_model *g = NULL;
     if (rc == 0)
-        rc = fy_cu_gpt_new(&g, arena, &prof_cfg, PB, PT);
+        rc = fy_cu_model_new(&g, arena, &prof_cfg, PB, PT);
     unsetenv("FUYOU_CUDA_FUSE");
     assert_int_equal(rc, 0);
-    assert_int_equal(fy_cu_gpt_keep_layers(g, arena, 1), 1);
+    assert_int_equal(fy_cu_model_keep_layers(g, arena, 1), 1);
     return g;
 }
 
@@ -692,33 +599,33 @@ static struct fy_cu_gpt *profile_unit(struct fy_cu_arena *arena, const char *fus
  * and backward (recomputed), both in flight at once. With prof given the profile runs between
  * the kept block's forward and backward, with the caller's per-op timing on, whose table must
  * come back as it was. */
-static void profile_calls(struct fy_cu_gpt *g, struct fy_cu_arena *arena, const float *w,
+static void profile_calls(struct fy_cu_model *g, struct fy_cu_arena *arena, const float *w,
                           const float *x, const float *dy, float *const *out, void *host,
                           size_t host_bytes, struct fy_block_profile *prof)
 {
     if (prof != NULL)
-        fy_cu_gpt_set_timing(g, 1);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 1, w, x, out[0], NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+        fy_cu_gpt2_set_timing(gpt2_units(g), 1);
+    assert_int_equal(fy_cu_model_block_forward(g, 1, w, x, out[0], NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     if (prof != NULL) {
-        const struct fy_cu_gpt_op *ops;
-        int n = fy_cu_gpt_timings(g, &ops);
+        const struct fy_cu_gpt2_op *ops;
+        int n = fy_cu_gpt2_timings(gpt2_units(g), &ops);
         assert_true(n > 0);
-        vector<struct fy_cu_gpt_op> before(ops, ops + n);
+        vector<struct fy_cu_gpt2_op> before(ops, ops + n);
         size_t used = arena->used;
-        assert_int_equal(fy_cu_gpt_profile(g, arena, host, host_bytes, prof), 0);
+        assert_int_equal(fy_cu_model_profile(g, arena, host, host_bytes, prof), 0);
         assert_int_equal(arena->used, used);
         assert_int_equal(prof->gpu_free, arena->size - arena->used);
-        assert_int_equal(fy_cu_gpt_timings(g, &ops), n);
+        assert_int_equal(fy_cu_gpt2_timings(gpt2_units(g), &ops), n);
         assert_memory_equal(ops, before.data(), n * sizeof *ops);
-        fy_cu_gpt_set_timing(g, 0);
+        fy_cu_gpt2_set_timing(gpt2_units(g), 0);
     }
-    assert_int_equal(fy_cu_gpt_block_backward(g, 1, w, x, dy, out[1], out[2], NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_forward(g, 0, w, x, out[3], NULL), 0);
-    assert_int_equal(fy_cu_gpt_block_backward(g, 0, w, x, dy, out[4], out[5], NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 1, w, x, dy, out[1], out[2], NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, out[3], NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, out[4], out[5], NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
 }
 
 static void profile_expect_sane(const struct fy_block_profile *p, int fused)
@@ -754,7 +661,7 @@ static void profile_expect_sane(const struct fy_block_profile *p, int fused)
     assert_true(p->h2d_Bps > 1e8 && std::isfinite(p->h2d_Bps));
     assert_true(p->d2h_Bps > 1e8 && std::isfinite(p->d2h_Bps));
     assert_true(p->duplex_Bps > 1e8 && std::isfinite(p->duplex_Bps));
-    assert_int_equal(p->set_bytes, fy_cu_gpt_acts_bytes(&prof_cfg, PB, PT));
+    assert_int_equal(p->set_bytes, fy_cu_model_set_bytes(&prof_cfg, PB, PT));
 }
 
 /* The profile of each flavour is sane (times positive and finite where the kinds are produced,
@@ -765,7 +672,7 @@ static void profile_expect_sane(const struct fy_block_profile *p, int fused)
 static void profile_check(const char *fuse)
 {
     struct fy_cu_arena arena, ref_arena;
-    struct fy_cu_gpt *g = profile_unit(&arena, fuse), *ref = profile_unit(&ref_arena, fuse);
+    struct fy_cu_model *g = profile_unit(&arena, fuse), *ref = profile_unit(&ref_arena, fuse);
     size_t P = fy_model_unit_params(&prof_cfg, 1), NC = (size_t)PB * PT * prof_cfg.n_embd;
     float *w = pinned_random(P, 61, 0.05f), *x = pinned_random(NC, 62, 1.0f);
     float *dy = pinned_random(NC, 63, 1.0f);
@@ -787,7 +694,7 @@ static void profile_check(const char *fuse)
         assert_memory_equal(got[i], want[i], n[i] * sizeof(float));
     /* a second profile of the same unit measures the same things */
     struct fy_block_profile again;
-    assert_int_equal(fy_cu_gpt_profile(g, &arena, host, host_bytes, &again), 0);
+    assert_int_equal(fy_cu_model_profile(g, &arena, host, host_bytes, &again), 0);
     profile_expect_sane(&again, strcmp(fuse, "0") != 0);
     for (int i = 0; i < PROFILE_OUTS; i++) {
         cudaFreeHost(got[i]);
@@ -796,8 +703,8 @@ static void profile_check(const char *fuse)
     for (float *p : {w, x, dy})
         cudaFreeHost(p);
     cudaFreeHost(host);
-    fy_cu_gpt_destroy(&g);
-    fy_cu_gpt_destroy(&ref);
+    fy_cu_model_destroy(&g);
+    fy_cu_model_destroy(&ref);
     fy_cu_arena_release(&arena);
     fy_cu_arena_release(&ref_arena);
 }
@@ -823,17 +730,17 @@ static void test_profile_refusals(void **state)
     void *host = NULL;
     CK(cudaHostAlloc(&host, mib, cudaHostAllocDefault));
     struct fy_block_profile prof;
-    assert_int_equal(fy_cu_gpt_profile(f.g, &f.arena, host, mib - 1, &prof), -EINVAL);
-    assert_int_equal(fy_cu_gpt_profile(f.g, &f.arena, NULL, mib, &prof), -EINVAL);
+    assert_int_equal(fy_cu_model_profile(f.g, &f.arena, host, mib - 1, &prof), -EINVAL);
+    assert_int_equal(fy_cu_model_profile(f.g, &f.arena, NULL, mib, &prof), -EINVAL);
     vector<char> pageable(2 * mib);
-    assert_int_equal(fy_cu_gpt_profile(f.g, &f.arena, pageable.data(), 2 * mib, &prof), -EINVAL);
-    assert_int_equal(fy_cu_gpt_block_forward(f.g, 0, w, x, y, NULL), 0);
-    assert_int_equal(fy_cu_gpt_profile(f.g, &f.arena, host, mib, &prof), -EBUSY);
-    assert_int_equal(fy_cu_gpt_pending(f.g), 1);
-    assert_int_equal(fy_cu_gpt_finish(f.g, NULL), 0);
-    assert_int_equal(fy_cu_gpt_profile(f.g, &f.arena, host, mib, &prof), 0);
+    assert_int_equal(fy_cu_model_profile(f.g, &f.arena, pageable.data(), 2 * mib, &prof), -EINVAL);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w, x, y, NULL), 0);
+    assert_int_equal(fy_cu_model_profile(f.g, &f.arena, host, mib, &prof), -EBUSY);
+    assert_int_equal(fy_cu_model_pending(f.g), 1);
+    assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
+    assert_int_equal(fy_cu_model_profile(f.g, &f.arena, host, mib, &prof), 0);
     assert_true(prof.fwd_s > 0 && prof.h2d_Bps > 0 && prof.duplex_Bps > 0);
-    assert_int_equal(fy_cu_gpt_pending(f.g), 0);
+    assert_int_equal(fy_cu_model_pending(f.g), 0);
     for (float *p : {w, x, y})
         cudaFreeHost(p);
     cudaFreeHost(host);
@@ -845,16 +752,15 @@ int main(void)
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
-        printf("test_cu_gpt: SKIPPED: no usable CUDA device (cudaGetDeviceCount: %s, %d devices)\n",
+        printf("test_cu_model: SKIPPED: no usable CUDA device (cudaGetDeviceCount: %s, %d "
+               "devices)\n",
                e != cudaSuccess ? cudaGetErrorString(e) : "ok", count);
         return FY_TEST_SKIP;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kept_equals_recomputed),
         cmocka_unit_test(test_queued_host_calls),
         cmocka_unit_test(test_chained_queued_calls),
         cmocka_unit_test(test_host_calls_keep_layers),
-        cmocka_unit_test(test_set_that_does_not_fit),
         cmocka_unit_test(test_swapped_equals_recomputed),
         cmocka_unit_test(test_swap_refusals),
         cmocka_unit_test(test_profile_sane),
