@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,17 @@
 
 #include "common/pool.h"
 #include "io_worker/store.h"
+
+int fy_chaos_start(const char *program)
+{
+    signal(SIGCHLD, SIG_DFL);
+    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 || access(FY_CHAOS_SAMPLE_TEXT, R_OK) != 0) {
+        fprintf(stderr, "%s: run from the repository root after make\n", program);
+        return 1;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    return 0;
+}
 
 int fy_chaos_group_setup(void **state)
 {

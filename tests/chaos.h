@@ -28,6 +28,12 @@ struct fy_chaos_paths {
     char run[512], out[600], metrics[600], log[600], store[600], data[700];
 };
 
+/* What a program's main does first: SIGCHLD to its default (waitpid must see the children,
+ * whatever was inherited), the check that it runs from the repository root after make
+ * (fuyou-launch built, the sample text there), and stdout line-buffered (the lines printed for
+ * the record come in order with the launcher's). 0, or 1 after saying so, naming `program`. */
+int fy_chaos_start(const char *program);
+
 /* cmocka group setup and teardown: *state = a struct fy_chaos, its token file the sample text's. */
 int fy_chaos_group_setup(void **state);
 int fy_chaos_group_teardown(void **state);

@@ -7,9 +7,22 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+int fy_trainutil_start(const char *program)
+{
+    signal(SIGCHLD, SIG_DFL);
+    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 ||
+        access(FY_TRAINUTIL_SAMPLE_TEXT, R_OK) != 0) {
+        fprintf(stderr, "%s: run from the repository root after make\n", program);
+        return 1;
+    }
+    return 0;
+}
 
 int fy_trainutil_setup(void **state)
 {

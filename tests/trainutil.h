@@ -18,6 +18,11 @@
 #define FY_TRAINUTIL_STR_(x) #x
 #define FY_TRAINUTIL_STR(x) FY_TRAINUTIL_STR_(x)
 
+/* What a program's main does first: SIGCHLD to its default (waitpid must see the children,
+ * whatever was inherited), and the check that it runs from the repository root after make
+ * (fuyou-launch built, the sample text there). 0, or 1 after saying so, naming `program`. */
+int fy_trainutil_start(const char *program);
+
 /* cmocka setup and teardown: a fixture (fy_test_setup) whose token file is the sample text's. */
 int fy_trainutil_setup(void **state);
 int fy_trainutil_teardown(void **state);

@@ -495,12 +495,8 @@ static void test_export_killed_beside_training(void **state)
 
 int main(void)
 {
-    signal(SIGCHLD, SIG_DFL);
-    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 || access(FY_CHAOS_SAMPLE_TEXT, R_OK) != 0) {
-        fprintf(stderr, "test_chaos: run from the repository root after make\n");
+    if (fy_chaos_start("test_chaos") != 0)
         return 1;
-    }
-    setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_run),
         cmocka_unit_test(test_gpu_worker_killed),

@@ -732,12 +732,8 @@ static void test_pre_commit_store_refused(void **state)
 
 int main(void)
 {
-    signal(SIGCHLD, SIG_DFL);
-    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 || access(FY_CHAOS_SAMPLE_TEXT, R_OK) != 0) {
-        fprintf(stderr, "test_chaos_store: run from the repository root after make\n");
+    if (fy_chaos_start("test_chaos_store") != 0)
         return 1;
-    }
-    setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_run),
         cmocka_unit_test(test_relocated_run),

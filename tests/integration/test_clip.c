@@ -9,11 +9,9 @@
 #include <cmocka.h>
 
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/ckpt.h"
 #include "common/model.h"
@@ -333,12 +331,8 @@ static void test_clipping_matches_reference(void **state)
 
 int main(void)
 {
-    signal(SIGCHLD, SIG_DFL);
-    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 ||
-        access(FY_TRAINUTIL_SAMPLE_TEXT, R_OK) != 0) {
-        fprintf(stderr, "test_clip: run from the repository root after make\n");
+    if (fy_trainutil_start("test_clip") != 0)
         return 1;
-    }
     const struct CMUnitTest tests[] = {
         FY_TRAINUTIL_TEST(test_clipping_overlap_matches_serial),
         FY_TRAINUTIL_TEST(test_clipping_huge_bound_is_unclipped),

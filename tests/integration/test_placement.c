@@ -9,12 +9,10 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include "tests/testutil.h"
 #include "tests/trainutil.h"
@@ -494,12 +492,8 @@ static void test_bf16_weights_agree(void **state)
 
 int main(void)
 {
-    signal(SIGCHLD, SIG_DFL);
-    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 ||
-        access(FY_TRAINUTIL_SAMPLE_TEXT, R_OK) != 0) {
-        fprintf(stderr, "test_placement: run from the repository root after make\n");
+    if (fy_trainutil_start("test_placement") != 0)
         return 1;
-    }
     const struct CMUnitTest tests[] = {
         FY_TRAINUTIL_TEST(test_forward_waits_for_its_unit_only),
         FY_TRAINUTIL_TEST(test_updates_lowest_unit_first),

@@ -11,7 +11,6 @@
 
 #include <dirent.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -680,12 +679,8 @@ static void test_bench_pipeline_table(void **state)
 
 int main(void)
 {
-    signal(SIGCHLD, SIG_DFL);
-    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 ||
-        access(FY_TRAINUTIL_SAMPLE_TEXT, R_OK) != 0) {
-        fprintf(stderr, "test_plan_cmd: run from the repository root after make\n");
+    if (fy_trainutil_start("test_plan_cmd") != 0)
         return 1;
-    }
     const struct CMUnitTest tests[] = {
         FY_TRAINUTIL_TEST(test_trace_and_busy_metrics),
         FY_TRAINUTIL_TEST(test_ssd_rates_carried),

@@ -455,12 +455,8 @@ static void test_export_and_init_refuse_overwrite(void **state)
 
 int main(void)
 {
-    signal(SIGCHLD, SIG_DFL);
-    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 ||
-        access(FY_TRAINUTIL_SAMPLE_TEXT, R_OK) != 0) {
-        fprintf(stderr, "test_train: run from the repository root after make\n");
+    if (fy_trainutil_start("test_train") != 0)
         return 1;
-    }
     const struct CMUnitTest tests[] = {
         FY_TRAINUTIL_TEST(test_store_run_matches_inprocess),
         FY_TRAINUTIL_TEST(test_heldout_loss_falls),
