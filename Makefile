@@ -66,6 +66,8 @@ BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 GPU_BENCH_BINS := $(if $(NVCC),$(patsubst tests/bench/%.cu,$(BUILD)/bench/%,$(wildcard tests/bench/bench_*.cu)))
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o $(BUILD)/obj/tests/refmodel.o
+# Helpers that assert with cmocka: linked into the test programs, not the benchmarks.
+TEST_CMOCKA_HELPERS := $(BUILD)/obj/tests/trainutil.o $(BUILD)/obj/tests/chaos.o
 
 .PHONY: all deps deps-python check-deps results test test-gpu bench bench-gpu bench-pipeline bench-affinity tests benches demo clean
 all: check-deps $(BINS)
@@ -117,7 +119,7 @@ $(BINS):
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(if $(CU_SRCS),-lstdc++)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELPERS) $(LIB)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELPERS) $(TEST_CMOCKA_HELPERS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(TEST_LIBS) $(LDLIBS) $(if $(CU_SRCS),-lstdc++)
 

@@ -4,7 +4,7 @@
  * from the file and from memory alike; the cap on what waits; and the lines said lost at the end.
  * The file system refuses through the process's file size limit (RLIMIT_FSIZE, SIGXFSZ ignored):
  * the kernel's own short write and EFBIG, as a full disk gives a short write and ENOSPC; the
- * integration test test_chaos fills a real file system. */
+ * integration test test_chaos_store fills a real file system. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -124,7 +124,7 @@ static void test_regions_by_hand(void **state)
 
 /* No --cpu-mem: every unit streams. A step reads each unit's master section and state (73728 +
  * 221184, 2 x (200704 + 602112), 4096 + 12288 bytes) and writes the state back; PCIe as the
- * prediction test in test_train works out (1276928 bytes up, 736256 down); the store holds two
+ * prediction test in test_plan_cmd works out (1276928 bytes up, 736256 down); the store holds two
  * copies of the state and both commit records; one more for the checkpoints on it: x_0 and x_1
  * written and read, 64 KiB in a scratch extent of the smallest class, 1 MiB. */
 static void test_streamed_by_hand(void **state)

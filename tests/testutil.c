@@ -162,6 +162,19 @@ const char *fy_test_desc_diff(const struct fy_desc *a, const struct fy_desc *b)
     return "";
 }
 
+double fy_test_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+void fy_test_pause_ms(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&t, NULL);
+}
+
 int fy_test_start(const char *program, const char *const *args, const char *log)
 {
     pid_t pid = fork();

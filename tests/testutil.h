@@ -59,6 +59,11 @@ int fy_test_count_shm(const char *prefix);
 /* Reads a whole file into a malloc'd NUL-terminated buffer; NULL on error. */
 char *fy_test_slurp(const char *path, size_t *len);
 
+/* CLOCK_MONOTONIC in seconds. */
+double fy_test_now_s(void);
+/* Sleeps ms milliseconds. */
+void fy_test_pause_ms(int ms);
+
 /* Starts build/bin/PROGRAM with args (NULL-terminated, without argv[0]), stdout and stderr appended
  * to log; returns the pid (or -1). */
 int fy_test_start(const char *program, const char *const *args, const char *log);

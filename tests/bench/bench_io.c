@@ -119,14 +119,20 @@ static int alternate(struct fy_ring *r, char *mem, unsigned slots, uint64_t size
     return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line. */
+struct bench_args {
+    const char *file, *rw;
+    uint64_t size, block, chunk;
+    unsigned long qd;
+    long gap_ms;
+    double seconds;
+    int alternating, writing;
+};
+
+/* Reads and checks the options into a; -1 to go on, else the exit code (0 after --help). */
+static int parse_args(int argc, char **argv, struct bench_args *a)
 {
-    fy_log_init("bench", FY_LOG_WARN);
-    const char *file = NULL, *rw = NULL;
-    uint64_t size = 0, block = 1 << 20, chunk = 0;
-    unsigned long qd = 32;
-    long gap_ms = 0;
-    double seconds = 5.0;
+    *a = (struct bench_args){.block = 1 << 20, .qd = 32, .seconds = 5.0};
     static const struct option longopts[] = {
         {"file", required_argument, 0, 'f'}, {"size", required_argument, 0, 's'},
         {"block", required_argument, 0, 'b'}, {"qd", required_argument, 0, 'q'},
@@ -136,67 +142,126 @@ int main(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
-        case 'f': file = optarg; break;
+        case 'f': a->file = optarg; break;
         case 's':
-            if (parse_size(optarg, &size) < 0) {
+            if (parse_size(optarg, &a->size) < 0) {
                 fprintf(stderr, "bench_io: --size %s is not a size such as 4G\n", optarg);
                 return 2;
             }
             break;
         case 'b':
-            if (parse_size(optarg, &block) < 0) {
+            if (parse_size(optarg, &a->block) < 0) {
                 fprintf(stderr, "bench_io: --block %s is not a size such as 1M\n", optarg);
                 return 2;
             }
             break;
         case 'c':
-            if (parse_size(optarg, &chunk) < 0) {
+            if (parse_size(optarg, &a->chunk) < 0) {
                 fprintf(stderr, "bench_io: --chunk %s is not a size such as 256M\n", optarg);
                 return 2;
             }
             break;
-        case 'g': gap_ms = strtol(optarg, NULL, 10); break;
-        case 'q': qd = strtoul(optarg, NULL, 10); break;
-        case 'r': rw = optarg; break;
-        case 't': seconds = strtod(optarg, NULL); break;
+        case 'g': a->gap_ms = strtol(optarg, NULL, 10); break;
+        case 'q': a->qd = strtoul(optarg, NULL, 10); break;
+        case 'r': a->rw = optarg; break;
+        case 't': a->seconds = strtod(optarg, NULL); break;
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }
     }
-    int alternating = rw != NULL && strcmp(rw, "alternate") == 0;
-    if (file == NULL || rw == NULL || size == 0 ||
-        (strcmp(rw, "read") && strcmp(rw, "write") && !alternating)) {
+    a->alternating = a->rw != NULL && strcmp(a->rw, "alternate") == 0;
+    if (a->file == NULL || a->rw == NULL || a->size == 0 ||
+        (strcmp(a->rw, "read") && strcmp(a->rw, "write") && !a->alternating)) {
         usage();
         return 2;
     }
-    if (alternating && (chunk == 0 || chunk % block || size % chunk || gap_ms < 0)) {
+    if (a->alternating &&
+        (a->chunk == 0 || a->chunk % a->block || a->size % a->chunk || a->gap_ms < 0)) {
         fprintf(stderr, "bench_io: --rw alternate needs a --chunk that is a multiple of --block "
                         "and divides --size, and a --gap-ms of 0 or more\n");
         return 2;
     }
-    if (block == 0 || block % 4096 || size % block || qd == 0 || qd > 4096) {
+    if (a->block == 0 || a->block % 4096 || a->size % a->block || a->qd == 0 || a->qd > 4096) {
         fprintf(stderr, "bench_io: --block must be a non-zero multiple of 4096 dividing --size, "
                         "and --qd between 1 and 4096\n");
         return 2;
     }
-    int writing = strcmp(rw, "write") == 0;
-    int fd = open(file, O_RDWR | O_DIRECT | (writing ? O_CREAT : 0), 0644);
+    a->writing = strcmp(a->rw, "write") == 0;
+    return -1;
+}
+
+/* --rw read|write: the file's blocks in order, round and round, every slot kept busy, for at
+ * least a->seconds and one pass; prints the rate. */
+static int sequential(struct fy_ring *r, char *mem, unsigned slots, const struct bench_args *a)
+{
+    uint64_t block = a->block, nblocks = a->size / block, next = 0, issued = 0, completed = 0;
+    uint64_t passes_blocks = 0;
+    unsigned outstanding = 0;
+    struct fy_io_done done[64];
+    int rc = 0;
+    double t0 = now_s(), elapsed = 0;
+    int stop = 0;
+    for (;;) {
+        while (!stop && outstanding < slots) {
+            struct fy_io_req q = {.dir = a->writing ? FY_IO_WRITE : FY_IO_READ,
+                                  .file = 0,
+                                  .file_offset = next * block,
+                                  .buf = mem + (size_t)(issued % slots) * block,
+                                  .len = block,
+                                  .tag = issued};
+            if ((rc = fy_ring_submit(r, &q)) < 0)
+                return rc;
+            issued++;
+            outstanding++;
+            if (++next == nblocks)
+                next = 0;
+        }
+        if (outstanding == 0)
+            break;
+        int n = fy_ring_poll(r, done, 64, 10000);
+        if (n < 0)
+            return n;
+        for (int i = 0; i < n; i++)
+            if (done[i].result < 0)
+                return done[i].result;
+        outstanding -= (unsigned)n;
+        completed += (uint64_t)n;
+        passes_blocks += (uint64_t)n;
+        elapsed = now_s() - t0;
+        if (!stop && elapsed >= a->seconds && passes_blocks >= nblocks)
+            stop = 1;
+    }
+    elapsed = now_s() - t0;
+    double bytes = (double)completed * (double)block;
+    printf("fuyou-io rw=%s bs=%" PRIu64 " qd=%lu bytes=%.0f seconds=%.3f GBps=%.3f\n", a->rw,
+           block, a->qd, bytes, elapsed, bytes / elapsed / 1e9);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    fy_log_init("bench", FY_LOG_WARN);
+    struct bench_args a;
+    int exit_code = parse_args(argc, argv, &a);
+    if (exit_code >= 0)
+        return exit_code;
+    int fd = open(a.file, O_RDWR | O_DIRECT | (a.writing ? O_CREAT : 0), 0644);
     if (fd < 0) {
-        fprintf(stderr, "bench_io: open %s with O_DIRECT: %s\n", file, strerror(errno));
+        fprintf(stderr, "bench_io: open %s with O_DIRECT: %s\n", a.file, strerror(errno));
         return 1;
     }
-    if (!writing) { /* reading, or alternating: the file holds data already */
+    if (!a.writing) { /* reading, or alternating: the file holds data already */
         off_t end = lseek(fd, 0, SEEK_END);
-        if (end < (off_t)size) {
+        if (end < (off_t)a.size) {
             fprintf(stderr, "bench_io: %s holds %lld bytes, fewer than --size %" PRIu64
                             ": lay it out first with --rw write\n",
-                    file, (long long)end, size);
+                    a.file, (long long)end, a.size);
             return 1;
         }
     }
     /* Twice the queue depth in slots, so the ring refills from its own queue without a gap. */
-    unsigned slots = (unsigned)qd * 2;
-    size_t mem_len = (size_t)slots * block;
+    unsigned slots = (unsigned)a.qd * 2;
+    size_t mem_len = (size_t)slots * a.block;
     char *mem = mmap(NULL, mem_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) {
         fprintf(stderr, "bench_io: mmap %zu bytes: %s\n", mem_len, strerror(errno));
@@ -206,74 +271,20 @@ int main(int argc, char **argv)
         *(uint64_t *)(mem + i) = i * 0x9e3779b97f4a7c15ull;
 
     struct fy_ring *r = NULL;
-    struct fy_ring_opts ro = {.queue_depth = (unsigned)qd, .block_size = block};
-    const char *names[1] = {file};
+    struct fy_ring_opts ro = {.queue_depth = (unsigned)a.qd, .block_size = a.block};
+    const char *names[1] = {a.file};
     if (fy_ring_new(&r, &ro) < 0 || fy_ring_register_memory(r, mem, mem_len) < 0 ||
         fy_ring_register_files(r, &fd, names, 1) < 0)
         return 1;
 
-    if (alternating) {
-        int rc = alternate(r, mem, slots, size, block, chunk, seconds, gap_ms, qd);
-        fy_ring_destroy(&r);
-        close(fd);
-        munmap(mem, mem_len);
-        if (rc < 0) {
-            fprintf(stderr, "bench_io: alternate failed: %s\n", strerror(-rc));
-            return 1;
-        }
-        return 0;
-    }
-    uint64_t nblocks = size / block, next = 0, issued = 0, completed = 0, passes_blocks = 0;
-    unsigned outstanding = 0;
-    struct fy_io_done done[64];
-    int rc = 0;
-    double t0 = now_s(), elapsed = 0;
-    int stop = 0;
-    for (;;) {
-        while (!stop && outstanding < slots) {
-            struct fy_io_req q = {.dir = writing ? FY_IO_WRITE : FY_IO_READ,
-                                  .file = 0,
-                                  .file_offset = next * block,
-                                  .buf = mem + (size_t)(issued % slots) * block,
-                                  .len = block,
-                                  .tag = issued};
-            if ((rc = fy_ring_submit(r, &q)) < 0)
-                goto out;
-            issued++;
-            outstanding++;
-            if (++next == nblocks)
-                next = 0;
-        }
-        if (outstanding == 0)
-            break;
-        int n = fy_ring_poll(r, done, 64, 10000);
-        if (n < 0) {
-            rc = n;
-            goto out;
-        }
-        for (int i = 0; i < n; i++) {
-            if (done[i].result < 0) {
-                rc = done[i].result;
-                goto out;
-            }
-        }
-        outstanding -= (unsigned)n;
-        completed += (uint64_t)n;
-        passes_blocks += (uint64_t)n;
-        elapsed = now_s() - t0;
-        if (!stop && elapsed >= seconds && passes_blocks >= nblocks)
-            stop = 1;
-    }
-    elapsed = now_s() - t0;
-    double bytes = (double)completed * (double)block;
-    printf("fuyou-io rw=%s bs=%" PRIu64 " qd=%lu bytes=%.0f seconds=%.3f GBps=%.3f\n", rw, block,
-           qd, bytes, elapsed, bytes / elapsed / 1e9);
-out:
+    int rc = a.alternating ? alternate(r, mem, slots, a.size, a.block, a.chunk, a.seconds,
+                                       a.gap_ms, a.qd)
+                           : sequential(r, mem, slots, &a);
     fy_ring_destroy(&r);
     close(fd);
     munmap(mem, mem_len);
-    if (rc < 0) {
-        fprintf(stderr, "bench_io: %s failed: %s\n", rw, strerror(-rc));
+    if (rc < 0) { /* "alternate failed" for --rw alternate, as rw says */
+        fprintf(stderr, "bench_io: %s failed: %s\n", a.rw, strerror(-rc));
         return 1;
     }
     return 0;

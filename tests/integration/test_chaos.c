@@ -1,11 +1,10 @@
 /* Fault isolation of long runs, through the real processes on the CPU backend: workers and the
- * launcher killed (SIGKILL) at seeded random moments, a worker that stops answering, damaged state
- * and commit records on the SSD, and a full SSD. Each run must end with the losses and final
- * weights of a run never disturbed, bit for bit, and leave no process, shared memory or temporary
- * file behind. The kills and recovery times are printed for the record. */
+ * launcher killed (SIGKILL) at seeded random moments, a worker that stops answering, the launcher
+ * stopped and continued, a store of one copy of the state, and exports beside a training run, one
+ * of them killed. Each run must end with the losses and final weights of a run never disturbed, bit
+ * for bit, and leave no process, shared memory or temporary file behind. The kills and recovery
+ * times are printed for the record. (The store damaged, full or moved: test_chaos_store.) */
 #include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -16,93 +15,18 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
-#include "common/ckpt.h"
-#include "common/optstate.h"
 #include "common/pool.h"
 #include "io_worker/store.h"
+#include "tests/chaos.h"
 #include "tests/testutil.h"
 
-#define SAMPLE_TEXT "tests/fixtures/sample.txt"
-#define STEPS "48"
+static void test_reference_run(void **state) { fy_chaos_reference_run(state); }
 #define KILLS_PER_WORKER 8
 #define LAUNCHER_KILLS 8
-
-/* The group's scratch: the token file, and the losses and weights of the undisturbed run. */
-struct chaos {
-    struct fy_test_fixture *f;
-    char *ref_losses;
-    char *ref_weights;
-    size_t ref_len;
-};
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void pause_ms(int ms)
-{
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&t, NULL);
-}
-
-/* The mount point of test_full_filesystem while mounted, for the group's teardown. */
-static char mounted[600];
-
-static int run_cmd(const char *cmd)
-{
-    int rc = system(cmd);
-    return rc == -1 || !WIFEXITED(rc) ? -1 : WEXITSTATUS(rc);
-}
-
-static void init_model(struct fy_test_fixture *f, const char *run)
-{
-    const char *args[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
-                          "64", "--ctx", "32", "--seed", "5", NULL};
-    assert_int_equal(fy_test_launch_in(f, args, 60), 0);
-}
-
-/* The train command of every run here (run, token file, steps, export path), then `extra`
- * (NULL-terminated, may be NULL), into args. */
-static void train_args(const char **args, const char *run, const char *data, const char *steps,
-                       const char *out, const char *const *extra)
-{
-    const char *base[] = {"train", "--run-dir", run, "--data", data, "--steps", steps,
-                          "--batch", "8", "--seq", "32", "--lr", "3e-3", "--warmup", "20",
-                          "--eval-every", "1000", "--checkpoint-every", "3", "--backend", "cpu",
-                          "--max-restarts", "100", "--export", out};
-    int n = 0;
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
-        args[n++] = base[i];
-    for (int i = 0; extra != NULL && extra[i] != NULL; i++)
-        args[n++] = extra[i];
-    args[n] = NULL;
-}
-
-/* The "loss" values of a metrics file, one per line. */
-static char *losses(const char *metrics)
-{
-    char *text = fy_test_slurp(metrics, NULL);
-    assert_non_null(text);
-    size_t cap = strlen(text) + 1, n = 0;
-    char *out = calloc(cap, 1);
-    for (char *p = text; (p = strstr(p, "\"loss\": ")) != NULL; p++) {
-        p += strlen("\"loss\": ");
-        size_t len = strcspn(p, ",}");
-        memcpy(out + n, p, len);
-        n += len;
-        out[n++] = '\n';
-    }
-    free(text);
-    return out;
-}
 
 /* The pid of a worker of the run (RUN/workers.pid), or -1. */
 static int worker_pid(const char *run, const char *name)
@@ -119,103 +43,11 @@ static int worker_pid(const char *run, const char *name)
     return found;
 }
 
-/* Processes whose command line names the run directory. */
-static int processes_of(const char *run)
-{
-    DIR *d = opendir("/proc");
-    int n = 0;
-    struct dirent *e;
-    while (d != NULL && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] < '1' || e->d_name[0] > '9' || atoi(e->d_name) == getpid())
-            continue;
-        size_t len;
-        char *cmd = fy_test_slurp(fy_test_fmt("/proc/%s/cmdline", e->d_name), &len);
-        for (size_t i = 0; cmd != NULL && i < len; i++)
-            if (cmd[i] == 0)
-                cmd[i] = ' ';
-        if (cmd != NULL && len > 0 && strstr(cmd, run) != NULL)
-            n++;
-        free(cmd);
-    }
-    if (d != NULL)
-        closedir(d);
-    return n;
-}
-
-/* Nothing of the run is left: no process, no pool in /dev/shm, no temporary file. */
-static void assert_nothing_left(const char *run)
-{
-    for (int i = 0; i < 200 && processes_of(run) > 0; i++)
-        pause_ms(10);
-    assert_int_equal(processes_of(run), 0);
-    char pool[FY_POOL_NAME_MAX];
-    assert_int_equal(fy_pool_name_for_run(run, pool, sizeof pool), 0);
-    assert_int_not_equal(access(fy_test_fmt("/dev/shm%s", pool), F_OK), 0);
-    DIR *d = opendir(run);
-    assert_non_null(d);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        assert_null(strstr(e->d_name, ".tmp"));
-    closedir(d);
-    assert_int_not_equal(access(fy_test_fmt("%s/workers.pid", run), F_OK), 0);
-    assert_int_not_equal(access(fy_test_fmt("%s/ipc", run), F_OK), 0); /* its sockets */
-}
-
-/* A run's directory (a model initialised there), its export, metrics, background log, and its
- * store's directory and data file. */
-struct run_paths {
-    char run[512], out[600], metrics[600], log[600], store[600], data[700];
-};
-
-static struct run_paths new_run(struct chaos *c, const char *name)
-{
-    struct run_paths p;
-    snprintf(p.run, sizeof p.run, "%s", fy_test_in(c->f, name));
-    snprintf(p.out, sizeof p.out, "%s.fywt", p.run);
-    snprintf(p.metrics, sizeof p.metrics, "%s/metrics.jsonl", p.run);
-    snprintf(p.log, sizeof p.log, "%s.log", p.run);
-    snprintf(p.store, sizeof p.store, "%s/store", p.run);
-    snprintf(p.data, sizeof p.data, "%s/%s", p.store, FY_STORE_DATA_NAME);
-    init_model(c->f, p.run);
-    return p;
-}
-
-/* Starts the usual training run to STEPS in the background (its output to rp->log, made anew),
- * with `extra` options (may be NULL) and, where delay_ms is given, every AdamW that much slower
- * (FUYOU_TEST_OPT_DELAY_MS: a test stops or damages it between steps); its pid. */
-static int start_run(struct chaos *c, const struct run_paths *rp, const char *const *extra,
-                     const char *delay_ms)
-{
-    const char *args[40];
-    train_args(args, rp->run, c->f->data, STEPS, rp->out, extra);
-    unlink(rp->log);
-    if (delay_ms != NULL)
-        setenv("FUYOU_TEST_OPT_DELAY_MS", delay_ms, 1);
-    int pid = fy_test_start("fuyou-launch", args, rp->log);
-    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
-    assert_true(pid > 0);
-    return pid;
-}
-
 /* Waits until the metrics file holds at least `lines` steps' lines. */
 static void wait_steps(const char *metrics, int lines)
 {
     while (fy_test_count_matches(metrics, "\"step\": ") < lines)
-        pause_ms(5);
-}
-
-/* The run's losses and exported weights equal the undisturbed run's, bit for bit. */
-static void assert_same_as_reference(const struct chaos *c, const char *run, const char *out)
-{
-    char *l = losses(fy_test_fmt("%s/metrics.jsonl", run));
-    assert_string_equal(l, c->ref_losses);
-    size_t n;
-    char *w = fy_test_slurp(out, &n);
-    assert_non_null(w);
-    assert_int_equal(n, c->ref_len);
-    assert_memory_equal(w, c->ref_weights, n);
-    free(l);
-    free(w);
+        fy_test_pause_ms(5);
 }
 
 /* The "restarted in X s" times of a log: how many, and their largest and mean. */
@@ -235,82 +67,42 @@ static void report_recoveries(const char *what, const char *log)
            "last commit checked)\n", what, n, n ? sum / n : 0.0, max);
 }
 
-static int group_setup(void **state)
-{
-    struct chaos *c = calloc(1, sizeof *c);
-    if (c == NULL || fy_test_setup((void **)&c->f, "chaos", SAMPLE_TEXT) != 0)
-        return -1;
-    *state = c;
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    struct chaos *c = *state;
-    if (mounted[0] != 0) /* a test of a full filesystem failed with it mounted (and perhaps
-                            processes of its run still exiting) */
-        run_cmd(fy_test_fmt("umount '%s' || { sleep 2; umount '%s'; } || umount -l '%s'", mounted,
-                            mounted, mounted));
-    free(c->ref_losses);
-    free(c->ref_weights);
-    fy_test_teardown((void **)&c->f);
-    free(c);
-    return 0;
-}
-
-/* The undisturbed run every other is compared with. */
-static void test_reference_run(void **state)
-{
-    struct chaos *c = *state;
-    char *run = fy_test_in(c->f, "reference");
-    char *out = fy_test_in(c->f, "reference.fywt");
-    init_model(c->f, run);
-    const char *args[40];
-    train_args(args, run, c->f->data, STEPS, out, NULL);
-    assert_int_equal(fy_test_launch_in(c->f, args, 300), 0);
-    c->ref_losses = losses(fy_test_fmt("%s/metrics.jsonl", run));
-    c->ref_weights = fy_test_slurp(out, &c->ref_len);
-    assert_non_null(c->ref_weights);
-    assert_int_equal(fy_test_count_matches(fy_test_fmt("%s/metrics.jsonl", run), "\"step\": "),
-                     atoi(STEPS));
-    assert_nothing_left(run);
-}
-
 /* Kills (SIGKILL) the named worker of a training run, `kills` times, each at a random moment
  * once the run has made progress since the last kill; the run restarts it itself. */
-static void kill_worker_during_run(struct chaos *c, const char *name, uint64_t seed)
+static void kill_worker_during_run(struct fy_chaos *c, const char *name, uint64_t seed)
 {
-    struct run_paths rp = new_run(c, name);
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, name);
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    int pid = start_run(c, &rp, NULL, NULL);
+    int pid = fy_chaos_start_run(c, &rp, NULL, NULL);
     int kills = 0, last = -1, status = -1;
     int seen = fy_test_count_matches(metrics, "\"step\": ");
-    double t0 = now_s();
-    while (now_s() - t0 < 240) {
+    double t0 = fy_test_now_s();
+    while (fy_test_now_s() - t0 < 240) {
         if (waitpid(pid, &status, WNOHANG) == pid)
             break;
         int victim = worker_pid(run, name);
         int done = fy_test_count_matches(metrics, "\"step\": ");
         if (kills < KILLS_PER_WORKER && victim > 0 && victim != last && done > seen) {
-            pause_ms((int)(fy_test_rand(&seed) % 120)); /* somewhere in a step */
+            fy_test_pause_ms((int)(fy_test_rand(&seed) % 120)); /* somewhere in a step */
             if (kill(victim, SIGKILL) == 0) {
                 kills++;
                 last = victim;
                 seen = fy_test_count_matches(metrics, "\"step\": ");
             }
         }
-        pause_ms(5);
+        fy_test_pause_ms(5);
     }
     assert_true(WIFEXITED(status));
     if (WEXITSTATUS(status) != 0)
         fy_test_file_contains(log, "no such line: the log, to see why");
     assert_int_equal(WEXITSTATUS(status), 0);
-    printf("chaos: %s worker killed %d times during a run of %s steps\n", name, kills, STEPS);
+    printf("chaos: %s worker killed %d times during a run of %s steps\n", name, kills,
+           FY_CHAOS_STEPS);
     assert_int_equal(kills, KILLS_PER_WORKER);
     assert_int_equal(fy_test_count_matches(log, "restart "), kills);
     report_recoveries(fy_test_fmt("%s worker", name), log);
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
+    fy_chaos_assert_same_as_reference(c, run, out);
+    fy_chaos_assert_nothing_left(run);
 }
 
 static void test_gpu_worker_killed(void **state) { kill_worker_during_run(*state, "gpu", 11); }
@@ -321,33 +113,33 @@ static void test_opt_worker_killed(void **state) { kill_worker_during_run(*state
  * (fuyou-launch resume): the workers it leaves die with it, the next launch clears the rest. */
 static void test_launcher_killed(void **state)
 {
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "launcher");
+    struct fy_chaos *c = *state;
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, "launcher");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
     const char *args[40], *resume[] = {"resume", run, NULL};
-    train_args(args, run, c->f->data, STEPS, out, NULL);
+    fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
     unlink(log);
     uint64_t seed = 14;
     int kills = 0, status = -1;
     double resumed_max = 0;
     for (int launch = 0; launch < 100; launch++) {
         int starts = fy_test_count_matches(log, "starting at step");
-        double t0 = now_s();
+        double t0 = fy_test_now_s();
         int pid = fy_test_start("fuyou-launch", launch == 0 ? args : resume, log);
         assert_true(pid > 0);
-        while (fy_test_count_matches(log, "starting at step") == starts && now_s() - t0 < 60 &&
-               waitpid(pid, &status, WNOHANG) == 0)
-            pause_ms(5);
-        if (launch > 0 && now_s() - t0 > resumed_max)
-            resumed_max = now_s() - t0;
+        while (fy_test_count_matches(log, "starting at step") == starts &&
+               fy_test_now_s() - t0 < 60 && waitpid(pid, &status, WNOHANG) == 0)
+            fy_test_pause_ms(5);
+        if (launch > 0 && fy_test_now_s() - t0 > resumed_max)
+            resumed_max = fy_test_now_s() - t0;
         if (kills == LAUNCHER_KILLS) {
             status = fy_test_wait(pid, 240);
             break;
         }
         int seen = fy_test_count_matches(metrics, "\"step\": ");
-        while (fy_test_count_matches(metrics, "\"step\": ") <= seen && now_s() - t0 < 60)
-            pause_ms(5);
-        pause_ms((int)(fy_test_rand(&seed) % 120));
+        while (fy_test_count_matches(metrics, "\"step\": ") <= seen && fy_test_now_s() - t0 < 60)
+            fy_test_pause_ms(5);
+        fy_test_pause_ms((int)(fy_test_rand(&seed) % 120));
         assert_int_equal(kill(pid, SIGKILL), 0);
         assert_true(fy_test_wait(pid, 30) != -1);
         kills++;
@@ -356,8 +148,8 @@ static void test_launcher_killed(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
     printf("chaos: launcher killed %d times, resumed each time; the longest resume took %.2f s "
            "from the command to its first step\n", kills, resumed_max);
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
+    fy_chaos_assert_same_as_reference(c, run, out);
+    fy_chaos_assert_nothing_left(run);
 }
 
 /* A worker that stops answering (SIGSTOP) is found when its request passes the deadline
@@ -365,21 +157,21 @@ static void test_launcher_killed(void **state)
  * answering, never that it died (which depended on when its exit was seen). */
 static void test_stuck_worker_restarted(void **state)
 {
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "stuck");
+    struct fy_chaos *c = *state;
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, "stuck");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
     const char *extra[] = {"--timeout", "2", NULL};
-    int pid = start_run(c, &rp, extra, NULL);
+    int pid = fy_chaos_start_run(c, &rp, extra, NULL);
     double longest = 0;
     for (int stop = 0; stop < 3; stop++) {
         wait_steps(metrics, fy_test_count_matches(metrics, "\"step\": ") + 5);
         int opt = worker_pid(run, "opt");
         assert_true(opt > 0);
-        double t0 = now_s();
+        double t0 = fy_test_now_s();
         assert_int_equal(kill(opt, SIGSTOP), 0);
-        while (fy_test_count_matches(log, "restarted in") == stop && now_s() - t0 < 60)
-            pause_ms(10);
-        longest = now_s() - t0 > longest ? now_s() - t0 : longest;
+        while (fy_test_count_matches(log, "restarted in") == stop && fy_test_now_s() - t0 < 60)
+            fy_test_pause_ms(10);
+        longest = fy_test_now_s() - t0 > longest ? fy_test_now_s() - t0 : longest;
     }
     int status = fy_test_wait(pid, 240);
     assert_true(status != -1 && WIFEXITED(status));
@@ -391,8 +183,8 @@ static void test_stuck_worker_restarted(void **state)
     printf("chaos: a stopped opt worker was found, killed and the run restarted, three times, at "
            "most %.2f s after it stopped (deadline 2 s)\n", longest);
     assert_true(longest < 10);
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
+    fy_chaos_assert_same_as_reference(c, run, out);
+    fy_chaos_assert_nothing_left(run);
 }
 
 /* The launcher stopped (SIGSTOP) for longer than the requests' deadline, alone and then with its
@@ -400,18 +192,18 @@ static void test_stuck_worker_restarted(void **state)
  * workers' (no worker is taken for stuck), and the run ends as the undisturbed run does. */
 static void test_launcher_stopped_and_continued(void **state)
 {
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "paused");
+    struct fy_chaos *c = *state;
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, "paused");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
     const char *extra[] = {"--timeout", "2", NULL};
-    int pid = start_run(c, &rp, extra, NULL);
+    int pid = fy_chaos_start_run(c, &rp, extra, NULL);
     static const char *const workers[] = {"gpu", "io", "opt"};
     for (int all = 0; all < 2; all++) {
         wait_steps(metrics, fy_test_count_matches(metrics, "\"step\": ") + 5);
         assert_int_equal(kill(pid, SIGSTOP), 0);
         for (int w = 0; all && w < 3; w++)
             assert_int_equal(kill(worker_pid(run, workers[w]), SIGSTOP), 0);
-        pause_ms(4000);
+        fy_test_pause_ms(4000);
         for (int w = 0; all && w < 3; w++)
             assert_int_equal(kill(worker_pid(run, workers[w]), SIGCONT), 0);
         assert_int_equal(kill(pid, SIGCONT), 0);
@@ -423,28 +215,28 @@ static void test_launcher_stopped_and_continued(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
     assert_int_equal(fy_test_count_matches(log, "is stuck"), 0);
     assert_int_equal(fy_test_count_matches(log, "restart "), 0);
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
+    fy_chaos_assert_same_as_reference(c, run, out);
+    fy_chaos_assert_nothing_left(run);
 }
 
 /* Workers killed before the run's first step (in the profile that plans the activations, while
  * starting, or before any step) are restarted as any other, within --max-restarts. */
 static void test_worker_killed_before_first_step(void **state)
 {
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "early");
+    struct fy_chaos *c = *state;
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, "early");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    int pid = start_run(c, &rp, NULL, NULL);
+    int pid = fy_chaos_start_run(c, &rp, NULL, NULL);
     int kills = 0, last = -1, status = -1, ended = 0;
-    double t0 = now_s();
+    double t0 = fy_test_now_s();
     while (kills < 3 && fy_test_count_matches(metrics, "\"step\": ") == 0 &&
-           !(ended = waitpid(pid, &status, WNOHANG) == pid) && now_s() - t0 < 60) {
+           !(ended = waitpid(pid, &status, WNOHANG) == pid) && fy_test_now_s() - t0 < 60) {
         int victim = worker_pid(run, "gpu");
         if (victim > 0 && victim != last && kill(victim, SIGKILL) == 0) {
             kills++;
             last = victim;
         }
-        pause_ms(1);
+        fy_test_pause_ms(1);
     }
     if (!ended)
         status = fy_test_wait(pid, 240);
@@ -458,615 +250,8 @@ static void test_worker_killed_before_first_step(void **state)
     assert_true(kills >= 2);
     assert_true(restarts >= 1 && restarts <= kills);
     assert_true(fy_test_file_contains(log, "restart 1: the gpu worker died"));
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
-}
-
-/* ---- damage on the SSD while the run is stopped ---- */
-
-/* Byte offset of an extent in the store's one data file (one SSD path: logical + header). */
-static uint64_t extent_at(const char *store, uint32_t tensor, uint64_t *bytes)
-{
-    const char *paths[] = {store};
-    struct fy_store_opts o = {.paths = paths, .npaths = 1};
-    struct fy_store *s = NULL;
-    assert_int_equal(fy_store_open(&s, &o), 0);
-    struct fy_extent e;
-    assert_int_equal(fy_store_find(s, tensor, &e), 0);
-    fy_store_close(&s);
-    if (bytes != NULL)
-        *bytes = e.bytes;
-    return FY_STORE_HEADER_BYTES + e.logical_offset;
-}
-
-/* The store's newest intact commit record, and which of the two it is. */
-static int newest_record(const char *store, struct fy_storemeta *m)
-{
-    const char *data = fy_test_fmt("%s/%s", store, FY_STORE_DATA_NAME);
-    int best = -1;
-    static struct fy_storemeta r;
-    static uint8_t rec[FY_COMMIT_RECORD_BYTES];
-    for (int i = 0; i < 2; i++) {
-        int fd = open(data, O_RDONLY);
-        assert_true(fd >= 0);
-        off_t at = (off_t)extent_at(store, FY_TENSOR_COMMIT(i), NULL);
-        ssize_t got = pread(fd, rec, sizeof rec, at);
-        close(fd);
-        if (got == (ssize_t)sizeof rec && fy_storemeta_check(rec, sizeof rec) == 0 &&
-            fy_storemeta_decode(rec, sizeof rec, "test", &r) == 0 && (best < 0 || r.seq > m->seq)) {
-            memcpy(m, &r, sizeof r);
-            best = i;
-        }
-    }
-    return best;
-}
-
-static void flip_byte(const char *file, uint64_t at)
-{
-    int fd = open(file, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, (off_t)at), 1);
-    b ^= 0x40;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)at), 1);
-    assert_int_equal(fsync(fd), 0);
-    close(fd);
-}
-
-/* A file still holds exactly the `len` bytes it held before (`before`, as fy_test_slurp read it). */
-static void assert_unchanged(const char *path, const char *before, size_t len)
-{
-    size_t n;
-    char *now = fy_test_slurp(path, &n);
-    assert_non_null(now);
-    assert_int_equal(n, len);
-    assert_memory_equal(now, before, n);
-    free(now);
-}
-
-/* Trains `run` to `steps` with the usual settings; 0 or the exit code. */
-static int train_to(struct chaos *c, const char *run, const char *steps, const char *out)
-{
-    const char *args[40];
-    train_args(args, run, c->f->data, steps, out, NULL);
-    unlink(out);
-    int rc = fy_test_launch_in(c->f, args, 300);
-    if (rc != 0) /* its log, to see why */
-        fy_test_file_contains(c->f->log, "a line no log has");
-    return rc;
-}
-
-/* The newest commit's state of a unit corrupted, then its record: each time the next run says so,
- * goes back to the commit before it and ends as the undisturbed run does. With both commits
- * damaged it refuses, saying why, and writes nothing. */
-static void test_damaged_state_and_records(void **state)
-{
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "damaged");
-    const char *run = rp.run, *out = rp.out, *store = rp.store, *data = rp.data;
-    static struct fy_storemeta m;
-
-    /* corrupted state: one byte of block 1's Adam v in the newest copy */
-    assert_int_equal(train_to(c, run, "12", out), 0); /* commits at 3, 6, 9, 12 */
-    assert_true(newest_record(store, &m) >= 0);
-    assert_int_equal(m.step, 12);
-    uint64_t bytes, at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(1, m.copy), &bytes);
-    flip_byte(data, at + bytes - 8);
-    assert_int_equal(train_to(c, run, "15", out), 0);
-    assert_true(fy_test_file_contains(c->f->log, "step 12's state is damaged on the SSD; going "
-                                                 "back to the commit before it, step 9"));
-    assert_true(fy_test_file_contains(c->f->log, "dropped 3 lines of steps after the last commit"));
-
-    /* a torn commit record: the newest one's digest no longer matches */
-    int newest = newest_record(store, &m);
-    assert_int_equal(m.step, 15);
-    flip_byte(data, extent_at(store, FY_TENSOR_COMMIT(newest), NULL) + 4 * 40);
-    assert_int_equal(train_to(c, run, "18", out), 0);
-    assert_true(fy_test_file_contains(
-        c->f->log, fy_test_fmt("commit record %d is damaged: torn write or corruption; using "
-                               "record %d (step 12)", newest, 1 - newest)));
-
-    /* both commits damaged: refused, nothing written */
-    int which = newest_record(store, &m);
-    assert_int_equal(m.step, 18);
-    at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(0, m.copy), &bytes);
-    flip_byte(data, at + 100);
-    flip_byte(data, extent_at(store, FY_TENSOR_COMMIT(1 - which), NULL) + 4 * 40);
-    size_t before_len;
-    char *before = fy_test_slurp(data, &before_len);
-    assert_int_not_equal(train_to(c, run, "21", out), 0);
-    assert_true(fy_test_file_contains(c->f->log, "no intact committed step before the damaged "
-                                                 "one"));
-    assert_unchanged(data, before, before_len);
-    free(before);
-    assert_nothing_left(run);
-}
-
-/* A run directory is relocatable: a copy (cp -a) resumed trains the copy and leaves the original
- * as it was; a moved one resumes where it is; a model.conf written before stores were recorded
- * relative to their run directory still takes the copy's own store; a read-only one is refused,
- * and so is a run whose store outside it (--ssd) has gone. Each ends as the undisturbed run. */
-static void test_relocated_run(void **state)
-{
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "orig");
-    const char *run = rp.run, *data = rp.data;
-    char copy[600], moved[600], legacy[600], ro[600], out[700], log[700];
-    snprintf(copy, sizeof copy, "%s-copy", run);
-    snprintf(moved, sizeof moved, "%s-moved", run);
-    snprintf(legacy, sizeof legacy, "%s-legacy", run);
-    snprintf(ro, sizeof ro, "%s-ro", run);
-    snprintf(out, sizeof out, "%s.fywt", moved);
-    snprintf(log, sizeof log, "%s/fuyou.log", run);
-    assert_int_equal(train_to(c, run, "12", rp.out), 0);
-    size_t store_len, metrics_len, log_len;
-    char *store_before = fy_test_slurp(data, &store_len);
-    char *metrics_before = fy_test_slurp(rp.metrics, &metrics_len);
-    char *log_before = fy_test_slurp(log, &log_len);
-    assert_non_null(store_before);
-
-    /* a copy resumed: the copy advances, the original does not change */
-    assert_int_equal(run_cmd(fy_test_fmt("cp -a '%s' '%s'", run, copy)), 0);
-    char copy_out[700];
-    snprintf(copy_out, sizeof copy_out, "%s.fywt", copy);
-    const char *resume_copy[] = {"resume", copy, "--steps", "18", "--export", copy_out, NULL};
-    assert_int_equal(fy_test_launch_in(c->f, resume_copy, 300), 0);
-    assert_int_equal(fy_test_count_matches(fy_test_fmt("%s/metrics.jsonl", copy), "\"step\": "),
-                     18); /* within the warmup: the learning rates of a run to STEPS */
-    assert_unchanged(data, store_before, store_len);
-    assert_unchanged(rp.metrics, metrics_before, metrics_len);
-    assert_unchanged(log, log_before, log_len); /* not even a line in the original's log */
-
-    /* moved, then resumed where it is now: the old name is not made again */
-    assert_int_equal(rename(copy, moved), 0);
-    const char *resume_moved[] = {"resume", moved, "--steps", STEPS, "--export", out, NULL};
-    assert_int_equal(fy_test_launch_in(c->f, resume_moved, 300), 0);
-    assert_int_not_equal(access(copy, F_OK), 0);
-    assert_same_as_reference(c, moved, out);
-    assert_nothing_left(moved);
-
-    /* a model.conf of the old form (the store's path as init was given it) in a copy */
-    assert_int_equal(run_cmd(fy_test_fmt("cp -a '%s' '%s' && sed -i -e 's|^ssd = store$|ssd = "
-                                         "%s/store|' -e '/^store_in_run_dir/d' '%s/model.conf'",
-                                         run, legacy, run, legacy)), 0);
-    assert_false(fy_test_file_contains(fy_test_fmt("%s/model.conf", legacy), "store_in_run_dir"));
-    const char *resume_legacy[] = {"resume", legacy, "--steps", "15", "--export", copy_out,
-                                   "--overwrite", NULL};
-    assert_int_equal(fy_test_launch_in(c->f, resume_legacy, 300), 0);
-    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("names the store %s/store, of the run "
-                                                             "directory it was made in", run)));
-    assert_unchanged(data, store_before, store_len);
-
-    /* read-only (a read-only bind mount of the original): refused, the original untouched */
-    assert_int_equal(mkdir(ro, 0700), 0);
-    if (run_cmd(fy_test_fmt("mount --bind '%s' '%s' && mount -o remount,ro,bind '%s'", run, ro,
-                            ro)) == 0) {
-        snprintf(mounted, sizeof mounted, "%s", ro);
-        const char *resume_ro[] = {"resume", ro, "--steps", "15", NULL};
-        assert_int_equal(fy_test_launch_in(c->f, resume_ro, 120), 1);
-        assert_true(fy_test_file_contains(c->f->log, "cannot be written (Read-only file system)"));
-        assert_int_equal(run_cmd(fy_test_fmt("umount '%s'", ro)), 0);
-        mounted[0] = 0;
-        assert_unchanged(data, store_before, store_len);
-    } else {
-        printf("test_relocated_run: the read-only part skipped: cannot bind-mount (needs root)\n");
-    }
-    free(store_before);
-    free(metrics_before);
-    free(log_before);
-
-    /* a store outside the run directory (--ssd) that has gone is named, with the fix */
-    char *ext = fy_test_in(c->f, "ext-store"), *extrun = fy_test_in(c->f, "ext-run");
-    assert_int_equal(mkdir(ext, 0700), 0);
-    const char *init[] = {"init", "--run-dir", extrun, "--layers", "2", "--heads", "2", "--embd",
-                          "64", "--ctx", "32", "--seed", "5", "--ssd", ext, NULL};
-    assert_int_equal(fy_test_launch_in(c->f, init, 60), 0);
-    assert_int_equal(rename(ext, fy_test_fmt("%s-gone", ext)), 0);
-    const char *args[40];
-    train_args(args, extrun, c->f->data, "3", fy_test_fmt("%s.fywt", extrun), NULL);
-    assert_int_equal(fy_test_launch_in(c->f, args, 120), 1);
-    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("the store of %s is missing", extrun)));
-    assert_true(fy_test_file_contains(c->f->log, "pass --ssd with the store's directories"));
-}
-
-/* Both commits' state damaged (each record intact): the run refuses with one final line naming
- * both, and writes nothing. */
-static void test_both_commits_damaged(void **state)
-{
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "bothbad");
-    const char *run = rp.run, *out = rp.out, *store = rp.store, *data = rp.data;
-    static struct fy_storemeta m;
-    assert_int_equal(train_to(c, run, "12", out), 0); /* commits at 9 and 12 in the two copies */
-    int newest = newest_record(store, &m);
-    assert_true(newest >= 0);
-    assert_int_equal(m.step, 12);
-    uint64_t bytes, at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(1, m.copy), &bytes);
-    flip_byte(data, at + 100);
-    at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(2, 1 - m.copy), &bytes);
-    flip_byte(data, at + bytes - 8);
-    size_t before_len;
-    char *before = fy_test_slurp(data, &before_len);
-    assert_int_equal(train_to(c, run, "15", out), 1);
-    assert_true(fy_test_file_contains(c->f->log, "step 12's state is damaged on the SSD; going "
-                                                 "back to the commit before it, step 9"));
-    assert_true(fy_test_file_contains(
-        c->f->log, fy_test_fmt("neither commit of the store is intact: the state of step 12 "
-                               "(commit record %d) and that of step 9 (record %d) do not match",
-                               newest, 1 - newest)));
-    assert_int_equal(fy_test_count_matches(c->f->log, "restart "), 0);
-    assert_unchanged(data, before, before_len);
-    free(before);
-    assert_nothing_left(run);
-}
-
-/* State damaged on the SSD while the run trains (one byte of each unit's working copy flipped while
- * the launcher is stopped, between two commits): the read that finds it says so, and the run goes
- * back to its last commit, which is intact, and ends as the undisturbed run does. */
-static void test_damage_found_while_training(void **state)
-{
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "rot");
-    const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    const char *store = rp.store, *data = rp.data;
-    int pid = start_run(c, &rp, NULL, "20"); /* slower steps: the test stops it between two */
-    /* stopped after step 3k + 1 and before the next commit, so the working copy holds state
-     * written since the last commit that the next steps read back before they commit again */
-    for (double t0 = now_s();; pause_ms(1)) {
-        assert_true(now_s() - t0 < 120);
-        int done = fy_test_count_matches(metrics, "\"step\": ");
-        if (done < 4 || done % 3 != 1)
-            continue;
-        assert_int_equal(kill(pid, SIGSTOP), 0);
-        if (fy_test_count_matches(metrics, "\"step\": ") == done)
-            break;
-        assert_int_equal(kill(pid, SIGCONT), 0);
-    }
-    static struct fy_storemeta m;
-    assert_true(newest_record(store, &m) >= 0);
-    for (unsigned u = 0; u < fy_model_unit_count(&m.model); u++) {
-        uint64_t bytes, at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(u, 1 - m.copy), &bytes);
-        flip_byte(data, at + bytes / 2);
-    }
-    assert_int_equal(kill(pid, SIGCONT), 0);
-    int status = fy_test_wait(pid, 240);
-    assert_true(status != -1 && WIFEXITED(status));
-    if (WEXITSTATUS(status) != 0)
-        fy_test_file_contains(log, "no such line: the log, to see why");
-    assert_int_equal(WEXITSTATUS(status), 0);
-    assert_true(fy_test_file_contains(log, "read back from the SSD store is damaged"));
-    assert_true(fy_test_file_contains(log, "restart 1: state read back from the SSD store was "
-                                           "damaged"));
-    assert_true(fy_test_file_contains(log, fy_test_fmt("the store's last commit is step %llu",
-                                                       (unsigned long long)m.step)));
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
-}
-
-/* Two exports' files are the same, byte for byte. */
-static void assert_same_file(const char *a, const char *b)
-{
-    size_t na, nb;
-    char *wa = fy_test_slurp(a, &na), *wb = fy_test_slurp(b, &nb);
-    assert_non_null(wa);
-    assert_non_null(wb);
-    assert_int_equal(na, nb);
-    assert_memory_equal(wa, wb, na);
-    free(wa);
-    free(wb);
-}
-
-/* The newest commit's state damaged (a byte of a unit's master weights): export, to a weights file
- * and to a Hugging Face directory, says so and exports the commit before it, as an export of that
- * commit taken before wrote it; with that commit's state damaged too it refuses, naming both. */
-static void test_export_damaged_commit(void **state)
-{
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "expdamaged");
-    const char *run = rp.run, *out = rp.out, *store = rp.store, *data = rp.data;
-    static struct fy_storemeta m;
-    char *at6 = fy_test_in(c->f, "expdamaged-6.fywt"), *hf6 = fy_test_in(c->f, "expdamaged-6-hf");
-    char *got = fy_test_in(c->f, "expdamaged-9.fywt"), *got_hf = fy_test_in(c->f, "expdamaged-9-hf");
-    assert_int_equal(train_to(c, run, "6", out), 0); /* commits at 3 and 6 */
-    const char *exp6[] = {"export", "--run-dir", run, "--out", at6, NULL};
-    const char *exp6_hf[] = {"export", "--run-dir", run, "--to-hf", hf6, NULL};
-    assert_int_equal(fy_test_launch_in(c->f, exp6, 120), 0);
-    assert_int_equal(fy_test_launch_in(c->f, exp6_hf, 120), 0);
-    assert_int_equal(train_to(c, run, "9", out), 0); /* and 9, into the other copy */
-    assert_true(newest_record(store, &m) >= 0);
-    assert_int_equal(m.step, 9);
-    uint64_t bytes, at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(1, m.copy), &bytes);
-    flip_byte(data, at + 100);
-
-    const char *exp[] = {"export", "--run-dir", run, "--out", got, NULL};
-    if (fy_test_launch_in(c->f, exp, 120) != 0) /* its log, to see why */
-        fy_test_file_contains(c->f->log, "a line no log has");
-    assert_true(access(got, R_OK) == 0);
-    const char *said = fy_test_fmt("%s: step 9's state is damaged on the SSD; exporting the commit "
-                                   "before it, step 6", got);
-    assert_true(fy_test_file_contains(c->f->log, said));
-    assert_true(fy_test_file_contains(c->f->log, "exported step 6 to"));
-    assert_same_file(got, at6);
-    const char *exp_hf[] = {"export", "--run-dir", run, "--to-hf", got_hf, NULL};
-    assert_int_equal(fy_test_launch_in(c->f, exp_hf, 120), 0);
-    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("%s: step 9's state is damaged on "
-                                                             "the SSD; exporting the commit "
-                                                             "before it, step 6", got_hf)));
-    assert_true(fy_test_file_contains(c->f->log, "exported step 6 to"));
-    assert_same_file(fy_test_fmt("%s/model.safetensors", got_hf),
-                     fy_test_fmt("%s/model.safetensors", hf6));
-    assert_same_file(fy_test_fmt("%s/config.json", got_hf), fy_test_fmt("%s/config.json", hf6));
-
-    /* step 6's state damaged too: nothing to export */
-    at = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(2, 1 - m.copy), &bytes);
-    flip_byte(data, at + 100);
-    unlink(got);
-    assert_int_not_equal(fy_test_launch_in(c->f, exp, 120), 0);
-    assert_true(fy_test_file_contains(c->f->log, "step 9's state is damaged on the SSD, and so is "
-                                                 "step 6's, the commit before it: nothing intact "
-                                                 "to export; initialise the store anew"));
-    assert_int_not_equal(access(got, F_OK), 0);
-    assert_nothing_left(run);
-}
-
-/* A store cut short (its data file truncated inside the newest commit's state): the next run
- * finds the newest commit damaged and goes back to the one before, and ends as the undisturbed
- * run does. */
-static void test_truncated_store(void **state)
-{
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "truncated");
-    const char *run = rp.run, *out = rp.out, *store = rp.store, *data = rp.data;
-    static struct fy_storemeta m;
-    /* commits at 3, 6, 9 and 12 (seq 2 to 5): the newest, seq 5, is in copy 0, which init
-     * allocated after copy 1, so it is the end of the file (scratch extents aside) */
-    assert_int_equal(train_to(c, run, "12", out), 0);
-    assert_true(newest_record(store, &m) >= 0);
-    assert_int_equal(m.copy, 0);
-    unsigned last = fy_model_unit_count(&m.model) - 1;
-    uint64_t cut = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(last, 0), NULL) + 4096;
-    uint64_t older = extent_at(store, FY_TENSOR_UNIT_STATE_COPY(last, 1), NULL);
-    assert_true(older < cut);
-    assert_int_equal(truncate(data, (off_t)cut), 0);
-    assert_int_equal(train_to(c, run, STEPS, out), 0);
-    assert_true(fy_test_file_contains(c->f->log, "step 12's state is damaged on the SSD; going "
-                                                 "back to the commit before it, step 9"));
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
-}
-
-/* The SSD fills during write-back (a test hook fails every write after the first 150 as a full
- * disk would): the run stops with a message that names the store, its last commit intact; once
- * there is room, resume ends as the undisturbed run does. */
-static void test_disk_full(void **state)
-{
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "full");
-    const char *run = rp.run, *out = rp.out;
-    setenv("FUYOU_TEST_IO_ENOSPC_AFTER", "150", 1);
-    int rc = train_to(c, run, STEPS, out);
-    unsetenv("FUYOU_TEST_IO_ENOSPC_AFTER");
-    assert_int_equal(rc, 1);
-    assert_true(fy_test_file_contains(c->f->log, "No space left on device"));
-    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("the SSD store (%s/store) is full: "
-                                                             "training stopped", run)));
-    assert_int_equal(fy_test_count_matches(c->f->log, "restart "), 0);
-    const char *resume[] = {"resume", run, NULL};
-    assert_int_equal(fy_test_launch_in(c->f, resume, 300), 0);
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
-}
-
-/* A real full disk: the store on a small ext4 filesystem (a loop-mounted image) that a filler file
- * has filled after the model was created. Training with the checkpoints on the SSD must allocate
- * their scratch extent and cannot: it stops before any step, naming the store, its last commit
- * intact; with the filler removed, resume ends as the undisturbed run does. (The store allocates
- * its extents when it creates them, so on such a filesystem a full disk shows there, not in a
- * write-back; test_disk_full covers a write-back failing.) Skipped, saying so, where a loop
- * filesystem cannot be mounted (not root, no loop devices). */
-static void test_full_filesystem(void **state)
-{
-    struct chaos *c = *state;
-    char *img = fy_test_in(c->f, "small.img"), *mnt = fy_test_in(c->f, "small");
-    char *run = fy_test_in(c->f, "onsmall"), out[600], store[640], filler[640];
-    snprintf(out, sizeof out, "%s.fywt", run);
-    snprintf(store, sizeof store, "%s/store", mnt);
-    snprintf(filler, sizeof filler, "%s/filler", mnt);
-    assert_int_equal(mkdir(mnt, 0700), 0);
-    if (run_cmd(fy_test_fmt("truncate -s 48M '%s' && mkfs.ext4 -q -F -m 0 '%s' >/dev/null 2>&1",
-                            img, img)) != 0 ||
-        run_cmd(fy_test_fmt("mount -o loop '%s' '%s' 2>/dev/null", img, mnt)) != 0) {
-        printf("test_full_filesystem: skipped: cannot make and mount a small ext4 filesystem "
-               "(needs root, mkfs.ext4 and loop devices)\n");
-        skip();
-    }
-    snprintf(mounted, sizeof mounted, "%s", mnt);
-    assert_int_equal(mkdir(store, 0700), 0);
-    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
-                          "64", "--ctx", "32", "--seed", "5", "--ssd", store, NULL};
-    assert_int_equal(fy_test_launch_in(c->f, init, 60), 0);
-    /* filled to the last block: the io worker cannot even start (its O_DIRECT probe); the launch
-     * says so and stops the other workers at once, not after the stop timeout */
-    run_cmd(fy_test_fmt("dd if=/dev/zero of='%s' bs=4k 2>/dev/null", filler));
-    const char *full_args[40];
-    train_args(full_args, run, c->f->data, STEPS, out, NULL);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    assert_int_equal(fy_test_launch_in(c->f, full_args, 120), 3);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    assert_true(fy_test_file_contains(c->f->log, "the SSD is full (no room for a 4 KiB probe"));
-    assert_int_equal(fy_test_count_matches(c->f->log, "did not stop: sending"), 0);
-    assert_true(t1.tv_sec - t0.tv_sec < 8); /* the stop timeout is 10 s */
-    assert_int_equal(unlink(filler), 0);
-    /* filled to 512 KiB short of full: room for the io worker's 4 KiB O_DIRECT probe, none for
-     * the checkpoints' scratch extent (1 MiB at least) */
-    assert_int_equal(run_cmd(fy_test_fmt("fallocate -l $(( ($(df --output=avail -B4096 '%s' | "
-                                         "tail -1) - 128) * 4096 )) '%s'", mnt, filler)), 0);
-    const char *args[40], *extra[] = {"--ckpt-place", "ssd", NULL};
-    train_args(args, run, c->f->data, STEPS, out, extra);
-    assert_int_equal(fy_test_launch_in(c->f, args, 300), 1);
-    assert_true(fy_test_file_contains(c->f->log, "the SSD is full"));
-    assert_true(fy_test_file_contains(
-        c->f->log, fy_test_fmt("the SSD store (%s) is full: training stopped; the last commit, "
-                               "step 0, is intact", store)));
-    assert_int_equal(unlink(filler), 0);
-    const char *resume[] = {"resume", run, NULL};
-    assert_int_equal(fy_test_launch_in(c->f, resume, 300), 0);
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
-    assert_int_equal(run_cmd(fy_test_fmt("umount '%s'", mnt)), 0);
-    mounted[0] = 0;
-}
-
-/* The steps' lines in a metrics file, in order: 1 when they are first..last, each once, but for
- * those of lost_from..lost_to (none where lost_from is 0). */
-static int steps_in_order(const char *metrics, int first, int last, int lost_from, int lost_to)
-{
-    char *text = fy_test_slurp(metrics, NULL);
-    int want = first, ok = text != NULL;
-    for (char *p = text; ok && (p = strstr(p, "{\"step\": ")) != NULL; p++) {
-        want = want == lost_from ? lost_to + 1 : want;
-        ok = atoi(p + strlen("{\"step\": ")) == want++;
-    }
-    free(text);
-    return ok && want == last + 1;
-}
-
-/* Fills the filesystem mounted at mnt to its last block (filler files beside `filler`): large
- * writes stop short of it (ext4 reserves for the worst case), 1 KiB ones (its block) go on, and
- * again once the first ones are written back. */
-static void fill_up(const char *mnt, const char *filler)
-{
-    run_cmd(fy_test_fmt("dd if=/dev/zero of='%s' bs=64k 2>/dev/null; dd if=/dev/zero of='%s-2' "
-                        "bs=1k 2>/dev/null; sync -f '%s'; dd if=/dev/zero of='%s-3' bs=1k "
-                        "2>/dev/null", filler, filler, mnt, filler));
-}
-
-static void free_up(const char *filler)
-{
-    assert_int_equal(run_cmd(fy_test_fmt("rm '%s' '%s-2' '%s-3'", filler, filler, filler)), 0);
-}
-
-/* The run directory fills while training (a small ext4 filesystem, filler files written to its
- * last block; the store elsewhere): the metrics lines and the log lines of the steps meanwhile
- * wait in memory, said once, and go in once the filler is removed. The run ends as the
- * undisturbed run does, with each step's metrics line once and in order, and RUN/fuyou.log holds
- * the progress lines of the steps trained while it was full. Full for longer than the memory kept
- * for the metrics lines, the run stops at a commit, and the lines that could not be written are
- * said lost. Skipped, saying so, where a loop filesystem cannot be mounted. */
-static void test_run_directory_full(void **state)
-{
-    struct chaos *c = *state;
-    char *img = fy_test_in(c->f, "rundir.img"), *mnt = fy_test_in(c->f, "rundir");
-    char *store = fy_test_in(c->f, "rundir-store"), *out = fy_test_in(c->f, "rundir.fywt");
-    char *log = fy_test_in(c->f, "rundir.log");
-    char run[640], filler[640], metrics[700], runlog[700];
-    snprintf(run, sizeof run, "%s/run", mnt);
-    snprintf(filler, sizeof filler, "%s/filler", mnt);
-    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
-    snprintf(runlog, sizeof runlog, "%s/fuyou.log", run);
-    assert_int_equal(mkdir(mnt, 0700), 0);
-    assert_int_equal(mkdir(store, 0700), 0);
-    if (run_cmd(fy_test_fmt("truncate -s 32M '%s' && mkfs.ext4 -q -F -m 0 '%s' >/dev/null 2>&1",
-                            img, img)) != 0 ||
-        run_cmd(fy_test_fmt("mount -o loop '%s' '%s' 2>/dev/null", img, mnt)) != 0) {
-        printf("test_run_directory_full: skipped: cannot make and mount a small ext4 filesystem "
-               "(needs root, mkfs.ext4 and loop devices)\n");
-        skip();
-    }
-    snprintf(mounted, sizeof mounted, "%s", mnt);
-    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
-                          "64", "--ctx", "32", "--seed", "5", "--ssd", store, NULL};
-    assert_int_equal(fy_test_launch_in(c->f, init, 60), 0);
-    const char *args[40];
-    train_args(args, run, c->f->data, STEPS, out, NULL);
-    setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the disk fills mid-run */
-    int pid = fy_test_start("fuyou-launch", args, log);
-    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
-    assert_true(pid > 0);
-    double t0 = now_s();
-    while (fy_test_count_matches(metrics, "\"step\": ") < 6 && now_s() - t0 < 60)
-        pause_ms(5);
-    fill_up(mnt, filler);
-    int lines = fy_test_count_matches(metrics, "\"step\": ");
-    int steps = fy_test_count_matches(log, "/" STEPS " | loss");
-    while (fy_test_count_matches(log, "/" STEPS " | loss") < steps + 4 && now_s() - t0 < 60)
-        pause_ms(5);
-    steps = fy_test_count_matches(log, "/" STEPS " | loss");
-    int stalled = fy_test_count_matches(metrics, "\"step\": ");
-    printf("chaos: the run directory filled after %d metrics lines; %d lines in the file when "
-           "%d steps were done\n", lines, stalled, steps);
-    assert_true(stalled < steps && steps < atoi(STEPS)); /* it was full, and the run went on */
-    free_up(filler);
-    int status = fy_test_wait(pid, 240);
-    assert_true(status != -1 && WIFEXITED(status));
-    if (WEXITSTATUS(status) != 0)
-        fy_test_file_contains(log, "no such line: the log, to see why");
-    assert_int_equal(WEXITSTATUS(status), 0);
-    assert_true(steps_in_order(metrics, 1, atoi(STEPS), 0, 0));
-    assert_same_as_reference(c, run, out);
-    for (int s = 1; s <= atoi(STEPS); s++) /* the progress lines, those of the full disk too */
-        assert_int_equal(fy_test_count_matches(runlog, fy_test_fmt("] info: step %d/" STEPS " | ",
-                                                                   s)), 1);
-    assert_int_equal(fy_test_count_matches(log, fy_test_fmt("cannot write %s: No space left on "
-                                                            "device: training goes on", metrics)),
-                     1);
-    assert_true(fy_test_file_contains(log, fy_test_fmt("%s: there is room again: ", metrics)));
-    assert_true(fy_test_file_contains(log, fy_test_fmt("cannot write the run log %s: No space "
-                                                       "left on device", runlog)));
-    assert_true(fy_test_file_contains(runlog, fy_test_fmt("the run log %s is written again",
-                                                          runlog)));
-    assert_nothing_left(run);
-
-    /* full for longer than the memory kept (a test hook makes it 1000 bytes: two lines): the run
-     * stops at a commit, saying so and which lines are lost (exit 1); with room, resume goes on
-     * after them */
-    const char *more[] = {"resume", run, "--steps", "60", NULL};
-    unlink(out);
-    setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1);
-    setenv("FUYOU_TEST_METRICS_PENDING_MAX", "1000", 1);
-    pid = fy_test_start("fuyou-launch", more, log);
-    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
-    unsetenv("FUYOU_TEST_METRICS_PENDING_MAX");
-    assert_true(pid > 0);
-    t0 = now_s();
-    while (fy_test_count_matches(metrics, "\"step\": ") <= atoi(STEPS) && now_s() - t0 < 60)
-        pause_ms(5);
-    fill_up(mnt, filler);
-    status = fy_test_wait(pid, 240);
-    assert_true(status != -1 && WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 1);
-    assert_true(fy_test_file_contains(log, "test hook: training stops once more than 1000 bytes "
-                                           "of metrics lines wait for room"));
-    char *text = fy_test_slurp(log, NULL), *at = strstr(text, "metrics lines of committed steps (");
-    assert_non_null(at);
-    int lost_from = atoi(at + strlen("metrics lines of committed steps (")), lost_to;
-    at = strstr(at, " to ");
-    assert_non_null(at);
-    lost_to = atoi(at + strlen(" to "));
-    free(text);
-    printf("chaos: the run directory full again: the run stopped at step %d; the lines of steps "
-           "%d to %d are lost\n", lost_to, lost_from, lost_to);
-    assert_true(lost_from > atoi(STEPS) && lost_to >= lost_from + 1 && lost_to < 60);
-    assert_true(fy_test_file_contains(log, fy_test_fmt(
-        "metrics lines (steps %d to %d) wait in memory for room on its file system (No space left "
-        "on device), more than the 1000 B kept: training stopped at step %d, which is committed; "
-        "free space on the file system of %s, then continue with fuyou-launch resume %s",
-        lost_from, lost_to, lost_to, run, run)));
-    assert_true(fy_test_file_contains(log, fy_test_fmt(
-        "%d metrics lines of committed steps (%d to %d) could not be written (No space left on "
-        "device) and are lost", lost_to - lost_from + 1, lost_from, lost_to)));
-    assert_true(fy_test_file_contains(log, fy_test_fmt("the run log %s lacks ", runlog)));
-    assert_true(fy_test_file_contains(log, " of this process (No space left on device): stderr "
-                                           "has "));
-    assert_nothing_left(run);
-    free_up(filler);
-    assert_int_equal(fy_test_launch_in(c->f, more, 300), 0);
-    assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("starting at step %d", lost_to)));
-    assert_true(steps_in_order(metrics, 1, 60, lost_from, lost_to));
-    assert_nothing_left(run);
-    assert_int_equal(run_cmd(fy_test_fmt("umount '%s'", mnt)), 0);
-    mounted[0] = 0;
+    fy_chaos_assert_same_as_reference(c, run, out);
+    fy_chaos_assert_nothing_left(run);
 }
 
 /* A store with one copy of the state (init --state-copies 1): half the state's space on the SSD,
@@ -1074,7 +259,7 @@ static void test_run_directory_full(void **state)
  * leaves the store unusable, which the restart says instead of training on mixed steps. */
 static void test_one_copy_store(void **state)
 {
-    struct chaos *c = *state;
+    struct fy_chaos *c = *state;
     char *run = fy_test_in(c->f, "onecopy"), out[600], metrics[600], log[600];
     snprintf(out, sizeof out, "%s.fywt", run);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
@@ -1087,20 +272,21 @@ static void test_one_copy_store(void **state)
     assert_int_equal(stat(fy_test_fmt("%s/store/%s", fy_test_in(c->f, "reference"),
                                       FY_STORE_DATA_NAME), &two), 0);
     assert_true(one.st_size < two.st_size * 2 / 3); /* the second copy is most of it */
-    assert_int_equal(train_to(c, run, "18", out), 0); /* in the warmup: the same learning rates */
+    /* in the warmup: the same learning rates */
+    assert_int_equal(fy_chaos_train_to(c, run, "18", out), 0);
     unlink(out);
-    const char *resume[] = {"resume", run, "--steps", STEPS, NULL};
+    const char *resume[] = {"resume", run, "--steps", FY_CHAOS_STEPS, NULL};
     assert_int_equal(fy_test_launch_in(c->f, resume, 300), 0);
-    assert_same_as_reference(c, run, out);
+    fy_chaos_assert_same_as_reference(c, run, out);
 
     /* killed between commits (--checkpoint-every 1000): no going back */
     const char *args[40], *extra[] = {"--checkpoint-every", "1000", NULL};
-    train_args(args, run, c->f->data, "400", out, extra);
+    fy_chaos_train_args(args, run, c->f->data, "400", out, extra);
     int pid = fy_test_start("fuyou-launch", args, log);
     assert_true(pid > 0);
     int lines = fy_test_count_matches(metrics, "\"step\": ");
     while (fy_test_count_matches(metrics, "\"step\": ") < lines + 3)
-        pause_ms(5);
+        fy_test_pause_ms(5);
     assert_int_equal(kill(worker_pid(run, "io"), SIGKILL), 0);
     int status = fy_test_wait(pid, 120);
     assert_true(status != -1 && WIFEXITED(status));
@@ -1117,7 +303,7 @@ static void test_one_copy_store(void **state)
                                                  "run stopped between commits"));
     assert_int_equal(fy_test_count_matches(c->f->log, "stop the training run"), 0);
     assert_int_not_equal(access(left, F_OK), 0);
-    assert_nothing_left(run);
+    fy_chaos_assert_nothing_left(run);
 }
 
 /* An export while a training run goes on: it works beside the run (its own pool and sockets),
@@ -1125,17 +311,17 @@ static void test_one_copy_store(void **state)
  * alone (the learning rate is still in its warmup, the same for both). The run is not disturbed. */
 static void test_export_while_training(void **state)
 {
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "busy");
+    struct fy_chaos *c = *state;
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, "busy");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
     const char *args[40];
-    train_args(args, run, c->f->data, STEPS, out, NULL);
+    fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
     setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the export lands mid-run */
     int pid = fy_test_start("fuyou-launch", args, log);
     unsetenv("FUYOU_TEST_OPT_DELAY_MS");
     assert_true(pid > 0);
     while (fy_test_count_matches(metrics, "\"step\": ") < 4)
-        pause_ms(5);
+        fy_test_pause_ms(5);
     char *snap = fy_test_in(c->f, "busy-snapshot.fywt");
     const char *exp[] = {"export", "--run-dir", run, "--out", snap, NULL};
     assert_int_equal(fy_test_launch_in(c->f, exp, 120), 0);
@@ -1154,13 +340,13 @@ static void test_export_while_training(void **state)
     int status = fy_test_wait(pid, 240);
     assert_true(status != -1 && WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
+    fy_chaos_assert_same_as_reference(c, run, out);
+    fy_chaos_assert_nothing_left(run);
 
     char *alone = fy_test_in(c->f, "alone"), alone_out[600];
     snprintf(alone_out, sizeof alone_out, "%s.fywt", alone);
-    init_model(c->f, alone);
-    assert_int_equal(train_to(c, alone, fy_test_fmt("%d", step), alone_out), 0);
+    fy_chaos_init_model(c->f, alone);
+    assert_int_equal(fy_chaos_train_to(c, alone, fy_test_fmt("%d", step), alone_out), 0);
     size_t n, an;
     char *w = fy_test_slurp(snap, &n), *aw = fy_test_slurp(alone_out, &an);
     assert_int_equal(n, an);
@@ -1196,7 +382,7 @@ struct killed_export {
  * test hook FUYOU_TEST_EXPORT_PAUSE_MS), sees its reader directory, pool and io worker there, and
  * kills it outright (SIGKILL); with stop_io, its io worker is stopped (SIGSTOP) first, so that it
  * outlives the launcher (its PDEATHSIG waits) and the launch that cleans up must kill it. */
-static struct killed_export kill_export_beside(struct chaos *c, const char *run, int stop_io)
+static struct killed_export kill_export_beside(struct fy_chaos *c, const char *run, int stop_io)
 {
     struct killed_export k;
     char *log = fy_test_in(c->f, "killed-export.log"), *out = fy_test_in(c->f, "killed.fywt");
@@ -1206,10 +392,10 @@ static struct killed_export kill_export_beside(struct chaos *c, const char *run,
     int pid = fy_test_start("fuyou-launch", exp, log);
     unsetenv("FUYOU_TEST_EXPORT_PAUSE_MS");
     assert_true(pid > 0);
-    double t0 = now_s();
-    while (fy_test_count_matches(log, "FUYOU_TEST_EXPORT_PAUSE_MS") == 0 && now_s() - t0 < 60 &&
-           waitpid(pid, NULL, WNOHANG) == 0)
-        pause_ms(5);
+    double t0 = fy_test_now_s();
+    while (fy_test_count_matches(log, "FUYOU_TEST_EXPORT_PAUSE_MS") == 0 &&
+           fy_test_now_s() - t0 < 60 && waitpid(pid, NULL, WNOHANG) == 0)
+        fy_test_pause_ms(5);
     assert_true(fy_test_file_contains(log, "works beside it in"));
     snprintf(k.dir, sizeof k.dir, "%s/reader-%d", run, pid);
     char pool[FY_POOL_NAME_MAX];
@@ -1232,7 +418,7 @@ static void assert_export_removed(const struct killed_export *k, const char *log
     assert_int_not_equal(access(k->dir, F_OK), 0);
     assert_int_not_equal(access(k->shm, F_OK), 0);
     for (int i = 0; i < 200 && !process_gone(k->io); i++)
-        pause_ms(10);
+        fy_test_pause_ms(10);
     assert_true(process_gone(k->io));
     assert_true(fy_test_file_contains(log, fy_test_fmt("removed %s, left by an export that died",
                                                        k->dir)));
@@ -1245,18 +431,18 @@ static void assert_export_removed(const struct killed_export *k, const char *log
  * does. */
 static void test_export_killed_beside_training(void **state)
 {
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "readers");
+    struct fy_chaos *c = *state;
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, "readers");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
     const char *args[40];
-    train_args(args, run, c->f->data, STEPS, out, NULL);
+    fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
     unlink(log);
     setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the exports land mid-run */
     int pid = fy_test_start("fuyou-launch", args, log);
     unsetenv("FUYOU_TEST_OPT_DELAY_MS");
     assert_true(pid > 0);
     while (fy_test_count_matches(metrics, "\"step\": ") < 4)
-        pause_ms(5);
+        fy_test_pause_ms(5);
 
     /* removed by the next export */
     struct killed_export k = kill_export_beside(c, run, 1);
@@ -1293,12 +479,13 @@ static void test_export_killed_beside_training(void **state)
     assert_int_equal(kill(pid, SIGKILL), 0);
     assert_true(fy_test_wait(pid, 30) != -1);
     printf("chaos: exports killed beside a training run; the run's launcher killed after %d of %s "
-           "steps, then resumed\n", fy_test_count_matches(metrics, "\"step\": "), STEPS);
+           "steps, then resumed\n",
+           fy_test_count_matches(metrics, "\"step\": "), FY_CHAOS_STEPS);
     const char *resume[] = {"resume", run, NULL};
     assert_int_equal(fy_test_launch_in(c->f, resume, 300), 0);
     assert_export_removed(&k, c->f->log);
-    assert_same_as_reference(c, run, out);
-    assert_nothing_left(run);
+    fy_chaos_assert_same_as_reference(c, run, out);
+    fy_chaos_assert_nothing_left(run);
     DIR *d = opendir(run);
     struct dirent *e;
     while ((e = readdir(d)) != NULL)
@@ -1306,94 +493,10 @@ static void test_export_killed_beside_training(void **state)
     closedir(d);
 }
 
-static void put32(uint8_t *b, int slot, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        b[4 * slot + i] = (uint8_t)(v >> (8 * i));
-}
-
-/* The store as versions of Fuyou from before commit records made it, in place of the one init
- * made for `model`: its version 1 metadata block (slots 0..12 as a commit record's, the checksum
- * in slot 13, slot 29 the flag of state written past the last sync) and one copy of each unit's
- * state, no commit record. */
-static void make_pre_commit_store(const struct run_paths *rp, const struct fy_model_config *model,
-                                  uint64_t step)
-{
-    const char *paths[1] = {rp->store};
-    struct fy_store_opts o = {.paths = paths, .npaths = 1, .create = 1, .overwrite = 1};
-    struct fy_store *s = NULL;
-    assert_int_equal(fy_store_open(&s, &o), 0);
-    assert_int_equal(fy_store_add_extent(s, FY_TENSOR_META, FY_CKPT_BLOCK), 0);
-    for (unsigned u = 0; u < fy_model_unit_count(model); u++)
-        assert_int_equal(fy_store_add_extent(s, FY_TENSOR_UNIT_STATE(u),
-                                             fy_optstate_bytes(model, u)), 0);
-    struct fy_extent e;
-    assert_int_equal(fy_store_find(s, FY_TENSOR_META, &e), 0);
-    fy_store_close(&s);
-    uint8_t block[FY_CKPT_BLOCK] = {0};
-    uint64_t hash = fy_model_config_hash(model);
-    const uint32_t v[13] = {FY_STOREMETA_MAGIC, 1, model->n_layer, model->n_head, model->n_embd,
-                            model->vocab, model->ctx, (uint32_t)hash, (uint32_t)(hash >> 32),
-                            (uint32_t)step, 0, 5, 0};
-    for (int i = 0; i < 13; i++)
-        put32(block, i, v[i]);
-    uint32_t h = 2166136261u; /* FNV-1a of slots 0..12 */
-    for (int i = 0; i < 4 * 13; i++)
-        h = (h ^ block[i]) * 16777619u;
-    put32(block, 13, h);
-    put32(block, 29, 1);
-    int fd = open(rp->data, O_WRONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(pwrite(fd, block, sizeof block,
-                            (off_t)(FY_STORE_HEADER_BYTES + e.logical_offset)),
-                     (ssize_t)sizeof block);
-    assert_int_equal(fsync(fd), 0);
-    close(fd);
-}
-
-/* A store made before commit records is refused by training and by export with one line that says
- * what it is and what to do (after the io worker's lines about the absent commit records); nothing
- * of its state is written (train's profile may add a scratch extent after it), no export made. */
-static void test_pre_commit_store_refused(void **state)
-{
-    struct chaos *c = *state;
-    struct run_paths rp = new_run(c, "precommit");
-    static struct fy_storemeta m;
-    assert_true(newest_record(rp.store, &m) >= 0);
-    make_pre_commit_store(&rp, &m.model, 12);
-    size_t data_len, now_len;
-    char *data = fy_test_slurp(rp.data, &data_len);
-    assert_non_null(data);
-    const char *said = "a store made by a version of Fuyou from before commit records (it has a "
-                       "version 1 metadata block), which this version no longer reads: train or "
-                       "export it with the Fuyou build that made it, or initialise the run again";
-    assert_int_not_equal(train_to(c, rp.run, "15", rp.out), 0);
-    assert_true(fy_test_file_contains(c->f->log, said));
-    const char *resume[] = {"resume", rp.run, NULL};
-    assert_int_not_equal(fy_test_launch_in(c->f, resume, 60), 0);
-    assert_true(fy_test_file_contains(c->f->log, said));
-    const char *exp[] = {"export", "--run-dir", rp.run, "--out", rp.out, NULL};
-    assert_int_not_equal(fy_test_launch_in(c->f, exp, 60), 0);
-    assert_true(fy_test_file_contains(c->f->log, said));
-    assert_int_equal(fy_test_count_matches(c->f->log, said), 1); /* said once */
-    assert_int_not_equal(access(rp.out, F_OK), 0);
-    char *now = fy_test_slurp(rp.data, &now_len);
-    assert_non_null(now);
-    assert_true(now_len >= data_len);
-    assert_memory_equal(now, data, data_len);
-    assert_nothing_left(rp.run);
-    free(data);
-    free(now);
-}
-
 int main(void)
 {
-    signal(SIGCHLD, SIG_DFL);
-    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 || access(SAMPLE_TEXT, R_OK) != 0) {
-        fprintf(stderr, "test_chaos: run from the repository root after make\n");
+    if (fy_chaos_start("test_chaos") != 0)
         return 1;
-    }
-    setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_run),
         cmocka_unit_test(test_gpu_worker_killed),
@@ -1403,25 +506,15 @@ int main(void)
         cmocka_unit_test(test_stuck_worker_restarted),
         cmocka_unit_test(test_launcher_stopped_and_continued),
         cmocka_unit_test(test_worker_killed_before_first_step),
-        cmocka_unit_test(test_relocated_run),
-        cmocka_unit_test(test_damaged_state_and_records),
-        cmocka_unit_test(test_both_commits_damaged),
-        cmocka_unit_test(test_damage_found_while_training),
-        cmocka_unit_test(test_export_damaged_commit),
-        cmocka_unit_test(test_truncated_store),
-        cmocka_unit_test(test_disk_full),
-        cmocka_unit_test(test_full_filesystem),
-        cmocka_unit_test(test_run_directory_full),
         cmocka_unit_test(test_export_while_training),
         cmocka_unit_test(test_export_killed_beside_training),
         cmocka_unit_test(test_one_copy_store),
-        cmocka_unit_test(test_pre_commit_store_refused),
     };
     struct CMUnitTest run[sizeof tests / sizeof tests[0]];
     size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (fy_test_wanted(tests[i].name))
             run[wanted++] = tests[i];
-    return _cmocka_run_group_tests("chaos (integration)", run, wanted, group_setup,
-                                       group_teardown);
+    return _cmocka_run_group_tests("chaos (integration)", run, wanted, fy_chaos_group_setup,
+                                   fy_chaos_group_teardown);
 }

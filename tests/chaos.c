@@ -1,0 +1,196 @@
+/* What the fault-isolation tests share (see chaos.h). */
+#include "tests/chaos.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/pool.h"
+#include "io_worker/store.h"
+
+int fy_chaos_start(const char *program)
+{
+    signal(SIGCHLD, SIG_DFL);
+    if (access(fy_test_bin("fuyou-launch"), X_OK) != 0 || access(FY_CHAOS_SAMPLE_TEXT, R_OK) != 0) {
+        fprintf(stderr, "%s: run from the repository root after make\n", program);
+        return 1;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    return 0;
+}
+
+int fy_chaos_group_setup(void **state)
+{
+    struct fy_chaos *c = calloc(1, sizeof *c);
+    if (c == NULL || fy_test_setup((void **)&c->f, "chaos", FY_CHAOS_SAMPLE_TEXT) != 0)
+        return -1;
+    *state = c;
+    return 0;
+}
+
+int fy_chaos_group_teardown(void **state)
+{
+    struct fy_chaos *c = *state;
+    free(c->ref_losses);
+    free(c->ref_weights);
+    fy_test_teardown((void **)&c->f);
+    free(c);
+    return 0;
+}
+
+void fy_chaos_reference_run(void **state)
+{
+    struct fy_chaos *c = *state;
+    char *run = fy_test_in(c->f, "reference");
+    char *out = fy_test_in(c->f, "reference.fywt");
+    fy_chaos_init_model(c->f, run);
+    const char *args[40];
+    fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
+    assert_int_equal(fy_test_launch_in(c->f, args, 300), 0);
+    c->ref_losses = fy_chaos_losses(fy_test_fmt("%s/metrics.jsonl", run));
+    c->ref_weights = fy_test_slurp(out, &c->ref_len);
+    assert_non_null(c->ref_weights);
+    assert_int_equal(fy_test_count_matches(fy_test_fmt("%s/metrics.jsonl", run), "\"step\": "),
+                     atoi(FY_CHAOS_STEPS));
+    fy_chaos_assert_nothing_left(run);
+}
+
+void fy_chaos_init_model(struct fy_test_fixture *f, const char *run)
+{
+    const char *args[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                          "64", "--ctx", "32", "--seed", "5", NULL};
+    assert_int_equal(fy_test_launch_in(f, args, 60), 0);
+}
+
+void fy_chaos_train_args(const char **args, const char *run, const char *data, const char *steps,
+                         const char *out, const char *const *extra)
+{
+    const char *base[] = {"train", "--run-dir", run, "--data", data, "--steps", steps,
+                          "--batch", "8", "--seq", "32", "--lr", "3e-3", "--warmup", "20",
+                          "--eval-every", "1000", "--checkpoint-every", "3", "--backend", "cpu",
+                          "--max-restarts", "100", "--export", out};
+    int n = 0;
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        args[n++] = base[i];
+    for (int i = 0; extra != NULL && extra[i] != NULL; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+}
+
+char *fy_chaos_losses(const char *metrics)
+{
+    char *text = fy_test_slurp(metrics, NULL);
+    assert_non_null(text);
+    size_t cap = strlen(text) + 1, n = 0;
+    char *out = calloc(cap, 1);
+    for (char *p = text; (p = strstr(p, "\"loss\": ")) != NULL; p++) {
+        p += strlen("\"loss\": ");
+        size_t len = strcspn(p, ",}");
+        memcpy(out + n, p, len);
+        n += len;
+        out[n++] = '\n';
+    }
+    free(text);
+    return out;
+}
+
+/* Processes whose command line names the run directory. */
+static int processes_of(const char *run)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || atoi(e->d_name) == getpid())
+            continue;
+        size_t len;
+        char *cmd = fy_test_slurp(fy_test_fmt("/proc/%s/cmdline", e->d_name), &len);
+        for (size_t i = 0; cmd != NULL && i < len; i++)
+            if (cmd[i] == 0)
+                cmd[i] = ' ';
+        if (cmd != NULL && len > 0 && strstr(cmd, run) != NULL)
+            n++;
+        free(cmd);
+    }
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+void fy_chaos_assert_nothing_left(const char *run)
+{
+    for (int i = 0; i < 200 && processes_of(run) > 0; i++)
+        fy_test_pause_ms(10);
+    assert_int_equal(processes_of(run), 0);
+    char pool[FY_POOL_NAME_MAX];
+    assert_int_equal(fy_pool_name_for_run(run, pool, sizeof pool), 0);
+    assert_int_not_equal(access(fy_test_fmt("/dev/shm%s", pool), F_OK), 0);
+    DIR *d = opendir(run);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        assert_null(strstr(e->d_name, ".tmp"));
+    closedir(d);
+    assert_int_not_equal(access(fy_test_fmt("%s/workers.pid", run), F_OK), 0);
+    assert_int_not_equal(access(fy_test_fmt("%s/ipc", run), F_OK), 0); /* its sockets */
+}
+
+struct fy_chaos_paths fy_chaos_new_run(struct fy_chaos *c, const char *name)
+{
+    struct fy_chaos_paths p;
+    snprintf(p.run, sizeof p.run, "%s", fy_test_in(c->f, name));
+    snprintf(p.out, sizeof p.out, "%s.fywt", p.run);
+    snprintf(p.metrics, sizeof p.metrics, "%s/metrics.jsonl", p.run);
+    snprintf(p.log, sizeof p.log, "%s.log", p.run);
+    snprintf(p.store, sizeof p.store, "%s/store", p.run);
+    snprintf(p.data, sizeof p.data, "%s/%s", p.store, FY_STORE_DATA_NAME);
+    fy_chaos_init_model(c->f, p.run);
+    return p;
+}
+
+int fy_chaos_start_run(struct fy_chaos *c, const struct fy_chaos_paths *rp,
+                       const char *const *extra, const char *delay_ms)
+{
+    const char *args[40];
+    fy_chaos_train_args(args, rp->run, c->f->data, FY_CHAOS_STEPS, rp->out, extra);
+    unlink(rp->log);
+    if (delay_ms != NULL)
+        setenv("FUYOU_TEST_OPT_DELAY_MS", delay_ms, 1);
+    int pid = fy_test_start("fuyou-launch", args, rp->log);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    assert_true(pid > 0);
+    return pid;
+}
+
+void fy_chaos_assert_same_as_reference(const struct fy_chaos *c, const char *run, const char *out)
+{
+    char *l = fy_chaos_losses(fy_test_fmt("%s/metrics.jsonl", run));
+    assert_string_equal(l, c->ref_losses);
+    size_t n;
+    char *w = fy_test_slurp(out, &n);
+    assert_non_null(w);
+    assert_int_equal(n, c->ref_len);
+    assert_memory_equal(w, c->ref_weights, n);
+    free(l);
+    free(w);
+}
+
+int fy_chaos_train_to(struct fy_chaos *c, const char *run, const char *steps, const char *out)
+{
+    const char *args[40];
+    fy_chaos_train_args(args, run, c->f->data, steps, out, NULL);
+    unlink(out);
+    int rc = fy_test_launch_in(c->f, args, 300);
+    if (rc != 0) /* its log, to see why */
+        fy_test_file_contains(c->f->log, "a line no log has");
+    return rc;
+}

@@ -1,0 +1,516 @@
+/* Integration tests of GPT training through the real processes on the CPU backend: where the
+ * optimizer state, the weights, the checkpoints and the blocks' internals live, how far ahead
+ * they are read, and the order the overlapped schedule sends the updates in change no bit. Each
+ * mix gives the losses and exported weights of the others and of the serial schedule; traced runs
+ * show the order (tests/integration/trace_*.py). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "tests/testutil.h"
+#include "tests/trainutil.h"
+
+/* A group of runs that must end with the same bits: the first run's export and losses, which every
+ * later run of the group is compared with. */
+struct same_bits {
+    char *weights, *losses;
+    size_t n;
+};
+
+/* Inits a fresh GPT of `layers` x `embd` (2 heads, context 32, seed 4) in `run`, trains it `steps`
+ * steps with the `extra` options, and compares its export and losses with the group's first run
+ * (or makes it the first). */
+static void train_same_bits(struct fy_test_fixture *f, struct same_bits *group, const char *run,
+                            const char *layers, const char *embd, const char *steps,
+                            const char *const *extra)
+{
+    char out[720], metrics[740];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    const char *init[] = {"init", "--run-dir", run, "--layers", layers, "--heads", "2", "--embd",
+                          embd, "--ctx", "32", "--seed", "4", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    assert_int_equal(fy_trainutil_train_with(f, run, f->data, steps, out, 0, extra), 0);
+    size_t n;
+    char *w = fy_test_slurp(out, &n), *l = fy_trainutil_losses(metrics);
+    assert_non_null(w);
+    assert_true(strlen(l) > 0);
+    if (group->weights == NULL) {
+        group->weights = w;
+        group->losses = l;
+        group->n = n;
+        return;
+    }
+    assert_string_equal(l, group->losses);
+    assert_int_equal(n, group->n);
+    assert_memory_equal(w, group->weights, n);
+    free(w);
+    free(l);
+}
+
+static void same_bits_free(struct same_bits *group)
+{
+    free(group->weights);
+    free(group->losses);
+}
+
+/* Five blocks, some resident and some streamed: a streamed block's backward takes its weights from
+ * its state, read before it into the slot the block two above leaves; every mix of the two, in
+ * either schedule, gives the same losses and weights. */
+static void test_mixed_placement_five_blocks(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    /* measured plans for this model and batch: 30M keeps 3 of the 7 units, 32M 4 */
+    const char *runs[][3] = {
+        {"m-stream", NULL, "overlap"}, {"m-30", "30M", "overlap"}, {"m-32", "32M", "overlap"},
+        {"m-all", "1G", "overlap"},    {"m-30s", "30M", "serial"}, {"m-streams", NULL, "serial"},
+    };
+    struct same_bits group = {0};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const char *extra[] = {"--schedule", runs[i][2], runs[i][1] ? "--cpu-mem" : NULL, runs[i][1],
+                               NULL};
+        train_same_bits(f, &group, fy_test_in(f, runs[i][0]), "5", "128", "4", extra);
+        if (runs[i][1] != NULL && strcmp(runs[i][1], "30M") == 0)
+            assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 7 units"));
+        if (runs[i][1] != NULL && strcmp(runs[i][1], "32M") == 0)
+            assert_true(fy_test_file_contains(f->log, "optimizer state of 4 of 7 units"));
+    }
+    same_bits_free(&group);
+}
+
+/* --prefetch N reads the weights of N units ahead (more weights slots, taken in turn): any depth,
+ * in either schedule and with clipping's extra backward pass, gives the same losses and weights;
+ * a depth outside 1..8 is refused. Five blocks, so that depths 2 and 3 go round the slots. */
+static void test_prefetch_depths_agree(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    const char *runs[][5] = {
+        {"d1", "1", "overlap", NULL, NULL}, {"d2", "2", "overlap", NULL, NULL},
+        {"d3", "3", "overlap", NULL, NULL}, {"d8", "8", "overlap", NULL, NULL},
+        {"d3s", "3", "serial", NULL, NULL}, {"c1", "1", "overlap", "--clip-grad-norm", "0.05"},
+        {"c3", "3", "overlap", "--clip-grad-norm", "0.05"},
+    };
+    struct same_bits group[2] = {{0}, {0}}; /* clipped runs compare among themselves */
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const char *extra[] = {"--prefetch", runs[i][1], "--schedule", runs[i][2], runs[i][3],
+                               runs[i][4], NULL};
+        train_same_bits(f, &group[runs[i][3] != NULL], fy_test_in(f, runs[i][0]), "5", "32", "4",
+                        extra);
+    }
+    same_bits_free(&group[0]);
+    same_bits_free(&group[1]);
+    const char *bad[] = {"0", "9"};
+    for (int i = 0; i < 2; i++) {
+        char *run = fy_test_in(f, "d1");
+        assert_int_equal(fy_trainutil_train(f, run, f->data, "5", NULL, 0, "--prefetch", bad[i]),
+                         2);
+        assert_true(fy_test_file_contains(f->log, "--prefetch"));
+    }
+}
+
+/* --cpu-mem keeps as much optimizer state in the pool as fits: nothing, some or all of it resident
+ * gives the same bits as streaming everything from the store, in the overlapped schedule and in
+ * the serial one. */
+static void test_resident_state_matches_streaming(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    const char *mems[3] = {NULL, "72M", "1G"}; /* 72M holds 3 of the 4 units (measured) */
+    const char *names[3] = {"stream", "some", "all"};
+    struct same_bits group = {0};
+    for (int i = 0; i < 6; i++) {
+        const char *schedule = i < 3 ? "overlap" : "serial";
+        char run[700];
+        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, names[i % 3]), schedule);
+        const char *extra[] = {"--schedule", schedule, mems[i % 3] ? "--cpu-mem" : NULL,
+                               mems[i % 3], NULL};
+        train_same_bits(f, &group, run, "2", "256", "6", extra);
+        if (i % 3 == 1)
+            assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 4 units"));
+        if (i % 3 == 2)
+            assert_true(fy_test_file_contains(f->log, "optimizer state of 4 of 4 units"));
+    }
+    same_bits_free(&group);
+    /* a cap below what the streaming regions alone need is refused before any work, with numbers */
+    char *small = fy_test_in(f, "small");
+    const char *init[] = {"init", "--run-dir", small, "--layers", "2", "--heads", "4", "--embd", "256",
+                          "--ctx", "32", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    assert_int_equal(fy_trainutil_train(f, small, f->data, "6", NULL, 0, "--cpu-mem", "30M"), 1);
+    assert_true(fy_test_file_contains(f->log, "plan does not fit"));
+    assert_true(fy_test_file_contains(f->log, "--cpu-mem is 30.0 MiB"));
+}
+
+/* --ckpt-place ssd: the blocks' input checkpoints go through four pool slots to the store in the
+ * forward and come back ahead of each backward pass (six blocks, so the slots are reused); the
+ * results equal those with the checkpoints in the pool, bit for bit, in both schedules, with and
+ * without clipping (whose second backward pass reads them again), with the state resident or
+ * streamed. */
+static void test_checkpoints_on_ssd_agree(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    for (int clip = 0; clip < 2; clip++) {
+        struct same_bits group = {0};
+        for (int i = 0; i < 6; i++) {
+            const char *place = i == 0 ? "host" : "ssd";
+            const char *schedule = i % 2 ? "serial" : "overlap";
+            const char *mem = i >= 4 ? "1G" : NULL; /* state resident, or streamed */
+            char run[700];
+            snprintf(run, sizeof run, "%s-%d-%d", fy_test_in(f, "ckpt"), clip, i);
+            const char *extra[] = {"--ckpt-place", place, "--schedule", schedule,
+                                   "--clip-grad-norm", clip ? "0.5" : "0",
+                                   mem ? "--cpu-mem" : NULL, mem, NULL};
+            train_same_bits(f, &group, run, "6", "64", "4", extra);
+            if (i > 0)
+                assert_true(fy_test_file_contains(f->log, "x_0..x_5 spilled to the store"));
+        }
+        /* auto: the pool when all the state fits beside the checkpoints (this model's pool with
+         * everything resident is 22 MiB, measured), the SSD store when it does not */
+        const char *mems[2] = {"1G", "21M"};
+        for (int i = 0; i < 2; i++) {
+            char run[700];
+            snprintf(run, sizeof run, "%s-%d-auto%d", fy_test_in(f, "ckpt"), clip, i);
+            const char *extra[] = {"--ckpt-place", "auto", "--cpu-mem", mems[i],
+                                   "--clip-grad-norm", clip ? "0.5" : "0", NULL};
+            train_same_bits(f, &group, run, "6", "64", "4", extra);
+            assert_true(fy_test_file_contains(f->log, i ? "checkpoints on the SSD store"
+                                                        : "checkpoints in the shared pool"));
+        }
+        same_bits_free(&group);
+    }
+    assert_int_equal(
+        fy_trainutil_train(f, fy_test_in(f, "bad"), f->data, "1", NULL, 0, "--ckpt-place", "gpu"),
+        2);
+    assert_true(fy_test_file_contains(f->log, "--ckpt-place gpu: give host, ssd or auto"));
+}
+
+/* The value of option `name` among a run's options (from index 3, up to its NULL), or NULL. */
+static const char *run_option(const char *const run[9], const char *name)
+{
+    for (int k = 3; k < 8 && run[k] != NULL; k++)
+        if (strcmp(run[k], name) == 0)
+            return run[k + 1];
+    return NULL;
+}
+
+/* --act-plan host|ssd: the forward copies the blocks' internals into the pool (host) or through
+ * pool slots to the store (ssd; four slots and six blocks, so the slots are reused) and the
+ * backward reads them instead of recomputing; a seeded mix of host, ssd and recompute per block
+ * and kind does the same per kind, and auto profiles a block and plans (everything to the pool
+ * when it fits, a mix under a tight --cpu-mem). Over 10 steps every plan gives the losses and
+ * weights of recomputation bit for bit: in both schedules, with clipping (whose second backward
+ * pass reads them again), with the checkpoints on the SSD beside them, with the state resident,
+ * and reading 1, 3 or 6 blocks ahead (--act-ahead: 3, 5 or 8 slots of each kind). */
+static void test_swapped_internals_agree(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    const char *runs[][9] = {
+        {"recompute", "overlap", "0", NULL},
+        {"host", "overlap", "0", NULL},
+        {"ssd", "overlap", "0", NULL},
+        {"ssd", "serial", "0", NULL},
+        {"mix1", "overlap", "0", "--ckpt-place", "ssd", NULL},
+        {"mix2", "overlap", "0", "--cpu-mem", "1G", NULL},
+        {"ssd", "overlap", "0.5", NULL},
+        {"mix1", "serial", "0.5", "--ckpt-place", "ssd", NULL},
+        {"recompute", "overlap", "0.5", NULL},
+        {"auto", "overlap", "0", NULL},
+        {"auto", "overlap", "0", "--cpu-mem", "26M", NULL},
+        {"auto", "serial", "0.5", "--cpu-mem", "26M", NULL},
+        {"ssd", "overlap", "0", "--act-ahead", "1", "--ckpt-place", "ssd", NULL},
+        {"mix1", "overlap", "0", "--act-ahead", "6", "--ckpt-place", "ssd", NULL},
+        {"ssd", "overlap", "0.5", "--act-ahead", "1", "--ckpt-place", "ssd", NULL},
+        {"ssd", "serial", "0.5", "--act-ahead", "3", NULL},
+    };
+    struct same_bits plain = {0}, clipped = {0};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const char *plan = strncmp(runs[i][0], "mix", 3) == 0 ? "ssd" : runs[i][0];
+        if (strncmp(runs[i][0], "mix", 3) == 0)
+            setenv("FUYOU_TEST_ACT_MIX", runs[i][0] + 3, 1);
+        const char *extra[12] = {"--act-plan", plan, "--schedule", runs[i][1],
+                                 "--clip-grad-norm", runs[i][2]};
+        for (int k = 3; k < 9 && runs[i][k] != NULL; k++)
+            extra[3 + k] = runs[i][k];
+        char run[700];
+        snprintf(run, sizeof run, "%s-%zu", fy_test_in(f, "swap"), i);
+        int clip = strcmp(runs[i][2], "0") != 0;
+        train_same_bits(f, clip ? &clipped : &plain, run, "6", "64", "10", extra);
+        unsetenv("FUYOU_TEST_ACT_MIX");
+        const char *ahead = run_option(runs[i], "--act-ahead");
+        unsigned slots = ahead ? (unsigned)atoi(ahead) + 2 : 4; /* the checkpoints' too */
+        if (strcmp(plan, "ssd") == 0) {
+            assert_true(fy_test_file_contains(
+                f->log, fy_test_fmt("internals placed on the SSD spilled to the store through %u "
+                                    "pool slots", slots)));
+            assert_true(fy_test_file_contains(fy_test_fmt("%s/act_plan.json", run),
+                                              fy_test_fmt("\"ssd_slots\": %u,", slots)));
+        }
+        if (run_option(runs[i], "--ckpt-place") != NULL)
+            assert_true(fy_test_file_contains(
+                f->log, fy_test_fmt("x_0..x_5 spilled to the store through %u pool slots", slots)));
+        if (strncmp(runs[i][0], "mix", 3) == 0)
+            assert_true(fy_test_file_contains(f->log, "the blocks' internals mixed"));
+        if (strcmp(plan, "auto") == 0) { /* profiled and planned, the plan in the run directory */
+            char path[740];
+            snprintf(path, sizeof path, "%s/act_plan.json", run);
+            char *json = fy_test_slurp(path, NULL);
+            assert_non_null(json);
+            assert_non_null(strstr(json, "\"mode\": \"auto\""));
+            assert_non_null(strstr(json, "\"planner\": {"));
+            free(json);
+            assert_true(fy_test_file_contains(f->log, "from the measured block profile"));
+        }
+    }
+    same_bits_free(&plain);
+    same_bits_free(&clipped);
+    /* the pool holds every block's internals with host: a --cpu-mem that recomputation fits (its
+     * pool is 18 MiB, measured) and host does not is refused, with the numbers */
+    const char *init[] = {"init", "--run-dir", fy_test_in(f, "swap-tight"), "--layers", "6",
+                          "--heads", "2", "--embd", "64", "--ctx", "32", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    const char *fits[] = {"--act-plan", "recompute", "--cpu-mem", "20M", NULL};
+    assert_int_equal(
+        fy_trainutil_train_with(f, fy_test_in(f, "swap-tight"), f->data, "1", NULL, 0, fits), 0);
+    const char *tight[] = {"--act-plan", "host", "--cpu-mem", "20M", NULL};
+    assert_int_not_equal(
+        fy_trainutil_train_with(f, fy_test_in(f, "swap-tight"), f->data, "2", NULL, 0, tight), 0);
+    assert_true(fy_test_file_contains(f->log, "--cpu-mem is 20.0 MiB"));
+    assert_true(fy_test_file_contains(f->log, "state 1.1 MiB, saved "));
+}
+
+/* --act-ahead N reads the activations on the store N blocks ahead: in a traced run with every
+ * block's internals and checkpoints on the SSD (six blocks), each read from their scratch extents
+ * is sent right after the backward request of the block N above its own and before the next
+ * (trace_ahead.py, by the requests' sequence numbers); the same trace checked for another depth
+ * fails, so the check tells the depths apart. Skipped, visibly, without python3. */
+static void test_act_ahead_in_trace(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (!fy_trainutil_have_python("the read-ahead"))
+        return;
+    static const char *const depths[] = {"1", "3"};
+    for (int i = 0; i < 2; i++) {
+        char run[700], trace[740], cmd[1600];
+        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, "ahead"), depths[i]);
+        snprintf(trace, sizeof trace, "%s.json", run);
+        const char *init[] = {"init", "--run-dir", run, "--layers", "6", "--heads", "2",
+                              "--embd", "64", "--ctx", "32", NULL};
+        assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+        const char *extra[] = {"--act-plan", "ssd", "--ckpt-place", "ssd", "--act-ahead",
+                               depths[i], "--trace", trace, NULL};
+        assert_int_equal(fy_trainutil_train_with(f, run, f->data, "3", NULL, 0, extra), 0);
+        for (int k = 0; k < 2; k++) {
+            snprintf(cmd, sizeof cmd, "python3 tests/integration/trace_ahead.py %s %s 6", trace,
+                     depths[k]);
+            int status = system(cmd);
+            assert_true(WIFEXITED(status));
+            if (k == i)
+                assert_int_equal(WEXITSTATUS(status), 0);
+            else
+                assert_int_not_equal(WEXITSTATUS(status), 0);
+        }
+    }
+}
+
+/* Trains a fresh GPT of `layers` x `embd` 4 steps with every AdamW delayed by delay_ms (the test
+ * hook), overlapped (traced) and then serial, with the option `opt` `value` too: both must log the
+ * delay and `slots` (the plan's gradient-slots line) and give the same bits. Then `check`, a
+ * python3 command line with %s for the trace, must exit 0 (skipped, visibly, without python3). */
+static void delayed_overlap_and_serial(struct fy_test_fixture *f, const char *name,
+                                       const char *delay_ms, const char *layers, const char *embd,
+                                       const char *opt, const char *value, const char *slots,
+                                       const char *check)
+{
+    struct same_bits group = {0};
+    char trace[700], delayed[80], cmd[900];
+    snprintf(trace, sizeof trace, "%s.json", fy_test_in(f, name));
+    snprintf(delayed, sizeof delayed, "every AdamW request is delayed by %s ms", delay_ms);
+    assert_int_equal(setenv("FUYOU_TEST_OPT_DELAY_MS", delay_ms, 1), 0);
+    for (int i = 0; i < 2; i++) {
+        const char *schedule = i == 0 ? "overlap" : "serial";
+        char run[700];
+        snprintf(run, sizeof run, "%s-%s", fy_test_in(f, name), schedule);
+        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", opt, value,
+                               i == 0 ? "--trace" : NULL, trace, NULL};
+        train_same_bits(f, &group, run, layers, embd, "4", extra);
+        assert_true(fy_test_file_contains(f->log, delayed));
+        assert_true(fy_test_file_contains(f->log, slots));
+    }
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    same_bits_free(&group);
+    if (!fy_trainutil_have_python(fy_test_fmt("the trace of %s", name)))
+        return;
+    snprintf(cmd, sizeof cmd, check, trace);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* The next step's forward waits for each unit's own update, not for the whole optimizer. With the
+ * optimizer made the slowest stage (a test hook delays every AdamW by 40 ms), the updates still
+ * running when a backward ends go in the forward's order, so step N+1's forward starts while step
+ * N's updates run; each unit's forward still starts after that unit's update ended (checked in the
+ * trace: 3 steps after the first, each with 7 units, embeddings and 6 blocks), and the results
+ * equal the serial schedule's bit for bit. */
+static void test_forward_waits_for_its_unit_only(void **state)
+{
+    delayed_overlap_and_serial(*state, "delayed", "40", "6", "64", "--grad-slots", "6",
+                               "6 block gradients in the pool at once",
+                               "python3 tests/integration/trace_order.py %s 21");
+}
+
+/* Updates go lowest unit first. With 24 blocks whose backward outruns an AdamW delayed by 30 ms,
+ * the opt worker is sent the newest gradient's block before older, higher ones while the backward
+ * still runs (trace_edf.py finds such pairs; with arrival order there are none, checked by hand),
+ * and the bits are the serial schedule's. Batch 4 keeps the blocks fast enough for the backward
+ * to outrun AdamW even on one core. */
+static void test_updates_lowest_unit_first(void **state)
+{
+    delayed_overlap_and_serial(*state, "lowest-first", "30", "24", "128", "--batch", "4",
+                               "16 block gradients in the pool at once",
+                               "python3 tests/integration/trace_edf.py %s");
+}
+
+/* Fewer gradient slots than blocks, with the optimizer the slowest stage (AdamW delayed by 20 ms):
+ * a block's backward waits for a free slot, which the update that ends first gives back, while the
+ * updates go lowest unit first. Each forward still follows its unit's update (the trace), and the
+ * bits are the serial schedule's. With three slots nothing is left for the next forward (the last
+ * argument of trace_order.py: no late update required): the updates in flight at the backward's
+ * end all run before the embeddings', which it needs first. */
+static void test_fewer_gradient_slots_than_blocks(void **state)
+{
+    delayed_overlap_and_serial(*state, "three-slots", "20", "6", "64", "--grad-slots", "3",
+                               "3 block gradients in the pool at once",
+                               "python3 tests/integration/trace_order.py %s 21 0");
+}
+
+/* With the state in the pool and no clipping, the embeddings are updated in two parts: the rows no
+ * token of the batch touches once the head is done, the rest after the embedding backward. Two
+ * AdamW requests on unit 0 per step (the trace), and the same bits as one update after the
+ * backward (the test hook FUYOU_TEST_EMBED_WHOLE), in either schedule. */
+static void test_embed_update_in_two_parts(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    struct same_bits group = {0};
+    char *trace = strdup(fy_test_in(f, "embed-split.json"));
+    const char *runs[][2] = {{"whole", "overlap"}, {"split", "overlap"}, {"split-serial", "serial"}};
+    for (int i = 0; i < 3; i++) {
+        int whole = strcmp(runs[i][0], "whole") == 0;
+        if (whole)
+            assert_int_equal(setenv("FUYOU_TEST_EMBED_WHOLE", "1", 1), 0);
+        const char *extra[] = {"--schedule", runs[i][1], "--cpu-mem", "1G",
+                               i == 1 ? "--trace" : NULL, trace, NULL};
+        train_same_bits(f, &group, fy_test_in(f, runs[i][0]), "3", "64", "4", extra);
+        assert_int_equal(fy_test_file_contains(f->log, "the embeddings are updated in one piece"),
+                         whole);
+        unsetenv("FUYOU_TEST_EMBED_WHOLE");
+    }
+    same_bits_free(&group);
+    char *text = fy_test_slurp(trace, NULL);
+    assert_non_null(text);
+    /* steps 1..4, two requests on unit 0 each */
+    int unit0 = 0;
+    for (const char *p = text; (p = strstr(p, "\"name\": \"opt-adamw\"")) != NULL; p++) {
+        const char *end = strchr(p, '\n');
+        const char *u = strstr(p, "\"unit\": 0,");
+        unit0 += u != NULL && (end == NULL || u < end);
+    }
+    assert_int_equal(unit0, 8);
+    free(text);
+    free(trace);
+}
+
+/* --weights-dtype bf16 on the CPU backend: the kept units' weights go to the gpu worker as the
+ * bf16 copies AdamW writes beside their state, which the backend widens (the results of weights
+ * rounded to bf16, so the losses differ from f32 weights'). Overlapped, serial and a run restarted
+ * at every step (each start rounds the committed masters afresh) give the same bits, so the
+ * copies AdamW writes are the masters' rounding; with copies for some of the kept units only
+ * (the others' weights go as f32) and with clipping (a second backward pass), overlap and serial
+ * agree too. */
+static void test_bf16_weights_agree(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    struct same_bits all = {0}, mixed = {0}, clipped = {0};
+    const char *runs[][4] = {
+        {"b-all", "overlap", "1G", NULL}, {"b-all-s", "serial", "1G", NULL},
+        {"b-mixed", "overlap", "76M", NULL}, {"b-mixed-s", "serial", "76M", NULL},
+        {"b-clip", "overlap", "1G", "0.05"}, {"b-clip-s", "serial", "1G", "0.05"},
+    };
+    for (int i = 0; i < 6; i++) {
+        const char *extra[] = {"--weights-dtype", "bf16", "--schedule", runs[i][1], "--cpu-mem",
+                               runs[i][2], runs[i][3] ? "--clip-grad-norm" : NULL, runs[i][3],
+                               NULL};
+        struct same_bits *g = i < 2 ? &all : i < 4 ? &mixed : &clipped;
+        train_same_bits(f, g, fy_test_in(f, runs[i][0]), "2", "256", "3", extra);
+        if (i < 2 || i >= 4)
+            assert_true(fy_test_file_contains(f->log, "weights to the GPU in bf16 for 4 of the 4 "
+                                                      "kept units"));
+        else /* measured: 76M keeps the 4 units and has room for 2 copies */
+            assert_true(fy_test_file_contains(f->log, "weights to the GPU in bf16 for 2 of the 4 "
+                                                      "kept units"));
+    }
+    /* restarted at every step: the copies come from the committed masters each time */
+    char *run = strdup(fy_test_in(f, "b-steps")), out[720], metrics[740];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                          "256", "--ctx", "32", "--seed", "4", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    const char *extra[] = {"--weights-dtype", "bf16", "--cpu-mem", "1G", NULL};
+    const char *steps[] = {"1", "2", "3"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(
+            fy_trainutil_train_with(f, run, f->data, steps[i], i == 2 ? out : NULL, 0, extra), 0);
+    size_t n;
+    char *w = fy_test_slurp(out, &n), *l = fy_trainutil_losses(metrics);
+    assert_non_null(w);
+    assert_string_equal(l, all.losses);
+    assert_int_equal(n, all.n);
+    assert_memory_equal(w, all.weights, n);
+    free(w);
+    free(l);
+    /* f32 weights (the CPU backend's default) compute with other numbers */
+    struct same_bits f32 = {0};
+    const char *plain[] = {"--cpu-mem", "1G", NULL};
+    train_same_bits(f, &f32, fy_test_in(f, "b-f32"), "2", "256", "3", plain);
+    assert_true(fy_test_file_contains(f->log, "weights to the GPU in f32"));
+    assert_string_not_equal(f32.losses, all.losses);
+    same_bits_free(&f32);
+    same_bits_free(&all);
+    same_bits_free(&mixed);
+    same_bits_free(&clipped);
+    free(run);
+    const char *bad[] = {"--weights-dtype", "f16", NULL};
+    assert_int_equal(fy_trainutil_train_with(f, fy_test_in(f, "b-all"), f->data, "4", NULL, 0, bad),
+                     2);
+    assert_true(fy_test_file_contains(f->log, "--weights-dtype f16: give auto, f32 or bf16"));
+}
+
+int main(void)
+{
+    if (fy_trainutil_start("test_placement") != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        FY_TRAINUTIL_TEST(test_forward_waits_for_its_unit_only),
+        FY_TRAINUTIL_TEST(test_updates_lowest_unit_first),
+        FY_TRAINUTIL_TEST(test_fewer_gradient_slots_than_blocks),
+        FY_TRAINUTIL_TEST(test_embed_update_in_two_parts),
+        FY_TRAINUTIL_TEST(test_bf16_weights_agree),
+        FY_TRAINUTIL_TEST(test_checkpoints_on_ssd_agree),
+        FY_TRAINUTIL_TEST(test_swapped_internals_agree),
+        FY_TRAINUTIL_TEST(test_act_ahead_in_trace),
+        FY_TRAINUTIL_TEST(test_resident_state_matches_streaming),
+        FY_TRAINUTIL_TEST(test_prefetch_depths_agree),
+        FY_TRAINUTIL_TEST(test_mixed_placement_five_blocks),
+    };
+    struct CMUnitTest run[sizeof tests / sizeof tests[0]];
+    size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+        if (fy_test_wanted(tests[i].name))
+            run[wanted++] = tests[i];
+    return _cmocka_run_group_tests("placement (integration)", run, wanted, NULL, NULL);
+}

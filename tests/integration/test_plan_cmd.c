@@ -1,0 +1,702 @@
+/* Integration tests of the launcher's planning and reporting on the CPU backend: the plan's
+ * predictions against values worked out by hand (fy_plan_predict and fuyou-launch plan), the
+ * largest batch the SSD holds, probe then plan, profile, report's charts, the progress line on a
+ * terminal, the trace and the metrics' busy times and SSD bytes beside the plan's prediction, the
+ * SSD rates carried to the next session, and make bench-pipeline's table. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "common/dtype.h"
+#include "common/model.h"
+#include "launcher/plan.h"
+#include "tests/testutil.h"
+#include "tests/trainutil.h"
+
+/* The plan's prediction per resource for a fixed model and rates, against values worked out by hand
+ * (2 blocks of width 64, vocabulary 256, context and T 32, B 4; block 1 streamed, the rest resident):
+ * N = 118528 parameters, 735744 model FLOPs per token; PCIe 1276928 bytes up and 736256 down; the
+ * streamed block's 200704-byte sections: 4 read, 3 written. */
+static void test_prediction_by_hand(void **state)
+{
+    (void)state;
+    struct fy_model_config c = {.n_layer = 2, .n_head = 2, .n_embd = 64, .vocab = 256, .ctx = 32};
+    const unsigned char resident[4] = {1, 0, 1, 1};
+    struct fy_plan_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9, .ssd_read = 1e8,
+                                  .ssd_write = 2e8, .opt_params = 1e6};
+    struct fy_plan_shape f32 = {.c = &c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32};
+    struct fy_plan_shape clipped = f32, bf16 = f32;
+    clipped.clip = 1;
+    bf16.act_dtype = FY_DTYPE_BF16;
+    struct fy_plan_place place = {.resident = resident}, ckpt_ssd = place;
+    ckpt_ssd.ckpt_slots = fy_plan_spill_slots(0);
+    struct fy_plan_prediction p;
+    fy_plan_predict(&f32, &place, &rates, &p);
+    assert_float_equal(p.gpu_s, 9.4175232e-5, 1e-12);
+    assert_float_equal(p.h2d_s, 1.276928e-3, 1e-12);
+    assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
+    assert_float_equal(p.ssd_s, 1.103872e-2, 1e-12);
+    assert_float_equal(p.opt_s, 0.118528, 1e-12);
+    assert_float_equal(p.step_s, 0.118528, 1e-12);
+    assert_string_equal(p.bound, "optimizer");
+    /* clipping: the blocks' backward and recomputation once more (0.75 of 128 tokens x 2 blocks x
+     * 312192 FLOPs), the second pass's PCIe bytes and weights reads, the sums of squares */
+    fy_plan_predict(&clipped, &place, &rates, &p);
+    assert_float_equal(p.gpu_s, 1.54116096e-4, 1e-12);
+    assert_float_equal(p.h2d_s, 1.91488e-3, 1e-12);
+    assert_float_equal(p.d2h_s, 6.37696e-4, 1e-12);
+    assert_float_equal(p.ssd_s, 1.304576e-2, 1e-12);
+    assert_float_equal(p.opt_s, 0.118528 * 8.0 / 7.0, 1e-12);
+    /* a slow disk becomes the bound */
+    rates.ssd_read = 1e6;
+    fy_plan_predict(&f32, &place, &rates, &p);
+    assert_float_equal(p.step_s, 0.802816 + 3.01056e-3, 1e-12);
+    assert_string_equal(p.bound, "SSD");
+    /* checkpoints on the SSD: x_0 and x_1 (32768 bytes each) written once and read once */
+    rates.ssd_read = 1e8;
+    fy_plan_predict(&f32, &ckpt_ssd, &rates, &p);
+    assert_float_equal(p.ssd_s, 1.202176e-2, 1e-12);
+    /* bf16 activations (the CUDA backend's): 16384 bytes each instead of 32768, 8 of them up and 6
+     * down per step, and the checkpoints half the size on the SSD */
+    fy_plan_predict(&bf16, &place, &rates, &p);
+    assert_float_equal(p.h2d_s, 1.145856e-3, 1e-12);
+    assert_float_equal(p.d2h_s, 3.18976e-4, 1e-12);
+    fy_plan_predict(&bf16, &ckpt_ssd, &rates, &p);
+    assert_float_equal(p.ssd_s, 1.103872e-2 + 3.2768e-4 + 1.6384e-4, 1e-12);
+    /* bf16 weight copies of the kept units: the embeddings' 18432 parameters and block 2's 49984
+     * go up at 2 bytes instead of 4 (block 2 in the forward and the backward), and so do the
+     * head's final unit and wte (128 + 16384), both of its units having copies: 269824 fewer */
+    const unsigned char copies[4] = {FY_PLAN_KEPT_BF16, FY_PLAN_STREAMED, FY_PLAN_KEPT_BF16,
+                                     FY_PLAN_KEPT_BF16};
+    const struct fy_plan_place with_copies = {.resident = copies};
+    fy_plan_predict(&f32, &with_copies, &rates, &p);
+    assert_float_equal(p.h2d_s, 1.007104e-3, 1e-12);
+    assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
+    assert_float_equal(p.ssd_s, 1.103872e-2, 1e-12);
+    assert_int_equal(fy_plan_weight_copies(&c, copies), 3);
+    assert_int_equal(fy_plan_upload_bytes(&c, copies, 1), 49984 * 4);
+    assert_int_equal(fy_plan_upload_bytes(&c, copies, 2), 49984 * 2);
+}
+
+/* fuyou-launch plan with a machine profile of round rates prints, without running anything, the
+ * predictions worked out by hand for the model above at batch 8, every unit streamed (no
+ * --cpu-mem): AdamW 118528 parameters (embeddings 256 x 64 + 32 x 64, two blocks of 12 x 64^2 +
+ * 13 x 64, the final LayerNorm's 128) at 1e6/s = 0.118528 s, the bound; the SSD reads each unit's
+ * master in the forward and its state (three sections) in the backward and writes the state back,
+ * sections 4 KiB-padded to 73728 + 2 x 200704 + 4096 = 479232 bytes: 4 x 479232 / 1e8 +
+ * 3 x 479232 / 2e8 = 0.026358 s; the GPU twice test_prediction_by_hand's batch-4 figure; 256
+ * tokens / 0.118528 s = 2160 tokens/s. The store is 2.8 MiB, 1 MiB more with the checkpoints on it
+ * (their scratch extent's smallest class). A --cpu-mem below the pool's least is said not to fit
+ * (exit 1), and a profile without a rate is refused naming the key. */
+/* plan of the 2-layer, 64-wide model at batch 8 x 32 on the CPU backend with the rates of
+ * `machine`, and one more option (opt and its value) unless opt is NULL; the launcher's status. */
+static int plan_small(struct fy_test_fixture *f, const char *machine, const char *opt,
+                      const char *value)
+{
+    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
+                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
+                          "--machine", machine, opt, value, NULL};
+    return fy_test_launch_in(f, args, 60);
+}
+
+static void test_plan_by_hand(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *machine = fy_test_in(f, "machine.json"), *bad = fy_test_in(f, "bad.json");
+    FILE *m = fopen(machine, "w");
+    assert_non_null(m);
+    fputs("{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
+          "\"ssd_write\": 2e8, \"opt_params\": 1e6}\n", m);
+    fclose(m);
+    assert_int_equal(plan_small(f, machine, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: predicted seconds per step: GPU compute "
+                                              "0.000188, "));
+    assert_true(fy_test_file_contains(f->log, ", SSD 0.026358, optimizer 0.118528; bound: "
+                                              "optimizer"));
+    assert_true(fy_test_file_contains(f->log, "plan: predicted step 0.118528 s: 2160 tokens/s"));
+    assert_true(fy_test_file_contains(f->log, "0 of 4 units (0 B) stay in the shared pool"));
+    assert_true(fy_test_file_contains(f->log, "rates: " ));
+    assert_true(fy_test_file_contains(f->log, "plan: SSD store 2.8 MiB (2 copies of the state; "));
+    /* the checkpoints on the store: 2 x 64 KiB in a scratch extent of the smallest class, 1 MiB */
+    assert_int_equal(plan_small(f, machine, "--ckpt-place", "ssd"), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: SSD store 3.8 MiB (2 copies of the state and "
+                                              "the checkpoints' scratch; "));
+    assert_int_equal(plan_small(f, machine, "--cpu-mem", "1M"), 1);
+    assert_true(fy_test_file_contains(f->log, "(DOES NOT FIT)"));
+    assert_true(fy_test_file_contains(f->log, "train would refuse it"));
+    m = fopen(bad, "w");
+    assert_non_null(m);
+    fputs("{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
+          "\"opt_params\": 1e6}\n", m);
+    fclose(m);
+    const char *badargs[] = {"plan", "--batch", "8", "--seq", "32", "--machine", bad, NULL};
+    assert_int_equal(fy_test_launch_in(f, badargs, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "\"ssd_write\" must be a positive number"));
+
+    /* --act-plan host and ssd as train forces them: every block's internals (f32 on the CPU
+     * backend) are qkv 3NC + atty NC + softmax B H T T + resid NC + fc 4NC + gelu 4NC floats,
+     * N = 256, C = 64: 917504 bytes a block, 1835008 for two; they cross PCIe once each way
+     * (host: to the GPU 0.001541 + 1835008 / 1e9 s, back 0.000466 + 1835008 / 2e9) and, on the
+     * SSD, are written and read once more (0.026358 + 1835008 / 1e8 + 1835008 / 2e8 s) through
+     * four pool slots of one block's */
+    assert_int_equal(plan_small(f, machine, "--act-plan", "host"), 0);
+    assert_true(fy_test_file_contains(f->log, "every block's internals swapped, 1.8 MiB in the "
+                                              "shared pool from forward to backward, 0 B through"));
+    assert_true(fy_test_file_contains(f->log, "PCIe to the GPU 0.003376, from it 0.001384, SSD "
+                                              "0.026358"));
+    assert_int_equal(plan_small(f, machine, "--act-plan", "ssd"), 0);
+    assert_true(fy_test_file_contains(f->log, "through the SSD store (4 pool slots of 896.0 KiB)"));
+    assert_true(fy_test_file_contains(f->log, "from it 0.001384, SSD 0.053883, optimizer"));
+    assert_true(fy_test_file_contains(f->log, "(every block's internals swapped through the SSD "
+                                              "store)"));
+    /* --act-ahead N: N + 2 slots of each kind on its way to the store; 5 more than 2 of the
+     * internals' (3 x 896 KiB) and the checkpoints' (3 x 64 KiB) take the pool from 22 to 26 MiB
+     * (whole MiB); outside 1..6 it is refused */
+    for (int i = 0; i < 4; i++) {
+        static const char *const ahead[] = {"2", "5", "0", "7"};
+        const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
+                              "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend",
+                              "cpu", "--act-plan", "ssd", "--ckpt-place", "ssd", "--act-ahead",
+                              ahead[i], NULL};
+        assert_int_equal(fy_test_launch_in(f, args, 60), i < 2 ? 0 : 2);
+        if (i < 2) {
+            assert_true(fy_test_file_contains(
+                f->log, i ? "(7 pool slots of 896.0 KiB)" : "(4 pool slots of 896.0 KiB)"));
+            assert_true(fy_test_file_contains(f->log, i ? "plan: shared pool 26.0 MiB"
+                                                        : "plan: shared pool 22.0 MiB"));
+        } else {
+            assert_true(fy_test_file_contains(
+                f->log, fy_test_fmt("--act-ahead %s: give 1 to 6 blocks", ahead[i])));
+        }
+    }
+    /* the other counts, out of their ranges */
+    assert_int_equal(plan_small(f, machine, "--prefetch", "9"), 2);
+    assert_true(fy_test_file_contains(f->log, "--prefetch 9: give 1 to 8 units"));
+    /* --grad-slots is train's alone: plan refuses it; train refuses it out of its range */
+    assert_int_equal(plan_small(f, machine, "--grad-slots", "3"), 2);
+    assert_true(fy_test_file_contains(f->log, "plan: --grad-slots does not apply to plan"));
+    const char *slots[] = {"train", "--run-dir", fy_test_in(f, "no-run"), "--data", f->data,
+                           "--grad-slots", "2", NULL};
+    assert_int_equal(fy_test_launch_in(f, slots, 60), 2);
+    assert_true(fy_test_file_contains(f->log, "--grad-slots 2: give 3 to 16 block gradients"));
+    const char *llama[] = {"plan", "--arch", "llama", "--layers", "2", "--heads", "2", "--embd",
+                           "64", "--vocab", "256", "--ctx", "32", "--batch", "8", "--seq", "32",
+                           "--backend", "cpu", "--act-plan", "ssd", NULL};
+    assert_int_equal(fy_test_launch_in(f, llama, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "--act-plan ssd: Llama blocks keep their internals "
+                                              "on the GPU or recompute them, never swap them"));
+}
+
+/* plan's largest batch counts the SSD's free space: with every block's internals swapped to the
+ * store (68 MiB a sample for two 512-wide blocks at T 1024, f32 on the CPU backend, in a scratch
+ * extent at most 1/8 larger), the store's filesystem binds long before the search's cap of 65536,
+ * and the batch printed is planned as fitting while two more are not (the SSD store's line says
+ * so). */
+static int plan_wide(struct fy_test_fixture *f, const char *ssd, const char *batch)
+{
+    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "512", "--vocab",
+                          "256", "--ctx", "1024", "--seq", "1024", "--batch", batch, "--backend",
+                          "cpu", "--act-plan", "ssd", "--ssd", ssd, NULL};
+    return fy_test_launch_in(f, args, 60);
+}
+
+static void test_plan_largest_batch_fits_ssd(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *ssd = fy_test_in(f, "ssd");
+    assert_int_equal(mkdir(ssd, 0755), 0);
+    struct statvfs st;
+    assert_int_equal(statvfs(ssd, &st), 0);
+    uint64_t free_bytes = (uint64_t)st.f_bavail * st.f_frsize;
+    if (free_bytes < (1ull << 30) || free_bytes > (4ull << 40)) {
+        print_message("skipped: %s has %llu bytes free, outside the 1 GiB to 4 TiB this test "
+                      "plans for\n", ssd, (unsigned long long)free_bytes);
+        skip();
+    }
+    assert_int_equal(plan_wide(f, ssd, "1"), 0);
+    char *log = fy_test_slurp(f->log, NULL);
+    const char *at = strstr(log, "plan: largest batch that fits: ");
+    assert_non_null(at);
+    int largest = atoi(at + strlen("plan: largest batch that fits: "));
+    free(log);
+    assert_true(fy_test_file_contains(f->log, "(at 1024 tokens; the GPU, --cpu-mem and the SSD's "
+                                              "free space)"));
+    /* 68 MiB a sample, in a scratch extent up to 9/8 of that: the free space over it, within the
+     * state's and the records' share */
+    uint64_t per_sample = 68ull << 20;
+    assert_true(largest > 1 && (uint64_t)largest <= free_bytes / per_sample);
+    assert_true((uint64_t)largest + 8 >= free_bytes / (per_sample * 9 / 8));
+    assert_int_equal(plan_wide(f, ssd, fy_test_fmt("%d", largest)), 0);
+    assert_false(fy_test_file_contains(f->log, "DOES NOT FIT"));
+    assert_int_equal(plan_wide(f, ssd, fy_test_fmt("%d", largest + 2)), 1);
+    assert_true(fy_test_file_contains(f->log, "swapped internals' scratch) on 1 path with "));
+    assert_true(fy_test_file_contains(f->log, "free (DOES NOT FIT)"));
+}
+
+/* Entries of a directory other than . and .. (-1: cannot be read). */
+static int entries_in(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+/* fuyou-launch probe measures this machine (here the CPU backend: the GPU parts are said to be
+ * skipped) into RUN/machine.json, six positive rates that plan then predicts from. */
+static void test_probe_then_plan(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "probed");
+    fy_trainutil_init_model(f, run, "64", "5");
+    const char *probe[] = {"probe", "--run-dir", run, "--backend", "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, probe, 120), 0);
+    assert_true(fy_test_file_contains(f->log, "the GPU parts (PCIe, GEMM rate) are skipped"));
+    assert_true(fy_test_file_contains(f->log, "probe: took "));
+    char *profile = fy_test_slurp(fy_test_fmt("%s/machine.json", run), NULL);
+    assert_non_null(profile);
+    static const char *const keys[] = {"\"gpu_flops\":", "\"h2d\":", "\"d2h\":",
+                                       "\"ssd_read\":", "\"ssd_write\":", "\"opt_params\":"};
+    for (int i = 0; i < 6; i++) {
+        char *at = strstr(profile, keys[i]);
+        assert_non_null(at);
+        assert_true(atof(at + strlen(keys[i])) > 0);
+    }
+    free(profile);
+    assert_int_equal(fy_test_count_matches(f->log, ".fuyou-probe"), 0);
+    const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
+                          "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("rates: %s/machine.json", run)));
+    assert_true(fy_test_file_contains(f->log, "plan: predicted step "));
+
+    /* two SSD paths: each measured alone, then together; host memory by one thread and by all.
+     * The run's store, as model.conf records it (init --ssd), is what probe --run-dir measures */
+    char *a = fy_test_in(f, "ssd-a"), *b = fy_test_in(f, "ssd-b"), *out = fy_test_in(f, "m.json");
+    char *striped = fy_test_in(f, "striped");
+    assert_int_equal(mkdir(a, 0700), 0);
+    assert_int_equal(mkdir(b, 0700), 0);
+    const char *init_two[] = {"init", "--run-dir", striped, "--layers", "2", "--heads", "2",
+                              "--embd", "64", "--ctx", "32", "--ssd", fy_test_fmt("%s,%s", a, b),
+                              NULL};
+    assert_int_equal(fy_test_launch_in(f, init_two, 60), 0);
+    int in_a = entries_in(a), in_b = entries_in(b); /* the run's store */
+    const char *two[] = {"probe", "--run-dir", striped, "--out", out, "--backend", "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, two, 120), 0);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("probe: SSD path %s alone: read ", a)));
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("probe: SSD path %s alone: read ", b)));
+    assert_true(fy_test_file_contains(f->log, "probe: SSD store on 2 paths: read "));
+    profile = fy_test_slurp(out, NULL);
+    assert_non_null(profile);
+    const char *at = profile;
+    for (int i = 0; i < 2; i++) {
+        at = strstr(at, "\"read\":");
+        assert_non_null(at);
+        assert_true(atof(at + strlen("\"read\":")) > 0);
+        at = strstr(at, "\"write\":");
+        assert_non_null(at);
+        assert_true(atof(at + strlen("\"write\":")) > 0);
+    }
+    at = strstr(profile, "\"memcpy_all_threads\":");
+    assert_non_null(at);
+    assert_true(atof(at + strlen("\"memcpy_all_threads\":")) > 0);
+    free(profile);
+    assert_int_equal(entries_in(a), in_a); /* the scratch stores are gone, the run's store stays */
+    assert_int_equal(entries_in(b), in_b);
+}
+
+/* Progress for people: on a terminal (here script(1)'s pseudo-terminal) one status line with the
+ * step, loss, tokens/s, TFLOP/s, GPU busy and ETA, redrawn in place, while the full step lines go
+ * to RUN/fuyou.log; elsewhere the full step lines; a summary at the end either way. */
+static void test_progress_line(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (system("command -v script >/dev/null 2>&1") != 0) {
+        printf("test_progress_line: skipped: no script(1) to give the run a terminal\n");
+        skip();
+    }
+    char *run = fy_test_in(f, "progress"), *tty = fy_test_in(f, "tty.out");
+    fy_trainutil_init_model(f, run, "64", "5");
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "3", NULL, 0, "--eval-every", "1000"), 0);
+    assert_true(fy_test_file_contains(f->log, "info: step 3/3 | loss"));
+    assert_true(fy_test_file_contains(f->log, "summary: steps 1 to 3 (3 trained)"));
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "script -qec '%s train --run-dir %s --data %s --steps 6 --batch 8 --seq 32 --backend "
+             "cpu --eval-every 1000' /dev/null > %s 2>&1",
+             fy_test_bin("fuyou-launch"), run, f->data, tty);
+    assert_int_equal(system(cmd), 0);
+    assert_true(fy_test_file_contains(tty, "\r\033[Kstep 6/6 | loss "));
+    assert_true(fy_test_file_contains(tty, "| GPU busy "));
+    assert_true(fy_test_file_contains(tty, "| ETA "));
+    assert_true(fy_test_file_contains(tty, "summary: steps 4 to 6 (3 trained)"));
+    assert_int_equal(fy_test_count_matches(tty, "info: step 5/6"), 0); /* not on the terminal */
+    assert_true(fy_test_file_contains(fy_test_fmt("%s/fuyou.log", run), "info: step 5/6 | loss"));
+}
+
+/* A PNG file's width and height from its signature and IHDR chunk; 0 when it is not one. */
+static int png_size(const char *path, unsigned *w, unsigned *h)
+{
+    size_t n;
+    unsigned char *b = (unsigned char *)fy_test_slurp(path, &n);
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    int ok = b != NULL && n > 1000 && memcmp(b, sig, 8) == 0 && memcmp(b + 12, "IHDR", 4) == 0;
+    if (ok) {
+        *w = (unsigned)b[16] << 24 | (unsigned)b[17] << 16 | (unsigned)b[18] << 8 | b[19];
+        *h = (unsigned)b[20] << 24 | (unsigned)b[21] << 16 | (unsigned)b[22] << 8 | b[23];
+    }
+    free(b);
+    return ok;
+}
+
+/* fuyou-launch report draws a run's metrics into three PNG charts (valid images of the size asked
+ * for), and says what is wrong where a run has no metrics. */
+static void test_report_charts(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        printf("test_report_charts: skipped: gnuplot is not installed (Debian: gnuplot-nox)\n");
+        skip();
+    }
+    char *run = fy_test_in(f, "charted");
+    fy_trainutil_init_model(f, run, "64", "5");
+    const char *empty[] = {"report", "--run-dir", run, NULL};
+    assert_int_equal(fy_test_launch_in(f, empty, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "metrics.jsonl (a run's metrics: train writes "
+                                              "them)"));
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "6", NULL, 0, "--eval-every", "2"), 0);
+    assert_int_equal(fy_test_launch_in(f, empty, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "report: 6 steps drawn"));
+    static const char *const charts[] = {"loss", "busy", "throughput"};
+    for (int i = 0; i < 3; i++) {
+        unsigned w = 0, h = 0;
+        assert_true(png_size(fy_test_fmt("%s/report/%s.png", run, charts[i]), &w, &h));
+        assert_int_equal(w, 1000);
+        assert_int_equal(h, 600);
+        assert_int_not_equal(access(fy_test_fmt("%s/report/%s.png.tmp", run, charts[i]), F_OK),
+                             0);
+    }
+}
+
+/* fuyou-launch profile measures a block at the batch given and prints the plan train's auto would
+ * take, writing it to RUN/act_plan.json, without training; a sequence beyond the context is
+ * refused. A profile that fails (a test hook) is said and train goes on without one. */
+static void test_profile_command(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "profiled"), path[740];
+    fy_trainutil_init_model(f, run, "64", "5");
+    const char *args[] = {"profile", "--run-dir", run, "--batch", "8", "--seq", "32",
+                          "--backend", "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, args, 120), 0);
+    assert_true(fy_test_file_contains(f->log, "profile (CPU backend, batch 8 x 32)"));
+    assert_true(fy_test_file_contains(f->log, "GB/s written"));
+    assert_true(fy_test_file_contains(f->log, "from the measured block profile"));
+    snprintf(path, sizeof path, "%s/act_plan.json", run);
+    char *json = fy_test_slurp(path, NULL);
+    assert_non_null(json);
+    assert_non_null(strstr(json, "\"batch\": 8, \"seq\": 32"));
+    assert_non_null(strstr(json, "\"block_profile\": {\"fwd_s\": "));
+    assert_non_null(strstr(json, "\"arrangements\": {\"keep_a\": 0"));
+    free(json);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    assert_int_not_equal(access(path, F_OK), 0); /* nothing trained by profile */
+    /* a profile that fails is said, and training goes on without it */
+    setenv("FUYOU_TEST_PROFILE_FAIL", "1", 1);
+    const char *one[] = {"--eval-every", "1000", NULL};
+    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "1", NULL, 0, one), 0);
+    unsetenv("FUYOU_TEST_PROFILE_FAIL");
+    assert_true(fy_test_file_contains(f->log, "profiling a block failed (above): planning "
+                                              "without it"));
+    assert_true(fy_test_file_contains(f->log, "activations (auto, not profiled)"));
+    assert_true(fy_test_file_contains(f->log, "step 1/1"));
+    const char *bad[] = {"profile", "--run-dir", run, "--batch", "8", "--seq", "64", "--backend",
+                         "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, bad, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "to the model's context of 32"));
+}
+
+/* --trace writes Chrome trace-event JSON with every worker's requests; metrics carry busy times. */
+static void test_trace_and_busy_metrics(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "run");
+    fy_trainutil_init_model(f, run, "32", "1");
+    char *trace = fy_test_in(f, "trace.json");
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "3", NULL, 0, "--trace", trace), 0);
+    char *text = fy_test_slurp(trace, NULL);
+    assert_non_null(text);
+    assert_true(text[0] == '[');
+    assert_non_null(strstr(text, "\"name\": \"gpt-block-bwd\""));
+    assert_non_null(strstr(text, "\"name\": \"opt-adamw\""));
+    assert_non_null(strstr(text, "\"name\": \"io-read\""));
+    assert_non_null(strstr(text, "\"cat\": \"gpu worker\""));
+    free(text);
+    /* the whole file parses */
+    if (fy_trainutil_have_python("the trace as JSON and by trace_gaps.py")) {
+        char cmd[800];
+        snprintf(cmd, sizeof cmd,
+                 "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+                 "sys.exit(0 if sum(1 for e in d if e.get(\"ph\")==\"X\" and e[\"dur\"]>0) > 30 else 1)' %s",
+                 trace);
+        assert_int_equal(system(cmd), 0);
+        /* the step summary of tests/bench/trace_gaps.py reads it (step 2 of 3) */
+        char out[700];
+        snprintf(out, sizeof out, "%s.gaps", trace);
+        snprintf(cmd, sizeof cmd, "python3 tests/bench/trace_gaps.py %s > %s", trace, out);
+        assert_int_equal(system(cmd), 0);
+        assert_true(fy_test_file_contains(out, "step 2: gpu span "));
+        assert_true(fy_test_file_contains(out, "optimizer idle > 1 ms"));
+        snprintf(cmd, sizeof cmd, "python3 tests/bench/trace_gaps.py %s 9 > %s", trace, out);
+        assert_int_not_equal(system(cmd), 0); /* no step 9 */
+    } else {
+        print_message("python3 missing: the trace's JSON syntax was not checked\n");
+    }
+    char metrics[600];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    assert_true(fy_test_file_contains(metrics, "\"busy_gpu_s\": "));
+    assert_true(fy_test_file_contains(metrics, "\"busy_ssd_read_s\": "));
+    /* the CPU backend copies nothing to a device: its copy times are there, and zero */
+    assert_true(fy_test_file_contains(metrics, "\"busy_h2d_s\": 0.000000, \"busy_d2h_s\": 0.000000"));
+    assert_true(fy_test_file_contains(metrics, "\"gpu_idle\": "));
+    /* the bytes the io worker moved: state streamed each step, the same every step, in O_DIRECT
+     * pieces */
+    double rd[3], wr[3];
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"ssd_read_bytes\": ", rd, 3), 3);
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"ssd_write_bytes\": ", wr, 3), 3);
+    for (int i = 0; i < 3; i++) {
+        assert_true(rd[i] > 0 && wr[i] > 0);
+        assert_true(fmod(rd[i], 4096) == 0 && fmod(wr[i], 4096) == 0);
+    }
+    assert_true(rd[1] == rd[0] && wr[1] == wr[0]);
+    /* the plan check: step 2 beside the plan's prediction (RUN/act_plan.json, full precision) and
+     * the rates of its metrics line */
+    double step_s[3], busy_rd[3], busy_wr[3], predicted = 0;
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"step_s\": ", step_s, 3), 3);
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_ssd_read_s\": ", busy_rd, 3), 3);
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_ssd_write_s\": ", busy_wr, 3), 3);
+    char plan[600];
+    snprintf(plan, sizeof plan, "%s/act_plan.json", run);
+    assert_int_equal(fy_trainutil_field_numbers(plan, "\"predicted_step_s\": ", &predicted, 1), 1);
+    assert_true(predicted > 0);
+    char *log = fy_test_slurp(f->log, NULL), *check = log ? strstr(log, "plan check, step 2: ") : NULL;
+    assert_non_null(check);
+    assert_null(strstr(log, "plan check, step 3")); /* once a session */
+    double sec, pred, over, r, w;
+    assert_int_equal(sscanf(check, "plan check, step 2: %lf s against the %lf s predicted (%lf%%); "
+                                   "in it the SSD read %lf GB/s and wrote %lf",
+                            &sec, &pred, &over, &r, &w),
+                     5);
+    free(log);
+    assert_float_equal(sec, step_s[1], 0.0005);
+    assert_float_equal(pred, predicted, 0.0005);
+    assert_float_equal(over, 100 * (predicted / step_s[1] - 1), 0.06);
+    assert_float_equal(r, rd[1] / busy_rd[1] * 1e-9, 0.006 + 0.01 * r);
+    assert_float_equal(w, wr[1] / busy_wr[1] * 1e-9, 0.006 + 0.01 * w);
+}
+
+/* --ssd-rates: the steps of a session after its first leave the SSD's rates in RUN/ssd_rates.json
+ * (their bytes over their busy seconds, as metrics.jsonl has them); the next session predicts with
+ * them in place of the profile's sample and says so in its log, its plan check and act_plan.json
+ * (`plan` for the run, in place of the reference machine's). With --ssd-rates profile, a damaged
+ * record or one of another store, the plan uses the sample. */
+static void test_ssd_rates_carried(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "run");
+    fy_trainutil_init_model(f, run, "32", "1");
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "4", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "in this session's 3 steps after the first (kept in"));
+    char metrics[600], rates[600], plan[600];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    snprintf(rates, sizeof rates, "%s/ssd_rates.json", run);
+    snprintf(plan, sizeof plan, "%s/act_plan.json", run);
+    double rd[4], wr[4], busy_rd[4], busy_wr[4];
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"ssd_read_bytes\": ", rd, 4), 4);
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"ssd_write_bytes\": ", wr, 4), 4);
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_ssd_read_s\": ", busy_rd, 4), 4);
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_ssd_write_s\": ", busy_wr, 4), 4);
+    double rb = 0, rs = 0, wb = 0, ws = 0, steps = 0, first = 0, last = 0; /* cJSON_Print's tabs */
+    assert_int_equal(fy_trainutil_field_numbers(rates, "\"read_bytes\":\t", &rb, 1), 1);
+    assert_int_equal(fy_trainutil_field_numbers(rates, "\"read_seconds\":\t", &rs, 1), 1);
+    assert_int_equal(fy_trainutil_field_numbers(rates, "\"write_bytes\":\t", &wb, 1), 1);
+    assert_int_equal(fy_trainutil_field_numbers(rates, "\"write_seconds\":\t", &ws, 1), 1);
+    assert_int_equal(fy_trainutil_field_numbers(rates, "\"steps\":\t", &steps, 1), 1);
+    assert_int_equal(fy_trainutil_field_numbers(rates, "\"first_step\":\t", &first, 1), 1);
+    assert_int_equal(fy_trainutil_field_numbers(rates, "\"last_step\":\t", &last, 1), 1);
+    /* steps 2 to 4: the first, a warm-up, is left out */
+    assert_true(steps == 3 && first == 2 && last == 4);
+    assert_true(rb == rd[1] + rd[2] + rd[3] && wb == wr[1] + wr[2] + wr[3]);
+    assert_true(rb > 0 && wb > 0);
+    assert_float_equal(rs, busy_rd[1] + busy_rd[2] + busy_rd[3], 2e-6);
+    assert_float_equal(ws, busy_wr[1] + busy_wr[2] + busy_wr[3], 2e-6);
+
+    /* so does `plan` for the run, beside the reference machine's other rates */
+    const char *plan_args[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32",
+                               "--backend", "cpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, plan_args, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "; the SSD's as the last session's steps ran ("));
+    assert_true(fy_test_file_contains(f->log, "in place of the reference machine's rates (read "));
+    const char *plan_sample[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32",
+                                 "--backend", "cpu", "--ssd-rates", "profile", NULL};
+    assert_int_equal(fy_test_launch_in(f, plan_sample, 60), 0);
+    assert_false(fy_test_file_contains(f->log, "the last session's steps"));
+
+    /* the next session plans with them */
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "6", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: SSD rates as the last session's 3 steps ran "
+                                              "at (steps 2 to 4, batch "
+                                              FY_TRAINUTIL_STR(FY_TRAINUTIL_BATCH)
+                                              ", --act-plan auto"));
+    assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"steps\""));
+    double plan_rd = 0, plan_wr = 0;
+    assert_int_equal(fy_trainutil_field_numbers(plan, "\"ssd_read_Bps\": ", &plan_rd, 1), 1);
+    assert_int_equal(fy_trainutil_field_numbers(plan, "\"ssd_write_Bps\": ", &plan_wr, 1), 1);
+    assert_float_equal(plan_rd, rb / rs, 1e-5 * plan_rd);
+    assert_float_equal(plan_wr, wb / ws, 1e-5 * plan_wr);
+    char *log = fy_test_slurp(f->log, NULL);
+    assert_non_null(log);
+    char *check = strstr(log, "(the plan's: ");
+    assert_non_null(check);
+    double r, w;
+    assert_int_equal(sscanf(check, "(the plan's: %lf and %lf", &r, &w), 2);
+    assert_float_equal(r, plan_rd * 1e-9, 0.006);
+    assert_float_equal(w, plan_wr * 1e-9, 0.006);
+    assert_non_null(strstr(check, ", from the last session's steps)"));
+    free(log);
+    /* and the record is now that session's: step 6 (5 warmed up) */
+    assert_int_equal(fy_trainutil_field_numbers(rates, "\"first_step\":\t", &first, 1), 1);
+    assert_true(first == 6);
+
+    /* --ssd-rates profile: the sample, though a record is there */
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "8", NULL, 0, "--ssd-rates", "profile"),
+                     0);
+    assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
+    assert_false(fy_test_file_contains(f->log, "in place of the profile's sample"));
+    assert_true(fy_test_file_contains(f->log, ", from the profile)"));
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "9", NULL, 0, "--ssd-rates", "sometimes"),
+                     2);
+
+    /* a damaged record: said, the sample used, the record written anew */
+    FILE *bad = fopen(rates, "w");
+    assert_non_null(bad);
+    fputs("{\"version\": 1, \"read_bytes\"", bad);
+    assert_int_equal(fclose(bad), 0);
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "10", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "ssd_rates.json: not a JSON object: the plan's SSD "
+                                              "rates are the profile's sample"));
+    assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
+    assert_true(fy_test_file_contains(rates, "\"first_step\":\t10"));
+
+    /* a record of another store: the sample */
+    size_t len;
+    char *text = fy_test_slurp(rates, &len), *ssd = text ? strstr(text, "\"ssd\":\t\"") : NULL;
+    assert_non_null(ssd);
+    FILE *out = fopen(rates, "w");
+    assert_non_null(out);
+    fprintf(out, "%.*s\"ssd\":\t\"/elsewhere%s", (int)(ssd - text), text,
+            ssd + strlen("\"ssd\":\t\""));
+    assert_int_equal(fclose(out), 0);
+    free(text);
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "12", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "holds the rates of the store at /elsewhere"));
+    assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
+}
+
+/* make bench-pipeline's table on the CPU backend (tests/bench/bench_pipeline.sh, its smoke test):
+ * one row per run, each with the step its plan predicted, that prediction's excess over the
+ * measured step, the SSD rates its profile measured and those its steps ran at; every run's log
+ * copied into a log directory the script makes. With the state in the pool the steps move nothing
+ * on the SSD but the internals --act-plan ssd writes there (two blocks: both stay in their pool
+ * slots for the backward, so none is read back). */
+static void test_bench_pipeline_table(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (!fy_trainutil_have_python("make bench-pipeline's table (its medians are python's)"))
+        return;
+    char *logs = fy_test_in(f, "logs/made-by-the-bench"), *work = fy_test_in(f, "bench");
+    const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "timeout 300 env BUILD=%s PIPELINE_CONFIGS=tiny PIPELINE_SEQ=32 PIPELINE_BACKEND=cpu "
+             "PIPELINE_FSDP2=0 PIPELINE_CPU_MEM=2G PIPELINE_LOG_DIR=%s FUYOU_BENCH_DIR=%s "
+             "PIPELINE_RUNS='4/host/overlap/recompute 4/host/overlap/ssd' "
+             "bash tests/bench/bench_pipeline.sh >%s 2>&1",
+             build, logs, work, f->log);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(fy_test_count_entries(logs), 2);
+    assert_true(fy_test_file_contains(f->log, "step s predicted    over"));
+    char *text = fy_test_slurp(f->log, NULL), *save = NULL;
+    assert_non_null(text);
+    int rows = 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "tiny ", 5) != 0)
+            continue;
+        char *field[32], *at = NULL;
+        int n = 0;
+        for (char *w = strtok_r(line, " ", &at); w && n < 32; w = strtok_r(NULL, " ", &at))
+            field[n++] = w;
+        assert_int_equal(n, 25);
+        assert_string_equal(field[3], "overlap");
+        double step = atof(field[8]), pred = atof(field[9]), rd = 0, wr = 0;
+        assert_true(step > 0 && pred > 0);
+        size_t len = strlen(field[10]);
+        assert_true(len > 1 && field[10][len - 1] == '%');
+        /* "over" is printed to 0.1% from the unrounded figures, step and pred to 1 ms */
+        double within = 0.05 + 0.05 * (pred / (step * step) + 1 / step);
+        assert_float_equal(atof(field[10]), 100 * (pred / step - 1), within);
+        assert_int_equal(sscanf(field[21], "%lf/%lf", &rd, &wr), 2);
+        assert_true(rd > 0 && wr > 0);
+        /* the first run leaves no SSD rates (it moves nothing there): both plan from the sample */
+        assert_string_equal(field[22], "profile");
+        if (strcmp(field[4], "recompute") == 0) {
+            assert_string_equal(field[23], "-/-");
+        } else {
+            assert_string_equal(field[4], "ssd");
+            assert_int_equal(sscanf(field[23], "-/%lf", &wr), 1);
+            assert_true(wr > 0);
+        }
+        rows++;
+    }
+    free(text);
+    assert_int_equal(rows, 4); /* each run's row as it ends, and again in the table at the end */
+}
+
+int main(void)
+{
+    if (fy_trainutil_start("test_plan_cmd") != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        FY_TRAINUTIL_TEST(test_trace_and_busy_metrics),
+        FY_TRAINUTIL_TEST(test_ssd_rates_carried),
+        FY_TRAINUTIL_TEST(test_bench_pipeline_table),
+        cmocka_unit_test(test_prediction_by_hand),
+        FY_TRAINUTIL_TEST(test_plan_by_hand),
+        FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),
+        FY_TRAINUTIL_TEST(test_probe_then_plan),
+        FY_TRAINUTIL_TEST(test_progress_line),
+        FY_TRAINUTIL_TEST(test_report_charts),
+        FY_TRAINUTIL_TEST(test_profile_command),
+    };
+    struct CMUnitTest run[sizeof tests / sizeof tests[0]];
+    size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+        if (fy_test_wanted(tests[i].name))
+            run[wanted++] = tests[i];
+    return _cmocka_run_group_tests("plan_cmd (integration)", run, wanted, NULL, NULL);
+}
