@@ -219,15 +219,6 @@ static unsigned row_blocks(size_t rows)
     return fy_cu_blocks(rows, FY_ATT_WARPS); /* one warp per row, FY_ATT_WARPS rows per block */
 }
 
-#define FY_MM(call, what)                                                                          \
-    do {                                                                                           \
-        int fy_mm_rc_ = (call);                                                                    \
-        if (fy_mm_rc_) {                                                                           \
-            fy_error("%s: fy_cu_matmul_batched failed (%d)", what, fy_mm_rc_);                     \
-            return fy_mm_rc_;                                                                      \
-        }                                                                                          \
-    } while (0)
-
 int fy_cu_attention_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *qkv, void *scratch, int B,
                             int T, int C, int NH, cudaStream_t stream)
 {

@@ -23,15 +23,6 @@
 
 static inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-#define FY_MM(call, what)                                                                          \
-    do {                                                                                           \
-        int fy_mm_rc_ = (call);                                                                    \
-        if (fy_mm_rc_) {                                                                           \
-            fy_error("%s: fy_cu_matmul_batched failed (%d)", what, fy_mm_rc_);                     \
-            return fy_mm_rc_;                                                                      \
-        }                                                                                          \
-    } while (0)
-
 /* ---- head kernels ---- */
 
 /* One block: cnt[0] = number of targets >= 0 (exact integer sum), ((float *)cnt)[1] = 1/count or 0. */

@@ -35,4 +35,14 @@ int fy_cu_matmul_batched(struct fy_cu_lt *lt, void *c, int c_f32, const bf16 *a,
                          long long stride_b, long long stride_c, int count, float alpha,
                          float beta, cudaStream_t stream);
 
+/* For callers: a product's failure said with what it was for, and returned. */
+#define FY_MM(call, what)                                                                          \
+    do {                                                                                           \
+        int fy_mm_rc_ = (call);                                                                    \
+        if (fy_mm_rc_) {                                                                           \
+            fy_error("%s: fy_cu_matmul_batched failed (%d)", what, fy_mm_rc_);                     \
+            return fy_mm_rc_;                                                                      \
+        }                                                                                          \
+    } while (0)
+
 #endif
