@@ -174,16 +174,7 @@ def jsonl_records(path):
             yield "%s:%d" % (path, line_no), obj
 
 
-def without_nulls(messages):
-    """A Parquet list of structs gives every message every key of the column's struct type, None
-    where the message has none: those keys are dropped, as a JSON line would not have them."""
-    if not isinstance(messages, list):
-        return messages
-    return [{k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m
-            for m in messages]
-
-
-def parquet_records(path, columns, messages_column):
+def parquet_records(path, columns):
     """(where, {column: value}) for each row of a Parquet file: only the columns asked for, read
     BATCH_LINES rows at a time (pyarrow decodes one row group after another), so memory holds a
     row group, not the file."""
@@ -219,10 +210,7 @@ def parquet_records(path, columns, messages_column):
         values = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
         for rec in zip(*values):
             row += 1
-            obj = dict(zip(names, rec))
-            if messages_column is not None:
-                obj[messages_column] = without_nulls(obj[messages_column])
-            yield "%s: row %d" % (path, row), obj
+            yield "%s: row %d" % (path, row), dict(zip(names, rec))
 
 
 def field(obj, name, where):
@@ -237,7 +225,9 @@ def field(obj, name, where):
 
 def conversation(obj, name, where):
     """The messages of a record: a non-empty list of objects, each with a string role and content,
-    at least one of them the assistant's (with some content)."""
+    at least one of them the assistant's (with some content). A message's keys whose value is null
+    are dropped: a Parquet list of structs gives every message every key of the struct type, null
+    where the message has none (and a template may test a key's presence)."""
     if name not in obj:
         raise InputError("%s: no field '%s' (the line has: %s)"
                          % (where, name, ", ".join(sorted(obj)) or "no fields"))
@@ -250,6 +240,7 @@ def conversation(obj, name, where):
         if not isinstance(m, dict):
             raise InputError("%s: message %d is %s, not an object with a role and a content"
                              % (where, i, kind(m)))
+        m = msgs[i - 1] = {k: v for k, v in m.items() if v is not None}
         for key in ("role", "content"):
             if key not in m:
                 raise InputError("%s: message %d has no '%s' (it has: %s)"
@@ -307,7 +298,6 @@ class ChatTok:
                              % (self.dir, type(self.tok).__name__))
         self.special = set(self.tok.all_special_ids)
         self.special |= {i for i, t in self.tok.added_tokens_decoder.items() if t.special}
-        self.vocab = len(self.tok)
 
     def apply(self, msgs, where):
         try:
@@ -402,10 +392,24 @@ def runs(out, ids, mask):
         i = j
 
 
+class Lazy:
+    """A value made when first asked for (transformers takes seconds to import: a malformed first
+    batch of records is said before)."""
+
+    def __init__(self, make):
+        self.make, self.value = make, None
+
+    def get(self):
+        if self.value is None:
+            self.value = self.make()
+        return self.value
+
+
 def records_file(tok, chat, path, out, args):
-    """A JSONL or Parquet file: each record one document (see the module's docstring)."""
+    """A JSONL or Parquet file: each record one document (see the module's docstring); chat: a
+    Lazy ChatTok, for --messages-field."""
     if is_parquet(path):
-        records = parquet_records(path, args.columns(), args.messages_field)
+        records = parquet_records(path, args.columns())
     else:
         records = jsonl_records(path)
     batch, size = [], 0
@@ -431,7 +435,7 @@ def records_file(tok, chat, path, out, args):
                 out.tokens(p, False)
                 out.tokens(with_eos(tok, r), True)
         else:
-            for ids, mask in chat.encode([(where, m) for where, (m,) in batch]):
+            for ids, mask in chat.get().encode([(where, m) for where, (m,) in batch]):
                 runs(out, ids, mask)
         batch, size = [], 0
 
@@ -503,11 +507,10 @@ def main():
     try:
         args = Args(sys.argv[1:])
         tok = ByteTok() if args.bytes else HFTok(args.tokenizer)
-        chat = ChatTok(args.tokenizer) if args.messages_field is not None else None
+        chat = Lazy(lambda: ChatTok(args.tokenizer))
         # a conversation ends as its template ends it: no end-of-sequence token is appended
-        eos = NO_EOS if chat is not None or tok.eos is None else tok.eos
-        vocab = tok.vocab if chat is None else max(tok.vocab, chat.vocab)
-        out.record(BEGIN, struct.pack("<III", 1, vocab, eos))
+        eos = NO_EOS if args.messages_field is not None or tok.eos is None else tok.eos
+        out.record(BEGIN, struct.pack("<III", 1, tok.vocab, eos))
         for path in args.inputs:
             try:
                 if args.jsonl or is_parquet(path):
