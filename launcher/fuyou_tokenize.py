@@ -1,20 +1,34 @@
 #!/usr/bin/env python3
 """Tokenizer helper of `fuyou-launch prepare` (launcher/prepare.c runs it; not meant to be run by hand).
 
-Reads text files or JSONL files, encodes them with a Hugging Face tokenizer.json (the `tokenizers`
-package) or as UTF-8 bytes, and writes a binary stream of records to stdout, which prepare.c turns
-into a token file (common/tokfile.h). Inputs are streamed: a text file in pieces of at most PIECE
-bytes cut after a newline, a JSONL file in batches of lines; nothing holds the whole corpus.
+Reads text files, JSONL files or Parquet files, encodes them with a Hugging Face tokenizer.json
+(the `tokenizers` package) or as UTF-8 bytes, and writes a binary stream of records to stdout,
+which prepare.c turns into a token file (common/tokfile.h). Inputs are streamed: a text file in
+pieces of at most PIECE bytes cut after a newline, a JSONL file in batches of lines, a Parquet file
+(`pyarrow`) in batches of BATCH_LINES rows of the columns the fields name, one row group decoded
+after another; nothing holds the whole corpus.
 
-  fuyou_tokenize.py (--tokenizer FILE | --bytes) [--jsonl (--text-field F | --prompt-field P
-                    --response-field R)] -- INPUT...
+  fuyou_tokenize.py (--tokenizer FILE | --bytes) [--jsonl] [--text-field F | --prompt-field P
+                    --response-field R | --messages-field M] -- INPUT...
 
-Documents: each text file, each JSONL line. With a tokenizer, a document is encoded with the
-tokenizer's special tokens (its post-processor, e.g. a BOS) and followed by the end-of-sequence token
-when the tokenizer has one (tokenizer_config.json's eos_token beside tokenizer.json, else the first
-of EOS_NAMES in the vocabulary). A text field is trained on whole; a prompt/response pair is the
-prompt's tokens (with special tokens, masked out of the loss) then the response's (without special
-tokens) and the end-of-sequence token (trained). The byte tokenizer has no special tokens and no EOS.
+An input named *.parquet (in any case) is Parquet; with --jsonl the others are JSONL, else text.
+Documents: each text file, each JSONL line or Parquet row (a record; errors name FILE:LINE or
+FILE: row N). With a tokenizer, a document is encoded with the tokenizer's special tokens (its
+post-processor, e.g. a BOS) and followed by the end-of-sequence token when the tokenizer has one
+(tokenizer_config.json's eos_token beside tokenizer.json, else the first of EOS_NAMES in the
+vocabulary). A text field is trained on whole; a prompt/response pair is the prompt's tokens (with
+special tokens, masked out of the loss) then the response's (without special tokens) and the
+end-of-sequence token (trained). The byte tokenizer has no special tokens and no EOS.
+
+A messages field is a conversation, [{"role": ..., "content": "..."}, ...] (keys whose value is
+null dropped), rendered with the model's chat template by transformers' apply_chat_template
+(AutoTokenizer.from_pretrained of the tokenizer.json's directory: tokenizer_config.json's
+chat_template or chat_template.jinja) and tokenized as transformers does (the tokenizer on the
+rendered text, without special tokens); nothing is appended. Trained: for each assistant message,
+the tokens from the first that overlaps its content (as rendered: as given, or stripped of
+surrounding whitespace) through the first special token that starts at or after the content's end
+(the end-of-turn token; only whitespace may lie between); the rest is masked. The content is found
+by rendering again with a marker in place of each assistant content (ChatTok.render).
 
 Stream (little-endian uint32 words): records of [type, n, payload]:
   BEGIN    1, 3, [version 1, vocabulary size, EOS token or 0xFFFFFFFF]   (first)
