@@ -44,8 +44,9 @@ struct fy_tensor_spec {
 
 #define FY_UNIT_MAX_TENSORS 16
 
-/* Slots of binary headers (commit records, weight files) that hold a family's own fields. */
-#define FY_FAMILY_SLOTS 14
+/* Slots of binary headers (commit records, weight files) that hold a family's own fields: the
+ * first 14 after the header's checksum, the rest in a later range that older headers leave zero. */
+#define FY_FAMILY_SLOTS 30
 
 /* init's model options beyond the common shape (--kv-heads, --ffn, --tied, --rms-eps,
  * --rope-theta), as given or at their defaults (0 for the sizes and tied, 1e-5, 10000). */
