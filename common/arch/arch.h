@@ -103,6 +103,10 @@ struct fy_arch {
 
 extern const struct fy_arch fy_arch_gpt2;
 extern const struct fy_arch fy_arch_llama;
+extern const struct fy_arch fy_arch_qwen2;
+extern const struct fy_arch fy_arch_qwen3;
+extern const struct fy_arch fy_arch_mistral;
+extern const struct fy_arch fy_arch_phi3;
 
 /* Every family, in a fixed order (the first is GPT-2); count in *n. */
 const struct fy_arch *const *fy_arch_all(unsigned *n);

@@ -129,12 +129,13 @@ int fy_llama_like_validate(const struct fy_model_config *c)
     return 0;
 }
 
-static int llama_from_options(const struct fy_family_options *o, struct fy_model_config *c)
+int fy_llama_like_from_options(const struct fy_family_options *o, struct fy_model_config *c)
 {
     c->llama = (struct fy_llama_fields){
         .n_kv_head = (uint32_t)(o->kv_heads != 0 ? o->kv_heads : c->n_head),
         .n_inter = (uint32_t)(o->ffn != 0 ? o->ffn : 4ull * c->n_embd),
-        .tied = (uint32_t)o->tied, .rms_eps = (float)o->rms_eps, .rope_theta = o->rope_theta};
+        .tied = (uint32_t)o->tied, .rms_eps = (float)o->rms_eps, .rope_theta = o->rope_theta,
+        .qkv_bias = c->llama.qkv_bias, .qk_norm = c->llama.qk_norm};
     return 0;
 }
 
@@ -462,7 +463,7 @@ const struct fy_arch fy_arch_llama = {
     .hf_prefix = "",
     .swaps_internals = 0,
     .validate = fy_llama_like_validate,
-    .from_options = llama_from_options,
+    .from_options = fy_llama_like_from_options,
     .conf_read = fy_llama_like_conf_read,
     .conf_write = fy_llama_like_conf_write,
     .hf_config_read = llama_hf_config_read,

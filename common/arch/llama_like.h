@@ -31,6 +31,9 @@ int fy_llama_like_hf_window(const char *path, const struct cJSON *root, int has_
                             struct fy_model_config *m);
 /* model.conf's keys, the unit table (Hugging Face's names, unfused), validation, the hash, the
  * binary slots, init's options, descriptions: shared by the Llama-like families. */
+/* init's options (--kv-heads, --ffn, --tied, --rms-eps, --rope-theta); the family's flags, set
+ * before, are kept. */
+int fy_llama_like_from_options(const struct fy_family_options *o, struct fy_model_config *c);
 int fy_llama_like_conf_read(const struct fy_config *cfg, struct fy_model_config *c);
 int fy_llama_like_conf_write(const struct fy_model_config *c, struct fy_config *cfg);
 unsigned fy_llama_like_unit_table(const struct fy_model_config *c, enum fy_unit_kind kind,

@@ -50,6 +50,10 @@ int fy_cu_llama_check(const struct fy_model_config *c)
     FY_REQUIRE(c->n_head > 0 && c->llama.n_kv_head > 0 && c->n_embd % c->n_head == 0, -EINVAL,
                "cu_llama: %u heads (%u kv) do not divide n_embd %u", c->n_head,
                c->llama.n_kv_head, c->n_embd);
+    const struct fy_llama_fields *f = &c->llama;
+    FY_REQUIRE(!f->head_dim && !f->qkv_bias && !f->qk_norm && !f->sliding_window, -ENOTSUP,
+               "the CUDA backend's %s blocks do not compute an explicit head_dim, q/k/v biases, "
+               "q/k norms or a sliding window yet: train this model with --backend cpu", a->label);
     unsigned hd = c->n_embd / c->n_head;
     FY_REQUIRE(fy_cu_flash_gqa_supported((int)c->n_head, (int)c->llama.n_kv_head, (int)hd),
                -EINVAL,
