@@ -51,6 +51,13 @@
  * tiles come from and the dk dv grid; with NKV = NH every kernel does what it did for multi-head
  * attention, in the same order.
  *
+ * Sliding window W (the kernels' WIN instantiations; W < T): query t sees keys t - W < j <= t. The
+ * forward and dq start at the key block holding q0 - W + 1 (blocks before it are wholly outside
+ * the band and skipped), dk dv stop at the query block holding k0 + 63 + W - 1, and every tile is
+ * masked to the band. A row may see no key of its first block: its max stays -inf and that block
+ * adds nothing (alpha 1, p 0); its diagonal block always holds the key t itself. Without a window
+ * (WIN false) the code is the plain causal code above, instruction for instruction.
+ *
  * Scratch layout (256-byte aligned pieces): L f32 [B*NH][T], then D f32 [B*NH][T]. */
 #include "gpu_worker/cuda/cu_flash.h"
 
