@@ -21,10 +21,17 @@ enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S
        S_STEP_LO, S_STEP_HI, S_EXTRA0, S_EXTRA1, S_CHECKSUM, S_COUNT };
 /* The family's id and its own fields (common/arch: FY_FAMILY_SLOTS of them) follow the checksum;
  * GPT-2 leaves them zero; the config hash in S_HASH_* covers them. */
-enum { S_ARCH = S_COUNT, S_FAMILY /* FY_FAMILY_SLOTS of them */ };
+enum { S_ARCH = S_COUNT, S_FAMILY /* the first FAMILY_NEAR of the family's slots */ };
+/* The family's slots past the first FAMILY_NEAR lie from S_FAMILY_FAR on (zero in older headers). */
+enum { FAMILY_NEAR = 14, S_FAMILY_FAR = 64 };
 /* The commit record's fields after them, past one slot left zero (the version 1 metadata block's
  * flag, in stores before commit records). */
-enum { S_COPY = S_FAMILY + FY_FAMILY_SLOTS + 1, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI, S_COPIES };
+enum { S_COPY = S_FAMILY + FAMILY_NEAR + 1, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI, S_COPIES };
+
+_Static_assert(S_FAMILY_FAR + FY_FAMILY_SLOTS - FAMILY_NEAR <= FY_CKPT_BLOCK / 4,
+               "the family's slots fit the header block");
+
+static int family_slot(int i) { return i < FAMILY_NEAR ? S_FAMILY + i : S_FAMILY_FAR + i - FAMILY_NEAR; }
 
 static uint64_t align4k(uint64_t v) { return (v + FY_CKPT_BLOCK - 1) / FY_CKPT_BLOCK * FY_CKPT_BLOCK; }
 
@@ -67,7 +74,7 @@ static void encode_header(uint8_t *b, uint32_t magic, uint32_t version,
     arch->slots_write(c, slots);
     put32(b, S_ARCH, arch->id);
     for (int i = 0; i < FY_FAMILY_SLOTS; i++)
-        put32(b, S_FAMILY + i, slots[i]);
+        put32(b, family_slot(i), slots[i]);
 }
 
 static int decode_arch(const uint8_t *b, struct fy_model_config *c)
@@ -78,7 +85,7 @@ static int decode_arch(const uint8_t *b, struct fy_model_config *c)
     c->arch = family;
     uint32_t slots[FY_FAMILY_SLOTS];
     for (int i = 0; i < FY_FAMILY_SLOTS; i++)
-        slots[i] = get32(b, S_FAMILY + i);
+        slots[i] = get32(b, family_slot(i));
     family->slots_read(slots, c);
     return 0;
 }

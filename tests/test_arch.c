@@ -47,7 +47,7 @@ static void test_lookup(void **state)
 {
     unsigned n;
     const struct fy_arch *const *all = fy_arch_all(&n);
-    assert_int_equal(n, 2);
+    assert_int_equal(n, 6);
     assert_ptr_equal(all[0], &fy_arch_gpt2);
     for (unsigned i = 0; i < n; i++) {
         assert_ptr_equal(fy_arch_by_name(all[i]->name), all[i]);
@@ -56,15 +56,15 @@ static void test_lookup(void **state)
         for (unsigned j = 0; j < i; j++)
             assert_int_not_equal(all[i]->id, all[j]->id);
     }
-    assert_null(fy_arch_by_name("mistral"));
+    assert_null(fy_arch_by_name("gemma"));
     assert_null(fy_arch_by_name(NULL));
     assert_null(fy_arch_by_hf_model_type("bert"));
     assert_null(fy_arch_by_id(7));
     struct fy_model_config c = gpt2();
     assert_ptr_equal(fy_model_arch(&c), &fy_arch_gpt2);
-    char names[64];
+    char names[96];
     fy_arch_names(names, sizeof names, 0);
-    assert_string_equal(names, "gpt2, llama");
+    assert_string_equal(names, "gpt2, llama, qwen2, qwen3, mistral, phi3");
 }
 
 /* Tensors contiguous from 0, covering the unit, the sizes by formula. */
@@ -270,13 +270,112 @@ static void test_hf_names(void **state)
     assert_false(fy_arch_gpt2.hf_is_buffer(&g, "h.3.attn.bias"));
 }
 
+/* A Llama-like family's table lays its tensors where fy_llama_unit_layout says (Phi-3's fused
+ * qkv_proj at q_proj's offset, gate_up_proj at gate_proj's), and its unit sizes follow. */
+static void check_llama_like(const struct fy_model_config *c, const char *const *names,
+                             const size_t *const *at, unsigned n)
+{
+    struct fy_llama_unit_layout y;
+    fy_llama_unit_layout(c, &y);
+    struct fy_tensor_spec t[FY_UNIT_MAX_TENSORS];
+    assert_int_equal(fy_unit_tensors(c, 1, t), n);
+    char name[160];
+    for (unsigned k = 0; k < n; k++) {
+        fy_tensor_hf_name(c, 1, &t[k], name, sizeof name);
+        assert_string_equal(name, names[k]);
+        assert_int_equal(t[k].offset, *at[k]);
+    }
+    assert_int_equal(fy_model_unit_params(c, 1), y.total);
+}
+
+static void test_llama_like_tables(void **state)
+{
+    /* Qwen2: q/k/v biases after the weights; C 40, 4 heads of 10, 2 kv heads (GQA 2:1) */
+    struct fy_model_config q2 = {.n_layer = 2, .n_head = 4, .n_embd = 40, .vocab = 1000, .ctx = 16,
+                                 .arch = &fy_arch_qwen2,
+                                 .llama = {.n_kv_head = 2, .n_inter = 24, .rms_eps = 1e-6f,
+                                           .rope_theta = 1e6, .qkv_bias = 1}};
+    struct fy_llama_unit_layout y;
+    fy_llama_unit_layout(&q2, &y);
+    size_t C = 40, Q = 40, KV = 20, I = 24;
+    assert_int_equal(y.q_bias, C + Q * C + 2 * KV * C);
+    assert_int_equal(y.o_proj, y.q_bias + Q + 2 * KV);
+    assert_int_equal(y.post_norm, y.o_proj + C * Q);
+    assert_int_equal(y.q_norm, FY_LLAMA_ABSENT);
+    assert_int_equal(y.total, y.post_norm + C + 3 * I * C);
+    size_t kb = y.q_bias + Q, vb = y.q_bias + Q + KV;
+    const char *n2[] = {"model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+                        "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+                        "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.k_proj.bias",
+                        "model.layers.0.self_attn.v_proj.bias", "model.layers.0.self_attn.o_proj.weight",
+                        "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight",
+                        "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"};
+    const size_t *a2[] = {&y.input_norm, &y.q_proj, &y.k_proj, &y.v_proj, &y.q_bias, &kb, &vb,
+                          &y.o_proj, &y.post_norm, &y.gate_proj, &y.up_proj, &y.down_proj};
+    check_llama_like(&q2, n2, a2, 12);
+    struct fy_param_segment seg[FY_MODEL_MAX_SEGMENTS];
+    assert_int_equal(fy_model_decay_segments(&q2, 1, seg), 6); /* norm|W|b|o|norm|mlp */
+    assert_int_equal(seg[2].begin, y.q_bias);
+    assert_int_equal(seg[2].decay, 0);
+
+    /* Qwen3: head_dim 16 (not 40 / 4), q/k norms after o_proj; GQA 4:1 */
+    struct fy_model_config q3 = {.n_layer = 2, .n_head = 4, .n_embd = 40, .vocab = 1000, .ctx = 16,
+                                 .arch = &fy_arch_qwen3,
+                                 .llama = {.n_kv_head = 1, .n_inter = 24, .rms_eps = 1e-6f,
+                                           .rope_theta = 1e6, .head_dim = 16, .qk_norm = 1}};
+    fy_llama_unit_layout(&q3, &y);
+    Q = 64;
+    KV = 16;
+    assert_int_equal(y.o_proj, C + Q * C + 2 * KV * C);
+    assert_int_equal(y.q_norm, y.o_proj + C * Q);
+    assert_int_equal(y.k_norm, y.q_norm + 16);
+    assert_int_equal(y.post_norm, y.k_norm + 16);
+    const char *n3[] = {"model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+                        "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+                        "model.layers.0.self_attn.o_proj.weight", "model.layers.0.self_attn.q_norm.weight",
+                        "model.layers.0.self_attn.k_norm.weight", "model.layers.0.post_attention_layernorm.weight",
+                        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                        "model.layers.0.mlp.down_proj.weight"};
+    const size_t *a3[] = {&y.input_norm, &y.q_proj, &y.k_proj, &y.v_proj, &y.o_proj, &y.q_norm,
+                          &y.k_norm, &y.post_norm, &y.gate_proj, &y.up_proj, &y.down_proj};
+    check_llama_like(&q3, n3, a3, 11);
+
+    /* Phi-3: fused qkv_proj and gate_up_proj at the offsets of their first parts */
+    struct fy_model_config p3 = {.n_layer = 2, .n_head = 4, .n_embd = 40, .vocab = 1000, .ctx = 16,
+                                 .arch = &fy_arch_phi3,
+                                 .llama = {.n_kv_head = 4, .n_inter = 24, .rms_eps = 1e-5f,
+                                           .rope_theta = 1e4}};
+    fy_llama_unit_layout(&p3, &y);
+    const char *n4[] = {"model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.qkv_proj.weight",
+                        "model.layers.0.self_attn.o_proj.weight", "model.layers.0.post_attention_layernorm.weight",
+                        "model.layers.0.mlp.gate_up_proj.weight", "model.layers.0.mlp.down_proj.weight"};
+    const size_t *a4[] = {&y.input_norm, &y.q_proj, &y.o_proj, &y.post_norm, &y.gate_proj,
+                          &y.down_proj};
+    check_llama_like(&p3, n4, a4, 6);
+
+    /* the variations are hashed, and Llama's hash does not move: pinned in test_init_and_hash_pinned */
+    struct fy_model_config m = q3;
+    m.llama.head_dim = 0;
+    assert_int_not_equal(fy_model_config_hash(&m), fy_model_config_hash(&q3));
+    m = q3;
+    m.arch = &fy_arch_mistral;
+    assert_int_not_equal(fy_model_config_hash(&m), fy_model_config_hash(&q3));
+    round_trip(&q2);
+    round_trip(&q3);
+    round_trip(&p3);
+    struct fy_model_config mi = p3;
+    mi.arch = &fy_arch_mistral;
+    mi.llama.sliding_window = 8;
+    round_trip(&mi);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup),         cmocka_unit_test(test_unit_sizes),
         cmocka_unit_test(test_layouts),        cmocka_unit_test(test_decay_segments),
         cmocka_unit_test(test_init_and_hash_pinned), cmocka_unit_test(test_conf_round_trip),
-        cmocka_unit_test(test_hf_names),
+        cmocka_unit_test(test_hf_names),       cmocka_unit_test(test_llama_like_tables),
     };
     return cmocka_run_group_tests_name("arch", tests, NULL, NULL);
 }

@@ -380,3 +380,10 @@ int fy_test_wanted(const char *name)
             return 1;
     return 0;
 }
+
+int fy_test_same_model(const struct fy_model_config *a, const struct fy_model_config *b)
+{
+    return a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
+           a->vocab == b->vocab && a->ctx == b->ctx && fy_model_arch(a) == fy_model_arch(b) &&
+           memcmp(&a->llama, &b->llama, sizeof a->llama) == 0;
+}

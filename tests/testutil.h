@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "common/desc.h"
+#include "common/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -79,6 +80,9 @@ int fy_test_count_matches(const char *path, const char *needle);
 /* Whether the test of this name is to run: FY_TEST_ONLY unset, or one of its comma-separated
  * globs matches it (to run a few tests of a program while working on them). */
 int fy_test_wanted(const char *name);
+/* 1 when two model configs are the same, field by field (the struct has padding, which
+ * assignments need not copy, so memcmp cannot tell). */
+int fy_test_same_model(const struct fy_model_config *a, const struct fy_model_config *b);
 
 /* Runs fn(arg) with stderr sent to a temporary file; *rc gets its result. Returns what was logged
  * (caller frees; also echoed to the real stderr), or NULL if the redirection failed. */

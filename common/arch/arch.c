@@ -12,7 +12,8 @@
 #include "common/check.h"
 
 /* Adding a family: its file in this folder, and one line here. */
-static const struct fy_arch *const families[] = {&fy_arch_gpt2, &fy_arch_llama};
+static const struct fy_arch *const families[] = {&fy_arch_gpt2,  &fy_arch_llama,   &fy_arch_qwen2,
+                                                 &fy_arch_qwen3, &fy_arch_mistral, &fy_arch_phi3};
 
 const struct fy_arch *const *fy_arch_all(unsigned *n)
 {

@@ -44,13 +44,14 @@ struct fy_tensor_spec {
 
 #define FY_UNIT_MAX_TENSORS 16
 
-/* Slots of binary headers (commit records, weight files) that hold a family's own fields. */
-#define FY_FAMILY_SLOTS 14
+/* Slots of binary headers (commit records, weight files) that hold a family's own fields: the
+ * first 14 after the header's checksum, the rest in a later range that older headers leave zero. */
+#define FY_FAMILY_SLOTS 30
 
-/* init's model options beyond the common shape (--kv-heads, --ffn, --tied, --rms-eps,
+/* init's model options beyond the common shape (--kv-heads, --ffn, --head-dim, --tied, --rms-eps,
  * --rope-theta), as given or at their defaults (0 for the sizes and tied, 1e-5, 10000). */
 struct fy_family_options {
-    uint64_t kv_heads, ffn;
+    uint64_t kv_heads, ffn, head_dim;
     int tied;
     double rms_eps, rope_theta;
 };
@@ -102,6 +103,10 @@ struct fy_arch {
 
 extern const struct fy_arch fy_arch_gpt2;
 extern const struct fy_arch fy_arch_llama;
+extern const struct fy_arch fy_arch_qwen2;
+extern const struct fy_arch fy_arch_qwen3;
+extern const struct fy_arch fy_arch_mistral;
+extern const struct fy_arch fy_arch_phi3;
 
 /* Every family, in a fixed order (the first is GPT-2); count in *n. */
 const struct fy_arch *const *fy_arch_all(unsigned *n);

@@ -104,6 +104,8 @@ static int cpu_model_prepare(void *state, const struct fy_model_config *c, int B
     const struct fy_cpu_family *fam = cpu_family_of(c);
     if (fam == NULL)
         return -ENOTSUP;
+    if (fam->check != NULL)
+        FY_TRY(fam->check(c));
     free(s->block_scratch);
     free(s->head_scratch);
     s->block_scratch = s->head_scratch = NULL;

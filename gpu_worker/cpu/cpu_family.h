@@ -22,6 +22,9 @@ extern "C" {
 struct fy_cpu_family {
     const char *name; /* the family's name in the registry (struct fy_arch's name) */
 
+    /* Optional: refuses (-ENOTSUP, said) a model of the family that the family's file does not
+     * compute; NULL: every valid model of the family is computed. */
+    int (*check)(const struct fy_model_config *c);
     /* Floats of scratch one block's forward or backward, and the head, need at B x T. */
     size_t (*block_scratch)(const struct fy_model_config *c, int B, int T);
     size_t (*head_scratch)(const struct fy_model_config *c, int B, int T);

@@ -9,10 +9,13 @@
  * produce. The build uses -ffp-contract=off, so no fused multiply-adds change the rounding. */
 #include "llama_cpu.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
+#include "common/arch/arch.h"
 #include "common/arch/llama.h"
+#include "common/check.h"
 #include "cpu_ops.h"
 
 /* ---- rotary frequencies ---- */
@@ -489,8 +492,19 @@ static void block_backward_overwrite(const struct fy_model_config *c, const floa
 }
 
 /* Its blocks always recompute their internals: no swapped internals, no per-op profile. */
+/* The Llama-like variations this file does not compute yet. */
+static int llama_check(const struct fy_model_config *c)
+{
+    const struct fy_llama_fields *f = &c->llama;
+    FY_REQUIRE(!f->head_dim && !f->qkv_bias && !f->qk_norm && !f->sliding_window, -ENOTSUP,
+               "the CPU backend's %s blocks do not compute an explicit head_dim, q/k/v biases, "
+               "q/k norms or a sliding window yet", fy_model_arch(c)->label);
+    return 0;
+}
+
 const struct fy_cpu_family fy_llama_cpu_family = {
     .name = "llama",
+    .check = llama_check,
     .block_scratch = fy_llama_block_scratch,
     .head_scratch = fy_llama_head_scratch,
     .embed_forward = fy_llama_embed_forward,
