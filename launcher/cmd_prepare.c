@@ -1,4 +1,5 @@
-/* fuyou-launch prepare: text, JSON lines or Parquet files into a token file (launcher/prepare.h). */
+/* fuyou-launch prepare: text, JSON lines or Parquet files into a token file
+ * (launcher/prepare.h). */
 #include <errno.h>
 #include <stdio.h>
 

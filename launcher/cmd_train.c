@@ -43,6 +43,8 @@ static int check_data_tokenizer(const struct fy_options *o, const struct fy_mode
                                 const struct fy_tokfile *data)
 {
     struct fy_tokfile_source src = fy_tokfile_source(data);
+    const char *made_with =
+        src.name != NULL ? src.name : "a tokenizer.json (its path not recorded)";
     int bytes = src.tokenizer == FY_TOKENIZER_BYTES ||
                 (src.tokenizer == FY_TOKENIZER_UNSPECIFIED && fy_tokfile_version(data) == 1 &&
                  fy_tokfile_vocab(data) == FY_TOKFILE_BYTE_VOCAB);
@@ -52,11 +54,11 @@ static int check_data_tokenizer(const struct fy_options *o, const struct fy_mode
         int e = errno;
         FY_REQUIRE(e == ENOENT, -e, "cannot read %s: %s", run_tok, strerror(e));
         if (model->vocab == FY_TOKFILE_BYTE_VOCAB && src.tokenizer == FY_TOKENIZER_HF) {
-            fy_error("train: the token file %s was made with a Hugging Face tokenizer.json (hash "
+            fy_error("train: the token file %s was made with the Hugging Face tokenizer %s (hash "
                      "%016llx), and the run's model has the byte-level vocabulary of 256 (a model "
                      "made by init, no %s): prepare the data without --tokenizer, or init the run "
                      "from that tokenizer's model (init --from-hf)",
-                     o->data, (unsigned long long)src.hash, run_tok);
+                     o->data, made_with, (unsigned long long)src.hash, run_tok);
             return -EINVAL;
         }
         return 0;
@@ -66,11 +68,11 @@ static int check_data_tokenizer(const struct fy_options *o, const struct fy_mode
     if (src.tokenizer == FY_TOKENIZER_HF && src.hash == hash)
         return 0;
     if (src.tokenizer == FY_TOKENIZER_HF) {
-        fy_error("train: the token file %s was made with another tokenizer than the run's: its "
-                 "tokenizer.json has hash %016llx, the run's %s has hash %016llx: prepare the "
-                 "data again with --tokenizer %s",
-                 o->data, (unsigned long long)src.hash, run_tok, (unsigned long long)hash,
-                 run_tok);
+        fy_error("train: the token file %s was made with another tokenizer than the run's: with %s "
+                 "(hash %016llx), the run's is %s (hash %016llx): prepare the data again with "
+                 "--tokenizer %s",
+                 o->data, made_with, (unsigned long long)src.hash, run_tok,
+                 (unsigned long long)hash, run_tok);
         return -EINVAL;
     }
     if (bytes) {

@@ -168,7 +168,8 @@ def is_parquet(path):
 
 
 def jsonl_records(path):
-    """(where, object) for each JSON line of path; blank lines (a trailing newline) carry nothing."""
+    """(where, object) for each JSON line of path; blank lines (a trailing newline) carry
+    nothing."""
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
             try:
@@ -195,8 +196,8 @@ def parquet_records(path, columns):
     try:
         import pyarrow.parquet as pq
     except ImportError as e:
-        raise InputError("python3 (%s) cannot import the package 'pyarrow' (%s), which reads Parquet "
-                         "files: install it with: python3 -m pip install pyarrow"
+        raise InputError("python3 (%s) cannot import the package 'pyarrow' (%s), which reads "
+                         "Parquet files: install it with: python3 -m pip install pyarrow"
                          % (sys.executable, e))
     try:
         pf = pq.ParquetFile(path)
@@ -219,7 +220,8 @@ def parquet_records(path, columns):
         except OSError:
             raise
         except Exception as e:
-            raise InputError("%s: cannot read the rows after row %d: %s" % (path, row, first_line(e)))
+            raise InputError("%s: cannot read the rows after row %d: %s"
+                             % (path, row, first_line(e)))
         names = batch.schema.names
         values = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
         for rec in zip(*values):
@@ -264,8 +266,8 @@ def conversation(obj, name, where):
                                  % (where, i, key, kind(m[key])))
         if m["role"] == "assistant":
             if not m["content"].strip():
-                raise InputError("%s: message %d (assistant): the content is empty: nothing to train "
-                                 "on" % (where, i))
+                raise InputError("%s: message %d (assistant): the content is empty: nothing to "
+                                 "train on" % (where, i))
             assistant += 1
     if assistant == 0:
         raise InputError("%s: the conversation has no assistant message: nothing to train on (the "
@@ -338,8 +340,8 @@ class ChatTok:
         for i in turns:
             p = marked.find(marks[i], at)
             if p < 0 or marked.find(marks[i], p + len(marks[i])) >= 0:
-                raise InputError("%s: message %d (assistant): the chat template does not render its "
-                                 "content once, in order: its tokens cannot be told apart"
+                raise InputError("%s: message %d (assistant): the chat template does not render "
+                                 "its content once, in order: its tokens cannot be told apart"
                                  % (where, i + 1))
             pieces.append(marked[at:p])
             at = p + len(marks[i])
@@ -377,10 +379,10 @@ class ChatTok:
                 k += 1
             gap = text[b:offsets[k][0] if k < n else len(text)]
             if k == n or gap.strip():
-                raise InputError("%s: message %d (assistant): the chat template follows its content "
-                                 "with %r, not with a special token that ends the turn: there is "
-                                 "no end-of-turn token to train (a base model's template?)"
-                                 % (where, msg, gap[:40]))
+                raise InputError("%s: message %d (assistant): the chat template follows its "
+                                 "content with %r, not with a special token that ends the turn: "
+                                 "there is no end-of-turn token to train (a base model's "
+                                 "template?)" % (where, msg, gap[:40]))
             for t in range(j, k + 1):
                 mask[t] = 1
             j = k + 1
@@ -435,7 +437,8 @@ def records_file(tok, chat, path, out, args):
         if args.text_field is not None:
             for (where, _), ids in zip(batch, tok.encode([t for _, (t,) in batch], True)):
                 if not ids:
-                    raise InputError("%s: field '%s' encodes to no tokens" % (where, args.text_field))
+                    raise InputError("%s: field '%s' encodes to no tokens"
+                                     % (where, args.text_field))
                 out.tokens(with_eos(tok, ids), True)
         elif args.prompt_field is not None:
             prompts = tok.encode([p for _, (p, _) in batch], True)
@@ -503,8 +506,8 @@ class Args:
         kinds = [self.text_field, self.prompt_field, self.messages_field]
         records = self.jsonl or any(is_parquet(p) for p in self.inputs)
         if records and sum(k is not None for k in kinds) != 1:
-            raise InputError("fuyou_tokenize.py: JSONL and Parquet inputs need one of --text-field, "
-                             "--prompt-field or --messages-field")
+            raise InputError("fuyou_tokenize.py: JSONL and Parquet inputs need one of "
+                             "--text-field, --prompt-field or --messages-field")
         if (self.prompt_field is None) != (self.response_field is None) or \
                 (self.messages_field is not None and self.tokenizer is None):
             raise InputError("fuyou_tokenize.py: --prompt-field needs --response-field, and "

@@ -478,8 +478,8 @@ static const struct opt_spec specs[] = {
     {"response-field", "NAME", C(PREPARE), K_STRING, STR(response_field), 0, NULL,
      "with --jsonl or Parquet: the response, trained on, then the end-of-sequence token"},
     {"messages-field", "NAME", C(PREPARE), K_STRING, STR(messages_field), 0, NULL,
-     "with --jsonl or Parquet, and --tokenizer: a conversation ([{role, content}, ...]) rendered with the "
-     "model's chat template, the loss on the assistant's messages only"},
+     "with --jsonl or Parquet, and --tokenizer: a conversation ([{role, content}, ...]) "
+     "rendered with the model's chat template, the loss on the assistant's messages only"},
     /* export */
     {"to-hf", "HF", C(EXPORT), K_STRING, STR(to_hf), 0, NULL,
      "write a Hugging Face model directory (safetensors, config.json, the imported tokenizer "

@@ -96,8 +96,8 @@ static int check_inputs(const char *const *inputs, unsigned n)
             return -e;
         }
         FY_REQUIRE(S_ISREG(st.st_mode), S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL,
-                   "input %s is %s, not a regular file: give text, JSONL or Parquet files", inputs[i],
-                   S_ISDIR(st.st_mode) ? "a directory" : "a special file");
+                   "input %s is %s, not a regular file: give text, JSONL or Parquet files",
+                   inputs[i], S_ISDIR(st.st_mode) ? "a directory" : "a special file");
         FY_REQUIRE(access(inputs[i], R_OK) == 0, -EACCES, "cannot read input %s: %s", inputs[i],
                    strerror(EACCES));
     }
@@ -387,12 +387,13 @@ int fy_prepare(const struct fy_prepare_opts *o, struct fy_prepare_result *res)
     struct stat st;
     FY_REQUIRE(o->overwrite || lstat(o->out, &st) != 0, -EEXIST,
                "%s already exists: remove it or pass --overwrite", o->out);
-    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS};
-    char tj[PATH_MAX];
+    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS, NULL};
+    char tj[PATH_MAX], full[PATH_MAX];
     if (o->tokenizer != NULL) {
         FY_TRY(resolve_tokenizer(o->tokenizer, tj, sizeof tj));
         src.tokenizer = FY_TOKENIZER_HF;
         FY_TRY(fy_tokfile_hash_file(tj, &src.hash));
+        src.name = realpath(tj, full) != NULL ? full : tj; /* recorded, for train's messages */
     }
     FY_TRY(run_helper(o, o->tokenizer ? tj : NULL, records, &src, res));
     if (o->tokenizer != NULL)

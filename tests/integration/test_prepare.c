@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,6 +196,10 @@ static void check_against_reference(const char *tok_json, const char *mode, cons
     uint64_t hash;
     assert_int_equal(fy_tokfile_hash_file(tok_json, &hash), 0);
     assert_true(src.hash == hash);
+    char full[PATH_MAX];
+    assert_non_null(realpath(tok_json, full));
+    assert_non_null(src.name);
+    assert_string_equal(src.name, full);
     uint64_t i = 0, masked = 0;
     long tok, m;
     while (fscanf(f, "%ld %ld", &tok, &m) == 2) {
@@ -596,13 +601,15 @@ static void test_train_checks_tokenizer(void **state)
         }
         assert_int_equal(launch(args), 0);
     }
-    char tok_a[1100], tok_b[1100];
+    char tok_a[1100], tok_b[PATH_MAX];
     snprintf(tok_a, sizeof tok_a, "%s/tokenizer.json", a);
-    snprintf(tok_b, sizeof tok_b, "%s/tokenizer.json", b);
+    assert_non_null(realpath(fy_test_fmt("%s/tokenizer.json", b), tok_b)); /* as recorded */
     const char *hash_a = fmt_hash(tok_a), *hash_b = fmt_hash(tok_b);
 
-    const char *other[] = {tpath("b.tok"), fy_test_fmt("its tokenizer.json has hash %s", hash_b),
-                           fy_test_fmt("the run's %s has hash %s", run_tok, hash_a),
+    const char *other[] = {tpath("b.tok"),
+                           fy_test_fmt("was made with another tokenizer than the run's: with %s "
+                                       "(hash %s), the run's is %s (hash %s)",
+                                       tok_b, hash_b, run_tok, hash_a),
                            fy_test_fmt("prepare the data again with --tokenizer %s", run_tok),
                            NULL};
     expect_train_refused(run, tpath("b.tok"), other);
@@ -631,7 +638,7 @@ static void test_train_checks_tokenizer(void **state)
                              "2", "--embd", "16", "--ctx", "16", NULL};
     assert_int_equal(launch(init256), 0);
     const char *byte_model[] = {tpath("b.tok"),
-                                fy_test_fmt("a Hugging Face tokenizer.json (hash %s)", hash_b),
+                                fy_test_fmt("the Hugging Face tokenizer %s (hash %s)", tok_b, hash_b),
                                 "the byte-level vocabulary of 256",
                                 "prepare the data without --tokenizer", NULL};
     expect_train_refused(tpath("byterun"), tpath("b.tok"), byte_model);
@@ -651,7 +658,7 @@ static void test_fully_masked_training(void **state)
         tok[i] = (uint32_t)(i * 37 % 251);
         tr[i] = i >= 370; /* eval split: the last 40 tokens */
     }
-    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS};
+    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS, NULL};
     assert_int_equal(fy_tokfile_write_masked(tpath("allmasked.tok"), tok, tr, N, 256, &src, 0), 0);
     const char *run = tpath("run2");
     const char *init[] = {"init", "--run-dir", run, "--layers", "1", "--heads", "2", "--embd", "16",

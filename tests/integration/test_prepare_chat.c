@@ -13,8 +13,8 @@
  * - Parquet files of several row groups give byte for byte the token file of the same records as
  *   JSON lines (a text field, prompt/response pairs, conversations; byte-level and Hugging Face
  *   tokenizers; Llama 3.2's template for the conversations, whose list of structs gives every
- *   message every key), alone and mixed with JSONL; a missing column, a null value, a file that is not
- *   Parquet, Parquet mixed with text, and python3 without pyarrow are refused.
+ *   message every key), alone and mixed with JSONL; a missing column, a null value, a file that
+ *   is not Parquet, Parquet mixed with text, and python3 without pyarrow are refused.
  * The tests skip (saying so) without python3's transformers (with tokenizers and jinja2) or
  * pyarrow, and fail under CI=true. */
 #include <stdarg.h>
@@ -23,6 +23,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,10 @@ static void check_chat(const char *tokdir, const char *family, const char *field
     uint64_t hash;
     assert_int_equal(fy_tokfile_hash_file(tj, &hash), 0);
     assert_true(src.hash == hash);
+    char full[PATH_MAX];
+    assert_non_null(realpath(tj, full));
+    assert_non_null(src.name);
+    assert_string_equal(src.name, full);
     uint64_t i = 0, masked = 0;
     long tok, m;
     while (fscanf(f, "%ld %ld", &tok, &m) == 2) {
@@ -304,7 +309,8 @@ static void test_chat_refused(void **state)
                          "--jsonl", "--messages-field", "messages", tpath("twice.jsonl"), NULL};
     expect_refused(alt, out, "twice.jsonl:1: the chat template of ");
     assert_true(fy_test_file_contains(log_path, "refuses the conversation: After the optional "
-                                                "system message, conversation roles must alternate"));
+                                                "system message, conversation roles must "
+                                                "alternate"));
 
     /* Qwen3 renders the last turn according to a <think> block in the content */
     write_text(tpath("think.jsonl"),

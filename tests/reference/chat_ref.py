@@ -45,20 +45,27 @@ MARKS = {
     "qwen2.5": [(
         """{%- if (message.role == "user") or (message.role == "system" and not loop.first) or """
         """(message.role == "assistant" and not message.tool_calls) %}\n"""
-        """        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}""",
+        """        {{- '<|im_start|>' + message.role + '\\n' """
+        """+ message.content + '<|im_end|>' + '\\n' }}""",
         """{%- if (message.role == "user") or (message.role == "system" and not loop.first) %}\n"""
-        """        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"""
+        """        {{- '<|im_start|>' + message.role + '\\n' """
+        """+ message.content + '<|im_end|>' + '\\n' }}\n"""
         """    {%- elif message.role == "assistant" and not message.tool_calls %}\n"""
         """        {{- '<|im_start|>' + message.role + '\\n' }}{%- generation %}"""
         """{{- message.content + '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}""")],
     "qwen3": [(
-        """{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + """
+        """{{- '<|im_start|>' + message.role + '\\n<think>\\n' """
+        """+ reasoning_content.strip('\\n') + """
         """'\\n</think>\\n\\n' + content.lstrip('\\n') }}""",
-        """{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + """
+        """{{- '<|im_start|>' + message.role + '\\n<think>\\n' """
+        """+ reasoning_content.strip('\\n') + """
         """'\\n</think>\\n\\n' }}{%- set content = content.lstrip('\\n') %}"""), (
-        """            {%- else %}\n                {{- '<|im_start|>' + message.role + '\\n' + content }}""",
-        """            {%- else %}\n                {{- '<|im_start|>' + message.role + '\\n' }}"""), (
-        """        {%- else %}\n            {{- '<|im_start|>' + message.role + '\\n' + content }}\n"""
+        """            {%- else %}\n                {{- '<|im_start|>' """
+        """+ message.role + '\\n' + content }}""",
+        """            {%- else %}\n                {{- '<|im_start|>' """
+        """+ message.role + '\\n' }}"""), (
+        """        {%- else %}\n            {{- '<|im_start|>' """
+        """+ message.role + '\\n' + content }}\n"""
         """        {%- endif %}\n        {%- if message.tool_calls %}""",
         """        {%- else %}\n            {{- '<|im_start|>' + message.role + '\\n' }}\n"""
         """        {%- endif %}\n        {%- generation %}{{- content }}\n"""
@@ -70,7 +77,8 @@ MARKS = {
         """{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ """
         """message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = """
         """bos_token + content %}{% endif %}{{ content }}""",
-        """{% if loop.index0 == 0 %}{{ bos_token }}{% endif %}{% if message['role'] == 'assistant' %}"""
+        """{% if loop.index0 == 0 %}{{ bos_token }}{% endif %}{% if """
+        """message['role'] == 'assistant' %}"""
         """{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% generation %}"""
         """{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}{% else %}"""
         """{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ """
@@ -85,7 +93,8 @@ MARKS = {
         """message['content'] | trim + '<|eot_id|>' }}{%- endif %}""")],
     "mistral": [(
         """{{- ' ' + message['content'] + eos_token}}""",
-        """{{- ' ' }}{%- generation %}{{- message['content'] + eos_token }}{%- endgeneration %}""")],
+        """{{- ' ' }}{%- generation %}{{- message['content'] """
+        """+ eos_token }}{%- endgeneration %}""")],
 }
 
 
