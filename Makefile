@@ -18,7 +18,7 @@ DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev
 # The tests against PyTorch and transformers (Hugging Face import and export, the Llama reference,
 # the tokenizer tests, the GPU tests) need these from PyPI: Debian does not package them.
 PYTHON       ?= python3
-PIP_PACKAGES := numpy==2.2.6 torch==2.5.1 transformers==5.17.0
+PIP_PACKAGES := numpy==2.2.6 torch==2.5.1 transformers==5.17.0 pyarrow==18.1.0
 
 found   = $(shell $(PKG_CONFIG) --exists $(1) && echo yes)
 MISSING := $(strip $(foreach p,$(DEPS_RUNTIME),$(if $(call found,$(p)),,$(p))))

@@ -119,7 +119,8 @@ struct tok_writer {
     char path[TOK_PATH_MAX], tmp[TOK_PATH_MAX + 8], mtmp[TOK_PATH_MAX + 16];
     int fd;
     uint32_t width, vocab;
-    struct fy_tokfile_source src;
+    struct fy_tokfile_source src; /* src.name NULL: the copy is name */
+    char name[FY_TOKFILE_NAME_MAX];
     uint64_t count, masked;
     uint64_t offset; /* bytes written to tmp so far */
     uint8_t *buf;
@@ -193,7 +194,11 @@ static int writer_begin(struct tok_writer *w, const char *path, uint32_t vocab,
     w->vocab = vocab;
     w->width = width_for_vocab(vocab);
     w->src = src != NULL ? *src
-                         : (struct fy_tokfile_source){FY_TOKENIZER_UNSPECIFIED, 0, FY_TOKFILE_NO_EOS};
+                         : (struct fy_tokfile_source){FY_TOKENIZER_UNSPECIFIED, 0,
+                                                      FY_TOKFILE_NO_EOS, NULL};
+    if (w->src.name != NULL && strlen(w->src.name) < sizeof w->name)
+        memcpy(w->name, w->src.name, strlen(w->src.name) + 1);
+    w->src.name = NULL;
     w->buf = malloc(TOK_CHUNK);
     if (keep_mask)
         w->mbuf = calloc(1, TOK_CHUNK);
@@ -361,6 +366,7 @@ static int writer_finish(struct tok_writer *w, int overwrite)
             put_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_LO, (uint32_t)masked);
             put_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_HI, (uint32_t)(masked >> 32));
             put_le32(h + 4 * FY_TOKFILE_V2_SLOT_CHECKSUM, fy_tokfile_header_checksum_v2(h));
+            memcpy(h + FY_TOKFILE_NAME_OFFSET, w->name, strlen(w->name));
         }
         ssize_t n = pwrite(w->fd, h, FY_TOKFILE_HEADER_BYTES, 0);
         if (n != FY_TOKFILE_HEADER_BYTES) {
@@ -704,7 +710,7 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
     FY_REQUIRE((flags & ~FY_TOKFILE_FLAG_LOSS_MASK) == 0, -ENOTSUP,
                "%s: unknown flags 0x%x in the header: written by a newer build? prepare it again",
                path, flags);
-    t->src = (struct fy_tokfile_source){FY_TOKENIZER_UNSPECIFIED, 0, FY_TOKFILE_NO_EOS};
+    t->src = (struct fy_tokfile_source){FY_TOKENIZER_UNSPECIFIED, 0, FY_TOKFILE_NO_EOS, NULL};
     t->masked = 0;
     if (v2) {
         t->src.tokenizer = get_le32(h + 4 * FY_TOKFILE_SLOT_TOKENIZER);
@@ -713,6 +719,12 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
         t->src.eos = get_le32(h + 4 * FY_TOKFILE_SLOT_EOS);
         t->masked = (uint64_t)get_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_LO) |
                     (uint64_t)get_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_HI) << 32;
+        const char *name = (const char *)h + FY_TOKFILE_NAME_OFFSET;
+        const char *end = memchr(name, 0, FY_TOKFILE_NAME_MAX);
+        int printable = end != NULL && end > name;
+        for (const char *c = name; printable && c < end; c++)
+            printable = (unsigned char)*c >= 0x20 && *c != 0x7f;
+        t->src.name = printable ? name : NULL;
         FY_REQUIRE(t->src.tokenizer <= FY_TOKENIZER_HF, -ENOTSUP,
                    "%s: unknown tokenizer kind %u in the header: written by a newer build? "
                    "prepare it again",
@@ -755,7 +767,7 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
                "corrupt, prepare it again",
                path, t->src.eos, vocab);
     if (model_vocab != 0 && vocab > model_vocab) {
-        char who[96];
+        char who[FY_TOKFILE_NAME_MAX + 64];
         fy_tokfile_describe_source(&t->src, who, sizeof who);
         fy_error("%s: made for vocabulary %u, the model has %u (the file's: %s): prepare the "
                  "data with the model's tokenizer (fuyou-launch prepare --tokenizer MODEL_DIR)",
@@ -876,7 +888,9 @@ uint32_t fy_tokfile_version(const struct fy_tokfile *t) { return t->version; }
 void fy_tokfile_describe_source(const struct fy_tokfile_source *src, char *buf, size_t len)
 {
     if (src->tokenizer == FY_TOKENIZER_HF)
-        snprintf(buf, len, "Hugging Face tokenizer.json %016llx", (unsigned long long)src->hash);
+        snprintf(buf, len, "Hugging Face tokenizer.json %016llx%s%s%s",
+                 (unsigned long long)src->hash, src->name ? " (" : "", src->name ? src->name : "",
+                 src->name ? ")" : "");
     else if (src->tokenizer == FY_TOKENIZER_BYTES)
         snprintf(buf, len, "byte-level tokenizer");
     else

@@ -23,6 +23,9 @@
  *     [11] masked tokens (mask bit 0), low 32 bits; 0 unless flags bit 0
  *     [12] masked tokens, high 32 bits
  *     [13] header checksum: 32-bit FNV-1a over bytes 0..51 (slots 0..12 as stored)
+ *     bytes 64..1087: where known, the path of the tokenizer.json (as prepare resolved it),
+ *     NUL-terminated UTF-8, zeros otherwise; for messages only, so not covered by the checksum (a
+ *     reader ignores a value without its NUL or with control characters)
  *   bytes 4096..: the tokens as in version 1, zero-padded to a multiple of 4096 bytes
  *   with flags bit 0, then the mask plane: ceil(count / 8) bytes, bit (i % 8) of byte i / 8 (least
  *   significant first) is token i's mask: 1 = trained (predicting token i from the tokens before it
@@ -48,6 +51,8 @@ extern "C" {
 #define FY_TOKFILE_HEADER_BYTES 4096
 #define FY_TOKFILE_FLAG_LOSS_MASK 1u
 #define FY_TOKFILE_NO_EOS 0xFFFFFFFFu
+#define FY_TOKFILE_NAME_OFFSET 64  /* version 2: the tokenizer's path */
+#define FY_TOKFILE_NAME_MAX 1024   /* its bytes, the NUL included */
 
 enum { FY_TOKFILE_SLOT_MAGIC = 0, FY_TOKFILE_SLOT_VERSION = 1, FY_TOKFILE_SLOT_WIDTH = 2,
        FY_TOKFILE_SLOT_VOCAB = 3, FY_TOKFILE_SLOT_COUNT_LO = 4, FY_TOKFILE_SLOT_COUNT_HI = 5,
@@ -65,6 +70,10 @@ struct fy_tokfile_source {
     uint32_t tokenizer; /* FY_TOKENIZER_* */
     uint64_t hash;      /* FNV-1a 64 of tokenizer.json (FY_TOKENIZER_HF), else 0 */
     uint32_t eos;       /* FY_TOKFILE_NO_EOS for none */
+    /* The tokenizer.json's path (FY_TOKENIZER_HF), NULL where unknown. A writer copies it (one of
+     * FY_TOKFILE_NAME_MAX bytes or more is not recorded); fy_tokfile_source's points into the
+     * open file. */
+    const char *name;
 };
 
 /* Splits, for fy_tokfile_batch and fy_tokfile_split_tokens. */
@@ -131,9 +140,11 @@ uint32_t fy_tokfile_vocab(const struct fy_tokfile *t);
 uint32_t fy_tokfile_width(const struct fy_tokfile *t);
 /* The header's version (1 or 2). */
 uint32_t fy_tokfile_version(const struct fy_tokfile *t);
-/* The tokenizer's identity (unspecified for a version 1 file). */
+/* The tokenizer's identity (unspecified for a version 1 file); its name, if any, is valid while t
+ * is open. */
 struct fy_tokfile_source fy_tokfile_source(const struct fy_tokfile *t);
-/* "Hugging Face tokenizer.json 0123abcd...", "byte-level tokenizer" or "tokenizer not recorded". */
+/* "Hugging Face tokenizer.json 0123abcd..." (then " (NAME)" where recorded), "byte-level
+ * tokenizer" or "tokenizer not recorded". */
 void fy_tokfile_describe_source(const struct fy_tokfile_source *src, char *buf, size_t len);
 /* Tokens whose mask is 0 (0 without a mask plane). */
 uint64_t fy_tokfile_masked(const struct fy_tokfile *t);

@@ -1,4 +1,5 @@
-/* fuyou-launch prepare: text or JSON lines files into a token file (launcher/prepare.h). */
+/* fuyou-launch prepare: text, JSON lines or Parquet files into a token file
+ * (launcher/prepare.h). */
 #include <errno.h>
 #include <stdio.h>
 
@@ -15,6 +16,7 @@ int fy_cmd_prepare(struct fy_options *o)
     struct fy_prepare_opts po = {.out = o->out, .tokenizer = o->tokenizer, .jsonl = o->jsonl,
                                  .text_field = o->text_field, .prompt_field = o->prompt_field,
                                  .response_field = o->response_field,
+                                 .messages_field = o->messages_field,
                                  .inputs = (const char *const *)o->args,
                                  .n_inputs = (unsigned)o->n_args, .overwrite = o->overwrite};
     struct fy_prepare_result res;

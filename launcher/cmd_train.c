@@ -32,10 +32,68 @@
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
 static volatile int train_stop;
 
+/* The data's tokenizer against the run's. The run's is RUN/hf/tokenizer.json, kept by init
+ * --from-hf: a token file must record that file's hash; a byte-level one is refused, and one that
+ * records no tokenizer (a version 1 file of another vocabulary than 256, written by another tool)
+ * is said unchecked. A version 1 file of vocabulary 256 is what prepare writes for plain text with
+ * the byte-level tokenizer. A run without that file (a model made by init) has only its vocabulary
+ * to go by (fy_tokfile_open checks it), but a byte-level model (vocabulary 256) refuses a Hugging
+ * Face token file. */
+static int check_data_tokenizer(const struct fy_options *o, const struct fy_model_config *model,
+                                const struct fy_tokfile *data)
+{
+    struct fy_tokfile_source src = fy_tokfile_source(data);
+    const char *made_with =
+        src.name != NULL ? src.name : "a tokenizer.json (its path not recorded)";
+    int bytes = src.tokenizer == FY_TOKENIZER_BYTES ||
+                (src.tokenizer == FY_TOKENIZER_UNSPECIFIED && fy_tokfile_version(data) == 1 &&
+                 fy_tokfile_vocab(data) == FY_TOKFILE_BYTE_VOCAB);
+    char run_tok[PATH_MAX];
+    snprintf(run_tok, sizeof run_tok, "%s/hf/tokenizer.json", o->run_dir);
+    if (access(run_tok, F_OK) != 0) {
+        int e = errno;
+        FY_REQUIRE(e == ENOENT, -e, "cannot read %s: %s", run_tok, strerror(e));
+        if (model->vocab == FY_TOKFILE_BYTE_VOCAB && src.tokenizer == FY_TOKENIZER_HF) {
+            fy_error("train: the token file %s was made with the Hugging Face tokenizer %s (hash "
+                     "%016llx), and the run's model has the byte-level vocabulary of 256 (a model "
+                     "made by init, no %s): prepare the data without --tokenizer, or init the run "
+                     "from that tokenizer's model (init --from-hf)",
+                     o->data, made_with, (unsigned long long)src.hash, run_tok);
+            return -EINVAL;
+        }
+        return 0;
+    }
+    uint64_t hash;
+    FY_TRY(fy_tokfile_hash_file(run_tok, &hash));
+    if (src.tokenizer == FY_TOKENIZER_HF && src.hash == hash)
+        return 0;
+    if (src.tokenizer == FY_TOKENIZER_HF) {
+        fy_error("train: the token file %s was made with another tokenizer than the run's: with %s "
+                 "(hash %016llx), the run's is %s (hash %016llx): prepare the data again with "
+                 "--tokenizer %s",
+                 o->data, made_with, (unsigned long long)src.hash, run_tok,
+                 (unsigned long long)hash, run_tok);
+        return -EINVAL;
+    }
+    if (bytes) {
+        fy_error("train: the token file %s was made with the byte-level tokenizer (prepare "
+                 "without --tokenizer), the run's model with %s (hash %016llx): prepare the data "
+                 "again with --tokenizer %s",
+                 o->data, run_tok, (unsigned long long)hash, run_tok);
+        return -EINVAL;
+    }
+    fy_warn("train: the token file %s does not record its tokenizer (a version 1 file of "
+            "vocabulary %u): it is not checked against the run's %s; prepare it with --tokenizer "
+            "%s to have it checked",
+            o->data, fy_tokfile_vocab(data), run_tok, run_tok);
+    return 0;
+}
+
 static int open_data(const struct fy_options *o, const struct fy_model_config *model,
                      struct fy_tokfile **data)
 {
     FY_TRY(fy_tokfile_open(data, o->data, model->vocab));
+    FY_TRY(check_data_tokenizer(o, model, *data));
     FY_TRY(fy_tokfile_split(*data, o->eval_fraction));
     /* Refuse a batch larger than the data now, before any worker starts. */
     size_t n = (size_t)o->batch * o->seq;

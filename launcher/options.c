@@ -28,12 +28,15 @@ struct command_spec {
 };
 
 static const struct command_spec commands[FY_CMD_COUNT] = {
-    [FY_CMD_PREPARE] = {"prepare", {{"--out FILE INPUT...", "text or JSONL files -> token file"}},
-        "Tokenizes text files, or JSON lines with --jsonl, into a token file for train: byte-level "
-        "(vocabulary 256) unless --tokenizer names a Hugging Face tokenizer (python3 with the "
-        "tokenizers package). With --jsonl, --text-field is trained on whole, or --prompt-field "
-        "and --response-field: the prompt masked out of the loss, the response and the "
-        "end-of-sequence token trained on."},
+    [FY_CMD_PREPARE] = {"prepare", {{"--out FILE INPUT...",
+                                     "text, JSONL or Parquet files -> token file"}},
+        "Tokenizes text files, JSON lines with --jsonl, or Parquet files (named *.parquet) into a "
+        "token file for train: byte-level (vocabulary 256) unless --tokenizer names a Hugging Face "
+        "tokenizer (python3 with the tokenizers package). A JSON line or a Parquet row is one "
+        "document: --text-field is trained on whole; or --prompt-field and --response-field, the "
+        "prompt masked out of the loss, the response and the end-of-sequence token trained on; or "
+        "--messages-field, a conversation rendered with the model's chat template (transformers), "
+        "the loss on the assistant's messages and the token that ends each."},
     [FY_CMD_INIT] = {"init", {{"--run-dir DIR [model]", "create a model in the run's SSD store"},
                               {"--run-dir DIR --from-hf HF",
                                "import a Hugging Face GPT-2 or Llama model"}},
@@ -467,13 +470,16 @@ static const struct opt_spec specs[] = {
     {"tokenizer", "HF", C(PREPARE), K_STRING, STR(tokenizer), 0, NULL,
      "a Hugging Face tokenizer.json or its directory, through python3's tokenizers (byte level)"},
     {"jsonl", NULL, C(PREPARE), K_SWITCH, INT(jsonl), 0, NULL,
-     "the inputs are JSON lines, one object a line"},
+     "the inputs are JSON lines, one object a line (a .parquet input is read as Parquet)"},
     {"text-field", "NAME", C(PREPARE), K_STRING, STR(text_field), 0, NULL,
-     "with --jsonl: the field trained on whole (text)"},
+     "with --jsonl or Parquet: the field trained on whole (text)"},
     {"prompt-field", "NAME", C(PREPARE), K_STRING, STR(prompt_field), 0, NULL,
-     "with --jsonl: the prompt, masked out of the loss"},
+     "with --jsonl or Parquet: the prompt, masked out of the loss"},
     {"response-field", "NAME", C(PREPARE), K_STRING, STR(response_field), 0, NULL,
-     "with --jsonl: the response, trained on, then the end-of-sequence token"},
+     "with --jsonl or Parquet: the response, trained on, then the end-of-sequence token"},
+    {"messages-field", "NAME", C(PREPARE), K_STRING, STR(messages_field), 0, NULL,
+     "with --jsonl or Parquet, and --tokenizer: a conversation ([{role, content}, ...]) "
+     "rendered with the model's chat template, the loss on the assistant's messages only"},
     /* export */
     {"to-hf", "HF", C(EXPORT), K_STRING, STR(to_hf), 0, NULL,
      "write a Hugging Face model directory (safetensors, config.json, the imported tokenizer "

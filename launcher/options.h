@@ -28,6 +28,7 @@ struct fy_options {
     const char *from_hf, *to_hf;
     const char *machine; /* plan: a machine profile's rates (JSON) */
     const char *tokenizer, *text_field, *prompt_field, *response_field; /* prepare */
+    const char *messages_field;                                          /* prepare */
     int jsonl;                                                           /* prepare */
     int hf_dtype;            /* export --to-hf --dtype: 0 (as the source), FY_ST_F32, FY_ST_BF16 */
     uint64_t max_shard_size; /* export --to-hf: shard above this many bytes of tensors */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,12 +96,19 @@ static int check_inputs(const char *const *inputs, unsigned n)
             return -e;
         }
         FY_REQUIRE(S_ISREG(st.st_mode), S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL,
-                   "input %s is %s, not a regular file: give text or JSONL files", inputs[i],
-                   S_ISDIR(st.st_mode) ? "a directory" : "a special file");
+                   "input %s is %s, not a regular file: give text, JSONL or Parquet files",
+                   inputs[i], S_ISDIR(st.st_mode) ? "a directory" : "a special file");
         FY_REQUIRE(access(inputs[i], R_OK) == 0, -EACCES, "cannot read input %s: %s", inputs[i],
                    strerror(EACCES));
     }
     return 0;
+}
+
+/* An input read as Parquet: its name ends in .parquet (in any case). The helper's is_parquet. */
+static int is_parquet(const char *path)
+{
+    size_t n = strlen(path);
+    return n >= 8 && strcasecmp(path + n - 8, ".parquet") == 0;
 }
 
 /* ---- the helper's stream ---- */
@@ -235,13 +243,14 @@ static void describe_status(int status, char *buf, size_t len)
         snprintf(buf, len, "status 0x%x", status);
 }
 
-static int run_helper(const struct fy_prepare_opts *o, const char *tokenizer_json,
+/* records: some inputs are JSONL or Parquet, whose records the field options select. */
+static int run_helper(const struct fy_prepare_opts *o, const char *tokenizer_json, int records,
                       const struct fy_tokfile_source *src, struct fy_prepare_result *res)
 {
     char script[PATH_MAX];
     FY_TRY(find_helper(script, sizeof script));
     const char *text_field = o->text_field;
-    if (o->jsonl && o->prompt_field == NULL && text_field == NULL)
+    if (text_field == NULL && o->prompt_field == NULL && o->messages_field == NULL)
         text_field = "text";
     size_t argc_max = 16 + o->n_inputs;
     const char **argv = calloc(argc_max, sizeof *argv);
@@ -255,17 +264,19 @@ static int run_helper(const struct fy_prepare_opts *o, const char *tokenizer_jso
     } else {
         argv[a++] = "--bytes";
     }
-    if (o->jsonl) {
+    if (o->jsonl)
         argv[a++] = "--jsonl";
-        if (o->prompt_field != NULL) {
-            argv[a++] = "--prompt-field";
-            argv[a++] = o->prompt_field;
-            argv[a++] = "--response-field";
-            argv[a++] = o->response_field;
-        } else {
-            argv[a++] = "--text-field";
-            argv[a++] = text_field;
-        }
+    if (records && o->messages_field != NULL) {
+        argv[a++] = "--messages-field";
+        argv[a++] = o->messages_field;
+    } else if (records && o->prompt_field != NULL) {
+        argv[a++] = "--prompt-field";
+        argv[a++] = o->prompt_field;
+        argv[a++] = "--response-field";
+        argv[a++] = o->response_field;
+    } else if (records) {
+        argv[a++] = "--text-field";
+        argv[a++] = text_field;
     }
     argv[a++] = "--";
     for (unsigned i = 0; i < o->n_inputs; i++)
@@ -292,7 +303,7 @@ static int run_helper(const struct fy_prepare_opts *o, const char *tokenizer_jso
         if (e == ENOENT)
             fy_error("prepare%s needs python3 on PATH%s: it was not found; install python3 "
                      "(Debian package python3)",
-                     tokenizer_json ? " --tokenizer" : " --jsonl",
+                     tokenizer_json ? " --tokenizer" : o->jsonl ? " --jsonl" : " of Parquet files",
                      tokenizer_json ? " with the package tokenizers (pip install tokenizers)" : "");
         else
             fy_error("cannot start python3 for the tokenizer helper %s: %s", script, strerror(e));
@@ -338,14 +349,35 @@ int fy_prepare(const struct fy_prepare_opts *o, struct fy_prepare_result *res)
     memset(res, 0, sizeof *res);
     res->eos = FY_TOKFILE_NO_EOS;
     FY_REQUIRE(o->n_inputs > 0, -EINVAL, "prepare: give one or more input files after the options");
-    FY_REQUIRE(o->jsonl || (o->text_field == NULL && o->prompt_field == NULL &&
-                            o->response_field == NULL),
-               -EINVAL, "prepare: --text-field, --prompt-field and --response-field need --jsonl");
+    const char *parquet = NULL, *other = NULL; /* an input of each kind */
+    for (unsigned i = 0; i < o->n_inputs; i++) {
+        if (is_parquet(o->inputs[i]) && parquet == NULL)
+            parquet = o->inputs[i];
+        else if (!is_parquet(o->inputs[i]) && other == NULL)
+            other = o->inputs[i];
+    }
+    int records = o->jsonl || parquet != NULL;
+    FY_REQUIRE(records || (o->text_field == NULL && o->prompt_field == NULL &&
+                           o->response_field == NULL && o->messages_field == NULL),
+               -EINVAL,
+               "prepare: --text-field, --prompt-field, --response-field and --messages-field need "
+               "--jsonl, or Parquet inputs (*.parquet)");
+    FY_REQUIRE(o->jsonl || parquet == NULL || other == NULL, -EINVAL,
+               "prepare: %s is Parquet and %s is not: give --jsonl to read the others as JSON "
+               "lines, or prepare them apart",
+               parquet, other);
     FY_REQUIRE((o->prompt_field == NULL) == (o->response_field == NULL), -EINVAL,
                "prepare: give --prompt-field and --response-field together");
     FY_REQUIRE(o->text_field == NULL || o->prompt_field == NULL, -EINVAL,
                "prepare: give --text-field, or --prompt-field with --response-field, not both");
-    if (o->tokenizer == NULL && !o->jsonl) {
+    FY_REQUIRE(o->messages_field == NULL || (o->text_field == NULL && o->prompt_field == NULL),
+               -EINVAL,
+               "prepare: --messages-field takes the whole conversation: give it without "
+               "--text-field, --prompt-field and --response-field");
+    FY_REQUIRE(o->messages_field == NULL || o->tokenizer != NULL, -EINVAL,
+               "prepare --messages-field needs --tokenizer: conversations are rendered with the "
+               "model's chat template, found beside its tokenizer.json");
+    if (o->tokenizer == NULL && !records) {
         FY_TRY(fy_tokfile_prepare_bytes(o->out, o->inputs, o->n_inputs, o->overwrite, &res->count));
         res->vocab = FY_TOKFILE_BYTE_VOCAB;
         snprintf(res->tokenizer, sizeof res->tokenizer, "byte-level");
@@ -355,14 +387,15 @@ int fy_prepare(const struct fy_prepare_opts *o, struct fy_prepare_result *res)
     struct stat st;
     FY_REQUIRE(o->overwrite || lstat(o->out, &st) != 0, -EEXIST,
                "%s already exists: remove it or pass --overwrite", o->out);
-    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS};
-    char tj[PATH_MAX];
+    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS, NULL};
+    char tj[PATH_MAX], full[PATH_MAX];
     if (o->tokenizer != NULL) {
         FY_TRY(resolve_tokenizer(o->tokenizer, tj, sizeof tj));
         src.tokenizer = FY_TOKENIZER_HF;
         FY_TRY(fy_tokfile_hash_file(tj, &src.hash));
+        src.name = realpath(tj, full) != NULL ? full : tj; /* recorded, for train's messages */
     }
-    FY_TRY(run_helper(o, o->tokenizer ? tj : NULL, &src, res));
+    FY_TRY(run_helper(o, o->tokenizer ? tj : NULL, records, &src, res));
     if (o->tokenizer != NULL)
         snprintf(res->tokenizer, sizeof res->tokenizer, "%.80s, hash %016llx", tj,
                  (unsigned long long)src.hash);

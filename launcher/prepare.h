@@ -1,8 +1,9 @@
-/* `fuyou-launch prepare`: text or JSONL inputs -> a token file (common/tokfile.h). Plain text with
- * the built-in byte tokenizer is done here in C (fy_tokfile_prepare_bytes); a Hugging Face
- * tokenizer.json, or JSONL inputs, go through launcher/fuyou_tokenize.py run with python3, whose
- * stream of tokens and mask flags is written through the streaming token writer, so memory stays
- * bounded and nothing appears at the output until the whole input is done. */
+/* `fuyou-launch prepare`: text, JSONL or Parquet inputs -> a token file (common/tokfile.h). Plain
+ * text with the built-in byte tokenizer is done here in C (fy_tokfile_prepare_bytes); a Hugging
+ * Face tokenizer.json, JSONL or Parquet inputs go through launcher/fuyou_tokenize.py run with
+ * python3, whose stream of tokens and mask flags is written through the streaming token writer, so
+ * memory stays bounded and nothing appears at the output until the whole input is done. An input
+ * named *.parquet is Parquet; the others are JSONL with jsonl, else text. */
 #ifndef FY_PREPARE_H
 #define FY_PREPARE_H
 
@@ -11,10 +12,11 @@
 struct fy_prepare_opts {
     const char *out;
     const char *tokenizer;      /* a tokenizer.json, or a directory holding one; NULL: bytes */
-    int jsonl;                  /* inputs are JSON lines */
-    const char *text_field;     /* JSONL: the field trained on whole (default "text") */
-    const char *prompt_field;   /* JSONL: prompt (masked) ... */
+    int jsonl;                  /* inputs not named *.parquet are JSON lines */
+    const char *text_field;     /* JSONL, Parquet: the field trained on whole (default "text") */
+    const char *prompt_field;   /* JSONL, Parquet: prompt (masked) ... */
     const char *response_field; /* ... and response (trained) */
+    const char *messages_field; /* JSONL, Parquet: a conversation, through the chat template */
     const char *const *inputs;
     unsigned n_inputs;
     int overwrite;
@@ -22,7 +24,7 @@ struct fy_prepare_opts {
 
 struct fy_prepare_result {
     uint64_t count, masked;
-    uint32_t vocab, eos; /* eos: FY_TOKFILE_NO_EOS for none */
+    uint32_t vocab, eos; /* eos: FY_TOKFILE_NO_EOS for none (and for conversations) */
     char tokenizer[128]; /* described, for the log */
 };
 

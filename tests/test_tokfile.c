@@ -800,7 +800,7 @@ static void test_masked_format(void **state)
     uint64_t masked = 0;
     for (int i = 0; i < N; i++)
         masked += !tr[i];
-    struct fy_tokfile_source src = {FY_TOKENIZER_HF, 0x0123456789abcdefull, 999};
+    struct fy_tokfile_source src = {FY_TOKENIZER_HF, 0x0123456789abcdefull, 999, NULL};
     const char *p = tpath("m.tok");
     assert_int_equal(fy_tokfile_write_masked(p, tok, tr, N, V, &src, 0), 0);
 
@@ -837,6 +837,7 @@ static void test_masked_format(void **state)
     assert_int_equal(got.tokenizer, FY_TOKENIZER_HF);
     assert_true(got.hash == src.hash);
     assert_int_equal(got.eos, 999);
+    assert_null(got.name);
     for (int i = 0; i < N; i++)
         assert_int_equal(fy_tokfile_trained(t, (uint64_t)i), tr[i]);
     /* batches: a masked token's target is -1, inputs are untouched */
@@ -893,9 +894,68 @@ static void test_masked_format(void **state)
     assert_int_equal(access(tpath("none.tok"), F_OK), -1);
     assert_int_equal(access(tpath("none.tok.tmp"), F_OK), -1);
     /* an EOS outside the vocabulary: refused */
-    struct fy_tokfile_source bad_eos = {FY_TOKENIZER_HF, 1, V};
+    struct fy_tokfile_source bad_eos = {FY_TOKENIZER_HF, 1, V, NULL};
     assert_int_equal(fy_tokfile_write_masked(tpath("eos.tok"), tok, NULL, N, V, &bad_eos, 0),
                      -EINVAL);
+}
+
+/* The tokenizer's path, where the writer is given it: bytes 64.. of a version 2 header, NUL
+ * terminated, outside the checksum; read back, named by the vocabulary refusal; not recorded when
+ * it does not fit; ignored by the reader without its NUL or with a control character. */
+static void test_tokenizer_name(void **state)
+{
+    enum { N = 40, V = 500 };
+    uint32_t tok[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (uint32_t)(i * 11);
+    const char *name = "/models/tiny/tokenizer.json";
+    struct fy_tokfile_source src = {FY_TOKENIZER_HF, 0xfeedull, FY_TOKFILE_NO_EOS, name};
+    const char *p = tpath("named.tok");
+    assert_int_equal(fy_tokfile_write_masked(p, tok, NULL, N, V, &src, 0), 0);
+    size_t len;
+    uint8_t *b = slurp_file(p, &len);
+    assert_int_equal(le32(b + 4), 2);
+    assert_string_equal((const char *)b + FY_TOKFILE_NAME_OFFSET, name);
+    for (size_t i = FY_TOKFILE_NAME_OFFSET + strlen(name); i < FY_TOKFILE_HEADER_BYTES; i++)
+        assert_int_equal(b[i], 0);
+    assert_int_equal(le32(b + 52), fy_tokfile_header_checksum_v2(b));
+    struct fy_tokfile *t;
+    assert_int_equal(fy_tokfile_open(&t, p, V), 0);
+    assert_non_null(fy_tokfile_source(t).name);
+    assert_string_equal(fy_tokfile_source(t).name, name);
+    fy_tokfile_close(&t);
+    expect_open_refused(p, 400, -ERANGE,
+                        "(the file's: Hugging Face tokenizer.json 000000000000feed "
+                        "(/models/tiny/tokenizer.json))");
+    /* without its NUL, or with a control character: no name */
+    memset(b + FY_TOKFILE_NAME_OFFSET, 'x', FY_TOKFILE_NAME_MAX);
+    write_bytes(tpath("nonul.tok"), b, len);
+    assert_int_equal(fy_tokfile_open(&t, tpath("nonul.tok"), V), 0);
+    assert_null(fy_tokfile_source(t).name);
+    fy_tokfile_close(&t);
+    memset(b + FY_TOKFILE_NAME_OFFSET, 0, FY_TOKFILE_NAME_MAX);
+    memcpy(b + FY_TOKFILE_NAME_OFFSET, "bad\nname", 8);
+    write_bytes(tpath("ctl.tok"), b, len);
+    assert_int_equal(fy_tokfile_open(&t, tpath("ctl.tok"), V), 0);
+    assert_null(fy_tokfile_source(t).name);
+    fy_tokfile_close(&t);
+    free(b);
+    /* a path that does not fit: not recorded */
+    char longname[FY_TOKFILE_NAME_MAX + 1];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[FY_TOKFILE_NAME_MAX] = 0;
+    src.name = longname;
+    assert_int_equal(fy_tokfile_write_masked(tpath("long.tok"), tok, NULL, N, V, &src, 0), 0);
+    assert_int_equal(fy_tokfile_open(&t, tpath("long.tok"), V), 0);
+    assert_null(fy_tokfile_source(t).name);
+    assert_true(fy_tokfile_source(t).hash == 0xfeedull);
+    fy_tokfile_close(&t);
+    longname[FY_TOKFILE_NAME_MAX - 1] = 0; /* 1023 bytes and the NUL: recorded */
+    assert_int_equal(fy_tokfile_write_masked(tpath("long.tok"), tok, NULL, N, V, &src, 1), 0);
+    assert_int_equal(fy_tokfile_open(&t, tpath("long.tok"), V), 0);
+    assert_non_null(fy_tokfile_source(t).name);
+    assert_int_equal(strlen(fy_tokfile_source(t).name), FY_TOKFILE_NAME_MAX - 1);
+    fy_tokfile_close(&t);
 }
 
 static void test_masked_refusals(void **state)
@@ -905,7 +965,7 @@ static void test_masked_refusals(void **state)
     uint8_t tr[N];
     for (int i = 0; i < N; i++)
         tok[i] = (uint32_t)i, tr[i] = i % 2;
-    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS};
+    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS, NULL};
     const char *good = tpath("good.tok");
     assert_int_equal(fy_tokfile_write_masked(good, tok, tr, N, V, &src, 0), 0);
     const uint64_t mask_off = 2 * FY_TOKFILE_HEADER_BYTES;
@@ -940,7 +1000,7 @@ static void test_streaming_writer(void **state)
     const uint64_t n = 9000001;
     const char *p = tpath("stream.tok");
     struct fy_tokwriter *w;
-    struct fy_tokfile_source src = {FY_TOKENIZER_HF, 42, 7};
+    struct fy_tokfile_source src = {FY_TOKENIZER_HF, 42, 7, NULL};
     assert_int_equal(fy_tokwriter_begin(&w, p, 300, &src, 0), 0);
     assert_int_equal(access(p, F_OK), -1); /* nothing before finish */
     uint32_t *chunk = malloc(4096 * sizeof *chunk);
@@ -1020,6 +1080,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch_too_large, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eval_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_masked_format, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tokenizer_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_masked_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_streaming_writer, setup, teardown),
     };

@@ -9,7 +9,10 @@
  * - training honours the mask: `train --inprocess` on a prepared prompt/response file reports the
  *   loss of a float64 reference (tests/reference/gpt_ref.py) given the same batch with the masked
  *   targets ignored, and a training split whose targets are all masked trains with loss 0, saying
- *   so once.
+ *   so once;
+ * - train checks the data's tokenizer: a run imported with a tokenizer.json (RUN/hf/) refuses a
+ *   token file of another tokenizer or of the byte-level one, naming both hashes and the fix, and
+ *   trains on one of its own; a byte-level model made by init refuses a Hugging Face token file.
  * The tokenizer tests skip (saying so) without python3's `tokenizers`, and fail under CI=true; the
  * reference comparison skips without numpy likewise. */
 #include <stdarg.h>
@@ -20,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,6 +196,10 @@ static void check_against_reference(const char *tok_json, const char *mode, cons
     uint64_t hash;
     assert_int_equal(fy_tokfile_hash_file(tok_json, &hash), 0);
     assert_true(src.hash == hash);
+    char full[PATH_MAX];
+    assert_non_null(realpath(tok_json, full));
+    assert_non_null(src.name);
+    assert_string_equal(src.name, full);
     uint64_t i = 0, masked = 0;
     long tok, m;
     while (fscanf(f, "%ld %ld", &tok, &m) == 2) {
@@ -488,6 +496,157 @@ static void test_masked_training_vs_reference(void **state)
     fy_tokfile_close(&t);
 }
 
+/* ---- train against the run's tokenizer ---- */
+
+/* Runs train; expects exit 1 and one error line containing each of want (NULL-terminated). */
+static void expect_train_refused(const char *run, const char *data, const char *const *want)
+{
+    const char *args[] = {"train", "--run-dir", run, "--data", data, "--steps", "1", "--batch",
+                          "2", "--seq", "8", "--eval-batches", "0", "--backend", "cpu", NULL};
+    int rc = launch(args), ok = rc == 1 && count_lines_with(log_path, "error:") == 1;
+    for (; ok && *want; want++)
+        ok = fy_test_file_contains(log_path, *want);
+    if (!ok) {
+        char *text = fy_test_slurp(log_path, NULL);
+        fail_msg("train on %s: expected exit 1 and one error line saying so; got exit %d and:\n%s",
+                 data, rc, text ? text : "(no log)");
+    }
+}
+
+static void train_one_step(const char *run, const char *data, int inprocess)
+{
+    const char *args[] = {"train", "--run-dir", run, "--data", data, "--steps", "1", "--batch",
+                          "2", "--seq", "8", "--eval-batches", "0", "--backend", "cpu",
+                          inprocess ? "--inprocess" : NULL, NULL};
+    int rc = launch(args);
+    if (rc != 0) {
+        char *text = fy_test_slurp(log_path, NULL);
+        fail_msg("train on %s: exit %d:\n%s", data, rc, text ? text : "(no log)");
+    }
+}
+
+static const char *fmt_hash(const char *tokenizer_json)
+{
+    uint64_t h;
+    assert_int_equal(fy_tokfile_hash_file(tokenizer_json, &h), 0);
+    return fy_test_fmt("%016llx", (unsigned long long)h);
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    size_t len = 0;
+    char *text = fy_test_slurp(from, &len);
+    assert_non_null(text);
+    FILE *f = fopen(to, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    free(text);
+}
+
+/* A run imported from Hugging Face keeps its tokenizer.json in RUN/hf/: train takes a token file
+ * of that tokenizer (prepared with it, or with RUN/hf itself), and refuses one of another
+ * tokenizer or of the byte-level one (version 2, and version 1 of vocabulary 256), naming both
+ * hashes; a version 1 file of another vocabulary is said unchecked. A run made by init keeps the
+ * vocabulary check, and a byte-level one (vocabulary 256) refuses a Hugging Face token file. */
+static void test_train_checks_tokenizer(void **state)
+{
+    if (skip_without(have_tokenizers, "the package tokenizers"))
+        skip();
+    char a[1024], b[1024], hf[1024], run[1024], run_tok[1100], run_hf[1100];
+    snprintf(a, sizeof a, "%s", tpath("tokA"));
+    snprintf(b, sizeof b, "%s", tpath("tokB"));
+    snprintf(hf, sizeof hf, "%s", tpath("hfmodel"));
+    snprintf(run, sizeof run, "%s", tpath("hfrun"));
+    snprintf(run_hf, sizeof run_hf, "%s/hf", run);
+    snprintf(run_tok, sizeof run_tok, "%s/hf/tokenizer.json", run);
+    assert_int_equal(mkdir(a, 0700), 0);
+    assert_int_equal(mkdir(b, 0700), 0);
+    const char *ba[] = {ref_script, "build", a, "bpe", NULL};
+    const char *bb[] = {ref_script, "build", b, "wordlevel", NULL};
+    assert_int_equal(python(ba), 0);
+    assert_int_equal(python(bb), 0);
+    /* a model made here, exported with tokenizer A's files beside it, imported */
+    const char *init[] = {"init", "--run-dir", tpath("made"), "--layers", "1", "--heads", "2",
+                          "--embd", "16", "--vocab", "384", "--ctx", "16", NULL};
+    assert_int_equal(launch(init), 0);
+    const char *exp[] = {"export", "--run-dir", tpath("made"), "--to-hf", hf, NULL};
+    assert_int_equal(launch(exp), 0);
+    copy_file(fy_test_fmt("%s/tokenizer.json", a), fy_test_fmt("%s/tokenizer.json", hf));
+    copy_file(fy_test_fmt("%s/tokenizer_config.json", a),
+              fy_test_fmt("%s/tokenizer_config.json", hf));
+    const char *imp[] = {"init", "--run-dir", run, "--from-hf", hf, NULL};
+    assert_int_equal(launch(imp), 0);
+    assert_true(exists(run_tok));
+
+    FILE *f = fopen(tpath("corpus.txt"), "w");
+    assert_non_null(f);
+    for (int i = 0; i < 20; i++)
+        fprintf(f, "the quick brown fox jumps over the lazy dog\n");
+    fclose(f);
+    write_text(tpath("corpus.jsonl"), "{\"text\": \"the quick brown fox jumps over the lazy "
+                                      "dog, the quick brown fox jumps over the lazy dog\"}\n");
+    struct {
+        const char *name, *tokenizer;
+        int jsonl;
+    } made[] = {{"a.tok", a, 0}, {"run.tok", run_hf, 0}, {"b.tok", b, 0},
+                {"bytes1.tok", NULL, 0}, {"bytes2.tok", NULL, 1}};
+    for (size_t i = 0; i < sizeof made / sizeof *made; i++) {
+        const char *args[] = {"prepare", "--out", tpath(made[i].name),
+                              made[i].jsonl ? "--jsonl" : tpath("corpus.txt"),
+                              made[i].jsonl ? tpath("corpus.jsonl") : NULL, NULL, NULL, NULL};
+        if (made[i].tokenizer != NULL) {
+            args[4] = "--tokenizer";
+            args[5] = made[i].tokenizer;
+        }
+        assert_int_equal(launch(args), 0);
+    }
+    char tok_a[1100], tok_b[PATH_MAX];
+    snprintf(tok_a, sizeof tok_a, "%s/tokenizer.json", a);
+    assert_non_null(realpath(fy_test_fmt("%s/tokenizer.json", b), tok_b)); /* as recorded */
+    const char *hash_a = fmt_hash(tok_a), *hash_b = fmt_hash(tok_b);
+
+    const char *other[] = {tpath("b.tok"),
+                           fy_test_fmt("was made with another tokenizer than the run's: with %s "
+                                       "(hash %s), the run's is %s (hash %s)",
+                                       tok_b, hash_b, run_tok, hash_a),
+                           fy_test_fmt("prepare the data again with --tokenizer %s", run_tok),
+                           NULL};
+    expect_train_refused(run, tpath("b.tok"), other);
+    for (int v = 1; v <= 2; v++) {
+        const char *data = tpath(v == 1 ? "bytes1.tok" : "bytes2.tok");
+        const char *bytes[] = {data, "was made with the byte-level tokenizer",
+                               fy_test_fmt("the run's model with %s (hash %s)", run_tok, hash_a),
+                               NULL};
+        expect_train_refused(run, data, bytes);
+    }
+    /* a version 1 file of vocabulary 300 (another tool's): said unchecked, then refused here
+     * only for being shorter than a batch (no training needed to see the warning) */
+    const uint32_t few[] = {1, 2, 3, 299};
+    assert_int_equal(fy_tokfile_write(tpath("raw.tok"), few, 4, 300, 0), 0);
+    const char *raw[] = {"eval fraction 0.1 of 4 tokens", NULL};
+    expect_train_refused(run, tpath("raw.tok"), raw);
+    assert_true(fy_test_file_contains(log_path, "does not record its tokenizer (a version 1 file "
+                                                "of vocabulary 300)"));
+    /* the run's own tokenizer, as given to prepare or as RUN/hf */
+    train_one_step(run, tpath("a.tok"), 0);
+    train_one_step(run, tpath("run.tok"), 0);
+
+    /* runs made by init: the vocabulary check only, but a byte-level model refuses a Hugging
+     * Face token file */
+    const char *init256[] = {"init", "--run-dir", tpath("byterun"), "--layers", "1", "--heads",
+                             "2", "--embd", "16", "--ctx", "16", NULL};
+    assert_int_equal(launch(init256), 0);
+    const char *byte_model[] = {tpath("b.tok"),
+                                fy_test_fmt("the Hugging Face tokenizer %s (hash %s)", tok_b, hash_b),
+                                "the byte-level vocabulary of 256",
+                                "prepare the data without --tokenizer", NULL};
+    expect_train_refused(tpath("byterun"), tpath("b.tok"), byte_model);
+    train_one_step(tpath("byterun"), tpath("bytes1.tok"), 1);
+    train_one_step(tpath("made"), tpath("a.tok"), 1);
+    train_one_step(tpath("made"), tpath("bytes2.tok"), 1);
+}
+
 /* Every training target masked (the trained tokens are all in the eval split): loss 0 at every
  * step, said once; the eval loss is the held-out trained targets'. */
 static void test_fully_masked_training(void **state)
@@ -499,7 +658,7 @@ static void test_fully_masked_training(void **state)
         tok[i] = (uint32_t)(i * 37 % 251);
         tr[i] = i >= 370; /* eval split: the last 40 tokens */
     }
-    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS};
+    struct fy_tokfile_source src = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS, NULL};
     assert_int_equal(fy_tokfile_write_masked(tpath("allmasked.tok"), tok, tr, N, 256, &src, 0), 0);
     const char *run = tpath("run2");
     const char *init[] = {"init", "--run-dir", run, "--layers", "1", "--heads", "2", "--embd", "16",
@@ -548,8 +707,14 @@ int main(void)
         cmocka_unit_test(test_bad_tokenizer_inputs),
         cmocka_unit_test(test_masked_training_vs_reference),
         cmocka_unit_test(test_fully_masked_training),
+        cmocka_unit_test(test_train_checks_tokenizer),
     };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    struct CMUnitTest run[sizeof tests / sizeof tests[0]];
+    size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+        if (fy_test_wanted(tests[i].name))
+            run[wanted++] = tests[i];
+    int failed = _cmocka_run_group_tests("prepare (integration)", run, wanted, NULL, NULL);
     if (failed == 0)
         fy_test_rmdir(dir);
     free(dir);
