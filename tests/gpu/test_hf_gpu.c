@@ -2,7 +2,10 @@
  * layers, 2048 wide, 16 heads, GPT-2's vocabulary: 1.01B parameters) and a Llama of
  * Llama-3.2-1B's shape with 12 of its 16 layers (2048 wide, 32 heads, 8 kv heads, MLP 8192,
  * vocabulary 128256, tied head, rope theta 500000 with llama3 scaling of factor 32 over 8192
- * positions: 0.99B parameters; fewer layers to keep the test near three minutes), each made with
+ * positions: 0.99B parameters; fewer layers to keep the test near three minutes), and the
+ * Llama-like families at the shapes people fine-tune (Qwen2.5-0.5B and Qwen3-0.6B whole, a
+ * 0.5B Mistral with a window of 128 below the sequence of 256, a 1.1B Phi-3 of Phi-3-mini's
+ * blocks with its fused tensors and window 2047), each made with
  * random weights by transformers (tests/reference/hf_gpt2.py, hf_llama.py) and saved in bf16:
  * `fuyou-launch init --from-hf` (one copy of the state), the first step's loss of `train --backend
  * cuda` against transformers' loss on the same batch, three training steps, `export --to-hf`, and
@@ -58,6 +61,28 @@ static const struct family llama = {
     "--layers 12 --heads 32 --kv-heads 8 --embd 2048 --ffn 8192 --vocab 128256 --ctx 131072 "
     "--llama3 --rope-factor 32 --rope-original-max 8192 --tied",
     128256};
+/* the Llama-like families at the shapes people fine-tune (Qwen2.5-0.5B, Qwen3-0.6B whole; Mistral
+ * and Phi-3 blocks at ~0.5B and ~1B with their windows: Mistral's smaller than the sequence) */
+static const struct family qwen2 = {
+    "Qwen2.5-0.5B shape, 0.49B", "hf_llama.py",
+    "--family qwen2 --layers 24 --heads 14 --kv-heads 2 --embd 896 --ffn 4864 --vocab 151936 "
+    "--ctx 32768 --tied",
+    151936};
+static const struct family qwen3 = {
+    "Qwen3-0.6B shape, 0.6B", "hf_llama.py",
+    "--family qwen3 --layers 28 --heads 16 --kv-heads 8 --embd 1024 --head-dim 128 --ffn 3072 "
+    "--vocab 151936 --ctx 40960 --tied",
+    151936};
+static const struct family mistral = {
+    "Mistral shape, 16 layers, window 128, 0.5B", "hf_llama.py",
+    "--family mistral --layers 16 --heads 16 --kv-heads 4 --embd 1536 --head-dim 128 --ffn 4096 "
+    "--vocab 32768 --ctx 32768 --window 128",
+    32768};
+static const struct family phi3 = {
+    "Phi-3-mini-4k shape, 8 layers, 1.1B", "hf_llama.py",
+    "--family phi3 --layers 8 --heads 32 --kv-heads 32 --embd 3072 --ffn 8192 --vocab 32064 "
+    "--ctx 4096 --window 2047",
+    32064};
 
 static int setup(void **state) { return fy_test_setup(state, "hfgpu", NULL); }
 static int teardown(void **state) { return fy_test_teardown(state); }
@@ -145,6 +170,10 @@ static void family_case(struct fy_test_fixture *f, const struct family *fam)
 
 static void test_gpt2_1b(void **state) { family_case(*state, &gpt2); }
 static void test_llama_1b(void **state) { family_case(*state, &llama); }
+static void test_qwen2(void **state) { family_case(*state, &qwen2); }
+static void test_qwen3(void **state) { family_case(*state, &qwen3); }
+static void test_mistral(void **state) { family_case(*state, &mistral); }
+static void test_phi3(void **state) { family_case(*state, &phi3); }
 
 /* 0 when python3's torch sees a CUDA device. */
 static int torch_has_cuda(void)
@@ -183,6 +212,16 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_gpt2_1b, setup, teardown),
         cmocka_unit_test_setup_teardown(test_llama_1b, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_qwen2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_qwen3, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mistral, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_phi3, setup, teardown),
     };
-    return cmocka_run_group_tests_name("Hugging Face models at 1B on the GPU", tests, NULL, NULL);
+    struct CMUnitTest run[sizeof tests / sizeof tests[0]];
+    size_t wanted = 0; /* FY_TEST_ONLY: some of them, by name (comma-separated globs) */
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+        if (fy_test_wanted(tests[i].name))
+            run[wanted++] = tests[i];
+    return _cmocka_run_group_tests("Hugging Face models at 0.5-1B on the GPU", run, wanted, NULL,
+                                   NULL);
 }
