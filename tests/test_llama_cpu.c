@@ -6,8 +6,10 @@
  *     (ref_block_forward), and the fp32 backward (dx and every parameter gradient) against central
  *     finite differences of that float64 forward, for grouped-query (2 kv heads), multi-query
  *     (1 kv head) and llama3-scaled configurations; the final RMSNorm likewise;
- *   - the block against transformers' LlamaDecoderLayer (tests/reference/llama_ref.py), forward and
- *     backward in fp32, plain RoPE and llama3 scaling; skipped, saying so, where python3 lacks torch
+ *   - the block against transformers' decoder layers (tests/reference/llama_ref.py), forward and
+ *     backward in fp32: Llama with plain RoPE, llama3 scaling and an explicit head_dim; Qwen2 (q/k/v
+ *     biases), Qwen3 (q/k norms, head_dim != width / heads), Mistral and Phi-3 (fused tensors) with
+ *     a sliding window smaller than the sequence; odd widths, GQA 3:1 and 4:1; skipped, saying so, where python3 lacks torch
  *     or transformers, except under CI (CI=true), where their absence is a failure;
  *   - gradients accumulate into dparams; bit-identical results across runs and thread counts.
  *
@@ -19,7 +21,8 @@
  *   - fp32 backward vs finite differences of the float64 forward (step 1e-5, whose own error is
  *     about 1e-9): rel 1e-4, floor 1e-5 (measured: worst 4e-7 of the max);
  *   - against transformers (fp32 both sides, different summation orders): rel 1e-5, floor 1e-5
- *     (measured: worst 9e-7 of the max).
+ *     (measured, worst of any tensor: Llama 9e-7, head_dim 7e-7, Qwen2 1.0e-6, Qwen3 6e-7,
+ *     Mistral 6e-7, Phi-3 9e-7 of the max).
  * test_config_validate logs the refusals it provokes ("error: model: ..."): expected.
  * Each check can fail: a gradient element off by 1e-3 relative, and the plain-RoPE forward of a
  * llama3 configuration, are both rejected (tests below). */
@@ -572,6 +575,42 @@ static void test_final_norm(void **state)
 
 #define HF_MAGIC 0x4C4C5946
 
+/* A Llama-like family's block config: cfg_plain's, with the family's variations. */
+static struct fy_model_config cfg_family(const struct fy_arch *arch, uint32_t C, uint32_t NH,
+                                         uint32_t NKV, uint32_t I, uint32_t hd, uint32_t window)
+{
+    struct fy_model_config c = cfg_plain(C, NH, NKV, I, 500000.0);
+    c.arch = arch;
+    c.llama.head_dim = hd;
+    c.llama.qkv_bias = arch == &fy_arch_qwen2;
+    c.llama.qk_norm = arch == &fy_arch_qwen3;
+    c.llama.sliding_window = window;
+    return c;
+}
+
+/* The tensors of a block's layout in order (absent ones left out): n of them, names and offsets,
+ * off[n] the total. */
+static int layout_parts(const struct fy_model_config *c, const char *names[16], size_t off[17])
+{
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(c, &l);
+    const struct { const char *name; size_t at; } all[] = {
+        {"input_layernorm", l.input_norm}, {"q_proj", l.q_proj}, {"k_proj", l.k_proj},
+        {"v_proj", l.v_proj}, {"q/k/v biases", l.q_bias}, {"o_proj", l.o_proj},
+        {"q_norm", l.q_norm}, {"k_norm", l.k_norm}, {"post_attention_layernorm", l.post_norm},
+        {"gate_proj", l.gate_proj}, {"up_proj", l.up_proj}, {"down_proj", l.down_proj}};
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i].at != FY_LLAMA_ABSENT) {
+            names[n] = all[i].name;
+            off[n++] = all[i].at;
+        }
+    off[n] = l.total;
+    for (int i = 0; i < n; i++)
+        assert_true(off[i] < off[i + 1]);
+    return n;
+}
+
 struct hf_case {
     const char *name, *args; /* llama_ref.py's arguments after OUT */
     struct fy_model_config cfg;
@@ -596,10 +635,12 @@ static int hf_compare(const struct hf_case *hc, const char *path)
     memcpy(h, buf, sizeof h);
     memcpy(d, buf + sizeof h, sizeof d);
     int llama3 = c->llama.rope_type == FY_ROPE_LLAMA3;
-    int32_t want[11] = {HF_MAGIC, 1, hc->B, hc->T, (int32_t)c->n_embd, (int32_t)c->n_head,
+    int32_t want[15] = {HF_MAGIC, 2, hc->B, hc->T, (int32_t)c->n_embd, (int32_t)c->n_head,
                         (int32_t)c->llama.n_kv_head, (int32_t)c->llama.n_inter, llama3,
-                        llama3 ? (int32_t)c->llama.rope_orig_max_pos : 0, (int32_t)P};
-    for (int i = 0; i < 11; i++)
+                        llama3 ? (int32_t)c->llama.rope_orig_max_pos : 0, (int32_t)P,
+                        (int32_t)c->llama.head_dim, (int32_t)c->llama.qkv_bias,
+                        (int32_t)c->llama.qk_norm, (int32_t)c->llama.sliding_window};
+    for (int i = 0; i < 15; i++)
         if (h[i] != want[i])
             fail_msg("%s: header slot %d is %d, expected %d", path, i, h[i], want[i]);
     assert_true(fabs(d[0] - c->llama.rms_eps) <= 1e-12 && d[1] == c->llama.rope_theta);
@@ -623,11 +664,12 @@ static int hf_compare(const struct hf_case *hc, const char *path)
     ref = to_double(dx_ref, nx);
     bad += compare("dx vs transformers", dx, ref, nx, HF_REL, HF_ABS);
     free(ref);
-    size_t off[R_COUNT + 1];
-    ref_offsets(c, off);
-    for (int t = 0; t < R_COUNT; t++) {
+    const char *names[16];
+    size_t off[17];
+    int parts = layout_parts(c, names, off);
+    for (int t = 0; t < parts; t++) {
         char name[64];
-        snprintf(name, sizeof name, "d%s vs transformers", ref_names[t]);
+        snprintf(name, sizeof name, "d%s vs transformers", names[t]);
         ref = to_double(dp_ref + off[t], off[t + 1] - off[t]);
         bad += compare(name, dp + off[t], ref, off[t + 1] - off[t], HF_REL, HF_ABS);
         free(ref);
@@ -653,6 +695,23 @@ static void test_transformers(void **state)
          "--eps 1e-5 --theta 500000 --seed 5", cfg_plain(32, 4, 2, 48, 500000.0), 2, 7},
         {"GQA, llama3 rope scaling", "--batch 2 --seq 7 --embd 32 --heads 4 --kv-heads 2 --inter 48 "
          "--eps 1e-5 --theta 500000 --seed 6 --llama3 8 1 4 512", cfg_llama3(32, 4, 2, 48), 2, 7},
+        /* the Llama-like families: odd widths, GQA 3:1 and 4:1, head_dim != width / heads, a
+         * window smaller than the sequence */
+        {"Llama, head_dim 10 (width 36, 3 heads, GQA 3:1)", "--batch 2 --seq 7 --embd 36 --heads 3 "
+         "--kv-heads 1 --inter 40 --seed 7 --family llama --head-dim 10",
+         cfg_family(&fy_arch_llama, 36, 3, 1, 40, 10, 0), 2, 7},
+        {"Qwen2, q/k/v biases (width 36, GQA 3:1)", "--batch 2 --seq 7 --embd 36 --heads 6 "
+         "--kv-heads 2 --inter 40 --seed 8 --family qwen2",
+         cfg_family(&fy_arch_qwen2, 36, 6, 2, 40, 0, 0), 2, 7},
+        {"Qwen3, q/k norms, head_dim 14 (width 44, GQA 4:1)", "--batch 2 --seq 7 --embd 44 "
+         "--heads 4 --kv-heads 1 --inter 40 --seed 9 --family qwen3 --head-dim 14",
+         cfg_family(&fy_arch_qwen3, 44, 4, 1, 40, 14, 0), 2, 7},
+        {"Mistral, window 3 < 9 (width 36, GQA 3:1, head_dim 8)", "--batch 2 --seq 9 --embd 36 "
+         "--heads 3 --kv-heads 1 --inter 40 --seed 10 --family mistral --head-dim 8 --window 3",
+         cfg_family(&fy_arch_mistral, 36, 3, 1, 40, 8, 3), 2, 9},
+        {"Phi-3, fused, window 4 < 9 (width 40, GQA 4:1)", "--batch 2 --seq 9 --embd 40 "
+         "--heads 4 --kv-heads 1 --inter 36 --seed 11 --family phi3 --window 4",
+         cfg_family(&fy_arch_phi3, 40, 4, 1, 36, 0, 4), 2, 9},
     };
     enum { NCASES = sizeof cases / sizeof cases[0] };
     char *dir = fy_test_tmpdir("llama");
