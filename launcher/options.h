@@ -42,7 +42,7 @@ struct fy_options {
     int seed_set, steps_set, model_set, hf_opts_set, timeout_set; /* given on the command line */
     /* init --arch llama */
     const char *arch;
-    uint64_t kv_heads, ffn; /* 0: --heads, 4 * --embd */
+    uint64_t kv_heads, ffn, head_dim; /* 0: --heads, 4 * --embd, --embd / --heads */
     double rope_theta, rms_eps;
     int tied;
     int ssd_rates_profile; /* --ssd-rates profile: plan from the profile's sample, not the record */

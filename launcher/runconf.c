@@ -165,12 +165,13 @@ int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out)
                                   .n_embd = (uint32_t)o->embd, .vocab = (uint32_t)o->vocab,
                                   .ctx = (uint32_t)o->ctx};
     FY_REQUIRE(o->layers <= UINT32_MAX && o->heads <= UINT32_MAX && o->embd <= UINT32_MAX &&
-                   o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX && o->kv_heads <= UINT32_MAX &&
+                   o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX && o->kv_heads <= UINT32_MAX && o->head_dim <= 1024 &&
                    o->ffn <= UINT32_MAX && 4 * o->embd <= UINT32_MAX,
                -EINVAL, "init: model dimensions too large");
     model.arch = fy_arch_by_name(o->arch); /* parse_arch took a registry name */
     FY_REQUIRE(model.arch != NULL, -EINVAL, "init: --arch %s is not a model family", o->arch);
-    const struct fy_family_options fo = {.kv_heads = o->kv_heads, .ffn = o->ffn, .tied = o->tied,
+    const struct fy_family_options fo = {.kv_heads = o->kv_heads, .ffn = o->ffn,
+                                         .head_dim = o->head_dim, .tied = o->tied,
                                          .rms_eps = o->rms_eps, .rope_theta = o->rope_theta};
     FY_TRY(model.arch->from_options(&fo, &model));
     FY_TRY(fy_model_config_validate(&model));

@@ -48,10 +48,10 @@ struct fy_tensor_spec {
  * first 14 after the header's checksum, the rest in a later range that older headers leave zero. */
 #define FY_FAMILY_SLOTS 30
 
-/* init's model options beyond the common shape (--kv-heads, --ffn, --tied, --rms-eps,
+/* init's model options beyond the common shape (--kv-heads, --ffn, --head-dim, --tied, --rms-eps,
  * --rope-theta), as given or at their defaults (0 for the sizes and tied, 1e-5, 10000). */
 struct fy_family_options {
-    uint64_t kv_heads, ffn;
+    uint64_t kv_heads, ffn, head_dim;
     int tied;
     double rms_eps, rope_theta;
 };

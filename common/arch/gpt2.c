@@ -62,10 +62,10 @@ static int gpt2_validate(const struct fy_model_config *c) { return 0; }
 
 static int gpt2_from_options(const struct fy_family_options *o, struct fy_model_config *c)
 {
-    FY_REQUIRE(o->kv_heads == 0 && o->ffn == 0 && !o->tied && o->rope_theta == 10000.0 &&
-                   o->rms_eps == 1e-5,
-               -EINVAL, "init: --kv-heads, --ffn, --rope-theta, --rms-eps and --tied are not "
-               "options of --arch gpt2 (its MLP is 4 x --embd, its head tied)");
+    FY_REQUIRE(o->kv_heads == 0 && o->ffn == 0 && o->head_dim == 0 && !o->tied &&
+                   o->rope_theta == 10000.0 && o->rms_eps == 1e-5,
+               -EINVAL, "init: --kv-heads, --ffn, --head-dim, --rope-theta, --rms-eps and --tied "
+               "are not options of --arch gpt2 (its MLP is 4 x --embd, its head tied)");
     return 0;
 }
 

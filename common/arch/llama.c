@@ -135,7 +135,8 @@ int fy_llama_like_from_options(const struct fy_family_options *o, struct fy_mode
         .n_kv_head = (uint32_t)(o->kv_heads != 0 ? o->kv_heads : c->n_head),
         .n_inter = (uint32_t)(o->ffn != 0 ? o->ffn : 4ull * c->n_embd),
         .tied = (uint32_t)o->tied, .rms_eps = (float)o->rms_eps, .rope_theta = o->rope_theta,
-        .qkv_bias = c->llama.qkv_bias, .qk_norm = c->llama.qk_norm};
+        .qkv_bias = c->llama.qkv_bias, .qk_norm = c->llama.qk_norm,
+        .head_dim = o->head_dim == (uint64_t)c->n_embd / c->n_head ? 0 : (uint32_t)o->head_dim};
     return 0;
 }
 

@@ -13,7 +13,8 @@
 # rates the steps ran at (their bytes over the busy times): the disk drifts. The last step of each
 # run also writes the resident state to the store and syncs it (a checkpoint) and is left out as
 # well.
-# Environment: PIPELINE_CONFIGS ("1.3B", or "1.3B 2.7B"; "350M" for quick looks), PIPELINE_BATCHES
+# Environment: PIPELINE_CONFIGS ("1.3B", or "1.3B 2.7B"; "350M" for quick looks; "qwen3-0.6B" and
+# "llama3-8B-8L" for the Llama-like shapes), PIPELINE_BATCHES
 # ("16 64"), PIPELINE_PLACEMENTS ("host ssd"), PIPELINE_SCHEDULES ("overlap serial"),
 # PIPELINE_QUEUE1 (1: also the host placement with one request at a time), PIPELINE_FSDP2 (1: also PyTorch FSDP2 with CPU
 # offload, tests/bench/fsdp2_offload.py, at the batches in PIPELINE_FSDP2_BATCHES, "16"),
@@ -146,11 +147,20 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     350M) model="--layers 24 --heads 16 --embd 1024"; state=5; slots=2; act=0.11 ;;
     1.3B) model="--layers 24 --heads 16 --embd 2048"; state=19; slots=5; act=0.21 ;;
     2.7B) model="--layers 32 --heads 32 --embd 2560"; state=37; slots=7; act=0.35 ;;
+    # the shapes people fine-tune: Qwen3-0.6B, and Llama-3-8B's blocks (8 of its 32, so that the
+    # state fits the GPU machine's disk and memory; random weights)
+    qwen3-0.6B) model="--arch qwen3 --layers 28 --heads 16 --kv-heads 8 --embd 1024 --head-dim 128
+      --ffn 3072 --vocab 151936 --tied --rope-theta 1000000 --rms-eps 1e-6"
+      state=9; slots=3; act=0.25 ;;
+    llama3-8B-8L) model="--arch llama --layers 8 --heads 32 --kv-heads 8 --embd 4096 --ffn 14336
+      --vocab 128256 --rope-theta 500000"
+      state=40; slots=8; act=0.5 ;;
     tiny) model="--layers 2 --heads 4 --embd 64"; state=0.05; slots=0.04; act=0.001 ;; # smoke test
     *) echo "unknown config $cfg"; exit 2 ;;
   esac
   t0=$(date +%s)
-  "$L" init --run-dir "$work/run-$cfg" $model --vocab 50304 --ctx "$SEQ" --seed 1 \
+  case $model in *--vocab*) vocab="" ;; *) vocab="--vocab 50304" ;; esac
+  "$L" init --run-dir "$work/run-$cfg" $model $vocab --ctx "$SEQ" --seed 1 \
     --state-copies "${PIPELINE_STATE_COPIES:-2}" \
     >"$work/init-$cfg.log" 2>&1 || { tail -5 "$work/init-$cfg.log"; exit 1; }
   echo "init $cfg: $(( $(date +%s) - t0 )) s"
@@ -161,6 +171,8 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     local B=$1 ms kept
     COMPUTE_S=0
     [ "$BACKEND" = cuda ] || return 0
+    # bench_gpu measures GPT blocks: the Llama-like shapes' bound is their busy times alone
+    case $model in *--arch*) return 0 ;; esac
     [ -f "$work/compute-$cfg-$B" ] && { COMPUTE_S=$(cat "$work/compute-$cfg-$B"); return 0; }
     gpu() { "$BUILD/bench/bench_gpu" --name "$cfg" $model --vocab 50304 --seq "$SEQ" --batch "$B" \
               --iters 3 --mode "$1" 2>&1; }
