@@ -17,7 +17,8 @@
  *     loss and every parameter's gradient (embeddings, each block's tensors, the final norm, the
  *     head); no pad token in the configs (transformers' padding_idx would zero that token's
  *     embedding gradient, which this backend does not);
- *   - gradients accumulate into dparams; bit-identical results across runs and thread counts.
+ *   - gradients accumulate into dparams; bit-identical results across runs and thread counts
+ *     (plain Llama, and every Llama-like variation at once).
  *
  * The loss is L = sum(y * r) for a fixed random r (the backward is run with dy = r). Comparisons
  * are per tensor: an element passes when |ours - ref| <= rel * |ref| + abs * max|ref|, i.e. an
@@ -900,15 +901,28 @@ struct det_out {
     float *y, *dx, *dp;
 };
 
-static void det_run(int threads, struct det_out *o)
+/* Llama with llama3 scaling; and one with every Llama-like variation at once (head_dim 10, q/k/v
+ * biases, q/k norms, a window of 4 < 9). */
+static struct fy_model_config det_config(int variations)
 {
     struct fy_model_config c = cfg_llama3(64, 8, 2, 96);
+    if (variations) {
+        c.llama.head_dim = 10;
+        c.llama.qkv_bias = c.llama.qk_norm = 1;
+        c.llama.sliding_window = 4;
+    }
+    return c;
+}
+
+static void det_run(int variations, int threads, struct det_out *o)
+{
+    struct fy_model_config c = det_config(variations);
     int B = 3, T = 9;
     uint64_t st = 77;
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)B * T * c.n_embd;
-    float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
+    float *p = variations ? alloc_rand(l.total, &st, -0.3f, 0.3f) : block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
     float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
     o->y = alloc_nan(nx), o->dx = alloc_nan(nx), o->dp = xmalloc(l.total * sizeof *o->dp);
     memset(o->dp, 0, l.total * sizeof *o->dp);
@@ -918,20 +932,20 @@ static void det_run(int threads, struct det_out *o)
     free(p), free(x), free(r), free(scratch);
 }
 
-static void test_deterministic(void **state)
+static void deterministic(int variations)
 {
-    struct fy_model_config c = cfg_llama3(64, 8, 2, 96);
+    struct fy_model_config c = det_config(variations);
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)3 * 9 * c.n_embd;
     int saved = omp_get_max_threads();
     struct det_out a, b, d;
-    det_run(2, &a);
-    det_run(2, &b); /* the same run twice */
-    det_run(1, &d); /* and with another thread count */
+    det_run(variations, 2, &a);
+    det_run(variations, 2, &b); /* the same run twice */
+    det_run(variations, 1, &d); /* and with another thread count */
     omp_set_num_threads(3);
     struct det_out e;
-    det_run(3, &e);
+    det_run(variations, 3, &e);
     omp_set_num_threads(saved);
     struct det_out *others[] = {&b, &d, &e};
     for (int k = 0; k < 3; k++) {
@@ -944,6 +958,12 @@ static void test_deterministic(void **state)
     struct det_out *all[] = {&a, &b, &d, &e};
     for (int k = 0; k < 4; k++)
         free(all[k]->y), free(all[k]->dx), free(all[k]->dp);
+}
+
+static void test_deterministic(void **state)
+{
+    deterministic(0);
+    deterministic(1);
 }
 
 int main(void)
