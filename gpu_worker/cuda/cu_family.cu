@@ -10,7 +10,8 @@
 
 static const struct fy_cu_family *const families[] = {
     &fy_cu_family_gpt2,
-    &fy_cu_family_llama,
+    &fy_cu_family_llama,   &fy_cu_family_qwen2, &fy_cu_family_qwen3,
+    &fy_cu_family_mistral, &fy_cu_family_phi3,
 };
 
 const struct fy_cu_family *fy_cu_family_of(const struct fy_model_config *c)

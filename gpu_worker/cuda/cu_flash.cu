@@ -51,6 +51,13 @@
  * tiles come from and the dk dv grid; with NKV = NH every kernel does what it did for multi-head
  * attention, in the same order.
  *
+ * Sliding window W (the kernels' WIN instantiations; W < T): query t sees keys t - W < j <= t. The
+ * forward and dq start at the key block holding q0 - W + 1 (blocks before it are wholly outside
+ * the band and skipped), dk dv stop at the query block holding k0 + 63 + W - 1, and every tile is
+ * masked to the band. A row may see no key of its first block: its max stays -inf and that block
+ * adds nothing (alpha 1, p 0); its diagonal block always holds the key t itself. Without a window
+ * (WIN false) the code is the plain causal code above, instruction for instruction.
+ *
  * Scratch layout (256-byte aligned pieces): L f32 [B*NH][T], then D f32 [B*NH][T]. */
 #include "gpu_worker/cuda/cu_flash.h"
 
@@ -303,13 +310,27 @@ __device__ static inline const bf16 *fl_keys(const bf16 *qkv, int b, int kvh, in
     return qkv + (size_t)b * T * S + (size_t)(NH + kvh) * hs;
 }
 
+/* ---- the sliding window (WIN): query q attends to keys k with q - W < k <= q ----
+ * Without a window (WIN false) the kernels are the plain causal ones, instruction for instruction. */
+
+__device__ static inline bool fl_in_band(int q, int k, int W) { return k <= q && k > q - W; }
+
+/* The first key block a query block starting at q0 sees: the one holding key q0 - W + 1. */
+template <bool WIN> __device__ static inline int fl_first_key_block(int q0, int W)
+{
+    if (!WIN)
+        return 0;
+    const int k = q0 - W + 1;
+    return k > 0 ? k / FL_BLK : 0;
+}
+
 /* ---- forward ----
  * CTA (query block nblk-1-blockIdx.x, the heaviest first; b*NH+h), 4 warps of 16 query rows.
  * Shared: Q, K[2], V[2] tiles (K, V double-buffered, loaded by cp.async one block ahead). */
-template <int HP>
+template <int HP, bool WIN>
 __global__ void __launch_bounds__(FL_THREADS, 1)
     fl_forward_kernel(bf16 *out, float *Lse, const bf16 *qkv, int T, int NH, int NKV, int hs,
-                      float scale)
+                      float scale, int W)
 {
     bf16 *Qs = (bf16 *)fl_smem_base();
     bf16 *Ks = Qs + FL_TILE(HP), *Vs = Qs + 3 * FL_TILE(HP); /* buffer u at + u * FL_TILE */
@@ -321,10 +342,11 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     const bf16 *qs = fl_query(qkv, b, h, T, S, hs); /* this head's q at row 0 */
     const bf16 *ks = fl_keys(qkv, b, h / (NH / NKV), T, S, NH, hs), *vs = ks + (size_t)NKV * hs;
     const float sl2 = scale * FL_LOG2E;
+    const int kb0 = fl_first_key_block<WIN>(q0, W); /* 0 without a window */
 
     fl_load_tile<HP>(Qs, qs, S, q0, T, hs);
-    fl_load_tile<HP>(Ks, ks, S, 0, T, hs);
-    fl_load_tile<HP>(Vs, vs, S, 0, T, hs);
+    fl_load_tile<HP>(Ks, ks, S, kb0 * FL_BLK, T, hs);
+    fl_load_tile<HP>(Vs, vs, S, kb0 * FL_BLK, T, hs);
     fl_cp_commit();
 
     float o[HP / 8][4];
@@ -339,19 +361,28 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     __syncthreads();
     fl_load_afrag<HP>(qa, Qs + wr * FL_LD(HP), lane);
 
-    for (int kb = 0; kb <= qb; kb++) {
+    for (int kb = kb0; kb <= qb; kb++) {
         fl_cp_wait_all();
-        __syncthreads(); /* block kb in place for all; buffer (kb+1)&1 no longer read */
+        __syncthreads(); /* block kb in place for all; buffer (kb-kb0+1)&1 no longer read */
         if (kb < qb) {
-            const int u = (kb + 1) & 1;
+            const int u = (kb - kb0 + 1) & 1;
             fl_load_tile<HP>(Ks + u * FL_TILE(HP), ks, S, (kb + 1) * FL_BLK, T, hs);
             fl_load_tile<HP>(Vs + u * FL_TILE(HP), vs, S, (kb + 1) * FL_BLK, T, hs);
             fl_cp_commit();
         }
-        const bf16 *Kb = Ks + (kb & 1) * FL_TILE(HP), *Vb = Vs + (kb & 1) * FL_TILE(HP);
+        const int ub = (kb - kb0) & 1;
+        const bf16 *Kb = Ks + ub * FL_TILE(HP), *Vb = Vs + ub * FL_TILE(HP);
         float s[8][4];
         fl_mm_nt_ra<HP, 8>(s, qa, Kb, lane);
-        if (kb == qb) { /* the diagonal block: key k0 + col > query q0 + row is masked */
+        if (WIN) { /* outside the band (key > query, or key <= query - W): masked */
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (!fl_in_band(q0 + wr + g + 8 * (e >> 1), kb * FL_BLK + n * 8 + 2 * c + (e & 1),
+                                    W))
+                        s[n][e] = -INFINITY;
+        } else if (kb == qb) { /* the diagonal block: key k0 + col > query q0 + row is masked */
 #pragma unroll
             for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -369,8 +400,12 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             /* mx is finite: block 0 holds key 0, valid for every row */
-            const float alpha = exp2f((m[i] - mx) * sl2); /* 0 on block 0 (m = -inf) */
-            const float ms = mx * sl2;
+            float alpha = exp2f((m[i] - mx) * sl2); /* 0 on block 0 (m = -inf) */
+            float ms = mx * sl2;
+            if (WIN && mx == -INFINITY) { /* no key of this row in the band yet: nothing to add */
+                alpha = 1.0f;
+                ms = 0.0f;
+            }
             m[i] = mx;
             float rs = 0.0f;
 #pragma unroll
@@ -451,16 +486,19 @@ __device__ static inline void fl_load_query_side(bf16 *Qd, bf16 *dOd, float *Ld,
  * prefetched across the change of head. Warp w owns keys k0+16w..+15 and works on transposed
  * tiles (rows = keys, columns = the 64 queries of the current block).
  * Shared: K, V, then Q[2], dO[2] tiles, then L[2], D[2] vectors of 64 floats. */
-template <int HP>
+template <int HP, bool WIN>
 __global__ void __launch_bounds__(FL_THREADS, 1)
     fl_bwd_dkdv(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse, const float *Dg,
-                int T, int NH, int NKV, int hs, float scale)
+                int T, int NH, int NKV, int hs, float scale, int W)
 {
     bf16 *Ks = (bf16 *)fl_smem_base();
     bf16 *Vs = Ks + FL_TILE(HP), *Qs = Ks + 2 * FL_TILE(HP), *dOs = Ks + 4 * FL_TILE(HP);
     float *Lv = (float *)(Ks + 6 * FL_TILE(HP)), *Dv = Lv + 2 * FL_BLK; /* buffer u at + 64u */
     const int kb = blockIdx.x, b = blockIdx.y / NKV, kvh = blockIdx.y % NKV, rep = NH / NKV;
-    const int k0 = kb * FL_BLK, nblk = (T + FL_BLK - 1) / FL_BLK, nq = nblk - kb;
+    const int k0 = kb * FL_BLK, nblk = (T + FL_BLK - 1) / FL_BLK;
+    /* with a window, the last query block that sees a key of this block: the one holding query
+     * k0 + 63 + W - 1 */
+    const int nq = WIN ? min(nblk - 1, (k0 + FL_BLK - 2 + W) / FL_BLK) - kb + 1 : nblk - kb;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3, wr = warp * 16;
     const size_t S = fl_qkv_row(NH, NKV, hs);
@@ -493,7 +531,7 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
         }
         const bf16 *Qb = Qs + u * FL_TILE(HP), *dOb = dOs + u * FL_TILE(HP);
         const float *Lb = Lv + u * FL_BLK, *Db = Dv + u * FL_BLK;
-        const bool edge = qb == kb || q0 + FL_BLK > T;
+        const bool edge = WIN || qb == kb || q0 + FL_BLK > T;
         /* two halves of 32 queries each (fewer live registers): for queries q0 + 32hq .. + 31 */
 #pragma unroll 1
         for (int hq = 0; hq < 2; hq++) {
@@ -509,7 +547,7 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
                     const int tq = q0 + qo + n * 8 + 2 * c + (e & 1),
                               tk = k0 + wr + g + 8 * (e >> 1);
                     float v = exp2f(fmaf(p[n][e], sl2, -((e & 1) ? lq.y : lq.x) * FL_LOG2E));
-                    if (edge && (tq >= T || tk > tq))
+                    if (edge && (tq >= T || (WIN ? !fl_in_band(tq, tk, W) : tk > tq)))
                         v = 0.0f;
                     p[n][e] = v;
                 }
@@ -537,10 +575,10 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
 
 /* CTA (query block nblk-1-blockIdx.x, b*NH+h): dq of rows q0..q0+63, from the keys and values of
  * kv head h / (NH / NKV); warp w owns rows q0+16w..+15. Shared: Q, dO, then K[2], V[2] tiles. */
-template <int HP>
+template <int HP, bool WIN>
 __global__ void __launch_bounds__(FL_THREADS, 1)
     fl_bwd_dq(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse, const float *Dg,
-              int T, int NH, int NKV, int hs, float scale)
+              int T, int NH, int NKV, int hs, float scale, int W)
 {
     bf16 *Qs = (bf16 *)fl_smem_base();
     bf16 *dOs = Qs + FL_TILE(HP), *Ks = Qs + 2 * FL_TILE(HP), *Vs = Qs + 4 * FL_TILE(HP);
@@ -552,11 +590,12 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     const bf16 *qs = fl_query(qkv, b, h, T, S, hs);
     const bf16 *ks = fl_keys(qkv, b, h / (NH / NKV), T, S, NH, hs), *vs = ks + (size_t)NKV * hs;
     const float sl2 = scale * FL_LOG2E;
+    const int kb0 = fl_first_key_block<WIN>(q0, W); /* 0 without a window */
 
     fl_load_tile<HP>(Qs, qs, S, q0, T, hs);
     fl_load_tile<HP>(dOs, fl_query(dout, b, h, T, QC, hs), QC, q0, T, hs);
-    fl_load_tile<HP>(Ks, ks, S, 0, T, hs);
-    fl_load_tile<HP>(Vs, vs, S, 0, T, hs);
+    fl_load_tile<HP>(Ks, ks, S, kb0 * FL_BLK, T, hs);
+    fl_load_tile<HP>(Vs, vs, S, kb0 * FL_BLK, T, hs);
     fl_cp_commit();
     float lr[2], dr[2]; /* L * log2(e) and D of rows g, g + 8 (0 for rows >= T) */
 #pragma unroll
@@ -572,16 +611,17 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             dq[n][e] = 0.0f;
-    for (int kb = 0; kb <= qb; kb++) {
+    for (int kb = kb0; kb <= qb; kb++) {
         fl_cp_wait_all();
         __syncthreads();
         if (kb < qb) {
-            const int u = (kb + 1) & 1;
+            const int u = (kb - kb0 + 1) & 1;
             fl_load_tile<HP>(Ks + u * FL_TILE(HP), ks, S, (kb + 1) * FL_BLK, T, hs);
             fl_load_tile<HP>(Vs + u * FL_TILE(HP), vs, S, (kb + 1) * FL_BLK, T, hs);
             fl_cp_commit();
         }
-        const bf16 *Kb = Ks + (kb & 1) * FL_TILE(HP), *Vb = Vs + (kb & 1) * FL_TILE(HP);
+        const int ub = (kb - kb0) & 1;
+        const bf16 *Kb = Ks + ub * FL_TILE(HP), *Vb = Vs + ub * FL_TILE(HP);
         float p[8][4], ds[8][4];
         fl_mm_nt<HP, 8>(p, Qs + wr * FL_LD(HP), Kb, lane);
         fl_mm_nt<HP, 8>(ds, dOs + wr * FL_LD(HP), Vb, lane);
@@ -592,7 +632,9 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
             for (int e = 0; e < 4; e++) {
                 const int i = e >> 1;
                 float v = exp2f(fmaf(p[n][e], sl2, -lr[i]));
-                if (diag && n * 8 + 2 * c + (e & 1) > wr + g + 8 * i)
+                if (WIN ? !fl_in_band(q0 + wr + g + 8 * i, kb * FL_BLK + n * 8 + 2 * c + (e & 1),
+                                      W)
+                        : diag && n * 8 + 2 * c + (e & 1) > wr + g + 8 * i)
                     v = 0.0f;
                 ds[n][e] = v * (ds[n][e] - dr[i]);
             }
@@ -666,52 +708,66 @@ struct fl_call {
     int B, T, NH, NKV, hs;
     float scale;
     cudaStream_t stream;
+    int window; /* W > 0 and W < T: a banded causal mask; 0: plain causal */
 };
 
-template <int HP> static int fl_forward_hp(const struct fl_call *a)
+template <int HP, bool WIN> static int fl_forward_hp(const struct fl_call *a)
 {
     const unsigned smem = fl_smem_fwd(HP);
-    int rc = fl_prepare((const void *)fl_forward_kernel<HP>, smem, "fy_cu_flash_forward");
+    int rc = fl_prepare((const void *)fl_forward_kernel<HP, WIN>, smem, "fy_cu_flash_forward");
     if (rc)
         return rc;
     const int nblk = (a->T + FL_BLK - 1) / FL_BLK;
-    fl_forward_kernel<HP><<<dim3((unsigned)nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem,
-                            a->stream>>>(a->out, a->Lse, a->qkv, a->T, a->NH, a->NKV, a->hs,
-                                         a->scale);
+    fl_forward_kernel<HP, WIN><<<dim3((unsigned)nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem,
+                                 a->stream>>>(a->out, a->Lse, a->qkv, a->T, a->NH, a->NKV, a->hs,
+                                              a->scale, a->window);
     FY_CUDA_LAUNCHED("fl_forward_kernel");
     return 0;
 }
 
 /* dk dv: one CTA per key block and kv head (each sums its query heads); dq: one per query block
  * and query head. */
-template <int HP> static int fl_backward_hp(const struct fl_call *a)
+template <int HP, bool WIN> static int fl_backward_hp(const struct fl_call *a)
 {
     const unsigned smem_kv = fl_smem_dkdv(HP), smem_q = fl_smem_dq(HP);
-    int rc = fl_prepare((const void *)fl_bwd_dkdv<HP>, smem_kv, "fy_cu_flash_backward dk dv");
+    int rc = fl_prepare((const void *)fl_bwd_dkdv<HP, WIN>, smem_kv, "fy_cu_flash_backward dk dv");
     if (rc)
         return rc;
-    rc = fl_prepare((const void *)fl_bwd_dq<HP>, smem_q, "fy_cu_flash_backward dq");
+    rc = fl_prepare((const void *)fl_bwd_dq<HP, WIN>, smem_q, "fy_cu_flash_backward dq");
     if (rc)
         return rc;
     const unsigned nblk = (unsigned)((a->T + FL_BLK - 1) / FL_BLK);
-    fl_bwd_dkdv<HP><<<dim3(nblk, (unsigned)(a->B * a->NKV)), FL_THREADS, smem_kv, a->stream>>>(
-        a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH, a->NKV, a->hs, a->scale);
+    fl_bwd_dkdv<HP, WIN><<<dim3(nblk, (unsigned)(a->B * a->NKV)), FL_THREADS, smem_kv,
+                           a->stream>>>(a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH,
+                                        a->NKV, a->hs, a->scale, a->window);
     FY_CUDA_LAUNCHED("fl_bwd_dkdv");
-    fl_bwd_dq<HP><<<dim3(nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem_q, a->stream>>>(
-        a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH, a->NKV, a->hs, a->scale);
+    fl_bwd_dq<HP, WIN><<<dim3(nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem_q, a->stream>>>(
+        a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH, a->NKV, a->hs, a->scale, a->window);
     FY_CUDA_LAUNCHED("fl_bwd_dq");
     return 0;
 }
 
 /* The kernels of each padded head size hp = 16, 32, .., 128 (hs rounded up to 16), at index
- * hp / 16 - 1. */
+ * hp / 16 - 1: [0] plain causal, [1] with a sliding window. */
 typedef int (*fl_run)(const struct fl_call *);
-static const fl_run fl_forward_by_hp[FL_HS_MAX / 16] = {
-    fl_forward_hp<16>, fl_forward_hp<32>, fl_forward_hp<48>,  fl_forward_hp<64>,
-    fl_forward_hp<80>, fl_forward_hp<96>, fl_forward_hp<112>, fl_forward_hp<128>};
-static const fl_run fl_backward_by_hp[FL_HS_MAX / 16] = {
-    fl_backward_hp<16>, fl_backward_hp<32>, fl_backward_hp<48>,  fl_backward_hp<64>,
-    fl_backward_hp<80>, fl_backward_hp<96>, fl_backward_hp<112>, fl_backward_hp<128>};
+static const fl_run fl_forward_by_hp[2][FL_HS_MAX / 16] = {
+    {fl_forward_hp<16, false>, fl_forward_hp<32, false>, fl_forward_hp<48, false>,
+     fl_forward_hp<64, false>, fl_forward_hp<80, false>, fl_forward_hp<96, false>,
+     fl_forward_hp<112, false>, fl_forward_hp<128, false>},
+    {fl_forward_hp<16, true>, fl_forward_hp<32, true>, fl_forward_hp<48, true>,
+     fl_forward_hp<64, true>, fl_forward_hp<80, true>, fl_forward_hp<96, true>,
+     fl_forward_hp<112, true>, fl_forward_hp<128, true>}};
+static const fl_run fl_backward_by_hp[2][FL_HS_MAX / 16] = {
+    {fl_backward_hp<16, false>, fl_backward_hp<32, false>, fl_backward_hp<48, false>,
+     fl_backward_hp<64, false>, fl_backward_hp<80, false>, fl_backward_hp<96, false>,
+     fl_backward_hp<112, false>, fl_backward_hp<128, false>},
+    {fl_backward_hp<16, true>, fl_backward_hp<32, true>, fl_backward_hp<48, true>,
+     fl_backward_hp<64, true>, fl_backward_hp<80, true>, fl_backward_hp<96, true>,
+     fl_backward_hp<112, true>, fl_backward_hp<128, true>}};
+
+/* The window the kernels take: 0 (plain causal) for none (W <= 0) and for W >= T, where the band is the
+ * whole causal triangle. */
+static int fl_window(int window, int T) { return window > 0 && window < T ? window : 0; }
 
 static int fl_hp_index(int hs) { return ((hs + 15) & ~15) / 16 - 1; }
 
@@ -736,30 +792,46 @@ static int fl_check(const char *what, int B, int T, int NH, int NKV, int hs, con
 int fy_cu_flash_gqa_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T, int NH,
                             int NKV, int hs, cudaStream_t stream)
 {
+    return fy_cu_flash_window_forward(out, qkv, scratch, B, T, NH, NKV, hs, 0, stream);
+}
+
+int fy_cu_flash_window_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T, int NH,
+                               int NKV, int hs, int window, cudaStream_t stream)
+{
     const void *p[] = {out, qkv, scratch};
     int rc = fl_check("fy_cu_flash_forward", B, T, NH, NKV, hs, p, 3);
     if (rc)
         return rc;
+    const int W = fl_window(window, T);
     struct fl_call a = {out, NULL, qkv, (float *)scratch, NULL, B, T, NH, NKV, hs,
-                        1.0f / sqrtf((float)hs), stream};
-    return fl_forward_by_hp[fl_hp_index(hs)](&a);
+                        1.0f / sqrtf((float)hs), stream, W};
+    return fl_forward_by_hp[W > 0][fl_hp_index(hs)](&a);
 }
 
 int fy_cu_flash_gqa_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
                              void *scratch, int B, int T, int NH, int NKV, int hs,
                              cudaStream_t stream)
 {
+    return fy_cu_flash_window_backward(dqkv, dout, out, qkv, scratch, B, T, NH, NKV, hs, 0,
+                                       stream);
+}
+
+int fy_cu_flash_window_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
+                                void *scratch, int B, int T, int NH, int NKV, int hs, int window,
+                                cudaStream_t stream)
+{
     const void *p[] = {dqkv, dout, out, qkv, scratch};
     int rc = fl_check("fy_cu_flash_backward", B, T, NH, NKV, hs, p, 5);
     if (rc)
         return rc;
+    const int W = fl_window(window, T);
     float *D = (float *)((char *)scratch + fl_align256((size_t)B * NH * T * sizeof(float)));
     size_t rows = (size_t)B * NH * T;
     fl_bwd_dot<<<fy_cu_blocks(rows, 8), 256, 0, stream>>>(D, dout, out, B, T, NH, hs);
     FY_CUDA_LAUNCHED("fl_bwd_dot");
     struct fl_call a = {dqkv, dout, qkv, (float *)scratch, D, B, T, NH, NKV, hs,
-                        1.0f / sqrtf((float)hs), stream};
-    return fl_backward_by_hp[fl_hp_index(hs)](&a);
+                        1.0f / sqrtf((float)hs), stream, W};
+    return fl_backward_by_hp[W > 0][fl_hp_index(hs)](&a);
 }
 
 /* Multi-head attention: the grouped-query kernels with one kv head per query head. */

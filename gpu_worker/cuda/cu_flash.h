@@ -35,5 +35,13 @@ int fy_cu_flash_gqa_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, in
 int fy_cu_flash_gqa_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
                              void *scratch, int B, int T, int NH, int NKV, int hs,
                              cudaStream_t stream);
+/* The same with a sliding window: query t attends to keys t - window < j <= t (a banded causal
+ * mask); key blocks wholly outside the band are skipped, so a small window costs less. window <= 0,
+ * or window >= T, is plain causal attention (the kernels above, to the same bits). */
+int fy_cu_flash_window_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T, int NH,
+                               int NKV, int hs, int window, cudaStream_t stream);
+int fy_cu_flash_window_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
+                                void *scratch, int B, int T, int NH, int NKV, int hs, int window,
+                                cudaStream_t stream);
 
 #endif

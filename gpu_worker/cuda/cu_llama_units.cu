@@ -21,6 +21,7 @@
 #include "gpu_worker/cuda/cu_flash.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_layernorm.h"
+#include "gpu_worker/cuda/cu_qknorm.h"
 #include "gpu_worker/cuda/cu_rmsnorm.h"
 #include "gpu_worker/cuda/cu_rope.h"
 #include "gpu_worker/cuda/cu_swiglu.h"
@@ -31,9 +32,12 @@ struct fy_cu_llama {
     int B, T, N;
     int C, NH, NKV, hd, I;
     int QC, S; /* attention output width NH hd; fused q/k/v row (NH + 2 NKV) hd */
+    int window; /* the sliding window, 0 for none */
+    int qkv_bias, qk_norm;
     struct fy_cu_env env;
     float *cos_t, *sin_t; /* [T][hd/2] */
     float *norm_scratch;  /* the norms' weight-gradient partial sums */
+    float *qkn_scratch;   /* the q/k norms' weight-gradient partial sums (qk_norm only) */
     struct fy_cu_llama_acts own;
     /* the backward's gradients: dact [N][I], dgu [N][2I], dn (of n2, then of n1) and dh [N][C],
      * datty [N][QC], dqkv [N][S] */
@@ -42,25 +46,26 @@ struct fy_cu_llama {
 
 /* ---- the unit: shape, buffers ---- */
 
+/* The families these units compute (their ops tables are at the end of this file). */
+static int served_family(const char *name);
+
 int fy_cu_llama_check(const struct fy_model_config *c)
 {
     const struct fy_arch *a = fy_model_arch(c);
-    FY_REQUIRE(strcmp(a->name, fy_cu_family_llama.arch) == 0, -EINVAL,
-               "cu_llama: the model is %s, not Llama", a->label);
-    FY_REQUIRE(c->n_head > 0 && c->llama.n_kv_head > 0 && c->n_embd % c->n_head == 0, -EINVAL,
-               "cu_llama: %u heads (%u kv) do not divide n_embd %u", c->n_head,
+    FY_REQUIRE(served_family(a->name), -EINVAL,
+               "cu_llama: the model is %s, not a Llama-like family", a->label);
+    FY_REQUIRE(c->n_head > 0 && c->llama.n_kv_head > 0 &&
+                   (c->llama.head_dim > 0 || c->n_embd % c->n_head == 0),
+               -EINVAL, "cu_llama: %u heads (%u kv) do not divide n_embd %u", c->n_head,
                c->llama.n_kv_head, c->n_embd);
-    const struct fy_llama_fields *f = &c->llama;
-    FY_REQUIRE(!f->head_dim && !f->qkv_bias && !f->qk_norm && !f->sliding_window, -ENOTSUP,
-               "the CUDA backend's %s blocks do not compute an explicit head_dim, q/k/v biases, "
-               "q/k norms or a sliding window yet: train this model with --backend cpu", a->label);
-    unsigned hd = c->n_embd / c->n_head;
+    unsigned hd = fy_llama_head_dim(c);
     FY_REQUIRE(fy_cu_flash_gqa_supported((int)c->n_head, (int)c->llama.n_kv_head, (int)hd),
                -EINVAL,
-               "the CUDA backend's Llama attention takes head sizes that are multiples of 8 up to "
+               "the CUDA backend's %s attention takes head sizes that are multiples of 8 up to "
                "128 (64 and 128 are those of the ~1B Llamas) with n_kv_head dividing n_head; "
-               "this model has head size %u (n_embd %u / n_head %u) and %u kv heads: train it "
-               "with --backend cpu", hd, c->n_embd, c->n_head, c->llama.n_kv_head);
+               "this model has head size %u (head_dim, or n_embd %u / n_head %u) and %u kv "
+               "heads: train it with --backend cpu",
+               a->label, hd, c->n_embd, c->n_head, c->llama.n_kv_head);
     return 0;
 }
 
@@ -74,10 +79,13 @@ static void setup_shape(struct fy_cu_llama *l, const struct fy_model_config *c, 
     l->C = (int)c->n_embd;
     l->NH = (int)c->n_head;
     l->NKV = (int)c->llama.n_kv_head;
-    l->hd = l->C / l->NH;
+    l->hd = (int)fy_llama_head_dim(c);
     l->I = (int)c->llama.n_inter;
     l->QC = l->NH * l->hd;
     l->S = (l->NH + 2 * l->NKV) * l->hd;
+    l->window = (int)c->llama.sliding_window;
+    l->qkv_bias = c->llama.qkv_bias != 0;
+    l->qk_norm = c->llama.qk_norm != 0;
 }
 
 /* The pieces of one set of internals; returns how many. */
@@ -85,6 +93,8 @@ static int acts_plan(const struct fy_cu_llama *l, struct fy_cu_llama_acts *a, st
 {
     size_t N = (size_t)l->N, C = (size_t)l->C, I = (size_t)l->I;
     int n = 0;
+    a->qkr = NULL;
+    a->qk_rstd = NULL;
 #define PIECE(field, count, type)                                                                  \
     (p[n++] = (struct fy_cu_piece){(count) * sizeof(type), (void **)&a->field})
     PIECE(n1, N * C, bf16);
@@ -97,6 +107,11 @@ static int acts_plan(const struct fy_cu_llama *l, struct fy_cu_llama_acts *a, st
     PIECE(rstd1, N, float);
     PIECE(rstd2, N, float);
     PIECE(attn, fy_cu_flash_scratch_bytes(l->B, l->T, l->QC, l->NH), char);
+    if (l->qk_norm) {
+        size_t heads = (size_t)(l->NH + l->NKV);
+        PIECE(qkr, N * heads * l->hd, bf16);
+        PIECE(qk_rstd, N * heads, float);
+    }
 #undef PIECE
     return n;
 }
@@ -118,6 +133,8 @@ static int unit_plan(struct fy_cu_llama *l, struct fy_cu_piece *p)
     PIECE(dh, N * C, bf16);
     PIECE(datty, N * l->QC, bf16);
     PIECE(dqkv, N * l->S, bf16);
+    if (l->qk_norm)
+        PIECE(qkn_scratch, fy_cu_qknorm_scratch_floats(l->N, l->hd), float);
 #undef PIECE
     return n;
 }
@@ -160,7 +177,11 @@ static int upload_rope_table(struct fy_cu_llama *l)
         fy_error("cu_llama: no host memory for the rotary table");
         return -ENOMEM;
     }
-    fy_llama_rope_inv_freq(&l->c, inv_freq);
+    /* the frequencies of head size hd, whichever way the config gives it */
+    struct fy_model_config hc = l->c;
+    hc.n_embd = (uint32_t)(l->NH * l->hd);
+    hc.llama.head_dim = 0;
+    fy_llama_rope_inv_freq(&hc, inv_freq);
     fy_llama_rope_table(table, table + n, inv_freq, l->T, (int)half);
     cudaError_t e = cudaMemcpy(l->cos_t, table, n * sizeof(float), cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
@@ -238,11 +259,16 @@ static int block_forward(struct fy_cu_llama *l, const bf16 *params, const bf16 *
     cudaStream_t s = l->env.stream;
     /* attention: h = x + o_proj(attention(rope(q), rope(k), v)), q k v of rmsnorm(x) */
     FY_TRY(fy_cu_rmsnorm_forward(a->n1, a->rstd1, x, P(input_norm), N, C, eps, s));
-    FY_TRY(fy_cu_matmul_forward(lt, a->qkv, a->n1, P(q_proj), NULL, N, C, l->S, s));
+    FY_TRY(fy_cu_matmul_forward(lt, a->qkv, a->n1, P(q_proj), l->qkv_bias ? P(q_bias) : NULL, N, C,
+                                l->S, s));
+    if (l->qk_norm) /* each q and k head normalised before the rotation (Qwen3) */
+        FY_TRY(fy_cu_qknorm_forward(a->qkv, a->qkr, a->qk_rstd, P(q_norm), P(k_norm), N, l->S,
+                                    l->NH, l->NKV, l->hd, eps, s));
     /* the k heads follow the q heads: one rotation over both */
     FY_TRY(fy_cu_rope_forward(a->qkv, l->S, 0, l->NH + l->NKV, l->hd, l->cos_t, l->sin_t, l->B,
                               l->T, s));
-    FY_TRY(fy_cu_flash_gqa_forward(a->atty, a->qkv, a->attn, l->B, l->T, l->NH, l->NKV, l->hd, s));
+    FY_TRY(fy_cu_flash_window_forward(a->atty, a->qkv, a->attn, l->B, l->T, l->NH, l->NKV, l->hd,
+                                      l->window, s));
     FY_TRY(fy_cu_matmul_forward_ex(lt, a->h, a->atty, P(o_proj), NULL, x, NULL, N, l->QC, C, s));
     /* MLP: y = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h) */
     FY_TRY(fy_cu_rmsnorm_forward(a->n2, a->rstd2, a->h, P(post_norm), N, C, eps, s));
@@ -287,12 +313,16 @@ int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params, const 
     /* attention branch: h = x + o_proj(attention(rope(qkv(rmsnorm1(x))))) */
     FY_TRY(fy_cu_matmul_backward(lt, l->datty, G(o_proj), NULL, l->dh, a->atty, P(o_proj), N,
                                  l->QC, C, s));
-    FY_TRY(fy_cu_flash_gqa_backward(l->dqkv, l->datty, a->atty, a->qkv, a->attn, l->B, l->T, l->NH,
-                                    l->NKV, l->hd, s));
+    FY_TRY(fy_cu_flash_window_backward(l->dqkv, l->datty, a->atty, a->qkv, a->attn, l->B, l->T,
+                                       l->NH, l->NKV, l->hd, l->window, s));
     FY_TRY(fy_cu_rope_backward(l->dqkv, l->S, 0, l->NH + l->NKV, l->hd, l->cos_t, l->sin_t, l->B,
                                l->T, s));
-    FY_TRY(fy_cu_matmul_backward(lt, l->dn, G(q_proj), NULL, l->dqkv, a->n1, P(q_proj), N, C, l->S,
-                                 s));
+    if (l->qk_norm)
+        FY_TRY(fy_cu_qknorm_backward(l->dqkv, G(q_norm), G(k_norm), l->qkn_scratch, a->qkr,
+                                     a->qk_rstd, P(q_norm), P(k_norm), N, l->S, l->NH, l->NKV,
+                                     l->hd, s));
+    FY_TRY(fy_cu_matmul_backward(lt, l->dn, G(q_proj), l->qkv_bias ? G(q_bias) : NULL, l->dqkv,
+                                 a->n1, P(q_proj), N, C, l->S, s));
     FY_CUDA(cudaMemcpyAsync(dx, l->dh, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
             "copying the residual gradient");
     return fy_cu_rmsnorm_backward(dx, G(input_norm), l->norm_scratch, l->dn, x, P(input_norm),
@@ -397,21 +427,30 @@ static int llama_head(void *units, const bf16 *norm, const bf16 *head_w, const b
                             dnorm, dhead);
 }
 
-const struct fy_cu_family fy_cu_family_llama = {
-    "llama",
-    sizeof(struct fy_cu_llama_acts),
-    fy_cu_llama_check,
-    fy_cu_llama_arena_bytes,
-    llama_set_bytes,
-    llama_create,
-    llama_destroy,
-    llama_set_take,
-    llama_embed_forward,
-    llama_embed_backward,
-    llama_block_forward,
-    llama_block_backward,
-    llama_final_norm,
-    llama_head,
-    NULL, /* internals kept on the GPU or recomputed, never swapped */
-    NULL, /* nothing to profile for swapping */
-};
+/* One table per family these units compute, differing only in the registry name they answer to;
+ * cu_family.cu lists them. */
+#define LLAMA_UNITS(arch_name)                                                                     \
+    {                                                                                              \
+        arch_name, sizeof(struct fy_cu_llama_acts), fy_cu_llama_check, fy_cu_llama_arena_bytes,    \
+            llama_set_bytes, llama_create, llama_destroy, llama_set_take, llama_embed_forward,     \
+            llama_embed_backward, llama_block_forward, llama_block_backward, llama_final_norm,     \
+            llama_head, NULL, /* internals kept on the GPU or recomputed, never swapped */         \
+            NULL,             /* nothing to profile for swapping */                                \
+    }
+
+const struct fy_cu_family fy_cu_family_llama = LLAMA_UNITS("llama");
+const struct fy_cu_family fy_cu_family_qwen2 = LLAMA_UNITS("qwen2");
+const struct fy_cu_family fy_cu_family_qwen3 = LLAMA_UNITS("qwen3");
+const struct fy_cu_family fy_cu_family_mistral = LLAMA_UNITS("mistral");
+const struct fy_cu_family fy_cu_family_phi3 = LLAMA_UNITS("phi3");
+
+static int served_family(const char *name)
+{
+    static const struct fy_cu_family *const served[] = {
+        &fy_cu_family_llama, &fy_cu_family_qwen2, &fy_cu_family_qwen3, &fy_cu_family_mistral,
+        &fy_cu_family_phi3};
+    for (size_t i = 0; i < sizeof served / sizeof served[0]; i++)
+        if (strcmp(served[i]->arch, name) == 0)
+            return 1;
+    return 0;
+}

@@ -21,11 +21,18 @@
 
 struct fy_cu_llama;
 
+/* The Llama-like families these units compute, one ops table each (the same units; the registry
+ * names differ): Llama, Qwen2 (q/k/v biases), Qwen3 (q/k norms, an explicit head_dim), Mistral and
+ * Phi-3 (a sliding window). Every variation of struct fy_llama_fields is computed. */
 extern const struct fy_cu_family fy_cu_family_llama;
+extern const struct fy_cu_family fy_cu_family_qwen2;
+extern const struct fy_cu_family fy_cu_family_qwen3;
+extern const struct fy_cu_family fy_cu_family_mistral;
+extern const struct fy_cu_family fy_cu_family_phi3;
 
-/* 0 when the CUDA kernels take this config: a Llama model whose head size is a multiple of 8, at
- * most 128 (64 and 128 are those of the ~1B Llamas); else -EINVAL with a message naming the
- * problem. */
+/* 0 when the CUDA kernels take this config: a model of one of those families whose head size
+ * (fy_llama_head_dim) is a multiple of 8, at most 128 (64 and 128 are those of the ~1B Llamas),
+ * with n_kv_head dividing n_head; else -EINVAL with a message naming the problem. */
 int fy_cu_llama_check(const struct fy_model_config *c);
 /* Arena bytes of a unit's own buffers (one set of internals, the backward's gradients, the rotary
  * table, the norms' scratch) for batches of B x T. */
@@ -38,14 +45,18 @@ int fy_cu_llama_new(struct fy_cu_llama **out, struct fy_cu_arena *arena,
 void fy_cu_llama_destroy(struct fy_cu_llama **l);
 
 /* A block's forward internals, kept for its backward (or the unit's own, rewritten by every call):
- * n1 = rmsnorm1(x) [N][C], qkv after RoPE [N][(NH + 2 NKV) hd], atty [N][NH hd], h (the residual
- * after attention) [N][C], n2 = rmsnorm2(h) [N][C], gu = gate | up [N][2I], act = silu(gate) up
- * [N][I], all bf16; rstd1, rstd2 [N] f32; attn the flash attention's logsumexp and the backward's
- * scratch. */
+ * n1 = rmsnorm1(x) [N][C], qkv after RoPE [N][(NH + 2 NKV) hd] (after the q/k bias, then the q/k
+ * norms, where the family has them), atty [N][NH hd], h (the residual after attention) [N][C],
+ * n2 = rmsnorm2(h) [N][C], gu = gate | up [N][2I], act = silu(gate) up [N][I], all bf16; rstd1,
+ * rstd2 [N] f32; attn the flash attention's logsumexp and the backward's scratch. With q/k norms
+ * only (else NULL): qkr the q and k heads before their norms [N][(NH + NKV) hd] bf16, qk_rstd
+ * [N][NH + NKV] f32. */
 struct fy_cu_llama_acts {
     bf16 *n1, *qkv, *atty, *h, *n2, *gu, *act;
     float *rstd1, *rstd2;
     void *attn;
+    bf16 *qkr;
+    float *qk_rstd;
 };
 /* Arena bytes of one set for batches of B x T. */
 size_t fy_cu_llama_acts_bytes(const struct fy_model_config *c, int B, int T);
