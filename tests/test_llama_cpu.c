@@ -6,10 +6,19 @@
  *     (ref_block_forward), and the fp32 backward (dx and every parameter gradient) against central
  *     finite differences of that float64 forward, for grouped-query (2 kv heads), multi-query
  *     (1 kv head) and llama3-scaled configurations; the final RMSNorm likewise;
- *   - the block against transformers' LlamaDecoderLayer (tests/reference/llama_ref.py), forward and
- *     backward in fp32, plain RoPE and llama3 scaling; skipped, saying so, where python3 lacks torch
+ *   - the block against transformers' decoder layers (tests/reference/llama_ref.py), forward and
+ *     backward in fp32: Llama with plain RoPE, llama3 scaling and an explicit head_dim; Qwen2 (q/k/v
+ *     biases), Qwen3 (q/k norms, head_dim != width / heads), Mistral and Phi-3 (fused tensors) with
+ *     a sliding window smaller than the sequence; odd widths, GQA 3:1 and 4:1; skipped, saying so, where python3 lacks torch
  *     or transformers, except under CI (CI=true), where their absence is a failure;
- *   - gradients accumulate into dparams; bit-identical results across runs and thread counts.
+ *   - whole models (2 layers, vocabulary 1000) of each family against transformers' ForCausalLM
+ *     (llama_ref.py model): Llama with head_dim 10, Qwen2 and Qwen3 tied and untied, Mistral and
+ *     Phi-3 with windows smaller than the sequence, run unit by unit as the gpu worker does: the
+ *     loss and every parameter's gradient (embeddings, each block's tensors, the final norm, the
+ *     head); no pad token in the configs (transformers' padding_idx would zero that token's
+ *     embedding gradient, which this backend does not);
+ *   - gradients accumulate into dparams; bit-identical results across runs and thread counts
+ *     (plain Llama, and every Llama-like variation at once).
  *
  * The loss is L = sum(y * r) for a fixed random r (the backward is run with dy = r). Comparisons
  * are per tensor: an element passes when |ours - ref| <= rel * |ref| + abs * max|ref|, i.e. an
@@ -19,7 +28,11 @@
  *   - fp32 backward vs finite differences of the float64 forward (step 1e-5, whose own error is
  *     about 1e-9): rel 1e-4, floor 1e-5 (measured: worst 4e-7 of the max);
  *   - against transformers (fp32 both sides, different summation orders): rel 1e-5, floor 1e-5
- *     (measured: worst 9e-7 of the max).
+ *     (measured, worst of any tensor: Llama 9e-7, head_dim 7e-7, Qwen2 1.0e-6, Qwen3 6e-7,
+ *     Mistral 6e-7, Phi-3 9e-7 of the max); whole models: the same tolerances (the loss: rel 1e-5)
+ *     (measured, worst of any gradient tensor: Llama head_dim 2.0e-6, Qwen2 3.1e-6 tied and 2.0e-6
+ *     untied, Qwen3 2.5e-6 tied and 1.8e-6 untied, Mistral 3.7e-6, Phi-3 1.4e-6 of the max; the
+ *     loss within 2e-7 relative).
  * test_config_validate logs the refusals it provokes ("error: model: ..."): expected.
  * Each check can fail: a gradient element off by 1e-3 relative, and the plain-RoPE forward of a
  * llama3 configuration, are both rejected (tests below). */
@@ -572,20 +585,105 @@ static void test_final_norm(void **state)
 
 #define HF_MAGIC 0x4C4C5946
 
+/* A Llama-like family's block config: cfg_plain's, with the family's variations. */
+static struct fy_model_config cfg_family(const struct fy_arch *arch, uint32_t C, uint32_t NH,
+                                         uint32_t NKV, uint32_t I, uint32_t hd, uint32_t window)
+{
+    struct fy_model_config c = cfg_plain(C, NH, NKV, I, 500000.0);
+    c.arch = arch;
+    c.llama.head_dim = hd;
+    c.llama.qkv_bias = arch == &fy_arch_qwen2;
+    c.llama.qk_norm = arch == &fy_arch_qwen3;
+    c.llama.sliding_window = window;
+    return c;
+}
+
+/* The tensors of a block's layout in order (absent ones left out): n of them, names and offsets,
+ * off[n] the total. */
+static int layout_parts(const struct fy_model_config *c, const char *names[16], size_t off[17])
+{
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(c, &l);
+    const struct { const char *name; size_t at; } all[] = {
+        {"input_layernorm", l.input_norm}, {"q_proj", l.q_proj}, {"k_proj", l.k_proj},
+        {"v_proj", l.v_proj}, {"q/k/v biases", l.q_bias}, {"o_proj", l.o_proj},
+        {"q_norm", l.q_norm}, {"k_norm", l.k_norm}, {"post_attention_layernorm", l.post_norm},
+        {"gate_proj", l.gate_proj}, {"up_proj", l.up_proj}, {"down_proj", l.down_proj}};
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i].at != FY_LLAMA_ABSENT) {
+            names[n] = all[i].name;
+            off[n++] = all[i].at;
+        }
+    off[n] = l.total;
+    for (int i = 0; i < n; i++)
+        assert_true(off[i] < off[i + 1]);
+    return n;
+}
+
 struct hf_case {
-    const char *name, *args; /* llama_ref.py's arguments after OUT */
+    const char *name, *args; /* llama_ref.py's arguments after OUT (a block's, or a model's) */
     struct fy_model_config cfg;
     int B, T;
 };
+
+/* Runs llama_ref.py once for the n cases ("OUT ARGS", each after `command`: "" for a block,
+ * "model " for a model; OUT in a fresh directory, removed after), then compare() on each; returns
+ * the number of bad elements. Skips, saying so, without torch and transformers, except under CI,
+ * where that fails. */
+static int llama_ref_cases(const char *command, const struct hf_case *cases, int n,
+                           int (*compare_case)(const struct hf_case *, const char *))
+{
+    if (!have_transformers) {
+        if (in_ci)
+            fail_msg("python3 with torch and transformers is missing under CI: .ci/run installs them");
+        printf("test_llama_cpu: skipped: python3 with torch and transformers is needed "
+               "(pip install torch==2.5.1 transformers==5.17.0)\n");
+        skip();
+    }
+    char script[4096];
+    if (fy_refmodel_script("llama_ref.py", script, sizeof script) != 0)
+        fail_msg("cannot read %s (run from the repository root)", script);
+    char *dir = fy_test_tmpdir("llama");
+    assert_non_null(dir);
+    char (*paths)[600] = xmalloc((size_t)n * sizeof *paths);
+    char (*args)[1024] = xmalloc((size_t)n * sizeof *args);
+    char **argv = xmalloc((size_t)(n + 4) * sizeof *argv);
+    argv[0] = "python3", argv[1] = script, argv[2] = "run";
+    for (int i = 0; i < n; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/case%d.bin", dir, i);
+        snprintf(args[i], sizeof args[i], "%s%s %s", command, paths[i], cases[i].args);
+        argv[3 + i] = args[i];
+    }
+    argv[3 + n] = NULL;
+    int st = fy_refmodel_run(argv, 300);
+    if (st != 0)
+        fail_msg("%s: exit status %d", script, st);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(fy_model_config_validate(&cases[i].cfg), 0);
+        printf(" %s\n", cases[i].name);
+        bad += compare_case(&cases[i], paths[i]);
+    }
+    fy_test_rmdir(dir);
+    free(dir), free(paths), free(args), free(argv);
+    return bad;
+}
+
+static char *read_ref(const char *path, size_t *len)
+{
+    char *buf = fy_test_slurp(path, len);
+    if (buf == NULL)
+        fail_msg("%s: cannot read what llama_ref.py wrote", path);
+    return buf;
+}
 
 /* Reads llama_ref.py's OUT file, checks that its header is the case's, runs our block on its
  * weights, x and dy, and compares y, dx and every parameter gradient. */
 static int hf_compare(const struct hf_case *hc, const char *path)
 {
     size_t len = 0;
-    char *buf = fy_test_slurp(path, &len);
-    if (buf == NULL)
-        fail_msg("%s: cannot read what llama_ref.py wrote", path);
+    char *buf = read_ref(path, &len);
     const struct fy_model_config *c = &hc->cfg;
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(c, &l);
@@ -596,10 +694,12 @@ static int hf_compare(const struct hf_case *hc, const char *path)
     memcpy(h, buf, sizeof h);
     memcpy(d, buf + sizeof h, sizeof d);
     int llama3 = c->llama.rope_type == FY_ROPE_LLAMA3;
-    int32_t want[11] = {HF_MAGIC, 1, hc->B, hc->T, (int32_t)c->n_embd, (int32_t)c->n_head,
+    int32_t want[15] = {HF_MAGIC, 2, hc->B, hc->T, (int32_t)c->n_embd, (int32_t)c->n_head,
                         (int32_t)c->llama.n_kv_head, (int32_t)c->llama.n_inter, llama3,
-                        llama3 ? (int32_t)c->llama.rope_orig_max_pos : 0, (int32_t)P};
-    for (int i = 0; i < 11; i++)
+                        llama3 ? (int32_t)c->llama.rope_orig_max_pos : 0, (int32_t)P,
+                        (int32_t)c->llama.head_dim, (int32_t)c->llama.qkv_bias,
+                        (int32_t)c->llama.qk_norm, (int32_t)c->llama.sliding_window};
+    for (int i = 0; i < 15; i++)
         if (h[i] != want[i])
             fail_msg("%s: header slot %d is %d, expected %d", path, i, h[i], want[i]);
     assert_true(fabs(d[0] - c->llama.rms_eps) <= 1e-12 && d[1] == c->llama.rope_theta);
@@ -623,11 +723,12 @@ static int hf_compare(const struct hf_case *hc, const char *path)
     ref = to_double(dx_ref, nx);
     bad += compare("dx vs transformers", dx, ref, nx, HF_REL, HF_ABS);
     free(ref);
-    size_t off[R_COUNT + 1];
-    ref_offsets(c, off);
-    for (int t = 0; t < R_COUNT; t++) {
+    const char *names[16];
+    size_t off[17];
+    int parts = layout_parts(c, names, off);
+    for (int t = 0; t < parts; t++) {
         char name[64];
-        snprintf(name, sizeof name, "d%s vs transformers", ref_names[t]);
+        snprintf(name, sizeof name, "d%s vs transformers", names[t]);
         ref = to_double(dp_ref + off[t], off[t + 1] - off[t]);
         bad += compare(name, dp + off[t], ref, off[t + 1] - off[t], HF_REL, HF_ABS);
         free(ref);
@@ -638,44 +739,160 @@ static int hf_compare(const struct hf_case *hc, const char *path)
 
 static void test_transformers(void **state)
 {
-    if (!have_transformers) {
-        if (in_ci)
-            fail_msg("python3 with torch and transformers is missing under CI: .ci/run installs them");
-        printf("test_llama_cpu: skipped: python3 with torch and transformers is needed "
-               "(pip install torch==2.5.1 transformers==5.17.0)\n");
-        skip();
-    }
-    char script[4096];
-    if (fy_refmodel_script("llama_ref.py", script, sizeof script) != 0)
-        fail_msg("cannot read %s (run from the repository root)", script);
     const struct hf_case cases[] = {
         {"GQA, rope theta 500000", "--batch 2 --seq 7 --embd 32 --heads 4 --kv-heads 2 --inter 48 "
          "--eps 1e-5 --theta 500000 --seed 5", cfg_plain(32, 4, 2, 48, 500000.0), 2, 7},
         {"GQA, llama3 rope scaling", "--batch 2 --seq 7 --embd 32 --heads 4 --kv-heads 2 --inter 48 "
          "--eps 1e-5 --theta 500000 --seed 6 --llama3 8 1 4 512", cfg_llama3(32, 4, 2, 48), 2, 7},
+        /* the Llama-like families: odd widths, GQA 3:1 and 4:1, head_dim != width / heads, a
+         * window smaller than the sequence */
+        {"Llama, head_dim 10 (width 36, 3 heads, GQA 3:1)", "--batch 2 --seq 7 --embd 36 --heads 3 "
+         "--kv-heads 1 --inter 40 --seed 7 --family llama --head-dim 10",
+         cfg_family(&fy_arch_llama, 36, 3, 1, 40, 10, 0), 2, 7},
+        {"Qwen2, q/k/v biases (width 36, GQA 3:1)", "--batch 2 --seq 7 --embd 36 --heads 6 "
+         "--kv-heads 2 --inter 40 --seed 8 --family qwen2",
+         cfg_family(&fy_arch_qwen2, 36, 6, 2, 40, 0, 0), 2, 7},
+        {"Qwen3, q/k norms, head_dim 14 (width 44, GQA 4:1)", "--batch 2 --seq 7 --embd 44 "
+         "--heads 4 --kv-heads 1 --inter 40 --seed 9 --family qwen3 --head-dim 14",
+         cfg_family(&fy_arch_qwen3, 44, 4, 1, 40, 14, 0), 2, 7},
+        {"Mistral, window 3 < 9 (width 36, GQA 3:1, head_dim 8)", "--batch 2 --seq 9 --embd 36 "
+         "--heads 3 --kv-heads 1 --inter 40 --seed 10 --family mistral --head-dim 8 --window 3",
+         cfg_family(&fy_arch_mistral, 36, 3, 1, 40, 8, 3), 2, 9},
+        {"Phi-3, fused, window 4 < 9 (width 40, GQA 4:1)", "--batch 2 --seq 9 --embd 40 "
+         "--heads 4 --kv-heads 1 --inter 36 --seed 11 --family phi3 --window 4",
+         cfg_family(&fy_arch_phi3, 40, 4, 1, 36, 0, 4), 2, 9},
     };
-    enum { NCASES = sizeof cases / sizeof cases[0] };
-    char *dir = fy_test_tmpdir("llama");
-    assert_non_null(dir);
-    char paths[NCASES][600], args[NCASES][1024];
-    char *argv[NCASES + 4] = {"python3", script, "run"};
-    for (int i = 0; i < NCASES; i++) {
-        snprintf(paths[i], sizeof paths[i], "%s/case%d.bin", dir, i);
-        snprintf(args[i], sizeof args[i], "%s %s", paths[i], cases[i].args);
-        argv[3 + i] = args[i];
+    assert_int_equal(llama_ref_cases("", cases, sizeof cases / sizeof cases[0], hf_compare), 0);
+}
+
+/* ---- whole models against transformers ---- */
+
+#define MODEL_MAGIC 0x4D4C5946
+
+/* Reads llama_ref.py model's OUT, runs the whole model unit by unit as the gpu worker does (the
+ * embedding, each block, the final norm with the head and the loss, then back), and compares the
+ * loss and every parameter gradient. */
+static int model_compare(const struct hf_case *mc, const char *path)
+{
+    size_t len = 0;
+    char *buf = read_ref(path, &len);
+    const struct fy_model_config *c = &mc->cfg;
+    int B = mc->B, T = mc->T, L = (int)c->n_layer;
+    size_t C = c->n_embd, N = (size_t)B * T, P = 0, unit_off[L + 3];
+    for (int u = 0; u <= L + 1; u++) {
+        unit_off[u] = P;
+        P += fy_model_unit_params(c, (unsigned)u);
     }
-    argv[3 + NCASES] = NULL;
-    int st = fy_refmodel_run(argv, 300);
-    if (st != 0)
-        fail_msg("%s: exit status %d", script, st);
-    int bad = 0;
-    for (int i = 0; i < NCASES; i++) {
-        printf(" %s\n", cases[i].name);
-        bad += hf_compare(&cases[i], paths[i]);
+    unit_off[L + 2] = P;
+    int32_t h[16];
+    assert_true(len >= sizeof h);
+    memcpy(h, buf, sizeof h);
+    int32_t want[16] = {MODEL_MAGIC, 1, B, T, (int32_t)C, (int32_t)c->n_head,
+                        (int32_t)c->llama.n_kv_head, (int32_t)c->llama.n_inter, (int32_t)c->vocab,
+                        L, (int32_t)c->llama.head_dim, (int32_t)c->llama.qkv_bias,
+                        (int32_t)c->llama.qk_norm, (int32_t)c->llama.sliding_window,
+                        (int32_t)c->llama.tied, (int32_t)P};
+    for (int i = 0; i < 16; i++)
+        if (h[i] != want[i])
+            fail_msg("%s: header slot %d is %d, expected %d", path, i, h[i], want[i]);
+    size_t ntok = (size_t)B * (T + 1);
+    assert_int_equal(len, sizeof h + (2 * P + 1) * sizeof(float) + ntok * sizeof(int32_t));
+    const float *params = (const float *)(buf + sizeof h);
+    const int32_t *ids = (const int32_t *)(params + P);
+    float loss_ref;
+    memcpy(&loss_ref, ids + ntok, sizeof loss_ref);
+    const float *grad_ref = (const float *)(ids + ntok) + 1;
+
+    int32_t *tokens = xmalloc(N * sizeof *tokens), *targets = xmalloc(N * sizeof *targets);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            tokens[b * T + t] = ids[b * (T + 1) + t];
+            targets[b * T + t] = ids[b * (T + 1) + t + 1];
+        }
+    float *xs = alloc_nan((size_t)(L + 1) * N * C), *dx = alloc_nan(N * C), *dy = alloc_nan(N * C);
+    float *grads = xmalloc(P * sizeof *grads);
+    memset(grads, 0, P * sizeof *grads);
+    float *bs = alloc_nan(fy_llama_block_scratch(c, B, T)), *hs = alloc_nan(fy_llama_head_scratch(c, B, T));
+    fy_llama_embed_forward(c, params, tokens, xs, B, T);
+    for (int l = 0; l < L; l++)
+        fy_llama_block_forward(c, params + unit_off[l + 1], xs + l * N * C, xs + (l + 1) * N * C, bs,
+                               B, T);
+    float loss = fy_llama_head_forward_backward(c, params + unit_off[L + 1], params,
+                                                xs + (size_t)L * N * C, targets, dy,
+                                                grads + unit_off[L + 1], grads, hs, B, T);
+    for (int l = L - 1; l >= 0; l--) {
+        fy_llama_block_backward(c, params + unit_off[l + 1], xs + l * N * C, dy, dx,
+                                grads + unit_off[l + 1], bs, B, T);
+        memcpy(dy, dx, N * C * sizeof *dy);
     }
-    fy_test_rmdir(dir);
-    free(dir);
-    assert_int_equal(bad, 0);
+    fy_llama_embed_backward(c, tokens, dy, grads, B, T);
+
+    double lref = loss_ref;
+    int bad = compare("loss vs transformers", &loss, &lref, 1, HF_REL, 0.0);
+    double *ref = to_double(grad_ref, unit_off[1]);
+    bad += compare("dembed_tokens vs transformers", grads, ref, unit_off[1], HF_REL, HF_ABS);
+    free(ref);
+    const char *names[16];
+    size_t off[17];
+    int parts = layout_parts(c, names, off);
+    for (int l = 0; l < L; l++)
+        for (int t = 0; t < parts; t++) {
+            char name[80];
+            snprintf(name, sizeof name, "layer %d d%s", l, names[t]);
+            size_t at = unit_off[l + 1] + off[t], n = off[t + 1] - off[t];
+            ref = to_double(grad_ref + at, n);
+            bad += compare(name, grads + at, ref, n, HF_REL, HF_ABS);
+            free(ref);
+        }
+    size_t at = unit_off[L + 1];
+    ref = to_double(grad_ref + at, C);
+    bad += compare("dnorm vs transformers", grads + at, ref, C, HF_REL, HF_ABS);
+    free(ref);
+    if (!c->llama.tied) {
+        size_t n = (size_t)c->vocab * C;
+        ref = to_double(grad_ref + at + C, n);
+        bad += compare("dlm_head vs transformers", grads + at + C, ref, n, HF_REL, HF_ABS);
+        free(ref);
+    }
+    free(tokens), free(targets), free(xs), free(dx), free(dy), free(grads), free(bs), free(hs);
+    free(buf);
+    return bad;
+}
+
+static struct fy_model_config cfg_model(const struct fy_arch *arch, uint32_t C, uint32_t NH,
+                                        uint32_t NKV, uint32_t I, uint32_t hd, uint32_t window,
+                                        int tied)
+{
+    struct fy_model_config c = cfg_family(arch, C, NH, NKV, I, hd, window);
+    c.n_layer = 2;
+    c.vocab = 1000;
+    c.llama.tied = (uint32_t)tied;
+    return c;
+}
+
+static void test_transformers_model(void **state)
+{
+#define SHAPE "--batch 2 --seq 9 --layers 2 --vocab 1000 --inter 40 "
+    const struct hf_case cases[] = {
+        {"Llama, head_dim 10, untied", SHAPE "--embd 36 --heads 3 --kv-heads 1 --head-dim 10 "
+         "--family llama --seed 21", cfg_model(&fy_arch_llama, 36, 3, 1, 40, 10, 0, 0), 2, 9},
+        {"Qwen2, tied", SHAPE "--embd 36 --heads 6 --kv-heads 2 --family qwen2 --tied --seed 22",
+         cfg_model(&fy_arch_qwen2, 36, 6, 2, 40, 0, 0, 1), 2, 9},
+        {"Qwen2, untied", SHAPE "--embd 36 --heads 6 --kv-heads 2 --family qwen2 --seed 23",
+         cfg_model(&fy_arch_qwen2, 36, 6, 2, 40, 0, 0, 0), 2, 9},
+        {"Qwen3, head_dim 14, tied", SHAPE "--embd 44 --heads 4 --kv-heads 1 --head-dim 14 "
+         "--family qwen3 --tied --seed 24", cfg_model(&fy_arch_qwen3, 44, 4, 1, 40, 14, 0, 1), 2, 9},
+        {"Qwen3, head_dim 14, untied", SHAPE "--embd 44 --heads 4 --kv-heads 1 --head-dim 14 "
+         "--family qwen3 --seed 25", cfg_model(&fy_arch_qwen3, 44, 4, 1, 40, 14, 0, 0), 2, 9},
+        {"Mistral, window 4 < 9, head_dim 8", SHAPE "--embd 36 --heads 3 --kv-heads 1 --head-dim 8 "
+         "--window 4 --family mistral --seed 26", cfg_model(&fy_arch_mistral, 36, 3, 1, 40, 8, 4, 0),
+         2, 9},
+        {"Phi-3, window 3 < 9", SHAPE "--embd 40 --heads 4 --kv-heads 1 --window 3 --family phi3 "
+         "--seed 27", cfg_model(&fy_arch_phi3, 40, 4, 1, 40, 0, 3, 0), 2, 9},
+    };
+#undef SHAPE
+    assert_int_equal(llama_ref_cases("model ", cases, sizeof cases / sizeof cases[0], model_compare),
+                     0);
 }
 
 /* ---- determinism ---- */
@@ -684,15 +901,28 @@ struct det_out {
     float *y, *dx, *dp;
 };
 
-static void det_run(int threads, struct det_out *o)
+/* Llama with llama3 scaling; and one with every Llama-like variation at once (head_dim 10, q/k/v
+ * biases, q/k norms, a window of 4 < 9). */
+static struct fy_model_config det_config(int variations)
 {
     struct fy_model_config c = cfg_llama3(64, 8, 2, 96);
+    if (variations) {
+        c.llama.head_dim = 10;
+        c.llama.qkv_bias = c.llama.qk_norm = 1;
+        c.llama.sliding_window = 4;
+    }
+    return c;
+}
+
+static void det_run(int variations, int threads, struct det_out *o)
+{
+    struct fy_model_config c = det_config(variations);
     int B = 3, T = 9;
     uint64_t st = 77;
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)B * T * c.n_embd;
-    float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
+    float *p = variations ? alloc_rand(l.total, &st, -0.3f, 0.3f) : block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
     float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
     o->y = alloc_nan(nx), o->dx = alloc_nan(nx), o->dp = xmalloc(l.total * sizeof *o->dp);
     memset(o->dp, 0, l.total * sizeof *o->dp);
@@ -702,20 +932,20 @@ static void det_run(int threads, struct det_out *o)
     free(p), free(x), free(r), free(scratch);
 }
 
-static void test_deterministic(void **state)
+static void deterministic(int variations)
 {
-    struct fy_model_config c = cfg_llama3(64, 8, 2, 96);
+    struct fy_model_config c = det_config(variations);
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)3 * 9 * c.n_embd;
     int saved = omp_get_max_threads();
     struct det_out a, b, d;
-    det_run(2, &a);
-    det_run(2, &b); /* the same run twice */
-    det_run(1, &d); /* and with another thread count */
+    det_run(variations, 2, &a);
+    det_run(variations, 2, &b); /* the same run twice */
+    det_run(variations, 1, &d); /* and with another thread count */
     omp_set_num_threads(3);
     struct det_out e;
-    det_run(3, &e);
+    det_run(variations, 3, &e);
     omp_set_num_threads(saved);
     struct det_out *others[] = {&b, &d, &e};
     for (int k = 0; k < 3; k++) {
@@ -728,6 +958,12 @@ static void test_deterministic(void **state)
     struct det_out *all[] = {&a, &b, &d, &e};
     for (int k = 0; k < 4; k++)
         free(all[k]->y), free(all[k]->dx), free(all[k]->dp);
+}
+
+static void test_deterministic(void **state)
+{
+    deterministic(0);
+    deterministic(1);
 }
 
 int main(void)
@@ -751,6 +987,7 @@ int main(void)
         cmocka_unit_test(test_backward_accumulates),
         cmocka_unit_test(test_final_norm),
         cmocka_unit_test(test_transformers),
+        cmocka_unit_test(test_transformers_model),
         cmocka_unit_test(test_deterministic),
     };
     return cmocka_run_group_tests_name("llama_cpu", tests, NULL, NULL);

@@ -22,10 +22,18 @@
 #include "gpu_worker/cpu/gpt2_cpu.h"
 #include "gpu_worker/cpu/llama_cpu.h"
 
-/* The families the CPU backend computes, one line each, found by their registry name. */
-static const struct fy_cpu_family *const cpu_families[] = {
-    &fy_gpt2_cpu_family,
-    &fy_llama_cpu_family,
+/* The families the CPU backend computes, one line each: the registry name and the operations. The
+ * Llama-like families only vary fields of c->llama, which llama_cpu.c computes. */
+static const struct cpu_family_entry {
+    const char *name; /* struct fy_arch's name */
+    const struct fy_cpu_family *ops;
+} cpu_families[] = {
+    {"gpt2", &fy_gpt2_cpu_family},
+    {"llama", &fy_llama_cpu_family},
+    {"qwen2", &fy_llama_cpu_family},
+    {"qwen3", &fy_llama_cpu_family},
+    {"mistral", &fy_llama_cpu_family},
+    {"phi3", &fy_llama_cpu_family},
 };
 
 struct cpu_state {
@@ -88,8 +96,8 @@ static const struct fy_cpu_family *cpu_family_of(const struct fy_model_config *c
 {
     const struct fy_arch *a = fy_model_arch(c);
     for (size_t i = 0; i < sizeof cpu_families / sizeof cpu_families[0]; i++)
-        if (strcmp(cpu_families[i]->name, a->name) == 0)
-            return cpu_families[i];
+        if (strcmp(cpu_families[i].name, a->name) == 0)
+            return cpu_families[i].ops;
     fy_error("the CPU backend has no operations for %s models: a model family needs its file in "
              "gpu_worker/cpu/ and its line in cpu_backend.c's list", a->label);
     return NULL;

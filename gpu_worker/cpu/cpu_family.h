@@ -1,7 +1,8 @@
-/* What the CPU backend needs of a model family: one table of operations per family, each exported
- * by the family's own file (gpt2_cpu.c, llama_cpu.c) and listed once in cpu_backend.c, which finds
- * a model's table by the registry's name of its family (common/arch/arch.h) and computes through
- * it alone. The tensors of each unit lie as the family's tensor table says (common/arch/).
+/* What the CPU backend needs of a model family: one table of operations per family file, each
+ * exported by its own file (gpt2_cpu.c, llama_cpu.c) and listed in cpu_backend.c under the registry
+ * name of every family it computes (llama_cpu.c's serves the Llama-like families), where the
+ * backend finds a model's table by its family's name (common/arch/arch.h) and computes through it
+ * alone. The tensors of each unit lie as the family's tensor table says (common/arch/).
  *
  * Shapes: B sequences of T tokens; activations x, y, dx, dy are [B][T][n_embd], f32. Scratch is
  * one float array of the size the family gives for the batch, owned by the caller. "Overwritten"
@@ -20,8 +21,6 @@ extern "C" {
 #endif
 
 struct fy_cpu_family {
-    const char *name; /* the family's name in the registry (struct fy_arch's name) */
-
     /* Optional: refuses (-ENOTSUP, said) a model of the family that the family's file does not
      * compute; NULL: every valid model of the family is computed. */
     int (*check)(const struct fy_model_config *c);

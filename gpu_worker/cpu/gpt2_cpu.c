@@ -508,7 +508,6 @@ static double qkv_flops(const struct fy_model_config *c, int B, int T)
 }
 
 const struct fy_cpu_family fy_gpt2_cpu_family = {
-    .name = "gpt2",
     .block_scratch = fy_cpu_block_scratch,
     .head_scratch = fy_cpu_head_scratch,
     .embed_forward = fy_cpu_embed_forward,

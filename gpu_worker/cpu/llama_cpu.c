@@ -9,13 +9,11 @@
  * produce. The build uses -ffp-contract=off, so no fused multiply-adds change the rounding. */
 #include "llama_cpu.h"
 
-#include <errno.h>
 #include <math.h>
 #include <string.h>
 
 #include "common/arch/arch.h"
 #include "common/arch/llama.h"
-#include "common/check.h"
 #include "cpu_ops.h"
 
 /* ---- rotary frequencies ---- */
@@ -25,7 +23,7 @@
 void fy_llama_rope_inv_freq(const struct fy_model_config *m, float *inv_freq)
 {
     const struct fy_llama_fields *c = &m->llama;
-    int hd = (int)(m->n_embd / m->n_head), half = hd / 2;
+    int hd = (int)fy_llama_head_dim(m), half = hd / 2;
     float base = (float)c->rope_theta;
     for (int i = 0; i < half; i++)
         inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)hd);
@@ -49,18 +47,33 @@ void fy_llama_rope_inv_freq(const struct fy_model_config *m, float *inv_freq)
 
 /* ---- RMSNorm ---- */
 
+/* One row of C: y = w * (x * r); returns r. */
+static float rmsnorm_row(float *y, const float *x, const float *w, int C, float eps)
+{
+    float r = 1.0f / sqrtf(fy_cpu_dot(x, x, C) / (float)C + eps);
+    for (int i = 0; i < C; i++)
+        y[i] = w[i] * (x[i] * r);
+    return r;
+}
+
+/* dx of one row from dy (dx may be dy: gx is summed before any dx is written). */
+static void rmsnorm_row_backward(float *dx, const float *dy, const float *x, const float *w, float r,
+                                 int C)
+{
+    float gx = 0.0f;
+    for (int i = 0; i < C; i++)
+        gx += dy[i] * w[i] * (x[i] * r);
+    gx /= (float)C;
+    for (int i = 0; i < C; i++)
+        dx[i] = r * (dy[i] * w[i] - (x[i] * r) * gx);
+}
+
 void fy_llama_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
                               float eps)
 {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *y = out + (size_t)n * C;
-        float r = 1.0f / sqrtf(fy_cpu_dot(x, x, C) / (float)C + eps);
-        for (int i = 0; i < C; i++)
-            y[i] = w[i] * (x[i] * r);
-        rstd[n] = r;
-    }
+    for (int n = 0; n < N; n++)
+        rstd[n] = rmsnorm_row(out + (size_t)n * C, inp + (size_t)n * C, w, C, eps);
 }
 
 void fy_llama_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
@@ -68,16 +81,9 @@ void fy_llama_rmsnorm_backward(float *dinp, float *dw, const float *dout, const 
 {
     /* With xhat = x r and g = dout w: dx = r (g - xhat mean(g xhat)); dw = sum over rows dout xhat. */
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
-        float *dx = dinp + (size_t)n * C;
-        float r = rstd[n], gx = 0.0f;
-        for (int i = 0; i < C; i++)
-            gx += dy[i] * w[i] * (x[i] * r);
-        gx /= (float)C;
-        for (int i = 0; i < C; i++)
-            dx[i] = r * (dy[i] * w[i] - (x[i] * r) * gx);
-    }
+    for (int n = 0; n < N; n++)
+        rmsnorm_row_backward(dinp + (size_t)n * C, dout + (size_t)n * C, inp + (size_t)n * C, w,
+                             rstd[n], C);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < C; i++) {
         float gw = 0.0f;
@@ -85,6 +91,40 @@ void fy_llama_rmsnorm_backward(float *dinp, float *dw, const float *dout, const 
             gw += dout[(size_t)n * C + i] * (inp[(size_t)n * C + i] * rstd[n]);
         dw[i] += gw;
     }
+}
+
+void fy_llama_head_norm_forward(float *out, float *rstd, const float *inp, const float *w,
+                                int stride, int col, int NHx, int hd, int N, float eps)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < NHx; h++) {
+            size_t at = (size_t)n * stride + col + (size_t)h * hd;
+            rstd[(size_t)n * NHx + h] = rmsnorm_row(out + at, inp + at, w, hd, eps);
+        }
+}
+
+void fy_llama_head_norm_backward(float *dx, float *dw, const float *inp, const float *w,
+                                 const float *rstd, int stride, int col, int NHx, int hd, int N)
+{
+    /* dw first, while dx still holds the gradient of the output: one thread per weight element,
+     * the rows and heads in order. */
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < hd; i++) {
+        float gw = 0.0f;
+        for (int n = 0; n < N; n++)
+            for (int h = 0; h < NHx; h++) {
+                size_t at = (size_t)n * stride + col + (size_t)h * hd + i;
+                gw += dx[at] * (inp[at] * rstd[(size_t)n * NHx + h]);
+            }
+        dw[i] += gw;
+    }
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < NHx; h++) {
+            size_t at = (size_t)n * stride + col + (size_t)h * hd;
+            rmsnorm_row_backward(dx + at, dx + at, inp + at, w, rstd[(size_t)n * NHx + h], hd);
+        }
 }
 
 /* ---- rotary position embeddings ---- */
@@ -132,8 +172,23 @@ void fy_llama_rope_backward(float *dx, int stride, int col, int NHx, int hd, con
 
 /* ---- causal grouped-query attention ---- */
 
+/* The first key position query t sees: t - W + 1 with a window W, else 0. */
+static int window_start(int t, int W) { return W > 0 && t - W + 1 > 0 ? t - W + 1 : 0; }
+
 void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
                                 int NKV, int hd)
+{
+    fy_llama_attention_window_forward(out, att, qkv, B, T, NH, NKV, hd, 0);
+}
+
+void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                 int B, int T, int NH, int NKV, int hd)
+{
+    fy_llama_attention_window_backward(dqkv, dout, qkv, att, B, T, NH, NKV, hd, 0);
+}
+
+void fy_llama_attention_window_forward(float *out, float *att, const float *qkv, int B, int T,
+                                       int NH, int NKV, int hd, int W)
 {
     size_t QKV = (size_t)(NH + 2 * NKV) * hd, QC = (size_t)NH * hd;
     int rep = NH / NKV;
@@ -146,30 +201,34 @@ void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B,
                 size_t ko = QC + (size_t)(h / rep) * hd, vo = ko + (size_t)NKV * hd;
                 const float *q = seq + t * QKV + (size_t)h * hd;
                 float *p = att + (((size_t)b * NH + h) * T + t) * T;
+                int lo = window_start(t, W);
                 float maxv = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
+                for (int t2 = 0; t2 < lo; t2++)
+                    p[t2] = 0.0f;
+                for (int t2 = lo; t2 <= t; t2++) {
                     p[t2] = fy_cpu_dot(q, seq + t2 * QKV + ko, hd) * scale;
                     if (p[t2] > maxv)
                         maxv = p[t2];
                 }
                 float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
+                for (int t2 = lo; t2 <= t; t2++) {
                     p[t2] = expf(p[t2] - maxv);
                     sum += p[t2];
                 }
-                for (int t2 = 0; t2 <= t; t2++)
+                for (int t2 = lo; t2 <= t; t2++)
                     p[t2] /= sum;
                 for (int t2 = t + 1; t2 < T; t2++)
                     p[t2] = 0.0f;
                 float *y = out + ((size_t)b * T + t) * QC + (size_t)h * hd;
                 memset(y, 0, (size_t)hd * sizeof *y);
-                for (int t2 = 0; t2 <= t; t2++)
+                for (int t2 = lo; t2 <= t; t2++)
                     fy_cpu_axpy(y, seq + t2 * QKV + vo, p[t2], hd);
             }
 }
 
-void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                 int B, int T, int NH, int NKV, int hd)
+void fy_llama_attention_window_backward(float *dqkv, const float *dout, const float *qkv,
+                                        const float *att, int B, int T, int NH, int NKV, int hd,
+                                        int W)
 {
     size_t QKV = (size_t)(NH + 2 * NKV) * hd, QC = (size_t)NH * hd;
     int rep = NH / NKV;
@@ -193,12 +252,13 @@ void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qk
                 for (int t = 0; t < T; t++) {
                     const float *p = att + (((size_t)b * NH + h) * T + t) * T;
                     const float *dy = dout + ((size_t)b * T + t) * QC + qo;
+                    int lo = window_start(t, W);
                     float pdatt = 0.0f;
-                    for (int t2 = 0; t2 <= t; t2++) {
+                    for (int t2 = lo; t2 <= t; t2++) {
                         datt[t2] = fy_cpu_dot(dy, seq + t2 * QKV + vo, hd);
                         pdatt += p[t2] * datt[t2];
                     }
-                    for (int t2 = 0; t2 <= t; t2++) {
+                    for (int t2 = lo; t2 <= t; t2++) {
                         float dpre = p[t2] * (datt[t2] - pdatt) * scale;
                         fy_cpu_axpy(dseq + t * QKV + qo, seq + t2 * QKV + ko, dpre, hd);
                         fy_cpu_axpy(dseq + t2 * QKV + ko, seq + t * QKV + qo, dpre, hd);
@@ -243,6 +303,8 @@ void fy_llama_swiglu_backward(float *dgu, const float *dout, const float *gu, in
 struct block_buf {
     float *inv_freq, *cos_t, *sin_t; /* [hd/2], [T][hd/2], [T][hd/2] */
     float *n1, *rstd1;               /* [N][C], [N] */
+    float *qkv_raw;                  /* [N][(NH + 2 NKV) hd] before the q/k norms (qk_norm only) */
+    float *qk_rstd;                  /* [N][NH + NKV] the q/k norms' rstd (qk_norm only) */
     float *qkv;                      /* [N][(NH + 2 NKV) hd], q and k after RoPE */
     float *att;                      /* [B][NH][T][T] softmax probabilities */
     float *atty;                     /* [N][NH hd] attention output, before o_proj */
@@ -261,14 +323,17 @@ struct block_buf {
 
 static void block_carve(const struct fy_model_config *c, int B, int T, float *base, struct block_buf *s)
 {
-    size_t C = c->n_embd, hd = C / c->n_head, N = (size_t)B * T, I = c->llama.n_inter, at = 0;
+    size_t C = c->n_embd, hd = fy_llama_head_dim(c), N = (size_t)B * T, I = c->llama.n_inter, at = 0;
     size_t QC = c->n_head * hd, QKV = (c->n_head + 2 * (size_t)c->llama.n_kv_head) * hd;
+    size_t qk_norm = c->llama.qk_norm ? 1 : 0;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
     CARVE(inv_freq, hd / 2);
     CARVE(cos_t, (size_t)T * (hd / 2));
     CARVE(sin_t, (size_t)T * (hd / 2));
     CARVE(n1, N * C);
     CARVE(rstd1, N);
+    CARVE(qkv_raw, qk_norm * N * QKV);
+    CARVE(qk_rstd, qk_norm * N * (c->n_head + c->llama.n_kv_head));
     CARVE(qkv, N * QKV);
     CARVE(att, (size_t)B * c->n_head * T * T);
     CARVE(atty, N * QC);
@@ -303,18 +368,30 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(c, &l);
     const float *p = params;
-    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head, hd = C / NH;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head;
+    int hd = (int)fy_llama_head_dim(c), W = (int)c->llama.sliding_window;
     int I = (int)c->llama.n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
+    const float *qkv_bias = l.q_bias != FY_LLAMA_ABSENT ? p + l.q_bias : NULL;
 
     fy_llama_rope_inv_freq(c, s->inv_freq);
     fy_llama_rope_table(s->cos_t, s->sin_t, s->inv_freq, T, hd / 2);
 
-    /* attention: h = x + o_proj(attention(rope(q), rope(k), v)), q k v of rmsnorm(x) */
+    /* attention: h = x + o_proj(attention(rope(q), rope(k), v)), q k v of rmsnorm(x) (with their
+     * biases; q and k each through its per-head RMSNorm, where the family has them) */
     fy_llama_rmsnorm_forward(s->n1, s->rstd1, x, p + l.input_norm, N, C, c->llama.rms_eps);
-    fy_cpu_matmul_forward(s->qkv, s->n1, p + l.q_proj, NULL, N, C, QKV); /* q_proj|k_proj|v_proj */
+    if (c->llama.qk_norm) {
+        fy_cpu_matmul_forward(s->qkv_raw, s->n1, p + l.q_proj, qkv_bias, N, C, QKV);
+        memcpy(s->qkv, s->qkv_raw, (size_t)N * QKV * sizeof *s->qkv);
+        fy_llama_head_norm_forward(s->qkv, s->qk_rstd, s->qkv_raw, p + l.q_norm, QKV, 0, NH, hd, N,
+                                   c->llama.rms_eps);
+        fy_llama_head_norm_forward(s->qkv, s->qk_rstd + (size_t)N * NH, s->qkv_raw, p + l.k_norm,
+                                   QKV, NH * hd, NKV, hd, N, c->llama.rms_eps);
+    } else {
+        fy_cpu_matmul_forward(s->qkv, s->n1, p + l.q_proj, qkv_bias, N, C, QKV); /* q|k|v_proj */
+    }
     fy_llama_rope_forward(s->qkv, QKV, 0, NH, hd, s->cos_t, s->sin_t, B, T);
     fy_llama_rope_forward(s->qkv, QKV, NH * hd, NKV, hd, s->cos_t, s->sin_t, B, T);
-    fy_llama_attention_forward(s->atty, s->att, s->qkv, B, T, NH, NKV, hd);
+    fy_llama_attention_window_forward(s->atty, s->att, s->qkv, B, T, NH, NKV, hd, W);
     fy_cpu_matmul_forward(s->h, s->atty, p + l.o_proj, NULL, N, NH * hd, C);
     fy_cpu_add(s->h, x, s->h, (size_t)N * C);
 
@@ -345,9 +422,11 @@ void fy_llama_block_backward(const struct fy_model_config *c, const float *param
     fy_llama_unit_layout(c, &l);
     const float *p = params;
     float *g = dparams;
-    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head, hd = C / NH;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head;
+    int hd = (int)fy_llama_head_dim(c), W = (int)c->llama.sliding_window;
     int I = (int)c->llama.n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
     size_t NC = (size_t)N * C;
+    float *dqkv_bias = l.q_bias != FY_LLAMA_ABSENT ? g + l.q_bias : NULL;
 
     block_forward_into(c, params, x, NULL, &s, B, T);
 
@@ -360,10 +439,16 @@ void fy_llama_block_backward(const struct fy_model_config *c, const float *param
 
     /* attention branch */
     fy_cpu_matmul_backward(s.datty, g + l.o_proj, NULL, s.dh, s.atty, p + l.o_proj, N, NH * hd, C);
-    fy_llama_attention_backward(s.dqkv, s.datty, s.qkv, s.att, B, T, NH, NKV, hd);
+    fy_llama_attention_window_backward(s.dqkv, s.datty, s.qkv, s.att, B, T, NH, NKV, hd, W);
     fy_llama_rope_backward(s.dqkv, QKV, 0, NH, hd, s.cos_t, s.sin_t, B, T);
     fy_llama_rope_backward(s.dqkv, QKV, NH * hd, NKV, hd, s.cos_t, s.sin_t, B, T);
-    fy_cpu_matmul_backward(s.dn1, g + l.q_proj, NULL, s.dqkv, s.n1, p + l.q_proj, N, C, QKV);
+    if (c->llama.qk_norm) {
+        fy_llama_head_norm_backward(s.dqkv, g + l.q_norm, s.qkv_raw, p + l.q_norm, s.qk_rstd, QKV, 0,
+                                    NH, hd, N);
+        fy_llama_head_norm_backward(s.dqkv, g + l.k_norm, s.qkv_raw, p + l.k_norm,
+                                    s.qk_rstd + (size_t)N * NH, QKV, NH * hd, NKV, hd, N);
+    }
+    fy_cpu_matmul_backward(s.dn1, g + l.q_proj, dqkv_bias, s.dqkv, s.n1, p + l.q_proj, N, C, QKV);
     fy_llama_rmsnorm_backward(dx, g + l.input_norm, s.dn1, x, p + l.input_norm, s.rstd1, N, C);
     fy_cpu_add(dx, dx, s.dh, NC);
 }
@@ -491,20 +576,10 @@ static void block_backward_overwrite(const struct fy_model_config *c, const floa
     fy_llama_block_backward(c, params, x, dy, dx, dparams, scratch, B, T);
 }
 
-/* Its blocks always recompute their internals: no swapped internals, no per-op profile. */
-/* The Llama-like variations this file does not compute yet. */
-static int llama_check(const struct fy_model_config *c)
-{
-    const struct fy_llama_fields *f = &c->llama;
-    FY_REQUIRE(!f->head_dim && !f->qkv_bias && !f->qk_norm && !f->sliding_window, -ENOTSUP,
-               "the CPU backend's %s blocks do not compute an explicit head_dim, q/k/v biases, "
-               "q/k norms or a sliding window yet", fy_model_arch(c)->label);
-    return 0;
-}
-
+/* Its blocks always recompute their internals: no swapped internals, no per-op profile. Every
+ * Llama-like family (Qwen2, Qwen3, Mistral, Phi-3) is computed here: its variations are fields of
+ * c->llama (common/arch/llama.h), so it needs no check. */
 const struct fy_cpu_family fy_llama_cpu_family = {
-    .name = "llama",
-    .check = llama_check,
     .block_scratch = fy_llama_block_scratch,
     .head_scratch = fy_llama_head_scratch,
     .embed_forward = fy_llama_embed_forward,

@@ -6,7 +6,7 @@
  * fy_llama_cpu_family (cpu_family.h); its blocks always recompute their internals (no swapped
  * internals, no per-op profile).
  *
- * The block (x, y: [B][T][C]; N = B*T rows; hd = C / n_head; I = intermediate size):
+ * The block (x, y: [B][T][C]; N = B*T rows; hd = C / n_head, or head_dim; I = intermediate size):
  *   n1 = rmsnorm(x, input_layernorm)                      rmsnorm(x, w) = w * (x * rsqrt(mean(x^2) + eps))
  *   q = n1 Wq^T, k = n1 Wk^T, v = n1 Wv^T                 no biases
  *   q, k = rope(q), rope(k)                               positions 0..T-1 of each sequence
@@ -15,6 +15,11 @@
  *   n2 = rmsnorm(h, post_attention_layernorm)
  *   y = h + (silu(n2 Wgate^T) * (n2 Wup^T)) Wdown^T       silu(g) = g / (1 + exp(-g))
  * computed in fp32 in the order transformers computes it (RMSNorm in fp32, then times the weight).
+ * The Llama-like families vary it through c->llama (common/arch/llama.h), computed here too: hd =
+ * head_dim where given (q [NH hd], k and v [NKV hd], o_proj [C][NH hd]); qkv_bias (Qwen2): q, k and
+ * v plus their biases; qk_norm (Qwen3): q and k each through an RMSNorm over every head's hd values
+ * (q_norm, k_norm [hd], eps rms_eps) after the projection, before RoPE; sliding_window W > 0
+ * (Mistral, Phi-3): query t attends to keys t2 with t - W < t2 <= t only.
  *
  * RoPE is Hugging Face's (non-interleaved, rotate_half): within a head, element i < hd/2 pairs with
  * element i + hd/2; with angle a = t * inv_freq[i]:
@@ -65,6 +70,13 @@ void fy_llama_rmsnorm_forward(float *out, float *rstd, const float *inp, const f
 /* dinp overwritten, dw accumulated. */
 void fy_llama_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
                                const float *w, const float *rstd, int N, int C);
+/* Qwen3's q_norm / k_norm: RMSNorm over each of NHx heads of hd floats at column col of N rows of
+ * `stride` floats, one weight w [hd] shared by the heads; rstd [N][NHx] saved. out may be inp. */
+void fy_llama_head_norm_forward(float *out, float *rstd, const float *inp, const float *w,
+                                int stride, int col, int NHx, int hd, int N, float eps);
+/* In place: dx holds the output's gradient and becomes the input's; dw [hd] accumulated. */
+void fy_llama_head_norm_backward(float *dx, float *dw, const float *inp, const float *w,
+                                 const float *rstd, int stride, int col, int NHx, int hd, int N);
 /* cos and sin [T][half] of t * inv_freq[i] (half = head_dim / 2). */
 void fy_llama_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int T, int half);
 /* In place on NHx heads of hd floats at column col of rows of `stride` floats, [B][T][stride]. */
@@ -81,6 +93,13 @@ void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B,
 /* dqkv overwritten. */
 void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                  int B, int T, int NH, int NKV, int hd);
+/* The same with a sliding window W > 0: query t attends to keys t2 with t - W < t2 <= t (W = 0, or
+ * W >= T: all earlier keys, as above); att is zero outside the band. */
+void fy_llama_attention_window_forward(float *out, float *att, const float *qkv, int B, int T,
+                                       int NH, int NKV, int hd, int W);
+void fy_llama_attention_window_backward(float *dqkv, const float *dout, const float *qkv,
+                                        const float *att, int B, int T, int NH, int NKV, int hd,
+                                        int W);
 /* gu [N][2I]: gate in columns 0..I-1, up in I..2I-1; out [N][I] = silu(gate) * up. */
 void fy_llama_swiglu_forward(float *out, const float *gu, int N, int I);
 /* dgu overwritten. */
