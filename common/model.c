@@ -112,8 +112,10 @@ double fy_model_flops_per_token(const struct fy_model_config *c, unsigned seq_le
      * values, the full T x T counted: the usual model-FLOPs figure, which PyTorch benchmarks and
      * the paper report too. Work the schedule adds (a block recomputed in backward) is not
      * counted, so the figure compares what different systems get done. */
-    double C = c->n_embd, L = c->n_layer;
-    return 6.0 * (double)fy_model_total_params(c) + 6.0 * L * seq_len * C;
+    /* the attention's width: n_head heads of the head size (n_embd but where a family's head_dim
+     * differs, as Qwen3's 16 heads of 128 at 1024 wide) */
+    double A = (double)c->n_head * fy_llama_head_dim(c), L = c->n_layer;
+    return 6.0 * (double)fy_model_total_params(c) + 6.0 * L * seq_len * A;
 }
 
 int fy_model_decay_segments(const struct fy_model_config *c, unsigned unit,

@@ -53,7 +53,8 @@ enum fy_unit_kind fy_model_unit_kind(const struct fy_model_config *c, unsigned u
 /* Parameters (floats) of a unit: the sum of its tensors. */
 size_t fy_model_unit_params(const struct fy_model_config *c, unsigned unit);
 size_t fy_model_total_params(const struct fy_model_config *c);
-/* Model FLOPs per training token: 6 N + 6 L T C (recomputation not counted). */
+/* Model FLOPs per training token: 6 N + 6 L T A, A the attention's width (n_head x the head size:
+ * n_embd unless a family's head_dim differs); recomputation not counted. */
 double fy_model_flops_per_token(const struct fy_model_config *c, unsigned seq_len);
 
 /* A contiguous range [begin, end) of a unit's parameters and whether weight decay applies to it
