@@ -467,8 +467,15 @@ static void test_config_refusals(void **state)
         const char *text;
         const char *want;
     } v[] = {
-        {"mistral", "{\"model_type\": \"mistral\", \"architectures\": [\"MistralForCausalLM\"]}",
-         "MistralForCausalLM"},
+        {"gemma", "{\"model_type\": \"gemma\", \"architectures\": [\"GemmaForCausalLM\"]}",
+         "GemmaForCausalLM"},
+        {"phi3-longrope", "{\"model_type\": \"phi3\", \"rope_scaling\": {\"type\": \"longrope\"}}",
+         "\"rope_scaling\": type \"longrope\" is not supported"},
+        {"phi3-partial", "{\"model_type\": \"phi3\", \"partial_rotary_factor\": 0.5}",
+         "partial_rotary_factor"},
+        {"qwen2-window", "{\"model_type\": \"qwen2\", \"use_sliding_window\": true}",
+         "use_sliding_window"},
+        {"qwen3-bias", "{\"model_type\": \"qwen3\", \"attention_bias\": true}", "attention_bias"},
         {"llama-yarn", "{\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"yarn\"}}",
          "rope_type \"yarn\" is not supported"},
         {"arch", "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2DoubleHeadsModel\"]}",
