@@ -48,14 +48,6 @@ static int teardown(void **state)
 
 static const char *tpath(const char *name) { return fy_test_path(tmpdir, name); }
 
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++)
-        n += *s == '\n';
-    return n;
-}
-
 static int count_entries(const char *dir) { return fy_test_count_entries(dir); }
 
 /* Entries of tmpdir whose name starts with prefix (temporary directories left behind). */
@@ -451,7 +443,7 @@ static void expect_refused(const char *dir, int unit, int code, const char *file
     if (rc != code)
         fail_msg("%s: expected %d (%s), got %d (%s); log: %s", dir, code, strerror(-code), rc,
                  strerror(-rc), log);
-    if (count_lines(log) != 1)
+    if (fy_test_count_lines(log) != 1)
         fail_msg("%s: expected one line, got: %s", dir, log);
     const char *w[] = {file, want1, want2};
     for (int i = 0; i < 3; i++)
@@ -799,7 +791,7 @@ static void test_export_targets(void **state)
     int rc = 0;
     char *log = fy_test_capture_stderr(new_writer, (void *)d, &rc);
     assert_int_equal(rc, -EEXIST);
-    assert_int_equal(count_lines(log), 1);
+    assert_int_equal(fy_test_count_lines(log), 1);
     assert_non_null(strstr(log, d));
     free(log);
     assert_int_equal(count_entries(d), 1);

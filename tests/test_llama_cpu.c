@@ -591,9 +591,10 @@ static struct fy_model_config cfg_family(const struct fy_arch *arch, uint32_t C,
 {
     struct fy_model_config c = cfg_plain(C, NH, NKV, I, 500000.0);
     c.arch = arch;
-    c.llama.head_dim = hd;
-    c.llama.qkv_bias = arch == &fy_arch_qwen2;
-    c.llama.qk_norm = arch == &fy_arch_qwen3;
+    /* the flags the family implies, as its own init would set them */
+    const struct fy_family_options o = {.kv_heads = NKV, .ffn = I, .head_dim = hd,
+                                        .rms_eps = c.llama.rms_eps, .rope_theta = 500000.0};
+    assert_int_equal(arch->from_options(&o, &c), 0);
     c.llama.sliding_window = window;
     return c;
 }

@@ -55,14 +55,6 @@ static int count_entries(const char *dir)
     return n;
 }
 
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++)
-        n += *s == '\n';
-    return n;
-}
-
 static uint32_t f32_bits(float f)
 {
     uint32_t b;
@@ -132,7 +124,7 @@ static void expect_line(int (*fn)(void *), void *arg, int code, const char *file
     if (rc != code)
         fail_msg("expected %d (%s), got %d (%s); log: %s", code, strerror(-code), rc,
                  strerror(-rc), log);
-    assert_int_equal(count_lines(log), 1);
+    assert_int_equal(fy_test_count_lines(log), 1);
     const char *w[] = {file, want1, want2};
     for (int i = 0; i < 3; i++)
         if (w[i] != NULL && strstr(log, w[i]) == NULL)

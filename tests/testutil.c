@@ -387,3 +387,11 @@ int fy_test_same_model(const struct fy_model_config *a, const struct fy_model_co
            a->vocab == b->vocab && a->ctx == b->ctx && fy_model_arch(a) == fy_model_arch(b) &&
            memcmp(&a->llama, &b->llama, sizeof a->llama) == 0;
 }
+
+int fy_test_count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}

@@ -80,6 +80,8 @@ int fy_test_count_matches(const char *path, const char *needle);
 /* Whether the test of this name is to run: FY_TEST_ONLY unset, or one of its comma-separated
  * globs matches it (to run a few tests of a program while working on them). */
 int fy_test_wanted(const char *name);
+/* Newlines in s. */
+int fy_test_count_lines(const char *s);
 /* 1 when two model configs are the same, field by field (the struct has padding, which
  * assignments need not copy, so memcmp cannot tell). */
 int fy_test_same_model(const struct fy_model_config *a, const struct fy_model_config *b);
