@@ -39,10 +39,10 @@ static const struct command_spec commands[FY_CMD_COUNT] = {
         "the loss on the assistant's messages and the token that ends each."},
     [FY_CMD_INIT] = {"init", {{"--run-dir DIR [model]", "create a model in the run's SSD store"},
                               {"--run-dir DIR --from-hf HF",
-                               "import a Hugging Face GPT-2 or Llama model"}},
+                               "import a Hugging Face model"}},
         "Creates the run's model in its SSD store at step 0: initialised from --seed with the model "
         "options, or imported from a Hugging Face directory (config.json and model.safetensors, or "
-        "shards with model.safetensors.index.json, of a GPT2LMHeadModel or a LlamaForCausalLM), "
+        "shards with model.safetensors.index.json, of GPT-2, Llama, Qwen2, Qwen3, Mistral or Phi-3), "
         "which sets the model. The new model is built beside what the run holds and put in place "
         "whole: an init that fails leaves the old one as it was."},
     [FY_CMD_TRAIN] = {"train", {{"--run-dir DIR --data FILE",
@@ -87,7 +87,7 @@ static const struct command_spec commands[FY_CMD_COUNT] = {
         "with gnuplot."},
     [FY_CMD_EXPORT] = {"export", {{"--run-dir DIR --out FILE", "write the weights to a file"},
                                   {"--run-dir DIR --to-hf HF",
-                                   "write a Hugging Face model directory (GPT-2, Llama)"}},
+                                   "write a Hugging Face model directory"}},
         "Writes the weights of the store's last commit: a weights file (f32), or a Hugging Face "
         "model directory (safetensors, config.json, and the imported model's names and files). It "
         "works beside a training run of the same directory."},
