@@ -258,7 +258,21 @@ static int put_in_place(struct fy_staging *st)
     }
     if (lstat(st->hf_dir, &sb) == 0)
         FY_TRY(move(st->hf_dir, from));
-    /* 4. model.conf last: the run has its new model */
+    /* 4. what the previous model's training left goes with it: `resume` would run the old train
+     * command on the new model, and report would chart the old run's metrics beside the new */
+    static const char *const previous[] = {"train.args", "metrics.jsonl"};
+    int gone = 0;
+    for (size_t i = 0; i < sizeof previous / sizeof previous[0]; i++) {
+        join(from, sizeof from, st->run_dir, previous[i]);
+        if (lstat(from, &sb) != 0)
+            continue;
+        join(to, sizeof to, st->dir, previous[i]);
+        FY_TRY(move(from, to));
+        gone++;
+    }
+    if (gone > 0)
+        fy_info("init: the previous model's train.args and metrics.jsonl went with it");
+    /* 5. model.conf last: the run has its new model */
     FY_TRY(move(st->conf, model_conf));
     return fy_fsync_dir(st->run_dir);
 }

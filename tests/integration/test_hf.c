@@ -689,7 +689,16 @@ static void test_overwrite_builds_beside(void **state)
     assert_int_equal(init_hf(f, run, good[1]), 1); /* a store is there: --overwrite needed */
     assert_true(fy_test_file_contains(f->log, "already holds a Fuyou store"));
     const char *ok[] = {"init", "--run-dir", run, "--from-hf", good[1], "--overwrite", NULL};
+    char args_path[700], metrics_path[700];
+    snprintf(args_path, sizeof args_path, "%s/train.args", run);
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", run);
+    assert_int_equal(access(args_path, F_OK), 0); /* the previous model's training left them */
+    assert_int_equal(access(metrics_path, F_OK), 0);
     assert_int_equal(fy_test_launch_in(f, ok, 120), 0);
+    /* and they went with it: resume would train the new model with the old command */
+    assert_int_not_equal(access(args_path, F_OK), 0);
+    assert_int_not_equal(access(metrics_path, F_OK), 0);
+    assert_true(fy_test_file_contains(f->log, "train.args and metrics.jsonl went with it"));
     assert_true(fy_test_file_contains(f->log, fy_test_fmt("removed %s, left by an init (pid %ld) "
                                                           "that did not finish", stage, pid)));
     assert_true(fy_test_file_contains(f->log, fy_test_fmt("removed %s, left by an init (pid %ld) "
