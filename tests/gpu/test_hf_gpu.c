@@ -8,10 +8,10 @@
  * blocks with its fused tensors and window 2047), each made with
  * random weights by transformers (tests/reference/hf_gpt2.py, hf_llama.py) and saved in bf16:
  * `fuyou-launch init --from-hf` (one copy of the state), the first step's loss of `train --backend
- * cuda` against transformers' loss on the same batch, three training steps, `export --to-hf`, and
+ * cuda` against transformers' loss on the same batch, ten training steps, `export --to-hf`, and
  * transformers loading the export (no missing or unexpected tensor, the weights not the imported
  * ones) and reproducing the held-out loss train reported after its last update. The data are
- * skewed random tokens (low ids frequent), so those three steps move the held-out loss.
+ * skewed random tokens (low ids frequent), so those ten steps move the held-out loss.
  *
  * Tolerance: each loss within 2e-3 relative of transformers'. Both sides compute with the same
  * bf16 weights (the source is bf16; the export writes in bf16 the weights the CUDA backend rounded
@@ -42,7 +42,7 @@
 #include "tests/testutil.h"
 
 #define LOSS_TOL 2e-3
-#define STEPS 3
+#define STEPS 10
 #define LOSS_ARGS " --batch 4 --seq 256 --eval-fraction 0.1 --seed 1"
 
 static const char *torch_device = "cuda"; /* where transformers makes and evaluates the models */
@@ -136,10 +136,11 @@ static void family_case(struct fy_test_fixture *f, const struct family *fam)
     const char *init[] = {"init", "--run-dir", run, "--from-hf", src, "--state-copies", "1",
                           NULL};
     launch(f, "init --from-hf", init);
-    const char *train[] = {"train", "--run-dir", run, "--data", f->data, "--steps", "3",
-                           "--batch", "4", "--seq", "256", "--eval-fraction", "0.1",
-                           "--eval-batches", "2", "--lr", "3e-4", "--warmup", "0", "--seed", "1",
-                           "--backend", "cuda", "--cpu-mem", "48G", NULL};
+    const char *train[] = {"train", "--run-dir", run, "--data", f->data,
+                           "--steps", fy_test_fmt("%d", STEPS), "--batch", "4", "--seq", "256",
+                           "--eval-fraction", "0.1", "--eval-batches", "2", "--lr", "3e-4",
+                           "--warmup", "0", "--seed", "1", "--backend", "cuda", "--cpu-mem", "48G",
+                           NULL};
     launch(f, "train --backend cuda", train);
     assert_true(fy_test_file_contains(fy_test_fmt("%s/fuyou.log", run), "backend cuda on"));
     double first = metric(run, 1, "\"loss\": "), held_out = metric(run, STEPS, "\"eval_loss\": ");
