@@ -46,5 +46,20 @@ int fy_quant8_quantize(const float *x, size_t n, int is_signed, uint8_t *codes, 
 /* out[i] = map[codes[i]] * absmax[i / FY_QUANT8_BLOCK]. */
 void fy_quant8_dequantize(const uint8_t *codes, const float *absmax, size_t n, int is_signed,
                           float *out);
+/* The code of 0 (what an all-zero block stores, with absmax 0): 127 in the signed map, 0 in the
+ * unsigned one. The initial state m = v = 0 of 8-bit AdamW moments is these codes with absmax 0. */
+uint8_t fy_quant8_zero_code(int is_signed);
+
+/* For the AdamW kernels, which quantize the moments block by block as they update them. */
+/* One block of len values (len <= FY_QUANT8_BLOCK), all finite (and >= 0 for the unsigned map:
+ * the caller checks): *absmax and codes[len] as fy_quant8_quantize gives them. */
+void fy_quant8_quantize_block(const float *x, size_t len, int is_signed, uint8_t *codes,
+                              float *absmax);
+/* The 255 midpoints each rounded DOWN to fp32 (the largest float <= the exact midpoint). For a
+ * float y, exact midpoint < y if and only if its rounded-down float < y: where the midpoint is a
+ * float the two are equal; where it is not, it lies strictly between the rounded-down float f and
+ * the next float f+, and a float y is > f exactly when y >= f+ > midpoint. So SIMD code may search
+ * these floats with float compares and find the codes of the exact search. */
+const float *fy_quant8_midpoints_below(int is_signed);
 
 #endif
