@@ -12,6 +12,7 @@
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,10 +315,9 @@ struct fy_adamw_ops {
     void (*widen_bf16)(const uint16_t *h, float *f, size_t n);
     void (*narrow_bf16)(const float *f, uint16_t *h, size_t n);
     void (*dequant)(const uint8_t *codes, float absmax, const float *map, float *out, size_t n);
-    /* quantizes n <= FY_QUANT8_BLOCK finite-or-not values; returns 0, or 1 if one is not finite
-     * (then nothing is written) */
-    int (*quant)(const float *x, size_t n, const float *mid_below, uint8_t zero_code,
-                 uint8_t *codes, float *absmax);
+    /* quantizes n <= FY_QUANT8_BLOCK values as quant8 does; returns 0, or 1 if one is not
+     * finite (then nothing is written) */
+    int (*quant)(const float *x, size_t n, int is_signed, uint8_t *codes, float *absmax);
 };
 
 static void fy_adamw_widen_scalar(const uint16_t *h, float *f, size_t n)
@@ -340,24 +340,14 @@ static void fy_adamw_dequant_scalar(const uint8_t *codes, float absmax, const fl
 }
 
 /* The scalar path is quant8's own (exact double midpoints), which the SIMD paths are tested
- * against; mid_below and zero_code only serve them. */
-static int fy_adamw_quant_scalar_signed(const float *x, size_t n, const float *mid_below,
-                                        uint8_t zero_code, uint8_t *codes, float *absmax)
+ * against. */
+static int fy_adamw_quant_scalar(const float *x, size_t n, int is_signed, uint8_t *codes,
+                                 float *absmax)
 {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i]))
             return 1;
-    fy_quant8_quantize_block(x, n, 1, codes, absmax);
-    return 0;
-}
-
-static int fy_adamw_quant_scalar_unsigned(const float *x, size_t n, const float *mid_below,
-                                          uint8_t zero_code, uint8_t *codes, float *absmax)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return 1;
-    fy_quant8_quantize_block(x, n, 0, codes, absmax);
+    fy_quant8_quantize_block(x, n, is_signed, codes, absmax);
     return 0;
 }
 
@@ -369,6 +359,26 @@ static inline uint8_t fy_adamw_code_below(const float *mid_below, float y)
         if (mid_below[idx + step - 1] < y)
             idx += step;
     return (uint8_t)idx;
+}
+
+/* The midpoints rounded down (quant8.h), padded with T[255] = +inf (never < y), stored by columns
+ * for the register-held searches of the SIMD paths, which then need no gathers:
+ * as a 16 x 16 matrix T[16 row + c] for AVX-512: cols16[s][c][row] (one register a column), and
+ * as a 32 x 8 matrix T[8 row + c] for AVX2: cols8[s][c][row] (four registers a column). */
+static float fy_adamw_cols16[2][16][16] __attribute__((aligned(64)));
+static float fy_adamw_cols8[2][8][32] __attribute__((aligned(64)));
+static pthread_once_t fy_adamw_cols_once = PTHREAD_ONCE_INIT;
+
+static void fy_adamw_cols_build(void)
+{
+    for (int s = 0; s < 2; s++) {
+        const float *mid = fy_quant8_midpoints_below(s);
+        for (int k = 0; k < 256; k++) {
+            float t = k < 255 ? mid[k] : INFINITY;
+            fy_adamw_cols16[s][k % 16][k / 16] = t;
+            fy_adamw_cols8[s][k % 8][k / 8] = t;
+        }
+    }
 }
 
 /* ---- AVX2 ---- */
@@ -433,9 +443,50 @@ FY_AVX2_INLINE int fy_adamw_absmax_avx2(const float *x, size_t n, float *absmax)
     return 0;
 }
 
-FY_AVX2 static int fy_adamw_quant_avx2(const float *x, size_t n, const float *mid_below,
-                                       uint8_t zero_code, uint8_t *codes, float *absmax)
+/* col[row] for a 32-entry column (in L1; the loads fold into the permutes), row in 0..31 per lane:
+ * row bits 0-2 index 8 entries (permutevar8x32), bits 3 and 4 (moved to the sign bits, which blendv
+ * reads) pick the 8. */
+FY_AVX2_INLINE __m256 fy_adamw_avx2_lookup32(const float *col, __m256i row, __m256 bit3,
+                                             __m256 bit4)
 {
+    __m256 lo = _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_load_ps(col), row),
+                                 _mm256_permutevar8x32_ps(_mm256_load_ps(col + 8), row), bit3);
+    __m256 hi = _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_load_ps(col + 16), row),
+                                 _mm256_permutevar8x32_ps(_mm256_load_ps(col + 24), row), bit3);
+    return _mm256_blendv_ps(lo, hi, bit4);
+}
+
+/* Codes of 8 values y: the number of midpoints < y. First the row: how many of T[8 r + 7],
+ * r = 0..30, are < y (a branchless binary search over column 7, whose last entry is +inf), so every
+ * entry of the rows before is < y and T[8 row + 7] is not; then T[8 row + c] < y counted for
+ * c = 0..6. */
+FY_AVX2_INLINE __m256i fy_adamw_avx2_codes(const float (*cols)[32], __m256 y)
+{
+    __m256i row = _mm256_setzero_si256();
+    for (int step = 16; step != 0; step >>= 1) {
+        __m256i probe = _mm256_add_epi32(row, _mm256_set1_epi32(step - 1));
+        __m256 t = fy_adamw_avx2_lookup32(cols[7], probe,
+                                          _mm256_castsi256_ps(_mm256_slli_epi32(probe, 28)),
+                                          _mm256_castsi256_ps(_mm256_slli_epi32(probe, 27)));
+        __m256i lt = _mm256_castps_si256(_mm256_cmp_ps(t, y, _CMP_LT_OQ));
+        row = _mm256_add_epi32(row, _mm256_and_si256(lt, _mm256_set1_epi32(step)));
+    }
+    __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(row, 28));
+    __m256 bit4 = _mm256_castsi256_ps(_mm256_slli_epi32(row, 27));
+    __m256i code = _mm256_slli_epi32(row, 3);
+    for (int c = 0; c < 7; c++) {
+        __m256 t = fy_adamw_avx2_lookup32(cols[c], row, bit3, bit4);
+        /* a true compare is all ones, -1: subtracting it counts */
+        code = _mm256_sub_epi32(code, _mm256_castps_si256(_mm256_cmp_ps(t, y, _CMP_LT_OQ)));
+    }
+    return code;
+}
+
+FY_AVX2 static int fy_adamw_quant_avx2(const float *x, size_t n, int is_signed, uint8_t *codes,
+                                       float *absmax)
+{
+    const float *mid_below = fy_quant8_midpoints_below(is_signed);
+    uint8_t zero_code = fy_quant8_zero_code(is_signed);
     float amax;
     if (fy_adamw_absmax_avx2(x, n, &amax))
         return 1;
@@ -444,7 +495,9 @@ FY_AVX2 static int fy_adamw_quant_avx2(const float *x, size_t n, const float *mi
         memset(codes, zero_code, n);
         return 0;
     }
-    const __m256 a = _mm256_set1_ps(amax), mid127 = _mm256_set1_ps(mid_below[127]);
+    pthread_once(&fy_adamw_cols_once, fy_adamw_cols_build);
+    const float(*cols)[32] = fy_adamw_cols8[is_signed ? 1 : 0];
+    const __m256 a = _mm256_set1_ps(amax);
     /* the low byte of each 32-bit lane to the lane's first 4 bytes, then lanes 0 and 4 together */
     const __m256i bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                            -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
@@ -452,16 +505,7 @@ FY_AVX2 static int fy_adamw_quant_avx2(const float *x, size_t n, const float *mi
     const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 y = _mm256_div_ps(_mm256_loadu_ps(x + i), a);
-        /* branchless binary search: idx = number of midpoints < y */
-        __m256i idx = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(mid127, y, _CMP_LT_OQ)),
-                                       _mm256_set1_epi32(128));
-        for (int step = 64; step != 0; step >>= 1) {
-            __m256i probe = _mm256_add_epi32(idx, _mm256_set1_epi32(step - 1));
-            __m256 c = _mm256_i32gather_ps(mid_below, probe, 4);
-            __m256i lt = _mm256_castps_si256(_mm256_cmp_ps(c, y, _CMP_LT_OQ));
-            idx = _mm256_add_epi32(idx, _mm256_and_si256(lt, _mm256_set1_epi32(step)));
-        }
+        __m256i idx = fy_adamw_avx2_codes(cols, _mm256_div_ps(_mm256_loadu_ps(x + i), a));
         __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(idx, bytes), join);
         _mm_storel_epi64((__m128i *)(codes + i), _mm256_castsi256_si128(b));
     }
@@ -503,8 +547,48 @@ FY_AVX512 static void fy_adamw_dequant_avx512(const uint8_t *codes, float absmax
         out[i] = map[codes[i]] * absmax;
 }
 
-FY_AVX512 static int fy_adamw_quant_avx512(const float *x, size_t n, const float *mid_below,
-                                           uint8_t zero_code, uint8_t *codes, float *absmax)
+/* Codes of 16 values y: the number of midpoints < y. First the row: how many of T[16 r + 15],
+ * r = 0..14, are < y (a branchless binary search over column 15, whose last entry is +inf), so
+ * every entry of the rows before is < y and T[16 row + 15] is not; then the column: the same search
+ * over T[16 row + c], c = 0..14, where the entry a step probes in each lane comes from one of a few
+ * columns (chosen by the bits of c found so far) looked up at the lane's row. */
+FY_AVX512_INLINE __m512i fy_adamw_avx512_codes(const __m512 *col, __m512 y)
+{
+    __m512i row = _mm512_setzero_si512();
+    for (int step = 8; step != 0; step >>= 1) {
+        __m512 c = _mm512_permutexvar_ps(_mm512_add_epi32(row, _mm512_set1_epi32(step - 1)),
+                                         col[15]);
+        row = _mm512_mask_add_epi32(row, _mm512_cmp_ps_mask(c, y, _CMP_LT_OQ), row,
+                                    _mm512_set1_epi32(step));
+    }
+    /* c so far: bits 3, 2, 1 of the column found; the probes are column c + step - 1 */
+    const __m512i b16 = _mm512_set1_epi32(16);
+    /* step 8: column 7 */
+    __mmask16 k8 = _mm512_cmp_ps_mask(_mm512_permutexvar_ps(row, col[7]), y, _CMP_LT_OQ);
+    /* step 4: column 3 or 11 (bit 3); permutex2var takes the second table where index bit 4 is set */
+    __m512i i4 = _mm512_mask_or_epi32(row, k8, row, b16);
+    __mmask16 k4 = _mm512_cmp_ps_mask(_mm512_permutex2var_ps(col[3], i4, col[11]), y, _CMP_LT_OQ);
+    /* step 2: columns 1, 5 | 9, 13: bit 2 picks within a pair, bit 3 the pair */
+    __m512i i2 = _mm512_mask_or_epi32(row, k4, row, b16);
+    __m512 p2 = _mm512_mask_blend_ps(k8, _mm512_permutex2var_ps(col[1], i2, col[5]),
+                                     _mm512_permutex2var_ps(col[9], i2, col[13]));
+    __mmask16 k2 = _mm512_cmp_ps_mask(p2, y, _CMP_LT_OQ);
+    /* step 1: columns 0, 2 | 4, 6 | 8, 10 | 12, 14: bit 1 within a pair, bits 2 and 3 the pair */
+    __m512i i1 = _mm512_mask_or_epi32(row, k2, row, b16);
+    __m512 lo = _mm512_mask_blend_ps(k4, _mm512_permutex2var_ps(col[0], i1, col[2]),
+                                     _mm512_permutex2var_ps(col[4], i1, col[6]));
+    __m512 hi = _mm512_mask_blend_ps(k4, _mm512_permutex2var_ps(col[8], i1, col[10]),
+                                     _mm512_permutex2var_ps(col[12], i1, col[14]));
+    __mmask16 k1 = _mm512_cmp_ps_mask(_mm512_mask_blend_ps(k8, lo, hi), y, _CMP_LT_OQ);
+    __m512i code = _mm512_slli_epi32(row, 4);
+    code = _mm512_mask_add_epi32(code, k8, code, _mm512_set1_epi32(8));
+    code = _mm512_mask_add_epi32(code, k4, code, _mm512_set1_epi32(4));
+    code = _mm512_mask_add_epi32(code, k2, code, _mm512_set1_epi32(2));
+    return _mm512_mask_add_epi32(code, k1, code, _mm512_set1_epi32(1));
+}
+
+FY_AVX512 static int fy_adamw_quant_avx512(const float *x, size_t n, int is_signed,
+                                           uint8_t *codes, float *absmax)
 {
     __m512 amaxv = _mm512_setzero_ps();
     const __m512 big = _mm512_set1_ps(FLT_MAX);
@@ -526,21 +610,17 @@ FY_AVX512 static int fy_adamw_quant_avx512(const float *x, size_t n, const float
     }
     *absmax = amax;
     if (amax == 0.0f) {
-        memset(codes, zero_code, n);
+        memset(codes, fy_quant8_zero_code(is_signed), n);
         return 0;
     }
-    const __m512 a = _mm512_set1_ps(amax), mid127 = _mm512_set1_ps(mid_below[127]);
-    i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + i), a);
-        __m512i idx = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(mid127, y, _CMP_LT_OQ),
-                                             _mm512_set1_epi32(128));
-        for (int step = 64; step != 0; step >>= 1) {
-            __m512i probe = _mm512_add_epi32(idx, _mm512_set1_epi32(step - 1));
-            __m512 c = _mm512_i32gather_ps(probe, mid_below, 4);
-            idx = _mm512_mask_add_epi32(idx, _mm512_cmp_ps_mask(c, y, _CMP_LT_OQ), idx,
-                                        _mm512_set1_epi32(step));
-        }
+    pthread_once(&fy_adamw_cols_once, fy_adamw_cols_build);
+    __m512 col[16];
+    for (int c = 0; c < 16; c++)
+        col[c] = _mm512_load_ps(fy_adamw_cols16[is_signed ? 1 : 0][c]);
+    const __m512 a = _mm512_set1_ps(amax);
+    const float *mid_below = fy_quant8_midpoints_below(is_signed);
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512i idx = fy_adamw_avx512_codes(col, _mm512_div_ps(_mm512_loadu_ps(x + i), a));
         _mm_storeu_si128((__m128i *)(codes + i), _mm512_cvtepi32_epi8(idx));
     }
     for (; i < n; i++)
@@ -550,7 +630,7 @@ FY_AVX512 static int fy_adamw_quant_avx512(const float *x, size_t n, const float
 
 static const struct fy_adamw_ops fy_adamw_ops_scalar = {
     fy_adamw_k_scalar_f32, fy_adamw_widen_scalar, fy_adamw_narrow_scalar,
-    fy_adamw_dequant_scalar, NULL};
+    fy_adamw_dequant_scalar, fy_adamw_quant_scalar};
 static const struct fy_adamw_ops fy_adamw_ops_avx2 = {
     fy_adamw_k_avx2_f32, fy_adamw_widen_avx2, fy_adamw_narrow_avx2, fy_adamw_dequant_avx2,
     fy_adamw_quant_avx2};
@@ -562,16 +642,9 @@ static const struct fy_adamw_ops fy_adamw_ops_avx512 = {
 static void fy_adamw_q8_store(const struct fy_adamw_ops *ops, const float *x, size_t n,
                               int is_signed, uint8_t *codes, float *absmax)
 {
-    uint8_t zero = fy_quant8_zero_code(is_signed);
-    int bad;
-    if (ops->quant != NULL)
-        bad = ops->quant(x, n, fy_quant8_midpoints_below(is_signed), zero, codes, absmax);
-    else
-        bad = is_signed ? fy_adamw_quant_scalar_signed(x, n, NULL, zero, codes, absmax)
-                        : fy_adamw_quant_scalar_unsigned(x, n, NULL, zero, codes, absmax);
-    if (bad) {
+    if (ops->quant(x, n, is_signed, codes, absmax) != 0) {
         *absmax = NAN;
-        memset(codes, zero, n);
+        memset(codes, fy_quant8_zero_code(is_signed), n);
     }
 }
 
