@@ -1,4 +1,5 @@
-/* AdamW kernels (scalar, AVX2, AVX-512F) and the gradient sum of squares.
+/* AdamW kernels (scalar, AVX2, AVX-512F) over fp32, bf16 or 8-bit moments, and the gradient sum
+ * of squares.
  * Bit-identity across the three rests on: the same float operations in the same order per
  * element (elements are independent, so vector width, peeling and tails don't matter), no FMA
  * (the vector code uses separate mul/add intrinsics and the build uses -ffp-contract=off, which
@@ -463,6 +464,7 @@ FY_AVX2_INLINE __m256 fy_adamw_avx2_lookup32(const float *col, __m256i row, __m2
 FY_AVX2_INLINE __m256i fy_adamw_avx2_codes(const float (*cols)[32], __m256 y)
 {
     __m256i row = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int step = 16; step != 0; step >>= 1) {
         __m256i probe = _mm256_add_epi32(row, _mm256_set1_epi32(step - 1));
         __m256 t = fy_adamw_avx2_lookup32(cols[7], probe,
@@ -474,6 +476,7 @@ FY_AVX2_INLINE __m256i fy_adamw_avx2_codes(const float (*cols)[32], __m256 y)
     __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(row, 28));
     __m256 bit4 = _mm256_castsi256_ps(_mm256_slli_epi32(row, 27));
     __m256i code = _mm256_slli_epi32(row, 3);
+#pragma GCC unroll 8
     for (int c = 0; c < 7; c++) {
         __m256 t = fy_adamw_avx2_lookup32(cols[c], row, bit3, bit4);
         /* a true compare is all ones, -1: subtracting it counts */
@@ -555,6 +558,7 @@ FY_AVX512 static void fy_adamw_dequant_avx512(const uint8_t *codes, float absmax
 FY_AVX512_INLINE __m512i fy_adamw_avx512_codes(const __m512 *col, __m512 y)
 {
     __m512i row = _mm512_setzero_si512();
+#pragma GCC unroll 8
     for (int step = 8; step != 0; step >>= 1) {
         __m512 c = _mm512_permutexvar_ps(_mm512_add_epi32(row, _mm512_set1_epi32(step - 1)),
                                          col[15]);

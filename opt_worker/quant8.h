@@ -24,9 +24,9 @@
  * has absmax 0 and every code is that of 0. -0.0 is treated as 0: it gets the code of 0 and
  * dequantizes to +0.0. NaN or +-Inf anywhere, or (unsigned map) a value < 0, is refused with -EINVAL
  * before anything is written. Dequantization: map[code] * absmax in fp32.
- * Results depend only on the input (one scalar path, no threads, no reassociation): SIMD versions
- * (a vectorised midpoint search per block) would go in fy_quant8_quantize's block loop and must give
- * the same codes. */
+ * Results depend only on the input (one scalar path, no threads, no reassociation). The AdamW
+ * kernels (opt_worker/adamw.c) quantize their 8-bit moments with SIMD searches over
+ * fy_quant8_midpoints_below that give the same codes, tested against this one. */
 #ifndef FY_QUANT8_H
 #define FY_QUANT8_H
 
