@@ -362,24 +362,71 @@ static inline uint8_t fy_adamw_code_below(const float *mid_below, float y)
     return (uint8_t)idx;
 }
 
-/* The midpoints rounded down (quant8.h), padded with T[255] = +inf (never < y), stored by columns
- * for the register-held searches of the SIMD paths, which then need no gathers:
- * as a 16 x 16 matrix T[16 row + c] for AVX-512: cols16[s][c][row] (one register a column), and
- * as a 32 x 8 matrix T[8 row + c] for AVX2: cols8[s][c][row] (four registers a column). */
+/* The midpoints rounded down (quant8.h), padded with T[255] = +inf (never < y), for the SIMD code
+ * searches. AVX-512 holds them in registers as a 16 x 16 matrix T[16 row + c], stored by columns:
+ * cols16[s][c][row]. */
 static float fy_adamw_cols16[2][16][16] __attribute__((aligned(64)));
-static float fy_adamw_cols8[2][8][32] __attribute__((aligned(64)));
 static pthread_once_t fy_adamw_cols_once = PTHREAD_ONCE_INIT;
 
+/* The AVX2 search by buckets: |y| in [0, 1] cut by its float bits into FY_ADAMW_BUCKETS ranges,
+ * 2^FY_ADAMW_BUCKET_BITS per binade from 2^(FY_ADAMW_BUCKET_EXP - 127) up (everything below in
+ * bucket 0), for each sign of y. bucket_first[map][sign][bucket] is the number of midpoints below
+ * the bucket's smallest y; when no bucket holds more than one midpoint (checked when the tables are
+ * built: the relative spacing of the midpoints, >= 0.9/128, exceeds a bucket's 2^-8), the code of
+ * every y in it is first + (mid[first] < y), one lookup and one compare. Bytes, read by 32-bit
+ * gathers (hence the 3 bytes of padding) and masked. */
+#define FY_ADAMW_BUCKET_BITS 8
+#define FY_ADAMW_BUCKET_EXP (127 - 24)
+#define FY_ADAMW_BUCKETS (((127 - FY_ADAMW_BUCKET_EXP) << FY_ADAMW_BUCKET_BITS) + 1)
+static uint8_t fy_adamw_bucket_first[2][2][FY_ADAMW_BUCKETS + 3];
+static float fy_adamw_mid256[2][256]; /* the midpoints rounded down, [255] = +inf */
+static int fy_adamw_buckets_ok;       /* 0: some bucket holds two midpoints (see below) */
+
+static float fy_adamw_float_of(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Bucket b's first and count for y of the given sign, from the exact midpoints. */
+static void fy_adamw_bucket_build(const float *map, int negative, int b, int *first, int *count)
+{
+    uint32_t base = (uint32_t)FY_ADAMW_BUCKET_EXP << 23, width = 1u << (23 - FY_ADAMW_BUCKET_BITS);
+    float lo = b == 0 ? 0.0f : fy_adamw_float_of(base + (uint32_t)b * width);
+    float hi = fy_adamw_float_of(base + (uint32_t)(b + 1) * width - 1);
+    double ymin = negative ? -(double)hi : (double)lo, ymax = negative ? -(double)lo : (double)hi;
+    int below_min = 0, below_max = 0;
+    for (int k = 0; k < FY_QUANT8_CODES - 1; k++) {
+        double mid = ((double)map[k] + (double)map[k + 1]) / 2.0;
+        below_min += mid < ymin;
+        below_max += mid < ymax;
+    }
+    *first = below_min;
+    *count = below_max - below_min;
+}
+
+/* Builds the tables once. Should a bucket ever hold two midpoints (it cannot with these maps),
+ * fy_adamw_buckets_ok stays 0 and the AVX2 path quantizes with the scalar code: the same codes. */
 static void fy_adamw_cols_build(void)
 {
+    int ok = 1;
     for (int s = 0; s < 2; s++) {
         const float *mid = fy_quant8_midpoints_below(s);
         for (int k = 0; k < 256; k++) {
             float t = k < 255 ? mid[k] : INFINITY;
             fy_adamw_cols16[s][k % 16][k / 16] = t;
-            fy_adamw_cols8[s][k % 8][k / 8] = t;
+            fy_adamw_mid256[s][k] = t;
         }
+        for (int neg = 0; neg < 2; neg++)
+            for (int b = 0; b < FY_ADAMW_BUCKETS; b++) {
+                int first, count;
+                fy_adamw_bucket_build(fy_quant8_map(s), neg, b, &first, &count);
+                fy_adamw_bucket_first[s][neg][b] = (uint8_t)first;
+                ok &= count <= 1;
+            }
     }
+    fy_adamw_buckets_ok = ok;
 }
 
 /* ---- AVX2 ---- */
@@ -444,50 +491,32 @@ FY_AVX2_INLINE int fy_adamw_absmax_avx2(const float *x, size_t n, float *absmax)
     return 0;
 }
 
-/* col[row] for a 32-entry column (in L1; the loads fold into the permutes), row in 0..31 per lane:
- * row bits 0-2 index 8 entries (permutevar8x32), bits 3 and 4 (moved to the sign bits, which blendv
- * reads) pick the 8. */
-FY_AVX2_INLINE __m256 fy_adamw_avx2_lookup32(const float *col, __m256i row, __m256 bit3,
-                                             __m256 bit4)
+/* Codes of 8 values y by the buckets (fy_adamw_bucket_first). */
+FY_AVX2_INLINE __m256i fy_adamw_avx2_codes_bucket(const uint8_t *first, const float *mid256,
+                                                  __m256 y)
 {
-    __m256 lo = _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_load_ps(col), row),
-                                 _mm256_permutevar8x32_ps(_mm256_load_ps(col + 8), row), bit3);
-    __m256 hi = _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_load_ps(col + 16), row),
-                                 _mm256_permutevar8x32_ps(_mm256_load_ps(col + 24), row), bit3);
-    return _mm256_blendv_ps(lo, hi, bit4);
-}
-
-/* Codes of 8 values y: the number of midpoints < y. First the row: how many of T[8 r + 7],
- * r = 0..30, are < y (a branchless binary search over column 7, whose last entry is +inf), so every
- * entry of the rows before is < y and T[8 row + 7] is not; then T[8 row + c] < y counted for
- * c = 0..6. */
-FY_AVX2_INLINE __m256i fy_adamw_avx2_codes(const float (*cols)[32], __m256 y)
-{
-    __m256i row = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int step = 16; step != 0; step >>= 1) {
-        __m256i probe = _mm256_add_epi32(row, _mm256_set1_epi32(step - 1));
-        __m256 t = fy_adamw_avx2_lookup32(cols[7], probe,
-                                          _mm256_castsi256_ps(_mm256_slli_epi32(probe, 28)),
-                                          _mm256_castsi256_ps(_mm256_slli_epi32(probe, 27)));
-        __m256i lt = _mm256_castps_si256(_mm256_cmp_ps(t, y, _CMP_LT_OQ));
-        row = _mm256_add_epi32(row, _mm256_and_si256(lt, _mm256_set1_epi32(step)));
-    }
-    __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(row, 28));
-    __m256 bit4 = _mm256_castsi256_ps(_mm256_slli_epi32(row, 27));
-    __m256i code = _mm256_slli_epi32(row, 3);
-#pragma GCC unroll 8
-    for (int c = 0; c < 7; c++) {
-        __m256 t = fy_adamw_avx2_lookup32(cols[c], row, bit3, bit4);
-        /* a true compare is all ones, -1: subtracting it counts */
-        code = _mm256_sub_epi32(code, _mm256_castps_si256(_mm256_cmp_ps(t, y, _CMP_LT_OQ)));
-    }
-    return code;
+    __m256i bits = _mm256_castps_si256(y);
+    __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+    __m256i b = _mm256_srli_epi32(
+        _mm256_max_epi32(_mm256_sub_epi32(mag, _mm256_set1_epi32(FY_ADAMW_BUCKET_EXP << 23)),
+                         _mm256_setzero_si256()),
+        23 - FY_ADAMW_BUCKET_BITS);
+    b = _mm256_min_epi32(b, _mm256_set1_epi32(FY_ADAMW_BUCKETS - 1));
+    /* the negative table follows the positive one */
+    b = _mm256_add_epi32(b, _mm256_and_si256(_mm256_srai_epi32(bits, 31),
+                                             _mm256_set1_epi32(FY_ADAMW_BUCKETS + 3)));
+    __m256i idx = _mm256_and_si256(_mm256_i32gather_epi32((const int *)first, b, 1),
+                                   _mm256_set1_epi32(0xff));
+    __m256 c = _mm256_i32gather_ps(mid256, idx, 4);
+    return _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(c, y, _CMP_LT_OQ)));
 }
 
 FY_AVX2 static int fy_adamw_quant_avx2(const float *x, size_t n, int is_signed, uint8_t *codes,
                                        float *absmax)
 {
+    pthread_once(&fy_adamw_cols_once, fy_adamw_cols_build);
+    if (!fy_adamw_buckets_ok)
+        return fy_adamw_quant_scalar(x, n, is_signed, codes, absmax);
     const float *mid_below = fy_quant8_midpoints_below(is_signed);
     uint8_t zero_code = fy_quant8_zero_code(is_signed);
     float amax;
@@ -498,8 +527,8 @@ FY_AVX2 static int fy_adamw_quant_avx2(const float *x, size_t n, int is_signed, 
         memset(codes, zero_code, n);
         return 0;
     }
-    pthread_once(&fy_adamw_cols_once, fy_adamw_cols_build);
-    const float(*cols)[32] = fy_adamw_cols8[is_signed ? 1 : 0];
+    const uint8_t *first = fy_adamw_bucket_first[is_signed ? 1 : 0][0];
+    const float *mid256 = fy_adamw_mid256[is_signed ? 1 : 0];
     const __m256 a = _mm256_set1_ps(amax);
     /* the low byte of each 32-bit lane to the lane's first 4 bytes, then lanes 0 and 4 together */
     const __m256i bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
@@ -508,7 +537,8 @@ FY_AVX2 static int fy_adamw_quant_avx2(const float *x, size_t n, int is_signed, 
     const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256i idx = fy_adamw_avx2_codes(cols, _mm256_div_ps(_mm256_loadu_ps(x + i), a));
+        __m256 y = _mm256_div_ps(_mm256_loadu_ps(x + i), a);
+        __m256i idx = fy_adamw_avx2_codes_bucket(first, mid256, y);
         __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(idx, bytes), join);
         _mm_storel_epi64((__m128i *)(codes + i), _mm256_castsi256_si128(b));
     }

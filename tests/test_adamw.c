@@ -940,6 +940,66 @@ static void test_q8_ties_like_quant8(void **state)
     mcase_free(&c);
 }
 
+/* The 8-bit codes of m = g (beta1 = beta2 = 0, absmax 1) and v = g*g for the given f32 gradients
+ * (element 0 of each block must be 1.0 or -1.0) equal quant8's, for every implementation. */
+static void check_q8_codes_like_quant8(struct mcase *c)
+{
+    size_t n = c->n;
+    const float *g = c->grads;
+    float *sq = malloc(n * 4), *ma = malloc(c->nb * 4), *va = malloc(c->nb * 4);
+    uint8_t *mc = malloc(n), *vc = malloc(n);
+    assert_non_null(sq), assert_non_null(ma), assert_non_null(va);
+    assert_non_null(mc), assert_non_null(vc);
+    for (size_t i = 0; i < n; i++)
+        sq[i] = g[i] * g[i];
+    assert_int_equal(fy_quant8_quantize(g, n, 1, mc, ma), 0);
+    assert_int_equal(fy_quant8_quantize(sq, n, 0, vc, va), 0);
+    for (size_t k = 0; k < 3; k++) {
+        if (!fy_adamw_impl_supported(all_impls[k]))
+            continue;
+        char *got = mcase_run(c, all_impls[k], RUN_WHOLE);
+        const uint8_t *m = (const uint8_t *)got + n * 6, *v = m + n + c->nb * 4;
+        for (size_t i = 0; i < n; i++)
+            if (m[i] != mc[i] || v[i] != vc[i])
+                fail_msg("%s: g = %a: m code %d (quant8: %d), v code %d (quant8: %d)",
+                         fy_adamw_impl_name(all_impls[k]), (double)g[i], m[i], mc[i], v[i], vc[i]);
+        assert_memory_equal(m + n, ma, c->nb * 4);
+        assert_memory_equal(v + n, va, c->nb * 4);
+        free(got);
+    }
+    free(sq), free(ma), free(va), free(mc), free(vc);
+}
+
+/* Values on and beside every 2^-8 step of every binade from 2^-26 to 1, both signs: the edges of
+ * any table the SIMD code searches may cut [-1, 1] into, each of their codes as quant8 gives it. */
+static void test_q8_codes_every_step(void **state)
+{
+    const size_t per = 26 * 256 * 4, n = per + per / 255 + 2;
+    struct mcase c;
+    mcase_make(&c, FY_ADAMW_MOMENTS_Q8, n, FY_DTYPE_F32, INIT_ZERO, 7, 0.0f);
+    c.steps = 1;
+    c.hp.beta1 = c.hp.beta2 = c.hp.lr = 0.0f;
+    size_t at = 0;
+    for (int e = -26; e < 0; e++)
+        for (uint32_t top = 0; top < 256; top++)
+            for (int k = 0; k < 4; k++) {
+                uint32_t bits = ((uint32_t)(e + 127) << 23) | (top << 15) |
+                                (k % 2 ? 0x7fffu : 0u) | (k >= 2 ? 0x80000000u : 0u);
+                float g;
+                memcpy(&g, &bits, 4);
+                if (at % FY_QUANT8_BLOCK == 0) {
+                    mcase_set_grad(&c, 0, at, (at / FY_QUANT8_BLOCK) % 2 ? -1.0f : 1.0f);
+                    at++;
+                }
+                mcase_set_grad(&c, 0, at, g);
+                at++;
+            }
+    for (; at < n; at++)
+        mcase_set_grad(&c, 0, at, at % FY_QUANT8_BLOCK == 0 ? 1.0f : 0.0f);
+    check_q8_codes_like_quant8(&c);
+    mcase_free(&c);
+}
+
 /* Every implementation gives the scalar one's bits with compact moments, NaN and Inf gradients
  * included (no numpy needed). */
 static void test_moments_identical(void **state)
@@ -1206,7 +1266,7 @@ int main(void)
         cmocka_unit_test(test_moments_identical),   cmocka_unit_test(test_q8_ties_like_quant8),
         cmocka_unit_test(test_q8_ranges),           cmocka_unit_test(test_q8_rows),
         cmocka_unit_test(test_q8_nan_rule),         cmocka_unit_test(test_q8_zero_state),
-        cmocka_unit_test(test_numpy_reference),
+        cmocka_unit_test(test_q8_codes_every_step), cmocka_unit_test(test_numpy_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
