@@ -340,10 +340,9 @@ static void fy_adamw_dequant_scalar(const uint8_t *codes, float absmax, const fl
         out[i] = map[codes[i]] * absmax;
 }
 
-/* The scalar path is quant8's own (exact double midpoints), which the SIMD paths are tested
- * against. */
-static int fy_adamw_quant_scalar(const float *x, size_t n, int is_signed, uint8_t *codes,
-                                 float *absmax)
+/* quant8's own block quantization (binary search over the exact double midpoints). */
+static int fy_adamw_quant_exact(const float *x, size_t n, int is_signed, uint8_t *codes,
+                                float *absmax)
 {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i]))
@@ -407,7 +406,8 @@ static void fy_adamw_bucket_build(const float *map, int negative, int b, int *fi
 }
 
 /* Builds the tables once. Should a bucket ever hold two midpoints (it cannot with these maps),
- * fy_adamw_buckets_ok stays 0 and the AVX2 path quantizes with the scalar code: the same codes. */
+ * fy_adamw_buckets_ok stays 0 and the scalar and AVX2 paths quantize with quant8's search: the same
+ * codes. */
 static void fy_adamw_cols_build(void)
 {
     int ok = 1;
@@ -427,6 +427,49 @@ static void fy_adamw_cols_build(void)
             }
     }
     fy_adamw_buckets_ok = ok;
+}
+
+/* The code of one y by the buckets, as the AVX2 path computes it on 8 lanes. */
+static inline uint8_t fy_adamw_code_bucket(const uint8_t *first, const float *mid256, float y)
+{
+    uint32_t bits;
+    memcpy(&bits, &y, sizeof bits);
+    uint32_t mag = bits & 0x7fffffffu, base = (uint32_t)FY_ADAMW_BUCKET_EXP << 23;
+    uint32_t b = mag < base ? 0 : (mag - base) >> (23 - FY_ADAMW_BUCKET_BITS);
+    if (b > FY_ADAMW_BUCKETS - 1)
+        b = FY_ADAMW_BUCKETS - 1;
+    if (bits >> 31)
+        b += FY_ADAMW_BUCKETS + 3;
+    uint8_t idx = first[b];
+    return (uint8_t)(idx + (mid256[idx] < y));
+}
+
+/* The scalar path: quant8's rule with the codes by the buckets (one compare each, no branchy
+ * search); quant8's own search should the buckets be unusable. The tests hold it to quant8's codes
+ * and to numpy's. */
+static int fy_adamw_quant_scalar(const float *x, size_t n, int is_signed, uint8_t *codes,
+                                 float *absmax)
+{
+    pthread_once(&fy_adamw_cols_once, fy_adamw_cols_build);
+    if (!fy_adamw_buckets_ok)
+        return fy_adamw_quant_exact(x, n, is_signed, codes, absmax);
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i]))
+            return 1;
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    *absmax = amax;
+    if (amax == 0.0f) {
+        memset(codes, fy_quant8_zero_code(is_signed), n);
+        return 0;
+    }
+    const uint8_t *first = fy_adamw_bucket_first[is_signed ? 1 : 0][0];
+    const float *mid256 = fy_adamw_mid256[is_signed ? 1 : 0];
+    for (size_t i = 0; i < n; i++)
+        codes[i] = fy_adamw_code_bucket(first, mid256, x[i] / amax);
+    return 0;
 }
 
 /* ---- AVX2 ---- */
@@ -516,7 +559,7 @@ FY_AVX2 static int fy_adamw_quant_avx2(const float *x, size_t n, int is_signed, 
 {
     pthread_once(&fy_adamw_cols_once, fy_adamw_cols_build);
     if (!fy_adamw_buckets_ok)
-        return fy_adamw_quant_scalar(x, n, is_signed, codes, absmax);
+        return fy_adamw_quant_exact(x, n, is_signed, codes, absmax);
     const float *mid_below = fy_quant8_midpoints_below(is_signed);
     uint8_t zero_code = fy_quant8_zero_code(is_signed);
     float amax;
