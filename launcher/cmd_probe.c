@@ -41,7 +41,8 @@ int fy_cmd_probe(struct fy_options *o)
     struct fy_probe_opts po = {.backend = fy_backend_resolve(o->backend), .gpu_mem = o->gpu_mem,
                                .ssd = o->ssd};
     fy_info("probe: measuring this machine (under a minute): the %s backend's block and copies, "
-            "the SSD store on %s, memory copies, AdamW per thread count", po.backend, o->ssd);
+            "the SSD store on %s, memory copies, AdamW per thread count and moments storage",
+            po.backend, o->ssd);
     struct fy_probe_result r;
     FY_TRY(fy_probe_run(&po, &r));
     fy_info("probe: %s: %.4g TFLOP/s (a block, recomputed as in training), %.4g TFLOP/s its QKV "
@@ -55,11 +56,14 @@ int fy_cmd_probe(struct fy_options *o)
             "GB/s by one thread, %.1f GB/s by %u", r.ssd_paths, r.ssd_paths == 1 ? "" : "s",
             r.rates.ssd_read * 1e-9, r.rates.ssd_write * 1e-9, r.memcpy_Bps * 1e-9,
             r.memcpy_all_Bps * 1e-9, r.memcpy_threads);
-    char per[512] = "";
-    for (unsigned i = 0; i < r.n_threads; i++)
-        snprintf(per + strlen(per), sizeof per - strlen(per), "%s%u: %.2f", i ? ", " : "",
-                 r.threads[i], r.opt_params[i] * 1e-9);
-    fy_info("probe: AdamW G parameters/s by threads: %s", per);
+    static const char *const moments[3] = {"fp32", "bf16", "8-bit"};
+    for (int mode = 0; mode < 3; mode++) {
+        char per[512] = "";
+        for (unsigned i = 0; i < r.n_threads; i++)
+            snprintf(per + strlen(per), sizeof per - strlen(per), "%s%u: %.2f", i ? ", " : "",
+                     r.threads[i], r.opt_params_by_moments[mode][i] * 1e-9);
+        fy_info("probe: AdamW G parameters/s by threads, %s moments: %s", moments[mode], per);
+    }
     FY_TRY(fy_probe_save(out, &po, &r));
     fy_info("probe: took %.1f s; machine profile written to %s (plan --machine %s; train reads "
             "RUN/machine.json)", r.seconds, out, out);

@@ -21,6 +21,7 @@
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
 #include "opt_worker/adamw.h"
+#include "opt_worker/quant8.h"
 #include "opt_worker/threads.h"
 
 static double now_s(void) { return (double)fy_monotonic_ns() * 1e-9; }
@@ -198,13 +199,15 @@ static void probe_memcpy(struct fy_probe_result *r)
 }
 
 /* AdamW over 16M parameters (bf16 gradients, as in training) with 1, 2, 4, ... threads up to the
- * cores online; the fastest is the planner's rate. */
+ * cores online, for each moments storage (fp32, bf16, 8-bit) from the zero state; the fastest with
+ * fp32 moments is the planner's rate. */
 static int probe_adamw(struct fy_probe_result *r)
 {
-    size_t n = (size_t)16 << 20;
+    size_t n = (size_t)16 << 20, nb = fy_quant8_blocks(n);
     float *p = malloc(n * 4), *m = calloc(n, 4), *v = calloc(n, 4);
+    float *ma = calloc(nb, 4), *va = calloc(nb, 4);
     uint16_t *g = malloc(n * 2);
-    int rc = p && m && v && g ? 0 : -ENOMEM;
+    int rc = p && m && v && g && ma && va ? 0 : -ENOMEM;
     for (size_t i = 0; rc == 0 && i < n; i++) {
         p[i] = 0.01f * (float)(i % 97);
         g[i] = 0x3c00; /* bf16 0.0078 */
@@ -212,33 +215,50 @@ static int probe_adamw(struct fy_probe_result *r)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     struct fy_adamw_hparams hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                   .weight_decay = 0.1f};
-    struct fy_adamw_tensor x = {.master = p, .m = m, .v = v, .grad = g,
-                                .grad_dtype = FY_DTYPE_BF16, .n = n};
     unsigned counts[FY_PROBE_MAX_THREADS], nc = 0; /* 1, 2, 4, ... and all the cores */
     for (unsigned k = 1; k < (unsigned)cores && nc < FY_PROBE_MAX_THREADS - 1; k *= 2)
         counts[nc++] = k;
     counts[nc++] = cores > 0 ? (unsigned)cores : 1;
     r->n_threads = 0;
-    for (unsigned i = 0; rc == 0 && i < nc; i++) {
-        unsigned k = counts[i];
-        struct fy_threads *pool = NULL;
-        rc = fy_threads_new(&pool, NULL, k);
-        double best = 0;
-        for (int rep = 0; rc == 0 && rep < 3; rep++) {
-            double t0 = now_s();
-            rc = fy_adamw_update(pool, &hp, (uint64_t)rep + 1, &x, FY_ADAMW_AUTO);
-            double rate = (double)n / (now_s() - t0);
-            best = rate > best ? rate : best;
+    for (int mode = FY_ADAMW_MOMENTS_F32; rc == 0 && mode <= FY_ADAMW_MOMENTS_Q8; mode++) {
+        /* the zero state of the mode (the fp32 buffers hold it for the narrower ones too) */
+        memset(m, 0, n * 4);
+        memset(v, 0, n * 4);
+        if (mode == FY_ADAMW_MOMENTS_Q8) {
+            memset(m, fy_quant8_zero_code(1), n);
+            memset(v, fy_quant8_zero_code(0), n);
         }
-        fy_threads_destroy(&pool);
-        r->threads[r->n_threads] = k;
-        r->opt_params[r->n_threads++] = best;
-        if (best > r->rates.opt_params)
-            r->rates.opt_params = best;
+        struct fy_adamw_tensor x = {.master = p, .m = m, .v = v, .m_absmax = ma, .v_absmax = va,
+                                    .moments = mode, .grad = g, .grad_dtype = FY_DTYPE_BF16,
+                                    .n = n};
+        for (unsigned i = 0; rc == 0 && i < nc; i++) {
+            unsigned k = counts[i];
+            struct fy_threads *pool = NULL;
+            rc = fy_threads_new(&pool, NULL, k);
+            double best = 0;
+            for (int rep = 0; rc == 0 && rep < 3; rep++) {
+                double t0 = now_s();
+                rc = fy_adamw_update(pool, &hp, (uint64_t)rep + 1, &x, FY_ADAMW_AUTO);
+                double rate = (double)n / (now_s() - t0);
+                best = rate > best ? rate : best;
+            }
+            fy_threads_destroy(&pool);
+            r->opt_params_by_moments[mode][i] = best;
+            if (best > r->opt_params_best[mode])
+                r->opt_params_best[mode] = best;
+            if (mode == FY_ADAMW_MOMENTS_F32) {
+                r->threads[r->n_threads] = k;
+                r->opt_params[r->n_threads++] = best;
+                if (best > r->rates.opt_params)
+                    r->rates.opt_params = best;
+            }
+        }
     }
     free(p);
     free(m);
     free(v);
+    free(ma);
+    free(va);
     free(g);
     return rc;
 }
@@ -284,11 +304,20 @@ int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct 
              cJSON_AddNumberToObject(one, "read", r->ssd_path_read[i]) != NULL &&
              cJSON_AddNumberToObject(one, "write", r->ssd_path_write[i]) != NULL;
     }
-    ok = ok && (threads = cJSON_AddObjectToObject(root, "adamw_by_threads")) != NULL;
-    for (unsigned i = 0; ok && i < r->n_threads; i++) {
-        char key[16];
-        snprintf(key, sizeof key, "%u", r->threads[i]);
-        ok = cJSON_AddNumberToObject(threads, key, r->opt_params[i]) != NULL;
+    /* AdamW by thread count: fp32 moments under the names the planner has always read, then bf16
+     * and 8-bit moments */
+    static const char *const by_threads[3] = {"adamw_by_threads", "adamw_bf16_by_threads",
+                                              "adamw_q8_by_threads"};
+    static const char *const best[3] = {NULL, "opt_params_bf16", "opt_params_q8"};
+    for (int mode = 0; ok && mode < 3; mode++) {
+        ok = (threads = cJSON_AddObjectToObject(root, by_threads[mode])) != NULL;
+        for (unsigned i = 0; ok && i < r->n_threads; i++) {
+            char key[16];
+            snprintf(key, sizeof key, "%u", r->threads[i]);
+            ok = cJSON_AddNumberToObject(threads, key, r->opt_params_by_moments[mode][i]) != NULL;
+        }
+        if (ok && best[mode] != NULL)
+            ok = cJSON_AddNumberToObject(root, best[mode], r->opt_params_best[mode]) != NULL;
     }
     ok = ok && cJSON_AddNumberToObject(root, "probe_seconds", r->seconds) != NULL;
     char *text = ok ? cJSON_Print(root) : NULL;

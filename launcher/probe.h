@@ -3,7 +3,7 @@
  * the CUDA backend, memory copies on the CPU one) and its GEMM rate, the SSD store's read and
  * write bandwidth through the io engine on each given path alone and over all of them together,
  * host memory copy bandwidth (one thread, and one per core), and AdamW's rate for each thread
- * count. Saves a machine profile (JSON) that `plan --machine` and `train`
+ * count and each way of storing the moments (fp32, bf16, 8-bit). Saves a machine profile (JSON) that `plan --machine` and `train`
  * (RUN/machine.json) use instead of the reference machine's figures. */
 #ifndef FY_PROBE_H
 #define FY_PROBE_H
@@ -36,7 +36,11 @@ struct fy_probe_result {
     double ssd_path_read[FY_PROBE_MAX_PATHS], ssd_path_write[FY_PROBE_MAX_PATHS];
     unsigned n_threads;          /* AdamW measured with threads[0..n) */
     unsigned threads[FY_PROBE_MAX_THREADS];
-    double opt_params[FY_PROBE_MAX_THREADS];
+    double opt_params[FY_PROBE_MAX_THREADS]; /* fp32 moments (rates.opt_params: the best) */
+    /* by moments storage (enum fy_adamw_moments: fp32, bf16, 8-bit), parameters/s per thread
+     * count ([0] = opt_params) and the best of each */
+    double opt_params_by_moments[3][FY_PROBE_MAX_THREADS];
+    double opt_params_best[3];
     double seconds;              /* the probe's own time */
 };
 

@@ -13,6 +13,7 @@
 #include "common/model.h"
 #include "common/topo.h"
 #include "opt_worker/adamw.h"
+#include "opt_worker/quant8.h"
 #include "opt_worker/threads.h"
 
 #define MAX_THREADS 1024
@@ -140,14 +141,22 @@ static int adamw_tensor(const struct fy_pool *pool, const struct fy_desc *req, u
     return 0;
 }
 
-/* A view of elements [begin, end) of the tensor. */
+/* A view of elements [begin, end) of the tensor (with 8-bit moments, begin must be a multiple of
+ * FY_QUANT8_BLOCK). */
 static struct fy_adamw_tensor slice(const struct fy_adamw_tensor *x, size_t begin, size_t end)
 {
     size_t gsize = fy_dtype_size(x->grad_dtype);
+    size_t msize = x->moments == FY_ADAMW_MOMENTS_Q8     ? 1
+                   : x->moments == FY_ADAMW_MOMENTS_BF16 ? 2
+                                                         : 4;
     struct fy_adamw_tensor s = *x;
     s.master += begin;
-    s.m += begin;
-    s.v += begin;
+    s.m = (char *)x->m + begin * msize;
+    s.v = (char *)x->v + begin * msize;
+    if (x->moments == FY_ADAMW_MOMENTS_Q8) {
+        s.m_absmax += begin / FY_QUANT8_BLOCK;
+        s.v_absmax += begin / FY_QUANT8_BLOCK;
+    }
     s.grad = (const char *)x->grad + begin * gsize;
     s.weight_bf16 = x->weight_bf16 ? x->weight_bf16 + begin : NULL;
     s.n = end - begin;

@@ -9,6 +9,8 @@
 struct quant8_table {
     float map[FY_QUANT8_CODES];
     double mid[FY_QUANT8_CODES - 1]; /* exact midpoints of neighbours: mid[k] between map[k], map[k+1] */
+    float mid_below[FY_QUANT8_CODES - 1]; /* mid[k] rounded down to float (see quant8.h) */
+    uint8_t zero_code;
 };
 
 static struct quant8_table tables[2]; /* [0] unsigned, [1] signed */
@@ -41,12 +43,20 @@ static void build_table(struct quant8_table *t, int is_signed)
      * than 53 - 24), so are the midpoints. */
     for (int k = 0; k < FY_QUANT8_CODES - 1; k++)
         t->mid[k] = ((double)t->map[k] + (double)t->map[k + 1]) / 2.0;
+    for (int k = 0; k < FY_QUANT8_CODES - 1; k++) {
+        float f = (float)t->mid[k];
+        t->mid_below[k] = (double)f > t->mid[k] ? nextafterf(f, -INFINITY) : f;
+    }
 }
+
+static uint8_t nearest_code(const double *mid, float y);
 
 static void build_tables(void)
 {
     build_table(&tables[0], 0);
     build_table(&tables[1], 1);
+    for (int s = 0; s < 2; s++)
+        tables[s].zero_code = nearest_code(tables[s].mid, 0.0f);
 }
 
 static const struct quant8_table *table(int is_signed)
@@ -80,27 +90,41 @@ static uint8_t nearest_code(const double *mid, float y)
     return (uint8_t)lo;
 }
 
+void fy_quant8_quantize_block(const float *xb, size_t len, int is_signed, uint8_t *codes,
+                              float *absmax)
+{
+    const struct quant8_table *t = table(is_signed);
+    float amax = 0.0f;
+    for (size_t i = 0; i < len; i++) {
+        float a = fabsf(xb[i]);
+        if (a > amax)
+            amax = a;
+    }
+    *absmax = amax;
+    for (size_t i = 0; i < len; i++)
+        codes[i] = amax == 0.0f ? t->zero_code : nearest_code(t->mid, xb[i] / amax);
+}
+
 int fy_quant8_quantize(const float *x, size_t n, int is_signed, uint8_t *codes, float *absmax)
 {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i]) || (!is_signed && x[i] < 0.0f))
             return -EINVAL;
-    const struct quant8_table *t = table(is_signed);
-    uint8_t zero_code = nearest_code(t->mid, 0.0f);
     for (size_t b = 0, start = 0; start < n; b++, start += FY_QUANT8_BLOCK) {
         size_t len = n - start < FY_QUANT8_BLOCK ? n - start : FY_QUANT8_BLOCK;
-        const float *xb = x + start;
-        float amax = 0.0f;
-        for (size_t i = 0; i < len; i++) {
-            float a = fabsf(xb[i]);
-            if (a > amax)
-                amax = a;
-        }
-        absmax[b] = amax;
-        for (size_t i = 0; i < len; i++)
-            codes[start + i] = amax == 0.0f ? zero_code : nearest_code(t->mid, xb[i] / amax);
+        fy_quant8_quantize_block(x + start, len, is_signed, codes + start, &absmax[b]);
     }
     return 0;
+}
+
+uint8_t fy_quant8_zero_code(int is_signed)
+{
+    return table(is_signed)->zero_code;
+}
+
+const float *fy_quant8_midpoints_below(int is_signed)
+{
+    return table(is_signed)->mid_below;
 }
 
 void fy_quant8_dequantize(const uint8_t *codes, const float *absmax, size_t n, int is_signed,

@@ -24,9 +24,9 @@
  * has absmax 0 and every code is that of 0. -0.0 is treated as 0: it gets the code of 0 and
  * dequantizes to +0.0. NaN or +-Inf anywhere, or (unsigned map) a value < 0, is refused with -EINVAL
  * before anything is written. Dequantization: map[code] * absmax in fp32.
- * Results depend only on the input (one scalar path, no threads, no reassociation): SIMD versions
- * (a vectorised midpoint search per block) would go in fy_quant8_quantize's block loop and must give
- * the same codes. */
+ * Results depend only on the input (one scalar path, no threads, no reassociation). The AdamW
+ * kernels (opt_worker/adamw.c) quantize their 8-bit moments with SIMD searches over
+ * fy_quant8_midpoints_below that give the same codes, tested against this one. */
 #ifndef FY_QUANT8_H
 #define FY_QUANT8_H
 
@@ -46,5 +46,20 @@ int fy_quant8_quantize(const float *x, size_t n, int is_signed, uint8_t *codes, 
 /* out[i] = map[codes[i]] * absmax[i / FY_QUANT8_BLOCK]. */
 void fy_quant8_dequantize(const uint8_t *codes, const float *absmax, size_t n, int is_signed,
                           float *out);
+/* The code of 0 (what an all-zero block stores, with absmax 0): 127 in the signed map, 0 in the
+ * unsigned one. The initial state m = v = 0 of 8-bit AdamW moments is these codes with absmax 0. */
+uint8_t fy_quant8_zero_code(int is_signed);
+
+/* For the AdamW kernels, which quantize the moments block by block as they update them. */
+/* One block of len values (len <= FY_QUANT8_BLOCK), all finite (and >= 0 for the unsigned map:
+ * the caller checks): *absmax and codes[len] as fy_quant8_quantize gives them. */
+void fy_quant8_quantize_block(const float *x, size_t len, int is_signed, uint8_t *codes,
+                              float *absmax);
+/* The 255 midpoints each rounded DOWN to fp32 (the largest float <= the exact midpoint). For a
+ * float y, exact midpoint < y if and only if its rounded-down float < y: where the midpoint is a
+ * float the two are equal; where it is not, it lies strictly between the rounded-down float f and
+ * the next float f+, and a float y is > f exactly when y >= f+ > midpoint. So SIMD code may search
+ * these floats with float compares and find the codes of the exact search. */
+const float *fy_quant8_midpoints_below(int is_signed);
 
 #endif

@@ -1,4 +1,5 @@
-/* Benchmark of the AdamW kernel (bf16 gradients, bf16 weight copy) against plain memory-copy
+/* Benchmark of the AdamW kernel (bf16 gradients, bf16 weight copy; moments in fp32, bf16 or 8-bit
+ * as --moments says) against plain memory-copy
  * bandwidth measured in the same run with the same pinned threads: AdamW is memory bound, so the
  * ratio of the two says how close the kernel is to what the machine can do. */
 #include <errno.h>
@@ -14,10 +15,17 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "opt_worker/adamw.h"
+#include "opt_worker/quant8.h"
 #include "opt_worker/threads.h"
 
-/* Bytes per parameter and step: read grad 2 + master/m/v 12, write master/m/v 12 + bf16 2. */
-#define BYTES_PER_PARAM 28.0
+/* Bytes per parameter and step: read grad 2 + master 4 + m/v, write master 4 + m/v + bf16 2, where
+ * m/v are 8 bytes (fp32), 4 (bf16) or 2 (8-bit, plus 8 bytes of absmax per 256). */
+static double bytes_per_param(int moments)
+{
+    double mv = moments == FY_ADAMW_MOMENTS_F32 ? 8.0 : moments == FY_ADAMW_MOMENTS_BF16 ? 4.0
+                                                                                       : 2.0 + 8.0 / 256;
+    return 2 + 4 + mv + 4 + mv + 2;
+}
 
 struct bench {
     struct fy_adamw_tensor x;
@@ -37,6 +45,7 @@ static void usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--params N] [--threads T] [--seconds S] [--impl auto|scalar|avx2|avx512]\n"
+            "          [--moments f32|bf16|q8]\n"
             "  N: parameters (default 64M; suffixes K, M, G), T: pinned threads (default: all "
             "CPUs this process may use), S: seconds of measurement (default 10)\n",
             argv0);
@@ -104,14 +113,24 @@ static int touch_fn(void *arg, unsigned index, unsigned count)
 {
     struct bench *b = arg;
     size_t lo, hi;
-    fy_threads_split(b->x.n, 64, index, count, &lo, &hi);
+    fy_threads_split(b->x.n, FY_QUANT8_BLOCK, index, count, &lo, &hi);
     uint64_t seed = 0x1234567ull + index;
     for (size_t i = lo; i < hi; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         float r = (float)(int32_t)(seed >> 32) * (1.0f / 2147483648.0f);
         b->x.master[i] = r;
-        b->x.m[i] = 0.0f;
-        b->x.v[i] = 0.0f;
+        if (b->x.moments == FY_ADAMW_MOMENTS_F32) {
+            ((float *)b->x.m)[i] = 0.0f;
+            ((float *)b->x.v)[i] = 0.0f;
+        } else if (b->x.moments == FY_ADAMW_MOMENTS_BF16) {
+            ((uint16_t *)b->x.m)[i] = 0;
+            ((uint16_t *)b->x.v)[i] = 0;
+        } else {
+            ((uint8_t *)b->x.m)[i] = fy_quant8_zero_code(1);
+            ((uint8_t *)b->x.v)[i] = fy_quant8_zero_code(0);
+            if (i % FY_QUANT8_BLOCK == 0)
+                b->x.m_absmax[i / FY_QUANT8_BLOCK] = b->x.v_absmax[i / FY_QUANT8_BLOCK] = 0.0f;
+        }
         b->grad[i] = fy_f32_to_bf16(r * 0.01f);
         b->x.weight_bf16[i] = 0;
     }
@@ -149,6 +168,8 @@ int main(int argc, char **argv)
     unsigned threads = 0;
     double seconds = 10;
     enum fy_adamw_impl impl = FY_ADAMW_AUTO;
+    int moments = FY_ADAMW_MOMENTS_F32;
+    static const char *const moment_names[] = {"f32", "bf16", "q8"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--params") == 0 && v && parse_size(v, &n) == 0)
@@ -159,6 +180,11 @@ int main(int argc, char **argv)
             seconds = atof(v), i++;
         else if (strcmp(a, "--impl") == 0 && v && fy_adamw_impl_parse(v, &impl) == 0)
             i++;
+        else if (strcmp(a, "--moments") == 0 && v && (strcmp(v, "f32") == 0 ||
+                                                       strcmp(v, "bf16") == 0 ||
+                                                       strcmp(v, "q8") == 0))
+            moments = v[0] == 'f' ? FY_ADAMW_MOMENTS_F32
+                      : v[0] == 'b' ? FY_ADAMW_MOMENTS_BF16 : FY_ADAMW_MOMENTS_Q8, i++;
         else {
             usage(argv[0]);
             return 2;
@@ -194,14 +220,18 @@ int main(int argc, char **argv)
     if (b.copy_bytes < (64u << 20))
         b.copy_bytes = 64u << 20;
     b.x.master = big_alloc(n * 4);
-    b.x.m = big_alloc(n * 4);
-    b.x.v = big_alloc(n * 4);
+    size_t msize = moments == FY_ADAMW_MOMENTS_F32 ? 4 : moments == FY_ADAMW_MOMENTS_BF16 ? 2 : 1;
+    b.x.moments = moments;
+    b.x.m = big_alloc(n * msize);
+    b.x.v = big_alloc(n * msize);
+    b.x.m_absmax = big_alloc(fy_quant8_blocks(n) * 4);
+    b.x.v_absmax = big_alloc(fy_quant8_blocks(n) * 4);
     b.grad = big_alloc(n * 2);
     b.x.weight_bf16 = big_alloc(n * 2);
     b.src = big_alloc(b.copy_bytes);
     b.dst = big_alloc(b.copy_bytes);
     b.x.grad = b.grad;
-    if (!b.x.master || !b.x.m || !b.x.v || !b.grad || !b.x.weight_bf16 || !b.src || !b.dst) {
+    if (!b.x.master || !b.x.m || !b.x.v || !b.x.m_absmax || !b.x.v_absmax || !b.grad || !b.x.weight_bf16 || !b.src || !b.dst) {
         fprintf(stderr, "out of memory for %zu parameters (%.2f GB); lower --params\n", n,
                 (double)n * 16 / 1e9);
         return 1;
@@ -232,18 +262,21 @@ int main(int argc, char **argv)
     }
     double sa = median(ta, reps), sc = median(tc, reps);
     double gps = (double)n / sa / 1e9;
-    double gbs = gps * BYTES_PER_PARAM;
+    double gbs = gps * bytes_per_param(moments);
     double cbs = 2.0 * (double)b.copy_bytes / sc / 1e9;
     printf("params %zu (%.2f GB touched per step), copy buffers 2 x %.2f GB, %d repetitions, "
-           "medians\n", n, (double)n * BYTES_PER_PARAM / 1e9, (double)b.copy_bytes / 1e9, reps);
-    printf("%-7s %7s %6s %10s %10s %9s %6s\n", "impl", "threads", "pinned", "Gparams/s",
-           "AdamW GB/s", "copy GB/s", "ratio");
-    printf("%-7s %7u %6u %10.3f %10.1f %9.1f %6.2f\n", fy_adamw_impl_name(impl), threads,
+           "medians\n", n, (double)n * bytes_per_param(moments) / 1e9, (double)b.copy_bytes / 1e9, reps);
+    printf("%-7s %-7s %7s %6s %10s %10s %9s %6s\n", "impl", "moments", "threads", "pinned",
+           "Gparams/s", "AdamW GB/s", "copy GB/s", "ratio");
+    printf("%-7s %-7s %7u %6u %10.3f %10.1f %9.1f %6.2f\n", fy_adamw_impl_name(impl),
+           moment_names[moments], threads,
            fy_threads_pinned(pool), gps, gbs, cbs, gbs / cbs);
     fy_threads_destroy(&pool);
     free(b.x.master);
     free(b.x.m);
     free(b.x.v);
+    free(b.x.m_absmax);
+    free(b.x.v_absmax);
     free(b.grad);
     free(b.x.weight_bf16);
     free(b.src);

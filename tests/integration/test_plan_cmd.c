@@ -268,11 +268,13 @@ static void test_probe_then_plan(void **state)
     assert_int_equal(fy_test_launch_in(f, probe, 120), 0);
     assert_true(fy_test_file_contains(f->log, "the GPU parts (PCIe, GEMM rate) are skipped"));
     assert_true(fy_test_file_contains(f->log, "probe: took "));
+    assert_true(fy_test_file_contains(f->log, "AdamW G parameters/s by threads, 8-bit moments: 1: "));
     char *profile = fy_test_slurp(fy_test_fmt("%s/machine.json", run), NULL);
     assert_non_null(profile);
     static const char *const keys[] = {"\"gpu_flops\":", "\"h2d\":", "\"d2h\":",
-                                       "\"ssd_read\":", "\"ssd_write\":", "\"opt_params\":"};
-    for (int i = 0; i < 6; i++) {
+                                       "\"ssd_read\":", "\"ssd_write\":", "\"opt_params\":",
+                                       "\"opt_params_bf16\":", "\"opt_params_q8\":"};
+    for (int i = 0; i < 8; i++) {
         char *at = strstr(profile, keys[i]);
         assert_non_null(at);
         assert_true(atof(at + strlen(keys[i])) > 0);
