@@ -15,7 +15,8 @@
  * low_freq_factor, high_freq_factor (f64 bits, low word first), covered by the config hash; [29]
  * zero; [30] copy; [31,32] sequence number; [33] unit count; [34,35] digest (common/digest.h) of
  * the whole record with these two slots zero; [36] copies of the state the store keeps (1 or 2; 0
- * in the first records written, meaning 2); the rest of the block zero. From byte 4096: each
+ * in the first records written, meaning 2); [37] the optimizer state format (enum fy_optim_state:
+ * 0 fp32, 1 bf16, 2 int8; outside the config hash); the rest of the block zero. From byte 4096: each
  * unit's state digest (uint64, unit order).
  *
  * Stores made before commit records held a 4096-byte metadata block of version 1 in extent

@@ -212,7 +212,8 @@ const char *fy_kind_name(int kind)
         [FY_KIND_MASTER] = "master",   [FY_KIND_ADAM_M] = "adam-m",
         [FY_KIND_ADAM_V] = "adam-v",   [FY_KIND_GRAD] = "grad",
         [FY_KIND_ACTIVATION] = "activation", [FY_KIND_RAW] = "raw", [FY_KIND_TOKENS] = "tokens",
-        [FY_KIND_SAVED] = "saved",
+        [FY_KIND_SAVED] = "saved", [FY_KIND_ADAM_ABSMAX] = "adam-absmax",
+        [FY_KIND_ADAM_SMALL] = "adam-small",
     };
     if (kind < 0 || kind >= FY_KIND_COUNT)
         return "unknown-kind";

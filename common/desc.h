@@ -23,7 +23,8 @@ extern "C" {
 #define FY_DESC_MAGIC 0x53445946u /* "FYDS" */
 #define FY_DESC_VERSION 2
 #define FY_DESC_WIRE_BYTES 64
-/* Most descriptors one message may carry (an optimizer step names six regions). */
+/* Most descriptors one message may carry (an optimizer step names up to eight regions: the
+ * gradient, an int8 state's five sections, a weights copy and a row list). */
 #define FY_DESC_MAX_PARTS 8
 
 /* What a region holds. */
@@ -39,6 +40,8 @@ enum fy_kind {
     FY_KIND_TOKENS = 8, /* int32 token ids (inputs or targets) */
     FY_KIND_SAVED = 9,  /* a block's swapped forward internals: the kinds of the mask in `arg`
                            laid out by fy_actplan_region_of (common/actplan.h) */
+    FY_KIND_ADAM_ABSMAX = 10, /* int8 moments' block absmax, m's then v's (common/optstate.h) */
+    FY_KIND_ADAM_SMALL = 11,  /* int8 state: the f32 moments of small tensors, m's then v's */
     FY_KIND_COUNT
 };
 

@@ -28,7 +28,26 @@ int fy_model_config_validate(const struct fy_model_config *c)
                "model: vocab %u must be between 2 and %u", c->vocab, MAX_DIM);
     FY_REQUIRE(c->ctx >= 1 && c->ctx <= MAX_DIM, -EINVAL, "model: ctx %u must be between 1 and %u",
                c->ctx, MAX_DIM);
+    FY_REQUIRE(c->optim_state >= 0 && c->optim_state < FY_OPTIM_STATE_COUNT, -EINVAL,
+               "model: optimizer state format %d is not fp32, bf16 or int8", c->optim_state);
     return fy_model_arch(c)->validate(c);
+}
+
+static const char *const optim_state_names[FY_OPTIM_STATE_COUNT] = {"fp32", "bf16", "int8"};
+
+const char *fy_optim_state_name(int format)
+{
+    return format >= 0 && format < FY_OPTIM_STATE_COUNT ? optim_state_names[format] : "unknown";
+}
+
+int fy_optim_state_parse(const char *name, int *out)
+{
+    for (int i = 0; i < FY_OPTIM_STATE_COUNT; i++)
+        if (strcmp(name, optim_state_names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    return -EINVAL;
 }
 
 int fy_model_config_from(const struct fy_config *cfg, struct fy_model_config *out)
@@ -53,6 +72,9 @@ int fy_model_config_from(const struct fy_config *cfg, struct fy_model_config *ou
     }
     out->arch = family;
     FY_TRY(family->conf_read(cfg, out));
+    const char *format = fy_config_get(cfg, "model.optim_state");
+    FY_REQUIRE(format == NULL || fy_optim_state_parse(format, &out->optim_state) == 0, -EINVAL,
+               "%s: model.optim_state \"%s\": expected fp32, bf16 or int8", cfg->path, format);
     return fy_model_config_validate(out);
 }
 
@@ -67,6 +89,8 @@ int fy_model_config_to(const struct fy_model_config *c, struct fy_config *cfg)
     /* GPT-2 model.conf files stay as they always were: model.arch absent means gpt2 */
     if (a != &fy_arch_gpt2)
         FY_TRY(fy_config_set(cfg, "model.arch", a->name));
+    if (c->optim_state != FY_OPTIM_STATE_FP32)
+        FY_TRY(fy_config_set(cfg, "model.optim_state", fy_optim_state_name(c->optim_state)));
     return a->conf_write(c, cfg);
 }
 

@@ -22,6 +22,15 @@ struct fy_arch;
 /* A model's config: the fields every family has, the family (common/arch/arch.h), and the
  * family's own fields apart. A config that names no family (arch NULL: the {L, H, C, V, T}
  * initialisers, a model.conf without model.arch) is GPT-2. */
+/* How a run's store keeps the Adam moments (init --optim-state; the layouts: common/optstate.h).
+ * Master weights are f32 in every format. */
+enum fy_optim_state {
+    FY_OPTIM_STATE_FP32 = 0, /* f32 moments */
+    FY_OPTIM_STATE_BF16 = 1, /* bf16 moments, rounded to nearest even */
+    FY_OPTIM_STATE_INT8 = 2, /* block-wise 8-bit moments (opt_worker/quant8.h), f32 for small tensors */
+    FY_OPTIM_STATE_COUNT
+};
+
 struct fy_model_config {
     uint32_t n_layer;
     uint32_t n_head;
@@ -30,7 +39,15 @@ struct fy_model_config {
     uint32_t ctx;    /* maximum sequence length (GPT-2: rows of wpe; Llama: max_position_embeddings) */
     const struct fy_arch *arch;
     struct fy_llama_fields llama; /* the Llama family's fields; zero for GPT-2 */
+    /* enum fy_optim_state (0: fp32). Not the architecture's: outside the config hash, and kept in
+     * a slot of its own in commit records (common/ckpt.h); model.conf's model.optim_state. */
+    int optim_state;
 };
+
+/* "fp32", "bf16", "int8" (or "unknown"). */
+const char *fy_optim_state_name(int format);
+/* A name of fy_optim_state_name into *out; -EINVAL (nothing logged) when it is none. */
+int fy_optim_state_parse(const char *name, int *out);
 
 enum fy_unit_kind { FY_UNIT_EMBED = 0, FY_UNIT_BLOCK = 1, FY_UNIT_FINAL = 2 };
 
@@ -38,9 +55,11 @@ enum fy_unit_kind { FY_UNIT_EMBED = 0, FY_UNIT_BLOCK = 1, FY_UNIT_FINAL = 2 };
  * (struct fy_arch's validate); -EINVAL with a message. */
 int fy_model_config_validate(const struct fy_model_config *c);
 /* Reads model.* keys of a config: n_layer, n_head, n_embd, vocab, ctx; model.arch (a registry
- * name; gpt2 when absent) and the family's own keys (its conf_read). */
+ * name; gpt2 when absent) and the family's own keys (its conf_read); model.optim_state (fp32 when
+ * absent). */
 int fy_model_config_from(const struct fy_config *cfg, struct fy_model_config *out);
-/* Writes the model.* keys (model.arch only for a family other than GPT-2). */
+/* Writes the model.* keys (model.arch only for a family other than GPT-2, model.optim_state only
+ * for a format other than fp32). */
 int fy_model_config_to(const struct fy_model_config *c, struct fy_config *cfg);
 /* A stable 64-bit hash of the architecture, recorded in stores and exports to refuse mismatches.
  * The common fields, then the family's (its hash). */

@@ -57,11 +57,14 @@ static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
  * more). The profile times AdamW alone, which gives host memory's bandwidth as this many bytes per
  * parameter at the measured rate: the copies to and from the pool share it with AdamW (actplan.h,
  * "mem"). */
-static unsigned adamw_bytes(void) { return fy_optstate_update_param_bytes(FY_DTYPE_F32); }
+static double adamw_bytes(const struct fy_model_config *c)
+{
+    return fy_optstate_update_param_bytes(FY_DTYPE_F32, c->optim_state);
+}
 
 static double mem_Bps(const struct fy_actrun_in *in)
 {
-    return in->rates.opt_params * adamw_bytes();
+    return in->rates.opt_params * adamw_bytes(in->c);
 }
 
 static uint64_t unit_f32(const struct fy_model_config *c, unsigned u)
@@ -107,13 +110,13 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     bwd->gpu_s = passes * keep * p->bwd_s + (passes - 1) * planned * (p->bwd_s + full_recompute);
     double params = (double)fy_model_total_params(c);
     double grad = (double)fy_dtype_size(FY_DTYPE_F32); /* clipping's sums read the gradients */
-    bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + grad / adamw_bytes() : 1.0);
+    bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + grad / adamw_bytes(c) : 1.0);
     fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;
     bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write;
     for (unsigned u = 0; u < units; u++) { /* the updates, copies written, clipping's sums */
         int copy = in->resident != NULL && in->resident[u] == FY_PLAN_KEPT_BF16;
         bwd->mem += fy_model_unit_params(c, u) *
-                    (adamw_bytes() + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy +
+                    (adamw_bytes(c) + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy +
                      fy_dtype_size(FY_DTYPE_F32) * in->clip);
     }
 }

@@ -129,25 +129,31 @@ static int init_store(const struct fy_options *o, const struct fy_staging *st,
     return rc;
 }
 
+/* What an import writes: the checkpoint's model in the run's optimizer state format. */
+struct hf_import {
+    struct fy_hf_src *src;
+    struct fy_model_config model;
+};
+
 /* A unit's master weights from the Hugging Face files (fy_commit_create's fill). */
 static int read_unit(void *src, unsigned unit, float *master)
 {
     return fy_hf_read_unit(src, unit, master);
 }
 
-/* Each unit's state extent [master | m | v] from the checkpoint, one unit in the pool at a time:
- * the master section read from the Hugging Face files (ctx), zeros for the moments; then step 0
- * committed with the units' digests. */
+/* Each unit's state extent (common/optstate.h) from the checkpoint, one unit in the pool at a
+ * time: the master section read from the Hugging Face files, zero moments; then step 0 committed
+ * with the units' digests. */
 static int import_units(const struct fy_options *o, const struct fy_exec *x, struct fy_pool *pool,
                         void *ctx)
 {
-    struct fy_hf_src *src = ctx;
+    struct hf_import *imp = ctx;
     uint64_t off, bytes, meta_off, meta_bytes;
     FY_TRY(fy_pool_region(pool, "unit", &off, &bytes));
     FY_TRY(fy_pool_region(pool, "meta", &meta_off, &meta_bytes));
     const uint64_t one_buffer[2] = {off, off}; /* a large vocabulary's unit is gigabytes */
-    return fy_commit_create(x, pool, meta_off, one_buffer, fy_hf_model(src), 0,
-                            (unsigned)o->state_copies, read_unit, src, o->timeout_s * 1000);
+    return fy_commit_create(x, pool, meta_off, one_buffer, &imp->model, 0,
+                            (unsigned)o->state_copies, read_unit, imp->src, o->timeout_s * 1000);
 }
 
 /* The model (ctx) initialised from --seed, committed as step 0. */
@@ -170,7 +176,9 @@ static int init_hf(struct fy_options *o)
                o->from_hf);
     struct fy_hf_src *src = NULL;
     FY_TRY(fy_hf_open(&src, o->from_hf));
-    const struct fy_model_config *model = fy_hf_model(src);
+    struct hf_import imp = {src, *fy_hf_model(src)};
+    imp.model.optim_state = fy_runconf_optim_state(o);
+    const struct fy_model_config *model = &imp.model;
     const char *given_ssd = o->ssd;
     struct fy_staging *st = NULL;
     int rc = o->ssd != NULL ? fy_runconf_check_ssd(o->ssd) : 0;
@@ -184,7 +192,7 @@ static int init_hf(struct fy_options *o)
             fy_hf_dtype(src), o->ssd);
     struct fy_pool_region_spec regions[2];
     fy_runconf_unit_regions(model, regions);
-    rc = init_store(o, st, regions, 2, "model import", import_units, src);
+    rc = init_store(o, st, regions, 2, "model import", import_units, &imp);
     if (rc == 0)
         rc = fy_hf_save_source(src, st->hf_dir);
     const char *const extra[] = {"hf", "1", "hf_source", o->from_hf, NULL};

@@ -33,6 +33,8 @@ int fy_cmd_plan(struct fy_options *o)
         rc = fy_runconf_model(o, &in.model);
     }
     FY_TRY(rc);
+    if (o->optim_state >= 0) /* what train would do in that format */
+        in.model.optim_state = o->optim_state;
     FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1 && o->seq <= in.model.ctx,
                -EINVAL, "plan: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence "
                "of 1 to the model's context of %u", (unsigned long long)o->batch,
@@ -55,6 +57,8 @@ int fy_cmd_plan(struct fy_options *o)
         in.rates_from = "the reference machine (one H200; fuyou-launch plan --machine FILE for "
                         "another)";
     }
+    FY_TRY(fy_plan_rates_select(&in.plan.rates, in.model.optim_state,
+                                o->machine ? o->machine : "the reference machine"));
     char rates_from[PATH_MAX + 160];
     if (fy_planact_ssd_rates(o, &in.plan.rates, o->machine ? "the machine profile's rates"
                                                 : "the reference machine's rates")) {

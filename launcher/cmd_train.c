@@ -283,6 +283,16 @@ static int train_setup(struct fy_options *o, struct train_run *t)
     t->mc = calloc(1, sizeof *t->mc);
     t->cfg = calloc(1, sizeof *t->cfg);
     int rc = t->mc && t->cfg ? fy_runconf_load(o, t->mc, &t->model) : -ENOMEM;
+    if (rc == 0 && o->optim_state >= 0 && o->optim_state != t->model.optim_state) {
+        fy_error("train --optim-state %s: the run keeps %s optimizer state (init --optim-state "
+                 "%s), and a store's format is not converted: drop --optim-state, or start a run "
+                 "in %s from this one's weights (export --to-hf, then init --from-hf "
+                 "--optim-state %s: Adam's moments start again from zero)",
+                 fy_optim_state_name(o->optim_state), fy_optim_state_name(t->model.optim_state),
+                 fy_optim_state_name(t->model.optim_state), fy_optim_state_name(o->optim_state),
+                 fy_optim_state_name(o->optim_state));
+        rc = -EINVAL;
+    }
     if (rc == 0)
         rc = check_run_dir_writable(o->run_dir);
     if (rc == 0 && o->seq > t->model.ctx) {
@@ -334,12 +344,14 @@ static void train_describe(const struct fy_options *o, const struct train_run *t
 }
 
 /* The rates the plan predicts with: RUN/machine.json's where fuyou-launch probe measured this
- * machine, else the reference machine's. */
-static void train_rates(const struct fy_options *o, struct train_run *t)
+ * machine, else the reference machine's; AdamW's with the run's optimizer state format. */
+static int train_rates(const struct fy_options *o, struct train_run *t)
 {
     snprintf(t->probed, sizeof t->probed, "%s/machine.json", o->run_dir);
     t->have_probe = access(t->probed, R_OK) == 0 &&
                     fy_plan_rates_load(t->probed, &t->plan_in.rates) == 0;
+    return fy_plan_rates_select(&t->plan_in.rates, t->model.optim_state,
+                                t->have_probe ? t->probed : "the reference machine");
 }
 
 /* The plan (launcher/plan.h) with the activation plan as its activation step: forced swapping
@@ -348,7 +360,7 @@ static void train_rates(const struct fy_options *o, struct train_run *t)
  * the workers' configuration and RUN/act_plan.json. */
 static int train_plan(const struct fy_options *o, struct train_run *t)
 {
-    train_rates(o, t);
+    FY_TRY(train_rates(o, t));
     t->plan_in.say = 1;
     t->act = (struct fy_planact){.o = o, .restarts = &t->restarts};
     struct fy_plan_acts acts = fy_planact_acts(&t->act);

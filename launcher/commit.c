@@ -186,7 +186,7 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
                 rc = unit_write_wait(x, &w[i], m, timeout_ms);
         uint8_t *state = fy_pool_at(pool, buf, bytes);
         if (rc == 0) {
-            memset(state, 0, bytes); /* Adam's moments start at zero */
+            fy_optstate_zero_moments(&lay, state); /* Adam's moments start at zero */
             rc = fill(ctx, u, (float *)(state + lay.section[FY_OPTSTATE_MASTER].offset));
         }
         if (rc == 0) { /* written (and its digest taken) while the next unit is filled */

@@ -286,6 +286,15 @@ static int parse_act_plan(struct fy_options *o, const char *v)
     return fy_actplan_mode_parse(v, &mode);
 }
 
+static int parse_optim_state(struct fy_options *o, const char *v)
+{
+    if (fy_optim_state_parse(v, &o->optim_state) != 0) {
+        fprintf(stderr, "fuyou-launch: --optim-state %s: give fp32, bf16 or int8\n", v);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int parse_weights_dtype(struct fy_options *o, const char *v)
 {
     if (strcmp(v, "auto") != 0 && strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0) {
@@ -351,6 +360,11 @@ static const struct opt_spec specs[] = {
      "copies of the optimizer state in the store: two keep the last commit whole whatever "
      "happens; one halves the space, and a run stopped between commits (a crash) leaves the "
      "store unusable (2)"},
+    {"optim-state", "fp32|bf16|int8", C(INIT) | C(PLAN) | TRAINS, K_PARSE, 0, 0,
+     parse_optim_state,
+     "how the store keeps Adam's moments: fp32; bf16 (8 bytes of state a parameter instead of "
+     "12); int8, block-wise 8-bit with f32 for tensors under 4096 values (about 6). init sets "
+     "it; train and resume check it against the run's; plan predicts with it (init's, or fp32)"},
     {"stripe-unit", "SIZE", WORKERS, K_SIZE, U64(stripe_unit), 0, NULL,
      "the stripe unit the store was created with: another is refused (1M)"},
     {"queue-depth", "N", WORKERS, K_SIZE, U64(queue_depth), 0, NULL,
@@ -569,7 +583,7 @@ static void set_defaults(struct fy_options *o)
         .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1, .prefetch = 1,
         .act_ahead = FY_PLAN_ACT_AHEAD_DEFAULT, .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
         .max_shard_size = 50000000000ull, .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
-        .act_plan = "auto", .max_restarts = 5, .state_copies = 2};
+        .act_plan = "auto", .max_restarts = 5, .state_copies = 2, .optim_state = -1};
 }
 
 static int set_option(const struct opt_spec *s, const char *value, struct fy_options *o)

@@ -37,6 +37,7 @@ struct fy_options {
     uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies, act_ahead;
     int ckpt_place; /* FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO */
     const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, plan) */
+    int optim_state;      /* --optim-state: enum fy_optim_state, or -1 (not given) */
     int weights_dtype;    /* --weights-dtype: FY_DTYPE_F32, _BF16, or 0 (auto: the backend's) */
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;

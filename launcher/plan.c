@@ -24,6 +24,7 @@ const struct fy_plan_rates fy_plan_reference_rates = {
     .ssd_read = 2.3e9,   /* the io engine on its disk (io_uring, O_DIRECT, 1-4 MiB requests) */
     .ssd_write = 2.4e9,
     .opt_params = 3.1e9, /* AdamW beside the copies (make bench-pipeline) */
+    .opt_by_format = {3.1e9, 3.1e9, 3.1e9}, /* PROVISIONAL */
 };
 
 int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
@@ -53,8 +54,33 @@ int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
             *fields[i] = v->valuedouble;
         }
     }
+    out->opt_by_format[FY_OPTIM_STATE_FP32] = out->opt_params;
+    static const char *const by_format[] = {"opt_params_bf16", "opt_params_int8"};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, by_format[i]);
+        out->opt_by_format[1 + i] = 0;
+        if (v == NULL)
+            continue;
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
+            fy_error("%s: \"%s\" must be a positive number (AdamW parameters/s)", path,
+                     by_format[i]);
+            rc = -EINVAL;
+        } else {
+            out->opt_by_format[1 + i] = v->valuedouble;
+        }
+    }
     cJSON_Delete(root);
     return rc;
+}
+
+int fy_plan_rates_select(struct fy_plan_rates *r, int format, const char *from)
+{
+    FY_REQUIRE(format >= 0 && format < FY_OPTIM_STATE_COUNT && r->opt_by_format[format] > 0,
+               -EINVAL, "%s has no AdamW rate for %s optimizer state: measure it with "
+               "fuyou-launch probe (its profile's opt_params_%s), or plan with --machine FILE",
+               from, fy_optim_state_name(format), fy_optim_state_name(format));
+    r->opt_params = r->opt_by_format[format];
+    return 0;
 }
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
@@ -388,7 +414,7 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
     /* with clipping the opt worker also reads every gradient for its sum of squares: with f32
      * gradients 4 bytes a parameter beside the update's 28 */
     double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) /
-                         (double)fy_optstate_update_param_bytes(FY_DTYPE_F32);
+                         fy_optstate_update_param_bytes(FY_DTYPE_F32, c->optim_state);
     out->opt_s = params / rates->opt_params * (s->clip ? 1.0 + sumsq_share : 1.0);
     const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s};
     static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",

@@ -22,15 +22,23 @@ struct fy_plan_rates {
     double gpu_flops;           /* model FLOP/s with blocks recomputed (0: compute not predicted) */
     double h2d, d2h;            /* PCIe bytes/s to and from the GPU */
     double ssd_read, ssd_write; /* bytes/s; reads and writes share the disk */
-    double opt_params;          /* AdamW parameters/s */
+    double opt_params;          /* AdamW parameters/s with the run's optimizer state format */
+    /* AdamW parameters/s by format (enum fy_optim_state; 0: not known) */
+    double opt_by_format[FY_OPTIM_STATE_COUNT];
 };
 /* The reference machine's (one H200, docs/benchmarks.md "The machine"): what train and plan
  * predict with where no machine profile (fuyou-launch probe) is given. */
 extern const struct fy_plan_rates fy_plan_reference_rates;
 /* The rates of a machine profile: a JSON object with gpu_flops (model FLOP/s with blocks
  * recomputed), h2d, d2h (bytes/s), ssd_read, ssd_write (bytes/s), opt_params (AdamW
- * parameters/s), all positive numbers. -EINVAL (said, naming the file and key) otherwise. */
+ * parameters/s with fp32 optimizer state), all positive numbers, and optionally opt_params_bf16 and
+ * opt_params_int8 (the same with bf16 and int8 state); opt_params is fp32's until
+ * fy_plan_rates_select. -EINVAL (said, naming the file and key) otherwise. */
 int fy_plan_rates_load(const char *path, struct fy_plan_rates *out);
+/* Makes opt_params the rate of optimizer state format `format` (enum fy_optim_state): its entry
+ * of opt_by_format. -EINVAL, said naming `from` (where the rates come from), where it is not
+ * known. */
+int fy_plan_rates_select(struct fy_plan_rates *r, int format, const char *from);
 
 /* ---- what a step is and where things live ---------------------------------------------------- */
 

@@ -157,6 +157,7 @@ static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
                                   .act_dtype = in->shape.act_dtype, .clip = in->shape.clip,
                                   .resident = p->resident, .rates = fy_plan_reference_rates,
                                   .act_ahead = in->act_ahead};
+    FY_TRY(fy_plan_rates_select(&a->in.rates, model->optim_state, "the reference machine"));
     /* every mode is profiled: auto plans from it, the forced ones are predicted from it */
     const struct fy_arch *arch = fy_model_arch(model);
     if (arch->swaps_internals && !o->inprocess) {

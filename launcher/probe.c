@@ -307,8 +307,8 @@ int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct 
     /* AdamW by thread count: fp32 moments under the names the planner has always read, then bf16
      * and 8-bit moments */
     static const char *const by_threads[3] = {"adamw_by_threads", "adamw_bf16_by_threads",
-                                              "adamw_q8_by_threads"};
-    static const char *const best[3] = {NULL, "opt_params_bf16", "opt_params_q8"};
+                                              "adamw_int8_by_threads"};
+    static const char *const best[3] = {NULL, "opt_params_bf16", "opt_params_int8"};
     for (int mode = 0; ok && mode < 3; mode++) {
         ok = (threads = cJSON_AddObjectToObject(root, by_threads[mode])) != NULL;
         for (unsigned i = 0; ok && i < r->n_threads; i++) {

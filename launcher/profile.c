@@ -40,8 +40,8 @@ static int double_order(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int profile_links(const struct fy_options *o, struct fy_exec *x, uint64_t at, uint64_t bytes,
-                         struct fy_plan_rates *rates)
+static int profile_links(const struct fy_options *o, struct fy_exec *x, int format, uint64_t at,
+                         uint64_t bytes, struct fy_plan_rates *rates)
 {
     unsigned cls = fy_scratch_class(bytes);
     struct fy_desc d = fy_desc_region(FY_OP_IO_ALLOC, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
@@ -50,8 +50,9 @@ static int profile_links(const struct fy_options *o, struct fy_exec *x, uint64_t
     FY_TRY(profile_call(o, x, "io", &d, 1, NULL));
     double best[2] = {INFINITY, INFINITY}, sec, adamw[PROFILE_ADAMW_RUNS];
     /* AdamW over `params` parameters: their f32 gradient, then their state laid out as a unit's
-     * (common/optstate.h); a multiple of 4096 parameters, so that no section needs padding */
-    uint64_t params = bytes / (4 + fy_optstate_param_bytes()) / 4096 * 4096;
+     * in the run's format (common/optstate.h); a multiple of 4096 parameters */
+    double per_param = 4 + fy_optstate_param_bytes(format);
+    uint64_t params = (uint64_t)((double)(bytes - 8 * 4096) / per_param) / 4096 * 4096;
     for (int rep = 0; rep < 2; rep++) {
         const int ops[2] = {FY_OP_IO_WRITE, FY_OP_IO_READ};
         for (int i = 0; i < 2; i++) {
@@ -62,7 +63,7 @@ static int profile_links(const struct fy_options *o, struct fy_exec *x, uint64_t
         }
     }
     struct fy_optstate_layout st;
-    fy_optstate_layout_params(params, &st);
+    fy_optstate_layout_params(params, format, &st);
     struct fy_desc req[1 + FY_OPTSTATE_PARTS];
     req[0] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, FY_DTYPE_F32, at, params * 4, -1);
     unsigned parts = 1 + fy_optstate_parts(&st, at + params * 4, -1, req + 1);
@@ -78,9 +79,10 @@ static int profile_links(const struct fy_options *o, struct fy_exec *x, uint64_t
     rates->ssd_read = (double)bytes / best[1];
     rates->opt_params = (double)params / adamw[PROFILE_ADAMW_RUNS / 2];
     fy_info("profile: the SSD store %.2f GB/s written, %.2f read (%llu MiB through the io "
-            "worker); AdamW %.2f G parameters/s on the opt worker (median of %d runs, %.2f to "
-            "%.2f)", 1e-9 * rates->ssd_write, 1e-9 * rates->ssd_read,
-            (unsigned long long)(bytes >> 20), 1e-9 * rates->opt_params, PROFILE_ADAMW_RUNS,
+            "worker); AdamW %.2f G parameters/s on the opt worker with %s state (median of %d "
+            "runs, %.2f to %.2f)", 1e-9 * rates->ssd_write, 1e-9 * rates->ssd_read,
+            (unsigned long long)(bytes >> 20), 1e-9 * rates->opt_params,
+            fy_optim_state_name(format), PROFILE_ADAMW_RUNS,
             1e-9 * (double)params / adamw[PROFILE_ADAMW_RUNS - 1], 1e-9 * (double)params / adamw[0]);
     return 0;
 }
@@ -130,7 +132,7 @@ int fy_profile_run(const struct fy_options *o, const struct fy_model_config *mod
             rc = -EPROTO;
         }
     }
-    if (rc == 0 && profile_links(o, &x, at_copies, copies, rates) < 0) {
+    if (rc == 0 && profile_links(o, &x, model->optim_state, at_copies, copies, rates) < 0) {
         if (fy_sup_interrupted(s.sup))
             rc = -EINTR;
         else /* the store's disk may be full, say: the block's figures still hold */

@@ -147,8 +147,14 @@ int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_model_
 int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_model_config *model,
                            const char *ssd)
 {
-    if (fy_model_config_hash(&meta->model) == fy_model_config_hash(model))
+    if (fy_model_config_hash(&meta->model) == fy_model_config_hash(model)) {
+        FY_REQUIRE(meta->model.optim_state == model->optim_state, -EINVAL,
+                   "store %s keeps %s optimizer state, the run's model.conf says %s "
+                   "(model.optim_state): pass the --ssd of this run's store, or put back the "
+                   "model.conf init wrote", ssd, fy_optim_state_name(meta->model.optim_state),
+                   fy_optim_state_name(model->optim_state));
         return 0;
+    }
     char have[160], want[160];
     fy_model_config_describe(&meta->model, have, sizeof have);
     fy_model_config_describe(model, want, sizeof want);
@@ -156,6 +162,11 @@ int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_mode
              "this run's store",
              ssd, have, want);
     return -EINVAL;
+}
+
+int fy_runconf_optim_state(const struct fy_options *o)
+{
+    return o->optim_state >= 0 ? o->optim_state : FY_OPTIM_STATE_FP32;
 }
 
 /* The model that init's options describe (--arch, --layers, ...), validated. */
@@ -168,6 +179,7 @@ int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out)
                    o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX && o->kv_heads <= UINT32_MAX && o->head_dim <= 1024 &&
                    o->ffn <= UINT32_MAX && 4 * o->embd <= UINT32_MAX,
                -EINVAL, "init: model dimensions too large");
+    model.optim_state = fy_runconf_optim_state(o);
     model.arch = fy_arch_by_name(o->arch); /* parse_arch took a registry name */
     FY_REQUIRE(model.arch != NULL, -EINVAL, "init: --arch %s is not a model family", o->arch);
     const struct fy_family_options fo = {.kv_heads = o->kv_heads, .ffn = o->ffn,

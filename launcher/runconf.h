@@ -30,6 +30,8 @@ int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_model_
 /* The store (at ssd) holds the model this run describes: else said, -EINVAL. */
 int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_model_config *model,
                            const char *ssd);
+/* The optimizer state format --optim-state gives (fp32 where it is not given). */
+int fy_runconf_optim_state(const struct fy_options *o);
 /* The model that the model options describe (--arch, --layers, ...), validated. */
 int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out);
 /* Pool regions for moving a model unit by unit between a Hugging Face directory and the store. */

@@ -296,6 +296,14 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
     if (!r->embed_split)
         fy_info("test hook: the embeddings are updated in one piece after the backward "
                 "(FUYOU_TEST_EMBED_WHOLE=1)");
+    /* int8 moments are quantized in blocks of 256 values, which rows must not split */
+    if (r->embed_split && c->optim_state == FY_OPTIM_STATE_INT8 &&
+        c->n_embd % FY_OPTSTATE_INT8_BLOCK != 0) {
+        r->embed_split = 0;
+        fy_info("plan: the embeddings are updated in one piece after the backward: with int8 "
+                "optimizer state their rows of %u values would split its blocks of %d",
+                c->n_embd, FY_OPTSTATE_INT8_BLOCK);
+    }
     FY_TRY(saved_setup(r, o));
     /* the kept units' state, and their copies: offsets 0 for the others (all where none is kept) */
     return fy_plan_resident_offsets(r->pool, c, o->resident, r->resident, r->wcopy);

@@ -52,7 +52,8 @@ struct fy_sched {
     /* The embeddings' update in two parts (without clipping, state in the pool): the rows the
      * batch's tokens do not touch, sent once the head's gradient is home (embed_early), and the
      * rest once the embedding backward is done; row_touched is the scratch that sorts them. 0 in
-     * embed_split: one update after the backward (the test hook FUYOU_TEST_EMBED_WHOLE). */
+     * embed_split: one update after the backward (the test hook FUYOU_TEST_EMBED_WHOLE, or int8
+     * optimizer state with rows that split its blocks). */
     int embed_split;
     struct fy_ticket embed_early;
     unsigned char *row_touched;

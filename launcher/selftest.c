@@ -24,8 +24,9 @@ static double now_s(void)
 
 void fy_selftest_layout(uint64_t params, int grad_dtype, struct fy_selftest_layout *out)
 {
-    struct fy_optstate_layout st; /* a model unit's state layout, for `params` parameters */
-    fy_optstate_layout_params(params, &st);
+    /* a model unit's state layout (fp32), for `params` parameters */
+    struct fy_optstate_layout st;
+    fy_optstate_layout_params(params, FY_OPTIM_STATE_FP32, &st);
     out->params = params;
     out->m_offset = st.section[FY_OPTSTATE_ADAM_M].offset;
     out->v_offset = st.section[FY_OPTSTATE_ADAM_V].offset;
@@ -112,7 +113,7 @@ int fy_selftest_run(struct fy_sup *s, struct fy_pool *pool, const struct fy_self
             /* the gradient, the state's sections (a unit's layout), the bf16 weights */
             struct fy_desc parts[2 + FY_OPTSTATE_PARTS];
             struct fy_optstate_layout st;
-            fy_optstate_layout_params(o->params, &st);
+            fy_optstate_layout_params(o->params, FY_OPTIM_STATE_FP32, &st);
             parts[0] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, o->grad_dtype, grad_off,
                                       o->params * fy_dtype_size(o->grad_dtype), -1);
             unsigned n = 1 + fy_optstate_parts(&st, state_off, -1, parts + 1);

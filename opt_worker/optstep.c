@@ -1,6 +1,7 @@
-/* Optimizer requests: gathers the parts of an opt-adamw request, checks they describe one tensor,
- * and runs the AdamW kernel on the pinned threads, segment by segment where weight decay differs;
- * opt-sumsq sums a gradient's squares for the launcher's global-norm clipping. */
+/* Optimizer requests: gathers the parts of an opt-adamw request, checks they hold one state of the
+ * run's layout (common/optstate.h: fp32, bf16 or int8 moments), and runs the AdamW kernel on the
+ * pinned threads tensor by tensor (each with its weight decay, its moments where the layout puts
+ * them); opt-sumsq sums a gradient's squares for the launcher's global-norm clipping. */
 #include "optstep.h"
 
 #include <errno.h>
@@ -8,9 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/arch/arch.h"
 #include "common/check.h"
 #include "common/dtype.h"
 #include "common/model.h"
+#include "common/optstate.h"
 #include "common/topo.h"
 #include "opt_worker/adamw.h"
 #include "opt_worker/quant8.h"
@@ -99,71 +102,16 @@ static int regions_overlap(const struct fy_desc *a, const struct fy_desc *b)
     return a->offset < b->offset + b->bytes && b->offset < a->offset + a->bytes;
 }
 
-/* Gathers the parts of an AdamW request by kind and checks they describe one tensor. */
-static int adamw_tensor(const struct fy_pool *pool, const struct fy_desc *req, unsigned n,
-                        struct fy_adamw_tensor *x)
-{
-    const struct fy_desc *part[FY_KIND_COUNT] = {0};
-    for (unsigned i = 0; i < n; i++) {
-        int k = req[i].kind;
-        if (k == FY_KIND_TOKENS)
-            continue; /* the row list (update_rows), not a part of the tensor */
-        FY_REQUIRE(k == FY_KIND_GRAD || k == FY_KIND_MASTER || k == FY_KIND_ADAM_M ||
-                       k == FY_KIND_ADAM_V || k == FY_KIND_WEIGHTS,
-                   -EPROTO, "opt-adamw: part of kind %s not expected", fy_kind_name(k));
-        FY_REQUIRE(part[k] == NULL, -EPROTO, "opt-adamw: two %s parts", fy_kind_name(k));
-        part[k] = &req[i];
-        for (unsigned j = 0; j < i; j++)
-            FY_REQUIRE(!regions_overlap(&req[i], &req[j]), -EPROTO,
-                       "opt-adamw: %s and %s regions overlap", fy_kind_name(k),
-                       fy_kind_name(req[j].kind));
-    }
-    const struct fy_desc *g = part[FY_KIND_GRAD], *p = part[FY_KIND_MASTER];
-    const struct fy_desc *m = part[FY_KIND_ADAM_M], *v = part[FY_KIND_ADAM_V];
-    const struct fy_desc *wt = part[FY_KIND_WEIGHTS];
-    FY_REQUIRE(g && p && m && v, -EPROTO, "opt-adamw needs grad, master, adam-m and adam-v parts");
-    FY_REQUIRE(p->dtype == FY_DTYPE_F32 && m->dtype == FY_DTYPE_F32 && v->dtype == FY_DTYPE_F32 &&
-                   (g->dtype == FY_DTYPE_F32 || g->dtype == FY_DTYPE_BF16) &&
-                   (wt == NULL || wt->dtype == FY_DTYPE_BF16),
-               -EPROTO, "opt-adamw: state must be f32, grad f32 or bf16, weights bf16");
-    size_t count = p->bytes / 4;
-    FY_REQUIRE(m->bytes / 4 == count && v->bytes / 4 == count &&
-                   g->bytes / fy_dtype_size(g->dtype) == count &&
-                   (wt == NULL || wt->bytes / 2 == count),
-               -EPROTO, "opt-adamw: parts hold different element counts");
-    *x = (struct fy_adamw_tensor){
-        .master = fy_pool_at(pool, p->offset, p->bytes), .m = fy_pool_at(pool, m->offset, m->bytes),
-        .v = fy_pool_at(pool, v->offset, v->bytes), .grad = fy_pool_at(pool, g->offset, g->bytes),
-        .grad_dtype = g->dtype,
-        .weight_bf16 = wt ? fy_pool_at(pool, wt->offset, wt->bytes) : NULL, .n = count};
-    FY_REQUIRE(x->master && x->m && x->v && x->grad && (wt == NULL || x->weight_bf16), -ERANGE,
-               "opt-adamw: a region lies outside the pool");
-    return 0;
-}
+/* An opt-adamw request's regions by kind, the state's format read from the moments' dtype, and
+ * where each of the unit's tensors has its moments (common/optstate.h). */
+struct adamw_request {
+    const struct fy_desc *part[FY_KIND_COUNT];
+    struct fy_optstate_layout layout;
+    struct fy_optstate_tensor tensor[FY_UNIT_MAX_TENSORS];
+    unsigned tensors;
+};
 
-/* A view of elements [begin, end) of the tensor (with 8-bit moments, begin must be a multiple of
- * FY_QUANT8_BLOCK). */
-static struct fy_adamw_tensor slice(const struct fy_adamw_tensor *x, size_t begin, size_t end)
-{
-    size_t gsize = fy_dtype_size(x->grad_dtype);
-    size_t msize = x->moments == FY_ADAMW_MOMENTS_Q8     ? 1
-                   : x->moments == FY_ADAMW_MOMENTS_BF16 ? 2
-                                                         : 4;
-    struct fy_adamw_tensor s = *x;
-    s.master += begin;
-    s.m = (char *)x->m + begin * msize;
-    s.v = (char *)x->v + begin * msize;
-    if (x->moments == FY_ADAMW_MOMENTS_Q8) {
-        s.m_absmax += begin / FY_QUANT8_BLOCK;
-        s.v_absmax += begin / FY_QUANT8_BLOCK;
-    }
-    s.grad = (const char *)x->grad + begin * gsize;
-    s.weight_bf16 = x->weight_bf16 ? x->weight_bf16 + begin : NULL;
-    s.n = end - begin;
-    return s;
-}
-
-/* The part of kind k of a request (adamw_tensor has checked there is exactly one). */
+/* The part of kind k of a request (adamw_request has checked there is at most one). */
 static const struct fy_desc *part_of(const struct fy_desc *req, unsigned n, int k)
 {
     for (unsigned i = 0; i < n; i++)
@@ -172,47 +120,187 @@ static const struct fy_desc *part_of(const struct fy_desc *req, unsigned n, int 
     return NULL;
 }
 
-/* The hyperparameters of one decay segment: without weight decay where the segment has none. */
-static struct fy_adamw_hparams segment_hparams(const struct fy_adamw_hparams *hp,
-                                               const struct fy_param_segment *seg)
+/* The kind of each section's part (common/optstate.h's order). */
+static const int parts_kind[FY_OPTSTATE_PARTS] = {FY_KIND_MASTER, FY_KIND_ADAM_M, FY_KIND_ADAM_V,
+                                                  FY_KIND_ADAM_ABSMAX, FY_KIND_ADAM_SMALL};
+
+/* The state format whose moments the adam-m and adam-v parts hold, from their dtype. */
+static int request_format(const struct fy_desc *m, const struct fy_desc *v, int *format)
+{
+    FY_REQUIRE(m->dtype == v->dtype, -EPROTO, "opt-adamw: adam-m is %s and adam-v %s",
+               fy_dtype_name(m->dtype), fy_dtype_name(v->dtype));
+    switch (m->dtype) {
+    case FY_DTYPE_F32: *format = FY_OPTIM_STATE_FP32; return 0;
+    case FY_DTYPE_BF16: *format = FY_OPTIM_STATE_BF16; return 0;
+    case FY_DTYPE_U8: *format = FY_OPTIM_STATE_INT8; return 0;
+    default:
+        fy_error("opt-adamw: moments of dtype %s: expected f32, bf16 or u8 (8-bit codes)",
+                 fy_dtype_name(m->dtype));
+        return -EPROTO;
+    }
+}
+
+/* Gathers the parts of an AdamW request by kind and checks that they hold one state of the run's
+ * layout: unit `layer`'s, or one tensor's (-1, or no model). */
+static int adamw_request(const struct fy_optstep *o, const struct fy_desc *req, unsigned n,
+                         struct adamw_request *r)
+{
+    memset(r->part, 0, sizeof r->part);
+    for (unsigned i = 0; i < n; i++) {
+        int k = req[i].kind;
+        if (k == FY_KIND_TOKENS)
+            continue; /* the row list (update_rows), not a part of the state */
+        FY_REQUIRE(k == FY_KIND_GRAD || k == FY_KIND_MASTER || k == FY_KIND_ADAM_M ||
+                       k == FY_KIND_ADAM_V || k == FY_KIND_WEIGHTS || k == FY_KIND_ADAM_ABSMAX ||
+                       k == FY_KIND_ADAM_SMALL,
+                   -EPROTO, "opt-adamw: part of kind %s not expected", fy_kind_name(k));
+        FY_REQUIRE(r->part[k] == NULL, -EPROTO, "opt-adamw: two %s parts", fy_kind_name(k));
+        r->part[k] = &req[i];
+        for (unsigned j = 0; j < i; j++)
+            FY_REQUIRE(!regions_overlap(&req[i], &req[j]), -EPROTO,
+                       "opt-adamw: %s and %s regions overlap", fy_kind_name(k),
+                       fy_kind_name(req[j].kind));
+    }
+    const struct fy_desc *g = r->part[FY_KIND_GRAD], *p = r->part[FY_KIND_MASTER];
+    const struct fy_desc *m = r->part[FY_KIND_ADAM_M], *v = r->part[FY_KIND_ADAM_V];
+    const struct fy_desc *wt = r->part[FY_KIND_WEIGHTS];
+    FY_REQUIRE(g && p && m && v, -EPROTO, "opt-adamw needs grad, master, adam-m and adam-v parts");
+    FY_REQUIRE(p->dtype == FY_DTYPE_F32 && (g->dtype == FY_DTYPE_F32 || g->dtype == FY_DTYPE_BF16) &&
+                   (wt == NULL || wt->dtype == FY_DTYPE_BF16),
+               -EPROTO, "opt-adamw: master must be f32, grad f32 or bf16, weights bf16");
+    int format;
+    FY_TRY(request_format(m, v, &format));
+    size_t count = p->bytes / 4;
+    int layer = req[0].layer;
+    if (layer >= 0 && o->have_model) {
+        FY_REQUIRE((unsigned)layer < fy_model_unit_count(&o->model) &&
+                       fy_model_unit_params(&o->model, (unsigned)layer) == count,
+                   -EPROTO, "opt-adamw: unit %d of the model does not hold %zu parameters", layer,
+                   count);
+        FY_REQUIRE(format == o->model.optim_state, -EPROTO,
+                   "opt-adamw: unit %d's moments are %s, the run keeps %s optimizer state", layer,
+                   fy_dtype_name(m->dtype), fy_optim_state_name(o->model.optim_state));
+        fy_optstate_layout(&o->model, (unsigned)layer, &r->layout);
+        r->tensors = fy_optstate_tensors(&o->model, (unsigned)layer, r->tensor);
+    } else { /* one tensor, every element decayed */
+        fy_optstate_layout_params(count, format, &r->layout);
+        r->tensors = 1;
+        r->tensor[0] = (struct fy_optstate_tensor){.begin = 0, .count = count, .decay = 1,
+                                                   .quantized = r->layout.quantized == count};
+    }
+    int ok = g->bytes / fy_dtype_size(g->dtype) == count && (wt == NULL || wt->bytes / 2 == count);
+    for (unsigned s = FY_OPTSTATE_ADAM_M; s < FY_OPTSTATE_PARTS; s++) {
+        const struct fy_desc *d = r->part[parts_kind[s]];
+        if (s < r->layout.count)
+            ok = ok && d != NULL && d->dtype == r->layout.section[s].dtype &&
+                 d->bytes == r->layout.section[s].bytes;
+        else
+            ok = ok && d == NULL;
+    }
+    FY_REQUIRE(ok, -EPROTO,
+               "opt-adamw: the parts do not hold one %s state of %zu parameters (%s)",
+               fy_optim_state_name(format), count,
+               layer >= 0 && o->have_model ? "the unit's layout" : "one tensor");
+    return 0;
+}
+
+/* The pool address of a part (NULL for a part of no bytes, which is never read). */
+static void *part_at(const struct fy_pool *pool, const struct fy_desc *d)
+{
+    return d == NULL || d->bytes == 0 ? NULL : fy_pool_at(pool, d->offset, d->bytes);
+}
+
+/* The kernel's view of tensor `t` of the request's state. */
+static int tensor_view(const struct fy_pool *pool, const struct adamw_request *r,
+                       const struct fy_optstate_tensor *t, struct fy_adamw_tensor *x)
+{
+    const struct fy_desc *g = r->part[FY_KIND_GRAD], *wt = r->part[FY_KIND_WEIGHTS];
+    float *master = part_at(pool, r->part[FY_KIND_MASTER]);
+    const char *grad = part_at(pool, g);
+    uint16_t *weights = part_at(pool, wt);
+    char *m = part_at(pool, r->part[FY_KIND_ADAM_M]), *v = part_at(pool, r->part[FY_KIND_ADAM_V]);
+    FY_REQUIRE(master && grad && (wt == NULL || weights), -ERANGE,
+               "opt-adamw: a region lies outside the pool");
+    *x = (struct fy_adamw_tensor){.master = master + t->begin,
+                                  .grad = grad + t->begin * fy_dtype_size(g->dtype),
+                                  .grad_dtype = g->dtype,
+                                  .weight_bf16 = weights ? weights + t->begin : NULL,
+                                  .n = t->count};
+    const struct fy_optstate_layout *l = &r->layout;
+    if (l->format != FY_OPTIM_STATE_INT8) {
+        size_t size = fy_dtype_size(l->section[FY_OPTSTATE_ADAM_M].dtype);
+        x->moments = l->format == FY_OPTIM_STATE_BF16 ? FY_ADAMW_MOMENTS_BF16
+                                                      : FY_ADAMW_MOMENTS_F32;
+        x->m = m ? m + t->at * size : NULL;
+        x->v = v ? v + t->at * size : NULL;
+    } else if (t->quantized) {
+        float *absmax = part_at(pool, r->part[FY_KIND_ADAM_ABSMAX]);
+        x->moments = FY_ADAMW_MOMENTS_Q8;
+        x->m = m ? m + t->at : NULL;
+        x->v = v ? v + t->at : NULL;
+        x->m_absmax = absmax ? absmax + t->block : NULL;
+        x->v_absmax = absmax ? absmax + l->blocks + t->block : NULL;
+    } else {
+        float *small = part_at(pool, r->part[FY_KIND_ADAM_SMALL]);
+        x->moments = FY_ADAMW_MOMENTS_F32;
+        x->m = small ? small + t->at : NULL;
+        x->v = small ? small + l->small + t->at : NULL;
+    }
+    FY_REQUIRE(x->m && x->v, -ERANGE, "opt-adamw: a region lies outside the pool");
+    return 0;
+}
+
+/* The hyperparameters of one tensor: without weight decay where it has none. */
+static struct fy_adamw_hparams tensor_hparams(const struct fy_adamw_hparams *hp,
+                                              const struct fy_optstate_tensor *t)
 {
     struct fy_adamw_hparams shp = *hp;
-    if (!seg->decay)
+    if (!t->decay)
         shp.weight_decay = 0.0f;
     return shp;
 }
 
 /* opt-adamw over the rows a TOKENS part lists (int32, ascending, each a row of `arg` elements of
- * the unit), per decay segment: the update of a unit in parts, each once its gradient is final. */
+ * the unit, none across two tensors), tensor by tensor: the update of a unit in parts, each once
+ * its gradient is final. */
 static int update_rows(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *list,
                        const struct fy_adamw_hparams *hp, uint64_t step,
-                       const struct fy_adamw_tensor *x, int layer)
+                       const struct adamw_request *r, int layer, float scale)
 {
     FY_REQUIRE(list->dtype == FY_DTYPE_I32 && list->arg > 0 && list->bytes % 4 == 0, -EPROTO,
                "opt-adamw: a row list must be int32 with the row length in its arg");
-    FY_REQUIRE(layer >= 0 && o->have_model && (unsigned)layer < fy_model_unit_count(&o->model) &&
-                   fy_model_unit_params(&o->model, (unsigned)layer) == x->n,
-               -EPROTO, "opt-adamw: a row list needs the model's unit it updates (unit %d)", layer);
+    FY_REQUIRE(layer >= 0 && o->have_model, -EPROTO,
+               "opt-adamw: a row list needs the model's unit it updates (unit %d)", layer);
     size_t nrows = list->bytes / 4, len = (size_t)list->arg;
     const int32_t *rows = fy_pool_at(pool, list->offset, list->bytes);
     FY_REQUIRE(rows != NULL || nrows == 0, -ERANGE, "opt-adamw: the row list lies outside the pool");
     for (size_t i = 1; i < nrows; i++)
         FY_REQUIRE(rows[i] > rows[i - 1], -EPROTO, "opt-adamw: the row list is not ascending");
-    struct fy_param_segment seg[FY_MODEL_MAX_SEGMENTS];
-    int nseg = fy_model_decay_segments(&o->model, (unsigned)layer, seg);
-    FY_TRY(nseg);
+    int32_t *local = malloc((nrows > 0 ? nrows : 1) * sizeof *local);
+    FY_REQUIRE(local != NULL, -ENOMEM, "opt-adamw: no memory for a row list of %zu rows", nrows);
     size_t i = 0;
-    for (int s = 0; s < nseg; s++) {
+    int rc = 0;
+    for (unsigned k = 0; k < r->tensors && rc == 0; k++) {
+        const struct fy_optstate_tensor *t = &r->tensor[k];
         size_t first = i;
-        while (i < nrows && ((size_t)rows[i] + 1) * len <= seg[s].end) {
-            FY_REQUIRE((size_t)rows[i] * len >= seg[s].begin, -EPROTO,
-                       "opt-adamw: row %d straddles two of the unit's decay segments", rows[i]);
-            i++;
+        for (; i < nrows && ((size_t)rows[i] + 1) * len <= t->begin + t->count; i++) {
+            if ((size_t)rows[i] * len < t->begin || t->begin % len != 0) {
+                fy_error("opt-adamw: row %d straddles two of unit %d's tensors", rows[i], layer);
+                rc = -EPROTO;
+                break;
+            }
+            local[i - first] = (int32_t)((size_t)rows[i] - t->begin / len);
         }
-        struct fy_adamw_hparams shp = segment_hparams(hp, &seg[s]);
-        FY_TRY(fy_adamw_update_rows(o->threads, &shp, step, x, rows + first, i - first, len,
-                                    o->impl));
+        struct fy_adamw_tensor x;
+        struct fy_adamw_hparams thp = tensor_hparams(hp, t);
+        if (rc == 0 && i > first)
+            rc = tensor_view(pool, r, t, &x);
+        x.grad_scale = scale;
+        if (rc == 0 && i > first)
+            rc = fy_adamw_update_rows(o->threads, &thp, step, &x, local, i - first, len, o->impl);
     }
+    free(local);
+    FY_TRY(rc);
     FY_REQUIRE(i == nrows, -EPROTO, "opt-adamw: row %d lies outside unit %d", rows[i], layer);
     return 0;
 }
@@ -257,19 +345,17 @@ static int sumsq(struct fy_optstep *o, const struct fy_pool *pool, const struct 
     return 0;
 }
 
-int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *req,
-                      unsigned n, struct fy_desc *reply)
+/* opt-adamw: the update of a unit's state (or one tensor's), tensor by tensor (each with its weight
+ * decay and, in int8, its own blocks), or of the rows a row list names. */
+static int adamw(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *req,
+                 unsigned n)
 {
-    if (req[0].op == FY_OP_OPT_SUMSQ)
-        return sumsq(o, pool, req, n, reply);
-    FY_REQUIRE(req[0].op == FY_OP_OPT_ADAMW, -EPROTO,
-               "opt worker: op %s is not an optimizer operation", fy_op_name(req[0].op));
-    FY_REQUIRE(req[0].step >= 1, -EPROTO, "opt-adamw: step (Adam's t) must be >= 1");
-    struct fy_adamw_tensor x;
-    FY_TRY(adamw_tensor(pool, req, n, &x));
-    FY_TRY(grad_scale(part_of(req, n, FY_KIND_GRAD), &x.grad_scale));
+    struct adamw_request r;
+    FY_TRY(adamw_request(o, req, n, &r));
+    float scale;
+    FY_TRY(grad_scale(r.part[FY_KIND_GRAD], &scale));
     struct fy_adamw_hparams hp = o->hp;
-    const struct fy_desc *master = part_of(req, n, FY_KIND_MASTER);
+    const struct fy_desc *master = r.part[FY_KIND_MASTER];
     if (master->arg != 0) {
         double lr;
         memcpy(&lr, &master->arg, sizeof lr);
@@ -279,19 +365,24 @@ int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const st
     int layer = req[0].layer;
     const struct fy_desc *list = part_of(req, n, FY_KIND_TOKENS);
     if (list != NULL)
-        return update_rows(o, pool, list, &hp, req[0].step, &x, layer);
-    if (layer < 0 || !o->have_model)
-        return fy_adamw_update(o->threads, &hp, req[0].step, &x, o->impl);
-    FY_REQUIRE((unsigned)layer < fy_model_unit_count(&o->model) &&
-                   fy_model_unit_params(&o->model, (unsigned)layer) == x.n,
-               -EPROTO, "opt-adamw: unit %d of the model does not hold %zu parameters", layer, x.n);
-    struct fy_param_segment seg[FY_MODEL_MAX_SEGMENTS];
-    int nseg = fy_model_decay_segments(&o->model, (unsigned)layer, seg);
-    FY_TRY(nseg);
-    for (int i = 0; i < nseg; i++) {
-        struct fy_adamw_hparams shp = segment_hparams(&hp, &seg[i]);
-        struct fy_adamw_tensor part = slice(&x, seg[i].begin, seg[i].end);
-        FY_TRY(fy_adamw_update(o->threads, &shp, req[0].step, &part, o->impl));
+        return update_rows(o, pool, list, &hp, req[0].step, &r, layer, scale);
+    for (unsigned k = 0; k < r.tensors; k++) {
+        struct fy_adamw_tensor x;
+        FY_TRY(tensor_view(pool, &r, &r.tensor[k], &x));
+        x.grad_scale = scale;
+        struct fy_adamw_hparams thp = tensor_hparams(&hp, &r.tensor[k]);
+        FY_TRY(fy_adamw_update(o->threads, &thp, req[0].step, &x, o->impl));
     }
     return 0;
+}
+
+int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *req,
+                      unsigned n, struct fy_desc *reply)
+{
+    if (req[0].op == FY_OP_OPT_SUMSQ)
+        return sumsq(o, pool, req, n, reply);
+    FY_REQUIRE(req[0].op == FY_OP_OPT_ADAMW, -EPROTO,
+               "opt worker: op %s is not an optimizer operation", fy_op_name(req[0].op));
+    FY_REQUIRE(req[0].step >= 1, -EPROTO, "opt-adamw: step (Adam's t) must be >= 1");
+    return adamw(o, pool, req, n);
 }

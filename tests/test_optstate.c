@@ -12,6 +12,10 @@
  *     the pool, with a bf16 weights copy 2 bytes a parameter more (padded to 4 KiB), which is also
  *     what the gpu is sent instead of the 4 of its f32 master; the pool's state region holds two
  *     units' state;
+ *   - bf16: the moments' sections in bf16, 2 bytes a parameter each; int8 (GPT-2 1024 wide, worked
+ *     by hand): the codes of the tensors of 4096 values or more, their blocks' absmax, the small
+ *     tensors' f32 moments apart, each tensor's place; 8, 6.03125 bytes a parameter; a new state's
+ *     moments dequantize to zero; the planner moves the int8 state's bytes;
  *   - the self-test's state tensor has the same layout. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +23,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/arch/arch.h"
@@ -27,6 +32,7 @@
 #include "common/optstate.h"
 #include "launcher/plan.h"
 #include "launcher/selftest.h"
+#include "opt_worker/quant8.h"
 
 /* GPT-2, 1024 wide: a block's 12 C^2 + 13 C parameters are a multiple of 1024, so its f32
  * sections need no padding. */
@@ -91,9 +97,12 @@ static void test_sections(void **state)
 static void test_bytes_a_parameter(void **state)
 {
     (void)state;
-    assert_int_equal(fy_optstate_param_bytes(), 12);
-    assert_int_equal(fy_optstate_update_param_bytes(FY_DTYPE_F32), 28);
-    assert_int_equal(fy_optstate_update_param_bytes(FY_DTYPE_BF16), 26);
+    assert_true(fy_optstate_param_bytes(FY_OPTIM_STATE_FP32) == 12.0);
+    assert_true(fy_optstate_param_bytes(FY_OPTIM_STATE_BF16) == 8.0);
+    assert_true(fy_optstate_param_bytes(FY_OPTIM_STATE_INT8) == 6.03125); /* 4 + 2 + 8 / 256 */
+    assert_true(fy_optstate_update_param_bytes(FY_DTYPE_F32, FY_OPTIM_STATE_FP32) == 28.0);
+    assert_true(fy_optstate_update_param_bytes(FY_DTYPE_BF16, FY_OPTIM_STATE_FP32) == 26.0);
+    assert_true(fy_optstate_update_param_bytes(FY_DTYPE_F32, FY_OPTIM_STATE_INT8) == 16.0625);
     assert_int_equal(FY_OPTSTATE_COPY_DTYPE, FY_DTYPE_BF16);
 }
 
@@ -150,6 +159,154 @@ static void test_planner_counts(void **state)
     assert_true(found);
 }
 
+/* bf16: [master f32 | m bf16 | v bf16], each padded. */
+static void test_bf16_sections(void **state)
+{
+    (void)state;
+    struct fy_model_config c = llama_small();
+    c.optim_state = FY_OPTIM_STATE_BF16;
+    for (unsigned u = 0; u < fy_model_unit_count(&c); u++) {
+        uint64_t P = fy_model_unit_params(&c, u);
+        struct fy_optstate_layout l;
+        fy_optstate_layout(&c, u, &l);
+        assert_int_equal(l.count, 3);
+        assert_int_equal(l.section[0].dtype, FY_DTYPE_F32);
+        for (int i = 1; i <= 2; i++) {
+            assert_int_equal(l.section[i].dtype, FY_DTYPE_BF16);
+            assert_int_equal(l.section[i].bytes, 2 * P);
+        }
+        assert_int_equal(l.section[1].offset, pad(4 * P));
+        assert_int_equal(l.section[2].offset, pad(4 * P) + pad(2 * P));
+        assert_int_equal(l.bytes, pad(4 * P) + 2 * pad(2 * P));
+    }
+}
+
+/* int8 of GPT-2 1024 wide, worked by hand. A block's tensors: ln_1 w, b (1024 each: f32), c_attn w
+ * (3 Mi: 12288 blocks) and b (3072: f32), attn c_proj w (1 Mi: 4096 blocks), b (1024: f32), ln_2
+ * w, b (f32), c_fc w (4 Mi: 16384 blocks) and b (4096: quantized, 16 blocks), mlp c_proj w (4 Mi:
+ * 16384 blocks) and b (1024: f32). */
+static void test_int8_sections(void **state)
+{
+    (void)state;
+    struct fy_model_config c = gpt_wide();
+    c.optim_state = FY_OPTIM_STATE_INT8;
+    const uint64_t C = 1024, P = fy_model_unit_params(&c, 1);
+    const uint64_t small = 2 * C + 3 * C + C + 2 * C + C; /* ln_1, c_attn b, proj b, ln_2, proj b */
+    const uint64_t quantized = P - small, blocks = 12288 + 4096 + 16384 + 16 + 16384;
+    assert_int_equal(quantized, 12 * C * C + 4 * C);
+    struct fy_optstate_layout l;
+    fy_optstate_layout(&c, 1, &l);
+    assert_int_equal(l.count, 5);
+    assert_int_equal(l.quantized, quantized);
+    assert_int_equal(l.blocks, blocks);
+    assert_int_equal(l.small, small);
+    static const char *const names[5] = {"master", "adam_m", "adam_v", "adam_absmax", "adam_small"};
+    static const int kinds[5] = {FY_KIND_MASTER, FY_KIND_ADAM_M, FY_KIND_ADAM_V,
+                                 FY_KIND_ADAM_ABSMAX, FY_KIND_ADAM_SMALL};
+    static const int dtypes[5] = {FY_DTYPE_F32, FY_DTYPE_U8, FY_DTYPE_U8, FY_DTYPE_F32,
+                                  FY_DTYPE_F32};
+    const uint64_t bytes[5] = {4 * P, quantized, quantized, 8 * blocks, 8 * small};
+    uint64_t at = 0;
+    for (int i = 0; i < 5; i++) {
+        assert_string_equal(l.section[i].name, names[i]);
+        assert_int_equal(l.section[i].kind, kinds[i]);
+        assert_int_equal(l.section[i].dtype, dtypes[i]);
+        assert_int_equal(l.section[i].bytes, bytes[i]);
+        assert_int_equal(l.section[i].offset, at);
+        at += pad(bytes[i]);
+    }
+    assert_int_equal(l.bytes, at);
+    /* the tensors: codes and blocks one after another, small tensors' moments apart */
+    struct fy_optstate_tensor t[FY_UNIT_MAX_TENSORS];
+    unsigned n = fy_optstate_tensors(&c, 1, t);
+    assert_int_equal(n, 12);
+    uint64_t q = 0, b = 0, s = 0;
+    for (unsigned i = 0; i < n; i++) {
+        assert_int_equal(t[i].quantized, t[i].count >= FY_OPTSTATE_INT8_MIN);
+        assert_int_equal(t[i].at, t[i].quantized ? q : s);
+        assert_int_equal(t[i].block, t[i].quantized ? b : 0);
+        if (t[i].quantized) {
+            q += t[i].count;
+            b += (t[i].count + 255) / 256;
+        } else {
+            s += t[i].count;
+        }
+    }
+    assert_int_equal(t[9].count, 4 * C); /* c_fc's bias: exactly the threshold, quantized */
+    assert_true(t[9].quantized);
+    /* the embeddings (wte 1000 x 1024, wpe 64 x 1024): all quantized, nothing small */
+    fy_optstate_layout(&c, 0, &l);
+    assert_int_equal(l.small, 0);
+    assert_int_equal(l.blocks, 4000 + 256);
+    assert_int_equal(l.section[FY_OPTSTATE_SMALL].padded, 0);
+    /* one tensor: below the threshold nothing is quantized */
+    fy_optstate_layout_params(4095, FY_OPTIM_STATE_INT8, &l);
+    assert_int_equal(l.quantized, 0);
+    assert_int_equal(l.small, 4095);
+    fy_optstate_layout_params(5000, FY_OPTIM_STATE_INT8, &l);
+    assert_int_equal(l.quantized, 5000);
+    assert_int_equal(l.blocks, 20);
+}
+
+/* A new state's moments: zero in every format (int8: the code of zero in each map, absmax 0),
+ * the master untouched. */
+static void test_zero_moments(void **state)
+{
+    (void)state;
+    for (int format = 0; format < FY_OPTIM_STATE_COUNT; format++) {
+        struct fy_optstate_layout l;
+        fy_optstate_layout_params(5000, format, &l);
+        uint8_t *s = malloc(l.bytes);
+        assert_non_null(s);
+        memset(s, 0xAB, l.bytes);
+        fy_optstate_zero_moments(&l, s);
+        for (uint64_t i = 0; i < 20000; i++)
+            assert_int_equal(s[i], 0xAB);
+        float m[5000], v[5000];
+        if (format == FY_OPTIM_STATE_INT8) {
+            const float *absmax = (const float *)(s + l.section[FY_OPTSTATE_ABSMAX].offset);
+            fy_quant8_dequantize(s + l.section[FY_OPTSTATE_ADAM_M].offset, absmax, 5000, 1, m);
+            fy_quant8_dequantize(s + l.section[FY_OPTSTATE_ADAM_V].offset, absmax + l.blocks,
+                                 5000, 0, v);
+            assert_int_equal(FY_OPTSTATE_INT8_ZERO_M, fy_quant8_zero_code(1));
+            assert_int_equal(FY_OPTSTATE_INT8_ZERO_V, fy_quant8_zero_code(0));
+            assert_int_equal(FY_OPTSTATE_INT8_BLOCK, FY_QUANT8_BLOCK);
+        } else {
+            for (int k = 0; k < 5000; k++) {
+                m[k] = format == FY_OPTIM_STATE_BF16
+                           ? fy_bf16_to_f32(((uint16_t *)(s + l.section[1].offset))[k])
+                           : ((float *)(s + l.section[1].offset))[k];
+                v[k] = format == FY_OPTIM_STATE_BF16
+                           ? fy_bf16_to_f32(((uint16_t *)(s + l.section[2].offset))[k])
+                           : ((float *)(s + l.section[2].offset))[k];
+            }
+        }
+        for (int k = 0; k < 5000; k++) {
+            assert_true(m[k] == 0.0f);
+            assert_true(v[k] == 0.0f);
+        }
+        free(s);
+    }
+}
+
+/* The planner counts int8's bytes: a streamed block reads and writes its whole int8 state. */
+static void test_int8_planner_counts(void **state)
+{
+    (void)state;
+    struct fy_model_config c = gpt_wide();
+    c.optim_state = FY_OPTIM_STATE_INT8;
+    unsigned char res[8];
+    one_streamed(&c, FY_PLAN_STREAMED, res);
+    struct fy_plan_shape step = {.c = &c, .B = 2, .T = 16, .act_dtype = FY_DTYPE_F32};
+    const struct fy_plan_place place = {.resident = res};
+    struct fy_plan_traffic t;
+    fy_plan_traffic(&step, &place, &t);
+    uint64_t P = fy_model_unit_params(&c, 1), state_bytes = fy_optstate_bytes(&c, 1);
+    assert_int_equal(t.ssd_read, pad(4 * P) + state_bytes);
+    assert_int_equal(t.ssd_write, state_bytes);
+    assert_true(state_bytes < 6.1 * (double)P);
+}
+
 static void test_selftest_layout(void **state)
 {
     (void)state;
@@ -166,6 +323,10 @@ int main(void)
         cmocka_unit_test(test_sections),
         cmocka_unit_test(test_bytes_a_parameter),
         cmocka_unit_test(test_planner_counts),
+        cmocka_unit_test(test_bf16_sections),
+        cmocka_unit_test(test_int8_sections),
+        cmocka_unit_test(test_zero_moments),
+        cmocka_unit_test(test_int8_planner_counts),
         cmocka_unit_test(test_selftest_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

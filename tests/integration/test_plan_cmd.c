@@ -273,7 +273,7 @@ static void test_probe_then_plan(void **state)
     assert_non_null(profile);
     static const char *const keys[] = {"\"gpu_flops\":", "\"h2d\":", "\"d2h\":",
                                        "\"ssd_read\":", "\"ssd_write\":", "\"opt_params\":",
-                                       "\"opt_params_bf16\":", "\"opt_params_q8\":"};
+                                       "\"opt_params_bf16\":", "\"opt_params_int8\":"};
     for (int i = 0; i < 8; i++) {
         char *at = strstr(profile, keys[i]);
         assert_non_null(at);
