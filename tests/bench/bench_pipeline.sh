@@ -22,7 +22,9 @@
 # the SSD placement, whose steps take far longer), PIPELINE_CKPT (--ckpt-place for every run),
 # PIPELINE_GRAD_SLOTS (--grad-slots values, each run in turn for the host placement),
 # PIPELINE_STATE_COPIES (init --state-copies: 2, or 1 where two copies of a model's state do not
-# fit the disk, as 2.7B on the 64 GiB GPU machine),
+# fit the disk, as 2.7B on the 64 GiB GPU machine), PIPELINE_OPTIM_STATES (init --optim-state
+# values, each on a store of its own, in turn: "fp32"; the config column names the others, as
+# 1.3B-int8),
 # PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_RUNS (instead of
 # every combination of the lists above, these runs in order, each B/PLACEMENT/SCHEDULE/ACT_PLAN
 # with an optional /AFFINITY (--affinity, default auto) and /WEIGHTS (--weights-dtype, default
@@ -158,12 +160,16 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     tiny) model="--layers 2 --heads 4 --embd 64"; state=0.05; slots=0.04; act=0.001 ;; # smoke test
     *) echo "unknown config $cfg"; exit 2 ;;
   esac
-  t0=$(date +%s)
   case $model in *--vocab*) vocab="" ;; *) vocab="--vocab 50304" ;; esac
-  "$L" init --run-dir "$work/run-$cfg" $model $vocab --ctx "$SEQ" --seed 1 \
-    --state-copies "${PIPELINE_STATE_COPIES:-2}" \
-    >"$work/init-$cfg.log" 2>&1 || { tail -5 "$work/init-$cfg.log"; exit 1; }
-  echo "init $cfg: $(( $(date +%s) - t0 )) s"
+  for fmt in ${PIPELINE_OPTIM_STATES:-fp32}; do
+  # each optimizer state format on a store of its own, named in the config column beside fp32's
+  label=$cfg
+  [ "$fmt" = fp32 ] || label=$cfg-$fmt
+  t0=$(date +%s)
+  "$L" init --run-dir "$work/run-$label" $model $vocab --ctx "$SEQ" --seed 1 \
+    --state-copies "${PIPELINE_STATE_COPIES:-2}" --optim-state "$fmt" \
+    >"$work/init-$label.log" 2>&1 || { tail -5 "$work/init-$label.log"; exit 1; }
+  echo "init $label: $(( $(date +%s) - t0 )) s"
   # the compute time of the same step with every weight resident on the GPU, blocks recomputed
   # (the bound below: the pipeline's own work when it keeps nothing) and every block's internals
   # kept (all on the GPU, no budget: the throughput the pipeline is measured against); once a batch
@@ -201,8 +207,8 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
     for r in $PIPELINE_RUNS; do
       IFS=/ read -r B place sched plan affinity weights <<<"$r"
       compute_for "$B"; export COMPUTE_S
-      run "$cfg-$B-$place-$sched-$plan${affinity:+-${affinity//[=,]/_}}${weights:+-$weights}" \
-        "$cfg" "$B" "$place" "$sched" 2 "$(mem_for "$place" "$B")" "" "$plan" \
+      run "$label-$B-$place-$sched-$plan${affinity:+-${affinity//[=,]/_}}${weights:+-$weights}" \
+        "$label" "$B" "$place" "$sched" 2 "$(mem_for "$place" "$B")" "" "$plan" \
         "${affinity:-auto}" "${weights:-auto}"
     done
   else
@@ -216,20 +222,21 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
         mem=$(mem_for "$place" "$B")
         for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
           for plan in ${PIPELINE_ACT_PLANS:-auto}; do
-            run "$cfg-$B-$place-$sched-$plan" "$cfg" "$B" "$place" "$sched" 2 "$mem" "" "$plan"
+            run "$label-$B-$place-$sched-$plan" "$label" "$B" "$place" "$sched" 2 "$mem" "" "$plan"
           done
         done
         if [ "$place" = host ]; then
           for gs in ${PIPELINE_GRAD_SLOTS:-}; do
-            run "$cfg-$B-$place-overlap-g$gs" "$cfg" "$B" "$place" overlap 2 "$mem" "$gs"
+            run "$label-$B-$place-overlap-g$gs" "$label" "$B" "$place" overlap 2 "$mem" "$gs"
           done
         fi
         [ "$place" = host ] && [ "${PIPELINE_QUEUE1:-1}" = 1 ] &&
-          run "$cfg-$B-$place-overlap-q1" "$cfg" "$B" "$place" overlap 1 "$mem"
+          run "$label-$B-$place-overlap-q1" "$label" "$B" "$place" overlap 1 "$mem"
       done
     done
   fi
-  rm -rf "$work/run-$cfg"
+  rm -rf "$work/run-$label"
+  done
   # the peer in the same run: PyTorch FSDP2 with CPU offload on this GPU, same model and formula
   if [ "$BACKEND" = cuda ] && [ "${PIPELINE_FSDP2:-1}" = 1 ] && [ "$cfg" != tiny ]; then
     for B in ${PIPELINE_FSDP2_BATCHES:-16}; do
