@@ -1,8 +1,9 @@
 /* Integration tests of the launcher's planning and reporting on the CPU backend: the plan's
  * predictions against values worked out by hand (fy_plan_predict and fuyou-launch plan), the
  * largest batch the SSD holds, the machine profiles of docs/machines, probe then plan, profile,
- * report's charts, the progress line on a terminal, the trace and the metrics' busy times and SSD bytes beside the plan's prediction, the
- * SSD rates carried to the next session, and make bench-pipeline's table. */
+ * report's charts, the progress line on a terminal, the trace and the metrics' busy times and SSD
+ * bytes beside the plan's prediction, the SSD rates carried to the next session, and make
+ * bench-pipeline's table. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
