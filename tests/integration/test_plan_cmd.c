@@ -1,8 +1,9 @@
 /* Integration tests of the launcher's planning and reporting on the CPU backend: the plan's
  * predictions against values worked out by hand (fy_plan_predict and fuyou-launch plan), the
- * largest batch the SSD holds, probe then plan, profile, report's charts, the progress line on a
- * terminal, the trace and the metrics' busy times and SSD bytes beside the plan's prediction, the
- * SSD rates carried to the next session, and make bench-pipeline's table. */
+ * largest batch the SSD holds, the machine profiles of docs/machines, probe then plan, profile,
+ * report's charts, the progress line on a terminal, the trace and the metrics' busy times and SSD
+ * bytes beside the plan's prediction, the SSD rates carried to the next session, and make
+ * bench-pipeline's table. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -242,6 +243,78 @@ static void test_plan_largest_batch_fits_ssd(void **state)
     assert_int_equal(plan_wide(f, ssd, fy_test_fmt("%d", largest + 2)), 1);
     assert_true(fy_test_file_contains(f->log, "swapped internals' scratch) on 1 path with "));
     assert_true(fy_test_file_contains(f->log, "free (DOES NOT FIT)"));
+}
+
+/* The machine profiles of docs/machines (the Fuyou paper's testbed, docs/benchmarks.md, "At the
+ * paper's scale, by the cost model") load, and plan predicts from them what that section's table
+ * says: GPT-3 13B (40 x 5120, vocabulary 50304, T 1024) at the table's batch 40 under --gpu-mem 24G
+ * and --cpu-mem 720G, every unit's state in the pool, for each --optim-state. Worked out by hand
+ * from the profiles' rates: N = 50304 x 5120 + 2048 x 5120 + 40 x (12 x 5120^2 + 13 x 5120) +
+ * 2 x 5120 = 12853626880 parameters; a token 6 N + 6 x 40 x 1024 x 5120 FLOPs, 40960 tokens, on
+ * the GPU at gpu_flops; AdamW N / opt_params (fp32), N / opt_params_bf16, N / opt_params_int8.
+ * Where the GPU is modelled (the CUDA backend built) batch 40 is the largest that fits 24 GiB. */
+static int plan_paper(struct fy_test_fixture *f, const char *machine, const char *format,
+                      const char *gpu_mem, int wide, const char *batch)
+{
+    const char *args[] = {"plan", "--machine", machine, "--layers", wide ? "96" : "40",
+                          "--heads", wide ? "96" : "40", "--embd", wide ? "12288" : "5120",
+                          "--vocab", "50304", "--ctx", "2048", "--seq", "1024", "--batch", batch,
+                          "--gpu-mem", gpu_mem, "--cpu-mem", "720G", "--backend", "cuda",
+                          "--optim-state", format, NULL};
+    return fy_test_launch_in(f, args, 60);
+}
+
+/* The seconds plan's log gives `resource` in its line of predicted seconds (-1: none). */
+static double predicted_seconds(const char *log, const char *resource)
+{
+    char *text = fy_test_slurp(log, NULL);
+    const char *line = text ? strstr(text, "plan: predicted seconds per step: ") : NULL;
+    const char *at = line ? strstr(line, resource) : NULL;
+    double s = at ? atof(at + strlen(resource)) : -1;
+    free(text);
+    return s;
+}
+
+static void test_paper_machine_profiles(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    static const char *const machines[] = {"docs/machines/fuyou-paper-4090.json",
+                                           "docs/machines/fuyou-paper-a100.json",
+                                           "docs/machines/fuyou-paper-4090-gpu156.json"};
+    static const char *const formats[] = {"fp32", "bf16", "int8"};
+    static const char *const opt_keys[] = {"\"opt_params\":", "\"opt_params_bf16\":",
+                                           "\"opt_params_int8\":"};
+    const double N = 50304.0 * 5120 + 2048.0 * 5120 + 40 * (12.0 * 5120 * 5120 + 13 * 5120) +
+                     2 * 5120;
+    const double step_flops = 40960 * (6 * N + 6.0 * 40 * 1024 * 5120);
+    for (int m = 0; m < 3; m++) {
+        char *profile = fy_test_slurp(machines[m], NULL);
+        if (profile == NULL)
+            fail_msg("%s cannot be read: run the tests from the source tree's root", machines[m]);
+        double gpu_flops = atof(strstr(profile, "\"gpu_flops\":") + strlen("\"gpu_flops\":"));
+        for (int i = 0; i < 3; i++) {
+            const char *key = strstr(profile, opt_keys[i]);
+            assert_non_null(key);
+            double opt = atof(key + strlen(opt_keys[i]));
+            assert_int_equal(plan_paper(f, machines[m], formats[i], m == 1 ? "80G" : "24G", 0,
+                                        "40"), 0);
+            assert_true(fy_test_file_contains(f->log, fy_test_fmt("rates: %s", machines[m])));
+            assert_true(fy_test_file_contains(f->log, "42 of 42 units"));
+            assert_true(fy_test_file_contains(f->log, "; bound: GPU compute"));
+            assert_float_equal(predicted_seconds(f->log, "GPU compute "), step_flops / gpu_flops,
+                               1e-5 * step_flops / gpu_flops);
+            assert_float_equal(predicted_seconds(f->log, "optimizer "), N / opt, 1e-5 * N / opt);
+            if (m != 1 && fy_test_file_contains(f->log, "plan: GPU: working buffers "))
+                assert_true(fy_test_file_contains(f->log, "plan: largest batch that fits: 40 "));
+        }
+        free(profile);
+    }
+    /* 175B on the A100 (table's batch 45): its state, 1.9 TiB fp32, mostly streams from the SSD
+     * store, and the plan fits and names a bound */
+    assert_int_equal(plan_paper(f, machines[1], "fp32", "80G", 1, "45"), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: optimizer state 1.9 TiB: "));
+    assert_true(fy_test_file_contains(f->log, "plan: SSD store 3.8 TiB (2 copies"));
+    assert_true(predicted_seconds(f->log, "SSD ") > 1);
 }
 
 /* Entries of a directory other than . and .. (-1: cannot be read). */
@@ -690,6 +763,7 @@ int main(void)
         cmocka_unit_test(test_prediction_by_hand),
         FY_TRAINUTIL_TEST(test_plan_by_hand),
         FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),
+        FY_TRAINUTIL_TEST(test_paper_machine_profiles),
         FY_TRAINUTIL_TEST(test_probe_then_plan),
         FY_TRAINUTIL_TEST(test_progress_line),
         FY_TRAINUTIL_TEST(test_report_charts),
