@@ -504,9 +504,9 @@ static unsigned unit_request(struct fx *f, const struct fy_model_config *c, unsi
     return count;
 }
 
-/* Every unit of the width-64 model in bf16 and int8: the handler's update equals the kernel
- * called on each tensor (its decay, its moments where the layout says) bit for bit, and the
- * layout the handler uses is the one described. */
+/* Every unit of the width-64 model in bf16 and int8: the handler's update (with a clipping scale)
+ * equals the kernel called on each tensor (its decay, its moments where the layout says, the
+ * scale) bit for bit, and the layout the handler uses is the one described. */
 static void test_adamw_unit_formats(void **state)
 {
     struct fx *f = *state;
@@ -535,6 +535,8 @@ static void test_adamw_unit_formats(void **state)
             struct fy_desc req[8], reply;
             const double lr = 2e-3;
             unsigned n = unit_request(f, &c, u, state_at, 5, lr, req);
+            const double scale = 0.37; /* clipping's, in the grad part */
+            req[0].arg = double_arg(scale);
             memset(&reply, 0, sizeof reply);
             assert_int_equal(fy_optstep_handle(opt, f->pool, req, n, &reply), 0);
             uint8_t *got = malloc(h.bytes);
@@ -550,6 +552,7 @@ static void test_adamw_unit_formats(void **state)
                 if (!h.decay[i])
                     hp.weight_decay = 0.0f;
                 struct fy_adamw_tensor x = hand_view(&c, &h, i, s, grad);
+                x.grad_scale = (float)scale;
                 assert_int_equal(fy_adamw_update(NULL, &hp, 5, &x, FY_ADAMW_SCALAR), 0);
             }
             assert_memory_equal(got, s, h.bytes);
