@@ -261,8 +261,9 @@ static struct fy_adamw_hparams tensor_hparams(const struct fy_adamw_hparams *hp,
 }
 
 /* opt-adamw over the rows a TOKENS part lists (int32, ascending, each a row of `arg` elements of
- * the unit, none across two tensors), tensor by tensor: the update of a unit in parts, each once
- * its gradient is final. */
+ * the unit, none across two tensors, none splitting an 8-bit tensor's blocks), tensor by tensor:
+ * the update of a unit in parts, each once its gradient is final. The whole list is checked
+ * before any row is updated, so a list refused leaves the state as it was. */
 static int update_rows(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *list,
                        const struct fy_adamw_hparams *hp, uint64_t step,
                        const struct adamw_request *r, int layer, float scale)
@@ -276,33 +277,42 @@ static int update_rows(struct fy_optstep *o, const struct fy_pool *pool, const s
     FY_REQUIRE(rows != NULL || nrows == 0, -ERANGE, "opt-adamw: the row list lies outside the pool");
     for (size_t i = 1; i < nrows; i++)
         FY_REQUIRE(rows[i] > rows[i - 1], -EPROTO, "opt-adamw: the row list is not ascending");
+    FY_REQUIRE(nrows == 0 || rows[0] >= 0, -EPROTO, "opt-adamw: row %d lies outside unit %d",
+               rows[0], layer);
+    /* tensor k's rows are rows[first[k] .. first[k + 1]) */
+    size_t first[FY_UNIT_MAX_TENSORS + 1], i = 0;
+    for (unsigned k = 0; k < r->tensors; k++) {
+        const struct fy_optstate_tensor *t = &r->tensor[k];
+        first[k] = i;
+        for (; i < nrows && ((size_t)rows[i] + 1) * len <= t->begin + t->count; i++)
+            FY_REQUIRE((size_t)rows[i] * len >= t->begin && t->begin % len == 0, -EPROTO,
+                       "opt-adamw: row %d straddles two of unit %d's tensors", rows[i], layer);
+        FY_REQUIRE(i == first[k] || !t->quantized || len % FY_OPTSTATE_INT8_BLOCK == 0, -EPROTO,
+                   "opt-adamw: rows of %zu values would split the 8-bit blocks of %d of unit %d's "
+                   "tensor %u: such a unit is updated in one piece", len, FY_OPTSTATE_INT8_BLOCK,
+                   layer, k);
+    }
+    first[r->tensors] = i;
+    FY_REQUIRE(i == nrows, -EPROTO, "opt-adamw: row %d lies outside unit %d", rows[i], layer);
     int32_t *local = malloc((nrows > 0 ? nrows : 1) * sizeof *local);
     FY_REQUIRE(local != NULL, -ENOMEM, "opt-adamw: no memory for a row list of %zu rows", nrows);
-    size_t i = 0;
     int rc = 0;
     for (unsigned k = 0; k < r->tensors && rc == 0; k++) {
         const struct fy_optstate_tensor *t = &r->tensor[k];
-        size_t first = i;
-        for (; i < nrows && ((size_t)rows[i] + 1) * len <= t->begin + t->count; i++) {
-            if ((size_t)rows[i] * len < t->begin || t->begin % len != 0) {
-                fy_error("opt-adamw: row %d straddles two of unit %d's tensors", rows[i], layer);
-                rc = -EPROTO;
-                break;
-            }
-            local[i - first] = (int32_t)((size_t)rows[i] - t->begin / len);
-        }
+        size_t count = first[k + 1] - first[k];
+        if (count == 0)
+            continue;
+        for (size_t j = 0; j < count; j++)
+            local[j] = (int32_t)((size_t)rows[first[k] + j] - t->begin / len);
         struct fy_adamw_tensor x;
         struct fy_adamw_hparams thp = tensor_hparams(hp, t);
-        if (rc == 0 && i > first)
-            rc = tensor_view(pool, r, t, &x);
+        rc = tensor_view(pool, r, t, &x);
         x.grad_scale = scale;
-        if (rc == 0 && i > first)
-            rc = fy_adamw_update_rows(o->threads, &thp, step, &x, local, i - first, len, o->impl);
+        if (rc == 0)
+            rc = fy_adamw_update_rows(o->threads, &thp, step, &x, local, count, len, o->impl);
     }
     free(local);
-    FY_TRY(rc);
-    FY_REQUIRE(i == nrows, -EPROTO, "opt-adamw: row %d lies outside unit %d", rows[i], layer);
-    return 0;
+    return rc;
 }
 
 /* The clipping scale of the GRAD part's arg, as the float the kernel multiplies by (0: none). */

@@ -47,12 +47,14 @@ int fy_chaos_group_teardown(void **state)
     return 0;
 }
 
-void fy_chaos_reference_run(void **state)
+void fy_chaos_reference_run(void **state) { fy_chaos_reference_run_in(*state, "reference"); }
+
+void fy_chaos_reference_run_in(struct fy_chaos *c, const char *name)
 {
-    struct fy_chaos *c = *state;
-    char *run = fy_test_in(c->f, "reference");
-    char *out = fy_test_in(c->f, "reference.fywt");
-    fy_chaos_init_model(c->f, run);
+    char *run = strdup(fy_test_in(c->f, name));
+    char *out = strdup(fy_test_fmt("%s.fywt", run));
+    assert_true(run != NULL && out != NULL);
+    fy_chaos_init_model_as(c->f, run, c->optim_state);
     const char *args[40];
     fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
     assert_int_equal(fy_test_launch_in(c->f, args, 300), 0);
@@ -62,12 +64,20 @@ void fy_chaos_reference_run(void **state)
     assert_int_equal(fy_test_count_matches(fy_test_fmt("%s/metrics.jsonl", run), "\"step\": "),
                      atoi(FY_CHAOS_STEPS));
     fy_chaos_assert_nothing_left(run);
+    free(run);
+    free(out);
 }
 
 void fy_chaos_init_model(struct fy_test_fixture *f, const char *run)
 {
+    fy_chaos_init_model_as(f, run, NULL);
+}
+
+void fy_chaos_init_model_as(struct fy_test_fixture *f, const char *run, const char *optim_state)
+{
     const char *args[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
-                          "64", "--ctx", "32", "--seed", "5", NULL};
+                          "64", "--ctx", "32", "--seed", "5",
+                          optim_state ? "--optim-state" : NULL, optim_state, NULL};
     assert_int_equal(fy_test_launch_in(f, args, 60), 0);
 }
 
@@ -153,7 +163,7 @@ struct fy_chaos_paths fy_chaos_new_run(struct fy_chaos *c, const char *name)
     snprintf(p.log, sizeof p.log, "%s.log", p.run);
     snprintf(p.store, sizeof p.store, "%s/store", p.run);
     snprintf(p.data, sizeof p.data, "%s/%s", p.store, FY_STORE_DATA_NAME);
-    fy_chaos_init_model(c->f, p.run);
+    fy_chaos_init_model_as(c->f, p.run, c->optim_state);
     return p;
 }
 

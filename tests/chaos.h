@@ -17,6 +17,7 @@
 /* The group's scratch: the token file, and the losses and weights of the undisturbed run. */
 struct fy_chaos {
     struct fy_test_fixture *f;
+    const char *optim_state; /* init --optim-state of every run (NULL: init's default, fp32) */
     char *ref_losses;
     char *ref_weights;
     size_t ref_len;
@@ -40,9 +41,13 @@ int fy_chaos_group_teardown(void **state);
 /* The undisturbed run every other is compared with: each program's first test, which it names
  * test_reference_run. */
 void fy_chaos_reference_run(void **state);
+/* The same for c's runs: the undisturbed run, in the group's directory under `name`. */
+void fy_chaos_reference_run_in(struct fy_chaos *c, const char *name);
 
 /* init of the GPT every run here trains (2 layers of width 64, 2 heads, context 32, seed 5). */
 void fy_chaos_init_model(struct fy_test_fixture *f, const char *run);
+/* The same with --optim-state `optim_state` (NULL: none given). */
+void fy_chaos_init_model_as(struct fy_test_fixture *f, const char *run, const char *optim_state);
 /* The train command of every run here (run, token file, steps, export path), then `extra`
  * (NULL-terminated, may be NULL), into args (40 of them are enough). */
 void fy_chaos_train_args(const char **args, const char *run, const char *data, const char *steps,
@@ -51,7 +56,8 @@ void fy_chaos_train_args(const char **args, const char *run, const char *data, c
 char *fy_chaos_losses(const char *metrics);
 /* Nothing of the run is left: no process, no pool in /dev/shm, no temporary file. */
 void fy_chaos_assert_nothing_left(const char *run);
-/* The paths of a run named `name` in the group's directory, with a model initialised there. */
+/* The paths of a run named `name` in the group's directory, with a model initialised there (in
+ * c->optim_state). */
 struct fy_chaos_paths fy_chaos_new_run(struct fy_chaos *c, const char *name);
 /* Starts the usual training run to FY_CHAOS_STEPS in the background (its output to rp->log, made
  * anew), with `extra` options (may be NULL) and, where delay_ms is given, every AdamW that much

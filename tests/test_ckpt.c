@@ -2,6 +2,8 @@
  *   - the digest is XXH3-64 (its published values for "" and "a"), one flipped bit changes it, and
  *     the digest with a hole read as zero equals that of the buffer with the hole zeroed;
  *   - a record round-trips the step, seed, sequence number, copy, copies and every unit's digest;
+ *   - slot 37 holds the optimizer state format: each round-trips, 0 (records written before the
+ *     slot was) reads fp32, a value this build does not know is refused;
  *   - fy_storemeta_check: intact 0, all zeros 1 (never written), a flipped byte anywhere in the
  *     record (header, digests, padding) or a short buffer -EBADMSG; decode refuses the same;
  *   - a version 1 metadata block (stores before commit records), built slot by slot as the old
@@ -80,6 +82,47 @@ static void test_record_round_trip(void **state)
     fy_storemeta_encode(&m, rec);
     assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), 0);
     assert_int_equal(back.copies, 2);
+}
+
+static uint32_t slot32(const uint8_t *b, int slot)
+{
+    return b[4 * slot] | (uint32_t)b[4 * slot + 1] << 8 | (uint32_t)b[4 * slot + 2] << 16 |
+           (uint32_t)b[4 * slot + 3] << 24;
+}
+
+/* Slot 37: the optimizer state format, outside the config hash. */
+static void test_record_optim_state(void **state)
+{
+    (void)state;
+    for (int format = 0; format < FY_OPTIM_STATE_COUNT; format++) {
+        m = (struct fy_storemeta){.model = gpt(), .step = 12, .seed = 3, .seq = 4, .copies = 2};
+        m.model.optim_state = format;
+        fy_storemeta_encode(&m, rec);
+        assert_int_equal(slot32(rec, 37), (uint32_t)format);
+        assert_int_equal(fy_storemeta_check(rec, sizeof rec), 0);
+        memset(&back, 0xff, sizeof back);
+        assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), 0);
+        assert_int_equal(back.model.optim_state, format);
+        assert_true(fy_test_same_model(&back.model, &m.model));
+        assert_true(back.step == 12 && back.seq == 4);
+    }
+    /* fp32 writes 0 there: the bytes of a record from before the slot, which read as fp32 */
+    m.model.optim_state = FY_OPTIM_STATE_FP32;
+    fy_storemeta_encode(&m, rec);
+    for (int i = 4 * 37; i < 4 * 38; i++)
+        assert_int_equal(rec[i], 0);
+    back.model.optim_state = FY_OPTIM_STATE_INT8;
+    assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), 0);
+    assert_int_equal(back.model.optim_state, FY_OPTIM_STATE_FP32);
+    /* a format this build does not know (a newer Fuyou's), its digest intact: refused */
+    m.model.optim_state = 7;
+    fy_storemeta_encode(&m, rec);
+    assert_int_equal(slot32(rec, 37), 7);
+    assert_int_equal(fy_storemeta_check(rec, sizeof rec), 0);
+    assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), -EBADMSG);
+    m.model.optim_state = FY_OPTIM_STATE_COUNT;
+    fy_storemeta_encode(&m, rec);
+    assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), -EBADMSG);
 }
 
 static void test_record_damage_found(void **state)
@@ -178,6 +221,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_digest),
         cmocka_unit_test(test_record_round_trip),
+        cmocka_unit_test(test_record_optim_state),
         cmocka_unit_test(test_record_damage_found),
         cmocka_unit_test(test_version1_block_refused),
         cmocka_unit_test(test_scratch_classes),

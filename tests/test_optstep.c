@@ -2,7 +2,11 @@
  * sum of squares of a gradient region bit for bit as fy_adamw_sumsq does, checks the unit's size and
  * writes nothing; opt-adamw takes its learning rate from the master part and clipping's gradient
  * scale from the grad part, equal bit for bit to the kernel called directly; malformed requests
- * (wrong parts, a bad scale) are refused with -EPROTO before anything is written. */
+ * (wrong parts, a bad scale) are refused with -EPROTO before anything is written. With bf16 and
+ * int8 optimizer state (common/optstate.h) a model unit's update, whole or by rows, equals the
+ * kernel called tensor by tensor on views built here from the documented layout (int8: codes,
+ * block absmax, the small tensors' f32 moments), and a request of another format than the run's,
+ * with a section of the wrong size, or with a row across two tensors is refused, nothing written. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -19,7 +23,9 @@
 #include "common/config.h"
 #include "common/desc.h"
 #include "common/dtype.h"
+#include "common/arch/arch.h"
 #include "common/model.h"
+#include "common/optstate.h"
 #include "common/pool.h"
 #include "opt_worker/adamw.h"
 #include "opt_worker/optstep.h"
@@ -41,6 +47,26 @@ struct fx {
     char name[64];
 };
 
+/* The handler's config: the hyperparameters above and the model `c` (NULL: none). */
+static struct fy_optstep *new_optstep(const struct fy_model_config *c)
+{
+    struct fy_config *cfg = calloc(1, sizeof *cfg);
+    assert_non_null(cfg);
+    fy_config_init(cfg);
+    assert_int_equal(fy_config_setf(cfg, "lr", "%.9g", (double)HP.lr), 0);
+    assert_int_equal(fy_config_setf(cfg, "beta1", "%.9g", (double)HP.beta1), 0);
+    assert_int_equal(fy_config_setf(cfg, "beta2", "%.9g", (double)HP.beta2), 0);
+    assert_int_equal(fy_config_setf(cfg, "eps", "%.9g", (double)HP.eps), 0);
+    assert_int_equal(fy_config_setf(cfg, "weight_decay", "%.9g", (double)HP.weight_decay), 0);
+    assert_int_equal(fy_config_set(cfg, "opt_threads", "2"), 0);
+    if (c != NULL)
+        assert_int_equal(fy_model_config_to(c, cfg), 0);
+    struct fy_optstep *o = NULL;
+    assert_int_equal(fy_optstep_new(&o, cfg, "0"), 0);
+    free(cfg);
+    return o;
+}
+
 static int setup(void **state)
 {
     struct fx *f = calloc(1, sizeof *f);
@@ -51,18 +77,7 @@ static int setup(void **state)
     assert_int_equal(fy_pool_create(&f->pool, f->name, spec, 1, &po), 0);
     uint64_t bytes;
     assert_int_equal(fy_pool_region(f->pool, "data", &f->base, &bytes), 0);
-    struct fy_config *cfg = calloc(1, sizeof *cfg);
-    assert_non_null(cfg);
-    fy_config_init(cfg);
-    assert_int_equal(fy_config_setf(cfg, "lr", "%.9g", (double)HP.lr), 0);
-    assert_int_equal(fy_config_setf(cfg, "beta1", "%.9g", (double)HP.beta1), 0);
-    assert_int_equal(fy_config_setf(cfg, "beta2", "%.9g", (double)HP.beta2), 0);
-    assert_int_equal(fy_config_setf(cfg, "eps", "%.9g", (double)HP.eps), 0);
-    assert_int_equal(fy_config_setf(cfg, "weight_decay", "%.9g", (double)HP.weight_decay), 0);
-    assert_int_equal(fy_config_set(cfg, "opt_threads", "2"), 0);
-    assert_int_equal(fy_model_config_to(&MODEL, cfg), 0);
-    assert_int_equal(fy_optstep_new(&f->opt, cfg, "0"), 0);
-    free(cfg);
+    f->opt = new_optstep(&MODEL);
     *state = f;
     return 0;
 }
@@ -351,6 +366,339 @@ static void test_adamw_rows_in_two_parts(void **state)
     free(after);
 }
 
+/* --- bf16 and int8 optimizer state ------------------------------------------------------------ */
+
+/* Width 64 (blocks with 4096-value matrices and 64-value norms and biases; wte 6400 values,
+ * quantized in int8, wpe 2048, kept f32); width 256 (the embeddings' rows a whole number of int8
+ * blocks: wte 12800 values, wpe 2048). */
+static struct fy_model_config model_of(unsigned embd, int format)
+{
+    struct fy_model_config c = {.n_layer = 2, .n_head = 2, .n_embd = embd,
+                                .vocab = embd == 64 ? 100 : 50, .ctx = embd == 64 ? 32 : 8};
+    c.optim_state = format;
+    return c;
+}
+
+static uint64_t up4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+
+/* Where a unit's tensors have their moments, found here from the tensor table by the rule
+ * common/optstate.h states, not by its code: in int8 a tensor of 4096 values or more has codes
+ * in adam_m and adam_v (tensor after tensor) and blocks of 256 in adam_absmax (m's blocks, then
+ * v's); the others f32 moments in adam_small (every m, then every v); each section 4 KiB aligned. */
+struct hand_layout {
+    unsigned n;
+    uint64_t begin[FY_UNIT_MAX_TENSORS], count[FY_UNIT_MAX_TENSORS];
+    int decay[FY_UNIT_MAX_TENSORS], quantized[FY_UNIT_MAX_TENSORS];
+    uint64_t at[FY_UNIT_MAX_TENSORS], block[FY_UNIT_MAX_TENSORS];
+    uint64_t params, codes, blocks, small;
+    uint64_t master, m, v, absmax, smalls, bytes; /* section offsets, the whole state */
+};
+
+static struct hand_layout hand_layout(const struct fy_model_config *c, unsigned unit)
+{
+    struct hand_layout h = {0};
+    struct fy_tensor_spec spec[FY_UNIT_MAX_TENSORS];
+    h.n = fy_unit_tensors(c, unit, spec);
+    for (unsigned i = 0; i < h.n; i++) {
+        uint64_t n = spec[i].shape[0] * (spec[i].ndim == 2 ? spec[i].shape[1] : 1);
+        h.begin[i] = h.params;
+        h.count[i] = n;
+        h.decay[i] = spec[i].decay;
+        h.params += n;
+        h.quantized[i] = c->optim_state == FY_OPTIM_STATE_INT8 && n >= 4096;
+        if (h.quantized[i]) {
+            h.at[i] = h.codes;
+            h.block[i] = h.blocks;
+            h.codes += n;
+            h.blocks += (n + 255) / 256;
+        } else if (c->optim_state == FY_OPTIM_STATE_INT8) {
+            h.at[i] = h.small;
+            h.small += n;
+        }
+    }
+    assert_int_equal(h.params, fy_model_unit_params(c, unit));
+    h.master = 0;
+    h.m = up4k(h.params * 4);
+    if (c->optim_state == FY_OPTIM_STATE_INT8) {
+        h.v = h.m + up4k(h.codes);
+        h.absmax = h.v + up4k(h.codes);
+        h.smalls = h.absmax + up4k(h.blocks * 2 * 4);
+        h.bytes = h.smalls + up4k(h.small * 2 * 4);
+    } else {
+        size_t size = c->optim_state == FY_OPTIM_STATE_BF16 ? 2 : 4;
+        h.v = h.m + up4k(h.params * size);
+        h.bytes = h.v + up4k(h.params * size);
+    }
+    return h;
+}
+
+/* A unit's state at offset `state` of the test region: random master, and moments of the
+ * format's kind (bf16 values; int8 codes, positive absmax, f32 small moments with v >= 0),
+ * zeros in the padding; its f32 gradient at offset 0. */
+static void fill_unit(struct fx *f, const struct fy_model_config *c, const struct hand_layout *h,
+                      uint64_t state, uint64_t seed)
+{
+    fill(at(f, 0, h->params * 4), h->params, seed, -0.1f, 0.1f);
+    uint8_t *s = at(f, state, h->bytes);
+    memset(s, 0, h->bytes);
+    fill((float *)(s + h->master), h->params, seed + 1, -1.0f, 1.0f);
+    uint64_t r = seed + 2;
+    if (c->optim_state == FY_OPTIM_STATE_BF16) {
+        uint16_t *m = (uint16_t *)(s + h->m), *v = (uint16_t *)(s + h->v);
+        for (uint64_t i = 0; i < h->params; i++) {
+            m[i] = fy_f32_to_bf16(fy_test_uniform(&r, -0.01f, 0.01f));
+            v[i] = fy_f32_to_bf16(fy_test_uniform(&r, 0.0f, 1e-4f));
+        }
+        return;
+    }
+    for (uint64_t i = 0; i < h->codes; i++) {
+        s[h->m + i] = (uint8_t)(fy_test_rand(&r) >> 24);
+        s[h->v + i] = (uint8_t)(fy_test_rand(&r) >> 24);
+    }
+    float *absmax = (float *)(s + h->absmax), *small = (float *)(s + h->smalls);
+    fill(absmax, h->blocks, seed + 3, 1e-3f, 1e-2f);
+    fill(absmax + h->blocks, h->blocks, seed + 4, 1e-5f, 1e-4f);
+    fill(small, h->small, seed + 5, -0.01f, 0.01f);
+    fill(small + h->small, h->small, seed + 6, 0.0f, 1e-4f);
+}
+
+/* The kernel's view of tensor i of the state at `s`, from the hand-made layout. */
+static struct fy_adamw_tensor hand_view(const struct fy_model_config *c, const struct hand_layout *h,
+                                        unsigned i, uint8_t *s, const float *grad)
+{
+    struct fy_adamw_tensor x = {.master = (float *)(s + h->master) + h->begin[i],
+                                .grad = grad + h->begin[i], .grad_dtype = FY_DTYPE_F32,
+                                .n = h->count[i]};
+    if (c->optim_state == FY_OPTIM_STATE_BF16) {
+        x.moments = FY_ADAMW_MOMENTS_BF16;
+        x.m = (uint16_t *)(s + h->m) + h->begin[i];
+        x.v = (uint16_t *)(s + h->v) + h->begin[i];
+    } else if (h->quantized[i]) {
+        x.moments = FY_ADAMW_MOMENTS_Q8;
+        x.m = s + h->m + h->at[i];
+        x.v = s + h->v + h->at[i];
+        x.m_absmax = (float *)(s + h->absmax) + h->block[i];
+        x.v_absmax = (float *)(s + h->absmax) + h->blocks + h->block[i];
+    } else {
+        x.moments = FY_ADAMW_MOMENTS_F32;
+        x.m = (float *)(s + h->smalls) + h->at[i];
+        x.v = (float *)(s + h->smalls) + h->small + h->at[i];
+    }
+    return x;
+}
+
+/* The parts of an opt-adamw request for unit `unit` with its state at `state`: the gradient, then
+ * the layout's sections (fy_optstate_parts), the lr in the master part; returns how many. */
+static unsigned unit_request(struct fx *f, const struct fy_model_config *c, unsigned unit,
+                             uint64_t state, uint64_t step, double lr, struct fy_desc *req)
+{
+    struct fy_optstate_layout l;
+    fy_optstate_layout(c, unit, &l);
+    size_t n = fy_model_unit_params(c, unit);
+    req[0] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, FY_DTYPE_F32, f->base, n * 4,
+                            (int)unit);
+    unsigned count = 1 + fy_optstate_parts(&l, f->base + state, (int)unit, req + 1);
+    for (unsigned i = 0; i < count; i++)
+        req[i].step = step;
+    req[1].arg = double_arg(lr);
+    return count;
+}
+
+/* Every unit of the width-64 model in bf16 and int8: the handler's update (with a clipping scale)
+ * equals the kernel called on each tensor (its decay, its moments where the layout says, the
+ * scale) bit for bit, and the layout the handler uses is the one described. */
+static void test_adamw_unit_formats(void **state)
+{
+    struct fx *f = *state;
+    const int formats[] = {FY_OPTIM_STATE_BF16, FY_OPTIM_STATE_INT8};
+    for (size_t k = 0; k < 2; k++) {
+        struct fy_model_config c = model_of(64, formats[k]);
+        struct fy_optstep *opt = new_optstep(&c);
+        int quantized = 0, small = 0;
+        for (unsigned u = 0; u < fy_model_unit_count(&c); u++) {
+            struct hand_layout h = hand_layout(&c, u);
+            struct fy_optstate_layout l;
+            fy_optstate_layout(&c, u, &l);
+            assert_int_equal(l.bytes, h.bytes);
+            if (formats[k] == FY_OPTIM_STATE_INT8) {
+                assert_int_equal(l.count, 5);
+                assert_int_equal(l.section[FY_OPTSTATE_ABSMAX].offset, h.absmax);
+                assert_int_equal(l.section[FY_OPTSTATE_SMALL].offset, h.smalls);
+                for (unsigned i = 0; i < h.n; i++)
+                    h.quantized[i] ? quantized++ : small++;
+            }
+            const uint64_t state_at = up4k(h.params * 4);
+            assert_true(state_at + h.bytes <= REGION_BYTES);
+            fill_unit(f, &c, &h, state_at, 40 + 10 * u + k);
+            uint8_t *before = malloc(h.bytes);
+            memcpy(before, at(f, state_at, h.bytes), h.bytes);
+            struct fy_desc req[8], reply;
+            const double lr = 2e-3;
+            unsigned n = unit_request(f, &c, u, state_at, 5, lr, req);
+            const double scale = 0.37; /* clipping's, in the grad part */
+            req[0].arg = double_arg(scale);
+            memset(&reply, 0, sizeof reply);
+            assert_int_equal(fy_optstep_handle(opt, f->pool, req, n, &reply), 0);
+            uint8_t *got = malloc(h.bytes);
+            memcpy(got, at(f, state_at, h.bytes), h.bytes);
+            assert_memory_not_equal(got, before, h.bytes);
+            /* by hand */
+            memcpy(at(f, state_at, h.bytes), before, h.bytes);
+            uint8_t *s = at(f, state_at, h.bytes);
+            const float *grad = at(f, 0, h.params * 4);
+            for (unsigned i = 0; i < h.n; i++) {
+                struct fy_adamw_hparams hp = HP;
+                hp.lr = (float)lr;
+                if (!h.decay[i])
+                    hp.weight_decay = 0.0f;
+                struct fy_adamw_tensor x = hand_view(&c, &h, i, s, grad);
+                x.grad_scale = (float)scale;
+                assert_int_equal(fy_adamw_update(NULL, &hp, 5, &x, FY_ADAMW_SCALAR), 0);
+            }
+            assert_memory_equal(got, s, h.bytes);
+            free(before);
+            free(got);
+        }
+        if (formats[k] == FY_OPTIM_STATE_INT8)
+            assert_true(quantized > 0 && small > 0); /* both kinds of tensor were there */
+        fy_optstep_destroy(&opt);
+    }
+}
+
+/* int8, width 256: the embeddings updated as two requests over complementary row lists (the
+ * update the schedule splits) give the bits of the kernel over each whole tensor, the token rows'
+ * 8-bit blocks and the position rows' f32 moments alike; a row of 768 values (across wte's end)
+ * and a row list over a quantized tensor whose rows split its blocks (width 64) are refused with
+ * nothing written. */
+static void test_adamw_int8_rows(void **state)
+{
+    struct fx *f = *state;
+    struct fy_model_config c = model_of(256, FY_OPTIM_STATE_INT8);
+    struct fy_optstep *opt = new_optstep(&c);
+    struct hand_layout h = hand_layout(&c, 0);
+    assert_true(h.quantized[0] && !h.quantized[1]); /* wte 8-bit, wpe f32 */
+    const size_t C = c.n_embd, rows = c.vocab + c.ctx;
+    const uint64_t state_at = up4k(h.params * 4), lists = state_at + h.bytes;
+    fill_unit(f, &c, &h, state_at, 77);
+    uint8_t *before = malloc(h.bytes);
+    memcpy(before, at(f, state_at, h.bytes), h.bytes);
+    /* the kernel over each tensor, by hand */
+    uint8_t *s = at(f, state_at, h.bytes);
+    for (unsigned i = 0; i < h.n; i++) {
+        struct fy_adamw_hparams hp = HP;
+        hp.lr = 1e-3f;
+        if (!h.decay[i])
+            hp.weight_decay = 0.0f;
+        struct fy_adamw_tensor x = hand_view(&c, &h, i, s, at(f, 0, h.params * 4));
+        assert_int_equal(fy_adamw_update(NULL, &hp, 2, &x, FY_ADAMW_SCALAR), 0);
+    }
+    uint8_t *want = malloc(h.bytes);
+    memcpy(want, s, h.bytes);
+    memcpy(s, before, h.bytes);
+    struct fy_desc req[8], reply;
+    unsigned n = unit_request(f, &c, 0, state_at, 2, 1e-3, req);
+    req[n] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, f->base + lists, 0, 0);
+    req[n].step = 2;
+    req[n].arg = C;
+    int32_t *list = at(f, lists, rows * 4);
+    size_t first = 0, rest = 0;
+    for (size_t r = 0; r < rows; r++) /* some token rows, some position rows */
+        if (r % 3 != 1)
+            list[first++] = (int32_t)r;
+    req[n].bytes = first * 4;
+    assert_int_equal(fy_optstep_handle(opt, f->pool, req, n + 1, &reply), 0);
+    assert_memory_not_equal(s, before, h.bytes);
+    assert_memory_not_equal(s, want, h.bytes);
+    for (size_t r = 0; r < rows; r++)
+        if (r % 3 == 1)
+            list[rest++] = (int32_t)r;
+    req[n].bytes = rest * 4;
+    assert_int_equal(fy_optstep_handle(opt, f->pool, req, n + 1, &reply), 0);
+    assert_memory_equal(s, want, h.bytes);
+    /* refused, nothing written: rows of 768 values, one across wte's end (row 16: 12288..13056) */
+    memcpy(s, before, h.bytes);
+    list[0] = 0;
+    list[1] = 16;
+    req[n].bytes = 2 * 4;
+    req[n].arg = 3 * C;
+    assert_int_equal(fy_optstep_handle(opt, f->pool, req, n + 1, &reply), -EPROTO);
+    assert_memory_equal(s, before, h.bytes);
+    /* rows of 64 values over 8-bit wte would split its blocks (and a row in f32 wpe) */
+    list[0] = 3;
+    list[1] = 4 * 50 + 1;
+    req[n].arg = 64;
+    assert_int_equal(fy_optstep_handle(opt, f->pool, req, n + 1, &reply), -EPROTO);
+    assert_memory_equal(s, before, h.bytes);
+    /* a negative row */
+    list[0] = -1;
+    list[1] = 0;
+    req[n].arg = C;
+    assert_int_equal(fy_optstep_handle(opt, f->pool, req, n + 1, &reply), -EPROTO);
+    assert_memory_equal(s, before, h.bytes);
+    free(before);
+    free(want);
+    fy_optstep_destroy(&opt);
+}
+
+/* A unit's request refused, nothing written: moments of another format than the run's (an fp32
+ * or bf16 state sent to an int8 run, an int8 state to a bf16 one), and int8 sections of the wrong
+ * size, missing, of the wrong type, or a section int8 has sent with bf16 moments. */
+static void test_adamw_formats_refused(void **state)
+{
+    struct fx *f = *state;
+    struct fy_model_config c8 = model_of(64, FY_OPTIM_STATE_INT8);
+    struct fy_model_config c16 = model_of(64, FY_OPTIM_STATE_BF16);
+    struct fy_model_config c32 = model_of(64, FY_OPTIM_STATE_FP32);
+    struct fy_optstep *opt8 = new_optstep(&c8), *opt16 = new_optstep(&c16);
+    const unsigned u = 1; /* a block: quantized and small tensors */
+    struct hand_layout h = hand_layout(&c8, u);
+    struct hand_layout h32 = hand_layout(&c32, u);
+    const uint64_t state_at = up4k(h.params * 4);
+    assert_true(state_at + h32.bytes <= REGION_BYTES);
+    fill_unit(f, &c8, &h, state_at, 5);
+    uint8_t *before = malloc(h32.bytes);
+    memcpy(before, at(f, state_at, h32.bytes), h32.bytes);
+    struct fy_desc req[8], bad[8], reply;
+    /* the run keeps int8: fp32 and bf16 requests of the right sizes for their formats */
+    unsigned n = unit_request(f, &c32, u, state_at, 3, 1e-3, bad);
+    assert_int_equal(fy_optstep_handle(opt8, f->pool, bad, n, &reply), -EPROTO);
+    n = unit_request(f, &c16, u, state_at, 3, 1e-3, bad);
+    assert_int_equal(fy_optstep_handle(opt8, f->pool, bad, n, &reply), -EPROTO);
+    /* the run keeps bf16: an int8 request */
+    n = unit_request(f, &c8, u, state_at, 3, 1e-3, req);
+    assert_int_equal(n, 6);
+    assert_int_equal(fy_optstep_handle(opt16, f->pool, req, n, &reply), -EPROTO);
+    /* int8's sections wrong: each of the four a value short, the absmax part gone, the small
+     * part u8, adam-v f32 */
+    for (unsigned i = 2; i < n; i++) {
+        memcpy(bad, req, sizeof req);
+        bad[i].bytes -= i == 2 || i == 3 ? 1 : 4;
+        assert_int_equal(fy_optstep_handle(opt8, f->pool, bad, n, &reply), -EPROTO);
+    }
+    memcpy(bad, req, sizeof req);
+    assert_int_equal(fy_optstep_handle(opt8, f->pool, bad, n - 1, &reply), -EPROTO);
+    bad[4] = bad[5];
+    assert_int_equal(fy_optstep_handle(opt8, f->pool, bad, n - 1, &reply), -EPROTO);
+    memcpy(bad, req, sizeof req);
+    bad[5].dtype = FY_DTYPE_U8;
+    assert_int_equal(fy_optstep_handle(opt8, f->pool, bad, n, &reply), -EPROTO);
+    memcpy(bad, req, sizeof req);
+    bad[3].dtype = FY_DTYPE_F32;
+    assert_int_equal(fy_optstep_handle(opt8, f->pool, bad, n, &reply), -EPROTO);
+    /* bf16 moments with int8's absmax part beside them */
+    unsigned n16 = unit_request(f, &c16, u, state_at, 3, 1e-3, bad);
+    bad[n16] = req[4];
+    bad[n16].offset = f->base + state_at + h32.bytes; /* clear of the bf16 state's sections */
+    assert_true(state_at + h32.bytes + bad[n16].bytes <= REGION_BYTES);
+    assert_int_equal(fy_optstep_handle(opt16, f->pool, bad, n16 + 1, &reply), -EPROTO);
+    assert_memory_equal(at(f, state_at, h32.bytes), before, h32.bytes);
+    /* and the request itself goes through */
+    assert_int_equal(fy_optstep_handle(opt8, f->pool, req, n, &reply), 0);
+    free(before);
+    fy_optstep_destroy(&opt8);
+    fy_optstep_destroy(&opt16);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -359,6 +707,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adamw_scale_and_lr, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adamw_bad_scale_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adamw_rows_in_two_parts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adamw_unit_formats, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adamw_int8_rows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adamw_formats_refused, setup, teardown),
     };
     return cmocka_run_group_tests_name("optstep", tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
  * stopped and continued, a store of one copy of the state, and exports beside a training run, one
  * of them killed. Each run must end with the losses and final weights of a run never disturbed, bit
  * for bit, and leave no process, shared memory or temporary file behind. The kills and recovery
- * times are printed for the record. (The store damaged, full or moved: test_chaos_store.) */
+ * times are printed for the record; the kills again with int8 optimizer state. (The store damaged,
+ * full or moved: test_chaos_store.) */
 #include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -67,11 +68,12 @@ static void report_recoveries(const char *what, const char *log)
            "last commit checked)\n", what, n, n ? sum / n : 0.0, max);
 }
 
-/* Kills (SIGKILL) the named worker of a training run, `kills` times, each at a random moment
- * once the run has made progress since the last kill; the run restarts it itself. */
-static void kill_worker_during_run(struct fy_chaos *c, const char *name, uint64_t seed)
+/* Kills (SIGKILL) the named worker of a training run (run `run_name` of the group's directory),
+ * KILLS_PER_WORKER times, each at a random moment once the run has made progress since the last
+ * kill; the run restarts it itself. */
+static void kill_worker_in(struct fy_chaos *c, const char *name, const char *run_name, uint64_t seed)
 {
-    struct fy_chaos_paths rp = fy_chaos_new_run(c, name);
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, run_name);
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
     int pid = fy_chaos_start_run(c, &rp, NULL, NULL);
     int kills = 0, last = -1, status = -1;
@@ -105,16 +107,20 @@ static void kill_worker_during_run(struct fy_chaos *c, const char *name, uint64_
     fy_chaos_assert_nothing_left(run);
 }
 
+static void kill_worker_during_run(struct fy_chaos *c, const char *name, uint64_t seed)
+{
+    kill_worker_in(c, name, name, seed);
+}
+
 static void test_gpu_worker_killed(void **state) { kill_worker_during_run(*state, "gpu", 11); }
 static void test_io_worker_killed(void **state) { kill_worker_during_run(*state, "io", 12); }
 static void test_opt_worker_killed(void **state) { kill_worker_during_run(*state, "opt", 13); }
 
 /* The launcher killed outright, at random moments, and the run resumed each time
  * (fuyou-launch resume): the workers it leaves die with it, the next launch clears the rest. */
-static void test_launcher_killed(void **state)
+static void launcher_killed_in(struct fy_chaos *c, const char *run_name)
 {
-    struct fy_chaos *c = *state;
-    struct fy_chaos_paths rp = fy_chaos_new_run(c, "launcher");
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, run_name);
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
     const char *args[40], *resume[] = {"resume", run, NULL};
     fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
@@ -150,6 +156,27 @@ static void test_launcher_killed(void **state)
            "from the command to its first step\n", kills, resumed_max);
     fy_chaos_assert_same_as_reference(c, run, out);
     fy_chaos_assert_nothing_left(run);
+}
+
+static void test_launcher_killed(void **state) { launcher_killed_in(*state, "launcher"); }
+
+/* int8 optimizer state (init --optim-state int8): the opt worker killed in the middle of updates
+ * that rewrite codes and block absmax in place, and the launcher killed and resumed from the last
+ * commit, each end with the losses and weights of an undisturbed int8 run, bit for bit; which
+ * differ from the fp32 reference's (the format was in effect). */
+static void test_int8_killed(void **state)
+{
+    struct fy_chaos *c = *state;
+    struct fy_chaos c8 = {.f = c->f, .optim_state = "int8"};
+    fy_chaos_reference_run_in(&c8, "reference-int8");
+    if (c->ref_weights != NULL) {
+        assert_int_equal(c8.ref_len, c->ref_len);
+        assert_memory_not_equal(c8.ref_weights, c->ref_weights, c->ref_len);
+    }
+    kill_worker_in(&c8, "opt", "opt-int8", 15);
+    launcher_killed_in(&c8, "launcher-int8");
+    free(c8.ref_losses);
+    free(c8.ref_weights);
 }
 
 /* A worker that stops answering (SIGSTOP) is found when its request passes the deadline
@@ -503,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_io_worker_killed),
         cmocka_unit_test(test_opt_worker_killed),
         cmocka_unit_test(test_launcher_killed),
+        cmocka_unit_test(test_int8_killed),
         cmocka_unit_test(test_stuck_worker_restarted),
         cmocka_unit_test(test_launcher_stopped_and_continued),
         cmocka_unit_test(test_worker_killed_before_first_step),

@@ -212,6 +212,62 @@ static int plan_wide(struct fy_test_fixture *f, const char *ssd, const char *bat
     return fy_test_launch_in(f, args, 60);
 }
 
+/* The bytes after `key` in the last log ("18.9 MiB", "740.0 KiB"): fails the test without it. */
+static double logged_bytes(const char *log, const char *key)
+{
+    char *text = fy_test_slurp(log, NULL);
+    assert_non_null(text);
+    char *at = strstr(text, key);
+    if (at == NULL)
+        fail_msg("%s: no \"%s\"", log, key);
+    char *end;
+    double v = strtod(at + strlen(key), &end);
+    double unit = strncmp(end, " GiB", 4) == 0 ? 1024.0 * 1024 * 1024
+                  : strncmp(end, " MiB", 4) == 0 ? 1024.0 * 1024
+                  : strncmp(end, " KiB", 4) == 0 ? 1024.0
+                  : strncmp(end, " B", 2) == 0   ? 1.0
+                                                  : -1.0;
+    assert_true(unit > 0);
+    free(text);
+    return v * unit;
+}
+
+/* plan --optim-state: the state (and the store, two copies of it) of the same model takes about
+ * 8/12 of fp32's bytes in bf16 and 6/12 in int8 (width 256: every matrix and embedding 8-bit,
+ * the norms' and biases' f32 moments a small share); plan --run-dir takes the run's format, and
+ * --optim-state beside it says what train would need in another. */
+static void test_plan_optim_state_bytes(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    const char *formats[] = {"fp32", "bf16", "int8"};
+    double st[3], ssd[3];
+    for (int i = 0; i < 3; i++) {
+        const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "256", "--vocab",
+                              "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend",
+                              "cpu", "--optim-state", formats[i], NULL};
+        assert_int_equal(fy_test_launch_in(f, args, 60), 0);
+        st[i] = logged_bytes(f->log, "plan: optimizer state ");
+        ssd[i] = logged_bytes(f->log, "plan: SSD store ");
+        printf("plan: %s: state %.0f bytes, store %.0f bytes\n", formats[i], st[i], ssd[i]);
+    }
+    assert_true(st[1] / st[0] > 0.64 && st[1] / st[0] < 0.69);
+    assert_true(st[2] / st[0] > 0.49 && st[2] / st[0] < 0.53);
+    assert_true(ssd[1] < ssd[0] && ssd[2] < ssd[1]);
+    /* a run's format, and another beside it */
+    char *run = fy_test_in(f, "int8");
+    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                          "256", "--vocab", "256", "--ctx", "32", "--optim-state", "int8", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
+                          "cpu", NULL, NULL, NULL};
+    assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
+    assert_true(logged_bytes(f->log, "plan: optimizer state ") == st[2]);
+    plan[9] = "--optim-state";
+    plan[10] = "fp32";
+    assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
+    assert_true(logged_bytes(f->log, "plan: optimizer state ") == st[0]);
+}
+
 static void test_plan_largest_batch_fits_ssd(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -762,6 +818,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_bench_pipeline_table),
         cmocka_unit_test(test_prediction_by_hand),
         FY_TRAINUTIL_TEST(test_plan_by_hand),
+        FY_TRAINUTIL_TEST(test_plan_optim_state_bytes),
         FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),
         FY_TRAINUTIL_TEST(test_paper_machine_profiles),
         FY_TRAINUTIL_TEST(test_probe_then_plan),
