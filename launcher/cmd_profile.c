@@ -26,6 +26,11 @@ int fy_cmd_profile(struct fy_options *o)
                  (unsigned long long)o->seq, model.ctx);
         rc = -EINVAL;
     }
+    if (rc == 0) { /* the clipping is planned for */
+        char said[1024];
+        fy_runconf_train_defaults(o, mc, said, sizeof said);
+        fy_info("profile: %s", said);
+    }
     o->backend = fy_backend_resolve(o->backend);
     o->act_plan = "auto";
     /* the plan's sequence as train's: the state's residency, then the activation plan in the
