@@ -43,13 +43,13 @@ int fy_cmd_plan(struct fy_options *o)
                                            "from Hugging Face" : "the model options: a model "
                                            "made by init", said, sizeof said);
     }
-    printf("plan: train would take the %s\n", said);
     if (o->optim_state >= 0) /* what train would do in that format */
         in.model.optim_state = o->optim_state;
     FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1 && o->seq <= in.model.ctx,
                -EINVAL, "plan: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence "
                "of 1 to the model's context of %u", (unsigned long long)o->batch,
                (unsigned long long)o->seq, in.model.ctx);
+    printf("plan: train would take the %s\n", said);
     /* for the machine it plans for, not this one: auto is CUDA wherever the build has it */
     const char *backend = strcmp(o->backend, "auto") != 0 ? o->backend
                           : fy_backend_cuda_built()       ? "cuda"
