@@ -33,7 +33,7 @@ int fy_cmd_plan(struct fy_options *o)
         rc = fy_runconf_model(o, &in.model);
     }
     FY_TRY(rc);
-    char said[1024]; /* the clipping is planned for: the set of defaults train would take */
+    char said[PATH_MAX + 1024]; /* the clipping is planned for: the set of defaults train would take */
     if (o->run_dir != NULL) {
         fy_runconf_train_defaults(o, &mc, said, sizeof said);
     } else {

@@ -1,6 +1,7 @@
 /* fuyou-launch profile: the activation plan that train's --act-plan auto would take
  * (launcher/planact.h), measured and shown without training. */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 
 #include "common/check.h"
@@ -27,7 +28,7 @@ int fy_cmd_profile(struct fy_options *o)
         rc = -EINVAL;
     }
     if (rc == 0) { /* the clipping is planned for */
-        char said[1024];
+        char said[PATH_MAX + 1024];
         fy_runconf_train_defaults(o, mc, said, sizeof said);
         fy_info("profile: %s", said);
     }

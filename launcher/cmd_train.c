@@ -284,7 +284,7 @@ static int train_setup(struct fy_options *o, struct train_run *t)
     t->cfg = calloc(1, sizeof *t->cfg);
     int rc = t->mc && t->cfg ? fy_runconf_load(o, t->mc, &t->model) : -ENOMEM;
     if (rc == 0) { /* before anything reads them: the plan takes the clipping */
-        char said[1024];
+        char said[PATH_MAX + 1024];
         fy_runconf_train_defaults(o, t->mc, said, sizeof said);
         fy_info("train: %s", said);
     }
