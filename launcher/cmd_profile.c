@@ -1,6 +1,7 @@
 /* fuyou-launch profile: the activation plan that train's --act-plan auto would take
  * (launcher/planact.h), measured and shown without training. */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 
 #include "common/check.h"
@@ -25,6 +26,11 @@ int fy_cmd_profile(struct fy_options *o)
                  "1 to the model's context of %u", (unsigned long long)o->batch,
                  (unsigned long long)o->seq, model.ctx);
         rc = -EINVAL;
+    }
+    if (rc == 0) { /* the clipping is planned for */
+        char said[PATH_MAX + 1024];
+        fy_runconf_train_defaults(o, mc, said, sizeof said);
+        fy_info("profile: %s", said);
     }
     o->backend = fy_backend_resolve(o->backend);
     o->act_plan = "auto";

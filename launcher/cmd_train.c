@@ -283,6 +283,11 @@ static int train_setup(struct fy_options *o, struct train_run *t)
     t->mc = calloc(1, sizeof *t->mc);
     t->cfg = calloc(1, sizeof *t->cfg);
     int rc = t->mc && t->cfg ? fy_runconf_load(o, t->mc, &t->model) : -ENOMEM;
+    if (rc == 0) { /* before anything reads them: the plan takes the clipping */
+        char said[PATH_MAX + 1024];
+        fy_runconf_train_defaults(o, t->mc, said, sizeof said);
+        fy_info("train: %s", said);
+    }
     if (rc == 0 && o->optim_state >= 0 && o->optim_state != t->model.optim_state) {
         fy_error("train --optim-state %s: the run keeps %s optimizer state (init --optim-state "
                  "%s), and a store's format is not converted: drop --optim-state, or start a run "
@@ -331,12 +336,13 @@ static void train_describe(const struct fy_options *o, const struct train_run *t
     if (o->clip_grad_norm > 0)
         snprintf(clip, sizeof clip, ", gradient norm clipped to %g (two backward passes)",
                  o->clip_grad_norm);
-    fy_info("train: %s; batch %llu x %llu tokens, steps to %llu, lr %g (warmup %llu, cosine to %g), "
-            "weight decay %g%s; %s schedule, weights read %llu unit%s ahead; data %s (%llu training, "
-            "%llu held-out tokens)%s",
+    fy_info("train: %s; batch %llu x %llu tokens, steps to %llu, lr %g (warmup %llu, %s to %g), "
+            "weight decay %g, betas %g/%g, eps %g%s; %s schedule, weights read %llu unit%s ahead; "
+            "data %s (%llu training, %llu held-out tokens)%s",
             described, (unsigned long long)o->batch, (unsigned long long)o->seq,
             (unsigned long long)o->steps, o->lr, (unsigned long long)o->warmup,
-            o->lr * o->min_lr_ratio, o->weight_decay, clip, o->overlap ? "overlapped" : "serial",
+            fy_train_lr_schedule_name(o->lr_schedule), o->lr * o->min_lr_ratio, o->weight_decay,
+            o->beta1, o->beta2, o->adam_eps, clip, o->overlap ? "overlapped" : "serial",
             (unsigned long long)o->prefetch, o->prefetch == 1 ? "" : "s", o->data,
             (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_TRAIN),
             (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_EVAL),
@@ -455,7 +461,8 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
     const struct fy_actrun_in *act_in = &t->act.in;
     t->to = (struct fy_train_opts){
         .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
-        .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio, .seed = o->seed,
+        .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio,
+        .schedule = (enum fy_lr_schedule)o->lr_schedule, .seed = o->seed,
         .eval_every = o->eval_every, .eval_batches = o->eval_batches,
         .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
         .overlap = o->overlap, .resident = p->resident, .clip_grad_norm = o->clip_grad_norm,

@@ -250,6 +250,48 @@ static int parse_clip(struct fy_options *o, const char *v)
     return 0;
 }
 
+static int parse_lr_schedule(struct fy_options *o, const char *v)
+{
+    enum fy_lr_schedule schedule;
+    if (fy_train_lr_schedule_parse(v, &schedule) != 0) {
+        fprintf(stderr, "fuyou-launch: --lr-schedule %s: give cosine or linear\n", v);
+        return -EINVAL;
+    }
+    o->lr_schedule = (int)schedule;
+    return 0;
+}
+
+/* --adam-beta1 and --adam-beta2: in [0, 1), as AdamW takes them. */
+static int parse_beta(const char *name, const char *v, double *out)
+{
+    FY_TRY(parse_double_opt(name, v, out));
+    if (!(*out >= 0.0 && *out < 1.0)) {
+        fprintf(stderr, "fuyou-launch: %s '%s' must be in [0, 1)\n", name, v);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_beta1(struct fy_options *o, const char *v)
+{
+    return parse_beta("--adam-beta1", v, &o->beta1);
+}
+
+static int parse_beta2(struct fy_options *o, const char *v)
+{
+    return parse_beta("--adam-beta2", v, &o->beta2);
+}
+
+static int parse_adam_eps(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_double_opt("--adam-eps", v, &o->adam_eps));
+    if (!(isfinite(o->adam_eps) && o->adam_eps >= 0)) {
+        fprintf(stderr, "fuyou-launch: --adam-eps '%s' must be a finite number >= 0\n", v);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int parse_prefetch(struct fy_options *o, const char *v)
 {
     return parse_count_opt("--prefetch", v, 1, FY_PLAN_PREFETCH_MAX, "units", &o->prefetch);
@@ -425,15 +467,27 @@ static const struct opt_spec specs[] = {
     {"batch", "B", PLANS, K_SIZE, U64(batch), 0, NULL, "sequences per step (8)"},
     {"seq", "T", PLANS, K_SIZE, U64(seq), 0, NULL,
      "tokens per sequence, at most the model's context (64)"},
-    {"lr", "X", TRAINS | C(SELFTEST), K_NUMBER, DBL(lr), 0, NULL, "peak learning rate (1e-3)"},
-    {"warmup", "N", TRAINS, K_SIZE, U64(warmup), 0, NULL, "linear warmup steps (10)"},
-    {"min-lr-ratio", "X", TRAINS, K_NUMBER, DBL(min_lr_ratio), 0, NULL,
-     "cosine decay to lr x X at --steps (0.1)"},
-    {"weight-decay", "X", TRAINS | C(SELFTEST), K_NUMBER, DBL(weight_decay), 0, NULL,
-     "AdamW's decoupled weight decay, matrices only (0.1)"},
-    {"clip-grad-norm", "MAX", PLANS, K_PARSE, 0, 0, parse_clip,
+    {"lr", "X", TRAINS | C(SELFTEST), K_NUMBER, DBL(lr), NOTED(given.lr), NULL,
+     "peak learning rate (1e-3; an imported model's: 5e-5)"},
+    {"warmup", "N", TRAINS, K_SIZE, U64(warmup), NOTED(given.warmup), NULL,
+     "linear warmup steps (10; an imported model's: 0)"},
+    {"lr-schedule", "cosine|linear", TRAINS, K_PARSE, 0, NOTED(given.schedule), parse_lr_schedule,
+     "the decay after the warmup, to lr x --min-lr-ratio: cosine, reached at --steps; linear, "
+     "transformers' (cosine; an imported model's: linear)"},
+    {"min-lr-ratio", "X", TRAINS, K_NUMBER, DBL(min_lr_ratio), NOTED(given.min_lr_ratio), NULL,
+     "the decay's end: lr x X (0.1; an imported model's: 0)"},
+    {"weight-decay", "X", TRAINS | C(SELFTEST), K_NUMBER, DBL(weight_decay),
+     NOTED(given.weight_decay), NULL,
+     "AdamW's decoupled weight decay, matrices only (0.1; an imported model's: 0)"},
+    {"adam-beta1", "X", TRAINS, K_PARSE, 0, NOTED(given.beta1), parse_beta1,
+     "AdamW's beta1, in [0, 1) (0.9)"},
+    {"adam-beta2", "X", TRAINS, K_PARSE, 0, NOTED(given.beta2), parse_beta2,
+     "AdamW's beta2, in [0, 1) (0.95; an imported model's: 0.999)"},
+    {"adam-eps", "X", TRAINS, K_PARSE, 0, NOTED(given.eps), parse_adam_eps,
+     "AdamW's epsilon (1e-8)"},
+    {"clip-grad-norm", "MAX", PLANS, K_PARSE, 0, NOTED(given.clip), parse_clip,
      "clip the global gradient norm to MAX: a second backward pass per step computes the norm "
-     "before any update (0: off)"},
+     "before any update (0: off; an imported model's: 1)"},
     {"eval-every", "N", TRAINS, K_SIZE, U64(eval_every), 0, NULL,
      "held-out loss every N steps and at the end (50)"},
     {"eval-batches", "N", TRAINS, K_SIZE, U64(eval_batches), 0, NULL,
@@ -549,6 +603,7 @@ static const struct opt_note notes[] = {
     {"seed", TRAINS, "the order of the training batches (1)"},
     {"seed", C(SELFTEST), "the synthetic weights' and gradients' (1)"},
     {"lr", C(SELFTEST), "AdamW's learning rate (1e-3)"},
+    {"weight-decay", C(SELFTEST), "AdamW's decoupled weight decay (0.1)"},
     {"steps", C(SELFTEST), "steps of the self-test (3)"},
     {"from-hf", C(PLAN), "the model of a Hugging Face directory's config.json"},
     {"out", C(PREPARE), "the token file to write (required)"},
@@ -569,6 +624,80 @@ static const char *option_help(const struct opt_spec *s, enum fy_command cmd)
     return s->help;
 }
 
+/* ---- the training defaults ------------------------------------------------------------------ */
+
+const struct fy_train_set fy_train_scratch = {
+    .lr = 1e-3, .warmup = 10, .schedule = FY_LR_COSINE, .min_lr_ratio = 0.1,
+    .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip_grad_norm = 0};
+
+/* transformers' TrainingArguments' defaults: learning_rate, warmup_steps, lr_scheduler_type linear
+ * (to 0), weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm */
+const struct fy_train_set fy_train_finetune = {
+    .lr = 5e-5, .warmup = 0, .schedule = FY_LR_LINEAR, .min_lr_ratio = 0,
+    .weight_decay = 0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip_grad_norm = 1.0};
+
+void fy_options_train_defaults(struct fy_options *o, int finetune)
+{
+    const struct fy_train_set *d = finetune ? &fy_train_finetune : &fy_train_scratch;
+    if (!o->given.lr)
+        o->lr = d->lr;
+    if (!o->given.warmup)
+        o->warmup = d->warmup;
+    if (!o->given.schedule)
+        o->lr_schedule = d->schedule;
+    if (!o->given.min_lr_ratio)
+        o->min_lr_ratio = d->min_lr_ratio;
+    if (!o->given.weight_decay)
+        o->weight_decay = d->weight_decay;
+    if (!o->given.beta1)
+        o->beta1 = d->beta1;
+    if (!o->given.beta2)
+        o->beta2 = d->beta2;
+    if (!o->given.eps)
+        o->adam_eps = d->eps;
+    if (!o->given.clip)
+        o->clip_grad_norm = d->clip_grad_norm;
+}
+
+void fy_options_describe_train_defaults(const struct fy_options *o, int finetune, const char *why,
+                                        char *out, size_t len)
+{
+    const struct fy_train_set *d = finetune ? &fy_train_finetune : &fy_train_scratch;
+    char warmup[48], decay[64], clip[160], given[160] = "";
+    if (d->warmup == 0)
+        snprintf(warmup, sizeof warmup, "no warmup");
+    else
+        snprintf(warmup, sizeof warmup, "warmup %llu", (unsigned long long)d->warmup);
+    if (d->min_lr_ratio == 0)
+        snprintf(decay, sizeof decay, "%s decay to 0", fy_train_lr_schedule_name(d->schedule));
+    else
+        snprintf(decay, sizeof decay, "%s decay to lr x %g",
+                 fy_train_lr_schedule_name(d->schedule), d->min_lr_ratio);
+    if (d->clip_grad_norm > 0)
+        snprintf(clip, sizeof clip, "clipping %.1f (transformers' Trainer's values; clipping runs "
+                 "a second backward pass each step: --clip-grad-norm 0 turns it off)",
+                 d->clip_grad_norm);
+    else
+        snprintf(clip, sizeof clip, "no clipping");
+    const struct {
+        int given;
+        const char *name;
+    } opts[] = {{o->given.lr, "--lr"}, {o->given.warmup, "--warmup"},
+                {o->given.schedule, "--lr-schedule"}, {o->given.min_lr_ratio, "--min-lr-ratio"},
+                {o->given.weight_decay, "--weight-decay"}, {o->given.beta1, "--adam-beta1"},
+                {o->given.beta2, "--adam-beta2"}, {o->given.eps, "--adam-eps"},
+                {o->given.clip, "--clip-grad-norm"}};
+    size_t at = 0;
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        if (opts[i].given && at < sizeof given)
+            at += (size_t)snprintf(given + at, sizeof given - at, "%s%s", at ? ", " : "; given: ",
+                                   opts[i].name);
+    snprintf(out, len, "%s defaults (%s): lr %g, %s, %s, weight decay %g, betas %g/%g, eps %g, "
+             "%s%s; give any option to change its value",
+             finetune ? "fine-tuning" : "from-scratch", why, d->lr, warmup, decay,
+             d->weight_decay, d->beta1, d->beta2, d->eps, clip, given);
+}
+
 /* ---- parsing --------------------------------------------------------------------------------- */
 
 static void set_defaults(struct fy_options *o)
@@ -576,14 +705,15 @@ static void set_defaults(struct fy_options *o)
     *o = (struct fy_options){
         /* steps: selftest's; train's is 200 (fy_cmd_train) */
         .backend = "auto", .adamw_impl = "auto", .params = 1 << 20, .steps = 3, .seed = 1,
-        .grad_dtype = FY_DTYPE_BF16, .lr = 1e-3, .weight_decay = 0.1, .queue_depth = 32,
+        .grad_dtype = FY_DTYPE_BF16, .queue_depth = 32,
         .block_size = 1 << 20, .stripe_unit = 1 << 20, .ready_timeout_s = 60, .timeout_s = 300,
         .layers = 4, .heads = 4, .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
-        .warmup = 10, .min_lr_ratio = 0.1, .eval_every = 50, .eval_batches = 4,
+        .eval_every = 50, .eval_batches = 4,
         .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1, .prefetch = 1,
         .act_ahead = FY_PLAN_ACT_AHEAD_DEFAULT, .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
         .max_shard_size = 50000000000ull, .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
         .act_plan = "auto", .max_restarts = 5, .state_copies = 2, .optim_state = -1};
+    fy_options_train_defaults(o, 0); /* train and plan take the run's set (fy_runconf) */
 }
 
 static int set_option(const struct opt_spec *s, const char *value, struct fy_options *o)

@@ -40,6 +40,13 @@ struct fy_options {
     int optim_state;      /* --optim-state: enum fy_optim_state, or -1 (not given) */
     int weights_dtype;    /* --weights-dtype: FY_DTYPE_F32, _BF16, or 0 (auto: the backend's) */
     double lr, weight_decay, min_lr_ratio, eval_fraction, clip_grad_norm;
+    double beta1, beta2, adam_eps; /* AdamW's (--adam-beta1, --adam-beta2, --adam-eps) */
+    int lr_schedule;               /* --lr-schedule: enum fy_lr_schedule (launcher/train.h) */
+    /* The training values given on the command line: those not given take the run's set of
+     * defaults (fy_runconf_train_defaults: from scratch, or fine-tuning an imported model). */
+    struct {
+        int lr, warmup, min_lr_ratio, weight_decay, beta1, beta2, eps, clip, schedule;
+    } given;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, steps_set, model_set, hf_opts_set, timeout_set; /* given on the command line */
     /* init --arch llama */
@@ -57,6 +64,17 @@ struct fy_options {
     int train_argc;
     char **train_argv;
 };
+
+/* The training values a run takes where its command line does not give them: from scratch, for a
+ * model made by init; fine-tuning, transformers' Trainer's, for a model imported from Hugging
+ * Face (a small model's rate and warmup wreck a pretrained one in its first steps). */
+struct fy_train_set {
+    double lr;
+    uint64_t warmup;
+    int schedule; /* enum fy_lr_schedule */
+    double min_lr_ratio, weight_decay, beta1, beta2, eps, clip_grad_norm;
+};
+extern const struct fy_train_set fy_train_scratch, fy_train_finetune;
 
 /* --ckpt-place (launcher/dryrun.h takes the same values) */
 enum { FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO };
@@ -80,6 +98,13 @@ void fy_options_usage(FILE *f);
 void fy_options_help(enum fy_command cmd, FILE *f);
 /* Every option's name, one "--name" a line (fuyou-launch help --options). */
 void fy_options_list(FILE *f);
+/* Sets each training value that o->given says the command line did not give to the fine-tuning
+ * set's (finetune) or the from-scratch set's. */
+void fy_options_train_defaults(struct fy_options *o, int finetune);
+/* The set in force, for the log: its name, `why` it applies, its values, the options given instead
+ * of them (o->given), in one line into out. */
+void fy_options_describe_train_defaults(const struct fy_options *o, int finetune, const char *why,
+                                        char *out, size_t len);
 /* 0 where value is given; else says that `command` requires `option`: -EINVAL. */
 int fy_options_require(const char *value, const char *option, const char *command);
 

@@ -46,10 +46,30 @@ int fy_runconf_base(const struct fy_options *o, struct fy_config *c, int create_
     FY_TRY(fy_config_set(c, "adamw_impl", o->adamw_impl));
     FY_TRY(fy_config_setf(c, "lr", "%.9g", o->lr));
     FY_TRY(fy_config_setf(c, "weight_decay", "%.9g", o->weight_decay));
-    FY_TRY(fy_config_set(c, "beta1", "0.9"));
-    FY_TRY(fy_config_set(c, "beta2", "0.95"));
-    FY_TRY(fy_config_set(c, "eps", "1e-8"));
+    FY_TRY(fy_config_setf(c, "beta1", "%.9g", o->beta1));
+    FY_TRY(fy_config_setf(c, "beta2", "%.9g", o->beta2));
+    FY_TRY(fy_config_setf(c, "eps", "%.9g", o->adam_eps));
     return 0;
+}
+
+int fy_runconf_imported(const struct fy_config *mc)
+{
+    const char *hf = fy_config_get(mc, "hf");
+    return hf != NULL && strcmp(hf, "1") == 0;
+}
+
+void fy_runconf_train_defaults(struct fy_options *o, const struct fy_config *mc, char *said,
+                               size_t len)
+{
+    int imported = fy_runconf_imported(mc);
+    char why[PATH_MAX + 96];
+    if (imported)
+        snprintf(why, sizeof why, "the model was imported from Hugging Face: %s/model.conf has "
+                 "hf = 1", o->run_dir);
+    else
+        snprintf(why, sizeof why, "init made the model: %s/model.conf has no hf", o->run_dir);
+    fy_options_train_defaults(o, imported);
+    fy_options_describe_train_defaults(o, imported, why, said, len);
 }
 
 /* Every --ssd directory must exist before any worker starts, so a typo costs one clear line. */

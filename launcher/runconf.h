@@ -18,6 +18,14 @@ struct fy_session_opts fy_runconf_session(const struct fy_options *o);
 /* Entries every worker reads: the store (created where create_store), the backend, AdamW's
  * settings. */
 int fy_runconf_base(const struct fy_options *o, struct fy_config *c, int create_store);
+/* Whether the run's model was imported from Hugging Face (init --from-hf: model.conf hf = 1). */
+int fy_runconf_imported(const struct fy_config *mc);
+/* The training values not given on the command line from the run's set of defaults
+ * (fy_options_train_defaults): fine-tuning for a model imported from Hugging Face, from scratch
+ * for one made by init. It depends on model.conf alone, so resume resolves as train did. The line
+ * that says which set, and why, into said. */
+void fy_runconf_train_defaults(struct fy_options *o, const struct fy_config *mc, char *said,
+                               size_t len);
 /* fy_runconf_base's and the training entries of the gpu worker: the model, the batch, the
  * activations' dtype and --act-plan. */
 int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *model,

@@ -38,12 +38,16 @@
 
 struct fy_metrics;
 
+/* The learning rate's decay after the warmup (--lr-schedule). */
+enum fy_lr_schedule { FY_LR_COSINE, FY_LR_LINEAR };
+
 struct fy_train_opts {
     uint64_t steps;       /* train until this step (total, counting steps already in the store) */
     int batch, seq;       /* B sequences of T tokens per step */
     double lr;            /* peak learning rate */
     uint64_t warmup;      /* linear warmup steps */
-    double min_lr_ratio;  /* cosine decay to lr * min_lr_ratio at `steps` */
+    double min_lr_ratio;  /* the decay's floor: lr * min_lr_ratio */
+    enum fy_lr_schedule schedule; /* the decay after the warmup (cosine: 0) */
     uint64_t seed;        /* data order */
     uint64_t eval_every;  /* 0: only at the end */
     uint64_t eval_batches;
@@ -82,8 +86,15 @@ struct fy_train_opts {
     struct fy_diskrates *ssd_seen;
 };
 
-/* Learning rate at a step (1-based): linear warmup, then cosine to lr * min_lr_ratio at o->steps. */
+/* Learning rate at a step (1-based): linear warmup to lr at step o->warmup, then the decay toward
+ * min = lr * min_lr_ratio. Cosine reaches min at step o->steps. Linear is transformers' linear
+ * schedule: the first step after the warmup takes lr, and each following one (lr - min) /
+ * (steps - warmup) less, so that the step after o->steps would take min (with no warmup, step k of
+ * N takes min + (lr - min) * (N - k + 1) / N). */
 double fy_train_lr(const struct fy_train_opts *o, uint64_t step);
+/* The schedule's name (cosine, linear) and back: 0, or -EINVAL for another name. */
+const char *fy_train_lr_schedule_name(enum fy_lr_schedule s);
+int fy_train_lr_schedule_parse(const char *name, enum fy_lr_schedule *out);
 
 /* Creates every extent of the model in the store (`copies` of each unit's state, 2 or 1, and both
  * commit records), writes the initial weights (zero moments) and commits them as step 0. */
