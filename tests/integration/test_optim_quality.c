@@ -29,7 +29,11 @@
 #define OPTQ_EMBD "128"
 #define OPTQ_STEPS "300"
 #define OPTQ_SEED "1"
-/* Relative distance from fp32's final held-out loss that bf16's and int8's may have. */
+/* Relative distance from fp32's final held-out loss that bf16's and int8's may have. The runs are
+ * deterministic: with this seed bf16 ends +0.60% and int8 -0.37% from fp32 (measured), and an int8
+ * whose block absmax is not updated +6.0%. Other seeds and widths spread further, int8's up to a
+ * few percent either way, as bitsandbytes' AdamW8bit does (docs/benchmarks.md): the test catches a
+ * broken format, not a percent of difference in a format's average quality. */
 #define OPTQ_BAND 0.01
 /* The fp32 run's final held-out loss must be below this (ln 256 = 5.545 untrained), so the runs
  * learn: measured 2.508. */
