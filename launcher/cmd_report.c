@@ -37,8 +37,8 @@ int fy_cmd_report(struct fy_options *o)
     int steps = fy_report_write(runs, nruns, out);
     FY_TRY(steps);
     if (nruns > 1)
-        fy_info("report: %d steps drawn into %s/loss.png (beside %d other runs), busy.png and "
-                "throughput.png", steps, out, nruns - 1);
+        fy_info("report: %d steps drawn into %s/loss.png (%d runs in all), busy.png and "
+                "throughput.png", steps, out, nruns);
     else
         fy_info("report: %d steps drawn into %s/loss.png, busy.png and throughput.png", steps,
                 out);

@@ -108,7 +108,7 @@ static void test_optim_state_quality(void **state)
     const char *report[] = {"report", "--run-dir", runs[0], "--compare", others,
                             "--out",  charts,      NULL};
     assert_int_equal(fy_test_launch_in(f, report, 60), 0);
-    assert_true(fy_test_file_contains(f->log, "(beside 2 other runs)"));
+    assert_true(fy_test_file_contains(f->log, "(3 runs in all)"));
     for (int i = 1; i <= 2; i++)
         assert_true(access(fy_test_fmt("%s/metrics-%d.dat", charts, i), R_OK) == 0);
     assert_true(fy_test_file_contains(fy_test_fmt("%s/charts.gnuplot", charts),
