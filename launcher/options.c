@@ -80,11 +80,12 @@ static const struct command_spec commands[FY_CMD_COUNT] = {
         "Measures one block of the run's model at --batch x --seq, and the SSD store and AdamW, in "
         "a session of the workers, and shows the activation plan that train's --act-plan auto "
         "takes under these budgets, without training; the plan also goes to RUN/act_plan.json."},
-    [FY_CMD_REPORT] = {"report", {{"--run-dir DIR [--out DIR]",
+    [FY_CMD_REPORT] = {"report", {{"--run-dir DIR [--out DIR] [--compare DIRS]",
                                    "PNG charts of the run's metrics (loss, busy time, throughput; "
-                                   "gnuplot)"}},
+                                   "gnuplot), its loss beside other runs'"}},
         "Draws the run's metrics (RUN/metrics.jsonl) into loss.png, busy.png and throughput.png "
-        "with gnuplot."},
+        "with gnuplot; with --compare, loss.png also draws those runs' training and held-out loss, "
+        "each titled by its directory's name."},
     [FY_CMD_EXPORT] = {"export", {{"--run-dir DIR --out FILE", "write the weights to a file"},
                                   {"--run-dir DIR --to-hf HF",
                                    "write a Hugging Face model directory"}},
@@ -535,6 +536,8 @@ static const struct opt_spec specs[] = {
     /* data preparation */
     {"out", "FILE", C(PREPARE) | C(EXPORT) | C(REPORT) | C(PROBE), K_STRING, STR(out), 0, NULL,
      "the file to write"},
+    {"compare", "DIR[,DIR...]", C(REPORT), K_STRING, STR(compare), 0, NULL,
+     "other runs' directories whose training and held-out loss loss.png draws beside this run's"},
     {"tokenizer", "HF", C(PREPARE), K_STRING, STR(tokenizer), 0, NULL,
      "a Hugging Face tokenizer.json or its directory, through python3's tokenizers (byte level)"},
     {"jsonl", NULL, C(PREPARE), K_SWITCH, INT(jsonl), 0, NULL,

@@ -27,6 +27,7 @@ struct fy_options {
     const char *run_dir, *ssd, *affinity, *backend, *adamw_impl, *data, *out, *export_path, *trace;
     const char *from_hf, *to_hf;
     const char *machine; /* plan: a machine profile's rates (JSON) */
+    const char *compare; /* report: other runs' directories, comma-separated */
     const char *tokenizer, *text_field, *prompt_field, *response_field; /* prepare */
     const char *messages_field;                                          /* prepare */
     int jsonl;                                                           /* prepare */

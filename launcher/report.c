@@ -67,7 +67,28 @@ static int write_data(const char *metrics_path, const char *data_path)
     return rc < 0 ? rc : steps;
 }
 
-static int write_script(const char *path, const char *dir, const char *data)
+/* The loss chart's plot command: one run's training and held-out loss, or with several runs each
+ * run's, in one colour a run, titled by the run's name. */
+static void write_loss_plot(FILE *f, const char *const *data, const char *const *names, int nruns)
+{
+    if (nruns == 1) {
+        fprintf(f,
+                "plot '%s' using 1:2 with lines lw 2 title 'training', "
+                "'' using 1:3 with linespoints pt 7 lw 2 title 'held-out'\n",
+                data[0]);
+        return;
+    }
+    fprintf(f, "plot ");
+    for (int i = 0; i < nruns; i++)
+        fprintf(f,
+                "%s'%s' using 1:2 with lines lw 1 lc %d title '%s training', "
+                "'' using 1:3 with linespoints pt 7 lw 2 lc %d title '%s held-out'",
+                i ? ", " : "", data[i], i + 1, names[i], i + 1, names[i]);
+    fprintf(f, "\n");
+}
+
+static int write_script(const char *path, const char *dir, const char *const *data,
+                        const char *const *names, int nruns)
 {
     FILE *f = fopen(path, "w");
     FY_SYS(f == NULL ? -1 : 0, "report: cannot create %s", path);
@@ -79,11 +100,12 @@ static int write_script(const char *path, const char *dir, const char *data)
             "set xlabel 'step'\n"
             "set output '%s/loss.png.tmp'\n"
             "set title 'loss'\n"
-            "set ylabel 'cross-entropy'\n"
-            "plot '%s' using 1:2 with lines lw 2 title 'training', "
-            "'' using 1:3 with linespoints pt 7 lw 2 title 'held-out'\n"
+            "set ylabel 'cross-entropy'\n",
+            dir);
+    write_loss_plot(f, data, names, nruns);
+    fprintf(f,
             "set output '%s/busy.png.tmp'\n"
-            "set title 'where each step''s time goes: busy seconds per resource'\n"
+            "set title 'where each step''s time goes: busy seconds per resource%s%s'\n"
             "set ylabel 'seconds'\n"
             "plot '%s' using 1:6 with lines lw 3 lc rgb 'black' title 'step', "
             "'' using 1:7 with lines lw 2 title 'GPU compute', "
@@ -93,7 +115,7 @@ static int write_script(const char *path, const char *dir, const char *data)
             "'' using 1:11 with lines title 'SSD write', "
             "'' using 1:12 with lines title 'AdamW'\n"
             "set output '%s/throughput.png.tmp'\n"
-            "set title 'throughput'\n"
+            "set title 'throughput%s%s'\n"
             "set ylabel 'tokens/s'\n"
             "set y2label 'model TFLOP/s'\n"
             "set ytics nomirror\n"
@@ -101,24 +123,56 @@ static int write_script(const char *path, const char *dir, const char *data)
             "plot '%s' using 1:4 with lines lw 2 axes x1y1 title 'tokens/s', "
             "'' using 1:5 with lines lw 2 axes x1y2 title 'TFLOP/s'\n"
             "set output\n",
-            dir, data, dir, data, dir, data);
+            dir, nruns > 1 ? ": " : "", nruns > 1 ? names[0] : "", data[0], dir,
+            nruns > 1 ? ": " : "", nruns > 1 ? names[0] : "", data[0]);
     FY_SYS(fclose(f), "report: writing %s", path);
     return 0;
 }
 
-int fy_report_write(const char *metrics_path, const char *out_dir)
+/* A run's name in the charts: the last component of its directory. */
+static void run_name(const char *run_dir, char *out, size_t len)
 {
+    size_t end = strlen(run_dir);
+    while (end > 1 && run_dir[end - 1] == '/')
+        end--;
+    size_t start = end;
+    while (start > 0 && run_dir[start - 1] != '/')
+        start--;
+    snprintf(out, len, "%.*s", (int)(end - start), run_dir + start);
+}
+
+int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir)
+{
+    FY_REQUIRE(nruns >= 1 && nruns <= FY_REPORT_MAX_RUNS, -EINVAL,
+               "report: %d runs given: chart 1 to %d at a time", nruns, FY_REPORT_MAX_RUNS);
     FY_REQUIRE(strchr(out_dir, '\'') == NULL, -EINVAL,
                "report: %s: a directory whose name has a single quote cannot be given to gnuplot: "
                "pass --out another", out_dir);
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
         FY_SYS(-1, "report: cannot create %s", out_dir);
-    char data[PATH_MAX], script[PATH_MAX];
-    snprintf(data, sizeof data, "%s/metrics.dat", out_dir);
+    char data[FY_REPORT_MAX_RUNS][PATH_MAX], names[FY_REPORT_MAX_RUNS][256], script[PATH_MAX];
+    const char *data_of[FY_REPORT_MAX_RUNS], *name_of[FY_REPORT_MAX_RUNS];
+    int steps = 0;
+    for (int i = 0; i < nruns; i++) {
+        run_name(run_dirs[i], names[i], sizeof names[i]);
+        FY_REQUIRE(strchr(names[i], '\'') == NULL, -EINVAL,
+                   "report: %s: a run whose name has a single quote cannot be charted by gnuplot: "
+                   "rename its directory", run_dirs[i]);
+        if (i == 0)
+            snprintf(data[i], sizeof data[i], "%s/metrics.dat", out_dir);
+        else
+            snprintf(data[i], sizeof data[i], "%s/metrics-%d.dat", out_dir, i);
+        char metrics[PATH_MAX + 16];
+        snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run_dirs[i]);
+        int n = write_data(metrics, data[i]);
+        FY_TRY(n);
+        if (i == 0)
+            steps = n;
+        data_of[i] = data[i];
+        name_of[i] = names[i];
+    }
     snprintf(script, sizeof script, "%s/charts.gnuplot", out_dir);
-    int steps = write_data(metrics_path, data);
-    FY_TRY(steps);
-    FY_TRY(write_script(script, out_dir, data));
+    FY_TRY(write_script(script, out_dir, data_of, name_of, nruns));
     pid_t pid = fork();
     FY_SYS(pid, "report: fork");
     if (pid == 0) {

@@ -522,6 +522,16 @@ static void test_report_charts(void **state)
         assert_int_not_equal(access(fy_test_fmt("%s/report/%s.png.tmp", run, charts[i]), F_OK),
                              0);
     }
+    /* --compare: a run without metrics is said by its path; the run itself beside itself draws */
+    char *none = fy_test_in(f, "never-trained");
+    const char *missing[] = {"report", "--run-dir", run, "--compare", none, NULL};
+    assert_int_equal(fy_test_launch_in(f, missing, 60), 1);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("cannot open %s/metrics.jsonl", none)));
+    const char *twice[] = {"report", "--run-dir", run, "--compare", run, NULL};
+    assert_int_equal(fy_test_launch_in(f, twice, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "(2 runs in all)"));
+    assert_true(fy_test_file_contains(fy_test_fmt("%s/report/charts.gnuplot", run),
+                                      "title 'charted held-out'"));
 }
 
 /* fuyou-launch profile measures a block at the batch given and prints the plan train's auto would
