@@ -50,6 +50,7 @@ struct fy_sup {
     unsigned n;
     uint64_t seq;
     int interrupted;
+    int continued; /* a SIGCONT read: this process was stopped (Ctrl-Z, SIGSTOP) for a while */
     volatile int *stop_flag; /* graceful: the first signal lands here (fy_sup_set_stop_flag) */
     int failed; /* index of the first worker that died unexpectedly, or -1 */
     int stuck;  /* index of a worker killed for not answering in time, or -1 */
@@ -77,6 +78,7 @@ static void supervised_signals(sigset_t *mask)
     sigaddset(mask, SIGCHLD);
     sigaddset(mask, SIGINT);
     sigaddset(mask, SIGTERM);
+    sigaddset(mask, SIGCONT); /* blocked, it still continues the process, and is read as news */
 }
 
 int fy_sup_block_signals(sigset_t *old_mask)
@@ -186,6 +188,8 @@ static int drain_signals(struct fy_sup *s, int stopping)
         if (si.ssi_signo == SIGCHLD) {
             if (reap(s) > 0)
                 rc = -ECHILD;
+        } else if (si.ssi_signo == SIGCONT) {
+            s->continued = 1;
         } else if (s->stop_flag != NULL && *s->stop_flag == 0 && !s->interrupted) {
             *s->stop_flag = (int)si.ssi_signo;
             fy_warn("%s received: stopping once this step is done and committed (again to stop "
@@ -236,15 +240,23 @@ int fy_sup_spawn(struct fy_sup *s, const char *name)
  * negative: -ECHILD also when `watch` (if given) has exited, expected or not. Time this process
  * spent stopped (SIGSTOP, Ctrl-Z) is not the workers': *deadline moves on by it, so that a
  * launcher continued after its deadline reads the replies waiting for it instead of taking its
- * workers for stuck. */
+ * workers for stuck. A stop seen in the time between two polls moves it on too; one anywhere
+ * else (before this wait, or while a reply was handled) is told by the SIGCONT that ended it,
+ * and gives the wait its time again. */
 static int wait_message(struct fy_sup *s, char peer[FY_CHAN_PEER_MAX], struct fy_desc *d,
                         int64_t *deadline, const char *awaiting, const char *from, int stopping,
                         const struct sup_worker *watch)
 {
+    const int64_t span = *deadline - now_ms();
     for (int64_t polled = now_ms();;) {
         int rc = drain_signals(s, stopping);
         if (rc < 0)
             return rc;
+        if (s->continued) {
+            s->continued = 0;
+            int64_t again = now_ms() + (span > 0 ? span : 0);
+            *deadline = *deadline > again ? *deadline : again;
+        }
         if (watch != NULL && !watch->alive)
             return -ECHILD;
         int64_t left = *deadline - now_ms();
