@@ -91,7 +91,8 @@ void fy_optstate_layout_params(uint64_t params, int format, struct fy_optstate_l
     place_sections(format, params, out);
 }
 
-unsigned fy_optstate_tensors(const struct fy_model_config *c, unsigned unit,
+/* Unit `unit`'s tensors, their parameters and weight decay (not yet placed); returns how many. */
+static unsigned unit_tensors(const struct fy_model_config *c, unsigned unit,
                              struct fy_optstate_tensor *out)
 {
     struct fy_tensor_spec spec[FY_UNIT_MAX_TENSORS];
@@ -100,6 +101,13 @@ unsigned fy_optstate_tensors(const struct fy_model_config *c, unsigned unit,
         out[i] = (struct fy_optstate_tensor){.begin = spec[i].offset,
                                              .count = fy_tensor_numel(&spec[i]),
                                              .decay = spec[i].decay};
+    return n;
+}
+
+unsigned fy_optstate_tensors(const struct fy_model_config *c, unsigned unit,
+                             struct fy_optstate_tensor *out)
+{
+    unsigned n = unit_tensors(c, unit, out);
     struct fy_optstate_layout counts;
     place_tensors(c->optim_state, out, n, &counts);
     return n;
@@ -110,9 +118,9 @@ void fy_optstate_layout(const struct fy_model_config *c, unsigned unit,
 {
     memset(out, 0, sizeof *out);
     out->format = c->optim_state;
-    out->params = fy_model_unit_params(c, unit);
     struct fy_optstate_tensor t[FY_UNIT_MAX_TENSORS];
-    unsigned n = fy_optstate_tensors(c, unit, t);
+    unsigned n = unit_tensors(c, unit, t);
+    out->params = n == 0 ? 0 : t[n - 1].begin + t[n - 1].count; /* they lie one after another */
     place_tensors(c->optim_state, t, n, out);
     place_sections(c->optim_state, out->params, out);
 }
