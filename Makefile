@@ -69,7 +69,7 @@ TEST_HELPERS := $(BUILD)/obj/tests/testutil.o $(BUILD)/obj/tests/refmodel.o
 # Helpers that assert with cmocka: linked into the test programs, not the benchmarks.
 TEST_CMOCKA_HELPERS := $(BUILD)/obj/tests/trainutil.o $(BUILD)/obj/tests/chaos.o
 
-.PHONY: all deps deps-python check-deps results test test-gpu bench bench-gpu bench-pipeline bench-affinity tests benches demo clean
+.PHONY: all deps deps-python check-deps results test test-gpu bench bench-gpu bench-pipeline bench-affinity bench-quality tests benches demo clean
 all: check-deps $(BINS)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -156,6 +156,11 @@ bench-pipeline: all
 bench-affinity: all
 	@$(if $(NVCC),true,echo "bench-affinity needs nvcc and an NVIDIA GPU"; exit 1)
 	BUILD=$(BUILD) tests/bench/bench_affinity.sh
+
+# The optimizer state formats' held-out loss after the same fine-tuning (QUALITY_* in the script);
+# on the GPU where there is one, else on the CPU backend.
+bench-quality: all
+	BUILD=$(BUILD) tests/bench/bench_optim_quality.sh
 
 # One line of results (losses, the export's digest) per run of a fixed set, to diff before and
 # after a change that must leave results unchanged (tests/results.sh).

@@ -10,6 +10,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "common/arch/arch.h"
 #include "common/actplan.h"
 #include "common/check.h"
 #include "common/dtype.h"
@@ -166,6 +167,7 @@ struct train_run {
     struct fy_plan plan;
     struct fy_planact act;    /* the plan's activation step */
     int have_probe;           /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
+    int ssd_from_steps;       /* ... with the SSD's from RUN/ssd_rates.json (the last session) */
     char probed[PATH_MAX + 16];
     struct fy_train_opts to;
     struct fy_diskrates ssd_seen;
@@ -356,8 +358,15 @@ static int train_rates(const struct fy_options *o, struct train_run *t)
     snprintf(t->probed, sizeof t->probed, "%s/machine.json", o->run_dir);
     t->have_probe = access(t->probed, R_OK) == 0 &&
                     fy_plan_rates_load(t->probed, &t->plan_in.rates) == 0;
-    return fy_plan_rates_select(&t->plan_in.rates, t->model.optim_state,
-                                t->have_probe ? t->probed : "the reference machine");
+    FY_TRY(fy_plan_rates_select(&t->plan_in.rates, t->model.optim_state,
+                                t->have_probe ? t->probed : "the reference machine"));
+    /* Where no block is profiled (the activation plan predicts from its profile, and takes the
+     * record there), the SSD rates of the run's last session on this store, as `plan` takes them */
+    if (!fy_model_arch(&t->model)->swaps_internals || o->inprocess)
+        t->ssd_from_steps = fy_planact_ssd_rates(o, &t->plan_in.rates,
+                                                 t->have_probe ? "machine.json's"
+                                                               : "the reference machine's");
+    return 0;
 }
 
 /* The plan (launcher/plan.h) with the activation plan as its activation step: forced swapping
@@ -424,7 +433,8 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
         snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", t->probed);
     else
         snprintf(at, sizeof at, "predicted per step at the rates measured on the reference "
-                                "machine (one H200");
+                                "machine (one H200%s", t->ssd_from_steps ? "; the SSD's as "
+                                "this run's last session's steps ran" : "");
     double step_flops = (double)o->batch * (double)o->seq *
                         fy_model_flops_per_token(&t->model, (unsigned)o->seq);
     double predicted_s = t->act.run.predicted_s;

@@ -21,7 +21,9 @@ const struct fy_plan_rates fy_plan_reference_rates = {
     .gpu_flops = 390e12, /* model FLOP/s of a step with the blocks recomputed (make bench-gpu) */
     .h2d = 54e9,         /* PCIe, pinned memory to the GPU, one way at a time */
     .d2h = 55e9,         /* ... and back */
-    .ssd_read = 2.3e9,   /* the io engine on its disk (io_uring, O_DIRECT, 1-4 MiB requests) */
+    /* the disk as training steps use it, reads and writes at once: bench-pipeline's steps read at
+     * 1.61-1.82 GB/s and wrote at 2.27-2.98 (a lone 256 MiB burst reads 2.3) */
+    .ssd_read = 1.75e9,
     .ssd_write = 2.4e9,
     .opt_params = 3.1e9, /* AdamW beside the copies (make bench-pipeline) */
     /* fp32's, then bf16's and int8's by the ratios of AdamW's busy times in bench-pipeline's 1.3B

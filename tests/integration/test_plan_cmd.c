@@ -651,6 +651,34 @@ static void test_trace_and_busy_metrics(void **state)
     assert_float_equal(w, wr[1] / busy_wr[1] * 1e-9, 0.006 + 0.01 * w);
 }
 
+/* A family whose blocks are not profiled (Llama) has no sample to replace: its step is predicted
+ * at the reference machine's rates, and a session after one that left a record predicts with the
+ * record's SSD rates in their place, as `plan` does. */
+static void test_ssd_rates_carried_unprofiled(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "llama");
+    const char *init[] = {"init", "--run-dir", run, "--arch", "llama", "--layers", "2", "--heads",
+                          "4", "--kv-heads", "2", "--embd", "32", "--ffn", "48", "--ctx", "32",
+                          "--seed", "3", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "4", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "neither profiled nor swapped"));
+    assert_false(fy_test_file_contains(f->log, "the SSD's as this run's last session's steps"));
+    assert_true(fy_test_file_contains(f->log, "in this session's 3 steps after the first (kept in"));
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "6", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: SSD rates as the last session's 3 steps ran "
+                                              "at (steps 2 to 4"));
+    assert_true(fy_test_file_contains(f->log, "in place of the reference machine's (read 1.75, "
+                                              "write 2.40)"));
+    assert_true(fy_test_file_contains(f->log, "(one H200; the SSD's as this run's last session's "
+                                              "steps ran: SSD "));
+    /* --ssd-rates profile: the reference machine's */
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "7", NULL, 0, "--ssd-rates", "profile"),
+                     0);
+    assert_false(fy_test_file_contains(f->log, "the SSD's as this run's last session's steps"));
+}
+
 /* --ssd-rates: the steps of a session after its first leave the SSD's rates in RUN/ssd_rates.json
  * (their bytes over their busy seconds, as metrics.jsonl has them); the next session predicts with
  * them in place of the profile's sample and says so in its log, its plan check and act_plan.json
@@ -825,6 +853,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         FY_TRAINUTIL_TEST(test_trace_and_busy_metrics),
         FY_TRAINUTIL_TEST(test_ssd_rates_carried),
+        FY_TRAINUTIL_TEST(test_ssd_rates_carried_unprofiled),
         FY_TRAINUTIL_TEST(test_bench_pipeline_table),
         cmocka_unit_test(test_prediction_by_hand),
         FY_TRAINUTIL_TEST(test_plan_by_hand),
