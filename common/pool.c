@@ -391,6 +391,15 @@ void *fy_pool_at(const struct fy_pool *p, uint64_t offset, uint64_t bytes)
     return p->base + offset;
 }
 
+int fy_pool_has_region(const struct fy_pool *p, const char *name)
+{
+    const struct pool_header *h = (const struct pool_header *)p->base;
+    for (int i = 0; i < h->region_count; i++)
+        if (strcmp(h->regions[i].name, name) == 0)
+            return 1;
+    return 0;
+}
+
 int fy_pool_region(const struct fy_pool *p, const char *name, uint64_t *offset, uint64_t *bytes)
 {
     const struct pool_header *h = (const struct pool_header *)p->base;

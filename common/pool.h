@@ -54,6 +54,8 @@ uint64_t fy_pool_size(const struct fy_pool *p);
 int fy_pool_uses_huge_pages(const struct fy_pool *p);
 /* Pointer to a byte offset; NULL when [offset, offset+bytes) is not inside the pool. */
 void *fy_pool_at(const struct fy_pool *p, uint64_t offset, uint64_t bytes);
+/* 1 where the pool has a region of that name (an optional one), else 0; says nothing. */
+int fy_pool_has_region(const struct fy_pool *p, const char *name);
 /* Offset and size of a named region; -ENOENT (logged) when absent. */
 int fy_pool_region(const struct fy_pool *p, const char *name, uint64_t *offset, uint64_t *bytes);
 /* Checks every guard word; -EFAULT naming the first region whose neighbour was overwritten. */

@@ -80,7 +80,11 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     const struct fy_model_config *c = in->c;
     const struct fy_block_profile *p = in->prof;
     unsigned L = c->n_layer, units = fy_model_unit_count(c);
-    double passes = in->clip ? 2 : 1, N = (double)in->B * in->T;
+    /* one-pass clipping updates after the backward, under the next forward: the updates' state
+     * traffic and AdamW go to the forward's phase */
+    int hold = in->clip && in->clip_hold;
+    struct fy_actplan_other *upd = hold ? fwd : bwd;
+    double passes = in->clip && !hold ? 2 : 1, N = (double)in->B * in->T;
     uint64_t act = fy_plan_act_bytes(c, in->B, in->T, in->act_dtype);
     memset(fwd, 0, sizeof *fwd);
     memset(bwd, 0, sizeof *bwd);
@@ -89,9 +93,9 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
         if (in->resident == NULL || !in->resident[u]) {
             int block = fy_model_unit_kind(c, u) == FY_UNIT_BLOCK;
             fwd->ssd_read += fy_optstate_master_bytes(c, u);
-            bwd->ssd_read += fy_optstate_bytes(c, u) +
-                             (in->clip && block ? fy_optstate_master_bytes(c, u) : 0);
-            bwd->ssd_write += fy_optstate_bytes(c, u);
+            upd->ssd_read += fy_optstate_bytes(c, u);
+            bwd->ssd_read += in->clip && block ? fy_optstate_master_bytes(c, u) : 0;
+            upd->ssd_write += fy_optstate_bytes(c, u);
         }
     }
     /* the head (forward and backward in one request): its gradients come home in the forward */
@@ -110,14 +114,16 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     bwd->gpu_s = passes * keep * p->bwd_s + (passes - 1) * planned * (p->bwd_s + full_recompute);
     double params = (double)fy_model_total_params(c);
     double grad = (double)fy_dtype_size(FY_DTYPE_F32); /* clipping's sums read the gradients */
-    bwd->opt_s = params / in->rates.opt_params * (in->clip ? 1.0 + grad / adamw_bytes(c) : 1.0);
+    double update_s = params / in->rates.opt_params, sums_s = in->clip ? update_s * grad / adamw_bytes(c) : 0;
+    upd->opt_s += update_s;
+    bwd->opt_s += sums_s;
     fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;
     bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write;
     for (unsigned u = 0; u < units; u++) { /* the updates, copies written, clipping's sums */
         int copy = in->resident != NULL && in->resident[u] == FY_PLAN_KEPT_BF16;
-        bwd->mem += fy_model_unit_params(c, u) *
-                    (adamw_bytes(c) + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy +
-                     fy_dtype_size(FY_DTYPE_F32) * in->clip);
+        upd->mem += fy_model_unit_params(c, u) *
+                    (adamw_bytes(c) + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy);
+        bwd->mem += fy_model_unit_params(c, u) * fy_dtype_size(FY_DTYPE_F32) * in->clip;
     }
 }
 

@@ -336,8 +336,7 @@ static void train_describe(const struct fy_options *o, const struct train_run *t
     fy_model_config_describe(&t->model, described, sizeof described);
     char clip[96] = "";
     if (o->clip_grad_norm > 0)
-        snprintf(clip, sizeof clip, ", gradient norm clipped to %g (two backward passes)",
-                 o->clip_grad_norm);
+        snprintf(clip, sizeof clip, ", gradient norm clipped to %g", o->clip_grad_norm);
     fy_info("train: %s; batch %llu x %llu tokens, steps to %llu, lr %g (warmup %llu, %s to %g), "
             "weight decay %g, betas %g/%g, eps %g%s; %s schedule, weights read %llu unit%s ahead; "
             "data %s (%llu training, %llu held-out tokens)%s",
@@ -381,6 +380,7 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
     struct fy_plan_acts acts = fy_planact_acts(&t->act);
     FY_TRY(fy_plan_make(&t->plan_in, &acts, &t->plan));
     int rc = 0;
+    t->act.in.clip_hold = t->plan.place.grad_hold; /* forced modes were placed before it */
     if (t->plan_in.act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
         rc = fy_actrun_predict(&t->act.in, &t->act.run);
     const struct fy_actrun *act = &t->act.run;
@@ -411,6 +411,10 @@ static void train_log_traffic(const struct fy_options *o, const struct train_run
             "next), %s back",
             kept, units, kept_size, kept == units ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
+    char clipping[768];
+    fy_plan_clip_describe(&t->plan_in, p, clipping, sizeof clipping);
+    if (clipping[0])
+        fy_info("plan: %s", clipping);
     unsigned copies = p->weight_copies;
     if (t->plan_in.weight_dtype == FY_DTYPE_BF16)
         fy_info("plan: weights to the GPU in bf16 for %u of the %u kept units (a bf16 copy beside "

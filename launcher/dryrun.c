@@ -30,6 +30,7 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
     struct fy_actrun_in a = {.c = in->shape.c, .B = in->shape.B, .T = in->shape.T,
                              .mode = in->act_mode, .backend = in->backend,
                              .act_dtype = in->shape.act_dtype, .clip = in->shape.clip,
+                             .clip_hold = p->place.grad_hold,
                              .act_ahead = in->act_ahead};
     struct fy_actrun r;
     FY_TRY(fy_actrun_plan(&a, &r));
@@ -270,6 +271,10 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     fprintf(out, "plan: predicted seconds per step: GPU compute %.6f, PCIe to the GPU %.6f, from "
             "it %.6f, SSD %.6f, optimizer %.6f; bound: %s\n", pr->gpu_s, pr->h2d_s, pr->d2h_s,
             pr->ssd_s, pr->opt_s, pr->bound);
+    char clipping[768];
+    fy_plan_clip_describe(&in->plan, &p, clipping, sizeof clipping);
+    if (clipping[0])
+        fprintf(out, "plan: %s\n", clipping);
     static const char *const how[] = {
         [FY_ACTPLAN_AUTO] = "blocks recomputed; train's --act-plan auto profiles a block and "
                             "may keep or swap some",

@@ -251,6 +251,18 @@ static int parse_clip(struct fy_options *o, const char *v)
     return 0;
 }
 
+static int parse_clip_mode(struct fy_options *o, const char *v)
+{
+    static const char *const modes[] = {"auto", "one-pass", "two-pass"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(v, modes[i]) == 0) {
+            o->clip_mode = i; /* FY_CLIP_AUTO, _ONE_PASS, _TWO_PASS */
+            return 0;
+        }
+    fprintf(stderr, "fuyou-launch: --clip-mode %s: give auto, one-pass or two-pass\n", v);
+    return -EINVAL;
+}
+
 static int parse_lr_schedule(struct fy_options *o, const char *v)
 {
     enum fy_lr_schedule schedule;
@@ -487,8 +499,12 @@ static const struct opt_spec specs[] = {
     {"adam-eps", "X", TRAINS, K_PARSE, 0, NOTED(given.eps), parse_adam_eps,
      "AdamW's epsilon (1e-8)"},
     {"clip-grad-norm", "MAX", PLANS, K_PARSE, 0, NOTED(given.clip), parse_clip,
-     "clip the global gradient norm to MAX: a second backward pass per step computes the norm "
-     "before any update (0: off; an imported model's: 1)"},
+     "clip the global gradient norm to MAX, exactly as torch's clip_grad_norm_ (0: off; an "
+     "imported model's: 1)"},
+    {"clip-mode", "auto|one-pass|two-pass", PLANS, K_PARSE, 0, 0, parse_clip_mode,
+     "how clipping learns the norm before the first update: one-pass holds every block's "
+     "gradient in the pool through the backward and updates after it; two-pass runs the "
+     "backward twice; auto: one-pass where --cpu-mem holds the gradients (auto)"},
     {"eval-every", "N", TRAINS, K_SIZE, U64(eval_every), 0, NULL,
      "held-out loss every N steps and at the end (50)"},
     {"eval-batches", "N", TRAINS, K_SIZE, U64(eval_batches), 0, NULL,
@@ -677,9 +693,8 @@ void fy_options_describe_train_defaults(const struct fy_options *o, int finetune
         snprintf(decay, sizeof decay, "%s decay to lr x %g",
                  fy_train_lr_schedule_name(d->schedule), d->min_lr_ratio);
     if (d->clip_grad_norm > 0)
-        snprintf(clip, sizeof clip, "clipping %.1f (transformers' Trainer's values; clipping runs "
-                 "a second backward pass each step: --clip-grad-norm 0 turns it off)",
-                 d->clip_grad_norm);
+        snprintf(clip, sizeof clip, "clipping %.1f (transformers' Trainer's values; "
+                 "--clip-grad-norm 0 turns clipping off)", d->clip_grad_norm);
     else
         snprintf(clip, sizeof clip, "no clipping");
     const struct {

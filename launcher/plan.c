@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/ckpt.h"
+#include "common/config.h"
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/optstate.h"
@@ -238,6 +239,8 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     out[i++] = (struct fy_pool_region_spec){
         "grads", slot + grad_slots * block_slot_bytes(c) + (s->clip ? dfinal_bytes(c) : 0)};
     out[i++] = (struct fy_pool_region_spec){"state", 2 * fy_optstate_max_bytes(c)};
+    if (s->clip && p->grad_hold) /* one-pass clipping's held block gradients */
+        out[i++] = (struct fy_pool_region_spec){"gradhold", fy_plan_hold_bytes(c)};
     uint64_t kept = fy_plan_resident_bytes(c, p->resident);
     if (kept > 0) /* optimizer state that stays in the pool across steps */
         out[i++] = (struct fy_pool_region_spec){"resident", kept};
@@ -311,6 +314,12 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
     FY_REQUIRE(bytes >= 2 * l->state_slot_bytes, -EINVAL,
                "shared pool: a state region of %llu bytes does not hold two units' state",
                (unsigned long long)bytes);
+    if (s->clip && fy_pool_has_region(p, "gradhold")) {
+        FY_TRY(fy_pool_region(p, "gradhold", &l->hold, &bytes));
+        FY_REQUIRE(bytes >= fy_plan_hold_bytes(c), -EINVAL,
+                   "shared pool: a gradhold region of %llu bytes does not hold the %u blocks' "
+                   "gradients", (unsigned long long)bytes, c->n_layer);
+    }
     return 0;
 }
 
@@ -359,7 +368,8 @@ static void pcie_bytes(const struct fy_plan_shape *s, const struct fy_plan_place
     uint64_t embed = fy_model_unit_params(c, 0) * 4, block = fy_model_unit_params(c, 1) * 4;
     uint64_t fin = fy_model_unit_params(c, c->n_layer + 1) * 4;
     uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
-    uint64_t passes = s->clip ? 2 : 1; /* backward passes through the blocks and the embeddings */
+    /* backward passes through the blocks and the embeddings */
+    uint64_t passes = s->clip && !p->grad_hold ? 2 : 1;
     uint64_t blocks_up = 0, head_up = head_has_copies(c, resident) ? (fin + wte) / 2 : fin + wte;
     for (unsigned u = 1; u <= L; u++)
         blocks_up += fy_plan_upload_bytes(c, resident, u);
@@ -379,7 +389,7 @@ static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place 
     uint64_t act = align4k(fy_plan_act_bytes(c, s->B, s->T, s->act_dtype));
     uint64_t ckpts = p->ckpt_slots ? c->n_layer * act : 0;
     ckpts += p->swap.ssd_bytes;
-    out->ssd_read = (s->clip ? 2 : 1) * ckpts;
+    out->ssd_read = (s->clip && !p->grad_hold ? 2 : 1) * ckpts;
     out->ssd_write = ckpts;
     for (unsigned u = 0; u < fy_model_unit_count(c); u++)
         if (p->resident == NULL || !p->resident[u]) {
@@ -406,7 +416,7 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
      * (2 forward, 2 recompute, 4 backward) of the blocks' work once more */
     double block_flops = tokens * c->n_layer *
                          (6.0 * fy_model_unit_params(c, 1) + 6.0 * (double)s->T * c->n_embd);
-    if (s->clip)
+    if (s->clip && !p->grad_hold)
         flops += 0.75 * block_flops;
     struct fy_plan_traffic t;
     fy_plan_traffic(s, p, &t);
@@ -421,10 +431,13 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
     double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) /
                          fy_optstate_update_param_bytes(FY_DTYPE_F32, c->optim_state);
     out->opt_s = params / rates->opt_params * (s->clip ? 1.0 + sumsq_share : 1.0);
-    const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s};
+    /* one-pass clipping: no update before the norm, so AdamW overlaps the next forward (a quarter
+     * of the compute with the blocks recomputed) and nothing of the backward */
+    double serial_s = s->clip && p->grad_hold ? 0.75 * out->gpu_s + out->opt_s : 0;
+    const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s, serial_s};
     static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
-                                        "SSD", "optimizer"};
-    for (int i = 0; i < 5; i++)
+                                        "SSD", "optimizer", "backward, then the optimizer"};
+    for (int i = 0; i < 6; i++)
         if (times[i] > out->step_s) {
             out->step_s = times[i];
             out->bound = names[i];
@@ -507,6 +520,74 @@ static unsigned plan_grad_slots(const struct fy_plan_in *in, const struct fy_pla
     return slots;
 }
 
+uint64_t fy_plan_hold_bytes(const struct fy_model_config *c)
+{
+    return (uint64_t)c->n_layer * block_slot_bytes(c);
+}
+
+/* With clipping, one backward pass or two (p->place.grad_hold): --clip-mode's, or with auto one
+ * pass where the pool with the held gradients fits --cpu-mem and the step it predicts is no longer
+ * than two passes' (else the pool one pass would take, or 0 where it fits but is slower, for the
+ * plan to say). One pass leaves the gradient slots unused but for the embeddings' and the final
+ * unit's. */
+static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
+{
+    p->place.grad_hold = 0;
+    if (!in->shape.clip || in->clip_mode == FY_CLIP_TWO_PASS)
+        return;
+    struct fy_plan_place one = p->place;
+    one.grad_hold = 1;
+    uint64_t bytes = pool_bytes(&in->shape, &one);
+    if (in->clip_mode == FY_CLIP_ONE_PASS) {
+        p->place.grad_hold = 1;
+        return;
+    }
+    if (in->cpu_mem != 0 && bytes > in->cpu_mem) {
+        p->one_pass_pool_bytes = bytes;
+        return;
+    }
+    struct fy_plan_prediction once, twice;
+    fy_plan_predict(&in->shape, &one, &in->rates, &once);
+    fy_plan_predict(&in->shape, &p->place, &in->rates, &twice);
+    p->place.grad_hold = once.step_s <= twice.step_s;
+}
+
+void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p, char *buf,
+                           size_t len)
+{
+    buf[0] = 0;
+    if (!in->shape.clip)
+        return;
+    struct fy_plan_shape unclipped = in->shape;
+    unclipped.clip = 0;
+    struct fy_plan_place other = p->place;
+    other.grad_hold = !p->place.grad_hold;
+    struct fy_plan_prediction none, alt;
+    fy_plan_predict(&unclipped, &p->place, &in->rates, &none);
+    fy_plan_predict(&in->shape, &other, &in->rates, &alt);
+    char hold[32], need[32], cap[32], how[400];
+    fy_format_size(fy_plan_hold_bytes(in->shape.c), hold, sizeof hold);
+    const char *why = in->clip_mode == FY_CLIP_ONE_PASS   ? " (--clip-mode one-pass)"
+                      : in->clip_mode == FY_CLIP_TWO_PASS ? " (--clip-mode two-pass)"
+                                                          : "";
+    if (p->place.grad_hold)
+        snprintf(how, sizeof how, "one backward pass%s: the blocks' gradients (%s) held in the "
+                 "pool until the norm is known, the updates after the backward, under the next "
+                 "forward (two passes: %.4g s)", why, hold, alt.step_s);
+    else if (p->one_pass_pool_bytes > 0) {
+        fy_format_size(p->one_pass_pool_bytes, need, sizeof need);
+        fy_format_size(in->cpu_mem, cap, sizeof cap);
+        snprintf(how, sizeof how, "two backward passes, the first for the norm alone: one pass "
+                 "would hold the blocks' gradients (%s), a pool of %s, and --cpu-mem is %s", hold,
+                 need, cap);
+    } else
+        snprintf(how, sizeof how, "two backward passes%s, the first for the norm alone (one pass, "
+                 "the updates after the backward: %.4g s)", why, alt.step_s);
+    double step = p->predicted.step_s;
+    snprintf(buf, len, "clipping in %s; predicted %.4g s a step, %.4g s without clipping (%+.0f%%)",
+             how, step, none.step_s, none.step_s > 0 ? 100.0 * (step / none.step_s - 1) : 0.0);
+}
+
 /* What the store takes: the state's copies, both commit records, and the scratch extents of the
  * internals and checkpoints placed there, as train makes them. */
 static uint64_t store_bytes(const struct fy_plan_in *in, const struct fy_plan *p)
@@ -547,6 +628,7 @@ int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, s
         FY_TRY(acts->place(acts->ctx, in, p));
     plan_checkpoints(in, p);
     p->kept = plan_resident(in, p);
+    plan_clip_mode(in, p); /* before auto's activations, which take the room left */
     if (!forced && acts != NULL) /* in the room that the kept state and the streaming leave */
         FY_TRY(acts->place(acts->ctx, in, p));
     p->place.grad_slots = plan_grad_slots(in, p);

@@ -47,7 +47,7 @@ struct fy_plan_shape {
     const struct fy_model_config *c;
     int B, T;      /* B sequences of T tokens a step (1 x 1: init and export) */
     int act_dtype; /* activations in the pool: FY_DTYPE_F32 or _BF16 (the backend's) */
-    int clip;      /* the gradient norm clipped: two backward passes */
+    int clip;      /* the gradient norm clipped (one pass or two: fy_plan_place.grad_hold) */
 };
 
 /* Units of weights read ahead of the one the gpu computes (--prefetch): each costs a unit slot. */
@@ -109,6 +109,10 @@ struct fy_plan_place {
      * these slots (fy_plan_spill_slots) */
     unsigned ckpt_slots;
     struct fy_plan_swap swap; /* the blocks' swapped internals (all 0: none) */
+    /* with clipping: 1, one backward pass (every block's gradient held in the pool's "gradhold"
+     * region until the norm is known, the updates after the backward); 0, two passes (the first
+     * computes the norm alone) */
+    int grad_hold;
 };
 
 /* Bytes of one activation [B][T][C] in the pool. */
@@ -125,7 +129,7 @@ uint64_t fy_plan_resident_bytes(const struct fy_model_config *c, const unsigned 
 
 /* ---- the pool's regions ---------------------------------------------------------------------- */
 
-#define FY_PLAN_REGIONS_MAX 10
+#define FY_PLAN_REGIONS_MAX 11
 /* Pool regions for a step of shape s (B = T = 1 for init and export) with placement p: the
  * streaming regions (meta, tokens, the checkpoints or their slots, activation gradients, the
  * weights slots, the gradient slots with clipping's final-unit gradient after them, two state
@@ -156,6 +160,9 @@ struct fy_plan_layout {
      * (dfinal_bytes) */
     uint64_t grads_bytes, bslot_bytes, dfinal_bytes;
     unsigned gslots;
+    /* one-pass clipping's held block gradients, block b's at hold + (b - 1) * bslot_bytes (0: no
+     * such region) */
+    uint64_t hold;
     unsigned act_slots, dact_slots; /* activations the acts and dacts regions hold */
 };
 /* The layout of a pool that fy_plan_regions laid out for a step of shape s: its regions found and
@@ -198,6 +205,14 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
 
 /* ---- the plan -------------------------------------------------------------------------------- */
 
+/* --clip-mode: how a clipped step learns the gradient norm before its first update. One pass
+ * holds every block's f32 gradient in the pool through the backward (fy_plan_hold_bytes) and
+ * updates after it; two passes run the backward twice, the first for the norm alone. auto: one
+ * pass where the pool has room for the held gradients within --cpu-mem. */
+enum { FY_CLIP_AUTO = 0, FY_CLIP_ONE_PASS = 1, FY_CLIP_TWO_PASS = 2 };
+/* The pool bytes one-pass clipping holds the blocks' gradients in. */
+uint64_t fy_plan_hold_bytes(const struct fy_model_config *c);
+
 /* What a plan is made from: the step, the options that place things, the budgets, the rates. */
 struct fy_plan_in {
     struct fy_plan_shape shape;
@@ -211,6 +226,7 @@ struct fy_plan_in {
     uint64_t cpu_mem;        /* the pool's cap (0: none, and no state kept) */
     uint64_t gpu_mem;        /* the GPU arena's (0: all of it) */
     unsigned state_copies;   /* of the optimizer state in the store: 2 or 1 */
+    int clip_mode;           /* --clip-mode: FY_CLIP_AUTO, _ONE_PASS or _TWO_PASS */
     struct fy_plan_rates rates;
     int say;                 /* say --ckpt-place auto's choice in the log as it is made (train) */
 };
@@ -233,6 +249,9 @@ struct fy_plan {
     int gpu_modelled;
     uint64_t gpu_working, gpu_set, gpu_need;
     int fits_cpu, fits_gpu;      /* pool_bytes within cpu_mem (or none); gpu_need within gpu_mem */
+    /* with clipping and --clip-mode auto where one pass does not fit: the pool bytes one pass
+     * would take (place.grad_hold says which was taken) */
+    uint64_t one_pass_pool_bytes;
     struct fy_plan_traffic traffic;
     struct fy_plan_prediction predicted; /* at in->rates */
 };
@@ -259,5 +278,10 @@ struct fy_plan_acts {
  * same (fits_cpu, fits_gpu). */
 int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, struct fy_plan *p);
 void fy_plan_free(struct fy_plan *p);
+/* One line on how a clipped step learns the norm (nothing where in does not clip): one pass with
+ * the blocks' gradients held in the pool, or two passes and, with --clip-mode auto, why; and what
+ * clipping adds to the predicted step. */
+void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p, char *buf,
+                           size_t len);
 
 #endif

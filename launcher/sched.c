@@ -275,6 +275,7 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
                o->clip_grad_norm);
     if (o->clip_grad_norm > 0) {
         r->clip = 1;
+        r->one_pass = r->l.hold != 0;
         r->dfinal = gslot(&r->l, r->l.gslots + 1);
         FY_REQUIRE(r->l.grads_bytes >= r->dfinal - r->l.grads + r->l.dfinal_bytes, -EINVAL,
                    "train: the pool has no room for clipping's final-unit gradient (made by "
@@ -706,14 +707,24 @@ static int sumsq_wait(struct fy_sched *r, struct fy_ticket *t, double *out)
     return 0;
 }
 
-/* Pass 1 of a clipped step, after the forward (whose head request ran the head's backward): every
- * unit's gradient and its sum of squares, no update. It leaves what pass 2 needs where pass 2
- * finds it: dx_L in dacts[0] (the blocks' dx alternate between dacts[1] and acts[L], the head's
- * input, which nothing reads any more this step), the final unit's gradient after the grads slots,
- * and the complete embedding gradient (the lookup's share added to the head's) in grads slot 0.
- * Overlapped like the backward: while the gpu computes block b, the opt worker sums block b+1's
- * squares; grads slots 1 and 2 alternate and the weights slots are taken in turn, each reuse
- * waiting for its previous user. *total = the units' sums added in unit order, whatever the schedule. */
+/* Where block b's gradient goes in a norm pass: its own place in the gradhold region (one-pass
+ * clipping: kept for its update), else grads slots 1 and 2 in turn. */
+static uint64_t norm_grad(const struct fy_sched *r, unsigned b)
+{
+    return r->one_pass ? r->l.hold + (uint64_t)(b - 1) * r->l.bslot_bytes
+                       : gslot(&r->l, 1 + (b & 1));
+}
+
+/* A backward pass that sums the gradients' squares, after the forward (whose head request ran the
+ * head's backward), no update: pass 1 of a clipped step, or one-pass clipping's only backward
+ * (r->one_pass), which keeps every block's gradient (norm_grad). Pass 1 leaves what pass 2 needs
+ * where pass 2 finds it: dx_L in dacts[0] (the blocks' dx alternate between dacts[1] and acts[L],
+ * the head's input, which nothing reads any more this step). Either leaves the final unit's
+ * gradient after the grads slots, and the complete embedding gradient (the lookup's share added to
+ * the head's) in grads slot 0. Overlapped like the backward: while the gpu computes block b, the
+ * opt worker sums block b+1's squares; the weights slots are taken in turn, and a reused grads
+ * slot waits for its previous user. *total = the units' sums added in unit order, whatever the
+ * schedule. */
 static int norm_pass(struct fy_sched *r, double *total)
 {
     const struct fy_plan_layout *l = &r->l;
@@ -722,8 +733,10 @@ static int norm_pass(struct fy_sched *r, double *total)
     struct fy_ticket *sq = calloc(L + 3, sizeof *sq);
     double *part = calloc(L + 3, sizeof *part);
     int rc = rw && g && sq && part ? 0 : -ENOMEM;
-    /* x_L's room is free after the head; with the checkpoints in slots, a third dacts buffer */
-    const uint64_t scratch[2] = {dact_at(l, 1), r->ckpt.on ? dact_at(l, 2) : act_at(l, L)};
+    /* x_L's room is free after the head; with the checkpoints in slots, a third dacts buffer;
+     * one pass needs no dx_L afterwards */
+    const uint64_t scratch[2] = {dact_at(l, 1), r->one_pass ? dact_at(l, 0)
+                                                : r->ckpt.on ? dact_at(l, 2) : act_at(l, L)};
     uint64_t dy = dact_at(l, 0); /* dL/d(output of the block being processed) */
     unsigned depth = l->wslots - 1;
     if (rc == 0)
@@ -735,24 +748,24 @@ static int norm_pass(struct fy_sched *r, double *total)
         rc = fy_ticket_wait(&r->tk, &rw[b], NULL);
         if (rc == 0)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
-        if (rc == 0 && b + 2 <= L)
+        if (rc == 0 && b + 2 <= L && !r->one_pass)
             rc = sumsq_wait(r, &sq[b + 2], &part[b + 2]); /* its gradient slot */
         if (rc == 0)
-            rc = block_backward_issue(r, b, w_off, dy, dx, gslot(l, 1 + (b & 1)), &g[b]);
+            rc = block_backward_issue(r, b, w_off, dy, dx, norm_grad(r, b), &g[b]);
         dy = dx;
         /* block b+1's gradient is complete: its squares, and its weights slot is free for block
          * b-depth */
         if (rc == 0 && b + 1 <= L)
             rc = fy_ticket_wait(&r->tk, &g[b + 1], NULL);
         if (rc == 0 && b + 1 <= L)
-            rc = sumsq_issue(r, b + 1, gslot(l, 1 + ((b + 1) & 1)), &sq[b + 1]);
+            rc = sumsq_issue(r, b + 1, norm_grad(r, b + 1), &sq[b + 1]);
         if (rc == 0 && b > depth)
             rc = read_weights(r, b - depth, block_wslot(l, b - depth), &rw[b - depth]);
     }
     if (rc == 0 && L >= 1)
         rc = fy_ticket_wait(&r->tk, &g[1], NULL);
     if (rc == 0 && L >= 1)
-        rc = sumsq_issue(r, 1, gslot(l, 2), &sq[1]);
+        rc = sumsq_issue(r, 1, norm_grad(r, 1), &sq[1]);
     if (rc == 0)
         rc = embed_backward(r, dy);
     if (rc == 0)
@@ -901,10 +914,9 @@ int fy_sched_eval_loss(struct fy_sched *r, const struct fy_tokfile *data, uint64
 /* Pass 1 of a clipped step and the scale it gives, as torch.nn.utils.clip_grad_norm_ computes it:
  * norm = sqrt(sum of every gradient element squared), in double; scale = max / (norm + 1e-6),
  * applied (as a float, by the opt worker) only when below 1. */
-int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, double *norm)
+static int clip_scale_of(struct fy_sched *r, uint64_t step, double max_norm, double sumsq,
+                         double *norm)
 {
-    double sumsq;
-    FY_TRY(norm_pass(r, &sumsq));
     *norm = sqrt(sumsq);
     FY_REQUIRE(isfinite(*norm), -EDOM,
                "step %llu: the gradient norm is %g: lower the learning rate",
@@ -912,6 +924,39 @@ int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, doub
     double scale = max_norm / (*norm + 1e-6);
     r->grad_scale = scale < 1.0 ? scale : 0.0;
     return 0;
+}
+
+int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, double *norm)
+{
+    double sumsq;
+    FY_TRY(norm_pass(r, &sumsq));
+    return clip_scale_of(r, step, max_norm, sumsq, norm);
+}
+
+int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, double max_norm,
+                              double *norm)
+{
+    const struct fy_plan_layout *l = &r->l;
+    unsigned L = l->c->n_layer, fin = L + 1;
+    FY_REQUIRE(r->one_pass, -EPROTO, "schedule error: one-pass clipping without a gradhold region");
+    double sumsq;
+    FY_TRY(norm_pass(r, &sumsq));
+    FY_TRY(clip_scale_of(r, step, max_norm, sumsq, norm));
+    /* the updates in the next forward's order: a kept unit's queued (the forward waits for each
+     * one's own), a streamed one's read, updated and written back before the forward reads it */
+    for (unsigned u = 0; u <= fin; u++) {
+        uint64_t grad = u == 0 ? gslot(l, 0) : u == fin ? r->dfinal : norm_grad(r, u);
+        if (is_resident(r, u)) {
+            struct fy_ticket none = {0};
+            FY_TRY(state_read(r, u, 0, &none));
+            FY_TRY(opt_enqueue(r, u, 0, grad, step, lr));
+            FY_TRY(fy_optq_pump(&r->opt));
+        } else {
+            FY_TRY(update_unit(r, u, grad, step, lr));
+        }
+        r->version[u] = step;
+    }
+    return fy_optq_send_all(&r->opt);
 }
 
 /* Every resident unit's state between the pool and the store: loaded from the committed copy

@@ -41,11 +41,14 @@ struct fy_sched {
     struct fy_spill saved;
     struct fy_actplan_sizes saved_sizes;
     unsigned act_ahead; /* blocks whose items on the store the backward reads ahead (--act-ahead) */
-    /* Clipping: on (two backward passes; pass 1 also completes the embedding gradient), where the
+    /* Clipping: on (one backward pass or two; the norm pass also completes the embedding gradient), where the
      * head writes the final unit's gradient (grads slot 1; with clipping the room after the
      * block gradient slots, where it survives pass 1), and this step's gradient scale (0: none)
      * for every opt-adamw. */
     int clip;
+    /* Clipping in one backward pass (the pool's "gradhold" region: fy_sched_clipped_backward) in
+     * place of two */
+    int one_pass;
     uint64_t dfinal;
     double grad_scale;
     struct fy_optq opt; /* the AdamW updates queued and sent, and the gradient slots */
@@ -89,6 +92,13 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
  * in double; scale = max / (norm + 1e-6), applied (as a float, by the opt worker) only when below
  * 1. */
 int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, double *norm);
+/* A clipped step's backward in one pass (r->one_pass): every block's gradient kept in the pool's
+ * gradhold region while the opt worker sums their squares, the norm and scale as
+ * fy_sched_clip_scale computes them (*norm), then every unit's update in the order the next
+ * forward needs them, each forward unit waiting for its own. Results bit-identical to the two
+ * passes. */
+int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, double max_norm,
+                              double *norm);
 /* The backward with each unit's update: the final unit's, each block's overlapped with the blocks
  * below, the embeddings' last; what the optimizer has not done is sent for the next forward. */
 int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr);

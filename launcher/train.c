@@ -312,9 +312,11 @@ static int run_step(struct fy_sched *r, struct fy_storemeta *meta, const struct 
     if (rc == 0)
         rc = fy_sched_forward(r, 1, step, &s.loss);
     r->grad_scale = 0.0;
-    if (rc == 0 && r->clip)
+    if (rc == 0 && r->one_pass)
+        rc = fy_sched_clipped_backward(r, step, s.lr, o->clip_grad_norm, &s.grad_norm);
+    else if (rc == 0 && r->clip)
         rc = fy_sched_clip_scale(r, step, o->clip_grad_norm, &s.grad_norm);
-    if (rc == 0)
+    if (rc == 0 && !r->one_pass)
         rc = fy_sched_backward_and_update(r, step, s.lr);
     *trained = rc == 0;
     int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);

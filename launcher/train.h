@@ -61,7 +61,7 @@ struct fy_train_opts {
     FILE *trace;          /* Chrome trace-event JSON of every request (Perfetto); NULL: none */
     /* per unit: FY_PLAN_STREAMED, _KEPT or _KEPT_BF16 (struct fy_plan.resident) */
     const unsigned char *resident;
-    double clip_grad_norm; /* > 0: clip the global gradient norm to this (two backward passes) */
+    double clip_grad_norm; /* > 0: clip the global gradient norm to this */
     int ckpt_ssd;          /* 1: the block-input checkpoints go to the SSD store (--ckpt-place ssd) */
     unsigned act_ahead;    /* --act-ahead: blocks whose activations on the store the backward reads
                               ahead (1..FY_PLAN_ACT_AHEAD_MAX; 0: FY_PLAN_ACT_AHEAD_DEFAULT) */

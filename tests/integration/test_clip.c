@@ -84,6 +84,131 @@ static void test_clipping_overlap_matches_serial(void **state)
     free(first_g);
 }
 
+/* --clip-mode: one backward pass (every block's gradient held in the pool until the norm is
+ * known, the updates after the backward) gives the same losses, gradient norms and weights, bit
+ * for bit, as two (the first for the norm alone), in each case below: GPT-2 and Llama, every
+ * unit's state kept in the pool (--cpu-mem 1G), streamed from the store (no --cpu-mem), some of
+ * both (26M), the checkpoints on the store, the serial schedule, the in-process run; clipping
+ * that triggers on every step (CLIP_MAX) and clipping that never does (1e6). */
+struct clip_case {
+    const char *name, *arch, *max;
+    int inprocess;
+    const char *opts[6]; /* more train options, NULL-terminated */
+};
+
+static void init_case_model(struct fy_test_fixture *f, const char *run, const char *arch)
+{
+    if (strcmp(arch, "gpt") == 0) {
+        fy_trainutil_init_model(f, run, "32", "5");
+        return;
+    }
+    const char *init[] = {"init", "--run-dir", run, "--arch", "llama", "--layers", "2", "--heads",
+                          "4", "--kv-heads", "2", "--embd", "32", "--ffn", "48", "--ctx", "32",
+                          "--seed", "3", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+}
+
+static void test_one_pass_matches_two_passes(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    static const struct clip_case cases[] = {
+        {"gpt-kept", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "1G", NULL}},
+        {"gpt-streamed", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {NULL}},
+        {"gpt-some", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "26M", NULL}},
+        {"gpt-ckpt-ssd", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0,
+         {"--cpu-mem", "1G", "--ckpt-place", "ssd", NULL}},
+        {"gpt-serial", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0,
+         {"--cpu-mem", "1G", "--schedule", "serial", NULL}},
+        {"gpt-inprocess", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 1, {NULL}},
+        {"gpt-untriggered", "gpt", "1e6", 0, {"--cpu-mem", "1G", NULL}},
+        {"llama-kept", "llama", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "1G", NULL}},
+        {"llama-streamed", "llama", FY_TRAINUTIL_STR(CLIP_MAX), 0,
+         {"--schedule", "serial", NULL}},
+        {"llama-untriggered", "llama", "1e6", 0, {NULL}},
+    };
+    static const char *const modes[2] = {"two-pass", "one-pass"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const struct clip_case *k = &cases[c];
+        char *w[2], *l[2], *g[2];
+        size_t n[2];
+        for (int m = 0; m < 2; m++) {
+            char *run = fy_test_in(f, fy_test_fmt("%s-%s", k->name, modes[m]));
+            char out[700], metrics[700];
+            snprintf(out, sizeof out, "%s.fywt", run);
+            run_metrics(run, metrics, sizeof metrics);
+            init_case_model(f, run, k->arch);
+            const char *args[12] = {"--clip-grad-norm", k->max, "--clip-mode", modes[m]};
+            unsigned a = 4;
+            for (unsigned i = 0; k->opts[i] != NULL; i++)
+                args[a++] = k->opts[i];
+            args[a] = NULL;
+            assert_int_equal(fy_trainutil_train_with(f, run, f->data, "4", out, k->inprocess,
+                                                     args),
+                             0);
+            assert_true(fy_test_file_contains(f->log, m ? "plan: clipping in one backward pass"
+                                                        : "plan: clipping in two backward passes"));
+            l[m] = fy_trainutil_losses(metrics);
+            g[m] = fy_trainutil_field_values(metrics, "\"grad_norm\": ");
+            w[m] = fy_test_slurp(out, &n[m]);
+            assert_non_null(w[m]);
+            int clipped = fy_test_file_contains(f->log, "(clipped)");
+            assert_int_equal(clipped, strcmp(k->max, "1e6") != 0);
+        }
+        print_message("%s: one pass and two: the same %zu bytes of weights\n", k->name, n[0]);
+        assert_string_equal(l[1], l[0]);
+        assert_string_equal(g[1], g[0]);
+        assert_int_equal(n[1], n[0]);
+        assert_memory_equal(w[1], w[0], n[0]);
+        for (int m = 0; m < 2; m++) {
+            free(w[m]);
+            free(l[m]);
+            free(g[m]);
+        }
+    }
+}
+
+/* --clip-mode auto takes one pass where --cpu-mem holds the blocks' gradients and the plan
+ * predicts it no slower, and says why it takes two where it does not; one-pass where they do not
+ * fit is refused before any work. */
+static void test_clip_mode_auto(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "auto");
+    fy_trainutil_init_model(f, run, "32", "5");
+    const char *roomy[] = {"--clip-grad-norm", "1", "--cpu-mem", "1G", NULL};
+    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "2", NULL, 0, roomy), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass: the blocks' "
+                                              "gradients ("));
+    const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
+                          "cpu", "--clip-grad-norm", "1", "--cpu-mem", "1G", NULL};
+    assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass"));
+    const char *bad[] = {"--clip-grad-norm", "1", "--clip-mode", "sometimes", NULL};
+    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "3", NULL, 0, bad), 2);
+
+    /* a 1.3B model's state fills a 12 GiB pool: no room for its 4.5 GiB of gradients */
+#define XL "plan", "--layers", "24", "--heads", "16", "--embd", "2048", "--ctx", "1024", \
+           "--batch", "16", "--seq", "1024", "--backend", "cuda", "--gpu-mem", "24G", \
+           "--clip-grad-norm", "1", "--cpu-mem"
+    const char *full[] = {XL, "12G", NULL};
+    assert_int_equal(fy_test_launch_in(f, full, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: clipping in two backward passes, the first "
+                                              "for the norm alone: one pass would hold the "
+                                              "blocks' gradients (4.5 GiB), a pool of "));
+    const char *forced[] = {XL, "12G", "--clip-mode", "one-pass", NULL};
+    assert_int_equal(fy_test_launch_in(f, forced, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass (--clip-mode "
+                                              "one-pass)"));
+    assert_true(fy_test_file_contains(f->log, "train would refuse it"));
+    /* with room for both, the faster by the plan's rates: at B 64 one pass (AdamW after the
+     * backward costs less than a second backward of 64 sequences) */
+    const char *b64[] = {XL, "60G", "--batch", "64", NULL};
+    assert_int_equal(fy_test_launch_in(f, b64, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass: the blocks' "
+                                              "gradients (4.5 GiB) held in the pool"));
+#undef XL
+}
+
 /* A bound far above the norm changes nothing: bit-identical to an unclipped run, whose metrics
  * carry no gradient norm (computing it would cost a backward pass). */
 static void test_clipping_huge_bound_is_unclipped(void **state)
@@ -338,6 +463,8 @@ int main(void)
         FY_TRAINUTIL_TEST(test_clipping_huge_bound_is_unclipped),
         FY_TRAINUTIL_TEST(test_clipping_bad_bound_refused),
         FY_TRAINUTIL_TEST(test_clipping_matches_reference),
+        FY_TRAINUTIL_TEST(test_one_pass_matches_two_passes),
+        FY_TRAINUTIL_TEST(test_clip_mode_auto),
     };
     struct CMUnitTest run[sizeof tests / sizeof tests[0]];
     size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */
