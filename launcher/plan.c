@@ -525,23 +525,18 @@ uint64_t fy_plan_hold_bytes(const struct fy_model_config *c)
     return (uint64_t)c->n_layer * block_slot_bytes(c);
 }
 
-/* With clipping, one backward pass or two (p->place.grad_hold): --clip-mode's, or with auto one
+/* With clipping and --clip-mode auto, one backward pass or two (p->place.grad_hold): one
  * pass where the pool with the held gradients fits --cpu-mem and the step it predicts is no longer
  * than two passes' (else the pool one pass would take, or 0 where it fits but is slower, for the
  * plan to say). One pass leaves the gradient slots unused but for the embeddings' and the final
  * unit's. */
 static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
 {
-    p->place.grad_hold = 0;
-    if (!in->shape.clip || in->clip_mode == FY_CLIP_TWO_PASS)
-        return;
+    if (!in->shape.clip || in->clip_mode != FY_CLIP_AUTO)
+        return; /* one-pass: planned before the kept state */
     struct fy_plan_place one = p->place;
     one.grad_hold = 1;
     uint64_t bytes = pool_bytes(&in->shape, &one);
-    if (in->clip_mode == FY_CLIP_ONE_PASS) {
-        p->place.grad_hold = 1;
-        return;
-    }
     if (in->cpu_mem != 0 && bytes > in->cpu_mem) {
         p->one_pass_pool_bytes = bytes;
         return;
@@ -626,6 +621,8 @@ int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, s
     int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
     if (forced && acts != NULL) /* placed whatever the room; the residency plans around them */
         FY_TRY(acts->place(acts->ctx, in, p));
+    /* --clip-mode one-pass: the held gradients before the kept state, which takes what is left */
+    p->place.grad_hold = s->clip && in->clip_mode == FY_CLIP_ONE_PASS;
     plan_checkpoints(in, p);
     p->kept = plan_resident(in, p);
     plan_clip_mode(in, p); /* before auto's activations, which take the room left */

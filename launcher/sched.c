@@ -933,6 +933,22 @@ int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, doub
     return clip_scale_of(r, step, max_norm, sumsq, norm);
 }
 
+/* The first unit from u on whose state streams from the store (past the final unit: none). */
+static unsigned next_streamed(const struct fy_sched *r, unsigned u)
+{
+    unsigned fin = r->l.c->n_layer + 1;
+    while (u <= fin && is_resident(r, u))
+        u++;
+    return u;
+}
+
+/* Where one-pass clipping left unit u's gradient. */
+static uint64_t clipped_grad(const struct fy_sched *r, unsigned u)
+{
+    unsigned fin = r->l.c->n_layer + 1;
+    return u == 0 ? gslot(&r->l, 0) : u == fin ? r->dfinal : norm_grad(r, u);
+}
+
 int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, double max_norm,
                               double *norm)
 {
@@ -942,18 +958,48 @@ int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, doub
     double sumsq;
     FY_TRY(norm_pass(r, &sumsq));
     FY_TRY(clip_scale_of(r, step, max_norm, sumsq, norm));
-    /* the updates in the next forward's order: a kept unit's queued (the forward waits for each
-     * one's own), a streamed one's read, updated and written back before the forward reads it */
-    for (unsigned u = 0; u <= fin; u++) {
-        uint64_t grad = u == 0 ? gslot(l, 0) : u == fin ? r->dfinal : norm_grad(r, u);
-        if (is_resident(r, u)) {
-            struct fy_ticket none = {0};
-            FY_TRY(state_read(r, u, 0, &none));
-            FY_TRY(opt_enqueue(r, u, 0, grad, step, lr));
-            FY_TRY(fy_optq_pump(&r->opt));
-        } else {
-            FY_TRY(update_unit(r, u, grad, step, lr));
+    /* the streamed units first, which the next forward reads from the store: each one's state
+     * read, updated and written back, the next one's read while one is updated (state slots 0 and
+     * 1 in turn, a slot's read waiting for the write-back from it); then the kept units' updates
+     * queued in the forward's order, which the forward waits for one by one */
+    struct fy_ticket rs[2] = {{0}}, ws[2] = {{0}};
+    unsigned slot = 0;
+    int rc = 0;
+    unsigned u = next_streamed(r, 0);
+    if (u <= fin)
+        rc = state_read(r, u, 0, &rs[0]);
+    while (rc == 0 && u <= fin) {
+        unsigned next = next_streamed(r, u + 1), other = slot ^ 1;
+        if (next <= fin) {
+            rc = fy_ticket_wait(&r->tk, &ws[other], NULL);
+            if (rc == 0)
+                rc = state_read(r, next, other, &rs[other]);
         }
+        if (rc == 0)
+            rc = fy_ticket_wait(&r->tk, &rs[slot], NULL);
+        if (rc == 0)
+            rc = opt_enqueue(r, u, slot, clipped_grad(r, u), step, lr);
+        if (rc == 0)
+            rc = fy_optq_settle(&r->opt, u);
+        if (rc == 0)
+            rc = state_write(r, u, slot, &ws[slot]);
+        r->version[u] = step;
+        u = next;
+        slot = other;
+    }
+    for (int i = 0; i < 2; i++) { /* nothing stays in flight */
+        int w = fy_ticket_wait(&r->tk, &ws[i], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &rs[i], NULL);
+        rc = rc ? rc : w;
+    }
+    FY_TRY(rc);
+    for (u = 0; u <= fin; u++) {
+        if (!is_resident(r, u))
+            continue;
+        struct fy_ticket none = {0};
+        FY_TRY(state_read(r, u, 0, &none));
+        FY_TRY(opt_enqueue(r, u, 0, clipped_grad(r, u), step, lr));
+        FY_TRY(fy_optq_pump(&r->opt));
         r->version[u] = step;
     }
     return fy_optq_send_all(&r->opt);

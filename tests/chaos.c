@@ -56,7 +56,7 @@ void fy_chaos_reference_run_in(struct fy_chaos *c, const char *name)
     assert_true(run != NULL && out != NULL);
     fy_chaos_init_model_as(c->f, run, c->optim_state);
     const char *args[40];
-    fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
+    fy_chaos_run_args(c, args, run, FY_CHAOS_STEPS, out, NULL);
     assert_int_equal(fy_test_launch_in(c->f, args, 300), 0);
     c->ref_losses = fy_chaos_losses(fy_test_fmt("%s/metrics.jsonl", run));
     c->ref_weights = fy_test_slurp(out, &c->ref_len);
@@ -94,6 +94,19 @@ void fy_chaos_train_args(const char **args, const char *run, const char *data, c
     for (int i = 0; extra != NULL && extra[i] != NULL; i++)
         args[n++] = extra[i];
     args[n] = NULL;
+}
+
+void fy_chaos_run_args(const struct fy_chaos *c, const char **args, const char *run,
+                       const char *steps, const char *out, const char *const *extra)
+{
+    const char *both[16];
+    int n = 0;
+    for (int i = 0; c->train_extra != NULL && c->train_extra[i] != NULL && n < 8; i++)
+        both[n++] = c->train_extra[i];
+    for (int i = 0; extra != NULL && extra[i] != NULL && n < 15; i++)
+        both[n++] = extra[i];
+    both[n] = NULL;
+    fy_chaos_train_args(args, run, c->f->data, steps, out, both);
 }
 
 char *fy_chaos_losses(const char *metrics)
@@ -171,7 +184,7 @@ int fy_chaos_start_run(struct fy_chaos *c, const struct fy_chaos_paths *rp,
                        const char *const *extra, const char *delay_ms)
 {
     const char *args[40];
-    fy_chaos_train_args(args, rp->run, c->f->data, FY_CHAOS_STEPS, rp->out, extra);
+    fy_chaos_run_args(c, args, rp->run, FY_CHAOS_STEPS, rp->out, extra);
     unlink(rp->log);
     if (delay_ms != NULL)
         setenv("FUYOU_TEST_OPT_DELAY_MS", delay_ms, 1);

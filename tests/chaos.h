@@ -18,6 +18,7 @@
 struct fy_chaos {
     struct fy_test_fixture *f;
     const char *optim_state; /* init --optim-state of every run (NULL: init's default, fp32) */
+    const char *const *train_extra; /* more train options of every run (NULL: none) */
     char *ref_losses;
     char *ref_weights;
     size_t ref_len;
@@ -52,6 +53,9 @@ void fy_chaos_init_model_as(struct fy_test_fixture *f, const char *run, const ch
  * (NULL-terminated, may be NULL), into args (40 of them are enough). */
 void fy_chaos_train_args(const char **args, const char *run, const char *data, const char *steps,
                          const char *out, const char *const *extra);
+/* fy_chaos_train_args with c's train_extra before `extra`. */
+void fy_chaos_run_args(const struct fy_chaos *c, const char **args, const char *run,
+                       const char *steps, const char *out, const char *const *extra);
 /* The "loss" values of a metrics file, one per line. */
 char *fy_chaos_losses(const char *metrics);
 /* Nothing of the run is left: no process, no pool in /dev/shm, no temporary file. */

@@ -84,9 +84,8 @@ static void test_finetune_set(void **state)
     assert_string_equal(said, "fine-tuning defaults (the model was imported from Hugging Face: "
                               "RUN/model.conf has hf = 1): lr 5e-05, no warmup, linear decay to 0, "
                               "weight decay 0, betas 0.9/0.999, eps 1e-08, clipping 1.0 "
-                              "(transformers' Trainer's values; clipping runs a second backward "
-                              "pass each step: --clip-grad-norm 0 turns it off); give any option "
-                              "to change its value");
+                              "(transformers' Trainer's values; --clip-grad-norm 0 turns "
+                              "clipping off); give any option to change its value");
 }
 
 /* An hf entry other than 1 is not an import (init writes hf = 1). */

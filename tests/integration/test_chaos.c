@@ -123,7 +123,7 @@ static void launcher_killed_in(struct fy_chaos *c, const char *run_name)
     struct fy_chaos_paths rp = fy_chaos_new_run(c, run_name);
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
     const char *args[40], *resume[] = {"resume", run, NULL};
-    fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
+    fy_chaos_run_args(c, args, run, FY_CHAOS_STEPS, out, NULL);
     unlink(log);
     uint64_t seed = 14;
     int kills = 0, status = -1;
@@ -177,6 +177,27 @@ static void test_int8_killed(void **state)
     launcher_killed_in(&c8, "launcher-int8");
     free(c8.ref_losses);
     free(c8.ref_weights);
+}
+
+/* Clipping in one backward pass (every step clipped, every unit's state streamed): the opt worker
+ * killed while it sums the squares or runs the updates after the backward, and the launcher killed, end on the weights of
+ * an undisturbed run with the same clipping; that run differs from the unclipped one. */
+static void test_clipped_one_pass_killed(void **state)
+{
+    struct fy_chaos *c = *state;
+    static const char *const clip[] = {"--clip-grad-norm", "0.6", "--clip-mode", "one-pass",
+                                       NULL}; /* no --cpu-mem: every unit streamed */
+    struct fy_chaos cc = {.f = c->f, .train_extra = clip};
+    fy_chaos_reference_run_in(&cc, "reference-clipped");
+    assert_true(fy_test_file_contains(c->f->log, "plan: clipping in one backward pass"));
+    if (c->ref_weights != NULL) {
+        assert_int_equal(cc.ref_len, c->ref_len);
+        assert_memory_not_equal(cc.ref_weights, c->ref_weights, c->ref_len);
+    }
+    kill_worker_in(&cc, "opt", "opt-clipped", 16);
+    launcher_killed_in(&cc, "launcher-clipped");
+    free(cc.ref_losses);
+    free(cc.ref_weights);
 }
 
 /* A worker that stops answering (SIGSTOP) is found when its request passes the deadline
@@ -534,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_opt_worker_killed),
         cmocka_unit_test(test_launcher_killed),
         cmocka_unit_test(test_int8_killed),
+        cmocka_unit_test(test_clipped_one_pass_killed),
         cmocka_unit_test(test_stuck_worker_restarted),
         cmocka_unit_test(test_launcher_stopped_and_continued),
         cmocka_unit_test(test_worker_killed_before_first_step),

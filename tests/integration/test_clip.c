@@ -88,7 +88,7 @@ static void test_clipping_overlap_matches_serial(void **state)
  * known, the updates after the backward) gives the same losses, gradient norms and weights, bit
  * for bit, as two (the first for the norm alone), in each case below: GPT-2 and Llama, every
  * unit's state kept in the pool (--cpu-mem 1G), streamed from the store (no --cpu-mem), some of
- * both (26M), the checkpoints on the store, the serial schedule, the in-process run; clipping
+ * both (2 of 4 units of a 128-wide model in 30M), the checkpoints on the store, the serial schedule, the in-process run; clipping
  * that triggers on every step (CLIP_MAX) and clipping that never does (1e6). */
 struct clip_case {
     const char *name, *arch, *max;
@@ -98,8 +98,8 @@ struct clip_case {
 
 static void init_case_model(struct fy_test_fixture *f, const char *run, const char *arch)
 {
-    if (strcmp(arch, "gpt") == 0) {
-        fy_trainutil_init_model(f, run, "32", "5");
+    if (strncmp(arch, "gpt", 3) == 0) { /* "gpt128": 128 wide */
+        fy_trainutil_init_model(f, run, arch[3] ? arch + 3 : "32", "5");
         return;
     }
     const char *init[] = {"init", "--run-dir", run, "--arch", "llama", "--layers", "2", "--heads",
@@ -114,7 +114,7 @@ static void test_one_pass_matches_two_passes(void **state)
     static const struct clip_case cases[] = {
         {"gpt-kept", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "1G", NULL}},
         {"gpt-streamed", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {NULL}},
-        {"gpt-some", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "26M", NULL}},
+        {"gpt-some", "gpt128", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "30M", NULL}},
         {"gpt-ckpt-ssd", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0,
          {"--cpu-mem", "1G", "--ckpt-place", "ssd", NULL}},
         {"gpt-serial", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0,
@@ -195,10 +195,15 @@ static void test_clip_mode_auto(void **state)
     assert_true(fy_test_file_contains(f->log, "plan: clipping in two backward passes, the first "
                                               "for the norm alone: one pass would hold the "
                                               "blocks' gradients (4.5 GiB), a pool of "));
+    assert_true(fy_test_file_contains(f->log, "15 of 26 units (7.8 GiB) stay in the shared pool"));
+    /* one-pass: the gradients first, fewer units kept; refused where even they do not fit */
     const char *forced[] = {XL, "12G", "--clip-mode", "one-pass", NULL};
-    assert_int_equal(fy_test_launch_in(f, forced, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, forced, 60), 0);
     assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass (--clip-mode "
                                               "one-pass)"));
+    assert_true(fy_test_file_contains(f->log, "7 of 26 units (3.3 GiB) stay in the shared pool"));
+    const char *tight[] = {XL, "8G", "--clip-mode", "one-pass", NULL};
+    assert_int_equal(fy_test_launch_in(f, tight, 60), 1);
     assert_true(fy_test_file_contains(f->log, "train would refuse it"));
     /* with room for both, the faster by the plan's rates: at B 64 one pass (AdamW after the
      * backward costs less than a second backward of 64 sequences) */
