@@ -25,7 +25,10 @@
 # fit the disk, as 2.7B on the 64 GiB GPU machine), PIPELINE_OPTIM_STATES (init --optim-state
 # values, each on a store of its own, in turn: "fp32"; the config column names the others, as
 # 1.3B-int8),
-# PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_RUNS (instead of
+# PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_CLIP_MODES
+# (clipping, each in turn for every schedule and act plan: none, auto, one-pass, two-pass; default
+# none; the config column names the clipped ones, as 1.3B-one-pass) with PIPELINE_CLIP_NORM (the
+# bound, 1: transformers' default, which clips every step of these runs), PIPELINE_RUNS (instead of
 # every combination of the lists above, these runs in order, each B/PLACEMENT/SCHEDULE/ACT_PLAN
 # with an optional /AFFINITY (--affinity, default auto) and /WEIGHTS (--weights-dtype, default
 # auto), e.g. "16/host/overlap/auto 16/host/overlap/auto/gpu=0,io=0,opt=0-7
@@ -74,8 +77,8 @@ run() {
     --backend "$BACKEND" --gpu-mem 24G --cpu-mem "$mem" --schedule "$sched" \
     ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} --act-plan "$plan" \
     --affinity "$affinity" --weights-dtype "$weights" \
-    ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} ${PIPELINE_TRAIN_ARGS:-} \
-    >"$log" 2>&1
+    ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} ${CLIP_ARGS:-} \
+    ${PIPELINE_TRAIN_ARGS:-} >"$log" 2>&1
   local rc=$?
   [ -n "${PIPELINE_LOG_DIR:-}" ] && cp "$log" "$PIPELINE_LOG_DIR/"
   [ $rc = 0 ] ||
@@ -132,7 +135,7 @@ print("%.3f %s %s %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f %s" % (m("
       m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0,
       steps_disk))' |
     while read -r s pr ov tf idle g up down r w o bd x steps_disk; do
-      printf "$row_format" "$cfg" "$B" "$place" "$sched" "$plan" \
+      printf "$row_format" "$cfg${CLIP_LABEL:+-$CLIP_LABEL}" "$B" "$place" "$sched" "$plan" \
         "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$wts" "$s" "$pr" "$ov" "$tf" "$idle" \
         "$g" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${plan_disk:--}" \
         "$([ -n "$plan_disk" ] && echo $disk_from || echo -)" "$steps_disk" "$affinity" |
@@ -220,11 +223,19 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
         [ "$place" = ssd ] && [ -n "${PIPELINE_SSD_BATCHES:-}" ] &&
           ! [[ " $PIPELINE_SSD_BATCHES " == *" $B "* ]] && continue
         mem=$(mem_for "$place" "$B")
-        for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
-          for plan in ${PIPELINE_ACT_PLANS:-auto}; do
-            run "$label-$B-$place-$sched-$plan" "$label" "$B" "$place" "$sched" 2 "$mem" "" "$plan"
+        for clip in ${PIPELINE_CLIP_MODES:-none}; do
+          # --clip-grad-norm (PIPELINE_CLIP_NORM) with each --clip-mode in turn; none: unclipped
+          CLIP_ARGS="" CLIP_LABEL=""
+          [ "$clip" = none ] ||
+            CLIP_ARGS="--clip-grad-norm ${PIPELINE_CLIP_NORM:-1} --clip-mode $clip" CLIP_LABEL=$clip
+          for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
+            for plan in ${PIPELINE_ACT_PLANS:-auto}; do
+              run "$label-$B-$place-$sched-$plan${CLIP_LABEL:+-$CLIP_LABEL}" "$label" "$B" \
+                "$place" "$sched" 2 "$mem" "" "$plan"
+            done
           done
         done
+        CLIP_ARGS="" CLIP_LABEL=""
         if [ "$place" = host ]; then
           for gs in ${PIPELINE_GRAD_SLOTS:-}; do
             run "$label-$B-$place-overlap-g$gs" "$label" "$B" "$place" overlap 2 "$mem" "$gs"
