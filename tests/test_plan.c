@@ -170,6 +170,73 @@ static void test_streamed_by_hand(void **state)
     fy_plan_free(&p);
 }
 
+/* Clipping, every unit streamed, on the streamed plan above. Two passes: the blocks' master
+ * sections read once more (2 x 200704), their weights, activations and gradients cross PCIe twice in
+ * the backward, 3/4 of the blocks' FLOPs once more. One pass: the same SSD bytes, the unclipped
+ * PCIe, the held gradients (two block sections) in a gradhold region after the state, and the bound
+ * 0.75 x compute + AdamW. auto takes one pass where it fits (no --cpu-mem: nothing kept) and is no
+ * slower; with --cpu-mem where the kept state leaves no room for it, two, and it says the pool one
+ * pass would take. */
+static void test_clip_modes(void **state)
+{
+    (void)state;
+    struct fy_model_config c = gpt(2, 64);
+    struct fy_plan_in in = input(&c);
+    struct fy_plan none, two, one;
+    assert_int_equal(fy_plan_make(&in, NULL, &none), 0);
+    in.shape.clip = 1;
+    in.clip_mode = FY_CLIP_TWO_PASS;
+    assert_int_equal(fy_plan_make(&in, NULL, &two), 0);
+    assert_false(two.place.grad_hold);
+    in.clip_mode = FY_CLIP_ONE_PASS;
+    assert_int_equal(fy_plan_make(&in, NULL, &one), 0);
+    assert_true(one.place.grad_hold);
+    assert_int_equal(two.traffic.ssd_read, none.traffic.ssd_read + 2 * BLOCK_SECTION);
+    assert_int_equal(one.traffic.ssd_read, two.traffic.ssd_read);
+    assert_int_equal(one.traffic.ssd_write, none.traffic.ssd_write);
+    assert_int_equal(one.traffic.to_gpu, none.traffic.to_gpu);
+    assert_int_equal(one.traffic.from_gpu, none.traffic.from_gpu);
+    assert_true(two.traffic.to_gpu > none.traffic.to_gpu);
+    assert_true(two.predicted.gpu_s > one.predicted.gpu_s);
+    assert_float_equal(one.predicted.gpu_s, none.predicted.gpu_s, 1e-15);
+    /* AdamW (1e6 parameters a second here) binds: after the backward it adds to 3/4 of the compute */
+    assert_float_equal(one.predicted.step_s, 0.75 * one.predicted.gpu_s + one.predicted.opt_s,
+                       1e-12);
+    assert_string_equal(one.predicted.bound, "backward, then the optimizer");
+    assert_int_equal(one.n_regions, 8);
+    assert_string_equal(one.regions[7].name, "gradhold");
+    assert_int_equal(one.regions[7].bytes, 2 * BLOCK_SECTION);
+    assert_int_equal(fy_plan_hold_bytes(&c), 2 * BLOCK_SECTION);
+    assert_int_equal(two.n_regions, 7);
+    char said[1024];
+    fy_plan_clip_describe(&in, &one, said, sizeof said);
+    assert_non_null(strstr(said, "clipping in one backward pass (--clip-mode one-pass): the "
+                                 "blocks' gradients (392.0 KiB) held in the pool"));
+    /* auto with no cap: one pass, which the rates here predict slower (AdamW binds): two */
+    in.clip_mode = FY_CLIP_AUTO;
+    struct fy_plan autop;
+    assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
+    assert_int_equal(autop.place.grad_hold, one.predicted.step_s <= two.predicted.step_s);
+    fy_plan_free(&autop);
+    /* with fast AdamW, one pass wins */
+    in.rates.opt_params = in.rates.opt_by_format[0] = 1e12;
+    assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
+    assert_true(autop.place.grad_hold);
+    fy_plan_free(&autop);
+    /* a cap the streaming pool fits and the held gradients do not */
+    in.cpu_mem = none.pool_bytes;
+    assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
+    assert_false(autop.place.grad_hold);
+    assert_true(autop.one_pass_pool_bytes > in.cpu_mem);
+    fy_plan_clip_describe(&in, &autop, said, sizeof said);
+    assert_non_null(strstr(said, "clipping in two backward passes, the first for the norm alone: "
+                                 "one pass would hold the blocks' gradients (392.0 KiB), a pool of "));
+    fy_plan_free(&autop);
+    fy_plan_free(&none);
+    fy_plan_free(&two);
+    fy_plan_free(&one);
+}
+
 /* Width 256, four blocks: the embeddings' state 884736 bytes (73728 parameters), a block's
  * 9486336 (789760 parameters, 3159040 bytes padded to 3162112 a section), the final unit's 12288.
  * A budget of the streaming pool and one 2 MiB region more keeps unit 0 and, passing over the
@@ -371,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_regions_by_hand),     cmocka_unit_test(test_streamed_by_hand),
         cmocka_unit_test(test_residency_by_budget), cmocka_unit_test(test_grad_slots),
         cmocka_unit_test(test_activation_step_order), cmocka_unit_test(test_gpu_need),
+        cmocka_unit_test(test_clip_modes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
