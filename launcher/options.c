@@ -504,7 +504,8 @@ static const struct opt_spec specs[] = {
     {"clip-mode", "auto|one-pass|two-pass", PLANS, K_PARSE, 0, 0, parse_clip_mode,
      "how clipping learns the norm before the first update: one-pass holds every block's "
      "gradient in the pool through the backward and updates after it; two-pass runs the "
-     "backward twice; auto: one-pass where --cpu-mem holds the gradients (auto)"},
+     "backward twice; auto: one-pass where the --cpu-mem given holds the gradients and the plan "
+     "predicts it no slower (auto)"},
     {"eval-every", "N", TRAINS, K_SIZE, U64(eval_every), 0, NULL,
      "held-out loss every N steps and at the end (50)"},
     {"eval-batches", "N", TRAINS, K_SIZE, U64(eval_batches), 0, NULL,

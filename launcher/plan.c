@@ -528,7 +528,8 @@ uint64_t fy_plan_hold_bytes(const struct fy_model_config *c)
 /* With clipping and --clip-mode auto, one backward pass or two (p->place.grad_hold): one
  * pass where the pool with the held gradients fits --cpu-mem and the step it predicts is no longer
  * than two passes' (else the pool one pass would take, or 0 where it fits but is slower, for the
- * plan to say). One pass leaves the gradient slots unused but for the embeddings' and the final
+ * plan to say). Without --cpu-mem, two: the held gradients are 4 bytes a parameter of pinned
+ * memory (27 GiB at 7B) that no budget allowed. One pass leaves the gradient slots unused but for the embeddings' and the final
  * unit's. */
 static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
 {
@@ -537,7 +538,7 @@ static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
     struct fy_plan_place one = p->place;
     one.grad_hold = 1;
     uint64_t bytes = pool_bytes(&in->shape, &one);
-    if (in->cpu_mem != 0 && bytes > in->cpu_mem) {
+    if (in->cpu_mem == 0 || bytes > in->cpu_mem) { /* no budget: the pool is not grown by it */
         p->one_pass_pool_bytes = bytes;
         return;
     }
@@ -573,8 +574,9 @@ void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p,
         fy_format_size(p->one_pass_pool_bytes, need, sizeof need);
         fy_format_size(in->cpu_mem, cap, sizeof cap);
         snprintf(how, sizeof how, "two backward passes, the first for the norm alone: one pass "
-                 "would hold the blocks' gradients (%s), a pool of %s, and --cpu-mem is %s", hold,
-                 need, cap);
+                 "would hold the blocks' gradients (%s), a pool of %s, and %s%s", hold, need,
+                 in->cpu_mem ? "--cpu-mem is " : "no --cpu-mem allows it",
+                 in->cpu_mem ? cap : "");
     } else
         snprintf(how, sizeof how, "two backward passes%s, the first for the norm alone (one pass, "
                  "the updates after the backward: %.4g s)", why, alt.step_s);
