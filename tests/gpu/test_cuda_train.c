@@ -191,15 +191,20 @@ static void test_schedules_placements_and_queueing_agree(void **state)
 
 /* --act-plan: the blocks' internals kept on the GPU for the backward (all six blocks within 1G, or
  * three with the test hook capping them, so kept and recomputed blocks mix), against every block
- * recomputed: the same bits, with both schedules and with clipping, whose second backward pass
- * must recompute the blocks whose kept set the first pass used. */
+ * recomputed: the same bits, with both schedules and with clipping, in two backward passes (the
+ * second must recompute the blocks whose kept set the first used) and in one (--clip-mode
+ * one-pass), whose runs give the same bits as the two passes'. */
 static void test_kept_internals_agree(void **state)
 {
     (void)state;
     char log[600];
     snprintf(log, sizeof log, "%s/log", dir);
-    for (int clip = 0; clip < 2; clip++) {
-        struct same_bits group = {0};
+    struct same_bits group = {0};
+    for (int clip = 0; clip < 3; clip++) { /* none, two passes, one pass */
+        if (clip < 2) { /* one pass is checked against the two passes' bits */
+            free(group.first);
+            group = (struct same_bits){0};
+        }
         for (int i = 0; i < 4; i++) {
             const char *plan = i == 0 ? "recompute" : "auto";
             const char *schedule = i == 3 ? "serial" : "overlap";
@@ -209,7 +214,8 @@ static void test_kept_internals_agree(void **state)
             const char *opts[] = {"--steps", "6", "--batch", "8", "--seq", "32", "--lr", "3e-3",
                                   "--eval-every", "0", "--backend", "cuda", "--gpu-mem", "1G",
                                   "--schedule", schedule, "--act-plan", plan,
-                                  "--clip-grad-norm", clip ? "0.05" : "0", NULL};
+                                  "--clip-grad-norm", clip ? "0.05" : "0", "--clip-mode",
+                                  clip == 2 ? "one-pass" : "two-pass", NULL};
             if (cap != NULL)
                 setenv("FUYOU_TEST_KEEP_LAYERS", cap, 1);
             char *metrics = init_and_train(name, "6", "256", "32", opts);
@@ -230,8 +236,8 @@ static void test_kept_internals_agree(void **state)
             free(metrics);
             same_bits_check(&group, w, n, losses);
         }
-        free(group.first);
     }
+    free(group.first);
 }
 
 /* The checkpoints through four pool slots and the SSD store (six blocks, so the slots are reused,
