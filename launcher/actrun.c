@@ -94,7 +94,10 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
             int block = fy_model_unit_kind(c, u) == FY_UNIT_BLOCK;
             fwd->ssd_read += fy_optstate_master_bytes(c, u);
             upd->ssd_read += fy_optstate_bytes(c, u);
+            /* the norm pass reads a block's master; one pass then updates the block in the next
+             * forward, which reads its state in place of its master (with --prefetch up to 2) */
             bwd->ssd_read += in->clip && block ? fy_optstate_master_bytes(c, u) : 0;
+            fwd->ssd_read -= hold && block ? fy_optstate_master_bytes(c, u) : 0;
             upd->ssd_write += fy_optstate_bytes(c, u);
         }
     }

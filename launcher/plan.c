@@ -394,7 +394,11 @@ static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place 
     for (unsigned u = 0; u < fy_model_unit_count(c); u++)
         if (p->resident == NULL || !p->resident[u]) {
             int block = fy_model_unit_kind(c, u) == FY_UNIT_BLOCK;
-            out->ssd_read += (uint64_t)(1 + (s->clip && block)) * fy_optstate_master_bytes(c, u) +
+            /* a clipped step's norm pass reads a streamed block's master once more, but where
+             * one pass defers its update to the next forward, which reads its state in place of
+             * its master (fy_sched_clipped_backward) */
+            int twice = s->clip && block && !(p->grad_hold && p->prefetch <= 2);
+            out->ssd_read += (uint64_t)(1 + twice) * fy_optstate_master_bytes(c, u) +
                              fy_optstate_bytes(c, u);
             out->ssd_write += fy_optstate_bytes(c, u);
         }

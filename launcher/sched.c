@@ -284,14 +284,15 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
     fy_ticket_trace_begin(&r->tk);
     unsigned units = fy_model_unit_count(c);
     r->version = calloc(units, sizeof *r->version);
+    r->deferred = calloc(units, 1);
     r->resident = calloc(units, sizeof *r->resident);
     r->wcopy = calloc(units, sizeof *r->wcopy);
     int queue = fy_optq_init(&r->opt, &r->tk, units, r->l.gslots);
     r->row_touched = calloc(c->vocab, 1);
     r->at_copy = calloc(units, 1);
     r->digest = calloc(units, sizeof *r->digest);
-    FY_REQUIRE(queue == 0 && r->version && r->resident && r->wcopy && r->row_touched &&
-                   r->at_copy && r->digest,
+    FY_REQUIRE(queue == 0 && r->version && r->deferred && r->resident && r->wcopy &&
+                   r->row_touched && r->at_copy && r->digest,
                -ENOMEM, "train: out of memory");
     r->embed_split = !fy_knob_test_embed_whole();
     if (!r->embed_split)
@@ -314,6 +315,7 @@ void fy_sched_free(struct fy_sched *r)
 {
     fy_optq_free(&r->opt);
     free(r->version);
+    free(r->deferred);
     free(r->resident);
     free(r->wcopy);
     free(r->row_touched);
@@ -322,6 +324,45 @@ void fy_sched_free(struct fy_sched *r)
     free(r->host_off);
     free(r->at_copy);
     free(r->digest);
+}
+
+static int state_read(struct fy_sched *r, unsigned u, unsigned s, struct fy_ticket *t);
+static int state_write(struct fy_sched *r, unsigned u, unsigned s, struct fy_ticket *t);
+static int opt_enqueue_scaled(struct fy_sched *r, unsigned u, unsigned s, uint64_t grad,
+                              uint64_t step, double lr, double scale);
+static uint64_t clipped_grad(const struct fy_sched *r, unsigned u);
+
+/* A unit's weights for the forward, into weights slot `slot`: its master section (read_weights),
+ * or, for a block whose update one-pass clipping deferred, its whole state into state slot u & 1,
+ * which forward_update updates there and the forward takes the master from. The state slot's last
+ * block must be done with it first: its forward request (in g) and its write-back (in fws). */
+static int forward_read(struct fy_sched *r, unsigned u, unsigned slot, struct fy_ticket *t,
+                        struct fy_ticket *g, struct fy_ticket *fws)
+{
+    if (!r->deferred[u])
+        return read_weights(r, u, slot, t);
+    unsigned s = u & 1;
+    int last = r->state_unit[s];
+    if (last >= 1 && (unsigned)last <= r->l.c->n_layer)
+        FY_TRY(fy_ticket_wait(&r->tk, &g[last], NULL));
+    FY_TRY(fy_ticket_wait(&r->tk, &fws[s], NULL));
+    FY_TRY(state_read(r, u, s, t));
+    r->wslot_unit[slot] = (int)u;
+    r->wslot_off[slot] = master_at(r->l.c, u, r->state_off[s]);
+    return 0;
+}
+
+/* Block b's deferred update, its state read into state slot b & 1 (forward_read): AdamW there,
+ * waited for, then the state written back while the forward reads the new master. */
+static int forward_update(struct fy_sched *r, unsigned b, struct fy_ticket *fws)
+{
+    unsigned s = b & 1;
+    FY_TRY(opt_enqueue_scaled(r, b, s, clipped_grad(r, b), r->deferred_step, r->deferred_lr,
+                              r->deferred_scale));
+    FY_TRY(fy_optq_settle(&r->opt, b));
+    FY_TRY(state_write(r, b, s, &fws[s]));
+    r->deferred[b] = 0;
+    return 0;
 }
 
 /* Forward through every unit; with `train`, also the head's backward into dacts[0] and the grads.
@@ -333,7 +374,7 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
     const struct fy_model_config *c = l->c;
     unsigned L = c->n_layer, fin = L + 1;
     struct fy_desc req[FY_DESC_MAX_PARTS], reply = {0};
-    struct fy_ticket t_embed = {0}, g_embed = {0}, head = {0};
+    struct fy_ticket t_embed = {0}, g_embed = {0}, head = {0}, fws[2] = {{0}};
     struct fy_ticket *rw = calloc(L + 2, sizeof *rw), *g = calloc(L + 2, sizeof *g);
     unsigned depth = l->wslots - 1;
     int rc = rw && g ? 0 : -ENOMEM;
@@ -349,7 +390,7 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
     if (rc == 0)
         rc = read_weights(r, 0, 0, &t_embed);
     for (unsigned u = 1; rc == 0 && u <= fin && u <= depth; u++)
-        rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
+        rc = forward_read(r, u, block_wslot(l, u), &rw[u], g, fws);
     if (rc == 0)
         rc = fy_ticket_wait(&r->tk, &t_embed, NULL);
     uint64_t w_embed = 0;
@@ -373,6 +414,8 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         uint64_t w_off = 0;
         if (rc == 0)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
+        if (rc == 0 && r->deferred[b])
+            rc = forward_update(r, b, fws);
         if (rc == 0)
             rc = fy_optq_settle(&r->opt, b);
         if (rc == 0)
@@ -403,7 +446,7 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         if (rc == 0 && next <= fin && b >= 2)
             rc = fy_ticket_wait(&r->tk, &g[b - 1], NULL);
         if (rc == 0 && next <= fin)
-            rc = read_weights(r, next, block_wslot(l, next), &rw[next]);
+            rc = forward_read(r, next, block_wslot(l, next), &rw[next], g, fws);
     }
     if (rc == 0 && train && L >= 1 && r->ssd_mask[L])
         rc = fy_spill_write(&r->saved, L - 1, &g[L]);
@@ -433,6 +476,10 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
     }
     if (rc == 0)
         rc = fy_ticket_wait(&r->tk, &head, &reply);
+    for (int i = 0; i < 2; i++) { /* the deferred updates' write-backs */
+        int w = fy_ticket_wait(&r->tk, &fws[i], NULL);
+        rc = rc ? rc : w;
+    }
     /* the gpu requests were all waited for before the head */
     fy_spill_forget_users(&r->ckpt);
     fy_spill_forget_users(&r->saved);
@@ -496,15 +543,21 @@ static struct fy_desc rows_part(const struct fy_plan_layout *l, unsigned u, uint
 
 /* Unit u's update as requests (adamw_parts, with this step's clipping scale r->grad_scale); state
  * in state slot s. Queued, not sent. */
-static int opt_enqueue(struct fy_sched *r, unsigned u, unsigned s, uint64_t grad, uint64_t step,
-                       double lr)
+static int opt_enqueue_scaled(struct fy_sched *r, unsigned u, unsigned s, uint64_t grad,
+                              uint64_t step, double lr, double scale)
 {
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
                "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
                r->state_unit[s]);
     struct fy_desc req[FY_OPTQ_PARTS_MAX];
-    unsigned n = adamw_parts(r, u, grad, r->state_off[s], step, lr, r->grad_scale, req);
+    unsigned n = adamw_parts(r, u, grad, r->state_off[s], step, lr, scale, req);
     return fy_optq_push(&r->opt, u, req, n);
+}
+
+static int opt_enqueue(struct fy_sched *r, unsigned u, unsigned s, uint64_t grad, uint64_t step,
+                       double lr)
+{
+    return opt_enqueue_scaled(r, u, s, grad, step, lr, r->grad_scale);
 }
 
 /* Unit u's state at pool offset `from` to the copy being written (never the committed one). */
@@ -933,11 +986,12 @@ int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, doub
     return clip_scale_of(r, step, max_norm, sumsq, norm);
 }
 
-/* The first unit from u on whose state streams from the store (past the final unit: none). */
-static unsigned next_streamed(const struct fy_sched *r, unsigned u)
+/* The first unit from u on to update in update_streamed's turn (past the final unit: none): one
+ * whose state streams and whose update is not deferred, or with `deferred`, one whose update is. */
+static unsigned next_to_update(const struct fy_sched *r, unsigned u, int deferred)
 {
     unsigned fin = r->l.c->n_layer + 1;
-    while (u <= fin && is_resident(r, u))
+    while (u <= fin && (deferred ? !r->deferred[u] : is_resident(r, u) || r->deferred[u]))
         u++;
     return u;
 }
@@ -949,6 +1003,46 @@ static uint64_t clipped_grad(const struct fy_sched *r, unsigned u)
     return u == 0 ? gslot(&r->l, 0) : u == fin ? r->dfinal : norm_grad(r, u);
 }
 
+/* Streamed units' updates (next_to_update's, in unit order) with the given step, rate and scale:
+ * each one's state read, updated and written back, the next one's read while one is updated
+ * (state slots 0 and 1 in turn, a slot's read waiting for the write-back from it). */
+static int update_streamed(struct fy_sched *r, int deferred, uint64_t step, double lr,
+                           double scale)
+{
+    unsigned fin = r->l.c->n_layer + 1, slot = 0;
+    struct fy_ticket rs[2] = {{0}}, ws[2] = {{0}};
+    int rc = 0;
+    unsigned u = next_to_update(r, 0, deferred);
+    if (u <= fin)
+        rc = state_read(r, u, 0, &rs[0]);
+    while (rc == 0 && u <= fin) {
+        unsigned next = next_to_update(r, u + 1, deferred), other = slot ^ 1;
+        if (next <= fin) {
+            rc = fy_ticket_wait(&r->tk, &ws[other], NULL);
+            if (rc == 0)
+                rc = state_read(r, next, other, &rs[other]);
+        }
+        if (rc == 0)
+            rc = fy_ticket_wait(&r->tk, &rs[slot], NULL);
+        if (rc == 0)
+            rc = opt_enqueue_scaled(r, u, slot, clipped_grad(r, u), step, lr, scale);
+        if (rc == 0)
+            rc = fy_optq_settle(&r->opt, u);
+        if (rc == 0)
+            rc = state_write(r, u, slot, &ws[slot]);
+        if (rc == 0)
+            r->deferred[u] = 0;
+        u = next;
+        slot = other;
+    }
+    for (int i = 0; i < 2; i++) { /* nothing stays in flight */
+        int w = fy_ticket_wait(&r->tk, &ws[i], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &rs[i], NULL);
+        rc = rc ? rc : w;
+    }
+    return rc;
+}
+
 int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, double max_norm,
                               double *norm)
 {
@@ -958,51 +1052,33 @@ int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, doub
     double sumsq;
     FY_TRY(norm_pass(r, &sumsq));
     FY_TRY(clip_scale_of(r, step, max_norm, sumsq, norm));
-    /* the streamed units first, which the next forward reads from the store: each one's state
-     * read, updated and written back, the next one's read while one is updated (state slots 0 and
-     * 1 in turn, a slot's read waiting for the write-back from it); then the kept units' updates
-     * queued in the forward's order, which the forward waits for one by one */
-    struct fy_ticket rs[2] = {{0}}, ws[2] = {{0}};
-    unsigned slot = 0;
-    int rc = 0;
-    unsigned u = next_streamed(r, 0);
-    if (u <= fin)
-        rc = state_read(r, u, 0, &rs[0]);
-    while (rc == 0 && u <= fin) {
-        unsigned next = next_streamed(r, u + 1), other = slot ^ 1;
-        if (next <= fin) {
-            rc = fy_ticket_wait(&r->tk, &ws[other], NULL);
-            if (rc == 0)
-                rc = state_read(r, next, other, &rs[other]);
-        }
-        if (rc == 0)
-            rc = fy_ticket_wait(&r->tk, &rs[slot], NULL);
-        if (rc == 0)
-            rc = opt_enqueue(r, u, slot, clipped_grad(r, u), step, lr);
-        if (rc == 0)
-            rc = fy_optq_settle(&r->opt, u);
-        if (rc == 0)
-            rc = state_write(r, u, slot, &ws[slot]);
+    /* A streamed block's update waits for the next forward (forward_read), which reads its state
+     * anyway, where the forward reads at most two units ahead (the two state slots); the other
+     * streamed units are updated now, the next forward reading them from the store; then the kept
+     * units' updates are queued in the forward's order, which waits for each one's own. */
+    int defer = l->wslots - 1 <= 2;
+    for (unsigned b = 1; defer && b <= L; b++)
+        r->deferred[b] = !is_resident(r, b);
+    r->deferred_step = step;
+    r->deferred_lr = lr;
+    r->deferred_scale = r->grad_scale;
+    FY_TRY(update_streamed(r, 0, step, lr, r->grad_scale));
+    for (unsigned u = 0; u <= fin; u++) {
         r->version[u] = step;
-        u = next;
-        slot = other;
-    }
-    for (int i = 0; i < 2; i++) { /* nothing stays in flight */
-        int w = fy_ticket_wait(&r->tk, &ws[i], NULL);
-        w = w ? w : fy_ticket_wait(&r->tk, &rs[i], NULL);
-        rc = rc ? rc : w;
-    }
-    FY_TRY(rc);
-    for (u = 0; u <= fin; u++) {
         if (!is_resident(r, u))
             continue;
         struct fy_ticket none = {0};
         FY_TRY(state_read(r, u, 0, &none));
         FY_TRY(opt_enqueue(r, u, 0, clipped_grad(r, u), step, lr));
         FY_TRY(fy_optq_pump(&r->opt));
-        r->version[u] = step;
     }
     return fy_optq_send_all(&r->opt);
+}
+
+int fy_sched_finish_updates(struct fy_sched *r)
+{
+    FY_TRY(update_streamed(r, 1, r->deferred_step, r->deferred_lr, r->deferred_scale));
+    return fy_optq_drain(&r->opt);
 }
 
 /* Every resident unit's state between the pool and the store: loaded from the committed copy

@@ -47,8 +47,14 @@ struct fy_sched {
      * for every opt-adamw. */
     int clip;
     /* Clipping in one backward pass (the pool's "gradhold" region: fy_sched_clipped_backward) in
-     * place of two */
+     * place of two. It defers a streamed block's update to the next forward, which reads the
+     * block's whole state (its weights with it) into a state slot, updates it there and writes it
+     * back, so its master crosses from the SSD once a step, as without clipping: per unit 1 while
+     * deferred, and the deferred updates' step, learning rate and scale. */
     int one_pass;
+    unsigned char *deferred;
+    uint64_t deferred_step;
+    double deferred_lr, deferred_scale;
     uint64_t dfinal;
     double grad_scale;
     struct fy_optq opt; /* the AdamW updates queued and sent, and the gradient slots */
@@ -99,6 +105,9 @@ int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, doub
  * passes. */
 int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, double max_norm,
                               double *norm);
+/* Every update of the steps so far done: one-pass clipping's deferred ones (read, updated, written
+ * back), then the queued ones waited for. Before an evaluation or a commit. */
+int fy_sched_finish_updates(struct fy_sched *r);
 /* The backward with each unit's update: the final unit's, each block's overlapped with the blocks
  * below, the embeddings' last; what the optimizer has not done is sent for the next forward. */
 int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr);

@@ -321,8 +321,8 @@ static int run_step(struct fy_sched *r, struct fy_storemeta *meta, const struct 
     *trained = rc == 0;
     int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);
     int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
-    if (rc == 0 && (durable || do_eval)) /* the updates still running, done */
-        rc = fy_optq_drain(&r->opt);
+    if (rc == 0 && (durable || do_eval)) /* the updates still running or deferred, done */
+        rc = fy_sched_finish_updates(r);
     s.seconds = now_s() - t0;
     memcpy(s.wait_s, r->tk.wait_s, sizeof s.wait_s);
     memcpy(s.busy, r->tk.busy_s, sizeof s.busy);
@@ -381,7 +381,8 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         rc = run_step(&r, meta, data, o, step, first, &trained);
         done = trained ? step : done;
     }
-    int drained = fy_optq_drain(&r.opt); /* a stop at a step boundary leaves updates running */
+    /* a stop at a step boundary leaves updates running or deferred */
+    int drained = rc == 0 ? fy_sched_finish_updates(&r) : fy_optq_drain(&r.opt);
     rc = rc ? rc : drained;
     if (rc == 0 && done > meta->step) { /* stopped early: the last step committed, as at the end */
         rc = commit(&r, meta, done);

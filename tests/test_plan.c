@@ -172,8 +172,9 @@ static void test_streamed_by_hand(void **state)
 
 /* Clipping, every unit streamed, on the streamed plan above. Two passes: the blocks' master
  * sections read once more (2 x 200704), their weights, activations and gradients cross PCIe twice in
- * the backward, 3/4 of the blocks' FLOPs once more. One pass: the same SSD bytes, the unclipped
- * PCIe, the held gradients (two block sections) in a gradhold region after the state, and the bound
+ * the backward, 3/4 of the blocks' FLOPs once more. One pass: the unclipped SSD bytes (the next
+ * forward reads a block's state, updates it and takes its master from it; with --prefetch 3 it
+ * cannot, and the master is read twice as with two passes), the unclipped PCIe, the held gradients (two block sections) in a gradhold region after the state, and the bound
  * 0.75 x compute + AdamW. auto takes one pass where it fits (no --cpu-mem: nothing kept) and is no
  * slower; with --cpu-mem where the kept state leaves no room for it, two, and it says the pool one
  * pass would take. */
@@ -192,7 +193,13 @@ static void test_clip_modes(void **state)
     assert_int_equal(fy_plan_make(&in, NULL, &one), 0);
     assert_true(one.place.grad_hold);
     assert_int_equal(two.traffic.ssd_read, none.traffic.ssd_read + 2 * BLOCK_SECTION);
-    assert_int_equal(one.traffic.ssd_read, two.traffic.ssd_read);
+    assert_int_equal(one.traffic.ssd_read, none.traffic.ssd_read); /* the next forward updates */
+    struct fy_plan ahead;
+    in.prefetch = 3; /* reading three units ahead, the forward has no state slot to spare */
+    assert_int_equal(fy_plan_make(&in, NULL, &ahead), 0);
+    assert_int_equal(ahead.traffic.ssd_read, two.traffic.ssd_read);
+    fy_plan_free(&ahead);
+    in.prefetch = 1;
     assert_int_equal(one.traffic.ssd_write, none.traffic.ssd_write);
     assert_int_equal(one.traffic.to_gpu, none.traffic.to_gpu);
     assert_int_equal(one.traffic.from_gpu, none.traffic.from_gpu);

@@ -179,8 +179,9 @@ static void test_int8_killed(void **state)
     free(c8.ref_weights);
 }
 
-/* Clipping in one backward pass (every step clipped, every unit's state streamed): the opt worker
- * killed while it sums the squares or runs the updates after the backward, and the launcher killed, end on the weights of
+/* Clipping in one backward pass (every step clipped, every unit's state streamed, so each block's
+ * update is deferred to the next forward): the opt and io workers killed while the squares are
+ * summed or the updates run, and the launcher killed, end on the weights of
  * an undisturbed run with the same clipping; that run differs from the unclipped one. */
 static void test_clipped_one_pass_killed(void **state)
 {
@@ -195,6 +196,7 @@ static void test_clipped_one_pass_killed(void **state)
         assert_memory_not_equal(cc.ref_weights, c->ref_weights, c->ref_len);
     }
     kill_worker_in(&cc, "opt", "opt-clipped", 16);
+    kill_worker_in(&cc, "io", "io-clipped", 17);
     launcher_killed_in(&cc, "launcher-clipped");
     free(cc.ref_losses);
     free(cc.ref_weights);

@@ -87,13 +87,19 @@ static void test_clipping_overlap_matches_serial(void **state)
 /* --clip-mode: one backward pass (every block's gradient held in the pool until the norm is
  * known, the updates after the backward) gives the same losses, gradient norms and weights, bit
  * for bit, as two (the first for the norm alone), in each case below: GPT-2 and Llama, every
- * unit's state kept in the pool (--cpu-mem 1G), streamed from the store (no --cpu-mem), some of
+ * unit's state kept in the pool (--cpu-mem 1G), streamed from the store (no --cpu-mem: the blocks'
+ * updates deferred to the next forward, also with a commit every step and an evaluation every
+ * other, which make them early; and with --prefetch 3, which does not defer), some of
  * both (2 of 4 units of a 128-wide model in 30M), the checkpoints on the store, the serial schedule, the in-process run; clipping
  * that triggers on every step (CLIP_MAX) and clipping that never does (1e6). */
 struct clip_case {
     const char *name, *arch, *max;
     int inprocess;
     const char *opts[6]; /* more train options, NULL-terminated */
+    /* one pass reads less from the store: every block streamed, whose update the next forward
+     * makes from the state it reads (with --prefetch 3 it cannot, and with a commit every step
+     * each step makes its own: the same bytes as two passes) */
+    int fewer_reads;
 };
 
 static void init_case_model(struct fy_test_fixture *f, const char *run, const char *arch)
@@ -112,25 +118,29 @@ static void test_one_pass_matches_two_passes(void **state)
 {
     struct fy_test_fixture *f = *state;
     static const struct clip_case cases[] = {
-        {"gpt-kept", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "1G", NULL}},
-        {"gpt-streamed", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {NULL}},
-        {"gpt-some", "gpt128", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "30M", NULL}},
+        {"gpt-kept", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "1G", NULL}, 0},
+        {"gpt-streamed", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {NULL}, 1},
+        {"gpt-streamed-commits", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0,
+         {"--checkpoint-every", "1", "--eval-every", "2", NULL}, 0}, /* each step makes them */
+        {"gpt-streamed-prefetch3", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--prefetch", "3", NULL}, 0},
+        {"gpt-some", "gpt128", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "30M", NULL}, 0},
         {"gpt-ckpt-ssd", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0,
-         {"--cpu-mem", "1G", "--ckpt-place", "ssd", NULL}},
+         {"--cpu-mem", "1G", "--ckpt-place", "ssd", NULL}, 0},
         {"gpt-serial", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0,
-         {"--cpu-mem", "1G", "--schedule", "serial", NULL}},
-        {"gpt-inprocess", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 1, {NULL}},
-        {"gpt-untriggered", "gpt", "1e6", 0, {"--cpu-mem", "1G", NULL}},
-        {"llama-kept", "llama", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "1G", NULL}},
+         {"--cpu-mem", "1G", "--schedule", "serial", NULL}, 0},
+        {"gpt-inprocess", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 1, {NULL}, 0},
+        {"gpt-untriggered", "gpt", "1e6", 0, {"--cpu-mem", "1G", NULL}, 0},
+        {"llama-kept", "llama", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "1G", NULL}, 0},
         {"llama-streamed", "llama", FY_TRAINUTIL_STR(CLIP_MAX), 0,
-         {"--schedule", "serial", NULL}},
-        {"llama-untriggered", "llama", "1e6", 0, {NULL}},
+         {"--schedule", "serial", NULL}, 1},
+        {"llama-untriggered", "llama", "1e6", 0, {NULL}, 1},
     };
     static const char *const modes[2] = {"two-pass", "one-pass"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const struct clip_case *k = &cases[c];
         char *w[2], *l[2], *g[2];
         size_t n[2];
+        double read[2] = {0, 0};
         for (int m = 0; m < 2; m++) {
             char *run = fy_test_in(f, fy_test_fmt("%s-%s", k->name, modes[m]));
             char out[700], metrics[700];
@@ -151,10 +161,22 @@ static void test_one_pass_matches_two_passes(void **state)
             g[m] = fy_trainutil_field_values(metrics, "\"grad_norm\": ");
             w[m] = fy_test_slurp(out, &n[m]);
             assert_non_null(w[m]);
+            double bytes[4];
+            assert_int_equal(fy_trainutil_field_numbers(metrics, "\"ssd_read_bytes\": ", bytes, 4),
+                             4);
+            /* steps 2 and 3: the first step's forward has nothing deferred, and the last one
+             * makes its own updates at its commit */
+            for (int i = 1; i < 3; i++)
+                read[m] += bytes[i];
             int clipped = fy_test_file_contains(f->log, "(clipped)");
             assert_int_equal(clipped, strcmp(k->max, "1e6") != 0);
         }
-        print_message("%s: one pass and two: the same %zu bytes of weights\n", k->name, n[0]);
+        print_message("%s: one pass and two: the same %zu bytes of weights; steps 2-3 read %.0f "
+                      "and %.0f bytes from the store\n", k->name, n[0], read[1], read[0]);
+        if (k->fewer_reads)
+            assert_true(read[1] < read[0]);
+        else if (strstr(k->name, "streamed") != NULL)
+            assert_true(read[1] == read[0]);
         assert_string_equal(l[1], l[0]);
         assert_string_equal(g[1], g[0]);
         assert_int_equal(n[1], n[0]);
