@@ -117,7 +117,8 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     bwd->gpu_s = passes * keep * p->bwd_s + (passes - 1) * planned * (p->bwd_s + full_recompute);
     double params = (double)fy_model_total_params(c);
     double grad = (double)fy_dtype_size(FY_DTYPE_F32); /* clipping's sums read the gradients */
-    double update_s = params / in->rates.opt_params, sums_s = in->clip ? update_s * grad / adamw_bytes(c) : 0;
+    double update_s = params / in->rates.opt_params;
+    double sums_s = in->clip ? update_s * grad / adamw_bytes(c) : 0;
     upd->opt_s += update_s;
     bwd->opt_s += sums_s;
     fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;

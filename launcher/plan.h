@@ -177,14 +177,16 @@ int fy_plan_resident_offsets(const struct fy_pool *pool, const struct fy_model_c
 /* ---- traffic and prediction ------------------------------------------------------------------ */
 
 /* What a step moves. SSD: the streamed units' master sections in the forward (a block's once more
- * with clipping, for the norm pass), their whole state read once, which also gives a block its
- * weights in the backward, and written once (common/optstate.h); the checkpoints x_0..x_{L-1} on
- * the store written in the forward and read in each backward pass; the blocks' SSD-placed
- * internals likewise (at most: the last ones may still be in their slots). PCIe, through the gpu
- * worker's host interface: weights as fy_plan_upload_bytes, f32 gradients, activations in the
- * shape's dtype, with clipping the second backward pass too, the swapped internals down in the
- * forward and up in each backward pass, every input uploaded (at most: the CUDA backend hands a
- * unit's output to the next unit on the device when the two are in flight together). */
+ * with clipping, for the norm pass, except where one pass defers the block's update to the next
+ * forward, which reads its whole state in place of its master), their whole state read once,
+ * which also gives a block its weights in the backward, and written once (common/optstate.h); the
+ * checkpoints x_0..x_{L-1} on the store written in the forward and read in each backward pass; the
+ * blocks' SSD-placed internals likewise (at most: the last ones may still be in their slots).
+ * PCIe, through the gpu worker's host interface: weights as fy_plan_upload_bytes, f32 gradients,
+ * activations in the shape's dtype, with two-pass clipping the second backward pass too, the
+ * swapped internals down in the forward and up in each backward pass, every input uploaded (at
+ * most: the CUDA backend hands a unit's output to the next unit on the device when the two are in
+ * flight together). */
 struct fy_plan_traffic {
     uint64_t ssd_read, ssd_write;
     uint64_t to_gpu, from_gpu;
