@@ -133,6 +133,28 @@ static int config_from_json(const char *path, const cJSON *root, struct fy_model
     return a->hf_config_read(path, root, m);
 }
 
+/* Dropout that config.json asks for, said: the backends train without it (the step is a function of
+ * the weights and the batch alone, which the tests and the restarts rely on), so a fine-tuning run
+ * here does not drop activations as transformers' Trainer would with this config; inference and
+ * the export are unaffected. */
+static void say_dropout(const char *path, const cJSON *root)
+{
+    static const char *const keys[] = {"resid_pdrop", "embd_pdrop", "attn_pdrop",
+                                       "attention_dropout", "hidden_dropout", "dropout"};
+    char said[256] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+        if (cJSON_IsNumber(v) && v->valuedouble > 0 && n < sizeof said)
+            n += (size_t)snprintf(said + n, sizeof said - n, "%s\"%s\" %g", n ? ", " : "",
+                                  keys[i], v->valuedouble);
+    }
+    if (said[0])
+        fy_warn("%s: %s: training here runs without dropout, unlike transformers' Trainer with "
+                "this config (inference and the export are the same); imported anyway",
+                path, said);
+}
+
 int fy_hf_read_config(const char *path, struct fy_model_config *model)
 {
     char *text;
@@ -414,6 +436,8 @@ static int src_open(struct fy_hf_src *s, const char *dir)
     cJSON *root;
     FY_TRY(fy_hf_parse_json(s->config, s->config_text, s->config_len, &root));
     int rc = config_from_json(s->config, root, &s->model);
+    if (rc == 0)
+        say_dropout(s->config, root);
     cJSON_Delete(root);
     FY_TRY(rc);
     FY_TRY(fy_hf_carried_load(s->dir, &s->carried));

@@ -445,6 +445,18 @@ static void test_bad_inputs_refused(void **state)
     free(ok);
     char p[700];
 
+    /* dropout in config.json: imported, and said (training here has none) */
+    assert_false(fy_test_file_contains(f->log, "runs without dropout"));
+    char *dropout = fy_test_in(f, "dropout");
+    copy_dir(good, dropout);
+    snprintf(p, sizeof p, "%s/config.json", dropout);
+    edit(p, "\"resid_pdrop\": 0.0", "\"resid_pdrop\": 0.1");
+    edit(p, "\"attn_pdrop\": 0.0", "\"attn_pdrop\": 0.05");
+    assert_int_equal(init_hf(f, fy_test_in(f, "with-dropout"), dropout), 0);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("%s: \"resid_pdrop\" 0.1, \"attn_pdrop\" "
+                                                          "0.05: training here runs without "
+                                                          "dropout", p)));
+
     /* corrupt header: the JSON's opening brace overwritten */
     char *corrupt = fy_test_in(f, "corrupt");
     copy_dir(good, corrupt);
