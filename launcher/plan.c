@@ -542,14 +542,43 @@ static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
     struct fy_plan_place one = p->place;
     one.grad_hold = 1;
     uint64_t bytes = pool_bytes(&in->shape, &one);
-    if (in->cpu_mem == 0 || bytes > in->cpu_mem) { /* no budget: the pool is not grown by it */
+    struct fy_plan_prediction once, twice;
+    fy_plan_predict(&in->shape, &p->place, &in->rates, &twice);
+    if (in->cpu_mem == 0) { /* no budget: the pool is not grown by it */
         p->one_pass_pool_bytes = bytes;
         return;
     }
-    struct fy_plan_prediction once, twice;
-    fy_plan_predict(&in->shape, &one, &in->rates, &once);
-    fy_plan_predict(&in->shape, &p->place, &in->rates, &twice);
-    p->place.grad_hold = once.step_s <= twice.step_s;
+    if (bytes <= in->cpu_mem) {
+        fy_plan_predict(&in->shape, &one, &in->rates, &once);
+        p->place.grad_hold = once.step_s <= twice.step_s;
+        return;
+    }
+    /* no room beside the kept state: one pass with the held gradients planned first, fewer units
+     * kept, where that is predicted faster than two passes with them all */
+    unsigned units = fy_model_unit_count(in->shape.c), kept = p->kept;
+    unsigned char *was = malloc(units);
+    p->one_pass_pool_bytes = bytes;
+    if (was == NULL) /* two passes, as planned */
+        return;
+    memcpy(was, p->resident, units);
+    struct fy_plan_shape unclipped = in->shape;
+    unclipped.clip = 0;
+    struct fy_plan_prediction none;
+    fy_plan_predict(&unclipped, &p->place, &in->rates, &none); /* with every unit kept that fits */
+    p->place.grad_hold = 1;
+    unsigned fewer = plan_resident(in, p);
+    fy_plan_predict(&in->shape, &p->place, &in->rates, &once);
+    if (pool_bytes(&in->shape, &p->place) <= in->cpu_mem && once.step_s < twice.step_s) {
+        p->kept = fewer;
+        p->clip_kept_fewer = kept - fewer;
+        p->two_pass_step_s = twice.step_s;
+        p->unclipped_step_s = none.step_s;
+        p->one_pass_pool_bytes = 0;
+    } else {
+        memcpy(p->resident, was, units);
+        p->place.grad_hold = 0;
+    }
+    free(was);
 }
 
 void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p, char *buf,
@@ -565,12 +594,19 @@ void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p,
     struct fy_plan_prediction none, alt;
     fy_plan_predict(&unclipped, &p->place, &in->rates, &none);
     fy_plan_predict(&in->shape, &other, &in->rates, &alt);
+    if (p->clip_kept_fewer > 0) /* against the unclipped plan, which keeps them */
+        none.step_s = p->unclipped_step_s;
     char hold[32], need[32], cap[32], how[400];
     fy_format_size(fy_plan_hold_bytes(in->shape.c), hold, sizeof hold);
     const char *why = in->clip_mode == FY_CLIP_ONE_PASS   ? " (--clip-mode one-pass)"
                       : in->clip_mode == FY_CLIP_TWO_PASS ? " (--clip-mode two-pass)"
                                                           : "";
-    if (p->place.grad_hold)
+    if (p->place.grad_hold && p->clip_kept_fewer > 0)
+        snprintf(how, sizeof how, "one backward pass: the blocks' gradients (%s) held in the pool "
+                 "in place of %u units' state, the updates after the backward, under the next "
+                 "forward (two passes, every unit kept that fits: %.4g s)", hold,
+                 p->clip_kept_fewer, p->two_pass_step_s);
+    else if (p->place.grad_hold)
         snprintf(how, sizeof how, "one backward pass%s: the blocks' gradients (%s) held in the "
                  "pool until the norm is known, the updates after the backward, under the next "
                  "forward (two passes: %.4g s)", why, hold, alt.step_s);

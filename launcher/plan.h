@@ -254,6 +254,10 @@ struct fy_plan {
     /* with clipping and --clip-mode auto where one pass does not fit: the pool bytes one pass
      * would take (place.grad_hold says which was taken) */
     uint64_t one_pass_pool_bytes;
+    /* with --clip-mode auto: where one pass took the room of kept state, the units it took it from
+     * and two passes' predicted step with them kept */
+    unsigned clip_kept_fewer;
+    double two_pass_step_s, unclipped_step_s;
     struct fy_plan_traffic traffic;
     struct fy_plan_prediction predicted; /* at in->rates */
 };

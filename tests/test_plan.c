@@ -247,6 +247,37 @@ static void test_clip_modes(void **state)
     assert_non_null(strstr(said, "clipping in two backward passes, the first for the norm alone: "
                                  "one pass would hold the blocks' gradients (392.0 KiB), a pool of "));
     fy_plan_free(&autop);
+    /* where the held gradients fit only in place of kept state: one pass with fewer units kept,
+     * where the rates make that faster than a second backward (a slow GPU, a fast disk and
+     * AdamW), said against the unclipped plan that keeps them */
+    in.rates = (struct fy_plan_rates){.gpu_flops = 1e9, .h2d = 1e12, .d2h = 1e12,
+                                      .ssd_read = 1e12, .ssd_write = 1e12, .opt_params = 1e12,
+                                      .opt_by_format = {1e12, 1e12, 1e12}};
+    in.shape.clip = 0;
+    in.cpu_mem = 1ull << 30;
+    struct fy_plan all;
+    assert_int_equal(fy_plan_make(&in, NULL, &all), 0);
+    assert_int_equal(all.kept, 4);
+    in.shape.clip = 1;
+    in.cpu_mem = all.pool_bytes; /* every unit kept, no room for the gradients beside them */
+    assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
+    assert_true(autop.place.grad_hold);
+    assert_true(autop.kept < 4);
+    assert_int_equal(autop.clip_kept_fewer, 4 - autop.kept);
+    assert_true(autop.pool_bytes <= in.cpu_mem);
+    assert_true(autop.predicted.step_s < autop.two_pass_step_s);
+    assert_float_equal(autop.unclipped_step_s, all.predicted.step_s, 1e-12);
+    fy_plan_clip_describe(&in, &autop, said, sizeof said);
+    assert_non_null(strstr(said, "held in the pool in place of "));
+    fy_plan_free(&autop);
+    /* and where a second backward costs less (a fast GPU), two passes with every unit kept */
+    in.rates.gpu_flops = 1e15;
+    in.rates.ssd_read = in.rates.ssd_write = 1e6;
+    assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
+    assert_false(autop.place.grad_hold);
+    assert_int_equal(autop.kept, 4);
+    fy_plan_free(&autop);
+    fy_plan_free(&all);
     fy_plan_free(&none);
     fy_plan_free(&two);
     fy_plan_free(&one);
