@@ -123,3 +123,24 @@ double fy_trainutil_last_eval_loss(const char *metrics)
     free(text);
     return v;
 }
+
+void fy_trainutil_same_bits_add(struct fy_trainutil_same_bits *group, char *w, size_t n, char *l)
+{
+    if (group->weights == NULL) {
+        group->weights = w;
+        group->losses = l;
+        group->n = n;
+        return;
+    }
+    assert_string_equal(l, group->losses);
+    assert_int_equal(n, group->n);
+    assert_memory_equal(w, group->weights, n);
+    free(w);
+    free(l);
+}
+
+void fy_trainutil_same_bits_free(struct fy_trainutil_same_bits *group)
+{
+    free(group->weights);
+    free(group->losses);
+}

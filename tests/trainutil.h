@@ -51,6 +51,17 @@ int fy_trainutil_have_python(const char *what);
 char *fy_trainutil_field_values(const char *metrics, const char *key);
 /* The "loss" values of a metrics file, as text, one per line. */
 char *fy_trainutil_losses(const char *metrics);
+
+/* A group of runs that must end with the same bits: the first run's export and losses, which every
+ * later run of the group is compared with. */
+struct fy_trainutil_same_bits {
+    char *weights, *losses;
+    size_t n;
+};
+/* Takes a run's export (w, n bytes) and losses (l): kept as the group's first, or compared with it
+ * and freed. */
+void fy_trainutil_same_bits_add(struct fy_trainutil_same_bits *group, char *w, size_t n, char *l);
+void fy_trainutil_same_bits_free(struct fy_trainutil_same_bits *group);
 /* The values of one field of a metrics file as numbers; returns how many (at most max). */
 int fy_trainutil_field_numbers(const char *metrics, const char *key, double *out, int max);
 /* The last "eval_loss" of a metrics file. */

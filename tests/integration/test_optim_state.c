@@ -21,12 +21,6 @@
 
 #define CLIP_MAX 0.6
 
-/* A group of runs that must end with the same bits: the first run's export and losses. */
-struct same_bits {
-    char *weights, *losses;
-    size_t n;
-};
-
 /* init of a GPT of width `embd` (2 heads, context 32, seed 4; 2 layers, 1 at width 256) in `run`
  * with --optim-state `format`. */
 static void init_run(struct fy_test_fixture *f, const char *run, const char *embd,
@@ -41,7 +35,8 @@ static void init_run(struct fy_test_fixture *f, const char *run, const char *emb
 /* Inits `run` in `format`, trains it `steps` steps (in one process where inprocess) with the
  * `extra` options and compares its export and losses with the group's first run (or makes it the
  * first). */
-static void train_same_bits(struct fy_test_fixture *f, struct same_bits *group, const char *run,
+static void train_same_bits(struct fy_test_fixture *f, struct fy_trainutil_same_bits *group,
+                            const char *run,
                             const char *embd, const char *format, const char *steps,
                             int inprocess, const char *const *extra)
 {
@@ -54,33 +49,17 @@ static void train_same_bits(struct fy_test_fixture *f, struct same_bits *group, 
     char *w = fy_test_slurp(out, &n), *l = fy_trainutil_losses(metrics);
     assert_non_null(w);
     assert_int_equal(fy_test_count_lines(l), atoi(steps));
-    if (group->weights == NULL) {
-        group->weights = w;
-        group->losses = l;
-        group->n = n;
-        return;
-    }
-    assert_string_equal(l, group->losses);
-    assert_int_equal(n, group->n);
-    assert_memory_equal(w, group->weights, n);
-    free(w);
-    free(l);
-}
-
-static void same_bits_free(struct same_bits *group)
-{
-    free(group->weights);
-    free(group->losses);
+    fy_trainutil_same_bits_add(group, w, n, l);
 }
 
 /* The runs of one format at width 64 that must agree: overlapped with the state streamed from the
  * store (the default here) and kept in the pool, serial, in one process; `extra_opt` (NULL or an
  * option and its value) given to each. Returns the group (the caller frees it). */
-static struct same_bits format_agrees(struct fy_test_fixture *f, const char *format,
+static struct fy_trainutil_same_bits format_agrees(struct fy_test_fixture *f, const char *format,
                                       const char *steps, const char *extra_opt,
                                       const char *extra_val)
 {
-    struct same_bits group = {0};
+    struct fy_trainutil_same_bits group = {0};
     const char *names[] = {"overlap", "resident", "serial", "inproc"};
     for (int i = 0; i < 4; i++) {
         char run[600];
@@ -115,19 +94,19 @@ static struct same_bits format_agrees(struct fy_test_fixture *f, const char *for
 static void test_formats_overlap_matches_serial(void **state)
 {
     struct fy_test_fixture *f = *state;
-    struct same_bits bf16 = format_agrees(f, "bf16", "4", NULL, NULL);
-    struct same_bits int8 = format_agrees(f, "int8", "4", NULL, NULL);
+    struct fy_trainutil_same_bits bf16 = format_agrees(f, "bf16", "4", NULL, NULL);
+    struct fy_trainutil_same_bits int8 = format_agrees(f, "int8", "4", NULL, NULL);
     assert_true(fy_test_file_contains(f->log, "with int8 optimizer state their rows of 64 values"));
-    struct same_bits fp32 = {0};
+    struct fy_trainutil_same_bits fp32 = {0};
     train_same_bits(f, &fp32, fy_test_in(f, "fp32"), "64", "fp32", "4", 0, NULL);
     assert_int_equal(bf16.n, fp32.n);
     assert_int_equal(int8.n, fp32.n);
     assert_memory_not_equal(bf16.weights, fp32.weights, fp32.n);
     assert_memory_not_equal(int8.weights, fp32.weights, fp32.n);
     assert_memory_not_equal(int8.weights, bf16.weights, fp32.n);
-    same_bits_free(&bf16);
-    same_bits_free(&int8);
-    same_bits_free(&fp32);
+    fy_trainutil_same_bits_free(&bf16);
+    fy_trainutil_same_bits_free(&int8);
+    fy_trainutil_same_bits_free(&fp32);
 }
 
 /* int8 at width 256, state in the pool: the embeddings' update in two row lists (8-bit blocks of
@@ -136,7 +115,7 @@ static void test_formats_overlap_matches_serial(void **state)
 static void test_int8_embed_rows_in_two_parts(void **state)
 {
     struct fy_test_fixture *f = *state;
-    struct same_bits group = {0};
+    struct fy_trainutil_same_bits group = {0};
     const char *runs[][2] = {{"whole", "overlap"}, {"split", "overlap"}, {"split-serial", "serial"}};
     for (int i = 0; i < 3; i++) {
         int whole = i == 0;
@@ -148,7 +127,7 @@ static void test_int8_embed_rows_in_two_parts(void **state)
         assert_int_equal(fy_test_file_contains(f->log, "the embeddings are updated in one piece"),
                          whole);
     }
-    same_bits_free(&group);
+    fy_trainutil_same_bits_free(&group);
 }
 
 /* int8 with clipping on every step (--clip-grad-norm, two backward passes): overlap, resident,
@@ -157,7 +136,7 @@ static void test_int8_embed_rows_in_two_parts(void **state)
 static void test_int8_clipped_agrees(void **state)
 {
     struct fy_test_fixture *f = *state;
-    struct same_bits group =
+    struct fy_trainutil_same_bits group =
         format_agrees(f, "int8", "4", "--clip-grad-norm", FY_TRAINUTIL_STR(CLIP_MAX));
     double norms[8];
     int n = fy_trainutil_field_numbers(fy_test_fmt("%s/metrics.jsonl", fy_test_in(f, "int8-inproc-x")),
@@ -165,12 +144,12 @@ static void test_int8_clipped_agrees(void **state)
     assert_int_equal(n, 4);
     for (int i = 0; i < n; i++)
         assert_true(norms[i] > CLIP_MAX);
-    struct same_bits plain = {0};
+    struct fy_trainutil_same_bits plain = {0};
     train_same_bits(f, &plain, fy_test_in(f, "unclipped"), "64", "int8", "4", 1, NULL);
     assert_int_equal(plain.n, group.n);
     assert_memory_not_equal(plain.weights, group.weights, group.n);
-    same_bits_free(&plain);
-    same_bits_free(&group);
+    fy_trainutil_same_bits_free(&plain);
+    fy_trainutil_same_bits_free(&group);
 }
 
 /* `export` of an int8 run (the masters read from the store's last commit) writes the weights the
@@ -178,7 +157,7 @@ static void test_int8_clipped_agrees(void **state)
 static void test_int8_export_is_the_master(void **state)
 {
     struct fy_test_fixture *f = *state;
-    struct same_bits group = {0};
+    struct fy_trainutil_same_bits group = {0};
     char *run = fy_test_in(f, "exported");
     train_same_bits(f, &group, fy_test_in(f, "alone"), "64", "int8", "3", 1, NULL);
     train_same_bits(f, &group, run, "64", "int8", "3", 0, NULL);
@@ -191,7 +170,7 @@ static void test_int8_export_is_the_master(void **state)
     assert_int_equal(n, group.n);
     assert_memory_equal(w, group.weights, n);
     free(w);
-    same_bits_free(&group);
+    fy_trainutil_same_bits_free(&group);
 }
 
 /* train and resume with another --optim-state than init's are refused with the documented line,

@@ -17,17 +17,11 @@
 #include "tests/testutil.h"
 #include "tests/trainutil.h"
 
-/* A group of runs that must end with the same bits: the first run's export and losses, which every
- * later run of the group is compared with. */
-struct same_bits {
-    char *weights, *losses;
-    size_t n;
-};
-
 /* Inits a fresh GPT of `layers` x `embd` (2 heads, context 32, seed 4) in `run`, trains it `steps`
  * steps with the `extra` options, and compares its export and losses with the group's first run
  * (or makes it the first). */
-static void train_same_bits(struct fy_test_fixture *f, struct same_bits *group, const char *run,
+static void train_same_bits(struct fy_test_fixture *f, struct fy_trainutil_same_bits *group,
+                            const char *run,
                             const char *layers, const char *embd, const char *steps,
                             const char *const *extra)
 {
@@ -42,23 +36,7 @@ static void train_same_bits(struct fy_test_fixture *f, struct same_bits *group, 
     char *w = fy_test_slurp(out, &n), *l = fy_trainutil_losses(metrics);
     assert_non_null(w);
     assert_true(strlen(l) > 0);
-    if (group->weights == NULL) {
-        group->weights = w;
-        group->losses = l;
-        group->n = n;
-        return;
-    }
-    assert_string_equal(l, group->losses);
-    assert_int_equal(n, group->n);
-    assert_memory_equal(w, group->weights, n);
-    free(w);
-    free(l);
-}
-
-static void same_bits_free(struct same_bits *group)
-{
-    free(group->weights);
-    free(group->losses);
+    fy_trainutil_same_bits_add(group, w, n, l);
 }
 
 /* Five blocks, some resident and some streamed: a streamed block's backward takes its weights from
@@ -72,7 +50,7 @@ static void test_mixed_placement_five_blocks(void **state)
         {"m-stream", NULL, "overlap"}, {"m-30", "30M", "overlap"}, {"m-32", "32M", "overlap"},
         {"m-all", "1G", "overlap"},    {"m-30s", "30M", "serial"}, {"m-streams", NULL, "serial"},
     };
-    struct same_bits group = {0};
+    struct fy_trainutil_same_bits group = {0};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         const char *extra[] = {"--schedule", runs[i][2], runs[i][1] ? "--cpu-mem" : NULL, runs[i][1],
                                NULL};
@@ -82,7 +60,7 @@ static void test_mixed_placement_five_blocks(void **state)
         if (runs[i][1] != NULL && strcmp(runs[i][1], "32M") == 0)
             assert_true(fy_test_file_contains(f->log, "optimizer state of 4 of 7 units"));
     }
-    same_bits_free(&group);
+    fy_trainutil_same_bits_free(&group);
 }
 
 /* --prefetch N reads the weights of N units ahead (more weights slots, taken in turn): any depth,
@@ -97,15 +75,15 @@ static void test_prefetch_depths_agree(void **state)
         {"d3s", "3", "serial", NULL, NULL}, {"c1", "1", "overlap", "--clip-grad-norm", "0.05"},
         {"c3", "3", "overlap", "--clip-grad-norm", "0.05"},
     };
-    struct same_bits group[2] = {{0}, {0}}; /* clipped runs compare among themselves */
+    struct fy_trainutil_same_bits group[2] = {{0}, {0}}; /* clipped runs compare among themselves */
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         const char *extra[] = {"--prefetch", runs[i][1], "--schedule", runs[i][2], runs[i][3],
                                runs[i][4], NULL};
         train_same_bits(f, &group[runs[i][3] != NULL], fy_test_in(f, runs[i][0]), "5", "32", "4",
                         extra);
     }
-    same_bits_free(&group[0]);
-    same_bits_free(&group[1]);
+    fy_trainutil_same_bits_free(&group[0]);
+    fy_trainutil_same_bits_free(&group[1]);
     const char *bad[] = {"0", "9"};
     for (int i = 0; i < 2; i++) {
         char *run = fy_test_in(f, "d1");
@@ -123,7 +101,7 @@ static void test_resident_state_matches_streaming(void **state)
     struct fy_test_fixture *f = *state;
     const char *mems[3] = {NULL, "72M", "1G"}; /* 72M holds 3 of the 4 units (measured) */
     const char *names[3] = {"stream", "some", "all"};
-    struct same_bits group = {0};
+    struct fy_trainutil_same_bits group = {0};
     for (int i = 0; i < 6; i++) {
         const char *schedule = i < 3 ? "overlap" : "serial";
         char run[700];
@@ -136,7 +114,7 @@ static void test_resident_state_matches_streaming(void **state)
         if (i % 3 == 2)
             assert_true(fy_test_file_contains(f->log, "optimizer state of 4 of 4 units"));
     }
-    same_bits_free(&group);
+    fy_trainutil_same_bits_free(&group);
     /* a cap below what the streaming regions alone need is refused before any work, with numbers */
     char *small = fy_test_in(f, "small");
     const char *init[] = {"init", "--run-dir", small, "--layers", "2", "--heads", "4", "--embd", "256",
@@ -156,7 +134,7 @@ static void test_checkpoints_on_ssd_agree(void **state)
 {
     struct fy_test_fixture *f = *state;
     for (int clip = 0; clip < 2; clip++) {
-        struct same_bits group = {0};
+        struct fy_trainutil_same_bits group = {0};
         for (int i = 0; i < 6; i++) {
             const char *place = i == 0 ? "host" : "ssd";
             const char *schedule = i % 2 ? "serial" : "overlap";
@@ -182,7 +160,7 @@ static void test_checkpoints_on_ssd_agree(void **state)
             assert_true(fy_test_file_contains(f->log, i ? "checkpoints on the SSD store"
                                                         : "checkpoints in the shared pool"));
         }
-        same_bits_free(&group);
+        fy_trainutil_same_bits_free(&group);
     }
     assert_int_equal(
         fy_trainutil_train(f, fy_test_in(f, "bad"), f->data, "1", NULL, 0, "--ckpt-place", "gpu"),
@@ -228,7 +206,7 @@ static void test_swapped_internals_agree(void **state)
         {"ssd", "overlap", "0.5", "--act-ahead", "1", "--ckpt-place", "ssd", NULL},
         {"ssd", "serial", "0.5", "--act-ahead", "3", NULL},
     };
-    struct same_bits plain = {0}, clipped = {0};
+    struct fy_trainutil_same_bits plain = {0}, clipped = {0};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         const char *plan = strncmp(runs[i][0], "mix", 3) == 0 ? "ssd" : runs[i][0];
         if (strncmp(runs[i][0], "mix", 3) == 0)
@@ -267,8 +245,8 @@ static void test_swapped_internals_agree(void **state)
             assert_true(fy_test_file_contains(f->log, "from the measured block profile"));
         }
     }
-    same_bits_free(&plain);
-    same_bits_free(&clipped);
+    fy_trainutil_same_bits_free(&plain);
+    fy_trainutil_same_bits_free(&clipped);
     /* the pool holds every block's internals with host: a --cpu-mem that recomputation fits (its
      * pool is 18 MiB, measured) and host does not is refused, with the numbers */
     const char *init[] = {"init", "--run-dir", fy_test_in(f, "swap-tight"), "--layers", "6",
@@ -327,7 +305,7 @@ static void delayed_overlap_and_serial(struct fy_test_fixture *f, const char *na
                                        const char *opt, const char *value, const char *slots,
                                        const char *check)
 {
-    struct same_bits group = {0};
+    struct fy_trainutil_same_bits group = {0};
     char trace[700], delayed[80], cmd[900];
     snprintf(trace, sizeof trace, "%s.json", fy_test_in(f, name));
     snprintf(delayed, sizeof delayed, "every AdamW request is delayed by %s ms", delay_ms);
@@ -343,7 +321,7 @@ static void delayed_overlap_and_serial(struct fy_test_fixture *f, const char *na
         assert_true(fy_test_file_contains(f->log, slots));
     }
     unsetenv("FUYOU_TEST_OPT_DELAY_MS");
-    same_bits_free(&group);
+    fy_trainutil_same_bits_free(&group);
     if (!fy_trainutil_have_python(fy_test_fmt("the trace of %s", name)))
         return;
     snprintf(cmd, sizeof cmd, check, trace);
@@ -395,7 +373,7 @@ static void test_fewer_gradient_slots_than_blocks(void **state)
 static void test_embed_update_in_two_parts(void **state)
 {
     struct fy_test_fixture *f = *state;
-    struct same_bits group = {0};
+    struct fy_trainutil_same_bits group = {0};
     char *trace = strdup(fy_test_in(f, "embed-split.json"));
     const char *runs[][2] = {{"whole", "overlap"}, {"split", "overlap"}, {"split-serial", "serial"}};
     for (int i = 0; i < 3; i++) {
@@ -409,7 +387,7 @@ static void test_embed_update_in_two_parts(void **state)
                          whole);
         unsetenv("FUYOU_TEST_EMBED_WHOLE");
     }
-    same_bits_free(&group);
+    fy_trainutil_same_bits_free(&group);
     char *text = fy_test_slurp(trace, NULL);
     assert_non_null(text);
     /* steps 1..4, two requests on unit 0 each */
@@ -434,7 +412,7 @@ static void test_embed_update_in_two_parts(void **state)
 static void test_bf16_weights_agree(void **state)
 {
     struct fy_test_fixture *f = *state;
-    struct same_bits all = {0}, mixed = {0}, clipped = {0};
+    struct fy_trainutil_same_bits all = {0}, mixed = {0}, clipped = {0};
     const char *runs[][4] = {
         {"b-all", "overlap", "1G", NULL}, {"b-all-s", "serial", "1G", NULL},
         {"b-mixed", "overlap", "76M", NULL}, {"b-mixed-s", "serial", "76M", NULL},
@@ -444,7 +422,7 @@ static void test_bf16_weights_agree(void **state)
         const char *extra[] = {"--weights-dtype", "bf16", "--schedule", runs[i][1], "--cpu-mem",
                                runs[i][2], runs[i][3] ? "--clip-grad-norm" : NULL, runs[i][3],
                                NULL};
-        struct same_bits *g = i < 2 ? &all : i < 4 ? &mixed : &clipped;
+        struct fy_trainutil_same_bits *g = i < 2 ? &all : i < 4 ? &mixed : &clipped;
         train_same_bits(f, g, fy_test_in(f, runs[i][0]), "2", "256", "3", extra);
         if (i < 2 || i >= 4)
             assert_true(fy_test_file_contains(f->log, "weights to the GPU in bf16 for 4 of the 4 "
@@ -474,15 +452,15 @@ static void test_bf16_weights_agree(void **state)
     free(w);
     free(l);
     /* f32 weights (the CPU backend's default) compute with other numbers */
-    struct same_bits f32 = {0};
+    struct fy_trainutil_same_bits f32 = {0};
     const char *plain[] = {"--cpu-mem", "1G", NULL};
     train_same_bits(f, &f32, fy_test_in(f, "b-f32"), "2", "256", "3", plain);
     assert_true(fy_test_file_contains(f->log, "weights to the GPU in f32"));
     assert_string_not_equal(f32.losses, all.losses);
-    same_bits_free(&f32);
-    same_bits_free(&all);
-    same_bits_free(&mixed);
-    same_bits_free(&clipped);
+    fy_trainutil_same_bits_free(&f32);
+    fy_trainutil_same_bits_free(&all);
+    fy_trainutil_same_bits_free(&mixed);
+    fy_trainutil_same_bits_free(&clipped);
     free(run);
     const char *bad[] = {"--weights-dtype", "f16", NULL};
     assert_int_equal(fy_trainutil_train_with(f, fy_test_in(f, "b-all"), f->data, "4", NULL, 0, bad),
