@@ -73,21 +73,24 @@ static uint64_t unit_f32(const struct fy_model_config *c, unsigned u)
 }
 
 /* What the phases carry besides the planned blocks' internals, with `keep` top blocks kept and
- * `planned` blocks under the planner. */
+ * `planned` blocks under the planner; *norm, what a two-pass clipped step's first backward pass
+ * carries (all zero otherwise): a phase of its own, since no update may start before its norm. */
 static void other_work(const struct fy_actrun_in *in, int keep, int planned,
-                       struct fy_actplan_other *fwd, struct fy_actplan_other *bwd)
+                       struct fy_actplan_other *fwd, struct fy_actplan_other *bwd,
+                       struct fy_actplan_other *norm)
 {
     const struct fy_model_config *c = in->c;
     const struct fy_block_profile *p = in->prof;
     unsigned L = c->n_layer, units = fy_model_unit_count(c);
     /* one-pass clipping updates after the backward, under the next forward: the updates' state
      * traffic and AdamW go to the forward's phase */
-    int hold = in->clip && in->clip_hold;
+    int hold = in->clip && in->clip_hold, two_pass = in->clip && !hold;
     struct fy_actplan_other *upd = hold ? fwd : bwd;
-    double passes = in->clip && !hold ? 2 : 1, N = (double)in->B * in->T;
+    double N = (double)in->B * in->T;
     uint64_t act = fy_plan_act_bytes(c, in->B, in->T, in->act_dtype);
     memset(fwd, 0, sizeof *fwd);
     memset(bwd, 0, sizeof *bwd);
+    memset(norm, 0, sizeof *norm);
     for (unsigned u = 0; u < units; u++) {
         fwd->h2d += fy_plan_upload_bytes(c, in->resident, u); /* every unit's, in the forward */
         if (in->resident == NULL || !in->resident[u]) {
@@ -96,7 +99,8 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
             upd->ssd_read += fy_optstate_bytes(c, u);
             /* the norm pass reads a block's master; one pass then updates the block in the next
              * forward, which reads its state in place of its master (with --prefetch up to 2) */
-            bwd->ssd_read += in->clip && block ? fy_optstate_master_bytes(c, u) : 0;
+            (two_pass ? norm : bwd)->ssd_read += in->clip && block
+                                                     ? fy_optstate_master_bytes(c, u) : 0;
             fwd->ssd_read -= hold && block ? fy_optstate_master_bytes(c, u) : 0;
             upd->ssd_write += fy_optstate_bytes(c, u);
         }
@@ -108,26 +112,32 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     double rate = p->flops_per_s > 0 ? HEAD_RATE_SHARE * p->flops_per_s : INFINITY;
     fwd->gpu_s = keep * p->fwd_s + head_flops / rate;
     for (unsigned u = 1; u <= L; u++)
-        bwd->h2d += (uint64_t)passes * fy_plan_upload_bytes(c, in->resident, u);
-    bwd->d2h = (uint64_t)(passes * L * (act + unit_f32(c, 1)) + unit_f32(c, 0));
-    /* a clipped step's first backward pass, recomputing the planned blocks in full */
-    double full_recompute = 0;
-    for (int k = 0; k < FY_ACT_KINDS; k++)
-        full_recompute += p->recompute_s[k];
-    bwd->gpu_s = passes * keep * p->bwd_s + (passes - 1) * planned * (p->bwd_s + full_recompute);
+        bwd->h2d += fy_plan_upload_bytes(c, in->resident, u);
+    bwd->d2h = (uint64_t)(L * (act + unit_f32(c, 1)) + unit_f32(c, 0));
+    bwd->gpu_s = keep * p->bwd_s;
     double params = (double)fy_model_total_params(c);
     double grad = (double)fy_dtype_size(FY_DTYPE_F32); /* clipping's sums read the gradients */
     double update_s = params / in->rates.opt_params;
     double sums_s = in->clip ? update_s * grad / adamw_bytes(c) : 0;
     upd->opt_s += update_s;
-    bwd->opt_s += sums_s;
+    if (two_pass) { /* the first pass: the same copies, the planned blocks recomputed in full */
+        double full_recompute = 0;
+        for (int k = 0; k < FY_ACT_KINDS; k++)
+            full_recompute += p->recompute_s[k];
+        norm->h2d = bwd->h2d;
+        norm->d2h = bwd->d2h;
+        norm->gpu_s = keep * p->bwd_s + planned * (p->bwd_s + full_recompute);
+    }
+    (two_pass ? norm : bwd)->opt_s += sums_s;
     fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;
     bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write;
+    norm->mem = norm->h2d + norm->d2h + norm->ssd_read;
     for (unsigned u = 0; u < units; u++) { /* the updates, copies written, clipping's sums */
         int copy = in->resident != NULL && in->resident[u] == FY_PLAN_KEPT_BF16;
         upd->mem += fy_model_unit_params(c, u) *
                     (adamw_bytes(c) + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy);
-        bwd->mem += fy_model_unit_params(c, u) * fy_dtype_size(FY_DTYPE_F32) * in->clip;
+        (two_pass ? norm : bwd)->mem += fy_model_unit_params(c, u) *
+                                        fy_dtype_size(FY_DTYPE_F32) * in->clip;
     }
 }
 
@@ -146,17 +156,20 @@ static double phase_alone(const struct fy_actplan_other *o, const struct fy_actr
 }
 
 /* The planner over the `planned` bottom blocks with `keep` top blocks kept, in mode m; *plan NULL
- * and *step_s the prediction when no block is left to plan. */
+ * and *step_s the prediction when no block is left to plan. *step_s counts a two-pass clipped
+ * step's norm pass, which the planner does not see (*norm_s: that pass alone). */
 static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes, int keep,
                      enum fy_actplan_mode m, uint64_t host_room, uint64_t ssd_room,
-                     struct fy_actplan **plan, double *step_s)
+                     struct fy_actplan **plan, double *step_s, double *norm_s)
 {
     int planned = (int)in->c->n_layer - keep;
     struct fy_actplan_profile prof = {0};
-    other_work(in, keep, planned, &prof.fwd, &prof.bwd);
+    struct fy_actplan_other norm;
+    other_work(in, keep, planned, &prof.fwd, &prof.bwd, &norm);
+    *norm_s = phase_alone(&norm, in);
     *plan = NULL;
     if (planned == 0) {
-        *step_s = phase_alone(&prof.fwd, in) + phase_alone(&prof.bwd, in);
+        *step_s = phase_alone(&prof.fwd, in) + phase_alone(&prof.bwd, in) + *norm_s;
         return 0;
     }
     struct fy_actplan_layer_prof *layer = calloc((size_t)planned, sizeof *layer);
@@ -195,7 +208,7 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
         fy_actplan_destroy(plan);
     free(layer);
     if (rc == 0)
-        *step_s = (*plan)->pred.step_s;
+        *step_s = (*plan)->pred.step_s + *norm_s;
     return rc;
 }
 
@@ -205,7 +218,7 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
  * sees: when they do not fit, it plans again with that much less room, and last with no SSD at
  * all. *plan NULL when nothing fits. */
 static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes,
-                         int keep, struct fy_actplan **plan, double *step_s,
+                         int keep, struct fy_actplan **plan, double *step_s, double *norm_s,
                          unsigned char **place, struct fy_plan_swap *swap)
 {
     int L = (int)in->c->n_layer, planned = L - keep;
@@ -215,7 +228,7 @@ static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_
     FY_REQUIRE(*place != NULL, -ENOMEM, "train: out of memory for the activation plan");
     for (int tries = 0; tries < 3; tries++) {
         fy_actplan_destroy(plan);
-        int rc = plan_rest(in, sizes, keep, FY_ACTPLAN_AUTO, room, ssd, plan, step_s);
+        int rc = plan_rest(in, sizes, keep, FY_ACTPLAN_AUTO, room, ssd, plan, step_s, norm_s);
         if (rc == -ENOSPC) /* not even the checkpoints: no swapping */
             break;
         if (rc < 0) {
@@ -256,9 +269,9 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     uint64_t set = p->set_bytes;
     int keep_a = set ? (int)(p->gpu_free / set < (uint64_t)L ? p->gpu_free / set : (uint64_t)L) : 0;
     struct fy_actplan *plan_a = NULL, *plan_b = NULL;
-    double step_a = 0, step_b = INFINITY;
+    double step_a = 0, step_b = INFINITY, norm_a = 0, norm_b = 0;
     FY_TRY(plan_rest(in, &out->sizes, keep_a, FY_ACTPLAN_RECOMPUTE, in->host_bytes,
-                     in->ssd_bytes, &plan_a, &step_a));
+                     in->ssd_bytes, &plan_a, &step_a, &norm_a));
     /* swapping costs the gpu worker one set per call in flight */
     int can_swap = fy_model_arch(in->c)->swaps_internals && (set == 0 || p->gpu_free >= 2 * set);
     int keep_b = 0;
@@ -269,7 +282,8 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     struct fy_plan_swap swap_b = {0};
     unsigned char *place_b = NULL;
     if (can_swap && keep_b < L) {
-        int rc = plan_swapping(in, &out->sizes, keep_b, &plan_b, &step_b, &place_b, &swap_b);
+        int rc = plan_swapping(in, &out->sizes, keep_b, &plan_b, &step_b, &norm_b, &place_b,
+                               &swap_b);
         if (rc < 0) {
             fy_actplan_destroy(&plan_a);
             return rc;
@@ -287,6 +301,7 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
         out->keep = keep_b;
         out->swap_sets = 1;
         out->predicted_s = step_b;
+        out->norm_s = norm_b;
         out->plan = plan_b;
         fy_actplan_destroy(&plan_a);
         return 0;
@@ -295,6 +310,7 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     fy_actplan_destroy(&plan_b);
     out->keep = keep_a;
     out->predicted_s = step_a;
+    out->norm_s = norm_a;
     out->plan = plan_a;
     return 0;
 }
@@ -324,12 +340,13 @@ int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r)
      * aside); the budgets were checked there and by the pool's layout, so they are not binding */
     const uint64_t ample = UINT64_MAX / 4;
     struct fy_actplan *plan = NULL;
-    double step;
+    double step, norm_s;
     FY_TRY(plan_rest(in, &r->sizes, 0, (enum fy_actplan_mode)in->mode, ample, ample, &plan,
-                     &step));
+                     &step, &norm_s));
     fy_actplan_destroy(&r->plan);
     r->plan = plan;
     r->predicted_s = step;
+    r->norm_s = norm_s;
     char text[1024];
     fy_actplan_describe(plan, text, sizeof text);
     char *phases = strstr(text, "predicted step");
@@ -396,6 +413,9 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
         for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n"))
             fy_info("plan:   %s", line);
     }
+    if (r->norm_s > 0)
+        fy_info("plan:     and before that backward, clipping's norm pass (--clip-mode two-pass): "
+                "%.1f ms, which no update overlaps", r->norm_s * 1e3);
     if (in->mode == FY_ACTPLAN_AUTO && in->prof != NULL) {
         char b[128] = "not planned (no room for the two sets swapping computes in)";
         if (r->keep_b >= 0)

@@ -12,7 +12,8 @@
  * The planner sees only the blocks that are not kept (n_layer of its profile = L - kept, no GPU
  * budget: a kept block keeps everything); the kept blocks' compute, the head's (estimated from the
  * profile's matmul rate), the weights, gradients and optimizer state traffic and the optimizer's
- * time go into the phases' other work. The checkpoints are placed by the planner for its
+ * time go into the phases' other work (one-pass clipping's updates into the forward's; two-pass
+ * clipping's norm pass is a phase of its own, added to the planner's step: no update overlaps it). The checkpoints are placed by the planner for its
  * accounting only: the schedule keeps them where --ckpt-place says. Where one product writes FC
  * and GELU (fc_gelu_fused), a block with one of the two swapped and the other not gets both
  * recomputed after planning (keeping one alone saves nothing) and is predicted again.
@@ -55,6 +56,7 @@ struct fy_actrun {
     int keep;         /* top blocks the gpu worker keeps; -1: as many as fit (no profile) */
     int swap_sets;    /* the gpu worker readies swapping */
     double predicted_s; /* the step the planner predicts; 0: not predicted */
+    double norm_s;      /* in it, a two-pass clipped step's norm pass (0: none) */
     /* auto's two arrangements (see above): kept blocks and predicted step of each (B: keep -1
      * when it was not planned) */
     int keep_a, keep_b;

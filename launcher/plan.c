@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -420,8 +421,8 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
      * (2 forward, 2 recompute, 4 backward) of the blocks' work once more */
     double block_flops = tokens * c->n_layer *
                          (6.0 * fy_model_unit_params(c, 1) + 6.0 * (double)s->T * c->n_embd);
-    if (s->clip && !p->grad_hold)
-        flops += 0.75 * block_flops;
+    double norm_flops = s->clip && !p->grad_hold ? 0.75 * block_flops : 0;
+    flops += norm_flops;
     struct fy_plan_traffic t;
     fy_plan_traffic(s, p, &t);
     double params = (double)fy_model_total_params(c);
@@ -435,12 +436,16 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
     double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) /
                          fy_optstate_update_param_bytes(FY_DTYPE_F32, c->optim_state);
     out->opt_s = params / rates->opt_params * (s->clip ? 1.0 + sumsq_share : 1.0);
-    /* one-pass clipping: no update before the norm, so AdamW overlaps the next forward (a quarter
-     * of the compute with the blocks recomputed) and nothing of the backward */
-    double serial_s = s->clip && p->grad_hold ? 0.75 * out->gpu_s + out->opt_s : 0;
+    /* no update before the norm. One pass: AdamW overlaps the next forward (a quarter of the
+     * compute with the blocks recomputed) and nothing of the backward. Two passes: the norm pass
+     * alone, then the updates overlap the second backward, and the forward waits for them */
+    double norm_s = rates->gpu_flops > 0 ? norm_flops / rates->gpu_flops : 0;
+    double serial_s = !s->clip        ? 0
+                      : p->grad_hold ? 0.75 * out->gpu_s + out->opt_s
+                                     : out->gpu_s + fmax(0.0, out->opt_s - norm_s);
     const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s, serial_s};
     static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
-                                        "SSD", "optimizer", "backward, then the optimizer"};
+                                        "SSD", "optimizer", "the norm, then the optimizer"};
     for (int i = 0; i < 6; i++)
         if (times[i] > out->step_s) {
             out->step_s = times[i];

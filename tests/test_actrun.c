@@ -2,7 +2,7 @@
  * the obvious answers (fast links and room: everything swapped; no room: recompute; no device room
  * for the swap sets: no swapping), the kept blocks' count from the device room, the budgets never
  * exceeded over a sweep of pool rooms, FC and GELU placed together when one product writes both,
- * the forced modes and the test hook's mix, and the refusals. */
+ * the forced modes and the test hook's mix, the refusals, and clipping's two schedules. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -274,6 +274,34 @@ static void test_no_profile_and_bad_backend(void **state)
     assert_int_equal(fy_actrun_plan(&in, &r), -EINVAL);
 }
 
+/* Clipping's schedules with every block kept and a slow AdamW (it binds): two passes add the norm
+ * pass, a phase of its own that no update overlaps, to the unclipped step; one pass moves AdamW
+ * under the next forward, which it outlasts, and beats two. */
+static void test_clipped_steps(void **state)
+{
+    (void)state;
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e15, 1u << 20, 1ull << 40);
+    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    in.rates.opt_params = 2e8;
+    struct fy_actrun none, two, one;
+    assert_int_equal(fy_actrun_plan(&in, &none), 0);
+    assert_int_equal(none.keep, (int)c.n_layer);
+    assert_true(none.norm_s == 0);
+    in.clip = 1;
+    assert_int_equal(fy_actrun_plan(&in, &two), 0);
+    assert_true(two.norm_s >= c.n_layer * p.bwd_s);
+    assert_float_equal(two.predicted_s, none.predicted_s + two.norm_s, 1e-12);
+    in.clip_hold = 1;
+    assert_int_equal(fy_actrun_plan(&in, &one), 0);
+    assert_true(one.norm_s == 0);
+    assert_true(one.predicted_s >= none.predicted_s);
+    assert_true(one.predicted_s < two.predicted_s);
+    fy_actrun_free(&none);
+    fy_actrun_free(&two);
+    fy_actrun_free(&one);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -285,6 +313,7 @@ int main(void)
         cmocka_unit_test(test_fused_fc_gelu_together),
         cmocka_unit_test(test_forced_modes),
         cmocka_unit_test(test_no_profile_and_bad_backend),
+        cmocka_unit_test(test_clipped_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -209,7 +209,7 @@ static void test_clip_modes(void **state)
     /* AdamW (1e6 parameters a second here) binds: after the backward it adds to 3/4 of the compute */
     assert_float_equal(one.predicted.step_s, 0.75 * one.predicted.gpu_s + one.predicted.opt_s,
                        1e-12);
-    assert_string_equal(one.predicted.bound, "backward, then the optimizer");
+    assert_string_equal(one.predicted.bound, "the norm, then the optimizer");
     assert_int_equal(one.n_regions, 8);
     assert_string_equal(one.regions[7].name, "gradhold");
     assert_int_equal(one.regions[7].bytes, 2 * BLOCK_SECTION);
@@ -227,13 +227,23 @@ static void test_clip_modes(void **state)
     fy_plan_clip_describe(&in, &autop, said, sizeof said);
     assert_non_null(strstr(said, ", and no --cpu-mem allows it"));
     fy_plan_free(&autop);
-    /* with room (a cap far above the state): the faster by the rates; here AdamW binds, and after
-     * the backward it costs more than a second backward (two), unless it is fast (one) */
+    /* with room (a cap far above the state): the faster by the rates. Here AdamW binds: one pass
+     * runs it after the backward, two passes after the norm pass, which costs the second pass's
+     * forward share more; with a fast AdamW, one pass saves the second backward */
     in.cpu_mem = 1ull << 30;
     assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
     assert_int_equal(autop.kept, 4);
-    assert_false(autop.place.grad_hold);
+    assert_true(autop.place.grad_hold);
+    in.clip_mode = FY_CLIP_TWO_PASS;
+    struct fy_plan twice;
+    assert_int_equal(fy_plan_make(&in, NULL, &twice), 0);
+    assert_true(autop.predicted.step_s < twice.predicted.step_s);
+    assert_string_equal(twice.predicted.bound, "the norm, then the optimizer");
+    /* the norm pass (the second pass's compute) alone, then AdamW under the rest */
+    assert_float_equal(twice.predicted.step_s, one.predicted.gpu_s + twice.predicted.opt_s, 1e-12);
+    fy_plan_free(&twice);
     fy_plan_free(&autop);
+    in.clip_mode = FY_CLIP_AUTO;
     in.rates.opt_params = in.rates.opt_by_format[0] = 1e12;
     assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
     assert_true(autop.place.grad_hold);

@@ -227,10 +227,15 @@ static void test_clip_mode_auto(void **state)
     const char *tight[] = {XL, "8G", "--clip-mode", "one-pass", NULL};
     assert_int_equal(fy_test_launch_in(f, tight, 60), 1);
     assert_true(fy_test_file_contains(f->log, "train would refuse it"));
-    /* with room for both, the faster by the plan's rates: at B 64 one pass (AdamW after the
-     * backward costs less than a second backward of 64 sequences) */
+    /* with room for both, the faster by the plan's rates: one pass, at B 64 (AdamW after the
+     * backward costs less than a second backward of 64 sequences) and at B 16 (AdamW binds
+     * either way: two passes run it after the norm pass, and the forward after it) */
     const char *b64[] = {XL, "60G", "--batch", "64", NULL};
     assert_int_equal(fy_test_launch_in(f, b64, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass: the blocks' "
+                                              "gradients (4.5 GiB) held in the pool"));
+    const char *b16[] = {XL, "60G", NULL};
+    assert_int_equal(fy_test_launch_in(f, b16, 60), 0);
     assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass: the blocks' "
                                               "gradients (4.5 GiB) held in the pool"));
 #undef XL
