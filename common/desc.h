@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define FY_DESC_MAGIC 0x53445946u /* "FYDS" */
-#define FY_DESC_VERSION 2
+#define FY_DESC_VERSION 3
 #define FY_DESC_WIRE_BYTES 64
 /* Most descriptors one message may carry (an optimizer step names up to eight regions: the
  * gradient, an int8 state's five sections, a weights copy and a row list). */
@@ -65,11 +65,14 @@ enum fy_op {
     FY_OP_GPT_EMBED_FWD = 11, /* tokens, embed weights -> x0 */
     FY_OP_GPT_BLOCK_FWD = 12, /* block weights, x -> y */
     FY_OP_GPT_HEAD = 13,      /* x, targets, final and embed weights [-> dx, dfinal, dembed]; loss */
-    FY_OP_GPT_BLOCK_BWD = 14, /* block weights, x, dy -> dx, dparams */
+    FY_OP_GPT_BLOCK_BWD = 14, /* block weights, x, dy -> dx, dparams (and where the dparams
+                                 part's arg is k > 0, also held on the device in buffer k - 1) */
     FY_OP_GPT_EMBED_BWD = 15, /* tokens, dx0 -> dembed += */
     FY_OP_OPT_SUMSQ = 16,     /* opt: sum of squares of the GRAD part, for global-norm clipping */
     FY_OP_GPT_PROFILE = 17,   /* gpu: measure a block (struct fy_block_profile of gpu_worker/
                                  backend.h) into the second part, copying through the first */
+    FY_OP_GPT_GRAD_SEND = 18, /* gpu: block gradient held on the device (buffer `arg` of its
+                                 GRAD part) -> that region (one-pass clipping) */
     FY_OP_COUNT
 };
 

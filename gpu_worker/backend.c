@@ -20,6 +20,7 @@ struct fy_backend {
     void *registered;
     char device[128];
     int queued; /* gpt calls return once queued (fy_backend_model_set_queued) */
+    int holds;  /* gradient buffers held on the device (fy_backend_model_hold) */
 };
 
 int fy_backend_cuda_built(void)
@@ -229,6 +230,39 @@ int fy_backend_model_block_backward(struct fy_backend *b, int layer, const void 
 {
     return completed(b, b->ops->model_block_backward(b->state, layer, params, x, dy, dx, dparams,
                                                    saved));
+}
+
+int fy_backend_model_hold(struct fy_backend *b, int count)
+{
+    FY_REQUIRE(b->ops->model_hold != NULL, -ENOTSUP,
+               "the %s backend cannot hold gradients on its device: use --clip-hold pool",
+               b->ops->name);
+    FY_REQUIRE(count > 0 && b->holds == 0, -EINVAL,
+               "backend: holding %d gradients (%d held already): once, at least one", count,
+               b->holds);
+    FY_TRY(b->ops->model_hold(b->state, count));
+    b->holds = count;
+    return 0;
+}
+
+/* Slot `slot` of the held gradients, said when there is none. */
+static int hold_slot(const struct fy_backend *b, int slot)
+{
+    FY_REQUIRE(slot >= 0 && slot < b->holds, -EINVAL,
+               "backend: held gradient %d of %d: outside the buffers taken", slot, b->holds);
+    return 0;
+}
+
+int fy_backend_model_hold_last(struct fy_backend *b, int slot)
+{
+    FY_TRY(hold_slot(b, slot));
+    return b->ops->model_hold_last(b->state, slot);
+}
+
+int fy_backend_model_hold_send(struct fy_backend *b, int slot, float *dparams)
+{
+    FY_TRY(hold_slot(b, slot));
+    return completed(b, b->ops->model_hold_send(b->state, slot, dparams));
 }
 
 int fy_backend_model_keep(struct fy_backend *b, int max_layers)

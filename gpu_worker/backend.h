@@ -110,6 +110,17 @@ struct fy_backend_ops {
      * bits, half the bytes uploaded. The CPU backend widens them and computes in f32: the results
      * of weights rounded to bf16 first. NULL: f32 only. */
     int (*model_weights_bf16)(void *state, int on);
+    /* One-pass clipping with the blocks' gradients held on the device until the norm is known.
+     * model_hold takes `count` buffers of a block's f32 gradient (after model_prepare, before
+     * model_swap and model_keep, so they come before any kept set; -ENOMEM, said, where they do not
+     * fit). model_hold_last keeps the gradient of the block backward made just before (queued or
+     * complete, before any other model call) in buffer `slot` as well. model_hold_send copies
+     * buffer `slot` into the host buffer `dparams` (a block's f32 gradient), a call queued and
+     * finished like the model calls above, after every call made before it. NULL: the backend
+     * cannot hold gradients. */
+    int (*model_hold)(void *state, int count);
+    int (*model_hold_last)(void *state, int slot);
+    int (*model_hold_send)(void *state, int slot, float *dparams);
 };
 
 #define FY_BACKEND_QUEUE 2
@@ -152,6 +163,11 @@ int fy_backend_model_block_forward(struct fy_backend *b, int layer, const void *
 int fy_backend_model_block_backward(struct fy_backend *b, int layer, const void *params,
                                   const void *x, const void *dy, void *dx, float *dparams,
                                   const struct fy_block_saved *saved);
+/* Gradients held on the device (see model_hold): -ENOTSUP (said) for a backend without; slot
+ * outside 0..count-1: -EINVAL (said). */
+int fy_backend_model_hold(struct fy_backend *b, int count);
+int fy_backend_model_hold_last(struct fy_backend *b, int slot);
+int fy_backend_model_hold_send(struct fy_backend *b, int slot, float *dparams);
 /* Blocks whose internals the backend keeps (see model_keep); 0 where it always recomputes. */
 int fy_backend_model_keep(struct fy_backend *b, int max_layers);
 /* Readies swapping (see model_swap); 0 where the backend needs nothing. */

@@ -19,6 +19,7 @@ struct fy_gptexec {
     uint64_t act_bytes, tok_bytes;
     struct fy_actplan_sizes saved_sizes; /* of the kinds in saved regions, the backend's layout */
     int queues; /* the backend queues calls (fy_backend_model_set_queued) */
+    int holds;  /* block gradients held on the device (train.grad_hold) */
     /* requests queued on the backend, oldest at `first`: where a head's loss lands */
     struct {
         int head;
@@ -81,6 +82,14 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
         rc = fy_config_get_u64(cfg, "train.act_swap", 0, 0, &swap);
     if (rc == 0 && mode == FY_ACTPLAN_AUTO)
         rc = fy_config_get_u64(cfg, "train.act_keep", 0, e->cfg.n_layer, &keep);
+    /* train.grad_hold: one-pass clipping holds this many block gradients on the device, taken
+     * before the swap and kept sets */
+    uint64_t hold = 0;
+    if (rc == 0)
+        rc = fy_config_get_u64(cfg, "train.grad_hold", 0, e->cfg.n_layer, &hold);
+    if (rc == 0 && hold > 0)
+        rc = fy_backend_model_hold(backend, (int)hold);
+    e->holds = (int)hold;
     if (rc == 0 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap))
         rc = fy_backend_model_swap(backend);
     if (rc == 0 && plan != NULL && mode == FY_ACTPLAN_AUTO) {
@@ -117,7 +126,8 @@ void fy_gptexec_destroy(struct fy_gptexec **ep)
 
 int fy_gptexec_handles(int op)
 {
-    return (op >= FY_OP_GPT_EMBED_FWD && op <= FY_OP_GPT_EMBED_BWD) || op == FY_OP_GPT_PROFILE;
+    return (op >= FY_OP_GPT_EMBED_FWD && op <= FY_OP_GPT_EMBED_BWD) || op == FY_OP_GPT_PROFILE ||
+           op == FY_OP_GPT_GRAD_SEND;
 }
 
 /* The saved parts from part `first` on (none, one or two) into *saved; *any = whether there were. */
@@ -185,6 +195,19 @@ static int weights_dtype(struct fy_gptexec *e, const struct fy_desc *req, unsign
     return fy_backend_model_weight_dtype(e->backend, *dtype);
 }
 
+/* The device buffer of held gradients that part i's arg names (k > 0: buffer k - 1) into *held,
+ * -1 for none where `optional`. */
+static int held_buffer(const struct fy_gptexec *e, const struct fy_desc *req, unsigned i,
+                       int optional, int *held)
+{
+    uint64_t k = req[i].arg;
+    *held = (int)k - 1;
+    FY_REQUIRE((k == 0 && optional) || (k >= 1 && k <= (uint64_t)e->holds), -EPROTO,
+               "%s part %u: held gradient buffer %llu, but the worker holds %d (train.grad_hold)",
+               fy_op_name(req[0].op), i, (unsigned long long)k, e->holds);
+    return 0;
+}
+
 static int check_tokens(const int32_t *tok, size_t n, uint32_t vocab, int allow_ignored,
                         const char *what)
 {
@@ -209,7 +232,7 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
     const int A = FY_KIND_ACTIVATION, G = FY_KIND_GRAD, W = FY_KIND_WEIGHTS, K = FY_KIND_TOKENS;
     const int F32 = FY_DTYPE_F32, I32 = FY_DTYPE_I32, ACT = e->act_dtype;
     void *p[7];
-    int layer = req[0].layer, WT;
+    int layer = req[0].layer, WT, held;
     size_t wsize;
     switch (req[0].op) {
     case FY_OP_GPT_EMBED_FWD:
@@ -239,8 +262,17 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_TRY(part(pool, req, n, 3, G, ACT, e->act_bytes, &p[3]));
         FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
         FY_TRY(saved_parts(e, pool, req, n, 5, &saved, &any));
-        return fy_backend_model_block_backward(e->backend, layer, p[0], p[1], p[2], p[3], p[4],
-                                             any ? &saved : NULL);
+        FY_TRY(held_buffer(e, req, 4, 1, &held));
+        FY_TRY(fy_backend_model_block_backward(e->backend, layer, p[0], p[1], p[2], p[3], p[4],
+                                               any ? &saved : NULL));
+        return held >= 0 ? fy_backend_model_hold_last(e->backend, held) : 0;
+    case FY_OP_GPT_GRAD_SEND:
+        FY_REQUIRE(n == 1 && layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
+                   "gpt-grad-send takes one part for a block (1..%u), got %u for layer %d",
+                   c->n_layer, n, layer);
+        FY_TRY(part(pool, req, n, 0, G, F32, block_bytes, &p[0]));
+        FY_TRY(held_buffer(e, req, 0, 0, &held));
+        return fy_backend_model_hold_send(e->backend, held, p[0]);
     case FY_OP_GPT_HEAD: {
         FY_REQUIRE(n == 4 || n == 7, -EPROTO, "gpt-head takes 4 parts (loss) or 7 (with gradients), got %u", n);
         FY_TRY(part(pool, req, n, 0, A, ACT, e->act_bytes, &p[0]));

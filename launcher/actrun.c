@@ -108,6 +108,8 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     /* the head (forward and backward in one request): its gradients come home in the forward */
     uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4;
     fwd->d2h += act + unit_f32(c, L + 1) + wte;
+    if (hold && in->clip_hold == FY_HOLD_GPU) /* the held gradients sent for their updates */
+        fwd->d2h += L * unit_f32(c, 1);
     double head_flops = 6.0 * N * c->n_embd * c->vocab;
     double rate = p->flops_per_s > 0 ? HEAD_RATE_SHARE * p->flops_per_s : INFINITY;
     fwd->gpu_s = keep * p->fwd_s + head_flops / rate;

@@ -38,7 +38,8 @@ struct fy_actrun_in {
     const char *backend;                /* "cpu" or "cuda": the saved regions' layout */
     const struct fy_block_profile *prof;  /* auto: the measured block; NULL: none */
     int act_dtype, clip;
-    int clip_hold;                      /* clipping in one pass (struct fy_plan_place.grad_hold) */
+    int clip_hold;                      /* clipping in one pass: where the gradients are held
+                                           (struct fy_plan_place.grad_hold: FY_HOLD_POOL, _GPU) */
     const unsigned char *resident;      /* units whose optimizer state stays in the pool */
     struct fy_plan_rates rates;        /* the SSD's and the optimizer's */
     int ssd_rates_from_steps;           /* rates.ssd_* are a past session's steps' (else the

@@ -389,6 +389,9 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
                             act->keep < 0 ? (int)t->model.n_layer : act->keep);
     if (rc == 0)
         rc = fy_config_setf(t->cfg, "train.act_swap", "%d", act->swap_sets);
+    if (rc == 0) /* one pass's gradients held in the GPU arena, a buffer per block */
+        rc = fy_config_setf(t->cfg, "train.grad_hold", "%u",
+                            t->plan.place.grad_hold == FY_HOLD_GPU ? t->model.n_layer : 0);
     if (rc == 0)
         rc = fy_planact_save(&t->act);
     return rc;
@@ -480,7 +483,7 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
         .eval_every = o->eval_every, .eval_batches = o->eval_batches,
         .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
         .overlap = o->overlap, .resident = p->resident, .clip_grad_norm = o->clip_grad_norm,
-        .ckpt_ssd = p->place.ckpt_slots != 0, .act_ahead = (unsigned)o->act_ahead,
+        .grad_hold_gpu = p->place.grad_hold == FY_HOLD_GPU, .ckpt_ssd = p->place.ckpt_slots != 0, .act_ahead = (unsigned)o->act_ahead,
         .act_dtype = t->plan_in.shape.act_dtype, .act_place = act->place,
         .saved_sizes = act->sizes, .stop = &train_stop, .plan_step_s = act->predicted_s,
         .plan_ssd_read = act_in->rates.ssd_read, .plan_ssd_write = act_in->rates.ssd_write,

@@ -154,17 +154,25 @@ static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_
     const char *over = p->fits_gpu ? "" : " (DOES NOT FIT)";
     if (!p->gpu_modelled) {
         fprintf(out, "plan: GPU memory: not modelled for the %s backend\n", in->plan.backend);
-    } else if (forced(in)) {
-        fprintf(out, "plan: GPU: working buffers %s and %d swap sets of %s (one per call in "
-                "flight) of --gpu-mem %s%s\n", size(p->gpu_working), FY_BACKEND_QUEUE,
+        return;
+    }
+    /* one-pass clipping's gradients held in the arena (in gpu_need) */
+    uint64_t hold = p->gpu_need - p->gpu_working -
+                    (forced(in) ? FY_BACKEND_QUEUE * p->gpu_set : 0);
+    char held[96] = "";
+    if (hold > 0)
+        snprintf(held, sizeof held, ", the blocks' gradients %s (one-pass clipping)", size(hold));
+    if (forced(in)) {
+        fprintf(out, "plan: GPU: working buffers %s%s and %d swap sets of %s (one per call in "
+                "flight) of --gpu-mem %s%s\n", size(p->gpu_working), held, FY_BACKEND_QUEUE,
                 size(p->gpu_set), budget, over);
     } else {
         uint64_t gpu_mem = in->plan.gpu_mem;
-        uint64_t room = gpu_mem > p->gpu_working ? gpu_mem - p->gpu_working : 0;
+        uint64_t room = gpu_mem > p->gpu_working + hold ? gpu_mem - p->gpu_working - hold : 0;
         uint64_t keep = p->gpu_set > 0 ? room / p->gpu_set : 0;
-        fprintf(out, "plan: GPU: working buffers %s of --gpu-mem %s%s; a block's internals %s, "
+        fprintf(out, "plan: GPU: working buffers %s%s of --gpu-mem %s%s; a block's internals %s, "
                 "so --act-plan auto can keep up to %llu of %u blocks\n", size(p->gpu_working),
-                budget, over, size(p->gpu_set),
+                held, budget, over, size(p->gpu_set),
                 (unsigned long long)(keep < c->n_layer ? keep : c->n_layer), c->n_layer);
     }
 }

@@ -263,6 +263,18 @@ static int parse_clip_mode(struct fy_options *o, const char *v)
     return -EINVAL;
 }
 
+static int parse_clip_hold(struct fy_options *o, const char *v)
+{
+    static const char *const places[] = {"auto", "pool", "gpu"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(v, places[i]) == 0) {
+            o->clip_hold = i; /* FY_HOLD_AUTO, _POOL, _GPU */
+            return 0;
+        }
+    fprintf(stderr, "fuyou-launch: --clip-hold %s: give auto, pool or gpu\n", v);
+    return -EINVAL;
+}
+
 static int parse_lr_schedule(struct fy_options *o, const char *v)
 {
     enum fy_lr_schedule schedule;
@@ -506,6 +518,11 @@ static const struct opt_spec specs[] = {
      "gradient in the pool through the backward and updates after it; two-pass runs the "
      "backward twice; auto: one-pass where the --cpu-mem given holds the gradients and the plan "
      "predicts it no slower (auto)"},
+    {"clip-hold", "auto|pool|gpu", PLANS, K_PARSE, 0, 0, parse_clip_hold,
+     "where one-pass clipping holds the blocks' gradients: the pool (4 bytes a block parameter "
+     "of --cpu-mem), or the GPU arena (of --gpu-mem; each sent to the pool when its update "
+     "runs); auto: the pool where it has room beside the kept state, else the GPU where it has "
+     "room (auto)"},
     {"eval-every", "N", TRAINS, K_SIZE, U64(eval_every), 0, NULL,
      "held-out loss every N steps and at the end (50)"},
     {"eval-batches", "N", TRAINS, K_SIZE, U64(eval_batches), 0, NULL,

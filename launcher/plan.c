@@ -240,7 +240,7 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     out[i++] = (struct fy_pool_region_spec){
         "grads", slot + grad_slots * block_slot_bytes(c) + (s->clip ? dfinal_bytes(c) : 0)};
     out[i++] = (struct fy_pool_region_spec){"state", 2 * fy_optstate_max_bytes(c)};
-    if (s->clip && p->grad_hold) /* one-pass clipping's held block gradients */
+    if (s->clip && p->grad_hold == FY_HOLD_POOL) /* one-pass clipping's held block gradients */
         out[i++] = (struct fy_pool_region_spec){"gradhold", fy_plan_hold_bytes(c)};
     uint64_t kept = fy_plan_resident_bytes(c, p->resident);
     if (kept > 0) /* optimizer state that stays in the pool across steps */
@@ -380,6 +380,8 @@ static void pcie_bytes(const struct fy_plan_shape *s, const struct fy_plan_place
                   (act + tok + head_up) + passes * (blocks_up + L * 2 * act + (tok + embed + act));
     out->from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
     out->from_gpu += p->swap.host_bytes + p->swap.ssd_bytes;
+    if (s->clip && p->grad_hold == FY_HOLD_GPU) /* held on the GPU: sent once more, to update */
+        out->from_gpu += L * block;
     out->to_gpu += passes * (p->swap.host_bytes + p->swap.ssd_bytes);
 }
 
@@ -534,35 +536,63 @@ uint64_t fy_plan_hold_bytes(const struct fy_model_config *c)
     return (uint64_t)c->n_layer * block_slot_bytes(c);
 }
 
-/* With clipping and --clip-mode auto, one backward pass or two (p->place.grad_hold): one
- * pass where the pool with the held gradients fits --cpu-mem and the step it predicts is no longer
- * than two passes' (else the pool one pass would take, or 0 where it fits but is slower, for the
- * plan to say). Without --cpu-mem, two: the held gradients are 4 bytes a parameter of pinned
- * memory (27 GiB at 7B) that no budget allowed. One pass leaves the gradient slots unused but for the embeddings' and the final
- * unit's. */
+/* Room in the GPU arena for one pass's held gradients beside what the plan needs there: within
+ * the --gpu-mem given where the backend's memory is modelled (without one, the arena is sized to
+ * the working buffers alone); the CPU backend holds them in the gpu worker's own memory. */
+static int hold_fits_gpu(const struct fy_plan_in *in)
+{
+    const struct fy_plan_shape *s = &in->shape;
+    uint64_t working, set;
+    if (in->backend == NULL)
+        return 0;
+    if (!fy_backend_gpu_bytes(in->backend, s->c, s->B, s->T, &working, &set))
+        return 1;
+    int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
+    uint64_t need = working + (forced ? FY_BACKEND_QUEUE * set : 0) + fy_plan_hold_bytes(s->c);
+    return in->gpu_mem > 0 && need <= in->gpu_mem;
+}
+
+/* With clipping and --clip-mode auto, one backward pass or two (p->place.grad_hold), where one
+ * pass is predicted no slower than two: the gradients held in the pool where it has room for them
+ * beside the kept state within --cpu-mem (--clip-hold auto or pool); else in the GPU arena where it
+ * has room (auto or gpu); else, with --cpu-mem, in the pool in place of some kept units' state
+ * where that is predicted faster than two passes keeping them (auto or pool). Without --cpu-mem,
+ * not in the pool: 4 bytes a parameter of pinned memory (27 GiB at 7B) that no budget allowed.
+ * One pass in the pool leaves the gradient slots unused but for the embeddings' and the final
+ * unit's. What did not fit is kept for the plan to say (one_pass_pool_bytes, one_pass_gpu_short). */
 static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
 {
     if (!in->shape.clip || in->clip_mode != FY_CLIP_AUTO)
         return; /* one-pass: planned before the kept state */
     struct fy_plan_place one = p->place;
-    one.grad_hold = 1;
-    uint64_t bytes = pool_bytes(&in->shape, &one);
     struct fy_plan_prediction once, twice;
     fy_plan_predict(&in->shape, &p->place, &in->rates, &twice);
-    if (in->cpu_mem == 0) { /* no budget: the pool is not grown by it */
+    if (in->clip_hold != FY_CLIP_HOLD_GPU) {
+        one.grad_hold = FY_HOLD_POOL;
+        uint64_t bytes = pool_bytes(&in->shape, &one);
+        if (in->cpu_mem != 0 && bytes <= in->cpu_mem) {
+            fy_plan_predict(&in->shape, &one, &in->rates, &once);
+            p->place.grad_hold = once.step_s <= twice.step_s ? FY_HOLD_POOL : FY_HOLD_NONE;
+            return;
+        }
         p->one_pass_pool_bytes = bytes;
-        return;
     }
-    if (bytes <= in->cpu_mem) {
-        fy_plan_predict(&in->shape, &one, &in->rates, &once);
-        p->place.grad_hold = once.step_s <= twice.step_s;
-        return;
+    if (in->clip_hold != FY_CLIP_HOLD_POOL) {
+        one.grad_hold = FY_HOLD_GPU;
+        if (hold_fits_gpu(in)) {
+            fy_plan_predict(&in->shape, &one, &in->rates, &once);
+            p->place.grad_hold = once.step_s <= twice.step_s ? FY_HOLD_GPU : FY_HOLD_NONE;
+            p->one_pass_pool_bytes = 0;
+            return;
+        }
+        p->one_pass_gpu_short = 1;
     }
+    if (in->clip_hold == FY_CLIP_HOLD_GPU || in->cpu_mem == 0)
+        return;
     /* no room beside the kept state: one pass with the held gradients planned first, fewer units
      * kept, where that is predicted faster than two passes with them all */
     unsigned units = fy_model_unit_count(in->shape.c), kept = p->kept;
     unsigned char *was = malloc(units);
-    p->one_pass_pool_bytes = bytes;
     if (was == NULL) /* two passes, as planned */
         return;
     memcpy(was, p->resident, units);
@@ -570,7 +600,7 @@ static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
     unclipped.clip = 0;
     struct fy_plan_prediction none;
     fy_plan_predict(&unclipped, &p->place, &in->rates, &none); /* with every unit kept that fits */
-    p->place.grad_hold = 1;
+    p->place.grad_hold = FY_HOLD_POOL;
     unsigned fewer = plan_resident(in, p);
     fy_plan_predict(&in->shape, &p->place, &in->rates, &once);
     if (pool_bytes(&in->shape, &p->place) <= in->cpu_mem && once.step_s < twice.step_s) {
@@ -579,9 +609,10 @@ static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
         p->two_pass_step_s = twice.step_s;
         p->unclipped_step_s = none.step_s;
         p->one_pass_pool_bytes = 0;
+        p->one_pass_gpu_short = 0;
     } else {
         memcpy(p->resident, was, units);
-        p->place.grad_hold = 0;
+        p->place.grad_hold = FY_HOLD_NONE;
     }
     free(was);
 }
@@ -595,7 +626,9 @@ void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p,
     struct fy_plan_shape unclipped = in->shape;
     unclipped.clip = 0;
     struct fy_plan_place other = p->place;
-    other.grad_hold = !p->place.grad_hold;
+    other.grad_hold = p->place.grad_hold                 ? FY_HOLD_NONE
+                      : in->clip_hold == FY_CLIP_HOLD_GPU ? FY_HOLD_GPU
+                                                          : FY_HOLD_POOL;
     struct fy_plan_prediction none, alt;
     fy_plan_predict(&unclipped, &p->place, &in->rates, &none);
     fy_plan_predict(&in->shape, &other, &in->rates, &alt);
@@ -613,15 +646,27 @@ void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p,
                  p->clip_kept_fewer, p->two_pass_step_s);
     else if (p->place.grad_hold)
         snprintf(how, sizeof how, "one backward pass%s: the blocks' gradients (%s) held in the "
-                 "pool until the norm is known, the updates after the backward, under the next "
-                 "forward (two passes: %.4g s)", why, hold, alt.step_s);
-    else if (p->one_pass_pool_bytes > 0) {
+                 "%s until the norm is known, the updates after the backward, under the next "
+                 "forward (two passes: %.4g s)", why, hold,
+                 p->place.grad_hold == FY_HOLD_GPU ? "GPU arena (each sent to the pool for its "
+                                                     "update)"
+                                                   : "pool",
+                 alt.step_s);
+    else if (p->one_pass_pool_bytes > 0 || p->one_pass_gpu_short) {
+        char pool[160] = "", gpu[160] = "";
         fy_format_size(p->one_pass_pool_bytes, need, sizeof need);
         fy_format_size(in->cpu_mem, cap, sizeof cap);
+        if (p->one_pass_pool_bytes > 0)
+            snprintf(pool, sizeof pool, ", a pool of %s, and %s%s", need,
+                     in->cpu_mem ? "--cpu-mem is " : "no --cpu-mem allows it",
+                     in->cpu_mem ? cap : "");
+        if (p->one_pass_gpu_short) {
+            fy_format_size(in->gpu_mem, cap, sizeof cap);
+            snprintf(gpu, sizeof gpu, "%s the GPU arena has no room for them beside its working "
+                     "buffers (--gpu-mem %s)", pool[0] ? ";" : ",", in->gpu_mem ? cap : "not given");
+        }
         snprintf(how, sizeof how, "two backward passes, the first for the norm alone: one pass "
-                 "would hold the blocks' gradients (%s), a pool of %s, and %s%s", hold, need,
-                 in->cpu_mem ? "--cpu-mem is " : "no --cpu-mem allows it",
-                 in->cpu_mem ? cap : "");
+                 "would hold the blocks' gradients (%s)%s%s", hold, pool, gpu);
     } else
         snprintf(how, sizeof how, "two backward passes%s, the first for the norm alone (one pass, "
                  "the updates after the backward: %.4g s)", why, alt.step_s);
@@ -653,7 +698,8 @@ static void plan_gpu(const struct fy_plan_in *in, struct fy_plan *p)
                       fy_backend_gpu_bytes(in->backend, s->c, s->B, s->T, &p->gpu_working,
                                            &p->gpu_set);
     if (p->gpu_modelled)
-        p->gpu_need = p->gpu_working + (forced ? FY_BACKEND_QUEUE * p->gpu_set : 0);
+        p->gpu_need = p->gpu_working + (forced ? FY_BACKEND_QUEUE * p->gpu_set : 0) +
+                      (s->clip && p->place.grad_hold == FY_HOLD_GPU ? fy_plan_hold_bytes(s->c) : 0);
     p->fits_gpu = !p->gpu_modelled || in->gpu_mem == 0 || p->gpu_need <= in->gpu_mem;
 }
 
@@ -668,8 +714,10 @@ int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, s
     int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
     if (forced && acts != NULL) /* placed whatever the room; the residency plans around them */
         FY_TRY(acts->place(acts->ctx, in, p));
-    /* --clip-mode one-pass: the held gradients before the kept state, which takes what is left */
-    p->place.grad_hold = s->clip && in->clip_mode == FY_CLIP_ONE_PASS;
+    /* --clip-mode one-pass: the held gradients in the pool before the kept state, which takes
+     * what is left, or on the GPU */
+    if (s->clip && in->clip_mode == FY_CLIP_ONE_PASS)
+        p->place.grad_hold = in->clip_hold == FY_CLIP_HOLD_GPU ? FY_HOLD_GPU : FY_HOLD_POOL;
     plan_checkpoints(in, p);
     p->kept = plan_resident(in, p);
     plan_clip_mode(in, p); /* before auto's activations, which take the room left */

@@ -109,9 +109,9 @@ struct fy_plan_place {
      * these slots (fy_plan_spill_slots) */
     unsigned ckpt_slots;
     struct fy_plan_swap swap; /* the blocks' swapped internals (all 0: none) */
-    /* with clipping: 1, one backward pass (every block's gradient held in the pool's "gradhold"
-     * region until the norm is known, the updates after the backward); 0, two passes (the first
-     * computes the norm alone) */
+    /* with clipping: FY_HOLD_POOL or _GPU, one backward pass (every block's gradient held in the
+     * pool's "gradhold" region, or in the GPU arena, until the norm is known, the updates after
+     * the backward); FY_HOLD_NONE, two passes (the first computes the norm alone) */
     int grad_hold;
 };
 
@@ -212,7 +212,12 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
  * updates after it; two passes run the backward twice, the first for the norm alone. auto: one
  * pass where the pool has room for the held gradients within --cpu-mem. */
 enum { FY_CLIP_AUTO = 0, FY_CLIP_ONE_PASS = 1, FY_CLIP_TWO_PASS = 2 };
-/* The pool bytes one-pass clipping holds the blocks' gradients in. */
+/* Where one pass holds the gradients: struct fy_plan_place.grad_hold, and --clip-hold (auto: the
+ * pool where it has room beside the kept state, else the GPU arena where it has room). */
+enum { FY_HOLD_NONE = 0, FY_HOLD_POOL = 1, FY_HOLD_GPU = 2 };
+enum { FY_CLIP_HOLD_AUTO = 0, FY_CLIP_HOLD_POOL = 1, FY_CLIP_HOLD_GPU = 2 };
+/* The bytes one-pass clipping holds the blocks' gradients in (the pool's region; the GPU
+ * arena's buffers take no more). */
 uint64_t fy_plan_hold_bytes(const struct fy_model_config *c);
 
 /* What a plan is made from: the step, the options that place things, the budgets, the rates. */
@@ -229,6 +234,7 @@ struct fy_plan_in {
     uint64_t gpu_mem;        /* the GPU arena's (0: all of it) */
     unsigned state_copies;   /* of the optimizer state in the store: 2 or 1 */
     int clip_mode;           /* --clip-mode: FY_CLIP_AUTO, _ONE_PASS or _TWO_PASS */
+    int clip_hold;           /* --clip-hold: FY_CLIP_HOLD_AUTO, _POOL or _GPU */
     struct fy_plan_rates rates;
     int say;                 /* say --ckpt-place auto's choice in the log as it is made (train) */
 };
@@ -254,6 +260,7 @@ struct fy_plan {
     /* with clipping and --clip-mode auto where one pass does not fit: the pool bytes one pass
      * would take (place.grad_hold says which was taken) */
     uint64_t one_pass_pool_bytes;
+    int one_pass_gpu_short;      /* and where the GPU arena had no room for them */
     /* with --clip-mode auto: where one pass took the room of kept state, the units it took it from
      * and two passes' predicted step with them kept */
     unsigned clip_kept_fewer;

@@ -163,6 +163,10 @@ static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
     const struct fy_arch *arch = fy_model_arch(model);
     if (arch->swaps_internals && !o->inprocess) {
         FY_TRY(profile_block(a, in, p));
+        /* one pass's gradients held in the GPU arena come before the kept internals */
+        uint64_t hold = p->place.grad_hold == FY_HOLD_GPU ? fy_plan_hold_bytes(model) : 0;
+        if (a->in.prof != NULL)
+            a->prof.gpu_free = a->prof.gpu_free > hold ? a->prof.gpu_free - hold : 0;
     } else if (in->act_mode == FY_ACTPLAN_AUTO && !arch->swaps_internals) {
         fy_info("--act-plan auto: a %s model's blocks are neither profiled nor swapped: %s",
                 arch->label, strcmp(in->backend, "cuda") == 0

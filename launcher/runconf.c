@@ -249,6 +249,6 @@ int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config 
         .grad_slots = (unsigned)o->grad_slots, .act_ahead = (unsigned)o->act_ahead,
         .ckpt_place = o->ckpt_place, .weight_dtype = fy_runconf_weight_dtype(o, backend),
         .cpu_mem = o->cpu_mem, .gpu_mem = o->gpu_mem, .state_copies = (unsigned)o->state_copies,
-        .clip_mode = o->clip_mode, .rates = fy_plan_reference_rates};
+        .clip_mode = o->clip_mode, .clip_hold = o->clip_hold, .rates = fy_plan_reference_rates};
     return fy_actplan_mode_parse(o->act_plan, &in->act_mode);
 }

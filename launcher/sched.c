@@ -221,7 +221,7 @@ static int backward_ahead(struct fy_sched *r, unsigned b)
  * for in their slots, its weights at w_off, dy in and dx out, its gradient into `grad`; then the
  * next blocks' inputs on their way. */
 static int block_backward_issue(struct fy_sched *r, unsigned b, uint64_t w_off, uint64_t dy,
-                                uint64_t dx, uint64_t grad, struct fy_ticket *t)
+                                uint64_t dx, uint64_t grad, int hold, struct fy_ticket *t)
 {
     const struct fy_plan_layout *l = &r->l;
     uint64_t x_off = 0, s_off = 0;
@@ -235,6 +235,7 @@ static int block_backward_issue(struct fy_sched *r, unsigned b, uint64_t w_off, 
     req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dy, l->act_bytes, (int)b);
     req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
     req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, unit_bytes(l, b), (int)b);
+    req[4].arg = hold ? b : 0; /* and kept in the gpu worker's buffer b - 1 */
     FY_TRY(fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, saved_parts(r, b, op, s_off, req, 5), t));
     fy_spill_used_by(&r->ckpt, b - 1, t);
     if (r->ssd_mask[b])
@@ -275,7 +276,10 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
                o->clip_grad_norm);
     if (o->clip_grad_norm > 0) {
         r->clip = 1;
-        r->one_pass = r->l.hold != 0;
+        r->hold_gpu = o->grad_hold_gpu;
+        r->one_pass = r->l.hold != 0 || r->hold_gpu;
+        FY_REQUIRE(!(r->l.hold != 0 && r->hold_gpu), -EINVAL,
+                   "train: one-pass clipping's gradients held both in the pool and the gpu worker");
         r->dfinal = gslot(&r->l, r->l.gslots + 1);
         FY_REQUIRE(r->l.grads_bytes >= r->dfinal - r->l.grads + r->l.dfinal_bytes, -EINVAL,
                    "train: the pool has no room for clipping's final-unit gradient (made by "
@@ -326,6 +330,21 @@ void fy_sched_free(struct fy_sched *r)
     free(r->digest);
 }
 
+/* Block b's gradient, held in the gpu worker since the norm pass, to the pool at `grad`. */
+static int grad_send(struct fy_sched *r, unsigned b, uint64_t grad, struct fy_ticket *t)
+{
+    struct fy_desc d = fy_desc_region(FY_OP_GPT_GRAD_SEND, FY_KIND_GRAD, FY_DTYPE_F32, grad,
+                                      unit_bytes(&r->l, b), (int)b);
+    d.arg = b; /* the gpu worker's buffer b - 1 */
+    return fy_ticket_issue(&r->tk, FY_TICKET_GPU, &d, 1, t);
+}
+
+/* Whether unit u's gradient is held in the gpu worker (a block, with r->hold_gpu). */
+static int held_on_gpu(const struct fy_sched *r, unsigned u)
+{
+    return r->hold_gpu && u >= 1 && u <= r->l.c->n_layer;
+}
+
 static int state_read(struct fy_sched *r, unsigned u, unsigned s, struct fy_ticket *t);
 static int state_write(struct fy_sched *r, unsigned u, unsigned s, struct fy_ticket *t);
 static int opt_enqueue_scaled(struct fy_sched *r, unsigned u, unsigned s, uint64_t grad,
@@ -347,6 +366,9 @@ static int forward_read(struct fy_sched *r, unsigned u, unsigned slot, struct fy
         FY_TRY(fy_ticket_wait(&r->tk, &g[last], NULL));
     FY_TRY(fy_ticket_wait(&r->tk, &fws[s], NULL));
     FY_TRY(state_read(r, u, s, t));
+    /* grads slot 1 + s: its last block's update (forward_update) was waited for */
+    if (held_on_gpu(r, u))
+        FY_TRY(grad_send(r, u, gslot(&r->l, 1 + s), &r->gsend[s]));
     r->wslot_unit[slot] = (int)u;
     r->wslot_off[slot] = master_at(r->l.c, u, r->state_off[s]);
     return 0;
@@ -357,7 +379,12 @@ static int forward_read(struct fy_sched *r, unsigned u, unsigned slot, struct fy
 static int forward_update(struct fy_sched *r, unsigned b, struct fy_ticket *fws)
 {
     unsigned s = b & 1;
-    FY_TRY(opt_enqueue_scaled(r, b, s, clipped_grad(r, b), r->deferred_step, r->deferred_lr,
+    uint64_t grad = clipped_grad(r, b);
+    if (held_on_gpu(r, b)) { /* sent by forward_read */
+        FY_TRY(fy_ticket_wait(&r->tk, &r->gsend[s], NULL));
+        grad = gslot(&r->l, 1 + s);
+    }
+    FY_TRY(opt_enqueue_scaled(r, b, s, grad, r->deferred_step, r->deferred_lr,
                               r->deferred_scale));
     FY_TRY(fy_optq_settle(&r->opt, b));
     FY_TRY(state_write(r, b, s, &fws[s]));
@@ -692,7 +719,7 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
                 rc = fy_optq_take_gslot(&r->opt, b, &slot_of[b]);
             if (rc == 0) {
                 rc = block_backward_issue(r, b, w_off, dact_at(l, *cur), dact_at(l, *cur ^ 1),
-                                          gslot(l, slot_of[b]), &g[b]);
+                                          gslot(l, slot_of[b]), 0, &g[b]);
             }
             *cur ^= 1;
             if (rc == 0 && b == 1 && embed) /* the early part reads the gradient this rewrites */
@@ -761,11 +788,12 @@ static int sumsq_wait(struct fy_sched *r, struct fy_ticket *t, double *out)
 }
 
 /* Where block b's gradient goes in a norm pass: its own place in the gradhold region (one-pass
- * clipping: kept for its update), else grads slots 1 and 2 in turn. */
+ * clipping in the pool: kept for its update), else grads slots 1 and 2 in turn (with the
+ * gradients held in the gpu worker, also where each comes back for its update: grad_send). */
 static uint64_t norm_grad(const struct fy_sched *r, unsigned b)
 {
-    return r->one_pass ? r->l.hold + (uint64_t)(b - 1) * r->l.bslot_bytes
-                       : gslot(&r->l, 1 + (b & 1));
+    return r->one_pass && !r->hold_gpu ? r->l.hold + (uint64_t)(b - 1) * r->l.bslot_bytes
+                                       : gslot(&r->l, 1 + (b & 1));
 }
 
 /* A backward pass that sums the gradients' squares, after the forward (whose head request ran the
@@ -801,10 +829,10 @@ static int norm_pass(struct fy_sched *r, double *total)
         rc = fy_ticket_wait(&r->tk, &rw[b], NULL);
         if (rc == 0)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
-        if (rc == 0 && b + 2 <= L && !r->one_pass)
+        if (rc == 0 && b + 2 <= L && (!r->one_pass || r->hold_gpu))
             rc = sumsq_wait(r, &sq[b + 2], &part[b + 2]); /* its gradient slot */
         if (rc == 0)
-            rc = block_backward_issue(r, b, w_off, dy, dx, norm_grad(r, b), &g[b]);
+            rc = block_backward_issue(r, b, w_off, dy, dx, norm_grad(r, b), r->hold_gpu, &g[b]);
         dy = dx;
         /* block b+1's gradient is complete: its squares, and its weights slot is free for block
          * b-depth */
@@ -1010,22 +1038,32 @@ static int update_streamed(struct fy_sched *r, int deferred, uint64_t step, doub
                            double scale)
 {
     unsigned fin = r->l.c->n_layer + 1, slot = 0;
-    struct fy_ticket rs[2] = {{0}}, ws[2] = {{0}};
+    struct fy_ticket rs[2] = {{0}}, ws[2] = {{0}}, gs[2] = {{0}};
     int rc = 0;
     unsigned u = next_to_update(r, 0, deferred);
     if (u <= fin)
         rc = state_read(r, u, 0, &rs[0]);
+    if (rc == 0 && u <= fin && held_on_gpu(r, u)) /* its gradient into grads slot 1 */
+        rc = grad_send(r, u, gslot(&r->l, 1), &gs[0]);
     while (rc == 0 && u <= fin) {
         unsigned next = next_to_update(r, u + 1, deferred), other = slot ^ 1;
         if (next <= fin) {
             rc = fy_ticket_wait(&r->tk, &ws[other], NULL);
             if (rc == 0)
                 rc = state_read(r, next, other, &rs[other]);
+            /* grads slot 1 + other: its last unit's update was waited for */
+            if (rc == 0 && held_on_gpu(r, next))
+                rc = grad_send(r, next, gslot(&r->l, 1 + other), &gs[other]);
         }
         if (rc == 0)
             rc = fy_ticket_wait(&r->tk, &rs[slot], NULL);
+        uint64_t grad = clipped_grad(r, u);
+        if (rc == 0 && held_on_gpu(r, u)) {
+            rc = fy_ticket_wait(&r->tk, &gs[slot], NULL);
+            grad = gslot(&r->l, 1 + slot);
+        }
         if (rc == 0)
-            rc = opt_enqueue_scaled(r, u, slot, clipped_grad(r, u), step, lr, scale);
+            rc = opt_enqueue_scaled(r, u, slot, grad, step, lr, scale);
         if (rc == 0)
             rc = fy_optq_settle(&r->opt, u);
         if (rc == 0)
@@ -1038,6 +1076,7 @@ static int update_streamed(struct fy_sched *r, int deferred, uint64_t step, doub
     for (int i = 0; i < 2; i++) { /* nothing stays in flight */
         int w = fy_ticket_wait(&r->tk, &ws[i], NULL);
         w = w ? w : fy_ticket_wait(&r->tk, &rs[i], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &gs[i], NULL);
         rc = rc ? rc : w;
     }
     return rc;
@@ -1048,7 +1087,8 @@ int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, doub
 {
     const struct fy_plan_layout *l = &r->l;
     unsigned L = l->c->n_layer, fin = L + 1;
-    FY_REQUIRE(r->one_pass, -EPROTO, "schedule error: one-pass clipping without a gradhold region");
+    FY_REQUIRE(r->one_pass, -EPROTO,
+               "schedule error: one-pass clipping without a gradhold region or held gradients");
     double sumsq;
     FY_TRY(norm_pass(r, &sumsq));
     FY_TRY(clip_scale_of(r, step, max_norm, sumsq, norm));
@@ -1063,16 +1103,31 @@ int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, doub
     r->deferred_lr = lr;
     r->deferred_scale = r->grad_scale;
     FY_TRY(update_streamed(r, 0, step, lr, r->grad_scale));
+    /* with the gradients in the gpu worker, each kept block's comes to grads slot 1 or 2 in turn
+     * once the slot's last update is done, and all are done before the forward, whose deferred
+     * updates take the same slots */
+    int prev[2] = {-1, -1}, turn = 0;
     for (unsigned u = 0; u <= fin; u++) {
         r->version[u] = step;
         if (!is_resident(r, u))
             continue;
+        uint64_t grad = clipped_grad(r, u);
+        if (held_on_gpu(r, u)) {
+            struct fy_ticket sent = {0};
+            if (prev[turn] >= 0)
+                FY_TRY(fy_optq_settle(&r->opt, (unsigned)prev[turn]));
+            grad = gslot(&r->l, 1 + turn);
+            FY_TRY(grad_send(r, u, grad, &sent));
+            FY_TRY(fy_ticket_wait(&r->tk, &sent, NULL));
+            prev[turn] = (int)u;
+            turn ^= 1;
+        }
         struct fy_ticket none = {0};
         FY_TRY(state_read(r, u, 0, &none));
-        FY_TRY(opt_enqueue(r, u, 0, clipped_grad(r, u), step, lr));
+        FY_TRY(opt_enqueue(r, u, 0, grad, step, lr));
         FY_TRY(fy_optq_pump(&r->opt));
     }
-    return fy_optq_send_all(&r->opt);
+    return r->hold_gpu ? fy_optq_drain(&r->opt) : fy_optq_send_all(&r->opt);
 }
 
 int fy_sched_finish_updates(struct fy_sched *r)

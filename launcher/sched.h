@@ -52,6 +52,11 @@ struct fy_sched {
      * back, so its master crosses from the SSD once a step, as without clipping: per unit 1 while
      * deferred, and the deferred updates' step, learning rate and scale. */
     int one_pass;
+    /* one pass with the blocks' gradients held in the gpu worker (fy_train_opts.grad_hold_gpu):
+     * each sent to grads slot 1 or 2 (gpt-grad-send) when its update runs; gsend, the sends for
+     * the deferred updates, by state slot */
+    int hold_gpu;
+    struct fy_ticket gsend[2];
     unsigned char *deferred;
     uint64_t deferred_step;
     double deferred_lr, deferred_scale;
@@ -99,7 +104,8 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
  * 1. */
 int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, double *norm);
 /* A clipped step's backward in one pass (r->one_pass): every block's gradient kept in the pool's
- * gradhold region while the opt worker sums their squares, the norm and scale as
+ * gradhold region (or in the gpu worker: r->hold_gpu) while the opt worker sums their squares,
+ * the norm and scale as
  * fy_sched_clip_scale computes them (*norm), then every unit's update in the order the next
  * forward needs them, each forward unit waiting for its own. Results bit-identical to the two
  * passes. */

@@ -62,6 +62,10 @@ struct fy_train_opts {
     /* per unit: FY_PLAN_STREAMED, _KEPT or _KEPT_BF16 (struct fy_plan.resident) */
     const unsigned char *resident;
     double clip_grad_norm; /* > 0: clip the global gradient norm to this */
+    /* one-pass clipping (a pool laid out with a gradhold region) holds the blocks' gradients in
+     * the gpu worker instead (train.grad_hold in its configuration), each sent to a grads slot
+     * when its update runs */
+    int grad_hold_gpu;
     int ckpt_ssd;          /* 1: the block-input checkpoints go to the SSD store (--ckpt-place ssd) */
     unsigned act_ahead;    /* --act-ahead: blocks whose activations on the store the backward reads
                               ahead (1..FY_PLAN_ACT_AHEAD_MAX; 0: FY_PLAN_ACT_AHEAD_DEFAULT) */

@@ -4,7 +4,8 @@
  * host activations giving the same bits) is tests/gpu/test_cuda_gpt.c. And the CPU backend's
  * families (gpu_worker/cpu/cpu_family.h): what a family's table lacks (Llama: swapped internals,
  * the per-op profile) refused with a message; where it has them (GPT-2), a backward from swapped
- * internals gives the bits of recomputing them. */
+ * internals gives the bits of recomputing them. And the CPU backend holding block gradients for
+ * one-pass clipping (model_hold). */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -138,6 +139,50 @@ static void test_cpu_families_capabilities(void **state)
     assert_int_equal(profile(&llama), -ENOTSUP);
 }
 
+/* Held gradients on the CPU backend: two block backwards kept in buffers 1 and 0 come back from
+ * them bit for bit, after a third backward has rewritten the host gradient; a slot outside the
+ * buffers, a second model_hold and holding before any backward are refused. */
+static void test_cpu_backend_holds_gradients(void **state)
+{
+    (void)state;
+    const struct fy_model_config c = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 16,
+                                      .ctx = 8};
+    const int B = 2, T = 4;
+    size_t P = fy_model_unit_params(&c, 1), NC = (size_t)B * T * c.n_embd;
+    float *params = filled(P, 0.05f), *x = filled(NC, 1.0f), *dx = filled(NC, 0.0f);
+    float *dy[2] = {filled(NC, 0.5f), filled(NC, -0.25f)};
+    float *dp[2] = {filled(P, 0.0f), filled(P, 0.0f)}, *back = filled(P, 0.0f);
+    struct fy_backend *b = NULL;
+    assert_int_equal(fy_backend_open(&b, "cpu", 0), 0);
+    assert_int_equal(fy_backend_model_prepare(b, &c, B, T), 0);
+    print_message("holding before any backward and a slot outside the buffers are refused (next "
+                  "lines):\n");
+    assert_int_equal(fy_backend_model_hold_last(b, 0), -EINVAL);
+    assert_int_equal(fy_backend_model_hold(b, 2), 0);
+    assert_int_equal(fy_backend_model_hold(b, 2), -EINVAL);
+    assert_int_equal(fy_backend_model_hold_last(b, 0), -EINVAL); /* no backward yet */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(fy_backend_model_block_backward(b, 2 - i, params, x, dy[i], dx, dp[i],
+                                                         NULL), 0);
+        assert_int_equal(fy_backend_model_hold_last(b, 1 - i), 0);
+    }
+    assert_memory_not_equal(dp[0], dp[1], P * sizeof(float));
+    assert_int_equal(fy_backend_model_block_backward(b, 1, params, x, dy[0], dx, dp[1], NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        float *want = filled(P, 0.0f);
+        assert_int_equal(fy_backend_model_block_backward(b, 1, params, x, dy[i], dx, want, NULL),
+                         0);
+        assert_int_equal(fy_backend_model_hold_send(b, 1 - i, back), 0);
+        assert_memory_equal(back, want, P * sizeof(float));
+        free(want);
+    }
+    assert_int_equal(fy_backend_model_hold_send(b, 2, back), -EINVAL);
+    assert_int_equal(fy_backend_model_hold_last(b, -1), -EINVAL);
+    fy_backend_close(&b);
+    free(params), free(x), free(dx), free(dy[0]), free(dy[1]), free(dp[0]), free(dp[1]);
+    free(back);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -145,6 +190,7 @@ int main(void)
         cmocka_unit_test(test_preferred_act_dtype),
         cmocka_unit_test(test_cpu_backend_takes_f32_activations_only),
         cmocka_unit_test(test_cpu_families_capabilities),
+        cmocka_unit_test(test_cpu_backend_holds_gradients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -177,7 +177,7 @@ static void test_streamed_by_hand(void **state)
  * cannot, and the master is read twice as with two passes), the unclipped PCIe, the held gradients (two block sections) in a gradhold region after the state, and the bound
  * 0.75 x compute + AdamW. auto takes one pass where it fits (no --cpu-mem: nothing kept) and is no
  * slower; with --cpu-mem where the kept state leaves no room for it, two, and it says the pool one
- * pass would take. */
+ * pass would take; or one with the gradients in the GPU arena (--clip-hold). */
 static void test_clip_modes(void **state)
 {
     (void)state;
@@ -219,8 +219,10 @@ static void test_clip_modes(void **state)
     fy_plan_clip_describe(&in, &one, said, sizeof said);
     assert_non_null(strstr(said, "clipping in one backward pass (--clip-mode one-pass): the "
                                  "blocks' gradients (392.0 KiB) held in the pool"));
-    /* auto without --cpu-mem: two (no budget allows the held gradients) */
+    /* auto without --cpu-mem: two (no budget allows the held gradients in the pool; the GPU's
+     * are below) */
     in.clip_mode = FY_CLIP_AUTO;
+    in.clip_hold = FY_CLIP_HOLD_POOL;
     struct fy_plan autop;
     assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
     assert_false(autop.place.grad_hold);
@@ -287,6 +289,47 @@ static void test_clip_modes(void **state)
     assert_false(autop.place.grad_hold);
     assert_int_equal(autop.kept, 4);
     fy_plan_free(&autop);
+
+    /* held in the GPU arena (--clip-hold auto where the pool has no room, or gpu): no gradhold
+     * region, every unit kept that fits, the one pass's SSD bytes, the gradients sent from the GPU
+     * once more; where the arena is modelled, in the GPU's need, and refused without room */
+    in.rates = rates;
+    in.clip_hold = FY_CLIP_HOLD_AUTO;
+    in.cpu_mem = two.pool_bytes; /* the CPU backend: the gpu worker's memory holds them */
+    struct fy_plan gpu;
+    assert_int_equal(fy_plan_make(&in, NULL, &gpu), 0);
+    assert_int_equal(gpu.place.grad_hold, FY_HOLD_GPU);
+    assert_int_equal(gpu.n_regions, 7);
+    for (unsigned i = 0; i < gpu.n_regions; i++) /* two passes' pool */
+        assert_int_equal(gpu.regions[i].bytes, two.regions[i].bytes);
+    assert_true(gpu.fits_cpu);
+    assert_int_equal(gpu.traffic.ssd_read, one.traffic.ssd_read);
+    assert_int_equal(gpu.traffic.from_gpu, one.traffic.from_gpu + 2 * 4 * fy_model_unit_params(&c, 1));
+    assert_float_equal(gpu.predicted.gpu_s, one.predicted.gpu_s, 1e-15);
+    fy_plan_clip_describe(&in, &gpu, said, sizeof said);
+    assert_non_null(strstr(said, "clipping in one backward pass: the blocks' gradients (392.0 KiB) "
+                                 "held in the GPU arena (each sent to the pool for its update)"));
+    fy_plan_free(&gpu);
+    in.backend = "cuda"; /* modelled: without --gpu-mem the arena has no room to spare */
+    assert_int_equal(fy_plan_make(&in, NULL, &gpu), 0);
+    assert_int_equal(gpu.place.grad_hold, FY_HOLD_NONE);
+    fy_plan_clip_describe(&in, &gpu, said, sizeof said);
+    assert_non_null(strstr(said, "the GPU arena has no room for them beside its working buffers "
+                                 "(--gpu-mem not given)"));
+    fy_plan_free(&gpu);
+    in.gpu_mem = 1ull << 30;
+    assert_int_equal(fy_plan_make(&in, NULL, &gpu), 0);
+    assert_int_equal(gpu.place.grad_hold, FY_HOLD_GPU);
+    assert_int_equal(gpu.gpu_need, gpu.gpu_working + fy_plan_hold_bytes(&c));
+    assert_true(gpu.fits_gpu);
+    fy_plan_free(&gpu);
+    in.gpu_mem = gpu.gpu_working + fy_plan_hold_bytes(&c) - 1;
+    in.clip_mode = FY_CLIP_ONE_PASS;
+    in.clip_hold = FY_CLIP_HOLD_GPU;
+    assert_int_equal(fy_plan_make(&in, NULL, &gpu), 0);
+    assert_int_equal(gpu.place.grad_hold, FY_HOLD_GPU);
+    assert_false(gpu.fits_gpu);
+    fy_plan_free(&gpu);
     fy_plan_free(&all);
     fy_plan_free(&none);
     fy_plan_free(&two);

@@ -47,6 +47,11 @@ struct cpu_state {
     int weights_bf16;
     float *wide[2];
     size_t wide_n[2];
+    /* model_hold: `holds` block gradients in `held` (this process's memory stands for the
+     * device's); last_dparams, the gradient the latest block backward wrote */
+    float *held;
+    int holds;
+    const float *last_dparams;
 };
 
 static int cpu_open(void **state, uint64_t gpu_mem, char *device, size_t device_len)
@@ -68,6 +73,7 @@ static void cpu_close(void *state)
     free(s->head_scratch);
     free(s->wide[0]);
     free(s->wide[1]);
+    free(s->held);
     free(s);
 }
 
@@ -225,6 +231,37 @@ static int cpu_block_backward(void *state, int layer, const void *params_in, con
                                      saved->at, s->B, s->T);
     else
         s->fam->block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
+    s->last_dparams = dparams;
+    return 0;
+}
+
+static int cpu_hold(void *state, int count)
+{
+    struct cpu_state *s = state;
+    size_t n = fy_model_unit_params(&s->cfg, 1);
+    s->held = malloc((size_t)count * n * sizeof(float));
+    FY_REQUIRE(s->held != NULL, -ENOMEM, "cpu backend: no memory to hold %d block gradients "
+               "(%zu MiB): use --clip-hold pool or two passes", count,
+               (size_t)count * n * sizeof(float) >> 20);
+    s->holds = count;
+    return 0;
+}
+
+static int cpu_hold_last(void *state, int slot)
+{
+    struct cpu_state *s = state;
+    size_t n = fy_model_unit_params(&s->cfg, 1);
+    FY_REQUIRE(s->last_dparams != NULL, -EINVAL,
+               "cpu backend: holding a block gradient before any block backward");
+    memcpy(s->held + (size_t)slot * n, s->last_dparams, n * sizeof(float));
+    return 0;
+}
+
+static int cpu_hold_send(void *state, int slot, float *dparams)
+{
+    struct cpu_state *s = state;
+    size_t n = fy_model_unit_params(&s->cfg, 1);
+    memcpy(dparams, s->held + (size_t)slot * n, n * sizeof(float));
     return 0;
 }
 
@@ -366,4 +403,7 @@ const struct fy_backend_ops fy_cpu_backend_ops = {
     .model_logits = cpu_logits,
     .model_profile = cpu_profile,
     .model_weights_bf16 = cpu_weights_bf16,
+    .model_hold = cpu_hold,
+    .model_hold_last = cpu_hold_last,
+    .model_hold_send = cpu_hold_send,
 };

@@ -46,6 +46,11 @@ struct fy_cu_model {
     unsigned char kept_full[FY_CU_MODEL_MAX_KEPT];
     int n_kept;
     int swap_ready; /* every staging has its swap set */
+    /* fy_cu_model_hold: `holds` block gradients (block_n floats each); last_grad, the staging
+     * gradient the latest block backward computed into */
+    float *held;
+    int holds;
+    const float *last_grad;
     cudaEvent_t prof_ev[FY_CU_PROFILE_EVENTS]; /* fy_cu_model_profile's, made on its first call */
 };
 
@@ -316,6 +321,50 @@ int fy_cu_model_keep_layers(struct fy_cu_model *m, struct fy_cu_arena *arena, in
     return m->n_kept;
 }
 
+int fy_cu_model_hold(struct fy_cu_model *m, struct fy_cu_arena *arena, int count)
+{
+    FY_REQUIRE(m->q.pending == 0 && m->n_kept == 0 && m->holds == 0 && count > 0, -EBUSY,
+               "cu_model: holding gradients with calls in flight, after kept sets were taken "
+               "(they come first) or a second time");
+    size_t bytes = (size_t)count * m->block_n * sizeof(float);
+    m->held = (float *)fy_cu_arena_take(arena, bytes);
+    FY_REQUIRE(m->held != NULL, -ENOMEM,
+               "GPU arena: no room for %d blocks' gradients (%.3f GiB) beside the working buffers "
+               "(%.3f of %.3f GiB in use): raise --gpu-mem, or use --clip-hold pool",
+               count, (double)bytes / (1 << 30), (double)arena->used / (1 << 30),
+               (double)arena->size / (1 << 30));
+    m->holds = count;
+    return 0;
+}
+
+int fy_cu_model_hold_last(struct fy_cu_model *m, int slot)
+{
+    FY_REQUIRE(m->last_grad != NULL && slot >= 0 && slot < m->holds, -EINVAL,
+               "cu_model: holding gradient %d of %d %s", slot, m->holds,
+               m->last_grad == NULL ? "before any block backward" : "outside the buffers");
+    /* on the compute stream, after the backward's kernels and before any later call's, which
+     * may compute into the same staging */
+    FY_CUDA(cudaMemcpyAsync(m->held + (size_t)slot * m->block_n, m->last_grad,
+                            m->block_n * sizeof(float), cudaMemcpyDeviceToDevice, m->q.compute),
+            "keeping a block gradient on the device");
+    return 0;
+}
+
+int fy_cu_model_hold_send(struct fy_cu_model *m, int slot, float *dparams)
+{
+    FY_REQUIRE(slot >= 0 && slot < m->holds, -EINVAL, "cu_model: sending held gradient %d of %d",
+               slot, m->holds);
+    struct fy_cu_staging *st;
+    FY_TRY(fy_cu_queue_begin(&m->q, &st));
+    int rc = fy_cu_queue_uploads_done(&m->q, st);
+    if (rc == 0) /* the download waits for every kernel queued before it, the hold's copy too */
+        rc = fy_cu_queue_compute_done(&m->q, st);
+    if (rc == 0)
+        rc = fy_cu_queue_download(&m->q, st, dparams, m->held + (size_t)slot * m->block_n,
+                                  m->block_n * sizeof(float));
+    return fy_cu_queue_end(&m->q, st, rc);
+}
+
 int fy_cu_model_swap_sets(struct fy_cu_model *m, struct fy_cu_arena *arena)
 {
     FY_TRY(swap_supported(m));
@@ -433,6 +482,7 @@ static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, 
     st->act_out_host = dx;
     st->act_out_dev = m->dx;
     FY_TRY(fy_cu_queue_download(q, st, dx, st->out, fy_cu_queue_act_bytes(q)));
+    m->last_grad = st->grad;
     return fy_cu_queue_download(q, st, dparams, st->grad, m->block_n * sizeof(float));
 }
 

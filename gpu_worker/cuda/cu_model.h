@@ -85,6 +85,15 @@ int fy_cu_model_keep_layers(struct fy_cu_model *m, struct fy_cu_arena *arena, in
  * nothing and returns 0. A family that does not swap: -ENOTSUP (said), as for its block calls
  * given saved buffers. */
 int fy_cu_model_swap_sets(struct fy_cu_model *m, struct fy_cu_arena *arena);
+/* One-pass clipping's gradients held on the device: fy_cu_model_hold takes `count` buffers of a
+ * block's f32 gradient from the arena (before any kept set, with no call in flight: -EBUSY, said;
+ * -ENOMEM, said, where they do not fit). fy_cu_model_hold_last copies the gradient of the latest
+ * block backward (queued or finished, before any other call) into buffer `slot` on the compute
+ * stream. fy_cu_model_hold_send is a call like the others (finished by fy_cu_model_finish): buffer
+ * `slot` downloaded into the host buffer dparams once every call queued before it has computed. */
+int fy_cu_model_hold(struct fy_cu_model *m, struct fy_cu_arena *arena, int count);
+int fy_cu_model_hold_last(struct fy_cu_model *m, int slot);
+int fy_cu_model_hold_send(struct fy_cu_model *m, int slot, float *dparams);
 /* Measures one block of this batch shape for the activation planner (struct fy_block_profile of
  * gpu_worker/backend.h, all but magic and version), on values of its own, and completes before
  * returning. The compute is the family's (GPT-2: medians of 3 runs after a warm-up: fwd_s the whole

@@ -284,6 +284,29 @@ static int cuda_swap(void *state)
     return 0;
 }
 
+static int cuda_hold(void *state, int count)
+{
+    struct cuda_state *s = (struct cuda_state *)state;
+    FY_REQUIRE(s->model != NULL, -EINVAL, "cuda backend: holding gradients before model_prepare");
+    size_t before = s->arena.used;
+    FY_TRY(fy_cu_model_hold(s->model, &s->arena, count));
+    fy_info("GPU arena: %.3f GiB for %d blocks' gradients, held until the norm is known "
+            "(one-pass clipping); %.3f of %.3f GiB in use",
+            (double)(s->arena.used - before) / (1 << 30), count,
+            (double)s->arena.used / (1 << 30), (double)s->arena.size / (1 << 30));
+    return 0;
+}
+
+static int cuda_hold_last(void *state, int slot)
+{
+    return fy_cu_model_hold_last(((struct cuda_state *)state)->model, slot);
+}
+
+static int cuda_hold_send(void *state, int slot, float *dparams)
+{
+    return fy_cu_model_hold_send(((struct cuda_state *)state)->model, slot, dparams);
+}
+
 static int cuda_profile(void *state, void *host, size_t host_bytes, struct fy_block_profile *out)
 {
     struct cuda_state *s = (struct cuda_state *)state;
@@ -340,5 +363,5 @@ extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     cuda_unregister_host, cuda_synth,    cuda_model_prepare,    cuda_embed_forward,
     cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
     cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,      cuda_keep,          cuda_swap,
-    cuda_profile,    cuda_weights_bf16,
+    cuda_profile,    cuda_weights_bf16,  cuda_hold,           cuda_hold_last,     cuda_hold_send,
 };

@@ -193,14 +193,16 @@ static void test_schedules_placements_and_queueing_agree(void **state)
  * three with the test hook capping them, so kept and recomputed blocks mix), against every block
  * recomputed: the same bits, with both schedules and with clipping, in two backward passes (the
  * second must recompute the blocks whose kept set the first used) and in one (--clip-mode
- * one-pass), whose runs give the same bits as the two passes'. */
+ * one-pass, the gradients held in the pool or, --clip-hold gpu, in the GPU arena), whose runs give
+ * the same bits as the two passes'. */
 static void test_kept_internals_agree(void **state)
 {
     (void)state;
     char log[600];
     snprintf(log, sizeof log, "%s/log", dir);
     struct same_bits group = {0};
-    for (int clip = 0; clip < 3; clip++) { /* none, two passes, one pass */
+    /* none, two passes, one pass with the gradients in the pool, one with them on the GPU */
+    for (int clip = 0; clip < 4; clip++) {
         if (clip < 2) { /* one pass is checked against the two passes' bits */
             free(group.first);
             group = (struct same_bits){0};
@@ -215,7 +217,8 @@ static void test_kept_internals_agree(void **state)
                                   "--eval-every", "0", "--backend", "cuda", "--gpu-mem", "1G",
                                   "--schedule", schedule, "--act-plan", plan,
                                   "--clip-grad-norm", clip ? "0.05" : "0", "--clip-mode",
-                                  clip == 2 ? "one-pass" : "two-pass", NULL};
+                                  clip >= 2 ? "one-pass" : "two-pass", "--clip-hold",
+                                  clip == 3 ? "gpu" : "pool", NULL};
             if (cap != NULL)
                 setenv("FUYOU_TEST_KEEP_LAYERS", cap, 1);
             char *metrics = init_and_train(name, "6", "256", "32", opts);

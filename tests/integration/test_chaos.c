@@ -202,6 +202,24 @@ static void test_clipped_one_pass_killed(void **state)
     free(cc.ref_weights);
 }
 
+/* The same with the blocks' gradients held in the gpu worker between the norm pass and their
+ * updates (--clip-hold gpu): the gpu worker killed (its held gradients lost with it) and the opt
+ * worker killed, each run bit-identical to an undisturbed one. */
+static void test_clipped_gpu_hold_killed(void **state)
+{
+    struct fy_chaos *c = *state;
+    static const char *const clip[] = {"--clip-grad-norm", "0.6", "--clip-mode", "one-pass",
+                                       "--clip-hold", "gpu", NULL};
+    struct fy_chaos cc = {.f = c->f, .train_extra = clip};
+    fy_chaos_reference_run_in(&cc, "reference-gpu-hold");
+    assert_true(fy_test_file_contains(c->f->log, "held in the GPU arena (each sent to the pool "
+                                                 "for its update)"));
+    kill_worker_in(&cc, "gpu", "gpu-hold-gpu", 18);
+    kill_worker_in(&cc, "opt", "gpu-hold-opt", 19);
+    free(cc.ref_losses);
+    free(cc.ref_weights);
+}
+
 /* A worker that stops answering (SIGSTOP) is found when its request passes the deadline
  * (--timeout 2 here), killed and restarted; the run goes on. Each time the log says it stopped
  * answering, never that it died (which depended on when its exit was seen). */
@@ -558,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_launcher_killed),
         cmocka_unit_test(test_int8_killed),
         cmocka_unit_test(test_clipped_one_pass_killed),
+        cmocka_unit_test(test_clipped_gpu_hold_killed),
         cmocka_unit_test(test_stuck_worker_restarted),
         cmocka_unit_test(test_launcher_stopped_and_continued),
         cmocka_unit_test(test_worker_killed_before_first_step),

@@ -84,8 +84,8 @@ static void test_clipping_overlap_matches_serial(void **state)
     free(first_g);
 }
 
-/* --clip-mode: one backward pass (every block's gradient held in the pool until the norm is
- * known, the updates after the backward) gives the same losses, gradient norms and weights, bit
+/* --clip-mode: one backward pass (every block's gradient held until the norm is known, in the
+ * pool or, --clip-hold gpu, in the gpu worker; the updates after the backward) gives the same losses, gradient norms and weights, bit
  * for bit, as two (the first for the norm alone), in each case below: GPT-2 and Llama, every
  * unit's state kept in the pool (--cpu-mem 1G), streamed from the store (no --cpu-mem: the blocks'
  * updates deferred to the next forward, also with a commit every step and an evaluation every
@@ -135,28 +135,34 @@ static void test_one_pass_matches_two_passes(void **state)
          {"--schedule", "serial", NULL}, 1},
         {"llama-untriggered", "llama", "1e6", 0, {NULL}, 1},
     };
-    static const char *const modes[2] = {"two-pass", "one-pass"};
+    /* two passes; one with the gradients held in the pool; one with them in the gpu worker */
+    static const char *const modes[3] = {"two-pass", "one-pass", "one-pass"};
+    static const char *const holds[3] = {"pool", "pool", "gpu"};
+    static const char *const said[3] = {
+        "plan: clipping in two backward passes",
+        "plan: clipping in one backward pass (--clip-mode one-pass): the blocks' gradients",
+        "held in the GPU arena (each sent to the pool for its update) until the norm is known"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const struct clip_case *k = &cases[c];
-        char *w[2], *l[2], *g[2];
-        size_t n[2];
-        double read[2] = {0, 0};
-        for (int m = 0; m < 2; m++) {
-            char *run = fy_test_in(f, fy_test_fmt("%s-%s", k->name, modes[m]));
+        char *w[3], *l[3], *g[3];
+        size_t n[3];
+        double read[3] = {0, 0, 0};
+        for (int m = 0; m < 3; m++) {
+            char *run = fy_test_in(f, fy_test_fmt("%s-%s-%s", k->name, modes[m], holds[m]));
             char out[700], metrics[700];
             snprintf(out, sizeof out, "%s.fywt", run);
             run_metrics(run, metrics, sizeof metrics);
             init_case_model(f, run, k->arch);
-            const char *args[12] = {"--clip-grad-norm", k->max, "--clip-mode", modes[m]};
-            unsigned a = 4;
+            const char *args[14] = {"--clip-grad-norm", k->max, "--clip-mode", modes[m],
+                                    "--clip-hold", holds[m]};
+            unsigned a = 6;
             for (unsigned i = 0; k->opts[i] != NULL; i++)
                 args[a++] = k->opts[i];
             args[a] = NULL;
             assert_int_equal(fy_trainutil_train_with(f, run, f->data, "4", out, k->inprocess,
                                                      args),
                              0);
-            assert_true(fy_test_file_contains(f->log, m ? "plan: clipping in one backward pass"
-                                                        : "plan: clipping in two backward passes"));
+            assert_true(fy_test_file_contains(f->log, said[m]));
             l[m] = fy_trainutil_losses(metrics);
             g[m] = fy_trainutil_field_values(metrics, "\"grad_norm\": ");
             w[m] = fy_test_slurp(out, &n[m]);
@@ -171,17 +177,20 @@ static void test_one_pass_matches_two_passes(void **state)
             int clipped = fy_test_file_contains(f->log, "(clipped)");
             assert_int_equal(clipped, strcmp(k->max, "1e6") != 0);
         }
-        print_message("%s: one pass and two: the same %zu bytes of weights; steps 2-3 read %.0f "
-                      "and %.0f bytes from the store\n", k->name, n[0], read[1], read[0]);
-        if (k->fewer_reads)
-            assert_true(read[1] < read[0]);
-        else if (strstr(k->name, "streamed") != NULL)
-            assert_true(read[1] == read[0]);
-        assert_string_equal(l[1], l[0]);
-        assert_string_equal(g[1], g[0]);
-        assert_int_equal(n[1], n[0]);
-        assert_memory_equal(w[1], w[0], n[0]);
-        for (int m = 0; m < 2; m++) {
+        print_message("%s: one pass (pool, gpu) and two: the same %zu bytes of weights; steps 2-3 "
+                      "read %.0f, %.0f and %.0f bytes from the store\n", k->name, n[0], read[1],
+                      read[2], read[0]);
+        for (int m = 1; m < 3; m++) {
+            if (k->fewer_reads)
+                assert_true(read[m] < read[0]);
+            else if (strstr(k->name, "streamed") != NULL)
+                assert_true(read[m] == read[0]);
+            assert_string_equal(l[m], l[0]);
+            assert_string_equal(g[m], g[0]);
+            assert_int_equal(n[m], n[0]);
+            assert_memory_equal(w[m], w[0], n[0]);
+        }
+        for (int m = 0; m < 3; m++) {
             free(w[m]);
             free(l[m]);
             free(g[m]);
@@ -189,9 +198,9 @@ static void test_one_pass_matches_two_passes(void **state)
     }
 }
 
-/* --clip-mode auto takes one pass where --cpu-mem holds the blocks' gradients and the plan
- * predicts it no slower, and says why it takes two where it does not; one-pass where they do not
- * fit is refused before any work. */
+/* --clip-mode auto takes one pass where --cpu-mem holds the blocks' gradients, or else the GPU
+ * arena, and the plan predicts it no slower, and says why it takes two where it does not;
+ * one-pass where they do not fit is refused before any work. */
 static void test_clip_mode_auto(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -208,33 +217,50 @@ static void test_clip_mode_auto(void **state)
     const char *bad[] = {"--clip-grad-norm", "1", "--clip-mode", "sometimes", NULL};
     assert_int_equal(fy_trainutil_train_with(f, run, f->data, "3", NULL, 0, bad), 2);
 
-    /* a 1.3B model's state fills a 12 GiB pool: no room for its 4.5 GiB of gradients */
+    /* a 1.3B model's state fills a 12 GiB pool: no room for its 4.5 GiB of gradients there, but
+     * in the GPU arena beside the working buffers (3.8 GiB of 24), with every unit kept that fits;
+     * held in the pool alone (--clip-hold pool), two passes */
 #define XL "plan", "--layers", "24", "--heads", "16", "--embd", "2048", "--ctx", "1024", \
-           "--batch", "16", "--seq", "1024", "--backend", "cuda", "--gpu-mem", "24G", \
-           "--clip-grad-norm", "1", "--cpu-mem"
-    const char *full[] = {XL, "12G", NULL};
+           "--batch", "16", "--seq", "1024", "--backend", "cuda", "--clip-grad-norm", "1", \
+           "--cpu-mem"
+    const char *full[] = {XL, "12G", "--gpu-mem", "24G", NULL};
     assert_int_equal(fy_test_launch_in(f, full, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass: the blocks' "
+                                              "gradients (4.5 GiB) held in the GPU arena (each "
+                                              "sent to the pool for its update)"));
+    assert_true(fy_test_file_contains(f->log, "15 of 26 units (7.8 GiB) stay in the shared pool"));
+    assert_true(fy_test_file_contains(f->log, "plan: GPU: working buffers 3.8 GiB, the blocks' "
+                                              "gradients 4.5 GiB (one-pass clipping) of --gpu-mem "
+                                              "24.0 GiB"));
+    const char *pool_only[] = {XL, "12G", "--gpu-mem", "24G", "--clip-hold", "pool", NULL};
+    assert_int_equal(fy_test_launch_in(f, pool_only, 60), 0);
     assert_true(fy_test_file_contains(f->log, "plan: clipping in two backward passes, the first "
                                               "for the norm alone: one pass would hold the "
                                               "blocks' gradients (4.5 GiB), a pool of "));
     assert_true(fy_test_file_contains(f->log, "15 of 26 units (7.8 GiB) stay in the shared pool"));
+    /* no room in either: two passes, saying both */
+    const char *tight_gpu[] = {XL, "12G", "--gpu-mem", "8G", NULL};
+    assert_int_equal(fy_test_launch_in(f, tight_gpu, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "and --cpu-mem is 12.0 GiB; the GPU arena has no "
+                                              "room for them beside its working buffers "
+                                              "(--gpu-mem 8.0 GiB)"));
     /* one-pass: the gradients first, fewer units kept; refused where even they do not fit */
-    const char *forced[] = {XL, "12G", "--clip-mode", "one-pass", NULL};
+    const char *forced[] = {XL, "12G", "--gpu-mem", "24G", "--clip-mode", "one-pass", NULL};
     assert_int_equal(fy_test_launch_in(f, forced, 60), 0);
     assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass (--clip-mode "
                                               "one-pass)"));
     assert_true(fy_test_file_contains(f->log, "7 of 26 units (3.3 GiB) stay in the shared pool"));
-    const char *tight[] = {XL, "8G", "--clip-mode", "one-pass", NULL};
+    const char *tight[] = {XL, "8G", "--gpu-mem", "24G", "--clip-mode", "one-pass", NULL};
     assert_int_equal(fy_test_launch_in(f, tight, 60), 1);
     assert_true(fy_test_file_contains(f->log, "train would refuse it"));
     /* with room for both, the faster by the plan's rates: one pass, at B 64 (AdamW after the
      * backward costs less than a second backward of 64 sequences) and at B 16 (AdamW binds
      * either way: two passes run it after the norm pass, and the forward after it) */
-    const char *b64[] = {XL, "60G", "--batch", "64", NULL};
+    const char *b64[] = {XL, "60G", "--gpu-mem", "24G", "--batch", "64", NULL};
     assert_int_equal(fy_test_launch_in(f, b64, 60), 0);
     assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass: the blocks' "
                                               "gradients (4.5 GiB) held in the pool"));
-    const char *b16[] = {XL, "60G", NULL};
+    const char *b16[] = {XL, "60G", "--gpu-mem", "24G", NULL};
     assert_int_equal(fy_test_launch_in(f, b16, 60), 0);
     assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass: the blocks' "
                                               "gradients (4.5 GiB) held in the pool"));
