@@ -86,9 +86,17 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
      * before the swap and kept sets */
     uint64_t hold = 0;
     if (rc == 0)
-        rc = fy_config_get_u64(cfg, "train.grad_hold", 0, e->cfg.n_layer, &hold);
+        rc = fy_config_get_u64(cfg, "train.grad_hold", 0, 0, &hold);
+    if (rc == 0 && hold > e->cfg.n_layer) {
+        fy_error("%s: train.grad_hold = %llu: at most the model's %u blocks", cfg->path,
+                 (unsigned long long)hold, e->cfg.n_layer);
+        rc = -EINVAL;
+    }
     if (rc == 0 && hold > 0)
         rc = fy_backend_model_hold(backend, (int)hold);
+    if (rc == 0 && hold > 0)
+        fy_info("gpu worker: the gradients of %llu blocks held here from the norm pass to their "
+                "updates (one-pass clipping, train.grad_hold)", (unsigned long long)hold);
     e->holds = (int)hold;
     if (rc == 0 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap))
         rc = fy_backend_model_swap(backend);

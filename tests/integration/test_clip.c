@@ -163,6 +163,10 @@ static void test_one_pass_matches_two_passes(void **state)
                                                      args),
                              0);
             assert_true(fy_test_file_contains(f->log, said[m]));
+            /* only the gpu worker of a run that holds them holds gradients (the profile's and
+             * the other runs' hold none) */
+            assert_int_equal(fy_test_count_matches(f->log, "gpu worker: the gradients of "),
+                             m == 2 ? 1 : 0);
             l[m] = fy_trainutil_losses(metrics);
             g[m] = fy_trainutil_field_values(metrics, "\"grad_norm\": ");
             w[m] = fy_test_slurp(out, &n[m]);
