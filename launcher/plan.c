@@ -552,6 +552,21 @@ static int hold_fits_gpu(const struct fy_plan_in *in)
     return in->gpu_mem > 0 && need <= in->gpu_mem;
 }
 
+/* --clip-mode one-pass with --clip-hold auto: the held gradients in the pool where it has room for
+ * them beside the kept state, else in the GPU arena where it has room, else in the pool with fewer
+ * units kept (refused where even that does not fit). */
+static void one_pass_hold(const struct fy_plan_in *in, struct fy_plan *p)
+{
+    p->place.grad_hold = FY_HOLD_POOL;
+    if (in->cpu_mem == 0 || pool_bytes(&in->shape, &p->place) <= in->cpu_mem)
+        return;
+    if (hold_fits_gpu(in)) {
+        p->place.grad_hold = FY_HOLD_GPU;
+        return;
+    }
+    p->kept = plan_resident(in, p);
+}
+
 /* With clipping and --clip-mode auto, one backward pass or two (p->place.grad_hold), where one
  * pass is predicted no slower than two: the gradients held in the pool where it has room for them
  * beside the kept state within --cpu-mem (--clip-hold auto or pool); else in the GPU arena where it
@@ -562,8 +577,14 @@ static int hold_fits_gpu(const struct fy_plan_in *in)
  * unit's. What did not fit is kept for the plan to say (one_pass_pool_bytes, one_pass_gpu_short). */
 static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
 {
-    if (!in->shape.clip || in->clip_mode != FY_CLIP_AUTO)
-        return; /* one-pass: planned before the kept state */
+    if (!in->shape.clip || in->clip_mode == FY_CLIP_TWO_PASS)
+        return;
+    if (in->clip_mode == FY_CLIP_ONE_PASS) {
+        if (in->clip_hold == FY_CLIP_HOLD_AUTO) /* the pool beside the kept state, the GPU, or the
+                                                   pool before the kept state */
+            one_pass_hold(in, p);
+        return; /* pool or gpu: placed before the kept state */
+    }
     struct fy_plan_place one = p->place;
     struct fy_plan_prediction once, twice;
     fy_plan_predict(&in->shape, &p->place, &in->rates, &twice);
@@ -714,9 +735,9 @@ int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, s
     int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
     if (forced && acts != NULL) /* placed whatever the room; the residency plans around them */
         FY_TRY(acts->place(acts->ctx, in, p));
-    /* --clip-mode one-pass: the held gradients in the pool before the kept state, which takes
-     * what is left, or on the GPU */
-    if (s->clip && in->clip_mode == FY_CLIP_ONE_PASS)
+    /* --clip-mode one-pass with --clip-hold pool or gpu: the held gradients in the pool before
+     * the kept state, which takes what is left, or on the GPU (auto: plan_clip_mode) */
+    if (s->clip && in->clip_mode == FY_CLIP_ONE_PASS && in->clip_hold != FY_CLIP_HOLD_AUTO)
         p->place.grad_hold = in->clip_hold == FY_CLIP_HOLD_GPU ? FY_HOLD_GPU : FY_HOLD_POOL;
     plan_checkpoints(in, p);
     p->kept = plan_resident(in, p);

@@ -249,12 +249,21 @@ static void test_clip_mode_auto(void **state)
                                               "room for them beside its working buffers "
                                               "(--gpu-mem 8.0 GiB)"));
     /* one-pass: the gradients first, fewer units kept; refused where even they do not fit */
-    const char *forced[] = {XL, "12G", "--gpu-mem", "24G", "--clip-mode", "one-pass", NULL};
+    const char *forced[] = {XL, "12G", "--gpu-mem", "24G", "--clip-mode", "one-pass",
+                            "--clip-hold", "pool", NULL};
     assert_int_equal(fy_test_launch_in(f, forced, 60), 0);
     assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass (--clip-mode "
                                               "one-pass)"));
     assert_true(fy_test_file_contains(f->log, "7 of 26 units (3.3 GiB) stay in the shared pool"));
-    const char *tight[] = {XL, "8G", "--gpu-mem", "24G", "--clip-mode", "one-pass", NULL};
+    /* one-pass, held where they have room: the GPU arena, every unit kept that fits */
+    const char *forced_auto[] = {XL, "12G", "--gpu-mem", "24G", "--clip-mode", "one-pass", NULL};
+    assert_int_equal(fy_test_launch_in(f, forced_auto, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: clipping in one backward pass (--clip-mode "
+                                              "one-pass): the blocks' gradients (4.5 GiB) held "
+                                              "in the GPU arena"));
+    assert_true(fy_test_file_contains(f->log, "15 of 26 units (7.8 GiB) stay in the shared pool"));
+    const char *tight[] = {XL, "8G", "--gpu-mem", "24G", "--clip-mode", "one-pass", "--clip-hold",
+                           "pool", NULL};
     assert_int_equal(fy_test_launch_in(f, tight, 60), 1);
     assert_true(fy_test_file_contains(f->log, "train would refuse it"));
     /* with room for both, the faster by the plan's rates: one pass, at B 64 (AdamW after the
