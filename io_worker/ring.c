@@ -382,6 +382,23 @@ static int remaining_ms(uint64_t deadline, int timeout_ms)
     return left > INT_MAX ? INT_MAX : (int)left;
 }
 
+/* Time the process did not run (stopped by SIGSTOP or Ctrl-Z, a suspended machine) is not the
+ * device's: a pass of a wait loop that took longer than the wait it asked for (waited_ms, 0 for
+ * none) by more than this gives the loop's deadline the whole pass back (when the stop began in
+ * the pass is unknown), so a run stopped and continued does not find its transfers overdue before
+ * it has even submitted them; a device that stalls makes each wait take what it asked, and times
+ * out as before. */
+#define STOPPED_SLACK_MS 250
+
+static void deadline_skip_stopped(uint64_t *deadline, uint64_t *mark, int waited_ms)
+{
+    uint64_t now = now_ms(), took = now - *mark;
+    uint64_t asked = waited_ms > 0 ? (uint64_t)waited_ms : 0;
+    if (*deadline != 0 && took > asked + STOPPED_SLACK_MS)
+        *deadline += took;
+    *mark = now;
+}
+
 static int side_init(struct side *s, unsigned qd, const char *what)
 {
     s->what = what;
@@ -686,9 +703,11 @@ int fy_ring_submit(struct fy_ring *r, const struct fy_io_req *req)
 
 int fy_ring_poll(struct fy_ring *r, struct fy_io_done *done, unsigned max, int timeout_ms)
 {
-    uint64_t deadline = timeout_ms > 0 ? now_ms() + (uint64_t)timeout_ms : 0;
+    uint64_t deadline = timeout_ms > 0 ? now_ms() + (uint64_t)timeout_ms : 0, mark = now_ms();
+    int waited = 0;
     for (;;) {
         int busy = ring_drive(r, 0);
+        deadline_skip_stopped(&deadline, &mark, waited);
         FY_TRY(busy);
         unsigned n = 0;
         struct xfer **link = &r->done_head, *prev = NULL;
@@ -713,6 +732,7 @@ int fy_ring_poll(struct fy_ring *r, struct fy_io_done *done, unsigned max, int t
         if (left == 0)
             return 0;
         FY_TRY(ring_drive(r, left));
+        waited = left;
     }
 }
 
@@ -794,9 +814,11 @@ int fy_ring_run(struct fy_ring *r, const struct fy_io_req *reqs, unsigned n, int
     }
     unsigned left = n;
     int first_err = 0;
+    uint64_t mark = now_ms();
     for (;;) {
         int wait = remaining_ms(deadline, timeout_ms);
         int busy = ring_drive(r, wait);
+        deadline_skip_stopped(&deadline, &mark, wait);
         if (busy < 0) {
             run_abandon(r, group, timeout_ms);
             return busy;
