@@ -176,6 +176,24 @@ static int parse_double_opt(const char *name, const char *text, double *out)
     return 0;
 }
 
+/* --NAME V where V is one of names[0..n-1]: *out = its index; else said with the values, in
+ * their order ("give a, b or c"). */
+static int parse_choice(const char *name, const char *v, const char *const *names, int n, int *out)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    char give[160] = "";
+    size_t at = 0;
+    for (int i = 0; i < n && at < sizeof give; i++)
+        at += (size_t)snprintf(give + at, sizeof give - at, "%s%s",
+                               i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+    fprintf(stderr, "fuyou-launch: --%s %s: give %s\n", name, v, give);
+    return -EINVAL;
+}
+
 static int parse_backend(struct fy_options *o, const char *v)
 {
     o->backend = v;
@@ -254,25 +272,13 @@ static int parse_clip(struct fy_options *o, const char *v)
 static int parse_clip_mode(struct fy_options *o, const char *v)
 {
     static const char *const modes[] = {"auto", "one-pass", "two-pass"};
-    for (int i = 0; i < 3; i++)
-        if (strcmp(v, modes[i]) == 0) {
-            o->clip_mode = i; /* FY_CLIP_AUTO, _ONE_PASS, _TWO_PASS */
-            return 0;
-        }
-    fprintf(stderr, "fuyou-launch: --clip-mode %s: give auto, one-pass or two-pass\n", v);
-    return -EINVAL;
+    return parse_choice("clip-mode", v, modes, 3, &o->clip_mode); /* FY_CLIP_AUTO, _ONE_PASS, ... */
 }
 
 static int parse_clip_hold(struct fy_options *o, const char *v)
 {
     static const char *const places[] = {"auto", "pool", "gpu"};
-    for (int i = 0; i < 3; i++)
-        if (strcmp(v, places[i]) == 0) {
-            o->clip_hold = i; /* FY_HOLD_AUTO, _POOL, _GPU */
-            return 0;
-        }
-    fprintf(stderr, "fuyou-launch: --clip-hold %s: give auto, pool or gpu\n", v);
-    return -EINVAL;
+    return parse_choice("clip-hold", v, places, 3, &o->clip_hold); /* FY_CLIP_HOLD_AUTO, ... */
 }
 
 static int parse_lr_schedule(struct fy_options *o, const char *v)
@@ -337,13 +343,7 @@ static int parse_ckpt_place(struct fy_options *o, const char *v)
 {
     static const char *const names[] = {[FY_CKPT_HOST] = "host", [FY_CKPT_SSD] = "ssd",
                                         [FY_CKPT_AUTO] = "auto"};
-    for (int i = 0; i < 3; i++)
-        if (strcmp(v, names[i]) == 0) {
-            o->ckpt_place = i;
-            return 0;
-        }
-    fprintf(stderr, "fuyou-launch: --ckpt-place %s: give host, ssd or auto\n", v);
-    return -EINVAL;
+    return parse_choice("ckpt-place", v, names, 3, &o->ckpt_place);
 }
 
 static int parse_act_plan(struct fy_options *o, const char *v)

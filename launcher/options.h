@@ -44,7 +44,7 @@ struct fy_options {
     double beta1, beta2, adam_eps; /* AdamW's (--adam-beta1, --adam-beta2, --adam-eps) */
     int lr_schedule;               /* --lr-schedule: enum fy_lr_schedule (launcher/train.h) */
     int clip_mode;                 /* --clip-mode: FY_CLIP_AUTO, _ONE_PASS, _TWO_PASS (plan.h) */
-    int clip_hold;                 /* --clip-hold: FY_HOLD_AUTO, _POOL, _GPU (plan.h) */
+    int clip_hold;                 /* --clip-hold: FY_CLIP_HOLD_AUTO, _POOL, _GPU (plan.h) */
     /* The training values given on the command line: those not given take the run's set of
      * defaults (fy_runconf_train_defaults: from scratch, or fine-tuning an imported model). */
     struct {
