@@ -157,8 +157,8 @@ static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_
         return;
     }
     /* one-pass clipping's gradients held in the arena (in gpu_need) */
-    uint64_t hold = p->gpu_need - p->gpu_working -
-                    (forced(in) ? FY_BACKEND_QUEUE * p->gpu_set : 0);
+    uint64_t hold = in->plan.shape.clip && p->place.grad_hold == FY_HOLD_GPU
+                        ? fy_plan_hold_bytes(c) : 0;
     char held[96] = "";
     if (hold > 0)
         snprintf(held, sizeof held, ", the blocks' gradients %s (one-pass clipping)", size(hold));

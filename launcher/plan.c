@@ -536,19 +536,33 @@ uint64_t fy_plan_hold_bytes(const struct fy_model_config *c)
     return (uint64_t)c->n_layer * block_slot_bytes(c);
 }
 
+/* What the GPU arena takes, where the backend's memory is modelled (returns 1; 0 where it is not,
+ * or no backend is named): its working buffers, a block's internals (a set), and what the plan
+ * needs: the working buffers, a set per call in flight with every block's internals swapped
+ * (--act-plan host or ssd), and with `hold` one pass's held gradients. */
+static int gpu_bytes(const struct fy_plan_in *in, int hold, uint64_t *working, uint64_t *set,
+                     uint64_t *need)
+{
+    const struct fy_plan_shape *s = &in->shape;
+    *working = *set = *need = 0;
+    if (in->backend == NULL || !fy_backend_gpu_bytes(in->backend, s->c, s->B, s->T, working, set))
+        return 0;
+    int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
+    *need = *working + (forced ? FY_BACKEND_QUEUE * *set : 0) +
+            (hold ? fy_plan_hold_bytes(s->c) : 0);
+    return 1;
+}
+
 /* Room in the GPU arena for one pass's held gradients beside what the plan needs there: within
  * the --gpu-mem given where the backend's memory is modelled (without one, the arena is sized to
  * the working buffers alone); the CPU backend holds them in the gpu worker's own memory. */
 static int hold_fits_gpu(const struct fy_plan_in *in)
 {
-    const struct fy_plan_shape *s = &in->shape;
-    uint64_t working, set;
+    uint64_t working, set, need;
     if (in->backend == NULL)
         return 0;
-    if (!fy_backend_gpu_bytes(in->backend, s->c, s->B, s->T, &working, &set))
+    if (!gpu_bytes(in, 1, &working, &set, &need))
         return 1;
-    int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
-    uint64_t need = working + (forced ? FY_BACKEND_QUEUE * set : 0) + fy_plan_hold_bytes(s->c);
     return in->gpu_mem > 0 && need <= in->gpu_mem;
 }
 
@@ -709,18 +723,11 @@ static uint64_t store_bytes(const struct fy_plan_in *in, const struct fy_plan *p
            (p->place.ckpt_slots ? fy_plan_ckpt_store_bytes(&in->shape) : 0);
 }
 
-/* What the GPU arena takes, where the backend's memory is modelled: the working buffers, and with
- * every block's internals swapped (--act-plan host or ssd) a set per call in flight. */
+/* The GPU arena against --gpu-mem (gpu_bytes). */
 static void plan_gpu(const struct fy_plan_in *in, struct fy_plan *p)
 {
-    const struct fy_plan_shape *s = &in->shape;
-    int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
-    p->gpu_modelled = in->backend != NULL &&
-                      fy_backend_gpu_bytes(in->backend, s->c, s->B, s->T, &p->gpu_working,
-                                           &p->gpu_set);
-    if (p->gpu_modelled)
-        p->gpu_need = p->gpu_working + (forced ? FY_BACKEND_QUEUE * p->gpu_set : 0) +
-                      (s->clip && p->place.grad_hold == FY_HOLD_GPU ? fy_plan_hold_bytes(s->c) : 0);
+    int hold = in->shape.clip && p->place.grad_hold == FY_HOLD_GPU;
+    p->gpu_modelled = gpu_bytes(in, hold, &p->gpu_working, &p->gpu_set, &p->gpu_need);
     p->fits_gpu = !p->gpu_modelled || in->gpu_mem == 0 || p->gpu_need <= in->gpu_mem;
 }
 
