@@ -47,10 +47,11 @@ static void account(struct fy_tickets *tk, const struct fy_ticket *t)
         fprintf(tk->trace,
                 "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, "
                 "\"dur\": %.3f, \"pid\": 1, \"tid\": %d, \"args\": {\"step\": %llu, "
-                "\"unit\": %d, \"seq\": %lld, \"tensor\": %u, \"at\": %llu}},\n",
+                "\"unit\": %d, \"seq\": %lld, \"tensor\": %u, \"at\": %llu, \"bytes\": %llu}},\n",
                 fy_op_name(t->op), tracks[t->worker], (double)t->reply.offset * 1e-3,
                 (double)t->reply.bytes * 1e-3, t->worker + 1, (unsigned long long)t->step,
-                t->layer, (long long)t->id, t->tensor, (unsigned long long)t->at);
+                t->layer, (long long)t->id, t->tensor, (unsigned long long)t->at,
+                (unsigned long long)t->io_bytes);
 }
 
 /* A read that the store answered with bytes other than were written there (a digest mismatch, an

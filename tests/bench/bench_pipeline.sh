@@ -71,18 +71,22 @@ run() {
   [ "$place" = ssd ] && steps=${PIPELINE_SSD_STEPS:-$STEPS}
   done_steps=$(cat "$dir/steps" 2>/dev/null || echo 0)
   local total=$((done_steps + steps + 2))
-  local log=$work/$1.log
+  # a mode given twice (PIPELINE_CLIP_MODES="none auto none auto") runs again: its log and trace
+  # get the names NAME-2, NAME-3, ...
+  local name=$1 k=2
+  while [ -e "$work/$name.log" ]; do name=$1-$k; k=$((k + 1)); done
+  local log=$work/$name.log
   FUYOU_GPU_QUEUE=$queue "$L" train --run-dir "$dir" --data "$work/data.tok" --steps $total \
     --batch "$B" --seq "$SEQ" --lr 1e-4 --warmup 1 --eval-every 0 --checkpoint-every 0 \
     --backend "$BACKEND" --gpu-mem 24G --cpu-mem "$mem" --schedule "$sched" \
     ${PIPELINE_CKPT:+--ckpt-place "$PIPELINE_CKPT"} ${gslots:+--grad-slots "$gslots"} --act-plan "$plan" \
     --affinity "$affinity" --weights-dtype "$weights" \
-    ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$1.json"} ${CLIP_ARGS:-} \
+    ${PIPELINE_TRACE_DIR:+--trace "$PIPELINE_TRACE_DIR/$name.json"} ${CLIP_ARGS:-} \
     ${PIPELINE_TRAIN_ARGS:-} >"$log" 2>&1
   local rc=$?
   [ -n "${PIPELINE_LOG_DIR:-}" ] && cp "$log" "$PIPELINE_LOG_DIR/"
   [ $rc = 0 ] ||
-    { echo "run $1 failed:"; grep -E " error: " "$log" | head -3; tail -3 "$log"; return 1; }
+    { echo "run $name failed:"; grep -E " error: " "$log" | head -3; tail -3 "$log"; return 1; }
   echo $total >"$dir/steps"
   grep -E "plan|resident|state of|blocks kept" "$log" | head -4 | cut -c1-200
   grep -E "plan: activations|plan: auto|predicted step|layers on gpu|profiled one block" "$log" |

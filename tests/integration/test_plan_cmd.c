@@ -605,6 +605,23 @@ static void test_trace_and_busy_metrics(void **state)
         assert_true(fy_test_file_contains(out, "optimizer idle > 1 ms"));
         snprintf(cmd, sizeof cmd, "python3 tests/bench/trace_gaps.py %s 9 > %s", trace, out);
         assert_int_not_equal(system(cmd), 0); /* no step 9 */
+        /* tests/bench/trace_disk.py: the disk per phase of steps 2 and 3 */
+        snprintf(cmd, sizeof cmd, "python3 tests/bench/trace_disk.py %s > %s", trace, out);
+        assert_int_equal(system(cmd), 0);
+        assert_true(fy_test_file_contains(out, "   2 forward "));
+        assert_true(fy_test_file_contains(out, "   2 backward "));
+        assert_int_equal(fy_test_count_matches(out, "   1 forward "), 0); /* the first: left out */
+        /* the reads' bytes in the trace are those metrics.jsonl counts for steps 1 and 2 (the
+         * last step's commit reads after its line) */
+        snprintf(cmd, sizeof cmd,
+                 "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+                 "m=[json.loads(l) for l in open(sys.argv[2])]; "
+                 "t=[sum(e[\"args\"][\"bytes\"] for e in d if e.get(\"name\")==\"io-read\" "
+                 "and e[\"args\"][\"step\"]==s) for s in (1, 2)]; "
+                 "sys.exit(0 if t[1]>0 and t==[r[\"ssd_read_bytes\"] for r in m[:2]] else 1)' "
+                 "%s %s/metrics.jsonl",
+                 trace, run);
+        assert_int_equal(system(cmd), 0);
     } else {
         print_message("python3 missing: the trace's JSON syntax was not checked\n");
     }
