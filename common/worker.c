@@ -24,8 +24,9 @@ static void on_sigterm(int sig) { worker_terminate = sig; }
 static void usage(const char *name)
 {
     fprintf(stderr,
-            "usage: fuyou-%s-worker --run-dir DIR\n"
-            "Started by fuyou-launch, which writes DIR/run.conf; not meant to be run by hand.\n",
+            "usage: fuyou-%s-worker --run-dir DIR [--rank R]\n"
+            "Started by fuyou-launch, which writes DIR/run.conf; not meant to be run by hand.\n"
+            "--rank R: the gpu worker of rank R of several (--gpus), named gpuR (0: gpu)\n",
             name);
 }
 
@@ -34,6 +35,14 @@ static int parse_args(int argc, char **argv, struct fy_worker *w)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--run-dir") == 0 && i + 1 < argc) {
             snprintf(w->run_dir, sizeof w->run_dir, "%s", argv[++i]);
+        } else if (strcmp(argv[i], "--rank") == 0 && i + 1 < argc && strcmp(w->name, "gpu") == 0) {
+            char *end = NULL;
+            long r = strtol(argv[++i], &end, 10);
+            if (end == argv[i] || *end != 0 || r < 0 || r >= 64) {
+                fprintf(stderr, "fuyou-%s-worker: --rank %s: give 0 to 63\n", w->name, argv[i]);
+                return -EINVAL;
+            }
+            w->rank = (int)r;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(w->name);
             return 1;
@@ -55,6 +64,8 @@ static int worker_setup(struct fy_worker *w)
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/run.conf", w->run_dir);
     FY_TRY(fy_config_load(w->cfg, path));
+    if (w->rank > 0) /* which share of the batch the gpu worker computes (gpu_worker/gptexec) */
+        FY_TRY(fy_config_setf(w->cfg, "train.rank", "%d", w->rank));
     const char *log_file = fy_config_get(w->cfg, "log_file");
     if (log_file != NULL && fy_log_set_file(log_file) < 0)
         fy_warn("cannot append to the run log %s: logging to stderr only", log_file);
@@ -250,6 +261,11 @@ int fy_worker_main(int argc, char **argv, const char *name, const struct fy_work
     int rc = parse_args(argc, argv, &w);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
+    if (w.rank > 0) {
+        snprintf(w.rank_name, sizeof w.rank_name, "%s%d", name, w.rank);
+        w.name = w.rank_name;
+        fy_log_init(w.name, FY_LOG_INFO);
+    }
     /* Ctrl-C reaches the whole process group; the launcher decides how to stop, so ignore it. */
     signal(SIGINT, SIG_IGN);
     signal(SIGPIPE, SIG_IGN); /* a closed log pipe must not kill a worker mid-write */

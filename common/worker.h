@@ -14,7 +14,9 @@
 #include "topo.h"
 
 struct fy_worker {
-    const char *name; /* "gpu", "io", "opt" */
+    const char *name; /* "gpu", "io", "opt"; the gpu worker of rank R > 0: "gpuR" */
+    int rank;         /* --rank: which of several gpu workers (0: the first, or the only one) */
+    char rank_name[16];
     char run_dir[PATH_MAX];
     struct fy_config *cfg;
     struct fy_topo *topo;

@@ -265,6 +265,33 @@ int fy_backend_model_hold_send(struct fy_backend *b, int slot, float *dparams)
     return completed(b, b->ops->model_hold_send(b->state, slot, dparams));
 }
 
+int fy_backend_model_loss_count(struct fy_backend *b, uint64_t count)
+{
+    FY_REQUIRE(b->ops->model_loss_count != NULL, -ENOTSUP,
+               "the %s backend cannot share a batch between gpu workers: use --gpus 1",
+               b->ops->name);
+    return b->ops->model_loss_count(b->state, count);
+}
+
+int fy_backend_model_sums_ranks(const struct fy_backend *b)
+{
+    return b->ops->model_ranks != NULL && b->ops->model_rank_id != NULL;
+}
+
+int fy_backend_model_rank_id(struct fy_backend *b, void *id, size_t len)
+{
+    FY_REQUIRE(fy_backend_model_sums_ranks(b), -ENOTSUP,
+               "the %s backend has no collective library for several gpu workers", b->ops->name);
+    return b->ops->model_rank_id(b->state, id, len);
+}
+
+int fy_backend_model_ranks(struct fy_backend *b, int rank, int ranks, const void *id, size_t len)
+{
+    FY_REQUIRE(fy_backend_model_sums_ranks(b), -ENOTSUP,
+               "the %s backend has no collective library for several gpu workers", b->ops->name);
+    return b->ops->model_ranks(b->state, rank, ranks, id, len);
+}
+
 int fy_backend_model_keep(struct fy_backend *b, int max_layers)
 {
     return b->ops->model_keep != NULL && max_layers > 0 ? b->ops->model_keep(b->state, max_layers) : 0;

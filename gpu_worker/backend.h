@@ -121,6 +121,21 @@ struct fy_backend_ops {
     int (*model_hold)(void *state, int count);
     int (*model_hold_last)(void *state, int slot);
     int (*model_hold_send)(void *state, int slot, float *dparams);
+    /* Several gpu workers, each with a share of the batch (--gpus). model_loss_count: the
+     * model_head calls made from now on average their loss and its gradient over `count` targets
+     * (the whole batch's, of which the call's are a share) instead of the call's own; 0: its own.
+     * A queued call keeps the count it was made with. NULL: one worker only. */
+    int (*model_loss_count)(void *state, uint64_t count);
+    /* model_rank_id: rank 0 makes the collective library's id of a new group (at most `len`
+     * bytes into id, its length returned); model_ranks: joins the group as `rank` of `ranks`
+     * (every rank at once: it waits for the others), after which every gradient a model call
+     * writes (a block's dparams, the head's dfinal and dembed, the embeddings' dembed) is summed
+     * over the ranks on the devices, in the library's fixed order, and only rank 0 writes it to its
+     * host buffer; rank 0's embedding backward adds to the host dembed as before, the other
+     * ranks' to zeros. NULL: the backend sums nothing itself (the gpu worker then sums the host
+     * buffers in rank order, gpu_worker/ranks). */
+    int (*model_rank_id)(void *state, void *id, size_t len);
+    int (*model_ranks)(void *state, int rank, int ranks, const void *id, size_t len);
 };
 
 #define FY_BACKEND_QUEUE 2
@@ -168,6 +183,12 @@ int fy_backend_model_block_backward(struct fy_backend *b, int layer, const void 
 int fy_backend_model_hold(struct fy_backend *b, int count);
 int fy_backend_model_hold_last(struct fy_backend *b, int slot);
 int fy_backend_model_hold_send(struct fy_backend *b, int slot, float *dparams);
+/* Several workers (see model_loss_count, model_rank_id, model_ranks): -ENOTSUP (said) for a
+ * backend without; fy_backend_model_sums_ranks says whether model_ranks is there. */
+int fy_backend_model_loss_count(struct fy_backend *b, uint64_t count);
+int fy_backend_model_sums_ranks(const struct fy_backend *b);
+int fy_backend_model_rank_id(struct fy_backend *b, void *id, size_t len);
+int fy_backend_model_ranks(struct fy_backend *b, int rank, int ranks, const void *id, size_t len);
 /* Blocks whose internals the backend keeps (see model_keep); 0 where it always recomputes. */
 int fy_backend_model_keep(struct fy_backend *b, int max_layers);
 /* Readies swapping (see model_swap); 0 where the backend needs nothing. */

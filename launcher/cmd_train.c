@@ -477,7 +477,8 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
     const struct fy_actrun *act = &t->act.run;
     const struct fy_actrun_in *act_in = &t->act.in;
     t->to = (struct fy_train_opts){
-        .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .lr = o->lr,
+        .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .ranks = (int)o->gpus,
+        .lr = o->lr,
         .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio,
         .schedule = (enum fy_lr_schedule)o->lr_schedule, .seed = o->seed,
         .eval_every = o->eval_every, .eval_batches = o->eval_batches,

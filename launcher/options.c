@@ -328,6 +328,11 @@ static int parse_prefetch(struct fy_options *o, const char *v)
     return parse_count_opt("--prefetch", v, 1, FY_PLAN_PREFETCH_MAX, "units", &o->prefetch);
 }
 
+static int parse_gpus(struct fy_options *o, const char *v)
+{
+    return parse_count_opt("--gpus", v, 1, FY_PLAN_RANKS_MAX, "gpu workers", &o->gpus);
+}
+
 static int parse_act_ahead(struct fy_options *o, const char *v)
 {
     return parse_count_opt("--act-ahead", v, 1, FY_PLAN_ACT_AHEAD_MAX, "blocks", &o->act_ahead);
@@ -444,6 +449,9 @@ static const struct opt_spec specs[] = {
      "(0: no cap)"},
     {"gpu-mem", "SIZE", PLANS | C(PROBE) | C(SELFTEST), K_SIZE, U64(gpu_mem), 0, NULL,
      "the GPU arena: working buffers, kept blocks' internals, swap sets (all free)"},
+    {"gpus", "N", PLANS, K_PARSE, 0, 0, parse_gpus,
+     "gpu workers, one per GPU, each computing B / N sequences of every step; their gradients "
+     "are summed in rank order (1)"},
     {"backend", "auto|cpu|cuda", PLANS | C(PROBE) | C(SELFTEST), K_PARSE, 0, 0, parse_backend,
      "the gpu worker's backend: auto is CUDA where a device is visible and the build has it, else "
      "the CPU reference (auto)"},
@@ -745,7 +753,7 @@ static void set_defaults(struct fy_options *o)
         .block_size = 1 << 20, .stripe_unit = 1 << 20, .ready_timeout_s = 60, .timeout_s = 300,
         .layers = 4, .heads = 4, .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
         .eval_every = 50, .eval_batches = 4,
-        .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1, .prefetch = 1,
+        .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1, .prefetch = 1, .gpus = 1,
         .act_ahead = FY_PLAN_ACT_AHEAD_DEFAULT, .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
         .max_shard_size = 50000000000ull, .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
         .act_plan = "auto", .max_restarts = 5, .state_copies = 2, .optim_state = -1};

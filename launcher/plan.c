@@ -245,6 +245,8 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     uint64_t kept = fy_plan_resident_bytes(c, p->resident);
     if (kept > 0) /* optimizer state that stays in the pool across steps */
         out[i++] = (struct fy_pool_region_spec){"resident", kept};
+    if (s->ranks > 1) /* the gpu workers' rank-order reduction: a line each (fy_plan_layout) */
+        out[i++] = (struct fy_pool_region_spec){"ranks", FY_PLAN_RANKS_BYTES};
     if (fy_plan_swap_pool_bytes(&p->swap) > 0) /* the blocks' swapped internals */
         out[i++] = (struct fy_pool_region_spec){"saved", fy_plan_swap_pool_bytes(&p->swap)};
     *n = i;

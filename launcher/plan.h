@@ -48,7 +48,14 @@ struct fy_plan_shape {
     int B, T;      /* B sequences of T tokens a step (1 x 1: init and export) */
     int act_dtype; /* activations in the pool: FY_DTYPE_F32 or _BF16 (the backend's) */
     int clip;      /* the gradient norm clipped (one pass or two: fy_plan_place.grad_hold) */
+    int ranks;     /* gpu workers (--gpus), each with B / ranks sequences; 0 or 1: one */
 };
+
+/* The most gpu workers a run has (--gpus), and the pool region through which several of them
+ * sum their gradients in rank order (gpu_worker/ranks.h: a 64-byte line per rank, then the
+ * collective library's id). */
+#define FY_PLAN_RANKS_MAX 8
+#define FY_PLAN_RANKS_BYTES 4096
 
 /* Units of weights read ahead of the one the gpu computes (--prefetch): each costs a unit slot. */
 #define FY_PLAN_PREFETCH_MAX 8
@@ -129,7 +136,7 @@ uint64_t fy_plan_resident_bytes(const struct fy_model_config *c, const unsigned 
 
 /* ---- the pool's regions ---------------------------------------------------------------------- */
 
-#define FY_PLAN_REGIONS_MAX 11
+#define FY_PLAN_REGIONS_MAX 12
 /* Pool regions for a step of shape s (B = T = 1 for init and export) with placement p: the
  * streaming regions (meta, tokens, the checkpoints or their slots, activation gradients, the
  * weights slots, the gradient slots with clipping's final-unit gradient after them, two state

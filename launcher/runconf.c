@@ -226,6 +226,7 @@ int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *m
     FY_TRY(fy_model_config_to(model, cfg));
     FY_TRY(fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)o->batch));
     FY_TRY(fy_config_setf(cfg, "train.seq", "%llu", (unsigned long long)o->seq));
+    FY_TRY(fy_config_setf(cfg, "train.ranks", "%llu", (unsigned long long)o->gpus));
     FY_TRY(fy_config_set(cfg, "train.act_dtype", fy_dtype_name(act_dtype)));
     FY_TRY(fy_config_set(cfg, "train.act_plan", o->act_plan));
     return 0;
@@ -244,7 +245,7 @@ int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config 
     *in = (struct fy_plan_in){
         .shape = {.c = model, .B = (int)o->batch, .T = (int)o->seq,
                   .act_dtype = fy_backend_preferred_act_dtype(backend),
-                  .clip = o->clip_grad_norm > 0},
+                  .clip = o->clip_grad_norm > 0, .ranks = (int)o->gpus},
         .backend = backend, .prefetch = (unsigned)o->prefetch,
         .grad_slots = (unsigned)o->grad_slots, .act_ahead = (unsigned)o->act_ahead,
         .ckpt_place = o->ckpt_place, .weight_dtype = fy_runconf_weight_dtype(o, backend),

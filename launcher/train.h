@@ -44,6 +44,7 @@ enum fy_lr_schedule { FY_LR_COSINE, FY_LR_LINEAR };
 struct fy_train_opts {
     uint64_t steps;       /* train until this step (total, counting steps already in the store) */
     int batch, seq;       /* B sequences of T tokens per step */
+    int ranks;            /* gpu workers, each with batch / ranks sequences (--gpus) */
     double lr;            /* peak learning rate */
     uint64_t warmup;      /* linear warmup steps */
     double min_lr_ratio;  /* the decay's floor: lr * min_lr_ratio */

@@ -52,6 +52,7 @@ struct cpu_state {
     float *held;
     int holds;
     const float *last_dparams;
+    uint64_t loss_count; /* model_loss_count: the whole batch's targets (0: the call's own) */
 };
 
 static int cpu_open(void **state, uint64_t gpu_mem, char *device, size_t device_len)
@@ -274,6 +275,14 @@ static int head_weights(struct cpu_state *s, const void *final_in, const void *e
     return weights_f32(s, 1, embed_in, fy_model_unit_params(&s->cfg, 0), embed);
 }
 
+static void scale_floats(void *at, uint64_t n, float f)
+{
+    float *v = at;
+#pragma omp parallel for schedule(static)
+    for (uint64_t i = 0; i < n; i++)
+        v[i] *= f;
+}
+
 static int cpu_head(void *state, const void *final_in, const void *embed_in, const void *x,
                     const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed)
 {
@@ -282,6 +291,27 @@ static int cpu_head(void *state, const void *final_in, const void *embed_in, con
     FY_TRY(head_weights(s, final_in, embed_in, &final_params, &embed));
     *loss = s->fam->head(&s->cfg, final_params, embed, x, targets, dx, dfinal, dembed,
                          s->head_scratch, s->B, s->T);
+    /* the mean over the whole batch's targets: this call's, which the family divided by its own
+     * count, rescaled (within float rounding of dividing by the whole count at once) */
+    uint64_t own = 0, n = (uint64_t)s->B * s->T;
+    for (uint64_t i = 0; i < n; i++)
+        own += targets[i] >= 0;
+    if (s->loss_count == 0 || s->loss_count == own)
+        return 0;
+    float f = (float)((double)own / (double)s->loss_count);
+    *loss *= f;
+    if (dx == NULL)
+        return 0;
+    const struct fy_model_config *c = &s->cfg;
+    scale_floats(dx, n * c->n_embd, f);
+    scale_floats(dfinal, fy_model_unit_params(c, c->n_layer + 1), f);
+    scale_floats(dembed, fy_model_unit_params(c, 0), f);
+    return 0;
+}
+
+static int cpu_loss_count(void *state, uint64_t count)
+{
+    ((struct cpu_state *)state)->loss_count = count;
     return 0;
 }
 
@@ -406,4 +436,5 @@ const struct fy_backend_ops fy_cpu_backend_ops = {
     .model_hold = cpu_hold,
     .model_hold_last = cpu_hold_last,
     .model_hold_send = cpu_hold_send,
+    .model_loss_count = cpu_loss_count,
 };
