@@ -276,6 +276,40 @@ static hwloc_obj_t find_gpu(const struct fy_topo *t)
     return NULL;
 }
 
+/* The k-th NVIDIA GPU's hwloc object: the OS device "cudaK" (or "nvmlK"), else the k-th NVIDIA
+ * PCI display device; NULL where hwloc sees fewer. */
+static hwloc_obj_t find_gpu_k(const struct fy_topo *t, int k)
+{
+    char cuda[16], nvml[16];
+    snprintf(cuda, sizeof cuda, "cuda%d", k);
+    snprintf(nvml, sizeof nvml, "nvml%d", k);
+    hwloc_obj_t o = NULL;
+    while ((o = hwloc_get_next_osdev(t->topo, o)) != NULL)
+        if (o->name != NULL && (strcmp(o->name, cuda) == 0 || strcmp(o->name, nvml) == 0))
+            return o;
+    int seen = 0;
+    while ((o = hwloc_get_next_pcidev(t->topo, o)) != NULL)
+        if (is_nvidia_pci(o) && seen++ == k)
+            return o;
+    return NULL;
+}
+
+int fy_topo_gpu_cpus(const struct fy_topo *t, int k, char *buf, size_t len)
+{
+    hwloc_obj_t gpu = find_gpu_k(t, k);
+    hwloc_obj_t anc = gpu ? hwloc_get_non_io_ancestor_obj(t->topo, gpu) : NULL;
+    if (anc == NULL || anc->cpuset == NULL)
+        return -ENOENT;
+    hwloc_bitmap_t near = hwloc_bitmap_alloc();
+    if (near == NULL)
+        return -ENOMEM;
+    int rc = hwloc_bitmap_and(near, anc->cpuset, t->allowed) == 0 && !hwloc_bitmap_iszero(near)
+                 ? set_to_list(near, buf, len)
+                 : -ENOENT;
+    hwloc_bitmap_free(near);
+    return rc;
+}
+
 static void locate_gpu(struct fy_topo *t)
 {
     t->gpu_numa = -1;

@@ -23,6 +23,9 @@ unsigned fy_topo_core_count(const struct fy_topo *t);
 unsigned fy_topo_pu_count(const struct fy_topo *t);
 /* OS index of the GPU's NUMA node; -1 if unknown. */
 int fy_topo_gpu_numa_node(const struct fy_topo *t);
+/* The allowed cpus nearest the k-th NVIDIA GPU (its NUMA node's, as hwloc places it) as a list;
+ * -ENOENT where hwloc does not see that GPU or it has no allowed cpu near it. */
+int fy_topo_gpu_cpus(const struct fy_topo *t, int k, char *buf, size_t len);
 /* Says where the GPU is when hwloc cannot see it (config entry); node is an OS index with allowed
  * cpus, or -1 to forget the GPU's locality. -EINVAL with a message otherwise. */
 int fy_topo_set_gpu_numa_node(struct fy_topo *t, int node);

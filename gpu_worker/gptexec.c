@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/dtype.h"
 #include "common/knobs.h"
+#include "gpu_worker/ranks.h"
 
 struct fy_gptexec {
     struct fy_backend *backend;
@@ -20,6 +21,12 @@ struct fy_gptexec {
     struct fy_actplan_sizes saved_sizes; /* of the kinds in saved regions, the backend's layout */
     int queues; /* the backend queues calls (fy_backend_model_set_queued) */
     int holds;  /* block gradients held on the device (train.grad_hold) */
+    /* several gpu workers (train.ranks): this one's rank, its share of every batch-shaped region
+     * (B / ranks sequences, at rank x the share's bytes), and where the backend sums nothing
+     * itself, the sum of the ranks' gradients through the pool (gpu_worker/ranks) */
+    int rank, ranks;
+    uint64_t act_share, tok_share;
+    struct fy_ranks *sum;
     /* requests queued on the backend, oldest at `first`: where a head's loss lands */
     struct {
         int head;
@@ -28,7 +35,57 @@ struct fy_gptexec {
     unsigned first, count;
 };
 
-int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const struct fy_config *cfg)
+/* This worker joins the others of the run. Where the backend sums gradients itself (NCCL), rank 0
+ * makes the group's id and puts it in the pool's ranks region (its length, then the id) and every
+ * rank joins with it, each waiting for all; else the gradients are summed through the pool, which
+ * needs room here for the largest unit's gradient. */
+static int join_ranks(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_config *cfg)
+{
+    uint64_t timeout_s = 600;
+    FY_TRY(fy_config_get_u64(cfg, "timeout_s", 0, 600, &timeout_s));
+    /* the largest unit's, or the head's two (the final unit's and the embeddings') */
+    size_t most = fy_model_unit_params(&e->cfg, 0) +
+                  fy_model_unit_params(&e->cfg, e->cfg.n_layer + 1);
+    for (unsigned u = 0; u < fy_model_unit_count(&e->cfg); u++) {
+        size_t n = fy_model_unit_params(&e->cfg, u);
+        most = n > most ? n : most;
+    }
+    int sums = fy_backend_model_sums_ranks(e->backend);
+    struct fy_ranks *r;
+    FY_TRY(fy_ranks_new(&r, pool, e->rank, e->ranks, sums ? 0 : most, (int)timeout_s * 1000));
+    if (!sums) {
+        e->sum = r;
+        return 0;
+    }
+    size_t room;
+    uint64_t *area = fy_ranks_id_area(r, &room);
+    int rc = 0;
+    if (e->rank == 0) {
+        int len = fy_backend_model_rank_id(e->backend, area + 1, room - sizeof *area);
+        rc = len < 0 ? len : 0;
+        if (rc == 0) {
+            area[0] = (uint64_t)len;
+            rc = fy_ranks_id_ready(r);
+        }
+    } else {
+        rc = fy_ranks_id_wait(r);
+    }
+    if (rc == 0 && area[0] > room - sizeof *area) {
+        fy_error("gpu worker %d: the group id in the pool says %llu bytes, more than its %zu",
+                 e->rank, (unsigned long long)area[0], room - sizeof *area);
+        rc = -EPROTO;
+    }
+    if (rc == 0)
+        rc = fy_backend_model_ranks(e->backend, e->rank, e->ranks, area + 1, (size_t)area[0]);
+    if (rc == 0)
+        fy_info("gpu worker %d of %d: joined the group; the backend sums the gradients", e->rank,
+                e->ranks);
+    fy_ranks_destroy(&r);
+    return rc;
+}
+
+int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const struct fy_config *cfg,
+                   const struct fy_pool *pool)
 {
     *out = NULL;
     struct fy_gptexec *e = calloc(1, sizeof *e);
@@ -53,11 +110,26 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
         fy_error("%s: train.act_dtype = %s: use f32 or bf16", cfg->path, act);
         rc = -EINVAL;
     }
+    uint64_t rank = 0, ranks = 1;
+    if (rc == 0)
+        rc = fy_config_get_u64(cfg, "train.ranks", 0, 1, &ranks);
+    if (rc == 0)
+        rc = fy_config_get_u64(cfg, "train.rank", 0, 0, &rank);
+    if (rc == 0 && (ranks < 1 || rank >= ranks || B % ranks != 0)) {
+        fy_error("%s: gpu worker of rank %llu of %llu with a batch of %llu: need rank < ranks and "
+                 "the batch a multiple of the ranks (--batch, --gpus)", cfg->path,
+                 (unsigned long long)rank, (unsigned long long)ranks, (unsigned long long)B);
+        rc = -EINVAL;
+    }
     if (rc == 0) {
-        e->B = (int)B;
+        e->rank = (int)rank;
+        e->ranks = (int)ranks;
+        e->B = (int)(B / ranks); /* this worker's share */
         e->T = (int)T;
         e->act_bytes = (uint64_t)B * T * e->cfg.n_embd * fy_dtype_size(e->act_dtype);
         e->tok_bytes = (uint64_t)B * T * 4;
+        e->act_share = e->act_bytes / ranks;
+        e->tok_share = e->tok_bytes / ranks;
         e->backend = backend;
         rc = fy_backend_model_prepare(backend, &e->cfg, e->B, e->T);
     }
@@ -66,6 +138,8 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     if (rc == 0)
         rc = fy_actplan_sizes_backend(&e->cfg, e->B, e->T, fy_backend_name(backend),
                                       &e->saved_sizes);
+    if (rc == 0 && e->ranks > 1)
+        rc = join_ranks(e, pool, cfg);
     /* train.act_plan: "auto" keeps the internals of the blocks that fit in the GPU budget beside
      * the working buffers (their backward then recomputes nothing), "recompute" keeps none,
      * "host" and "ssd" swap them through the pool */
@@ -87,6 +161,12 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     uint64_t hold = 0;
     if (rc == 0)
         rc = fy_config_get_u64(cfg, "train.grad_hold", 0, 0, &hold);
+    if (rc == 0 && hold > 0 && e->ranks > 1) {
+        fy_error("%s: train.grad_hold = %llu with %d gpu workers: gradients held on the GPUs are "
+                 "for one worker; use --clip-hold pool (or auto) with --gpus", cfg->path,
+                 (unsigned long long)hold, e->ranks);
+        rc = -EINVAL;
+    }
     if (rc == 0 && hold > e->cfg.n_layer) {
         fy_error("%s: train.grad_hold = %llu: at most the model's %u blocks", cfg->path,
                  (unsigned long long)hold, e->cfg.n_layer);
@@ -98,6 +178,12 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
         fy_info("gpu worker: the gradients of %llu blocks held here from the norm pass to their "
                 "updates (one-pass clipping, train.grad_hold)", (unsigned long long)hold);
     e->holds = (int)hold;
+    if (rc == 0 && e->ranks > 1 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap)) {
+        fy_error("%s: blocks' internals swapped through the pool (train.act_plan %s) with %d gpu "
+                 "workers: not supported; use --act-plan auto or recompute with --gpus",
+                 cfg->path, plan ? plan : "auto", e->ranks);
+        rc = -ENOTSUP;
+    }
     if (rc == 0 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap))
         rc = fy_backend_model_swap(backend);
     if (rc == 0 && plan != NULL && mode == FY_ACTPLAN_AUTO) {
@@ -116,7 +202,14 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
         fy_info("FUYOU_GPU_QUEUE=1: each GPT request completes before the next one starts");
     if (rc == 0)
         e->queues = fy_backend_model_set_queued(backend, !one_at_a_time);
+    if (rc == 0 && e->queues && e->sum != NULL) { /* the sum needs each call complete */
+        fy_error("%s: the %s backend queues its calls and sums no gradients itself: several gpu "
+                 "workers need it built with NCCL (make check-deps says how)", cfg->path,
+                 fy_backend_name(backend));
+        rc = -ENOTSUP;
+    }
     if (rc < 0) {
+        fy_ranks_destroy(&e->sum);
         free(e);
         return rc;
     }
@@ -128,6 +221,7 @@ void fy_gptexec_destroy(struct fy_gptexec **ep)
 {
     if (ep == NULL || *ep == NULL)
         return;
+    fy_ranks_destroy(&(*ep)->sum);
     free(*ep);
     *ep = NULL;
 }
@@ -228,8 +322,39 @@ static int check_tokens(const int32_t *tok, size_t n, uint32_t vocab, int allow_
     return 0;
 }
 
+/* This worker's share of a batch-shaped part (tokens, activations, their gradients) at p, whose
+ * whole is `bytes`: the rank-th of the ranks' equal shares. */
+static void *share(const struct fy_gptexec *e, void *p, uint64_t bytes)
+{
+    return (char *)p + (uint64_t)e->rank * (bytes / (uint64_t)e->ranks);
+}
+
+/* Where this worker computes a gradient of n floats bound for pool memory `to` (fy_ranks_target;
+ * `to` itself with one worker or a backend that sums). */
+static float *grad_target(struct fy_gptexec *e, void *to, uint64_t n, int accumulates, size_t at)
+{
+    return e->sum != NULL ? fy_ranks_target(e->sum, to, n, accumulates, at) : to;
+}
+
+/* After the backend computed gradients at grad_target's addresses: summed into `to` in rank order
+ * (nothing with one worker or a backend that sums). */
+static int grad_sum(struct fy_gptexec *e, int rc, void *to, uint64_t n, size_t at)
+{
+    return rc == 0 && e->sum != NULL ? fy_ranks_sum(e->sum, to, n, at) : rc;
+}
+
+/* The targets >= 0 of the whole batch, which every worker's head averages over. */
+static uint64_t batch_targets(const struct fy_gptexec *e, const int32_t *targets)
+{
+    uint64_t n = 0, all = e->tok_bytes / 4;
+    for (uint64_t i = 0; i < all; i++)
+        n += targets[i] >= 0;
+    return n;
+}
+
 /* Checks the request and calls the backend, which may only queue the work; a head's loss goes to
- * *loss (written when the call completes). */
+ * *loss (written when the call completes). With several workers, each computes its share of the
+ * batch and the gradients are summed over them. */
 static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
                     unsigned n, double *loss)
 {
@@ -249,6 +374,8 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         wsize = fy_dtype_size(WT);
         FY_TRY(part(pool, req, n, 1, W, WT, embed_n * wsize, &p[1]));
         FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
+        p[0] = share(e, p[0], e->tok_bytes);
+        p[2] = share(e, p[2], e->act_bytes);
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-fwd inputs"));
         return fy_backend_model_embed_forward(e->backend, p[1], p[0], p[2]);
     case FY_OP_GPT_BLOCK_FWD:
@@ -258,10 +385,15 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_TRY(weights_dtype(e, req, n, 0, &WT));
         FY_TRY(part(pool, req, n, 0, W, WT, block_n * fy_dtype_size(WT), &p[0]));
         FY_TRY(part(pool, req, n, 1, A, ACT, e->act_bytes, &p[1]));
+        p[1] = share(e, p[1], e->act_bytes);
         struct fy_block_saved saved;
         int any;
+        FY_REQUIRE(e->ranks == 1 || n <= (req[0].op == FY_OP_GPT_BLOCK_FWD ? 3u : 5u), -EPROTO,
+                   "%s: saved internals with %d gpu workers: not supported", fy_op_name(req[0].op),
+                   e->ranks);
         if (req[0].op == FY_OP_GPT_BLOCK_FWD) {
             FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
+            p[2] = share(e, p[2], e->act_bytes);
             FY_TRY(saved_parts(e, pool, req, n, 3, &saved, &any));
             return fy_backend_model_block_forward(e->backend, layer, p[0], p[1], p[2],
                                                 any ? &saved : NULL);
@@ -271,8 +403,12 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
         FY_TRY(saved_parts(e, pool, req, n, 5, &saved, &any));
         FY_TRY(held_buffer(e, req, 4, 1, &held));
-        FY_TRY(fy_backend_model_block_backward(e->backend, layer, p[0], p[1], p[2], p[3], p[4],
-                                               any ? &saved : NULL));
+        p[2] = share(e, p[2], e->act_bytes);
+        p[3] = share(e, p[3], e->act_bytes);
+        float *dparams = grad_target(e, p[4], block_n, 0, 0);
+        FY_TRY(grad_sum(e, fy_backend_model_block_backward(e->backend, layer, p[0], p[1], p[2],
+                                                           p[3], dparams, any ? &saved : NULL),
+                        p[4], block_n, 0));
         return held >= 0 ? fy_backend_model_hold_last(e->backend, held) : 0;
     case FY_OP_GPT_GRAD_SEND:
         FY_REQUIRE(n == 1 && layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
@@ -289,14 +425,27 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         wsize = fy_dtype_size(WT);
         FY_TRY(part(pool, req, n, 2, W, WT, final_n * wsize, &p[2]));
         FY_TRY(part(pool, req, n, 3, W, WT, embed_n * wsize, &p[3]));
+        if (e->ranks > 1) /* every worker's share averaged over the whole batch's targets */
+            FY_TRY(fy_backend_model_loss_count(e->backend, batch_targets(e, p[1])));
+        p[0] = share(e, p[0], e->act_bytes);
+        p[1] = share(e, p[1], e->tok_bytes);
         FY_TRY(check_tokens(p[1], (size_t)e->B * e->T, c->vocab, 1, "gpt-head targets"));
         p[4] = p[5] = p[6] = NULL;
+        float *dfinal = NULL, *dembed = NULL;
         if (n == 7) {
             FY_TRY(part(pool, req, n, 4, G, ACT, e->act_bytes, &p[4]));
             FY_TRY(part(pool, req, n, 5, G, F32, final_bytes, &p[5]));
             FY_TRY(part(pool, req, n, 6, G, F32, embed_bytes, &p[6]));
+            p[4] = share(e, p[4], e->act_bytes);
+            /* a worker of rank > 0 has room for both: the final unit's, then the embeddings' */
+            dfinal = grad_target(e, p[5], final_n, 0, 0);
+            dembed = grad_target(e, p[6], embed_n, 0, final_n);
         }
-        return fy_backend_model_head(e->backend, p[2], p[3], p[0], p[1], loss, p[4], p[5], p[6]);
+        int rc = fy_backend_model_head(e->backend, p[2], p[3], p[0], p[1], loss, p[4], dfinal,
+                                       dembed);
+        if (n == 7)
+            rc = grad_sum(e, grad_sum(e, rc, p[5], final_n, 0), p[6], embed_n, final_n);
+        return rc;
     }
     case FY_OP_GPT_PROFILE: {
         FY_REQUIRE(n == 2 && req[0].kind == FY_KIND_RAW && req[1].kind == FY_KIND_RAW &&
@@ -316,8 +465,12 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));
         FY_TRY(part(pool, req, n, 1, G, ACT, e->act_bytes, &p[1]));
         FY_TRY(part(pool, req, n, 2, G, F32, embed_bytes, &p[2]));
+        p[0] = share(e, p[0], e->tok_bytes);
+        p[1] = share(e, p[1], e->act_bytes);
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-bwd inputs"));
-        return fy_backend_model_embed_backward(e->backend, p[0], p[1], p[2]);
+        float *dembed = grad_target(e, p[2], embed_n, 1, 0);
+        return grad_sum(e, fy_backend_model_embed_backward(e->backend, p[0], p[1], dembed), p[2],
+                        embed_n, 0);
     default:
         fy_error("gpu worker: op %s is not a GPT operation", fy_op_name(req[0].op));
         return -EPROTO;

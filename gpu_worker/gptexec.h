@@ -35,8 +35,11 @@
 
 struct fy_gptexec;
 
-/* Reads model.* and train.batch / train.seq from the run config and prepares the backend. */
-int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const struct fy_config *cfg);
+/* Reads model.* and train.batch / train.seq from the run config and prepares the backend; with
+ * train.ranks > 1, for this worker's share of the batch (train.rank), joined with the others
+ * through the pool's ranks region (gpu_worker/ranks). */
+int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const struct fy_config *cfg,
+                   const struct fy_pool *pool);
 void fy_gptexec_destroy(struct fy_gptexec **e);
 /* 1 when op is one of the gpt-* operations. */
 int fy_gptexec_handles(int op);

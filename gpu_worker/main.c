@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/check.h"
 #include "common/dtype.h"
@@ -26,6 +27,33 @@ static void gpu_fini(struct fy_worker *w, void *state)
     free(s);
 }
 
+/* With several gpu workers (train.ranks), rank R takes the R-th GPU that CUDA_VISIBLE_DEVICES
+ * shows (all of them where it is unset), and CUDA then shows it that one alone. */
+static int pick_device(struct fy_worker *w)
+{
+    uint64_t ranks = 1;
+    FY_TRY(fy_config_get_u64(w->cfg, "train.ranks", 0, 1, &ranks));
+    if (ranks <= 1)
+        return 0;
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    char mine[64];
+    if (visible == NULL || visible[0] == 0) {
+        snprintf(mine, sizeof mine, "%d", w->rank);
+    } else {
+        const char *at = visible;
+        for (int k = 0; k < w->rank && at != NULL; k++)
+            at = (at = strchr(at, ',')) ? at + 1 : NULL;
+        FY_REQUIRE(at != NULL && *at != 0, -ENODEV,
+                   "gpu worker %d: CUDA_VISIBLE_DEVICES=%s shows fewer than %llu GPUs: show one "
+                   "per gpu worker, or lower --gpus", w->rank, visible, (unsigned long long)ranks);
+        size_t len = strcspn(at, ",");
+        snprintf(mine, sizeof mine, "%.*s", (int)(len < sizeof mine ? len : sizeof mine - 1), at);
+    }
+    FY_SYS(setenv("CUDA_VISIBLE_DEVICES", mine, 1), "gpu worker %d: setting CUDA_VISIBLE_DEVICES",
+           w->rank);
+    return 0;
+}
+
 static int gpu_setup(struct fy_worker *w, struct gpu_state *s)
 {
     /* OpenMP sized its team from the cpus the process had at start; the worker has since been
@@ -34,13 +62,14 @@ static int gpu_setup(struct fy_worker *w, struct gpu_state *s)
     int cpus = fy_cpulist_parse(w->cpus, NULL, 1 << 20);
     if (cpus > 0)
         omp_set_num_threads(cpus);
+    FY_TRY(pick_device(w));
     const char *which = fy_config_get(w->cfg, "backend");
     uint64_t gpu_mem;
     FY_TRY(fy_config_get_u64(w->cfg, "gpu_mem", 0, 0, &gpu_mem));
     FY_TRY(fy_backend_open(&s->backend, which ? which : "auto", gpu_mem));
     FY_TRY(fy_backend_register_host(s->backend, fy_pool_base(w->pool), fy_pool_size(w->pool)));
     if (fy_config_get(w->cfg, "model.n_layer") != NULL)
-        FY_TRY(fy_gptexec_new(&s->gpt, s->backend, w->cfg));
+        FY_TRY(fy_gptexec_new(&s->gpt, s->backend, w->cfg, w->pool));
     return 0;
 }
 

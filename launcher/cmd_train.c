@@ -208,6 +208,11 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
                  "workers", o->run_dir);
         rc = -EINVAL;
     }
+    if (rc == 0 && o->inprocess && o->gpus > 1) {
+        fy_error("train --inprocess runs one CPU backend inside the launcher: drop --gpus %llu or "
+                 "--inprocess", (unsigned long long)o->gpus);
+        rc = -EINVAL;
+    }
     if (rc == 0 && o->inprocess) {
         rc = fy_inproc_new(&inproc, s.pool, t->cfg, s.aff.opt);
         if (rc == 0) {

@@ -49,7 +49,7 @@ int fy_inproc_new(struct fy_inproc **out, struct fy_pool *pool, const struct fy_
     p->pool = pool;
     int rc = fy_backend_open(&p->backend, "cpu", 0);
     if (rc == 0)
-        rc = fy_gptexec_new(&p->gpt, p->backend, cfg);
+        rc = fy_gptexec_new(&p->gpt, p->backend, cfg, p->pool);
     if (rc == 0)
         rc = fy_optstep_new(&p->opt, cfg, cpus);
     /* The optimizer's pool pinned this thread to one cpu, and OpenMP teams inherit that: one thread

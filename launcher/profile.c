@@ -104,6 +104,10 @@ int fy_profile_run(const struct fy_options *o, const struct fy_model_config *mod
     int rc = cfg != NULL ? fy_runconf_train(o, model, act_dtype, cfg) : -ENOMEM;
     if (rc == 0) /* nothing kept or readied: the profile measures the bare working buffers */
         rc = fy_config_set(cfg, "train.act_plan", "recompute");
+    if (rc == 0 && o->gpus > 1) /* one gpu worker measures its share of the batch (--gpus) */
+        rc = fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)(o->batch / o->gpus));
+    if (rc == 0)
+        rc = fy_config_set(cfg, "train.ranks", "1");
     struct fy_session s = {.lock_fd = -1};
     struct fy_session_opts so = fy_runconf_session(o);
     if (rc == 0)

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "launcher/gpus.h"
 
 /* Whether process pid was started with --run-dir naming run_dir (the same directory, however
  * written; a relative one from the process's working directory). */
@@ -384,14 +385,39 @@ int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *co
     FY_TRY(fy_config_set(cfg, "affinity.gpu", s->aff.gpu));
     FY_TRY(fy_config_set(cfg, "affinity.io", s->aff.io));
     FY_TRY(fy_config_set(cfg, "affinity.opt", s->aff.opt));
+    uint64_t ranks = 1;
+    FY_TRY(fy_config_get_u64(cfg, "train.ranks", 0, 1, &ranks));
+    FY_REQUIRE(ranks >= 1 && ranks <= FY_GPUS_MAX, -EINVAL,
+               "train.ranks = %llu: give 1 to %d gpu workers (--gpus)", (unsigned long long)ranks,
+               FY_GPUS_MAX);
+    s->ranks = (int)ranks;
+    const char *backend = fy_config_get(cfg, "backend");
+    int on_gpus = backend != NULL && strcmp(backend, "cuda") == 0;
+    for (int r = 1; r < s->ranks; r++) {
+        char key[32], name[16], near[256];
+        fy_gpus_worker_name(r, name, sizeof name);
+        snprintf(key, sizeof key, "affinity.%s", name);
+        int found = on_gpus && fy_topo_gpu_cpus(s->topo, r, near, sizeof near) == 0;
+        FY_TRY(fy_config_set(cfg, key, found ? near : s->aff.gpu));
+    }
     snprintf(path, sizeof path, "%s/fuyou.log", s->log_dir);
     FY_TRY(fy_config_set(cfg, "log_file", path));
     snprintf(path, sizeof path, "%s/run.conf", s->run_dir);
     FY_TRY(fy_config_save(cfg, path));
     FY_TRY(fy_chan_bind(&s->chan, s->endpoint, "launch"));
     FY_TRY(fy_sup_new(&s->sup, s->run_dir, s->chan));
-    for (unsigned i = 0; i < n; i++)
+    if (s->ranks > 1) {
+        struct fy_exec x = fy_session_exec(s);
+        FY_TRY(fy_gpus_new(&s->gpus, &x, s->ranks));
+    }
+    for (unsigned i = 0; i < n; i++) {
         FY_TRY(fy_sup_spawn(s->sup, workers[i]));
+        for (int r = 1; r < s->ranks && strcmp(workers[i], "gpu") == 0; r++) {
+            char name[16];
+            fy_gpus_worker_name(r, name, sizeof name);
+            FY_TRY(fy_sup_spawn(s->sup, name));
+        }
+    }
     snprintf(path, sizeof path, "%s/workers.pid", s->run_dir);
     FY_TRY(fy_sup_write_pids(s->sup, path));
     return fy_sup_wait_ready(s->sup, ready_timeout_ms);
@@ -411,12 +437,14 @@ static int session_poll(void *ctx, int64_t ticket) { return fy_sup_poll(ctx, tic
 
 struct fy_exec fy_session_exec(struct fy_session *s)
 {
-    return (struct fy_exec){
+    struct fy_exec x = {
         .ctx = s->sup, .submit = session_submit, .wait = session_wait, .poll = session_poll};
+    return s->gpus != NULL ? fy_gpus_exec(s->gpus) : x;
 }
 
 int fy_session_close(struct fy_session *s, int rc)
 {
+    fy_gpus_destroy(&s->gpus);
     if (s->sup != NULL) {
         int stop_rc = fy_sup_stop(s->sup, 10000);
         if (rc == 0 && stop_rc < 0)

@@ -40,6 +40,8 @@ struct fy_session {
     char pool_name[FY_POOL_NAME_MAX];
     char endpoint[512];
     struct fy_sup_fault fault; /* set by fy_session_close: the worker that failed, if any */
+    int ranks;                 /* gpu workers (the config's train.ranks; 1 without) */
+    struct fy_gpus *gpus;      /* with several: the executor that sends to each (launcher/gpus) */
 };
 
 /* Locks and prepares the run directory (created if missing), places the workers and creates the
@@ -49,7 +51,9 @@ struct fy_session {
 int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
                     const struct fy_pool_region_spec *regions, unsigned n, const char *what);
 /* Adds the session's entries (pool, endpoint, affinity, log) to cfg, saves RUN/run.conf, binds the
- * channel and starts the named workers, waiting for each READY. */
+ * channel and starts the named workers, waiting for each READY. With train.ranks = N > 1 in cfg,
+ * "gpu" starts N gpu workers (gpu, gpu1, ...), each on the cpus nearest its GPU where hwloc sees
+ * it (the CUDA backend), else on the gpu worker's. */
 int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *const *workers,
                      unsigned n, int ready_timeout_ms);
 /* The executor that sends requests to the workers. */

@@ -210,8 +210,12 @@ static int drain_signals(struct fy_sup *s, int stopping)
 int fy_sup_spawn(struct fy_sup *s, const char *name)
 {
     FY_REQUIRE(s->n < FY_SUP_MAX_WORKERS, -E2BIG, "too many workers");
-    char exe[PATH_MAX + 64];
-    snprintf(exe, sizeof exe, "%s/fuyou-%s-worker", s->bin_dir, name);
+    /* "gpuR": the gpu worker of rank R (--gpus) */
+    char exe[PATH_MAX + 64], rank[16] = "";
+    int ranked = strncmp(name, "gpu", 3) == 0 && name[3] >= '1' && name[3] <= '9';
+    if (ranked)
+        snprintf(rank, sizeof rank, "%s", name + 3);
+    snprintf(exe, sizeof exe, "%s/fuyou-%s-worker", s->bin_dir, ranked ? "gpu" : name);
     FY_SYS(access(exe, X_OK), "cannot run %s (is it built next to fuyou-launch?)", exe);
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -223,7 +227,10 @@ int fy_sup_spawn(struct fy_sup *s, const char *name)
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) /* the launcher died before PDEATHSIG was armed */
             _exit(1);
-        execl(exe, exe, "--run-dir", s->run_dir, (char *)NULL);
+        if (ranked)
+            execl(exe, exe, "--run-dir", s->run_dir, "--rank", rank, (char *)NULL);
+        else
+            execl(exe, exe, "--run-dir", s->run_dir, (char *)NULL);
         fprintf(stderr, "cannot execute %s: %s\n", exe, strerror(errno));
         _exit(127);
     }

@@ -10,7 +10,7 @@
 #include "common/chan.h"
 #include "common/desc.h"
 
-#define FY_SUP_MAX_WORKERS 4
+#define FY_SUP_MAX_WORKERS 12 /* io, opt and up to 8 gpu workers (--gpus), and a spare */
 /* Requests in flight at once (sent, reply not yet waited for). */
 #define FY_SUP_MAX_OUTSTANDING 64
 
@@ -26,7 +26,8 @@ int fy_sup_new(struct fy_sup **out, const char *run_dir, struct fy_chan *chan);
 /* Kills (SIGKILL) any worker still running, reaps it, and restores the signal mask. */
 void fy_sup_destroy(struct fy_sup **s);
 
-/* Starts BIN_DIR/fuyou-NAME-worker --run-dir RUN_DIR; it dies with the launcher (PDEATHSIG). */
+/* Starts BIN_DIR/fuyou-NAME-worker --run-dir RUN_DIR; it dies with the launcher (PDEATHSIG).
+ * NAME "gpuR" (R >= 1) starts the gpu worker with --rank R. */
 int fy_sup_spawn(struct fy_sup *s, const char *name);
 /* Waits until every spawned worker said READY. -ETIMEDOUT names the ones that did not. */
 int fy_sup_wait_ready(struct fy_sup *s, int timeout_ms);

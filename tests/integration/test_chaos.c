@@ -220,6 +220,22 @@ static void test_clipped_gpu_hold_killed(void **state)
     free(cc.ref_weights);
 }
 
+/* Two gpu workers (--gpus 2): the second one (gpu1) killed at random moments, and the first one:
+ * each time the run restarts from the last commit and ends as the undisturbed two-worker run does,
+ * bit for bit. */
+static void test_second_gpu_worker_killed(void **state)
+{
+    struct fy_chaos *c = *state;
+    static const char *const two[] = {"--gpus", "2", NULL};
+    struct fy_chaos cc = {.f = c->f, .train_extra = two};
+    fy_chaos_reference_run_in(&cc, "reference-gpus");
+    assert_true(fy_test_file_contains(c->f->log, "started gpu1 worker"));
+    kill_worker_in(&cc, "gpu1", "gpus-gpu1", 21);
+    kill_worker_in(&cc, "gpu", "gpus-gpu", 22);
+    free(cc.ref_losses);
+    free(cc.ref_weights);
+}
+
 /* A worker that stops answering (SIGSTOP) is found when its request passes the deadline
  * (--timeout 2 here), killed and restarted; the run goes on. Each time the log says it stopped
  * answering, never that it died (which depended on when its exit was seen). */
@@ -577,6 +593,7 @@ int main(void)
         cmocka_unit_test(test_int8_killed),
         cmocka_unit_test(test_clipped_one_pass_killed),
         cmocka_unit_test(test_clipped_gpu_hold_killed),
+        cmocka_unit_test(test_second_gpu_worker_killed),
         cmocka_unit_test(test_stuck_worker_restarted),
         cmocka_unit_test(test_launcher_stopped_and_continued),
         cmocka_unit_test(test_worker_killed_before_first_step),
