@@ -273,18 +273,20 @@ static void print_gpus(FILE *out, const struct fy_dryrun_in *in, const struct fy
     char reduce[320];
     if (p->place.reduce == FY_REDUCE_NVLINK)
         snprintf(reduce, sizeof reduce, "gradients (%s a step) reduced over NVLink to GPU 0, %s "
-                 "over each link of the ring, %.6f s at %.0f GB/s (a reference rate, not "
-                 "measured), and sent to the shared pool over GPU 0's link alone", size(grads),
-                 size(p->traffic.nvlink), pr->nvlink_s, r->nvlink * 1e-9);
+                 "over each link of the ring, %.6f s at %.0f GB/s%s, and sent to the shared pool "
+                 "over GPU 0's link alone", size(grads), size(p->traffic.nvlink), pr->nvlink_s,
+                 r->nvlink * 1e-9, r->nvlink == fy_plan_reference_rates.nvlink
+                                       ? " (a reference rate, not measured)" : "");
     else
         snprintf(reduce, sizeof reduce, "gradients (%s a step) sent by every gpu worker and added "
                  "into the shared pool in rank order (the %s backend has no NVLink reduce)",
                  size(grads), in->plan.backend);
     fprintf(out, "plan: GPUs: %d (--gpus), each computing %d of the %d sequences of a step; weights "
             "to each GPU over its own PCIe link (a broadcast over NVLink: not built); %s; host "
-            "memory %s a step for every link's copies, %.6f s at %.0f GB/s\n", ranks,
+            "memory %s a step for every link's copies, %.6f s at %.0f GB/s%s\n", ranks,
             fy_plan_rank_batch(shape), shape->B, reduce, size(p->traffic.host_mem),
-            pr->host_mem_s, r->host_mem * 1e-9);
+            pr->host_mem_s, r->host_mem * 1e-9, r->host_mem == fy_plan_reference_rates.host_mem
+                                                    ? " (the reference machine's)" : "");
     struct fy_dryrun_in one = *in;
     one.plan.shape.ranks = 1;
     struct fy_plan single = {0};
