@@ -72,6 +72,55 @@ static uint64_t unit_f32(const struct fy_model_config *c, unsigned u)
     return fy_model_unit_params(c, u) * 4;
 }
 
+static int ranks_of(const struct fy_actrun_in *in)
+{
+    return in->ranks > 1 ? in->ranks : 1;
+}
+
+/* Each gpu worker's sequences of a step. */
+static int rank_batch(const struct fy_actrun_in *in)
+{
+    return in->B / ranks_of(in);
+}
+
+/* With several ranks, the gradients are reduced over NVLink (the CUDA backend), else each rank
+ * adds its own in the pool. */
+static int reduce_nvlink(const struct fy_actrun_in *in)
+{
+    return ranks_of(in) > 1 && in->backend != NULL && strcmp(in->backend, "cuda") == 0;
+}
+
+/* The f32 gradients of a phase: the head's in the forward, the blocks' and the embeddings' in a
+ * backward pass. */
+static uint64_t phase_grads(const struct fy_model_config *c, int forward)
+{
+    unsigned L = c->n_layer;
+    return forward ? unit_f32(c, L + 1) + (uint64_t)c->vocab * c->n_embd * 4
+                   : L * unit_f32(c, 1) + unit_f32(c, 0);
+}
+
+/* A phase's gradients reduced over NVLink with several ranks (0 otherwise). */
+static double nvlink_s(const struct fy_actrun_in *in, uint64_t grads)
+{
+    int n = ranks_of(in);
+    if (!reduce_nvlink(in) || !(in->rates.nvlink > 0))
+        return 0;
+    return (double)grads * (n - 1) / n / in->rates.nvlink;
+}
+
+/* The other ranks' copies through host memory in a phase that moves `grads` of gradients and
+ * (for the planned blocks) `ckpts` of checkpoints each way: their weights and activations, and
+ * with the gradients summed in the pool, their gradients and the sum read back. */
+static void other_ranks(const struct fy_actrun_in *in, uint64_t grads, uint64_t ckpts,
+                        struct fy_actplan_other *o)
+{
+    uint64_t others = (uint64_t)ranks_of(in) - 1;
+    if (others == 0 || (o->h2d == 0 && o->d2h == 0))
+        return;
+    uint64_t copies = o->h2d + o->d2h + ckpts;
+    o->mem += reduce_nvlink(in) ? others * (copies - grads) : others * (copies + grads);
+}
+
 /* What the phases carry besides the planned blocks' internals, with `keep` top blocks kept and
  * `planned` blocks under the planner; *norm, what a two-pass clipped step's first backward pass
  * carries (all zero otherwise): a phase of its own, since no update may start before its norm. */
@@ -86,8 +135,8 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
      * traffic and AdamW go to the forward's phase */
     int hold = in->clip && in->clip_hold, two_pass = in->clip && !hold;
     struct fy_actplan_other *upd = hold ? fwd : bwd;
-    double N = (double)in->B * in->T;
-    uint64_t act = fy_plan_act_bytes(c, in->B, in->T, in->act_dtype);
+    double N = (double)rank_batch(in) * in->T; /* one gpu worker's */
+    uint64_t act = fy_plan_act_bytes(c, rank_batch(in), in->T, in->act_dtype);
     memset(fwd, 0, sizeof *fwd);
     memset(bwd, 0, sizeof *bwd);
     memset(norm, 0, sizeof *norm);
@@ -168,10 +217,20 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
     struct fy_actplan_profile prof = {0};
     struct fy_actplan_other norm;
     other_work(in, keep, planned, &prof.fwd, &prof.bwd, &norm);
+    /* several ranks: the others' copies in host memory, each phase at least its NVLink reduce */
+    uint64_t ckpts = (uint64_t)planned * sizes->bytes[FY_ACT_CKPT];
+    uint64_t head = phase_grads(in->c, 1), blocks = phase_grads(in->c, 0);
+    other_ranks(in, head, ckpts, &prof.fwd);
+    other_ranks(in, blocks, ckpts, &prof.bwd);
+    other_ranks(in, blocks, 0, &norm);
+    double nv_fwd = nvlink_s(in, head), nv_bwd = nvlink_s(in, blocks);
     *norm_s = phase_alone(&norm, in);
+    if (*norm_s > 0)
+        *norm_s = fmax(*norm_s, nv_bwd);
     *plan = NULL;
     if (planned == 0) {
-        *step_s = phase_alone(&prof.fwd, in) + phase_alone(&prof.bwd, in) + *norm_s;
+        *step_s = fmax(phase_alone(&prof.fwd, in), nv_fwd) +
+                  fmax(phase_alone(&prof.bwd, in), nv_bwd) + *norm_s;
         return 0;
     }
     struct fy_actplan_layer_prof *layer = calloc((size_t)planned, sizeof *layer);
@@ -210,7 +269,8 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
         fy_actplan_destroy(plan);
     free(layer);
     if (rc == 0)
-        *step_s = (*plan)->pred.step_s + *norm_s;
+        *step_s = fmax((*plan)->pred.fwd.s, nv_fwd) + fmax((*plan)->pred.bwd.s, nv_bwd) +
+                  *norm_s;
     return rc;
 }
 
@@ -274,8 +334,9 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     double step_a = 0, step_b = INFINITY, norm_a = 0, norm_b = 0;
     FY_TRY(plan_rest(in, &out->sizes, keep_a, FY_ACTPLAN_RECOMPUTE, in->host_bytes,
                      in->ssd_bytes, &plan_a, &step_a, &norm_a));
-    /* swapping costs the gpu worker one set per call in flight */
-    int can_swap = fy_model_arch(in->c)->swaps_internals && (set == 0 || p->gpu_free >= 2 * set);
+    /* swapping costs the gpu worker one set per call in flight; not with several ranks */
+    int can_swap = fy_model_arch(in->c)->swaps_internals && ranks_of(in) == 1 &&
+                   (set == 0 || p->gpu_free >= 2 * set);
     int keep_b = 0;
     if (can_swap && set) {
         uint64_t room = (p->gpu_free - 2 * set) / set;
@@ -320,7 +381,8 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
 int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
 {
     memset(out, 0, sizeof *out);
-    FY_TRY(fy_actplan_sizes_backend(in->c, in->B, in->T, in->backend, &out->sizes));
+    /* a gpu worker's internals: of its own sequences */
+    FY_TRY(fy_actplan_sizes_backend(in->c, rank_batch(in), in->T, in->backend, &out->sizes));
     int rc = 0;
     if (in->mode == FY_ACTPLAN_HOST || in->mode == FY_ACTPLAN_SSD)
         rc = plan_forced(in, out);
@@ -426,16 +488,28 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
                 "step; keeping %d and swapping, %s", r->keep_a, r->step_a,
                 r->keep_b >= 0 ? r->keep_b : 0, b);
     }
+    if (ranks_of(in) > 1) {
+        char nv[160] = "the gradients summed in the pool, each gpu worker adding its own in turn";
+        uint64_t grads = phase_grads(in->c, 1) + phase_grads(in->c, 0);
+        if (reduce_nvlink(in))
+            snprintf(nv, sizeof nv, "the gradients reduced over NVLink, %.1f ms a step at %.0f "
+                     "GB/s (a reference rate, not measured)", nvlink_s(in, grads) * 1e3,
+                     in->rates.nvlink * 1e-9);
+        fy_info("plan: activations with %d GPUs: each gpu worker's %d sequences, as profiled; "
+                "nothing swapped (not supported across GPUs); %s", ranks_of(in), rank_batch(in),
+                nv);
+    }
     if (r->predicted_s > 0)
         fy_info("plan: predicted step %.3f s from the measured block profile", r->predicted_s);
 }
 
 int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f)
 {
-    fprintf(f, "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
-               "\"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
+    fprintf(f, "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"ranks\": %d, "
+               "\"seq\": %d, \"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
                "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": %u, \"blocks\": [",
-            fy_actplan_mode_name(in->mode), in->backend, in->B, in->T, r->keep, r->swap_sets,
+            fy_actplan_mode_name(in->mode), in->backend, in->B, ranks_of(in), in->T, r->keep,
+            r->swap_sets,
             r->predicted_s, (unsigned long long)r->swap.host_bytes,
             (unsigned long long)r->swap.ssd_bytes, r->swap.slots);
     for (unsigned b = 1; r->place != NULL && b <= in->c->n_layer; b++) {

@@ -19,7 +19,12 @@
  * recomputed after planning (keeping one alone saves nothing) and is predicted again.
  * Forced modes: recompute keeps nothing and swaps nothing; host and ssd swap every swappable kind of
  * every block (FUYOU_TEST_ACT_MIX=SEED: a seeded mix of host, ssd and recompute per block and kind
- * instead, for tests) and keep nothing. No profile: auto keeps as many blocks as fit, swaps none. */
+ * instead, for tests) and keep nothing. No profile: auto keeps as many blocks as fit, swaps none.
+ * Several gpu workers (ranks > 1): the profile is one worker's at its B / ranks sequences; every
+ * phase takes at least its gradients' ring reduce over NVLink (CUDA: (ranks - 1) / ranks of them
+ * at rates.nvlink), and host memory carries the other ranks' copies too (their weights and
+ * activations, and where the gradients are summed in the pool, their gradients and the sum read
+ * back); auto plans arrangement A alone (swapping is not supported across ranks). */
 #ifndef FY_ACTRUN_H
 #define FY_ACTRUN_H
 
@@ -33,7 +38,12 @@
 
 struct fy_actrun_in {
     const struct fy_model_config *c;
-    int B, T;
+    int B, T;                           /* the step's batch (each gpu worker's: B / ranks) */
+    int ranks;                          /* gpu workers (--gpus; 0 or 1: one). With several, the
+                                           profile is one worker's at B / ranks; the GPUs' and
+                                           each link's work is of that share, the weights, the
+                                           gradients, the SSD's and the optimizer's the step's;
+                                           nothing is swapped (auto keeps or recomputes) */
     enum fy_actplan_mode mode;
     const char *backend;                /* "cpu" or "cuda": the saved regions' layout */
     const struct fy_block_profile *prof;  /* auto: the measured block; NULL: none */

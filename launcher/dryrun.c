@@ -28,7 +28,7 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
     if (in->act_mode != FY_ACTPLAN_HOST && in->act_mode != FY_ACTPLAN_SSD)
         return 0;
     struct fy_actrun_in a = {.c = in->shape.c, .B = in->shape.B, .T = in->shape.T,
-                             .mode = in->act_mode, .backend = in->backend,
+                             .ranks = in->shape.ranks, .mode = in->act_mode, .backend = in->backend,
                              .act_dtype = in->shape.act_dtype, .clip = in->shape.clip,
                              .clip_hold = p->place.grad_hold,
                              .act_ahead = in->act_ahead};
@@ -105,25 +105,28 @@ static int fits_at(const struct fy_dryrun_in *in, const struct fy_model_config *
     return fits;
 }
 
+/* The largest batch that fits, a multiple of the gpu workers (each computes B / ranks): searched
+ * over each one's sequences. */
 static int largest_batch(const struct fy_dryrun_in *in, uint64_t free_bytes)
 {
-    if (!fits_at(in, &in->model, 1, free_bytes))
+    int n = fy_plan_ranks(&in->plan.shape), most = 65536 / n;
+    if (!fits_at(in, &in->model, n, free_bytes))
         return 0;
     int lo = 1, hi = 2;
-    while (hi <= 65536 && fits_at(in, &in->model, hi, free_bytes)) {
+    while (hi <= most && fits_at(in, &in->model, hi * n, free_bytes)) {
         lo = hi;
         hi *= 2;
     }
-    if (hi > 65536)
-        return lo;
+    if (hi > most)
+        return lo * n;
     while (hi - lo > 1) {
         int mid = lo + (hi - lo) / 2;
-        if (fits_at(in, &in->model, mid, free_bytes))
+        if (fits_at(in, &in->model, mid * n, free_bytes))
             lo = mid;
         else
             hi = mid;
     }
-    return lo;
+    return lo * n;
 }
 
 /* The most blocks at this width whose store (state and swapped internals) fits the SSD's free
@@ -159,20 +162,24 @@ static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_
     /* one-pass clipping's gradients held in the arena (in gpu_need) */
     uint64_t hold = in->plan.shape.clip && p->place.grad_hold == FY_HOLD_GPU
                         ? fy_plan_hold_bytes(c) : 0;
-    char held[96] = "";
+    char held[96] = "", each[96] = "GPU";
     if (hold > 0)
         snprintf(held, sizeof held, ", the blocks' gradients %s (one-pass clipping)", size(hold));
+    int ranks = fy_plan_ranks(&in->plan.shape);
+    if (ranks > 1)
+        snprintf(each, sizeof each, "GPU (each of %d, for its %d sequences)", ranks,
+                 fy_plan_rank_batch(&in->plan.shape));
     if (forced(in)) {
-        fprintf(out, "plan: GPU: working buffers %s%s and %d swap sets of %s (one per call in "
-                "flight) of --gpu-mem %s%s\n", size(p->gpu_working), held, FY_BACKEND_QUEUE,
+        fprintf(out, "plan: %s: working buffers %s%s and %d swap sets of %s (one per call in "
+                "flight) of --gpu-mem %s%s\n", each, size(p->gpu_working), held, FY_BACKEND_QUEUE,
                 size(p->gpu_set), budget, over);
     } else {
         uint64_t gpu_mem = in->plan.gpu_mem;
         uint64_t room = gpu_mem > p->gpu_working + hold ? gpu_mem - p->gpu_working - hold : 0;
         uint64_t keep = p->gpu_set > 0 ? room / p->gpu_set : 0;
-        fprintf(out, "plan: GPU: working buffers %s%s of --gpu-mem %s%s; a block's internals %s, "
-                "so --act-plan auto can keep up to %llu of %u blocks\n", size(p->gpu_working),
-                held, budget, over, size(p->gpu_set),
+        fprintf(out, "plan: %s: working buffers %s%s of --gpu-mem %s%s; a block's internals %s, "
+                "so --act-plan auto can keep up to %llu of %u blocks\n", each,
+                size(p->gpu_working), held, budget, over, size(p->gpu_set),
                 (unsigned long long)(keep < c->n_layer ? keep : c->n_layer), c->n_layer);
     }
 }
@@ -252,6 +259,47 @@ static void print_advice(FILE *out, const struct fy_dryrun_in *in, const struct 
     fy_plan_free(&t);
 }
 
+/* With several gpu workers: each one's share, the weights' and the gradients' paths with their
+ * bytes and times, and the predicted step against one GPU's at the same batch. */
+static void print_gpus(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p)
+{
+    const struct fy_plan_shape *shape = &in->plan.shape;
+    const struct fy_plan_rates *r = &in->plan.rates;
+    int ranks = fy_plan_ranks(shape);
+    if (ranks == 1)
+        return;
+    const struct fy_plan_prediction *pr = &p->predicted;
+    uint64_t grads = fy_plan_grad_bytes(shape, &p->place);
+    char reduce[320];
+    if (p->place.reduce == FY_REDUCE_NVLINK)
+        snprintf(reduce, sizeof reduce, "gradients (%s a step) reduced over NVLink to GPU 0, %s "
+                 "over each link of the ring, %.6f s at %.0f GB/s%s, and sent to the shared pool "
+                 "over GPU 0's link alone", size(grads), size(p->traffic.nvlink), pr->nvlink_s,
+                 r->nvlink * 1e-9, r->nvlink == fy_plan_reference_rates.nvlink
+                                       ? " (a reference rate, not measured)" : "");
+    else
+        snprintf(reduce, sizeof reduce, "gradients (%s a step) sent by every gpu worker and added "
+                 "into the shared pool in rank order (the %s backend has no NVLink reduce)",
+                 size(grads), in->plan.backend);
+    fprintf(out, "plan: GPUs: %d (--gpus), each computing %d of the %d sequences of a step; weights "
+            "to each GPU over its own PCIe link (a broadcast over NVLink: not built); %s; host "
+            "memory %s a step for every link's copies, %.6f s at %.0f GB/s%s\n", ranks,
+            fy_plan_rank_batch(shape), shape->B, reduce, size(p->traffic.host_mem),
+            pr->host_mem_s, r->host_mem * 1e-9, r->host_mem == fy_plan_reference_rates.host_mem
+                                                    ? " (the reference machine's)" : "");
+    struct fy_dryrun_in one = *in;
+    one.plan.shape.ranks = 1;
+    struct fy_plan single = {0};
+    double tokens = (double)shape->B * shape->T;
+    if (plan_at(&one, &in->model, shape->B, in->plan.cpu_mem, &single) == 0)
+        fprintf(out, "plan: with %d GPUs: predicted step %.6f s, %.0f tokens/s; one GPU at batch "
+                "%d: %.6f s, %.0f tokens/s%s (%.2fx)\n", ranks, pr->step_s, tokens / pr->step_s,
+                shape->B, single.predicted.step_s, tokens / single.predicted.step_s,
+                single.fits_gpu ? "" : ", beyond one GPU's --gpu-mem",
+                single.predicted.step_s / pr->step_s);
+    fy_plan_free(&single);
+}
+
 int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
 {
     const struct fy_model_config *c = &in->model;
@@ -273,12 +321,20 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     uint64_t free_bytes = ssd_free(in->ssd, &paths);
     int fits = print_budgets(out, in, &p, free_bytes, paths);
     const struct fy_plan_traffic *tr = &p.traffic;
-    fprintf(out, "plan: per step: PCIe %s to the GPU, %s back; SSD %s read, %s written\n",
+    int ranks = fy_plan_ranks(shape);
+    const char *link = ranks > 1 ? " (GPU 0's link, the busiest)" : "";
+    fprintf(out, "plan: per step: PCIe%s %s to the GPU, %s back; SSD %s read, %s written\n", link,
             size(tr->to_gpu), size(tr->from_gpu), size(tr->ssd_read), size(tr->ssd_write));
     const struct fy_plan_prediction *pr = &p.predicted;
+    char more[128] = "";
+    if (ranks > 1 && p.place.reduce == FY_REDUCE_NVLINK)
+        snprintf(more, sizeof more, ", NVLink %.6f, host memory %.6f", pr->nvlink_s,
+                 pr->host_mem_s);
+    else if (ranks > 1)
+        snprintf(more, sizeof more, ", host memory %.6f", pr->host_mem_s);
     fprintf(out, "plan: predicted seconds per step: GPU compute %.6f, PCIe to the GPU %.6f, from "
-            "it %.6f, SSD %.6f, optimizer %.6f; bound: %s\n", pr->gpu_s, pr->h2d_s, pr->d2h_s,
-            pr->ssd_s, pr->opt_s, pr->bound);
+            "it %.6f, SSD %.6f, optimizer %.6f%s; bound: %s\n", pr->gpu_s, pr->h2d_s, pr->d2h_s,
+            pr->ssd_s, pr->opt_s, more, pr->bound);
     char clipping[768];
     fy_plan_clip_describe(&in->plan, &p, clipping, sizeof clipping);
     if (clipping[0])
@@ -291,6 +347,7 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
         [FY_ACTPLAN_SSD] = "every block's internals swapped through the SSD store"};
     fprintf(out, "plan: predicted step %.6f s: %.0f tokens/s, %.4g TFLOP/s (%s)\n", pr->step_s,
             tokens / pr->step_s, step_flops / pr->step_s * 1e-12, how[in->plan.act_mode]);
+    print_gpus(out, in, &p);
     int maxb = largest_batch(in, free_bytes);
     unsigned maxl = largest_layers(in, free_bytes);
     fprintf(out, "plan: largest batch that fits: %d (at %d tokens; %s)\n", maxb, shape->T,

@@ -32,6 +32,12 @@ const struct fy_plan_rates fy_plan_reference_rates = {
      * runs streamed from the SSD at B16 with each format (0.375, 0.269 and 0.408 s a step, the
      * means of two runs): bf16 moves fewer bytes, int8's codes cost compute */
     .opt_by_format = {3.1e9, 4.3e9, 2.85e9},
+    /* not measured (the machine has one GPU): references for a host of H100/H200-class GPUs.
+     * NVLink 4 carries 450 GB/s a direction; NCCL's ring reduce reaches about two thirds of that
+     * in bus bandwidth */
+    .nvlink = 300e9,
+    /* the most DMA traffic this machine's host memory was seen to serve: PCIe both ways at once */
+    .host_mem = 90e9,
 };
 
 int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
@@ -76,6 +82,23 @@ int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
             out->opt_by_format[1 + i] = v->valuedouble;
         }
     }
+    /* several GPUs' rates, the reference machine's where the profile has none */
+    static const char *const links[] = {"nvlink", "host_mem"};
+    double *link_fields[] = {&out->nvlink, &out->host_mem};
+    const double link_reference[] = {fy_plan_reference_rates.nvlink,
+                                     fy_plan_reference_rates.host_mem};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, links[i]);
+        *link_fields[i] = link_reference[i];
+        if (v == NULL)
+            continue;
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
+            fy_error("%s: \"%s\" must be a positive number (bytes/s)", path, links[i]);
+            rc = -EINVAL;
+        } else {
+            *link_fields[i] = v->valuedouble;
+        }
+    }
     cJSON_Delete(root);
     return rc;
 }
@@ -91,6 +114,16 @@ int fy_plan_rates_select(struct fy_plan_rates *r, int format, const char *from)
 }
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+
+int fy_plan_ranks(const struct fy_plan_shape *s)
+{
+    return s->ranks > 1 ? s->ranks : 1;
+}
+
+int fy_plan_rank_batch(const struct fy_plan_shape *s)
+{
+    return s->B / fy_plan_ranks(s);
+}
 
 uint64_t fy_plan_act_bytes(const struct fy_model_config *c, int B, int T, int act_dtype)
 {
@@ -362,29 +395,60 @@ static int head_has_copies(const struct fy_model_config *c, const unsigned char 
            resident[c->n_layer + 1] == FY_PLAN_KEPT_BF16;
 }
 
+/* Backward passes through the blocks and the embeddings: two with two-pass clipping. */
+static uint64_t backward_passes(const struct fy_plan_shape *s, const struct fy_plan_place *p)
+{
+    return s->clip && !p->grad_hold ? 2 : 1;
+}
+
+uint64_t fy_plan_grad_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p)
+{
+    const struct fy_model_config *c = s->c;
+    uint64_t embed = fy_model_unit_params(c, 0) * 4, block = fy_model_unit_params(c, 1) * 4;
+    uint64_t fin = fy_model_unit_params(c, c->n_layer + 1) * 4;
+    uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4;
+    /* the head's (the final unit's and the tied embeddings') in the forward */
+    return fin + wte + backward_passes(s, p) * (c->n_layer * block + embed);
+}
+
+/* One link's PCIe bytes (rank 0's; every link's where the gradients are summed in the pool), and
+ * with several ranks the NVLink and host memory bytes. */
 static void pcie_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                        struct fy_plan_traffic *out)
 {
     const struct fy_model_config *c = s->c;
     const unsigned char *resident = p->resident;
-    uint64_t act = fy_plan_act_bytes(c, s->B, s->T, s->act_dtype), tok = (uint64_t)s->B * s->T * 4;
+    uint64_t ranks = (uint64_t)fy_plan_ranks(s), b = (uint64_t)fy_plan_rank_batch(s);
+    uint64_t act = fy_plan_act_bytes(c, (int)b, s->T, s->act_dtype), tok = b * s->T * 4;
     uint64_t embed = fy_model_unit_params(c, 0) * 4, block = fy_model_unit_params(c, 1) * 4;
     uint64_t fin = fy_model_unit_params(c, c->n_layer + 1) * 4;
     uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
-    /* backward passes through the blocks and the embeddings */
-    uint64_t passes = s->clip && !p->grad_hold ? 2 : 1;
+    uint64_t passes = backward_passes(s, p);
     uint64_t blocks_up = 0, head_up = head_has_copies(c, resident) ? (fin + wte) / 2 : fin + wte;
     for (unsigned u = 1; u <= L; u++)
         blocks_up += fy_plan_upload_bytes(c, resident, u);
     /* forward: embeddings, blocks; the head (x, targets, final, wte in; dx, dfinal, dwte out);
-     * backward: blocks (weights, x, dy in; dx, dweights out), embeddings (dx, dembed in and out) */
-    out->to_gpu = (tok + fy_plan_upload_bytes(c, resident, 0)) + blocks_up + L * act +
+     * backward: blocks (weights, x, dy in; dx, dweights out), embeddings (dx, dembed in and out).
+     * Each link: the weights, its sequences' tokens and activations, the embeddings' gradient to
+     * add to; the f32 gradients (fy_plan_grad_bytes) on rank 0's */
+    uint64_t up = (tok + fy_plan_upload_bytes(c, resident, 0)) + blocks_up + L * act +
                   (act + tok + head_up) + passes * (blocks_up + L * 2 * act + (tok + embed + act));
-    out->from_gpu = act + L * act + (act + fin + wte) + passes * (L * (act + block) + embed);
-    out->from_gpu += p->swap.host_bytes + p->swap.ssd_bytes;
+    uint64_t acts_down = act + L * act + act + passes * L * act;
+    uint64_t grads = fy_plan_grad_bytes(s, p);
+    out->to_gpu = up + passes * (p->swap.host_bytes + p->swap.ssd_bytes);
+    out->from_gpu = acts_down + grads + p->swap.host_bytes + p->swap.ssd_bytes;
     if (s->clip && p->grad_hold == FY_HOLD_GPU) /* held on the GPU: sent once more, to update */
         out->from_gpu += L * block;
-    out->to_gpu += passes * (p->swap.host_bytes + p->swap.ssd_bytes);
+    out->nvlink = out->host_mem = 0;
+    if (ranks == 1)
+        return;
+    /* several: a ring reduce carries (ranks - 1) / ranks of the gradients over each link, and
+     * rank 0 alone sends them; or every rank sends its own and those after the first add them to
+     * the pool's sum, which they read */
+    int nvlink = p->reduce == FY_REDUCE_NVLINK;
+    out->nvlink = nvlink ? grads * (ranks - 1) / ranks : 0;
+    out->host_mem = ranks * (out->to_gpu + out->from_gpu - grads) +
+                    (nvlink ? grads : (2 * ranks - 1) * grads);
 }
 
 static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p,
@@ -420,7 +484,9 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
                      const struct fy_plan_rates *rates, struct fy_plan_prediction *out)
 {
     const struct fy_model_config *c = s->c;
-    double tokens = (double)s->B * s->T, flops = tokens * fy_model_flops_per_token(c, (unsigned)s->T);
+    /* each GPU's compute: its own sequences */
+    double tokens = (double)fy_plan_rank_batch(s) * s->T;
+    double flops = tokens * fy_model_flops_per_token(c, (unsigned)s->T);
     /* a clipped step runs the blocks' backward (with their recomputation) twice: 6 of the 8 parts
      * (2 forward, 2 recompute, 4 backward) of the blocks' work once more */
     double block_flops = tokens * c->n_layer *
@@ -435,6 +501,8 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
     out->h2d_s = t.to_gpu / rates->h2d;
     out->d2h_s = t.from_gpu / rates->d2h;
     out->ssd_s = t.ssd_read / rates->ssd_read + t.ssd_write / rates->ssd_write;
+    out->nvlink_s = t.nvlink > 0 && rates->nvlink > 0 ? t.nvlink / rates->nvlink : 0;
+    out->host_mem_s = t.host_mem > 0 && rates->host_mem > 0 ? t.host_mem / rates->host_mem : 0;
     /* with clipping the opt worker also reads every gradient for its sum of squares: with f32
      * gradients 4 bytes a parameter beside the update's 28 */
     double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) /
@@ -447,10 +515,12 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
     double serial_s = !s->clip        ? 0
                       : p->grad_hold ? 0.75 * out->gpu_s + out->opt_s
                                      : out->gpu_s + fmax(0.0, out->opt_s - norm_s);
-    const double times[] = {out->gpu_s, out->h2d_s, out->d2h_s, out->ssd_s, out->opt_s, serial_s};
+    const double times[] = {out->gpu_s, out->h2d_s,  out->d2h_s,     out->ssd_s,
+                            out->opt_s, serial_s,    out->nvlink_s,  out->host_mem_s};
     static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
-                                        "SSD", "optimizer", "the norm, then the optimizer"};
-    for (int i = 0; i < 6; i++)
+                                        "SSD", "optimizer", "the norm, then the optimizer",
+                                        "NVLink", "host memory"};
+    for (int i = 0; i < 8; i++)
         if (times[i] > out->step_s) {
             out->step_s = times[i];
             out->bound = names[i];
@@ -538,16 +608,18 @@ uint64_t fy_plan_hold_bytes(const struct fy_model_config *c)
     return (uint64_t)c->n_layer * block_slot_bytes(c);
 }
 
-/* What the GPU arena takes, where the backend's memory is modelled (returns 1; 0 where it is not,
- * or no backend is named): its working buffers, a block's internals (a set), and what the plan
- * needs: the working buffers, a set per call in flight with every block's internals swapped
- * (--act-plan host or ssd), and with `hold` one pass's held gradients. */
+/* What the GPU arena takes (each GPU's, for its B / ranks sequences), where the backend's memory
+ * is modelled (returns 1; 0 where it is not, or no backend is named): its working buffers, a
+ * block's internals (a set), and what the plan needs: the working buffers, a set per call in
+ * flight with every block's internals swapped (--act-plan host or ssd), and with `hold` one
+ * pass's held gradients. */
 static int gpu_bytes(const struct fy_plan_in *in, int hold, uint64_t *working, uint64_t *set,
                      uint64_t *need)
 {
     const struct fy_plan_shape *s = &in->shape;
     *working = *set = *need = 0;
-    if (in->backend == NULL || !fy_backend_gpu_bytes(in->backend, s->c, s->B, s->T, working, set))
+    if (in->backend == NULL ||
+        !fy_backend_gpu_bytes(in->backend, s->c, fy_plan_rank_batch(s), s->T, working, set))
         return 0;
     int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
     *need = *working + (forced ? FY_BACKEND_QUEUE * *set : 0) +
@@ -557,11 +629,12 @@ static int gpu_bytes(const struct fy_plan_in *in, int hold, uint64_t *working, u
 
 /* Room in the GPU arena for one pass's held gradients beside what the plan needs there: within
  * the --gpu-mem given where the backend's memory is modelled (without one, the arena is sized to
- * the working buffers alone); the CPU backend holds them in the gpu worker's own memory. */
+ * the working buffers alone); the CPU backend holds them in the gpu worker's own memory. Never
+ * with several gpu workers: gradients held on the GPUs are not summed across them. */
 static int hold_fits_gpu(const struct fy_plan_in *in)
 {
     uint64_t working, set, need;
-    if (in->backend == NULL)
+    if (in->backend == NULL || fy_plan_ranks(&in->shape) > 1)
         return 0;
     if (!gpu_bytes(in, 1, &working, &set, &need))
         return 1;
@@ -622,7 +695,7 @@ static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
             p->one_pass_pool_bytes = 0;
             return;
         }
-        p->one_pass_gpu_short = 1;
+        p->one_pass_gpu_short = fy_plan_ranks(&in->shape) == 1; /* several: not a matter of room */
     }
     if (in->clip_hold == FY_CLIP_HOLD_GPU || in->cpu_mem == 0)
         return;
@@ -733,14 +806,38 @@ static void plan_gpu(const struct fy_plan_in *in, struct fy_plan *p)
     p->fits_gpu = !p->gpu_modelled || in->gpu_mem == 0 || p->gpu_need <= in->gpu_mem;
 }
 
+/* What several gpu workers cannot do (yet): -EINVAL, said. */
+static int check_ranks(const struct fy_plan_in *in)
+{
+    const struct fy_plan_shape *s = &in->shape;
+    int ranks = fy_plan_ranks(s);
+    if (ranks == 1)
+        return 0;
+    FY_REQUIRE(s->B % ranks == 0, -EINVAL, "--gpus %d: the batch of %d sequences does not split "
+               "evenly over %d GPUs (each computes B / N of every step): give a --batch that %d "
+               "divides, such as %d", ranks, s->B, ranks, ranks,
+               (s->B + ranks - 1) / ranks * ranks);
+    FY_REQUIRE(!(s->clip && in->clip_hold == FY_CLIP_HOLD_GPU), -EINVAL, "--clip-hold gpu with "
+               "--gpus %d: gradients held on the GPUs are not summed across them (not supported): "
+               "use --clip-hold auto or pool", ranks);
+    FY_REQUIRE(in->act_mode != FY_ACTPLAN_HOST && in->act_mode != FY_ACTPLAN_SSD, -EINVAL,
+               "--act-plan %s with --gpus %d: swapping the blocks' internals is not supported with "
+               "several GPUs yet: use --act-plan auto or recompute",
+               fy_actplan_mode_name(in->act_mode), ranks);
+    return 0;
+}
+
 int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, struct fy_plan *p)
 {
     const struct fy_plan_shape *s = &in->shape;
     memset(p, 0, sizeof *p);
+    FY_TRY(check_ranks(in));
     p->resident = calloc(fy_model_unit_count(s->c), 1);
     FY_REQUIRE(p->resident != NULL, -ENOMEM, "plan: out of memory");
     p->place.resident = p->resident;
     p->place.prefetch = in->prefetch;
+    p->place.reduce = in->backend != NULL && strcmp(in->backend, "cuda") == 0 ? FY_REDUCE_NVLINK
+                                                                              : FY_REDUCE_POOL;
     int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
     if (forced && acts != NULL) /* placed whatever the room; the residency plans around them */
         FY_TRY(acts->place(acts->ctx, in, p));

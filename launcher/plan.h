@@ -25,6 +25,10 @@ struct fy_plan_rates {
     double opt_params;          /* AdamW parameters/s with the run's optimizer state format */
     /* AdamW parameters/s by format (enum fy_optim_state; 0: not known) */
     double opt_by_format[FY_OPTIM_STATE_COUNT];
+    /* With several GPUs (--gpus): bytes/s one NVLink link carries in the gradients' ring reduce
+     * (the CUDA backend's), and bytes/s of host memory that all the GPUs' PCIe copies share
+     * (0: not predicted) */
+    double nvlink, host_mem;
 };
 /* The reference machine's (one H200, docs/benchmarks.md "The machine"): what train and plan
  * predict with where no machine profile (fuyou-launch probe) is given. */
@@ -32,8 +36,9 @@ extern const struct fy_plan_rates fy_plan_reference_rates;
 /* The rates of a machine profile: a JSON object with gpu_flops (model FLOP/s with blocks
  * recomputed), h2d, d2h (bytes/s), ssd_read, ssd_write (bytes/s), opt_params (AdamW
  * parameters/s with fp32 optimizer state), all positive numbers, and optionally opt_params_bf16 and
- * opt_params_int8 (the same with bf16 and int8 state); opt_params is fp32's until
- * fy_plan_rates_select. -EINVAL (said, naming the file and key) otherwise. */
+ * opt_params_int8 (the same with bf16 and int8 state), nvlink and host_mem (bytes/s; absent: the
+ * reference machine's); opt_params is fp32's until fy_plan_rates_select. -EINVAL (said, naming
+ * the file and key) otherwise. */
 int fy_plan_rates_load(const char *path, struct fy_plan_rates *out);
 /* Makes opt_params the rate of optimizer state format `format` (enum fy_optim_state): its entry
  * of opt_by_format. -EINVAL, said naming `from` (where the rates come from), where it is not
@@ -50,6 +55,9 @@ struct fy_plan_shape {
     int clip;      /* the gradient norm clipped (one pass or two: fy_plan_place.grad_hold) */
     int ranks;     /* gpu workers (--gpus), each with B / ranks sequences; 0 or 1: one */
 };
+/* The gpu workers of a step (1 where shape.ranks is 0) and the sequences each computes. */
+int fy_plan_ranks(const struct fy_plan_shape *s);
+int fy_plan_rank_batch(const struct fy_plan_shape *s);
 
 /* The most gpu workers a run has (--gpus), and the pool region through which several of them
  * sum their gradients in rank order (gpu_worker/ranks.h: a 64-byte line per rank, then the
@@ -120,7 +128,13 @@ struct fy_plan_place {
      * pool's "gradhold" region, or in the GPU arena, until the norm is known, the updates after
      * the backward); FY_HOLD_NONE, two passes (the first computes the norm alone) */
     int grad_hold;
+    /* with several gpu workers, how each unit's gradient is summed over them: FY_REDUCE_POOL
+     * (each worker adds its own into the pool, in rank order: the CPU backend's) or
+     * FY_REDUCE_NVLINK (reduced to rank 0 over NVLink, which alone sends it to the pool: the
+     * CUDA backend's); fy_plan_make sets it from the backend */
+    int reduce;
 };
+enum { FY_REDUCE_POOL = 0, FY_REDUCE_NVLINK = 1 };
 
 /* Bytes of one activation [B][T][C] in the pool. */
 uint64_t fy_plan_act_bytes(const struct fy_model_config *c, int B, int T, int act_dtype);
@@ -183,7 +197,15 @@ int fy_plan_resident_offsets(const struct fy_pool *pool, const struct fy_model_c
 
 /* ---- traffic and prediction ------------------------------------------------------------------ */
 
-/* What a step moves. SSD: the streamed units' master sections in the forward (a block's once more
+/* What a step moves. With several gpu workers (shape.ranks), to_gpu and from_gpu are the busiest
+ * link's, rank 0's: every GPU is sent every unit's weights over its own PCIe link (not broadcast
+ * over NVLink) and moves the activations of its B / ranks sequences, while the f32 gradients go
+ * down rank 0's link alone where they are reduced over NVLink (FY_REDUCE_NVLINK: nvlink is what
+ * each link of the ring carries, (ranks - 1) / ranks of them), and down every link where each
+ * worker adds its own into the pool; host_mem counts every link's copies, and with
+ * FY_REDUCE_POOL the ranks after the first reading the pool's sum before adding to it. With one
+ * gpu worker nvlink and host_mem are 0.
+ * SSD: the streamed units' master sections in the forward (a block's once more
  * with clipping, for the norm pass, except where one pass defers the block's update to the next
  * forward, which reads its whole state in place of its master), their whole state read once,
  * which also gives a block its weights in the backward, and written once (common/optstate.h); the
@@ -197,7 +219,11 @@ int fy_plan_resident_offsets(const struct fy_pool *pool, const struct fy_model_c
 struct fy_plan_traffic {
     uint64_t ssd_read, ssd_write;
     uint64_t to_gpu, from_gpu;
+    uint64_t nvlink, host_mem;
 };
+/* The f32 gradients a step's gpu workers produce (each rank's, and what is summed over them):
+ * every unit's, the blocks' and the embeddings' once per backward pass. */
+uint64_t fy_plan_grad_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p);
 void fy_plan_traffic(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                      struct fy_plan_traffic *out);
 
@@ -205,10 +231,14 @@ void fy_plan_traffic(const struct fy_plan_shape *s, const struct fy_plan_place *
 struct fy_plan_prediction {
     double gpu_s, h2d_s, d2h_s, ssd_s, opt_s, step_s;
     const char *bound;
+    double nvlink_s, host_mem_s; /* with several gpu workers (0 with one) */
 };
 /* The GPU's compute from the model FLOPs (with clipping, the blocks' backward once more) at
  * gpu_flops, the traffic at its rates (SSD reads and writes share the disk), AdamW over every
- * parameter (with clipping, the sums of squares too). */
+ * parameter (with clipping, the sums of squares too). With several gpu workers: each GPU's
+ * compute of its B / ranks sequences, each link's PCIe (rank 0's, the busiest), the NVLink
+ * reduce at rates->nvlink and every link's copies at rates->host_mem (each 0 where its rate is
+ * 0). */
 void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                      const struct fy_plan_rates *rates, struct fy_plan_prediction *out);
 
@@ -295,7 +325,9 @@ struct fy_plan_acts {
  * as many as --grad-slots asks and the budget holds, one per block at most); the regions; the
  * store, the GPU, the traffic and the prediction. acts may be NULL. -errno (said) where the
  * activation plan fails or memory runs out; a plan that does not fit its budgets is made all the
- * same (fits_cpu, fits_gpu). */
+ * same (fits_cpu, fits_gpu). With several gpu workers (shape.ranks > 1), -EINVAL (said) for a
+ * batch they do not divide, for --clip-hold gpu with clipping and for --act-plan host or ssd
+ * (not supported across ranks); --clip-hold auto never holds on the GPU then. */
 int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, struct fy_plan *p);
 void fy_plan_free(struct fy_plan *p);
 /* One line on how a clipped step learns the norm (nothing where in does not clip): one pass with

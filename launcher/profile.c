@@ -89,7 +89,9 @@ static int profile_links(const struct fy_options *o, struct fy_exec *x, int form
 
 /* The profile for --act-plan auto: a session of the workers over a small pool, before the training
  * session's pool is laid out for the plan. The gpu worker measures one block on the training batch
- * (gpt-profile); the SSD store and AdamW are timed too (profile_links). */
+ * (gpt-profile), with --gpus N on its own share, B / N sequences (one gpu worker, as one of N
+ * computes them; the plan scales nothing); the SSD store and AdamW are timed too
+ * (profile_links). */
 int fy_profile_run(const struct fy_options *o, const struct fy_model_config *model, int act_dtype,
                    struct fy_block_profile *out, struct fy_plan_rates *rates,
                    struct fy_sup_fault *fault)
@@ -104,9 +106,9 @@ int fy_profile_run(const struct fy_options *o, const struct fy_model_config *mod
     int rc = cfg != NULL ? fy_runconf_train(o, model, act_dtype, cfg) : -ENOMEM;
     if (rc == 0) /* nothing kept or readied: the profile measures the bare working buffers */
         rc = fy_config_set(cfg, "train.act_plan", "recompute");
-    if (rc == 0 && o->gpus > 1) /* one gpu worker measures its share of the batch (--gpus) */
+    if (rc == 0 && o->gpus > 1) /* one gpu worker of several: its share of the batch, alone */
         rc = fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)(o->batch / o->gpus));
-    if (rc == 0)
+    if (rc == 0 && o->gpus > 1)
         rc = fy_config_set(cfg, "train.ranks", "1");
     struct fy_session s = {.lock_fd = -1};
     struct fy_session_opts so = fy_runconf_session(o);

@@ -1,6 +1,7 @@
 /* The profile for --act-plan auto (train, profile): a session of the workers over a small pool,
  * before the training session's pool is laid out for the plan. The gpu worker measures one block
- * on the training batch (gpt-profile); the SSD store's write and read rates through the io worker
+ * on the training batch (gpt-profile; with --gpus N, on one worker's B / N sequences); the SSD
+ * store's write and read rates through the io worker
  * and AdamW's on the opt worker are timed too. */
 #ifndef FY_PROFILE_H
 #define FY_PROFILE_H

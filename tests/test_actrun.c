@@ -2,7 +2,8 @@
  * the obvious answers (fast links and room: everything swapped; no room: recompute; no device room
  * for the swap sets: no swapping), the kept blocks' count from the device room, the budgets never
  * exceeded over a sweep of pool rooms, FC and GELU placed together when one product writes both,
- * the forced modes and the test hook's mix, the refusals, and clipping's two schedules. */
+ * the forced modes and the test hook's mix, the refusals, clipping's two schedules, and several gpu
+ * workers. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -302,6 +303,49 @@ static void test_clipped_steps(void **state)
     fy_actrun_free(&one);
 }
 
+/* Several gpu workers, N = 2 and 3 at 4 sequences each (the profile's share): the internals'
+ * sizes are a worker's; auto keeps what the device holds and swaps nothing even where one worker
+ * would (test_device_room_and_swap_sets); a slow NVLink binds each phase at its gradients' ring
+ * reduce, (N - 1) / N of them, on CUDA and not on the CPU backend, which sums in the pool; and the
+ * other ranks' copies load host memory, so the step is no faster than one worker's with its
+ * share. */
+static void test_ranks(void **state)
+{
+    (void)state;
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e15, 1u << 20, 5u << 20);
+    uint64_t head = fy_model_unit_params(&c, c.n_layer + 1) * 4 + (uint64_t)c.vocab * c.n_embd * 4;
+    uint64_t blocks = c.n_layer * fy_model_unit_params(&c, 1) * 4 + fy_model_unit_params(&c, 0) * 4;
+    for (int n = 2; n <= 3; n++) {
+        struct fy_actrun_in one = input(&c, &p, FY_ACTPLAN_AUTO, "cuda"), in = one;
+        in.ranks = n;
+        in.B = 4 * n;
+        struct fy_actrun r, r1;
+        assert_int_equal(fy_actrun_plan(&one, &r1), 0);
+        assert_non_null(r1.place); /* one worker swaps */
+        assert_int_equal(fy_actrun_plan(&in, &r), 0);
+        assert_null(r.place);
+        assert_int_equal(r.keep, 5);
+        assert_int_equal(r.keep_b, -1);
+        assert_int_equal(r.swap.host_bytes + r.swap.ssd_bytes, 0);
+        assert_memory_equal(&r.sizes, &r1.sizes, sizeof r.sizes);
+        assert_true(r.predicted_s >= r1.step_a);
+        fy_actrun_free(&r);
+        fy_actrun_free(&r1);
+        in.rates.nvlink = 1e3;
+        assert_int_equal(fy_actrun_plan(&in, &r), 0);
+        double nv = (double)head * (n - 1) / n / 1e3 + (double)blocks * (n - 1) / n / 1e3;
+        assert_float_equal(r.predicted_s, nv, nv * 1e-12);
+        fy_actrun_free(&r);
+        struct fy_actrun_in cpu = in;
+        cpu.backend = "cpu";
+        cpu.act_dtype = 1;
+        assert_int_equal(fy_actrun_plan(&cpu, &r), 0);
+        assert_true(r.predicted_s < 1.0);
+        fy_actrun_free(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -314,6 +358,7 @@ int main(void)
         cmocka_unit_test(test_forced_modes),
         cmocka_unit_test(test_no_profile_and_bad_backend),
         cmocka_unit_test(test_clipped_steps),
+        cmocka_unit_test(test_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,9 @@
  *     while a unit streams, else as many as asked and the budget holds, one per block at most;
  *   - where the activation step runs: before the residency for the forced modes (whose swap the
  *     residency then plans around), after it for auto (which sees the residency);
- *   - the GPU: the working buffers, and a set per call in flight with every block swapped.
+ *   - the GPU: the working buffers, and a set per call in flight with every block swapped;
+ *   - several gpu workers: each GPU's compute and PCIe link, the NVLink and host memory terms,
+ *     and what they refuse.
  * The pools' sizes are fy_pool_layout_size of the regions listed by hand (2 MiB a region here). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +18,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <string.h>
 
 #include "common/ckpt.h"
@@ -531,13 +534,144 @@ static void test_gpu_need(void **state)
     fy_plan_free(&p);
 }
 
+/* Several gpu workers (--gpus N), width 64 and two blocks: each GPU computes B / N sequences, so
+ * its compute is 1/N of one GPU's at B; each link carries what one GPU at B / N does (the whole
+ * weights, its share's activations) and rank 0's every f32 gradient: 4 x (128 + 16384 + 2 x 49984
+ * + 18432) = 539648 bytes (the final unit, the tied head's wte, two blocks, the embeddings). On
+ * CUDA the ring reduce carries (N - 1) / N of them over each NVLink link; host memory every
+ * link's copies, the gradients once (CUDA) or, added in the pool in rank order, 2N - 1 times. */
+static void test_ranks(void **state)
+{
+    (void)state;
+    struct fy_model_config c = gpt(2, 64);
+    const uint64_t grads = 539648;
+    for (int n = 2; n <= 3; n++) {
+        struct fy_plan_in in = input(&c), share = input(&c);
+        in.rates.nvlink = 1e9;
+        in.rates.host_mem = 4e9;
+        in.shape.B = 2 * n;
+        in.shape.ranks = n;
+        share.shape.B = 2; /* one GPU with one rank's sequences */
+        struct fy_plan one, many, part;
+        struct fy_plan_in whole = in;
+        whole.shape.ranks = 1;
+        assert_int_equal(fy_plan_make(&whole, NULL, &one), 0);
+        assert_int_equal(fy_plan_make(&share, NULL, &part), 0);
+        assert_int_equal(fy_plan_make(&in, NULL, &many), 0);
+        assert_int_equal(fy_plan_grad_bytes(&in.shape, &many.place), grads);
+        assert_int_equal(fy_plan_ranks(&in.shape), n);
+        assert_int_equal(fy_plan_rank_batch(&in.shape), 2);
+        /* compute per GPU */
+        assert_float_equal(many.predicted.gpu_s, one.predicted.gpu_s / n, 1e-15);
+        assert_float_equal(many.predicted.gpu_s, part.predicted.gpu_s, 1e-15);
+        /* PCIe per link, the pool's summing (the CPU backend): as one GPU at B / N */
+        assert_int_equal(many.place.reduce, FY_REDUCE_POOL);
+        assert_int_equal(many.traffic.to_gpu, part.traffic.to_gpu);
+        assert_int_equal(many.traffic.from_gpu, part.traffic.from_gpu);
+        assert_int_equal(many.traffic.nvlink, 0);
+        uint64_t copies = part.traffic.to_gpu + part.traffic.from_gpu - grads;
+        assert_int_equal(many.traffic.host_mem, n * copies + (2 * n - 1) * grads);
+        assert_float_equal(many.predicted.host_mem_s, many.traffic.host_mem / 4e9, 1e-15);
+        assert_float_equal(many.predicted.nvlink_s, 0, 0);
+        /* one GPU has none of these terms */
+        assert_int_equal(one.traffic.nvlink + one.traffic.host_mem, 0);
+        assert_float_equal(one.predicted.host_mem_s, 0, 0);
+        /* the SSD, the optimizer and the pool's state are the step's, whatever the ranks; the
+         * pool gains the ranks' region */
+        assert_int_equal(many.traffic.ssd_read, one.traffic.ssd_read);
+        assert_int_equal(many.traffic.ssd_write, one.traffic.ssd_write);
+        assert_float_equal(many.predicted.opt_s, one.predicted.opt_s, 1e-15);
+        assert_int_equal(many.n_regions, one.n_regions + 1);
+        assert_string_equal(many.regions[many.n_regions - 1].name, "ranks");
+        fy_plan_free(&many);
+        /* the CUDA backend: reduced over NVLink, sent by rank 0 alone (its link as before) */
+        in.backend = "cuda";
+        in.gpu_mem = 0;
+        assert_int_equal(fy_plan_make(&in, NULL, &many), 0);
+        assert_int_equal(many.place.reduce, FY_REDUCE_NVLINK);
+        assert_int_equal(many.traffic.from_gpu, part.traffic.from_gpu);
+        assert_int_equal(many.traffic.nvlink, grads * (n - 1) / n);
+        assert_int_equal(many.traffic.host_mem, n * copies + grads);
+        assert_float_equal(many.predicted.nvlink_s, (double)(grads * (n - 1) / n) / 1e9, 1e-15);
+        uint64_t working, set;
+        if (fy_backend_gpu_bytes("cuda", &c, 2, 32, &working, &set)) { /* each GPU's B / N */
+            assert_true(many.gpu_modelled);
+            assert_int_equal(many.gpu_working, working);
+            assert_int_equal(many.gpu_set, set);
+        }
+        fy_plan_free(&many);
+        /* a slow NVLink binds the step, and so does slow host memory */
+        in.rates.nvlink = 1e3;
+        assert_int_equal(fy_plan_make(&in, NULL, &many), 0);
+        assert_string_equal(many.predicted.bound, "NVLink");
+        assert_float_equal(many.predicted.step_s, many.predicted.nvlink_s, 0);
+        fy_plan_free(&many);
+        in.rates.nvlink = 1e9;
+        in.rates.host_mem = 1e3;
+        assert_int_equal(fy_plan_make(&in, NULL, &many), 0);
+        assert_string_equal(many.predicted.bound, "host memory");
+        fy_plan_free(&many);
+        fy_plan_free(&one);
+        fy_plan_free(&part);
+    }
+}
+
+/* What several gpu workers refuse: a batch they do not divide, --clip-hold gpu with clipping,
+ * swapping the blocks' internals; and --clip-hold auto does not hold on the GPU (it would for
+ * one, test_clip_modes), but in the pool. */
+static void test_ranks_refused(void **state)
+{
+    (void)state;
+    struct fy_model_config c = gpt(2, 64);
+    struct fy_plan_in in = input(&c);
+    struct fy_plan p;
+    in.shape.ranks = 3;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL); /* 4 sequences over 3 */
+    in.shape.B = 6;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    fy_plan_free(&p);
+    in.act_mode = FY_ACTPLAN_HOST;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL);
+    in.act_mode = FY_ACTPLAN_SSD;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL);
+    in.act_mode = FY_ACTPLAN_AUTO;
+    in.shape.clip = 1;
+    in.clip_mode = FY_CLIP_ONE_PASS;
+    in.clip_hold = FY_CLIP_HOLD_GPU;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL);
+    in.clip_mode = FY_CLIP_AUTO;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL);
+    /* the pool has room for the streaming regions alone: one GPU would hold them in its memory */
+    in.clip_hold = FY_CLIP_HOLD_AUTO;
+    in.clip_mode = FY_CLIP_TWO_PASS;
+    struct fy_plan two;
+    assert_int_equal(fy_plan_make(&in, NULL, &two), 0);
+    in.cpu_mem = two.pool_bytes;
+    in.clip_mode = FY_CLIP_ONE_PASS;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.grad_hold, FY_HOLD_POOL);
+    fy_plan_free(&p);
+    in.clip_mode = FY_CLIP_AUTO;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_not_equal(p.place.grad_hold, FY_HOLD_GPU);
+    assert_false(p.one_pass_gpu_short); /* not said to be short of room */
+    fy_plan_free(&p);
+    in.shape.ranks = 1;
+    in.clip_mode = FY_CLIP_ONE_PASS;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.grad_hold, FY_HOLD_GPU);
+    fy_plan_free(&p);
+    fy_plan_free(&two);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regions_by_hand),     cmocka_unit_test(test_streamed_by_hand),
         cmocka_unit_test(test_residency_by_budget), cmocka_unit_test(test_grad_slots),
         cmocka_unit_test(test_activation_step_order), cmocka_unit_test(test_gpu_need),
-        cmocka_unit_test(test_clip_modes),
+        cmocka_unit_test(test_clip_modes),          cmocka_unit_test(test_ranks),
+        cmocka_unit_test(test_ranks_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

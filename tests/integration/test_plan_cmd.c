@@ -199,6 +199,58 @@ static void test_plan_by_hand(void **state)
                                               "on the GPU or recompute them, never swap them"));
 }
 
+/* plan --gpus 2 of the model above at batch 8 with the round rates (and an NVLink of 1 GB/s,
+ * host memory 4 GB/s): the GPUs' lines say each computes 4 of the 8 sequences, that the weights
+ * go to each over its own link with the NVLink broadcast not built, and the step against one
+ * GPU's: AdamW binds both at 0.118528 s. The CPU backend sums the gradients in the pool, CUDA's
+ * reduces them over NVLink to GPU 0 (539648 bytes, half over each link: 0.000270 s at 1 GB/s).
+ * A batch that 2 does not divide, --clip-hold gpu with clipping and --act-plan ssd are refused. */
+static void test_plan_gpus(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *machine = fy_test_in(f, "machine.json");
+    FILE *m = fopen(machine, "w");
+    assert_non_null(m);
+    fputs("{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
+          "\"ssd_write\": 2e8, \"opt_params\": 1e6, \"nvlink\": 1e9, \"host_mem\": 4e9}\n", m);
+    fclose(m);
+    assert_int_equal(plan_small(f, machine, "--gpus", "2"), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: GPUs: 2 (--gpus), each computing 4 of the 8 "
+                                              "sequences of a step; weights to each GPU over its "
+                                              "own PCIe link (a broadcast over NVLink: not built); "
+                                              "gradients (527.0 KiB a step) sent by every gpu "
+                                              "worker and added into the shared pool in rank "
+                                              "order"));
+    assert_true(fy_test_file_contains(f->log, "plan: with 2 GPUs: predicted step 0.118528 s, 2160 "
+                                              "tokens/s; one GPU at batch 8: 0.118528 s, 2160 "
+                                              "tokens/s (1.00x)"));
+    assert_true(fy_test_file_contains(f->log, "plan: per step: PCIe (GPU 0's link, the busiest) "));
+    const char *cuda[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
+                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cuda",
+                          "--machine", machine, "--gpus", "2", NULL};
+    assert_int_equal(fy_test_launch_in(f, cuda, 60), 0);
+    assert_true(fy_test_file_contains(f->log, "gradients (527.0 KiB a step) reduced over NVLink to "
+                                              "GPU 0, 263.5 KiB over each link of the ring, "
+                                              "0.000270 s at 1 GB/s, and sent to the shared "
+                                              "pool over GPU 0's link alone"));
+    assert_true(fy_test_file_contains(f->log, ", NVLink 0.000270, host memory "));
+    assert_int_equal(plan_small(f, machine, "--gpus", "3"), 1);
+    assert_true(fy_test_file_contains(f->log, "--gpus 3: the batch of 8 sequences does not split "
+                                              "evenly over 3 GPUs"));
+    const char *swap[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
+                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
+                          "--gpus", "2", "--act-plan", "ssd", NULL};
+    assert_int_equal(fy_test_launch_in(f, swap, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "--act-plan ssd with --gpus 2: swapping the blocks' "
+                                              "internals is not supported with several GPUs yet"));
+    const char *hold[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
+                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
+                          "--gpus", "2", "--clip-grad-norm", "1", "--clip-hold", "gpu", NULL};
+    assert_int_equal(fy_test_launch_in(f, hold, 60), 1);
+    assert_true(fy_test_file_contains(f->log, "--clip-hold gpu with --gpus 2: gradients held on "
+                                              "the GPUs are not summed across them"));
+}
+
 /* plan's largest batch counts the SSD's free space: with every block's internals swapped to the
  * store (68 MiB a sample for two 512-wide blocks at T 1024, f32 on the CPU backend, in a scratch
  * extent at most 1/8 larger), the store's filesystem binds long before the search's cap of 65536,
@@ -874,6 +926,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_bench_pipeline_table),
         cmocka_unit_test(test_prediction_by_hand),
         FY_TRAINUTIL_TEST(test_plan_by_hand),
+        FY_TRAINUTIL_TEST(test_plan_gpus),
         FY_TRAINUTIL_TEST(test_plan_optim_state_bytes),
         FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),
         FY_TRAINUTIL_TEST(test_paper_machine_profiles),
