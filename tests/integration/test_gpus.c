@@ -61,10 +61,6 @@ static struct result train(struct fy_test_fixture *f, const char *name, const ch
     opts[n++] = BATCH;
     opts[n++] = "--clip-grad-norm";
     opts[n++] = "1e6";
-    opts[n++] = "--clip-hold"; /* TEMP */
-    opts[n++] = "pool";
-    opts[n++] = "--act-plan"; /* TEMP */
-    opts[n++] = "recompute";
     opts[n++] = "--eval-every";
     opts[n++] = "5";
     if (gpus != NULL) {
@@ -234,11 +230,11 @@ static void test_gpus_refused(void **state)
     assert_true(fy_test_file_contains(f->log, "drop --gpus 2 or --inprocess"));
     const char *swapped[] = {"--gpus", "2", "--act-plan", "host", NULL};
     assert_int_not_equal(fy_trainutil_train_with(f, run, f->data, "2", NULL, 0, swapped), 0);
-    assert_true(fy_test_file_contains(f->log, "with 2 gpu workers: not supported"));
+    assert_true(fy_test_file_contains(f->log, "--act-plan host with --gpus 2: swapping"));
     const char *held[] = {"--gpus", "2", "--clip-grad-norm", "1", "--clip-mode", "one-pass",
                           "--clip-hold", "gpu", NULL};
     assert_int_not_equal(fy_trainutil_train_with(f, run, f->data, "2", NULL, 0, held), 0);
-    assert_true(fy_test_file_contains(f->log, "gradients held on the GPUs are for one"));
+    assert_true(fy_test_file_contains(f->log, "--clip-hold gpu with --gpus 2: gradients held"));
 }
 
 int main(void)
