@@ -27,7 +27,9 @@
 # 1.3B-int8),
 # PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_CLIP_MODES
 # (clipping, each in turn for every schedule and act plan: none, auto, one-pass, two-pass; default
-# none; the config column names the clipped ones, as 1.3B-one-pass) with PIPELINE_CLIP_NORM (the
+# none; the config column names the clipped ones, as 1.3B-one-pass), PIPELINE_GPUS (--gpus values,
+# each in turn: "1 2" runs one GPU and two side by side; the config column names N > 1 as
+# 1.3B-g2), with PIPELINE_CLIP_NORM (the
 # bound, 1: transformers' default, which clips every step of these runs), PIPELINE_RUNS (instead of
 # every combination of the lists above, these runs in order, each B/PLACEMENT/SCHEDULE/ACT_PLAN
 # with an optional /AFFINITY (--affinity, default auto) and /WEIGHTS (--weights-dtype, default
@@ -227,17 +229,22 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
         [ "$place" = ssd ] && [ -n "${PIPELINE_SSD_BATCHES:-}" ] &&
           ! [[ " $PIPELINE_SSD_BATCHES " == *" $B "* ]] && continue
         mem=$(mem_for "$place" "$B")
+        for gpus in ${PIPELINE_GPUS:-1}; do
         for clip in ${PIPELINE_CLIP_MODES:-none}; do
-          # --clip-grad-norm (PIPELINE_CLIP_NORM) with each --clip-mode in turn; none: unclipped
+          # --clip-grad-norm (PIPELINE_CLIP_NORM) with each --clip-mode in turn; none: unclipped;
+          # and --gpus N for each of PIPELINE_GPUS (the config column says gN for N > 1)
           CLIP_ARGS="" CLIP_LABEL=""
           [ "$clip" = none ] ||
             CLIP_ARGS="--clip-grad-norm ${PIPELINE_CLIP_NORM:-1} --clip-mode $clip" CLIP_LABEL=$clip
+          [ "$gpus" = 1 ] ||
+            CLIP_ARGS="$CLIP_ARGS --gpus $gpus" CLIP_LABEL="g$gpus${CLIP_LABEL:+-$CLIP_LABEL}"
           for sched in ${PIPELINE_SCHEDULES:-overlap serial}; do
             for plan in ${PIPELINE_ACT_PLANS:-auto}; do
               run "$label-$B-$place-$sched-$plan${CLIP_LABEL:+-$CLIP_LABEL}" "$label" "$B" \
                 "$place" "$sched" 2 "$mem" "" "$plan"
             done
           done
+        done
         done
         CLIP_ARGS="" CLIP_LABEL=""
         if [ "$place" = host ]; then
