@@ -46,10 +46,12 @@ NVCCFLAGS   := -O2 -g -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -fno-strict-aliasin
 # (gpu_worker/cuda/cu_ranks). The first of: pkg-config nccl; $(NCCL_HOME); the CUDA toolkit's own;
 # the system's (Debian's libnccl-dev); the nvidia-nccl-cu12/-cu13 wheel of $(PYTHON), which has no
 # libnccl.so link, so every library is linked by its soname (-l:libnccl.so.2), with an rpath.
+# NCCL=off builds without it.
 nccl_lib = $(patsubst %/,%,$(firstword $(dir $(wildcard $(addsuffix /libnccl.so.2,$(1))))))
 nccl_use = $(eval NCCL_FROM := $(1))$(eval NCCL_H := $(2)/nccl.h)$(eval NCCL_CFLAGS := -I$(2)) \
            $(eval NCCL_LIBS := -L$(3) -Wl,-rpath,$(3) -l:libnccl.so.2)
-ifeq ($(shell $(PKG_CONFIG) --exists nccl && echo yes),yes)
+ifeq ($(NCCL),off)
+else ifeq ($(shell $(PKG_CONFIG) --exists nccl && echo yes),yes)
 NCCL_FROM   := pkg-config nccl $(shell $(PKG_CONFIG) --modversion nccl)
 NCCL_CFLAGS := $(shell $(PKG_CONFIG) --cflags nccl)
 NCCL_LIBS   := $(shell $(PKG_CONFIG) --libs nccl)
