@@ -118,7 +118,7 @@ check-deps:
 	@$(if $(HAVE_XXHASH),echo "found   xxhash.h",echo "MISSING xxhash.h: install the Debian package libxxhash-dev (or run: make deps)")
 	@if command -v fio >/dev/null; then echo "found   fio (for make bench)"; else echo "MISSING fio: needed by make bench only; Debian package fio"; fi
 	@$(if $(NVCC),echo "found   nvcc $(NVCC): building the CUDA backend",echo "no nvcc: building without the CUDA backend")
-	@$(if $(NVCC),$(if $(NCCL_FROM),echo "found   nccl $(if $(NCCL_H),$$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' $(NCCL_H) | paste -sd.) )($(NCCL_FROM)): --gpus N sums gradients on the devices",echo "no NCCL: --gpus N > 1 on the CUDA backend sums the gradients through host memory, not on the devices; install libnccl-dev (Debian) or pip install nvidia-nccl-cu12, or set NCCL_HOME"),true)
+	@$(if $(NVCC),$(if $(NCCL_FROM),echo "found   nccl $(if $(NCCL_H),$$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' $(NCCL_H) | paste -sd.) )($(NCCL_FROM)): --gpus N sums gradients on the devices",echo "no NCCL: --gpus N > 1 on the CUDA backend is disabled; install libnccl-dev (Debian) or pip install nvidia-nccl-cu12, or set NCCL_HOME"),true)
 	@$(if $(MISSING),echo "error: missing $(MISSING); install the Debian packages $(foreach p,$(MISSING),$(DEB_$(p))) (or run: make deps)"; exit 1,true)
 
 $(BUILD)/obj/%.o: %.c
