@@ -42,6 +42,35 @@ CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lc
 # sm_90 machine code for the H200, plus PTX so newer GPUs can JIT it.
 NVCC_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCCFLAGS   := -O2 -g -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -fno-strict-aliasing,-ffp-contract=off
+# NCCL, optional: with it the CUDA backend sums the gradients of --gpus N workers on the devices
+# (gpu_worker/cuda/cu_ranks). The first of: pkg-config nccl; $(NCCL_HOME); the CUDA toolkit's own;
+# the system's (Debian's libnccl-dev); the nvidia-nccl-cu12/-cu13 wheel of $(PYTHON), which has no
+# libnccl.so link, so every library is linked by its soname (-l:libnccl.so.2), with an rpath.
+# NCCL=off builds without it.
+nccl_lib = $(patsubst %/,%,$(firstword $(dir $(wildcard $(addsuffix /libnccl.so.2,$(1))))))
+nccl_use = $(eval NCCL_FROM := $(1))$(eval NCCL_H := $(2)/nccl.h)$(eval NCCL_CFLAGS := -I$(2)) \
+           $(eval NCCL_LIBS := -L$(3) -Wl,-rpath,$(3) -l:libnccl.so.2)
+ifeq ($(NCCL),off)
+else ifeq ($(shell $(PKG_CONFIG) --exists nccl && echo yes),yes)
+NCCL_FROM   := pkg-config nccl $(shell $(PKG_CONFIG) --modversion nccl)
+NCCL_CFLAGS := $(shell $(PKG_CONFIG) --cflags nccl)
+NCCL_LIBS   := $(shell $(PKG_CONFIG) --libs nccl)
+else ifneq ($(and $(NCCL_HOME),$(wildcard $(NCCL_HOME)/include/nccl.h),$(call nccl_lib,$(NCCL_HOME)/lib)),)
+$(call nccl_use,NCCL_HOME $(NCCL_HOME),$(NCCL_HOME)/include,$(call nccl_lib,$(NCCL_HOME)/lib))
+else ifneq ($(and $(wildcard $(CUDA_HOME)/include/nccl.h),$(call nccl_lib,$(CUDA_HOME)/lib64 $(CUDA_HOME)/lib)),)
+$(call nccl_use,the CUDA toolkit's,$(CUDA_HOME)/include,$(call nccl_lib,$(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
+else ifneq ($(and $(wildcard /usr/include/nccl.h),$(call nccl_lib,/usr/lib/$(shell $(CC) -print-multiarch 2>/dev/null) /usr/lib64 /usr/lib)),)
+$(call nccl_use,the system's,/usr/include,$(call nccl_lib,/usr/lib/$(shell $(CC) -print-multiarch 2>/dev/null) /usr/lib64 /usr/lib))
+else
+NCCL_WHEEL := $(shell $(PYTHON) -c 'import nvidia.nccl, os; print(nvidia.nccl.__path__[0])' 2>/dev/null)
+ifneq ($(and $(NCCL_WHEEL),$(wildcard $(NCCL_WHEEL)/include/nccl.h),$(call nccl_lib,$(NCCL_WHEEL)/lib)),)
+$(call nccl_use,the Python wheel nvidia-nccl of $(PYTHON),$(NCCL_WHEEL)/include,$(call nccl_lib,$(NCCL_WHEEL)/lib))
+endif
+endif
+ifneq ($(NCCL_FROM),)
+NVCCFLAGS   += -DFY_HAVE_NCCL=1 $(NCCL_CFLAGS)
+CUDA_LIBS   += $(NCCL_LIBS)
+endif
 endif
 
 CFLAGS  ?=
@@ -89,6 +118,7 @@ check-deps:
 	@$(if $(HAVE_XXHASH),echo "found   xxhash.h",echo "MISSING xxhash.h: install the Debian package libxxhash-dev (or run: make deps)")
 	@if command -v fio >/dev/null; then echo "found   fio (for make bench)"; else echo "MISSING fio: needed by make bench only; Debian package fio"; fi
 	@$(if $(NVCC),echo "found   nvcc $(NVCC): building the CUDA backend",echo "no nvcc: building without the CUDA backend")
+	@$(if $(NVCC),$(if $(NCCL_FROM),echo "found   nccl $(if $(NCCL_H),$$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' $(NCCL_H) | paste -sd.) )($(NCCL_FROM)): --gpus N sums gradients on the devices",echo "no NCCL: --gpus N > 1 on the CUDA backend is disabled; install libnccl-dev (Debian) or pip install nvidia-nccl-cu12, or set NCCL_HOME"),true)
 	@$(if $(MISSING),echo "error: missing $(MISSING); install the Debian packages $(foreach p,$(MISSING),$(DEB_$(p))) (or run: make deps)"; exit 1,true)
 
 $(BUILD)/obj/%.o: %.c

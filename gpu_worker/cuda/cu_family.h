@@ -102,9 +102,11 @@ struct fy_cu_family {
      * points at it until the next call. */
     int (*final_norm)(void *units, const bf16 *norm, const bf16 *x, const bf16 **xn);
     /* The final norm and the head (head_w [V][C]): losses [N] f32 per row (0 for a target < 0);
-     * with dx != NULL also dx, dnorm (the norm's gradients) and dhead [V][C] f32, overwritten. */
+     * with dx != NULL also dx, dnorm (the norm's gradients) and dhead [V][C] f32, overwritten, of
+     * the mean over `count` targets (0: the targets >= 0 given). */
     int (*head)(void *units, const bf16 *norm, const bf16 *head_w, const bf16 *x,
-                const int32_t *targets, float *losses, bf16 *dx, float *dnorm, float *dhead);
+                const int32_t *targets, float *losses, bf16 *dx, float *dnorm, float *dhead,
+                uint64_t count);
     const struct fy_cu_swapping *swap;     /* NULL: internals kept or recomputed, never swapped */
     const struct fy_cu_profiling *profile; /* NULL: blocks not profiled */
 };

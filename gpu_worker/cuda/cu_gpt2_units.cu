@@ -353,7 +353,8 @@ int fy_cu_gpt2_embed_backward(struct fy_cu_gpt2 *u, const int32_t *tokens, const
 }
 
 int fy_cu_gpt2_head(struct fy_cu_gpt2 *u, const bf16 *lnf, const bf16 *wte, const bf16 *x,
-                    const int32_t *targets, float *losses, bf16 *dx, float *dlnf, float *dwte)
+                    const int32_t *targets, float *losses, bf16 *dx, float *dlnf, float *dwte,
+                    uint64_t count)
 {
     const struct fy_model_config *c = &u->c;
     int N = u->N, C = (int)c->n_embd, V = (int)c->vocab;
@@ -367,8 +368,8 @@ int fy_cu_gpt2_head(struct fy_cu_gpt2 *u, const bf16 *lnf, const bf16 *wte, cons
         FY_CUDA(cudaMemsetAsync(dlnf, 0, 2 * (size_t)C * sizeof(float), s), "zeroing gradients");
     }
     OP("head (logits, loss, grads)",
-       fy_cu_head(u->env.lt, losses, dx ? u->dln1 : NULL, dwte, a->ln1, wte, targets, N, C, V,
-                  u->env.head_rows, u->env.head_scratch, s));
+       fy_cu_head(u->env.lt, losses, dx ? u->dln1 : NULL, dwte, a->ln1, wte, targets, count, N, C,
+                  V, u->env.head_rows, u->env.head_scratch, s));
     if (dx != NULL) {
         FY_CUDA(cudaMemsetAsync(dx, 0, NC * sizeof(bf16), s), "zeroing dx");
         OP("layernorm bwd", fy_cu_layernorm_backward(dx, dlnf, dlnf + C, u->ln_scratch, u->dln1, x,
@@ -641,10 +642,11 @@ static int gpt2_final_norm(void *units, const bf16 *norm, const bf16 *x, const b
 }
 
 static int gpt2_head(void *units, const bf16 *norm, const bf16 *head_w, const bf16 *x,
-                     const int32_t *targets, float *losses, bf16 *dx, float *dnorm, float *dhead)
+                     const int32_t *targets, float *losses, bf16 *dx, float *dnorm, float *dhead,
+                     uint64_t count)
 {
     return fy_cu_gpt2_head((struct fy_cu_gpt2 *)units, norm, head_w, x, targets, losses, dx, dnorm,
-                           dhead);
+                           dhead, count);
 }
 
 static const struct fy_cu_swapping gpt2_swapping = {

@@ -50,9 +50,11 @@ int fy_cu_gpt2_block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const bf1
 int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x,
                               const bf16 *dy, bf16 *dx, float *dparams,
                               struct fy_cu_gpt2_acts *kept);
-/* losses [N] f32 per row; with dx != NULL also dx, dlnf [2C] and dwte [V][C] (overwritten). */
+/* losses [N] f32 per row; with dx != NULL also dx, dlnf [2C] and dwte [V][C] (overwritten), of the
+ * mean over `count` targets (0: the targets >= 0 given; see fy_cu_head). */
 int fy_cu_gpt2_head(struct fy_cu_gpt2 *u, const bf16 *lnf, const bf16 *wte, const bf16 *x,
-                    const int32_t *targets, float *losses, bf16 *dx, float *dlnf, float *dwte);
+                    const int32_t *targets, float *losses, bf16 *dx, float *dlnf, float *dwte,
+                    uint64_t count);
 
 /* Profiling: with timing on, each op is bracketed by events (serialising the stream) and its time
  * summed by name; fy_cu_gpt2_timings returns the table. The units' calls through cu_model are

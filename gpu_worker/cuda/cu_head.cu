@@ -4,7 +4,9 @@
  * every result is bitwise reproducible.
  *
  * Scratch layout (256-byte aligned pieces):
- *   cnt     int32 [1] number of targets >= 0 in the whole batch, then f32 [1] 1/count (0 if count 0)
+ *   cnt     int32 [1] number of targets >= 0 in the call's rows, then f32 [1] 1/count (0 if count
+ *           0), count being the caller's where it gives one (the whole batch of several gpu
+ *           workers, of which these rows are a share), else that number
  *   logits  f32  [chunk_rows][V]  logits of one chunk
  *   dlog    bf16 [chunk_rows][V]  (softmax - onehot) / count of one chunk (backward only)
  * Per chunk of R <= chunk_rows rows, in order on the stream: logits = xn_chunk wte^T (cuBLASLt,
@@ -25,8 +27,9 @@ static inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* ---- head kernels ---- */
 
-/* One block: cnt[0] = number of targets >= 0 (exact integer sum), ((float *)cnt)[1] = 1/count or 0. */
-__global__ void head_count(int32_t *cnt, const int32_t *targets, int N)
+/* One block: cnt[0] = number of targets >= 0 (exact integer sum), ((float *)cnt)[1] = 1/count or
+ * 0, count being `given` where it is not 0, else cnt[0]. */
+__global__ void head_count(int32_t *cnt, const int32_t *targets, int N, uint64_t given)
 {
     __shared__ int part[FY_HEAD_THREADS];
     int c = 0;
@@ -39,7 +42,8 @@ __global__ void head_count(int32_t *cnt, const int32_t *targets, int N)
         for (int i = 0; i < (int)blockDim.x; i++)
             total += part[i];
         cnt[0] = total;
-        ((float *)cnt)[1] = total > 0 ? 1.0f / (float)total : 0.0f;
+        float count = given > 0 ? (float)given : (float)total;
+        ((float *)cnt)[1] = count > 0 ? 1.0f / count : 0.0f;
     }
 }
 
@@ -108,8 +112,8 @@ size_t fy_cu_head_scratch_bytes(int chunk_rows, int V)
 }
 
 int fy_cu_head(struct fy_cu_lt *lt, float *losses, bf16 *dxn, float *dwte, const bf16 *xn,
-               const bf16 *wte, const int32_t *targets, int N, int C, int V, int chunk_rows,
-               void *scratch, cudaStream_t stream)
+               const bf16 *wte, const int32_t *targets, uint64_t count, int N, int C, int V,
+               int chunk_rows, void *scratch, cudaStream_t stream)
 {
     if (N < 0 || C <= 0 || V <= 0 || chunk_rows <= 0 || (dxn && !dwte)) {
         fy_error("fy_cu_head: bad arguments N=%d C=%d V=%d chunk_rows=%d dxn=%p dwte=%p", N, C, V,
@@ -125,7 +129,7 @@ int fy_cu_head(struct fy_cu_lt *lt, float *losses, bf16 *dxn, float *dwte, const
     float *logits = (float *)(base + L.off_logits);
     bf16 *dlog = dxn ? (bf16 *)(base + L.off_dlog) : NULL;
 
-    head_count<<<1, FY_HEAD_THREADS, 0, stream>>>(cnt, targets, N);
+    head_count<<<1, FY_HEAD_THREADS, 0, stream>>>(cnt, targets, N, count);
     FY_CUDA_LAUNCHED("head_count");
     for (int r0 = 0; r0 < N; r0 += chunk_rows) {
         int R = N - r0 < chunk_rows ? N - r0 : chunk_rows;

@@ -342,19 +342,19 @@ int fy_cu_llama_final_norm(struct fy_cu_llama *l, const bf16 *norm_w, const bf16
 
 int fy_cu_llama_head(struct fy_cu_llama *l, const bf16 *norm_w, const bf16 *head_w,
                      const bf16 *x, const int32_t *targets, float *losses, bf16 *dx, float *dnorm,
-                     float *dhead)
+                     float *dhead, uint64_t count)
 {
     int N = l->N, C = l->C, V = (int)l->c.vocab;
     cudaStream_t s = l->env.stream;
     const bf16 *xn;
     FY_TRY(fy_cu_llama_final_norm(l, norm_w, x, &xn));
     if (dx == NULL)
-        return fy_cu_head(l->env.lt, losses, NULL, NULL, xn, head_w, targets, N, C, V,
+        return fy_cu_head(l->env.lt, losses, NULL, NULL, xn, head_w, targets, count, N, C, V,
                           l->env.head_rows, l->env.head_scratch, s);
     /* the gradients accumulate (+=) from zero; dn takes the normalised rows' gradient */
     FY_CUDA(cudaMemsetAsync(dhead, 0, (size_t)V * C * sizeof(float), s), "zeroing gradients");
     FY_CUDA(cudaMemsetAsync(dnorm, 0, (size_t)C * sizeof(float), s), "zeroing gradients");
-    FY_TRY(fy_cu_head(l->env.lt, losses, l->dn, dhead, xn, head_w, targets, N, C, V,
+    FY_TRY(fy_cu_head(l->env.lt, losses, l->dn, dhead, xn, head_w, targets, count, N, C, V,
                       l->env.head_rows, l->env.head_scratch, s));
     FY_CUDA(cudaMemsetAsync(dx, 0, (size_t)N * C * sizeof(bf16), s), "zeroing dx");
     return fy_cu_rmsnorm_backward(dx, dnorm, l->norm_scratch, l->dn, x, norm_w, l->own.rstd1, N, C,
@@ -421,10 +421,11 @@ static int llama_final_norm(void *units, const bf16 *norm, const bf16 *x, const 
 }
 
 static int llama_head(void *units, const bf16 *norm, const bf16 *head_w, const bf16 *x,
-                      const int32_t *targets, float *losses, bf16 *dx, float *dnorm, float *dhead)
+                      const int32_t *targets, float *losses, bf16 *dx, float *dnorm, float *dhead,
+                      uint64_t count)
 {
     return fy_cu_llama_head((struct fy_cu_llama *)units, norm, head_w, x, targets, losses, dx,
-                            dnorm, dhead);
+                            dnorm, dhead, count);
 }
 
 /* One table per family these units compute, differing only in the registry name they answer to;

@@ -90,9 +90,10 @@ int fy_cu_llama_final_norm(struct fy_cu_llama *l, const bf16 *norm_w, const bf16
                            const bf16 **xn);
 /* The head: logits = rmsnorm(x) head_w^T (head_w [V][C]: lm_head, or embed_tokens when tied),
  * losses [N] f32 per row (0 for a target < 0). With dx != NULL also dx (overwritten), dnorm [C]
- * and dhead [V][C] f32 (overwritten). */
+ * and dhead [V][C] f32 (overwritten), of the mean over `count` targets (0: the targets >= 0
+ * given; see fy_cu_head). */
 int fy_cu_llama_head(struct fy_cu_llama *l, const bf16 *norm_w, const bf16 *head_w,
                      const bf16 *x, const int32_t *targets, float *losses, bf16 *dx, float *dnorm,
-                     float *dhead);
+                     float *dhead, uint64_t count);
 
 #endif

@@ -12,6 +12,7 @@
 #include "common/arch/llama.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_matmul.h"
+#include "gpu_worker/cuda/cu_ranks.h"
 
 /* Rows of logits per chunk of the head: large enough that its products run at full speed, small
  * enough that a chunk's logits stay within HEAD_CHUNK_BYTES however large the vocabulary. */
@@ -51,6 +52,10 @@ struct fy_cu_model {
     float *held;
     int holds;
     const float *last_grad;
+    /* fy_cu_model_set_loss_count: the targets the head's mean is over (0: its own call's) */
+    uint64_t loss_count;
+    /* fy_cu_model_set_ranks: the gpu workers' group (the backend's), NULL without one */
+    const struct fy_cu_ranks *ranks;
     cudaEvent_t prof_ev[FY_CU_PROFILE_EVENTS]; /* fy_cu_model_profile's, made on its first call */
 };
 
@@ -248,6 +253,47 @@ int fy_cu_model_set_host_weights_bf16(struct fy_cu_model *m, int on)
     return 0;
 }
 
+int fy_cu_model_set_loss_count(struct fy_cu_model *m, uint64_t count)
+{
+    /* each head call passes the count to its kernels while queueing: those in flight keep theirs */
+    m->loss_count = count;
+    return 0;
+}
+
+/* Held gradients (one-pass clipping) would be each rank's own share, never summed. */
+static int holds_refused(int holds, int ranks)
+{
+    FY_REQUIRE(holds == 0 || ranks <= 1, -ENOTSUP,
+               "one-pass clipping with the gradients held on the GPU is not supported with %d gpu "
+               "workers: use --clip-hold pool or --clip-mode two-pass",
+               ranks);
+    return 0;
+}
+
+int fy_cu_model_set_ranks(struct fy_cu_model *m, const struct fy_cu_ranks *ranks)
+{
+    FY_REQUIRE(m->q.pending == 0, -EBUSY, "cu_model: joining a group with %d calls in flight",
+               m->q.pending);
+    FY_TRY(holds_refused(m->holds, ranks != NULL ? fy_cu_ranks_count(ranks) : 1));
+    m->ranks = ranks;
+    return 0;
+}
+
+/* With a group, the gradient grad [n] just computed is summed over the ranks into rank 0's, on the
+ * compute stream: after the kernels that computed it, before fy_cu_queue_compute_done lets its
+ * download start. Every rank queues the same calls, so their sums pair up in order. */
+static int ranks_sum(struct fy_cu_model *m, float *grad, size_t n)
+{
+    return m->ranks != NULL ? fy_cu_ranks_sum(m->ranks, grad, n, m->q.compute) : 0;
+}
+
+/* Whether this worker writes gradients to their host buffers: without a group, or as its rank 0
+ * (the other ranks' buffers are the same pool regions as rank 0's, which they must not touch). */
+static int grads_home(const struct fy_cu_model *m)
+{
+    return m->ranks == NULL || fy_cu_ranks_rank(m->ranks) == 0;
+}
+
 int fy_cu_model_finish(struct fy_cu_model *m, struct fy_cu_copy_times *times)
 {
     return fy_cu_queue_finish(&m->q, times);
@@ -326,6 +372,7 @@ int fy_cu_model_hold(struct fy_cu_model *m, struct fy_cu_arena *arena, int count
     FY_REQUIRE(m->q.pending == 0 && m->n_kept == 0 && m->holds == 0 && count > 0, -EBUSY,
                "cu_model: holding gradients with calls in flight, after kept sets were taken "
                "(they come first) or a second time");
+    FY_TRY(holds_refused(count, m->ranks != NULL ? fy_cu_ranks_count(m->ranks) : 1));
     size_t bytes = (size_t)count * m->block_n * sizeof(float);
     m->held = (float *)fy_cu_arena_take(arena, bytes);
     FY_REQUIRE(m->held != NULL, -ENOMEM,
@@ -477,12 +524,15 @@ static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, 
         FY_TRY(m->fam->swap->recompute(m->units, m->pbf, m->x, kept, mask));
     }
     FY_TRY(m->fam->block_backward(m->units, m->pbf, m->x, m->dy, m->dx, st->grad, kept));
+    FY_TRY(ranks_sum(m, st->grad, m->block_n));
     FY_TRY(fy_cu_queue_act_out(q, st, m->dx));
     FY_TRY(fy_cu_queue_compute_done(q, st));
     st->act_out_host = dx;
     st->act_out_dev = m->dx;
     FY_TRY(fy_cu_queue_download(q, st, dx, st->out, fy_cu_queue_act_bytes(q)));
     m->last_grad = st->grad;
+    if (!grads_home(m))
+        return 0;
     return fy_cu_queue_download(q, st, dparams, st->grad, m->block_n * sizeof(float));
 }
 
@@ -530,12 +580,22 @@ static int embed_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st,
     size_t n = fy_model_unit_params(&m->c, 0);
     struct fy_cu_act_in in_dx = {dx, st->in1, m->dx, NULL};
     FY_TRY(fy_cu_queue_upload(q, st, st->tokens, tokens, (size_t)m->N * sizeof(int32_t)));
-    FY_TRY(fy_cu_queue_upload(q, st, st->grad, dembed, n * sizeof(float)));
+    /* the lookup's gradient adds to the host's dembed (the head's share); in a group only rank
+     * 0's is read, the others add theirs to zeros, and the sum of all comes home to rank 0 */
+    int home = grads_home(m);
+    if (home)
+        FY_TRY(fy_cu_queue_upload(q, st, st->grad, dembed, n * sizeof(float)));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_dx));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
+    if (!home)
+        FY_CUDA(cudaMemsetAsync(st->grad, 0, n * sizeof(float), q->compute),
+                "zeroing the embeddings' gradient");
     FY_TRY(fy_cu_queue_act_place(q, &in_dx));
     FY_TRY(m->fam->embed_backward(m->units, st->tokens, m->dx, st->grad));
+    FY_TRY(ranks_sum(m, st->grad, n));
     FY_TRY(fy_cu_queue_compute_done(q, st));
+    if (!home)
+        return 0;
     return fy_cu_queue_download(q, st, dembed, st->grad, n * sizeof(float));
 }
 
@@ -629,16 +689,23 @@ static int head_call(struct fy_cu_model *m, struct fy_cu_staging *st, const void
      * in one piece; otherwise the head weight's (the embeddings') then the norm's */
     float *dnorm = untied ? st->grad : st->grad + wte_n;
     float *dhead = untied ? st->grad + final_norm_n(m) : st->grad;
+    /* the mean's count goes with the call (its kernels and its loss), whatever is set later */
+    st->loss_count = m->loss_count;
     FY_TRY(m->fam->head(m->units, m->lnf, m->pbf, m->x, st->targets, st->losses,
-                        backward ? m->dx : NULL, dnorm, dhead));
-    if (backward)
+                        backward ? m->dx : NULL, dnorm, dhead, st->loss_count));
+    if (backward) {
+        /* the norm's and the head weight's pieces lie side by side from st->grad either way */
+        FY_TRY(ranks_sum(m, st->grad, final_norm_n(m) + wte_n));
         FY_TRY(fy_cu_queue_act_out(q, st, m->dx));
+    }
     FY_TRY(fy_cu_queue_compute_done(q, st));
     if (backward) {
         st->act_out_host = dx;
         st->act_out_dev = m->dx;
         FY_TRY(fy_cu_queue_download(q, st, dx, st->out, fy_cu_queue_act_bytes(q)));
-        FY_TRY(head_gradients_home(m, st, dfinal, dembed, dnorm, dhead));
+        /* in a group, the other ranks neither download nor zero: the host ranges are rank 0's */
+        if (grads_home(m))
+            FY_TRY(head_gradients_home(m, st, dfinal, dembed, dnorm, dhead));
     }
     FY_TRY(fy_cu_queue_download(q, st, st->host_losses, st->losses, (size_t)N * sizeof(float)));
     st->targets_host = targets;

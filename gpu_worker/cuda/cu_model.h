@@ -48,6 +48,20 @@ int fy_cu_model_set_host_acts_bf16(struct fy_cu_model *m, int on);
  * rounded that way give the same bits as their f32 originals, in half the bytes over PCIe. Weight
  * gradients stay f32. */
 int fy_cu_model_set_host_weights_bf16(struct fy_cu_model *m, int on);
+/* The head calls made from now on average their loss and its gradients (dx, dfinal, dembed) over
+ * `count` targets, the whole batch's of several gpu workers, instead of their own targets >= 0;
+ * 0: their own. Calls in flight keep the count they were made with. */
+int fy_cu_model_set_loss_count(struct fy_cu_model *m, uint64_t count);
+/* A group of gpu workers (cu_ranks.h, the caller's, which must outlive the model or be unset
+ * first; NULL: none). From then on every gradient a call computes (a block's dparams, the head's
+ * dfinal and dembed, the embeddings' dembed) is summed over the ranks on the device before it is
+ * downloaded, and only rank 0 downloads it: the other ranks leave the host gradient buffers
+ * untouched (the head does not zero them either), and their embedding backward adds the lookup's
+ * gradient to zeros instead of uploading dembed. Every rank must then make the same calls in the
+ * same order. With calls in flight: -EBUSY (said); with held gradients (fy_cu_model_hold) and more
+ * than one rank: -ENOTSUP (said), as fy_cu_model_hold refuses in such a group. */
+struct fy_cu_ranks;
+int fy_cu_model_set_ranks(struct fy_cu_model *m, const struct fy_cu_ranks *ranks);
 int fy_cu_model_embed_forward(struct fy_cu_model *m, const void *embed, const int32_t *tokens,
                               void *x);
 int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens, const void *dx,
@@ -87,7 +101,8 @@ int fy_cu_model_keep_layers(struct fy_cu_model *m, struct fy_cu_arena *arena, in
 int fy_cu_model_swap_sets(struct fy_cu_model *m, struct fy_cu_arena *arena);
 /* One-pass clipping's gradients held on the device: fy_cu_model_hold takes `count` buffers of a
  * block's f32 gradient from the arena (before any kept set, with no call in flight: -EBUSY, said;
- * -ENOMEM, said, where they do not fit). fy_cu_model_hold_last copies the gradient of the latest
+ * -ENOMEM, said, where they do not fit; -ENOTSUP, said, in a group of more than one rank, whose
+ * gradients would be held unsummed). fy_cu_model_hold_last copies the gradient of the latest
  * block backward (queued or finished, before any other call) into buffer `slot` on the compute
  * stream. fy_cu_model_hold_send is a call like the others (finished by fy_cu_model_finish): buffer
  * `slot` downloaded into the host buffer dparams once every call queued before it has computed. */

@@ -93,6 +93,7 @@ int fy_cu_queue_begin(struct fy_cu_queue *q, struct fy_cu_staging **out)
     struct fy_cu_staging *st = &q->st[(q->first + q->pending) % FY_CU_QUEUE];
     st->loss = NULL;
     st->targets_host = NULL;
+    st->loss_count = 0;
     st->zero_host = NULL;
     st->n_outs = 0;
     st->n_up = 0;
@@ -277,7 +278,8 @@ int fy_cu_queue_finish(struct fy_cu_queue *q, struct fy_cu_copy_times *times)
                 sum += st->host_losses[i];
                 rows++;
             }
-        *st->loss = rows ? sum / (double)rows : 0.0;
+        double count = st->loss_count ? (double)st->loss_count : (double)rows;
+        *st->loss = count > 0 ? sum / count : 0.0;
     }
     if (st->zero_host != NULL)
         memset(st->zero_host, 0, st->zero_n * sizeof(float));

@@ -38,9 +38,11 @@ struct fy_cu_staging {
      * d2h_begin to done */
     cudaEvent_t up_ev[2 * FY_CU_STAGING_UPLOADS], d2h_begin;
     int n_up;
-    /* the head's loss: mean of host_losses over the rows whose target is not ignored */
+    /* the head's loss: mean of host_losses over the rows whose target is not ignored, or the sum
+     * over loss_count where that is not 0 (the whole batch's targets of several gpu workers) */
     const int32_t *targets_host;
     double *loss;
+    uint64_t loss_count;
     /* host floats zeroed when the call is finished (a gradient the call leaves out) */
     float *zero_host;
     size_t zero_n;

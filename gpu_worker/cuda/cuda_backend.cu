@@ -1,8 +1,10 @@
 /* The CUDA backend of the gpu worker: one device arena of the budgeted size allocated once, the
  * shared pool pinned with cudaHostRegister so copies into it run at full PCIe speed, and the model
  * of cu_model (any family with CUDA units: cu_family.h), whose calls queue (compute, host-to-device
- * and device-to-host streams) and are completed by model_finish. Every CUDA call is checked and
- * reported with a hint. */
+ * and device-to-host streams) and are completed by model_finish. With several gpu workers
+ * (--gpus), the batch's loss count for the head and, where the build has NCCL, the workers' group
+ * (cu_ranks), through which the model sums every gradient on the devices. Every CUDA call is
+ * checked and reported with a hint. */
 #include "cuda_backend.h"
 
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
 #include "gpu_worker/cuda/cu_model.h"
+#include "gpu_worker/cuda/cu_ranks.h"
 
 /* Default arena when no budget is given: enough for staging, small enough for any GPU. */
 static const uint64_t default_arena_bytes = 256ull << 20;
@@ -25,6 +28,8 @@ struct cuda_state {
     struct fy_cu_model *model;
     size_t model_mark; /* arena use before the model's buffers: released when preparing again */
     int weights_bf16; /* model_weights_bf16's switch, which outlives a model_prepare on either side */
+    uint64_t loss_count;       /* model_loss_count's, which does too */
+    struct fy_cu_ranks *ranks; /* model_ranks's group, handed to every model prepared */
     cudaStream_t compute;
     cudaStream_t d2h;
     cudaEvent_t computed;
@@ -60,7 +65,8 @@ static void cuda_release(struct cuda_state *s)
         cudaStreamDestroy(s->compute);
     if (s->d2h)
         cudaStreamDestroy(s->d2h);
-    fy_cu_model_destroy(&s->model);
+    fy_cu_model_destroy(&s->model); /* its calls done: nothing of the group is in flight */
+    fy_cu_ranks_destroy(&s->ranks);
     if (s->arena.base != NULL)
         fy_info("GPU arena: peak %.3f GiB of %.3f GiB", (double)s->arena.peak / (1 << 30),
                 (double)s->arena.size / (1 << 30));
@@ -199,6 +205,8 @@ static int cuda_model_prepare(void *state, const struct fy_model_config *c, int 
     }
     FY_TRY(fy_cu_model_new(&s->model, &s->arena, c, B, T));
     FY_TRY(fy_cu_model_set_host_weights_bf16(s->model, s->weights_bf16));
+    FY_TRY(fy_cu_model_set_loss_count(s->model, s->loss_count));
+    FY_TRY(fy_cu_model_set_ranks(s->model, s->ranks));
     fy_info("GPU arena: %.3f GiB for the model's working buffers (batch %d x %d), %.3f GiB budget",
             (double)need / (1 << 30), B, T, (double)s->arena.size / (1 << 30));
     return 0;
@@ -343,6 +351,43 @@ static int cuda_weights_bf16(void *state, int on)
     return s->model != NULL ? fy_cu_model_set_host_weights_bf16(s->model, s->weights_bf16) : 0;
 }
 
+/* Like the weights' dtype, this may come before model_prepare. */
+static int cuda_loss_count(void *state, uint64_t count)
+{
+    struct cuda_state *s = (struct cuda_state *)state;
+    s->loss_count = count;
+    return s->model != NULL ? fy_cu_model_set_loss_count(s->model, count) : 0;
+}
+
+#ifdef FY_HAVE_NCCL
+static int cuda_rank_id(void *state, void *id, size_t len)
+{
+    return fy_cu_ranks_id(id, len);
+}
+
+/* Before or after model_prepare; once. A model that cannot take the group (held gradients) has it
+ * left again at once, as every rank does, since they all made the same calls. */
+static int cuda_ranks(void *state, int rank, int ranks, const void *id, size_t len)
+{
+    struct cuda_state *s = (struct cuda_state *)state;
+    FY_REQUIRE(s->ranks == NULL, -EBUSY,
+               "cuda backend: joining a group of gpu workers a second time (rank %d of %d)", rank,
+               ranks);
+    FY_TRY(fy_cu_ranks_new(&s->ranks, s->device, rank, ranks, id, len));
+    int rc = s->model != NULL ? fy_cu_model_set_ranks(s->model, s->ranks) : 0;
+    if (rc < 0) {
+        fy_cu_ranks_destroy(&s->ranks);
+        return rc;
+    }
+    fy_info("gpu worker %d of %d: gradients summed over the workers on the devices (NCCL)", rank,
+            ranks);
+    return 0;
+}
+#else /* no NCCL: model_rank_id and model_ranks left out */
+#define cuda_rank_id NULL
+#define cuda_ranks NULL
+#endif
+
 extern "C" void fy_cuda_gpt_gpu_bytes(const struct fy_model_config *c, int B, int T,
                                       uint64_t *working, uint64_t *set)
 {
@@ -364,4 +409,5 @@ extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
     cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,      cuda_keep,          cuda_swap,
     cuda_profile,    cuda_weights_bf16,  cuda_hold,           cuda_hold_last,     cuda_hold_send,
+    cuda_loss_count, cuda_rank_id,       cuda_ranks,
 };

@@ -307,7 +307,7 @@ static void head_gpu_runs(int N, int C, int V, int chunk_rows, const uint16_t *x
         CK(cudaMemsetAsync(d_scratch, 0xff, sbytes, g_stream));
         CK(cudaMemcpyAsync(d_dwte, dwte_init, nw * 4, cudaMemcpyHostToDevice, g_stream));
         assert_int_equal(fy_cu_head(g_lt, d_losses, bwd ? d_dxn : NULL, bwd ? d_dwte : NULL, d_xn,
-                                    d_wte, d_targets, N, C, V, chunk_rows, d_scratch, g_stream),
+                                    d_wte, d_targets, 0, N, C, V, chunk_rows, d_scratch, g_stream),
                          0);
         CK(cudaStreamSynchronize(g_stream));
         CK(cudaGetLastError());

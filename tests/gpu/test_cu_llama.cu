@@ -519,7 +519,7 @@ static void head_case(int tied)
     int32_t *dtg = dcopy(targets);
     float *losses = dalloc<float>(N), *dnorm = dalloc<float>(C), *dhead = dalloc<float>(VC);
     bf16 *ddx = dalloc<bf16>(NC);
-    RUN(fy_cu_llama_head(u.l, dfin_b, head_w, dxin, dtg, losses, ddx, dnorm, dhead));
+    RUN(fy_cu_llama_head(u.l, dfin_b, head_w, dxin, dtg, losses, ddx, dnorm, dhead, 0));
     vector<float> hl = hcopy(losses, N);
     double sum = 0;
     int counted = 0;
@@ -539,7 +539,7 @@ static void head_case(int tied)
           VC, GRAD);
     /* loss only: the same losses */
     float *losses2 = dalloc<float>(N);
-    RUN(fy_cu_llama_head(u.l, dfin_b, head_w, dxin, dtg, losses2, NULL, NULL, NULL));
+    RUN(fy_cu_llama_head(u.l, dfin_b, head_w, dxin, dtg, losses2, NULL, NULL, NULL, 0));
     check_same_bytes("head loss only", shape, hcopy(losses2, N).data(), hl.data(),
                      N * sizeof(float));
     unit_free(&u);
