@@ -8,6 +8,7 @@
 
 #include "common/check.h"
 #include "common/dtype.h"
+#include "common/knobs.h"
 #include "common/worker.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/gptexec.h"
@@ -35,7 +36,7 @@ static int pick_device(struct fy_worker *w)
     FY_TRY(fy_config_get_u64(w->cfg, "train.ranks", 0, 1, &ranks));
     if (ranks <= 1)
         return 0;
-    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    const char *visible = fy_knob_cuda_visible_devices();
     char mine[64];
     if (visible == NULL || visible[0] == 0) {
         snprintf(mine, sizeof mine, "%d", w->rank);

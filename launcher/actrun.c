@@ -505,10 +505,10 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
 
 int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f)
 {
-    fprintf(f, "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"ranks\": %d, "
-               "\"seq\": %d, \"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
+    fprintf(f, "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
+               "\"ranks\": %d, \"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
                "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": %u, \"blocks\": [",
-            fy_actplan_mode_name(in->mode), in->backend, in->B, ranks_of(in), in->T, r->keep,
+            fy_actplan_mode_name(in->mode), in->backend, in->B, in->T, ranks_of(in), r->keep,
             r->swap_sets,
             r->predicted_s, (unsigned long long)r->swap.host_bytes,
             (unsigned long long)r->swap.ssd_bytes, r->swap.slots);
