@@ -32,6 +32,15 @@ int fy_backend_cuda_built(void)
 #endif
 }
 
+int fy_backend_cuda_devices(void)
+{
+#ifdef FY_HAVE_CUDA
+    return fy_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
 static int backend_try(struct fy_backend *b, const struct fy_backend_ops *ops, uint64_t gpu_mem)
 {
     b->ops = ops;

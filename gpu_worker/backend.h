@@ -216,6 +216,8 @@ int fy_backend_model_ready_fd(struct fy_backend *b);
 
 /* 1 when this build contains the CUDA backend. */
 int fy_backend_cuda_built(void);
+/* The CUDA devices this process sees; 0 without the CUDA backend or a device. */
+int fy_backend_cuda_devices(void);
 /* What "auto" resolves to on this machine: "cuda" when the build has it and a device is visible,
  * else "cpu"; other names come back unchanged. */
 const char *fy_backend_resolve(const char *which);

@@ -50,8 +50,16 @@ static int pick_device(struct fy_worker *w)
         size_t len = strcspn(at, ",");
         snprintf(mine, sizeof mine, "%.*s", (int)(len < sizeof mine ? len : sizeof mine - 1), at);
     }
+    char shown[256]; /* as it was: setenv may replace the string */
+    snprintf(shown, sizeof shown, "%s", visible ? visible : "unset");
     FY_SYS(setenv("CUDA_VISIBLE_DEVICES", mine, 1), "gpu worker %d: setting CUDA_VISIBLE_DEVICES",
            w->rank);
+    const char *backend = fy_config_get(w->cfg, "backend");
+    int cpu = backend != NULL && strcmp(backend, "cpu") == 0;
+    FY_REQUIRE(cpu || !fy_backend_cuda_built() || fy_backend_cuda_devices() > 0, -ENODEV,
+               "gpu worker %d: no GPU %s on this machine (CUDA_VISIBLE_DEVICES=%s): --gpus %llu "
+               "needs that many GPUs; lower --gpus", w->rank, mine, shown,
+               (unsigned long long)ranks);
     return 0;
 }
 

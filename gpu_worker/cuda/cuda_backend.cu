@@ -395,11 +395,13 @@ extern "C" void fy_cuda_gpt_gpu_bytes(const struct fy_model_config *c, int B, in
     *set = fy_cu_model_set_bytes(c, B, T);
 }
 
-extern "C" int fy_cuda_device_visible(void)
+extern "C" int fy_cuda_device_count(void)
 {
     int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
+
+extern "C" int fy_cuda_device_visible(void) { return fy_cuda_device_count() > 0; }
 
 static_assert(FY_CU_QUEUE == FY_BACKEND_QUEUE, "queue depths of the interface and cu_queue");
 

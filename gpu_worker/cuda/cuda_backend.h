@@ -11,6 +11,8 @@ extern "C" {
 extern const struct fy_backend_ops fy_cuda_backend_ops;
 /* 1 when the CUDA runtime sees a device (no context is created). */
 int fy_cuda_device_visible(void);
+/* The CUDA devices this process sees (CUDA_VISIBLE_DEVICES), 0 where none or CUDA fails. */
+int fy_cuda_device_count(void);
 /* Device bytes of the model's working buffers at batch B x T, and of one block's kept internals
  * (a set); arithmetic only, no device needed. */
 void fy_cuda_gpt_gpu_bytes(const struct fy_model_config *c, int B, int T, uint64_t *working,
