@@ -203,8 +203,9 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     if (rc == 0)
         e->queues = fy_backend_model_set_queued(backend, !one_at_a_time);
     if (rc == 0 && e->queues && e->sum != NULL) { /* the sum needs each call complete */
-        fy_error("%s: the %s backend queues its calls and sums no gradients itself: several gpu "
-                 "workers need it built with NCCL (make check-deps says how)", cfg->path,
+        fy_error("%s: the %s backend of this build has no NCCL to sum the gradients of several "
+                 "gpu workers: install NCCL (Debian libnccl-dev, or pip install nvidia-nccl-cu12, "
+                 "or set NCCL_HOME) and rebuild with make, or use --gpus 1", cfg->path,
                  fy_backend_name(backend));
         rc = -ENOTSUP;
     }

@@ -207,6 +207,9 @@ static void test_default_synthetic_two_nodes(void **state)
     assert_int_equal(fy_topo_core_count(t), 16);
     assert_int_equal(fy_topo_gpu_numa_node(t), -1);
     char buf[2048];
+    /* no GPU k either: a gpu worker of rank k keeps the gpu worker's cpus (--gpus) */
+    assert_int_equal(fy_topo_gpu_cpus(t, 0, buf, sizeof buf), -ENOENT);
+    assert_int_equal(fy_topo_gpu_cpus(t, 1, buf, sizeof buf), -ENOENT);
     fy_topo_describe(t, buf, sizeof buf);
     printf("# %s\n", buf);
     assert_non_null(strstr(buf, "GPU locality: not visible to hwloc"));
