@@ -321,7 +321,9 @@ static int run_step(struct fy_sched *r, struct fy_storemeta *meta, const struct 
     *trained = rc == 0;
     int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);
     int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
-    if (rc == 0 && (durable || do_eval)) /* the updates still running or deferred, done */
+    /* a commit needs the updates still running or deferred done; an evaluation's first forward
+     * makes the deferred ones itself, from the state it reads (as a training forward does) */
+    if (rc == 0 && durable)
         rc = fy_sched_finish_updates(r);
     s.seconds = now_s() - t0;
     memcpy(s.wait_s, r->tk.wait_s, sizeof s.wait_s);

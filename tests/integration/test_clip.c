@@ -89,7 +89,8 @@ static void test_clipping_overlap_matches_serial(void **state)
  * for bit, as two (the first for the norm alone), in each case below: GPT-2 and Llama, every
  * unit's state kept in the pool (--cpu-mem 1G), streamed from the store (no --cpu-mem: the blocks'
  * updates deferred to the next forward, also with a commit every step and an evaluation every
- * other, which make them early; and with --prefetch 3, which does not defer), some of
+ * other, which make them early, and with an evaluation every other step alone, whose first
+ * forward makes them; and with --prefetch 3, which does not defer), some of
  * both (2 of 4 units of a 128-wide model in 30M), the checkpoints on the store, the serial schedule, the in-process run; clipping
  * that triggers on every step (CLIP_MAX) and clipping that never does (1e6). */
 struct clip_case {
@@ -122,6 +123,8 @@ static void test_one_pass_matches_two_passes(void **state)
         {"gpt-streamed", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {NULL}, 1},
         {"gpt-streamed-commits", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0,
          {"--checkpoint-every", "1", "--eval-every", "2", NULL}, 0}, /* each step makes them */
+        {"gpt-streamed-evals", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, /* the evaluation's forward */
+         {"--eval-every", "2", NULL}, 1},
         {"gpt-streamed-prefetch3", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--prefetch", "3", NULL}, 0},
         {"gpt-some", "gpt128", FY_TRAINUTIL_STR(CLIP_MAX), 0, {"--cpu-mem", "30M", NULL}, 0},
         {"gpt-ckpt-ssd", "gpt", FY_TRAINUTIL_STR(CLIP_MAX), 0,
@@ -144,7 +147,7 @@ static void test_one_pass_matches_two_passes(void **state)
         "held in the GPU arena (each sent to the pool for its update) until the norm is known"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const struct clip_case *k = &cases[c];
-        char *w[3], *l[3], *g[3];
+        char *w[3], *l[3], *g[3], *e[3];
         size_t n[3];
         double read[3] = {0, 0, 0};
         for (int m = 0; m < 3; m++) {
@@ -169,6 +172,7 @@ static void test_one_pass_matches_two_passes(void **state)
                              m == 2 ? 1 : 0);
             l[m] = fy_trainutil_losses(metrics);
             g[m] = fy_trainutil_field_values(metrics, "\"grad_norm\": ");
+            e[m] = fy_trainutil_field_values(metrics, "\"eval_loss\": "); /* held-out losses */
             w[m] = fy_test_slurp(out, &n[m]);
             assert_non_null(w[m]);
             double bytes[4];
@@ -191,6 +195,7 @@ static void test_one_pass_matches_two_passes(void **state)
                 assert_true(read[m] == read[0]);
             assert_string_equal(l[m], l[0]);
             assert_string_equal(g[m], g[0]);
+            assert_string_equal(e[m], e[0]);
             assert_int_equal(n[m], n[0]);
             assert_memory_equal(w[m], w[0], n[0]);
         }
@@ -198,6 +203,7 @@ static void test_one_pass_matches_two_passes(void **state)
             free(w[m]);
             free(l[m]);
             free(g[m]);
+            free(e[m]);
         }
     }
 }
