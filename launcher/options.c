@@ -15,6 +15,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/safetensors.h"
+#include "gpu_worker/backend.h"
 #include "launcher/options.h"
 #include "launcher/train.h"
 #include "opt_worker/adamw.h"
@@ -328,9 +329,16 @@ static int parse_prefetch(struct fy_options *o, const char *v)
     return parse_count_opt("--prefetch", v, 1, FY_PLAN_PREFETCH_MAX, "units", &o->prefetch);
 }
 
+/* --gpus N, or all: every GPU CUDA shows (CUDA_VISIBLE_DEVICES), at most FY_PLAN_RANKS_MAX; one
+ * where it shows none. */
 static int parse_gpus(struct fy_options *o, const char *v)
 {
-    return parse_count_opt("--gpus", v, 1, FY_PLAN_RANKS_MAX, "gpu workers", &o->gpus);
+    if (strcmp(v, "all") != 0)
+        return parse_count_opt("--gpus", v, 1, FY_PLAN_RANKS_MAX, "gpu workers (or all)",
+                               &o->gpus);
+    int n = fy_backend_cuda_devices();
+    o->gpus = n < 1 ? 1 : n > FY_PLAN_RANKS_MAX ? FY_PLAN_RANKS_MAX : (uint64_t)n;
+    return 0;
 }
 
 static int parse_act_ahead(struct fy_options *o, const char *v)
@@ -449,9 +457,9 @@ static const struct opt_spec specs[] = {
      "(0: no cap)"},
     {"gpu-mem", "SIZE", PLANS | C(PROBE) | C(SELFTEST), K_SIZE, U64(gpu_mem), 0, NULL,
      "the GPU arena: working buffers, kept blocks' internals, swap sets (all free)"},
-    {"gpus", "N", PLANS, K_PARSE, 0, 0, parse_gpus,
-     "gpu workers, one per GPU, each computing B / N sequences of every step; their gradients "
-     "are summed in rank order (1)"},
+    {"gpus", "all|N", PLANS, K_PARSE, 0, 0, parse_gpus,
+     "gpu workers, one per GPU, each computing B / N sequences of every step, their gradients "
+     "summed in a fixed order; all: every GPU CUDA shows (1)"},
     {"backend", "auto|cpu|cuda", PLANS | C(PROBE) | C(SELFTEST), K_PARSE, 0, 0, parse_backend,
      "the gpu worker's backend: auto is CUDA where a device is visible and the build has it, else "
      "the CPU reference (auto)"},
