@@ -69,10 +69,11 @@ static int64_t gpus_submit(void *ctx, const char *worker, struct fy_desc *req, u
     return grp.id;
 }
 
-/* The replies of every rank as one: the first failure's status; the work from the first start,
- * for as long as the busiest rank's took (the GPUs work side by side: the step's GPU busy time is
- * the busiest GPU's); each copy time the longest rank's (each GPU has its own link); a head's loss
- * the sum of the ranks' shares in rank order (each averaged over the whole batch). */
+/* The replies of every rank as one: the first failure's status; when the work ran, rank 0's (the
+ * GPUs work side by side, each on an equal share, so the step's GPU busy time is one GPU's: rank
+ * 0's, which waits for no other rank's share on the CPU backend); each copy time the longest
+ * rank's (each GPU has its own link); a head's loss the sum of the ranks' shares in rank order
+ * (each averaged over the whole batch). */
 static int gpus_wait(void *ctx, int64_t ticket, struct fy_desc *reply, int timeout_ms)
 {
     struct fy_gpus *g = ctx;
@@ -83,7 +84,6 @@ static int gpus_wait(void *ctx, int64_t ticket, struct fy_desc *reply, int timeo
                (long long)(ticket & ~GROUP_BIT));
     int status = 0;
     double loss = 0, h2d = 0, d2h = 0;
-    uint64_t start = UINT64_MAX, longest = 0;
     struct fy_desc first = {0};
     for (int r = 0; r < grp->ranks; r++) {
         struct fy_desc one = {0};
@@ -99,8 +99,6 @@ static int gpus_wait(void *ctx, int64_t ticket, struct fy_desc *reply, int timeo
         fy_desc_copy_times(&one, &up, &down);
         h2d = up > h2d ? up : h2d;
         d2h = down > d2h ? down : d2h;
-        start = one.offset < start ? one.offset : start;
-        longest = one.bytes > longest ? one.bytes : longest;
     }
     int op = grp->op;
     memset(grp, 0, sizeof *grp);
@@ -109,8 +107,6 @@ static int gpus_wait(void *ctx, int64_t ticket, struct fy_desc *reply, int timeo
         if (op == FY_OP_GPT_HEAD)
             memcpy(&reply->arg, &loss, sizeof loss);
         fy_desc_set_copy_times(reply, h2d, d2h);
-        reply->offset = start;
-        reply->bytes = longest;
     }
     return status;
 }
