@@ -21,6 +21,8 @@ static volatile sig_atomic_t worker_terminate;
 
 static void on_sigterm(int sig) { worker_terminate = sig; }
 
+int fy_worker_terminating(void) { return worker_terminate != 0; }
+
 static void usage(const char *name)
 {
     fprintf(stderr,

@@ -25,6 +25,10 @@ struct fy_worker {
     char cpus[256]; /* the cpuset the process actually runs on */
 };
 
+/* Whether the process got SIGTERM (the launcher's stop of a worker that did not answer STOP): a
+ * handler that waits for long checks it and gives up. */
+int fy_worker_terminating(void);
+
 struct fy_worker_ops {
     /* After pinning, attaching the pool and connecting; before READY. */
     int (*init)(struct fy_worker *w, void **state);

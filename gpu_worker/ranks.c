@@ -2,13 +2,17 @@
 #include "ranks.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/desc.h"
+#include "common/worker.h"
 
 #define LINE 64        /* bytes: one cache line per rank, so ranks do not share one */
 #define RANKS_MAX 16
@@ -23,9 +27,15 @@ struct fy_ranks {
     size_t max_floats;
 };
 
+/* Rank `rank`'s line: the number of sums it has made, then its process id. */
 static _Atomic uint64_t *line(const struct fy_ranks *r, int rank)
 {
     return (_Atomic uint64_t *)(r->base + (size_t)rank * LINE);
+}
+
+static _Atomic int64_t *pid_of(const struct fy_ranks *r, int rank)
+{
+    return (_Atomic int64_t *)(r->base + (size_t)rank * LINE + sizeof(uint64_t));
 }
 
 int fy_ranks_new(struct fy_ranks **out, const struct fy_pool *pool, int rank, int ranks,
@@ -48,6 +58,7 @@ int fy_ranks_new(struct fy_ranks **out, const struct fy_pool *pool, int rank, in
     r->base = fy_pool_at(pool, off, bytes);
     r->bytes = bytes;
     r->max_floats = max_floats;
+    atomic_store_explicit(pid_of(r, rank), (int64_t)getpid(), memory_order_release);
     if (rank > 0 && (r->own = malloc(max_floats * sizeof(float))) == NULL) {
         fy_error("gpu worker %d: no memory for its share of a gradient (%zu floats)", rank,
                  max_floats);
@@ -76,9 +87,12 @@ float *fy_ranks_target(struct fy_ranks *r, float *to, size_t n, int accumulates,
     return r->own + at;
 }
 
-/* Waits until *at reaches `value`, sleeping a little between looks (the other ranks compute
- * meanwhile; a spin would take their cores). */
-static int wait_for(const struct fy_ranks *r, _Atomic uint64_t *at, uint64_t value, const char *what)
+/* Waits until *at, which rank `from` sets, reaches `value`, sleeping a little between looks (the
+ * other ranks compute meanwhile; a spin would take their cores). Gives up when that rank's process
+ * is gone (the launcher then restarts the run, and this worker must answer its stop) or this one
+ * got SIGTERM, and after the timeout. */
+static int wait_for(const struct fy_ranks *r, _Atomic uint64_t *at, uint64_t value, int from,
+                    const char *what)
 {
     uint64_t start = fy_monotonic_ns(), limit = (uint64_t)r->timeout_ms * 1000000u;
     for (unsigned spins = 0; atomic_load_explicit(at, memory_order_acquire) < value; spins++) {
@@ -87,9 +101,18 @@ static int wait_for(const struct fy_ranks *r, _Atomic uint64_t *at, uint64_t val
                      "restarts the run if not)", r->rank, r->timeout_ms / 1000, what);
             return -ETIMEDOUT;
         }
-        if (spins > 64) {
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
+        if (spins <= 64)
+            continue;
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        if (spins % 256 != 0) /* every few milliseconds: is the other rank still there? */
+            continue;
+        int64_t pid = atomic_load_explicit(pid_of(r, from), memory_order_acquire);
+        if ((pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) || fy_worker_terminating()) {
+            fy_warn("gpu worker %d: stopped waiting for %s: %s", r->rank, what,
+                    fy_worker_terminating() ? "asked to stop (SIGTERM)"
+                                            : "that gpu worker is gone");
+            return -ECANCELED;
         }
     }
     return 0;
@@ -105,7 +128,7 @@ int fy_ranks_sum(struct fy_ranks *r, float *to, size_t n, size_t at)
         char what[64];
         snprintf(what, sizeof what, "gpu worker %d's share of gradient sum %llu", r->rank - 1,
                  (unsigned long long)sum);
-        FY_TRY(wait_for(r, line(r, r->rank - 1), sum, what));
+        FY_TRY(wait_for(r, line(r, r->rank - 1), sum, r->rank - 1, what));
         const float *own = r->own + at;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++)
@@ -129,5 +152,5 @@ int fy_ranks_id_ready(struct fy_ranks *r)
 
 int fy_ranks_id_wait(struct fy_ranks *r)
 {
-    return wait_for(r, (_Atomic uint64_t *)(r->base + ID_AT), 1, "gpu worker 0's group id");
+    return wait_for(r, (_Atomic uint64_t *)(r->base + ID_AT), 1, 0, "gpu worker 0's group id");
 }

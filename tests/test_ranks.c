@@ -2,7 +2,7 @@
  * pool's ranks region, run by forked processes as the workers are: each rank's share lands in
  * order, (g0 + g1) + g2 bit for bit, whatever the timing; a rank's own room (zeroed where the
  * computation adds to it); the collective id handed from rank 0; a rank that never comes is a
- * timeout, said, not a hang. */
+ * timeout, said, not a hang, and one whose process is gone is given up on at once. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -155,12 +155,40 @@ static void test_missing_rank_times_out(void **state)
     fy_pool_destroy(&p);
 }
 
+/* Rank 0 joins and dies before its sum: rank 1 stops waiting soon after (its process is gone), long
+ * before the timeout, so that the worker can answer the launcher's stop. */
+static void test_dead_rank_given_up(void **state)
+{
+    (void)state;
+    char name[96];
+    struct fy_pool *p = make_pool(name, sizeof name);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        struct fy_ranks *rk = NULL;
+        _exit(fy_ranks_new(&rk, p, 0, 2, FLOATS, 20000) == 0 ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    struct fy_ranks *rk = NULL;
+    assert_int_equal(fy_ranks_new(&rk, p, 1, 2, FLOATS, 20000), 0);
+    float to[FLOATS] = {0};
+    (void)fy_ranks_target(rk, to, FLOATS, 1, 0);
+    double t0 = fy_test_now_s();
+    assert_int_equal(fy_ranks_sum(rk, to, FLOATS, 0), -ECANCELED);
+    assert_true(fy_test_now_s() - t0 < 5);
+    fy_ranks_destroy(&rk);
+    fy_pool_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sum_in_rank_order),
         cmocka_unit_test(test_id_handed_over),
         cmocka_unit_test(test_missing_rank_times_out),
+        cmocka_unit_test(test_dead_rank_given_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
