@@ -39,10 +39,12 @@ struct fy_gptexec {
  * makes the group's id and puts it in the pool's ranks region (its length, then the id) and every
  * rank joins with it, each waiting for all; else the gradients are summed through the pool, which
  * needs room here for the largest unit's gradient. */
-static int join_ranks(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_config *cfg)
+static int join_ranks(struct fy_gptexec *e, const struct fy_pool *pool)
 {
-    uint64_t timeout_s = 600;
-    FY_TRY(fy_config_get_u64(cfg, "timeout_s", 0, 600, &timeout_s));
+    /* the longest a rank waits for the one before it: a backstop only, as long as the longest
+     * request deadline the launcher sets (an hour), which finds a stuck worker first; a rank whose
+     * process is gone is given up on at once (gpu_worker/ranks) */
+    const int wait_ms = 3600 * 1000;
     /* the largest unit's, or the head's two (the final unit's and the embeddings') */
     size_t most = fy_model_unit_params(&e->cfg, 0) +
                   fy_model_unit_params(&e->cfg, e->cfg.n_layer + 1);
@@ -52,7 +54,7 @@ static int join_ranks(struct fy_gptexec *e, const struct fy_pool *pool, const st
     }
     int sums = fy_backend_model_sums_ranks(e->backend);
     struct fy_ranks *r;
-    FY_TRY(fy_ranks_new(&r, pool, e->rank, e->ranks, sums ? 0 : most, (int)timeout_s * 1000));
+    FY_TRY(fy_ranks_new(&r, pool, e->rank, e->ranks, sums ? 0 : most, wait_ms));
     if (!sums) {
         e->sum = r;
         return 0;
@@ -139,7 +141,7 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
         rc = fy_actplan_sizes_backend(&e->cfg, e->B, e->T, fy_backend_name(backend),
                                       &e->saved_sizes);
     if (rc == 0 && e->ranks > 1)
-        rc = join_ranks(e, pool, cfg);
+        rc = join_ranks(e, pool);
     /* train.act_plan: "auto" keeps the internals of the blocks that fit in the GPU budget beside
      * the working buffers (their backward then recomputes nothing), "recompute" keeps none,
      * "host" and "ssd" swap them through the pool */
