@@ -1,4 +1,5 @@
-/* File-system helpers for durable writes: whole-buffer writes and directory fsync. */
+/* File-system helpers for durable writes: whole-buffer writes, directory fsync, and an output's
+ * missing directories made and, after a failure, removed again. */
 #include "fsutil.h"
 
 #include <errno.h>
@@ -8,6 +9,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -108,4 +110,89 @@ int fy_remove_tree(const char *path)
         return -e;
     }
     return -remove_failed;
+}
+
+int fy_mkdirs(const char *dir, mode_t mode, const char *what, struct fy_made_dirs *made)
+{
+    struct fy_made_dirs local;
+    struct fy_made_dirs *m = made != NULL ? made : &local;
+    m->n = 0;
+    size_t len = strlen(dir);
+    FY_REQUIRE(len > 0 && len < sizeof m->path, -ENAMETOOLONG, "%s %.200s: %s", what, dir,
+               len ? "the path is too long" : "the path is empty");
+    memcpy(m->path, dir, len + 1);
+    while (len > 1 && m->path[len - 1] == '/')
+        m->path[--len] = 0;
+    struct stat st;
+    if (stat(m->path, &st) == 0) {
+        FY_REQUIRE(S_ISDIR(st.st_mode), -ENOTDIR, "cannot create %s %s: it exists and is not a "
+                   "directory", what, m->path);
+        return 0;
+    }
+    /* each prefix that ends a component, from the shallowest: made where missing */
+    for (size_t at = 1; at <= len; at++) {
+        if (at < len && (m->path[at] != '/' || m->path[at - 1] == '/'))
+            continue;
+        char keep = m->path[at];
+        m->path[at] = 0;
+        int e = mkdir(m->path, at == len ? mode : 0777) == 0 ? 0 : errno;
+        if (e == EEXIST)
+            e = stat(m->path, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+        else if (e == 0 && m->n < FY_MADE_DIRS_MAX)
+            m->end[m->n++] = (unsigned short)at;
+        else if (e == 0)
+            e = ENAMETOOLONG; /* more new levels than can be undone: not made */
+        if (e != 0) {
+            char failed[PATH_MAX];
+            snprintf(failed, sizeof failed, "%s", m->path);
+            m->path[at] = keep;
+            fy_made_dirs_undo(m, NULL, 0);
+            if (at == len)
+                fy_error("cannot create %s %s: %s", what, dir, strerror(e));
+            else
+                fy_error("cannot create %s %s: its parent %s: %s", what, dir, failed,
+                         strerror(e));
+            return -e;
+        }
+        m->path[at] = keep;
+    }
+    return 0;
+}
+
+int fy_mkdirs_for(const char *path, const char *what, struct fy_made_dirs *made)
+{
+    if (made != NULL)
+        made->n = 0;
+    char copy[PATH_MAX];
+    FY_REQUIRE(strlen(path) < sizeof copy, -ENAMETOOLONG, "%s %.200s: the path is too long", what,
+               path);
+    snprintf(copy, sizeof copy, "%s", path);
+    const char *dir = dirname(copy);
+    if (strcmp(dir, ".") == 0 || strcmp(dir, "/") == 0)
+        return 0;
+    return fy_mkdirs(dir, 0777, what, made);
+}
+
+int fy_made_dirs_undo(struct fy_made_dirs *made, char *said, size_t len)
+{
+    if (said != NULL && len > 0)
+        said[0] = 0;
+    int gone = 0;
+    unsigned first = made->n; /* the shallowest one removed */
+    for (unsigned i = made->n; i-- > 0;) {
+        char keep = made->path[made->end[i]];
+        made->path[made->end[i]] = 0;
+        int removed = rmdir(made->path) == 0 || errno == ENOENT;
+        made->path[made->end[i]] = keep;
+        if (!removed)
+            break; /* not empty: neither is any directory above it */
+        gone++;
+        first = i;
+    }
+    for (unsigned i = made->n; said != NULL && i-- > first;) {
+        size_t at = strlen(said);
+        snprintf(said + at, len - at, "%s%.*s", at ? ", " : "", (int)made->end[i], made->path);
+    }
+    made->n = 0;
+    return gone;
 }

@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/dtype.h"
 #include "common/arch/arch.h"
+#include "common/fsutil.h"
 #include "common/hf.h"
 #include "common/hfexport.h"
 #include "common/knobs.h"
@@ -59,6 +60,9 @@ static int export_hf(struct fy_options *o)
                                        .dtype = o->hf_dtype, .max_shard_bytes = o->max_shard_size,
                                        .overwrite = o->overwrite};
     struct fy_hf_writer *w = NULL;
+    struct fy_made_dirs made = {0}; /* --to-hf's missing parents, removed again where it fails */
+    if (rc == 0)
+        rc = fy_mkdirs_for(o->to_hf, "the directory that holds the export", &made);
     if (rc == 0)
         rc = fy_hf_writer_new(&w, o->to_hf, &model, &eo);
     struct fy_pool_region_spec regions[2];
@@ -106,7 +110,10 @@ static int export_hf(struct fy_options *o)
     free(meta);
     free(mc);
     free(cfg);
-    return fy_session_close(&s, rc);
+    rc = fy_session_close(&s, rc);
+    if (rc < 0)
+        fy_made_dirs_undo(&made, NULL, 0);
+    return rc;
 }
 
 int fy_cmd_export(struct fy_options *o)
@@ -125,6 +132,9 @@ int fy_cmd_export(struct fy_options *o)
         fy_error("%s exists: remove it or pass --overwrite", o->out);
         rc = -EEXIST;
     }
+    struct fy_made_dirs made = {0}; /* --out's missing directories, removed again where it fails */
+    if (rc == 0)
+        rc = fy_mkdirs_for(o->out, "the directory of the export", &made);
     struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n = 0;
     if (rc == 0) /* the model is only known once model.conf has been read */
@@ -141,5 +151,8 @@ int fy_cmd_export(struct fy_options *o)
         fy_info("exported step %llu to %s", (unsigned long long)meta.step, o->out);
     free(mc);
     free(cfg);
-    return fy_session_close(&s, rc);
+    rc = fy_session_close(&s, rc);
+    if (rc < 0)
+        fy_made_dirs_undo(&made, NULL, 0);
+    return rc;
 }

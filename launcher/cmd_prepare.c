@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "common/check.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "common/tokfile.h"
 #include "launcher/cmd.h"
@@ -20,7 +21,13 @@ int fy_cmd_prepare(struct fy_options *o)
                                  .inputs = (const char *const *)o->args,
                                  .n_inputs = (unsigned)o->n_args, .overwrite = o->overwrite};
     struct fy_prepare_result res;
-    FY_TRY(fy_prepare(&po, &res));
+    struct fy_made_dirs made; /* --out's missing directories, removed again where it fails */
+    FY_TRY(fy_mkdirs_for(o->out, "the directory of the token file", &made));
+    int rc = fy_prepare(&po, &res);
+    if (rc < 0) {
+        fy_made_dirs_undo(&made, NULL, 0);
+        return rc;
+    }
     char eos[48] = "";
     if (res.eos != FY_TOKFILE_NO_EOS)
         snprintf(eos, sizeof eos, ", end-of-sequence token %u", res.eos);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
@@ -44,7 +45,16 @@ int fy_cmd_probe(struct fy_options *o)
             "the SSD store on %s, memory copies, AdamW per thread count and moments storage",
             po.backend, o->ssd);
     struct fy_probe_result r;
-    FY_TRY(fy_probe_run(&po, &r));
+    /* --out's missing directories, removed again where it fails (the run directory is not made:
+     * only init and selftest make one) */
+    struct fy_made_dirs made = {0};
+    if (o->out != NULL)
+        FY_TRY(fy_mkdirs_for(out, "the directory of the machine profile", &made));
+    int rc = fy_probe_run(&po, &r);
+    if (rc < 0) {
+        fy_made_dirs_undo(&made, NULL, 0);
+        return rc;
+    }
     fy_info("probe: %s: %.4g TFLOP/s (a block, recomputed as in training), %.4g TFLOP/s its QKV "
             "product alone; copies to %.1f GB/s, from %.1f GB/s, both ways %.1f GB/s", r.device,
             r.rates.gpu_flops * 1e-12, r.gemm_flops * 1e-12, r.rates.h2d * 1e-9,
@@ -64,7 +74,11 @@ int fy_cmd_probe(struct fy_options *o)
                      r.threads[i], r.opt_params_by_moments[mode][i] * 1e-9);
         fy_info("probe: AdamW G parameters/s by threads, %s moments: %s", moments[mode], per);
     }
-    FY_TRY(fy_probe_save(out, &po, &r));
+    rc = fy_probe_save(out, &po, &r);
+    if (rc < 0) {
+        fy_made_dirs_undo(&made, NULL, 0);
+        return rc;
+    }
     fy_info("probe: took %.1f s; machine profile written to %s (plan --machine %s; train reads "
             "RUN/machine.json)", r.seconds, out, out);
     return 0;

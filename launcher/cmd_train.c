@@ -237,9 +237,13 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
     if (rc == 0)
         rc = fy_runconf_check_store(meta, &t->model, o->ssd);
     FILE *trace = NULL;
+    struct fy_made_dirs made; /* an output's missing directories, removed if it is not written */
+    if (rc == 0 && o->trace != NULL)
+        rc = fy_mkdirs_for(o->trace, "the directory of the trace file", &made);
     if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
         rc = -errno;
         fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
+        fy_made_dirs_undo(&made, NULL, 0);
     }
     if (rc == 0) {
         t->to.trace = trace;
@@ -251,9 +255,14 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
         t->to.trace = NULL;
     }
     if (rc == 0 && !train_stop && o->export_path != NULL) {
-        rc = fy_train_export(&x, s.pool, meta, o->export_path, o->overwrite, o->timeout_s * 1000);
+        rc = fy_mkdirs_for(o->export_path, "the directory of the export", &made);
+        if (rc == 0)
+            rc = fy_train_export(&x, s.pool, meta, o->export_path, o->overwrite,
+                                 o->timeout_s * 1000);
         if (rc == 0)
             fy_info("exported step %llu to %s", (unsigned long long)meta->step, o->export_path);
+        else
+            fy_made_dirs_undo(&made, NULL, 0);
     }
     if (rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG)
         fy_error("the SSD store (%s) is full: training stopped; the last commit, step %llu, is "

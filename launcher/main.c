@@ -48,21 +48,27 @@ static int help(int argc, char **argv)
 }
 
 /* The log goes to RUN/fuyou.log once the run directory is there. Only the commands that make a
- * run directory create it: any other names one that must exist, and a mistyped or moved one is
- * refused without leaving a directory behind. *made: this command created it. */
-static void open_run_log(const struct fy_options *o, int makes_run_dir, int *made)
+ * run directory create it, with its missing parents, as an output directory (*made records what
+ * was made, for the removal after a failure): any other names one that must exist, and a
+ * mistyped or moved one is refused without leaving a directory behind. */
+static int open_run_log(const struct fy_options *o, int makes_run_dir, struct fy_made_dirs *made)
 {
-    *made = 0;
+    made->n = 0;
     if (o->run_dir == NULL)
-        return;
+        return 0;
     char log_path[PATH_MAX + 16];
     struct stat st;
     int have = stat(o->run_dir, &st) == 0;
-    if (!have && makes_run_dir && mkdir(o->run_dir, 0700) == 0)
-        have = *made = 1;
+    if (!have && makes_run_dir) {
+        int rc = fy_mkdirs(o->run_dir, 0700, "run directory", made);
+        if (rc < 0)
+            return rc;
+        have = 1;
+    }
     snprintf(log_path, sizeof log_path, "%s/fuyou.log", o->run_dir);
     if (have && fy_log_set_file(log_path) < 0)
         fy_warn("cannot append to %s: logging to stderr only", log_path);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -96,8 +102,11 @@ int main(int argc, char **argv)
         free(resumed);
         return EXIT_ERROR;
     }
-    int made_run_dir;
-    open_run_log(&o, commands[cmd].makes_run_dir, &made_run_dir);
+    struct fy_made_dirs made;
+    if (open_run_log(&o, commands[cmd].makes_run_dir, &made) < 0) {
+        free(resumed);
+        return EXIT_ERROR;
+    }
     if (cmd == FY_CMD_TRAIN) { /* kept for resume once its workers are up (train_attempt) */
         o.train_argc = argc - 2;
         o.train_argv = argv + 2;
@@ -105,8 +114,11 @@ int main(int argc, char **argv)
     int rc = commands[cmd].run(&o);
     free(resumed);
     const char *name = fy_options_command_name(cmd);
-    if (rc < 0 && made_run_dir && fy_remove_tree(o.run_dir) == 0)
-        fy_info("removed %s, which this failed %s had created", o.run_dir, name);
+    char removed[PATH_MAX * 2] = "";
+    /* the run directory with what the command wrote in it, then the parents made for it */
+    if (rc < 0 && made.n > 0 && fy_remove_tree(o.run_dir) == 0 &&
+        fy_made_dirs_undo(&made, removed, sizeof removed) > 0)
+        fy_info("removed %s, which this failed %s had created", removed, name);
     if (rc == -ECHILD)
         return EXIT_WORKER;
     if (rc == -EINTR) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/fsutil.h"
 
 /* The columns of the data file, in order: the metrics line's keys (NaN where absent). */
 static const char *const columns[] = {"step", "loss", "eval_loss", "tokens_per_s", "tflops",
@@ -141,6 +142,8 @@ static void run_name(const char *run_dir, char *out, size_t len)
     snprintf(out, len, "%.*s", (int)(end - start), run_dir + start);
 }
 
+static int draw(const char *const *run_dirs, int nruns, const char *out_dir);
+
 int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir)
 {
     FY_REQUIRE(nruns >= 1 && nruns <= FY_REPORT_MAX_RUNS, -EINVAL,
@@ -148,8 +151,17 @@ int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir)
     FY_REQUIRE(strchr(out_dir, '\'') == NULL, -EINVAL,
                "report: %s: a directory whose name has a single quote cannot be given to gnuplot: "
                "pass --out another", out_dir);
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
-        FY_SYS(-1, "report: cannot create %s", out_dir);
+    struct fy_made_dirs made;
+    FY_TRY(fy_mkdirs(out_dir, 0755, "the report's directory", &made));
+    int steps = draw(run_dirs, nruns, out_dir);
+    if (steps < 0)
+        fy_made_dirs_undo(&made, NULL, 0);
+    return steps;
+}
+
+/* fy_report_write in out_dir, which is there. */
+static int draw(const char *const *run_dirs, int nruns, const char *out_dir)
+{
     char data[FY_REPORT_MAX_RUNS][PATH_MAX], names[FY_REPORT_MAX_RUNS][256], script[PATH_MAX];
     const char *data_of[FY_REPORT_MAX_RUNS], *name_of[FY_REPORT_MAX_RUNS];
     int steps = 0;

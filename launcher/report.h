@@ -10,7 +10,8 @@
 
 /* Reads run_dirs[i]/metrics.jsonl and writes loss.png, busy.png and throughput.png (and the data
  * and script they were drawn from: metrics.dat for the first run, metrics-I.dat for the others)
- * into out_dir, created if missing; each PNG replaced atomically. loss.png draws every run's
+ * into out_dir, created with its missing parents where it is missing (those left empty by a
+ * failure removed again); each PNG replaced atomically. loss.png draws every run's
  * training and held-out loss, titled by the last component of its directory; busy.png and
  * throughput.png the first run's. Returns the number of the first run's steps drawn, or -errno
  * (said: no metrics, no gnuplot, a bad line). */

@@ -79,14 +79,11 @@ static void kill_orphaned_workers(const char *run_dir)
     fclose(f);
 }
 
-/* Creates the run directory where missing and takes its lock. */
+/* Takes the run directory's lock. The directory is there: made by the launcher for the commands
+ * that make one (launcher/main.c, with its parents, removed again where they fail), required by
+ * the others. */
 static int lock_run_dir(const char *run_dir, int *lock_fd)
 {
-    if (mkdir(run_dir, 0700) != 0 && errno != EEXIST) {
-        int e = errno;
-        fy_error("cannot create run directory %s: %s", run_dir, strerror(e));
-        return -e;
-    }
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/launch.lock", run_dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);

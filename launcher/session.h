@@ -44,7 +44,7 @@ struct fy_session {
     struct fy_gpus *gpus;      /* with several: the executor that sends to each (launcher/gpus) */
 };
 
-/* Locks and prepares the run directory (created if missing), places the workers and creates the
+/* Locks and prepares the run directory (which must exist), places the workers and creates the
  * pool; refuses a pool larger than cpu_mem with the numbers. `what` names the pool's use. First
  * removes what readers that died (an export killed beside a training run) left in RUN/reader-*:
  * their workers, pool, sockets and files, one line each. */

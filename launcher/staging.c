@@ -151,14 +151,16 @@ int fy_staging_begin(struct fy_staging *st, const char *run_dir, const char *ssd
 {
     memset(st, 0, sizeof *st);
     snprintf(st->run_dir, sizeof st->run_dir, "%s", run_dir);
-    if (mkdir(run_dir, 0700) != 0 && errno != EEXIST)
-        FY_SYS(-1, "cannot create run directory %s", run_dir);
+    /* the launcher made the run directory and its missing parents (launcher/main.c, which
+     * removes them again if the init fails): it must be there */
+    struct stat sb;
+    FY_SYS(stat(run_dir, &sb), "run directory %s", run_dir);
     if (ssd == NULL) {
         default_store(run_dir, st->store, sizeof st->store);
-        if (mkdir(st->store, 0700) == 0)
+        struct fy_made_dirs made;
+        FY_TRY(fy_mkdirs(st->store, 0700, "the store's directory", &made));
+        if (made.n > 0)
             snprintf(st->made_store, sizeof st->made_store, "%s", st->store);
-        else if (errno != EEXIST)
-            FY_SYS(-1, "cannot create %s", st->store);
     } else {
         snprintf(st->store, sizeof st->store, "%s", ssd);
     }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -418,6 +419,44 @@ static void test_run_dir_in_use_said_once(void **state)
     assert_true(fy_test_wait(pid, 60) != -1);
 }
 
+/* Outputs named by the user get their missing parent directories: init's run directory, train's
+ * --export and --trace, export's --out and --to-hf, prepare's --out. A command that fails removes
+ * the directories it made, and only those (deepest first, while empty). */
+static void test_outputs_get_their_parents(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "runs/exp1");
+    fy_trainutil_init_model(f, run, "32", "1");
+    char *weights = fy_test_in(f, "out/t/w.fywt"), *trace = fy_test_in(f, "out/tr/t.json");
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "1", weights, 0, "--trace", trace), 0);
+    assert_int_equal(access(weights, F_OK), 0);
+    assert_int_equal(access(trace, F_OK), 0);
+    char *exported = fy_test_in(f, "out/e/w.fywt"), *hf = fy_test_in(f, "out/h/hf");
+    const char *exp[] = {"export", "--run-dir", run, "--out", exported, NULL};
+    assert_int_equal(fy_test_launch_in(f, exp, 60), 0);
+    assert_int_equal(access(exported, F_OK), 0);
+    const char *exp_hf[] = {"export", "--run-dir", run, "--to-hf", hf, NULL};
+    assert_int_equal(fy_test_launch_in(f, exp_hf, 60), 0);
+    assert_int_equal(access(fy_test_in(f, "out/h/hf/config.json"), F_OK), 0);
+    char *tokens = fy_test_in(f, "out/p/x.tok");
+    const char *prep[] = {"prepare", "--out", tokens, FY_TRAINUTIL_SAMPLE_TEXT, NULL};
+    assert_int_equal(fy_test_launch_in(f, prep, 60), 0);
+    assert_int_equal(access(tokens, F_OK), 0);
+
+    /* a failed init removes the run directory and the parents it made, not the one that was
+     * there (nor what it holds) */
+    char *keep = fy_test_in(f, "keep");
+    assert_int_equal(mkdir(keep, 0700), 0);
+    FILE *fp = fopen(fy_test_in(f, "keep/notes"), "w");
+    assert_non_null(fp);
+    fclose(fp);
+    const char *bad[] = {"init", "--run-dir", fy_test_in(f, "keep/new/run"), "--ssd",
+                         fy_test_in(f, "no-such-ssd"), NULL};
+    assert_int_equal(fy_test_launch_in(f, bad, 60), 1);
+    assert_int_not_equal(access(fy_test_in(f, "keep/new"), F_OK), 0);
+    assert_int_equal(fy_test_count_entries(keep), 1);
+}
+
 static void test_export_and_init_refuse_overwrite(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -463,6 +502,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_sigint_stops_at_a_step_boundary),
         FY_TRAINUTIL_TEST(test_bad_inputs_refused),
         FY_TRAINUTIL_TEST(test_failed_train_keeps_train_args),
+        FY_TRAINUTIL_TEST(test_outputs_get_their_parents),
         FY_TRAINUTIL_TEST(test_run_dir_in_use_said_once),
         FY_TRAINUTIL_TEST(test_missing_run_dir_refused),
         FY_TRAINUTIL_TEST(test_export_and_init_refuse_overwrite),
