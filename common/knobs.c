@@ -12,7 +12,7 @@
 
 enum { LOG, TOKENIZE_SCRIPT, CUDA_VISIBLE, CUDA_ATTENTION, CUDA_FUSE, GPU_QUEUE, TEST_PROFILE_FAIL,
        TEST_KEEP_LAYERS, TEST_IO_ENOSPC_AFTER, TEST_ACT_MIX, TEST_EXPORT_PAUSE_MS,
-       TEST_METRICS_PENDING_MAX, TEST_EMBED_WHOLE, TEST_OPT_DELAY_MS, KNOB_COUNT };
+       TEST_START_PAUSE_MS, TEST_METRICS_PENDING_MAX, TEST_EMBED_WHOLE, TEST_OPT_DELAY_MS, KNOB_COUNT };
 
 static const struct fy_knob knobs[KNOB_COUNT] = {
     [LOG] = {"FUYOU_LOG", FY_KNOB_USER},
@@ -26,6 +26,7 @@ static const struct fy_knob knobs[KNOB_COUNT] = {
     [TEST_IO_ENOSPC_AFTER] = {"FUYOU_TEST_IO_ENOSPC_AFTER", FY_KNOB_TEST},
     [TEST_ACT_MIX] = {"FUYOU_TEST_ACT_MIX", FY_KNOB_TEST},
     [TEST_EXPORT_PAUSE_MS] = {"FUYOU_TEST_EXPORT_PAUSE_MS", FY_KNOB_TEST},
+    [TEST_START_PAUSE_MS] = {"FUYOU_TEST_START_PAUSE_MS", FY_KNOB_TEST},
     [TEST_METRICS_PENDING_MAX] = {"FUYOU_TEST_METRICS_PENDING_MAX", FY_KNOB_TEST},
     [TEST_EMBED_WHOLE] = {"FUYOU_TEST_EMBED_WHOLE", FY_KNOB_TEST},
     [TEST_OPT_DELAY_MS] = {"FUYOU_TEST_OPT_DELAY_MS", FY_KNOB_TEST},
@@ -102,6 +103,12 @@ const char *fy_knob_test_act_mix(uint64_t *seed)
 int fy_knob_test_export_pause_ms(void)
 {
     const char *v = value(TEST_EXPORT_PAUSE_MS);
+    return v != NULL ? atoi(v) : 0;
+}
+
+int fy_knob_test_start_pause_ms(void)
+{
+    const char *v = value(TEST_START_PAUSE_MS);
     return v != NULL ? atoi(v) : 0;
 }
 

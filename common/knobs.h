@@ -57,6 +57,9 @@ const char *fy_knob_test_act_mix(uint64_t *seed);
 /* FUYOU_TEST_EXPORT_PAUSE_MS=MS: an export waits that long once its io worker is up (atoi;
  * 0 when unset). */
 int fy_knob_test_export_pause_ms(void);
+/* FUYOU_TEST_START_PAUSE_MS=MS: a launch waits that long once its workers are started, before it
+ * waits for them to be ready (atoi; 0 when unset); a signal ends the wait. */
+int fy_knob_test_start_pause_ms(void);
 /* FUYOU_TEST_METRICS_PENDING_MAX=BYTES: the cap on metrics lines waiting for room in the run
  * directory. 1 with *bytes set, 0 when unset, -EINVAL (said) when not a positive number. */
 int fy_knob_test_metrics_pending_max(size_t *bytes);

@@ -556,7 +556,7 @@ static int store_load(struct fy_store *s, const struct fy_store_opts *o)
                "store: out of memory");
     int rc = 0;
     for (unsigned i = 0; i < s->n && rc == 0; i++) {
-        s->fds[i] = open(s->names[i], O_RDWR | O_DIRECT | O_CLOEXEC);
+        s->fds[i] = open(s->names[i], (o->readonly ? O_RDONLY : O_RDWR) | O_DIRECT | O_CLOEXEC);
         if (s->fds[i] < 0) {
             rc = -errno;
             if (rc == -ENOENT)
@@ -595,9 +595,12 @@ int fy_store_open(struct fy_store **out, const struct fy_store_opts *o)
     *out = NULL;
     FY_REQUIRE(o && o->paths && o->npaths > 0 && o->npaths <= MAX_PATHS, -EINVAL,
                "store: give between 1 and %u ssd paths", MAX_PATHS);
+    FY_REQUIRE(!o->readonly || !o->create, -EINVAL, "store: a store opened read-only is not "
+               "created");
     for (unsigned i = 0; i < o->npaths; i++) {
         FY_REQUIRE(o->paths[i] && o->paths[i][0], -EINVAL, "store: ssd path %u is empty", i + 1);
-        FY_TRY(fy_store_check_direct(o->paths[i]));
+        if (!o->readonly) /* a reader writes nothing, not even the probe */
+            FY_TRY(fy_store_check_direct(o->paths[i]));
     }
     FY_TRY(paths_distinct(o));
     struct fy_store *s = calloc(1, sizeof *s);
@@ -742,6 +745,32 @@ int fy_store_map(const struct fy_store *s, uint32_t tensor, uint64_t offset, siz
         L += chunk;
     }
     return (int)n;
+}
+
+int fy_store_pread(const struct fy_store *s, uint32_t tensor, uint64_t offset, void *buf,
+                   size_t len)
+{
+    unsigned max = (unsigned)(len / s->su) + 2;
+    struct fy_io_req *reqs = malloc(max * sizeof *reqs);
+    FY_REQUIRE(reqs != NULL, -ENOMEM, "store: out of memory for %u requests", max);
+    int n = fy_store_map(s, tensor, offset, len, buf, FY_IO_READ, tensor, reqs, max), rc = 0;
+    for (int i = 0; n > 0 && i < n && rc == 0; i++) {
+        for (size_t done = 0; done < reqs[i].len && rc == 0;) {
+            ssize_t got = pread(s->fds[reqs[i].file], (char *)reqs[i].buf + done,
+                                reqs[i].len - done, (off_t)(reqs[i].file_offset + done));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                rc = got < 0 ? -errno : -EIO;
+                fy_error("store: reading tensor %u of %s at offset %" PRIu64 ": %s", tensor,
+                         s->names[reqs[i].file], reqs[i].file_offset + done,
+                         got < 0 ? strerror(-rc) : "the file ends there: the store is cut short");
+            }
+            done += got > 0 ? (size_t)got : 0;
+        }
+    }
+    free(reqs);
+    return n < 0 ? n : rc;
 }
 
 static int store_io(struct fy_store *s, struct fy_ring *r, uint32_t tensor, uint64_t offset,

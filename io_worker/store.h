@@ -38,6 +38,9 @@ struct fy_store_opts {
     size_t stripe_unit; /* power of two, multiple of 4096; 0: 1 MiB at create, the stored one at open */
     int create;         /* 1: create a new store (refused if one exists unless overwrite); 0: open */
     int overwrite;
+    /* open an existing store to read it only: its files opened read-only, no probe file written
+     * (fy_store_check_direct), nothing ever written; fy_store_pread reads it */
+    int readonly;
 };
 
 struct fy_extent {
@@ -80,6 +83,11 @@ int fy_store_read(struct fy_store *s, struct fy_ring *r, uint32_t tensor, uint64
 int fy_store_write(struct fy_store *s, struct fy_ring *r, uint32_t tensor, uint64_t offset,
                    const void *buf, size_t len, int timeout_ms);
 int fy_store_sync(struct fy_store *s); /* fsync every data file */
+/* A synchronous read without a ring (pread of each stripe piece), for a reader that has no io
+ * worker, such as the launcher's look at the commit records (launcher/commit.h,
+ * fy_commit_peek); the range and buf are 4096-aligned as fy_store_map needs. 0 or -errno, said. */
+int fy_store_pread(const struct fy_store *s, uint32_t tensor, uint64_t offset, void *buf,
+                   size_t len);
 
 /* A synchronous read or write that also gives the digest (common/digest.h) of the bytes moved, in
  * about the time of the transfer alone: it is cut into FY_STORE_DIGEST_CHUNK pieces, and a piece

@@ -12,12 +12,14 @@ int fy_cmd_prepare(struct fy_options *o);
 int fy_cmd_init(struct fy_options *o);
 /* train --run-dir DIR --data FILE, and resume (cmd_train.c). */
 int fy_cmd_train(struct fy_options *o);
-/* resume RUN_DIR [options]: *argv becomes the run's train command (RUN/train.args) with the
- * options given here after it (the last of a repeated option wins), run from the directory it
- * ran in (its relative paths, --data say, are as they were) on RUN_DIR itself, wherever the run
- * directory has been copied or moved since. *owned keeps the new argv's storage (free it).
- * -errno, said, where there is no such run (cmd_train.c). */
-int fy_cmd_resume_args(int *argc, char ***argv, char ***owned);
+/* resume RUN_DIR [options]: *argv becomes the run's train command with the options given here
+ * after it (the last of a repeated option wins), run from the directory it ran in (its relative
+ * paths, --data say, are as they were) on RUN_DIR itself, wherever the run directory has been
+ * copied or moved since. The command is RUN/train.args.pending where a train stopped or was
+ * killed before its steps began left one, else RUN/train.args (*from says which: enum
+ * fy_train_args_from). *owned keeps the new argv's storage (free it). -errno, said, where there
+ * is no such run (cmd_train.c). */
+int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from);
 /* plan [--run-dir DIR | --from-hf HF | model options] (cmd_plan.c). */
 int fy_cmd_plan(struct fy_options *o);
 /* probe --ssd DIRS | --run-dir DIR (cmd_probe.c). */
@@ -30,5 +32,14 @@ int fy_cmd_report(struct fy_options *o);
 int fy_cmd_export(struct fy_options *o);
 /* selftest --run-dir DIR --ssd DIR (cmd_selftest.c). */
 int fy_cmd_selftest(struct fy_options *o);
+
+/* What a command stopped by a signal (it returned -EINTR) leaves, said in one line that starts
+ * "stopped by signal": what is committed or written, and what to run next. `removed` lists the
+ * run directory and parents that main removed because this command had made them ("" for none). */
+void fy_cmd_init_stopped(const struct fy_options *o, const char *removed);
+void fy_cmd_train_stopped(const struct fy_options *o, const char *removed);
+void fy_cmd_profile_stopped(const struct fy_options *o, const char *removed);
+void fy_cmd_export_stopped(const struct fy_options *o, const char *removed);
+void fy_cmd_selftest_stopped(const struct fy_options *o, const char *removed);
 
 #endif

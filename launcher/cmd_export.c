@@ -1,6 +1,7 @@
 /* fuyou-launch export: the store's last commit written out, as a weights file (--out) or a
  * Hugging Face model directory (--to-hf); beside a training run of the same directory. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,13 @@
 #include "launcher/runconf.h"
 #include "launcher/session.h"
 #include "launcher/train.h"
+
+/* What the export command did, for the line of a stop (fy_cmd_export_stopped). */
+static struct {
+    int written;         /* the output is in place */
+    uint64_t step;       /* ... with this step */
+    char removed[PATH_MAX * 2]; /* the output's directories it made and removed again */
+} export_outcome;
 
 /* The exports' session: the io worker alone over a pool of the given regions, and the store's
  * metadata, checked against the run's model. */
@@ -102,17 +110,20 @@ static int export_hf(struct fy_options *o)
     if (rc == 0)
         rc = fy_hf_writer_finish(&w);
     fy_hf_writer_destroy(&w);
-    if (rc == 0)
+    if (rc == 0) {
         fy_info("exported step %llu to %s (a Hugging Face %s directory, %s%s)",
                 (unsigned long long)meta->step, o->to_hf,
                 fy_model_arch(&model)->label, dtype,
                 eo.source ? ", names and config of the imported model" : ", config.json made here");
+        export_outcome.written = 1;
+        export_outcome.step = meta->step;
+    }
     free(meta);
     free(mc);
     free(cfg);
     rc = fy_session_close(&s, rc);
-    if (rc < 0)
-        fy_made_dirs_undo(&made, NULL, 0);
+    if (rc < 0 && !export_outcome.written)
+        fy_made_dirs_undo(&made, export_outcome.removed, sizeof export_outcome.removed);
     return rc;
 }
 
@@ -147,12 +158,28 @@ int fy_cmd_export(struct fy_options *o)
     if (rc == 0)
         rc = fy_train_export_store(&x, s.pool, &meta, o->out, o->overwrite, s.beside,
                                    o->timeout_s * 1000);
-    if (rc == 0)
+    if (rc == 0) {
         fy_info("exported step %llu to %s", (unsigned long long)meta.step, o->out);
+        export_outcome.written = 1;
+        export_outcome.step = meta.step;
+    }
     free(mc);
     free(cfg);
     rc = fy_session_close(&s, rc);
-    if (rc < 0)
-        fy_made_dirs_undo(&made, NULL, 0);
+    if (rc < 0 && !export_outcome.written)
+        fy_made_dirs_undo(&made, export_outcome.removed, sizeof export_outcome.removed);
     return rc;
+}
+
+void fy_cmd_export_stopped(const struct fy_options *o, const char *removed)
+{
+    (void)removed; /* export makes no run directory */
+    const char *out = o->to_hf != NULL ? o->to_hf : o->out;
+    if (export_outcome.written) /* the signal came as its workers stopped */
+        fy_warn("stopped by signal once the export was written: %s holds step %llu", out,
+                (unsigned long long)export_outcome.step);
+    else
+        fy_warn("stopped by signal: nothing was exported (%s is as it was%s%s%s)", out,
+                export_outcome.removed[0] ? "; removed " : "", export_outcome.removed,
+                export_outcome.removed[0] ? ", made for it" : "");
 }

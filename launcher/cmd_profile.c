@@ -51,3 +51,10 @@ int fy_cmd_profile(struct fy_options *o)
     free(mc);
     return rc;
 }
+
+void fy_cmd_profile_stopped(const struct fy_options *o, const char *removed)
+{
+    (void)removed; /* profile makes no run directory */
+    fy_warn("stopped by signal before the profile was done: nothing was written (%s/act_plan.json "
+            "is as it was); run the profile again", o->run_dir);
+}

@@ -1,10 +1,15 @@
 /* fuyou-launch selftest: the data path SSD -> pool -> gpu -> AdamW -> SSD on a synthetic model
  * (launcher/selftest.h), through the three workers. */
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/log.h"
+#include "io_worker/store.h"
 #include "launcher/cmd.h"
 #include "launcher/runconf.h"
 #include "launcher/selftest.h"
@@ -42,4 +47,17 @@ int fy_cmd_selftest(struct fy_options *o)
     }
     free(cfg);
     return fy_session_close(&s, rc);
+}
+
+void fy_cmd_selftest_stopped(const struct fy_options *o, const char *removed)
+{
+    char first[PATH_MAX] = "", data[PATH_MAX + 32];
+    if (o->ssd != NULL)
+        snprintf(first, sizeof first, "%.*s", (int)strcspn(o->ssd, ","), o->ssd);
+    snprintf(data, sizeof data, "%s/%s", first, FY_STORE_DATA_NAME);
+    int store_left = first[0] != 0 && access(data, F_OK) == 0;
+    fy_warn("stopped by signal before the self-test was done%s%s%s%s: run it again%s",
+            removed[0] ? " (removed " : "", removed, removed[0] ? ", which it had created)" : "",
+            store_left ? "; its store stays in the --ssd directory" : "",
+            store_left ? " with --overwrite" : "");
 }

@@ -1,7 +1,8 @@
 /* fuyou-launch train and resume: the run's model trained through the workers from the store's
  * last commit (launcher/train.h), the placement planned first (state, checkpoints, the blocks'
  * internals, pool regions) and said; a worker that fails is restarted from the last commit
- * (launcher/restart.h). resume runs a run's train command again (RUN/train.args). */
+ * (launcher/restart.h). resume runs a run's train command again (RUN/train.args, or the
+ * RUN/train.args.pending of one stopped before its steps). */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include "common/tokfile.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
+#include "launcher/commit.h"
 #include "launcher/diskrates.h"
 #include "launcher/inproc.h"
 #include "launcher/metrics.h"
@@ -131,21 +133,36 @@ static void save_ssd_seen(const struct fy_options *o, const struct fy_diskrates 
 }
 
 /* RUN/train.args: the train command's arguments (after "train") and the directory it ran in, for
- * fuyou-launch resume. Line 1 "fuyou-train-args 1", line 2 the directory, then one per line. */
+ * fuyou-launch resume. Line 1 "fuyou-train-args 1", line 2 the directory, then one per line.
+ * A train command writes them to RUN/train.args.pending first, before anything starts, so that a
+ * launch stopped at start-up (a signal, a crash, kill -9) can be resumed; the file becomes
+ * train.args once the command really trains (its workers are up and the store is short of
+ * --steps), and is removed where the command fails with an error or has nothing to train, so a
+ * bad command never replaces the last one that trained. A stop before the steps leaves it, and
+ * resume takes it before train.args, saying so; a resume that trains renames it in turn, and one
+ * that fails leaves it (its error may be its own options', or passing). */
 #define TRAIN_ARGS_MAGIC "fuyou-train-args 1"
+#define TRAIN_ARGS "train.args"
+#define TRAIN_ARGS_PENDING "train.args.pending"
 
-static int save_train_args(const char *run_dir, int argc, char **argv)
+/* Whether any launch of the workers began the steps (for the line of a stop). */
+static int train_stepped;
+/* Whether the steps' own line of a stop was said (train_steps). */
+static int train_stop_said;
+
+/* RUN/train.args.pending written from this train command. *written: it was (an argument with a
+ * line break cannot be, said). */
+static int save_train_args(const char *run_dir, int argc, char **argv, int *written)
 {
-    if (run_dir == NULL)
-        return 0; /* fy_cmd_train refuses it with a message */
+    *written = 0;
     char path[PATH_MAX], tmp[PATH_MAX + 8], cwd[PATH_MAX];
-    snprintf(path, sizeof path, "%s/train.args", run_dir);
+    snprintf(path, sizeof path, "%s/%s", run_dir, TRAIN_ARGS_PENDING);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FY_SYS(getcwd(cwd, sizeof cwd) == NULL ? -1 : 0, "cannot get the working directory");
     for (int i = 0; i < argc; i++)
         if (strchr(argv[i], '\n') != NULL) {
-            fy_warn("an argument holds a line break: %s is not written, so fuyou-launch resume "
-                    "will not know this command", path);
+            fy_warn("an argument holds a line break: %s/%s is not written, so fuyou-launch resume "
+                    "will not know this command", run_dir, TRAIN_ARGS);
             return 0;
         }
     FILE *f = fopen(tmp, "w");
@@ -153,7 +170,19 @@ static int save_train_args(const char *run_dir, int argc, char **argv)
     fprintf(f, "%s\n%s\n", TRAIN_ARGS_MAGIC, cwd);
     for (int i = 0; i < argc; i++)
         fprintf(f, "%s\n", argv[i]);
-    return fy_file_replace(f, tmp, path);
+    FY_TRY(fy_file_replace(f, tmp, path));
+    *written = 1;
+    return 0;
+}
+
+/* RUN/train.args.pending renamed to train.args, made durable: the command trains. */
+static int promote_train_args(const char *run_dir)
+{
+    char from[PATH_MAX], to[PATH_MAX];
+    snprintf(from, sizeof from, "%s/%s", run_dir, TRAIN_ARGS_PENDING);
+    snprintf(to, sizeof to, "%s/%s", run_dir, TRAIN_ARGS);
+    FY_SYS(rename(from, to), "cannot rename %s to %s", from, to);
+    return fy_fsync_dir(run_dir);
 }
 
 /* A train command's plan and state, from the model to the last step; train_free frees it whatever
@@ -172,6 +201,8 @@ struct train_run {
     struct fy_train_opts to;
     struct fy_diskrates ssd_seen;
     struct fy_storemeta *meta;
+    int args_pending;  /* RUN/train.args.pending is this command's (written, or resumed) */
+    int args_promoted; /* ... and became RUN/train.args */
 };
 
 static void train_free(struct train_run *t)
@@ -188,8 +219,8 @@ static void train_free(struct train_run *t)
 /* One launch of the workers for training: the store's current commit (a restart goes back to it;
  * the metrics of later steps are dropped, as they will be trained again), the steps up to
  * --steps, and the export. *fault says which worker failed and how; *stepping whether training
- * had begun (the commit was opened). The train command's arguments are kept for resume once the
- * workers are up: a command that fails before that leaves the run's last one in place. */
+ * had begun (the commit was opened). The train command becomes the run's RUN/train.args once the
+ * workers are up and the store is short of --steps: the command trains. */
 static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
                          struct fy_sup_fault *fault, int *stepping)
 {
@@ -228,14 +259,14 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
         if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
             fy_sup_set_stop_flag(s.sup, &train_stop);
     }
-    if (rc == 0 && o->train_argv != NULL) {
-        rc = save_train_args(o->run_dir, o->train_argc, o->train_argv);
-        o->train_argv = NULL;
-    }
     if (rc == 0)
         rc = fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000);
     if (rc == 0)
         rc = fy_runconf_check_store(meta, &t->model, o->ssd);
+    if (rc == 0 && t->args_pending && !t->args_promoted && meta->step < o->steps) {
+        rc = promote_train_args(o->run_dir);
+        t->args_promoted = rc == 0;
+    }
     FILE *trace = NULL;
     struct fy_made_dirs made; /* an output's missing directories, removed if it is not written */
     if (rc == 0 && o->trace != NULL)
@@ -250,7 +281,7 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
         if (attempt > 0)
             fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
                     "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
-        *stepping = 1;
+        *stepping = train_stepped = 1;
         rc = fy_train_run(&x, s.pool, meta, t->data, &t->to);
         t->to.trace = NULL;
     }
@@ -316,6 +347,9 @@ static int train_setup(struct fy_options *o, struct train_run *t)
     }
     if (rc == 0)
         rc = check_run_dir_writable(o->run_dir);
+    if (rc == 0 && o->train_args_from == FY_TRAIN_ARGS_GIVEN) /* before anything starts */
+        rc = save_train_args(o->run_dir, o->train_argc, o->train_argv, &t->args_pending);
+    t->args_pending |= o->train_args_from == FY_TRAIN_ARGS_PENDING;
     if (rc == 0 && o->seq > t->model.ctx) {
         fy_error("train: --seq %llu exceeds the model's context of %u tokens",
                  (unsigned long long)o->seq, t->model.ctx);
@@ -544,15 +578,55 @@ static int train_steps(struct fy_options *o, struct train_run *t)
     if (rc == 0 && train_stop) {
         fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
                 "from there (nothing exported)", (unsigned long long)t->meta->step, o->run_dir);
+        train_stop_said = 1;
         rc = -EINTR;
     }
     int lost = fy_metrics_close(&metrics, t->meta != NULL ? t->meta->step : 0);
     return rc ? rc : lost;
 }
 
+/* At the end of a train command that did not train: its RUN/train.args.pending removed where it
+ * failed with an error or had nothing to train (the run's train.args stays the last command that
+ * trained), kept where a signal stopped it before its steps (resume takes it). A resumed one is
+ * left as it is. */
+static void settle_train_args(const struct fy_options *o, const struct train_run *t, int rc)
+{
+    if (!t->args_pending || t->args_promoted || rc == -EINTR ||
+        o->train_args_from != FY_TRAIN_ARGS_GIVEN)
+        return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", o->run_dir, TRAIN_ARGS_PENDING);
+    if (unlink(path) != 0 && errno != ENOENT)
+        fy_warn("cannot remove %s: %s: fuyou-launch resume would run this command; remove it",
+                path, strerror(errno));
+    else if (rc == 0)
+        fy_info("nothing trained: %s/%s is left as it was", o->run_dir, TRAIN_ARGS);
+}
+
+/* The train command line, for the log: its arguments joined by spaces. */
+static void describe_command(const struct fy_options *o, char *out, size_t len)
+{
+    out[0] = 0;
+    for (int i = 0; i < o->train_argc; i++) {
+        size_t at = strlen(out);
+        snprintf(out + at, len - at, " %s", o->train_argv[i]);
+    }
+}
+
 int fy_cmd_train(struct fy_options *o)
 {
     FY_TRY(fy_options_require(o->run_dir, "--run-dir", "train"));
+    if (o->train_args_from == FY_TRAIN_ARGS_PENDING) {
+        char command[4096], recorded[PATH_MAX];
+        describe_command(o, command, sizeof command);
+        snprintf(recorded, sizeof recorded, "%s/%s", o->run_dir, TRAIN_ARGS);
+        fy_info("resume: %s/%s holds the train command of a launch stopped before its steps "
+                "began (a signal or a crash at start-up): resuming it%s%s%s: fuyou-launch train%s",
+                o->run_dir, TRAIN_ARGS_PENDING,
+                access(recorded, F_OK) == 0 ? " (not " : "",
+                access(recorded, F_OK) == 0 ? recorded : "",
+                access(recorded, F_OK) == 0 ? ", the last command that trained)" : "", command);
+    }
     FY_TRY(fy_options_require(o->data, "--data", "train"));
     if (!o->steps_set)
         o->steps = 200;
@@ -573,15 +647,36 @@ int fy_cmd_train(struct fy_options *o)
         train_layout(o, t, train_log_prediction(o, t));
         rc = train_steps(o, t);
     }
+    settle_train_args(o, t, rc);
     train_free(t);
     return rc;
 }
 
-/* resume RUN_DIR [options]: argv becomes the run's train command (RUN/train.args) with the
- * options given here after it (the last of a repeated option wins), run from the directory it
- * ran in (its relative paths, --data say, are as they were) on RUN_DIR itself, wherever the run
- * directory has been copied or moved since. *owned keeps the new argv's storage. */
-int fy_cmd_resume_args(int *argc, char ***argv, char ***owned)
+void fy_cmd_train_stopped(const struct fy_options *o, const char *removed)
+{
+    (void)removed; /* train makes no run directory */
+    if (train_stop_said)
+        return; /* the steps said where they stopped */
+    char committed[64] = "the store's last commit could not be read (above)";
+    struct fy_storemeta *m = malloc(sizeof *m);
+    if (o->ssd != NULL && m != NULL && fy_commit_peek(o->ssd, m) == 0)
+        snprintf(committed, sizeof committed, "step %llu is committed",
+                 (unsigned long long)m->step);
+    free(m);
+    if (train_stepped) /* a second signal in a step, or one while the workers restarted */
+        fy_warn("stopped by signal: %s (the steps after it are trained again): fuyou-launch "
+                "resume %s continues from there", committed, o->run_dir);
+    else
+        fy_warn("stopped by signal before training began: %s: fuyou-launch resume %s runs this "
+                "train command from there", committed, o->run_dir);
+}
+
+/* resume RUN_DIR [options]: argv becomes the run's train command (RUN/train.args.pending where
+ * there is one, else RUN/train.args; *from says which) with the options given here after it (the
+ * last of a repeated option wins), run from the directory it ran in (its relative paths, --data
+ * say, are as they were) on RUN_DIR itself, wherever the run directory has been copied or moved
+ * since. *owned keeps the new argv's storage. */
+int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from)
 {
     const char *dir = *argc >= 3 && (*argv)[2][0] != '-' ? (*argv)[2] : NULL;
     int extra_at = dir != NULL ? 3 : 2;
@@ -598,9 +693,15 @@ int fy_cmd_resume_args(int *argc, char ***argv, char ***owned)
         fprintf(stderr, "fuyou-launch resume: run directory %s: %s\n", dir, strerror(errno));
         return -ENOENT;
     }
-    char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/train.args", run_dir);
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", run_dir, TRAIN_ARGS_PENDING);
     FILE *f = fopen(path, "r");
+    *from = FY_TRAIN_ARGS_PENDING;
+    if (f == NULL && errno == ENOENT) {
+        snprintf(path, sizeof path, "%s/%s", run_dir, TRAIN_ARGS);
+        f = fopen(path, "r");
+        *from = FY_TRAIN_ARGS_RECORDED;
+    }
     if (f == NULL) {
         fprintf(stderr, "fuyou-launch resume: %s: %s: only a run started with fuyou-launch train "
                         "can be resumed\n", path, strerror(errno));

@@ -9,6 +9,7 @@
 #include "common/desc.h"
 #include "common/dtype.h"
 #include "common/optstate.h"
+#include "io_worker/store.h"
 
 int fy_io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
                uint64_t bytes, uint64_t arg, int timeout_ms)
@@ -109,6 +110,51 @@ int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t recor
     }
     free(rec[0]);
     free(rec[1]);
+    return rc;
+}
+
+/* Read from the store itself rather than from a copy of the step the launcher could keep in the
+ * run directory at each commit: the store is the one record of what is committed (a copy written
+ * after each commit lags it across a crash, and knows nothing of a store restored or moved), and
+ * two records are two small reads. */
+int fy_commit_peek(const char *ssd, struct fy_storemeta *m)
+{
+    char list[4096];
+    FY_REQUIRE(strlen(ssd) < sizeof list, -ENAMETOOLONG, "the store's paths are too long: %.200s",
+               ssd);
+    snprintf(list, sizeof list, "%s", ssd);
+    const char *paths[256];
+    unsigned n = 0;
+    for (char *save = NULL, *p = strtok_r(list, ",", &save); p != NULL && n < 256;
+         p = strtok_r(NULL, ",", &save))
+        paths[n++] = p;
+    struct fy_store_opts so = {.paths = paths, .npaths = n, .readonly = 1};
+    struct fy_store *store = NULL;
+    FY_TRY(fy_store_open(&store, &so));
+    uint8_t *rec = NULL;
+    struct fy_storemeta *one = malloc(sizeof *one);
+    int rc = one != NULL && posix_memalign((void **)&rec, 4096, FY_COMMIT_RECORD_BYTES) == 0
+                 ? -ENOENT
+                 : -ENOMEM;
+    int found = 0;
+    for (int i = 0; rc != -ENOMEM && i < 2; i++) {
+        if (fy_store_find(store, FY_TENSOR_COMMIT(i), NULL) != 0)
+            continue; /* a store from before commit records, or not made by init */
+        int got = fy_store_pread(store, FY_TENSOR_COMMIT(i), 0, rec, FY_COMMIT_RECORD_BYTES);
+        if (got == 0 && fy_storemeta_check(rec, FY_COMMIT_RECORD_BYTES) == 0 &&
+            fy_storemeta_decode(rec, FY_COMMIT_RECORD_BYTES, ssd, one) == 0 &&
+            (!found || one->seq > m->seq)) {
+            memcpy(m, one, sizeof *m);
+            found = 1;
+        }
+    }
+    if (rc == -ENOENT && found)
+        rc = 0;
+    else if (rc == -ENOENT)
+        fy_error("%s: no intact commit record", ssd);
+    free(rec);
+    free(one);
+    fy_store_close(&store);
     return rc;
 }
 

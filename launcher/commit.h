@@ -30,6 +30,12 @@ int fy_io_call_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t
 int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
                    const char *where, uint64_t below_seq, struct fy_storemeta *m, int timeout_ms);
 
+/* The current commit, as fy_commit_read finds it, read straight from the store's files in `ssd`
+ * (its comma-separated paths) by the launcher itself: for a command whose workers are not up that
+ * must still say what is committed (a stop at start-up). Read-only: nothing is written, no worker
+ * started. -ENOENT where no record is intact, or the store's error (said). */
+int fy_commit_peek(const char *ssd, struct fy_storemeta *m);
+
 /* Makes `next` the current commit: every data file synced (so the state it names is durable),
  * the record written over the older one (record next->seq % 2), synced again. */
 int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,

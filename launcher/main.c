@@ -18,17 +18,24 @@
 
 enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_WORKER = 3, EXIT_INTERRUPTED = 130 };
 
-/* Each command: its function, whether it starts workers (unless --inprocess), and whether it
- * creates its --run-dir (and removes it again where it fails). */
+/* Each command: its function, whether it starts workers (unless --inprocess), whether it
+ * creates its --run-dir (and removes it again where it fails), and what it says when a signal
+ * stopped it (-EINTR; NULL: a bare "stopped by signal"). */
 static const struct {
     int (*run)(struct fy_options *o);
     int workers, makes_run_dir;
+    void (*stopped)(const struct fy_options *o, const char *removed);
 } commands[FY_CMD_COUNT] = {
-    [FY_CMD_PREPARE] = {fy_cmd_prepare, 0, 0}, [FY_CMD_INIT] = {fy_cmd_init, 1, 1},
-    [FY_CMD_TRAIN] = {fy_cmd_train, 1, 0},     [FY_CMD_RESUME] = {fy_cmd_train, 1, 0},
-    [FY_CMD_PLAN] = {fy_cmd_plan, 0, 0},       [FY_CMD_PROBE] = {fy_cmd_probe, 0, 0},
-    [FY_CMD_PROFILE] = {fy_cmd_profile, 1, 0}, [FY_CMD_REPORT] = {fy_cmd_report, 0, 0},
-    [FY_CMD_EXPORT] = {fy_cmd_export, 1, 0},   [FY_CMD_SELFTEST] = {fy_cmd_selftest, 1, 1},
+    [FY_CMD_PREPARE] = {fy_cmd_prepare, 0, 0, NULL},
+    [FY_CMD_INIT] = {fy_cmd_init, 1, 1, fy_cmd_init_stopped},
+    [FY_CMD_TRAIN] = {fy_cmd_train, 1, 0, fy_cmd_train_stopped},
+    [FY_CMD_RESUME] = {fy_cmd_train, 1, 0, fy_cmd_train_stopped},
+    [FY_CMD_PLAN] = {fy_cmd_plan, 0, 0, NULL},
+    [FY_CMD_PROBE] = {fy_cmd_probe, 0, 0, NULL},
+    [FY_CMD_PROFILE] = {fy_cmd_profile, 1, 0, fy_cmd_profile_stopped},
+    [FY_CMD_REPORT] = {fy_cmd_report, 0, 0, NULL},
+    [FY_CMD_EXPORT] = {fy_cmd_export, 1, 0, fy_cmd_export_stopped},
+    [FY_CMD_SELFTEST] = {fy_cmd_selftest, 1, 1, fy_cmd_selftest_stopped},
 };
 
 /* fuyou-launch help [--options | COMMAND], or no command at all: the exit status. */
@@ -88,7 +95,8 @@ int main(int argc, char **argv)
         return EXIT_OK;
     }
     char **resumed = NULL;
-    if (cmd == FY_CMD_RESUME && fy_cmd_resume_args(&argc, &argv, &resumed) < 0)
+    int from = FY_TRAIN_ARGS_GIVEN;
+    if (cmd == FY_CMD_RESUME && fy_cmd_resume_args(&argc, &argv, &resumed, &from) < 0)
         return EXIT_USAGE; /* argv is now the run's own train command, continued */
     struct fy_options o;
     int parsed = fy_options_parse(cmd, argc - 1, argv + 1, &o);
@@ -107,22 +115,27 @@ int main(int argc, char **argv)
         free(resumed);
         return EXIT_ERROR;
     }
-    if (cmd == FY_CMD_TRAIN) { /* kept for resume once its workers are up (train_attempt) */
+    if (cmd == FY_CMD_TRAIN || cmd == FY_CMD_RESUME) { /* kept for resume (cmd_train.c) */
         o.train_argc = argc - 2;
         o.train_argv = argv + 2;
+        o.train_args_from = from;
     }
     int rc = commands[cmd].run(&o);
     free(resumed);
     const char *name = fy_options_command_name(cmd);
     char removed[PATH_MAX * 2] = "";
-    /* the run directory with what the command wrote in it, then the parents made for it */
+    /* the run directory with what the command wrote in it, then the parents made for it (said
+     * here, or in the line of a stop) */
     if (rc < 0 && made.n > 0 && fy_remove_tree(o.run_dir) == 0 &&
-        fy_made_dirs_undo(&made, removed, sizeof removed) > 0)
+        fy_made_dirs_undo(&made, removed, sizeof removed) > 0 && rc != -EINTR)
         fy_info("removed %s, which this failed %s had created", removed, name);
     if (rc == -ECHILD)
         return EXIT_WORKER;
     if (rc == -EINTR) {
-        fy_warn("stopped by signal");
+        if (commands[cmd].stopped != NULL)
+            commands[cmd].stopped(&o, removed);
+        else
+            fy_warn("stopped by signal");
         return EXIT_INTERRUPTED;
     }
     return rc < 0 ? EXIT_ERROR : EXIT_OK;

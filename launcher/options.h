@@ -63,10 +63,19 @@ struct fy_options {
     int n_args;
     int store_in_run_dir;        /* init: the store is RUN/store (no --ssd) */
     char ssd_here[PATH_MAX];     /* the store's paths as found from model.conf (fy_runconf_load) */
-    /* train: its arguments, kept in RUN/train.args for resume once the workers are up (NULL:
-     * resumed, or kept already) */
+    /* train and resume: the train command's arguments after "train" (resume: the run's recorded
+     * command with resume's own options after it), and where they come from (enum
+     * fy_train_args_from): a train's are kept for resume (launcher/cmd_train.c) */
     int train_argc;
     char **train_argv;
+    int train_args_from;
+};
+
+/* Where the arguments of a train command come from. */
+enum fy_train_args_from {
+    FY_TRAIN_ARGS_GIVEN,   /* train: its command line */
+    FY_TRAIN_ARGS_RECORDED, /* resume: RUN/train.args, the last train command that trained */
+    FY_TRAIN_ARGS_PENDING,  /* resume: RUN/train.args.pending, one stopped before its steps */
 };
 
 /* The training values a run takes where its command line does not give them: from scratch, for a

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/knobs.h"
 #include "launcher/gpus.h"
 
 /* Whether process pid was started with --run-dir naming run_dir (the same directory, however
@@ -417,6 +418,12 @@ int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *co
     }
     snprintf(path, sizeof path, "%s/workers.pid", s->run_dir);
     FY_TRY(fy_sup_write_pids(s->sup, path));
+    int pause_ms = fy_knob_test_start_pause_ms();
+    if (pause_ms > 0) { /* a test hook: time to stop or kill a launch at its start */
+        fy_info("test hook: the launch waits %d ms with its workers starting, or until a signal "
+                "(FUYOU_TEST_START_PAUSE_MS)", pause_ms);
+        fy_sup_pause(s->sup, pause_ms);
+    }
     return fy_sup_wait_ready(s->sup, ready_timeout_ms);
 }
 

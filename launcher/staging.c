@@ -262,7 +262,7 @@ static int put_in_place(struct fy_staging *st)
         FY_TRY(move(st->hf_dir, from));
     /* 4. what the previous model's training left goes with it: `resume` would run the old train
      * command on the new model, and report would chart the old run's metrics beside the new */
-    static const char *const previous[] = {"train.args", "metrics.jsonl"};
+    static const char *const previous[] = {"train.args", "train.args.pending", "metrics.jsonl"};
     int gone = 0;
     for (size_t i = 0; i < sizeof previous / sizeof previous[0]; i++) {
         join(from, sizeof from, st->run_dir, previous[i]);

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -559,6 +560,15 @@ void fy_sup_destroy(struct fy_sup **sp)
 }
 
 void fy_sup_set_stop_flag(struct fy_sup *s, volatile int *flag) { s->stop_flag = flag; }
+
+void fy_sup_pause(struct fy_sup *s, int ms)
+{
+    for (int64_t end = now_ms() + ms, left = ms; left > 0; left = end - now_ms()) {
+        struct pollfd p = {.fd = s->sigfd, .events = POLLIN};
+        if (poll(&p, 1, (int)left) != 0 && errno != EINTR)
+            return; /* a signal to read (or poll failed: no pause) */
+    }
+}
 
 int fy_sup_interrupted(const struct fy_sup *s) { return s->interrupted; }
 

@@ -55,6 +55,9 @@ int fy_sup_stop(struct fy_sup *s, int timeout_ms);
  * the signal's number, for the caller to stop at its next step boundary, and waits go on; a second
  * one interrupts at once (-EINTR), as every one does without a flag (NULL). */
 void fy_sup_set_stop_flag(struct fy_sup *s, volatile int *flag);
+/* Waits ms milliseconds, or less where a supervised signal comes (it is left for the supervision
+ * to read): a test hook's pause that a stop ends. */
+void fy_sup_pause(struct fy_sup *s, int ms);
 /* The signal that interrupted the run (SIGINT/SIGTERM), or 0. */
 int fy_sup_interrupted(const struct fy_sup *s);
 /* Name of the worker that fy_sup_wait killed for not answering within its timeout, or NULL. */

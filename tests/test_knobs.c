@@ -182,6 +182,11 @@ static void test_parsing(void **state)
     assert_int_equal(fy_knob_test_export_pause_ms(), 250);
     unsetenv("FUYOU_TEST_EXPORT_PAUSE_MS");
 
+    assert_int_equal(fy_knob_test_start_pause_ms(), 0);
+    setenv("FUYOU_TEST_START_PAUSE_MS", "400", 1);
+    assert_int_equal(fy_knob_test_start_pause_ms(), 400);
+    unsetenv("FUYOU_TEST_START_PAUSE_MS");
+
     size_t bytes = 17;
     assert_int_equal(fy_knob_test_metrics_pending_max(&bytes), 0);
     assert_int_equal(bytes, 17);

@@ -695,13 +695,17 @@ static void make_pre_commit_store(const struct fy_chaos_paths *rp,
     close(fd);
 }
 
-/* A store made before commit records is refused by training and by export with one line that says
- * what it is and what to do (after the io worker's lines about the absent commit records); nothing
- * of its state is written (train's profile may add a scratch extent after it), no export made. */
+/* A store made before commit records is refused by training, resume and export with one line that
+ * says what it is and what to do (after the io worker's lines about the absent commit records);
+ * nothing of its state is written (train's profile may add a scratch extent after it), no export
+ * made. The run trained once before (as a run of that version did), so resume has a command. */
 static void test_pre_commit_store_refused(void **state)
 {
     struct fy_chaos *c = *state;
     struct fy_chaos_paths rp = fy_chaos_new_run(c, "precommit");
+    char *first = fy_test_in(c->f, "precommit-first.fywt");
+    assert_int_equal(fy_chaos_train_to(c, rp.run, "1", first), 0);
+    unlink(first);
     static struct fy_storemeta m;
     assert_true(newest_record(rp.store, &m) >= 0);
     make_pre_commit_store(&rp, &m.model, 12);

@@ -1,8 +1,9 @@
 /* Integration tests of GPT training through the real processes on the CPU backend: a run with the
  * SSD store is bit-identical to the same schedule in one process with everything in memory; the
  * held-out loss falls well below ln(256) on the bundled sample text; Ctrl-C stops at a step
- * boundary and resume continues bit for bit; export; bad inputs are refused with one line that
- * names the file, a non-zero exit, and nothing overwritten. (Placements and schedules:
+ * boundary and resume continues bit for bit, and so does one stopped or killed at start-up; export;
+ * outputs get their missing directories; bad inputs are refused with one line that names the
+ * file, a non-zero exit, and nothing overwritten. (Placements and schedules:
  * test_placement; the plan, probe, profile and report commands: test_plan_cmd; gradient clipping:
  * test_clip.) */
 #include <stdarg.h>
@@ -419,9 +420,105 @@ static void test_run_dir_in_use_said_once(void **state)
     assert_true(fy_test_wait(pid, 60) != -1);
 }
 
+/* Runs fuyou-launch with `args` held by the test hook FUYOU_TEST_START_PAUSE_MS at its first start
+ * of the workers, sends `sig` there, and returns its wait status (its log: f->log, fresh). */
+static int signalled_at_start(struct fy_test_fixture *f, const char *const *args, int sig)
+{
+    unlink(f->log);
+    setenv("FUYOU_TEST_START_PAUSE_MS", "60000", 1);
+    int pid = fy_test_start("fuyou-launch", args, f->log);
+    unsetenv("FUYOU_TEST_START_PAUSE_MS");
+    assert_true(pid > 0);
+    for (int i = 0; i < 3000 && fy_test_count_matches(f->log, "FUYOU_TEST_START_PAUSE_MS") == 0;
+         i++)
+        fy_test_pause_ms(20);
+    assert_int_equal(fy_test_count_matches(f->log, "FUYOU_TEST_START_PAUSE_MS"), 1);
+    assert_int_equal(kill(pid, sig), 0);
+    return fy_test_wait(pid, 120);
+}
+
+/* Whether a file holds the same bytes as `text` (n of them). */
+static int same_bytes(const char *path, const char *text, size_t n)
+{
+    size_t len;
+    char *now = fy_test_slurp(path, &len);
+    int same = now != NULL && len == n && memcmp(now, text, n) == 0;
+    free(now);
+    return same;
+}
+
+/* A train stopped by SIGTERM before its workers were ready says which step is committed and what
+ * to run; its command is kept in RUN/train.args.pending (so is a launcher killed there), which
+ * resume takes, saying so, and trains to the end with the losses and weights of a run never
+ * stopped; RUN/train.args becomes that command only then. A train with nothing to train (--steps
+ * at or below the committed step) leaves RUN/train.args as it was. */
+static void test_stop_at_start_up_resumes(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "started"), *ref = fy_test_in(f, "undisturbed");
+    char args_path[700], pending[720], out[720], ref_out[720];
+    snprintf(args_path, sizeof args_path, "%s/train.args", run);
+    snprintf(pending, sizeof pending, "%s/train.args.pending", run);
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(ref_out, sizeof ref_out, "%s.fywt", ref);
+    fy_trainutil_init_model(f, run, "32", "7");
+    fy_trainutil_init_model(f, ref, "32", "7");
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "2", NULL, 0, NULL, NULL), 0);
+    assert_int_equal(fy_trainutil_train(f, ref, f->data, "2", NULL, 0, NULL, NULL), 0);
+    size_t n_first;
+    char *first = fy_test_slurp(args_path, &n_first);
+    assert_non_null(first);
+
+    const char *more[] = {"train", "--run-dir", run, "--data", f->data, "--steps", "6",
+                          "--batch", FY_TRAINUTIL_STR(FY_TRAINUTIL_BATCH),
+                          "--seq", FY_TRAINUTIL_STR(FY_TRAINUTIL_SEQ),
+                          "--lr", FY_TRAINUTIL_STR(FY_TRAINUTIL_LR),
+                          "--warmup", FY_TRAINUTIL_STR(FY_TRAINUTIL_WARMUP), "--eval-every", "100",
+                          "--eval-batches", "8", "--backend", "cpu", "--export", out, NULL};
+    int status = signalled_at_start(f, more, SIGTERM);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130);
+    assert_true(fy_test_file_contains(
+        f->log, fy_test_fmt("stopped by signal before training began: step 2 is committed: "
+                            "fuyou-launch resume %s runs this train command from there", run)));
+    assert_true(same_bytes(args_path, first, n_first)); /* not yet: it did not train */
+    assert_int_equal(access(pending, F_OK), 0);
+    /* killed outright there: the command is kept all the same */
+    status = signalled_at_start(f, more, SIGKILL);
+    assert_true(status != -1 && WIFSIGNALED(status));
+    assert_int_equal(access(pending, F_OK), 0);
+    size_t n_pending;
+    char *stopped = fy_test_slurp(pending, &n_pending);
+    assert_non_null(stopped);
+
+    const char *resume[] = {"resume", run, NULL};
+    assert_int_equal(fy_test_launch_in(f, resume, 300), 0);
+    assert_true(fy_test_file_contains(f->log, "holds the train command of a launch stopped before "
+                                              "its steps began"));
+    assert_true(fy_test_file_contains(f->log, "starting at step 2"));
+    assert_true(same_bytes(args_path, stopped, n_pending)); /* it trained: now the run's */
+    assert_int_not_equal(access(pending, F_OK), 0);
+    const char *ref_more[] = {"--eval-every", "100", NULL};
+    assert_int_equal(fy_trainutil_train_with(f, ref, f->data, "6", ref_out, 0, ref_more), 0);
+    assert_same_run(fy_test_in(f, "started/metrics.jsonl"), out,
+                    fy_test_in(f, "undisturbed/metrics.jsonl"), ref_out);
+
+    /* nothing to train: train.args as it was, no pending command left */
+    const char *const totals[] = {"0", "3", "6"};
+    for (size_t i = 0; i < sizeof totals / sizeof totals[0]; i++) {
+        assert_int_equal(fy_trainutil_train(f, run, f->data, totals[i], NULL, 0, NULL, NULL), 0);
+        assert_true(fy_test_file_contains(f->log, "nothing to train"));
+        assert_true(same_bytes(args_path, stopped, n_pending));
+        assert_int_not_equal(access(pending, F_OK), 0);
+    }
+    free(first);
+    free(stopped);
+}
+
 /* Outputs named by the user get their missing parent directories: init's run directory, train's
- * --export and --trace, export's --out and --to-hf, prepare's --out. A command that fails removes
- * the directories it made, and only those (deepest first, while empty). */
+ * --export and --trace, export's --out and --to-hf, prepare's --out. A command that fails or is
+ * stopped removes the directories it made, and only those (deepest first, while empty), and a stop
+ * at start-up says what it left. */
 static void test_outputs_get_their_parents(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -455,6 +552,27 @@ static void test_outputs_get_their_parents(void **state)
     assert_int_equal(fy_test_launch_in(f, bad, 60), 1);
     assert_int_not_equal(access(fy_test_in(f, "keep/new"), F_OK), 0);
     assert_int_equal(fy_test_count_entries(keep), 1);
+
+    /* stopped at start-up: nothing made is left, and the line says so */
+    char *stop_run = fy_test_in(f, "stop/a/run");
+    const char *init[] = {"init", "--run-dir", stop_run, "--layers", "2", "--heads", "2", "--embd",
+                          "32", "--ctx", "32", NULL};
+    int status = signalled_at_start(f, init, SIGTERM);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130);
+    assert_true(fy_test_file_contains(
+        f->log, fy_test_fmt("stopped by signal before the new model was in place: nothing of it "
+                            "was kept (removed %s, %s, %s, which this init had created)",
+                            stop_run, fy_test_in(f, "stop/a"), fy_test_in(f, "stop"))));
+    assert_int_not_equal(access(fy_test_in(f, "stop"), F_OK), 0);
+    char *stop_out = fy_test_in(f, "xs/a/w.fywt");
+    const char *stop_exp[] = {"export", "--run-dir", run, "--out", stop_out, NULL};
+    status = signalled_at_start(f, stop_exp, SIGTERM);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130);
+    assert_true(fy_test_file_contains(
+        f->log, fy_test_fmt("stopped by signal: nothing was exported (%s is as it was", stop_out)));
+    assert_int_not_equal(access(fy_test_in(f, "xs"), F_OK), 0);
 }
 
 static void test_export_and_init_refuse_overwrite(void **state)
@@ -502,6 +620,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_sigint_stops_at_a_step_boundary),
         FY_TRAINUTIL_TEST(test_bad_inputs_refused),
         FY_TRAINUTIL_TEST(test_failed_train_keeps_train_args),
+        FY_TRAINUTIL_TEST(test_stop_at_start_up_resumes),
         FY_TRAINUTIL_TEST(test_outputs_get_their_parents),
         FY_TRAINUTIL_TEST(test_run_dir_in_use_said_once),
         FY_TRAINUTIL_TEST(test_missing_run_dir_refused),
