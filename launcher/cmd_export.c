@@ -112,12 +112,12 @@ static int export_hf(struct fy_options *o)
 int fy_cmd_export(struct fy_options *o)
 {
     FY_TRY(fy_options_require(o->run_dir, "--run-dir", "export"));
-    FY_REQUIRE((o->out != NULL) != (o->to_hf != NULL), -EINVAL,
+    FY_USAGE((o->out != NULL) != (o->to_hf != NULL),
                "export: give --out FILE (weights file) or --to-hf DIR (Hugging Face directory)");
     if (o->to_hf != NULL)
         return export_hf(o);
-    FY_REQUIRE(!o->hf_opts_set, -EINVAL,
-               "export: --dtype and --max-shard-size are options of --to-hf (a weights file is f32)");
+    FY_USAGE(!o->hf_opts_set,
+             "export: --dtype and --max-shard-size are options of --to-hf (a weights file is f32)");
     struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
     struct fy_model_config model;
     int rc = mc && cfg ? fy_runconf_load(o, mc, &model) : -ENOMEM;

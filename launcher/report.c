@@ -145,8 +145,8 @@ int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir)
 {
     FY_REQUIRE(nruns >= 1 && nruns <= FY_REPORT_MAX_RUNS, -EINVAL,
                "report: %d runs given: chart 1 to %d at a time", nruns, FY_REPORT_MAX_RUNS);
-    FY_REQUIRE(strchr(out_dir, '\'') == NULL, -EINVAL,
-               "report: %s: a directory whose name has a single quote cannot be given to gnuplot: "
+    FY_USAGE(strchr(out_dir, '\'') == NULL,
+             "report: %s: a directory whose name has a single quote cannot be given to gnuplot: "
                "pass --out another", out_dir);
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
         FY_SYS(-1, "report: cannot create %s", out_dir);

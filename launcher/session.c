@@ -357,7 +357,7 @@ int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
         fy_error("plan does not fit: the shared pool for %s needs %s (%s; 2 MiB aligned) but "
                  "--cpu-mem is %s: raise --cpu-mem or make the model or batch smaller",
                  what, need, parts, cap);
-        return -ENOMEM;
+        return -FY_EUSAGE;
     }
     if (beside) {
         FY_TRY(make_reader_dir(o->run_dir, what, s->run_dir, sizeof s->run_dir, &s->lock_fd));

@@ -45,7 +45,7 @@ struct fy_session {
 };
 
 /* Locks and prepares the run directory (created if missing), places the workers and creates the
- * pool; refuses a pool larger than cpu_mem with the numbers. `what` names the pool's use. First
+ * pool; refuses a pool larger than cpu_mem with the numbers (-FY_EUSAGE, a usage error). `what` names the pool's use. First
  * removes what readers that died (an export killed beside a training run) left in RUN/reader-*:
  * their workers, pool, sockets and files, one line each. */
 int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,

@@ -339,7 +339,7 @@ static void test_bad_inputs_refused(void **state)
     /* --inprocess runs the CPU backend in the launcher: asking for CUDA with it is refused, not
      * quietly run on the CPU */
     const char *cuda[] = {"--backend", "cuda", NULL};
-    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "5", NULL, 1, cuda), 1);
+    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "5", NULL, 1, cuda), 2);
     assert_true(fy_test_file_contains(f->log, "drop --backend cuda"));
 
     /* the run is still fine after all of that */
