@@ -38,6 +38,9 @@ struct fy_store_opts {
     size_t stripe_unit; /* power of two, multiple of 4096; 0: 1 MiB at create, the stored one at open */
     int create;         /* 1: create a new store (refused if one exists unless overwrite); 0: open */
     int overwrite;
+    /* a reader's (export's) open: the data files O_RDONLY (with O_DIRECT), no probe file, no
+     * writes and no extents added (-EROFS, said), so a store on a read-only file system opens */
+    int read_only;
 };
 
 struct fy_extent {
@@ -52,6 +55,9 @@ void fy_store_close(struct fy_store **s); /* sets *s = NULL; safe on NULL */
 /* 0 if dir exists, is writable, is not tmpfs, and O_DIRECT write+read works there; else -errno
  * with one line saying why and what to give instead. */
 int fy_store_check_direct(const char *dir);
+/* The checks of fy_store_check_direct that need no writing (a directory, not tmpfs), for a store
+ * opened read-only. */
+int fy_store_check_readable(const char *dir);
 
 /* Allocates an extent at the next stripe-aligned logical offset, grows the data files and
  * persists the index atomically. -EEXIST if the tensor has one. */
@@ -70,7 +76,8 @@ uint64_t fy_store_id(const struct fy_store *s);
 /* Expands [offset, offset+len) of an extent (4096-aligned; may reach into the 4 KiB padding) into
  * ring requests, one per stripe-unit piece, merged where contiguous in one file. File indexes
  * follow the order of paths. Returns the number of requests written or -errno: -ENOENT (no such
- * tensor), -ERANGE (outside the extent), -ENOSPC (max too small), -EINVAL (misaligned). */
+ * tensor), -ERANGE (outside the extent), -ENOSPC (max too small), -EINVAL (misaligned), -EROFS (a
+ * write to a store opened read-only). */
 int fy_store_map(const struct fy_store *s, uint32_t tensor, uint64_t offset, size_t len, void *buf,
                  enum fy_io_dir dir, uint64_t tag, struct fy_io_req *reqs, unsigned max);
 

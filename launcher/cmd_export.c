@@ -29,9 +29,10 @@ static int export_session(const struct fy_options *o, struct fy_config *cfg,
 {
     static const char *const workers[] = {"io"};
     struct fy_session_opts so = fy_runconf_session(o);
-    so.beside_other = 1; /* from the last commit, while a training run goes on */
+    so.reader = 1; /* from the last commit, while a training run goes on; or read-only */
     FY_TRY(fy_session_open(s, &so, regions, n, "export"));
     FY_TRY(fy_runconf_base(o, cfg, 0));
+    FY_TRY(fy_config_set(cfg, "store_read_only", "1")); /* a reader: the store's files O_RDONLY */
     FY_TRY(fy_session_start(s, cfg, workers, 1, so.ready_timeout_ms));
     *x = fy_session_exec(s);
     int pause_ms = fy_knob_test_export_pause_ms();
