@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/check.h"
+#include "common/knobs.h"
 #include "launcher/gpus.h"
 
 /* Whether process pid was started with --run-dir naming run_dir (the same directory, however
@@ -268,6 +269,12 @@ static int make_reader_dir(const char *readers, const char *prefix, char *out, s
     snprintf(lock, sizeof lock, "%s/launch.lock", making);
     snprintf(out, len, "%s/%s%d", readers, prefix, (int)getpid());
     int fd = -1, rc = mkdir(making, 0700) == 0 || errno == EEXIST ? 0 : -errno;
+    /* made now, or left by a dead reader of this pid: a directory of ours, not a link (in a shared
+     * $TMPDIR another user's could have the name) */
+    struct stat st;
+    int ours = rc == 0 && lstat(making, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid();
+    if (rc == 0 && !ours)
+        rc = -EEXIST;
     if (rc == 0 && (fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
         rc = -errno;
     if (rc == 0 && flock(fd, LOCK_EX | LOCK_NB) != 0)
@@ -278,8 +285,10 @@ static int make_reader_dir(const char *readers, const char *prefix, char *out, s
         *lock_fd = fd;
         return 0;
     }
-    unlink(lock);
-    rmdir(making);
+    if (ours) {
+        unlink(lock);
+        rmdir(making);
+    }
     if (fd >= 0)
         close(fd);
     return rc;
@@ -352,8 +361,7 @@ static int open_reader_dir(struct fy_session *s, const struct fy_session_opts *o
 {
     const char *readers = o->run_dir, *prefix = "reader-";
     if (s->read_only) {
-        const char *tmp = getenv("TMPDIR");
-        readers = tmp != NULL && tmp[0] != 0 ? tmp : "/tmp";
+        readers = fy_knob_tmpdir();
         prefix = "fuyou-reader-";
         remove_stale_readers(readers, prefix);
     }
