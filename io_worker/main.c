@@ -59,7 +59,7 @@ static int io_open(struct fy_worker *w, struct io_state *s)
                 "(FUYOU_TEST_IO_ENOSPC_AFTER)", s->enospc_after);
     struct fy_store_opts so = {.paths = paths, .npaths = npaths, .stripe_unit = stripe,
                                .create = (int)create, .overwrite = (int)overwrite,
-                               .read_only = (int)read_only};
+                               .readonly = (int)read_only};
     FY_TRY(fy_store_open(&s->store, &so));
     struct fy_ring_opts ro = {.queue_depth = (unsigned)qd, .block_size = block};
     FY_TRY(fy_ring_new(&s->ring, &ro));

@@ -43,7 +43,7 @@ struct fy_store {
     unsigned *by_tensor;   /* indexes into ext, sorted by tensor id */
     unsigned count, cap;
     uint64_t next_logical;
-    int read_only; /* fy_store_opts.read_only */
+    int readonly; /* fy_store_opts.readonly: writes and new extents refused */
 };
 
 static uint32_t get32(const unsigned char *p)
@@ -88,8 +88,7 @@ static char *join(const char *dir, const char *name)
     return p;
 }
 
-/* An existing directory, not in memory (tmpfs, ramfs); with `writable`, writable by this user. */
-static int check_dir(const char *dir, int writable)
+int fy_store_check_direct(const char *dir)
 {
     struct stat st;
     if (stat(dir, &st) < 0) {
@@ -100,24 +99,15 @@ static int check_dir(const char *dir, int writable)
     }
     FY_REQUIRE(S_ISDIR(st.st_mode), -ENOTDIR,
                "ssd path %s is not a directory: give a directory on an SSD filesystem", dir);
-    if (writable)
-        FY_SYS(access(dir, W_OK | X_OK),
-               "ssd path %s is not writable by this user: fix its permissions or give another one",
-               dir);
+    FY_SYS(access(dir, W_OK | X_OK),
+           "ssd path %s is not writable by this user: fix its permissions or give another one",
+           dir);
     struct statfs sf;
     FY_SYS(statfs(dir, &sf), "ssd path %s: statfs", dir);
     FY_REQUIRE(sf.f_type != TMPFS_MAGIC_ && sf.f_type != RAMFS_MAGIC_, -EINVAL,
                "ssd path %s is on tmpfs/ramfs (memory, not an SSD; older kernels refuse O_DIRECT "
                "there): give a directory on an SSD filesystem such as ext4 or xfs",
                dir);
-    return 0;
-}
-
-int fy_store_check_readable(const char *dir) { return check_dir(dir, 0); }
-
-int fy_store_check_direct(const char *dir)
-{
-    FY_TRY(check_dir(dir, 1));
     char probe[4096];
     snprintf(probe, sizeof probe, "%s/.fuyou-direct-probe.%d", dir, (int)getpid());
     int fd = open(probe, O_CREAT | O_TRUNC | O_RDWR | O_DIRECT, 0600);
@@ -567,7 +557,7 @@ static int store_load(struct fy_store *s, const struct fy_store_opts *o)
                "store: out of memory");
     int rc = 0;
     for (unsigned i = 0; i < s->n && rc == 0; i++) {
-        s->fds[i] = open(s->names[i], (s->read_only ? O_RDONLY : O_RDWR) | O_DIRECT | O_CLOEXEC);
+        s->fds[i] = open(s->names[i], (o->readonly ? O_RDONLY : O_RDWR) | O_DIRECT | O_CLOEXEC);
         if (s->fds[i] < 0) {
             rc = -errno;
             if (rc == -ENOENT)
@@ -606,16 +596,17 @@ int fy_store_open(struct fy_store **out, const struct fy_store_opts *o)
     *out = NULL;
     FY_REQUIRE(o && o->paths && o->npaths > 0 && o->npaths <= MAX_PATHS, -EINVAL,
                "store: give between 1 and %u ssd paths", MAX_PATHS);
-    FY_REQUIRE(!(o->create && o->read_only), -EINVAL, "store: a store is not created read-only");
+    FY_REQUIRE(!o->readonly || !o->create, -EINVAL, "store: a store opened read-only is not "
+               "created");
     for (unsigned i = 0; i < o->npaths; i++) {
         FY_REQUIRE(o->paths[i] && o->paths[i][0], -EINVAL, "store: ssd path %u is empty", i + 1);
-        FY_TRY(o->read_only ? fy_store_check_readable(o->paths[i])
-                            : fy_store_check_direct(o->paths[i]));
+        if (!o->readonly) /* a reader writes nothing, not even the probe */
+            FY_TRY(fy_store_check_direct(o->paths[i]));
     }
     FY_TRY(paths_distinct(o));
     struct fy_store *s = calloc(1, sizeof *s);
     FY_REQUIRE(s != NULL, -ENOMEM, "store: out of memory");
-    s->read_only = o->read_only;
+    s->readonly = o->readonly;
     int rc = store_alloc(s, o);
     if (rc == 0)
         rc = o->create ? store_create(s, o) : store_load(s, o);
@@ -668,7 +659,7 @@ static int file_grow(struct fy_store *s, unsigned p, uint64_t need)
 
 int fy_store_add_extent(struct fy_store *s, uint32_t tensor, uint64_t bytes)
 {
-    FY_REQUIRE(!s->read_only, -EROFS, "store: no extent is added to a store opened read-only (by "
+    FY_REQUIRE(!s->readonly, -EROFS, "store: no extent is added to a store opened read-only (by "
                "an export), tensor %u", tensor);
     FY_REQUIRE(bytes <= UINT64_MAX / 4, -EINVAL, "store: extent of %" PRIu64 " bytes is too big",
                bytes);
@@ -720,7 +711,7 @@ uint64_t fy_store_id(const struct fy_store *s) { return s->id; }
 int fy_store_map(const struct fy_store *s, uint32_t tensor, uint64_t offset, size_t len, void *buf,
                  enum fy_io_dir dir, uint64_t tag, struct fy_io_req *reqs, unsigned max)
 {
-    FY_REQUIRE(dir != FY_IO_WRITE || !s->read_only, -EROFS,
+    FY_REQUIRE(dir != FY_IO_WRITE || !s->readonly, -EROFS,
                "store: tensor %u is not written: the store is opened read-only (by an export)",
                tensor);
     struct fy_extent e;

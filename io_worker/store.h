@@ -38,9 +38,9 @@ struct fy_store_opts {
     size_t stripe_unit; /* power of two, multiple of 4096; 0: 1 MiB at create, the stored one at open */
     int create;         /* 1: create a new store (refused if one exists unless overwrite); 0: open */
     int overwrite;
-    /* a reader's (export's) open: the data files O_RDONLY (with O_DIRECT), no probe file, no
-     * writes and no extents added (-EROFS, said), so a store on a read-only file system opens */
-    int read_only;
+    /* open an existing store to read it only (an export): its files opened read-only, no probe
+     * file written (fy_store_check_direct), writes and new extents refused (-EROFS, said) */
+    int readonly;
 };
 
 struct fy_extent {
@@ -55,9 +55,6 @@ void fy_store_close(struct fy_store **s); /* sets *s = NULL; safe on NULL */
 /* 0 if dir exists, is writable, is not tmpfs, and O_DIRECT write+read works there; else -errno
  * with one line saying why and what to give instead. */
 int fy_store_check_direct(const char *dir);
-/* The checks of fy_store_check_direct that need no writing (a directory, not tmpfs), for a store
- * opened read-only. */
-int fy_store_check_readable(const char *dir);
 
 /* Allocates an extent at the next stripe-aligned logical offset, grows the data files and
  * persists the index atomically. -EEXIST if the tensor has one. */

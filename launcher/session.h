@@ -49,10 +49,9 @@ struct fy_session {
 };
 
 /* Locks and prepares the run directory (created if missing), places the workers and creates the
- * pool; refuses a pool larger than cpu_mem with the numbers (-FY_EUSAGE, a usage error). `what`
- * names the pool's use. First removes what readers that died (an export killed beside a training
- * run, or of a read-only run directory) left in RUN/reader-* (or $TMPDIR/fuyou-reader-*): their
- * workers, pool, sockets and files, one line each. */
+ * pool; refuses a pool larger than cpu_mem with the numbers. `what` names the pool's use. First
+ * removes what readers that died (an export killed beside a training run) left in RUN/reader-*:
+ * their workers, pool, sockets and files, one line each. */
 int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
                     const struct fy_pool_region_spec *regions, unsigned n, const char *what);
 /* Adds the session's entries (pool, endpoint, affinity, log) to cfg, saves RUN/run.conf, binds the

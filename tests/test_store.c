@@ -228,7 +228,7 @@ static void test_read_only(void **state)
     struct stat before[2], after[2];
     for (int i = 0; i < 2; i++)
         assert_int_equal(stat(fy_test_path(f->dir[i], FY_STORE_DATA_NAME), &before[i]), 0);
-    struct fy_store_opts o = {.paths = f->paths, .npaths = 2, .read_only = 1};
+    struct fy_store_opts o = {.paths = f->paths, .npaths = 2, .readonly = 1};
     assert_int_equal(fy_store_open(&s, &o), 0);
     for (unsigned i = 0; i < fy_store_file_count(s); i++)
         assert_int_equal(fcntl(fy_store_fds(s)[i], F_GETFL) & O_ACCMODE, O_RDONLY);
@@ -245,7 +245,7 @@ static void test_read_only(void **state)
         assert_true(after[i].st_mtim.tv_sec == before[i].st_mtim.tv_sec &&
                     after[i].st_mtim.tv_nsec == before[i].st_mtim.tv_nsec);
     }
-    struct fy_store_opts bad = {.paths = f->paths, .npaths = 1, .create = 1, .read_only = 1};
+    struct fy_store_opts bad = {.paths = f->paths, .npaths = 1, .create = 1, .readonly = 1};
     assert_int_equal(fy_store_open(&s, &bad), -EINVAL);
     assert_null(s);
 }

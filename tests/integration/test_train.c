@@ -1,10 +1,10 @@
 /* Integration tests of GPT training through the real processes on the CPU backend: a run with the
  * SSD store is bit-identical to the same schedule in one process with everything in memory; the
  * held-out loss falls well below ln(256) on the bundled sample text; Ctrl-C stops at a step
- * boundary and resume continues bit for bit; export, of a read-only run directory too; bad inputs
- * are refused with one line that names the file, a non-zero exit, and nothing overwritten.
- * (Placements and schedules: test_placement; the plan, probe, profile and report commands:
- * test_plan_cmd; gradient clipping: test_clip.) */
+ * boundary and resume continues bit for bit; export; bad inputs are refused with one line that
+ * names the file, a non-zero exit, and nothing overwritten. (Placements and schedules:
+ * test_placement; the plan, probe, profile and report commands: test_plan_cmd; gradient clipping:
+ * test_clip.) */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -455,32 +454,6 @@ static void test_export_and_init_refuse_overwrite(void **state)
     free(second);
 }
 
-/* Runs `command` (a shell command line) in a mount namespace of its own where `ro` is a read-only
- * bind mount of `dir`: its status, or -1 (said) where such a namespace cannot be made here. Root
- * gets a private mount namespace (unshare -m); another user a user namespace (unshare -rm), which
- * needs room in RLIMIT_MEMLOCK for the io worker's registered pool (no CAP_IPC_LOCK there). */
-static int run_read_only(const char *dir, const char *ro, const char *command, const char *log)
-{
-    const char *ns = geteuid() == 0 ? "unshare -m" : "unshare -rm";
-    struct rlimit lim;
-    if (geteuid() != 0 && (getrlimit(RLIMIT_MEMLOCK, &lim) != 0 ||
-                           (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < (256u << 20)))) {
-        printf("read-only run directory: a user namespace needs RLIMIT_MEMLOCK of 256 MiB for "
-               "the io worker's pool (ulimit -l), or root\n");
-        return -1;
-    }
-    const char *mount = fy_test_fmt("mount --bind '%s' '%s' && mount -o remount,ro,bind '%s' && "
-                                    "! touch '%s/.probe' 2>/dev/null", dir, ro, ro, ro);
-    if (system(fy_test_fmt("%s sh -c \"%s\" >/dev/null 2>&1", ns, mount)) != 0) {
-        printf("read-only run directory: %s cannot bind-mount read-only here (no mount "
-               "namespace, or mount is not allowed)\n", ns);
-        return -1;
-    }
-    int status = system(fy_test_fmt("%s sh -c \"%s && exec %s\" >'%s' 2>&1", ns, mount, command,
-                                    log));
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 /* export of a run directory on a read-only file system (a read-only bind mount, in a mount
  * namespace of the test's own): nothing can be training there, so the export reads the store
  * without the run directory's lock, its own files in $TMPDIR/fuyou-reader-PID, said in one line,
@@ -509,8 +482,9 @@ static void test_export_read_only_run_dir(void **state)
     assert_non_null(lock);
     assert_int_equal(fclose(lock), 0);
     const char *launch = fy_test_bin("fuyou-launch");
-    int rc = run_read_only(run, ro, fy_test_fmt("env TMPDIR='%s' '%s' export --run-dir '%s' "
-                                                "--out '%s'", tmp, launch, ro, got), log);
+    const char *out_cmd = fy_test_fmt("env TMPDIR='%s' '%s' export --run-dir '%s' --out '%s'",
+                                      tmp, launch, ro, got);
+    int rc = fy_test_run_read_only(run, ro, out_cmd, log);
     if (rc == -1) {
         free(stale);
         skip();
@@ -540,8 +514,9 @@ static void test_export_read_only_run_dir(void **state)
     assert_int_equal(fy_test_count_entries(tmp), 0);
     /* --to-hf too */
     char *hf = fy_test_in(f, "hf");
-    rc = run_read_only(run, ro, fy_test_fmt("env TMPDIR='%s' '%s' export --run-dir '%s' --to-hf "
-                                            "'%s'", tmp, launch, ro, hf), log);
+    const char *hf_cmd = fy_test_fmt("env TMPDIR='%s' '%s' export --run-dir '%s' --to-hf '%s'",
+                                     tmp, launch, ro, hf);
+    rc = fy_test_run_read_only(run, ro, hf_cmd, log);
     assert_int_equal(rc, 0);
     assert_true(fy_test_file_contains(log, "exported step 2 to"));
     assert_int_equal(access(fy_test_fmt("%s/model.safetensors", hf), F_OK), 0);
