@@ -114,7 +114,7 @@ int fy_cmd_export(struct fy_options *o)
 {
     FY_TRY(fy_options_require(o->run_dir, "--run-dir", "export"));
     FY_USAGE((o->out != NULL) != (o->to_hf != NULL),
-               "export: give --out FILE (weights file) or --to-hf DIR (Hugging Face directory)");
+             "export: give --out FILE (weights file) or --to-hf DIR (Hugging Face directory)");
     if (o->to_hf != NULL)
         return export_hf(o);
     FY_USAGE(!o->hf_opts_set,

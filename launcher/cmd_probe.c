@@ -30,7 +30,7 @@ int fy_cmd_probe(struct fy_options *o)
     }
     FY_USAGE(o->ssd != NULL,
              "probe: give the SSD directories to measure (--ssd DIR[,DIR...]) or a --run-dir "
-               "whose store is in DIR/store");
+             "whose store is in DIR/store");
     FY_TRY(fy_runconf_check_ssd(o->ssd));
     if (o->out != NULL)
         snprintf(out, sizeof out, "%s", o->out);

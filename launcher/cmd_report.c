@@ -30,7 +30,7 @@ int fy_cmd_report(struct fy_options *o)
              dir = strtok_r(NULL, ",", &save)) {
             FY_USAGE(nruns < FY_REPORT_MAX_RUNS,
                      "report: --compare %s: more than %d runs: chart at most %d beside --run-dir",
-                       o->compare, FY_REPORT_MAX_RUNS - 1, FY_REPORT_MAX_RUNS - 1);
+                     o->compare, FY_REPORT_MAX_RUNS - 1, FY_REPORT_MAX_RUNS - 1);
             runs[nruns++] = dir;
         }
     }

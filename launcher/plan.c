@@ -813,17 +813,16 @@ static int check_ranks(const struct fy_plan_in *in)
     int ranks = fy_plan_ranks(s);
     if (ranks == 1)
         return 0;
-    FY_USAGE(s->B % ranks == 0, "--gpus %d: the batch of %d sequences does not split "
-               "evenly over %d GPUs (each computes B / N of every step): give a --batch that %d "
-               "divides, such as %d", ranks, s->B, ranks, ranks,
-               (s->B + ranks - 1) / ranks * ranks);
-    FY_USAGE(!(s->clip && in->clip_hold == FY_CLIP_HOLD_GPU), "--clip-hold gpu with "
-               "--gpus %d: gradients held on the GPUs are not summed across them (not supported): "
-               "use --clip-hold auto or pool", ranks);
+    FY_USAGE(s->B % ranks == 0, "--gpus %d: the batch of %d sequences does not split evenly over "
+             "%d GPUs (each computes B / N of every step): give a --batch that %d divides, such as "
+             "%d", ranks, s->B, ranks, ranks, (s->B + ranks - 1) / ranks * ranks);
+    FY_USAGE(!(s->clip && in->clip_hold == FY_CLIP_HOLD_GPU), "--clip-hold gpu with --gpus %d: "
+             "gradients held on the GPUs are not summed across them (not supported): use "
+             "--clip-hold auto or pool", ranks);
     FY_USAGE(in->act_mode != FY_ACTPLAN_HOST && in->act_mode != FY_ACTPLAN_SSD,
-               "--act-plan %s with --gpus %d: swapping the blocks' internals is not supported with "
-               "several GPUs yet: use --act-plan auto or recompute",
-               fy_actplan_mode_name(in->act_mode), ranks);
+             "--act-plan %s with --gpus %d: swapping the blocks' internals is not supported with "
+             "several GPUs yet: use --act-plan auto or recompute",
+             fy_actplan_mode_name(in->act_mode), ranks);
     return 0;
 }
 

@@ -147,7 +147,7 @@ int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir)
                "report: %d runs given: chart 1 to %d at a time", nruns, FY_REPORT_MAX_RUNS);
     FY_USAGE(strchr(out_dir, '\'') == NULL,
              "report: %s: a directory whose name has a single quote cannot be given to gnuplot: "
-               "pass --out another", out_dir);
+             "pass --out another", out_dir);
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
         FY_SYS(-1, "report: cannot create %s", out_dir);
     char data[FY_REPORT_MAX_RUNS][PATH_MAX], names[FY_REPORT_MAX_RUNS][256], script[PATH_MAX];

@@ -227,8 +227,8 @@ int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *m
     FY_TRY(fy_model_config_to(model, cfg));
     FY_USAGE(o->gpus >= 1 && o->batch % o->gpus == 0,
              "--batch %llu over --gpus %llu: each gpu worker computes an equal share of the "
-               "batch; give a batch that is a multiple of --gpus", (unsigned long long)o->batch,
-               (unsigned long long)o->gpus);
+             "batch; give a batch that is a multiple of --gpus", (unsigned long long)o->batch,
+             (unsigned long long)o->gpus);
     FY_TRY(fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)o->batch));
     FY_TRY(fy_config_setf(cfg, "train.seq", "%llu", (unsigned long long)o->seq));
     FY_TRY(fy_config_setf(cfg, "train.ranks", "%llu", (unsigned long long)o->gpus));
