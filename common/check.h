@@ -74,4 +74,15 @@
         }                                                                                          \
     } while (0)
 
+/* A refusal of the command line: an option's value out of its range, options that do not go
+ * together, or a value that does not fit the run's model or the plan's budgets (--seq beyond the
+ * model's context, a batch or pool beyond --cpu-mem or --gpu-mem), found before anything starts;
+ * changing the options is the fix. Returned as -FY_EUSAGE, above every errno value (so never
+ * given to strerror); fuyou-launch exits 2 for it, as for the option parser's refusals, where
+ * -errno codes exit 1. */
+#define FY_EUSAGE 4096
+
+/* A condition on the options that must hold; otherwise log and return -FY_EUSAGE. */
+#define FY_USAGE(cond, ...) FY_REQUIRE(cond, -FY_EUSAGE, __VA_ARGS__)
+
 #endif

@@ -10,7 +10,8 @@
 #include "check.h"
 #include "log.h"
 
-enum { LOG, TOKENIZE_SCRIPT, CUDA_VISIBLE, CUDA_ATTENTION, CUDA_FUSE, GPU_QUEUE, TEST_PROFILE_FAIL,
+enum { LOG, TOKENIZE_SCRIPT, CUDA_VISIBLE, TMPDIR, CUDA_ATTENTION, CUDA_FUSE, GPU_QUEUE,
+       TEST_PROFILE_FAIL,
        TEST_KEEP_LAYERS, TEST_IO_ENOSPC_AFTER, TEST_ACT_MIX, TEST_EXPORT_PAUSE_MS,
        TEST_START_PAUSE_MS, TEST_METRICS_PENDING_MAX, TEST_EMBED_WHOLE, TEST_OPT_DELAY_MS, KNOB_COUNT };
 
@@ -18,6 +19,7 @@ static const struct fy_knob knobs[KNOB_COUNT] = {
     [LOG] = {"FUYOU_LOG", FY_KNOB_USER},
     [TOKENIZE_SCRIPT] = {"FUYOU_TOKENIZE_SCRIPT", FY_KNOB_USER},
     [CUDA_VISIBLE] = {"CUDA_VISIBLE_DEVICES", FY_KNOB_USER},
+    [TMPDIR] = {"TMPDIR", FY_KNOB_USER},
     [CUDA_ATTENTION] = {"FUYOU_CUDA_ATTENTION", FY_KNOB_USER},
     [CUDA_FUSE] = {"FUYOU_CUDA_FUSE", FY_KNOB_COMPARISON},
     [GPU_QUEUE] = {"FUYOU_GPU_QUEUE", FY_KNOB_COMPARISON},
@@ -68,6 +70,12 @@ const char *fy_knob_cuda_visible_devices(void)
 {
     const char *v = value(CUDA_VISIBLE);
     return v != NULL && *v ? v : NULL;
+}
+
+const char *fy_knob_tmpdir(void)
+{
+    const char *v = value(TMPDIR);
+    return v != NULL && *v ? v : "/tmp";
 }
 
 int fy_knob_cuda_materialised_attention(void) { return is(CUDA_ATTENTION, "materialised"); }

@@ -1,7 +1,8 @@
 /* Every environment variable the programs read, in one place (docs/configuration.md,
  * "Environment variables"): one function per variable, which reads it when called (tests set and
  * unset them between calls) and parses it. Three kinds:
- *   - for users: FUYOU_LOG, FUYOU_TOKENIZE_SCRIPT, CUDA_VISIBLE_DEVICES, FUYOU_CUDA_ATTENTION;
+ *   - for users: FUYOU_LOG, FUYOU_TOKENIZE_SCRIPT, CUDA_VISIBLE_DEVICES, TMPDIR,
+ *     FUYOU_CUDA_ATTENTION;
  *   - switches for comparisons (benchmarks, tests): FUYOU_CUDA_FUSE, FUYOU_GPU_QUEUE;
  *   - test hooks, FUYOU_TEST_*: they make a run fail, slow down or take a path a test needs and
  *     nothing else would give; the code that acts on one says so in the log.
@@ -33,6 +34,9 @@ const char *fy_knob_tokenize_script(void);
 /* CUDA_VISIBLE_DEVICES (CUDA's own): the GPUs the gpu workers may take, in rank order; NULL when
  * unset or empty (all of them). */
 const char *fy_knob_cuda_visible_devices(void);
+/* TMPDIR: where an export of a read-only run directory keeps its own files; /tmp when unset or
+ * empty. */
+const char *fy_knob_tmpdir(void);
 /* FUYOU_CUDA_ATTENTION=materialised: the CUDA backend's materialised attention instead of the
  * flash attention. */
 int fy_knob_cuda_materialised_attention(void);

@@ -809,9 +809,9 @@ int fy_affinity_parse(const struct fy_topo *t, const char *spec, struct fy_affin
     char allowed[256], err[256];
     if (set_to_list(t->allowed, allowed, sizeof allowed) < 0)
         snprintf(allowed, sizeof allowed, "(too many to list)");
-    FY_REQUIRE(spec != NULL && *skip_spaces(spec, spec + strlen(spec)) != 0, -EINVAL,
-               "--affinity: empty spec; write it like gpu=0,io=1,opt=2-15 (allowed cpus: %s)",
-               allowed);
+    FY_USAGE(spec != NULL && *skip_spaces(spec, spec + strlen(spec)) != 0,
+             "--affinity: empty spec; write it like gpu=0,io=1,opt=2-15 (allowed cpus: %s)",
+             allowed);
     int rc = 0;
     hwloc_bitmap_t sets[W_COUNT] = {NULL, NULL, NULL};
     hwloc_bitmap_t item = NULL;
@@ -841,13 +841,13 @@ int fy_affinity_parse(const struct fy_topo *t, const char *spec, struct fy_affin
                 fy_error("--affinity '%s': token '%.*s': unknown worker '%.*s' (use gpu, io or "
                          "opt); allowed cpus: %s",
                          spec, tl, p, (int)(ne - nb), nb, allowed);
-                rc = -EINVAL;
+                rc = -FY_EUSAGE;
                 goto out;
             }
             if (named[cur]) {
                 fy_error("--affinity '%s': token '%.*s': worker %s given twice; allowed cpus: %s",
                          spec, tl, p, worker_names[cur], allowed);
-                rc = -EINVAL;
+                rc = -FY_EUSAGE;
                 goto out;
             }
             named[cur] = 1;
@@ -856,7 +856,7 @@ int fy_affinity_parse(const struct fy_topo *t, const char *spec, struct fy_affin
             fy_error("--affinity '%s': token '%.*s': no worker named before it; write it like "
                      "gpu=0,io=1,opt=2-15 (allowed cpus: %s)",
                      spec, tl, p, allowed);
-            rc = -EINVAL;
+            rc = -FY_EUSAGE;
             goto out;
         }
         hwloc_bitmap_zero(item);
@@ -876,6 +876,7 @@ int fy_affinity_parse(const struct fy_topo *t, const char *spec, struct fy_affin
         if (rc < 0) {
             fy_error("--affinity '%s': token '%.*s': %s; allowed cpus: %s", spec, tl, p, err,
                      allowed);
+            rc = -FY_EUSAGE;
             goto out;
         }
         TOPO_HW(hwloc_bitmap_or(sets[cur], sets[cur], item), "building %s cpuset",
@@ -893,7 +894,7 @@ int fy_affinity_parse(const struct fy_topo *t, const char *spec, struct fy_affin
         if (set_to_list(sets[w], dst[w], sizeof a.gpu) < 0) {
             fy_error("--affinity: %s cpu list does not fit in %zu bytes; use ranges",
                      worker_names[w], sizeof a.gpu);
-            rc = -EINVAL;
+            rc = -FY_EUSAGE;
             goto out;
         }
     }

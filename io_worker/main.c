@@ -44,8 +44,9 @@ static int io_open(struct fy_worker *w, struct io_state *s)
     const char *paths[MAX_SSD_PATHS];
     unsigned npaths;
     FY_TRY(split_paths(list, paths, MAX_SSD_PATHS, &npaths));
-    uint64_t create, overwrite, stripe, qd, block, timeout;
+    uint64_t create, overwrite, read_only, stripe, qd, block, timeout;
     FY_TRY(fy_config_get_u64(w->cfg, "store_create", 0, 0, &create));
+    FY_TRY(fy_config_get_u64(w->cfg, "store_read_only", 0, 0, &read_only));
     FY_TRY(fy_config_get_u64(w->cfg, "store_overwrite", 0, 0, &overwrite));
     FY_TRY(fy_config_get_u64(w->cfg, "stripe_unit", 0, 1 << 20, &stripe));
     FY_TRY(fy_config_get_u64(w->cfg, "queue_depth", 0, 32, &qd));
@@ -57,15 +58,17 @@ static int io_open(struct fy_worker *w, struct io_state *s)
         fy_info("test hook: every write after the first %lld fails as on a full disk "
                 "(FUYOU_TEST_IO_ENOSPC_AFTER)", s->enospc_after);
     struct fy_store_opts so = {.paths = paths, .npaths = npaths, .stripe_unit = stripe,
-                               .create = (int)create, .overwrite = (int)overwrite};
+                               .create = (int)create, .overwrite = (int)overwrite,
+                               .readonly = (int)read_only};
     FY_TRY(fy_store_open(&s->store, &so));
     struct fy_ring_opts ro = {.queue_depth = (unsigned)qd, .block_size = block};
     FY_TRY(fy_ring_new(&s->ring, &ro));
     FY_TRY(fy_ring_register_memory(s->ring, fy_pool_base(w->pool), fy_pool_size(w->pool)));
     FY_TRY(fy_ring_register_files(s->ring, fy_store_fds(s->store), fy_store_file_names(s->store),
                                   fy_store_file_count(s->store)));
-    fy_info("store on %u path(s) (%s), stripe unit %llu, queue depth %llu, block %llu", npaths, ssd,
-            (unsigned long long)stripe, (unsigned long long)qd, (unsigned long long)block);
+    fy_info("store on %u path(s) (%s)%s, stripe unit %llu, queue depth %llu, block %llu", npaths,
+            ssd, read_only ? ", read-only" : "", (unsigned long long)stripe,
+            (unsigned long long)qd, (unsigned long long)block);
     return 0;
 }
 

@@ -43,6 +43,7 @@ struct fy_store {
     unsigned *by_tensor;   /* indexes into ext, sorted by tensor id */
     unsigned count, cap;
     uint64_t next_logical;
+    int readonly; /* fy_store_opts.readonly: writes and new extents refused */
 };
 
 static uint32_t get32(const unsigned char *p)
@@ -605,6 +606,7 @@ int fy_store_open(struct fy_store **out, const struct fy_store_opts *o)
     FY_TRY(paths_distinct(o));
     struct fy_store *s = calloc(1, sizeof *s);
     FY_REQUIRE(s != NULL, -ENOMEM, "store: out of memory");
+    s->readonly = o->readonly;
     int rc = store_alloc(s, o);
     if (rc == 0)
         rc = o->create ? store_create(s, o) : store_load(s, o);
@@ -657,6 +659,8 @@ static int file_grow(struct fy_store *s, unsigned p, uint64_t need)
 
 int fy_store_add_extent(struct fy_store *s, uint32_t tensor, uint64_t bytes)
 {
+    FY_REQUIRE(!s->readonly, -EROFS, "store: no extent is added to a store opened read-only (by "
+               "an export), tensor %u", tensor);
     FY_REQUIRE(bytes <= UINT64_MAX / 4, -EINVAL, "store: extent of %" PRIu64 " bytes is too big",
                bytes);
     struct fy_extent e = {.tensor = tensor, .logical_offset = s->next_logical, .bytes = bytes};
@@ -707,6 +711,9 @@ uint64_t fy_store_id(const struct fy_store *s) { return s->id; }
 int fy_store_map(const struct fy_store *s, uint32_t tensor, uint64_t offset, size_t len, void *buf,
                  enum fy_io_dir dir, uint64_t tag, struct fy_io_req *reqs, unsigned max)
 {
+    FY_REQUIRE(dir != FY_IO_WRITE || !s->readonly, -EROFS,
+               "store: tensor %u is not written: the store is opened read-only (by an export)",
+               tensor);
     struct fy_extent e;
     int rc = fy_store_find(s, tensor, &e);
     FY_REQUIRE(rc == 0, rc, "store: tensor %u has no extent in the store: add it first", tensor);

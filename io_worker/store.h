@@ -38,8 +38,9 @@ struct fy_store_opts {
     size_t stripe_unit; /* power of two, multiple of 4096; 0: 1 MiB at create, the stored one at open */
     int create;         /* 1: create a new store (refused if one exists unless overwrite); 0: open */
     int overwrite;
-    /* open an existing store to read it only: its files opened read-only, no probe file written
-     * (fy_store_check_direct), nothing ever written; fy_store_pread reads it */
+    /* open an existing store to read it only (an export, the launcher's look at its commit
+     * records): its files opened read-only, no probe file written (fy_store_check_direct), writes
+     * and new extents refused (-EROFS, said); fy_store_pread reads it */
     int readonly;
 };
 
@@ -73,7 +74,8 @@ uint64_t fy_store_id(const struct fy_store *s);
 /* Expands [offset, offset+len) of an extent (4096-aligned; may reach into the 4 KiB padding) into
  * ring requests, one per stripe-unit piece, merged where contiguous in one file. File indexes
  * follow the order of paths. Returns the number of requests written or -errno: -ENOENT (no such
- * tensor), -ERANGE (outside the extent), -ENOSPC (max too small), -EINVAL (misaligned). */
+ * tensor), -ERANGE (outside the extent), -ENOSPC (max too small), -EINVAL (misaligned), -EROFS (a
+ * write to a store opened read-only). */
 int fy_store_map(const struct fy_store *s, uint32_t tensor, uint64_t offset, size_t len, void *buf,
                  enum fy_io_dir dir, uint64_t tag, struct fy_io_req *reqs, unsigned max);
 

@@ -19,10 +19,10 @@
 static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
 {
     unsigned L = in->c->n_layer;
-    FY_REQUIRE(fy_model_arch(in->c)->swaps_internals, -ENOTSUP,
-               "--act-plan %s: %s blocks keep their internals on the GPU or recompute them, "
-               "never swap them: use auto or recompute", fy_actplan_mode_name(in->mode),
-               fy_model_arch(in->c)->label);
+    FY_USAGE(fy_model_arch(in->c)->swaps_internals,
+             "--act-plan %s: %s blocks keep their internals on the GPU or recompute them, never "
+             "swap them: use auto or recompute", fy_actplan_mode_name(in->mode),
+             fy_model_arch(in->c)->label);
     out->place = calloc((size_t)L * FY_ACT_KINDS + 1, 1);
     FY_REQUIRE(out->place != NULL, -ENOMEM, "train: out of memory for the activation plan");
     uint64_t seed;
@@ -390,7 +390,9 @@ int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
         rc = plan_auto(in, out);
     if (rc < 0) {
         fy_actrun_free(out);
-        return rc;
+        /* the planner's "does not fit": the budgets the options give (--cpu-mem, --gpu-mem, the
+         * batch) do not hold the activations, said */
+        return rc == -ENOSPC ? -FY_EUSAGE : rc;
     }
     fy_plan_swap_of(out->place, in->c->n_layer, &out->sizes, in->act_ahead, &out->swap);
     return 0;

@@ -77,7 +77,8 @@ struct fy_actrun {
     struct fy_actplan *plan;
 };
 
-/* -EINVAL, -ENOSPC (a forced plan that does not fit), -ENOMEM, said. */
+/* -EINVAL, -FY_EUSAGE (a usage error: activations that do not fit the budgets, forced or not even
+ * auto's checkpoints), -ENOMEM, said. */
 int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out);
 /* A forced mode's (recompute, host, ssd) predicted step, from the profile (none without one)
  * under in->resident as it is now (the optimizer state's residency is planned after a forced

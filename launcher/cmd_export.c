@@ -38,9 +38,10 @@ static int export_session(const struct fy_options *o, struct fy_config *cfg,
 {
     static const char *const workers[] = {"io"};
     struct fy_session_opts so = fy_runconf_session(o);
-    so.beside_other = 1; /* from the last commit, while a training run goes on */
+    so.reader = 1; /* from the last commit, while a training run goes on; or read-only */
     FY_TRY(fy_session_open(s, &so, regions, n, "export"));
     FY_TRY(fy_runconf_base(o, cfg, 0));
+    FY_TRY(fy_config_set(cfg, "store_read_only", "1")); /* a reader: the store's files O_RDONLY */
     FY_TRY(fy_session_start(s, cfg, workers, 1, so.ready_timeout_ms));
     *x = fy_session_exec(s);
     int pause_ms = fy_knob_test_export_pause_ms();
@@ -130,12 +131,12 @@ static int export_hf(struct fy_options *o)
 int fy_cmd_export(struct fy_options *o)
 {
     FY_TRY(fy_options_require(o->run_dir, "--run-dir", "export"));
-    FY_REQUIRE((o->out != NULL) != (o->to_hf != NULL), -EINVAL,
-               "export: give --out FILE (weights file) or --to-hf DIR (Hugging Face directory)");
+    FY_USAGE((o->out != NULL) != (o->to_hf != NULL),
+             "export: give --out FILE (weights file) or --to-hf DIR (Hugging Face directory)");
     if (o->to_hf != NULL)
         return export_hf(o);
-    FY_REQUIRE(!o->hf_opts_set, -EINVAL,
-               "export: --dtype and --max-shard-size are options of --to-hf (a weights file is f32)");
+    FY_USAGE(!o->hf_opts_set,
+             "export: --dtype and --max-shard-size are options of --to-hf (a weights file is f32)");
     struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
     struct fy_model_config model;
     int rc = mc && cfg ? fy_runconf_load(o, mc, &model) : -ENOMEM;

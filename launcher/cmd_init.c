@@ -34,9 +34,9 @@ static int model_conf_set_store(struct fy_config *mc, const struct fy_options *o
         char abs[PATH_MAX];
         FY_SYS(realpath(p, abs) == NULL ? -1 : 0, "ssd path %s", p);
         size_t at = strlen(list);
-        FY_REQUIRE(at + strlen(abs) + 2 < sizeof list, -E2BIG,
-                   "init: the --ssd paths are longer than model.conf holds (%zu bytes)",
-                   sizeof list - 1);
+        FY_USAGE(at + strlen(abs) + 2 < sizeof list,
+                 "init: the --ssd paths are longer than model.conf holds (%zu bytes)",
+                 sizeof list - 1);
         snprintf(list + at, sizeof list - at, "%s%s", at ? "," : "", abs);
     }
     return fy_config_set(mc, "ssd", list);
@@ -170,10 +170,10 @@ static int seed_units(const struct fy_options *o, const struct fy_exec *x, struc
 static int init_hf(struct fy_options *o)
 {
     FY_TRY(fy_staging_check_target(o->run_dir, o->ssd, o->overwrite));
-    FY_REQUIRE(!o->model_set && !o->seed_set, -EINVAL,
-               "init --from-hf takes the model from %s/config.json: drop --layers, --heads, "
-               "--embd, --vocab, --ctx and --seed",
-               o->from_hf);
+    FY_USAGE(!o->model_set && !o->seed_set,
+             "init --from-hf takes the model from %s/config.json: drop --layers, --heads, "
+             "--embd, --vocab, --ctx and --seed",
+             o->from_hf);
     struct fy_hf_src *src = NULL;
     FY_TRY(fy_hf_open(&src, o->from_hf));
     struct hf_import imp = {src, *fy_hf_model(src)};

@@ -45,10 +45,10 @@ int fy_cmd_plan(struct fy_options *o)
     }
     if (o->optim_state >= 0) /* what train would do in that format */
         in.model.optim_state = o->optim_state;
-    FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1 && o->seq <= in.model.ctx,
-               -EINVAL, "plan: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence "
-               "of 1 to the model's context of %u", (unsigned long long)o->batch,
-               (unsigned long long)o->seq, in.model.ctx);
+    FY_USAGE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1 && o->seq <= in.model.ctx,
+             "plan: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence of 1 to "
+             "the model's context of %u", (unsigned long long)o->batch,
+             (unsigned long long)o->seq, in.model.ctx);
     printf("plan: train would take the %s\n", said);
     /* for the machine it plans for, not this one: auto is CUDA wherever the build has it */
     const char *backend = strcmp(o->backend, "auto") != 0 ? o->backend
@@ -78,5 +78,5 @@ int fy_cmd_plan(struct fy_options *o)
         in.rates_from = rates_from;
     }
     rc = fy_dryrun_print(stdout, &in);
-    return rc == 1 ? -ENOSPC : rc;
+    return rc == 1 ? -FY_EUSAGE : rc; /* does not fit: as train refuses it */
 }

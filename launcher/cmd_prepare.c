@@ -13,7 +13,7 @@
 int fy_cmd_prepare(struct fy_options *o)
 {
     FY_TRY(fy_options_require(o->out, "--out", "prepare"));
-    FY_REQUIRE(o->n_args > 0, -EINVAL, "prepare: give one or more input files after the options");
+    FY_USAGE(o->n_args > 0, "prepare: give one or more input files after the options");
     struct fy_prepare_opts po = {.out = o->out, .tokenizer = o->tokenizer, .jsonl = o->jsonl,
                                  .text_field = o->text_field, .prompt_field = o->prompt_field,
                                  .response_field = o->response_field,

@@ -29,9 +29,9 @@ int fy_cmd_probe(struct fy_options *o)
             o->ssd = ssd;
         }
     }
-    FY_REQUIRE(o->ssd != NULL, -EINVAL,
-               "probe: give the SSD directories to measure (--ssd DIR[,DIR...]) or a --run-dir "
-               "whose store is in DIR/store");
+    FY_USAGE(o->ssd != NULL,
+             "probe: give the SSD directories to measure (--ssd DIR[,DIR...]) or a --run-dir "
+             "whose store is in DIR/store");
     FY_TRY(fy_runconf_check_ssd(o->ssd));
     if (o->out != NULL)
         snprintf(out, sizeof out, "%s", o->out);

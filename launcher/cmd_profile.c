@@ -25,7 +25,7 @@ int fy_cmd_profile(struct fy_options *o)
         fy_error("profile: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence of "
                  "1 to the model's context of %u", (unsigned long long)o->batch,
                  (unsigned long long)o->seq, model.ctx);
-        rc = -EINVAL;
+        rc = -FY_EUSAGE;
     }
     if (rc == 0) { /* the clipping is planned for */
         char said[PATH_MAX + 1024];
@@ -42,6 +42,8 @@ int fy_cmd_profile(struct fy_options *o)
     struct fy_plan_acts acts = fy_planact_acts(&act);
     if (rc == 0)
         rc = fy_runconf_plan_in(o, &model, o->backend, &in);
+    if (rc == 0)
+        rc = fy_plan_check_gpu(&in, NULL);
     if (rc == 0)
         rc = fy_plan_make(&in, &acts, &plan);
     if (rc == 0)

@@ -22,15 +22,15 @@ int fy_cmd_report(struct fy_options *o)
     const char *runs[FY_REPORT_MAX_RUNS] = {o->run_dir};
     int nruns = 1;
     if (o->compare != NULL) {
-        FY_REQUIRE(strlen(o->compare) < sizeof others, -ENAMETOOLONG,
-                   "report: --compare is too long: give fewer or shorter run directories");
+        FY_USAGE(strlen(o->compare) < sizeof others,
+                 "report: --compare is too long: give fewer or shorter run directories");
         snprintf(others, sizeof others, "%s", o->compare);
         char *save = NULL;
         for (char *dir = strtok_r(others, ",", &save); dir != NULL;
              dir = strtok_r(NULL, ",", &save)) {
-            FY_REQUIRE(nruns < FY_REPORT_MAX_RUNS, -E2BIG,
-                       "report: --compare %s: more than %d runs: chart at most %d beside --run-dir",
-                       o->compare, FY_REPORT_MAX_RUNS - 1, FY_REPORT_MAX_RUNS - 1);
+            FY_USAGE(nruns < FY_REPORT_MAX_RUNS,
+                     "report: --compare %s: more than %d runs: chart at most %d beside --run-dir",
+                     o->compare, FY_REPORT_MAX_RUNS - 1, FY_REPORT_MAX_RUNS - 1);
             runs[nruns++] = dir;
         }
     }

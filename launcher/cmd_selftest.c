@@ -20,7 +20,7 @@ int fy_cmd_selftest(struct fy_options *o)
     FY_TRY(fy_options_require(o->run_dir, "--run-dir", "selftest"));
     FY_TRY(fy_options_require(o->ssd, "--ssd", "selftest"));
     FY_TRY(fy_runconf_check_ssd(o->ssd));
-    FY_REQUIRE(o->params > 0 && o->steps > 0, -EINVAL, "--params and --steps must be positive");
+    FY_USAGE(o->params > 0 && o->steps > 0, "--params and --steps must be positive");
     struct fy_selftest_layout layout;
     fy_selftest_layout(o->params, o->grad_dtype, &layout);
     struct fy_pool_region_spec regions[3];

@@ -237,12 +237,12 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
         fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
                  "holds an imported Hugging Face model: drop --inprocess to train it through the "
                  "workers", o->run_dir);
-        rc = -EINVAL;
+        rc = -FY_EUSAGE;
     }
     if (rc == 0 && o->inprocess && o->gpus > 1) {
         fy_error("train --inprocess runs one CPU backend inside the launcher: drop --gpus %llu or "
                  "--inprocess", (unsigned long long)o->gpus);
-        rc = -EINVAL;
+        rc = -FY_EUSAGE;
     }
     if (rc == 0 && o->inprocess) {
         rc = fy_inproc_new(&inproc, s.pool, t->cfg, s.aff.opt);
@@ -343,7 +343,7 @@ static int train_setup(struct fy_options *o, struct train_run *t)
                  fy_optim_state_name(o->optim_state), fy_optim_state_name(t->model.optim_state),
                  fy_optim_state_name(t->model.optim_state), fy_optim_state_name(o->optim_state),
                  fy_optim_state_name(o->optim_state));
-        rc = -EINVAL;
+        rc = -FY_EUSAGE;
     }
     if (rc == 0)
         rc = check_run_dir_writable(o->run_dir);
@@ -353,7 +353,7 @@ static int train_setup(struct fy_options *o, struct train_run *t)
     if (rc == 0 && o->seq > t->model.ctx) {
         fy_error("train: --seq %llu exceeds the model's context of %u tokens",
                  (unsigned long long)o->seq, t->model.ctx);
-        rc = -EINVAL;
+        rc = -FY_EUSAGE;
     }
     if (rc == 0)
         rc = open_data(o, &t->model, &t->data);
@@ -363,7 +363,7 @@ static int train_setup(struct fy_options *o, struct train_run *t)
     if (rc == 0 && o->inprocess && strcmp(asked, "cuda") == 0) {
         fy_error("train --inprocess runs the CPU backend inside the launcher: drop --backend cuda, "
                  "or drop --inprocess to train on the GPU through the workers");
-        rc = -EINVAL;
+        rc = -FY_EUSAGE;
     }
     o->backend = o->inprocess ? "cpu" : fy_backend_resolve(o->backend);
     if (!o->inprocess && strcmp(asked, "auto") == 0 && strcmp(o->backend, "cpu") == 0)
@@ -426,7 +426,9 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
     t->plan_in.say = 1;
     t->act = (struct fy_planact){.o = o, .restarts = &t->restarts};
     struct fy_plan_acts acts = fy_planact_acts(&t->act);
+    FY_TRY(fy_plan_check_gpu(&t->plan_in, NULL)); /* before the activation step's profile */
     FY_TRY(fy_plan_make(&t->plan_in, &acts, &t->plan));
+    FY_TRY(fy_plan_check_gpu(&t->plan_in, &t->plan));
     int rc = 0;
     t->act.in.clip_hold = t->plan.place.grad_hold; /* forced modes were placed before it */
     if (t->plan_in.act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
@@ -630,9 +632,9 @@ int fy_cmd_train(struct fy_options *o)
     FY_TRY(fy_options_require(o->data, "--data", "train"));
     if (!o->steps_set)
         o->steps = 200;
-    FY_REQUIRE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1, -EINVAL,
-               "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
-               "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);
+    FY_USAGE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1,
+             "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
+             "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);
     struct train_run *t = calloc(1, sizeof *t);
     if (t == NULL)
         return -ENOMEM;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/check.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "launcher/cmd.h"
@@ -138,5 +139,5 @@ int main(int argc, char **argv)
             fy_warn("stopped by signal");
         return EXIT_INTERRUPTED;
     }
-    return rc < 0 ? EXIT_ERROR : EXIT_OK;
+    return rc == -FY_EUSAGE ? EXIT_USAGE : rc < 0 ? EXIT_ERROR : EXIT_OK;
 }

@@ -840,7 +840,7 @@ int fy_options_require(const char *value, const char *option, const char *comman
         return 0;
     fprintf(stderr, "fuyou-launch %s: %s is required (see fuyou-launch %s --help)\n", command,
             option, command);
-    return -EINVAL;
+    return -FY_EUSAGE;
 }
 
 /* ---- usage ----------------------------------------------------------------------------------- */

@@ -118,7 +118,8 @@ void fy_options_train_defaults(struct fy_options *o, int finetune);
  * of them (o->given), in one line into out. */
 void fy_options_describe_train_defaults(const struct fy_options *o, int finetune, const char *why,
                                         char *out, size_t len);
-/* 0 where value is given; else says that `command` requires `option`: -EINVAL. */
+/* 0 where value is given; else says that `command` requires `option`: -FY_EUSAGE (a usage
+ * error). */
 int fy_options_require(const char *value, const char *option, const char *command);
 
 #endif

@@ -806,24 +806,23 @@ static void plan_gpu(const struct fy_plan_in *in, struct fy_plan *p)
     p->fits_gpu = !p->gpu_modelled || in->gpu_mem == 0 || p->gpu_need <= in->gpu_mem;
 }
 
-/* What several gpu workers cannot do (yet): -EINVAL, said. */
+/* What several gpu workers cannot do (yet): -FY_EUSAGE, said. */
 static int check_ranks(const struct fy_plan_in *in)
 {
     const struct fy_plan_shape *s = &in->shape;
     int ranks = fy_plan_ranks(s);
     if (ranks == 1)
         return 0;
-    FY_REQUIRE(s->B % ranks == 0, -EINVAL, "--gpus %d: the batch of %d sequences does not split "
-               "evenly over %d GPUs (each computes B / N of every step): give a --batch that %d "
-               "divides, such as %d", ranks, s->B, ranks, ranks,
-               (s->B + ranks - 1) / ranks * ranks);
-    FY_REQUIRE(!(s->clip && in->clip_hold == FY_CLIP_HOLD_GPU), -EINVAL, "--clip-hold gpu with "
-               "--gpus %d: gradients held on the GPUs are not summed across them (not supported): "
-               "use --clip-hold auto or pool", ranks);
-    FY_REQUIRE(in->act_mode != FY_ACTPLAN_HOST && in->act_mode != FY_ACTPLAN_SSD, -EINVAL,
-               "--act-plan %s with --gpus %d: swapping the blocks' internals is not supported with "
-               "several GPUs yet: use --act-plan auto or recompute",
-               fy_actplan_mode_name(in->act_mode), ranks);
+    FY_USAGE(s->B % ranks == 0, "--gpus %d: the batch of %d sequences does not split evenly over "
+             "%d GPUs (each computes B / N of every step): give a --batch that %d divides, such as "
+             "%d", ranks, s->B, ranks, ranks, (s->B + ranks - 1) / ranks * ranks);
+    FY_USAGE(!(s->clip && in->clip_hold == FY_CLIP_HOLD_GPU), "--clip-hold gpu with --gpus %d: "
+             "gradients held on the GPUs are not summed across them (not supported): use "
+             "--clip-hold auto or pool", ranks);
+    FY_USAGE(in->act_mode != FY_ACTPLAN_HOST && in->act_mode != FY_ACTPLAN_SSD,
+             "--act-plan %s with --gpus %d: swapping the blocks' internals is not supported with "
+             "several GPUs yet: use --act-plan auto or recompute",
+             fy_actplan_mode_name(in->act_mode), ranks);
     return 0;
 }
 
@@ -861,6 +860,36 @@ int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, s
     fy_plan_traffic(s, &p->place, &p->traffic);
     fy_plan_predict(s, &p->place, &in->rates, &p->predicted);
     return 0;
+}
+
+int fy_plan_check_gpu(const struct fy_plan_in *in, const struct fy_plan *p)
+{
+    const struct fy_plan_shape *s = &in->shape;
+    uint64_t working, set, need;
+    if (p != NULL) {
+        working = p->gpu_working;
+        need = p->gpu_need;
+        if (p->fits_gpu)
+            return 0;
+    } else {
+        if (in->gpu_mem == 0 || in->backend == NULL ||
+            !fy_backend_gpu_bytes(in->backend, s->c, fy_plan_rank_batch(s), s->T, &working, &set))
+            return 0;
+        need = working;
+        if (need <= in->gpu_mem)
+            return 0;
+    }
+    char need_s[32], working_s[32], budget[32];
+    fy_format_size(need, need_s, sizeof need_s);
+    fy_format_size(working, working_s, sizeof working_s);
+    fy_format_size(in->gpu_mem, budget, sizeof budget);
+    fy_error("plan does not fit the GPU: batch %d x %d needs %s of GPU memory (the model's working "
+             "buffers %s%s) but --gpu-mem is %s: raise --gpu-mem or lower the batch (fuyou-launch "
+             "plan prints the largest batch that fits)",
+             fy_plan_rank_batch(s), s->T, need_s, working_s,
+             need > working ? ", with the swapped internals' sets or the held gradients" : "",
+             budget);
+    return -FY_EUSAGE;
 }
 
 void fy_plan_free(struct fy_plan *p)

@@ -325,11 +325,16 @@ struct fy_plan_acts {
  * as many as --grad-slots asks and the budget holds, one per block at most); the regions; the
  * store, the GPU, the traffic and the prediction. acts may be NULL. -errno (said) where the
  * activation plan fails or memory runs out; a plan that does not fit its budgets is made all the
- * same (fits_cpu, fits_gpu). With several gpu workers (shape.ranks > 1), -EINVAL (said) for a
+ * same (fits_cpu, fits_gpu). With several gpu workers (shape.ranks > 1), -FY_EUSAGE (said) for a
  * batch they do not divide, for --clip-hold gpu with clipping and for --act-plan host or ssd
  * (not supported across ranks); --clip-hold auto never holds on the GPU then. */
 int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, struct fy_plan *p);
 void fy_plan_free(struct fy_plan *p);
+/* The GPU against --gpu-mem where the backend's memory is modelled, as the gpu worker would find
+ * it, but before any worker starts: with p NULL the working buffers of one gpu worker's share of
+ * the batch (before the plan, whose activation step profiles a block on the GPU), else p's whole
+ * need (p->fits_gpu). 0, or -FY_EUSAGE (said: raise --gpu-mem or lower the batch). */
+int fy_plan_check_gpu(const struct fy_plan_in *in, const struct fy_plan *p);
 /* One line on how a clipped step learns the norm (nothing where in does not clip): one pass with
  * the blocks' gradients held in the pool, or two passes and, with --clip-mode auto, why; and what
  * clipping adds to the predicted step. */

@@ -129,8 +129,9 @@ static int profile_block(struct fy_planact *a, const struct fy_plan_in *in,
         if (a->restarts == NULL || !fy_restart_after(a->restarts, rc, 0, &fault, t0))
             break;
     }
-    /* interrupted, a worker that failed, a run directory in use: said, and no plan */
-    if (rc == -EINTR || rc == -ECHILD || rc == -ETIMEDOUT || rc == -EBUSY)
+    /* interrupted, a worker that failed, a run directory in use, options refused (the command
+     * refuses them too): said, and no plan */
+    if (rc == -EINTR || rc == -ECHILD || rc == -ETIMEDOUT || rc == -EBUSY || rc == -FY_EUSAGE)
         return rc;
     if (rc < 0 && ain->mode == FY_ACTPLAN_AUTO) /* loudly, and on with what needs no profile */
         fy_warn("--act-plan auto: profiling a block failed (above): planning without it, the "

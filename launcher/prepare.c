@@ -348,7 +348,7 @@ int fy_prepare(const struct fy_prepare_opts *o, struct fy_prepare_result *res)
 {
     memset(res, 0, sizeof *res);
     res->eos = FY_TOKFILE_NO_EOS;
-    FY_REQUIRE(o->n_inputs > 0, -EINVAL, "prepare: give one or more input files after the options");
+    FY_USAGE(o->n_inputs > 0, "prepare: give one or more input files after the options");
     const char *parquet = NULL, *other = NULL; /* an input of each kind */
     for (unsigned i = 0; i < o->n_inputs; i++) {
         if (is_parquet(o->inputs[i]) && parquet == NULL)
@@ -357,26 +357,24 @@ int fy_prepare(const struct fy_prepare_opts *o, struct fy_prepare_result *res)
             other = o->inputs[i];
     }
     int records = o->jsonl || parquet != NULL;
-    FY_REQUIRE(records || (o->text_field == NULL && o->prompt_field == NULL &&
-                           o->response_field == NULL && o->messages_field == NULL),
-               -EINVAL,
-               "prepare: --text-field, --prompt-field, --response-field and --messages-field need "
-               "--jsonl, or Parquet inputs (*.parquet)");
-    FY_REQUIRE(o->jsonl || parquet == NULL || other == NULL, -EINVAL,
-               "prepare: %s is Parquet and %s is not: give --jsonl to read the others as JSON "
-               "lines, or prepare them apart",
-               parquet, other);
-    FY_REQUIRE((o->prompt_field == NULL) == (o->response_field == NULL), -EINVAL,
-               "prepare: give --prompt-field and --response-field together");
-    FY_REQUIRE(o->text_field == NULL || o->prompt_field == NULL, -EINVAL,
-               "prepare: give --text-field, or --prompt-field with --response-field, not both");
-    FY_REQUIRE(o->messages_field == NULL || (o->text_field == NULL && o->prompt_field == NULL),
-               -EINVAL,
-               "prepare: --messages-field takes the whole conversation: give it without "
-               "--text-field, --prompt-field and --response-field");
-    FY_REQUIRE(o->messages_field == NULL || o->tokenizer != NULL, -EINVAL,
-               "prepare --messages-field needs --tokenizer: conversations are rendered with the "
-               "model's chat template, found beside its tokenizer.json");
+    FY_USAGE(records || (o->text_field == NULL && o->prompt_field == NULL &&
+                         o->response_field == NULL && o->messages_field == NULL),
+             "prepare: --text-field, --prompt-field, --response-field and --messages-field need "
+             "--jsonl, or Parquet inputs (*.parquet)");
+    FY_USAGE(o->jsonl || parquet == NULL || other == NULL,
+             "prepare: %s is Parquet and %s is not: give --jsonl to read the others as JSON "
+             "lines, or prepare them apart",
+             parquet, other);
+    FY_USAGE((o->prompt_field == NULL) == (o->response_field == NULL),
+             "prepare: give --prompt-field and --response-field together");
+    FY_USAGE(o->text_field == NULL || o->prompt_field == NULL,
+             "prepare: give --text-field, or --prompt-field with --response-field, not both");
+    FY_USAGE(o->messages_field == NULL || (o->text_field == NULL && o->prompt_field == NULL),
+             "prepare: --messages-field takes the whole conversation: give it without "
+             "--text-field, --prompt-field and --response-field");
+    FY_USAGE(o->messages_field == NULL || o->tokenizer != NULL,
+             "prepare --messages-field needs --tokenizer: conversations are rendered with the "
+             "model's chat template, found beside its tokenizer.json");
     if (o->tokenizer == NULL && !records) {
         FY_TRY(fy_tokfile_prepare_bytes(o->out, o->inputs, o->n_inputs, o->overwrite, &res->count));
         res->vocab = FY_TOKFILE_BYTE_VOCAB;

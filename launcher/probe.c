@@ -128,8 +128,8 @@ static int probe_ssd(const struct fy_probe_opts *o, struct fy_probe_result *r)
     snprintf(list, sizeof list, "%s", o->ssd);
     for (char *save = NULL, *p = strtok_r(list, ",", &save); p != NULL;
          p = strtok_r(NULL, ",", &save)) {
-        FY_REQUIRE(n < FY_PROBE_MAX_PATHS, -EINVAL, "probe: more than %d SSD paths in --ssd %s",
-                   FY_PROBE_MAX_PATHS, o->ssd);
+        FY_USAGE(n < FY_PROBE_MAX_PATHS, "probe: more than %d SSD paths in --ssd %s",
+                 FY_PROBE_MAX_PATHS, o->ssd);
         snprintf(r->ssd_path[n], sizeof r->ssd_path[n], "%s", p);
         snprintf(dirs[n], sizeof dirs[n], "%s/.fuyou-probe-%d", p, (int)getpid());
         FY_SYS(mkdir(dirs[n], 0700), "probe: cannot create %s", dirs[n]);

@@ -148,9 +148,9 @@ int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir)
 {
     FY_REQUIRE(nruns >= 1 && nruns <= FY_REPORT_MAX_RUNS, -EINVAL,
                "report: %d runs given: chart 1 to %d at a time", nruns, FY_REPORT_MAX_RUNS);
-    FY_REQUIRE(strchr(out_dir, '\'') == NULL, -EINVAL,
-               "report: %s: a directory whose name has a single quote cannot be given to gnuplot: "
-               "pass --out another", out_dir);
+    FY_USAGE(strchr(out_dir, '\'') == NULL,
+             "report: %s: a directory whose name has a single quote cannot be given to gnuplot: "
+             "pass --out another", out_dir);
     struct fy_made_dirs made;
     FY_TRY(fy_mkdirs(out_dir, 0755, "the report's directory", &made));
     int steps = draw(run_dirs, nruns, out_dir);

@@ -198,15 +198,16 @@ int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out)
     FY_REQUIRE(o->layers <= UINT32_MAX && o->heads <= UINT32_MAX && o->embd <= UINT32_MAX &&
                    o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX && o->kv_heads <= UINT32_MAX && o->head_dim <= 1024 &&
                    o->ffn <= UINT32_MAX && 4 * o->embd <= UINT32_MAX,
-               -EINVAL, "init: model dimensions too large");
+               -FY_EUSAGE, "init: model dimensions too large");
     model.optim_state = fy_runconf_optim_state(o);
     model.arch = fy_arch_by_name(o->arch); /* parse_arch took a registry name */
     FY_REQUIRE(model.arch != NULL, -EINVAL, "init: --arch %s is not a model family", o->arch);
     const struct fy_family_options fo = {.kv_heads = o->kv_heads, .ffn = o->ffn,
                                          .head_dim = o->head_dim, .tied = o->tied,
                                          .rms_eps = o->rms_eps, .rope_theta = o->rope_theta};
-    FY_TRY(model.arch->from_options(&fo, &model));
-    FY_TRY(fy_model_config_validate(&model));
+    /* the model options' values, against each other and the family's limits (said) */
+    if (model.arch->from_options(&fo, &model) < 0 || fy_model_config_validate(&model) < 0)
+        return -FY_EUSAGE;
     *out = model;
     return 0;
 }
@@ -224,10 +225,10 @@ int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *m
 {
     FY_TRY(fy_runconf_base(o, cfg, 0));
     FY_TRY(fy_model_config_to(model, cfg));
-    FY_REQUIRE(o->gpus >= 1 && o->batch % o->gpus == 0, -EINVAL,
-               "--batch %llu over --gpus %llu: each gpu worker computes an equal share of the "
-               "batch; give a batch that is a multiple of --gpus", (unsigned long long)o->batch,
-               (unsigned long long)o->gpus);
+    FY_USAGE(o->gpus >= 1 && o->batch % o->gpus == 0,
+             "--batch %llu over --gpus %llu: each gpu worker computes an equal share of the "
+             "batch; give a batch that is a multiple of --gpus", (unsigned long long)o->batch,
+             (unsigned long long)o->gpus);
     FY_TRY(fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)o->batch));
     FY_TRY(fy_config_setf(cfg, "train.seq", "%llu", (unsigned long long)o->seq));
     FY_TRY(fy_config_setf(cfg, "train.ranks", "%llu", (unsigned long long)o->gpus));

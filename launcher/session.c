@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -147,10 +148,12 @@ static void cleanup_run_dir(const char *run_dir)
 }
 
 /* Readers: sessions of an export that work beside the launch holding the run directory (a
- * training run). A reader's directory is made as RUN/.reader-PID, locked (its launch.lock) and only
- * then renamed RUN/reader-PID; its close removes everything in it, the lock file last, before it
- * lets the lock go. So a RUN/reader-* directory whose lock nobody holds, while the file locked is
- * still the one linked there, was left by an export that died, whatever became of its pid. */
+ * training run), or without the lock of a run directory on a read-only file system. A reader's
+ * directory is made as RUN/.reader-PID (or $TMPDIR/.fuyou-reader-PID), locked (its launch.lock)
+ * and only then renamed RUN/reader-PID ($TMPDIR/fuyou-reader-PID); its close removes everything
+ * in it, the lock file last, before it lets the lock go. So a reader directory whose lock nobody
+ * holds, while the file locked is still the one linked there, was left by an export that died,
+ * whatever became of its pid. */
 
 static int pid_alive(int pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
@@ -181,15 +184,16 @@ static void remove_files(const char *dir, const char *prefix, char *what, size_t
         closedir(d);
 }
 
-/* RUN/name (reader-PID or .reader-PID) removed when it was left by an export that died: its
- * workers still running killed, its pool, sockets and files removed, then the directory; said in
- * one line. A reader alive, being made or closing is left alone. */
-static void remove_stale_reader(const char *run_dir, const char *name)
+/* READERS/name (PREFIX-PID or .PREFIX-PID: reader-PID in a run directory, fuyou-reader-PID in
+ * $TMPDIR) removed when it was left by an export that died: its workers still running killed, its
+ * pool, sockets and files removed, then the directory; said in one line. A reader alive, being
+ * made or closing is left alone. */
+static void remove_stale_reader(const char *readers, const char *prefix, const char *name)
 {
     int making = name[0] == '.';
-    int pid = atoi(name + strlen(making ? ".reader-" : "reader-"));
+    int pid = atoi(name + making + strlen(prefix));
     char dir[PATH_MAX + 300], lock[PATH_MAX + 320];
-    snprintf(dir, sizeof dir, "%s/%s", run_dir, name);
+    snprintf(dir, sizeof dir, "%s/%s", readers, name);
     snprintf(lock, sizeof lock, "%s/launch.lock", dir);
     if (making && pid_alive(pid))
         return; /* being made: its lock may not be taken yet */
@@ -233,31 +237,41 @@ static void remove_stale_reader(const char *run_dir, const char *name)
     fy_warn("removed %s, left by an export that died (pid %d): %s", dir, pid, what);
 }
 
-/* Every reader directory in RUN that an export which died left (remove_stale_reader). */
-static void remove_stale_readers(const char *run_dir)
+/* Every reader directory PREFIX-PID in `readers` that an export which died left
+ * (remove_stale_reader). */
+static void remove_stale_readers(const char *readers, const char *prefix)
 {
-    DIR *d = opendir(run_dir);
+    DIR *d = opendir(readers);
     if (d == NULL)
         return; /* no run directory yet, so no reader */
+    size_t n = strlen(prefix);
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         struct stat st;
-        if ((strncmp(e->d_name, "reader-", 7) == 0 || strncmp(e->d_name, ".reader-", 8) == 0) &&
+        const char *name = e->d_name + (e->d_name[0] == '.');
+        if (strncmp(name, prefix, n) == 0 && name[n] >= '0' && name[n] <= '9' &&
             fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
-            remove_stale_reader(run_dir, e->d_name);
+            remove_stale_reader(readers, prefix, e->d_name);
     }
     closedir(d);
 }
 
-/* RUN/reader-PID made (as above) and locked, its path into out. */
-static int make_reader_dir(const char *run_dir, const char *what, char *out, size_t len,
+/* READERS/PREFIX-PID made (as above) and locked, its path into out; -errno (unsaid) where it
+ * cannot be. */
+static int make_reader_dir(const char *readers, const char *prefix, char *out, size_t len,
                            int *lock_fd)
 {
-    char making[PATH_MAX + 32], lock[PATH_MAX + 64];
-    snprintf(making, sizeof making, "%s/.reader-%d", run_dir, (int)getpid());
+    char making[PATH_MAX + 64], lock[PATH_MAX + 96];
+    snprintf(making, sizeof making, "%s/.%s%d", readers, prefix, (int)getpid());
     snprintf(lock, sizeof lock, "%s/launch.lock", making);
-    snprintf(out, len, "%s/reader-%d", run_dir, (int)getpid());
+    snprintf(out, len, "%s/%s%d", readers, prefix, (int)getpid());
     int fd = -1, rc = mkdir(making, 0700) == 0 || errno == EEXIST ? 0 : -errno;
+    /* made now, or left by a dead reader of this pid: a directory of ours, not a link (in a shared
+     * $TMPDIR another user's could have the name) */
+    struct stat st;
+    int ours = rc == 0 && lstat(making, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid();
+    if (rc == 0 && !ours)
+        rc = -EEXIST;
     if (rc == 0 && (fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0)
         rc = -errno;
     if (rc == 0 && flock(fd, LOCK_EX | LOCK_NB) != 0)
@@ -268,10 +282,10 @@ static int make_reader_dir(const char *run_dir, const char *what, char *out, siz
         *lock_fd = fd;
         return 0;
     }
-    fy_error("cannot make %s, where the %s works beside the launch that holds %s: %s", out, what,
-             run_dir, strerror(-rc));
-    unlink(lock);
-    rmdir(making);
+    if (ours) {
+        unlink(lock);
+        rmdir(making);
+    }
     if (fd >= 0)
         close(fd);
     return rc;
@@ -331,15 +345,52 @@ static int run_dir_busy(const char *run_dir)
     return busy;
 }
 
+/* Whether path is on a read-only file system (a read-only mount, a snapshot). */
+static int on_read_only_fs(const char *path)
+{
+    struct statvfs fs;
+    return statvfs(path, &fs) == 0 && (fs.f_flag & ST_RDONLY) != 0;
+}
+
+/* The reader's own directory: RUN/reader-PID beside a training run, $TMPDIR/fuyou-reader-PID for
+ * a read-only run directory (what readers that died left there removed first). */
+static int open_reader_dir(struct fy_session *s, const struct fy_session_opts *o, const char *what)
+{
+    const char *readers = o->run_dir, *prefix = "reader-";
+    if (s->read_only) {
+        readers = fy_knob_tmpdir();
+        prefix = "fuyou-reader-";
+        remove_stale_readers(readers, prefix);
+    }
+    int rc = make_reader_dir(readers, prefix, s->run_dir, sizeof s->run_dir, &s->lock_fd);
+    if (rc < 0 && s->read_only)
+        fy_error("cannot make %s, where the %s keeps its files (%s is on a read-only file "
+                 "system): %s; set TMPDIR to a writable directory", s->run_dir, what, o->run_dir,
+                 strerror(-rc));
+    else if (rc < 0)
+        fy_error("cannot make %s, where the %s works beside the launch that holds %s: %s",
+                 s->run_dir, what, o->run_dir, strerror(-rc));
+    else if (s->read_only)
+        fy_info("%s is on a read-only file system, where nothing can be training: the %s reads "
+                "the store without the run directory's lock, its own files in %s (logging to "
+                "stderr only)", o->run_dir, what, s->run_dir);
+    else
+        fy_info("%s is in use by another launch (a training run): the %s works beside it in %s, "
+                "from the store's last commit", o->run_dir, what, s->run_dir);
+    return rc;
+}
+
 int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
                     const struct fy_pool_region_spec *regions, unsigned n, const char *what)
 {
     memset(s, 0, sizeof *s);
     s->lock_fd = -1;
     snprintf(s->run_dir, sizeof s->run_dir, "%s", o->run_dir);
-    snprintf(s->log_dir, sizeof s->log_dir, "%s", o->run_dir);
-    remove_stale_readers(o->run_dir);
-    int beside = o->beside_other && run_dir_busy(o->run_dir);
+    s->read_only = o->reader && on_read_only_fs(o->run_dir);
+    snprintf(s->log_dir, sizeof s->log_dir, "%s", s->read_only ? "" : o->run_dir);
+    if (!s->read_only)
+        remove_stale_readers(o->run_dir, "reader-");
+    int beside = o->reader && !s->read_only && run_dir_busy(o->run_dir);
     uint64_t pool_bytes = fy_pool_layout_size(regions, n);
     char need[32], cap[32];
     fy_format_size(pool_bytes, need, sizeof need);
@@ -355,14 +406,11 @@ int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
         fy_error("plan does not fit: the shared pool for %s needs %s (%s; 2 MiB aligned) but "
                  "--cpu-mem is %s: raise --cpu-mem or make the model or batch smaller",
                  what, need, parts, cap);
-        return -ENOMEM;
+        return -FY_EUSAGE;
     }
-    if (beside) {
-        FY_TRY(make_reader_dir(o->run_dir, what, s->run_dir, sizeof s->run_dir, &s->lock_fd));
-        s->beside = 1;
-        fy_info("%s is in use by another launch (a training run): the %s works beside it in %s, "
-                "from the store's last commit", o->run_dir, what, s->run_dir);
-    }
+    s->beside = beside;
+    if (beside || s->read_only)
+        FY_TRY(open_reader_dir(s, o, what));
     FY_TRY(prepare_run_dir(s->run_dir, &s->lock_fd));
     FY_TRY(fy_pool_name_for_run(s->run_dir, s->pool_name, sizeof s->pool_name));
     FY_TRY(fy_topo_load(&s->topo));
@@ -398,8 +446,10 @@ int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *co
         int found = on_gpus && fy_topo_gpu_cpus(s->topo, r, near, sizeof near) == 0;
         FY_TRY(fy_config_set(cfg, key, found ? near : s->aff.gpu));
     }
-    snprintf(path, sizeof path, "%s/fuyou.log", s->log_dir);
-    FY_TRY(fy_config_set(cfg, "log_file", path));
+    if (s->log_dir[0] != 0) {
+        snprintf(path, sizeof path, "%s/fuyou.log", s->log_dir);
+        FY_TRY(fy_config_set(cfg, "log_file", path));
+    }
     snprintf(path, sizeof path, "%s/run.conf", s->run_dir);
     FY_TRY(fy_config_save(cfg, path));
     FY_TRY(fy_chan_bind(&s->chan, s->endpoint, "launch"));
@@ -472,11 +522,11 @@ int fy_session_close(struct fy_session *s, int rc)
     fy_topo_destroy(&s->topo);
     if (s->lock_fd >= 0) {
         cleanup_run_dir(s->run_dir);
-        if (s->beside) /* the reader's directory beside the run's, gone before its lock goes */
+        if (s->beside || s->read_only) /* the reader's directory, gone before its lock goes */
             remove_reader_dir(s->run_dir);
         close(s->lock_fd);
         s->lock_fd = -1;
     }
-    s->beside = 0;
+    s->beside = s->read_only = 0;
     return rc;
 }

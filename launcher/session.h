@@ -23,14 +23,18 @@ struct fy_session_opts {
     int ready_timeout_ms;
     /* a reader of the store (export): when another launch (a training run) holds the run
      * directory, work beside it instead, in RUN/reader-PID (its own lock, pool, sockets and
-     * run.conf; the log still RUN/fuyou.log), removed at close */
-    int beside_other;
+     * run.conf; the log still RUN/fuyou.log), removed at close; when the run directory is on a
+     * read-only file system, where nothing can be training, work without its lock in a reader
+     * directory of its own, $TMPDIR/fuyou-reader-PID (/tmp without TMPDIR), removed at close, the
+     * workers logging to stderr alone */
+    int reader;
 };
 
 struct fy_session {
-    char run_dir[PATH_MAX]; /* where the session's files are: the run's, or a reader's beside it */
-    char log_dir[PATH_MAX];
-    int beside;
+    char run_dir[PATH_MAX]; /* where the session's files are: the run's, or a reader's */
+    char log_dir[PATH_MAX]; /* of the workers' log (RUN/fuyou.log); "" where RUN is read-only */
+    int beside;             /* a reader beside a training run, in RUN/reader-PID */
+    int read_only;          /* a reader of a read-only run directory, in $TMPDIR/fuyou-reader-PID */
     int lock_fd;
     struct fy_topo *topo;
     struct fy_affinity aff;

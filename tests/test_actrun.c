@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "common/arch/arch.h"
+#include "common/check.h"
 #include "launcher/actrun.h"
 
 #define K FY_ACT_KINDS
@@ -254,8 +255,8 @@ static void test_forced_modes(void **state)
     c.arch = &fy_arch_llama;
     c.llama.n_kv_head = 4;
     c.llama.n_inter = 512;
-    in.mode = FY_ACTPLAN_HOST;
-    assert_int_equal(fy_actrun_plan(&in, &r), -ENOTSUP);
+    in.mode = FY_ACTPLAN_HOST; /* a usage error: the family swaps nothing */
+    assert_int_equal(fy_actrun_plan(&in, &r), -FY_EUSAGE);
 }
 
 /* Without a profile (the Llama blocks, in-process runs), auto keeps as many blocks as fit and

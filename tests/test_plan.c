@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "common/check.h"
 #include "common/ckpt.h"
 #include "common/dtype.h"
 #include "common/pool.h"
@@ -616,9 +617,9 @@ static void test_ranks(void **state)
     }
 }
 
-/* What several gpu workers refuse: a batch they do not divide, --clip-hold gpu with clipping,
- * swapping the blocks' internals; and --clip-hold auto does not hold on the GPU (it would for
- * one, test_clip_modes), but in the pool. */
+/* What several gpu workers refuse, as usage errors (-FY_EUSAGE): a batch they do not divide,
+ * --clip-hold gpu with clipping, swapping the blocks' internals; and --clip-hold auto does not
+ * hold on the GPU (it would for one, test_clip_modes), but in the pool. */
 static void test_ranks_refused(void **state)
 {
     (void)state;
@@ -626,21 +627,21 @@ static void test_ranks_refused(void **state)
     struct fy_plan_in in = input(&c);
     struct fy_plan p;
     in.shape.ranks = 3;
-    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL); /* 4 sequences over 3 */
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -FY_EUSAGE); /* 4 sequences over 3 */
     in.shape.B = 6;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     fy_plan_free(&p);
     in.act_mode = FY_ACTPLAN_HOST;
-    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL);
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -FY_EUSAGE);
     in.act_mode = FY_ACTPLAN_SSD;
-    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL);
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -FY_EUSAGE);
     in.act_mode = FY_ACTPLAN_AUTO;
     in.shape.clip = 1;
     in.clip_mode = FY_CLIP_ONE_PASS;
     in.clip_hold = FY_CLIP_HOLD_GPU;
-    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL);
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -FY_EUSAGE);
     in.clip_mode = FY_CLIP_AUTO;
-    assert_int_equal(fy_plan_make(&in, NULL, &p), -EINVAL);
+    assert_int_equal(fy_plan_make(&in, NULL, &p), -FY_EUSAGE);
     /* the pool has room for the streaming regions alone: one GPU would hold them in its memory */
     in.clip_hold = FY_CLIP_HOLD_AUTO;
     in.clip_mode = FY_CLIP_TWO_PASS;

@@ -1,5 +1,6 @@
 /* Tests of the SSD store (io_worker/store): extents over 1 and 3 paths survive reopen, bytes land
- * where the striping formula says, and mismatched or unsuitable paths are refused with a hint. */
+ * where the striping formula says, mismatched or unsuitable paths are refused with a hint, and a
+ * store opened read-only reads and refuses writes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -211,6 +212,44 @@ static void roundtrip_paths(struct fixture *f, unsigned n)
 /* Digested transfers (fy_store_transfer_digest): over three paths and across several digest
  * chunks, the digest equals fy_digest of the bytes moved, for a write, a read back of the whole and
  * of a sub-range; a refused transfer leaves the next one unaffected. */
+/* A store opened read-only (an export's reader): its data files O_RDONLY, reads as before, writes
+ * and new extents refused with -EROFS, the files untouched; a store is not created read-only. */
+static void test_read_only(void **state)
+{
+    struct fixture *f = *state;
+    struct fy_store *s = open_store(f, f->paths, 2, 1);
+    assert_int_equal(fy_store_add_extent(s, 5, 2 * SU), 0);
+    uint64_t st = 99;
+    for (size_t k = 0; k < 2 * SU / 8; k++)
+        ((uint64_t *)f->buf)[k] = fy_test_rand(&st);
+    assert_int_equal(fy_store_write(s, f->r, 5, 0, f->buf, 2 * SU, 10000), 0);
+    assert_int_equal(fy_store_sync(s), 0);
+    fy_store_close(&s);
+    struct stat before[2], after[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(stat(fy_test_path(f->dir[i], FY_STORE_DATA_NAME), &before[i]), 0);
+    struct fy_store_opts o = {.paths = f->paths, .npaths = 2, .readonly = 1};
+    assert_int_equal(fy_store_open(&s, &o), 0);
+    for (unsigned i = 0; i < fy_store_file_count(s); i++)
+        assert_int_equal(fcntl(fy_store_fds(s)[i], F_GETFL) & O_ACCMODE, O_RDONLY);
+    assert_int_equal(fy_ring_register_files(f->r, fy_store_fds(s), fy_store_file_names(s), 2), 0);
+    memset(f->back, 0, 2 * SU);
+    assert_int_equal(fy_store_read(s, f->r, 5, 0, f->back, 2 * SU, 10000), 0);
+    assert_memory_equal(f->buf, f->back, 2 * SU);
+    assert_int_equal(fy_store_write(s, f->r, 5, 0, f->buf, SU, 10000), -EROFS); /* said */
+    assert_int_equal(fy_store_add_extent(s, 6, 4096), -EROFS);
+    fy_store_close(&s);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(stat(fy_test_path(f->dir[i], FY_STORE_DATA_NAME), &after[i]), 0);
+        assert_int_equal(after[i].st_size, before[i].st_size);
+        assert_true(after[i].st_mtim.tv_sec == before[i].st_mtim.tv_sec &&
+                    after[i].st_mtim.tv_nsec == before[i].st_mtim.tv_nsec);
+    }
+    struct fy_store_opts bad = {.paths = f->paths, .npaths = 1, .create = 1, .readonly = 1};
+    assert_int_equal(fy_store_open(&s, &bad), -EINVAL);
+    assert_null(s);
+}
+
 static void test_digest_transfers(void **state)
 {
     struct fixture *f = *state;
@@ -447,6 +486,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_one_path, setup, teardown),
         cmocka_unit_test_setup_teardown(test_digest_transfers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_three_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_map, setup, teardown),
         cmocka_unit_test_setup_teardown(test_header_mismatch, setup, teardown),

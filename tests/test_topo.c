@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "common/check.h"
 #include "common/log.h"
 #include "common/topo.h"
 #include "testutil.h"
@@ -399,7 +400,7 @@ static void test_parse_override(void **state)
     assert_string_equal(a.gpu, "5");
     assert_string_equal(a.opt, "1,7");
 
-    /* Errors leave *inout untouched. */
+    /* Errors, usage errors of --affinity, leave *inout untouched. */
     before = a;
     const char *bad[] = {
         "cpu=1",                    /* unknown worker */
@@ -417,21 +418,21 @@ static void test_parse_override(void **state)
         "gpu=99999999999999999999", /* overflow */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        assert_int_equal(fy_affinity_parse(t, bad[i], &a), -EINVAL);
+        assert_int_equal(fy_affinity_parse(t, bad[i], &a), -FY_EUSAGE);
         assert_memory_equal(&a, &before, sizeof a);
     }
-    assert_int_equal(fy_affinity_parse(t, NULL, &a), -EINVAL);
+    assert_int_equal(fy_affinity_parse(t, NULL, &a), -FY_EUSAGE);
 
     /* Not allowed for this process. */
     assert_int_equal(fy_topo_restrict(t, "2-15"), 0);
-    assert_int_equal(fy_affinity_parse(t, "gpu=1", &a), -EINVAL);
+    assert_int_equal(fy_affinity_parse(t, "gpu=1", &a), -FY_EUSAGE);
     assert_int_equal(fy_affinity_parse(t, "gpu=2", &a), 0);
     fy_topo_destroy(&t);
 
     /* This machine: cpu 100000 does not exist, the first allowed cpu works. */
     assert_int_equal(fy_affinity_default(topo, &a), 0);
     before = a;
-    assert_int_equal(fy_affinity_parse(topo, "opt=100000", &a), -EINVAL);
+    assert_int_equal(fy_affinity_parse(topo, "opt=100000", &a), -FY_EUSAGE);
     assert_memory_equal(&a, &before, sizeof a);
     char spec[600];
     snprintf(spec, sizeof spec, "gpu=%s,io=%s", a.io, a.gpu);

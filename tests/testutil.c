@@ -7,6 +7,7 @@
 #include <fnmatch.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <stdio.h>
@@ -217,6 +218,33 @@ int fy_test_run(const char *program, const char *const *args, const char *log, i
 {
     int pid = fy_test_start(program, args, log);
     return pid < 0 ? -1 : fy_test_wait(pid, seconds);
+}
+
+int fy_test_run_read_only(const char *dir, const char *ro, const char *command, const char *log)
+{
+    const char *ns = geteuid() == 0 ? "unshare -m" : "unshare -rm";
+    struct rlimit lim;
+    if (geteuid() != 0 && (getrlimit(RLIMIT_MEMLOCK, &lim) != 0 ||
+                           (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < (256u << 20)))) {
+        printf("read-only bind mount: not made: a user namespace needs RLIMIT_MEMLOCK of 256 MiB "
+               "for the io worker's pool (ulimit -l), or root\n");
+        return -1;
+    }
+    char mount[3000], line[8192];
+    snprintf(mount, sizeof mount, "mount --bind '%s' '%s' && mount -o remount,ro,bind '%s' && "
+             "! touch '%s/.probe' 2>/dev/null", dir, ro, ro, ro);
+    snprintf(line, sizeof line, "%s sh -c \"%s\" >/dev/null 2>&1", ns, mount);
+    if (system(line) != 0) {
+        printf("read-only bind mount: not made: %s cannot bind-mount read-only here (no mount "
+               "namespace, or mount is not allowed)\n", ns);
+        return -1;
+    }
+    snprintf(line, sizeof line, "%s sh -c \"%s && exec %s\" >'%s' 2>&1", ns, mount, command,
+             log);
+    int status = system(line);
+    if (status == -1)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 int fy_test_file_contains(const char *path, const char *needle)

@@ -72,6 +72,12 @@ int fy_test_start(const char *program, const char *const *args, const char *log)
 int fy_test_wait(int pid, int seconds);
 /* fy_test_start then fy_test_wait. */
 int fy_test_run(const char *program, const char *const *args, const char *log, int seconds);
+/* Runs `command` (a shell command line, output to log) in a mount namespace of its own where `ro`
+ * is a read-only bind mount of `dir`: its exit status (128 + N for signal N), or -1, said on
+ * stdout, where such a namespace cannot be made here (to skip). Root gets a private mount
+ * namespace (unshare -m); another user a user namespace (unshare -rm), where the io worker's
+ * registered pool needs RLIMIT_MEMLOCK (no CAP_IPC_LOCK there): 256 MiB of it, or -1. */
+int fy_test_run_read_only(const char *dir, const char *ro, const char *command, const char *log);
 /* 1 when the file contains needle; otherwise 0, and the file is printed to stderr to show why. */
 int fy_test_file_contains(const char *path, const char *needle);
 /* How many times needle occurs in the file (0 when it cannot be read). */

@@ -270,7 +270,7 @@ static void test_clip_mode_auto(void **state)
     assert_true(fy_test_file_contains(f->log, "15 of 26 units (7.8 GiB) stay in the shared pool"));
     const char *tight[] = {XL, "8G", "--gpu-mem", "24G", "--clip-mode", "one-pass", "--clip-hold",
                            "pool", NULL};
-    assert_int_equal(fy_test_launch_in(f, tight, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, tight, 60), 2);
     assert_true(fy_test_file_contains(f->log, "train would refuse it"));
     /* with room for both, the faster by the plan's rates: one pass, at B 64 (AdamW after the
      * backward costs less than a second backward of 64 sequences) and at B 16 (AdamW binds

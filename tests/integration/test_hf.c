@@ -440,7 +440,7 @@ static void test_bad_inputs_refused(void **state)
     assert_int_equal(fy_test_launch_in(f, prep, 60), 0);
     const char *inproc[] = {"train", "--run-dir", ok, "--data", f->data, "--steps", "1",
                             "--batch", "2", "--seq", "16", "--backend", "cpu", "--inprocess", NULL};
-    assert_int_equal(fy_test_launch_in(f, inproc, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, inproc, 60), 2);
     assert_true(fy_test_file_contains(f->log, "drop --inprocess"));
     free(ok);
     char p[700];
@@ -505,7 +505,7 @@ static void test_bad_inputs_refused(void **state)
     /* the model comes from config.json: model options are refused, not ignored */
     const char *layers[] = {"init", "--run-dir", fy_test_in(f, "r6"), "--from-hf", good,
                             "--layers", "3", NULL};
-    assert_int_equal(fy_test_launch_in(f, layers, 30), 1);
+    assert_int_equal(fy_test_launch_in(f, layers, 30), 2);
     const char *w6[] = {"drop --layers", NULL};
     expect_one_error(f, w6);
     expect_no_model(fy_test_in(f, "r6"));
@@ -865,7 +865,7 @@ static void test_export_directories(void **state)
     assert_int_equal(access(p, F_OK), 0);
     /* --out and --to-hf together are refused */
     const char *both[] = {"export", "--run-dir", made, "--to-hf", out, "--out", p, NULL};
-    assert_int_equal(fy_test_launch_in(f, both, 30), 1);
+    assert_int_equal(fy_test_launch_in(f, both, 30), 2);
 }
 
 int main(void)

@@ -24,6 +24,8 @@
 #include "common/dtype.h"
 #include "common/pool.h"
 #include "common/synth.h"
+#include "common/tokfile.h"
+#include "gpu_worker/backend.h"
 #include "common/topo.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
@@ -275,7 +277,7 @@ static void test_over_budget_refused(void **state)
                           "100M", "--cpu-mem", "64M", NULL};
     int status = run_launcher(r, args, 30);
     assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 1);
+    assert_int_equal(WEXITSTATUS(status), 2); /* a usage error */
     assert_true(log_contains(r, "plan does not fit"));
     assert_true(log_contains(r, "--cpu-mem is 64.0 MiB"));
     assert_no_leftovers(r);
@@ -476,6 +478,102 @@ static void test_malformed_descriptor_rejected(void **state)
     fy_pool_destroy(&pool);
 }
 
+/* Launches fuyou-launch with args; expects exit `status` and `said` in its log, at most one error
+ * line (a refusal of the option parser's kind has no time stamp), and nothing of a run left (no
+ * pool, no sockets). */
+static void expect_exit(struct run *r, const char *const *args, int status, const char *said)
+{
+    int got = run_launcher(r, args, 120);
+    if (!WIFEXITED(got) || WEXITSTATUS(got) != status || !log_contains(r, said) ||
+        fy_test_count_matches(r->log, "] error: ") > 1) {
+        char *text = fy_test_slurp(r->log, NULL);
+        fail_msg("%s: expected exit %d, an error line and \"%s\"; got wait status 0x%x and:\n%s",
+                 args[0], status, said, got, text ? text : "(no log)");
+    }
+    assert_no_leftovers(r);
+}
+
+/* Option values out of their range, or beyond what the run's model or the plan's budgets hold, are
+ * usage errors (exit 2) wherever a command finds them: a --batch of 0, a batch the pool cannot
+ * hold under --cpu-mem (train and plan), a --cpu-mem below the pool's least (train and export),
+ * a --seq beyond the model's context, model options that do not go together, a --gpus that does
+ * not divide the batch, an --affinity naming no worker, --gpu-mem below the GPU's working buffers
+ * (where the CUDA backend is built), a required option missing. A missing data file and a damaged
+ * store are errors (exit 1). */
+static void test_option_values_are_usage_errors(void **state)
+{
+    struct run *r = *state;
+    const char *init[] = {"init", "--run-dir", r->run_dir, "--layers", "1", "--heads", "2",
+                          "--embd", "16", "--vocab", "256", "--ctx", "16", NULL};
+    assert_int_equal(run_launcher(r, init, 60), 0);
+    char data[600], missing[600], out[600];
+    snprintf(data, sizeof data, "%s/data.tok", r->dir);
+    snprintf(missing, sizeof missing, "%s/no-such.tok", r->dir);
+    snprintf(out, sizeof out, "%s/out.fywt", r->dir);
+    static uint32_t tokens[60000];
+    uint64_t seed = 7;
+    for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++)
+        tokens[i] = (uint32_t)(fy_test_rand(&seed) % 256);
+    assert_int_equal(fy_tokfile_write(data, tokens, sizeof tokens / sizeof tokens[0], 256, 0), 0);
+#define TRAIN(...)                                                                                 \
+    ((const char *[]){"train", "--run-dir", r->run_dir, "--data", data, "--steps", "1", "--seq",   \
+                      "16", "--backend", "cpu", "--eval-batches", "0", __VA_ARGS__, NULL})
+    const struct {
+        const char *const *args;
+        int status;
+        const char *said;
+    } cases[] = {
+        {TRAIN("--batch", "0"), 2, "train: --batch 0 --seq 16: need a batch of 1 to 65536"},
+        /* 2048 x 16 tokens: activation slots of 2 MiB, a pool of 26 MiB */
+        {TRAIN("--batch", "2048", "--cpu-mem", "20M"), 2, "but --cpu-mem is 20.0 MiB"},
+        {TRAIN("--cpu-mem", "1"), 2, "but --cpu-mem is 1 B: raise --cpu-mem"},
+        {TRAIN("--seq", "32"), 2, "--seq 32 exceeds the model's context of 16 tokens"},
+        {TRAIN("--gpus", "3"), 2, "--batch 8 over --gpus 3"},
+        {TRAIN("--affinity", "cpu=0"), 2, "--affinity 'cpu=0': token 'cpu=0': unknown worker"},
+        {(const char *[]){"train", "--run-dir", r->run_dir, NULL}, 2, "--data is required"},
+        {(const char *[]){"plan", "--run-dir", r->run_dir, "--batch", "0", NULL}, 2,
+         "plan: --batch 0"},
+        {(const char *[]){"plan", "--run-dir", r->run_dir, "--seq", "16", "--batch", "2048",
+                          "--cpu-mem", "20M", "--backend", "cpu", NULL},
+         2, "train would refuse it"},
+        {(const char *[]){"export", "--run-dir", r->run_dir, "--out", out, "--cpu-mem", "1", NULL},
+         2, "the shared pool for export needs"},
+        {(const char *[]){"init", "--run-dir", fy_test_path(r->dir, "odd"), "--heads", "3",
+                          "--embd", "16", NULL},
+         2, "n_head 3 must divide n_embd 16"},
+        /* errors, not usage */
+        {TRAIN("--data", missing), 1, "cannot open token file"},
+    };
+#undef TRAIN
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_exit(r, cases[i].args, cases[i].status, cases[i].said);
+    assert_int_not_equal(access(fy_test_path(r->dir, "odd"), F_OK), 0);
+    if (fy_backend_cuda_built()) { /* the launcher's model of the GPU: no device needed */
+        const char *gpu[] = {"train", "--run-dir", r->run_dir, "--data", data, "--steps", "1",
+                             "--seq", "16", "--backend", "cuda", "--gpu-mem", "1M", NULL};
+        expect_exit(r, gpu, 2, "plan does not fit the GPU: batch 8 x 16 needs");
+    } else {
+        printf("test_option_values_are_usage_errors: --gpu-mem not checked: no CUDA backend "
+               "built\n");
+    }
+    /* a store whose commit records are damaged: an error */
+    char store[700];
+    snprintf(store, sizeof store, "%s/store/fuyou-store.data", r->run_dir);
+    struct stat st;
+    assert_int_equal(stat(store, &st), 0);
+    int fd = open(store, O_WRONLY);
+    assert_true(fd >= 0);
+    static char zeros[1 << 16];
+    for (off_t at = 4096; at < st.st_size; at += (off_t)sizeof zeros) {
+        size_t n = st.st_size - at < (off_t)sizeof zeros ? (size_t)(st.st_size - at) : sizeof zeros;
+        assert_int_equal(pwrite(fd, zeros, n, at), (ssize_t)n);
+    }
+    assert_int_equal(close(fd), 0);
+    const char *exp[] = {"export", "--run-dir", r->run_dir, "--out", out, NULL};
+    expect_exit(r, exp, 1, "no intact committed step");
+    assert_int_not_equal(access(out, F_OK), 0);
+}
+
 int main(void)
 {
     signal(SIGCHLD, SIG_DFL); /* waitpid must see our children, whatever we inherited */
@@ -489,6 +587,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_descriptor_rejected, setup_run, teardown_run),
         cmocka_unit_test_setup_teardown(test_tmpfs_ssd_refused, setup_run, teardown_run),
         cmocka_unit_test_setup_teardown(test_over_budget_refused, setup_run, teardown_run),
+        cmocka_unit_test_setup_teardown(test_option_values_are_usage_errors, setup_run,
+                                        teardown_run),
         cmocka_unit_test_setup_teardown(test_kill_gpu_worker, setup_run, teardown_run),
         cmocka_unit_test_setup_teardown(test_kill_io_worker, setup_run, teardown_run),
         cmocka_unit_test_setup_teardown(test_kill_opt_worker, setup_run, teardown_run),

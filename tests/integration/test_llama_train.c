@@ -196,7 +196,7 @@ static void test_model_conf_and_hash(void **state)
     /* Llama options without --arch llama are refused */
     char *bad = fy_test_in(f, "bad");
     const char *wrong[] = {"init", "--run-dir", bad, "--kv-heads", "2", NULL};
-    assert_int_equal(fy_test_launch(f->log, wrong, 60), 1);
+    assert_int_equal(fy_test_launch(f->log, wrong, 60), 2);
     assert_true(fy_test_file_contains(f->log, "not options of --arch gpt2"));
 }
 

@@ -182,12 +182,12 @@ static void test_other_format_refused(void **state)
     char *run = fy_test_in(f, "int8");
     init_run(f, run, "64", "int8");
     assert_int_equal(fy_trainutil_train(f, run, f->data, "2", NULL, 0, NULL, NULL), 0);
-    assert_int_equal(fy_trainutil_train(f, run, f->data, "3", NULL, 0, "--optim-state", "fp32"), 1);
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "3", NULL, 0, "--optim-state", "fp32"), 2);
     assert_true(fy_test_file_contains(
         f->log, "train --optim-state fp32: the run keeps int8 optimizer state (init --optim-state "
                 "int8), and a store's format is not converted"));
     const char *resume[] = {"resume", run, "--steps", "3", "--optim-state", "bf16", NULL};
-    assert_int_equal(fy_test_launch_in(f, resume, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, resume, 60), 2);
     assert_true(fy_test_file_contains(f->log, "--optim-state bf16: the run keeps int8 optimizer "
                                               "state"));
     /* model.conf edited: bf16, then no line at all (fp32) */

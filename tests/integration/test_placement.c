@@ -120,7 +120,7 @@ static void test_resident_state_matches_streaming(void **state)
     const char *init[] = {"init", "--run-dir", small, "--layers", "2", "--heads", "4", "--embd", "256",
                           "--ctx", "32", NULL};
     assert_int_equal(fy_test_launch_in(f, init, 60), 0);
-    assert_int_equal(fy_trainutil_train(f, small, f->data, "6", NULL, 0, "--cpu-mem", "30M"), 1);
+    assert_int_equal(fy_trainutil_train(f, small, f->data, "6", NULL, 0, "--cpu-mem", "30M"), 2);
     assert_true(fy_test_file_contains(f->log, "plan does not fit"));
     assert_true(fy_test_file_contains(f->log, "--cpu-mem is 30.0 MiB"));
 }

@@ -99,7 +99,7 @@ static void test_prediction_by_hand(void **state)
  * 3 x 479232 / 2e8 = 0.026358 s; the GPU twice test_prediction_by_hand's batch-4 figure; 256
  * tokens / 0.118528 s = 2160 tokens/s. The store is 2.8 MiB, 1 MiB more with the checkpoints on it
  * (their scratch extent's smallest class). A --cpu-mem below the pool's least is said not to fit
- * (exit 1), and a profile without a rate is refused naming the key. */
+ * (exit 2, a usage error), and a profile without a rate is refused naming the key (exit 1). */
 /* plan of the 2-layer, 64-wide model at batch 8 x 32 on the CPU backend with the rates of
  * `machine`, and one more option (opt and its value) unless opt is NULL; the launcher's status. */
 static int plan_small(struct fy_test_fixture *f, const char *machine, const char *opt,
@@ -133,7 +133,7 @@ static void test_plan_by_hand(void **state)
     assert_int_equal(plan_small(f, machine, "--ckpt-place", "ssd"), 0);
     assert_true(fy_test_file_contains(f->log, "plan: SSD store 3.8 MiB (2 copies of the state and "
                                               "the checkpoints' scratch; "));
-    assert_int_equal(plan_small(f, machine, "--cpu-mem", "1M"), 1);
+    assert_int_equal(plan_small(f, machine, "--cpu-mem", "1M"), 2);
     assert_true(fy_test_file_contains(f->log, "(DOES NOT FIT)"));
     assert_true(fy_test_file_contains(f->log, "train would refuse it"));
     m = fopen(bad, "w");
@@ -194,7 +194,7 @@ static void test_plan_by_hand(void **state)
     const char *llama[] = {"plan", "--arch", "llama", "--layers", "2", "--heads", "2", "--embd",
                            "64", "--vocab", "256", "--ctx", "32", "--batch", "8", "--seq", "32",
                            "--backend", "cpu", "--act-plan", "ssd", NULL};
-    assert_int_equal(fy_test_launch_in(f, llama, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, llama, 60), 2);
     assert_true(fy_test_file_contains(f->log, "--act-plan ssd: Llama blocks keep their internals "
                                               "on the GPU or recompute them, never swap them"));
 }
@@ -234,19 +234,19 @@ static void test_plan_gpus(void **state)
                                               "0.000270 s at 1 GB/s, and sent to the shared "
                                               "pool over GPU 0's link alone"));
     assert_true(fy_test_file_contains(f->log, ", NVLink 0.000270, host memory "));
-    assert_int_equal(plan_small(f, machine, "--gpus", "3"), 1);
+    assert_int_equal(plan_small(f, machine, "--gpus", "3"), 2);
     assert_true(fy_test_file_contains(f->log, "--gpus 3: the batch of 8 sequences does not split "
                                               "evenly over 3 GPUs"));
     const char *swap[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
                           "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
                           "--gpus", "2", "--act-plan", "ssd", NULL};
-    assert_int_equal(fy_test_launch_in(f, swap, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, swap, 60), 2);
     assert_true(fy_test_file_contains(f->log, "--act-plan ssd with --gpus 2: swapping the blocks' "
                                               "internals is not supported with several GPUs yet"));
     const char *hold[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
                           "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
                           "--gpus", "2", "--clip-grad-norm", "1", "--clip-hold", "gpu", NULL};
-    assert_int_equal(fy_test_launch_in(f, hold, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, hold, 60), 2);
     assert_true(fy_test_file_contains(f->log, "--clip-hold gpu with --gpus 2: gradients held on "
                                               "the GPUs are not summed across them"));
 }
@@ -348,7 +348,7 @@ static void test_plan_largest_batch_fits_ssd(void **state)
     assert_true((uint64_t)largest + 8 >= free_bytes / (per_sample * 9 / 8));
     assert_int_equal(plan_wide(f, ssd, fy_test_fmt("%d", largest)), 0);
     assert_false(fy_test_file_contains(f->log, "DOES NOT FIT"));
-    assert_int_equal(plan_wide(f, ssd, fy_test_fmt("%d", largest + 2)), 1);
+    assert_int_equal(plan_wide(f, ssd, fy_test_fmt("%d", largest + 2)), 2);
     assert_true(fy_test_file_contains(f->log, "swapped internals' scratch) on 1 path with "));
     assert_true(fy_test_file_contains(f->log, "free (DOES NOT FIT)"));
 }
@@ -620,7 +620,7 @@ static void test_profile_command(void **state)
     assert_true(fy_test_file_contains(f->log, "step 1/1"));
     const char *bad[] = {"profile", "--run-dir", run, "--batch", "8", "--seq", "64", "--backend",
                          "cpu", NULL};
-    assert_int_equal(fy_test_launch_in(f, bad, 60), 1);
+    assert_int_equal(fy_test_launch_in(f, bad, 60), 2);
     assert_true(fy_test_file_contains(f->log, "to the model's context of 32"));
 }
 

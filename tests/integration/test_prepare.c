@@ -280,15 +280,17 @@ static void test_hf_tokenizers(void **state)
 
 /* ---- bad inputs ---- */
 
-/* Runs prepare with args; expects exit 1, exactly one error line containing want, no output. */
-static void expect_refused(const char *const *args, const char *out, const char *want)
+/* Runs prepare with args; expects exit `status`, exactly one error line containing want, no
+ * output. */
+static void expect_refused_with(const char *const *args, const char *out, const char *want,
+                                int status)
 {
     int rc = launch(args);
-    if (rc != 1 || !fy_test_file_contains(log_path, want) ||
+    if (rc != status || !fy_test_file_contains(log_path, want) ||
         count_lines_with(log_path, "error:") != 1) {
         char *text = fy_test_slurp(log_path, NULL);
-        fail_msg("expected exit 1 and one error line with '%s'; got exit %d and:\n%s", want, rc,
-                 text ? text : "(no log)");
+        fail_msg("expected exit %d and one error line with '%s'; got exit %d and:\n%s", status,
+                 want, rc, text ? text : "(no log)");
     }
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
@@ -296,6 +298,18 @@ static void expect_refused(const char *const *args, const char *out, const char 
     assert_false(exists(tmp));
     snprintf(tmp, sizeof tmp, "%s.tmp.mask", out);
     assert_false(exists(tmp));
+}
+
+/* An input refused: exit 1. */
+static void expect_refused(const char *const *args, const char *out, const char *want)
+{
+    expect_refused_with(args, out, want, 1);
+}
+
+/* Options that do not go together: a usage error, exit 2. */
+static void expect_usage(const char *const *args, const char *out, const char *want)
+{
+    expect_refused_with(args, out, want, 2);
 }
 
 static void test_bad_inputs(void **state)
@@ -331,12 +345,12 @@ static void test_bad_inputs(void **state)
     expect_refused(zero, out, "zero.jsonl: the input hold no text: nothing to prepare");
     const char *missing[] = {"prepare", "--out", out, "--jsonl", tpath("nope.jsonl"), NULL};
     expect_refused(missing, out, "nope.jsonl: No such file or directory");
-    /* options */
+    /* options that do not go together: usage errors */
     const char *nojsonl[] = {"prepare", "--out", out, "--text-field", "x", tpath("zero.jsonl"), NULL};
-    expect_refused(nojsonl, out, "need --jsonl");
+    expect_usage(nojsonl, out, "need --jsonl");
     const char *half[] = {"prepare", "--out", out, "--jsonl", "--prompt-field", "p",
                           tpath("zero.jsonl"), NULL};
-    expect_refused(half, out, "--prompt-field and --response-field together");
+    expect_usage(half, out, "--prompt-field and --response-field together");
     /* an existing output is kept */
     write_text(tpath("keep.tok"), "keep");
     write_text(tpath("ok.jsonl"), "{\"text\": \"ok\"}\n");

@@ -100,20 +100,34 @@ static int exists(const char *path)
     return lstat(path, &st) == 0;
 }
 
-/* Runs prepare with args; expects exit 1, exactly one error line containing want, no output. */
-static void expect_refused(const char *const *args, const char *out, const char *want)
+/* Runs prepare with args; expects exit `status`, exactly one error line containing want, no
+ * output. */
+static void expect_refused_with(const char *const *args, const char *out, const char *want,
+                                int status)
 {
     int rc = launch(args);
-    if (rc != 1 || !fy_test_file_contains(log_path, want) ||
+    if (rc != status || !fy_test_file_contains(log_path, want) ||
         fy_test_count_matches(log_path, "error:") != 1) {
         char *text = fy_test_slurp(log_path, NULL);
-        fail_msg("expected exit 1 and one error line with '%s'; got exit %d and:\n%s", want, rc,
-                 text ? text : "(no log)");
+        fail_msg("expected exit %d and one error line with '%s'; got exit %d and:\n%s", status,
+                 want, rc, text ? text : "(no log)");
     }
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     assert_false(exists(out));
     assert_false(exists(tmp));
+}
+
+/* An input refused: exit 1. */
+static void expect_refused(const char *const *args, const char *out, const char *want)
+{
+    expect_refused_with(args, out, want, 1);
+}
+
+/* Options that do not go together: a usage error, exit 2. */
+static void expect_usage(const char *const *args, const char *out, const char *want)
+{
+    expect_refused_with(args, out, want, 2);
 }
 
 /* A tokenizer directory for a family of tests/fixtures/chat/, in the scratch directory. */
@@ -241,17 +255,17 @@ static void test_chat_refused(void **state)
     /* the options, refused before any Python runs */
     const char *with_text[] = {"prepare", "--out", out, "--tokenizer", tpath("x"), "--jsonl",
                                "--messages-field", "m", "--text-field", "t", CONVERSATIONS, NULL};
-    expect_refused(with_text, out, "--messages-field takes the whole conversation");
+    expect_usage(with_text, out, "--messages-field takes the whole conversation");
     const char *with_pair[] = {"prepare", "--out", out, "--tokenizer", tpath("x"), "--jsonl",
                                "--messages-field", "m", "--prompt-field", "p", "--response-field",
                                "r", CONVERSATIONS, NULL};
-    expect_refused(with_pair, out, "--messages-field takes the whole conversation");
+    expect_usage(with_pair, out, "--messages-field takes the whole conversation");
     const char *no_jsonl[] = {"prepare", "--out", out, "--tokenizer", tpath("x"),
                               "--messages-field", "m", CONVERSATIONS, NULL};
-    expect_refused(no_jsonl, out, "need --jsonl, or Parquet inputs");
+    expect_usage(no_jsonl, out, "need --jsonl, or Parquet inputs");
     const char *no_tok[] = {"prepare", "--out", out, "--jsonl", "--messages-field", "m",
                             CONVERSATIONS, NULL};
-    expect_refused(no_tok, out, "--messages-field needs --tokenizer");
+    expect_usage(no_tok, out, "--messages-field needs --tokenizer");
     const char *other_cmd[] = {"train", "--messages-field", "m", NULL};
     assert_int_equal(launch(other_cmd), 2);
     assert_true(fy_test_file_contains(log_path, "--messages-field does not apply to train"));
@@ -462,7 +476,7 @@ static void test_parquet_refused(void **state)
     write_text(tpath("fake.parquet"), "not parquet\n");
     /* Parquet with text, without --jsonl: refused before any Python runs */
     const char *mixed[] = {"prepare", "--out", out, tpath("fake.parquet"), tpath("doc.txt"), NULL};
-    expect_refused(mixed, out, "fake.parquet is Parquet and ");
+    expect_usage(mixed, out, "fake.parquet is Parquet and ");
     assert_true(fy_test_file_contains(log_path, "doc.txt is not: give --jsonl"));
 
     if (skip_without(have_pyarrow, "pyarrow"))

@@ -341,7 +341,7 @@ static void test_bad_inputs_refused(void **state)
     /* --inprocess runs the CPU backend in the launcher: asking for CUDA with it is refused, not
      * quietly run on the CPU */
     const char *cuda[] = {"--backend", "cuda", NULL};
-    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "5", NULL, 1, cuda), 1);
+    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "5", NULL, 1, cuda), 2);
     assert_true(fy_test_file_contains(f->log, "drop --backend cuda"));
 
     /* the run is still fine after all of that */
@@ -610,6 +610,76 @@ static void test_export_and_init_refuse_overwrite(void **state)
     free(second);
 }
 
+/* export of a run directory on a read-only file system (a read-only bind mount, in a mount
+ * namespace of the test's own): nothing can be training there, so the export reads the store
+ * without the run directory's lock, its own files in $TMPDIR/fuyou-reader-PID, said in one line,
+ * the store opened read-only; the weights file and the Hugging Face directory are those of the
+ * writable original, and nothing is left in $TMPDIR or /dev/shm. A reader directory left there by
+ * an export that died is removed first. */
+static void test_export_read_only_run_dir(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *run = fy_test_in(f, "run"), *ro = fy_test_in(f, "ro"), *tmp = fy_test_in(f, "tmp");
+    char *want = fy_test_in(f, "want.fywt"), *got = fy_test_in(f, "got.fywt");
+    char *log = fy_test_in(f, "ro.log");
+    fy_trainutil_init_model(f, run, "32", "3");
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "2", want, 0, NULL, NULL), 0);
+    assert_int_equal(mkdir(ro, 0700), 0);
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    /* a reader directory of an export that died (its pid gone) */
+    pid_t dead = fork();
+    assert_true(dead >= 0);
+    if (dead == 0)
+        _exit(0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    char *stale = strdup(fy_test_fmt("%s/fuyou-reader-%d", tmp, (int)dead));
+    assert_int_equal(mkdir(stale, 0700), 0);
+    FILE *lock = fopen(fy_test_fmt("%s/launch.lock", stale), "w");
+    assert_non_null(lock);
+    assert_int_equal(fclose(lock), 0);
+    const char *launch = fy_test_bin("fuyou-launch");
+    const char *out_cmd = fy_test_fmt("env TMPDIR='%s' '%s' export --run-dir '%s' --out '%s'",
+                                      tmp, launch, ro, got);
+    int rc = fy_test_run_read_only(run, ro, out_cmd, log);
+    if (rc == -1) {
+        free(stale);
+        skip();
+    }
+    if (rc != 0)
+        fail_msg("export of a read-only run directory: exit %d; its log:\n%s", rc,
+                 fy_test_slurp(log, NULL));
+    assert_true(fy_test_file_contains(log, "is on a read-only file system, where nothing can be "
+                                           "training: the export reads the store without the "
+                                           "run directory's lock"));
+    assert_true(fy_test_file_contains(log, "read-only, stripe unit"));
+    assert_true(fy_test_file_contains(log, fy_test_fmt("removed %s, left by an export that died",
+                                                       stale)));
+    size_t n_want, n_got;
+    char *a = fy_test_slurp(want, &n_want), *b = fy_test_slurp(got, &n_got);
+    assert_true(a != NULL && b != NULL && n_want == n_got);
+    assert_memory_equal(a, b, n_want);
+    free(a);
+    free(b);
+    /* the reader's pool gone with its directory */
+    char *text = fy_test_slurp(log, NULL), *at = strstr(text, "shared pool /fuyou-");
+    assert_non_null(at);
+    char pool[FY_POOL_NAME_MAX];
+    assert_int_equal(sscanf(at + strlen("shared pool "), "%63[^:]", pool), 1);
+    free(text);
+    assert_int_not_equal(access(fy_test_fmt("/dev/shm%s", pool), F_OK), 0);
+    assert_int_equal(fy_test_count_entries(tmp), 0);
+    /* --to-hf too */
+    char *hf = fy_test_in(f, "hf");
+    const char *hf_cmd = fy_test_fmt("env TMPDIR='%s' '%s' export --run-dir '%s' --to-hf '%s'",
+                                     tmp, launch, ro, hf);
+    rc = fy_test_run_read_only(run, ro, hf_cmd, log);
+    assert_int_equal(rc, 0);
+    assert_true(fy_test_file_contains(log, "exported step 2 to"));
+    assert_int_equal(access(fy_test_fmt("%s/model.safetensors", hf), F_OK), 0);
+    assert_int_equal(fy_test_count_entries(tmp), 0);
+    free(stale);
+}
+
 int main(void)
 {
     if (fy_trainutil_start("test_train") != 0)
@@ -625,6 +695,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_run_dir_in_use_said_once),
         FY_TRAINUTIL_TEST(test_missing_run_dir_refused),
         FY_TRAINUTIL_TEST(test_export_and_init_refuse_overwrite),
+        FY_TRAINUTIL_TEST(test_export_read_only_run_dir),
     };
     struct CMUnitTest run[sizeof tests / sizeof tests[0]];
     size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */
