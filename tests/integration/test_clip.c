@@ -228,7 +228,7 @@ static void test_clip_mode_auto(void **state)
     assert_int_equal(fy_trainutil_train_with(f, run, f->data, "3", NULL, 0, bad), 2);
 
     /* a 1.3B model's state fills a 12 GiB pool: no room for its 4.5 GiB of gradients there, but
-     * in the GPU arena beside the working buffers (3.8 GiB of 24), with every unit kept that fits;
+     * in the GPU arena beside the working buffers (2.4 GiB of 24), with every unit kept that fits;
      * held in the pool alone (--clip-hold pool), two passes */
 #define XL "plan", "--layers", "24", "--heads", "16", "--embd", "2048", "--ctx", "1024", \
            "--batch", "16", "--seq", "1024", "--backend", "cuda", "--clip-grad-norm", "1", \
@@ -239,7 +239,7 @@ static void test_clip_mode_auto(void **state)
                                               "gradients (4.5 GiB) held in the GPU arena (each "
                                               "sent to the pool for its update)"));
     assert_true(fy_test_file_contains(f->log, "15 of 26 units (7.8 GiB) stay in the shared pool"));
-    assert_true(fy_test_file_contains(f->log, "plan: GPU: working buffers 3.8 GiB, the blocks' "
+    assert_true(fy_test_file_contains(f->log, "plan: GPU: working buffers 2.4 GiB, the blocks' "
                                               "gradients 4.5 GiB (one-pass clipping) of --gpu-mem "
                                               "24.0 GiB"));
     const char *pool_only[] = {XL, "12G", "--gpu-mem", "24G", "--clip-hold", "pool", NULL};

@@ -360,7 +360,7 @@ static void test_plan_largest_batch_fits_ssd(void **state)
  * from the profiles' rates: N = 50304 x 5120 + 2048 x 5120 + 40 x (12 x 5120^2 + 13 x 5120) +
  * 2 x 5120 = 12853626880 parameters; a token 6 N + 6 x 40 x 1024 x 5120 FLOPs, 40960 tokens, on
  * the GPU at gpu_flops; AdamW N / opt_params (fp32), N / opt_params_bf16, N / opt_params_int8.
- * Where the GPU is modelled (the CUDA backend built) batch 40 is the largest that fits 24 GiB. */
+ * Where the GPU is modelled (the CUDA backend built) batch 76 is the largest that fits 24 GiB. */
 static int plan_paper(struct fy_test_fixture *f, const char *machine, const char *format,
                       const char *gpu_mem, int wide, const char *batch)
 {
@@ -413,7 +413,7 @@ static void test_paper_machine_profiles(void **state)
                                1e-5 * step_flops / gpu_flops);
             assert_float_equal(predicted_seconds(f->log, "optimizer "), N / opt, 1e-5 * N / opt);
             if (m != 1 && fy_test_file_contains(f->log, "plan: GPU: working buffers "))
-                assert_true(fy_test_file_contains(f->log, "plan: largest batch that fits: 40 "));
+                assert_true(fy_test_file_contains(f->log, "plan: largest batch that fits: 76 "));
         }
         free(profile);
     }
