@@ -249,11 +249,11 @@ static void test_clip_mode_auto(void **state)
                                               "blocks' gradients (4.5 GiB), a pool of "));
     assert_true(fy_test_file_contains(f->log, "15 of 26 units (7.8 GiB) stay in the shared pool"));
     /* no room in either: two passes, saying both */
-    const char *tight_gpu[] = {XL, "12G", "--gpu-mem", "8G", NULL};
+    const char *tight_gpu[] = {XL, "12G", "--gpu-mem", "6G", NULL};
     assert_int_equal(fy_test_launch_in(f, tight_gpu, 60), 0);
     assert_true(fy_test_file_contains(f->log, "and --cpu-mem is 12.0 GiB; the GPU arena has no "
                                               "room for them beside its working buffers "
-                                              "(--gpu-mem 8.0 GiB)"));
+                                              "(--gpu-mem 6.0 GiB)"));
     /* one-pass: the gradients first, fewer units kept; refused where even they do not fit */
     const char *forced[] = {XL, "12G", "--gpu-mem", "24G", "--clip-mode", "one-pass",
                             "--clip-hold", "pool", NULL};
