@@ -13,7 +13,7 @@
 enum { LOG, TOKENIZE_SCRIPT, CUDA_VISIBLE, CUDA_ATTENTION, CUDA_FUSE, GPU_QUEUE, TEST_PROFILE_FAIL,
        TEST_KEEP_LAYERS, TEST_IO_ENOSPC_AFTER, TEST_ACT_MIX, TEST_EXPORT_PAUSE_MS,
        TEST_METRICS_PENDING_MAX, TEST_EMBED_WHOLE, TEST_OPT_DELAY_MS, TEST_GRAD_PIECE_FLOATS,
-       KNOB_COUNT };
+       TEST_LAND_CHUNK, KNOB_COUNT };
 
 static const struct fy_knob knobs[KNOB_COUNT] = {
     [LOG] = {"FUYOU_LOG", FY_KNOB_USER},
@@ -31,6 +31,7 @@ static const struct fy_knob knobs[KNOB_COUNT] = {
     [TEST_EMBED_WHOLE] = {"FUYOU_TEST_EMBED_WHOLE", FY_KNOB_TEST},
     [TEST_OPT_DELAY_MS] = {"FUYOU_TEST_OPT_DELAY_MS", FY_KNOB_TEST},
     [TEST_GRAD_PIECE_FLOATS] = {"FUYOU_TEST_GRAD_PIECE_FLOATS", FY_KNOB_TEST},
+    [TEST_LAND_CHUNK] = {"FUYOU_TEST_LAND_CHUNK", FY_KNOB_TEST},
 };
 
 const struct fy_knob *fy_knobs(unsigned *count)
@@ -148,4 +149,16 @@ size_t fy_knob_test_grad_piece_floats(void)
         return 0;
     }
     return (size_t)n;
+}
+
+uint64_t fy_knob_test_land_chunk(void)
+{
+    const char *v = value(TEST_LAND_CHUNK);
+    if (v == NULL || *v == 0)
+        return 0;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end != 0 || n == 0 || v[0] == '-')
+        return 0;
+    return (n + 4095) / 4096 * 4096;
 }

@@ -75,19 +75,27 @@ static void test_prediction_by_hand(void **state)
     assert_float_equal(p.d2h_s, 3.18976e-4, 1e-12);
     fy_plan_predict(&bf16, &ckpt_ssd, &rates, &p);
     assert_float_equal(p.ssd_s, 1.103872e-2 + 3.2768e-4 + 1.6384e-4, 1e-12);
-    /* bf16 weight copies of the kept units: the embeddings' 18432 parameters and block 2's 49984
-     * go up at 2 bytes instead of 4 (block 2 in the forward and the backward), and so do the
-     * head's final unit and wte (128 + 16384), both of its units having copies: 269824 fewer */
+    /* bf16 weights: every unit's go up at 2 bytes instead of 4, 469760 fewer (the embeddings'
+     * 18432 parameters, both blocks' 49984 in the forward and the backward, the head's final unit
+     * and wte, 128 + 16384); the kept units have copies, and the streamed block 1 is converted by
+     * the opt worker for its forward and its backward, 2 x 49984 parameters of 6 bytes at AdamW's
+     * host memory rate (1e6 parameters/s x 28 bytes) */
     const unsigned char copies[4] = {FY_PLAN_KEPT_BF16, FY_PLAN_STREAMED, FY_PLAN_KEPT_BF16,
                                      FY_PLAN_KEPT_BF16};
     const struct fy_plan_place with_copies = {.resident = copies};
-    fy_plan_predict(&f32, &with_copies, &rates, &p);
-    assert_float_equal(p.h2d_s, 1.007104e-3, 1e-12);
+    struct fy_plan_shape bf16w = f32;
+    bf16w.weight_dtype = FY_DTYPE_BF16;
+    fy_plan_predict(&bf16w, &with_copies, &rates, &p);
+    assert_float_equal(p.h2d_s, 8.07168e-4, 1e-12);
     assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
     assert_float_equal(p.ssd_s, 1.103872e-2, 1e-12);
+    assert_float_equal(p.convert_s, 2 * 49984 * 6 / 28e6, 1e-12);
+    assert_float_equal(p.opt_s, 0.118528 + 2 * 49984 * 6 / 28e6, 1e-12);
     assert_int_equal(fy_plan_weight_copies(&c, copies), 3);
-    assert_int_equal(fy_plan_upload_bytes(&c, copies, 1), 49984 * 4);
-    assert_int_equal(fy_plan_upload_bytes(&c, copies, 2), 49984 * 2);
+    /* f32 weights: copies or not, the masters go up */
+    fy_plan_predict(&f32, &with_copies, &rates, &p);
+    assert_float_equal(p.h2d_s, 1.276928e-3, 1e-12);
+    assert_float_equal(p.convert_s, 0, 1e-15);
 }
 
 /* fuyou-launch plan with a machine profile of round rates prints, without running anything, the
