@@ -125,10 +125,10 @@ uint64_t fy_plan_swap_store_bytes(const struct fy_plan_swap *swap, unsigned n_la
 uint64_t fy_plan_ckpt_store_bytes(const struct fy_plan_shape *s);
 
 /* Where a unit's optimizer state lives (struct fy_plan_place.resident): streamed from the store,
- * kept in the pool across steps, or kept with a bf16 copy of its weights beside it, which AdamW
- * writes with the master and the gpu worker reads instead of the master: half the bytes over
- * PCIe, and the same bits where the backend computes in bf16 anyway
- * (fy_backend_preferred_weight_dtype). */
+ * kept in the pool across steps, or (with bf16 weights) kept with a bf16 copy of its weights
+ * beside it, which AdamW writes with the master and the gpu worker reads in place of the master's
+ * conversion to bf16 before each use (fy_plan_converts): the same bits, the conversions' host
+ * memory saved for 2 bytes a parameter of pool. */
 enum { FY_PLAN_STREAMED = 0, FY_PLAN_KEPT = 1, FY_PLAN_KEPT_BF16 = 2 };
 
 /* Where things live in a step: a plan's placement (struct fy_plan), or one a caller gives. */

@@ -511,6 +511,60 @@ static void test_probe_then_plan(void **state)
     assert_int_equal(entries_in(b), in_b);
 }
 
+/* The last line of the log that holds `key`, into out. */
+static void line_of(const char *log, const char *key, char *out, size_t len)
+{
+    char *text = fy_test_slurp(log, NULL), *at = NULL;
+    assert_non_null(text);
+    for (char *p = text; (p = strstr(p, key)) != NULL; p++)
+        at = p;
+    assert_non_null(at);
+    while (at > text && at[-1] != '\n')
+        at--;
+    snprintf(out, len, "%.*s", (int)strcspn(at, "\n"), at);
+    free(text);
+}
+
+/* The shared pool a training session lays out is the one plan prints, its size and its regions:
+ * every unit streamed with f32 weights (three slots of a block's 200704-byte master section), with
+ * bf16 weights (three of its 99968 bf16 bytes, padded to 102400, and the landing ring, four
+ * chunks of a quarter of the master section, 53248 bytes), and kept with bf16 copies (no ring);
+ * the blocks recomputed (plan plans --act-plan auto so). */
+static void test_plan_pool_is_train_pool(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    static const char *const cases[][4] = {
+        {"pool-f32", "f32", NULL, "weights 588.0 KiB, grads"},
+        {"pool-bf16", "bf16", NULL, "weights 300.0 KiB, landing 208.0 KiB, grads"},
+        {"pool-kept", "bf16", "1G", "weights 300.0 KiB, grads"}};
+    for (int i = 0; i < 3; i++) {
+        char *run = fy_test_in(f, cases[i][0]);
+        fy_trainutil_init_model(f, run, "64", "5");
+        const char *opts[] = {"--weights-dtype", cases[i][1], "--act-plan", "recompute",
+                              cases[i][2] ? "--cpu-mem" : NULL, cases[i][2], NULL};
+        assert_int_equal(fy_trainutil_train_with(f, run, f->data, "1", NULL, 0, opts), 0);
+        char trained[512], sized[512], regions[1024], want[128];
+        line_of(f->log, "shared pool /", trained, sizeof trained); /* the training session's */
+        const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
+                              "cpu", "--weights-dtype", cases[i][1], "--act-plan", "recompute",
+                              cases[i][2] ? "--cpu-mem" : NULL, cases[i][2], NULL};
+        assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
+        line_of(f->log, "plan: shared pool regions: ", regions, sizeof regions);
+        assert_non_null(strstr(regions, cases[i][3]));
+        int n = 1;
+        for (const char *p = regions; (p = strstr(p, ", ")) != NULL; p++)
+            n++;
+        /* "plan: shared pool SIZE UNIT (no --cpu-mem ..." or "... SIZE UNIT of --cpu-mem ..." */
+        line_of(f->log, cases[i][2] ? " of --cpu-mem " : " (no --cpu-mem", sized, sizeof sized);
+        const char *size = sized + strlen("plan: shared pool ");
+        int len = (int)strcspn(size, " ");
+        len += 1 + (int)strcspn(size + len + 1, " ");
+        snprintf(want, sizeof want, ": %.*s in %d regions", len, size, n);
+        print_message("%s: train's %s; plan's %s\n", cases[i][0], trained, want);
+        assert_non_null(strstr(trained, want));
+    }
+}
+
 /* Progress for people: on a terminal (here script(1)'s pseudo-terminal) one status line with the
  * step, loss, tokens/s, TFLOP/s, GPU busy and ETA, redrawn in place, while the full step lines go
  * to RUN/fuyou.log; elsewhere the full step lines; a summary at the end either way. */
@@ -939,6 +993,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),
         FY_TRAINUTIL_TEST(test_paper_machine_profiles),
         FY_TRAINUTIL_TEST(test_probe_then_plan),
+        FY_TRAINUTIL_TEST(test_plan_pool_is_train_pool),
         FY_TRAINUTIL_TEST(test_progress_line),
         FY_TRAINUTIL_TEST(test_report_charts),
         FY_TRAINUTIL_TEST(test_profile_command),
