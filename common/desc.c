@@ -199,6 +199,7 @@ const char *fy_op_name(int op)
         [FY_OP_GPT_HEAD] = "gpt-head", [FY_OP_GPT_BLOCK_BWD] = "gpt-block-bwd",
         [FY_OP_GPT_EMBED_BWD] = "gpt-embed-bwd", [FY_OP_OPT_SUMSQ] = "opt-sumsq",
         [FY_OP_GPT_PROFILE] = "gpt-profile", [FY_OP_GPT_GRAD_SEND] = "gpt-grad-send",
+        [FY_OP_OPT_CONVERT] = "opt-convert",
     };
     if (op <= 0 || op >= FY_OP_COUNT || names[op] == NULL)
         return "unknown-op";

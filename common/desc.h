@@ -8,6 +8,8 @@
  *              gradient scale of global-norm clipping (IEEE double bits each; 0: the run's lr, no
  *              scaling): each value travels in the part it is about.
  *   opt-sumsq  one GRAD part; the reply's arg is the sum of its squared elements (double bits).
+ *   opt-convert  a MASTER part (f32) and a WEIGHTS part (bf16) of as many elements, not
+ *              overlapping: the weights rounded to bf16 (fy_f32_to_bf16) for a gpu request.
  * What `arg` holds depends on the op and the part's kind (struct fy_desc), and a reply, which names
  * no region, carries timings in the region's fields. */
 #ifndef FY_DESC_H
@@ -73,6 +75,8 @@ enum fy_op {
                                  backend.h) into the second part, copying through the first */
     FY_OP_GPT_GRAD_SEND = 18, /* gpu: block gradient held on the device (buffer `arg` of its
                                  GRAD part) -> that region (one-pass clipping) */
+    FY_OP_OPT_CONVERT = 19,   /* opt: the MASTER part's f32 values rounded to bf16 into the WEIGHTS
+                                 part (the same element count), the weights a gpu request reads */
     FY_OP_COUNT
 };
 

@@ -13,7 +13,8 @@
 enum { LOG, TOKENIZE_SCRIPT, CUDA_VISIBLE, TMPDIR, CUDA_ATTENTION, CUDA_FUSE, GPU_QUEUE,
        TEST_PROFILE_FAIL,
        TEST_KEEP_LAYERS, TEST_IO_ENOSPC_AFTER, TEST_ACT_MIX, TEST_EXPORT_PAUSE_MS,
-       TEST_START_PAUSE_MS, TEST_METRICS_PENDING_MAX, TEST_EMBED_WHOLE, TEST_OPT_DELAY_MS, KNOB_COUNT };
+       TEST_START_PAUSE_MS, TEST_METRICS_PENDING_MAX, TEST_EMBED_WHOLE, TEST_OPT_DELAY_MS,
+       TEST_GRAD_PIECE_FLOATS, TEST_LAND_CHUNK, KNOB_COUNT };
 
 static const struct fy_knob knobs[KNOB_COUNT] = {
     [LOG] = {"FUYOU_LOG", FY_KNOB_USER},
@@ -32,6 +33,8 @@ static const struct fy_knob knobs[KNOB_COUNT] = {
     [TEST_METRICS_PENDING_MAX] = {"FUYOU_TEST_METRICS_PENDING_MAX", FY_KNOB_TEST},
     [TEST_EMBED_WHOLE] = {"FUYOU_TEST_EMBED_WHOLE", FY_KNOB_TEST},
     [TEST_OPT_DELAY_MS] = {"FUYOU_TEST_OPT_DELAY_MS", FY_KNOB_TEST},
+    [TEST_GRAD_PIECE_FLOATS] = {"FUYOU_TEST_GRAD_PIECE_FLOATS", FY_KNOB_TEST},
+    [TEST_LAND_CHUNK] = {"FUYOU_TEST_LAND_CHUNK", FY_KNOB_TEST},
 };
 
 const struct fy_knob *fy_knobs(unsigned *count)
@@ -147,4 +150,30 @@ int fy_knob_test_opt_delay_ms(long *ms)
                "FUYOU_TEST_OPT_DELAY_MS=%s: give 0 to 10000 milliseconds (a test hook)", v);
     *ms = n;
     return 1;
+}
+
+size_t fy_knob_test_grad_piece_floats(void)
+{
+    const char *v = value(TEST_GRAD_PIECE_FLOATS);
+    if (v == NULL || *v == 0)
+        return 0;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end != 0 || n < 64) {
+        fy_warn("FUYOU_TEST_GRAD_PIECE_FLOATS=%s: not a number of at least 64 floats; ignored", v);
+        return 0;
+    }
+    return (size_t)n;
+}
+
+uint64_t fy_knob_test_land_chunk(void)
+{
+    const char *v = value(TEST_LAND_CHUNK);
+    if (v == NULL || *v == 0)
+        return 0;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end != 0 || n == 0 || v[0] == '-')
+        return 0;
+    return (n + 4095) / 4096 * 4096;
 }

@@ -72,6 +72,14 @@ int fy_knob_test_embed_whole(void);
 /* FUYOU_TEST_OPT_DELAY_MS=MS: every AdamW request is delayed by MS (0 to 10000) milliseconds.
  * 1 with *ms the delay, 0 when unset or empty (*ms 0), -EINVAL (said) when out of range. */
 int fy_knob_test_opt_delay_ms(long *ms);
+/* FUYOU_TEST_GRAD_PIECE_FLOATS=N: the CUDA backend's block gradients go home in pieces of at most
+ * N floats (at least 64), so that small models take the path of sliced weights; 0 when unset (or
+ * not such a number, said). */
+size_t fy_knob_test_grad_piece_floats(void);
+/* FUYOU_TEST_LAND_CHUNK=BYTES: the landing ring's chunk (launcher/plan.h) at most that many bytes,
+ * rounded up to a multiple of 4096, so that a small model's units stream in several chunks; 0 when
+ * unset or not a positive number. */
+uint64_t fy_knob_test_land_chunk(void);
 
 #ifdef __cplusplus
 }

@@ -262,10 +262,10 @@ static int hold_slot(const struct fy_backend *b, int slot)
     return 0;
 }
 
-int fy_backend_model_hold_last(struct fy_backend *b, int slot)
+int fy_backend_model_hold_next(struct fy_backend *b, int slot)
 {
     FY_TRY(hold_slot(b, slot));
-    return b->ops->model_hold_last(b->state, slot);
+    return b->ops->model_hold_next(b->state, slot);
 }
 
 int fy_backend_model_hold_send(struct fy_backend *b, int slot, float *dparams)

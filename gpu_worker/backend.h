@@ -113,13 +113,13 @@ struct fy_backend_ops {
     /* One-pass clipping with the blocks' gradients held on the device until the norm is known.
      * model_hold takes `count` buffers of a block's f32 gradient (after model_prepare, before
      * model_swap and model_keep, so they come before any kept set; -ENOMEM, said, where they do not
-     * fit). model_hold_last keeps the gradient of the block backward made just before (queued or
-     * complete, before any other model call) in buffer `slot` as well. model_hold_send copies
+     * fit). model_hold_next: the next block backward made also keeps its gradient in buffer `slot`
+     * (one backward: the call after it holds nothing unless asked again). model_hold_send copies
      * buffer `slot` into the host buffer `dparams` (a block's f32 gradient), a call queued and
      * finished like the model calls above, after every call made before it. NULL: the backend
      * cannot hold gradients. */
     int (*model_hold)(void *state, int count);
-    int (*model_hold_last)(void *state, int slot);
+    int (*model_hold_next)(void *state, int slot);
     int (*model_hold_send)(void *state, int slot, float *dparams);
     /* Several gpu workers, each with a share of the batch (--gpus). model_loss_count: the
      * model_head calls made from now on average their loss and its gradient over `count` targets
@@ -181,7 +181,7 @@ int fy_backend_model_block_backward(struct fy_backend *b, int layer, const void 
 /* Gradients held on the device (see model_hold): -ENOTSUP (said) for a backend without; slot
  * outside 0..count-1: -EINVAL (said). */
 int fy_backend_model_hold(struct fy_backend *b, int count);
-int fy_backend_model_hold_last(struct fy_backend *b, int slot);
+int fy_backend_model_hold_next(struct fy_backend *b, int slot);
 int fy_backend_model_hold_send(struct fy_backend *b, int slot, float *dparams);
 /* Several workers (see model_loss_count, model_rank_id, model_ranks): -ENOTSUP (said) for a
  * backend without; fy_backend_model_sums_ranks says whether model_ranks is there. */

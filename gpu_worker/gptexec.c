@@ -409,10 +409,11 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         p[2] = share(e, p[2], e->act_bytes);
         p[3] = share(e, p[3], e->act_bytes);
         float *dparams = grad_target(e, p[4], block_n, 0, 0);
-        FY_TRY(grad_sum(e, fy_backend_model_block_backward(e->backend, layer, p[0], p[1], p[2],
+        if (held >= 0) /* this backward's gradient is kept in the buffer too */
+            FY_TRY(fy_backend_model_hold_next(e->backend, held));
+        return grad_sum(e, fy_backend_model_block_backward(e->backend, layer, p[0], p[1], p[2],
                                                            p[3], dparams, any ? &saved : NULL),
-                        p[4], block_n, 0));
-        return held >= 0 ? fy_backend_model_hold_last(e->backend, held) : 0;
+                        p[4], block_n, 0);
     case FY_OP_GPT_GRAD_SEND:
         FY_REQUIRE(n == 1 && layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
                    "gpt-grad-send takes one part for a block (1..%u), got %u for layer %d",

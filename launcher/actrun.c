@@ -141,7 +141,7 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     memset(bwd, 0, sizeof *bwd);
     memset(norm, 0, sizeof *norm);
     for (unsigned u = 0; u < units; u++) {
-        fwd->h2d += fy_plan_upload_bytes(c, in->resident, u); /* every unit's, in the forward */
+        fwd->h2d += fy_plan_upload_bytes(c, in->weight_dtype, u); /* every unit's, in the forward */
         if (in->resident == NULL || !in->resident[u]) {
             int block = fy_model_unit_kind(c, u) == FY_UNIT_BLOCK;
             fwd->ssd_read += fy_optstate_master_bytes(c, u);
@@ -163,7 +163,7 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     double rate = p->flops_per_s > 0 ? HEAD_RATE_SHARE * p->flops_per_s : INFINITY;
     fwd->gpu_s = keep * p->fwd_s + head_flops / rate;
     for (unsigned u = 1; u <= L; u++)
-        bwd->h2d += fy_plan_upload_bytes(c, in->resident, u);
+        bwd->h2d += fy_plan_upload_bytes(c, in->weight_dtype, u);
     bwd->d2h = (uint64_t)(L * (act + unit_f32(c, 1)) + unit_f32(c, 0));
     bwd->gpu_s = keep * p->bwd_s;
     double params = (double)fy_model_total_params(c);
@@ -180,9 +180,24 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
         norm->gpu_s = keep * p->bwd_s + planned * (p->bwd_s + full_recompute);
     }
     (two_pass ? norm : bwd)->opt_s += sums_s;
-    fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write;
-    bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write;
-    norm->mem = norm->h2d + norm->d2h + norm->ssd_read;
+    /* bf16 weights: the opt worker converts each unit without a copy for the forward, and each
+     * such block for every backward pass, at host memory's rate (mem_Bps) */
+    double fwd_convert = 0, bwd_convert = 0;
+    for (unsigned u = 0; u < units; u++) {
+        int converts = in->weight_dtype == FY_DTYPE_BF16 &&
+                       (in->resident == NULL || in->resident[u] != FY_PLAN_KEPT_BF16);
+        double bytes = converts ? (double)fy_model_unit_params(c, u) * FY_PLAN_CONVERT_PARAM_BYTES
+                                : 0;
+        fwd_convert += bytes;
+        bwd_convert += fy_model_unit_kind(c, u) == FY_UNIT_BLOCK ? bytes : 0;
+    }
+    fwd->opt_s += fwd_convert / mem_Bps(in);
+    bwd->opt_s += bwd_convert / mem_Bps(in);
+    if (two_pass)
+        norm->opt_s += bwd_convert / mem_Bps(in);
+    fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write + (uint64_t)fwd_convert;
+    bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write + (uint64_t)bwd_convert;
+    norm->mem = norm->h2d + norm->d2h + norm->ssd_read + (two_pass ? (uint64_t)bwd_convert : 0);
     for (unsigned u = 0; u < units; u++) { /* the updates, copies written, clipping's sums */
         int copy = in->resident != NULL && in->resident[u] == FY_PLAN_KEPT_BF16;
         upd->mem += fy_model_unit_params(c, u) *

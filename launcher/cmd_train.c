@@ -468,13 +468,12 @@ static void train_log_traffic(const struct fy_options *o, const struct train_run
     fy_plan_clip_describe(&t->plan_in, p, clipping, sizeof clipping);
     if (clipping[0])
         fy_info("plan: %s", clipping);
-    unsigned copies = p->weight_copies;
-    if (t->plan_in.weight_dtype == FY_DTYPE_BF16)
-        fy_info("plan: weights to the GPU in bf16 for %u of the %u kept units (a bf16 copy beside "
-                "each one's state, rewritten by AdamW)%s", copies, kept,
-                copies < kept ? "; the others' in f32: --cpu-mem holds no more copies" : "");
+    char weights[320];
+    fy_plan_weights_describe(&t->plan_in.shape, p, weights, sizeof weights);
+    if (t->plan_in.shape.weight_dtype == FY_DTYPE_BF16)
+        fy_info("plan: %s", weights);
     else
-        fy_info("plan: weights to the GPU in f32 (--weights-dtype %s)",
+        fy_info("plan: %s (--weights-dtype %s)", weights,
                 o->weights_dtype ? "f32" : "auto, on the CPU backend");
 }
 
@@ -506,12 +505,13 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
     else
         fy_info("plan: %s: %.0f TFLOP/s with blocks recomputed, PCIe %.0f/%.0f GB/s, SSD "
                 "%.1f/%.1f GB/s, AdamW %.1f G parameters/s; yours may differ): GPU compute %.3f s, "
-                "PCIe to the GPU at most %.3f s, from it %.3f s, SSD %.3f s, optimizer %.3f s; "
+                "PCIe to the GPU at most %.3f s, from it %.3f s, SSD %.3f s, optimizer %.3f s%s; "
                 "bound %.3f s by the %s (%.0f TFLOP/s)",
                 at, rates->gpu_flops * 1e-12, rates->h2d * 1e-9, rates->d2h * 1e-9,
                 rates->ssd_read * 1e-9, rates->ssd_write * 1e-9, rates->opt_params * 1e-9,
-                p->gpu_s, p->h2d_s, p->d2h_s, p->ssd_s, p->opt_s, p->step_s, p->bound,
-                step_flops / p->step_s * 1e-12);
+                p->gpu_s, p->h2d_s, p->d2h_s, p->ssd_s, p->opt_s,
+                p->convert_s > 0 ? " (with its conversions of weights to bf16)" : "", p->step_s,
+                p->bound, step_flops / p->step_s * 1e-12);
     return predicted_s > 0 ? predicted_s : strcmp(o->backend, "cpu") != 0 ? p->step_s : 0;
 }
 
@@ -536,6 +536,7 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
         .overlap = o->overlap, .resident = p->resident, .clip_grad_norm = o->clip_grad_norm,
         .grad_hold_gpu = p->place.grad_hold == FY_HOLD_GPU, .ckpt_ssd = p->place.ckpt_slots != 0, .act_ahead = (unsigned)o->act_ahead,
         .act_dtype = t->plan_in.shape.act_dtype, .act_place = act->place,
+        .weight_dtype = t->plan_in.shape.weight_dtype,
         .saved_sizes = act->sizes, .stop = &train_stop, .plan_step_s = act->predicted_s,
         .plan_ssd_read = act_in->rates.ssd_read, .plan_ssd_write = act_in->rates.ssd_write,
         .plan_opt_params = act_in->rates.opt_params,

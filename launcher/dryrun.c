@@ -191,18 +191,24 @@ static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct 
 {
     const struct fy_model_config *c = &in->model;
     uint64_t state = state_bytes(c, NULL), cpu_mem = in->plan.cpu_mem;
+    char weights[320];
+    fy_plan_weights_describe(&in->plan.shape, p, weights, sizeof weights);
     fprintf(out, "plan: optimizer state %s: %u of %u units (%s) stay in the shared pool, the "
-            "rest (%s) streams from the SSD store each step; checkpoints %s; weights to the GPU "
-            "in bf16 for %u units (copies beside their state), in f32 for the others\n",
+            "rest (%s) streams from the SSD store each step; checkpoints %s; %s\n",
             size(state), p->kept, fy_model_unit_count(c), size(p->resident_bytes),
             size(state - state_bytes(c, p->resident)),
-            p->place.ckpt_slots ? "on the SSD store" : "in the shared pool", p->weight_copies);
+            p->place.ckpt_slots ? "on the SSD store" : "in the shared pool", weights);
     if (cpu_mem > 0)
         fprintf(out, "plan: shared pool %s of --cpu-mem %s%s\n", size(p->pool_bytes),
                 size(cpu_mem), p->fits_cpu ? "" : " (DOES NOT FIT)");
     else
         fprintf(out, "plan: shared pool %s (no --cpu-mem: no state kept in memory; give it to "
                 "keep some)\n", size(p->pool_bytes));
+    char regions[1024] = "";
+    for (unsigned i = 0; i < p->n_regions; i++)
+        snprintf(regions + strlen(regions), sizeof regions - strlen(regions), "%s%s %s",
+                 i ? ", " : "", p->regions[i].name, size(p->regions[i].bytes));
+    fprintf(out, "plan: shared pool regions: %s\n", regions);
     print_gpu(out, in, p);
     const struct fy_plan_swap *swap = &p->place.swap;
     if (forced(in))
@@ -332,9 +338,13 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
                  pr->host_mem_s);
     else if (ranks > 1)
         snprintf(more, sizeof more, ", host memory %.6f", pr->host_mem_s);
+    char converts[96] = "";
+    if (pr->convert_s > 0)
+        snprintf(converts, sizeof converts, " (%.6f of it converting weights to bf16)",
+                 pr->convert_s);
     fprintf(out, "plan: predicted seconds per step: GPU compute %.6f, PCIe to the GPU %.6f, from "
-            "it %.6f, SSD %.6f, optimizer %.6f%s; bound: %s\n", pr->gpu_s, pr->h2d_s, pr->d2h_s,
-            pr->ssd_s, pr->opt_s, more, pr->bound);
+            "it %.6f, SSD %.6f, optimizer %.6f%s%s; bound: %s\n", pr->gpu_s, pr->h2d_s, pr->d2h_s,
+            pr->ssd_s, pr->opt_s, converts, more, pr->bound);
     char clipping[768];
     fy_plan_clip_describe(&in->plan, &p, clipping, sizeof clipping);
     if (clipping[0])

@@ -13,6 +13,7 @@ int fy_optq_init(struct fy_optq *q, struct fy_tickets *tk, unsigned units, unsig
     q->tk = tk;
     q->units = units;
     q->gslots = gslots;
+    q->hold = units;
     q->req = calloc(units, sizeof *q->req);
     q->parts = calloc(units, 1);
     q->sent = calloc(units, sizeof *q->sent);
@@ -53,20 +54,39 @@ void fy_optq_add_part(struct fy_optq *q, unsigned u, struct fy_desc part)
     q->parts[u]++;
 }
 
-int fy_optq_send_next(struct fy_optq *q)
+/* The index in the queue of its lowest unit (the queue must not be empty). */
+static unsigned lowest(const struct fy_optq *q)
 {
     unsigned first = 0;
     for (unsigned i = 1; i < q->queued; i++)
         if (q->queue[i] < q->queue[first])
             first = i;
+    return first;
+}
+
+int fy_optq_send_next(struct fy_optq *q)
+{
+    unsigned first = lowest(q);
     unsigned u = q->queue[first];
     memmove(q->queue + first, q->queue + first + 1, (--q->queued - first) * sizeof *q->queue);
     return fy_ticket_issue(q->tk, FY_TICKET_OPT, q->req[u], q->parts[u], &q->sent[u]);
 }
 
+void fy_optq_hold_from(struct fy_optq *q, unsigned from)
+{
+    q->hold = from;
+}
+
+int fy_optq_send_through(struct fy_optq *q, unsigned u)
+{
+    while (q->queued > 0 && q->queue[lowest(q)] <= u)
+        FY_TRY(fy_optq_send_next(q));
+    return 0;
+}
+
 int fy_optq_pump(struct fy_optq *q)
 {
-    while (q->queued > 0) {
+    while (q->queued > 0 && q->queue[lowest(q)] < q->hold) {
         unsigned busy = 0;
         for (unsigned u = 0; u < q->units; u++) {
             struct fy_ticket *t = &q->sent[u];
@@ -95,7 +115,7 @@ int fy_optq_settle(struct fy_optq *q, unsigned u)
 
 int fy_optq_send_all(struct fy_optq *q)
 {
-    while (q->queued > 0)
+    while (q->queued > 0 && q->queue[lowest(q)] < q->hold)
         FY_TRY(fy_optq_send_next(q));
     return 0;
 }

@@ -12,6 +12,7 @@
 #include "common/ckpt.h"
 #include "common/config.h"
 #include "common/dtype.h"
+#include "common/knobs.h"
 #include "common/log.h"
 #include "common/optstate.h"
 #include "gpu_worker/backend.h"
@@ -210,14 +211,65 @@ uint64_t fy_plan_ckpt_store_bytes(const struct fy_plan_shape *s)
     return fy_plan_spill_extent_bytes(act, s->c->n_layer);
 }
 
-uint64_t fy_plan_upload_bytes(const struct fy_model_config *c, const unsigned char *resident,
-                              unsigned u)
+uint64_t fy_plan_upload_bytes(const struct fy_model_config *c, int weight_dtype, unsigned u)
 {
     struct fy_optstate_layout lay;
     fy_optstate_layout(c, u, &lay);
-    if (resident != NULL && resident[u] == FY_PLAN_KEPT_BF16)
+    if (weight_dtype == FY_DTYPE_BF16)
         return lay.params * fy_dtype_size(FY_OPTSTATE_COPY_DTYPE);
     return lay.section[FY_OPTSTATE_MASTER].bytes;
+}
+
+int fy_plan_converts(const struct fy_plan_shape *s, const unsigned char *resident, unsigned u)
+{
+    return s->weight_dtype == FY_DTYPE_BF16 &&
+           (resident == NULL || resident[u] != FY_PLAN_KEPT_BF16);
+}
+
+/* Backward passes through the blocks and the embeddings: two with two-pass clipping. */
+static uint64_t backward_passes(const struct fy_plan_shape *s, const struct fy_plan_place *p)
+{
+    return s->clip && !p->grad_hold ? 2 : 1;
+}
+
+uint64_t fy_plan_convert_params(const struct fy_plan_shape *s, const struct fy_plan_place *p)
+{
+    const struct fy_model_config *c = s->c;
+    uint64_t params = 0;
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+        if (fy_plan_converts(s, p->resident, u))
+            params += fy_model_unit_params(c, u) *
+                      (1 + (fy_model_unit_kind(c, u) == FY_UNIT_BLOCK ? backward_passes(s, p) : 0));
+    return params;
+}
+
+uint64_t fy_plan_land_chunk(const struct fy_model_config *c)
+{
+    uint64_t most = fy_optstate_max_master_bytes(c), asked = fy_knob_test_land_chunk();
+    uint64_t cap = asked > 0 ? asked : FY_PLAN_LAND_CHUNK;
+    uint64_t share = align4k((most + FY_PLAN_LAND_SLOTS - 1) / FY_PLAN_LAND_SLOTS);
+    return share < cap ? share : cap;
+}
+
+/* A weights slot: the largest unit's master section, or its bf16 weights (4 KiB padded). */
+static uint64_t wslot_bytes(const struct fy_model_config *c, int weight_dtype)
+{
+    if (weight_dtype != FY_DTYPE_BF16)
+        return fy_optstate_max_master_bytes(c);
+    uint64_t most = 0;
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+        if (fy_optstate_copy_bytes(c, u) > most)
+            most = fy_optstate_copy_bytes(c, u);
+    return most;
+}
+
+/* Whether a unit streams from the store (resident NULL: every one). */
+static int any_streamed(const struct fy_model_config *c, const unsigned char *resident)
+{
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+        if (resident == NULL || !resident[u])
+            return 1;
+    return 0;
 }
 
 unsigned fy_plan_weight_copies(const struct fy_model_config *c, const unsigned char *resident)
@@ -269,7 +321,11 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     if (grad_slots < FY_PLAN_GRAD_SLOTS_MIN || grad_slots > FY_PLAN_GRAD_SLOTS_MAX)
         grad_slots = FY_PLAN_GRAD_SLOTS_MIN;
     out[i++] = (struct fy_pool_region_spec){"weights",
-                                            (2 + prefetch) * fy_optstate_max_master_bytes(c)};
+                                            (2 + prefetch) * wslot_bytes(c, s->weight_dtype)};
+    /* a streamed unit's master on its way from the store to the bf16 slots, chunk by chunk */
+    if (s->weight_dtype == FY_DTYPE_BF16 && any_streamed(c, p->resident))
+        out[i++] = (struct fy_pool_region_spec){"landing",
+                                                FY_PLAN_LAND_SLOTS * fy_plan_land_chunk(c)};
     out[i++] = (struct fy_pool_region_spec){
         "grads", slot + grad_slots * block_slot_bytes(c) + (s->clip ? dfinal_bytes(c) : 0)};
     out[i++] = (struct fy_pool_region_spec){"state", 2 * fy_optstate_max_bytes(c)};
@@ -316,7 +372,8 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
     l->act_bytes = fy_plan_act_bytes(c, B, T, s->act_dtype);
     l->tok_bytes = (uint64_t)B * T * 4;
     l->slot_bytes = max_grad_bytes(c);
-    l->wslot_bytes = fy_optstate_max_master_bytes(c);
+    l->weight_dtype = s->weight_dtype == FY_DTYPE_BF16 ? FY_DTYPE_BF16 : FY_DTYPE_F32;
+    l->wslot_bytes = wslot_bytes(c, l->weight_dtype);
     l->state_slot_bytes = fy_optstate_max_bytes(c);
     FY_TRY(fy_pool_region(p, "meta", &l->meta, &bytes));
     FY_TRY(fy_pool_region(p, "tokens", &l->tokens, &bytes));
@@ -329,12 +386,25 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
     FY_REQUIRE(l->act_slots >= 1, -EINVAL, "pool too small for batch %d x %d", B, T);
     FY_TRY(fy_pool_region(p, "dacts", &l->dacts, &bytes));
     l->dact_slots = (unsigned)(bytes / align4k(l->act_bytes));
-    FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
-    /* slot 0 for the embeddings, then the prefetch depth + 1 that the units take in turn */
-    l->wslots = (unsigned)(bytes / l->wslot_bytes) - 1;
-    FY_REQUIRE(bytes / l->wslot_bytes >= 3 && l->wslots <= FY_PLAN_PREFETCH_MAX + 1, -EINVAL,
-               "shared pool: a weights region of %llu bytes is not 3 to %d unit slots",
-               (unsigned long long)bytes, FY_PLAN_PREFETCH_MAX + 2);
+    /* a session that moves units alone (weight_dtype 0: init, export) reads no weights slots,
+     * whichever dtype the pool's training plan gave them */
+    if (s->weight_dtype != 0) {
+        FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
+        /* slot 0 for the embeddings, then the prefetch depth + 1 that the units take in turn */
+        l->wslots = (unsigned)(bytes / l->wslot_bytes) - 1;
+        FY_REQUIRE(bytes / l->wslot_bytes >= 3 && l->wslots <= FY_PLAN_PREFETCH_MAX + 1, -EINVAL,
+                   "shared pool: a weights region of %llu bytes is not 3 to %d unit slots of %s "
+                   "weights", (unsigned long long)bytes, FY_PLAN_PREFETCH_MAX + 2,
+                   fy_dtype_name(l->weight_dtype));
+    }
+    if (l->weight_dtype == FY_DTYPE_BF16 && fy_pool_has_region(p, "landing")) {
+        FY_TRY(fy_pool_region(p, "landing", &l->land, &bytes));
+        l->land_chunk = fy_plan_land_chunk(c);
+        l->land_slots = (unsigned)(bytes / l->land_chunk);
+        FY_REQUIRE(l->land_slots >= 2, -EINVAL,
+                   "shared pool: a landing region of %llu bytes does not hold two chunks of %llu",
+                   (unsigned long long)bytes, (unsigned long long)l->land_chunk);
+    }
     FY_TRY(fy_pool_region(p, "grads", &l->grads, &l->grads_bytes));
     /* the block slots, less clipping's final-unit gradient after them (which can be larger than
      * a block's: a Llama's untied head) */
@@ -388,18 +458,6 @@ int fy_plan_resident_offsets(const struct fy_pool *p, const struct fy_model_conf
 
 /* ---- traffic and prediction ------------------------------------------------------------------ */
 
-/* The head's weights go up in bf16 only when both its units have copies (one dtype a request). */
-static int head_has_copies(const struct fy_model_config *c, const unsigned char *resident)
-{
-    return resident != NULL && resident[0] == FY_PLAN_KEPT_BF16 &&
-           resident[c->n_layer + 1] == FY_PLAN_KEPT_BF16;
-}
-
-/* Backward passes through the blocks and the embeddings: two with two-pass clipping. */
-static uint64_t backward_passes(const struct fy_plan_shape *s, const struct fy_plan_place *p)
-{
-    return s->clip && !p->grad_hold ? 2 : 1;
-}
 
 uint64_t fy_plan_grad_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p)
 {
@@ -417,21 +475,21 @@ static void pcie_bytes(const struct fy_plan_shape *s, const struct fy_plan_place
                        struct fy_plan_traffic *out)
 {
     const struct fy_model_config *c = s->c;
-    const unsigned char *resident = p->resident;
+    int wd = s->weight_dtype;
     uint64_t ranks = (uint64_t)fy_plan_ranks(s), b = (uint64_t)fy_plan_rank_batch(s);
     uint64_t act = fy_plan_act_bytes(c, (int)b, s->T, s->act_dtype), tok = b * s->T * 4;
     uint64_t embed = fy_model_unit_params(c, 0) * 4, block = fy_model_unit_params(c, 1) * 4;
     uint64_t fin = fy_model_unit_params(c, c->n_layer + 1) * 4;
     uint64_t wte = (uint64_t)c->vocab * c->n_embd * 4, L = c->n_layer;
     uint64_t passes = backward_passes(s, p);
-    uint64_t blocks_up = 0, head_up = head_has_copies(c, resident) ? (fin + wte) / 2 : fin + wte;
+    uint64_t blocks_up = 0, head_up = wd == FY_DTYPE_BF16 ? (fin + wte) / 2 : fin + wte;
     for (unsigned u = 1; u <= L; u++)
-        blocks_up += fy_plan_upload_bytes(c, resident, u);
+        blocks_up += fy_plan_upload_bytes(c, wd, u);
     /* forward: embeddings, blocks; the head (x, targets, final, wte in; dx, dfinal, dwte out);
      * backward: blocks (weights, x, dy in; dx, dweights out), embeddings (dx, dembed in and out).
      * Each link: the weights, its sequences' tokens and activations, the embeddings' gradient to
      * add to; the f32 gradients (fy_plan_grad_bytes) on rank 0's */
-    uint64_t up = (tok + fy_plan_upload_bytes(c, resident, 0)) + blocks_up + L * act +
+    uint64_t up = (tok + fy_plan_upload_bytes(c, wd, 0)) + blocks_up + L * act +
                   (act + tok + head_up) + passes * (blocks_up + L * 2 * act + (tok + embed + act));
     uint64_t acts_down = act + L * act + act + passes * L * act;
     uint64_t grads = fy_plan_grad_bytes(s, p);
@@ -448,7 +506,7 @@ static void pcie_bytes(const struct fy_plan_shape *s, const struct fy_plan_place
     int nvlink = p->reduce == FY_REDUCE_NVLINK;
     out->nvlink = nvlink ? grads * (ranks - 1) / ranks : 0;
     out->host_mem = ranks * (out->to_gpu + out->from_gpu - grads) +
-                    (nvlink ? grads : (2 * ranks - 1) * grads);
+                    (nvlink ? grads : (2 * ranks - 1) * grads) + out->convert;
 }
 
 static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p,
@@ -476,6 +534,7 @@ static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place 
 void fy_plan_traffic(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                      struct fy_plan_traffic *out)
 {
+    out->convert = fy_plan_convert_params(s, p) * FY_PLAN_CONVERT_PARAM_BYTES;
     pcie_bytes(s, p, out);
     ssd_bytes(s, p, out);
 }
@@ -505,9 +564,12 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
     out->host_mem_s = t.host_mem > 0 && rates->host_mem > 0 ? t.host_mem / rates->host_mem : 0;
     /* with clipping the opt worker also reads every gradient for its sum of squares: with f32
      * gradients 4 bytes a parameter beside the update's 28 */
-    double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) /
-                         fy_optstate_update_param_bytes(FY_DTYPE_F32, c->optim_state);
-    out->opt_s = params / rates->opt_params * (s->clip ? 1.0 + sumsq_share : 1.0);
+    double update_bytes = fy_optstate_update_param_bytes(FY_DTYPE_F32, c->optim_state);
+    double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) / update_bytes;
+    /* the conversions to bf16 move their bytes at host memory's rate as AdamW finds it: its
+     * parameters/s times the bytes an update moves a parameter */
+    out->convert_s = (double)t.convert / (rates->opt_params * update_bytes);
+    out->opt_s = params / rates->opt_params * (s->clip ? 1.0 + sumsq_share : 1.0) + out->convert_s;
     /* no update before the norm. One pass: AdamW overlaps the next forward (a quarter of the
      * compute with the blocks recomputed) and nothing of the backward. Two passes: the norm pass
      * alone, then the updates overlap the second backward, and the forward waits for them */
@@ -556,7 +618,7 @@ static unsigned plan_resident(const struct fy_plan_in *in, struct fy_plan *p)
     if (in->cpu_mem == 0)
         return 0;
     unsigned kept = plan_mark(in, p, FY_PLAN_KEPT);
-    if (in->weight_dtype == FY_DTYPE_BF16)
+    if (in->shape.weight_dtype == FY_DTYPE_BF16)
         plan_mark(in, p, FY_PLAN_KEPT_BF16);
     return kept;
 }
@@ -725,6 +787,25 @@ static void plan_clip_mode(const struct fy_plan_in *in, struct fy_plan *p)
         p->place.grad_hold = FY_HOLD_NONE;
     }
     free(was);
+}
+
+void fy_plan_weights_describe(const struct fy_plan_shape *s, const struct fy_plan *p, char *buf,
+                              size_t len)
+{
+    if (s->weight_dtype != FY_DTYPE_BF16) {
+        snprintf(buf, len, "weights to the GPU in f32");
+        return;
+    }
+    unsigned units = fy_model_unit_count(s->c), copies = p->weight_copies;
+    char bytes[32], short_of[96] = "";
+    fy_format_size(p->traffic.convert, bytes, sizeof bytes);
+    if (copies < p->kept)
+        snprintf(short_of, sizeof short_of, "; --cpu-mem holds no copy for %u of the %u kept units",
+                 p->kept - copies, p->kept);
+    snprintf(buf, len, "weights to the GPU in bf16 for all %u units: %u from a bf16 copy beside "
+             "their kept state (rewritten by AdamW), %u converted from their f32 master by the opt "
+             "worker for each use (%s of host memory a step)%s", units, copies, units - copies,
+             bytes, short_of);
 }
 
 void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p, char *buf,

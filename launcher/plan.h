@@ -54,6 +54,12 @@ struct fy_plan_shape {
     int act_dtype; /* activations in the pool: FY_DTYPE_F32 or _BF16 (the backend's) */
     int clip;      /* the gradient norm clipped (one pass or two: fy_plan_place.grad_hold) */
     int ranks;     /* gpu workers (--gpus), each with B / ranks sequences; 0 or 1: one */
+    /* the weights the gpu workers are sent (--weights-dtype): FY_DTYPE_BF16, every unit's (a kept
+     * unit's bf16 copy where it has one, else converted from its f32 master by the opt worker into
+     * a bf16 weights slot: fy_plan_converts); FY_DTYPE_F32, every unit's f32 master. 0: a session
+     * that moves units alone (init, export): laid out as f32, and fy_plan_layout_read reads no
+     * weights slots, so it reads a training pool of either */
+    int weight_dtype;
 };
 /* The gpu workers of a step (1 where shape.ranks is 0) and the sequences each computes. */
 int fy_plan_ranks(const struct fy_plan_shape *s);
@@ -67,6 +73,17 @@ int fy_plan_rank_batch(const struct fy_plan_shape *s);
 
 /* Units of weights read ahead of the one the gpu computes (--prefetch): each costs a unit slot. */
 #define FY_PLAN_PREFETCH_MAX 8
+
+/* With bf16 weights, a streamed unit's f32 master section comes from the store in chunks into the
+ * landing ring (the pool's "landing" region, there where a unit streams): FY_PLAN_LAND_SLOTS chunk
+ * slots taken in turn, so that the io worker reads the next chunks while the opt worker converts
+ * one into the unit's bf16 weights slot. A chunk is a FY_PLAN_LAND_SLOTS-th of the largest master
+ * section (4 KiB padded), at most FY_PLAN_LAND_CHUNK bytes (the test hook FUYOU_TEST_LAND_CHUNK
+ * caps it lower): the ring takes no more than one f32 weights slot did, and 256 MiB at most. */
+#define FY_PLAN_LAND_SLOTS 4
+#define FY_PLAN_LAND_CHUNK (64ull << 20)
+/* The landing ring's chunk bytes for model c (a multiple of 4096). */
+uint64_t fy_plan_land_chunk(const struct fy_model_config *c);
 
 /* Block gradients the pool holds at once: the gpu runs that many blocks, less one, ahead of the
  * optimizer in the backward; what the optimizer has not done when the backward ends it finishes
@@ -108,10 +125,10 @@ uint64_t fy_plan_swap_store_bytes(const struct fy_plan_swap *swap, unsigned n_la
 uint64_t fy_plan_ckpt_store_bytes(const struct fy_plan_shape *s);
 
 /* Where a unit's optimizer state lives (struct fy_plan_place.resident): streamed from the store,
- * kept in the pool across steps, or kept with a bf16 copy of its weights beside it, which AdamW
- * writes with the master and the gpu worker reads instead of the master: half the bytes over
- * PCIe, and the same bits where the backend computes in bf16 anyway
- * (fy_backend_preferred_weight_dtype). */
+ * kept in the pool across steps, or (with bf16 weights) kept with a bf16 copy of its weights
+ * beside it, which AdamW writes with the master and the gpu worker reads in place of the master's
+ * conversion to bf16 before each use (fy_plan_converts): the same bits, the conversions' host
+ * memory saved for 2 bytes a parameter of pool. */
 enum { FY_PLAN_STREAMED = 0, FY_PLAN_KEPT = 1, FY_PLAN_KEPT_BF16 = 2 };
 
 /* Where things live in a step: a plan's placement (struct fy_plan), or one a caller gives. */
@@ -142,9 +159,18 @@ uint64_t fy_plan_act_bytes(const struct fy_model_config *c, int B, int T, int ac
 uint64_t fy_plan_embed_rows(const struct fy_model_config *c);
 /* Units with a bf16 copy of their weights (NULL: none). */
 unsigned fy_plan_weight_copies(const struct fy_model_config *c, const unsigned char *resident);
-/* Bytes of unit u's weights that the gpu worker is sent: its bf16 copy's, or its f32 master's. */
-uint64_t fy_plan_upload_bytes(const struct fy_model_config *c, const unsigned char *resident,
-                              unsigned u);
+/* Bytes of unit u's weights that the gpu worker is sent: 2 a parameter with bf16 weights (its copy
+ * or its slot), else its f32 master section's. */
+uint64_t fy_plan_upload_bytes(const struct fy_model_config *c, int weight_dtype, unsigned u);
+/* Whether the opt worker converts unit u's weights to bf16 for each gpu request that reads them:
+ * with bf16 weights, every unit without a bf16 copy (a streamed one, or a kept one the budget had
+ * no room for a copy of). */
+int fy_plan_converts(const struct fy_plan_shape *s, const unsigned char *resident, unsigned u);
+/* Parameters the opt worker converts a step (fy_plan_converts' units): each one's in the forward,
+ * and the blocks' once more per backward pass (twice with two-pass clipping). */
+uint64_t fy_plan_convert_params(const struct fy_plan_shape *s, const struct fy_plan_place *p);
+/* Host-memory bytes a parameter's conversion moves: its f32 read, its bf16 written. */
+#define FY_PLAN_CONVERT_PARAM_BYTES 6
 /* Bytes of the kept units' state and weight copies: the "resident" region. */
 uint64_t fy_plan_resident_bytes(const struct fy_model_config *c, const unsigned char *resident);
 
@@ -153,9 +179,10 @@ uint64_t fy_plan_resident_bytes(const struct fy_model_config *c, const unsigned 
 #define FY_PLAN_REGIONS_MAX 12
 /* Pool regions for a step of shape s (B = T = 1 for init and export) with placement p: the
  * streaming regions (meta, tokens, the checkpoints or their slots, activation gradients, the
- * weights slots, the gradient slots with clipping's final-unit gradient after them, two state
- * slots), then the kept state ("resident") and the swapped internals ("saved") where there are
- * any. n receives the count. */
+ * weights slots (each a unit's f32 master, or with bf16 weights its bf16 weights), with bf16
+ * weights and a unit streamed the landing ring, the gradient slots with clipping's final-unit
+ * gradient after them, two state slots), then the kept state ("resident") and the swapped
+ * internals ("saved") where there are any. n receives the count. */
 void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                      struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n);
 /* The same for a session that moves the model unit by unit through them (init, export): a step of
@@ -173,7 +200,14 @@ struct fy_plan_layout {
     uint64_t embed_rows; /* the embeddings' update in two parts: two row lists */
     uint64_t acts, dacts, weights, grads, state;
     uint64_t slot_bytes;  /* one unit's f32 gradient, 4 KiB padded (grads slot 0) */
-    uint64_t wslot_bytes; /* a weights slot: the largest unit's master section */
+    /* a weights slot: the largest unit's master section, or with bf16 weights (weight_dtype) its
+     * bf16 weights, 4 KiB padded */
+    uint64_t wslot_bytes;
+    int weight_dtype;     /* FY_DTYPE_F32 or _BF16: the weights the gpu worker is sent */
+    /* the landing ring of bf16 weights (0 where the pool has none): land_slots chunks of
+     * land_chunk bytes from pool offset land */
+    uint64_t land, land_chunk;
+    unsigned land_slots;
     uint64_t state_slot_bytes; /* a state slot: the largest unit's state (common/optstate.h) */
     unsigned wslots;      /* weights slots that blocks and the final unit take in turn */
     /* the grads region: one unit slot for the embeddings' gradient, gslots block-sized slots that
@@ -187,7 +221,8 @@ struct fy_plan_layout {
     unsigned act_slots, dact_slots; /* activations the acts and dacts regions hold */
 };
 /* The layout of a pool that fy_plan_regions laid out for a step of shape s: its regions found and
- * checked against what the steps need (-EINVAL, said, where they fall short). */
+ * checked against what the steps need (-EINVAL, said, where they fall short); no weights slots
+ * (wslots 0) where s->weight_dtype is 0. */
 int fy_plan_layout_read(const struct fy_pool *pool, const struct fy_plan_shape *s,
                         struct fy_plan_layout *l);
 /* Offsets of the resident units' state in the pool (0: streamed from the store), and of their
@@ -215,11 +250,14 @@ int fy_plan_resident_offsets(const struct fy_pool *pool, const struct fy_model_c
  * activations in the shape's dtype, with two-pass clipping the second backward pass too, the
  * swapped internals down in the forward and up in each backward pass, every input uploaded (at
  * most: the CUDA backend hands a unit's output to the next unit on the device when the two are in
- * flight together). */
+ * flight together). With bf16 weights, the head's final unit and embeddings go up in bf16 too. */
 struct fy_plan_traffic {
     uint64_t ssd_read, ssd_write;
     uint64_t to_gpu, from_gpu;
     uint64_t nvlink, host_mem;
+    /* host memory the opt worker's conversions to bf16 read and write (fy_plan_convert_params x
+     * FY_PLAN_CONVERT_PARAM_BYTES); in host_mem too with several gpu workers */
+    uint64_t convert;
 };
 /* The f32 gradients a step's gpu workers produce (each rank's, and what is summed over them):
  * every unit's, the blocks' and the embeddings' once per backward pass. */
@@ -230,12 +268,15 @@ void fy_plan_traffic(const struct fy_plan_shape *s, const struct fy_plan_place *
 /* Predicted seconds per step of each resource and the largest (the bound) and its name. */
 struct fy_plan_prediction {
     double gpu_s, h2d_s, d2h_s, ssd_s, opt_s, step_s;
+    double convert_s; /* of opt_s, the conversions to bf16 */
     const char *bound;
     double nvlink_s, host_mem_s; /* with several gpu workers (0 with one) */
 };
 /* The GPU's compute from the model FLOPs (with clipping, the blocks' backward once more) at
- * gpu_flops, the traffic at its rates (SSD reads and writes share the disk), AdamW over every
- * parameter (with clipping, the sums of squares too). With several gpu workers: each GPU's
+ * gpu_flops, the traffic at its rates (SSD reads and writes share the disk), the opt worker's
+ * AdamW over every parameter (with clipping, the sums of squares too) and its conversions to bf16:
+ * the host-memory bytes they move at the rate AdamW moves its own, opt_params x
+ * fy_optstate_update_param_bytes a second. With several gpu workers: each GPU's
  * compute of its B / ranks sequences, each link's PCIe (rank 0's, the busiest), the NVLink
  * reduce at rates->nvlink and every link's copies at rates->host_mem (each 0 where its rate is
  * 0). */
@@ -266,7 +307,6 @@ struct fy_plan_in {
     unsigned act_ahead;      /* --act-ahead (0: the default) */
     int ckpt_place;          /* --ckpt-place: FY_CKPT_HOST, _SSD or _AUTO (launcher/options.h) */
     enum fy_actplan_mode act_mode; /* --act-plan */
-    int weight_dtype;        /* the weights sent to the gpu: FY_DTYPE_F32, or _BF16 (copies) */
     uint64_t cpu_mem;        /* the pool's cap (0: none, and no state kept) */
     uint64_t gpu_mem;        /* the GPU arena's (0: all of it) */
     unsigned state_copies;   /* of the optimizer state in the store: 2 or 1 */
@@ -320,7 +360,7 @@ struct fy_plan_acts {
  * auto: the pool when all optimizer state fits --cpu-mem beside them, else the store); the state's
  * residency (unit 0 first, every unit whose state still fits --cpu-mem with the streaming regions
  * is kept in the pool across steps, the others stream from the store; with bf16 weights the kept
- * units then get their copies, unit 0 first, while those fit too); the activation plan of auto
+ * units then get their copies, unit 0 first, while those fit too, each saving its conversions); the activation plan of auto
  * and recompute; the gradient slots (more than the minimum only when every unit's state is kept:
  * as many as --grad-slots asks and the budget holds, one per block at most); the regions; the
  * store, the GPU, the traffic and the prediction. acts may be NULL. -errno (said) where the
@@ -335,6 +375,11 @@ void fy_plan_free(struct fy_plan *p);
  * the batch (before the plan, whose activation step profiles a block on the GPU), else p's whole
  * need (p->fits_gpu). 0, or -FY_EUSAGE (said: raise --gpu-mem or lower the batch). */
 int fy_plan_check_gpu(const struct fy_plan_in *in, const struct fy_plan *p);
+/* How the weights go to the GPU (shape s, plan p): with bf16 weights, how many units from their
+ * copies and how many converted by the opt worker, with the host memory that takes a step; else
+ * "weights to the GPU in f32". */
+void fy_plan_weights_describe(const struct fy_plan_shape *s, const struct fy_plan *p, char *buf,
+                              size_t len);
 /* One line on how a clipped step learns the norm (nothing where in does not clip): one pass with
  * the blocks' gradients held in the pool, or two passes and, with --clip-mode auto, why; and what
  * clipping adds to the predicted step. */

@@ -158,7 +158,9 @@ static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
                                   .mode = in->act_mode, .backend = in->backend,
                                   .act_dtype = in->shape.act_dtype, .clip = in->shape.clip,
                                   .clip_hold = p->place.grad_hold,
-                                  .resident = p->resident, .rates = fy_plan_reference_rates,
+                                  .resident = p->resident,
+                                  .weight_dtype = in->shape.weight_dtype,
+                                  .rates = fy_plan_reference_rates,
                                   .act_ahead = in->act_ahead};
     FY_TRY(fy_plan_rates_select(&a->in.rates, model->optim_state, "the reference machine"));
     /* every mode is profiled: auto plans from it, the forced ones are predicted from it */

@@ -250,10 +250,11 @@ int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config 
     *in = (struct fy_plan_in){
         .shape = {.c = model, .B = (int)o->batch, .T = (int)o->seq,
                   .act_dtype = fy_backend_preferred_act_dtype(backend),
-                  .clip = o->clip_grad_norm > 0, .ranks = (int)o->gpus},
+                  .clip = o->clip_grad_norm > 0, .ranks = (int)o->gpus,
+                  .weight_dtype = fy_runconf_weight_dtype(o, backend)},
         .backend = backend, .prefetch = (unsigned)o->prefetch,
         .grad_slots = (unsigned)o->grad_slots, .act_ahead = (unsigned)o->act_ahead,
-        .ckpt_place = o->ckpt_place, .weight_dtype = fy_runconf_weight_dtype(o, backend),
+        .ckpt_place = o->ckpt_place,
         .cpu_mem = o->cpu_mem, .gpu_mem = o->gpu_mem, .state_copies = (unsigned)o->state_copies,
         .clip_mode = o->clip_mode, .clip_hold = o->clip_hold, .rates = fy_plan_reference_rates};
     return fy_actplan_mode_parse(o->act_plan, &in->act_mode);

@@ -73,17 +73,155 @@ static unsigned copy_of(const struct fy_sched *r, unsigned u)
     return r->at_copy != NULL ? r->at_copy[u] : r->read_copy;
 }
 
-/* The master weights of a unit into a weights slot: the master section alone of its state in the
- * store (the gpu worker is sent them, or where the unit is kept in the pool with a bf16 copy,
- * that copy: weights_region). */
+static int has_copy(const struct fy_sched *r, unsigned u)
+{
+    return r->wcopy != NULL && r->wcopy[u] != 0;
+}
+
+static int bf16_weights(const struct fy_sched *r)
+{
+    return r->l.weight_dtype == FY_DTYPE_BF16;
+}
+
+/* Whether unit u's weights are converted to bf16 by the opt worker for each gpu request that reads
+ * them: with bf16 weights, a unit without a copy (fy_plan_converts). */
+static int converts(const struct fy_sched *r, unsigned u)
+{
+    return bf16_weights(r) && !has_copy(r, u);
+}
+
+/* The first unit from u on that converts (the unit count: none), for the optimizer queue's hold
+ * in the forward, which goes up the units. */
+static unsigned next_converted(const struct fy_sched *r, unsigned u)
+{
+    unsigned units = fy_model_unit_count(r->l.c);
+    while (u < units && !converts(r, u))
+        u++;
+    return u;
+}
+
+/* Weights slot `slot` about to be filled for unit u: the gpu request that read it last (in this
+ * pass: wslot_user) done first, whatever the caller waited for already, so that no slot is
+ * written while a request in flight reads it; then it is unit u's (weights_of checks it). */
+static int wslot_claim(struct fy_sched *r, unsigned slot, unsigned u)
+{
+    if (r->wslot_user[slot] != NULL)
+        FY_TRY(fy_ticket_wait(&r->tk, r->wslot_user[slot], NULL));
+    r->wslot_user[slot] = NULL;
+    r->wslot_unit[slot] = (int)u;
+    return 0;
+}
+
+/* A gpu request (ticket t) reads weights slot `slot` until t is done. */
+static void wslot_used_by(struct fy_sched *r, unsigned slot, struct fy_ticket *t)
+{
+    r->wslot_user[slot] = t;
+}
+
+/* The tickets of a pass are gone at its end, all waited for. */
+static void wslot_forget_users(struct fy_sched *r)
+{
+    memset(r->wslot_user, 0, sizeof r->wslot_user);
+}
+
+/* Unit u's f32 master at pool offset `src` (kept in the pool, or in a state slot) converted to
+ * bf16 into weights slot `slot` by the opt worker (opt-convert). The queued updates of units up to
+ * u go to the opt worker first (fy_optq_send_through): it serves requests in order, so the
+ * conversion reads the master u's update wrote. */
+static int convert_into(struct fy_sched *r, unsigned u, uint64_t src, unsigned slot,
+                        struct fy_ticket *t)
+{
+    FY_TRY(wslot_claim(r, slot, u));
+    uint64_t n = fy_model_unit_params(r->l.c, u);
+    r->wslot_off[slot] = wslot(&r->l, slot);
+    struct fy_desc d[2] = {
+        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32, src, n * 4, (int)u),
+        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, FY_DTYPE_BF16, wslot(&r->l, slot), n * 2,
+                       (int)u)};
+    FY_TRY(fy_optq_send_through(&r->opt, u));
+    return fy_ticket_issue(&r->tk, FY_TICKET_OPT, d, 2, t);
+}
+
+/* A streamed unit's master section from the store into weights slot `slot` as bf16: read chunk by
+ * chunk into the landing ring's slots in turn, each chunk converted by the opt worker into its
+ * place in the weights slot once read, and a ring slot read into again once its conversion is
+ * done, so that the io worker reads ahead while the opt worker converts. Returns once the unit's
+ * weights are all in the slot. */
+static int stream_weights(struct fy_sched *r, unsigned u, unsigned slot)
+{
+    const struct fy_plan_layout *l = &r->l;
+    FY_REQUIRE(l->land_slots >= 2, -EINVAL,
+               "shared pool: no landing ring for unit %u's weights (laid out for a plan that keeps "
+               "every unit?)", u);
+    FY_TRY(wslot_claim(r, slot, u));
+    r->wslot_off[slot] = wslot(l, slot);
+    struct fy_optstate_layout lay;
+    fy_optstate_layout(l->c, u, &lay);
+    const struct fy_optstate_section *master = &lay.section[FY_OPTSTATE_MASTER];
+    uint64_t chunk = l->land_chunk, per = chunk / 4, n = lay.params;
+    unsigned ring = l->land_slots < FY_PLAN_LAND_SLOTS ? l->land_slots : FY_PLAN_LAND_SLOTS;
+    uint64_t chunks = (master->padded + chunk - 1) / chunk, next = 0;
+    struct fy_ticket rd[FY_PLAN_LAND_SLOTS] = {{0}}, cv[FY_PLAN_LAND_SLOTS] = {{0}};
+    FY_TRY(fy_optq_send_through(&r->opt, u));
+    int rc = 0;
+    for (uint64_t i = 0; rc == 0 && i < chunks; i++) {
+        /* the reads up to ring - 1 chunks ahead, each into a ring slot whose conversion is done */
+        for (; rc == 0 && next < chunks && next < i + ring; next++) {
+            unsigned k = (unsigned)(next % ring);
+            rc = fy_ticket_wait(&r->tk, &cv[k], NULL);
+            uint64_t at = next * chunk;
+            struct fy_desc d = fy_desc_region(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE,
+                                              l->land + k * chunk,
+                                              master->padded - at < chunk ? master->padded - at
+                                                                          : chunk, (int)u);
+            d.tensor = FY_TENSOR_UNIT_STATE_COPY(u, copy_of(r, u));
+            d.arg = master->offset + at;
+            if (rc == 0)
+                rc = fy_ticket_issue(&r->tk, FY_TICKET_IO, &d, 1, &rd[k]);
+        }
+        unsigned k = (unsigned)(i % ring);
+        if (rc == 0)
+            rc = fy_ticket_wait(&r->tk, &rd[k], NULL);
+        uint64_t first = i * per, count = n - first < per ? n - first : per;
+        struct fy_desc d[2] = {
+            fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32, l->land + k * chunk,
+                           count * 4, (int)u),
+            fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, FY_DTYPE_BF16,
+                           wslot(l, slot) + first * 2, count * 2, (int)u)};
+        if (rc == 0)
+            rc = fy_ticket_issue(&r->tk, FY_TICKET_OPT, d, 2, &cv[k]);
+    }
+    for (unsigned k = 0; k < FY_PLAN_LAND_SLOTS; k++) { /* nothing stays in flight */
+        int w = fy_ticket_wait(&r->tk, &rd[k], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &cv[k], NULL);
+        rc = rc ? rc : w;
+    }
+    return rc;
+}
+
+/* A unit's weights into weights slot `slot` for a gpu request, *t the request that brings them
+ * (none: they are there). f32 weights: the master section alone of its state in the store, or
+ * where the unit is kept in the pool its master there (nothing read). bf16 weights: a kept unit's
+ * copy where it has one; else the master converted (convert_into from where it is kept,
+ * stream_weights from the store). */
 static int read_weights(struct fy_sched *r, unsigned unit, unsigned slot, struct fy_ticket *t)
 {
+    int kept = r->resident != NULL && r->resident[unit] != 0;
+    if (bf16_weights(r) && has_copy(r, unit)) {
+        r->wslot_unit[slot] = (int)unit;
+        r->wslot_off[slot] = r->wcopy[unit];
+        return 0;
+    }
+    if (bf16_weights(r) && kept)
+        return convert_into(r, unit, master_at(r->l.c, unit, r->resident[unit]), slot, t);
+    if (bf16_weights(r))
+        return stream_weights(r, unit, slot);
     r->wslot_unit[slot] = (int)unit;
-    if (r->resident != NULL && r->resident[unit] != 0) {
-        /* its master weights are already in the pool */
+    if (kept) { /* its master weights are already in the pool */
         r->wslot_off[slot] = master_at(r->l.c, unit, r->resident[unit]);
         return 0;
     }
+    FY_TRY(wslot_claim(r, slot, unit));
     struct fy_optstate_layout lay;
     fy_optstate_layout(r->l.c, unit, &lay);
     const struct fy_optstate_section *master = &lay.section[FY_OPTSTATE_MASTER];
@@ -109,23 +247,18 @@ static int weights_of(struct fy_sched *r, unsigned u, unsigned slot, uint64_t *o
     return 0;
 }
 
-static int has_copy(const struct fy_sched *r, unsigned u)
-{
-    return r->wcopy != NULL && r->wcopy[u] != 0;
-}
-
-/* Unit u's weights as a gpu request's part: its bf16 copy where it has one and copy_ok (the
- * weights of one request share a dtype), else its master weights at pool offset `master`. */
-static struct fy_desc weights_region(const struct fy_sched *r, int op, unsigned u, uint64_t master,
-                                     int layer, int copy_ok)
+/* Unit u's weights at pool offset `at` as a gpu request's part: bf16 (a copy or a weights slot)
+ * with bf16 weights, else its f32 master. */
+static struct fy_desc weights_region(const struct fy_sched *r, int op, unsigned u, uint64_t at,
+                                     int layer)
 {
     struct fy_optstate_layout lay;
     fy_optstate_layout(r->l.c, u, &lay);
-    if (copy_ok && has_copy(r, u))
-        return fy_desc_region(op, FY_KIND_WEIGHTS, FY_OPTSTATE_COPY_DTYPE, r->wcopy[u],
-                              lay.params * fy_dtype_size(FY_OPTSTATE_COPY_DTYPE), layer);
+    if (bf16_weights(r))
+        return fy_desc_region(op, FY_KIND_WEIGHTS, FY_DTYPE_BF16, at,
+                              lay.params * fy_dtype_size(FY_DTYPE_BF16), layer);
     const struct fy_optstate_section *m = &lay.section[FY_OPTSTATE_MASTER];
-    return fy_desc_region(op, FY_KIND_WEIGHTS, m->dtype, master, m->bytes, layer);
+    return fy_desc_region(op, FY_KIND_WEIGHTS, m->dtype, at, m->bytes, layer);
 }
 
 /* The checkpoints' placement for this run: the pool must have been laid out for it. */
@@ -230,7 +363,7 @@ static int block_backward_issue(struct fy_sched *r, unsigned b, uint64_t w_off, 
         FY_TRY(fy_spill_in(&r->saved, b - 1, 1, &s_off));
     int op = FY_OP_GPT_BLOCK_BWD;
     struct fy_desc req[FY_DESC_MAX_PARTS];
-    req[0] = weights_region(r, op, b, w_off, (int)b, 1);
+    req[0] = weights_region(r, op, b, w_off, (int)b);
     req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_off, l->act_bytes, (int)b);
     req[2] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dy, l->act_bytes, (int)b);
     req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
@@ -247,7 +380,7 @@ int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan
                   const struct fy_exec *x, int timeout_ms)
 {
     memset(r, 0, sizeof *r);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < FY_PLAN_PREFETCH_MAX + 2; i++)
         r->wslot_unit[i] = -1;
     r->state_unit[0] = r->state_unit[1] = -1;
     r->tk.x = x;
@@ -265,6 +398,8 @@ int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan
 int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
 {
     const struct fy_model_config *c = r->l.c;
+    FY_REQUIRE(r->l.wslots >= 2, -EINVAL,
+               "train: the pool's weights slots were not read (fy_train_opts.weight_dtype unset)");
     r->tk.overlap = o->overlap;
     r->act_ahead = fy_plan_act_ahead(o->act_ahead);
     FY_REQUIRE(r->act_ahead <= FY_PLAN_ACT_AHEAD_MAX, -EINVAL,
@@ -351,13 +486,16 @@ static int opt_enqueue_scaled(struct fy_sched *r, unsigned u, unsigned s, uint64
                               uint64_t step, double lr, double scale);
 static uint64_t clipped_grad(const struct fy_sched *r, unsigned u);
 
-/* A unit's weights for the forward, into weights slot `slot`: its master section (read_weights),
- * or, for a block whose update one-pass clipping deferred, its whole state into state slot u & 1,
- * which forward_update updates there and the forward takes the master from. The state slot's last
- * block must be done with it first: its forward request (in g) and its write-back (in fws). */
+/* A unit's weights for the forward, into weights slot `slot`: read_weights', or, for a block whose
+ * update one-pass clipping deferred, its whole state into state slot u & 1, which forward_update
+ * updates there and the forward takes the master from (with bf16 weights, converted from there
+ * into the slot). The state slot's last block must be done with it first: its forward request (in
+ * g) and its write-back (in fws). The forward goes up the units, so the updates of the units from
+ * the next one it converts on are held back in the optimizer's queue (launcher/optq.h). */
 static int forward_read(struct fy_sched *r, unsigned u, unsigned slot, struct fy_ticket *t,
                         struct fy_ticket *g, struct fy_ticket *fws)
 {
+    fy_optq_hold_from(&r->opt, next_converted(r, u + (r->deferred[u] ? 0 : 1)));
     if (!r->deferred[u])
         return read_weights(r, u, slot, t);
     unsigned s = u & 1;
@@ -369,14 +507,17 @@ static int forward_read(struct fy_sched *r, unsigned u, unsigned slot, struct fy
     /* grads slot 1 + s: its last block's update (forward_update) was waited for */
     if (held_on_gpu(r, u))
         FY_TRY(grad_send(r, u, gslot(&r->l, 1 + s), &r->gsend[s]));
+    if (bf16_weights(r)) /* converted once updated (forward_update) */
+        return wslot_claim(r, slot, u);
     r->wslot_unit[slot] = (int)u;
     r->wslot_off[slot] = master_at(r->l.c, u, r->state_off[s]);
     return 0;
 }
 
 /* Block b's deferred update, its state read into state slot b & 1 (forward_read): AdamW there,
- * waited for, then the state written back while the forward reads the new master. */
-static int forward_update(struct fy_sched *r, unsigned b, struct fy_ticket *fws)
+ * waited for, then the state written back while the forward reads the new master (with bf16
+ * weights, converted into the block's weights slot `slot` first, waited for). */
+static int forward_update(struct fy_sched *r, unsigned b, unsigned slot, struct fy_ticket *fws)
 {
     unsigned s = b & 1;
     uint64_t grad = clipped_grad(r, b);
@@ -387,6 +528,11 @@ static int forward_update(struct fy_sched *r, unsigned b, struct fy_ticket *fws)
     FY_TRY(opt_enqueue_scaled(r, b, s, grad, r->deferred_step, r->deferred_lr,
                               r->deferred_scale));
     FY_TRY(fy_optq_settle(&r->opt, b));
+    if (bf16_weights(r)) {
+        struct fy_ticket t = {0};
+        FY_TRY(convert_into(r, b, master_at(r->l.c, b, r->state_off[s]), slot, &t));
+        FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
+    }
     FY_TRY(state_write(r, b, s, &fws[s]));
     r->deferred[b] = 0;
     return 0;
@@ -415,7 +561,7 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
     /* slot 0 keeps the embeddings until the tied head has used them; the blocks and then the
      * final unit take the other slots in turn */
     if (rc == 0)
-        rc = read_weights(r, 0, 0, &t_embed);
+        rc = forward_read(r, 0, 0, &t_embed, g, fws);
     for (unsigned u = 1; rc == 0 && u <= fin && u <= depth; u++)
         rc = forward_read(r, u, block_wslot(l, u), &rw[u], g, fws);
     if (rc == 0)
@@ -431,18 +577,19 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
     if (rc == 0) {
         int op = FY_OP_GPT_EMBED_FWD;
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
-        req[1] = weights_region(r, op, 0, w_embed, 0, 1);
+        req[1] = weights_region(r, op, 0, w_embed, 0);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, 0);
         rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 3, &g_embed);
         fy_spill_used_by(&r->ckpt, 0, &g_embed);
+        wslot_used_by(r, 0, &g_embed);
     }
     for (unsigned b = 1; rc == 0 && b <= L; b++) {
         rc = fy_ticket_wait(&r->tk, &rw[b], NULL);
         uint64_t w_off = 0;
+        if (rc == 0 && r->deferred[b])
+            rc = forward_update(r, b, block_wslot(l, b), fws);
         if (rc == 0)
             rc = weights_of(r, b, block_wslot(l, b), &w_off);
-        if (rc == 0 && r->deferred[b])
-            rc = forward_update(r, b, fws);
         if (rc == 0)
             rc = fy_optq_settle(&r->opt, b);
         if (rc == 0)
@@ -454,12 +601,13 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         if (rc == 0 && swaps)
             rc = fy_spill_out(&r->saved, b - 1, &s_off);
         int op = FY_OP_GPT_BLOCK_FWD;
-        req[0] = weights_region(r, op, b, w_off, (int)b, 1);
+        req[0] = weights_region(r, op, b, w_off, (int)b);
         req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, (int)b);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, (int)b);
         unsigned n = train ? saved_parts(r, b, op, s_off, req, 3) : 3;
         if (rc == 0)
             rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, n, &g[b]);
+        wslot_used_by(r, block_wslot(l, b), &g[b]);
         fy_spill_used_by(&r->ckpt, b - 1, &g[b]);
         fy_spill_used_by(&r->ckpt, b, &g[b]);
         if (swaps)
@@ -491,11 +639,11 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
     if (rc == 0)
         rc = fy_spill_in(&r->ckpt, L, 0, &x_in);
     if (rc == 0) {
-        int op = FY_OP_GPT_HEAD, f = (int)fin, copies = has_copy(r, 0) && has_copy(r, fin);
+        int op = FY_OP_GPT_HEAD, f = (int)fin;
         req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, f);
         req[1] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->targets, l->tok_bytes, f);
-        req[2] = weights_region(r, op, fin, w_fin, f, copies);
-        req[3] = weights_region(r, op, 0, w_embed, f, copies);
+        req[2] = weights_region(r, op, fin, w_fin, f);
+        req[3] = weights_region(r, op, 0, w_embed, f);
         req[4] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dact_at(l, 0), l->act_bytes, f);
         req[5] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, r->dfinal, unit_bytes(l, fin), f);
         req[6] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), f);
@@ -507,9 +655,12 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         int w = fy_ticket_wait(&r->tk, &fws[i], NULL);
         rc = rc ? rc : w;
     }
-    /* the gpu requests were all waited for before the head */
+    /* the gpu requests were all waited for before the head; the backward converts in the order it
+     * needs the weights, holding no update back */
     fy_spill_forget_users(&r->ckpt);
     fy_spill_forget_users(&r->saved);
+    wslot_forget_users(r);
+    fy_optq_hold_from(&r->opt, fy_model_unit_count(c));
     free(rw);
     free(g);
     FY_TRY(rc);
@@ -550,7 +701,7 @@ static unsigned adamw_parts(const struct fy_sched *r, unsigned u, uint64_t grad,
     unsigned parts = 1 + fy_optstate_parts(&lay, state, (int)u, req + 1);
     memcpy(&req[1 + FY_OPTSTATE_MASTER].arg, &lr, sizeof lr);
     if (has_copy(r, u))
-        req[parts++] = weights_region(r, op, u, master_at(l->c, u, state), (int)u, 1);
+        req[parts++] = weights_region(r, op, u, r->wcopy[u], (int)u);
     for (unsigned i = 0; i < parts; i++)
         req[i].step = step;
     return parts;
@@ -666,6 +817,26 @@ static int write_back(struct fy_sched *r, struct writebacks *wb, unsigned u)
     return 0;
 }
 
+/* Block b's weights for its backward, its f32 master at pool offset `master`: with bf16 weights its
+ * copy, or the master converted into the block's weights slot (*cv: a conversion issued ahead, or
+ * none yet), waited for; *w_off where the gpu request finds them. */
+static int backward_weights(struct fy_sched *r, unsigned b, uint64_t master, struct fy_ticket *cv,
+                            uint64_t *w_off)
+{
+    *w_off = master;
+    if (!bf16_weights(r))
+        return 0;
+    if (has_copy(r, b)) {
+        *w_off = r->wcopy[b];
+        return 0;
+    }
+    unsigned slot = block_wslot(&r->l, b);
+    if (cv->id == 0)
+        FY_TRY(convert_into(r, b, master, slot, cv));
+    FY_TRY(fy_ticket_wait(&r->tk, cv, NULL));
+    return weights_of(r, b, slot, w_off);
+}
+
 /* Backward through the blocks with each block's update overlapped with the backward of the blocks
  * below. A streamed block's weights come with its state: its master, m and v are read into a state
  * slot before its backward, which takes the master from there, and AdamW updates them in place
@@ -675,17 +846,20 @@ static int write_back(struct fy_sched *r, struct writebacks *wb, unsigned u)
  * slot is free (fy_optq_take_gslot: at least three, so the gpu can run two blocks ahead of the
  * optimizer, and with more the optimizer can fall behind and finish in the next forward); block
  * b+1's AdamW is queued, not waited for, once its gradient is in. Every reuse of a slot waits for
- * its previous user. With `embed`, the embedding backward follows block 1's on the gpu while the
- * last blocks are updated. */
+ * its previous user. With bf16 weights, a block without a copy has its master converted into its
+ * weights slot before its backward: a streamed block's once its state is read, a kept one's while
+ * the gpu computes the block above (the weights slots taken in turn, as in the forward). With
+ * `embed`, the embedding backward follows block 1's on the gpu while the last blocks are
+ * updated. */
 static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigned *cur, int embed)
 {
     const struct fy_plan_layout *l = &r->l;
     unsigned L = l->c->n_layer;
     struct fy_ticket *g = calloc(L + 4, sizeof *g), *rs = calloc(L + 4, sizeof *rs);
-    struct fy_ticket *ws = calloc(L + 4, sizeof *ws), e = {0};
+    struct fy_ticket *ws = calloc(L + 4, sizeof *ws), *cv = calloc(L + 4, sizeof *cv), e = {0};
     unsigned char *issued = calloc(L + 4, 1);
     unsigned *slot_of = calloc(L + 4, sizeof *slot_of);
-    int rc = g && rs && ws && issued && slot_of ? 0 : -ENOMEM;
+    int rc = g && rs && ws && cv && issued && slot_of ? 0 : -ENOMEM;
     struct writebacks wb = {ws, issued, {-1, -1}};
     fy_optq_release_gslots(&r->opt); /* the last step's updates were all waited for */
     if (rc == 0 && embed && L == 0) /* it reads the gradient this overwrites */
@@ -716,11 +890,19 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
                 w_off = master_at(l->c, b, r->state_off[b & 1]);
             }
             if (rc == 0)
+                rc = backward_weights(r, b, w_off, &cv[b], &w_off);
+            if (rc == 0)
                 rc = fy_optq_take_gslot(&r->opt, b, &slot_of[b]);
             if (rc == 0) {
                 rc = block_backward_issue(r, b, w_off, dact_at(l, *cur), dact_at(l, *cur ^ 1),
                                           gslot(l, slot_of[b]), 0, &g[b]);
             }
+            if (converts(r, b))
+                wslot_used_by(r, block_wslot(l, b), &g[b]);
+            /* a kept block below without a copy: its weights converted while this one computes */
+            if (rc == 0 && b >= 2 && converts(r, b - 1) && is_resident(r, b - 1))
+                rc = convert_into(r, b - 1, master_at(l->c, b - 1, r->resident[b - 1]),
+                                  block_wslot(l, b - 1), &cv[b - 1]);
             *cur ^= 1;
             if (rc == 0 && b == 1 && embed) /* the early part reads the gradient this rewrites */
                 rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
@@ -756,13 +938,16 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
         int w = fy_ticket_wait(&r->tk, &ws[u], NULL);
         w = w ? w : fy_ticket_wait(&r->tk, &g[u], NULL);
         w = w ? w : fy_ticket_wait(&r->tk, &rs[u], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &cv[u], NULL);
         rc = rc ? rc : w;
     }
     fy_spill_forget_users(&r->ckpt);
     fy_spill_forget_users(&r->saved);
+    wslot_forget_users(r);
     free(g);
     free(rs);
     free(ws);
+    free(cv);
     free(issued);
     free(slot_of);
     return rc;
@@ -833,6 +1018,7 @@ static int norm_pass(struct fy_sched *r, double *total)
             rc = sumsq_wait(r, &sq[b + 2], &part[b + 2]); /* its gradient slot */
         if (rc == 0)
             rc = block_backward_issue(r, b, w_off, dy, dx, norm_grad(r, b), r->hold_gpu, &g[b]);
+        wslot_used_by(r, block_wslot(l, b), &g[b]);
         dy = dx;
         /* block b+1's gradient is complete: its squares, and its weights slot is free for block
          * b-depth */
@@ -859,6 +1045,7 @@ static int norm_pass(struct fy_sched *r, double *total)
     }
     fy_spill_forget_users(&r->ckpt);
     fy_spill_forget_users(&r->saved);
+    wslot_forget_users(r);
     double sum = 0.0;
     for (unsigned u = 0; u <= fin; u++)
         sum += part[u];
@@ -907,6 +1094,15 @@ static int embed_update_early(struct fy_sched *r, uint64_t step, double lr, uint
     return fy_ticket_issue(&r->tk, FY_TICKET_OPT, req, n, &r->embed_early);
 }
 
+/* The backward is done: the updates left go to the opt worker in the next forward's order, all
+ * but those of the units from the first one the forward converts on (with bf16 weights), which
+ * the forward sends as it goes (forward_read), so that its conversions do not queue behind them. */
+static int send_for_forward(struct fy_sched *r)
+{
+    fy_optq_hold_from(&r->opt, next_converted(r, 0));
+    return fy_optq_send_all(&r->opt);
+}
+
 int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr)
 {
     const struct fy_plan_layout *l = &r->l;
@@ -935,7 +1131,7 @@ int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr)
         FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
     }
     r->version[0] = step;
-    return fy_optq_send_all(&r->opt);
+    return send_for_forward(r);
 }
 
 /* Said once per process: a batch whose targets the token file's loss mask all masks out. */
@@ -1127,7 +1323,7 @@ int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, doub
         FY_TRY(opt_enqueue(r, u, 0, grad, step, lr));
         FY_TRY(fy_optq_pump(&r->opt));
     }
-    return r->hold_gpu ? fy_optq_drain(&r->opt) : fy_optq_send_all(&r->opt);
+    return r->hold_gpu ? fy_optq_drain(&r->opt) : send_for_forward(r);
 }
 
 int fy_sched_finish_updates(struct fy_sched *r)

@@ -27,6 +27,9 @@ struct fy_sched {
      * the wrong numbers; and where the slot's contents are (a resident unit's own). */
     int wslot_unit[FY_PLAN_PREFETCH_MAX + 2], state_unit[2];
     uint64_t wslot_off[FY_PLAN_PREFETCH_MAX + 2], state_off[2];
+    /* The gpu request of this pass that read each weights slot last (NULL: none), waited for
+     * before anything is read or converted into the slot. */
+    struct fy_ticket *wslot_user[FY_PLAN_PREFETCH_MAX + 2];
     uint64_t *resident; /* per unit: its state's offset in the pool, or 0 */
     uint64_t *wcopy;    /* per unit: its bf16 weights copy's offset in the pool, or 0 */
     uint64_t *version;  /* per unit: the step whose weights it holds */

@@ -358,6 +358,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     struct fy_sched r;
     const struct fy_plan_shape shape = {.c = &meta->model, .B = o->batch, .T = o->seq,
                                         .act_dtype = o->act_dtype,
+                                        .weight_dtype = o->weight_dtype,
                                         .clip = o->clip_grad_norm > 0, .ranks = o->ranks};
     FY_TRY(fy_sched_init(&r, pool, &shape, x, o->timeout_ms));
     int rc = fy_sched_setup(&r, o);

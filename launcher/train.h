@@ -73,6 +73,9 @@ struct fy_train_opts {
     int act_dtype;         /* activations in the pool: FY_DTYPE_F32 or _BF16, the backend's choice
                               (fy_backend_preferred_act_dtype; the gpu worker reads
                               train.act_dtype) */
+    /* the weights the gpu worker is sent (struct fy_plan_shape.weight_dtype): FY_DTYPE_BF16, every
+     * unit's in bf16 (its copy, or converted by the opt worker into a weights slot); else f32 */
+    int weight_dtype;
     /* The blocks' swapped internals: place[l * FY_ACT_KINDS + k] for block l + 1 (common/
      * actplan.h): swappable kinds placed FY_ACT_HOST stay in the pool from the forward to the
      * backward, FY_ACT_SSD ones go to the store and come back; anything else is recomputed (NULL:

@@ -1,7 +1,8 @@
 /* Optimizer requests: gathers the parts of an opt-adamw request, checks they hold one state of the
  * run's layout (common/optstate.h: fp32, bf16 or int8 moments), and runs the AdamW kernel on the
  * pinned threads tensor by tensor (each with its weight decay, its moments where the layout puts
- * them); opt-sumsq sums a gradient's squares for the launcher's global-norm clipping. */
+ * them); opt-sumsq sums a gradient's squares for the launcher's global-norm clipping; opt-convert
+ * rounds weights to bf16 for the gpu worker. */
 #include "optstep.h"
 
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include "common/optstate.h"
 #include "common/topo.h"
 #include "opt_worker/adamw.h"
+#include "opt_worker/convert.h"
 #include "opt_worker/quant8.h"
 #include "opt_worker/threads.h"
 
@@ -355,6 +357,39 @@ static int sumsq(struct fy_optstep *o, const struct fy_pool *pool, const struct 
     return 0;
 }
 
+/* opt-convert: a MASTER part's f32 values rounded to bf16 into a WEIGHTS part of as many elements
+ * (a unit's whole weights, or a piece of them: layer names the unit, checked to hold at least that
+ * many parameters). Nothing is written unless the request holds. */
+static int convert(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *req,
+                   unsigned n)
+{
+    FY_REQUIRE(n == 2, -EPROTO, "opt-convert takes a master part and a weights part, not %u parts",
+               n);
+    const struct fy_desc *src = part_of(req, n, FY_KIND_MASTER);
+    const struct fy_desc *dst = part_of(req, n, FY_KIND_WEIGHTS);
+    FY_REQUIRE(src != NULL && dst != NULL, -EPROTO,
+               "opt-convert takes a master part and a weights part (got %s and %s)",
+               fy_kind_name(req[0].kind), fy_kind_name(req[1].kind));
+    FY_REQUIRE(src->dtype == FY_DTYPE_F32 && dst->dtype == FY_DTYPE_BF16, -EPROTO,
+               "opt-convert: the master part must be f32 and the weights part bf16 (got %s and %s)",
+               fy_dtype_name(src->dtype), fy_dtype_name(dst->dtype));
+    size_t count = src->bytes / 4;
+    FY_REQUIRE(count > 0 && dst->bytes / 2 == count, -EPROTO,
+               "opt-convert: %zu f32 values into a weights part of %llu bytes: the parts must hold "
+               "as many elements, at least one", count, (unsigned long long)dst->bytes);
+    FY_REQUIRE(!regions_overlap(src, dst), -EPROTO, "opt-convert: the two parts overlap");
+    int layer = req[0].layer;
+    if (layer >= 0 && o->have_model)
+        FY_REQUIRE((unsigned)layer < fy_model_unit_count(&o->model) &&
+                       count <= fy_model_unit_params(&o->model, (unsigned)layer),
+                   -EPROTO, "opt-convert: unit %d of the model does not hold %zu parameters", layer,
+                   count);
+    const float *from = part_at(pool, src);
+    uint16_t *to = part_at(pool, dst);
+    FY_REQUIRE(from != NULL && to != NULL, -ERANGE, "opt-convert: a region lies outside the pool");
+    return fy_convert_to_bf16(o->threads, from, to, count, o->impl);
+}
+
 /* opt-adamw: the update of a unit's state (or one tensor's), tensor by tensor (each with its weight
  * decay and, in int8, its own blocks), or of the rows a row list names. */
 static int adamw(struct fy_optstep *o, const struct fy_pool *pool, const struct fy_desc *req,
@@ -391,6 +426,8 @@ int fy_optstep_handle(struct fy_optstep *o, const struct fy_pool *pool, const st
 {
     if (req[0].op == FY_OP_OPT_SUMSQ)
         return sumsq(o, pool, req, n, reply);
+    if (req[0].op == FY_OP_OPT_CONVERT)
+        return convert(o, pool, req, n);
     FY_REQUIRE(req[0].op == FY_OP_OPT_ADAMW, -EPROTO,
                "opt worker: op %s is not an optimizer operation", fy_op_name(req[0].op));
     FY_REQUIRE(req[0].step >= 1, -EPROTO, "opt-adamw: step (Adam's t) must be >= 1");

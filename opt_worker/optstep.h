@@ -1,7 +1,7 @@
 /* Optimizer requests: AdamW over the regions an opt-adamw request names, on the pinned threads of
  * the opt worker, with the step's learning rate from the request and GPT-2 weight-decay rules when
- * the request is about a model unit; and the sum of squares of a gradient, from which the launcher
- * computes the global gradient norm for clipping. Serves the opt worker process and in-process runs
+ * the request is about a model unit; the sum of squares of a gradient, from which the launcher
+ * computes the global gradient norm for clipping; and weights rounded to bf16 for the gpu worker. Serves the opt worker process and in-process runs
  * alike.
  *
  * opt-adamw parts (any order, each kind once): GRAD (f32 or bf16), MASTER, ADAM_M, ADAM_V (f32)
@@ -18,7 +18,12 @@
  *
  * opt-sumsq: one GRAD part (f32 or bf16); layer = model unit (its size is checked) or -1. The
  * reply's arg is sum(g^2) in double (fy_adamw_sumsq: the same bits whatever the thread count or
- * SIMD width). Nothing is written. */
+ * SIMD width). Nothing is written.
+ *
+ * opt-convert: a MASTER part (f32) and a WEIGHTS part (bf16) of the same element count (at least
+ * one), not overlapping; layer = the model unit they are (a piece) of, checked to hold that many
+ * parameters, or -1. The weights part gets fy_f32_to_bf16 of every value (opt_worker/convert.h):
+ * the bf16 weights a gpu request reads, the bits a kept unit's copy has. */
 #ifndef FY_OPTSTEP_H
 #define FY_OPTSTEP_H
 

@@ -2,8 +2,8 @@
  * the obvious answers (fast links and room: everything swapped; no room: recompute; no device room
  * for the swap sets: no swapping), the kept blocks' count from the device room, the budgets never
  * exceeded over a sweep of pool rooms, FC and GELU placed together when one product writes both,
- * the forced modes and the test hook's mix, the refusals, clipping's two schedules, and several gpu
- * workers. */
+ * the forced modes and the test hook's mix, the refusals, clipping's two schedules, several gpu
+ * workers, and bf16 weights' conversions on the opt worker. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -304,6 +304,38 @@ static void test_clipped_steps(void **state)
     fy_actrun_free(&one);
 }
 
+/* bf16 weights, every block kept on the device and AdamW slow enough that host memory binds each
+ * phase (mem): with every unit converted by the opt worker (no copies) the step takes the
+ * conversions' bytes (6 a parameter in the forward, 6 a block parameter in the backward) less the
+ * weights' halved PCIe bytes longer than with f32 weights; with a copy for every unit, the halved
+ * PCIe bytes less the copies AdamW writes (2 a parameter) shorter. 294912 + 8 x 789760 + 512
+ * parameters, 8 x 789760 in the blocks, host memory at 1e6 x 28 bytes/s. */
+static void test_bf16_weights_conversions(void **state)
+{
+    (void)state;
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e15, 1u << 20, 1ull << 40);
+    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    in.rates.opt_params = 1e6;
+    const unsigned char copies[10] = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    struct fy_actrun f32, converted, copied;
+    in.weight_dtype = 1; /* FY_DTYPE_F32 */
+    assert_int_equal(fy_actrun_plan(&in, &f32), 0);
+    assert_int_equal(f32.keep, (int)c.n_layer);
+    in.weight_dtype = 2; /* FY_DTYPE_BF16 */
+    assert_int_equal(fy_actrun_plan(&in, &converted), 0);
+    in.resident = copies;
+    assert_int_equal(fy_actrun_plan(&in, &copied), 0);
+    const double params = 294912 + 8 * 789760.0 + 512, blocks = 8 * 789760.0, mem = 28e6;
+    assert_float_equal(converted.predicted_s - f32.predicted_s,
+                       (6 * params + 6 * blocks - 2 * params - 2 * blocks) / mem, 1e-6);
+    assert_float_equal(copied.predicted_s - f32.predicted_s,
+                       (-2 * params - 2 * blocks + 2 * params) / mem, 1e-6);
+    fy_actrun_free(&f32);
+    fy_actrun_free(&converted);
+    fy_actrun_free(&copied);
+}
+
 /* Several gpu workers, N = 2 and 3 at 4 sequences each (the profile's share): the internals'
  * sizes are a worker's; auto keeps what the device holds and swaps nothing even where one worker
  * would (test_device_room_and_swap_sets); a slow NVLink binds each phase at its gradients' ring
@@ -360,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_no_profile_and_bad_backend),
         cmocka_unit_test(test_clipped_steps),
         cmocka_unit_test(test_ranks),
+        cmocka_unit_test(test_bf16_weights_conversions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

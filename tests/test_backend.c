@@ -155,16 +155,15 @@ static void test_cpu_backend_holds_gradients(void **state)
     struct fy_backend *b = NULL;
     assert_int_equal(fy_backend_open(&b, "cpu", 0), 0);
     assert_int_equal(fy_backend_model_prepare(b, &c, B, T), 0);
-    print_message("holding before any backward and a slot outside the buffers are refused (next "
-                  "lines):\n");
-    assert_int_equal(fy_backend_model_hold_last(b, 0), -EINVAL);
+    print_message("holding before any buffer is taken and a slot outside the buffers are refused "
+                  "(next lines):\n");
+    assert_int_equal(fy_backend_model_hold_next(b, 0), -EINVAL);
     assert_int_equal(fy_backend_model_hold(b, 2), 0);
     assert_int_equal(fy_backend_model_hold(b, 2), -EINVAL);
-    assert_int_equal(fy_backend_model_hold_last(b, 0), -EINVAL); /* no backward yet */
     for (int i = 0; i < 2; i++) {
+        assert_int_equal(fy_backend_model_hold_next(b, 1 - i), 0);
         assert_int_equal(fy_backend_model_block_backward(b, 2 - i, params, x, dy[i], dx, dp[i],
                                                          NULL), 0);
-        assert_int_equal(fy_backend_model_hold_last(b, 1 - i), 0);
     }
     assert_memory_not_equal(dp[0], dp[1], P * sizeof(float));
     assert_int_equal(fy_backend_model_block_backward(b, 1, params, x, dy[0], dx, dp[1], NULL), 0);
@@ -177,7 +176,7 @@ static void test_cpu_backend_holds_gradients(void **state)
         free(want);
     }
     assert_int_equal(fy_backend_model_hold_send(b, 2, back), -EINVAL);
-    assert_int_equal(fy_backend_model_hold_last(b, -1), -EINVAL);
+    assert_int_equal(fy_backend_model_hold_next(b, -1), -EINVAL);
     fy_backend_close(&b);
     free(params), free(x), free(dx), free(dy[0]), free(dy[1]), free(dp[0]), free(dp[1]);
     free(back);

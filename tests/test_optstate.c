@@ -131,7 +131,7 @@ static void test_planner_counts(void **state)
     assert_int_equal(t.ssd_read + t.ssd_write, 28 * P);
     fy_plan_traffic(&clipped, &place, &t);
     assert_int_equal(t.ssd_read + t.ssd_write, 32 * P); /* the norm pass reads the master once more */
-    assert_int_equal(fy_plan_upload_bytes(&c, res, 1), 4 * P);
+    assert_int_equal(fy_plan_upload_bytes(&c, FY_DTYPE_F32, 1), 4 * P);
     uint64_t kept_others = 0; /* the other units' state, kept */
     for (unsigned u = 0; u < fy_model_unit_count(&c); u++)
         kept_others += u == 1 ? 0 : 3 * pad(4 * fy_model_unit_params(&c, u));
@@ -144,7 +144,7 @@ static void test_planner_counts(void **state)
     assert_int_equal(fy_plan_resident_bytes(&c, res), kept_others + 12 * P);
     one_streamed(&c, FY_PLAN_KEPT_BF16, res);
     assert_int_equal(fy_plan_resident_bytes(&c, res), kept_others + 12 * P + pad(2 * P));
-    assert_int_equal(fy_plan_upload_bytes(&c, res, 1), 2 * P);
+    assert_int_equal(fy_plan_upload_bytes(&c, FY_DTYPE_BF16, 1), 2 * P);
 
     /* the pool's state region: two of the largest unit's state */
     struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];

@@ -6,7 +6,9 @@
  * int8 optimizer state (common/optstate.h) a model unit's update, whole or by rows, equals the
  * kernel called tensor by tensor on views built here from the documented layout (int8: codes,
  * block absmax, the small tensors' f32 moments), and a request of another format than the run's,
- * with a section of the wrong size, or with a row across two tensors is refused, nothing written. */
+ * with a section of the wrong size, or with a row across two tensors is refused, nothing written.
+ * opt-convert rounds a unit's weights, or a piece of them, to bf16 as fy_f32_to_bf16 does, and
+ * malformed conversions are refused with nothing written. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -699,6 +701,93 @@ static void test_adamw_formats_refused(void **state)
     fy_optstep_destroy(&opt16);
 }
 
+/* opt-convert: a unit's whole weights and a piece of them (a chunk of a streamed unit's master),
+ * each rounded as fy_f32_to_bf16 rounds, awkward values among them (a tie, NaN, infinity, a
+ * denormal); nothing written past the weights part. */
+static void test_convert(void **state)
+{
+    struct fx *f = *state;
+    size_t n = fy_model_unit_params(&MODEL, 1), piece = 1000;
+    float *src = at(f, 0, n * 4);
+    fill(src, n, 3, -2.0f, 2.0f);
+    const uint32_t odd[4] = {0x3f808000u, 0x7f800001u, 0xff800000u, 0x00000001u};
+    memcpy(src + 5, odd, sizeof odd);
+    uint64_t dst_at = (n * 4 + 4095) / 4096 * 4096;
+    uint16_t *dst = at(f, dst_at, n * 2 + 2);
+    memset(dst, 0xab, n * 2 + 2);
+    struct fy_desc req[2] = {
+        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32, f->base, n * 4, 1),
+        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, FY_DTYPE_BF16, f->base + dst_at, n * 2, 1)};
+    struct fy_desc reply;
+    assert_int_equal(handle(f, req, 2, &reply), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(dst[i], fy_f32_to_bf16(src[i]));
+    assert_int_equal(dst[n], 0xabab);
+    /* a piece from element 4000 on, the parts in the other order, no unit named */
+    memset(dst, 0xab, n * 2 + 2);
+    struct fy_desc chunk[2] = {req[1], req[0]};
+    chunk[0].offset += 4000 * 2;
+    chunk[0].bytes = piece * 2;
+    chunk[1].offset += 4000 * 4;
+    chunk[1].bytes = piece * 4;
+    chunk[0].layer = chunk[1].layer = -1;
+    assert_int_equal(handle(f, chunk, 2, &reply), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(dst[i], i >= 4000 && i < 4000 + piece ? fy_f32_to_bf16(src[i]) : 0xabab);
+}
+
+/* Malformed opt-convert requests are refused before anything is written. */
+static void test_convert_refused(void **state)
+{
+    struct fx *f = *state;
+    size_t n = fy_model_unit_params(&MODEL, 1);
+    uint64_t dst_at = (n * 4 + 4095) / 4096 * 4096;
+    uint16_t *dst = at(f, dst_at, n * 2);
+    memset(dst, 0xab, n * 2);
+    const struct fy_desc good[2] = {
+        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32, f->base, n * 4, 1),
+        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, FY_DTYPE_BF16, f->base + dst_at, n * 2, 1)};
+    struct fy_desc reply, bad[3];
+    memcpy(bad, good, sizeof good);
+    assert_int_equal(handle(f, bad, 1, &reply), -EPROTO); /* one part */
+    bad[2] = good[1];
+    assert_int_equal(handle(f, bad, 3, &reply), -EPROTO); /* three */
+    memcpy(bad, good, sizeof good);
+    bad[1].kind = FY_KIND_MASTER;
+    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* no weights part */
+    memcpy(bad, good, sizeof good);
+    bad[0].dtype = FY_DTYPE_BF16;
+    bad[0].bytes = n * 2;
+    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* the master not f32 */
+    memcpy(bad, good, sizeof good);
+    bad[1].dtype = FY_DTYPE_F32;
+    bad[1].bytes = n * 4;
+    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* the weights not bf16 */
+    memcpy(bad, good, sizeof good);
+    bad[1].bytes -= 2;
+    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* element counts differ */
+    memcpy(bad, good, sizeof good);
+    bad[0].bytes = bad[1].bytes = 0;
+    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* nothing to convert */
+    memcpy(bad, good, sizeof good);
+    bad[1].offset = f->base + n * 2;
+    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* overlapping */
+    memcpy(bad, good, sizeof good);
+    bad[0].layer = bad[1].layer = 0;
+    bad[0].bytes = (fy_model_unit_params(&MODEL, 0) + 1) * 4; /* more than unit 0 holds */
+    bad[1].bytes = (fy_model_unit_params(&MODEL, 0) + 1) * 2;
+    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO);
+    memcpy(bad, good, sizeof good);
+    bad[0].layer = bad[1].layer = (int)fy_model_unit_count(&MODEL);
+    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* no such unit */
+    memcpy(bad, good, sizeof good);
+    bad[1].offset = fy_pool_size(f->pool);
+    assert_true(handle(f, bad, 2, &reply) < 0); /* outside the pool */
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(dst[i], 0xabab);
+    assert_int_equal(handle(f, good, 2, &reply), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -710,6 +799,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adamw_unit_formats, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adamw_int8_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adamw_formats_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_convert, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_convert_refused, setup, teardown),
     };
     return cmocka_run_group_tests_name("optstep", tests, NULL, NULL);
 }

@@ -19,7 +19,9 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/ckpt.h"
@@ -55,10 +57,11 @@ static const struct fy_plan_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h =
 static struct fy_plan_in input(const struct fy_model_config *c)
 {
     return (struct fy_plan_in){
-        .shape = {.c = c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32},
+        .shape = {.c = c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32,
+                  .weight_dtype = FY_DTYPE_F32},
         .backend = "cpu", .prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
         .ckpt_place = FY_CKPT_HOST, .act_mode = FY_ACTPLAN_RECOMPUTE,
-        .weight_dtype = FY_DTYPE_F32, .state_copies = 2, .rates = rates};
+        .state_copies = 2, .rates = rates};
 }
 
 /* The streaming regions of width 64 at 4 x 32 with L blocks: grad_slots block gradients, the
@@ -340,6 +343,101 @@ static void test_clip_modes(void **state)
     fy_plan_free(&one);
 }
 
+/* bf16 weights for every unit, width 64 and two blocks (test_streamed_by_hand's model): each
+ * weights slot a block's bf16 weights (49984 x 2 bytes, padded to 102400), the landing ring where a
+ * unit streams (four chunks of a quarter of the block's master section, 200704 / 4 = 50176, padded
+ * to 53248); PCIe 469760 bytes fewer than f32's 1276928 (the embeddings' 36864, the blocks' 2 x
+ * 99968 in the forward and again in the backward, the head's final unit and wte 33024); the opt
+ * worker converts what has no copy: streamed, every unit in the forward (118528 parameters) and
+ * the blocks in the backward (99968), 6 bytes each, at AdamW's host memory rate (1e6 parameters/s
+ * x 28 bytes); with copies for all but block 1, block 1 alone; with every unit kept without a copy,
+ * as streamed but no landing ring; with copies for all, nothing converted and no ring. The SSD
+ * moves what it moves with f32 weights. The layout read back finds the slots and the ring. */
+static void test_bf16_weights_by_hand(void **state)
+{
+    (void)state;
+    struct fy_model_config c = gpt(2, 64);
+    struct fy_plan_in in = input(&c);
+    struct fy_plan f32, p;
+    assert_int_equal(fy_plan_make(&in, NULL, &f32), 0);
+    in.shape.weight_dtype = FY_DTYPE_BF16;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    struct fy_pool_region_spec want[FY_PLAN_REGIONS_MAX];
+    streaming(2, 3, 0, want);
+    memmove(want + 6, want + 5, 2 * sizeof want[0]);
+    want[4] = (struct fy_pool_region_spec){"weights", 3 * 102400};
+    want[5] = (struct fy_pool_region_spec){"landing", 4 * 53248};
+    check_regions(&p, want, 8);
+    assert_int_equal(p.traffic.to_gpu, 1276928 - 469760);
+    assert_int_equal(p.traffic.from_gpu, f32.traffic.from_gpu);
+    assert_int_equal(p.traffic.ssd_read, f32.traffic.ssd_read);
+    assert_int_equal(p.traffic.ssd_write, f32.traffic.ssd_write);
+    assert_int_equal(fy_plan_convert_params(&in.shape, &p.place), 118528 + 99968);
+    assert_int_equal(p.traffic.convert, (118528 + 99968) * 6);
+    assert_float_equal(p.predicted.convert_s, (118528 + 99968) * 6 / 28e6, 1e-12);
+    assert_float_equal(p.predicted.opt_s, 0.118528 + (118528 + 99968) * 6 / 28e6, 1e-12);
+    assert_float_equal(p.predicted.h2d_s, (1276928 - 469760) / 1e9, 1e-15);
+    assert_int_equal(fy_plan_upload_bytes(&c, FY_DTYPE_BF16, 1), 49984 * 2);
+    assert_int_equal(fy_plan_upload_bytes(&c, FY_DTYPE_F32, 1), 49984 * 4);
+    char said[320];
+    fy_plan_weights_describe(&in.shape, &p, said, sizeof said);
+    assert_non_null(strstr(said, "weights to the GPU in bf16 for all 4 units: 0 from a bf16 copy "
+                                 "beside their kept state"));
+    /* two-pass clipping converts the blocks once more, for the norm pass */
+    struct fy_plan_shape clipped = in.shape;
+    clipped.clip = 1;
+    assert_int_equal(fy_plan_convert_params(&clipped, &p.place), 118528 + 2 * 99968);
+    fy_plan_free(&p);
+
+    /* the pool as the plan lays it out, read back */
+    struct fy_pool *pool = NULL;
+    char name[64];
+    snprintf(name, sizeof name, "/fuyou-test-plan-%d", (int)getpid());
+    struct fy_pool_opts po = {.topo = NULL, .numa_node = -1, .run_dir = "/tmp/test-plan"};
+    assert_int_equal(fy_pool_create(&pool, name, want, 8, &po), 0);
+    struct fy_plan_layout l;
+    assert_int_equal(fy_plan_layout_read(pool, &in.shape, &l), 0);
+    assert_int_equal(l.weight_dtype, FY_DTYPE_BF16);
+    assert_int_equal(l.wslot_bytes, 102400);
+    assert_int_equal(l.wslots, 2);
+    assert_int_equal(l.land_slots, 4);
+    assert_int_equal(l.land_chunk, 53248);
+    struct fy_plan_shape units = in.shape; /* init, export: no weights slots read */
+    units.weight_dtype = 0;
+    assert_int_equal(fy_plan_layout_read(pool, &units, &l), 0);
+    assert_int_equal(l.wslots, 0);
+    units.weight_dtype = FY_DTYPE_F32; /* f32 slots in a region of three bf16 ones */
+    assert_int_equal(fy_plan_layout_read(pool, &units, &l), -EINVAL);
+    fy_pool_destroy(&pool);
+
+    const unsigned char some[4] = {FY_PLAN_KEPT_BF16, FY_PLAN_STREAMED, FY_PLAN_KEPT_BF16,
+                                   FY_PLAN_KEPT_BF16};
+    const unsigned char kept[4] = {FY_PLAN_KEPT, FY_PLAN_KEPT, FY_PLAN_KEPT, FY_PLAN_KEPT};
+    const unsigned char all[4] = {FY_PLAN_KEPT_BF16, FY_PLAN_KEPT_BF16, FY_PLAN_KEPT_BF16,
+                                  FY_PLAN_KEPT_BF16};
+    const struct fy_plan_place p_some = {.resident = some, .prefetch = 1, .grad_slots = 3};
+    const struct fy_plan_place p_kept = {.resident = kept, .prefetch = 1, .grad_slots = 3};
+    const struct fy_plan_place p_all = {.resident = all, .prefetch = 1, .grad_slots = 3};
+    assert_int_equal(fy_plan_convert_params(&in.shape, &p_some), 2 * 49984);
+    assert_int_equal(fy_plan_convert_params(&in.shape, &p_kept), 118528 + 99968);
+    assert_int_equal(fy_plan_convert_params(&in.shape, &p_all), 0);
+    struct fy_pool_region_spec got[FY_PLAN_REGIONS_MAX];
+    unsigned n;
+    fy_plan_regions(&in.shape, &p_some, got, &n);
+    assert_string_equal(got[5].name, "landing");
+    fy_plan_regions(&in.shape, &p_kept, got, &n);
+    assert_string_equal(got[5].name, "grads"); /* nothing streams: no ring */
+    struct fy_plan_traffic t;
+    fy_plan_traffic(&in.shape, &p_all, &t);
+    assert_int_equal(t.convert, 0);
+    assert_int_equal(t.to_gpu, 1276928 - 469760);
+    /* f32 weights: nothing converted, whatever is kept */
+    struct fy_plan_shape f32_shape = in.shape;
+    f32_shape.weight_dtype = FY_DTYPE_F32;
+    assert_int_equal(fy_plan_convert_params(&f32_shape, &p_kept), 0);
+    fy_plan_free(&f32);
+}
+
 /* Width 256, four blocks: the embeddings' state 884736 bytes (73728 parameters), a block's
  * 9486336 (789760 parameters, 3159040 bytes padded to 3162112 a section), the final unit's 12288.
  * A budget of the streaming pool and one 2 MiB region more keeps unit 0 and, passing over the
@@ -369,16 +467,28 @@ static void test_residency_by_budget(void **state)
     assert_int_equal(p.traffic.ssd_write, 4 * block_state);
     fy_plan_free(&p);
 
-    in.weight_dtype = FY_DTYPE_BF16;
+    /* bf16 weights: three bf16 slots (1579520 bytes padded to 1581056 each) and the landing ring
+     * (four chunks of a quarter of a block's master section, 790528 bytes) in place of the three
+     * f32 slots, the same 2 MiB regions: the same units kept, with their copies; the streamed
+     * blocks converted in the forward and the backward, 4 x 2 x 789760 parameters */
+    in.shape.weight_dtype = FY_DTYPE_BF16;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     const unsigned char copies[6] = {2, 0, 0, 0, 0, 2};
     assert_memory_equal(p.resident, copies, 6);
     assert_int_equal(p.kept, 2);
     assert_int_equal(p.weight_copies, 2);
     assert_int_equal(p.resident_bytes, 884736 + 147456 + 12288 + 4096);
+    assert_int_equal(p.n_regions, 9);
+    assert_string_equal(p.regions[4].name, "weights");
+    assert_int_equal(p.regions[4].bytes, 3 * 1581056);
+    assert_string_equal(p.regions[5].name, "landing");
+    assert_int_equal(p.regions[5].bytes, 4 * 790528);
+    assert_int_equal(fy_plan_land_chunk(&c), 790528);
+    assert_int_equal(p.traffic.convert, 4 * 2 * 789760ull * 6);
+    assert_true(p.pool_bytes <= in.cpu_mem);
     fy_plan_free(&p);
 
-    in.weight_dtype = FY_DTYPE_F32;
+    in.shape.weight_dtype = FY_DTYPE_F32;
     in.ckpt_place = FY_CKPT_AUTO;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.place.ckpt_slots, 4);
@@ -672,7 +782,7 @@ int main(void)
         cmocka_unit_test(test_residency_by_budget), cmocka_unit_test(test_grad_slots),
         cmocka_unit_test(test_activation_step_order), cmocka_unit_test(test_gpu_need),
         cmocka_unit_test(test_clip_modes),          cmocka_unit_test(test_ranks),
-        cmocka_unit_test(test_ranks_refused),
+        cmocka_unit_test(test_ranks_refused),       cmocka_unit_test(test_bf16_weights_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,10 +48,9 @@ struct cpu_state {
     float *wide[2];
     size_t wide_n[2];
     /* model_hold: `holds` block gradients in `held` (this process's memory stands for the
-     * device's); last_dparams, the gradient the latest block backward wrote */
+     * device's); hold_next, the one the next block backward also writes (-1: none) */
     float *held;
-    int holds;
-    const float *last_dparams;
+    int holds, hold_next;
     uint64_t loss_count; /* model_loss_count: the whole batch's targets (0: the call's own) */
 };
 
@@ -60,6 +59,7 @@ static int cpu_open(void **state, uint64_t gpu_mem, char *device, size_t device_
     struct cpu_state *s = calloc(1, sizeof *s);
     if (s == NULL)
         return -ENOMEM;
+    s->hold_next = -1;
     snprintf(device, device_len, "CPU (%ld online cores)", sysconf(_SC_NPROCESSORS_ONLN));
     *state = s;
     return 0;
@@ -232,7 +232,10 @@ static int cpu_block_backward(void *state, int layer, const void *params_in, con
                                      saved->at, s->B, s->T);
     else
         s->fam->block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
-    s->last_dparams = dparams;
+    if (s->hold_next >= 0) /* one-pass clipping keeps this gradient until its update */
+        memcpy(s->held + (size_t)s->hold_next * fy_model_unit_params(&s->cfg, 1), dparams,
+               fy_model_unit_params(&s->cfg, 1) * sizeof(float));
+    s->hold_next = -1;
     return 0;
 }
 
@@ -248,13 +251,10 @@ static int cpu_hold(void *state, int count)
     return 0;
 }
 
-static int cpu_hold_last(void *state, int slot)
+static int cpu_hold_next(void *state, int slot)
 {
     struct cpu_state *s = state;
-    size_t n = fy_model_unit_params(&s->cfg, 1);
-    FY_REQUIRE(s->last_dparams != NULL, -EINVAL,
-               "cpu backend: holding a block gradient before any block backward");
-    memcpy(s->held + (size_t)slot * n, s->last_dparams, n * sizeof(float));
+    s->hold_next = slot;
     return 0;
 }
 
@@ -434,7 +434,7 @@ const struct fy_backend_ops fy_cpu_backend_ops = {
     .model_profile = cpu_profile,
     .model_weights_bf16 = cpu_weights_bf16,
     .model_hold = cpu_hold,
-    .model_hold_last = cpu_hold_last,
+    .model_hold_next = cpu_hold_next,
     .model_hold_send = cpu_hold_send,
     .model_loss_count = cpu_loss_count,
 };

@@ -13,6 +13,7 @@
 #include "gpu_worker/backend.h" /* struct fy_block_saved, struct fy_block_profile */
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
+#include "gpu_worker/cuda/cu_grads.h"
 #include "gpu_worker/cuda/cu_matmul.h"
 
 /* What units borrow from their owner: the products' handle and the stream (one host thread, one
@@ -51,10 +52,11 @@ struct fy_cu_swapping {
 };
 
 /* Device buffers of the model a profile may use as scratch: one block's parameters, its input,
- * output, output gradient, input gradient and parameter gradients. */
+ * output, output gradient and input gradient, and a sink for its parameter gradients that sends
+ * nothing anywhere. */
 struct fy_cu_profile_scratch {
     bf16 *params, *x, *y, *dy, *dx;
-    float *dparams;
+    const struct fy_cu_grads *grads;
 };
 
 #define FY_CU_PROFILE_EVENTS 3
@@ -94,10 +96,14 @@ struct fy_cu_family {
     int (*embed_backward)(void *units, const int32_t *tokens, const bf16 *dx, float *dembed);
     /* y = block(x); keep: the set the internals go to (NULL: the units' own). */
     int (*block_forward)(void *units, const bf16 *params, const bf16 *x, bf16 *y, void *keep);
-    /* dx and dparams (overwritten) from dy; kept: the set this block's forward filled from the
-     * same params and x, used once (NULL: the forward recomputed). The same bits either way. */
+    /* dx (overwritten) from dy, and the parameters' f32 gradients through the sink, piece by
+     * piece (cu_grads.h: a piece a tensor, or a slice of one, or a norm's weight and bias); kept:
+     * the set this block's forward filled from the same params and x, used once (NULL: the
+     * forward recomputed). The same bits either way. */
     int (*block_backward)(void *units, const bf16 *params, const bf16 *x, const bf16 *dy, bf16 *dx,
-                          float *dparams, void *kept);
+                          const struct fy_cu_grads *grads, void *kept);
+    /* The largest piece block_backward takes from a sink whose piece_max is cap. */
+    size_t (*grad_piece_max)(const struct fy_model_config *c, size_t cap);
     /* The final norm (norm: the final unit's norm weights) of x into the units' own buffer; *xn
      * points at it until the next call. */
     int (*final_norm)(void *units, const bf16 *norm, const bf16 *x, const bf16 **xn);

@@ -14,6 +14,7 @@
 #include "gpu_worker/cuda/cu_embed.h"
 #include "gpu_worker/cuda/cu_flash.h"
 #include "gpu_worker/cuda/cu_gelu.h"
+#include "gpu_worker/cuda/cu_grads.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_layernorm.h"
 #include "gpu_worker/cuda/cu_matmul.h"
@@ -29,8 +30,10 @@ struct fy_cu_gpt2 {
     float *ln_scratch;
     /* one block's internals when no kept set is given */
     struct fy_cu_gpt2_acts own;
-    /* the internals' gradients */
-    bf16 *dy1, *dln2, *datty, *dln1, *dqkv, *dg, *dfc;
+    /* the internals' gradients, sharing buffers where their lives do not overlap: dy1 [N][C] the
+     * residual's; dmid [N][C] that of ln2, then of the attention's output, then of ln1; dbig
+     * [N][4C] that of g, then (in place) of fc, then of qkv [N][3C] */
+    bf16 *dy1, *dmid, *dbig;
     /* per-op timing */
     int timing;
     cudaEvent_t t0, t1;
@@ -90,12 +93,8 @@ static int unit_plan(struct fy_cu_gpt2 *u, struct fy_cu_piece *p)
     (p[n++] = (struct fy_cu_piece){(count) * sizeof(type), (void **)&u->field})
     PIECE(ln_scratch, fy_cu_layernorm_backward_scratch(u->N, (int)C), float);
     PIECE(dy1, N * C, bf16);
-    PIECE(dln2, N * C, bf16);
-    PIECE(datty, N * C, bf16);
-    PIECE(dln1, N * C, bf16);
-    PIECE(dqkv, 3 * N * C, bf16);
-    PIECE(dg, 4 * N * C, bf16);
-    PIECE(dfc, 4 * N * C, bf16);
+    PIECE(dmid, N * C, bf16);
+    PIECE(dbig, 4 * N * C, bf16);
 #undef PIECE
     return n;
 }
@@ -169,7 +168,6 @@ static int gpt2_create(void **units, struct fy_cu_arena *arena, const struct fy_
 /* ---- per-op timing ---- */
 
 #define P(field) (params + u->lay.field)
-#define G(field) (dparams + u->lay.field)
 
 /* Per-op timing for profiling (fy_cu_gpt2_set_timing): events around each op, summed by name. */
 #define OP(name, call)                                                                             \
@@ -291,12 +289,21 @@ int fy_cu_gpt2_block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const bf1
     return block_forward(u, params, x, y, keep != NULL ? keep : &u->own, 0);
 }
 
-int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x,
-                              const bf16 *dy, bf16 *dx, float *dparams,
-                              struct fy_cu_gpt2_acts *kept)
+/* A LayerNorm's weight and bias gradients ([C] each, side by side at w_off) through the sink. */
+#define LN_GRADS(name, w_off, call_with_p)                                                         \
+    do {                                                                                           \
+        float *p;                                                                                  \
+        FY_TRY(g->take(g->ctx, (w_off), 2 * (size_t)C, &p));                                        \
+        OP(name, call_with_p);                                                                     \
+        FY_TRY(g->put(g->ctx, (w_off), 2 * (size_t)C));                                             \
+    } while (0)
+
+static int block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x, const bf16 *dy,
+                          bf16 *dx, const struct fy_cu_grads *g, struct fy_cu_gpt2_acts *kept)
 {
     int N = u->N, C = (int)u->c.n_embd, NH = (int)u->c.n_head;
     size_t NC = (size_t)N * C;
+    const struct fy_gpt2_block_layout *L = &u->lay;
     struct fy_cu_lt *lt = u->env.lt;
     cudaStream_t s = u->env.stream;
     struct fy_cu_gpt2_acts *a = kept;
@@ -304,36 +311,61 @@ int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf
         a = &u->own;
         FY_TRY(block_forward(u, params, x, NULL, a, 0));
     }
-    FY_CUDA(cudaMemsetAsync(dparams, 0, u->lay.total * sizeof(float), s), "zeroing gradients");
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
     /* GELU's backward stays a kernel of its own: cuBLASLt's DGELU epilogue made this product
      * slower (494 against 762 TFLOP/s at 2.7B) than the separate kernel costs. */
-    OP("matmul proj bwd", fy_cu_matmul_backward(lt, u->dg, G(proj_w), G(proj_b), dy, a->g,
-                                                P(proj_w), N, 4 * C, C, s));
-    OP("gelu bwd", fy_cu_gelu_backward(u->dfc, a->fc, u->dg, 4 * NC, s));
-    OP("matmul fc bwd", fy_cu_matmul_backward(lt, u->dln2, G(fc_w), G(fc_b), u->dfc, a->ln2,
-                                              P(fc_w), N, C, 4 * C, s));
+    OP("matmul proj bwd", fy_cu_grads_linear(lt, g, L->proj_w, L->proj_b, u->dbig, dy, a->g,
+                                             P(proj_w), N, 4 * C, C, s));
+    OP("gelu bwd", fy_cu_gelu_backward(u->dbig, a->fc, u->dbig, 4 * NC, s));
+    OP("matmul fc bwd", fy_cu_grads_linear(lt, g, L->fc_w, L->fc_b, u->dmid, u->dbig, a->ln2,
+                                           P(fc_w), N, C, 4 * C, s));
     FY_CUDA(cudaMemcpyAsync(u->dy1, dy, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
             "copying the residual gradient");
-    OP("layernorm bwd", fy_cu_layernorm_backward(u->dy1, G(ln2_w), G(ln2_b), u->ln_scratch,
-                                                 u->dln2, a->y1, P(ln2_w), a->mean2, a->rstd2, N,
-                                                 C, s));
+    LN_GRADS("layernorm bwd", L->ln2_w,
+             fy_cu_layernorm_backward(u->dy1, p, p + C, u->ln_scratch, u->dmid, a->y1, P(ln2_w),
+                                      a->mean2, a->rstd2, N, C, s));
     /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
-    OP("matmul attn-proj bwd", fy_cu_matmul_backward(lt, u->datty, G(attn_w), G(attn_b), u->dy1,
-                                                     a->atty, P(attn_w), N, C, C, s));
+    OP("matmul attn-proj bwd", fy_cu_grads_linear(lt, g, L->attn_w, L->attn_b, u->dmid, u->dy1,
+                                                  a->atty, P(attn_w), N, C, C, s));
     if (u->flash)
-        OP("attention bwd", fy_cu_flash_backward(u->dqkv, u->datty, a->atty, a->qkv, a->attn,
+        OP("attention bwd", fy_cu_flash_backward(u->dbig, u->dmid, a->atty, a->qkv, a->attn,
                                                  u->B, u->T, C, NH, s));
     else
-        OP("attention bwd", fy_cu_attention_backward(lt, u->dqkv, u->datty, a->qkv, a->attn,
+        OP("attention bwd", fy_cu_attention_backward(lt, u->dbig, u->dmid, a->qkv, a->attn,
                                                      u->B, u->T, C, NH, s));
-    OP("matmul qkv bwd", fy_cu_matmul_backward(lt, u->dln1, G(qkv_w), G(qkv_b), u->dqkv, a->ln1,
-                                               P(qkv_w), N, C, 3 * C, s));
+    OP("matmul qkv bwd", fy_cu_grads_linear(lt, g, L->qkv_w, L->qkv_b, u->dmid, u->dbig, a->ln1,
+                                            P(qkv_w), N, C, 3 * C, s));
     FY_CUDA(cudaMemcpyAsync(dx, u->dy1, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
             "copying the residual gradient");
-    OP("layernorm bwd", fy_cu_layernorm_backward(dx, G(ln1_w), G(ln1_b), u->ln_scratch, u->dln1,
-                                                 x, P(ln1_w), a->mean1, a->rstd1, N, C, s));
+    LN_GRADS("layernorm bwd", L->ln1_w,
+             fy_cu_layernorm_backward(dx, p, p + C, u->ln_scratch, u->dmid, x, P(ln1_w), a->mean1,
+                                      a->rstd1, N, C, s));
     return 0;
+}
+
+#undef LN_GRADS
+
+int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x,
+                              const bf16 *dy, bf16 *dx, float *dparams,
+                              struct fy_cu_gpt2_acts *kept)
+{
+    struct fy_cu_grads g;
+    struct fy_cu_grads_whole whole;
+    fy_cu_grads_whole(&g, &whole, dparams, u->env.stream);
+    return block_backward(u, params, x, dy, dx, &g, kept);
+}
+
+/* The largest piece the backward takes from a sink of piece_max `cap`. */
+static size_t gpt2_grad_piece_max(const struct fy_model_config *c, size_t cap)
+{
+    int C = (int)c->n_embd;
+    size_t most = 2 * (size_t)C; /* a LayerNorm's */
+    const int lin[4][2] = {{4 * C, C}, {C, 4 * C}, {C, C}, {C, 3 * C}}; /* IN, OUT */
+    for (int i = 0; i < 4; i++) {
+        size_t p = fy_cu_grads_linear_piece(lin[i][0], lin[i][1], 1, 1, cap);
+        most = p > most ? p : most;
+    }
+    return most;
 }
 
 int fy_cu_gpt2_embed_forward(struct fy_cu_gpt2 *u, const bf16 *wte, const bf16 *wpe,
@@ -368,11 +400,11 @@ int fy_cu_gpt2_head(struct fy_cu_gpt2 *u, const bf16 *lnf, const bf16 *wte, cons
         FY_CUDA(cudaMemsetAsync(dlnf, 0, 2 * (size_t)C * sizeof(float), s), "zeroing gradients");
     }
     OP("head (logits, loss, grads)",
-       fy_cu_head(u->env.lt, losses, dx ? u->dln1 : NULL, dwte, a->ln1, wte, targets, count, N, C,
+       fy_cu_head(u->env.lt, losses, dx ? u->dmid : NULL, dwte, a->ln1, wte, targets, count, N, C,
                   V, u->env.head_rows, u->env.head_scratch, s));
     if (dx != NULL) {
         FY_CUDA(cudaMemsetAsync(dx, 0, NC * sizeof(bf16), s), "zeroing dx");
-        OP("layernorm bwd", fy_cu_layernorm_backward(dx, dlnf, dlnf + C, u->ln_scratch, u->dln1, x,
+        OP("layernorm bwd", fy_cu_layernorm_backward(dx, dlnf, dlnf + C, u->ln_scratch, u->dmid, x,
                                                      lnf, a->mean1, a->rstd1, N, C, s));
     }
     return 0;
@@ -557,8 +589,7 @@ static int profile_compute(struct fy_cu_gpt2 *u, const struct fy_cu_profile_scra
         FY_TRY(block_forward(u, sc->params, sc->x, sc->y, &u->own, 0));
         FY_CUDA(cudaEventRecord(ev[1], s), "recording a profiling event");
         /* from the set the forward just filled: the backward without recomputation */
-        FY_TRY(fy_cu_gpt2_block_backward(u, sc->params, sc->x, sc->dy, sc->dx, sc->dparams,
-                                         &u->own));
+        FY_TRY(block_backward(u, sc->params, sc->x, sc->dy, sc->dx, sc->grads, &u->own));
         FY_CUDA(cudaEventRecord(ev[2], s), "recording a profiling event");
         FY_TRY(fy_cu_profile_elapsed(ev[0], ev[1], &t_fwd));
         FY_TRY(fy_cu_profile_elapsed(ev[1], ev[2], &t_bwd));
@@ -630,10 +661,10 @@ static int gpt2_block_forward(void *units, const bf16 *params, const bf16 *x, bf
 }
 
 static int gpt2_block_backward(void *units, const bf16 *params, const bf16 *x, const bf16 *dy,
-                               bf16 *dx, float *dparams, void *kept)
+                               bf16 *dx, const struct fy_cu_grads *grads, void *kept)
 {
-    return fy_cu_gpt2_block_backward((struct fy_cu_gpt2 *)units, params, x, dy, dx, dparams,
-                                     (struct fy_cu_gpt2_acts *)kept);
+    return block_backward((struct fy_cu_gpt2 *)units, params, x, dy, dx, grads,
+                          (struct fy_cu_gpt2_acts *)kept);
 }
 
 static int gpt2_final_norm(void *units, const bf16 *norm, const bf16 *x, const bf16 **xn)
@@ -671,6 +702,7 @@ const struct fy_cu_family fy_cu_family_gpt2 = {
     gpt2_embed_backward,
     gpt2_block_forward,
     gpt2_block_backward,
+    gpt2_grad_piece_max,
     gpt2_final_norm,
     gpt2_head,
     &gpt2_swapping,

@@ -19,6 +19,7 @@
 #include "gpu_worker/cpu/llama_cpu.h"
 #include "gpu_worker/cuda/cu_embed.h"
 #include "gpu_worker/cuda/cu_flash.h"
+#include "gpu_worker/cuda/cu_grads.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_layernorm.h"
 #include "gpu_worker/cuda/cu_qknorm.h"
@@ -39,9 +40,11 @@ struct fy_cu_llama {
     float *norm_scratch;  /* the norms' weight-gradient partial sums */
     float *qkn_scratch;   /* the q/k norms' weight-gradient partial sums (qk_norm only) */
     struct fy_cu_llama_acts own;
-    /* the backward's gradients: dact [N][I], dgu [N][2I], dn (of n2, then of n1) and dh [N][C],
-     * datty [N][QC], dqkv [N][S] */
-    bf16 *dact, *dgu, *dn, *dh, *datty, *dqkv;
+    /* the backward's gradients: dn (of n2, then of n1) and dh [N][C]; and in one buffer, whose
+     * parts live at different times, dgu [N][2I] with dact [N][I] after it, later datty [N][QC]
+     * with dqkv [N][S] after it */
+    bf16 *dn, *dh, *dwide;
+    bf16 *dact, *dgu, *datty, *dqkv;
 };
 
 /* ---- the unit: shape, buffers ---- */
@@ -116,23 +119,44 @@ static int acts_plan(const struct fy_cu_llama *l, struct fy_cu_llama_acts *a, st
     return n;
 }
 
+/* Bytes of n bf16 values, rounded up to 256 so that what follows stays aligned as the arena's
+ * buffers are. */
+static size_t bf16_span(size_t n) { return (n * sizeof(bf16) + 255) / 256 * 256; }
+
+/* The backward's shared gradient buffer: the MLP's two, then the attention's two. */
+static size_t wide_bytes(const struct fy_cu_llama *l)
+{
+    size_t N = (size_t)l->N, I = (size_t)l->I;
+    size_t mlp = bf16_span(2 * N * I) + bf16_span(N * I);
+    size_t attn = bf16_span(N * l->QC) + bf16_span(N * l->S);
+    return mlp > attn ? mlp : attn;
+}
+
+/* The parts of the shared gradient buffer, once it is taken. */
+static void wide_parts(struct fy_cu_llama *l)
+{
+    size_t N = (size_t)l->N, I = (size_t)l->I;
+    char *w = (char *)l->dwide;
+    l->dgu = (bf16 *)w;
+    l->dact = (bf16 *)(w + bf16_span(2 * N * I));
+    l->datty = (bf16 *)w;
+    l->dqkv = (bf16 *)(w + bf16_span(N * l->QC));
+}
+
 /* Every buffer of the unit (its own set first); returns how many. */
 #define UNIT_PIECES 24
 static int unit_plan(struct fy_cu_llama *l, struct fy_cu_piece *p)
 {
-    size_t N = (size_t)l->N, C = (size_t)l->C, I = (size_t)l->I, half = (size_t)l->hd / 2;
+    size_t N = (size_t)l->N, C = (size_t)l->C, half = (size_t)l->hd / 2;
     int n = acts_plan(l, &l->own, p);
 #define PIECE(field, count, type)                                                                  \
     (p[n++] = (struct fy_cu_piece){(count) * sizeof(type), (void **)&l->field})
     PIECE(cos_t, (size_t)l->T * half, float);
     PIECE(sin_t, (size_t)l->T * half, float);
     PIECE(norm_scratch, fy_cu_layernorm_backward_scratch(l->N, l->C), float);
-    PIECE(dact, N * I, bf16);
-    PIECE(dgu, 2 * N * I, bf16);
     PIECE(dn, N * C, bf16);
     PIECE(dh, N * C, bf16);
-    PIECE(datty, N * l->QC, bf16);
-    PIECE(dqkv, N * l->S, bf16);
+    PIECE(dwide, wide_bytes(l), char);
     if (l->qk_norm)
         PIECE(qkn_scratch, fy_cu_qknorm_scratch_floats(l->N, l->hd), float);
 #undef PIECE
@@ -212,6 +236,7 @@ int fy_cu_llama_new(struct fy_cu_llama **out, struct fy_cu_arena *arena,
         free(l); /* the caller says what did not fit */
         return -ENOMEM;
     }
+    wide_parts(l);
     int rc = upload_rope_table(l);
     if (rc < 0) {
         fy_cu_arena_reset(arena, mark);
@@ -246,7 +271,6 @@ int fy_cu_llama_embed_backward(struct fy_cu_llama *l, const int32_t *tokens, con
 }
 
 #define P(field) (params + l->lay.field)
-#define G(field) (dparams + l->lay.field)
 
 /* The forward into set a. y == NULL: the backward's recompute, which stops before the down
  * product (its output is never read there). */
@@ -286,12 +310,22 @@ int fy_cu_llama_block_forward(struct fy_cu_llama *l, const bf16 *params, const b
     return block_forward(l, params, x, y, keep != NULL ? keep : &l->own);
 }
 
-int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params, const bf16 *x,
-                               const bf16 *dy, bf16 *dx, float *dparams,
-                               struct fy_cu_llama_acts *kept)
+/* A norm's weight gradient (n floats at off) through the sink, computed by `call` into p. */
+#define NORM_GRADS(off, n, call_with_p)                                                            \
+    do {                                                                                           \
+        float *p;                                                                                  \
+        FY_TRY(g->take(g->ctx, (off), (n), &p));                                                    \
+        FY_TRY(call_with_p);                                                                       \
+        FY_TRY(g->put(g->ctx, (off), (n)));                                                         \
+    } while (0)
+
+static int block_backward(struct fy_cu_llama *l, const bf16 *params, const bf16 *x,
+                          const bf16 *dy, bf16 *dx, const struct fy_cu_grads *g,
+                          struct fy_cu_llama_acts *kept)
 {
     int N = l->N, C = l->C, I = l->I;
     size_t NC = (size_t)N * C;
+    const struct fy_llama_unit_layout *L = &l->lay;
     struct fy_cu_lt *lt = l->env.lt;
     cudaStream_t s = l->env.stream;
     struct fy_cu_llama_acts *a = kept;
@@ -299,38 +333,68 @@ int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params, const 
         a = &l->own;
         FY_TRY(block_forward(l, params, x, NULL, a));
     }
-    FY_CUDA(cudaMemsetAsync(dparams, 0, l->lay.total * sizeof(float), s), "zeroing gradients");
     /* MLP branch: y = h + down(swiglu(gate_up(rmsnorm2(h)))) */
-    FY_TRY(fy_cu_matmul_backward(lt, l->dact, G(down_proj), NULL, dy, a->act, P(down_proj), N, I,
-                                 C, s));
+    FY_TRY(fy_cu_grads_linear(lt, g, L->down_proj, FY_CU_GRADS_NO_BIAS, l->dact, dy, a->act,
+                              P(down_proj), N, I, C, s));
     FY_TRY(fy_cu_swiglu_backward(l->dgu, l->dact, a->gu, N, I, s));
-    FY_TRY(fy_cu_matmul_backward(lt, l->dn, G(gate_proj), NULL, l->dgu, a->n2, P(gate_proj), N, C,
-                                 2 * I, s));
+    FY_TRY(fy_cu_grads_linear(lt, g, L->gate_proj, FY_CU_GRADS_NO_BIAS, l->dn, l->dgu, a->n2,
+                              P(gate_proj), N, C, 2 * I, s));
     FY_CUDA(cudaMemcpyAsync(l->dh, dy, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
             "copying the residual gradient");
-    FY_TRY(fy_cu_rmsnorm_backward(l->dh, G(post_norm), l->norm_scratch, l->dn, a->h, P(post_norm),
-                                  a->rstd2, N, C, s));
+    NORM_GRADS(L->post_norm, (size_t)C,
+               fy_cu_rmsnorm_backward(l->dh, p, l->norm_scratch, l->dn, a->h, P(post_norm),
+                                      a->rstd2, N, C, s));
     /* attention branch: h = x + o_proj(attention(rope(qkv(rmsnorm1(x))))) */
-    FY_TRY(fy_cu_matmul_backward(lt, l->datty, G(o_proj), NULL, l->dh, a->atty, P(o_proj), N,
-                                 l->QC, C, s));
+    FY_TRY(fy_cu_grads_linear(lt, g, L->o_proj, FY_CU_GRADS_NO_BIAS, l->datty, l->dh, a->atty,
+                              P(o_proj), N, l->QC, C, s));
     FY_TRY(fy_cu_flash_window_backward(l->dqkv, l->datty, a->atty, a->qkv, a->attn, l->B, l->T,
                                        l->NH, l->NKV, l->hd, l->window, s));
     FY_TRY(fy_cu_rope_backward(l->dqkv, l->S, 0, l->NH + l->NKV, l->hd, l->cos_t, l->sin_t, l->B,
                                l->T, s));
-    if (l->qk_norm)
-        FY_TRY(fy_cu_qknorm_backward(l->dqkv, G(q_norm), G(k_norm), l->qkn_scratch, a->qkr,
-                                     a->qk_rstd, P(q_norm), P(k_norm), N, l->S, l->NH, l->NKV,
-                                     l->hd, s));
-    FY_TRY(fy_cu_matmul_backward(lt, l->dn, G(q_proj), l->qkv_bias ? G(q_bias) : NULL, l->dqkv,
-                                 a->n1, P(q_proj), N, C, l->S, s));
+    if (l->qk_norm) /* q_norm and k_norm side by side */
+        NORM_GRADS(L->q_norm, 2 * (size_t)l->hd,
+                   fy_cu_qknorm_backward(l->dqkv, p, p + (L->k_norm - L->q_norm), l->qkn_scratch,
+                                         a->qkr, a->qk_rstd, P(q_norm), P(k_norm), N, l->S, l->NH,
+                                         l->NKV, l->hd, s));
+    FY_TRY(fy_cu_grads_linear(lt, g, L->q_proj, l->qkv_bias ? L->q_bias : FY_CU_GRADS_NO_BIAS,
+                              l->dn, l->dqkv, a->n1, P(q_proj), N, C, l->S, s));
     FY_CUDA(cudaMemcpyAsync(dx, l->dh, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, s),
             "copying the residual gradient");
-    return fy_cu_rmsnorm_backward(dx, G(input_norm), l->norm_scratch, l->dn, x, P(input_norm),
-                                  a->rstd1, N, C, s);
+    NORM_GRADS(L->input_norm, (size_t)C,
+               fy_cu_rmsnorm_backward(dx, p, l->norm_scratch, l->dn, x, P(input_norm), a->rstd1,
+                                      N, C, s));
+    return 0;
+}
+
+#undef NORM_GRADS
+
+int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params, const bf16 *x,
+                               const bf16 *dy, bf16 *dx, float *dparams,
+                               struct fy_cu_llama_acts *kept)
+{
+    struct fy_cu_grads g;
+    struct fy_cu_grads_whole whole;
+    fy_cu_grads_whole(&g, &whole, dparams, l->env.stream);
+    return block_backward(l, params, x, dy, dx, &g, kept);
+}
+
+/* The largest piece the backward takes from a sink of piece_max `cap`. */
+static size_t llama_grad_piece_max(const struct fy_model_config *c, size_t cap)
+{
+    struct fy_cu_llama l;
+    memset(&l, 0, sizeof l);
+    setup_shape(&l, c, 1, 1);
+    size_t most = (size_t)l.C; /* a norm's */
+    most = 2 * (size_t)l.hd > most ? 2 * (size_t)l.hd : most;
+    const int lin[4][3] = {{l.I, l.C, 0}, {l.C, 2 * l.I, 0}, {l.QC, l.C, 0}, {l.C, l.S, l.qkv_bias}};
+    for (int i = 0; i < 4; i++) {
+        size_t p = fy_cu_grads_linear_piece(lin[i][0], lin[i][1], 1, lin[i][2], cap);
+        most = p > most ? p : most;
+    }
+    return most;
 }
 
 #undef P
-#undef G
 
 int fy_cu_llama_final_norm(struct fy_cu_llama *l, const bf16 *norm_w, const bf16 *x,
                            const bf16 **xn)
@@ -409,10 +473,10 @@ static int llama_block_forward(void *units, const bf16 *params, const bf16 *x, b
 }
 
 static int llama_block_backward(void *units, const bf16 *params, const bf16 *x, const bf16 *dy,
-                                bf16 *dx, float *dparams, void *kept)
+                                bf16 *dx, const struct fy_cu_grads *grads, void *kept)
 {
-    return fy_cu_llama_block_backward((struct fy_cu_llama *)units, params, x, dy, dx, dparams,
-                                      (struct fy_cu_llama_acts *)kept);
+    return block_backward((struct fy_cu_llama *)units, params, x, dy, dx, grads,
+                          (struct fy_cu_llama_acts *)kept);
 }
 
 static int llama_final_norm(void *units, const bf16 *norm, const bf16 *x, const bf16 **xn)
@@ -434,7 +498,8 @@ static int llama_head(void *units, const bf16 *norm, const bf16 *head_w, const b
     {                                                                                              \
         arch_name, sizeof(struct fy_cu_llama_acts), fy_cu_llama_check, fy_cu_llama_arena_bytes,    \
             llama_set_bytes, llama_create, llama_destroy, llama_set_take, llama_embed_forward,     \
-            llama_embed_backward, llama_block_forward, llama_block_backward, llama_final_norm,     \
+            llama_embed_backward, llama_block_forward, llama_block_backward,                       \
+            llama_grad_piece_max, llama_final_norm,                                                \
             llama_head, NULL, /* internals kept on the GPU or recomputed, never swapped */         \
             NULL,             /* nothing to profile for swapping */                                \
     }

@@ -419,17 +419,19 @@ static int lt_gemm(struct fy_cu_lt *lt, const struct gemm *g, cudaStream_t strea
 #define DB_COLS 32
 #define DB_ROWS 16
 
-__global__ void dbias_kernel(float *dbias, const bf16 *dout, int N, int OUT)
+/* Columns 0..cols-1 of dout, whose rows are ld apart (a slice of a wider matrix keeps its sums:
+ * each column's order depends on N alone). */
+__global__ void dbias_kernel(float *dbias, const bf16 *dout, int N, int cols, int ld)
 {
     __shared__ float part[DB_ROWS][DB_COLS];
     int o = blockIdx.x * DB_COLS + threadIdx.x;
     float s = 0.0f;
-    if (o < OUT)
+    if (o < cols)
         for (int n = threadIdx.y; n < N; n += DB_ROWS)
-            s += __bfloat162float(dout[(size_t)n * OUT + o]);
+            s += __bfloat162float(dout[(size_t)n * ld + o]);
     part[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
-    if (threadIdx.y == 0 && o < OUT) {
+    if (threadIdx.y == 0 && o < cols) {
         float t = 0.0f;
         for (int y = 0; y < DB_ROWS; y++)
             t += part[y][threadIdx.x];
@@ -492,52 +494,56 @@ int fy_cu_matmul_forward_ex(struct fy_cu_lt *lt, bf16 *out, const bf16 *inp, con
     return lt_gemm(lt, &g, stream);
 }
 
-int fy_cu_matmul_backward(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbias,
-                          const bf16 *dout, const bf16 *inp, const bf16 *w, int N, int IN, int OUT,
-                          cudaStream_t stream)
+int fy_cu_matmul_backward_input(struct fy_cu_lt *lt, bf16 *dinp, const bf16 *dout,
+                                const bf16 *w, int N, int IN, int OUT, cudaStream_t stream)
 {
-    int rc = check_linear("fy_cu_matmul_backward", dw, dout, inp, N, IN, OUT);
-    if (rc)
-        return rc;
-    if (dinp && !w) {
-        fy_error("fy_cu_matmul_backward: dw %p, dinp %p with w %p", (void *)dw, (void *)dinp,
-                 (const void *)w);
+    FY_TRY(check_linear("fy_cu_matmul_backward_input", dinp, dout, w, N, IN, OUT));
+    if (N == 0)
+        return 0;
+    struct gemm g;
+    memset(&g, 0, sizeof g);
+    g.what = "matmul backward dinp";
+    g.transa = CUBLAS_OP_N;
+    g.transb = CUBLAS_OP_N;
+    g.m = IN;
+    g.n = N;
+    g.k = OUT;
+    g.a = w;
+    g.lda = IN;
+    g.b = dout;
+    g.ldb = OUT;
+    g.c = dinp;
+    g.ldc = IN;
+    g.ctype = CUDA_R_16BF;
+    g.count = 1;
+    g.alpha = 1.0f;
+    g.beta = 0.0f;
+    return lt_gemm(lt, &g, stream);
+}
+
+int fy_cu_matmul_backward_weight(struct fy_cu_lt *lt, float *dw, float *dbias, const bf16 *dout,
+                                 const bf16 *inp, int N, int IN, int OUT, int row0, int rows,
+                                 cudaStream_t stream)
+{
+    FY_TRY(check_linear("fy_cu_matmul_backward_weight", dw, dout, inp, N, IN, OUT));
+    if (row0 < 0 || rows <= 0 || row0 + rows > OUT) {
+        fy_error("fy_cu_matmul_backward_weight: rows %d..%d of %d", row0, row0 + rows, OUT);
         return -EINVAL;
     }
     if (N == 0)
-        return 0; /* dinp is empty; nothing to add to dw and dbias */
+        return 0; /* nothing to add to dw and dbias */
+    /* rows row0.. of dW take the columns row0.. of dout, whose rows stay OUT apart */
     struct gemm g;
-    if (dinp) {
-        memset(&g, 0, sizeof g);
-        g.what = "matmul backward dinp";
-        g.transa = CUBLAS_OP_N;
-        g.transb = CUBLAS_OP_N;
-        g.m = IN;
-        g.n = N;
-        g.k = OUT;
-        g.a = w;
-        g.lda = IN;
-        g.b = dout;
-        g.ldb = OUT;
-        g.c = dinp;
-        g.ldc = IN;
-        g.ctype = CUDA_R_16BF;
-        g.count = 1;
-        g.alpha = 1.0f;
-        g.beta = 0.0f;
-        if ((rc = lt_gemm(lt, &g, stream)))
-            return rc;
-    }
     memset(&g, 0, sizeof g);
     g.what = "matmul backward dw";
     g.transa = CUBLAS_OP_N;
     g.transb = CUBLAS_OP_T;
     g.m = IN;
-    g.n = OUT;
+    g.n = rows;
     g.k = N;
     g.a = inp;
     g.lda = IN;
-    g.b = dout;
+    g.b = dout + row0;
     g.ldb = OUT;
     g.c = dw;
     g.ldc = IN;
@@ -545,15 +551,42 @@ int fy_cu_matmul_backward(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbi
     g.count = 1;
     g.alpha = 1.0f;
     g.beta = 1.0f;
-    if ((rc = lt_gemm(lt, &g, stream)))
-        return rc;
-    if (dbias) {
-        dim3 block(DB_COLS, DB_ROWS);
-        dbias_kernel<<<(unsigned)((OUT + DB_COLS - 1) / DB_COLS), block, 0, stream>>>(dbias, dout,
-                                                                                      N, OUT);
-        FY_CUDA_LAUNCHED("dbias_kernel");
+    FY_TRY(lt_gemm(lt, &g, stream));
+    return dbias != NULL ? fy_cu_matmul_backward_bias(dbias, dout + row0, N, rows, OUT, stream)
+                         : 0;
+}
+
+int fy_cu_matmul_backward_bias(float *dbias, const bf16 *dout, int N, int cols, int ld,
+                               cudaStream_t stream)
+{
+    if (!dbias || !dout || N < 0 || cols <= 0 || ld < cols) {
+        fy_error("fy_cu_matmul_backward_bias: bad arguments (N=%d cols=%d ld=%d)", N, cols, ld);
+        return -EINVAL;
     }
+    if (N == 0)
+        return 0;
+    dim3 block(DB_COLS, DB_ROWS);
+    dbias_kernel<<<(unsigned)((cols + DB_COLS - 1) / DB_COLS), block, 0, stream>>>(dbias, dout, N,
+                                                                                   cols, ld);
+    FY_CUDA_LAUNCHED("dbias_kernel");
     return 0;
+}
+
+int fy_cu_matmul_backward(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbias,
+                          const bf16 *dout, const bf16 *inp, const bf16 *w, int N, int IN, int OUT,
+                          cudaStream_t stream)
+{
+    FY_TRY(check_linear("fy_cu_matmul_backward", dw, dout, inp, N, IN, OUT));
+    if (dinp && !w) {
+        fy_error("fy_cu_matmul_backward: dw %p, dinp %p with w %p", (void *)dw, (void *)dinp,
+                 (const void *)w);
+        return -EINVAL;
+    }
+    if (N == 0)
+        return 0; /* dinp is empty; nothing to add to dw and dbias */
+    if (dinp)
+        FY_TRY(fy_cu_matmul_backward_input(lt, dinp, dout, w, N, IN, OUT, stream));
+    return fy_cu_matmul_backward_weight(lt, dw, dbias, dout, inp, N, IN, OUT, 0, OUT, stream);
 }
 
 int fy_cu_matmul_batched(struct fy_cu_lt *lt, void *c, int c_f32, const bf16 *a, const bf16 *b,

@@ -20,6 +20,20 @@ int fy_cu_matmul_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *inp, const 
 int fy_cu_matmul_backward(struct fy_cu_lt *lt, bf16 *dinp, float *dw, float *dbias,
                           const bf16 *dout, const bf16 *inp, const bf16 *w, int N, int IN, int OUT,
                           cudaStream_t stream);
+/* The backward in parts, for gradients computed a piece at a time: dinp [N][IN] bf16 = dout @ w
+ * (overwritten); rows row0..row0+rows-1 of dW [OUT][IN] f32 += dout^T @ inp into dw, which points
+ * at row row0's start, and the same columns' bias gradient into dbias (pointing at column row0;
+ * NULL: skipped). A slice of rows is its own product, whose algorithm is chosen for its shape:
+ * not necessarily the bits of the whole product. fy_cu_matmul_backward_bias: dbias [cols] f32 +=
+ * column sums of dout [N][cols], rows ld apart, in the fixed order of every bias gradient (a
+ * column's sum does not depend on the others). */
+int fy_cu_matmul_backward_input(struct fy_cu_lt *lt, bf16 *dinp, const bf16 *dout,
+                                const bf16 *w, int N, int IN, int OUT, cudaStream_t stream);
+int fy_cu_matmul_backward_weight(struct fy_cu_lt *lt, float *dw, float *dbias, const bf16 *dout,
+                                 const bf16 *inp, int N, int IN, int OUT, int row0, int rows,
+                                 cudaStream_t stream);
+int fy_cu_matmul_backward_bias(float *dbias, const bf16 *dout, int N, int cols, int ld,
+                               cudaStream_t stream);
 /* The forward with epilogues fused: out = inp @ w^T + bias + residual (residual NULL: none); or,
  * with gelu_pre != NULL, out = gelu_tanh(inp @ w^T + bias) and gelu_pre = the pre-activation (bf16,
  * [N][OUT]) for the backward. Not both. */

@@ -1,8 +1,9 @@
 /* A model on the GPU behind the host interface (contract: cu_model.h). Each call goes through
- * cu_queue's staging: its inputs uploaded and placed on the model's device buffers, its device work
- * done by the family's units (cu_family.h: one ops table per family, chosen by the registry's
- * name), its outputs downloaded. Names no family: what a family lacks (swapped internals, the
- * planner's profile) is refused with its label. */
+ * cu_queue's staging: its inputs uploaded straight into its staging's device buffers, its device
+ * work done by the family's units (cu_family.h: one ops table per family, chosen by the registry's
+ * name), its outputs downloaded; a block backward's weight gradients go home a piece at a time
+ * through a ring of device buffers (cu_grads.h) while it computes. Names no family: what a family
+ * lacks (swapped internals, the planner's profile) is refused with its label. */
 #include "gpu_worker/cuda/cu_model.h"
 
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "common/arch/arch.h"
 #include "common/arch/llama.h"
+#include "common/knobs.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "gpu_worker/cuda/cu_ranks.h"
@@ -22,23 +24,40 @@
 #define LT_WORKSPACE (32u << 20)
 /* the least host memory whose copies say something about the link (fy_cu_model_profile) */
 #define PROFILE_HOST_MIN (1u << 20)
+/* Device buffers a block backward's gradient pieces take in turn: one computed into while the one
+ * before goes home, and one to spare. */
+#define GRAD_RING 3
 
 struct fy_cu_model {
     struct fy_model_config c;
     const struct fy_cu_family *fam;
     void *units; /* the family's */
     int B, T, N;
-    int head_rows;   /* rows per chunk of the head */
-    size_t unit_max; /* floats of the largest unit */
-    size_t block_n;  /* floats of a block unit */
-    size_t grad_n;   /* floats of a staging's gradient: a unit's, or the head's two pieces */
+    int head_rows;     /* rows per chunk of the head */
+    size_t unit_max;   /* floats of the largest unit */
+    size_t block_n;    /* floats of a block unit */
+    size_t unit_grad_n; /* floats of the head's gradients, or the embeddings' */
+    size_t piece_n;    /* floats of a gradient piece's buffer */
+    size_t ring_n;     /* floats of a conversion chunk (cu_queue) */
     struct fy_cu_lt *lt;
     struct fy_cu_queue q;
-    /* a unit's parameters on the device, and the final norm's */
-    bf16 *pbf, *lnf;
-    /* one call's activations: a block's input and output, their gradients */
-    bf16 *x, *y, *dy, *dx;
     void *head_scratch;
+    /* the head's and the embeddings' gradients (unit_grad_n floats), whose last download a
+     * writer waits for (ug_free, recorded where ug_used) */
+    float *unit_grad;
+    cudaEvent_t ug_free;
+    int ug_used;
+    /* the block backward's gradient pieces (the sink): GRAD_RING buffers of piece_n floats taken in
+     * turn, each free again once its download is done (free[i], where used[i]); the piece being
+     * computed (`taking`), the host gradient the call sends them to, and whether they are sent at
+     * all (not by the profile) */
+    struct fy_cu_grads sink;
+    float *piece[GRAD_RING];
+    cudaEvent_t piece_ready[GRAD_RING], piece_free[GRAD_RING];
+    int piece_used[GRAD_RING], piece_next, taking;
+    struct fy_cu_staging *sink_st;
+    float *sink_host;
+    int sink_discard;
     /* the family's sets of block internals (fam->set_size bytes each): FY_CU_MODEL_MAX_KEPT kept
      * sets, then one swap set per staging (the staging's swap points there) */
     char *sets;
@@ -47,11 +66,10 @@ struct fy_cu_model {
     unsigned char kept_full[FY_CU_MODEL_MAX_KEPT];
     int n_kept;
     int swap_ready; /* every staging has its swap set */
-    /* fy_cu_model_hold: `holds` block gradients (block_n floats each); last_grad, the staging
-     * gradient the latest block backward computed into */
+    /* fy_cu_model_hold: `holds` block gradients (block_n floats each); hold_next, the buffer the
+     * next block backward also keeps its gradient in (-1: none) */
     float *held;
-    int holds;
-    const float *last_grad;
+    int holds, hold_next;
     /* fy_cu_model_set_loss_count: the targets the head's mean is over (0: its own call's) */
     uint64_t loss_count;
     /* fy_cu_model_set_ranks: the gpu workers' group (the backend's), NULL without one */
@@ -69,42 +87,57 @@ static void *kept_set(const struct fy_cu_model *m, int k)
     return m->sets + (size_t)k * m->fam->set_size;
 }
 
+/* A head of its own: its weight [V][C] follows the norm in the final unit; else the head is the
+ * embeddings' token rows (the first V x C of the embeddings unit). */
+static int untied_head(const struct fy_model_config *c)
+{
+    return !fy_model_arch(c)->head_tied(c);
+}
+
+/* Floats of the final unit's norm: the whole unit but an untied head's weight. */
+static size_t final_norm_n(const struct fy_model_config *c)
+{
+    size_t n = fy_model_unit_params(c, c->n_layer + 1);
+    return untied_head(c) ? n - (size_t)c->vocab * c->n_embd : n;
+}
+
 /* ---- shape and buffers ---- */
 
 /* The model's working buffers (the family's units take theirs after); returns how many. */
 static int plan(struct fy_cu_model *m, struct fy_cu_piece *p, void **lt_ws)
 {
     const struct fy_model_config *c = &m->c;
-    size_t N = (size_t)m->N, C = c->n_embd, U = m->unit_max;
+    size_t N = (size_t)m->N, C = c->n_embd, NC = N * C;
     int n = 0;
 #define PIECE(field, count, type)                                                                  \
     (p[n++] = (struct fy_cu_piece){(count) * sizeof(type), (void **)&m->field})
     for (int i = 0; i < FY_CU_QUEUE; i++) {
-        PIECE(q.st[i].wts, U, float);
-        PIECE(q.st[i].grad, m->grad_n, float);
-        PIECE(q.st[i].norm_wts, 2 * C, float);
-        PIECE(q.st[i].in0, N * C, float);
-        PIECE(q.st[i].in1, N * C, float);
-        PIECE(q.st[i].out, N * C, float);
+        PIECE(q.st[i].wts, m->unit_max, bf16);
+        PIECE(q.st[i].norm_wts, 2 * C, bf16);
+        PIECE(q.st[i].x, NC, bf16);
+        PIECE(q.st[i].dy, NC, bf16);
+        PIECE(q.st[i].out, NC, bf16);
         PIECE(q.st[i].losses, N, float);
         PIECE(q.st[i].tokens, N, int32_t);
         PIECE(q.st[i].targets, N, int32_t);
     }
-    PIECE(pbf, U, bf16);
-    PIECE(lnf, 2 * C, bf16);
-    PIECE(x, N * C, bf16);
-    PIECE(y, N * C, bf16);
-    PIECE(dy, N * C, bf16);
-    PIECE(dx, N * C, bf16);
+    PIECE(unit_grad, m->unit_grad_n, float);
+    for (int i = 0; i < GRAD_RING; i++)
+        PIECE(piece[i], m->piece_n, float);
+    for (int i = 0; i < 2; i++) {
+        PIECE(q.up.chunk[i], m->ring_n, float);
+        PIECE(q.down.chunk[i], m->ring_n, float);
+    }
     PIECE(head_scratch, fy_cu_head_scratch_bytes(m->head_rows, c->vocab), char);
 #undef PIECE
     p[n++] = (struct fy_cu_piece){LT_WORKSPACE, lt_ws};
     return n;
 }
 
-#define MODEL_PIECES (9 * FY_CU_QUEUE + 8)
+#define MODEL_PIECES (8 * FY_CU_QUEUE + 1 + GRAD_RING + 4 + 2)
 
-static void setup_shape(struct fy_cu_model *m, const struct fy_model_config *c, int B, int T)
+static void setup_shape(struct fy_cu_model *m, const struct fy_model_config *c,
+                        const struct fy_cu_family *f, int B, int T)
 {
     m->c = *c;
     m->B = B;
@@ -119,21 +152,27 @@ static void setup_shape(struct fy_cu_model *m, const struct fy_model_config *c, 
         if (fy_model_unit_params(c, u) > m->unit_max)
             m->unit_max = fy_model_unit_params(c, u);
     m->block_n = fy_model_unit_params(c, 1);
-    /* the head's gradients side by side: the head weight's [V][C] and the final norm's (2C at
-     * most), which an embeddings unit with positions already covers */
-    size_t head = (size_t)c->vocab * c->n_embd + 2 * (size_t)c->n_embd;
-    m->grad_n = head > m->unit_max ? head : m->unit_max;
+    /* the head's gradients side by side (the norm's and the head weight's [V][C]), or the
+     * embeddings' (the whole unit, which the lookup's gradient is added to) */
+    size_t head = final_norm_n(c) + (size_t)c->vocab * c->n_embd;
+    size_t embed = fy_model_unit_params(c, 0);
+    m->unit_grad_n = head > embed ? head : embed;
+    /* test hook: FUYOU_TEST_GRAD_PIECE_FLOATS=N slices what is larger than N floats */
+    size_t cap = fy_knob_test_grad_piece_floats();
+    m->piece_n = f != NULL ? f->grad_piece_max(c, cap ? cap : FY_CU_GRAD_PIECE_CAP) : 1;
+    size_t nc = (size_t)m->N * c->n_embd;
+    m->ring_n = fy_cu_queue_ring_floats(m->unit_max > nc ? m->unit_max : nc);
 }
 
 size_t fy_cu_model_arena_bytes(const struct fy_model_config *c, int B, int T)
 {
     struct fy_cu_model m;
     memset(&m, 0, sizeof m);
-    setup_shape(&m, c, B, T);
+    const struct fy_cu_family *f = fy_cu_family_of(c);
+    setup_shape(&m, c, f, B, T);
     struct fy_cu_piece p[MODEL_PIECES];
     void *ws;
     size_t total = fy_cu_arena_pieces_footprint(p, plan(&m, p, &ws));
-    const struct fy_cu_family *f = fy_cu_family_of(c);
     return total + (f != NULL ? f->arena_bytes(c, B, T) : 0);
 }
 
@@ -159,11 +198,102 @@ static int model_check(const struct fy_model_config *c, const struct fy_cu_famil
     return 0;
 }
 
-/* The streams, the products' handle and the family's units, once the buffers are carved. */
+/* ---- the gradient sink of block backwards (cu_grads.h) ---- */
+
+/* Which rank's workers write gradients to their host buffers: without a group, or rank 0 (the
+ * other ranks' buffers are the same pool regions as rank 0's, which they must not touch). */
+static int grads_home(const struct fy_cu_model *m)
+{
+    return m->ranks == NULL || fy_cu_ranks_rank(m->ranks) == 0;
+}
+
+static int sink_take(void *ctx, size_t off, size_t n, float **dev)
+{
+    struct fy_cu_model *m = (struct fy_cu_model *)ctx;
+    FY_REQUIRE(n <= m->piece_n && off + n <= m->block_n, -EINVAL,
+               "cu_model: a gradient piece of %zu floats at %zu (buffers of %zu, a block of %zu)",
+               n, off, m->piece_n, m->block_n);
+    int i = m->piece_next;
+    m->piece_next = (i + 1) % GRAD_RING;
+    if (m->piece_used[i]) /* its last piece is home */
+        FY_CUDA(cudaStreamWaitEvent(m->q.compute, m->piece_free[i], 0),
+                "waiting for a gradient buffer to be free");
+    m->piece_used[i] = 0;
+    FY_CUDA(cudaMemsetAsync(m->piece[i], 0, n * sizeof(float), m->q.compute),
+            "zeroing a gradient piece");
+    m->taking = i;
+    *dev = m->piece[i];
+    return 0;
+}
+
+/* With a group, a gradient just computed is summed over the ranks into rank 0's, on the compute
+ * stream: after the kernels that computed it, before its download. Every rank queues the same
+ * calls, so their sums pair up in order. */
+static int ranks_sum(struct fy_cu_model *m, float *grad, size_t n)
+{
+    return m->ranks != NULL ? fy_cu_ranks_sum(m->ranks, grad, n, m->q.compute) : 0;
+}
+
+/* The piece just computed: summed over the ranks, kept in the held buffer the call names, sent
+ * home on the device-to-host stream once computed. */
+static int sink_put(void *ctx, size_t off, size_t n)
+{
+    struct fy_cu_model *m = (struct fy_cu_model *)ctx;
+    int i = m->taking;
+    if (m->sink_discard)
+        return 0;
+    FY_TRY(ranks_sum(m, m->piece[i], n));
+    if (m->hold_next >= 0)
+        FY_CUDA(cudaMemcpyAsync(m->held + (size_t)m->hold_next * m->block_n + off, m->piece[i],
+                                n * sizeof(float), cudaMemcpyDeviceToDevice, m->q.compute),
+                "keeping a gradient piece on the device");
+    if (!grads_home(m))
+        return 0;
+    FY_CUDA(cudaEventRecord(m->piece_ready[i], m->q.compute), "recording a gradient piece");
+    FY_CUDA(cudaStreamWaitEvent(m->q.d2h, m->piece_ready[i], 0),
+            "ordering a gradient piece's download after its compute");
+    FY_TRY(fy_cu_queue_download_within(&m->q, m->sink_st, m->sink_host + off, m->piece[i],
+                                       n * sizeof(float)));
+    FY_CUDA(cudaEventRecord(m->piece_free[i], m->q.d2h), "recording a gradient piece's download");
+    m->piece_used[i] = 1;
+    return 0;
+}
+
+/* Before the unit gradient buffer is written again: its last download is done. */
+static int unit_grad_wait(struct fy_cu_model *m, cudaStream_t s)
+{
+    if (m->ug_used)
+        FY_CUDA(cudaStreamWaitEvent(s, m->ug_free, 0),
+                "waiting for the last download of the unit gradients");
+    return 0;
+}
+
+/* After the downloads of the unit gradient buffer are queued. */
+static int unit_grad_sent(struct fy_cu_model *m)
+{
+    FY_CUDA(cudaEventRecord(m->ug_free, m->q.d2h), "recording the unit gradients' download");
+    m->ug_used = 1;
+    return 0;
+}
+
+/* The streams, the products' handle, the sink's events and the family's units, once the buffers
+ * are carved. */
 static int model_start(struct fy_cu_model *m, struct fy_cu_arena *arena, void *lt_ws)
 {
+    m->q.ring_n = m->ring_n;
     FY_TRY(fy_cu_queue_init(&m->q, m->N, (size_t)m->N * m->c.n_embd));
     FY_TRY(fy_cu_lt_new(&m->lt, lt_ws, LT_WORKSPACE));
+    if (cudaEventCreateWithFlags(&m->ug_free, cudaEventDisableTiming) != cudaSuccess) {
+        fy_error("CUDA: cannot create the model's gradient events");
+        return -EIO;
+    }
+    for (int i = 0; i < GRAD_RING; i++)
+        if (cudaEventCreateWithFlags(&m->piece_ready[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&m->piece_free[i], cudaEventDisableTiming) != cudaSuccess) {
+            fy_error("CUDA: cannot create the model's gradient events");
+            return -EIO;
+        }
+    m->sink = (struct fy_cu_grads){sink_take, sink_put, m, m->piece_n};
     struct fy_cu_env env = {m->lt, m->q.compute, m->head_scratch, m->head_rows};
     return m->fam->create(&m->units, arena, &m->c, m->B, m->T, &env);
 }
@@ -193,7 +323,8 @@ int fy_cu_model_new(struct fy_cu_model **out, struct fy_cu_arena *arena,
         return -ENOMEM;
     m->q.ready_fd = -1;
     m->fam = f;
-    setup_shape(m, c, B, T);
+    m->hold_next = -1;
+    setup_shape(m, c, f, B, T);
     m->sets = (char *)calloc(FY_CU_MODEL_MAX_KEPT + FY_CU_QUEUE, f->set_size);
     if (m->sets == NULL) {
         free(m);
@@ -224,10 +355,20 @@ void fy_cu_model_destroy(struct fy_cu_model **mp)
         return;
     struct fy_cu_model *m = *mp;
     fy_cu_queue_drain(&m->q); /* nothing may still write into buffers about to be reused */
+    if (m->q.d2h) /* gradient pieces of a failed call */
+        cudaStreamSynchronize(m->q.d2h);
     if (m->units != NULL)
         m->fam->destroy(&m->units);
     fy_cu_lt_destroy(&m->lt);
     fy_cu_queue_release(&m->q);
+    if (m->ug_free)
+        cudaEventDestroy(m->ug_free);
+    for (int i = 0; i < GRAD_RING; i++) {
+        if (m->piece_ready[i])
+            cudaEventDestroy(m->piece_ready[i]);
+        if (m->piece_free[i])
+            cudaEventDestroy(m->piece_free[i]);
+    }
     for (int i = 0; i < FY_CU_PROFILE_EVENTS; i++)
         if (m->prof_ev[i])
             cudaEventDestroy(m->prof_ev[i]);
@@ -277,21 +418,6 @@ int fy_cu_model_set_ranks(struct fy_cu_model *m, const struct fy_cu_ranks *ranks
     FY_TRY(holds_refused(m->holds, ranks != NULL ? fy_cu_ranks_count(ranks) : 1));
     m->ranks = ranks;
     return 0;
-}
-
-/* With a group, the gradient grad [n] just computed is summed over the ranks into rank 0's, on the
- * compute stream: after the kernels that computed it, before fy_cu_queue_compute_done lets its
- * download start. Every rank queues the same calls, so their sums pair up in order. */
-static int ranks_sum(struct fy_cu_model *m, float *grad, size_t n)
-{
-    return m->ranks != NULL ? fy_cu_ranks_sum(m->ranks, grad, n, m->q.compute) : 0;
-}
-
-/* Whether this worker writes gradients to their host buffers: without a group, or as its rank 0
- * (the other ranks' buffers are the same pool regions as rank 0's, which they must not touch). */
-static int grads_home(const struct fy_cu_model *m)
-{
-    return m->ranks == NULL || fy_cu_ranks_rank(m->ranks) == 0;
 }
 
 int fy_cu_model_finish(struct fy_cu_model *m, struct fy_cu_copy_times *times)
@@ -384,16 +510,11 @@ int fy_cu_model_hold(struct fy_cu_model *m, struct fy_cu_arena *arena, int count
     return 0;
 }
 
-int fy_cu_model_hold_last(struct fy_cu_model *m, int slot)
+int fy_cu_model_hold_next(struct fy_cu_model *m, int slot)
 {
-    FY_REQUIRE(m->last_grad != NULL && slot >= 0 && slot < m->holds, -EINVAL,
-               "cu_model: holding gradient %d of %d %s", slot, m->holds,
-               m->last_grad == NULL ? "before any block backward" : "outside the buffers");
-    /* on the compute stream, after the backward's kernels and before any later call's, which
-     * may compute into the same staging */
-    FY_CUDA(cudaMemcpyAsync(m->held + (size_t)slot * m->block_n, m->last_grad,
-                            m->block_n * sizeof(float), cudaMemcpyDeviceToDevice, m->q.compute),
-            "keeping a block gradient on the device");
+    FY_REQUIRE(slot >= 0 && slot < m->holds, -EINVAL, "cu_model: holding gradient %d of %d %s",
+               slot, m->holds, m->holds ? "outside the buffers" : "without buffers");
+    m->hold_next = slot;
     return 0;
 }
 
@@ -404,7 +525,7 @@ int fy_cu_model_hold_send(struct fy_cu_model *m, int slot, float *dparams)
     struct fy_cu_staging *st;
     FY_TRY(fy_cu_queue_begin(&m->q, &st));
     int rc = fy_cu_queue_uploads_done(&m->q, st);
-    if (rc == 0) /* the download waits for every kernel queued before it, the hold's copy too */
+    if (rc == 0) /* the download waits for every kernel queued before it, the pieces' copies too */
         rc = fy_cu_queue_compute_done(&m->q, st);
     if (rc == 0)
         rc = fy_cu_queue_download(&m->q, st, dparams, m->held + (size_t)slot * m->block_n,
@@ -439,7 +560,6 @@ int fy_cu_model_swap_sets(struct fy_cu_model *m, struct fy_cu_arena *arena)
     m->swap_ready = 1;
     return 0;
 }
-
 /* ---- the calls ---- */
 
 static int block_forward_call(struct fy_cu_model *m, struct fy_cu_staging *st, int layer,
@@ -447,13 +567,10 @@ static int block_forward_call(struct fy_cu_model *m, struct fy_cu_staging *st, i
                               const struct fy_block_saved *saved, unsigned mask)
 {
     struct fy_cu_queue *q = &m->q;
-    struct fy_cu_weights_in w = {params, st->wts, m->pbf, m->block_n, 0};
-    struct fy_cu_act_in in_x = {x, st->in0, m->x, NULL};
-    FY_TRY(fy_cu_queue_weights_in(q, st, &w));
+    struct fy_cu_act_in in_x = {x, st->x, NULL};
+    FY_TRY(fy_cu_queue_weights_in(q, st, st->wts, params, m->block_n));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_x));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
-    FY_TRY(fy_cu_queue_weights_place(q, &w));
-    FY_TRY(fy_cu_queue_act_place(q, &in_x));
     /* a set counts as filled only once the whole forward is queued: a failure part way leaves it
      * spent, so the next backward recomputes. A block whose internals are swapped computes into
      * the call's own set instead, which its downloads read after this call's compute while the
@@ -463,14 +580,11 @@ static int block_forward_call(struct fy_cu_model *m, struct fy_cu_staging *st, i
     if (k >= 0)
         m->kept_full[k] = 0;
     void *set = mask ? st->swap : k >= 0 ? kept_set(m, k) : NULL;
-    FY_TRY(m->fam->block_forward(m->units, m->pbf, m->x, m->y, set));
+    FY_TRY(m->fam->block_forward(m->units, st->wts, in_x.at, st->out, set));
     if (k >= 0 && !mask)
         m->kept_full[k] = 1;
-    FY_TRY(fy_cu_queue_act_out(q, st, m->y));
     FY_TRY(fy_cu_queue_compute_done(q, st));
-    st->act_out_host = y;
-    st->act_out_dev = m->y;
-    FY_TRY(fy_cu_queue_download(q, st, y, st->out, fy_cu_queue_act_bytes(q)));
+    FY_TRY(fy_cu_queue_act_out(q, st, y, st->out));
     /* recorded in st->outs like y, so a backward queued while this call is in flight uploads
      * them only once they are home; an earlier call still uploading from the same host buffers
      * is ahead of these downloads anyway (they follow this call's compute, which follows every
@@ -498,9 +612,8 @@ static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, 
                                float *dparams, const struct fy_block_saved *saved, unsigned mask)
 {
     struct fy_cu_queue *q = &m->q;
-    struct fy_cu_weights_in w = {params, st->wts, m->pbf, m->block_n, 0};
-    struct fy_cu_act_in in_x = {x, st->in0, m->x, NULL}, in_dy = {dy, st->in1, m->dy, NULL};
-    FY_TRY(fy_cu_queue_weights_in(q, st, &w));
+    struct fy_cu_act_in in_x = {x, st->x, NULL}, in_dy = {dy, st->dy, NULL};
+    FY_TRY(fy_cu_queue_weights_in(q, st, st->wts, params, m->block_n));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_x));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_dy));
     /* the swapped kinds into the call's own set: the host buffers are only read, so a second
@@ -510,9 +623,6 @@ static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, 
     for (int i = 0; i < n; i++)
         FY_TRY(fy_cu_queue_upload(q, st, pieces[i].dev, pieces[i].host, pieces[i].bytes));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
-    FY_TRY(fy_cu_queue_weights_place(q, &w));
-    FY_TRY(fy_cu_queue_act_place(q, &in_x));
-    FY_TRY(fy_cu_queue_act_place(q, &in_dy));
     /* a set is used once: the backward also uses its attention part as scratch, so a second
      * backward of the same forward (clipping's second pass) recomputes */
     int k = kept_index(m, layer), full = k >= 0 && m->kept_full[k];
@@ -521,19 +631,19 @@ static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, 
     void *kept = full ? kept_set(m, k) : NULL;
     if (mask) { /* the rest of the call's set recomputed from x around what came from the host */
         kept = st->swap;
-        FY_TRY(m->fam->swap->recompute(m->units, m->pbf, m->x, kept, mask));
+        FY_TRY(m->fam->swap->recompute(m->units, st->wts, in_x.at, kept, mask));
     }
-    FY_TRY(m->fam->block_backward(m->units, m->pbf, m->x, m->dy, m->dx, st->grad, kept));
-    FY_TRY(ranks_sum(m, st->grad, m->block_n));
-    FY_TRY(fy_cu_queue_act_out(q, st, m->dx));
+    /* the gradient comes home a piece at a time while the backward goes on (sink_put) */
+    if (grads_home(m))
+        FY_TRY(fy_cu_queue_note_out(q, st, dparams, m->block_n * sizeof(float)));
+    m->sink_st = st;
+    m->sink_host = dparams;
+    int rc = m->fam->block_backward(m->units, st->wts, in_x.at, in_dy.at, st->out, &m->sink,
+                                    kept);
+    m->hold_next = -1;
+    FY_TRY(rc);
     FY_TRY(fy_cu_queue_compute_done(q, st));
-    st->act_out_host = dx;
-    st->act_out_dev = m->dx;
-    FY_TRY(fy_cu_queue_download(q, st, dx, st->out, fy_cu_queue_act_bytes(q)));
-    m->last_grad = st->grad;
-    if (!grads_home(m))
-        return 0;
-    return fy_cu_queue_download(q, st, dparams, st->grad, m->block_n * sizeof(float));
+    return fy_cu_queue_act_out(q, st, dx, st->out);
 }
 
 int fy_cu_model_block_backward(struct fy_cu_model *m, int layer, const void *params,
@@ -552,17 +662,12 @@ static int embed_forward_call(struct fy_cu_model *m, struct fy_cu_staging *st, c
                               const int32_t *tokens, void *x)
 {
     struct fy_cu_queue *q = &m->q;
-    struct fy_cu_weights_in w = {embed, st->wts, m->pbf, fy_model_unit_params(&m->c, 0), 0};
     FY_TRY(fy_cu_queue_upload(q, st, st->tokens, tokens, (size_t)m->N * sizeof(int32_t)));
-    FY_TRY(fy_cu_queue_weights_in(q, st, &w));
+    FY_TRY(fy_cu_queue_weights_in(q, st, st->wts, embed, fy_model_unit_params(&m->c, 0)));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
-    FY_TRY(fy_cu_queue_weights_place(q, &w));
-    FY_TRY(m->fam->embed_forward(m->units, m->pbf, st->tokens, m->x));
-    FY_TRY(fy_cu_queue_act_out(q, st, m->x));
+    FY_TRY(m->fam->embed_forward(m->units, st->wts, st->tokens, st->out));
     FY_TRY(fy_cu_queue_compute_done(q, st));
-    st->act_out_host = x;
-    st->act_out_dev = m->x;
-    return fy_cu_queue_download(q, st, x, st->out, fy_cu_queue_act_bytes(q));
+    return fy_cu_queue_act_out(q, st, x, st->out);
 }
 
 int fy_cu_model_embed_forward(struct fy_cu_model *m, const void *embed, const int32_t *tokens,
@@ -578,25 +683,26 @@ static int embed_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st,
 {
     struct fy_cu_queue *q = &m->q;
     size_t n = fy_model_unit_params(&m->c, 0);
-    struct fy_cu_act_in in_dx = {dx, st->in1, m->dx, NULL};
+    struct fy_cu_act_in in_dx = {dx, st->x, NULL};
     FY_TRY(fy_cu_queue_upload(q, st, st->tokens, tokens, (size_t)m->N * sizeof(int32_t)));
     /* the lookup's gradient adds to the host's dembed (the head's share); in a group only rank
      * 0's is read, the others add theirs to zeros, and the sum of all comes home to rank 0 */
     int home = grads_home(m);
+    FY_TRY(unit_grad_wait(m, home ? q->h2d : q->compute));
     if (home)
-        FY_TRY(fy_cu_queue_upload(q, st, st->grad, dembed, n * sizeof(float)));
+        FY_TRY(fy_cu_queue_upload(q, st, m->unit_grad, dembed, n * sizeof(float)));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_dx));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
     if (!home)
-        FY_CUDA(cudaMemsetAsync(st->grad, 0, n * sizeof(float), q->compute),
+        FY_CUDA(cudaMemsetAsync(m->unit_grad, 0, n * sizeof(float), q->compute),
                 "zeroing the embeddings' gradient");
-    FY_TRY(fy_cu_queue_act_place(q, &in_dx));
-    FY_TRY(m->fam->embed_backward(m->units, st->tokens, m->dx, st->grad));
-    FY_TRY(ranks_sum(m, st->grad, n));
+    FY_TRY(m->fam->embed_backward(m->units, st->tokens, in_dx.at, m->unit_grad));
+    FY_TRY(ranks_sum(m, m->unit_grad, n));
     FY_TRY(fy_cu_queue_compute_done(q, st));
     if (!home)
         return 0;
-    return fy_cu_queue_download(q, st, dembed, st->grad, n * sizeof(float));
+    FY_TRY(fy_cu_queue_download(q, st, dembed, m->unit_grad, n * sizeof(float)));
+    return unit_grad_sent(m);
 }
 
 int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens, const void *dx,
@@ -609,37 +715,22 @@ int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens, con
 
 /* ---- the head ---- */
 
-/* A head of its own: its weight [V][C] follows the norm in the final unit; else the head is the
- * embeddings' token rows (the first V x C of the embeddings unit). */
-static int untied_head(const struct fy_cu_model *m)
-{
-    return !fy_model_arch(&m->c)->head_tied(&m->c);
-}
-
-/* Floats of the final unit's norm: the whole unit but an untied head's weight. */
-static size_t final_norm_n(const struct fy_cu_model *m)
-{
-    size_t n = fy_model_unit_params(&m->c, m->c.n_layer + 1);
-    return untied_head(m) ? n - (size_t)m->c.vocab * m->c.n_embd : n;
-}
-
 /* The head's weight [V][C] in the host's dtype. */
 static const void *head_weight(const struct fy_cu_model *m, const void *final_params,
                                const void *embed)
 {
-    return untied_head(m)
-               ? (const char *)final_params + final_norm_n(m) * fy_cu_queue_weight_size(&m->q)
-               : embed;
+    return untied_head(&m->c) ? (const char *)final_params +
+                                    final_norm_n(&m->c) * fy_cu_queue_weight_size(&m->q)
+                              : embed;
 }
 
-/* The final unit's weights: its norm's into m->lnf, the head's into m->pbf. */
-static void final_weights(const struct fy_cu_model *m, struct fy_cu_staging *st,
-                          const void *final_params, const void *embed,
-                          struct fy_cu_weights_in *norm, struct fy_cu_weights_in *head)
+/* The final unit's weights: its norm's into the staging's norm_wts, the head's into its wts. */
+static int final_weights_in(struct fy_cu_model *m, struct fy_cu_staging *st,
+                            const void *final_params, const void *embed)
 {
-    *norm = (struct fy_cu_weights_in){final_params, st->norm_wts, m->lnf, final_norm_n(m), 0};
-    *head = (struct fy_cu_weights_in){head_weight(m, final_params, embed), st->wts, m->pbf,
-                                      (size_t)m->c.vocab * m->c.n_embd, 0};
+    FY_TRY(fy_cu_queue_weights_in(&m->q, st, st->norm_wts, final_params, final_norm_n(&m->c)));
+    return fy_cu_queue_weights_in(&m->q, st, st->wts, head_weight(m, final_params, embed),
+                                  (size_t)m->c.vocab * m->c.n_embd);
 }
 
 /* The head's gradients home: an untied head's in the final unit's layout (norm, then its weight),
@@ -650,19 +741,20 @@ static int head_gradients_home(struct fy_cu_model *m, struct fy_cu_staging *st, 
                                float *dembed, const float *dnorm, const float *dhead)
 {
     struct fy_cu_queue *q = &m->q;
-    size_t wte_n = (size_t)m->c.vocab * m->c.n_embd, norm_n = final_norm_n(m);
+    size_t wte_n = (size_t)m->c.vocab * m->c.n_embd, norm_n = final_norm_n(&m->c);
     size_t embed_n = fy_model_unit_params(&m->c, 0);
-    if (untied_head(m)) {
-        FY_TRY(fy_cu_queue_download(q, st, dfinal, st->grad, (norm_n + wte_n) * sizeof(float)));
+    if (untied_head(&m->c)) {
+        FY_TRY(fy_cu_queue_download(q, st, dfinal, m->unit_grad,
+                                    (norm_n + wte_n) * sizeof(float)));
         st->zero_host = dembed;
         st->zero_n = embed_n;
-        return 0;
+        return unit_grad_sent(m);
     }
     FY_TRY(fy_cu_queue_download(q, st, dfinal, dnorm, norm_n * sizeof(float)));
     FY_TRY(fy_cu_queue_download(q, st, dembed, dhead, wte_n * sizeof(float)));
     st->zero_host = embed_n > wte_n ? dembed + wte_n : NULL;
     st->zero_n = embed_n - wte_n;
-    return 0;
+    return unit_grad_sent(m);
 }
 
 static int head_call(struct fy_cu_model *m, struct fy_cu_staging *st, const void *final_params,
@@ -672,37 +764,27 @@ static int head_call(struct fy_cu_model *m, struct fy_cu_staging *st, const void
     struct fy_cu_queue *q = &m->q;
     int N = m->N;
     size_t wte_n = (size_t)m->c.vocab * m->c.n_embd;
-    struct fy_cu_weights_in norm, head;
-    final_weights(m, st, final_params, embed, &norm, &head);
     FY_TRY(fy_cu_queue_upload(q, st, st->targets, targets, (size_t)N * sizeof(int32_t)));
-    FY_TRY(fy_cu_queue_weights_in(q, st, &norm));
-    struct fy_cu_act_in in_x = {x, st->in0, m->x, NULL};
-    /* only the head's weight of the embeddings (no positions) */
-    FY_TRY(fy_cu_queue_weights_in(q, st, &head));
+    struct fy_cu_act_in in_x = {x, st->x, NULL};
+    FY_TRY(final_weights_in(m, st, final_params, embed));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_x));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
-    FY_TRY(fy_cu_queue_weights_place(q, &norm));
-    FY_TRY(fy_cu_queue_weights_place(q, &head));
-    FY_TRY(fy_cu_queue_act_place(q, &in_x));
-    int backward = dx != NULL, untied = untied_head(m);
+    int backward = dx != NULL, untied = untied_head(&m->c);
     /* the gradients: an untied head's in the final unit's layout (norm, then the head's weight),
      * in one piece; otherwise the head weight's (the embeddings') then the norm's */
-    float *dnorm = untied ? st->grad : st->grad + wte_n;
-    float *dhead = untied ? st->grad + final_norm_n(m) : st->grad;
+    float *dnorm = untied ? m->unit_grad : m->unit_grad + wte_n;
+    float *dhead = untied ? m->unit_grad + final_norm_n(&m->c) : m->unit_grad;
+    if (backward)
+        FY_TRY(unit_grad_wait(m, q->compute));
     /* the mean's count goes with the call (its kernels and its loss), whatever is set later */
     st->loss_count = m->loss_count;
-    FY_TRY(m->fam->head(m->units, m->lnf, m->pbf, m->x, st->targets, st->losses,
-                        backward ? m->dx : NULL, dnorm, dhead, st->loss_count));
-    if (backward) {
-        /* the norm's and the head weight's pieces lie side by side from st->grad either way */
-        FY_TRY(ranks_sum(m, st->grad, final_norm_n(m) + wte_n));
-        FY_TRY(fy_cu_queue_act_out(q, st, m->dx));
-    }
+    FY_TRY(m->fam->head(m->units, st->norm_wts, st->wts, in_x.at, st->targets, st->losses,
+                        backward ? st->out : NULL, dnorm, dhead, st->loss_count));
+    if (backward) /* the norm's and the head weight's pieces lie side by side either way */
+        FY_TRY(ranks_sum(m, m->unit_grad, final_norm_n(&m->c) + wte_n));
     FY_TRY(fy_cu_queue_compute_done(q, st));
     if (backward) {
-        st->act_out_host = dx;
-        st->act_out_dev = m->dx;
-        FY_TRY(fy_cu_queue_download(q, st, dx, st->out, fy_cu_queue_act_bytes(q)));
+        FY_TRY(fy_cu_queue_act_out(q, st, dx, st->out));
         /* in a group, the other ranks neither download nor zero: the host ranges are rank 0's */
         if (grads_home(m))
             FY_TRY(head_gradients_home(m, st, dfinal, dembed, dnorm, dhead));
@@ -731,31 +813,23 @@ int fy_cu_model_logits(struct fy_cu_model *m, const void *final_params, const vo
     cudaStream_t s = q->compute;
     while (q->pending > 0) /* synchronous: whatever was queued completes first */
         FY_TRY(fy_cu_queue_finish(q, NULL));
-    struct fy_cu_staging *st = &q->st[q->first];
-    st->n_up = 0; /* the staging's last call is finished: its counts start over */
-    st->n_outs = 0;
-    struct fy_cu_weights_in norm, head;
-    final_weights(m, st, final_params, embed, &norm, &head);
-    FY_TRY(fy_cu_queue_weights_in(q, st, &norm));
-    FY_TRY(fy_cu_queue_weights_in(q, st, &head));
-    struct fy_cu_act_in in_x = {x, st->in0, m->x, NULL};
-    FY_TRY(fy_cu_queue_upload(q, st, st->in0, x, fy_cu_queue_act_bytes(q)));
+    struct fy_cu_staging *st; /* a call of its own, never counted as in flight */
+    FY_TRY(fy_cu_queue_begin(q, &st));
+    struct fy_cu_act_in in_x = {x, st->x, NULL};
+    FY_TRY(final_weights_in(m, st, final_params, embed));
+    FY_TRY(fy_cu_queue_act_in(q, st, &in_x));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
-    FY_TRY(fy_cu_queue_weights_place(q, &norm));
-    FY_TRY(fy_cu_queue_weights_place(q, &head));
-    FY_TRY(fy_cu_queue_act_place(q, &in_x));
     const bf16 *xn;
-    FY_TRY(m->fam->final_norm(m->units, m->lnf, m->x, &xn));
+    FY_TRY(m->fam->final_norm(m->units, st->norm_wts, in_x.at, &xn));
     /* the head's scratch holds at least head_rows x V f32 logits */
     float *chunk = (float *)m->head_scratch;
     for (int r0 = 0; r0 < N; r0 += m->head_rows) {
         int rows = N - r0 < m->head_rows ? N - r0 : m->head_rows;
-        FY_TRY(fy_cu_matmul_batched(m->lt, chunk, 1, xn + (size_t)r0 * C, m->pbf, rows, V, C, 0,
+        FY_TRY(fy_cu_matmul_batched(m->lt, chunk, 1, xn + (size_t)r0 * C, st->wts, rows, V, C, 0,
                                     1, 0, 0, 0, 1, 1.0f, 0.0f, s));
         FY_TRY(fy_cu_queue_compute_done(q, st));
-        st->n_outs = 0; /* synchronous: nothing queued after it needs ordering */
-        FY_TRY(fy_cu_queue_download(q, st, logits + (size_t)r0 * V, chunk,
-                                    (size_t)rows * V * sizeof(float)));
+        FY_TRY(fy_cu_queue_download_within(q, st, logits + (size_t)r0 * V, chunk,
+                                           (size_t)rows * V * sizeof(float)));
         /* the chunk buffer is reused by the next rows */
         FY_CUDA(cudaStreamSynchronize(q->d2h), "waiting for a chunk of logits");
     }
@@ -817,10 +891,16 @@ static int profile_run(struct fy_cu_model *m, void *host, size_t host_bytes,
     for (int i = 0; i < FY_CU_PROFILE_EVENTS; i++)
         if (m->prof_ev[i] == NULL)
             FY_CUDA(cudaEventCreate(&m->prof_ev[i]), "creating the profiling events");
-    struct fy_cu_profile_scratch sc = {m->pbf, m->x, m->y, m->dy, m->dx, m->q.st[0].grad};
+    /* the backward's gradient pieces go through the ring and nowhere else */
+    struct fy_cu_grads discard = m->sink;
+    m->sink_discard = 1;
+    struct fy_cu_staging *s0 = &m->q.st[0], *s1 = &m->q.st[1];
+    struct fy_cu_profile_scratch sc = {s0->wts, s0->x, s0->out, s0->dy, s1->out, &discard};
     void *dev = NULL;
     size_t dev_bytes = 0;
-    FY_TRY(m->fam->profile->block(m->units, &sc, m->prof_ev, out, &dev, &dev_bytes));
+    int rc = m->fam->profile->block(m->units, &sc, m->prof_ev, out, &dev, &dev_bytes);
+    m->sink_discard = 0;
+    FY_TRY(rc);
     FY_CUDA(cudaStreamSynchronize(m->q.compute), "waiting for the profile's compute");
     return profile_copies(m, (char *)host, (char *)dev,
                           host_bytes < dev_bytes ? host_bytes : dev_bytes, out);

@@ -8,6 +8,14 @@
  * accumulation; weight gradients are fp32. Every device buffer comes from the arena, sized once for
  * the batch.
  *
+ * What the device holds does not grow with a unit beyond what one call's compute needs at once:
+ * each call in flight has a bf16 copy of its unit's weights (f32 host weights are converted a
+ * chunk at a time on their way up), its activations in bf16, and a block backward's f32 weight
+ * gradients go home a piece at a time (a tensor, or a slice of rows of a large one: cu_grads.h)
+ * through a ring of GRAD_RING piece buffers while it computes; only the head's gradients and the
+ * embeddings' (which the head's computation and the lookup's accumulate into) are held whole, in
+ * one buffer.
+ *
  * The host-interface calls (host buffers pinned for full speed) queue their work and return at
  * once (cu_queue.h): up to FY_CU_QUEUE calls are in flight, so the next call's uploads run while
  * the current one computes and its results travel home. Each call is completed, in order, by
@@ -102,12 +110,12 @@ int fy_cu_model_swap_sets(struct fy_cu_model *m, struct fy_cu_arena *arena);
 /* One-pass clipping's gradients held on the device: fy_cu_model_hold takes `count` buffers of a
  * block's f32 gradient from the arena (before any kept set, with no call in flight: -EBUSY, said;
  * -ENOMEM, said, where they do not fit; -ENOTSUP, said, in a group of more than one rank, whose
- * gradients would be held unsummed). fy_cu_model_hold_last copies the gradient of the latest
- * block backward (queued or finished, before any other call) into buffer `slot` on the compute
- * stream. fy_cu_model_hold_send is a call like the others (finished by fy_cu_model_finish): buffer
- * `slot` downloaded into the host buffer dparams once every call queued before it has computed. */
+ * gradients would be held unsummed). fy_cu_model_hold_next: the next block backward also copies its
+ * gradient, piece by piece, into buffer `slot` on the compute stream. fy_cu_model_hold_send is a
+ * call like the others (finished by fy_cu_model_finish): buffer `slot` downloaded into the host
+ * buffer dparams once every call queued before it has computed. */
 int fy_cu_model_hold(struct fy_cu_model *m, struct fy_cu_arena *arena, int count);
-int fy_cu_model_hold_last(struct fy_cu_model *m, int slot);
+int fy_cu_model_hold_next(struct fy_cu_model *m, int slot);
 int fy_cu_model_hold_send(struct fy_cu_model *m, int slot, float *dparams);
 /* Measures one block of this batch shape for the activation planner (struct fy_block_profile of
  * gpu_worker/backend.h, all but magic and version), on values of its own, and completes before
@@ -117,8 +125,8 @@ int fy_cu_model_hold_send(struct fy_cu_model *m, int slot, float *dparams);
  * product's rate). The link: copies of min(host_bytes, the family's largest swapped kind) bytes
  * through `host` (pinned) each way on the copy streams, and both ways at once. gpu_free: what the
  * arena has left now; set_bytes: fy_cu_model_set_bytes. Scratch only (the unit's parameters, x, y,
- * dy, dx, the units' own internals and a staging's gradient, all rewritten by any later call
- * before it reads them): kept and swap sets and later calls' results are untouched, and so is the
+ * dy, dx, the units' own internals and the gradient pieces' buffers, all rewritten by any later
+ * call before it reads them): kept and swap sets and later calls' results are untouched, and so is the
  * family's per-op timing of a caller profiling too. -EBUSY (said) with calls in flight; -EINVAL
  * (said) for host_bytes under 1 MiB or host memory that is not pinned; -ENOTSUP (said) for a
  * family whose blocks are not profiled. */

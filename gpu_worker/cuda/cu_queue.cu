@@ -1,7 +1,7 @@
 /* The host interface's queue of the CUDA backend (contract: cu_queue.h): each call stages through
- * its own buffers, its uploads, compute and downloads on three streams ordered by events, and
- * returns without waiting; nothing synchronises the device but fy_cu_queue_finish, which waits for
- * one call's event. */
+ * its own buffers, its uploads, compute and downloads on three streams ordered by events (and f32
+ * uploads' conversions on a fourth), and returns without waiting; nothing synchronises the device
+ * but fy_cu_queue_finish, which waits for one call's event. */
 #include "gpu_worker/cuda/cu_queue.h"
 
 #include <errno.h>
@@ -10,6 +10,33 @@
 #include <unistd.h>
 
 #include "gpu_worker/cuda/cu_convert.h"
+
+size_t fy_cu_queue_ring_floats(size_t most)
+{
+    size_t n = most < FY_CU_RING_MAX_FLOATS ? most : FY_CU_RING_MAX_FLOATS;
+    return n ? n : 1;
+}
+
+static int ring_events(struct fy_cu_ring *r)
+{
+    for (int i = 0; i < 2; i++)
+        if (cudaEventCreateWithFlags(&r->ready[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&r->free[i], cudaEventDisableTiming) != cudaSuccess) {
+            fy_error("CUDA: cannot create the events of the backend's conversion rings");
+            return -EIO;
+        }
+    return 0;
+}
+
+static void ring_release(struct fy_cu_ring *r)
+{
+    for (int i = 0; i < 2; i++) {
+        if (r->ready[i])
+            cudaEventDestroy(r->ready[i]);
+        if (r->free[i])
+            cudaEventDestroy(r->free[i]);
+    }
+}
 
 int fy_cu_queue_init(struct fy_cu_queue *q, int N, size_t NC)
 {
@@ -23,28 +50,30 @@ int fy_cu_queue_init(struct fy_cu_queue *q, int N, size_t NC)
     }
     if (cudaStreamCreateWithFlags(&q->compute, cudaStreamNonBlocking) != cudaSuccess ||
         cudaStreamCreateWithFlags(&q->h2d, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&q->d2h, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaStreamCreateWithFlags(&q->d2h, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&q->conv, cudaStreamNonBlocking) != cudaSuccess) {
         fy_error("CUDA: cannot create the backend's streams");
         return -EIO;
     }
     for (int i = 0; i < FY_CU_QUEUE; i++) {
         struct fy_cu_staging *st = &q->st[i];
         if (cudaEventCreateWithFlags(&st->uploaded, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&st->converted, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&st->computed, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreate(&st->done) != cudaSuccess ||
-            cudaEventCreate(&st->d2h_begin) != cudaSuccess ||
             cudaHostAlloc((void **)&st->host_losses, (size_t)N * sizeof(float),
                           cudaHostAllocDefault) != cudaSuccess) {
             fy_error("CUDA: cannot create the events and loss buffers of the backend's staging");
             return -EIO;
         }
-        for (int k = 0; k < 2 * FY_CU_STAGING_UPLOADS; k++)
-            if (cudaEventCreate(&st->up_ev[k]) != cudaSuccess) {
-                fy_error("CUDA: cannot create the upload timing events of the backend's staging");
+        for (int k = 0; k < 2 * FY_CU_STAGING_TIMED; k++)
+            if (cudaEventCreate(&st->ev[k]) != cudaSuccess) {
+                fy_error("CUDA: cannot create the copy timing events of the backend's staging");
                 return -EIO;
             }
     }
-    return 0;
+    FY_TRY(ring_events(&q->up));
+    return ring_events(&q->down);
 }
 
 void fy_cu_queue_drain(struct fy_cu_queue *q)
@@ -56,31 +85,29 @@ void fy_cu_queue_drain(struct fy_cu_queue *q)
 void fy_cu_queue_release(struct fy_cu_queue *q)
 {
     fy_cu_queue_drain(q);
+    if (q->conv) /* conversions no call waits for any more (a failed call's) */
+        cudaStreamSynchronize(q->conv);
     for (int i = 0; i < FY_CU_QUEUE; i++) {
         struct fy_cu_staging *st = &q->st[i];
-        if (st->uploaded)
-            cudaEventDestroy(st->uploaded);
-        if (st->computed)
-            cudaEventDestroy(st->computed);
-        if (st->done)
-            cudaEventDestroy(st->done);
-        for (int k = 0; k < 2 * FY_CU_STAGING_UPLOADS; k++)
-            if (st->up_ev[k])
-                cudaEventDestroy(st->up_ev[k]);
-        if (st->d2h_begin)
-            cudaEventDestroy(st->d2h_begin);
+        cudaEvent_t *evs[] = {&st->uploaded, &st->converted, &st->computed, &st->done};
+        for (size_t k = 0; k < sizeof evs / sizeof evs[0]; k++)
+            if (*evs[k])
+                cudaEventDestroy(*evs[k]);
+        for (int k = 0; k < 2 * FY_CU_STAGING_TIMED; k++)
+            if (st->ev[k])
+                cudaEventDestroy(st->ev[k]);
         if (st->host_losses)
             cudaFreeHost(st->host_losses);
     }
+    ring_release(&q->up);
+    ring_release(&q->down);
     if (q->ready_fd >= 0)
         close(q->ready_fd);
     q->ready_fd = -1;
-    if (q->compute)
-        cudaStreamDestroy(q->compute);
-    if (q->h2d)
-        cudaStreamDestroy(q->h2d);
-    if (q->d2h)
-        cudaStreamDestroy(q->d2h);
+    cudaStream_t *streams[] = {&q->compute, &q->h2d, &q->d2h, &q->conv};
+    for (size_t k = 0; k < sizeof streams / sizeof streams[0]; k++)
+        if (*streams[k])
+            cudaStreamDestroy(*streams[k]);
 }
 
 int fy_cu_queue_begin(struct fy_cu_queue *q, struct fy_cu_staging **out)
@@ -96,12 +123,40 @@ int fy_cu_queue_begin(struct fy_cu_queue *q, struct fy_cu_staging **out)
     st->loss_count = 0;
     st->zero_host = NULL;
     st->n_outs = 0;
-    st->n_up = 0;
+    st->n_ev = 0;
+    st->timed_up = st->timed_down = st->untimed_up = st->untimed_down = 0;
+    st->converts = 0;
     st->act_out_host = NULL;
     st->act_out_dev = NULL;
     *out = st;
     return 0;
 }
+
+/* ---- timing: a pair of events around a copy (or a run of them) on its stream ---- */
+
+/* The first event of a timed copy of `bytes` on stream s, or -1 where the pairs are used up (the
+ * copy is then counted untimed). */
+static int timed_begin(struct fy_cu_staging *st, cudaStream_t s, int up, uint64_t bytes)
+{
+    if (st->n_ev == FY_CU_STAGING_TIMED) {
+        *(up ? &st->untimed_up : &st->untimed_down) += bytes;
+        return -1;
+    }
+    int k = st->n_ev++;
+    st->up_pairs[k] = up;
+    *(up ? &st->timed_up : &st->timed_down) += bytes;
+    FY_CUDA(cudaEventRecord(st->ev[2 * k], s), "recording a copy start");
+    return k;
+}
+
+static int timed_end(struct fy_cu_staging *st, cudaStream_t s, int k)
+{
+    if (k >= 0)
+        FY_CUDA(cudaEventRecord(st->ev[2 * k + 1], s), "recording a copy end");
+    return 0;
+}
+
+/* ---- uploads ---- */
 
 /* Host input of a call that a call still in flight downloads into: the layer-by-layer pipeline
  * feeds each unit's output to the next unit, and the upload must not read it before it is home. */
@@ -123,15 +178,44 @@ static int order_after_writers(struct fy_cu_queue *q, const void *host, size_t b
 int fy_cu_queue_upload(struct fy_cu_queue *q, struct fy_cu_staging *st, void *dev,
                        const void *host, size_t bytes)
 {
-    FY_REQUIRE(st->n_up < FY_CU_STAGING_UPLOADS, -EINVAL,
-               "cu_queue: more than %d uploads in one call", FY_CU_STAGING_UPLOADS);
     FY_TRY(order_after_writers(q, host, bytes));
-    cudaEvent_t *ev = &st->up_ev[2 * st->n_up++];
-    FY_CUDA(cudaEventRecord(ev[0], q->h2d), "recording an upload start");
+    int k = timed_begin(st, q->h2d, 1, bytes);
+    FY_TRY(k < -1 ? k : 0);
     FY_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, q->h2d),
             "upload of %zu bytes", bytes);
-    FY_CUDA(cudaEventRecord(ev[1], q->h2d), "recording an upload end");
-    return 0;
+    return timed_end(st, q->h2d, k);
+}
+
+/* n f32 values from host into the bf16 device buffer dev, a chunk at a time through the upload
+ * ring: each chunk copied on the host-to-device stream once the conversion of the chunk that used
+ * its slot before is done, and converted on the conversion stream. Timed as one copy (with the
+ * waits for those conversions, which are short beside the copies). */
+static int upload_converted(struct fy_cu_queue *q, struct fy_cu_staging *st, bf16 *dev,
+                            const float *host, size_t n)
+{
+    struct fy_cu_ring *r = &q->up;
+    FY_TRY(order_after_writers(q, host, n * sizeof(float)));
+    int k = timed_begin(st, q->h2d, 1, n * sizeof(float));
+    FY_TRY(k < -1 ? k : 0);
+    for (size_t off = 0; off < n; off += q->ring_n) {
+        size_t cnt = n - off < q->ring_n ? n - off : q->ring_n;
+        int i = r->next;
+        r->next ^= 1;
+        if (r->used[i])
+            FY_CUDA(cudaStreamWaitEvent(q->h2d, r->free[i], 0),
+                    "waiting for a conversion chunk to be free");
+        FY_CUDA(cudaMemcpyAsync(r->chunk[i], host + off, cnt * sizeof(float),
+                                cudaMemcpyHostToDevice, q->h2d),
+                "upload of %zu f32 values to convert", cnt);
+        FY_CUDA(cudaEventRecord(r->ready[i], q->h2d), "recording a conversion chunk's upload");
+        FY_CUDA(cudaStreamWaitEvent(q->conv, r->ready[i], 0),
+                "ordering a conversion after its upload");
+        FY_TRY(fy_cu_f32_to_bf16(dev + off, r->chunk[i], cnt, q->conv));
+        FY_CUDA(cudaEventRecord(r->free[i], q->conv), "recording a conversion's end");
+        r->used[i] = 1;
+    }
+    st->converts = 1;
+    return timed_end(st, q->h2d, k);
 }
 
 size_t fy_cu_queue_act_bytes(const struct fy_cu_queue *q)
@@ -143,23 +227,14 @@ int fy_cu_queue_act_in(struct fy_cu_queue *q, struct fy_cu_staging *st, struct f
 {
     const struct fy_cu_staging *prev =
         q->pending > 0 ? &q->st[(q->first + q->pending - 1) % FY_CU_QUEUE] : NULL;
-    a->from = prev != NULL && prev->act_out_host == a->host ? prev->act_out_dev : NULL;
-    if (a->from != NULL)
+    if (prev != NULL && prev->act_out_host == a->host) {
+        a->at = prev->act_out_dev;
         return 0;
-    return fy_cu_queue_upload(q, st, a->staging, a->host, fy_cu_queue_act_bytes(q));
-}
-
-int fy_cu_queue_act_place(struct fy_cu_queue *q, const struct fy_cu_act_in *a)
-{
-    size_t NC = q->NC;
-    if (a->from == NULL && !q->host_bf16)
-        return fy_cu_f32_to_bf16(a->dev, (const float *)a->staging, NC, q->compute);
-    const bf16 *from = a->from != NULL ? a->from : (const bf16 *)a->staging;
-    if (from != a->dev)
-        FY_CUDA(cudaMemcpyAsync(a->dev, from, NC * sizeof(bf16), cudaMemcpyDeviceToDevice,
-                                q->compute),
-                "forwarding an activation on the device");
-    return 0;
+    }
+    a->at = a->buf;
+    if (q->host_bf16)
+        return fy_cu_queue_upload(q, st, a->buf, a->host, q->NC * sizeof(bf16));
+    return upload_converted(q, st, a->buf, (const float *)a->host, q->NC);
 }
 
 size_t fy_cu_queue_weight_size(const struct fy_cu_queue *q)
@@ -167,59 +242,101 @@ size_t fy_cu_queue_weight_size(const struct fy_cu_queue *q)
     return q->host_wbf16 ? sizeof(bf16) : sizeof(float);
 }
 
-int fy_cu_queue_weights_in(struct fy_cu_queue *q, struct fy_cu_staging *st,
-                           struct fy_cu_weights_in *w)
+int fy_cu_queue_weights_in(struct fy_cu_queue *q, struct fy_cu_staging *st, bf16 *dev,
+                           const void *host, size_t n)
 {
-    w->host_bf16 = q->host_wbf16;
-    return fy_cu_queue_upload(q, st, w->staging, w->host, w->n * fy_cu_queue_weight_size(q));
-}
-
-int fy_cu_queue_weights_place(struct fy_cu_queue *q, const struct fy_cu_weights_in *w)
-{
-    if (!w->host_bf16)
-        return fy_cu_f32_to_bf16(w->dev, (const float *)w->staging, w->n, q->compute);
-    FY_CUDA(cudaMemcpyAsync(w->dev, w->staging, w->n * sizeof(bf16), cudaMemcpyDeviceToDevice,
-                            q->compute),
-            "placing %zu bf16 weights on the device", w->n);
-    return 0;
+    if (q->host_wbf16)
+        return fy_cu_queue_upload(q, st, dev, host, n * sizeof(bf16));
+    return upload_converted(q, st, dev, (const float *)host, n);
 }
 
 int fy_cu_queue_uploads_done(struct fy_cu_queue *q, struct fy_cu_staging *st)
 {
     FY_CUDA(cudaEventRecord(st->uploaded, q->h2d), "recording the upload event");
     FY_CUDA(cudaStreamWaitEvent(q->compute, st->uploaded, 0), "ordering compute after uploads");
+    if (!st->converts)
+        return 0;
+    FY_CUDA(cudaEventRecord(st->converted, q->conv), "recording the conversion event");
+    FY_CUDA(cudaStreamWaitEvent(q->compute, st->converted, 0),
+            "ordering compute after the uploads' conversions");
     return 0;
 }
+
+/* ---- downloads ---- */
 
 int fy_cu_queue_compute_done(struct fy_cu_queue *q, struct fy_cu_staging *st)
 {
     FY_CUDA(cudaEventRecord(st->computed, q->compute), "recording the compute event");
     FY_CUDA(cudaStreamWaitEvent(q->d2h, st->computed, 0), "ordering downloads after compute");
-    FY_CUDA(cudaEventRecord(st->d2h_begin, q->d2h), "recording the download start");
     return 0;
 }
 
-int fy_cu_queue_act_out(struct fy_cu_queue *q, struct fy_cu_staging *st, const bf16 *dev)
-{
-    size_t NC = q->NC;
-    if (!q->host_bf16)
-        return fy_cu_bf16_to_f32(st->out, dev, NC, q->compute);
-    FY_CUDA(cudaMemcpyAsync(st->out, dev, NC * sizeof(bf16), cudaMemcpyDeviceToDevice, q->compute),
-            "staging an activation output");
-    return 0;
-}
-
-int fy_cu_queue_download(struct fy_cu_queue *q, struct fy_cu_staging *st, void *host,
-                         const void *dev, size_t bytes)
+int fy_cu_queue_note_out(struct fy_cu_queue *q, struct fy_cu_staging *st, const void *host,
+                         size_t bytes)
 {
     FY_REQUIRE(st->n_outs < FY_CU_STAGING_OUTS, -EINVAL,
                "cu_queue: more than %d outputs in one call", FY_CU_STAGING_OUTS);
     st->outs[st->n_outs].p = (const char *)host;
     st->outs[st->n_outs].n = bytes;
     st->n_outs++;
+    return 0;
+}
+
+int fy_cu_queue_download_within(struct fy_cu_queue *q, struct fy_cu_staging *st, void *host,
+                                const void *dev, size_t bytes)
+{
+    int k = timed_begin(st, q->d2h, 0, bytes);
+    FY_TRY(k < -1 ? k : 0);
     FY_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, q->d2h),
             "download of %zu bytes", bytes);
-    return 0;
+    return timed_end(st, q->d2h, k);
+}
+
+int fy_cu_queue_download(struct fy_cu_queue *q, struct fy_cu_staging *st, void *host,
+                         const void *dev, size_t bytes)
+{
+    FY_TRY(fy_cu_queue_note_out(q, st, host, bytes));
+    return fy_cu_queue_download_within(q, st, host, dev, bytes);
+}
+
+/* n bf16 values of dev home into host as f32, a chunk at a time through the download ring:
+ * converted on the compute stream (after the call's compute) once the download of the chunk that
+ * used its slot before is done, and copied on the device-to-host stream. Timed as one copy. */
+static int download_converted(struct fy_cu_queue *q, struct fy_cu_staging *st, float *host,
+                              const bf16 *dev, size_t n)
+{
+    struct fy_cu_ring *r = &q->down;
+    FY_TRY(fy_cu_queue_note_out(q, st, host, n * sizeof(float)));
+    int k = timed_begin(st, q->d2h, 0, n * sizeof(float));
+    FY_TRY(k < -1 ? k : 0);
+    for (size_t off = 0; off < n; off += q->ring_n) {
+        size_t cnt = n - off < q->ring_n ? n - off : q->ring_n;
+        int i = r->next;
+        r->next ^= 1;
+        if (r->used[i])
+            FY_CUDA(cudaStreamWaitEvent(q->compute, r->free[i], 0),
+                    "waiting for a conversion chunk to be free");
+        FY_TRY(fy_cu_bf16_to_f32(r->chunk[i], dev + off, cnt, q->compute));
+        FY_CUDA(cudaEventRecord(r->ready[i], q->compute), "recording a conversion's end");
+        FY_CUDA(cudaStreamWaitEvent(q->d2h, r->ready[i], 0),
+                "ordering a download after its conversion");
+        FY_CUDA(cudaMemcpyAsync(host + off, r->chunk[i], cnt * sizeof(float),
+                                cudaMemcpyDeviceToHost, q->d2h),
+                "download of %zu converted values", cnt);
+        FY_CUDA(cudaEventRecord(r->free[i], q->d2h), "recording a conversion chunk's download");
+        r->used[i] = 1;
+    }
+    return timed_end(st, q->d2h, k);
+}
+
+int fy_cu_queue_act_out(struct fy_cu_queue *q, struct fy_cu_staging *st, void *host,
+                        const bf16 *dev)
+{
+    st->act_out_host = host;
+    st->act_out_dev = dev;
+    if (q->host_bf16)
+        return fy_cu_queue_download(q, st, host, dev, q->NC * sizeof(bf16));
+    return download_converted(q, st, (float *)host, dev, q->NC);
 }
 
 static void CUDART_CB results_home(void *arg)
@@ -235,6 +352,7 @@ int fy_cu_queue_end(struct fy_cu_queue *q, struct fy_cu_staging *st, int rc)
 {
     if (rc < 0) {
         cudaStreamSynchronize(q->h2d);
+        cudaStreamSynchronize(q->conv);
         cudaStreamSynchronize(q->compute);
         cudaStreamSynchronize(q->d2h);
         return rc;
@@ -242,6 +360,25 @@ int fy_cu_queue_end(struct fy_cu_queue *q, struct fy_cu_staging *st, int rc)
     FY_CUDA(cudaEventRecord(st->done, q->d2h), "recording the download event");
     FY_CUDA(cudaLaunchHostFunc(q->d2h, results_home, q), "queueing the completion signal");
     q->pending++;
+    return 0;
+}
+
+/* The copies' device time: each timed pair summed by direction, and the untimed bytes at the rate
+ * of the timed ones. */
+static int copy_times(const struct fy_cu_staging *st, struct fy_cu_copy_times *times)
+{
+    float ms[2] = {0, 0};
+    for (int k = 0; k < st->n_ev; k++) {
+        float t = 0;
+        FY_CUDA(cudaEventElapsedTime(&t, st->ev[2 * k], st->ev[2 * k + 1]), "reading a copy time");
+        ms[st->up_pairs[k]] += t;
+    }
+    times->h2d_ms = ms[1];
+    times->d2h_ms = ms[0];
+    if (st->untimed_up > 0 && st->timed_up > 0)
+        times->h2d_ms += ms[1] * (float)((double)st->untimed_up / (double)st->timed_up);
+    if (st->untimed_down > 0 && st->timed_down > 0)
+        times->d2h_ms += ms[0] * (float)((double)st->untimed_down / (double)st->timed_down);
     return 0;
 }
 
@@ -258,17 +395,8 @@ int fy_cu_queue_finish(struct fy_cu_queue *q, struct fy_cu_copy_times *times)
         ;
     FY_REQUIRE(got == (ssize_t)sizeof count, -EIO, "cu_queue: reading the completion eventfd: %s",
                got < 0 ? strerror(errno) : "short read");
-    if (times != NULL) {
-        times->h2d_ms = 0;
-        for (int k = 0; k < st->n_up; k++) {
-            float ms = 0;
-            FY_CUDA(cudaEventElapsedTime(&ms, st->up_ev[2 * k], st->up_ev[2 * k + 1]),
-                    "reading an upload time");
-            times->h2d_ms += ms;
-        }
-        FY_CUDA(cudaEventElapsedTime(&times->d2h_ms, st->d2h_begin, st->done),
-                "reading the download time");
-    }
+    if (times != NULL)
+        FY_TRY(copy_times(st, times));
     if (st->loss != NULL) {
         /* mean over the rows with a target, summed in row order (deterministic) */
         double sum = 0;

@@ -305,9 +305,9 @@ static int cuda_hold(void *state, int count)
     return 0;
 }
 
-static int cuda_hold_last(void *state, int slot)
+static int cuda_hold_next(void *state, int slot)
 {
-    return fy_cu_model_hold_last(((struct cuda_state *)state)->model, slot);
+    return fy_cu_model_hold_next(((struct cuda_state *)state)->model, slot);
 }
 
 static int cuda_hold_send(void *state, int slot, float *dparams)
@@ -410,6 +410,6 @@ extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
     cuda_unregister_host, cuda_synth,    cuda_model_prepare,    cuda_embed_forward,
     cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
     cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,      cuda_keep,          cuda_swap,
-    cuda_profile,    cuda_weights_bf16,  cuda_hold,           cuda_hold_last,     cuda_hold_send,
+    cuda_profile,    cuda_weights_bf16,  cuda_hold,           cuda_hold_next,     cuda_hold_send,
     cuda_loss_count, cuda_rank_id,       cuda_ranks,
 };

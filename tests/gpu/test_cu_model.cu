@@ -26,10 +26,12 @@ extern "C" {
 #include <cmath>
 #include <vector>
 
+#include "common/arch/arch.h"
 #include "common/dtype.h"
 #include "common/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_gpt2_units.h"
+#include "gpu_worker/cuda/cu_llama_units.h"
 #include "gpu_worker/cuda/cu_model.h"
 #include "tests/testutil.h"
 
@@ -747,6 +749,111 @@ static void test_profile_refusals(void **state)
     teardown(&f);
 }
 
+
+/* ---- a block backward's gradient in pieces ---- */
+
+/* The block backward through cu_model, whose gradient comes home a piece at a time through its
+ * ring, against the family's units computing into one device buffer of the whole block (the path
+ * of the benchmarks and of every earlier release): the same bytes where every piece is a whole
+ * tensor, and where FUYOU_TEST_GRAD_PIECE_FLOATS makes the large weights go in slices of rows, the
+ * same dx and gradients within rounding of the sliced products' summation (tol, relative to the
+ * largest element). The arena holds the model's buffers exactly: fy_cu_model_arena_bytes, which
+ * is what the plan counts, is what it takes. */
+static void grads_case(const struct fy_model_config *c, int Bq, int Tq, const char *piece_floats,
+                       double tol)
+{
+    if (piece_floats != NULL)
+        setenv("FUYOU_TEST_GRAD_PIECE_FLOATS", piece_floats, 1);
+    else
+        unsetenv("FUYOU_TEST_GRAD_PIECE_FLOATS");
+    struct fy_cu_arena arena;
+    struct fy_cu_model *g = NULL;
+    size_t need = fy_cu_model_arena_bytes(c, Bq, Tq);
+    assert_int_equal(fy_cu_arena_init(&arena, need), 0);
+    assert_int_equal(fy_cu_model_new(&g, &arena, c, Bq, Tq), 0);
+    assert_int_equal(arena.used, need);
+    unsetenv("FUYOU_TEST_GRAD_PIECE_FLOATS");
+    size_t P = fy_model_unit_params(c, 1), NC = (size_t)Bq * Tq * c->n_embd;
+    float *w = pinned_random(P, 41, 0.05f), *x = pinned_random(NC, 42, 1.0f);
+    float *dy = pinned_random(NC, 43, 1.0f), *dx = pinned_random(NC, 0, 1.0f);
+    float *dw = pinned_random(P, 0, 1.0f);
+    memset(dw, 0xff, P * sizeof(float));
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, dx, dw, NULL), 0);
+    assert_int_equal(fy_cu_model_finish(g, NULL), 0);
+    /* the units alone, on bf16 copies of the same inputs, into one device buffer */
+    vector<uint16_t> wb(P), xb(NC), dyb(NC), dxb(NC);
+    for (size_t i = 0; i < P; i++)
+        wb[i] = fy_f32_to_bf16(w[i]);
+    for (size_t i = 0; i < NC; i++) {
+        xb[i] = fy_f32_to_bf16(x[i]);
+        dyb[i] = fy_f32_to_bf16(dy[i]);
+    }
+    bf16 *dev_w, *dev_x, *dev_dy, *dev_dx;
+    float *dev_dw;
+    CK(cudaMalloc((void **)&dev_w, P * 2));
+    CK(cudaMalloc((void **)&dev_x, NC * 2));
+    CK(cudaMalloc((void **)&dev_dy, NC * 2));
+    CK(cudaMalloc((void **)&dev_dx, NC * 2));
+    CK(cudaMalloc((void **)&dev_dw, P * 4));
+    CK(cudaMemcpy(dev_w, wb.data(), P * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dev_x, xb.data(), NC * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dev_dy, dyb.data(), NC * 2, cudaMemcpyHostToDevice));
+    if (fy_model_arch(c) == &fy_arch_gpt2)
+        assert_int_equal(fy_cu_gpt2_block_backward(gpt2_units(g), dev_w, dev_x, dev_dy, dev_dx,
+                                                   dev_dw, NULL), 0);
+    else
+        assert_int_equal(fy_cu_llama_block_backward((struct fy_cu_llama *)fy_cu_model_units(
+                                                        g, fy_cu_family_of(c)),
+                                                    dev_w, dev_x, dev_dy, dev_dx, dev_dw, NULL),
+                         0);
+    CK(cudaStreamSynchronize(fy_cu_model_stream(g)));
+    vector<float> ref_dw(P);
+    CK(cudaMemcpy(ref_dw.data(), dev_dw, P * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(dxb.data(), dev_dx, NC * 2, cudaMemcpyDeviceToHost));
+    vector<float> ref_dx(NC);
+    for (size_t i = 0; i < NC; i++)
+        ref_dx[i] = fy_bf16_to_f32(dxb[i]);
+    assert_memory_equal(dx, ref_dx.data(), NC * sizeof(float));
+    if (tol == 0) {
+        assert_memory_equal(dw, ref_dw.data(), P * sizeof(float));
+    } else {
+        double most = 0, diff = 0;
+        for (size_t i = 0; i < P; i++) {
+            most = fmax(most, fabs((double)ref_dw[i]));
+            diff = fmax(diff, fabs((double)dw[i] - (double)ref_dw[i]));
+        }
+        print_message("%s, pieces of %s floats: the gradient within %.3g of its largest element "
+                      "(%.3g)\n", fy_model_arch(c)->name, piece_floats, diff / most, most);
+        assert_true(diff <= tol * most);
+    }
+    for (float *p : {w, x, dy, dx, dw})
+        cudaFreeHost(p);
+    for (void *p : {(void *)dev_w, (void *)dev_x, (void *)dev_dy, (void *)dev_dx, (void *)dev_dw})
+        cudaFree(p);
+    fy_cu_model_destroy(&g);
+    fy_cu_arena_release(&arena);
+}
+
+static void test_grad_pieces(void **state)
+{
+    (void)state;
+    /* GPT-2 (head size 48, T = 37) and a Llama-like family with grouped-query attention and the
+     * q/k/v biases (Qwen2) */
+    struct fy_model_config llama = {2, 4, 256, 131, 64};
+    llama.arch = &fy_arch_qwen2;
+    llama.llama.n_kv_head = 2;
+    llama.llama.n_inter = 688;
+    llama.llama.qkv_bias = 1;
+    llama.llama.rms_eps = 1e-5f;
+    llama.llama.rope_theta = 10000.0;
+    assert_int_equal(fy_model_config_validate(&llama), 0);
+    grads_case(&cfg, B, T, NULL, 0);
+    grads_case(&llama, 2, 40, NULL, 0);
+    /* 4096 floats: every matrix in slices of rows, some of one row (llama's 688-wide down) */
+    grads_case(&cfg, B, T, "4096", 1e-5);
+    grads_case(&llama, 2, 40, "4096", 1e-5);
+}
+
 int main(void)
 {
     int count = 0;
@@ -765,6 +872,7 @@ int main(void)
         cmocka_unit_test(test_swap_refusals),
         cmocka_unit_test(test_profile_sane),
         cmocka_unit_test(test_profile_refusals),
+        cmocka_unit_test(test_grad_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -178,8 +178,8 @@ static void test_schedules_placements_and_queueing_agree(void **state)
         if (i % 3 == 1)
             assert_true(fy_test_file_contains(log, "optimizer state of 3 of 4 units"));
         if (i % 3 == 2) /* every unit kept, with its copy: bf16 weights only */
-            assert_true(fy_test_file_contains(log, "weights to the GPU in bf16 for 4 of the 4 "
-                                                   "kept units"));
+            assert_true(fy_test_file_contains(log, "weights to the GPU in bf16 for all 4 units: "
+                                                   "4 from a bf16 copy"));
         losses_of(metrics, losses, sizeof losses);
         print_message("%-8s cpu-mem %-4s %-22s losses %s\n", schedule, mem ? mem : "none",
                       i == 6 ? "one request at a time" : "queued", losses);

@@ -3,7 +3,8 @@
  * stopped and continued, a store of one copy of the state, and exports beside a training run, one
  * of them killed. Each run must end with the losses and final weights of a run never disturbed, bit
  * for bit, and leave no process, shared memory or temporary file behind. The kills and recovery
- * times are printed for the record; the kills again with int8 optimizer state. (The store damaged,
+ * times are printed for the record; the kills again with int8 optimizer state and with bf16 weights
+ * converted by the opt worker. (The store damaged,
  * full or moved: test_chaos_store.) */
 #include <dirent.h>
 #include <setjmp.h>
@@ -177,6 +178,28 @@ static void test_int8_killed(void **state)
     launcher_killed_in(&c8, "launcher-int8");
     free(c8.ref_losses);
     free(c8.ref_weights);
+}
+
+/* bf16 weights (--weights-dtype bf16), every unit's state streamed: each unit's master read from the
+ * store through the landing ring in chunks and converted by the opt worker into its weights slot.
+ * The opt worker killed amid conversions and AdamW: the run ends with the losses and weights of an
+ * undisturbed bf16 run, bit for bit; which differ from the f32 reference's (the gpu worker computed
+ * with weights rounded to bf16). */
+static void test_bf16_weights_killed(void **state)
+{
+    struct fy_chaos *c = *state;
+    static const char *const bf16[] = {"--weights-dtype", "bf16", NULL}; /* no --cpu-mem */
+    struct fy_chaos cb = {.f = c->f, .train_extra = bf16};
+    fy_chaos_reference_run_in(&cb, "reference-bf16");
+    assert_true(fy_test_file_contains(c->f->log, "weights to the GPU in bf16 for all 4 units: 0 "
+                                                 "from a bf16 copy"));
+    if (c->ref_weights != NULL) {
+        assert_int_equal(cb.ref_len, c->ref_len);
+        assert_memory_not_equal(cb.ref_weights, c->ref_weights, c->ref_len);
+    }
+    kill_worker_in(&cb, "opt", "opt-bf16", 23);
+    free(cb.ref_losses);
+    free(cb.ref_weights);
 }
 
 /* Clipping in one backward pass (every step clipped, every unit's state streamed, so each block's
@@ -591,6 +614,7 @@ int main(void)
         cmocka_unit_test(test_opt_worker_killed),
         cmocka_unit_test(test_launcher_killed),
         cmocka_unit_test(test_int8_killed),
+        cmocka_unit_test(test_bf16_weights_killed),
         cmocka_unit_test(test_clipped_one_pass_killed),
         cmocka_unit_test(test_clipped_gpu_hold_killed),
         cmocka_unit_test(test_second_gpu_worker_killed),

@@ -402,34 +402,55 @@ static void test_embed_update_in_two_parts(void **state)
     free(trace);
 }
 
-/* --weights-dtype bf16 on the CPU backend: the kept units' weights go to the gpu worker as the
- * bf16 copies AdamW writes beside their state, which the backend widens (the results of weights
- * rounded to bf16, so the losses differ from f32 weights'). Overlapped, serial and a run restarted
- * at every step (each start rounds the committed masters afresh) give the same bits, so the
- * copies AdamW writes are the masters' rounding; with copies for some of the kept units only
- * (the others' weights go as f32) and with clipping (a second backward pass), overlap and serial
- * agree too. */
+/* --weights-dtype bf16 on the CPU backend: every unit's weights go to the gpu worker in bf16, which
+ * the backend widens (the results of weights rounded to bf16, so the losses differ from f32
+ * weights'): a kept unit's copy that AdamW writes beside its state where the budget holds one, else
+ * its master converted by the opt worker (opt-convert) into a weights slot, from where it is kept or,
+ * streamed, chunk by chunk through the landing ring as it comes from the store. Each gives the same
+ * bits, so the same losses and weights: every unit with a copy (1G), some kept with a copy, some
+ * without and one streamed (66M, measured), every unit streamed (in many chunks:
+ * FUYOU_TEST_LAND_CHUNK, read three units ahead; and in the natural chunks), overlapped and serial,
+ * and a run restarted at every step (each start rounds the committed masters afresh); with clipping
+ * too, every unit kept (one pass) and streamed (two passes: the norm pass converts again; one pass:
+ * a block's update deferred to the next forward, converted from the state it reads). */
 static void test_bf16_weights_agree(void **state)
 {
     struct fy_test_fixture *f = *state;
-    struct fy_trainutil_same_bits all = {0}, mixed = {0}, clipped = {0};
-    const char *runs[][4] = {
-        {"b-all", "overlap", "1G", NULL}, {"b-all-s", "serial", "1G", NULL},
-        {"b-mixed", "overlap", "76M", NULL}, {"b-mixed-s", "serial", "76M", NULL},
-        {"b-clip", "overlap", "1G", "0.05"}, {"b-clip-s", "serial", "1G", "0.05"},
+    struct fy_trainutil_same_bits same = {0}, clipped = {0};
+    const char *runs[][6] = { /* name, schedule, --cpu-mem, landing chunk, --clip-mode, --prefetch */
+        {"b-all", "overlap", "1G", NULL, NULL, "1"},
+        {"b-mixed", "overlap", "66M", NULL, NULL, "1"},
+        {"b-stream", "overlap", NULL, "1048576", NULL, "3"},
+        {"b-stream-s", "serial", NULL, NULL, NULL, "1"},
+        {"b-clip", "overlap", "1G", NULL, "auto", "1"},
+        {"b-clip-two", "overlap", NULL, "1048576", "two-pass", "1"},
+        {"b-clip-one", "overlap", NULL, NULL, "one-pass", "1"},
     };
-    for (int i = 0; i < 6; i++) {
-        const char *extra[] = {"--weights-dtype", "bf16", "--schedule", runs[i][1], "--cpu-mem",
-                               runs[i][2], runs[i][3] ? "--clip-grad-norm" : NULL, runs[i][3],
-                               NULL};
-        struct fy_trainutil_same_bits *g = i < 2 ? &all : i < 4 ? &mixed : &clipped;
-        train_same_bits(f, g, fy_test_in(f, runs[i][0]), "2", "256", "3", extra);
-        if (i < 2 || i >= 4)
-            assert_true(fy_test_file_contains(f->log, "weights to the GPU in bf16 for 4 of the 4 "
-                                                      "kept units"));
-        else /* measured: 76M keeps the 4 units and has room for 2 copies */
-            assert_true(fy_test_file_contains(f->log, "weights to the GPU in bf16 for 2 of the 4 "
-                                                      "kept units"));
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const char *extra[16] = {"--weights-dtype", "bf16", "--schedule", runs[i][1], "--prefetch",
+                                 runs[i][5]};
+        unsigned n = 6;
+        if (runs[i][2] != NULL) {
+            extra[n++] = "--cpu-mem";
+            extra[n++] = runs[i][2];
+        }
+        if (runs[i][4] != NULL) {
+            extra[n++] = "--clip-grad-norm";
+            extra[n++] = "0.05";
+            extra[n++] = "--clip-mode";
+            extra[n++] = runs[i][4];
+        }
+        if (runs[i][3] != NULL)
+            assert_int_equal(setenv("FUYOU_TEST_LAND_CHUNK", runs[i][3], 1), 0);
+        train_same_bits(f, runs[i][4] ? &clipped : &same, fy_test_in(f, runs[i][0]), "2", "256",
+                        "3", extra);
+        unsetenv("FUYOU_TEST_LAND_CHUNK");
+        const char *said = runs[i][2] == NULL ? "bf16 for all 4 units: 0 from a bf16 copy"
+                           : strcmp(runs[i][2], "1G") == 0 ? "bf16 for all 4 units: 4 from a bf16 copy"
+                                                           : "bf16 for all 4 units: 1 from a bf16 copy";
+        assert_true(fy_test_file_contains(f->log, said));
+        if (runs[i][2] != NULL && strcmp(runs[i][2], "66M") == 0) /* one streamed, two without */
+            assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 4 units"));
     }
     /* restarted at every step: the copies come from the committed masters each time */
     char *run = strdup(fy_test_in(f, "b-steps")), out[720], metrics[740];
@@ -446,9 +467,9 @@ static void test_bf16_weights_agree(void **state)
     size_t n;
     char *w = fy_test_slurp(out, &n), *l = fy_trainutil_losses(metrics);
     assert_non_null(w);
-    assert_string_equal(l, all.losses);
-    assert_int_equal(n, all.n);
-    assert_memory_equal(w, all.weights, n);
+    assert_string_equal(l, same.losses);
+    assert_int_equal(n, same.n);
+    assert_memory_equal(w, same.weights, n);
     free(w);
     free(l);
     /* f32 weights (the CPU backend's default) compute with other numbers */
@@ -456,10 +477,9 @@ static void test_bf16_weights_agree(void **state)
     const char *plain[] = {"--cpu-mem", "1G", NULL};
     train_same_bits(f, &f32, fy_test_in(f, "b-f32"), "2", "256", "3", plain);
     assert_true(fy_test_file_contains(f->log, "weights to the GPU in f32"));
-    assert_string_not_equal(f32.losses, all.losses);
+    assert_string_not_equal(f32.losses, same.losses);
     fy_trainutil_same_bits_free(&f32);
-    fy_trainutil_same_bits_free(&all);
-    fy_trainutil_same_bits_free(&mixed);
+    fy_trainutil_same_bits_free(&same);
     fy_trainutil_same_bits_free(&clipped);
     free(run);
     const char *bad[] = {"--weights-dtype", "f16", NULL};

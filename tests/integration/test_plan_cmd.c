@@ -75,19 +75,27 @@ static void test_prediction_by_hand(void **state)
     assert_float_equal(p.d2h_s, 3.18976e-4, 1e-12);
     fy_plan_predict(&bf16, &ckpt_ssd, &rates, &p);
     assert_float_equal(p.ssd_s, 1.103872e-2 + 3.2768e-4 + 1.6384e-4, 1e-12);
-    /* bf16 weight copies of the kept units: the embeddings' 18432 parameters and block 2's 49984
-     * go up at 2 bytes instead of 4 (block 2 in the forward and the backward), and so do the
-     * head's final unit and wte (128 + 16384), both of its units having copies: 269824 fewer */
+    /* bf16 weights: every unit's go up at 2 bytes instead of 4, 469760 fewer (the embeddings'
+     * 18432 parameters, both blocks' 49984 in the forward and the backward, the head's final unit
+     * and wte, 128 + 16384); the kept units have copies, and the streamed block 1 is converted by
+     * the opt worker for its forward and its backward, 2 x 49984 parameters of 6 bytes at AdamW's
+     * host memory rate (1e6 parameters/s x 28 bytes) */
     const unsigned char copies[4] = {FY_PLAN_KEPT_BF16, FY_PLAN_STREAMED, FY_PLAN_KEPT_BF16,
                                      FY_PLAN_KEPT_BF16};
     const struct fy_plan_place with_copies = {.resident = copies};
-    fy_plan_predict(&f32, &with_copies, &rates, &p);
-    assert_float_equal(p.h2d_s, 1.007104e-3, 1e-12);
+    struct fy_plan_shape bf16w = f32;
+    bf16w.weight_dtype = FY_DTYPE_BF16;
+    fy_plan_predict(&bf16w, &with_copies, &rates, &p);
+    assert_float_equal(p.h2d_s, 8.07168e-4, 1e-12);
     assert_float_equal(p.d2h_s, 3.68128e-4, 1e-12);
     assert_float_equal(p.ssd_s, 1.103872e-2, 1e-12);
+    assert_float_equal(p.convert_s, 2 * 49984 * 6 / 28e6, 1e-12);
+    assert_float_equal(p.opt_s, 0.118528 + 2 * 49984 * 6 / 28e6, 1e-12);
     assert_int_equal(fy_plan_weight_copies(&c, copies), 3);
-    assert_int_equal(fy_plan_upload_bytes(&c, copies, 1), 49984 * 4);
-    assert_int_equal(fy_plan_upload_bytes(&c, copies, 2), 49984 * 2);
+    /* f32 weights: copies or not, the masters go up */
+    fy_plan_predict(&f32, &with_copies, &rates, &p);
+    assert_float_equal(p.h2d_s, 1.276928e-3, 1e-12);
+    assert_float_equal(p.convert_s, 0, 1e-15);
 }
 
 /* fuyou-launch plan with a machine profile of round rates prints, without running anything, the
@@ -360,7 +368,7 @@ static void test_plan_largest_batch_fits_ssd(void **state)
  * from the profiles' rates: N = 50304 x 5120 + 2048 x 5120 + 40 x (12 x 5120^2 + 13 x 5120) +
  * 2 x 5120 = 12853626880 parameters; a token 6 N + 6 x 40 x 1024 x 5120 FLOPs, 40960 tokens, on
  * the GPU at gpu_flops; AdamW N / opt_params (fp32), N / opt_params_bf16, N / opt_params_int8.
- * Where the GPU is modelled (the CUDA backend built) batch 40 is the largest that fits 24 GiB. */
+ * Where the GPU is modelled (the CUDA backend built) batch 76 is the largest that fits 24 GiB. */
 static int plan_paper(struct fy_test_fixture *f, const char *machine, const char *format,
                       const char *gpu_mem, int wide, const char *batch)
 {
@@ -413,7 +421,7 @@ static void test_paper_machine_profiles(void **state)
                                1e-5 * step_flops / gpu_flops);
             assert_float_equal(predicted_seconds(f->log, "optimizer "), N / opt, 1e-5 * N / opt);
             if (m != 1 && fy_test_file_contains(f->log, "plan: GPU: working buffers "))
-                assert_true(fy_test_file_contains(f->log, "plan: largest batch that fits: 40 "));
+                assert_true(fy_test_file_contains(f->log, "plan: largest batch that fits: 76 "));
         }
         free(profile);
     }
@@ -501,6 +509,60 @@ static void test_probe_then_plan(void **state)
     free(profile);
     assert_int_equal(entries_in(a), in_a); /* the scratch stores are gone, the run's store stays */
     assert_int_equal(entries_in(b), in_b);
+}
+
+/* The last line of the log that holds `key`, into out. */
+static void line_of(const char *log, const char *key, char *out, size_t len)
+{
+    char *text = fy_test_slurp(log, NULL), *at = NULL;
+    assert_non_null(text);
+    for (char *p = text; (p = strstr(p, key)) != NULL; p++)
+        at = p;
+    assert_non_null(at);
+    while (at > text && at[-1] != '\n')
+        at--;
+    snprintf(out, len, "%.*s", (int)strcspn(at, "\n"), at);
+    free(text);
+}
+
+/* The shared pool a training session lays out is the one plan prints, its size and its regions:
+ * every unit streamed with f32 weights (three slots of a block's 200704-byte master section), with
+ * bf16 weights (three of its 99968 bf16 bytes, padded to 102400, and the landing ring, four
+ * chunks of a quarter of the master section, 53248 bytes), and kept with bf16 copies (no ring);
+ * the blocks recomputed (plan plans --act-plan auto so). */
+static void test_plan_pool_is_train_pool(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    static const char *const cases[][4] = {
+        {"pool-f32", "f32", NULL, "weights 588.0 KiB, grads"},
+        {"pool-bf16", "bf16", NULL, "weights 300.0 KiB, landing 208.0 KiB, grads"},
+        {"pool-kept", "bf16", "1G", "weights 300.0 KiB, grads"}};
+    for (int i = 0; i < 3; i++) {
+        char *run = fy_test_in(f, cases[i][0]);
+        fy_trainutil_init_model(f, run, "64", "5");
+        const char *opts[] = {"--weights-dtype", cases[i][1], "--act-plan", "recompute",
+                              cases[i][2] ? "--cpu-mem" : NULL, cases[i][2], NULL};
+        assert_int_equal(fy_trainutil_train_with(f, run, f->data, "1", NULL, 0, opts), 0);
+        char trained[512], sized[512], regions[1024], want[128];
+        line_of(f->log, "shared pool /", trained, sizeof trained); /* the training session's */
+        const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
+                              "cpu", "--weights-dtype", cases[i][1], "--act-plan", "recompute",
+                              cases[i][2] ? "--cpu-mem" : NULL, cases[i][2], NULL};
+        assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
+        line_of(f->log, "plan: shared pool regions: ", regions, sizeof regions);
+        assert_non_null(strstr(regions, cases[i][3]));
+        int n = 1;
+        for (const char *p = regions; (p = strstr(p, ", ")) != NULL; p++)
+            n++;
+        /* "plan: shared pool SIZE UNIT (no --cpu-mem ..." or "... SIZE UNIT of --cpu-mem ..." */
+        line_of(f->log, cases[i][2] ? " of --cpu-mem " : " (no --cpu-mem", sized, sizeof sized);
+        const char *size = sized + strlen("plan: shared pool ");
+        int len = (int)strcspn(size, " ");
+        len += 1 + (int)strcspn(size + len + 1, " ");
+        snprintf(want, sizeof want, ": %.*s in %d regions", len, size, n);
+        print_message("%s: train's %s; plan's %s\n", cases[i][0], trained, want);
+        assert_non_null(strstr(trained, want));
+    }
 }
 
 /* Progress for people: on a terminal (here script(1)'s pseudo-terminal) one status line with the
@@ -931,6 +993,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),
         FY_TRAINUTIL_TEST(test_paper_machine_profiles),
         FY_TRAINUTIL_TEST(test_probe_then_plan),
+        FY_TRAINUTIL_TEST(test_plan_pool_is_train_pool),
         FY_TRAINUTIL_TEST(test_progress_line),
         FY_TRAINUTIL_TEST(test_report_charts),
         FY_TRAINUTIL_TEST(test_profile_command),
