@@ -576,9 +576,9 @@ static const struct opt_spec specs[] = {
      "units of weights read ahead of the gpu, 1 to 8, each a unit's fp32 weights of pool "
      "memory (1)"},
     {"grad-slots", "N", TRAINS, K_PARSE, 0, 0, parse_grad_slots,
-     "block gradients held at once, 3 to 16, cut to what --cpu-mem holds: the optimizer may lag "
-     "the backward by N - 1 blocks; more than 3 only when all optimizer state fits --cpu-mem "
-     "(16)"},
+     "block gradients held at once, 1 to 16, cut to what --cpu-mem holds: the optimizer may lag "
+     "the backward by N - 1 blocks; more than 3 only when all optimizer state fits --cpu-mem, "
+     "fewer only where it has no room for 3 (16)"},
     {"weights-dtype", "auto|f32|bf16", PLANS, K_PARSE, 0, 0, parse_weights_dtype,
      "the weights the GPU is sent: bf16 keeps a bf16 copy beside each kept unit's state (2 bytes "
      "a parameter), half the PCIe bytes; auto: bf16 on CUDA (the same results), f32 on the CPU "

@@ -219,11 +219,11 @@ int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out)
 }
 
 /* Pool regions for moving a model unit by unit between a Hugging Face directory and the store:
- * a commit record and one unit's state (read whole on export, to check its digest). */
+ * a commit record and one piece's state (read whole on export, to check its digest). */
 void fy_runconf_unit_regions(const struct fy_model_config *c, struct fy_pool_region_spec out[2])
 {
     out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
-    out[1] = (struct fy_pool_region_spec){"unit", fy_optstate_max_bytes(c)};
+    out[1] = (struct fy_pool_region_spec){"unit", fy_optstate_max_piece_bytes(c)};
 }
 
 int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *model, int act_dtype,

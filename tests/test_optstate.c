@@ -158,7 +158,7 @@ static void test_planner_counts(void **state)
     /* the pool's state region: two of the largest unit's state */
     struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n, found = 0;
-    const struct fy_plan_place streamed = {.prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_MIN};
+    const struct fy_plan_place streamed = {.prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_FLOOR};
     fy_plan_regions(&step, &streamed, regions, &n);
     for (unsigned i = 0; i < n; i++)
         if (strcmp(regions[i].name, "state") == 0) {
