@@ -363,11 +363,24 @@ unsigned fy_optstate_piece(const struct fy_model_config *c, unsigned unit, unsig
     return n;
 }
 
+/* The units one of each kind: the embeddings, a block (every block has the same tensors), the
+ * final unit; how many into n. */
+static void unit_kinds(const struct fy_model_config *c, unsigned kinds[3], unsigned *n)
+{
+    unsigned units = fy_model_unit_count(c);
+    kinds[0] = 0;
+    kinds[1] = 1;
+    kinds[2] = units - 1;
+    *n = units < 3 ? units : 3;
+}
+
 uint64_t fy_optstate_max_piece_bytes(const struct fy_model_config *c)
 {
     uint64_t most = 0;
-    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
-        for (unsigned k = 0, n = fy_optstate_piece_count(c, u); k < n; k++) {
+    unsigned kinds[3], nk;
+    unit_kinds(c, kinds, &nk);
+    for (unsigned i = 0; i < nk; i++)
+        for (unsigned u = kinds[i], k = 0, n = fy_optstate_piece_count(c, u); k < n; k++) {
             struct fy_optstate_piece p;
             fy_optstate_piece(c, u, k, &p, NULL);
             most = p.layout.bytes > most ? p.layout.bytes : most;
@@ -377,8 +390,10 @@ uint64_t fy_optstate_max_piece_bytes(const struct fy_model_config *c)
 
 int fy_optstate_has_pieces(const struct fy_model_config *c)
 {
-    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
-        if (fy_optstate_piece_count(c, u) > 1)
+    unsigned kinds[3], nk;
+    unit_kinds(c, kinds, &nk);
+    for (unsigned i = 0; i < nk; i++)
+        if (fy_optstate_piece_count(c, kinds[i]) > 1)
             return 1;
     return 0;
 }
@@ -399,9 +414,11 @@ uint64_t fy_optstate_bytes(const struct fy_model_config *c, unsigned unit)
 uint64_t fy_optstate_max_bytes(const struct fy_model_config *c)
 {
     uint64_t most = 0;
-    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
-        if (fy_optstate_bytes(c, u) > most)
-            most = fy_optstate_bytes(c, u);
+    unsigned kinds[3], nk;
+    unit_kinds(c, kinds, &nk);
+    for (unsigned i = 0; i < nk; i++)
+        if (fy_optstate_bytes(c, kinds[i]) > most)
+            most = fy_optstate_bytes(c, kinds[i]);
     return most;
 }
 
@@ -419,9 +436,11 @@ uint64_t fy_optstate_master_bytes(const struct fy_model_config *c, unsigned unit
 uint64_t fy_optstate_max_master_bytes(const struct fy_model_config *c)
 {
     uint64_t most = 0;
-    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
-        if (fy_optstate_master_bytes(c, u) > most)
-            most = fy_optstate_master_bytes(c, u);
+    unsigned kinds[3], nk;
+    unit_kinds(c, kinds, &nk);
+    for (unsigned i = 0; i < nk; i++)
+        if (fy_optstate_master_bytes(c, kinds[i]) > most)
+            most = fy_optstate_master_bytes(c, kinds[i]);
     return most;
 }
 

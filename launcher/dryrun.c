@@ -40,17 +40,25 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
     return 0;
 }
 
-/* The plan for model c at batch B under cpu_mem (the searches vary them); p freed first. */
-static int plan_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
-                   uint64_t cpu_mem, struct fy_plan *p)
+/* The plan for model c at batch B under cpu_mem (the searches vary them), with `least` the least
+ * pool that holds no unit's state (fy_plan_in.floor_only); p freed first. */
+static int plan_at_least(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+                         uint64_t cpu_mem, int least, struct fy_plan *p)
 {
     struct fy_plan_in at = in->plan;
     at.shape.c = c;
     at.shape.B = B;
     at.cpu_mem = cpu_mem;
+    at.floor_only = least;
     const struct fy_plan_acts acts = {.place = forced_swap};
     fy_plan_free(p);
     return fy_plan_make(&at, &acts, p);
+}
+
+static int plan_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+                   uint64_t cpu_mem, struct fy_plan *p)
+{
+    return plan_at_least(in, c, B, cpu_mem, 0, p);
 }
 
 /* A size for people, in one of 8 buffers used in turn (a line prints several). */
@@ -100,7 +108,7 @@ static int fits_at(const struct fy_dryrun_in *in, const struct fy_model_config *
 {
     struct fy_plan p = {0}; /* planned under --cpu-mem: the least pool (state in pieces, fewer
                                gradient slots) where it has no room for more */
-    int fits = plan_at(in, c, B, in->plan.cpu_mem, &p) == 0 && p.fits_gpu && p.fits_cpu &&
+    int fits = plan_at_least(in, c, B, in->plan.cpu_mem, 1, &p) == 0 && p.fits_gpu && p.fits_cpu &&
                (free_bytes == 0 || p.store_bytes <= free_bytes);
     fy_plan_free(&p);
     return fits;

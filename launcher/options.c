@@ -575,7 +575,7 @@ static const struct opt_spec specs[] = {
     {"prefetch", "N", PLANS, K_PARSE, 0, 0, parse_prefetch,
      "units of weights read ahead of the gpu, 1 to 8, each a unit's fp32 weights of pool "
      "memory (1)"},
-    {"grad-slots", "N", TRAINS, K_PARSE, 0, 0, parse_grad_slots,
+    {"grad-slots", "N", PLANS, K_PARSE, 0, 0, parse_grad_slots,
      "block gradients held at once, 1 to 16, cut to what --cpu-mem holds: the optimizer may lag "
      "the backward by N - 1 blocks; more than 3 only when all optimizer state fits --cpu-mem, "
      "fewer only where it has no room for 3 (16)"},

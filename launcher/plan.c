@@ -641,7 +641,16 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
                                      : out->gpu_s + fmax(0.0, out->opt_s - norm_s);
     /* one gradient slot: each block's backward waits for the update of the block above (a
      * streamed one's state read and written, its AdamW), none overlaps the gpu */
-    double one_slot_s = p->grad_slots == 1 ? out->gpu_s + fy_plan_block_updates_s(s, p, rates) : 0;
+    double one_slot_s = 0;
+    if (p->grad_slots == 1) { /* the forward as the faster of its compute and its reads allow,
+                                 then the backward's compute and the updates one after another */
+        double fwd_read_s = 0;
+        for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+            if (p->resident == NULL || !p->resident[u])
+                fwd_read_s += (double)fy_optstate_master_bytes(c, u) / rates->ssd_read;
+        one_slot_s = fmax(0.25 * out->gpu_s, fwd_read_s) + 0.75 * out->gpu_s +
+                     fy_plan_block_updates_s(s, p, rates);
+    }
     const double times[] = {out->gpu_s, out->h2d_s,  out->d2h_s,     out->ssd_s,
                             out->opt_s, serial_s,    out->nvlink_s,  out->host_mem_s,
                             one_slot_s};
@@ -678,46 +687,99 @@ static unsigned plan_mark(const struct fy_plan_in *in, struct fy_plan *p, unsign
     return count;
 }
 
-/* The streaming regions with nothing kept (p->resident all streamed), the first of these that
- * fits cpu_mem (none given: the first), the last where none does (the plan then does not fit):
- * state slots of a unit's whole state with FY_PLAN_GRAD_SLOTS_FLOOR gradient slots, then two;
- * state slots of a piece with the floor's slots, two, and without clipping one (its norm pass
- * and held gradients take slots 1 and 2); never more slots than --grad-slots. */
-static void plan_floor(const struct fy_plan_in *in, struct fy_plan *p)
+/* The floor's tries, in order: state slots of a unit's whole state with FY_PLAN_GRAD_SLOTS_FLOOR
+ * gradient slots, then two; state slots of a piece with the floor's slots, two, and without
+ * clipping one (its norm pass and held gradients take slots 1 and 2); never more slots than
+ * --grad-slots. Try i's placement into p->place (0 where the test hook has the state in pieces
+ * and the try is of whole units). */
+static const struct {
+    int pieces;
+    unsigned slots;
+} floor_tries[] = {{0, FY_PLAN_GRAD_SLOTS_FLOOR}, {0, 2}, {1, FY_PLAN_GRAD_SLOTS_FLOOR}, {1, 2},
+                   {1, 1}};
+#define FLOOR_TRIES (sizeof floor_tries / sizeof floor_tries[0])
+
+static int floor_try(const struct fy_plan_in *in, unsigned i, struct fy_plan *p)
 {
-    static const struct {
-        int pieces;
-        unsigned slots;
-    } tries[] = {{0, FY_PLAN_GRAD_SLOTS_FLOOR}, {0, 2}, {1, FY_PLAN_GRAD_SLOTS_FLOOR}, {1, 2},
-                 {1, 1}};
+    if (fy_knob_test_state_pieces() && !floor_tries[i].pieces) /* pieces whatever the room */
+        return 0;
     unsigned asked = in->grad_slots >= FY_PLAN_GRAD_SLOTS_MIN ? in->grad_slots
                                                               : FY_PLAN_GRAD_SLOTS_FLOOR;
-    unsigned least = in->shape.clip ? 2 : 1;
-    int forced = fy_knob_test_state_pieces(); /* the test hook: pieces whatever the room */
-    for (unsigned i = 0; i < sizeof tries / sizeof *tries; i++) {
-        if (forced && !tries[i].pieces)
-            continue;
-        unsigned slots = tries[i].slots < asked ? tries[i].slots : asked;
-        /* whole units' state slots take two gradient slots at least (backward_blocks) */
-        slots = slots < least ? least : slots < 2 && !tries[i].pieces ? 2 : slots;
-        p->place.state_pieces = tries[i].pieces;
-        p->place.grad_slots = slots;
-        if (in->cpu_mem == 0 || pool_bytes(&in->shape, &p->place) <= in->cpu_mem)
-            return;
-    }
+    unsigned least = in->shape.clip ? 2 : 1, slots = floor_tries[i].slots;
+    slots = slots < asked ? slots : asked;
+    /* whole units' state slots take two gradient slots at least (backward_blocks) */
+    slots = slots < least ? least : slots < 2 && !floor_tries[i].pieces ? 2 : slots;
+    p->place.state_pieces = floor_tries[i].pieces;
+    p->place.grad_slots = slots;
+    return 1;
 }
 
-/* The state's residency (fy_plan_make) with the checkpoints and swap of p->place: the streaming
- * regions' floor (plan_floor), p->resident, and the units kept. */
-static unsigned plan_resident(const struct fy_plan_in *in, struct fy_plan *p)
+/* Whether try i's streaming regions with nothing kept fit cpu_mem (none given: they do). */
+static int floor_fits(const struct fy_plan_in *in, unsigned i, struct fy_plan *p)
+{
+    return floor_try(in, i, p) &&
+           (in->cpu_mem == 0 || pool_bytes(&in->shape, &p->place) <= in->cpu_mem);
+}
+
+/* The streaming regions with nothing kept (p->resident all streamed): the first try that fits
+ * cpu_mem, the last where none does (the plan then does not fit). */
+static void plan_floor(const struct fy_plan_in *in, struct fy_plan *p)
+{
+    for (unsigned i = 0; i < FLOOR_TRIES; i++)
+        if (floor_fits(in, i, p))
+            return;
+}
+
+/* The kept units, unit 0 first, with the streaming regions of p->place; returns how many. */
+static unsigned plan_keep(const struct fy_plan_in *in, struct fy_plan *p)
 {
     memset(p->resident, FY_PLAN_STREAMED, fy_model_unit_count(in->shape.c));
-    plan_floor(in, p);
-    if (in->cpu_mem == 0)
-        return 0;
     unsigned kept = plan_mark(in, p, FY_PLAN_KEPT);
     if (in->shape.weight_dtype == FY_DTYPE_BF16)
         plan_mark(in, p, FY_PLAN_KEPT_BF16);
+    return kept;
+}
+
+/* The state's residency (fy_plan_make) with the checkpoints and swap of p->place: the streaming
+ * regions (the state slots and the gradient slots), p->resident, and the units kept. Of the
+ * floor's tries that fit cpu_mem, the one with which the units kept in the room it leaves give the
+ * fastest predicted step, the first of those that tie (whole units' state slots, more gradient
+ * slots): state slots of a piece and fewer gradient slots leave room for more state, which can
+ * save more SSD time than a block's master read twice and the wait for the updates cost. */
+static unsigned plan_resident(const struct fy_plan_in *in, struct fy_plan *p)
+{
+    unsigned units = fy_model_unit_count(in->shape.c);
+    memset(p->resident, FY_PLAN_STREAMED, units);
+    plan_floor(in, p);
+    if (in->cpu_mem == 0 || in->floor_only)
+        return 0;
+    unsigned char *best = malloc(units);
+    if (best == NULL) /* the floor's slots alone */
+        return plan_keep(in, p);
+    struct fy_plan_place chosen = p->place;
+    unsigned kept = 0;
+    double best_s = INFINITY;
+    for (unsigned i = 0; i < FLOOR_TRIES; i++) {
+        if (!floor_fits(in, i, p))
+            continue;
+        unsigned k = plan_keep(in, p);
+        struct fy_plan_prediction pr;
+        fy_plan_predict(&in->shape, &p->place, &in->rates, &pr);
+        if (pr.step_s < best_s * (1 - 1e-9)) {
+            best_s = pr.step_s;
+            chosen = p->place;
+            kept = k;
+            memcpy(best, p->resident, units);
+        }
+    }
+    if (best_s < INFINITY) {
+        p->place = chosen;
+        memcpy(p->resident, best, units);
+    } else { /* the floor did not fit: nothing kept */
+        plan_floor(in, p);
+        memset(p->resident, FY_PLAN_STREAMED, units);
+    }
+    free(best);
     return kept;
 }
 
@@ -953,10 +1015,14 @@ void fy_plan_state_describe(const struct fy_plan_in *in, const struct fy_plan *p
         more.grad_slots = FY_PLAN_GRAD_SLOTS_FLOOR;
         struct fy_plan_prediction pr;
         fy_plan_predict(&in->shape, &more, &in->rates, &pr);
-        snprintf(buf + n, len - n, "%s%u block gradient slot%s (%d where --cpu-mem has room): each "
-                 "block's backward waits for the update of the block %s; predicted %.4g s a step "
-                 "against %.4g", n ? "; " : "", p->place.grad_slots,
-                 p->place.grad_slots == 1 ? "" : "s", FY_PLAN_GRAD_SLOTS_FLOOR,
+        char why[64];
+        if (in->grad_slots >= FY_PLAN_GRAD_SLOTS_MIN && in->grad_slots < FY_PLAN_GRAD_SLOTS_FLOOR)
+            snprintf(why, sizeof why, "--grad-slots %u", in->grad_slots);
+        else
+            snprintf(why, sizeof why, "%d where --cpu-mem has room", FY_PLAN_GRAD_SLOTS_FLOOR);
+        snprintf(buf + n, len - n, "%s%u block gradient slot%s (%s): each block's backward waits "
+                 "for the update of the block %s; predicted %.4g s a step against %.4g",
+                 n ? "; " : "", p->place.grad_slots, p->place.grad_slots == 1 ? "" : "s", why,
                  p->place.grad_slots == 1 ? "above" : "two up", p->predicted.step_s, pr.step_s);
     }
 }

@@ -337,6 +337,9 @@ struct fy_plan_in {
     int clip_hold;           /* --clip-hold: FY_CLIP_HOLD_AUTO, _POOL or _GPU */
     struct fy_plan_rates rates;
     int say;                 /* say --ckpt-place auto's choice in the log as it is made (train) */
+    /* keep no unit's state: the least pool under cpu_mem alone (plan's searches of the largest
+     * batch and model, which ask whether that fits) */
+    int floor_only;
 };
 
 /* A plan. */

@@ -10,8 +10,9 @@
  *     residency then plans around), after it for auto (which sees the residency);
  *   - the state in pieces (init --state-piece): the state slots a piece's, the master read again for
  *     a streamed block's backward, the floor's order (whole units with three gradient slots, then
- *     two, then pieces with three, two, one; never one with clipping), the one-slot bound, and
- *     what the plan says of it;
+ *     two, then pieces with three, two, one; never one with clipping), of those that fit the
+ *     fastest with the units kept in the room each leaves (pieces where the disk binds and they
+ *     leave room for a block), the one-slot bound, and what the plan says of it;
  *   - the GPU: the working buffers, and a set per call in flight with every block swapped;
  *   - several gpu workers: each GPU's compute and PCIe link, the NVLink and host memory terms,
  *     and what they refuse.
@@ -672,6 +673,25 @@ static void test_state_pieces_by_hand(void **state)
         assert_true(p.fits_cpu);
         fy_plan_free(&p);
     }
+    /* where the disk binds, the room of whole units' state slots is better spent on state: at the
+     * pool of whole units' slots with nothing kept, the state slots a piece's, a block kept */
+    in.rates = (struct fy_plan_rates){.gpu_flops = 1e15, .h2d = 1e12, .d2h = 1e12, .ssd_read = 1e8,
+                                      .ssd_write = 2e8, .opt_params = 1e12,
+                                      .opt_by_format = {1e12, 1e12, 1e12}};
+    in.cpu_mem = fy_pool_layout_size(regions[0], 8);
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.state_pieces, 1);
+    assert_true(p.kept >= 2 && p.resident[1] == FY_PLAN_KEPT);
+    assert_true(p.fits_cpu);
+    struct fy_plan_place whole_kept = p.place; /* and predicted faster than the whole units' */
+    whole_kept.state_pieces = 0;
+    whole_kept.grad_slots = 3;
+    whole_kept.resident = NULL;
+    struct fy_plan_prediction alone;
+    fy_plan_predict(&in.shape, &whole_kept, &in.rates, &alone);
+    assert_true(p.predicted.step_s < alone.step_s);
+    fy_plan_free(&p);
+    in.rates = rates;
     /* the pieces, one slot: every unit's master in the forward and its state read and written,
      * a block's master once more in the backward, before its state */
     struct fy_plan_traffic whole;
