@@ -27,7 +27,7 @@ enum { FAMILY_NEAR = 14, S_FAMILY_FAR = 64 };
 /* The commit record's fields after them, past one slot left zero (the version 1 metadata block's
  * flag, in stores before commit records). */
 enum { S_COPY = S_FAMILY + FAMILY_NEAR + 1, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI, S_COPIES,
-       S_OPTIM_STATE };
+       S_OPTIM_STATE, S_STATE_PIECE };
 
 _Static_assert(S_FAMILY_FAR + FY_FAMILY_SLOTS - FAMILY_NEAR <= FY_CKPT_BLOCK / 4,
                "the family's slots fit the header block");
@@ -142,6 +142,7 @@ void fy_storemeta_encode(const struct fy_storemeta *m, uint8_t *record)
     put32(record, S_UNITS, units);
     put32(record, S_COPIES, m->copies);
     put32(record, S_OPTIM_STATE, (uint32_t)m->model.optim_state);
+    put32(record, S_STATE_PIECE, (uint32_t)(m->model.state_piece / 1024));
     for (unsigned u = 0; u < units && u < FY_COMMIT_MAX_UNITS; u++)
         for (int i = 0; i < 8; i++)
             record[FY_CKPT_BLOCK + 8 * u + i] = (uint8_t)(m->digest[u] >> (8 * i));
@@ -188,6 +189,10 @@ int fy_storemeta_decode(const uint8_t *record, size_t len, const char *where,
                "%s: commit record names optimizer state format %u, which this build does not "
                "know: made by a newer Fuyou?", where, format);
     m->model.optim_state = (int)format;
+    m->model.state_piece = (uint64_t)get32(record, S_STATE_PIECE) * 1024;
+    FY_REQUIRE(fy_model_config_validate(&m->model) == 0, -EBADMSG,
+               "%s: commit record names pieces of optimizer state of %llu KiB: corrupt", where,
+               (unsigned long long)(m->model.state_piece / 1024));
     m->seq = get32(record, S_SEQ_LO) | (uint64_t)get32(record, S_SEQ_HI) << 32;
     unsigned units = get32(record, S_UNITS);
     FY_REQUIRE(m->copy <= 1 && units == fy_model_unit_count(&m->model), -EBADMSG,

@@ -16,8 +16,10 @@
  * zero; [30] copy; [31,32] sequence number; [33] unit count; [34,35] digest (common/digest.h) of
  * the whole record with these two slots zero; [36] copies of the state the store keeps (1 or 2; 0
  * in the first records written, meaning 2); [37] the optimizer state format (enum fy_optim_state:
- * 0 fp32, 1 bf16, 2 int8; outside the config hash); the rest of the block zero. From byte 4096: each
- * unit's state digest (uint64, unit order).
+ * 0 fp32, 1 bf16, 2 int8; outside the config hash); [38] the store's piece of optimizer state in
+ * KiB (struct fy_model_config's state_piece: 0 in records made before pieces, every unit one
+ * piece); the rest of the block zero. From byte 4096: each unit's state digest (uint64, unit order;
+ * a unit in pieces: fy_optstate_unit_digest of its pieces').
  *
  * Stores made before commit records held a 4096-byte metadata block of version 1 in extent
  * FY_TENSOR_META instead, and one copy of the state. They are no longer read: opening one is

@@ -214,7 +214,7 @@ const char *fy_kind_name(int kind)
         [FY_KIND_ADAM_V] = "adam-v",   [FY_KIND_GRAD] = "grad",
         [FY_KIND_ACTIVATION] = "activation", [FY_KIND_RAW] = "raw", [FY_KIND_TOKENS] = "tokens",
         [FY_KIND_SAVED] = "saved", [FY_KIND_ADAM_ABSMAX] = "adam-absmax",
-        [FY_KIND_ADAM_SMALL] = "adam-small",
+        [FY_KIND_ADAM_SMALL] = "adam-small", [FY_KIND_STATE] = "state",
     };
     if (kind < 0 || kind >= FY_KIND_COUNT)
         return "unknown-kind";

@@ -2,14 +2,17 @@
  * and what to do with it. Encoded little-endian into 64 bytes; decoding validates every field.
  *
  * The optimizer's two requests (opt_worker/optstep.h has the details):
- *   opt-adamw  parts GRAD, the state's sections (MASTER, ADAM_M, ADAM_V: common/optstate.h),
- *              [WEIGHTS] (a bf16 copy to rewrite), [TOKENS] (the rows to update, the row length in
- *              its arg); the MASTER part's arg is the learning rate and the GRAD part's arg the
- *              gradient scale of global-norm clipping (IEEE double bits each; 0: the run's lr, no
- *              scaling): each value travels in the part it is about.
+ *   opt-adamw  parts GRAD, the state's sections (MASTER, ADAM_M, ADAM_V: common/optstate.h) of
+ *              a unit in one piece or of one piece of a unit (its index in the MASTER part's
+ *              tensor), or one STATE part (a unit's pieces all), [WEIGHTS] (a bf16 copy to
+ *              rewrite), [TOKENS] (the rows to update, the row length in its arg); the MASTER (or
+ *              STATE) part's arg is the learning rate and the GRAD part's arg the gradient scale of
+ *              global-norm clipping (IEEE double bits each; 0: the run's lr, no scaling): each
+ *              value travels in the part it is about.
  *   opt-sumsq  one GRAD part; the reply's arg is the sum of its squared elements (double bits).
- *   opt-convert  a MASTER part (f32) and a WEIGHTS part (bf16) of as many elements, not
- *              overlapping: the weights rounded to bf16 (fy_f32_to_bf16) for a gpu request.
+ *   opt-convert  a MASTER part (f32) and a WEIGHTS part (bf16, or f32: copied) of as many
+ *              elements, not overlapping, or a STATE part (a unit's pieces) and its WEIGHTS: the
+ *              weights rounded to bf16 (fy_f32_to_bf16) for a gpu request.
  * What `arg` holds depends on the op and the part's kind (struct fy_desc), and a reply, which names
  * no region, carries timings in the region's fields. */
 #ifndef FY_DESC_H
@@ -44,6 +47,8 @@ enum fy_kind {
                            laid out by fy_actplan_region_of (common/actplan.h) */
     FY_KIND_ADAM_ABSMAX = 10, /* int8 moments' block absmax, m's then v's (common/optstate.h) */
     FY_KIND_ADAM_SMALL = 11,  /* int8 state: the f32 moments of small tensors, m's then v's */
+    FY_KIND_STATE = 12,       /* a unit's whole optimizer state, its pieces one after another
+                                 (common/optstate.h): an update or conversion of a unit in pieces */
     FY_KIND_COUNT
 };
 
@@ -55,7 +60,9 @@ enum fy_op {
     FY_OP_IO_ALLOC = 4,  /* io: create extent `tensor` of `bytes` in the store */
     /* io reads and writes take an optional second part, a control descriptor: then a write's
      * reply arg is the digest (common/digest.h) of the bytes written, and a read fails with
-     * -EBADMSG unless the bytes read have the digest in that part's arg */
+     * -EBADMSG unless the bytes read have the digest in that part's arg; or, where that part's
+     * step is FY_IO_DIGEST_REPORT, a read's reply arg is the digest of the bytes read, unchecked
+     * (a piece of a unit's state, whose record holds the digest of all its pieces' together) */
     FY_OP_IO_READ = 5,   /* io: extent `tensor` at byte `arg` -> pool region */
     FY_OP_IO_WRITE = 6,  /* io: pool region -> extent `tensor` at byte `arg` */
     FY_OP_IO_SYNC = 7,   /* io: make all written extents durable */
@@ -79,6 +86,9 @@ enum fy_op {
                                  part (the same element count), the weights a gpu request reads */
     FY_OP_COUNT
 };
+
+/* The step of an io read's control part that asks for the digest read rather than checks it. */
+#define FY_IO_DIGEST_REPORT 1
 
 struct fy_desc {
     uint16_t kind;

@@ -22,6 +22,21 @@ uint64_t fy_digest_zeroing(const void *data, size_t len, size_t hole, size_t hol
     return (uint64_t)XXH3_64bits_digest(&st);
 }
 
+uint64_t fy_digest_u64s(const uint64_t *values, size_t n)
+{
+    unsigned char buf[8 * 64];
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_64bits_reset(&st);
+    for (size_t i = 0; i < n; i++) {
+        for (int b = 0; b < 8; b++)
+            buf[8 * (i % 64) + b] = (unsigned char)(values[i] >> (8 * b));
+        if (i % 64 == 63 || i == n - 1)
+            XXH3_64bits_update(&st, buf, 8 * (i % 64 + 1));
+    }
+    return (uint64_t)XXH3_64bits_digest(&st);
+}
+
 struct fy_digest_state {
     XXH3_state_t *xxh;
 };

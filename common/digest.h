@@ -11,6 +11,9 @@ uint64_t fy_digest(const void *data, size_t len);
  * digest over itself, its own digest field left out. */
 uint64_t fy_digest_zeroing(const void *data, size_t len, size_t hole, size_t hole_len);
 
+/* fy_digest of n values as 8-byte little-endian words one after another. */
+uint64_t fy_digest_u64s(const uint64_t *values, size_t n);
+
 /* The same digest over data given in pieces, in order (equal to fy_digest of them joined). */
 struct fy_digest_state;
 struct fy_digest_state *fy_digest_begin(void); /* NULL when out of memory */

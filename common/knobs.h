@@ -69,6 +69,9 @@ int fy_knob_test_start_pause_ms(void);
 int fy_knob_test_metrics_pending_max(size_t *bytes);
 /* FUYOU_TEST_EMBED_WHOLE=1: the embeddings are updated in one piece after the backward. */
 int fy_knob_test_embed_whole(void);
+/* FUYOU_TEST_STATE_PIECES=1: the plan puts the state slots in pieces (struct fy_plan_place's
+ * state_pieces) wherever a unit streams, whether or not a whole unit's state fits --cpu-mem. */
+int fy_knob_test_state_pieces(void);
 /* FUYOU_TEST_OPT_DELAY_MS=MS: every AdamW request is delayed by MS (0 to 10000) milliseconds.
  * 1 with *ms the delay, 0 when unset or empty (*ms 0), -EINVAL (said) when out of range. */
 int fy_knob_test_opt_delay_ms(long *ms);

@@ -31,6 +31,12 @@ enum fy_optim_state {
     FY_OPTIM_STATE_COUNT
 };
 
+/* init --state-piece: the default (a GPT-3 175B block's fp32 state, 20 GiB, in 21 pieces; every
+ * unit of a 1.3B model but its fp32 embeddings one piece) and the least a piece may be limited to
+ * (a section of each of the 4 KiB-aligned kinds). */
+#define FY_MODEL_STATE_PIECE_DEFAULT (1ull << 30)
+#define FY_MODEL_STATE_PIECE_MIN 16384
+
 struct fy_model_config {
     uint32_t n_layer;
     uint32_t n_head;
@@ -42,6 +48,11 @@ struct fy_model_config {
     /* enum fy_optim_state (0: fp32). Not the architecture's: outside the config hash, and kept in
      * a slot of its own in commit records (common/ckpt.h); model.conf's model.optim_state. */
     int optim_state;
+    /* The most bytes of optimizer state one piece of a unit holds (init --state-piece; the cut:
+     * common/optstate.h), 0: every unit one piece (stores made before pieces). A property of the
+     * store like optim_state: outside the config hash, in a slot of its own in commit records,
+     * model.conf's model.state_piece. */
+    uint64_t state_piece;
 };
 
 /* "fp32", "bf16", "int8" (or "unknown"). */
@@ -56,10 +67,10 @@ enum fy_unit_kind { FY_UNIT_EMBED = 0, FY_UNIT_BLOCK = 1, FY_UNIT_FINAL = 2 };
 int fy_model_config_validate(const struct fy_model_config *c);
 /* Reads model.* keys of a config: n_layer, n_head, n_embd, vocab, ctx; model.arch (a registry
  * name; gpt2 when absent) and the family's own keys (its conf_read); model.optim_state (fp32 when
- * absent). */
+ * absent); model.state_piece (bytes; 0, whole units, when absent). */
 int fy_model_config_from(const struct fy_config *cfg, struct fy_model_config *out);
 /* Writes the model.* keys (model.arch only for a family other than GPT-2, model.optim_state only
- * for a format other than fp32). */
+ * for a format other than fp32, model.state_piece only where units are cut in pieces). */
 int fy_model_config_to(const struct fy_model_config *c, struct fy_config *cfg);
 /* A stable 64-bit hash of the architecture, recorded in stores and exports to refuse mismatches.
  * The common fields, then the family's (its hash). */

@@ -17,7 +17,21 @@
  * stay f32, in adam_small: every such tensor's m in the unit's order, then their v.
  * The store keeps the state as one extent per copy (FY_TENSOR_UNIT_STATE_COPY), the pool in the
  * same order. A unit kept in the pool may have, beside its state, a bf16 copy of its weights that
- * AdamW rewrites with the master (--weights-dtype bf16); that copy is never in the store. */
+ * AdamW rewrites with the master (--weights-dtype bf16); that copy is never in the store.
+ *
+ * Pieces. A store may cut a unit's state into pieces of at most its state_piece bytes (struct
+ * fy_model_config; init --state-piece): contiguous ranges of the unit's parameters, each with a
+ * state of its own in the layout above (a mini-state [master | m | v (| absmax | small)] of its
+ * range, sections 4 KiB aligned), the unit's extent its pieces one after another. A unit whose
+ * whole state fits state_piece (or state_piece 0: every store made before pieces) is one piece,
+ * byte for byte the layout above. Cuts fall between tensors, or inside a tensor at multiples of
+ * lcm(4096, n_embd) values from its first value, so no int8 block of 256 and no row of the
+ * embeddings is split; a tensor under that keeps its moments as its whole size says (int8: a
+ * part of a large tensor stays quantized, by blocks from the tensor's first value), so an update
+ * piece by piece gives the bits of the whole unit's. The cut is a function of the config alone.
+ * A piece exceeds state_piece only where no cut allows less (a small tensor whole, one step of a
+ * large one). The unit's digest in a commit record: its one piece's, or of several the digest of
+ * their digests (fy_optstate_unit_digest). */
 #ifndef FY_OPTSTATE_H
 #define FY_OPTSTATE_H
 
@@ -76,7 +90,8 @@ struct fy_optstate_tensor {
 /* The layout of the state of `params` parameters taken as one tensor (the self-test's and the
  * profile's tensor) in format `format`. */
 void fy_optstate_layout_params(uint64_t params, int format, struct fy_optstate_layout *out);
-/* The layout of unit `unit`'s state, in the config's format. */
+/* The layout of unit `unit`'s state as one piece, in the config's format: the store's where the
+ * unit is one piece (fy_optstate_piece_count). */
 void fy_optstate_layout(const struct fy_model_config *c, unsigned unit,
                         struct fy_optstate_layout *out);
 /* Unit `unit`'s tensors with where their moments lie, in order, into out[0..FY_UNIT_MAX_TENSORS);
@@ -93,11 +108,12 @@ unsigned fy_optstate_parts(const struct fy_optstate_layout *l, uint64_t state, i
  * the state laid out as `l` at `state`, and zeros in every padding; the master is left alone. */
 void fy_optstate_zero_moments(const struct fy_optstate_layout *l, void *state);
 
-/* Unit `unit`'s whole state (its layout's bytes). */
+/* Unit `unit`'s whole state: its pieces' (one piece: its layout's bytes), a state extent. */
 uint64_t fy_optstate_bytes(const struct fy_model_config *c, unsigned unit);
 /* The largest unit's whole state: the room that holds any unit's. */
 uint64_t fy_optstate_max_bytes(const struct fy_model_config *c);
-/* Unit `unit`'s master section, padded: what a read of its weights alone moves. */
+/* Unit `unit`'s master section (in pieces: every piece's), padded: what a read of its weights
+ * alone moves. */
 uint64_t fy_optstate_master_bytes(const struct fy_model_config *c, unsigned unit);
 /* The largest unit's master section, padded. */
 uint64_t fy_optstate_max_master_bytes(const struct fy_model_config *c);
@@ -107,6 +123,29 @@ double fy_optstate_param_bytes(int format);
 /* Bytes a parameter that an update moves through host memory: the gradient read in grad_dtype,
  * every section read and written (fp32 with f32 gradients: 28). */
 double fy_optstate_update_param_bytes(int grad_dtype, int format);
+
+/* A piece of a unit's state. */
+struct fy_optstate_piece {
+    uint64_t begin, params; /* the unit's parameters [begin, begin + params) */
+    uint64_t offset;        /* where its state starts in the unit's extent; a multiple of 4096 */
+    struct fy_optstate_layout layout; /* its sections, their offsets from `offset` */
+};
+
+/* How many pieces unit `unit`'s state is in (1 where it is one). */
+unsigned fy_optstate_piece_count(const struct fy_model_config *c, unsigned unit);
+/* Piece k of unit `unit` (k < fy_optstate_piece_count) into *out and, where tensors is not NULL,
+ * its tensors' parts, in order, into tensors[0..FY_UNIT_MAX_TENSORS): begin relative to the
+ * piece's first parameter, moments placed in the piece's sections, quantized as the whole tensor
+ * is; returns how many. A one-piece unit's piece 0: fy_optstate_layout and fy_optstate_tensors. */
+unsigned fy_optstate_piece(const struct fy_model_config *c, unsigned unit, unsigned k,
+                           struct fy_optstate_piece *out, struct fy_optstate_tensor *tensors);
+/* The largest piece's state of any unit: the room that holds any piece's. */
+uint64_t fy_optstate_max_piece_bytes(const struct fy_model_config *c);
+/* Whether some unit is in several pieces. */
+int fy_optstate_has_pieces(const struct fy_model_config *c);
+/* A unit's digest (commit records) from its n pieces' digests in order: the one piece's, or of
+ * several XXH3 (common/digest.h) of their 8-byte little-endian values one after another. */
+uint64_t fy_optstate_unit_digest(const uint64_t *piece_digests, unsigned n);
 
 /* The bf16 weights copy of a unit kept in the pool: its element type and padded bytes. */
 #define FY_OPTSTATE_COPY_DTYPE FY_DTYPE_BF16

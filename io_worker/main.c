@@ -1,7 +1,8 @@
 /* fuyou-io-worker: owns the SSD store. Reads extents into the shared pool and writes pool regions
  * back through io_uring (separate read and write rings, O_DIRECT, the pool as fixed buffers), and
  * digests what it moves where asked (a second, control part): a write's reply carries the digest
- * of the bytes written, a read checks the bytes read against the digest the part names. */
+ * of the bytes written, a read checks the bytes read against the digest the part names, or with
+ * FY_IO_DIGEST_REPORT reports it. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +130,10 @@ static int io_handle(struct fy_worker *w, void *state, const struct fy_desc *req
     }
     if (digest && d->op == FY_OP_IO_READ) {
         FY_REQUIRE(d->kind != FY_KIND_CONTROL, -EPROTO, "io-read needs a pool region");
+        if (req[1].step == FY_IO_DIGEST_REPORT) /* the digest read goes to the reply */
+            return fy_store_transfer_digest(s->store, s->ring, d->tensor, d->arg,
+                                            fy_worker_region(w, d), d->bytes, FY_IO_READ,
+                                            s->timeout_ms, &reply->arg);
         return read_checked(w, s, d, req[1].arg, reply);
     }
     if (digest) {

@@ -144,13 +144,17 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
         fwd->h2d += fy_plan_upload_bytes(c, in->weight_dtype, u); /* every unit's, in the forward */
         if (in->resident == NULL || !in->resident[u]) {
             int block = fy_model_unit_kind(c, u) == FY_UNIT_BLOCK;
-            fwd->ssd_read += fy_optstate_master_bytes(c, u);
+            uint64_t master = fy_optstate_master_bytes(c, u);
+            fwd->ssd_read += master;
             upd->ssd_read += fy_optstate_bytes(c, u);
             /* the norm pass reads a block's master; one pass then updates the block in the next
-             * forward, which reads its state in place of its master (with --prefetch up to 2) */
-            (two_pass ? norm : bwd)->ssd_read += in->clip && block
-                                                     ? fy_optstate_master_bytes(c, u) : 0;
-            fwd->ssd_read -= hold && block ? fy_optstate_master_bytes(c, u) : 0;
+             * forward, which reads its state in place of its master (with --prefetch up to 2;
+             * not with the state in pieces, which updates after the backward) */
+            (two_pass ? norm : bwd)->ssd_read += in->clip && block ? master : 0;
+            fwd->ssd_read -= hold && block && !in->state_pieces ? master : 0;
+            /* with the state in pieces, the backward that updates reads a block's master for its
+             * weights, the state after */
+            bwd->ssd_read += in->state_pieces && block && !hold ? master : 0;
             upd->ssd_write += fy_optstate_bytes(c, u);
         }
     }
@@ -183,10 +187,11 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
     /* bf16 weights: the opt worker converts each unit without a copy for the forward, and each
      * such block for every backward pass, at host memory's rate (mem_Bps) */
     double fwd_convert = 0, bwd_convert = 0;
+    const struct fy_plan_shape shape = {.c = c, .weight_dtype = in->weight_dtype};
     for (unsigned u = 0; u < units; u++) {
-        int converts = in->weight_dtype == FY_DTYPE_BF16 &&
-                       (in->resident == NULL || in->resident[u] != FY_PLAN_KEPT_BF16);
-        double bytes = converts ? (double)fy_model_unit_params(c, u) * FY_PLAN_CONVERT_PARAM_BYTES
+        int converts = fy_plan_converts(&shape, in->resident, u);
+        double bytes = converts ? (double)fy_model_unit_params(c, u) *
+                                      (double)fy_plan_convert_param_bytes(&shape)
                                 : 0;
         fwd_convert += bytes;
         bwd_convert += fy_model_unit_kind(c, u) == FY_UNIT_BLOCK ? bytes : 0;

@@ -51,6 +51,9 @@ struct fy_actrun_in {
     int clip_hold;                      /* clipping in one pass: where the gradients are held
                                            (struct fy_plan_place.grad_hold: FY_HOLD_POOL, _GPU) */
     const unsigned char *resident;      /* units whose optimizer state stays in the pool */
+    int state_pieces;                   /* the state slots hold pieces (struct fy_plan_place's):
+                                           a streamed block's backward reads its master again,
+                                           and one pass defers no update to the forward */
     int weight_dtype;                   /* the weights sent to the gpu (struct fy_plan_shape's):
                                            with bf16, the units without a copy are converted on
                                            the opt worker for each pass */

@@ -90,12 +90,20 @@ static int export_hf(struct fy_options *o)
     if (rc == 0)
         rc = fy_pool_region(s.pool, "meta", &meta_off, &bytes);
     struct fy_commit_export passed = {0};
+    size_t most = 0; /* the largest unit's weights, gathered from its pieces */
+    for (unsigned u = 0; u < fy_model_unit_count(&model); u++)
+        most = fy_model_unit_params(&model, u) > most ? fy_model_unit_params(&model, u) : most;
+    float *master = rc == 0 ? malloc(most * sizeof *master) : NULL;
+    if (rc == 0 && master == NULL) {
+        fy_error("export: no memory for a unit's %zu weights", most);
+        rc = -ENOMEM;
+    }
     /* a run training meanwhile can commit over it; damaged state: the commit before */
     for (int moved = 0; rc == 0; moved++) {
         for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(&model); u++) {
-            rc = fy_commit_read_unit(&x, meta, u, off, o->timeout_s * 1000);
+            rc = fy_commit_read_master(&x, s.pool, meta, u, off, master, o->timeout_s * 1000);
             if (rc == 0)
-                rc = fy_hf_writer_put_unit(w, u, fy_commit_unit_master(s.pool, meta, u, off));
+                rc = fy_hf_writer_put_unit(w, u, master);
         }
         if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
             break;
@@ -119,6 +127,7 @@ static int export_hf(struct fy_options *o)
         export_outcome.written = 1;
         export_outcome.step = meta->step;
     }
+    free(master);
     free(meta);
     free(mc);
     free(cfg);

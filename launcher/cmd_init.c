@@ -178,6 +178,7 @@ static int init_hf(struct fy_options *o)
     FY_TRY(fy_hf_open(&src, o->from_hf));
     struct hf_import imp = {src, *fy_hf_model(src)};
     imp.model.optim_state = fy_runconf_optim_state(o);
+    imp.model.state_piece = o->state_piece;
     const struct fy_model_config *model = &imp.model;
     const char *given_ssd = o->ssd;
     struct fy_staging *st = NULL;

@@ -29,6 +29,7 @@ int fy_cmd_plan(struct fy_options *o)
     } else if (o->from_hf != NULL) {
         snprintf(mc_path, sizeof mc_path, "%s/config.json", o->from_hf);
         rc = fy_hf_read_config(mc_path, &in.model);
+        in.model.state_piece = o->state_piece; /* what init --from-hf would make */
     } else {
         rc = fy_runconf_model(o, &in.model);
     }

@@ -431,6 +431,7 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
     FY_TRY(fy_plan_check_gpu(&t->plan_in, &t->plan));
     int rc = 0;
     t->act.in.clip_hold = t->plan.place.grad_hold; /* forced modes were placed before it */
+    t->act.in.state_pieces = t->plan.place.state_pieces;
     if (t->plan_in.act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
         rc = fy_actrun_predict(&t->act.in, &t->act.run);
     const struct fy_actrun *act = &t->act.run;
@@ -465,6 +466,9 @@ static void train_log_traffic(const struct fy_options *o, const struct train_run
             kept, units, kept_size, kept == units ? "nothing" : "the rest", rd, wr,
             o->cpu_mem ? "" : " (give --cpu-mem to keep state in memory)", up, down);
     char clipping[768];
+    fy_plan_state_describe(&t->plan_in, p, clipping, sizeof clipping);
+    if (clipping[0])
+        fy_info("plan: %s", clipping);
     fy_plan_clip_describe(&t->plan_in, p, clipping, sizeof clipping);
     if (clipping[0])
         fy_info("plan: %s", clipping);
@@ -510,7 +514,7 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
                 at, rates->gpu_flops * 1e-12, rates->h2d * 1e-9, rates->d2h * 1e-9,
                 rates->ssd_read * 1e-9, rates->ssd_write * 1e-9, rates->opt_params * 1e-9,
                 p->gpu_s, p->h2d_s, p->d2h_s, p->ssd_s, p->opt_s,
-                p->convert_s > 0 ? " (with its conversions of weights to bf16)" : "", p->step_s,
+                p->convert_s > 0 ? " (with its conversions of weights for the GPU)" : "", p->step_s,
                 p->bound, step_flops / p->step_s * 1e-12);
     return predicted_s > 0 ? predicted_s : strcmp(o->backend, "cpu") != 0 ? p->step_s : 0;
 }
@@ -535,6 +539,7 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
         .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
         .overlap = o->overlap, .resident = p->resident, .clip_grad_norm = o->clip_grad_norm,
         .grad_hold_gpu = p->place.grad_hold == FY_HOLD_GPU, .ckpt_ssd = p->place.ckpt_slots != 0, .act_ahead = (unsigned)o->act_ahead,
+        .state_pieces = p->place.state_pieces,
         .act_dtype = t->plan_in.shape.act_dtype, .act_place = act->place,
         .weight_dtype = t->plan_in.shape.weight_dtype,
         .saved_sizes = act->sizes, .stop = &train_stop, .plan_step_s = act->predicted_s,

@@ -22,27 +22,73 @@ int fy_io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_o
     return ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, NULL, timeout_ms);
 }
 
-/* An io read or write of `bytes` at pool_offset with its digest part (the digest to check a read
- * against, or the reply's digest of a write), submitted; the ticket or -errno. */
-static int64_t io_submit_digest(const struct fy_exec *x, int op, uint32_t tensor,
-                                uint64_t pool_offset, uint64_t bytes, uint64_t digest)
+/* An io read or write of `bytes` at pool_offset, at byte `at` of the extent, with its digest part
+ * (the digest to check a read against, or with `report` none: the reply's digest of what was read
+ * or written), submitted; the ticket or -errno. */
+static int64_t io_submit_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t at,
+                                uint64_t pool_offset, uint64_t bytes, uint64_t digest, int report)
 {
     struct fy_desc d[2];
     d[0] = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, -1);
     d[0].tensor = tensor;
+    d[0].arg = at;
     d[1] = fy_desc_region(op, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, -1);
     d[1].arg = digest;
+    d[1].step = report && op == FY_OP_IO_READ ? FY_IO_DIGEST_REPORT : 0;
     return x->submit(x->ctx, "io", d, 2);
+}
+
+/* The same, waited for: a read's or write's digest into *digest where it reports one. */
+static int io_call_piece(const struct fy_exec *x, int op, uint32_t tensor, uint64_t at,
+                         uint64_t pool_offset, uint64_t bytes, uint64_t *digest, int report,
+                         int timeout_ms)
+{
+    struct fy_desc reply;
+    int64_t ticket = io_submit_digest(x, op, tensor, at, pool_offset, bytes, *digest, report);
+    int rc = ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, &reply, timeout_ms);
+    if (rc == 0 && (op == FY_OP_IO_WRITE || report))
+        *digest = reply.arg;
+    return rc;
 }
 
 int fy_io_call_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
                       uint64_t bytes, uint64_t *digest, int timeout_ms)
 {
-    struct fy_desc reply;
-    int64_t ticket = io_submit_digest(x, op, tensor, pool_offset, bytes, *digest);
-    int rc = ticket < 0 ? (int)ticket : x->wait(x->ctx, ticket, &reply, timeout_ms);
-    if (rc == 0 && op == FY_OP_IO_WRITE)
-        *digest = reply.arg;
+    return io_call_piece(x, op, tensor, 0, pool_offset, bytes, digest, 0, timeout_ms);
+}
+
+int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_config *c,
+                      unsigned u, uint32_t tensor, uint64_t pool_offset, uint64_t unit_digest,
+                      uint64_t *pieces, int timeout_ms)
+{
+    unsigned n = fy_optstate_piece_count(c, u);
+    if (n == 1) { /* the whole extent, checked against the record's digest by the io worker */
+        uint64_t d = unit_digest;
+        FY_TRY(io_call_piece(x, op, tensor, 0, pool_offset, fy_optstate_bytes(c, u), &d, 0,
+                             timeout_ms));
+        if (pieces != NULL)
+            pieces[0] = op == FY_OP_IO_WRITE ? d : unit_digest;
+        return 0;
+    }
+    uint64_t *got = calloc(n, sizeof *got);
+    FY_REQUIRE(got != NULL, -ENOMEM, "no memory for %u digests", n);
+    int rc = 0;
+    for (unsigned k = 0; rc == 0 && k < n; k++) {
+        struct fy_optstate_piece p;
+        fy_optstate_piece(c, u, k, &p, NULL);
+        rc = io_call_piece(x, op, tensor, p.offset, pool_offset + p.offset, p.layout.bytes,
+                           &got[k], 1, timeout_ms);
+    }
+    if (rc == 0 && op == FY_OP_IO_READ && fy_optstate_unit_digest(got, n) != unit_digest) {
+        fy_error("unit %u's state, read back from the store piece by piece, does not match the "
+                 "digest it was written with (%016llx, read %016llx): torn or corrupted on the SSD",
+                 u, (unsigned long long)unit_digest,
+                 (unsigned long long)fy_optstate_unit_digest(got, n));
+        rc = -EBADMSG;
+    }
+    if (rc == 0 && pieces != NULL)
+        memcpy(pieces, got, n * sizeof *got);
+    free(got);
     return rc;
 }
 
@@ -187,16 +233,16 @@ static int commit_extents(const struct fy_exec *x, const struct fy_model_config 
     return 0;
 }
 
-/* A unit's state write in flight from one of fy_commit_create's buffers (ticket 0: none). */
+/* A piece's state write in flight from one of fy_commit_create's buffers (ticket 0: none), its
+ * digest for *into. */
 struct unit_write {
     int64_t ticket;
-    unsigned unit;
     uint64_t buf;
+    uint64_t *into;
 };
 
-/* Waits for a unit's state write, its digest into the record (nothing when none is in flight). */
-static int unit_write_wait(const struct fy_exec *x, struct unit_write *w, struct fy_storemeta *m,
-                           int timeout_ms)
+/* Waits for a piece's state write, its digest into its place (nothing when none is in flight). */
+static int unit_write_wait(const struct fy_exec *x, struct unit_write *w, int timeout_ms)
 {
     if (w->ticket == 0)
         return 0;
@@ -204,9 +250,15 @@ static int unit_write_wait(const struct fy_exec *x, struct unit_write *w, struct
     int rc = x->wait(x->ctx, w->ticket, &reply, timeout_ms);
     w->ticket = 0;
     if (rc == 0)
-        m->digest[w->unit] = reply.arg;
+        *w->into = reply.arg;
     return rc;
 }
+
+/* The master weights of the unit being made and its pieces' digests, for a unit in pieces. */
+struct unit_make {
+    float *master;
+    uint64_t *digest;
+};
 
 int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
                      const uint64_t buf_off[2], const struct fy_model_config *c, uint64_t seed,
@@ -218,52 +270,128 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
     *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0,
                                .copies = copies};
     struct unit_write w[2] = {{0}, {0}};
+    struct unit_make mk = {0};
     int rc = commit_extents(x, c, copies, timeout_ms);
     /* every extent first: the io worker would answer an allocation only after the write ahead */
     for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++)
         rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0,
                         fy_optstate_bytes(c, u), timeout_ms);
+    unsigned next = 0; /* the buffer the next piece takes */
     for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++) {
-        struct fy_optstate_layout lay;
-        fy_optstate_layout(c, u, &lay);
-        uint64_t bytes = lay.bytes, buf = buf_off[u & 1];
-        for (int i = 0; i < 2 && rc == 0; i++) /* the write still reading this buffer */
-            if (w[i].ticket != 0 && w[i].buf == buf)
-                rc = unit_write_wait(x, &w[i], m, timeout_ms);
-        uint8_t *state = fy_pool_at(pool, buf, bytes);
-        if (rc == 0) {
-            fy_optstate_zero_moments(&lay, state); /* Adam's moments start at zero */
-            rc = fill(ctx, u, (float *)(state + lay.section[FY_OPTSTATE_MASTER].offset));
+        unsigned n = fy_optstate_piece_count(c, u);
+        if (n > 1) { /* the unit's master whole in memory, each piece's state made from it */
+            mk.master = malloc(fy_model_unit_params(c, u) * sizeof *mk.master);
+            mk.digest = calloc(n, sizeof *mk.digest);
+            rc = mk.master && mk.digest ? fill(ctx, u, mk.master) : -ENOMEM;
+            if (rc == -ENOMEM)
+                fy_error("init: no memory for unit %u's %zu weights", u,
+                         fy_model_unit_params(c, u));
         }
-        if (rc == 0) { /* written (and its digest taken) while the next unit is filled */
-            int64_t ticket = io_submit_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), buf,
-                                              bytes, 0);
-            if (ticket < 0)
-                rc = (int)ticket;
-            else
-                w[u & 1] = (struct unit_write){ticket, u, buf};
+        for (unsigned k = 0; rc == 0 && k < n; k++) {
+            struct fy_optstate_piece p;
+            fy_optstate_piece(c, u, k, &p, NULL);
+            uint64_t buf = buf_off[next];
+            for (int i = 0; i < 2 && rc == 0; i++) /* the write still reading this buffer */
+                if (w[i].ticket != 0 && w[i].buf == buf)
+                    rc = unit_write_wait(x, &w[i], timeout_ms);
+            uint8_t *state = fy_pool_at(pool, buf, p.layout.bytes);
+            float *master = (float *)(state + p.layout.section[FY_OPTSTATE_MASTER].offset);
+            if (rc == 0) {
+                fy_optstate_zero_moments(&p.layout, state); /* Adam's moments start at zero */
+                if (n == 1)
+                    rc = fill(ctx, u, master);
+                else
+                    memcpy(master, mk.master + p.begin, p.params * sizeof *master);
+            }
+            if (rc == 0) { /* written (and its digest taken) while the next is filled */
+                int64_t ticket = io_submit_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u),
+                                                  p.offset, buf, p.layout.bytes, 0, 0);
+                if (ticket < 0)
+                    rc = (int)ticket;
+                else
+                    w[next] = (struct unit_write){ticket, buf,
+                                                  n == 1 ? &m->digest[u] : &mk.digest[k]};
+                next ^= 1;
+            }
+        }
+        if (n > 1) { /* its pieces' digests all in: the unit's */
+            for (int i = 0; i < 2; i++) {
+                int done = unit_write_wait(x, &w[i], timeout_ms);
+                rc = rc ? rc : done;
+            }
+            if (rc == 0)
+                m->digest[u] = fy_optstate_unit_digest(mk.digest, n);
+            free(mk.master);
+            free(mk.digest);
+            mk = (struct unit_make){0};
         }
     }
     for (int i = 0; i < 2; i++) { /* nothing stays in flight, whatever failed */
-        int done = unit_write_wait(x, &w[i], m, timeout_ms);
+        int done = unit_write_wait(x, &w[i], timeout_ms);
         rc = rc ? rc : done;
     }
+    free(mk.master);
+    free(mk.digest);
     if (rc == 0)
         rc = fy_commit_write(x, pool, record_off, m, timeout_ms);
     free(m);
     return rc;
 }
 
-int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint64_t buf_off,
-                     const unsigned char *skip, unsigned *bad, int timeout_ms)
+/* Unit u's state of the commit in m read piece by piece through the pool at buf_off (room for
+ * its largest piece) and checked against the record's digest: each piece's digest into pieces
+ * (may be NULL), each piece's master into master (may be NULL). A unit in one piece is read whole
+ * and checked by the io worker. -EBADMSG where it does not match (said). */
+static int read_through(const struct fy_exec *x, struct fy_pool *pool,
+                        const struct fy_storemeta *m, unsigned u, uint64_t buf_off,
+                        uint64_t *pieces, float *master, int timeout_ms)
 {
+    const struct fy_model_config *c = &m->model;
+    uint32_t tensor = FY_TENSOR_UNIT_STATE_COPY(u, m->copy);
+    unsigned n = fy_optstate_piece_count(c, u);
+    uint64_t *got = n > 1 ? calloc(n, sizeof *got) : NULL;
+    FY_REQUIRE(n == 1 || got != NULL, -ENOMEM, "no memory for %u digests", n);
+    int rc = 0;
+    for (unsigned k = 0; rc == 0 && k < n; k++) {
+        struct fy_optstate_piece p;
+        fy_optstate_piece(c, u, k, &p, NULL);
+        uint64_t digest = m->digest[u];
+        rc = io_call_piece(x, FY_OP_IO_READ, tensor, p.offset, buf_off, p.layout.bytes,
+                           n == 1 ? &digest : &got[k], n > 1, timeout_ms);
+        const struct fy_optstate_section *ms = &p.layout.section[FY_OPTSTATE_MASTER];
+        if (rc == 0 && master != NULL)
+            memcpy(master + p.begin, fy_pool_at(pool, buf_off + ms->offset, ms->bytes),
+                   ms->bytes);
+    }
+    if (rc == 0 && n > 1 && fy_optstate_unit_digest(got, n) != m->digest[u]) {
+        fy_error("step %llu's state of unit %u (copy %u), read piece by piece, does not match its "
+                 "commit record (%016llx, read %016llx): torn or corrupted on the SSD",
+                 (unsigned long long)m->step, u, m->copy, (unsigned long long)m->digest[u],
+                 (unsigned long long)fy_optstate_unit_digest(got, n));
+        rc = -EBADMSG;
+    }
+    if (rc == 0 && pieces != NULL) {
+        if (n == 1)
+            pieces[0] = m->digest[u];
+        else
+            memcpy(pieces, got, n * sizeof *got);
+    }
+    free(got);
+    return rc;
+}
+
+int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *m,
+                     uint64_t buf_off, const unsigned char *skip, uint64_t *pieces, unsigned *bad,
+                     int timeout_ms)
+{
+    unsigned at = 0;
     for (unsigned u = 0; u < fy_model_unit_count(&m->model); u++) {
+        unsigned n = fy_optstate_piece_count(&m->model, u);
+        at += n;
         if (skip != NULL && skip[u])
             continue;
-        uint64_t digest = m->digest[u];
-        int rc = fy_io_call_digest(x, FY_OP_IO_READ, FY_TENSOR_UNIT_STATE_COPY(u, m->copy),
-                                   buf_off, fy_optstate_bytes(&m->model, u), &digest,
-                                   timeout_ms);
+        int rc = read_through(x, pool, m, u, buf_off, pieces ? pieces + at - n : NULL, NULL,
+                              timeout_ms);
         if (fy_commit_is_damage(rc)) {
             *bad = u;
             fy_warn("step %llu's state of unit %u (copy %u) does not match its commit record",
@@ -276,22 +404,11 @@ int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint
 
 int fy_commit_is_damage(int rc) { return rc == -EBADMSG || rc == -EIO || rc == -ENODATA; }
 
-int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, unsigned u,
-                        uint64_t buf_off, int timeout_ms)
+int fy_commit_read_master(const struct fy_exec *x, struct fy_pool *pool,
+                          const struct fy_storemeta *m, unsigned u, uint64_t buf_off,
+                          float *master, int timeout_ms)
 {
-    uint32_t tensor = FY_TENSOR_UNIT_STATE_COPY(u, m->copy);
-    uint64_t digest = m->digest[u];
-    return fy_io_call_digest(x, FY_OP_IO_READ, tensor, buf_off,
-                             fy_optstate_bytes(&m->model, u), &digest, timeout_ms);
-}
-
-const float *fy_commit_unit_master(const struct fy_pool *pool, const struct fy_storemeta *m,
-                                   unsigned u, uint64_t buf_off)
-{
-    struct fy_optstate_layout lay;
-    fy_optstate_layout(&m->model, u, &lay);
-    const struct fy_optstate_section *master = &lay.section[FY_OPTSTATE_MASTER];
-    return fy_pool_at(pool, buf_off + master->offset, master->bytes);
+    return read_through(x, pool, m, u, buf_off, NULL, master, timeout_ms);
 }
 
 int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,

@@ -42,11 +42,11 @@ int fy_commit_write(const struct fy_exec *x, struct fy_pool *pool, uint64_t reco
                     const struct fy_storemeta *next, int timeout_ms);
 
 /* A new store's step 0: both records' extents and, with two copies, every unit's second copy;
- * then each unit's state
- * extent in copy 0 written whole through the pool: the master section as fill(ctx, unit, master)
- * writes it, the moments zero; then the first commit (sequence 1, copy 0, every unit's digest)
- * through the pool at record_off. Units take the buffers at buf_off[0] and buf_off[1] in turn
- * (each with room for the largest unit's state), so one is filled while the other's write runs;
+ * then each unit's state extent in copy 0 written piece by piece through the pool: the master as
+ * fill(ctx, unit, master) writes it (a unit in pieces: into memory, each piece's range copied into
+ * its state), the moments zero; then the first commit (sequence 1, copy 0, every unit's digest)
+ * through the pool at record_off. Pieces take the buffers at buf_off[0] and buf_off[1] in turn
+ * (each with room for the largest piece's state), so one is filled while the other's write runs;
  * the two offsets may be equal (one buffer: each write is waited for before the next fill). */
 int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
                      const uint64_t buf_off[2], const struct fy_model_config *c, uint64_t seed,
@@ -54,21 +54,31 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
                      void *ctx, int timeout_ms);
 
 /* Reads the state of every unit not marked in `skip` (may be NULL) from the committed copy,
- * through the pool region at buf_off (at least the largest unit's state), and checks it against
- * the record's digests. 0, or -EBADMSG with *bad the first unit that does not match (said). */
-int fy_commit_verify(const struct fy_exec *x, const struct fy_storemeta *m, uint64_t buf_off,
-                     const unsigned char *skip, unsigned *bad, int timeout_ms);
+ * piece by piece through the pool region at buf_off (at least the largest piece's state,
+ * fy_optstate_max_piece_bytes), and checks it against the record's digests; each piece's digest
+ * into pieces (may be NULL; every unit's pieces in unit order, those of skipped units left as
+ * they are). 0, or -EBADMSG with *bad the first unit that does not match (said). */
+int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *m,
+                     uint64_t buf_off, const unsigned char *skip, uint64_t *pieces, unsigned *bad,
+                     int timeout_ms);
 
-/* Unit u's master weights of the committed step in m into the pool at buf_off (room for the
- * unit's whole state: all of it is read, to check it against the record's digest). -EBADMSG where
- * it does not match: a training run may have committed a later step over that copy meanwhile,
- * or the state is damaged (fy_commit_export_next tells and finds what to export instead). */
-int fy_commit_read_unit(const struct fy_exec *x, const struct fy_storemeta *m, unsigned u,
-                        uint64_t buf_off, int timeout_ms);
-/* Unit u's master weights (f32, fy_model_unit_params of them) in the pool, where
- * fy_commit_read_unit read its state to buf_off. */
-const float *fy_commit_unit_master(const struct fy_pool *pool, const struct fy_storemeta *m,
-                                   unsigned u, uint64_t buf_off);
+/* Unit u's state between the pool at pool_offset (room for its whole extent) and extent `tensor`:
+ * a unit in one piece in one transfer (a read checked against unit_digest by the io worker), one in
+ * pieces piece by piece (a read checked here against unit_digest, from its pieces' digests);
+ * each piece's digest, read or written, into pieces (may be NULL). -EBADMSG where a read does not
+ * match (said). */
+int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_config *c,
+                      unsigned u, uint32_t tensor, uint64_t pool_offset, uint64_t unit_digest,
+                      uint64_t *pieces, int timeout_ms);
+
+/* Unit u's master weights of the committed step in m (fy_model_unit_params floats) into master,
+ * its state read piece by piece through the pool at buf_off (room for the largest piece's state:
+ * all of it is read, to check it against the record's digest). -EBADMSG where it does not match:
+ * a training run may have committed a later step over that copy meanwhile, or the state is
+ * damaged (fy_commit_export_next tells and finds what to export instead). */
+int fy_commit_read_master(const struct fy_exec *x, struct fy_pool *pool,
+                          const struct fy_storemeta *m, unsigned u, uint64_t buf_off,
+                          float *master, int timeout_ms);
 /* What an export has passed over so far (fy_commit_export_next); zeroed before it starts. */
 struct fy_commit_export {
     int fell_back;          /* it went back from a damaged commit, */

@@ -31,6 +31,7 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
                              .ranks = in->shape.ranks, .mode = in->act_mode, .backend = in->backend,
                              .act_dtype = in->shape.act_dtype, .clip = in->shape.clip,
                              .clip_hold = p->place.grad_hold,
+                             .state_pieces = p->place.state_pieces,
                              .act_ahead = in->act_ahead};
     struct fy_actrun r;
     FY_TRY(fy_actrun_plan(&a, &r));
@@ -39,17 +40,25 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
     return 0;
 }
 
-/* The plan for model c at batch B under cpu_mem (the searches vary them); p freed first. */
-static int plan_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
-                   uint64_t cpu_mem, struct fy_plan *p)
+/* The plan for model c at batch B under cpu_mem (the searches vary them), with `least` the least
+ * pool that holds no unit's state (fy_plan_in.floor_only); p freed first. */
+static int plan_at_least(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+                         uint64_t cpu_mem, int least, struct fy_plan *p)
 {
     struct fy_plan_in at = in->plan;
     at.shape.c = c;
     at.shape.B = B;
     at.cpu_mem = cpu_mem;
+    at.floor_only = least;
     const struct fy_plan_acts acts = {.place = forced_swap};
     fy_plan_free(p);
     return fy_plan_make(&at, &acts, p);
+}
+
+static int plan_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+                   uint64_t cpu_mem, struct fy_plan *p)
+{
+    return plan_at_least(in, c, B, cpu_mem, 0, p);
 }
 
 /* A size for people, in one of 8 buffers used in turn (a line prints several). */
@@ -97,9 +106,9 @@ static uint64_t ssd_free(const char *list, unsigned *paths)
 static int fits_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
                    uint64_t free_bytes)
 {
-    struct fy_plan p = {0};
-    int fits = plan_at(in, c, B, 0, &p) == 0 && p.fits_gpu &&
-               (in->plan.cpu_mem == 0 || p.pool_bytes <= in->plan.cpu_mem) &&
+    struct fy_plan p = {0}; /* planned under --cpu-mem: the least pool (state in pieces, fewer
+                               gradient slots) where it has no room for more */
+    int fits = plan_at_least(in, c, B, in->plan.cpu_mem, 1, &p) == 0 && p.fits_gpu && p.fits_cpu &&
                (free_bytes == 0 || p.store_bytes <= free_bytes);
     fy_plan_free(&p);
     return fits;
@@ -204,6 +213,10 @@ static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct 
     else
         fprintf(out, "plan: shared pool %s (no --cpu-mem: no state kept in memory; give it to "
                 "keep some)\n", size(p->pool_bytes));
+    char pieces[768];
+    fy_plan_state_describe(&in->plan, p, pieces, sizeof pieces);
+    if (pieces[0])
+        fprintf(out, "plan: %s\n", pieces);
     char regions[1024] = "";
     for (unsigned i = 0; i < p->n_regions; i++)
         snprintf(regions + strlen(regions), sizeof regions - strlen(regions), "%s%s %s",
@@ -340,7 +353,7 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
         snprintf(more, sizeof more, ", host memory %.6f", pr->host_mem_s);
     char converts[96] = "";
     if (pr->convert_s > 0)
-        snprintf(converts, sizeof converts, " (%.6f of it converting weights to bf16)",
+        snprintf(converts, sizeof converts, " (%.6f of it converting weights for the GPU)",
                  pr->convert_s);
     fprintf(out, "plan: predicted seconds per step: GPU compute %.6f, PCIe to the GPU %.6f, from "
             "it %.6f, SSD %.6f, optimizer %.6f%s%s; bound: %s\n", pr->gpu_s, pr->h2d_s, pr->d2h_s,

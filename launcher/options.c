@@ -259,6 +259,18 @@ static int parse_state_copies(struct fy_options *o, const char *v)
     return 0;
 }
 
+static int parse_state_piece(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_size_opt("--state-piece", v, &o->state_piece));
+    if (o->state_piece != 0 &&
+        (o->state_piece < FY_MODEL_STATE_PIECE_MIN || o->state_piece % 1024 != 0)) {
+        fprintf(stderr, "fuyou-launch: --state-piece %s: give 0 (whole units) or a multiple of 1K "
+                        "from %dK\n", v, FY_MODEL_STATE_PIECE_MIN / 1024);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int parse_clip(struct fy_options *o, const char *v)
 {
     FY_TRY(parse_double_opt("--clip-grad-norm", v, &o->clip_grad_norm));
@@ -440,6 +452,10 @@ static const struct opt_spec specs[] = {
      "copies of the optimizer state in the store: two keep the last commit whole whatever "
      "happens; one halves the space, and a run stopped between commits (a crash) leaves the "
      "store unusable (2)"},
+    {"state-piece", "SIZE", C(INIT) | C(PLAN), K_PARSE, 0, 0, parse_state_piece,
+     "the most optimizer state one piece of a unit holds: a unit's state larger than this is cut "
+     "into pieces, so that --cpu-mem below one unit's state still trains, its pieces streamed "
+     "one at a time; 0 keeps every unit whole. init sets it; plan predicts with it (init's) (1G)"},
     {"optim-state", "fp32|bf16|int8", C(INIT) | C(PLAN) | TRAINS, K_PARSE, 0, 0,
      parse_optim_state,
      "how the store keeps Adam's moments: fp32; bf16 (8 bytes of state a parameter instead of "
@@ -559,10 +575,10 @@ static const struct opt_spec specs[] = {
     {"prefetch", "N", PLANS, K_PARSE, 0, 0, parse_prefetch,
      "units of weights read ahead of the gpu, 1 to 8, each a unit's fp32 weights of pool "
      "memory (1)"},
-    {"grad-slots", "N", TRAINS, K_PARSE, 0, 0, parse_grad_slots,
-     "block gradients held at once, 3 to 16, cut to what --cpu-mem holds: the optimizer may lag "
-     "the backward by N - 1 blocks; more than 3 only when all optimizer state fits --cpu-mem "
-     "(16)"},
+    {"grad-slots", "N", PLANS, K_PARSE, 0, 0, parse_grad_slots,
+     "block gradients held at once, 1 to 16, cut to what --cpu-mem holds: the optimizer may lag "
+     "the backward by N - 1 blocks; more than 3 only when all optimizer state fits --cpu-mem, "
+     "fewer only where it has no room for 3 (16)"},
     {"weights-dtype", "auto|f32|bf16", PLANS, K_PARSE, 0, 0, parse_weights_dtype,
      "the weights the GPU is sent: bf16 keeps a bf16 copy beside each kept unit's state (2 bytes "
      "a parameter), half the PCIe bytes; auto: bf16 on CUDA (the same results), f32 on the CPU "
@@ -764,7 +780,8 @@ static void set_defaults(struct fy_options *o)
         .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1, .prefetch = 1, .gpus = 1,
         .act_ahead = FY_PLAN_ACT_AHEAD_DEFAULT, .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
         .max_shard_size = 50000000000ull, .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
-        .act_plan = "auto", .max_restarts = 5, .state_copies = 2, .optim_state = -1};
+        .act_plan = "auto", .max_restarts = 5, .state_copies = 2, .optim_state = -1,
+        .state_piece = FY_MODEL_STATE_PIECE_DEFAULT};
     fy_options_train_defaults(o, 0); /* train and plan take the run's set (fy_runconf) */
 }
 

@@ -37,6 +37,7 @@ struct fy_options {
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies, act_ahead;
     uint64_t gpus;                 /* --gpus: gpu workers, each with B / gpus of every step */
+    uint64_t state_piece; /* init --state-piece: bytes of optimizer state a piece (0: whole units) */
     int ckpt_place; /* FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO */
     const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, plan) */
     int optim_state;      /* --optim-state: enum fy_optim_state, or -1 (not given) */

@@ -143,17 +143,16 @@ static uint64_t embed_rows_bytes(const struct fy_model_config *c)
     return align4k(2 * fy_plan_embed_rows(c) * 4);
 }
 
-/* The largest unit's f32 gradient, 4 KiB padded: grads slot 0. */
-static uint64_t max_grad_bytes(const struct fy_model_config *c)
+/* The embeddings' f32 gradient, 4 KiB padded: grads slot 0, which holds it from the head to the
+ * embedding backward. */
+static uint64_t embed_grad_bytes(const struct fy_model_config *c)
 {
-    uint64_t m = 0;
-    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
-        if (align4k(fy_model_unit_params(c, u) * 4) > m)
-            m = align4k(fy_model_unit_params(c, u) * 4);
-    return m;
+    return align4k(fy_model_unit_params(c, 0) * 4);
 }
 
-/* The final unit's gradient, kept between the passes of a clipped step, after the block slots. */
+/* The final unit's gradient: from grads slot 1 on, where the head writes it and its update reads
+ * it before any block's gradient comes (it can be larger than a block's: a Llama's untied head);
+ * with clipping after the block slots, kept between the passes of a clipped step. */
 static uint64_t dfinal_bytes(const struct fy_model_config *c)
 {
     return align4k(fy_model_unit_params(c, c->n_layer + 1) * 4);
@@ -222,8 +221,14 @@ uint64_t fy_plan_upload_bytes(const struct fy_model_config *c, int weight_dtype,
 
 int fy_plan_converts(const struct fy_plan_shape *s, const unsigned char *resident, unsigned u)
 {
-    return s->weight_dtype == FY_DTYPE_BF16 &&
-           (resident == NULL || resident[u] != FY_PLAN_KEPT_BF16);
+    if (s->weight_dtype != FY_DTYPE_BF16)
+        return s->weight_dtype == FY_DTYPE_F32 && fy_optstate_piece_count(s->c, u) > 1;
+    return resident == NULL || resident[u] != FY_PLAN_KEPT_BF16;
+}
+
+uint64_t fy_plan_convert_param_bytes(const struct fy_plan_shape *s)
+{
+    return s->weight_dtype == FY_DTYPE_BF16 ? FY_PLAN_CONVERT_PARAM_BYTES : 8;
 }
 
 /* Backward passes through the blocks and the embeddings: two with two-pass clipping. */
@@ -251,25 +256,45 @@ uint64_t fy_plan_land_chunk(const struct fy_model_config *c)
     return share < cap ? share : cap;
 }
 
-/* A weights slot: the largest unit's master section, or its bf16 weights (4 KiB padded). */
+/* Unit u's weights as a weights slot holds them: its f32 master, or its bf16 weights (4 KiB
+ * padded). */
+static uint64_t unit_weights_bytes(const struct fy_model_config *c, int weight_dtype, unsigned u)
+{
+    if (weight_dtype == FY_DTYPE_BF16)
+        return fy_optstate_copy_bytes(c, u);
+    return align4k(fy_model_unit_params(c, u) * 4);
+}
+
+/* Weights slot 0, which holds the embeddings (from the forward's start until the tied head), and
+ * the others, which the blocks and the final unit take in turn: the largest of those. */
+static uint64_t wslot0_bytes(const struct fy_model_config *c, int weight_dtype)
+{
+    return unit_weights_bytes(c, weight_dtype, 0);
+}
+
 static uint64_t wslot_bytes(const struct fy_model_config *c, int weight_dtype)
 {
-    if (weight_dtype != FY_DTYPE_BF16)
-        return fy_optstate_max_master_bytes(c);
     uint64_t most = 0;
-    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
-        if (fy_optstate_copy_bytes(c, u) > most)
-            most = fy_optstate_copy_bytes(c, u);
+    for (unsigned u = 1; u < fy_model_unit_count(c); u++)
+        if (unit_weights_bytes(c, weight_dtype, u) > most)
+            most = unit_weights_bytes(c, weight_dtype, u);
     return most;
 }
 
-/* Whether a unit streams from the store (resident NULL: every one). */
-static int any_streamed(const struct fy_model_config *c, const unsigned char *resident)
+/* Whether a streamed unit's master comes through the landing ring (resident NULL: every unit
+ * streams): one whose weights the opt worker converts (fy_plan_converts). */
+static int any_landing(const struct fy_plan_shape *s, const unsigned char *resident)
 {
-    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
-        if (resident == NULL || !resident[u])
+    for (unsigned u = 0; u < fy_model_unit_count(s->c); u++)
+        if ((resident == NULL || !resident[u]) && fy_plan_converts(s, resident, u))
             return 1;
     return 0;
+}
+
+/* A state slot: the largest unit's whole state, or with the state in pieces the largest piece's. */
+static uint64_t state_slot_bytes(const struct fy_model_config *c, int pieces)
+{
+    return pieces ? fy_optstate_max_piece_bytes(c) : fy_optstate_max_bytes(c);
 }
 
 unsigned fy_plan_weight_copies(const struct fy_model_config *c, const unsigned char *resident)
@@ -298,7 +323,6 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     const struct fy_model_config *c = s->c;
     uint64_t act = align4k(fy_plan_act_bytes(c, s->B, s->T, s->act_dtype));
     uint64_t tok = align4k((uint64_t)s->B * s->T * 4);
-    uint64_t slot = max_grad_bytes(c);
     unsigned i = 0, ckpt_slots = p->ckpt_slots;
     out[i++] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
     out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok + embed_rows_bytes(c)};
@@ -311,24 +335,26 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     /* weights: slot 0 keeps the embeddings for the tied head, the blocks and the final unit take
      * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads:
      * slot 0 holds the embedding gradient through the backward, the blocks take grad_slots
-     * block-sized slots in turn so the gpu can run grad_slots - 1 blocks ahead of the optimizer,
-     * and with clipping the final unit's gradient after them (it must outlive pass 1, whose blocks
-     * use slots 1 and 2); state: two units' whole state (common/optstate.h) so one is updated
+     * block-sized slots in turn so the gpu can run grad_slots - 1 blocks ahead of the optimizer;
+     * the final unit's gradient from slot 1 on (room for it where it is larger than the block
+     * slots), and with clipping after them (it must outlive pass 1, whose blocks use slots 1 and
+     * 2); state: two units' whole state, or two pieces' (common/optstate.h), so one is updated
      * while the next is read */
     unsigned prefetch = p->prefetch, grad_slots = p->grad_slots;
     if (prefetch < 1 || prefetch > FY_PLAN_PREFETCH_MAX)
         prefetch = 1; /* the option parser refuses these; the layout stays sane anyway */
     if (grad_slots < FY_PLAN_GRAD_SLOTS_MIN || grad_slots > FY_PLAN_GRAD_SLOTS_MAX)
-        grad_slots = FY_PLAN_GRAD_SLOTS_MIN;
-    out[i++] = (struct fy_pool_region_spec){"weights",
-                                            (2 + prefetch) * wslot_bytes(c, s->weight_dtype)};
-    /* a streamed unit's master on its way from the store to the bf16 slots, chunk by chunk */
-    if (s->weight_dtype == FY_DTYPE_BF16 && any_streamed(c, p->resident))
+        grad_slots = FY_PLAN_GRAD_SLOTS_FLOOR;
+    out[i++] = (struct fy_pool_region_spec){
+        "weights", wslot0_bytes(c, s->weight_dtype) + (1 + prefetch) * wslot_bytes(c, s->weight_dtype)};
+    /* a streamed unit's master on its way from the store to the weights slots, chunk by chunk */
+    if (any_landing(s, p->resident))
         out[i++] = (struct fy_pool_region_spec){"landing",
                                                 FY_PLAN_LAND_SLOTS * fy_plan_land_chunk(c)};
+    uint64_t blocks = grad_slots * block_slot_bytes(c), fin = dfinal_bytes(c);
     out[i++] = (struct fy_pool_region_spec){
-        "grads", slot + grad_slots * block_slot_bytes(c) + (s->clip ? dfinal_bytes(c) : 0)};
-    out[i++] = (struct fy_pool_region_spec){"state", 2 * fy_optstate_max_bytes(c)};
+        "grads", embed_grad_bytes(c) + (s->clip ? blocks + fin : blocks > fin ? blocks : fin)};
+    out[i++] = (struct fy_pool_region_spec){"state", 2 * state_slot_bytes(c, p->state_pieces)};
     if (s->clip && p->grad_hold == FY_HOLD_POOL) /* one-pass clipping's held block gradients */
         out[i++] = (struct fy_pool_region_spec){"gradhold", fy_plan_hold_bytes(c)};
     uint64_t kept = fy_plan_resident_bytes(c, p->resident);
@@ -344,9 +370,10 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
 void fy_plan_unit_regions(const struct fy_model_config *c,
                           struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX], unsigned *n)
 {
-    const struct fy_plan_shape one = {.c = c, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};
-    const struct fy_plan_place none = {.prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_MIN};
-    fy_plan_regions(&one, &none, out, n);
+    /* a commit record, and two pieces' state that a unit moves through piece by piece */
+    out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
+    out[1] = (struct fy_pool_region_spec){"state", 2 * state_slot_bytes(c, 1)};
+    *n = 2;
 }
 
 /* The pool that placement p takes for a step of shape s. */
@@ -356,6 +383,20 @@ static uint64_t pool_bytes(const struct fy_plan_shape *s, const struct fy_plan_p
     unsigned n;
     fy_plan_regions(s, p, regions, &n);
     return fy_pool_layout_size(regions, n);
+}
+
+/* The state region: two units' whole state, or two pieces' (l->state_pieces, state_slot_bytes). */
+static int layout_state(const struct fy_pool *p, const struct fy_model_config *c,
+                        struct fy_plan_layout *l)
+{
+    uint64_t bytes;
+    FY_TRY(fy_pool_region(p, "state", &l->state, &bytes));
+    l->state_pieces = bytes < 2 * state_slot_bytes(c, 0);
+    l->state_slot_bytes = state_slot_bytes(c, l->state_pieces);
+    FY_REQUIRE(bytes >= 2 * l->state_slot_bytes, -EINVAL,
+               "shared pool: a state region of %llu bytes does not hold two pieces' state",
+               (unsigned long long)bytes);
+    return 0;
 }
 
 int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
@@ -371,11 +412,15 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
     l->act_dtype = s->act_dtype;
     l->act_bytes = fy_plan_act_bytes(c, B, T, s->act_dtype);
     l->tok_bytes = (uint64_t)B * T * 4;
-    l->slot_bytes = max_grad_bytes(c);
+    l->slot_bytes = embed_grad_bytes(c);
     l->weight_dtype = s->weight_dtype == FY_DTYPE_BF16 ? FY_DTYPE_BF16 : FY_DTYPE_F32;
+    l->wslot0_bytes = wslot0_bytes(c, l->weight_dtype);
     l->wslot_bytes = wslot_bytes(c, l->weight_dtype);
-    l->state_slot_bytes = fy_optstate_max_bytes(c);
     FY_TRY(fy_pool_region(p, "meta", &l->meta, &bytes));
+    /* a session that moves units alone (weight_dtype 0: init, export) has the state slots alone
+     * (fy_plan_unit_regions) */
+    if (s->weight_dtype == 0)
+        return layout_state(p, c, l);
     FY_TRY(fy_pool_region(p, "tokens", &l->tokens, &bytes));
     l->targets = l->tokens + align4k(l->tok_bytes);
     l->embed_rows = l->tokens + 2 * align4k(l->tok_bytes);
@@ -386,18 +431,15 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
     FY_REQUIRE(l->act_slots >= 1, -EINVAL, "pool too small for batch %d x %d", B, T);
     FY_TRY(fy_pool_region(p, "dacts", &l->dacts, &bytes));
     l->dact_slots = (unsigned)(bytes / align4k(l->act_bytes));
-    /* a session that moves units alone (weight_dtype 0: init, export) reads no weights slots,
-     * whichever dtype the pool's training plan gave them */
-    if (s->weight_dtype != 0) {
-        FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
-        /* slot 0 for the embeddings, then the prefetch depth + 1 that the units take in turn */
-        l->wslots = (unsigned)(bytes / l->wslot_bytes) - 1;
-        FY_REQUIRE(bytes / l->wslot_bytes >= 3 && l->wslots <= FY_PLAN_PREFETCH_MAX + 1, -EINVAL,
-                   "shared pool: a weights region of %llu bytes is not 3 to %d unit slots of %s "
-                   "weights", (unsigned long long)bytes, FY_PLAN_PREFETCH_MAX + 2,
-                   fy_dtype_name(l->weight_dtype));
-    }
-    if (l->weight_dtype == FY_DTYPE_BF16 && fy_pool_has_region(p, "landing")) {
+    FY_TRY(fy_pool_region(p, "weights", &l->weights, &bytes));
+    /* slot 0 for the embeddings, then the prefetch depth + 1 that the units take in turn */
+    uint64_t others = bytes > l->wslot0_bytes ? (bytes - l->wslot0_bytes) / l->wslot_bytes : 0;
+    l->wslots = (unsigned)others;
+    FY_REQUIRE(others >= 2 && l->wslots <= FY_PLAN_PREFETCH_MAX + 1, -EINVAL,
+               "shared pool: a weights region of %llu bytes is not 3 to %d unit slots of %s "
+               "weights", (unsigned long long)bytes, FY_PLAN_PREFETCH_MAX + 2,
+               fy_dtype_name(l->weight_dtype));
+    if (fy_pool_has_region(p, "landing")) {
         FY_TRY(fy_pool_region(p, "landing", &l->land, &bytes));
         l->land_chunk = fy_plan_land_chunk(c);
         l->land_slots = (unsigned)(bytes / l->land_chunk);
@@ -406,20 +448,21 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
                    (unsigned long long)bytes, (unsigned long long)l->land_chunk);
     }
     FY_TRY(fy_pool_region(p, "grads", &l->grads, &l->grads_bytes));
-    /* the block slots, less clipping's final-unit gradient after them (which can be larger than
-     * a block's: a Llama's untied head) */
+    /* the block slots, less clipping's final-unit gradient after them (without clipping it lies
+     * from slot 1 on, over the block slots and past them where it is the larger) */
     l->bslot_bytes = block_slot_bytes(c);
     l->dfinal_bytes = dfinal_bytes(c);
     uint64_t fixed = l->slot_bytes + (s->clip ? l->dfinal_bytes : 0);
     uint64_t gslots = l->grads_bytes >= fixed ? (l->grads_bytes - fixed) / l->bslot_bytes : 0;
-    FY_REQUIRE(gslots >= FY_PLAN_GRAD_SLOTS_MIN && gslots <= FY_PLAN_GRAD_SLOTS_MAX, -EINVAL,
-               "shared pool: a grads region of %llu bytes does not hold %d to %d block gradients",
-               (unsigned long long)l->grads_bytes, FY_PLAN_GRAD_SLOTS_MIN, FY_PLAN_GRAD_SLOTS_MAX);
+    gslots = gslots > FY_PLAN_GRAD_SLOTS_MAX ? FY_PLAN_GRAD_SLOTS_MAX : gslots;
+    FY_REQUIRE(gslots >= FY_PLAN_GRAD_SLOTS_MIN &&
+                   (s->clip || l->grads_bytes >= l->slot_bytes + l->dfinal_bytes),
+               -EINVAL,
+               "shared pool: a grads region of %llu bytes does not hold %d to %d block gradients "
+               "and the final unit's", (unsigned long long)l->grads_bytes, FY_PLAN_GRAD_SLOTS_MIN,
+               FY_PLAN_GRAD_SLOTS_MAX);
     l->gslots = (unsigned)gslots;
-    FY_TRY(fy_pool_region(p, "state", &l->state, &bytes));
-    FY_REQUIRE(bytes >= 2 * l->state_slot_bytes, -EINVAL,
-               "shared pool: a state region of %llu bytes does not hold two units' state",
-               (unsigned long long)bytes);
+    FY_TRY(layout_state(p, c, l));
     if (s->clip && fy_pool_has_region(p, "gradhold")) {
         FY_TRY(fy_pool_region(p, "gradhold", &l->hold, &bytes));
         FY_REQUIRE(bytes >= fy_plan_hold_bytes(c), -EINVAL,
@@ -523,9 +566,13 @@ static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place 
             int block = fy_model_unit_kind(c, u) == FY_UNIT_BLOCK;
             /* a clipped step's norm pass reads a streamed block's master once more, but where
              * one pass defers its update to the next forward, which reads its state in place of
-             * its master (fy_sched_clipped_backward) */
-            int twice = s->clip && block && !(p->grad_hold && p->prefetch <= 2);
-            out->ssd_read += (uint64_t)(1 + twice) * fy_optstate_master_bytes(c, u) +
+             * its master (fy_sched_clipped_backward; not with the state in pieces) */
+            int defers = p->grad_hold && p->prefetch <= 2 && !p->state_pieces;
+            int twice = s->clip && block && !defers;
+            /* with the state in pieces, the backward that updates (not one pass's) reads a
+             * block's master again for its weights, its state after the block's backward */
+            int again = p->state_pieces && block && !(s->clip && p->grad_hold);
+            out->ssd_read += (uint64_t)(1 + twice + again) * fy_optstate_master_bytes(c, u) +
                              fy_optstate_bytes(c, u);
             out->ssd_write += fy_optstate_bytes(c, u);
         }
@@ -534,9 +581,24 @@ static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place 
 void fy_plan_traffic(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                      struct fy_plan_traffic *out)
 {
-    out->convert = fy_plan_convert_params(s, p) * FY_PLAN_CONVERT_PARAM_BYTES;
+    out->convert = fy_plan_convert_params(s, p) * fy_plan_convert_param_bytes(s);
     pcie_bytes(s, p, out);
     ssd_bytes(s, p, out);
+}
+
+double fy_plan_block_updates_s(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                               const struct fy_plan_rates *rates)
+{
+    const struct fy_model_config *c = s->c;
+    double total = 0;
+    for (unsigned u = 1; u <= c->n_layer; u++) {
+        double adamw = (double)fy_model_unit_params(c, u) / rates->opt_params, ssd = 0;
+        if (p->resident == NULL || !p->resident[u])
+            ssd = (double)fy_optstate_bytes(c, u) / rates->ssd_read +
+                  (double)fy_optstate_bytes(c, u) / rates->ssd_write;
+        total += fmax(adamw, ssd);
+    }
+    return total;
 }
 
 void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *p,
@@ -577,12 +639,27 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
     double serial_s = !s->clip        ? 0
                       : p->grad_hold ? 0.75 * out->gpu_s + out->opt_s
                                      : out->gpu_s + fmax(0.0, out->opt_s - norm_s);
+    /* one gradient slot: each block's backward waits for the update of the block above (a
+     * streamed one's state read and written, its AdamW), none overlaps the gpu */
+    double one_slot_s = 0;
+    if (p->grad_slots == 1) { /* the forward as the faster of its compute and its reads allow,
+                                 then the backward's compute and the updates one after another */
+        double fwd_read_s = 0;
+        for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+            if (p->resident == NULL || !p->resident[u])
+                fwd_read_s += (double)fy_optstate_master_bytes(c, u) / rates->ssd_read;
+        one_slot_s = fmax(0.25 * out->gpu_s, fwd_read_s) + 0.75 * out->gpu_s +
+                     fy_plan_block_updates_s(s, p, rates);
+    }
     const double times[] = {out->gpu_s, out->h2d_s,  out->d2h_s,     out->ssd_s,
-                            out->opt_s, serial_s,    out->nvlink_s,  out->host_mem_s};
+                            out->opt_s, serial_s,    out->nvlink_s,  out->host_mem_s,
+                            one_slot_s};
     static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
                                         "SSD", "optimizer", "the norm, then the optimizer",
-                                        "NVLink", "host memory"};
-    for (int i = 0; i < 8; i++)
+                                        "NVLink", "host memory",
+                                        "the backward, then each block's update (one gradient "
+                                        "slot)"};
+    for (int i = 0; i < 9; i++)
         if (times[i] > out->step_s) {
             out->step_s = times[i];
             out->bound = names[i];
@@ -592,12 +669,12 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
 /* ---- the plan -------------------------------------------------------------------------------- */
 
 /* Marks units of p->resident from FY_PLAN_STREAMED (or _KEPT) up to `mark`, unit 0 first, while a
- * pool with the fewest gradient slots still fits cpu_mem; returns how many it marked. */
+ * pool with the gradient slots the floor took (plan_floor) still fits cpu_mem; returns how many it
+ * marked. */
 static unsigned plan_mark(const struct fy_plan_in *in, struct fy_plan *p, unsigned char mark)
 {
     unsigned count = 0;
     struct fy_plan_place least = p->place;
-    least.grad_slots = FY_PLAN_GRAD_SLOTS_MIN;
     for (unsigned u = 0; u < fy_model_unit_count(in->shape.c); u++) {
         if (p->resident[u] != mark - 1)
             continue;
@@ -610,16 +687,99 @@ static unsigned plan_mark(const struct fy_plan_in *in, struct fy_plan *p, unsign
     return count;
 }
 
-/* The state's residency (fy_plan_make) with the checkpoints and swap of p->place: p->resident,
- * and the units kept. */
-static unsigned plan_resident(const struct fy_plan_in *in, struct fy_plan *p)
+/* The floor's tries, in order: state slots of a unit's whole state with FY_PLAN_GRAD_SLOTS_FLOOR
+ * gradient slots, then two; state slots of a piece with the floor's slots, two, and without
+ * clipping one (its norm pass and held gradients take slots 1 and 2); never more slots than
+ * --grad-slots. Try i's placement into p->place (0 where the test hook has the state in pieces
+ * and the try is of whole units). */
+static const struct {
+    int pieces;
+    unsigned slots;
+} floor_tries[] = {{0, FY_PLAN_GRAD_SLOTS_FLOOR}, {0, 2}, {1, FY_PLAN_GRAD_SLOTS_FLOOR}, {1, 2},
+                   {1, 1}};
+#define FLOOR_TRIES (sizeof floor_tries / sizeof floor_tries[0])
+
+static int floor_try(const struct fy_plan_in *in, unsigned i, struct fy_plan *p)
+{
+    if (fy_knob_test_state_pieces() && !floor_tries[i].pieces) /* pieces whatever the room */
+        return 0;
+    unsigned asked = in->grad_slots >= FY_PLAN_GRAD_SLOTS_MIN ? in->grad_slots
+                                                              : FY_PLAN_GRAD_SLOTS_FLOOR;
+    unsigned least = in->shape.clip ? 2 : 1, slots = floor_tries[i].slots;
+    slots = slots < asked ? slots : asked;
+    /* whole units' state slots take two gradient slots at least (backward_blocks) */
+    slots = slots < least ? least : slots < 2 && !floor_tries[i].pieces ? 2 : slots;
+    p->place.state_pieces = floor_tries[i].pieces;
+    p->place.grad_slots = slots;
+    return 1;
+}
+
+/* Whether try i's streaming regions with nothing kept fit cpu_mem (none given: they do). */
+static int floor_fits(const struct fy_plan_in *in, unsigned i, struct fy_plan *p)
+{
+    return floor_try(in, i, p) &&
+           (in->cpu_mem == 0 || pool_bytes(&in->shape, &p->place) <= in->cpu_mem);
+}
+
+/* The streaming regions with nothing kept (p->resident all streamed): the first try that fits
+ * cpu_mem, the last where none does (the plan then does not fit). */
+static void plan_floor(const struct fy_plan_in *in, struct fy_plan *p)
+{
+    for (unsigned i = 0; i < FLOOR_TRIES; i++)
+        if (floor_fits(in, i, p))
+            return;
+}
+
+/* The kept units, unit 0 first, with the streaming regions of p->place; returns how many. */
+static unsigned plan_keep(const struct fy_plan_in *in, struct fy_plan *p)
 {
     memset(p->resident, FY_PLAN_STREAMED, fy_model_unit_count(in->shape.c));
-    if (in->cpu_mem == 0)
-        return 0;
     unsigned kept = plan_mark(in, p, FY_PLAN_KEPT);
     if (in->shape.weight_dtype == FY_DTYPE_BF16)
         plan_mark(in, p, FY_PLAN_KEPT_BF16);
+    return kept;
+}
+
+/* The state's residency (fy_plan_make) with the checkpoints and swap of p->place: the streaming
+ * regions (the state slots and the gradient slots), p->resident, and the units kept. Of the
+ * floor's tries that fit cpu_mem, the one with which the units kept in the room it leaves give the
+ * fastest predicted step, the first of those that tie (whole units' state slots, more gradient
+ * slots): state slots of a piece and fewer gradient slots leave room for more state, which can
+ * save more SSD time than a block's master read twice and the wait for the updates cost. */
+static unsigned plan_resident(const struct fy_plan_in *in, struct fy_plan *p)
+{
+    unsigned units = fy_model_unit_count(in->shape.c);
+    memset(p->resident, FY_PLAN_STREAMED, units);
+    plan_floor(in, p);
+    if (in->cpu_mem == 0 || in->floor_only)
+        return 0;
+    unsigned char *best = malloc(units);
+    if (best == NULL) /* the floor's slots alone */
+        return plan_keep(in, p);
+    struct fy_plan_place chosen = p->place;
+    unsigned kept = 0;
+    double best_s = INFINITY;
+    for (unsigned i = 0; i < FLOOR_TRIES; i++) {
+        if (!floor_fits(in, i, p))
+            continue;
+        unsigned k = plan_keep(in, p);
+        struct fy_plan_prediction pr;
+        fy_plan_predict(&in->shape, &p->place, &in->rates, &pr);
+        if (pr.step_s < best_s * (1 - 1e-9)) {
+            best_s = pr.step_s;
+            chosen = p->place;
+            kept = k;
+            memcpy(best, p->resident, units);
+        }
+    }
+    if (best_s < INFINITY) {
+        p->place = chosen;
+        memcpy(p->resident, best, units);
+    } else { /* the floor did not fit: nothing kept */
+        plan_floor(in, p);
+        memset(p->resident, FY_PLAN_STREAMED, units);
+    }
+    free(best);
     return kept;
 }
 
@@ -643,14 +803,14 @@ static void plan_checkpoints(const struct fy_plan_in *in, struct fy_plan *p)
     p->place.ckpt_slots = ssd ? fy_plan_spill_slots(in->act_ahead) : 0;
 }
 
-/* The block gradient slots, up to in->grad_slots: more than the minimum only when every unit's
- * state is resident (then the optimizer is what the gpu may wait for, and more slots let it lag
- * behind the backward instead, its updates going lowest unit first), as many as still fit
- * cpu_mem, at most one per block. */
+/* The block gradient slots, up to in->grad_slots: more than the floor's (plan_floor) only when
+ * every unit's state is resident (then the optimizer is what the gpu may wait for, and more slots
+ * let it lag behind the backward instead, its updates going lowest unit first), as many as still
+ * fit cpu_mem, at most one per block. */
 static unsigned plan_grad_slots(const struct fy_plan_in *in, const struct fy_plan *p)
 {
     const struct fy_model_config *c = in->shape.c;
-    unsigned units = fy_model_unit_count(c), slots = FY_PLAN_GRAD_SLOTS_MIN;
+    unsigned units = fy_model_unit_count(c), slots = p->place.grad_slots;
     for (unsigned u = 0; u < units; u++)
         if (!p->resident[u])
             return slots; /* streamed blocks are paced by their two state slots anyway */
@@ -793,7 +953,17 @@ void fy_plan_weights_describe(const struct fy_plan_shape *s, const struct fy_pla
                               size_t len)
 {
     if (s->weight_dtype != FY_DTYPE_BF16) {
-        snprintf(buf, len, "weights to the GPU in f32");
+        unsigned gathered = 0;
+        for (unsigned u = 0; u < fy_model_unit_count(s->c); u++)
+            gathered += fy_plan_converts(s, p->resident, u);
+        char bytes[32];
+        fy_format_size(p->traffic.convert, bytes, sizeof bytes);
+        if (gathered == 0)
+            snprintf(buf, len, "weights to the GPU in f32");
+        else
+            snprintf(buf, len, "weights to the GPU in f32, those of the %u units in pieces copied "
+                     "together from their pieces' masters by the opt worker for each use (%s of "
+                     "host memory a step)", gathered, bytes);
         return;
     }
     unsigned units = fy_model_unit_count(s->c), copies = p->weight_copies;
@@ -806,6 +976,55 @@ void fy_plan_weights_describe(const struct fy_plan_shape *s, const struct fy_pla
              "their kept state (rewritten by AdamW), %u converted from their f32 master by the opt "
              "worker for each use (%s of host memory a step)%s", units, copies, units - copies,
              bytes, short_of);
+}
+
+void fy_plan_state_describe(const struct fy_plan_in *in, const struct fy_plan *p, char *buf,
+                            size_t len)
+{
+    const struct fy_model_config *c = in->shape.c;
+    buf[0] = 0;
+    size_t n = 0;
+    if (p->place.state_pieces) {
+        unsigned cut = 0;
+        for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+            cut += fy_optstate_piece_count(c, u) > 1;
+        struct fy_plan_place whole = p->place;
+        whole.state_pieces = 0;
+        struct fy_plan_traffic t;
+        struct fy_plan_prediction pr;
+        fy_plan_traffic(&in->shape, &whole, &t);
+        fy_plan_predict(&in->shape, &whole, &in->rates, &pr);
+        char piece[32], slot[32], unit[32], more[32];
+        fy_format_size(c->state_piece, piece, sizeof piece);
+        fy_format_size(state_slot_bytes(c, 1), slot, sizeof slot);
+        fy_format_size(state_slot_bytes(c, 0), unit, sizeof unit);
+        fy_format_size(p->traffic.ssd_read - t.ssd_read, more, sizeof more);
+        n += (size_t)snprintf(buf, len, "optimizer state in pieces (%u units cut in pieces of at "
+                              "most %s, init --state-piece): two state slots of a piece, %s each, "
+                              "where a unit's whole state, %s, %s; a streamed block's master is "
+                              "read again for its backward and its state updated piece by piece "
+                              "after it: %s more SSD reads a step, predicted %.4g s a step against "
+                              "%.4g", cut, c->state_piece ? piece : "(whole units)", slot, unit,
+                              fy_knob_test_state_pieces() ? "would fit (test hook "
+                                                            "FUYOU_TEST_STATE_PIECES)"
+                                                          : "does not fit --cpu-mem",
+                              more, p->predicted.step_s, pr.step_s);
+    }
+    if (p->place.grad_slots < FY_PLAN_GRAD_SLOTS_FLOOR && n < len) {
+        struct fy_plan_place more = p->place;
+        more.grad_slots = FY_PLAN_GRAD_SLOTS_FLOOR;
+        struct fy_plan_prediction pr;
+        fy_plan_predict(&in->shape, &more, &in->rates, &pr);
+        char why[64];
+        if (in->grad_slots >= FY_PLAN_GRAD_SLOTS_MIN && in->grad_slots < FY_PLAN_GRAD_SLOTS_FLOOR)
+            snprintf(why, sizeof why, "--grad-slots %u", in->grad_slots);
+        else
+            snprintf(why, sizeof why, "%d where --cpu-mem has room", FY_PLAN_GRAD_SLOTS_FLOOR);
+        snprintf(buf + n, len - n, "%s%u block gradient slot%s (%s): each block's backward waits "
+                 "for the update of the block %s; predicted %.4g s a step against %.4g",
+                 n ? "; " : "", p->place.grad_slots, p->place.grad_slots == 1 ? "" : "s", why,
+                 p->place.grad_slots == 1 ? "above" : "two up", p->predicted.step_s, pr.step_s);
+    }
 }
 
 void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p, char *buf,

@@ -87,8 +87,15 @@ uint64_t fy_plan_land_chunk(const struct fy_model_config *c);
 
 /* Block gradients the pool holds at once: the gpu runs that many blocks, less one, ahead of the
  * optimizer in the backward; what the optimizer has not done when the backward ends it finishes
- * while the next step's forward runs. */
-#define FY_PLAN_GRAD_SLOTS_MIN 3
+ * while the next step's forward runs. The plan takes FY_PLAN_GRAD_SLOTS_FLOOR where --cpu-mem has
+ * room (the gpu's next block's gradient never waits for an update but the one two blocks up, and
+ * two-pass clipping's norm pass and the gradients held on the GPU take slots 1 and 2 in turn), and
+ * where it has not, two (each block's backward waits for the update of the block two up: the gpu
+ * and the optimizer in step, a block apart) or, with the state in pieces and no clipping, one (each
+ * block's backward waits for the update of the block above: the backward and the updates one after
+ * the other, fy_plan_predict's serial bound). */
+#define FY_PLAN_GRAD_SLOTS_MIN 1
+#define FY_PLAN_GRAD_SLOTS_FLOOR 3
 #define FY_PLAN_GRAD_SLOTS_MAX 16
 
 /* Activations on the SSD store (the block-input checkpoints with --ckpt-place ssd, the blocks'
@@ -137,6 +144,12 @@ struct fy_plan_place {
     const unsigned char *resident;
     unsigned prefetch;   /* units of weights read ahead, 1..FY_PLAN_PREFETCH_MAX */
     unsigned grad_slots; /* block gradients, FY_PLAN_GRAD_SLOTS_MIN.._MAX */
+    /* 1: the state slots hold a piece of a unit's state each (common/optstate.h), and a streamed
+     * unit's state is read, updated and written back piece by piece after its gradient is in
+     * (a streamed block's weights for the backward read again from its masters, as in the
+     * forward); 0: they hold a unit's whole state, read before the block's backward, which takes
+     * its weights from there */
+    int state_pieces;
     /* 0: the checkpoints x_0..x_L stay in the pool; else x_0..x_{L-1} go to the store through
      * these slots (fy_plan_spill_slots) */
     unsigned ckpt_slots;
@@ -162,15 +175,18 @@ unsigned fy_plan_weight_copies(const struct fy_model_config *c, const unsigned c
 /* Bytes of unit u's weights that the gpu worker is sent: 2 a parameter with bf16 weights (its copy
  * or its slot), else its f32 master section's. */
 uint64_t fy_plan_upload_bytes(const struct fy_model_config *c, int weight_dtype, unsigned u);
-/* Whether the opt worker converts unit u's weights to bf16 for each gpu request that reads them:
- * with bf16 weights, every unit without a bf16 copy (a streamed one, or a kept one the budget had
- * no room for a copy of). */
+/* Whether the opt worker converts unit u's weights into a weights slot for each gpu request that
+ * reads them: with bf16 weights, every unit without a bf16 copy (a streamed one, or a kept one the
+ * budget had no room for a copy of), rounded to bf16; with f32 weights, every unit in pieces
+ * (common/optstate.h), whose master is not one contiguous range: its pieces' copied together. */
 int fy_plan_converts(const struct fy_plan_shape *s, const unsigned char *resident, unsigned u);
 /* Parameters the opt worker converts a step (fy_plan_converts' units): each one's in the forward,
  * and the blocks' once more per backward pass (twice with two-pass clipping). */
 uint64_t fy_plan_convert_params(const struct fy_plan_shape *s, const struct fy_plan_place *p);
-/* Host-memory bytes a parameter's conversion moves: its f32 read, its bf16 written. */
+/* Host-memory bytes a parameter's conversion moves: its f32 read, its bf16 written (f32 weights:
+ * 8, its f32 written). */
 #define FY_PLAN_CONVERT_PARAM_BYTES 6
+uint64_t fy_plan_convert_param_bytes(const struct fy_plan_shape *s);
 /* Bytes of the kept units' state and weight copies: the "resident" region. */
 uint64_t fy_plan_resident_bytes(const struct fy_model_config *c, const unsigned char *resident);
 
@@ -199,16 +215,19 @@ struct fy_plan_layout {
     uint64_t meta, tokens, targets;
     uint64_t embed_rows; /* the embeddings' update in two parts: two row lists */
     uint64_t acts, dacts, weights, grads, state;
-    uint64_t slot_bytes;  /* one unit's f32 gradient, 4 KiB padded (grads slot 0) */
-    /* a weights slot: the largest unit's master section, or with bf16 weights (weight_dtype) its
-     * bf16 weights, 4 KiB padded */
-    uint64_t wslot_bytes;
+    uint64_t slot_bytes;  /* the embeddings' f32 gradient, 4 KiB padded (grads slot 0) */
+    /* weights slot 0 (the embeddings'), and each other one: the largest other unit's f32 weights,
+     * or with bf16 weights (weight_dtype) its bf16 weights, 4 KiB padded */
+    uint64_t wslot0_bytes, wslot_bytes;
     int weight_dtype;     /* FY_DTYPE_F32 or _BF16: the weights the gpu worker is sent */
     /* the landing ring of bf16 weights (0 where the pool has none): land_slots chunks of
      * land_chunk bytes from pool offset land */
     uint64_t land, land_chunk;
     unsigned land_slots;
-    uint64_t state_slot_bytes; /* a state slot: the largest unit's state (common/optstate.h) */
+    /* a state slot: the largest unit's state, or (state_pieces) the largest piece's
+     * (common/optstate.h) */
+    uint64_t state_slot_bytes;
+    int state_pieces;
     unsigned wslots;      /* weights slots that blocks and the final unit take in turn */
     /* the grads region: one unit slot for the embeddings' gradient, gslots block-sized slots that
      * the blocks (and the final unit) take in turn, and with clipping the final unit's gradient
@@ -282,6 +301,10 @@ struct fy_plan_prediction {
  * 0). */
 void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *p,
                      const struct fy_plan_rates *rates, struct fy_plan_prediction *out);
+/* The blocks' updates one after another, as the backward waits for them with one gradient slot:
+ * each block's the longer of its AdamW and, streamed, its state read and written. */
+double fy_plan_block_updates_s(const struct fy_plan_shape *s, const struct fy_plan_place *p,
+                               const struct fy_plan_rates *rates);
 
 /* ---- the plan -------------------------------------------------------------------------------- */
 
@@ -314,6 +337,9 @@ struct fy_plan_in {
     int clip_hold;           /* --clip-hold: FY_CLIP_HOLD_AUTO, _POOL or _GPU */
     struct fy_plan_rates rates;
     int say;                 /* say --ckpt-place auto's choice in the log as it is made (train) */
+    /* keep no unit's state: the least pool under cpu_mem alone (plan's searches of the largest
+     * batch and model, which ask whether that fits) */
+    int floor_only;
 };
 
 /* A plan. */
@@ -380,6 +406,11 @@ int fy_plan_check_gpu(const struct fy_plan_in *in, const struct fy_plan *p);
  * "weights to the GPU in f32". */
 void fy_plan_weights_describe(const struct fy_plan_shape *s, const struct fy_plan *p, char *buf,
                               size_t len);
+/* Where the plan takes less pool than it would with room: the state slots in pieces (their size
+ * against a unit's whole state, the SSD reads and the predicted step this adds), fewer gradient
+ * slots than FY_PLAN_GRAD_SLOTS_FLOOR (the wait and the step it adds); empty where neither. */
+void fy_plan_state_describe(const struct fy_plan_in *in, const struct fy_plan *p, char *buf,
+                            size_t len);
 /* One line on how a clipped step learns the norm (nothing where in does not clip): one pass with
  * the blocks' gradients held in the pool, or two passes and, with --clip-mode auto, why; and what
  * clipping adds to the predicted step. */

@@ -102,8 +102,7 @@ int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates
 static void auto_room(const struct fy_planact *a, const struct fy_plan_in *in,
                       const struct fy_plan *p, uint64_t *host, uint64_t *ssd)
 {
-    struct fy_plan_place least = p->place;
-    least.grad_slots = FY_PLAN_GRAD_SLOTS_MIN;
+    struct fy_plan_place least = p->place; /* the gradient slots as the residency took them */
     memset(&least.swap, 0, sizeof least.swap);
     struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n;
@@ -159,6 +158,7 @@ static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
                                   .act_dtype = in->shape.act_dtype, .clip = in->shape.clip,
                                   .clip_hold = p->place.grad_hold,
                                   .resident = p->resident,
+                                  .state_pieces = p->place.state_pieces,
                                   .weight_dtype = in->shape.weight_dtype,
                                   .rates = fy_plan_reference_rates,
                                   .act_ahead = in->act_ahead};

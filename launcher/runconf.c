@@ -173,6 +173,12 @@ int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_mode
                    "(model.optim_state): pass the --ssd of this run's store, or put back the "
                    "model.conf init wrote", ssd, fy_optim_state_name(meta->model.optim_state),
                    fy_optim_state_name(model->optim_state));
+        FY_REQUIRE(meta->model.state_piece == model->state_piece, -EINVAL,
+                   "store %s keeps its optimizer state in pieces of %llu bytes, the run's "
+                   "model.conf says %llu (model.state_piece; 0: whole units): pass the --ssd of "
+                   "this run's store, or put back the model.conf init wrote", ssd,
+                   (unsigned long long)meta->model.state_piece,
+                   (unsigned long long)model->state_piece);
         return 0;
     }
     char have[160], want[160];
@@ -200,6 +206,7 @@ int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out)
                    o->ffn <= UINT32_MAX && 4 * o->embd <= UINT32_MAX,
                -FY_EUSAGE, "init: model dimensions too large");
     model.optim_state = fy_runconf_optim_state(o);
+    model.state_piece = o->state_piece;
     model.arch = fy_arch_by_name(o->arch); /* parse_arch took a registry name */
     FY_REQUIRE(model.arch != NULL, -EINVAL, "init: --arch %s is not a model family", o->arch);
     const struct fy_family_options fo = {.kv_heads = o->kv_heads, .ffn = o->ffn,
@@ -213,11 +220,11 @@ int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out)
 }
 
 /* Pool regions for moving a model unit by unit between a Hugging Face directory and the store:
- * a commit record and one unit's state (read whole on export, to check its digest). */
+ * a commit record and one piece's state (read whole on export, to check its digest). */
 void fy_runconf_unit_regions(const struct fy_model_config *c, struct fy_pool_region_spec out[2])
 {
     out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
-    out[1] = (struct fy_pool_region_spec){"unit", fy_optstate_max_bytes(c)};
+    out[1] = (struct fy_pool_region_spec){"unit", fy_optstate_max_piece_bytes(c)};
 }
 
 int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *model, int act_dtype,

@@ -42,7 +42,8 @@ int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_mode
 int fy_runconf_optim_state(const struct fy_options *o);
 /* The model that the model options describe (--arch, --layers, ...), validated. */
 int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out);
-/* Pool regions for moving a model unit by unit between a Hugging Face directory and the store. */
+/* Pool regions for moving a model unit by unit between a Hugging Face directory and the store: a
+ * commit record and one piece's state (fy_optstate_max_piece_bytes: a unit in one piece whole). */
 void fy_runconf_unit_regions(const struct fy_model_config *c, struct fy_pool_region_spec out[2]);
 /* The dtype of the weights the gpu worker of `backend` is sent (--weights-dtype; auto: the
  * backend's). */

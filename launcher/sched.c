@@ -34,7 +34,7 @@ static uint64_t dact_at(const struct fy_plan_layout *l, unsigned i)
 }
 static uint64_t wslot(const struct fy_plan_layout *l, unsigned i)
 {
-    return l->weights + i * l->wslot_bytes;
+    return i == 0 ? l->weights : l->weights + l->wslot0_bytes + (i - 1) * l->wslot_bytes;
 }
 /* Grads slot 0 (the embeddings' gradient, a unit slot), 1..gslots (block-sized), and gslots + 1
  * (after them: clipping's final-unit gradient). */
@@ -48,23 +48,46 @@ static uint64_t unit_bytes(const struct fy_plan_layout *l, unsigned u)
     return fy_model_unit_params(l->c, u) * 4;
 }
 
-/* A unit's whole state between the pool and its copy `copy` in the store, with its digest: a read
- * checked against *digest (unchecked where `check` is 0), a write's digest left in *digest once
- * the ticket is waited for. */
-static int state_io(struct fy_sched *r, int op, unsigned u, unsigned copy, uint64_t pool_offset,
-                    uint64_t *digest, int check, struct fy_ticket *t)
+/* How a state transfer takes digests: a read unchecked, a read checked against the piece's
+ * digest in r->digest (a write: its digest into r->digest), or a read whose digest goes to
+ * r->digest unchecked (the pieces of a unit whose record has their digests' digest alone). */
+enum { DIGEST_NONE, DIGEST_CHECK, DIGEST_REPORT };
+
+/* Piece k of unit u's state between the pool at pool_offset and its copy `copy` in the store. */
+static int piece_io(struct fy_sched *r, int op, unsigned u, unsigned k, unsigned copy,
+                    uint64_t pool_offset, int how, struct fy_ticket *t)
 {
-    uint64_t bytes = fy_optstate_bytes(r->l.c, u);
-    uint32_t extent = FY_TENSOR_UNIT_STATE_COPY(u, copy);
-    if (op == FY_OP_IO_READ && !check)
-        return fy_ticket_io_issue(&r->tk, op, extent, pool_offset, bytes, t);
+    struct fy_optstate_piece p;
+    fy_optstate_piece(r->l.c, u, k, &p, NULL);
     struct fy_desc d[2];
-    d[0] = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, bytes, (int)u);
-    d[0].tensor = extent;
+    d[0] = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, pool_offset, p.layout.bytes,
+                          how == DIGEST_NONE ? -1 : (int)u);
+    d[0].tensor = FY_TENSOR_UNIT_STATE_COPY(u, copy);
+    d[0].arg = p.offset;
+    if (how == DIGEST_NONE)
+        return fy_ticket_issue(&r->tk, FY_TICKET_IO, d, 1, t);
+    uint64_t *digest = &r->digest[r->pfirst[u] + k];
     d[1] = fy_desc_region(op, FY_KIND_CONTROL, FY_DTYPE_NONE, 0, 0, (int)u);
     d[1].arg = *digest;
-    t->digest_into = op == FY_OP_IO_WRITE ? digest : NULL;
+    d[1].step = how == DIGEST_REPORT ? FY_IO_DIGEST_REPORT : 0;
+    t->digest_into = op == FY_OP_IO_WRITE || how == DIGEST_REPORT ? digest : NULL;
     return fy_ticket_issue(&r->tk, FY_TICKET_IO, d, 2, t);
+}
+
+/* A unit's whole state between the pool and its copy `copy` in the store, piece by piece (one
+ * request a piece, answered as one ticket), with their digests (piece_io's `how`). */
+static int state_io(struct fy_sched *r, int op, unsigned u, unsigned copy, uint64_t pool_offset,
+                    int how, struct fy_ticket *t)
+{
+    for (unsigned k = 0, n = fy_optstate_piece_count(r->l.c, u); k < n; k++) {
+        struct fy_optstate_piece p;
+        fy_optstate_piece(r->l.c, u, k, &p, NULL);
+        struct fy_ticket more = {0};
+        FY_TRY(piece_io(r, op, u, k, copy, pool_offset + p.offset, how, k == 0 ? t : &more));
+        if (k > 0)
+            FY_TRY(fy_ticket_join(&r->tk, t, &more));
+    }
+    return 0;
 }
 
 /* The copy that holds unit u's latest state. */
@@ -83,11 +106,24 @@ static int bf16_weights(const struct fy_sched *r)
     return r->l.weight_dtype == FY_DTYPE_BF16;
 }
 
-/* Whether unit u's weights are converted to bf16 by the opt worker for each gpu request that reads
- * them: with bf16 weights, a unit without a copy (fy_plan_converts). */
+/* Whether unit u's state is in several pieces (common/optstate.h). */
+static int in_pieces(const struct fy_sched *r, unsigned u)
+{
+    return fy_optstate_piece_count(r->l.c, u) > 1;
+}
+
+/* The weights the gpu worker is sent, and their element size. */
+static int weight_dtype(const struct fy_sched *r)
+{
+    return bf16_weights(r) ? FY_DTYPE_BF16 : FY_DTYPE_F32;
+}
+
+/* Whether unit u's weights are written into a weights slot by the opt worker for each gpu request
+ * that reads them (opt-convert): with bf16 weights, a unit without a copy (fy_plan_converts),
+ * rounded to bf16; with f32 weights, a unit in pieces, its pieces' masters copied together. */
 static int converts(const struct fy_sched *r, unsigned u)
 {
-    return bf16_weights(r) && !has_copy(r, u);
+    return bf16_weights(r) ? !has_copy(r, u) : in_pieces(r, u);
 }
 
 /* The first unit from u on that converts (the unit count: none), for the optimizer queue's hold
@@ -124,29 +160,61 @@ static void wslot_forget_users(struct fy_sched *r)
     memset(r->wslot_user, 0, sizeof r->wslot_user);
 }
 
-/* Unit u's f32 master at pool offset `src` (kept in the pool, or in a state slot) converted to
- * bf16 into weights slot `slot` by the opt worker (opt-convert). The queued updates of units up to
- * u go to the opt worker first (fy_optq_send_through): it serves requests in order, so the
- * conversion reads the master u's update wrote. */
-static int convert_into(struct fy_sched *r, unsigned u, uint64_t src, unsigned slot,
+/* Unit u's weights converted from its state at pool offset `state` (kept in the pool, or in a
+ * state slot) into weights slot `slot` by the opt worker (opt-convert): its f32 master rounded to
+ * bf16, or the masters of its pieces (a STATE part) rounded or copied into their places. The
+ * queued updates of units up to u go to the opt worker first (fy_optq_send_through): it serves
+ * requests in order, so the conversion reads the master u's update wrote. */
+static int convert_into(struct fy_sched *r, unsigned u, uint64_t state, unsigned slot,
                         struct fy_ticket *t)
 {
     FY_TRY(wslot_claim(r, slot, u));
     uint64_t n = fy_model_unit_params(r->l.c, u);
+    int wd = weight_dtype(r);
     r->wslot_off[slot] = wslot(&r->l, slot);
     struct fy_desc d[2] = {
-        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32, src, n * 4, (int)u),
-        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, FY_DTYPE_BF16, wslot(&r->l, slot), n * 2,
-                       (int)u)};
+        in_pieces(r, u) ? fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_STATE, FY_DTYPE_NONE, state,
+                                         fy_optstate_bytes(r->l.c, u), (int)u)
+                        : fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32,
+                                         master_at(r->l.c, u, state), n * 4, (int)u),
+        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, wd, wslot(&r->l, slot),
+                       n * fy_dtype_size(wd), (int)u)};
     FY_TRY(fy_optq_send_through(&r->opt, u));
     return fy_ticket_issue(&r->tk, FY_TICKET_OPT, d, 2, t);
 }
 
-/* A streamed unit's master section from the store into weights slot `slot` as bf16: read chunk by
- * chunk into the landing ring's slots in turn, each chunk converted by the opt worker into its
- * place in the weights slot once read, and a ring slot read into again once its conversion is
- * done, so that the io worker reads ahead while the opt worker converts. Returns once the unit's
- * weights are all in the slot. */
+/* A chunk of a streamed unit's master on its way through the landing ring: `bytes` at byte `at` of
+ * its state extent, holding its parameters [first, first + count). */
+struct land_chunk {
+    uint64_t at, bytes, first, count;
+};
+
+/* The chunks of unit u's master, piece by piece (a chunk never spans two pieces), into out (NULL:
+ * only counted); returns how many. */
+static uint64_t land_chunks(const struct fy_sched *r, unsigned u, struct land_chunk *out)
+{
+    uint64_t chunk = r->l.land_chunk, per = chunk / 4, i = 0;
+    for (unsigned k = 0, n = fy_optstate_piece_count(r->l.c, u); k < n; k++) {
+        struct fy_optstate_piece p;
+        fy_optstate_piece(r->l.c, u, k, &p, NULL);
+        const struct fy_optstate_section *m = &p.layout.section[FY_OPTSTATE_MASTER];
+        for (uint64_t j = 0; j * chunk < m->padded; j++, i++)
+            if (out != NULL)
+                out[i] = (struct land_chunk){
+                    .at = p.offset + m->offset + j * chunk,
+                    .bytes = m->padded - j * chunk < chunk ? m->padded - j * chunk : chunk,
+                    .first = p.begin + j * per,
+                    .count = p.params - j * per < per ? p.params - j * per : per};
+    }
+    return i;
+}
+
+/* A streamed unit's master from the store into weights slot `slot` in the weights' dtype: read
+ * chunk by chunk (each piece's master section in turn) into the landing ring's slots in turn,
+ * each chunk converted by the opt worker into its place in the weights slot once read (rounded to
+ * bf16, or copied: f32 weights of a unit in pieces), and a ring slot read into again once its
+ * conversion is done, so that the io worker reads ahead while the opt worker converts. Returns
+ * once the unit's weights are all in the slot. */
 static int stream_weights(struct fy_sched *r, unsigned u, unsigned slot)
 {
     const struct fy_plan_layout *l = &r->l;
@@ -155,39 +223,35 @@ static int stream_weights(struct fy_sched *r, unsigned u, unsigned slot)
                "every unit?)", u);
     FY_TRY(wslot_claim(r, slot, u));
     r->wslot_off[slot] = wslot(l, slot);
-    struct fy_optstate_layout lay;
-    fy_optstate_layout(l->c, u, &lay);
-    const struct fy_optstate_section *master = &lay.section[FY_OPTSTATE_MASTER];
-    uint64_t chunk = l->land_chunk, per = chunk / 4, n = lay.params;
+    uint64_t chunk = l->land_chunk, chunks = land_chunks(r, u, NULL), next = 0;
+    struct land_chunk *c = malloc(chunks * sizeof *c);
+    FY_REQUIRE(c != NULL, -ENOMEM, "train: out of memory");
+    land_chunks(r, u, c);
+    int wd = weight_dtype(r);
+    size_t size = fy_dtype_size(wd);
     unsigned ring = l->land_slots < FY_PLAN_LAND_SLOTS ? l->land_slots : FY_PLAN_LAND_SLOTS;
-    uint64_t chunks = (master->padded + chunk - 1) / chunk, next = 0;
     struct fy_ticket rd[FY_PLAN_LAND_SLOTS] = {{0}}, cv[FY_PLAN_LAND_SLOTS] = {{0}};
-    FY_TRY(fy_optq_send_through(&r->opt, u));
-    int rc = 0;
+    int rc = fy_optq_send_through(&r->opt, u);
     for (uint64_t i = 0; rc == 0 && i < chunks; i++) {
         /* the reads up to ring - 1 chunks ahead, each into a ring slot whose conversion is done */
         for (; rc == 0 && next < chunks && next < i + ring; next++) {
             unsigned k = (unsigned)(next % ring);
             rc = fy_ticket_wait(&r->tk, &cv[k], NULL);
-            uint64_t at = next * chunk;
             struct fy_desc d = fy_desc_region(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE,
-                                              l->land + k * chunk,
-                                              master->padded - at < chunk ? master->padded - at
-                                                                          : chunk, (int)u);
+                                              l->land + k * chunk, c[next].bytes, (int)u);
             d.tensor = FY_TENSOR_UNIT_STATE_COPY(u, copy_of(r, u));
-            d.arg = master->offset + at;
+            d.arg = c[next].at;
             if (rc == 0)
                 rc = fy_ticket_issue(&r->tk, FY_TICKET_IO, &d, 1, &rd[k]);
         }
         unsigned k = (unsigned)(i % ring);
         if (rc == 0)
             rc = fy_ticket_wait(&r->tk, &rd[k], NULL);
-        uint64_t first = i * per, count = n - first < per ? n - first : per;
         struct fy_desc d[2] = {
             fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32, l->land + k * chunk,
-                           count * 4, (int)u),
-            fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, FY_DTYPE_BF16,
-                           wslot(l, slot) + first * 2, count * 2, (int)u)};
+                           c[i].count * 4, (int)u),
+            fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, wd,
+                           wslot(l, slot) + c[i].first * size, c[i].count * size, (int)u)};
         if (rc == 0)
             rc = fy_ticket_issue(&r->tk, FY_TICKET_OPT, d, 2, &cv[k]);
     }
@@ -196,14 +260,15 @@ static int stream_weights(struct fy_sched *r, unsigned u, unsigned slot)
         w = w ? w : fy_ticket_wait(&r->tk, &cv[k], NULL);
         rc = rc ? rc : w;
     }
+    free(c);
     return rc;
 }
 
 /* A unit's weights into weights slot `slot` for a gpu request, *t the request that brings them
  * (none: they are there). f32 weights: the master section alone of its state in the store, or
  * where the unit is kept in the pool its master there (nothing read). bf16 weights: a kept unit's
- * copy where it has one; else the master converted (convert_into from where it is kept,
- * stream_weights from the store). */
+ * copy where it has one. Otherwise (bf16, or f32 of a unit in pieces) the master converted
+ * (convert_into from where it is kept, stream_weights from the store). */
 static int read_weights(struct fy_sched *r, unsigned unit, unsigned slot, struct fy_ticket *t)
 {
     int kept = r->resident != NULL && r->resident[unit] != 0;
@@ -212,9 +277,9 @@ static int read_weights(struct fy_sched *r, unsigned unit, unsigned slot, struct
         r->wslot_off[slot] = r->wcopy[unit];
         return 0;
     }
-    if (bf16_weights(r) && kept)
-        return convert_into(r, unit, master_at(r->l.c, unit, r->resident[unit]), slot, t);
-    if (bf16_weights(r))
+    if (converts(r, unit) && kept)
+        return convert_into(r, unit, r->resident[unit], slot, t);
+    if (converts(r, unit))
         return stream_weights(r, unit, slot);
     r->wslot_unit[slot] = (int)unit;
     if (kept) { /* its master weights are already in the pool */
@@ -387,10 +452,19 @@ int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan
     r->tk.timeout_ms = timeout_ms;
     r->tk.units = fy_model_unit_count(s->c);
     r->pool = pool;
+    r->pfirst = calloc(r->tk.units + 1, sizeof *r->pfirst);
+    FY_REQUIRE(r->pfirst != NULL, -ENOMEM, "train: out of memory");
+    for (unsigned u = 0; u < r->tk.units; u++)
+        r->pfirst[u + 1] = r->pfirst[u] + fy_optstate_piece_count(s->c, u);
     FY_REQUIRE(s->act_dtype == FY_DTYPE_F32 || s->act_dtype == FY_DTYPE_BF16, -EINVAL,
                "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
                fy_dtype_name(s->act_dtype));
-    FY_TRY(fy_plan_layout_read(pool, s, &r->l));
+    int rc = fy_plan_layout_read(pool, s, &r->l);
+    if (rc < 0) {
+        free(r->pfirst);
+        r->pfirst = NULL;
+        return rc;
+    }
     r->dfinal = gslot(&r->l, 1);
     return 0;
 }
@@ -420,6 +494,18 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
                    "train: the pool has no room for clipping's final-unit gradient (made by "
                    "fy_plan_regions without clip)");
     }
+    /* the state slots as the plan took them: a unit's whole state, or a piece's */
+    if (o->state_pieces && !r->l.state_pieces) {
+        r->l.state_pieces = 1;
+        r->l.state_slot_bytes = fy_optstate_max_piece_bytes(c);
+    }
+    FY_REQUIRE(o->state_pieces == r->l.state_pieces, -EINVAL,
+               "shared pool: state slots of %llu bytes, not the whole units' this plan reads "
+               "before their backward (laid out for the state in pieces?)",
+               (unsigned long long)r->l.state_slot_bytes);
+    FY_REQUIRE(r->l.gslots >= 2 || (r->l.state_pieces && !r->clip), -EINVAL,
+               "shared pool: %u block gradient slot, where whole units' state or clipping takes "
+               "two at least (laid out for another plan?)", r->l.gslots);
     fy_ticket_trace_begin(&r->tk);
     unsigned units = fy_model_unit_count(c);
     r->version = calloc(units, sizeof *r->version);
@@ -429,7 +515,7 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
     int queue = fy_optq_init(&r->opt, &r->tk, units, r->l.gslots);
     r->row_touched = calloc(c->vocab, 1);
     r->at_copy = calloc(units, 1);
-    r->digest = calloc(units, sizeof *r->digest);
+    r->digest = calloc(r->pfirst[units], sizeof *r->digest);
     FY_REQUIRE(queue == 0 && r->version && r->deferred && r->resident && r->wcopy &&
                    r->row_touched && r->at_copy && r->digest,
                -ENOMEM, "train: out of memory");
@@ -462,6 +548,7 @@ void fy_sched_free(struct fy_sched *r)
     free(r->ssd_mask);
     free(r->host_off);
     free(r->at_copy);
+    free(r->pfirst);
     free(r->digest);
 }
 
@@ -507,7 +594,7 @@ static int forward_read(struct fy_sched *r, unsigned u, unsigned slot, struct fy
     /* grads slot 1 + s: its last block's update (forward_update) was waited for */
     if (held_on_gpu(r, u))
         FY_TRY(grad_send(r, u, gslot(&r->l, 1 + s), &r->gsend[s]));
-    if (bf16_weights(r)) /* converted once updated (forward_update) */
+    if (converts(r, u)) /* converted once updated (forward_update) */
         return wslot_claim(r, slot, u);
     r->wslot_unit[slot] = (int)u;
     r->wslot_off[slot] = master_at(r->l.c, u, r->state_off[s]);
@@ -528,9 +615,9 @@ static int forward_update(struct fy_sched *r, unsigned b, unsigned slot, struct 
     FY_TRY(opt_enqueue_scaled(r, b, s, grad, r->deferred_step, r->deferred_lr,
                               r->deferred_scale));
     FY_TRY(fy_optq_settle(&r->opt, b));
-    if (bf16_weights(r)) {
+    if (converts(r, b)) {
         struct fy_ticket t = {0};
-        FY_TRY(convert_into(r, b, master_at(r->l.c, b, r->state_off[s]), slot, &t));
+        FY_TRY(convert_into(r, b, r->state_off[s], slot, &t));
         FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
     }
     FY_TRY(state_write(r, b, s, &fws[s]));
@@ -681,8 +768,8 @@ static int state_read(struct fy_sched *r, unsigned u, unsigned s, struct fy_tick
     }
     r->state_off[s] = r->l.state + s * r->l.state_slot_bytes;
     if (r->at_copy == NULL)
-        return state_io(r, FY_OP_IO_READ, u, r->read_copy, r->state_off[s], NULL, 0, t);
-    return state_io(r, FY_OP_IO_READ, u, r->at_copy[u], r->state_off[s], &r->digest[u], 1, t);
+        return state_io(r, FY_OP_IO_READ, u, r->read_copy, r->state_off[s], DIGEST_NONE, t);
+    return state_io(r, FY_OP_IO_READ, u, r->at_copy[u], r->state_off[s], DIGEST_CHECK, t);
 }
 
 /* Unit u's AdamW request parts: req[0] the gradient at pool offset `grad`, then each section of
@@ -698,7 +785,12 @@ static unsigned adamw_parts(const struct fy_sched *r, unsigned u, uint64_t grad,
     int op = FY_OP_OPT_ADAMW;
     req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, unit_bytes(l, u), (int)u);
     memcpy(&req[0].arg, &scale, sizeof scale);
-    unsigned parts = 1 + fy_optstate_parts(&lay, state, (int)u, req + 1);
+    unsigned parts = 2;
+    if (in_pieces(r, u)) /* the unit's pieces all, updated one after another */
+        req[1] = fy_desc_region(op, FY_KIND_STATE, FY_DTYPE_NONE, state,
+                                fy_optstate_bytes(l->c, u), (int)u);
+    else
+        parts = 1 + fy_optstate_parts(&lay, state, (int)u, req + 1);
     memcpy(&req[1 + FY_OPTSTATE_MASTER].arg, &lr, sizeof lr);
     if (has_copy(r, u))
         req[parts++] = weights_region(r, op, u, r->wcopy[u], (int)u);
@@ -743,7 +835,7 @@ static int state_written(struct fy_sched *r, unsigned u, uint64_t from, struct f
 {
     FY_REQUIRE(r->at_copy != NULL, -EPROTO, "schedule error: state written outside training");
     r->at_copy[u] = (unsigned char)r->work_copy;
-    return state_io(r, FY_OP_IO_WRITE, u, r->work_copy, from, &r->digest[u], 1, t);
+    return state_io(r, FY_OP_IO_WRITE, u, r->work_copy, from, DIGEST_CHECK, t);
 }
 
 static int state_write(struct fy_sched *r, unsigned u, unsigned s, struct fy_ticket *t)
@@ -756,9 +848,91 @@ static int state_write(struct fy_sched *r, unsigned u, unsigned s, struct fy_tic
     return state_written(r, u, r->state_off[s], t);
 }
 
+/* ---- the state in pieces (l.state_pieces): a streamed unit updated piece by piece ---------- */
+
+/* Piece k of unit u between state slot s and the store: read from copy `from` checked against its
+ * digest, or written to the working copy with its digest kept. */
+static int piece_move(struct fy_sched *r, int op, unsigned u, unsigned k, unsigned from,
+                      unsigned s, struct fy_ticket *t)
+{
+    r->state_unit[s] = (int)u;
+    r->state_off[s] = r->l.state + s * r->l.state_slot_bytes;
+    return piece_io(r, op, u, k, op == FY_OP_IO_READ ? from : r->work_copy, r->state_off[s],
+                    DIGEST_CHECK, t);
+}
+
+/* AdamW of piece k of unit u in state slot s, its gradient's range from the unit's at `grad`. */
+static int piece_adamw(struct fy_sched *r, unsigned u, unsigned k, unsigned s, uint64_t grad,
+                       uint64_t step, double lr, double scale, struct fy_ticket *t)
+{
+    FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
+               "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
+               r->state_unit[s]);
+    struct fy_optstate_piece p;
+    fy_optstate_piece(r->l.c, u, k, &p, NULL);
+    int op = FY_OP_OPT_ADAMW;
+    struct fy_desc req[FY_DESC_MAX_PARTS];
+    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad + p.begin * 4, p.params * 4,
+                            (int)u);
+    memcpy(&req[0].arg, &scale, sizeof scale);
+    unsigned n = 1 + fy_optstate_parts(&p.layout, r->state_off[s], (int)u, req + 1);
+    memcpy(&req[1 + FY_OPTSTATE_MASTER].arg, &lr, sizeof lr);
+    req[1 + FY_OPTSTATE_MASTER].tensor = k;
+    for (unsigned i = 0; i < n; i++)
+        req[i].step = step;
+    return fy_ticket_issue(&r->tk, FY_TICKET_OPT, req, n, t);
+}
+
+/* A streamed unit's update piece by piece through the two state slots in turn (its gradient at
+ * pool offset `grad`): piece k + 1 read while piece k is updated, piece k written back while k + 1
+ * is updated; every request done when it returns. The pieces are read from the copy the unit's
+ * state was in, whatever was written meanwhile, and written to the working copy. */
+static int update_in_pieces(struct fy_sched *r, unsigned u, uint64_t grad, uint64_t step,
+                            double lr, double scale)
+{
+    FY_REQUIRE(r->at_copy != NULL, -EPROTO, "schedule error: state written outside training");
+    unsigned n = fy_optstate_piece_count(r->l.c, u), from = r->at_copy[u];
+    struct fy_ticket rd[2] = {{0}}, wr[2] = {{0}}, op = {0};
+    int rc = piece_move(r, FY_OP_IO_READ, u, 0, from, 0, &rd[0]);
+    for (unsigned k = 0; rc == 0 && k < n; k++) {
+        unsigned s = k & 1;
+        if (k + 1 < n) { /* the next piece into the slot its write-back left */
+            rc = fy_ticket_wait(&r->tk, &wr[s ^ 1], NULL);
+            if (rc == 0)
+                rc = piece_move(r, FY_OP_IO_READ, u, k + 1, from, s ^ 1, &rd[s ^ 1]);
+        }
+        if (rc == 0)
+            rc = fy_ticket_wait(&r->tk, &rd[s], NULL);
+        if (rc == 0)
+            rc = piece_adamw(r, u, k, s, grad, step, lr, scale, &op);
+        if (rc == 0)
+            rc = fy_ticket_wait(&r->tk, &op, NULL);
+        if (rc == 0) {
+            r->state_unit[s] = (int)u; /* the slot the read of piece k + 1 did not take */
+            r->state_off[s] = r->l.state + s * r->l.state_slot_bytes;
+            rc = piece_io(r, FY_OP_IO_WRITE, u, k, r->work_copy, r->state_off[s], DIGEST_CHECK,
+                          &wr[s]);
+        }
+    }
+    for (int i = 0; i < 2; i++) { /* nothing stays in flight */
+        int w = fy_ticket_wait(&r->tk, &rd[i], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &wr[i], NULL);
+        rc = rc ? rc : w;
+    }
+    int w = fy_ticket_wait(&r->tk, &op, NULL);
+    rc = rc ? rc : w;
+    if (rc == 0)
+        r->at_copy[u] = (unsigned char)r->work_copy;
+    return rc;
+}
+
+static int is_resident(const struct fy_sched *r, unsigned u);
+
 /* The whole update of one unit (its gradient at pool offset `grad`), waited for. */
 static int update_unit(struct fy_sched *r, unsigned u, uint64_t grad, uint64_t step, double lr)
 {
+    if (r->l.state_pieces && !is_resident(r, u))
+        return update_in_pieces(r, u, grad, step, lr, r->grad_scale);
     struct fy_ticket t = {0};
     FY_TRY(state_read(r, u, 0, &t));
     FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
@@ -817,22 +991,24 @@ static int write_back(struct fy_sched *r, struct writebacks *wb, unsigned u)
     return 0;
 }
 
-/* Block b's weights for its backward, its f32 master at pool offset `master`: with bf16 weights its
- * copy, or the master converted into the block's weights slot (*cv: a conversion issued ahead, or
- * none yet), waited for; *w_off where the gpu request finds them. */
-static int backward_weights(struct fy_sched *r, unsigned b, uint64_t master, struct fy_ticket *cv,
+/* Block b's weights for its backward, its state at pool offset `state`: with bf16 weights its
+ * copy, or its f32 master where it lies (one piece, f32 weights), or the master converted into the
+ * block's weights slot (*cv: a conversion issued ahead, or none yet), waited for; *w_off where the
+ * gpu request finds them. */
+static int backward_weights(struct fy_sched *r, unsigned b, uint64_t state, struct fy_ticket *cv,
                             uint64_t *w_off)
 {
-    *w_off = master;
-    if (!bf16_weights(r))
-        return 0;
-    if (has_copy(r, b)) {
+    if (bf16_weights(r) && has_copy(r, b)) {
         *w_off = r->wcopy[b];
+        return 0;
+    }
+    if (!converts(r, b)) {
+        *w_off = master_at(r->l.c, b, state);
         return 0;
     }
     unsigned slot = block_wslot(&r->l, b);
     if (cv->id == 0)
-        FY_TRY(convert_into(r, b, master, slot, cv));
+        FY_TRY(convert_into(r, b, state, slot, cv));
     FY_TRY(fy_ticket_wait(&r->tk, cv, NULL));
     return weights_of(r, b, slot, w_off);
 }
@@ -881,16 +1057,16 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
                 rc = state_read(r, b, b & 1, &rs[b]);
         }
         if (rc == 0 && b >= 1) {
-            uint64_t w_off = is_resident(r, b) ? master_at(l->c, b, r->resident[b]) : 0;
+            uint64_t w_off = 0, st = is_resident(r, b) ? r->resident[b] : 0;
             if (!is_resident(r, b)) {
                 rc = fy_ticket_wait(&r->tk, &rs[b], NULL);
                 FY_REQUIRE(rc != 0 || r->state_unit[b & 1] == (int)b, -EPROTO,
                            "schedule error: block %u's weights expected in state slot %u, which "
                            "holds unit %d's state", b, b & 1, r->state_unit[b & 1]);
-                w_off = master_at(l->c, b, r->state_off[b & 1]);
+                st = r->state_off[b & 1];
             }
             if (rc == 0)
-                rc = backward_weights(r, b, w_off, &cv[b], &w_off);
+                rc = backward_weights(r, b, st, &cv[b], &w_off);
             if (rc == 0)
                 rc = fy_optq_take_gslot(&r->opt, b, &slot_of[b]);
             if (rc == 0) {
@@ -901,8 +1077,8 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
                 wslot_used_by(r, block_wslot(l, b), &g[b]);
             /* a kept block below without a copy: its weights converted while this one computes */
             if (rc == 0 && b >= 2 && converts(r, b - 1) && is_resident(r, b - 1))
-                rc = convert_into(r, b - 1, master_at(l->c, b - 1, r->resident[b - 1]),
-                                  block_wslot(l, b - 1), &cv[b - 1]);
+                rc = convert_into(r, b - 1, r->resident[b - 1], block_wslot(l, b - 1),
+                                  &cv[b - 1]);
             *cur ^= 1;
             if (rc == 0 && b == 1 && embed) /* the early part reads the gradient this rewrites */
                 rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
@@ -949,6 +1125,93 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
     free(ws);
     free(cv);
     free(issued);
+    free(slot_of);
+    return rc;
+}
+
+/* Block u's update once its backward (g[u]) is done, its gradient in grads slot slot_of[u]: a kept
+ * block's queued as backward_blocks queues it, a streamed block's state read, updated and written
+ * back piece by piece (update_in_pieces), its gradient slot free again after. */
+static int update_block(struct fy_sched *r, unsigned u, struct fy_ticket *g,
+                        const unsigned *slot_of, uint64_t step, double lr)
+{
+    FY_TRY(fy_ticket_wait(&r->tk, &g[u], NULL));
+    uint64_t grad = gslot(&r->l, slot_of[u]);
+    if (is_resident(r, u)) {
+        struct fy_ticket none = {0};
+        FY_TRY(state_read(r, u, u & 1, &none));
+        FY_TRY(opt_enqueue(r, u, u & 1, grad, step, lr));
+        r->opt.gslot_queued[slot_of[u]] = 1;
+        FY_TRY(fy_optq_pump(&r->opt));
+    } else {
+        FY_TRY(update_in_pieces(r, u, grad, step, lr, r->grad_scale));
+        r->opt.gslot_holder[slot_of[u]] = 0; /* its update is done */
+    }
+    r->version[u] = step;
+    return 0;
+}
+
+/* The backward with the state in pieces (l.state_pieces). Each block's weights are read ahead into
+ * the weights slots in turn as in the norm pass (a streamed block's from its masters, as in the
+ * forward); once block b's backward is issued, the weights of the block `depth` below are read
+ * and block b+1's update runs (update_block) while the gpu computes block b. With one gradient
+ * slot, block b+1's update comes before block b's backward, whose gradient takes its slot. With
+ * `embed`, the embedding backward follows block 1's on the gpu. */
+static int backward_pieces(struct fy_sched *r, uint64_t step, double lr, unsigned *cur, int embed)
+{
+    const struct fy_plan_layout *l = &r->l;
+    unsigned L = l->c->n_layer, depth = l->wslots - 1;
+    struct fy_ticket *g = calloc(L + 2, sizeof *g), *rw = calloc(L + 2, sizeof *rw), e = {0};
+    unsigned *slot_of = calloc(L + 2, sizeof *slot_of);
+    int rc = g && rw && slot_of ? 0 : -ENOMEM;
+    fy_optq_release_gslots(&r->opt); /* the last step's updates were all waited for */
+    if (rc == 0 && embed && L == 0) /* it reads the gradient this overwrites */
+        rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
+    if (rc == 0 && embed && L == 0)
+        rc = embed_backward_issue(r, dact_at(l, *cur), &e);
+    for (unsigned u = L; rc == 0 && u >= 1 && u + depth > L; u--) /* the first blocks' weights */
+        rc = read_weights(r, u, block_wslot(l, u), &rw[u]);
+    for (unsigned b = L; rc == 0 && b >= 1; b--) {
+        if (l->gslots == 1 && b + 1 <= L) /* its gradient slot is block b's */
+            rc = update_block(r, b + 1, g, slot_of, step, lr);
+        if (rc == 0)
+            rc = fy_optq_pump(&r->opt);
+        uint64_t w_off = 0;
+        if (rc == 0)
+            rc = fy_ticket_wait(&r->tk, &rw[b], NULL);
+        if (rc == 0)
+            rc = weights_of(r, b, block_wslot(l, b), &w_off);
+        if (rc == 0)
+            rc = fy_optq_take_gslot(&r->opt, b, &slot_of[b]);
+        if (rc == 0)
+            rc = block_backward_issue(r, b, w_off, dact_at(l, *cur), dact_at(l, *cur ^ 1),
+                                      gslot(l, slot_of[b]), 0, &g[b]);
+        wslot_used_by(r, block_wslot(l, b), &g[b]);
+        *cur ^= 1;
+        if (rc == 0 && b == 1 && embed) /* the early part reads the gradient this rewrites */
+            rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
+        if (rc == 0 && b == 1 && embed) /* dx0 is block 1's dx */
+            rc = embed_backward_issue(r, dact_at(l, *cur), &e);
+        if (rc == 0 && b > depth) /* into the slot block b+1 leaves */
+            rc = read_weights(r, b - depth, block_wslot(l, b - depth), &rw[b - depth]);
+        if (rc == 0 && l->gslots > 1 && b + 1 <= L) /* while the gpu runs block b */
+            rc = update_block(r, b + 1, g, slot_of, step, lr);
+    }
+    if (rc == 0 && L >= 1)
+        rc = update_block(r, 1, g, slot_of, step, lr);
+    int we = fy_ticket_wait(&r->tk, &e, NULL);
+    rc = rc ? rc : we;
+    /* nothing stays in flight but kept blocks' updates, which the next forward waits for */
+    for (unsigned u = 0; g != NULL && rw != NULL && u <= L + 1; u++) {
+        int w = fy_ticket_wait(&r->tk, &g[u], NULL);
+        w = w ? w : fy_ticket_wait(&r->tk, &rw[u], NULL);
+        rc = rc ? rc : w;
+    }
+    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->saved);
+    wslot_forget_users(r);
+    free(g);
+    free(rw);
     free(slot_of);
     return rc;
 }
@@ -1115,7 +1378,8 @@ int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr)
         FY_TRY(embed_update_early(r, step, lr, &late));
     unsigned cur = 0; /* dacts[cur] holds dL/d(output of the unit being processed) */
     /* with clipping, pass 1 has completed the embedding gradient already */
-    int rc = backward_blocks(r, step, lr, &cur, !r->clip);
+    int rc = r->l.state_pieces ? backward_pieces(r, step, lr, &cur, !r->clip)
+                               : backward_blocks(r, step, lr, &cur, !r->clip);
     /* done before the embedding backward */
     int early = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
     FY_TRY(rc ? rc : early);
@@ -1230,9 +1494,32 @@ static uint64_t clipped_grad(const struct fy_sched *r, unsigned u)
 /* Streamed units' updates (next_to_update's, in unit order) with the given step, rate and scale:
  * each one's state read, updated and written back, the next one's read while one is updated
  * (state slots 0 and 1 in turn, a slot's read waiting for the write-back from it). */
+/* update_streamed with the state in pieces: each unit's update piece by piece in turn (its
+ * gradient held in the gpu worker sent to grads slot 1 first). */
+static int update_streamed_pieces(struct fy_sched *r, int deferred, uint64_t step, double lr,
+                                  double scale)
+{
+    unsigned fin = r->l.c->n_layer + 1;
+    for (unsigned u = next_to_update(r, 0, deferred); u <= fin;
+         u = next_to_update(r, u + 1, deferred)) {
+        uint64_t grad = clipped_grad(r, u);
+        if (held_on_gpu(r, u)) {
+            struct fy_ticket sent = {0};
+            grad = gslot(&r->l, 1);
+            FY_TRY(grad_send(r, u, grad, &sent));
+            FY_TRY(fy_ticket_wait(&r->tk, &sent, NULL));
+        }
+        FY_TRY(update_in_pieces(r, u, grad, step, lr, scale));
+        r->deferred[u] = 0;
+    }
+    return 0;
+}
+
 static int update_streamed(struct fy_sched *r, int deferred, uint64_t step, double lr,
                            double scale)
 {
+    if (r->l.state_pieces)
+        return update_streamed_pieces(r, deferred, step, lr, scale);
     unsigned fin = r->l.c->n_layer + 1, slot = 0;
     struct fy_ticket rs[2] = {{0}}, ws[2] = {{0}}, gs[2] = {{0}};
     int rc = 0;
@@ -1292,7 +1579,7 @@ int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, doub
      * anyway, where the forward reads at most two units ahead (the two state slots); the other
      * streamed units are updated now, the next forward reading them from the store; then the kept
      * units' updates are queued in the forward's order, which waits for each one's own. */
-    int defer = l->wslots - 1 <= 2;
+    int defer = l->wslots - 1 <= 2 && !l->state_pieces;
     for (unsigned b = 1; defer && b <= L; b++)
         r->deferred[b] = !is_resident(r, b);
     r->deferred_step = step;
@@ -1333,20 +1620,33 @@ int fy_sched_finish_updates(struct fy_sched *r)
 }
 
 /* Every resident unit's state between the pool and the store: loaded from the committed copy
- * (checked against its digest) at start, written to the other at commits. */
-int fy_sched_resident_transfer(struct fy_sched *r, int op)
+ * (checked against its digest) at start, written to the other at commits. A unit in pieces is read
+ * with its pieces' digests reported, and checked here against the record's. */
+int fy_sched_resident_transfer(struct fy_sched *r, int op, const uint64_t *unit_digests)
 {
     for (unsigned u = 0; r->resident != NULL && u < fy_model_unit_count(r->l.c); u++)
         if (r->resident[u] != 0) {
             struct fy_ticket t = {0};
+            int pieces = in_pieces(r, u);
+            if (op == FY_OP_IO_READ && !pieces)
+                r->digest[r->pfirst[u]] = unit_digests[u];
             if (op == FY_OP_IO_READ)
-                FY_TRY(state_io(r, op, u, r->at_copy[u], r->resident[u], &r->digest[u], 1,
-                                &t));
+                FY_TRY(state_io(r, op, u, r->at_copy[u], r->resident[u],
+                                pieces ? DIGEST_REPORT : DIGEST_CHECK, &t));
             else
                 FY_TRY(state_written(r, u, r->resident[u], &t));
             FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
+            FY_REQUIRE(op != FY_OP_IO_READ || fy_sched_unit_digest(r, u) == unit_digests[u],
+                       -EBADMSG, "unit %u's state (copy %u), read back from the store piece by "
+                       "piece, does not match its commit record: torn or corrupted on the SSD",
+                       u, r->at_copy[u]);
         }
     return 0;
+}
+
+uint64_t fy_sched_unit_digest(const struct fy_sched *r, unsigned u)
+{
+    return fy_optstate_unit_digest(r->digest + r->pfirst[u], r->pfirst[u + 1] - r->pfirst[u]);
 }
 
 /* The resident units' bf16 weight copies from their masters, the bits AdamW writes them with
@@ -1356,15 +1656,20 @@ int fy_sched_fill_copies(struct fy_sched *r)
     for (unsigned u = 0; u < fy_model_unit_count(r->l.c); u++) {
         if (!has_copy(r, u))
             continue;
-        size_t n = fy_model_unit_params(r->l.c, u);
-        const float *master = fy_pool_at(r->pool, master_at(r->l.c, u, r->resident[u]), n * 4);
-        uint16_t *copy = fy_pool_at(r->pool, r->wcopy[u], n * 2);
-        FY_REQUIRE(master != NULL && copy != NULL, -ERANGE,
-                   "schedule error: unit %u's state or weights copy lies outside the pool", u);
-#pragma omp parallel for schedule(static) if (n >= (1u << 16))
-        for (size_t i = 0; i < n; i++)
-            copy[i] = fy_f32_to_bf16(master[i]);
+        for (unsigned k = 0, n = fy_optstate_piece_count(r->l.c, u); k < n; k++) {
+            struct fy_optstate_piece p;
+            fy_optstate_piece(r->l.c, u, k, &p, NULL);
+            size_t m = p.params;
+            const float *master = fy_pool_at(
+                r->pool, r->resident[u] + p.offset + p.layout.section[FY_OPTSTATE_MASTER].offset,
+                m * 4);
+            uint16_t *copy = fy_pool_at(r->pool, r->wcopy[u] + p.begin * 2, m * 2);
+            FY_REQUIRE(master != NULL && copy != NULL, -ERANGE,
+                       "schedule error: unit %u's state or weights copy lies outside the pool", u);
+#pragma omp parallel for schedule(static) if (m >= (1u << 16))
+            for (size_t i = 0; i < m; i++)
+                copy[i] = fy_f32_to_bf16(master[i]);
+        }
     }
     return 0;
 }
-

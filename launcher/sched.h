@@ -80,6 +80,10 @@ struct fy_sched {
      * read_copy. */
     unsigned read_copy, work_copy;
     unsigned char *at_copy;
+    /* per piece of each unit's state (common/optstate.h), unit u's from pfirst[u] (pfirst[units]:
+     * every unit's pieces): its digest in the copy its latest state is in (a unit in one piece:
+     * the unit's digest) */
+    unsigned *pfirst;
     uint64_t *digest;
 };
 
@@ -123,9 +127,13 @@ int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr);
 /* The mean loss over the eval batches' trained targets. */
 int fy_sched_eval_loss(struct fy_sched *r, const struct fy_tokfile *data, uint64_t batches,
                        double *loss);
-/* Every resident unit's state between the pool and the store: loaded from the committed copy
- * (checked against its digest) at start, written to the other at commits. */
-int fy_sched_resident_transfer(struct fy_sched *r, int op);
+/* Every resident unit's state between the pool and the store: loaded from the committed copy at
+ * start, each unit checked against its digest in the commit record (unit_digests; a unit in pieces
+ * read piece by piece, its pieces' digests kept), written to the other at commits (unit_digests
+ * NULL). */
+int fy_sched_resident_transfer(struct fy_sched *r, int op, const uint64_t *unit_digests);
+/* Unit u's digest for a commit record: of its pieces' digests (fy_optstate_unit_digest). */
+uint64_t fy_sched_unit_digest(const struct fy_sched *r, unsigned u);
 /* The resident units' bf16 weight copies from their masters, the bits AdamW writes them with
  * (fy_f32_to_bf16): at start, once the committed state is in the pool. */
 int fy_sched_fill_copies(struct fy_sched *r);

@@ -1,6 +1,8 @@
 /* Requests through an executor and their tickets (launcher/ticket.h). */
 #include "ticket.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -87,7 +89,8 @@ static void ticket_fill(const struct fy_tickets *tk, struct fy_ticket *t, int64_
     t->done = 0;
 }
 
-void fy_ticket_finish(struct fy_tickets *tk, struct fy_ticket *t)
+/* A ticket's own request waited for (not its group's). */
+static void finish_one(struct fy_tickets *tk, struct fy_ticket *t)
 {
     double t0 = now_s();
     t->status = tk->x->wait(tk->x->ctx, t->id, &t->reply, tk->timeout_ms);
@@ -101,26 +104,59 @@ void fy_ticket_finish(struct fy_tickets *tk, struct fy_ticket *t)
         account(tk, t);
 }
 
+void fy_ticket_finish(struct fy_tickets *tk, struct fy_ticket *t)
+{
+    if (!t->done)
+        finish_one(tk, t);
+    for (unsigned i = 0; i < t->group_n; i++) {
+        if (!t->group[i].done)
+            finish_one(tk, &t->group[i]);
+        if (t->status == 0)
+            t->status = t->group[i].status;
+    }
+}
+
+int fy_ticket_join(struct fy_tickets *tk, struct fy_ticket *t, struct fy_ticket *more)
+{
+    struct fy_ticket *grown = realloc(t->group, (t->group_n + 1) * sizeof *grown);
+    if (grown == NULL) { /* waited for here, so that nothing stays in flight untracked */
+        fy_ticket_wait(tk, more, NULL);
+        fy_error("no memory to join a request to a ticket");
+        return -ENOMEM;
+    }
+    t->group = grown;
+    t->group[t->group_n++] = *more;
+    memset(more, 0, sizeof *more);
+    return 0;
+}
+
 int fy_ticket_wait(struct fy_tickets *tk, struct fy_ticket *t, struct fy_desc *reply)
 {
     if (t->id == 0)
         return 0;
-    if (!t->done)
-        fy_ticket_finish(tk, t);
+    fy_ticket_finish(tk, t);
     if (reply != NULL)
         *reply = t->reply;
     int rc = t->status;
+    free(t->group);
     memset(t, 0, sizeof *t);
     return rc;
 }
 
 int fy_ticket_finished(struct fy_tickets *tk, struct fy_ticket *t)
 {
-    if (t->done)
-        return 1;
-    int in = tk->x->poll(tk->x->ctx, t->id);
-    if (in > 0)
-        fy_ticket_finish(tk, t);
+    int in = t->done ? 1 : tk->x->poll(tk->x->ctx, t->id);
+    if (in > 0 && !t->done)
+        finish_one(tk, t);
+    for (unsigned i = 0; in > 0 && i < t->group_n; i++) {
+        if (!t->group[i].done) {
+            in = tk->x->poll(tk->x->ctx, t->group[i].id);
+            if (in > 0)
+                finish_one(tk, &t->group[i]);
+        }
+        if (in > 0 && t->status == 0)
+            t->status = t->group[i].status;
+    }
     return in;
 }
 

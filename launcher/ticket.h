@@ -49,6 +49,10 @@ struct fy_ticket {
     int status;
     struct fy_desc reply;
     uint64_t *digest_into; /* an io write's: where its reply's digest goes */
+    /* requests answered as one with this one (fy_ticket_join: the pieces of a unit's state moved
+     * together), waited for with it; NULL: none */
+    struct fy_ticket *group;
+    unsigned group_n;
 };
 
 /* A schedule's requests. */
@@ -73,6 +77,10 @@ void fy_ticket_step(struct fy_tickets *tk, uint64_t step);
  * the ticket done). */
 int fy_ticket_issue(struct fy_tickets *tk, int worker, struct fy_desc *req, unsigned n,
                     struct fy_ticket *t);
+/* Adds the request of ticket `more` (sent) to t's, which is then answered once both are (its
+ * status the first failure's, its reply t's own); `more` is cleared. -ENOMEM (said, `more` waited
+ * for). */
+int fy_ticket_join(struct fy_tickets *tk, struct fy_ticket *t, struct fy_ticket *more);
 /* Waits for ticket t (nothing where its id is 0), its reply into *reply (may be NULL); the ticket
  * is cleared. Returns the reply's status. */
 int fy_ticket_wait(struct fy_tickets *tk, struct fy_ticket *t, struct fy_desc *reply);

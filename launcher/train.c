@@ -45,10 +45,12 @@ int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const str
     const struct fy_plan_shape one = {.c = c, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};
     FY_TRY(fy_sched_init(&r, pool, &one, x, timeout_ms));
     struct init_ctx ctx = {c, seed};
-    /* the two state slots, one unit's whole state each */
+    /* the two state slots, one piece's state each */
     const uint64_t bufs[2] = {r.l.state, r.l.state + r.l.state_slot_bytes};
-    return fy_commit_create(x, pool, r.l.meta, bufs, c, seed, copies, init_unit, &ctx,
-                            timeout_ms);
+    int rc = fy_commit_create(x, pool, r.l.meta, bufs, c, seed, copies, init_unit, &ctx,
+                              timeout_ms);
+    fy_sched_free(&r);
+    return rc;
 }
 
 int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char *where,
@@ -199,7 +201,7 @@ static int log_step(const struct fy_train_opts *o, const struct fy_model_config 
  * (fy_commit_write). The committed copy becomes the working one for the steps that follow. */
 static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
 {
-    FY_TRY(fy_sched_resident_transfer(r, FY_OP_IO_WRITE));
+    FY_TRY(fy_sched_resident_transfer(r, FY_OP_IO_WRITE, NULL));
     struct fy_storemeta *next = malloc(sizeof *next);
     FY_REQUIRE(next != NULL, -ENOMEM, "commit: no memory for the record");
     *next = *meta;
@@ -208,7 +210,7 @@ static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
     next->copy = r->work_copy;
     int rc = 0;
     for (unsigned u = 0; u < fy_model_unit_count(r->l.c); u++) {
-        next->digest[u] = r->digest[u];
+        next->digest[u] = fy_sched_unit_digest(r, u);
         if (r->at_copy[u] != r->work_copy) {
             fy_error("schedule error: unit %u's state of step %llu is not in copy %u to commit",
                      u, (unsigned long long)step, r->work_copy);
@@ -239,12 +241,13 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
         r->read_copy = meta->copy;
         r->work_copy = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
         memset(r->at_copy, (int)meta->copy, units);
-        memcpy(r->digest, meta->digest, units * sizeof *r->digest);
         double t0 = now_s();
         unsigned bad = 0;
-        int rc = fy_sched_resident_transfer(r, FY_OP_IO_READ);
+        /* the pieces' digests: each unit's read with them, checked against the record's */
+        int rc = fy_sched_resident_transfer(r, FY_OP_IO_READ, meta->digest);
         if (rc == 0)
-            rc = fy_commit_verify(r->tk.x, meta, r->l.state, resident, &bad, r->tk.timeout_ms);
+            rc = fy_commit_verify(r->tk.x, r->pool, meta, r->l.state, resident, r->digest, &bad,
+                                  r->tk.timeout_ms);
         if (rc == 0)
             fy_info("step %llu's state checked against its commit record in %.1f s",
                     (unsigned long long)meta->step, now_s() - t0);
@@ -412,10 +415,8 @@ static int export_unit(void *ctx, unsigned unit, float *params)
 {
     const struct export_ctx *e = ctx;
     struct fy_sched *r = e->r;
-    FY_TRY(fy_commit_read_unit(r->tk.x, e->meta, unit, r->l.state, r->tk.timeout_ms));
-    memcpy(params, fy_commit_unit_master(r->pool, e->meta, unit, r->l.state),
-           fy_model_unit_params(r->l.c, unit) * sizeof *params);
-    return 0;
+    return fy_commit_read_master(r->tk.x, r->pool, e->meta, unit, r->l.state, params,
+                                 r->tk.timeout_ms);
 }
 
 int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
@@ -427,14 +428,18 @@ int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
     FY_TRY(fy_sched_init(&r, pool, &one, x, timeout_ms));
     struct fy_commit_export passed = {0};
     /* a run training meanwhile can commit over what is read; damaged state: the commit before */
+    int rc = 0;
     for (int moved = 0;; moved++) {
         struct export_ctx ctx = {&r, meta};
-        int rc = fy_weights_write(path, &meta->model, meta->step, overwrite, export_unit, &ctx);
+        rc = fy_weights_write(path, &meta->model, meta->step, overwrite, export_unit, &ctx);
         if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
-            return rc;
-        FY_TRY(fy_commit_export_next(x, pool, r.l.meta, path, beside, &passed, meta,
-                                     timeout_ms));
+            break;
+        rc = fy_commit_export_next(x, pool, r.l.meta, path, beside, &passed, meta, timeout_ms);
+        if (rc < 0)
+            break;
     }
+    fy_sched_free(&r);
+    return rc;
 }
 
 int fy_train_export(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,

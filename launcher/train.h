@@ -67,6 +67,9 @@ struct fy_train_opts {
      * the gpu worker instead (train.grad_hold in its configuration), each sent to a grads slot
      * when its update runs */
     int grad_hold_gpu;
+    /* the state slots hold a piece each (struct fy_plan_place's state_pieces): a streamed unit's
+     * state read, updated and written piece by piece after its gradient is in */
+    int state_pieces;
     int ckpt_ssd;          /* 1: the block-input checkpoints go to the SSD store (--ckpt-place ssd) */
     unsigned act_ahead;    /* --act-ahead: blocks whose activations on the store the backward reads
                               ahead (1..FY_PLAN_ACT_AHEAD_MAX; 0: FY_PLAN_ACT_AHEAD_DEFAULT) */

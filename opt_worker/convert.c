@@ -2,6 +2,7 @@
 #include "convert.h"
 
 #include <errno.h>
+#include <string.h>
 
 #include "common/check.h"
 #include "common/dtype.h"
@@ -65,4 +66,30 @@ int fy_convert_to_bf16(struct fy_threads *pool, const float *src, uint16_t *dst,
     if (pool == NULL || n < 2 * (size_t)FY_CONVERT_MIN_PER_THREAD)
         return convert_run(&j, 0, 1);
     return fy_threads_run(pool, convert_run, &j);
+}
+
+struct copy_job {
+    const float *src;
+    float *dst;
+    size_t n;
+};
+
+static int copy_run(void *arg, unsigned index, unsigned count)
+{
+    const struct copy_job *j = arg;
+    size_t begin, end;
+    fy_threads_split(j->n, 16, index, count, &begin, &end);
+    if (end > begin)
+        memcpy(j->dst + begin, j->src + begin, (end - begin) * sizeof *j->dst);
+    return 0;
+}
+
+int fy_convert_copy_f32(struct fy_threads *pool, const float *src, float *dst, size_t n)
+{
+    FY_REQUIRE(n == 0 || (src != NULL && dst != NULL), -EINVAL,
+               "copy of f32 weights: a NULL buffer for %zu elements", n);
+    struct copy_job j = {.src = src, .dst = dst, .n = n};
+    if (pool == NULL || n < 2 * (size_t)FY_CONVERT_MIN_PER_THREAD)
+        return copy_run(&j, 0, 1);
+    return fy_threads_run(pool, copy_run, &j);
 }

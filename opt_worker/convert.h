@@ -22,4 +22,8 @@
 int fy_convert_to_bf16(struct fy_threads *pool, const float *src, uint16_t *dst, size_t n,
                        enum fy_adamw_impl impl);
 
+/* dst[i] = src[i] for i < n, split over the pool's threads as fy_convert_to_bf16: a unit's f32
+ * weights gathered from its pieces' master sections (f32 weights). */
+int fy_convert_copy_f32(struct fy_threads *pool, const float *src, float *dst, size_t n);
+
 #endif

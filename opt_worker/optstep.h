@@ -6,9 +6,13 @@
  *
  * opt-adamw parts (any order, each kind once): GRAD (f32 or bf16), MASTER, ADAM_M, ADAM_V (f32)
  * and optionally WEIGHTS (bf16 copy out). step = Adam's t (>= 1); layer = model unit (weight decay
- * on matrices only, per fy_model_decay_segments) or -1 (decay on every element). The arg of a part
+ * on matrices only, per fy_model_decay_segments) or -1 (decay on every element). For a unit whose
+ * state is in pieces (common/optstate.h) the sections are those of one piece, its index in the
+ * MASTER part's tensor (0 for a unit in one piece), and GRAD and WEIGHTS hold that piece's range;
+ * or in place of the sections one STATE part, the unit's whole extent, which is updated piece by
+ * piece (a row list too): the bits of the unit's update in one piece either way. The arg of a part
  * is about that part, as IEEE double bits:
- *   MASTER  the learning rate (0: the run config's lr);
+ *   MASTER  the learning rate (0: the run config's lr; a STATE part's arg likewise);
  *   GRAD    the gradient scale of global-norm clipping, min(1, max_norm / (norm + 1e-6)) as the
  *           launcher computes it: every gradient element is multiplied by (float)scale before
  *           AdamW uses it (fy_adamw_tensor.grad_scale). 0, or 1, means no clipping: no multiply at
@@ -23,7 +27,10 @@
  * opt-convert: a MASTER part (f32) and a WEIGHTS part (bf16) of the same element count (at least
  * one), not overlapping; layer = the model unit they are (a piece) of, checked to hold that many
  * parameters, or -1. The weights part gets fy_f32_to_bf16 of every value (opt_worker/convert.h):
- * the bf16 weights a gpu request reads, the bits a kept unit's copy has. */
+ * the bf16 weights a gpu request reads, the bits a kept unit's copy has. An f32 WEIGHTS part gets
+ * the values copied; a STATE part in place of MASTER (a unit's pieces) has each piece's master
+ * converted or copied into its place: the weights of a unit in pieces, whose master is not one
+ * contiguous range. */
 #ifndef FY_OPTSTEP_H
 #define FY_OPTSTEP_H
 

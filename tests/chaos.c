@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/pool.h"
@@ -54,7 +55,7 @@ void fy_chaos_reference_run_in(struct fy_chaos *c, const char *name)
     char *run = strdup(fy_test_in(c->f, name));
     char *out = strdup(fy_test_fmt("%s.fywt", run));
     assert_true(run != NULL && out != NULL);
-    fy_chaos_init_model_as(c->f, run, c->optim_state);
+    fy_chaos_init_model_with(c->f, run, c->optim_state, c->state_piece);
     const char *args[40];
     fy_chaos_run_args(c, args, run, FY_CHAOS_STEPS, out, NULL);
     assert_int_equal(fy_test_launch_in(c->f, args, 300), 0);
@@ -75,9 +76,24 @@ void fy_chaos_init_model(struct fy_test_fixture *f, const char *run)
 
 void fy_chaos_init_model_as(struct fy_test_fixture *f, const char *run, const char *optim_state)
 {
-    const char *args[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
-                          "64", "--ctx", "32", "--seed", "5",
-                          optim_state ? "--optim-state" : NULL, optim_state, NULL};
+    fy_chaos_init_model_with(f, run, optim_state, NULL);
+}
+
+void fy_chaos_init_model_with(struct fy_test_fixture *f, const char *run, const char *optim_state,
+                              const char *state_piece)
+{
+    const char *args[20] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                            "64", "--ctx", "32", "--seed", "5"};
+    unsigned n = 13;
+    if (optim_state != NULL) {
+        args[n++] = "--optim-state";
+        args[n++] = optim_state;
+    }
+    if (state_piece != NULL) {
+        args[n++] = "--state-piece";
+        args[n++] = state_piece;
+    }
+    args[n] = NULL;
     assert_int_equal(fy_test_launch_in(f, args, 60), 0);
 }
 
@@ -176,7 +192,7 @@ struct fy_chaos_paths fy_chaos_new_run(struct fy_chaos *c, const char *name)
     snprintf(p.log, sizeof p.log, "%s.log", p.run);
     snprintf(p.store, sizeof p.store, "%s/store", p.run);
     snprintf(p.data, sizeof p.data, "%s/%s", p.store, FY_STORE_DATA_NAME);
-    fy_chaos_init_model_as(c->f, p.run, c->optim_state);
+    fy_chaos_init_model_with(c->f, p.run, c->optim_state, c->state_piece);
     return p;
 }
 
@@ -216,4 +232,71 @@ int fy_chaos_train_to(struct fy_chaos *c, const char *run, const char *steps, co
     if (rc != 0) /* its log, to see why */
         fy_test_file_contains(c->f->log, "a line no log has");
     return rc;
+}
+
+int fy_chaos_worker_pid(const char *run, const char *name)
+{
+    FILE *f = fopen(fy_test_fmt("%s/workers.pid", run), "r");
+    if (f == NULL)
+        return -1;
+    char have[32];
+    int pid, found = -1;
+    while (fscanf(f, "%31s %d", have, &pid) == 2)
+        if (strcmp(have, name) == 0)
+            found = pid;
+    fclose(f);
+    return found;
+}
+
+void fy_chaos_report_recoveries(const char *what, const char *log)
+{
+    char *text = fy_test_slurp(log, NULL);
+    int n = 0;
+    double max = 0, sum = 0;
+    for (char *p = text; p != NULL && (p = strstr(p, "restarted in ")) != NULL; p++) {
+        double s = atof(p + strlen("restarted in "));
+        max = s > max ? s : max;
+        sum += s;
+        n++;
+    }
+    free(text);
+    printf("chaos: %s: %d recoveries, mean %.2f s, longest %.2f s (workers started again and the "
+           "last commit checked)\n", what, n, n ? sum / n : 0.0, max);
+}
+
+void fy_chaos_kill_worker(struct fy_chaos *c, const char *name, const char *run_name,
+                          uint64_t seed, int kills_wanted)
+{
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, run_name);
+    const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
+    int pid = fy_chaos_start_run(c, &rp, NULL, NULL);
+    int kills = 0, last = -1, status = -1;
+    int seen = fy_test_count_matches(metrics, "\"step\": ");
+    double t0 = fy_test_now_s();
+    while (fy_test_now_s() - t0 < 240) {
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            break;
+        int victim = fy_chaos_worker_pid(run, name);
+        int done = fy_test_count_matches(metrics, "\"step\": ");
+        if (kills < kills_wanted && victim > 0 && victim != last && done > seen) {
+            fy_test_pause_ms((int)(fy_test_rand(&seed) % 120)); /* somewhere in a step */
+            if (kill(victim, SIGKILL) == 0) {
+                kills++;
+                last = victim;
+                seen = fy_test_count_matches(metrics, "\"step\": ");
+            }
+        }
+        fy_test_pause_ms(5);
+    }
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fy_test_file_contains(log, "no such line: the log, to see why");
+    assert_int_equal(WEXITSTATUS(status), 0);
+    printf("chaos: %s worker killed %d times during a run of %s steps\n", name, kills,
+           FY_CHAOS_STEPS);
+    assert_int_equal(kills, kills_wanted);
+    assert_int_equal(fy_test_count_matches(log, "restart "), kills);
+    fy_chaos_report_recoveries(fy_test_fmt("%s worker", name), log);
+    fy_chaos_assert_same_as_reference(c, run, out);
+    fy_chaos_assert_nothing_left(run);
 }

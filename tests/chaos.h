@@ -7,6 +7,7 @@
 #define FY_CHAOS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tests/testutil.h"
 
@@ -18,6 +19,7 @@
 struct fy_chaos {
     struct fy_test_fixture *f;
     const char *optim_state; /* init --optim-state of every run (NULL: init's default, fp32) */
+    const char *state_piece; /* init --state-piece of every run (NULL: init's default) */
     const char *const *train_extra; /* more train options of every run (NULL: none) */
     char *ref_losses;
     char *ref_weights;
@@ -46,6 +48,8 @@ void fy_chaos_reference_run(void **state);
 void fy_chaos_reference_run_in(struct fy_chaos *c, const char *name);
 
 /* init of the GPT every run here trains (2 layers of width 64, 2 heads, context 32, seed 5). */
+void fy_chaos_init_model_with(struct fy_test_fixture *f, const char *run, const char *optim_state,
+                              const char *state_piece);
 void fy_chaos_init_model(struct fy_test_fixture *f, const char *run);
 /* The same with --optim-state `optim_state` (NULL: none given). */
 void fy_chaos_init_model_as(struct fy_test_fixture *f, const char *run, const char *optim_state);
@@ -60,8 +64,18 @@ void fy_chaos_run_args(const struct fy_chaos *c, const char **args, const char *
 char *fy_chaos_losses(const char *metrics);
 /* Nothing of the run is left: no process, no pool in /dev/shm, no temporary file. */
 void fy_chaos_assert_nothing_left(const char *run);
+/* The pid of a worker of the run (RUN/workers.pid), or -1. */
+int fy_chaos_worker_pid(const char *run, const char *name);
+/* The "restarted in X s" times of a log, printed: how many, and their largest and mean. */
+void fy_chaos_report_recoveries(const char *what, const char *log);
+/* Kills (SIGKILL) the named worker of a training run (a new run `run_name` of the group's
+ * directory, trained with c's options), `kills` times, each at a random moment (from `seed`) once
+ * the run has made progress since the last kill; the run restarts it itself and must end as c's
+ * undisturbed run, leaving nothing behind. */
+void fy_chaos_kill_worker(struct fy_chaos *c, const char *name, const char *run_name,
+                          uint64_t seed, int kills);
 /* The paths of a run named `name` in the group's directory, with a model initialised there (in
- * c->optim_state). */
+ * c->optim_state and c->state_piece). */
 struct fy_chaos_paths fy_chaos_new_run(struct fy_chaos *c, const char *name);
 /* Starts the usual training run to FY_CHAOS_STEPS in the background (its output to rp->log, made
  * anew), with `extra` options (may be NULL) and, where delay_ms is given, every AdamW that much

@@ -3,7 +3,8 @@
  * for the swap sets: no swapping), the kept blocks' count from the device room, the budgets never
  * exceeded over a sweep of pool rooms, FC and GELU placed together when one product writes both,
  * the forced modes and the test hook's mix, the refusals, clipping's two schedules, several gpu
- * workers, and bf16 weights' conversions on the opt worker. */
+ * workers, bf16 weights' conversions on the opt worker, and the state in pieces' second read of a
+ * streamed block's master. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -336,6 +337,38 @@ static void test_bf16_weights_conversions(void **state)
     fy_actrun_free(&copied);
 }
 
+/* The state in pieces (struct fy_plan_place's state_pieces), every unit streamed, the disk slow
+ * enough to bind each phase: the backward reads each block's master section once more (8 x
+ * 3162112 bytes at 1e8 bytes/s); with one-pass clipping the forward no longer reads a block's
+ * state in place of its master (the updates come after the backward), so it reads the masters the
+ * deferral saves. */
+static void test_state_pieces_reads(void **state)
+{
+    (void)state;
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e15, 1u << 20, 1ull << 40);
+    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    in.resident = NULL;
+    in.rates.ssd_read = in.rates.ssd_write = 1e8;
+    in.rates.opt_params = 1e15;
+    struct fy_actrun whole, pieces;
+    assert_int_equal(fy_actrun_plan(&in, &whole), 0);
+    in.state_pieces = 1;
+    assert_int_equal(fy_actrun_plan(&in, &pieces), 0);
+    assert_float_equal(pieces.predicted_s - whole.predicted_s, 8 * 3162112.0 / 1e8, 1e-6);
+    fy_actrun_free(&whole);
+    fy_actrun_free(&pieces);
+    in.clip = 1;
+    in.clip_hold = 1; /* one pass */
+    in.state_pieces = 0;
+    assert_int_equal(fy_actrun_plan(&in, &whole), 0);
+    in.state_pieces = 1;
+    assert_int_equal(fy_actrun_plan(&in, &pieces), 0);
+    assert_float_equal(pieces.predicted_s - whole.predicted_s, 8 * 3162112.0 / 1e8, 1e-6);
+    fy_actrun_free(&whole);
+    fy_actrun_free(&pieces);
+}
+
 /* Several gpu workers, N = 2 and 3 at 4 sequences each (the profile's share): the internals'
  * sizes are a worker's; auto keeps what the device holds and swaps nothing even where one worker
  * would (test_device_room_and_swap_sets); a slow NVLink binds each phase at its gradients' ring
@@ -393,6 +426,7 @@ int main(void)
         cmocka_unit_test(test_clipped_steps),
         cmocka_unit_test(test_ranks),
         cmocka_unit_test(test_bf16_weights_conversions),
+        cmocka_unit_test(test_state_pieces_reads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

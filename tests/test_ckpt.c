@@ -4,6 +4,8 @@
  *   - a record round-trips the step, seed, sequence number, copy, copies and every unit's digest;
  *   - slot 37 holds the optimizer state format: each round-trips, 0 (records written before the
  *     slot was) reads fp32, a value this build does not know is refused;
+ *   - slot 38 holds the store's piece of optimizer state in KiB: it round-trips, 0 (records
+ *     written before pieces) reads as whole units, a size no store can have is refused;
  *   - fy_storemeta_check: intact 0, all zeros 1 (never written), a flipped byte anywhere in the
  *     record (header, digests, padding) or a short buffer -EBADMSG; decode refuses the same;
  *   - a version 1 metadata block (stores before commit records), built slot by slot as the old
@@ -125,6 +127,33 @@ static void test_record_optim_state(void **state)
     assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), -EBADMSG);
 }
 
+/* Slot 38: the piece of optimizer state, in KiB, outside the config hash. */
+static void test_record_state_piece(void **state)
+{
+    (void)state;
+    m = (struct fy_storemeta){.model = gpt(), .step = 5, .seed = 3, .seq = 4, .copies = 2};
+    m.model.state_piece = 1ull << 30;
+    fy_storemeta_encode(&m, rec);
+    assert_int_equal(slot32(rec, 38), 1u << 20);
+    assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), 0);
+    assert_int_equal(back.model.state_piece, 1ull << 30);
+    const struct fy_model_config plain = gpt();
+    assert_true(fy_model_config_hash(&back.model) == fy_model_config_hash(&plain));
+    /* 0 there (every record from before pieces): whole units */
+    m.model.state_piece = 0;
+    fy_storemeta_encode(&m, rec);
+    for (int i = 4 * 38; i < 4 * 39; i++)
+        assert_int_equal(rec[i], 0);
+    back.model.state_piece = 99;
+    assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), 0);
+    assert_int_equal(back.model.state_piece, 0);
+    /* 1 KiB, under any piece a store is made with, its digest intact: refused */
+    m.model.state_piece = 1024;
+    fy_storemeta_encode(&m, rec);
+    assert_int_equal(fy_storemeta_check(rec, sizeof rec), 0);
+    assert_int_equal(fy_storemeta_decode(rec, sizeof rec, "test", &back), -EBADMSG);
+}
+
 static void test_record_damage_found(void **state)
 {
     (void)state;
@@ -222,6 +251,7 @@ int main(void)
         cmocka_unit_test(test_digest),
         cmocka_unit_test(test_record_round_trip),
         cmocka_unit_test(test_record_optim_state),
+        cmocka_unit_test(test_record_state_piece),
         cmocka_unit_test(test_record_damage_found),
         cmocka_unit_test(test_version1_block_refused),
         cmocka_unit_test(test_scratch_classes),

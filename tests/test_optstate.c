@@ -16,7 +16,16 @@
  *     by hand): the codes of the tensors of 4096 values or more, their blocks' absmax, the small
  *     tensors' f32 moments apart, each tensor's place; 8, 6.03125 bytes a parameter; a new state's
  *     moments dequantize to zero; the planner moves the int8 state's bytes;
- *   - the self-test's state tensor has the same layout. */
+ *   - the self-test's state tensor has the same layout;
+ *   - pieces (init --state-piece): a unit whose state fits the limit (or a limit of 0) is one
+ *     piece, its layout and tensors byte for byte the whole unit's; cut, the pieces cover the unit
+ *     one after another in parameters and in the extent, 4 KiB aligned, every section of a piece
+ *     aligned, each piece within the limit but where a tensor under one step of the grain or one
+ *     step alone exceeds it; cuts inside a tensor fall at multiples of lcm(4096, n_embd) values from
+ *     its first (int8 blocks and embedding rows whole), a tensor under that never split, every
+ *     part keeps the whole tensor's moments' kind and weight decay; the parts of a tensor over the
+ *     pieces reassemble it; counts worked by hand for a GPT-2 block in fp32 and int8; the digest of
+ *     one piece is the unit's, of several the digest of their digests. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -149,7 +158,7 @@ static void test_planner_counts(void **state)
     /* the pool's state region: two of the largest unit's state */
     struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n, found = 0;
-    const struct fy_plan_place streamed = {.prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_MIN};
+    const struct fy_plan_place streamed = {.prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_FLOOR};
     fy_plan_regions(&step, &streamed, regions, &n);
     for (unsigned i = 0; i < n; i++)
         if (strcmp(regions[i].name, "state") == 0) {
@@ -317,6 +326,139 @@ static void test_selftest_layout(void **state)
     assert_int_equal(l.state_bytes, 61440);
 }
 
+/* Pieces of GPT-2 2 x 64 wide (vocab 1000, ctx 64) and Llama small under `limit`, every format. */
+static void check_pieces(struct fy_model_config c, uint64_t limit)
+{
+    c.state_piece = limit;
+    uint64_t grain = 4096; /* lcm(4096, 64) */
+    for (unsigned u = 0; u < fy_model_unit_count(&c); u++) {
+        unsigned n = fy_optstate_piece_count(&c, u);
+        struct fy_optstate_tensor whole[FY_UNIT_MAX_TENSORS];
+        unsigned nt = fy_optstate_tensors(&c, u, whole);
+        struct fy_optstate_layout one;
+        fy_optstate_layout(&c, u, &one);
+        assert_int_equal(n == 1, limit == 0 || one.bytes <= limit);
+        uint64_t params = 0, at = 0, done[FY_UNIT_MAX_TENSORS] = {0};
+        unsigned t = 0; /* the whole tensor the next part belongs to */
+        for (unsigned k = 0; k < n; k++) {
+            struct fy_optstate_piece p;
+            struct fy_optstate_tensor part[FY_UNIT_MAX_TENSORS];
+            unsigned np = fy_optstate_piece(&c, u, k, &p, part);
+            assert_int_equal(p.begin, params);
+            assert_int_equal(p.offset, at);
+            assert_int_equal(p.offset % 4096, 0);
+            assert_int_equal(p.layout.params, p.params);
+            assert_int_equal(p.layout.format, c.optim_state);
+            for (unsigned i = 0; i < p.layout.count; i++)
+                assert_int_equal(p.layout.section[i].offset % 4096, 0);
+            uint64_t in_piece = 0;
+            for (unsigned i = 0; i < np; i++) {
+                while (done[t] == whole[t].count)
+                    t++;
+                assert_true(t < nt);
+                assert_int_equal(part[i].begin, in_piece);
+                assert_int_equal(part[i].decay, whole[t].decay);
+                assert_int_equal(part[i].quantized, whole[t].quantized);
+                /* a cut inside a tensor: at a multiple of the grain; a small tensor whole */
+                if (done[t] > 0 || part[i].count < whole[t].count) {
+                    assert_true(whole[t].count > grain);
+                    assert_int_equal(done[t] % grain, 0);
+                }
+                done[t] += part[i].count;
+                in_piece += part[i].count;
+            }
+            assert_int_equal(in_piece, p.params);
+            /* within the limit unless one part alone is a small tensor or a step of the grain */
+            if (limit > 0 && p.layout.bytes > limit)
+                assert_true(np == 1 && (part[0].count <= grain || part[0].count < 4096));
+            params += p.params;
+            at += p.layout.bytes;
+        }
+        for (unsigned i = 0; i < nt; i++)
+            assert_int_equal(done[i], whole[i].count);
+        assert_int_equal(params, fy_model_unit_params(&c, u));
+        assert_int_equal(fy_optstate_bytes(&c, u), at);
+        if (n == 1) { /* byte for byte the whole unit's */
+            struct fy_optstate_piece p;
+            struct fy_optstate_tensor part[FY_UNIT_MAX_TENSORS];
+            assert_int_equal(fy_optstate_piece(&c, u, 0, &p, part), nt);
+            assert_memory_equal(&p.layout, &one, sizeof one);
+            assert_memory_equal(part, whole, nt * sizeof *part);
+        }
+    }
+}
+
+static void test_pieces_cut(void **state)
+{
+    (void)state;
+    struct fy_model_config g = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 1000, .ctx = 64};
+    struct fy_model_config l = llama_small();
+    const uint64_t limits[] = {0, 16384, 20480, 49152, 65536, 100000 / 1024 * 1024, 1u << 30};
+    for (int f = 0; f < FY_OPTIM_STATE_COUNT; f++)
+        for (unsigned i = 0; i < sizeof limits / sizeof *limits; i++) {
+            g.optim_state = l.optim_state = f;
+            check_pieces(g, limits[i]);
+            check_pieces(l, limits[i]);
+        }
+}
+
+/* GPT-2 64 wide, a block (ln1 64+64, qkv 12288+192, attn 4096+64, ln2 64+64, fc 16384+256, proj
+ * 16384+64: 49984 parameters) in pieces of 64 KiB, worked by hand. */
+static void test_pieces_by_hand(void **state)
+{
+    (void)state;
+    struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 1000, .ctx = 64,
+                                .state_piece = 65536};
+    assert_int_equal(fy_model_unit_params(&c, 1), 49984);
+    /* fp32: 12 bytes a parameter, three sections of 4 KiB each at least. The first piece holds
+     * ln1 (128) and 4096 of qkv's weights: 3 x pad(4 x 4224) = 3 x 20480 = 61440; with 8192 of
+     * them 3 x 36864 > 64 KiB. */
+    struct fy_optstate_piece p;
+    struct fy_optstate_tensor t[FY_UNIT_MAX_TENSORS];
+    assert_int_equal(fy_optstate_piece(&c, 1, 0, &p, t), 3);
+    assert_int_equal(p.begin, 0);
+    assert_int_equal(p.params, 4224);
+    assert_int_equal(p.layout.bytes, 61440);
+    assert_int_equal(t[2].begin, 128);
+    assert_int_equal(t[2].count, 4096);
+    assert_int_equal(t[2].decay, 1);
+    assert_int_equal(t[0].decay, 0);
+    assert_int_equal(fy_optstate_piece(&c, 1, 1, &p, t), 1); /* qkv's next 4096 */
+    assert_int_equal(p.begin, 4224);
+    assert_int_equal(p.offset, 61440);
+    assert_int_equal(p.params, 4096);
+    unsigned n = fy_optstate_piece_count(&c, 1);
+    uint64_t total = 0;
+    for (unsigned k = 0; k < n; k++) {
+        fy_optstate_piece(&c, 1, k, &p, NULL);
+        assert_true(p.layout.bytes <= 65536);
+        total += p.layout.bytes;
+    }
+    assert_int_equal(fy_optstate_bytes(&c, 1), total);
+    assert_true(total > 12u * 49984); /* each piece's sections padded */
+    /* int8: fc's 16384 weights are quantized, 64 blocks; cut in 4096s they stay quantized, 16
+     * blocks each, their codes and absmax in their own piece's sections */
+    c.optim_state = FY_OPTIM_STATE_INT8;
+    c.state_piece = 16384;
+    n = fy_optstate_piece_count(&c, 1);
+    unsigned quantized_parts = 0;
+    for (unsigned k = 0; k < n; k++) {
+        unsigned np = fy_optstate_piece(&c, 1, k, &p, t);
+        for (unsigned i = 0; i < np; i++)
+            if (t[i].quantized) {
+                assert_int_equal(t[i].count % 4096, 0);
+                assert_int_equal(p.layout.blocks, t[i].count / 256);
+                quantized_parts++;
+            }
+    }
+    assert_int_equal(quantized_parts, 3 + 1 + 4 + 4); /* qkv 12288, attn 4096, fc and proj 16384 */
+    /* the digest of one piece is the unit's; of several, of their digests */
+    uint64_t d[3] = {0x1111, 0x2222, 0x3333};
+    assert_int_equal(fy_optstate_unit_digest(d, 1), 0x1111);
+    assert_true(fy_optstate_unit_digest(d, 3) != fy_optstate_unit_digest(d, 2));
+    assert_true(fy_optstate_unit_digest(d, 3) == fy_optstate_unit_digest(d, 3));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -328,6 +470,8 @@ int main(void)
         cmocka_unit_test(test_zero_moments),
         cmocka_unit_test(test_int8_planner_counts),
         cmocka_unit_test(test_selftest_layout),
+        cmocka_unit_test(test_pieces_cut),
+        cmocka_unit_test(test_pieces_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

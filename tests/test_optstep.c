@@ -8,7 +8,12 @@
  * block absmax, the small tensors' f32 moments), and a request of another format than the run's,
  * with a section of the wrong size, or with a row across two tensors is refused, nothing written.
  * opt-convert rounds a unit's weights, or a piece of them, to bf16 as fy_f32_to_bf16 does, and
- * malformed conversions are refused with nothing written. */
+ * malformed conversions are refused with nothing written. A unit in pieces (init --state-piece),
+ * in every format: updated whole (a STATE part), piece by piece (each piece's sections, its index
+ * in the master part), or by rows over its pieces, gives bit for bit the state, moments and bf16
+ * copy of the same unit in one piece, laid out piece by piece; its masters converted to bf16 or
+ * copied to f32 weights give the one piece's; a piece of the wrong size, a STATE part of the
+ * wrong size or beside section parts is refused, nothing written. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -760,9 +765,9 @@ static void test_convert_refused(void **state)
     bad[0].bytes = n * 2;
     assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* the master not f32 */
     memcpy(bad, good, sizeof good);
-    bad[1].dtype = FY_DTYPE_F32;
+    bad[1].dtype = FY_DTYPE_I32;
     bad[1].bytes = n * 4;
-    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* the weights not bf16 */
+    assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* the weights not bf16 or f32 */
     memcpy(bad, good, sizeof good);
     bad[1].bytes -= 2;
     assert_int_equal(handle(f, bad, 2, &reply), -EPROTO); /* element counts differ */
@@ -788,6 +793,256 @@ static void test_convert_refused(void **state)
     assert_int_equal(handle(f, good, 2, &reply), 0);
 }
 
+/* --- a unit's state in pieces ----------------------------------------------------------------- */
+
+/* The state `whole` of unit u laid out in one piece (model c, state_piece 0) copied into `pieces`,
+ * laid out in the pieces of cp: each value of the master and of the moments to its place, each
+ * int8 block's absmax to its block's; padding zero. */
+static void relayout(const struct fy_model_config *c, const struct fy_model_config *cp,
+                     unsigned u, const uint8_t *whole, uint8_t *pieces)
+{
+    struct fy_optstate_layout wl;
+    fy_optstate_layout(c, u, &wl);
+    struct fy_optstate_tensor wt[FY_UNIT_MAX_TENSORS];
+    unsigned nt = fy_optstate_tensors(c, u, wt);
+    memset(pieces, 0, fy_optstate_bytes(cp, u));
+    uint64_t done[FY_UNIT_MAX_TENSORS] = {0};
+    unsigned t = 0;
+    int format = c->optim_state;
+    size_t size = format == FY_OPTIM_STATE_BF16 ? 2 : format == FY_OPTIM_STATE_INT8 ? 1 : 4;
+    for (unsigned k = 0; k < fy_optstate_piece_count(cp, u); k++) {
+        struct fy_optstate_piece p;
+        struct fy_optstate_tensor pt[FY_UNIT_MAX_TENSORS];
+        unsigned np = fy_optstate_piece(cp, u, k, &p, pt);
+        uint8_t *ps = pieces + p.offset;
+        const struct fy_optstate_layout *pl = &p.layout;
+        for (unsigned i = 0; i < np; i++) {
+            while (done[t] == wt[t].count)
+                t++;
+            assert_true(t < nt);
+            uint64_t pos = done[t], n = pt[i].count;
+            memcpy(ps + pl->section[FY_OPTSTATE_MASTER].offset + pt[i].begin * 4,
+                   whole + (wt[t].begin + pos) * 4, n * 4);
+            if (format != FY_OPTIM_STATE_INT8 || pt[i].quantized) {
+                for (int mv = FY_OPTSTATE_ADAM_M; mv <= FY_OPTSTATE_ADAM_V; mv++)
+                    memcpy(ps + pl->section[mv].offset + pt[i].at * size,
+                           whole + wl.section[mv].offset + (wt[t].at + pos) * size, n * size);
+            }
+            if (format == FY_OPTIM_STATE_INT8 && pt[i].quantized) {
+                uint64_t blocks = (n + 255) / 256;
+                for (int mv = 0; mv < 2; mv++)
+                    memcpy(ps + pl->section[FY_OPTSTATE_ABSMAX].offset +
+                               (mv * pl->blocks + pt[i].block) * 4,
+                           whole + wl.section[FY_OPTSTATE_ABSMAX].offset +
+                               (mv * wl.blocks + wt[t].block + pos / 256) * 4,
+                           blocks * 4);
+            } else if (format == FY_OPTIM_STATE_INT8) {
+                for (int mv = 0; mv < 2; mv++)
+                    memcpy(ps + pl->section[FY_OPTSTATE_SMALL].offset +
+                               (mv * pl->small + pt[i].at) * 4,
+                           whole + wl.section[FY_OPTSTATE_SMALL].offset +
+                               (mv * wl.small + wt[t].at + pos) * 4,
+                           n * 4);
+            }
+            done[t] += n;
+        }
+    }
+}
+
+/* A STATE request for unit u at `state` (its pieces all), gradient at 0, the bf16 copy at `copy`
+ * (0: none); returns the parts. */
+static unsigned state_request_of(struct fx *f, const struct fy_model_config *cp, unsigned u,
+                                 uint64_t state, uint64_t copy, struct fy_desc *req)
+{
+    size_t n = fy_model_unit_params(cp, u);
+    unsigned k = 0;
+    req[k++] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, FY_DTYPE_F32, f->base, n * 4, (int)u);
+    req[k++] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_STATE, FY_DTYPE_NONE, f->base + state,
+                              fy_optstate_bytes(cp, u), (int)u);
+    if (copy != 0)
+        req[k++] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16, f->base + copy,
+                                  n * 2, (int)u);
+    for (unsigned i = 0; i < k; i++)
+        req[i].step = 3;
+    req[1].arg = double_arg(2e-3);
+    req[0].arg = double_arg(0.5); /* a clipping scale */
+    return k;
+}
+
+/* Every unit of the width-64 model, fp32, bf16 and int8, in pieces of 16 KiB: the one-piece
+ * update, the STATE update and the update piece by piece give the same bits; the masters
+ * converted from the pieces give the one piece's weights (bf16 and f32). */
+static void test_adamw_pieces(void **state)
+{
+    struct fx *f = *state;
+    for (int format = 0; format < FY_OPTIM_STATE_COUNT; format++) {
+        struct fy_model_config c = model_of(64, format), cp = c;
+        cp.state_piece = 16384;
+        struct fy_optstep *one = new_optstep(&c), *cut = new_optstep(&cp);
+        unsigned cut_units = 0;
+        for (unsigned u = 0; u < fy_model_unit_count(&c); u++) {
+            struct hand_layout h = hand_layout(&c, u);
+            uint64_t P = h.params, bytes = fy_optstate_bytes(&cp, u);
+            unsigned pieces = fy_optstate_piece_count(&cp, u);
+            cut_units += pieces > 1;
+            /* the test region: gradient, one-piece state, pieces (STATE), pieces (one by one),
+             * three bf16 copies */
+            const uint64_t s1 = up4k(P * 4), s2 = s1 + up4k(h.bytes), s3 = s2 + up4k(bytes);
+            const uint64_t w1 = s3 + up4k(bytes), w2 = w1 + up4k(P * 2), w3 = w2 + up4k(P * 2);
+            assert_true(w3 + up4k(P * 4) <= REGION_BYTES);
+            if (format == FY_OPTIM_STATE_FP32) { /* fill_unit does bf16 and int8 */
+                fill(at(f, 0, P * 4), P, 90 + u, -0.1f, 0.1f);
+                float *st = at(f, s1, h.bytes);
+                memset(st, 0, h.bytes);
+                fill(st, P, 91 + u, -1.0f, 1.0f);
+                fill(st + h.m / 4, P, 92 + u, -0.01f, 0.01f);
+                fill(st + h.v / 4, P, 93 + u, 0.0f, 1e-4f);
+            } else {
+                fill_unit(f, &c, &h, s1, 90 + u);
+            }
+            relayout(&c, &cp, u, at(f, s1, h.bytes), at(f, s2, bytes));
+            memcpy(at(f, s3, bytes), at(f, s2, bytes), bytes);
+            struct fy_desc req[8], reply;
+            /* one piece, with a bf16 copy */
+            unsigned n = unit_request(f, &c, u, s1, 3, 2e-3, req);
+            req[0].arg = double_arg(0.5);
+            req[n++] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16,
+                                      f->base + w1, P * 2, (int)u);
+            req[n - 1].step = 3;
+            assert_int_equal(fy_optstep_handle(one, f->pool, req, n, &reply), 0);
+            /* the pieces all */
+            n = state_request_of(f, &cp, u, s2, w2, req);
+            assert_int_equal(fy_optstep_handle(cut, f->pool, req, n, &reply), 0);
+            /* piece by piece, in reverse order */
+            for (unsigned k = pieces; k-- > 0;) {
+                struct fy_optstate_piece p;
+                fy_optstate_piece(&cp, u, k, &p, NULL);
+                req[0] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, FY_DTYPE_F32,
+                                        f->base + p.begin * 4, p.params * 4, (int)u);
+                req[0].arg = double_arg(0.5);
+                unsigned m = 1 + fy_optstate_parts(&p.layout, f->base + s3 + p.offset, (int)u,
+                                                   req + 1);
+                req[1].arg = double_arg(2e-3);
+                req[1].tensor = k;
+                req[m++] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16,
+                                          f->base + w3 + p.begin * 2, p.params * 2, (int)u);
+                for (unsigned i = 0; i < m; i++)
+                    req[i].step = 3;
+                assert_int_equal(fy_optstep_handle(cut, f->pool, req, m, &reply), 0);
+            }
+            uint8_t *want = malloc(bytes);
+            relayout(&c, &cp, u, at(f, s1, h.bytes), want);
+            assert_memory_equal(at(f, s2, bytes), want, bytes);
+            assert_memory_equal(at(f, s3, bytes), want, bytes);
+            assert_memory_equal(at(f, w2, P * 2), at(f, w1, P * 2), P * 2);
+            assert_memory_equal(at(f, w3, P * 2), at(f, w1, P * 2), P * 2);
+            /* the masters converted from the pieces: bf16, and f32 (copied) */
+            for (int d = 0; d < 2; d++) {
+                int dtype = d ? FY_DTYPE_F32 : FY_DTYPE_BF16;
+                size_t size = fy_dtype_size(dtype);
+                memset(at(f, w3, P * size), 0xab, P * size);
+                struct fy_desc cv[2] = {
+                    fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_STATE, FY_DTYPE_NONE, f->base + s2,
+                                   bytes, (int)u),
+                    fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, dtype, f->base + w3,
+                                   P * size, (int)u)};
+                assert_int_equal(fy_optstep_handle(cut, f->pool, cv, 2, &reply), 0);
+                const float *master = at(f, s1, P * 4);
+                if (d)
+                    assert_memory_equal(at(f, w3, P * 4), master, P * 4);
+                else
+                    assert_memory_equal(at(f, w3, P * 2), at(f, w1, P * 2), P * 2);
+            }
+            /* refused, nothing written: a piece's request one value short, a STATE part one page
+             * short, a STATE part beside a master part */
+            memcpy(at(f, s3, bytes), want, bytes);
+            n = state_request_of(f, &cp, u, s3, 0, req);
+            req[1].bytes -= 4096;
+            assert_int_equal(fy_optstep_handle(cut, f->pool, req, n, &reply), -EPROTO);
+            req[1].bytes += 4096;
+            req[n] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_MASTER, FY_DTYPE_F32, f->base + w3,
+                                    P * 4, (int)u);
+            assert_int_equal(fy_optstep_handle(cut, f->pool, req, n + 1, &reply), -EPROTO);
+            if (pieces > 1) {
+                struct fy_optstate_piece p;
+                fy_optstate_piece(&cp, u, 1, &p, NULL);
+                req[0] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, FY_DTYPE_F32, f->base,
+                                        p.params * 4, (int)u);
+                unsigned m = 1 + fy_optstate_parts(&p.layout, f->base + s3 + p.offset, (int)u,
+                                                   req + 1);
+                req[1].tensor = 0; /* piece 1's sections named as piece 0 */
+                for (unsigned i = 0; i < m; i++)
+                    req[i].step = 3;
+                assert_int_equal(fy_optstep_handle(cut, f->pool, req, m, &reply), -EPROTO);
+            }
+            assert_memory_equal(at(f, s3, bytes), want, bytes);
+            free(want);
+        }
+        assert_true(cut_units >= 2); /* the blocks at least */
+        fy_optstep_destroy(&one);
+        fy_optstep_destroy(&cut);
+    }
+}
+
+/* int8 width 256 and fp32: the embeddings in pieces updated by two complementary row lists (the
+ * schedule's split) equal the one-piece unit's whole update, laid out in pieces. */
+static void test_adamw_pieces_rows(void **state)
+{
+    struct fx *f = *state;
+    const int formats[] = {FY_OPTIM_STATE_INT8, FY_OPTIM_STATE_FP32};
+    for (int k = 0; k < 2; k++) {
+        struct fy_model_config c = model_of(256, formats[k]), cp = c;
+        cp.state_piece = 16384;
+        struct fy_optstep *one = new_optstep(&c), *cut = new_optstep(&cp);
+        struct hand_layout h = hand_layout(&c, 0);
+        uint64_t P = h.params, bytes = fy_optstate_bytes(&cp, 0), rows = c.vocab + c.ctx;
+        assert_true(fy_optstate_piece_count(&cp, 0) > 2);
+        const uint64_t s1 = up4k(P * 4), s2 = s1 + up4k(h.bytes), lists = s2 + up4k(bytes);
+        if (formats[k] == FY_OPTIM_STATE_FP32) {
+            fill(at(f, 0, P * 4), P, 7, -0.1f, 0.1f);
+            float *st = at(f, s1, h.bytes);
+            memset(st, 0, h.bytes);
+            fill(st, 3 * P, 8, 0.0f, 1e-3f);
+        } else {
+            fill_unit(f, &c, &h, s1, 77);
+        }
+        relayout(&c, &cp, 0, at(f, s1, h.bytes), at(f, s2, bytes));
+        struct fy_desc req[8], reply;
+        unsigned n = unit_request(f, &c, 0, s1, 2, 1e-3, req);
+        assert_int_equal(fy_optstep_handle(one, f->pool, req, n, &reply), 0);
+        n = state_request_of(f, &cp, 0, s2, 0, req);
+        req[0].arg = 0;
+        req[1].arg = double_arg(1e-3);
+        for (unsigned i = 0; i < n; i++)
+            req[i].step = 2;
+        req[n] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, f->base + lists, 0,
+                                0);
+        req[n].step = 2;
+        req[n].arg = c.n_embd;
+        int32_t *list = at(f, lists, rows * 4);
+        for (int part = 0; part < 2; part++) {
+            size_t count = 0;
+            for (size_t r = 0; r < rows; r++)
+                if ((r % 3 == 1) == part)
+                    list[count++] = (int32_t)r;
+            req[n].bytes = count * 4;
+            assert_int_equal(fy_optstep_handle(cut, f->pool, req, n + 1, &reply), 0);
+        }
+        uint8_t *want = malloc(bytes);
+        relayout(&c, &cp, 0, at(f, s1, h.bytes), want);
+        assert_memory_equal(at(f, s2, bytes), want, bytes);
+        /* a row past the unit's end: refused, nothing written */
+        list[0] = 0;
+        list[1] = (int32_t)rows;
+        req[n].bytes = 8;
+        assert_int_equal(fy_optstep_handle(cut, f->pool, req, n + 1, &reply), -EPROTO);
+        assert_memory_equal(at(f, s2, bytes), want, bytes);
+        free(want);
+        fy_optstep_destroy(&one);
+        fy_optstep_destroy(&cut);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -801,6 +1056,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adamw_formats_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_convert, setup, teardown),
         cmocka_unit_test_setup_teardown(test_convert_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adamw_pieces, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adamw_pieces_rows, setup, teardown),
     };
     return cmocka_run_group_tests_name("optstep", tests, NULL, NULL);
 }

@@ -8,6 +8,11 @@
  *     while a unit streams, else as many as asked and the budget holds, one per block at most;
  *   - where the activation step runs: before the residency for the forced modes (whose swap the
  *     residency then plans around), after it for auto (which sees the residency);
+ *   - the state in pieces (init --state-piece): the state slots a piece's, the master read again for
+ *     a streamed block's backward, the floor's order (whole units with three gradient slots, then
+ *     two, then pieces with three, two, one; never one with clipping), of those that fit the
+ *     fastest with the units kept in the room each leaves (pieces where the disk binds and they
+ *     leave room for a block), the one-slot bound, and what the plan says of it;
  *   - the GPU: the working buffers, and a set per call in flight with every block swapped;
  *   - several gpu workers: each GPU's compute and PCIe link, the NVLink and host memory terms,
  *     and what they refuse.
@@ -26,6 +31,7 @@
 #include "common/check.h"
 #include "common/ckpt.h"
 #include "common/dtype.h"
+#include "common/optstate.h"
 #include "common/pool.h"
 #include "gpu_worker/backend.h"
 #include "launcher/options.h"
@@ -48,6 +54,7 @@ static struct fy_model_config gpt(unsigned L, unsigned C)
 #define BLOCK_STATE 602112ull
 #define FINAL_STATE 12288ull
 #define BLOCK_SECTION 200704ull
+#define EMBED_SECTION 73728ull
 #define ACT 32768ull
 
 static const struct fy_plan_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h = 2e9,
@@ -74,8 +81,9 @@ static void streaming(unsigned L, unsigned grad_slots, unsigned ckpt_slots,
     out[1] = (struct fy_pool_region_spec){"tokens", 3 * 4 * KIB};
     out[2] = (struct fy_pool_region_spec){"acts", (ckpt_slots ? ckpt_slots : L + 1) * ACT};
     out[3] = (struct fy_pool_region_spec){"dacts", (ckpt_slots ? 3 : 2) * ACT};
-    out[4] = (struct fy_pool_region_spec){"weights", 3 * BLOCK_SECTION};
-    out[5] = (struct fy_pool_region_spec){"grads", (1 + grad_slots) * BLOCK_SECTION};
+    /* weights slot 0 and grads slot 0 the embeddings', the others a block's */
+    out[4] = (struct fy_pool_region_spec){"weights", EMBED_SECTION + 2 * BLOCK_SECTION};
+    out[5] = (struct fy_pool_region_spec){"grads", EMBED_SECTION + grad_slots * BLOCK_SECTION};
     out[6] = (struct fy_pool_region_spec){"state", 2 * BLOCK_STATE};
 }
 
@@ -117,8 +125,8 @@ static void test_regions_by_hand(void **state)
     static const char *const names[9] = {"meta", "tokens", "acts", "dacts", "weights", "grads",
                                          "state", "resident", "saved"};
     const uint64_t bytes[9] = {
-        FY_COMMIT_RECORD_BYTES, 12 * KIB, 4 * ACT, 3 * ACT, 4 * BLOCK_SECTION,
-        6 * BLOCK_SECTION + 4 * KIB, /* the final unit's gradient after the slots */
+        FY_COMMIT_RECORD_BYTES, 12 * KIB, 4 * ACT, 3 * ACT, EMBED_SECTION + 3 * BLOCK_SECTION,
+        EMBED_SECTION + 5 * BLOCK_SECTION + 4 * KIB, /* the final unit's gradient after the slots */
         2 * BLOCK_STATE,
         EMBED_STATE + 36864 + 2 * (BLOCK_STATE + 102400) + FINAL_STATE + 4096,
         64 * KIB + 4 * 8 * KIB};
@@ -344,7 +352,8 @@ static void test_clip_modes(void **state)
 }
 
 /* bf16 weights for every unit, width 64 and two blocks (test_streamed_by_hand's model): each
- * weights slot a block's bf16 weights (49984 x 2 bytes, padded to 102400), the landing ring where a
+ * weights slot a block's bf16 weights (49984 x 2 bytes, padded to 102400; slot 0 the embeddings',
+ * 18432 x 2 = 36864), the landing ring where a
  * unit streams (four chunks of a quarter of the block's master section, 200704 / 4 = 50176, padded
  * to 53248); PCIe 469760 bytes fewer than f32's 1276928 (the embeddings' 36864, the blocks' 2 x
  * 99968 in the forward and again in the backward, the head's final unit and wte 33024); the opt
@@ -365,7 +374,7 @@ static void test_bf16_weights_by_hand(void **state)
     struct fy_pool_region_spec want[FY_PLAN_REGIONS_MAX];
     streaming(2, 3, 0, want);
     memmove(want + 6, want + 5, 2 * sizeof want[0]);
-    want[4] = (struct fy_pool_region_spec){"weights", 3 * 102400};
+    want[4] = (struct fy_pool_region_spec){"weights", 36864 + 2 * 102400};
     want[5] = (struct fy_pool_region_spec){"landing", 4 * 53248};
     check_regions(&p, want, 8);
     assert_int_equal(p.traffic.to_gpu, 1276928 - 469760);
@@ -438,8 +447,9 @@ static void test_bf16_weights_by_hand(void **state)
     fy_plan_free(&f32);
 }
 
-/* Width 256, four blocks: the embeddings' state 884736 bytes (73728 parameters), a block's
- * 9486336 (789760 parameters, 3159040 bytes padded to 3162112 a section), the final unit's 12288.
+/* Width 256, four blocks: the embeddings' state 884736 bytes (73728 parameters, 294912 bytes a
+ * section: weights slot 0 and grads slot 0), a block's 9486336 (789760 parameters, 3159040 bytes
+ * padded to 3162112 a section), the final unit's 12288.
  * A budget of the streaming pool and one 2 MiB region more keeps unit 0 and, passing over the
  * blocks, the final unit (884736 + 12288 bytes); their bf16 copies (147456 and 4096 bytes) fit
  * too. Not all state fits, so --ckpt-place auto sends the checkpoints to the store. */
@@ -450,7 +460,8 @@ static void test_residency_by_budget(void **state)
     const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
     struct fy_pool_region_spec least[8] = {
         {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB},  {"acts", 5 * act},
-        {"dacts", 2 * act},               {"weights", 3 * section}, {"grads", 4 * section},
+        {"dacts", 2 * act},               {"weights", 294912 + 2 * section},
+        {"grads", 294912 + 3 * section},
         {"state", 2 * block_state},       {"resident", 884736 + 12288}};
     struct fy_plan_in in = input(&c);
     in.cpu_mem = fy_pool_layout_size(least, 8);
@@ -467,7 +478,8 @@ static void test_residency_by_budget(void **state)
     assert_int_equal(p.traffic.ssd_write, 4 * block_state);
     fy_plan_free(&p);
 
-    /* bf16 weights: three bf16 slots (1579520 bytes padded to 1581056 each) and the landing ring
+    /* bf16 weights: three bf16 slots (1579520 bytes padded to 1581056 each, slot 0 the
+     * embeddings' 147456) and the landing ring
      * (four chunks of a quarter of a block's master section, 790528 bytes) in place of the three
      * f32 slots, the same 2 MiB regions: the same units kept, with their copies; the streamed
      * blocks converted in the forward and the backward, 4 x 2 x 789760 parameters */
@@ -480,7 +492,7 @@ static void test_residency_by_budget(void **state)
     assert_int_equal(p.resident_bytes, 884736 + 147456 + 12288 + 4096);
     assert_int_equal(p.n_regions, 9);
     assert_string_equal(p.regions[4].name, "weights");
-    assert_int_equal(p.regions[4].bytes, 3 * 1581056);
+    assert_int_equal(p.regions[4].bytes, 147456 + 2 * 1581056);
     assert_string_equal(p.regions[5].name, "landing");
     assert_int_equal(p.regions[5].bytes, 4 * 790528);
     assert_int_equal(fy_plan_land_chunk(&c), 790528);
@@ -504,8 +516,8 @@ static void test_residency_by_budget(void **state)
 
 /* Every unit kept: as many gradient slots as asked, one per block at most (8 of 8 blocks, or 5
  * when 5 are asked). Sixteen blocks under a budget of the streaming pool with three and all the
- * state: ten gradients (the embeddings' slot and nine blocks', 10 x 200704 bytes) still fit the
- * grads region's 2 MiB, eleven do not: nine slots; a unit streamed: three. */
+ * state: the embeddings' slot and ten blocks' (73728 + 10 x 200704 bytes) still fit the grads
+ * region's 2 MiB, eleven do not: ten slots; a unit streamed: three. */
 static void test_grad_slots(void **state)
 {
     (void)state;
@@ -531,7 +543,7 @@ static void test_grad_slots(void **state)
     in.cpu_mem = fy_pool_layout_size(least, 8);
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.kept, 18);
-    assert_int_equal(p.place.grad_slots, 9);
+    assert_int_equal(p.place.grad_slots, 10);
     assert_int_equal(p.pool_bytes, in.cpu_mem);
     fy_plan_free(&p);
     /* 2 MiB less: four for the resident region, which hold unit 0, blocks 1 to 13 and the final
@@ -574,7 +586,8 @@ static void test_activation_step_order(void **state)
     const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
     struct fy_pool_region_spec least[8] = {
         {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB},  {"acts", 5 * act},
-        {"dacts", 2 * act},               {"weights", 3 * section}, {"grads", 4 * section},
+        {"dacts", 2 * act},               {"weights", 294912 + 2 * section},
+        {"grads", 294912 + 3 * section},
         {"state", 2 * block_state},       {"resident", 884736 + 12288}};
     struct fy_plan_in in = input(&c);
     in.cpu_mem = fy_pool_layout_size(least, 8);
@@ -610,6 +623,136 @@ static void test_activation_step_order(void **state)
     fy_plan_traffic(&in.shape, &none, &without);
     assert_int_equal(p.traffic.from_gpu - without.from_gpu, 160 * KIB);
     assert_int_equal(p.traffic.to_gpu - without.to_gpu, 160 * KIB);
+    fy_plan_free(&p);
+}
+
+/* Width 256, two blocks, the state in pieces of at most 1 MiB. A block (789760 parameters) cut by
+ * the rule (tensors whole where they fit, else at multiples of 4096 values): ten pieces of 86528,
+ * 86016, 86784, 86784, 86016, 86016, 87040, 86016, 86016 and 12544 parameters, the largest's state
+ * 1044480 bytes, the extent 9498624 (three padded sections a piece), the masters 3166208; the
+ * embeddings (884736 bytes) and the final unit one piece each. Regions: weights and grads slot 0
+ * the embeddings' 294912, a block's f32 section 3162112. */
+static void test_state_pieces_by_hand(void **state)
+{
+    (void)state;
+    struct fy_model_config c = gpt(2, 256);
+    c.state_piece = 1 * MIB;
+    const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, embed = 294912;
+    const uint64_t piece = 1044480, extent = 9498624, masters = 3166208;
+    assert_int_equal(fy_optstate_piece_count(&c, 1), 10);
+    assert_int_equal(fy_optstate_piece_count(&c, 0), 1);
+    assert_int_equal(fy_optstate_bytes(&c, 1), extent);
+    assert_int_equal(fy_optstate_master_bytes(&c, 1), masters);
+    assert_int_equal(fy_optstate_max_piece_bytes(&c), piece);
+    assert_int_equal(fy_optstate_max_bytes(&c), extent);
+    /* f32 weights of units in pieces come through the landing ring, copied together: four chunks
+     * of a quarter of the block's masters, 3166208 / 4 padded to 794624 */
+    assert_int_equal(fy_plan_land_chunk(&c), 794624);
+    struct fy_pool_region_spec regions[5][8];
+    const struct {
+        int pieces;
+        unsigned slots;
+    } floor[5] = {{0, 3}, {0, 2}, {1, 3}, {1, 2}, {1, 1}};
+    for (int i = 0; i < 5; i++) {
+        struct fy_pool_region_spec r[8] = {
+            {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB}, {"acts", 3 * act},
+            {"dacts", 2 * act}, {"weights", embed + 2 * section}, {"landing", 4 * 794624},
+            {"grads", embed + floor[i].slots * section},
+            {"state", 2 * (floor[i].pieces ? piece : extent)}};
+        memcpy(regions[i], r, sizeof r);
+    }
+    /* each try of the floor, at its own pool: taken, nothing kept */
+    struct fy_plan_in in = input(&c);
+    struct fy_plan p;
+    for (int i = 0; i < 5; i++) {
+        in.cpu_mem = fy_pool_layout_size(regions[i], 8);
+        assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+        assert_int_equal(p.place.state_pieces, floor[i].pieces);
+        assert_int_equal(p.place.grad_slots, floor[i].slots);
+        assert_int_equal(p.kept, 0);
+        check_regions(&p, regions[i], 8);
+        assert_true(p.fits_cpu);
+        fy_plan_free(&p);
+    }
+    /* where the disk binds, the room of whole units' state slots is better spent on state: at the
+     * pool of whole units' slots with nothing kept, the state slots a piece's, a block kept */
+    in.rates = (struct fy_plan_rates){.gpu_flops = 1e15, .h2d = 1e12, .d2h = 1e12, .ssd_read = 1e8,
+                                      .ssd_write = 2e8, .opt_params = 1e12,
+                                      .opt_by_format = {1e12, 1e12, 1e12}};
+    in.cpu_mem = fy_pool_layout_size(regions[0], 8);
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.state_pieces, 1);
+    assert_true(p.kept >= 2 && p.resident[1] == FY_PLAN_KEPT);
+    assert_true(p.fits_cpu);
+    struct fy_plan_place whole_kept = p.place; /* and predicted faster than the whole units' */
+    whole_kept.state_pieces = 0;
+    whole_kept.grad_slots = 3;
+    whole_kept.resident = NULL;
+    struct fy_plan_prediction alone;
+    fy_plan_predict(&in.shape, &whole_kept, &in.rates, &alone);
+    assert_true(p.predicted.step_s < alone.step_s);
+    fy_plan_free(&p);
+    in.rates = rates;
+    /* the pieces, one slot: every unit's master in the forward and its state read and written,
+     * a block's master once more in the backward, before its state */
+    struct fy_plan_traffic whole;
+    const struct fy_plan_place whole_place = {.prefetch = 1, .grad_slots = 1};
+    fy_plan_traffic(&in.shape, &whole_place, &whole);
+    in.cpu_mem = fy_pool_layout_size(regions[4], 8);
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    uint64_t states = 884736 + 2 * extent + 12288;
+    assert_int_equal(p.traffic.ssd_read, embed + 884736 + 2 * (2 * masters + extent) + 4096 + 12288);
+    assert_int_equal(p.traffic.ssd_write, states);
+    assert_int_equal(p.traffic.ssd_read - whole.ssd_read, 2 * masters);
+    assert_int_equal(p.store_bytes, 2 * states + 2 * FY_COMMIT_RECORD_BYTES);
+    /* f32 weights: the blocks in pieces are copied from their pieces' masters, 8 bytes a parameter,
+     * in the forward and the backward */
+    assert_int_equal(p.traffic.convert, 2 * 2 * 789760ull * 8);
+    /* one slot: the backward and each block's update one after another (AdamW at 1e6 parameters
+     * a second binds each: 0.78976 s against 2 x 9498624 / 1e8 + 2 x 9498624 / 2e8); with a GPU
+     * slow enough, the bound */
+    assert_float_equal(fy_plan_block_updates_s(&in.shape, &p.place, &in.rates), 2 * 0.78976,
+                       1e-12);
+    fy_plan_free(&p);
+    in.rates.gpu_flops = 1e9;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_string_equal(p.predicted.bound, "the backward, then each block's update (one gradient "
+                                           "slot)");
+    assert_float_equal(p.predicted.step_s, p.predicted.gpu_s + 2 * 0.78976, 1e-12);
+    char said[768];
+    fy_plan_state_describe(&in, &p, said, sizeof said);
+    assert_non_null(strstr(said, "optimizer state in pieces (2 units cut in pieces of at most 1.0 "
+                                 "MiB, init --state-piece): two state slots of a piece, 1020.0 KiB "
+                                 "each, where a unit's whole state, 9.1 MiB, does not fit "
+                                 "--cpu-mem"));
+    assert_non_null(strstr(said, "; 1 block gradient slot (3 where --cpu-mem has room): each "
+                                 "block's backward waits for the update of the block above"));
+    fy_plan_free(&p);
+    in.rates = rates;
+    /* clipping never takes one slot: at that pool, two, and the plan does not fit */
+    in.shape.clip = 1;
+    in.clip_mode = FY_CLIP_TWO_PASS;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.state_pieces, 1);
+    assert_int_equal(p.place.grad_slots, 2);
+    assert_false(p.fits_cpu);
+    fy_plan_free(&p);
+    /* nothing fits: the least, said not to fit */
+    in.shape.clip = 0;
+    in.cpu_mem = 4 * MIB;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.state_pieces, 1);
+    assert_int_equal(p.place.grad_slots, 1);
+    assert_false(p.fits_cpu);
+    fy_plan_free(&p);
+    /* --grad-slots 2 asks no more than two, whatever the room; whole units take two at least */
+    in.cpu_mem = 1024 * MIB;
+    in.grad_slots = 1;
+    in.shape.c = &c;
+    c.n_layer = 2;
+    assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
+    assert_int_equal(p.place.state_pieces, 0);
+    assert_int_equal(p.place.grad_slots, 2);
     fy_plan_free(&p);
 }
 
@@ -780,6 +923,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regions_by_hand),     cmocka_unit_test(test_streamed_by_hand),
         cmocka_unit_test(test_residency_by_budget), cmocka_unit_test(test_grad_slots),
+        cmocka_unit_test(test_state_pieces_by_hand),
         cmocka_unit_test(test_activation_step_order), cmocka_unit_test(test_gpu_need),
         cmocka_unit_test(test_clip_modes),          cmocka_unit_test(test_ranks),
         cmocka_unit_test(test_ranks_refused),       cmocka_unit_test(test_bf16_weights_by_hand),

@@ -30,21 +30,6 @@ static void test_reference_run(void **state) { fy_chaos_reference_run(state); }
 #define KILLS_PER_WORKER 8
 #define LAUNCHER_KILLS 8
 
-/* The pid of a worker of the run (RUN/workers.pid), or -1. */
-static int worker_pid(const char *run, const char *name)
-{
-    FILE *f = fopen(fy_test_fmt("%s/workers.pid", run), "r");
-    if (f == NULL)
-        return -1;
-    char have[32];
-    int pid, found = -1;
-    while (fscanf(f, "%31s %d", have, &pid) == 2)
-        if (strcmp(have, name) == 0)
-            found = pid;
-    fclose(f);
-    return found;
-}
-
 /* Waits until the metrics file holds at least `lines` steps' lines. */
 static void wait_steps(const char *metrics, int lines)
 {
@@ -52,60 +37,9 @@ static void wait_steps(const char *metrics, int lines)
         fy_test_pause_ms(5);
 }
 
-/* The "restarted in X s" times of a log: how many, and their largest and mean. */
-static void report_recoveries(const char *what, const char *log)
-{
-    char *text = fy_test_slurp(log, NULL);
-    int n = 0;
-    double max = 0, sum = 0;
-    for (char *p = text; p != NULL && (p = strstr(p, "restarted in ")) != NULL; p++) {
-        double s = atof(p + strlen("restarted in "));
-        max = s > max ? s : max;
-        sum += s;
-        n++;
-    }
-    free(text);
-    printf("chaos: %s: %d recoveries, mean %.2f s, longest %.2f s (workers started again and the "
-           "last commit checked)\n", what, n, n ? sum / n : 0.0, max);
-}
-
-/* Kills (SIGKILL) the named worker of a training run (run `run_name` of the group's directory),
- * KILLS_PER_WORKER times, each at a random moment once the run has made progress since the last
- * kill; the run restarts it itself. */
 static void kill_worker_in(struct fy_chaos *c, const char *name, const char *run_name, uint64_t seed)
 {
-    struct fy_chaos_paths rp = fy_chaos_new_run(c, run_name);
-    const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    int pid = fy_chaos_start_run(c, &rp, NULL, NULL);
-    int kills = 0, last = -1, status = -1;
-    int seen = fy_test_count_matches(metrics, "\"step\": ");
-    double t0 = fy_test_now_s();
-    while (fy_test_now_s() - t0 < 240) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            break;
-        int victim = worker_pid(run, name);
-        int done = fy_test_count_matches(metrics, "\"step\": ");
-        if (kills < KILLS_PER_WORKER && victim > 0 && victim != last && done > seen) {
-            fy_test_pause_ms((int)(fy_test_rand(&seed) % 120)); /* somewhere in a step */
-            if (kill(victim, SIGKILL) == 0) {
-                kills++;
-                last = victim;
-                seen = fy_test_count_matches(metrics, "\"step\": ");
-            }
-        }
-        fy_test_pause_ms(5);
-    }
-    assert_true(WIFEXITED(status));
-    if (WEXITSTATUS(status) != 0)
-        fy_test_file_contains(log, "no such line: the log, to see why");
-    assert_int_equal(WEXITSTATUS(status), 0);
-    printf("chaos: %s worker killed %d times during a run of %s steps\n", name, kills,
-           FY_CHAOS_STEPS);
-    assert_int_equal(kills, KILLS_PER_WORKER);
-    assert_int_equal(fy_test_count_matches(log, "restart "), kills);
-    report_recoveries(fy_test_fmt("%s worker", name), log);
-    fy_chaos_assert_same_as_reference(c, run, out);
-    fy_chaos_assert_nothing_left(run);
+    fy_chaos_kill_worker(c, name, run_name, seed, KILLS_PER_WORKER);
 }
 
 static void kill_worker_during_run(struct fy_chaos *c, const char *name, uint64_t seed)
@@ -272,7 +206,7 @@ static void test_stuck_worker_restarted(void **state)
     double longest = 0;
     for (int stop = 0; stop < 3; stop++) {
         wait_steps(metrics, fy_test_count_matches(metrics, "\"step\": ") + 5);
-        int opt = worker_pid(run, "opt");
+        int opt = fy_chaos_worker_pid(run, "opt");
         assert_true(opt > 0);
         double t0 = fy_test_now_s();
         assert_int_equal(kill(opt, SIGSTOP), 0);
@@ -309,10 +243,10 @@ static void test_launcher_stopped_and_continued(void **state)
         wait_steps(metrics, fy_test_count_matches(metrics, "\"step\": ") + 5);
         assert_int_equal(kill(pid, SIGSTOP), 0);
         for (int w = 0; all && w < 3; w++)
-            assert_int_equal(kill(worker_pid(run, workers[w]), SIGSTOP), 0);
+            assert_int_equal(kill(fy_chaos_worker_pid(run, workers[w]), SIGSTOP), 0);
         fy_test_pause_ms(4000);
         for (int w = 0; all && w < 3; w++)
-            assert_int_equal(kill(worker_pid(run, workers[w]), SIGCONT), 0);
+            assert_int_equal(kill(fy_chaos_worker_pid(run, workers[w]), SIGCONT), 0);
         assert_int_equal(kill(pid, SIGCONT), 0);
     }
     int status = fy_test_wait(pid, 240);
@@ -341,7 +275,7 @@ static void test_worker_killed_before_first_step(void **state)
     double t0 = fy_test_now_s();
     while (kills < 3 && fy_test_count_matches(metrics, "\"step\": ") == 0 &&
            !(ended = waitpid(pid, &status, WNOHANG) == pid) && fy_test_now_s() - t0 < 60) {
-        int victim = worker_pid(run, "gpu");
+        int victim = fy_chaos_worker_pid(run, "gpu");
         if (victim > 0 && victim != last && kill(victim, SIGKILL) == 0) {
             kills++;
             last = victim;
@@ -397,7 +331,7 @@ static void test_one_copy_store(void **state)
     int lines = fy_test_count_matches(metrics, "\"step\": ");
     while (fy_test_count_matches(metrics, "\"step\": ") < lines + 3)
         fy_test_pause_ms(5);
-    assert_int_equal(kill(worker_pid(run, "io"), SIGKILL), 0);
+    assert_int_equal(kill(fy_chaos_worker_pid(run, "io"), SIGKILL), 0);
     int status = fy_test_wait(pid, 120);
     assert_true(status != -1 && WIFEXITED(status));
     assert_int_not_equal(WEXITSTATUS(status), 0);
@@ -512,7 +446,7 @@ static struct killed_export kill_export_beside(struct fy_chaos *c, const char *r
     assert_int_equal(fy_pool_name_for_run(k.dir, pool, sizeof pool), 0);
     snprintf(k.shm, sizeof k.shm, "/dev/shm%s", pool);
     assert_int_equal(access(k.shm, F_OK), 0);
-    k.io = worker_pid(k.dir, "io");
+    k.io = fy_chaos_worker_pid(k.dir, "io");
     assert_true(k.io > 0 && !process_gone(k.io));
     if (stop_io)
         assert_int_equal(kill(k.io, SIGSTOP), 0);

@@ -155,6 +155,49 @@ static void test_damaged_state_and_records(void **state)
     fy_chaos_assert_nothing_left(run);
 }
 
+/* The optimizer state in pieces (init --state-piece 16K) streamed piece by piece with one
+ * gradient slot (the test hook FUYOU_TEST_STATE_PIECES): undisturbed it ends as the whole units'
+ * run does; the io and opt workers killed amid the pieces' reads, updates and write-backs, each
+ * run restarts from its last commit and ends as the undisturbed one, bit for bit; a piece of a
+ * unit's committed state damaged is found by the check of the commit (its pieces read, their
+ * digests' digest against the record's) and the run goes back to the commit before. */
+static void test_state_pieces_killed_and_damaged(void **state)
+{
+    struct fy_chaos *c = *state;
+    static const char *const one_slot[] = {"--grad-slots", "1", NULL};
+    struct fy_chaos cp = {.f = c->f, .state_piece = "16K", .train_extra = one_slot};
+    assert_int_equal(setenv("FUYOU_TEST_STATE_PIECES", "1", 1), 0);
+    fy_chaos_reference_run_in(&cp, "reference-pieces");
+    assert_true(fy_test_file_contains(c->f->log, "plan: optimizer state in pieces (3 units cut in "
+                                                 "pieces of at most 16.0 KiB"));
+    if (c->ref_weights != NULL) { /* the whole units' undisturbed run */
+        assert_string_equal(cp.ref_losses, c->ref_losses);
+        assert_int_equal(cp.ref_len, c->ref_len);
+        assert_memory_equal(cp.ref_weights, c->ref_weights, c->ref_len);
+    }
+    fy_chaos_kill_worker(&cp, "io", "io-pieces", 31, 3);
+    fy_chaos_kill_worker(&cp, "opt", "opt-pieces", 32, 3);
+    /* a byte of block 1's last piece in the newest commit's copy */
+    struct fy_chaos_paths rp = fy_chaos_new_run(&cp, "damaged-pieces");
+    static struct fy_storemeta m;
+    assert_int_equal(fy_chaos_train_to(&cp, rp.run, "6", rp.out), 0); /* commits at 3, 6 */
+    assert_true(newest_record(rp.store, &m) >= 0);
+    assert_int_equal(m.step, 6);
+    assert_int_equal(m.model.state_piece, 16384);
+    assert_true(fy_optstate_piece_count(&m.model, 1) > 2);
+    uint64_t bytes, at = extent_at(rp.store, FY_TENSOR_UNIT_STATE_COPY(1, m.copy), &bytes);
+    flip_byte(rp.data, at + bytes - 8);
+    assert_int_equal(fy_chaos_train_to(&cp, rp.run, "9", rp.out), 0);
+    assert_true(fy_test_file_contains(c->f->log, "read piece by piece, does not match its commit "
+                                                 "record"));
+    assert_true(fy_test_file_contains(c->f->log, "step 6's state is damaged on the SSD; going "
+                                                 "back to the commit before it, step 3"));
+    unsetenv("FUYOU_TEST_STATE_PIECES");
+    fy_chaos_assert_nothing_left(rp.run);
+    free(cp.ref_losses);
+    free(cp.ref_weights);
+}
+
 /* A run directory is relocatable: a copy (cp -a) resumed trains the copy and leaves the original
  * as it was; a moved one resumes where it is; a model.conf written before stores were recorded
  * relative to their run directory still takes the copy's own store; a read-only one is refused,
@@ -750,6 +793,7 @@ int main(void)
         cmocka_unit_test(test_full_filesystem),
         cmocka_unit_test(test_run_directory_full),
         cmocka_unit_test(test_pre_commit_store_refused),
+        cmocka_unit_test(test_state_pieces_killed_and_damaged),
     };
     struct CMUnitTest run[sizeof tests / sizeof tests[0]];
     size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */

@@ -254,9 +254,10 @@ static void test_trained_export_reproduces_loss(void **state)
     }
 }
 
-/* init --from-hf --optim-state int8: the import records the format (model.conf), exports the
- * checkpoint back bit for bit before training, trains 3 steps with 8-bit moments, and its export
- * loads in transformers, which reproduces the held-out loss train reported after step 3. */
+/* init --from-hf --optim-state int8 --state-piece 16K: the import records the format and the
+ * piece (model.conf), exports the checkpoint back bit for bit before training, trains 3 steps with
+ * 8-bit moments, and its export loads in transformers, which reproduces the held-out loss train
+ * reported after step 3. */
 static void test_int8_import_trains_and_exports(void **state)
 {
     need_transformers();
@@ -266,9 +267,14 @@ static void test_int8_import_trains_and_exports(void **state)
     const char *make[] = {pycmd("tokens %s --vocab 300 --count 4096 --seed 3", f->data),
                           pycmd("make %s --dtype f32 --seed 12", src), NULL};
     python_run(make, NULL, 0);
-    const char *init[] = {"init", "--run-dir", run, "--from-hf", src, "--optim-state", "int8", NULL};
+    /* in pieces of 16 KiB (init --state-piece): each unit written piece by piece from its
+     * weights read whole, and exported by putting its masters together again */
+    const char *init[] = {"init", "--run-dir", run, "--from-hf", src, "--optim-state", "int8",
+                          "--state-piece", "16K", NULL};
     assert_int_equal(fy_test_launch_in(f, init, 120), 0);
     assert_true(fy_test_file_contains(fy_test_fmt("%s/model.conf", run), "model.optim_state = int8"));
+    assert_true(fy_test_file_contains(fy_test_fmt("%s/model.conf", run),
+                                      "model.state_piece = 16384"));
     assert_int_equal(export_hf(f, run, fresh, NULL, NULL), 0);
     assert_int_equal(train(f, run, "3"), 0);
     double ours = metric(run, 3, "\"eval_loss\": ");

@@ -45,7 +45,8 @@ static void train_same_bits(struct fy_test_fixture *f, struct fy_trainutil_same_
 static void test_mixed_placement_five_blocks(void **state)
 {
     struct fy_test_fixture *f = *state;
-    /* measured plans for this model and batch: 30M keeps 3 of the 7 units, 32M 4 */
+    /* measured plans for this model and batch: 30M keeps 5 of the 7 units, 32M 6 (two gradient
+     * slots, which leave room for more state than three) */
     const char *runs[][3] = {
         {"m-stream", NULL, "overlap"}, {"m-30", "30M", "overlap"}, {"m-32", "32M", "overlap"},
         {"m-all", "1G", "overlap"},    {"m-30s", "30M", "serial"}, {"m-streams", NULL, "serial"},
@@ -56,9 +57,9 @@ static void test_mixed_placement_five_blocks(void **state)
                                NULL};
         train_same_bits(f, &group, fy_test_in(f, runs[i][0]), "5", "128", "4", extra);
         if (runs[i][1] != NULL && strcmp(runs[i][1], "30M") == 0)
-            assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 7 units"));
+            assert_true(fy_test_file_contains(f->log, "optimizer state of 5 of 7 units"));
         if (runs[i][1] != NULL && strcmp(runs[i][1], "32M") == 0)
-            assert_true(fy_test_file_contains(f->log, "optimizer state of 4 of 7 units"));
+            assert_true(fy_test_file_contains(f->log, "optimizer state of 6 of 7 units"));
     }
     fy_trainutil_same_bits_free(&group);
 }
@@ -99,7 +100,7 @@ static void test_prefetch_depths_agree(void **state)
 static void test_resident_state_matches_streaming(void **state)
 {
     struct fy_test_fixture *f = *state;
-    const char *mems[3] = {NULL, "72M", "1G"}; /* 72M holds 3 of the 4 units (measured) */
+    const char *mems[3] = {NULL, "60M", "1G"}; /* 60M holds 3 of the 4 units (measured) */
     const char *names[3] = {"stream", "some", "all"};
     struct fy_trainutil_same_bits group = {0};
     for (int i = 0; i < 6; i++) {
@@ -408,7 +409,7 @@ static void test_embed_update_in_two_parts(void **state)
  * its master converted by the opt worker (opt-convert) into a weights slot, from where it is kept or,
  * streamed, chunk by chunk through the landing ring as it comes from the store. Each gives the same
  * bits, so the same losses and weights: every unit with a copy (1G), some kept with a copy, some
- * without and one streamed (66M, measured), every unit streamed (in many chunks:
+ * without and one streamed (60M, measured), every unit streamed (in many chunks:
  * FUYOU_TEST_LAND_CHUNK, read three units ahead; and in the natural chunks), overlapped and serial,
  * and a run restarted at every step (each start rounds the committed masters afresh); with clipping
  * too, every unit kept (one pass) and streamed (two passes: the norm pass converts again; one pass:
@@ -419,7 +420,7 @@ static void test_bf16_weights_agree(void **state)
     struct fy_trainutil_same_bits same = {0}, clipped = {0};
     const char *runs[][6] = { /* name, schedule, --cpu-mem, landing chunk, --clip-mode, --prefetch */
         {"b-all", "overlap", "1G", NULL, NULL, "1"},
-        {"b-mixed", "overlap", "66M", NULL, NULL, "1"},
+        {"b-mixed", "overlap", "60M", NULL, NULL, "1"},
         {"b-stream", "overlap", NULL, "1048576", NULL, "3"},
         {"b-stream-s", "serial", NULL, NULL, NULL, "1"},
         {"b-clip", "overlap", "1G", NULL, "auto", "1"},
@@ -449,7 +450,7 @@ static void test_bf16_weights_agree(void **state)
                            : strcmp(runs[i][2], "1G") == 0 ? "bf16 for all 4 units: 4 from a bf16 copy"
                                                            : "bf16 for all 4 units: 1 from a bf16 copy";
         assert_true(fy_test_file_contains(f->log, said));
-        if (runs[i][2] != NULL && strcmp(runs[i][2], "66M") == 0) /* one streamed, two without */
+        if (runs[i][2] != NULL && strcmp(runs[i][2], "60M") == 0) /* one streamed, two without */
             assert_true(fy_test_file_contains(f->log, "optimizer state of 3 of 4 units"));
     }
     /* restarted at every step: the copies come from the committed masters each time */
@@ -488,6 +489,157 @@ static void test_bf16_weights_agree(void **state)
     assert_true(fy_test_file_contains(f->log, "--weights-dtype f16: give auto, f32 or bf16"));
 }
 
+/* Inits a GPT of `layers` x `embd` (2 heads, context 32, seed 4) in `run` with the `init` options,
+ * trains it 3 steps with the `extra` options (FUYOU_TEST_STATE_PIECES=1 where `pieces`: the state
+ * slots a piece's whatever the room), and compares its export and losses with the group's first. */
+static void train_pieces(struct fy_test_fixture *f, struct fy_trainutil_same_bits *group,
+                         const char *name, const char *layers, const char *embd,
+                         const char *const *init_extra, int pieces, const char *const *extra)
+{
+    const char *run = fy_test_in(f, name);
+    char out[720], metrics[740];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    const char *init[24] = {"init", "--run-dir", run, "--layers", layers, "--heads", "2", "--embd",
+                            embd, "--ctx", "32", "--seed", "4"};
+    unsigned n = 13;
+    for (unsigned i = 0; init_extra != NULL && init_extra[i] != NULL; i++)
+        init[n++] = init_extra[i];
+    init[n] = NULL;
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    if (pieces)
+        assert_int_equal(setenv("FUYOU_TEST_STATE_PIECES", "1", 1), 0);
+    int rc = fy_trainutil_train_with(f, run, f->data, "3", out, 0, extra);
+    unsetenv("FUYOU_TEST_STATE_PIECES");
+    assert_int_equal(rc, 0);
+    size_t len;
+    char *w = fy_test_slurp(out, &len), *l = fy_trainutil_losses(metrics);
+    assert_non_null(w);
+    assert_true(strlen(l) > 0);
+    fy_trainutil_same_bits_add(group, w, len, l);
+}
+
+/* The optimizer state in pieces (init --state-piece 16K: each block of 4 x 64 in about a dozen
+ * pieces, the embeddings in several): streamed piece by piece after each block's backward
+ * (FUYOU_TEST_STATE_PIECES) with one, two or three gradient slots, some units kept (in pieces,
+ * updated with one request and their weights put together by the opt worker), every unit kept
+ * (the embeddings' update in two parts over their pieces), whole units' state slots over a store
+ * in pieces, both schedules, read three units ahead, f32 and bf16 weights, fp32, bf16 and int8
+ * state, clipping in one pass and two: each gives the losses and weights of the same model with
+ * whole units, streamed. */
+static void test_state_pieces_agree(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    static const struct {
+        const char *name, *format;
+        int cut, pieces, group; /* init --state-piece 16K; the test hook; the comparison group */
+        const char *extra[8];
+    } runs[] = {
+        {"sp-fp32", NULL, 0, 0, 0, {NULL}},
+        {"sp-fp32-1", NULL, 1, 1, 0, {"--grad-slots", "1", NULL}},
+        {"sp-fp32-mix", NULL, 1, 1, 0, {"--grad-slots", "2", "--cpu-mem", "22M", "--schedule",
+                                         "serial", NULL}},
+        {"sp-fp32-kept", NULL, 1, 0, 0, {"--cpu-mem", "1G", NULL}},
+        {"sp-fp32-whole", NULL, 1, 0, 0, {"--prefetch", "3", NULL}},
+        {"sp-int8", "int8", 0, 0, 1, {NULL}},
+        {"sp-int8-mix", "int8", 1, 1, 1, {"--grad-slots", "1", "--cpu-mem", "22M", NULL}},
+        {"sp-bf16", "bf16", 0, 0, 2, {NULL}},
+        {"sp-bf16-3", "bf16", 1, 1, 2, {"--prefetch", "3", NULL}},
+        {"sp-wb", NULL, 0, 0, 3, {"--weights-dtype", "bf16", NULL}},
+        {"sp-wb-1", NULL, 1, 1, 3, {"--weights-dtype", "bf16", "--grad-slots", "1", NULL}},
+        {"sp-wb-mix", NULL, 1, 1, 3, {"--weights-dtype", "bf16", "--cpu-mem", "22M", NULL}},
+        {"sp-clip", NULL, 0, 0, 4, {"--clip-grad-norm", "0.05", "--clip-mode", "two-pass", NULL}},
+        {"sp-clip-1", NULL, 1, 1, 4, {"--clip-grad-norm", "0.05", "--clip-mode", "one-pass", NULL}},
+        {"sp-clip-2", NULL, 1, 1, 4, {"--clip-grad-norm", "0.05", "--clip-mode", "two-pass",
+                                      "--cpu-mem", "22M", NULL}},
+    };
+    struct fy_trainutil_same_bits group[5] = {{0}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        const char *init[5] = {NULL};
+        unsigned n = 0;
+        if (runs[i].cut) {
+            init[n++] = "--state-piece";
+            init[n++] = "16K";
+        }
+        if (runs[i].format != NULL) {
+            init[n++] = "--optim-state";
+            init[n++] = runs[i].format;
+        }
+        train_pieces(f, &group[runs[i].group], runs[i].name, "4", "64", init, runs[i].pieces,
+                     runs[i].extra);
+        if (runs[i].pieces)
+            assert_true(fy_test_file_contains(f->log, "plan: optimizer state in pieces"));
+        if (runs[i].extra[0] != NULL && strcmp(runs[i].extra[0], "--grad-slots") == 0)
+            assert_true(fy_test_file_contains(f->log, fy_test_fmt("plan: %s block gradients in "
+                                                                  "the pool at once",
+                                                                  runs[i].extra[1])));
+    }
+    for (int i = 0; i < 5; i++)
+        fy_trainutil_same_bits_free(&group[i]);
+}
+
+/* Width 256, two blocks, pieces of 1 MiB: a --cpu-mem that holds no whole unit's state slots
+ * (54 MiB with them) has the plan put the state in pieces by itself, with fewer gradient slots
+ * where it holds no more (36M, 30M: one), the same losses and weights as the whole units; the
+ * export of a store in pieces, resumed to its last step, and its Hugging Face export, equal the
+ * whole run's; a --cpu-mem under even that (24M) is refused before any step with the pool's
+ * regions; a store of whole units (--state-piece 0, as every store made before pieces) trains. */
+static void test_state_pieces_by_budget(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    struct fy_trainutil_same_bits group = {0};
+    const char *whole[] = {"--state-piece", "0", NULL}, *cut[] = {"--state-piece", "1M", NULL};
+    const char *none[] = {NULL}, *at36[] = {"--cpu-mem", "36M", NULL};
+    const char *at30[] = {"--cpu-mem", "30M", NULL};
+    train_pieces(f, &group, "sb-whole", "2", "256", whole, 0, none);
+    assert_true(fy_test_file_contains(fy_test_fmt("%s/model.conf", fy_test_in(f, "sb-whole")),
+                                      "model.state_piece") == 0);
+    train_pieces(f, &group, "sb-36", "2", "256", cut, 0, at36);
+    assert_true(fy_test_file_contains(f->log, "plan: optimizer state in pieces (2 units cut in "
+                                              "pieces of at most 1.0 MiB"));
+    train_pieces(f, &group, "sb-30", "2", "256", cut, 0, at30);
+    assert_true(fy_test_file_contains(f->log, "; 1 block gradient slot (3 where --cpu-mem has "
+                                              "room)"));
+    /* two steps, then resumed to the third */
+    const char *run = fy_test_in(f, "sb-resumed");
+    char out[720], metrics[740];
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                          "256", "--ctx", "32", "--seed", "4", "--state-piece", "1M", NULL};
+    assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "2", NULL, 0, at30), 0);
+    const char *resume[] = {"resume", run, "--steps", "3", NULL};
+    assert_int_equal(fy_test_launch_in(f, resume, 120), 0);
+    const char *export[] = {"export", "--run-dir", run, "--out", out, NULL};
+    assert_int_equal(fy_test_launch_in(f, export, 60), 0);
+    size_t n;
+    char *w = fy_test_slurp(out, &n), *l = fy_trainutil_losses(metrics);
+    fy_trainutil_same_bits_add(&group, w, n, l);
+    /* the Hugging Face exports of the store in pieces and of the whole one */
+    const char *hf[2] = {"sb-30", "sb-whole"};
+    char *st[2];
+    size_t st_n[2];
+    for (int i = 0; i < 2; i++) {
+        const char *dir = fy_test_in(f, fy_test_fmt("%s.hf", hf[i]));
+        const char *to_hf[] = {"export", "--run-dir", fy_test_in(f, hf[i]), "--to-hf", dir, NULL};
+        assert_int_equal(fy_test_launch_in(f, to_hf, 60), 0);
+        st[i] = fy_test_slurp(fy_test_fmt("%s/model.safetensors", dir), &st_n[i]);
+        assert_non_null(st[i]);
+    }
+    assert_int_equal(st_n[0], st_n[1]);
+    assert_memory_equal(st[0], st[1], st_n[0]);
+    free(st[0]);
+    free(st[1]);
+    /* under the least pool: refused before any step, naming the regions */
+    const char *at24[] = {"--cpu-mem", "24M", NULL};
+    assert_int_not_equal(fy_trainutil_train_with(f, fy_test_in(f, "sb-30"), f->data, "4", NULL, 0,
+                                                 at24), 0);
+    assert_true(fy_test_file_contains(f->log, "plan does not fit: the shared pool for training "
+                                              "needs 30.0 MiB"));
+    fy_trainutil_same_bits_free(&group);
+}
+
 int main(void)
 {
     if (fy_trainutil_start("test_placement") != 0)
@@ -498,6 +650,8 @@ int main(void)
         FY_TRAINUTIL_TEST(test_fewer_gradient_slots_than_blocks),
         FY_TRAINUTIL_TEST(test_embed_update_in_two_parts),
         FY_TRAINUTIL_TEST(test_bf16_weights_agree),
+        FY_TRAINUTIL_TEST(test_state_pieces_agree),
+        FY_TRAINUTIL_TEST(test_state_pieces_by_budget),
         FY_TRAINUTIL_TEST(test_checkpoints_on_ssd_agree),
         FY_TRAINUTIL_TEST(test_swapped_internals_agree),
         FY_TRAINUTIL_TEST(test_act_ahead_in_trace),

@@ -192,13 +192,18 @@ static void test_plan_by_hand(void **state)
     /* the other counts, out of their ranges */
     assert_int_equal(plan_small(f, machine, "--prefetch", "9"), 2);
     assert_true(fy_test_file_contains(f->log, "--prefetch 9: give 1 to 8 units"));
-    /* --grad-slots is train's alone: plan refuses it; train refuses it out of its range */
-    assert_int_equal(plan_small(f, machine, "--grad-slots", "3"), 2);
-    assert_true(fy_test_file_contains(f->log, "plan: --grad-slots does not apply to plan"));
+    /* --grad-slots: plan takes it as train does (no more block gradients than asked); both refuse
+     * it out of its range */
+    assert_int_equal(plan_small(f, machine, "--grad-slots", "2"), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: 2 block gradient slots (--grad-slots 2): each "
+                                              "block's backward waits for the update of the block "
+                                              "two up"));
+    assert_int_equal(plan_small(f, machine, "--grad-slots", "17"), 2);
+    assert_true(fy_test_file_contains(f->log, "--grad-slots 17: give 1 to 16 block gradients"));
     const char *slots[] = {"train", "--run-dir", fy_test_in(f, "no-run"), "--data", f->data,
-                           "--grad-slots", "2", NULL};
+                           "--grad-slots", "0", NULL};
     assert_int_equal(fy_test_launch_in(f, slots, 60), 2);
-    assert_true(fy_test_file_contains(f->log, "--grad-slots 2: give 3 to 16 block gradients"));
+    assert_true(fy_test_file_contains(f->log, "--grad-slots 0: give 1 to 16 block gradients"));
     const char *llama[] = {"plan", "--arch", "llama", "--layers", "2", "--heads", "2", "--embd",
                            "64", "--vocab", "256", "--ctx", "32", "--batch", "8", "--seq", "32",
                            "--backend", "cpu", "--act-plan", "ssd", NULL};
@@ -526,31 +531,48 @@ static void line_of(const char *log, const char *key, char *out, size_t len)
 }
 
 /* The shared pool a training session lays out is the one plan prints, its size and its regions:
- * every unit streamed with f32 weights (three slots of a block's 200704-byte master section), with
- * bf16 weights (three of its 99968 bf16 bytes, padded to 102400, and the landing ring, four
- * chunks of a quarter of the master section, 53248 bytes), and kept with bf16 copies (no ring);
- * the blocks recomputed (plan plans --act-plan auto so). */
+ * every unit streamed with f32 weights (weights slot 0 the embeddings' 73728-byte master, the two
+ * others a block's 200704), with bf16 weights (the embeddings' 36864 bytes and two of a block's
+ * 99968 bf16 bytes, padded to 102400, and the landing ring, four chunks of a quarter of the master
+ * section, 53248 bytes), and kept with bf16 copies (no ring); the state in pieces of 16 KiB
+ * (init --state-piece, the test hook FUYOU_TEST_STATE_PIECES): the state slots two pieces' (a
+ * piece of a block at most 12288 x 4 bytes), with one gradient slot (the embeddings' 73728 bytes
+ * and a block's 200704), f32 weights put together through the landing ring (a quarter of a
+ * block's masters, their pieces' sections padded); the blocks recomputed (plan plans --act-plan
+ * auto so). */
 static void test_plan_pool_is_train_pool(void **state)
 {
     struct fy_test_fixture *f = *state;
-    static const char *const cases[][4] = {
-        {"pool-f32", "f32", NULL, "weights 588.0 KiB, grads"},
-        {"pool-bf16", "bf16", NULL, "weights 300.0 KiB, landing 208.0 KiB, grads"},
-        {"pool-kept", "bf16", "1G", "weights 300.0 KiB, grads"}};
-    for (int i = 0; i < 3; i++) {
+    static const char *const cases[][6] = {
+        {"pool-f32", "f32", NULL, NULL, NULL, "weights 464.0 KiB, grads 660.0 KiB, state 1.1 MiB"},
+        {"pool-bf16", "bf16", NULL, NULL, NULL, "weights 236.0 KiB, landing 208.0 KiB, grads"},
+        {"pool-kept", "bf16", "1G", NULL, NULL, "weights 236.0 KiB, grads"},
+        {"pool-pieces", "f32", NULL, "16K", "3", "landing 224.0 KiB, grads 660.0 KiB, state 96.0 "
+                                                 "KiB"},
+        {"pool-pieces-1", "bf16", NULL, "16K", "1", "grads 268.0 KiB, state 96.0 KiB"}};
+    for (int i = 0; i < 5; i++) {
         char *run = fy_test_in(f, cases[i][0]);
-        fy_trainutil_init_model(f, run, "64", "5");
+        const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
+                              "64", "--ctx", "32", "--seed", "5",
+                              cases[i][3] ? "--state-piece" : NULL, cases[i][3], NULL};
+        assert_int_equal(fy_test_launch_in(f, init, 60), 0);
+        if (cases[i][3] != NULL)
+            assert_int_equal(setenv("FUYOU_TEST_STATE_PIECES", "1", 1), 0);
         const char *opts[] = {"--weights-dtype", cases[i][1], "--act-plan", "recompute",
+                              "--grad-slots", cases[i][4] ? cases[i][4] : "16",
                               cases[i][2] ? "--cpu-mem" : NULL, cases[i][2], NULL};
         assert_int_equal(fy_trainutil_train_with(f, run, f->data, "1", NULL, 0, opts), 0);
         char trained[512], sized[512], regions[1024], want[128];
         line_of(f->log, "shared pool /", trained, sizeof trained); /* the training session's */
         const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
                               "cpu", "--weights-dtype", cases[i][1], "--act-plan", "recompute",
+                              "--grad-slots", cases[i][4] ? cases[i][4] : "16",
                               cases[i][2] ? "--cpu-mem" : NULL, cases[i][2], NULL};
         assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
+        unsetenv("FUYOU_TEST_STATE_PIECES");
         line_of(f->log, "plan: shared pool regions: ", regions, sizeof regions);
-        assert_non_null(strstr(regions, cases[i][3]));
+        print_message("%s: %s\n", cases[i][0], regions);
+        assert_non_null(strstr(regions, cases[i][5]));
         int n = 1;
         for (const char *p = regions; (p = strstr(p, ", ")) != NULL; p++)
             n++;
