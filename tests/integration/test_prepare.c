@@ -471,9 +471,10 @@ static void test_masked_training_vs_reference(void **state)
     const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd", "16",
                           "--vocab", "256", "--ctx", "16", "--seed", "7", NULL};
     assert_int_equal(launch(init), 0);
+    /* windows: the batch fy_tokfile_batch draws, which the reference is given */
     const char *train[] = {"train", "--run-dir", run, "--data", tpath("qa.tok"), "--steps", "1",
                            "--batch", "4", "--seq", "16", "--eval-batches", "0", "--seed", "5",
-                           "--inprocess", "--backend", "cpu", NULL};
+                           "--packing", "windows", "--inprocess", "--backend", "cpu", NULL};
     assert_int_equal(launch(train), 0);
     double ours = metrics_loss(run, 1);
 
@@ -621,8 +622,12 @@ static void test_train_checks_tokenizer(void **state)
     for (int i = 0; i < 20; i++)
         fprintf(f, "the quick brown fox jumps over the lazy dog\n");
     fclose(f);
-    write_text(tpath("corpus.jsonl"), "{\"text\": \"the quick brown fox jumps over the lazy "
-                                      "dog, the quick brown fox jumps over the lazy dog\"}\n");
+    f = fopen(tpath("corpus.jsonl"), "w"); /* five records: one held out, packed documents */
+    assert_non_null(f);
+    for (int i = 0; i < 5; i++)
+        fprintf(f, "{\"text\": \"the quick brown fox jumps over the lazy dog, the quick brown "
+                   "fox jumps over the lazy dog\"}\n");
+    fclose(f);
     struct {
         const char *name, *tokenizer;
         int jsonl;
