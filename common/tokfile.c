@@ -28,10 +28,14 @@ struct fy_tokfile {
     const uint8_t *tokens; /* map + header */
     const uint8_t *mask;   /* the loss-mask plane, NULL when there is none */
     uint64_t mask_off;     /* its offset in the file, 0 when there is none */
+    const uint8_t *docs;   /* the document index (version 3), NULL when there is none */
+    uint64_t docs_off, n_docs;
+    int records;           /* the documents are records (flags bit 1) */
     uint64_t count, masked;
     uint32_t width, vocab, version;
     struct fy_tokfile_source src;
     uint64_t eval_start; /* first token of the eval split; == count when there is none */
+    uint64_t eval_doc;   /* first document of the eval split; == n_docs when there is none */
 };
 
 static void put_le32(uint8_t *p, uint32_t v)
@@ -45,6 +49,17 @@ static void put_le32(uint8_t *p, uint32_t v)
 static uint32_t get_le32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    put_le32(p, (uint32_t)v);
+    put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint64_t get_le64(const uint8_t *p)
+{
+    return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
 }
 
 static uint32_t fnv1a32(const uint8_t *p, size_t n)
@@ -65,6 +80,11 @@ uint32_t fy_tokfile_header_checksum(const void *header)
 uint32_t fy_tokfile_header_checksum_v2(const void *header)
 {
     return fnv1a32(header, 4 * FY_TOKFILE_V2_SLOT_CHECKSUM);
+}
+
+uint32_t fy_tokfile_header_checksum_v3(const void *header)
+{
+    return fnv1a32(header, 4 * FY_TOKFILE_V3_SLOT_CHECKSUM);
 }
 
 int fy_tokfile_hash_file(const char *path, uint64_t *hash)
@@ -117,6 +137,7 @@ static uint64_t align4k(uint64_t n)
 
 struct tok_writer {
     char path[TOK_PATH_MAX], tmp[TOK_PATH_MAX + 8], mtmp[TOK_PATH_MAX + 16];
+    char dtmp[TOK_PATH_MAX + 16];
     int fd;
     uint32_t width, vocab;
     struct fy_tokfile_source src; /* src.name NULL: the copy is name */
@@ -130,6 +151,13 @@ struct tok_writer {
     int mfd;
     uint8_t *mbuf;
     uint64_t mbits, moff;
+    /* the document starts, once the writer is told of documents (dbuf non-NULL): dbuf holds
+     * dfill bytes of them, the earlier ones went to the unlinked side file dfd (doff bytes);
+     * doc_next: the next token put begins a document */
+    int dfd, records, doc_next;
+    uint8_t *dbuf;
+    size_t dfill;
+    uint64_t doff, n_docs;
 };
 
 struct fy_tokwriter {
@@ -164,10 +192,15 @@ static void writer_abort(struct tok_writer *w)
     if (w->mfd >= 0)
         close(w->mfd); /* unlinked at creation */
     w->mfd = -1;
+    if (w->dfd >= 0)
+        close(w->dfd); /* likewise */
+    w->dfd = -1;
     free(w->buf);
     w->buf = NULL;
     free(w->mbuf);
     w->mbuf = NULL;
+    free(w->dbuf);
+    w->dbuf = NULL;
 }
 
 /* keep_mask: the writer records a mask bit per token (fy_tokwriter); otherwise every token is
@@ -178,6 +211,7 @@ static int writer_begin(struct tok_writer *w, const char *path, uint32_t vocab,
     memset(w, 0, sizeof *w);
     w->fd = -1;
     w->mfd = -1;
+    w->dfd = -1;
     FY_REQUIRE(strlen(path) < TOK_PATH_MAX, -ENAMETOOLONG, "token file path too long: %.200s...",
                path);
     FY_REQUIRE(vocab >= 1 && vocab <= (uint32_t)INT32_MAX, -EINVAL,
@@ -191,6 +225,7 @@ static int writer_begin(struct tok_writer *w, const char *path, uint32_t vocab,
     snprintf(w->path, sizeof w->path, "%s", path);
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
     snprintf(w->mtmp, sizeof w->mtmp, "%s.tmp.mask", path);
+    snprintf(w->dtmp, sizeof w->dtmp, "%s.tmp.docs", path);
     w->vocab = vocab;
     w->width = width_for_vocab(vocab);
     w->src = src != NULL ? *src
@@ -272,8 +307,58 @@ static int mask_put(struct tok_writer *w, uint64_t n, int trained)
     return 0;
 }
 
+/* From now on the writer keeps document starts; `record` says what a document is. */
+static int docs_begin(struct tok_writer *w, int record)
+{
+    if (w->dbuf != NULL) {
+        FY_REQUIRE(!w->records == !record, -EINVAL,
+                   "%s: documents of two kinds (records and whole text files) in one file",
+                   w->path);
+        return 0;
+    }
+    w->dbuf = malloc(TOK_CHUNK);
+    FY_REQUIRE(w->dbuf != NULL, -ENOMEM, "%s: out of memory for the document index", w->path);
+    w->records = record != 0;
+    w->doc_next = w->count == 0; /* tokens put before: a first document, started at 0 */
+    if (w->count > 0) {
+        put_le64(w->dbuf, 0);
+        w->dfill = 8;
+        w->n_docs = 1;
+    }
+    return 0;
+}
+
+/* Records a document starting at the next token, where one is due; full chunks of starts go to
+ * the side file (created, and unlinked at once, on the first). */
+static int doc_start_if_due(struct tok_writer *w)
+{
+    if (w->dbuf == NULL || !w->doc_next)
+        return 0;
+    if (w->dfill == TOK_CHUNK) {
+        if (w->dfd < 0) {
+            w->dfd = open(w->dtmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+            if (w->dfd < 0) {
+                int e = errno;
+                fy_error("cannot create %s: %s", w->dtmp, strerror(e));
+                return -e;
+            }
+            unlink(w->dtmp);
+        }
+        FY_TRY(fy_write_all(w->dfd, w->dbuf, TOK_CHUNK, w->dtmp, w->doff));
+        w->doff += TOK_CHUNK;
+        w->dfill = 0;
+    }
+    put_le64(w->dbuf + w->dfill, w->count);
+    w->dfill += 8;
+    w->n_docs++;
+    w->doc_next = 0;
+    return 0;
+}
+
 static int writer_put(struct tok_writer *w, const uint32_t *tokens, uint64_t n)
 {
+    if (n > 0)
+        FY_TRY(doc_start_if_due(w));
     for (uint64_t i = 0; i < n; i++) {
         if (w->fill + 4 > TOK_CHUNK)
             FY_TRY(writer_flush(w));
@@ -295,6 +380,8 @@ static int writer_put(struct tok_writer *w, const uint32_t *tokens, uint64_t n)
 /* Width-1 tokens straight from bytes (the byte-level tokenizer). */
 static int writer_put_bytes(struct tok_writer *w, const uint8_t *bytes, size_t n)
 {
+    if (n > 0)
+        FY_TRY(doc_start_if_due(w));
     FY_TRY(writer_flush(w));
     FY_TRY(write_all(w, bytes, n));
     w->count += n;
@@ -308,26 +395,34 @@ static int write_padding(struct tok_writer *w)
     return write_all(w, w->buf, pad);
 }
 
-/* Pads the tokens, then appends the mask plane: the side file's bytes and the bits still in
- * mbuf, padded. */
-static int write_mask_plane(struct tok_writer *w)
+/* Pads what is written so far, then appends a section kept aside: `spilled` bytes of the side
+ * file fd, then `tail` bytes of `rest`. */
+static int write_section(struct tok_writer *w, int fd, uint64_t spilled, const uint8_t *rest,
+                         size_t tail, const char *what)
 {
     FY_TRY(write_padding(w));
-    for (uint64_t off = 0; off < w->moff;) {
-        size_t len = w->moff - off < TOK_CHUNK ? (size_t)(w->moff - off) : TOK_CHUNK;
-        ssize_t n = pread(w->mfd, w->buf, len, (off_t)off);
+    for (uint64_t off = 0; off < spilled;) {
+        size_t len = spilled - off < TOK_CHUNK ? (size_t)(spilled - off) : TOK_CHUNK;
+        ssize_t n = pread(fd, w->buf, len, (off_t)off);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
             int e = n < 0 ? errno : EIO;
-            fy_error("cannot read back the mask bits of %s at offset %llu: %s", w->tmp,
+            fy_error("cannot read back the %s of %s at offset %llu: %s", what, w->tmp,
                      (unsigned long long)off, strerror(e));
             return -e;
         }
         FY_TRY(write_all(w, w->buf, (size_t)n));
         off += (uint64_t)n;
     }
-    return write_all(w, w->mbuf, (size_t)((w->mbits + 7) / 8));
+    return write_all(w, rest, tail);
+}
+
+/* The mask plane: the side file's bytes and the bits still in mbuf. */
+static int write_mask_plane(struct tok_writer *w)
+{
+    return write_section(w, w->mfd, w->moff, w->mbuf, (size_t)((w->mbits + 7) / 8),
+                         "mask bits");
 }
 
 /* Pads, writes the header, syncs and renames into place. Aborts (removes the .tmp) on failure. */
@@ -342,19 +437,24 @@ static int writer_finish(struct tok_writer *w, int overwrite)
     }
     if (rc == 0 && plane)
         rc = write_mask_plane(w);
+    int docs = w->dbuf != NULL && w->n_docs > 0;
+    if (rc == 0 && docs)
+        rc = write_section(w, w->dfd, w->doff, w->dbuf, w->dfill, "document starts");
     if (rc == 0)
         rc = write_padding(w);
     if (rc == 0) {
         uint8_t *h = w->buf;
-        int v1 = !plane && w->src.tokenizer == FY_TOKENIZER_UNSPECIFIED;
+        int v1 = !plane && !docs && w->src.tokenizer == FY_TOKENIZER_UNSPECIFIED;
+        uint32_t flags = (plane ? FY_TOKFILE_FLAG_LOSS_MASK : 0) |
+                         (docs && w->records ? FY_TOKFILE_FLAG_RECORDS : 0);
         memset(h, 0, FY_TOKFILE_HEADER_BYTES);
         put_le32(h + 4 * FY_TOKFILE_SLOT_MAGIC, FY_TOKFILE_MAGIC);
-        put_le32(h + 4 * FY_TOKFILE_SLOT_VERSION, v1 ? 1 : 2);
+        put_le32(h + 4 * FY_TOKFILE_SLOT_VERSION, v1 ? 1 : docs ? 3 : 2);
         put_le32(h + 4 * FY_TOKFILE_SLOT_WIDTH, w->width);
         put_le32(h + 4 * FY_TOKFILE_SLOT_VOCAB, w->vocab);
         put_le32(h + 4 * FY_TOKFILE_SLOT_COUNT_LO, (uint32_t)w->count);
         put_le32(h + 4 * FY_TOKFILE_SLOT_COUNT_HI, (uint32_t)(w->count >> 32));
-        put_le32(h + 4 * FY_TOKFILE_SLOT_FLAGS, plane ? FY_TOKFILE_FLAG_LOSS_MASK : 0);
+        put_le32(h + 4 * FY_TOKFILE_SLOT_FLAGS, flags);
         if (v1) {
             put_le32(h + 4 * FY_TOKFILE_SLOT_CHECKSUM, fy_tokfile_header_checksum(h));
         } else {
@@ -365,7 +465,13 @@ static int writer_finish(struct tok_writer *w, int overwrite)
             put_le32(h + 4 * FY_TOKFILE_SLOT_EOS, w->src.eos);
             put_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_LO, (uint32_t)masked);
             put_le32(h + 4 * FY_TOKFILE_SLOT_MASKED_HI, (uint32_t)(masked >> 32));
-            put_le32(h + 4 * FY_TOKFILE_V2_SLOT_CHECKSUM, fy_tokfile_header_checksum_v2(h));
+            if (docs) {
+                put_le32(h + 4 * FY_TOKFILE_SLOT_DOCS_LO, (uint32_t)w->n_docs);
+                put_le32(h + 4 * FY_TOKFILE_SLOT_DOCS_HI, (uint32_t)(w->n_docs >> 32));
+                put_le32(h + 4 * FY_TOKFILE_V3_SLOT_CHECKSUM, fy_tokfile_header_checksum_v3(h));
+            } else {
+                put_le32(h + 4 * FY_TOKFILE_V2_SLOT_CHECKSUM, fy_tokfile_header_checksum_v2(h));
+            }
             memcpy(h + FY_TOKFILE_NAME_OFFSET, w->name, strlen(w->name));
         }
         ssize_t n = pwrite(w->fd, h, FY_TOKFILE_HEADER_BYTES, 0);
@@ -485,6 +591,13 @@ int fy_tokwriter_put(struct fy_tokwriter *t, const uint32_t *tokens, uint64_t n,
     return mask_put(&t->w, n, trained);
 }
 
+int fy_tokwriter_document(struct fy_tokwriter *t, int record)
+{
+    FY_TRY(docs_begin(&t->w, record));
+    t->w.doc_next = 1;
+    return 0;
+}
+
 uint64_t fy_tokwriter_count(const struct fy_tokwriter *t) { return t->w.count; }
 
 int fy_tokwriter_finish(struct fy_tokwriter **tp, uint64_t *count, uint64_t *masked)
@@ -563,11 +676,14 @@ int fy_tokfile_prepare_bytes(const char *out_path, const char *const *inputs, un
                out_path, n_inputs);
 
     struct tok_writer w;
-    FY_TRY(writer_begin(&w, out_path, FY_TOKFILE_BYTE_VOCAB, NULL, 0, overwrite));
+    const struct fy_tokfile_source bytes = {FY_TOKENIZER_BYTES, 0, FY_TOKFILE_NO_EOS, NULL};
+    FY_TRY(writer_begin(&w, out_path, FY_TOKFILE_BYTE_VOCAB, &bytes, 0, overwrite));
     uint8_t *chunk = malloc(TOK_CHUNK);
     int rc = chunk != NULL ? 0 : -ENOMEM;
     if (rc < 0)
         fy_error("%s: out of memory for a %u-byte read buffer", out_path, TOK_CHUNK);
+    if (rc == 0)
+        rc = docs_begin(&w, 0);
     for (unsigned i = 0; rc == 0 && i < n_inputs; i++) {
         uint64_t size = 0;
         int fd = open_input(inputs[i], &size);
@@ -575,6 +691,7 @@ int fy_tokfile_prepare_bytes(const char *out_path, const char *const *inputs, un
             rc = fd;
             break;
         }
+        w.doc_next = 1; /* each input a document (an empty one none) */
         uint64_t off = 0;
         for (;;) {
             ssize_t n = read(fd, chunk, TOK_CHUNK);
@@ -687,13 +804,17 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
     FY_REQUIRE(get_le32(h + 4 * FY_TOKFILE_SLOT_MAGIC) == FY_TOKFILE_MAGIC, -EBADMSG,
                "%s: not a Fuyou token file: prepare it with fuyou-launch prepare", path);
     uint32_t version = get_le32(h + 4 * FY_TOKFILE_SLOT_VERSION);
-    FY_REQUIRE(version == 1 || version == 2, -EBADMSG,
-               "%s: token file version %u, this build reads versions 1 and 2: written by a newer "
+    FY_REQUIRE(version >= 1 && version <= 3, -EBADMSG,
+               "%s: token file version %u, this build reads versions 1 to 3: written by a newer "
                "build? prepare it again with this build's fuyou-launch prepare",
                path, version);
-    int v2 = version == 2;
-    uint32_t stored = get_le32(h + 4 * (v2 ? FY_TOKFILE_V2_SLOT_CHECKSUM : FY_TOKFILE_SLOT_CHECKSUM));
-    uint32_t computed = v2 ? fy_tokfile_header_checksum_v2(h) : fy_tokfile_header_checksum(h);
+    int v2 = version >= 2, v3 = version == 3; /* v2: the slots version 2 and 3 share */
+    uint32_t stored = get_le32(h + 4 * (v3   ? FY_TOKFILE_V3_SLOT_CHECKSUM
+                                        : v2 ? FY_TOKFILE_V2_SLOT_CHECKSUM
+                                             : FY_TOKFILE_SLOT_CHECKSUM));
+    uint32_t computed = v3   ? fy_tokfile_header_checksum_v3(h)
+                        : v2 ? fy_tokfile_header_checksum_v2(h)
+                             : fy_tokfile_header_checksum(h);
     FY_REQUIRE(stored == computed, -EBADMSG,
                "%s: bad header checksum (stored 0x%08x, computed 0x%08x): the file is corrupt, "
                "prepare it again",
@@ -707,7 +828,8 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
                "%s: a version 1 header with the loss-mask flag (flags 0x%x): version 1 files have "
                "no loss mask; prepare it again with this build's fuyou-launch prepare",
                path, flags);
-    FY_REQUIRE((flags & ~FY_TOKFILE_FLAG_LOSS_MASK) == 0, -ENOTSUP,
+    uint32_t known = FY_TOKFILE_FLAG_LOSS_MASK | (v3 ? FY_TOKFILE_FLAG_RECORDS : 0);
+    FY_REQUIRE((flags & ~known) == 0, -ENOTSUP,
                "%s: unknown flags 0x%x in the header: written by a newer build? prepare it again",
                path, flags);
     t->src = (struct fy_tokfile_source){FY_TOKENIZER_UNSPECIFIED, 0, FY_TOKFILE_NO_EOS, NULL};
@@ -759,6 +881,22 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
         t->mask_off = align4k(expected);
         expected = t->mask_off + (count + 7) / 8;
     }
+    t->n_docs = 0;
+    t->records = 0;
+    if (v3) {
+        t->n_docs = (uint64_t)get_le32(h + 4 * FY_TOKFILE_SLOT_DOCS_LO) |
+                    (uint64_t)get_le32(h + 4 * FY_TOKFILE_SLOT_DOCS_HI) << 32;
+        FY_REQUIRE(t->n_docs >= 1 && t->n_docs <= count, -EBADMSG,
+                   "%s: the header counts %llu documents of %llu tokens (1 to the token count): "
+                   "the file is corrupt, prepare it again",
+                   path, (unsigned long long)t->n_docs, (unsigned long long)count);
+        FY_REQUIRE(count < (1ull << 60), -EBADMSG,
+                   "%s: truncated: %llu tokens with a document index cannot fit in %llu bytes",
+                   path, (unsigned long long)count, (unsigned long long)file_size);
+        t->docs_off = align4k(expected);
+        expected = t->docs_off + t->n_docs * 8;
+        t->records = (flags & FY_TOKFILE_FLAG_RECORDS) != 0;
+    }
     FY_REQUIRE(file_size >= expected, -EBADMSG,
                "%s: truncated: expected %llu bytes, found %llu: copy or prepare it again", path,
                (unsigned long long)expected, (unsigned long long)file_size);
@@ -779,6 +917,25 @@ static int check_header(struct fy_tokfile *t, const uint8_t *h, uint64_t file_si
     t->count = count;
     t->version = version;
     t->eval_start = count;
+    t->eval_doc = t->n_docs;
+    return 0;
+}
+
+/* The document index: the first start 0, each next one larger, all below the token count. */
+static int check_docs(const struct fy_tokfile *t)
+{
+    uint64_t prev = 0;
+    for (uint64_t i = 0; i < t->n_docs; i++) {
+        uint64_t at = get_le64(t->docs + 8 * i);
+        if ((i == 0 && at != 0) || (i > 0 && at <= prev) || at >= t->count) {
+            fy_error("%s: document %llu starts at token %llu (after %llu, of %llu tokens): the "
+                     "document index is corrupt, prepare the file again",
+                     t->path, (unsigned long long)i, (unsigned long long)at,
+                     (unsigned long long)prev, (unsigned long long)t->count);
+            return -EBADMSG;
+        }
+        prev = at;
+    }
     return 0;
 }
 
@@ -853,6 +1010,10 @@ static int open_into(struct fy_tokfile *t, const char *path, uint32_t model_voca
         t->mask = t->map + t->mask_off;
         FY_TRY(check_mask(t));
     }
+    if (t->n_docs != 0) {
+        t->docs = t->map + t->docs_off;
+        FY_TRY(check_docs(t));
+    }
     return check_tokens(t, model_vocab);
 }
 
@@ -884,6 +1045,18 @@ uint64_t fy_tokfile_count(const struct fy_tokfile *t) { return t->count; }
 uint32_t fy_tokfile_vocab(const struct fy_tokfile *t) { return t->vocab; }
 uint32_t fy_tokfile_width(const struct fy_tokfile *t) { return t->width; }
 uint32_t fy_tokfile_version(const struct fy_tokfile *t) { return t->version; }
+uint64_t fy_tokfile_documents(const struct fy_tokfile *t) { return t->n_docs; }
+int fy_tokfile_documents_are_records(const struct fy_tokfile *t) { return t->records; }
+
+uint64_t fy_tokfile_document_start(const struct fy_tokfile *t, uint64_t i)
+{
+    return get_le64(t->docs + 8 * i);
+}
+
+uint64_t fy_tokfile_document_end(const struct fy_tokfile *t, uint64_t i)
+{
+    return i + 1 < t->n_docs ? get_le64(t->docs + 8 * (i + 1)) : t->count;
+}
 
 void fy_tokfile_describe_source(const struct fy_tokfile_source *src, char *buf, size_t len)
 {
@@ -921,8 +1094,34 @@ int fy_tokfile_split(struct fy_tokfile *t, double eval_fraction)
                t->path, eval_fraction, (unsigned long long)t->count, (unsigned long long)n_train,
                (unsigned long long)n_eval);
     t->eval_start = n_train;
+    t->eval_doc = t->n_docs;
     return 0;
 }
+
+int fy_tokfile_split_documents(struct fy_tokfile *t, double eval_fraction)
+{
+    FY_REQUIRE(eval_fraction >= 0.0 && eval_fraction <= 1.0, -EINVAL,
+               "%s: eval fraction %g is outside [0, 1]: give e.g. 0.05", t->path, eval_fraction);
+    FY_REQUIRE(t->n_docs > 0, -EINVAL,
+               "%s: the file records no documents (a version %u token file): prepare it again "
+               "with this build's fuyou-launch prepare, or train with --packing windows",
+               t->path, t->version);
+    /* Round half up, as the split by tokens. */
+    uint64_t n_eval = (uint64_t)((double)t->n_docs * eval_fraction + 0.5);
+    if (n_eval > t->n_docs)
+        n_eval = t->n_docs;
+    uint64_t n_train = t->n_docs - n_eval;
+    FY_REQUIRE(n_train >= 1 && n_eval >= 1, -EINVAL,
+               "%s: eval fraction %g of %llu documents leaves %llu training and %llu held-out "
+               "documents; each split needs at least 1: change --eval-fraction or use more data",
+               t->path, eval_fraction, (unsigned long long)t->n_docs, (unsigned long long)n_train,
+               (unsigned long long)n_eval);
+    t->eval_doc = n_train;
+    t->eval_start = fy_tokfile_document_start(t, n_train);
+    return 0;
+}
+
+uint64_t fy_tokfile_eval_first_document(const struct fy_tokfile *t) { return t->eval_doc; }
 
 uint64_t fy_tokfile_split_tokens(const struct fy_tokfile *t, int split)
 {
@@ -965,7 +1164,7 @@ static void fill_row(const struct fy_tokfile *t, uint64_t start, int b, int T, i
 
 /* splitmix64's finaliser: a bijective mixer with good avalanche, integer-only so every machine
  * gets the same bits. */
-static uint64_t mix64(uint64_t z)
+uint64_t fy_tokfile_mix64(uint64_t z)
 {
     z += 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -979,10 +1178,11 @@ int fy_tokfile_batch(const struct fy_tokfile *t, int split, uint64_t seed, uint6
     FY_TRY(check_window(t, split, B, T));
     uint64_t base = split == FY_TOKFILE_EVAL ? t->eval_start : 0;
     uint64_t starts = fy_tokfile_split_tokens(t, split) - (uint64_t)T; /* >= 1 */
-    uint64_t key = mix64(mix64(mix64(seed) ^ (uint64_t)split) ^ step);
+    uint64_t key = fy_tokfile_mix64(seed) ^ (uint64_t)split;
+    key = fy_tokfile_mix64(fy_tokfile_mix64(key) ^ step);
     for (int b = 0; b < B; b++) {
         /* Modulo bias is at most starts / 2^64: negligible. */
-        uint64_t r = mix64(key ^ (uint64_t)b);
+        uint64_t r = fy_tokfile_mix64(key ^ (uint64_t)b);
         fill_row(t, base + r % starts, b, T, inputs, targets);
     }
     return 0;

@@ -32,9 +32,25 @@
  *   counts in the loss), 0 = masked (token i is an input only, its prediction is not trained); the
  *   bits after the last token are 0; then zeros to a multiple of 4096 bytes. A file has a plane
  *   only when at least one token is masked, and at least one token is trained.
- * The writers write version 1 for a file with neither a mask nor a tokenizer identity (byte for
- * byte what earlier builds wrote, e.g. fy_tokfile_prepare_bytes), version 2 otherwise. Readers read
- * both. In batches, the target of a masked token is -1 (ignored by the loss).
+ * Version 3 (where each document starts), slots 0..12 as version 2 but:
+ *     [1] version, 3
+ *     [6] flags; bit 0 = a loss-mask plane; bit 1 = the documents are records (a JSONL line, a
+ *         Parquet row: a text field, a prompt/response pair, a conversation), else whole text
+ *         files; other bits 0
+ *     [13] document count, low 32 bits
+ *     [14] document count, high 32 bits (count >= 1)
+ *     [15] header checksum: 32-bit FNV-1a over bytes 0..59 (slots 0..14 as stored)
+ *     bytes 64..1087: the tokenizer's path, as version 2
+ *   bytes 4096..: the tokens, then (with flags bit 0) the mask plane, each as version 2 and
+ *   zero-padded to a multiple of 4096 bytes; then the document index: `document count` uint64s,
+ *   the index of each document's first token, strictly increasing from 0, each below the token
+ *   count; then zeros to a multiple of 4096 bytes. Document i is the tokens from its start to the
+ *   next document's (the last: to the end).
+ * The writers write version 3 for a file whose documents were recorded (fy_tokwriter_document,
+ * fy_tokfile_prepare_bytes), else version 1 for a file with neither a mask nor a tokenizer
+ * identity (byte for byte what earlier builds wrote) and version 2 otherwise. Readers read all
+ * three; a version 1 or 2 file records no documents (one stream). In batches, the target of a
+ * masked token is -1 (ignored by the loss).
  */
 #ifndef FY_TOKFILE_H
 #define FY_TOKFILE_H
@@ -47,9 +63,10 @@ extern "C" {
 #endif
 
 #define FY_TOKFILE_MAGIC 0x4B4F5446u
-#define FY_TOKFILE_VERSION 2 /* the newest this build reads and writes */
+#define FY_TOKFILE_VERSION 3 /* the newest this build reads and writes */
 #define FY_TOKFILE_HEADER_BYTES 4096
 #define FY_TOKFILE_FLAG_LOSS_MASK 1u
+#define FY_TOKFILE_FLAG_RECORDS 2u /* version 3: the documents are records, not text files */
 #define FY_TOKFILE_NO_EOS 0xFFFFFFFFu
 #define FY_TOKFILE_NAME_OFFSET 64  /* version 2: the tokenizer's path */
 #define FY_TOKFILE_NAME_MAX 1024   /* its bytes, the NUL included */
@@ -60,7 +77,9 @@ enum { FY_TOKFILE_SLOT_MAGIC = 0, FY_TOKFILE_SLOT_VERSION = 1, FY_TOKFILE_SLOT_W
        /* version 2 */
        FY_TOKFILE_SLOT_TOKENIZER = 7, FY_TOKFILE_SLOT_TOKHASH_LO = 8, FY_TOKFILE_SLOT_TOKHASH_HI = 9,
        FY_TOKFILE_SLOT_EOS = 10, FY_TOKFILE_SLOT_MASKED_LO = 11, FY_TOKFILE_SLOT_MASKED_HI = 12,
-       FY_TOKFILE_V2_SLOT_CHECKSUM = 13 };
+       FY_TOKFILE_V2_SLOT_CHECKSUM = 13,
+       /* version 3 */
+       FY_TOKFILE_SLOT_DOCS_LO = 13, FY_TOKFILE_SLOT_DOCS_HI = 14, FY_TOKFILE_V3_SLOT_CHECKSUM = 15 };
 
 /* What made the tokens (version 2, slot 7). */
 enum { FY_TOKENIZER_UNSPECIFIED = 0, FY_TOKENIZER_BYTES = 1, FY_TOKENIZER_HF = 2 };
@@ -88,6 +107,9 @@ uint32_t fy_tokfile_header_checksum(const void *header);
 /* FNV-1a checksum of header slots 0..12, as stored in slot 13 of a version 2 header. */
 uint32_t fy_tokfile_header_checksum_v2(const void *header);
 
+/* FNV-1a checksum of header slots 0..14, as stored in slot 15 of a version 3 header. */
+uint32_t fy_tokfile_header_checksum_v3(const void *header);
+
 /* 64-bit FNV-1a of a file's bytes (the tokenizer hash of slots 8..9), read in chunks. */
 int fy_tokfile_hash_file(const char *path, uint64_t *hash);
 
@@ -111,6 +133,11 @@ int fy_tokwriter_begin(struct fy_tokwriter **out, const char *path, uint32_t voc
                        const struct fy_tokfile_source *src, int overwrite);
 /* Appends n tokens (each < vocab, else -EINVAL naming its index), all trained or all masked. */
 int fy_tokwriter_put(struct fy_tokwriter *w, const uint32_t *tokens, uint64_t n, int trained);
+/* The tokens put next begin a new document (a record where `record`, else a whole text file; every
+ * call of a writer must say the same). Tokens put before the first call belong to a first
+ * document; a call with no token put since the previous one starts no empty document. A writer
+ * that is told of documents writes version 3 with the document index. */
+int fy_tokwriter_document(struct fy_tokwriter *w, int record);
 /* Tokens put so far. */
 uint64_t fy_tokwriter_count(const struct fy_tokwriter *w);
 /* Writes the mask plane (if any token is masked), the header, syncs and renames into place; frees
@@ -121,8 +148,9 @@ int fy_tokwriter_finish(struct fy_tokwriter **w, uint64_t *count, uint64_t *mask
 void fy_tokwriter_abort(struct fy_tokwriter **w);
 
 /* Byte-level preparation: the bytes of the inputs (regular files), concatenated in order, become
- * the tokens of out_path (vocab 256, width 1). Inputs are streamed, not held in memory. An empty
- * total is refused. *count_out (may be NULL) receives the token count. */
+ * the tokens of out_path (vocab 256, width 1, the byte-level tokenizer recorded), each non-empty
+ * input a document (version 3). Inputs are streamed, not held in memory. An empty total is
+ * refused. *count_out (may be NULL) receives the token count. */
 int fy_tokfile_prepare_bytes(const char *out_path, const char *const *inputs, unsigned n_inputs,
                              int overwrite, uint64_t *count_out);
 
@@ -138,8 +166,16 @@ void fy_tokfile_close(struct fy_tokfile **t);
 uint64_t fy_tokfile_count(const struct fy_tokfile *t);
 uint32_t fy_tokfile_vocab(const struct fy_tokfile *t);
 uint32_t fy_tokfile_width(const struct fy_tokfile *t);
-/* The header's version (1 or 2). */
+/* The header's version (1, 2 or 3). */
 uint32_t fy_tokfile_version(const struct fy_tokfile *t);
+/* Documents the file records (0 for a version 1 or 2 file: one stream of tokens). */
+uint64_t fy_tokfile_documents(const struct fy_tokfile *t);
+/* 1 when the documents are records (JSONL lines, Parquet rows), 0 when whole text files (or none
+ * are recorded). */
+int fy_tokfile_documents_are_records(const struct fy_tokfile *t);
+/* Document i's first token and its end (one past its last token); i < fy_tokfile_documents(t). */
+uint64_t fy_tokfile_document_start(const struct fy_tokfile *t, uint64_t i);
+uint64_t fy_tokfile_document_end(const struct fy_tokfile *t, uint64_t i);
 /* The tokenizer's identity (unspecified for a version 1 file); its name, if any, is valid while t
  * is open. */
 struct fy_tokfile_source fy_tokfile_source(const struct fy_tokfile *t);
@@ -156,13 +192,28 @@ int fy_tokfile_trained(const struct fy_tokfile *t, uint64_t i);
 /* The last round(count * eval_fraction) tokens become the eval split, the rest the training split.
  * Refuses (-EINVAL) a fraction outside [0, 1] or a split with fewer than 2 tokens. */
 int fy_tokfile_split(struct fy_tokfile *t, double eval_fraction);
+/* The split by whole documents (a file that records them): the last round(documents *
+ * eval_fraction) documents become the eval split, the rest the training split. Refuses (-EINVAL) a
+ * fraction outside [0, 1], a file without documents, and a split that leaves either side without
+ * a document. */
+int fy_tokfile_split_documents(struct fy_tokfile *t, double eval_fraction);
+/* The first document of the eval split (fy_tokfile_split_documents; fy_tokfile_documents before
+ * it, or after a split by tokens). */
+uint64_t fy_tokfile_eval_first_document(const struct fy_tokfile *t);
 /* Tokens in FY_TOKFILE_TRAIN or FY_TOKFILE_EVAL (0 for anything else). */
 uint64_t fy_tokfile_split_tokens(const struct fy_tokfile *t, int split);
 
+/* The generator every batch order is drawn from: splitmix64's finaliser (z += 0x9e3779b97f4a7c15;
+ * z = (z ^ z >> 30) * 0xbf58476d1ce4e5b9; z = (z ^ z >> 27) * 0x94d049bb133111eb; z ^ z >> 31), a
+ * bijective mixer, integer-only so that every machine draws the same. */
+uint64_t fy_tokfile_mix64(uint64_t z);
+
 /* B windows of T+1 consecutive tokens of the split: inputs[b*T + j] = w[j], targets[b*T + j] =
- * w[j+1], or -1 when w[j+1] is masked (fy_tokfile_trained is 0). Window starts are a pure function of (seed, split, step, b) (a counter-based generator,
- * no hidden state), so a restarted run draws the same batches on any machine. -EINVAL when the
- * split has fewer than T+1 tokens. */
+ * w[j+1], or -1 when w[j+1] is masked (fy_tokfile_trained is 0). Row b's window starts at token
+ * base + mix64(key ^ b) mod (n - T) of the split's n tokens (base 0 for the training split, its
+ * first token for the eval split), key = mix64(mix64(mix64(seed) ^ split) ^ step): a pure function
+ * of (seed, split, step, b) (a counter-based generator, no hidden state), so a restarted run draws
+ * the same batches on any machine. -EINVAL when the split has fewer than T+1 tokens. */
 int fy_tokfile_batch(const struct fy_tokfile *t, int split, uint64_t seed, uint64_t step, int B,
                      int T, int32_t *inputs, int32_t *targets);
 

@@ -391,20 +391,25 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         p[1] = share(e, p[1], e->act_bytes);
         struct fy_block_saved saved;
         int any;
-        FY_REQUIRE(e->ranks == 1 || n <= (req[0].op == FY_OP_GPT_BLOCK_FWD ? 3u : 5u), -EPROTO,
+        /* i40-data: the launcher sends the batch's positions (FY_KIND_TOKENS) after the fixed
+         * parts (docs/architecture.md); accepted and ignored here until the model side (branch
+         * i40-model) uses them, which replaces this */
+        unsigned fixed = req[0].op == FY_OP_GPT_BLOCK_FWD ? 3u : 5u;
+        fixed += fixed < n && req[fixed].kind == FY_KIND_TOKENS;
+        FY_REQUIRE(e->ranks == 1 || n <= fixed, -EPROTO,
                    "%s: saved internals with %d gpu workers: not supported", fy_op_name(req[0].op),
                    e->ranks);
         if (req[0].op == FY_OP_GPT_BLOCK_FWD) {
             FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
             p[2] = share(e, p[2], e->act_bytes);
-            FY_TRY(saved_parts(e, pool, req, n, 3, &saved, &any));
+            FY_TRY(saved_parts(e, pool, req, n, fixed, &saved, &any));
             return fy_backend_model_block_forward(e->backend, layer, p[0], p[1], p[2],
                                                 any ? &saved : NULL);
         }
         FY_TRY(part(pool, req, n, 2, G, ACT, e->act_bytes, &p[2]));
         FY_TRY(part(pool, req, n, 3, G, ACT, e->act_bytes, &p[3]));
         FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
-        FY_TRY(saved_parts(e, pool, req, n, 5, &saved, &any));
+        FY_TRY(saved_parts(e, pool, req, n, fixed, &saved, &any));
         FY_TRY(held_buffer(e, req, 4, 1, &held));
         p[2] = share(e, p[2], e->act_bytes);
         p[3] = share(e, p[3], e->act_bytes);

@@ -17,6 +17,7 @@
 #include "common/dtype.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/sampler.h"
 #include "common/tokfile.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
@@ -92,23 +93,116 @@ static int check_data_tokenizer(const struct fy_options *o, const struct fy_mode
     return 0;
 }
 
-static int open_data(const struct fy_options *o, const struct fy_model_config *model,
-                     struct fy_tokfile **data)
+/* The token file and its batches (common/sampler.h): --epochs becomes the steps they take, and
+ * with packed documents the evaluation a whole pass over the held-out ones (unless --eval-batches
+ * says less). */
+static int open_data(struct fy_options *o, const struct fy_model_config *model,
+                     struct fy_tokfile **data, struct fy_sampler **batches)
 {
     FY_TRY(fy_tokfile_open(data, o->data, model->vocab));
     FY_TRY(check_data_tokenizer(o, model, *data));
-    FY_TRY(fy_tokfile_split(*data, o->eval_fraction));
+    if (o->packing == FY_PACKING_DOCUMENTS && fy_tokfile_documents(*data) == 0) {
+        fy_error("train --packing documents: %s records no documents (a version %u token file, "
+                 "from before documents were recorded, or another tool's): prepare it again with "
+                 "this build's fuyou-launch prepare, or train with --packing windows",
+                 o->data, fy_tokfile_version(*data));
+        return -FY_EUSAGE;
+    }
+    struct fy_sampler_opts so = {.packing = o->packing, .long_docs = o->long_docs,
+                                 .B = (int)o->batch, .T = (int)o->seq, .seed = o->seed,
+                                 .eval_fraction = o->eval_fraction};
+    FY_TRY(fy_sampler_new(batches, *data, &so));
     /* Refuse a batch larger than the data now, before any worker starts. */
     size_t n = (size_t)o->batch * o->seq;
-    int32_t *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg);
-    int rc = in && tg ? 0 : -ENOMEM;
+    int32_t *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg), *pos = malloc(n * 4);
+    int rc = in && tg && pos ? 0 : -ENOMEM;
     if (rc == 0)
-        rc = fy_tokfile_batch(*data, FY_TOKFILE_TRAIN, o->seed, 1, (int)o->batch, (int)o->seq, in, tg);
+        rc = fy_sampler_train_batch(*batches, 1, in, tg, pos, NULL);
     if (rc == 0 && o->eval_batches > 0)
-        rc = fy_tokfile_eval_batch(*data, 0, (int)o->batch, (int)o->seq, in, tg);
+        rc = fy_sampler_eval_batch(*batches, 0, in, tg, pos, NULL);
     free(in);
     free(tg);
-    return rc;
+    free(pos);
+    FY_TRY(rc);
+    uint64_t per = fy_sampler_epoch_steps(*batches);
+    if (o->epochs_set) {
+        FY_REQUIRE(o->epochs <= UINT64_MAX / per, -FY_EUSAGE,
+                   "train --epochs %llu: %llu steps an epoch make too many steps",
+                   (unsigned long long)o->epochs, (unsigned long long)per);
+        o->steps = o->epochs * per;
+    }
+    if (fy_sampler_packing(*batches) == FY_PACKING_DOCUMENTS) {
+        uint64_t pass = fy_sampler_split_of(*batches, FY_TOKFILE_EVAL)->batches;
+        if (!o->eval_batches_set || o->eval_batches > pass)
+            o->eval_batches = pass; /* every held-out document once */
+    }
+    return 0;
+}
+
+/* The batches, said at start: how they are made from the data, an epoch's steps, and with packed
+ * documents the fill and what was cut; the summary's part of it. */
+static void describe_batches(const struct fy_options *o, const struct fy_tokfile *data,
+                             const struct fy_sampler *b)
+{
+    const struct fy_sampler_split *tr = fy_sampler_split_of(b, FY_TOKFILE_TRAIN);
+    const struct fy_sampler_split *ev = fy_sampler_split_of(b, FY_TOKFILE_EVAL);
+    uint64_t per = fy_sampler_epoch_steps(b);
+    char epochs[96] = "";
+    if (o->epochs_set)
+        snprintf(epochs, sizeof epochs, "; --epochs %llu: %llu steps",
+                 (unsigned long long)o->epochs, (unsigned long long)o->steps);
+    if (fy_sampler_packing(b) == FY_PACKING_WINDOWS) {
+        const char *why = o->packing == FY_PACKING_WINDOWS ? "--packing windows"
+                          : fy_tokfile_documents(data) == 0
+                              ? "the data records no documents: one stream"
+                              : "the data's documents are whole text files (--packing documents "
+                                "packs each alone)";
+        fy_info("batches: windows of %llu + 1 tokens of the token stream at random (%s); an "
+                "epoch (as many windows as the training split holds side by side) is %llu "
+                "step%s%s; evaluation: %llu batch%s of consecutive held-out windows",
+                (unsigned long long)o->seq, why, (unsigned long long)per, per == 1 ? "" : "s",
+                epochs, (unsigned long long)o->eval_batches, o->eval_batches == 1 ? "" : "es");
+        fy_progress_data(NULL);
+        return;
+    }
+    double fill = (double)tr->tokens / ((double)per * (double)o->batch * (double)o->seq);
+    char cut[320] = "";
+    size_t at = 0;
+    if (tr->truncated > 0)
+        at += (size_t)snprintf(cut + at, sizeof cut - at,
+                               "; %llu document%s longer than %llu + 1 tokens cut to %llu + 1 (%llu "
+                               "predictions left out an epoch; --long-docs split keeps them)",
+                               (unsigned long long)tr->truncated, tr->truncated == 1 ? "" : "s",
+                               (unsigned long long)o->seq, (unsigned long long)o->seq,
+                               (unsigned long long)tr->dropped);
+    if (tr->split > 0 && at < sizeof cut)
+        at += (size_t)snprintf(cut + at, sizeof cut - at,
+                               "; %llu document%s longer than %llu + 1 tokens split into pieces",
+                               (unsigned long long)tr->split, tr->split == 1 ? "" : "s",
+                               (unsigned long long)o->seq);
+    if (tr->single > 0 && at < sizeof cut)
+        snprintf(cut + at, sizeof cut - at, "; %llu document%s of one token left out",
+                 (unsigned long long)tr->single, tr->single == 1 ? "" : "s");
+    fy_info("batches: documents packed whole, each alone (%s): %llu training documents in %llu "
+            "rows of %llu, %llu step%s an epoch, fill %.1f%% (trained tokens over B x T)%s%s; "
+            "evaluation: %llu of the %llu batch%s that hold the %llu held-out documents (%llu "
+            "rows; a pass evaluates each once)",
+            o->packing == FY_PACKING_DOCUMENTS ? "--packing documents"
+                                               : "the data's documents are records",
+            (unsigned long long)tr->documents, (unsigned long long)tr->rows,
+            (unsigned long long)o->seq, (unsigned long long)per, per == 1 ? "" : "s",
+            100.0 * fill, cut, epochs, (unsigned long long)o->eval_batches,
+            (unsigned long long)ev->batches, ev->batches == 1 ? "" : "es",
+            (unsigned long long)ev->documents, (unsigned long long)ev->rows);
+    char summary[200];
+    if (o->long_docs == FY_LONG_DOCS_SPLIT)
+        snprintf(summary, sizeof summary, "packed documents: %llu of %llu split into pieces",
+                 (unsigned long long)tr->split, (unsigned long long)tr->documents);
+    else
+        snprintf(summary, sizeof summary, "packed documents: %llu of %llu truncated to %llu + 1 "
+                 "tokens", (unsigned long long)tr->truncated, (unsigned long long)tr->documents,
+                 (unsigned long long)o->seq);
+    fy_progress_data(summary);
 }
 
 /* The SSD's rates in this session's steps, for the next session's plan (--ssd-rates auto): kept
@@ -191,6 +285,7 @@ struct train_run {
     struct fy_config *mc, *cfg; /* RUN/model.conf; the workers' configuration */
     struct fy_model_config model;
     struct fy_tokfile *data;
+    struct fy_sampler *batches; /* the data's batches */
     struct fy_restart restarts;
     struct fy_plan_in plan_in;
     struct fy_plan plan;
@@ -210,6 +305,7 @@ static void train_free(struct train_run *t)
     free(t->meta);
     fy_planact_free(&t->act);
     fy_plan_free(&t->plan);
+    fy_sampler_free(&t->batches);
     fy_tokfile_close(&t->data);
     free(t->mc);
     free(t->cfg);
@@ -282,7 +378,7 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
             fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
                     "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
         *stepping = train_stepped = 1;
-        rc = fy_train_run(&x, s.pool, meta, t->data, &t->to);
+        rc = fy_train_run(&x, s.pool, meta, t->batches, &t->to);
         t->to.trace = NULL;
     }
     if (rc == 0 && !train_stop && o->export_path != NULL) {
@@ -356,7 +452,7 @@ static int train_setup(struct fy_options *o, struct train_run *t)
         rc = -FY_EUSAGE;
     }
     if (rc == 0)
-        rc = open_data(o, &t->model, &t->data);
+        rc = open_data(o, &t->model, &t->data, &t->batches);
     /* "auto" is settled here, not in the gpu worker: the activations' dtype in the pool follows the
      * backend (bf16 where the device computes in bf16: the same bits, half the bytes) */
     const char *asked = o->backend;
@@ -396,6 +492,7 @@ static void train_describe(const struct fy_options *o, const struct train_run *t
             (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_TRAIN),
             (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_EVAL),
             o->inprocess ? "; in one process, state in memory" : "");
+    describe_batches(o, t->data, t->batches);
 }
 
 /* The rates the plan predicts with: RUN/machine.json's where fuyou-launch probe measured this
@@ -535,6 +632,8 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
         .lr = o->lr,
         .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio,
         .schedule = (enum fy_lr_schedule)o->lr_schedule, .seed = o->seed,
+        .epoch_steps = fy_sampler_epoch_steps(t->batches), .epochs = o->epochs_set ? o->epochs : 0,
+        .documents = fy_sampler_packing(t->batches) == FY_PACKING_DOCUMENTS,
         .eval_every = o->eval_every, .eval_batches = o->eval_batches,
         .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
         .overlap = o->overlap, .resident = p->resident, .clip_grad_norm = o->clip_grad_norm,
@@ -636,8 +735,20 @@ int fy_cmd_train(struct fy_options *o)
                 access(recorded, F_OK) == 0 ? ", the last command that trained)" : "", command);
     }
     FY_TRY(fy_options_require(o->data, "--data", "train"));
+    if (o->steps_set && o->epochs_set && o->train_args_from == FY_TRAIN_ARGS_GIVEN) {
+        fy_error("train: give --steps or --epochs, not both: --epochs N trains N passes over the "
+                 "training documents, --steps N to step N");
+        return -FY_EUSAGE;
+    }
+    if (o->steps_set && o->epochs_set) { /* resume: the one given last, after the recorded */
+        fy_info("resume: %s given after the run's %s: it counts", o->epochs_last ? "--epochs"
+                                                                                 : "--steps",
+                o->epochs_last ? "--steps" : "--epochs");
+        o->steps_set = !o->epochs_last;
+        o->epochs_set = o->epochs_last;
+    }
     if (!o->steps_set)
-        o->steps = 200;
+        o->steps = 200; /* --epochs sets it once the data's epoch is known */
     FY_USAGE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1,
              "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
              "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);

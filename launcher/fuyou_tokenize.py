@@ -31,11 +31,13 @@ surrounding whitespace) through the first special token that starts at or after 
 by rendering again with a marker in place of each assistant content (ChatTok.render).
 
 Stream (little-endian uint32 words): records of [type, n, payload]:
-  BEGIN    1, 3, [version 1, vocabulary size, EOS token or 0xFFFFFFFF]   (first)
+  BEGIN    1, 3, [version 2, vocabulary size, EOS token or 0xFFFFFFFF]   (first)
   TRAINED  2, n, n tokens whose mask is 1
   MASKED   3, n, n tokens whose mask is 0
   ERROR    4, n, n bytes of UTF-8: one line saying what is wrong and where (then exit 2)
   END      5, 2, total tokens as uint64                                   (last)
+  DOCUMENT 6, 1, [1 a record, 0 a text file]: the tokens that follow begin a document (before
+                 each document's first tokens; a document that yields no token has none)
 """
 import array
 import json
@@ -43,7 +45,8 @@ import os
 import struct
 import sys
 
-BEGIN, TRAINED, MASKED, ERROR, END = 1, 2, 3, 4, 5
+BEGIN, TRAINED, MASKED, ERROR, END, DOCUMENT = 1, 2, 3, 4, 5, 6
+STREAM_VERSION = 2
 NO_EOS = 0xFFFFFFFF
 PIECE = 1 << 20         # text bytes per encode call (an Encoding costs ~150x its text)
 BATCH_LINES = 1024      # JSONL lines per encode_batch call
@@ -64,6 +67,9 @@ class Out:
     def record(self, kind, payload):
         self.f.write(struct.pack("<II", kind, len(payload) // (1 if kind == ERROR else 4)))
         self.f.write(payload)
+
+    def document(self, record):
+        self.record(DOCUMENT, struct.pack("<I", 1 if record else 0))
 
     def tokens(self, ids, trained):
         for i in range(0, len(ids), RECORD_MAX):
@@ -130,13 +136,17 @@ def with_eos(tok, ids):
 
 def text_file(tok, path, out):
     """A text file is one document, encoded in pieces cut after a newline."""
-    piece, size, first, line_no = [], 0, True, 0
+    piece, size, first, line_no, started = [], 0, True, 0, False
 
     def flush(last):
-        nonlocal piece, size, first
+        nonlocal piece, size, first, started
         if piece or (last and not first):
             ids = tok.encode(["".join(piece)], first)[0]
-            out.tokens(with_eos(tok, ids) if last else ids, True)
+            ids = with_eos(tok, ids) if last else ids
+            if ids and not started:
+                out.document(False)
+                started = True
+            out.tokens(ids, True)
         piece, size, first = [], 0, False
 
     with open(path, "rb") as f:
@@ -439,6 +449,7 @@ def records_file(tok, chat, path, out, args):
                 if not ids:
                     raise InputError("%s: field '%s' encodes to no tokens"
                                      % (where, args.text_field))
+                out.document(True)
                 out.tokens(with_eos(tok, ids), True)
         elif args.prompt_field is not None:
             prompts = tok.encode([p for _, (p, _) in batch], True)
@@ -449,10 +460,12 @@ def records_file(tok, chat, path, out, args):
                                      % (where, args.response_field))
                 if tok.eos is not None and p and p[-1] == tok.eos:
                     p = p[:-1]  # a post-processor's EOS does not end a prompt
+                out.document(True)
                 out.tokens(p, False)
                 out.tokens(with_eos(tok, r), True)
         else:
             for ids, mask in chat.get().encode([(where, m) for where, (m,) in batch]):
+                out.document(True)
                 runs(out, ids, mask)
         batch, size = [], 0
 
@@ -527,7 +540,7 @@ def main():
         chat = Lazy(lambda: ChatTok(args.tokenizer))
         # a conversation ends as its template ends it: no end-of-sequence token is appended
         eos = NO_EOS if args.messages_field is not None or tok.eos is None else tok.eos
-        out.record(BEGIN, struct.pack("<III", 1, tok.vocab, eos))
+        out.record(BEGIN, struct.pack("<III", STREAM_VERSION, tok.vocab, eos))
         for path in args.inputs:
             try:
                 if args.jsonl or is_parquet(path):

@@ -15,6 +15,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/safetensors.h"
+#include "common/sampler.h"
 #include "gpu_worker/backend.h"
 #include "launcher/options.h"
 #include "launcher/train.h"
@@ -397,6 +398,40 @@ static int parse_weights_dtype(struct fy_options *o, const char *v)
     return 0;
 }
 
+static int parse_steps(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_size_opt("--steps", v, &o->steps));
+    o->steps_set = 1;
+    o->epochs_last = 0;
+    return 0;
+}
+
+static int parse_epochs(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_count_opt("--epochs", v, 1, 1000000, "epochs", &o->epochs));
+    o->epochs_set = 1;
+    o->epochs_last = 1;
+    return 0;
+}
+
+static int parse_packing(struct fy_options *o, const char *v)
+{
+    static const char *const names[] = {"documents", "windows"};
+    int i;
+    FY_TRY(parse_choice("packing", v, names, 2, &i));
+    o->packing = i == 0 ? FY_PACKING_DOCUMENTS : FY_PACKING_WINDOWS;
+    return 0;
+}
+
+static int parse_long_docs(struct fy_options *o, const char *v)
+{
+    static const char *const names[] = {"truncate", "split"};
+    int i;
+    FY_TRY(parse_choice("long-docs", v, names, 2, &i));
+    o->long_docs = i == 0 ? FY_LONG_DOCS_TRUNCATE : FY_LONG_DOCS_SPLIT;
+    return 0;
+}
+
 static int parse_schedule(struct fy_options *o, const char *v)
 {
     if (strcmp(v, "overlap") != 0 && strcmp(v, "serial") != 0) {
@@ -519,8 +554,17 @@ static const struct opt_spec specs[] = {
     /* training */
     {"data", "FILE", TRAINS, K_STRING, STR(data), 0, NULL,
      "the token file (fuyou-launch prepare; required)"},
-    {"steps", "N", TRAINS | C(SELFTEST), K_SIZE, U64(steps), NOTED(steps_set), NULL,
+    {"steps", "N", TRAINS | C(SELFTEST), K_PARSE, 0, 0, parse_steps,
      "train until this step, the total counting the steps already committed (200)"},
+    {"epochs", "N", TRAINS, K_PARSE, 0, 0, parse_epochs,
+     "train N passes over the training documents instead of --steps: N x the steps an epoch "
+     "takes, counting those already committed"},
+    {"packing", "documents|windows", TRAINS, K_PARSE, 0, 0, parse_packing,
+     "documents: whole documents packed into rows, each alone; windows: random windows of the "
+     "token stream (documents for a token file of records, windows for text files)"},
+    {"long-docs", "truncate|split", TRAINS, K_PARSE, 0, 0, parse_long_docs,
+     "--packing documents: a document longer than --seq is cut to its first --seq predictions, "
+     "or split into pieces of --seq (truncate)"},
     {"batch", "B", PLANS, K_SIZE, U64(batch), 0, NULL, "sequences per step (8)"},
     {"seq", "T", PLANS, K_SIZE, U64(seq), 0, NULL,
      "tokens per sequence, at most the model's context (64)"},
@@ -557,10 +601,11 @@ static const struct opt_spec specs[] = {
      "room (auto)"},
     {"eval-every", "N", TRAINS, K_SIZE, U64(eval_every), 0, NULL,
      "held-out loss every N steps and at the end (50)"},
-    {"eval-batches", "N", TRAINS, K_SIZE, U64(eval_batches), 0, NULL,
-     "held-out batches per evaluation (4)"},
+    {"eval-batches", "N", TRAINS, K_SIZE, U64(eval_batches), NOTED(eval_batches_set), NULL,
+     "held-out batches per evaluation (4; --packing documents: the whole held-out split)"},
     {"eval-fraction", "X", TRAINS, K_NUMBER, DBL(eval_fraction), 0, NULL,
-     "the share of the token file held out for evaluation, its end (0.1)"},
+     "the share of the token file held out for evaluation, its end: of its tokens, or with "
+     "--packing documents of its documents (0.1)"},
     {"checkpoint-every", "N", TRAINS, K_SIZE, U64(checkpoint_every), 0, NULL,
      "commit the step to the store every N steps, at the end and at Ctrl-C: a crash goes back "
      "to the last commit (50)"},

@@ -325,7 +325,8 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     uint64_t tok = align4k((uint64_t)s->B * s->T * 4);
     unsigned i = 0, ckpt_slots = p->ckpt_slots;
     out[i++] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
-    out[i++] = (struct fy_pool_region_spec){"tokens", 2 * tok + embed_rows_bytes(c)};
+    /* inputs, targets, positions (each [B][T] int32), then the embeddings' row lists */
+    out[i++] = (struct fy_pool_region_spec){"tokens", 3 * tok + embed_rows_bytes(c)};
     /* the checkpoints x_0..x_L, or the slots they take in turn on their way to the store; two
      * activation gradients (with the store a third: clipping's pass 1 can no longer borrow x_L's
      * room) */
@@ -423,8 +424,9 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
         return layout_state(p, c, l);
     FY_TRY(fy_pool_region(p, "tokens", &l->tokens, &bytes));
     l->targets = l->tokens + align4k(l->tok_bytes);
-    l->embed_rows = l->tokens + 2 * align4k(l->tok_bytes);
-    FY_REQUIRE(bytes >= 2 * align4k(l->tok_bytes) + embed_rows_bytes(c), -EINVAL,
+    l->positions = l->tokens + 2 * align4k(l->tok_bytes);
+    l->embed_rows = l->tokens + 3 * align4k(l->tok_bytes);
+    FY_REQUIRE(bytes >= 3 * align4k(l->tok_bytes) + embed_rows_bytes(c), -EINVAL,
                "pool too small for batch %d x %d", B, T);
     FY_TRY(fy_pool_region(p, "acts", &l->acts, &bytes));
     l->act_slots = (unsigned)(bytes / align4k(l->act_bytes));

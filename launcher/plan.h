@@ -212,7 +212,8 @@ struct fy_plan_layout {
     int B, T;
     int act_dtype; /* activations and their gradients (FY_DTYPE_F32 or _BF16) */
     uint64_t act_bytes, tok_bytes;
-    uint64_t meta, tokens, targets;
+    /* the tokens region: inputs, targets and positions (each [B][T] int32, tok_bytes) */
+    uint64_t meta, tokens, targets, positions;
     uint64_t embed_rows; /* the embeddings' update in two parts: two row lists */
     uint64_t acts, dacts, weights, grads, state;
     uint64_t slot_bytes;  /* the embeddings' f32 gradient, 4 KiB padded (grads slot 0) */

@@ -21,7 +21,9 @@
 
 extern char **environ;
 
-enum { REC_BEGIN = 1, REC_TRAINED = 2, REC_MASKED = 3, REC_ERROR = 4, REC_END = 5 };
+enum { REC_BEGIN = 1, REC_TRAINED = 2, REC_MASKED = 3, REC_ERROR = 4, REC_END = 5,
+       REC_DOCUMENT = 6 };
+#define STREAM_VERSION 2 /* the helper's STREAM_VERSION */
 #define REC_TOKENS_MAX (1u << 20) /* the helper's RECORD_MAX */
 #define REC_MESSAGE_MAX 4096
 #define HELPER "fuyou_tokenize.py"
@@ -182,8 +184,9 @@ static int consume(struct stream *s, const struct fy_prepare_opts *o,
             struct fy_tokfile_source src = *src0;
             uint32_t version = le32(p), vocab = le32(p + 4);
             src.eos = le32(p + 8);
-            if (version != 1) {
-                fy_error("%s: stream version %u, expected 1", s->what, version);
+            if (version != STREAM_VERSION) {
+                fy_error("%s: stream version %u, expected %u: is it the helper of this build?",
+                         s->what, version, STREAM_VERSION);
                 rc = -EPROTO;
                 break;
             }
@@ -211,6 +214,20 @@ static int consume(struct stream *s, const struct fy_prepare_opts *o,
             rc = fy_tokwriter_put(*w, tok, n, type == REC_TRAINED);
             if (rc < 0)
                 break;
+            continue;
+        }
+        if (type == REC_DOCUMENT && n == 1) {
+            uint8_t p[4];
+            rc = read_full(s, p, sizeof p);
+            if (rc != 0) {
+                rc = rc == 1 ? -EPIPE : rc;
+                break;
+            }
+            rc = fy_tokwriter_document(*w, le32(p) != 0);
+            if (rc < 0)
+                break;
+            res->documents++; /* the helper says one only before a document's tokens */
+            res->records = le32(p) != 0;
             continue;
         }
         if (type == REC_END && n == 2) {
@@ -378,6 +395,10 @@ int fy_prepare(const struct fy_prepare_opts *o, struct fy_prepare_result *res)
     if (o->tokenizer == NULL && !records) {
         FY_TRY(fy_tokfile_prepare_bytes(o->out, o->inputs, o->n_inputs, o->overwrite, &res->count));
         res->vocab = FY_TOKFILE_BYTE_VOCAB;
+        for (unsigned i = 0; i < o->n_inputs; i++) { /* a non-empty input is a document */
+            struct stat in;
+            res->documents += stat(o->inputs[i], &in) == 0 && in.st_size > 0;
+        }
         snprintf(res->tokenizer, sizeof res->tokenizer, "byte-level");
         return 0;
     }

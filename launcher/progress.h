@@ -9,6 +9,8 @@
 
 struct fy_progress_step {
     uint64_t step, total;
+    uint64_t epoch, epochs; /* the step's epoch (1-based; 0: not said) and --epochs (0: none) */
+    double fill;            /* the batch's positions that hold documents, over B x T */
     double loss, seconds, tokens, flops, gpu_busy_s;
     int have_eval;
     double eval;
@@ -16,6 +18,9 @@ struct fy_progress_step {
 
 /* One step done; `line` is its full log line's text. */
 void fy_progress_step(const struct fy_progress_step *s, const char *line);
+/* What the summary says of the batches (NULL or "": nothing): the packing, its fill, the documents
+ * truncated. */
+void fy_progress_data(const char *summary);
 /* A restart from the last commit (counted for the summary). */
 void fy_progress_restart(void);
 /* The summary, and the status line taken away; nothing when no step was trained. */

@@ -385,6 +385,14 @@ static int saved_setup(struct fy_sched *r, const struct fy_train_opts *o)
                           FY_TENSOR_SAVED_SPILL(0), "the blocks' internals placed on the SSD");
 }
 
+/* The batch's positions (the tokens region's third array: each token's position in its document),
+ * the part that gpt-embed-fwd, gpt-embed-bwd, gpt-block-fwd and gpt-block-bwd carry right after
+ * their fixed parts. */
+static struct fy_desc positions_part(const struct fy_plan_layout *l, int op, int layer)
+{
+    return fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->positions, l->tok_bytes, layer);
+}
+
 /* Appends block b's saved parts to a request of n parts (the SSD one at ssd_off, which
  * fy_spill_out or fy_spill_in gave); returns the new count. */
 static unsigned saved_parts(const struct fy_sched *r, unsigned b, int op, uint64_t ssd_off,
@@ -434,7 +442,8 @@ static int block_backward_issue(struct fy_sched *r, unsigned b, uint64_t w_off, 
     req[3] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx, l->act_bytes, (int)b);
     req[4] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad, unit_bytes(l, b), (int)b);
     req[4].arg = hold ? b : 0; /* and kept in the gpu worker's buffer b - 1 */
-    FY_TRY(fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, saved_parts(r, b, op, s_off, req, 5), t));
+    req[5] = positions_part(l, op, (int)b);
+    FY_TRY(fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, saved_parts(r, b, op, s_off, req, 6), t));
     fy_spill_used_by(&r->ckpt, b - 1, t);
     if (r->ssd_mask[b])
         fy_spill_used_by(&r->saved, b - 1, t);
@@ -666,7 +675,8 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
         req[1] = weights_region(r, op, 0, w_embed, 0);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, 0);
-        rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 3, &g_embed);
+        req[3] = positions_part(l, op, 0);
+        rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 4, &g_embed);
         fy_spill_used_by(&r->ckpt, 0, &g_embed);
         wslot_used_by(r, 0, &g_embed);
     }
@@ -691,7 +701,8 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         req[0] = weights_region(r, op, b, w_off, (int)b);
         req[1] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, (int)b);
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, (int)b);
-        unsigned n = train ? saved_parts(r, b, op, s_off, req, 3) : 3;
+        req[3] = positions_part(l, op, (int)b);
+        unsigned n = train ? saved_parts(r, b, op, s_off, req, 4) : 4;
         if (rc == 0)
             rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, n, &g[b]);
         wslot_used_by(r, block_wslot(l, b), &g[b]);
@@ -948,11 +959,12 @@ static int embed_backward_issue(struct fy_sched *r, uint64_t dx0, struct fy_tick
 {
     const struct fy_plan_layout *l = &r->l;
     int op = FY_OP_GPT_EMBED_BWD;
-    struct fy_desc req[3];
+    struct fy_desc req[4];
     req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
     req[1] = fy_desc_region(op, FY_KIND_GRAD, l->act_dtype, dx0, l->act_bytes, 0);
     req[2] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, gslot(l, 0), unit_bytes(l, 0), 0);
-    return fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 3, t);
+    req[3] = positions_part(l, op, 0);
+    return fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 4, t);
 }
 
 static int embed_backward(struct fy_sched *r, uint64_t dx0)
@@ -1401,35 +1413,35 @@ int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr)
 /* Said once per process: a batch whose targets the token file's loss mask all masks out. */
 static int warned_no_trained_target;
 
-/* Samples batch `index` of the split into the pool; *trained (may be NULL) gets the number of
- * targets the loss counts (a target whose token the file's loss mask masks is -1, ignored). */
-int fy_sched_load_batch(struct fy_sched *r, const struct fy_tokfile *data, int split,
-                        uint64_t seed, uint64_t index, uint64_t *trained)
+int fy_sched_load_batch(struct fy_sched *r, struct fy_sampler *data, int split, uint64_t index,
+                        struct fy_sampler_fill *fill)
 {
     int32_t *in = fy_pool_at(r->pool, r->l.tokens, r->l.tok_bytes);
     int32_t *tg = fy_pool_at(r->pool, r->l.targets, r->l.tok_bytes);
+    int32_t *pos = fy_pool_at(r->pool, r->l.positions, r->l.tok_bytes);
+    FY_REQUIRE(in != NULL && tg != NULL && pos != NULL, -ERANGE,
+               "schedule error: the batch lies outside the pool");
+    struct fy_sampler_fill f;
     if (split == FY_TOKFILE_EVAL)
-        FY_TRY(fy_tokfile_eval_batch(data, index, r->l.B, r->l.T, in, tg));
+        FY_TRY(fy_sampler_eval_batch(data, index, in, tg, pos, &f));
     else
-        FY_TRY(fy_tokfile_batch(data, FY_TOKFILE_TRAIN, seed, index, r->l.B, r->l.T, in, tg));
-    uint64_t n = 0;
-    for (size_t i = 0; i < (size_t)r->l.B * (size_t)r->l.T; i++)
-        n += tg[i] >= 0;
+        FY_TRY(fy_sampler_train_batch(data, index, in, tg, pos, &f));
+    uint64_t n = f.targets;
     if (n == 0 && !warned_no_trained_target) {
         warned_no_trained_target = 1;
         fy_warn("%s batch %llu: every target is masked out of the loss by the token file's loss "
                 "mask: its loss is 0 and its gradients are 0 (said once)",
                 split == FY_TOKFILE_EVAL ? "eval" : "training", (unsigned long long)index);
     }
-    if (trained != NULL)
-        *trained = n;
+    if (fill != NULL)
+        *fill = f;
     return 0;
 }
 
 /* The mean loss over the eval batches' trained targets: with no loss mask every batch counts B*T
  * targets and this is the mean of the batch losses; with one, each batch weighs by its trained
  * targets (a batch without any adds nothing; none at all gives 0). */
-int fy_sched_eval_loss(struct fy_sched *r, const struct fy_tokfile *data, uint64_t batches,
+int fy_sched_eval_loss(struct fy_sched *r, struct fy_sampler *data, uint64_t batches,
                        double *loss)
 {
     double sum = 0, weighted = 0;
@@ -1437,8 +1449,9 @@ int fy_sched_eval_loss(struct fy_sched *r, const struct fy_tokfile *data, uint64
     int uniform = 1;
     for (uint64_t k = 0; k < batches; k++) {
         double one;
-        uint64_t n;
-        FY_TRY(fy_sched_load_batch(r, data, FY_TOKFILE_EVAL, 0, k, &n));
+        struct fy_sampler_fill f;
+        FY_TRY(fy_sched_load_batch(r, data, FY_TOKFILE_EVAL, k, &f));
+        uint64_t n = f.targets;
         FY_TRY(fy_sched_forward(r, 0, 0, &one));
         sum += one;
         weighted += one * (double)n;

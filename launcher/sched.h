@@ -11,6 +11,7 @@
 
 #include "common/actplan.h"
 #include "common/pool.h"
+#include "common/sampler.h"
 #include "common/tokfile.h"
 #include "launcher/optq.h"
 #include "launcher/plan.h"
@@ -98,10 +99,11 @@ int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan
 int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o);
 void fy_sched_free(struct fy_sched *r);
 
-/* Samples batch `index` of the split into the pool; *trained (may be NULL) gets the number of
- * targets the loss counts (a target whose token the file's loss mask masks is -1, ignored). */
-int fy_sched_load_batch(struct fy_sched *r, const struct fy_tokfile *data, int split,
-                        uint64_t seed, uint64_t index, uint64_t *trained);
+/* Batch `index` of the split (a training batch: the step's) into the pool's tokens region: inputs,
+ * targets and positions; *fill (may be NULL) gets what it holds: the positions of documents and
+ * the targets the loss counts (a masked token's, or padding's, is -1, ignored). */
+int fy_sched_load_batch(struct fy_sched *r, struct fy_sampler *data, int split, uint64_t index,
+                        struct fy_sampler_fill *fill);
 /* Forward through every unit into *loss; with `train`, also the head's backward and its
  * gradients, each unit's weights checked to be step - 1's. */
 int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss);
@@ -125,7 +127,7 @@ int fy_sched_finish_updates(struct fy_sched *r);
  * below, the embeddings' last; what the optimizer has not done is sent for the next forward. */
 int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr);
 /* The mean loss over the eval batches' trained targets. */
-int fy_sched_eval_loss(struct fy_sched *r, const struct fy_tokfile *data, uint64_t batches,
+int fy_sched_eval_loss(struct fy_sched *r, struct fy_sampler *data, uint64_t batches,
                        double *loss);
 /* Every resident unit's state between the pool and the store: loaded from the committed copy at
  * start, each unit checked against its digest in the commit record (unit_digests; a unit in pieces

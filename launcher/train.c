@@ -105,6 +105,7 @@ int fy_train_lr_schedule_parse(const char *name, enum fy_lr_schedule *out)
 struct step_line {
     uint64_t step;
     double loss, lr;
+    struct fy_sampler_fill fill; /* the batch's documents' positions and counted targets */
     double grad_norm; /* < 0: not computed (no clipping: computing it would cost a backward pass) */
     double seconds;
     double wait_s[FY_TICKET_WORKERS], busy[FY_TICKET_BUSY_COUNT];
@@ -149,7 +150,17 @@ static int log_step(const struct fy_train_opts *o, const struct fy_model_config 
     double tokens = (double)o->batch * o->seq;
     double tps = tokens / s->seconds;
     double tflops = tps * fy_model_flops_per_token(c, (unsigned)o->seq) / 1e12;
-    char ev[48] = "", gn[64] = "";
+    double fill = (double)s->fill.tokens / tokens;
+    /* the epoch as the batches count it: 1-based, and how far into it the step is */
+    uint64_t epoch = o->epoch_steps ? (s->step - 1) / o->epoch_steps + 1 : 0;
+    char ev[48] = "", gn[64] = "", ep[64] = "", fl[32] = "";
+    if (o->epochs > 0)
+        snprintf(ep, sizeof ep, " | epoch %llu/%llu", (unsigned long long)epoch,
+                 (unsigned long long)o->epochs);
+    else if (o->documents)
+        snprintf(ep, sizeof ep, " | epoch %llu", (unsigned long long)epoch);
+    if (o->documents)
+        snprintf(fl, sizeof fl, " | fill %.1f%%", 100.0 * fill);
     if (s->have_eval)
         snprintf(ev, sizeof ev, " | eval %.4f", s->eval);
     if (s->grad_norm >= 0)
@@ -158,15 +169,17 @@ static int log_step(const struct fy_train_opts *o, const struct fy_model_config 
     double gpu_idle = s->seconds > 0 ? 1.0 - busy[FY_TICKET_BUSY_GPU] / s->seconds : 0.0;
     char line[512];
     snprintf(line, sizeof line,
-             "step %llu/%llu | loss %.4f%s%s | lr %.2e | %.0f tok/s | %.4f TFLOP/s | %.0f ms | "
+             "step %llu/%llu%s | loss %.4f%s%s | lr %.2e | %.0f tok/s%s | %.4f TFLOP/s | %.0f ms | "
              "busy: gpu %.0f (h2d %.0f, d2h %.0f), ssd read %.0f, ssd write %.0f, opt %.0f ms | "
              "gpu idle %.0f%%",
-             (unsigned long long)s->step, (unsigned long long)o->steps, s->loss, ev, gn, s->lr,
-             tps, tflops, 1e3 * s->seconds, 1e3 * busy[FY_TICKET_BUSY_GPU],
+             (unsigned long long)s->step, (unsigned long long)o->steps, ep, s->loss, ev, gn, s->lr,
+             tps, fl, tflops, 1e3 * s->seconds, 1e3 * busy[FY_TICKET_BUSY_GPU],
              1e3 * busy[FY_TICKET_BUSY_H2D], 1e3 * busy[FY_TICKET_BUSY_D2H],
              1e3 * busy[FY_TICKET_BUSY_SSD_READ], 1e3 * busy[FY_TICKET_BUSY_SSD_WRITE],
              1e3 * busy[FY_TICKET_BUSY_OPT], 100.0 * gpu_idle);
     struct fy_progress_step ps = {.step = s->step, .total = o->steps, .loss = s->loss,
+                                  .epoch = o->epochs > 0 || o->documents ? epoch : 0,
+                                  .epochs = o->epochs, .fill = fill,
                                   .seconds = s->seconds, .tokens = tokens,
                                   .flops = tokens * fy_model_flops_per_token(c, (unsigned)o->seq),
                                   .gpu_busy_s = busy[FY_TICKET_BUSY_GPU],
@@ -192,6 +205,10 @@ static int log_step(const struct fy_train_opts *o, const struct fy_model_config 
         n += snprintf(json + n, sizeof json - (size_t)n, ", \"grad_norm\": %.9g", s->grad_norm);
     if (s->have_eval)
         n += snprintf(json + n, sizeof json - (size_t)n, ", \"eval_loss\": %.9g", s->eval);
+    n += snprintf(json + n, sizeof json - (size_t)n,
+                  ", \"fill\": %.6f, \"trained_tokens_per_s\": %.1f, \"epoch\": %.6f",
+                  fill, fill * tps,
+                  o->epoch_steps ? (double)(s->step - 1) / (double)o->epoch_steps + 1.0 : 0.0);
     snprintf(json + n, sizeof json - (size_t)n, "}");
     return fy_metrics_append(o->metrics, s->step, json);
 }
@@ -305,13 +322,13 @@ static int run_start(struct fy_sched *r, const struct fy_storemeta *meta,
 
 /* One step: trained (*trained set once its updates are sent), evaluated where due, logged, and
  * committed where due. first: the session's first step. */
-static int run_step(struct fy_sched *r, struct fy_storemeta *meta, const struct fy_tokfile *data,
+static int run_step(struct fy_sched *r, struct fy_storemeta *meta, struct fy_sampler *data,
                     const struct fy_train_opts *o, uint64_t step, uint64_t first, int *trained)
 {
     struct step_line s = {.step = step, .lr = fy_train_lr(o, step), .grad_norm = -1};
     double t0 = now_s();
     fy_ticket_step(&r->tk, step);
-    int rc = fy_sched_load_batch(r, data, FY_TOKFILE_TRAIN, o->seed, step, NULL);
+    int rc = fy_sched_load_batch(r, data, FY_TOKFILE_TRAIN, step, &s.fill);
     if (rc == 0)
         rc = fy_sched_forward(r, 1, step, &s.loss);
     r->grad_scale = 0.0;
@@ -356,7 +373,7 @@ static int run_step(struct fy_sched *r, struct fy_storemeta *meta, const struct 
 }
 
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
-                 const struct fy_tokfile *data, const struct fy_train_opts *o)
+                 struct fy_sampler *data, const struct fy_train_opts *o)
 {
     struct fy_sched r;
     const struct fy_plan_shape shape = {.c = &meta->model, .B = o->batch, .T = o->seq,

@@ -31,6 +31,7 @@
 #include "common/desc.h"
 #include "common/model.h"
 #include "common/pool.h"
+#include "common/sampler.h"
 #include "common/tokfile.h"
 #include "launcher/diskrates.h"
 #include "launcher/plan.h"
@@ -50,6 +51,11 @@ struct fy_train_opts {
     double min_lr_ratio;  /* the decay's floor: lr * min_lr_ratio */
     enum fy_lr_schedule schedule; /* the decay after the warmup (cosine: 0) */
     uint64_t seed;        /* data order */
+    /* the progress line's epoch: steps an epoch (fy_sampler_epoch_steps), and the epochs of
+     * --epochs (0: counted in steps); documents: the batches pack documents (its line says the
+     * epoch even without --epochs) */
+    uint64_t epoch_steps, epochs;
+    int documents;
     uint64_t eval_every;  /* 0: only at the end */
     uint64_t eval_batches;
     uint64_t checkpoint_every; /* make the store durable every N steps (and at the end) */
@@ -119,7 +125,7 @@ int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char
  * where damaged, from the commit before it) to o->steps, committing every o->checkpoint_every
  * steps, at the end and at a stop; meta follows the commits. */
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
-                 const struct fy_tokfile *data, const struct fy_train_opts *o);
+                 struct fy_sampler *data, const struct fy_train_opts *o);
 /* Writes the master weights of the committed step in meta to a weights file (common/ckpt.h),
  * each unit checked against the commit record's digest. A training run may go on meanwhile
  * (`beside`: the export works beside it, fy_session.beside): when it commits over the copy being

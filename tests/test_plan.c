@@ -77,8 +77,9 @@ static void streaming(unsigned L, unsigned grad_slots, unsigned ckpt_slots,
                       struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX])
 {
     out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
-    /* inputs and targets, 512 bytes each, and two lists of the 288 embedding rows, 4 KiB each */
-    out[1] = (struct fy_pool_region_spec){"tokens", 3 * 4 * KIB};
+    /* inputs, targets and positions, 512 bytes each, and two lists of the 288 embedding rows,
+     * 4 KiB each */
+    out[1] = (struct fy_pool_region_spec){"tokens", 4 * 4 * KIB};
     out[2] = (struct fy_pool_region_spec){"acts", (ckpt_slots ? ckpt_slots : L + 1) * ACT};
     out[3] = (struct fy_pool_region_spec){"dacts", (ckpt_slots ? 3 : 2) * ACT};
     /* weights slot 0 and grads slot 0 the embeddings', the others a block's */
@@ -125,7 +126,7 @@ static void test_regions_by_hand(void **state)
     static const char *const names[9] = {"meta", "tokens", "acts", "dacts", "weights", "grads",
                                          "state", "resident", "saved"};
     const uint64_t bytes[9] = {
-        FY_COMMIT_RECORD_BYTES, 12 * KIB, 4 * ACT, 3 * ACT, EMBED_SECTION + 3 * BLOCK_SECTION,
+        FY_COMMIT_RECORD_BYTES, 16 * KIB, 4 * ACT, 3 * ACT, EMBED_SECTION + 3 * BLOCK_SECTION,
         EMBED_SECTION + 5 * BLOCK_SECTION + 4 * KIB, /* the final unit's gradient after the slots */
         2 * BLOCK_STATE,
         EMBED_STATE + 36864 + 2 * (BLOCK_STATE + 102400) + FINAL_STATE + 4096,
@@ -459,7 +460,7 @@ static void test_residency_by_budget(void **state)
     struct fy_model_config c = gpt(4, 256);
     const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
     struct fy_pool_region_spec least[8] = {
-        {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB},  {"acts", 5 * act},
+        {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 16 * KIB},  {"acts", 5 * act},
         {"dacts", 2 * act},               {"weights", 294912 + 2 * section},
         {"grads", 294912 + 3 * section},
         {"state", 2 * block_state},       {"resident", 884736 + 12288}};
@@ -585,7 +586,7 @@ static void test_activation_step_order(void **state)
     struct fy_model_config c = gpt(4, 256);
     const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
     struct fy_pool_region_spec least[8] = {
-        {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB},  {"acts", 5 * act},
+        {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 16 * KIB},  {"acts", 5 * act},
         {"dacts", 2 * act},               {"weights", 294912 + 2 * section},
         {"grads", 294912 + 3 * section},
         {"state", 2 * block_state},       {"resident", 884736 + 12288}};

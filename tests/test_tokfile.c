@@ -351,6 +351,15 @@ static void test_prepare_bytes(void **state)
     assert_int_equal(fy_tokfile_count(t), n);
     assert_int_equal(fy_tokfile_vocab(t), 256);
     assert_int_equal(fy_tokfile_width(t), 1);
+    /* each input a document (text files, not records), the byte-level tokenizer recorded */
+    assert_int_equal(fy_tokfile_version(t), 3);
+    assert_int_equal(fy_tokfile_source(t).tokenizer, FY_TOKENIZER_BYTES);
+    assert_int_equal(fy_tokfile_documents(t), 2);
+    assert_int_equal(fy_tokfile_documents_are_records(t), 0);
+    assert_int_equal(fy_tokfile_document_start(t, 0), 0);
+    assert_int_equal(fy_tokfile_document_end(t, 0), strlen(t1));
+    assert_int_equal(fy_tokfile_document_start(t, 1), strlen(t1));
+    assert_int_equal(fy_tokfile_document_end(t, 1), n);
     for (size_t i = 0; i < strlen(t1); i++)
         assert_int_equal(fy_tokfile_token(t, i), (uint8_t)t1[i]);
     for (size_t i = 0; i < sizeof t2; i++)
@@ -393,10 +402,13 @@ static void test_prepare_bytes(void **state)
     expect_prep_refused(&c, -EINVAL, "empty", out2);
     assert_int_equal(access(out2, F_OK), -1);
     assert_false(has_tmp_file(tmpdir));
-    /* an empty input among others is fine */
+    /* an empty input among others is fine, and no document */
     const char *mixed[] = {e1, in1, e2};
     assert_int_equal(fy_tokfile_prepare_bytes(out2, mixed, 3, 0, &n), 0);
     assert_int_equal(n, strlen(t1));
+    assert_int_equal(fy_tokfile_open(&t, out2, 256), 0);
+    assert_int_equal(fy_tokfile_documents(t), 1);
+    fy_tokfile_close(&t);
     /* an unreadable input (skipped when running as root, who can read anything) */
     if (geteuid() != 0) {
         assert_int_equal(chmod(in1, 0), 0);
@@ -443,8 +455,8 @@ static void test_open_refusals(void **state)
     p = make_file("magic.tok", 0x12345678, 1, 1, 256, 10, 0, 0, 10, 0);
     expect_open_refused(p, 256, -EBADMSG,
                         "not a Fuyou token file: prepare it with fuyou-launch prepare");
-    p = make_file("version.tok", M, 3, 1, 256, 10, 0, 0, 10, 0);
-    expect_open_refused(p, 256, -EBADMSG, "version 3, this build reads versions 1 and 2");
+    p = make_file("version.tok", M, 4, 1, 256, 10, 0, 0, 10, 0);
+    expect_open_refused(p, 256, -EBADMSG, "version 4, this build reads versions 1 to 3");
     p = make_file("width.tok", M, 1, 3, 256, 10, 0, 0, 30, 0);
     expect_open_refused(p, 256, -EBADMSG, "bad token width 3");
     p = make_file("width0.tok", M, 1, 0, 256, 10, 0, 0, 30, 0);
@@ -630,6 +642,11 @@ static void test_masked_format(void **state)
     assert_int_equal(fy_tokfile_open(&t, tpath("plain.tok"), V), 0);
     assert_int_equal(fy_tokfile_source(t).tokenizer, FY_TOKENIZER_UNSPECIFIED);
     assert_int_equal(fy_tokfile_trained(t, 5), 1);
+    assert_int_equal(fy_tokfile_documents(t), 0); /* versions 1 and 2: one stream */
+    fy_tokfile_close(&t);
+    assert_int_equal(fy_tokfile_open(&t, p, V), 0);
+    assert_int_equal(fy_tokfile_documents(t), 0);
+    assert_int_equal(fy_tokfile_split_documents(t, 0.1), -EINVAL);
     fy_tokfile_close(&t);
 
     /* every token masked: refused, nothing left */
@@ -811,6 +828,147 @@ static void test_streaming_writer(void **state)
     assert_true(h == 0xaf63dc4c8601ec8cull);
 }
 
+/* ---- version 3: the document index ---- */
+
+/* Rewrites slot `slot` of a version 3 file and fixes its checksum; or the 8 bytes at `at` (> 0). */
+static void patch_v3(const char *from, const char *to, int slot, uint32_t value, size_t at,
+                     uint64_t value64, size_t cut)
+{
+    size_t len;
+    uint8_t *b = slurp_file(from, &len);
+    if (slot >= 0)
+        put32(b + 4 * slot, value);
+    if (at > 0) {
+        put32(b + at, (uint32_t)value64);
+        put32(b + at + 4, (uint32_t)(value64 >> 32));
+    }
+    put32(b + 4 * FY_TOKFILE_V3_SLOT_CHECKSUM, fy_tokfile_header_checksum_v3(b));
+    write_bytes(to, b, cut ? cut : len);
+    free(b);
+}
+
+/* The streaming writer told of documents writes version 3: the index after the mask plane, each
+ * document's first token, no empty document for two calls in a row, the tokens before the first
+ * call a document of their own; read back; every corruption of it refused. */
+static void test_document_index(void **state)
+{
+    enum { V = 1000 };
+    const char *p = tpath("docs.tok");
+    struct fy_tokwriter *w;
+    struct fy_tokfile_source src = {FY_TOKENIZER_HF, 5, 2, NULL};
+    assert_int_equal(fy_tokwriter_begin(&w, p, V, &src, 0), 0);
+    uint32_t tok[10] = {10, 11, 12, 20, 21, 22, 23, 30, 31, 32};
+    assert_int_equal(fy_tokwriter_document(w, 1), 0);
+    assert_int_equal(fy_tokwriter_put(w, tok, 3, 1), 0);
+    assert_int_equal(fy_tokwriter_document(w, 1), 0);
+    assert_int_equal(fy_tokwriter_document(w, 1), 0); /* nothing between: no empty document */
+    assert_int_equal(fy_tokwriter_put(w, tok + 3, 2, 0), 0);
+    assert_int_equal(fy_tokwriter_put(w, tok + 5, 2, 1), 0);
+    assert_int_equal(fy_tokwriter_document(w, 1), 0);
+    assert_int_equal(fy_tokwriter_put(w, tok + 7, 3, 1), 0);
+    assert_int_equal(fy_tokwriter_document(w, 0), -EINVAL); /* a text file among records */
+    assert_int_equal(fy_tokwriter_document(w, 1), 0);       /* and a last one never begun */
+    assert_int_equal(fy_tokwriter_finish(&w, NULL, NULL), 0);
+
+    size_t len;
+    uint8_t *b = slurp_file(p, &len);
+    const size_t mask_off = 2 * FY_TOKFILE_HEADER_BYTES, docs_off = 3 * FY_TOKFILE_HEADER_BYTES;
+    assert_int_equal(len, 4 * FY_TOKFILE_HEADER_BYTES);
+    assert_int_equal(le32(b + 4), 3);
+    assert_int_equal(le32(b + 24), FY_TOKFILE_FLAG_LOSS_MASK | FY_TOKFILE_FLAG_RECORDS);
+    assert_int_equal(le32(b + 44), 2); /* masked */
+    assert_int_equal(le32(b + 52), 3); /* documents */
+    assert_int_equal(le32(b + 56), 0);
+    assert_int_equal(le32(b + 60), fy_tokfile_header_checksum_v3(b));
+    assert_int_equal(b[mask_off], 0xe7); /* tokens 3 and 4 masked */
+    const uint64_t starts[3] = {0, 3, 7};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(le32(b + docs_off + 8 * i), starts[i]);
+        assert_int_equal(le32(b + docs_off + 8 * i + 4), 0);
+    }
+    for (size_t i = docs_off + 24; i < len; i++)
+        assert_int_equal(b[i], 0);
+    free(b);
+
+    struct fy_tokfile *t;
+    assert_int_equal(fy_tokfile_open(&t, p, V), 0);
+    assert_int_equal(fy_tokfile_version(t), 3);
+    assert_int_equal(fy_tokfile_documents(t), 3);
+    assert_int_equal(fy_tokfile_documents_are_records(t), 1);
+    assert_int_equal(fy_tokfile_masked(t), 2);
+    assert_int_equal(fy_tokfile_source(t).eos, 2);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(fy_tokfile_document_start(t, (uint64_t)i), starts[i]);
+        assert_int_equal(fy_tokfile_document_end(t, (uint64_t)i), i < 2 ? starts[i + 1] : 10);
+    }
+    /* the split by documents: round(3 x 0.4) = 1 held out, from its first token */
+    assert_int_equal(fy_tokfile_split_documents(t, 0.4), 0);
+    assert_int_equal(fy_tokfile_eval_first_document(t), 2);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), 7);
+    assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), 3);
+    assert_int_equal(fy_tokfile_split_documents(t, 0.1), -EINVAL); /* none held out */
+    assert_int_equal(fy_tokfile_split_documents(t, 0.9), -EINVAL); /* none trained */
+    fy_tokfile_close(&t);
+
+    /* tokens before the first call are a document; without a mask or identity still version 3 */
+    assert_int_equal(fy_tokwriter_begin(&w, tpath("text.tok"), V, NULL, 0), 0);
+    assert_int_equal(fy_tokwriter_put(w, tok, 2, 1), 0);
+    assert_int_equal(fy_tokwriter_document(w, 0), 0);
+    assert_int_equal(fy_tokwriter_put(w, tok, 4, 1), 0);
+    assert_int_equal(fy_tokwriter_finish(&w, NULL, NULL), 0);
+    assert_int_equal(fy_tokfile_open(&t, tpath("text.tok"), V), 0);
+    assert_int_equal(fy_tokfile_version(t), 3);
+    assert_int_equal(fy_tokfile_documents(t), 2);
+    assert_int_equal(fy_tokfile_documents_are_records(t), 0);
+    assert_int_equal(fy_tokfile_document_start(t, 1), 2);
+    fy_tokfile_close(&t);
+
+    /* more starts than the writer keeps in memory (128 Ki): through its side file */
+    const uint64_t many = 300000;
+    assert_int_equal(fy_tokwriter_begin(&w, tpath("many.tok"), V, NULL, 0), 0);
+    for (uint64_t d = 0; d < many; d++) {
+        assert_int_equal(fy_tokwriter_document(w, 1), 0);
+        uint32_t one[2] = {(uint32_t)(d % V), 1};
+        assert_int_equal(fy_tokwriter_put(w, one, 1 + d % 2, 1), 0);
+    }
+    assert_int_equal(fy_tokwriter_finish(&w, NULL, NULL), 0);
+    assert_int_equal(fy_tokfile_open(&t, tpath("many.tok"), V), 0);
+    assert_int_equal(fy_tokfile_documents(t), many);
+    int bad = 0;
+    for (uint64_t d = 0, at = 0; d < many; at += 1 + d % 2, d++)
+        bad += fy_tokfile_document_start(t, d) != at || fy_tokfile_token(t, at) != d % V;
+    assert_int_equal(bad, 0);
+    fy_tokfile_close(&t);
+
+    /* corruptions */
+    patch_v3(p, tpath("first.tok"), -1, 0, docs_off, 1, 0);
+    expect_open_refused(tpath("first.tok"), V, -EBADMSG, "document 0 starts at token 1");
+    patch_v3(p, tpath("order.tok"), -1, 0, docs_off + 16, 3, 0);
+    expect_open_refused(tpath("order.tok"), V, -EBADMSG,
+                        "document 2 starts at token 3 (after 3, of 10 tokens): the document "
+                        "index is corrupt");
+    patch_v3(p, tpath("past.tok"), -1, 0, docs_off + 16, 10, 0);
+    expect_open_refused(tpath("past.tok"), V, -EBADMSG, "document 2 starts at token 10");
+    patch_v3(p, tpath("none.tok"), FY_TOKFILE_SLOT_DOCS_LO, 0, 0, 0, 0);
+    expect_open_refused(tpath("none.tok"), V, -EBADMSG, "the header counts 0 documents of 10");
+    patch_v3(p, tpath("toomany.tok"), FY_TOKFILE_SLOT_DOCS_LO, 11, 0, 0, 0);
+    expect_open_refused(tpath("toomany.tok"), V, -EBADMSG, "the header counts 11 documents");
+    patch_v3(p, tpath("cut.tok"), -1, 0, 0, 0, docs_off + 20);
+    expect_open_refused(tpath("cut.tok"), V, -EBADMSG, "truncated: expected 12312 bytes, found 12308");
+    patch_v3(p, tpath("flags.tok"), FY_TOKFILE_SLOT_FLAGS, 5, 0, 0, 0);
+    expect_open_refused(tpath("flags.tok"), V, -ENOTSUP, "unknown flags 0x5");
+    b = slurp_file(p, &len);
+    put32(b + 60, le32(b + 60) ^ 1);
+    write_bytes(tpath("sum3.tok"), b, len);
+    expect_open_refused(tpath("sum3.tok"), V, -EBADMSG, "bad header checksum");
+    /* the records flag is version 3's: a version 2 header with it is refused */
+    put32(b + 4, 2);
+    put32(b + 4 * FY_TOKFILE_V2_SLOT_CHECKSUM, fy_tokfile_header_checksum_v2(b));
+    write_bytes(tpath("v2flag.tok"), b, len);
+    expect_open_refused(tpath("v2flag.tok"), V, -ENOTSUP, "unknown flags 0x3");
+    free(b);
+}
+
 int main(void)
 {
     fy_log_init("test", FY_LOG_ERROR);
@@ -823,6 +981,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tokenizer_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_masked_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_streaming_writer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_document_index, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

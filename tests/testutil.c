@@ -373,6 +373,46 @@ int fy_test_setup(void **state, const char *tag, const char *text)
     return -1;
 }
 
+const char *fy_test_docs_data(struct fy_test_fixture *f, const char *text, int lines)
+{
+    char *jsonl = fy_test_in(f, "docs.jsonl"), *tok = fy_test_in(f, "docs.tok");
+    FILE *in = fopen(text, "r"), *out = fopen(jsonl, "w");
+    if (in == NULL || out == NULL) {
+        fprintf(stderr, "cannot read %s or write %s\n", text, jsonl);
+        if (in != NULL)
+            fclose(in);
+        if (out != NULL)
+            fclose(out);
+        return NULL;
+    }
+    char line[4096];
+    for (int n = 0; n < lines && fgets(line, sizeof line, in) != NULL;) {
+        line[strcspn(line, "\n")] = 0;
+        if (line[0] == 0)
+            continue;
+        fputs("{\"text\": \"", out);
+        for (const char *c = line; *c; c++) /* JSON: quotes, backslashes and controls escaped */
+            if (*c == '"' || *c == '\\')
+                fprintf(out, "\\%c", *c);
+            else if ((unsigned char)*c < 0x20)
+                fprintf(out, "\\u%04x", (unsigned char)*c);
+            else
+                fputc(*c, out);
+        fputs("\"}\n", out);
+        n++;
+    }
+    fclose(in);
+    if (fclose(out) != 0)
+        return NULL;
+    unlink(tok);
+    const char *args[] = {"prepare", "--out", tok, "--jsonl", jsonl, NULL};
+    int status = fy_test_run("fuyou-launch", args, f->log, 60);
+    if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return tok;
+    fprintf(stderr, "fuyou-launch prepare of %s failed (log %s)\n", jsonl, f->log);
+    return NULL;
+}
+
 int fy_test_teardown(void **state)
 {
     struct fy_test_fixture *f = *state;

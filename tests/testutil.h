@@ -47,6 +47,10 @@ int fy_test_setup(void **state, const char *tag, const char *text);
 int fy_test_teardown(void **state);
 /* DIR/name (fy_test_path). */
 char *fy_test_in(struct fy_test_fixture *f, const char *name);
+/* DIR/docs.tok, a token file of documents: the first `lines` non-empty lines of the text file
+ * `text`, each a JSON line's text field (prepare --jsonl, byte-level), so that train packs them as
+ * documents. Its path, or NULL (said on stderr). */
+const char *fy_test_docs_data(struct fy_test_fixture *f, const char *text, int lines);
 /* fy_test_launch with the fixture's log. */
 int fy_test_launch_in(struct fy_test_fixture *f, const char *const *args, int seconds);
 /* Path of a built executable such as "fuyou-launch" ($BUILD/bin, default build/bin); static buffer. */

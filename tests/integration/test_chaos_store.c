@@ -1,9 +1,11 @@
 /* Fault isolation of long runs, through the real processes on the CPU backend: the SSD store
  * damaged (state and commit records corrupted, cut short, made before commit records), full (a
  * test hook, a real small filesystem, the run directory's filesystem) and moved (a run directory
- * copied, moved, read-only, its store gone). Each run must end with the losses and final weights
- * of a run never disturbed, bit for bit, or refuse saying why and write nothing, and leave no
- * process, shared memory or temporary file behind. (Processes killed and stopped: test_chaos.) */
+ * copied, moved, read-only, its store gone); and a run of packed documents (--epochs) whose
+ * workers and launcher are killed in the middle of its epochs. Each run must end with the losses
+ * and final weights of a run never disturbed, bit for bit, or refuse saying why and write nothing,
+ * and leave no process, shared memory or temporary file behind. (Processes killed and stopped:
+ * test_chaos.) */
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -777,6 +779,104 @@ static void test_pre_commit_store_refused(void **state)
     free(now);
 }
 
+/* ---- packed documents ---- */
+
+/* The pid of a worker of the run (RUN/workers.pid), or -1. */
+static int worker_pid(const char *run, const char *name)
+{
+    FILE *f = fopen(fy_test_fmt("%s/workers.pid", run), "r");
+    if (f == NULL)
+        return -1;
+    char have[32];
+    int pid, found = -1;
+    while (fscanf(f, "%31s %d", have, &pid) == 2)
+        if (strcmp(have, name) == 0)
+            found = pid;
+    fclose(f);
+    return found;
+}
+
+/* Waits (at most a minute) until the metrics file holds more than `lines` steps' lines. */
+static void wait_past(const char *metrics, int lines)
+{
+    double t0 = fy_test_now_s();
+    while (fy_test_count_matches(metrics, "\"step\": ") <= lines && fy_test_now_s() - t0 < 60)
+        fy_test_pause_ms(5);
+}
+
+/* Packed documents over two epochs (--epochs 2, a commit every 3 steps): the gpu worker killed
+ * twice and the launcher killed twice (then resumed), each in the middle of an epoch, end with the
+ * losses and weights of an undisturbed packed run, bit for bit: each step's batch is its own. */
+static void test_packed_documents_killed(void **state)
+{
+    struct fy_chaos *c = *state;
+    const char *docs = fy_test_docs_data(c->f, FY_CHAOS_SAMPLE_TEXT, 100);
+    assert_non_null(docs);
+    char *ref = fy_test_in(c->f, "packed-ref"), *ref_out = fy_test_in(c->f, "packed-ref.fywt");
+    fy_chaos_init_model(c->f, ref);
+    const char *args[40];
+    fy_chaos_train_args(args, ref, docs, "1", ref_out, NULL);
+    assert_string_equal(args[5], "--steps");
+    args[5] = "--epochs"; /* in place of --steps */
+    args[6] = "2";
+    assert_int_equal(fy_test_launch_in(c->f, args, 300), 0);
+    assert_true(fy_test_file_contains(c->f->log, "batches: documents packed whole"));
+    char *ref_losses = fy_chaos_losses(fy_test_fmt("%s/metrics.jsonl", ref));
+    size_t ref_len;
+    char *ref_weights = fy_test_slurp(ref_out, &ref_len);
+    assert_non_null(ref_weights);
+    int steps = fy_test_count_matches(fy_test_fmt("%s/metrics.jsonl", ref), "\"step\": ");
+    assert_true(steps >= 20);
+
+    struct fy_chaos_paths rp = fy_chaos_new_run(c, "packed");
+    args[2] = rp.run;
+    assert_string_equal(args[23], "--export");
+    args[24] = rp.out;
+    const char *resume[] = {"resume", rp.run, NULL};
+    unlink(rp.log);
+    int pid = fy_test_start("fuyou-launch", args, rp.log), gpu_kills = 0, launcher_kills = 0;
+    assert_true(pid > 0);
+    uint64_t seed = 40;
+    int status = -1;
+    for (int round = 0; round < 4; round++) {
+        wait_past(rp.metrics, (round + 1) * steps / 5);
+        fy_test_pause_ms((int)(fy_test_rand(&seed) % 40)); /* somewhere in a step */
+        if (round % 2 == 0) { /* a worker: the launcher restarts it from the last commit */
+            int victim = worker_pid(rp.run, "gpu");
+            if (victim > 0 && kill(victim, SIGKILL) == 0)
+                gpu_kills++;
+            continue;
+        }
+        assert_int_equal(kill(pid, SIGKILL), 0); /* the launcher: resumed */
+        assert_true(fy_test_wait(pid, 30) != -1);
+        launcher_kills++;
+        pid = fy_test_start("fuyou-launch", resume, rp.log);
+        assert_true(pid > 0);
+    }
+    status = fy_test_wait(pid, 300);
+    assert_true(status != -1 && WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fy_test_file_contains(rp.log, "no such line: the log, to see why");
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(gpu_kills, 2);
+    assert_int_equal(launcher_kills, 2);
+    printf("chaos: packed documents, %d steps over 2 epochs: the gpu worker killed %d times and "
+           "the launcher %d times (resumed), the same bits as undisturbed\n",
+           steps, gpu_kills, launcher_kills);
+    char *losses = fy_chaos_losses(rp.metrics);
+    assert_string_equal(losses, ref_losses);
+    size_t n;
+    char *weights = fy_test_slurp(rp.out, &n);
+    assert_non_null(weights);
+    assert_int_equal(n, ref_len);
+    assert_memory_equal(weights, ref_weights, n);
+    fy_chaos_assert_nothing_left(rp.run);
+    free(losses);
+    free(weights);
+    free(ref_losses);
+    free(ref_weights);
+}
+
 int main(void)
 {
     if (fy_chaos_start("test_chaos_store") != 0)
@@ -794,6 +894,7 @@ int main(void)
         cmocka_unit_test(test_run_directory_full),
         cmocka_unit_test(test_pre_commit_store_refused),
         cmocka_unit_test(test_state_pieces_killed_and_damaged),
+        cmocka_unit_test(test_packed_documents_killed),
     };
     struct CMUnitTest run[sizeof tests / sizeof tests[0]];
     size_t wanted = 0; /* FY_TEST_ONLY: a few of them, by name (comma-separated globs) */

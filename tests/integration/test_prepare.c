@@ -1,5 +1,6 @@
 /* `fuyou-launch prepare` end to end, and training on what it writes:
- * - plain text with the byte tokenizer: the same bytes as before the loss mask existed (version 1);
+ * - plain text with the byte tokenizer: the version 3 layout byte for byte (the bytes as tokens,
+ *   the byte-level tokenizer, each text file a document);
  * - JSONL with the byte tokenizer: a text field, prompt/response pairs with the prompt masked;
  * - a real Hugging Face tokenizer.json (two tiny ones built by tests/reference/prepare_ref.py with
  *   the `tokenizers` library: a byte-level BPE with <s>/</s> and a word-level one without an EOS):
@@ -109,7 +110,7 @@ static int skip_without(int have, const char *what)
 
 /* ---- byte tokenizer ---- */
 
-static void test_bytes_text_unchanged(void **state)
+static void test_bytes_text_layout(void **state)
 {
     const char *a = "First file.\n", *b = "Second \xc3\xa9 file, no newline";
     write_text(tpath("a.txt"), a);
@@ -117,18 +118,24 @@ static void test_bytes_text_unchanged(void **state)
     const char *args[] = {"prepare", "--out", tpath("ab.tok"), tpath("a.txt"), tpath("b.txt"), NULL};
     assert_int_equal(launch(args), 0);
     assert_true(fy_test_file_contains(log_path, "tokens (byte-level, vocabulary 256)"));
+    assert_true(fy_test_file_contains(log_path, "2 documents, each a whole text file"));
 
-    /* The version 1 layout, byte for byte: header slots, the bytes, zeros to 4 KiB. */
+    /* The version 3 layout, byte for byte: header slots (the byte-level tokenizer, no EOS, two
+     * documents of text files), the bytes and zeros to 4 KiB, the document index likewise. */
     size_t n = strlen(a) + strlen(b), len = 0;
-    uint8_t want[8192] = {0};
+    uint8_t want[12288] = {0};
     le32(want + 0, FY_TOKFILE_MAGIC);
-    le32(want + 4, 1);
+    le32(want + 4, 3);
     le32(want + 8, 1);
     le32(want + 12, 256);
     le32(want + 16, (uint32_t)n);
-    le32(want + 28, fy_tokfile_header_checksum(want));
+    le32(want + 28, FY_TOKENIZER_BYTES);
+    le32(want + 40, FY_TOKFILE_NO_EOS);
+    le32(want + 52, 2);
+    le32(want + 60, fy_tokfile_header_checksum_v3(want));
     memcpy(want + 4096, a, strlen(a));
     memcpy(want + 4096 + strlen(a), b, strlen(b));
+    le32(want + 8192 + 8, (uint32_t)strlen(a));
     uint8_t *got = (uint8_t *)fy_test_slurp(tpath("ab.tok"), &len);
     assert_non_null(got);
     assert_int_equal(len, sizeof want);
@@ -143,8 +150,12 @@ static void test_bytes_jsonl(void **state)
     assert_int_equal(launch(args), 0);
     struct fy_tokfile *t;
     assert_int_equal(fy_tokfile_open(&t, tpath("t.tok"), 256), 0);
-    assert_int_equal(fy_tokfile_version(t), 2);
+    assert_int_equal(fy_tokfile_version(t), 3);
     assert_int_equal(fy_tokfile_source(t).tokenizer, FY_TOKENIZER_BYTES);
+    /* each line a document (a record); the blank line none */
+    assert_int_equal(fy_tokfile_documents(t), 2);
+    assert_int_equal(fy_tokfile_documents_are_records(t), 1);
+    assert_int_equal(fy_tokfile_document_start(t, 1), 2);
     assert_int_equal(fy_tokfile_source(t).eos, FY_TOKFILE_NO_EOS);
     const uint8_t want[] = {'a', 'b', 0xc3, 0xa9};
     assert_int_equal(fy_tokfile_count(t), sizeof want);
@@ -200,24 +211,36 @@ static void check_against_reference(const char *tok_json, const char *mode, cons
     assert_non_null(realpath(tok_json, full));
     assert_non_null(src.name);
     assert_string_equal(src.name, full);
-    uint64_t i = 0, masked = 0;
-    long tok, m;
-    while (fscanf(f, "%ld %ld", &tok, &m) == 2) {
+    uint64_t i = 0, masked = 0, docs = 0;
+    long tok, m, start;
+    /* every document where it starts: a text file, or a record */
+    assert_int_equal(fy_tokfile_documents_are_records(t), strcmp(mode, "text") != 0);
+    while (fscanf(f, "%ld %ld %ld", &tok, &m, &start) == 3) {
         assert_true(i < fy_tokfile_count(t));
         if (fy_tokfile_token(t, i) != (uint32_t)tok || fy_tokfile_trained(t, i) != m)
             fail_msg("%s (%s): token %llu is %u mask %d, the tokenizer says %ld mask %ld", tokfile,
                      mode, (unsigned long long)i, fy_tokfile_token(t, i), fy_tokfile_trained(t, i),
                      tok, m);
+        if (start) {
+            assert_true(docs < fy_tokfile_documents(t));
+            if (fy_tokfile_document_start(t, docs) != i)
+                fail_msg("%s (%s): document %llu starts at token %llu, not %llu", tokfile, mode,
+                         (unsigned long long)docs,
+                         (unsigned long long)fy_tokfile_document_start(t, docs),
+                         (unsigned long long)i);
+            docs++;
+        }
         masked += m == 0;
         i++;
     }
     fclose(f);
     assert_int_equal(i, fy_tokfile_count(t));
     assert_int_equal(masked, fy_tokfile_masked(t));
-    print_message("%s, %s: %llu tokens (%llu masked), vocabulary %ld, eos %ld: every token and "
-                  "mask bit as the tokenizer's own encoding\n",
-                  tok_json, mode,
-                  (unsigned long long)i, (unsigned long long)masked, vocab, eos);
+    assert_int_equal(docs, fy_tokfile_documents(t));
+    print_message("%s, %s: %llu tokens (%llu masked) in %llu documents, vocabulary %ld, eos %ld: "
+                  "every token, mask bit and document start as the tokenizer's own encoding\n",
+                  tok_json, mode, (unsigned long long)i, (unsigned long long)masked,
+                  (unsigned long long)docs, vocab, eos);
     fy_tokfile_close(&t);
 }
 
@@ -448,9 +471,10 @@ static void test_masked_training_vs_reference(void **state)
     const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd", "16",
                           "--vocab", "256", "--ctx", "16", "--seed", "7", NULL};
     assert_int_equal(launch(init), 0);
+    /* windows: the batch fy_tokfile_batch draws, which the reference is given */
     const char *train[] = {"train", "--run-dir", run, "--data", tpath("qa.tok"), "--steps", "1",
                            "--batch", "4", "--seq", "16", "--eval-batches", "0", "--seed", "5",
-                           "--inprocess", "--backend", "cpu", NULL};
+                           "--packing", "windows", "--inprocess", "--backend", "cpu", NULL};
     assert_int_equal(launch(train), 0);
     double ours = metrics_loss(run, 1);
 
@@ -598,8 +622,12 @@ static void test_train_checks_tokenizer(void **state)
     for (int i = 0; i < 20; i++)
         fprintf(f, "the quick brown fox jumps over the lazy dog\n");
     fclose(f);
-    write_text(tpath("corpus.jsonl"), "{\"text\": \"the quick brown fox jumps over the lazy "
-                                      "dog, the quick brown fox jumps over the lazy dog\"}\n");
+    f = fopen(tpath("corpus.jsonl"), "w"); /* five records: one held out, packed documents */
+    assert_non_null(f);
+    for (int i = 0; i < 5; i++)
+        fprintf(f, "{\"text\": \"the quick brown fox jumps over the lazy dog, the quick brown "
+                   "fox jumps over the lazy dog\"}\n");
+    fclose(f);
     struct {
         const char *name, *tokenizer;
         int jsonl;
@@ -714,7 +742,7 @@ int main(void)
         printf("test_prepare: python3 cannot import tokenizers: the Hugging Face tokenizer tests "
                "%s\n", in_ci ? "FAIL under CI" : "are skipped");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bytes_text_unchanged),
+        cmocka_unit_test(test_bytes_text_layout),
         cmocka_unit_test(test_bytes_jsonl),
         cmocka_unit_test(test_hf_tokenizers),
         cmocka_unit_test(test_bad_inputs),

@@ -145,7 +145,8 @@ static const char *build_family(const char *family)
 }
 
 /* The token file against chat_ref.py's expectation for the same inputs: every token and mask bit,
- * the vocabulary, no end-of-sequence token, the tokenizer's hash. */
+ * each conversation's first token a document start, the vocabulary, no end-of-sequence token, the
+ * tokenizer's hash. */
 static void check_chat(const char *tokdir, const char *family, const char *field,
                        const char *tokfile, const char *const *inputs)
 {
@@ -175,20 +176,27 @@ static void check_chat(const char *tokdir, const char *family, const char *field
     assert_non_null(realpath(tj, full));
     assert_non_null(src.name);
     assert_string_equal(src.name, full);
-    uint64_t i = 0, masked = 0;
-    long tok, m;
-    while (fscanf(f, "%ld %ld", &tok, &m) == 2) {
+    uint64_t i = 0, masked = 0, docs = 0;
+    long tok, m, start;
+    assert_int_equal(fy_tokfile_documents_are_records(t), 1);
+    while (fscanf(f, "%ld %ld %ld", &tok, &m, &start) == 3) {
         assert_true(i < fy_tokfile_count(t));
         if (fy_tokfile_token(t, i) != (uint32_t)tok || fy_tokfile_trained(t, i) != m)
             fail_msg("%s (%s): token %llu is %u mask %d, transformers says %ld mask %ld", tokfile,
                      family, (unsigned long long)i, fy_tokfile_token(t, i),
                      fy_tokfile_trained(t, i), tok, m);
+        if (start) { /* each conversation a document */
+            assert_true(docs < fy_tokfile_documents(t));
+            assert_int_equal(fy_tokfile_document_start(t, docs), i);
+            docs++;
+        }
         masked += m == 0;
         i++;
     }
     fclose(f);
     assert_int_equal(i, fy_tokfile_count(t));
     assert_int_equal(masked, fy_tokfile_masked(t));
+    assert_int_equal(docs, fy_tokfile_documents(t));
     print_message("%s: %llu tokens, %llu trained: every token as apply_chat_template's, every mask "
                   "bit as its assistant mask\n",
                   family, (unsigned long long)i, (unsigned long long)(i - masked));

@@ -3,7 +3,10 @@
  * held-out loss falls well below ln(256) on the bundled sample text; Ctrl-C stops at a step
  * boundary and resume continues bit for bit, and so does one stopped or killed at start-up; export;
  * outputs get their missing directories; bad inputs are refused with one line that names the
- * file, a non-zero exit, and nothing overwritten. (Placements and schedules:
+ * file, a non-zero exit, and nothing overwritten; packed documents and epochs: the start line,
+ * the progress line's epoch, metrics' fill, the summary's truncation count, the refusals, and a run
+ * stopped in the middle of an epoch and resumed ends as one never stopped. (Placements and
+ * schedules:
  * test_placement; the plan, probe, profile and report commands: test_plan_cmd; gradient clipping:
  * test_clip.) */
 #include <stdarg.h>
@@ -221,6 +224,154 @@ static void test_heldout_loss_falls(void **state)
     assert_int_equal(fy_trainutil_train(f, run, f->data, "210", NULL, 0, NULL, NULL), 0);
     assert_true(fy_test_file_contains(f->log, "starting at step 200"));
     assert_true(fy_test_file_contains(f->log, "step 210/210"));
+}
+
+/* ---- packed documents and epochs ---- */
+
+/* DIR/docs.tok: the first `lines` non-empty lines of the sample text, each a record (a document,
+ * byte-level): documents of 1 to 130 tokens, those past --seq 32 truncated. */
+static const char *docs_data(struct fy_test_fixture *f, int lines)
+{
+    const char *tok = fy_test_docs_data(f, FY_TRAINUTIL_SAMPLE_TEXT, lines);
+    assert_non_null(tok);
+    assert_true(fy_test_file_contains(f->log, "each a record"));
+    return tok;
+}
+
+/* The steps an epoch that the start line of the last launch says. */
+static int epoch_steps_said(struct fy_test_fixture *f)
+{
+    char *text = fy_test_slurp(f->log, NULL);
+    assert_non_null(text);
+    char *p = strstr(text, " steps an epoch");
+    assert_non_null(p);
+    while (p > text && p[-1] >= '0' && p[-1] <= '9')
+        p--;
+    int n = atoi(p);
+    free(text);
+    assert_true(n > 0);
+    return n;
+}
+
+/* The train command of the packed runs here: --epochs 2 over docs, evaluated at the end. */
+static void packed_args(const char **args, const char *run, const char *data, const char *out,
+                        const char *epochs)
+{
+    const char *base[] = {"train", "--run-dir", run, "--data", data, "--epochs", epochs,
+                          "--batch", "4", "--seq", "32", "--lr", "3e-3", "--warmup", "5",
+                          "--eval-every", "1000", "--checkpoint-every", "5", "--backend", "cpu",
+                          "--export", out, NULL};
+    memcpy(args, base, sizeof base);
+}
+
+/* A token file of records trains packed documents by default: the start line says how (the
+ * documents, rows, steps an epoch, fill, the documents truncated to --seq + 1 tokens, the held-out
+ * documents and their batches), --epochs 2 trains twice the steps of an epoch, each progress line
+ * says its epoch and fill, metrics.jsonl has each step's fill and epoch, and the summary the
+ * truncation count; --steps with --epochs, and --packing documents of a file without documents,
+ * are refused (exit 2) before anything starts. */
+static void test_packed_documents_and_epochs(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    const char *data = docs_data(f, 100);
+    char *run = fy_test_in(f, "packed"), metrics[700];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    fy_trainutil_init_model(f, run, "32", "5");
+    const char *args[32];
+    packed_args(args, run, data, fy_test_in(f, "packed.fywt"), "2");
+    assert_int_equal(fy_test_launch_in(f, args, 300), 0);
+    int per = epoch_steps_said(f);
+    assert_true(fy_test_file_contains(f->log, "batches: documents packed whole, each alone (the "
+                                              "data's documents are records): 90 training "
+                                              "documents in "));
+    assert_true(fy_test_file_contains(f->log, "(trained tokens over B x T)"));
+    assert_true(fy_test_file_contains(f->log, "cut to 32 + 1 (")); /* long lines: truncated */
+    assert_true(fy_test_file_contains(f->log, "the 10 held-out documents"));
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("--epochs 2: %d steps", 2 * per)));
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("step %d/%d | epoch 2/2 |", 2 * per,
+                                                          2 * per)));
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("step %d/%d | epoch 1/2 |", per,
+                                                          2 * per)));
+    assert_true(fy_test_file_contains(f->log, "% | 0."));             /* "fill 97.3% | 0.0..." */
+    assert_true(fy_test_file_contains(f->log, "packed documents: ")); /* the summary */
+    assert_true(fy_test_file_contains(f->log, " truncated to 32 + 1 tokens, fill "));
+    assert_int_equal(metrics_steps(metrics), 2 * per);
+    double fill[400], epoch[400];
+    int n = fy_trainutil_field_numbers(metrics, "\"fill\": ", fill, 400);
+    assert_int_equal(n, 2 * per);
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"epoch\": ", epoch, 400), n);
+    double mean = 0;
+    for (int i = 0; i < n; i++) {
+        assert_true(fill[i] > 0 && fill[i] <= 1.0);
+        assert_true(epoch[i] >= 1.0 + (i >= per) && epoch[i] < 2.0 + (i >= per));
+        mean += fill[i] / n;
+    }
+    assert_true(mean > 0.8); /* first-fit over short documents fills the rows */
+    assert_true(fy_trainutil_last_eval_loss(metrics) > 0);
+
+    /* refusals: exit 2, one line, before anything starts */
+    const char *both[40];
+    packed_args(both, run, data, fy_test_in(f, "x.fywt"), "3");
+    both[23] = "--steps"; /* after the 23 arguments of packed_args */
+    both[24] = "10";
+    both[25] = NULL;
+    assert_int_equal(fy_test_launch_in(f, both, 60), 2);
+    assert_true(fy_test_file_contains(f->log, "give --steps or --epochs, not both"));
+    uint32_t tokens[600];
+    for (int i = 0; i < 600; i++)
+        tokens[i] = (uint32_t)(i % 200);
+    char *old = fy_test_in(f, "version1.tok");
+    assert_int_equal(fy_tokfile_write(old, tokens, 600, 256, 0), 0);
+    const char *docs_of_old[] = {"--packing", "documents", NULL};
+    assert_int_equal(fy_trainutil_train_with(f, run, old, "3", NULL, 0, docs_of_old), 2);
+    assert_true(fy_test_file_contains(f->log, "records no documents (a version 1 token file"));
+    /* the old file still trains, as windows */
+    assert_int_equal(fy_trainutil_train(f, run, old, fy_test_fmt("%d", 2 * per + 1), NULL, 0, NULL,
+                                        NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "batches: windows of 32 + 1 tokens of the token "
+                                              "stream at random (the data records no documents"));
+}
+
+/* A packed run stopped (Ctrl-C) in the middle of an epoch and resumed ends as a run never
+ * stopped, bit for bit: the step fixes its batch. Steps made slow (a test hook: every AdamW
+ * 100 ms longer) so that the stop comes early in the first epoch. */
+static void test_packed_stop_mid_epoch_resumes(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    const char *data = docs_data(f, 100);
+    char *ref = fy_test_in(f, "whole"), *run = fy_test_in(f, "stopped");
+    char ref_out[700], out[700], ref_metrics[700], metrics[700];
+    snprintf(ref_out, sizeof ref_out, "%s.fywt", ref);
+    snprintf(out, sizeof out, "%s.fywt", run);
+    snprintf(ref_metrics, sizeof ref_metrics, "%s/metrics.jsonl", ref);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    fy_trainutil_init_model(f, ref, "32", "5");
+    fy_trainutil_init_model(f, run, "32", "5");
+    const char *args[32];
+    packed_args(args, ref, data, ref_out, "2");
+    assert_int_equal(fy_test_launch_in(f, args, 300), 0);
+    int per = epoch_steps_said(f);
+
+    packed_args(args, run, data, out, "2");
+    setenv("FUYOU_TEST_OPT_DELAY_MS", "100", 1);
+    int pid = fy_test_start("fuyou-launch", args, f->log);
+    unsetenv("FUYOU_TEST_OPT_DELAY_MS");
+    assert_true(pid > 0);
+    for (int i = 0; i < 3000 && metrics_steps(metrics) < 5; i++)
+        fy_test_pause_ms(20);
+    assert_int_equal(kill(pid, SIGINT), 0);
+    int status = fy_test_wait(pid, 120);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130);
+    int done = metrics_steps(metrics);
+    assert_true(done % per != 0); /* in the middle of an epoch */
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("stopped after step %d", done)));
+    const char *resume[] = {"resume", run, NULL};
+    assert_int_equal(fy_test_launch_in(f, resume, 300), 0);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt("starting at step %d", done)));
+    print_message("packed run stopped at step %d of an epoch of %d, resumed: the same bits as a "
+                  "run never stopped\n", done, per);
+    assert_same_run(metrics, out, ref_metrics, ref_out);
 }
 
 /* Bytes of a file, for "nothing was overwritten" checks. */
@@ -689,6 +840,8 @@ int main(void)
         FY_TRAINUTIL_TEST(test_heldout_loss_falls),
         FY_TRAINUTIL_TEST(test_sigint_stops_at_a_step_boundary),
         FY_TRAINUTIL_TEST(test_bad_inputs_refused),
+        FY_TRAINUTIL_TEST(test_packed_documents_and_epochs),
+        FY_TRAINUTIL_TEST(test_packed_stop_mid_epoch_resumes),
         FY_TRAINUTIL_TEST(test_failed_train_keeps_train_args),
         FY_TRAINUTIL_TEST(test_stop_at_start_up_resumes),
         FY_TRAINUTIL_TEST(test_outputs_get_their_parents),

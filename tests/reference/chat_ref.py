@@ -9,7 +9,8 @@ and the Parquet files of the Parquet tests; for tests/integration/test_prepare_c
       the template's own text, with the family's special tokens (byte-level like Qwen's and Llama
       3's, or sentencepiece-like with a metaspace like Mistral's).
   chat_ref.py expect TOKDIR FAMILY FIELD OUT INPUT.jsonl...
-      OUT gets "vocab V eos -1", then one "token mask" line per token: for each line's
+      OUT gets "vocab V eos -1", then one "token mask start" line per token (start 1 for a
+      conversation's first token, else 0): for each line's
       conversation, the tokens of AutoTokenizer.from_pretrained(TOKDIR).apply_chat_template, and
       as mask the assistant tokens transformers itself finds (return_assistant_tokens_mask) with
       the family's template marked by hand with {% generation %} around each assistant message's
@@ -177,11 +178,11 @@ def expect(tokdir, family, field, out, inputs):
             mask = list(m["assistant_masks"])
             if sum(mask) == 0:
                 sys.exit("chat_ref.py: no assistant token in a %s conversation" % family)
-            rows += zip(ids, mask)
+            rows += [(t, k, int(i == 0)) for i, (t, k) in enumerate(zip(ids, mask))]
     with open(out, "w") as f:
         f.write("vocab %d eos -1\n" % vocab)
-        for t, k in rows:
-            f.write("%d %d\n" % (t, k))
+        for t, k, start in rows:
+            f.write("%d %d %d\n" % (t, k, start))
 
 
 def parquet(src, out, rows_per_group):

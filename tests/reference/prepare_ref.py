@@ -8,7 +8,8 @@ directly (one encode call per document, no batching or piecing), for tests/integ
       DIR/tokenizer_config.json naming </s> as eos_token. wordlevel: whitespace words, no special
       token that names an end of sequence (prepare appends none).
   prepare_ref.py expect TOKENIZER_JSON text|jsonl-text|jsonl-pair OUT INPUT...
-      OUT gets "vocab V eos E" (E = -1 for none), then one "token mask" line per token.
+      OUT gets "vocab V eos E" (E = -1 for none), then one "token mask start" line per token:
+      start 1 for the first token of a document (a text file, a JSONL line), else 0.
 """
 import json
 import os
@@ -55,27 +56,31 @@ def expect(path, mode, out, inputs):
     tok = Tokenizer.from_file(path)
     eos = eos_of(tok, path)
     tail = [] if eos is None else [eos]
-    rows = []  # (token, mask)
+    rows = []  # (token, mask, start)
+
+    def document(pairs):
+        rows.extend((t, m, int(i == 0)) for i, (t, m) in enumerate(pairs))
+
     for name in inputs:
         with open(name, encoding="utf-8") as f:
             if mode == "text":
-                rows += [(t, 1) for t in tok.encode(f.read()).ids + tail]
+                document([(t, 1) for t in tok.encode(f.read()).ids + tail])
                 continue
             for line in f:
                 if not line.strip():
                     continue
                 obj = json.loads(line)
                 if mode == "jsonl-text":
-                    rows += [(t, 1) for t in tok.encode(obj["text"]).ids + tail]
+                    document([(t, 1) for t in tok.encode(obj["text"]).ids + tail])
                 else:
                     p = tok.encode(obj["prompt"]).ids
                     r = tok.encode(obj["response"], add_special_tokens=False).ids + tail
-                    rows += [(t, 0) for t in p] + [(t, 1) for t in r]
+                    document([(t, 0) for t in p] + [(t, 1) for t in r])
     with open(out, "w") as f:
         f.write("vocab %d eos %d\n" % (tok.get_vocab_size(with_added_tokens=True),
                                        -1 if eos is None else eos))
-        for t, m in rows:
-            f.write("%d %d\n" % (t, m))
+        for t, m, start in rows:
+            f.write("%d %d %d\n" % (t, m, start))
 
 
 def main():
