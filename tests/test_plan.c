@@ -656,7 +656,7 @@ static void test_state_pieces_by_hand(void **state)
     } floor[5] = {{0, 3}, {0, 2}, {1, 3}, {1, 2}, {1, 1}};
     for (int i = 0; i < 5; i++) {
         struct fy_pool_region_spec r[8] = {
-            {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 12 * KIB}, {"acts", 3 * act},
+            {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 16 * KIB}, {"acts", 3 * act},
             {"dacts", 2 * act}, {"weights", embed + 2 * section}, {"landing", 4 * 794624},
             {"grads", embed + floor[i].slots * section},
             {"state", 2 * (floor[i].pieces ? piece : extent)}};
