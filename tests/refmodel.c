@@ -192,11 +192,11 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
     int rc;
     if ((rc = fy_backend_model_prepare(b, &m->cfg, m->B, m->T)) != 0)
         return set_err(m, "model_prepare for %d x %d failed (%d)", m->B, m->T, rc), rc;
-    if ((rc = fy_backend_model_embed_forward(b, m->params[0], m->tokens, xs)) != 0)
+    if ((rc = fy_backend_model_embed_forward(b, m->params[0], m->tokens, NULL, xs)) != 0)
         return set_err(m, "model_embed_forward failed (%d)", rc), rc;
     for (unsigned l = 0; l < L; l++)
-        if ((rc = fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], xs + act * l,
-                                               xs + act * (l + 1), NULL)) != 0)
+        if ((rc = fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], NULL, xs + act * l,
+                                                 xs + act * (l + 1), NULL)) != 0)
             return set_err(m, "model_block_forward of block %u failed (%d)", l, rc), rc;
     free(m->logits);
     m->logits = falloc((size_t)m->B * m->T * m->cfg.vocab);
@@ -209,14 +209,14 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
                                   &m->loss, dy, m->grads[L + 1], m->grads[0])) != 0)
         return set_err(m, "model_head failed (%d)", rc), rc;
     for (unsigned l = L; l-- > 0;) {
-        if ((rc = fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], xs + act * l, dy, dx,
-                                                m->grads[1 + l], NULL)) != 0)
+        if ((rc = fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], NULL, xs + act * l,
+                                                  dy, dx, m->grads[1 + l], NULL)) != 0)
             return set_err(m, "model_block_backward of block %u failed (%d)", l, rc), rc;
         float *t = dx;
         dx = dy;
         dy = t; /* dy now holds the gradient of this block's input */
     }
-    if ((rc = fy_backend_model_embed_backward(b, m->tokens, dy, m->grads[0])) != 0)
+    if ((rc = fy_backend_model_embed_backward(b, m->tokens, NULL, dy, m->grads[0])) != 0)
         return set_err(m, "model_embed_backward failed (%d)", rc), rc;
     return 0;
 }

@@ -74,13 +74,13 @@ static void test_units_match_cpu(void **state)
     float *embed = unit_params(0, 1), *block = unit_params(1, 1), *fin = unit_params(3, 1);
     size_t ne = fy_model_unit_params(&cfg, 0), nb = fy_model_unit_params(&cfg, 1), nf = 2 * C;
     float *x_gpu = malloc(NC * 4), *x_cpu = malloc(NC * 4);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, x_gpu), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cpu, embed, tokens, x_cpu), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, NULL, x_gpu), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cpu, embed, tokens, NULL, x_cpu), 0);
     assert_true(rel_err(x_gpu, x_cpu, NC, "embed forward") < 3e-2);
 
     float *y_gpu = malloc(NC * 4), *y_cpu = malloc(NC * 4);
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x_cpu, y_gpu, NULL), 0);
-    assert_int_equal(fy_backend_model_block_forward(cpu, 1, block, x_cpu, y_cpu, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, x_cpu, y_gpu, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cpu, 1, block, NULL, x_cpu, y_cpu, NULL), 0);
     assert_true(rel_err(y_gpu, y_cpu, NC, "block forward") < 3e-2);
 
     double loss_gpu, loss_cpu;
@@ -113,9 +113,11 @@ static void test_units_match_cpu(void **state)
     float *dxb_gpu = malloc(NC * 4), *dxb_cpu = malloc(NC * 4);
     float *dp_gpu = malloc(nb * 4), *dp_cpu = malloc(nb * 4);
     assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, x_cpu, dx_cpu, dxb_gpu, dp_gpu, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, NULL, x_cpu, dx_cpu, dxb_gpu, dp_gpu,
+                                        NULL), 0);
     assert_int_equal(
-        fy_backend_model_block_backward(cpu, 1, block, x_cpu, dx_cpu, dxb_cpu, dp_cpu, NULL), 0);
+        fy_backend_model_block_backward(cpu, 1, block, NULL, x_cpu, dx_cpu, dxb_cpu, dp_cpu,
+                                        NULL), 0);
     assert_true(rel_err(dxb_gpu, dxb_cpu, NC, "block backward dx") < 3e-2);
     struct fy_gpt2_block_layout l;
     fy_gpt2_block_layout(&cfg, &l);
@@ -131,14 +133,15 @@ static void test_units_match_cpu(void **state)
     /* determinism: the same backward again gives the same bytes */
     float *dp_again = malloc(nb * 4), *dx_again = malloc(NC * 4);
     assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, x_cpu, dx_cpu, dx_again, dp_again, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, NULL, x_cpu, dx_cpu, dx_again, dp_again,
+                                        NULL), 0);
     assert_memory_equal(dp_again, dp_gpu, nb * 4);
     assert_memory_equal(dx_again, dxb_gpu, NC * 4);
 
     /* embedding backward accumulates onto the head's share */
     memcpy(demb_gpu, demb_cpu, ne * 4);
-    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, dxb_cpu, demb_gpu), 0);
-    assert_int_equal(fy_backend_model_embed_backward(cpu, tokens, dxb_cpu, demb_cpu), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, NULL, dxb_cpu, demb_gpu), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cpu, tokens, NULL, dxb_cpu, demb_cpu), 0);
     assert_true(rel_err(demb_gpu, demb_cpu, ne, "embed backward") < 3e-2);
 
     free(tokens); free(targets); free(embed); free(block); free(fin); free(x_gpu); free(x_cpu);
@@ -177,11 +180,11 @@ static void test_bf16_host_activations_same_bits(void **state)
     float *lg = malloc(nl * 4);
     double loss;
     assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, x), 0);
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x, y, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, NULL, x), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, x, y, NULL), 0);
     assert_int_equal(fy_backend_model_head(cuda, fin, embed, y, targets, &loss, dy, dfin, demb), 0);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, x, dy, dx, dp, NULL), 0);
-    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, dx, demb), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, x, dy, dx, dp, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, NULL, dx, demb), 0);
     assert_int_equal(fy_backend_model_logits(cuda, fin, embed, y, lg), 0);
     /* bf16 activations, every input given as bf16 */
     uint16_t *xh = malloc(NC * 2), *yh = malloc(NC * 2), *dyh = malloc(NC * 2);
@@ -190,10 +193,10 @@ static void test_bf16_host_activations_same_bits(void **state)
     float *lg2 = malloc(nl * 4);
     double loss2;
     assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, xh), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, NULL, xh), 0);
     uint16_t *x_in = to_bf16(x, NC);
     assert_memory_equal(xh, x_in, NC * 2); /* f32 x was the exact widening of these */
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x_in, yh, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, x_in, yh, NULL), 0);
     uint16_t *y_ref = to_bf16(y, NC);
     assert_memory_equal(yh, y_ref, NC * 2);
     assert_int_equal(fy_backend_model_head(cuda, fin, embed, yh, targets, &loss2, dyh, dfin2, demb2),
@@ -202,11 +205,12 @@ static void test_bf16_host_activations_same_bits(void **state)
     uint16_t *dy_ref = to_bf16(dy, NC);
     assert_memory_equal(dyh, dy_ref, NC * 2);
     assert_memory_equal(dfin2, dfin, nf * 4);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, xh, dyh, dxh, dp2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, xh, dyh, dxh, dp2,
+                                                     NULL), 0);
     uint16_t *dx_ref = to_bf16(dx, NC);
     assert_memory_equal(dxh, dx_ref, NC * 2);
     assert_memory_equal(dp2, dp, nb * 4);
-    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, dxh, demb2), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, NULL, dxh, demb2), 0);
     assert_memory_equal(demb2, demb, ne * 4);
     assert_int_equal(fy_backend_model_logits(cuda, fin, embed, yh, lg2), 0);
     assert_memory_equal(lg2, lg, nl * 4);
@@ -340,16 +344,18 @@ static void swapped_blocks_check(const char *fuse)
 
     /* saved before model_swap: refused, nothing queued */
     struct fy_block_saved qkv = saved_of(reg1, &r, KBIT(QKV));
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, run.y1, &qkv), -EINVAL);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, NULL, x, run.y1, &qkv), -EINVAL);
     assert_int_equal(fy_backend_model_swap(b), 0);
     assert_int_equal(fy_backend_model_swap(b), 0); /* again: nothing more */
 
     /* the reference: one by one, nothing saved */
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, ref.y1, NULL), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 2, w2, ref.y1, ref.y2, NULL), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 2, w2, ref.y1, dy, ref.dx2, ref.dp2, NULL),
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, NULL, x, ref.y1, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 2, w2, NULL, ref.y1, ref.y2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 2, w2, NULL, ref.y1, dy, ref.dx2, ref.dp2,
+                                                     NULL),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w1, x, ref.dx2, ref.dx1, ref.dp1, NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w1, NULL, x, ref.dx2, ref.dx1, ref.dp1,
+                                                     NULL),
                      0);
 
     assert_int_equal(fy_backend_model_set_queued(b, 1), 1);
@@ -360,14 +366,14 @@ static void swapped_blocks_check(const char *fuse)
         struct fy_block_saved s1 = saved_of(reg1, &r, mask), s2 = saved_of(reg2, &r, mask);
         memset(reg1, 0xa5, r.bytes);
         memset(reg2, 0xa5, r.bytes);
-        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, run.y1, &s1), 0);
-        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, run.y1, run.y2, &s2), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, NULL, x, run.y1, &s1), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, NULL, run.y1, run.y2, &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 2, w2, run.y1, dy, run.dx2, run.dp2, &s2), 0);
+            fy_backend_model_block_backward(b, 2, w2, NULL, run.y1, dy, run.dx2, run.dp2, &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 1, w1, x, run.dx2, run.dx1, run.dp1, &s1), 0);
+            fy_backend_model_block_backward(b, 1, w1, NULL, x, run.dx2, run.dx1, run.dp1, &s1), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         two_blocks_equal(&run, &ref, NC, nb);
@@ -375,9 +381,11 @@ static void swapped_blocks_check(const char *fuse)
         memcpy(copy2, reg2, r.bytes);
         /* clipping's second pass, both backwards in flight */
         assert_int_equal(
-            fy_backend_model_block_backward(b, 2, w2, run.y1, dy, again.dx2, again.dp2, &s2), 0);
+            fy_backend_model_block_backward(b, 2, w2, NULL, run.y1, dy, again.dx2, again.dp2,
+                                            &s2), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 1, w1, x, again.dx2, again.dx1, again.dp1, &s1), 0);
+            fy_backend_model_block_backward(b, 1, w1, NULL, x, again.dx2, again.dx1, again.dp1,
+                                            &s1), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_memory_equal(again.dx2, ref.dx2, NC * 4);
@@ -389,8 +397,9 @@ static void swapped_blocks_check(const char *fuse)
         /* the forwards again over other poison: every byte of the saved kinds written, the same */
         memset(reg1, 0x5a, r.bytes);
         memset(reg2, 0x5a, r.bytes);
-        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, again.y1, &s1), 0);
-        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, again.y1, again.y2, &s2), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, NULL, x, again.y1, &s1), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, NULL, again.y1, again.y2,
+                                                        &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_memory_equal(again.y2, ref.y2, NC * 4);
@@ -472,12 +481,13 @@ struct wunits {
 static void weights_pass(struct fy_backend *b, const struct fy_refmodel *m, const struct wunits *w,
                          struct wouts *o)
 {
-    assert_int_equal(fy_backend_model_embed_forward(b, w->embed, m->tokens, o->x), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w->block, o->x, o->y, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, w->embed, m->tokens, NULL, o->x), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w->block, NULL, o->x, o->y, NULL), 0);
     assert_int_equal(fy_backend_model_head(b, w->fin, w->embed, o->y, m->targets, &o->loss, o->dy,
                                          o->dfin, o->demb),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w->block, o->x, o->dy, o->dx, o->dp, NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w->block, NULL, o->x, o->dy, o->dx,
+                                                     o->dp, NULL),
                      0);
     assert_int_equal(fy_backend_model_logits(b, w->fin, w->embed, o->y, o->lg), 0);
 }
@@ -530,7 +540,7 @@ static void weights_bf16_case(const struct fy_model_config *c, const char *name)
     /* chosen before preparing: the first call after it takes bf16 */
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_BF16), 0);
     assert_int_equal(fy_backend_model_prepare(b, c, B, T), 0);
-    assert_int_equal(fy_backend_model_embed_forward(b, w16.embed, m.tokens, x_early), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, w16.embed, m.tokens, NULL, x_early), 0);
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
     weights_pass(b, &m, &w32, &ref);
     assert_memory_equal(x_early, ref.x, z.NC * 4);
@@ -543,24 +553,26 @@ static void weights_bf16_case(const struct fy_model_config *c, const char *name)
      * the backward of the block's input from the backward's dx */
     float *dx2 = ref.dx, *dp2 = ref.dp;
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, ref.y, y2, NULL), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, ref.x, dx2, dx1, dp1, NULL),
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, NULL, ref.y, y2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, NULL, ref.x, dx2, dx1, dp1,
+                                                     NULL),
                      0);
 
     assert_int_equal(fy_backend_model_set_queued(b, 1), 1);
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, ref.x, q.x, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, NULL, ref.x, q.x, NULL), 0);
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w16.block, q.x, q.y, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w16.block, NULL, q.x, q.y, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_memory_equal(q.x, ref.y, z.NC * 4);
     assert_memory_equal(q.y, y2, z.NC * 4);
     /* bf16 then f32, the second's dy the first's dx */
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w16.block, ref.x, ref.dy, q.dy, q.dp,
-                                                   NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w16.block, NULL, ref.x, ref.dy, q.dy,
+                                                     q.dp, NULL),
                      0);
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, ref.x, q.dy, q.dx, q_dp1, NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, NULL, ref.x, q.dy, q.dx,
+                                                     q_dp1, NULL),
                      0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
@@ -574,7 +586,7 @@ static void weights_bf16_case(const struct fy_model_config *c, const char *name)
                                          q.dfin, q.demb),
                      0);
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_embed_forward(b, w32.embed, m.tokens, q.x), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, w32.embed, m.tokens, NULL, q.x), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_memory_equal(&q.loss, &ref.loss, sizeof q.loss);

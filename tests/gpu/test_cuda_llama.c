@@ -93,14 +93,16 @@ static void units_case(int tied)
     for (int k = 1; k >= 0; k--) { /* the CPU first: its x, y and dx are both backends' inputs */
         /* dembed poisoned: the head overwrites it (with zeros when untied) */
         memset(demb[k], 0xff, ne * sizeof(float));
-        assert_int_equal(fy_backend_model_embed_forward(be[k], embed, m.tokens, x[k]), 0);
-        assert_int_equal(fy_backend_model_block_forward(be[k], 1, block, x[1], y[k], NULL), 0);
+        assert_int_equal(fy_backend_model_embed_forward(be[k], embed, m.tokens, NULL, x[k]), 0);
+        assert_int_equal(fy_backend_model_block_forward(be[k], 1, block, NULL, x[1], y[k],
+                                                        NULL), 0);
         assert_int_equal(fy_backend_model_head(be[k], fin, embed, y[1], m.targets, &loss[k], dx[k],
                                              dfin[k], demb[k]),
                          0);
         assert_int_equal(fy_backend_model_logits(be[k], fin, embed, y[1], lg[k]), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(be[k], 1, block, x[1], dx[1], dxb[k], dp[k], NULL), 0);
+            fy_backend_model_block_backward(be[k], 1, block, NULL, x[1], dx[1], dxb[k], dp[k],
+                                            NULL), 0);
     }
     const char *head = tied ? "tied" : "untied";
     print_message("%s head: loss gpu %.7f cpu %.7f\n", head, loss[0], loss[1]);
@@ -137,13 +139,15 @@ static void units_case(int tied)
     /* determinism: the same backward again, the same bytes */
     float *dp_again = falloc(nb), *dx_again = falloc(NC);
     assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, x[1], dx[1], dx_again, dp_again, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, NULL, x[1], dx[1], dx_again, dp_again,
+                                        NULL), 0);
     assert_memory_equal(dp_again, dp[0], nb * sizeof(float));
     assert_memory_equal(dx_again, dxb[0], NC * sizeof(float));
     /* the embedding backward adds the lookup's gradient onto the head's share */
     memcpy(demb[0], demb[1], ne * sizeof(float));
     for (int k = 0; k < 2; k++)
-        assert_int_equal(fy_backend_model_embed_backward(be[k], m.tokens, dxb[1], demb[k]), 0);
+        assert_int_equal(fy_backend_model_embed_backward(be[k], m.tokens, NULL, dxb[1],
+                                                         demb[k]), 0);
     assert_true(rel_err(demb[0], demb[1], ne, "embed backward") < 3e-2);
     for (int k = 0; k < 2; k++) {
         free(x[k]), free(y[k]), free(dx[k]), free(dfin[k]), free(demb[k]), free(dxb[k]);
@@ -203,11 +207,11 @@ static void pipeline_step(struct fy_backend *b, int queued, const struct fy_refm
     const size_t NC = (size_t)m->B * m->T * m->cfg.n_embd;
     int inflight = 0;
     assert_int_equal(fy_backend_model_set_queued(b, queued), queued);
-    assert_int_equal(fy_backend_model_embed_forward(b, m->params[0], m->tokens, o->xs), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, m->params[0], m->tokens, NULL, o->xs), 0);
     keep_one(b, queued, &inflight);
     for (unsigned l = 0; l < L; l++) {
-        assert_int_equal(fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], o->xs + NC * l,
-                                                      o->xs + NC * (l + 1), NULL),
+        assert_int_equal(fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], NULL,
+                                                        o->xs + NC * l, o->xs + NC * (l + 1), NULL),
                          0);
         keep_one(b, queued, &inflight);
     }
@@ -218,8 +222,9 @@ static void pipeline_step(struct fy_backend *b, int queued, const struct fy_refm
     keep_one(b, queued, &inflight);
     float *dy = o->dy, *dx = o->dx;
     for (unsigned l = L; l-- > 0;) {
-        assert_int_equal(fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], o->xs + NC * l,
-                                                       dy, dx, o->grads[1 + l], NULL),
+        assert_int_equal(fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], NULL,
+                                                         o->xs + NC * l, dy, dx, o->grads[1 + l],
+                                                         NULL),
                          0);
         keep_one(b, queued, &inflight);
         float *t = dx;
@@ -227,7 +232,7 @@ static void pipeline_step(struct fy_backend *b, int queued, const struct fy_refm
         dy = t;
     }
     /* the head is finished by now (two calls at most in flight): its dembed is written */
-    assert_int_equal(fy_backend_model_embed_backward(b, m->tokens, dy, o->grads[0]), 0);
+    assert_int_equal(fy_backend_model_embed_backward(b, m->tokens, NULL, dy, o->grads[0]), 0);
     for (inflight += queued; inflight > 0; inflight--)
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     fy_backend_model_set_queued(b, 0);
@@ -301,17 +306,17 @@ static void test_bf16_host_activations_same_bits(void **state)
     double loss, loss2;
     float *embed = m.params[0], *block = m.params[1], *fin = m.params[3];
     assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, x), 0);
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x, y, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, NULL, x), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, x, y, NULL), 0);
     assert_int_equal(fy_backend_model_head(cuda, fin, embed, y, m.targets, &loss, dy, dfin, demb),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, x, dy, dx, dp, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, x, dy, dx, dp, NULL), 0);
     assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, xh), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, NULL, xh), 0);
     uint16_t *want = to_bf16(x, NC);
     assert_memory_equal(xh, want, NC * 2);
     free(want);
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, xh, yh, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, xh, yh, NULL), 0);
     want = to_bf16(y, NC);
     assert_memory_equal(yh, want, NC * 2);
     free(want);
@@ -323,7 +328,8 @@ static void test_bf16_host_activations_same_bits(void **state)
     want = to_bf16(dy, NC);
     assert_memory_equal(dyh, want, NC * 2);
     free(want);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, xh, dyh, dxh, dp2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, xh, dyh, dxh, dp2,
+                                                     NULL), 0);
     want = to_bf16(dx, NC);
     assert_memory_equal(dxh, want, NC * 2);
     free(want);
@@ -349,13 +355,14 @@ static void test_refusals(void **state)
     memset(&saved, 0, sizeof saved);
     saved.at[FY_ACT_QKV] = region;
     print_message("(error lines about Llama refusals are expected next)\n");
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], x, y, &saved), -ENOTSUP);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], NULL, x, y,
+                                                    &saved), -ENOTSUP);
     assert_int_equal(fy_backend_model_swap(cuda), -ENOTSUP);
     struct fy_block_profile prof;
     assert_int_equal(fy_backend_model_profile(cuda, region, NC * 4 * sizeof(float), &prof),
                      -ENOTSUP);
     /* the unit still works after the refusals */
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], x, y, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], NULL, x, y, NULL), 0);
     struct fy_model_config odd = c;
     odd.n_embd = 96;
     odd.n_head = 8; /* head size 12 */
