@@ -4,7 +4,10 @@
  * whose internals are swapped to host buffers (saved) give the bytes of the plain calls. Weights
  * given as bf16 (rounded by fy_f32_to_bf16) give the bytes of their f32 originals, for GPT-2 and
  * Llama (tied and untied heads), one call at a time and queued with the dtype switched between
- * calls in flight.
+ * calls in flight. Packed documents (gpu_worker/backend.h's positions): the whole model against the
+ * CPU backend given them, with the flash and the materialising attention; swapped blocks with
+ * documents giving the bytes of the plain calls with them; the windows' positions (t everywhere)
+ * giving the bytes of none.
  * Tolerances are for bf16 weights and activations with fp32 accumulation: relative Frobenius error
  * of each output below 3e-2 (bf16 keeps 8 bits of mantissa, 2^-8 = 4e-3 per rounding, and a block
  * rounds each activation several times), loss within 1e-2 relative. */
@@ -301,7 +304,9 @@ static struct fy_block_saved saved_of(char *region, const struct fy_actplan_regi
  * mask gives the bytes of the same calls completed one by one without saved; the saved regions
  * are untouched by the backwards, a second pair of backwards (clipping) gives the same bytes, and
  * a second pair of forwards over other poison writes the same saved bytes. */
-static void swapped_blocks_check(const char *fuse)
+/* docs: the blocks' rows packed with documents (positions in the registered pool): the same checks
+ * with each call keeping its own positions while queued. */
+static void swapped_blocks_check(const char *fuse, int docs)
 {
     size_t N = (size_t)B * T, NC = N * cfg.n_embd, nb = fy_model_unit_params(&cfg, 1);
     struct fy_backend *b = NULL;
@@ -324,6 +329,15 @@ static void swapped_blocks_check(const char *fuse)
     assert_int_equal(fy_backend_register_host(b, pool.base, pool.size), 0);
     float *w1 = take(&pool, nb * 4), *w2 = take(&pool, nb * 4);
     float *x = take(&pool, NC * 4), *dy = take(&pool, NC * 4);
+    int32_t *pos = NULL;
+    if (docs) { /* documents of 1..10 tokens */
+        pos = take(&pool, N * 4);
+        for (size_t i = 0, p = 0, len = 0; i < N; i++, p++) {
+            if (p == len || i % T == 0)
+                p = 0, len = 1 + i * 7 % 10;
+            pos[i] = (int32_t)p;
+        }
+    }
     float *p1 = unit_params(1, 21), *p2 = unit_params(2, 21);
     memcpy(w1, p1, nb * 4);
     memcpy(w2, p2, nb * 4);
@@ -344,36 +358,36 @@ static void swapped_blocks_check(const char *fuse)
 
     /* saved before model_swap: refused, nothing queued */
     struct fy_block_saved qkv = saved_of(reg1, &r, KBIT(QKV));
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, NULL, x, run.y1, &qkv), -EINVAL);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, run.y1, &qkv), -EINVAL);
     assert_int_equal(fy_backend_model_swap(b), 0);
     assert_int_equal(fy_backend_model_swap(b), 0); /* again: nothing more */
 
     /* the reference: one by one, nothing saved */
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, NULL, x, ref.y1, NULL), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 2, w2, NULL, ref.y1, ref.y2, NULL), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 2, w2, NULL, ref.y1, dy, ref.dx2, ref.dp2,
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, ref.y1, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 2, w2, pos, ref.y1, ref.y2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 2, w2, pos, ref.y1, dy, ref.dx2, ref.dp2,
                                                      NULL),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w1, NULL, x, ref.dx2, ref.dx1, ref.dp1,
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w1, pos, x, ref.dx2, ref.dx1, ref.dp1,
                                                      NULL),
                      0);
 
     assert_int_equal(fy_backend_model_set_queued(b, 1), 1);
     for (size_t m = 0; m < sizeof swap_masks / sizeof swap_masks[0]; m++) {
         unsigned mask = swap_masks[m];
-        print_message("backend, FUYOU_CUDA_FUSE=%s, swapped kinds 0x%02x\n", fuse ? fuse : "1",
-                      mask);
+        print_message("backend, FUYOU_CUDA_FUSE=%s, swapped kinds 0x%02x%s\n", fuse ? fuse : "1",
+                      mask, docs ? ", documents" : "");
         struct fy_block_saved s1 = saved_of(reg1, &r, mask), s2 = saved_of(reg2, &r, mask);
         memset(reg1, 0xa5, r.bytes);
         memset(reg2, 0xa5, r.bytes);
-        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, NULL, x, run.y1, &s1), 0);
-        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, NULL, run.y1, run.y2, &s2), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, run.y1, &s1), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, pos, run.y1, run.y2, &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 2, w2, NULL, run.y1, dy, run.dx2, run.dp2, &s2), 0);
+            fy_backend_model_block_backward(b, 2, w2, pos, run.y1, dy, run.dx2, run.dp2, &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 1, w1, NULL, x, run.dx2, run.dx1, run.dp1, &s1), 0);
+            fy_backend_model_block_backward(b, 1, w1, pos, x, run.dx2, run.dx1, run.dp1, &s1), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         two_blocks_equal(&run, &ref, NC, nb);
@@ -381,10 +395,10 @@ static void swapped_blocks_check(const char *fuse)
         memcpy(copy2, reg2, r.bytes);
         /* clipping's second pass, both backwards in flight */
         assert_int_equal(
-            fy_backend_model_block_backward(b, 2, w2, NULL, run.y1, dy, again.dx2, again.dp2,
+            fy_backend_model_block_backward(b, 2, w2, pos, run.y1, dy, again.dx2, again.dp2,
                                             &s2), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 1, w1, NULL, x, again.dx2, again.dx1, again.dp1,
+            fy_backend_model_block_backward(b, 1, w1, pos, x, again.dx2, again.dx1, again.dp1,
                                             &s1), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
@@ -397,8 +411,8 @@ static void swapped_blocks_check(const char *fuse)
         /* the forwards again over other poison: every byte of the saved kinds written, the same */
         memset(reg1, 0x5a, r.bytes);
         memset(reg2, 0x5a, r.bytes);
-        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, NULL, x, again.y1, &s1), 0);
-        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, NULL, again.y1, again.y2,
+        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, again.y1, &s1), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, pos, again.y1, again.y2,
                                                         &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
@@ -419,8 +433,64 @@ static void swapped_blocks_check(const char *fuse)
 
 static void test_swapped_blocks_queued(void **state)
 {
-    swapped_blocks_check(NULL);
-    swapped_blocks_check("0");
+    swapped_blocks_check(NULL, 0);
+    swapped_blocks_check("0", 0);
+    swapped_blocks_check(NULL, 1);
+}
+
+/* The whole GPT-2 model with its rows packed with documents of up to 20 tokens (learned positions at
+ * their own, attention within each) against the CPU backend given them: the flash attention and,
+ * FUYOU_CUDA_ATTENTION=materialised, the materialising one (which masks the same scores without
+ * skipping); and the windows' positions (t everywhere) give the bytes of none. */
+static void packed_case(const char *attention)
+{
+    struct fy_refmodel on_gpu, on_cpu, none;
+    assert_int_equal(fy_refmodel_init(&on_gpu, &cfg, B, T, 71), 0);
+    assert_int_equal(fy_refmodel_init(&on_cpu, &cfg, B, T, 71), 0);
+    assert_int_equal(fy_refmodel_pack(&on_gpu, 20, 72), 0);
+    assert_int_equal(fy_refmodel_pack(&on_cpu, 20, 72), 0);
+    setenv("FUYOU_CUDA_ATTENTION", attention, 1); /* read when the model is prepared */
+    int rc = fy_refmodel_forward_backward(&on_gpu, cuda);
+    unsetenv("FUYOU_CUDA_ATTENTION");
+    if (rc != 0)
+        fail_msg("cuda: %s", on_gpu.err);
+    if (fy_refmodel_forward_backward(&on_cpu, cpu) != 0)
+        fail_msg("cpu: %s", on_cpu.err);
+    print_message("packed documents, %s attention: loss gpu %.7f cpu %.7f\n", attention,
+                  on_gpu.loss, on_cpu.loss);
+    assert_true(fabs(on_gpu.loss - on_cpu.loss) <= 1e-2 * fabs(on_cpu.loss));
+    assert_true(rel_err(on_gpu.logits, on_cpu.logits, (size_t)B * T * cfg.vocab,
+                        "packed logits") < 3e-2);
+    for (unsigned u = 0; u < on_gpu.n_units; u++) {
+        char what[48];
+        snprintf(what, sizeof what, "packed grad unit %u", u);
+        assert_true(rel_err(on_gpu.grads[u], on_cpu.grads[u], on_gpu.sizes[u], what) < 3e-2);
+    }
+    /* the windows' positions against none at all: the same bytes */
+    assert_int_equal(fy_refmodel_init(&none, &cfg, B, T, 71), 0);
+    for (int i = 0; i < B * T; i++)
+        on_gpu.positions[i] = i % T;
+    memcpy(on_gpu.targets, none.targets, (size_t)B * T * sizeof *none.targets);
+    setenv("FUYOU_CUDA_ATTENTION", attention, 1);
+    rc = fy_refmodel_forward_backward(&on_gpu, cuda);
+    if (rc == 0)
+        rc = fy_refmodel_forward_backward(&none, cuda);
+    unsetenv("FUYOU_CUDA_ATTENTION");
+    if (rc != 0)
+        fail_msg("cuda: %s %s", on_gpu.err, none.err);
+    assert_memory_equal(&on_gpu.loss, &none.loss, sizeof none.loss);
+    assert_memory_equal(on_gpu.logits, none.logits, (size_t)B * T * cfg.vocab * sizeof(float));
+    for (unsigned u = 0; u < none.n_units; u++)
+        assert_memory_equal(on_gpu.grads[u], none.grads[u], none.sizes[u] * sizeof(float));
+    fy_refmodel_free(&on_gpu);
+    fy_refmodel_free(&on_cpu);
+    fy_refmodel_free(&none);
+}
+
+static void test_packed_matches_cpu(void **state)
+{
+    packed_case("flash");
+    packed_case("materialised");
 }
 
 /* ---- weights as bf16 in host memory ---- */
@@ -627,6 +697,7 @@ int main(void)
         cmocka_unit_test(test_bf16_host_activations_same_bits),
         cmocka_unit_test(test_budget_refused),
         cmocka_unit_test(test_swapped_blocks_queued),
+        cmocka_unit_test(test_packed_matches_cpu),
         cmocka_unit_test(test_bf16_host_weights_same_bits),
     };
     int failed = cmocka_run_group_tests_name("cuda GPT units", tests, NULL, NULL);
