@@ -51,12 +51,20 @@
  * tiles come from and the dk dv grid; with NKV = NH every kernel does what it did for multi-head
  * attention, in the same order.
  *
- * Sliding window W (the kernels' WIN instantiations; W < T): query t sees keys t - W < j <= t. The
- * forward and dq start at the key block holding q0 - W + 1 (blocks before it are wholly outside
- * the band and skipped), dk dv stop at the query block holding k0 + 63 + W - 1, and every tile is
- * masked to the band. A row may see no key of its first block: its max stays -inf and that block
- * adds nothing (alpha 1, p 0); its diagonal block always holds the key t itself. Without a window
- * (WIN false) the code is the plain causal code above, instruction for instruction.
+ * Masks (the kernels' MASK: FL_WIN, FL_DOC or both; 0 is the plain causal code above, instruction
+ * for instruction). Sliding window W (FL_WIN; W < T): query t sees keys t - W < j <= t. The forward
+ * and dq start at the key block holding q0 - W + 1 (blocks before it are wholly outside the band
+ * and skipped), dk dv stop at the query block holding k0 + 63 + W - 1, and every tile is masked to
+ * the band. Documents (FL_DOC; positions [B][T] of gpu_worker/backend.h): query t sees keys
+ * t - pos[t] <= j <= t, its own document's. The forward and dq also start no earlier than the key
+ * block holding the least document start of the tile's queries (a shared minimum over the 64
+ * rows), dk dv also stop at the query block holding the last query whose document starts within
+ * the tile's 64 keys (a shared maximum over a scan of the row's later positions); each thread keeps
+ * its rows' document starts in registers (forward, dq), or reads its query columns' positions from
+ * shared memory, prefetched with L and D (dk dv). The blocks computed are exactly those in which
+ * some query sees some key (tests/test_cu_flash_emu.cc counts them). A row may see no key of its
+ * first block: its max stays -inf and that block adds nothing (alpha 1, p 0); its diagonal block
+ * always holds the key t itself.
  *
  * Scratch layout (256-byte aligned pieces): L f32 [B*NH][T], then D f32 [B*NH][T]. */
 #include "gpu_worker/cuda/cu_flash.h"
