@@ -94,6 +94,9 @@ GPU_TEST_BINS := $(patsubst tests/%.cu,$(BUILD)/tests/%,$(GPU_TEST_SRCS:tests/%.
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRCS:tests/bench/%.c=$(BUILD)/bench/%)
 GPU_BENCH_BINS := $(if $(NVCC),$(patsubst tests/bench/%.cu,$(BUILD)/bench/%,$(wildcard tests/bench/bench_*.cu)))
+# cu_flash's kernels emulated on the CPU (tests/test_cu_flash_emu.cc): a test with or without nvcc.
+EMU_TEST   := $(BUILD)/tests/test_cu_flash_emu
+TEST_BINS  += $(EMU_TEST)
 TEST_HELPERS := $(BUILD)/obj/tests/testutil.o $(BUILD)/obj/tests/refmodel.o
 # Helpers that assert with cmocka: linked into the test programs, not the benchmarks.
 TEST_CMOCKA_HELPERS := $(BUILD)/obj/tests/trainutil.o $(BUILD)/obj/tests/chaos.o
@@ -152,6 +155,17 @@ $(BINS):
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELPERS) $(TEST_CMOCKA_HELPERS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(TEST_LIBS) $(LDLIBS) $(if $(CU_SRCS),-lstdc++)
+
+# The kernels of cu_flash.cu (between its "EMU BEGIN" mark and its host part), compiled by the C++
+# compiler into the emulating test.
+$(BUILD)/obj/tests/cu_flash_kernels.inc: gpu_worker/cuda/cu_flash.cu
+	@mkdir -p $(dir $@)
+	sed -n '/EMU BEGIN/,/---- host ----/p' $< | grep -v 'extern __shared__' > $@
+
+$(EMU_TEST): tests/test_cu_flash_emu.cc $(BUILD)/obj/tests/cu_flash_kernels.inc
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -g -Wall -Wno-unknown-pragmas -Wno-unused-function \
+	  -fno-strict-aliasing -ffp-contract=off -I$(BUILD)/obj/tests $(TEST_CFLAGS) $< -o $@ $(TEST_LIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(TEST_HELPERS) $(LIB)
 	@mkdir -p $(dir $@)

@@ -20,6 +20,7 @@ struct fy_backend {
     void *registered;
     char device[128];
     int queued; /* gpt calls return once queued (fy_backend_model_set_queued) */
+    int B, T;   /* the prepared batch (fy_backend_model_prepare) */
     int holds;  /* gradient buffers held on the device (fy_backend_model_hold) */
 };
 
@@ -114,7 +115,10 @@ int fy_backend_model_prepare(struct fy_backend *b, const struct fy_model_config 
 {
     FY_REQUIRE(b->ops->model_prepare != NULL, -ENOTSUP,
                "the %s backend cannot train models yet: use --backend cpu", b->ops->name);
-    return b->ops->model_prepare(b->state, c, B, T);
+    FY_TRY(b->ops->model_prepare(b->state, c, B, T));
+    b->B = B;
+    b->T = T;
+    return 0;
 }
 
 int fy_backend_model_act_dtype(struct fy_backend *b, int dtype)
@@ -214,31 +218,54 @@ int fy_backend_model_ready_fd(struct fy_backend *b)
     return b->queued ? b->ops->model_ready_fd(b->state) : -1;
 }
 
-/* model_prepare succeeded, so the backend has every gpt operation. */
-int fy_backend_model_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
-                                 void *x)
+int fy_backend_positions_are_windows(const int32_t *positions, int B, int T)
 {
-    return completed(b, b->ops->model_embed_forward(b->state, embed, tokens, x));
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            if (positions[(size_t)b * T + t] != t)
+                return 0;
+    return 1;
 }
 
-int fy_backend_model_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
-                                  float *dembed)
+/* The positions a backend is given: NULL for the windows' (t everywhere), whose code is the one
+ * of before positions existed (the same bits by construction, not by the arithmetic agreeing). */
+static const int32_t *documents(const struct fy_backend *b, const int32_t *positions)
 {
-    return completed(b, b->ops->model_embed_backward(b->state, tokens, dx, dembed));
+    return positions != NULL && !fy_backend_positions_are_windows(positions, b->B, b->T)
+               ? positions
+               : NULL;
+}
+
+/* model_prepare succeeded, so the backend has every gpt operation. */
+int fy_backend_model_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
+                                   const int32_t *positions, void *x)
+{
+    return completed(b, b->ops->model_embed_forward(b->state, embed, tokens,
+                                                    documents(b, positions), x));
+}
+
+int fy_backend_model_embed_backward(struct fy_backend *b, const int32_t *tokens,
+                                    const int32_t *positions, const void *dx, float *dembed)
+{
+    return completed(b, b->ops->model_embed_backward(b->state, tokens, documents(b, positions),
+                                                     dx, dembed));
 }
 
 int fy_backend_model_block_forward(struct fy_backend *b, int layer, const void *params,
-                                 const void *x, void *y, const struct fy_block_saved *saved)
+                                   const int32_t *positions, const void *x, void *y,
+                                   const struct fy_block_saved *saved)
 {
-    return completed(b, b->ops->model_block_forward(b->state, layer, params, x, y, saved));
+    return completed(b, b->ops->model_block_forward(b->state, layer, params,
+                                                    documents(b, positions), x, y, saved));
 }
 
 int fy_backend_model_block_backward(struct fy_backend *b, int layer, const void *params,
-                                  const void *x, const void *dy, void *dx, float *dparams,
-                                  const struct fy_block_saved *saved)
+                                    const int32_t *positions, const void *x, const void *dy,
+                                    void *dx, float *dparams, const struct fy_block_saved *saved)
 {
-    return completed(b, b->ops->model_block_backward(b->state, layer, params, x, dy, dx, dparams,
-                                                   saved));
+    return completed(b, b->ops->model_block_backward(b->state, layer, params,
+                                                     documents(b, positions), x, dy, dx,
+                                                     dparams, saved));
 }
 
 int fy_backend_model_hold(struct fy_backend *b, int count)

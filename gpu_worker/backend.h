@@ -65,16 +65,29 @@ struct fy_backend_ops {
      * model_prepare sizes the backend's private scratch for batches of B sequences of T tokens
      * before any other model call. */
     int (*model_prepare)(void *state, const struct fy_model_config *c, int B, int T);
-    int (*model_embed_forward)(void *state, const void *embed, const int32_t *tokens, void *x);
-    int (*model_embed_backward)(void *state, const int32_t *tokens, const void *dx, float *dembed);
+    /* positions [B][T] (host memory, like tokens; NULL: positions[b][t] = t, the windows of the
+     * token stream): token t of a row is at position positions[b][t] of its document, which
+     * starts at t - positions[b][t] (a document is a contiguous run of a row). The embeddings
+     * look learned positions (GPT-2's wpe) up there and add their gradient there; a block rotates
+     * q and k (RoPE) by them, and its attention lets token t see token s of its row only when
+     * t - positions[b][t] <= s <= t (and t - s < W with a sliding window W): each document
+     * attends only to itself. Checked by the caller (gpu_worker/gptexec: every position in 0..t,
+     * documents contiguous). A queued call keeps the positions it was made with (they must stay
+     * untouched until it is finished, as its other inputs). */
+    int (*model_embed_forward)(void *state, const void *embed, const int32_t *tokens,
+                               const int32_t *positions, void *x);
+    int (*model_embed_backward)(void *state, const int32_t *tokens, const int32_t *positions,
+                                const void *dx, float *dembed);
     /* layer: the block's index, 1..n_layer (0: one whose internals are never kept). saved (may
      * be NULL): host buffers for some of the block's internals (struct fy_block_saved), which the
-     * forward writes and the backward reads instead of recomputing them. */
-    int (*model_block_forward)(void *state, int layer, const void *params, const void *x, void *y,
-                             const struct fy_block_saved *saved);
-    int (*model_block_backward)(void *state, int layer, const void *params, const void *x,
-                              const void *dy, void *dx, float *dparams,
-                              const struct fy_block_saved *saved);
+     * forward writes and the backward reads instead of recomputing them. A block's backward takes
+     * the positions its forward took. */
+    int (*model_block_forward)(void *state, int layer, const void *params,
+                               const int32_t *positions, const void *x, void *y,
+                               const struct fy_block_saved *saved);
+    int (*model_block_backward)(void *state, int layer, const void *params,
+                                const int32_t *positions, const void *x, const void *dy, void *dx,
+                                float *dparams, const struct fy_block_saved *saved);
     /* dx == NULL: loss only. */
     int (*model_head)(void *state, const void *final_params, const void *embed, const void *x,
                     const int32_t *targets, double *loss, void *dx, float *dfinal, float *dembed);
@@ -167,17 +180,23 @@ int fy_backend_preferred_weight_dtype(const char *backend_name);
  * internals. 0 (both zero) where it is not modelled: the CPU backend, or a build without CUDA. */
 int fy_backend_gpu_bytes(const char *backend_name, const struct fy_model_config *c, int B, int T,
                          uint64_t *working, uint64_t *set);
+/* positions: NULL (positions t, the windows of the token stream) or [B][T] of the prepared batch
+ * (see model_embed_forward). Positions that are t everywhere are passed on as NULL: the windows
+ * take the backend's code of before, to the same bits. */
 int fy_backend_model_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
-                                 void *x);
-int fy_backend_model_embed_backward(struct fy_backend *b, const int32_t *tokens, const void *dx,
-                                  float *dembed);
+                                   const int32_t *positions, void *x);
+int fy_backend_model_embed_backward(struct fy_backend *b, const int32_t *tokens,
+                                    const int32_t *positions, const void *dx, float *dembed);
 /* saved: NULL, or a block's swapped internals (struct fy_block_saved); a backend without swapping
  * refuses them (-ENOTSUP, said). */
 int fy_backend_model_block_forward(struct fy_backend *b, int layer, const void *params,
-                                 const void *x, void *y, const struct fy_block_saved *saved);
+                                   const int32_t *positions, const void *x, void *y,
+                                   const struct fy_block_saved *saved);
 int fy_backend_model_block_backward(struct fy_backend *b, int layer, const void *params,
-                                  const void *x, const void *dy, void *dx, float *dparams,
-                                  const struct fy_block_saved *saved);
+                                    const int32_t *positions, const void *x, const void *dy,
+                                    void *dx, float *dparams, const struct fy_block_saved *saved);
+/* 1 when positions [B][T] are t everywhere (the windows of the token stream), else 0. */
+int fy_backend_positions_are_windows(const int32_t *positions, int B, int T);
 /* Gradients held on the device (see model_hold): -ENOTSUP (said) for a backend without; slot
  * outside 0..count-1: -EINVAL (said). */
 int fy_backend_model_hold(struct fy_backend *b, int count);

@@ -332,6 +332,51 @@ static void *share(const struct fy_gptexec *e, void *p, uint64_t bytes)
     return (char *)p + (uint64_t)e->rank * (bytes / (uint64_t)e->ranks);
 }
 
+/* The positions of this worker's share (rows of T), checked: each in 0..t (t its token's place in
+ * the row) and below the context, and each either 0 (a document's first token) or one more than
+ * the position before it (a document is a contiguous run of a row). */
+static int check_positions(const struct fy_gptexec *e, const int32_t *pos, const char *op)
+{
+    for (int r = 0; r < e->B; r++)
+        for (int t = 0; t < e->T; t++) {
+            int32_t p = pos[(size_t)r * e->T + t];
+            if (p < 0 || p > t || (uint32_t)p >= e->cfg.ctx) {
+                fy_error("%s positions: row %d (of this worker's %d), token %d has position %d: a "
+                         "token's position in its document is in 0..%d (its place in the row) and "
+                         "below the model's context %u", op, r, e->B, t, (int)p, t, e->cfg.ctx);
+                return -EINVAL;
+            }
+            if (p != 0 && p != pos[(size_t)r * e->T + t - 1] + 1) {
+                fy_error("%s positions: row %d (of this worker's %d), token %d has position %d "
+                         "after %d: a document's positions run 0, 1, 2, ... (a new document "
+                         "starts at 0)", op, r, e->B, t, (int)p,
+                         (int)pos[(size_t)r * e->T + t - 1]);
+                return -EINVAL;
+            }
+        }
+    return 0;
+}
+
+/* The optional positions part at index `at` (FY_KIND_TOKENS, I32, the whole batch's B x T, this
+ * worker's share taken and checked) into *pos, NULL where the request has none (positions t: the
+ * windows of the token stream); *next: the index of the part after it. */
+static int positions_part(const struct fy_gptexec *e, const struct fy_pool *pool,
+                          const struct fy_desc *req, unsigned n, unsigned at,
+                          const int32_t **pos, unsigned *next)
+{
+    *pos = NULL;
+    *next = at;
+    if (at >= n || req[at].kind != FY_KIND_TOKENS)
+        return 0;
+    void *p;
+    FY_TRY(part(pool, req, n, at, FY_KIND_TOKENS, FY_DTYPE_I32, e->tok_bytes, &p));
+    p = share(e, p, e->tok_bytes);
+    FY_TRY(check_positions(e, p, fy_op_name(req[0].op)));
+    *pos = p;
+    *next = at + 1;
+    return 0;
+}
+
 /* Where this worker computes a gradient of n floats bound for pool memory `to` (fy_ranks_target;
  * `to` itself with one worker or a backend that sums). */
 static float *grad_target(struct fy_gptexec *e, void *to, uint64_t n, int accumulates, size_t at)
@@ -368,6 +413,8 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
     const int A = FY_KIND_ACTIVATION, G = FY_KIND_GRAD, W = FY_KIND_WEIGHTS, K = FY_KIND_TOKENS;
     const int F32 = FY_DTYPE_F32, I32 = FY_DTYPE_I32, ACT = e->act_dtype;
     void *p[7];
+    const int32_t *pos; /* the positions part where the request has one, else NULL */
+    unsigned next;      /* the part after the positions (or where they would be) */
     int layer = req[0].layer, WT, held;
     size_t wsize;
     switch (req[0].op) {
@@ -380,7 +427,10 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         p[0] = share(e, p[0], e->tok_bytes);
         p[2] = share(e, p[2], e->act_bytes);
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-fwd inputs"));
-        return fy_backend_model_embed_forward(e->backend, p[1], p[0], p[2]);
+        FY_TRY(positions_part(e, pool, req, n, 3, &pos, &next));
+        FY_REQUIRE(n == next, -EPROTO, "gpt-embed-fwd: %u parts, expected %u (tokens, weights, x0, "
+                   "optionally positions)", n, next);
+        return fy_backend_model_embed_forward(e->backend, p[1], p[0], pos, p[2]);
     case FY_OP_GPT_BLOCK_FWD:
     case FY_OP_GPT_BLOCK_BWD:
         FY_REQUIRE(layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
@@ -391,33 +441,32 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         p[1] = share(e, p[1], e->act_bytes);
         struct fy_block_saved saved;
         int any;
-        /* i40-data: the launcher sends the batch's positions (FY_KIND_TOKENS) after the fixed
-         * parts (docs/architecture.md); accepted and ignored here until the model side (branch
-         * i40-model) uses them, which replaces this */
+        /* the fixed parts, then the positions where given, then any saved parts */
         unsigned fixed = req[0].op == FY_OP_GPT_BLOCK_FWD ? 3u : 5u;
-        fixed += fixed < n && req[fixed].kind == FY_KIND_TOKENS;
-        FY_REQUIRE(e->ranks == 1 || n <= fixed, -EPROTO,
+        FY_TRY(positions_part(e, pool, req, n, fixed, &pos, &next));
+        FY_REQUIRE(e->ranks == 1 || n <= next, -EPROTO,
                    "%s: saved internals with %d gpu workers: not supported", fy_op_name(req[0].op),
                    e->ranks);
         if (req[0].op == FY_OP_GPT_BLOCK_FWD) {
             FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
             p[2] = share(e, p[2], e->act_bytes);
-            FY_TRY(saved_parts(e, pool, req, n, fixed, &saved, &any));
-            return fy_backend_model_block_forward(e->backend, layer, p[0], p[1], p[2],
-                                                any ? &saved : NULL);
+            FY_TRY(saved_parts(e, pool, req, n, next, &saved, &any));
+            return fy_backend_model_block_forward(e->backend, layer, p[0], pos, p[1], p[2],
+                                                  any ? &saved : NULL);
         }
         FY_TRY(part(pool, req, n, 2, G, ACT, e->act_bytes, &p[2]));
         FY_TRY(part(pool, req, n, 3, G, ACT, e->act_bytes, &p[3]));
         FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
-        FY_TRY(saved_parts(e, pool, req, n, fixed, &saved, &any));
+        FY_TRY(saved_parts(e, pool, req, n, next, &saved, &any));
         FY_TRY(held_buffer(e, req, 4, 1, &held));
         p[2] = share(e, p[2], e->act_bytes);
         p[3] = share(e, p[3], e->act_bytes);
         float *dparams = grad_target(e, p[4], block_n, 0, 0);
         if (held >= 0) /* this backward's gradient is kept in the buffer too */
             FY_TRY(fy_backend_model_hold_next(e->backend, held));
-        return grad_sum(e, fy_backend_model_block_backward(e->backend, layer, p[0], p[1], p[2],
-                                                           p[3], dparams, any ? &saved : NULL),
+        return grad_sum(e, fy_backend_model_block_backward(e->backend, layer, p[0], pos, p[1],
+                                                           p[2], p[3], dparams,
+                                                           any ? &saved : NULL),
                         p[4], block_n, 0);
     case FY_OP_GPT_GRAD_SEND:
         FY_REQUIRE(n == 1 && layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
@@ -477,9 +526,12 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         p[0] = share(e, p[0], e->tok_bytes);
         p[1] = share(e, p[1], e->act_bytes);
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-bwd inputs"));
+        FY_TRY(positions_part(e, pool, req, n, 3, &pos, &next));
+        FY_REQUIRE(n == next, -EPROTO, "gpt-embed-bwd: %u parts, expected %u (tokens, dx0, dembed, "
+                   "optionally positions)", n, next);
         float *dembed = grad_target(e, p[2], embed_n, 1, 0);
-        return grad_sum(e, fy_backend_model_embed_backward(e->backend, p[0], p[1], dembed), p[2],
-                        embed_n, 0);
+        return grad_sum(e, fy_backend_model_embed_backward(e->backend, p[0], pos, p[1], dembed),
+                        p[2], embed_n, 0);
     default:
         fy_error("gpu worker: op %s is not a GPT operation", fy_op_name(req[0].op));
         return -EPROTO;

@@ -5,15 +5,20 @@
  * Parts, in order (A = activation [B][T][C] f32, W = weights of the unit, f32 or bf16 (the
  * weights parts of one request alike; the backend is switched to that dtype for the call, and a
  * backend without bf16 weights refuses them), G = gradient f32):
- *   gpt-embed-fwd  (layer 0):        tokens[B*T] i32, W embed, A x0 (out)
- *   gpt-block-fwd  (layer l):        W block l, A x (in), A y (out) [, S saved (out)...]
+ *   gpt-embed-fwd  (layer 0):        tokens[B*T] i32, W embed, A x0 (out) [, P]
+ *   gpt-block-fwd  (layer l):        W block l, A x (in), A y (out) [, P] [, S saved (out)...]
  *   gpt-head       (layer L+1):      A x, tokens targets, W final, W embed
  *                                    [, G dx (out), G dfinal (out), G dembed (out)]; reply arg = loss
  *   gpt-block-bwd  (layer l):        W block l, A x (checkpoint), G dy, G dx (out), G dparams (out)
- *                                    [, S saved (in)...]
- *   gpt-embed-bwd  (layer 0):        tokens, G dx0, G dembed (accumulated)
+ *                                    [, P] [, S saved (in)...]
+ *   gpt-embed-bwd  (layer 0):        tokens, G dx0, G dembed (accumulated) [, P]
  *   gpt-profile:                     raw (copied through to time the links), raw (out: struct
  *                                    fy_block_profile); on the prepared batch, before any swap
+ * P: the positions, optional: FY_KIND_TOKENS i32 [B*T] (the whole batch's, as the tokens; each
+ * worker takes its share), token t of a row at position P[t] of its document, which starts at
+ * t - P[t] (gpu_worker/backend.h); checked: each in 0..t and below the context, each 0 (a
+ * document's first token) or one more than the one before. Absent: positions t, the windows of the
+ * token stream (the backend's code of before, to the same bits); so are positions t given.
  * S: up to two FY_KIND_SAVED parts (one in the pool for good, one in a slot on its way to or from
  * the SSD store), each holding the kinds of the mask in its arg, laid out by fy_actplan_region_of
  * over the backend's sizes (fy_actplan_sizes_backend); the masks are disjoint. A block's backward

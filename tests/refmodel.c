@@ -158,6 +158,28 @@ int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, i
     return 0;
 }
 
+int fy_refmodel_pack(struct fy_refmodel *m, int max_len, uint64_t seed)
+{
+    size_t n = (size_t)m->B * m->T;
+    free(m->positions);
+    m->positions = calloc(n, sizeof *m->positions);
+    if (m->positions == NULL || max_len < 1)
+        return set_err(m, "reference model: out of memory for positions (or max_len %d)", max_len);
+    uint64_t rng = seed;
+    for (int b = 0; b < m->B; b++)
+        for (int t = 0, p = 0, len = 0; t < m->T; t++, p++) {
+            size_t k = (size_t)b * m->T + t;
+            if (p == len) {
+                p = 0;
+                len = 1 + (int)(fy_test_rand(&rng) % (uint64_t)max_len);
+            }
+            m->positions[k] = p;
+            if (len == 1 || t == m->T - 1)
+                m->targets[k] = -1;
+        }
+    return 0;
+}
+
 struct fy_model_config fy_refmodel_llama_small(int tied)
 {
     struct fy_model_config c = {
@@ -178,8 +200,9 @@ void fy_refmodel_free(struct fy_refmodel *m)
     }
     free(m->tokens);
     free(m->targets);
+    free(m->positions);
     free(m->logits);
-    m->tokens = m->targets = NULL;
+    m->tokens = m->targets = m->positions = NULL;
     m->logits = NULL;
 }
 
@@ -192,11 +215,11 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
     int rc;
     if ((rc = fy_backend_model_prepare(b, &m->cfg, m->B, m->T)) != 0)
         return set_err(m, "model_prepare for %d x %d failed (%d)", m->B, m->T, rc), rc;
-    if ((rc = fy_backend_model_embed_forward(b, m->params[0], m->tokens, xs)) != 0)
+    if ((rc = fy_backend_model_embed_forward(b, m->params[0], m->tokens, m->positions, xs)) != 0)
         return set_err(m, "model_embed_forward failed (%d)", rc), rc;
     for (unsigned l = 0; l < L; l++)
-        if ((rc = fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], xs + act * l,
-                                               xs + act * (l + 1), NULL)) != 0)
+        if ((rc = fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], m->positions,
+                                                 xs + act * l, xs + act * (l + 1), NULL)) != 0)
             return set_err(m, "model_block_forward of block %u failed (%d)", l, rc), rc;
     free(m->logits);
     m->logits = falloc((size_t)m->B * m->T * m->cfg.vocab);
@@ -209,14 +232,14 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
                                   &m->loss, dy, m->grads[L + 1], m->grads[0])) != 0)
         return set_err(m, "model_head failed (%d)", rc), rc;
     for (unsigned l = L; l-- > 0;) {
-        if ((rc = fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], xs + act * l, dy, dx,
-                                                m->grads[1 + l], NULL)) != 0)
+        if ((rc = fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], m->positions,
+                                                  xs + act * l, dy, dx, m->grads[1 + l], NULL)) != 0)
             return set_err(m, "model_block_backward of block %u failed (%d)", l, rc), rc;
         float *t = dx;
         dx = dy;
         dy = t; /* dy now holds the gradient of this block's input */
     }
-    if ((rc = fy_backend_model_embed_backward(b, m->tokens, dy, m->grads[0])) != 0)
+    if ((rc = fy_backend_model_embed_backward(b, m->tokens, m->positions, dy, m->grads[0])) != 0)
         return set_err(m, "model_embed_backward failed (%d)", rc), rc;
     return 0;
 }

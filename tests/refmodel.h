@@ -30,6 +30,7 @@ struct fy_refmodel {
     double loss;                         /* the backend's */
     float *logits;                       /* the backend's, [B*T][V] */
     int32_t *tokens, *targets;           /* [B][T] */
+    int32_t *positions;                  /* [B][T] documents (fy_refmodel_pack), or NULL: none */
     char err[512];                       /* why the last call that failed did */
 };
 
@@ -48,13 +49,18 @@ struct fy_refmodel_output {
 int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, int B, int T,
                      uint64_t seed);
 void fy_refmodel_free(struct fy_refmodel *m);
+/* Packs the rows with documents (gpu_worker/backend.h's positions): lengths drawn from 1 to
+ * max_len with seed, the last cut at its row's end; each row's last document's last token (and
+ * every single-token document: padding) gets target -1. The model's calls pass them from then on.
+ * 0, or -1 with m->err. */
+int fy_refmodel_pack(struct fy_refmodel *m, int max_len, uint64_t seed);
 /* A small Llama for the GPU tests: 2 layers, 256 wide, 4 heads of 64 with 2 kv heads, MLP 344,
  * vocab 300, llama3 rope with an original context (8) below their T, so that every branch of its
  * scaling is used; the head tied to the embeddings or not. */
 struct fy_model_config fy_refmodel_llama_small(int tied);
 
-/* Forward and backward of the whole model on backend b (model_prepare for B x T first), unit by unit
- * as the gpu worker runs them: each block's input kept as its checkpoint, blocks recomputed in
+/* Forward and backward of the whole model on backend b (model_prepare for B x T first; m->positions
+ * given to every embedding and block call), unit by unit as the gpu worker runs them: each block's input kept as its checkpoint, blocks recomputed in
  * their backward, the head's share of the wte gradient then the embedding backward accumulating
  * onto it. Fills m->loss, m->grads and m->logits (the backend's logits output on the head's input).
  * 0, or the failing call's code with m->err. */

@@ -1,7 +1,12 @@
 /* Tests of the GPT-2 family on the CPU backend (gpu_worker/cpu/gpt2_cpu.c, with cpu_ops.c): every
  * backward against central finite differences of its forward at small sizes, the head's chunked
  * loss and wte gradient against a naive all-rows computation in double, and bit-identical results
- * whatever the number of OpenMP threads.
+ * whatever the number of OpenMP threads. Documents packed in rows (gpu_worker/backend.h's
+ * positions: rows of documents of 3, 1 and 2 tokens, and 4 then single tokens): the attention's
+ * probabilities zero outside each token's own document, its backward, the embeddings' (learned
+ * positions at the documents' own) and the whole block's against finite differences; each
+ * document's attention outputs and gradients those of that document alone, bit for bit; the
+ * windows' positions (t everywhere) giving the bits of no positions.
  *
  * Finite differences: the output is projected on a fixed random g, L = sum(out * g) accumulated in
  * double, and the backward is run with dout = g; numeric dL/dp = (L(p + eps) - L(p - eps)) / 2 eps.
@@ -209,35 +214,39 @@ static void test_layernorm(void **state)
 
 struct at {
     int B, T, C, NH;
+    const int32_t *pos; /* documents, or NULL */
     float *qkv, *out, *att, *g;
 };
 
 static double at_obj(void *ctx)
 {
     struct at *a = ctx;
-    fy_cpu_attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
+    fy_cpu_attention_forward(a->out, a->att, a->qkv, a->pos, a->B, a->T, a->C, a->NH);
     return project(a->out, a->g, (size_t)a->B * a->T * a->C);
 }
 
-static void test_attention(void **state)
+/* The attention of a (its probabilities: zero outside each token's own document and above the
+ * diagonal, rows summing to 1) and its backward against finite differences; returns the bad
+ * elements. */
+static int attention_check(struct at *a, uint64_t seed)
 {
-    uint64_t st = 31;
-    struct at a = {.B = 2, .T = 5, .C = 8, .NH = 2}; /* T not a power of two */
-    size_t nq = (size_t)a.B * a.T * 3 * a.C, no = (size_t)a.B * a.T * a.C;
-    size_t natt = (size_t)a.B * a.NH * a.T * a.T;
-    a.qkv = alloc_rand(nq, &st, -1.5f, 1.5f); /* large enough that the softmax is far from uniform */
-    a.out = alloc_nan(no);
-    a.att = alloc_nan(natt);
-    a.g = alloc_rand(no, &st, -1, 1);
-    at_obj(&a);
+    uint64_t st = seed;
+    size_t nq = (size_t)a->B * a->T * 3 * a->C, no = (size_t)a->B * a->T * a->C;
+    size_t natt = (size_t)a->B * a->NH * a->T * a->T;
+    /* large enough that the softmax is far from uniform */
+    a->qkv = alloc_rand(nq, &st, -1.5f, 1.5f);
+    a->out = alloc_nan(no);
+    a->att = alloc_nan(natt);
+    a->g = alloc_rand(no, &st, -1, 1);
+    at_obj(a);
 
-    /* probabilities: causal (zero above the diagonal) and each row sums to 1 */
-    for (int r = 0; r < a.B * a.NH * a.T; r++) {
-        int t = r % a.T;
+    for (int r = 0; r < a->B * a->NH * a->T; r++) {
+        int t = r % a->T, b = r / (a->NH * a->T);
+        int lo = a->pos ? t - a->pos[(size_t)b * a->T + t] : 0;
         double sum = 0.0;
-        for (int t2 = 0; t2 < a.T; t2++) {
-            float p = a.att[(size_t)r * a.T + t2];
-            if (t2 > t)
+        for (int t2 = 0; t2 < a->T; t2++) {
+            float p = a->att[(size_t)r * a->T + t2];
+            if (t2 > t || t2 < lo)
                 assert_true(p == 0.0f);
             sum += p;
         }
@@ -245,9 +254,58 @@ static void test_attention(void **state)
     }
 
     float *dqkv = alloc_nan(nq);
-    fy_cpu_attention_backward(dqkv, a.g, a.qkv, a.att, a.B, a.T, a.C, a.NH);
-    assert_int_equal(fd_check("attention dqkv", at_obj, &a, a.qkv, dqkv, nq, EPS, REL, ABS), 0);
-    free(a.qkv), free(a.out), free(a.att), free(a.g), free(dqkv);
+    fy_cpu_attention_backward(dqkv, a->g, a->qkv, a->att, a->pos, a->B, a->T, a->C, a->NH);
+    int bad = fd_check("attention dqkv", at_obj, a, a->qkv, dqkv, nq, EPS, REL, ABS);
+    free(a->qkv), free(a->out), free(a->att), free(a->g), free(dqkv);
+    return bad;
+}
+
+static void test_attention(void **state)
+{
+    struct at a = {.B = 2, .T = 5, .C = 8, .NH = 2}; /* T not a power of two */
+    assert_int_equal(attention_check(&a, 31), 0);
+}
+
+/* Documents packed in rows (gpu_worker/backend.h's positions): row 0 holds documents of 3, 1 and
+ * 2 tokens, row 1 one of 4 then two single-token ones (padding). */
+static const int32_t packed_pos[2 * 6] = {0, 1, 2, 0, 0, 1, /* */ 0, 1, 2, 3, 0, 0};
+
+static void test_attention_documents(void **state)
+{
+    struct at a = {.B = 2, .T = 6, .C = 8, .NH = 2, .pos = packed_pos};
+    assert_int_equal(attention_check(&a, 32), 0);
+}
+
+/* Each document of a packed batch attends as it would alone: its outputs and its gradients are
+ * those of a batch of that document only, bit for bit (the same sums in the same order). */
+static void test_attention_documents_alone(void **state)
+{
+    const int B = 2, T = 6, C = 8, NH = 2;
+    uint64_t st = 33;
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    float *qkv = alloc_rand(nq, &st, -1.5f, 1.5f), *g = alloc_rand(no, &st, -1, 1);
+    float *out = alloc_nan(no), *att = alloc_nan((size_t)B * NH * T * T), *dqkv = alloc_nan(nq);
+    fy_cpu_attention_forward(out, att, qkv, packed_pos, B, T, C, NH);
+    fy_cpu_attention_backward(dqkv, g, qkv, att, packed_pos, B, T, C, NH);
+    int docs = 0;
+    for (int b = 0; b < B; b++)
+        for (int t0 = 0; t0 < T;) {
+            int n = 1;
+            while (t0 + n < T && packed_pos[b * T + t0 + n] != 0)
+                n++;
+            size_t at = (size_t)b * T + t0;
+            float *o1 = alloc_nan((size_t)n * C), *a1 = alloc_nan((size_t)NH * n * n);
+            float *d1 = alloc_nan((size_t)n * 3 * C);
+            fy_cpu_attention_forward(o1, a1, qkv + at * 3 * C, NULL, 1, n, C, NH);
+            fy_cpu_attention_backward(d1, g + at * C, qkv + at * 3 * C, a1, NULL, 1, n, C, NH);
+            assert_memory_equal(o1, out + at * C, (size_t)n * C * sizeof(float));
+            assert_memory_equal(d1, dqkv + at * 3 * C, (size_t)n * 3 * C * sizeof(float));
+            free(o1), free(a1), free(d1);
+            docs++;
+            t0 += n;
+        }
+    assert_int_equal(docs, 6);
+    free(qkv), free(g), free(out), free(att), free(dqkv);
 }
 
 /* ---- GELU ---- */
@@ -291,32 +349,59 @@ struct em {
     struct fy_model_config cfg;
     int B, T;
     int32_t *tokens;
+    const int32_t *pos; /* documents, or NULL */
     float *embed, *x, *g;
 };
 
 static double em_obj(void *ctx)
 {
     struct em *e = ctx;
-    fy_cpu_embed_forward(&e->cfg, e->embed, e->tokens, e->x, e->B, e->T);
+    fy_cpu_embed_forward(&e->cfg, e->embed, e->tokens, e->pos, e->x, e->B, e->T);
     return project(e->x, e->g, (size_t)e->B * e->T * e->cfg.n_embd);
+}
+
+/* The lookup (x = wte[token] + wpe[position], positions t or e->pos) and its gradient against
+ * finite differences; returns the bad elements. */
+static int embed_check(struct em *e, uint64_t seed)
+{
+    uint64_t st = seed;
+    size_t ne = fy_model_unit_params(&e->cfg, 0), nx = (size_t)e->B * e->T * e->cfg.n_embd;
+    size_t C = e->cfg.n_embd;
+    e->embed = alloc_rand(ne, &st, -1, 1);
+    e->x = alloc_nan(nx);
+    e->g = alloc_rand(nx, &st, -1, 1);
+    em_obj(e);
+    const float *wpe = e->embed + (size_t)e->cfg.vocab * C;
+    for (int n = 0; n < e->B * e->T; n++) {
+        int p = e->pos ? e->pos[n] : n % e->T;
+        for (size_t i = 0; i < C; i++)
+            assert_true(e->x[n * C + i] == e->embed[(size_t)e->tokens[n] * C + i] + wpe[p * C + i]);
+    }
+    float *d0 = alloc_rand(ne, &st, -1, 1), *d = alloc_f(ne);
+    memcpy(d, d0, ne * sizeof *d);
+    fy_cpu_embed_backward(&e->cfg, e->tokens, e->pos, e->g, d, e->B, e->T);
+    float *gd = delta(d, d0, ne);
+    int bad = fd_check("embed dembed", em_obj, e, e->embed, gd, ne, EPS, REL, ABS);
+    free(e->embed), free(e->x), free(e->g), free(d0), free(d), free(gd);
+    return bad;
 }
 
 static void test_embed(void **state)
 {
-    uint64_t st = 51;
     struct em e = {.cfg = {.n_layer = 1, .n_head = 1, .n_embd = 5, .vocab = 7, .ctx = 6}, .B = 2, .T = 4};
     int32_t tokens[8] = {3, 0, 3, 6, 6, 3, 1, 0}; /* repeats, within and across sequences */
     e.tokens = tokens;
-    size_t ne = fy_model_unit_params(&e.cfg, 0), nx = (size_t)e.B * e.T * e.cfg.n_embd;
-    e.embed = alloc_rand(ne, &st, -1, 1);
-    e.x = alloc_nan(nx);
-    e.g = alloc_rand(nx, &st, -1, 1);
-    float *d0 = alloc_rand(ne, &st, -1, 1), *d = alloc_f(ne);
-    memcpy(d, d0, ne * sizeof *d);
-    fy_cpu_embed_backward(&e.cfg, e.tokens, e.g, d, e.B, e.T);
-    float *gd = delta(d, d0, ne);
-    assert_int_equal(fd_check("embed dembed", em_obj, &e, e.embed, gd, ne, EPS, REL, ABS), 0);
-    free(e.embed), free(e.x), free(e.g), free(d0), free(d), free(gd);
+    assert_int_equal(embed_check(&e, 51), 0);
+}
+
+/* Learned positions at the documents' own positions, which repeat within and across rows. */
+static void test_embed_documents(void **state)
+{
+    struct em e = {.cfg = {.n_layer = 1, .n_head = 1, .n_embd = 5, .vocab = 7, .ctx = 6}, .B = 2,
+                   .T = 6, .pos = packed_pos};
+    int32_t tokens[12] = {3, 0, 3, 6, 6, 3, 1, 0, 2, 2, 5, 4};
+    e.tokens = tokens;
+    assert_int_equal(embed_check(&e, 52), 0);
 }
 
 /* ---- one block ---- */
@@ -324,13 +409,14 @@ static void test_embed(void **state)
 struct bl {
     struct fy_model_config cfg;
     int B, T;
+    const int32_t *pos; /* documents, or NULL */
     float *params, *x, *y, *g, *scratch;
 };
 
 static double bl_obj(void *ctx)
 {
     struct bl *b = ctx;
-    fy_cpu_block_forward(&b->cfg, b->params, b->x, b->y, b->scratch, NULL, b->B, b->T);
+    fy_cpu_block_forward(&b->cfg, b->params, b->pos, b->x, b->y, b->scratch, NULL, b->B, b->T);
     return project(b->y, b->g, (size_t)b->B * b->T * b->cfg.n_embd);
 }
 
@@ -349,10 +435,12 @@ static float *block_params(const struct fy_model_config *cfg, uint64_t *st)
     return p;
 }
 
-static void test_block(void **state)
+/* The block's backward (dx and every parameter's gradient) against finite differences of its
+ * forward; returns the bad elements. */
+static int block_check(struct bl *bp, uint64_t seed)
 {
-    uint64_t st = 61;
-    struct bl b = {.cfg = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 5}, .B = 2, .T = 5};
+    struct bl b = *bp;
+    uint64_t st = seed;
     struct fy_gpt2_block_layout l;
     fy_gpt2_block_layout(&b.cfg, &l);
     size_t nx = (size_t)b.B * b.T * b.cfg.n_embd, ns = fy_cpu_block_scratch(&b.cfg, b.B, b.T);
@@ -362,7 +450,7 @@ static void test_block(void **state)
     b.g = alloc_rand(nx, &st, -1, 1);
     b.scratch = alloc_nan(ns);
     float *dx = alloc_nan(nx), *dp = alloc_nan(l.total);
-    fy_cpu_block_backward(&b.cfg, b.params, b.x, b.g, dx, dp, b.scratch, NULL, b.B, b.T);
+    fy_cpu_block_backward(&b.cfg, b.params, b.pos, b.x, b.g, dx, dp, b.scratch, NULL, b.B, b.T);
 
     int bad = fd_check("block dx", bl_obj, &b, b.x, dx, nx, EPS, REL, ABS);
     struct {
@@ -379,8 +467,21 @@ static void test_block(void **state)
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         bad += fd_check(t[i].name, bl_obj, &b, b.params + t[i].off, dp + t[i].off, t[i].n, EPS, REL,
                         ABS);
-    assert_int_equal(bad, 0);
     free(b.params), free(b.x), free(b.y), free(b.g), free(b.scratch), free(dx), free(dp);
+    return bad;
+}
+
+static void test_block(void **state)
+{
+    struct bl b = {.cfg = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 5}, .B = 2, .T = 5};
+    assert_int_equal(block_check(&b, 61), 0);
+}
+
+static void test_block_documents(void **state)
+{
+    struct bl b = {.cfg = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 6}, .B = 2,
+                   .T = 6, .pos = packed_pos};
+    assert_int_equal(block_check(&b, 62), 0);
 }
 
 /* ---- head ---- */
@@ -571,7 +672,8 @@ struct run_out {
     float loss;
 };
 
-static void det_run(int threads, struct run_out *o)
+/* positions: 0 none, 1 the windows' (t everywhere), 2 documents of 7 tokens and single ones */
+static void det_run(int threads, int positions, struct run_out *o)
 {
     omp_set_num_threads(threads);
     uint64_t st = 91;
@@ -588,44 +690,64 @@ static void det_run(int threads, struct run_out *o)
         tokens[n] = (int32_t)(fy_test_rand(&st) % 5); /* few distinct tokens: many repeats */
         targets[n] = n % 9 == 0 ? -1 : (int32_t)(fy_test_rand(&st) % cfg.vocab);
     }
+    int32_t *pos = positions ? malloc((size_t)N * sizeof *pos) : NULL;
+    for (int n = 0; pos != NULL && n < N; n++)
+        pos[n] = positions == 1 ? n % T : n % T < 21 ? n % T % 7 : 0;
     float *bs = alloc_nan(fy_cpu_block_scratch(&cfg, B, T)), *hs = alloc_nan(fy_cpu_head_scratch(&cfg, B, T));
     o->y = alloc_nan(nx), o->dx = alloc_nan(nx), o->dp = alloc_nan(l.total);
     o->dembed = alloc_nan(ne), o->hdx = alloc_nan(nx), o->dfinal = alloc_nan(2 * C);
 
-    fy_cpu_embed_forward(&cfg, embed, tokens, x, B, T);
-    fy_cpu_block_forward(&cfg, params, x, o->y, bs, NULL, B, T);
-    fy_cpu_block_backward(&cfg, params, x, dy, o->dx, o->dp, bs, NULL, B, T);
+    fy_cpu_embed_forward(&cfg, embed, tokens, pos, x, B, T);
+    fy_cpu_block_forward(&cfg, params, pos, x, o->y, bs, NULL, B, T);
+    fy_cpu_block_backward(&cfg, params, pos, x, dy, o->dx, o->dp, bs, NULL, B, T);
     o->loss = fy_cpu_head_forward_backward(&cfg, final, embed, o->y, targets, o->hdx, o->dfinal,
                                            o->dembed, hs, B, T);
-    fy_cpu_embed_backward(&cfg, tokens, o->dx, o->dembed, B, T);
+    fy_cpu_embed_backward(&cfg, tokens, pos, o->dx, o->dembed, B, T);
+    free(pos);
 
     free(params), free(embed), free(final), free(x), free(dy), free(tokens), free(targets);
     free(bs), free(hs);
 }
 
-static void test_determinism(void **state)
+static void run_out_equal(const struct run_out *a, const struct run_out *b)
 {
-    int saved = omp_get_max_threads();
-    struct run_out a, b;
-    det_run(1, &a);
-    det_run(3, &b);
-    omp_set_num_threads(saved);
     struct fy_model_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 70, .ctx = 30};
     struct fy_gpt2_block_layout l;
     fy_gpt2_block_layout(&cfg, &l);
     size_t nx = 3 * 30 * 16, ne = fy_model_unit_params(&cfg, 0);
-    assert_memory_equal(a.y, b.y, nx * sizeof(float));
-    assert_memory_equal(a.dx, b.dx, nx * sizeof(float));
-    assert_memory_equal(a.dp, b.dp, l.total * sizeof(float));
-    assert_memory_equal(&a.loss, &b.loss, sizeof(float));
-    assert_memory_equal(a.hdx, b.hdx, nx * sizeof(float));
-    assert_memory_equal(a.dfinal, b.dfinal, 2 * 16 * sizeof(float));
-    assert_memory_equal(a.dembed, b.dembed, ne * sizeof(float));
-    struct run_out *r[2] = {&a, &b};
-    for (int i = 0; i < 2; i++) {
-        free(r[i]->y), free(r[i]->dx), free(r[i]->dp), free(r[i]->dembed), free(r[i]->hdx);
-        free(r[i]->dfinal);
-    }
+    assert_memory_equal(a->y, b->y, nx * sizeof(float));
+    assert_memory_equal(a->dx, b->dx, nx * sizeof(float));
+    assert_memory_equal(a->dp, b->dp, l.total * sizeof(float));
+    assert_memory_equal(&a->loss, &b->loss, sizeof(float));
+    assert_memory_equal(a->hdx, b->hdx, nx * sizeof(float));
+    assert_memory_equal(a->dfinal, b->dfinal, 2 * 16 * sizeof(float));
+    assert_memory_equal(a->dembed, b->dembed, ne * sizeof(float));
+}
+
+static void run_out_free(struct run_out *r)
+{
+    free(r->y), free(r->dx), free(r->dp), free(r->dembed), free(r->hdx), free(r->dfinal);
+}
+
+/* The same bits whatever the number of threads, with documents too; and the windows' positions
+ * (t everywhere) give the bits of no positions at all. */
+static void test_determinism(void **state)
+{
+    int saved = omp_get_max_threads();
+    struct run_out a, b, w, d1, d3;
+    det_run(1, 0, &a);
+    det_run(3, 0, &b);
+    det_run(2, 1, &w);
+    det_run(1, 2, &d1);
+    det_run(3, 2, &d3);
+    omp_set_num_threads(saved);
+    run_out_equal(&a, &b);
+    run_out_equal(&a, &w);
+    run_out_equal(&d1, &d3);
+    assert_memory_not_equal(a.y, d1.y, 3 * 30 * 16 * sizeof(float));
+    struct run_out *r[5] = {&a, &b, &w, &d1, &d3};
+    for (int i = 0; i < 5; i++)
+        run_out_free(r[i]);
 }
 
 int main(void)
@@ -636,9 +758,13 @@ int main(void)
         cmocka_unit_test(test_checker_catches_wrong_gradient),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_documents),
+        cmocka_unit_test(test_attention_documents_alone),
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_embed_documents),
         cmocka_unit_test(test_block),
+        cmocka_unit_test(test_block_documents),
         cmocka_unit_test(test_head),
         cmocka_unit_test(test_head_chunks_match_naive),
         cmocka_unit_test(test_logits),

@@ -17,8 +17,14 @@
  *     loss and every parameter's gradient (embeddings, each block's tensors, the final norm, the
  *     head); no pad token in the configs (transformers' padding_idx would zero that token's
  *     embedding gradient, which this backend does not);
+ *   - documents packed in rows (gpu_worker/backend.h's positions): the block with documents (RoPE
+ *     at their positions, attention within each) against the float64 block given them and its
+ *     backward against finite differences, with a window shorter than a document too; the block
+ *     without them rejected against that reference; each document's rows of y and dx those of
+ *     that document alone, bit for bit (every variation at once);
  *   - gradients accumulate into dparams; bit-identical results across runs and thread counts
- *     (plain Llama, and every Llama-like variation at once).
+ *     (plain Llama, and every Llama-like variation at once), with documents too; the windows'
+ *     positions (t everywhere) giving the bits of no positions.
  *
  * The loss is L = sum(y * r) for a fixed random r (the backward is run with dy = r). Comparisons
  * are per tensor: an element passes when |ours - ref| <= rel * |ref| + abs * max|ref|, i.e. an
@@ -187,8 +193,9 @@ static void ref_rmsnorm(double *out, const double *in, const double *w, int N, i
 }
 
 /* RoPE as transformers writes it: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1], with
- * cos and sin of cat(freqs, freqs). x is [B][T][nh][hd]. */
-static void ref_rope(double *x, const double *f, int B, int T, int nh, int hd)
+ * cos and sin of cat(freqs, freqs). x is [B][T][nh][hd]; row b, t at position pos[b][t] (pos NULL:
+ * t). */
+static void ref_rope(double *x, const double *f, const int32_t *pos, int B, int T, int nh, int hd)
 {
     double *v = xmalloc((size_t)hd * sizeof *v);
     for (int b = 0; b < B; b++)
@@ -198,15 +205,17 @@ static void ref_rope(double *x, const double *f, int B, int T, int nh, int hd)
                 memcpy(v, p, (size_t)hd * sizeof *v);
                 for (int j = 0; j < hd; j++) {
                     double rot = j < hd / 2 ? -v[j + hd / 2] : v[j - hd / 2];
-                    double a = t * f[j % (hd / 2)];
+                    double a = (pos ? pos[b * T + t] : t) * f[j % (hd / 2)];
                     p[j] = v[j] * cos(a) + rot * sin(a);
                 }
             }
     free(v);
 }
 
-static void ref_block_forward(const struct fy_model_config *c, const double *p, const double *x,
-                              double *y, int B, int T)
+/* The block in float64; pos (NULL: none): documents, each token attending to the tokens of its own
+ * from t - pos[b][t] on (and within the window where there is one), rotated by its position. */
+static void ref_block_forward(const struct fy_model_config *c, const double *p, const int32_t *pos,
+                              const double *x, double *y, int B, int T)
 {
     size_t off[R_COUNT + 1];
     ref_offsets(c, off);
@@ -227,15 +236,21 @@ static void ref_block_forward(const struct fy_model_config *c, const double *p, 
     ref_linear(q, n1, p + off[R_Q], N, C, NH * hd);
     ref_linear(k, n1, p + off[R_K], N, C, NKV * hd);
     ref_linear(v, n1, p + off[R_V], N, C, NKV * hd);
-    ref_rope(q, f, B, T, NH, hd);
-    ref_rope(k, f, B, T, NKV, hd);
+    ref_rope(q, f, pos, B, T, NH, hd);
+    ref_rope(k, f, pos, B, T, NKV, hd);
+    int W = (int)c->llama.sliding_window;
     for (int b = 0; b < B; b++)
         for (int hh = 0; hh < NH; hh++) {
             int g = hh / (NH / NKV); /* repeat_kv: kv head g serves query heads g*rep .. */
             for (int t = 0; t < T; t++) {
                 const double *qv = q + (((size_t)b * T + t) * NH + hh) * hd;
                 double mx = -INFINITY, sum = 0.0;
-                for (int t2 = 0; t2 <= t; t2++) {
+                int lo = pos ? t - pos[b * T + t] : 0;
+                if (W > 0 && t - W + 1 > lo)
+                    lo = t - W + 1;
+                for (int t2 = 0; t2 < lo; t2++)
+                    s[t2] = 0.0;
+                for (int t2 = lo; t2 <= t; t2++) {
                     const double *kv = k + (((size_t)b * T + t2) * NKV + g) * hd;
                     double d = 0.0;
                     for (int i = 0; i < hd; i++)
@@ -243,12 +258,12 @@ static void ref_block_forward(const struct fy_model_config *c, const double *p, 
                     s[t2] = d / sqrt((double)hd);
                     mx = fmax(mx, s[t2]);
                 }
-                for (int t2 = 0; t2 <= t; t2++)
+                for (int t2 = lo; t2 <= t; t2++)
                     sum += (s[t2] = exp(s[t2] - mx));
                 double *o = a + (((size_t)b * T + t) * NH + hh) * hd;
                 for (int i = 0; i < hd; i++) {
                     double acc = 0.0;
-                    for (int t2 = 0; t2 <= t; t2++)
+                    for (int t2 = lo; t2 <= t; t2++)
                         acc += s[t2] / sum * v[(((size_t)b * T + t2) * NKV + g) * hd + i];
                     o[i] = acc;
                 }
@@ -379,13 +394,14 @@ static void test_inv_freq(void **state)
 struct blk {
     struct fy_model_config cfg;
     int B, T;
+    const int32_t *pos; /* documents, or NULL */
     size_t np, nx;
     double *p, *x, *r, *y; /* float64 copies of the fp32 inputs; r the projection */
 };
 
 static double blk_loss(struct blk *b)
 {
-    ref_block_forward(&b->cfg, b->p, b->x, b->y, b->B, b->T);
+    ref_block_forward(&b->cfg, b->p, b->pos, b->x, b->y, b->B, b->T);
     double s = 0.0;
     for (size_t i = 0; i < b->nx; i++)
         s += b->y[i] * b->r[i];
@@ -425,11 +441,11 @@ static float *block_params(const struct fy_model_config *c, uint64_t *st)
     return p;
 }
 
-/* Forward against float64, then dx and every parameter gradient against finite differences.
- * Returns the number of bad elements; corrupt_dx (when non-zero) scales dx[3] by (1 + corrupt_dx)
- * first, for the self-test of the checker. */
-static int check_block(const struct fy_model_config *cfg, int B, int T, uint64_t seed,
-                       double corrupt_dx)
+/* Forward against float64, then dx and every parameter gradient against finite differences, with
+ * the documents of pos (NULL: none). Returns the number of bad elements; corrupt_dx (when non-zero)
+ * scales dx[3] by (1 + corrupt_dx) first, for the self-test of the checker. */
+static int check_block_at(const struct fy_model_config *cfg, const int32_t *pos, int B, int T,
+                          uint64_t seed, double corrupt_dx)
 {
     assert_int_equal(fy_model_config_validate(cfg), 0);
     uint64_t st = seed;
@@ -441,12 +457,12 @@ static int check_block(const struct fy_model_config *cfg, int B, int T, uint64_t
     float *scratch = alloc_nan(ns), *dp = xmalloc(l.total * sizeof *dp);
     memset(dp, 0, l.total * sizeof *dp);
 
-    fy_llama_block_forward(cfg, p, x, y, scratch, B, T);
-    fy_llama_block_backward(cfg, p, x, r, dx, dp, scratch, B, T);
+    fy_llama_block_forward(cfg, p, pos, x, y, scratch, B, T);
+    fy_llama_block_backward(cfg, p, pos, x, r, dx, dp, scratch, B, T);
     if (corrupt_dx != 0.0)
         dx[3] *= (float)(1.0 + corrupt_dx);
 
-    struct blk b = {.cfg = *cfg, .B = B, .T = T, .np = l.total, .nx = nx};
+    struct blk b = {.cfg = *cfg, .B = B, .T = T, .pos = pos, .np = l.total, .nx = nx};
     b.p = to_double(p, l.total), b.x = to_double(x, nx), b.r = to_double(r, nx);
     b.y = xmalloc(nx * sizeof *b.y);
     blk_loss(&b);
@@ -468,6 +484,93 @@ static int check_block(const struct fy_model_config *cfg, int B, int T, uint64_t
     free(p), free(x), free(r), free(y), free(dx), free(scratch), free(dp);
     free(b.p), free(b.x), free(b.r), free(b.y);
     return bad;
+}
+
+static int check_block(const struct fy_model_config *cfg, int B, int T, uint64_t seed,
+                       double corrupt_dx)
+{
+    return check_block_at(cfg, NULL, B, T, seed, corrupt_dx);
+}
+
+/* Documents packed in rows (gpu_worker/backend.h's positions), B 2 x T 7: row 0 holds documents
+ * of 4, 1 and 2 tokens, row 1 one of 6 and a single token (padding). */
+static const int32_t packed_pos[2 * 7] = {0, 1, 2, 3, 0, 0, 1, /* */ 0, 1, 2, 3, 4, 5, 0};
+
+static void test_block_documents(void **state)
+{
+    struct fy_model_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    assert_int_equal(check_block_at(&c, packed_pos, 2, 7, 104, 0.0), 0);
+}
+
+/* A sliding window smaller than a document, with documents (Mistral's and Phi-3's). */
+static void test_block_documents_window(void **state)
+{
+    struct fy_model_config c = cfg_llama3(32, 4, 2, 40);
+    c.llama.sliding_window = 3;
+    assert_int_equal(check_block_at(&c, packed_pos, 2, 7, 105, 0.0), 0);
+}
+
+/* The checks see the documents: the block run without them is rejected against the float64 block
+ * with them. */
+static void test_checker_catches_missing_documents(void **state)
+{
+    struct fy_model_config c = cfg_plain(16, 4, 2, 24, 10000.0);
+    int B = 2, T = 7;
+    uint64_t st = 104;
+    size_t nx = (size_t)B * T * c.n_embd;
+    float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1.5f, 1.5f), *y = alloc_nan(nx);
+    float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
+    fy_llama_block_forward(&c, p, NULL, x, y, scratch, B, T);
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(&c, &l);
+    double *xd = to_double(x, nx), *pd = to_double(p, l.total), *yd = xmalloc(nx * sizeof *yd);
+    ref_block_forward(&c, pd, packed_pos, xd, yd, B, T);
+    assert_true(compare("y without documents vs float64 with", y, yd, nx, FWD_REL, FWD_ABS) > 0);
+    free(p), free(x), free(y), free(scratch), free(xd), free(pd), free(yd);
+}
+
+/* Each document of a packed batch computes as it would alone: its rows of y and dx are those of a
+ * batch of that document only, bit for bit (every Llama-like variation at once, a window of 3
+ * shorter than a document). */
+static void test_block_documents_alone(void **state)
+{
+    struct fy_model_config c = cfg_llama3(40, 4, 2, 24);
+    c.llama.head_dim = 10;
+    c.llama.qkv_bias = c.llama.qk_norm = 1;
+    c.llama.sliding_window = 3;
+    const int B = 2, T = 7, C = 40;
+    uint64_t st = 106;
+    struct fy_llama_unit_layout l;
+    fy_llama_unit_layout(&c, &l);
+    size_t nx = (size_t)B * T * C;
+    float *p = alloc_rand(l.total, &st, -0.3f, 0.3f), *x = alloc_rand(nx, &st, -1, 1);
+    float *r = alloc_rand(nx, &st, -1, 1), *y = alloc_nan(nx), *dx = alloc_nan(nx);
+    float *dp = xmalloc(l.total * sizeof *dp);
+    float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
+    memset(dp, 0, l.total * sizeof *dp);
+    fy_llama_block_forward(&c, p, packed_pos, x, y, scratch, B, T);
+    fy_llama_block_backward(&c, p, packed_pos, x, r, dx, dp, scratch, B, T);
+    int docs = 0;
+    for (int b = 0; b < B; b++)
+        for (int t0 = 0; t0 < T;) {
+            int n = 1;
+            while (t0 + n < T && packed_pos[b * T + t0 + n] != 0)
+                n++;
+            size_t at = ((size_t)b * T + t0) * C;
+            float *y1 = alloc_nan((size_t)n * C), *dx1 = alloc_nan((size_t)n * C);
+            float *dp1 = xmalloc(l.total * sizeof *dp1);
+            float *s1 = alloc_nan(fy_llama_block_scratch(&c, 1, n));
+            memset(dp1, 0, l.total * sizeof *dp1);
+            fy_llama_block_forward(&c, p, NULL, x + at, y1, s1, 1, n);
+            fy_llama_block_backward(&c, p, NULL, x + at, r + at, dx1, dp1, s1, 1, n);
+            assert_memory_equal(y1, y + at, (size_t)n * C * sizeof(float));
+            assert_memory_equal(dx1, dx + at, (size_t)n * C * sizeof(float));
+            free(y1), free(dx1), free(dp1), free(s1);
+            docs++;
+            t0 += n;
+        }
+    assert_int_equal(docs, 5);
+    free(p), free(x), free(r), free(y), free(dx), free(dp), free(scratch);
 }
 
 static void test_block_gqa(void **state)
@@ -505,12 +608,12 @@ static void test_checker_catches_wrong_rope(void **state)
     size_t nx = (size_t)B * T * c.n_embd;
     float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1.5f, 1.5f), *y = alloc_nan(nx);
     float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
-    fy_llama_block_forward(&plain, p, x, y, scratch, B, T);
+    fy_llama_block_forward(&plain, p, NULL, x, y, scratch, B, T);
     double *dx = to_double(x, nx);
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
     double *pd = to_double(p, l.total), *yd = xmalloc(nx * sizeof *yd);
-    ref_block_forward(&c, pd, dx, yd, B, T);
+    ref_block_forward(&c, pd, NULL, dx, yd, B, T);
     assert_true(compare("plain-RoPE y vs llama3 float64", y, yd, nx, FWD_REL, FWD_ABS) > 0);
     free(p), free(x), free(y), free(scratch), free(dx), free(pd), free(yd);
 }
@@ -530,8 +633,8 @@ static void test_backward_accumulates(void **state)
     float *g1 = xmalloc(l.total * sizeof *g1);
     memset(g0, 0, l.total * sizeof *g0);
     memcpy(g1, before, l.total * sizeof *g1);
-    fy_llama_block_backward(&c, p, x, r, dx, g0, scratch, B, T);
-    fy_llama_block_backward(&c, p, x, r, dx, g1, scratch, B, T);
+    fy_llama_block_backward(&c, p, NULL, x, r, dx, g0, scratch, B, T);
+    fy_llama_block_backward(&c, p, NULL, x, r, dx, g1, scratch, B, T);
     for (size_t i = 0; i < l.total; i++) /* a few ulps of the starting values */
         if (!(fabsf(g1[i] - before[i] - g0[i]) <= 1e-6f * (1.0f + fabsf(g0[i]))))
             fail_msg("dparams[%zu]: %g - %g != %g", i, (double)g1[i], (double)before[i], (double)g0[i]);
@@ -715,8 +818,8 @@ static int hf_compare(const struct hf_case *hc, const char *path)
     float *y = alloc_nan(nx), *dx = alloc_nan(nx), *dp = xmalloc(P * sizeof *dp);
     float *scratch = alloc_nan(fy_llama_block_scratch(c, hc->B, hc->T));
     memset(dp, 0, P * sizeof *dp);
-    fy_llama_block_forward(c, params, x, y, scratch, hc->B, hc->T);
-    fy_llama_block_backward(c, params, x, dy, dx, dp, scratch, hc->B, hc->T);
+    fy_llama_block_forward(c, params, NULL, x, y, scratch, hc->B, hc->T);
+    fy_llama_block_backward(c, params, NULL, x, dy, dx, dp, scratch, hc->B, hc->T);
 
     double *ref = to_double(y_ref, nx);
     int bad = compare("y vs transformers", y, ref, nx, HF_REL, HF_ABS);
@@ -816,13 +919,13 @@ static int model_compare(const struct hf_case *mc, const char *path)
     float *bs = alloc_nan(fy_llama_block_scratch(c, B, T)), *hs = alloc_nan(fy_llama_head_scratch(c, B, T));
     fy_llama_embed_forward(c, params, tokens, xs, B, T);
     for (int l = 0; l < L; l++)
-        fy_llama_block_forward(c, params + unit_off[l + 1], xs + l * N * C, xs + (l + 1) * N * C, bs,
-                               B, T);
+        fy_llama_block_forward(c, params + unit_off[l + 1], NULL, xs + l * N * C,
+                               xs + (l + 1) * N * C, bs, B, T);
     float loss = fy_llama_head_forward_backward(c, params + unit_off[L + 1], params,
                                                 xs + (size_t)L * N * C, targets, dy,
                                                 grads + unit_off[L + 1], grads, hs, B, T);
     for (int l = L - 1; l >= 0; l--) {
-        fy_llama_block_backward(c, params + unit_off[l + 1], xs + l * N * C, dy, dx,
+        fy_llama_block_backward(c, params + unit_off[l + 1], NULL, xs + l * N * C, dy, dx,
                                 grads + unit_off[l + 1], bs, B, T);
         memcpy(dy, dx, N * C * sizeof *dy);
     }
@@ -915,10 +1018,14 @@ static struct fy_model_config det_config(int variations)
     return c;
 }
 
-static void det_run(int variations, int threads, struct det_out *o)
+/* positions: 0 none, 1 the windows' (t everywhere), 2 documents of 4 tokens and a single one */
+static void det_run(int variations, int threads, int positions, struct det_out *o)
 {
     struct fy_model_config c = det_config(variations);
     int B = 3, T = 9;
+    int32_t *pos = positions ? xmalloc((size_t)B * T * sizeof *pos) : NULL;
+    for (int n = 0; pos != NULL && n < B * T; n++)
+        pos[n] = positions == 1 ? n % T : n % T < 8 ? n % T % 4 : 0;
     uint64_t st = 77;
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
@@ -928,8 +1035,9 @@ static void det_run(int variations, int threads, struct det_out *o)
     o->y = alloc_nan(nx), o->dx = alloc_nan(nx), o->dp = xmalloc(l.total * sizeof *o->dp);
     memset(o->dp, 0, l.total * sizeof *o->dp);
     omp_set_num_threads(threads);
-    fy_llama_block_forward(&c, p, x, o->y, scratch, B, T);
-    fy_llama_block_backward(&c, p, x, r, o->dx, o->dp, scratch, B, T);
+    fy_llama_block_forward(&c, p, pos, x, o->y, scratch, B, T);
+    fy_llama_block_backward(&c, p, pos, x, r, o->dx, o->dp, scratch, B, T);
+    free(pos);
     free(p), free(x), free(r), free(scratch);
 }
 
@@ -940,24 +1048,31 @@ static void deterministic(int variations)
     fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)3 * 9 * c.n_embd;
     int saved = omp_get_max_threads();
-    struct det_out a, b, d;
-    det_run(variations, 2, &a);
-    det_run(variations, 2, &b); /* the same run twice */
-    det_run(variations, 1, &d); /* and with another thread count */
+    struct det_out a, b, d, w, p1, p3;
+    det_run(variations, 2, 0, &a);
+    det_run(variations, 2, 0, &b); /* the same run twice */
+    det_run(variations, 1, 0, &d); /* and with another thread count */
+    det_run(variations, 2, 1, &w); /* the windows' positions: the bits of none */
+    det_run(variations, 1, 2, &p1); /* documents, with two thread counts */
     omp_set_num_threads(3);
     struct det_out e;
-    det_run(variations, 3, &e);
+    det_run(variations, 3, 0, &e);
+    det_run(variations, 3, 2, &p3);
     omp_set_num_threads(saved);
-    struct det_out *others[] = {&b, &d, &e};
-    for (int k = 0; k < 3; k++) {
+    struct det_out *others[] = {&b, &d, &e, &w};
+    for (int k = 0; k < 4; k++) {
         assert_memory_equal(a.y, others[k]->y, nx * sizeof(float));
         assert_memory_equal(a.dx, others[k]->dx, nx * sizeof(float));
         assert_memory_equal(a.dp, others[k]->dp, l.total * sizeof(float));
     }
+    assert_memory_equal(p1.y, p3.y, nx * sizeof(float));
+    assert_memory_equal(p1.dx, p3.dx, nx * sizeof(float));
+    assert_memory_equal(p1.dp, p3.dp, l.total * sizeof(float));
+    assert_memory_not_equal(a.y, p1.y, nx * sizeof(float));
     for (size_t i = 0; i < nx; i++)
-        assert_true(isfinite(a.y[i]) && isfinite(a.dx[i]));
-    struct det_out *all[] = {&a, &b, &d, &e};
-    for (int k = 0; k < 4; k++)
+        assert_true(isfinite(a.y[i]) && isfinite(a.dx[i]) && isfinite(p1.y[i]));
+    struct det_out *all[] = {&a, &b, &d, &e, &w, &p1, &p3};
+    for (int k = 0; k < 7; k++)
         free(all[k]->y), free(all[k]->dx), free(all[k]->dp);
 }
 
@@ -983,6 +1098,10 @@ int main(void)
         cmocka_unit_test(test_block_gqa),
         cmocka_unit_test(test_block_mqa),
         cmocka_unit_test(test_block_llama3),
+        cmocka_unit_test(test_block_documents),
+        cmocka_unit_test(test_block_documents_window),
+        cmocka_unit_test(test_checker_catches_missing_documents),
+        cmocka_unit_test(test_block_documents_alone),
         cmocka_unit_test(test_checker_catches_wrong_gradient),
         cmocka_unit_test(test_checker_catches_wrong_rope),
         cmocka_unit_test(test_backward_accumulates),

@@ -168,19 +168,21 @@ static int weights_f32(struct cpu_state *s, int which, const void *w, size_t n, 
     return 0;
 }
 
-static int cpu_embed_forward(void *state, const void *embed_in, const int32_t *tokens, void *x)
+static int cpu_embed_forward(void *state, const void *embed_in, const int32_t *tokens,
+                             const int32_t *positions, void *x)
 {
     struct cpu_state *s = state;
     const float *embed;
     FY_TRY(weights_f32(s, 0, embed_in, fy_model_unit_params(&s->cfg, 0), &embed));
-    s->fam->embed_forward(&s->cfg, embed, tokens, x, s->B, s->T);
+    s->fam->embed_forward(&s->cfg, embed, tokens, positions, x, s->B, s->T);
     return 0;
 }
 
-static int cpu_embed_backward(void *state, const int32_t *tokens, const void *dx, float *dembed)
+static int cpu_embed_backward(void *state, const int32_t *tokens, const int32_t *positions,
+                              const void *dx, float *dembed)
 {
     struct cpu_state *s = state;
-    s->fam->embed_backward(&s->cfg, tokens, dx, dembed, s->B, s->T);
+    s->fam->embed_backward(&s->cfg, tokens, positions, dx, dembed, s->B, s->T);
     return 0;
 }
 
@@ -200,7 +202,8 @@ static int swapping(const struct cpu_state *s, const struct fy_block_saved *save
     return any;
 }
 
-static int cpu_block_forward(void *state, int layer, const void *params_in, const void *x, void *y,
+static int cpu_block_forward(void *state, int layer, const void *params_in,
+                             const int32_t *positions, const void *x, void *y,
                              const struct fy_block_saved *saved)
 {
     (void)layer;
@@ -210,16 +213,16 @@ static int cpu_block_forward(void *state, int layer, const void *params_in, cons
     const float *params;
     FY_TRY(weights_f32(s, 0, params_in, fy_model_unit_params(&s->cfg, 1), &params));
     if (swap)
-        s->fam->block_forward_saved(&s->cfg, params, x, y, s->block_scratch, saved->at, s->B,
-                                    s->T);
+        s->fam->block_forward_saved(&s->cfg, params, positions, x, y, s->block_scratch, saved->at,
+                                    s->B, s->T);
     else
-        s->fam->block_forward(&s->cfg, params, x, y, s->block_scratch, s->B, s->T);
+        s->fam->block_forward(&s->cfg, params, positions, x, y, s->block_scratch, s->B, s->T);
     return 0;
 }
 
-static int cpu_block_backward(void *state, int layer, const void *params_in, const void *x,
-                              const void *dy, void *dx, float *dparams,
-                              const struct fy_block_saved *saved)
+static int cpu_block_backward(void *state, int layer, const void *params_in,
+                              const int32_t *positions, const void *x, const void *dy, void *dx,
+                              float *dparams, const struct fy_block_saved *saved)
 {
     (void)layer;
     struct cpu_state *s = state;
@@ -228,10 +231,11 @@ static int cpu_block_backward(void *state, int layer, const void *params_in, con
     const float *params;
     FY_TRY(weights_f32(s, 0, params_in, fy_model_unit_params(&s->cfg, 1), &params));
     if (swap)
-        s->fam->block_backward_saved(&s->cfg, params, x, dy, dx, dparams, s->block_scratch,
-                                     saved->at, s->B, s->T);
+        s->fam->block_backward_saved(&s->cfg, params, positions, x, dy, dx, dparams,
+                                     s->block_scratch, saved->at, s->B, s->T);
     else
-        s->fam->block_backward(&s->cfg, params, x, dy, dx, dparams, s->block_scratch, s->B, s->T);
+        s->fam->block_backward(&s->cfg, params, positions, x, dy, dx, dparams, s->block_scratch,
+                               s->B, s->T);
     if (s->hold_next >= 0) /* one-pass clipping keeps this gradient until its update */
         memcpy(s->held + (size_t)s->hold_next * fy_model_unit_params(&s->cfg, 1), dparams,
                fy_model_unit_params(&s->cfg, 1) * sizeof(float));
@@ -370,10 +374,11 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_blo
             saved[k] = region + reg.offset[k];
     for (int rep = 0; rc == 0 && rep < 4; rep++) {
         double t0 = 1e-9 * (double)fy_monotonic_ns();
-        fam->block_forward_saved(&s->cfg, params, x, y, s->block_scratch, saved, s->B, s->T);
+        fam->block_forward_saved(&s->cfg, params, NULL, x, y, s->block_scratch, saved, s->B,
+                                 s->T);
         double t1 = 1e-9 * (double)fy_monotonic_ns();
-        fam->block_backward_saved(&s->cfg, params, x, y, dx, dp, s->block_scratch, saved, s->B,
-                                  s->T);
+        fam->block_backward_saved(&s->cfg, params, NULL, x, y, dx, dp, s->block_scratch, saved,
+                                  s->B, s->T);
         double t2 = 1e-9 * (double)fy_monotonic_ns();
         fam->block_op_times(&s->cfg, params, x, s->block_scratch, s->B, s->T, op);
         if (rep == 0)

@@ -27,20 +27,23 @@ struct fy_cpu_family {
     /* Floats of scratch one block's forward or backward, and the head, need at B x T. */
     size_t (*block_scratch)(const struct fy_model_config *c, int B, int T);
     size_t (*head_scratch)(const struct fy_model_config *c, int B, int T);
-    /* x = the embeddings of tokens (unit 0's parameters); tokens must be < vocab. */
+    /* x = the embeddings of tokens (unit 0's parameters); tokens must be < vocab. positions
+     * [B][T] (NULL: t) are those of gpu_worker/backend.h: learned positions are looked up there. */
     void (*embed_forward)(const struct fy_model_config *c, const float *embed,
-                          const int32_t *tokens, float *x, int B, int T);
+                          const int32_t *tokens, const int32_t *positions, float *x, int B, int T);
     /* dembed += the gradient of the embedding unit (what the head left there, then this). */
-    void (*embed_backward)(const struct fy_model_config *c, const int32_t *tokens, const float *dx,
-                           float *dembed, int B, int T);
-    /* y = block(x); x and y do not overlap. */
-    void (*block_forward)(const struct fy_model_config *c, const float *params, const float *x,
-                          float *y, float *scratch, int B, int T);
+    void (*embed_backward)(const struct fy_model_config *c, const int32_t *tokens,
+                           const int32_t *positions, const float *dx, float *dembed, int B, int T);
+    /* y = block(x); x and y do not overlap. positions (NULL: t): each token attends to the earlier
+     * tokens of its own document, at its positions (RoPE). */
+    void (*block_forward)(const struct fy_model_config *c, const float *params,
+                          const int32_t *positions, const float *x, float *y, float *scratch,
+                          int B, int T);
     /* Recomputes the block's internals from x, then back-propagates dy: dx and dparams (the block
-     * unit's layout) overwritten. */
-    void (*block_backward)(const struct fy_model_config *c, const float *params, const float *x,
-                           const float *dy, float *dx, float *dparams, float *scratch, int B,
-                           int T);
+     * unit's layout) overwritten. positions: those of the forward. */
+    void (*block_backward)(const struct fy_model_config *c, const float *params,
+                           const int32_t *positions, const float *x, const float *dy, float *dx,
+                           float *dparams, float *scratch, int B, int T);
     /* The final unit with the LM head and the mean cross-entropy over the targets (a target < 0
      * is ignored); returns the loss. With dx != NULL also back-propagates: dx and dfinal (the
      * final unit's layout) overwritten, dembed (the embedding unit's layout) overwritten with the
@@ -60,11 +63,12 @@ struct fy_cpu_family {
      * backward takes each kind given instead of recomputing it (the same bits whatever is given)
      * and leaves it untouched. Otherwise as block_forward and block_backward. */
     void (*block_forward_saved)(const struct fy_model_config *c, const float *params,
-                                const float *x, float *y, float *scratch, void *const *saved,
-                                int B, int T);
+                                const int32_t *positions, const float *x, float *y,
+                                float *scratch, void *const *saved, int B, int T);
     void (*block_backward_saved)(const struct fy_model_config *c, const float *params,
-                                 const float *x, const float *dy, float *dx, float *dparams,
-                                 float *scratch, void *const *saved, int B, int T);
+                                 const int32_t *positions, const float *x, const float *dy,
+                                 float *dx, float *dparams, float *scratch, void *const *saved,
+                                 int B, int T);
     /* The per-op profile for the activation planner (needs the swapped internals above): the
      * seconds each forward op of a block takes, by the kind it produces, as the backward
      * recomputes it; and the floating-point operations of the op timed as FY_ACT_QKV, from which

@@ -52,6 +52,19 @@ static inline void fy_cpu_add(float *out, const float *a, const float *b, size_t
 }
 #endif
 
+/* Documents in a row (gpu_worker/backend.h's positions [B][T]; NULL: positions t, one document
+ * a row): the position of row-major token n (= b T + t), and the first token of row b that token t
+ * sees, the start of its document, t - positions[b][t] (0 without positions). */
+static inline int fy_cpu_position(const int32_t *positions, size_t n, int T)
+{
+    return positions != NULL ? positions[n] : (int)(n % (size_t)T);
+}
+
+static inline int fy_cpu_document_start(const int32_t *positions, int b, int t, int T)
+{
+    return positions != NULL ? t - positions[(size_t)b * T + t] : 0;
+}
+
 /* out[n][o] = sum_i inp[n][i] * w[o][i] + (bias ? bias[o] : 0) */
 void fy_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N,
                            int IN, int OUT);

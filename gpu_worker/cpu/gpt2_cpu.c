@@ -81,9 +81,10 @@ void fy_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *d
     }
 }
 
-/* ---- causal self-attention ---- */
+/* ---- causal self-attention, each document to itself ---- */
 
-void fy_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+void fy_cpu_attention_forward(float *out, float *att, const float *qkv, const int32_t *positions,
+                              int B, int T, int C, int NH)
 {
     int hs = C / NH;
     size_t C3 = 3 * (size_t)C;
@@ -95,30 +96,33 @@ void fy_cpu_attention_forward(float *out, float *att, const float *qkv, int B, i
                 const float *seq = qkv + (size_t)b * T * C3;
                 const float *q = seq + t * C3 + (size_t)h * hs;
                 float *p = att + (((size_t)b * NH + h) * T + t) * T;
+                int lo = fy_cpu_document_start(positions, b, t, T);
                 float maxv = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
+                for (int t2 = 0; t2 < lo; t2++)
+                    p[t2] = 0.0f; /* another document's */
+                for (int t2 = lo; t2 <= t; t2++) {
                     p[t2] = fy_cpu_dot(q, seq + t2 * C3 + C + (size_t)h * hs, hs) * scale;
                     if (p[t2] > maxv)
                         maxv = p[t2];
                 }
                 float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
+                for (int t2 = lo; t2 <= t; t2++) {
                     p[t2] = expf(p[t2] - maxv);
                     sum += p[t2];
                 }
-                for (int t2 = 0; t2 <= t; t2++)
+                for (int t2 = lo; t2 <= t; t2++)
                     p[t2] /= sum;
                 for (int t2 = t + 1; t2 < T; t2++)
                     p[t2] = 0.0f; /* masked: kept zero so att is a full, well-defined matrix */
                 float *y = out + ((size_t)b * T + t) * C + (size_t)h * hs;
                 memset(y, 0, (size_t)hs * sizeof *y);
-                for (int t2 = 0; t2 <= t; t2++)
+                for (int t2 = lo; t2 <= t; t2++)
                     fy_cpu_axpy(y, seq + t2 * C3 + 2 * (size_t)C + (size_t)h * hs, p[t2], hs);
             }
 }
 
 void fy_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                               int B, int T, int C, int NH)
+                               const int32_t *positions, int B, int T, int C, int NH)
 {
     int hs = C / NH;
     size_t C3 = 3 * (size_t)C;
@@ -140,13 +144,14 @@ void fy_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv,
             for (int t = 0; t < T; t++) {
                 const float *p = att + (((size_t)b * NH + h) * T + t) * T;
                 const float *dy = dout + ((size_t)b * T + t) * C + qo;
+                int lo = fy_cpu_document_start(positions, b, t, T);
                 /* softmax backward: dpre = p * (datt - sum(p * datt)) */
                 float pdatt = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
+                for (int t2 = lo; t2 <= t; t2++) {
                     datt[t2] = fy_cpu_dot(dy, seq + t2 * C3 + vo, hs);
                     pdatt += p[t2] * datt[t2];
                 }
-                for (int t2 = 0; t2 <= t; t2++) {
+                for (int t2 = lo; t2 <= t; t2++) {
                     float dpre = p[t2] * (datt[t2] - pdatt) * scale;
                     fy_cpu_axpy(dseq + t * C3 + qo, seq + t2 * C3 + ko, dpre, hs);
                     fy_cpu_axpy(dseq + t2 * C3 + ko, seq + t * C3 + qo, dpre, hs);
@@ -184,20 +189,21 @@ void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 /* ---- embeddings ---- */
 
 void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed, const int32_t *tokens,
-                          float *x, int B, int T)
+                          const int32_t *positions, float *x, int B, int T)
 {
     size_t C = c->n_embd;
     const float *wpe = embed + (size_t)c->vocab * C;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < B * T; n++) {
-        const float *te = embed + (size_t)tokens[n] * C, *pe = wpe + (size_t)(n % T) * C;
+        const float *te = embed + (size_t)tokens[n] * C;
+        const float *pe = wpe + (size_t)fy_cpu_position(positions, n, T) * C;
         for (size_t i = 0; i < C; i++)
             x[(size_t)n * C + i] = te[i] + pe[i];
     }
 }
 
-void fy_cpu_embed_backward(const struct fy_model_config *c, const int32_t *tokens, const float *dx,
-                           float *dembed, int B, int T)
+void fy_cpu_embed_backward(const struct fy_model_config *c, const int32_t *tokens,
+                           const int32_t *positions, const float *dx, float *dembed, int B, int T)
 {
     int C = (int)c->n_embd;
     float *dwte = dembed, *dwpe = dembed + (size_t)c->vocab * C;
@@ -208,7 +214,8 @@ void fy_cpu_embed_backward(const struct fy_model_config *c, const int32_t *token
         int c0 = k * EMBED_CHANNELS, c1 = c0 + EMBED_CHANNELS < C ? c0 + EMBED_CHANNELS : C;
         for (int n = 0; n < B * T; n++) {
             const float *d = dx + (size_t)n * C;
-            float *te = dwte + (size_t)tokens[n] * C, *pe = dwpe + (size_t)(n % T) * C;
+            float *te = dwte + (size_t)tokens[n] * C;
+            float *pe = dwpe + (size_t)fy_cpu_position(positions, n, T) * C;
             for (int i = c0; i < c1; i++) {
                 te[i] += d[i];
                 pe[i] += d[i];
@@ -275,8 +282,9 @@ size_t fy_cpu_block_scratch(const struct fy_model_config *c, int B, int T)
 /* The forward pass, keeping every internal the backward needs in s, except the kinds in `have`
  * (a mask of common/actplan.h kinds), which s holds already. y == NULL: the recompute for the
  * backward, which stops before the MLP's down product (its output is never read there). */
-static void block_forward_into(const struct fy_model_config *c, const float *params, const float *x,
-                               float *y, const struct block_buf *s, unsigned have, int B, int T)
+static void block_forward_into(const struct fy_model_config *c, const float *params,
+                               const int32_t *positions, const float *x, float *y,
+                               const struct block_buf *s, unsigned have, int B, int T)
 {
     struct fy_gpt2_block_layout l;
     fy_gpt2_block_layout(c, &l);
@@ -287,7 +295,7 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
     if (!(have & FY_ACT_BIT(FY_ACT_QKV)))
         fy_cpu_matmul_forward(s->qkv, s->ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
     if (!(have & FY_ACT_BIT(FY_ACT_ATTN)))
-        fy_cpu_attention_forward(s->atty, s->att, s->qkv, B, T, C, NH);
+        fy_cpu_attention_forward(s->atty, s->att, s->qkv, positions, B, T, C, NH);
     if (!(have & FY_ACT_BIT(FY_ACT_RESID))) {
         fy_cpu_matmul_forward(s->y1, s->atty, p + l.attn_w, p + l.attn_b, N, C, C);
         fy_cpu_add(s->y1, s->y1, x, (size_t)N * C);
@@ -364,7 +372,7 @@ void fy_cpu_block_op_times(const struct fy_model_config *c, const float *params,
     LAP(FY_ACT_LN1);
     fy_cpu_matmul_forward(s.qkv, s.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
     LAP(FY_ACT_QKV);
-    fy_cpu_attention_forward(s.atty, s.att, s.qkv, B, T, C, NH);
+    fy_cpu_attention_forward(s.atty, s.att, s.qkv, NULL, B, T, C, NH);
     LAP(FY_ACT_ATTN);
     fy_cpu_matmul_forward(s.y1, s.atty, p + l.attn_w, p + l.attn_b, N, C, C);
     fy_cpu_add(s.y1, s.y1, x, (size_t)N * C);
@@ -378,18 +386,19 @@ void fy_cpu_block_op_times(const struct fy_model_config *c, const float *params,
 #undef LAP
 }
 
-void fy_cpu_block_forward(const struct fy_model_config *c, const float *params, const float *x,
-                          float *y, float *scratch, void *const *saved, int B, int T)
+void fy_cpu_block_forward(const struct fy_model_config *c, const float *params,
+                          const int32_t *positions, const float *x, float *y, float *scratch,
+                          void *const *saved, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
-    block_forward_into(c, params, x, y, &s, 0, B, T);
+    block_forward_into(c, params, positions, x, y, &s, 0, B, T);
     move_saved(c, &s, saved, 1, B, T);
 }
 
-void fy_cpu_block_backward(const struct fy_model_config *c, const float *params, const float *x,
-                           const float *dy, float *dx, float *dparams, float *scratch,
-                           void *const *saved, int B, int T)
+void fy_cpu_block_backward(const struct fy_model_config *c, const float *params,
+                           const int32_t *positions, const float *x, const float *dy, float *dx,
+                           float *dparams, float *scratch, void *const *saved, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
@@ -400,7 +409,7 @@ void fy_cpu_block_backward(const struct fy_model_config *c, const float *params,
     int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
     size_t NC = (size_t)N * C;
 
-    block_forward_into(c, params, x, NULL, &s, move_saved(c, &s, saved, 0, B, T), B, T);
+    block_forward_into(c, params, positions, x, NULL, &s, move_saved(c, &s, saved, 0, B, T), B, T);
     memset(dparams, 0, l.total * sizeof *dparams);
 
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
@@ -413,7 +422,7 @@ void fy_cpu_block_backward(const struct fy_model_config *c, const float *params,
 
     /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
     fy_cpu_matmul_backward(s.datty, g + l.attn_w, g + l.attn_b, s.dy1, s.atty, p + l.attn_w, N, C, C);
-    fy_cpu_attention_backward(s.dqkv, s.datty, s.qkv, s.att, B, T, C, NH);
+    fy_cpu_attention_backward(s.dqkv, s.datty, s.qkv, s.att, positions, B, T, C, NH);
     fy_cpu_matmul_backward(s.dln1, g + l.qkv_w, g + l.qkv_b, s.dqkv, s.ln1, p + l.qkv_w, N, C, 3 * C);
     fy_cpu_layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, s.dln1, x, p + l.ln1_w, s.ln1_mean,
                               s.ln1_rstd, N, C);
@@ -488,16 +497,17 @@ void fy_cpu_logits(const struct fy_model_config *c, const float *final_params, c
 
 /* The block without swapped internals: every internal recomputed. */
 static void block_forward_plain(const struct fy_model_config *c, const float *params,
-                                const float *x, float *y, float *scratch, int B, int T)
+                                const int32_t *positions, const float *x, float *y,
+                                float *scratch, int B, int T)
 {
-    fy_cpu_block_forward(c, params, x, y, scratch, NULL, B, T);
+    fy_cpu_block_forward(c, params, positions, x, y, scratch, NULL, B, T);
 }
 
 static void block_backward_plain(const struct fy_model_config *c, const float *params,
-                                 const float *x, const float *dy, float *dx, float *dparams,
-                                 float *scratch, int B, int T)
+                                 const int32_t *positions, const float *x, const float *dy,
+                                 float *dx, float *dparams, float *scratch, int B, int T)
 {
-    fy_cpu_block_backward(c, params, x, dy, dx, dparams, scratch, NULL, B, T);
+    fy_cpu_block_backward(c, params, positions, x, dy, dx, dparams, scratch, NULL, B, T);
 }
 
 /* The QKV product: N rows of C times a [3C][C] matrix. */

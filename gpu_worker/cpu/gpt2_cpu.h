@@ -33,11 +33,14 @@ void fy_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float 
 void fy_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                                const float *w, const float *mean, const float *rstd, int N, int C);
 /* Causal multi-head attention. qkv [B][T][3C] (q, k, v, each heads-major within C); out [B][T][C];
- * att [B][NH][T][T] holds the softmax probabilities (saved for backward). */
-void fy_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-/* dqkv overwritten. */
+ * att [B][NH][T][T] holds the softmax probabilities (saved for backward; zero where masked).
+ * positions [B][T] (NULL: t): token t sees tokens t - positions[b][t] .. t of its row, its own
+ * document (gpu_worker/backend.h); NULL is plain causal attention. */
+void fy_cpu_attention_forward(float *out, float *att, const float *qkv, const int32_t *positions,
+                              int B, int T, int C, int NH);
+/* dqkv overwritten; positions those of the forward. */
 void fy_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                               int B, int T, int C, int NH);
+                               const int32_t *positions, int B, int T, int C, int NH);
 /* GELU, tanh approximation. */
 void fy_cpu_gelu_forward(float *out, const float *inp, size_t n);
 /* dinp overwritten. */
@@ -45,20 +48,23 @@ void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 
 /* ---- model pieces, one unit at a time (what the gpu worker runs layer by layer) ---- */
 
-/* x[b][t] = wte[tokens[b][t]] + wpe[t]; embed = [wte V*C | wpe ctx*C]. Tokens must be < V. */
+/* x[b][t] = wte[tokens[b][t]] + wpe[positions[b][t]] (positions NULL: wpe[t]); embed =
+ * [wte V*C | wpe ctx*C]. Tokens must be < V. */
 void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed, const int32_t *tokens,
-                          float *x, int B, int T);
-/* dembed += gradient of the embedding lookup (wte rows and wpe rows). */
-void fy_cpu_embed_backward(const struct fy_model_config *c, const int32_t *tokens, const float *dx,
-                           float *dembed, int B, int T);
+                          const int32_t *positions, float *x, int B, int T);
+/* dembed += gradient of the embedding lookup (wte rows, and the wpe rows of the positions). */
+void fy_cpu_embed_backward(const struct fy_model_config *c, const int32_t *tokens,
+                           const int32_t *positions, const float *dx, float *dembed, int B, int T);
 
 /* Floats of scratch one block's forward or backward needs. */
 size_t fy_cpu_block_scratch(const struct fy_model_config *c, int B, int T);
-/* y = x + attn(ln1(x)); y = y + mlp(ln2(y)). saved (may be NULL): FY_ACT_KINDS buffers, where
- * the forward copies the swappable internals whose entry is not NULL, in the CPU layout of
+/* y = x + attn(ln1(x)); y = y + mlp(ln2(y)), the attention over the documents of positions (NULL:
+ * causal; see fy_cpu_attention_forward). saved (may be NULL): FY_ACT_KINDS buffers, where the
+ * forward copies the swappable internals whose entry is not NULL, in the CPU layout of
  * fy_actplan_sizes_backend (f32; ATTN is the attention output then its probabilities). */
-void fy_cpu_block_forward(const struct fy_model_config *c, const float *params, const float *x,
-                          float *y, float *scratch, void *const *saved, int B, int T);
+void fy_cpu_block_forward(const struct fy_model_config *c, const float *params,
+                          const int32_t *positions, const float *x, float *y, float *scratch,
+                          void *const *saved, int B, int T);
 /* Seconds each forward op of a block takes (the ops that produce each kind, as the backward
  * recomputes them; CKPT 0), for the activation planner's profile. */
 void fy_cpu_block_op_times(const struct fy_model_config *c, const float *params, const float *x,
@@ -67,9 +73,9 @@ void fy_cpu_block_op_times(const struct fy_model_config *c, const float *params,
  * saved gives (as the forward wrote them; they are read, not changed), then back-propagates dy:
  * dx and dparams are overwritten (dparams in the block unit's layout). The same bits whatever
  * saved gives. */
-void fy_cpu_block_backward(const struct fy_model_config *c, const float *params, const float *x,
-                           const float *dy, float *dx, float *dparams, float *scratch,
-                           void *const *saved, int B, int T);
+void fy_cpu_block_backward(const struct fy_model_config *c, const float *params,
+                           const int32_t *positions, const float *x, const float *dy, float *dx,
+                           float *dparams, float *scratch, void *const *saved, int B, int T);
 
 /* Floats of scratch the head needs (logits are processed in chunks of rows, never all at once). */
 size_t fy_cpu_head_scratch(const struct fy_model_config *c, int B, int T);

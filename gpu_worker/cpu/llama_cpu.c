@@ -139,14 +139,16 @@ void fy_llama_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int 
         }
 }
 
-/* sign +1: the forward rotation by +angle; -1: its transpose (rotation by -angle). */
+/* sign +1: the forward rotation by +angle; -1: its transpose (rotation by -angle). Row n rotates by
+ * its position (t, or positions[n]: the table's row, which exists as positions[n] <= t). */
 static void rope_apply(float *x, int stride, int col, int NHx, int hd, const float *cos_t,
-                       const float *sin_t, int B, int T, float sign)
+                       const float *sin_t, const int32_t *positions, int B, int T, float sign)
 {
     int half = hd / 2;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < B * T; n++) {
-        const float *cs = cos_t + (size_t)(n % T) * half, *sn = sin_t + (size_t)(n % T) * half;
+        size_t at = (size_t)fy_cpu_position(positions, (size_t)n, T) * half;
+        const float *cs = cos_t + at, *sn = sin_t + at;
         for (int h = 0; h < NHx; h++) {
             float *v = x + (size_t)n * stride + col + (size_t)h * hd;
             for (int i = 0; i < half; i++) {
@@ -159,36 +161,43 @@ static void rope_apply(float *x, int stride, int col, int NHx, int hd, const flo
 }
 
 void fy_llama_rope_forward(float *x, int stride, int col, int NHx, int hd, const float *cos_t,
-                           const float *sin_t, int B, int T)
+                           const float *sin_t, const int32_t *positions, int B, int T)
 {
-    rope_apply(x, stride, col, NHx, hd, cos_t, sin_t, B, T, 1.0f);
+    rope_apply(x, stride, col, NHx, hd, cos_t, sin_t, positions, B, T, 1.0f);
 }
 
 void fy_llama_rope_backward(float *dx, int stride, int col, int NHx, int hd, const float *cos_t,
-                            const float *sin_t, int B, int T)
+                            const float *sin_t, const int32_t *positions, int B, int T)
 {
-    rope_apply(dx, stride, col, NHx, hd, cos_t, sin_t, B, T, -1.0f);
+    rope_apply(dx, stride, col, NHx, hd, cos_t, sin_t, positions, B, T, -1.0f);
 }
 
 /* ---- causal grouped-query attention ---- */
 
-/* The first key position query t sees: t - W + 1 with a window W, else 0. */
-static int window_start(int t, int W) { return W > 0 && t - W + 1 > 0 ? t - W + 1 : 0; }
+/* The first key position query t of row b sees: t - W + 1 with a window W, else 0; and no earlier
+ * than the start of its document (positions, NULL: none). */
+static int window_start(const int32_t *positions, int b, int t, int T, int W)
+{
+    int lo = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;
+    int doc = fy_cpu_document_start(positions, b, t, T);
+    return doc > lo ? doc : lo;
+}
 
 void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
                                 int NKV, int hd)
 {
-    fy_llama_attention_window_forward(out, att, qkv, B, T, NH, NKV, hd, 0);
+    fy_llama_attention_window_forward(out, att, qkv, NULL, B, T, NH, NKV, hd, 0);
 }
 
 void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                  int B, int T, int NH, int NKV, int hd)
 {
-    fy_llama_attention_window_backward(dqkv, dout, qkv, att, B, T, NH, NKV, hd, 0);
+    fy_llama_attention_window_backward(dqkv, dout, qkv, att, NULL, B, T, NH, NKV, hd, 0);
 }
 
-void fy_llama_attention_window_forward(float *out, float *att, const float *qkv, int B, int T,
-                                       int NH, int NKV, int hd, int W)
+void fy_llama_attention_window_forward(float *out, float *att, const float *qkv,
+                                       const int32_t *positions, int B, int T, int NH, int NKV,
+                                       int hd, int W)
 {
     size_t QKV = (size_t)(NH + 2 * NKV) * hd, QC = (size_t)NH * hd;
     int rep = NH / NKV;
@@ -201,7 +210,7 @@ void fy_llama_attention_window_forward(float *out, float *att, const float *qkv,
                 size_t ko = QC + (size_t)(h / rep) * hd, vo = ko + (size_t)NKV * hd;
                 const float *q = seq + t * QKV + (size_t)h * hd;
                 float *p = att + (((size_t)b * NH + h) * T + t) * T;
-                int lo = window_start(t, W);
+                int lo = window_start(positions, b, t, T, W);
                 float maxv = -INFINITY;
                 for (int t2 = 0; t2 < lo; t2++)
                     p[t2] = 0.0f;
@@ -227,8 +236,8 @@ void fy_llama_attention_window_forward(float *out, float *att, const float *qkv,
 }
 
 void fy_llama_attention_window_backward(float *dqkv, const float *dout, const float *qkv,
-                                        const float *att, int B, int T, int NH, int NKV, int hd,
-                                        int W)
+                                        const float *att, const int32_t *positions, int B, int T,
+                                        int NH, int NKV, int hd, int W)
 {
     size_t QKV = (size_t)(NH + 2 * NKV) * hd, QC = (size_t)NH * hd;
     int rep = NH / NKV;
@@ -252,7 +261,7 @@ void fy_llama_attention_window_backward(float *dqkv, const float *dout, const fl
                 for (int t = 0; t < T; t++) {
                     const float *p = att + (((size_t)b * NH + h) * T + t) * T;
                     const float *dy = dout + ((size_t)b * T + t) * QC + qo;
-                    int lo = window_start(t, W);
+                    int lo = window_start(positions, b, t, T, W);
                     float pdatt = 0.0f;
                     for (int t2 = lo; t2 <= t; t2++) {
                         datt[t2] = fy_cpu_dot(dy, seq + t2 * QKV + vo, hd);
@@ -362,8 +371,9 @@ size_t fy_llama_block_scratch(const struct fy_model_config *c, int B, int T)
 
 /* The forward pass, keeping every internal the backward needs in s. y == NULL: the recompute
  * for the backward, which stops before the down product (its output is never read there). */
-static void block_forward_into(const struct fy_model_config *c, const float *params, const float *x,
-                               float *y, const struct block_buf *s, int B, int T)
+static void block_forward_into(const struct fy_model_config *c, const float *params,
+                               const int32_t *positions, const float *x, float *y,
+                               const struct block_buf *s, int B, int T)
 {
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(c, &l);
@@ -389,9 +399,9 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
     } else {
         fy_cpu_matmul_forward(s->qkv, s->n1, p + l.q_proj, qkv_bias, N, C, QKV); /* q|k|v_proj */
     }
-    fy_llama_rope_forward(s->qkv, QKV, 0, NH, hd, s->cos_t, s->sin_t, B, T);
-    fy_llama_rope_forward(s->qkv, QKV, NH * hd, NKV, hd, s->cos_t, s->sin_t, B, T);
-    fy_llama_attention_window_forward(s->atty, s->att, s->qkv, B, T, NH, NKV, hd, W);
+    fy_llama_rope_forward(s->qkv, QKV, 0, NH, hd, s->cos_t, s->sin_t, positions, B, T);
+    fy_llama_rope_forward(s->qkv, QKV, NH * hd, NKV, hd, s->cos_t, s->sin_t, positions, B, T);
+    fy_llama_attention_window_forward(s->atty, s->att, s->qkv, positions, B, T, NH, NKV, hd, W);
     fy_cpu_matmul_forward(s->h, s->atty, p + l.o_proj, NULL, N, NH * hd, C);
     fy_cpu_add(s->h, x, s->h, (size_t)N * C);
 
@@ -405,16 +415,18 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
     fy_cpu_add(y, s->h, y, (size_t)N * C);
 }
 
-void fy_llama_block_forward(const struct fy_model_config *c, const float *params, const float *x,
-                            float *y, float *scratch, int B, int T)
+void fy_llama_block_forward(const struct fy_model_config *c, const float *params,
+                            const int32_t *positions, const float *x, float *y, float *scratch,
+                            int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
-    block_forward_into(c, params, x, y, &s, B, T);
+    block_forward_into(c, params, positions, x, y, &s, B, T);
 }
 
-void fy_llama_block_backward(const struct fy_model_config *c, const float *params, const float *x,
-                             const float *dy, float *dx, float *dparams, float *scratch, int B, int T)
+void fy_llama_block_backward(const struct fy_model_config *c, const float *params,
+                             const int32_t *positions, const float *x, const float *dy, float *dx,
+                             float *dparams, float *scratch, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
@@ -428,7 +440,7 @@ void fy_llama_block_backward(const struct fy_model_config *c, const float *param
     size_t NC = (size_t)N * C;
     float *dqkv_bias = l.q_bias != FY_LLAMA_ABSENT ? g + l.q_bias : NULL;
 
-    block_forward_into(c, params, x, NULL, &s, B, T);
+    block_forward_into(c, params, positions, x, NULL, &s, B, T);
 
     /* MLP branch */
     fy_cpu_matmul_backward(s.dact, g + l.down_proj, NULL, dy, s.act, p + l.down_proj, N, I, C);
@@ -439,9 +451,10 @@ void fy_llama_block_backward(const struct fy_model_config *c, const float *param
 
     /* attention branch */
     fy_cpu_matmul_backward(s.datty, g + l.o_proj, NULL, s.dh, s.atty, p + l.o_proj, N, NH * hd, C);
-    fy_llama_attention_window_backward(s.dqkv, s.datty, s.qkv, s.att, B, T, NH, NKV, hd, W);
-    fy_llama_rope_backward(s.dqkv, QKV, 0, NH, hd, s.cos_t, s.sin_t, B, T);
-    fy_llama_rope_backward(s.dqkv, QKV, NH * hd, NKV, hd, s.cos_t, s.sin_t, B, T);
+    fy_llama_attention_window_backward(s.dqkv, s.datty, s.qkv, s.att, positions, B, T, NH, NKV, hd,
+                                       W);
+    fy_llama_rope_backward(s.dqkv, QKV, 0, NH, hd, s.cos_t, s.sin_t, positions, B, T);
+    fy_llama_rope_backward(s.dqkv, QKV, NH * hd, NKV, hd, s.cos_t, s.sin_t, positions, B, T);
     if (c->llama.qk_norm) {
         fy_llama_head_norm_backward(s.dqkv, g + l.q_norm, s.qkv_raw, p + l.q_norm, s.qk_rstd, QKV, 0,
                                     NH, hd, N);
@@ -567,13 +580,30 @@ void fy_llama_logits(const struct fy_model_config *m, const float *final_params,
 
 /* The backend's block backward overwrites the parameter gradients; fy_llama_block_backward adds. */
 static void block_backward_overwrite(const struct fy_model_config *c, const float *params,
-                                     const float *x, const float *dy, float *dx, float *dparams,
-                                     float *scratch, int B, int T)
+                                     const int32_t *positions, const float *x, const float *dy,
+                                     float *dx, float *dparams, float *scratch, int B, int T)
 {
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(c, &l);
     memset(dparams, 0, l.total * sizeof *dparams);
-    fy_llama_block_backward(c, params, x, dy, dx, dparams, scratch, B, T);
+    fy_llama_block_backward(c, params, positions, x, dy, dx, dparams, scratch, B, T);
+}
+
+/* The embeddings have no positions (RoPE rotates q and k in the blocks instead). */
+static void embed_forward_unit(const struct fy_model_config *c, const float *embed,
+                               const int32_t *tokens, const int32_t *positions, float *x, int B,
+                               int T)
+{
+    (void)positions;
+    fy_llama_embed_forward(c, embed, tokens, x, B, T);
+}
+
+static void embed_backward_unit(const struct fy_model_config *c, const int32_t *tokens,
+                                const int32_t *positions, const float *dx, float *dembed, int B,
+                                int T)
+{
+    (void)positions;
+    fy_llama_embed_backward(c, tokens, dx, dembed, B, T);
 }
 
 /* Its blocks always recompute their internals: no swapped internals, no per-op profile. Every
@@ -582,8 +612,8 @@ static void block_backward_overwrite(const struct fy_model_config *c, const floa
 const struct fy_cpu_family fy_llama_cpu_family = {
     .block_scratch = fy_llama_block_scratch,
     .head_scratch = fy_llama_head_scratch,
-    .embed_forward = fy_llama_embed_forward,
-    .embed_backward = fy_llama_embed_backward,
+    .embed_forward = embed_forward_unit,
+    .embed_backward = embed_backward_unit,
     .block_forward = fy_llama_block_forward,
     .block_backward = block_backward_overwrite,
     .head = fy_llama_head_forward_backward,

@@ -9,7 +9,7 @@
  * The block (x, y: [B][T][C]; N = B*T rows; hd = C / n_head, or head_dim; I = intermediate size):
  *   n1 = rmsnorm(x, input_layernorm)                      rmsnorm(x, w) = w * (x * rsqrt(mean(x^2) + eps))
  *   q = n1 Wq^T, k = n1 Wk^T, v = n1 Wv^T                 no biases
- *   q, k = rope(q), rope(k)                               positions 0..T-1 of each sequence
+ *   q, k = rope(q), rope(k)                               at positions 0..T-1 of each row, or given
  *   a = softmax(q k^T / sqrt(hd) + causal mask) v         query head h reads kv head h / (n_head / n_kv_head)
  *   h = x + a Wo^T
  *   n2 = rmsnorm(h, post_attention_layernorm)
@@ -20,6 +20,11 @@
  * v plus their biases; qk_norm (Qwen3): q and k each through an RMSNorm over every head's hd values
  * (q_norm, k_norm [hd], eps rms_eps) after the projection, before RoPE; sliding_window W > 0
  * (Mistral, Phi-3): query t attends to keys t2 with t - W < t2 <= t only.
+ *
+ * Documents (positions [B][T], gpu_worker/backend.h; NULL: positions t): token t of row b is at
+ * position positions[b][t] of a document starting at t - positions[b][t]; RoPE rotates it by that
+ * position, and it attends only to the tokens of its document (t2 >= its start), with the window
+ * as well where there is one: each document computes as it would alone.
  *
  * RoPE is Hugging Face's (non-interleaved, rotate_half): within a head, element i < hd/2 pairs with
  * element i + hd/2; with angle a = t * inv_freq[i]:
@@ -79,12 +84,13 @@ void fy_llama_head_norm_backward(float *dx, float *dw, const float *inp, const f
                                  const float *rstd, int stride, int col, int NHx, int hd, int N);
 /* cos and sin [T][half] of t * inv_freq[i] (half = head_dim / 2). */
 void fy_llama_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int T, int half);
-/* In place on NHx heads of hd floats at column col of rows of `stride` floats, [B][T][stride]. */
+/* In place on NHx heads of hd floats at column col of rows of `stride` floats, [B][T][stride]: row
+ * b, t rotated by the angles of table row positions[b][t] (positions NULL: t). */
 void fy_llama_rope_forward(float *x, int stride, int col, int NHx, int hd, const float *cos_t,
-                           const float *sin_t, int B, int T);
+                           const float *sin_t, const int32_t *positions, int B, int T);
 /* The transpose (inverse rotation), in place on the gradient. */
 void fy_llama_rope_backward(float *dx, int stride, int col, int NHx, int hd, const float *cos_t,
-                            const float *sin_t, int B, int T);
+                            const float *sin_t, const int32_t *positions, int B, int T);
 /* Causal grouped-query attention. qkv [B][T][(NH + 2 NKV) hd]: q heads, then k heads, then v heads,
  * each hd wide (the output of the fused q/k/v product, after RoPE). out [B][T][NH hd]; att
  * [B][NH][T][T] the softmax probabilities (saved for backward; zero above the diagonal). */
@@ -94,12 +100,14 @@ void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B,
 void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                  int B, int T, int NH, int NKV, int hd);
 /* The same with a sliding window W > 0: query t attends to keys t2 with t - W < t2 <= t (W = 0, or
- * W >= T: all earlier keys, as above); att is zero outside the band. */
-void fy_llama_attention_window_forward(float *out, float *att, const float *qkv, int B, int T,
-                                       int NH, int NKV, int hd, int W);
+ * W >= T: all earlier keys, as above), and with positions (NULL: none) only to the keys of its own
+ * document, t2 >= t - positions[b][t]; att is zero outside. */
+void fy_llama_attention_window_forward(float *out, float *att, const float *qkv,
+                                       const int32_t *positions, int B, int T, int NH, int NKV,
+                                       int hd, int W);
 void fy_llama_attention_window_backward(float *dqkv, const float *dout, const float *qkv,
-                                        const float *att, int B, int T, int NH, int NKV, int hd,
-                                        int W);
+                                        const float *att, const int32_t *positions, int B, int T,
+                                        int NH, int NKV, int hd, int W);
 /* gu [N][2I]: gate in columns 0..I-1, up in I..2I-1; out [N][I] = silu(gate) * up. */
 void fy_llama_swiglu_forward(float *out, const float *gu, int N, int I);
 /* dgu overwritten. */
@@ -109,13 +117,15 @@ void fy_llama_swiglu_backward(float *dgu, const float *dout, const float *gu, in
 
 /* Floats of scratch one block's forward or backward needs. */
 size_t fy_llama_block_scratch(const struct fy_model_config *c, int B, int T);
-/* y = block(x); x and y must not overlap. */
-void fy_llama_block_forward(const struct fy_model_config *c, const float *params, const float *x,
-                            float *y, float *scratch, int B, int T);
+/* y = block(x); x and y must not overlap. positions: the documents (NULL: one a row; see above). */
+void fy_llama_block_forward(const struct fy_model_config *c, const float *params,
+                            const int32_t *positions, const float *x, float *y, float *scratch,
+                            int B, int T);
 /* Recomputes the block's internals from x, then back-propagates dy: dx overwritten, the parameter
- * gradients accumulated (+=) into dparams (the layout of params). */
-void fy_llama_block_backward(const struct fy_model_config *c, const float *params, const float *x,
-                             const float *dy, float *dx, float *dparams, float *scratch, int B, int T);
+ * gradients accumulated (+=) into dparams (the layout of params). positions: the forward's. */
+void fy_llama_block_backward(const struct fy_model_config *c, const float *params,
+                             const int32_t *positions, const float *x, const float *dy, float *dx,
+                             float *dparams, float *scratch, int B, int T);
 
 /* The model's final RMSNorm (model.norm.weight, w [C]) on [B][T][C]; rstd [B*T] is saved for the
  * backward. */

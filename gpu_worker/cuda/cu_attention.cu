@@ -108,8 +108,11 @@ __global__ void att_unpermute_qkv(bf16 *dqkv, const bf16 *dqkvh, int B, int T, i
 }
 
 /* One warp per row (bh, t) of att [BH][Tp][Tp] (scores in, probabilities out, in place); attb gets
- * them in bf16. Row t < T: p[j] = exp(s[j] - max) / sum over j <= t, 0 for j > t; rows t >= T: 0. */
-__global__ void att_softmax_forward(float *att, bf16 *attb, size_t rows, int T, int Tp)
+ * them in bf16. Row t < T: p[j] = exp(s[j] - max) / sum over lo <= j <= t, 0 elsewhere, lo = 0 or
+ * (DOC) the start of t's document, t - positions[b][t]; rows t >= T: 0. */
+template <bool DOC>
+__global__ void att_softmax_forward(float *att, bf16 *attb, size_t rows, int T, int Tp,
+                                    const int32_t *positions, int NH)
 {
     int lane = threadIdx.x & 31;
     for (size_t row = (size_t)blockIdx.x * FY_ATT_WARPS + (threadIdx.x >> 5); row < rows;
@@ -124,16 +127,18 @@ __global__ void att_softmax_forward(float *att, bf16 *attb, size_t rows, int T, 
             }
             continue;
         }
+        const int lo = DOC ? t - positions[(row / Tp / NH) * T + t] : 0;
         float m = -INFINITY;
-        for (int j = lane; j <= t; j += 32)
+        for (int j = lo + lane; j <= t; j += 32)
             m = fmaxf(m, s[j]);
         m = warp_reduce<fy_op_max>(m);
         float sum = 0.0f;
-        for (int j = lane; j <= t; j += 32)
+        for (int j = lo + lane; j <= t; j += 32)
             sum += expf(s[j] - m);
         sum = warp_reduce<fy_op_sum>(sum); /* also orders every read above before the writes */
         for (int j = lane; j < Tp; j += 32) {
-            float p = j <= t ? expf(s[j] - m) / sum : 0.0f; /* each lane rewrites what it read */
+            /* each lane rewrites what it read */
+            float p = j >= lo && j <= t ? expf(s[j] - m) / sum : 0.0f;
             s[j] = p;
             pb[j] = __float2bfloat16(p);
         }
@@ -141,7 +146,7 @@ __global__ void att_softmax_forward(float *att, bf16 *attb, size_t rows, int T, 
 }
 
 /* One warp per row (bh, t): ds[j] = p[j] * (dp[j] - sum_{i<=t} p[i] dp[i]) for j <= t, else 0;
- * written in bf16. */
+ * written in bf16. (Keys of another document have p 0: they add nothing to the sum and get 0.) */
 __global__ void att_softmax_backward(bf16 *ds, const float *att, const float *datt, size_t rows,
                                      int T, int Tp)
 {
@@ -219,8 +224,9 @@ static unsigned row_blocks(size_t rows)
     return fy_cu_blocks(rows, FY_ATT_WARPS); /* one warp per row, FY_ATT_WARPS rows per block */
 }
 
-int fy_cu_attention_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *qkv, void *scratch, int B,
-                            int T, int C, int NH, cudaStream_t stream)
+int fy_cu_attention_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *qkv,
+                            const int32_t *positions, void *scratch, int B, int T, int C, int NH,
+                            cudaStream_t stream)
 {
     struct att_layout L;
     if (att_carve(&L, B, T, C, NH)) {
@@ -244,7 +250,12 @@ int fy_cu_attention_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *qkv, voi
                                stream),
           "attention forward q k^T");
     size_t rows = (size_t)L.BH * Tp;
-    att_softmax_forward<<<row_blocks(rows), 32 * FY_ATT_WARPS, 0, stream>>>(att, attb, rows, T, Tp);
+    if (positions != NULL)
+        att_softmax_forward<true><<<row_blocks(rows), 32 * FY_ATT_WARPS, 0, stream>>>(
+            att, attb, rows, T, Tp, positions, NH);
+    else
+        att_softmax_forward<false><<<row_blocks(rows), 32 * FY_ATT_WARPS, 0, stream>>>(
+            att, attb, rows, T, Tp, positions, NH);
     FY_CUDA_LAUNCHED("att_softmax_forward");
     /* yh = P v: [Tp][Tp] x [Tp][hsp], bf16 */
     FY_MM(fy_cu_matmul_batched(lt, yh, 0, attb, v, Tp, hsp, Tp, 0, 0, st, sh, sh, L.BH, 1.0f, 0.0f,

@@ -11,9 +11,13 @@
 /* Scratch bytes the attention forward + backward need (scores and probabilities [B][NH][T][T]
  * in this first, materialising version, and head-major copies of q, k, v). */
 size_t fy_cu_attention_scratch_bytes(int B, int T, int C, int NH);
-/* out = softmax(q k^T / sqrt(hs), causal) v; att_probs (inside scratch) is kept for backward. */
-int fy_cu_attention_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *qkv, void *scratch, int B,
-                            int T, int C, int NH, cudaStream_t stream);
+/* out = softmax(q k^T / sqrt(hs), causal) v; att_probs (inside scratch) is kept for backward.
+ * positions ([B][T] int32 on the device; NULL: none): token t attends only to its own document,
+ * tokens t - positions[b][t] .. t (the scores of the others are computed, then masked: this
+ * version skips nothing). */
+int fy_cu_attention_forward(struct fy_cu_lt *lt, bf16 *out, const bf16 *qkv,
+                            const int32_t *positions, void *scratch, int B, int T, int C, int NH,
+                            cudaStream_t stream);
 /* dqkv overwritten; uses what the forward left in scratch (call right after it, same inputs). */
 int fy_cu_attention_backward(struct fy_cu_lt *lt, bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
                              void *scratch, int B, int T, int C, int NH, cudaStream_t stream);

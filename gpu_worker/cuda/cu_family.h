@@ -47,8 +47,9 @@ struct fy_cu_swapping {
     int (*pieces)(void *units, void *set, const struct fy_block_saved *saved, unsigned mask,
                   struct fy_cu_swap_piece *p);
     /* The backward's recompute of set from x around the kinds in `have`, which are already there
-     * (uploaded): the same bits as recomputing everything. */
-    int (*recompute)(void *units, const bf16 *params, const bf16 *x, void *set, unsigned have);
+     * (uploaded): the same bits as recomputing everything. positions: the forward's. */
+    int (*recompute)(void *units, const bf16 *params, const int32_t *positions, const bf16 *x,
+                     void *set, unsigned have);
 };
 
 /* Device buffers of the model a profile may use as scratch: one block's parameters, its input,
@@ -91,17 +92,24 @@ struct fy_cu_family {
     /* One set of internals from the arena into *set (set_size bytes); -ENOMEM, nothing taken and
      * nothing said, when it does not fit. */
     int (*set_take)(void *units, struct fy_cu_arena *arena, void *set);
+    /* positions below: [B][T] int32 on the device, the documents of gpu_worker/backend.h (learned
+     * positions looked up there, RoPE by them, attention within each document), or NULL
+     * (positions t: the kernels of plain causal attention). */
     /* x = the embeddings unit (its layout) looked up at tokens; dembed += the lookup's gradient. */
-    int (*embed_forward)(void *units, const bf16 *embed, const int32_t *tokens, bf16 *x);
-    int (*embed_backward)(void *units, const int32_t *tokens, const bf16 *dx, float *dembed);
+    int (*embed_forward)(void *units, const bf16 *embed, const int32_t *tokens,
+                         const int32_t *positions, bf16 *x);
+    int (*embed_backward)(void *units, const int32_t *tokens, const int32_t *positions,
+                          const bf16 *dx, float *dembed);
     /* y = block(x); keep: the set the internals go to (NULL: the units' own). */
-    int (*block_forward)(void *units, const bf16 *params, const bf16 *x, bf16 *y, void *keep);
+    int (*block_forward)(void *units, const bf16 *params, const int32_t *positions, const bf16 *x,
+                         bf16 *y, void *keep);
     /* dx (overwritten) from dy, and the parameters' f32 gradients through the sink, piece by
      * piece (cu_grads.h: a piece a tensor, or a slice of one, or a norm's weight and bias); kept:
-     * the set this block's forward filled from the same params and x, used once (NULL: the
-     * forward recomputed). The same bits either way. */
-    int (*block_backward)(void *units, const bf16 *params, const bf16 *x, const bf16 *dy, bf16 *dx,
-                          const struct fy_cu_grads *grads, void *kept);
+     * the set this block's forward filled from the same params, positions and x, used once (NULL:
+     * the forward recomputed). The same bits either way. */
+    int (*block_backward)(void *units, const bf16 *params, const int32_t *positions,
+                          const bf16 *x, const bf16 *dy, bf16 *dx, const struct fy_cu_grads *grads,
+                          void *kept);
     /* The largest piece block_backward takes from a sink whose piece_max is cap. */
     size_t (*grad_piece_max)(const struct fy_model_config *c, size_t cap);
     /* The final norm (norm: the final unit's norm weights) of x into the units' own buffer; *xn

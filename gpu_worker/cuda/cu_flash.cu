@@ -51,12 +51,20 @@
  * tiles come from and the dk dv grid; with NKV = NH every kernel does what it did for multi-head
  * attention, in the same order.
  *
- * Sliding window W (the kernels' WIN instantiations; W < T): query t sees keys t - W < j <= t. The
- * forward and dq start at the key block holding q0 - W + 1 (blocks before it are wholly outside
- * the band and skipped), dk dv stop at the query block holding k0 + 63 + W - 1, and every tile is
- * masked to the band. A row may see no key of its first block: its max stays -inf and that block
- * adds nothing (alpha 1, p 0); its diagonal block always holds the key t itself. Without a window
- * (WIN false) the code is the plain causal code above, instruction for instruction.
+ * Masks (the kernels' MASK: FL_WIN, FL_DOC or both; 0 is the plain causal code above, instruction
+ * for instruction). Sliding window W (FL_WIN; W < T): query t sees keys t - W < j <= t. The forward
+ * and dq start at the key block holding q0 - W + 1 (blocks before it are wholly outside the band
+ * and skipped), dk dv stop at the query block holding k0 + 63 + W - 1, and every tile is masked to
+ * the band. Documents (FL_DOC; positions [B][T] of gpu_worker/backend.h): query t sees keys
+ * t - pos[t] <= j <= t, its own document's. The forward and dq also start no earlier than the key
+ * block holding the least document start of the tile's queries (a shared minimum over the 64
+ * rows), dk dv also stop at the query block holding the last query whose document starts within
+ * the tile's 64 keys (a shared maximum over a scan of the row's later positions); each thread keeps
+ * its rows' document starts in registers (forward, dq), or reads its query columns' positions from
+ * shared memory, prefetched with L and D (dk dv). The blocks computed are exactly those in which
+ * some query sees some key (tests/test_cu_flash_emu.cc counts them). A row may see no key of its
+ * first block: its max stays -inf and that block adds nothing (alpha 1, p 0); its diagonal block
+ * always holds the key t itself.
  *
  * Scratch layout (256-byte aligned pieces): L f32 [B*NH][T], then D f32 [B*NH][T]. */
 #include "gpu_worker/cuda/cu_flash.h"
@@ -171,6 +179,15 @@ __device__ static inline void fl_load_tile(bf16 *dst, const bf16 *src, size_t ro
 
 /* vec[r] <- src[t0 + r] (0 for t0 + r >= T), r < 64, by cp.async. */
 __device__ static inline void fl_load_vec(float *vec, const float *src, int t0, int T)
+{
+    for (int r = threadIdx.x; r < FL_BLK; r += FL_THREADS) {
+        const bool ok = t0 + r < T;
+        fl_cp4(vec + r, ok ? src + t0 + r : src, ok ? 4 : 0);
+    }
+}
+
+/* The same for positions (int32). */
+__device__ static inline void fl_load_ivec(int *vec, const int32_t *src, int t0, int T)
 {
     for (int r = threadIdx.x; r < FL_BLK; r += FL_THREADS) {
         const bool ok = t0 + r < T;
@@ -310,27 +327,112 @@ __device__ static inline const bf16 *fl_keys(const bf16 *qkv, int b, int kvh, in
     return qkv + (size_t)b * T * S + (size_t)(NH + kvh) * hs;
 }
 
-/* ---- the sliding window (WIN): query q attends to keys k with q - W < k <= q ----
- * Without a window (WIN false) the kernels are the plain causal ones, instruction for instruction. */
+/* ---- masks (the kernels' MASK, a union of bits): FL_WIN, the sliding window (query q attends to
+ * keys k with q - W < k <= q), and FL_DOC, the documents of positions [B][T] (query q attends to
+ * keys k >= q - pos[q], the start of its document, and <= q). MASK 0 is the plain causal kernels,
+ * instruction for instruction: every masked branch below is behind `if (MASK)` or MASK's bits.
+ * Key blocks that the mask empties for every query of a tile are skipped, not computed: the
+ * forward and dq start at the key block holding the tile's earliest visible key, dk dv stop at the
+ * query block holding the last query that sees a key of the tile. ---- */
+
+#define FL_WIN 1
+#define FL_DOC 2
 
 __device__ static inline bool fl_in_band(int q, int k, int W) { return k <= q && k > q - W; }
 
-/* The first key block a query block starting at q0 sees: the one holding key q0 - W + 1. */
-template <bool WIN> __device__ static inline int fl_first_key_block(int q0, int W)
+/* Whether query q, whose document starts at key s (FL_DOC), sees key k (MASK != 0). */
+template <int MASK> __device__ static inline bool fl_sees(int q, int k, int W, int s)
 {
-    if (!WIN)
-        return 0;
-    const int k = q0 - W + 1;
-    return k > 0 ? k / FL_BLK : 0;
+    const bool ok = (MASK & FL_WIN) ? fl_in_band(q, k, W) : k <= q;
+    return (MASK & FL_DOC) ? ok && k >= s : ok;
+}
+
+/* The least document start (q - pos[q]) of the queries q0..q0+63 (< T) of row pos: every thread of
+ * the CTA calls it (it synchronises them). */
+__device__ static inline int fl_doc_first_start(const int32_t *pos, int q0, int T)
+{
+    __shared__ int first;
+    if (threadIdx.x == 0)
+        first = q0; /* query q0's start is at most q0 */
+    __syncthreads();
+    const int t = q0 + (int)threadIdx.x;
+    if (threadIdx.x < FL_BLK && t < T)
+        atomicMin(&first, t - pos[t]);
+    __syncthreads();
+    return first;
+}
+
+/* The last query q >= k0 of row pos whose document starts at or before key k0 + 63 (the last that
+ * may see a key of the block at k0): every thread of the CTA calls it. Any positions work; those
+ * of contiguous documents make the queries that see the block one run. */
+__device__ static inline int fl_doc_last_query(const int32_t *pos, int k0, int T)
+{
+    __shared__ int last;
+    if (threadIdx.x == 0)
+        last = k0; /* query k0 sees key k0 */
+    __syncthreads();
+    int mine = k0;
+    for (int q = k0 + FL_BLK + (int)threadIdx.x; q < T; q += FL_THREADS)
+        if (q - pos[q] <= k0 + FL_BLK - 1)
+            mine = q;
+    if (mine > k0)
+        atomicMax(&last, mine);
+    __syncthreads();
+    return last;
+}
+
+/* The first key block a query block starting at q0 sees: the one holding key q0 - W + 1 with a
+ * window, and no earlier than the one holding the earliest start of its queries' documents. */
+template <int MASK>
+__device__ static inline int fl_first_key_block(int q0, int W, const int32_t *pos, int T)
+{
+    if (!(MASK & FL_DOC)) {
+        const int k = (MASK & FL_WIN) ? q0 - W + 1 : 0;
+        return k > 0 ? k / FL_BLK : 0;
+    }
+    int k = fl_doc_first_start(pos, q0, T);
+    if (MASK & FL_WIN)
+        k = max(k, q0 - W + 1);
+    return k / FL_BLK;
+}
+
+/* The last query block that sees a key of key block kb: the one holding query k0 + 63 + W - 1
+ * with a window, and no later than the one holding the last query whose document starts within
+ * the block. */
+template <int MASK>
+__device__ static inline int fl_last_query_block(int kb, int nblk, int W, const int32_t *pos,
+                                                 int T)
+{
+    const int k0 = kb * FL_BLK;
+    int qb = nblk - 1;
+    if (MASK & FL_WIN)
+        qb = min(qb, (k0 + FL_BLK - 2 + W) / FL_BLK);
+    if (MASK & FL_DOC)
+        qb = min(qb, fl_doc_last_query(pos, k0, T) / FL_BLK);
+    return qb;
+}
+
+/* The document starts of this thread's rows q0 + wr + g and + 8 (FL_DOC; 0 for rows >= T, which
+ * are computed on zeros and never written). */
+template <int MASK>
+__device__ static inline void fl_row_starts(int (&st)[2], const int32_t *pos, int row0, int T)
+{
+    st[0] = st[1] = 0;
+    if (MASK & FL_DOC)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int t = row0 + 8 * i;
+            st[i] = t < T ? t - pos[t] : 0;
+        }
 }
 
 /* ---- forward ----
  * CTA (query block nblk-1-blockIdx.x, the heaviest first; b*NH+h), 4 warps of 16 query rows.
  * Shared: Q, K[2], V[2] tiles (K, V double-buffered, loaded by cp.async one block ahead). */
-template <int HP, bool WIN>
+template <int HP, int MASK>
 __global__ void __launch_bounds__(FL_THREADS, 1)
     fl_forward_kernel(bf16 *out, float *Lse, const bf16 *qkv, int T, int NH, int NKV, int hs,
-                      float scale, int W)
+                      float scale, int W, const int32_t *pos)
 {
     bf16 *Qs = (bf16 *)fl_smem_base();
     bf16 *Ks = Qs + FL_TILE(HP), *Vs = Qs + 3 * FL_TILE(HP); /* buffer u at + u * FL_TILE */
@@ -342,7 +444,10 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     const bf16 *qs = fl_query(qkv, b, h, T, S, hs); /* this head's q at row 0 */
     const bf16 *ks = fl_keys(qkv, b, h / (NH / NKV), T, S, NH, hs), *vs = ks + (size_t)NKV * hs;
     const float sl2 = scale * FL_LOG2E;
-    const int kb0 = fl_first_key_block<WIN>(q0, W); /* 0 without a window */
+    const int32_t *pb = (MASK & FL_DOC) ? pos + (size_t)b * T : pos; /* this row's positions */
+    const int kb0 = fl_first_key_block<MASK>(q0, W, pb, T); /* 0 without a mask */
+    int st[2];
+    fl_row_starts<MASK>(st, pb, q0 + wr + g, T);
 
     fl_load_tile<HP>(Qs, qs, S, q0, T, hs);
     fl_load_tile<HP>(Ks, ks, S, kb0 * FL_BLK, T, hs);
@@ -374,13 +479,13 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
         const bf16 *Kb = Ks + ub * FL_TILE(HP), *Vb = Vs + ub * FL_TILE(HP);
         float s[8][4];
         fl_mm_nt_ra<HP, 8>(s, qa, Kb, lane);
-        if (WIN) { /* outside the band (key > query, or key <= query - W): masked */
+        if (MASK) { /* what the query does not see (outside the band, another document): masked */
 #pragma unroll
             for (int n = 0; n < 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    if (!fl_in_band(q0 + wr + g + 8 * (e >> 1), kb * FL_BLK + n * 8 + 2 * c + (e & 1),
-                                    W))
+                    if (!fl_sees<MASK>(q0 + wr + g + 8 * (e >> 1),
+                                       kb * FL_BLK + n * 8 + 2 * c + (e & 1), W, st[e >> 1]))
                         s[n][e] = -INFINITY;
         } else if (kb == qb) { /* the diagonal block: key k0 + col > query q0 + row is masked */
 #pragma unroll
@@ -402,7 +507,7 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
             /* mx is finite: block 0 holds key 0, valid for every row */
             float alpha = exp2f((m[i] - mx) * sl2); /* 0 on block 0 (m = -inf) */
             float ms = mx * sl2;
-            if (WIN && mx == -INFINITY) { /* no key of this row in the band yet: nothing to add */
+            if (MASK && mx == -INFINITY) { /* no key this row sees yet: nothing to add */
                 alpha = 1.0f;
                 ms = 0.0f;
             }
@@ -465,12 +570,14 @@ __global__ void fl_bwd_dot(float *D, const bf16 *dout, const bf16 *out, int B, i
 }
 
 /* The query side of one step of the dk dv loop, by cp.async into the buffers given: query head h's
- * q and dout tiles of rows q0..q0+63 and their L and D. */
-template <int HP>
+ * q and dout tiles of rows q0..q0+63 and their L and D (and with FL_DOC their positions, pb being
+ * the row's). */
+template <int HP, int MASK>
 __device__ static inline void fl_load_query_side(bf16 *Qd, bf16 *dOd, float *Ld, float *Dd,
-                                                 const bf16 *qkv, const bf16 *dout,
-                                                 const float *Lse, const float *Dg, int b, int h,
-                                                 int q0, int T, int NH, size_t S, int hs)
+                                                 int *Pd, const bf16 *qkv, const bf16 *dout,
+                                                 const float *Lse, const float *Dg,
+                                                 const int32_t *pb, int b, int h, int q0, int T,
+                                                 int NH, size_t S, int hs)
 {
     const size_t bh = (size_t)b * NH + h;
     fl_load_tile<HP>(Qd, fl_query(qkv, b, h, T, S, hs), S, q0, T, hs);
@@ -478,6 +585,8 @@ __device__ static inline void fl_load_query_side(bf16 *Qd, bf16 *dOd, float *Ld,
                      hs);
     fl_load_vec(Ld, Lse + bh * T, q0, T);
     fl_load_vec(Dd, Dg + bh * T, q0, T);
+    if (MASK & FL_DOC)
+        fl_load_ivec(Pd, pb, q0, T);
 }
 
 /* CTA (key block blockIdx.x, b*NKV+kvh): dk, dv of keys k0..k0+63 of kv head kvh, summed over its
@@ -485,20 +594,22 @@ __device__ static inline void fl_load_query_side(bf16 *Qd, bf16 *dOd, float *Ld,
  * blocks j..nblk-1 in order: one loop of rep (nblk - j) steps, the next step's query side
  * prefetched across the change of head. Warp w owns keys k0+16w..+15 and works on transposed
  * tiles (rows = keys, columns = the 64 queries of the current block).
- * Shared: K, V, then Q[2], dO[2] tiles, then L[2], D[2] vectors of 64 floats. */
-template <int HP, bool WIN>
+ * Shared: K, V, then Q[2], dO[2] tiles, then L[2], D[2] vectors of 64 floats (and with FL_DOC
+ * P[2], the queries' positions, 64 ints each). */
+template <int HP, int MASK>
 __global__ void __launch_bounds__(FL_THREADS, 1)
     fl_bwd_dkdv(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse, const float *Dg,
-                int T, int NH, int NKV, int hs, float scale, int W)
+                int T, int NH, int NKV, int hs, float scale, int W, const int32_t *pos)
 {
     bf16 *Ks = (bf16 *)fl_smem_base();
     bf16 *Vs = Ks + FL_TILE(HP), *Qs = Ks + 2 * FL_TILE(HP), *dOs = Ks + 4 * FL_TILE(HP);
     float *Lv = (float *)(Ks + 6 * FL_TILE(HP)), *Dv = Lv + 2 * FL_BLK; /* buffer u at + 64u */
+    int *Pv = (int *)(Dv + 2 * FL_BLK);                                  /* FL_DOC only */
     const int kb = blockIdx.x, b = blockIdx.y / NKV, kvh = blockIdx.y % NKV, rep = NH / NKV;
     const int k0 = kb * FL_BLK, nblk = (T + FL_BLK - 1) / FL_BLK;
-    /* with a window, the last query block that sees a key of this block: the one holding query
-     * k0 + 63 + W - 1 */
-    const int nq = WIN ? min(nblk - 1, (k0 + FL_BLK - 2 + W) / FL_BLK) - kb + 1 : nblk - kb;
+    const int32_t *pb = (MASK & FL_DOC) ? pos + (size_t)b * T : pos; /* this row's positions */
+    /* with a mask, the last query block that sees a key of this block */
+    const int nq = MASK ? fl_last_query_block<MASK>(kb, nblk, W, pb, T) - kb + 1 : nblk - kb;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3, wr = warp * 16;
     const size_t S = fl_qkv_row(NH, NKV, hs);
@@ -507,7 +618,8 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
 
     fl_load_tile<HP>(Ks, ks, S, k0, T, hs);
     fl_load_tile<HP>(Vs, ks + (size_t)NKV * hs, S, k0, T, hs);
-    fl_load_query_side<HP>(Qs, dOs, Lv, Dv, qkv, dout, Lse, Dg, b, kvh * rep, k0, T, NH, S, hs);
+    fl_load_query_side<HP, MASK>(Qs, dOs, Lv, Dv, Pv, qkv, dout, Lse, Dg, pb, b, kvh * rep, k0, T,
+                                 NH, S, hs);
     fl_cp_commit();
 
     float dk[HP / 8][4], dv[HP / 8][4];
@@ -524,30 +636,38 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
         __syncthreads(); /* step it in buffer u for all; buffer u^1 no longer read */
         if (it + 1 < rep * nq) {
             const int h1 = kvh * rep + (it + 1) / nq, q1 = (kb + (it + 1) % nq) * FL_BLK;
-            fl_load_query_side<HP>(Qs + (u ^ 1) * FL_TILE(HP), dOs + (u ^ 1) * FL_TILE(HP),
-                                   Lv + (u ^ 1) * FL_BLK, Dv + (u ^ 1) * FL_BLK, qkv, dout, Lse,
-                                   Dg, b, h1, q1, T, NH, S, hs);
+            fl_load_query_side<HP, MASK>(Qs + (u ^ 1) * FL_TILE(HP), dOs + (u ^ 1) * FL_TILE(HP),
+                                         Lv + (u ^ 1) * FL_BLK, Dv + (u ^ 1) * FL_BLK,
+                                         Pv + (u ^ 1) * FL_BLK, qkv, dout, Lse, Dg, pb, b, h1, q1,
+                                         T, NH, S, hs);
             fl_cp_commit();
         }
         const bf16 *Qb = Qs + u * FL_TILE(HP), *dOb = dOs + u * FL_TILE(HP);
         const float *Lb = Lv + u * FL_BLK, *Db = Dv + u * FL_BLK;
-        const bool edge = WIN || qb == kb || q0 + FL_BLK > T;
+        const int *Pb = Pv + u * FL_BLK;
+        const bool edge = MASK || qb == kb || q0 + FL_BLK > T;
         /* two halves of 32 queries each (fewer live registers): for queries q0 + 32hq .. + 31 */
 #pragma unroll 1
         for (int hq = 0; hq < 2; hq++) {
             const int qo = hq * 32;
-            /* P^T = exp(K Q^T * scale - L[query]), 0 where masked (query >= T or key > query) */
+            /* P^T = exp(K Q^T * scale - L[query]), 0 where masked (query >= T, key > query, or
+             * what the mask hides) */
             float p[4][4];
             fl_mm_nt<HP, 4>(p, Ks + wr * FL_LD(HP), Qb + qo * FL_LD(HP), lane);
 #pragma unroll
             for (int n = 0; n < 4; n++) {
                 const float2 lq = *(const float2 *)(Lb + qo + n * 8 + 2 * c);
+                int2 pq = make_int2(0, 0); /* the two queries' positions (FL_DOC) */
+                if (MASK & FL_DOC)
+                    pq = *(const int2 *)(Pb + qo + n * 8 + 2 * c);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int tq = q0 + qo + n * 8 + 2 * c + (e & 1),
                               tk = k0 + wr + g + 8 * (e >> 1);
                     float v = exp2f(fmaf(p[n][e], sl2, -((e & 1) ? lq.y : lq.x) * FL_LOG2E));
-                    if (edge && (tq >= T || (WIN ? !fl_in_band(tq, tk, W) : tk > tq)))
+                    if (edge && (tq >= T || (MASK ? !fl_sees<MASK>(tq, tk, W,
+                                                                   tq - ((e & 1) ? pq.y : pq.x))
+                                                  : tk > tq)))
                         v = 0.0f;
                     p[n][e] = v;
                 }
@@ -575,10 +695,10 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
 
 /* CTA (query block nblk-1-blockIdx.x, b*NH+h): dq of rows q0..q0+63, from the keys and values of
  * kv head h / (NH / NKV); warp w owns rows q0+16w..+15. Shared: Q, dO, then K[2], V[2] tiles. */
-template <int HP, bool WIN>
+template <int HP, int MASK>
 __global__ void __launch_bounds__(FL_THREADS, 1)
     fl_bwd_dq(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *Lse, const float *Dg,
-              int T, int NH, int NKV, int hs, float scale, int W)
+              int T, int NH, int NKV, int hs, float scale, int W, const int32_t *pos)
 {
     bf16 *Qs = (bf16 *)fl_smem_base();
     bf16 *dOs = Qs + FL_TILE(HP), *Ks = Qs + 2 * FL_TILE(HP), *Vs = Qs + 4 * FL_TILE(HP);
@@ -590,7 +710,10 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     const bf16 *qs = fl_query(qkv, b, h, T, S, hs);
     const bf16 *ks = fl_keys(qkv, b, h / (NH / NKV), T, S, NH, hs), *vs = ks + (size_t)NKV * hs;
     const float sl2 = scale * FL_LOG2E;
-    const int kb0 = fl_first_key_block<WIN>(q0, W); /* 0 without a window */
+    const int32_t *pb = (MASK & FL_DOC) ? pos + (size_t)b * T : pos; /* this row's positions */
+    const int kb0 = fl_first_key_block<MASK>(q0, W, pb, T); /* 0 without a mask */
+    int st[2];
+    fl_row_starts<MASK>(st, pb, q0 + wr + g, T);
 
     fl_load_tile<HP>(Qs, qs, S, q0, T, hs);
     fl_load_tile<HP>(dOs, fl_query(dout, b, h, T, QC, hs), QC, q0, T, hs);
@@ -632,9 +755,9 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
             for (int e = 0; e < 4; e++) {
                 const int i = e >> 1;
                 float v = exp2f(fmaf(p[n][e], sl2, -lr[i]));
-                if (WIN ? !fl_in_band(q0 + wr + g + 8 * i, kb * FL_BLK + n * 8 + 2 * c + (e & 1),
-                                      W)
-                        : diag && n * 8 + 2 * c + (e & 1) > wr + g + 8 * i)
+                if (MASK ? !fl_sees<MASK>(q0 + wr + g + 8 * i,
+                                          kb * FL_BLK + n * 8 + 2 * c + (e & 1), W, st[i])
+                         : diag && n * 8 + 2 * c + (e & 1) > wr + g + 8 * i)
                     v = 0.0f;
                 ds[n][e] = v * (ds[n][e] - dr[i]);
             }
@@ -678,7 +801,10 @@ static int fl_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
  * dk dv K, V, Q[2], dO[2] tiles and L[2], D[2] vectors; dq Q, dO, K[2], V[2] tiles. */
 static unsigned fl_tile_bytes(int hp) { return (unsigned)(FL_BLK * (hp + 8) * 2); }
 static unsigned fl_smem_fwd(int hp) { return 5 * fl_tile_bytes(hp) + 128u; }
-static unsigned fl_smem_dkdv(int hp) { return 6 * fl_tile_bytes(hp) + 4 * FL_BLK * 4 + 128u; }
+static unsigned fl_smem_dkdv(int hp, int mask)
+{
+    return 6 * fl_tile_bytes(hp) + ((mask & FL_DOC) ? 6 : 4) * FL_BLK * 4 + 128u;
+}
 static unsigned fl_smem_dq(int hp) { return 6 * fl_tile_bytes(hp) + 128u; }
 
 /* Allows `kernel` `need` bytes of dynamic shared memory (a fixed value per kernel instantiation, so
@@ -709,67 +835,71 @@ struct fl_call {
     float scale;
     cudaStream_t stream;
     int window; /* W > 0 and W < T: a banded causal mask; 0: plain causal */
+    const int32_t *pos; /* [B][T] on the device: documents (FL_DOC); NULL: none */
 };
 
-template <int HP, bool WIN> static int fl_forward_hp(const struct fl_call *a)
+template <int HP, int MASK> static int fl_forward_hp(const struct fl_call *a)
 {
     const unsigned smem = fl_smem_fwd(HP);
-    int rc = fl_prepare((const void *)fl_forward_kernel<HP, WIN>, smem, "fy_cu_flash_forward");
+    int rc = fl_prepare((const void *)fl_forward_kernel<HP, MASK>, smem, "fy_cu_flash_forward");
     if (rc)
         return rc;
     const int nblk = (a->T + FL_BLK - 1) / FL_BLK;
-    fl_forward_kernel<HP, WIN><<<dim3((unsigned)nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem,
-                                 a->stream>>>(a->out, a->Lse, a->qkv, a->T, a->NH, a->NKV, a->hs,
-                                              a->scale, a->window);
+    fl_forward_kernel<HP, MASK><<<dim3((unsigned)nblk, (unsigned)(a->B * a->NH)), FL_THREADS,
+                                  smem, a->stream>>>(a->out, a->Lse, a->qkv, a->T, a->NH, a->NKV,
+                                                     a->hs, a->scale, a->window, a->pos);
     FY_CUDA_LAUNCHED("fl_forward_kernel");
     return 0;
 }
 
 /* dk dv: one CTA per key block and kv head (each sums its query heads); dq: one per query block
  * and query head. */
-template <int HP, bool WIN> static int fl_backward_hp(const struct fl_call *a)
+template <int HP, int MASK> static int fl_backward_hp(const struct fl_call *a)
 {
-    const unsigned smem_kv = fl_smem_dkdv(HP), smem_q = fl_smem_dq(HP);
-    int rc = fl_prepare((const void *)fl_bwd_dkdv<HP, WIN>, smem_kv, "fy_cu_flash_backward dk dv");
+    const unsigned smem_kv = fl_smem_dkdv(HP, MASK), smem_q = fl_smem_dq(HP);
+    int rc = fl_prepare((const void *)fl_bwd_dkdv<HP, MASK>, smem_kv,
+                        "fy_cu_flash_backward dk dv");
     if (rc)
         return rc;
-    rc = fl_prepare((const void *)fl_bwd_dq<HP, WIN>, smem_q, "fy_cu_flash_backward dq");
+    rc = fl_prepare((const void *)fl_bwd_dq<HP, MASK>, smem_q, "fy_cu_flash_backward dq");
     if (rc)
         return rc;
     const unsigned nblk = (unsigned)((a->T + FL_BLK - 1) / FL_BLK);
-    fl_bwd_dkdv<HP, WIN><<<dim3(nblk, (unsigned)(a->B * a->NKV)), FL_THREADS, smem_kv,
-                           a->stream>>>(a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH,
-                                        a->NKV, a->hs, a->scale, a->window);
+    fl_bwd_dkdv<HP, MASK><<<dim3(nblk, (unsigned)(a->B * a->NKV)), FL_THREADS, smem_kv,
+                            a->stream>>>(a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH,
+                                         a->NKV, a->hs, a->scale, a->window, a->pos);
     FY_CUDA_LAUNCHED("fl_bwd_dkdv");
-    fl_bwd_dq<HP, WIN><<<dim3(nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem_q, a->stream>>>(
-        a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH, a->NKV, a->hs, a->scale, a->window);
+    fl_bwd_dq<HP, MASK><<<dim3(nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem_q, a->stream>>>(
+        a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH, a->NKV, a->hs, a->scale, a->window,
+        a->pos);
     FY_CUDA_LAUNCHED("fl_bwd_dq");
     return 0;
 }
 
 /* The kernels of each padded head size hp = 16, 32, .., 128 (hs rounded up to 16), at index
- * hp / 16 - 1: [0] plain causal, [1] with a sliding window. */
+ * hp / 16 - 1, for each mask: [0] plain causal, [FL_WIN] a sliding window, [FL_DOC] documents,
+ * [FL_WIN | FL_DOC] both. */
 typedef int (*fl_run)(const struct fl_call *);
-static const fl_run fl_forward_by_hp[2][FL_HS_MAX / 16] = {
-    {fl_forward_hp<16, false>, fl_forward_hp<32, false>, fl_forward_hp<48, false>,
-     fl_forward_hp<64, false>, fl_forward_hp<80, false>, fl_forward_hp<96, false>,
-     fl_forward_hp<112, false>, fl_forward_hp<128, false>},
-    {fl_forward_hp<16, true>, fl_forward_hp<32, true>, fl_forward_hp<48, true>,
-     fl_forward_hp<64, true>, fl_forward_hp<80, true>, fl_forward_hp<96, true>,
-     fl_forward_hp<112, true>, fl_forward_hp<128, true>}};
-static const fl_run fl_backward_by_hp[2][FL_HS_MAX / 16] = {
-    {fl_backward_hp<16, false>, fl_backward_hp<32, false>, fl_backward_hp<48, false>,
-     fl_backward_hp<64, false>, fl_backward_hp<80, false>, fl_backward_hp<96, false>,
-     fl_backward_hp<112, false>, fl_backward_hp<128, false>},
-    {fl_backward_hp<16, true>, fl_backward_hp<32, true>, fl_backward_hp<48, true>,
-     fl_backward_hp<64, true>, fl_backward_hp<80, true>, fl_backward_hp<96, true>,
-     fl_backward_hp<112, true>, fl_backward_hp<128, true>}};
+#define FL_BY_HP(run, MASK)                                                                            {                                                                                                      run<16, MASK>, run<32, MASK>, run<48, MASK>, run<64, MASK>, run<80, MASK>, run<96, MASK>,              run<112, MASK>, run<128, MASK>                                                             }
+static const fl_run fl_forward_by_hp[4][FL_HS_MAX / 16] = {
+    FL_BY_HP(fl_forward_hp, 0), FL_BY_HP(fl_forward_hp, FL_WIN), FL_BY_HP(fl_forward_hp, FL_DOC),
+    FL_BY_HP(fl_forward_hp, FL_WIN | FL_DOC)};
+static const fl_run fl_backward_by_hp[4][FL_HS_MAX / 16] = {
+    FL_BY_HP(fl_backward_hp, 0), FL_BY_HP(fl_backward_hp, FL_WIN),
+    FL_BY_HP(fl_backward_hp, FL_DOC), FL_BY_HP(fl_backward_hp, FL_WIN | FL_DOC)};
+#undef FL_BY_HP
 
 /* The window the kernels take: 0 (plain causal) for none (W <= 0) and for W >= T, where the band is the
  * whole causal triangle. */
 static int fl_window(int window, int T) { return window > 0 && window < T ? window : 0; }
 
 static int fl_hp_index(int hs) { return ((hs + 15) & ~15) / 16 - 1; }
+
+/* The kernels' mask: a window W (fl_window's) and documents where positions are given. */
+static int fl_mask(int W, const int32_t *positions)
+{
+    return (W > 0 ? FL_WIN : 0) | (positions != NULL ? FL_DOC : 0);
+}
 
 /* The shape and the operands' alignment, said with `what` when wrong. */
 static int fl_check(const char *what, int B, int T, int NH, int NKV, int hs, const void *const *p,
@@ -792,46 +922,51 @@ static int fl_check(const char *what, int B, int T, int NH, int NKV, int hs, con
 int fy_cu_flash_gqa_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T, int NH,
                             int NKV, int hs, cudaStream_t stream)
 {
-    return fy_cu_flash_window_forward(out, qkv, scratch, B, T, NH, NKV, hs, 0, stream);
+    return fy_cu_flash_window_forward(out, qkv, scratch, B, T, NH, NKV, hs, 0, NULL, stream);
 }
 
 int fy_cu_flash_window_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T, int NH,
-                               int NKV, int hs, int window, cudaStream_t stream)
+                               int NKV, int hs, int window, const int32_t *positions,
+                               cudaStream_t stream)
 {
     const void *p[] = {out, qkv, scratch};
     int rc = fl_check("fy_cu_flash_forward", B, T, NH, NKV, hs, p, 3);
     if (rc)
         return rc;
+    FY_REQUIRE(((uintptr_t)positions & 3u) == 0, -EINVAL,
+               "fy_cu_flash_forward: positions must be 4-byte aligned");
     const int W = fl_window(window, T);
     struct fl_call a = {out, NULL, qkv, (float *)scratch, NULL, B, T, NH, NKV, hs,
-                        1.0f / sqrtf((float)hs), stream, W};
-    return fl_forward_by_hp[W > 0][fl_hp_index(hs)](&a);
+                        1.0f / sqrtf((float)hs), stream, W, positions};
+    return fl_forward_by_hp[fl_mask(W, positions)][fl_hp_index(hs)](&a);
 }
 
 int fy_cu_flash_gqa_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
                              void *scratch, int B, int T, int NH, int NKV, int hs,
                              cudaStream_t stream)
 {
-    return fy_cu_flash_window_backward(dqkv, dout, out, qkv, scratch, B, T, NH, NKV, hs, 0,
+    return fy_cu_flash_window_backward(dqkv, dout, out, qkv, scratch, B, T, NH, NKV, hs, 0, NULL,
                                        stream);
 }
 
 int fy_cu_flash_window_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, const bf16 *qkv,
                                 void *scratch, int B, int T, int NH, int NKV, int hs, int window,
-                                cudaStream_t stream)
+                                const int32_t *positions, cudaStream_t stream)
 {
     const void *p[] = {dqkv, dout, out, qkv, scratch};
     int rc = fl_check("fy_cu_flash_backward", B, T, NH, NKV, hs, p, 5);
     if (rc)
         return rc;
+    FY_REQUIRE(((uintptr_t)positions & 3u) == 0, -EINVAL,
+               "fy_cu_flash_backward: positions must be 4-byte aligned");
     const int W = fl_window(window, T);
     float *D = (float *)((char *)scratch + fl_align256((size_t)B * NH * T * sizeof(float)));
     size_t rows = (size_t)B * NH * T;
     fl_bwd_dot<<<fy_cu_blocks(rows, 8), 256, 0, stream>>>(D, dout, out, B, T, NH, hs);
     FY_CUDA_LAUNCHED("fl_bwd_dot");
     struct fl_call a = {dqkv, dout, qkv, (float *)scratch, D, B, T, NH, NKV, hs,
-                        1.0f / sqrtf((float)hs), stream, W};
-    return fl_backward_by_hp[W > 0][fl_hp_index(hs)](&a);
+                        1.0f / sqrtf((float)hs), stream, W, positions};
+    return fl_backward_by_hp[fl_mask(W, positions)][fl_hp_index(hs)](&a);
 }
 
 /* Multi-head attention: the grouped-query kernels with one kv head per query head. */

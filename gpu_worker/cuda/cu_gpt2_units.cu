@@ -225,8 +225,8 @@ int fy_cu_gpt2_timings(const struct fy_cu_gpt2 *u, const struct fy_cu_gpt2_op **
  * actplan.h) already in `a`, uploaded from where the forward swapped them, whose ops are skipped;
  * every other op runs as in the full forward, on the same inputs, so the set ends up with the same
  * bits whatever the mix. LayerNorms always run (their outputs are never swapped). */
-static int block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x, bf16 *y,
-                         struct fy_cu_gpt2_acts *a, unsigned have)
+static int block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const int32_t *positions,
+                         const bf16 *x, bf16 *y, struct fy_cu_gpt2_acts *a, unsigned have)
 {
     int N = u->N, C = (int)u->c.n_embd, NH = (int)u->c.n_head;
     size_t NC = (size_t)N * C;
@@ -238,12 +238,13 @@ static int block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x
         OP("matmul qkv fwd", fy_cu_matmul_forward(lt, a->qkv, a->ln1, P(qkv_w), P(qkv_b), N, C,
                                                   3 * C, s));
     if (!(have & FY_ACT_BIT(FY_ACT_ATTN))) {
+        /* multi-head attention: the grouped-query kernels with a kv head per query head */
         if (u->flash)
-            OP("attention fwd", fy_cu_flash_forward(a->atty, a->qkv, a->attn, u->B, u->T, C, NH,
-                                                    s));
+            OP("attention fwd", fy_cu_flash_window_forward(a->atty, a->qkv, a->attn, u->B, u->T,
+                                                           NH, NH, C / NH, 0, positions, s));
         else
-            OP("attention fwd", fy_cu_attention_forward(lt, a->atty, a->qkv, a->attn, u->B, u->T,
-                                                        C, NH, s));
+            OP("attention fwd", fy_cu_attention_forward(lt, a->atty, a->qkv, positions, a->attn,
+                                                        u->B, u->T, C, NH, s));
     }
     if (!(have & FY_ACT_BIT(FY_ACT_RESID))) {
         if (u->fuse) {
@@ -282,11 +283,11 @@ static int block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x
     return 0;
 }
 
-int fy_cu_gpt2_block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x, bf16 *y,
-                             struct fy_cu_gpt2_acts *keep)
+int fy_cu_gpt2_block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const int32_t *positions,
+                             const bf16 *x, bf16 *y, struct fy_cu_gpt2_acts *keep)
 {
     FY_REQUIRE(y != NULL, -EINVAL, "fy_cu_gpt2_block_forward: no output buffer");
-    return block_forward(u, params, x, y, keep != NULL ? keep : &u->own, 0);
+    return block_forward(u, params, positions, x, y, keep != NULL ? keep : &u->own, 0);
 }
 
 /* A LayerNorm's weight and bias gradients ([C] each, side by side at w_off) through the sink. */
@@ -298,8 +299,9 @@ int fy_cu_gpt2_block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const bf1
         FY_TRY(g->put(g->ctx, (w_off), 2 * (size_t)C));                                             \
     } while (0)
 
-static int block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x, const bf16 *dy,
-                          bf16 *dx, const struct fy_cu_grads *g, struct fy_cu_gpt2_acts *kept)
+static int block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const int32_t *positions,
+                          const bf16 *x, const bf16 *dy, bf16 *dx, const struct fy_cu_grads *g,
+                          struct fy_cu_gpt2_acts *kept)
 {
     int N = u->N, C = (int)u->c.n_embd, NH = (int)u->c.n_head;
     size_t NC = (size_t)N * C;
@@ -309,7 +311,7 @@ static int block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *
     struct fy_cu_gpt2_acts *a = kept;
     if (a == NULL) { /* recompute from the checkpoint x */
         a = &u->own;
-        FY_TRY(block_forward(u, params, x, NULL, a, 0));
+        FY_TRY(block_forward(u, params, positions, x, NULL, a, 0));
     }
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
     /* GELU's backward stays a kernel of its own: cuBLASLt's DGELU epilogue made this product
@@ -328,8 +330,9 @@ static int block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *
     OP("matmul attn-proj bwd", fy_cu_grads_linear(lt, g, L->attn_w, L->attn_b, u->dmid, u->dy1,
                                                   a->atty, P(attn_w), N, C, C, s));
     if (u->flash)
-        OP("attention bwd", fy_cu_flash_backward(u->dbig, u->dmid, a->atty, a->qkv, a->attn,
-                                                 u->B, u->T, C, NH, s));
+        OP("attention bwd", fy_cu_flash_window_backward(u->dbig, u->dmid, a->atty, a->qkv,
+                                                        a->attn, u->B, u->T, NH, NH, C / NH, 0,
+                                                        positions, s));
     else
         OP("attention bwd", fy_cu_attention_backward(lt, u->dbig, u->dmid, a->qkv, a->attn,
                                                      u->B, u->T, C, NH, s));
@@ -345,14 +348,14 @@ static int block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *
 
 #undef LN_GRADS
 
-int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const bf16 *x,
-                              const bf16 *dy, bf16 *dx, float *dparams,
-                              struct fy_cu_gpt2_acts *kept)
+int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params,
+                              const int32_t *positions, const bf16 *x, const bf16 *dy, bf16 *dx,
+                              float *dparams, struct fy_cu_gpt2_acts *kept)
 {
     struct fy_cu_grads g;
     struct fy_cu_grads_whole whole;
     fy_cu_grads_whole(&g, &whole, dparams, u->env.stream);
-    return block_backward(u, params, x, dy, dx, &g, kept);
+    return block_backward(u, params, positions, x, dy, dx, &g, kept);
 }
 
 /* The largest piece the backward takes from a sink of piece_max `cap`. */
@@ -369,18 +372,18 @@ static size_t gpt2_grad_piece_max(const struct fy_model_config *c, size_t cap)
 }
 
 int fy_cu_gpt2_embed_forward(struct fy_cu_gpt2 *u, const bf16 *wte, const bf16 *wpe,
-                             const int32_t *tokens, bf16 *x)
+                             const int32_t *tokens, const int32_t *positions, bf16 *x)
 {
-    OP("embed fwd", fy_cu_embed_forward(x, tokens, wte, wpe, u->B, u->T, (int)u->c.n_embd,
-                                        u->env.stream));
+    OP("embed fwd", fy_cu_embed_forward(x, tokens, wte, wpe, positions, u->B, u->T,
+                                        (int)u->c.n_embd, u->env.stream));
     return 0;
 }
 
-int fy_cu_gpt2_embed_backward(struct fy_cu_gpt2 *u, const int32_t *tokens, const bf16 *dx,
-                              float *dwte, float *dwpe)
+int fy_cu_gpt2_embed_backward(struct fy_cu_gpt2 *u, const int32_t *tokens,
+                              const int32_t *positions, const bf16 *dx, float *dwte, float *dwpe)
 {
-    OP("embed bwd", fy_cu_embed_backward(dwte, dwpe, dx, tokens, u->B, u->T, (int)u->c.n_embd,
-                                         (int)u->c.vocab, u->env.stream));
+    OP("embed bwd", fy_cu_embed_backward(dwte, dwpe, dx, tokens, positions, u->B, u->T,
+                                         (int)u->c.n_embd, (int)u->c.vocab, u->env.stream));
     return 0;
 }
 
@@ -490,10 +493,10 @@ static int swap_pieces(void *units, void *set, const struct fy_block_saved *save
     return n;
 }
 
-static int swap_recompute(void *units, const bf16 *params, const bf16 *x, void *set,
-                          unsigned have)
+static int swap_recompute(void *units, const bf16 *params, const int32_t *positions,
+                          const bf16 *x, void *set, unsigned have)
 {
-    return block_forward((struct fy_cu_gpt2 *)units, params, x, NULL,
+    return block_forward((struct fy_cu_gpt2 *)units, params, positions, x, NULL,
                          (struct fy_cu_gpt2_acts *)set, have);
 }
 
@@ -552,7 +555,7 @@ static int profile_kinds(struct fy_cu_gpt2 *u, const struct fy_cu_profile_scratc
     u->timing = 1;
     for (int r = -1; r < FY_CU_PROFILE_REPS; r++) {
         u->n_ops = 0;
-        FY_TRY(block_forward(u, sc->params, sc->x, NULL, &u->own, 0));
+        FY_TRY(block_forward(u, sc->params, NULL, sc->x, NULL, &u->own, 0));
         if (r < 0)
             continue;
         kind[FY_ACT_QKV][r] = profile_op_s(u, "matmul qkv fwd");
@@ -586,10 +589,10 @@ static int profile_compute(struct fy_cu_gpt2 *u, const struct fy_cu_profile_scra
     for (int r = -1; r < FY_CU_PROFILE_REPS; r++) {
         double t_fwd, t_bwd;
         FY_CUDA(cudaEventRecord(ev[0], s), "recording a profiling event");
-        FY_TRY(block_forward(u, sc->params, sc->x, sc->y, &u->own, 0));
+        FY_TRY(block_forward(u, sc->params, NULL, sc->x, sc->y, &u->own, 0));
         FY_CUDA(cudaEventRecord(ev[1], s), "recording a profiling event");
         /* from the set the forward just filled: the backward without recomputation */
-        FY_TRY(block_backward(u, sc->params, sc->x, sc->dy, sc->dx, sc->grads, &u->own));
+        FY_TRY(block_backward(u, sc->params, NULL, sc->x, sc->dy, sc->dx, sc->grads, &u->own));
         FY_CUDA(cudaEventRecord(ev[2], s), "recording a profiling event");
         FY_TRY(fy_cu_profile_elapsed(ev[0], ev[1], &t_fwd));
         FY_TRY(fy_cu_profile_elapsed(ev[1], ev[2], &t_bwd));
@@ -640,30 +643,34 @@ static int gpt2_set_take(void *units, struct fy_cu_arena *arena, void *set)
     return fy_cu_gpt2_acts_take((struct fy_cu_gpt2 *)units, arena, (struct fy_cu_gpt2_acts *)set);
 }
 
-static int gpt2_embed_forward(void *units, const bf16 *embed, const int32_t *tokens, bf16 *x)
+static int gpt2_embed_forward(void *units, const bf16 *embed, const int32_t *tokens,
+                              const int32_t *positions, bf16 *x)
 {
     struct fy_cu_gpt2 *u = (struct fy_cu_gpt2 *)units;
     const bf16 *wpe = embed + (size_t)u->c.vocab * u->c.n_embd;
-    return fy_cu_gpt2_embed_forward(u, embed, wpe, tokens, x);
+    return fy_cu_gpt2_embed_forward(u, embed, wpe, tokens, positions, x);
 }
 
-static int gpt2_embed_backward(void *units, const int32_t *tokens, const bf16 *dx, float *dembed)
+static int gpt2_embed_backward(void *units, const int32_t *tokens, const int32_t *positions,
+                               const bf16 *dx, float *dembed)
 {
     struct fy_cu_gpt2 *u = (struct fy_cu_gpt2 *)units;
     float *dwpe = dembed + (size_t)u->c.vocab * u->c.n_embd;
-    return fy_cu_gpt2_embed_backward(u, tokens, dx, dembed, dwpe);
+    return fy_cu_gpt2_embed_backward(u, tokens, positions, dx, dembed, dwpe);
 }
 
-static int gpt2_block_forward(void *units, const bf16 *params, const bf16 *x, bf16 *y, void *keep)
+static int gpt2_block_forward(void *units, const bf16 *params, const int32_t *positions,
+                              const bf16 *x, bf16 *y, void *keep)
 {
-    return fy_cu_gpt2_block_forward((struct fy_cu_gpt2 *)units, params, x, y,
+    return fy_cu_gpt2_block_forward((struct fy_cu_gpt2 *)units, params, positions, x, y,
                                     (struct fy_cu_gpt2_acts *)keep);
 }
 
-static int gpt2_block_backward(void *units, const bf16 *params, const bf16 *x, const bf16 *dy,
-                               bf16 *dx, const struct fy_cu_grads *grads, void *kept)
+static int gpt2_block_backward(void *units, const bf16 *params, const int32_t *positions,
+                               const bf16 *x, const bf16 *dy, bf16 *dx,
+                               const struct fy_cu_grads *grads, void *kept)
 {
-    return block_backward((struct fy_cu_gpt2 *)units, params, x, dy, dx, grads,
+    return block_backward((struct fy_cu_gpt2 *)units, params, positions, x, dy, dx, grads,
                           (struct fy_cu_gpt2_acts *)kept);
 }
 

@@ -260,22 +260,22 @@ void fy_cu_llama_destroy(struct fy_cu_llama **lp)
 int fy_cu_llama_embed_forward(struct fy_cu_llama *l, const bf16 *embed, const int32_t *tokens,
                               bf16 *x)
 {
-    return fy_cu_embed_forward(x, tokens, embed, NULL, l->B, l->T, l->C, l->env.stream);
+    return fy_cu_embed_forward(x, tokens, embed, NULL, NULL, l->B, l->T, l->C, l->env.stream);
 }
 
 int fy_cu_llama_embed_backward(struct fy_cu_llama *l, const int32_t *tokens, const bf16 *dx,
                                float *dembed)
 {
-    return fy_cu_embed_backward(dembed, NULL, dx, tokens, l->B, l->T, l->C, (int)l->c.vocab,
-                                l->env.stream);
+    return fy_cu_embed_backward(dembed, NULL, dx, tokens, NULL, l->B, l->T, l->C,
+                                (int)l->c.vocab, l->env.stream);
 }
 
 #define P(field) (params + l->lay.field)
 
 /* The forward into set a. y == NULL: the backward's recompute, which stops before the down
  * product (its output is never read there). */
-static int block_forward(struct fy_cu_llama *l, const bf16 *params, const bf16 *x, bf16 *y,
-                         struct fy_cu_llama_acts *a)
+static int block_forward(struct fy_cu_llama *l, const bf16 *params, const int32_t *positions,
+                         const bf16 *x, bf16 *y, struct fy_cu_llama_acts *a)
 {
     int N = l->N, C = l->C, I = l->I;
     float eps = l->c.llama.rms_eps;
@@ -288,11 +288,12 @@ static int block_forward(struct fy_cu_llama *l, const bf16 *params, const bf16 *
     if (l->qk_norm) /* each q and k head normalised before the rotation (Qwen3) */
         FY_TRY(fy_cu_qknorm_forward(a->qkv, a->qkr, a->qk_rstd, P(q_norm), P(k_norm), N, l->S,
                                     l->NH, l->NKV, l->hd, eps, s));
-    /* the k heads follow the q heads: one rotation over both */
-    FY_TRY(fy_cu_rope_forward(a->qkv, l->S, 0, l->NH + l->NKV, l->hd, l->cos_t, l->sin_t, l->B,
-                              l->T, s));
+    /* the k heads follow the q heads: one rotation over both, at the tokens' positions in their
+     * documents (the table's rows: each position is at most t) */
+    FY_TRY(fy_cu_rope_forward(a->qkv, l->S, 0, l->NH + l->NKV, l->hd, l->cos_t, l->sin_t,
+                              positions, l->B, l->T, s));
     FY_TRY(fy_cu_flash_window_forward(a->atty, a->qkv, a->attn, l->B, l->T, l->NH, l->NKV, l->hd,
-                                      l->window, s));
+                                      l->window, positions, s));
     FY_TRY(fy_cu_matmul_forward_ex(lt, a->h, a->atty, P(o_proj), NULL, x, NULL, N, l->QC, C, s));
     /* MLP: y = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h) */
     FY_TRY(fy_cu_rmsnorm_forward(a->n2, a->rstd2, a->h, P(post_norm), N, C, eps, s));
@@ -303,11 +304,12 @@ static int block_forward(struct fy_cu_llama *l, const bf16 *params, const bf16 *
     return fy_cu_matmul_forward_ex(lt, y, a->act, P(down_proj), NULL, a->h, NULL, N, I, C, s);
 }
 
-int fy_cu_llama_block_forward(struct fy_cu_llama *l, const bf16 *params, const bf16 *x, bf16 *y,
+int fy_cu_llama_block_forward(struct fy_cu_llama *l, const bf16 *params,
+                              const int32_t *positions, const bf16 *x, bf16 *y,
                               struct fy_cu_llama_acts *keep)
 {
     FY_REQUIRE(y != NULL, -EINVAL, "fy_cu_llama_block_forward: no output buffer");
-    return block_forward(l, params, x, y, keep != NULL ? keep : &l->own);
+    return block_forward(l, params, positions, x, y, keep != NULL ? keep : &l->own);
 }
 
 /* A norm's weight gradient (n floats at off) through the sink, computed by `call` into p. */
@@ -319,8 +321,8 @@ int fy_cu_llama_block_forward(struct fy_cu_llama *l, const bf16 *params, const b
         FY_TRY(g->put(g->ctx, (off), (n)));                                                         \
     } while (0)
 
-static int block_backward(struct fy_cu_llama *l, const bf16 *params, const bf16 *x,
-                          const bf16 *dy, bf16 *dx, const struct fy_cu_grads *g,
+static int block_backward(struct fy_cu_llama *l, const bf16 *params, const int32_t *positions,
+                          const bf16 *x, const bf16 *dy, bf16 *dx, const struct fy_cu_grads *g,
                           struct fy_cu_llama_acts *kept)
 {
     int N = l->N, C = l->C, I = l->I;
@@ -331,7 +333,7 @@ static int block_backward(struct fy_cu_llama *l, const bf16 *params, const bf16 
     struct fy_cu_llama_acts *a = kept;
     if (a == NULL) { /* recompute from the checkpoint x */
         a = &l->own;
-        FY_TRY(block_forward(l, params, x, NULL, a));
+        FY_TRY(block_forward(l, params, positions, x, NULL, a));
     }
     /* MLP branch: y = h + down(swiglu(gate_up(rmsnorm2(h)))) */
     FY_TRY(fy_cu_grads_linear(lt, g, L->down_proj, FY_CU_GRADS_NO_BIAS, l->dact, dy, a->act,
@@ -348,9 +350,9 @@ static int block_backward(struct fy_cu_llama *l, const bf16 *params, const bf16 
     FY_TRY(fy_cu_grads_linear(lt, g, L->o_proj, FY_CU_GRADS_NO_BIAS, l->datty, l->dh, a->atty,
                               P(o_proj), N, l->QC, C, s));
     FY_TRY(fy_cu_flash_window_backward(l->dqkv, l->datty, a->atty, a->qkv, a->attn, l->B, l->T,
-                                       l->NH, l->NKV, l->hd, l->window, s));
-    FY_TRY(fy_cu_rope_backward(l->dqkv, l->S, 0, l->NH + l->NKV, l->hd, l->cos_t, l->sin_t, l->B,
-                               l->T, s));
+                                       l->NH, l->NKV, l->hd, l->window, positions, s));
+    FY_TRY(fy_cu_rope_backward(l->dqkv, l->S, 0, l->NH + l->NKV, l->hd, l->cos_t, l->sin_t,
+                               positions, l->B, l->T, s));
     if (l->qk_norm) /* q_norm and k_norm side by side */
         NORM_GRADS(L->q_norm, 2 * (size_t)l->hd,
                    fy_cu_qknorm_backward(l->dqkv, p, p + (L->k_norm - L->q_norm), l->qkn_scratch,
@@ -368,14 +370,14 @@ static int block_backward(struct fy_cu_llama *l, const bf16 *params, const bf16 
 
 #undef NORM_GRADS
 
-int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params, const bf16 *x,
-                               const bf16 *dy, bf16 *dx, float *dparams,
-                               struct fy_cu_llama_acts *kept)
+int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params,
+                               const int32_t *positions, const bf16 *x, const bf16 *dy, bf16 *dx,
+                               float *dparams, struct fy_cu_llama_acts *kept)
 {
     struct fy_cu_grads g;
     struct fy_cu_grads_whole whole;
     fy_cu_grads_whole(&g, &whole, dparams, l->env.stream);
-    return block_backward(l, params, x, dy, dx, &g, kept);
+    return block_backward(l, params, positions, x, dy, dx, &g, kept);
 }
 
 /* The largest piece the backward takes from a sink of piece_max `cap`. */
@@ -454,28 +456,33 @@ static int llama_set_take(void *units, struct fy_cu_arena *arena, void *set)
                                  (struct fy_cu_llama_acts *)set);
 }
 
-static int llama_embed_forward(void *units, const bf16 *embed, const int32_t *tokens, bf16 *x)
+/* The embeddings have no positions (the blocks rotate q and k by them). */
+static int llama_embed_forward(void *units, const bf16 *embed, const int32_t *tokens,
+                               const int32_t *positions, bf16 *x)
 {
+    (void)positions;
     return fy_cu_llama_embed_forward((struct fy_cu_llama *)units, embed, tokens, x);
 }
 
-static int llama_embed_backward(void *units, const int32_t *tokens, const bf16 *dx,
-                                float *dembed)
+static int llama_embed_backward(void *units, const int32_t *tokens, const int32_t *positions,
+                                const bf16 *dx, float *dembed)
 {
+    (void)positions;
     return fy_cu_llama_embed_backward((struct fy_cu_llama *)units, tokens, dx, dembed);
 }
 
-static int llama_block_forward(void *units, const bf16 *params, const bf16 *x, bf16 *y,
-                               void *keep)
+static int llama_block_forward(void *units, const bf16 *params, const int32_t *positions,
+                               const bf16 *x, bf16 *y, void *keep)
 {
-    return fy_cu_llama_block_forward((struct fy_cu_llama *)units, params, x, y,
+    return fy_cu_llama_block_forward((struct fy_cu_llama *)units, params, positions, x, y,
                                      (struct fy_cu_llama_acts *)keep);
 }
 
-static int llama_block_backward(void *units, const bf16 *params, const bf16 *x, const bf16 *dy,
-                                bf16 *dx, const struct fy_cu_grads *grads, void *kept)
+static int llama_block_backward(void *units, const bf16 *params, const int32_t *positions,
+                                const bf16 *x, const bf16 *dy, bf16 *dx,
+                                const struct fy_cu_grads *grads, void *kept)
 {
-    return block_backward((struct fy_cu_llama *)units, params, x, dy, dx, grads,
+    return block_backward((struct fy_cu_llama *)units, params, positions, x, dy, dx, grads,
                           (struct fy_cu_llama_acts *)kept);
 }
 

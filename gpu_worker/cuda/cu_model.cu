@@ -120,6 +120,7 @@ static int plan(struct fy_cu_model *m, struct fy_cu_piece *p, void **lt_ws)
         PIECE(q.st[i].losses, N, float);
         PIECE(q.st[i].tokens, N, int32_t);
         PIECE(q.st[i].targets, N, int32_t);
+        PIECE(q.st[i].positions, N, int32_t);
     }
     PIECE(unit_grad, m->unit_grad_n, float);
     for (int i = 0; i < GRAD_RING; i++)
@@ -134,7 +135,7 @@ static int plan(struct fy_cu_model *m, struct fy_cu_piece *p, void **lt_ws)
     return n;
 }
 
-#define MODEL_PIECES (8 * FY_CU_QUEUE + 1 + GRAD_RING + 4 + 2)
+#define MODEL_PIECES (9 * FY_CU_QUEUE + 1 + GRAD_RING + 4 + 2)
 
 static void setup_shape(struct fy_cu_model *m, const struct fy_model_config *c,
                         const struct fy_cu_family *f, int B, int T)
@@ -562,14 +563,30 @@ int fy_cu_model_swap_sets(struct fy_cu_model *m, struct fy_cu_arena *arena)
 }
 /* ---- the calls ---- */
 
+/* The call's positions (host, NULL: t) uploaded into its staging with its other inputs; *dev is
+ * where its kernels read them (NULL without). */
+static int positions_in(struct fy_cu_model *m, struct fy_cu_staging *st, const int32_t *positions,
+                        const int32_t **dev)
+{
+    *dev = NULL;
+    if (positions == NULL)
+        return 0;
+    FY_TRY(fy_cu_queue_upload(&m->q, st, st->positions, positions,
+                              (size_t)m->N * sizeof(int32_t)));
+    *dev = st->positions;
+    return 0;
+}
+
 static int block_forward_call(struct fy_cu_model *m, struct fy_cu_staging *st, int layer,
-                              const void *params, const void *x, void *y,
+                              const void *params, const int32_t *positions, const void *x, void *y,
                               const struct fy_block_saved *saved, unsigned mask)
 {
     struct fy_cu_queue *q = &m->q;
     struct fy_cu_act_in in_x = {x, st->x, NULL};
+    const int32_t *pos;
     FY_TRY(fy_cu_queue_weights_in(q, st, st->wts, params, m->block_n));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_x));
+    FY_TRY(positions_in(m, st, positions, &pos));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
     /* a set counts as filled only once the whole forward is queued: a failure part way leaves it
      * spent, so the next backward recomputes. A block whose internals are swapped computes into
@@ -580,7 +597,7 @@ static int block_forward_call(struct fy_cu_model *m, struct fy_cu_staging *st, i
     if (k >= 0)
         m->kept_full[k] = 0;
     void *set = mask ? st->swap : k >= 0 ? kept_set(m, k) : NULL;
-    FY_TRY(m->fam->block_forward(m->units, st->wts, in_x.at, st->out, set));
+    FY_TRY(m->fam->block_forward(m->units, st->wts, pos, in_x.at, st->out, set));
     if (k >= 0 && !mask)
         m->kept_full[k] = 1;
     FY_TRY(fy_cu_queue_compute_done(q, st));
@@ -596,26 +613,30 @@ static int block_forward_call(struct fy_cu_model *m, struct fy_cu_staging *st, i
     return 0;
 }
 
-int fy_cu_model_block_forward(struct fy_cu_model *m, int layer, const void *params, const void *x,
-                              void *y, const struct fy_block_saved *saved)
+int fy_cu_model_block_forward(struct fy_cu_model *m, int layer, const void *params,
+                              const int32_t *positions, const void *x, void *y,
+                              const struct fy_block_saved *saved)
 {
     unsigned mask;
     FY_TRY(saved_mask(m, saved, &mask));
     struct fy_cu_staging *st;
     FY_TRY(fy_cu_queue_begin(&m->q, &st));
     return fy_cu_queue_end(&m->q, st,
-                           block_forward_call(m, st, layer, params, x, y, saved, mask));
+                           block_forward_call(m, st, layer, params, positions, x, y, saved, mask));
 }
 
 static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, int layer,
-                               const void *params, const void *x, const void *dy, void *dx,
-                               float *dparams, const struct fy_block_saved *saved, unsigned mask)
+                               const void *params, const int32_t *positions, const void *x,
+                               const void *dy, void *dx, float *dparams,
+                               const struct fy_block_saved *saved, unsigned mask)
 {
     struct fy_cu_queue *q = &m->q;
     struct fy_cu_act_in in_x = {x, st->x, NULL}, in_dy = {dy, st->dy, NULL};
+    const int32_t *pos;
     FY_TRY(fy_cu_queue_weights_in(q, st, st->wts, params, m->block_n));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_x));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_dy));
+    FY_TRY(positions_in(m, st, positions, &pos));
     /* the swapped kinds into the call's own set: the host buffers are only read, so a second
      * backward from the same saved (clipping's second pass) finds them as they were */
     struct fy_cu_swap_piece pieces[FY_CU_SWAP_PIECES];
@@ -631,14 +652,14 @@ static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, 
     void *kept = full ? kept_set(m, k) : NULL;
     if (mask) { /* the rest of the call's set recomputed from x around what came from the host */
         kept = st->swap;
-        FY_TRY(m->fam->swap->recompute(m->units, st->wts, in_x.at, kept, mask));
+        FY_TRY(m->fam->swap->recompute(m->units, st->wts, pos, in_x.at, kept, mask));
     }
     /* the gradient comes home a piece at a time while the backward goes on (sink_put) */
     if (grads_home(m))
         FY_TRY(fy_cu_queue_note_out(q, st, dparams, m->block_n * sizeof(float)));
     m->sink_st = st;
     m->sink_host = dparams;
-    int rc = m->fam->block_backward(m->units, st->wts, in_x.at, in_dy.at, st->out, &m->sink,
+    int rc = m->fam->block_backward(m->units, st->wts, pos, in_x.at, in_dy.at, st->out, &m->sink,
                                     kept);
     m->hold_next = -1;
     FY_TRY(rc);
@@ -647,44 +668,50 @@ static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, 
 }
 
 int fy_cu_model_block_backward(struct fy_cu_model *m, int layer, const void *params,
-                               const void *x, const void *dy, void *dx, float *dparams,
-                               const struct fy_block_saved *saved)
+                               const int32_t *positions, const void *x, const void *dy, void *dx,
+                               float *dparams, const struct fy_block_saved *saved)
 {
     unsigned mask;
     FY_TRY(saved_mask(m, saved, &mask));
     struct fy_cu_staging *st;
     FY_TRY(fy_cu_queue_begin(&m->q, &st));
     return fy_cu_queue_end(
-        &m->q, st, block_backward_call(m, st, layer, params, x, dy, dx, dparams, saved, mask));
+        &m->q, st,
+        block_backward_call(m, st, layer, params, positions, x, dy, dx, dparams, saved, mask));
 }
 
 static int embed_forward_call(struct fy_cu_model *m, struct fy_cu_staging *st, const void *embed,
-                              const int32_t *tokens, void *x)
+                              const int32_t *tokens, const int32_t *positions, void *x)
 {
     struct fy_cu_queue *q = &m->q;
+    const int32_t *pos;
     FY_TRY(fy_cu_queue_upload(q, st, st->tokens, tokens, (size_t)m->N * sizeof(int32_t)));
+    FY_TRY(positions_in(m, st, positions, &pos));
     FY_TRY(fy_cu_queue_weights_in(q, st, st->wts, embed, fy_model_unit_params(&m->c, 0)));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
-    FY_TRY(m->fam->embed_forward(m->units, st->wts, st->tokens, st->out));
+    FY_TRY(m->fam->embed_forward(m->units, st->wts, st->tokens, pos, st->out));
     FY_TRY(fy_cu_queue_compute_done(q, st));
     return fy_cu_queue_act_out(q, st, x, st->out);
 }
 
 int fy_cu_model_embed_forward(struct fy_cu_model *m, const void *embed, const int32_t *tokens,
-                              void *x)
+                              const int32_t *positions, void *x)
 {
     struct fy_cu_staging *st;
     FY_TRY(fy_cu_queue_begin(&m->q, &st));
-    return fy_cu_queue_end(&m->q, st, embed_forward_call(m, st, embed, tokens, x));
+    return fy_cu_queue_end(&m->q, st, embed_forward_call(m, st, embed, tokens, positions, x));
 }
 
 static int embed_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st,
-                               const int32_t *tokens, const void *dx, float *dembed)
+                               const int32_t *tokens, const int32_t *positions, const void *dx,
+                               float *dembed)
 {
     struct fy_cu_queue *q = &m->q;
     size_t n = fy_model_unit_params(&m->c, 0);
     struct fy_cu_act_in in_dx = {dx, st->x, NULL};
+    const int32_t *pos;
     FY_TRY(fy_cu_queue_upload(q, st, st->tokens, tokens, (size_t)m->N * sizeof(int32_t)));
+    FY_TRY(positions_in(m, st, positions, &pos));
     /* the lookup's gradient adds to the host's dembed (the head's share); in a group only rank
      * 0's is read, the others add theirs to zeros, and the sum of all comes home to rank 0 */
     int home = grads_home(m);
@@ -696,7 +723,7 @@ static int embed_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st,
     if (!home)
         FY_CUDA(cudaMemsetAsync(m->unit_grad, 0, n * sizeof(float), q->compute),
                 "zeroing the embeddings' gradient");
-    FY_TRY(m->fam->embed_backward(m->units, st->tokens, in_dx.at, m->unit_grad));
+    FY_TRY(m->fam->embed_backward(m->units, st->tokens, pos, in_dx.at, m->unit_grad));
     FY_TRY(ranks_sum(m, m->unit_grad, n));
     FY_TRY(fy_cu_queue_compute_done(q, st));
     if (!home)
@@ -705,12 +732,12 @@ static int embed_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st,
     return unit_grad_sent(m);
 }
 
-int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens, const void *dx,
-                               float *dembed)
+int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens,
+                               const int32_t *positions, const void *dx, float *dembed)
 {
     struct fy_cu_staging *st;
     FY_TRY(fy_cu_queue_begin(&m->q, &st));
-    return fy_cu_queue_end(&m->q, st, embed_backward_call(m, st, tokens, dx, dembed));
+    return fy_cu_queue_end(&m->q, st, embed_backward_call(m, st, tokens, positions, dx, dembed));
 }
 
 /* ---- the head ---- */

@@ -70,10 +70,14 @@ int fy_cu_model_set_loss_count(struct fy_cu_model *m, uint64_t count);
  * than one rank: -ENOTSUP (said), as fy_cu_model_hold refuses in such a group. */
 struct fy_cu_ranks;
 int fy_cu_model_set_ranks(struct fy_cu_model *m, const struct fy_cu_ranks *ranks);
+/* positions (host, [B][T], NULL: t): the documents of gpu_worker/backend.h, uploaded with the
+ * call's other inputs into its staging (a call keeps its own; the host buffer must stay untouched
+ * until the call is finished). A block's backward takes its forward's positions, and a kept set
+ * serves a backward of the same positions (the caller's to keep so, as for x). */
 int fy_cu_model_embed_forward(struct fy_cu_model *m, const void *embed, const int32_t *tokens,
-                              void *x);
-int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens, const void *dx,
-                               float *dembed);
+                              const int32_t *positions, void *x);
+int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens,
+                               const int32_t *positions, const void *dx, float *dembed);
 /* layer: the block's index (1..n_layer), which says whether its internals are kept
  * (fy_cu_model_keep_layers); 0 for a block that is never kept.
  * saved (may be NULL, or give no kind: the plain call): pinned host buffers for some of the
@@ -88,11 +92,12 @@ int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens, con
  * to them, so a second backward may read them again. A kind the family cannot swap as configured
  * (GPT-2: ATTN with FUYOU_CUDA_ATTENTION=materialised): -ENOTSUP, said; a kind never swapped:
  * -EINVAL, said. */
-int fy_cu_model_block_forward(struct fy_cu_model *m, int layer, const void *params, const void *x,
-                              void *y, const struct fy_block_saved *saved);
+int fy_cu_model_block_forward(struct fy_cu_model *m, int layer, const void *params,
+                              const int32_t *positions, const void *x, void *y,
+                              const struct fy_block_saved *saved);
 int fy_cu_model_block_backward(struct fy_cu_model *m, int layer, const void *params,
-                               const void *x, const void *dy, void *dx, float *dparams,
-                               const struct fy_block_saved *saved);
+                               const int32_t *positions, const void *x, const void *dy, void *dx,
+                               float *dparams, const struct fy_block_saved *saved);
 /* Keeps the forward internals of up to max_layers blocks, the top ones, in sets taken from the
  * arena while they fit (none are taken once one does not); returns how many. The forward of a kept
  * block fills its set and the next backward of that block uses it instead of recomputing the

@@ -41,6 +41,7 @@ struct fy_cu_staging {
     bf16 *x, *dy, *out;
     float *losses;
     int32_t *tokens, *targets;
+    int32_t *positions; /* [N]: the call's own (documents), uploaded with its inputs */
     float *host_losses; /* pinned: the per-row losses come home without blocking the queueing */
     cudaEvent_t uploaded, converted, computed, done;
     /* the device time of the copies, each between a pair of events (an upload may first wait for

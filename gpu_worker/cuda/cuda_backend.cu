@@ -212,29 +212,34 @@ static int cuda_model_prepare(void *state, const struct fy_model_config *c, int 
     return 0;
 }
 
-static int cuda_embed_forward(void *state, const void *embed, const int32_t *tokens, void *x)
+static int cuda_embed_forward(void *state, const void *embed, const int32_t *tokens,
+                              const int32_t *positions, void *x)
 {
-    return fy_cu_model_embed_forward(((struct cuda_state *)state)->model, embed, tokens, x);
+    return fy_cu_model_embed_forward(((struct cuda_state *)state)->model, embed, tokens,
+                                     positions, x);
 }
 
-static int cuda_embed_backward(void *state, const int32_t *tokens, const void *dx, float *dembed)
+static int cuda_embed_backward(void *state, const int32_t *tokens, const int32_t *positions,
+                               const void *dx, float *dembed)
 {
-    return fy_cu_model_embed_backward(((struct cuda_state *)state)->model, tokens, dx, dembed);
+    return fy_cu_model_embed_backward(((struct cuda_state *)state)->model, tokens, positions, dx,
+                                      dembed);
 }
 
-static int cuda_block_forward(void *state, int layer, const void *params, const void *x, void *y,
+static int cuda_block_forward(void *state, int layer, const void *params,
+                              const int32_t *positions, const void *x, void *y,
                               const struct fy_block_saved *saved)
 {
-    return fy_cu_model_block_forward(((struct cuda_state *)state)->model, layer, params, x, y,
-                                     saved);
+    return fy_cu_model_block_forward(((struct cuda_state *)state)->model, layer, params, positions,
+                                     x, y, saved);
 }
 
-static int cuda_block_backward(void *state, int layer, const void *params, const void *x,
-                               const void *dy, void *dx, float *dparams,
-                               const struct fy_block_saved *saved)
+static int cuda_block_backward(void *state, int layer, const void *params,
+                               const int32_t *positions, const void *x, const void *dy, void *dx,
+                               float *dparams, const struct fy_block_saved *saved)
 {
-    return fy_cu_model_block_backward(((struct cuda_state *)state)->model, layer, params, x, dy,
-                                      dx, dparams, saved);
+    return fy_cu_model_block_backward(((struct cuda_state *)state)->model, layer, params,
+                                      positions, x, dy, dx, dparams, saved);
 }
 
 static int cuda_head(void *state, const void *final_params, const void *embed, const void *x,

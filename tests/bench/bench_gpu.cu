@@ -2,7 +2,15 @@
  * (no host traffic), timed with events, reported as model TFLOP/s =
  * (6*N*B*T + 6*L*B*T^2*width) / time, twice: with every block's internals kept for the backward (as
  * PyTorch keeps them) and with each block recomputed from its input (activation checkpointing, what
- * a tight memory budget needs). With --profile, the time per kernel over one kept-activation step. */
+ * a tight memory budget needs). With --profile, the time per kernel over one kept-activation step.
+ *
+ * --packed MIN-MAX: the rows are packed with documents of MIN..MAX tokens (lengths drawn from a
+ * fixed seed, a row's leftover shorter than MIN left as padding: single-token documents), each
+ * attending only to itself (gpu_worker/backend.h's positions); every timing is then printed for the
+ * plain causal rows and for the packed ones side by side, with one block's forward + backward
+ * alone, the fill (the documents' tokens over B x T) and packed / causal. The flash attention skips
+ * the key blocks the documents' mask leaves empty, so a packed step should take no longer than a
+ * causal one (issue 40's check: --seq 4096 --packed 256-1024). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +112,7 @@ int main(int argc, char **argv)
 {
     struct fy_model_config c = {24, 16, 2048, 50304, 1024};
     int B = 16, T = 1024, iters = 5, warmup = 2, profile = 0, modes = 3; /* bit 1 kept, bit 0 recompute */
+    int doc_min = 0, doc_max = 0; /* --packed: documents of doc_min..doc_max tokens */
     const char *name = "custom";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -117,13 +126,16 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--iters")) iters = atoi(v), i++;
         else if (!strcmp(a, "--name")) name = v, i++;
         else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--packed") && sscanf(v, "%d-%d", &doc_min, &doc_max) == 2 &&
+                 doc_min >= 1 && doc_max >= doc_min)
+            i++;
         else if (!strcmp(a, "--mode") && !strcmp(v, "kept")) modes = 2, i++;
         else if (!strcmp(a, "--mode") && !strcmp(v, "recompute")) modes = 1, i++;
         else if (!strcmp(a, "--mode") && !strcmp(v, "both")) modes = 3, i++;
         else {
             fprintf(stderr, "usage: bench_gpu [--name S] [--layers L] [--embd C] [--heads H] "
                             "[--vocab V] [--seq T] [--batch B] [--iters N] [--profile] "
-                            "[--mode kept|recompute|both]\n");
+                            "[--mode kept|recompute|both] [--packed MIN-MAX]\n");
             return 2;
         }
     }
@@ -174,34 +186,56 @@ int main(int argc, char **argv)
     cudaStream_t s = fy_cu_model_stream(m);
     bf16 *wte = w[0], *wpe = w[0] + V * C;
 
-    auto step = [&](int keep) {
-        OK(fy_cu_gpt2_embed_forward(g, wte, wpe, tokens, act[0]));
+    /* --packed: documents of doc_min..doc_max tokens, packed in order, a leftover shorter than
+     * doc_min left as padding; the positions of each (gpu_worker/backend.h) and the fill */
+    std::vector<int32_t> pos_host(N);
+    size_t trained = 0;
+    uint64_t draw = 0x9e3779b97f4a7c15ull;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T;) {
+            draw ^= draw << 13, draw ^= draw >> 7, draw ^= draw << 17;
+            int len = doc_max ? doc_min + (int)(draw % (uint64_t)(doc_max - doc_min + 1)) : T;
+            if (len > T - t)
+                len = T - t >= doc_min ? T - t : 1; /* the row's end, or padding */
+            for (int p = 0; p < len; p++)
+                pos_host[(size_t)b * T + t + p] = p;
+            trained += len > 1 || doc_min <= 1 ? (size_t)len : 0;
+            t += len;
+        }
+    int32_t *pos_dev = (int32_t *)dev_alloc(N * sizeof(int32_t));
+    CK(cudaMemcpy(pos_dev, pos_host.data(), N * sizeof(int32_t), cudaMemcpyHostToDevice));
+
+    auto step = [&](int keep, const int32_t *pos) {
+        OK(fy_cu_gpt2_embed_forward(g, wte, wpe, tokens, pos, act[0]));
         for (int l = 1; l <= L; l++)
-            OK(fy_cu_gpt2_block_forward(g, w[l], act[l - 1], act[l], keep ? &kept[l] : NULL));
+            OK(fy_cu_gpt2_block_forward(g, w[l], pos, act[l - 1], act[l],
+                                        keep ? &kept[l] : NULL));
         OK(fy_cu_gpt2_head(g, w[L + 1], wte, act[L], targets, losses, dact[0], dlnf, dembed, 0));
         int cur = 0;
         for (int l = L; l >= 1; l--) {
-            OK(fy_cu_gpt2_block_backward(g, w[l], act[l - 1], dact[cur], dact[cur ^ 1], dblock,
-                                         keep ? &kept[l] : NULL));
+            OK(fy_cu_gpt2_block_backward(g, w[l], pos, act[l - 1], dact[cur], dact[cur ^ 1],
+                                         dblock, keep ? &kept[l] : NULL));
             cur ^= 1;
         }
-        OK(fy_cu_gpt2_embed_backward(g, tokens, dact[cur], dembed, dembed + V * C));
+        OK(fy_cu_gpt2_embed_backward(g, tokens, pos, dact[cur], dembed, dembed + V * C));
+    };
+    /* one block's forward and backward from its kept internals */
+    auto block_step = [&](const int32_t *pos) {
+        OK(fy_cu_gpt2_block_forward(g, w[1], pos, act[0], act[1], &kept[1]));
+        OK(fy_cu_gpt2_block_backward(g, w[1], pos, act[0], dact[0], dact[1], dblock, &kept[1]));
     };
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    double params = (double)fy_model_total_params(&c);
-    double flops = 6.0 * params * B * T + 6.0 * L * (double)B * T * T * C;
-    for (int keep = 1; keep >= 0; keep--) {
-        if (!(modes & (keep ? 2 : 1)))
-            continue;
+    /* the median of iters timed runs of f after warmup untimed ones */
+    auto timed = [&](auto f) {
         for (int i = 0; i < warmup; i++)
-            step(keep);
+            f();
         CK(cudaStreamSynchronize(s));
         std::vector<float> times;
         for (int i = 0; i < iters; i++) {
             CK(cudaEventRecord(e0, s));
-            step(keep);
+            f();
             CK(cudaEventRecord(e1, s));
             CK(cudaEventSynchronize(e1));
             float ms;
@@ -209,17 +243,43 @@ int main(int argc, char **argv)
             times.push_back(ms);
         }
         std::sort(times.begin(), times.end());
-        float ms = times[times.size() / 2];
-        printf("%-7s %-6s L=%d C=%d NH=%u B=%d T=%d V=%zu params=%.3fB  fwd+bwd %.1f ms (median of "
-               "%d)  %.1f TFLOP/s  arena %.1f GiB (%s)\n",
-               keep ? "fuyou" : "fuyou-r", name, L, C, c.n_head, B, T, V, params / 1e9, ms, iters,
-               flops / (ms * 1e-3) / 1e12,
-               (double)(keep ? arena.size : arena.size - kept_bytes) / (1 << 30),
-               keep ? "internals kept" : "blocks recomputed in backward");
+        return times[times.size() / 2];
+    };
+    double params = (double)fy_model_total_params(&c);
+    double flops = 6.0 * params * B * T + 6.0 * L * (double)B * T * T * C;
+    for (int packed = 0; packed <= (doc_max > 0); packed++) {
+        const int32_t *pos = packed ? pos_dev : NULL;
+        float step_ms[2] = {0, 0};
+        for (int keep = 1; keep >= 0; keep--) {
+            if (!(modes & (keep ? 2 : 1)))
+                continue;
+            float ms = timed([&] { step(keep, pos); });
+            step_ms[keep] = ms;
+            printf("%-7s %-6s L=%d C=%d NH=%u B=%d T=%d V=%zu params=%.3fB  fwd+bwd %.1f ms "
+                   "(median of %d)  %.1f TFLOP/s  arena %.1f GiB (%s)%s\n",
+                   keep ? "fuyou" : "fuyou-r", name, L, C, c.n_head, B, T, V, params / 1e9, ms,
+                   iters, flops / (ms * 1e-3) / 1e12,
+                   (double)(keep ? arena.size : arena.size - kept_bytes) / (1 << 30),
+                   keep ? "internals kept" : "blocks recomputed in backward",
+                   doc_max ? (packed ? ", packed documents" : ", causal rows") : "");
+        }
+        if (doc_max == 0 || !(modes & 2))
+            continue;
+        float block_ms = timed([&] { block_step(pos); });
+        static float causal_block_ms, causal_step_ms;
+        printf("%-7s %-6s one block fwd+bwd %.3f ms (%s%s)", "block", name, block_ms,
+               packed ? "packed documents" : "causal rows", packed ? "" : ")\n");
+        if (packed)
+            printf(", documents of %d-%d tokens, fill %.3f; packed / causal: block %.3f, step "
+                   "%.3f)\n",
+                   doc_min, doc_max, (double)trained / (double)N, block_ms / causal_block_ms,
+                   step_ms[1] / causal_step_ms);
+        causal_block_ms = block_ms;
+        causal_step_ms = step_ms[1];
     }
     if (profile) {
         fy_cu_gpt2_set_timing(g, 1);
-        step((modes & 2) != 0);
+        step((modes & 2) != 0, doc_max ? pos_dev : NULL);
         CK(cudaStreamSynchronize(s));
         print_profile(g, &c, B, T, modes);
     }

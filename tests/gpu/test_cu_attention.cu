@@ -128,8 +128,8 @@ static void attention_case(int B, int T, int C, int NH, uint64_t seed)
     rand_bf16(qkv_b, qkv_f, nqkv, &st, -2.0f, 2.0f);
     rand_bf16(dout_b, dout_f, nout, &st, -1.0f, 1.0f);
 
-    fy_cpu_attention_forward(out_ref, att_ref, qkv_f, B, T, C, NH);
-    fy_cpu_attention_backward(dqkv_ref, dout_f, qkv_f, att_ref, B, T, C, NH);
+    fy_cpu_attention_forward(out_ref, att_ref, qkv_f, NULL, B, T, C, NH);
+    fy_cpu_attention_backward(dqkv_ref, dout_f, qkv_f, att_ref, NULL, B, T, C, NH);
 
     size_t sbytes = fy_cu_attention_scratch_bytes(B, T, C, NH);
     assert_true(sbytes > 0);
@@ -149,7 +149,7 @@ static void attention_case(int B, int T, int C, int NH, uint64_t seed)
         CK(cudaMemsetAsync(d_out, 0xff, nout * 2, g_stream));
         CK(cudaMemsetAsync(d_dqkv, 0xff, nqkv * 2, g_stream));
         CK(cudaMemsetAsync(d_scratch, 0xff, sbytes, g_stream));
-        assert_int_equal(fy_cu_attention_forward(g_lt, d_out, d_qkv, d_scratch, B, T, C, NH,
+        assert_int_equal(fy_cu_attention_forward(g_lt, d_out, d_qkv, NULL, d_scratch, B, T, C, NH,
                                                  g_stream),
                          0);
         assert_int_equal(fy_cu_attention_backward(g_lt, d_dqkv, d_dout, d_qkv, d_scratch, B, T, C,

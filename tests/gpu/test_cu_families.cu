@@ -9,7 +9,11 @@
  *  - cu_flash's sliding window: forward out and backward dq, dk, dv against the materialised banded
  *    softmax attention, for windows of 1, 16, 50 (T = 200: whole key and query blocks skipped), 64
  *    (one tile) and GQA; a window >= T gives the bytes of the plain causal kernels; reruns
- *    bit-identical.
+ *    bit-identical;
+ *  - cu_flash's documents (positions): each query seeing only its own document's keys, with
+ *    documents starting mid-tile, single-token ones, ones across several tiles, on tile
+ *    boundaries, one spanning the row, and with a window shorter than some of them; head sizes
+ *    48, 64, 80 and 128, GQA up to 4:1; against the same reference, masked per document.
  * Tolerances (elementwise |gpu - ref| <= rtol |ref| + atol rms(ref), and ||gpu - ref|| / ||ref||
  * <= frob), as test_cu_llama.cu states them: a bf16 output computed in fp32 from bf16 inputs
  * (the norm's output, its input gradient) rtol 2^-7, atol 1e-3, frob 5e-3; fp32 statistics and
@@ -389,12 +393,13 @@ static void test_qkv_bias(void **state)
     assert_int_equal(g_bad, 0);
 }
 
-/* ---- the sliding window ---- */
+/* ---- the sliding window, and documents ---- */
 
-/* Materialised banded softmax attention in double: out [B][T][NH hd], dqkv [B][T][S]. */
+/* Materialised banded softmax attention in double: out [B][T][NH hd], dqkv [B][T][S]. pos (empty:
+ * none): the documents of gpu_worker/backend.h, query t seeing keys from t - pos[b][t] on. */
 static void window_reference(vector<float> &out, vector<float> &dqkv, const vector<float> &qkv,
                              const vector<float> &dout, int B, int T, int NH, int NKV, int hd,
-                             int W)
+                             int W, const vector<int32_t> &pos)
 {
     const int S = (NH + 2 * NKV) * hd, QC = NH * hd, rep = NH / NKV;
     const double scale = 1.0 / sqrt((double)hd);
@@ -406,7 +411,9 @@ static void window_reference(vector<float> &out, vector<float> &dqkv, const vect
             const int kq = h * hd, kk = (NH + h / rep) * hd, kv = (NH + NKV + h / rep) * hd;
             for (int t = 0; t < T; t++) {
                 const float *q = &qkv[((size_t)b * T + t) * S + kq];
-                const int j0 = t - W + 1 > 0 ? t - W + 1 : 0;
+                int j0 = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;
+                if (!pos.empty() && t - pos[(size_t)b * T + t] > j0)
+                    j0 = t - pos[(size_t)b * T + t];
                 double mx = -INFINITY, sum = 0, dot = 0;
                 for (int j = j0; j <= t; j++) {
                     const float *k = &qkv[((size_t)b * T + j) * S + kk];
@@ -447,16 +454,39 @@ static void window_reference(vector<float> &out, vector<float> &dqkv, const vect
         out[i] = (float)oacc[i];
 }
 
-static void window_case(int B, int T, int NH, int NKV, int hd, int W, uint64_t seed)
+/* Positions of documents packed in rows of T, the lengths of each row from `lens` in turn (row b
+ * starting at lens[b % n]), the last cut at the row's end. */
+static vector<int32_t> doc_positions(int B, int T, const vector<int> &lens)
+{
+    vector<int32_t> pos((size_t)B * T);
+    size_t k = 0;
+    for (int b = 0; b < B; b++) {
+        k = (size_t)b % lens.size();
+        for (int t = 0, p = 0, len = lens[k]; t < T; t++, p++) {
+            if (p == len) {
+                p = 0;
+                len = lens[++k % lens.size()];
+            }
+            pos[(size_t)b * T + t] = p;
+        }
+    }
+    return pos;
+}
+
+/* pos (empty: none): documents too (key blocks wholly before a tile's documents skipped). */
+static void window_case(int B, int T, int NH, int NKV, int hd, int W, uint64_t seed,
+                        const vector<int32_t> &pos = vector<int32_t>())
 {
     const int S = (NH + 2 * NKV) * hd, QC = NH * hd;
     const size_t rows = (size_t)B * T, nqkv = rows * S, nout = rows * QC;
     char shape[96];
-    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d hd=%d W=%d", B, T, NH, NKV, hd, W);
+    snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d hd=%d W=%d%s", B, T, NH, NKV, hd, W,
+             pos.empty() ? "" : " documents");
     uint64_t rng = seed;
     bvals qkv = rnd(nqkv, -2, 2, &rng), dout = rnd(nout, -1, 1, &rng);
     vector<float> out, dqkv;
-    window_reference(out, dqkv, qkv.f, dout.f, B, T, NH, NKV, hd, W);
+    window_reference(out, dqkv, qkv.f, dout.f, B, T, NH, NKV, hd, W, pos);
+    const int32_t *d_pos = pos.empty() ? NULL : dcopy(pos);
     size_t sbytes = fy_cu_flash_scratch_bytes(B, T, QC, NH);
     assert_true(sbytes > 0);
     bf16 *d_qkv = (bf16 *)dcopy(qkv.b), *d_dout = (bf16 *)dcopy(dout.b);
@@ -467,9 +497,9 @@ static void window_case(int B, int T, int NH, int NKV, int hd, int W, uint64_t s
         dpoison(d_out, nout);
         dpoison(d_dqkv, nqkv);
         dpoison(scratch, sbytes);
-        RUN(fy_cu_flash_window_forward(d_out, d_qkv, scratch, B, T, NH, NKV, hd, W, g_s));
+        RUN(fy_cu_flash_window_forward(d_out, d_qkv, scratch, B, T, NH, NKV, hd, W, d_pos, g_s));
         RUN(fy_cu_flash_window_backward(d_dqkv, d_dout, d_out, d_qkv, scratch, B, T, NH, NKV, hd,
-                                        W, g_s));
+                                        W, d_pos, g_s));
         vector<uint16_t> go = hcopy((const uint16_t *)d_out, nout);
         vector<uint16_t> gd = hcopy((const uint16_t *)d_dqkv, nqkv);
         if (run == 1) {
@@ -487,7 +517,7 @@ static void window_case(int B, int T, int NH, int NKV, int hd, int W, uint64_t s
             check(names[p], shape, columns(g, rows, S, col[p], w[p]).data(),
                   columns(dqkv, rows, S, col[p], w[p]).data(), rows * w[p], GRAD);
     }
-    if (W >= T) { /* the plain causal kernels' bytes */
+    if (W >= T && pos.empty()) { /* the plain causal kernels' bytes */
         dpoison(d_out, nout);
         dpoison(d_dqkv, nqkv);
         RUN(fy_cu_flash_gqa_forward(d_out, d_qkv, scratch, B, T, NH, NKV, hd, g_s));
@@ -516,6 +546,29 @@ static void test_window_attention(void **state)
     assert_int_equal(g_bad, 0);
 }
 
+/* Documents packed in rows (gpu_worker/backend.h's positions): each query sees only the keys of
+ * its own document, the flash kernels skipping the key blocks a tile's documents do not reach. */
+static void test_document_attention(void **state)
+{
+    (void)state;
+    g_bad = 0;
+    /* documents starting mid-tile, single-token ones (padding), one across several tiles */
+    vector<int32_t> mixed = doc_positions(2, 300, {1, 5, 60, 1, 90, 40, 1, 1, 1, 100});
+    window_case(2, 300, 4, 2, 64, 0, 41, mixed);
+    window_case(2, 300, 8, 2, 128, 0, 42, mixed);
+    window_case(2, 300, 4, 4, 48, 0, 43, mixed);
+    /* documents on tile boundaries, and a whole row of single tokens */
+    window_case(2, 256, 4, 1, 80, 0, 44, doc_positions(2, 256, {64, 64, 128}));
+    window_case(1, 130, 2, 2, 64, 0, 45, doc_positions(1, 130, {1}));
+    /* one document the whole row: plain causal through the documents' kernels */
+    window_case(1, 200, 4, 2, 64, 0, 46, doc_positions(1, 200, {200}));
+    /* a window shorter than some documents (Mistral's and Phi-3's), rows whose first tile of
+     * keys the window or the documents empty */
+    window_case(2, 300, 4, 2, 64, 50, 47, mixed);
+    window_case(2, 300, 4, 1, 128, 65, 48, doc_positions(2, 300, {64, 64, 128, 44}));
+    assert_int_equal(g_bad, 0);
+}
+
 int main(void)
 {
     int count = 0;
@@ -535,6 +588,7 @@ int main(void)
         cmocka_unit_test(test_qknorm),
         cmocka_unit_test(test_qkv_bias),
         cmocka_unit_test(test_window_attention),
+        cmocka_unit_test(test_document_attention),
     };
     int failed = cmocka_run_group_tests_name("cu families' kernels", tests, NULL, NULL);
     fy_cu_lt_destroy(&g_lt);

@@ -9,6 +9,11 @@
  * agree and that flash reruns are bit-identical. Skips (exit 77) where there is no
  * usable CUDA device.
  *
+ * Documents (gpu_worker/backend.h's positions): the same checks with each query seeing only its own
+ * document's keys (documents starting mid-tile, single-token ones, one across several tiles, on
+ * tile boundaries, one spanning the row), the CPU reference given the same positions, and one
+ * case each also against the materialising version given them.
+ *
  * Tolerances (as in test_cu_attention.cu; bf16 products with fp32 accumulation against fp32):
  *  - out: |gpu - cpu| <= 2^-6 |cpu| + 2e-2 rms(cpu) per element. The GPU rounds P to bf16 before
  *    P v and rounds the output to bf16 (2^-9 relative each); 2^-6 leaves 8x margin for that, and the
@@ -146,6 +151,7 @@ struct dev {
     bf16 *qkv, *out, *dout, *dqkv;
     void *scratch;
     size_t sbytes;
+    int32_t *pos; /* documents (gpu_worker/backend.h's positions), or NULL */
 };
 
 static void dev_alloc(struct dev *d, const uint16_t *qkv_b, const uint16_t *dout_b, size_t nqkv,
@@ -157,6 +163,7 @@ static void dev_alloc(struct dev *d, const uint16_t *qkv_b, const uint16_t *dout
     CK(cudaMalloc(&d->dqkv, nqkv * 2));
     CK(cudaMalloc(&d->scratch, sbytes));
     d->sbytes = sbytes;
+    d->pos = NULL;
     CK(cudaMemcpy(d->qkv, qkv_b, nqkv * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d->dout, dout_b, nout * 2, cudaMemcpyHostToDevice));
 }
@@ -168,6 +175,7 @@ static void dev_free(struct dev *d)
     CK(cudaFree(d->dout));
     CK(cudaFree(d->dqkv));
     CK(cudaFree(d->scratch));
+    CK(cudaFree(d->pos));
 }
 
 /* One flash forward + backward on poisoned outputs (and scratch before the forward); results to
@@ -178,20 +186,33 @@ static void run_flash(struct dev *d, uint16_t *out_h, uint16_t *dqkv_h, int B, i
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
     CK(cudaMemsetAsync(d->out, 0xff, nout * 2, g_stream));
     CK(cudaMemsetAsync(d->scratch, 0xff, d->sbytes, g_stream));
-    assert_int_equal(fy_cu_flash_forward(d->out, d->qkv, d->scratch, B, T, C, NH, g_stream), 0);
+    if (d->pos == NULL)
+        assert_int_equal(fy_cu_flash_forward(d->out, d->qkv, d->scratch, B, T, C, NH, g_stream),
+                         0);
+    else /* multi-head: the grouped-query kernels with a kv head per query head */
+        assert_int_equal(fy_cu_flash_window_forward(d->out, d->qkv, d->scratch, B, T, NH, NH,
+                                                    C / NH, 0, d->pos, g_stream),
+                         0);
     CK(cudaMemsetAsync(d->dqkv, 0xff, nqkv * 2, g_stream));
-    assert_int_equal(fy_cu_flash_backward(d->dqkv, d->dout, d->out, d->qkv, d->scratch, B, T, C,
-                                          NH, g_stream),
-                     0);
+    if (d->pos == NULL)
+        assert_int_equal(fy_cu_flash_backward(d->dqkv, d->dout, d->out, d->qkv, d->scratch, B, T,
+                                              C, NH, g_stream),
+                         0);
+    else
+        assert_int_equal(fy_cu_flash_window_backward(d->dqkv, d->dout, d->out, d->qkv,
+                                                     d->scratch, B, T, NH, NH, C / NH, 0, d->pos,
+                                                     g_stream),
+                         0);
     CK(cudaStreamSynchronize(g_stream));
     CK(cudaGetLastError());
     CK(cudaMemcpy(out_h, d->out, nout * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(dqkv_h, d->dqkv, nqkv * 2, cudaMemcpyDeviceToHost));
 }
 
-/* The materialising version (cu_attention.cu) on the same inputs, same poisoning. */
-static void run_materialising(const bf16 *d_qkv, const bf16 *d_dout, uint16_t *out_h,
-                              uint16_t *dqkv_h, int B, int T, int C, int NH)
+/* The materialising version (cu_attention.cu) on the same inputs (documents too: d_pos, device,
+ * or NULL), same poisoning. */
+static void run_materialising(const bf16 *d_qkv, const bf16 *d_dout, const int32_t *d_pos,
+                              uint16_t *out_h, uint16_t *dqkv_h, int B, int T, int C, int NH)
 {
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
     size_t sbytes = fy_cu_attention_scratch_bytes(B, T, C, NH);
@@ -204,7 +225,8 @@ static void run_materialising(const bf16 *d_qkv, const bf16 *d_dout, uint16_t *o
     CK(cudaMemsetAsync(out, 0xff, nout * 2, g_stream));
     CK(cudaMemsetAsync(dqkv, 0xff, nqkv * 2, g_stream));
     CK(cudaMemsetAsync(scratch, 0xff, sbytes, g_stream));
-    assert_int_equal(fy_cu_attention_forward(g_lt, out, d_qkv, scratch, B, T, C, NH, g_stream), 0);
+    assert_int_equal(fy_cu_attention_forward(g_lt, out, d_qkv, d_pos, scratch, B, T, C, NH,
+                                             g_stream), 0);
     assert_int_equal(fy_cu_attention_backward(g_lt, dqkv, d_dout, d_qkv, scratch, B, T, C, NH,
                                               g_stream),
                      0);
@@ -255,7 +277,9 @@ static void compare_versions(const uint16_t *fo, const uint16_t *fd, const uint1
 
 /* ---- flash against the CPU ---- */
 
-static void flash_case(int B, int T, int C, int NH, uint64_t seed, int vs_materialising)
+/* pos (host [B][T], NULL: none): documents, each query seeing only its own document's keys. */
+static void flash_case(int B, int T, int C, int NH, uint64_t seed, int vs_materialising,
+                       const int32_t *pos = NULL)
 {
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, BT = (size_t)B * T;
     size_t natt = (size_t)B * NH * T * T;
@@ -278,14 +302,18 @@ static void flash_case(int B, int T, int C, int NH, uint64_t seed, int vs_materi
     rand_bf16(qkv_b, qkv_f, nqkv, &st, -2.0f, 2.0f);
     rand_bf16(dout_b, dout_f, nout, &st, -1.0f, 1.0f);
 
-    fy_cpu_attention_forward(out_ref, att_ref, qkv_f, B, T, C, NH);
-    fy_cpu_attention_backward(dqkv_ref, dout_f, qkv_f, att_ref, B, T, C, NH);
+    fy_cpu_attention_forward(out_ref, att_ref, qkv_f, pos, B, T, C, NH);
+    fy_cpu_attention_backward(dqkv_ref, dout_f, qkv_f, att_ref, pos, B, T, C, NH);
 
     size_t sbytes = fy_cu_flash_scratch_bytes(B, T, C, NH);
     assert_true(sbytes > 0);
     assert_int_equal(sbytes % 256, 0);
     struct dev d;
     dev_alloc(&d, qkv_b, dout_b, nqkv, nout, sbytes);
+    if (pos != NULL) {
+        CK(cudaMalloc(&d.pos, BT * sizeof(int32_t)));
+        CK(cudaMemcpy(d.pos, pos, BT * sizeof(int32_t), cudaMemcpyHostToDevice));
+    }
     for (int k = 0; k < 2; k++)
         run_flash(&d, out_g[k], dqkv_g[k], B, T, C, NH);
 
@@ -304,11 +332,12 @@ static void flash_case(int B, int T, int C, int NH, uint64_t seed, int vs_materi
     }
     size_t diff_out = first_diff(out_g[0], out_g[1], nout);
     size_t diff_dqkv = first_diff(dqkv_g[0], dqkv_g[1], nqkv);
-    print_message("flash B=%d T=%d C=%d NH=%d (hs %d): out max_abs_err %.3g rel_frob %.3g (%zu over "
-                  "tol); dq max_abs %.3g rel_frob %.3g; dk max_abs %.3g rel_frob %.3g; dv max_abs "
-                  "%.3g rel_frob %.3g; rerun identical: out %s dqkv %s\n",
-                  B, T, C, NH, C / NH, out_max, out_rel, out_bad, mx[0], rel[0], mx[1], rel[1],
-                  mx[2], rel[2], diff_out == nout ? "yes" : "NO", diff_dqkv == nqkv ? "yes" : "NO");
+    print_message("flash B=%d T=%d C=%d NH=%d (hs %d)%s: out max_abs_err %.3g rel_frob %.3g (%zu "
+                  "over tol); dq max_abs %.3g rel_frob %.3g; dk max_abs %.3g rel_frob %.3g; dv "
+                  "max_abs %.3g rel_frob %.3g; rerun identical: out %s dqkv %s\n",
+                  B, T, C, NH, C / NH, pos ? " documents" : "", out_max, out_rel, out_bad, mx[0],
+                  rel[0], mx[1], rel[1], mx[2], rel[2], diff_out == nout ? "yes" : "NO",
+                  diff_dqkv == nqkv ? "yes" : "NO");
     for (int s = 0; s < 3; s++)
         if (!(rel[s] < 2e-2)) {
             size_t i = worst[s];
@@ -333,7 +362,7 @@ static void flash_case(int B, int T, int C, int NH, uint64_t seed, int vs_materi
     if (vs_materialising) {
         uint16_t *mo = (uint16_t *)malloc(nout * 2), *md = (uint16_t *)malloc(nqkv * 2);
         assert_true(mo && md);
-        run_materialising(d.qkv, d.dout, mo, md, B, T, C, NH);
+        run_materialising(d.qkv, d.dout, d.pos, mo, md, B, T, C, NH);
         compare_versions(out_g[0], dqkv_g[0], mo, md, B, T, C, NH);
         free(mo);
         free(md);
@@ -367,6 +396,46 @@ static void test_flash_vs_cpu(void **state)
     flash_case(2, 200, 160, 2, 305, 1); /* hs 80 (5 MMA k steps), tail of 8; also vs cu_attention */
     flash_case(1, 129, 256, 2, 306, 0); /* hs 128, the largest shared-memory configuration */
     flash_case(1, 1024, 128, 1, 307, 0); /* 16 tiles of keys per query block */
+}
+
+/* Positions of documents packed in rows of T (gpu_worker/backend.h), the lengths of each row from
+ * lens in turn (row b starting at lens[b % n]), the last cut at the row's end. */
+static int32_t *doc_positions(int B, int T, const int *lens, int n)
+{
+    int32_t *pos = (int32_t *)malloc((size_t)B * T * sizeof *pos);
+    assert_non_null(pos);
+    for (int b = 0; b < B; b++)
+        for (int t = 0, p = 0, k = b % n, len = lens[b % n]; t < T; t++, p++) {
+            if (p == len) {
+                p = 0;
+                len = lens[++k % n];
+            }
+            pos[(size_t)b * T + t] = p;
+        }
+    return pos;
+}
+
+/* Documents: documents starting mid-tile, single-token ones (a row's padding), one across several
+ * tiles, others on tile boundaries; against the CPU with the same documents, and against the
+ * materialising version given them too. */
+static void test_flash_documents(void **state)
+{
+    (void)state;
+    static const int mixed[] = {1, 5, 60, 1, 90, 40, 1, 1, 1, 100}, edges[] = {64, 64, 128, 44};
+    static const int single[] = {1}, whole[] = {1024};
+    int32_t *p = doc_positions(2, 300, mixed, 10);
+    flash_case(2, 300, 128, 2, 311, 1, p); /* hs 64; also vs cu_attention */
+    flash_case(2, 300, 160, 2, 312, 0, p); /* hs 80 */
+    free(p);
+    p = doc_positions(2, 300, edges, 4);
+    flash_case(2, 300, 256, 2, 313, 0, p); /* hs 128 */
+    free(p);
+    p = doc_positions(1, 130, single, 1);
+    flash_case(1, 130, 64, 4, 314, 1, p); /* every token alone */
+    free(p);
+    p = doc_positions(1, 1024, whole, 1);
+    flash_case(1, 1024, 128, 1, 315, 0, p); /* one document the whole row: causal */
+    free(p);
 }
 
 /* ---- shapes it refuses ---- */
@@ -420,7 +489,7 @@ static void timing_case(int B, int T, int C, int NH)
 
     /* warm-up and results: flash (poisoned, run_flash) and materialising */
     run_flash(&d, fo[0], fd[0], B, T, C, NH);
-    run_materialising(d.qkv, d.dout, mo, md, B, T, C, NH);
+    run_materialising(d.qkv, d.dout, NULL, mo, md, B, T, C, NH);
 
     cudaEvent_t e0, e1, e2;
     CK(cudaEventCreate(&e0));
@@ -443,12 +512,13 @@ static void timing_case(int B, int T, int C, int NH)
     CK(cudaMemcpy(fo[1], d.out, nout * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(fd[1], d.dqkv, nqkv * 2, cudaMemcpyDeviceToHost));
     /* materialising (its backward reads only att, which the backward does not modify) */
-    assert_int_equal(fy_cu_attention_forward(g_lt, m_out, d.qkv, m_scratch, B, T, C, NH, g_stream),
+    assert_int_equal(fy_cu_attention_forward(g_lt, m_out, d.qkv, NULL, m_scratch, B, T, C, NH,
+                                             g_stream),
                      0);
     CK(cudaEventRecord(e0, g_stream));
     for (int r = 0; r < TIME_REPS; r++)
         assert_int_equal(
-            fy_cu_attention_forward(g_lt, m_out, d.qkv, m_scratch, B, T, C, NH, g_stream), 0);
+            fy_cu_attention_forward(g_lt, m_out, d.qkv, NULL, m_scratch, B, T, C, NH, g_stream), 0);
     CK(cudaEventRecord(e1, g_stream));
     for (int r = 0; r < TIME_REPS; r++)
         assert_int_equal(fy_cu_attention_backward(g_lt, m_dqkv, d.dout, d.qkv, m_scratch, B, T, C,
@@ -520,6 +590,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flash_vs_cpu),
+        cmocka_unit_test(test_flash_documents),
         cmocka_unit_test(test_flash_unsupported),
         cmocka_unit_test(test_flash_timing),
     };

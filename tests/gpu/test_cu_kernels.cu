@@ -576,26 +576,51 @@ static const int EMB_SHAPES[][4] = {/* B, T, C, V */
                                     {1, 1, 8, 1},      {2, 7, 37, 5},   {4, 129, 768, 50},
                                     {3, 100, 1024, 3000}, {8, 1024, 64, 7}};
 
+/* Positions of documents packed in rows of T (gpu_worker/backend.h): lengths drawn from 1 to 40,
+ * the last cut at the row's end. */
+static vector<int32_t> packed_positions(int B, int T, uint64_t *rng)
+{
+    vector<int32_t> pos((size_t)B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0, p = 0, len = 0; t < T; t++, p++) {
+            if (p == len) {
+                p = 0;
+                len = 1 + (int)(fy_test_rand(rng) % 40);
+            }
+            pos[(size_t)b * T + t] = p;
+        }
+    return pos;
+}
+
+/* Every shape twice: positions t (NULL), and documents (learned positions at their own). */
 static void test_embed_forward(void **state)
 {
     (void)state;
     g_failures = 0;
-    for (size_t k = 0; k < NSHAPES(EMB_SHAPES); k++) {
-        int B = EMB_SHAPES[k][0], T = EMB_SHAPES[k][1], C = EMB_SHAPES[k][2], V = EMB_SHAPES[k][3];
+    for (size_t k = 0; k < 2 * NSHAPES(EMB_SHAPES); k++) {
+        int docs = k >= NSHAPES(EMB_SHAPES);
+        const int *sh = EMB_SHAPES[k % NSHAPES(EMB_SHAPES)];
+        int B = sh[0], T = sh[1], C = sh[2], V = sh[3];
         int ctx = T + 3; /* wpe has more rows than T */
         size_t BT = (size_t)B * T, n = BT * C;
-        char shape[64];
-        snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d", B, T, C, V);
+        char shape[80];
+        snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d%s", B, T, C, V,
+                 docs ? " documents" : "");
         uint64_t rng = 5000 + k;
         vector<int32_t> tok(BT);
         for (size_t i = 0; i < BT; i++)
             tok[i] = (int32_t)(fy_test_rand(&rng) % (uint64_t)V);
+        vector<int32_t> pos = packed_positions(B, T, &rng);
+        dbuf dpos = dnew(BT * 4);
+        up(dpos, pos.data(), BT * 4);
+        const int32_t *hpos = docs ? pos.data() : NULL;
+        const int32_t *gpos = docs ? (const int32_t *)dpos.p : NULL;
         vector<uint16_t> eh;
         vector<float> ef; /* [wte V*C | wpe ctx*C], the CPU layout */
         rand_bf16(eh, ef, ((size_t)V + ctx) * C, -1.0f, 1.0f, &rng);
         struct fy_model_config cfg = {1, 1, (uint32_t)C, (uint32_t)V, (uint32_t)ctx};
         vector<float> cx(n);
-        fy_cpu_embed_forward(&cfg, ef.data(), tok.data(), cx.data(), B, T);
+        fy_cpu_embed_forward(&cfg, ef.data(), tok.data(), hpos, cx.data(), B, T);
         vector<double> ref(n);
         vector<uint16_t> expect(n);
         for (size_t i = 0; i < n; i++) {
@@ -609,8 +634,8 @@ static void test_embed_forward(void **state)
         up(dwte, eh.data(), (size_t)V * C * 2);
         up(dwpe, eh.data() + (size_t)V * C, (size_t)ctx * C * 2);
         poison(dout);
-        OP(fy_cu_embed_forward(B16(dout), (const int32_t *)dtok.p, B16(dwte), B16(dwpe), B, T, C,
-                               g_stream));
+        OP(fy_cu_embed_forward(B16(dout), (const int32_t *)dtok.p, B16(dwte), B16(dwpe), gpos, B,
+                               T, C, g_stream));
         vector<uint16_t> g(n);
         down(g.data(), dout, n * 2);
         check_bf16("embed_fwd", shape, g.data(), ref.data(), n, (size_t)C);
@@ -621,26 +646,36 @@ static void test_embed_forward(void **state)
     assert_int_equal(g_failures, 0);
 }
 
+/* Every shape twice: positions t (NULL), and documents (the wpe gradient at their positions, which
+ * repeat: bit for bit the CPU's order). */
 static void test_embed_backward(void **state)
 {
     (void)state;
     g_failures = 0;
-    for (size_t k = 0; k < NSHAPES(EMB_SHAPES); k++) {
-        int B = EMB_SHAPES[k][0], T = EMB_SHAPES[k][1], C = EMB_SHAPES[k][2], V = EMB_SHAPES[k][3];
+    for (size_t k = 0; k < 2 * NSHAPES(EMB_SHAPES); k++) {
+        int docs = k >= NSHAPES(EMB_SHAPES);
+        const int *sh = EMB_SHAPES[k % NSHAPES(EMB_SHAPES)];
+        int B = sh[0], T = sh[1], C = sh[2], V = sh[3];
         size_t BT = (size_t)B * T, n = BT * C, VC = (size_t)V * C, TC = (size_t)T * C;
-        char shape[64];
-        snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d", B, T, C, V);
+        char shape[80];
+        snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d%s", B, T, C, V,
+                 docs ? " documents" : "");
         uint64_t rng = 6000 + k;
         vector<int32_t> tok(BT);
         for (size_t i = 0; i < BT; i++)
             tok[i] = (int32_t)(fy_test_rand(&rng) % (uint64_t)V);
+        vector<int32_t> pos = packed_positions(B, T, &rng);
+        dbuf dpos = dnew(BT * 4);
+        up(dpos, pos.data(), BT * 4);
+        const int32_t *hpos = docs ? pos.data() : NULL;
+        const int32_t *gpos = docs ? (const int32_t *)dpos.p : NULL;
         vector<uint16_t> dyh;
         vector<float> dyf, pre; /* prefill, CPU layout [dwte V*C | dwpe T*C] */
         rand_bf16(dyh, dyf, n, -1.0f, 1.0f, &rng);
         rand_f32(pre, VC + TC, -1.0f, 1.0f, &rng);
         struct fy_model_config cfg = {1, 1, (uint32_t)C, (uint32_t)V, (uint32_t)T};
         vector<float> cpu(pre);
-        fy_cpu_embed_backward(&cfg, tok.data(), dyf.data(), cpu.data(), B, T);
+        fy_cpu_embed_backward(&cfg, tok.data(), hpos, dyf.data(), cpu.data(), B, T);
 
         dbuf dtok = dnew(BT * 4), ddy = dnew(n * 2), ddwte = dnew(VC * 4), ddwpe = dnew(TC * 4);
         up(dtok, tok.data(), BT * 4);
@@ -651,8 +686,8 @@ static void test_embed_backward(void **state)
             poison(ddwpe);
             up(ddwte, pre.data(), VC * 4);
             up(ddwpe, pre.data() + VC, TC * 4);
-            OP(fy_cu_embed_backward(F32(ddwte), F32(ddwpe), B16(ddy), (const int32_t *)dtok.p, B,
-                                    T, C, V, g_stream));
+            OP(fy_cu_embed_backward(F32(ddwte), F32(ddwpe), B16(ddy), (const int32_t *)dtok.p,
+                                    gpos, B, T, C, V, g_stream));
             g[run].resize(VC + TC);
             down(g[run].data(), ddwte, VC * 4);
             down(g[run].data() + VC, ddwpe, TC * 4);
@@ -771,8 +806,8 @@ static void test_bad_arguments(void **state)
     assert_int_equal(fy_cu_gelu_forward(h, h, 0, g_stream), -EINVAL);
     assert_int_equal(fy_cu_gelu_backward(h, NULL, h, 8, g_stream), -EINVAL);
     assert_int_equal(fy_cu_residual_forward(h, h, h, 0, g_stream), -EINVAL);
-    assert_int_equal(fy_cu_embed_forward(h, t, h, h, 0, 1, 8, g_stream), -EINVAL);
-    assert_int_equal(fy_cu_embed_backward(f, f, h, t, 1, 1, 8, 0, g_stream), -EINVAL);
+    assert_int_equal(fy_cu_embed_forward(h, t, h, h, NULL, 0, 1, 8, g_stream), -EINVAL);
+    assert_int_equal(fy_cu_embed_backward(f, f, h, t, NULL, 1, 1, 8, 0, g_stream), -EINVAL);
     assert_int_equal(fy_cu_f32_to_bf16(h, f, 0, g_stream), -EINVAL);
     assert_int_equal(fy_cu_bf16_to_f32(f, NULL, 8, g_stream), -EINVAL);
     CK(cudaStreamSynchronize(g_stream));

@@ -317,6 +317,23 @@ static vector<float> rope_table(const struct fy_model_config *c, int T)
     return t;
 }
 
+/* Positions of documents packed in rows of T (gpu_worker/backend.h): lengths drawn from 1 to
+ * max_len, the last cut at the row's end. */
+static vector<int32_t> packed_positions(int B, int T, int max_len, uint64_t *rng)
+{
+    vector<int32_t> pos((size_t)B * T);
+    for (int b = 0; b < B; b++)
+        for (int t = 0, p = 0, len = 0; t < T; t++, p++) {
+            if (p == len) {
+                p = 0;
+                len = 1 + (int)(fy_test_rand(rng) % (uint64_t)max_len);
+            }
+            pos[(size_t)b * T + t] = p;
+        }
+    return pos;
+}
+
+/* Each case at positions t (NULL) and at the positions of documents. */
 static void test_rope(void **state)
 {
     (void)state;
@@ -326,17 +343,23 @@ static void test_rope(void **state)
         unsigned C, NH, NKV;
         int llama3, B, T;
     } cases[] = {{256, 4, 2, 1, 2, 37}, {256, 2, 1, 0, 1, 70}};
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        struct fy_model_config c = llama_cfg(cases[k].C, cases[k].NH, cases[k].NKV, 64, 64,
-                                           cases[k].llama3, 0);
-        int B = cases[k].B, T = cases[k].T, NH = (int)c.n_head, NKV = (int)c.llama.n_kv_head;
+    const size_t ncases = sizeof cases / sizeof cases[0];
+    for (size_t k = 0; k < 2 * ncases; k++) {
+        int docs = k >= ncases;
+        struct fy_model_config c = llama_cfg(cases[k % ncases].C, cases[k % ncases].NH,
+                                           cases[k % ncases].NKV, 64, 64,
+                                           cases[k % ncases].llama3, 0);
+        int B = cases[k % ncases].B, T = cases[k % ncases].T, NH = (int)c.n_head;
+        int NKV = (int)c.llama.n_kv_head;
         int hd = (int)(c.n_embd / c.n_head), S = (NH + 2 * NKV) * hd, half = hd / 2;
         size_t n = (size_t)B * T * S;
         char shape[96];
-        snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d hd=%d %s", B, T, NH, NKV, hd,
-                 cases[k].llama3 ? "llama3" : "plain");
+        snprintf(shape, sizeof shape, "B=%d T=%d NH=%d NKV=%d hd=%d %s%s", B, T, NH, NKV, hd,
+                 cases[k % ncases].llama3 ? "llama3" : "plain", docs ? " documents" : "");
         uint64_t rng = 200 + k;
         bvals x = rnd(n, -2, 2, &rng);
+        vector<int32_t> pos = packed_positions(B, T, 12, &rng);
+        const int32_t *hpos = docs ? pos.data() : NULL, *gpos = docs ? dcopy(pos) : NULL;
         vector<float> table = rope_table(&c, T);
         float *dcos = dcopy(table), *dsin = dcos + (size_t)T * half;
         for (int dir = 0; dir < 2; dir++) {
@@ -344,12 +367,12 @@ static void test_rope(void **state)
             bf16 *dx = (bf16 *)dcopy(x.b);
             if (dir == 0) {
                 fy_llama_rope_forward(ref.data(), S, 0, NH + NKV, hd, table.data(),
-                                      table.data() + (size_t)T * half, B, T);
-                RUN(fy_cu_rope_forward(dx, S, 0, NH + NKV, hd, dcos, dsin, B, T, g_s));
+                                      table.data() + (size_t)T * half, hpos, B, T);
+                RUN(fy_cu_rope_forward(dx, S, 0, NH + NKV, hd, dcos, dsin, gpos, B, T, g_s));
             } else {
                 fy_llama_rope_backward(ref.data(), S, 0, NH + NKV, hd, table.data(),
-                                       table.data() + (size_t)T * half, B, T);
-                RUN(fy_cu_rope_backward(dx, S, 0, NH + NKV, hd, dcos, dsin, B, T, g_s));
+                                       table.data() + (size_t)T * half, hpos, B, T);
+                RUN(fy_cu_rope_backward(dx, S, 0, NH + NKV, hd, dcos, dsin, gpos, B, T, g_s));
             }
             vector<float> got = hfloats(dx, n);
             check(dir ? "rope bwd" : "rope fwd", shape, got.data(), ref.data(), n, BF16_OUT);
@@ -598,19 +621,23 @@ static bvals block_params(const struct fy_model_config *c, uint64_t *rng)
     return p;
 }
 
-static void block_case(const struct fy_model_config *c, int B, int T, uint64_t seed)
+/* docs: documents of up to docs tokens packed in the rows (0: positions t). */
+static void block_case(const struct fy_model_config *c, int B, int T, uint64_t seed, int docs)
 {
     int C = (int)c->n_embd;
     size_t NC = (size_t)B * T * C, P = fy_model_unit_params(c, 1);
-    char shape[96];
-    snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d NKV=%d I=%u %s", B, T, C,
+    char shape[128];
+    snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d NKV=%d I=%u %s W=%u%s", B, T, C,
              (int)c->n_head, (int)c->llama.n_kv_head, c->llama.n_inter,
-             c->llama.rope_type == FY_ROPE_LLAMA3 ? "llama3" : "plain");
+             c->llama.rope_type == FY_ROPE_LLAMA3 ? "llama3" : "plain",
+             c->llama.sliding_window, docs ? " documents" : "");
     uint64_t rng = seed;
     bvals p = block_params(c, &rng), x = rnd(NC, -1, 1, &rng), dy = rnd(NC, -1, 1, &rng);
+    vector<int32_t> pos = packed_positions(B, T, docs ? docs : 1, &rng);
+    const int32_t *hpos = docs ? pos.data() : NULL, *gpos = docs ? dcopy(pos) : NULL;
     vector<float> y(NC), dx(NC), dp(P, 0.0f), scratch(fy_llama_block_scratch(c, B, T));
-    fy_llama_block_forward(c, p.f.data(), x.f.data(), y.data(), scratch.data(), B, T);
-    fy_llama_block_backward(c, p.f.data(), x.f.data(), dy.f.data(), dx.data(), dp.data(),
+    fy_llama_block_forward(c, p.f.data(), hpos, x.f.data(), y.data(), scratch.data(), B, T);
+    fy_llama_block_backward(c, p.f.data(), hpos, x.f.data(), dy.f.data(), dx.data(), dp.data(),
                             scratch.data(), B, T);
     struct unit u;
     unit_new(&u, c, B, T, fy_cu_llama_acts_bytes(c, B, T));
@@ -620,9 +647,9 @@ static void block_case(const struct fy_model_config *c, int B, int T, uint64_t s
     bf16 *dyo = dalloc<bf16>(NC), *ddx = dalloc<bf16>(NC);
     float *ddp = dalloc<float>(P);
     /* recomputing: forward, then backward from x */
-    RUN(fy_cu_llama_block_forward(u.l, dparams, dx_in, dyo, NULL));
+    RUN(fy_cu_llama_block_forward(u.l, dparams, gpos, dx_in, dyo, NULL));
     vector<uint16_t> gy = hcopy((const uint16_t *)dyo, NC);
-    RUN(fy_cu_llama_block_backward(u.l, dparams, dx_in, ddy, ddx, ddp, NULL));
+    RUN(fy_cu_llama_block_backward(u.l, dparams, gpos, dx_in, ddy, ddx, ddp, NULL));
     vector<uint16_t> gdx = hcopy((const uint16_t *)ddx, NC);
     vector<float> gdp = hcopy(ddp, P);
     check("block y", shape, widen(gy).data(), y.data(), NC, BLOCK_Y);
@@ -636,12 +663,12 @@ static void block_case(const struct fy_model_config *c, int B, int T, uint64_t s
     dpoison(dyo, NC);
     dpoison(ddx, NC);
     dpoison(ddp, P);
-    RUN(fy_cu_llama_block_forward(u.l, dparams, dx_in, dyo, &kept));
+    RUN(fy_cu_llama_block_forward(u.l, dparams, gpos, dx_in, dyo, &kept));
     bf16 *other = dalloc<bf16>(NC);
-    RUN(fy_cu_llama_block_forward(u.l, dparams, ddy, other, NULL));
+    RUN(fy_cu_llama_block_forward(u.l, dparams, gpos, ddy, other, NULL));
     check_same_bytes("block y kept", shape, hcopy((const uint16_t *)dyo, NC).data(), gy.data(),
                      NC * 2);
-    RUN(fy_cu_llama_block_backward(u.l, dparams, dx_in, ddy, ddx, ddp, &kept));
+    RUN(fy_cu_llama_block_backward(u.l, dparams, gpos, dx_in, ddy, ddx, ddp, &kept));
     check_same_bytes("block dx kept", shape, hcopy((const uint16_t *)ddx, NC).data(), gdx.data(),
                      NC * 2);
     check_same_bytes("block dparams kept", shape, hcopy(ddp, P).data(), gdp.data(),
@@ -656,11 +683,17 @@ static void test_block(void **state)
     g_bad = 0;
     /* head size 64, grouped (4 heads, 2 kv), llama3 rope */
     struct fy_model_config a = llama_cfg(256, 4, 2, 688, 300, 1, 0);
-    block_case(&a, 2, 37, 600);
+    block_case(&a, 2, 37, 600, 0);
     /* head size 128, one kv head per head, plain rope, another epsilon */
     struct fy_model_config b = llama_cfg(256, 2, 2, 512, 300, 0, 0);
     b.llama.rms_eps = 1e-6f;
-    block_case(&b, 1, 70, 601);
+    block_case(&b, 1, 70, 601, 0);
+    /* documents in the rows (RoPE at their positions, attention within each), alone and with a
+     * sliding window shorter than some of them */
+    block_case(&a, 2, 150, 602, 70);
+    struct fy_model_config w = a;
+    w.llama.sliding_window = 40;
+    block_case(&w, 2, 150, 603, 70);
     assert_int_equal(g_bad, 0);
 }
 

@@ -112,24 +112,24 @@ static void test_queued_host_calls(void **state)
     for (size_t i = 0; i < N; i++)
         targets[i] = (int32_t)(i * 7 % cfg.vocab);
     /* one by one */
-    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, x, out[0], NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, NULL, x, out[0], NULL), 0);
     struct fy_cu_copy_times times = {-1, -1};
     assert_int_equal(fy_cu_model_finish(f.g, &times), 0);
     print_message("block forward: uploads %.3f ms, downloads %.3f ms (device time)\n", times.h2d_ms,
                   times.d2h_ms);
     assert_true(times.h2d_ms > 0 && times.h2d_ms < 1000);
     assert_true(times.d2h_ms > 0 && times.d2h_ms < 1000);
-    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w2, x, out[1], NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w2, NULL, x, out[1], NULL), 0);
     assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
     double loss_sync = -1;
     assert_int_equal(fy_cu_model_head(f.g, fin, emb, x, targets, &loss_sync, NULL, NULL, NULL), 0);
     assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
     assert_true(loss_sync > 0);
     /* two in flight */
-    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, x, out[2], NULL), 0);
-    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w2, x, out[3], NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, NULL, x, out[2], NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w2, NULL, x, out[3], NULL), 0);
     assert_int_equal(fy_cu_model_pending(f.g), 2);
-    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, x, out[0], NULL), -EBUSY);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, NULL, x, out[0], NULL), -EBUSY);
     struct pollfd pfd = {fy_cu_model_ready_fd(f.g), POLLIN, 0};
     assert_int_equal(poll(&pfd, 1, 20000), 1); /* the first call's results come home */
     assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
@@ -141,7 +141,7 @@ static void test_queued_host_calls(void **state)
     assert_memory_not_equal(out[2], out[3], NC * sizeof(float));
     /* the head's loss is written when the call is finished, not before */
     double loss = -1;
-    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, x, out[2], NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w1, NULL, x, out[2], NULL), 0);
     assert_int_equal(fy_cu_model_head(f.g, fin, emb, x, targets, &loss, NULL, NULL, NULL), 0);
     assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
     assert_true(loss == -1);
@@ -177,24 +177,24 @@ static void test_chained_queued_calls(void **state)
     float *dw2s = pinned_random(P, 0, 1), *dw1s = pinned_random(P, 0, 1);
     float *dw2 = pinned_random(P, 0, 1), *dw1 = pinned_random(P, 0, 1);
     /* one by one: forward through two blocks, backward through both */
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w1, x, y1s, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w1, NULL, x, y1s, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w2, y1s, y2s, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w2, NULL, y1s, y2s, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w2, y1s, dy, dx2s, dw2s, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w2, NULL, y1s, dy, dx2s, dw2s, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, x, dx2s, dx1s, dw1s, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, NULL, x, dx2s, dx1s, dw1s, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     /* queued two deep, each call's input the output of the call still in flight */
     memset(y1, 0xff, NC * sizeof(float));
     memset(y2, 0xff, NC * sizeof(float));
     memset(dx2, 0xff, NC * sizeof(float));
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w1, x, y1, NULL), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w2, y1, y2, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w1, NULL, x, y1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w2, NULL, y1, y2, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w2, y1, dy, dx2, dw2, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w2, NULL, y1, dy, dx2, dw2, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, x, dx2, dx1, dw1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, NULL, x, dx2, dx1, dw1, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(y1, y1s, NC * sizeof(float));
@@ -205,12 +205,12 @@ static void test_chained_queued_calls(void **state)
     assert_memory_equal(dw1, dw1s, P * sizeof(float));
     /* an input that is not the activation the call in flight hands on, but another of its outputs
      * (here its weight gradient, as weights): the upload waits for that download */
-    assert_int_equal(fy_cu_model_block_forward(g, 0, dw1s, x, y1s, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, dw1s, NULL, x, y1s, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     memset(dw1, 0xff, P * sizeof(float));
     memset(y1, 0xff, NC * sizeof(float));
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, x, dx2s, dx1, dw1, NULL), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, dw1, x, y1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, NULL, x, dx2s, dx1, dw1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, dw1, NULL, x, y1, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(dw1, dw1s, P * sizeof(float));
@@ -248,21 +248,21 @@ static void test_host_calls_keep_layers(void **state)
     float *dx2 = pinned_random(NC, 0, 1), *dx1 = pinned_random(NC, 0, 1);
     float *dw2 = pinned_random(P, 0, 1), *dw1 = pinned_random(P, 0, 1);
     /* reference: never kept */
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w1, x, y1r, NULL), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w2, y1r, y2r, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w1, NULL, x, y1r, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w2, NULL, y1r, y2r, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w2, y1r, dy, dx2r, dw2r, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w2, NULL, y1r, dy, dx2r, dw2r, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, x, dx2r, dx1r, dw1r, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w1, NULL, x, dx2r, dx1r, dw1r, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     /* layers 1 and 2: block 2 kept */
-    assert_int_equal(fy_cu_model_block_forward(g, 1, w1, x, y1, NULL), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 2, w2, y1, y2, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 1, w1, NULL, x, y1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 2, w2, NULL, y1, y2, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 2, w2, y1, dy, dx2, dw2, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 2, w2, NULL, y1, dy, dx2, dw2, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 1, w1, x, dx2, dx1, dw1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 1, w1, NULL, x, dx2, dx1, dw1, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(y2, y2r, NC * sizeof(float));
@@ -273,7 +273,7 @@ static void test_host_calls_keep_layers(void **state)
     /* the set was used: a second backward of block 2 recomputes, to the same bytes */
     memset(dw2, 0xff, P * sizeof(float));
     memset(dx2, 0xff, NC * sizeof(float));
-    assert_int_equal(fy_cu_model_block_backward(g, 2, w2, y1, dy, dx2, dw2, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 2, w2, NULL, y1, dy, dx2, dw2, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(dx2, dx2r, NC * sizeof(float));
     assert_memory_equal(dw2, dw2r, P * sizeof(float));
@@ -367,12 +367,12 @@ static void chain_run(struct fy_cu_model *g, const float *w1, const float *w2, c
                       const float *dy, struct chain *c, const struct fy_block_saved *s1,
                       const struct fy_block_saved *s2)
 {
-    assert_int_equal(fy_cu_model_block_forward(g, 1, w1, x, c->y1, s1), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 2, w2, c->y1, c->y2, s2), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 1, w1, NULL, x, c->y1, s1), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 2, w2, NULL, c->y1, c->y2, s2), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 2, w2, c->y1, dy, c->dx2, c->dw2, s2), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 2, w2, NULL, c->y1, dy, c->dx2, c->dw2, s2), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 1, w1, x, c->dx2, c->dx1, c->dw1, s1), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 1, w1, NULL, x, c->dx2, c->dx1, c->dw1, s1), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
 }
@@ -443,9 +443,9 @@ static void swap_masks_check(const char *fuse)
         vector<char> r1(h1.base, h1.base + region), r2(h2.base, h2.base + region);
         /* clipping's second pass: the same backwards from the same saved buffers */
         assert_int_equal(
-            fy_cu_model_block_backward(g, 2, w2, run.y1, dy, again.dx2, again.dw2, &s2), 0);
+            fy_cu_model_block_backward(g, 2, w2, NULL, run.y1, dy, again.dx2, again.dw2, &s2), 0);
         assert_int_equal(
-            fy_cu_model_block_backward(g, 1, w1, x, run.dx2, again.dx1, again.dw1, &s1), 0);
+            fy_cu_model_block_backward(g, 1, w1, NULL, x, run.dx2, again.dx1, again.dw1, &s1), 0);
         assert_int_equal(fy_cu_model_finish(g, NULL), 0);
         assert_int_equal(fy_cu_model_finish(g, NULL), 0);
         assert_memory_equal(again.dx2, ref.dx2, NC * sizeof(float));
@@ -459,8 +459,8 @@ static void swap_masks_check(const char *fuse)
         vector<char> k1 = saved_bytes(&h1, mask), k2 = saved_bytes(&h2, mask);
         memset(h1.base, 0x5a, region);
         memset(h2.base, 0x5a, region);
-        assert_int_equal(fy_cu_model_block_forward(g, 1, w1, x, again.y1, &s1), 0);
-        assert_int_equal(fy_cu_model_block_forward(g, 2, w2, again.y1, again.y2, &s2), 0);
+        assert_int_equal(fy_cu_model_block_forward(g, 1, w1, NULL, x, again.y1, &s1), 0);
+        assert_int_equal(fy_cu_model_block_forward(g, 2, w2, NULL, again.y1, again.y2, &s2), 0);
         assert_int_equal(fy_cu_model_finish(g, NULL), 0);
         assert_int_equal(fy_cu_model_finish(g, NULL), 0);
         assert_memory_equal(again.y2, ref.y2, NC * sizeof(float));
@@ -477,7 +477,7 @@ static void swap_masks_check(const char *fuse)
     /* after swapped forwards of the kept block (its set left spent), a plain backward recomputes,
      * to the same bytes */
     assert_int_equal(
-        fy_cu_model_block_backward(g, 2, w2, ref.y1, dy, again.dx2, again.dw2, NULL), 0);
+        fy_cu_model_block_backward(g, 2, w2, NULL, ref.y1, dy, again.dx2, again.dw2, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(again.dx2, ref.dx2, NC * sizeof(float));
     assert_memory_equal(again.dw2, ref.dw2, P * sizeof(float));
@@ -520,11 +520,12 @@ static void test_swap_refusals(void **state)
 
     struct fy_cu_arena arena;
     struct fy_cu_model *g = swap_unit(&arena, FY_CU_QUEUE, NULL, NULL);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &qkv), -EINVAL);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &qkv), -EINVAL);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, run.y1, &qkv), -EINVAL);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, run.dx1, run.dw1,
+                                                &qkv), -EINVAL);
     assert_int_equal(fy_cu_model_pending(g), 0);
     assert_int_equal(fy_cu_model_swap_sets(g, &arena), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &ln1), -EINVAL);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, run.y1, &ln1), -EINVAL);
     assert_int_equal(fy_cu_model_pending(g), 0);
     fy_cu_model_destroy(&g);
     fy_cu_arena_release(&arena);
@@ -540,23 +541,24 @@ static void test_swap_refusals(void **state)
     size_t used = arena.used;
     assert_int_equal(fy_cu_model_swap_sets(g, &arena), -ENOMEM);
     assert_int_equal(arena.used, used);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &qkv), -EINVAL);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, run.y1, &qkv), -EINVAL);
     fy_cu_model_destroy(&g);
     fy_cu_arena_release(&arena);
 
     /* the materialised attention */
     g = swap_unit(&arena, FY_CU_QUEUE, NULL, "materialised");
     assert_int_equal(fy_cu_model_swap_sets(g, &arena), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &attn), -ENOTSUP);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &attn), -ENOTSUP);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, run.y1, &attn), -ENOTSUP);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, run.dx1, run.dw1,
+                                                &attn), -ENOTSUP);
     assert_int_equal(fy_cu_model_pending(g), 0);
     struct fy_block_saved some = saved_of(&h, KBIT(QKV) | KBIT(RESID) | KBIT(FC));
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, ref.y1, NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, ref.dx1, ref.dw1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, ref.y1, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, ref.dx1, ref.dw1, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, run.y1, &some), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, run.dx1, run.dw1, &some), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, run.y1, &some), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, run.dx1, run.dw1, &some), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_memory_equal(run.y1, ref.y1, NC * sizeof(float));
@@ -607,7 +609,7 @@ static void profile_calls(struct fy_cu_model *g, struct fy_cu_arena *arena, cons
 {
     if (prof != NULL)
         fy_cu_gpt2_set_timing(gpt2_units(g), 1);
-    assert_int_equal(fy_cu_model_block_forward(g, 1, w, x, out[0], NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 1, w, NULL, x, out[0], NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     if (prof != NULL) {
         const struct fy_cu_gpt2_op *ops;
@@ -622,10 +624,10 @@ static void profile_calls(struct fy_cu_model *g, struct fy_cu_arena *arena, cons
         assert_memory_equal(ops, before.data(), n * sizeof *ops);
         fy_cu_gpt2_set_timing(gpt2_units(g), 0);
     }
-    assert_int_equal(fy_cu_model_block_backward(g, 1, w, x, dy, out[1], out[2], NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 1, w, NULL, x, dy, out[1], out[2], NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
-    assert_int_equal(fy_cu_model_block_forward(g, 0, w, x, out[3], NULL), 0);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, out[4], out[5], NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, out[3], NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, out[4], out[5], NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
 }
@@ -736,7 +738,7 @@ static void test_profile_refusals(void **state)
     assert_int_equal(fy_cu_model_profile(f.g, &f.arena, NULL, mib, &prof), -EINVAL);
     vector<char> pageable(2 * mib);
     assert_int_equal(fy_cu_model_profile(f.g, &f.arena, pageable.data(), 2 * mib, &prof), -EINVAL);
-    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w, x, y, NULL), 0);
+    assert_int_equal(fy_cu_model_block_forward(f.g, 0, w, NULL, x, y, NULL), 0);
     assert_int_equal(fy_cu_model_profile(f.g, &f.arena, host, mib, &prof), -EBUSY);
     assert_int_equal(fy_cu_model_pending(f.g), 1);
     assert_int_equal(fy_cu_model_finish(f.g, NULL), 0);
@@ -778,7 +780,7 @@ static void grads_case(const struct fy_model_config *c, int Bq, int Tq, const ch
     float *dy = pinned_random(NC, 43, 1.0f), *dx = pinned_random(NC, 0, 1.0f);
     float *dw = pinned_random(P, 0, 1.0f);
     memset(dw, 0xff, P * sizeof(float));
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w, x, dy, dx, dw, NULL), 0);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, dx, dw, NULL), 0);
     assert_int_equal(fy_cu_model_finish(g, NULL), 0);
     /* the units alone, on bf16 copies of the same inputs, into one device buffer */
     vector<uint16_t> wb(P), xb(NC), dyb(NC), dxb(NC);
@@ -799,12 +801,13 @@ static void grads_case(const struct fy_model_config *c, int Bq, int Tq, const ch
     CK(cudaMemcpy(dev_x, xb.data(), NC * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dev_dy, dyb.data(), NC * 2, cudaMemcpyHostToDevice));
     if (fy_model_arch(c) == &fy_arch_gpt2)
-        assert_int_equal(fy_cu_gpt2_block_backward(gpt2_units(g), dev_w, dev_x, dev_dy, dev_dx,
-                                                   dev_dw, NULL), 0);
+        assert_int_equal(fy_cu_gpt2_block_backward(gpt2_units(g), dev_w, NULL, dev_x, dev_dy,
+                                                   dev_dx, dev_dw, NULL), 0);
     else
         assert_int_equal(fy_cu_llama_block_backward((struct fy_cu_llama *)fy_cu_model_units(
                                                         g, fy_cu_family_of(c)),
-                                                    dev_w, dev_x, dev_dy, dev_dx, dev_dw, NULL),
+                                                    dev_w, NULL, dev_x, dev_dy, dev_dx, dev_dw,
+                                                    NULL),
                          0);
     CK(cudaStreamSynchronize(fy_cu_model_stream(g)));
     vector<float> ref_dw(P);

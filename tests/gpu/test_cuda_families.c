@@ -9,7 +9,9 @@
  * gradients, block backward and each tensor of the block's gradient, by name, including q/k/v
  * biases and the q/k norm weights), the whole model's loss, logits and every unit's gradient,
  * a rerun of the block backward giving the same bytes, and the loss over 3 SGD steps taken on each
- * backend from its own gradients.
+ * backend from its own gradients. The whole model again with its rows packed with documents
+ * (gpu_worker/backend.h's positions: up to 2T/3 tokens each, single-token ones, each row's last
+ * target ignored), against the CPU backend given the same documents, every family.
  * Tolerances (bf16 weights and activations, fp32 accumulation, against fp32; as test_cuda_llama):
  * relative Frobenius error of every output and gradient tensor below 3e-2 (2^-8 per bf16 rounding,
  * several per block); the bias and norm-weight gradients, sums over all rows of bf16 products,
@@ -117,13 +119,15 @@ static void units_case(const struct family_case *k)
     double loss[2];
     struct fy_backend *be[2] = {cuda, cpu};
     for (int b = 1; b >= 0; b--) { /* the CPU first: its x, y and dx are both backends' inputs */
-        assert_int_equal(fy_backend_model_embed_forward(be[b], embed, m.tokens, x[b]), 0);
-        assert_int_equal(fy_backend_model_block_forward(be[b], 1, block, x[1], y[b], NULL), 0);
+        assert_int_equal(fy_backend_model_embed_forward(be[b], embed, m.tokens, NULL, x[b]), 0);
+        assert_int_equal(fy_backend_model_block_forward(be[b], 1, block, NULL, x[1], y[b],
+                                                        NULL), 0);
         assert_int_equal(fy_backend_model_head(be[b], fin, embed, y[1], m.targets, &loss[b], dx[b],
                                              dfin[b], demb[b]),
                          0);
         assert_int_equal(
-            fy_backend_model_block_backward(be[b], 1, block, x[1], dx[1], dxb[b], dp[b], NULL), 0);
+            fy_backend_model_block_backward(be[b], 1, block, NULL, x[1], dx[1], dxb[b], dp[b],
+                                            NULL), 0);
     }
     print_message("%s: units, loss gpu %.7f cpu %.7f\n", k->what, loss[0], loss[1]);
     assert_true(rel_err(x[0], x[1], NC, "embed forward") < 3e-2);
@@ -142,7 +146,8 @@ static void units_case(const struct family_case *k)
     /* determinism: the same backward again, the same bytes */
     float *dp_again = falloc(nb), *dx_again = falloc(NC);
     assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, x[1], dx[1], dx_again, dp_again, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, NULL, x[1], dx[1], dx_again, dp_again,
+                                        NULL), 0);
     assert_memory_equal(dp_again, dp[0], nb * sizeof(float));
     assert_memory_equal(dx_again, dxb[0], NC * sizeof(float));
     for (int b = 0; b < 2; b++) {
@@ -154,18 +159,25 @@ static void units_case(const struct family_case *k)
     fy_refmodel_free(&m);
 }
 
-/* The whole model on both backends: the loss, the logits and every unit's gradient. */
-static void whole_model_case(const struct family_case *k)
+/* The whole model on both backends: the loss, the logits and every unit's gradient; packed: the rows
+ * packed with documents of up to max_len tokens (each attending only to itself, at its own
+ * positions). */
+static void whole_model_case(const struct family_case *k, int max_len)
 {
     struct fy_model_config c = case_config(k);
     struct fy_refmodel on_gpu, on_cpu;
     assert_int_equal(fy_refmodel_init(&on_gpu, &c, B, k->T, 41), 0);
     assert_int_equal(fy_refmodel_init(&on_cpu, &c, B, k->T, 41), 0);
+    if (max_len > 0) {
+        assert_int_equal(fy_refmodel_pack(&on_gpu, max_len, 44), 0);
+        assert_int_equal(fy_refmodel_pack(&on_cpu, max_len, 44), 0);
+    }
     if (fy_refmodel_forward_backward(&on_gpu, cuda) != 0)
         fail_msg("cuda: %s", on_gpu.err);
     if (fy_refmodel_forward_backward(&on_cpu, cpu) != 0)
         fail_msg("cpu: %s", on_cpu.err);
-    print_message("%s: model, loss gpu %.7f cpu %.7f\n", k->what, on_gpu.loss, on_cpu.loss);
+    print_message("%s%s: model, loss gpu %.7f cpu %.7f\n", k->what,
+                  max_len > 0 ? ", packed documents" : "", on_gpu.loss, on_cpu.loss);
     assert_true(fabs(on_gpu.loss - on_cpu.loss) <= 5e-3 * fabs(on_cpu.loss));
     assert_true(rel_err(on_gpu.logits, on_cpu.logits, (size_t)B * k->T * c.vocab,
                         "model logits") < 3e-2);
@@ -214,7 +226,15 @@ static void test_units_match_cpu(void **state)
 static void test_whole_model_matches_cpu(void **state)
 {
     for (int i = 0; i < N_CASES; i++)
-        whole_model_case(&cases[i]);
+        whole_model_case(&cases[i], 0);
+}
+
+/* Documents of up to 2T/3 tokens (T 160: several tiles, documents starting mid-tile; Mistral's
+ * windows shorter than some of them), every family. */
+static void test_packed_matches_cpu(void **state)
+{
+    for (int i = 0; i < N_CASES; i++)
+        whole_model_case(&cases[i], 2 * cases[i].T / 3);
 }
 
 static void test_loss_trajectory_matches_cpu(void **state)
@@ -248,6 +268,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_units_match_cpu),
         cmocka_unit_test(test_whole_model_matches_cpu),
+        cmocka_unit_test(test_packed_matches_cpu),
         cmocka_unit_test(test_loss_trajectory_matches_cpu),
         cmocka_unit_test(test_refuses_large_head_dim),
     };

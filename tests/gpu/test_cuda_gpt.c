@@ -4,7 +4,10 @@
  * whose internals are swapped to host buffers (saved) give the bytes of the plain calls. Weights
  * given as bf16 (rounded by fy_f32_to_bf16) give the bytes of their f32 originals, for GPT-2 and
  * Llama (tied and untied heads), one call at a time and queued with the dtype switched between
- * calls in flight.
+ * calls in flight. Packed documents (gpu_worker/backend.h's positions): the whole model against the
+ * CPU backend given them, with the flash and the materialising attention; swapped blocks with
+ * documents giving the bytes of the plain calls with them; the windows' positions (t everywhere)
+ * giving the bytes of none.
  * Tolerances are for bf16 weights and activations with fp32 accumulation: relative Frobenius error
  * of each output below 3e-2 (bf16 keeps 8 bits of mantissa, 2^-8 = 4e-3 per rounding, and a block
  * rounds each activation several times), loss within 1e-2 relative. */
@@ -74,13 +77,13 @@ static void test_units_match_cpu(void **state)
     float *embed = unit_params(0, 1), *block = unit_params(1, 1), *fin = unit_params(3, 1);
     size_t ne = fy_model_unit_params(&cfg, 0), nb = fy_model_unit_params(&cfg, 1), nf = 2 * C;
     float *x_gpu = malloc(NC * 4), *x_cpu = malloc(NC * 4);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, x_gpu), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cpu, embed, tokens, x_cpu), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, NULL, x_gpu), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cpu, embed, tokens, NULL, x_cpu), 0);
     assert_true(rel_err(x_gpu, x_cpu, NC, "embed forward") < 3e-2);
 
     float *y_gpu = malloc(NC * 4), *y_cpu = malloc(NC * 4);
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x_cpu, y_gpu, NULL), 0);
-    assert_int_equal(fy_backend_model_block_forward(cpu, 1, block, x_cpu, y_cpu, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, x_cpu, y_gpu, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cpu, 1, block, NULL, x_cpu, y_cpu, NULL), 0);
     assert_true(rel_err(y_gpu, y_cpu, NC, "block forward") < 3e-2);
 
     double loss_gpu, loss_cpu;
@@ -113,9 +116,11 @@ static void test_units_match_cpu(void **state)
     float *dxb_gpu = malloc(NC * 4), *dxb_cpu = malloc(NC * 4);
     float *dp_gpu = malloc(nb * 4), *dp_cpu = malloc(nb * 4);
     assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, x_cpu, dx_cpu, dxb_gpu, dp_gpu, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, NULL, x_cpu, dx_cpu, dxb_gpu, dp_gpu,
+                                        NULL), 0);
     assert_int_equal(
-        fy_backend_model_block_backward(cpu, 1, block, x_cpu, dx_cpu, dxb_cpu, dp_cpu, NULL), 0);
+        fy_backend_model_block_backward(cpu, 1, block, NULL, x_cpu, dx_cpu, dxb_cpu, dp_cpu,
+                                        NULL), 0);
     assert_true(rel_err(dxb_gpu, dxb_cpu, NC, "block backward dx") < 3e-2);
     struct fy_gpt2_block_layout l;
     fy_gpt2_block_layout(&cfg, &l);
@@ -131,14 +136,15 @@ static void test_units_match_cpu(void **state)
     /* determinism: the same backward again gives the same bytes */
     float *dp_again = malloc(nb * 4), *dx_again = malloc(NC * 4);
     assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, x_cpu, dx_cpu, dx_again, dp_again, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, NULL, x_cpu, dx_cpu, dx_again, dp_again,
+                                        NULL), 0);
     assert_memory_equal(dp_again, dp_gpu, nb * 4);
     assert_memory_equal(dx_again, dxb_gpu, NC * 4);
 
     /* embedding backward accumulates onto the head's share */
     memcpy(demb_gpu, demb_cpu, ne * 4);
-    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, dxb_cpu, demb_gpu), 0);
-    assert_int_equal(fy_backend_model_embed_backward(cpu, tokens, dxb_cpu, demb_cpu), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, NULL, dxb_cpu, demb_gpu), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cpu, tokens, NULL, dxb_cpu, demb_cpu), 0);
     assert_true(rel_err(demb_gpu, demb_cpu, ne, "embed backward") < 3e-2);
 
     free(tokens); free(targets); free(embed); free(block); free(fin); free(x_gpu); free(x_cpu);
@@ -177,11 +183,11 @@ static void test_bf16_host_activations_same_bits(void **state)
     float *lg = malloc(nl * 4);
     double loss;
     assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, x), 0);
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x, y, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, NULL, x), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, x, y, NULL), 0);
     assert_int_equal(fy_backend_model_head(cuda, fin, embed, y, targets, &loss, dy, dfin, demb), 0);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, x, dy, dx, dp, NULL), 0);
-    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, dx, demb), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, x, dy, dx, dp, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, NULL, dx, demb), 0);
     assert_int_equal(fy_backend_model_logits(cuda, fin, embed, y, lg), 0);
     /* bf16 activations, every input given as bf16 */
     uint16_t *xh = malloc(NC * 2), *yh = malloc(NC * 2), *dyh = malloc(NC * 2);
@@ -190,10 +196,10 @@ static void test_bf16_host_activations_same_bits(void **state)
     float *lg2 = malloc(nl * 4);
     double loss2;
     assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, xh), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, tokens, NULL, xh), 0);
     uint16_t *x_in = to_bf16(x, NC);
     assert_memory_equal(xh, x_in, NC * 2); /* f32 x was the exact widening of these */
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x_in, yh, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, x_in, yh, NULL), 0);
     uint16_t *y_ref = to_bf16(y, NC);
     assert_memory_equal(yh, y_ref, NC * 2);
     assert_int_equal(fy_backend_model_head(cuda, fin, embed, yh, targets, &loss2, dyh, dfin2, demb2),
@@ -202,11 +208,12 @@ static void test_bf16_host_activations_same_bits(void **state)
     uint16_t *dy_ref = to_bf16(dy, NC);
     assert_memory_equal(dyh, dy_ref, NC * 2);
     assert_memory_equal(dfin2, dfin, nf * 4);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, xh, dyh, dxh, dp2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, xh, dyh, dxh, dp2,
+                                                     NULL), 0);
     uint16_t *dx_ref = to_bf16(dx, NC);
     assert_memory_equal(dxh, dx_ref, NC * 2);
     assert_memory_equal(dp2, dp, nb * 4);
-    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, dxh, demb2), 0);
+    assert_int_equal(fy_backend_model_embed_backward(cuda, tokens, NULL, dxh, demb2), 0);
     assert_memory_equal(demb2, demb, ne * 4);
     assert_int_equal(fy_backend_model_logits(cuda, fin, embed, yh, lg2), 0);
     assert_memory_equal(lg2, lg, nl * 4);
@@ -297,7 +304,9 @@ static struct fy_block_saved saved_of(char *region, const struct fy_actplan_regi
  * mask gives the bytes of the same calls completed one by one without saved; the saved regions
  * are untouched by the backwards, a second pair of backwards (clipping) gives the same bytes, and
  * a second pair of forwards over other poison writes the same saved bytes. */
-static void swapped_blocks_check(const char *fuse)
+/* docs: the blocks' rows packed with documents (positions in the registered pool): the same checks
+ * with each call keeping its own positions while queued. */
+static void swapped_blocks_check(const char *fuse, int docs)
 {
     size_t N = (size_t)B * T, NC = N * cfg.n_embd, nb = fy_model_unit_params(&cfg, 1);
     struct fy_backend *b = NULL;
@@ -320,6 +329,15 @@ static void swapped_blocks_check(const char *fuse)
     assert_int_equal(fy_backend_register_host(b, pool.base, pool.size), 0);
     float *w1 = take(&pool, nb * 4), *w2 = take(&pool, nb * 4);
     float *x = take(&pool, NC * 4), *dy = take(&pool, NC * 4);
+    int32_t *pos = NULL;
+    if (docs) { /* documents of 1..10 tokens */
+        pos = take(&pool, N * 4);
+        for (size_t i = 0, p = 0, len = 0; i < N; i++, p++) {
+            if (p == len || i % T == 0)
+                p = 0, len = 1 + i * 7 % 10;
+            pos[i] = (int32_t)p;
+        }
+    }
     float *p1 = unit_params(1, 21), *p2 = unit_params(2, 21);
     memcpy(w1, p1, nb * 4);
     memcpy(w2, p2, nb * 4);
@@ -340,34 +358,36 @@ static void swapped_blocks_check(const char *fuse)
 
     /* saved before model_swap: refused, nothing queued */
     struct fy_block_saved qkv = saved_of(reg1, &r, KBIT(QKV));
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, run.y1, &qkv), -EINVAL);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, run.y1, &qkv), -EINVAL);
     assert_int_equal(fy_backend_model_swap(b), 0);
     assert_int_equal(fy_backend_model_swap(b), 0); /* again: nothing more */
 
     /* the reference: one by one, nothing saved */
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, ref.y1, NULL), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 2, w2, ref.y1, ref.y2, NULL), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 2, w2, ref.y1, dy, ref.dx2, ref.dp2, NULL),
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, ref.y1, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 2, w2, pos, ref.y1, ref.y2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 2, w2, pos, ref.y1, dy, ref.dx2, ref.dp2,
+                                                     NULL),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w1, x, ref.dx2, ref.dx1, ref.dp1, NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w1, pos, x, ref.dx2, ref.dx1, ref.dp1,
+                                                     NULL),
                      0);
 
     assert_int_equal(fy_backend_model_set_queued(b, 1), 1);
     for (size_t m = 0; m < sizeof swap_masks / sizeof swap_masks[0]; m++) {
         unsigned mask = swap_masks[m];
-        print_message("backend, FUYOU_CUDA_FUSE=%s, swapped kinds 0x%02x\n", fuse ? fuse : "1",
-                      mask);
+        print_message("backend, FUYOU_CUDA_FUSE=%s, swapped kinds 0x%02x%s\n", fuse ? fuse : "1",
+                      mask, docs ? ", documents" : "");
         struct fy_block_saved s1 = saved_of(reg1, &r, mask), s2 = saved_of(reg2, &r, mask);
         memset(reg1, 0xa5, r.bytes);
         memset(reg2, 0xa5, r.bytes);
-        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, run.y1, &s1), 0);
-        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, run.y1, run.y2, &s2), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, run.y1, &s1), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, pos, run.y1, run.y2, &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 2, w2, run.y1, dy, run.dx2, run.dp2, &s2), 0);
+            fy_backend_model_block_backward(b, 2, w2, pos, run.y1, dy, run.dx2, run.dp2, &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 1, w1, x, run.dx2, run.dx1, run.dp1, &s1), 0);
+            fy_backend_model_block_backward(b, 1, w1, pos, x, run.dx2, run.dx1, run.dp1, &s1), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         two_blocks_equal(&run, &ref, NC, nb);
@@ -375,9 +395,11 @@ static void swapped_blocks_check(const char *fuse)
         memcpy(copy2, reg2, r.bytes);
         /* clipping's second pass, both backwards in flight */
         assert_int_equal(
-            fy_backend_model_block_backward(b, 2, w2, run.y1, dy, again.dx2, again.dp2, &s2), 0);
+            fy_backend_model_block_backward(b, 2, w2, pos, run.y1, dy, again.dx2, again.dp2,
+                                            &s2), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 1, w1, x, again.dx2, again.dx1, again.dp1, &s1), 0);
+            fy_backend_model_block_backward(b, 1, w1, pos, x, again.dx2, again.dx1, again.dp1,
+                                            &s1), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_memory_equal(again.dx2, ref.dx2, NC * 4);
@@ -389,8 +411,9 @@ static void swapped_blocks_check(const char *fuse)
         /* the forwards again over other poison: every byte of the saved kinds written, the same */
         memset(reg1, 0x5a, r.bytes);
         memset(reg2, 0x5a, r.bytes);
-        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, x, again.y1, &s1), 0);
-        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, again.y1, again.y2, &s2), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, again.y1, &s1), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, pos, again.y1, again.y2,
+                                                        &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_memory_equal(again.y2, ref.y2, NC * 4);
@@ -410,8 +433,64 @@ static void swapped_blocks_check(const char *fuse)
 
 static void test_swapped_blocks_queued(void **state)
 {
-    swapped_blocks_check(NULL);
-    swapped_blocks_check("0");
+    swapped_blocks_check(NULL, 0);
+    swapped_blocks_check("0", 0);
+    swapped_blocks_check(NULL, 1);
+}
+
+/* The whole GPT-2 model with its rows packed with documents of up to 20 tokens (learned positions at
+ * their own, attention within each) against the CPU backend given them: the flash attention and,
+ * FUYOU_CUDA_ATTENTION=materialised, the materialising one (which masks the same scores without
+ * skipping); and the windows' positions (t everywhere) give the bytes of none. */
+static void packed_case(const char *attention)
+{
+    struct fy_refmodel on_gpu, on_cpu, none;
+    assert_int_equal(fy_refmodel_init(&on_gpu, &cfg, B, T, 71), 0);
+    assert_int_equal(fy_refmodel_init(&on_cpu, &cfg, B, T, 71), 0);
+    assert_int_equal(fy_refmodel_pack(&on_gpu, 20, 72), 0);
+    assert_int_equal(fy_refmodel_pack(&on_cpu, 20, 72), 0);
+    setenv("FUYOU_CUDA_ATTENTION", attention, 1); /* read when the model is prepared */
+    int rc = fy_refmodel_forward_backward(&on_gpu, cuda);
+    unsetenv("FUYOU_CUDA_ATTENTION");
+    if (rc != 0)
+        fail_msg("cuda: %s", on_gpu.err);
+    if (fy_refmodel_forward_backward(&on_cpu, cpu) != 0)
+        fail_msg("cpu: %s", on_cpu.err);
+    print_message("packed documents, %s attention: loss gpu %.7f cpu %.7f\n", attention,
+                  on_gpu.loss, on_cpu.loss);
+    assert_true(fabs(on_gpu.loss - on_cpu.loss) <= 1e-2 * fabs(on_cpu.loss));
+    assert_true(rel_err(on_gpu.logits, on_cpu.logits, (size_t)B * T * cfg.vocab,
+                        "packed logits") < 3e-2);
+    for (unsigned u = 0; u < on_gpu.n_units; u++) {
+        char what[48];
+        snprintf(what, sizeof what, "packed grad unit %u", u);
+        assert_true(rel_err(on_gpu.grads[u], on_cpu.grads[u], on_gpu.sizes[u], what) < 3e-2);
+    }
+    /* the windows' positions against none at all: the same bytes */
+    assert_int_equal(fy_refmodel_init(&none, &cfg, B, T, 71), 0);
+    for (int i = 0; i < B * T; i++)
+        on_gpu.positions[i] = i % T;
+    memcpy(on_gpu.targets, none.targets, (size_t)B * T * sizeof *none.targets);
+    setenv("FUYOU_CUDA_ATTENTION", attention, 1);
+    rc = fy_refmodel_forward_backward(&on_gpu, cuda);
+    if (rc == 0)
+        rc = fy_refmodel_forward_backward(&none, cuda);
+    unsetenv("FUYOU_CUDA_ATTENTION");
+    if (rc != 0)
+        fail_msg("cuda: %s %s", on_gpu.err, none.err);
+    assert_memory_equal(&on_gpu.loss, &none.loss, sizeof none.loss);
+    assert_memory_equal(on_gpu.logits, none.logits, (size_t)B * T * cfg.vocab * sizeof(float));
+    for (unsigned u = 0; u < none.n_units; u++)
+        assert_memory_equal(on_gpu.grads[u], none.grads[u], none.sizes[u] * sizeof(float));
+    fy_refmodel_free(&on_gpu);
+    fy_refmodel_free(&on_cpu);
+    fy_refmodel_free(&none);
+}
+
+static void test_packed_matches_cpu(void **state)
+{
+    packed_case("flash");
+    packed_case("materialised");
 }
 
 /* ---- weights as bf16 in host memory ---- */
@@ -472,12 +551,13 @@ struct wunits {
 static void weights_pass(struct fy_backend *b, const struct fy_refmodel *m, const struct wunits *w,
                          struct wouts *o)
 {
-    assert_int_equal(fy_backend_model_embed_forward(b, w->embed, m->tokens, o->x), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w->block, o->x, o->y, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, w->embed, m->tokens, NULL, o->x), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w->block, NULL, o->x, o->y, NULL), 0);
     assert_int_equal(fy_backend_model_head(b, w->fin, w->embed, o->y, m->targets, &o->loss, o->dy,
                                          o->dfin, o->demb),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w->block, o->x, o->dy, o->dx, o->dp, NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w->block, NULL, o->x, o->dy, o->dx,
+                                                     o->dp, NULL),
                      0);
     assert_int_equal(fy_backend_model_logits(b, w->fin, w->embed, o->y, o->lg), 0);
 }
@@ -530,7 +610,7 @@ static void weights_bf16_case(const struct fy_model_config *c, const char *name)
     /* chosen before preparing: the first call after it takes bf16 */
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_BF16), 0);
     assert_int_equal(fy_backend_model_prepare(b, c, B, T), 0);
-    assert_int_equal(fy_backend_model_embed_forward(b, w16.embed, m.tokens, x_early), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, w16.embed, m.tokens, NULL, x_early), 0);
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
     weights_pass(b, &m, &w32, &ref);
     assert_memory_equal(x_early, ref.x, z.NC * 4);
@@ -543,24 +623,26 @@ static void weights_bf16_case(const struct fy_model_config *c, const char *name)
      * the backward of the block's input from the backward's dx */
     float *dx2 = ref.dx, *dp2 = ref.dp;
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, ref.y, y2, NULL), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, ref.x, dx2, dx1, dp1, NULL),
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, NULL, ref.y, y2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, NULL, ref.x, dx2, dx1, dp1,
+                                                     NULL),
                      0);
 
     assert_int_equal(fy_backend_model_set_queued(b, 1), 1);
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, ref.x, q.x, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, NULL, ref.x, q.x, NULL), 0);
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 1, w16.block, q.x, q.y, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, w16.block, NULL, q.x, q.y, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_memory_equal(q.x, ref.y, z.NC * 4);
     assert_memory_equal(q.y, y2, z.NC * 4);
     /* bf16 then f32, the second's dy the first's dx */
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w16.block, ref.x, ref.dy, q.dy, q.dp,
-                                                   NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w16.block, NULL, ref.x, ref.dy, q.dy,
+                                                     q.dp, NULL),
                      0);
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, ref.x, q.dy, q.dx, q_dp1, NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, NULL, ref.x, q.dy, q.dx,
+                                                     q_dp1, NULL),
                      0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
@@ -574,7 +656,7 @@ static void weights_bf16_case(const struct fy_model_config *c, const char *name)
                                          q.dfin, q.demb),
                      0);
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_embed_forward(b, w32.embed, m.tokens, q.x), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, w32.embed, m.tokens, NULL, q.x), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_memory_equal(&q.loss, &ref.loss, sizeof q.loss);
@@ -615,6 +697,7 @@ int main(void)
         cmocka_unit_test(test_bf16_host_activations_same_bits),
         cmocka_unit_test(test_budget_refused),
         cmocka_unit_test(test_swapped_blocks_queued),
+        cmocka_unit_test(test_packed_matches_cpu),
         cmocka_unit_test(test_bf16_host_weights_same_bits),
     };
     int failed = cmocka_run_group_tests_name("cuda GPT units", tests, NULL, NULL);

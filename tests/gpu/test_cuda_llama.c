@@ -6,7 +6,10 @@
  * gradient (tests/refmodel), determinism; activations as bf16 in host memory give the same bits as
  * f32; the calls queued two deep as the pipeline queues them, with the top blocks' internals kept
  * on the GPU (model_keep), give the bits of calls completed one by one that recompute every block;
- * and what Llama refuses on CUDA (swapped internals, the planner's profile, head sizes the kernels
+ * packed documents (gpu_worker/backend.h's positions: documents of up to 12 tokens, single-token
+ * ones, each row's last target ignored) against the CPU backend given them, whole model, tied and
+ * untied, and queued with kept blocks against one by one; the windows' positions (t everywhere)
+ * give the bytes of none; and what Llama refuses on CUDA (swapped internals, the planner's profile, head sizes the kernels
  * do not take), each with -ENOTSUP or -EINVAL and a message.
  * Tolerances, as test_cuda_gpt states them for GPT-2 (bf16 weights and activations, fp32
  * accumulation against fp32): relative Frobenius error of each output below 3e-2 (2^-8 = 4e-3 per
@@ -41,19 +44,25 @@ static struct fy_model_config llama(int tied) { return fy_refmodel_llama_small(t
 
 static float *falloc(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
 
-/* The whole model on both backends: the loss, every unit's gradient and the logits. */
-static void whole_model_case(int tied)
+/* The whole model on both backends: the loss, every unit's gradient and the logits; packed: the
+ * rows packed with documents of up to 12 tokens (each attending only to itself, RoPE at its own
+ * positions). */
+static void whole_model_case(int tied, int packed)
 {
     struct fy_model_config c = llama(tied);
     struct fy_refmodel on_gpu, on_cpu;
     assert_int_equal(fy_refmodel_init(&on_gpu, &c, B, T, 41), 0);
     assert_int_equal(fy_refmodel_init(&on_cpu, &c, B, T, 41), 0);
+    if (packed) {
+        assert_int_equal(fy_refmodel_pack(&on_gpu, 12, 42), 0);
+        assert_int_equal(fy_refmodel_pack(&on_cpu, 12, 42), 0);
+    }
     if (fy_refmodel_forward_backward(&on_gpu, cuda) != 0)
         fail_msg("cuda: %s", on_gpu.err);
     if (fy_refmodel_forward_backward(&on_cpu, cpu) != 0)
         fail_msg("cpu: %s", on_cpu.err);
-    print_message("%s head: loss gpu %.7f cpu %.7f\n", tied ? "tied" : "untied", on_gpu.loss,
-                  on_cpu.loss);
+    print_message("%s head%s: loss gpu %.7f cpu %.7f\n", tied ? "tied" : "untied",
+                  packed ? ", packed documents" : "", on_gpu.loss, on_cpu.loss);
     assert_true(fabs(on_gpu.loss - on_cpu.loss) <= 5e-3 * fabs(on_cpu.loss));
     assert_true(rel_err(on_gpu.logits, on_cpu.logits, (size_t)B * T * c.vocab, "model logits") <
                 3e-2);
@@ -68,8 +77,14 @@ static void whole_model_case(int tied)
 
 static void test_whole_model_matches_cpu(void **state)
 {
-    whole_model_case(1);
-    whole_model_case(0);
+    whole_model_case(1, 0);
+    whole_model_case(0, 0);
+}
+
+static void test_packed_matches_cpu(void **state)
+{
+    whole_model_case(1, 1);
+    whole_model_case(0, 1);
 }
 
 /* One op at a time on the same inputs (the CPU's outputs feed both), as test_cuda_gpt does. */
@@ -93,14 +108,16 @@ static void units_case(int tied)
     for (int k = 1; k >= 0; k--) { /* the CPU first: its x, y and dx are both backends' inputs */
         /* dembed poisoned: the head overwrites it (with zeros when untied) */
         memset(demb[k], 0xff, ne * sizeof(float));
-        assert_int_equal(fy_backend_model_embed_forward(be[k], embed, m.tokens, x[k]), 0);
-        assert_int_equal(fy_backend_model_block_forward(be[k], 1, block, x[1], y[k], NULL), 0);
+        assert_int_equal(fy_backend_model_embed_forward(be[k], embed, m.tokens, NULL, x[k]), 0);
+        assert_int_equal(fy_backend_model_block_forward(be[k], 1, block, NULL, x[1], y[k],
+                                                        NULL), 0);
         assert_int_equal(fy_backend_model_head(be[k], fin, embed, y[1], m.targets, &loss[k], dx[k],
                                              dfin[k], demb[k]),
                          0);
         assert_int_equal(fy_backend_model_logits(be[k], fin, embed, y[1], lg[k]), 0);
         assert_int_equal(
-            fy_backend_model_block_backward(be[k], 1, block, x[1], dx[1], dxb[k], dp[k], NULL), 0);
+            fy_backend_model_block_backward(be[k], 1, block, NULL, x[1], dx[1], dxb[k], dp[k],
+                                            NULL), 0);
     }
     const char *head = tied ? "tied" : "untied";
     print_message("%s head: loss gpu %.7f cpu %.7f\n", head, loss[0], loss[1]);
@@ -137,13 +154,15 @@ static void units_case(int tied)
     /* determinism: the same backward again, the same bytes */
     float *dp_again = falloc(nb), *dx_again = falloc(NC);
     assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, x[1], dx[1], dx_again, dp_again, NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, NULL, x[1], dx[1], dx_again, dp_again,
+                                        NULL), 0);
     assert_memory_equal(dp_again, dp[0], nb * sizeof(float));
     assert_memory_equal(dx_again, dxb[0], NC * sizeof(float));
     /* the embedding backward adds the lookup's gradient onto the head's share */
     memcpy(demb[0], demb[1], ne * sizeof(float));
     for (int k = 0; k < 2; k++)
-        assert_int_equal(fy_backend_model_embed_backward(be[k], m.tokens, dxb[1], demb[k]), 0);
+        assert_int_equal(fy_backend_model_embed_backward(be[k], m.tokens, NULL, dxb[1],
+                                                         demb[k]), 0);
     assert_true(rel_err(demb[0], demb[1], ne, "embed backward") < 3e-2);
     for (int k = 0; k < 2; k++) {
         free(x[k]), free(y[k]), free(dx[k]), free(dfin[k]), free(demb[k]), free(dxb[k]);
@@ -203,11 +222,13 @@ static void pipeline_step(struct fy_backend *b, int queued, const struct fy_refm
     const size_t NC = (size_t)m->B * m->T * m->cfg.n_embd;
     int inflight = 0;
     assert_int_equal(fy_backend_model_set_queued(b, queued), queued);
-    assert_int_equal(fy_backend_model_embed_forward(b, m->params[0], m->tokens, o->xs), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, m->params[0], m->tokens, m->positions,
+                                                    o->xs),
+                     0);
     keep_one(b, queued, &inflight);
     for (unsigned l = 0; l < L; l++) {
-        assert_int_equal(fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], o->xs + NC * l,
-                                                      o->xs + NC * (l + 1), NULL),
+        assert_int_equal(fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], m->positions,
+                                                        o->xs + NC * l, o->xs + NC * (l + 1), NULL),
                          0);
         keep_one(b, queued, &inflight);
     }
@@ -218,8 +239,9 @@ static void pipeline_step(struct fy_backend *b, int queued, const struct fy_refm
     keep_one(b, queued, &inflight);
     float *dy = o->dy, *dx = o->dx;
     for (unsigned l = L; l-- > 0;) {
-        assert_int_equal(fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], o->xs + NC * l,
-                                                       dy, dx, o->grads[1 + l], NULL),
+        assert_int_equal(fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], m->positions,
+                                                         o->xs + NC * l, dy, dx, o->grads[1 + l],
+                                                         NULL),
                          0);
         keep_one(b, queued, &inflight);
         float *t = dx;
@@ -227,18 +249,22 @@ static void pipeline_step(struct fy_backend *b, int queued, const struct fy_refm
         dy = t;
     }
     /* the head is finished by now (two calls at most in flight): its dembed is written */
-    assert_int_equal(fy_backend_model_embed_backward(b, m->tokens, dy, o->grads[0]), 0);
+    assert_int_equal(fy_backend_model_embed_backward(b, m->tokens, m->positions, dy, o->grads[0]),
+                     0);
     for (inflight += queued; inflight > 0; inflight--)
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     fy_backend_model_set_queued(b, 0);
 }
 
-/* Queued two deep with the top blocks kept, against one by one recomputing: the same bits. */
-static void queued_kept_case(int tied)
+/* Queued two deep with the top blocks kept, against one by one recomputing: the same bits; packed:
+ * with documents (each call keeps its own positions while queued). */
+static void queued_kept_case(int tied, int packed)
 {
     struct fy_model_config c = llama(tied);
     struct fy_refmodel m;
     assert_int_equal(fy_refmodel_init(&m, &c, B, T, 47), 0);
+    if (packed)
+        assert_int_equal(fy_refmodel_pack(&m, 9, 48), 0);
     uint64_t working, set;
     assert_int_equal(fy_backend_gpu_bytes("cuda", &c, B, T, &working, &set), 1);
     assert_true(working > 0 && set > 0);
@@ -262,8 +288,9 @@ static void queued_kept_case(int tied)
     /* the backward's last dx (block 1's): where the swaps of pipeline_step left it */
     float *ref_dx = c.n_layer % 2 ? ref.dx : ref.dy, *run_dx = c.n_layer % 2 ? run.dx : run.dy;
     assert_memory_equal(run_dx, ref_dx, NC * sizeof(float));
-    print_message("%s head: queued with both blocks kept: the bits of one by one, recomputing "
-                  "(loss %.7f)\n", tied ? "tied" : "untied", ref.loss);
+    print_message("%s head%s: queued with both blocks kept: the bits of one by one, recomputing "
+                  "(loss %.7f)\n", tied ? "tied" : "untied", packed ? ", packed documents" : "",
+                  ref.loss);
     step_free(&ref, &m);
     step_free(&run, &m);
     fy_backend_close(&kept);
@@ -272,8 +299,33 @@ static void queued_kept_case(int tied)
 
 static void test_queued_kept_same_bits(void **state)
 {
-    queued_kept_case(1);
-    queued_kept_case(0);
+    queued_kept_case(1, 0);
+    queued_kept_case(0, 0);
+    queued_kept_case(0, 1);
+}
+
+/* The windows' positions (t everywhere) give the bytes of no positions: the backend takes them as
+ * none (gpu_worker/backend.h), so the kernels of before run. */
+static void test_windows_positions_same_bytes(void **state)
+{
+    struct fy_model_config c = llama(0);
+    struct fy_refmodel none, windows;
+    assert_int_equal(fy_refmodel_init(&none, &c, B, T, 49), 0);
+    assert_int_equal(fy_refmodel_init(&windows, &c, B, T, 49), 0);
+    windows.positions = malloc((size_t)B * T * sizeof *windows.positions);
+    assert_non_null(windows.positions);
+    for (int i = 0; i < B * T; i++)
+        windows.positions[i] = i % T;
+    if (fy_refmodel_forward_backward(&none, cuda) != 0)
+        fail_msg("cuda: %s", none.err);
+    if (fy_refmodel_forward_backward(&windows, cuda) != 0)
+        fail_msg("cuda: %s", windows.err);
+    assert_memory_equal(&none.loss, &windows.loss, sizeof none.loss);
+    assert_memory_equal(none.logits, windows.logits, (size_t)B * T * c.vocab * sizeof(float));
+    for (unsigned u = 0; u < none.n_units; u++)
+        assert_memory_equal(none.grads[u], windows.grads[u], none.sizes[u] * sizeof(float));
+    fy_refmodel_free(&none);
+    fy_refmodel_free(&windows);
 }
 
 static uint16_t *to_bf16(const float *x, size_t n)
@@ -301,17 +353,17 @@ static void test_bf16_host_activations_same_bits(void **state)
     double loss, loss2;
     float *embed = m.params[0], *block = m.params[1], *fin = m.params[3];
     assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, x), 0);
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, x, y, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, NULL, x), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, x, y, NULL), 0);
     assert_int_equal(fy_backend_model_head(cuda, fin, embed, y, m.targets, &loss, dy, dfin, demb),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, x, dy, dx, dp, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, x, dy, dx, dp, NULL), 0);
     assert_int_equal(fy_backend_model_act_dtype(cuda, FY_DTYPE_BF16), 0);
-    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, xh), 0);
+    assert_int_equal(fy_backend_model_embed_forward(cuda, embed, m.tokens, NULL, xh), 0);
     uint16_t *want = to_bf16(x, NC);
     assert_memory_equal(xh, want, NC * 2);
     free(want);
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, xh, yh, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, block, NULL, xh, yh, NULL), 0);
     want = to_bf16(y, NC);
     assert_memory_equal(yh, want, NC * 2);
     free(want);
@@ -323,7 +375,8 @@ static void test_bf16_host_activations_same_bits(void **state)
     want = to_bf16(dy, NC);
     assert_memory_equal(dyh, want, NC * 2);
     free(want);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, xh, dyh, dxh, dp2, NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, xh, dyh, dxh, dp2,
+                                                     NULL), 0);
     want = to_bf16(dx, NC);
     assert_memory_equal(dxh, want, NC * 2);
     free(want);
@@ -349,13 +402,14 @@ static void test_refusals(void **state)
     memset(&saved, 0, sizeof saved);
     saved.at[FY_ACT_QKV] = region;
     print_message("(error lines about Llama refusals are expected next)\n");
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], x, y, &saved), -ENOTSUP);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], NULL, x, y,
+                                                    &saved), -ENOTSUP);
     assert_int_equal(fy_backend_model_swap(cuda), -ENOTSUP);
     struct fy_block_profile prof;
     assert_int_equal(fy_backend_model_profile(cuda, region, NC * 4 * sizeof(float), &prof),
                      -ENOTSUP);
     /* the unit still works after the refusals */
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], x, y, NULL), 0);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], NULL, x, y, NULL), 0);
     struct fy_model_config odd = c;
     odd.n_embd = 96;
     odd.n_head = 8; /* head size 12 */
@@ -387,7 +441,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_units_match_cpu),
         cmocka_unit_test(test_whole_model_matches_cpu),
+        cmocka_unit_test(test_packed_matches_cpu),
         cmocka_unit_test(test_queued_kept_same_bits),
+        cmocka_unit_test(test_windows_positions_same_bytes),
         cmocka_unit_test(test_bf16_host_activations_same_bits),
         cmocka_unit_test(test_refusals),
     };

@@ -85,15 +85,16 @@ static void pass(struct fy_backend *b, const struct fy_refmodel *m, struct outs 
 {
     struct sizes z = sizes_of(m);
     const float *embed = m->params[0], *block = m->params[1], *fin = m->params[m->n_units - 1];
-    assert_int_equal(fy_backend_model_embed_forward(b, embed, m->tokens, o->x), 0);
-    assert_int_equal(fy_backend_model_block_forward(b, 1, block, o->x, o->y, NULL), 0);
+    assert_int_equal(fy_backend_model_embed_forward(b, embed, m->tokens, NULL, o->x), 0);
+    assert_int_equal(fy_backend_model_block_forward(b, 1, block, NULL, o->x, o->y, NULL), 0);
     assert_int_equal(fy_backend_model_head(b, fin, embed, o->y, m->targets, &o->loss, o->dy,
                                            o->dfin, o->demb_head),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, block, o->x, o->dy, o->dx, o->dp, NULL),
+    assert_int_equal(fy_backend_model_block_backward(b, 1, block, NULL, o->x, o->dy, o->dx, o->dp,
+                                                     NULL),
                      0);
     memcpy(o->demb, o->demb_head, z.ne * 4);
-    assert_int_equal(fy_backend_model_embed_backward(b, m->tokens, o->dx, o->demb), 0);
+    assert_int_equal(fy_backend_model_embed_backward(b, m->tokens, NULL, o->dx, o->demb), 0);
 }
 
 static void outs_same(const struct outs *a, const struct outs *b, const struct sizes *z)
