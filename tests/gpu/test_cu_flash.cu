@@ -325,11 +325,25 @@ static void flash_case(int B, int T, int C, int NH, uint64_t seed, int vs_materi
     const char *names[3] = {"dq", "dk", "dv"};
     double rel[3], mx[3];
     size_t worst[3];
+    double dv_rms = 0.0;
     for (int s = 0; s < 3; s++) {
         take_third(g3, dqkv_f, BT, C, s);
         take_third(r3, dqkv_ref, BT, C, s);
         rel[s] = rel_frobenius(g3, r3, nout, &mx[s], &worst[s]);
+        if (s == 2)
+            for (size_t i = 0; i < nout; i++)
+                dv_rms += (double)r3[i] * r3[i] / (double)nout;
     }
+    dv_rms = sqrt(dv_rms);
+    /* A gradient that is exactly zero (every token alone: dS = P (dP - D) with P = 1 and
+     * dP = D) has no scale of its own: the GPU's dP and D, each of dv's size, are rounded in
+     * another order, so it is held to 2^-8 of dv's rms element by element instead. */
+    for (int s = 0; s < 2; s++)
+        if (isinf(rel[s]) && mx[s] <= ldexp(dv_rms, -8)) {
+            print_message("  %s is zero in the reference: max |gpu| %.3g <= 2^-8 rms(dv) %.3g\n",
+                          names[s], mx[s], ldexp(dv_rms, -8));
+            rel[s] = 0.0;
+        }
     size_t diff_out = first_diff(out_g[0], out_g[1], nout);
     size_t diff_dqkv = first_diff(dqkv_g[0], dqkv_g[1], nqkv);
     print_message("flash B=%d T=%d C=%d NH=%d (hs %d)%s: out max_abs_err %.3g rel_frob %.3g (%zu "

@@ -444,13 +444,17 @@ static void test_swapped_blocks_queued(void **state)
  * skipping); and the windows' positions (t everywhere) give the bytes of none. */
 static void packed_case(const char *attention)
 {
+    /* a backend of its own: the materialising attention's scratch is larger than the arena the
+     * shared one sized to its first model */
+    struct fy_backend *gpu = NULL;
+    assert_int_equal(fy_backend_open(&gpu, "cuda", 256ull << 20), 0);
     struct fy_refmodel on_gpu, on_cpu, none;
     assert_int_equal(fy_refmodel_init(&on_gpu, &cfg, B, T, 71), 0);
     assert_int_equal(fy_refmodel_init(&on_cpu, &cfg, B, T, 71), 0);
     assert_int_equal(fy_refmodel_pack(&on_gpu, 20, 72), 0);
     assert_int_equal(fy_refmodel_pack(&on_cpu, 20, 72), 0);
     setenv("FUYOU_CUDA_ATTENTION", attention, 1); /* read when the model is prepared */
-    int rc = fy_refmodel_forward_backward(&on_gpu, cuda);
+    int rc = fy_refmodel_forward_backward(&on_gpu, gpu);
     unsetenv("FUYOU_CUDA_ATTENTION");
     if (rc != 0)
         fail_msg("cuda: %s", on_gpu.err);
@@ -472,9 +476,9 @@ static void packed_case(const char *attention)
         on_gpu.positions[i] = i % T;
     memcpy(on_gpu.targets, none.targets, (size_t)B * T * sizeof *none.targets);
     setenv("FUYOU_CUDA_ATTENTION", attention, 1);
-    rc = fy_refmodel_forward_backward(&on_gpu, cuda);
+    rc = fy_refmodel_forward_backward(&on_gpu, gpu);
     if (rc == 0)
-        rc = fy_refmodel_forward_backward(&none, cuda);
+        rc = fy_refmodel_forward_backward(&none, gpu);
     unsetenv("FUYOU_CUDA_ATTENTION");
     if (rc != 0)
         fail_msg("cuda: %s %s", on_gpu.err, none.err);
@@ -485,6 +489,7 @@ static void packed_case(const char *attention)
     fy_refmodel_free(&on_gpu);
     fy_refmodel_free(&on_cpu);
     fy_refmodel_free(&none);
+    fy_backend_close(&gpu);
 }
 
 static void test_packed_matches_cpu(void **state)
