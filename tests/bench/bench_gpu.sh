@@ -20,7 +20,7 @@ for c in 1.3B 2.7B; do
     awk -v c=$c -v p=$p -v f=$f -v r=$r 'BEGIN{printf "%-7s %7.1f %6.1f %6.2f %16.1f %6.2f\n", c, p, f, f/p, r, r/p}'
 done
 rm -f $out
-# Issue 40's check: at T 4096, rows packed with documents of 256-1024 tokens against plain causal
+# Packed documents: at T 4096, rows packed with documents of 256-1024 tokens against plain causal
 # rows of the same B and T, one block's forward + backward and a whole step side by side (the
 # attention skips the key blocks the documents' mask leaves empty: packed / causal <= 1).
 echo
