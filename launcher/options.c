@@ -503,10 +503,11 @@ static const struct opt_spec specs[] = {
     {"block-size", "SIZE", WORKERS, K_SIZE, U64(block_size), 0, NULL,
      "the largest piece one io_uring request moves (1M)"},
     /* memory, devices and processes */
-    {"cpu-mem", "SIZE", WORKERS | C(PLAN), K_SIZE, U64(cpu_mem), 0, NULL,
+    {"cpu-mem", "SIZE", WORKERS | C(PLAN), K_SIZE, U64(cpu_mem), NOTED(cpu_mem_set), NULL,
      "cap on the shared pool of pinned host memory; a pool that does not fit is refused "
      "(0: no cap)"},
-    {"gpu-mem", "SIZE", PLANS | C(PROBE) | C(SELFTEST), K_SIZE, U64(gpu_mem), 0, NULL,
+    {"gpu-mem", "SIZE", PLANS | C(PROBE) | C(SELFTEST), K_SIZE, U64(gpu_mem), NOTED(gpu_mem_set),
+     NULL,
      "the GPU arena: working buffers, kept blocks' internals, swap sets (all free)"},
     {"gpus", "all|N", PLANS, K_PARSE, 0, 0, parse_gpus,
      "gpu workers, one per GPU, each computing B / N sequences of every step, their gradients "
@@ -727,7 +728,9 @@ static const struct opt_note notes[] = {
                       "./machine.json)"},
     {"cpu-mem", PLANS, "cap on the shared pool of pinned host memory: as much optimizer state as "
                        "fits stays in it, the rest streams from the store; a plan that does not "
-                       "fit is refused (0: no cap)"},
+                       "fit is refused; 0: no cap and no state kept (what this machine can give: "
+                       "MemAvailable, or a cgroup's limit less its use where less, less a margin "
+                       "of a tenth, at least 2 GiB)"},
 };
 
 static const char *option_help(const struct opt_spec *s, enum fy_command cmd)

@@ -12,6 +12,8 @@
 #include "common/check.h"
 #include "common/ckpt.h"
 #include "common/dtype.h"
+#include "common/hostmem.h"
+#include "common/log.h"
 #include "common/optstate.h"
 #include "gpu_worker/backend.h"
 #include "io_worker/store.h"
@@ -70,6 +72,29 @@ void fy_runconf_train_defaults(struct fy_options *o, const struct fy_config *mc,
         snprintf(why, sizeof why, "init made the model: %s/model.conf has no hf", o->run_dir);
     fy_options_train_defaults(o, imported);
     fy_options_describe_train_defaults(o, imported, why, said, len);
+}
+
+void fy_runconf_cpu_mem(struct fy_options *o, char *said, size_t len)
+{
+    char cap[32];
+    if (o->cpu_mem_set) {
+        fy_format_size(o->cpu_mem, cap, sizeof cap);
+        snprintf(said, len, o->cpu_mem ? "--cpu-mem %s (given)" : "--cpu-mem 0 (given): no cap, "
+                 "no optimizer state kept in memory", cap);
+        return;
+    }
+    struct fy_hostmem m;
+    if (fy_hostmem_read(&m) < 0) {
+        o->cpu_mem = 0;
+        snprintf(said, len, "--cpu-mem not given and this machine's free memory not known (above): "
+                 "no cap, no optimizer state kept in memory; give --cpu-mem to keep some");
+        return;
+    }
+    char from[512];
+    o->cpu_mem = fy_hostmem_default_cap(&m, from, sizeof from);
+    fy_format_size(o->cpu_mem, cap, sizeof cap);
+    snprintf(said, len, "--cpu-mem %s (the default, what this machine can give): %s; --cpu-mem "
+             "SIZE sets another cap, 0 none (and no state kept in memory)", cap, from);
 }
 
 /* Every --ssd directory must exist before any worker starts, so a typo costs one clear line. */
