@@ -288,6 +288,7 @@ int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config 
         .grad_slots = (unsigned)o->grad_slots, .act_ahead = (unsigned)o->act_ahead,
         .ckpt_place = o->ckpt_place,
         .cpu_mem = o->cpu_mem, .gpu_mem = o->gpu_mem, .state_copies = (unsigned)o->state_copies,
-        .clip_mode = o->clip_mode, .clip_hold = o->clip_hold, .rates = fy_plan_reference_rates};
+        .clip_mode = o->clip_mode, .clip_hold = o->clip_hold, .clip_max = o->clip_grad_norm,
+        .clip_given = o->given.clip, .rates = fy_plan_reference_rates};
     return fy_actplan_mode_parse(o->act_plan, &in->act_mode);
 }
