@@ -109,7 +109,8 @@ static void test_prediction_by_hand(void **state)
  * (their scratch extent's smallest class). A --cpu-mem below the pool's least is said not to fit
  * (exit 2, a usage error), and a profile without a rate is refused naming the key (exit 1). */
 /* plan of the 2-layer, 64-wide model at batch 8 x 32 on the CPU backend with the rates of
- * `machine`, every unit streamed (--cpu-mem 0) where `streamed`, else with --cpu-mem's default, and
+ * `machine`, every unit streamed and unclipped (--cpu-mem 0 --clip-grad-norm 0) where `streamed`,
+ * else with the defaults, and
  * one more option (opt and its value) unless opt is NULL; the launcher's status. */
 static int plan_small_at(struct fy_test_fixture *f, const char *machine, int streamed,
                          const char *opt, const char *value)
@@ -117,6 +118,7 @@ static int plan_small_at(struct fy_test_fixture *f, const char *machine, int str
     const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
                           "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
                           "--machine", machine, streamed ? "--cpu-mem" : opt,
+                          streamed ? "0" : value, streamed ? "--clip-grad-norm" : opt,
                           streamed ? "0" : value, opt, value, NULL};
     return fy_test_launch_in(f, args, 60);
 }
@@ -390,7 +392,7 @@ static int plan_paper(struct fy_test_fixture *f, const char *machine, const char
                           "--heads", wide ? "96" : "40", "--embd", wide ? "12288" : "5120",
                           "--vocab", "50304", "--ctx", "2048", "--seq", "1024", "--batch", batch,
                           "--gpu-mem", gpu_mem, "--cpu-mem", "720G", "--backend", "cuda",
-                          "--optim-state", format, NULL};
+                          "--optim-state", format, "--clip-grad-norm", "0", NULL};
     return fy_test_launch_in(f, args, 60);
 }
 
@@ -569,14 +571,16 @@ static void test_plan_pool_is_train_pool(void **state)
             assert_int_equal(setenv("FUYOU_TEST_STATE_PIECES", "1", 1), 0);
         const char *opts[] = {"--weights-dtype", cases[i][1], "--act-plan", "recompute",
                               "--grad-slots", cases[i][4] ? cases[i][4] : "16",
-                              "--cpu-mem", cases[i][2] ? cases[i][2] : "0", NULL};
+                              "--cpu-mem", cases[i][2] ? cases[i][2] : "0", "--clip-grad-norm",
+                              "0", NULL};
         assert_int_equal(fy_trainutil_train_with(f, run, f->data, "1", NULL, 0, opts), 0);
         char trained[512], sized[512], regions[1024], want[128];
         line_of(f->log, "shared pool /", trained, sizeof trained); /* the training session's */
         const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
                               "cpu", "--weights-dtype", cases[i][1], "--act-plan", "recompute",
                               "--grad-slots", cases[i][4] ? cases[i][4] : "16",
-                              "--cpu-mem", cases[i][2] ? cases[i][2] : "0", NULL};
+                              "--cpu-mem", cases[i][2] ? cases[i][2] : "0", "--clip-grad-norm",
+                              "0", NULL};
         assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
         unsetenv("FUYOU_TEST_STATE_PIECES");
         line_of(f->log, "plan: shared pool regions: ", regions, sizeof regions);
@@ -724,7 +728,9 @@ static void test_trace_and_busy_metrics(void **state)
     char *run = fy_test_in(f, "run");
     fy_trainutil_init_model(f, run, "32", "1");
     char *trace = fy_test_in(f, "trace.json");
-    assert_int_equal(fy_trainutil_train(f, run, f->data, "3", NULL, 0, "--trace", trace), 0);
+    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "3", NULL, 0,
+                                             (const char *[]){"--trace", trace, "--clip-grad-norm",
+                                                              "0", NULL}), 0);
     char *text = fy_test_slurp(trace, NULL);
     assert_non_null(text);
     assert_true(text[0] == '[');
