@@ -72,6 +72,10 @@ int fy_knob_test_embed_whole(void);
 /* FUYOU_TEST_STATE_PIECES=1: the plan puts the state slots in pieces (struct fy_plan_place's
  * state_pieces) wherever a unit streams, whether or not a whole unit's state fits --cpu-mem. */
 int fy_knob_test_state_pieces(void);
+/* FUYOU_TEST_HOST_ROOT=DIR: the machine's memory is read under DIR instead of / (DIR/proc/meminfo,
+ * DIR/proc/self/cgroup, DIR/sys/fs/cgroup/..., DIR/dev/shm), so that a test gives a fake one; NULL when unset
+ * or empty. */
+const char *fy_knob_test_host_root(void);
 /* FUYOU_TEST_OPT_DELAY_MS=MS: every AdamW request is delayed by MS (0 to 10000) milliseconds.
  * 1 with *ms the delay, 0 when unset or empty (*ms 0), -EINVAL (said) when out of range. */
 int fy_knob_test_opt_delay_ms(long *ms);

@@ -55,13 +55,20 @@ int fy_cmd_plan(struct fy_options *o)
     const char *backend = strcmp(o->backend, "auto") != 0 ? o->backend
                           : fy_backend_cuda_built()       ? "cuda"
                                                           : "cpu";
-    FY_TRY(fy_runconf_plan_in(o, &in.model, backend, &in.plan));
     char probed[PATH_MAX + 16] = "";
     if (o->machine == NULL && o->run_dir != NULL) {
         snprintf(probed, sizeof probed, "%s/machine.json", o->run_dir);
         if (access(probed, R_OK) == 0)
             o->machine = probed; /* fuyou-launch probe's, for this run */
     }
+    char cpu_mem[768];
+    fy_runconf_cpu_mem(o, cpu_mem, sizeof cpu_mem);
+    if (!o->cpu_mem_set && o->machine != NULL) /* a profile may be another machine's */
+        printf("plan: %s (this machine's memory, as train here would take it, whatever machine "
+               "%s describes: give --cpu-mem to plan for another)\n", cpu_mem, o->machine);
+    else
+        printf("plan: %s\n", cpu_mem);
+    FY_TRY(fy_runconf_plan_in(o, &in.model, backend, &in.plan));
     if (o->machine != NULL) {
         FY_TRY(fy_plan_rates_load(o->machine, &in.plan.rates));
         in.rates_from = o->machine;

@@ -31,6 +31,8 @@ int fy_cmd_profile(struct fy_options *o)
         char said[PATH_MAX + 1024];
         fy_runconf_train_defaults(o, mc, said, sizeof said);
         fy_info("profile: %s", said);
+        fy_runconf_cpu_mem(o, said, sizeof said);
+        fy_info("profile: %s", said);
     }
     o->backend = fy_backend_resolve(o->backend);
     o->act_plan = "auto";

@@ -430,6 +430,8 @@ static int train_setup(struct fy_options *o, struct train_run *t)
         char said[PATH_MAX + 1024];
         fy_runconf_train_defaults(o, t->mc, said, sizeof said);
         fy_info("train: %s", said);
+        fy_runconf_cpu_mem(o, said, sizeof said);
+        fy_info("train: %s", said);
     }
     if (rc == 0 && o->optim_state >= 0 && o->optim_state != t->model.optim_state) {
         fy_error("train --optim-state %s: the run keeps %s optimizer state (init --optim-state "

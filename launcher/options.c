@@ -503,10 +503,11 @@ static const struct opt_spec specs[] = {
     {"block-size", "SIZE", WORKERS, K_SIZE, U64(block_size), 0, NULL,
      "the largest piece one io_uring request moves (1M)"},
     /* memory, devices and processes */
-    {"cpu-mem", "SIZE", WORKERS | C(PLAN), K_SIZE, U64(cpu_mem), 0, NULL,
+    {"cpu-mem", "SIZE", WORKERS | C(PLAN), K_SIZE, U64(cpu_mem), NOTED(cpu_mem_set), NULL,
      "cap on the shared pool of pinned host memory; a pool that does not fit is refused "
      "(0: no cap)"},
-    {"gpu-mem", "SIZE", PLANS | C(PROBE) | C(SELFTEST), K_SIZE, U64(gpu_mem), 0, NULL,
+    {"gpu-mem", "SIZE", PLANS | C(PROBE) | C(SELFTEST), K_SIZE, U64(gpu_mem), NOTED(gpu_mem_set),
+     NULL,
      "the GPU arena: working buffers, kept blocks' internals, swap sets (all free)"},
     {"gpus", "all|N", PLANS, K_PARSE, 0, 0, parse_gpus,
      "gpu workers, one per GPU, each computing B / N sequences of every step, their gradients "
@@ -587,8 +588,7 @@ static const struct opt_spec specs[] = {
     {"adam-eps", "X", TRAINS, K_PARSE, 0, NOTED(given.eps), parse_adam_eps,
      "AdamW's epsilon (1e-8)"},
     {"clip-grad-norm", "MAX", PLANS, K_PARSE, 0, NOTED(given.clip), parse_clip,
-     "clip the global gradient norm to MAX, exactly as torch's clip_grad_norm_ (0: off; an "
-     "imported model's: 1)"},
+     "clip the global gradient norm to MAX, exactly as torch's clip_grad_norm_; 0: off (1)"},
     {"clip-mode", "auto|one-pass|two-pass", PLANS, K_PARSE, 0, 0, parse_clip_mode,
      "how clipping learns the norm before the first update: one-pass holds every block's "
      "gradient in the pool through the backward and updates after it; two-pass runs the "
@@ -727,7 +727,9 @@ static const struct opt_note notes[] = {
                       "./machine.json)"},
     {"cpu-mem", PLANS, "cap on the shared pool of pinned host memory: as much optimizer state as "
                        "fits stays in it, the rest streams from the store; a plan that does not "
-                       "fit is refused (0: no cap)"},
+                       "fit is refused; 0: no cap and no state kept (what this machine can give: "
+                       "MemAvailable, or a cgroup's limit less its use where less, less a margin "
+                       "of a tenth, at least 2 GiB)"},
 };
 
 static const char *option_help(const struct opt_spec *s, enum fy_command cmd)
@@ -742,7 +744,7 @@ static const char *option_help(const struct opt_spec *s, enum fy_command cmd)
 
 const struct fy_train_set fy_train_scratch = {
     .lr = 1e-3, .warmup = 10, .schedule = FY_LR_COSINE, .min_lr_ratio = 0.1,
-    .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip_grad_norm = 0};
+    .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip_grad_norm = 1.0};
 
 /* transformers' TrainingArguments' defaults: learning_rate, warmup_steps, lr_scheduler_type linear
  * (to 0), weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm */
@@ -788,8 +790,9 @@ void fy_options_describe_train_defaults(const struct fy_options *o, int finetune
         snprintf(decay, sizeof decay, "%s decay to lr x %g",
                  fy_train_lr_schedule_name(d->schedule), d->min_lr_ratio);
     if (d->clip_grad_norm > 0)
-        snprintf(clip, sizeof clip, "clipping %.1f (transformers' Trainer's values; "
-                 "--clip-grad-norm 0 turns clipping off)", d->clip_grad_norm);
+        snprintf(clip, sizeof clip, "clipping %.1f (%s; --clip-grad-norm 0 turns clipping off)",
+                 d->clip_grad_norm, finetune ? "transformers' Trainer's values"
+                                             : "as transformers' Trainer, llm.c and nanoGPT clip");
     else
         snprintf(clip, sizeof clip, "no clipping");
     const struct {

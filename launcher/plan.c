@@ -1083,8 +1083,10 @@ void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p,
         snprintf(how, sizeof how, "two backward passes%s, the first for the norm alone (one pass, "
                  "the updates after the backward: %.4g s)", why, alt.step_s);
     double step = p->predicted.step_s;
-    snprintf(buf, len, "clipping in %s; predicted %.4g s a step, %.4g s without clipping (%+.0f%%)",
-             how, step, none.step_s, none.step_s > 0 ? 100.0 * (step / none.step_s - 1) : 0.0);
+    snprintf(buf, len, "clipping in %s; predicted %.4g s a step, %.4g s without clipping (%+.0f%%, "
+             "%+.4g s a step); --clip-grad-norm %g (%s), 0 turns clipping off",
+             how, step, none.step_s, none.step_s > 0 ? 100.0 * (step / none.step_s - 1) : 0.0,
+             step - none.step_s, in->clip_max, in->clip_given ? "given" : "the default");
 }
 
 /* What the store takes: the state's copies, both commit records, and the scratch extents of the

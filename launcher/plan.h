@@ -336,6 +336,8 @@ struct fy_plan_in {
     unsigned state_copies;   /* of the optimizer state in the store: 2 or 1 */
     int clip_mode;           /* --clip-mode: FY_CLIP_AUTO, _ONE_PASS or _TWO_PASS */
     int clip_hold;           /* --clip-hold: FY_CLIP_HOLD_AUTO, _POOL or _GPU */
+    double clip_max;         /* --clip-grad-norm (shape.clip: above 0), for what is said */
+    int clip_given;          /* ... given on the command line (else the default) */
     struct fy_plan_rates rates;
     int say;                 /* say --ckpt-place auto's choice in the log as it is made (train) */
     /* keep no unit's state: the least pool under cpu_mem alone (plan's searches of the largest

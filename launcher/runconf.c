@@ -12,6 +12,8 @@
 #include "common/check.h"
 #include "common/ckpt.h"
 #include "common/dtype.h"
+#include "common/hostmem.h"
+#include "common/log.h"
 #include "common/optstate.h"
 #include "gpu_worker/backend.h"
 #include "io_worker/store.h"
@@ -70,6 +72,29 @@ void fy_runconf_train_defaults(struct fy_options *o, const struct fy_config *mc,
         snprintf(why, sizeof why, "init made the model: %s/model.conf has no hf", o->run_dir);
     fy_options_train_defaults(o, imported);
     fy_options_describe_train_defaults(o, imported, why, said, len);
+}
+
+void fy_runconf_cpu_mem(struct fy_options *o, char *said, size_t len)
+{
+    char cap[32];
+    if (o->cpu_mem_set) {
+        fy_format_size(o->cpu_mem, cap, sizeof cap);
+        snprintf(said, len, o->cpu_mem ? "--cpu-mem %s (given)" : "--cpu-mem 0 (given): no cap, "
+                 "no optimizer state kept in memory", cap);
+        return;
+    }
+    struct fy_hostmem m;
+    if (fy_hostmem_read(&m) < 0) {
+        o->cpu_mem = 0;
+        snprintf(said, len, "--cpu-mem not given and this machine's free memory not known (above): "
+                 "no cap, no optimizer state kept in memory; give --cpu-mem to keep some");
+        return;
+    }
+    char from[512];
+    o->cpu_mem = fy_hostmem_default_cap(&m, from, sizeof from);
+    fy_format_size(o->cpu_mem, cap, sizeof cap);
+    snprintf(said, len, "--cpu-mem %s (the default, what this machine can give): %s; --cpu-mem "
+             "SIZE sets another cap, 0 none (and no state kept in memory)", cap, from);
 }
 
 /* Every --ssd directory must exist before any worker starts, so a typo costs one clear line. */
@@ -263,6 +288,7 @@ int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config 
         .grad_slots = (unsigned)o->grad_slots, .act_ahead = (unsigned)o->act_ahead,
         .ckpt_place = o->ckpt_place,
         .cpu_mem = o->cpu_mem, .gpu_mem = o->gpu_mem, .state_copies = (unsigned)o->state_copies,
-        .clip_mode = o->clip_mode, .clip_hold = o->clip_hold, .rates = fy_plan_reference_rates};
+        .clip_mode = o->clip_mode, .clip_hold = o->clip_hold, .clip_max = o->clip_grad_norm,
+        .clip_given = o->given.clip, .rates = fy_plan_reference_rates};
     return fy_actplan_mode_parse(o->act_plan, &in->act_mode);
 }

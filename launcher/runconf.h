@@ -26,6 +26,11 @@ int fy_runconf_imported(const struct fy_config *mc);
  * that says which set, and why, into said. */
 void fy_runconf_train_defaults(struct fy_options *o, const struct fy_config *mc, char *said,
                                size_t len);
+/* --cpu-mem where the command line did not give it: what this machine can give (common/hostmem.h:
+ * MemAvailable, or its cgroup's room where less, less a margin), the machine the command runs on
+ * (plan's too: train would run here). The line that says the cap and where it came from into
+ * said. A machine whose memory cannot be read keeps no cap (0), said. */
+void fy_runconf_cpu_mem(struct fy_options *o, char *said, size_t len);
 /* fy_runconf_base's and the training entries of the gpu worker: the model, the batch, the
  * activations' dtype and --act-plan. */
 int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *model,

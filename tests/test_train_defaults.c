@@ -2,7 +2,7 @@
  *   - a run whose model.conf says hf = 1 (init --from-hf) takes transformers' Trainer's values
  *     (lr 5e-5, no warmup, linear decay to 0, weight decay 0, betas 0.9/0.999, eps 1e-8, clipping
  *     1.0); one made by init takes the from-scratch values (lr 1e-3, warmup 10, cosine to lr x 0.1,
- *     weight decay 0.1, betas 0.9/0.95, eps 1e-8, no clipping);
+ *     weight decay 0.1, betas 0.9/0.95, eps 1e-8, clipping 1.0, as the Trainer, llm.c and nanoGPT);
  *   - every option given on the command line is kept whichever set applies, the last of a repeated
  *     one (resume appends its options to the saved command), and the others take the set's;
  *   - the line that says which set is in force names it, why, its values and the options given;
@@ -67,11 +67,12 @@ static void test_scratch_set(void **state)
     struct fy_options o;
     char said[1024];
     parse_and_resolve(NULL, 0, &o, said, sizeof said);
-    assert_values(&o, 1e-3, 10, FY_LR_COSINE, 0.1, 0.1, 0.9, 0.95, 1e-8, 0);
+    assert_values(&o, 1e-3, 10, FY_LR_COSINE, 0.1, 0.1, 0.9, 0.95, 1e-8, 1.0);
     assert_string_equal(said, "from-scratch defaults (init made the model: RUN/model.conf has no "
                               "hf): lr 0.001, warmup 10, cosine decay to lr x 0.1, weight decay "
-                              "0.1, betas 0.9/0.95, eps 1e-08, no clipping; give any option to "
-                              "change its value");
+                              "0.1, betas 0.9/0.95, eps 1e-08, clipping 1.0 (as transformers' "
+                              "Trainer, llm.c and nanoGPT clip; --clip-grad-norm 0 turns clipping "
+                              "off); give any option to change its value");
 }
 
 static void test_finetune_set(void **state)

@@ -50,7 +50,7 @@ int fy_trainutil_train_with(struct fy_test_fixture *f, const char *run, const ch
                           "--seq", FY_TRAINUTIL_STR(FY_TRAINUTIL_SEQ),
                           "--lr", FY_TRAINUTIL_STR(FY_TRAINUTIL_LR),
                           "--warmup", FY_TRAINUTIL_STR(FY_TRAINUTIL_WARMUP), "--eval-every", "100",
-                          "--eval-batches", "8", "--backend", "cpu"};
+                          "--eval-batches", "8", "--backend", "cpu", "--cpu-mem", "0"};
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         args[n++] = base[i];
     if (export_path) {

@@ -33,9 +33,11 @@ int fy_trainutil_teardown(void **state);
 /* init of a GPT of 2 layers of width `embd` (2 heads, context 32) in `run`, seeded with `seed`. */
 void fy_trainutil_init_model(struct fy_test_fixture *f, const char *run, const char *embd,
                              const char *seed);
-/* train of `run` on `data` to `steps` with the settings above on the CPU backend, exporting to
- * export_path (unless NULL), in one process where inprocess, then the options in `extra`
- * (NULL-terminated; may be NULL); the launcher's exit code. */
+/* train of `run` on `data` to `steps` with the settings above on the CPU backend and --cpu-mem 0
+ * (every unit's state streamed through the store, the paths these tests are about: the default
+ * would keep a tiny model's all in memory), exporting to export_path (unless NULL), in one process
+ * where inprocess, then the options in `extra` (NULL-terminated; may be NULL: a --cpu-mem there
+ * replaces the 0); the launcher's exit code. */
 int fy_trainutil_train_with(struct fy_test_fixture *f, const char *run, const char *data,
                             const char *steps, const char *export_path, int inprocess,
                             const char *const *extra);

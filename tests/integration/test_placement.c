@@ -490,7 +490,7 @@ static void test_bf16_weights_agree(void **state)
 }
 
 /* Inits a GPT of `layers` x `embd` (2 heads, context 32, seed 4) in `run` with the `init` options,
- * trains it 3 steps with the `extra` options (FUYOU_TEST_STATE_PIECES=1 where `pieces`: the state
+ * trains it 3 steps unclipped with the `extra` options (FUYOU_TEST_STATE_PIECES=1 where `pieces`: the state
  * slots a piece's whatever the room), and compares its export and losses with the group's first. */
 static void train_pieces(struct fy_test_fixture *f, struct fy_trainutil_same_bits *group,
                          const char *name, const char *layers, const char *embd,
@@ -509,7 +509,11 @@ static void train_pieces(struct fy_test_fixture *f, struct fy_trainutil_same_bit
     assert_int_equal(fy_test_launch_in(f, init, 60), 0);
     if (pieces)
         assert_int_equal(setenv("FUYOU_TEST_STATE_PIECES", "1", 1), 0);
-    int rc = fy_trainutil_train_with(f, run, f->data, "3", out, 0, extra);
+    /* unclipped unless extra says otherwise: one gradient slot is for an unclipped step */
+    const char *opts[24] = {"--clip-grad-norm", "0"};
+    for (unsigned i = 0; extra != NULL && extra[i] != NULL && i < 21; i++)
+        opts[2 + i] = extra[i];
+    int rc = fy_trainutil_train_with(f, run, f->data, "3", out, 0, opts);
     unsetenv("FUYOU_TEST_STATE_PIECES");
     assert_int_equal(rc, 0);
     size_t len;
@@ -590,7 +594,7 @@ static void test_state_pieces_by_budget(void **state)
     struct fy_trainutil_same_bits group = {0};
     const char *whole[] = {"--state-piece", "0", NULL}, *cut[] = {"--state-piece", "1M", NULL};
     const char *none[] = {NULL}, *at36[] = {"--cpu-mem", "36M", NULL};
-    const char *at30[] = {"--cpu-mem", "30M", NULL};
+    const char *at30[] = {"--cpu-mem", "30M", "--clip-grad-norm", "0", NULL};
     train_pieces(f, &group, "sb-whole", "2", "256", whole, 0, none);
     assert_true(fy_test_file_contains(fy_test_fmt("%s/model.conf", fy_test_in(f, "sb-whole")),
                                       "model.state_piece") == 0);
@@ -632,7 +636,7 @@ static void test_state_pieces_by_budget(void **state)
     free(st[0]);
     free(st[1]);
     /* under the least pool: refused before any step, naming the regions */
-    const char *at24[] = {"--cpu-mem", "24M", NULL};
+    const char *at24[] = {"--cpu-mem", "24M", "--clip-grad-norm", "0", NULL};
     assert_int_not_equal(fy_trainutil_train_with(f, fy_test_in(f, "sb-30"), f->data, "4", NULL, 0,
                                                  at24), 0);
     assert_true(fy_test_file_contains(f->log, "plan does not fit: the shared pool for training "

@@ -109,14 +109,25 @@ static void test_prediction_by_hand(void **state)
  * (their scratch extent's smallest class). A --cpu-mem below the pool's least is said not to fit
  * (exit 2, a usage error), and a profile without a rate is refused naming the key (exit 1). */
 /* plan of the 2-layer, 64-wide model at batch 8 x 32 on the CPU backend with the rates of
- * `machine`, and one more option (opt and its value) unless opt is NULL; the launcher's status. */
-static int plan_small(struct fy_test_fixture *f, const char *machine, const char *opt,
-                      const char *value)
+ * `machine`, every unit streamed and unclipped (--cpu-mem 0 --clip-grad-norm 0) where `streamed`,
+ * else with the defaults, and
+ * one more option (opt and its value) unless opt is NULL; the launcher's status. */
+static int plan_small_at(struct fy_test_fixture *f, const char *machine, int streamed,
+                         const char *opt, const char *value)
 {
     const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
                           "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
-                          "--machine", machine, opt, value, NULL};
+                          "--machine", machine, streamed ? "--cpu-mem" : opt,
+                          streamed ? "0" : value, streamed ? "--clip-grad-norm" : opt,
+                          streamed ? "0" : value, opt, value, NULL};
     return fy_test_launch_in(f, args, 60);
+}
+
+/* plan_small_at, every unit streamed. */
+static int plan_small(struct fy_test_fixture *f, const char *machine, const char *opt,
+                      const char *value)
+{
+    return plan_small_at(f, machine, 1, opt, value);
 }
 
 static void test_plan_by_hand(void **state)
@@ -176,8 +187,8 @@ static void test_plan_by_hand(void **state)
         static const char *const ahead[] = {"2", "5", "0", "7"};
         const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
                               "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend",
-                              "cpu", "--act-plan", "ssd", "--ckpt-place", "ssd", "--act-ahead",
-                              ahead[i], NULL};
+                              "cpu", "--act-plan", "ssd", "--ckpt-place", "ssd", "--cpu-mem", "0",
+                              "--act-ahead", ahead[i], NULL};
         assert_int_equal(fy_test_launch_in(f, args, 60), i < 2 ? 0 : 2);
         if (i < 2) {
             assert_true(fy_test_file_contains(
@@ -273,7 +284,7 @@ static int plan_wide(struct fy_test_fixture *f, const char *ssd, const char *bat
 {
     const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "512", "--vocab",
                           "256", "--ctx", "1024", "--seq", "1024", "--batch", batch, "--backend",
-                          "cpu", "--act-plan", "ssd", "--ssd", ssd, NULL};
+                          "cpu", "--act-plan", "ssd", "--ssd", ssd, "--cpu-mem", "0", NULL};
     return fy_test_launch_in(f, args, 60);
 }
 
@@ -381,7 +392,7 @@ static int plan_paper(struct fy_test_fixture *f, const char *machine, const char
                           "--heads", wide ? "96" : "40", "--embd", wide ? "12288" : "5120",
                           "--vocab", "50304", "--ctx", "2048", "--seq", "1024", "--batch", batch,
                           "--gpu-mem", gpu_mem, "--cpu-mem", "720G", "--backend", "cuda",
-                          "--optim-state", format, NULL};
+                          "--optim-state", format, "--clip-grad-norm", "0", NULL};
     return fy_test_launch_in(f, args, 60);
 }
 
@@ -560,14 +571,16 @@ static void test_plan_pool_is_train_pool(void **state)
             assert_int_equal(setenv("FUYOU_TEST_STATE_PIECES", "1", 1), 0);
         const char *opts[] = {"--weights-dtype", cases[i][1], "--act-plan", "recompute",
                               "--grad-slots", cases[i][4] ? cases[i][4] : "16",
-                              cases[i][2] ? "--cpu-mem" : NULL, cases[i][2], NULL};
+                              "--cpu-mem", cases[i][2] ? cases[i][2] : "0", "--clip-grad-norm",
+                              "0", NULL};
         assert_int_equal(fy_trainutil_train_with(f, run, f->data, "1", NULL, 0, opts), 0);
         char trained[512], sized[512], regions[1024], want[128];
         line_of(f->log, "shared pool /", trained, sizeof trained); /* the training session's */
         const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
                               "cpu", "--weights-dtype", cases[i][1], "--act-plan", "recompute",
                               "--grad-slots", cases[i][4] ? cases[i][4] : "16",
-                              cases[i][2] ? "--cpu-mem" : NULL, cases[i][2], NULL};
+                              "--cpu-mem", cases[i][2] ? cases[i][2] : "0", "--clip-grad-norm",
+                              "0", NULL};
         assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
         unsetenv("FUYOU_TEST_STATE_PIECES");
         line_of(f->log, "plan: shared pool regions: ", regions, sizeof regions);
@@ -715,7 +728,9 @@ static void test_trace_and_busy_metrics(void **state)
     char *run = fy_test_in(f, "run");
     fy_trainutil_init_model(f, run, "32", "1");
     char *trace = fy_test_in(f, "trace.json");
-    assert_int_equal(fy_trainutil_train(f, run, f->data, "3", NULL, 0, "--trace", trace), 0);
+    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "3", NULL, 0,
+                                             (const char *[]){"--trace", trace, "--clip-grad-norm",
+                                                              "0", NULL}), 0);
     char *text = fy_test_slurp(trace, NULL);
     assert_non_null(text);
     assert_true(text[0] == '[');
@@ -999,6 +1014,86 @@ static void test_bench_pipeline_table(void **state)
     assert_int_equal(rows, 4); /* each run's row as it ends, and again in the table at the end */
 }
 
+/* A file of the fake machine under root (FUYOU_TEST_HOST_ROOT), its directories made. */
+static void fake_host_file(const char *root, const char *rel, const char *text)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    mkdir(root, 0755);
+    for (char *p = strchr(path + strlen(root) + 1, '/'); p != NULL; p = strchr(p + 1, '/')) {
+        *p = 0;
+        mkdir(path, 0755);
+        *p = '/';
+    }
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* --cpu-mem not given is what the machine can give, said: MemAvailable less a margin of a tenth
+ * (at least 2 GiB, at most half), or a cgroup's limit less its use where that is less, the
+ * tightest level of v2's and v1's from the process's cgroup up (a fake machine through
+ * FUYOU_TEST_HOST_ROOT). 100 GiB available: 90 GiB; a v2 cgroup's parent of 48 GiB using 8 GiB:
+ * 40 GiB less 4 GiB; v1's 32 GiB using 4 GiB (its own level unlimited) under it: 28 GiB less
+ * 2.8 GiB; 24 MiB available leaves 12 MiB, which the 20 MiB pool does not fit: refused as any
+ * --cpu-mem is. --cpu-mem given keeps its meaning, 0 no cap. */
+static void test_plan_cpu_mem_default(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *machine = fy_test_in(f, "machine.json"), *root = fy_test_in(f, "host");
+    FILE *m = fopen(machine, "w");
+    assert_non_null(m);
+    fputs("{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
+          "\"ssd_write\": 2e8, \"opt_params\": 1e6}\n", m);
+    fclose(m);
+    assert_int_equal(setenv("FUYOU_TEST_HOST_ROOT", root, 1), 0);
+    fake_host_file(root, "proc/meminfo", "MemTotal: 200000000 kB\nMemAvailable: 104857600 kB\n");
+    fake_host_file(root, "proc/self/cgroup", "0::/\n");
+    assert_int_equal(plan_small_at(f, machine, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: --cpu-mem 90.0 GiB (the default, what this "
+                                              "machine can give): MemAvailable 100.0 GiB less a "
+                                              "margin of 10.0 GiB;"));
+    assert_true(fy_test_file_contains(f->log, "this machine's memory, as train here would take "
+                                              "it, whatever machine "));
+    assert_true(fy_test_file_contains(f->log, "4 of 4 units (1.4 MiB) stay in the shared pool"));
+    assert_true(fy_test_file_contains(f->log, "of --cpu-mem 90.0 GiB\n"));
+    fake_host_file(root, "proc/self/cgroup", "0::/run/me\n");
+    fake_host_file(root, "sys/fs/cgroup/run/memory.max", "51539607552\n");
+    fake_host_file(root, "sys/fs/cgroup/run/memory.current", "8589934592\n");
+    fake_host_file(root, "sys/fs/cgroup/run/me/memory.max", "max\n");
+    assert_int_equal(plan_small_at(f, machine, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: --cpu-mem 36.0 GiB (the default, what this "
+                                              "machine can give): the cgroup's limit 48.0 GiB "
+                                              "less its use 8.0 GiB ("));
+    assert_true(fy_test_file_contains(f->log, "/sys/fs/cgroup/run/memory.max; MemAvailable "
+                                              "100.0 GiB) less a margin of 4.0 GiB;"));
+    fake_host_file(root, "proc/self/cgroup", "4:memory:/a/b\n0::/run/me\n");
+    fake_host_file(root, "sys/fs/cgroup/memory/a/b/memory.limit_in_bytes", "9223372036854771712\n");
+    fake_host_file(root, "sys/fs/cgroup/memory/a/memory.limit_in_bytes", "34359738368\n");
+    fake_host_file(root, "sys/fs/cgroup/memory/a/memory.usage_in_bytes", "4294967296\n");
+    assert_int_equal(plan_small_at(f, machine, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: --cpu-mem 25.2 GiB (the default, what this "
+                                              "machine can give): the cgroup's limit 32.0 GiB "
+                                              "less its use 4.0 GiB ("));
+    fake_host_file(root, "proc/meminfo", "MemAvailable: 24576 kB\n");
+    assert_int_equal(plan_small_at(f, machine, 0, NULL, NULL), 2);
+    assert_true(fy_test_file_contains(f->log, "plan: --cpu-mem 12.0 MiB (the default, what this "
+                                              "machine can give): MemAvailable 24.0 MiB less a "
+                                              "margin of 12.0 MiB;"));
+    assert_true(fy_test_file_contains(f->log, "of --cpu-mem 12.0 MiB (DOES NOT FIT)"));
+    assert_int_equal(plan_small_at(f, machine, 0, "--cpu-mem", "0"), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: --cpu-mem 0 (given): no cap, no optimizer "
+                                              "state kept in memory"));
+    assert_true(fy_test_file_contains(f->log, "0 of 4 units (0 B) stay in the shared pool"));
+    fake_host_file(root, "proc/meminfo", "MemTotal: 1000 kB\n");
+    assert_int_equal(plan_small_at(f, machine, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "has no MemAvailable line"));
+    assert_true(fy_test_file_contains(f->log, "plan: --cpu-mem not given and this machine's free "
+                                              "memory not known (above): no cap"));
+    unsetenv("FUYOU_TEST_HOST_ROOT");
+}
+
 int main(void)
 {
     if (fy_trainutil_start("test_plan_cmd") != 0)
@@ -1010,6 +1105,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_bench_pipeline_table),
         cmocka_unit_test(test_prediction_by_hand),
         FY_TRAINUTIL_TEST(test_plan_by_hand),
+        FY_TRAINUTIL_TEST(test_plan_cpu_mem_default),
         FY_TRAINUTIL_TEST(test_plan_gpus),
         FY_TRAINUTIL_TEST(test_plan_optim_state_bytes),
         FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),

@@ -1,8 +1,10 @@
 /* Integration tests of train's two sets of defaults through fuyou-launch and its workers (CPU
  * backend, a GPT of 2 layers of width 64, batch 8 x 32):
  *   - a model made by init trains with the from-scratch defaults: the log says so and why, the
- *     learning rate of metrics.jsonl warms up over 10 steps to 1e-3 (step k: 1e-4 k), there is no
- *     clipping (no grad_norm), and the opt worker runs AdamW with betas 0.9/0.95, weight decay 0.1;
+ *     learning rate of metrics.jsonl warms up over 10 steps to 1e-3 (step k: 1e-4 k), every
+ *     step's gradient norm is clipped to 1 (a grad_norm each step; the plan's line says what that
+ *     costs a step and that --clip-grad-norm 0 turns it off), and the opt worker runs AdamW with
+ *     betas 0.9/0.95, weight decay 0.1;
  *   - the same model exported to a Hugging Face directory and imported (init --from-hf) trains with
  *     the fine-tuning defaults, transformers' Trainer's: the log says so and why, step k of N takes
  *     5e-5 (N - k + 1) / N, every step's gradient norm is computed and clipped to 1, AdamW runs with
@@ -71,21 +73,32 @@ static void test_scratch_and_imported_defaults(void **state)
     char *ft = strdup(fy_test_in(f, "ft"));
     fy_trainutil_init_model(f, scratch, "64", "1");
 
-    /* from scratch: today's defaults */
+    /* from scratch: the from-scratch defaults, clipped to 1 as every run is by default */
     assert_int_equal(train(f, scratch, "4", NULL), 0);
     assert_true(fy_test_file_contains(f->log, fy_test_fmt(
         "train: from-scratch defaults (init made the model: %s/model.conf has no hf): lr 0.001, "
-        "warmup 10, cosine decay to lr x 0.1, weight decay 0.1, betas 0.9/0.95, eps 1e-08, no "
-        "clipping; give any option to change its value", scratch)));
+        "warmup 10, cosine decay to lr x 0.1, weight decay 0.1, betas 0.9/0.95, eps 1e-08, "
+        "clipping 1.0 (as transformers' Trainer, llm.c and nanoGPT clip; --clip-grad-norm 0 "
+        "turns clipping off); give any option to change its value", scratch)));
     assert_true(logged(f, scratch, "betas (0.9, 0.95) eps 1e-08 weight decay 0.1"));
+    assert_true(fy_test_file_contains(f->log, "gradient norm clipped to 1;"));
+    assert_true(fy_test_file_contains(f->log, " s without clipping ("));
+    assert_true(fy_test_file_contains(f->log, " s a step); --clip-grad-norm 1 (the default), 0 "
+                                              "turns clipping off"));
     const double warm[4] = {1e-4, 2e-4, 3e-4, 4e-4};
     assert_lrs(scratch, warm, 4);
     double norms[8];
-    assert_int_equal(metric_values(scratch, "\"grad_norm\": ", norms, 8), 0);
+    assert_int_equal(metric_values(scratch, "\"grad_norm\": ", norms, 8), 4);
     const char *plan_scratch[] = {"plan", "--run-dir", scratch, "--seq", "32", "--backend", "cpu", NULL};
     assert_int_equal(fy_test_launch_in(f, plan_scratch, 60), 0);
     assert_true(fy_test_file_contains(f->log, "plan: train would take the from-scratch defaults "
                                               "(init made the model"));
+    assert_true(fy_test_file_contains(f->log, " s a step); --clip-grad-norm 1 (the default), 0 "
+                                              "turns clipping off"));
+    const char *plan_off[] = {"plan", "--run-dir", scratch, "--seq", "32", "--backend", "cpu",
+                              "--clip-grad-norm", "0", NULL};
+    assert_int_equal(fy_test_launch_in(f, plan_off, 60), 0);
+    assert_false(fy_test_file_contains(f->log, "plan: clipping in "));
 
     /* the same model through Hugging Face: the fine-tuning defaults */
     const char *exp[] = {"export", "--run-dir", scratch, "--to-hf", hf, NULL};
