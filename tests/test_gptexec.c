@@ -1,6 +1,6 @@
 /* Tests of the gpu worker's GPT requests (gpu_worker/gptexec.c) on the CPU backend, through a pool
  * of its own: the optional positions part of gpt-embed-fwd, gpt-embed-bwd, gpt-block-fwd and
- * gpt-block-bwd (issue 40's interface: FY_KIND_TOKENS, I32, the whole batch's B x T, after the
+ * gpt-block-bwd (the interface: FY_KIND_TOKENS, I32, the whole batch's B x T, after the
  * fixed parts and before any saved part). With it, learned positions are looked up at the
  * documents' own positions and each document attends only to itself, the same bits as the
  * backend called with those positions; without it, positions t (the windows of the token stream),

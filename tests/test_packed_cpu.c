@@ -1,4 +1,4 @@
-/* Packed batches on the CPU backend against transformers (issue 40): documents packed in rows
+/* Packed batches on the CPU backend against transformers: documents packed in rows
  * (several a row, single-token ones, a row's leftover as padding: tokens whose target is -1), told
  * to the backend by their positions (gpu_worker/backend.h), give each document what transformers
  * gives it alone (tests/reference/packed_ref.py: each document through the model by itself, in

@@ -10,7 +10,7 @@
  * plain causal rows and for the packed ones side by side, with one block's forward + backward
  * alone, the fill (the documents' tokens over B x T) and packed / causal. The flash attention skips
  * the key blocks the documents' mask leaves empty, so a packed step should take no longer than a
- * causal one (issue 40's check: --seq 4096 --packed 256-1024). */
+ * causal one (the check: --seq 4096 --packed 256-1024). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
