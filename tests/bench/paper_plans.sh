@@ -6,7 +6,9 @@
 # whether it fits, what stays in the pool and what streams, the predicted step and rate, the bound
 # and every resource's seconds. Nothing runs but plan; a CUDA build models the GPU's memory.
 # PAPER_ROWS overrides the rows: "MODEL/PROFILE/GPU_MEM/CPU_MEM/FORMAT/BATCH ..." (BATCH "max": the
-# largest that fits, from a plan at batch 1).
+# largest that fits, from a plan at batch 1). Unclipped (--clip-grad-norm 0) unless PAPER_CLIP gives
+# the norm: the paper's figures are throughputs, and a clipped step of a model whose gradients
+# the pool cannot hold runs the backward twice.
 set -u
 BUILD=${BUILD:-build}
 L=$BUILD/bin/fuyou-launch
@@ -35,7 +37,7 @@ printf '| model | profile | --gpu-mem | --cpu-mem | state | batch | fits | state
 printf '|---|---|---|---|---|---|---|---|---|---|---|---|\n'
 for r in $rows; do
   IFS=/ read -r m prof gmem cmem fmt batch <<<"$r"
-  args="$(model "$m") --seq 1024 --backend cuda --gpu-mem $gmem --cpu-mem $cmem --optim-state $fmt --ckpt-place auto --machine docs/machines/fuyou-paper-$prof.json"
+  args="$(model "$m") --seq 1024 --clip-grad-norm ${PAPER_CLIP:-0} --backend cuda --gpu-mem $gmem --cpu-mem $cmem --optim-state $fmt --ckpt-place auto --machine docs/machines/fuyou-paper-$prof.json"
   if [ "$batch" = max ]; then
     # shellcheck disable=SC2086
     batch=$("$L" plan $args --batch 1 2>&1 | sed -n 's/.*largest batch that fits: \([0-9]*\).*/\1/p')
