@@ -56,7 +56,7 @@ void fy_chaos_reference_run_in(struct fy_chaos *c, const char *name)
     char *out = strdup(fy_test_fmt("%s.fywt", run));
     assert_true(run != NULL && out != NULL);
     fy_chaos_init_model_with(c->f, run, c->optim_state, c->state_piece);
-    const char *args[40];
+    const char *args[48];
     fy_chaos_run_args(c, args, run, FY_CHAOS_STEPS, out, NULL);
     assert_int_equal(fy_test_launch_in(c->f, args, 300), 0);
     c->ref_losses = fy_chaos_losses(fy_test_fmt("%s/metrics.jsonl", run));
@@ -103,12 +103,17 @@ void fy_chaos_train_args(const char **args, const char *run, const char *data, c
     const char *base[] = {"train", "--run-dir", run, "--data", data, "--steps", steps,
                           "--batch", "8", "--seq", "32", "--lr", "3e-3", "--warmup", "20",
                           "--eval-every", "1000", "--checkpoint-every", "3", "--backend", "cpu",
-                          "--max-restarts", "100", "--export", out};
+                          "--max-restarts", "100", "--export", out,
+                          /* every unit's state streamed, unclipped, as the kills are aimed: a
+                           * test's own options come after and replace these */
+                          "--cpu-mem", "0", "--clip-grad-norm", "0"};
     int n = 0;
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         args[n++] = base[i];
-    for (int i = 0; extra != NULL && extra[i] != NULL; i++)
+    for (int i = 0; extra != NULL && extra[i] != NULL; i++) {
+        assert_true(n < 47); /* the callers' arrays hold 48 */
         args[n++] = extra[i];
+    }
     args[n] = NULL;
 }
 
@@ -199,7 +204,7 @@ struct fy_chaos_paths fy_chaos_new_run(struct fy_chaos *c, const char *name)
 int fy_chaos_start_run(struct fy_chaos *c, const struct fy_chaos_paths *rp,
                        const char *const *extra, const char *delay_ms)
 {
-    const char *args[40];
+    const char *args[48];
     fy_chaos_run_args(c, args, rp->run, FY_CHAOS_STEPS, rp->out, extra);
     unlink(rp->log);
     if (delay_ms != NULL)
@@ -225,7 +230,7 @@ void fy_chaos_assert_same_as_reference(const struct fy_chaos *c, const char *run
 
 int fy_chaos_train_to(struct fy_chaos *c, const char *run, const char *steps, const char *out)
 {
-    const char *args[40];
+    const char *args[48];
     fy_chaos_train_args(args, run, c->f->data, steps, out, NULL);
     unlink(out);
     int rc = fy_test_launch_in(c->f, args, 300);

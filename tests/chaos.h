@@ -54,7 +54,7 @@ void fy_chaos_init_model(struct fy_test_fixture *f, const char *run);
 /* The same with --optim-state `optim_state` (NULL: none given). */
 void fy_chaos_init_model_as(struct fy_test_fixture *f, const char *run, const char *optim_state);
 /* The train command of every run here (run, token file, steps, export path), then `extra`
- * (NULL-terminated, may be NULL), into args (40 of them are enough). */
+ * (NULL-terminated, may be NULL), into args (48 of them are enough). */
 void fy_chaos_train_args(const char **args, const char *run, const char *data, const char *steps,
                          const char *out, const char *const *extra);
 /* fy_chaos_train_args with c's train_extra before `extra`. */

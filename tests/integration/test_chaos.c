@@ -57,7 +57,7 @@ static void launcher_killed_in(struct fy_chaos *c, const char *run_name)
 {
     struct fy_chaos_paths rp = fy_chaos_new_run(c, run_name);
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    const char *args[40], *resume[] = {"resume", run, NULL};
+    const char *args[48], *resume[] = {"resume", run, NULL};
     fy_chaos_run_args(c, args, run, FY_CHAOS_STEPS, out, NULL);
     unlink(log);
     uint64_t seed = 14;
@@ -324,7 +324,7 @@ static void test_one_copy_store(void **state)
     fy_chaos_assert_same_as_reference(c, run, out);
 
     /* killed between commits (--checkpoint-every 1000): no going back */
-    const char *args[40], *extra[] = {"--checkpoint-every", "1000", NULL};
+    const char *args[48], *extra[] = {"--checkpoint-every", "1000", NULL};
     fy_chaos_train_args(args, run, c->f->data, "400", out, extra);
     int pid = fy_test_start("fuyou-launch", args, log);
     assert_true(pid > 0);
@@ -358,7 +358,7 @@ static void test_export_while_training(void **state)
     struct fy_chaos *c = *state;
     struct fy_chaos_paths rp = fy_chaos_new_run(c, "busy");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    const char *args[40];
+    const char *args[48];
     fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
     setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the export lands mid-run */
     int pid = fy_test_start("fuyou-launch", args, log);
@@ -478,7 +478,7 @@ static void test_export_killed_beside_training(void **state)
     struct fy_chaos *c = *state;
     struct fy_chaos_paths rp = fy_chaos_new_run(c, "readers");
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;
-    const char *args[40];
+    const char *args[48];
     fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
     unlink(log);
     setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the exports land mid-run */

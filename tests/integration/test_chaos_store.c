@@ -281,7 +281,7 @@ static void test_relocated_run(void **state)
                           "64", "--ctx", "32", "--seed", "5", "--ssd", ext, NULL};
     assert_int_equal(fy_test_launch_in(c->f, init, 60), 0);
     assert_int_equal(rename(ext, fy_test_fmt("%s-gone", ext)), 0);
-    const char *args[40];
+    const char *args[48];
     fy_chaos_train_args(args, extrun, c->f->data, "3", fy_test_fmt("%s.fywt", extrun), NULL);
     assert_int_equal(fy_test_launch_in(c->f, args, 120), 1);
     assert_true(fy_test_file_contains(c->f->log, fy_test_fmt("the store of %s is missing", extrun)));
@@ -523,7 +523,7 @@ static void test_full_filesystem(void **state)
      * the checkpoints' scratch extent (1 MiB at least) */
     assert_int_equal(run_cmd(fy_test_fmt("fallocate -l $(( ($(df --output=avail -B4096 '%s' | "
                                          "tail -1) - 128) * 4096 )) '%s'", mnt, filler)), 0);
-    const char *args[40], *extra[] = {"--ckpt-place", "ssd", NULL};
+    const char *args[48], *extra[] = {"--ckpt-place", "ssd", NULL};
     fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, extra);
     assert_int_equal(fy_test_launch_in(c->f, args, 300), 1);
     assert_true(fy_test_file_contains(c->f->log, "the SSD is full"));
@@ -599,7 +599,7 @@ static void test_run_directory_full(void **state)
     const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
                           "64", "--ctx", "32", "--seed", "5", "--ssd", store, NULL};
     assert_int_equal(fy_test_launch_in(c->f, init, 60), 0);
-    const char *args[40];
+    const char *args[48];
     fy_chaos_train_args(args, run, c->f->data, FY_CHAOS_STEPS, out, NULL);
     setenv("FUYOU_TEST_OPT_DELAY_MS", "40", 1); /* slower steps: the disk fills mid-run */
     int pid = fy_test_start("fuyou-launch", args, log);
@@ -814,7 +814,7 @@ static void test_packed_documents_killed(void **state)
     assert_non_null(docs);
     char *ref = fy_test_in(c->f, "packed-ref"), *ref_out = fy_test_in(c->f, "packed-ref.fywt");
     fy_chaos_init_model(c->f, ref);
-    const char *args[40];
+    const char *args[48];
     fy_chaos_train_args(args, ref, docs, "1", ref_out, NULL);
     assert_string_equal(args[5], "--steps");
     args[5] = "--epochs"; /* in place of --steps */
