@@ -14,7 +14,8 @@ enum { LOG, TOKENIZE_SCRIPT, CUDA_VISIBLE, TMPDIR, CUDA_ATTENTION, CUDA_FUSE, GP
        TEST_PROFILE_FAIL,
        TEST_KEEP_LAYERS, TEST_IO_ENOSPC_AFTER, TEST_ACT_MIX, TEST_EXPORT_PAUSE_MS,
        TEST_START_PAUSE_MS, TEST_METRICS_PENDING_MAX, TEST_EMBED_WHOLE, TEST_OPT_DELAY_MS,
-       TEST_GRAD_PIECE_FLOATS, TEST_LAND_CHUNK, TEST_STATE_PIECES, TEST_HOST_ROOT, KNOB_COUNT };
+       TEST_GRAD_PIECE_FLOATS, TEST_LAND_CHUNK, TEST_STATE_PIECES, TEST_HOST_ROOT, TEST_GPU_FREE,
+       KNOB_COUNT };
 
 static const struct fy_knob knobs[KNOB_COUNT] = {
     [LOG] = {"FUYOU_LOG", FY_KNOB_USER},
@@ -37,6 +38,7 @@ static const struct fy_knob knobs[KNOB_COUNT] = {
     [TEST_LAND_CHUNK] = {"FUYOU_TEST_LAND_CHUNK", FY_KNOB_TEST},
     [TEST_STATE_PIECES] = {"FUYOU_TEST_STATE_PIECES", FY_KNOB_TEST},
     [TEST_HOST_ROOT] = {"FUYOU_TEST_HOST_ROOT", FY_KNOB_TEST},
+    [TEST_GPU_FREE] = {"FUYOU_TEST_GPU_FREE", FY_KNOB_TEST},
 };
 
 const struct fy_knob *fy_knobs(unsigned *count)
@@ -145,6 +147,12 @@ int fy_knob_test_state_pieces(void) { return is(TEST_STATE_PIECES, "1"); }
 const char *fy_knob_test_host_root(void)
 {
     const char *v = value(TEST_HOST_ROOT);
+    return v != NULL && *v != 0 ? v : NULL;
+}
+
+const char *fy_knob_test_gpu_free(void)
+{
+    const char *v = value(TEST_GPU_FREE);
     return v != NULL && *v != 0 ? v : NULL;
 }
 

@@ -87,6 +87,11 @@ size_t fy_knob_test_grad_piece_floats(void);
  * rounded up to a multiple of 4096, so that a small model's units stream in several chunks; 0 when
  * unset or not a positive number. */
 uint64_t fy_knob_test_land_chunk(void);
+/* FUYOU_TEST_GPU_FREE=FREE/TOTAL[,FREE/TOTAL...]: each GPU's free and total memory, in CUDA's
+ * order (sizes as --gpu-mem takes them), that fy_backend_devices_free (gpu_worker/backend.h)
+ * gives in place of CUDA's, so that the --gpu-mem default is tested without a GPU; NULL when
+ * unset or empty. */
+const char *fy_knob_test_gpu_free(void);
 
 #ifdef __cplusplus
 }

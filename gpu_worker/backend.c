@@ -8,7 +8,10 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/config.h"
 #include "common/dtype.h"
+#include "common/knobs.h"
+#include "common/log.h"
 #include "gpu_worker/cpu/cpu_backend.h"
 #ifdef FY_HAVE_CUDA
 #include "gpu_worker/cuda/cuda_backend.h"
@@ -40,6 +43,61 @@ int fy_backend_cuda_devices(void)
 #else
     return 0;
 #endif
+}
+
+/* FUYOU_TEST_GPU_FREE's figures (knobs.h) for the first `ranks` GPUs, the least free kept. */
+static int devices_free_given(const char *given, int ranks, uint64_t *free_bytes,
+                              uint64_t *total_bytes, int *which)
+{
+    char copy[512];
+    snprintf(copy, sizeof copy, "%s", given);
+    int n = 0;
+    for (char *save = NULL, *gpu = strtok_r(copy, ",", &save); gpu != NULL && n < ranks;
+         gpu = strtok_r(NULL, ",", &save), n++) {
+        char *slash = strchr(gpu, '/');
+        uint64_t f, t;
+        if (slash != NULL)
+            *slash = 0;
+        FY_REQUIRE(slash != NULL && fy_parse_size(gpu, &f) == 0 && fy_parse_size(slash + 1, &t) == 0
+                       && f <= t, -EINVAL, "FUYOU_TEST_GPU_FREE=%s: each GPU is FREE/TOTAL, "
+                   "sizes with FREE at most TOTAL", given);
+        if (n == 0 || f < *free_bytes) {
+            *free_bytes = f;
+            *total_bytes = t;
+            *which = n;
+        }
+    }
+    FY_REQUIRE(n == ranks, -ENODEV, "FUYOU_TEST_GPU_FREE=%s gives %d GPU%s, not the %d of the run",
+               given, n, n == 1 ? "" : "s", ranks);
+    fy_info("FUYOU_TEST_GPU_FREE: the GPUs' free memory taken from the environment, not CUDA");
+    return 0;
+}
+
+int fy_backend_devices_free(int ranks, uint64_t *free_bytes, uint64_t *total_bytes, int *which)
+{
+    *free_bytes = *total_bytes = 0;
+    *which = 0;
+    const char *given = fy_knob_test_gpu_free();
+    if (given != NULL)
+        return devices_free_given(given, ranks, free_bytes, total_bytes, which);
+#ifdef FY_HAVE_CUDA
+    return fy_cuda_devices_free(ranks, free_bytes, total_bytes, which);
+#else
+    fy_error("the GPUs' free memory: this build has no CUDA backend (nvcc was not found when it "
+             "was built)");
+    return -ENODEV;
+#endif
+}
+
+uint64_t fy_backend_gpu_mem_default(uint64_t free_bytes, uint64_t total_bytes, uint64_t *margin)
+{
+    uint64_t m = total_bytes / 20;
+    if (m < FY_BACKEND_GPU_MARGIN_MIN)
+        m = FY_BACKEND_GPU_MARGIN_MIN;
+    if (m > free_bytes / 2)
+        m = free_bytes / 2;
+    *margin = m;
+    return free_bytes - m;
 }
 
 static int backend_try(struct fy_backend *b, const struct fy_backend_ops *ops, uint64_t gpu_mem)

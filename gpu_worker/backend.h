@@ -154,6 +154,20 @@ struct fy_backend_ops {
 #define FY_BACKEND_QUEUE 2
 
 /* which: "cpu", "cuda", or "auto" (CUDA when a device is usable, else the CPU backend, said loudly). */
+/* The --gpu-mem default's margin: device memory a gpu worker takes outside its arena (the CUDA
+ * context, cuBLAS's and cuBLASLt's handles, NCCL's buffers with several GPUs): the larger of
+ * FY_BACKEND_GPU_MARGIN_MIN and a twentieth of the device's total, at most half its free memory. */
+#define FY_BACKEND_GPU_MARGIN_MIN (1ull << 30)
+/* The least free of the first `ranks` GPUs CUDA shows (CUDA_VISIBLE_DEVICES: those the gpu
+ * workers of --gpus ranks take, rank R the R-th): its free and total memory into *free_bytes and
+ * *total_bytes, its index into *which. Each GPU's context is released again, so the gpu workers
+ * find the devices as they were. FUYOU_TEST_GPU_FREE gives the figures instead (common/knobs.h).
+ * -ENODEV (said) where the build has no CUDA or CUDA shows fewer GPUs, another -errno (said)
+ * where CUDA fails. */
+int fy_backend_devices_free(int ranks, uint64_t *free_bytes, uint64_t *total_bytes, int *which);
+/* The --gpu-mem default of a GPU with free_bytes of total_bytes free: free less the margin
+ * (*margin, FY_BACKEND_GPU_MARGIN_MIN's rule). */
+uint64_t fy_backend_gpu_mem_default(uint64_t free_bytes, uint64_t total_bytes, uint64_t *margin);
 int fy_backend_open(struct fy_backend **out, const char *which, uint64_t gpu_mem);
 void fy_backend_close(struct fy_backend **b);
 const char *fy_backend_name(const struct fy_backend *b);

@@ -68,6 +68,10 @@ int fy_cmd_plan(struct fy_options *o)
                "%s describes: give --cpu-mem to plan for another)\n", cpu_mem, o->machine);
     else
         printf("plan: %s\n", cpu_mem);
+    char gpu_mem[PATH_MAX + 768];
+    FY_TRY(fy_runconf_plan_gpu_mem(o, backend, gpu_mem, sizeof gpu_mem));
+    if (gpu_mem[0])
+        printf("plan: %s\n", gpu_mem);
     FY_TRY(fy_runconf_plan_in(o, &in.model, backend, &in.plan));
     if (o->machine != NULL) {
         FY_TRY(fy_plan_rates_load(o->machine, &in.plan.rates));

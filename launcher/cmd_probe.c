@@ -59,6 +59,13 @@ int fy_cmd_probe(struct fy_options *o)
             "product alone; copies to %.1f GB/s, from %.1f GB/s, both ways %.1f GB/s", r.device,
             r.rates.gpu_flops * 1e-12, r.gemm_flops * 1e-12, r.rates.h2d * 1e-9,
             r.rates.d2h * 1e-9, r.duplex_Bps * 1e-9);
+    if (r.gpu_total > 0) {
+        char free_s[32], total_s[32];
+        fy_format_size(r.gpu_free, free_s, sizeof free_s);
+        fy_format_size(r.gpu_total, total_s, sizeof total_s);
+        fy_info("probe: GPU memory %s free of %s (plan's --gpu-mem default takes it)", free_s,
+                total_s);
+    }
     for (unsigned i = 0; r.ssd_paths > 1 && i < r.ssd_paths; i++)
         fy_info("probe: SSD path %s alone: read %.2f GB/s, write %.2f GB/s", r.ssd_path[i],
                 r.ssd_path_read[i] * 1e-9, r.ssd_path_write[i] * 1e-9);

@@ -35,6 +35,12 @@ int fy_cmd_profile(struct fy_options *o)
         fy_info("profile: %s", said);
     }
     o->backend = fy_backend_resolve(o->backend);
+    if (rc == 0) {
+        char said[512];
+        fy_runconf_gpu_mem(o, said, sizeof said);
+        if (said[0])
+            fy_info("profile: %s", said);
+    }
     o->act_plan = "auto";
     /* the plan's sequence as train's: the state's residency, then the activation plan in the
      * room it leaves (the checkpoints in the pool, as profile takes no --ckpt-place) */

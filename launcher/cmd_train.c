@@ -468,6 +468,12 @@ static int train_setup(struct fy_options *o, struct train_run *t)
         fy_warn("--backend auto: %s: using the CPU backend (slow; for tests and laptops)",
                 fy_backend_cuda_built() ? "no CUDA device is visible"
                                         : "this build has no CUDA backend (nvcc was not found)");
+    if (rc == 0) { /* the arena's budget, before the plan checks what it holds */
+        char said[512];
+        fy_runconf_gpu_mem(o, said, sizeof said);
+        if (said[0])
+            fy_info("train: %s", said);
+    }
     if (rc == 0)
         rc = fy_runconf_plan_in(o, &t->model, o->backend, &t->plan_in);
     if (rc == 0)

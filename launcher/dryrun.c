@@ -162,7 +162,7 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
 static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p)
 {
     const struct fy_model_config *c = &in->model;
-    const char *budget = in->plan.gpu_mem ? size(in->plan.gpu_mem) : "(all)";
+    const char *budget = in->plan.gpu_mem ? size(in->plan.gpu_mem) : "0 (sized to them)";
     const char *over = p->fits_gpu ? "" : " (DOES NOT FIT)";
     if (!p->gpu_modelled) {
         fprintf(out, "plan: GPU memory: not modelled for the %s backend\n", in->plan.backend);

@@ -508,7 +508,8 @@ static const struct opt_spec specs[] = {
      "(0: no cap)"},
     {"gpu-mem", "SIZE", PLANS | C(PROBE) | C(SELFTEST), K_SIZE, U64(gpu_mem), NOTED(gpu_mem_set),
      NULL,
-     "the GPU arena: working buffers, kept blocks' internals, swap sets (all free)"},
+     "the GPU arena: working buffers, kept blocks' internals, swap sets (CUDA: the GPUs' free "
+     "memory less a margin; 0: the working buffers alone)"},
     {"gpus", "all|N", PLANS, K_PARSE, 0, 0, parse_gpus,
      "gpu workers, one per GPU, each computing B / N sequences of every step, their gradients "
      "summed in a fixed order; all: every GPU CUDA shows (1)"},

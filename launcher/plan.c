@@ -104,6 +104,46 @@ int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
     return rc;
 }
 
+int fy_plan_machine_gpu_load(const char *path, struct fy_plan_machine_gpu *out)
+{
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "r");
+    FY_SYS(f == NULL ? -1 : 0, "cannot open the machine profile %s", path);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *root = cJSON_Parse(buf);
+    FY_REQUIRE(root != NULL && cJSON_IsObject(root), -EINVAL,
+               "%s: not a JSON object (a machine profile has gpu_flops, h2d, d2h, ssd_read, "
+               "ssd_write and opt_params)", path);
+    const cJSON *free_v = cJSON_GetObjectItemCaseSensitive(root, "gpu_free");
+    const cJSON *total_v = cJSON_GetObjectItemCaseSensitive(root, "gpu_total");
+    int rc = 0;
+    if (free_v != NULL) {
+        if (!cJSON_IsNumber(free_v) || !(free_v->valuedouble > 0) || !cJSON_IsNumber(total_v) ||
+            !(total_v->valuedouble >= free_v->valuedouble) || total_v->valuedouble > 0x1p60) {
+            fy_error("%s: \"gpu_free\" and \"gpu_total\" must be positive numbers of bytes, "
+                     "gpu_free at most gpu_total (the GPU's free and total memory as probe found "
+                     "them)", path);
+            rc = -EINVAL;
+        } else {
+            out->free_bytes = (uint64_t)free_v->valuedouble;
+            out->total_bytes = (uint64_t)total_v->valuedouble;
+        }
+    }
+    static const char *const keys[] = {"host", "probed_at"};
+    char *fields[] = {out->host, out->probed_at};
+    const size_t sizes[] = {sizeof out->host, sizeof out->probed_at};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+        if (cJSON_IsString(v) && v->valuestring != NULL)
+            snprintf(fields[i], sizes[i], "%s", v->valuestring);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
 int fy_plan_rates_select(struct fy_plan_rates *r, int format, const char *from)
 {
     FY_REQUIRE(format >= 0 && format < FY_OPTIM_STATE_COUNT && r->opt_by_format[format] > 0,

@@ -40,6 +40,16 @@ extern const struct fy_plan_rates fy_plan_reference_rates;
  * reference machine's); opt_params is fp32's until fy_plan_rates_select. -EINVAL (said, naming
  * the file and key) otherwise. */
 int fy_plan_rates_load(const char *path, struct fy_plan_rates *out);
+/* The GPU that probe measured for a machine profile: its free and total memory when probe began,
+ * where it ran and when (fuyou-launch probe on the CUDA backend writes them). */
+struct fy_plan_machine_gpu {
+    uint64_t free_bytes, total_bytes; /* 0: the profile has none (the CPU backend's, or older) */
+    char host[128], probed_at[64];    /* "" where the profile does not say */
+};
+/* Reads the profile's gpu_free, gpu_total, host and probed_at into *out; a profile without
+ * gpu_free has none (not an error). -EINVAL (said) where gpu_free is there but it or gpu_total is
+ * not a positive number of bytes, or gpu_free exceeds gpu_total. */
+int fy_plan_machine_gpu_load(const char *path, struct fy_plan_machine_gpu *out);
 /* Makes opt_params the rate of optimizer state format `format` (enum fy_optim_state): its entry
  * of opt_by_format. -EINVAL, said naming `from` (where the rates come from), where it is not
  * known. */
@@ -332,7 +342,7 @@ struct fy_plan_in {
     int ckpt_place;          /* --ckpt-place: FY_CKPT_HOST, _SSD or _AUTO (launcher/options.h) */
     enum fy_actplan_mode act_mode; /* --act-plan */
     uint64_t cpu_mem;        /* the pool's cap (0: none, and no state kept) */
-    uint64_t gpu_mem;        /* the GPU arena's (0: all of it) */
+    uint64_t gpu_mem;        /* the GPU arena's (0: the working buffers alone, not checked) */
     unsigned state_copies;   /* of the optimizer state in the store: 2 or 1 */
     int clip_mode;           /* --clip-mode: FY_CLIP_AUTO, _ONE_PASS or _TWO_PASS */
     int clip_hold;           /* --clip-hold: FY_CLIP_HOLD_AUTO, _POOL or _GPU */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -270,6 +271,17 @@ int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r)
     if (strcmp(o->backend, "cuda") != 0)
         fy_info("probe: no GPU here (the %s backend): its block and copies are timed in their "
                 "stead, and the GPU parts (PCIe, GEMM rate) are skipped", o->backend);
+    time_t started = time(NULL);
+    struct tm utc;
+    if (gmtime_r(&started, &utc) == NULL ||
+        strftime(r->probed_at, sizeof r->probed_at, "%Y-%m-%dT%H:%M:%SZ", &utc) == 0)
+        snprintf(r->probed_at, sizeof r->probed_at, "unknown");
+    if (gethostname(r->host, sizeof r->host) != 0)
+        snprintf(r->host, sizeof r->host, "unknown");
+    r->host[sizeof r->host - 1] = 0;
+    int which;
+    if (strcmp(o->backend, "cuda") == 0) /* before the backend takes its own: the GPU as train finds it */
+        FY_TRY(fy_backend_devices_free(1, &r->gpu_free, &r->gpu_total, &which));
     FY_TRY(probe_backend(o, r));
     FY_TRY(probe_ssd(o, r));
     probe_memcpy(r);
@@ -291,6 +303,11 @@ int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct 
         ok = cJSON_AddNumberToObject(root, rates[i].key, rates[i].value) != NULL;
     ok = ok && cJSON_AddStringToObject(root, "backend", o->backend) != NULL &&
          cJSON_AddStringToObject(root, "device", r->device) != NULL &&
+         cJSON_AddStringToObject(root, "host", r->host) != NULL &&
+         cJSON_AddStringToObject(root, "probed_at", r->probed_at) != NULL &&
+         (r->gpu_total == 0 ||
+          (cJSON_AddNumberToObject(root, "gpu_free", (double)r->gpu_free) != NULL &&
+           cJSON_AddNumberToObject(root, "gpu_total", (double)r->gpu_total) != NULL)) &&
          cJSON_AddNumberToObject(root, "copies_both_ways", r->duplex_Bps) != NULL &&
          cJSON_AddNumberToObject(root, "gemm_flops", r->gemm_flops) != NULL &&
          cJSON_AddNumberToObject(root, "memcpy", r->memcpy_Bps) != NULL &&

@@ -30,6 +30,9 @@ struct fy_probe_result {
     double memcpy_all_Bps;       /* ... by memcpy_threads threads, one per core */
     unsigned memcpy_threads;
     char device[128];
+    uint64_t gpu_free, gpu_total; /* the GPU's free and total memory as probe began (CUDA; 0: none) */
+    char host[256];               /* the machine's name (gethostname) */
+    char probed_at[32];           /* when it began, UTC, as 2026-01-31T12:00:00Z */
     unsigned ssd_paths;
     /* each path's store alone (with one path: the store's figures) */
     char ssd_path[FY_PROBE_MAX_PATHS][256];
@@ -45,7 +48,8 @@ struct fy_probe_result {
 };
 
 int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r);
-/* The machine profile: the six rates plan reads (launcher/dryrun.h) and the details; written to a
+/* The machine profile: the six rates plan reads (launcher/dryrun.h), the GPU's free memory that
+ * plan's --gpu-mem default takes, and the details; written to a
  * temporary file, fsynced, renamed. */
 int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct fy_probe_result *r);
 

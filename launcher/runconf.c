@@ -97,6 +97,90 @@ void fy_runconf_cpu_mem(struct fy_options *o, char *said, size_t len)
              "SIZE sets another cap, 0 none (and no state kept in memory)", cap, from);
 }
 
+/* The line of a --gpu-mem given; 0 where it was not given. */
+static int gpu_mem_given(const struct fy_options *o, char *said, size_t len)
+{
+    if (!o->gpu_mem_set)
+        return 0;
+    char budget[32];
+    fy_format_size(o->gpu_mem, budget, sizeof budget);
+    snprintf(said, len, o->gpu_mem ? "--gpu-mem %s (given)" : "--gpu-mem 0 (given): the GPU arena "
+             "sized to the working buffers alone, no room beside them for kept blocks' internals "
+             "or held gradients", budget);
+    return 1;
+}
+
+/* The --gpu-mem default of a GPU with free_bytes of total_bytes free, into o->gpu_mem and said;
+ * `whose` names the free memory ("GPU 0's free memory"). */
+static void gpu_mem_default(struct fy_options *o, uint64_t free_bytes, uint64_t total_bytes,
+                            const char *whose, char *said, size_t len)
+{
+    uint64_t margin;
+    o->gpu_mem = fy_backend_gpu_mem_default(free_bytes, total_bytes, &margin);
+    char budget[32], free_s[32], total_s[32], margin_s[32];
+    fy_format_size(o->gpu_mem, budget, sizeof budget);
+    fy_format_size(free_bytes, free_s, sizeof free_s);
+    fy_format_size(total_bytes, total_s, sizeof total_s);
+    fy_format_size(margin, margin_s, sizeof margin_s);
+    snprintf(said, len, "--gpu-mem %s (the default: %s %s of %s less a margin of %s for the CUDA "
+             "context, cuBLAS and NCCL outside the arena); --gpu-mem SIZE sets another, 0 an "
+             "arena sized to the working buffers alone", budget, whose, free_s, total_s, margin_s);
+}
+
+void fy_runconf_gpu_mem(struct fy_options *o, char *said, size_t len)
+{
+    said[0] = 0;
+    if (strcmp(o->backend, "cuda") != 0 || gpu_mem_given(o, said, len))
+        return;
+    uint64_t free_bytes, total_bytes;
+    int which;
+    if (fy_backend_devices_free((int)o->gpus, &free_bytes, &total_bytes, &which) < 0) {
+        o->gpu_mem = 0;
+        snprintf(said, len, "--gpu-mem not given and the GPU's free memory not known (above): the "
+                 "GPU arena sized to the working buffers alone, no room beside them for kept "
+                 "blocks' internals or held gradients; give --gpu-mem to make room");
+        return;
+    }
+    char whose[96];
+    if (o->gpus > 1)
+        snprintf(whose, sizeof whose, "GPU %d's, the least free of the %llu the gpu workers take, "
+                 "free memory", which, (unsigned long long)o->gpus);
+    else
+        snprintf(whose, sizeof whose, "GPU %d's free memory", which);
+    gpu_mem_default(o, free_bytes, total_bytes, whose, said, len);
+}
+
+int fy_runconf_plan_gpu_mem(struct fy_options *o, const char *backend, char *said, size_t len)
+{
+    said[0] = 0;
+    if (strcmp(backend, "cuda") != 0 || gpu_mem_given(o, said, len))
+        return 0;
+    struct fy_plan_machine_gpu gpu = {0};
+    if (o->machine != NULL)
+        FY_TRY(fy_plan_machine_gpu_load(o->machine, &gpu));
+    if (gpu.total_bytes == 0) {
+        o->gpu_mem = 0;
+        char why[PATH_MAX + 96];
+        if (o->machine != NULL)
+            snprintf(why, sizeof why, "%s records none: fuyou-launch probe on the CUDA backend "
+                     "records it", o->machine);
+        else
+            snprintf(why, sizeof why, "no machine profile: fuyou-launch probe --run-dir RUN on "
+                     "the GPU machine records it");
+        snprintf(said, len, "--gpu-mem not given and no GPU's free memory known (%s): planned "
+                 "with the GPU arena sized to the working buffers alone, nothing kept beside "
+                 "them; train takes its GPUs' free memory less a margin: give --gpu-mem SIZE to "
+                 "plan for that", why);
+        return 0;
+    }
+    char whose[PATH_MAX + 256];
+    snprintf(whose, sizeof whose, "the free memory of the GPU %s's probe measured%s%s%s%s, as "
+             "train there would take it,", o->machine, gpu.probed_at[0] ? " on " : "",
+             gpu.probed_at, gpu.host[0] ? " on host " : "", gpu.host);
+    gpu_mem_default(o, gpu.free_bytes, gpu.total_bytes, whose, said, len);
+    return 0;
+}
+
 /* Every --ssd directory must exist before any worker starts, so a typo costs one clear line. */
 int fy_runconf_check_ssd(const char *list)
 {

@@ -31,6 +31,18 @@ void fy_runconf_train_defaults(struct fy_options *o, const struct fy_config *mc,
  * (plan's too: train would run here). The line that says the cap and where it came from into
  * said. A machine whose memory cannot be read keeps no cap (0), said. */
 void fy_runconf_cpu_mem(struct fy_options *o, char *said, size_t len);
+/* --gpu-mem where the command line did not give it, for a run on the CUDA backend (o->backend
+ * resolved): the least free memory of the GPUs its gpu workers take (fy_backend_devices_free)
+ * less the margin of fy_backend_gpu_mem_default. The line that says the arena's budget and where
+ * it came from into said; "" on the CPU backend, whose --gpu-mem keeps its meaning. GPUs whose
+ * memory cannot be read leave 0 (the arena sized to the working buffers alone), said. */
+void fy_runconf_gpu_mem(struct fy_options *o, char *said, size_t len);
+/* plan's --gpu-mem where the command line did not give it, for a plan on the CUDA backend: from
+ * the GPU's free memory the machine profile (--machine, or RUN/machine.json) records, less the
+ * same margin, as train on that machine would take it; without one 0 (the arena sized to the
+ * working buffers alone). No CUDA call: plan may run elsewhere. The line into said ("" on the CPU
+ * backend); -EINVAL (said) for a profile whose GPU figures are not numbers. */
+int fy_runconf_plan_gpu_mem(struct fy_options *o, const char *backend, char *said, size_t len);
 /* fy_runconf_base's and the training entries of the gpu worker: the model, the batch, the
  * activations' dtype and --act-plan. */
 int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *model,

@@ -6,6 +6,9 @@
  *   - every option given on the command line is kept whichever set applies, the last of a repeated
  *     one (resume appends its options to the saved command), and the others take the set's;
  *   - the line that says which set is in force names it, why, its values and the options given;
+ *   - --gpu-mem on the CUDA backend, not given: the least free memory of the run's GPUs less the
+ *     margin (a twentieth of the GPU's total, at least 1 GiB, at most half the free memory), said;
+ *     given, 0 included, it keeps its value; the CPU backend's is left as it is, unsaid;
  *   - the linear schedule is transformers' get_linear_schedule_with_warmup after the warmup (the
  *     reference below is its lambda, written from its definition); cosine is as it was. */
 #include <stdarg.h>
@@ -17,6 +20,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -209,6 +213,62 @@ static void test_cosine_schedule(void **state)
     assert_true(fabs(fy_train_lr(&o, 200) - 1e-4) <= 1e-18);
 }
 
+/* fy_runconf_gpu_mem for train's options `args` on `backend`, the GPUs' figures faked through
+ * FUYOU_TEST_GPU_FREE (`gpus`: NULL unset); the budget returned, the line into said. */
+static uint64_t gpu_mem_for(const char *const *args, const char *backend, const char *gpus,
+                            char *said, size_t len)
+{
+    struct fy_options o;
+    parse_and_resolve(args, 0, &o, said, len);
+    o.backend = backend;
+    if (gpus != NULL)
+        assert_int_equal(setenv("FUYOU_TEST_GPU_FREE", gpus, 1), 0);
+    else
+        unsetenv("FUYOU_TEST_GPU_FREE");
+    fy_runconf_gpu_mem(&o, said, len);
+    unsetenv("FUYOU_TEST_GPU_FREE");
+    return o.gpu_mem;
+}
+
+static void test_gpu_mem_default(void **state)
+{
+    (void)state;
+    char said[1024];
+    const uint64_t GiB = 1ull << 30;
+    /* an 80 GiB GPU with 79 GiB free: a margin of 4 GiB (a twentieth) */
+    assert_int_equal(gpu_mem_for(NULL, "cuda", "79G/80G", said, sizeof said), 75 * GiB);
+    assert_string_equal(said, "--gpu-mem 75.0 GiB (the default: GPU 0's free memory 79.0 GiB of "
+                              "80.0 GiB less a margin of 4.0 GiB for the CUDA context, cuBLAS and "
+                              "NCCL outside the arena); --gpu-mem SIZE sets another, 0 an arena "
+                              "sized to the working buffers alone");
+    /* a 16 GiB GPU: the margin's least, 1 GiB; a GPU nearly full: at most half what is free */
+    assert_int_equal(gpu_mem_for(NULL, "cuda", "10G/16G", said, sizeof said), 9 * GiB);
+    assert_int_equal(gpu_mem_for(NULL, "cuda", "1G/80G", said, sizeof said), GiB / 2);
+    assert_non_null(strstr(said, "less a margin of 512.0 MiB"));
+    /* --gpus 3: the least free of the first three GPUs CUDA shows (the fourth is not the run's) */
+    const char *three[] = {"--gpus", "3", "--batch", "6", NULL};
+    assert_int_equal(gpu_mem_for(three, "cuda", "70G/80G,60G/80G,75G/80G,1G/80G", said,
+                                 sizeof said), 56 * GiB);
+    assert_non_null(strstr(said, "--gpu-mem 56.0 GiB (the default: GPU 1's, the least free of the "
+                                 "3 the gpu workers take, free memory 60.0 GiB of 80.0 GiB less a "
+                                 "margin of 4.0 GiB"));
+    /* fewer GPUs than gpu workers: not known, the arena sized to the work */
+    const char *two[] = {"--gpus", "2", NULL};
+    assert_int_equal(gpu_mem_for(two, "cuda", "70G/80G", said, sizeof said), 0);
+    assert_non_null(strstr(said, "--gpu-mem not given and the GPU's free memory not known "
+                                 "(above): the GPU arena sized to the working buffers alone"));
+    /* given, 0 too, it keeps its value whatever the GPU has */
+    const char *given[] = {"--gpu-mem", "24G", NULL}, *zero[] = {"--gpu-mem", "0", NULL};
+    assert_int_equal(gpu_mem_for(given, "cuda", "79G/80G", said, sizeof said), 24 * GiB);
+    assert_string_equal(said, "--gpu-mem 24.0 GiB (given)");
+    assert_int_equal(gpu_mem_for(zero, "cuda", "79G/80G", said, sizeof said), 0);
+    assert_non_null(strstr(said, "--gpu-mem 0 (given): the GPU arena sized to the working buffers "
+                                 "alone, no room beside them"));
+    /* the CPU backend: nothing asked, nothing said */
+    assert_int_equal(gpu_mem_for(NULL, "cpu", "79G/80G", said, sizeof said), 0);
+    assert_string_equal(said, "");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +279,7 @@ int main(void)
         cmocka_unit_test(test_bad_values_refused),
         cmocka_unit_test(test_linear_schedule_is_trainers),
         cmocka_unit_test(test_cosine_schedule),
+        cmocka_unit_test(test_gpu_mem_default),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -406,6 +406,33 @@ extern "C" int fy_cuda_device_count(void)
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
+extern "C" int fy_cuda_devices_free(int ranks, uint64_t *free_bytes, uint64_t *total_bytes,
+                                    int *which)
+{
+    int count = fy_cuda_device_count();
+    FY_REQUIRE(count >= ranks, -ENODEV, "the GPUs' free memory: CUDA shows %d GPU%s, the run takes "
+               "%d: show one per gpu worker (CUDA_VISIBLE_DEVICES), or lower --gpus", count,
+               count == 1 ? "" : "s", ranks);
+    int rc = 0;
+    for (int d = 0; d < ranks && rc == 0; d++) {
+        size_t f = 0, t = 0;
+        cudaError_t err = cudaSetDevice(d);
+        if (err == cudaSuccess)
+            err = cudaMemGetInfo(&f, &t);
+        if (err != cudaSuccess) {
+            fy_error("reading the free memory of GPU %d: CUDA: %s (%s)", d, cudaGetErrorString(err),
+                     cudaGetErrorName(err));
+            rc = -EIO;
+        } else if (d == 0 || f < *free_bytes) {
+            *free_bytes = f;
+            *total_bytes = t;
+            *which = d;
+        }
+        cudaDeviceReset(); /* the primary context this made, gone: the workers start clean */
+    }
+    return rc;
+}
+
 extern "C" int fy_cuda_device_visible(void) { return fy_cuda_device_count() > 0; }
 
 static_assert(FY_CU_QUEUE == FY_BACKEND_QUEUE, "queue depths of the interface and cu_queue");

@@ -484,6 +484,12 @@ static void test_probe_then_plan(void **state)
         assert_non_null(at);
         assert_true(atof(at + strlen(keys[i])) > 0);
     }
+    /* where and when, for plan's --gpu-mem default; no GPU figures on the CPU backend */
+    assert_non_null(strstr(profile, "\"host\":"));
+    const char *when = strstr(profile, "\"probed_at\":");
+    assert_non_null(when);
+    assert_non_null(strstr(when, "Z\""));
+    assert_null(strstr(profile, "\"gpu_free\""));
     free(profile);
     assert_int_equal(fy_test_count_matches(f->log, ".fuyou-probe"), 0);
     const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
@@ -1094,6 +1100,64 @@ static void test_plan_cpu_mem_default(void **state)
     unsetenv("FUYOU_TEST_HOST_ROOT");
 }
 
+/* plan_small's model on the CUDA backend under a machine profile whose GPU part is `gpu` (JSON
+ * members, or ""), with opt value where given; the state streamed. */
+static int plan_gpu_at(struct fy_test_fixture *f, const char *gpu, const char *opt,
+                       const char *value)
+{
+    const char *machine = fy_test_in(f, "gpu-machine.json");
+    FILE *m = fopen(machine, "w");
+    assert_non_null(m);
+    fprintf(m, "{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
+            "\"ssd_write\": 2e8, \"opt_params\": 1e6%s}\n", gpu);
+    fclose(m);
+    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
+                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cuda",
+                          "--machine", machine, "--cpu-mem", "0", "--clip-grad-norm", "0", opt,
+                          value, NULL};
+    return fy_test_launch_in(f, args, 60);
+}
+
+/* plan's --gpu-mem default on the CUDA backend: the free memory of the GPU the machine profile's
+ * probe measured (gpu_free of gpu_total) less the margin train takes, a twentieth of the total
+ * (at least 1 GiB, at most half the free memory), with where and when it was measured: 79 of 80
+ * GiB free gives 75 GiB. A profile without the figure (older, or the CPU backend's) plans with the
+ * arena sized to the working buffers, said; a bad figure is refused; --gpu-mem given, 0 too, keeps
+ * its value; the CPU backend says nothing of it. */
+static void test_plan_gpu_mem_default(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    const char *probed = ", \"gpu_free\": 84825604096, \"gpu_total\": 85899345920, "
+                         "\"host\": \"gpuhost\", \"probed_at\": \"2026-12-06T05:49:22Z\"";
+    assert_int_equal(plan_gpu_at(f, probed, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt(
+        "plan: --gpu-mem 75.0 GiB (the default: the free memory of the GPU %s's probe measured on "
+        "2026-12-06T05:49:22Z on host gpuhost, as train there would take it, 79.0 GiB of 80.0 GiB "
+        "less a margin of 4.0 GiB for the CUDA context, cuBLAS and NCCL outside the arena); "
+        "--gpu-mem SIZE sets another, 0 an arena sized to the working buffers alone\n",
+        fy_test_in(f, "gpu-machine.json"))));
+    if (fy_test_file_contains(f->log, "plan: GPU: working buffers ")) /* the CUDA backend built */
+        assert_true(fy_test_file_contains(f->log, " of --gpu-mem 75.0 GiB; a block's internals "));
+    assert_int_equal(plan_gpu_at(f, "", NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, fy_test_fmt(
+        "plan: --gpu-mem not given and no GPU's free memory known (%s records none: fuyou-launch "
+        "probe on the CUDA backend records it): planned with the GPU arena sized to the working "
+        "buffers alone", fy_test_in(f, "gpu-machine.json"))));
+    if (fy_test_file_contains(f->log, "plan: GPU: working buffers "))
+        assert_true(fy_test_file_contains(f->log, " of --gpu-mem 0 (sized to them); a block's "
+                                                  "internals "));
+    assert_int_equal(plan_gpu_at(f, ", \"gpu_free\": 2e9, \"gpu_total\": 1e9", NULL, NULL), 1);
+    assert_true(fy_test_file_contains(f->log, "\"gpu_free\" and \"gpu_total\" must be positive "
+                                              "numbers of bytes"));
+    assert_int_equal(plan_gpu_at(f, probed, "--gpu-mem", "24G"), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: --gpu-mem 24.0 GiB (given)\n"));
+    assert_int_equal(plan_gpu_at(f, probed, "--gpu-mem", "0"), 0);
+    assert_true(fy_test_file_contains(f->log, "plan: --gpu-mem 0 (given): the GPU arena sized to "
+                                              "the working buffers alone"));
+    assert_int_equal(plan_small_at(f, fy_test_in(f, "gpu-machine.json"), 1, NULL, NULL), 0);
+    assert_false(fy_test_file_contains(f->log, "--gpu-mem"));
+}
+
 int main(void)
 {
     if (fy_trainutil_start("test_plan_cmd") != 0)
@@ -1106,6 +1170,7 @@ int main(void)
         cmocka_unit_test(test_prediction_by_hand),
         FY_TRAINUTIL_TEST(test_plan_by_hand),
         FY_TRAINUTIL_TEST(test_plan_cpu_mem_default),
+        FY_TRAINUTIL_TEST(test_plan_gpu_mem_default),
         FY_TRAINUTIL_TEST(test_plan_gpus),
         FY_TRAINUTIL_TEST(test_plan_optim_state_bytes),
         FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),
