@@ -41,7 +41,8 @@ const struct fy_plan_rates fy_plan_reference_rates = {
     .host_mem = 90e9,
 };
 
-int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
+/* The machine profile at path as a JSON object (*root, the caller's to free). */
+static int profile_json(const char *path, cJSON **root)
 {
     FILE *f = fopen(path, "r");
     FY_SYS(f == NULL ? -1 : 0, "cannot open the machine profile %s", path);
@@ -49,10 +50,21 @@ int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = 0;
-    cJSON *root = cJSON_Parse(buf);
-    FY_REQUIRE(root != NULL && cJSON_IsObject(root), -EINVAL,
+    *root = cJSON_Parse(buf);
+    if (*root != NULL && !cJSON_IsObject(*root)) {
+        cJSON_Delete(*root);
+        *root = NULL;
+    }
+    FY_REQUIRE(*root != NULL, -EINVAL,
                "%s: not a JSON object (a machine profile has gpu_flops, h2d, d2h, ssd_read, "
                "ssd_write and opt_params)", path);
+    return 0;
+}
+
+int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
+{
+    cJSON *root;
+    FY_TRY(profile_json(path, &root));
     static const char *const keys[] = {"gpu_flops", "h2d", "d2h", "ssd_read", "ssd_write",
                                        "opt_params"};
     double *fields[] = {&out->gpu_flops, &out->h2d, &out->d2h, &out->ssd_read, &out->ssd_write,
@@ -107,16 +119,8 @@ int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
 int fy_plan_machine_gpu_load(const char *path, struct fy_plan_machine_gpu *out)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "r");
-    FY_SYS(f == NULL ? -1 : 0, "cannot open the machine profile %s", path);
-    char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    cJSON *root = cJSON_Parse(buf);
-    FY_REQUIRE(root != NULL && cJSON_IsObject(root), -EINVAL,
-               "%s: not a JSON object (a machine profile has gpu_flops, h2d, d2h, ssd_read, "
-               "ssd_write and opt_params)", path);
+    cJSON *root;
+    FY_TRY(profile_json(path, &root));
     const cJSON *free_v = cJSON_GetObjectItemCaseSensitive(root, "gpu_free");
     const cJSON *total_v = cJSON_GetObjectItemCaseSensitive(root, "gpu_total");
     int rc = 0;

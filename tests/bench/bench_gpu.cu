@@ -267,7 +267,7 @@ int main(int argc, char **argv)
             continue;
         float block_ms = timed([&] { block_step(pos); });
         static float causal_block_ms, causal_step_ms;
-        printf("%-7s %-6s one block fwd+bwd %.3f ms (%s%s)", "block", name, block_ms,
+        printf("%-7s %-6s one block fwd+bwd %.3f ms (%s%s", "block", name, block_ms,
                packed ? "packed documents" : "causal rows", packed ? "" : ")\n");
         if (packed)
             printf(", documents of %d-%d tokens, fill %.3f; packed / causal: block %.3f, step "
