@@ -1,4 +1,5 @@
-# Fuyou build. Targets: all (default), deps, test, test-gpu, bench, clean.
+# Fuyou build. Targets: all (default), deps, test, test-gpu, bench, clean. SANITIZE=address,undefined
+# and WERROR=1: below; tests/sanitize.sh runs the sanitized tests (docs/architecture.md).
 # Libraries are found through pkg-config; CUDA parts build when nvcc is on PATH or in /usr/local/cuda.
 
 # SANITIZE=address,undefined (or thread, ...) builds everything with -fsanitize=$(SANITIZE) into a
@@ -27,7 +28,7 @@ DEB_libcjson := libcjson-dev
 DEPS_RUNTIME := liburing libzmq hwloc libcjson
 DEPS_TEST    := cmocka
 DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev libcjson-dev \
-                libxxhash-dev libcmocka-dev fio gnuplot-nox python3 python3-numpy
+                libxxhash-dev libcmocka-dev fio gnuplot-nox python3 python3-numpy clang-format
 # The tests against PyTorch and transformers (Hugging Face import and export, the Llama reference,
 # the tokenizer tests, the GPU tests) need these from PyPI: Debian does not package them.
 PYTHON       ?= python3

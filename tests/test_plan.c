@@ -187,7 +187,7 @@ static void test_streamed_by_hand(void **state)
 }
 
 /* Gradients held in the CUDA backend's arena, where this build models its memory: refused without
- * --gpu-mem (the arena is sized to its working buffers), taken with room, refused one byte short. */
+ * --gpu-mem (the arena is sized to its working buffers), taken with room, refused a byte short. */
 static void clip_hold_in_cuda_arena(const struct fy_plan_in *base, const struct fy_model_config *c)
 {
     uint64_t working, set;
