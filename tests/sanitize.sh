@@ -51,7 +51,7 @@ rm -rf "$reports" && mkdir -p "$reports"
 # before the report, so no suppression can name it; the tests have no GPU whose PCI place matters.
 export ASAN_OPTIONS=halt_on_error=1:abort_on_error=0:detect_leaks=1:log_path=$PWD/$reports/asan
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$PWD/$reports/ubsan
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:log_path=$PWD/$reports/tsan
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp:log_path=$PWD/$reports/tsan
 export HWLOC_PLUGINS_BLACKLIST=hwloc_pci
 tests/run_tests.sh "${programs[@]}"
 rc=$?
