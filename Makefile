@@ -1,6 +1,20 @@
-# Fuyou build. Targets: all (default), deps, test, test-gpu, bench, clean.
+# Fuyou build. Targets: all (default), deps, test, test-gpu, bench, clean. SANITIZE=address,undefined
+# and WERROR=1: below; tests/sanitize.sh runs the sanitized tests (docs/architecture.md).
 # Libraries are found through pkg-config; CUDA parts build when nvcc is on PATH or in /usr/local/cuda.
 
+# SANITIZE=address,undefined (or thread, ...) builds everything with -fsanitize=$(SANITIZE) into a
+# build directory of its own (build-asan, build-tsan, ...), never mixed with the normal build's
+# objects. A sanitized tree is built WITHOUT THE CUDA BACKEND (NVCC is emptied): the CUDA runtime
+# does not run under the sanitizers' memory layout, and the CPU backend is what the sanitized tests
+# exercise. WERROR=1 adds -Werror (CI's normal build); local builds keep warnings as warnings.
+SANITIZE ?=
+comma    := ,
+ifneq ($(SANITIZE),)
+SAN_TAG  := $(if $(findstring thread,$(SANITIZE)),tsan,$(if $(findstring address,$(SANITIZE)),asan,$(subst $(comma),-,$(SANITIZE))))
+BUILD    ?= build-$(SAN_TAG)
+NVCC     :=
+SAN_FLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+endif
 BUILD    ?= build
 CC       ?= cc
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -14,7 +28,7 @@ DEB_libcjson := libcjson-dev
 DEPS_RUNTIME := liburing libzmq hwloc libcjson
 DEPS_TEST    := cmocka
 DEB_PACKAGES := build-essential pkg-config liburing-dev libzmq3-dev libhwloc-dev libcjson-dev \
-                libxxhash-dev libcmocka-dev fio gnuplot-nox python3 python3-numpy
+                libxxhash-dev libcmocka-dev fio gnuplot-nox python3 python3-numpy clang-format
 # The tests against PyTorch and transformers (Hugging Face import and export, the Llama reference,
 # the tokenizer tests, the GPU tests) need these from PyPI: Debian does not package them.
 PYTHON       ?= python3
@@ -74,7 +88,7 @@ endif
 endif
 
 CFLAGS  ?=
-CFLAGS  += $(CFLAGS_BASE) $(PKG_CFLAGS) $(CUDA_CFLAGS)
+CFLAGS  += $(CFLAGS_BASE) $(SAN_FLAGS) $(if $(filter 1,$(WERROR)),-Werror) $(PKG_CFLAGS) $(CUDA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) $(CUDA_LIBS) -lgomp -lm -lpthread
 
 MAIN_SRCS := launcher/main.c gpu_worker/main.c io_worker/main.c opt_worker/main.c
@@ -164,7 +178,7 @@ $(BUILD)/obj/tests/cu_flash_kernels.inc: gpu_worker/cuda/cu_flash.cu
 
 $(EMU_TEST): tests/test_cu_flash_emu.cc $(BUILD)/obj/tests/cu_flash_kernels.inc
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++17 -O2 -g -Wall -Wno-unknown-pragmas -Wno-unused-function \
+	$(CXX) -std=c++17 -O2 -g -Wall -Wno-unknown-pragmas -Wno-unused-function $(SAN_FLAGS) \
 	  -fno-strict-aliasing -ffp-contract=off -I$(BUILD)/obj/tests $(TEST_CFLAGS) $< -o $@ $(TEST_LIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(TEST_HELPERS) $(LIB)

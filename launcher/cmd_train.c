@@ -802,7 +802,7 @@ void fy_cmd_train_stopped(const struct fy_options *o, const char *removed)
  * there is one, else RUN/train.args; *from says which) with the options given here after it (the
  * last of a repeated option wins), run from the directory it ran in (its relative paths, --data
  * say, are as they were) on RUN_DIR itself, wherever the run directory has been copied or moved
- * since. *owned keeps the new argv's storage. */
+ * since. *owned keeps the new argv, every string of it its own (fy_cmd_resume_args_free). */
 int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from)
 {
     const char *dir = *argc >= 3 && (*argv)[2][0] != '-' ? (*argv)[2] : NULL;
@@ -876,15 +876,31 @@ int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from)
         free(args);
         return rc;
     }
-    args[0] = (*argv)[0];
-    args[1] = "train";
-    args[n++] = "--run-dir"; /* this run directory, not the one it was started in */
-    args[n++] = run_dir;
+    args[0] = strdup((*argv)[0]);
+    args[1] = strdup("train");
+    args[n++] = strdup("--run-dir"); /* this run directory, not the one it was started in */
+    args[n++] = strdup(run_dir);
     for (int i = extra_at; i < *argc; i++)
-        args[n++] = (*argv)[i];
+        args[n++] = strdup((*argv)[i]);
     args[n] = NULL;
+    for (int i = 0; i < n; i++)
+        if (args[i] == NULL) {
+            for (int k = 0; k < n; k++)
+                free(args[k]);
+            free(args);
+            fprintf(stderr, "fuyou-launch resume: out of memory\n");
+            return -ENOMEM;
+        }
     *argc = n;
     *argv = args;
     *owned = args;
     return 0;
+}
+
+void fy_cmd_resume_args_free(char ***owned)
+{
+    for (char **a = *owned; a != NULL && *a != NULL; a++)
+        free(*a);
+    free(*owned);
+    *owned = NULL;
 }

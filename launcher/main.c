@@ -79,6 +79,28 @@ static int open_run_log(const struct fy_options *o, int makes_run_dir, struct fy
     return 0;
 }
 
+/* After the command: the run directory removed where this failed command made it, the exit code. */
+static int finish(int cmd, const struct fy_options *o, struct fy_made_dirs *made, int rc)
+{
+    const char *name = fy_options_command_name(cmd);
+    char removed[PATH_MAX * 2] = "";
+    /* the run directory with what the command wrote in it, then the parents made for it (said
+     * here, or in the line of a stop) */
+    if (rc < 0 && made->n > 0 && fy_remove_tree(o->run_dir) == 0 &&
+        fy_made_dirs_undo(made, removed, sizeof removed) > 0 && rc != -EINTR)
+        fy_info("removed %s, which this failed %s had created", removed, name);
+    if (rc == -ECHILD)
+        return EXIT_WORKER;
+    if (rc == -EINTR) {
+        if (commands[cmd].stopped != NULL)
+            commands[cmd].stopped(o, removed);
+        else
+            fy_warn("stopped by signal");
+        return EXIT_INTERRUPTED;
+    }
+    return rc == -FY_EUSAGE ? EXIT_USAGE : rc < 0 ? EXIT_ERROR : EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     fy_log_init("launch", FY_LOG_INFO);
@@ -102,18 +124,18 @@ int main(int argc, char **argv)
     struct fy_options o;
     int parsed = fy_options_parse(cmd, argc - 1, argv + 1, &o);
     if (parsed != 0) {
-        free(resumed);
+        fy_cmd_resume_args_free(&resumed);
         return parsed == FY_OPTIONS_HELP ? EXIT_OK : EXIT_USAGE;
     }
     /* Before any thread exists (ZeroMQ's), so supervision owns these signals. */
     if (commands[cmd].workers && !o.inprocess && fy_sup_block_signals(NULL) != 0) {
         fy_error("cannot block SIGCHLD/SIGINT/SIGTERM for supervision");
-        free(resumed);
+        fy_cmd_resume_args_free(&resumed);
         return EXIT_ERROR;
     }
     struct fy_made_dirs made;
     if (open_run_log(&o, commands[cmd].makes_run_dir, &made) < 0) {
-        free(resumed);
+        fy_cmd_resume_args_free(&resumed);
         return EXIT_ERROR;
     }
     if (cmd == FY_CMD_TRAIN || cmd == FY_CMD_RESUME) { /* kept for resume (cmd_train.c) */
@@ -122,22 +144,7 @@ int main(int argc, char **argv)
         o.train_args_from = from;
     }
     int rc = commands[cmd].run(&o);
-    free(resumed);
-    const char *name = fy_options_command_name(cmd);
-    char removed[PATH_MAX * 2] = "";
-    /* the run directory with what the command wrote in it, then the parents made for it (said
-     * here, or in the line of a stop) */
-    if (rc < 0 && made.n > 0 && fy_remove_tree(o.run_dir) == 0 &&
-        fy_made_dirs_undo(&made, removed, sizeof removed) > 0 && rc != -EINTR)
-        fy_info("removed %s, which this failed %s had created", removed, name);
-    if (rc == -ECHILD)
-        return EXIT_WORKER;
-    if (rc == -EINTR) {
-        if (commands[cmd].stopped != NULL)
-            commands[cmd].stopped(&o, removed);
-        else
-            fy_warn("stopped by signal");
-        return EXIT_INTERRUPTED;
-    }
-    return rc == -FY_EUSAGE ? EXIT_USAGE : rc < 0 ? EXIT_ERROR : EXIT_OK;
+    int code = finish(cmd, &o, &made, rc); /* o's strings may be resumed's */
+    fy_cmd_resume_args_free(&resumed);
+    return code;
 }

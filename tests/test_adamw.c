@@ -1238,7 +1238,10 @@ static void test_q8_zero_state(void **state)
     uint8_t *codes = malloc(n);
     float *absmax = malloc(q.nb * 4);
     assert_non_null(codes), assert_non_null(absmax);
-    const float *fm = (const float *)(gf + n * 6), *fv = fm + n;
+    /* the moments follow master and its bf16 copy (n * 6 bytes): copied out to be aligned */
+    float *fm = malloc(n * 8), *fv = fm + n;
+    assert_non_null(fm);
+    memcpy(fm, gf + n * 6, n * 8);
     const char *qm = gq + n * 6, *qv = qm + n + q.nb * 4;
     assert_int_equal(fy_quant8_quantize(fm, n, 1, codes, absmax), 0);
     assert_memory_equal(qm, codes, n);
@@ -1246,7 +1249,7 @@ static void test_q8_zero_state(void **state)
     assert_int_equal(fy_quant8_quantize(fv, n, 0, codes, absmax), 0);
     assert_memory_equal(qv, codes, n);
     assert_memory_equal(qv + n, absmax, q.nb * 4);
-    free(codes), free(absmax), free(gq), free(gf);
+    free(codes), free(absmax), free(gq), free(gf), free(fm);
     mcase_free(&q);
     mcase_free(&f);
 }
