@@ -26,8 +26,17 @@ enum { S_ARCH = S_COUNT, S_FAMILY /* the first FAMILY_NEAR of the family's slots
 enum { FAMILY_NEAR = 14, S_FAMILY_FAR = 64 };
 /* The commit record's fields after them, past one slot left zero (the version 1 metadata block's
  * flag, in stores before commit records). */
-enum { S_COPY = S_FAMILY + FAMILY_NEAR + 1, S_SEQ_LO, S_SEQ_HI, S_UNITS, S_DIGEST_LO, S_DIGEST_HI, S_COPIES,
-       S_OPTIM_STATE, S_STATE_PIECE };
+enum {
+    S_COPY = S_FAMILY + FAMILY_NEAR + 1,
+    S_SEQ_LO,
+    S_SEQ_HI,
+    S_UNITS,
+    S_DIGEST_LO,
+    S_DIGEST_HI,
+    S_COPIES,
+    S_OPTIM_STATE,
+    S_STATE_PIECE
+};
 
 _Static_assert(S_FAMILY_FAR + FY_FAMILY_SLOTS - FAMILY_NEAR <= FY_CKPT_BLOCK / 4,
                "the family's slots fit the header block");

@@ -209,12 +209,19 @@ const char *fy_op_name(int op)
 const char *fy_kind_name(int kind)
 {
     static const char *const names[FY_KIND_COUNT] = {
-        [FY_KIND_CONTROL] = "control", [FY_KIND_WEIGHTS] = "weights",
-        [FY_KIND_MASTER] = "master",   [FY_KIND_ADAM_M] = "adam-m",
-        [FY_KIND_ADAM_V] = "adam-v",   [FY_KIND_GRAD] = "grad",
-        [FY_KIND_ACTIVATION] = "activation", [FY_KIND_RAW] = "raw", [FY_KIND_TOKENS] = "tokens",
-        [FY_KIND_SAVED] = "saved", [FY_KIND_ADAM_ABSMAX] = "adam-absmax",
-        [FY_KIND_ADAM_SMALL] = "adam-small", [FY_KIND_STATE] = "state",
+        [FY_KIND_CONTROL] = "control",
+        [FY_KIND_WEIGHTS] = "weights",
+        [FY_KIND_MASTER] = "master",
+        [FY_KIND_ADAM_M] = "adam-m",
+        [FY_KIND_ADAM_V] = "adam-v",
+        [FY_KIND_GRAD] = "grad",
+        [FY_KIND_ACTIVATION] = "activation",
+        [FY_KIND_RAW] = "raw",
+        [FY_KIND_TOKENS] = "tokens",
+        [FY_KIND_SAVED] = "saved",
+        [FY_KIND_ADAM_ABSMAX] = "adam-absmax",
+        [FY_KIND_ADAM_SMALL] = "adam-small",
+        [FY_KIND_STATE] = "state",
     };
     if (kind < 0 || kind >= FY_KIND_COUNT)
         return "unknown-kind";

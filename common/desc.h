@@ -41,9 +41,9 @@ enum fy_kind {
     FY_KIND_ADAM_V = 4,
     FY_KIND_GRAD = 5,
     FY_KIND_ACTIVATION = 6,
-    FY_KIND_RAW = 7, /* bytes with no tensor meaning (I/O of a packed extent) */
-    FY_KIND_TOKENS = 8, /* int32 token ids (inputs or targets) */
-    FY_KIND_SAVED = 9,  /* a block's swapped forward internals: the kinds of the mask in `arg`
+    FY_KIND_RAW = 7,          /* bytes with no tensor meaning (I/O of a packed extent) */
+    FY_KIND_TOKENS = 8,       /* int32 token ids (inputs or targets) */
+    FY_KIND_SAVED = 9,        /* a block's swapped forward internals: the kinds of the mask in `arg`
                            laid out by fy_actplan_region_of (common/actplan.h) */
     FY_KIND_ADAM_ABSMAX = 10, /* int8 moments' block absmax, m's then v's (common/optstate.h) */
     FY_KIND_ADAM_SMALL = 11,  /* int8 state: the f32 moments of small tensors, m's then v's */
@@ -54,26 +54,27 @@ enum fy_kind {
 
 /* What to do with it. */
 enum fy_op {
-    FY_OP_READY = 1,     /* worker -> launcher: initialised; status = 0 */
-    FY_OP_STOP = 2,      /* launcher -> worker: finish and exit */
-    FY_OP_DONE = 3,      /* reply to a request: same seq, status = 0 or -errno */
-    FY_OP_IO_ALLOC = 4,  /* io: create extent `tensor` of `bytes` in the store */
+    FY_OP_READY = 1,    /* worker -> launcher: initialised; status = 0 */
+    FY_OP_STOP = 2,     /* launcher -> worker: finish and exit */
+    FY_OP_DONE = 3,     /* reply to a request: same seq, status = 0 or -errno */
+    FY_OP_IO_ALLOC = 4, /* io: create extent `tensor` of `bytes` in the store */
     /* io reads and writes take an optional second part, a control descriptor: then a write's
      * reply arg is the digest (common/digest.h) of the bytes written, and a read fails with
      * -EBADMSG unless the bytes read have the digest in that part's arg; or, where that part's
      * step is FY_IO_DIGEST_REPORT, a read's reply arg is the digest of the bytes read, unchecked
      * (a piece of a unit's state, whose record holds the digest of all its pieces' together) */
-    FY_OP_IO_READ = 5,   /* io: extent `tensor` at byte `arg` -> pool region */
-    FY_OP_IO_WRITE = 6,  /* io: pool region -> extent `tensor` at byte `arg` */
-    FY_OP_IO_SYNC = 7,   /* io: make all written extents durable */
-    FY_OP_GPU_SYNTH_GRAD = 8, /* gpu: write the synthetic gradient (seed `arg`, step) into the region */
+    FY_OP_IO_READ = 5,  /* io: extent `tensor` at byte `arg` -> pool region */
+    FY_OP_IO_WRITE = 6, /* io: pool region -> extent `tensor` at byte `arg` */
+    FY_OP_IO_SYNC = 7,  /* io: make all written extents durable */
+    FY_OP_GPU_SYNTH_GRAD =
+        8,               /* gpu: write the synthetic gradient (seed `arg`, step) into the region */
     FY_OP_OPT_ADAMW = 9, /* opt: AdamW over the GRAD, MASTER, ADAM_M, ADAM_V (+WEIGHTS, +TOKENS)
                             parts */
     FY_OP_PING = 10,     /* any: reply DONE at once (liveness) */
     /* GPT on the gpu worker, one unit at a time; parts in the order given (see gpu_worker/gptexec.h) */
     FY_OP_GPT_EMBED_FWD = 11, /* tokens, embed weights -> x0 */
     FY_OP_GPT_BLOCK_FWD = 12, /* block weights, x -> y */
-    FY_OP_GPT_HEAD = 13,      /* x, targets, final and embed weights [-> dx, dfinal, dembed]; loss */
+    FY_OP_GPT_HEAD = 13, /* x, targets, final and embed weights [-> dx, dfinal, dembed]; loss */
     FY_OP_GPT_BLOCK_BWD = 14, /* block weights, x, dy -> dx, dparams (and where the dparams
                                  part's arg is k > 0, also held on the device in buffer k - 1) */
     FY_OP_GPT_EMBED_BWD = 15, /* tokens, dx0 -> dembed += */

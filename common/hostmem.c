@@ -145,8 +145,10 @@ int fy_hostmem_read(struct fy_hostmem *m)
         }
     }
     fclose(f);
-    FY_REQUIRE(found, -ENOENT, "%s has no MemAvailable line (a kernel before 3.14?): the "
-               "machine's free memory is not known", path);
+    FY_REQUIRE(found, -ENOENT,
+               "%s has no MemAvailable line (a kernel before 3.14?): the "
+               "machine's free memory is not known",
+               path);
     read_cgroups(m);
     m->room = m->available;
     if (m->cgroup && cgroup_room(m) < m->room)
@@ -174,13 +176,17 @@ uint64_t fy_hostmem_default_cap(const struct fy_hostmem *m, char *said, size_t l
         !(m->cgroup && cgroup_room(m) == m->room)) {
         char shm[32];
         fy_format_size(m->shm_free, shm, sizeof shm);
-        snprintf(said, len, "/dev/shm's free %s, where the pool lives (MemAvailable %s) less a "
-                 "margin of %s", shm, avail, marg);
+        snprintf(said, len,
+                 "/dev/shm's free %s, where the pool lives (MemAvailable %s) less a "
+                 "margin of %s",
+                 shm, avail, marg);
     } else if (m->cgroup && cgroup_room(m) == m->room && cgroup_room(m) < m->available) {
         fy_format_size(m->cgroup_limit, lim, sizeof lim);
         fy_format_size(m->cgroup_used, used, sizeof used);
-        snprintf(said, len, "the cgroup's limit %s less its use %s (%s; MemAvailable %s) less a "
-                 "margin of %s", lim, used, m->cgroup_file, avail, marg);
+        snprintf(said, len,
+                 "the cgroup's limit %s less its use %s (%s; MemAvailable %s) less a "
+                 "margin of %s",
+                 lim, used, m->cgroup_file, avail, marg);
     } else {
         snprintf(said, len, "MemAvailable %s less a margin of %s", avail, marg);
     }

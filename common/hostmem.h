@@ -15,13 +15,13 @@
 #define FY_HOSTMEM_MARGIN_MIN (2ull << 30)
 
 struct fy_hostmem {
-    uint64_t available;     /* MemAvailable */
-    int cgroup;             /* a cgroup limit was found (the fields below) */
-    uint64_t cgroup_limit;  /* the limit of the tightest level */
-    uint64_t cgroup_used;   /* its usage */
-    char cgroup_file[320];  /* its limit's file, as read */
-    uint64_t shm_free;      /* /dev/shm's free space, where the pool lives (UINT64_MAX: unknown) */
-    uint64_t room;          /* the least of available, the tightest cgroup's limit - usage and
+    uint64_t available;    /* MemAvailable */
+    int cgroup;            /* a cgroup limit was found (the fields below) */
+    uint64_t cgroup_limit; /* the limit of the tightest level */
+    uint64_t cgroup_used;  /* its usage */
+    char cgroup_file[320]; /* its limit's file, as read */
+    uint64_t shm_free;     /* /dev/shm's free space, where the pool lives (UINT64_MAX: unknown) */
+    uint64_t room;         /* the least of available, the tightest cgroup's limit - usage and
                              * shm_free */
 };
 

@@ -30,11 +30,12 @@ int fy_model_config_validate(const struct fy_model_config *c)
                c->ctx, MAX_DIM);
     FY_REQUIRE(c->optim_state >= 0 && c->optim_state < FY_OPTIM_STATE_COUNT, -EINVAL,
                "model: optimizer state format %d is not fp32, bf16 or int8", c->optim_state);
-    FY_REQUIRE(c->state_piece == 0 || (c->state_piece >= FY_MODEL_STATE_PIECE_MIN &&
-                                       c->state_piece % 1024 == 0),
-               -EINVAL, "model: a piece of optimizer state of %llu bytes: give 0 (whole units) or "
-               "a multiple of 1 KiB from %d KiB", (unsigned long long)c->state_piece,
-               FY_MODEL_STATE_PIECE_MIN / 1024);
+    FY_REQUIRE(c->state_piece == 0 ||
+                   (c->state_piece >= FY_MODEL_STATE_PIECE_MIN && c->state_piece % 1024 == 0),
+               -EINVAL,
+               "model: a piece of optimizer state of %llu bytes: give 0 (whole units) or "
+               "a multiple of 1 KiB from %d KiB",
+               (unsigned long long)c->state_piece, FY_MODEL_STATE_PIECE_MIN / 1024);
     return fy_model_arch(c)->validate(c);
 }
 
@@ -98,8 +99,8 @@ int fy_model_config_to(const struct fy_model_config *c, struct fy_config *cfg)
     if (c->optim_state != FY_OPTIM_STATE_FP32)
         FY_TRY(fy_config_set(cfg, "model.optim_state", fy_optim_state_name(c->optim_state)));
     if (c->state_piece != 0)
-        FY_TRY(fy_config_setf(cfg, "model.state_piece", "%llu",
-                              (unsigned long long)c->state_piece));
+        FY_TRY(
+            fy_config_setf(cfg, "model.state_piece", "%llu", (unsigned long long)c->state_piece));
     return a->conf_write(c, cfg);
 }
 

@@ -93,8 +93,8 @@ void fy_optstate_layout_params(uint64_t params, int format, struct fy_optstate_l
     memset(out, 0, sizeof *out);
     out->format = format;
     out->params = params;
-    struct fy_optstate_tensor t = {.begin = 0, .count = params, .decay = 1,
-                                   .quantized = quantized_by_size(format, params)};
+    struct fy_optstate_tensor t = {
+        .begin = 0, .count = params, .decay = 1, .quantized = quantized_by_size(format, params)};
     place_tensors(format, &t, 1, out);
     place_sections(format, params, out);
 }
@@ -108,7 +108,8 @@ static unsigned unit_tensors(const struct fy_model_config *c, unsigned unit,
     unsigned n = fy_unit_tensors(c, unit, spec);
     for (unsigned i = 0; i < n; i++) {
         uint64_t count = fy_tensor_numel(&spec[i]);
-        out[i] = (struct fy_optstate_tensor){.begin = spec[i].offset, .count = count,
+        out[i] = (struct fy_optstate_tensor){.begin = spec[i].offset,
+                                             .count = count,
                                              .decay = spec[i].decay,
                                              .quantized = quantized_by_size(c->optim_state, count)};
     }
@@ -230,8 +231,8 @@ struct cut {
     uint64_t limit, grain;
     const struct fy_optstate_tensor *t; /* the unit's tensors */
     unsigned want, pieces;
-    uint64_t at;     /* the next piece's offset in the extent */
-    uint64_t begin;  /* the piece being cut: its first parameter, counts and parts */
+    uint64_t at;    /* the next piece's offset in the extent */
+    uint64_t begin; /* the piece being cut: its first parameter, counts and parts */
     struct piece_counts k;
     struct piece_seg seg[FY_UNIT_MAX_TENSORS];
     unsigned segs;
@@ -254,9 +255,10 @@ static void cut_close(struct cut *x)
             uint64_t begin = 0;
             for (unsigned i = 0; i < x->segs; i++) {
                 const struct fy_optstate_tensor *whole = &x->t[x->seg[i].tensor];
-                x->tensors[i] = (struct fy_optstate_tensor){
-                    .begin = begin, .count = x->seg[i].n, .decay = whole->decay,
-                    .quantized = whole->quantized};
+                x->tensors[i] = (struct fy_optstate_tensor){.begin = begin,
+                                                            .count = x->seg[i].n,
+                                                            .decay = whole->decay,
+                                                            .quantized = whole->quantized};
                 begin += x->seg[i].n;
             }
             x->out_tensors = x->segs;
@@ -332,15 +334,20 @@ static unsigned cut_unit(const struct fy_model_config *c, unsigned unit, unsigne
     *ntensors = 0;
     if (c->state_piece == 0 || whole.bytes <= c->state_piece) {
         if (want == 0) {
-            *out = (struct fy_optstate_piece){.begin = 0, .params = whole.params, .offset = 0,
-                                              .layout = whole};
+            *out = (struct fy_optstate_piece){
+                .begin = 0, .params = whole.params, .offset = 0, .layout = whole};
             if (tensors != NULL)
                 *ntensors = fy_optstate_tensors(c, unit, tensors);
         }
         return 1;
     }
-    struct cut x = {.format = c->optim_state, .limit = c->state_piece, .grain = cut_grain(c),
-                    .t = t, .want = want, .out = out, .tensors = tensors};
+    struct cut x = {.format = c->optim_state,
+                    .limit = c->state_piece,
+                    .grain = cut_grain(c),
+                    .t = t,
+                    .want = want,
+                    .out = out,
+                    .tensors = tensors};
     for (unsigned i = 0; i < n && x.pieces <= want; i++)
         cut_tensor(&x, i);
     cut_close(&x);

@@ -316,8 +316,8 @@ int fy_sampler_train_batch(struct fy_sampler *s, uint64_t step, int32_t *inputs,
                            int32_t *positions, struct fy_sampler_fill *fill)
 {
     if (s->o.packing == FY_PACKING_WINDOWS) {
-        FY_TRY(fy_tokfile_batch(s->data, FY_TOKFILE_TRAIN, s->o.seed, step, s->o.B, s->o.T,
-                                inputs, targets));
+        FY_TRY(fy_tokfile_batch(s->data, FY_TOKFILE_TRAIN, s->o.seed, step, s->o.B, s->o.T, inputs,
+                                targets));
         window_fill(s, targets, positions, fill);
         return 0;
     }
@@ -330,8 +330,8 @@ int fy_sampler_train_batch(struct fy_sampler *s, uint64_t step, int32_t *inputs,
     return 0;
 }
 
-int fy_sampler_eval_batch(struct fy_sampler *s, uint64_t index, int32_t *inputs,
-                          int32_t *targets, int32_t *positions, struct fy_sampler_fill *fill)
+int fy_sampler_eval_batch(struct fy_sampler *s, uint64_t index, int32_t *inputs, int32_t *targets,
+                          int32_t *positions, struct fy_sampler_fill *fill)
 {
     if (s->o.packing == FY_PACKING_WINDOWS) {
         FY_TRY(fy_tokfile_eval_batch(s->data, index, s->o.B, s->o.T, inputs, targets));
@@ -343,8 +343,8 @@ int fy_sampler_eval_batch(struct fy_sampler *s, uint64_t index, int32_t *inputs,
                "the %llu held-out documents have nothing to predict (each one token): hold out "
                "more (--eval-fraction) or evaluate none (--eval-batches 0)",
                (unsigned long long)e->documents);
-    fill_batch(s, FY_TOKFILE_EVAL, &s->rows[FY_TOKFILE_EVAL], index % e->batches * s->o.B,
-               inputs, targets, positions, fill);
+    fill_batch(s, FY_TOKFILE_EVAL, &s->rows[FY_TOKFILE_EVAL], index % e->batches * s->o.B, inputs,
+               targets, positions, fill);
     return 0;
 }
 

@@ -32,7 +32,7 @@
 #include "common/tokfile.h"
 
 enum fy_packing {
-    FY_PACKING_AUTO = 0,  /* documents for a file whose documents are records, else windows */
+    FY_PACKING_AUTO = 0, /* documents for a file whose documents are records, else windows */
     FY_PACKING_WINDOWS = 1,
     FY_PACKING_DOCUMENTS = 2,
 };
@@ -100,7 +100,7 @@ uint64_t fy_sampler_epoch_steps(const struct fy_sampler *s);
 int fy_sampler_train_batch(struct fy_sampler *s, uint64_t step, int32_t *inputs, int32_t *targets,
                            int32_t *positions, struct fy_sampler_fill *fill);
 /* Held-out batch `index` of the pass (taken modulo the pass's batches), likewise. */
-int fy_sampler_eval_batch(struct fy_sampler *s, uint64_t index, int32_t *inputs,
-                          int32_t *targets, int32_t *positions, struct fy_sampler_fill *fill);
+int fy_sampler_eval_batch(struct fy_sampler *s, uint64_t index, int32_t *inputs, int32_t *targets,
+                          int32_t *positions, struct fy_sampler_fill *fill);
 
 #endif

@@ -30,7 +30,7 @@ struct fy_tokfile {
     uint64_t mask_off;     /* its offset in the file, 0 when there is none */
     const uint8_t *docs;   /* the document index (version 3), NULL when there is none */
     uint64_t docs_off, n_docs;
-    int records;           /* the documents are records (flags bit 1) */
+    int records; /* the documents are records (flags bit 1) */
     uint64_t count, masked;
     uint32_t width, vocab, version;
     struct fy_tokfile_source src;
@@ -421,8 +421,7 @@ static int write_section(struct tok_writer *w, int fd, uint64_t spilled, const u
 /* The mask plane: the side file's bytes and the bits still in mbuf. */
 static int write_mask_plane(struct tok_writer *w)
 {
-    return write_section(w, w->mfd, w->moff, w->mbuf, (size_t)((w->mbits + 7) / 8),
-                         "mask bits");
+    return write_section(w, w->mfd, w->moff, w->mbuf, (size_t)((w->mbits + 7) / 8), "mask bits");
 }
 
 /* Pads, writes the header, syncs and renames into place. Aborts (removes the .tmp) on failure. */

@@ -58,9 +58,12 @@ static int devices_free_given(const char *given, int ranks, uint64_t *free_bytes
         uint64_t f, t;
         if (slash != NULL)
             *slash = 0;
-        FY_REQUIRE(slash != NULL && fy_parse_size(gpu, &f) == 0 && fy_parse_size(slash + 1, &t) == 0
-                       && f <= t, -EINVAL, "FUYOU_TEST_GPU_FREE=%s: each GPU is FREE/TOTAL, "
-                   "sizes with FREE at most TOTAL", given);
+        FY_REQUIRE(slash != NULL && fy_parse_size(gpu, &f) == 0 &&
+                       fy_parse_size(slash + 1, &t) == 0 && f <= t,
+                   -EINVAL,
+                   "FUYOU_TEST_GPU_FREE=%s: each GPU is FREE/TOTAL, "
+                   "sizes with FREE at most TOTAL",
+                   given);
         if (n == 0 || f < *free_bytes) {
             *free_bytes = f;
             *total_bytes = t;
@@ -289,24 +292,23 @@ int fy_backend_positions_are_windows(const int32_t *positions, int B, int T)
  * of before positions existed (the same bits by construction, not by the arithmetic agreeing). */
 static const int32_t *documents(const struct fy_backend *b, const int32_t *positions)
 {
-    return positions != NULL && !fy_backend_positions_are_windows(positions, b->B, b->T)
-               ? positions
-               : NULL;
+    return positions != NULL && !fy_backend_positions_are_windows(positions, b->B, b->T) ? positions
+                                                                                         : NULL;
 }
 
 /* model_prepare succeeded, so the backend has every gpt operation. */
 int fy_backend_model_embed_forward(struct fy_backend *b, const void *embed, const int32_t *tokens,
                                    const int32_t *positions, void *x)
 {
-    return completed(b, b->ops->model_embed_forward(b->state, embed, tokens,
-                                                    documents(b, positions), x));
+    return completed(
+        b, b->ops->model_embed_forward(b->state, embed, tokens, documents(b, positions), x));
 }
 
 int fy_backend_model_embed_backward(struct fy_backend *b, const int32_t *tokens,
                                     const int32_t *positions, const void *dx, float *dembed)
 {
-    return completed(b, b->ops->model_embed_backward(b->state, tokens, documents(b, positions),
-                                                     dx, dembed));
+    return completed(
+        b, b->ops->model_embed_backward(b->state, tokens, documents(b, positions), dx, dembed));
 }
 
 int fy_backend_model_block_forward(struct fy_backend *b, int layer, const void *params,
@@ -321,9 +323,9 @@ int fy_backend_model_block_backward(struct fy_backend *b, int layer, const void 
                                     const int32_t *positions, const void *x, const void *dy,
                                     void *dx, float *dparams, const struct fy_block_saved *saved)
 {
-    return completed(b, b->ops->model_block_backward(b->state, layer, params,
-                                                     documents(b, positions), x, dy, dx,
-                                                     dparams, saved));
+    return completed(b,
+                     b->ops->model_block_backward(b->state, layer, params, documents(b, positions),
+                                                  x, dy, dx, dparams, saved));
 }
 
 int fy_backend_model_hold(struct fy_backend *b, int count)

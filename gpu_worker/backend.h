@@ -82,9 +82,8 @@ struct fy_backend_ops {
      * be NULL): host buffers for some of the block's internals (struct fy_block_saved), which the
      * forward writes and the backward reads instead of recomputing them. A block's backward takes
      * the positions its forward took. */
-    int (*model_block_forward)(void *state, int layer, const void *params,
-                               const int32_t *positions, const void *x, void *y,
-                               const struct fy_block_saved *saved);
+    int (*model_block_forward)(void *state, int layer, const void *params, const int32_t *positions,
+                               const void *x, void *y, const struct fy_block_saved *saved);
     int (*model_block_backward)(void *state, int layer, const void *params,
                                 const int32_t *positions, const void *x, const void *dy, void *dx,
                                 float *dparams, const struct fy_block_saved *saved);

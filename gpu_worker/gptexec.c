@@ -343,14 +343,15 @@ static int check_positions(const struct fy_gptexec *e, const int32_t *pos, const
             if (p < 0 || p > t || (uint32_t)p >= e->cfg.ctx) {
                 fy_error("%s positions: row %d (of this worker's %d), token %d has position %d: a "
                          "token's position in its document is in 0..%d (its place in the row) and "
-                         "below the model's context %u", op, r, e->B, t, (int)p, t, e->cfg.ctx);
+                         "below the model's context %u",
+                         op, r, e->B, t, (int)p, t, e->cfg.ctx);
                 return -EINVAL;
             }
             if (p != 0 && p != pos[(size_t)r * e->T + t - 1] + 1) {
                 fy_error("%s positions: row %d (of this worker's %d), token %d has position %d "
                          "after %d: a document's positions run 0, 1, 2, ... (a new document "
-                         "starts at 0)", op, r, e->B, t, (int)p,
-                         (int)pos[(size_t)r * e->T + t - 1]);
+                         "starts at 0)",
+                         op, r, e->B, t, (int)p, (int)pos[(size_t)r * e->T + t - 1]);
                 return -EINVAL;
             }
         }
@@ -361,8 +362,8 @@ static int check_positions(const struct fy_gptexec *e, const int32_t *pos, const
  * worker's share taken and checked) into *pos, NULL where the request has none (positions t: the
  * windows of the token stream); *next: the index of the part after it. */
 static int positions_part(const struct fy_gptexec *e, const struct fy_pool *pool,
-                          const struct fy_desc *req, unsigned n, unsigned at,
-                          const int32_t **pos, unsigned *next)
+                          const struct fy_desc *req, unsigned n, unsigned at, const int32_t **pos,
+                          unsigned *next)
 {
     *pos = NULL;
     *next = at;
@@ -428,8 +429,10 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         p[2] = share(e, p[2], e->act_bytes);
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-fwd inputs"));
         FY_TRY(positions_part(e, pool, req, n, 3, &pos, &next));
-        FY_REQUIRE(n == next, -EPROTO, "gpt-embed-fwd: %u parts, expected %u (tokens, weights, x0, "
-                   "optionally positions)", n, next);
+        FY_REQUIRE(n == next, -EPROTO,
+                   "gpt-embed-fwd: %u parts, expected %u (tokens, weights, x0, "
+                   "optionally positions)",
+                   n, next);
         return fy_backend_model_embed_forward(e->backend, p[1], p[0], pos, p[2]);
     case FY_OP_GPT_BLOCK_FWD:
     case FY_OP_GPT_BLOCK_BWD:
@@ -464,9 +467,9 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         float *dparams = grad_target(e, p[4], block_n, 0, 0);
         if (held >= 0) /* this backward's gradient is kept in the buffer too */
             FY_TRY(fy_backend_model_hold_next(e->backend, held));
-        return grad_sum(e, fy_backend_model_block_backward(e->backend, layer, p[0], pos, p[1],
-                                                           p[2], p[3], dparams,
-                                                           any ? &saved : NULL),
+        return grad_sum(e,
+                        fy_backend_model_block_backward(e->backend, layer, p[0], pos, p[1], p[2],
+                                                        p[3], dparams, any ? &saved : NULL),
                         p[4], block_n, 0);
     case FY_OP_GPT_GRAD_SEND:
         FY_REQUIRE(n == 1 && layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
@@ -527,8 +530,10 @@ static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const stru
         p[1] = share(e, p[1], e->act_bytes);
         FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-bwd inputs"));
         FY_TRY(positions_part(e, pool, req, n, 3, &pos, &next));
-        FY_REQUIRE(n == next, -EPROTO, "gpt-embed-bwd: %u parts, expected %u (tokens, dx0, dembed, "
-                   "optionally positions)", n, next);
+        FY_REQUIRE(n == next, -EPROTO,
+                   "gpt-embed-bwd: %u parts, expected %u (tokens, dx0, dembed, "
+                   "optionally positions)",
+                   n, next);
         float *dembed = grad_target(e, p[2], embed_n, 1, 0);
         return grad_sum(e, fy_backend_model_embed_backward(e->backend, p[0], pos, p[1], dembed),
                         p[2], embed_n, 0);

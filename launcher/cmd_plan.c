@@ -65,7 +65,8 @@ int fy_cmd_plan(struct fy_options *o)
     fy_runconf_cpu_mem(o, cpu_mem, sizeof cpu_mem);
     if (!o->cpu_mem_set && o->machine != NULL) /* a profile may be another machine's */
         printf("plan: %s (this machine's memory, as train here would take it, whatever machine "
-               "%s describes: give --cpu-mem to plan for another)\n", cpu_mem, o->machine);
+               "%s describes: give --cpu-mem to plan for another)\n",
+               cpu_mem, o->machine);
     else
         printf("plan: %s\n", cpu_mem);
     char gpu_mem[PATH_MAX + 768];

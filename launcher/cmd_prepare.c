@@ -36,8 +36,8 @@ int fy_cmd_prepare(struct fy_options *o)
         snprintf(masked, sizeof masked, ", %llu of them masked out of the loss",
                  (unsigned long long)res.masked);
     fy_info("wrote %s: %llu tokens%s (%s, vocabulary %u%s) from %d file(s); %llu document%s, %s",
-            o->out, (unsigned long long)res.count, masked, res.tokenizer, res.vocab, eos,
-            o->n_args, (unsigned long long)res.documents, res.documents == 1 ? "" : "s",
+            o->out, (unsigned long long)res.count, masked, res.tokenizer, res.vocab, eos, o->n_args,
+            (unsigned long long)res.documents, res.documents == 1 ? "" : "s",
             res.records ? "each a record (train packs them whole: --packing documents)"
                         : "each a whole text file (train takes windows of the stream: "
                           "--packing windows)");

@@ -108,8 +108,11 @@ static int open_data(struct fy_options *o, const struct fy_model_config *model,
                  o->data, fy_tokfile_version(*data));
         return -FY_EUSAGE;
     }
-    struct fy_sampler_opts so = {.packing = o->packing, .long_docs = o->long_docs,
-                                 .B = (int)o->batch, .T = (int)o->seq, .seed = o->seed,
+    struct fy_sampler_opts so = {.packing = o->packing,
+                                 .long_docs = o->long_docs,
+                                 .B = (int)o->batch,
+                                 .T = (int)o->seq,
+                                 .seed = o->seed,
                                  .eval_fraction = o->eval_fraction};
     FY_TRY(fy_sampler_new(batches, *data, &so));
     /* Refuse a batch larger than the data now, before any worker starts. */
@@ -169,12 +172,13 @@ static void describe_batches(const struct fy_options *o, const struct fy_tokfile
     char cut[320] = "";
     size_t at = 0;
     if (tr->truncated > 0)
-        at += (size_t)snprintf(cut + at, sizeof cut - at,
-                               "; %llu document%s longer than %llu + 1 tokens cut to %llu + 1 (%llu "
-                               "predictions left out an epoch; --long-docs split keeps them)",
-                               (unsigned long long)tr->truncated, tr->truncated == 1 ? "" : "s",
-                               (unsigned long long)o->seq, (unsigned long long)o->seq,
-                               (unsigned long long)tr->dropped);
+        at +=
+            (size_t)snprintf(cut + at, sizeof cut - at,
+                             "; %llu document%s longer than %llu + 1 tokens cut to %llu + 1 (%llu "
+                             "predictions left out an epoch; --long-docs split keeps them)",
+                             (unsigned long long)tr->truncated, tr->truncated == 1 ? "" : "s",
+                             (unsigned long long)o->seq, (unsigned long long)o->seq,
+                             (unsigned long long)tr->dropped);
     if (tr->split > 0 && at < sizeof cut)
         at += (size_t)snprintf(cut + at, sizeof cut - at,
                                "; %llu document%s longer than %llu + 1 tokens split into pieces",
@@ -190,17 +194,19 @@ static void describe_batches(const struct fy_options *o, const struct fy_tokfile
             o->packing == FY_PACKING_DOCUMENTS ? "--packing documents"
                                                : "the data's documents are records",
             (unsigned long long)tr->documents, (unsigned long long)tr->rows,
-            (unsigned long long)o->seq, (unsigned long long)per, per == 1 ? "" : "s",
-            100.0 * fill, cut, epochs, (unsigned long long)o->eval_batches,
-            (unsigned long long)ev->batches, ev->batches == 1 ? "" : "es",
-            (unsigned long long)ev->documents, (unsigned long long)ev->rows);
+            (unsigned long long)o->seq, (unsigned long long)per, per == 1 ? "" : "s", 100.0 * fill,
+            cut, epochs, (unsigned long long)o->eval_batches, (unsigned long long)ev->batches,
+            ev->batches == 1 ? "" : "es", (unsigned long long)ev->documents,
+            (unsigned long long)ev->rows);
     char summary[200];
     if (o->long_docs == FY_LONG_DOCS_SPLIT)
         snprintf(summary, sizeof summary, "packed documents: %llu of %llu split into pieces",
                  (unsigned long long)tr->split, (unsigned long long)tr->documents);
     else
-        snprintf(summary, sizeof summary, "packed documents: %llu of %llu truncated to %llu + 1 "
-                 "tokens", (unsigned long long)tr->truncated, (unsigned long long)tr->documents,
+        snprintf(summary, sizeof summary,
+                 "packed documents: %llu of %llu truncated to %llu + 1 "
+                 "tokens",
+                 (unsigned long long)tr->truncated, (unsigned long long)tr->documents,
                  (unsigned long long)o->seq);
     fy_progress_data(summary);
 }
@@ -617,8 +623,8 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
                 "PCIe to the GPU at most %.3f s, from it %.3f s, SSD %.3f s, optimizer %.3f s%s; "
                 "bound %.3f s by the %s (%.0f TFLOP/s)",
                 at, rates->gpu_flops * 1e-12, rates->h2d * 1e-9, rates->d2h * 1e-9,
-                rates->ssd_read * 1e-9, rates->ssd_write * 1e-9, rates->opt_params * 1e-9,
-                p->gpu_s, p->h2d_s, p->d2h_s, p->ssd_s, p->opt_s,
+                rates->ssd_read * 1e-9, rates->ssd_write * 1e-9, rates->opt_params * 1e-9, p->gpu_s,
+                p->h2d_s, p->d2h_s, p->ssd_s, p->opt_s,
                 p->convert_s > 0 ? " (with its conversions of weights for the GPU)" : "", p->step_s,
                 p->bound, step_flops / p->step_s * 1e-12);
     return predicted_s > 0 ? predicted_s : strcmp(o->backend, "cpu") != 0 ? p->step_s : 0;
@@ -635,24 +641,40 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
     const struct fy_actrun *act = &t->act.run;
     const struct fy_actrun_in *act_in = &t->act.in;
-    t->to = (struct fy_train_opts){
-        .steps = o->steps, .batch = (int)o->batch, .seq = (int)o->seq, .ranks = (int)o->gpus,
-        .lr = o->lr,
-        .warmup = o->warmup, .min_lr_ratio = o->min_lr_ratio,
-        .schedule = (enum fy_lr_schedule)o->lr_schedule, .seed = o->seed,
-        .epoch_steps = fy_sampler_epoch_steps(t->batches), .epochs = o->epochs_set ? o->epochs : 0,
-        .documents = fy_sampler_packing(t->batches) == FY_PACKING_DOCUMENTS,
-        .eval_every = o->eval_every, .eval_batches = o->eval_batches,
-        .checkpoint_every = o->checkpoint_every, .timeout_ms = o->timeout_s * 1000,
-        .overlap = o->overlap, .resident = p->resident, .clip_grad_norm = o->clip_grad_norm,
-        .grad_hold_gpu = p->place.grad_hold == FY_HOLD_GPU, .ckpt_ssd = p->place.ckpt_slots != 0, .act_ahead = (unsigned)o->act_ahead,
-        .state_pieces = p->place.state_pieces,
-        .act_dtype = t->plan_in.shape.act_dtype, .act_place = act->place,
-        .weight_dtype = t->plan_in.shape.weight_dtype,
-        .saved_sizes = act->sizes, .stop = &train_stop, .plan_step_s = act->predicted_s,
-        .plan_ssd_read = act_in->rates.ssd_read, .plan_ssd_write = act_in->rates.ssd_write,
-        .plan_opt_params = act_in->rates.opt_params,
-        .plan_ssd_from_steps = act_in->ssd_rates_from_steps};
+    t->to =
+        (struct fy_train_opts){.steps = o->steps,
+                               .batch = (int)o->batch,
+                               .seq = (int)o->seq,
+                               .ranks = (int)o->gpus,
+                               .lr = o->lr,
+                               .warmup = o->warmup,
+                               .min_lr_ratio = o->min_lr_ratio,
+                               .schedule = (enum fy_lr_schedule)o->lr_schedule,
+                               .seed = o->seed,
+                               .epoch_steps = fy_sampler_epoch_steps(t->batches),
+                               .epochs = o->epochs_set ? o->epochs : 0,
+                               .documents = fy_sampler_packing(t->batches) == FY_PACKING_DOCUMENTS,
+                               .eval_every = o->eval_every,
+                               .eval_batches = o->eval_batches,
+                               .checkpoint_every = o->checkpoint_every,
+                               .timeout_ms = o->timeout_s * 1000,
+                               .overlap = o->overlap,
+                               .resident = p->resident,
+                               .clip_grad_norm = o->clip_grad_norm,
+                               .grad_hold_gpu = p->place.grad_hold == FY_HOLD_GPU,
+                               .ckpt_ssd = p->place.ckpt_slots != 0,
+                               .act_ahead = (unsigned)o->act_ahead,
+                               .state_pieces = p->place.state_pieces,
+                               .act_dtype = t->plan_in.shape.act_dtype,
+                               .act_place = act->place,
+                               .weight_dtype = t->plan_in.shape.weight_dtype,
+                               .saved_sizes = act->sizes,
+                               .stop = &train_stop,
+                               .plan_step_s = act->predicted_s,
+                               .plan_ssd_read = act_in->rates.ssd_read,
+                               .plan_ssd_write = act_in->rates.ssd_write,
+                               .plan_opt_params = act_in->rates.opt_params,
+                               .plan_ssd_from_steps = act_in->ssd_rates_from_steps};
     fy_diskrates_begin(&t->ssd_seen, o->ssd, (int)o->batch, o->act_plan);
     t->to.ssd_seen = &t->ssd_seen;
     if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */
@@ -749,9 +771,8 @@ int fy_cmd_train(struct fy_options *o)
         return -FY_EUSAGE;
     }
     if (o->steps_set && o->epochs_set) { /* resume: the one given last, after the recorded */
-        fy_info("resume: %s given after the run's %s: it counts", o->epochs_last ? "--epochs"
-                                                                                 : "--steps",
-                o->epochs_last ? "--steps" : "--epochs");
+        fy_info("resume: %s given after the run's %s: it counts",
+                o->epochs_last ? "--epochs" : "--steps", o->epochs_last ? "--steps" : "--epochs");
         o->steps_set = !o->epochs_last;
         o->epochs_set = o->epochs_last;
     }

@@ -57,9 +57,9 @@ int fy_io_call_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t
     return io_call_piece(x, op, tensor, 0, pool_offset, bytes, digest, 0, timeout_ms);
 }
 
-int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_config *c,
-                      unsigned u, uint32_t tensor, uint64_t pool_offset, uint64_t unit_digest,
-                      uint64_t *pieces, int timeout_ms)
+int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_config *c, unsigned u,
+                      uint32_t tensor, uint64_t pool_offset, uint64_t unit_digest, uint64_t *pieces,
+                      int timeout_ms)
 {
     unsigned n = fy_optstate_piece_count(c, u);
     if (n == 1) { /* the whole extent, checked against the record's digest by the io worker */
@@ -76,8 +76,8 @@ int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_con
     for (unsigned k = 0; rc == 0 && k < n; k++) {
         struct fy_optstate_piece p;
         fy_optstate_piece(c, u, k, &p, NULL);
-        rc = io_call_piece(x, op, tensor, p.offset, pool_offset + p.offset, p.layout.bytes,
-                           &got[k], 1, timeout_ms);
+        rc = io_call_piece(x, op, tensor, p.offset, pool_offset + p.offset, p.layout.bytes, &got[k],
+                           1, timeout_ms);
     }
     if (rc == 0 && op == FY_OP_IO_READ && fy_optstate_unit_digest(got, n) != unit_digest) {
         fy_error("unit %u's state, read back from the store piece by piece, does not match the "
@@ -309,8 +309,8 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
                 if (ticket < 0)
                     rc = (int)ticket;
                 else
-                    w[next] = (struct unit_write){ticket, buf,
-                                                  n == 1 ? &m->digest[u] : &mk.digest[k]};
+                    w[next] =
+                        (struct unit_write){ticket, buf, n == 1 ? &m->digest[u] : &mk.digest[k]};
                 next ^= 1;
             }
         }
@@ -342,9 +342,9 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
  * its largest piece) and checked against the record's digest: each piece's digest into pieces
  * (may be NULL), each piece's master into master (may be NULL). A unit in one piece is read whole
  * and checked by the io worker. -EBADMSG where it does not match (said). */
-static int read_through(const struct fy_exec *x, struct fy_pool *pool,
-                        const struct fy_storemeta *m, unsigned u, uint64_t buf_off,
-                        uint64_t *pieces, float *master, int timeout_ms)
+static int read_through(const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *m,
+                        unsigned u, uint64_t buf_off, uint64_t *pieces, float *master,
+                        int timeout_ms)
 {
     const struct fy_model_config *c = &m->model;
     uint32_t tensor = FY_TENSOR_UNIT_STATE_COPY(u, m->copy);
@@ -360,8 +360,7 @@ static int read_through(const struct fy_exec *x, struct fy_pool *pool,
                            n == 1 ? &digest : &got[k], n > 1, timeout_ms);
         const struct fy_optstate_section *ms = &p.layout.section[FY_OPTSTATE_MASTER];
         if (rc == 0 && master != NULL)
-            memcpy(master + p.begin, fy_pool_at(pool, buf_off + ms->offset, ms->bytes),
-                   ms->bytes);
+            memcpy(master + p.begin, fy_pool_at(pool, buf_off + ms->offset, ms->bytes), ms->bytes);
     }
     if (rc == 0 && n > 1 && fy_optstate_unit_digest(got, n) != m->digest[u]) {
         fy_error("step %llu's state of unit %u (copy %u), read piece by piece, does not match its "
@@ -390,8 +389,8 @@ int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct
         at += n;
         if (skip != NULL && skip[u])
             continue;
-        int rc = read_through(x, pool, m, u, buf_off, pieces ? pieces + at - n : NULL, NULL,
-                              timeout_ms);
+        int rc =
+            read_through(x, pool, m, u, buf_off, pieces ? pieces + at - n : NULL, NULL, timeout_ms);
         if (fy_commit_is_damage(rc)) {
             *bad = u;
             fy_warn("step %llu's state of unit %u (copy %u) does not match its commit record",
@@ -405,8 +404,8 @@ int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct
 int fy_commit_is_damage(int rc) { return rc == -EBADMSG || rc == -EIO || rc == -ENODATA; }
 
 int fy_commit_read_master(const struct fy_exec *x, struct fy_pool *pool,
-                          const struct fy_storemeta *m, unsigned u, uint64_t buf_off,
-                          float *master, int timeout_ms)
+                          const struct fy_storemeta *m, unsigned u, uint64_t buf_off, float *master,
+                          int timeout_ms)
 {
     return read_through(x, pool, m, u, buf_off, NULL, master, timeout_ms);
 }

@@ -67,9 +67,9 @@ int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct
  * pieces piece by piece (a read checked here against unit_digest, from its pieces' digests);
  * each piece's digest, read or written, into pieces (may be NULL). -EBADMSG where a read does not
  * match (said). */
-int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_config *c,
-                      unsigned u, uint32_t tensor, uint64_t pool_offset, uint64_t unit_digest,
-                      uint64_t *pieces, int timeout_ms);
+int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_config *c, unsigned u,
+                      uint32_t tensor, uint64_t pool_offset, uint64_t unit_digest, uint64_t *pieces,
+                      int timeout_ms);
 
 /* Unit u's master weights of the committed step in m (fy_model_unit_params floats) into master,
  * its state read piece by piece through the pool at buf_off (room for the largest piece's state:
@@ -77,8 +77,8 @@ int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_con
  * a training run may have committed a later step over that copy meanwhile, or the state is
  * damaged (fy_commit_export_next tells and finds what to export instead). */
 int fy_commit_read_master(const struct fy_exec *x, struct fy_pool *pool,
-                          const struct fy_storemeta *m, unsigned u, uint64_t buf_off,
-                          float *master, int timeout_ms);
+                          const struct fy_storemeta *m, unsigned u, uint64_t buf_off, float *master,
+                          int timeout_ms);
 /* What an export has passed over so far (fy_commit_export_next); zeroed before it starts. */
 struct fy_commit_export {
     int fell_back;          /* it went back from a damaged commit, */

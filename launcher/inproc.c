@@ -128,10 +128,10 @@ static int mem_io(struct fy_inproc *p, const struct fy_desc *d, const struct fy_
     if (digest == NULL)
         return 0;
     reply->arg = fy_digest(region, d->bytes);
-    FY_REQUIRE(d->op == FY_OP_IO_WRITE || digest->step == FY_IO_DIGEST_REPORT ||
-                   reply->arg == digest->arg, -EBADMSG,
-               "memory store: extent %u read back with another digest than it was written with",
-               d->tensor);
+    FY_REQUIRE(
+        d->op == FY_OP_IO_WRITE || digest->step == FY_IO_DIGEST_REPORT || reply->arg == digest->arg,
+        -EBADMSG, "memory store: extent %u read back with another digest than it was written with",
+        d->tensor);
     return 0;
 }
 

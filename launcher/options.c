@@ -265,8 +265,10 @@ static int parse_state_piece(struct fy_options *o, const char *v)
     FY_TRY(parse_size_opt("--state-piece", v, &o->state_piece));
     if (o->state_piece != 0 &&
         (o->state_piece < FY_MODEL_STATE_PIECE_MIN || o->state_piece % 1024 != 0)) {
-        fprintf(stderr, "fuyou-launch: --state-piece %s: give 0 (whole units) or a multiple of 1K "
-                        "from %dK\n", v, FY_MODEL_STATE_PIECE_MIN / 1024);
+        fprintf(stderr,
+                "fuyou-launch: --state-piece %s: give 0 (whole units) or a multiple of 1K "
+                "from %dK\n",
+                v, FY_MODEL_STATE_PIECE_MIN / 1024);
         return -EINVAL;
     }
     return 0;
@@ -491,8 +493,7 @@ static const struct opt_spec specs[] = {
      "the most optimizer state one piece of a unit holds: a unit's state larger than this is cut "
      "into pieces, so that --cpu-mem below one unit's state still trains, its pieces streamed "
      "one at a time; 0 keeps every unit whole. init sets it; plan predicts with it (init's) (1G)"},
-    {"optim-state", "fp32|bf16|int8", C(INIT) | C(PLAN) | TRAINS, K_PARSE, 0, 0,
-     parse_optim_state,
+    {"optim-state", "fp32|bf16|int8", C(INIT) | C(PLAN) | TRAINS, K_PARSE, 0, 0, parse_optim_state,
      "how the store keeps Adam's moments: fp32; bf16 (8 bytes of state a parameter instead of "
      "12); int8, block-wise 8-bit with f32 for tensors under 4096 values (about 6). init sets "
      "it; train and resume check it against the run's; plan predicts with it (init's, or fp32)"},
@@ -527,8 +528,7 @@ static const struct opt_spec specs[] = {
     /* the model */
     {"arch", "NAME", MODEL, K_PARSE, 0, NOTED(model_set), parse_arch,
      "the model family: gpt2, llama, qwen2, qwen3, mistral or phi3 (gpt2)"},
-    {"layers", "N", MODEL, K_SIZE, U64(layers), NOTED(model_set), NULL,
-     "transformer blocks (4)"},
+    {"layers", "N", MODEL, K_SIZE, U64(layers), NOTED(model_set), NULL, "transformer blocks (4)"},
     {"heads", "N", MODEL, K_SIZE, U64(heads), NOTED(model_set), NULL, "attention heads (4)"},
     {"embd", "N", MODEL, K_SIZE, U64(embd), NOTED(model_set), NULL,
      "model width, a multiple of --heads (128)"},
@@ -698,22 +698,27 @@ static const struct opt_note notes[] = {
     {"run-dir", C(PLAN), "the run whose model, store and machine profile to plan for"},
     {"run-dir", C(PROBE), "write RUN/machine.json, and measure RUN/store where --ssd is not given"},
     {"run-dir", C(RESUME), "the run directory, where it is not given as DIR"},
-    {"ssd", C(INIT), "the SSD store's directories, one per SSD; they must exist and take "
-                     "O_DIRECT; recorded in model.conf (DIR/store)"},
+    {"ssd", C(INIT),
+     "the SSD store's directories, one per SSD; they must exist and take "
+     "O_DIRECT; recorded in model.conf (DIR/store)"},
     {"ssd", C(SELFTEST), "the store's directories, one per SSD (required)"},
     {"ssd", C(PROBE), "the directories to measure, one per SSD (RUN/store)"},
     {"ssd", C(PLAN), "the store's directories, for their free space (the run's)"},
-    {"overwrite", C(INIT), "replace the run's model and store: the new one is built beside them "
-                           "and put in place when complete"},
-    {"overwrite", C(EXPORT), "replace the output file, or the model files of a non-empty --to-hf "
-                             "directory (the others are kept)"},
+    {"overwrite", C(INIT),
+     "replace the run's model and store: the new one is built beside them "
+     "and put in place when complete"},
+    {"overwrite", C(EXPORT),
+     "replace the output file, or the model files of a non-empty --to-hf "
+     "directory (the others are kept)"},
     {"overwrite", C(PREPARE), "replace the output file"},
     {"overwrite", C(SELFTEST), "replace a store in --ssd"},
     {"overwrite", TRAINS, "replace --export's file"},
-    {"stripe-unit", C(INIT) | C(SELFTEST), "bytes on one SSD path before the next: a power of "
-                                           "two, a multiple of 4K (1M)"},
-    {"timeout", TRAINS, "a request not answered in S seconds is a stuck worker, killed and "
-                        "restarted (20 predicted steps, at least 60 s; 300 s unpredicted)"},
+    {"stripe-unit", C(INIT) | C(SELFTEST),
+     "bytes on one SSD path before the next: a power of "
+     "two, a multiple of 4K (1M)"},
+    {"timeout", TRAINS,
+     "a request not answered in S seconds is a stuck worker, killed and "
+     "restarted (20 predicted steps, at least 60 s; 300 s unpredicted)"},
     {"seed", C(INIT), "the weights' initialisation (1)"},
     {"seed", TRAINS, "the order of the training batches (1)"},
     {"seed", C(SELFTEST), "the synthetic weights' and gradients' (1)"},
@@ -724,13 +729,15 @@ static const struct opt_note notes[] = {
     {"out", C(PREPARE), "the token file to write (required)"},
     {"out", C(EXPORT), "the weights file (f32) to write"},
     {"out", C(REPORT), "the charts' directory (RUN/report)"},
-    {"out", C(PROBE), "the machine profile to write (RUN/machine.json with --run-dir, else "
-                      "./machine.json)"},
-    {"cpu-mem", PLANS, "cap on the shared pool of pinned host memory: as much optimizer state as "
-                       "fits stays in it, the rest streams from the store; a plan that does not "
-                       "fit is refused; 0: no cap and no state kept (what this machine can give: "
-                       "MemAvailable, or a cgroup's limit less its use where less, less a margin "
-                       "of a tenth, at least 2 GiB)"},
+    {"out", C(PROBE),
+     "the machine profile to write (RUN/machine.json with --run-dir, else "
+     "./machine.json)"},
+    {"cpu-mem", PLANS,
+     "cap on the shared pool of pinned host memory: as much optimizer state as "
+     "fits stays in it, the rest streams from the store; a plan that does not "
+     "fit is refused; 0: no cap and no state kept (what this machine can give: "
+     "MemAvailable, or a cgroup's limit less its use where less, less a margin "
+     "of a tenth, at least 2 GiB)"},
 };
 
 static const char *option_help(const struct opt_spec *s, enum fy_command cmd)
@@ -743,9 +750,15 @@ static const char *option_help(const struct opt_spec *s, enum fy_command cmd)
 
 /* ---- the training defaults ------------------------------------------------------------------ */
 
-const struct fy_train_set fy_train_scratch = {
-    .lr = 1e-3, .warmup = 10, .schedule = FY_LR_COSINE, .min_lr_ratio = 0.1,
-    .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip_grad_norm = 1.0};
+const struct fy_train_set fy_train_scratch = {.lr = 1e-3,
+                                              .warmup = 10,
+                                              .schedule = FY_LR_COSINE,
+                                              .min_lr_ratio = 0.1,
+                                              .weight_decay = 0.1,
+                                              .beta1 = 0.9,
+                                              .beta2 = 0.95,
+                                              .eps = 1e-8,
+                                              .clip_grad_norm = 1.0};
 
 /* transformers' TrainingArguments' defaults: learning_rate, warmup_steps, lr_scheduler_type linear
  * (to 0), weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm */
@@ -792,8 +805,9 @@ void fy_options_describe_train_defaults(const struct fy_options *o, int finetune
                  fy_train_lr_schedule_name(d->schedule), d->min_lr_ratio);
     if (d->clip_grad_norm > 0)
         snprintf(clip, sizeof clip, "clipping %.1f (%s; --clip-grad-norm 0 turns clipping off)",
-                 d->clip_grad_norm, finetune ? "transformers' Trainer's values"
-                                             : "as transformers' Trainer, llm.c and nanoGPT clip");
+                 d->clip_grad_norm,
+                 finetune ? "transformers' Trainer's values"
+                          : "as transformers' Trainer, llm.c and nanoGPT clip");
     else
         snprintf(clip, sizeof clip, "no clipping");
     const struct {
@@ -819,18 +833,43 @@ void fy_options_describe_train_defaults(const struct fy_options *o, int finetune
 
 static void set_defaults(struct fy_options *o)
 {
-    *o = (struct fy_options){
-        /* steps: selftest's; train's is 200 (fy_cmd_train) */
-        .backend = "auto", .adamw_impl = "auto", .params = 1 << 20, .steps = 3, .seed = 1,
-        .grad_dtype = FY_DTYPE_BF16, .queue_depth = 32,
-        .block_size = 1 << 20, .stripe_unit = 1 << 20, .ready_timeout_s = 60, .timeout_s = 300,
-        .layers = 4, .heads = 4, .embd = 128, .vocab = 256, .ctx = 128, .batch = 8, .seq = 64,
-        .eval_every = 50, .eval_batches = 4,
-        .eval_fraction = 0.1, .checkpoint_every = 50, .overlap = 1, .prefetch = 1, .gpus = 1,
-        .act_ahead = FY_PLAN_ACT_AHEAD_DEFAULT, .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
-        .max_shard_size = 50000000000ull, .arch = "gpt2", .rope_theta = 10000.0, .rms_eps = 1e-5,
-        .act_plan = "auto", .max_restarts = 5, .state_copies = 2, .optim_state = -1,
-        .state_piece = FY_MODEL_STATE_PIECE_DEFAULT};
+    *o = (struct fy_options){/* steps: selftest's; train's is 200 (fy_cmd_train) */
+                             .backend = "auto",
+                             .adamw_impl = "auto",
+                             .params = 1 << 20,
+                             .steps = 3,
+                             .seed = 1,
+                             .grad_dtype = FY_DTYPE_BF16,
+                             .queue_depth = 32,
+                             .block_size = 1 << 20,
+                             .stripe_unit = 1 << 20,
+                             .ready_timeout_s = 60,
+                             .timeout_s = 300,
+                             .layers = 4,
+                             .heads = 4,
+                             .embd = 128,
+                             .vocab = 256,
+                             .ctx = 128,
+                             .batch = 8,
+                             .seq = 64,
+                             .eval_every = 50,
+                             .eval_batches = 4,
+                             .eval_fraction = 0.1,
+                             .checkpoint_every = 50,
+                             .overlap = 1,
+                             .prefetch = 1,
+                             .gpus = 1,
+                             .act_ahead = FY_PLAN_ACT_AHEAD_DEFAULT,
+                             .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
+                             .max_shard_size = 50000000000ull,
+                             .arch = "gpt2",
+                             .rope_theta = 10000.0,
+                             .rms_eps = 1e-5,
+                             .act_plan = "auto",
+                             .max_restarts = 5,
+                             .state_copies = 2,
+                             .optim_state = -1,
+                             .state_piece = FY_MODEL_STATE_PIECE_DEFAULT};
     fy_options_train_defaults(o, 0); /* train and plan take the run's set (fy_runconf) */
 }
 

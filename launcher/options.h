@@ -37,7 +37,8 @@ struct fy_options {
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies, act_ahead;
     uint64_t gpus;                 /* --gpus: gpu workers, each with B / gpus of every step */
-    uint64_t state_piece; /* init --state-piece: bytes of optimizer state a piece (0: whole units) */
+    uint64_t
+        state_piece; /* init --state-piece: bytes of optimizer state a piece (0: whole units) */
     int ckpt_place; /* FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO */
     const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, plan) */
     int optim_state;      /* --optim-state: enum fy_optim_state, or -1 (not given) */
@@ -54,7 +55,7 @@ struct fy_options {
     } given;
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, steps_set, model_set, hf_opts_set, timeout_set; /* given on the command line */
-    int cpu_mem_set, gpu_mem_set;                                  /* ... */
+    int cpu_mem_set, gpu_mem_set;                                 /* ... */
     /* train: the batches (common/sampler.h): --packing (enum fy_packing; 0 not given: the data's
      * default), --long-docs (enum fy_long_docs), --epochs (epochs_set); of --steps and --epochs,
      * which the command line gave last (epochs_last), and whether it gave --eval-batches */

@@ -57,7 +57,8 @@ static int profile_json(const char *path, cJSON **root)
     }
     FY_REQUIRE(*root != NULL, -EINVAL,
                "%s: not a JSON object (a machine profile has gpu_flops, h2d, d2h, ssd_read, "
-               "ssd_write and opt_params)", path);
+               "ssd_write and opt_params)",
+               path);
     return 0;
 }
 
@@ -129,7 +130,8 @@ int fy_plan_machine_gpu_load(const char *path, struct fy_plan_machine_gpu *out)
             !(total_v->valuedouble >= free_v->valuedouble) || total_v->valuedouble > 0x1p60) {
             fy_error("%s: \"gpu_free\" and \"gpu_total\" must be positive numbers of bytes, "
                      "gpu_free at most gpu_total (the GPU's free and total memory as probe found "
-                     "them)", path);
+                     "them)",
+                     path);
             rc = -EINVAL;
         } else {
             out->free_bytes = (uint64_t)free_v->valuedouble;
@@ -390,15 +392,17 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
         prefetch = 1; /* the option parser refuses these; the layout stays sane anyway */
     if (grad_slots < FY_PLAN_GRAD_SLOTS_MIN || grad_slots > FY_PLAN_GRAD_SLOTS_MAX)
         grad_slots = FY_PLAN_GRAD_SLOTS_FLOOR;
-    out[i++] = (struct fy_pool_region_spec){
-        "weights", wslot0_bytes(c, s->weight_dtype) + (1 + prefetch) * wslot_bytes(c, s->weight_dtype)};
+    out[i++] = (struct fy_pool_region_spec){"weights",
+                                            wslot0_bytes(c, s->weight_dtype) +
+                                                (1 + prefetch) * wslot_bytes(c, s->weight_dtype)};
     /* a streamed unit's master on its way from the store to the weights slots, chunk by chunk */
     if (any_landing(s, p->resident))
         out[i++] = (struct fy_pool_region_spec){"landing",
                                                 FY_PLAN_LAND_SLOTS * fy_plan_land_chunk(c)};
     uint64_t blocks = grad_slots * block_slot_bytes(c), fin = dfinal_bytes(c);
-    out[i++] = (struct fy_pool_region_spec){
-        "grads", embed_grad_bytes(c) + (s->clip ? blocks + fin : blocks > fin ? blocks : fin)};
+    out[i++] = (struct fy_pool_region_spec){"grads", embed_grad_bytes(c) + (s->clip ? blocks + fin
+                                                                            : blocks > fin ? blocks
+                                                                                           : fin)};
     out[i++] = (struct fy_pool_region_spec){"state", 2 * state_slot_bytes(c, p->state_pieces)};
     if (s->clip && p->grad_hold == FY_HOLD_POOL) /* one-pass clipping's held block gradients */
         out[i++] = (struct fy_pool_region_spec){"gradhold", fy_plan_hold_bytes(c)};
@@ -483,8 +487,8 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
     l->wslots = (unsigned)others;
     FY_REQUIRE(others >= 2 && l->wslots <= FY_PLAN_PREFETCH_MAX + 1, -EINVAL,
                "shared pool: a weights region of %llu bytes is not 3 to %d unit slots of %s "
-               "weights", (unsigned long long)bytes, FY_PLAN_PREFETCH_MAX + 2,
-               fy_dtype_name(l->weight_dtype));
+               "weights",
+               (unsigned long long)bytes, FY_PLAN_PREFETCH_MAX + 2, fy_dtype_name(l->weight_dtype));
     if (fy_pool_has_region(p, "landing")) {
         FY_TRY(fy_pool_region(p, "landing", &l->land, &bytes));
         l->land_chunk = fy_plan_land_chunk(c);
@@ -505,8 +509,8 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
                    (s->clip || l->grads_bytes >= l->slot_bytes + l->dfinal_bytes),
                -EINVAL,
                "shared pool: a grads region of %llu bytes does not hold %d to %d block gradients "
-               "and the final unit's", (unsigned long long)l->grads_bytes, FY_PLAN_GRAD_SLOTS_MIN,
-               FY_PLAN_GRAD_SLOTS_MAX);
+               "and the final unit's",
+               (unsigned long long)l->grads_bytes, FY_PLAN_GRAD_SLOTS_MIN, FY_PLAN_GRAD_SLOTS_MAX);
     l->gslots = (unsigned)gslots;
     FY_TRY(layout_state(p, c, l));
     if (s->clip && fy_pool_has_region(p, "gradhold")) {
@@ -697,12 +701,16 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
         one_slot_s = fmax(0.25 * out->gpu_s, fwd_read_s) + 0.75 * out->gpu_s +
                      fy_plan_block_updates_s(s, p, rates);
     }
-    const double times[] = {out->gpu_s, out->h2d_s,  out->d2h_s,     out->ssd_s,
-                            out->opt_s, serial_s,    out->nvlink_s,  out->host_mem_s,
-                            one_slot_s};
-    static const char *const names[] = {"GPU compute", "PCIe to the GPU", "PCIe from the GPU",
-                                        "SSD", "optimizer", "the norm, then the optimizer",
-                                        "NVLink", "host memory",
+    const double times[] = {out->gpu_s, out->h2d_s,    out->d2h_s,      out->ssd_s, out->opt_s,
+                            serial_s,   out->nvlink_s, out->host_mem_s, one_slot_s};
+    static const char *const names[] = {"GPU compute",
+                                        "PCIe to the GPU",
+                                        "PCIe from the GPU",
+                                        "SSD",
+                                        "optimizer",
+                                        "the norm, then the optimizer",
+                                        "NVLink",
+                                        "host memory",
                                         "the backward, then each block's update (one gradient "
                                         "slot)"};
     for (int i = 0; i < 9; i++)
@@ -741,16 +749,16 @@ static unsigned plan_mark(const struct fy_plan_in *in, struct fy_plan *p, unsign
 static const struct {
     int pieces;
     unsigned slots;
-} floor_tries[] = {{0, FY_PLAN_GRAD_SLOTS_FLOOR}, {0, 2}, {1, FY_PLAN_GRAD_SLOTS_FLOOR}, {1, 2},
-                   {1, 1}};
+} floor_tries[] = {
+    {0, FY_PLAN_GRAD_SLOTS_FLOOR}, {0, 2}, {1, FY_PLAN_GRAD_SLOTS_FLOOR}, {1, 2}, {1, 1}};
 #define FLOOR_TRIES (sizeof floor_tries / sizeof floor_tries[0])
 
 static int floor_try(const struct fy_plan_in *in, unsigned i, struct fy_plan *p)
 {
     if (fy_knob_test_state_pieces() && !floor_tries[i].pieces) /* pieces whatever the room */
         return 0;
-    unsigned asked = in->grad_slots >= FY_PLAN_GRAD_SLOTS_MIN ? in->grad_slots
-                                                              : FY_PLAN_GRAD_SLOTS_FLOOR;
+    unsigned asked =
+        in->grad_slots >= FY_PLAN_GRAD_SLOTS_MIN ? in->grad_slots : FY_PLAN_GRAD_SLOTS_FLOOR;
     unsigned least = in->shape.clip ? 2 : 1, slots = floor_tries[i].slots;
     slots = slots < asked ? slots : asked;
     /* whole units' state slots take two gradient slots at least (backward_blocks) */
@@ -1007,9 +1015,11 @@ void fy_plan_weights_describe(const struct fy_plan_shape *s, const struct fy_pla
         if (gathered == 0)
             snprintf(buf, len, "weights to the GPU in f32");
         else
-            snprintf(buf, len, "weights to the GPU in f32, those of the %u units in pieces copied "
+            snprintf(buf, len,
+                     "weights to the GPU in f32, those of the %u units in pieces copied "
                      "together from their pieces' masters by the opt worker for each use (%s of "
-                     "host memory a step)", gathered, bytes);
+                     "host memory a step)",
+                     gathered, bytes);
         return;
     }
     unsigned units = fy_model_unit_count(s->c), copies = p->weight_copies;
@@ -1045,12 +1055,14 @@ void fy_plan_state_describe(const struct fy_plan_in *in, const struct fy_plan *p
         fy_format_size(state_slot_bytes(c, 1), slot, sizeof slot);
         fy_format_size(state_slot_bytes(c, 0), unit, sizeof unit);
         fy_format_size(p->traffic.ssd_read - t.ssd_read, more, sizeof more);
-        n += (size_t)snprintf(buf, len, "optimizer state in pieces (%u units cut in pieces of at "
+        n += (size_t)snprintf(buf, len,
+                              "optimizer state in pieces (%u units cut in pieces of at "
                               "most %s, init --state-piece): two state slots of a piece, %s each, "
                               "where a unit's whole state, %s, %s; a streamed block's master is "
                               "read again for its backward and its state updated piece by piece "
                               "after it: %s more SSD reads a step, predicted %.4g s a step against "
-                              "%.4g", cut, c->state_piece ? piece : "(whole units)", slot, unit,
+                              "%.4g",
+                              cut, c->state_piece ? piece : "(whole units)", slot, unit,
                               fy_knob_test_state_pieces() ? "would fit (test hook "
                                                             "FUYOU_TEST_STATE_PIECES)"
                                                           : "does not fit --cpu-mem",
@@ -1066,7 +1078,8 @@ void fy_plan_state_describe(const struct fy_plan_in *in, const struct fy_plan *p
             snprintf(why, sizeof why, "--grad-slots %u", in->grad_slots);
         else
             snprintf(why, sizeof why, "%d where --cpu-mem has room", FY_PLAN_GRAD_SLOTS_FLOOR);
-        snprintf(buf + n, len - n, "%s%u block gradient slot%s (%s): each block's backward waits "
+        snprintf(buf + n, len - n,
+                 "%s%u block gradient slot%s (%s): each block's backward waits "
                  "for the update of the block %s; predicted %.4g s a step against %.4g",
                  n ? "; " : "", p->place.grad_slots, p->place.grad_slots == 1 ? "" : "s", why,
                  p->place.grad_slots == 1 ? "above" : "two up", p->predicted.step_s, pr.step_s);
@@ -1127,7 +1140,8 @@ void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p,
         snprintf(how, sizeof how, "two backward passes%s, the first for the norm alone (one pass, "
                  "the updates after the backward: %.4g s)", why, alt.step_s);
     double step = p->predicted.step_s;
-    snprintf(buf, len, "clipping in %s; predicted %.4g s a step, %.4g s without clipping (%+.0f%%, "
+    snprintf(buf, len,
+             "clipping in %s; predicted %.4g s a step, %.4g s without clipping (%+.0f%%, "
              "%+.4g s a step); --clip-grad-norm %g (%s), 0 turns clipping off",
              how, step, none.step_s, none.step_s > 0 ? 100.0 * (step / none.step_s - 1) : 0.0,
              step - none.step_s, in->clip_max, in->clip_given ? "given" : "the default");

@@ -226,7 +226,7 @@ struct fy_plan_layout {
     uint64_t meta, tokens, targets, positions;
     uint64_t embed_rows; /* the embeddings' update in two parts: two row lists */
     uint64_t acts, dacts, weights, grads, state;
-    uint64_t slot_bytes;  /* the embeddings' f32 gradient, 4 KiB padded (grads slot 0) */
+    uint64_t slot_bytes; /* the embeddings' f32 gradient, 4 KiB padded (grads slot 0) */
     /* weights slot 0 (the embeddings'), and each other one: the largest other unit's f32 weights,
      * or with bf16 weights (weight_dtype) its bf16 weights, 4 KiB padded */
     uint64_t wslot0_bytes, wslot_bytes;

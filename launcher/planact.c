@@ -152,10 +152,14 @@ static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
     struct fy_planact *a = ctx;
     const struct fy_options *o = a->o;
     const struct fy_model_config *model = in->shape.c;
-    a->in = (struct fy_actrun_in){.c = model, .B = in->shape.B, .T = in->shape.T,
+    a->in = (struct fy_actrun_in){.c = model,
+                                  .B = in->shape.B,
+                                  .T = in->shape.T,
                                   .ranks = in->shape.ranks,
-                                  .mode = in->act_mode, .backend = in->backend,
-                                  .act_dtype = in->shape.act_dtype, .clip = in->shape.clip,
+                                  .mode = in->act_mode,
+                                  .backend = in->backend,
+                                  .act_dtype = in->shape.act_dtype,
+                                  .clip = in->shape.clip,
                                   .clip_hold = p->place.grad_hold,
                                   .resident = p->resident,
                                   .state_pieces = p->place.state_pieces,

@@ -21,9 +21,15 @@
 
 extern char **environ;
 
-enum { REC_BEGIN = 1, REC_TRAINED = 2, REC_MASKED = 3, REC_ERROR = 4, REC_END = 5,
-       REC_DOCUMENT = 6 };
-#define STREAM_VERSION 2 /* the helper's STREAM_VERSION */
+enum {
+    REC_BEGIN = 1,
+    REC_TRAINED = 2,
+    REC_MASKED = 3,
+    REC_ERROR = 4,
+    REC_END = 5,
+    REC_DOCUMENT = 6
+};
+#define STREAM_VERSION 2          /* the helper's STREAM_VERSION */
 #define REC_TOKENS_MAX (1u << 20) /* the helper's RECORD_MAX */
 #define REC_MESSAGE_MAX 4096
 #define HELPER "fuyou_tokenize.py"

@@ -24,8 +24,8 @@ struct fy_prepare_opts {
 
 struct fy_prepare_result {
     uint64_t count, masked;
-    uint64_t documents; /* as the token file records them (each non-empty input or record) */
-    int records;        /* the documents are records (JSONL lines, Parquet rows), not text files */
+    uint64_t documents;  /* as the token file records them (each non-empty input or record) */
+    int records;         /* the documents are records (JSONL lines, Parquet rows), not text files */
     uint32_t vocab, eos; /* eos: FY_TOKFILE_NO_EOS for none (and for conversations) */
     char tokenizer[128]; /* described, for the log */
 };

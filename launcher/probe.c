@@ -280,7 +280,8 @@ int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r)
         snprintf(r->host, sizeof r->host, "unknown");
     r->host[sizeof r->host - 1] = 0;
     int which;
-    if (strcmp(o->backend, "cuda") == 0) /* before the backend takes its own: the GPU as train finds it */
+    if (strcmp(o->backend, "cuda") ==
+        0) /* before the backend takes its own: the GPU as train finds it */
         FY_TRY(fy_backend_devices_free(1, &r->gpu_free, &r->gpu_total, &which));
     FY_TRY(probe_backend(o, r));
     FY_TRY(probe_ssd(o, r));

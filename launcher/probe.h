@@ -30,9 +30,10 @@ struct fy_probe_result {
     double memcpy_all_Bps;       /* ... by memcpy_threads threads, one per core */
     unsigned memcpy_threads;
     char device[128];
-    uint64_t gpu_free, gpu_total; /* the GPU's free and total memory as probe began (CUDA; 0: none) */
-    char host[256];               /* the machine's name (gethostname) */
-    char probed_at[32];           /* when it began, UTC, as 2026-01-31T12:00:00Z */
+    uint64_t gpu_free,
+        gpu_total;      /* the GPU's free and total memory as probe began (CUDA; 0: none) */
+    char host[256];     /* the machine's name (gethostname) */
+    char probed_at[32]; /* when it began, UTC, as 2026-01-31T12:00:00Z */
     unsigned ssd_paths;
     /* each path's store alone (with one path: the store's figures) */
     char ssd_path[FY_PROBE_MAX_PATHS][256];

@@ -53,12 +53,13 @@ void fy_progress_step(const struct fy_progress_step *s, const char *line)
                  (unsigned long long)s->epochs);
     else if (s->epoch > 0)
         snprintf(epoch, sizeof epoch, " | epoch %llu", (unsigned long long)s->epoch);
-    snprintf(status, sizeof status,
-             "step %llu/%llu%s | loss %.4f%s | %.0f tok/s | %.4g TFLOP/s | GPU busy %.0f%% | ETA %s",
-             (unsigned long long)s->step, (unsigned long long)s->total, epoch, s->loss, eval,
-             s->seconds > 0 ? s->tokens / s->seconds : 0.0,
-             s->seconds > 0 ? s->flops / s->seconds * 1e-12 : 0.0,
-             s->seconds > 0 ? 100.0 * s->gpu_busy_s / s->seconds : 0.0, eta);
+    snprintf(
+        status, sizeof status,
+        "step %llu/%llu%s | loss %.4f%s | %.0f tok/s | %.4g TFLOP/s | GPU busy %.0f%% | ETA %s",
+        (unsigned long long)s->step, (unsigned long long)s->total, epoch, s->loss, eval,
+        s->seconds > 0 ? s->tokens / s->seconds : 0.0,
+        s->seconds > 0 ? s->flops / s->seconds * 1e-12 : 0.0,
+        s->seconds > 0 ? 100.0 * s->gpu_busy_s / s->seconds : 0.0, eta);
     if (fy_log_status(status))
         fy_log_file_info("%s", line);
     else
@@ -87,8 +88,8 @@ void fy_progress_end(void)
             "GPU busy %.0f%%; loss %.4f -> %.4f%s%s; %d restart%s",
             (unsigned long long)run.first, (unsigned long long)run.last,
             (unsigned long long)run.steps,
-            run.steps > run.last - run.first + 1 ? ", some twice after a restart" : "",
-            run.seconds, run.seconds > 0 ? run.tokens / run.seconds : 0.0,
+            run.steps > run.last - run.first + 1 ? ", some twice after a restart" : "", run.seconds,
+            run.seconds > 0 ? run.tokens / run.seconds : 0.0,
             run.seconds > 0 ? run.flops / run.seconds * 1e-12 : 0.0,
             run.seconds > 0 ? 100.0 * run.gpu_busy_s / run.seconds : 0.0, run.first_loss,
             run.last_loss, eval, data, run.restarts, run.restarts == 1 ? "" : "s");

@@ -79,22 +79,28 @@ void fy_runconf_cpu_mem(struct fy_options *o, char *said, size_t len)
     char cap[32];
     if (o->cpu_mem_set) {
         fy_format_size(o->cpu_mem, cap, sizeof cap);
-        snprintf(said, len, o->cpu_mem ? "--cpu-mem %s (given)" : "--cpu-mem 0 (given): no cap, "
-                 "no optimizer state kept in memory", cap);
+        snprintf(said, len,
+                 o->cpu_mem ? "--cpu-mem %s (given)"
+                            : "--cpu-mem 0 (given): no cap, "
+                              "no optimizer state kept in memory",
+                 cap);
         return;
     }
     struct fy_hostmem m;
     if (fy_hostmem_read(&m) < 0) {
         o->cpu_mem = 0;
-        snprintf(said, len, "--cpu-mem not given and this machine's free memory not known (above): "
+        snprintf(said, len,
+                 "--cpu-mem not given and this machine's free memory not known (above): "
                  "no cap, no optimizer state kept in memory; give --cpu-mem to keep some");
         return;
     }
     char from[512];
     o->cpu_mem = fy_hostmem_default_cap(&m, from, sizeof from);
     fy_format_size(o->cpu_mem, cap, sizeof cap);
-    snprintf(said, len, "--cpu-mem %s (the default, what this machine can give): %s; --cpu-mem "
-             "SIZE sets another cap, 0 none (and no state kept in memory)", cap, from);
+    snprintf(said, len,
+             "--cpu-mem %s (the default, what this machine can give): %s; --cpu-mem "
+             "SIZE sets another cap, 0 none (and no state kept in memory)",
+             cap, from);
 }
 
 /* The line of a --gpu-mem given; 0 where it was not given. */
@@ -104,9 +110,14 @@ static int gpu_mem_given(const struct fy_options *o, char *said, size_t len)
         return 0;
     char budget[32];
     fy_format_size(o->gpu_mem, budget, sizeof budget);
-    snprintf(said, len, o->gpu_mem ? "--gpu-mem %s (given)" : "--gpu-mem 0 (given): the GPU arena "
-             "sized to the working buffers alone, no room beside them for kept blocks' internals "
-             "or held gradients", budget);
+    snprintf(
+        said, len,
+        o->gpu_mem
+            ? "--gpu-mem %s (given)"
+            : "--gpu-mem 0 (given): the GPU arena "
+              "sized to the working buffers alone, no room beside them for kept blocks' internals "
+              "or held gradients",
+        budget);
     return 1;
 }
 
@@ -122,9 +133,11 @@ static void gpu_mem_default(struct fy_options *o, uint64_t free_bytes, uint64_t 
     fy_format_size(free_bytes, free_s, sizeof free_s);
     fy_format_size(total_bytes, total_s, sizeof total_s);
     fy_format_size(margin, margin_s, sizeof margin_s);
-    snprintf(said, len, "--gpu-mem %s (the default: %s %s of %s less a margin of %s for the CUDA "
+    snprintf(said, len,
+             "--gpu-mem %s (the default: %s %s of %s less a margin of %s for the CUDA "
              "context, cuBLAS and NCCL outside the arena); --gpu-mem SIZE sets another, 0 an "
-             "arena sized to the working buffers alone", budget, whose, free_s, total_s, margin_s);
+             "arena sized to the working buffers alone",
+             budget, whose, free_s, total_s, margin_s);
 }
 
 void fy_runconf_gpu_mem(struct fy_options *o, char *said, size_t len)
@@ -136,15 +149,18 @@ void fy_runconf_gpu_mem(struct fy_options *o, char *said, size_t len)
     int which;
     if (fy_backend_devices_free((int)o->gpus, &free_bytes, &total_bytes, &which) < 0) {
         o->gpu_mem = 0;
-        snprintf(said, len, "--gpu-mem not given and the GPU's free memory not known (above): the "
+        snprintf(said, len,
+                 "--gpu-mem not given and the GPU's free memory not known (above): the "
                  "GPU arena sized to the working buffers alone, no room beside them for kept "
                  "blocks' internals or held gradients; give --gpu-mem to make room");
         return;
     }
     char whose[96];
     if (o->gpus > 1)
-        snprintf(whose, sizeof whose, "GPU %d's, the least free of the %llu the gpu workers take, "
-                 "free memory", which, (unsigned long long)o->gpus);
+        snprintf(whose, sizeof whose,
+                 "GPU %d's, the least free of the %llu the gpu workers take, "
+                 "free memory",
+                 which, (unsigned long long)o->gpus);
     else
         snprintf(whose, sizeof whose, "GPU %d's free memory", which);
     gpu_mem_default(o, free_bytes, total_bytes, whose, said, len);
@@ -162,21 +178,28 @@ int fy_runconf_plan_gpu_mem(struct fy_options *o, const char *backend, char *sai
         o->gpu_mem = 0;
         char why[PATH_MAX + 96];
         if (o->machine != NULL)
-            snprintf(why, sizeof why, "%s records none: fuyou-launch probe on the CUDA backend "
-                     "records it", o->machine);
+            snprintf(why, sizeof why,
+                     "%s records none: fuyou-launch probe on the CUDA backend "
+                     "records it",
+                     o->machine);
         else
-            snprintf(why, sizeof why, "no machine profile: fuyou-launch probe --run-dir RUN on "
+            snprintf(why, sizeof why,
+                     "no machine profile: fuyou-launch probe --run-dir RUN on "
                      "the GPU machine records it");
-        snprintf(said, len, "--gpu-mem not given and no GPU's free memory known (%s): planned "
+        snprintf(said, len,
+                 "--gpu-mem not given and no GPU's free memory known (%s): planned "
                  "with the GPU arena sized to the working buffers alone, nothing kept beside "
                  "them; train takes its GPUs' free memory less a margin: give --gpu-mem SIZE to "
-                 "plan for that", why);
+                 "plan for that",
+                 why);
         return 0;
     }
     char whose[PATH_MAX + 256];
-    snprintf(whose, sizeof whose, "the free memory of the GPU %s's probe measured%s%s%s%s, as "
-             "train there would take it,", o->machine, gpu.probed_at[0] ? " on " : "",
-             gpu.probed_at, gpu.host[0] ? " on host " : "", gpu.host);
+    snprintf(whose, sizeof whose,
+             "the free memory of the GPU %s's probe measured%s%s%s%s, as "
+             "train there would take it,",
+             o->machine, gpu.probed_at[0] ? " on " : "", gpu.probed_at,
+             gpu.host[0] ? " on host " : "", gpu.host);
     gpu_mem_default(o, gpu.free_bytes, gpu.total_bytes, whose, said, len);
     return 0;
 }
@@ -285,8 +308,8 @@ int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_mode
         FY_REQUIRE(meta->model.state_piece == model->state_piece, -EINVAL,
                    "store %s keeps its optimizer state in pieces of %llu bytes, the run's "
                    "model.conf says %llu (model.state_piece; 0: whole units): pass the --ssd of "
-                   "this run's store, or put back the model.conf init wrote", ssd,
-                   (unsigned long long)meta->model.state_piece,
+                   "this run's store, or put back the model.conf init wrote",
+                   ssd, (unsigned long long)meta->model.state_piece,
                    (unsigned long long)model->state_piece);
         return 0;
     }
@@ -363,16 +386,25 @@ int fy_runconf_weight_dtype(const struct fy_options *o, const char *backend)
 int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config *model,
                        const char *backend, struct fy_plan_in *in)
 {
-    *in = (struct fy_plan_in){
-        .shape = {.c = model, .B = (int)o->batch, .T = (int)o->seq,
-                  .act_dtype = fy_backend_preferred_act_dtype(backend),
-                  .clip = o->clip_grad_norm > 0, .ranks = (int)o->gpus,
-                  .weight_dtype = fy_runconf_weight_dtype(o, backend)},
-        .backend = backend, .prefetch = (unsigned)o->prefetch,
-        .grad_slots = (unsigned)o->grad_slots, .act_ahead = (unsigned)o->act_ahead,
-        .ckpt_place = o->ckpt_place,
-        .cpu_mem = o->cpu_mem, .gpu_mem = o->gpu_mem, .state_copies = (unsigned)o->state_copies,
-        .clip_mode = o->clip_mode, .clip_hold = o->clip_hold, .clip_max = o->clip_grad_norm,
-        .clip_given = o->given.clip, .rates = fy_plan_reference_rates};
+    *in = (struct fy_plan_in){.shape = {.c = model,
+                                        .B = (int)o->batch,
+                                        .T = (int)o->seq,
+                                        .act_dtype = fy_backend_preferred_act_dtype(backend),
+                                        .clip = o->clip_grad_norm > 0,
+                                        .ranks = (int)o->gpus,
+                                        .weight_dtype = fy_runconf_weight_dtype(o, backend)},
+                              .backend = backend,
+                              .prefetch = (unsigned)o->prefetch,
+                              .grad_slots = (unsigned)o->grad_slots,
+                              .act_ahead = (unsigned)o->act_ahead,
+                              .ckpt_place = o->ckpt_place,
+                              .cpu_mem = o->cpu_mem,
+                              .gpu_mem = o->gpu_mem,
+                              .state_copies = (unsigned)o->state_copies,
+                              .clip_mode = o->clip_mode,
+                              .clip_hold = o->clip_hold,
+                              .clip_max = o->clip_grad_norm,
+                              .clip_given = o->given.clip,
+                              .rates = fy_plan_reference_rates};
     return fy_actplan_mode_parse(o->act_plan, &in->act_mode);
 }

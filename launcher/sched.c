@@ -172,13 +172,13 @@ static int convert_into(struct fy_sched *r, unsigned u, uint64_t state, unsigned
     uint64_t n = fy_model_unit_params(r->l.c, u);
     int wd = weight_dtype(r);
     r->wslot_off[slot] = wslot(&r->l, slot);
-    struct fy_desc d[2] = {
-        in_pieces(r, u) ? fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_STATE, FY_DTYPE_NONE, state,
-                                         fy_optstate_bytes(r->l.c, u), (int)u)
-                        : fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32,
-                                         master_at(r->l.c, u, state), n * 4, (int)u),
-        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, wd, wslot(&r->l, slot),
-                       n * fy_dtype_size(wd), (int)u)};
+    struct fy_desc d[2] = {in_pieces(r, u)
+                               ? fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_STATE, FY_DTYPE_NONE,
+                                                state, fy_optstate_bytes(r->l.c, u), (int)u)
+                               : fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32,
+                                                master_at(r->l.c, u, state), n * 4, (int)u),
+                           fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, wd,
+                                          wslot(&r->l, slot), n * fy_dtype_size(wd), (int)u)};
     FY_TRY(fy_optq_send_through(&r->opt, u));
     return fy_ticket_issue(&r->tk, FY_TICKET_OPT, d, 2, t);
 }
@@ -247,11 +247,11 @@ static int stream_weights(struct fy_sched *r, unsigned u, unsigned slot)
         unsigned k = (unsigned)(i % ring);
         if (rc == 0)
             rc = fy_ticket_wait(&r->tk, &rd[k], NULL);
-        struct fy_desc d[2] = {
-            fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32, l->land + k * chunk,
-                           c[i].count * 4, (int)u),
-            fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, wd,
-                           wslot(l, slot) + c[i].first * size, c[i].count * size, (int)u)};
+        struct fy_desc d[2] = {fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_MASTER, FY_DTYPE_F32,
+                                              l->land + k * chunk, c[i].count * 4, (int)u),
+                               fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, wd,
+                                              wslot(l, slot) + c[i].first * size, c[i].count * size,
+                                              (int)u)};
         if (rc == 0)
             rc = fy_ticket_issue(&r->tk, FY_TICKET_OPT, d, 2, &cv[k]);
     }
@@ -514,7 +514,8 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
                (unsigned long long)r->l.state_slot_bytes);
     FY_REQUIRE(r->l.gslots >= 2 || (r->l.state_pieces && !r->clip), -EINVAL,
                "shared pool: %u block gradient slot, where whole units' state or clipping takes "
-               "two at least (laid out for another plan?)", r->l.gslots);
+               "two at least (laid out for another plan?)",
+               r->l.gslots);
     fy_ticket_trace_begin(&r->tk);
     unsigned units = fy_model_unit_count(c);
     r->version = calloc(units, sizeof *r->version);
@@ -798,8 +799,8 @@ static unsigned adamw_parts(const struct fy_sched *r, unsigned u, uint64_t grad,
     memcpy(&req[0].arg, &scale, sizeof scale);
     unsigned parts = 2;
     if (in_pieces(r, u)) /* the unit's pieces all, updated one after another */
-        req[1] = fy_desc_region(op, FY_KIND_STATE, FY_DTYPE_NONE, state,
-                                fy_optstate_bytes(l->c, u), (int)u);
+        req[1] = fy_desc_region(op, FY_KIND_STATE, FY_DTYPE_NONE, state, fy_optstate_bytes(l->c, u),
+                                (int)u);
     else
         parts = 1 + fy_optstate_parts(&lay, state, (int)u, req + 1);
     memcpy(&req[1 + FY_OPTSTATE_MASTER].arg, &lr, sizeof lr);
@@ -863,8 +864,8 @@ static int state_write(struct fy_sched *r, unsigned u, unsigned s, struct fy_tic
 
 /* Piece k of unit u between state slot s and the store: read from copy `from` checked against its
  * digest, or written to the working copy with its digest kept. */
-static int piece_move(struct fy_sched *r, int op, unsigned u, unsigned k, unsigned from,
-                      unsigned s, struct fy_ticket *t)
+static int piece_move(struct fy_sched *r, int op, unsigned u, unsigned k, unsigned from, unsigned s,
+                      struct fy_ticket *t)
 {
     r->state_unit[s] = (int)u;
     r->state_off[s] = r->l.state + s * r->l.state_slot_bytes;
@@ -877,14 +878,14 @@ static int piece_adamw(struct fy_sched *r, unsigned u, unsigned k, unsigned s, u
                        uint64_t step, double lr, double scale, struct fy_ticket *t)
 {
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
-               "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
-               r->state_unit[s]);
+               "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u,
+               s, r->state_unit[s]);
     struct fy_optstate_piece p;
     fy_optstate_piece(r->l.c, u, k, &p, NULL);
     int op = FY_OP_OPT_ADAMW;
     struct fy_desc req[FY_DESC_MAX_PARTS];
-    req[0] = fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad + p.begin * 4, p.params * 4,
-                            (int)u);
+    req[0] =
+        fy_desc_region(op, FY_KIND_GRAD, FY_DTYPE_F32, grad + p.begin * 4, p.params * 4, (int)u);
     memcpy(&req[0].arg, &scale, sizeof scale);
     unsigned n = 1 + fy_optstate_parts(&p.layout, r->state_off[s], (int)u, req + 1);
     memcpy(&req[1 + FY_OPTSTATE_MASTER].arg, &lr, sizeof lr);
@@ -898,8 +899,8 @@ static int piece_adamw(struct fy_sched *r, unsigned u, unsigned k, unsigned s, u
  * pool offset `grad`): piece k + 1 read while piece k is updated, piece k written back while k + 1
  * is updated; every request done when it returns. The pieces are read from the copy the unit's
  * state was in, whatever was written meanwhile, and written to the working copy. */
-static int update_in_pieces(struct fy_sched *r, unsigned u, uint64_t grad, uint64_t step,
-                            double lr, double scale)
+static int update_in_pieces(struct fy_sched *r, unsigned u, uint64_t grad, uint64_t step, double lr,
+                            double scale)
 {
     FY_REQUIRE(r->at_copy != NULL, -EPROTO, "schedule error: state written outside training");
     unsigned n = fy_optstate_piece_count(r->l.c, u), from = r->at_copy[u];
@@ -1089,8 +1090,7 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
                 wslot_used_by(r, block_wslot(l, b), &g[b]);
             /* a kept block below without a copy: its weights converted while this one computes */
             if (rc == 0 && b >= 2 && converts(r, b - 1) && is_resident(r, b - 1))
-                rc = convert_into(r, b - 1, r->resident[b - 1], block_wslot(l, b - 1),
-                                  &cv[b - 1]);
+                rc = convert_into(r, b - 1, r->resident[b - 1], block_wslot(l, b - 1), &cv[b - 1]);
             *cur ^= 1;
             if (rc == 0 && b == 1 && embed) /* the early part reads the gradient this rewrites */
                 rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
@@ -1177,7 +1177,7 @@ static int backward_pieces(struct fy_sched *r, uint64_t step, double lr, unsigne
     unsigned *slot_of = calloc(L + 2, sizeof *slot_of);
     int rc = g && rw && slot_of ? 0 : -ENOMEM;
     fy_optq_release_gslots(&r->opt); /* the last step's updates were all waited for */
-    if (rc == 0 && embed && L == 0) /* it reads the gradient this overwrites */
+    if (rc == 0 && embed && L == 0)  /* it reads the gradient this overwrites */
         rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
     if (rc == 0 && embed && L == 0)
         rc = embed_backward_issue(r, dact_at(l, *cur), &e);
@@ -1441,8 +1441,7 @@ int fy_sched_load_batch(struct fy_sched *r, struct fy_sampler *data, int split, 
 /* The mean loss over the eval batches' trained targets: with no loss mask every batch counts B*T
  * targets and this is the mean of the batch losses; with one, each batch weighs by its trained
  * targets (a batch without any adds nothing; none at all gives 0). */
-int fy_sched_eval_loss(struct fy_sched *r, struct fy_sampler *data, uint64_t batches,
-                       double *loss)
+int fy_sched_eval_loss(struct fy_sched *r, struct fy_sampler *data, uint64_t batches, double *loss)
 {
     double sum = 0, weighted = 0;
     uint64_t trained_total = 0;
@@ -1650,7 +1649,8 @@ int fy_sched_resident_transfer(struct fy_sched *r, int op, const uint64_t *unit_
                 FY_TRY(state_written(r, u, r->resident[u], &t));
             FY_TRY(fy_ticket_wait(&r->tk, &t, NULL));
             FY_REQUIRE(op != FY_OP_IO_READ || fy_sched_unit_digest(r, u) == unit_digests[u],
-                       -EBADMSG, "unit %u's state (copy %u), read back from the store piece by "
+                       -EBADMSG,
+                       "unit %u's state (copy %u), read back from the store piece by "
                        "piece, does not match its commit record: torn or corrupted on the SSD",
                        u, r->at_copy[u]);
         }

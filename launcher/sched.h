@@ -127,8 +127,7 @@ int fy_sched_finish_updates(struct fy_sched *r);
  * below, the embeddings' last; what the optimizer has not done is sent for the next forward. */
 int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr);
 /* The mean loss over the eval batches' trained targets. */
-int fy_sched_eval_loss(struct fy_sched *r, struct fy_sampler *data, uint64_t batches,
-                       double *loss);
+int fy_sched_eval_loss(struct fy_sched *r, struct fy_sampler *data, uint64_t batches, double *loss);
 /* Every resident unit's state between the pool and the store: loaded from the committed copy at
  * start, each unit checked against its digest in the commit record (unit_digests; a unit in pieces
  * read piece by piece, its pieces' digests kept), written to the other at commits (unit_digests

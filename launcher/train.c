@@ -47,8 +47,8 @@ int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const str
     struct init_ctx ctx = {c, seed};
     /* the two state slots, one piece's state each */
     const uint64_t bufs[2] = {r.l.state, r.l.state + r.l.state_slot_bytes};
-    int rc = fy_commit_create(x, pool, r.l.meta, bufs, c, seed, copies, init_unit, &ctx,
-                              timeout_ms);
+    int rc =
+        fy_commit_create(x, pool, r.l.meta, bufs, c, seed, copies, init_unit, &ctx, timeout_ms);
     fy_sched_free(&r);
     return rc;
 }
@@ -177,13 +177,18 @@ static int log_step(const struct fy_train_opts *o, const struct fy_model_config 
              1e3 * busy[FY_TICKET_BUSY_H2D], 1e3 * busy[FY_TICKET_BUSY_D2H],
              1e3 * busy[FY_TICKET_BUSY_SSD_READ], 1e3 * busy[FY_TICKET_BUSY_SSD_WRITE],
              1e3 * busy[FY_TICKET_BUSY_OPT], 100.0 * gpu_idle);
-    struct fy_progress_step ps = {.step = s->step, .total = o->steps, .loss = s->loss,
+    struct fy_progress_step ps = {.step = s->step,
+                                  .total = o->steps,
+                                  .loss = s->loss,
                                   .epoch = o->epochs > 0 || o->documents ? epoch : 0,
-                                  .epochs = o->epochs, .fill = fill,
-                                  .seconds = s->seconds, .tokens = tokens,
+                                  .epochs = o->epochs,
+                                  .fill = fill,
+                                  .seconds = s->seconds,
+                                  .tokens = tokens,
                                   .flops = tokens * fy_model_flops_per_token(c, (unsigned)o->seq),
                                   .gpu_busy_s = busy[FY_TICKET_BUSY_GPU],
-                                  .have_eval = s->have_eval, .eval = s->eval};
+                                  .have_eval = s->have_eval,
+                                  .eval = s->eval};
     fy_progress_step(&ps, line);
     if (o->metrics == NULL)
         return 0;
@@ -206,8 +211,8 @@ static int log_step(const struct fy_train_opts *o, const struct fy_model_config 
     if (s->have_eval)
         n += snprintf(json + n, sizeof json - (size_t)n, ", \"eval_loss\": %.9g", s->eval);
     n += snprintf(json + n, sizeof json - (size_t)n,
-                  ", \"fill\": %.6f, \"trained_tokens_per_s\": %.1f, \"epoch\": %.6f",
-                  fill, fill * tps,
+                  ", \"fill\": %.6f, \"trained_tokens_per_s\": %.1f, \"epoch\": %.6f", fill,
+                  fill * tps,
                   o->epoch_steps ? (double)(s->step - 1) / (double)o->epoch_steps + 1.0 : 0.0);
     snprintf(json + n, sizeof json - (size_t)n, "}");
     return fy_metrics_append(o->metrics, s->step, json);

@@ -150,10 +150,11 @@ static int request_format(const struct fy_desc *m, const struct fy_desc *v, int 
  * `what` otherwise). */
 static int model_unit(const struct fy_optstep *o, int layer, const char *what)
 {
-    FY_REQUIRE(o->have_model && layer >= 0 &&
-                   (unsigned)layer < fy_model_unit_count(&o->model),
-               -EPROTO, "%s: a state part names a model unit's pieces, and %d is none of the "
-               "run's model's units", what, layer);
+    FY_REQUIRE(o->have_model && layer >= 0 && (unsigned)layer < fy_model_unit_count(&o->model),
+               -EPROTO,
+               "%s: a state part names a model unit's pieces, and %d is none of the "
+               "run's model's units",
+               what, layer);
     return 0;
 }
 
@@ -165,8 +166,8 @@ static int state_request(const struct fy_optstep *o, int layer, struct adamw_req
     const struct fy_desc *g = r->part[FY_KIND_GRAD], *st = r->part[FY_KIND_STATE];
     const struct fy_desc *wt = r->part[FY_KIND_WEIGHTS];
     for (int s = 0; s < FY_OPTSTATE_PARTS; s++)
-        FY_REQUIRE(r->part[parts_kind[s]] == NULL, -EPROTO,
-                   "opt-adamw: a state part and a %s part", fy_kind_name(parts_kind[s]));
+        FY_REQUIRE(r->part[parts_kind[s]] == NULL, -EPROTO, "opt-adamw: a state part and a %s part",
+                   fy_kind_name(parts_kind[s]));
     FY_REQUIRE(g != NULL && (g->dtype == FY_DTYPE_F32 || g->dtype == FY_DTYPE_BF16) &&
                    (wt == NULL || wt->dtype == FY_DTYPE_BF16),
                -EPROTO, "opt-adamw: a state part needs a grad part, f32 or bf16 (weights bf16)");
@@ -174,9 +175,10 @@ static int state_request(const struct fy_optstep *o, int layer, struct adamw_req
     FY_REQUIRE(g->bytes / fy_dtype_size(g->dtype) == count &&
                    (wt == NULL || wt->bytes / 2 == count) &&
                    st->bytes == fy_optstate_bytes(&o->model, (unsigned)layer),
-               -EPROTO, "opt-adamw: the parts do not hold unit %d's %zu parameters and its state "
-               "of %llu bytes in pieces", layer, count,
-               (unsigned long long)fy_optstate_bytes(&o->model, (unsigned)layer));
+               -EPROTO,
+               "opt-adamw: the parts do not hold unit %d's %zu parameters and its state "
+               "of %llu bytes in pieces",
+               layer, count, (unsigned long long)fy_optstate_bytes(&o->model, (unsigned)layer));
     r->pieces = fy_optstate_piece_count(&o->model, (unsigned)layer);
     return 0;
 }
@@ -258,8 +260,8 @@ static int adamw_request(const struct fy_optstep *o, const struct fy_desc *req, 
         struct fy_optstate_piece pc;
         r->tensors = fy_optstate_piece(&o->model, (unsigned)layer, piece, &pc, r->tensor);
         FY_REQUIRE(pc.params == count, -EPROTO,
-                   "opt-adamw: unit %d's piece %u of the model does not hold %zu parameters",
-                   layer, piece, count);
+                   "opt-adamw: unit %d's piece %u of the model does not hold %zu parameters", layer,
+                   piece, count);
         FY_REQUIRE(format == o->model.optim_state, -EPROTO,
                    "opt-adamw: unit %d's moments are %s, the run keeps %s optimizer state", layer,
                    fy_dtype_name(m->dtype), fy_optim_state_name(o->model.optim_state));
@@ -410,10 +412,9 @@ static int row_list(const struct fy_pool *pool, const struct fy_desc *list, int 
 
 /* A STATE request's rows piece by piece: each piece's rows (those in its range, which starts on a
  * row) shifted to the piece's first; every piece checked before any is updated. */
-static int update_rows_pieces(struct fy_optstep *o, const struct fy_pool *pool,
-                              const int32_t *rows, size_t nrows, size_t len,
-                              const struct fy_adamw_hparams *hp, uint64_t step,
-                              const struct adamw_request *w, int layer, float scale)
+static int update_rows_pieces(struct fy_optstep *o, const struct fy_pool *pool, const int32_t *rows,
+                              size_t nrows, size_t len, const struct fy_adamw_hparams *hp,
+                              uint64_t step, const struct adamw_request *w, int layer, float scale)
 {
     int32_t *local = malloc((nrows > 0 ? nrows : 1) * sizeof *local);
     struct adamw_request *r = malloc(sizeof *r);
@@ -509,8 +510,10 @@ static int convert_pieces(struct fy_optstep *o, const struct fy_pool *pool,
     size_t size = fy_dtype_size(dst->dtype);
     FY_REQUIRE(st->bytes == fy_optstate_bytes(&o->model, (unsigned)layer) &&
                    dst->bytes == count * size,
-               -EPROTO, "opt-convert: the parts do not hold unit %d's state in pieces and its %zu "
-               "weights", layer, count);
+               -EPROTO,
+               "opt-convert: the parts do not hold unit %d's state in pieces and its %zu "
+               "weights",
+               layer, count);
     FY_REQUIRE(!regions_overlap(st, dst), -EPROTO, "opt-convert: the two parts overlap");
     const uint8_t *state = part_at(pool, st);
     uint8_t *to = part_at(pool, dst);
@@ -544,13 +547,15 @@ static int convert(struct fy_optstep *o, const struct fy_pool *pool, const struc
                    (dst->dtype == FY_DTYPE_BF16 || dst->dtype == FY_DTYPE_F32),
                -EPROTO,
                "opt-convert: the master part must be f32 and the weights part bf16 or f32 (got "
-               "%s and %s)", fy_dtype_name(req[0].dtype), fy_dtype_name(dst->dtype));
+               "%s and %s)",
+               fy_dtype_name(req[0].dtype), fy_dtype_name(dst->dtype));
     if (st != NULL)
         return convert_pieces(o, pool, st, dst);
     size_t count = src->bytes / 4;
     FY_REQUIRE(count > 0 && dst->bytes / fy_dtype_size(dst->dtype) == count, -EPROTO,
                "opt-convert: %zu f32 values into a weights part of %llu bytes: the parts must hold "
-               "as many elements, at least one", count, (unsigned long long)dst->bytes);
+               "as many elements, at least one",
+               count, (unsigned long long)dst->bytes);
     FY_REQUIRE(!regions_overlap(src, dst), -EPROTO, "opt-convert: the two parts overlap");
     int layer = req[0].layer;
     if (layer >= 0 && o->have_model)

@@ -82,8 +82,8 @@ void fy_chaos_init_model_as(struct fy_test_fixture *f, const char *run, const ch
 void fy_chaos_init_model_with(struct fy_test_fixture *f, const char *run, const char *optim_state,
                               const char *state_piece)
 {
-    const char *args[20] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
-                            "64", "--ctx", "32", "--seed", "5"};
+    const char *args[20] = {"init",   "--run-dir", run,     "--layers", "2",      "--heads", "2",
+                            "--embd", "64",        "--ctx", "32",       "--seed", "5"};
     unsigned n = 13;
     if (optim_state != NULL) {
         args[n++] = "--optim-state";
@@ -100,10 +100,10 @@ void fy_chaos_init_model_with(struct fy_test_fixture *f, const char *run, const 
 void fy_chaos_train_args(const char **args, const char *run, const char *data, const char *steps,
                          const char *out, const char *const *extra)
 {
-    const char *base[] = {"train", "--run-dir", run, "--data", data, "--steps", steps,
-                          "--batch", "8", "--seq", "32", "--lr", "3e-3", "--warmup", "20",
-                          "--eval-every", "1000", "--checkpoint-every", "3", "--backend", "cpu",
-                          "--max-restarts", "100", "--export", out,
+    const char *base[] = {"train", "--run-dir", run, "--data", data, "--steps", steps, "--batch",
+                          "8", "--seq", "32", "--lr", "3e-3", "--warmup", "20", "--eval-every",
+                          "1000", "--checkpoint-every", "3", "--backend", "cpu", "--max-restarts",
+                          "100", "--export", out,
                           /* every unit's state streamed, unclipped, as the kills are aimed: a
                            * test's own options come after and replace these */
                           "--cpu-mem", "0", "--clip-grad-norm", "0"};
@@ -266,11 +266,12 @@ void fy_chaos_report_recoveries(const char *what, const char *log)
     }
     free(text);
     printf("chaos: %s: %d recoveries, mean %.2f s, longest %.2f s (workers started again and the "
-           "last commit checked)\n", what, n, n ? sum / n : 0.0, max);
+           "last commit checked)\n",
+           what, n, n ? sum / n : 0.0, max);
 }
 
-void fy_chaos_kill_worker(struct fy_chaos *c, const char *name, const char *run_name,
-                          uint64_t seed, int kills_wanted)
+void fy_chaos_kill_worker(struct fy_chaos *c, const char *name, const char *run_name, uint64_t seed,
+                          int kills_wanted)
 {
     struct fy_chaos_paths rp = fy_chaos_new_run(c, run_name);
     const char *run = rp.run, *out = rp.out, *metrics = rp.metrics, *log = rp.log;

@@ -72,8 +72,8 @@ void fy_chaos_report_recoveries(const char *what, const char *log);
  * directory, trained with c's options), `kills` times, each at a random moment (from `seed`) once
  * the run has made progress since the last kill; the run restarts it itself and must end as c's
  * undisturbed run, leaving nothing behind. */
-void fy_chaos_kill_worker(struct fy_chaos *c, const char *name, const char *run_name,
-                          uint64_t seed, int kills);
+void fy_chaos_kill_worker(struct fy_chaos *c, const char *name, const char *run_name, uint64_t seed,
+                          int kills);
 /* The paths of a run named `name` in the group's directory, with a model initialised there (in
  * c->optim_state and c->state_piece). */
 struct fy_chaos_paths fy_chaos_new_run(struct fy_chaos *c, const char *name);

@@ -233,7 +233,8 @@ static int forward_backward(struct fy_refmodel *m, struct fy_backend *b, float *
         return set_err(m, "model_head failed (%d)", rc), rc;
     for (unsigned l = L; l-- > 0;) {
         if ((rc = fy_backend_model_block_backward(b, 1 + l, m->params[1 + l], m->positions,
-                                                  xs + act * l, dy, dx, m->grads[1 + l], NULL)) != 0)
+                                                  xs + act * l, dy, dx, m->grads[1 + l], NULL)) !=
+            0)
             return set_err(m, "model_block_backward of block %u failed (%d)", l, rc), rc;
         float *t = dx;
         dx = dy;

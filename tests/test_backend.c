@@ -91,8 +91,8 @@ static int block_with_saved(const struct fy_model_config *c)
     assert_int_equal(fy_backend_open(&b, "cpu", 0), 0);
     assert_int_equal(fy_backend_model_prepare(b, c, B, T), 0);
     assert_int_equal(fy_backend_model_block_forward(b, 1, params, NULL, x, y, NULL), 0);
-    assert_int_equal(
-        fy_backend_model_block_backward(b, 1, params, NULL, x, dy, dx[0], dp[0], NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 1, params, NULL, x, dy, dx[0], dp[0], NULL),
+                     0);
     int rc = fy_backend_model_block_forward(b, 1, params, NULL, x, y, &saved);
     if (rc == 0)
         rc = fy_backend_model_block_backward(b, 1, params, NULL, x, dy, dx[1], dp[1], &saved);
@@ -163,13 +163,12 @@ static void test_cpu_backend_holds_gradients(void **state)
     assert_int_equal(fy_backend_model_hold(b, 2), -EINVAL);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(fy_backend_model_hold_next(b, 1 - i), 0);
-        assert_int_equal(fy_backend_model_block_backward(b, 2 - i, params, NULL, x, dy[i], dx,
-                                                         dp[i], NULL),
-                         0);
+        assert_int_equal(
+            fy_backend_model_block_backward(b, 2 - i, params, NULL, x, dy[i], dx, dp[i], NULL), 0);
     }
     assert_memory_not_equal(dp[0], dp[1], P * sizeof(float));
-    assert_int_equal(
-        fy_backend_model_block_backward(b, 1, params, NULL, x, dy[0], dx, dp[1], NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(b, 1, params, NULL, x, dy[0], dx, dp[1], NULL),
+                     0);
     for (int i = 0; i < 2; i++) {
         float *want = filled(P, 0.0f);
         assert_int_equal(

@@ -42,22 +42,44 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 using std::max;
 using std::min;
 
-struct bf16 { uint16_t x; };
-static inline float __bfloat162float(bf16 v) { uint32_t u = (uint32_t)v.x << 16; float f; memcpy(&f, &u, 4); return f; }
+struct bf16 {
+    uint16_t x;
+};
+static inline float __bfloat162float(bf16 v)
+{
+    uint32_t u = (uint32_t)v.x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 static inline bf16 __float2bfloat16(float f)
 {
-    uint32_t u; memcpy(&u, &f, 4);
+    uint32_t u;
+    memcpy(&u, &f, 4);
     bf16 r;
-    if ((u & 0x7fffffffu) > 0x7f800000u) { r.x = (uint16_t)((u >> 16) | 0x40); return r; }
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        r.x = (uint16_t)((u >> 16) | 0x40);
+        return r;
+    }
     u += 0x7fffu + ((u >> 16) & 1u);
     r.x = (uint16_t)(u >> 16);
     return r;
 }
 static inline unsigned short __bfloat16_as_ushort(bf16 v) { return v.x; }
-struct float2 { float x, y; };
-struct int2 { int x, y; };
-static inline int2 make_int2(int x, int y) { int2 r = {x, y}; return r; }
-struct dim3e { unsigned x, y, z; };
+struct float2 {
+    float x, y;
+};
+struct int2 {
+    int x, y;
+};
+static inline int2 make_int2(int x, int y)
+{
+    int2 r = {x, y};
+    return r;
+}
+struct dim3e {
+    unsigned x, y, z;
+};
 static dim3e threadIdx, blockIdx, blockDim, gridDim;
 
 #define __global__
@@ -67,8 +89,20 @@ static dim3e threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 #define __restrict__ __restrict
 static inline size_t __cvta_generic_to_shared(const void *p) { return (size_t)p; }
-static inline int atomicMin(int *p, int v) { int o = *p; if (v < o) *p = v; return o; }
-static inline int atomicMax(int *p, int v) { int o = *p; if (v > o) *p = v; return o; }
+static inline int atomicMin(int *p, int v)
+{
+    int o = *p;
+    if (v < o)
+        *p = v;
+    return o;
+}
+static inline int atomicMax(int *p, int v)
+{
+    int o = *p;
+    if (v > o)
+        *p = v;
+    return o;
+}
 static unsigned char *fl_smem_raw;
 
 /* ---- fibers ---- */
@@ -92,12 +126,34 @@ static float __shfl_xor_sync(unsigned, float v, int o)
     return r;
 }
 
-static inline float bf_lo(unsigned u) { bf16 b; b.x = (uint16_t)(u & 0xffff); return __bfloat162float(b); }
-static inline float bf_hi(unsigned u) { bf16 b; b.x = (uint16_t)(u >> 16); return __bfloat162float(b); }
+static inline float bf_lo(unsigned u)
+{
+    bf16 b;
+    b.x = (uint16_t)(u & 0xffff);
+    return __bfloat162float(b);
+}
+static inline float bf_hi(unsigned u)
+{
+    bf16 b;
+    b.x = (uint16_t)(u >> 16);
+    return __bfloat162float(b);
+}
 static inline unsigned pk(uint16_t a, uint16_t b) { return (unsigned)a | ((unsigned)b << 16); }
 
-static void fl_cp16(void *dst, const void *src, int bytes) { if (bytes) memcpy(dst, src, 16); else memset(dst, 0, 16); }
-static void fl_cp4(void *dst, const void *src, int bytes) { if (bytes) memcpy(dst, src, 4); else memset(dst, 0, 4); }
+static void fl_cp16(void *dst, const void *src, int bytes)
+{
+    if (bytes)
+        memcpy(dst, src, 16);
+    else
+        memset(dst, 0, 16);
+}
+static void fl_cp4(void *dst, const void *src, int bytes)
+{
+    if (bytes)
+        memcpy(dst, src, 4);
+    else
+        memset(dst, 0, 4);
+}
 static void fl_cp_commit(void) {}
 static void fl_cp_wait_all(void) {}
 
@@ -131,7 +187,8 @@ static void fl_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned 
 {
     emu_mmas++;
     int me = emu_cur, base = me & ~31, l = me & 31;
-    for (int i = 0; i < 4; i++) emu_u[me][i] = a[i];
+    for (int i = 0; i < 4; i++)
+        emu_u[me][i] = a[i];
     emu_u[me][4] = b0;
     emu_u[me][5] = b1;
     emu_sync();
@@ -152,7 +209,6 @@ static void fl_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned 
     }
     emu_sync();
 }
-
 
 /* ---- the kernels, as cu_flash.cu has them ---- */
 #include "cu_flash_kernels.inc"
@@ -241,7 +297,9 @@ template <int HP, int MASK> static void run_dq(void)
 static uint64_t rng = 88172645463325252ull;
 static float urand(void)
 {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
     return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
@@ -249,7 +307,8 @@ static float urand(void)
 static bool sees(const int32_t *pos, int b, int T, int t, int k, int W)
 {
     int lo = pos ? t - pos[b * T + t] : 0;
-    if (W > 0 && t - W + 1 > lo) lo = t - W + 1;
+    if (W > 0 && t - W + 1 > lo)
+        lo = t - W + 1;
     return k >= lo && k <= t;
 }
 
@@ -260,13 +319,18 @@ static int one_case(const char *name, int B, int T, int NH, int NKV, int hs, int
     const int32_t *pos = positions.empty() ? nullptr : positions.data();
     size_t S = (size_t)(NH + 2 * NKV) * hs, QC = (size_t)NH * hs;
     std::vector<bf16> qkv(B * T * S), dout(B * T * QC), out(B * T * QC), dqkv(B * T * S);
-    for (auto &v : qkv) v = __float2bfloat16(2.0f * urand());
-    for (auto &v : dout) v = __float2bfloat16(urand());
-    for (auto &v : out) v.x = 0x7fc0;  /* NaN: unwritten shows */
-    for (auto &v : dqkv) v.x = 0x7fc0;
+    for (auto &v : qkv)
+        v = __float2bfloat16(2.0f * urand());
+    for (auto &v : dout)
+        v = __float2bfloat16(urand());
+    for (auto &v : out)
+        v.x = 0x7fc0; /* NaN: unwritten shows */
+    for (auto &v : dqkv)
+        v.x = 0x7fc0;
     std::vector<float> L(B * NH * T, NAN), D(B * NH * T);
-    A = {out.data(), dout.data(), qkv.data(), dqkv.data(), L.data(), D.data(), T, NH, NKV, hs, W,
-         1.0f / sqrtf((float)hs), pos};
+    A = {out.data(), dout.data(), qkv.data(), dqkv.data(), L.data(), D.data(),
+         T,          NH,          NKV,        hs,          W,        1.0f / sqrtf((float)hs),
+         pos};
     int nblk = (T + 63) / 64;
     unsigned tile = 64 * (HP + 8) * 2;
     /* tile pairs (query block, key block) with a visible pair: what the kernels must compute */
@@ -306,41 +370,57 @@ static int one_case(const char *name, int B, int T, int NH, int NKV, int hs, int
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             int kv = h / rep;
-            auto q = [&](int t, int d) { return (double)__bfloat162float(qkv[(b * T + t) * S + h * hs + d]); };
-            auto k = [&](int t, int d) { return (double)__bfloat162float(qkv[(b * T + t) * S + (NH + kv) * hs + d]); };
-            auto v = [&](int t, int d) { return (double)__bfloat162float(qkv[(b * T + t) * S + (NH + NKV + kv) * hs + d]); };
-            auto g = [&](int t, int d) { return (double)__bfloat162float(dout[(b * T + t) * QC + h * hs + d]); };
+            auto q = [&](int t, int d) {
+                return (double)__bfloat162float(qkv[(b * T + t) * S + h * hs + d]);
+            };
+            auto k = [&](int t, int d) {
+                return (double)__bfloat162float(qkv[(b * T + t) * S + (NH + kv) * hs + d]);
+            };
+            auto v = [&](int t, int d) {
+                return (double)__bfloat162float(qkv[(b * T + t) * S + (NH + NKV + kv) * hs + d]);
+            };
+            auto g = [&](int t, int d) {
+                return (double)__bfloat162float(dout[(b * T + t) * QC + h * hs + d]);
+            };
             for (int t = 0; t < T; t++) {
                 std::vector<double> p(T, 0.0);
                 double mx = -INFINITY, sum = 0;
                 for (int j = 0; j < T; j++)
                     if (sees(pos, b, T, t, j, W)) {
                         double s = 0;
-                        for (int d = 0; d < hs; d++) s += q(t, d) * k(j, d);
+                        for (int d = 0; d < hs; d++)
+                            s += q(t, d) * k(j, d);
                         p[j] = s * scale;
                         mx = std::max(mx, p[j]);
                     }
                 for (int j = 0; j < T; j++)
-                    if (sees(pos, b, T, t, j, W)) sum += (p[j] = exp(p[j] - mx));
-                    else p[j] = 0;
-                for (int j = 0; j < T; j++) p[j] /= sum;
+                    if (sees(pos, b, T, t, j, W))
+                        sum += (p[j] = exp(p[j] - mx));
+                    else
+                        p[j] = 0;
+                for (int j = 0; j < T; j++)
+                    p[j] /= sum;
                 for (int d = 0; d < hs; d++) {
                     double a = 0;
-                    for (int j = 0; j < T; j++) a += p[j] * v(j, d);
+                    for (int j = 0; j < T; j++)
+                        a += p[j] * v(j, d);
                     ro[(b * T + t) * QC + h * hs + d] = a;
                 }
                 /* backward */
                 std::vector<double> dp(T, 0.0);
                 double dot = 0;
                 for (int j = 0; j < T; j++) {
-                    if (p[j] == 0) continue;
+                    if (p[j] == 0)
+                        continue;
                     double s = 0;
-                    for (int d = 0; d < hs; d++) s += g(t, d) * v(j, d);
+                    for (int d = 0; d < hs; d++)
+                        s += g(t, d) * v(j, d);
                     dp[j] = s;
                     dot += p[j] * s;
                 }
                 for (int j = 0; j < T; j++) {
-                    if (p[j] == 0) continue;
+                    if (p[j] == 0)
+                        continue;
                     double ds = p[j] * (dp[j] - dot) * scale;
                     for (int d = 0; d < hs; d++) {
                         rd[(b * T + t) * S + h * hs + d] += ds * k(j, d);
@@ -359,10 +439,13 @@ static int one_case(const char *name, int B, int T, int NH, int NKV, int hs, int
                 scale_ = std::max(scale_, fabs(ref[r * stride + off + c]));
         for (size_t r = 0; r < n; r++)
             for (size_t c = 0; c < width; c++) {
-                double o = __bfloat162float(ours[r * stride + off + c]), e = ref[r * stride + off + c];
+                double o = __bfloat162float(ours[r * stride + off + c]),
+                       e = ref[r * stride + off + c];
                 double err = fabs(o - e);
-                if (!(err <= 2e-2 * fabs(e) + 1e-2 * scale_)) bad++;
-                if (!(err <= worst)) worst = err;
+                if (!(err <= 2e-2 * fabs(e) + 1e-2 * scale_))
+                    bad++;
+                if (!(err <= worst))
+                    worst = err;
             }
         printf("  %-4s worst |d| %.2e of max %.2e%s\n", what, worst, scale_, bad ? "  FAIL" : "");
         return bad;
@@ -371,12 +454,14 @@ static int one_case(const char *name, int B, int T, int NH, int NKV, int hs, int
     printf("  tiles computed: forward %ld, dk dv %ld, dq %ld; with a visible pair %ld of %d%s\n",
            fwd_blocks, kv_blocks, dq_blocks, pairs * NH, B * NH * nblk * (nblk + 1) / 2,
            fwd_blocks == pairs * NH && kv_blocks == pairs * NH && dq_blocks == pairs * NH
-               ? "" : "  (not exact)");
+               ? ""
+               : "  (not exact)");
     int bad = cmp("out", out.data(), ro.data(), (size_t)B * T, QC, 0, QC);
     bad += MASK && (fwd_blocks != pairs * NH || kv_blocks != pairs * NH || dq_blocks != pairs * NH);
     bad += cmp("dq", dqkv.data(), rd.data(), (size_t)B * T, S, 0, QC);
     bad += cmp("dk", dqkv.data(), rd.data(), (size_t)B * T, S, QC, (size_t)NKV * hs);
-    bad += cmp("dv", dqkv.data(), rd.data(), (size_t)B * T, S, QC + (size_t)NKV * hs, (size_t)NKV * hs);
+    bad += cmp("dv", dqkv.data(), rd.data(), (size_t)B * T, S, QC + (size_t)NKV * hs,
+               (size_t)NKV * hs);
     return bad;
 }
 
@@ -389,7 +474,10 @@ static std::vector<int32_t> docs(int T, std::vector<std::vector<int>> rows)
         for (int len : r)
             for (int i = 0; i < len; i++, n++)
                 p.push_back(i);
-        if (n != T) { fprintf(stderr, "bad docs\n"); exit(2); }
+        if (n != T) {
+            fprintf(stderr, "bad docs\n");
+            exit(2);
+        }
     }
     return p;
 }
@@ -428,8 +516,8 @@ static void test_documents_and_window(void **state)
     assert_int_equal(
         (one_case<32, FL_WIN | FL_DOC>("documents, window 50", 2, 200, 2, 1, 32, 50, p1)), 0);
     std::vector<int32_t> p2 = docs(300, {{64, 64, 128, 44}, {20, 200, 1, 1, 78}});
-    assert_int_equal((one_case<16, FL_WIN | FL_DOC>("documents at tile edges, window 65", 2, 300,
-                                                   2, 2, 16, 65, p2)),
+    assert_int_equal((one_case<16, FL_WIN | FL_DOC>("documents at tile edges, window 65", 2, 300, 2,
+                                                    2, 16, 65, p2)),
                      0);
 }
 

@@ -397,8 +397,10 @@ static void test_embed(void **state)
 /* Learned positions at the documents' own positions, which repeat within and across rows. */
 static void test_embed_documents(void **state)
 {
-    struct em e = {.cfg = {.n_layer = 1, .n_head = 1, .n_embd = 5, .vocab = 7, .ctx = 6}, .B = 2,
-                   .T = 6, .pos = packed_pos};
+    struct em e = {.cfg = {.n_layer = 1, .n_head = 1, .n_embd = 5, .vocab = 7, .ctx = 6},
+                   .B = 2,
+                   .T = 6,
+                   .pos = packed_pos};
     int32_t tokens[12] = {3, 0, 3, 6, 6, 3, 1, 0, 2, 2, 5, 4};
     e.tokens = tokens;
     assert_int_equal(embed_check(&e, 52), 0);
@@ -473,14 +475,17 @@ static int block_check(struct bl *bp, uint64_t seed)
 
 static void test_block(void **state)
 {
-    struct bl b = {.cfg = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 5}, .B = 2, .T = 5};
+    struct bl b = {
+        .cfg = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 5}, .B = 2, .T = 5};
     assert_int_equal(block_check(&b, 61), 0);
 }
 
 static void test_block_documents(void **state)
 {
-    struct bl b = {.cfg = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 6}, .B = 2,
-                   .T = 6, .pos = packed_pos};
+    struct bl b = {.cfg = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 6},
+                   .B = 2,
+                   .T = 6,
+                   .pos = packed_pos};
     assert_int_equal(block_check(&b, 62), 0);
 }
 

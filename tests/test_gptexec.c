@@ -58,8 +58,7 @@ static int setup(void **state)
 {
     struct fixture *f = calloc(1, sizeof *f);
     assert_non_null(f);
-    f->mc = (struct fy_model_config){.n_layer = 1, .n_head = 2, .n_embd = C, .vocab = 16,
-                                     .ctx = 8};
+    f->mc = (struct fy_model_config){.n_layer = 1, .n_head = 2, .n_embd = C, .vocab = 16, .ctx = 8};
     fy_config_init(&f->cfg);
     assert_int_equal(fy_model_config_to(&f->mc, &f->cfg), 0);
     assert_int_equal(fy_config_setf(&f->cfg, "train.batch", "%d", B), 0);
@@ -68,14 +67,14 @@ static int setup(void **state)
     f->block_n = fy_model_unit_params(&f->mc, 1);
     struct fy_actplan_sizes sizes;
     assert_int_equal(fy_actplan_sizes_backend(&f->mc, B, T, "cpu", &sizes), 0);
-    assert_int_equal(fy_actplan_region_of(&sizes, FY_ACT_BIT(FY_ACT_QKV) | FY_ACT_BIT(FY_ACT_ATTN),
-                                          &f->saved),
-                     0);
+    assert_int_equal(
+        fy_actplan_region_of(&sizes, FY_ACT_BIT(FY_ACT_QKV) | FY_ACT_BIT(FY_ACT_ATTN), &f->saved),
+        0);
     /* every buffer 4 KiB aligned in one region */
-    uint64_t sizes_b[] = {NTOK * 4,          NTOK * 4, f->embed_n * 4, f->block_n * 4, NACT * 4,
-                          NACT * 4,          NACT * 4, NACT * 4,       f->block_n * 4,
-                          f->embed_n * 4,    f->saved.bytes};
-    uint64_t *offs[] = {&f->tok_at, &f->pos_at, &f->embed_at, &f->block_at, &f->x_at, &f->y_at,
+    uint64_t sizes_b[] = {NTOK * 4,       NTOK * 4,       f->embed_n * 4, f->block_n * 4,
+                          NACT * 4,       NACT * 4,       NACT * 4,       NACT * 4,
+                          f->block_n * 4, f->embed_n * 4, f->saved.bytes};
+    uint64_t *offs[] = {&f->tok_at, &f->pos_at, &f->embed_at, &f->block_at, &f->x_at,    &f->y_at,
                         &f->dy_at,  &f->dx_at,  &f->dp_at,    &f->de_at,    &f->saved_at};
     uint64_t total = 0;
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
@@ -125,10 +124,8 @@ static int teardown(void **state)
 
 static struct fy_desc part(int op, int kind, int dtype, uint64_t off, uint64_t bytes)
 {
-    return fy_desc_region(op, kind, dtype, off, bytes, op == FY_OP_GPT_EMBED_FWD ||
-                                                               op == FY_OP_GPT_EMBED_BWD
-                                                           ? 0
-                                                           : 1);
+    return fy_desc_region(op, kind, dtype, off, bytes,
+                          op == FY_OP_GPT_EMBED_FWD || op == FY_OP_GPT_EMBED_BWD ? 0 : 1);
 }
 
 static struct fy_desc positions_part(struct fixture *f, int op)

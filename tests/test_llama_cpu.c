@@ -1050,9 +1050,9 @@ static void deterministic(int variations)
     int saved = omp_get_max_threads();
     struct det_out a, b, d, w, p1, p3;
     det_run(variations, 2, 0, &a);
-    det_run(variations, 2, 0, &b); /* the same run twice */
-    det_run(variations, 1, 0, &d); /* and with another thread count */
-    det_run(variations, 2, 1, &w); /* the windows' positions: the bits of none */
+    det_run(variations, 2, 0, &b);  /* the same run twice */
+    det_run(variations, 1, 0, &d);  /* and with another thread count */
+    det_run(variations, 2, 1, &w);  /* the windows' positions: the bits of none */
     det_run(variations, 1, 2, &p1); /* documents, with two thread counts */
     omp_set_num_threads(3);
     struct det_out e;

@@ -407,8 +407,8 @@ static void test_pieces_cut(void **state)
 static void test_pieces_by_hand(void **state)
 {
     (void)state;
-    struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 1000, .ctx = 64,
-                                .state_piece = 65536};
+    struct fy_model_config c = {
+        .n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 1000, .ctx = 64, .state_piece = 65536};
     assert_int_equal(fy_model_unit_params(&c, 1), 49984);
     /* fp32: 12 bytes a parameter, three sections of 4 KiB each at least. The first piece holds
      * ln1 (128) and 4096 of qkv's weights: 3 x pad(4 x 4224) = 3 x 20480 = 61440; with 8192 of

@@ -798,8 +798,8 @@ static void test_convert_refused(void **state)
 /* The state `whole` of unit u laid out in one piece (model c, state_piece 0) copied into `pieces`,
  * laid out in the pieces of cp: each value of the master and of the moments to its place, each
  * int8 block's absmax to its block's; padding zero. */
-static void relayout(const struct fy_model_config *c, const struct fy_model_config *cp,
-                     unsigned u, const uint8_t *whole, uint8_t *pieces)
+static void relayout(const struct fy_model_config *c, const struct fy_model_config *cp, unsigned u,
+                     const uint8_t *whole, uint8_t *pieces)
 {
     struct fy_optstate_layout wl;
     fy_optstate_layout(c, u, &wl);
@@ -906,8 +906,8 @@ static void test_adamw_pieces(void **state)
             /* one piece, with a bf16 copy */
             unsigned n = unit_request(f, &c, u, s1, 3, 2e-3, req);
             req[0].arg = double_arg(0.5);
-            req[n++] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16,
-                                      f->base + w1, P * 2, (int)u);
+            req[n++] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16, f->base + w1,
+                                      P * 2, (int)u);
             req[n - 1].step = 3;
             assert_int_equal(fy_optstep_handle(one, f->pool, req, n, &reply), 0);
             /* the pieces all */
@@ -920,8 +920,8 @@ static void test_adamw_pieces(void **state)
                 req[0] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, FY_DTYPE_F32,
                                         f->base + p.begin * 4, p.params * 4, (int)u);
                 req[0].arg = double_arg(0.5);
-                unsigned m = 1 + fy_optstate_parts(&p.layout, f->base + s3 + p.offset, (int)u,
-                                                   req + 1);
+                unsigned m =
+                    1 + fy_optstate_parts(&p.layout, f->base + s3 + p.offset, (int)u, req + 1);
                 req[1].arg = double_arg(2e-3);
                 req[1].tensor = k;
                 req[m++] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_WEIGHTS, FY_DTYPE_BF16,
@@ -941,11 +941,10 @@ static void test_adamw_pieces(void **state)
                 int dtype = d ? FY_DTYPE_F32 : FY_DTYPE_BF16;
                 size_t size = fy_dtype_size(dtype);
                 memset(at(f, w3, P * size), 0xab, P * size);
-                struct fy_desc cv[2] = {
-                    fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_STATE, FY_DTYPE_NONE, f->base + s2,
-                                   bytes, (int)u),
-                    fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, dtype, f->base + w3,
-                                   P * size, (int)u)};
+                struct fy_desc cv[2] = {fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_STATE,
+                                                       FY_DTYPE_NONE, f->base + s2, bytes, (int)u),
+                                        fy_desc_region(FY_OP_OPT_CONVERT, FY_KIND_WEIGHTS, dtype,
+                                                       f->base + w3, P * size, (int)u)};
                 assert_int_equal(fy_optstep_handle(cut, f->pool, cv, 2, &reply), 0);
                 const float *master = at(f, s1, P * 4);
                 if (d)
@@ -968,8 +967,8 @@ static void test_adamw_pieces(void **state)
                 fy_optstate_piece(&cp, u, 1, &p, NULL);
                 req[0] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_GRAD, FY_DTYPE_F32, f->base,
                                         p.params * 4, (int)u);
-                unsigned m = 1 + fy_optstate_parts(&p.layout, f->base + s3 + p.offset, (int)u,
-                                                   req + 1);
+                unsigned m =
+                    1 + fy_optstate_parts(&p.layout, f->base + s3 + p.offset, (int)u, req + 1);
                 req[1].tensor = 0; /* piece 1's sections named as piece 0 */
                 for (unsigned i = 0; i < m; i++)
                     req[i].step = 3;
@@ -1015,8 +1014,8 @@ static void test_adamw_pieces_rows(void **state)
         req[1].arg = double_arg(1e-3);
         for (unsigned i = 0; i < n; i++)
             req[i].step = 2;
-        req[n] = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, f->base + lists, 0,
-                                0);
+        req[n] =
+            fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, f->base + lists, 0, 0);
         req[n].step = 2;
         req[n].arg = c.n_embd;
         int32_t *list = at(f, lists, rows * 4);

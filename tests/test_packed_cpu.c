@@ -50,17 +50,25 @@ struct packed_case {
 /* The model a case's file describes (its header: see packed_ref.py). */
 static struct fy_model_config case_config(const struct packed_case *pc, const int32_t *h)
 {
-    struct fy_model_config c = {.n_layer = (uint32_t)h[10], .n_head = (uint32_t)h[6],
-                                .n_embd = (uint32_t)h[5], .vocab = (uint32_t)h[9],
-                                .ctx = (uint32_t)h[11], .arch = pc->arch};
+    struct fy_model_config c = {.n_layer = (uint32_t)h[10],
+                                .n_head = (uint32_t)h[6],
+                                .n_embd = (uint32_t)h[5],
+                                .vocab = (uint32_t)h[9],
+                                .ctx = (uint32_t)h[11],
+                                .arch = pc->arch};
     if (pc->arch == &fy_arch_gpt2)
         return c;
-    c.llama = (struct fy_llama_fields){.n_kv_head = (uint32_t)h[7], .n_inter = (uint32_t)h[8],
-                                       .rms_eps = 1e-5f, .rope_theta = 500000.0,
+    c.llama = (struct fy_llama_fields){.n_kv_head = (uint32_t)h[7],
+                                       .n_inter = (uint32_t)h[8],
+                                       .rms_eps = 1e-5f,
+                                       .rope_theta = 500000.0,
                                        .rope_type = FY_ROPE_DEFAULT};
-    const struct fy_family_options o = {.kv_heads = (uint64_t)h[7], .ffn = (uint64_t)h[8],
-                                        .head_dim = (uint64_t)h[12], .tied = h[14],
-                                        .rms_eps = 1e-5, .rope_theta = 500000.0};
+    const struct fy_family_options o = {.kv_heads = (uint64_t)h[7],
+                                        .ffn = (uint64_t)h[8],
+                                        .head_dim = (uint64_t)h[12],
+                                        .tied = h[14],
+                                        .rms_eps = 1e-5,
+                                        .rope_theta = 500000.0};
     assert_int_equal(pc->arch->from_options(&o, &c), 0);
     c.llama.sliding_window = (uint32_t)h[13];
     c.llama.tied = (uint32_t)h[14];
@@ -93,11 +101,11 @@ static int unit_tensors(const struct fy_model_config *c, unsigned u, struct tens
         } else {
             struct fy_llama_unit_layout l;
             fy_llama_unit_layout(c, &l);
-            const char *nm[] = {"input_norm", "q_proj", "k_proj",    "v_proj",
-                                "qkv_bias",   "o_proj", "q_norm",    "k_norm",
+            const char *nm[] = {"input_norm", "q_proj",    "k_proj",  "v_proj",
+                                "qkv_bias",   "o_proj",    "q_norm",  "k_norm",
                                 "post_norm",  "gate_proj", "up_proj", "down_proj"};
-            size_t of[] = {l.input_norm, l.q_proj, l.k_proj,    l.v_proj,
-                           l.q_bias,     l.o_proj, l.q_norm,    l.k_norm,
+            size_t of[] = {l.input_norm, l.q_proj,    l.k_proj,  l.v_proj,
+                           l.q_bias,     l.o_proj,    l.q_norm,  l.k_norm,
                            l.post_norm,  l.gate_proj, l.up_proj, l.down_proj};
             for (int i = 0; i < 12; i++)
                 if (of[i] != FY_LLAMA_ABSENT)
@@ -206,7 +214,8 @@ static int packed_cases(const struct packed_case *cases, int n, int without_posi
 {
     if (!have_transformers) {
         if (in_ci)
-            fail_msg("python3 with torch and transformers is missing under CI: .ci/run installs them");
+            fail_msg(
+                "python3 with torch and transformers is missing under CI: .ci/run installs them");
         printf("test_packed_cpu: skipped: python3 with torch and transformers is needed "
                "(make deps-python)\n");
         skip();
@@ -259,9 +268,9 @@ static int packed_cases(const struct packed_case *cases, int n, int without_posi
             padding += positions[k] == 0 && targets[k] < 0 &&
                        (k % T == (size_t)T - 1 || positions[k + 1] == 0);
         }
-        printf(" %s: B %d x T %d, %d documents with targets, %d single tokens without (padding)%s\n",
-               cases[i].name, B, T, docs, padding,
-               without_positions ? ", run without positions" : "");
+        printf(
+            " %s: B %d x T %d, %d documents with targets, %d single tokens without (padding)%s\n",
+            cases[i].name, B, T, docs, padding, without_positions ? ", run without positions" : "");
         double loss;
         run_model(&c, B, T, params, tokens, targets, without_positions ? NULL : positions,
                   token_loss, &loss, grads);
@@ -290,14 +299,22 @@ static const struct packed_case all_families[] = {
      &fy_arch_gpt2},
     {"Llama, GQA 2:1", SHAPE "--family llama --embd 32 --heads 4 --kv-heads 2 --inter 40 --seed 32",
      &fy_arch_llama},
-    {"Qwen2, q/k/v biases, tied", SHAPE "--family qwen2 --embd 36 --heads 6 --kv-heads 2 "
-     "--inter 40 --tied --seed 33", &fy_arch_qwen2},
-    {"Qwen3, q/k norms, head_dim 14", SHAPE "--family qwen3 --embd 44 --heads 4 --kv-heads 1 "
-     "--inter 40 --head-dim 14 --seed 34", &fy_arch_qwen3},
-    {"Mistral, window 5 < most documents", SHAPE "--family mistral --embd 36 --heads 3 "
-     "--kv-heads 1 --inter 40 --head-dim 8 --window 5 --seed 35", &fy_arch_mistral},
-    {"Phi-3, window 7, untied", SHAPE "--family phi3 --embd 40 --heads 4 --kv-heads 1 --inter 36 "
-     "--window 7 --seed 36", &fy_arch_phi3},
+    {"Qwen2, q/k/v biases, tied",
+     SHAPE "--family qwen2 --embd 36 --heads 6 --kv-heads 2 "
+           "--inter 40 --tied --seed 33",
+     &fy_arch_qwen2},
+    {"Qwen3, q/k norms, head_dim 14",
+     SHAPE "--family qwen3 --embd 44 --heads 4 --kv-heads 1 "
+           "--inter 40 --head-dim 14 --seed 34",
+     &fy_arch_qwen3},
+    {"Mistral, window 5 < most documents",
+     SHAPE "--family mistral --embd 36 --heads 3 "
+           "--kv-heads 1 --inter 40 --head-dim 8 --window 5 --seed 35",
+     &fy_arch_mistral},
+    {"Phi-3, window 7, untied",
+     SHAPE "--family phi3 --embd 40 --heads 4 --kv-heads 1 --inter 36 "
+           "--window 7 --seed 36",
+     &fy_arch_phi3},
 };
 #undef SHAPE
 
@@ -323,7 +340,8 @@ int main(void)
     have_transformers = fy_refmodel_python_has("torch, transformers");
     if (!have_transformers)
         printf("test_packed_cpu: python3 with torch and transformers not found: the tests against "
-               "transformers are %s (make deps-python)\n", in_ci ? "FAILED under CI" : "skipped");
+               "transformers are %s (make deps-python)\n",
+               in_ci ? "FAILED under CI" : "skipped");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_matches_documents_alone),
         cmocka_unit_test(test_checker_catches_missing_positions),

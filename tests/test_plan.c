@@ -126,7 +126,11 @@ static void test_regions_by_hand(void **state)
     static const char *const names[9] = {"meta", "tokens", "acts", "dacts", "weights", "grads",
                                          "state", "resident", "saved"};
     const uint64_t bytes[9] = {
-        FY_COMMIT_RECORD_BYTES, 16 * KIB, 4 * ACT, 3 * ACT, EMBED_SECTION + 3 * BLOCK_SECTION,
+        FY_COMMIT_RECORD_BYTES,
+        16 * KIB,
+        4 * ACT,
+        3 * ACT,
+        EMBED_SECTION + 3 * BLOCK_SECTION,
         EMBED_SECTION + 5 * BLOCK_SECTION + 4 * KIB, /* the final unit's gradient after the slots */
         2 * BLOCK_STATE,
         EMBED_STATE + 36864 + 2 * (BLOCK_STATE + 102400) + FINAL_STATE + 4096,
@@ -476,11 +480,14 @@ static void test_residency_by_budget(void **state)
     (void)state;
     struct fy_model_config c = gpt(4, 256);
     const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
-    struct fy_pool_region_spec least[8] = {
-        {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 16 * KIB},  {"acts", 5 * act},
-        {"dacts", 2 * act},               {"weights", 294912 + 2 * section},
-        {"grads", 294912 + 3 * section},
-        {"state", 2 * block_state},       {"resident", 884736 + 12288}};
+    struct fy_pool_region_spec least[8] = {{"meta", FY_COMMIT_RECORD_BYTES},
+                                           {"tokens", 16 * KIB},
+                                           {"acts", 5 * act},
+                                           {"dacts", 2 * act},
+                                           {"weights", 294912 + 2 * section},
+                                           {"grads", 294912 + 3 * section},
+                                           {"state", 2 * block_state},
+                                           {"resident", 884736 + 12288}};
     struct fy_plan_in in = input(&c);
     in.cpu_mem = fy_pool_layout_size(least, 8);
     struct fy_plan p;
@@ -602,11 +609,14 @@ static void test_activation_step_order(void **state)
     (void)state;
     struct fy_model_config c = gpt(4, 256);
     const uint64_t act = 4 * 32 * 256 * 4, section = 3162112, block_state = 3 * section;
-    struct fy_pool_region_spec least[8] = {
-        {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 16 * KIB},  {"acts", 5 * act},
-        {"dacts", 2 * act},               {"weights", 294912 + 2 * section},
-        {"grads", 294912 + 3 * section},
-        {"state", 2 * block_state},       {"resident", 884736 + 12288}};
+    struct fy_pool_region_spec least[8] = {{"meta", FY_COMMIT_RECORD_BYTES},
+                                           {"tokens", 16 * KIB},
+                                           {"acts", 5 * act},
+                                           {"dacts", 2 * act},
+                                           {"weights", 294912 + 2 * section},
+                                           {"grads", 294912 + 3 * section},
+                                           {"state", 2 * block_state},
+                                           {"resident", 884736 + 12288}};
     struct fy_plan_in in = input(&c);
     in.cpu_mem = fy_pool_layout_size(least, 8);
     struct seen seen = {.swap = {.host_bytes = 2 * MIB}};
@@ -672,11 +682,14 @@ static void test_state_pieces_by_hand(void **state)
         unsigned slots;
     } floor[5] = {{0, 3}, {0, 2}, {1, 3}, {1, 2}, {1, 1}};
     for (int i = 0; i < 5; i++) {
-        struct fy_pool_region_spec r[8] = {
-            {"meta", FY_COMMIT_RECORD_BYTES}, {"tokens", 16 * KIB}, {"acts", 3 * act},
-            {"dacts", 2 * act}, {"weights", embed + 2 * section}, {"landing", 4 * 794624},
-            {"grads", embed + floor[i].slots * section},
-            {"state", 2 * (floor[i].pieces ? piece : extent)}};
+        struct fy_pool_region_spec r[8] = {{"meta", FY_COMMIT_RECORD_BYTES},
+                                           {"tokens", 16 * KIB},
+                                           {"acts", 3 * act},
+                                           {"dacts", 2 * act},
+                                           {"weights", embed + 2 * section},
+                                           {"landing", 4 * 794624},
+                                           {"grads", embed + floor[i].slots * section},
+                                           {"state", 2 * (floor[i].pieces ? piece : extent)}};
         memcpy(regions[i], r, sizeof r);
     }
     /* each try of the floor, at its own pool: taken, nothing kept */
@@ -694,8 +707,12 @@ static void test_state_pieces_by_hand(void **state)
     }
     /* where the disk binds, the room of whole units' state slots is better spent on state: at the
      * pool of whole units' slots with nothing kept, the state slots a piece's, a block kept */
-    in.rates = (struct fy_plan_rates){.gpu_flops = 1e15, .h2d = 1e12, .d2h = 1e12, .ssd_read = 1e8,
-                                      .ssd_write = 2e8, .opt_params = 1e12,
+    in.rates = (struct fy_plan_rates){.gpu_flops = 1e15,
+                                      .h2d = 1e12,
+                                      .d2h = 1e12,
+                                      .ssd_read = 1e8,
+                                      .ssd_write = 2e8,
+                                      .opt_params = 1e12,
                                       .opt_by_format = {1e12, 1e12, 1e12}};
     in.cpu_mem = fy_pool_layout_size(regions[0], 8);
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
@@ -719,7 +736,8 @@ static void test_state_pieces_by_hand(void **state)
     in.cpu_mem = fy_pool_layout_size(regions[4], 8);
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     uint64_t states = 884736 + 2 * extent + 12288;
-    assert_int_equal(p.traffic.ssd_read, embed + 884736 + 2 * (2 * masters + extent) + 4096 + 12288);
+    assert_int_equal(p.traffic.ssd_read,
+                     embed + 884736 + 2 * (2 * masters + extent) + 4096 + 12288);
     assert_int_equal(p.traffic.ssd_write, states);
     assert_int_equal(p.traffic.ssd_read - whole.ssd_read, 2 * masters);
     assert_int_equal(p.store_bytes, 2 * states + 2 * FY_COMMIT_RECORD_BYTES);
@@ -729,8 +747,7 @@ static void test_state_pieces_by_hand(void **state)
     /* one slot: the backward and each block's update one after another (AdamW at 1e6 parameters
      * a second binds each: 0.78976 s against 2 x 9498624 / 1e8 + 2 x 9498624 / 2e8); with a GPU
      * slow enough, the bound */
-    assert_float_equal(fy_plan_block_updates_s(&in.shape, &p.place, &in.rates), 2 * 0.78976,
-                       1e-12);
+    assert_float_equal(fy_plan_block_updates_s(&in.shape, &p.place, &in.rates), 2 * 0.78976, 1e-12);
     fy_plan_free(&p);
     in.rates.gpu_flops = 1e9;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
@@ -939,12 +956,17 @@ static void test_ranks_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_regions_by_hand),     cmocka_unit_test(test_streamed_by_hand),
-        cmocka_unit_test(test_residency_by_budget), cmocka_unit_test(test_grad_slots),
+        cmocka_unit_test(test_regions_by_hand),
+        cmocka_unit_test(test_streamed_by_hand),
+        cmocka_unit_test(test_residency_by_budget),
+        cmocka_unit_test(test_grad_slots),
         cmocka_unit_test(test_state_pieces_by_hand),
-        cmocka_unit_test(test_activation_step_order), cmocka_unit_test(test_gpu_need),
-        cmocka_unit_test(test_clip_modes),          cmocka_unit_test(test_ranks),
-        cmocka_unit_test(test_ranks_refused),       cmocka_unit_test(test_bf16_weights_by_hand),
+        cmocka_unit_test(test_activation_step_order),
+        cmocka_unit_test(test_gpu_need),
+        cmocka_unit_test(test_clip_modes),
+        cmocka_unit_test(test_ranks),
+        cmocka_unit_test(test_ranks_refused),
+        cmocka_unit_test(test_bf16_weights_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

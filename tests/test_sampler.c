@@ -72,8 +72,12 @@ static const char *write_docs(const char *name, const unsigned *lens, unsigned n
 static struct fy_sampler *new_sampler(struct fy_tokfile *t, int packing, int long_docs, int B,
                                       int T, uint64_t seed, double frac)
 {
-    struct fy_sampler_opts o = {.packing = packing, .long_docs = long_docs, .B = B, .T = T,
-                                .seed = seed, .eval_fraction = frac};
+    struct fy_sampler_opts o = {.packing = packing,
+                                .long_docs = long_docs,
+                                .B = B,
+                                .T = T,
+                                .seed = seed,
+                                .eval_fraction = frac};
     struct fy_sampler *s = NULL;
     assert_int_equal(fy_sampler_new(&s, t, &o), 0);
     return s;
@@ -214,7 +218,8 @@ static void test_documents_once_an_epoch(void **state)
     assert_memory_equal(pos, pos2, sizeof pos);
     fy_sampler_free(&cold);
     /* another seed: another order */
-    struct fy_sampler *other = new_sampler(t, FY_PACKING_AUTO, FY_LONG_DOCS_TRUNCATE, B, T, 10, 0.1);
+    struct fy_sampler *other =
+        new_sampler(t, FY_PACKING_AUTO, FY_LONG_DOCS_TRUNCATE, B, T, 10, 0.1);
     assert_int_equal(fy_sampler_train_batch(other, 1, in2, tg2, pos2, NULL), 0);
     assert_memory_not_equal(first[0], in2, sizeof in2);
     fy_sampler_free(&other);
@@ -273,7 +278,8 @@ static void test_eval_split_whole_documents(void **state)
     lens[44] = 1; /* a held-out document of one token: nothing to evaluate */
     struct fy_tokfile *t;
     assert_int_equal(fy_tokfile_open(&t, write_docs("e.tok", lens, D, NULL), 0), 0);
-    struct fy_sampler *s = new_sampler(t, FY_PACKING_DOCUMENTS, FY_LONG_DOCS_TRUNCATE, B, T, 1, 0.25);
+    struct fy_sampler *s =
+        new_sampler(t, FY_PACKING_DOCUMENTS, FY_LONG_DOCS_TRUNCATE, B, T, 1, 0.25);
     const struct fy_sampler_split *ev = fy_sampler_split_of(s, FY_TOKFILE_EVAL);
     assert_int_equal(ev->documents, 13); /* round(12.5) */
     assert_int_equal(fy_tokfile_eval_first_document(t), 37);
@@ -313,7 +319,8 @@ static void test_first_fit_rule(void **state)
     const unsigned lens[D] = {8, 6, 5, 4, 4, 3, 7, 2}; /* the last one held out */
     struct fy_tokfile *t;
     assert_int_equal(fy_tokfile_open(&t, write_docs("h.tok", lens, D, NULL), 0), 0);
-    struct fy_sampler *s = new_sampler(t, FY_PACKING_DOCUMENTS, FY_LONG_DOCS_TRUNCATE, B, T, 4, 0.1);
+    struct fy_sampler *s =
+        new_sampler(t, FY_PACKING_DOCUMENTS, FY_LONG_DOCS_TRUNCATE, B, T, 4, 0.1);
     const struct fy_sampler_split *tr = fy_sampler_split_of(s, FY_TOKFILE_TRAIN);
     assert_int_equal(tr->documents, 7);
     assert_int_equal(tr->rows, 3);
@@ -423,10 +430,11 @@ static void test_batches_as_documented(void **state)
                 size_t at = (size_t)k * B * T;
                 if (which == 0)
                     assert_int_equal(fy_sampler_train_batch(s, (uint64_t)k + 1, in + at, tg + at,
-                                                            pos + at, NULL), 0);
+                                                            pos + at, NULL),
+                                     0);
                 else
-                    assert_int_equal(fy_sampler_eval_batch(s, (uint64_t)k, in + at, tg + at,
-                                                           pos + at, NULL), 0);
+                    assert_int_equal(
+                        fy_sampler_eval_batch(s, (uint64_t)k, in + at, tg + at, pos + at, NULL), 0);
             }
             for (int i = 0; i < n * B * T; i++)
                 if (in[i] != rin[i] || tg[i] != rtg[i] || pos[i] != rpos[i])
@@ -478,8 +486,8 @@ static void test_windows_and_defaults(void **state)
     }
     fy_sampler_free(&s);
     /* documents of a file that records none: refused */
-    struct fy_sampler_opts o = {.packing = FY_PACKING_DOCUMENTS, .B = B, .T = T, .seed = 1,
-                                .eval_fraction = 0.1};
+    struct fy_sampler_opts o = {
+        .packing = FY_PACKING_DOCUMENTS, .B = B, .T = T, .seed = 1, .eval_fraction = 0.1};
     assert_int_equal(fy_sampler_new(&s, t, &o), -EINVAL);
     assert_null(s);
     fy_tokfile_close(&t);

@@ -954,7 +954,8 @@ static void test_document_index(void **state)
     patch_v3(p, tpath("toomany.tok"), FY_TOKFILE_SLOT_DOCS_LO, 11, 0, 0, 0);
     expect_open_refused(tpath("toomany.tok"), V, -EBADMSG, "the header counts 11 documents");
     patch_v3(p, tpath("cut.tok"), -1, 0, 0, 0, docs_off + 20);
-    expect_open_refused(tpath("cut.tok"), V, -EBADMSG, "truncated: expected 12312 bytes, found 12308");
+    expect_open_refused(tpath("cut.tok"), V, -EBADMSG,
+                        "truncated: expected 12312 bytes, found 12308");
     patch_v3(p, tpath("flags.tok"), FY_TOKFILE_SLOT_FLAGS, 5, 0, 0, 0);
     expect_open_refused(tpath("flags.tok"), V, -ENOTSUP, "unknown flags 0x5");
     b = slurp_file(p, &len);

@@ -247,8 +247,8 @@ static void test_gpu_mem_default(void **state)
     assert_non_null(strstr(said, "less a margin of 512.0 MiB"));
     /* --gpus 3: the least free of the first three GPUs CUDA shows (the fourth is not the run's) */
     const char *three[] = {"--gpus", "3", "--batch", "6", NULL};
-    assert_int_equal(gpu_mem_for(three, "cuda", "70G/80G,60G/80G,75G/80G,1G/80G", said,
-                                 sizeof said), 56 * GiB);
+    assert_int_equal(
+        gpu_mem_for(three, "cuda", "70G/80G,60G/80G,75G/80G,1G/80G", said, sizeof said), 56 * GiB);
     assert_non_null(strstr(said, "--gpu-mem 56.0 GiB (the default: GPU 1's, the least free of the "
                                  "3 the gpu workers take, free memory 60.0 GiB of 80.0 GiB less a "
                                  "margin of 4.0 GiB"));

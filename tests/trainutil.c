@@ -45,12 +45,29 @@ int fy_trainutil_train_with(struct fy_test_fixture *f, const char *run, const ch
 {
     const char *args[48];
     int n = 0;
-    const char *base[] = {"train", "--run-dir", run, "--data", data, "--steps", steps,
-                          "--batch", FY_TRAINUTIL_STR(FY_TRAINUTIL_BATCH),
-                          "--seq", FY_TRAINUTIL_STR(FY_TRAINUTIL_SEQ),
-                          "--lr", FY_TRAINUTIL_STR(FY_TRAINUTIL_LR),
-                          "--warmup", FY_TRAINUTIL_STR(FY_TRAINUTIL_WARMUP), "--eval-every", "100",
-                          "--eval-batches", "8", "--backend", "cpu", "--cpu-mem", "0"};
+    const char *base[] = {"train",
+                          "--run-dir",
+                          run,
+                          "--data",
+                          data,
+                          "--steps",
+                          steps,
+                          "--batch",
+                          FY_TRAINUTIL_STR(FY_TRAINUTIL_BATCH),
+                          "--seq",
+                          FY_TRAINUTIL_STR(FY_TRAINUTIL_SEQ),
+                          "--lr",
+                          FY_TRAINUTIL_STR(FY_TRAINUTIL_LR),
+                          "--warmup",
+                          FY_TRAINUTIL_STR(FY_TRAINUTIL_WARMUP),
+                          "--eval-every",
+                          "100",
+                          "--eval-batches",
+                          "8",
+                          "--backend",
+                          "cpu",
+                          "--cpu-mem",
+                          "0"};
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         args[n++] = base[i];
     if (export_path) {

@@ -374,8 +374,7 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_blo
             saved[k] = region + reg.offset[k];
     for (int rep = 0; rc == 0 && rep < 4; rep++) {
         double t0 = 1e-9 * (double)fy_monotonic_ns();
-        fam->block_forward_saved(&s->cfg, params, NULL, x, y, s->block_scratch, saved, s->B,
-                                 s->T);
+        fam->block_forward_saved(&s->cfg, params, NULL, x, y, s->block_scratch, saved, s->B, s->T);
         double t1 = 1e-9 * (double)fy_monotonic_ns();
         fam->block_backward_saved(&s->cfg, params, NULL, x, y, dx, dp, s->block_scratch, saved,
                                   s->B, s->T);

@@ -37,8 +37,8 @@ struct fy_cpu_family {
     /* y = block(x); x and y do not overlap. positions (NULL: t): each token attends to the earlier
      * tokens of its own document, at its positions (RoPE). */
     void (*block_forward)(const struct fy_model_config *c, const float *params,
-                          const int32_t *positions, const float *x, float *y, float *scratch,
-                          int B, int T);
+                          const int32_t *positions, const float *x, float *y, float *scratch, int B,
+                          int T);
     /* Recomputes the block's internals from x, then back-propagates dy: dx and dparams (the block
      * unit's layout) overwritten. positions: those of the forward. */
     void (*block_backward)(const struct fy_model_config *c, const float *params,
@@ -63,8 +63,8 @@ struct fy_cpu_family {
      * backward takes each kind given instead of recomputing it (the same bits whatever is given)
      * and leaves it untouched. Otherwise as block_forward and block_backward. */
     void (*block_forward_saved)(const struct fy_model_config *c, const float *params,
-                                const int32_t *positions, const float *x, float *y,
-                                float *scratch, void *const *saved, int B, int T);
+                                const int32_t *positions, const float *x, float *y, float *scratch,
+                                void *const *saved, int B, int T);
     void (*block_backward_saved)(const struct fy_model_config *c, const float *params,
                                  const int32_t *positions, const float *x, const float *dy,
                                  float *dx, float *dparams, float *scratch, void *const *saved,

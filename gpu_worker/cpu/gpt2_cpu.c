@@ -188,8 +188,8 @@ void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 
 /* ---- embeddings ---- */
 
-void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed, const int32_t *tokens,
-                          const int32_t *positions, float *x, int B, int T)
+void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed,
+                          const int32_t *tokens, const int32_t *positions, float *x, int B, int T)
 {
     size_t C = c->n_embd;
     const float *wpe = embed + (size_t)c->vocab * C;
@@ -497,8 +497,8 @@ void fy_cpu_logits(const struct fy_model_config *c, const float *final_params, c
 
 /* The block without swapped internals: every internal recomputed. */
 static void block_forward_plain(const struct fy_model_config *c, const float *params,
-                                const int32_t *positions, const float *x, float *y,
-                                float *scratch, int B, int T)
+                                const int32_t *positions, const float *x, float *y, float *scratch,
+                                int B, int T)
 {
     fy_cpu_block_forward(c, params, positions, x, y, scratch, NULL, B, T);
 }

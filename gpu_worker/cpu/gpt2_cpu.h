@@ -50,8 +50,8 @@ void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 
 /* x[b][t] = wte[tokens[b][t]] + wpe[positions[b][t]] (positions NULL: wpe[t]); embed =
  * [wte V*C | wpe ctx*C]. Tokens must be < V. */
-void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed, const int32_t *tokens,
-                          const int32_t *positions, float *x, int B, int T);
+void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed,
+                          const int32_t *tokens, const int32_t *positions, float *x, int B, int T);
 /* dembed += gradient of the embedding lookup (wte rows, and the wpe rows of the positions). */
 void fy_cpu_embed_backward(const struct fy_model_config *c, const int32_t *tokens,
                            const int32_t *positions, const float *dx, float *dembed, int B, int T);

@@ -14,11 +14,10 @@
 /* One element of [B*T][C] per iteration: out[n][c] = wte[tokens[n]][c] + wpe[n % T][c], or (DOC)
  * + wpe[positions[n]][c] (no wpe: the token's row alone). */
 template <bool DOC>
-static __global__ void embed_forward_kernel(bf16 *__restrict__ out,
-                                            const int32_t *__restrict__ tokens,
-                                            const bf16 *__restrict__ wte,
-                                            const bf16 *__restrict__ wpe, int T, int C,
-                                            size_t total, const int32_t *__restrict__ positions)
+static __global__ void
+embed_forward_kernel(bf16 *__restrict__ out, const int32_t *__restrict__ tokens,
+                     const bf16 *__restrict__ wte, const bf16 *__restrict__ wpe, int T, int C,
+                     size_t total, const int32_t *__restrict__ positions)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -98,8 +97,7 @@ static __global__ void embed_backward_wpe_at_kernel(float *__restrict__ dwpe,
 }
 
 int fy_cu_embed_backward(float *dwte, float *dwpe, const bf16 *dout, const int32_t *tokens,
-                         const int32_t *positions, int B, int T, int C, int V,
-                         cudaStream_t stream)
+                         const int32_t *positions, int B, int T, int C, int V, cudaStream_t stream)
 {
     FY_REQUIRE(B > 0 && T > 0 && C > 0 && V > 0, -EINVAL,
                "embed backward: bad shape B=%d T=%d C=%d V=%d", B, T, C, V);

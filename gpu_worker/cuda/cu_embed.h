@@ -15,7 +15,6 @@ int fy_cu_embed_forward(bf16 *out, const int32_t *tokens, const bf16 *wte, const
 /* dwte [V][C], dwpe [T][C] f32 += the lookup's gradient, in a fixed order (no atomics); dwpe NULL:
  * no positions; positions as the forward's. */
 int fy_cu_embed_backward(float *dwte, float *dwpe, const bf16 *dout, const int32_t *tokens,
-                         const int32_t *positions, int B, int T, int C, int V,
-                         cudaStream_t stream);
+                         const int32_t *positions, int B, int T, int C, int V, cudaStream_t stream);
 
 #endif

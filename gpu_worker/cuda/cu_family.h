@@ -107,9 +107,8 @@ struct fy_cu_family {
      * piece (cu_grads.h: a piece a tensor, or a slice of one, or a norm's weight and bias); kept:
      * the set this block's forward filled from the same params, positions and x, used once (NULL:
      * the forward recomputed). The same bits either way. */
-    int (*block_backward)(void *units, const bf16 *params, const int32_t *positions,
-                          const bf16 *x, const bf16 *dy, bf16 *dx, const struct fy_cu_grads *grads,
-                          void *kept);
+    int (*block_backward)(void *units, const bf16 *params, const int32_t *positions, const bf16 *x,
+                          const bf16 *dy, bf16 *dx, const struct fy_cu_grads *grads, void *kept);
     /* The largest piece block_backward takes from a sink whose piece_max is cap. */
     size_t (*grad_piece_max)(const struct fy_model_config *c, size_t cap);
     /* The final norm (norm: the final unit's norm weights) of x into the units' own buffer; *xn

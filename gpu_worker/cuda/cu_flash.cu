@@ -400,8 +400,7 @@ __device__ static inline int fl_first_key_block(int q0, int W, const int32_t *po
  * with a window, and no later than the one holding the last query whose document starts within
  * the block. */
 template <int MASK>
-__device__ static inline int fl_last_query_block(int kb, int nblk, int W, const int32_t *pos,
-                                                 int T)
+__device__ static inline int fl_last_query_block(int kb, int nblk, int W, const int32_t *pos, int T)
 {
     const int k0 = kb * FL_BLK;
     int qb = nblk - 1;
@@ -445,7 +444,7 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     const bf16 *ks = fl_keys(qkv, b, h / (NH / NKV), T, S, NH, hs), *vs = ks + (size_t)NKV * hs;
     const float sl2 = scale * FL_LOG2E;
     const int32_t *pb = (MASK & FL_DOC) ? pos + (size_t)b * T : pos; /* this row's positions */
-    const int kb0 = fl_first_key_block<MASK>(q0, W, pb, T); /* 0 without a mask */
+    const int kb0 = fl_first_key_block<MASK>(q0, W, pb, T);          /* 0 without a mask */
     int st[2];
     fl_row_starts<MASK>(st, pb, q0 + wr + g, T);
 
@@ -573,11 +572,10 @@ __global__ void fl_bwd_dot(float *D, const bf16 *dout, const bf16 *out, int B, i
  * q and dout tiles of rows q0..q0+63 and their L and D (and with FL_DOC their positions, pb being
  * the row's). */
 template <int HP, int MASK>
-__device__ static inline void fl_load_query_side(bf16 *Qd, bf16 *dOd, float *Ld, float *Dd,
-                                                 int *Pd, const bf16 *qkv, const bf16 *dout,
-                                                 const float *Lse, const float *Dg,
-                                                 const int32_t *pb, int b, int h, int q0, int T,
-                                                 int NH, size_t S, int hs)
+__device__ static inline void
+fl_load_query_side(bf16 *Qd, bf16 *dOd, float *Ld, float *Dd, int *Pd, const bf16 *qkv,
+                   const bf16 *dout, const float *Lse, const float *Dg, const int32_t *pb, int b,
+                   int h, int q0, int T, int NH, size_t S, int hs)
 {
     const size_t bh = (size_t)b * NH + h;
     fl_load_tile<HP>(Qd, fl_query(qkv, b, h, T, S, hs), S, q0, T, hs);
@@ -604,7 +602,7 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     bf16 *Ks = (bf16 *)fl_smem_base();
     bf16 *Vs = Ks + FL_TILE(HP), *Qs = Ks + 2 * FL_TILE(HP), *dOs = Ks + 4 * FL_TILE(HP);
     float *Lv = (float *)(Ks + 6 * FL_TILE(HP)), *Dv = Lv + 2 * FL_BLK; /* buffer u at + 64u */
-    int *Pv = (int *)(Dv + 2 * FL_BLK);                                  /* FL_DOC only */
+    int *Pv = (int *)(Dv + 2 * FL_BLK);                                 /* FL_DOC only */
     const int kb = blockIdx.x, b = blockIdx.y / NKV, kvh = blockIdx.y % NKV, rep = NH / NKV;
     const int k0 = kb * FL_BLK, nblk = (T + FL_BLK - 1) / FL_BLK;
     const int32_t *pb = (MASK & FL_DOC) ? pos + (size_t)b * T : pos; /* this row's positions */
@@ -665,9 +663,9 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
                     const int tq = q0 + qo + n * 8 + 2 * c + (e & 1),
                               tk = k0 + wr + g + 8 * (e >> 1);
                     float v = exp2f(fmaf(p[n][e], sl2, -((e & 1) ? lq.y : lq.x) * FL_LOG2E));
-                    if (edge && (tq >= T || (MASK ? !fl_sees<MASK>(tq, tk, W,
-                                                                   tq - ((e & 1) ? pq.y : pq.x))
-                                                  : tk > tq)))
+                    if (edge &&
+                        (tq >= T || (MASK ? !fl_sees<MASK>(tq, tk, W, tq - ((e & 1) ? pq.y : pq.x))
+                                          : tk > tq)))
                         v = 0.0f;
                     p[n][e] = v;
                 }
@@ -711,7 +709,7 @@ __global__ void __launch_bounds__(FL_THREADS, 1)
     const bf16 *ks = fl_keys(qkv, b, h / (NH / NKV), T, S, NH, hs), *vs = ks + (size_t)NKV * hs;
     const float sl2 = scale * FL_LOG2E;
     const int32_t *pb = (MASK & FL_DOC) ? pos + (size_t)b * T : pos; /* this row's positions */
-    const int kb0 = fl_first_key_block<MASK>(q0, W, pb, T); /* 0 without a mask */
+    const int kb0 = fl_first_key_block<MASK>(q0, W, pb, T);          /* 0 without a mask */
     int st[2];
     fl_row_starts<MASK>(st, pb, q0 + wr + g, T);
 
@@ -845,9 +843,9 @@ template <int HP, int MASK> static int fl_forward_hp(const struct fl_call *a)
     if (rc)
         return rc;
     const int nblk = (a->T + FL_BLK - 1) / FL_BLK;
-    fl_forward_kernel<HP, MASK><<<dim3((unsigned)nblk, (unsigned)(a->B * a->NH)), FL_THREADS,
-                                  smem, a->stream>>>(a->out, a->Lse, a->qkv, a->T, a->NH, a->NKV,
-                                                     a->hs, a->scale, a->window, a->pos);
+    fl_forward_kernel<HP, MASK>
+        <<<dim3((unsigned)nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem, a->stream>>>(
+            a->out, a->Lse, a->qkv, a->T, a->NH, a->NKV, a->hs, a->scale, a->window, a->pos);
     FY_CUDA_LAUNCHED("fl_forward_kernel");
     return 0;
 }
@@ -857,17 +855,17 @@ template <int HP, int MASK> static int fl_forward_hp(const struct fl_call *a)
 template <int HP, int MASK> static int fl_backward_hp(const struct fl_call *a)
 {
     const unsigned smem_kv = fl_smem_dkdv(HP, MASK), smem_q = fl_smem_dq(HP);
-    int rc = fl_prepare((const void *)fl_bwd_dkdv<HP, MASK>, smem_kv,
-                        "fy_cu_flash_backward dk dv");
+    int rc = fl_prepare((const void *)fl_bwd_dkdv<HP, MASK>, smem_kv, "fy_cu_flash_backward dk dv");
     if (rc)
         return rc;
     rc = fl_prepare((const void *)fl_bwd_dq<HP, MASK>, smem_q, "fy_cu_flash_backward dq");
     if (rc)
         return rc;
     const unsigned nblk = (unsigned)((a->T + FL_BLK - 1) / FL_BLK);
-    fl_bwd_dkdv<HP, MASK><<<dim3(nblk, (unsigned)(a->B * a->NKV)), FL_THREADS, smem_kv,
-                            a->stream>>>(a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH,
-                                         a->NKV, a->hs, a->scale, a->window, a->pos);
+    fl_bwd_dkdv<HP, MASK>
+        <<<dim3(nblk, (unsigned)(a->B * a->NKV)), FL_THREADS, smem_kv, a->stream>>>(
+            a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH, a->NKV, a->hs, a->scale, a->window,
+            a->pos);
     FY_CUDA_LAUNCHED("fl_bwd_dkdv");
     fl_bwd_dq<HP, MASK><<<dim3(nblk, (unsigned)(a->B * a->NH)), FL_THREADS, smem_q, a->stream>>>(
         a->out, a->dout, a->qkv, a->Lse, a->D, a->T, a->NH, a->NKV, a->hs, a->scale, a->window,
@@ -880,13 +878,17 @@ template <int HP, int MASK> static int fl_backward_hp(const struct fl_call *a)
  * hp / 16 - 1, for each mask: [0] plain causal, [FL_WIN] a sliding window, [FL_DOC] documents,
  * [FL_WIN | FL_DOC] both. */
 typedef int (*fl_run)(const struct fl_call *);
-#define FL_BY_HP(run, MASK)                                                                            {                                                                                                      run<16, MASK>, run<32, MASK>, run<48, MASK>, run<64, MASK>, run<80, MASK>, run<96, MASK>,              run<112, MASK>, run<128, MASK>                                                             }
+#define FL_BY_HP(run, MASK)                                                                        \
+    {                                                                                              \
+        run<16, MASK>, run<32, MASK>, run<48, MASK>, run<64, MASK>, run<80, MASK>, run<96, MASK>,  \
+            run<112, MASK>, run<128, MASK>                                                         \
+    }
 static const fl_run fl_forward_by_hp[4][FL_HS_MAX / 16] = {
     FL_BY_HP(fl_forward_hp, 0), FL_BY_HP(fl_forward_hp, FL_WIN), FL_BY_HP(fl_forward_hp, FL_DOC),
     FL_BY_HP(fl_forward_hp, FL_WIN | FL_DOC)};
 static const fl_run fl_backward_by_hp[4][FL_HS_MAX / 16] = {
-    FL_BY_HP(fl_backward_hp, 0), FL_BY_HP(fl_backward_hp, FL_WIN),
-    FL_BY_HP(fl_backward_hp, FL_DOC), FL_BY_HP(fl_backward_hp, FL_WIN | FL_DOC)};
+    FL_BY_HP(fl_backward_hp, 0), FL_BY_HP(fl_backward_hp, FL_WIN), FL_BY_HP(fl_backward_hp, FL_DOC),
+    FL_BY_HP(fl_backward_hp, FL_WIN | FL_DOC)};
 #undef FL_BY_HP
 
 /* The window the kernels take: 0 (plain causal) for none (W <= 0) and for W >= T, where the band is the
@@ -936,8 +938,8 @@ int fy_cu_flash_window_forward(bf16 *out, const bf16 *qkv, void *scratch, int B,
     FY_REQUIRE(((uintptr_t)positions & 3u) == 0, -EINVAL,
                "fy_cu_flash_forward: positions must be 4-byte aligned");
     const int W = fl_window(window, T);
-    struct fl_call a = {out, NULL, qkv, (float *)scratch, NULL, B, T, NH, NKV, hs,
-                        1.0f / sqrtf((float)hs), stream, W, positions};
+    struct fl_call a = {out, NULL, qkv, (float *)scratch,        NULL,   B, T,
+                        NH,  NKV,  hs,  1.0f / sqrtf((float)hs), stream, W, positions};
     return fl_forward_by_hp[fl_mask(W, positions)][fl_hp_index(hs)](&a);
 }
 
@@ -964,8 +966,8 @@ int fy_cu_flash_window_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, c
     size_t rows = (size_t)B * NH * T;
     fl_bwd_dot<<<fy_cu_blocks(rows, 8), 256, 0, stream>>>(D, dout, out, B, T, NH, hs);
     FY_CUDA_LAUNCHED("fl_bwd_dot");
-    struct fl_call a = {dqkv, dout, qkv, (float *)scratch, D, B, T, NH, NKV, hs,
-                        1.0f / sqrtf((float)hs), stream, W, positions};
+    struct fl_call a = {dqkv, dout, qkv, (float *)scratch,        D,      B, T,
+                        NH,   NKV,  hs,  1.0f / sqrtf((float)hs), stream, W, positions};
     return fl_backward_by_hp[fl_mask(W, positions)][fl_hp_index(hs)](&a);
 }
 

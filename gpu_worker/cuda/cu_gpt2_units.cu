@@ -240,8 +240,8 @@ static int block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const int32_t
     if (!(have & FY_ACT_BIT(FY_ACT_ATTN))) {
         /* multi-head attention: the grouped-query kernels with a kv head per query head */
         if (u->flash)
-            OP("attention fwd", fy_cu_flash_window_forward(a->atty, a->qkv, a->attn, u->B, u->T,
-                                                           NH, NH, C / NH, 0, positions, s));
+            OP("attention fwd", fy_cu_flash_window_forward(a->atty, a->qkv, a->attn, u->B, u->T, NH,
+                                                           NH, C / NH, 0, positions, s));
         else
             OP("attention fwd", fy_cu_attention_forward(lt, a->atty, a->qkv, positions, a->attn,
                                                         u->B, u->T, C, NH, s));
@@ -330,9 +330,9 @@ static int block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const int32_
     OP("matmul attn-proj bwd", fy_cu_grads_linear(lt, g, L->attn_w, L->attn_b, u->dmid, u->dy1,
                                                   a->atty, P(attn_w), N, C, C, s));
     if (u->flash)
-        OP("attention bwd", fy_cu_flash_window_backward(u->dbig, u->dmid, a->atty, a->qkv,
-                                                        a->attn, u->B, u->T, NH, NH, C / NH, 0,
-                                                        positions, s));
+        OP("attention bwd",
+           fy_cu_flash_window_backward(u->dbig, u->dmid, a->atty, a->qkv, a->attn, u->B, u->T, NH,
+                                       NH, C / NH, 0, positions, s));
     else
         OP("attention bwd", fy_cu_attention_backward(lt, u->dbig, u->dmid, a->qkv, a->attn,
                                                      u->B, u->T, C, NH, s));
@@ -348,9 +348,9 @@ static int block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const int32_
 
 #undef LN_GRADS
 
-int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params,
-                              const int32_t *positions, const bf16 *x, const bf16 *dy, bf16 *dx,
-                              float *dparams, struct fy_cu_gpt2_acts *kept)
+int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const int32_t *positions,
+                              const bf16 *x, const bf16 *dy, bf16 *dx, float *dparams,
+                              struct fy_cu_gpt2_acts *kept)
 {
     struct fy_cu_grads g;
     struct fy_cu_grads_whole whole;
@@ -379,8 +379,8 @@ int fy_cu_gpt2_embed_forward(struct fy_cu_gpt2 *u, const bf16 *wte, const bf16 *
     return 0;
 }
 
-int fy_cu_gpt2_embed_backward(struct fy_cu_gpt2 *u, const int32_t *tokens,
-                              const int32_t *positions, const bf16 *dx, float *dwte, float *dwpe)
+int fy_cu_gpt2_embed_backward(struct fy_cu_gpt2 *u, const int32_t *tokens, const int32_t *positions,
+                              const bf16 *dx, float *dwte, float *dwpe)
 {
     OP("embed bwd", fy_cu_embed_backward(dwte, dwpe, dx, tokens, positions, u->B, u->T,
                                          (int)u->c.n_embd, (int)u->c.vocab, u->env.stream));
@@ -493,8 +493,8 @@ static int swap_pieces(void *units, void *set, const struct fy_block_saved *save
     return n;
 }
 
-static int swap_recompute(void *units, const bf16 *params, const int32_t *positions,
-                          const bf16 *x, void *set, unsigned have)
+static int swap_recompute(void *units, const bf16 *params, const int32_t *positions, const bf16 *x,
+                          void *set, unsigned have)
 {
     return block_forward((struct fy_cu_gpt2 *)units, params, positions, x, NULL,
                          (struct fy_cu_gpt2_acts *)set, have);

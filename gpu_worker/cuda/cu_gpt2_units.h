@@ -41,17 +41,17 @@ int fy_cu_gpt2_acts_take(struct fy_cu_gpt2 *u, struct fy_cu_arena *arena,
 int fy_cu_gpt2_embed_forward(struct fy_cu_gpt2 *u, const bf16 *wte, const bf16 *wpe,
                              const int32_t *tokens, const int32_t *positions, bf16 *x);
 /* dwte, dwpe += the lookup's gradient. */
-int fy_cu_gpt2_embed_backward(struct fy_cu_gpt2 *u, const int32_t *tokens,
-                              const int32_t *positions, const bf16 *dx, float *dwte, float *dwpe);
+int fy_cu_gpt2_embed_backward(struct fy_cu_gpt2 *u, const int32_t *tokens, const int32_t *positions,
+                              const bf16 *dx, float *dwte, float *dwpe);
 /* keep: where the internals go (NULL: the units' own scratch, overwritten by the next call). */
 int fy_cu_gpt2_block_forward(struct fy_cu_gpt2 *u, const bf16 *params, const int32_t *positions,
                              const bf16 *x, bf16 *y, struct fy_cu_gpt2_acts *keep);
 /* kept: the set this block's forward filled from the same params, positions and x, used as they
  * are (the attention part is also the backward's scratch); NULL: the forward is recomputed from x.
  * The two give bit-identical results. dx and dparams are overwritten. */
-int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params,
-                              const int32_t *positions, const bf16 *x, const bf16 *dy, bf16 *dx,
-                              float *dparams, struct fy_cu_gpt2_acts *kept);
+int fy_cu_gpt2_block_backward(struct fy_cu_gpt2 *u, const bf16 *params, const int32_t *positions,
+                              const bf16 *x, const bf16 *dy, bf16 *dx, float *dparams,
+                              struct fy_cu_gpt2_acts *kept);
 /* losses [N] f32 per row; with dx != NULL also dx, dlnf [2C] and dwte [V][C] (overwritten), of the
  * mean over `count` targets (0: the targets >= 0 given; see fy_cu_head). */
 int fy_cu_gpt2_head(struct fy_cu_gpt2 *u, const bf16 *lnf, const bf16 *wte, const bf16 *x,

@@ -266,8 +266,8 @@ int fy_cu_llama_embed_forward(struct fy_cu_llama *l, const bf16 *embed, const in
 int fy_cu_llama_embed_backward(struct fy_cu_llama *l, const int32_t *tokens, const bf16 *dx,
                                float *dembed)
 {
-    return fy_cu_embed_backward(dembed, NULL, dx, tokens, NULL, l->B, l->T, l->C,
-                                (int)l->c.vocab, l->env.stream);
+    return fy_cu_embed_backward(dembed, NULL, dx, tokens, NULL, l->B, l->T, l->C, (int)l->c.vocab,
+                                l->env.stream);
 }
 
 #define P(field) (params + l->lay.field)
@@ -290,8 +290,8 @@ static int block_forward(struct fy_cu_llama *l, const bf16 *params, const int32_
                                     l->NH, l->NKV, l->hd, eps, s));
     /* the k heads follow the q heads: one rotation over both, at the tokens' positions in their
      * documents (the table's rows: each position is at most t) */
-    FY_TRY(fy_cu_rope_forward(a->qkv, l->S, 0, l->NH + l->NKV, l->hd, l->cos_t, l->sin_t,
-                              positions, l->B, l->T, s));
+    FY_TRY(fy_cu_rope_forward(a->qkv, l->S, 0, l->NH + l->NKV, l->hd, l->cos_t, l->sin_t, positions,
+                              l->B, l->T, s));
     FY_TRY(fy_cu_flash_window_forward(a->atty, a->qkv, a->attn, l->B, l->T, l->NH, l->NKV, l->hd,
                                       l->window, positions, s));
     FY_TRY(fy_cu_matmul_forward_ex(lt, a->h, a->atty, P(o_proj), NULL, x, NULL, N, l->QC, C, s));
@@ -304,9 +304,8 @@ static int block_forward(struct fy_cu_llama *l, const bf16 *params, const int32_
     return fy_cu_matmul_forward_ex(lt, y, a->act, P(down_proj), NULL, a->h, NULL, N, I, C, s);
 }
 
-int fy_cu_llama_block_forward(struct fy_cu_llama *l, const bf16 *params,
-                              const int32_t *positions, const bf16 *x, bf16 *y,
-                              struct fy_cu_llama_acts *keep)
+int fy_cu_llama_block_forward(struct fy_cu_llama *l, const bf16 *params, const int32_t *positions,
+                              const bf16 *x, bf16 *y, struct fy_cu_llama_acts *keep)
 {
     FY_REQUIRE(y != NULL, -EINVAL, "fy_cu_llama_block_forward: no output buffer");
     return block_forward(l, params, positions, x, y, keep != NULL ? keep : &l->own);
@@ -370,9 +369,9 @@ static int block_backward(struct fy_cu_llama *l, const bf16 *params, const int32
 
 #undef NORM_GRADS
 
-int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params,
-                               const int32_t *positions, const bf16 *x, const bf16 *dy, bf16 *dx,
-                               float *dparams, struct fy_cu_llama_acts *kept)
+int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params, const int32_t *positions,
+                               const bf16 *x, const bf16 *dy, bf16 *dx, float *dparams,
+                               struct fy_cu_llama_acts *kept)
 {
     struct fy_cu_grads g;
     struct fy_cu_grads_whole whole;

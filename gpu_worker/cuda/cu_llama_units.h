@@ -76,17 +76,16 @@ int fy_cu_llama_embed_backward(struct fy_cu_llama *l, const int32_t *tokens, con
 /* y = block(x). positions: [B][T] int32 on the device (the documents of gpu_worker/backend.h: q
  * and k rotated by positions[b][t], attention within each document), or NULL (positions t). keep:
  * where the internals go (NULL: the unit's own set). */
-int fy_cu_llama_block_forward(struct fy_cu_llama *l, const bf16 *params,
-                              const int32_t *positions, const bf16 *x, bf16 *y,
-                              struct fy_cu_llama_acts *keep);
+int fy_cu_llama_block_forward(struct fy_cu_llama *l, const bf16 *params, const int32_t *positions,
+                              const bf16 *x, bf16 *y, struct fy_cu_llama_acts *keep);
 /* dx (overwritten) and dparams (f32, the block's layout, overwritten) from dy. kept: the set this
  * block's forward filled from the same params and x, whose attention part the backward also uses
  * as scratch (so a set serves one backward); NULL: the forward is recomputed from x into the
  * unit's own set (up to the down product, whose output the backward does not read). The two give
  * bit-identical results. */
-int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params,
-                               const int32_t *positions, const bf16 *x, const bf16 *dy, bf16 *dx,
-                               float *dparams, struct fy_cu_llama_acts *kept);
+int fy_cu_llama_block_backward(struct fy_cu_llama *l, const bf16 *params, const int32_t *positions,
+                               const bf16 *x, const bf16 *dy, bf16 *dx, float *dparams,
+                               struct fy_cu_llama_acts *kept);
 /* The final RMSNorm (norm_w [C]) of x into the unit's own buffer; *xn points at it (valid until
  * the next call). */
 int fy_cu_llama_final_norm(struct fy_cu_llama *l, const bf16 *norm_w, const bf16 *x,

@@ -571,8 +571,7 @@ static int positions_in(struct fy_cu_model *m, struct fy_cu_staging *st, const i
     *dev = NULL;
     if (positions == NULL)
         return 0;
-    FY_TRY(fy_cu_queue_upload(&m->q, st, st->positions, positions,
-                              (size_t)m->N * sizeof(int32_t)));
+    FY_TRY(fy_cu_queue_upload(&m->q, st, st->positions, positions, (size_t)m->N * sizeof(int32_t)));
     *dev = st->positions;
     return 0;
 }
@@ -659,8 +658,8 @@ static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, 
         FY_TRY(fy_cu_queue_note_out(q, st, dparams, m->block_n * sizeof(float)));
     m->sink_st = st;
     m->sink_host = dparams;
-    int rc = m->fam->block_backward(m->units, st->wts, pos, in_x.at, in_dy.at, st->out, &m->sink,
-                                    kept);
+    int rc =
+        m->fam->block_backward(m->units, st->wts, pos, in_x.at, in_dy.at, st->out, &m->sink, kept);
     m->hold_next = -1;
     FY_TRY(rc);
     FY_TRY(fy_cu_queue_compute_done(q, st));

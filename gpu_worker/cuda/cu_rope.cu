@@ -13,8 +13,8 @@
  * is at position n % T, or (DOC) positions[n]. */
 template <bool DOC>
 static __global__ void rope_kernel(bf16 *x, int stride, int col, int NHx, int hd,
-                                   const float *__restrict__ cos_t,
-                                   const float *__restrict__ sin_t, int T, size_t pairs, float sign,
+                                   const float *__restrict__ cos_t, const float *__restrict__ sin_t,
+                                   int T, size_t pairs, float sign,
                                    const int32_t *__restrict__ positions)
 {
     int half = hd / 2;

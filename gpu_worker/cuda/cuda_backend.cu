@@ -215,8 +215,8 @@ static int cuda_model_prepare(void *state, const struct fy_model_config *c, int 
 static int cuda_embed_forward(void *state, const void *embed, const int32_t *tokens,
                               const int32_t *positions, void *x)
 {
-    return fy_cu_model_embed_forward(((struct cuda_state *)state)->model, embed, tokens,
-                                     positions, x);
+    return fy_cu_model_embed_forward(((struct cuda_state *)state)->model, embed, tokens, positions,
+                                     x);
 }
 
 static int cuda_embed_backward(void *state, const int32_t *tokens, const int32_t *positions,
@@ -226,20 +226,19 @@ static int cuda_embed_backward(void *state, const int32_t *tokens, const int32_t
                                       dembed);
 }
 
-static int cuda_block_forward(void *state, int layer, const void *params,
-                              const int32_t *positions, const void *x, void *y,
-                              const struct fy_block_saved *saved)
+static int cuda_block_forward(void *state, int layer, const void *params, const int32_t *positions,
+                              const void *x, void *y, const struct fy_block_saved *saved)
 {
     return fy_cu_model_block_forward(((struct cuda_state *)state)->model, layer, params, positions,
                                      x, y, saved);
 }
 
-static int cuda_block_backward(void *state, int layer, const void *params,
-                               const int32_t *positions, const void *x, const void *dy, void *dx,
-                               float *dparams, const struct fy_block_saved *saved)
+static int cuda_block_backward(void *state, int layer, const void *params, const int32_t *positions,
+                               const void *x, const void *dy, void *dx, float *dparams,
+                               const struct fy_block_saved *saved)
 {
-    return fy_cu_model_block_backward(((struct cuda_state *)state)->model, layer, params,
-                                      positions, x, dy, dx, dparams, saved);
+    return fy_cu_model_block_backward(((struct cuda_state *)state)->model, layer, params, positions,
+                                      x, dy, dx, dparams, saved);
 }
 
 static int cuda_head(void *state, const void *final_params, const void *embed, const void *x,
@@ -410,9 +409,10 @@ extern "C" int fy_cuda_devices_free(int ranks, uint64_t *free_bytes, uint64_t *t
                                     int *which)
 {
     int count = fy_cuda_device_count();
-    FY_REQUIRE(count >= ranks, -ENODEV, "the GPUs' free memory: CUDA shows %d GPU%s, the run takes "
-               "%d: show one per gpu worker (CUDA_VISIBLE_DEVICES), or lower --gpus", count,
-               count == 1 ? "" : "s", ranks);
+    FY_REQUIRE(count >= ranks, -ENODEV,
+               "the GPUs' free memory: CUDA shows %d GPU%s, the run takes "
+               "%d: show one per gpu worker (CUDA_VISIBLE_DEVICES), or lower --gpus",
+               count, count == 1 ? "" : "s", ranks);
     int rc = 0;
     for (int d = 0; d < ranks && rc == 0; d++) {
         size_t f = 0, t = 0;

@@ -208,13 +208,12 @@ int main(int argc, char **argv)
     auto step = [&](int keep, const int32_t *pos) {
         OK(fy_cu_gpt2_embed_forward(g, wte, wpe, tokens, pos, act[0]));
         for (int l = 1; l <= L; l++)
-            OK(fy_cu_gpt2_block_forward(g, w[l], pos, act[l - 1], act[l],
-                                        keep ? &kept[l] : NULL));
+            OK(fy_cu_gpt2_block_forward(g, w[l], pos, act[l - 1], act[l], keep ? &kept[l] : NULL));
         OK(fy_cu_gpt2_head(g, w[L + 1], wte, act[L], targets, losses, dact[0], dlnf, dembed, 0));
         int cur = 0;
         for (int l = L; l >= 1; l--) {
-            OK(fy_cu_gpt2_block_backward(g, w[l], pos, act[l - 1], dact[cur], dact[cur ^ 1],
-                                         dblock, keep ? &kept[l] : NULL));
+            OK(fy_cu_gpt2_block_backward(g, w[l], pos, act[l - 1], dact[cur], dact[cur ^ 1], dblock,
+                                         keep ? &kept[l] : NULL));
             cur ^= 1;
         }
         OK(fy_cu_gpt2_embed_backward(g, tokens, pos, dact[cur], dembed, dembed + V * C));

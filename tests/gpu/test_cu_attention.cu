@@ -149,9 +149,8 @@ static void attention_case(int B, int T, int C, int NH, uint64_t seed)
         CK(cudaMemsetAsync(d_out, 0xff, nout * 2, g_stream));
         CK(cudaMemsetAsync(d_dqkv, 0xff, nqkv * 2, g_stream));
         CK(cudaMemsetAsync(d_scratch, 0xff, sbytes, g_stream));
-        assert_int_equal(fy_cu_attention_forward(g_lt, d_out, d_qkv, NULL, d_scratch, B, T, C, NH,
-                                                 g_stream),
-                         0);
+        assert_int_equal(
+            fy_cu_attention_forward(g_lt, d_out, d_qkv, NULL, d_scratch, B, T, C, NH, g_stream), 0);
         assert_int_equal(fy_cu_attention_backward(g_lt, d_dqkv, d_dout, d_qkv, d_scratch, B, T, C,
                                                   NH, g_stream),
                          0);

@@ -498,8 +498,8 @@ static void window_case(int B, int T, int NH, int NKV, int hd, int W, uint64_t s
         dpoison(d_dqkv, nqkv);
         dpoison(scratch, sbytes);
         RUN(fy_cu_flash_window_forward(d_out, d_qkv, scratch, B, T, NH, NKV, hd, W, d_pos, g_s));
-        RUN(fy_cu_flash_window_backward(d_dqkv, d_dout, d_out, d_qkv, scratch, B, T, NH, NKV, hd,
-                                        W, d_pos, g_s));
+        RUN(fy_cu_flash_window_backward(d_dqkv, d_dout, d_out, d_qkv, scratch, B, T, NH, NKV, hd, W,
+                                        d_pos, g_s));
         vector<uint16_t> go = hcopy((const uint16_t *)d_out, nout);
         vector<uint16_t> gd = hcopy((const uint16_t *)d_dqkv, nqkv);
         if (run == 1) {

@@ -187,21 +187,19 @@ static void run_flash(struct dev *d, uint16_t *out_h, uint16_t *dqkv_h, int B, i
     CK(cudaMemsetAsync(d->out, 0xff, nout * 2, g_stream));
     CK(cudaMemsetAsync(d->scratch, 0xff, d->sbytes, g_stream));
     if (d->pos == NULL)
-        assert_int_equal(fy_cu_flash_forward(d->out, d->qkv, d->scratch, B, T, C, NH, g_stream),
-                         0);
+        assert_int_equal(fy_cu_flash_forward(d->out, d->qkv, d->scratch, B, T, C, NH, g_stream), 0);
     else /* multi-head: the grouped-query kernels with a kv head per query head */
         assert_int_equal(fy_cu_flash_window_forward(d->out, d->qkv, d->scratch, B, T, NH, NH,
                                                     C / NH, 0, d->pos, g_stream),
                          0);
     CK(cudaMemsetAsync(d->dqkv, 0xff, nqkv * 2, g_stream));
     if (d->pos == NULL)
-        assert_int_equal(fy_cu_flash_backward(d->dqkv, d->dout, d->out, d->qkv, d->scratch, B, T,
-                                              C, NH, g_stream),
+        assert_int_equal(fy_cu_flash_backward(d->dqkv, d->dout, d->out, d->qkv, d->scratch, B, T, C,
+                                              NH, g_stream),
                          0);
     else
-        assert_int_equal(fy_cu_flash_window_backward(d->dqkv, d->dout, d->out, d->qkv,
-                                                     d->scratch, B, T, NH, NH, C / NH, 0, d->pos,
-                                                     g_stream),
+        assert_int_equal(fy_cu_flash_window_backward(d->dqkv, d->dout, d->out, d->qkv, d->scratch,
+                                                     B, T, NH, NH, C / NH, 0, d->pos, g_stream),
                          0);
     CK(cudaStreamSynchronize(g_stream));
     CK(cudaGetLastError());
@@ -225,8 +223,8 @@ static void run_materialising(const bf16 *d_qkv, const bf16 *d_dout, const int32
     CK(cudaMemsetAsync(out, 0xff, nout * 2, g_stream));
     CK(cudaMemsetAsync(dqkv, 0xff, nqkv * 2, g_stream));
     CK(cudaMemsetAsync(scratch, 0xff, sbytes, g_stream));
-    assert_int_equal(fy_cu_attention_forward(g_lt, out, d_qkv, d_pos, scratch, B, T, C, NH,
-                                             g_stream), 0);
+    assert_int_equal(
+        fy_cu_attention_forward(g_lt, out, d_qkv, d_pos, scratch, B, T, C, NH, g_stream), 0);
     assert_int_equal(fy_cu_attention_backward(g_lt, dqkv, d_dout, d_qkv, scratch, B, T, C, NH,
                                               g_stream),
                      0);
@@ -534,9 +532,8 @@ static void timing_case(int B, int T, int C, int NH)
     CK(cudaMemcpy(fo[1], d.out, nout * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(fd[1], d.dqkv, nqkv * 2, cudaMemcpyDeviceToHost));
     /* materialising (its backward reads only att, which the backward does not modify) */
-    assert_int_equal(fy_cu_attention_forward(g_lt, m_out, d.qkv, NULL, m_scratch, B, T, C, NH,
-                                             g_stream),
-                     0);
+    assert_int_equal(
+        fy_cu_attention_forward(g_lt, m_out, d.qkv, NULL, m_scratch, B, T, C, NH, g_stream), 0);
     CK(cudaEventRecord(e0, g_stream));
     for (int r = 0; r < TIME_REPS; r++)
         assert_int_equal(

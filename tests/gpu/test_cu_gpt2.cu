@@ -131,8 +131,8 @@ static void test_kept_equals_recomputed(void **state)
         assert_int_equal(fy_cu_gpt2_acts_take(f.u, &f.arena, &kept[l]), 0);
     /* forward through both blocks, keeping each block's internals in its own set */
     for (int l = 1; l <= 2; l++)
-        assert_int_equal(fy_cu_gpt2_block_forward(f.u, f.w[l], NULL, f.x[l - 1], f.x[l],
-                                                  &kept[l]), 0);
+        assert_int_equal(fy_cu_gpt2_block_forward(f.u, f.w[l], NULL, f.x[l - 1], f.x[l], &kept[l]),
+                         0);
     vector<bf16> y_kept = download(f.x[2], f.NC, f.s);
     /* block 1 from its kept set, after block 2's forward has come and gone: the set, not the
      * unit's scratch, must carry it; and no forward op may run in a kept backward */

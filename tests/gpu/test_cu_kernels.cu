@@ -634,8 +634,8 @@ static void test_embed_forward(void **state)
         up(dwte, eh.data(), (size_t)V * C * 2);
         up(dwpe, eh.data() + (size_t)V * C, (size_t)ctx * C * 2);
         poison(dout);
-        OP(fy_cu_embed_forward(B16(dout), (const int32_t *)dtok.p, B16(dwte), B16(dwpe), gpos, B,
-                               T, C, g_stream));
+        OP(fy_cu_embed_forward(B16(dout), (const int32_t *)dtok.p, B16(dwte), B16(dwpe), gpos, B, T,
+                               C, g_stream));
         vector<uint16_t> g(n);
         down(g.data(), dout, n * 2);
         check_bf16("embed_fwd", shape, g.data(), ref.data(), n, (size_t)C);
@@ -686,8 +686,8 @@ static void test_embed_backward(void **state)
             poison(ddwpe);
             up(ddwte, pre.data(), VC * 4);
             up(ddwpe, pre.data() + VC, TC * 4);
-            OP(fy_cu_embed_backward(F32(ddwte), F32(ddwpe), B16(ddy), (const int32_t *)dtok.p,
-                                    gpos, B, T, C, V, g_stream));
+            OP(fy_cu_embed_backward(F32(ddwte), F32(ddwpe), B16(ddy), (const int32_t *)dtok.p, gpos,
+                                    B, T, C, V, g_stream));
             g[run].resize(VC + TC);
             down(g[run].data(), ddwte, VC * 4);
             down(g[run].data() + VC, ddwpe, TC * 4);

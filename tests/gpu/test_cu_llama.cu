@@ -346,9 +346,9 @@ static void test_rope(void **state)
     const size_t ncases = sizeof cases / sizeof cases[0];
     for (size_t k = 0; k < 2 * ncases; k++) {
         int docs = k >= ncases;
-        struct fy_model_config c = llama_cfg(cases[k % ncases].C, cases[k % ncases].NH,
-                                           cases[k % ncases].NKV, 64, 64,
-                                           cases[k % ncases].llama3, 0);
+        struct fy_model_config c =
+            llama_cfg(cases[k % ncases].C, cases[k % ncases].NH, cases[k % ncases].NKV, 64, 64,
+                      cases[k % ncases].llama3, 0);
         int B = cases[k % ncases].B, T = cases[k % ncases].T, NH = (int)c.n_head;
         int NKV = (int)c.llama.n_kv_head;
         int hd = (int)(c.n_embd / c.n_head), S = (NH + 2 * NKV) * hd, half = hd / 2;
@@ -629,8 +629,8 @@ static void block_case(const struct fy_model_config *c, int B, int T, uint64_t s
     char shape[128];
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d NKV=%d I=%u %s W=%u%s", B, T, C,
              (int)c->n_head, (int)c->llama.n_kv_head, c->llama.n_inter,
-             c->llama.rope_type == FY_ROPE_LLAMA3 ? "llama3" : "plain",
-             c->llama.sliding_window, docs ? " documents" : "");
+             c->llama.rope_type == FY_ROPE_LLAMA3 ? "llama3" : "plain", c->llama.sliding_window,
+             docs ? " documents" : "");
     uint64_t rng = seed;
     bvals p = block_params(c, &rng), x = rnd(NC, -1, 1, &rng), dy = rnd(NC, -1, 1, &rng);
     vector<int32_t> pos = packed_positions(B, T, docs ? docs : 1, &rng);

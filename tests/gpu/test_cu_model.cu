@@ -521,8 +521,8 @@ static void test_swap_refusals(void **state)
     struct fy_cu_arena arena;
     struct fy_cu_model *g = swap_unit(&arena, FY_CU_QUEUE, NULL, NULL);
     assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, run.y1, &qkv), -EINVAL);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, run.dx1, run.dw1,
-                                                &qkv), -EINVAL);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, run.dx1, run.dw1, &qkv),
+                     -EINVAL);
     assert_int_equal(fy_cu_model_pending(g), 0);
     assert_int_equal(fy_cu_model_swap_sets(g, &arena), 0);
     assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, run.y1, &ln1), -EINVAL);
@@ -549,8 +549,8 @@ static void test_swap_refusals(void **state)
     g = swap_unit(&arena, FY_CU_QUEUE, NULL, "materialised");
     assert_int_equal(fy_cu_model_swap_sets(g, &arena), 0);
     assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, run.y1, &attn), -ENOTSUP);
-    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, run.dx1, run.dw1,
-                                                &attn), -ENOTSUP);
+    assert_int_equal(fy_cu_model_block_backward(g, 0, w, NULL, x, dy, run.dx1, run.dw1, &attn),
+                     -ENOTSUP);
     assert_int_equal(fy_cu_model_pending(g), 0);
     struct fy_block_saved some = saved_of(&h, KBIT(QKV) | KBIT(RESID) | KBIT(FC));
     assert_int_equal(fy_cu_model_block_forward(g, 0, w, NULL, x, ref.y1, NULL), 0);
@@ -802,12 +802,12 @@ static void grads_case(const struct fy_model_config *c, int Bq, int Tq, const ch
     CK(cudaMemcpy(dev_dy, dyb.data(), NC * 2, cudaMemcpyHostToDevice));
     if (fy_model_arch(c) == &fy_arch_gpt2)
         assert_int_equal(fy_cu_gpt2_block_backward(gpt2_units(g), dev_w, NULL, dev_x, dev_dy,
-                                                   dev_dx, dev_dw, NULL), 0);
+                                                   dev_dx, dev_dw, NULL),
+                         0);
     else
-        assert_int_equal(fy_cu_llama_block_backward((struct fy_cu_llama *)fy_cu_model_units(
-                                                        g, fy_cu_family_of(c)),
-                                                    dev_w, NULL, dev_x, dev_dy, dev_dx, dev_dw,
-                                                    NULL),
+        assert_int_equal(fy_cu_llama_block_backward(
+                             (struct fy_cu_llama *)fy_cu_model_units(g, fy_cu_family_of(c)), dev_w,
+                             NULL, dev_x, dev_dy, dev_dx, dev_dw, NULL),
                          0);
     CK(cudaStreamSynchronize(fy_cu_model_stream(g)));
     vector<float> ref_dw(P);

@@ -120,14 +120,14 @@ static void units_case(const struct family_case *k)
     struct fy_backend *be[2] = {cuda, cpu};
     for (int b = 1; b >= 0; b--) { /* the CPU first: its x, y and dx are both backends' inputs */
         assert_int_equal(fy_backend_model_embed_forward(be[b], embed, m.tokens, NULL, x[b]), 0);
-        assert_int_equal(fy_backend_model_block_forward(be[b], 1, block, NULL, x[1], y[b],
-                                                        NULL), 0);
+        assert_int_equal(fy_backend_model_block_forward(be[b], 1, block, NULL, x[1], y[b], NULL),
+                         0);
         assert_int_equal(fy_backend_model_head(be[b], fin, embed, y[1], m.targets, &loss[b], dx[b],
                                              dfin[b], demb[b]),
                          0);
-        assert_int_equal(
-            fy_backend_model_block_backward(be[b], 1, block, NULL, x[1], dx[1], dxb[b], dp[b],
-                                            NULL), 0);
+        assert_int_equal(fy_backend_model_block_backward(be[b], 1, block, NULL, x[1], dx[1], dxb[b],
+                                                         dp[b], NULL),
+                         0);
     }
     print_message("%s: units, loss gpu %.7f cpu %.7f\n", k->what, loss[0], loss[1]);
     assert_true(rel_err(x[0], x[1], NC, "embed forward") < 3e-2);
@@ -145,9 +145,9 @@ static void units_case(const struct family_case *k)
                             parts[i].name) < 3e-2);
     /* determinism: the same backward again, the same bytes */
     float *dp_again = falloc(nb), *dx_again = falloc(NC);
-    assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, NULL, x[1], dx[1], dx_again, dp_again,
-                                        NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, x[1], dx[1], dx_again,
+                                                     dp_again, NULL),
+                     0);
     assert_memory_equal(dp_again, dp[0], nb * sizeof(float));
     assert_memory_equal(dx_again, dxb[0], NC * sizeof(float));
     for (int b = 0; b < 2; b++) {

@@ -116,11 +116,11 @@ static void test_units_match_cpu(void **state)
     float *dxb_gpu = malloc(NC * 4), *dxb_cpu = malloc(NC * 4);
     float *dp_gpu = malloc(nb * 4), *dp_cpu = malloc(nb * 4);
     assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, NULL, x_cpu, dx_cpu, dxb_gpu, dp_gpu,
-                                        NULL), 0);
+        fy_backend_model_block_backward(cuda, 1, block, NULL, x_cpu, dx_cpu, dxb_gpu, dp_gpu, NULL),
+        0);
     assert_int_equal(
-        fy_backend_model_block_backward(cpu, 1, block, NULL, x_cpu, dx_cpu, dxb_cpu, dp_cpu,
-                                        NULL), 0);
+        fy_backend_model_block_backward(cpu, 1, block, NULL, x_cpu, dx_cpu, dxb_cpu, dp_cpu, NULL),
+        0);
     assert_true(rel_err(dxb_gpu, dxb_cpu, NC, "block backward dx") < 3e-2);
     struct fy_gpt2_block_layout l;
     fy_gpt2_block_layout(&cfg, &l);
@@ -135,9 +135,9 @@ static void test_units_match_cpu(void **state)
                     3e-2);
     /* determinism: the same backward again gives the same bytes */
     float *dp_again = malloc(nb * 4), *dx_again = malloc(NC * 4);
-    assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, NULL, x_cpu, dx_cpu, dx_again, dp_again,
-                                        NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, x_cpu, dx_cpu, dx_again,
+                                                     dp_again, NULL),
+                     0);
     assert_memory_equal(dp_again, dp_gpu, nb * 4);
     assert_memory_equal(dx_again, dxb_gpu, NC * 4);
 
@@ -208,8 +208,8 @@ static void test_bf16_host_activations_same_bits(void **state)
     uint16_t *dy_ref = to_bf16(dy, NC);
     assert_memory_equal(dyh, dy_ref, NC * 2);
     assert_memory_equal(dfin2, dfin, nf * 4);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, xh, dyh, dxh, dp2,
-                                                     NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, xh, dyh, dxh, dp2, NULL),
+                     0);
     uint16_t *dx_ref = to_bf16(dx, NC);
     assert_memory_equal(dxh, dx_ref, NC * 2);
     assert_memory_equal(dp2, dp, nb * 4);
@@ -365,12 +365,10 @@ static void swapped_blocks_check(const char *fuse, int docs)
     /* the reference: one by one, nothing saved */
     assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, ref.y1, NULL), 0);
     assert_int_equal(fy_backend_model_block_forward(b, 2, w2, pos, ref.y1, ref.y2, NULL), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 2, w2, pos, ref.y1, dy, ref.dx2, ref.dp2,
-                                                     NULL),
-                     0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w1, pos, x, ref.dx2, ref.dx1, ref.dp1,
-                                                     NULL),
-                     0);
+    assert_int_equal(
+        fy_backend_model_block_backward(b, 2, w2, pos, ref.y1, dy, ref.dx2, ref.dp2, NULL), 0);
+    assert_int_equal(
+        fy_backend_model_block_backward(b, 1, w1, pos, x, ref.dx2, ref.dx1, ref.dp1, NULL), 0);
 
     assert_int_equal(fy_backend_model_set_queued(b, 1), 1);
     for (size_t m = 0; m < sizeof swap_masks / sizeof swap_masks[0]; m++) {
@@ -395,11 +393,11 @@ static void swapped_blocks_check(const char *fuse, int docs)
         memcpy(copy2, reg2, r.bytes);
         /* clipping's second pass, both backwards in flight */
         assert_int_equal(
-            fy_backend_model_block_backward(b, 2, w2, pos, run.y1, dy, again.dx2, again.dp2,
-                                            &s2), 0);
+            fy_backend_model_block_backward(b, 2, w2, pos, run.y1, dy, again.dx2, again.dp2, &s2),
+            0);
         assert_int_equal(
-            fy_backend_model_block_backward(b, 1, w1, pos, x, again.dx2, again.dx1, again.dp1,
-                                            &s1), 0);
+            fy_backend_model_block_backward(b, 1, w1, pos, x, again.dx2, again.dx1, again.dp1, &s1),
+            0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_memory_equal(again.dx2, ref.dx2, NC * 4);
@@ -412,8 +410,7 @@ static void swapped_blocks_check(const char *fuse, int docs)
         memset(reg1, 0x5a, r.bytes);
         memset(reg2, 0x5a, r.bytes);
         assert_int_equal(fy_backend_model_block_forward(b, 1, w1, pos, x, again.y1, &s1), 0);
-        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, pos, again.y1, again.y2,
-                                                        &s2), 0);
+        assert_int_equal(fy_backend_model_block_forward(b, 2, w2, pos, again.y1, again.y2, &s2), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
         assert_memory_equal(again.y2, ref.y2, NC * 4);
@@ -463,8 +460,8 @@ static void packed_case(const char *attention)
     print_message("packed documents, %s attention: loss gpu %.7f cpu %.7f\n", attention,
                   on_gpu.loss, on_cpu.loss);
     assert_true(fabs(on_gpu.loss - on_cpu.loss) <= 1e-2 * fabs(on_cpu.loss));
-    assert_true(rel_err(on_gpu.logits, on_cpu.logits, (size_t)B * T * cfg.vocab,
-                        "packed logits") < 3e-2);
+    assert_true(rel_err(on_gpu.logits, on_cpu.logits, (size_t)B * T * cfg.vocab, "packed logits") <
+                3e-2);
     for (unsigned u = 0; u < on_gpu.n_units; u++) {
         char what[48];
         snprintf(what, sizeof what, "packed grad unit %u", u);
@@ -561,9 +558,8 @@ static void weights_pass(struct fy_backend *b, const struct fy_refmodel *m, cons
     assert_int_equal(fy_backend_model_head(b, w->fin, w->embed, o->y, m->targets, &o->loss, o->dy,
                                          o->dfin, o->demb),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w->block, NULL, o->x, o->dy, o->dx,
-                                                     o->dp, NULL),
-                     0);
+    assert_int_equal(
+        fy_backend_model_block_backward(b, 1, w->block, NULL, o->x, o->dy, o->dx, o->dp, NULL), 0);
     assert_int_equal(fy_backend_model_logits(b, w->fin, w->embed, o->y, o->lg), 0);
 }
 
@@ -629,9 +625,8 @@ static void weights_bf16_case(const struct fy_model_config *c, const char *name)
     float *dx2 = ref.dx, *dp2 = ref.dp;
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
     assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, NULL, ref.y, y2, NULL), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, NULL, ref.x, dx2, dx1, dp1,
-                                                     NULL),
-                     0);
+    assert_int_equal(
+        fy_backend_model_block_backward(b, 1, w32.block, NULL, ref.x, dx2, dx1, dp1, NULL), 0);
 
     assert_int_equal(fy_backend_model_set_queued(b, 1), 1);
     assert_int_equal(fy_backend_model_block_forward(b, 1, w32.block, NULL, ref.x, q.x, NULL), 0);
@@ -642,13 +637,11 @@ static void weights_bf16_case(const struct fy_model_config *c, const char *name)
     assert_memory_equal(q.x, ref.y, z.NC * 4);
     assert_memory_equal(q.y, y2, z.NC * 4);
     /* bf16 then f32, the second's dy the first's dx */
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w16.block, NULL, ref.x, ref.dy, q.dy,
-                                                     q.dp, NULL),
-                     0);
+    assert_int_equal(
+        fy_backend_model_block_backward(b, 1, w16.block, NULL, ref.x, ref.dy, q.dy, q.dp, NULL), 0);
     assert_int_equal(fy_backend_model_weight_dtype(b, FY_DTYPE_F32), 0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, w32.block, NULL, ref.x, q.dy, q.dx,
-                                                     q_dp1, NULL),
-                     0);
+    assert_int_equal(
+        fy_backend_model_block_backward(b, 1, w32.block, NULL, ref.x, q.dy, q.dx, q_dp1, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_int_equal(fy_backend_model_finish(b, NULL, NULL), 0);
     assert_memory_equal(q.dy, dx2, z.NC * 4);

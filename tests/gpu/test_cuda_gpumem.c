@@ -67,19 +67,19 @@ static void test_train_states_default(void **state)
     snprintf(run_dir, sizeof run_dir, "%s/run", dir);
     snprintf(data, sizeof data, "%s/sample.tok", dir);
     snprintf(log, sizeof log, "%s/train.log", dir);
-    const char *init[] = {"init", "--run-dir", run_dir, "--layers", "2", "--heads", "4",
-                          "--embd", "64", "--ctx", "64", "--seed", "3", NULL};
+    const char *init[] = {"init",   "--run-dir", run_dir, "--layers", "2",      "--heads", "4",
+                          "--embd", "64",        "--ctx", "64",       "--seed", "3",       NULL};
     assert_int_equal(launch(init, log), 0);
-    const char *train[] = {"train", "--run-dir", run_dir, "--data", data, "--steps", "2",
-                           "--batch", "4", "--seq", "64", "--eval-every", "0", "--backend",
-                           "cuda", NULL};
+    const char *train[] = {"train", "--run-dir", run_dir, "--data", data, "--steps",
+                           "2",     "--batch",   "4",     "--seq",  "64", "--eval-every",
+                           "0",     "--backend", "cuda",  NULL};
     assert_int_equal(launch(train, log), 0);
     assert_true(fy_test_file_contains(log, "train: --gpu-mem "));
     assert_true(fy_test_file_contains(log, "(the default: GPU 0's free memory "));
     assert_true(fy_test_file_contains(log, "less a margin of "));
-    const char *given[] = {"train", "--run-dir", run_dir, "--data", data, "--steps", "3",
-                           "--batch", "4", "--seq", "64", "--eval-every", "0", "--backend",
-                           "cuda", "--gpu-mem", "1G", NULL};
+    const char *given[] = {"train", "--run-dir", run_dir, "--data",    data, "--steps",
+                           "3",     "--batch",   "4",     "--seq",     "64", "--eval-every",
+                           "0",     "--backend", "cuda",  "--gpu-mem", "1G", NULL};
     assert_int_equal(launch(given, log), 0);
     assert_true(fy_test_file_contains(log, "train: --gpu-mem 1.0 GiB (given)"));
 }

@@ -109,15 +109,15 @@ static void units_case(int tied)
         /* dembed poisoned: the head overwrites it (with zeros when untied) */
         memset(demb[k], 0xff, ne * sizeof(float));
         assert_int_equal(fy_backend_model_embed_forward(be[k], embed, m.tokens, NULL, x[k]), 0);
-        assert_int_equal(fy_backend_model_block_forward(be[k], 1, block, NULL, x[1], y[k],
-                                                        NULL), 0);
+        assert_int_equal(fy_backend_model_block_forward(be[k], 1, block, NULL, x[1], y[k], NULL),
+                         0);
         assert_int_equal(fy_backend_model_head(be[k], fin, embed, y[1], m.targets, &loss[k], dx[k],
                                              dfin[k], demb[k]),
                          0);
         assert_int_equal(fy_backend_model_logits(be[k], fin, embed, y[1], lg[k]), 0);
-        assert_int_equal(
-            fy_backend_model_block_backward(be[k], 1, block, NULL, x[1], dx[1], dxb[k], dp[k],
-                                            NULL), 0);
+        assert_int_equal(fy_backend_model_block_backward(be[k], 1, block, NULL, x[1], dx[1], dxb[k],
+                                                         dp[k], NULL),
+                         0);
     }
     const char *head = tied ? "tied" : "untied";
     print_message("%s head: loss gpu %.7f cpu %.7f\n", head, loss[0], loss[1]);
@@ -153,16 +153,16 @@ static void units_case(int tied)
                             parts[i].end - parts[i].at, parts[i].name) < 3e-2);
     /* determinism: the same backward again, the same bytes */
     float *dp_again = falloc(nb), *dx_again = falloc(NC);
-    assert_int_equal(
-        fy_backend_model_block_backward(cuda, 1, block, NULL, x[1], dx[1], dx_again, dp_again,
-                                        NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, x[1], dx[1], dx_again,
+                                                     dp_again, NULL),
+                     0);
     assert_memory_equal(dp_again, dp[0], nb * sizeof(float));
     assert_memory_equal(dx_again, dxb[0], NC * sizeof(float));
     /* the embedding backward adds the lookup's gradient onto the head's share */
     memcpy(demb[0], demb[1], ne * sizeof(float));
     for (int k = 0; k < 2; k++)
-        assert_int_equal(fy_backend_model_embed_backward(be[k], m.tokens, NULL, dxb[1],
-                                                         demb[k]), 0);
+        assert_int_equal(fy_backend_model_embed_backward(be[k], m.tokens, NULL, dxb[1], demb[k]),
+                         0);
     assert_true(rel_err(demb[0], demb[1], ne, "embed backward") < 3e-2);
     for (int k = 0; k < 2; k++) {
         free(x[k]), free(y[k]), free(dx[k]), free(dfin[k]), free(demb[k]), free(dxb[k]);
@@ -222,9 +222,8 @@ static void pipeline_step(struct fy_backend *b, int queued, const struct fy_refm
     const size_t NC = (size_t)m->B * m->T * m->cfg.n_embd;
     int inflight = 0;
     assert_int_equal(fy_backend_model_set_queued(b, queued), queued);
-    assert_int_equal(fy_backend_model_embed_forward(b, m->params[0], m->tokens, m->positions,
-                                                    o->xs),
-                     0);
+    assert_int_equal(
+        fy_backend_model_embed_forward(b, m->params[0], m->tokens, m->positions, o->xs), 0);
     keep_one(b, queued, &inflight);
     for (unsigned l = 0; l < L; l++) {
         assert_int_equal(fy_backend_model_block_forward(b, 1 + l, m->params[1 + l], m->positions,
@@ -289,8 +288,8 @@ static void queued_kept_case(int tied, int packed)
     float *ref_dx = c.n_layer % 2 ? ref.dx : ref.dy, *run_dx = c.n_layer % 2 ? run.dx : run.dy;
     assert_memory_equal(run_dx, ref_dx, NC * sizeof(float));
     print_message("%s head%s: queued with both blocks kept: the bits of one by one, recomputing "
-                  "(loss %.7f)\n", tied ? "tied" : "untied", packed ? ", packed documents" : "",
-                  ref.loss);
+                  "(loss %.7f)\n",
+                  tied ? "tied" : "untied", packed ? ", packed documents" : "", ref.loss);
     step_free(&ref, &m);
     step_free(&run, &m);
     fy_backend_close(&kept);
@@ -375,8 +374,8 @@ static void test_bf16_host_activations_same_bits(void **state)
     want = to_bf16(dy, NC);
     assert_memory_equal(dyh, want, NC * 2);
     free(want);
-    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, xh, dyh, dxh, dp2,
-                                                     NULL), 0);
+    assert_int_equal(fy_backend_model_block_backward(cuda, 1, block, NULL, xh, dyh, dxh, dp2, NULL),
+                     0);
     want = to_bf16(dx, NC);
     assert_memory_equal(dxh, want, NC * 2);
     free(want);
@@ -402,8 +401,8 @@ static void test_refusals(void **state)
     memset(&saved, 0, sizeof saved);
     saved.at[FY_ACT_QKV] = region;
     print_message("(error lines about Llama refusals are expected next)\n");
-    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], NULL, x, y,
-                                                    &saved), -ENOTSUP);
+    assert_int_equal(fy_backend_model_block_forward(cuda, 1, m.params[1], NULL, x, y, &saved),
+                     -ENOTSUP);
     assert_int_equal(fy_backend_model_swap(cuda), -ENOTSUP);
     struct fy_block_profile prof;
     assert_int_equal(fy_backend_model_profile(cuda, region, NC * 4 * sizeof(float), &prof),

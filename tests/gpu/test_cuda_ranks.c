@@ -90,9 +90,8 @@ static void pass(struct fy_backend *b, const struct fy_refmodel *m, struct outs 
     assert_int_equal(fy_backend_model_head(b, fin, embed, o->y, m->targets, &o->loss, o->dy,
                                            o->dfin, o->demb_head),
                      0);
-    assert_int_equal(fy_backend_model_block_backward(b, 1, block, NULL, o->x, o->dy, o->dx, o->dp,
-                                                     NULL),
-                     0);
+    assert_int_equal(
+        fy_backend_model_block_backward(b, 1, block, NULL, o->x, o->dy, o->dx, o->dp, NULL), 0);
     memcpy(o->demb, o->demb_head, z.ne * 4);
     assert_int_equal(fy_backend_model_embed_backward(b, m->tokens, NULL, o->dx, o->demb), 0);
 }

@@ -57,8 +57,8 @@ static void write_conversations(const char *path)
 {
     static const char *const objects[] = {"sky", "grass", "snow", "coal", "sun", "rose"};
     static const char *const colours[] = {"blue", "green", "white", "black", "yellow", "red"};
-    static const char *const days[] = {"Monday", "Tuesday", "Wednesday", "Thursday", "Friday",
-                                       "Saturday", "Sunday"};
+    static const char *const days[] = {"Monday", "Tuesday",  "Wednesday", "Thursday",
+                                       "Friday", "Saturday", "Sunday"};
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     uint64_t rs = 17;
@@ -78,8 +78,9 @@ static void write_conversations(const char *path)
             snprintf(user, sizeof user, "Which day comes after %s?", days[d]);
             snprintf(answer, sizeof answer, "After %s comes %s.", days[d], days[(d + 1) % 7]);
         }
-        fprintf(f, "{\"messages\": [%s{\"role\": \"user\", \"content\": \"%s\"}, {\"role\": "
-                   "\"assistant\", \"content\": \"%s\"}]}\n",
+        fprintf(f,
+                "{\"messages\": [%s{\"role\": \"user\", \"content\": \"%s\"}, {\"role\": "
+                "\"assistant\", \"content\": \"%s\"}]}\n",
                 i % 4 == 0 ? "{\"role\": \"system\", \"content\": \"Answer briefly.\"}, " : "",
                 user, answer);
     }
@@ -122,11 +123,11 @@ static void test_chat_fine_tune(void **state)
     /* a tokenizer with Qwen2.5's chat template, then the token file */
     const char *tok[] = {chat_script, "build", "tests/fixtures/chat/qwen2.5", tokdir, jsonl, NULL};
     python(tok);
-    const char *prep[] = {"prepare", "--out", tokfile, "--tokenizer", tokdir, "--messages-field",
-                          "messages", parquet, NULL};
+    const char *prep[] = {"prepare",          "--out",    tokfile, "--tokenizer", tokdir,
+                          "--messages-field", "messages", parquet, NULL};
     launch_ok(prep);
-    assert_true(fy_test_file_contains(log_path, fy_test_fmt("%d documents, each a record",
-                                                            CONVERSATIONS)));
+    assert_true(
+        fy_test_file_contains(log_path, fy_test_fmt("%d documents, each a record", CONVERSATIONS)));
     struct fy_tokfile *t;
     assert_int_equal(fy_tokfile_open(&t, tokfile, 0), 0);
     assert_int_equal(fy_tokfile_documents(t), CONVERSATIONS);
@@ -136,9 +137,10 @@ static void test_chat_fine_tune(void **state)
     /* a tiny Qwen2 of that vocabulary, the tokenizer beside it, imported */
     char v[16];
     snprintf(v, sizeof v, "%u", vocab);
-    const char *make[] = {llama_script, "make", model, "--family", "qwen2", "--layers", "2",
-                          "--heads", "4", "--kv-heads", "2", "--embd", "64", "--ffn", "128",
-                          "--vocab", v, "--ctx", "128", "--seed", "3", NULL};
+    const char *make[] = {llama_script, "make",    model, "--family",   "qwen2", "--layers",
+                          "2",          "--heads", "4",   "--kv-heads", "2",     "--embd",
+                          "64",         "--ffn",   "128", "--vocab",    v,       "--ctx",
+                          "128",        "--seed",  "3",   NULL};
     python(make);
     copy_file(fy_test_fmt("%s/tokenizer.json", tokdir), fy_test_fmt("%s/tokenizer.json", model));
     copy_file(fy_test_fmt("%s/tokenizer_config.json", tokdir),
@@ -147,10 +149,17 @@ static void test_chat_fine_tune(void **state)
     launch_ok(init);
 
     /* two epochs; evaluated every 4 steps and at the end, each time every held-out conversation */
-    const char *train[] = {"train", "--run-dir", run, "--data", tokfile, "--epochs", "2",
-                           "--batch", "4", "--seq", "128", "--lr", "3e-3", "--warmup", "2",
-                           "--eval-every", "4", "--checkpoint-every", "1000", "--backend", "cpu",
-                           NULL};
+    const char *train[] = {"train", "--run-dir",
+                           run,     "--data",
+                           tokfile, "--epochs",
+                           "2",     "--batch",
+                           "4",     "--seq",
+                           "128",   "--lr",
+                           "3e-3",  "--warmup",
+                           "2",     "--eval-every",
+                           "4",     "--checkpoint-every",
+                           "1000",  "--backend",
+                           "cpu",   NULL};
     launch_ok(train);
     assert_true(fy_test_file_contains(log_path, "batches: documents packed whole, each alone (the "
                                                 "data's documents are records): 270 training "

@@ -302,8 +302,7 @@ static void test_clipping_huge_bound_is_unclipped(void **state)
     assert_int_equal(fy_trainutil_train(f, huge, f->data, "4", wh, 0, "--clip-grad-norm", "1e30"),
                      0);
     assert_true(fy_test_file_contains(f->log, "grad norm "));
-    assert_int_equal(fy_trainutil_train(f, plain, f->data, "4", wp, 0, "--clip-grad-norm", "0"),
-                     0);
+    assert_int_equal(fy_trainutil_train(f, plain, f->data, "4", wp, 0, "--clip-grad-norm", "0"), 0);
     char mh[700], mp[700];
     run_metrics(huge, mh, sizeof mh);
     run_metrics(plain, mp, sizeof mp);

@@ -269,12 +269,12 @@ static void test_int8_import_trains_and_exports(void **state)
     python_run(make, NULL, 0);
     /* in pieces of 16 KiB (init --state-piece): each unit written piece by piece from its
      * weights read whole, and exported by putting its masters together again */
-    const char *init[] = {"init", "--run-dir", run, "--from-hf", src, "--optim-state", "int8",
-                          "--state-piece", "16K", NULL};
+    const char *init[] = {"init", "--run-dir",     run,   "--from-hf", src, "--optim-state",
+                          "int8", "--state-piece", "16K", NULL};
     assert_int_equal(fy_test_launch_in(f, init, 120), 0);
     assert_true(fy_test_file_contains(fy_test_fmt("%s/model.conf", run), "model.optim_state = int8"));
-    assert_true(fy_test_file_contains(fy_test_fmt("%s/model.conf", run),
-                                      "model.state_piece = 16384"));
+    assert_true(
+        fy_test_file_contains(fy_test_fmt("%s/model.conf", run), "model.state_piece = 16384"));
     assert_int_equal(export_hf(f, run, fresh, NULL, NULL), 0);
     assert_int_equal(train(f, run, "3"), 0);
     double ours = metric(run, 3, "\"eval_loss\": ");

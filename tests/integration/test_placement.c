@@ -316,8 +316,17 @@ static void delayed_overlap_and_serial(struct fy_test_fixture *f, const char *na
         const char *schedule = i == 0 ? "overlap" : "serial";
         char run[700];
         snprintf(run, sizeof run, "%s-%s", fy_test_in(f, name), schedule);
-        const char *extra[] = {"--schedule", schedule, "--cpu-mem", "1G", "--clip-grad-norm", "0",
-                               opt, value, i == 0 ? "--trace" : NULL, trace, NULL};
+        const char *extra[] = {"--schedule",
+                               schedule,
+                               "--cpu-mem",
+                               "1G",
+                               "--clip-grad-norm",
+                               "0",
+                               opt,
+                               value,
+                               i == 0 ? "--trace" : NULL,
+                               trace,
+                               NULL};
         train_same_bits(f, &group, run, layers, embd, "4", extra);
         assert_true(fy_test_file_contains(f->log, delayed));
         assert_true(fy_test_file_contains(f->log, slots));
@@ -382,8 +391,15 @@ static void test_embed_update_in_two_parts(void **state)
         int whole = strcmp(runs[i][0], "whole") == 0;
         if (whole)
             assert_int_equal(setenv("FUYOU_TEST_EMBED_WHOLE", "1", 1), 0);
-        const char *extra[] = {"--schedule", runs[i][1], "--cpu-mem", "1G", "--clip-grad-norm", "0",
-                               i == 1 ? "--trace" : NULL, trace, NULL};
+        const char *extra[] = {"--schedule",
+                               runs[i][1],
+                               "--cpu-mem",
+                               "1G",
+                               "--clip-grad-norm",
+                               "0",
+                               i == 1 ? "--trace" : NULL,
+                               trace,
+                               NULL};
         train_same_bits(f, &group, fy_test_in(f, runs[i][0]), "3", "64", "4", extra);
         assert_int_equal(fy_test_file_contains(f->log, "the embeddings are updated in one piece"),
                          whole);
@@ -419,7 +435,8 @@ static void test_bf16_weights_agree(void **state)
 {
     struct fy_test_fixture *f = *state;
     struct fy_trainutil_same_bits same = {0}, clipped = {0};
-    const char *runs[][6] = { /* name, schedule, --cpu-mem, landing chunk, --clip-mode, --prefetch */
+    const char *runs[][6] = {
+        /* name, schedule, --cpu-mem, landing chunk, --clip-mode, --prefetch */
         {"b-all", "overlap", "1G", NULL, NULL, "1"},
         {"b-mixed", "overlap", "60M", NULL, NULL, "1"},
         {"b-stream", "overlap", NULL, "1048576", NULL, "3"},
@@ -501,8 +518,8 @@ static void train_pieces(struct fy_test_fixture *f, struct fy_trainutil_same_bit
     char out[720], metrics[740];
     snprintf(out, sizeof out, "%s.fywt", run);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
-    const char *init[24] = {"init", "--run-dir", run, "--layers", layers, "--heads", "2", "--embd",
-                            embd, "--ctx", "32", "--seed", "4"};
+    const char *init[24] = {"init",   "--run-dir", run,     "--layers", layers,   "--heads", "2",
+                            "--embd", embd,        "--ctx", "32",       "--seed", "4"};
     unsigned n = 13;
     for (unsigned i = 0; init_extra != NULL && init_extra[i] != NULL; i++)
         init[n++] = init_extra[i];
@@ -542,8 +559,12 @@ static void test_state_pieces_agree(void **state)
     } runs[] = {
         {"sp-fp32", NULL, 0, 0, 0, {NULL}},
         {"sp-fp32-1", NULL, 1, 1, 0, {"--grad-slots", "1", NULL}},
-        {"sp-fp32-mix", NULL, 1, 1, 0, {"--grad-slots", "2", "--cpu-mem", "22M", "--schedule",
-                                         "serial", NULL}},
+        {"sp-fp32-mix",
+         NULL,
+         1,
+         1,
+         0,
+         {"--grad-slots", "2", "--cpu-mem", "22M", "--schedule", "serial", NULL}},
         {"sp-fp32-kept", NULL, 1, 0, 0, {"--cpu-mem", "1G", NULL}},
         {"sp-fp32-whole", NULL, 1, 0, 0, {"--prefetch", "3", NULL}},
         {"sp-int8", "int8", 0, 0, 1, {NULL}},
@@ -555,8 +576,12 @@ static void test_state_pieces_agree(void **state)
         {"sp-wb-mix", NULL, 1, 1, 3, {"--weights-dtype", "bf16", "--cpu-mem", "22M", NULL}},
         {"sp-clip", NULL, 0, 0, 4, {"--clip-grad-norm", "0.05", "--clip-mode", "two-pass", NULL}},
         {"sp-clip-1", NULL, 1, 1, 4, {"--clip-grad-norm", "0.05", "--clip-mode", "one-pass", NULL}},
-        {"sp-clip-2", NULL, 1, 1, 4, {"--clip-grad-norm", "0.05", "--clip-mode", "two-pass",
-                                      "--cpu-mem", "22M", NULL}},
+        {"sp-clip-2",
+         NULL,
+         1,
+         1,
+         4,
+         {"--clip-grad-norm", "0.05", "--clip-mode", "two-pass", "--cpu-mem", "22M", NULL}},
     };
     struct fy_trainutil_same_bits group[5] = {{0}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
@@ -610,8 +635,9 @@ static void test_state_pieces_by_budget(void **state)
     char out[720], metrics[740];
     snprintf(out, sizeof out, "%s.fywt", run);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
-    const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
-                          "256", "--ctx", "32", "--seed", "4", "--state-piece", "1M", NULL};
+    const char *init[] = {"init", "--run-dir",     run,   "--layers", "2",  "--heads",
+                          "2",    "--embd",        "256", "--ctx",    "32", "--seed",
+                          "4",    "--state-piece", "1M",  NULL};
     assert_int_equal(fy_test_launch_in(f, init, 60), 0);
     assert_int_equal(fy_trainutil_train_with(f, run, f->data, "2", NULL, 0, at30), 0);
     const char *resume[] = {"resume", run, "--steps", "3", NULL};
@@ -638,8 +664,8 @@ static void test_state_pieces_by_budget(void **state)
     free(st[1]);
     /* under the least pool: refused before any step, naming the regions */
     const char *at24[] = {"--cpu-mem", "24M", "--clip-grad-norm", "0", NULL};
-    assert_int_not_equal(fy_trainutil_train_with(f, fy_test_in(f, "sb-30"), f->data, "4", NULL, 0,
-                                                 at24), 0);
+    assert_int_not_equal(
+        fy_trainutil_train_with(f, fy_test_in(f, "sb-30"), f->data, "4", NULL, 0, at24), 0);
     assert_true(fy_test_file_contains(f->log, "plan does not fit: the shared pool for training "
                                               "needs 30.0 MiB"));
     fy_trainutil_same_bits_free(&group);

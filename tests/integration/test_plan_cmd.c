@@ -115,11 +115,32 @@ static void test_prediction_by_hand(void **state)
 static int plan_small_at(struct fy_test_fixture *f, const char *machine, int streamed,
                          const char *opt, const char *value)
 {
-    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
-                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cpu",
-                          "--machine", machine, streamed ? "--cpu-mem" : opt,
-                          streamed ? "0" : value, streamed ? "--clip-grad-norm" : opt,
-                          streamed ? "0" : value, opt, value, NULL};
+    const char *args[] = {"plan",
+                          "--layers",
+                          "2",
+                          "--heads",
+                          "2",
+                          "--embd",
+                          "64",
+                          "--vocab",
+                          "256",
+                          "--ctx",
+                          "32",
+                          "--batch",
+                          "8",
+                          "--seq",
+                          "32",
+                          "--backend",
+                          "cpu",
+                          "--machine",
+                          machine,
+                          streamed ? "--cpu-mem" : opt,
+                          streamed ? "0" : value,
+                          streamed ? "--clip-grad-norm" : opt,
+                          streamed ? "0" : value,
+                          opt,
+                          value,
+                          NULL};
     return fy_test_launch_in(f, args, 60);
 }
 
@@ -185,10 +206,11 @@ static void test_plan_by_hand(void **state)
      * (whole MiB); outside 1..6 it is refused */
     for (int i = 0; i < 4; i++) {
         static const char *const ahead[] = {"2", "5", "0", "7"};
-        const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab",
-                              "256", "--ctx", "32", "--batch", "8", "--seq", "32", "--backend",
-                              "cpu", "--act-plan", "ssd", "--ckpt-place", "ssd", "--cpu-mem", "0",
-                              "--act-ahead", ahead[i], NULL};
+        const char *args[] = {
+            "plan",   "--layers",   "2",   "--heads",      "2",   "--embd",    "64", "--vocab",
+            "256",    "--ctx",      "32",  "--batch",      "8",   "--seq",     "32", "--backend",
+            "cpu",    "--act-plan", "ssd", "--ckpt-place", "ssd", "--cpu-mem", "0",  "--act-ahead",
+            ahead[i], NULL};
         assert_int_equal(fy_test_launch_in(f, args, 60), i < 2 ? 0 : 2);
         if (i < 2) {
             assert_true(fy_test_file_contains(
@@ -211,8 +233,9 @@ static void test_plan_by_hand(void **state)
                                               "two up"));
     assert_int_equal(plan_small(f, machine, "--grad-slots", "17"), 2);
     assert_true(fy_test_file_contains(f->log, "--grad-slots 17: give 1 to 16 block gradients"));
-    const char *slots[] = {"train", "--run-dir", fy_test_in(f, "no-run"), "--data", f->data,
-                           "--grad-slots", "0", NULL};
+    const char *slots[] = {"train",  "--run-dir", fy_test_in(f, "no-run"),
+                           "--data", f->data,     "--grad-slots",
+                           "0",      NULL};
     assert_int_equal(fy_test_launch_in(f, slots, 60), 2);
     assert_true(fy_test_file_contains(f->log, "--grad-slots 0: give 1 to 16 block gradients"));
     const char *llama[] = {"plan", "--arch", "llama", "--layers", "2", "--heads", "2", "--embd",
@@ -282,9 +305,10 @@ static void test_plan_gpus(void **state)
  * so). */
 static int plan_wide(struct fy_test_fixture *f, const char *ssd, const char *batch)
 {
-    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "512", "--vocab",
-                          "256", "--ctx", "1024", "--seq", "1024", "--batch", batch, "--backend",
-                          "cpu", "--act-plan", "ssd", "--ssd", ssd, "--cpu-mem", "0", NULL};
+    const char *args[] = {"plan", "--layers", "2",   "--heads",   "2",    "--embd",
+                          "512",  "--vocab",  "256", "--ctx",     "1024", "--seq",
+                          "1024", "--batch",  batch, "--backend", "cpu",  "--act-plan",
+                          "ssd",  "--ssd",    ssd,   "--cpu-mem", "0",    NULL};
     return fy_test_launch_in(f, args, 60);
 }
 
@@ -388,11 +412,34 @@ static void test_plan_largest_batch_fits_ssd(void **state)
 static int plan_paper(struct fy_test_fixture *f, const char *machine, const char *format,
                       const char *gpu_mem, int wide, const char *batch)
 {
-    const char *args[] = {"plan", "--machine", machine, "--layers", wide ? "96" : "40",
-                          "--heads", wide ? "96" : "40", "--embd", wide ? "12288" : "5120",
-                          "--vocab", "50304", "--ctx", "2048", "--seq", "1024", "--batch", batch,
-                          "--gpu-mem", gpu_mem, "--cpu-mem", "720G", "--backend", "cuda",
-                          "--optim-state", format, "--clip-grad-norm", "0", NULL};
+    const char *args[] = {"plan",
+                          "--machine",
+                          machine,
+                          "--layers",
+                          wide ? "96" : "40",
+                          "--heads",
+                          wide ? "96" : "40",
+                          "--embd",
+                          wide ? "12288" : "5120",
+                          "--vocab",
+                          "50304",
+                          "--ctx",
+                          "2048",
+                          "--seq",
+                          "1024",
+                          "--batch",
+                          batch,
+                          "--gpu-mem",
+                          gpu_mem,
+                          "--cpu-mem",
+                          "720G",
+                          "--backend",
+                          "cuda",
+                          "--optim-state",
+                          format,
+                          "--clip-grad-norm",
+                          "0",
+                          NULL};
     return fy_test_launch_in(f, args, 60);
 }
 
@@ -564,29 +611,57 @@ static void test_plan_pool_is_train_pool(void **state)
         {"pool-f32", "f32", NULL, NULL, NULL, "weights 464.0 KiB, grads 660.0 KiB, state 1.1 MiB"},
         {"pool-bf16", "bf16", NULL, NULL, NULL, "weights 236.0 KiB, landing 208.0 KiB, grads"},
         {"pool-kept", "bf16", "1G", NULL, NULL, "weights 236.0 KiB, grads"},
-        {"pool-pieces", "f32", NULL, "16K", "3", "landing 224.0 KiB, grads 660.0 KiB, state 96.0 "
-                                                 "KiB"},
+        {"pool-pieces", "f32", NULL, "16K", "3",
+         "landing 224.0 KiB, grads 660.0 KiB, state 96.0 "
+         "KiB"},
         {"pool-pieces-1", "bf16", NULL, "16K", "1", "grads 268.0 KiB, state 96.0 KiB"}};
     for (int i = 0; i < 5; i++) {
         char *run = fy_test_in(f, cases[i][0]);
-        const char *init[] = {"init", "--run-dir", run, "--layers", "2", "--heads", "2", "--embd",
-                              "64", "--ctx", "32", "--seed", "5",
-                              cases[i][3] ? "--state-piece" : NULL, cases[i][3], NULL};
+        const char *init[] = {"init",      "--run-dir",
+                              run,         "--layers",
+                              "2",         "--heads",
+                              "2",         "--embd",
+                              "64",        "--ctx",
+                              "32",        "--seed",
+                              "5",         cases[i][3] ? "--state-piece" : NULL,
+                              cases[i][3], NULL};
         assert_int_equal(fy_test_launch_in(f, init, 60), 0);
         if (cases[i][3] != NULL)
             assert_int_equal(setenv("FUYOU_TEST_STATE_PIECES", "1", 1), 0);
-        const char *opts[] = {"--weights-dtype", cases[i][1], "--act-plan", "recompute",
-                              "--grad-slots", cases[i][4] ? cases[i][4] : "16",
-                              "--cpu-mem", cases[i][2] ? cases[i][2] : "0", "--clip-grad-norm",
-                              "0", NULL};
+        const char *opts[] = {"--weights-dtype",
+                              cases[i][1],
+                              "--act-plan",
+                              "recompute",
+                              "--grad-slots",
+                              cases[i][4] ? cases[i][4] : "16",
+                              "--cpu-mem",
+                              cases[i][2] ? cases[i][2] : "0",
+                              "--clip-grad-norm",
+                              "0",
+                              NULL};
         assert_int_equal(fy_trainutil_train_with(f, run, f->data, "1", NULL, 0, opts), 0);
         char trained[512], sized[512], regions[1024], want[128];
         line_of(f->log, "shared pool /", trained, sizeof trained); /* the training session's */
-        const char *plan[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32", "--backend",
-                              "cpu", "--weights-dtype", cases[i][1], "--act-plan", "recompute",
-                              "--grad-slots", cases[i][4] ? cases[i][4] : "16",
-                              "--cpu-mem", cases[i][2] ? cases[i][2] : "0", "--clip-grad-norm",
-                              "0", NULL};
+        const char *plan[] = {"plan",
+                              "--run-dir",
+                              run,
+                              "--batch",
+                              "8",
+                              "--seq",
+                              "32",
+                              "--backend",
+                              "cpu",
+                              "--weights-dtype",
+                              cases[i][1],
+                              "--act-plan",
+                              "recompute",
+                              "--grad-slots",
+                              cases[i][4] ? cases[i][4] : "16",
+                              "--cpu-mem",
+                              cases[i][2] ? cases[i][2] : "0",
+                              "--clip-grad-norm",
+                              "0",
+                              NULL};
         assert_int_equal(fy_test_launch_in(f, plan, 60), 0);
         unsetenv("FUYOU_TEST_STATE_PIECES");
         line_of(f->log, "plan: shared pool regions: ", regions, sizeof regions);
@@ -734,9 +809,10 @@ static void test_trace_and_busy_metrics(void **state)
     char *run = fy_test_in(f, "run");
     fy_trainutil_init_model(f, run, "32", "1");
     char *trace = fy_test_in(f, "trace.json");
-    assert_int_equal(fy_trainutil_train_with(f, run, f->data, "3", NULL, 0,
-                                             (const char *[]){"--trace", trace, "--clip-grad-norm",
-                                                              "0", NULL}), 0);
+    assert_int_equal(
+        fy_trainutil_train_with(f, run, f->data, "3", NULL, 0,
+                                (const char *[]){"--trace", trace, "--clip-grad-norm", "0", NULL}),
+        0);
     char *text = fy_test_slurp(trace, NULL);
     assert_non_null(text);
     assert_true(text[0] == '[');
@@ -1051,7 +1127,8 @@ static void test_plan_cpu_mem_default(void **state)
     FILE *m = fopen(machine, "w");
     assert_non_null(m);
     fputs("{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
-          "\"ssd_write\": 2e8, \"opt_params\": 1e6}\n", m);
+          "\"ssd_write\": 2e8, \"opt_params\": 1e6}\n",
+          m);
     fclose(m);
     assert_int_equal(setenv("FUYOU_TEST_HOST_ROOT", root, 1), 0);
     fake_host_file(root, "proc/meminfo", "MemTotal: 200000000 kB\nMemAvailable: 104857600 kB\n");
@@ -1108,13 +1185,24 @@ static int plan_gpu_at(struct fy_test_fixture *f, const char *gpu, const char *o
     const char *machine = fy_test_in(f, "gpu-machine.json");
     FILE *m = fopen(machine, "w");
     assert_non_null(m);
-    fprintf(m, "{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
-            "\"ssd_write\": 2e8, \"opt_params\": 1e6%s}\n", gpu);
+    fprintf(m,
+            "{\"gpu_flops\": 1e12, \"h2d\": 1e9, \"d2h\": 2e9, \"ssd_read\": 1e8, "
+            "\"ssd_write\": 2e8, \"opt_params\": 1e6%s}\n",
+            gpu);
     fclose(m);
-    const char *args[] = {"plan", "--layers", "2", "--heads", "2", "--embd", "64", "--vocab", "256",
-                          "--ctx", "32", "--batch", "8", "--seq", "32", "--backend", "cuda",
-                          "--machine", machine, "--cpu-mem", "0", "--clip-grad-norm", "0", opt,
-                          value, NULL};
+    const char *args[] = {"plan",  "--layers",
+                          "2",     "--heads",
+                          "2",     "--embd",
+                          "64",    "--vocab",
+                          "256",   "--ctx",
+                          "32",    "--batch",
+                          "8",     "--seq",
+                          "32",    "--backend",
+                          "cuda",  "--machine",
+                          machine, "--cpu-mem",
+                          "0",     "--clip-grad-norm",
+                          "0",     opt,
+                          value,   NULL};
     return fy_test_launch_in(f, args, 60);
 }
 
@@ -1130,19 +1218,26 @@ static void test_plan_gpu_mem_default(void **state)
     const char *probed = ", \"gpu_free\": 84825604096, \"gpu_total\": 85899345920, "
                          "\"host\": \"gpuhost\", \"probed_at\": \"2026-12-06T05:49:22Z\"";
     assert_int_equal(plan_gpu_at(f, probed, NULL, NULL), 0);
-    assert_true(fy_test_file_contains(f->log, fy_test_fmt(
-        "plan: --gpu-mem 75.0 GiB (the default: the free memory of the GPU %s's probe measured on "
-        "2026-12-06T05:49:22Z on host gpuhost, as train there would take it, 79.0 GiB of 80.0 GiB "
-        "less a margin of 4.0 GiB for the CUDA context, cuBLAS and NCCL outside the arena); "
-        "--gpu-mem SIZE sets another, 0 an arena sized to the working buffers alone\n",
-        fy_test_in(f, "gpu-machine.json"))));
+    assert_true(fy_test_file_contains(
+        f->log,
+        fy_test_fmt(
+            "plan: --gpu-mem 75.0 GiB (the default: the free memory of the GPU %s's probe measured "
+            "on "
+            "2026-12-06T05:49:22Z on host gpuhost, as train there would take it, 79.0 GiB of 80.0 "
+            "GiB "
+            "less a margin of 4.0 GiB for the CUDA context, cuBLAS and NCCL outside the arena); "
+            "--gpu-mem SIZE sets another, 0 an arena sized to the working buffers alone\n",
+            fy_test_in(f, "gpu-machine.json"))));
     if (fy_test_file_contains(f->log, "plan: GPU: working buffers ")) /* the CUDA backend built */
         assert_true(fy_test_file_contains(f->log, " of --gpu-mem 75.0 GiB; a block's internals "));
     assert_int_equal(plan_gpu_at(f, "", NULL, NULL), 0);
-    assert_true(fy_test_file_contains(f->log, fy_test_fmt(
-        "plan: --gpu-mem not given and no GPU's free memory known (%s records none: fuyou-launch "
-        "probe on the CUDA backend records it): planned with the GPU arena sized to the working "
-        "buffers alone", fy_test_in(f, "gpu-machine.json"))));
+    assert_true(
+        fy_test_file_contains(f->log, fy_test_fmt("plan: --gpu-mem not given and no GPU's free "
+                                                  "memory known (%s records none: fuyou-launch "
+                                                  "probe on the CUDA backend records it): planned "
+                                                  "with the GPU arena sized to the working "
+                                                  "buffers alone",
+                                                  fy_test_in(f, "gpu-machine.json"))));
     if (fy_test_file_contains(f->log, "plan: GPU: working buffers "))
         assert_true(fy_test_file_contains(f->log, " of --gpu-mem 0 (sized to them); a block's "
                                                   "internals "));

@@ -472,9 +472,10 @@ static void test_masked_training_vs_reference(void **state)
                           "--vocab", "256", "--ctx", "16", "--seed", "7", NULL};
     assert_int_equal(launch(init), 0);
     /* windows: the batch fy_tokfile_batch draws, which the reference is given */
-    const char *train[] = {"train", "--run-dir", run, "--data", tpath("qa.tok"), "--steps", "1",
-                           "--batch", "4", "--seq", "16", "--eval-batches", "0", "--seed", "5",
-                           "--packing", "windows", "--inprocess", "--backend", "cpu", NULL};
+    const char *train[] = {
+        "train",   "--run-dir", run,       "--data",      tpath("qa.tok"),  "--steps", "1",
+        "--batch", "4",         "--seq",   "16",          "--eval-batches", "0",       "--seed",
+        "5",       "--packing", "windows", "--inprocess", "--backend",      "cpu",     NULL};
     assert_int_equal(launch(train), 0);
     double ours = metrics_loss(run, 1);
 

@@ -257,10 +257,10 @@ static int epoch_steps_said(struct fy_test_fixture *f)
 static void packed_args(const char **args, const char *run, const char *data, const char *out,
                         const char *epochs)
 {
-    const char *base[] = {"train", "--run-dir", run, "--data", data, "--epochs", epochs,
-                          "--batch", "4", "--seq", "32", "--lr", "3e-3", "--warmup", "5",
-                          "--eval-every", "1000", "--checkpoint-every", "5", "--backend", "cpu",
-                          "--export", out, NULL};
+    const char *base[] = {"train", "--run-dir", run,   "--data",       data,   "--epochs",
+                          epochs,  "--batch",   "4",   "--seq",        "32",   "--lr",
+                          "3e-3",  "--warmup",  "5",   "--eval-every", "1000", "--checkpoint-every",
+                          "5",     "--backend", "cpu", "--export",     out,    NULL};
     memcpy(args, base, sizeof base);
 }
 
@@ -288,10 +288,10 @@ static void test_packed_documents_and_epochs(void **state)
     assert_true(fy_test_file_contains(f->log, "cut to 32 + 1 (")); /* long lines: truncated */
     assert_true(fy_test_file_contains(f->log, "the 10 held-out documents"));
     assert_true(fy_test_file_contains(f->log, fy_test_fmt("--epochs 2: %d steps", 2 * per)));
-    assert_true(fy_test_file_contains(f->log, fy_test_fmt("step %d/%d | epoch 2/2 |", 2 * per,
-                                                          2 * per)));
-    assert_true(fy_test_file_contains(f->log, fy_test_fmt("step %d/%d | epoch 1/2 |", per,
-                                                          2 * per)));
+    assert_true(
+        fy_test_file_contains(f->log, fy_test_fmt("step %d/%d | epoch 2/2 |", 2 * per, 2 * per)));
+    assert_true(
+        fy_test_file_contains(f->log, fy_test_fmt("step %d/%d | epoch 1/2 |", per, 2 * per)));
     assert_true(fy_test_file_contains(f->log, "% | 0."));             /* "fill 97.3% | 0.0..." */
     assert_true(fy_test_file_contains(f->log, "packed documents: ")); /* the summary */
     assert_true(fy_test_file_contains(f->log, " truncated to 32 + 1 tokens, fill "));
@@ -326,8 +326,8 @@ static void test_packed_documents_and_epochs(void **state)
     assert_int_equal(fy_trainutil_train_with(f, run, old, "3", NULL, 0, docs_of_old), 2);
     assert_true(fy_test_file_contains(f->log, "records no documents (a version 1 token file"));
     /* the old file still trains, as windows */
-    assert_int_equal(fy_trainutil_train(f, run, old, fy_test_fmt("%d", 2 * per + 1), NULL, 0, NULL,
-                                        NULL), 0);
+    assert_int_equal(
+        fy_trainutil_train(f, run, old, fy_test_fmt("%d", 2 * per + 1), NULL, 0, NULL, NULL), 0);
     assert_true(fy_test_file_contains(f->log, "batches: windows of 32 + 1 tokens of the token "
                                               "stream at random (the data records no documents"));
 }
@@ -370,7 +370,8 @@ static void test_packed_stop_mid_epoch_resumes(void **state)
     assert_int_equal(fy_test_launch_in(f, resume, 300), 0);
     assert_true(fy_test_file_contains(f->log, fy_test_fmt("starting at step %d", done)));
     print_message("packed run stopped at step %d of an epoch of %d, resumed: the same bits as a "
-                  "run never stopped\n", done, per);
+                  "run never stopped\n",
+                  done, per);
     assert_same_run(metrics, out, ref_metrics, ref_out);
 }
 

@@ -75,11 +75,15 @@ static void test_scratch_and_imported_defaults(void **state)
 
     /* from scratch: the from-scratch defaults, clipped to 1 as every run is by default */
     assert_int_equal(train(f, scratch, "4", NULL), 0);
-    assert_true(fy_test_file_contains(f->log, fy_test_fmt(
-        "train: from-scratch defaults (init made the model: %s/model.conf has no hf): lr 0.001, "
-        "warmup 10, cosine decay to lr x 0.1, weight decay 0.1, betas 0.9/0.95, eps 1e-08, "
-        "clipping 1.0 (as transformers' Trainer, llm.c and nanoGPT clip; --clip-grad-norm 0 "
-        "turns clipping off); give any option to change its value", scratch)));
+    assert_true(fy_test_file_contains(
+        f->log,
+        fy_test_fmt(
+            "train: from-scratch defaults (init made the model: %s/model.conf has no hf): lr "
+            "0.001, "
+            "warmup 10, cosine decay to lr x 0.1, weight decay 0.1, betas 0.9/0.95, eps 1e-08, "
+            "clipping 1.0 (as transformers' Trainer, llm.c and nanoGPT clip; --clip-grad-norm 0 "
+            "turns clipping off); give any option to change its value",
+            scratch)));
     assert_true(logged(f, scratch, "betas (0.9, 0.95) eps 1e-08 weight decay 0.1"));
     assert_true(fy_test_file_contains(f->log, "gradient norm clipped to 1;"));
     assert_true(fy_test_file_contains(f->log, " s without clipping ("));
@@ -95,8 +99,8 @@ static void test_scratch_and_imported_defaults(void **state)
                                               "(init made the model"));
     assert_true(fy_test_file_contains(f->log, " s a step); --clip-grad-norm 1 (the default), 0 "
                                               "turns clipping off"));
-    const char *plan_off[] = {"plan", "--run-dir", scratch, "--seq", "32", "--backend", "cpu",
-                              "--clip-grad-norm", "0", NULL};
+    const char *plan_off[] = {"plan", "--run-dir",        scratch, "--seq", "32", "--backend",
+                              "cpu",  "--clip-grad-norm", "0",     NULL};
     assert_int_equal(fy_test_launch_in(f, plan_off, 60), 0);
     assert_false(fy_test_file_contains(f->log, "plan: clipping in "));
 
