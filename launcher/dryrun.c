@@ -218,6 +218,19 @@ static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct 
     else
         fprintf(out, "plan: shared pool %s (no --cpu-mem: no state kept in memory; give it to "
                 "keep some)\n", size(p->pool_bytes));
+    if (cpu_mem > 0 && !p->fits_cpu && in->plan.shape.clip) {
+        /* the state in pieces with one gradient slot is an unclipped floor: say where it fits */
+        struct fy_dryrun_in unclipped = *in;
+        unclipped.plan.shape.clip = 0;
+        unclipped.plan.clip_max = 0;
+        struct fy_plan u = {0};
+        if (plan_at_least(&unclipped, c, in->plan.shape.B, cpu_mem, 1, &u) == 0 && u.fits_cpu)
+            fprintf(out,
+                    "plan: unclipped (--clip-grad-norm 0) the shared pool needs %s at least, "
+                    "which --cpu-mem %s holds (clipping needs %s: a second block gradient slot)\n",
+                    size(u.pool_bytes), size(cpu_mem), size(p->pool_bytes));
+        fy_plan_free(&u);
+    }
     char pieces[768];
     fy_plan_state_describe(&in->plan, p, pieces, sizeof pieces);
     if (pieces[0])

@@ -368,6 +368,37 @@ static void test_plan_optim_state_bytes(void **state)
     assert_true(logged_bytes(f->log, "plan: optimizer state ") == st[0]);
 }
 
+/* With the state in pieces the least pool has one block gradient slot, which only an unclipped
+ * step can use (clipping needs two): where --cpu-mem holds that pool and not the clipped one, the
+ * refusal says that --clip-grad-norm 0 would fit and the least pool it needs (68 MiB here against
+ * 80: a block of 512 is 3.1 M parameters, its f32 gradient slot 12 MiB). */
+static void test_plan_unclipped_floor_said(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    const char *said = "plan: unclipped (--clip-grad-norm 0) the shared pool needs 68.0 MiB at "
+                       "least, which --cpu-mem 70.0 MiB holds (clipping needs 80.0 MiB";
+    const char *mems[3] = {"60M", "70M", "80M"};
+    for (int i = 0; i < 3; i++) {
+        const char *args[] = {"plan",  "--layers",  "2",   "--heads",       "8",  "--embd",
+                              "512",   "--ctx",     "32",  "--batch",       "8",  "--seq",
+                              "32",    "--backend", "cpu", "--state-piece", "1M", "--cpu-mem",
+                              mems[i], NULL};
+        int rc = fy_test_launch_in(f, args, 60);
+        assert_true(i == 2 ? rc == 0 : rc != 0);
+        assert_int_equal(fy_test_file_contains(f->log, "plan: unclipped (--clip-grad-norm 0)"),
+                         i == 1);
+        if (i == 1)
+            assert_true(fy_test_file_contains(f->log, said));
+    }
+    const char *unclipped[] = {"plan", "--layers",  "2",   "--heads",
+                               "8",    "--embd",    "512", "--ctx",
+                               "32",   "--batch",   "8",   "--seq",
+                               "32",   "--backend", "cpu", "--state-piece",
+                               "1M",   "--cpu-mem", "70M", "--clip-grad-norm",
+                               "0",    NULL};
+    assert_int_equal(fy_test_launch_in(f, unclipped, 60), 0);
+}
+
 static void test_plan_largest_batch_fits_ssd(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -1268,6 +1299,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_plan_gpu_mem_default),
         FY_TRAINUTIL_TEST(test_plan_gpus),
         FY_TRAINUTIL_TEST(test_plan_optim_state_bytes),
+        FY_TRAINUTIL_TEST(test_plan_unclipped_floor_said),
         FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),
         FY_TRAINUTIL_TEST(test_paper_machine_profiles),
         FY_TRAINUTIL_TEST(test_probe_then_plan),
