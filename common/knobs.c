@@ -85,6 +85,12 @@ int fy_knob_log_level(void)
     return -1;
 }
 
+int fy_knob_log_level_or(int level)
+{
+    int asked = fy_knob_log_level();
+    return asked >= 0 ? asked : level;
+}
+
 const char *fy_knob_tokenize_script(void)
 {
     const char *v = value(TOKENIZE_SCRIPT);

@@ -29,6 +29,8 @@ const struct fy_knob *fy_knobs(unsigned *count);
 /* FUYOU_LOG: the log level named (error, warn, info, debug; any case), as enum fy_log_level
  * (common/log.h); -1 when unset or not a level (the program's own level stays). */
 int fy_knob_log_level(void);
+/* FUYOU_LOG's level where it names one, else `level`: what a program gives fy_log_init. */
+int fy_knob_log_level_or(int level);
 /* FUYOU_TOKENIZE_SCRIPT: the tokenizer helper's path; NULL when unset or empty. */
 const char *fy_knob_tokenize_script(void);
 /* CUDA_VISIBLE_DEVICES (CUDA's own): the GPUs the gpu workers may take, in rank order; NULL when

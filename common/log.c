@@ -15,8 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "knobs.h"
-
 static char log_who[16] = "fuyou";
 static enum fy_log_level log_threshold = FY_LOG_INFO;
 static int log_file_fd = -1;
@@ -41,9 +39,6 @@ void fy_log_init(const char *who, enum fy_log_level level)
 {
     snprintf(log_who, sizeof log_who, "%s", who);
     log_threshold = level;
-    int asked = fy_knob_log_level(); /* FUYOU_LOG */
-    if (asked >= 0)
-        log_threshold = (enum fy_log_level)asked;
 }
 
 enum fy_log_level fy_log_level(void) { return log_threshold; }

@@ -10,8 +10,8 @@ extern "C" {
 
 enum fy_log_level { FY_LOG_ERROR = 0, FY_LOG_WARN = 1, FY_LOG_INFO = 2, FY_LOG_DEBUG = 3 };
 
-/* who: short process name ("launch", "gpu", "io", "opt"); the level comes from FUYOU_LOG
- * (error|warn|info|debug) when set, else `level`. */
+/* who: short process name ("launch", "gpu", "io", "opt"); lines above `level` are not written
+ * (the programs give fy_knob_log_level_or's: FUYOU_LOG where set). */
 void fy_log_init(const char *who, enum fy_log_level level);
 enum fy_log_level fy_log_level(void);
 /* Also append every line to this file (the run's log); returns 0 or -errno. Lines the file

@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "check.h"
+#include "knobs.h"
 
 static volatile sig_atomic_t worker_terminate;
 
@@ -259,14 +260,14 @@ int fy_worker_main(int argc, char **argv, const char *name, const struct fy_work
     struct fy_worker w;
     memset(&w, 0, sizeof w);
     w.name = name;
-    fy_log_init(name, FY_LOG_INFO);
+    fy_log_init(name, fy_knob_log_level_or(FY_LOG_INFO));
     int rc = parse_args(argc, argv, &w);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
     if (w.rank > 0) {
         snprintf(w.rank_name, sizeof w.rank_name, "%s%d", name, w.rank);
         w.name = w.rank_name;
-        fy_log_init(w.name, FY_LOG_INFO);
+        fy_log_init(w.name, fy_knob_log_level_or(FY_LOG_INFO));
     }
     /* Ctrl-C reaches the whole process group; the launcher decides how to stop, so ignore it. */
     signal(SIGINT, SIG_IGN);

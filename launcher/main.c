@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "common/fsutil.h"
+#include "common/knobs.h"
 #include "common/log.h"
 #include "launcher/cmd.h"
 #include "launcher/options.h"
@@ -103,7 +104,7 @@ static int finish(int cmd, const struct fy_options *o, struct fy_made_dirs *made
 
 int main(int argc, char **argv)
 {
-    fy_log_init("launch", FY_LOG_INFO);
+    fy_log_init("launch", fy_knob_log_level_or(FY_LOG_INFO));
     signal(SIGPIPE, SIG_IGN); /* `fuyou-launch ... | head` must still clean up after itself */
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "-h") == 0)

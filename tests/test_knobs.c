@@ -125,9 +125,12 @@ static void test_parsing(void **state)
     assert_int_equal(fy_knob_log_level(), FY_LOG_DEBUG);
     setenv("FUYOU_LOG", "warn", 1);
     assert_int_equal(fy_knob_log_level(), FY_LOG_WARN);
+    assert_int_equal(fy_knob_log_level_or(FY_LOG_INFO), FY_LOG_WARN);
     setenv("FUYOU_LOG", "loud", 1);
     assert_int_equal(fy_knob_log_level(), -1);
+    assert_int_equal(fy_knob_log_level_or(FY_LOG_INFO), FY_LOG_INFO);
     unsetenv("FUYOU_LOG");
+    assert_int_equal(fy_knob_log_level_or(FY_LOG_ERROR), FY_LOG_ERROR);
 
     setenv("FUYOU_TOKENIZE_SCRIPT", "", 1);
     assert_null(fy_knob_tokenize_script());
