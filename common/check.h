@@ -85,4 +85,8 @@
 /* A condition on the options that must hold; otherwise log and return -FY_EUSAGE. */
 #define FY_USAGE(cond, ...) FY_REQUIRE(cond, -FY_EUSAGE, __VA_ARGS__)
 
+/* Whether a transfer failed because the data on the SSD does not match its digest (-EBADMSG) or
+ * cannot be read or is cut short (-EIO, -ENODATA), not because of the worker or the run. */
+static inline int fy_is_damage(int rc) { return rc == -EBADMSG || rc == -EIO || rc == -ENODATA; }
+
 #endif

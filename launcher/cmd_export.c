@@ -105,7 +105,7 @@ static int export_hf(struct fy_options *o)
             if (rc == 0)
                 rc = fy_hf_writer_put_unit(w, u, master);
         }
-        if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
+        if (!fy_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
             break;
         rc = fy_commit_export_next(&x, s.pool, meta_off, o->to_hf, s.beside, &passed, meta,
                                    o->timeout_s * 1000);

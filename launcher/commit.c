@@ -391,7 +391,7 @@ int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct
             continue;
         int rc =
             read_through(x, pool, m, u, buf_off, pieces ? pieces + at - n : NULL, NULL, timeout_ms);
-        if (fy_commit_is_damage(rc)) {
+        if (fy_is_damage(rc)) {
             *bad = u;
             fy_warn("step %llu's state of unit %u (copy %u) does not match its commit record",
                     (unsigned long long)m->step, u, m->copy);
@@ -400,8 +400,6 @@ int fy_commit_verify(const struct fy_exec *x, struct fy_pool *pool, const struct
     }
     return 0;
 }
-
-int fy_commit_is_damage(int rc) { return rc == -EBADMSG || rc == -EIO || rc == -ENODATA; }
 
 int fy_commit_read_master(const struct fy_exec *x, struct fy_pool *pool,
                           const struct fy_storemeta *m, unsigned u, uint64_t buf_off, float *master,

@@ -95,8 +95,4 @@ int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_
                           const char *where, int beside, struct fy_commit_export *e,
                           struct fy_storemeta *m, int timeout_ms);
 
-/* Whether a transfer failed because the data on the SSD does not match its digest or is cut
- * short, not because of the worker or the run. */
-int fy_commit_is_damage(int rc);
-
 #endif

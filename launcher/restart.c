@@ -2,9 +2,9 @@
 #include <errno.h>
 #include <stdio.h>
 
+#include "common/check.h"
 #include "common/desc.h"
 #include "common/log.h"
-#include "launcher/commit.h"
 #include "launcher/progress.h"
 #include "launcher/restart.h"
 
@@ -17,7 +17,7 @@ void fy_restart_init(struct fy_restart *r, uint64_t max, const char *run_dir,
 int fy_restart_after(struct fy_restart *r, int rc, int stepping, const struct fy_sup_fault *f,
                      double since)
 {
-    int worker = rc == -ECHILD || rc == -ETIMEDOUT, damage = stepping && fy_commit_is_damage(rc);
+    int worker = rc == -ECHILD || rc == -ETIMEDOUT, damage = stepping && fy_is_damage(rc);
     if (*r->stop || !(worker || damage) || (worker && !stepping && f->worker[0] != 0 &&
                                               !f->stuck && f->signal == 0))
         return 0;

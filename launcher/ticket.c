@@ -6,10 +6,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/check.h"
 #include "common/ckpt.h"
 #include "common/dtype.h"
 #include "common/log.h"
-#include "launcher/commit.h"
 
 static const char *const worker_names[FY_TICKET_WORKERS] = {"io", "gpu", "opt"};
 
@@ -96,7 +96,7 @@ static void finish_one(struct fy_tickets *tk, struct fy_ticket *t)
     t->status = tk->x->wait(tk->x->ctx, t->id, &t->reply, tk->timeout_ms);
     tk->wait_s[t->worker] += now_s() - t0;
     t->done = 1;
-    if (t->step > 0 && t->op == FY_OP_IO_READ && fy_commit_is_damage(t->status))
+    if (t->step > 0 && t->op == FY_OP_IO_READ && fy_is_damage(t->status))
         say_damage(tk, t); /* in a step (opening a commit says what its check found) */
     if (t->status == 0 && t->digest_into != NULL)
         *t->digest_into = t->reply.arg;

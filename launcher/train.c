@@ -275,14 +275,14 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
                     (unsigned long long)meta->step, now_s() - t0);
         /* no intact commit left: -ENOENT, not the damage itself, which in the steps means
          * "go back to the last commit" (a restart) */
-        if (fy_commit_is_damage(rc) && meta->copies == 1) {
+        if (fy_is_damage(rc) && meta->copies == 1) {
             fy_error("step %llu's state no longer matches its commit: this store keeps one copy "
                      "of the state (init --state-copies 1), so a run stopped between commits "
                      "(killed, crashed, a second Ctrl-C) leaves it unusable; initialise it again, "
                      "or from an export", (unsigned long long)meta->step);
             return -ENOENT;
         }
-        if (fy_commit_is_damage(rc) && attempt > 0) {
+        if (fy_is_damage(rc) && attempt > 0) {
             fy_error("neither commit of the store is intact: the state of step %llu (commit "
                      "record %llu) and that of step %llu (record %llu) do not match their records "
                      "(the units are named above), so nothing was trained: restore the store's "
@@ -292,7 +292,7 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
                      (unsigned long long)meta->step, (unsigned long long)(meta->seq % 2));
             return -ENOENT;
         }
-        if (!fy_commit_is_damage(rc))
+        if (!fy_is_damage(rc))
             return rc;
         damaged = meta->step;
         damaged_seq = meta->seq;
@@ -454,7 +454,7 @@ int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
     for (int moved = 0;; moved++) {
         struct export_ctx ctx = {&r, meta};
         rc = fy_weights_write(path, &meta->model, meta->step, overwrite, export_unit, &ctx);
-        if (!fy_commit_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
+        if (!fy_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
             break;
         rc = fy_commit_export_next(x, pool, r.l.meta, path, beside, &passed, meta, timeout_ms);
         if (rc < 0)

@@ -20,8 +20,6 @@ KNOWN = {
     frozenset({"gpu_worker/backend", "gpu_worker/cpu/cpu_backend", "gpu_worker/cuda/cu_family",
                "gpu_worker/cuda/cu_gpt2_units", "gpu_worker/cuda/cu_llama_units",
                "gpu_worker/cuda/cu_model", "gpu_worker/cuda/cuda_backend"}),
-    # the executor's tickets and the commit's requests
-    frozenset({"launcher/commit", "launcher/ticket"}),
     # the options, the plan and the step engine: options.c reads train.h's types, plan.c the
     # options, the schedule the plan
     frozenset({"launcher/options", "launcher/optq", "launcher/plan", "launcher/sched",
