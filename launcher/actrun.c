@@ -398,6 +398,21 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     return 0;
 }
 
+struct fy_actrun_in fy_actrun_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p)
+{
+    return (struct fy_actrun_in){.c = in->shape.c,
+                                 .B = in->shape.B,
+                                 .T = in->shape.T,
+                                 .ranks = in->shape.ranks,
+                                 .mode = in->act_mode,
+                                 .backend = in->backend,
+                                 .act_dtype = in->shape.act_dtype,
+                                 .clip = in->shape.clip,
+                                 .clip_hold = p->place.grad_hold,
+                                 .state_pieces = p->place.state_pieces,
+                                 .act_ahead = in->act_ahead};
+}
+
 int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
 {
     memset(out, 0, sizeof *out);

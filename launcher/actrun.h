@@ -85,6 +85,10 @@ struct fy_actrun {
 
 /* -EINVAL, -FY_EUSAGE (a usage error: activations that do not fit the budgets, forced or not even
  * auto's checkpoints), -ENOMEM, said. */
+/* The fields a plan (launcher/plan.h) decides: the shape, the mode, the backend, clipping and
+ * where one pass holds the gradients, the state's pieces, --act-ahead; the rest zero for the
+ * caller to fill. */
+struct fy_actrun_in fy_actrun_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p);
 int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out);
 /* A forced mode's (recompute, host, ssd) predicted step, from the profile (none without one)
  * under in->resident as it is now (the optimizer state's residency is planned after a forced

@@ -27,17 +27,7 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
     (void)ctx;
     if (in->act_mode != FY_ACTPLAN_HOST && in->act_mode != FY_ACTPLAN_SSD)
         return 0;
-    struct fy_actrun_in a = {.c = in->shape.c,
-                             .B = in->shape.B,
-                             .T = in->shape.T,
-                             .ranks = in->shape.ranks,
-                             .mode = in->act_mode,
-                             .backend = in->backend,
-                             .act_dtype = in->shape.act_dtype,
-                             .clip = in->shape.clip,
-                             .clip_hold = p->place.grad_hold,
-                             .state_pieces = p->place.state_pieces,
-                             .act_ahead = in->act_ahead};
+    struct fy_actrun_in a = fy_actrun_in_of_plan(in, p);
     struct fy_actrun r;
     FY_TRY(fy_actrun_plan(&a, &r));
     p->place.swap = r.swap;

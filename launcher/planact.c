@@ -152,20 +152,10 @@ static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
     struct fy_planact *a = ctx;
     const struct fy_options *o = a->o;
     const struct fy_model_config *model = in->shape.c;
-    a->in = (struct fy_actrun_in){.c = model,
-                                  .B = in->shape.B,
-                                  .T = in->shape.T,
-                                  .ranks = in->shape.ranks,
-                                  .mode = in->act_mode,
-                                  .backend = in->backend,
-                                  .act_dtype = in->shape.act_dtype,
-                                  .clip = in->shape.clip,
-                                  .clip_hold = p->place.grad_hold,
-                                  .resident = p->resident,
-                                  .state_pieces = p->place.state_pieces,
-                                  .weight_dtype = in->shape.weight_dtype,
-                                  .rates = fy_plan_reference_rates,
-                                  .act_ahead = in->act_ahead};
+    a->in = fy_actrun_in_of_plan(in, p);
+    a->in.resident = p->resident;
+    a->in.weight_dtype = in->shape.weight_dtype;
+    a->in.rates = fy_plan_reference_rates;
     FY_TRY(fy_plan_rates_select(&a->in.rates, model->optim_state, "the reference machine"));
     /* every mode is profiled: auto plans from it, the forced ones are predicted from it */
     const struct fy_arch *arch = fy_model_arch(model);
