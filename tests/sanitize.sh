@@ -17,11 +17,11 @@ export BUILD
 
 # Unit tests: every tests/test_*.c program but the three whose minutes go to arithmetic kernels
 # that the others reach in smaller form (test_cu_flash_emu, the CUDA flash kernels emulated in
-# C++; test_llama_cpu and test_packed_cpu, long gradient checks of the CPU kernels); within CI's
+# C++; test_cpu_llama and test_packed_cpu, long gradient checks of the CPU kernels); within CI's
 # budget for this step. Integration tests: the launcher's start and stop with the real workers
 # (test_launch), the defaults of train and resume (test_train_defaults), and three cases of
 # test_train (a run through the store, a stop by signal and its resume, refused inputs).
-SLOW_UNITS="test_cu_flash_emu test_llama_cpu test_packed_cpu"
+SLOW_UNITS="test_cu_flash_emu test_cpu_llama test_packed_cpu"
 TRAIN_CASES=test_store_run_matches_inprocess,test_sigint_stops_at_a_step_boundary,test_bad_inputs_refused
 train_cases=()
 if [ $# -gt 0 ]; then

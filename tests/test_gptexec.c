@@ -26,7 +26,7 @@
 #include "common/model.h"
 #include "common/pool.h"
 #include "gpu_worker/backend.h"
-#include "gpu_worker/cpu/gpt2_cpu.h"
+#include "gpu_worker/cpu/cpu_gpt2.h"
 #include "gpu_worker/gptexec.h"
 #include "tests/testutil.h"
 
@@ -175,7 +175,7 @@ static void test_embed_positions(void **state)
     assert_int_equal(handle(f, req, 4), 0);
     float *want = calloc(f->embed_n, sizeof *want);
     assert_non_null(want);
-    fy_cpu_embed_backward(&f->mc, f->tok, packed, f->dy, want, B, T);
+    fy_cpu_gpt2_embed_backward(&f->mc, f->tok, packed, f->dy, want, B, T);
     assert_memory_equal(f->de, want, f->embed_n * 4);
     free(want);
 }
@@ -218,14 +218,14 @@ static void test_block_positions(void **state)
 {
     struct fixture *f = *state;
     float *y = malloc(NACT * 4), *dx = malloc(NACT * 4), *dp = malloc(f->block_n * 4);
-    float *scratch = malloc(fy_cpu_block_scratch(&f->mc, B, T) * sizeof(float));
+    float *scratch = malloc(fy_cpu_gpt2_block_scratch(&f->mc, B, T) * sizeof(float));
     float *y_plain = malloc(NACT * 4);
     assert_true(y && dx && dp && scratch && y_plain);
     for (int with = 0; with < 2; with++) {
         const int32_t *pos = with ? packed : NULL;
         assert_int_equal(block_pass(f, with, 0), 0);
-        fy_cpu_block_forward(&f->mc, f->block, pos, f->x, y, scratch, NULL, B, T);
-        fy_cpu_block_backward(&f->mc, f->block, pos, f->x, f->dy, dx, dp, scratch, NULL, B, T);
+        fy_cpu_gpt2_block_forward(&f->mc, f->block, pos, f->x, y, scratch, NULL, B, T);
+        fy_cpu_gpt2_block_backward(&f->mc, f->block, pos, f->x, f->dy, dx, dp, scratch, NULL, B, T);
         assert_memory_equal(f->y, y, NACT * 4);
         assert_memory_equal(f->dx, dx, NACT * 4);
         assert_memory_equal(f->dp, dp, f->block_n * 4);

@@ -1,5 +1,5 @@
 /* Tests of the Llama model layout (common/model.c, common/ckpt.c) and the Llama model pieces of the
- * CPU backend (gpu_worker/cpu/llama_cpu.c):
+ * CPU backend (gpu_worker/cpu/cpu_llama.c):
  *   - the block unit layout (fy_llama_unit_layout) against offsets counted by hand; unit sizes,
  *     tied and untied;
  *   - weight-decay segments cover every unit exactly, norms without decay, matrices with;
@@ -25,7 +25,7 @@
 #include "common/ckpt.h"
 #include "common/config.h"
 #include "common/model.h"
-#include "gpu_worker/cpu/llama_cpu.h"
+#include "gpu_worker/cpu/cpu_llama.h"
 #include "tests/testutil.h"
 
 static struct fy_model_config llama(int tied, int llama3)
@@ -194,10 +194,10 @@ static void test_embed(void **state)
         e[i] = fy_test_uniform(&st, -1, 1);
     for (int i = 0; i < N * C; i++)
         dx[i] = fy_test_uniform(&st, -1, 1);
-    fy_llama_embed_forward(&c, e, tok, x, B, T);
+    fy_cpu_llama_embed_forward(&c, e, tok, x, B, T);
     for (int n = 0; n < N; n++)
         assert_memory_equal(x + (size_t)n * C, e + (size_t)tok[n] * C, C * sizeof *x);
-    fy_llama_embed_backward(&c, tok, dx, de, B, T);
+    fy_cpu_llama_embed_backward(&c, tok, dx, de, B, T);
     for (int i = 0; i < C; i++) {
         assert_true(de[4 * C + i] == (dx[i] + dx[2 * C + i]) + dx[5 * C + i]);
         assert_true(de[1 * C + i] == 0.0f);
@@ -278,12 +278,14 @@ static void head_case(int tied)
         demb[i] = emb[i] = fy_test_uniform(&st, -0.5f, 0.5f);
     for (int i = 0; i < N * C; i++)
         dxx[i] = x[i] = fy_test_uniform(&st, -2, 2);
-    float *scratch = malloc(fy_llama_head_scratch(&c, B, T) * 4);
+    float *scratch = malloc(fy_cpu_llama_head_scratch(&c, B, T) * 4);
     float *gx = malloc((size_t)N * C * 4), *gfin = malloc(nfin * 4), *gemb = malloc(VC * 4);
     memset(gfin, 0x7f, nfin * 4); /* overwritten, whatever was there */
     memset(gemb, 0x7f, VC * 4);
-    float loss = fy_llama_head_forward_backward(&c, fin, emb, x, tg, gx, gfin, gemb, scratch, B, T);
-    float loss_only = fy_llama_head_forward_backward(&c, fin, emb, x, tg, NULL, NULL, NULL, scratch, B, T);
+    float loss =
+        fy_cpu_llama_head_forward_backward(&c, fin, emb, x, tg, gx, gfin, gemb, scratch, B, T);
+    float loss_only =
+        fy_cpu_llama_head_forward_backward(&c, fin, emb, x, tg, NULL, NULL, NULL, scratch, B, T);
     assert_true(loss == loss_only);
     double ref = ref_head_loss(&c, dfin, demb, dxx, tg, N);
     fprintf(stderr, "head (%s): loss %.7f, float64 %.7f\n", tied ? "tied" : "untied", loss, ref);
@@ -298,7 +300,7 @@ static void head_case(int tied)
     }
     /* logits agree with the head's forward */
     float *logits = malloc((size_t)N * c.vocab * 4);
-    fy_llama_logits(&c, fin, emb, x, logits, scratch, B, T);
+    fy_cpu_llama_logits(&c, fin, emb, x, logits, scratch, B, T);
     double l2 = 0;
     for (int n = 0; n < N; n++) {
         if (tg[n] < 0)

@@ -10,7 +10,7 @@
  * logits in double, within 1e-5 relative of transformers' (per-token cross-entropy; the padding's
  * 0); the batch's mean loss within 1e-5 relative; every parameter tensor's gradient (of the mean
  * over the batch's targets) per element within 1e-5 relative plus 1e-5 of the tensor's largest
- * (as tests/test_llama_cpu.c compares with transformers: fp32 both sides, other orders of
+ * (as tests/test_cpu_llama.c compares with transformers: fp32 both sides, other orders of
  * summation). And the checker can fail: the same batch without its positions is rejected.
  * Skipped, saying so, where python3 lacks torch or transformers, except under CI (CI=true), where
  * their absence is a failure. */

@@ -19,21 +19,18 @@
 #include "common/knobs.h"
 #include "common/synth.h"
 #include "gpu_worker/cpu/cpu_family.h"
-#include "gpu_worker/cpu/gpt2_cpu.h"
-#include "gpu_worker/cpu/llama_cpu.h"
+#include "gpu_worker/cpu/cpu_gpt2.h"
+#include "gpu_worker/cpu/cpu_llama.h"
 
 /* The families the CPU backend computes, one line each: the registry name and the operations. The
- * Llama-like families only vary fields of c->llama, which llama_cpu.c computes. */
+ * Llama-like families only vary fields of c->llama, which cpu_llama.c computes. */
 static const struct cpu_family_entry {
     const char *name; /* struct fy_arch's name */
     const struct fy_cpu_family *ops;
 } cpu_families[] = {
-    {"gpt2", &fy_gpt2_cpu_family},
-    {"llama", &fy_llama_cpu_family},
-    {"qwen2", &fy_llama_cpu_family},
-    {"qwen3", &fy_llama_cpu_family},
-    {"mistral", &fy_llama_cpu_family},
-    {"phi3", &fy_llama_cpu_family},
+    {"gpt2", &fy_cpu_gpt2_family},     {"llama", &fy_cpu_llama_family},
+    {"qwen2", &fy_cpu_llama_family},   {"qwen3", &fy_cpu_llama_family},
+    {"mistral", &fy_cpu_llama_family}, {"phi3", &fy_cpu_llama_family},
 };
 
 struct cpu_state {

@@ -1,6 +1,6 @@
 /* What the CPU backend needs of a model family: one table of operations per family file, each
- * exported by its own file (gpt2_cpu.c, llama_cpu.c) and listed in cpu_backend.c under the registry
- * name of every family it computes (llama_cpu.c's serves the Llama-like families), where the
+ * exported by its own file (cpu_gpt2.c, cpu_llama.c) and listed in cpu_backend.c under the registry
+ * name of every family it computes (cpu_llama.c's serves the Llama-like families), where the
  * backend finds a model's table by its family's name (common/arch/arch.h) and computes through it
  * alone. The tensors of each unit lie as the family's tensor table says (common/arch/).
  *

@@ -1,5 +1,5 @@
-/* The reference operations of the CPU backend that every family's file uses (gpt2_cpu.c,
- * llama_cpu.c): vector helpers, the matrix products and the LM head with its cross-entropy. fp32,
+/* The reference operations of the CPU backend that every family's file uses (cpu_gpt2.c,
+ * cpu_llama.c): vector helpers, the matrix products and the LM head with its cross-entropy. fp32,
  * OpenMP, written to be read. Every function gives bit-identical results whatever the number of
  * OpenMP threads: each output element is computed by one thread in a fixed order (no reductions
  * split across threads), so multi-process and in-process runs, and runs on different machines,

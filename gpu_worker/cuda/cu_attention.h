@@ -1,6 +1,6 @@
 /* Causal multi-head attention on the GPU, the materialising version (GPT-2 blocks with
  * FUYOU_CUDA_ATTENTION=materialised; cu_flash.h is the default). Layouts match
- * gpu_worker/cpu/gpt2_cpu.h: qkv [B][T][3C] with q | k | v, head h at columns h*hs..(h+1)*hs-1 of
+ * gpu_worker/cpu/cpu_gpt2.h: qkv [B][T][3C] with q | k | v, head h at columns h*hs..(h+1)*hs-1 of
  * each; out [B][T][C]. Deterministic (no atomics). */
 #ifndef FY_CU_ATTENTION_H
 #define FY_CU_ATTENTION_H

@@ -1,6 +1,6 @@
 /* The embedding lookup on the GPU and its deterministic backward: token rows plus positions
  * (GPT-2's wte and wpe) or token rows alone (Llama's embed_tokens). Semantics match
- * gpu_worker/cpu/gpt2_cpu.h. Both functions enqueue on `stream` and return 0, -EINVAL (said) for
+ * gpu_worker/cpu/cpu_gpt2.h. Both functions enqueue on `stream` and return 0, -EINVAL (said) for
  * bad arguments, or -EIO (launch failure, said). */
 #ifndef FY_CU_EMBED_H
 #define FY_CU_EMBED_H

@@ -2,7 +2,7 @@
  * operands, fp32 accumulation): the T x T scores are never materialised. Multi-head (GPT-2): the
  * layouts and results of fy_cu_attention_forward/backward (gpu_worker/cuda/cu_attention.h): qkv
  * [B][T][3C] with q | k | v, head h at columns h*hs..(h+1)*hs-1 of each; out [B][T][C]; scale
- * 1/sqrt(hs); causal. Grouped-query (Llama, the layout of gpu_worker/cpu/llama_cpu.h): qkv
+ * 1/sqrt(hs); causal. Grouped-query (Llama, the layout of gpu_worker/cpu/cpu_llama.h): qkv
  * [B][T][(NH + 2 NKV) hs] with NH query heads, then NKV key heads, then NKV value heads; query
  * head h reads kv head h / (NH / NKV); out [B][T][NH hs]; the dk and dv of a kv head are the sums
  * over its query heads. Multi-head is grouped-query with NKV = NH, to the same bits.

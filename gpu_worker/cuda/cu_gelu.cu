@@ -1,10 +1,10 @@
 /* GELU on the GPU (the contract is cu_gelu.h): the tanh approximation GPT-2 uses, forward and
- * backward, computed in fp32 from bf16 and rounded once. Mirrors gpu_worker/cpu/gpt2_cpu.c. */
+ * backward, computed in fp32 from bf16 and rounded once. Mirrors gpu_worker/cpu/cpu_gpt2.c. */
 #include "gpu_worker/cuda/cu_gelu.h"
 
 #include <errno.h>
 
-#define GELU_K 0.7978845608028654f /* sqrt(2 / pi), as in gpt2_cpu.c */
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi), as in cpu_gpt2.c */
 #define GELU_A 0.044715f
 
 /* Elementwise kernels: threads per block (grid-stride loops, so any n works with fy_cu_blocks). */

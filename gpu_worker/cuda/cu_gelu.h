@@ -1,5 +1,5 @@
 /* GELU on the GPU (tanh approximation, GPT-2's MLP): bf16 in and out, fp32 arithmetic. Semantics
- * match gpu_worker/cpu/gpt2_cpu.h. Both functions enqueue on `stream` and return 0, -EINVAL (said)
+ * match gpu_worker/cpu/cpu_gpt2.h. Both functions enqueue on `stream` and return 0, -EINVAL (said)
  * for bad arguments, or -EIO (launch failure, said). */
 #ifndef FY_CU_GELU_H
 #define FY_CU_GELU_H

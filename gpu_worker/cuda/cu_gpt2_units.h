@@ -1,4 +1,4 @@
-/* The GPT-2 family's units on the GPU (the semantics of gpu_worker/cpu/gpt2_cpu.h): the embeddings
+/* The GPT-2 family's units on the GPU (the semantics of gpu_worker/cpu/cpu_gpt2.h): the embeddings
  * with positions, a transformer block forward and backward (LayerNorm, fused QKV product, flash or
  * materialised attention, projection with the residual, LayerNorm, MLP up with GELU, down with the
  * residual), and the final LayerNorm with the LM head tied to wte and cross-entropy. bf16 weights

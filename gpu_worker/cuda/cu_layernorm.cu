@@ -4,7 +4,7 @@
  * fixed order that does not depend on timing, so results are bit-identical from run to run: warp
  * sums use the xor butterfly, sums over rows are done by one thread per output element looping
  * over rows in index order, and no atomics are used. Mirrors the fp32 CPU reference
- * gpu_worker/cpu/gpt2_cpu.c. Every function checks its arguments (-EINVAL, said), enqueues on
+ * gpu_worker/cpu/cpu_gpt2.c. Every function checks its arguments (-EINVAL, said), enqueues on
  * `stream` and returns 0, or -EIO when a launch failed. */
 #include "gpu_worker/cuda/cu_layernorm.h"
 

@@ -1,6 +1,6 @@
 /* LayerNorm on the GPU (GPT-2's norms), and the norms' weight gradients that RMSNorm shares. bf16
  * activations, fp32 arithmetic, fp32 statistics and weight gradients; every reduction in a fixed
- * order, so results are bit-identical from run to run. Semantics match gpu_worker/cpu/gpt2_cpu.h.
+ * order, so results are bit-identical from run to run. Semantics match gpu_worker/cpu/cpu_gpt2.h.
  * All functions enqueue on `stream` and return 0, -EINVAL (said) for bad arguments, or -EIO
  * (launch failure, said). */
 #ifndef FY_CU_LAYERNORM_H

@@ -1,5 +1,5 @@
 /* The Llama family's units on the GPU (contract: cu_llama_units.h), mirroring the fp32 CPU
- * reference gpu_worker/cpu/llama_cpu.c op for op: RMSNorm (cu_rmsnorm), the products through
+ * reference gpu_worker/cpu/cpu_llama.c op for op: RMSNorm (cu_rmsnorm), the products through
  * cu_matmul (q/k/v and gate/up each one product, the residual adds in the o_proj and down_proj
  * epilogues), RoPE (cu_rope), grouped-query attention through cu_flash, SwiGLU (cu_swiglu), the
  * LM head through cu_head and the embedding lookup through cu_embed. Its blocks' internals are
@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "common/arch/arch.h"
-#include "gpu_worker/cpu/llama_cpu.h"
+#include "gpu_worker/cpu/cpu_llama.h"
 #include "gpu_worker/cuda/cu_embed.h"
 #include "gpu_worker/cuda/cu_flash.h"
 #include "gpu_worker/cuda/cu_grads.h"
@@ -205,8 +205,8 @@ static int upload_rope_table(struct fy_cu_llama *l)
     struct fy_model_config hc = l->c;
     hc.n_embd = (uint32_t)(l->NH * l->hd);
     hc.llama.head_dim = 0;
-    fy_llama_rope_inv_freq(&hc, inv_freq);
-    fy_llama_rope_table(table, table + n, inv_freq, l->T, (int)half);
+    fy_cpu_llama_rope_inv_freq(&hc, inv_freq);
+    fy_cpu_llama_rope_table(table, table + n, inv_freq, l->T, (int)half);
     cudaError_t e = cudaMemcpy(l->cos_t, table, n * sizeof(float), cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
         e = cudaMemcpy(l->sin_t, table + n, n * sizeof(float), cudaMemcpyHostToDevice);

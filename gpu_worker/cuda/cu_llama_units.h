@@ -1,4 +1,4 @@
-/* The Llama family's units on the GPU (the semantics of gpu_worker/cpu/llama_cpu.h): the embedding
+/* The Llama family's units on the GPU (the semantics of gpu_worker/cpu/cpu_llama.h): the embedding
  * lookup without positions, a decoder block forward and backward (RMSNorm, fused q/k/v product,
  * RoPE, grouped-query flash attention, o_proj with the residual, RMSNorm, fused gate/up product,
  * SwiGLU, down_proj with the residual), and the final RMSNorm with the tied or untied LM head and
@@ -6,8 +6,8 @@
  * gradients; every reduction in a fixed order, so reruns are bit-identical.
  *
  * A struct fy_cu_llama holds the device buffers of one batch shape (from the arena) and the rotary
- * cos/sin table, computed on the host as the CPU reference computes it (fy_llama_rope_inv_freq,
- * fy_llama_rope_table) and uploaded once. It borrows the matrix-product handle, the stream and the
+ * cos/sin table, computed on the host as the CPU reference computes it (fy_cpu_llama_rope_inv_freq,
+ * fy_cpu_llama_rope_table) and uploaded once. It borrows the matrix-product handle, the stream and the
  * LM head's scratch of its owner (struct fy_cu_env of cu_family.h: cu_model, which queues the
  * host-interface calls and runs these units through the ops table fy_cu_family_llama). Everything
  * is queued on that stream; nothing synchronises. */

@@ -2,7 +2,7 @@
  * square and its reciprocal square root in fp32, the row normalised in fp32, then times the weight,
  * rounded once to bf16. Warp sums are xor butterflies (every lane ends with the same bits); the
  * weight gradient's sums over rows run in a fixed order (cu_layernorm's two passes); no atomics.
- * Mirrors the fp32 CPU reference gpu_worker/cpu/llama_cpu.c. */
+ * Mirrors the fp32 CPU reference gpu_worker/cpu/cpu_llama.c. */
 #include "gpu_worker/cuda/cu_rmsnorm.h"
 
 #include <errno.h>

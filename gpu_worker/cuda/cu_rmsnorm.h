@@ -1,5 +1,5 @@
 /* RMSNorm on the GPU (Llama's norms): bf16 activations and weights, fp32 arithmetic and statistics,
- * fp32 weight gradients reduced in a fixed order. Semantics match gpu_worker/cpu/llama_cpu.h. Both
+ * fp32 weight gradients reduced in a fixed order. Semantics match gpu_worker/cpu/cpu_llama.h. Both
  * functions enqueue on `stream` and return 0, -EINVAL (said) for bad arguments, or -EIO (launch
  * failure, said). */
 #ifndef FY_CU_RMSNORM_H

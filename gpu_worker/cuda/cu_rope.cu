@@ -1,7 +1,7 @@
 /* Rotary position embeddings on the GPU (the contract is cu_rope.h): rotate_half RoPE as
  * transformers applies it to Llama's q and k, with a cos/sin table the caller computes; the
  * backward rotates by the opposite angle. fp32 arithmetic, each element rounded once to bf16.
- * Mirrors the fp32 CPU reference gpu_worker/cpu/llama_cpu.c. */
+ * Mirrors the fp32 CPU reference gpu_worker/cpu/cpu_llama.c. */
 #include "gpu_worker/cuda/cu_rope.h"
 
 #include <errno.h>

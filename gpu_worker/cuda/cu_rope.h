@@ -1,5 +1,5 @@
 /* Rotary position embeddings on the GPU (Llama's q and k), in place on bf16 rows. Semantics match
- * gpu_worker/cpu/llama_cpu.h (fy_llama_rope_forward, with the table of fy_llama_rope_table). Both
+ * gpu_worker/cpu/cpu_llama.h (fy_cpu_llama_rope_forward, with the table of fy_cpu_llama_rope_table). Both
  * functions enqueue on `stream` and return 0, -EINVAL (said) for bad arguments, or -EIO (launch
  * failure, said). */
 #ifndef FY_CU_ROPE_H

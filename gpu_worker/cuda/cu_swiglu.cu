@@ -1,6 +1,6 @@
 /* SwiGLU on the GPU (the contract is cu_swiglu.h): Llama's MLP activation silu(gate) * up over the
  * fused gate | up product, forward and backward, fp32 arithmetic rounded once to bf16. Mirrors the
- * fp32 CPU reference gpu_worker/cpu/llama_cpu.c. */
+ * fp32 CPU reference gpu_worker/cpu/cpu_llama.c. */
 #include "gpu_worker/cuda/cu_swiglu.h"
 
 #include <errno.h>

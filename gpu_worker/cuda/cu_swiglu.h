@@ -1,5 +1,5 @@
 /* SwiGLU on the GPU (Llama's MLP activation) over the fused gate | up product: bf16 in and out,
- * fp32 arithmetic. Semantics match gpu_worker/cpu/llama_cpu.h. Both functions enqueue on `stream`
+ * fp32 arithmetic. Semantics match gpu_worker/cpu/cpu_llama.h. Both functions enqueue on `stream`
  * and return 0, -EINVAL (said) for bad arguments, or -EIO (launch failure, said). */
 #ifndef FY_CU_SWIGLU_H
 #define FY_CU_SWIGLU_H

@@ -1,5 +1,5 @@
 /* GPU test of gpu_worker/cuda/cu_attention.cu and cu_head.cu: the materialising causal attention
- * forward/backward against the fp32 CPU reference (fy_cpu_attention_forward/backward) and the LM
+ * forward/backward against the fp32 CPU reference (fy_cpu_gpt2_attention_forward/backward) and the LM
  * head (logits, cross-entropy, dxn, dwte) against a CPU computation in fp64, on bf16-rounded
  * inputs (so both sides see the same values). Every call runs twice on poisoned outputs and
  * scratch, and the two results must be identical byte for byte. Skips (exit 77) where there is no
@@ -30,7 +30,7 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 #include <string.h>
 
 #include "common/dtype.h"
-#include "gpu_worker/cpu/gpt2_cpu.h"
+#include "gpu_worker/cpu/cpu_gpt2.h"
 #include "gpu_worker/cuda/cu_attention.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "tests/testutil.h"
@@ -128,8 +128,8 @@ static void attention_case(int B, int T, int C, int NH, uint64_t seed)
     rand_bf16(qkv_b, qkv_f, nqkv, &st, -2.0f, 2.0f);
     rand_bf16(dout_b, dout_f, nout, &st, -1.0f, 1.0f);
 
-    fy_cpu_attention_forward(out_ref, att_ref, qkv_f, NULL, B, T, C, NH);
-    fy_cpu_attention_backward(dqkv_ref, dout_f, qkv_f, att_ref, NULL, B, T, C, NH);
+    fy_cpu_gpt2_attention_forward(out_ref, att_ref, qkv_f, NULL, B, T, C, NH);
+    fy_cpu_gpt2_attention_backward(dqkv_ref, dout_f, qkv_f, att_ref, NULL, B, T, C, NH);
 
     size_t sbytes = fy_cu_attention_scratch_bytes(B, T, C, NH);
     assert_true(sbytes > 0);

@@ -1,5 +1,5 @@
 /* GPU test of gpu_worker/cuda/cu_flash.cu (flash-style causal attention on tensor cores): forward
- * out and backward dq, dk, dv against the fp32 CPU reference (fy_cpu_attention_forward/backward) on
+ * out and backward dq, dk, dv against the fp32 CPU reference (fy_cpu_gpt2_attention_forward/backward) on
  * bf16-rounded inputs (so both sides see the same values), for shapes that cover T = 1, T not a
  * multiple of the 64-row tile, several heads and batches, and head sizes 8, 16, 64, 80 and 128.
  * Every call runs twice on poisoned (0xff: bf16/f32 NaN) outputs and scratch, and the two results
@@ -36,7 +36,7 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 #include <string.h>
 
 #include "common/dtype.h"
-#include "gpu_worker/cpu/gpt2_cpu.h"
+#include "gpu_worker/cpu/cpu_gpt2.h"
 #include "gpu_worker/cuda/cu_attention.h"
 #include "gpu_worker/cuda/cu_flash.h"
 #include "tests/testutil.h"
@@ -308,8 +308,8 @@ static void flash_case(int B, int T, int C, int NH, uint64_t seed, int vs_materi
     rand_bf16(qkv_b, qkv_f, nqkv, &st, -2.0f, 2.0f);
     rand_bf16(dout_b, dout_f, nout, &st, -1.0f, 1.0f);
 
-    fy_cpu_attention_forward(out_ref, att_ref, qkv_f, pos, B, T, C, NH);
-    fy_cpu_attention_backward(dqkv_ref, dout_f, qkv_f, att_ref, pos, B, T, C, NH);
+    fy_cpu_gpt2_attention_forward(out_ref, att_ref, qkv_f, pos, B, T, C, NH);
+    fy_cpu_gpt2_attention_backward(dqkv_ref, dout_f, qkv_f, att_ref, pos, B, T, C, NH);
 
     size_t sbytes = fy_cu_flash_scratch_bytes(B, T, C, NH);
     assert_true(sbytes > 0);

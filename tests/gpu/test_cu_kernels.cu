@@ -1,5 +1,5 @@
 /* GPU test of the CUDA backend's kernels outside the matrix products and attention, against the
- * fp32 CPU reference gpu_worker/cpu/gpt2_cpu.c: LayerNorm forward/backward (cu_layernorm), GELU
+ * fp32 CPU reference gpu_worker/cpu/cpu_gpt2.c: LayerNorm forward/backward (cu_layernorm), GELU
  * forward/backward (cu_gelu), residual add (cu_residual), embedding forward/backward (cu_embed),
  * f32 <-> bf16 conversion (cu_convert), and argument checking.
  *
@@ -55,7 +55,7 @@ extern "C" {
 #include <vector>
 
 #include "common/dtype.h"
-#include "gpu_worker/cpu/gpt2_cpu.h"
+#include "gpu_worker/cpu/cpu_gpt2.h"
 #include "gpu_worker/cuda/cu_convert.h"
 #include "gpu_worker/cuda/cu_embed.h"
 #include "gpu_worker/cuda/cu_gelu.h"
@@ -328,8 +328,8 @@ static void test_layernorm_forward(void **state)
         rand_bf16(bh, bfl, C, -0.5f, 0.5f, &rng);
 
         vector<float> out(NC), mean(N), rstd(N);
-        fy_cpu_layernorm_forward(out.data(), mean.data(), rstd.data(), xf.data(), wf.data(),
-                                 bfl.data(), N, C);
+        fy_cpu_gpt2_layernorm_forward(out.data(), mean.data(), rstd.data(), xf.data(), wf.data(),
+                                      bfl.data(), N, C);
 
         dbuf dx = dnew(NC * 2), dw = dnew((size_t)C * 2), db = dnew((size_t)C * 2);
         dbuf dout = dnew(NC * 2), dmean = dnew((size_t)N * 4), drstd = dnew((size_t)N * 4);
@@ -396,11 +396,11 @@ static void test_layernorm_backward(void **state)
 
         /* Saved statistics from the CPU forward, given to both sides. */
         vector<float> ln(NC), mean(N), rstd(N);
-        fy_cpu_layernorm_forward(ln.data(), mean.data(), rstd.data(), xf.data(), wf.data(),
-                                 bfl.data(), N, C);
+        fy_cpu_gpt2_layernorm_forward(ln.data(), mean.data(), rstd.data(), xf.data(), wf.data(),
+                                      bfl.data(), N, C);
         vector<float> cdx(NC), cdw(C, 0.0f), cdb(C, 0.0f);
-        fy_cpu_layernorm_backward(cdx.data(), cdw.data(), cdb.data(), doutf.data(), xf.data(),
-                                  wf.data(), mean.data(), rstd.data(), N, C);
+        fy_cpu_gpt2_layernorm_backward(cdx.data(), cdw.data(), cdb.data(), doutf.data(), xf.data(),
+                                       wf.data(), mean.data(), rstd.data(), N, C);
 
         size_t ns = fy_cu_layernorm_backward_scratch(N, C);
         if (ns < 2 * (size_t)C) {
@@ -496,8 +496,8 @@ static void test_gelu(void **state)
         rand_bf16(xh, xf, n, -6.0f, 6.0f, &rng);
         rand_bf16(dyh, dyf, n, -2.0f, 2.0f, &rng);
         vector<float> cy(n), cdx(n);
-        fy_cpu_gelu_forward(cy.data(), xf.data(), n);
-        fy_cpu_gelu_backward(cdx.data(), xf.data(), dyf.data(), n);
+        fy_cpu_gpt2_gelu_forward(cy.data(), xf.data(), n);
+        fy_cpu_gpt2_gelu_backward(cdx.data(), xf.data(), dyf.data(), n);
         vector<double> ry(n), rdx(n);
         for (size_t i = 0; i < n; i++) {
             ry[i] = cy[i];
@@ -620,7 +620,7 @@ static void test_embed_forward(void **state)
         rand_bf16(eh, ef, ((size_t)V + ctx) * C, -1.0f, 1.0f, &rng);
         struct fy_model_config cfg = {1, 1, (uint32_t)C, (uint32_t)V, (uint32_t)ctx};
         vector<float> cx(n);
-        fy_cpu_embed_forward(&cfg, ef.data(), tok.data(), hpos, cx.data(), B, T);
+        fy_cpu_gpt2_embed_forward(&cfg, ef.data(), tok.data(), hpos, cx.data(), B, T);
         vector<double> ref(n);
         vector<uint16_t> expect(n);
         for (size_t i = 0; i < n; i++) {
@@ -675,7 +675,7 @@ static void test_embed_backward(void **state)
         rand_f32(pre, VC + TC, -1.0f, 1.0f, &rng);
         struct fy_model_config cfg = {1, 1, (uint32_t)C, (uint32_t)V, (uint32_t)T};
         vector<float> cpu(pre);
-        fy_cpu_embed_backward(&cfg, tok.data(), hpos, dyf.data(), cpu.data(), B, T);
+        fy_cpu_gpt2_embed_backward(&cfg, tok.data(), hpos, dyf.data(), cpu.data(), B, T);
 
         dbuf dtok = dnew(BT * 4), ddy = dnew(n * 2), ddwte = dnew(VC * 4), ddwpe = dnew(TC * 4);
         up(dtok, tok.data(), BT * 4);

@@ -1,6 +1,6 @@
 /* GPU test of the Llama family on the CUDA backend: its units (gpu_worker/cuda/cu_llama_units.cu),
  * its kernels (cu_rmsnorm, cu_rope, cu_swiglu) and the grouped-query flash attention of
- * cu_flash.cu, against the fp32 CPU reference gpu_worker/cpu/llama_cpu.c, on the same inputs:
+ * cu_flash.cu, against the fp32 CPU reference gpu_worker/cpu/cpu_llama.c, on the same inputs:
  * random values rounded to bf16 on the host, so both sides see identical weights and activations.
  * Each kernel forward and backward (RMSNorm, RoPE with plain and llama3-scaled frequencies,
  * SwiGLU, attention with NKV < NH and NKV = NH, T not a multiple of the 64-row tile), the head
@@ -44,7 +44,7 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 #include "common/arch/arch.h"
 #include "common/dtype.h"
 #include "common/model.h"
-#include "gpu_worker/cpu/llama_cpu.h"
+#include "gpu_worker/cpu/cpu_llama.h"
 #include "gpu_worker/cuda/cu_flash.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_layernorm.h"
@@ -242,9 +242,9 @@ static void test_rmsnorm(void **state)
             dw_pre[i] = fy_test_uniform(&rng, -1, 1);
         /* the reference: forward, then backward (dinp overwritten, dw accumulated) */
         vector<float> out(NC), rstd(N), dinp(NC), dw = dw_pre;
-        fy_llama_rmsnorm_forward(out.data(), rstd.data(), x.f.data(), w.f.data(), N, C, eps);
-        fy_llama_rmsnorm_backward(dinp.data(), dw.data(), dout.f.data(), x.f.data(), w.f.data(),
-                                  rstd.data(), N, C);
+        fy_cpu_llama_rmsnorm_forward(out.data(), rstd.data(), x.f.data(), w.f.data(), N, C, eps);
+        fy_cpu_llama_rmsnorm_backward(dinp.data(), dw.data(), dout.f.data(), x.f.data(), w.f.data(),
+                                      rstd.data(), N, C);
         bf16 *dx = (bf16 *)dcopy(x.b), *dwb = (bf16 *)dcopy(w.b), *dy = dalloc<bf16>(NC);
         float *drstd = dalloc<float>(N);
         RUN(fy_cu_rmsnorm_forward(dy, drstd, dx, dwb, N, C, eps, g_s));
@@ -312,8 +312,8 @@ static vector<float> rope_table(const struct fy_model_config *c, int T)
 {
     int half = (int)(c->n_embd / c->n_head) / 2;
     vector<float> inv(half), t(2 * (size_t)T * half);
-    fy_llama_rope_inv_freq(c, inv.data());
-    fy_llama_rope_table(t.data(), t.data() + (size_t)T * half, inv.data(), T, half);
+    fy_cpu_llama_rope_inv_freq(c, inv.data());
+    fy_cpu_llama_rope_table(t.data(), t.data() + (size_t)T * half, inv.data(), T, half);
     return t;
 }
 
@@ -366,12 +366,12 @@ static void test_rope(void **state)
             vector<float> ref = x.f; /* q and k heads rotated, v untouched */
             bf16 *dx = (bf16 *)dcopy(x.b);
             if (dir == 0) {
-                fy_llama_rope_forward(ref.data(), S, 0, NH + NKV, hd, table.data(),
-                                      table.data() + (size_t)T * half, hpos, B, T);
+                fy_cpu_llama_rope_forward(ref.data(), S, 0, NH + NKV, hd, table.data(),
+                                          table.data() + (size_t)T * half, hpos, B, T);
                 RUN(fy_cu_rope_forward(dx, S, 0, NH + NKV, hd, dcos, dsin, gpos, B, T, g_s));
             } else {
-                fy_llama_rope_backward(ref.data(), S, 0, NH + NKV, hd, table.data(),
-                                       table.data() + (size_t)T * half, hpos, B, T);
+                fy_cpu_llama_rope_backward(ref.data(), S, 0, NH + NKV, hd, table.data(),
+                                           table.data() + (size_t)T * half, hpos, B, T);
                 RUN(fy_cu_rope_backward(dx, S, 0, NH + NKV, hd, dcos, dsin, gpos, B, T, g_s));
             }
             vector<float> got = hfloats(dx, n);
@@ -406,8 +406,8 @@ static void test_swiglu(void **state)
         uint64_t rng = 300 + k;
         bvals gu = rnd(2 * n, -6, 6, &rng), dout = rnd(n, -1, 1, &rng);
         vector<float> out(n), dgu(2 * n);
-        fy_llama_swiglu_forward(out.data(), gu.f.data(), N, I);
-        fy_llama_swiglu_backward(dgu.data(), dout.f.data(), gu.f.data(), N, I);
+        fy_cpu_llama_swiglu_forward(out.data(), gu.f.data(), N, I);
+        fy_cpu_llama_swiglu_backward(dgu.data(), dout.f.data(), gu.f.data(), N, I);
         bf16 *dg = (bf16 *)dcopy(gu.b), *dd = (bf16 *)dcopy(dout.b);
         bf16 *dout_d = dalloc<bf16>(n), *ddgu = dalloc<bf16>(2 * n);
         RUN(fy_cu_swiglu_forward(dout_d, dg, N, I, g_s));
@@ -446,9 +446,9 @@ static void test_gqa_attention(void **state)
         uint64_t rng = 400 + k;
         bvals qkv = rnd(nqkv, -2, 2, &rng), dout = rnd(nout, -1, 1, &rng);
         vector<float> out(nout), att((size_t)B * NH * T * T), dqkv(nqkv);
-        fy_llama_attention_forward(out.data(), att.data(), qkv.f.data(), B, T, NH, NKV, hd);
-        fy_llama_attention_backward(dqkv.data(), dout.f.data(), qkv.f.data(), att.data(), B, T,
-                                    NH, NKV, hd);
+        fy_cpu_llama_attention_forward(out.data(), att.data(), qkv.f.data(), B, T, NH, NKV, hd);
+        fy_cpu_llama_attention_backward(dqkv.data(), dout.f.data(), qkv.f.data(), att.data(), B, T,
+                                        NH, NKV, hd);
         size_t sbytes = fy_cu_flash_scratch_bytes(B, T, QC, NH);
         assert_true(sbytes > 0);
         bf16 *dq = (bf16 *)dcopy(qkv.b), *dd = (bf16 *)dcopy(dout.b);
@@ -531,10 +531,10 @@ static void head_case(int tied)
     for (int i = 0; i < N; i++)
         targets[i] = (int32_t)(fy_test_rand(&rng) % V);
     targets[T + 3] = -1; /* ignored: out of the mean, no gradient */
-    vector<float> dx(NC), dfin(nf), dembed(VC), scratch(fy_llama_head_scratch(&c, B, T));
-    double loss = fy_llama_head_forward_backward(&c, fin.f.data(), embed.f.data(), x.f.data(),
-                                                 targets.data(), dx.data(), dfin.data(),
-                                                 dembed.data(), scratch.data(), B, T);
+    vector<float> dx(NC), dfin(nf), dembed(VC), scratch(fy_cpu_llama_head_scratch(&c, B, T));
+    double loss = fy_cpu_llama_head_forward_backward(&c, fin.f.data(), embed.f.data(), x.f.data(),
+                                                     targets.data(), dx.data(), dfin.data(),
+                                                     dembed.data(), scratch.data(), B, T);
     struct unit u;
     unit_new(&u, &c, B, T, 0);
     bf16 *dxin = (bf16 *)dcopy(x.b), *dfin_b = (bf16 *)dcopy(fin.b), *demb = (bf16 *)dcopy(embed.b);
@@ -635,10 +635,10 @@ static void block_case(const struct fy_model_config *c, int B, int T, uint64_t s
     bvals p = block_params(c, &rng), x = rnd(NC, -1, 1, &rng), dy = rnd(NC, -1, 1, &rng);
     vector<int32_t> pos = packed_positions(B, T, docs ? docs : 1, &rng);
     const int32_t *hpos = docs ? pos.data() : NULL, *gpos = docs ? dcopy(pos) : NULL;
-    vector<float> y(NC), dx(NC), dp(P, 0.0f), scratch(fy_llama_block_scratch(c, B, T));
-    fy_llama_block_forward(c, p.f.data(), hpos, x.f.data(), y.data(), scratch.data(), B, T);
-    fy_llama_block_backward(c, p.f.data(), hpos, x.f.data(), dy.f.data(), dx.data(), dp.data(),
-                            scratch.data(), B, T);
+    vector<float> y(NC), dx(NC), dp(P, 0.0f), scratch(fy_cpu_llama_block_scratch(c, B, T));
+    fy_cpu_llama_block_forward(c, p.f.data(), hpos, x.f.data(), y.data(), scratch.data(), B, T);
+    fy_cpu_llama_block_backward(c, p.f.data(), hpos, x.f.data(), dy.f.data(), dx.data(), dp.data(),
+                                scratch.data(), B, T);
     struct unit u;
     unit_new(&u, c, B, T, fy_cu_llama_acts_bytes(c, B, T));
     struct fy_cu_llama_acts kept;
@@ -715,8 +715,8 @@ static void test_embedding(void **state)
     for (size_t i = 0; i < VC; i++)
         demb[i] = fy_test_uniform(&rng, -1, 1);
     vector<float> demb_pre = demb;
-    fy_llama_embed_forward(&c, emb.f.data(), tokens.data(), x.data(), B, T);
-    fy_llama_embed_backward(&c, tokens.data(), dx.f.data(), demb.data(), B, T);
+    fy_cpu_llama_embed_forward(&c, emb.f.data(), tokens.data(), x.data(), B, T);
+    fy_cpu_llama_embed_backward(&c, tokens.data(), dx.f.data(), demb.data(), B, T);
     struct unit u;
     unit_new(&u, &c, B, T, 0);
     bf16 *de = (bf16 *)dcopy(emb.b), *ddx = (bf16 *)dcopy(dx.b), *dxo = dalloc<bf16>(NC);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One decoder block of a Llama-like family through transformers, for tests/test_llama_cpu.c.
+"""One decoder block of a Llama-like family through transformers, for tests/test_cpu_llama.c.
 
 Builds the family's decoder layer (LlamaDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer,
 MistralDecoderLayer or Phi3DecoderLayer, --family) from its config (silu, eager attention, the

@@ -1,13 +1,13 @@
 /* The Llama decoder block (RMSNorm, RoPE, grouped-query causal attention, SwiGLU MLP), the final
  * RMSNorm and the model pieces in fp32 on the CPU: the readable reference for the Llama family, in
- * the conventions of gpt2_cpu.c (see llama_cpu.h for the maths and the buffer rules); its table for
+ * the conventions of cpu_gpt2.c (see cpu_llama.h for the maths and the buffer rules); its table for
  * the backend at the end.
  *
  * Determinism: every loop that OpenMP splits runs over independent outputs (rows, (b,t), (b,h),
  * (b, kv head), channels), with schedule(static), and each output element is accumulated by one
  * thread in a fixed order; sums over rows (weight gradients) are parallelised over the element they
  * produce. The build uses -ffp-contract=off, so no fused multiply-adds change the rounding. */
-#include "llama_cpu.h"
+#include "cpu_llama.h"
 
 #include <math.h>
 #include <string.h>
@@ -20,7 +20,7 @@
 
 /* Each step in fp32 as transformers computes it (a Python scalar meeting an fp32 tensor is rounded
  * to fp32 first), so that the frequencies agree to the last bit or so. */
-void fy_llama_rope_inv_freq(const struct fy_model_config *m, float *inv_freq)
+void fy_cpu_llama_rope_inv_freq(const struct fy_model_config *m, float *inv_freq)
 {
     const struct fy_llama_fields *c = &m->llama;
     int hd = (int)fy_llama_head_dim(m), half = hd / 2;
@@ -57,8 +57,8 @@ static float rmsnorm_row(float *y, const float *x, const float *w, int C, float 
 }
 
 /* dx of one row from dy (dx may be dy: gx is summed before any dx is written). */
-static void rmsnorm_row_backward(float *dx, const float *dy, const float *x, const float *w, float r,
-                                 int C)
+static void rmsnorm_row_backward(float *dx, const float *dy, const float *x, const float *w,
+                                 float r, int C)
 {
     float gx = 0.0f;
     for (int i = 0; i < C; i++)
@@ -68,16 +68,16 @@ static void rmsnorm_row_backward(float *dx, const float *dy, const float *x, con
         dx[i] = r * (dy[i] * w[i] - (x[i] * r) * gx);
 }
 
-void fy_llama_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
-                              float eps)
+void fy_cpu_llama_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
+                                  int C, float eps)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         rstd[n] = rmsnorm_row(out + (size_t)n * C, inp + (size_t)n * C, w, C, eps);
 }
 
-void fy_llama_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                               const float *w, const float *rstd, int N, int C)
+void fy_cpu_llama_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                                   const float *w, const float *rstd, int N, int C)
 {
     /* With xhat = x r and g = dout w: dx = r (g - xhat mean(g xhat)); dw = sum over rows dout xhat. */
 #pragma omp parallel for schedule(static)
@@ -93,8 +93,8 @@ void fy_llama_rmsnorm_backward(float *dinp, float *dw, const float *dout, const 
     }
 }
 
-void fy_llama_head_norm_forward(float *out, float *rstd, const float *inp, const float *w,
-                                int stride, int col, int NHx, int hd, int N, float eps)
+void fy_cpu_llama_head_norm_forward(float *out, float *rstd, const float *inp, const float *w,
+                                    int stride, int col, int NHx, int hd, int N, float eps)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
@@ -104,8 +104,8 @@ void fy_llama_head_norm_forward(float *out, float *rstd, const float *inp, const
         }
 }
 
-void fy_llama_head_norm_backward(float *dx, float *dw, const float *inp, const float *w,
-                                 const float *rstd, int stride, int col, int NHx, int hd, int N)
+void fy_cpu_llama_head_norm_backward(float *dx, float *dw, const float *inp, const float *w,
+                                     const float *rstd, int stride, int col, int NHx, int hd, int N)
 {
     /* dw first, while dx still holds the gradient of the output: one thread per weight element,
      * the rows and heads in order. */
@@ -129,7 +129,7 @@ void fy_llama_head_norm_backward(float *dx, float *dw, const float *inp, const f
 
 /* ---- rotary position embeddings ---- */
 
-void fy_llama_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int T, int half)
+void fy_cpu_llama_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int T, int half)
 {
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
@@ -160,14 +160,14 @@ static void rope_apply(float *x, int stride, int col, int NHx, int hd, const flo
     }
 }
 
-void fy_llama_rope_forward(float *x, int stride, int col, int NHx, int hd, const float *cos_t,
-                           const float *sin_t, const int32_t *positions, int B, int T)
+void fy_cpu_llama_rope_forward(float *x, int stride, int col, int NHx, int hd, const float *cos_t,
+                               const float *sin_t, const int32_t *positions, int B, int T)
 {
     rope_apply(x, stride, col, NHx, hd, cos_t, sin_t, positions, B, T, 1.0f);
 }
 
-void fy_llama_rope_backward(float *dx, int stride, int col, int NHx, int hd, const float *cos_t,
-                            const float *sin_t, const int32_t *positions, int B, int T)
+void fy_cpu_llama_rope_backward(float *dx, int stride, int col, int NHx, int hd, const float *cos_t,
+                                const float *sin_t, const int32_t *positions, int B, int T)
 {
     rope_apply(dx, stride, col, NHx, hd, cos_t, sin_t, positions, B, T, -1.0f);
 }
@@ -183,21 +183,21 @@ static int window_start(const int32_t *positions, int b, int t, int T, int W)
     return doc > lo ? doc : lo;
 }
 
-void fy_llama_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
-                                int NKV, int hd)
+void fy_cpu_llama_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                                    int NKV, int hd)
 {
-    fy_llama_attention_window_forward(out, att, qkv, NULL, B, T, NH, NKV, hd, 0);
+    fy_cpu_llama_attention_window_forward(out, att, qkv, NULL, B, T, NH, NKV, hd, 0);
 }
 
-void fy_llama_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                 int B, int T, int NH, int NKV, int hd)
+void fy_cpu_llama_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                                     const float *att, int B, int T, int NH, int NKV, int hd)
 {
-    fy_llama_attention_window_backward(dqkv, dout, qkv, att, NULL, B, T, NH, NKV, hd, 0);
+    fy_cpu_llama_attention_window_backward(dqkv, dout, qkv, att, NULL, B, T, NH, NKV, hd, 0);
 }
 
-void fy_llama_attention_window_forward(float *out, float *att, const float *qkv,
-                                       const int32_t *positions, int B, int T, int NH, int NKV,
-                                       int hd, int W)
+void fy_cpu_llama_attention_window_forward(float *out, float *att, const float *qkv,
+                                           const int32_t *positions, int B, int T, int NH, int NKV,
+                                           int hd, int W)
 {
     size_t QKV = (size_t)(NH + 2 * NKV) * hd, QC = (size_t)NH * hd;
     int rep = NH / NKV;
@@ -235,9 +235,9 @@ void fy_llama_attention_window_forward(float *out, float *att, const float *qkv,
             }
 }
 
-void fy_llama_attention_window_backward(float *dqkv, const float *dout, const float *qkv,
-                                        const float *att, const int32_t *positions, int B, int T,
-                                        int NH, int NKV, int hd, int W)
+void fy_cpu_llama_attention_window_backward(float *dqkv, const float *dout, const float *qkv,
+                                            const float *att, const int32_t *positions, int B,
+                                            int T, int NH, int NKV, int hd, int W)
 {
     size_t QKV = (size_t)(NH + 2 * NKV) * hd, QC = (size_t)NH * hd;
     int rep = NH / NKV;
@@ -280,7 +280,7 @@ void fy_llama_attention_window_backward(float *dqkv, const float *dout, const fl
 
 /* ---- SwiGLU ---- */
 
-void fy_llama_swiglu_forward(float *out, const float *gu, int N, int I)
+void fy_cpu_llama_swiglu_forward(float *out, const float *gu, int N, int I)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -291,7 +291,7 @@ void fy_llama_swiglu_forward(float *out, const float *gu, int N, int I)
     }
 }
 
-void fy_llama_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int I)
+void fy_cpu_llama_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int I)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -330,9 +330,11 @@ struct block_buf {
     size_t total;                    /* floats */
 };
 
-static void block_carve(const struct fy_model_config *c, int B, int T, float *base, struct block_buf *s)
+static void block_carve(const struct fy_model_config *c, int B, int T, float *base,
+                        struct block_buf *s)
 {
-    size_t C = c->n_embd, hd = fy_llama_head_dim(c), N = (size_t)B * T, I = c->llama.n_inter, at = 0;
+    size_t C = c->n_embd, hd = fy_llama_head_dim(c), N = (size_t)B * T, I = c->llama.n_inter,
+           at = 0;
     size_t QC = c->n_head * hd, QKV = (c->n_head + 2 * (size_t)c->llama.n_kv_head) * hd;
     size_t qk_norm = c->llama.qk_norm ? 1 : 0;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
@@ -362,7 +364,7 @@ static void block_carve(const struct fy_model_config *c, int B, int T, float *ba
     s->total = at;
 }
 
-size_t fy_llama_block_scratch(const struct fy_model_config *c, int B, int T)
+size_t fy_cpu_llama_block_scratch(const struct fy_model_config *c, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, NULL, &s);
@@ -383,50 +385,50 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
     int I = (int)c->llama.n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
     const float *qkv_bias = l.q_bias != FY_LLAMA_ABSENT ? p + l.q_bias : NULL;
 
-    fy_llama_rope_inv_freq(c, s->inv_freq);
-    fy_llama_rope_table(s->cos_t, s->sin_t, s->inv_freq, T, hd / 2);
+    fy_cpu_llama_rope_inv_freq(c, s->inv_freq);
+    fy_cpu_llama_rope_table(s->cos_t, s->sin_t, s->inv_freq, T, hd / 2);
 
     /* attention: h = x + o_proj(attention(rope(q), rope(k), v)), q k v of rmsnorm(x) (with their
      * biases; q and k each through its per-head RMSNorm, where the family has them) */
-    fy_llama_rmsnorm_forward(s->n1, s->rstd1, x, p + l.input_norm, N, C, c->llama.rms_eps);
+    fy_cpu_llama_rmsnorm_forward(s->n1, s->rstd1, x, p + l.input_norm, N, C, c->llama.rms_eps);
     if (c->llama.qk_norm) {
         fy_cpu_matmul_forward(s->qkv_raw, s->n1, p + l.q_proj, qkv_bias, N, C, QKV);
         memcpy(s->qkv, s->qkv_raw, (size_t)N * QKV * sizeof *s->qkv);
-        fy_llama_head_norm_forward(s->qkv, s->qk_rstd, s->qkv_raw, p + l.q_norm, QKV, 0, NH, hd, N,
-                                   c->llama.rms_eps);
-        fy_llama_head_norm_forward(s->qkv, s->qk_rstd + (size_t)N * NH, s->qkv_raw, p + l.k_norm,
-                                   QKV, NH * hd, NKV, hd, N, c->llama.rms_eps);
+        fy_cpu_llama_head_norm_forward(s->qkv, s->qk_rstd, s->qkv_raw, p + l.q_norm, QKV, 0, NH, hd,
+                                       N, c->llama.rms_eps);
+        fy_cpu_llama_head_norm_forward(s->qkv, s->qk_rstd + (size_t)N * NH, s->qkv_raw,
+                                       p + l.k_norm, QKV, NH * hd, NKV, hd, N, c->llama.rms_eps);
     } else {
         fy_cpu_matmul_forward(s->qkv, s->n1, p + l.q_proj, qkv_bias, N, C, QKV); /* q|k|v_proj */
     }
-    fy_llama_rope_forward(s->qkv, QKV, 0, NH, hd, s->cos_t, s->sin_t, positions, B, T);
-    fy_llama_rope_forward(s->qkv, QKV, NH * hd, NKV, hd, s->cos_t, s->sin_t, positions, B, T);
-    fy_llama_attention_window_forward(s->atty, s->att, s->qkv, positions, B, T, NH, NKV, hd, W);
+    fy_cpu_llama_rope_forward(s->qkv, QKV, 0, NH, hd, s->cos_t, s->sin_t, positions, B, T);
+    fy_cpu_llama_rope_forward(s->qkv, QKV, NH * hd, NKV, hd, s->cos_t, s->sin_t, positions, B, T);
+    fy_cpu_llama_attention_window_forward(s->atty, s->att, s->qkv, positions, B, T, NH, NKV, hd, W);
     fy_cpu_matmul_forward(s->h, s->atty, p + l.o_proj, NULL, N, NH * hd, C);
     fy_cpu_add(s->h, x, s->h, (size_t)N * C);
 
     /* MLP: y = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h) */
-    fy_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, c->llama.rms_eps);
+    fy_cpu_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, c->llama.rms_eps);
     fy_cpu_matmul_forward(s->gu, s->n2, p + l.gate_proj, NULL, N, C, 2 * I); /* gate_proj|up_proj */
-    fy_llama_swiglu_forward(s->act, s->gu, N, I);
+    fy_cpu_llama_swiglu_forward(s->act, s->gu, N, I);
     if (y == NULL)
         return;
     fy_cpu_matmul_forward(y, s->act, p + l.down_proj, NULL, N, I, C);
     fy_cpu_add(y, s->h, y, (size_t)N * C);
 }
 
-void fy_llama_block_forward(const struct fy_model_config *c, const float *params,
-                            const int32_t *positions, const float *x, float *y, float *scratch,
-                            int B, int T)
+void fy_cpu_llama_block_forward(const struct fy_model_config *c, const float *params,
+                                const int32_t *positions, const float *x, float *y, float *scratch,
+                                int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
     block_forward_into(c, params, positions, x, y, &s, B, T);
 }
 
-void fy_llama_block_backward(const struct fy_model_config *c, const float *params,
-                             const int32_t *positions, const float *x, const float *dy, float *dx,
-                             float *dparams, float *scratch, int B, int T)
+void fy_cpu_llama_block_backward(const struct fy_model_config *c, const float *params,
+                                 const int32_t *positions, const float *x, const float *dy,
+                                 float *dx, float *dparams, float *scratch, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
@@ -444,49 +446,51 @@ void fy_llama_block_backward(const struct fy_model_config *c, const float *param
 
     /* MLP branch */
     fy_cpu_matmul_backward(s.dact, g + l.down_proj, NULL, dy, s.act, p + l.down_proj, N, I, C);
-    fy_llama_swiglu_backward(s.dgu, s.dact, s.gu, N, I);
+    fy_cpu_llama_swiglu_backward(s.dgu, s.dact, s.gu, N, I);
     fy_cpu_matmul_backward(s.dn2, g + l.gate_proj, NULL, s.dgu, s.n2, p + l.gate_proj, N, C, 2 * I);
-    fy_llama_rmsnorm_backward(s.dh, g + l.post_norm, s.dn2, s.h, p + l.post_norm, s.rstd2, N, C);
+    fy_cpu_llama_rmsnorm_backward(s.dh, g + l.post_norm, s.dn2, s.h, p + l.post_norm, s.rstd2, N,
+                                  C);
     fy_cpu_add(s.dh, s.dh, dy, NC); /* the residual path */
 
     /* attention branch */
     fy_cpu_matmul_backward(s.datty, g + l.o_proj, NULL, s.dh, s.atty, p + l.o_proj, N, NH * hd, C);
-    fy_llama_attention_window_backward(s.dqkv, s.datty, s.qkv, s.att, positions, B, T, NH, NKV, hd,
-                                       W);
-    fy_llama_rope_backward(s.dqkv, QKV, 0, NH, hd, s.cos_t, s.sin_t, positions, B, T);
-    fy_llama_rope_backward(s.dqkv, QKV, NH * hd, NKV, hd, s.cos_t, s.sin_t, positions, B, T);
+    fy_cpu_llama_attention_window_backward(s.dqkv, s.datty, s.qkv, s.att, positions, B, T, NH, NKV,
+                                           hd, W);
+    fy_cpu_llama_rope_backward(s.dqkv, QKV, 0, NH, hd, s.cos_t, s.sin_t, positions, B, T);
+    fy_cpu_llama_rope_backward(s.dqkv, QKV, NH * hd, NKV, hd, s.cos_t, s.sin_t, positions, B, T);
     if (c->llama.qk_norm) {
-        fy_llama_head_norm_backward(s.dqkv, g + l.q_norm, s.qkv_raw, p + l.q_norm, s.qk_rstd, QKV, 0,
-                                    NH, hd, N);
-        fy_llama_head_norm_backward(s.dqkv, g + l.k_norm, s.qkv_raw, p + l.k_norm,
-                                    s.qk_rstd + (size_t)N * NH, QKV, NH * hd, NKV, hd, N);
+        fy_cpu_llama_head_norm_backward(s.dqkv, g + l.q_norm, s.qkv_raw, p + l.q_norm, s.qk_rstd,
+                                        QKV, 0, NH, hd, N);
+        fy_cpu_llama_head_norm_backward(s.dqkv, g + l.k_norm, s.qkv_raw, p + l.k_norm,
+                                        s.qk_rstd + (size_t)N * NH, QKV, NH * hd, NKV, hd, N);
     }
     fy_cpu_matmul_backward(s.dn1, g + l.q_proj, dqkv_bias, s.dqkv, s.n1, p + l.q_proj, N, C, QKV);
-    fy_llama_rmsnorm_backward(dx, g + l.input_norm, s.dn1, x, p + l.input_norm, s.rstd1, N, C);
+    fy_cpu_llama_rmsnorm_backward(dx, g + l.input_norm, s.dn1, x, p + l.input_norm, s.rstd1, N, C);
     fy_cpu_add(dx, dx, s.dh, NC);
 }
 
 /* ---- final norm ---- */
 
-void fy_llama_norm_forward(const struct fy_model_config *c, const float *w, const float *x, float *y,
-                           float *rstd, int B, int T)
+void fy_cpu_llama_norm_forward(const struct fy_model_config *c, const float *w, const float *x,
+                               float *y, float *rstd, int B, int T)
 {
-    fy_llama_rmsnorm_forward(y, rstd, x, w, B * T, (int)c->n_embd, c->llama.rms_eps);
+    fy_cpu_llama_rmsnorm_forward(y, rstd, x, w, B * T, (int)c->n_embd, c->llama.rms_eps);
 }
 
-void fy_llama_norm_backward(const struct fy_model_config *c, const float *w, const float *x,
-                            const float *rstd, const float *dy, float *dx, float *dw, int B, int T)
+void fy_cpu_llama_norm_backward(const struct fy_model_config *c, const float *w, const float *x,
+                                const float *rstd, const float *dy, float *dx, float *dw, int B,
+                                int T)
 {
-    fy_llama_rmsnorm_backward(dx, dw, dy, x, w, rstd, B * T, (int)c->n_embd);
+    fy_cpu_llama_rmsnorm_backward(dx, dw, dy, x, w, rstd, B * T, (int)c->n_embd);
 }
 
 /* ---- model pieces: embeddings, final norm with the LM head ---- */
 
-/* Channels per task in the embedding backward (as gpt2_cpu.c). */
+/* Channels per task in the embedding backward (as cpu_gpt2.c). */
 #define EMBED_CHANNELS 16
 
-void fy_llama_embed_forward(const struct fy_model_config *m, const float *embed, const int32_t *tokens,
-                            float *x, int B, int T)
+void fy_cpu_llama_embed_forward(const struct fy_model_config *m, const float *embed,
+                                const int32_t *tokens, float *x, int B, int T)
 {
     size_t C = m->n_embd;
 #pragma omp parallel for schedule(static)
@@ -494,8 +498,8 @@ void fy_llama_embed_forward(const struct fy_model_config *m, const float *embed,
         memcpy(x + (size_t)n * C, embed + (size_t)tokens[n] * C, C * sizeof *x);
 }
 
-void fy_llama_embed_backward(const struct fy_model_config *m, const int32_t *tokens, const float *dx,
-                             float *dembed, int B, int T)
+void fy_cpu_llama_embed_backward(const struct fy_model_config *m, const int32_t *tokens,
+                                 const float *dx, float *dembed, int B, int T)
 {
     int C = (int)m->n_embd;
     /* A token may repeat, so a row sums over positions: split by channel, rows n in order. */
@@ -519,7 +523,8 @@ struct head_buf {
     size_t total;
 };
 
-static void head_carve(const struct fy_model_config *m, int B, int T, float *base, struct head_buf *s)
+static void head_carve(const struct fy_model_config *m, int B, int T, float *base,
+                       struct head_buf *s)
 {
     size_t C = m->n_embd, N = (size_t)B * T, at = 0;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
@@ -531,17 +536,17 @@ static void head_carve(const struct fy_model_config *m, int B, int T, float *bas
     s->total = at;
 }
 
-size_t fy_llama_head_scratch(const struct fy_model_config *m, int B, int T)
+size_t fy_cpu_llama_head_scratch(const struct fy_model_config *m, int B, int T)
 {
     struct head_buf s;
     head_carve(m, B, T, NULL, &s);
     return s.total;
 }
 
-float fy_llama_head_forward_backward(const struct fy_model_config *m, const float *final_params,
-                                     const float *embed, const float *x, const int32_t *targets,
-                                     float *dx, float *dfinal, float *dembed, float *scratch, int B,
-                                     int T)
+float fy_cpu_llama_head_forward_backward(const struct fy_model_config *m, const float *final_params,
+                                         const float *embed, const float *x, const int32_t *targets,
+                                         float *dx, float *dfinal, float *dembed, float *scratch,
+                                         int B, int T)
 {
     struct head_buf s;
     head_carve(m, B, T, scratch, &s);
@@ -551,34 +556,35 @@ float fy_llama_head_forward_backward(const struct fy_model_config *m, const floa
     const float *head_w = m->llama.tied ? embed : final_params + C;
     int backward = dx != NULL;
 
-    fy_llama_rmsnorm_forward(s.xn, s.rstd, x, norm_w, N, C, m->llama.rms_eps);
+    fy_cpu_llama_rmsnorm_forward(s.xn, s.rstd, x, norm_w, N, C, m->llama.rms_eps);
     float *dhead = NULL;
     if (backward) {
         memset(dembed, 0, VC * sizeof *dembed);
         memset(dfinal, 0, fy_model_unit_params(m, m->n_layer + 1) * sizeof *dfinal);
         dhead = m->llama.tied ? dembed : dfinal + C;
     }
-    float loss = fy_cpu_xent_head(s.xn, head_w, targets, N, C, V, s.logits, backward ? s.dxn : NULL,
-                                  dhead);
+    float loss =
+        fy_cpu_xent_head(s.xn, head_w, targets, N, C, V, s.logits, backward ? s.dxn : NULL, dhead);
     if (backward)
-        fy_llama_rmsnorm_backward(dx, dfinal, s.dxn, x, norm_w, s.rstd, N, C);
+        fy_cpu_llama_rmsnorm_backward(dx, dfinal, s.dxn, x, norm_w, s.rstd, N, C);
     return loss;
 }
 
-void fy_llama_logits(const struct fy_model_config *m, const float *final_params, const float *embed,
-                     const float *x, float *logits, float *scratch, int B, int T)
+void fy_cpu_llama_logits(const struct fy_model_config *m, const float *final_params,
+                         const float *embed, const float *x, float *logits, float *scratch, int B,
+                         int T)
 {
     struct head_buf s;
     head_carve(m, B, T, scratch, &s);
     int C = (int)m->n_embd, N = B * T;
-    fy_llama_rmsnorm_forward(s.xn, s.rstd, x, final_params, N, C, m->llama.rms_eps);
+    fy_cpu_llama_rmsnorm_forward(s.xn, s.rstd, x, final_params, N, C, m->llama.rms_eps);
     fy_cpu_matmul_forward(logits, s.xn, m->llama.tied ? embed : final_params + C, NULL, N, C,
                           (int)m->vocab);
 }
 
 /* ---- the family's table ---- */
 
-/* The backend's block backward overwrites the parameter gradients; fy_llama_block_backward adds. */
+/* The backend's block backward overwrites the parameter gradients; fy_cpu_llama_block_backward adds. */
 static void block_backward_overwrite(const struct fy_model_config *c, const float *params,
                                      const int32_t *positions, const float *x, const float *dy,
                                      float *dx, float *dparams, float *scratch, int B, int T)
@@ -586,7 +592,7 @@ static void block_backward_overwrite(const struct fy_model_config *c, const floa
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(c, &l);
     memset(dparams, 0, l.total * sizeof *dparams);
-    fy_llama_block_backward(c, params, positions, x, dy, dx, dparams, scratch, B, T);
+    fy_cpu_llama_block_backward(c, params, positions, x, dy, dx, dparams, scratch, B, T);
 }
 
 /* The embeddings have no positions (RoPE rotates q and k in the blocks instead). */
@@ -595,7 +601,7 @@ static void embed_forward_unit(const struct fy_model_config *c, const float *emb
                                int T)
 {
     (void)positions;
-    fy_llama_embed_forward(c, embed, tokens, x, B, T);
+    fy_cpu_llama_embed_forward(c, embed, tokens, x, B, T);
 }
 
 static void embed_backward_unit(const struct fy_model_config *c, const int32_t *tokens,
@@ -603,19 +609,19 @@ static void embed_backward_unit(const struct fy_model_config *c, const int32_t *
                                 int T)
 {
     (void)positions;
-    fy_llama_embed_backward(c, tokens, dx, dembed, B, T);
+    fy_cpu_llama_embed_backward(c, tokens, dx, dembed, B, T);
 }
 
 /* Its blocks always recompute their internals: no swapped internals, no per-op profile. Every
  * Llama-like family (Qwen2, Qwen3, Mistral, Phi-3) is computed here: its variations are fields of
  * c->llama (common/arch/llama.h), so it needs no check. */
-const struct fy_cpu_family fy_llama_cpu_family = {
-    .block_scratch = fy_llama_block_scratch,
-    .head_scratch = fy_llama_head_scratch,
+const struct fy_cpu_family fy_cpu_llama_family = {
+    .block_scratch = fy_cpu_llama_block_scratch,
+    .head_scratch = fy_cpu_llama_head_scratch,
     .embed_forward = embed_forward_unit,
     .embed_backward = embed_backward_unit,
-    .block_forward = fy_llama_block_forward,
+    .block_forward = fy_cpu_llama_block_forward,
     .block_backward = block_backward_overwrite,
-    .head = fy_llama_head_forward_backward,
-    .logits = fy_llama_logits,
+    .head = fy_cpu_llama_head_forward_backward,
+    .logits = fy_cpu_llama_logits,
 };

@@ -1,4 +1,4 @@
-/* Tests of the GPT-2 family on the CPU backend (gpu_worker/cpu/gpt2_cpu.c, with cpu_ops.c): every
+/* Tests of the GPT-2 family on the CPU backend (gpu_worker/cpu/cpu_gpt2.c, with cpu_ops.c): every
  * backward against central finite differences of its forward at small sizes, the head's chunked
  * loss and wte gradient against a naive all-rows computation in double, and bit-identical results
  * whatever the number of OpenMP threads. Documents packed in rows (gpu_worker/backend.h's
@@ -26,7 +26,7 @@
 
 #include "common/arch/gpt2.h"
 #include "common/model.h"
-#include "gpu_worker/cpu/gpt2_cpu.h"
+#include "gpu_worker/cpu/cpu_gpt2.h"
 #include "tests/testutil.h"
 
 /* Tolerances. The forward is fp32, so L carries a rounding error of about 1e-7 relative to
@@ -73,8 +73,8 @@ static double project(const float *out, const float *g, size_t n)
 
 /* Compares the analytic gradient of every element of p with the central difference of f; prints
  * the worst element and returns the number outside |a - n| <= rel |n| + abs. */
-static int fd_check(const char *name, double (*f)(void *), void *ctx, float *p, const float *analytic,
-                    size_t n, float eps, double rel, double abs_tol)
+static int fd_check(const char *name, double (*f)(void *), void *ctx, float *p,
+                    const float *analytic, size_t n, float eps, double rel, double abs_tol)
 {
     int bad = 0;
     double worst = 0.0, worst_a = 0.0, worst_n = 0.0;
@@ -97,8 +97,8 @@ static int fd_check(const char *name, double (*f)(void *), void *ctx, float *p, 
             worst_i = i;
         }
     }
-    printf("  %-14s %5zu elements, worst |a-n| %.2e at %zu (analytic %.6f, numeric %.6f)%s\n", name, n,
-           worst, worst_i, worst_a, worst_n, bad ? "  FAIL" : "");
+    printf("  %-14s %5zu elements, worst |a-n| %.2e at %zu (analytic %.6f, numeric %.6f)%s\n", name,
+           n, worst, worst_i, worst_a, worst_n, bad ? "  FAIL" : "");
     return bad;
 }
 
@@ -136,7 +136,8 @@ static int run_matmul(int with_bias, float scale_dw)
     m.bias = with_bias ? alloc_rand(m.OUT, &st, -1, 1) : NULL;
     m.out = alloc_nan(no);
     m.g = alloc_rand(no, &st, -1, 1);
-    float *dinp = alloc_nan(ni), *dw0 = alloc_rand(nw, &st, -1, 1), *db0 = alloc_rand(m.OUT, &st, -1, 1);
+    float *dinp = alloc_nan(ni), *dw0 = alloc_rand(nw, &st, -1, 1),
+          *db0 = alloc_rand(m.OUT, &st, -1, 1);
     float *dw = alloc_f(nw), *db = alloc_f(m.OUT);
     memcpy(dw, dw0, nw * sizeof *dw);
     memcpy(db, db0, m.OUT * sizeof *db);
@@ -177,7 +178,7 @@ struct ln {
 static double ln_obj(void *ctx)
 {
     struct ln *l = ctx;
-    fy_cpu_layernorm_forward(l->out, l->mean, l->rstd, l->inp, l->w, l->b, l->N, l->C);
+    fy_cpu_gpt2_layernorm_forward(l->out, l->mean, l->rstd, l->inp, l->w, l->b, l->N, l->C);
     return project(l->out, l->g, (size_t)l->N * l->C);
 }
 
@@ -194,11 +195,12 @@ static void test_layernorm(void **state)
     l.rstd = alloc_nan(l.N);
     l.g = alloc_rand(n, &st, -1, 1);
     ln_obj(&l);
-    float *dinp = alloc_nan(n), *dw0 = alloc_rand(l.C, &st, -1, 1), *db0 = alloc_rand(l.C, &st, -1, 1);
+    float *dinp = alloc_nan(n), *dw0 = alloc_rand(l.C, &st, -1, 1),
+          *db0 = alloc_rand(l.C, &st, -1, 1);
     float *dw = alloc_f(l.C), *db = alloc_f(l.C);
     memcpy(dw, dw0, l.C * sizeof *dw);
     memcpy(db, db0, l.C * sizeof *db);
-    fy_cpu_layernorm_backward(dinp, dw, db, l.g, l.inp, l.w, l.mean, l.rstd, l.N, l.C);
+    fy_cpu_gpt2_layernorm_backward(dinp, dw, db, l.g, l.inp, l.w, l.mean, l.rstd, l.N, l.C);
     float *gw = delta(dw, dw0, l.C), *gb = delta(db, db0, l.C);
 
     int bad = fd_check("layernorm dinp", ln_obj, &l, l.inp, dinp, n, EPS, REL, ABS);
@@ -221,7 +223,7 @@ struct at {
 static double at_obj(void *ctx)
 {
     struct at *a = ctx;
-    fy_cpu_attention_forward(a->out, a->att, a->qkv, a->pos, a->B, a->T, a->C, a->NH);
+    fy_cpu_gpt2_attention_forward(a->out, a->att, a->qkv, a->pos, a->B, a->T, a->C, a->NH);
     return project(a->out, a->g, (size_t)a->B * a->T * a->C);
 }
 
@@ -254,7 +256,7 @@ static int attention_check(struct at *a, uint64_t seed)
     }
 
     float *dqkv = alloc_nan(nq);
-    fy_cpu_attention_backward(dqkv, a->g, a->qkv, a->att, a->pos, a->B, a->T, a->C, a->NH);
+    fy_cpu_gpt2_attention_backward(dqkv, a->g, a->qkv, a->att, a->pos, a->B, a->T, a->C, a->NH);
     int bad = fd_check("attention dqkv", at_obj, a, a->qkv, dqkv, nq, EPS, REL, ABS);
     free(a->qkv), free(a->out), free(a->att), free(a->g), free(dqkv);
     return bad;
@@ -285,8 +287,8 @@ static void test_attention_documents_alone(void **state)
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
     float *qkv = alloc_rand(nq, &st, -1.5f, 1.5f), *g = alloc_rand(no, &st, -1, 1);
     float *out = alloc_nan(no), *att = alloc_nan((size_t)B * NH * T * T), *dqkv = alloc_nan(nq);
-    fy_cpu_attention_forward(out, att, qkv, packed_pos, B, T, C, NH);
-    fy_cpu_attention_backward(dqkv, g, qkv, att, packed_pos, B, T, C, NH);
+    fy_cpu_gpt2_attention_forward(out, att, qkv, packed_pos, B, T, C, NH);
+    fy_cpu_gpt2_attention_backward(dqkv, g, qkv, att, packed_pos, B, T, C, NH);
     int docs = 0;
     for (int b = 0; b < B; b++)
         for (int t0 = 0; t0 < T;) {
@@ -296,8 +298,8 @@ static void test_attention_documents_alone(void **state)
             size_t at = (size_t)b * T + t0;
             float *o1 = alloc_nan((size_t)n * C), *a1 = alloc_nan((size_t)NH * n * n);
             float *d1 = alloc_nan((size_t)n * 3 * C);
-            fy_cpu_attention_forward(o1, a1, qkv + at * 3 * C, NULL, 1, n, C, NH);
-            fy_cpu_attention_backward(d1, g + at * C, qkv + at * 3 * C, a1, NULL, 1, n, C, NH);
+            fy_cpu_gpt2_attention_forward(o1, a1, qkv + at * 3 * C, NULL, 1, n, C, NH);
+            fy_cpu_gpt2_attention_backward(d1, g + at * C, qkv + at * 3 * C, a1, NULL, 1, n, C, NH);
             assert_memory_equal(o1, out + at * C, (size_t)n * C * sizeof(float));
             assert_memory_equal(d1, dqkv + at * 3 * C, (size_t)n * 3 * C * sizeof(float));
             free(o1), free(a1), free(d1);
@@ -318,7 +320,7 @@ struct ge {
 static double ge_obj(void *ctx)
 {
     struct ge *e = ctx;
-    fy_cpu_gelu_forward(e->out, e->inp, e->n);
+    fy_cpu_gpt2_gelu_forward(e->out, e->inp, e->n);
     return project(e->out, e->g, e->n);
 }
 
@@ -332,13 +334,13 @@ static void test_gelu(void **state)
     ge_obj(&e);
     /* spot values of the tanh approximation */
     float x[3] = {0.0f, 1.0f, -2.0f}, y[3];
-    fy_cpu_gelu_forward(y, x, 3);
+    fy_cpu_gpt2_gelu_forward(y, x, 3);
     assert_true(y[0] == 0.0f);
     assert_true(fabsf(y[1] - 0.841192f) < 1e-5f);
     assert_true(fabsf(y[2] - -0.045402f) < 1e-5f);
 
     float *dinp = alloc_nan(e.n);
-    fy_cpu_gelu_backward(dinp, e.inp, e.g, e.n);
+    fy_cpu_gpt2_gelu_backward(dinp, e.inp, e.g, e.n);
     assert_int_equal(fd_check("gelu dinp", ge_obj, &e, e.inp, dinp, e.n, EPS, REL, ABS), 0);
     free(e.inp), free(e.out), free(e.g), free(dinp);
 }
@@ -356,7 +358,7 @@ struct em {
 static double em_obj(void *ctx)
 {
     struct em *e = ctx;
-    fy_cpu_embed_forward(&e->cfg, e->embed, e->tokens, e->pos, e->x, e->B, e->T);
+    fy_cpu_gpt2_embed_forward(&e->cfg, e->embed, e->tokens, e->pos, e->x, e->B, e->T);
     return project(e->x, e->g, (size_t)e->B * e->T * e->cfg.n_embd);
 }
 
@@ -379,7 +381,7 @@ static int embed_check(struct em *e, uint64_t seed)
     }
     float *d0 = alloc_rand(ne, &st, -1, 1), *d = alloc_f(ne);
     memcpy(d, d0, ne * sizeof *d);
-    fy_cpu_embed_backward(&e->cfg, e->tokens, e->pos, e->g, d, e->B, e->T);
+    fy_cpu_gpt2_embed_backward(&e->cfg, e->tokens, e->pos, e->g, d, e->B, e->T);
     float *gd = delta(d, d0, ne);
     int bad = fd_check("embed dembed", em_obj, e, e->embed, gd, ne, EPS, REL, ABS);
     free(e->embed), free(e->x), free(e->g), free(d0), free(d), free(gd);
@@ -388,7 +390,8 @@ static int embed_check(struct em *e, uint64_t seed)
 
 static void test_embed(void **state)
 {
-    struct em e = {.cfg = {.n_layer = 1, .n_head = 1, .n_embd = 5, .vocab = 7, .ctx = 6}, .B = 2, .T = 4};
+    struct em e = {
+        .cfg = {.n_layer = 1, .n_head = 1, .n_embd = 5, .vocab = 7, .ctx = 6}, .B = 2, .T = 4};
     int32_t tokens[8] = {3, 0, 3, 6, 6, 3, 1, 0}; /* repeats, within and across sequences */
     e.tokens = tokens;
     assert_int_equal(embed_check(&e, 51), 0);
@@ -418,7 +421,7 @@ struct bl {
 static double bl_obj(void *ctx)
 {
     struct bl *b = ctx;
-    fy_cpu_block_forward(&b->cfg, b->params, b->pos, b->x, b->y, b->scratch, NULL, b->B, b->T);
+    fy_cpu_gpt2_block_forward(&b->cfg, b->params, b->pos, b->x, b->y, b->scratch, NULL, b->B, b->T);
     return project(b->y, b->g, (size_t)b->B * b->T * b->cfg.n_embd);
 }
 
@@ -445,26 +448,33 @@ static int block_check(struct bl *bp, uint64_t seed)
     uint64_t st = seed;
     struct fy_gpt2_block_layout l;
     fy_gpt2_block_layout(&b.cfg, &l);
-    size_t nx = (size_t)b.B * b.T * b.cfg.n_embd, ns = fy_cpu_block_scratch(&b.cfg, b.B, b.T);
+    size_t nx = (size_t)b.B * b.T * b.cfg.n_embd, ns = fy_cpu_gpt2_block_scratch(&b.cfg, b.B, b.T);
     b.params = block_params(&b.cfg, &st);
     b.x = alloc_rand(nx, &st, -1, 1);
     b.y = alloc_nan(nx);
     b.g = alloc_rand(nx, &st, -1, 1);
     b.scratch = alloc_nan(ns);
     float *dx = alloc_nan(nx), *dp = alloc_nan(l.total);
-    fy_cpu_block_backward(&b.cfg, b.params, b.pos, b.x, b.g, dx, dp, b.scratch, NULL, b.B, b.T);
+    fy_cpu_gpt2_block_backward(&b.cfg, b.params, b.pos, b.x, b.g, dx, dp, b.scratch, NULL, b.B,
+                               b.T);
 
     int bad = fd_check("block dx", bl_obj, &b, b.x, dx, nx, EPS, REL, ABS);
     struct {
         const char *name;
         size_t off, n;
     } t[] = {
-        {"block ln1_w", l.ln1_w, l.ln1_b - l.ln1_w},   {"block ln1_b", l.ln1_b, l.qkv_w - l.ln1_b},
-        {"block qkv_w", l.qkv_w, l.qkv_b - l.qkv_w},   {"block qkv_b", l.qkv_b, l.attn_w - l.qkv_b},
-        {"block attn_w", l.attn_w, l.attn_b - l.attn_w}, {"block attn_b", l.attn_b, l.ln2_w - l.attn_b},
-        {"block ln2_w", l.ln2_w, l.ln2_b - l.ln2_w},   {"block ln2_b", l.ln2_b, l.fc_w - l.ln2_b},
-        {"block fc_w", l.fc_w, l.fc_b - l.fc_w},       {"block fc_b", l.fc_b, l.proj_w - l.fc_b},
-        {"block proj_w", l.proj_w, l.proj_b - l.proj_w}, {"block proj_b", l.proj_b, l.total - l.proj_b},
+        {"block ln1_w", l.ln1_w, l.ln1_b - l.ln1_w},
+        {"block ln1_b", l.ln1_b, l.qkv_w - l.ln1_b},
+        {"block qkv_w", l.qkv_w, l.qkv_b - l.qkv_w},
+        {"block qkv_b", l.qkv_b, l.attn_w - l.qkv_b},
+        {"block attn_w", l.attn_w, l.attn_b - l.attn_w},
+        {"block attn_b", l.attn_b, l.ln2_w - l.attn_b},
+        {"block ln2_w", l.ln2_w, l.ln2_b - l.ln2_w},
+        {"block ln2_b", l.ln2_b, l.fc_w - l.ln2_b},
+        {"block fc_w", l.fc_w, l.fc_b - l.fc_w},
+        {"block fc_b", l.fc_b, l.proj_w - l.fc_b},
+        {"block proj_w", l.proj_w, l.proj_b - l.proj_w},
+        {"block proj_b", l.proj_b, l.total - l.proj_b},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         bad += fd_check(t[i].name, bl_obj, &b, b.params + t[i].off, dp + t[i].off, t[i].n, EPS, REL,
@@ -501,8 +511,8 @@ struct hd {
 static double hd_obj(void *ctx)
 {
     struct hd *h = ctx;
-    return fy_cpu_head_forward_backward(&h->cfg, h->final, h->embed, h->x, h->targets, NULL, NULL, NULL,
-                                        h->scratch, h->B, h->T);
+    return fy_cpu_gpt2_head_forward_backward(&h->cfg, h->final, h->embed, h->x, h->targets, NULL,
+                                             NULL, NULL, h->scratch, h->B, h->T);
 }
 
 static void hd_alloc(struct hd *h, uint64_t *st)
@@ -513,7 +523,7 @@ static void hd_alloc(struct hd *h, uint64_t *st)
         h->final[i] += 1.0f;
     h->embed = alloc_rand(fy_model_unit_params(&h->cfg, 0), st, -1, 1);
     h->x = alloc_rand(nx, st, -1, 1);
-    h->scratch = alloc_nan(fy_cpu_head_scratch(&h->cfg, h->B, h->T));
+    h->scratch = alloc_nan(fy_cpu_gpt2_head_scratch(&h->cfg, h->B, h->T));
     h->targets = malloc((size_t)h->B * h->T * sizeof *h->targets);
     assert_non_null(h->targets);
     for (int n = 0; n < h->B * h->T; n++)
@@ -528,14 +538,15 @@ static void hd_free(struct hd *h)
 static void test_head(void **state)
 {
     uint64_t st = 71;
-    struct hd h = {.cfg = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 6}, .B = 2, .T = 5};
+    struct hd h = {
+        .cfg = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 6}, .B = 2, .T = 5};
     hd_alloc(&h, &st);
     h.targets[3] = -1; /* ignored */
     size_t C = h.cfg.n_embd, V = h.cfg.vocab, nx = (size_t)h.B * h.T * C;
     size_t ne = fy_model_unit_params(&h.cfg, 0);
     float *dx = alloc_nan(nx), *dfinal = alloc_nan(2 * C), *dembed = alloc_nan(ne);
-    float loss = fy_cpu_head_forward_backward(&h.cfg, h.final, h.embed, h.x, h.targets, dx, dfinal,
-                                              dembed, h.scratch, h.B, h.T);
+    float loss = fy_cpu_gpt2_head_forward_backward(&h.cfg, h.final, h.embed, h.x, h.targets, dx,
+                                                   dfinal, dembed, h.scratch, h.B, h.T);
     assert_true(isfinite(loss) && loss > 0.0f);
     assert_true(loss == (float)hd_obj(&h)); /* the backward does not change the loss */
 
@@ -553,8 +564,8 @@ static void test_head(void **state)
     /* all targets ignored: loss 0 and zero gradients */
     for (int n = 0; n < h.B * h.T; n++)
         h.targets[n] = -1;
-    loss = fy_cpu_head_forward_backward(&h.cfg, h.final, h.embed, h.x, h.targets, dx, dfinal, dembed,
-                                        h.scratch, h.B, h.T);
+    loss = fy_cpu_gpt2_head_forward_backward(&h.cfg, h.final, h.embed, h.x, h.targets, dx, dfinal,
+                                             dembed, h.scratch, h.B, h.T);
     assert_true(loss == 0.0f);
     for (size_t i = 0; i < nx; i++)
         assert_true(dx[i] == 0.0f);
@@ -572,15 +583,16 @@ static void test_head(void **state)
 static void test_head_chunks_match_naive(void **state)
 {
     uint64_t st = 81;
-    struct hd h = {.cfg = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 50}, .B = 3, .T = 50};
+    struct hd h = {
+        .cfg = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 50}, .B = 3, .T = 50};
     hd_alloc(&h, &st);
     int N = h.B * h.T, C = (int)h.cfg.n_embd, V = (int)h.cfg.vocab;
     for (int n = 0; n < N; n += 7)
         h.targets[n] = -1;
     float *dx = alloc_nan((size_t)N * C), *dfinal = alloc_nan(2 * (size_t)C);
     float *dembed = alloc_nan(fy_model_unit_params(&h.cfg, 0));
-    float loss = fy_cpu_head_forward_backward(&h.cfg, h.final, h.embed, h.x, h.targets, dx, dfinal,
-                                              dembed, h.scratch, h.B, h.T);
+    float loss = fy_cpu_gpt2_head_forward_backward(&h.cfg, h.final, h.embed, h.x, h.targets, dx,
+                                                   dfinal, dembed, h.scratch, h.B, h.T);
 
     double *xn = calloc((size_t)N * C, sizeof *xn), *dl = calloc((size_t)N * V, sizeof *dl);
     double *dwte = calloc((size_t)V * C, sizeof *dwte);
@@ -633,17 +645,17 @@ static void test_head_chunks_match_naive(void **state)
     free(dx), free(dfinal), free(dembed), free(xn), free(dl), free(dwte);
 }
 
-/* The logits (fy_cpu_logits, in the head's scratch) against the final LayerNorm and the tied head
+/* The logits (fy_cpu_gpt2_logits, in the head's scratch) against the final LayerNorm and the tied head
  * computed in double, over rows spanning three head chunks. */
 static void test_logits(void **state)
 {
     uint64_t st = 83;
-    struct hd h = {.cfg = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 50},
-                   .B = 3, .T = 50};
+    struct hd h = {
+        .cfg = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 11, .ctx = 50}, .B = 3, .T = 50};
     hd_alloc(&h, &st);
     int N = h.B * h.T, C = (int)h.cfg.n_embd, V = (int)h.cfg.vocab;
     float *logits = alloc_nan((size_t)N * V);
-    fy_cpu_logits(&h.cfg, h.final, h.embed, h.x, logits, h.scratch, h.B, h.T);
+    fy_cpu_gpt2_logits(&h.cfg, h.final, h.embed, h.x, logits, h.scratch, h.B, h.T);
     double worst = 0.0, zmax = 0.0;
     for (int n = 0; n < N; n++) {
         const float *x = h.x + (size_t)n * C;
@@ -688,8 +700,10 @@ static void det_run(int threads, int positions, struct run_out *o)
     struct fy_gpt2_block_layout l;
     fy_gpt2_block_layout(&cfg, &l);
     float *params = block_params(&cfg, &st), *embed = alloc_rand(ne, &st, -1, 1);
-    float *final = alloc_rand(2 * C, &st, 0.5f, 1.5f), *x = alloc_f(nx), *dy = alloc_rand(nx, &st, -1, 1);
-    int32_t *tokens = malloc((size_t)N * sizeof *tokens), *targets = malloc((size_t)N * sizeof *targets);
+    float *final = alloc_rand(2 * C, &st, 0.5f, 1.5f), *x = alloc_f(nx),
+          *dy = alloc_rand(nx, &st, -1, 1);
+    int32_t *tokens = malloc((size_t)N * sizeof *tokens),
+            *targets = malloc((size_t)N * sizeof *targets);
     assert_non_null(tokens), assert_non_null(targets);
     for (int n = 0; n < N; n++) {
         tokens[n] = (int32_t)(fy_test_rand(&st) % 5); /* few distinct tokens: many repeats */
@@ -698,16 +712,17 @@ static void det_run(int threads, int positions, struct run_out *o)
     int32_t *pos = positions ? malloc((size_t)N * sizeof *pos) : NULL;
     for (int n = 0; pos != NULL && n < N; n++)
         pos[n] = positions == 1 ? n % T : n % T < 21 ? n % T % 7 : 0;
-    float *bs = alloc_nan(fy_cpu_block_scratch(&cfg, B, T)), *hs = alloc_nan(fy_cpu_head_scratch(&cfg, B, T));
+    float *bs = alloc_nan(fy_cpu_gpt2_block_scratch(&cfg, B, T)),
+          *hs = alloc_nan(fy_cpu_gpt2_head_scratch(&cfg, B, T));
     o->y = alloc_nan(nx), o->dx = alloc_nan(nx), o->dp = alloc_nan(l.total);
     o->dembed = alloc_nan(ne), o->hdx = alloc_nan(nx), o->dfinal = alloc_nan(2 * C);
 
-    fy_cpu_embed_forward(&cfg, embed, tokens, pos, x, B, T);
-    fy_cpu_block_forward(&cfg, params, pos, x, o->y, bs, NULL, B, T);
-    fy_cpu_block_backward(&cfg, params, pos, x, dy, o->dx, o->dp, bs, NULL, B, T);
-    o->loss = fy_cpu_head_forward_backward(&cfg, final, embed, o->y, targets, o->hdx, o->dfinal,
-                                           o->dembed, hs, B, T);
-    fy_cpu_embed_backward(&cfg, tokens, pos, o->dx, o->dembed, B, T);
+    fy_cpu_gpt2_embed_forward(&cfg, embed, tokens, pos, x, B, T);
+    fy_cpu_gpt2_block_forward(&cfg, params, pos, x, o->y, bs, NULL, B, T);
+    fy_cpu_gpt2_block_backward(&cfg, params, pos, x, dy, o->dx, o->dp, bs, NULL, B, T);
+    o->loss = fy_cpu_gpt2_head_forward_backward(&cfg, final, embed, o->y, targets, o->hdx,
+                                                o->dfinal, o->dembed, hs, B, T);
+    fy_cpu_gpt2_embed_backward(&cfg, tokens, pos, o->dx, o->dembed, B, T);
     free(pos);
 
     free(params), free(embed), free(final), free(x), free(dy), free(tokens), free(targets);

@@ -1,4 +1,4 @@
-/* Tests of the CPU Llama block (gpu_worker/cpu/llama_cpu.c):
+/* Tests of the CPU Llama block (gpu_worker/cpu/cpu_llama.c):
  *   - the block's parameter layout (fy_llama_unit_layout: Hugging Face's LlamaDecoderLayer order)
  *     and the Llama configuration checks (fy_model_config_validate);
  *   - the rotary inverse frequencies, plain and with llama3 scaling, against a float64 computation;
@@ -58,7 +58,7 @@
 
 #include "common/arch/arch.h"
 #include "common/arch/llama.h"
-#include "gpu_worker/cpu/llama_cpu.h"
+#include "gpu_worker/cpu/cpu_llama.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 
@@ -102,10 +102,17 @@ static struct fy_model_config cfg_plain(uint32_t C, uint32_t NH, uint32_t NKV, u
                                         double theta)
 {
     /* one block's model: the vocabulary and the context matter to no block computation */
-    return (struct fy_model_config){
-        .n_layer = 1, .n_head = NH, .n_embd = C, .vocab = 2, .ctx = 1024, .arch = &fy_arch_llama,
-        .llama = {.n_kv_head = NKV, .n_inter = I, .rms_eps = 1e-5f, .rope_theta = theta,
-                  .rope_type = FY_ROPE_DEFAULT}};
+    return (struct fy_model_config){.n_layer = 1,
+                                    .n_head = NH,
+                                    .n_embd = C,
+                                    .vocab = 2,
+                                    .ctx = 1024,
+                                    .arch = &fy_arch_llama,
+                                    .llama = {.n_kv_head = NKV,
+                                              .n_inter = I,
+                                              .rms_eps = 1e-5f,
+                                              .rope_theta = theta,
+                                              .rope_type = FY_ROPE_DEFAULT}};
 }
 
 /* head_dim 8 and theta 500000: wavelengths 6.3, 167, 4443 and 118000 against 512 / 4 = 128 and
@@ -121,20 +128,20 @@ static struct fy_model_config cfg_llama3(uint32_t C, uint32_t NH, uint32_t NKV, 
     return c;
 }
 
-/* ---- the float64 reference, independent of llama_cpu.c ---- */
+/* ---- the float64 reference, independent of cpu_llama.c ---- */
 
 /* The tensors of LlamaDecoderLayer in order, with their sizes: the layout the module must have. */
 enum { R_IN_NORM, R_Q, R_K, R_V, R_O, R_POST_NORM, R_GATE, R_UP, R_DOWN, R_COUNT };
 static const char *const ref_names[R_COUNT] = {
-    "input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "post_attention_layernorm",
-    "gate_proj", "up_proj", "down_proj"};
+    "input_layernorm",          "q_proj",    "k_proj",  "v_proj",   "o_proj",
+    "post_attention_layernorm", "gate_proj", "up_proj", "down_proj"};
 
 static void ref_offsets(const struct fy_model_config *c, size_t off[R_COUNT + 1])
 {
     size_t C = c->n_embd, hd = C / c->n_head, I = c->llama.n_inter;
     size_t KV = c->llama.n_kv_head * hd;
-    size_t n[R_COUNT] = {C, c->n_head * hd * C, KV * C, KV * C, C * c->n_head * hd, C, I * C, I * C,
-                         C * I};
+    size_t n[R_COUNT] = {
+        C, c->n_head * hd * C, KV * C, KV * C, C * c->n_head * hd, C, I * C, I * C, C * I};
     off[0] = 0;
     for (int i = 0; i < R_COUNT; i++)
         off[i + 1] = off[i] + n[i];
@@ -224,12 +231,14 @@ static void ref_block_forward(const struct fy_model_config *c, const double *p, 
     double eps = c->llama.rms_eps;
     double *f = xmalloc((size_t)hd / 2 * sizeof *f);
     ref_inv_freq(c, f, NULL);
-    double *n1 = xmalloc((size_t)N * C * sizeof(double)), *h = xmalloc((size_t)N * C * sizeof(double));
+    double *n1 = xmalloc((size_t)N * C * sizeof(double)),
+           *h = xmalloc((size_t)N * C * sizeof(double));
     double *q = xmalloc((size_t)N * NH * hd * sizeof(double));
     double *k = xmalloc((size_t)N * NKV * hd * sizeof(double));
     double *v = xmalloc((size_t)N * NKV * hd * sizeof(double));
     double *a = xmalloc((size_t)N * NH * hd * sizeof(double));
-    double *gate = xmalloc((size_t)N * I * sizeof(double)), *up = xmalloc((size_t)N * I * sizeof(double));
+    double *gate = xmalloc((size_t)N * I * sizeof(double)),
+           *up = xmalloc((size_t)N * I * sizeof(double));
     double *s = xmalloc((size_t)T * sizeof(double));
 
     ref_rmsnorm(n1, x, p + off[R_IN_NORM], N, C, eps);
@@ -327,8 +336,8 @@ static void test_layout(void **state)
     fy_llama_unit_layout(&c, &l);
     size_t off[R_COUNT + 1];
     ref_offsets(&c, off);
-    size_t got[R_COUNT + 1] = {l.input_norm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.post_norm,
-                               l.gate_proj, l.up_proj, l.down_proj, l.total};
+    size_t got[R_COUNT + 1] = {l.input_norm, l.q_proj,    l.k_proj,  l.v_proj,    l.o_proj,
+                               l.post_norm,  l.gate_proj, l.up_proj, l.down_proj, l.total};
     for (int i = 0; i <= R_COUNT; i++)
         assert_int_equal(got[i], off[i]);
     /* 16 + 256 + 2 * 128 + 256 + 16 + 3 * 384 */
@@ -369,10 +378,11 @@ static void test_inv_freq(void **state)
         int half = (int)(cs[k].n_embd / cs[k].n_head / 2), regions[3];
         float f[64];
         double r[64];
-        fy_llama_rope_inv_freq(&cs[k], f);
+        fy_cpu_llama_rope_inv_freq(&cs[k], f);
         ref_inv_freq(&cs[k], r, regions);
-        printf("  config %zu: %d frequencies; llama3 regions unchanged %d, blended %d, divided %d\n",
-               k, half, regions[0], regions[1], regions[2]);
+        printf(
+            "  config %zu: %d frequencies; llama3 regions unchanged %d, blended %d, divided %d\n",
+            k, half, regions[0], regions[1], regions[2]);
         if (cs[k].llama.rope_type == FY_ROPE_LLAMA3)
             assert_true(regions[0] >= 1 && regions[1] >= 1 && regions[2] >= 1);
         for (int i = 0; i < half; i++)
@@ -383,7 +393,7 @@ static void test_inv_freq(void **state)
      * with transformers 5.17): 1, 2.7344e-02, 1.7678e-04, 6.6479e-06 */
     float f[4];
     struct fy_model_config c = cfg_llama3(32, 4, 2, 48);
-    fy_llama_rope_inv_freq(&c, f);
+    fy_cpu_llama_rope_inv_freq(&c, f);
     const double hf[4] = {1.0, 2.7344e-02, 1.7678e-04, 6.6479e-06};
     for (int i = 0; i < 4; i++)
         assert_true(fabs(f[i] - hf[i]) <= 1e-4 * hf[i]);
@@ -451,14 +461,14 @@ static int check_block_at(const struct fy_model_config *cfg, const int32_t *pos,
     uint64_t st = seed;
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(cfg, &l);
-    size_t nx = (size_t)B * T * cfg->n_embd, ns = fy_llama_block_scratch(cfg, B, T);
+    size_t nx = (size_t)B * T * cfg->n_embd, ns = fy_cpu_llama_block_scratch(cfg, B, T);
     float *p = block_params(cfg, &st), *x = alloc_rand(nx, &st, -1.5f, 1.5f);
     float *r = alloc_rand(nx, &st, -1, 1), *y = alloc_nan(nx), *dx = alloc_nan(nx);
     float *scratch = alloc_nan(ns), *dp = xmalloc(l.total * sizeof *dp);
     memset(dp, 0, l.total * sizeof *dp);
 
-    fy_llama_block_forward(cfg, p, pos, x, y, scratch, B, T);
-    fy_llama_block_backward(cfg, p, pos, x, r, dx, dp, scratch, B, T);
+    fy_cpu_llama_block_forward(cfg, p, pos, x, y, scratch, B, T);
+    fy_cpu_llama_block_backward(cfg, p, pos, x, r, dx, dp, scratch, B, T);
     if (corrupt_dx != 0.0)
         dx[3] *= (float)(1.0 + corrupt_dx);
 
@@ -519,8 +529,8 @@ static void test_checker_catches_missing_documents(void **state)
     uint64_t st = 104;
     size_t nx = (size_t)B * T * c.n_embd;
     float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1.5f, 1.5f), *y = alloc_nan(nx);
-    float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
-    fy_llama_block_forward(&c, p, NULL, x, y, scratch, B, T);
+    float *scratch = alloc_nan(fy_cpu_llama_block_scratch(&c, B, T));
+    fy_cpu_llama_block_forward(&c, p, NULL, x, y, scratch, B, T);
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
     double *xd = to_double(x, nx), *pd = to_double(p, l.total), *yd = xmalloc(nx * sizeof *yd);
@@ -546,10 +556,10 @@ static void test_block_documents_alone(void **state)
     float *p = alloc_rand(l.total, &st, -0.3f, 0.3f), *x = alloc_rand(nx, &st, -1, 1);
     float *r = alloc_rand(nx, &st, -1, 1), *y = alloc_nan(nx), *dx = alloc_nan(nx);
     float *dp = xmalloc(l.total * sizeof *dp);
-    float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
+    float *scratch = alloc_nan(fy_cpu_llama_block_scratch(&c, B, T));
     memset(dp, 0, l.total * sizeof *dp);
-    fy_llama_block_forward(&c, p, packed_pos, x, y, scratch, B, T);
-    fy_llama_block_backward(&c, p, packed_pos, x, r, dx, dp, scratch, B, T);
+    fy_cpu_llama_block_forward(&c, p, packed_pos, x, y, scratch, B, T);
+    fy_cpu_llama_block_backward(&c, p, packed_pos, x, r, dx, dp, scratch, B, T);
     int docs = 0;
     for (int b = 0; b < B; b++)
         for (int t0 = 0; t0 < T;) {
@@ -559,10 +569,10 @@ static void test_block_documents_alone(void **state)
             size_t at = ((size_t)b * T + t0) * C;
             float *y1 = alloc_nan((size_t)n * C), *dx1 = alloc_nan((size_t)n * C);
             float *dp1 = xmalloc(l.total * sizeof *dp1);
-            float *s1 = alloc_nan(fy_llama_block_scratch(&c, 1, n));
+            float *s1 = alloc_nan(fy_cpu_llama_block_scratch(&c, 1, n));
             memset(dp1, 0, l.total * sizeof *dp1);
-            fy_llama_block_forward(&c, p, NULL, x + at, y1, s1, 1, n);
-            fy_llama_block_backward(&c, p, NULL, x + at, r + at, dx1, dp1, s1, 1, n);
+            fy_cpu_llama_block_forward(&c, p, NULL, x + at, y1, s1, 1, n);
+            fy_cpu_llama_block_backward(&c, p, NULL, x + at, r + at, dx1, dp1, s1, 1, n);
             assert_memory_equal(y1, y + at, (size_t)n * C * sizeof(float));
             assert_memory_equal(dx1, dx + at, (size_t)n * C * sizeof(float));
             free(y1), free(dx1), free(dp1), free(s1);
@@ -607,8 +617,8 @@ static void test_checker_catches_wrong_rope(void **state)
     uint64_t st = 103;
     size_t nx = (size_t)B * T * c.n_embd;
     float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1.5f, 1.5f), *y = alloc_nan(nx);
-    float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
-    fy_llama_block_forward(&plain, p, NULL, x, y, scratch, B, T);
+    float *scratch = alloc_nan(fy_cpu_llama_block_scratch(&c, B, T));
+    fy_cpu_llama_block_forward(&plain, p, NULL, x, y, scratch, B, T);
     double *dx = to_double(x, nx);
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
@@ -627,17 +637,19 @@ static void test_backward_accumulates(void **state)
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)B * T * c.n_embd;
-    float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
-    float *dx = alloc_nan(nx), *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
+    float *p = block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1),
+          *r = alloc_rand(nx, &st, -1, 1);
+    float *dx = alloc_nan(nx), *scratch = alloc_nan(fy_cpu_llama_block_scratch(&c, B, T));
     float *g0 = xmalloc(l.total * sizeof *g0), *before = alloc_rand(l.total, &st, -1, 1);
     float *g1 = xmalloc(l.total * sizeof *g1);
     memset(g0, 0, l.total * sizeof *g0);
     memcpy(g1, before, l.total * sizeof *g1);
-    fy_llama_block_backward(&c, p, NULL, x, r, dx, g0, scratch, B, T);
-    fy_llama_block_backward(&c, p, NULL, x, r, dx, g1, scratch, B, T);
+    fy_cpu_llama_block_backward(&c, p, NULL, x, r, dx, g0, scratch, B, T);
+    fy_cpu_llama_block_backward(&c, p, NULL, x, r, dx, g1, scratch, B, T);
     for (size_t i = 0; i < l.total; i++) /* a few ulps of the starting values */
         if (!(fabsf(g1[i] - before[i] - g0[i]) <= 1e-6f * (1.0f + fabsf(g0[i]))))
-            fail_msg("dparams[%zu]: %g - %g != %g", i, (double)g1[i], (double)before[i], (double)g0[i]);
+            fail_msg("dparams[%zu]: %g - %g != %g", i, (double)g1[i], (double)before[i],
+                     (double)g0[i]);
     free(p), free(x), free(r), free(dx), free(scratch), free(g0), free(g1), free(before);
 }
 
@@ -650,11 +662,12 @@ static void test_final_norm(void **state)
     size_t nx = (size_t)N * C;
     uint64_t st = 31;
     float *w = alloc_rand(C, &st, 0.7f, 1.3f), *x = alloc_rand(nx, &st, -1.5f, 1.5f);
-    float *r = alloc_rand(nx, &st, -1, 1), *y = alloc_nan(nx), *rstd = alloc_nan(N), *dx = alloc_nan(nx);
+    float *r = alloc_rand(nx, &st, -1, 1), *y = alloc_nan(nx), *rstd = alloc_nan(N),
+          *dx = alloc_nan(nx);
     float *dw = xmalloc(C * sizeof *dw);
     memset(dw, 0, C * sizeof *dw);
-    fy_llama_norm_forward(&c, w, x, y, rstd, B, T);
-    fy_llama_norm_backward(&c, w, x, rstd, r, dx, dw, B, T);
+    fy_cpu_llama_norm_forward(&c, w, x, y, rstd, B, T);
+    fy_cpu_llama_norm_backward(&c, w, x, rstd, r, dx, dw, B, T);
 
     double *wd = to_double(w, C), *xd = to_double(x, nx), *yd = xmalloc(nx * sizeof *yd);
     ref_rmsnorm(yd, xd, wd, N, C, c.llama.rms_eps);
@@ -695,8 +708,11 @@ static struct fy_model_config cfg_family(const struct fy_arch *arch, uint32_t C,
     struct fy_model_config c = cfg_plain(C, NH, NKV, I, 500000.0);
     c.arch = arch;
     /* the flags the family implies, as its own init would set them */
-    const struct fy_family_options o = {.kv_heads = NKV, .ffn = I, .head_dim = hd,
-                                        .rms_eps = c.llama.rms_eps, .rope_theta = 500000.0};
+    const struct fy_family_options o = {.kv_heads = NKV,
+                                        .ffn = I,
+                                        .head_dim = hd,
+                                        .rms_eps = c.llama.rms_eps,
+                                        .rope_theta = 500000.0};
     assert_int_equal(arch->from_options(&o, &c), 0);
     c.llama.sliding_window = window;
     return c;
@@ -708,11 +724,21 @@ static int layout_parts(const struct fy_model_config *c, const char *names[16], 
 {
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(c, &l);
-    const struct { const char *name; size_t at; } all[] = {
-        {"input_layernorm", l.input_norm}, {"q_proj", l.q_proj}, {"k_proj", l.k_proj},
-        {"v_proj", l.v_proj}, {"q/k/v biases", l.q_bias}, {"o_proj", l.o_proj},
-        {"q_norm", l.q_norm}, {"k_norm", l.k_norm}, {"post_attention_layernorm", l.post_norm},
-        {"gate_proj", l.gate_proj}, {"up_proj", l.up_proj}, {"down_proj", l.down_proj}};
+    const struct {
+        const char *name;
+        size_t at;
+    } all[] = {{"input_layernorm", l.input_norm},
+               {"q_proj", l.q_proj},
+               {"k_proj", l.k_proj},
+               {"v_proj", l.v_proj},
+               {"q/k/v biases", l.q_bias},
+               {"o_proj", l.o_proj},
+               {"q_norm", l.q_norm},
+               {"k_norm", l.k_norm},
+               {"post_attention_layernorm", l.post_norm},
+               {"gate_proj", l.gate_proj},
+               {"up_proj", l.up_proj},
+               {"down_proj", l.down_proj}};
     int n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i].at != FY_LLAMA_ABSENT) {
@@ -740,8 +766,9 @@ static int llama_ref_cases(const char *command, const struct hf_case *cases, int
 {
     if (!have_transformers) {
         if (in_ci)
-            fail_msg("python3 with torch and transformers is missing under CI: .ci/run installs them");
-        printf("test_llama_cpu: skipped: python3 with torch and transformers is needed "
+            fail_msg(
+                "python3 with torch and transformers is missing under CI: .ci/run installs them");
+        printf("test_cpu_llama: skipped: python3 with torch and transformers is needed "
                "(pip install torch==2.5.1 transformers==5.17.0)\n");
         skip();
     }
@@ -750,8 +777,8 @@ static int llama_ref_cases(const char *command, const struct hf_case *cases, int
         fail_msg("cannot read %s (run from the repository root)", script);
     char *dir = fy_test_tmpdir("llama");
     assert_non_null(dir);
-    char (*paths)[600] = xmalloc((size_t)n * sizeof *paths);
-    char (*args)[1024] = xmalloc((size_t)n * sizeof *args);
+    char(*paths)[600] = xmalloc((size_t)n * sizeof *paths);
+    char(*args)[1024] = xmalloc((size_t)n * sizeof *args);
     char **argv = xmalloc((size_t)(n + 4) * sizeof *argv);
     argv[0] = "python3", argv[1] = script, argv[2] = "run";
     for (int i = 0; i < n; i++) {
@@ -798,11 +825,21 @@ static int hf_compare(const struct hf_case *hc, const char *path)
     memcpy(h, buf, sizeof h);
     memcpy(d, buf + sizeof h, sizeof d);
     int llama3 = c->llama.rope_type == FY_ROPE_LLAMA3;
-    int32_t want[15] = {HF_MAGIC, 2, hc->B, hc->T, (int32_t)c->n_embd, (int32_t)c->n_head,
-                        (int32_t)c->llama.n_kv_head, (int32_t)c->llama.n_inter, llama3,
-                        llama3 ? (int32_t)c->llama.rope_orig_max_pos : 0, (int32_t)P,
-                        (int32_t)c->llama.head_dim, (int32_t)c->llama.qkv_bias,
-                        (int32_t)c->llama.qk_norm, (int32_t)c->llama.sliding_window};
+    int32_t want[15] = {HF_MAGIC,
+                        2,
+                        hc->B,
+                        hc->T,
+                        (int32_t)c->n_embd,
+                        (int32_t)c->n_head,
+                        (int32_t)c->llama.n_kv_head,
+                        (int32_t)c->llama.n_inter,
+                        llama3,
+                        llama3 ? (int32_t)c->llama.rope_orig_max_pos : 0,
+                        (int32_t)P,
+                        (int32_t)c->llama.head_dim,
+                        (int32_t)c->llama.qkv_bias,
+                        (int32_t)c->llama.qk_norm,
+                        (int32_t)c->llama.sliding_window};
     for (int i = 0; i < 15; i++)
         if (h[i] != want[i])
             fail_msg("%s: header slot %d is %d, expected %d", path, i, h[i], want[i]);
@@ -816,10 +853,10 @@ static int hf_compare(const struct hf_case *hc, const char *path)
     const float *params = f, *x = params + P, *dy = x + nx, *y_ref = dy + nx, *dx_ref = y_ref + nx;
     const float *dp_ref = dx_ref + nx;
     float *y = alloc_nan(nx), *dx = alloc_nan(nx), *dp = xmalloc(P * sizeof *dp);
-    float *scratch = alloc_nan(fy_llama_block_scratch(c, hc->B, hc->T));
+    float *scratch = alloc_nan(fy_cpu_llama_block_scratch(c, hc->B, hc->T));
     memset(dp, 0, P * sizeof *dp);
-    fy_llama_block_forward(c, params, NULL, x, y, scratch, hc->B, hc->T);
-    fy_llama_block_backward(c, params, NULL, x, dy, dx, dp, scratch, hc->B, hc->T);
+    fy_cpu_llama_block_forward(c, params, NULL, x, y, scratch, hc->B, hc->T);
+    fy_cpu_llama_block_backward(c, params, NULL, x, dy, dx, dp, scratch, hc->B, hc->T);
 
     double *ref = to_double(y_ref, nx);
     int bad = compare("y vs transformers", y, ref, nx, HF_REL, HF_ABS);
@@ -844,25 +881,34 @@ static int hf_compare(const struct hf_case *hc, const char *path)
 static void test_transformers(void **state)
 {
     const struct hf_case cases[] = {
-        {"GQA, rope theta 500000", "--batch 2 --seq 7 --embd 32 --heads 4 --kv-heads 2 --inter 48 "
-         "--eps 1e-5 --theta 500000 --seed 5", cfg_plain(32, 4, 2, 48, 500000.0), 2, 7},
-        {"GQA, llama3 rope scaling", "--batch 2 --seq 7 --embd 32 --heads 4 --kv-heads 2 --inter 48 "
-         "--eps 1e-5 --theta 500000 --seed 6 --llama3 8 1 4 512", cfg_llama3(32, 4, 2, 48), 2, 7},
+        {"GQA, rope theta 500000",
+         "--batch 2 --seq 7 --embd 32 --heads 4 --kv-heads 2 --inter 48 "
+         "--eps 1e-5 --theta 500000 --seed 5",
+         cfg_plain(32, 4, 2, 48, 500000.0), 2, 7},
+        {"GQA, llama3 rope scaling",
+         "--batch 2 --seq 7 --embd 32 --heads 4 --kv-heads 2 --inter 48 "
+         "--eps 1e-5 --theta 500000 --seed 6 --llama3 8 1 4 512",
+         cfg_llama3(32, 4, 2, 48), 2, 7},
         /* the Llama-like families: odd widths, GQA 3:1 and 4:1, head_dim != width / heads, a
          * window smaller than the sequence */
-        {"Llama, head_dim 10 (width 36, 3 heads, GQA 3:1)", "--batch 2 --seq 7 --embd 36 --heads 3 "
+        {"Llama, head_dim 10 (width 36, 3 heads, GQA 3:1)",
+         "--batch 2 --seq 7 --embd 36 --heads 3 "
          "--kv-heads 1 --inter 40 --seed 7 --family llama --head-dim 10",
          cfg_family(&fy_arch_llama, 36, 3, 1, 40, 10, 0), 2, 7},
-        {"Qwen2, q/k/v biases (width 36, GQA 3:1)", "--batch 2 --seq 7 --embd 36 --heads 6 "
+        {"Qwen2, q/k/v biases (width 36, GQA 3:1)",
+         "--batch 2 --seq 7 --embd 36 --heads 6 "
          "--kv-heads 2 --inter 40 --seed 8 --family qwen2",
          cfg_family(&fy_arch_qwen2, 36, 6, 2, 40, 0, 0), 2, 7},
-        {"Qwen3, q/k norms, head_dim 14 (width 44, GQA 4:1)", "--batch 2 --seq 7 --embd 44 "
+        {"Qwen3, q/k norms, head_dim 14 (width 44, GQA 4:1)",
+         "--batch 2 --seq 7 --embd 44 "
          "--heads 4 --kv-heads 1 --inter 40 --seed 9 --family qwen3 --head-dim 14",
          cfg_family(&fy_arch_qwen3, 44, 4, 1, 40, 14, 0), 2, 7},
-        {"Mistral, window 3 < 9 (width 36, GQA 3:1, head_dim 8)", "--batch 2 --seq 9 --embd 36 "
+        {"Mistral, window 3 < 9 (width 36, GQA 3:1, head_dim 8)",
+         "--batch 2 --seq 9 --embd 36 "
          "--heads 3 --kv-heads 1 --inter 40 --seed 10 --family mistral --head-dim 8 --window 3",
          cfg_family(&fy_arch_mistral, 36, 3, 1, 40, 8, 3), 2, 9},
-        {"Phi-3, fused, window 4 < 9 (width 40, GQA 4:1)", "--batch 2 --seq 9 --embd 40 "
+        {"Phi-3, fused, window 4 < 9 (width 40, GQA 4:1)",
+         "--batch 2 --seq 9 --embd 40 "
          "--heads 4 --kv-heads 1 --inter 36 --seed 11 --family phi3 --window 4",
          cfg_family(&fy_arch_phi3, 40, 4, 1, 36, 0, 4), 2, 9},
     };
@@ -891,11 +937,22 @@ static int model_compare(const struct hf_case *mc, const char *path)
     int32_t h[16];
     assert_true(len >= sizeof h);
     memcpy(h, buf, sizeof h);
-    int32_t want[16] = {MODEL_MAGIC, 1, B, T, (int32_t)C, (int32_t)c->n_head,
-                        (int32_t)c->llama.n_kv_head, (int32_t)c->llama.n_inter, (int32_t)c->vocab,
-                        L, (int32_t)c->llama.head_dim, (int32_t)c->llama.qkv_bias,
-                        (int32_t)c->llama.qk_norm, (int32_t)c->llama.sliding_window,
-                        (int32_t)c->llama.tied, (int32_t)P};
+    int32_t want[16] = {MODEL_MAGIC,
+                        1,
+                        B,
+                        T,
+                        (int32_t)C,
+                        (int32_t)c->n_head,
+                        (int32_t)c->llama.n_kv_head,
+                        (int32_t)c->llama.n_inter,
+                        (int32_t)c->vocab,
+                        L,
+                        (int32_t)c->llama.head_dim,
+                        (int32_t)c->llama.qkv_bias,
+                        (int32_t)c->llama.qk_norm,
+                        (int32_t)c->llama.sliding_window,
+                        (int32_t)c->llama.tied,
+                        (int32_t)P};
     for (int i = 0; i < 16; i++)
         if (h[i] != want[i])
             fail_msg("%s: header slot %d is %d, expected %d", path, i, h[i], want[i]);
@@ -916,20 +973,21 @@ static int model_compare(const struct hf_case *mc, const char *path)
     float *xs = alloc_nan((size_t)(L + 1) * N * C), *dx = alloc_nan(N * C), *dy = alloc_nan(N * C);
     float *grads = xmalloc(P * sizeof *grads);
     memset(grads, 0, P * sizeof *grads);
-    float *bs = alloc_nan(fy_llama_block_scratch(c, B, T)), *hs = alloc_nan(fy_llama_head_scratch(c, B, T));
-    fy_llama_embed_forward(c, params, tokens, xs, B, T);
+    float *bs = alloc_nan(fy_cpu_llama_block_scratch(c, B, T)),
+          *hs = alloc_nan(fy_cpu_llama_head_scratch(c, B, T));
+    fy_cpu_llama_embed_forward(c, params, tokens, xs, B, T);
     for (int l = 0; l < L; l++)
-        fy_llama_block_forward(c, params + unit_off[l + 1], NULL, xs + l * N * C,
-                               xs + (l + 1) * N * C, bs, B, T);
-    float loss = fy_llama_head_forward_backward(c, params + unit_off[L + 1], params,
-                                                xs + (size_t)L * N * C, targets, dy,
-                                                grads + unit_off[L + 1], grads, hs, B, T);
+        fy_cpu_llama_block_forward(c, params + unit_off[l + 1], NULL, xs + l * N * C,
+                                   xs + (l + 1) * N * C, bs, B, T);
+    float loss = fy_cpu_llama_head_forward_backward(c, params + unit_off[L + 1], params,
+                                                    xs + (size_t)L * N * C, targets, dy,
+                                                    grads + unit_off[L + 1], grads, hs, B, T);
     for (int l = L - 1; l >= 0; l--) {
-        fy_llama_block_backward(c, params + unit_off[l + 1], NULL, xs + l * N * C, dy, dx,
-                                grads + unit_off[l + 1], bs, B, T);
+        fy_cpu_llama_block_backward(c, params + unit_off[l + 1], NULL, xs + l * N * C, dy, dx,
+                                    grads + unit_off[l + 1], bs, B, T);
         memcpy(dy, dx, N * C * sizeof *dy);
     }
-    fy_llama_embed_backward(c, tokens, dy, grads, B, T);
+    fy_cpu_llama_embed_backward(c, tokens, dy, grads, B, T);
 
     double lref = loss_ref;
     int bad = compare("loss vs transformers", &loss, &lref, 1, HF_REL, 0.0);
@@ -978,25 +1036,34 @@ static void test_transformers_model(void **state)
 {
 #define SHAPE "--batch 2 --seq 9 --layers 2 --vocab 1000 --inter 40 "
     const struct hf_case cases[] = {
-        {"Llama, head_dim 10, untied", SHAPE "--embd 36 --heads 3 --kv-heads 1 --head-dim 10 "
-         "--family llama --seed 21", cfg_model(&fy_arch_llama, 36, 3, 1, 40, 10, 0, 0), 2, 9},
+        {"Llama, head_dim 10, untied",
+         SHAPE "--embd 36 --heads 3 --kv-heads 1 --head-dim 10 "
+               "--family llama --seed 21",
+         cfg_model(&fy_arch_llama, 36, 3, 1, 40, 10, 0, 0), 2, 9},
         {"Qwen2, tied", SHAPE "--embd 36 --heads 6 --kv-heads 2 --family qwen2 --tied --seed 22",
          cfg_model(&fy_arch_qwen2, 36, 6, 2, 40, 0, 0, 1), 2, 9},
         {"Qwen2, untied", SHAPE "--embd 36 --heads 6 --kv-heads 2 --family qwen2 --seed 23",
          cfg_model(&fy_arch_qwen2, 36, 6, 2, 40, 0, 0, 0), 2, 9},
-        {"Qwen3, head_dim 14, tied", SHAPE "--embd 44 --heads 4 --kv-heads 1 --head-dim 14 "
-         "--family qwen3 --tied --seed 24", cfg_model(&fy_arch_qwen3, 44, 4, 1, 40, 14, 0, 1), 2, 9},
-        {"Qwen3, head_dim 14, untied", SHAPE "--embd 44 --heads 4 --kv-heads 1 --head-dim 14 "
-         "--family qwen3 --seed 25", cfg_model(&fy_arch_qwen3, 44, 4, 1, 40, 14, 0, 0), 2, 9},
-        {"Mistral, window 4 < 9, head_dim 8", SHAPE "--embd 36 --heads 3 --kv-heads 1 --head-dim 8 "
-         "--window 4 --family mistral --seed 26", cfg_model(&fy_arch_mistral, 36, 3, 1, 40, 8, 4, 0),
-         2, 9},
-        {"Phi-3, window 3 < 9", SHAPE "--embd 40 --heads 4 --kv-heads 1 --window 3 --family phi3 "
-         "--seed 27", cfg_model(&fy_arch_phi3, 40, 4, 1, 40, 0, 3, 0), 2, 9},
+        {"Qwen3, head_dim 14, tied",
+         SHAPE "--embd 44 --heads 4 --kv-heads 1 --head-dim 14 "
+               "--family qwen3 --tied --seed 24",
+         cfg_model(&fy_arch_qwen3, 44, 4, 1, 40, 14, 0, 1), 2, 9},
+        {"Qwen3, head_dim 14, untied",
+         SHAPE "--embd 44 --heads 4 --kv-heads 1 --head-dim 14 "
+               "--family qwen3 --seed 25",
+         cfg_model(&fy_arch_qwen3, 44, 4, 1, 40, 14, 0, 0), 2, 9},
+        {"Mistral, window 4 < 9, head_dim 8",
+         SHAPE "--embd 36 --heads 3 --kv-heads 1 --head-dim 8 "
+               "--window 4 --family mistral --seed 26",
+         cfg_model(&fy_arch_mistral, 36, 3, 1, 40, 8, 4, 0), 2, 9},
+        {"Phi-3, window 3 < 9",
+         SHAPE "--embd 40 --heads 4 --kv-heads 1 --window 3 --family phi3 "
+               "--seed 27",
+         cfg_model(&fy_arch_phi3, 40, 4, 1, 40, 0, 3, 0), 2, 9},
     };
 #undef SHAPE
-    assert_int_equal(llama_ref_cases("model ", cases, sizeof cases / sizeof cases[0], model_compare),
-                     0);
+    assert_int_equal(
+        llama_ref_cases("model ", cases, sizeof cases / sizeof cases[0], model_compare), 0);
 }
 
 /* ---- determinism ---- */
@@ -1030,13 +1097,14 @@ static void det_run(int variations, int threads, int positions, struct det_out *
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(&c, &l);
     size_t nx = (size_t)B * T * c.n_embd;
-    float *p = variations ? alloc_rand(l.total, &st, -0.3f, 0.3f) : block_params(&c, &st), *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
-    float *scratch = alloc_nan(fy_llama_block_scratch(&c, B, T));
+    float *p = variations ? alloc_rand(l.total, &st, -0.3f, 0.3f) : block_params(&c, &st),
+          *x = alloc_rand(nx, &st, -1, 1), *r = alloc_rand(nx, &st, -1, 1);
+    float *scratch = alloc_nan(fy_cpu_llama_block_scratch(&c, B, T));
     o->y = alloc_nan(nx), o->dx = alloc_nan(nx), o->dp = xmalloc(l.total * sizeof *o->dp);
     memset(o->dp, 0, l.total * sizeof *o->dp);
     omp_set_num_threads(threads);
-    fy_llama_block_forward(&c, p, pos, x, o->y, scratch, B, T);
-    fy_llama_block_backward(&c, p, pos, x, r, o->dx, o->dp, scratch, B, T);
+    fy_cpu_llama_block_forward(&c, p, pos, x, o->y, scratch, B, T);
+    fy_cpu_llama_block_backward(&c, p, pos, x, r, o->dx, o->dp, scratch, B, T);
     free(pos);
     free(p), free(x), free(r), free(scratch);
 }
@@ -1088,7 +1156,7 @@ int main(void)
     in_ci = ci != NULL && strcmp(ci, "true") == 0;
     have_transformers = fy_refmodel_python_has("torch, transformers");
     if (!have_transformers)
-        printf("test_llama_cpu: python3 with torch and transformers not found: the test against "
+        printf("test_cpu_llama: python3 with torch and transformers not found: the test against "
                "transformers is %s (pip install torch==2.5.1 transformers==5.17.0)\n",
                in_ci ? "FAILED under CI" : "skipped");
     const struct CMUnitTest tests[] = {
@@ -1110,5 +1178,5 @@ int main(void)
         cmocka_unit_test(test_transformers_model),
         cmocka_unit_test(test_deterministic),
     };
-    return cmocka_run_group_tests_name("llama_cpu", tests, NULL, NULL);
+    return cmocka_run_group_tests_name("cpu_llama", tests, NULL, NULL);
 }

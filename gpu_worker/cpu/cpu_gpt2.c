@@ -1,4 +1,4 @@
-/* The GPT-2 family in fp32 on the CPU (see gpt2_cpu.h): the readable reference that the CUDA
+/* The GPT-2 family in fp32 on the CPU (see cpu_gpt2.h): the readable reference that the CUDA
  * backend is checked against, and the compute of the CPU backend for tiny models; its table for
  * the backend at the end.
  *
@@ -7,7 +7,7 @@
  * thread in a fixed order. Sums that run over rows (weight, bias and embedding gradients) are
  * therefore parallelised over the element they produce and loop over the rows inside, in order.
  * The build uses -ffp-contract=off, so no fused multiply-adds change the rounding either. */
-#include "gpt2_cpu.h"
+#include "cpu_gpt2.h"
 
 #include <math.h>
 #include <string.h>
@@ -22,8 +22,8 @@
 
 /* ---- LayerNorm ---- */
 
-void fy_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                              const float *b, int N, int C)
+void fy_cpu_gpt2_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                   const float *w, const float *b, int N, int C)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -45,8 +45,9 @@ void fy_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float 
     }
 }
 
-void fy_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                               const float *w, const float *mean, const float *rstd, int N, int C)
+void fy_cpu_gpt2_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                    const float *inp, const float *w, const float *mean,
+                                    const float *rstd, int N, int C)
 {
     /* dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), with dxhat = dout * w. */
 #pragma omp parallel for schedule(static)
@@ -83,8 +84,8 @@ void fy_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *d
 
 /* ---- causal self-attention, each document to itself ---- */
 
-void fy_cpu_attention_forward(float *out, float *att, const float *qkv, const int32_t *positions,
-                              int B, int T, int C, int NH)
+void fy_cpu_gpt2_attention_forward(float *out, float *att, const float *qkv,
+                                   const int32_t *positions, int B, int T, int C, int NH)
 {
     int hs = C / NH;
     size_t C3 = 3 * (size_t)C;
@@ -121,8 +122,9 @@ void fy_cpu_attention_forward(float *out, float *att, const float *qkv, const in
             }
 }
 
-void fy_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                               const int32_t *positions, int B, int T, int C, int NH)
+void fy_cpu_gpt2_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                                    const float *att, const int32_t *positions, int B, int T, int C,
+                                    int NH)
 {
     int hs = C / NH;
     size_t C3 = 3 * (size_t)C;
@@ -166,7 +168,7 @@ void fy_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv,
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_A 0.044715f
 
-void fy_cpu_gelu_forward(float *out, const float *inp, size_t n)
+void fy_cpu_gpt2_gelu_forward(float *out, const float *inp, size_t n)
 {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
@@ -175,7 +177,7 @@ void fy_cpu_gelu_forward(float *out, const float *inp, size_t n)
     }
 }
 
-void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+void fy_cpu_gpt2_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
@@ -188,8 +190,9 @@ void fy_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 
 /* ---- embeddings ---- */
 
-void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed,
-                          const int32_t *tokens, const int32_t *positions, float *x, int B, int T)
+void fy_cpu_gpt2_embed_forward(const struct fy_model_config *c, const float *embed,
+                               const int32_t *tokens, const int32_t *positions, float *x, int B,
+                               int T)
 {
     size_t C = c->n_embd;
     const float *wpe = embed + (size_t)c->vocab * C;
@@ -202,8 +205,9 @@ void fy_cpu_embed_forward(const struct fy_model_config *c, const float *embed,
     }
 }
 
-void fy_cpu_embed_backward(const struct fy_model_config *c, const int32_t *tokens,
-                           const int32_t *positions, const float *dx, float *dembed, int B, int T)
+void fy_cpu_gpt2_embed_backward(const struct fy_model_config *c, const int32_t *tokens,
+                                const int32_t *positions, const float *dx, float *dembed, int B,
+                                int T)
 {
     int C = (int)c->n_embd;
     float *dwte = dembed, *dwpe = dembed + (size_t)c->vocab * C;
@@ -244,7 +248,8 @@ struct block_buf {
     size_t total;                     /* floats */
 };
 
-static void block_carve(const struct fy_model_config *c, int B, int T, float *base, struct block_buf *s)
+static void block_carve(const struct fy_model_config *c, int B, int T, float *base,
+                        struct block_buf *s)
 {
     size_t C = c->n_embd, N = (size_t)B * T, at = 0;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
@@ -271,13 +276,12 @@ static void block_carve(const struct fy_model_config *c, int B, int T, float *ba
     s->total = at;
 }
 
-size_t fy_cpu_block_scratch(const struct fy_model_config *c, int B, int T)
+size_t fy_cpu_gpt2_block_scratch(const struct fy_model_config *c, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, NULL, &s);
     return s.total;
 }
-
 
 /* The forward pass, keeping every internal the backward needs in s, except the kinds in `have`
  * (a mask of common/actplan.h kinds), which s holds already. y == NULL: the recompute for the
@@ -291,21 +295,23 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
     const float *p = params;
     int C = (int)c->n_embd, NH = (int)c->n_head, N = B * T;
 
-    fy_cpu_layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
+    fy_cpu_gpt2_layernorm_forward(s->ln1, s->ln1_mean, s->ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N,
+                                  C);
     if (!(have & FY_ACT_BIT(FY_ACT_QKV)))
         fy_cpu_matmul_forward(s->qkv, s->ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
     if (!(have & FY_ACT_BIT(FY_ACT_ATTN)))
-        fy_cpu_attention_forward(s->atty, s->att, s->qkv, positions, B, T, C, NH);
+        fy_cpu_gpt2_attention_forward(s->atty, s->att, s->qkv, positions, B, T, C, NH);
     if (!(have & FY_ACT_BIT(FY_ACT_RESID))) {
         fy_cpu_matmul_forward(s->y1, s->atty, p + l.attn_w, p + l.attn_b, N, C, C);
         fy_cpu_add(s->y1, s->y1, x, (size_t)N * C);
     }
 
-    fy_cpu_layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->y1, p + l.ln2_w, p + l.ln2_b, N, C);
+    fy_cpu_gpt2_layernorm_forward(s->ln2, s->ln2_mean, s->ln2_rstd, s->y1, p + l.ln2_w, p + l.ln2_b,
+                                  N, C);
     if (!(have & FY_ACT_BIT(FY_ACT_FC)))
         fy_cpu_matmul_forward(s->fc, s->ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C);
     if (!(have & FY_ACT_BIT(FY_ACT_GELU)))
-        fy_cpu_gelu_forward(s->gelu, s->fc, (size_t)N * 4 * C);
+        fy_cpu_gpt2_gelu_forward(s->gelu, s->fc, (size_t)N * 4 * C);
     if (y == NULL)
         return;
     fy_cpu_matmul_forward(y, s->gelu, p + l.proj_w, p + l.proj_b, N, 4 * C, C);
@@ -321,15 +327,24 @@ static int kind_pieces(const struct fy_model_config *c, const struct block_buf *
     piece[1] = NULL;
     n[1] = 0;
     switch (kind) {
-    case FY_ACT_QKV: piece[0] = s->qkv, n[0] = N * 3 * C; return 1;
+    case FY_ACT_QKV:
+        piece[0] = s->qkv, n[0] = N * 3 * C;
+        return 1;
     case FY_ACT_ATTN:
         piece[0] = s->atty, n[0] = N * C;
         piece[1] = s->att, n[1] = (size_t)B * c->n_head * T * T;
         return 2;
-    case FY_ACT_RESID: piece[0] = s->y1, n[0] = N * C; return 1;
-    case FY_ACT_FC: piece[0] = s->fc, n[0] = N * 4 * C; return 1;
-    case FY_ACT_GELU: piece[0] = s->gelu, n[0] = N * 4 * C; return 1;
-    default: return 0;
+    case FY_ACT_RESID:
+        piece[0] = s->y1, n[0] = N * C;
+        return 1;
+    case FY_ACT_FC:
+        piece[0] = s->fc, n[0] = N * 4 * C;
+        return 1;
+    case FY_ACT_GELU:
+        piece[0] = s->gelu, n[0] = N * 4 * C;
+        return 1;
+    default:
+        return 0;
     }
 }
 
@@ -356,8 +371,9 @@ static unsigned move_saved(const struct fy_model_config *c, const struct block_b
     return mask;
 }
 
-void fy_cpu_block_op_times(const struct fy_model_config *c, const float *params, const float *x,
-                           float *scratch, int B, int T, double op_s[FY_ACT_KINDS])
+void fy_cpu_gpt2_block_op_times(const struct fy_model_config *c, const float *params,
+                                const float *x, float *scratch, int B, int T,
+                                double op_s[FY_ACT_KINDS])
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
@@ -368,27 +384,28 @@ void fy_cpu_block_op_times(const struct fy_model_config *c, const float *params,
     memset(op_s, 0, FY_ACT_KINDS * sizeof *op_s);
     double t = 1e-9 * (double)fy_monotonic_ns(), t1;
 #define LAP(kind) (t1 = 1e-9 * (double)fy_monotonic_ns(), op_s[kind] += t1 - t, t = t1)
-    fy_cpu_layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
+    fy_cpu_gpt2_layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
     LAP(FY_ACT_LN1);
     fy_cpu_matmul_forward(s.qkv, s.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
     LAP(FY_ACT_QKV);
-    fy_cpu_attention_forward(s.atty, s.att, s.qkv, NULL, B, T, C, NH);
+    fy_cpu_gpt2_attention_forward(s.atty, s.att, s.qkv, NULL, B, T, C, NH);
     LAP(FY_ACT_ATTN);
     fy_cpu_matmul_forward(s.y1, s.atty, p + l.attn_w, p + l.attn_b, N, C, C);
     fy_cpu_add(s.y1, s.y1, x, (size_t)N * C);
     LAP(FY_ACT_RESID);
-    fy_cpu_layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.y1, p + l.ln2_w, p + l.ln2_b, N, C);
+    fy_cpu_gpt2_layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.y1, p + l.ln2_w, p + l.ln2_b, N,
+                                  C);
     LAP(FY_ACT_LN2);
     fy_cpu_matmul_forward(s.fc, s.ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C);
     LAP(FY_ACT_FC);
-    fy_cpu_gelu_forward(s.gelu, s.fc, (size_t)N * 4 * C);
+    fy_cpu_gpt2_gelu_forward(s.gelu, s.fc, (size_t)N * 4 * C);
     LAP(FY_ACT_GELU);
 #undef LAP
 }
 
-void fy_cpu_block_forward(const struct fy_model_config *c, const float *params,
-                          const int32_t *positions, const float *x, float *y, float *scratch,
-                          void *const *saved, int B, int T)
+void fy_cpu_gpt2_block_forward(const struct fy_model_config *c, const float *params,
+                               const int32_t *positions, const float *x, float *y, float *scratch,
+                               void *const *saved, int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
@@ -396,9 +413,10 @@ void fy_cpu_block_forward(const struct fy_model_config *c, const float *params,
     move_saved(c, &s, saved, 1, B, T);
 }
 
-void fy_cpu_block_backward(const struct fy_model_config *c, const float *params,
-                           const int32_t *positions, const float *x, const float *dy, float *dx,
-                           float *dparams, float *scratch, void *const *saved, int B, int T)
+void fy_cpu_gpt2_block_backward(const struct fy_model_config *c, const float *params,
+                                const int32_t *positions, const float *x, const float *dy,
+                                float *dx, float *dparams, float *scratch, void *const *saved,
+                                int B, int T)
 {
     struct block_buf s;
     block_carve(c, B, T, scratch, &s);
@@ -413,19 +431,22 @@ void fy_cpu_block_backward(const struct fy_model_config *c, const float *params,
     memset(dparams, 0, l.total * sizeof *dparams);
 
     /* MLP branch: y = y1 + proj(gelu(fc(ln2(y1)))) */
-    fy_cpu_matmul_backward(s.dgelu, g + l.proj_w, g + l.proj_b, dy, s.gelu, p + l.proj_w, N, 4 * C, C);
-    fy_cpu_gelu_backward(s.dfc, s.fc, s.dgelu, (size_t)N * 4 * C);
+    fy_cpu_matmul_backward(s.dgelu, g + l.proj_w, g + l.proj_b, dy, s.gelu, p + l.proj_w, N, 4 * C,
+                           C);
+    fy_cpu_gpt2_gelu_backward(s.dfc, s.fc, s.dgelu, (size_t)N * 4 * C);
     fy_cpu_matmul_backward(s.dln2, g + l.fc_w, g + l.fc_b, s.dfc, s.ln2, p + l.fc_w, N, C, 4 * C);
-    fy_cpu_layernorm_backward(s.dy1, g + l.ln2_w, g + l.ln2_b, s.dln2, s.y1, p + l.ln2_w, s.ln2_mean,
-                              s.ln2_rstd, N, C);
+    fy_cpu_gpt2_layernorm_backward(s.dy1, g + l.ln2_w, g + l.ln2_b, s.dln2, s.y1, p + l.ln2_w,
+                                   s.ln2_mean, s.ln2_rstd, N, C);
     fy_cpu_add(s.dy1, s.dy1, dy, NC); /* the residual path */
 
     /* attention branch: y1 = x + attn_proj(attention(qkv(ln1(x)))) */
-    fy_cpu_matmul_backward(s.datty, g + l.attn_w, g + l.attn_b, s.dy1, s.atty, p + l.attn_w, N, C, C);
-    fy_cpu_attention_backward(s.dqkv, s.datty, s.qkv, s.att, positions, B, T, C, NH);
-    fy_cpu_matmul_backward(s.dln1, g + l.qkv_w, g + l.qkv_b, s.dqkv, s.ln1, p + l.qkv_w, N, C, 3 * C);
-    fy_cpu_layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, s.dln1, x, p + l.ln1_w, s.ln1_mean,
-                              s.ln1_rstd, N, C);
+    fy_cpu_matmul_backward(s.datty, g + l.attn_w, g + l.attn_b, s.dy1, s.atty, p + l.attn_w, N, C,
+                           C);
+    fy_cpu_gpt2_attention_backward(s.dqkv, s.datty, s.qkv, s.att, positions, B, T, C, NH);
+    fy_cpu_matmul_backward(s.dln1, g + l.qkv_w, g + l.qkv_b, s.dqkv, s.ln1, p + l.qkv_w, N, C,
+                           3 * C);
+    fy_cpu_gpt2_layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, s.dln1, x, p + l.ln1_w, s.ln1_mean,
+                                   s.ln1_rstd, N, C);
     fy_cpu_add(dx, dx, s.dy1, NC);
 }
 
@@ -438,7 +459,8 @@ struct head_buf {
     size_t total;
 };
 
-static void head_carve(const struct fy_model_config *c, int B, int T, float *base, struct head_buf *s)
+static void head_carve(const struct fy_model_config *c, int B, int T, float *base,
+                       struct head_buf *s)
 {
     size_t C = c->n_embd, N = (size_t)B * T, at = 0;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
@@ -451,17 +473,17 @@ static void head_carve(const struct fy_model_config *c, int B, int T, float *bas
     s->total = at;
 }
 
-size_t fy_cpu_head_scratch(const struct fy_model_config *c, int B, int T)
+size_t fy_cpu_gpt2_head_scratch(const struct fy_model_config *c, int B, int T)
 {
     struct head_buf s;
     head_carve(c, B, T, NULL, &s);
     return s.total;
 }
 
-float fy_cpu_head_forward_backward(const struct fy_model_config *c, const float *final_params,
-                                   const float *embed, const float *x, const int32_t *targets,
-                                   float *dx, float *dfinal, float *dembed, float *scratch, int B,
-                                   int T)
+float fy_cpu_gpt2_head_forward_backward(const struct fy_model_config *c, const float *final_params,
+                                        const float *embed, const float *x, const int32_t *targets,
+                                        float *dx, float *dfinal, float *dembed, float *scratch,
+                                        int B, int T)
 {
     struct head_buf s;
     head_carve(c, B, T, scratch, &s);
@@ -470,26 +492,28 @@ float fy_cpu_head_forward_backward(const struct fy_model_config *c, const float 
     const float *wte = embed;
     int backward = dx != NULL;
 
-    fy_cpu_layernorm_forward(s.xn, s.mean, s.rstd, x, lnf_w, lnf_b, N, C);
+    fy_cpu_gpt2_layernorm_forward(s.xn, s.mean, s.rstd, x, lnf_w, lnf_b, N, C);
     if (backward)
         memset(dembed, 0, ((size_t)V + c->ctx) * C * sizeof *dembed);
-    float loss = fy_cpu_xent_head(s.xn, wte, targets, N, C, V, s.logits, backward ? s.dxn : NULL,
-                                  dembed);
+    float loss =
+        fy_cpu_xent_head(s.xn, wte, targets, N, C, V, s.logits, backward ? s.dxn : NULL, dembed);
 
     if (backward) {
         memset(dfinal, 0, 2 * (size_t)C * sizeof *dfinal);
-        fy_cpu_layernorm_backward(dx, dfinal, dfinal + C, s.dxn, x, lnf_w, s.mean, s.rstd, N, C);
+        fy_cpu_gpt2_layernorm_backward(dx, dfinal, dfinal + C, s.dxn, x, lnf_w, s.mean, s.rstd, N,
+                                       C);
     }
     return loss;
 }
 
-void fy_cpu_logits(const struct fy_model_config *c, const float *final_params, const float *embed,
-                   const float *x, float *logits, float *scratch, int B, int T)
+void fy_cpu_gpt2_logits(const struct fy_model_config *c, const float *final_params,
+                        const float *embed, const float *x, float *logits, float *scratch, int B,
+                        int T)
 {
     struct head_buf s;
     head_carve(c, B, T, scratch, &s);
     int C = (int)c->n_embd, N = B * T;
-    fy_cpu_layernorm_forward(s.xn, s.mean, s.rstd, x, final_params, final_params + C, N, C);
+    fy_cpu_gpt2_layernorm_forward(s.xn, s.mean, s.rstd, x, final_params, final_params + C, N, C);
     fy_cpu_matmul_forward(logits, s.xn, embed, NULL, N, C, (int)c->vocab);
 }
 
@@ -500,14 +524,14 @@ static void block_forward_plain(const struct fy_model_config *c, const float *pa
                                 const int32_t *positions, const float *x, float *y, float *scratch,
                                 int B, int T)
 {
-    fy_cpu_block_forward(c, params, positions, x, y, scratch, NULL, B, T);
+    fy_cpu_gpt2_block_forward(c, params, positions, x, y, scratch, NULL, B, T);
 }
 
 static void block_backward_plain(const struct fy_model_config *c, const float *params,
                                  const int32_t *positions, const float *x, const float *dy,
                                  float *dx, float *dparams, float *scratch, int B, int T)
 {
-    fy_cpu_block_backward(c, params, positions, x, dy, dx, dparams, scratch, NULL, B, T);
+    fy_cpu_gpt2_block_backward(c, params, positions, x, dy, dx, dparams, scratch, NULL, B, T);
 }
 
 /* The QKV product: N rows of C times a [3C][C] matrix. */
@@ -517,17 +541,17 @@ static double qkv_flops(const struct fy_model_config *c, int B, int T)
     return 2 * N * C * 3 * C;
 }
 
-const struct fy_cpu_family fy_gpt2_cpu_family = {
-    .block_scratch = fy_cpu_block_scratch,
-    .head_scratch = fy_cpu_head_scratch,
-    .embed_forward = fy_cpu_embed_forward,
-    .embed_backward = fy_cpu_embed_backward,
+const struct fy_cpu_family fy_cpu_gpt2_family = {
+    .block_scratch = fy_cpu_gpt2_block_scratch,
+    .head_scratch = fy_cpu_gpt2_head_scratch,
+    .embed_forward = fy_cpu_gpt2_embed_forward,
+    .embed_backward = fy_cpu_gpt2_embed_backward,
     .block_forward = block_forward_plain,
     .block_backward = block_backward_plain,
-    .head = fy_cpu_head_forward_backward,
-    .logits = fy_cpu_logits,
-    .block_forward_saved = fy_cpu_block_forward,
-    .block_backward_saved = fy_cpu_block_backward,
-    .block_op_times = fy_cpu_block_op_times,
+    .head = fy_cpu_gpt2_head_forward_backward,
+    .logits = fy_cpu_gpt2_logits,
+    .block_forward_saved = fy_cpu_gpt2_block_forward,
+    .block_backward_saved = fy_cpu_gpt2_block_backward,
+    .block_op_times = fy_cpu_gpt2_block_op_times,
     .qkv_flops = qkv_flops,
 };
