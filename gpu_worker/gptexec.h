@@ -16,7 +16,7 @@
  *                                    fy_block_profile); on the prepared batch, before any swap
  * P: the positions, optional: FY_KIND_TOKENS i32 [B*T] (the whole batch's, as the tokens; each
  * worker takes its share), token t of a row at position P[t] of its document, which starts at
- * t - P[t] (gpu_worker/backend.h); checked: each in 0..t and below the context, each 0 (a
+ * t - P[t] (gpu_worker/backend_ops.h); checked: each in 0..t and below the context, each 0 (a
  * document's first token) or one more than the one before. Absent: positions t, the windows of the
  * token stream (the backend's code of before, to the same bits); so are positions t given.
  * S: up to two FY_KIND_SAVED parts (one in the pool for good, one in a slot on its way to or from

@@ -49,7 +49,7 @@ struct fy_refmodel_output {
 int fy_refmodel_init(struct fy_refmodel *m, const struct fy_model_config *cfg, int B, int T,
                      uint64_t seed);
 void fy_refmodel_free(struct fy_refmodel *m);
-/* Packs the rows with documents (gpu_worker/backend.h's positions): lengths drawn from 1 to
+/* Packs the rows with documents (gpu_worker/backend_ops.h's positions): lengths drawn from 1 to
  * max_len with seed, the last cut at its row's end; each row's last document's last token (and
  * every single-token document: padding) gets target -1. The model's calls pass them from then on.
  * 0, or -1 with m->err. */

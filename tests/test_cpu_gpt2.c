@@ -1,7 +1,7 @@
 /* Tests of the GPT-2 family on the CPU backend (gpu_worker/cpu/cpu_gpt2.c, with cpu_ops.c): every
  * backward against central finite differences of its forward at small sizes, the head's chunked
  * loss and wte gradient against a naive all-rows computation in double, and bit-identical results
- * whatever the number of OpenMP threads. Documents packed in rows (gpu_worker/backend.h's
+ * whatever the number of OpenMP threads. Documents packed in rows (gpu_worker/backend_ops.h's
  * positions: rows of documents of 3, 1 and 2 tokens, and 4 then single tokens): the attention's
  * probabilities zero outside each token's own document, its backward, the embeddings' (learned
  * positions at the documents' own) and the whole block's against finite differences; each
@@ -268,7 +268,7 @@ static void test_attention(void **state)
     assert_int_equal(attention_check(&a, 31), 0);
 }
 
-/* Documents packed in rows (gpu_worker/backend.h's positions): row 0 holds documents of 3, 1 and
+/* Documents packed in rows (gpu_worker/backend_ops.h's positions): row 0 holds documents of 3, 1 and
  * 2 tokens, row 1 one of 4 then two single-token ones (padding). */
 static const int32_t packed_pos[2 * 6] = {0, 1, 2, 0, 0, 1, /* */ 0, 1, 2, 3, 0, 0};
 

@@ -17,7 +17,7 @@
  *     loss and every parameter's gradient (embeddings, each block's tensors, the final norm, the
  *     head); no pad token in the configs (transformers' padding_idx would zero that token's
  *     embedding gradient, which this backend does not);
- *   - documents packed in rows (gpu_worker/backend.h's positions): the block with documents (RoPE
+ *   - documents packed in rows (gpu_worker/backend_ops.h's positions): the block with documents (RoPE
  *     at their positions, attention within each) against the float64 block given them and its
  *     backward against finite differences, with a window shorter than a document too; the block
  *     without them rejected against that reference; each document's rows of y and dx those of
@@ -502,7 +502,7 @@ static int check_block(const struct fy_model_config *cfg, int B, int T, uint64_t
     return check_block_at(cfg, NULL, B, T, seed, corrupt_dx);
 }
 
-/* Documents packed in rows (gpu_worker/backend.h's positions), B 2 x T 7: row 0 holds documents
+/* Documents packed in rows (gpu_worker/backend_ops.h's positions), B 2 x T 7: row 0 holds documents
  * of 4, 1 and 2 tokens, row 1 one of 6 and a single token (padding). */
 static const int32_t packed_pos[2 * 7] = {0, 1, 2, 3, 0, 0, 1, /* */ 0, 1, 2, 3, 4, 5, 0};
 

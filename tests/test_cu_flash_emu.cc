@@ -14,7 +14,7 @@
  * bf16 roundings of P, dS and the outputs as on the GPU):
  *   - the plain causal and sliding-window kernels (known good on the GPU: tests/gpu/test_cu_flash,
  *     test_cu_families), which also checks the emulation;
- *   - the documents' kernels (FL_DOC, alone and with a window; gpu_worker/backend.h's positions):
+ *   - the documents' kernels (FL_DOC, alone and with a window; gpu_worker/backend_ops.h's positions):
  *     documents starting mid-tile, single-token ones, one across several tiles, ones on tile
  *     boundaries, GQA 2:1, head size 24 (padded to 32);
  *   - the tiles computed: counted from the MMAs issued, every kernel computes exactly the (query

@@ -1,6 +1,6 @@
 /* Packed batches on the CPU backend against transformers: documents packed in rows
  * (several a row, single-token ones, a row's leftover as padding: tokens whose target is -1), told
- * to the backend by their positions (gpu_worker/backend.h), give each document what transformers
+ * to the backend by their positions (gpu_worker/backend_ops.h), give each document what transformers
  * gives it alone (tests/reference/packed_ref.py: each document through the model by itself, in
  * float32, eager attention). For every family: GPT-2 (learned positions at the documents' own),
  * Llama, Qwen2 (q/k/v biases), Qwen3 (q/k norms, head_dim 14), Mistral (a window of 5 shorter than

@@ -2,7 +2,7 @@
 #ifndef FY_CPU_BACKEND_H
 #define FY_CPU_BACKEND_H
 
-#include "gpu_worker/backend.h"
+#include "gpu_worker/backend_ops.h"
 
 extern const struct fy_backend_ops fy_cpu_backend_ops;
 

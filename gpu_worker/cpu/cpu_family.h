@@ -28,7 +28,7 @@ struct fy_cpu_family {
     size_t (*block_scratch)(const struct fy_model_config *c, int B, int T);
     size_t (*head_scratch)(const struct fy_model_config *c, int B, int T);
     /* x = the embeddings of tokens (unit 0's parameters); tokens must be < vocab. positions
-     * [B][T] (NULL: t) are those of gpu_worker/backend.h: learned positions are looked up there. */
+     * [B][T] (NULL: t) are those of gpu_worker/backend_ops.h: learned positions are looked up there. */
     void (*embed_forward)(const struct fy_model_config *c, const float *embed,
                           const int32_t *tokens, const int32_t *positions, float *x, int B, int T);
     /* dembed += the gradient of the embedding unit (what the head left there, then this). */

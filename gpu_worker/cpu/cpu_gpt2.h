@@ -36,7 +36,7 @@ void fy_cpu_gpt2_layernorm_backward(float *dinp, float *dw, float *db, const flo
 /* Causal multi-head attention. qkv [B][T][3C] (q, k, v, each heads-major within C); out [B][T][C];
  * att [B][NH][T][T] holds the softmax probabilities (saved for backward; zero where masked).
  * positions [B][T] (NULL: t): token t sees tokens t - positions[b][t] .. t of its row, its own
- * document (gpu_worker/backend.h); NULL is plain causal attention. */
+ * document (gpu_worker/backend_ops.h); NULL is plain causal attention. */
 void fy_cpu_gpt2_attention_forward(float *out, float *att, const float *qkv,
                                    const int32_t *positions, int B, int T, int C, int NH);
 /* dqkv overwritten; positions those of the forward. */

@@ -21,7 +21,7 @@
  * (q_norm, k_norm [hd], eps rms_eps) after the projection, before RoPE; sliding_window W > 0
  * (Mistral, Phi-3): query t attends to keys t2 with t - W < t2 <= t only.
  *
- * Documents (positions [B][T], gpu_worker/backend.h; NULL: positions t): token t of row b is at
+ * Documents (positions [B][T], gpu_worker/backend_ops.h; NULL: positions t): token t of row b is at
  * position positions[b][t] of a document starting at t - positions[b][t]; RoPE rotates it by that
  * position, and it attends only to the tokens of its document (t2 >= its start), with the window
  * as well where there is one: each document computes as it would alone.

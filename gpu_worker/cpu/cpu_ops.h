@@ -52,7 +52,7 @@ static inline void fy_cpu_add(float *out, const float *a, const float *b, size_t
 }
 #endif
 
-/* Documents in a row (gpu_worker/backend.h's positions [B][T]; NULL: positions t, one document
+/* Documents in a row (gpu_worker/backend_ops.h's positions [B][T]; NULL: positions t, one document
  * a row): the position of row-major token n (= b T + t), and the first token of row b that token t
  * sees, the start of its document, t - positions[b][t] (0 without positions). */
 static inline int fy_cpu_position(const int32_t *positions, size_t n, int T)

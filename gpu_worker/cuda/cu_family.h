@@ -10,7 +10,7 @@
 #define FY_CU_FAMILY_H
 
 #include "common/model.h"
-#include "gpu_worker/backend.h" /* struct fy_block_saved, struct fy_block_profile */
+#include "gpu_worker/backend_ops.h" /* struct fy_block_saved, struct fy_block_profile */
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
 #include "gpu_worker/cuda/cu_grads.h"
@@ -92,7 +92,7 @@ struct fy_cu_family {
     /* One set of internals from the arena into *set (set_size bytes); -ENOMEM, nothing taken and
      * nothing said, when it does not fit. */
     int (*set_take)(void *units, struct fy_cu_arena *arena, void *set);
-    /* positions below: [B][T] int32 on the device, the documents of gpu_worker/backend.h (learned
+    /* positions below: [B][T] int32 on the device, the documents of gpu_worker/backend_ops.h (learned
      * positions looked up there, RoPE by them, attention within each document), or NULL
      * (positions t: the kernels of plain causal attention). */
     /* x = the embeddings unit (its layout) looked up at tokens; dembed += the lookup's gradient. */

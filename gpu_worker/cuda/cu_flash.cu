@@ -55,7 +55,7 @@
  * for instruction). Sliding window W (FL_WIN; W < T): query t sees keys t - W < j <= t. The forward
  * and dq start at the key block holding q0 - W + 1 (blocks before it are wholly outside the band
  * and skipped), dk dv stop at the query block holding k0 + 63 + W - 1, and every tile is masked to
- * the band. Documents (FL_DOC; positions [B][T] of gpu_worker/backend.h): query t sees keys
+ * the band. Documents (FL_DOC; positions [B][T] of gpu_worker/backend_ops.h): query t sees keys
  * t - pos[t] <= j <= t, its own document's. The forward and dq also start no earlier than the key
  * block holding the least document start of the tile's queries (a shared minimum over the 64
  * rows), dk dv also stop at the query block holding the last query whose document starts within

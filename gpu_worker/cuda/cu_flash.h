@@ -38,7 +38,7 @@ int fy_cu_flash_gqa_backward(bf16 *dqkv, const bf16 *dout, const bf16 *out, cons
 /* The same with a sliding window, and documents: query t attends to keys t - window < j <= t (a
  * banded causal mask; window <= 0, or window >= T: every earlier key) and, with positions ([B][T]
  * int32 on the device, 4-byte aligned; NULL: none), only to keys j >= t - positions[b][t], the
- * start of its own document (gpu_worker/backend.h). Key blocks that the mask leaves empty for a
+ * start of its own document (gpu_worker/backend_ops.h). Key blocks that the mask leaves empty for a
  * whole tile are skipped, not computed (a small window, or short documents, cost less). Neither
  * window nor positions: plain causal attention (the kernels above, to the same bits). */
 int fy_cu_flash_window_forward(bf16 *out, const bf16 *qkv, void *scratch, int B, int T, int NH,

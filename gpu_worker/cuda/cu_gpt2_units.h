@@ -36,7 +36,7 @@ size_t fy_cu_gpt2_acts_bytes(const struct fy_model_config *c, int B, int T);
 int fy_cu_gpt2_acts_take(struct fy_cu_gpt2 *u, struct fy_cu_arena *arena,
                          struct fy_cu_gpt2_acts *a);
 
-/* positions: [B][T] int32 on the device (the documents of gpu_worker/backend.h: wpe looked up at
+/* positions: [B][T] int32 on the device (the documents of gpu_worker/backend_ops.h: wpe looked up at
  * positions[b][t], attention within each document), or NULL (positions t). */
 int fy_cu_gpt2_embed_forward(struct fy_cu_gpt2 *u, const bf16 *wte, const bf16 *wpe,
                              const int32_t *tokens, const int32_t *positions, bf16 *x);

@@ -73,7 +73,7 @@ int fy_cu_llama_embed_forward(struct fy_cu_llama *l, const bf16 *embed, const in
 /* dembed += the lookup's gradient (rows in order, no atomics). */
 int fy_cu_llama_embed_backward(struct fy_cu_llama *l, const int32_t *tokens, const bf16 *dx,
                                float *dembed);
-/* y = block(x). positions: [B][T] int32 on the device (the documents of gpu_worker/backend.h: q
+/* y = block(x). positions: [B][T] int32 on the device (the documents of gpu_worker/backend_ops.h: q
  * and k rotated by positions[b][t], attention within each document), or NULL (positions t). keep:
  * where the internals go (NULL: the unit's own set). */
 int fy_cu_llama_block_forward(struct fy_cu_llama *l, const bf16 *params, const int32_t *positions,

@@ -25,7 +25,7 @@
 #define FY_CU_MODEL_H
 
 #include "common/model.h"
-#include "gpu_worker/backend.h" /* struct fy_block_saved, struct fy_block_profile */
+#include "gpu_worker/backend_ops.h" /* struct fy_block_saved, struct fy_block_profile */
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
 #include "gpu_worker/cuda/cu_family.h"
@@ -70,7 +70,7 @@ int fy_cu_model_set_loss_count(struct fy_cu_model *m, uint64_t count);
  * than one rank: -ENOTSUP (said), as fy_cu_model_hold refuses in such a group. */
 struct fy_cu_ranks;
 int fy_cu_model_set_ranks(struct fy_cu_model *m, const struct fy_cu_ranks *ranks);
-/* positions (host, [B][T], NULL: t): the documents of gpu_worker/backend.h, uploaded with the
+/* positions (host, [B][T], NULL: t): the documents of gpu_worker/backend_ops.h, uploaded with the
  * call's other inputs into its staging (a call keeps its own; the host buffer must stay untouched
  * until the call is finished). A block's backward takes its forward's positions, and a kept set
  * serves a backward of the same positions (the caller's to keep so, as for x). */
@@ -81,7 +81,7 @@ int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens,
 /* layer: the block's index (1..n_layer), which says whether its internals are kept
  * (fy_cu_model_keep_layers); 0 for a block that is never kept.
  * saved (may be NULL, or give no kind: the plain call): pinned host buffers for some of the
- * block's internals (struct fy_block_saved of gpu_worker/backend.h: QKV, ATTN, RESID, FC, GELU),
+ * block's internals (struct fy_block_saved of gpu_worker/backend_ops.h: QKV, ATTN, RESID, FC, GELU),
  * for a family that swaps them (-ENOTSUP, said, for one that does not), which needs
  * fy_cu_model_swap_sets first (-EINVAL, said, before it). The forward computes into the call's
  * swap set (a kept block's set is left spent) and downloads each given kind there, in the layout
@@ -123,7 +123,7 @@ int fy_cu_model_hold(struct fy_cu_model *m, struct fy_cu_arena *arena, int count
 int fy_cu_model_hold_next(struct fy_cu_model *m, int slot);
 int fy_cu_model_hold_send(struct fy_cu_model *m, int slot, float *dparams);
 /* Measures one block of this batch shape for the activation planner (struct fy_block_profile of
- * gpu_worker/backend.h, all but magic and version), on values of its own, and completes before
+ * gpu_worker/backend_ops.h, all but magic and version), on values of its own, and completes before
  * returning. The compute is the family's (GPT-2: medians of 3 runs after a warm-up: fwd_s the whole
  * forward; bwd_s the backward from the internals that forward kept; recompute_s[k] the forward
  * op(s) producing kind k, timed op by op in the backward's recompute; flops_per_s the QKV

@@ -2,7 +2,7 @@
 #ifndef FY_CUDA_BACKEND_H
 #define FY_CUDA_BACKEND_H
 
-#include "gpu_worker/backend.h"
+#include "gpu_worker/backend_ops.h"
 
 #ifdef __cplusplus
 extern "C" {

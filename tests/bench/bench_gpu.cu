@@ -6,7 +6,7 @@
  *
  * --packed MIN-MAX: the rows are packed with documents of MIN..MAX tokens (lengths drawn from a
  * fixed seed, a row's leftover shorter than MIN left as padding: single-token documents), each
- * attending only to itself (gpu_worker/backend.h's positions); every timing is then printed for the
+ * attending only to itself (gpu_worker/backend_ops.h's positions); every timing is then printed for the
  * plain causal rows and for the packed ones side by side, with one block's forward + backward
  * alone, the fill (the documents' tokens over B x T) and packed / causal. The flash attention skips
  * the key blocks the documents' mask leaves empty, so a packed step should take no longer than a
@@ -187,7 +187,7 @@ int main(int argc, char **argv)
     bf16 *wte = w[0], *wpe = w[0] + V * C;
 
     /* --packed: documents of doc_min..doc_max tokens, packed in order, a leftover shorter than
-     * doc_min left as padding; the positions of each (gpu_worker/backend.h) and the fill */
+     * doc_min left as padding; the positions of each (gpu_worker/backend_ops.h) and the fill */
     std::vector<int32_t> pos_host(N);
     size_t trained = 0;
     uint64_t draw = 0x9e3779b97f4a7c15ull;

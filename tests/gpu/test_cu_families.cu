@@ -396,7 +396,7 @@ static void test_qkv_bias(void **state)
 /* ---- the sliding window, and documents ---- */
 
 /* Materialised banded softmax attention in double: out [B][T][NH hd], dqkv [B][T][S]. pos (empty:
- * none): the documents of gpu_worker/backend.h, query t seeing keys from t - pos[b][t] on. */
+ * none): the documents of gpu_worker/backend_ops.h, query t seeing keys from t - pos[b][t] on. */
 static void window_reference(vector<float> &out, vector<float> &dqkv, const vector<float> &qkv,
                              const vector<float> &dout, int B, int T, int NH, int NKV, int hd,
                              int W, const vector<int32_t> &pos)
@@ -546,7 +546,7 @@ static void test_window_attention(void **state)
     assert_int_equal(g_bad, 0);
 }
 
-/* Documents packed in rows (gpu_worker/backend.h's positions): each query sees only the keys of
+/* Documents packed in rows (gpu_worker/backend_ops.h's positions): each query sees only the keys of
  * its own document, the flash kernels skipping the key blocks a tile's documents do not reach. */
 static void test_document_attention(void **state)
 {

@@ -9,7 +9,7 @@
  * agree and that flash reruns are bit-identical. Skips (exit 77) where there is no
  * usable CUDA device.
  *
- * Documents (gpu_worker/backend.h's positions): the same checks with each query seeing only its own
+ * Documents (gpu_worker/backend_ops.h's positions): the same checks with each query seeing only its own
  * document's keys (documents starting mid-tile, single-token ones, one across several tiles, on
  * tile boundaries, one spanning the row), the CPU reference given the same positions, and one
  * case each also against the materialising version given them.
@@ -151,7 +151,7 @@ struct dev {
     bf16 *qkv, *out, *dout, *dqkv;
     void *scratch;
     size_t sbytes;
-    int32_t *pos; /* documents (gpu_worker/backend.h's positions), or NULL */
+    int32_t *pos; /* documents (gpu_worker/backend_ops.h's positions), or NULL */
 };
 
 static void dev_alloc(struct dev *d, const uint16_t *qkv_b, const uint16_t *dout_b, size_t nqkv,
@@ -418,7 +418,7 @@ static void test_flash_vs_cpu(void **state)
     flash_case(1, 1024, 128, 1, 307, 0); /* 16 tiles of keys per query block */
 }
 
-/* Positions of documents packed in rows of T (gpu_worker/backend.h), the lengths of each row from
+/* Positions of documents packed in rows of T (gpu_worker/backend_ops.h), the lengths of each row from
  * lens in turn (row b starting at lens[b % n]), the last cut at the row's end. */
 static int32_t *doc_positions(int B, int T, const int *lens, int n)
 {

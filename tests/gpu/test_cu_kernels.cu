@@ -576,7 +576,7 @@ static const int EMB_SHAPES[][4] = {/* B, T, C, V */
                                     {1, 1, 8, 1},      {2, 7, 37, 5},   {4, 129, 768, 50},
                                     {3, 100, 1024, 3000}, {8, 1024, 64, 7}};
 
-/* Positions of documents packed in rows of T (gpu_worker/backend.h): lengths drawn from 1 to 40,
+/* Positions of documents packed in rows of T (gpu_worker/backend_ops.h): lengths drawn from 1 to 40,
  * the last cut at the row's end. */
 static vector<int32_t> packed_positions(int B, int T, uint64_t *rng)
 {

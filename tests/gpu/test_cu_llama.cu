@@ -317,7 +317,7 @@ static vector<float> rope_table(const struct fy_model_config *c, int T)
     return t;
 }
 
-/* Positions of documents packed in rows of T (gpu_worker/backend.h): lengths drawn from 1 to
+/* Positions of documents packed in rows of T (gpu_worker/backend_ops.h): lengths drawn from 1 to
  * max_len, the last cut at the row's end. */
 static vector<int32_t> packed_positions(int B, int T, int max_len, uint64_t *rng)
 {

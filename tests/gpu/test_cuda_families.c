@@ -10,7 +10,7 @@
  * biases and the q/k norm weights), the whole model's loss, logits and every unit's gradient,
  * a rerun of the block backward giving the same bytes, and the loss over 3 SGD steps taken on each
  * backend from its own gradients. The whole model again with its rows packed with documents
- * (gpu_worker/backend.h's positions: up to 2T/3 tokens each, single-token ones, each row's last
+ * (gpu_worker/backend_ops.h's positions: up to 2T/3 tokens each, single-token ones, each row's last
  * target ignored), against the CPU backend given the same documents, every family.
  * Tolerances (bf16 weights and activations, fp32 accumulation, against fp32; as test_cuda_llama):
  * relative Frobenius error of every output and gradient tensor below 3e-2 (2^-8 per bf16 rounding,

@@ -4,7 +4,7 @@
  * whose internals are swapped to host buffers (saved) give the bytes of the plain calls. Weights
  * given as bf16 (rounded by fy_f32_to_bf16) give the bytes of their f32 originals, for GPT-2 and
  * Llama (tied and untied heads), one call at a time and queued with the dtype switched between
- * calls in flight. Packed documents (gpu_worker/backend.h's positions): the whole model against the
+ * calls in flight. Packed documents (gpu_worker/backend_ops.h's positions): the whole model against the
  * CPU backend given them, with the flash and the materialising attention; swapped blocks with
  * documents giving the bytes of the plain calls with them; the windows' positions (t everywhere)
  * giving the bytes of none.

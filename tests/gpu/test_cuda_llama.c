@@ -6,7 +6,7 @@
  * gradient (tests/refmodel), determinism; activations as bf16 in host memory give the same bits as
  * f32; the calls queued two deep as the pipeline queues them, with the top blocks' internals kept
  * on the GPU (model_keep), give the bits of calls completed one by one that recompute every block;
- * packed documents (gpu_worker/backend.h's positions: documents of up to 12 tokens, single-token
+ * packed documents (gpu_worker/backend_ops.h's positions: documents of up to 12 tokens, single-token
  * ones, each row's last target ignored) against the CPU backend given them, whole model, tied and
  * untied, and queued with kept blocks against one by one; the windows' positions (t everywhere)
  * give the bytes of none; and what Llama refuses on CUDA (swapped internals, the planner's profile, head sizes the kernels
@@ -304,7 +304,7 @@ static void test_queued_kept_same_bits(void **state)
 }
 
 /* The windows' positions (t everywhere) give the bytes of no positions: the backend takes them as
- * none (gpu_worker/backend.h), so the kernels of before run. */
+ * none (gpu_worker/backend_ops.h), so the kernels of before run. */
 static void test_windows_positions_same_bytes(void **state)
 {
     struct fy_model_config c = llama(0);
