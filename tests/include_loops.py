@@ -15,9 +15,6 @@ KNOWN = {
     # the model and the family registry: model.h names the Llama fields, arch.h the model's
     # config, the families' readers call back model.c's validation
     frozenset({"common/model", "common/arch/arch", "common/arch/llama", "common/arch/llama_like"}),
-    # the CUDA family table lists the families' units, whose headers include the table's
-    frozenset({"gpu_worker/cuda/cu_family", "gpu_worker/cuda/cu_gpt2_units",
-               "gpu_worker/cuda/cu_llama_units"}),
     # the options, the plan and the step engine: options.c reads train.h's types, plan.c the
     # options, the schedule the plan
     frozenset({"launcher/options", "launcher/optq", "launcher/plan", "launcher/sched",

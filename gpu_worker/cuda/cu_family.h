@@ -1,11 +1,11 @@
 /* The CUDA backend's model families: the ops table through which cu_model (the host interface's
- * queue, which names no family) runs one family's device units, and the one list of them
- * (cu_family.cu), looked up by the registry's name (common/arch/arch.h). A family's units compute
- * on device buffers: bf16 weights in the unit layouts of common/arch, activations [B][T][C] bf16,
- * fp32 weight gradients; everything is queued on the stream they were made with and nothing
- * synchronises. What a family does not support (swapped internals, the planner's profile) it
- * leaves NULL, and cu_model refuses it naming the family. Adding a family: its units file
- * (cu_<name>_units.cu, one ops table) and one line in cu_family.cu. */
+ * queue, which names no family) runs one family's device units, found in the one list of them
+ * (cu_families.h, above the units) by the registry's name (common/arch/arch.h). A family's units
+ * compute on device buffers: bf16 weights in the unit layouts of common/arch, activations
+ * [B][T][C] bf16, fp32 weight gradients; everything is queued on the stream they were made with
+ * and nothing synchronises. What a family does not support (swapped internals, the planner's
+ * profile) it leaves NULL, and cu_model refuses it naming the family. Adding a family: its units
+ * file (cu_<name>_units.cu, one ops table) and one line in cu_families.cu. */
 #ifndef FY_CU_FAMILY_H
 #define FY_CU_FAMILY_H
 
@@ -123,9 +123,6 @@ struct fy_cu_family {
     const struct fy_cu_swapping *swap;     /* NULL: internals kept or recomputed, never swapped */
     const struct fy_cu_profiling *profile; /* NULL: blocks not profiled */
 };
-
-/* The CUDA units of c's family, by the registry's name; NULL when the backend has none. */
-const struct fy_cu_family *fy_cu_family_of(const struct fy_model_config *c);
 
 /* For the profiles: the median of n values (sorted in place), and the seconds between two events
  * once the later one has happened. */

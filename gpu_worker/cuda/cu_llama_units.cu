@@ -499,7 +499,7 @@ static int llama_head(void *units, const bf16 *norm, const bf16 *head_w, const b
 }
 
 /* One table per family these units compute, differing only in the registry name they answer to;
- * cu_family.cu lists them. */
+ * cu_families.cu lists them. */
 #define LLAMA_UNITS(arch_name)                                                                     \
     {                                                                                              \
         arch_name, sizeof(struct fy_cu_llama_acts), fy_cu_llama_check, fy_cu_llama_arena_bytes,    \

@@ -12,6 +12,7 @@
 #include "common/arch/arch.h"
 #include "common/arch/llama.h"
 #include "common/knobs.h"
+#include "gpu_worker/cuda/cu_families.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "gpu_worker/cuda/cu_ranks.h"

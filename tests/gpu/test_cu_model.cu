@@ -30,6 +30,7 @@ extern "C" {
 #include "common/dtype.h"
 #include "common/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
+#include "gpu_worker/cuda/cu_families.h"
 #include "gpu_worker/cuda/cu_gpt2_units.h"
 #include "gpu_worker/cuda/cu_llama_units.h"
 #include "gpu_worker/cuda/cu_model.h"
