@@ -11,6 +11,7 @@
 #include "common/dtype.h"
 #include "common/knobs.h"
 #include "gpu_worker/ranks.h"
+#include "gpu_worker/try_out.h"
 
 struct fy_gptexec {
     struct fy_backend *backend;
@@ -86,6 +87,131 @@ static int join_ranks(struct fy_gptexec *e, const struct fy_pool *pool)
     return rc;
 }
 
+/* The run's model and batch (model.*, train.batch, train.seq), the activations' dtype in the pool
+ * (train.act_dtype), and this worker's rank and share of the batch (train.ranks, train.rank). */
+static int read_batch(struct fy_gptexec *e, const struct fy_config *cfg)
+{
+    uint64_t B = 0, T = 0, rank = 0, ranks = 1;
+    FY_TRY(fy_model_config_from(cfg, &e->cfg));
+    FY_TRY(fy_config_get_u64(cfg, "train.batch", 1, 0, &B));
+    FY_TRY(fy_config_get_u64(cfg, "train.seq", 1, 0, &T));
+    FY_REQUIRE(B != 0 && T != 0 && B <= 1 << 20 && T <= e->cfg.ctx, -EINVAL,
+               "%s: batch %llu x sequence %llu: need both >= 1 and sequence <= context %u",
+               cfg->path, (unsigned long long)B, (unsigned long long)T, e->cfg.ctx);
+    const char *act = fy_config_get(cfg, "train.act_dtype");
+    e->act_dtype = act == NULL || strcmp(act, "f32") == 0 ? FY_DTYPE_F32
+                   : strcmp(act, "bf16") == 0         ? FY_DTYPE_BF16
+                                                      : FY_DTYPE_NONE;
+    FY_REQUIRE(e->act_dtype != FY_DTYPE_NONE, -EINVAL, "%s: train.act_dtype = %s: use f32 or bf16",
+               cfg->path, act);
+    FY_TRY(fy_config_get_u64(cfg, "train.ranks", 0, 1, &ranks));
+    FY_TRY(fy_config_get_u64(cfg, "train.rank", 0, 0, &rank));
+    FY_REQUIRE(ranks >= 1 && rank < ranks && B % ranks == 0, -EINVAL,
+               "%s: gpu worker of rank %llu of %llu with a batch of %llu: need rank < ranks and "
+               "the batch a multiple of the ranks (--batch, --gpus)",
+               cfg->path, (unsigned long long)rank, (unsigned long long)ranks,
+               (unsigned long long)B);
+    e->rank = (int)rank;
+    e->ranks = (int)ranks;
+    e->B = (int)(B / ranks); /* this worker's share */
+    e->T = (int)T;
+    e->act_bytes = (uint64_t)B * T * e->cfg.n_embd * fy_dtype_size(e->act_dtype);
+    e->tok_bytes = (uint64_t)B * T * 4;
+    e->act_share = e->act_bytes / ranks;
+    e->tok_share = e->tok_bytes / ranks;
+    return 0;
+}
+
+/* The backend prepared for this worker's share of the batch, and joined with the other workers. */
+static int prepare(struct fy_gptexec *e, struct fy_backend *backend, const struct fy_pool *pool)
+{
+    e->backend = backend;
+    FY_TRY(fy_backend_model_prepare(backend, &e->cfg, e->B, e->T));
+    FY_TRY(fy_backend_model_act_dtype(backend, e->act_dtype));
+    FY_TRY(
+        fy_actplan_sizes_backend(&e->cfg, e->B, e->T, fy_backend_name(backend), &e->saved_sizes));
+    return e->ranks > 1 ? join_ranks(e, pool) : 0;
+}
+
+/* train.grad_hold: one-pass clipping holds this many block gradients on the device, taken before
+ * the swap and kept sets. */
+static int hold_gradients(struct fy_gptexec *e, const struct fy_config *cfg)
+{
+    uint64_t hold = 0;
+    FY_TRY(fy_config_get_u64(cfg, "train.grad_hold", 0, 0, &hold));
+    FY_REQUIRE(hold == 0 || e->ranks <= 1, -EINVAL,
+               "%s: train.grad_hold = %llu with %d gpu workers: gradients held on the GPUs are "
+               "for one worker; use --clip-hold pool (or auto) with --gpus",
+               cfg->path, (unsigned long long)hold, e->ranks);
+    FY_REQUIRE(hold <= e->cfg.n_layer, -EINVAL,
+               "%s: train.grad_hold = %llu: at most the model's %u blocks", cfg->path,
+               (unsigned long long)hold, e->cfg.n_layer);
+    if (hold > 0) {
+        FY_TRY(fy_backend_model_hold(e->backend, (int)hold));
+        fy_info("gpu worker: the gradients of %llu blocks held here from the norm pass to their "
+                "updates (one-pass clipping, train.grad_hold)",
+                (unsigned long long)hold);
+    }
+    e->holds = (int)hold;
+    return 0;
+}
+
+/* The internals of at most `keep` top blocks kept in the device memory left over. */
+static int keep_blocks(struct fy_gptexec *e, uint64_t keep)
+{
+    /* test hook: FUYOU_TEST_KEEP_LAYERS=N keeps at most N blocks, whatever fits */
+    int most = (int)keep;
+    if (fy_knob_test_keep_layers(&most))
+        fy_info("test hook: at most %d blocks keep their internals (FUYOU_TEST_KEEP_LAYERS)", most);
+    most = most < (int)keep ? most : (int)keep;
+    int kept = most > 0 ? fy_backend_model_keep(e->backend, most) : 0;
+    return kept < 0 ? kept : 0;
+}
+
+/* What the backend readies in device memory beside its working buffers, in the order it takes
+ * it: held gradients (train.grad_hold), the swap sets and the kept sets (train.act_plan: "auto"
+ * keeps the internals of the blocks that fit in the GPU budget, their backward then recomputing
+ * nothing; "recompute" keeps none; "host" and "ssd" swap them through the pool). */
+static int ready_device_memory(struct fy_gptexec *e, const struct fy_config *cfg)
+{
+    const char *plan = fy_config_get(cfg, "train.act_plan");
+    enum fy_actplan_mode mode = FY_ACTPLAN_AUTO;
+    FY_REQUIRE(plan == NULL || fy_actplan_mode_parse(plan, &mode) >= 0, -EINVAL,
+               "%s: train.act_plan = %s: use auto, recompute, host or ssd", cfg->path, plan);
+    /* auto: the launcher's plan says whether blocks swap (train.act_swap) and how many top blocks
+     * to keep at most (train.act_keep; absent: as many as fit) */
+    uint64_t swap = 0, keep = e->cfg.n_layer;
+    if (mode == FY_ACTPLAN_AUTO) {
+        FY_TRY(fy_config_get_u64(cfg, "train.act_swap", 0, 0, &swap));
+        FY_TRY(fy_config_get_u64(cfg, "train.act_keep", 0, e->cfg.n_layer, &keep));
+    }
+    FY_TRY(hold_gradients(e, cfg));
+    int swaps = mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap;
+    FY_REQUIRE(!swaps || e->ranks <= 1, -ENOTSUP,
+               "%s: blocks' internals swapped through the pool (train.act_plan %s) with %d gpu "
+               "workers: not supported; use --act-plan auto or recompute with --gpus",
+               cfg->path, plan ? plan : "auto", e->ranks);
+    if (swaps)
+        FY_TRY(fy_backend_model_swap(e->backend));
+    return plan != NULL && mode == FY_ACTPLAN_AUTO ? keep_blocks(e, keep) : 0;
+}
+
+/* Whether requests queue on the backend (FUYOU_GPU_QUEUE=1 completes every request before taking
+ * the next, for comparisons). */
+static int queue_mode(struct fy_gptexec *e, const struct fy_config *cfg)
+{
+    int one_at_a_time = fy_knob_gpu_one_at_a_time();
+    if (one_at_a_time)
+        fy_info("FUYOU_GPU_QUEUE=1: each GPT request completes before the next one starts");
+    e->queues = fy_backend_model_set_queued(e->backend, !one_at_a_time);
+    FY_REQUIRE(!e->queues || e->sum == NULL, -ENOTSUP, /* the sum needs each call complete */
+               "%s: the %s backend of this build has no NCCL to sum the gradients of several "
+               "gpu workers: install NCCL (Debian libnccl-dev, or pip install nvidia-nccl-cu12, "
+               "or set NCCL_HOME) and rebuild with make, or use --gpus 1",
+               cfg->path, fy_backend_name(e->backend));
+    return 0;
+}
+
 int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const struct fy_config *cfg,
                    const struct fy_pool *pool)
 {
@@ -93,131 +219,16 @@ int fy_gptexec_new(struct fy_gptexec **out, struct fy_backend *backend, const st
     struct fy_gptexec *e = calloc(1, sizeof *e);
     if (e == NULL)
         return -ENOMEM;
-    uint64_t B = 0, T = 0;
-    int rc = fy_model_config_from(cfg, &e->cfg);
-    if (rc == 0)
-        rc = fy_config_get_u64(cfg, "train.batch", 1, 0, &B);
-    if (rc == 0)
-        rc = fy_config_get_u64(cfg, "train.seq", 1, 0, &T);
-    if (rc == 0 && (B == 0 || T == 0 || B > 1 << 20 || T > e->cfg.ctx)) {
-        fy_error("%s: batch %llu x sequence %llu: need both >= 1 and sequence <= context %u",
-                 cfg->path, (unsigned long long)B, (unsigned long long)T, e->cfg.ctx);
-        rc = -EINVAL;
-    }
-    const char *act = fy_config_get(cfg, "train.act_dtype");
-    e->act_dtype = act == NULL || strcmp(act, "f32") == 0 ? FY_DTYPE_F32
-                   : strcmp(act, "bf16") == 0         ? FY_DTYPE_BF16
-                                                      : FY_DTYPE_NONE;
-    if (rc == 0 && e->act_dtype == FY_DTYPE_NONE) {
-        fy_error("%s: train.act_dtype = %s: use f32 or bf16", cfg->path, act);
-        rc = -EINVAL;
-    }
-    uint64_t rank = 0, ranks = 1;
-    if (rc == 0)
-        rc = fy_config_get_u64(cfg, "train.ranks", 0, 1, &ranks);
-    if (rc == 0)
-        rc = fy_config_get_u64(cfg, "train.rank", 0, 0, &rank);
-    if (rc == 0 && (ranks < 1 || rank >= ranks || B % ranks != 0)) {
-        fy_error("%s: gpu worker of rank %llu of %llu with a batch of %llu: need rank < ranks and "
-                 "the batch a multiple of the ranks (--batch, --gpus)", cfg->path,
-                 (unsigned long long)rank, (unsigned long long)ranks, (unsigned long long)B);
-        rc = -EINVAL;
-    }
-    if (rc == 0) {
-        e->rank = (int)rank;
-        e->ranks = (int)ranks;
-        e->B = (int)(B / ranks); /* this worker's share */
-        e->T = (int)T;
-        e->act_bytes = (uint64_t)B * T * e->cfg.n_embd * fy_dtype_size(e->act_dtype);
-        e->tok_bytes = (uint64_t)B * T * 4;
-        e->act_share = e->act_bytes / ranks;
-        e->tok_share = e->tok_bytes / ranks;
-        e->backend = backend;
-        rc = fy_backend_model_prepare(backend, &e->cfg, e->B, e->T);
-    }
-    if (rc == 0)
-        rc = fy_backend_model_act_dtype(backend, e->act_dtype);
-    if (rc == 0)
-        rc = fy_actplan_sizes_backend(&e->cfg, e->B, e->T, fy_backend_name(backend),
-                                      &e->saved_sizes);
-    if (rc == 0 && e->ranks > 1)
-        rc = join_ranks(e, pool);
-    /* train.act_plan: "auto" keeps the internals of the blocks that fit in the GPU budget beside
-     * the working buffers (their backward then recomputes nothing), "recompute" keeps none,
-     * "host" and "ssd" swap them through the pool */
-    const char *plan = fy_config_get(cfg, "train.act_plan");
-    enum fy_actplan_mode mode = FY_ACTPLAN_AUTO;
-    if (rc == 0 && plan != NULL && fy_actplan_mode_parse(plan, &mode) < 0) {
-        fy_error("%s: train.act_plan = %s: use auto, recompute, host or ssd", cfg->path, plan);
-        rc = -EINVAL;
-    }
-    /* auto: the launcher's plan says whether blocks swap (train.act_swap) and how many top blocks
-     * to keep at most (train.act_keep; absent: as many as fit) */
-    uint64_t swap = 0, keep = e->cfg.n_layer;
-    if (rc == 0 && mode == FY_ACTPLAN_AUTO)
-        rc = fy_config_get_u64(cfg, "train.act_swap", 0, 0, &swap);
-    if (rc == 0 && mode == FY_ACTPLAN_AUTO)
-        rc = fy_config_get_u64(cfg, "train.act_keep", 0, e->cfg.n_layer, &keep);
-    /* train.grad_hold: one-pass clipping holds this many block gradients on the device, taken
-     * before the swap and kept sets */
-    uint64_t hold = 0;
-    if (rc == 0)
-        rc = fy_config_get_u64(cfg, "train.grad_hold", 0, 0, &hold);
-    if (rc == 0 && hold > 0 && e->ranks > 1) {
-        fy_error("%s: train.grad_hold = %llu with %d gpu workers: gradients held on the GPUs are "
-                 "for one worker; use --clip-hold pool (or auto) with --gpus", cfg->path,
-                 (unsigned long long)hold, e->ranks);
-        rc = -EINVAL;
-    }
-    if (rc == 0 && hold > e->cfg.n_layer) {
-        fy_error("%s: train.grad_hold = %llu: at most the model's %u blocks", cfg->path,
-                 (unsigned long long)hold, e->cfg.n_layer);
-        rc = -EINVAL;
-    }
-    if (rc == 0 && hold > 0)
-        rc = fy_backend_model_hold(backend, (int)hold);
-    if (rc == 0 && hold > 0)
-        fy_info("gpu worker: the gradients of %llu blocks held here from the norm pass to their "
-                "updates (one-pass clipping, train.grad_hold)", (unsigned long long)hold);
-    e->holds = (int)hold;
-    if (rc == 0 && e->ranks > 1 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap)) {
-        fy_error("%s: blocks' internals swapped through the pool (train.act_plan %s) with %d gpu "
-                 "workers: not supported; use --act-plan auto or recompute with --gpus",
-                 cfg->path, plan ? plan : "auto", e->ranks);
-        rc = -ENOTSUP;
-    }
-    if (rc == 0 && (mode == FY_ACTPLAN_HOST || mode == FY_ACTPLAN_SSD || swap))
-        rc = fy_backend_model_swap(backend);
-    if (rc == 0 && plan != NULL && mode == FY_ACTPLAN_AUTO) {
-        /* test hook: FUYOU_TEST_KEEP_LAYERS=N keeps at most N blocks, whatever fits */
-        int most = (int)keep;
-        if (fy_knob_test_keep_layers(&most))
-            fy_info("test hook: at most %d blocks keep their internals (FUYOU_TEST_KEEP_LAYERS)",
-                    most);
-        most = most < (int)keep ? most : (int)keep;
-        int kept = most > 0 ? fy_backend_model_keep(backend, most) : 0;
-        rc = kept < 0 ? kept : 0;
-    }
-    /* FUYOU_GPU_QUEUE=1 completes every request before taking the next, for comparisons */
-    int one_at_a_time = fy_knob_gpu_one_at_a_time();
-    if (rc == 0 && one_at_a_time)
-        fy_info("FUYOU_GPU_QUEUE=1: each GPT request completes before the next one starts");
-    if (rc == 0)
-        e->queues = fy_backend_model_set_queued(backend, !one_at_a_time);
-    if (rc == 0 && e->queues && e->sum != NULL) { /* the sum needs each call complete */
-        fy_error("%s: the %s backend of this build has no NCCL to sum the gradients of several "
-                 "gpu workers: install NCCL (Debian libnccl-dev, or pip install nvidia-nccl-cu12, "
-                 "or set NCCL_HOME) and rebuild with make, or use --gpus 1", cfg->path,
-                 fy_backend_name(backend));
-        rc = -ENOTSUP;
-    }
-    if (rc < 0) {
-        fy_ranks_destroy(&e->sum);
-        free(e);
-        return rc;
-    }
+    int rc;
+    FY_TRY_OUT(rc, read_batch(e, cfg));
+    FY_TRY_OUT(rc, prepare(e, backend, pool));
+    FY_TRY_OUT(rc, ready_device_memory(e, cfg));
+    FY_TRY_OUT(rc, queue_mode(e, cfg));
     *out = e;
     return 0;
+out:
+    fy_gptexec_destroy(&e);
+    return rc;
 }
 
 void fy_gptexec_destroy(struct fy_gptexec **ep)
@@ -401,142 +412,204 @@ static uint64_t batch_targets(const struct fy_gptexec *e, const int32_t *targets
     return n;
 }
 
+/* The sizes of the model's units: floats of the embeddings, a block and the final unit. */
+struct unit_sizes {
+    uint64_t embed_n, block_n, final_n;
+};
+
+static struct unit_sizes sizes_of(const struct fy_model_config *c)
+{
+    return (struct unit_sizes){fy_model_unit_params(c, 0), fy_model_unit_params(c, 1),
+                               fy_model_unit_params(c, c->n_layer + 1)};
+}
+
+/* gpt-embed-fwd: tokens, W embed, A x0 (out) [, P]. */
+static int embed_forward_request(struct fy_gptexec *e, const struct fy_pool *pool,
+                                 const struct fy_desc *req, unsigned n)
+{
+    uint64_t embed_n = sizes_of(&e->cfg).embed_n;
+    void *tokens, *embed, *x;
+    const int32_t *pos;
+    unsigned next;
+    int WT;
+    FY_TRY(part(pool, req, n, 0, FY_KIND_TOKENS, FY_DTYPE_I32, e->tok_bytes, &tokens));
+    FY_TRY(weights_dtype(e, req, n, 1, &WT));
+    FY_TRY(part(pool, req, n, 1, FY_KIND_WEIGHTS, WT, embed_n * fy_dtype_size(WT), &embed));
+    FY_TRY(part(pool, req, n, 2, FY_KIND_ACTIVATION, e->act_dtype, e->act_bytes, &x));
+    tokens = share(e, tokens, e->tok_bytes);
+    x = share(e, x, e->act_bytes);
+    FY_TRY(check_tokens(tokens, (size_t)e->B * e->T, e->cfg.vocab, 0, "gpt-embed-fwd inputs"));
+    FY_TRY(positions_part(e, pool, req, n, 3, &pos, &next));
+    FY_REQUIRE(n == next, -EPROTO,
+               "gpt-embed-fwd: %u parts, expected %u (tokens, weights, x0, "
+               "optionally positions)",
+               n, next);
+    return fy_backend_model_embed_forward(e->backend, embed, tokens, pos, x);
+}
+
+/* gpt-block-fwd: W block, A x, A y (out) [, P] [, S saved (out)...]; gpt-block-bwd: W block, A x,
+ * G dy, G dx (out), G dparams (out) [, P] [, S saved (in)...]. */
+static int block_request(struct fy_gptexec *e, const struct fy_pool *pool,
+                         const struct fy_desc *req, unsigned n)
+{
+    const struct fy_model_config *c = &e->cfg;
+    const int A = FY_KIND_ACTIVATION, G = FY_KIND_GRAD, ACT = e->act_dtype;
+    uint64_t block_n = sizes_of(c).block_n;
+    int layer = req[0].layer, forward = req[0].op == FY_OP_GPT_BLOCK_FWD, WT, held, any;
+    void *p[5];
+    const int32_t *pos;
+    unsigned next;
+    struct fy_block_saved saved;
+    FY_REQUIRE(layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
+               "%s: layer %d is not a block (1..%u)", fy_op_name(req[0].op), layer, c->n_layer);
+    FY_TRY(weights_dtype(e, req, n, 0, &WT));
+    FY_TRY(part(pool, req, n, 0, FY_KIND_WEIGHTS, WT, block_n * fy_dtype_size(WT), &p[0]));
+    FY_TRY(part(pool, req, n, 1, A, ACT, e->act_bytes, &p[1]));
+    p[1] = share(e, p[1], e->act_bytes);
+    /* the fixed parts, then the positions where given, then any saved parts */
+    FY_TRY(positions_part(e, pool, req, n, forward ? 3u : 5u, &pos, &next));
+    FY_REQUIRE(e->ranks == 1 || n <= next, -EPROTO,
+               "%s: saved internals with %d gpu workers: not supported", fy_op_name(req[0].op),
+               e->ranks);
+    if (forward) {
+        FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
+        p[2] = share(e, p[2], e->act_bytes);
+        FY_TRY(saved_parts(e, pool, req, n, next, &saved, &any));
+        return fy_backend_model_block_forward(e->backend, layer, p[0], pos, p[1], p[2],
+                                              any ? &saved : NULL);
+    }
+    FY_TRY(part(pool, req, n, 2, G, ACT, e->act_bytes, &p[2]));
+    FY_TRY(part(pool, req, n, 3, G, ACT, e->act_bytes, &p[3]));
+    FY_TRY(part(pool, req, n, 4, G, FY_DTYPE_F32, block_n * 4, &p[4]));
+    FY_TRY(saved_parts(e, pool, req, n, next, &saved, &any));
+    FY_TRY(held_buffer(e, req, 4, 1, &held));
+    p[2] = share(e, p[2], e->act_bytes);
+    p[3] = share(e, p[3], e->act_bytes);
+    float *dparams = grad_target(e, p[4], block_n, 0, 0);
+    if (held >= 0) /* this backward's gradient is kept in the buffer too */
+        FY_TRY(fy_backend_model_hold_next(e->backend, held));
+    return grad_sum(e,
+                    fy_backend_model_block_backward(e->backend, layer, p[0], pos, p[1], p[2], p[3],
+                                                    dparams, any ? &saved : NULL),
+                    p[4], block_n, 0);
+}
+
+/* gpt-grad-send: G dparams (out), the held buffer named in its arg. */
+static int grad_send_request(struct fy_gptexec *e, const struct fy_pool *pool,
+                             const struct fy_desc *req, unsigned n)
+{
+    const struct fy_model_config *c = &e->cfg;
+    int layer = req[0].layer, held;
+    void *dparams;
+    FY_REQUIRE(n == 1 && layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
+               "gpt-grad-send takes one part for a block (1..%u), got %u for layer %d", c->n_layer,
+               n, layer);
+    FY_TRY(part(pool, req, n, 0, FY_KIND_GRAD, FY_DTYPE_F32, sizes_of(c).block_n * 4, &dparams));
+    FY_TRY(held_buffer(e, req, 0, 0, &held));
+    return fy_backend_model_hold_send(e->backend, held, dparams);
+}
+
+/* gpt-head: A x, tokens targets, W final, W embed [, G dx (out), G dfinal (out), G dembed (out)];
+ * the loss into *loss. */
+static int head_request(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
+                        unsigned n, double *loss)
+{
+    const int A = FY_KIND_ACTIVATION, G = FY_KIND_GRAD, W = FY_KIND_WEIGHTS, F32 = FY_DTYPE_F32;
+    struct unit_sizes u = sizes_of(&e->cfg);
+    void *p[7];
+    int WT;
+    FY_REQUIRE(n == 4 || n == 7, -EPROTO,
+               "gpt-head takes 4 parts (loss) or 7 (with gradients), got %u", n);
+    FY_TRY(part(pool, req, n, 0, A, e->act_dtype, e->act_bytes, &p[0]));
+    FY_TRY(part(pool, req, n, 1, FY_KIND_TOKENS, FY_DTYPE_I32, e->tok_bytes, &p[1]));
+    FY_TRY(weights_dtype(e, req, n, 2, &WT));
+    FY_TRY(part(pool, req, n, 2, W, WT, u.final_n * fy_dtype_size(WT), &p[2]));
+    FY_TRY(part(pool, req, n, 3, W, WT, u.embed_n * fy_dtype_size(WT), &p[3]));
+    if (e->ranks > 1) /* every worker's share averaged over the whole batch's targets */
+        FY_TRY(fy_backend_model_loss_count(e->backend, batch_targets(e, p[1])));
+    p[0] = share(e, p[0], e->act_bytes);
+    p[1] = share(e, p[1], e->tok_bytes);
+    FY_TRY(check_tokens(p[1], (size_t)e->B * e->T, e->cfg.vocab, 1, "gpt-head targets"));
+    p[4] = p[5] = p[6] = NULL;
+    float *dfinal = NULL, *dembed = NULL;
+    if (n == 7) {
+        FY_TRY(part(pool, req, n, 4, G, e->act_dtype, e->act_bytes, &p[4]));
+        FY_TRY(part(pool, req, n, 5, G, F32, u.final_n * 4, &p[5]));
+        FY_TRY(part(pool, req, n, 6, G, F32, u.embed_n * 4, &p[6]));
+        p[4] = share(e, p[4], e->act_bytes);
+        /* a worker of rank > 0 has room for both: the final unit's, then the embeddings' */
+        dfinal = grad_target(e, p[5], u.final_n, 0, 0);
+        dembed = grad_target(e, p[6], u.embed_n, 0, u.final_n);
+    }
+    int rc = fy_backend_model_head(e->backend, p[2], p[3], p[0], p[1], loss, p[4], dfinal, dembed);
+    if (n == 7)
+        rc = grad_sum(e, grad_sum(e, rc, p[5], u.final_n, 0), p[6], u.embed_n, u.final_n);
+    return rc;
+}
+
+/* gpt-profile: raw (copied through to time the links), raw (out: struct fy_block_profile). */
+static int profile_request(struct fy_gptexec *e, const struct fy_pool *pool,
+                           const struct fy_desc *req, unsigned n)
+{
+    FY_REQUIRE(n == 2 && req[0].kind == FY_KIND_RAW && req[1].kind == FY_KIND_RAW &&
+                   req[1].bytes >= sizeof(struct fy_block_profile),
+               -EPROTO,
+               "gpt-profile takes 2 raw parts (copies, then >= %zu bytes for the "
+               "result), got %u",
+               sizeof(struct fy_block_profile), n);
+    void *copies = fy_pool_at(pool, req[0].offset, req[0].bytes);
+    void *result = fy_pool_at(pool, req[1].offset, req[1].bytes);
+    FY_REQUIRE(copies != NULL && result != NULL, -ERANGE, "gpt-profile: region outside the pool");
+    struct fy_block_profile prof;
+    FY_TRY(fy_backend_model_profile(e->backend, copies, req[0].bytes, &prof));
+    memcpy(result, &prof, sizeof prof);
+    return 0;
+}
+
+/* gpt-embed-bwd: tokens, G dx0, G dembed (accumulated) [, P]. */
+static int embed_backward_request(struct fy_gptexec *e, const struct fy_pool *pool,
+                                  const struct fy_desc *req, unsigned n)
+{
+    uint64_t embed_n = sizes_of(&e->cfg).embed_n;
+    void *tokens, *dx, *dembed_pool;
+    const int32_t *pos;
+    unsigned next;
+    FY_TRY(part(pool, req, n, 0, FY_KIND_TOKENS, FY_DTYPE_I32, e->tok_bytes, &tokens));
+    FY_TRY(part(pool, req, n, 1, FY_KIND_GRAD, e->act_dtype, e->act_bytes, &dx));
+    FY_TRY(part(pool, req, n, 2, FY_KIND_GRAD, FY_DTYPE_F32, embed_n * 4, &dembed_pool));
+    tokens = share(e, tokens, e->tok_bytes);
+    dx = share(e, dx, e->act_bytes);
+    FY_TRY(check_tokens(tokens, (size_t)e->B * e->T, e->cfg.vocab, 0, "gpt-embed-bwd inputs"));
+    FY_TRY(positions_part(e, pool, req, n, 3, &pos, &next));
+    FY_REQUIRE(n == next, -EPROTO,
+               "gpt-embed-bwd: %u parts, expected %u (tokens, dx0, dembed, "
+               "optionally positions)",
+               n, next);
+    float *dembed = grad_target(e, dembed_pool, embed_n, 1, 0);
+    return grad_sum(e, fy_backend_model_embed_backward(e->backend, tokens, pos, dx, dembed),
+                    dembed_pool, embed_n, 0);
+}
+
 /* Checks the request and calls the backend, which may only queue the work; a head's loss goes to
  * *loss (written when the call completes). With several workers, each computes its share of the
  * batch and the gradients are summed over them. */
 static int dispatch(struct fy_gptexec *e, const struct fy_pool *pool, const struct fy_desc *req,
                     unsigned n, double *loss)
 {
-    const struct fy_model_config *c = &e->cfg;
-    uint64_t embed_n = fy_model_unit_params(c, 0), block_n = fy_model_unit_params(c, 1);
-    uint64_t final_n = fy_model_unit_params(c, c->n_layer + 1);
-    uint64_t embed_bytes = embed_n * 4, block_bytes = block_n * 4, final_bytes = final_n * 4;
-    const int A = FY_KIND_ACTIVATION, G = FY_KIND_GRAD, W = FY_KIND_WEIGHTS, K = FY_KIND_TOKENS;
-    const int F32 = FY_DTYPE_F32, I32 = FY_DTYPE_I32, ACT = e->act_dtype;
-    void *p[7];
-    const int32_t *pos; /* the positions part where the request has one, else NULL */
-    unsigned next;      /* the part after the positions (or where they would be) */
-    int layer = req[0].layer, WT, held;
-    size_t wsize;
     switch (req[0].op) {
     case FY_OP_GPT_EMBED_FWD:
-        FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));
-        FY_TRY(weights_dtype(e, req, n, 1, &WT));
-        wsize = fy_dtype_size(WT);
-        FY_TRY(part(pool, req, n, 1, W, WT, embed_n * wsize, &p[1]));
-        FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
-        p[0] = share(e, p[0], e->tok_bytes);
-        p[2] = share(e, p[2], e->act_bytes);
-        FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-fwd inputs"));
-        FY_TRY(positions_part(e, pool, req, n, 3, &pos, &next));
-        FY_REQUIRE(n == next, -EPROTO,
-                   "gpt-embed-fwd: %u parts, expected %u (tokens, weights, x0, "
-                   "optionally positions)",
-                   n, next);
-        return fy_backend_model_embed_forward(e->backend, p[1], p[0], pos, p[2]);
+        return embed_forward_request(e, pool, req, n);
     case FY_OP_GPT_BLOCK_FWD:
     case FY_OP_GPT_BLOCK_BWD:
-        FY_REQUIRE(layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
-                   "%s: layer %d is not a block (1..%u)", fy_op_name(req[0].op), layer, c->n_layer);
-        FY_TRY(weights_dtype(e, req, n, 0, &WT));
-        FY_TRY(part(pool, req, n, 0, W, WT, block_n * fy_dtype_size(WT), &p[0]));
-        FY_TRY(part(pool, req, n, 1, A, ACT, e->act_bytes, &p[1]));
-        p[1] = share(e, p[1], e->act_bytes);
-        struct fy_block_saved saved;
-        int any;
-        /* the fixed parts, then the positions where given, then any saved parts */
-        unsigned fixed = req[0].op == FY_OP_GPT_BLOCK_FWD ? 3u : 5u;
-        FY_TRY(positions_part(e, pool, req, n, fixed, &pos, &next));
-        FY_REQUIRE(e->ranks == 1 || n <= next, -EPROTO,
-                   "%s: saved internals with %d gpu workers: not supported", fy_op_name(req[0].op),
-                   e->ranks);
-        if (req[0].op == FY_OP_GPT_BLOCK_FWD) {
-            FY_TRY(part(pool, req, n, 2, A, ACT, e->act_bytes, &p[2]));
-            p[2] = share(e, p[2], e->act_bytes);
-            FY_TRY(saved_parts(e, pool, req, n, next, &saved, &any));
-            return fy_backend_model_block_forward(e->backend, layer, p[0], pos, p[1], p[2],
-                                                  any ? &saved : NULL);
-        }
-        FY_TRY(part(pool, req, n, 2, G, ACT, e->act_bytes, &p[2]));
-        FY_TRY(part(pool, req, n, 3, G, ACT, e->act_bytes, &p[3]));
-        FY_TRY(part(pool, req, n, 4, G, F32, block_bytes, &p[4]));
-        FY_TRY(saved_parts(e, pool, req, n, next, &saved, &any));
-        FY_TRY(held_buffer(e, req, 4, 1, &held));
-        p[2] = share(e, p[2], e->act_bytes);
-        p[3] = share(e, p[3], e->act_bytes);
-        float *dparams = grad_target(e, p[4], block_n, 0, 0);
-        if (held >= 0) /* this backward's gradient is kept in the buffer too */
-            FY_TRY(fy_backend_model_hold_next(e->backend, held));
-        return grad_sum(e,
-                        fy_backend_model_block_backward(e->backend, layer, p[0], pos, p[1], p[2],
-                                                        p[3], dparams, any ? &saved : NULL),
-                        p[4], block_n, 0);
+        return block_request(e, pool, req, n);
     case FY_OP_GPT_GRAD_SEND:
-        FY_REQUIRE(n == 1 && layer >= 1 && (uint32_t)layer <= c->n_layer, -EPROTO,
-                   "gpt-grad-send takes one part for a block (1..%u), got %u for layer %d",
-                   c->n_layer, n, layer);
-        FY_TRY(part(pool, req, n, 0, G, F32, block_bytes, &p[0]));
-        FY_TRY(held_buffer(e, req, 0, 0, &held));
-        return fy_backend_model_hold_send(e->backend, held, p[0]);
-    case FY_OP_GPT_HEAD: {
-        FY_REQUIRE(n == 4 || n == 7, -EPROTO, "gpt-head takes 4 parts (loss) or 7 (with gradients), got %u", n);
-        FY_TRY(part(pool, req, n, 0, A, ACT, e->act_bytes, &p[0]));
-        FY_TRY(part(pool, req, n, 1, K, I32, e->tok_bytes, &p[1]));
-        FY_TRY(weights_dtype(e, req, n, 2, &WT));
-        wsize = fy_dtype_size(WT);
-        FY_TRY(part(pool, req, n, 2, W, WT, final_n * wsize, &p[2]));
-        FY_TRY(part(pool, req, n, 3, W, WT, embed_n * wsize, &p[3]));
-        if (e->ranks > 1) /* every worker's share averaged over the whole batch's targets */
-            FY_TRY(fy_backend_model_loss_count(e->backend, batch_targets(e, p[1])));
-        p[0] = share(e, p[0], e->act_bytes);
-        p[1] = share(e, p[1], e->tok_bytes);
-        FY_TRY(check_tokens(p[1], (size_t)e->B * e->T, c->vocab, 1, "gpt-head targets"));
-        p[4] = p[5] = p[6] = NULL;
-        float *dfinal = NULL, *dembed = NULL;
-        if (n == 7) {
-            FY_TRY(part(pool, req, n, 4, G, ACT, e->act_bytes, &p[4]));
-            FY_TRY(part(pool, req, n, 5, G, F32, final_bytes, &p[5]));
-            FY_TRY(part(pool, req, n, 6, G, F32, embed_bytes, &p[6]));
-            p[4] = share(e, p[4], e->act_bytes);
-            /* a worker of rank > 0 has room for both: the final unit's, then the embeddings' */
-            dfinal = grad_target(e, p[5], final_n, 0, 0);
-            dembed = grad_target(e, p[6], embed_n, 0, final_n);
-        }
-        int rc = fy_backend_model_head(e->backend, p[2], p[3], p[0], p[1], loss, p[4], dfinal,
-                                       dembed);
-        if (n == 7)
-            rc = grad_sum(e, grad_sum(e, rc, p[5], final_n, 0), p[6], embed_n, final_n);
-        return rc;
-    }
-    case FY_OP_GPT_PROFILE: {
-        FY_REQUIRE(n == 2 && req[0].kind == FY_KIND_RAW && req[1].kind == FY_KIND_RAW &&
-                       req[1].bytes >= sizeof(struct fy_block_profile),
-                   -EPROTO, "gpt-profile takes 2 raw parts (copies, then >= %zu bytes for the "
-                   "result), got %u", sizeof(struct fy_block_profile), n);
-        void *copies = fy_pool_at(pool, req[0].offset, req[0].bytes);
-        void *result = fy_pool_at(pool, req[1].offset, req[1].bytes);
-        FY_REQUIRE(copies != NULL && result != NULL, -ERANGE,
-                   "gpt-profile: region outside the pool");
-        struct fy_block_profile prof;
-        FY_TRY(fy_backend_model_profile(e->backend, copies, req[0].bytes, &prof));
-        memcpy(result, &prof, sizeof prof);
-        return 0;
-    }
+        return grad_send_request(e, pool, req, n);
+    case FY_OP_GPT_HEAD:
+        return head_request(e, pool, req, n, loss);
+    case FY_OP_GPT_PROFILE:
+        return profile_request(e, pool, req, n);
     case FY_OP_GPT_EMBED_BWD:
-        FY_TRY(part(pool, req, n, 0, K, I32, e->tok_bytes, &p[0]));
-        FY_TRY(part(pool, req, n, 1, G, ACT, e->act_bytes, &p[1]));
-        FY_TRY(part(pool, req, n, 2, G, F32, embed_bytes, &p[2]));
-        p[0] = share(e, p[0], e->tok_bytes);
-        p[1] = share(e, p[1], e->act_bytes);
-        FY_TRY(check_tokens(p[0], (size_t)e->B * e->T, c->vocab, 0, "gpt-embed-bwd inputs"));
-        FY_TRY(positions_part(e, pool, req, n, 3, &pos, &next));
-        FY_REQUIRE(n == next, -EPROTO,
-                   "gpt-embed-bwd: %u parts, expected %u (tokens, dx0, dembed, "
-                   "optionally positions)",
-                   n, next);
-        float *dembed = grad_target(e, p[2], embed_n, 1, 0);
-        return grad_sum(e, fy_backend_model_embed_backward(e->backend, p[0], pos, p[1], dembed),
-                        p[2], embed_n, 0);
+        return embed_backward_request(e, pool, req, n);
     default:
         fy_error("gpu worker: op %s is not a GPT operation", fy_op_name(req[0].op));
         return -EPROTO;
