@@ -326,6 +326,53 @@ static int cpu_logits(void *state, const void *final_in, const void *embed_in, c
     return 0;
 }
 
+static double now_s(void) { return 1e-9 * (double)fy_monotonic_ns(); }
+
+/* A block on the values at params and x, the best of three runs after one to warm up: its forward
+ * (into out->fwd_s), its backward from every swappable kind given, where only the LayerNorms rerun
+ * (out->bwd_s), and each forward op alone (op_s). */
+static void profile_compute(struct cpu_state *s, const float *params, const float *x, float *y,
+                            float *dx, float *dp, void *const *saved, struct fy_block_profile *out,
+                            double op_s[FY_ACT_KINDS])
+{
+    const struct fy_cpu_family *fam = s->fam;
+    double best_fwd = INFINITY, best_bwd = INFINITY, op[FY_ACT_KINDS];
+    for (int k = 0; k < FY_ACT_KINDS; k++)
+        op_s[k] = INFINITY;
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = now_s();
+        fam->block_forward_saved(&s->cfg, params, NULL, x, y, s->block_scratch, saved, s->B, s->T);
+        double t1 = now_s();
+        fam->block_backward_saved(&s->cfg, params, NULL, x, y, dx, dp, s->block_scratch, saved,
+                                  s->B, s->T);
+        double t2 = now_s();
+        fam->block_op_times(&s->cfg, params, x, s->block_scratch, s->B, s->T, op);
+        if (rep == 0)
+            continue;
+        best_fwd = t1 - t0 < best_fwd ? t1 - t0 : best_fwd;
+        best_bwd = t2 - t1 < best_bwd ? t2 - t1 : best_bwd;
+        for (int k = 0; k < FY_ACT_KINDS; k++)
+            op_s[k] = op[k] < op_s[k] ? op[k] : op_s[k];
+    }
+    out->fwd_s = best_fwd;
+    out->bwd_s = best_bwd;
+}
+
+/* Seconds of a memory copy of `bytes` from host, the best of three after one to warm up: the link
+ * of a backend whose device is host memory. */
+static double profile_copy_s(void *copy, const void *host, size_t bytes)
+{
+    double best = INFINITY;
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = now_s();
+        memcpy(copy, host, bytes);
+        double t1 = now_s();
+        if (rep > 0 && t1 - t0 < best)
+            best = t1 - t0;
+    }
+    return best;
+}
+
 /* The CPU backend's "device" is host memory: the links are memory copies, its internals sets cost
  * nothing on a device (it keeps none), and the ops are timed on values of its own (small, finite),
  * the best of three runs after one to warm up. */
@@ -355,59 +402,37 @@ static int cpu_profile(void *state, void *host, size_t host_bytes, struct fy_blo
     float *y = malloc(NC * sizeof(float)), *dx = malloc(NC * sizeof(float));
     float *dp = malloc(P * sizeof(float)), *copy = malloc(host_bytes);
     char *region = malloc(reg.bytes);
-    int rc = params && x && y && dx && dp && copy && region ? 0 : -ENOMEM;
-    if (rc < 0)
+    int rc = 0;
+    if (!(params && x && y && dx && dp && copy && region)) {
         fy_error("CPU backend: no memory for profiling a block");
-    for (size_t i = 0; rc == 0 && i < P; i++)
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < P; i++)
         params[i] = 0.02f * (float)((int)(i % 17) - 8) / 8.0f;
-    for (size_t i = 0; rc == 0 && i < NC; i++)
+    for (size_t i = 0; i < NC; i++)
         x[i] = (float)((int)(i % 13) - 6) / 6.0f;
-    double best_fwd = INFINITY, best_bwd = INFINITY, op[FY_ACT_KINDS], best_op[FY_ACT_KINDS];
-    for (int k = 0; k < FY_ACT_KINDS; k++)
-        best_op[k] = INFINITY;
     void *saved[FY_ACT_KINDS] = {0};
-    for (int k = 0; region != NULL && k < FY_ACT_KINDS; k++)
+    for (int k = 0; k < FY_ACT_KINDS; k++)
         if (FY_ACT_SWAPPABLE & FY_ACT_BIT(k))
             saved[k] = region + reg.offset[k];
-    for (int rep = 0; rc == 0 && rep < 4; rep++) {
-        double t0 = 1e-9 * (double)fy_monotonic_ns();
-        fam->block_forward_saved(&s->cfg, params, NULL, x, y, s->block_scratch, saved, s->B, s->T);
-        double t1 = 1e-9 * (double)fy_monotonic_ns();
-        fam->block_backward_saved(&s->cfg, params, NULL, x, y, dx, dp, s->block_scratch, saved,
-                                  s->B, s->T);
-        double t2 = 1e-9 * (double)fy_monotonic_ns();
-        fam->block_op_times(&s->cfg, params, x, s->block_scratch, s->B, s->T, op);
-        if (rep == 0)
-            continue;
-        best_fwd = t1 - t0 < best_fwd ? t1 - t0 : best_fwd;
-        best_bwd = t2 - t1 < best_bwd ? t2 - t1 : best_bwd;
-        for (int k = 0; k < FY_ACT_KINDS; k++)
-            best_op[k] = op[k] < best_op[k] ? op[k] : best_op[k];
-    }
-    double best_copy = INFINITY;
-    for (int rep = 0; rc == 0 && rep < 4; rep++) {
-        double t0 = 1e-9 * (double)fy_monotonic_ns();
-        memcpy(copy, host, host_bytes);
-        double t1 = 1e-9 * (double)fy_monotonic_ns();
-        if (rep > 0 && t1 - t0 < best_copy)
-            best_copy = t1 - t0;
-    }
-    if (rc == 0) {
-        out->fwd_s = best_fwd;
-        out->bwd_s = best_bwd;
-        for (int k = 0; k < FY_ACT_KINDS; k++) /* the LayerNorms always rerun: not a saving */
-            out->recompute_s[k] = fy_actplan_kind_swappable(k) ? best_op[k] : 0;
-        out->flops_per_s =
-            best_op[FY_ACT_QKV] > 0 ? fam->qkv_flops(&s->cfg, s->B, s->T) / best_op[FY_ACT_QKV] : 0;
-        out->h2d_Bps = out->d2h_Bps = out->duplex_Bps = (double)host_bytes / best_copy;
-        out->gpu_free = out->set_bytes = 0;
-        fy_info("profile (CPU backend, batch %d x %d): block forward %.3f ms, backward %.3f ms; "
-                "recompute qkv %.3f, attn %.3f, resid %.3f, fc %.3f, gelu %.3f ms; memory copies "
-                "%.1f GB/s", s->B, s->T, 1e3 * out->fwd_s, 1e3 * out->bwd_s,
-                1e3 * out->recompute_s[FY_ACT_QKV], 1e3 * out->recompute_s[FY_ACT_ATTN],
-                1e3 * out->recompute_s[FY_ACT_RESID], 1e3 * out->recompute_s[FY_ACT_FC],
-                1e3 * out->recompute_s[FY_ACT_GELU], 1e-9 * out->h2d_Bps);
-    }
+    double best_op[FY_ACT_KINDS];
+    profile_compute(s, params, x, y, dx, dp, saved, out, best_op);
+    double best_copy = profile_copy_s(copy, host, host_bytes);
+    for (int k = 0; k < FY_ACT_KINDS; k++) /* the LayerNorms always rerun: not a saving */
+        out->recompute_s[k] = fy_actplan_kind_swappable(k) ? best_op[k] : 0;
+    out->flops_per_s =
+        best_op[FY_ACT_QKV] > 0 ? fam->qkv_flops(&s->cfg, s->B, s->T) / best_op[FY_ACT_QKV] : 0;
+    out->h2d_Bps = out->d2h_Bps = out->duplex_Bps = (double)host_bytes / best_copy;
+    out->gpu_free = out->set_bytes = 0;
+    fy_info("profile (CPU backend, batch %d x %d): block forward %.3f ms, backward %.3f ms; "
+            "recompute qkv %.3f, attn %.3f, resid %.3f, fc %.3f, gelu %.3f ms; memory copies "
+            "%.1f GB/s",
+            s->B, s->T, 1e3 * out->fwd_s, 1e3 * out->bwd_s, 1e3 * out->recompute_s[FY_ACT_QKV],
+            1e3 * out->recompute_s[FY_ACT_ATTN], 1e3 * out->recompute_s[FY_ACT_RESID],
+            1e3 * out->recompute_s[FY_ACT_FC], 1e3 * out->recompute_s[FY_ACT_GELU],
+            1e-9 * out->h2d_Bps);
+out:
     free(params);
     free(x);
     free(y);
