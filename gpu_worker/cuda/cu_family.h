@@ -15,6 +15,7 @@
 #include "gpu_worker/cuda/cu_common.h"
 #include "gpu_worker/cuda/cu_grads.h"
 #include "gpu_worker/cuda/cu_matmul.h"
+#include "gpu_worker/cuda/cu_profile.h"
 
 /* What units borrow from their owner: the products' handle and the stream (one host thread, one
  * stream), and the LM head's logits scratch (fy_cu_head_scratch_bytes(head_rows, V)) with its rows
@@ -59,9 +60,6 @@ struct fy_cu_profile_scratch {
     bf16 *params, *x, *y, *dy, *dx;
     const struct fy_cu_grads *grads;
 };
-
-#define FY_CU_PROFILE_EVENTS 3
-#define FY_CU_PROFILE_REPS 3
 
 /* A family whose blocks the activation planner profiles (struct fy_block_profile). */
 struct fy_cu_profiling {
@@ -123,10 +121,5 @@ struct fy_cu_family {
     const struct fy_cu_swapping *swap;     /* NULL: internals kept or recomputed, never swapped */
     const struct fy_cu_profiling *profile; /* NULL: blocks not profiled */
 };
-
-/* For the profiles: the median of n values (sorted in place), and the seconds between two events
- * once the later one has happened. */
-double fy_cu_profile_median(double *v, int n);
-int fy_cu_profile_elapsed(cudaEvent_t from, cudaEvent_t to, double *s);
 
 #endif

@@ -18,7 +18,9 @@
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_layernorm.h"
 #include "gpu_worker/cuda/cu_matmul.h"
+#include "gpu_worker/cuda/cu_profile.h"
 #include "gpu_worker/cuda/cu_residual.h"
+#include "gpu_worker/try_out.h"
 
 struct fy_cu_gpt2 {
     struct fy_model_config c;
@@ -623,9 +625,10 @@ static int profile_block(void *units, const struct fy_cu_profile_scratch *sc,
     int timing = u->timing, n_ops = u->n_ops;
     struct fy_cu_gpt2_op ops[FY_CU_GPT2_MAX_OPS];
     memcpy(ops, u->ops, sizeof ops);
-    int rc = profile_inputs(u, sc);
-    if (rc == 0)
-        rc = profile_compute(u, sc, ev, out);
+    int rc;
+    FY_TRY_OUT(rc, profile_inputs(u, sc));
+    FY_TRY_OUT(rc, profile_compute(u, sc, ev, out));
+out:
     u->timing = timing;
     u->n_ops = n_ops;
     memcpy(u->ops, ops, sizeof ops);

@@ -2,7 +2,7 @@
  * cu_queue's staging: its inputs uploaded straight into its staging's device buffers, its device
  * work done by the family's units (cu_family.h: one ops table per family, chosen by the registry's
  * name), its outputs downloaded; a block backward's weight gradients go home a piece at a time
- * through a ring of device buffers (cu_grads.h) while it computes. Names no family: what a family
+ * through a ring of device buffers (cu_gradsink.h) while it computes. Names no family: what a family
  * lacks (swapped internals, the planner's profile) is refused with its label. */
 #include "gpu_worker/cuda/cu_model.h"
 
@@ -13,9 +13,12 @@
 #include "common/arch/llama.h"
 #include "common/knobs.h"
 #include "gpu_worker/cuda/cu_families.h"
+#include "gpu_worker/cuda/cu_gradsink.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_matmul.h"
+#include "gpu_worker/cuda/cu_profile.h"
 #include "gpu_worker/cuda/cu_ranks.h"
+#include "gpu_worker/try_out.h"
 
 /* Rows of logits per chunk of the head: large enough that its products run at full speed, small
  * enough that a chunk's logits stay within HEAD_CHUNK_BYTES however large the vocabulary. */
@@ -25,9 +28,6 @@
 #define LT_WORKSPACE (32u << 20)
 /* the least host memory whose copies say something about the link (fy_cu_model_profile) */
 #define PROFILE_HOST_MIN (1u << 20)
-/* Device buffers a block backward's gradient pieces take in turn: one computed into while the one
- * before goes home, and one to spare. */
-#define GRAD_RING 3
 
 struct fy_cu_model {
     struct fy_model_config c;
@@ -43,22 +43,9 @@ struct fy_cu_model {
     struct fy_cu_lt *lt;
     struct fy_cu_queue q;
     void *head_scratch;
-    /* the head's and the embeddings' gradients (unit_grad_n floats), whose last download a
-     * writer waits for (ug_free, recorded where ug_used) */
-    float *unit_grad;
-    cudaEvent_t ug_free;
-    int ug_used;
-    /* the block backward's gradient pieces (the sink): GRAD_RING buffers of piece_n floats taken in
-     * turn, each free again once its download is done (free[i], where used[i]); the piece being
-     * computed (`taking`), the host gradient the call sends them to, and whether they are sent at
-     * all (not by the profile) */
-    struct fy_cu_grads sink;
-    float *piece[GRAD_RING];
-    cudaEvent_t piece_ready[GRAD_RING], piece_free[GRAD_RING];
-    int piece_used[GRAD_RING], piece_next, taking;
-    struct fy_cu_staging *sink_st;
-    float *sink_host;
-    int sink_discard;
+    /* the weight gradients' buffers (unit_grad_n floats for the head's or the embeddings', piece_n
+     * a block's piece), the held gradients and the group */
+    struct fy_cu_gradsink sink;
     /* the family's sets of block internals (fam->set_size bytes each): FY_CU_MODEL_MAX_KEPT kept
      * sets, then one swap set per staging (the staging's swap points there) */
     char *sets;
@@ -67,14 +54,8 @@ struct fy_cu_model {
     unsigned char kept_full[FY_CU_MODEL_MAX_KEPT];
     int n_kept;
     int swap_ready; /* every staging has its swap set */
-    /* fy_cu_model_hold: `holds` block gradients (block_n floats each); hold_next, the buffer the
-     * next block backward also keeps its gradient in (-1: none) */
-    float *held;
-    int holds, hold_next;
     /* fy_cu_model_set_loss_count: the targets the head's mean is over (0: its own call's) */
     uint64_t loss_count;
-    /* fy_cu_model_set_ranks: the gpu workers' group (the backend's), NULL without one */
-    const struct fy_cu_ranks *ranks;
     cudaEvent_t prof_ev[FY_CU_PROFILE_EVENTS]; /* fy_cu_model_profile's, made on its first call */
 };
 
@@ -123,9 +104,9 @@ static int plan(struct fy_cu_model *m, struct fy_cu_piece *p, void **lt_ws)
         PIECE(q.st[i].targets, N, int32_t);
         PIECE(q.st[i].positions, N, int32_t);
     }
-    PIECE(unit_grad, m->unit_grad_n, float);
-    for (int i = 0; i < GRAD_RING; i++)
-        PIECE(piece[i], m->piece_n, float);
+    PIECE(sink.unit, m->unit_grad_n, float);
+    for (int i = 0; i < FY_CU_GRAD_RING; i++)
+        PIECE(sink.piece[i], m->piece_n, float);
     for (int i = 0; i < 2; i++) {
         PIECE(q.up.chunk[i], m->ring_n, float);
         PIECE(q.down.chunk[i], m->ring_n, float);
@@ -136,7 +117,7 @@ static int plan(struct fy_cu_model *m, struct fy_cu_piece *p, void **lt_ws)
     return n;
 }
 
-#define MODEL_PIECES (9 * FY_CU_QUEUE + 1 + GRAD_RING + 4 + 2)
+#define MODEL_PIECES (9 * FY_CU_QUEUE + 1 + FY_CU_GRAD_RING + 4 + 2)
 
 static void setup_shape(struct fy_cu_model *m, const struct fy_model_config *c,
                         const struct fy_cu_family *f, int B, int T)
@@ -200,84 +181,6 @@ static int model_check(const struct fy_model_config *c, const struct fy_cu_famil
     return 0;
 }
 
-/* ---- the gradient sink of block backwards (cu_grads.h) ---- */
-
-/* Which rank's workers write gradients to their host buffers: without a group, or rank 0 (the
- * other ranks' buffers are the same pool regions as rank 0's, which they must not touch). */
-static int grads_home(const struct fy_cu_model *m)
-{
-    return m->ranks == NULL || fy_cu_ranks_rank(m->ranks) == 0;
-}
-
-static int sink_take(void *ctx, size_t off, size_t n, float **dev)
-{
-    struct fy_cu_model *m = (struct fy_cu_model *)ctx;
-    FY_REQUIRE(n <= m->piece_n && off + n <= m->block_n, -EINVAL,
-               "cu_model: a gradient piece of %zu floats at %zu (buffers of %zu, a block of %zu)",
-               n, off, m->piece_n, m->block_n);
-    int i = m->piece_next;
-    m->piece_next = (i + 1) % GRAD_RING;
-    if (m->piece_used[i]) /* its last piece is home */
-        FY_CUDA(cudaStreamWaitEvent(m->q.compute, m->piece_free[i], 0),
-                "waiting for a gradient buffer to be free");
-    m->piece_used[i] = 0;
-    FY_CUDA(cudaMemsetAsync(m->piece[i], 0, n * sizeof(float), m->q.compute),
-            "zeroing a gradient piece");
-    m->taking = i;
-    *dev = m->piece[i];
-    return 0;
-}
-
-/* With a group, a gradient just computed is summed over the ranks into rank 0's, on the compute
- * stream: after the kernels that computed it, before its download. Every rank queues the same
- * calls, so their sums pair up in order. */
-static int ranks_sum(struct fy_cu_model *m, float *grad, size_t n)
-{
-    return m->ranks != NULL ? fy_cu_ranks_sum(m->ranks, grad, n, m->q.compute) : 0;
-}
-
-/* The piece just computed: summed over the ranks, kept in the held buffer the call names, sent
- * home on the device-to-host stream once computed. */
-static int sink_put(void *ctx, size_t off, size_t n)
-{
-    struct fy_cu_model *m = (struct fy_cu_model *)ctx;
-    int i = m->taking;
-    if (m->sink_discard)
-        return 0;
-    FY_TRY(ranks_sum(m, m->piece[i], n));
-    if (m->hold_next >= 0)
-        FY_CUDA(cudaMemcpyAsync(m->held + (size_t)m->hold_next * m->block_n + off, m->piece[i],
-                                n * sizeof(float), cudaMemcpyDeviceToDevice, m->q.compute),
-                "keeping a gradient piece on the device");
-    if (!grads_home(m))
-        return 0;
-    FY_CUDA(cudaEventRecord(m->piece_ready[i], m->q.compute), "recording a gradient piece");
-    FY_CUDA(cudaStreamWaitEvent(m->q.d2h, m->piece_ready[i], 0),
-            "ordering a gradient piece's download after its compute");
-    FY_TRY(fy_cu_queue_download_within(&m->q, m->sink_st, m->sink_host + off, m->piece[i],
-                                       n * sizeof(float)));
-    FY_CUDA(cudaEventRecord(m->piece_free[i], m->q.d2h), "recording a gradient piece's download");
-    m->piece_used[i] = 1;
-    return 0;
-}
-
-/* Before the unit gradient buffer is written again: its last download is done. */
-static int unit_grad_wait(struct fy_cu_model *m, cudaStream_t s)
-{
-    if (m->ug_used)
-        FY_CUDA(cudaStreamWaitEvent(s, m->ug_free, 0),
-                "waiting for the last download of the unit gradients");
-    return 0;
-}
-
-/* After the downloads of the unit gradient buffer are queued. */
-static int unit_grad_sent(struct fy_cu_model *m)
-{
-    FY_CUDA(cudaEventRecord(m->ug_free, m->q.d2h), "recording the unit gradients' download");
-    m->ug_used = 1;
-    return 0;
-}
-
 /* The streams, the products' handle, the sink's events and the family's units, once the buffers
  * are carved. */
 static int model_start(struct fy_cu_model *m, struct fy_cu_arena *arena, void *lt_ws)
@@ -285,17 +188,7 @@ static int model_start(struct fy_cu_model *m, struct fy_cu_arena *arena, void *l
     m->q.ring_n = m->ring_n;
     FY_TRY(fy_cu_queue_init(&m->q, m->N, (size_t)m->N * m->c.n_embd));
     FY_TRY(fy_cu_lt_new(&m->lt, lt_ws, LT_WORKSPACE));
-    if (cudaEventCreateWithFlags(&m->ug_free, cudaEventDisableTiming) != cudaSuccess) {
-        fy_error("CUDA: cannot create the model's gradient events");
-        return -EIO;
-    }
-    for (int i = 0; i < GRAD_RING; i++)
-        if (cudaEventCreateWithFlags(&m->piece_ready[i], cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&m->piece_free[i], cudaEventDisableTiming) != cudaSuccess) {
-            fy_error("CUDA: cannot create the model's gradient events");
-            return -EIO;
-        }
-    m->sink = (struct fy_cu_grads){sink_take, sink_put, m, m->piece_n};
+    FY_TRY(fy_cu_gradsink_init(&m->sink, &m->q, m->piece_n, m->block_n));
     struct fy_cu_env env = {m->lt, m->q.compute, m->head_scratch, m->head_rows};
     return m->fam->create(&m->units, arena, &m->c, m->B, m->T, &env);
 }
@@ -325,30 +218,29 @@ int fy_cu_model_new(struct fy_cu_model **out, struct fy_cu_arena *arena,
         return -ENOMEM;
     m->q.ready_fd = -1;
     m->fam = f;
-    m->hold_next = -1;
     setup_shape(m, c, f, B, T);
-    m->sets = (char *)calloc(FY_CU_MODEL_MAX_KEPT + FY_CU_QUEUE, f->set_size);
-    if (m->sets == NULL) {
-        free(m);
-        return -ENOMEM;
-    }
-    for (int i = 0; i < FY_CU_QUEUE; i++)
-        m->q.st[i].swap = kept_set(m, FY_CU_MODEL_MAX_KEPT + i);
     struct fy_cu_piece p[MODEL_PIECES];
     void *lt_ws = NULL;
     size_t mark = arena->used; /* a failure below gives back what was carved */
-    int rc = fy_cu_arena_take_pieces(arena, p, plan(m, p, &lt_ws));
-    if (rc < 0)
-        rc = arena_short(arena, c, B, T);
-    if (rc == 0)
-        rc = model_start(m, arena, lt_ws);
-    if (rc < 0) {
-        fy_cu_model_destroy(&m);
-        fy_cu_arena_reset(arena, mark);
-        return rc;
+    int rc = 0;
+    m->sets = (char *)calloc(FY_CU_MODEL_MAX_KEPT + FY_CU_QUEUE, f->set_size);
+    if (m->sets == NULL) {
+        rc = -ENOMEM;
+        goto out;
     }
+    for (int i = 0; i < FY_CU_QUEUE; i++)
+        m->q.st[i].swap = kept_set(m, FY_CU_MODEL_MAX_KEPT + i);
+    if (fy_cu_arena_take_pieces(arena, p, plan(m, p, &lt_ws)) < 0) {
+        rc = arena_short(arena, c, B, T);
+        goto out;
+    }
+    FY_TRY_OUT(rc, model_start(m, arena, lt_ws));
     *out = m;
     return 0;
+out:
+    fy_cu_model_destroy(&m);
+    fy_cu_arena_reset(arena, mark);
+    return rc;
 }
 
 void fy_cu_model_destroy(struct fy_cu_model **mp)
@@ -363,14 +255,7 @@ void fy_cu_model_destroy(struct fy_cu_model **mp)
         m->fam->destroy(&m->units);
     fy_cu_lt_destroy(&m->lt);
     fy_cu_queue_release(&m->q);
-    if (m->ug_free)
-        cudaEventDestroy(m->ug_free);
-    for (int i = 0; i < GRAD_RING; i++) {
-        if (m->piece_ready[i])
-            cudaEventDestroy(m->piece_ready[i]);
-        if (m->piece_free[i])
-            cudaEventDestroy(m->piece_free[i]);
-    }
+    fy_cu_gradsink_release(&m->sink);
     for (int i = 0; i < FY_CU_PROFILE_EVENTS; i++)
         if (m->prof_ev[i])
             cudaEventDestroy(m->prof_ev[i]);
@@ -417,8 +302,8 @@ int fy_cu_model_set_ranks(struct fy_cu_model *m, const struct fy_cu_ranks *ranks
 {
     FY_REQUIRE(m->q.pending == 0, -EBUSY, "cu_model: joining a group with %d calls in flight",
                m->q.pending);
-    FY_TRY(holds_refused(m->holds, ranks != NULL ? fy_cu_ranks_count(ranks) : 1));
-    m->ranks = ranks;
+    FY_TRY(holds_refused(m->sink.holds, ranks != NULL ? fy_cu_ranks_count(ranks) : 1));
+    m->sink.ranks = ranks;
     return 0;
 }
 
@@ -497,42 +382,45 @@ int fy_cu_model_keep_layers(struct fy_cu_model *m, struct fy_cu_arena *arena, in
 
 int fy_cu_model_hold(struct fy_cu_model *m, struct fy_cu_arena *arena, int count)
 {
-    FY_REQUIRE(m->q.pending == 0 && m->n_kept == 0 && m->holds == 0 && count > 0, -EBUSY,
+    FY_REQUIRE(m->q.pending == 0 && m->n_kept == 0 && m->sink.holds == 0 && count > 0, -EBUSY,
                "cu_model: holding gradients with calls in flight, after kept sets were taken "
                "(they come first) or a second time");
-    FY_TRY(holds_refused(count, m->ranks != NULL ? fy_cu_ranks_count(m->ranks) : 1));
+    FY_TRY(holds_refused(count, m->sink.ranks != NULL ? fy_cu_ranks_count(m->sink.ranks) : 1));
     size_t bytes = (size_t)count * m->block_n * sizeof(float);
-    m->held = (float *)fy_cu_arena_take(arena, bytes);
-    FY_REQUIRE(m->held != NULL, -ENOMEM,
+    m->sink.held = (float *)fy_cu_arena_take(arena, bytes);
+    FY_REQUIRE(m->sink.held != NULL, -ENOMEM,
                "GPU arena: no room for %d blocks' gradients (%.3f GiB) beside the working buffers "
                "(%.3f of %.3f GiB in use): raise --gpu-mem, or use --clip-hold pool",
                count, (double)bytes / (1 << 30), (double)arena->used / (1 << 30),
                (double)arena->size / (1 << 30));
-    m->holds = count;
+    m->sink.holds = count;
     return 0;
 }
 
 int fy_cu_model_hold_next(struct fy_cu_model *m, int slot)
 {
-    FY_REQUIRE(slot >= 0 && slot < m->holds, -EINVAL, "cu_model: holding gradient %d of %d %s",
-               slot, m->holds, m->holds ? "outside the buffers" : "without buffers");
-    m->hold_next = slot;
+    FY_REQUIRE(slot >= 0 && slot < m->sink.holds, -EINVAL, "cu_model: holding gradient %d of %d %s",
+               slot, m->sink.holds, m->sink.holds ? "outside the buffers" : "without buffers");
+    m->sink.hold_next = slot;
     return 0;
+}
+
+static int hold_send_call(struct fy_cu_model *m, struct fy_cu_staging *st, int slot, float *dparams)
+{
+    FY_TRY(fy_cu_queue_uploads_done(&m->q, st));
+    /* the download waits for every kernel queued before it, the pieces' copies too */
+    FY_TRY(fy_cu_queue_compute_done(&m->q, st));
+    return fy_cu_queue_download(&m->q, st, dparams, m->sink.held + (size_t)slot * m->block_n,
+                                m->block_n * sizeof(float));
 }
 
 int fy_cu_model_hold_send(struct fy_cu_model *m, int slot, float *dparams)
 {
-    FY_REQUIRE(slot >= 0 && slot < m->holds, -EINVAL, "cu_model: sending held gradient %d of %d",
-               slot, m->holds);
+    FY_REQUIRE(slot >= 0 && slot < m->sink.holds, -EINVAL,
+               "cu_model: sending held gradient %d of %d", slot, m->sink.holds);
     struct fy_cu_staging *st;
     FY_TRY(fy_cu_queue_begin(&m->q, &st));
-    int rc = fy_cu_queue_uploads_done(&m->q, st);
-    if (rc == 0) /* the download waits for every kernel queued before it, the pieces' copies too */
-        rc = fy_cu_queue_compute_done(&m->q, st);
-    if (rc == 0)
-        rc = fy_cu_queue_download(&m->q, st, dparams, m->held + (size_t)slot * m->block_n,
-                                  m->block_n * sizeof(float));
-    return fy_cu_queue_end(&m->q, st, rc);
+    return fy_cu_queue_end(&m->q, st, hold_send_call(m, st, slot, dparams));
 }
 
 int fy_cu_model_swap_sets(struct fy_cu_model *m, struct fy_cu_arena *arena)
@@ -654,14 +542,14 @@ static int block_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st, 
         kept = st->swap;
         FY_TRY(m->fam->swap->recompute(m->units, st->wts, pos, in_x.at, kept, mask));
     }
-    /* the gradient comes home a piece at a time while the backward goes on (sink_put) */
-    if (grads_home(m))
+    /* the gradient comes home a piece at a time while the backward goes on (cu_gradsink) */
+    if (fy_cu_gradsink_home(&m->sink))
         FY_TRY(fy_cu_queue_note_out(q, st, dparams, m->block_n * sizeof(float)));
-    m->sink_st = st;
-    m->sink_host = dparams;
-    int rc =
-        m->fam->block_backward(m->units, st->wts, pos, in_x.at, in_dy.at, st->out, &m->sink, kept);
-    m->hold_next = -1;
+    m->sink.st = st;
+    m->sink.host = dparams;
+    int rc = m->fam->block_backward(m->units, st->wts, pos, in_x.at, in_dy.at, st->out,
+                                    &m->sink.grads, kept);
+    m->sink.hold_next = -1;
     FY_TRY(rc);
     FY_TRY(fy_cu_queue_compute_done(q, st));
     return fy_cu_queue_act_out(q, st, dx, st->out);
@@ -714,22 +602,22 @@ static int embed_backward_call(struct fy_cu_model *m, struct fy_cu_staging *st,
     FY_TRY(positions_in(m, st, positions, &pos));
     /* the lookup's gradient adds to the host's dembed (the head's share); in a group only rank
      * 0's is read, the others add theirs to zeros, and the sum of all comes home to rank 0 */
-    int home = grads_home(m);
-    FY_TRY(unit_grad_wait(m, home ? q->h2d : q->compute));
+    int home = fy_cu_gradsink_home(&m->sink);
+    FY_TRY(fy_cu_gradsink_unit_wait(&m->sink, home ? q->h2d : q->compute));
     if (home)
-        FY_TRY(fy_cu_queue_upload(q, st, m->unit_grad, dembed, n * sizeof(float)));
+        FY_TRY(fy_cu_queue_upload(q, st, m->sink.unit, dembed, n * sizeof(float)));
     FY_TRY(fy_cu_queue_act_in(q, st, &in_dx));
     FY_TRY(fy_cu_queue_uploads_done(q, st));
     if (!home)
-        FY_CUDA(cudaMemsetAsync(m->unit_grad, 0, n * sizeof(float), q->compute),
+        FY_CUDA(cudaMemsetAsync(m->sink.unit, 0, n * sizeof(float), q->compute),
                 "zeroing the embeddings' gradient");
-    FY_TRY(m->fam->embed_backward(m->units, st->tokens, pos, in_dx.at, m->unit_grad));
-    FY_TRY(ranks_sum(m, m->unit_grad, n));
+    FY_TRY(m->fam->embed_backward(m->units, st->tokens, pos, in_dx.at, m->sink.unit));
+    FY_TRY(fy_cu_gradsink_sum(&m->sink, m->sink.unit, n));
     FY_TRY(fy_cu_queue_compute_done(q, st));
     if (!home)
         return 0;
-    FY_TRY(fy_cu_queue_download(q, st, dembed, m->unit_grad, n * sizeof(float)));
-    return unit_grad_sent(m);
+    FY_TRY(fy_cu_queue_download(q, st, dembed, m->sink.unit, n * sizeof(float)));
+    return fy_cu_gradsink_unit_sent(&m->sink);
 }
 
 int fy_cu_model_embed_backward(struct fy_cu_model *m, const int32_t *tokens,
@@ -771,17 +659,16 @@ static int head_gradients_home(struct fy_cu_model *m, struct fy_cu_staging *st, 
     size_t wte_n = (size_t)m->c.vocab * m->c.n_embd, norm_n = final_norm_n(&m->c);
     size_t embed_n = fy_model_unit_params(&m->c, 0);
     if (untied_head(&m->c)) {
-        FY_TRY(fy_cu_queue_download(q, st, dfinal, m->unit_grad,
-                                    (norm_n + wte_n) * sizeof(float)));
+        FY_TRY(fy_cu_queue_download(q, st, dfinal, m->sink.unit, (norm_n + wte_n) * sizeof(float)));
         st->zero_host = dembed;
         st->zero_n = embed_n;
-        return unit_grad_sent(m);
+        return fy_cu_gradsink_unit_sent(&m->sink);
     }
     FY_TRY(fy_cu_queue_download(q, st, dfinal, dnorm, norm_n * sizeof(float)));
     FY_TRY(fy_cu_queue_download(q, st, dembed, dhead, wte_n * sizeof(float)));
     st->zero_host = embed_n > wte_n ? dembed + wte_n : NULL;
     st->zero_n = embed_n - wte_n;
-    return unit_grad_sent(m);
+    return fy_cu_gradsink_unit_sent(&m->sink);
 }
 
 static int head_call(struct fy_cu_model *m, struct fy_cu_staging *st, const void *final_params,
@@ -799,21 +686,21 @@ static int head_call(struct fy_cu_model *m, struct fy_cu_staging *st, const void
     int backward = dx != NULL, untied = untied_head(&m->c);
     /* the gradients: an untied head's in the final unit's layout (norm, then the head's weight),
      * in one piece; otherwise the head weight's (the embeddings') then the norm's */
-    float *dnorm = untied ? m->unit_grad : m->unit_grad + wte_n;
-    float *dhead = untied ? m->unit_grad + final_norm_n(&m->c) : m->unit_grad;
+    float *dnorm = untied ? m->sink.unit : m->sink.unit + wte_n;
+    float *dhead = untied ? m->sink.unit + final_norm_n(&m->c) : m->sink.unit;
     if (backward)
-        FY_TRY(unit_grad_wait(m, q->compute));
+        FY_TRY(fy_cu_gradsink_unit_wait(&m->sink, q->compute));
     /* the mean's count goes with the call (its kernels and its loss), whatever is set later */
     st->loss_count = m->loss_count;
     FY_TRY(m->fam->head(m->units, st->norm_wts, st->wts, in_x.at, st->targets, st->losses,
                         backward ? st->out : NULL, dnorm, dhead, st->loss_count));
     if (backward) /* the norm's and the head weight's pieces lie side by side either way */
-        FY_TRY(ranks_sum(m, m->unit_grad, final_norm_n(&m->c) + wte_n));
+        FY_TRY(fy_cu_gradsink_sum(&m->sink, m->sink.unit, final_norm_n(&m->c) + wte_n));
     FY_TRY(fy_cu_queue_compute_done(q, st));
     if (backward) {
         FY_TRY(fy_cu_queue_act_out(q, st, dx, st->out));
         /* in a group, the other ranks neither download nor zero: the host ranges are rank 0's */
-        if (grads_home(m))
+        if (fy_cu_gradsink_home(&m->sink))
             FY_TRY(head_gradients_home(m, st, dfinal, dembed, dnorm, dhead));
     }
     FY_TRY(fy_cu_queue_download(q, st, st->host_losses, st->losses, (size_t)N * sizeof(float)));
@@ -865,51 +752,6 @@ int fy_cu_model_logits(struct fy_cu_model *m, const void *final_params, const vo
 
 /* ---- the activation planner's profile of one block (struct fy_block_profile) ---- */
 
-/* Copies of `bytes` between `host` and the device buffer `dev`: each way alone on its own stream,
- * then both at once, half the bytes each way (disjoint halves), from one start event on the idle
- * compute stream to the later of the two ends. */
-static int profile_copies(struct fy_cu_model *m, char *host, char *dev, size_t bytes,
-                          struct fy_block_profile *out)
-{
-    struct fy_cu_queue *q = &m->q;
-    cudaEvent_t *ev = m->prof_ev;
-    size_t half = bytes / 2;
-    double up[FY_CU_PROFILE_REPS], down[FY_CU_PROFILE_REPS], both[FY_CU_PROFILE_REPS];
-    for (int r = -1; r < FY_CU_PROFILE_REPS; r++) {
-        double t_up, t_down, t_a, t_b;
-        FY_CUDA(cudaEventRecord(ev[0], q->h2d), "recording a profiling event");
-        FY_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, q->h2d),
-                "profiling an upload of %zu bytes", bytes);
-        FY_CUDA(cudaEventRecord(ev[1], q->h2d), "recording a profiling event");
-        FY_TRY(fy_cu_profile_elapsed(ev[0], ev[1], &t_up));
-        FY_CUDA(cudaEventRecord(ev[0], q->d2h), "recording a profiling event");
-        FY_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, q->d2h),
-                "profiling a download of %zu bytes", bytes);
-        FY_CUDA(cudaEventRecord(ev[1], q->d2h), "recording a profiling event");
-        FY_TRY(fy_cu_profile_elapsed(ev[0], ev[1], &t_down));
-        FY_CUDA(cudaEventRecord(ev[0], q->compute), "recording a profiling event");
-        FY_CUDA(cudaStreamWaitEvent(q->h2d, ev[0], 0), "starting the profile's copies together");
-        FY_CUDA(cudaStreamWaitEvent(q->d2h, ev[0], 0), "starting the profile's copies together");
-        FY_CUDA(cudaMemcpyAsync(dev, host, half, cudaMemcpyHostToDevice, q->h2d),
-                "profiling an upload of %zu bytes", half);
-        FY_CUDA(cudaMemcpyAsync(host + half, dev + half, half, cudaMemcpyDeviceToHost, q->d2h),
-                "profiling a download of %zu bytes", half);
-        FY_CUDA(cudaEventRecord(ev[1], q->h2d), "recording a profiling event");
-        FY_CUDA(cudaEventRecord(ev[2], q->d2h), "recording a profiling event");
-        FY_TRY(fy_cu_profile_elapsed(ev[0], ev[1], &t_a));
-        FY_TRY(fy_cu_profile_elapsed(ev[0], ev[2], &t_b));
-        if (r < 0)
-            continue;
-        up[r] = t_up;
-        down[r] = t_down;
-        both[r] = t_a > t_b ? t_a : t_b;
-    }
-    out->h2d_Bps = (double)bytes / fy_cu_profile_median(up, FY_CU_PROFILE_REPS);
-    out->d2h_Bps = (double)bytes / fy_cu_profile_median(down, FY_CU_PROFILE_REPS);
-    out->duplex_Bps = (double)(2 * half) / fy_cu_profile_median(both, FY_CU_PROFILE_REPS);
-    return 0;
-}
-
 /* The family's compute on the model's scratch (the unit's parameters, x, y, dy, dx and a
  * staging's gradient, all rewritten by any later call before it reads them), then the link. */
 static int profile_run(struct fy_cu_model *m, void *host, size_t host_bytes,
@@ -919,18 +761,18 @@ static int profile_run(struct fy_cu_model *m, void *host, size_t host_bytes,
         if (m->prof_ev[i] == NULL)
             FY_CUDA(cudaEventCreate(&m->prof_ev[i]), "creating the profiling events");
     /* the backward's gradient pieces go through the ring and nowhere else */
-    struct fy_cu_grads discard = m->sink;
-    m->sink_discard = 1;
+    struct fy_cu_grads discard = m->sink.grads;
+    m->sink.discard = 1;
     struct fy_cu_staging *s0 = &m->q.st[0], *s1 = &m->q.st[1];
     struct fy_cu_profile_scratch sc = {s0->wts, s0->x, s0->out, s0->dy, s1->out, &discard};
     void *dev = NULL;
     size_t dev_bytes = 0;
     int rc = m->fam->profile->block(m->units, &sc, m->prof_ev, out, &dev, &dev_bytes);
-    m->sink_discard = 0;
+    m->sink.discard = 0;
     FY_TRY(rc);
     FY_CUDA(cudaStreamSynchronize(m->q.compute), "waiting for the profile's compute");
-    return profile_copies(m, (char *)host, (char *)dev,
-                          host_bytes < dev_bytes ? host_bytes : dev_bytes, out);
+    return fy_cu_profile_links(m->q.h2d, m->q.d2h, m->q.compute, m->prof_ev, (char *)host,
+                               (char *)dev, host_bytes < dev_bytes ? host_bytes : dev_bytes, out);
 }
 
 static int profile_sync(struct fy_cu_model *m)
