@@ -62,27 +62,26 @@ static int join_ranks(struct fy_gptexec *e, const struct fy_pool *pool)
     }
     size_t room;
     uint64_t *area = fy_ranks_id_area(r, &room);
-    int rc = 0;
+    int rc;
     if (e->rank == 0) {
         int len = fy_backend_model_rank_id(e->backend, area + 1, room - sizeof *area);
-        rc = len < 0 ? len : 0;
-        if (rc == 0) {
-            area[0] = (uint64_t)len;
-            rc = fy_ranks_id_ready(r);
-        }
+        FY_TRY_OUT(rc, len);
+        area[0] = (uint64_t)len;
+        FY_TRY_OUT(rc, fy_ranks_id_ready(r));
     } else {
-        rc = fy_ranks_id_wait(r);
+        FY_TRY_OUT(rc, fy_ranks_id_wait(r));
     }
-    if (rc == 0 && area[0] > room - sizeof *area) {
+    if (area[0] > room - sizeof *area) {
         fy_error("gpu worker %d: the group id in the pool says %llu bytes, more than its %zu",
                  e->rank, (unsigned long long)area[0], room - sizeof *area);
         rc = -EPROTO;
+        goto out;
     }
-    if (rc == 0)
-        rc = fy_backend_model_ranks(e->backend, e->rank, e->ranks, area + 1, (size_t)area[0]);
-    if (rc == 0)
-        fy_info("gpu worker %d of %d: joined the group; the backend sums the gradients", e->rank,
-                e->ranks);
+    FY_TRY_OUT(rc,
+               fy_backend_model_ranks(e->backend, e->rank, e->ranks, area + 1, (size_t)area[0]));
+    fy_info("gpu worker %d of %d: joined the group; the backend sums the gradients", e->rank,
+            e->ranks);
+out:
     fy_ranks_destroy(&r);
     return rc;
 }
