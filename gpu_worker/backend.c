@@ -143,14 +143,14 @@ int fy_backend_open(struct fy_backend **out, const char *which, uint64_t gpu_mem
     return 0;
 }
 
-void fy_backend_close(struct fy_backend **bp)
+void fy_backend_destroy(struct fy_backend **bp)
 {
     if (bp == NULL || *bp == NULL)
         return;
     struct fy_backend *b = *bp;
     if (b->registered != NULL)
         b->ops->unregister_host(b->state, b->registered);
-    b->ops->close(b->state);
+    b->ops->destroy(&b->state);
     free(b);
     *bp = NULL;
 }

@@ -49,7 +49,8 @@ struct fy_backend_ops {
     const char *name;
     /* gpu_mem: bytes of device memory the backend may use (its arena), 0 for the backend's default. */
     int (*open)(void **state, uint64_t gpu_mem, char *device, size_t device_len);
-    void (*close)(void *state);
+    /* Frees the state (NULL: nothing) and sets *state to NULL. */
+    void (*destroy)(void **state);
     /* Make [base, base+len) of host memory fast for device copies (pinning). */
     int (*register_host)(void *state, void *base, size_t len);
     int (*unregister_host)(void *state, void *base);

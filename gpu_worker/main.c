@@ -24,7 +24,7 @@ static void gpu_fini(struct fy_worker *w, void *state)
     if (s == NULL)
         return;
     fy_gptexec_destroy(&s->gpt);
-    fy_backend_close(&s->backend);
+    fy_backend_destroy(&s->backend);
     free(s);
 }
 

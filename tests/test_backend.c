@@ -53,7 +53,7 @@ static void test_cpu_backend_takes_f32_activations_only(void **state)
     assert_int_equal(fy_backend_model_act_dtype(b, FY_DTYPE_BF16), -ENOTSUP);
     print_message("and an activation dtype that is neither (next line):\n");
     assert_int_equal(fy_backend_model_act_dtype(b, FY_DTYPE_I32), -EINVAL);
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
     assert_null(b);
 }
 
@@ -100,7 +100,7 @@ static int block_with_saved(const struct fy_model_config *c)
         assert_memory_equal(dx[0], dx[1], NC * sizeof(float));
         assert_memory_equal(dp[0], dp[1], P * sizeof(float));
     }
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
     free(params), free(x), free(y), free(dy), free(dx[0]), free(dx[1]), free(dp[0]), free(dp[1]);
     free(region);
     return rc;
@@ -119,7 +119,7 @@ static int profile(const struct fy_model_config *c)
     int rc = fy_backend_model_profile(b, host, host_bytes, &out);
     if (rc == 0)
         assert_true(out.fwd_s > 0 && out.recompute_s[FY_ACT_QKV] > 0 && out.flops_per_s > 0);
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
     free(host);
     return rc;
 }
@@ -179,7 +179,7 @@ static void test_cpu_backend_holds_gradients(void **state)
     }
     assert_int_equal(fy_backend_model_hold_send(b, 2, back), -EINVAL);
     assert_int_equal(fy_backend_model_hold_next(b, -1), -EINVAL);
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
     free(params), free(x), free(dx), free(dy[0]), free(dy[1]), free(dp[0]), free(dp[1]);
     free(back);
 }

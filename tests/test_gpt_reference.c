@@ -134,7 +134,7 @@ static void test_model_vs_reference(void **state)
     struct fy_backend *cpu;
     assert_int_equal(fy_backend_open(&cpu, "cpu", 0), 0);
     check(fy_refmodel_forward_backward(&m, cpu), &m);
-    fy_backend_close(&cpu);
+    fy_backend_destroy(&cpu);
 
     char *dir = fy_test_tmpdir("gptref");
     assert_non_null(dir);

@@ -116,7 +116,7 @@ static int teardown(void **state)
 {
     struct fixture *f = *state;
     fy_gptexec_destroy(&f->exec);
-    fy_backend_close(&f->backend);
+    fy_backend_destroy(&f->backend);
     fy_pool_destroy(&f->pool);
     free(f);
     return 0;

@@ -204,7 +204,7 @@ static void run_model(const struct fy_model_config *c, int B, int T, const float
         dx = dy, dy = t;
     }
     assert_int_equal(fy_backend_model_embed_backward(b, tokens, positions, dy, grads), 0);
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
     free(xs), free(dx), free(dy), free(logits);
 }
 

@@ -62,9 +62,9 @@ static int cpu_open(void **state, uint64_t gpu_mem, char *device, size_t device_
     return 0;
 }
 
-static void cpu_close(void *state)
+static void cpu_destroy(void **state)
 {
-    struct cpu_state *s = state;
+    struct cpu_state *s = *state;
     if (s == NULL)
         return;
     free(s->block_scratch);
@@ -73,6 +73,7 @@ static void cpu_close(void *state)
     free(s->wide[1]);
     free(s->held);
     free(s);
+    *state = NULL;
 }
 
 static int cpu_register_host(void *state, void *base, size_t len) { return 0; }
@@ -446,7 +447,7 @@ out:
 const struct fy_backend_ops fy_cpu_backend_ops = {
     .name = "cpu",
     .open = cpu_open,
-    .close = cpu_close,
+    .destroy = cpu_destroy,
     .register_host = cpu_register_host,
     .unregister_host = cpu_unregister_host,
     .synth = cpu_synth,

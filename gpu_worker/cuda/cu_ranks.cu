@@ -121,7 +121,11 @@ int fy_cu_ranks_new(struct fy_cu_ranks **out, int device, int rank, int ranks, c
     return no_nccl();
 }
 
-void fy_cu_ranks_destroy(struct fy_cu_ranks **rp) {}
+void fy_cu_ranks_destroy(struct fy_cu_ranks **rp)
+{
+    if (rp != NULL)
+        *rp = NULL;
+}
 
 int fy_cu_ranks_rank(const struct fy_cu_ranks *r) { return r->rank; }
 

@@ -57,8 +57,11 @@ static __global__ void synth_kernel(uint64_t seed, uint64_t step, uint32_t tenso
     }
 }
 
-static void cuda_release(struct cuda_state *s)
+static void cuda_destroy(void **state)
 {
+    struct cuda_state *s = (struct cuda_state *)*state;
+    if (s == NULL)
+        return;
     if (s->computed)
         cudaEventDestroy(s->computed);
     if (s->compute)
@@ -72,6 +75,7 @@ static void cuda_release(struct cuda_state *s)
                 (double)s->arena.size / (1 << 30));
     fy_cu_arena_release(&s->arena);
     free(s);
+    *state = NULL;
 }
 
 static int cuda_init(struct cuda_state *s, uint64_t gpu_mem, char *device, size_t device_len)
@@ -111,19 +115,11 @@ static int cuda_open(void **state, uint64_t gpu_mem, char *device, size_t device
     struct cuda_state *s = (struct cuda_state *)calloc(1, sizeof *s);
     if (s == NULL)
         return -ENOMEM;
-    int rc = cuda_init(s, gpu_mem, device, device_len);
-    if (rc < 0) {
-        cuda_release(s);
-        return rc;
-    }
     *state = s;
-    return 0;
-}
-
-static void cuda_close(void *state)
-{
-    if (state != NULL)
-        cuda_release((struct cuda_state *)state);
+    int rc = cuda_init(s, gpu_mem, device, device_len);
+    if (rc < 0)
+        cuda_destroy(state);
+    return rc;
 }
 
 static int cuda_register_host(void *state, void *base, size_t len)
@@ -438,10 +434,30 @@ extern "C" int fy_cuda_device_visible(void) { return fy_cuda_device_count() > 0;
 static_assert(FY_CU_QUEUE == FY_BACKEND_QUEUE, "queue depths of the interface and cu_queue");
 
 extern "C" const struct fy_backend_ops fy_cuda_backend_ops = {
-    "cuda",          cuda_open,          cuda_close,          cuda_register_host,
-    cuda_unregister_host, cuda_synth,    cuda_model_prepare,    cuda_embed_forward,
-    cuda_embed_backward, cuda_block_forward, cuda_block_backward, cuda_head, cuda_logits,
-    cuda_finish,     cuda_ready_fd,      cuda_acts_bf16,      cuda_keep,          cuda_swap,
-    cuda_profile,    cuda_weights_bf16,  cuda_hold,           cuda_hold_next,     cuda_hold_send,
-    cuda_loss_count, cuda_rank_id,       cuda_ranks,
+    "cuda",
+    cuda_open,
+    cuda_destroy,
+    cuda_register_host,
+    cuda_unregister_host,
+    cuda_synth,
+    cuda_model_prepare,
+    cuda_embed_forward,
+    cuda_embed_backward,
+    cuda_block_forward,
+    cuda_block_backward,
+    cuda_head,
+    cuda_logits,
+    cuda_finish,
+    cuda_ready_fd,
+    cuda_acts_bf16,
+    cuda_keep,
+    cuda_swap,
+    cuda_profile,
+    cuda_weights_bf16,
+    cuda_hold,
+    cuda_hold_next,
+    cuda_hold_send,
+    cuda_loss_count,
+    cuda_rank_id,
+    cuda_ranks,
 };

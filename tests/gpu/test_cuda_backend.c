@@ -46,7 +46,7 @@ static void compare(int dtype, size_t n, uint64_t seed, uint64_t step)
     print_message("%s n=%zu: identical to the CPU backend (%.2f GB/s into pinned memory)\n",
                   fy_dtype_name(dtype), n, (double)bytes / s / 1e9);
     /* re-registering another buffer needs the backend closed and reopened: keep one per test */
-    fy_backend_close(&cuda);
+    fy_backend_destroy(&cuda);
     assert_int_equal(fy_backend_open(&cuda, "cuda", ARENA_BYTES), 0);
     free(host);
     free(ref);
@@ -94,11 +94,11 @@ static void test_gpu_bytes_are_what_prepare_and_keep_take(void **state)
     assert_int_equal(fy_backend_open(&b, "cuda", working + 2 * set), 0);
     assert_int_equal(fy_backend_model_prepare(b, &c, B, T), 0);
     assert_int_equal(fy_backend_model_keep(b, (int)c.n_layer), 2);
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
 
     assert_int_equal(fy_backend_open(&b, "cuda", working - 4096), 0);
     assert_true(fy_backend_model_prepare(b, &c, B, T) < 0);
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
 }
 
 int main(void)
@@ -120,7 +120,7 @@ int main(void)
         cmocka_unit_test(test_gpu_bytes_are_what_prepare_and_keep_take),
     };
     int failed = cmocka_run_group_tests_name("cuda backend", tests, NULL, NULL);
-    fy_backend_close(&cuda);
-    fy_backend_close(&cpu);
+    fy_backend_destroy(&cuda);
+    fy_backend_destroy(&cpu);
     return failed;
 }

@@ -273,7 +273,7 @@ int main(void)
         cmocka_unit_test(test_refuses_large_head_dim),
     };
     int failed = cmocka_run_group_tests_name("cuda Llama-like families", tests, NULL, NULL);
-    fy_backend_close(&cuda);
-    fy_backend_close(&cpu);
+    fy_backend_destroy(&cuda);
+    fy_backend_destroy(&cpu);
     return failed;
 }

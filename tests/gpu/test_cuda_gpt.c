@@ -230,7 +230,7 @@ static void test_budget_refused(void **state)
     struct fy_backend *small = NULL;
     assert_int_equal(fy_backend_open(&small, "cuda", 1 << 20), 0);
     assert_int_equal(fy_backend_model_prepare(small, &cfg, B, T), -ENOMEM); /* 1 MiB cannot hold it */
-    fy_backend_close(&small);
+    fy_backend_destroy(&small);
 }
 
 /* ---- swapped internals through the backend interface ---- */
@@ -422,7 +422,7 @@ static void swapped_blocks_check(const char *fuse, int docs)
             }
     }
     fy_backend_model_set_queued(b, 0);
-    fy_backend_close(&b); /* unregisters the pool */
+    fy_backend_destroy(&b); /* unregisters the pool */
     free(pool.base);
     free(copy1);
     free(copy2);
@@ -486,7 +486,7 @@ static void packed_case(const char *attention)
     fy_refmodel_free(&on_gpu);
     fy_refmodel_free(&on_cpu);
     fy_refmodel_free(&none);
-    fy_backend_close(&gpu);
+    fy_backend_destroy(&gpu);
 }
 
 static void test_packed_matches_cpu(void **state)
@@ -664,7 +664,7 @@ static void weights_bf16_case(const struct fy_model_config *c, const char *name)
     assert_memory_equal(q.x, ref.x, z.NC * 4);
     assert_int_equal(fy_backend_model_set_queued(b, 0), 0);
     print_message("%s: queued calls keep the dtype they were made with\n", name);
-    fy_backend_close(&b); /* unregisters the pool */
+    fy_backend_destroy(&b); /* unregisters the pool */
     free(pool.base);
     fy_refmodel_free(&m);
 }
@@ -699,7 +699,7 @@ int main(void)
         cmocka_unit_test(test_bf16_host_weights_same_bits),
     };
     int failed = cmocka_run_group_tests_name("cuda GPT units", tests, NULL, NULL);
-    fy_backend_close(&cuda);
-    fy_backend_close(&cpu);
+    fy_backend_destroy(&cuda);
+    fy_backend_destroy(&cpu);
     return failed;
 }

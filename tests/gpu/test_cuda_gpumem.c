@@ -52,7 +52,7 @@ static void test_devices_free(void **state)
      * backend's own context and cuBLAS */
     struct fy_backend *b = NULL;
     assert_int_equal(fy_backend_open(&b, "cuda", budget), 0);
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
     int shown = fy_backend_cuda_devices();
     assert_int_equal(fy_backend_devices_free(shown + 1, &free_bytes, &total_bytes, &which),
                      -ENODEV);
@@ -92,7 +92,7 @@ int main(void)
         printf("test_cuda_gpumem: SKIPPED: no CUDA backend or no usable CUDA device\n");
         return FY_TEST_SKIP;
     }
-    fy_backend_close(&probe);
+    fy_backend_destroy(&probe);
     dir = fy_test_tmpdir("cuda-gpumem");
     char data[600], log[600];
     snprintf(data, sizeof data, "%s/sample.tok", dir);

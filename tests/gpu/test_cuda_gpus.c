@@ -111,7 +111,7 @@ int main(void)
         return FY_TEST_SKIP;
     }
     int nccl = fy_backend_model_sums_ranks(probe);
-    fy_backend_close(&probe);
+    fy_backend_destroy(&probe);
     int gpus = fy_backend_cuda_devices();
     if (!nccl || gpus < 2) {
         printf("test_cuda_gpus: SKIPPED: %s\n",

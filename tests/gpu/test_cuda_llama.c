@@ -292,7 +292,7 @@ static void queued_kept_case(int tied, int packed)
                   tied ? "tied" : "untied", packed ? ", packed documents" : "", ref.loss);
     step_free(&ref, &m);
     step_free(&run, &m);
-    fy_backend_close(&kept);
+    fy_backend_destroy(&kept);
     fy_refmodel_free(&m);
 }
 
@@ -447,7 +447,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
     };
     int failed = cmocka_run_group_tests_name("cuda Llama units", tests, NULL, NULL);
-    fy_backend_close(&cuda);
-    fy_backend_close(&cpu);
+    fy_backend_destroy(&cuda);
+    fy_backend_destroy(&cpu);
     return failed;
 }

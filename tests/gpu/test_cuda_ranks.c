@@ -192,7 +192,7 @@ static void loss_count_case(const struct fy_model_config *c, const char *name)
     assert_true(scaled_err(got.dfin, c_out.dfin, 1, z.nf, "head dfinal, cpu") < 3e-2);
     assert_true(scaled_err(got.demb_head, c_out.demb_head, 1, z.ne, "head dembed, cpu") < 3e-2);
     outs_free(&c_out);
-    fy_backend_close(&cpu);
+    fy_backend_destroy(&cpu);
 
     /* queued: the first head keeps the count it was made with while the second, made after
      * switching back to its own, is in flight */
@@ -220,7 +220,7 @@ static void loss_count_case(const struct fy_model_config *c, const char *name)
     outs_free(&got);
     outs_free(&q1);
     outs_free(&q2);
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
     fy_refmodel_free(&m);
 }
 
@@ -263,7 +263,7 @@ static void one_rank_case(const struct fy_model_config *c, const char *name)
     outs_free(&ref);
     outs_free(&got);
     outs_free(&again);
-    fy_backend_close(&b); /* leaves the group */
+    fy_backend_destroy(&b); /* leaves the group */
     fy_refmodel_free(&m);
 }
 
@@ -272,7 +272,7 @@ static void test_one_rank_group(void **state)
     struct fy_backend *b = NULL;
     assert_int_equal(fy_backend_open(&b, "cuda", 0), 0);
     int sums = fy_backend_model_sums_ranks(b);
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
     if (!sums) {
         print_message("SKIPPED: this build's CUDA backend has no NCCL (make check-deps says how "
                       "to get it): the group of one rank is not checked\n");
@@ -294,7 +294,7 @@ int main(void)
         printf("test_cuda_ranks: SKIPPED: no usable CUDA device on this machine\n");
         return FY_TEST_SKIP;
     }
-    fy_backend_close(&probe);
+    fy_backend_destroy(&probe);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loss_count),
         cmocka_unit_test(test_one_rank_group),

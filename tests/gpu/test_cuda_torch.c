@@ -380,7 +380,7 @@ int main(void)
     if (!fy_refmodel_python_has("torch, numpy")) {
         printf("test_cuda_torch: SKIPPED: python3 with torch and numpy is needed (pip install "
                "torch numpy)\n");
-        fy_backend_close(&cuda);
+        fy_backend_destroy(&cuda);
         return FY_TEST_SKIP;
     }
     int unreadable = fy_refmodel_script("gpt_torch.py", script, sizeof script);
@@ -389,7 +389,7 @@ int main(void)
         printf("test_cuda_torch: cannot read %s or %s (run from the repository root, or set "
                "FUYOU_SRC to it)\n",
                script, ref_script);
-        fy_backend_close(&cuda);
+        fy_backend_destroy(&cuda);
         return 1;
     }
     const struct CMUnitTest tests[] = {
@@ -397,6 +397,6 @@ int main(void)
         cmocka_unit_test(test_model_vs_torch),
     };
     int failed = cmocka_run_group_tests_name("cuda GPT vs PyTorch", tests, NULL, NULL);
-    fy_backend_close(&cuda);
+    fy_backend_destroy(&cuda);
     return failed;
 }

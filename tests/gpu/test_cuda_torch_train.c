@@ -345,13 +345,13 @@ int main(void)
     }
     if (!fy_refmodel_python_has("torch, numpy")) {
         printf(NAME ": SKIPPED: python3 with torch and numpy is needed (pip install torch numpy)\n");
-        fy_backend_close(&backend);
+        fy_backend_destroy(&backend);
         return FY_TEST_SKIP;
     }
     if (fy_refmodel_script("gpt_torch_train.py", script, sizeof script) != 0) {
         printf(NAME ": cannot read %s (run from the repository root, or set FUYOU_SRC to it)\n",
                script);
-        fy_backend_close(&backend);
+        fy_backend_destroy(&backend);
         return 1;
     }
     const struct CMUnitTest tests[] = {
@@ -359,6 +359,6 @@ int main(void)
         cmocka_unit_test(test_training_vs_torch),
     };
     int failed = cmocka_run_group_tests_name("cuda GPT training vs PyTorch", tests, NULL, NULL);
-    fy_backend_close(&backend);
+    fy_backend_destroy(&backend);
     return failed;
 }

@@ -276,7 +276,7 @@ int main(void)
         printf("test_cuda_train: SKIPPED: no CUDA backend or no usable CUDA device\n");
         return FY_TEST_SKIP;
     }
-    fy_backend_close(&probe);
+    fy_backend_destroy(&probe);
     dir = fy_test_tmpdir("cuda-train");
     char data[600], log[600];
     snprintf(data, sizeof data, "%s/sample.tok", dir);

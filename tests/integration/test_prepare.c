@@ -522,7 +522,7 @@ static void test_masked_training_vs_reference(void **state)
     assert_int_equal(fy_backend_open(&cpu, "cpu", 0), 0);
     assert_int_equal(fy_refmodel_forward_backward(&m, cpu), 0);
     double unmasked = m.loss;
-    fy_backend_close(&cpu);
+    fy_backend_destroy(&cpu);
     double rel = fabs(ours - ref.loss) / fabs(ref.loss);
     print_message("masked training loss at step 1: train %.9g, float64 reference %.9g (relative "
                   "%.2e, bound 1e-5); %d of %d targets masked; with every target counted it "
