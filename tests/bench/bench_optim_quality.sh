@@ -49,7 +49,8 @@ for f in $FORMATS; do
   # shellcheck disable=SC2086
   "$L" train --run-dir "$run" --data "$DIR/data.tok" --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" \
     --lr "$LR" --warmup "$WARMUP" --eval-every "$STEPS" --eval-batches "$EVAL_BATCHES" \
-    --checkpoint-every 0 --backend "$QUALITY_BACKEND" $TRAIN_ARGS > "$DIR/train-$f.log" 2>&1 \
+    --checkpoint-every 0 --clip-grad-norm 0 --backend "$QUALITY_BACKEND" $TRAIN_ARGS \
+    > "$DIR/train-$f.log" 2>&1 \
     || { echo "bench_optim_quality: train $f failed:" >&2; tail -5 "$DIR/train-$f.log" >&2; exit 1; }
   secs[$f]=$(( $(date +%s) - t0 ))
   eval_loss[$f]=$(grep -o '"eval_loss": [-0-9.e+]*' "$run/metrics.jsonl" | tail -1 | cut -d' ' -f2)

@@ -26,7 +26,8 @@
 # values, each on a store of its own, in turn: "fp32"; the config column names the others, as
 # 1.3B-int8),
 # PIPELINE_ACT_PLANS (--act-plan values, each run in turn; default auto), PIPELINE_CLIP_MODES
-# (clipping, each in turn for every schedule and act plan: none, auto, one-pass, two-pass; default
+# (clipping, each in turn for every schedule and act plan: none (--clip-grad-norm 0), auto,
+# one-pass, two-pass; default
 # none; the config column names the clipped ones, as 1.3B-one-pass), PIPELINE_GPUS (--gpus values,
 # each in turn: "1 2" runs one GPU and two side by side; the config column names N > 1 as
 # 1.3B-g2), with PIPELINE_CLIP_NORM (the
@@ -233,7 +234,7 @@ for cfg in ${PIPELINE_CONFIGS:-1.3B}; do
         for clip in ${PIPELINE_CLIP_MODES:-none}; do
           # --clip-grad-norm (PIPELINE_CLIP_NORM) with each --clip-mode in turn; none: unclipped;
           # and --gpus N for each of PIPELINE_GPUS (the config column says gN for N > 1)
-          CLIP_ARGS="" CLIP_LABEL=""
+          CLIP_ARGS="--clip-grad-norm 0" CLIP_LABEL=""
           [ "$clip" = none ] ||
             CLIP_ARGS="--clip-grad-norm ${PIPELINE_CLIP_NORM:-1} --clip-mode $clip" CLIP_LABEL=$clip
           [ "$gpus" = 1 ] ||
