@@ -18,7 +18,7 @@ struct fy_backend;
 /* The least free of the first `ranks` GPUs CUDA shows (CUDA_VISIBLE_DEVICES: those the gpu
  * workers of --gpus ranks take, rank R the R-th): its free and total memory into *free_bytes and
  * *total_bytes, its index into *which. Each GPU's context is released again, so the gpu workers
- * find the devices as they were. FUYOU_TEST_GPU_FREE gives the figures instead (common/knobs.h).
+ * find the devices as they were. FUYOU_TEST_GPU_FREE gives the figures instead (common/base/knobs.h).
  * -ENODEV (said) where the build has no CUDA or CUDA shows fewer GPUs, another -errno (said)
  * where CUDA fails. */
 int fy_backend_devices_free(int ranks, uint64_t *free_bytes, uint64_t *total_bytes, int *which);

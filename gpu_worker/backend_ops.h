@@ -9,11 +9,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/actplan.h"
-#include "common/model.h"
+#include "common/model/actplan.h"
+#include "common/model/model.h"
 
 /* A block's internals swapped out to host memory (the --act-plan host and ssd placements): at[k]
- * is where kind k (common/actplan.h: QKV, ATTN, RESID, FC or GELU) lies, in the backend's own
+ * is where kind k (common/model/actplan.h: QKV, ATTN, RESID, FC or GELU) lies, in the backend's own
  * layout (fy_actplan_sizes_backend), NULL for a kind the backward recomputes. The forward writes
  * every kind given; the backward of the same block reads them (the same bits as recomputing,
  * whatever the mix) and leaves them untouched, so a second backward (clipping) may read them
@@ -22,7 +22,7 @@ struct fy_block_saved {
     void *at[FY_ACT_KINDS];
 };
 
-/* What one block costs on a backend, measured for the activation planner (common/actplan.h) on
+/* What one block costs on a backend, measured for the activation planner (common/model/actplan.h) on
  * the prepared batch. It lies in a pool region between processes of one build; magic and version
  * catch a region that holds something else. */
 #define FY_BLOCK_PROFILE_MAGIC 0x50505946u /* "FYPP" */

@@ -1,6 +1,6 @@
-/* FY_TRY_OUT, the jump form of common/check.h's FY_TRY for the gpu worker's functions that own
+/* FY_TRY_OUT, the jump form of common/base/check.h's FY_TRY for the gpu worker's functions that own
  * something to release on failure: one `out:` label that unwinds, as liburing writes it. Defined
- * here only where common/check.h does not define it. */
+ * here only where common/base/check.h does not define it. */
 #ifndef FY_TRY_OUT_H
 #define FY_TRY_OUT_H
 

@@ -1,10 +1,10 @@
 /* The CUDA backend's one list of model families (the contract of each: cu_family.h), looked up by
- * the registry's name (common/arch/arch.h). It sits above the families' units, which include the
+ * the registry's name (common/model/arch/arch.h). It sits above the families' units, which include the
  * contract only. Adding a family: its units file and one line in cu_families.cu. */
 #ifndef FY_CU_FAMILIES_H
 #define FY_CU_FAMILIES_H
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/cuda/cu_family.h"
 
 /* The CUDA units of c's family, by the registry's name; NULL when the backend has none. */

@@ -54,7 +54,7 @@ extern "C" {
 
 #include <vector>
 
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 #include "gpu_worker/cpu/cpu_gpt2.h"
 #include "gpu_worker/cuda/cu_convert.h"
 #include "gpu_worker/cuda/cu_embed.h"
