@@ -36,7 +36,7 @@ PIP_PACKAGES := numpy==2.2.6 torch==2.5.1 transformers==5.17.0 pyarrow==18.1.0
 
 found   = $(shell $(PKG_CONFIG) --exists $(1) && echo yes)
 MISSING := $(strip $(foreach p,$(DEPS_RUNTIME),$(if $(call found,$(p)),,$(p))))
-# xxhash is used header-only (common/digest.c): no pkg-config module, no library to link.
+# xxhash is used header-only (common/base/digest.c): no pkg-config module, no library to link.
 HAVE_XXHASH := $(shell printf '\043include <xxhash.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 && echo yes)
 MISSING += $(if $(HAVE_XXHASH),,xxhash)
 DEB_xxhash := libxxhash-dev
@@ -92,7 +92,7 @@ CFLAGS  += $(CFLAGS_BASE) $(SAN_FLAGS) $(if $(filter 1,$(WERROR)),-Werror) $(PKG
 LDLIBS  := $(PKG_LIBS) $(CUDA_LIBS) -lgomp -lm -lpthread
 
 MAIN_SRCS := launcher/main.c gpu_worker/main.c io_worker/main.c opt_worker/main.c
-LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard common/*.c common/arch/*.c launcher/*.c gpu_worker/*.c \
+LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard common/*/*.c common/model/arch/*.c launcher/*.c gpu_worker/*.c \
                gpu_worker/cpu/*.c io_worker/*.c opt_worker/*.c))
 CU_SRCS   := $(if $(NVCC),$(wildcard gpu_worker/cuda/*.cu))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
@@ -228,7 +228,7 @@ results: all
 # The main job on a fresh machine: prepare the bundled sample text (the project's own docs and
 # sources) and fine-tune a small byte-level GPT through the three worker processes on the CPU.
 DEMO := $(BUILD)/demo
-DEMO_TEXT := tests/fixtures/sample.txt README.md docs/*.md common/*.[ch] launcher/*.[ch] \
+DEMO_TEXT := tests/fixtures/sample.txt README.md docs/*.md common/*/*.[ch] launcher/*.[ch] \
              gpu_worker/*.[ch] io_worker/*.[ch] opt_worker/*.[ch]
 demo: all
 	rm -rf $(DEMO) && mkdir -p $(DEMO)

@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/config.h"
-#include "common/dtype.h"
-#include "common/knobs.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/config.h"
+#include "common/base/dtype.h"
+#include "common/base/knobs.h"
+#include "common/base/log.h"
 #include "gpu_worker/cpu/cpu_backend.h"
 #ifdef FY_HAVE_CUDA
 #include "gpu_worker/cuda/cuda_backend.h"

@@ -7,13 +7,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/actplan.h"
-#include "common/model.h"
+#include "common/model/actplan.h"
+#include "common/model/model.h"
 
 struct fy_backend;
 
 /* A block's internals swapped out to host memory (the --act-plan host and ssd placements): at[k]
- * is where kind k (common/actplan.h: QKV, ATTN, RESID, FC or GELU) lies, in the backend's own
+ * is where kind k (common/model/actplan.h: QKV, ATTN, RESID, FC or GELU) lies, in the backend's own
  * layout (fy_actplan_sizes_backend), NULL for a kind the backward recomputes. The forward writes
  * every kind given; the backward of the same block reads them (the same bits as recomputing,
  * whatever the mix) and leaves them untouched, so a second backward (clipping) may read them
@@ -22,7 +22,7 @@ struct fy_block_saved {
     void *at[FY_ACT_KINDS];
 };
 
-/* What one block costs on a backend, measured for the activation planner (common/actplan.h) on
+/* What one block costs on a backend, measured for the activation planner (common/model/actplan.h) on
  * the prepared batch. It lies in a pool region between processes of one build; magic and version
  * catch a region that holds something else. */
 #define FY_BLOCK_PROFILE_MAGIC 0x50505946u /* "FYPP" */
@@ -160,7 +160,7 @@ struct fy_backend_ops {
 /* The least free of the first `ranks` GPUs CUDA shows (CUDA_VISIBLE_DEVICES: those the gpu
  * workers of --gpus ranks take, rank R the R-th): its free and total memory into *free_bytes and
  * *total_bytes, its index into *which. Each GPU's context is released again, so the gpu workers
- * find the devices as they were. FUYOU_TEST_GPU_FREE gives the figures instead (common/knobs.h).
+ * find the devices as they were. FUYOU_TEST_GPU_FREE gives the figures instead (common/base/knobs.h).
  * -ENODEV (said) where the build has no CUDA or CUDA shows fewer GPUs, another -errno (said)
  * where CUDA fails. */
 int fy_backend_devices_free(int ranks, uint64_t *free_bytes, uint64_t *total_bytes, int *which);

@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/knobs.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/base/knobs.h"
 #include "gpu_worker/ranks.h"
 
 struct fy_gptexec {

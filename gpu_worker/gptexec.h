@@ -32,10 +32,10 @@
 #ifndef FY_GPTEXEC_H
 #define FY_GPTEXEC_H
 
-#include "common/config.h"
-#include "common/desc.h"
-#include "common/model.h"
-#include "common/pool.h"
+#include "common/base/config.h"
+#include "common/ipc/desc.h"
+#include "common/model/model.h"
+#include "common/ipc/pool.h"
 #include "gpu_worker/backend.h"
 
 struct fy_gptexec;

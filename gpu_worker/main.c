@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/knobs.h"
-#include "common/worker.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/base/knobs.h"
+#include "common/ipc/worker.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/gptexec.h"
 

@@ -10,9 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/desc.h"
-#include "common/worker.h"
+#include "common/base/check.h"
+#include "common/ipc/desc.h"
+#include "common/ipc/worker.h"
 
 #define LINE 64        /* bytes: one cache line per rank, so ranks do not share one */
 #define RANKS_MAX 16

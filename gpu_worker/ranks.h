@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/pool.h"
+#include "common/ipc/pool.h"
 
 struct fy_ranks;
 

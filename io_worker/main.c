@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/knobs.h"
-#include "common/worker.h"
+#include "common/base/check.h"
+#include "common/base/knobs.h"
+#include "common/ipc/worker.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
 

@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/log.h"
 
 #define RING_DEFAULT_QD 32u
 #define RING_DEFAULT_BLOCK ((size_t)1 << 20)

@@ -15,10 +15,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/digest.h"
-#include "common/fsutil.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/digest.h"
+#include "common/base/fsutil.h"
+#include "common/base/log.h"
 
 #define ALIGN 4096u
 #define TMPFS_MAGIC_ 0x01021994

@@ -91,7 +91,7 @@ int fy_store_sync(struct fy_store *s); /* fsync every data file */
 int fy_store_pread(const struct fy_store *s, uint32_t tensor, uint64_t offset, void *buf,
                    size_t len);
 
-/* A synchronous read or write that also gives the digest (common/digest.h) of the bytes moved, in
+/* A synchronous read or write that also gives the digest (common/base/digest.h) of the bytes moved, in
  * about the time of the transfer alone: it is cut into FY_STORE_DIGEST_CHUNK pieces, and a piece
  * is digested while the next ones are on the disk (a write digests a piece, then queues it). */
 #define FY_STORE_DIGEST_CHUNK ((size_t)8 << 20)

@@ -7,13 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
-#include "common/check.h"
-#include "common/config.h"
-#include "common/knobs.h"
-#include "common/log.h"
-#include "common/optstate.h"
-#include "common/synth.h"
+#include "common/model/arch/arch.h"
+#include "common/base/check.h"
+#include "common/base/config.h"
+#include "common/base/knobs.h"
+#include "common/base/log.h"
+#include "common/model/optstate.h"
+#include "common/base/synth.h"
 
 /* Forced host or ssd: every swappable kind there, or the test hook's seeded mix. */
 static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
@@ -53,7 +53,7 @@ static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
 #define HEAD_RATE_SHARE 0.5
 
 /* Host memory bytes an AdamW update moves per parameter: it reads the f32 gradient and the
- * state's sections and writes the latter (common/optstate.h: 28; a bf16 weights copy writes 2
+ * state's sections and writes the latter (common/model/optstate.h: 28; a bf16 weights copy writes 2
  * more). The profile times AdamW alone, which gives host memory's bandwidth as this many bytes per
  * parameter at the measured rate: the copies to and from the pool share it with AdamW (actplan.h,
  * "mem"). */

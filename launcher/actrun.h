@@ -1,4 +1,4 @@
-/* The plan for a training run's block internals (--act-plan; the planner is common/actplan.h):
+/* The plan for a training run's block internals (--act-plan; the planner is common/model/actplan.h):
  * which top blocks the gpu worker keeps on the device, which kinds of the other blocks the schedule
  * swaps to the pool or the SSD store (the rest are recomputed), and the predicted step.
  *
@@ -31,8 +31,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "common/actplan.h"
-#include "common/model.h"
+#include "common/model/actplan.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "launcher/plan.h"
 

@@ -1,6 +1,6 @@
 /* fuyou-launch's commands, one source file each (launcher/cmd_NAME.c): each takes the parsed
  * options (launcher/options.h) and returns 0 or -errno, having said what failed, or -FY_EUSAGE
- * (common/check.h) where it refused the options' values; launcher/main.c maps that to the exit
+ * (common/base/check.h) where it refused the options' values; launcher/main.c maps that to the exit
  * status. */
 #ifndef FY_CMD_H
 #define FY_CMD_H

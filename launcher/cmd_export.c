@@ -8,14 +8,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/arch/arch.h"
-#include "common/fsutil.h"
-#include "common/hf.h"
-#include "common/hfexport.h"
-#include "common/knobs.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/model/arch/arch.h"
+#include "common/base/fsutil.h"
+#include "common/formats/hf.h"
+#include "common/formats/hfexport.h"
+#include "common/base/knobs.h"
+#include "common/base/log.h"
 #include "launcher/cmd.h"
 #include "launcher/commit.h"
 #include "launcher/runconf.h"

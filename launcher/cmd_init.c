@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/hf.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/formats/hf.h"
+#include "common/base/log.h"
 #include "launcher/cmd.h"
 #include "launcher/commit.h"
 #include "launcher/runconf.h"
@@ -141,7 +141,7 @@ static int read_unit(void *src, unsigned unit, float *master)
     return fy_hf_read_unit(src, unit, master);
 }
 
-/* Each unit's state extent (common/optstate.h) from the checkpoint, one unit in the pool at a
+/* Each unit's state extent (common/model/optstate.h) from the checkpoint, one unit in the pool at a
  * time: the master section read from the Hugging Face files, zero moments; then step 0 committed
  * with the units' digests. */
 static int import_units(const struct fy_options *o, const struct fy_exec *x, struct fy_pool *pool,

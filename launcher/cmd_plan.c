@@ -6,9 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/actplan.h"
-#include "common/check.h"
-#include "common/hf.h"
+#include "common/model/actplan.h"
+#include "common/base/check.h"
+#include "common/formats/hf.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
 #include "launcher/dryrun.h"

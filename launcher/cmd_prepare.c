@@ -3,10 +3,10 @@
 #include <errno.h>
 #include <stdio.h>
 
-#include "common/check.h"
-#include "common/fsutil.h"
-#include "common/log.h"
-#include "common/tokfile.h"
+#include "common/base/check.h"
+#include "common/base/fsutil.h"
+#include "common/base/log.h"
+#include "common/formats/tokfile.h"
 #include "launcher/cmd.h"
 #include "launcher/prepare.h"
 

@@ -5,9 +5,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/fsutil.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/fsutil.h"
+#include "common/base/log.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
 #include "launcher/probe.h"

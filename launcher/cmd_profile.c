@@ -4,8 +4,8 @@
 #include <limits.h>
 #include <stdlib.h>
 
-#include "common/check.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/log.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
 #include "launcher/planact.h"

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/log.h"
 #include "launcher/cmd.h"
 #include "launcher/report.h"
 

@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/log.h"
 #include "io_worker/store.h"
 #include "launcher/cmd.h"
 #include "launcher/runconf.h"

@@ -11,14 +11,14 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "common/arch/arch.h"
-#include "common/actplan.h"
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/fsutil.h"
-#include "common/log.h"
-#include "common/sampler.h"
-#include "common/tokfile.h"
+#include "common/model/arch/arch.h"
+#include "common/model/actplan.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/base/fsutil.h"
+#include "common/base/log.h"
+#include "common/data/sampler.h"
+#include "common/formats/tokfile.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd.h"
 #include "launcher/commit.h"
@@ -93,7 +93,7 @@ static int check_data_tokenizer(const struct fy_options *o, const struct fy_mode
     return 0;
 }
 
-/* The token file and its batches (common/sampler.h): --epochs becomes the steps they take, and
+/* The token file and its batches (common/data/sampler.h): --epochs becomes the steps they take, and
  * with packed documents the evaluation a whole pass over the held-out ones (unless --eval-batches
  * says less). */
 static int open_data(struct fy_options *o, const struct fy_model_config *model,

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/optstate.h"
+#include "common/base/check.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/model/optstate.h"
 #include "io_worker/store.h"
 
 int fy_io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,

@@ -1,16 +1,16 @@
 /* The store's commit protocol, over the io worker: which of the two commit records is current,
  * writing the next one after the state it names is durable, giving a store the extents that
  * commits need, and checking a committed step's state against its digests. The record format and
- * the two copies of each unit's state are in common/ckpt.h; docs/architecture.md ("Durability")
+ * the two copies of each unit's state are in common/formats/ckpt.h; docs/architecture.md ("Durability")
  * says what a crash can and cannot lose. */
 #ifndef FY_COMMIT_H
 #define FY_COMMIT_H
 
 #include <stdint.h>
 
-#include "common/ckpt.h"
-#include "common/pool.h"
-#include "common/model.h"
+#include "common/formats/ckpt.h"
+#include "common/ipc/pool.h"
+#include "common/model/model.h"
 #include "launcher/ticket.h"
 
 /* One request to the io worker, waited for: `bytes` at pool offset `pool_offset` (none: a control
@@ -26,7 +26,7 @@ int fy_io_call_digest(const struct fy_exec *x, int op, uint32_t tensor, uint64_t
  * (UINT64_MAX: any), read through the pool region at record_off (FY_COMMIT_RECORD_BYTES). A
  * damaged record beside an intact one is reported and passed over. `where` names the store in
  * messages. -ENOENT (said) when no intact record is left, and for a store with no record at all:
- * one made before commit records (common/ckpt.h), which is refused, or not a store of ours. */
+ * one made before commit records (common/formats/ckpt.h), which is refused, or not a store of ours. */
 int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t record_off,
                    const char *where, uint64_t below_seq, struct fy_storemeta *m, int timeout_ms);
 

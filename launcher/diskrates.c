@@ -10,8 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/check.h"
-#include "common/fsutil.h"
+#include "common/base/check.h"
+#include "common/base/fsutil.h"
 
 void fy_diskrates_begin(struct fy_diskrates *d, const char *ssd, int batch, const char *act_plan)
 {

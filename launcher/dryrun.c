@@ -7,11 +7,11 @@
 #include <string.h>
 #include <sys/statvfs.h>
 
-#include "common/check.h"
-#include "common/config.h"
-#include "common/dtype.h"
-#include "common/optstate.h"
-#include "common/pool.h"
+#include "common/base/check.h"
+#include "common/base/config.h"
+#include "common/base/dtype.h"
+#include "common/model/optstate.h"
+#include "common/ipc/pool.h"
 #include "gpu_worker/backend.h"
 #include "launcher/actrun.h"
 

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "launcher/plan.h"
 
 struct fy_dryrun_in {

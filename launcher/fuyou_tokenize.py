@@ -3,7 +3,7 @@
 
 Reads text files, JSONL files or Parquet files, encodes them with a Hugging Face tokenizer.json
 (the `tokenizers` package) or as UTF-8 bytes, and writes a binary stream of records to stdout,
-which prepare.c turns into a token file (common/tokfile.h). Inputs are streamed: a text file in
+which prepare.c turns into a token file (common/formats/tokfile.h). Inputs are streamed: a text file in
 pieces of at most PIECE bytes cut after a newline, a JSONL file in batches of lines, a Parquet file
 (`pyarrow`) in batches of BATCH_LINES rows of the columns the fields name, one row group decoded
 after another; nothing holds the whole corpus.

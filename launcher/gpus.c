@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
+#include "common/base/check.h"
 
 /* Group tickets are told from the inner executor's by this bit (the inner's are small). */
 #define GROUP_BIT ((int64_t)1 << 62)

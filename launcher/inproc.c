@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/digest.h"
+#include "common/base/check.h"
+#include "common/base/digest.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/gptexec.h"
 #include "opt_worker/optstep.h"

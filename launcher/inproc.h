@@ -5,8 +5,8 @@
 #ifndef FY_INPROC_H
 #define FY_INPROC_H
 
-#include "common/config.h"
-#include "common/pool.h"
+#include "common/base/config.h"
+#include "common/ipc/pool.h"
 #include "launcher/ticket.h"
 
 struct fy_inproc;

@@ -10,10 +10,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/check.h"
-#include "common/fsutil.h"
-#include "common/knobs.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/fsutil.h"
+#include "common/base/knobs.h"
+#include "common/base/log.h"
 #include "launcher/cmd.h"
 #include "launcher/options.h"
 #include "launcher/supervise.h"

@@ -11,11 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/config.h"
-#include "common/fsutil.h"
-#include "common/knobs.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/config.h"
+#include "common/base/fsutil.h"
+#include "common/base/knobs.h"
+#include "common/base/log.h"
 
 struct kept_line {
     uint64_t step;

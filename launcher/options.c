@@ -8,14 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
-#include "common/actplan.h"
-#include "common/check.h"
-#include "common/config.h"
-#include "common/dtype.h"
-#include "common/log.h"
-#include "common/safetensors.h"
-#include "common/sampler.h"
+#include "common/model/arch/arch.h"
+#include "common/model/actplan.h"
+#include "common/base/check.h"
+#include "common/base/config.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
+#include "common/formats/safetensors.h"
+#include "common/data/sampler.h"
 #include "gpu_worker/backend.h"
 #include "launcher/options.h"
 #include "launcher/train.h"

@@ -56,7 +56,7 @@ struct fy_options {
     int grad_dtype, overwrite, inprocess, ready_timeout_s, timeout_s, overlap;
     int seed_set, steps_set, model_set, hf_opts_set, timeout_set; /* given on the command line */
     int cpu_mem_set, gpu_mem_set;                                 /* ... */
-    /* train: the batches (common/sampler.h): --packing (enum fy_packing; 0 not given: the data's
+    /* train: the batches (common/data/sampler.h): --packing (enum fy_packing; 0 not given: the data's
      * default), --long-docs (enum fy_long_docs), --epochs (epochs_set); of --steps and --epochs,
      * which the command line gave last (epochs_last), and whether it gave --eval-batches */
     int packing, long_docs, epochs_set, epochs_last, eval_batches_set;

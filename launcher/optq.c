@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
+#include "common/base/check.h"
 
 int fy_optq_init(struct fy_optq *q, struct fy_tickets *tk, unsigned units, unsigned gslots)
 {

@@ -20,7 +20,7 @@
 #ifndef FY_OPTQ_H
 #define FY_OPTQ_H
 
-#include "common/optstate.h"
+#include "common/model/optstate.h"
 #include "launcher/plan.h"
 #include "launcher/ticket.h"
 

@@ -8,13 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/ckpt.h"
-#include "common/config.h"
-#include "common/dtype.h"
-#include "common/knobs.h"
-#include "common/log.h"
-#include "common/optstate.h"
+#include "common/base/check.h"
+#include "common/formats/ckpt.h"
+#include "common/base/config.h"
+#include "common/base/dtype.h"
+#include "common/base/knobs.h"
+#include "common/base/log.h"
+#include "common/model/optstate.h"
 #include "gpu_worker/backend.h"
 #include "launcher/options.h"
 
@@ -385,7 +385,7 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
      * block-sized slots in turn so the gpu can run grad_slots - 1 blocks ahead of the optimizer;
      * the final unit's gradient from slot 1 on (room for it where it is larger than the block
      * slots), and with clipping after them (it must outlive pass 1, whose blocks use slots 1 and
-     * 2); state: two units' whole state, or two pieces' (common/optstate.h), so one is updated
+     * 2); state: two units' whole state, or two pieces' (common/model/optstate.h), so one is updated
      * while the next is read */
     unsigned prefetch = p->prefetch, grad_slots = p->grad_slots;
     if (prefetch < 1 || prefetch > FY_PLAN_PREFETCH_MAX)

@@ -11,9 +11,9 @@
 
 #include <stdint.h>
 
-#include "common/actplan.h"
-#include "common/model.h"
-#include "common/pool.h"
+#include "common/model/actplan.h"
+#include "common/model/model.h"
+#include "common/ipc/pool.h"
 
 /* ---- the machine's rates -------------------------------------------------------------------- */
 
@@ -154,7 +154,7 @@ struct fy_plan_place {
     const unsigned char *resident;
     unsigned prefetch;   /* units of weights read ahead, 1..FY_PLAN_PREFETCH_MAX */
     unsigned grad_slots; /* block gradients, FY_PLAN_GRAD_SLOTS_MIN.._MAX */
-    /* 1: the state slots hold a piece of a unit's state each (common/optstate.h), and a streamed
+    /* 1: the state slots hold a piece of a unit's state each (common/model/optstate.h), and a streamed
      * unit's state is read, updated and written back piece by piece after its gradient is in
      * (a streamed block's weights for the backward read again from its masters, as in the
      * forward); 0: they hold a unit's whole state, read before the block's backward, which takes
@@ -188,7 +188,7 @@ uint64_t fy_plan_upload_bytes(const struct fy_model_config *c, int weight_dtype,
 /* Whether the opt worker converts unit u's weights into a weights slot for each gpu request that
  * reads them: with bf16 weights, every unit without a bf16 copy (a streamed one, or a kept one the
  * budget had no room for a copy of), rounded to bf16; with f32 weights, every unit in pieces
- * (common/optstate.h), whose master is not one contiguous range: its pieces' copied together. */
+ * (common/model/optstate.h), whose master is not one contiguous range: its pieces' copied together. */
 int fy_plan_converts(const struct fy_plan_shape *s, const unsigned char *resident, unsigned u);
 /* Parameters the opt worker converts a step (fy_plan_converts' units): each one's in the forward,
  * and the blocks' once more per backward pass (twice with two-pass clipping). */
@@ -236,7 +236,7 @@ struct fy_plan_layout {
     uint64_t land, land_chunk;
     unsigned land_slots;
     /* a state slot: the largest unit's state, or (state_pieces) the largest piece's
-     * (common/optstate.h) */
+     * (common/model/optstate.h) */
     uint64_t state_slot_bytes;
     int state_pieces;
     unsigned wslots;      /* weights slots that blocks and the final unit take in turn */
@@ -273,7 +273,7 @@ int fy_plan_resident_offsets(const struct fy_pool *pool, const struct fy_model_c
  * SSD: the streamed units' master sections in the forward (a block's once more
  * with clipping, for the norm pass, except where one pass defers the block's update to the next
  * forward, which reads its whole state in place of its master), their whole state read once,
- * which also gives a block its weights in the backward, and written once (common/optstate.h); the
+ * which also gives a block its weights in the backward, and written once (common/model/optstate.h); the
  * checkpoints x_0..x_{L-1} on the store written in the forward and read in each backward pass; the
  * blocks' SSD-placed internals likewise (at most: the last ones may still be in their slots).
  * PCIe, through the gpu worker's host interface: weights as fy_plan_upload_bytes, f32 gradients,

@@ -8,10 +8,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/arch/arch.h"
-#include "common/check.h"
-#include "common/desc.h"
-#include "common/log.h"
+#include "common/model/arch/arch.h"
+#include "common/base/check.h"
+#include "common/ipc/desc.h"
+#include "common/base/log.h"
 #include "launcher/diskrates.h"
 #include "launcher/planact.h"
 #include "launcher/profile.h"

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "launcher/actrun.h"
 #include "launcher/options.h"
 #include "launcher/plan.h"

@@ -15,9 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/knobs.h"
-#include "common/tokfile.h"
+#include "common/base/check.h"
+#include "common/base/knobs.h"
+#include "common/formats/tokfile.h"
 
 extern char **environ;
 

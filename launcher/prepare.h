@@ -1,4 +1,4 @@
-/* `fuyou-launch prepare`: text, JSONL or Parquet inputs -> a token file (common/tokfile.h). Plain
+/* `fuyou-launch prepare`: text, JSONL or Parquet inputs -> a token file (common/formats/tokfile.h). Plain
  * text with the built-in byte tokenizer is done here in C (fy_tokfile_prepare_bytes); a Hugging
  * Face tokenizer.json, JSONL or Parquet inputs go through launcher/fuyou_tokenize.py run with
  * python3, whose stream of tokens and mask flags is written through the streaming token writer, so

@@ -13,11 +13,11 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/check.h"
-#include "common/config.h"
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/fsutil.h"
+#include "common/base/check.h"
+#include "common/base/config.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/base/fsutil.h"
 #include "gpu_worker/backend.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"

@@ -5,11 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/log.h"
-#include "common/optstate.h"
+#include "common/base/check.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
+#include "common/model/optstate.h"
 #include "launcher/profile.h"
 #include "launcher/runconf.h"
 #include "launcher/session.h"
@@ -50,7 +50,7 @@ static int profile_links(const struct fy_options *o, struct fy_exec *x, int form
     FY_TRY(profile_call(o, x, "io", &d, 1, NULL));
     double best[2] = {INFINITY, INFINITY}, sec, adamw[PROFILE_ADAMW_RUNS];
     /* AdamW over `params` parameters: their f32 gradient, then their state laid out as a unit's
-     * in the run's format (common/optstate.h); a multiple of 4096 parameters */
+     * in the run's format (common/model/optstate.h); a multiple of 4096 parameters */
     double per_param = 4 + fy_optstate_param_bytes(format);
     uint64_t params = (uint64_t)((double)(bytes - 8 * 4096) / per_param) / 4096 * 4096;
     for (int rep = 0; rep < 2; rep++) {

@@ -6,7 +6,7 @@
 #ifndef FY_PROFILE_H
 #define FY_PROFILE_H
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "launcher/options.h"
 #include "launcher/supervise.h"

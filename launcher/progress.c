@@ -3,7 +3,7 @@
 
 #include <stdio.h>
 
-#include "common/log.h"
+#include "common/base/log.h"
 
 static struct {
     uint64_t first, last, steps;

@@ -12,8 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/fsutil.h"
+#include "common/base/check.h"
+#include "common/base/fsutil.h"
 
 /* The columns of the data file, in order: the metrics line's keys (NaN where absent). */
 static const char *const columns[] = {"step", "loss", "eval_loss", "tokens_per_s", "tflops",

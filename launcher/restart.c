@@ -2,9 +2,9 @@
 #include <errno.h>
 #include <stdio.h>
 
-#include "common/check.h"
-#include "common/desc.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/ipc/desc.h"
+#include "common/base/log.h"
 #include "launcher/progress.h"
 #include "launcher/restart.h"
 

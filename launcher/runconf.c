@@ -8,13 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/arch/arch.h"
-#include "common/check.h"
-#include "common/ckpt.h"
-#include "common/dtype.h"
-#include "common/hostmem.h"
-#include "common/log.h"
-#include "common/optstate.h"
+#include "common/model/arch/arch.h"
+#include "common/base/check.h"
+#include "common/formats/ckpt.h"
+#include "common/base/dtype.h"
+#include "common/base/hostmem.h"
+#include "common/base/log.h"
+#include "common/model/optstate.h"
 #include "gpu_worker/backend.h"
 #include "io_worker/store.h"
 #include "launcher/runconf.h"

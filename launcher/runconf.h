@@ -4,10 +4,10 @@
 #ifndef FY_RUNCONF_H
 #define FY_RUNCONF_H
 
-#include "common/ckpt.h"
-#include "common/config.h"
-#include "common/model.h"
-#include "common/pool.h"
+#include "common/formats/ckpt.h"
+#include "common/base/config.h"
+#include "common/model/model.h"
+#include "common/ipc/pool.h"
 #include "launcher/options.h"
 #include "launcher/plan.h"
 #include "launcher/session.h"
@@ -26,7 +26,7 @@ int fy_runconf_imported(const struct fy_config *mc);
  * that says which set, and why, into said. */
 void fy_runconf_train_defaults(struct fy_options *o, const struct fy_config *mc, char *said,
                                size_t len);
-/* --cpu-mem where the command line did not give it: what this machine can give (common/hostmem.h:
+/* --cpu-mem where the command line did not give it: what this machine can give (common/base/hostmem.h:
  * MemAvailable, or its cgroup's room where less, less a margin), the machine the command runs on
  * (plan's too: train would run here). The line that says the cap and where it came from into
  * said. A machine whose memory cannot be read keeps no cap (0), said. */

@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/knobs.h"
-#include "common/log.h"
-#include "common/optstate.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/base/knobs.h"
+#include "common/base/log.h"
+#include "common/model/optstate.h"
 #include "launcher/commit.h"
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
@@ -106,7 +106,7 @@ static int bf16_weights(const struct fy_sched *r)
     return r->l.weight_dtype == FY_DTYPE_BF16;
 }
 
-/* Whether unit u's state is in several pieces (common/optstate.h). */
+/* Whether unit u's state is in several pieces (common/model/optstate.h). */
 static int in_pieces(const struct fy_sched *r, unsigned u)
 {
     return fy_optstate_piece_count(r->l.c, u) > 1;
@@ -785,7 +785,7 @@ static int state_read(struct fy_sched *r, unsigned u, unsigned s, struct fy_tick
 }
 
 /* Unit u's AdamW request parts: req[0] the gradient at pool offset `grad`, then each section of
- * the state at `state` (common/optstate.h: master, m, v); the clipping scale (0: none) in the grad
+ * the state at `state` (common/model/optstate.h: master, m, v); the clipping scale (0: none) in the grad
  * part's arg, the learning rate in the master part's; then, where the unit has a bf16 weights
  * copy, a part for it (AdamW rewrites it from the new master). Returns the number of parts. */
 static unsigned adamw_parts(const struct fy_sched *r, unsigned u, uint64_t grad, uint64_t state,

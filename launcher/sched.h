@@ -9,10 +9,10 @@
 
 #include <stdint.h>
 
-#include "common/actplan.h"
-#include "common/pool.h"
-#include "common/sampler.h"
-#include "common/tokfile.h"
+#include "common/model/actplan.h"
+#include "common/ipc/pool.h"
+#include "common/data/sampler.h"
+#include "common/formats/tokfile.h"
 #include "launcher/optq.h"
 #include "launcher/plan.h"
 #include "launcher/spill.h"
@@ -75,13 +75,13 @@ struct fy_sched {
     int embed_split;
     struct fy_ticket embed_early;
     unsigned char *row_touched;
-    /* The two copies of the units' state (common/ckpt.h): the committed one is read_copy; a
+    /* The two copies of the units' state (common/formats/ckpt.h): the committed one is read_copy; a
      * training run writes the other (work_copy) and keeps per unit the copy its latest state is
      * in and that state's digest. NULL arrays (init, export): every unit is read from
      * read_copy. */
     unsigned read_copy, work_copy;
     unsigned char *at_copy;
-    /* per piece of each unit's state (common/optstate.h), unit u's from pfirst[u] (pfirst[units]:
+    /* per piece of each unit's state (common/model/optstate.h), unit u's from pfirst[u] (pfirst[units]:
      * every unit's pieces): its digest in the copy its latest state is in (a unit in one piece:
      * the unit's digest) */
     unsigned *pfirst;

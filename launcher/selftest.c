@@ -8,10 +8,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/optstate.h"
-#include "common/synth.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/model/optstate.h"
+#include "common/base/synth.h"
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 

@@ -8,10 +8,10 @@
 
 #include <stdint.h>
 
-#include "common/pool.h"
+#include "common/ipc/pool.h"
 #include "launcher/supervise.h"
 
-#define FY_SELFTEST_TENSOR_STATE 1   /* extent: a unit's state layout (common/optstate.h) */
+#define FY_SELFTEST_TENSOR_STATE 1   /* extent: a unit's state layout (common/model/optstate.h) */
 #define FY_SELFTEST_TENSOR_WEIGHTS 2 /* extent: bf16 weights after the last step */
 #define FY_SELFTEST_INIT_SCALE 0.02f
 

@@ -16,8 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/knobs.h"
+#include "common/base/check.h"
+#include "common/base/knobs.h"
 #include "launcher/gpus.h"
 
 /* Whether process pid was started with --run-dir naming run_dir (the same directory, however

@@ -6,10 +6,10 @@
 
 #include <limits.h>
 
-#include "common/chan.h"
-#include "common/config.h"
-#include "common/pool.h"
-#include "common/topo.h"
+#include "common/ipc/chan.h"
+#include "common/base/config.h"
+#include "common/ipc/pool.h"
+#include "common/ipc/topo.h"
 #include "launcher/supervise.h"
 #include "launcher/ticket.h"
 

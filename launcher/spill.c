@@ -4,10 +4,10 @@
 #include <errno.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/ckpt.h"
-#include "common/dtype.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/formats/ckpt.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
 
 void fy_spill_in_pool(struct fy_spill *sp, struct fy_tickets *tk, uint64_t base,
                       uint64_t item_bytes)

@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/fsutil.h"
+#include "common/base/check.h"
+#include "common/base/fsutil.h"
 #include "io_worker/store.h"
 
 /* The i-th path of a comma-separated list into out (empty items skipped, as the io worker skips

@@ -12,7 +12,7 @@
 
 #include <limits.h>
 
-#include "common/config.h"
+#include "common/base/config.h"
 
 #define FY_STAGING_RUN_PREFIX "init.new-"           /* RUN/init.new-PID */
 #define FY_STAGING_STORE_PREFIX "fuyou-store.new-" /* PATH/fuyou-store.new-PID */

@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "common/check.h"
+#include "common/base/check.h"
 
 struct sup_worker {
     char name[16];

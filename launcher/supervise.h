@@ -7,8 +7,8 @@
 #include <signal.h>
 #include <sys/types.h>
 
-#include "common/chan.h"
-#include "common/desc.h"
+#include "common/ipc/chan.h"
+#include "common/ipc/desc.h"
 
 #define FY_SUP_MAX_WORKERS 12 /* io, opt and up to 8 gpu workers (--gpus), and a spare */
 /* Requests in flight at once (sent, reply not yet waited for). */

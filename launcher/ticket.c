@@ -6,10 +6,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/check.h"
-#include "common/ckpt.h"
-#include "common/dtype.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/formats/ckpt.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
 
 static const char *const worker_names[FY_TICKET_WORKERS] = {"io", "gpu", "opt"};
 

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "common/desc.h"
+#include "common/ipc/desc.h"
 
 struct fy_exec {
     void *ctx;

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
 #include "launcher/commit.h"
 #include "launcher/metrics.h"
 #include "launcher/progress.h"

@@ -26,13 +26,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "common/actplan.h"
-#include "common/ckpt.h"
-#include "common/desc.h"
-#include "common/model.h"
-#include "common/pool.h"
-#include "common/sampler.h"
-#include "common/tokfile.h"
+#include "common/model/actplan.h"
+#include "common/formats/ckpt.h"
+#include "common/ipc/desc.h"
+#include "common/model/model.h"
+#include "common/ipc/pool.h"
+#include "common/data/sampler.h"
+#include "common/formats/tokfile.h"
 #include "launcher/diskrates.h"
 #include "launcher/plan.h"
 #include "launcher/ticket.h"
@@ -126,7 +126,7 @@ int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char
  * steps, at the end and at a stop; meta follows the commits. */
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                  struct fy_sampler *data, const struct fy_train_opts *o);
-/* Writes the master weights of the committed step in meta to a weights file (common/ckpt.h),
+/* Writes the master weights of the committed step in meta to a weights file (common/formats/ckpt.h),
  * each unit checked against the commit record's digest. A training run may go on meanwhile
  * (`beside`: the export works beside it, fy_session.beside): when it commits over the copy being
  * read, the export starts again from the newer step; where the step's state is damaged, from the

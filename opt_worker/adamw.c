@@ -19,9 +19,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
 #include "opt_worker/moments.h"
 #include "opt_worker/quant8.h"
 #include "opt_worker/simd.h"

@@ -4,8 +4,8 @@
 #include <errno.h>
 #include <string.h>
 
-#include "common/check.h"
-#include "common/dtype.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
 #include "opt_worker/simd.h"
 #include "opt_worker/threads.h"
 

@@ -1,7 +1,7 @@
 /* Weights from f32 to bf16 on the opt worker's threads: what the gpu worker is sent for a unit whose
  * weights have no bf16 copy in the pool (its master read from the SSD store chunk by chunk into the
  * landing ring, or kept in the pool), converted into its weights slot before the gpu request that
- * reads it. Round to nearest even, NaN kept quiet: bit for bit common/dtype.h's fy_f32_to_bf16,
+ * reads it. Round to nearest even, NaN kept quiet: bit for bit common/base/dtype.h's fy_f32_to_bf16,
  * which AdamW writes the kept units' copies with, so the gpu worker gets the same bits either way.
  * Scalar, AVX2 and AVX-512 versions (opt_worker/simd.h), dispatched as AdamW's are. */
 #ifndef FY_CONVERT_H

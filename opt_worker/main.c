@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "common/knobs.h"
-#include "common/log.h"
-#include "common/worker.h"
+#include "common/base/knobs.h"
+#include "common/base/log.h"
+#include "common/ipc/worker.h"
 #include "opt_worker/optstep.h"
 
 /* Test hook: FUYOU_TEST_OPT_DELAY_MS makes every AdamW request take that much longer, so that tests

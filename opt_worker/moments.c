@@ -7,7 +7,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 #include "opt_worker/quant8.h"
 #include "opt_worker/simd.h"
 

@@ -1,5 +1,5 @@
 /* Optimizer requests: gathers the parts of an opt-adamw request, checks they hold one state of the
- * run's layout (common/optstate.h: fp32, bf16 or int8 moments), and runs the AdamW kernel on the
+ * run's layout (common/model/optstate.h: fp32, bf16 or int8 moments), and runs the AdamW kernel on the
  * pinned threads tensor by tensor (each with its weight decay, its moments where the layout puts
  * them); opt-sumsq sums a gradient's squares for the launcher's global-norm clipping; opt-convert
  * rounds weights to bf16 for the gpu worker. */
@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
-#include "common/check.h"
-#include "common/dtype.h"
-#include "common/model.h"
-#include "common/optstate.h"
-#include "common/topo.h"
+#include "common/model/arch/arch.h"
+#include "common/base/check.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
+#include "common/model/optstate.h"
+#include "common/ipc/topo.h"
 #include "opt_worker/adamw.h"
 #include "opt_worker/convert.h"
 #include "opt_worker/quant8.h"
@@ -105,7 +105,7 @@ static int regions_overlap(const struct fy_desc *a, const struct fy_desc *b)
 }
 
 /* An opt-adamw request's regions by kind, the state's format read from the moments' dtype, and
- * where each of the unit's (or its piece's) tensors has its moments (common/optstate.h). A request
+ * where each of the unit's (or its piece's) tensors has its moments (common/model/optstate.h). A request
  * of a unit in pieces (a STATE part: `pieces`) is updated as one such request per piece, whose
  * parts point into own (piece_request). */
 struct adamw_request {
@@ -126,7 +126,7 @@ static const struct fy_desc *part_of(const struct fy_desc *req, unsigned n, int 
     return NULL;
 }
 
-/* The kind of each section's part (common/optstate.h's order). */
+/* The kind of each section's part (common/model/optstate.h's order). */
 static const int parts_kind[FY_OPTSTATE_PARTS] = {FY_KIND_MASTER, FY_KIND_ADAM_M, FY_KIND_ADAM_V,
                                                   FY_KIND_ADAM_ABSMAX, FY_KIND_ADAM_SMALL};
 

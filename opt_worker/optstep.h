@@ -7,7 +7,7 @@
  * opt-adamw parts (any order, each kind once): GRAD (f32 or bf16), MASTER, ADAM_M, ADAM_V (f32)
  * and optionally WEIGHTS (bf16 copy out). step = Adam's t (>= 1); layer = model unit (weight decay
  * on matrices only, per fy_model_decay_segments) or -1 (decay on every element). For a unit whose
- * state is in pieces (common/optstate.h) the sections are those of one piece, its index in the
+ * state is in pieces (common/model/optstate.h) the sections are those of one piece, its index in the
  * MASTER part's tensor (0 for a unit in one piece), and GRAD and WEIGHTS hold that piece's range;
  * or in place of the sections one STATE part, the unit's whole extent, which is updated piece by
  * piece (a row list too): the bits of the unit's update in one piece either way. The arg of a part
@@ -34,9 +34,9 @@
 #ifndef FY_OPTSTEP_H
 #define FY_OPTSTEP_H
 
-#include "common/config.h"
-#include "common/desc.h"
-#include "common/pool.h"
+#include "common/base/config.h"
+#include "common/ipc/desc.h"
+#include "common/ipc/pool.h"
 
 struct fy_optstep;
 

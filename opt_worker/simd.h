@@ -1,6 +1,6 @@
 /* The SIMD building blocks the optimizer's kernels share (opt_worker/adamw, opt_worker/moments):
  * the target attributes, and bf16 <-> f32 on 8 (AVX2) and 16 (AVX-512) lanes, bit for bit what
- * common/dtype.h's scalar conversions give (round to nearest even, NaN kept quiet). Header only:
+ * common/base/dtype.h's scalar conversions give (round to nearest even, NaN kept quiet). Header only:
  * static inline functions, compiled into each kernel with its target. */
 #ifndef FY_SIMD_H
 #define FY_SIMD_H

@@ -15,8 +15,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/log.h"
 
 #define FY_THREADS_MAX 4096u
 /* Spin iterations before sleeping: a few microseconds, enough to catch back-to-back runs without

@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/pool.h"
+#include "common/ipc/pool.h"
 #include "io_worker/store.h"
 
 int fy_chaos_start(const char *program)

@@ -13,8 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/arch/arch.h"
-#include "common/arch/gpt2.h"
+#include "common/model/arch/arch.h"
+#include "common/model/arch/gpt2.h"
 #include "gpu_worker/backend.h"
 #include "tests/testutil.h"
 

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/model.h"
+#include "common/model/model.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,4 +1,4 @@
-/* Tests of common/actplan: kind sizes, the recompute dependency walk, the cost model against numbers
+/* Tests of common/model/actplan: kind sizes, the recompute dependency walk, the cost model against numbers
  * worked out by hand, the planner's obvious answers on synthetic profiles, its budgets and its
  * dominance over the forced modes on random profiles, its distance from a brute-force optimum on
  * two layers, errors, and the summary and JSON outputs. */
@@ -18,8 +18,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "common/actplan.h"
-#include "common/log.h"
+#include "common/model/actplan.h"
+#include "common/base/log.h"
 #include "tests/testutil.h"
 
 #define MAXL 16

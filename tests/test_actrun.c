@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
-#include "common/check.h"
+#include "common/model/arch/arch.h"
+#include "common/base/check.h"
 #include "launcher/actrun.h"
 
 #define K FY_ACT_KINDS

@@ -1,4 +1,4 @@
-/* Tests of the model-family registry (common/arch) and of what common/model derives from a family's
+/* Tests of the model-family registry (common/model/arch) and of what common/model/model derives from a family's
  * tensor table, against numbers worked out by hand and values pinned from the hand-written tables
  * that the registry replaced:
  *   - lookup by model.conf name, config.json model_type and binary id; unknown names give NULL;
@@ -21,11 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
-#include "common/arch/gpt2.h"
-#include "common/arch/llama.h"
-#include "common/config.h"
-#include "common/model.h"
+#include "common/model/arch/arch.h"
+#include "common/model/arch/gpt2.h"
+#include "common/model/arch/llama.h"
+#include "common/base/config.h"
+#include "common/model/model.h"
 
 static struct fy_model_config gpt2(void)
 {

@@ -16,10 +16,10 @@
 
 #include <cmocka.h>
 
-#include "common/actplan.h"
-#include "common/arch/arch.h"
-#include "common/dtype.h"
-#include "common/model.h"
+#include "common/model/actplan.h"
+#include "common/model/arch/arch.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 
 static void test_resolve(void **state)

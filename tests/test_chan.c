@@ -1,4 +1,4 @@
-/* Tests of the descriptor transport (common/chan): endpoint naming, a ROUTER and a DEALER in one
+/* Tests of the descriptor transport (common/ipc/chan): endpoint naming, a ROUTER and a DEALER in one
  * process exchanging multi-part messages, receive timeouts, rejection of malformed messages (with
  * the next valid message still getting through) and sends to an unknown peer. */
 #include <stdarg.h>
@@ -16,10 +16,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "common/chan.h"
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/log.h"
+#include "common/ipc/chan.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
 #include "tests/testutil.h"
 
 #define POOL_SIZE ((uint64_t)64 << 20)

@@ -1,4 +1,4 @@
-/* Tests of the commit records (common/ckpt.c) and the state digest (common/digest.c):
+/* Tests of the commit records (common/formats/ckpt.c) and the state digest (common/base/digest.c):
  *   - the digest is XXH3-64 (its published values for "" and "a"), one flipped bit changes it, and
  *     the digest with a hole read as zero equals that of the buffer with the hole zeroed;
  *   - a record round-trips the step, seed, sequence number, copy, copies and every unit's digest;
@@ -24,10 +24,10 @@
 #include <cmocka.h>
 
 #include "tests/testutil.h"
-#include "common/arch/arch.h"
-#include "common/ckpt.h"
-#include "common/digest.h"
-#include "common/model.h"
+#include "common/model/arch/arch.h"
+#include "common/formats/ckpt.h"
+#include "common/base/digest.h"
+#include "common/model/model.h"
 
 static struct fy_model_config gpt(void)
 {

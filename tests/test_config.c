@@ -1,4 +1,4 @@
-/* Tests of the run configuration (common/config): set/get, typed look-ups, size parsing and
+/* Tests of the run configuration (common/base/config): set/get, typed look-ups, size parsing and
  * formatting, and the file format with its atomic save. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,8 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/config.h"
-#include "common/log.h"
+#include "common/base/config.h"
+#include "common/base/log.h"
 #include "tests/testutil.h"
 
 /* A struct fy_config is ~140 KB: keep it off the stack. */

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 #include "opt_worker/adamw.h"
 #include "opt_worker/convert.h"
 #include "opt_worker/threads.h"

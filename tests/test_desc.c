@@ -1,4 +1,4 @@
-/* Tests of the descriptor wire format (common/desc): round trips of every field, the little-endian
+/* Tests of the descriptor wire format (common/ipc/desc): round trips of every field, the little-endian
  * layout at the documented byte slots, and rejection of every kind of malformed descriptor. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/log.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
 #include "tests/testutil.h"
 
 #define POOL ((uint64_t)1 << 30)

@@ -1,4 +1,4 @@
-/* Tests of the output directories' helper (common/fsutil): fy_mkdirs makes a directory and its
+/* Tests of the output directories' helper (common/base/fsutil): fy_mkdirs makes a directory and its
  * missing parents and records exactly those, so that fy_made_dirs_undo removes them again,
  * deepest first and only while they are empty; an existing directory is no error and nothing is
  * recorded; a failure part-way leaves nothing it made. */
@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/fsutil.h"
-#include "common/log.h"
+#include "common/base/fsutil.h"
+#include "common/base/log.h"
 #include "tests/testutil.h"
 
 static char *tmpdir;

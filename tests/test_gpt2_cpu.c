@@ -24,8 +24,8 @@
 
 #include <cmocka.h>
 
-#include "common/arch/gpt2.h"
-#include "common/model.h"
+#include "common/model/arch/gpt2.h"
+#include "common/model/model.h"
 #include "gpu_worker/cpu/gpt2_cpu.h"
 #include "tests/testutil.h"
 

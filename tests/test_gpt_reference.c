@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

@@ -19,12 +19,12 @@
 
 #include <cmocka.h>
 
-#include "common/actplan.h"
-#include "common/config.h"
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/model.h"
-#include "common/pool.h"
+#include "common/model/actplan.h"
+#include "common/base/config.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
+#include "common/ipc/pool.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/cpu/gpt2_cpu.h"
 #include "gpu_worker/gptexec.h"

@@ -18,13 +18,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/dtype.h"
-#include "common/arch/gpt2.h"
-#include "common/hf.h"
-#include "common/hfexport.h"
-#include "common/model.h"
-#include "common/safetensors.h"
-#include "common/stwriter.h"
+#include "common/base/dtype.h"
+#include "common/model/arch/gpt2.h"
+#include "common/formats/hf.h"
+#include "common/formats/hfexport.h"
+#include "common/model/model.h"
+#include "common/formats/safetensors.h"
+#include "common/formats/stwriter.h"
 #include "tests/testutil.h"
 
 /* 2 layers, 2 heads, 8 wide, vocab 11, context 5: every shape distinct enough to catch a swap. */

@@ -1,8 +1,8 @@
-/* Tests of common/knobs, the environment variables the programs read:
+/* Tests of common/base/knobs, the environment variables the programs read:
  *   - every variable has its row in docs/configuration.md's "Environment variables", and every
  *     FUYOU_ variable there is one the programs read; the test hooks are the FUYOU_TEST_ ones, and
  *     their rows say that they are test hooks;
- *   - no source of the programs calls getenv but common/knobs.c;
+ *   - no source of the programs calls getenv but common/base/knobs.c;
  *   - each variable parsed as its reader had it: the values that switch it on, those that do not,
  *     and the refusals. (Run from the repository root.) */
 #include <stdarg.h>
@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/knobs.h"
-#include "common/log.h"
+#include "common/base/knobs.h"
+#include "common/base/log.h"
 #include "tests/testutil.h"
 
 /* The "## Environment variables" section of the configuration reference. */
@@ -72,7 +72,7 @@ static void test_documented(void **state)
     free(doc);
 }
 
-/* Calls of getenv in the sources under dir, but common/knobs.c's. */
+/* Calls of getenv in the sources under dir, but common/base/knobs.c's. */
 static int getenv_calls(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -91,11 +91,11 @@ static int getenv_calls(const char *dir)
                                  (len > 4 && strcmp(e->d_name + len - 4, ".cuh") == 0));
         if (e->d_type == DT_DIR) {
             calls += getenv_calls(path);
-        } else if (source && strcmp(path, "common/knobs.c") != 0) {
+        } else if (source && strcmp(path, "common/base/knobs.c") != 0) {
             char *text = fy_test_slurp(path, NULL);
             assert_non_null(text);
             for (char *p = text; (p = strstr(p, "getenv(")) != NULL; p++) {
-                print_message("%s calls getenv: read the variable through common/knobs.h\n", path);
+                print_message("%s calls getenv: read the variable through common/base/knobs.h\n", path);
                 calls++;
             }
             free(text);

@@ -56,8 +56,8 @@
 
 #include <cmocka.h>
 
-#include "common/arch/arch.h"
-#include "common/arch/llama.h"
+#include "common/model/arch/arch.h"
+#include "common/model/arch/llama.h"
 #include "gpu_worker/cpu/llama_cpu.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

@@ -1,4 +1,4 @@
-/* Tests of the Llama model layout (common/model.c, common/ckpt.c) and the Llama model pieces of the
+/* Tests of the Llama model layout (common/model/model.c, common/formats/ckpt.c) and the Llama model pieces of the
  * CPU backend (gpu_worker/cpu/llama_cpu.c):
  *   - the block unit layout (fy_llama_unit_layout) against offsets counted by hand; unit sizes,
  *     tied and untied;
@@ -21,10 +21,10 @@
 #include <cmocka.h>
 #include <omp.h>
 
-#include "common/arch/arch.h"
-#include "common/ckpt.h"
-#include "common/config.h"
-#include "common/model.h"
+#include "common/model/arch/arch.h"
+#include "common/formats/ckpt.h"
+#include "common/base/config.h"
+#include "common/model/model.h"
 #include "gpu_worker/cpu/llama_cpu.h"
 #include "tests/testutil.h"
 

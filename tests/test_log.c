@@ -1,4 +1,4 @@
-/* Tests of the run log file (common/log): lines the file refuses are said once on stderr, kept,
+/* Tests of the run log file (common/base/log): lines the file refuses are said once on stderr, kept,
  * and appended in order before the next line once it takes them, the rest of a short write too;
  * past the memory kept, lines are dropped and their count written into the log when it can be
  * written again. The file refuses through the process's file size limit (RLIMIT_FSIZE, SIGXFSZ
@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/log.h"
+#include "common/base/log.h"
 #include "tests/testutil.h"
 
 static char *tmpdir;

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/config.h"
+#include "common/base/config.h"
 #include "launcher/metrics.h"
 #include "tests/testutil.h"
 

@@ -1,4 +1,4 @@
-/* Tests of common/optstate, the optimizer state layout, and of the sizes and byte counts taken from
+/* Tests of common/model/optstate, the optimizer state layout, and of the sizes and byte counts taken from
  * it, against numbers worked out by hand from the format ([master | adam m | adam v], f32, each
  * section 4 KiB aligned):
  *   - a unit's sections: master, adam_m, adam_v in that order, their descriptor kinds, f32, one
@@ -35,10 +35,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/optstate.h"
+#include "common/model/arch/arch.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/model/optstate.h"
 #include "launcher/plan.h"
 #include "launcher/selftest.h"
 #include "opt_worker/quant8.h"

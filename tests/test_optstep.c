@@ -3,7 +3,7 @@
  * writes nothing; opt-adamw takes its learning rate from the master part and clipping's gradient
  * scale from the grad part, equal bit for bit to the kernel called directly; malformed requests
  * (wrong parts, a bad scale) are refused with -EPROTO before anything is written. With bf16 and
- * int8 optimizer state (common/optstate.h) a model unit's update, whole or by rows, equals the
+ * int8 optimizer state (common/model/optstate.h) a model unit's update, whole or by rows, equals the
  * kernel called tensor by tensor on views built here from the documented layout (int8: codes,
  * block absmax, the small tensors' f32 moments), and a request of another format than the run's,
  * with a section of the wrong size, or with a row across two tensors is refused, nothing written.
@@ -27,13 +27,13 @@
 
 #include <cmocka.h>
 
-#include "common/config.h"
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/arch/arch.h"
-#include "common/model.h"
-#include "common/optstate.h"
-#include "common/pool.h"
+#include "common/base/config.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/model/arch/arch.h"
+#include "common/model/model.h"
+#include "common/model/optstate.h"
+#include "common/ipc/pool.h"
 #include "opt_worker/adamw.h"
 #include "opt_worker/optstep.h"
 #include "tests/testutil.h"
@@ -389,7 +389,7 @@ static struct fy_model_config model_of(unsigned embd, int format)
 static uint64_t up4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
 /* Where a unit's tensors have their moments, found here from the tensor table by the rule
- * common/optstate.h states, not by its code: in int8 a tensor of 4096 values or more has codes
+ * common/model/optstate.h states, not by its code: in int8 a tensor of 4096 values or more has codes
  * in adam_m and adam_v (tensor after tensor) and blocks of 256 in adam_absmax (m's blocks, then
  * v's); the others f32 moments in adam_small (every m, then every v); each section 4 KiB aligned. */
 struct hand_layout {

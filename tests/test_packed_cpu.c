@@ -26,10 +26,10 @@
 
 #include <cmocka.h>
 
-#include "common/arch/arch.h"
-#include "common/arch/gpt2.h"
-#include "common/arch/llama.h"
-#include "common/model.h"
+#include "common/model/arch/arch.h"
+#include "common/model/arch/gpt2.h"
+#include "common/model/arch/llama.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

@@ -28,11 +28,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/check.h"
-#include "common/ckpt.h"
-#include "common/dtype.h"
-#include "common/optstate.h"
-#include "common/pool.h"
+#include "common/base/check.h"
+#include "common/formats/ckpt.h"
+#include "common/base/dtype.h"
+#include "common/model/optstate.h"
+#include "common/ipc/pool.h"
 #include "gpu_worker/backend.h"
 #include "launcher/options.h"
 #include "launcher/plan.h"

@@ -1,4 +1,4 @@
-/* Tests of the shared pool (common/pool): naming, creation with mode 0600, the 2 MiB-aligned layout
+/* Tests of the shared pool (common/ipc/pool): naming, creation with mode 0600, the 2 MiB-aligned layout
  * with guard words, attaching from another process, destruction, stale-object detection (owner pid
  * plus start time) and the slot allocator. Every object created is named /fuyou-test-<pid>-<n> and
  * removed again. */
@@ -19,8 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/log.h"
-#include "common/pool.h"
+#include "common/base/log.h"
+#include "common/ipc/pool.h"
 #include "tests/testutil.h"
 
 #define MIB (1ull << 20)

@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/pool.h"
+#include "common/ipc/pool.h"
 #include "gpu_worker/ranks.h"
 #include "tests/testutil.h"
 

@@ -1,4 +1,4 @@
-/* Tests of safetensors checkpoints (common/safetensors): single-file and sharded round trips bit
+/* Tests of safetensors checkpoints (common/formats/safetensors): single-file and sharded round trips bit
  * for bit, the format checked by an independent Python reading (tests/reference/safetensors_check.py)
  * both ways, exact f16 conversion, every refusal of the reader with its one-line message, and
  * writers that leave nothing under a final name when abandoned or failing. */
@@ -20,9 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/dtype.h"
-#include "common/safetensors.h"
-#include "common/stwriter.h"
+#include "common/base/dtype.h"
+#include "common/formats/safetensors.h"
+#include "common/formats/stwriter.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 

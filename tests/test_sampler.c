@@ -1,4 +1,4 @@
-/* Tests of the batches (common/sampler): packed documents, each training document once an epoch
+/* Tests of the batches (common/data/sampler): packed documents, each training document once an epoch
  * and never split across rows, the positions and padding, the fill, truncation and split counts,
  * the held-out split by whole documents each evaluated once a pass, the first-fit rule on a hand
  * example, a step's batch the same asked cold (a resume) or in turn, every batch as
@@ -16,9 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/log.h"
-#include "common/sampler.h"
-#include "common/tokfile.h"
+#include "common/base/log.h"
+#include "common/data/sampler.h"
+#include "common/formats/tokfile.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 

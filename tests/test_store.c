@@ -16,9 +16,9 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
-#include "common/log.h"
+#include "common/base/log.h"
 #include "io_worker/ring.h"
-#include "common/digest.h"
+#include "common/base/digest.h"
 #include "io_worker/store.h"
 #include "tests/testutil.h"
 

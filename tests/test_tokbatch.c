@@ -1,4 +1,4 @@
-/* Tests of token files' train/eval splits and deterministic batch sampling (common/tokfile:
+/* Tests of token files' train/eval splits and deterministic batch sampling (common/formats/tokfile:
  * fy_tokfile_split, fy_tokfile_batch, fy_tokfile_eval_batch): which windows each side draws, the
  * same batches whatever is asked before, and the refusals of batches that do not fit. */
 #include <stdarg.h>
@@ -14,8 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/log.h"
-#include "common/tokfile.h"
+#include "common/base/log.h"
+#include "common/formats/tokfile.h"
 #include "tests/testutil.h"
 
 static char *tmpdir;

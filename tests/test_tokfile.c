@@ -1,4 +1,4 @@
-/* Tests of token files (common/tokfile): the on-disk format byte by byte, atomic writes, byte-level
+/* Tests of token files (common/formats/tokfile): the on-disk format byte by byte, atomic writes, byte-level
  * preparation, every refusal of the reader, the loss mask and the tokenizer's identity (splits and
  * batch sampling: test_tokbatch). */
 #include <stdarg.h>
@@ -17,8 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/log.h"
-#include "common/tokfile.h"
+#include "common/base/log.h"
+#include "common/formats/tokfile.h"
 #include "tests/testutil.h"
 
 static char *tmpdir;

@@ -1,4 +1,4 @@
-/* Tests of common/topo: loading and describing this machine, cpu list parsing, default worker
+/* Tests of common/ipc/topo: loading and describing this machine, cpu list parsing, default worker
  * placement (on this machine and on synthetic 2-node machines), the --affinity override, and
  * process/thread/memory binding. */
 #include <errno.h>
@@ -12,9 +12,9 @@
 
 #include <cmocka.h>
 
-#include "common/check.h"
-#include "common/log.h"
-#include "common/topo.h"
+#include "common/base/check.h"
+#include "common/base/log.h"
+#include "common/ipc/topo.h"
 #include "testutil.h"
 
 static struct fy_topo *topo; /* this machine, loaded once */

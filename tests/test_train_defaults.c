@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/config.h"
+#include "common/base/config.h"
 #include "launcher/options.h"
 #include "launcher/runconf.h"
 #include "launcher/train.h"

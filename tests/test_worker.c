@@ -1,4 +1,4 @@
-/* Tests of the worker loop (common/worker) for a worker that queues requests, as the gpu worker
+/* Tests of the worker loop (common/ipc/worker) for a worker that queues requests, as the gpu worker
  * does on the CUDA backend: a real worker process (forked, running fy_worker_main with a fake
  * queueing worker) serves a ROUTER in this process through a real pool and run config.
  * The fake completes its queued requests only when it holds two, or when a request asks for it,
@@ -25,13 +25,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/chan.h"
-#include "common/config.h"
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/log.h"
-#include "common/pool.h"
-#include "common/worker.h"
+#include "common/ipc/chan.h"
+#include "common/base/config.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
+#include "common/ipc/pool.h"
+#include "common/ipc/worker.h"
 #include "tests/testutil.h"
 
 #define WAIT_MS 20000

@@ -6,8 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/desc.h"
-#include "common/model.h"
+#include "common/ipc/desc.h"
+#include "common/model/model.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -12,12 +12,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/arch/arch.h"
-#include "common/check.h"
-#include "common/desc.h"
-#include "common/dtype.h"
-#include "common/knobs.h"
-#include "common/synth.h"
+#include "common/model/arch/arch.h"
+#include "common/base/check.h"
+#include "common/ipc/desc.h"
+#include "common/base/dtype.h"
+#include "common/base/knobs.h"
+#include "common/base/synth.h"
 #include "gpu_worker/cpu/cpu_family.h"
 #include "gpu_worker/cpu/gpt2_cpu.h"
 #include "gpu_worker/cpu/llama_cpu.h"

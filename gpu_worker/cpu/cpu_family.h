@@ -1,8 +1,8 @@
 /* What the CPU backend needs of a model family: one table of operations per family file, each
  * exported by its own file (gpt2_cpu.c, llama_cpu.c) and listed in cpu_backend.c under the registry
  * name of every family it computes (llama_cpu.c's serves the Llama-like families), where the
- * backend finds a model's table by its family's name (common/arch/arch.h) and computes through it
- * alone. The tensors of each unit lie as the family's tensor table says (common/arch/).
+ * backend finds a model's table by its family's name (common/model/arch/arch.h) and computes through it
+ * alone. The tensors of each unit lie as the family's tensor table says (common/model/arch/).
  *
  * Shapes: B sequences of T tokens; activations x, y, dx, dy are [B][T][n_embd], f32. Scratch is
  * one float array of the size the family gives for the batch, owned by the caller. "Overwritten"
@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/actplan.h"
-#include "common/model.h"
+#include "common/model/actplan.h"
+#include "common/model/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,7 +58,7 @@ struct fy_cpu_family {
     /* Optional: NULL where the family does not support it. */
 
     /* Swapped internals (struct fy_block_saved): the blocks' internals are the kinds of
-     * common/actplan.h, and saved holds FY_ACT_KINDS buffers (NULL for a kind not given) in the
+     * common/model/actplan.h, and saved holds FY_ACT_KINDS buffers (NULL for a kind not given) in the
      * layout fy_actplan_sizes_backend gives for "cpu". The forward copies each kind given out; the
      * backward takes each kind given instead of recomputing it (the same bits whatever is given)
      * and leaves it untouched. Otherwise as block_forward and block_backward. */

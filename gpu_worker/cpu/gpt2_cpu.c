@@ -12,8 +12,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "common/arch/gpt2.h"
-#include "common/desc.h"
+#include "common/model/arch/gpt2.h"
+#include "common/ipc/desc.h"
 
 #define LN_EPS 1e-5f
 /* Channels per task in the embedding backward: a cache line of floats, so that threads seldom share
@@ -280,7 +280,7 @@ size_t fy_cpu_block_scratch(const struct fy_model_config *c, int B, int T)
 
 
 /* The forward pass, keeping every internal the backward needs in s, except the kinds in `have`
- * (a mask of common/actplan.h kinds), which s holds already. y == NULL: the recompute for the
+ * (a mask of common/model/actplan.h kinds), which s holds already. y == NULL: the recompute for the
  * backward, which stops before the MLP's down product (its output is never read there). */
 static void block_forward_into(const struct fy_model_config *c, const float *params,
                                const int32_t *positions, const float *x, float *y,

@@ -1,4 +1,4 @@
-/* The GPT-2 family on the CPU backend (common/arch/gpt2.h): LayerNorm, causal multi-head
+/* The GPT-2 family on the CPU backend (common/model/arch/gpt2.h): LayerNorm, causal multi-head
  * attention, the GELU MLP, learned positions and the tied LM head, in fp32 with OpenMP, written to
  * be read. The reference that the CUDA backend is checked against. Every function gives
  * bit-identical results whatever the number of OpenMP threads (as cpu_ops.h's do). The family's
@@ -14,9 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/actplan.h"
-#include "common/arch/gpt2.h"
-#include "common/model.h"
+#include "common/model/actplan.h"
+#include "common/model/arch/gpt2.h"
+#include "common/model/model.h"
 #include "gpu_worker/cpu/cpu_family.h"
 #include "gpu_worker/cpu/cpu_ops.h"
 

@@ -12,8 +12,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
-#include "common/arch/llama.h"
+#include "common/model/arch/arch.h"
+#include "common/model/arch/llama.h"
 #include "cpu_ops.h"
 
 /* ---- rotary frequencies ---- */
@@ -608,7 +608,7 @@ static void embed_backward_unit(const struct fy_model_config *c, const int32_t *
 
 /* Its blocks always recompute their internals: no swapped internals, no per-op profile. Every
  * Llama-like family (Qwen2, Qwen3, Mistral, Phi-3) is computed here: its variations are fields of
- * c->llama (common/arch/llama.h), so it needs no check. */
+ * c->llama (common/model/arch/llama.h), so it needs no check. */
 const struct fy_cpu_family fy_llama_cpu_family = {
     .block_scratch = fy_llama_block_scratch,
     .head_scratch = fy_llama_head_scratch,

@@ -1,4 +1,4 @@
-/* The Llama family on the CPU backend (common/arch/llama.h): fp32, OpenMP, written to be read, in
+/* The Llama family on the CPU backend (common/model/arch/llama.h): fp32, OpenMP, written to be read, in
  * the style of gpt2_cpu.h; the reference for the CUDA version. One decoder block (Hugging Face's
  * LlamaDecoderLayer) forward and backward, the model's final RMSNorm, and the model pieces the gpu
  * worker runs unit by unit for a Llama model: the embedding lookup and the final norm with the
@@ -15,7 +15,7 @@
  *   n2 = rmsnorm(h, post_attention_layernorm)
  *   y = h + (silu(n2 Wgate^T) * (n2 Wup^T)) Wdown^T       silu(g) = g / (1 + exp(-g))
  * computed in fp32 in the order transformers computes it (RMSNorm in fp32, then times the weight).
- * The Llama-like families vary it through c->llama (common/arch/llama.h), computed here too: hd =
+ * The Llama-like families vary it through c->llama (common/model/arch/llama.h), computed here too: hd =
  * head_dim where given (q [NH hd], k and v [NKV hd], o_proj [C][NH hd]); qkv_bias (Qwen2): q, k and
  * v plus their biases; qk_norm (Qwen3): q and k each through an RMSNorm over every head's hd values
  * (q_norm, k_norm [hd], eps rms_eps) after the projection, before RoPE; sliding_window W > 0
@@ -56,7 +56,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/cpu/cpu_family.h"
 
 #ifdef __cplusplus
@@ -135,7 +135,7 @@ void fy_llama_norm_forward(const struct fy_model_config *c, const float *w, cons
 void fy_llama_norm_backward(const struct fy_model_config *c, const float *w, const float *x,
                             const float *rstd, const float *dy, float *dx, float *dw, int B, int T);
 
-/* ---- model pieces, one unit at a time (common/model.h's Llama units) ---- */
+/* ---- model pieces, one unit at a time (common/model/model.h's Llama units) ---- */
 
 /* x[b][t] = embed_tokens[tokens[b][t]] (no positions); tokens must be < V. */
 void fy_llama_embed_forward(const struct fy_model_config *m, const float *embed, const int32_t *tokens,

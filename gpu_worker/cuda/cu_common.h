@@ -10,8 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "common/check.h"
-#include "common/log.h"
+#include "common/base/check.h"
+#include "common/base/log.h"
 
 typedef __nv_bfloat16 bf16;
 

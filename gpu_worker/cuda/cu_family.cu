@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "common/arch/arch.h"
+#include "common/model/arch/arch.h"
 #include "gpu_worker/cuda/cu_gpt2_units.h"
 #include "gpu_worker/cuda/cu_llama_units.h"
 

@@ -1,7 +1,7 @@
 /* The CUDA backend's model families: the ops table through which cu_model (the host interface's
  * queue, which names no family) runs one family's device units, and the one list of them
- * (cu_family.cu), looked up by the registry's name (common/arch/arch.h). A family's units compute
- * on device buffers: bf16 weights in the unit layouts of common/arch, activations [B][T][C] bf16,
+ * (cu_family.cu), looked up by the registry's name (common/model/arch/arch.h). A family's units compute
+ * on device buffers: bf16 weights in the unit layouts of common/model/arch, activations [B][T][C] bf16,
  * fp32 weight gradients; everything is queued on the stream they were made with and nothing
  * synchronises. What a family does not support (swapped internals, the planner's profile) it
  * leaves NULL, and cu_model refuses it naming the family. Adding a family: its units file
@@ -9,7 +9,7 @@
 #ifndef FY_CU_FAMILY_H
 #define FY_CU_FAMILY_H
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h" /* struct fy_block_saved, struct fy_block_profile */
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
@@ -35,7 +35,7 @@ struct fy_cu_swap_piece {
 };
 #define FY_CU_SWAP_PIECES 6
 
-/* A family whose blocks' internals can be swapped to host memory (common/actplan.h's kinds). */
+/* A family whose blocks' internals can be swapped to host memory (common/model/actplan.h's kinds). */
 struct fy_cu_swapping {
     /* 0 when these units can swap the kinds in mask; else -ENOTSUP, said. */
     int (*check)(void *units, unsigned mask);

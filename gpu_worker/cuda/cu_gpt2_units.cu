@@ -1,15 +1,15 @@
 /* The GPT-2 family's units on the GPU (contract: cu_gpt2_units.h), composed from the kernels of
  * cu_layernorm, cu_matmul, cu_flash or cu_attention, cu_gelu, cu_residual, cu_embed and cu_head,
  * with what only this family has: the blocks' internals swapped to host memory and recomputed
- * around (the kinds of common/actplan.h), per-op timing, and the activation planner's profile of
+ * around (the kinds of common/model/actplan.h), per-op timing, and the activation planner's profile of
  * one block. Its ops table, fy_cu_family_gpt2, is at the end. */
 #include "gpu_worker/cuda/cu_gpt2_units.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/gpt2.h"
-#include "common/knobs.h"
+#include "common/model/arch/gpt2.h"
+#include "common/base/knobs.h"
 #include "gpu_worker/cuda/cu_attention.h"
 #include "gpu_worker/cuda/cu_embed.h"
 #include "gpu_worker/cuda/cu_flash.h"

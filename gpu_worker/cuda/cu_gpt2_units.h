@@ -2,7 +2,7 @@
  * with positions, a transformer block forward and backward (LayerNorm, fused QKV product, flash or
  * materialised attention, projection with the residual, LayerNorm, MLP up with GELU, down with the
  * residual), and the final LayerNorm with the LM head tied to wte and cross-entropy. bf16 weights
- * (the unit layouts of common/arch/gpt2.h) and activations [B][T][C], fp32 accumulation and weight
+ * (the unit layouts of common/model/arch/gpt2.h) and activations [B][T][C], fp32 accumulation and weight
  * gradients. The ops table fy_cu_family_gpt2 serves cu_model, with swapped internals and the
  * planner's profile; the functions below serve tests and benchmarks that keep weights and
  * activations on the GPU. Everything is queued on the stream the units were made with; nothing
@@ -14,7 +14,7 @@
 #ifndef FY_CU_GPT2_UNITS_H
 #define FY_CU_GPT2_UNITS_H
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
 #include "gpu_worker/cuda/cu_family.h"

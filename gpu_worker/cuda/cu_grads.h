@@ -1,6 +1,6 @@
 /* Where a block backward's weight gradients go, a piece at a time: a sink that hands out a device
  * buffer for each piece (a contiguous range of the unit's f32 gradient, in the unit's layout of
- * common/arch), zeroed, and takes it back once the piece's kernels are queued. cu_model's sink
+ * common/model/arch), zeroed, and takes it back once the piece's kernels are queued. cu_model's sink
  * downloads each piece while the backward goes on and reuses its buffer once it is home, so the
  * device never holds a whole block's f32 gradient; the whole-buffer sink (tests, benchmarks) hands
  * out ranges of one buffer. And a linear layer's weight and bias gradients through a sink: one piece

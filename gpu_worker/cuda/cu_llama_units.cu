@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
+#include "common/model/arch/arch.h"
 #include "gpu_worker/cpu/llama_cpu.h"
 #include "gpu_worker/cuda/cu_embed.h"
 #include "gpu_worker/cuda/cu_flash.h"

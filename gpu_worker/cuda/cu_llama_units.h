@@ -14,7 +14,7 @@
 #ifndef FY_CU_LLAMA_UNITS_H
 #define FY_CU_LLAMA_UNITS_H
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
 #include "gpu_worker/cuda/cu_family.h"
@@ -64,7 +64,7 @@ size_t fy_cu_llama_acts_bytes(const struct fy_model_config *c, int B, int T);
 int fy_cu_llama_acts_take(const struct fy_cu_llama *l, struct fy_cu_arena *arena,
                           struct fy_cu_llama_acts *a);
 
-/* ---- the units (bf16 weights in the unit layouts of common/arch/llama.h; activations
+/* ---- the units (bf16 weights in the unit layouts of common/model/arch/llama.h; activations
  * [B][T][C] bf16; gradients f32) ---- */
 
 /* x[b][t] = embed[tokens[b][t]] (tokens < V: the caller's to check). */

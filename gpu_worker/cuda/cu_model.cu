@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
-#include "common/arch/llama.h"
-#include "common/knobs.h"
+#include "common/model/arch/arch.h"
+#include "common/model/arch/llama.h"
+#include "common/base/knobs.h"
 #include "gpu_worker/cuda/cu_head.h"
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "gpu_worker/cuda/cu_ranks.h"

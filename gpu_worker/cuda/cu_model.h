@@ -24,7 +24,7 @@
 #ifndef FY_CU_MODEL_H
 #define FY_CU_MODEL_H
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h" /* struct fy_block_saved, struct fy_block_profile */
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
@@ -49,10 +49,10 @@ void fy_cu_model_destroy(struct fy_cu_model **m);
  * the same bits and bf16 moves half the bytes over PCIe. Gradients stay f32. With calls in
  * flight: -EBUSY (said). */
 int fy_cu_model_set_host_acts_bf16(struct fy_cu_model *m, int on);
-/* Weights (embed, params, final_params: a unit's layout of common/arch) in the host buffers below
+/* Weights (embed, params, final_params: a unit's layout of common/model/arch) in the host buffers below
  * are f32, or bf16 after fy_cu_model_set_host_weights_bf16(m, 1), for the calls made from then on;
  * calls in flight keep the dtype they were made with. The device holds them in bf16 either way,
- * rounded to nearest even from f32 as common/dtype.h's fy_f32_to_bf16 rounds, so bf16 host weights
+ * rounded to nearest even from f32 as common/base/dtype.h's fy_f32_to_bf16 rounds, so bf16 host weights
  * rounded that way give the same bits as their f32 originals, in half the bytes over PCIe. Weight
  * gradients stay f32. */
 int fy_cu_model_set_host_weights_bf16(struct fy_cu_model *m, int on);

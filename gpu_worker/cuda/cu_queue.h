@@ -141,7 +141,7 @@ int fy_cu_queue_act_in(struct fy_cu_queue *q, struct fy_cu_staging *st, struct f
 size_t fy_cu_queue_weight_size(const struct fy_cu_queue *q);
 /* Before fy_cu_queue_uploads_done: n weights from host, in the host's dtype for calls made now,
  * into the bf16 device buffer dev (f32 through the conversion ring: rounded to nearest even, as
- * common/dtype.h's fy_f32_to_bf16 rounds, so bf16 host weights rounded that way give the same
+ * common/base/dtype.h's fy_f32_to_bf16 rounds, so bf16 host weights rounded that way give the same
  * bits). */
 int fy_cu_queue_weights_in(struct fy_cu_queue *q, struct fy_cu_staging *st, bf16 *dev,
                            const void *host, size_t n);

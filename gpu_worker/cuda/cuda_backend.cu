@@ -11,8 +11,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/dtype.h"
-#include "common/synth.h"
+#include "common/base/dtype.h"
+#include "common/base/synth.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
 #include "gpu_worker/cuda/cu_model.h"

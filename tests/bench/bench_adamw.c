@@ -12,8 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/dtype.h"
-#include "common/log.h"
+#include "common/base/dtype.h"
+#include "common/base/log.h"
 #include "opt_worker/adamw.h"
 #include "opt_worker/quant8.h"
 #include "opt_worker/threads.h"

@@ -17,7 +17,7 @@
 #include <vector>
 #include <algorithm>
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_common.h"
 #include "gpu_worker/cuda/cu_gpt2_units.h"

@@ -29,7 +29,7 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 #include "gpu_worker/cpu/gpt2_cpu.h"
 #include "gpu_worker/cuda/cu_attention.h"
 #include "gpu_worker/cuda/cu_head.h"

@@ -39,7 +39,7 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 
 #include <vector>
 
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 #include "gpu_worker/cuda/cu_flash.h"
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "gpu_worker/cuda/cu_qknorm.h"

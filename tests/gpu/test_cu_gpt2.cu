@@ -23,8 +23,8 @@ extern "C" {
 
 #include <vector>
 
-#include "common/dtype.h"
-#include "common/model.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_gpt2_units.h"
 #include "gpu_worker/cuda/cu_model.h"

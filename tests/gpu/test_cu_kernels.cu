@@ -54,7 +54,7 @@ extern "C" {
 
 #include <vector>
 
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 #include "gpu_worker/cpu/gpt2_cpu.h"
 #include "gpu_worker/cuda/cu_convert.h"
 #include "gpu_worker/cuda/cu_embed.h"

@@ -41,9 +41,9 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 
 #include <vector>
 
-#include "common/arch/arch.h"
-#include "common/dtype.h"
-#include "common/model.h"
+#include "common/model/arch/arch.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
 #include "gpu_worker/cpu/llama_cpu.h"
 #include "gpu_worker/cuda/cu_flash.h"
 #include "gpu_worker/cuda/cu_head.h"

@@ -32,7 +32,7 @@ extern "C" { /* this cmocka.h has no C++ guards */
 
 #include <cuda_runtime.h>
 
-#include "common/dtype.h"
+#include "common/base/dtype.h"
 #include "gpu_worker/cpu/cpu_ops.h"
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "tests/testutil.h"

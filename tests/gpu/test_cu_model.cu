@@ -26,9 +26,9 @@ extern "C" {
 #include <cmath>
 #include <vector>
 
-#include "common/arch/arch.h"
-#include "common/dtype.h"
-#include "common/model.h"
+#include "common/model/arch/arch.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_gpt2_units.h"
 #include "gpu_worker/cuda/cu_llama_units.h"
@@ -305,7 +305,7 @@ static const unsigned swap_masks[] = {
 };
 
 /* A block's saved region in pinned memory, every swappable kind at its offset, as the pool holds
- * it (common/actplan.h, the CUDA layout). */
+ * it (common/model/actplan.h, the CUDA layout). */
 struct saved_host {
     struct fy_actplan_sizes sizes;
     struct fy_actplan_region region;

@@ -14,8 +14,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/dtype.h"
-#include "common/model.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/testutil.h"
 

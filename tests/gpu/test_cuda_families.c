@@ -30,8 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/arch/arch.h"
-#include "common/model.h"
+#include "common/model/arch/arch.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

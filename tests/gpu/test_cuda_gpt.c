@@ -23,10 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/actplan.h"
-#include "common/arch/gpt2.h"
-#include "common/dtype.h"
-#include "common/model.h"
+#include "common/model/actplan.h"
+#include "common/model/arch/gpt2.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

@@ -27,9 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/actplan.h"
-#include "common/dtype.h"
-#include "common/model.h"
+#include "common/model/actplan.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

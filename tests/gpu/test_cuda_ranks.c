@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/model.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

@@ -23,8 +23,8 @@
 
 #include <cmocka.h>
 
-#include "common/arch/gpt2.h"
-#include "common/model.h"
+#include "common/model/arch/gpt2.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
@@ -85,7 +85,7 @@ static void add_tensor(struct tensors *ts, unsigned unit, const char *name, size
     t->n = n;
 }
 
-/* Every named tensor of every unit, in order, with its place in the unit (common/model.h). */
+/* Every named tensor of every unit, in order, with its place in the unit (common/model/model.h). */
 static void list_tensors(const struct fy_refmodel *m, struct tensors *ts)
 {
     const size_t C = CFG.n_embd, V = CFG.vocab;

@@ -25,8 +25,8 @@
 
 #include <cmocka.h>
 
-#include "common/dtype.h"
-#include "common/model.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "opt_worker/adamw.h"
 #include "tests/refmodel.h"

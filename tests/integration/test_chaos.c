@@ -21,7 +21,7 @@
 
 #include <cmocka.h>
 
-#include "common/pool.h"
+#include "common/ipc/pool.h"
 #include "io_worker/store.h"
 #include "tests/chaos.h"
 #include "tests/testutil.h"

@@ -22,8 +22,8 @@
 
 #include <cmocka.h>
 
-#include "common/ckpt.h"
-#include "common/optstate.h"
+#include "common/formats/ckpt.h"
+#include "common/model/optstate.h"
 #include "io_worker/store.h"
 #include "tests/chaos.h"
 #include "tests/testutil.h"

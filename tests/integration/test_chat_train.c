@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/tokfile.h"
+#include "common/formats/tokfile.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/ckpt.h"
-#include "common/model.h"
-#include "common/tokfile.h"
+#include "common/formats/ckpt.h"
+#include "common/model/model.h"
+#include "common/formats/tokfile.h"
 #include "launcher/train.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

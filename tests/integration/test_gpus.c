@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/ckpt.h"
-#include "common/model.h"
+#include "common/formats/ckpt.h"
+#include "common/model/model.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"
 

@@ -40,8 +40,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/safetensors.h"
-#include "common/stwriter.h"
+#include "common/formats/safetensors.h"
+#include "common/formats/stwriter.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 

@@ -19,14 +19,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/chan.h"
-#include "common/config.h"
-#include "common/dtype.h"
-#include "common/pool.h"
-#include "common/synth.h"
-#include "common/tokfile.h"
+#include "common/ipc/chan.h"
+#include "common/base/config.h"
+#include "common/base/dtype.h"
+#include "common/ipc/pool.h"
+#include "common/base/synth.h"
+#include "common/formats/tokfile.h"
 #include "gpu_worker/backend.h"
-#include "common/topo.h"
+#include "common/ipc/topo.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
 #include "launcher/selftest.h"

@@ -17,10 +17,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/arch/arch.h"
-#include "common/ckpt.h"
-#include "common/config.h"
-#include "common/model.h"
+#include "common/model/arch/arch.h"
+#include "common/formats/ckpt.h"
+#include "common/base/config.h"
+#include "common/model/model.h"
 #include "tests/testutil.h"
 
 #define SAMPLE_TEXT "tests/fixtures/sample.txt"

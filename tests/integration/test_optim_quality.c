@@ -18,9 +18,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/config.h"
-#include "common/model.h"
-#include "common/optstate.h"
+#include "common/base/config.h"
+#include "common/model/model.h"
+#include "common/model/optstate.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"
 

@@ -19,8 +19,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "common/dtype.h"
-#include "common/model.h"
+#include "common/base/dtype.h"
+#include "common/model/model.h"
 #include "launcher/plan.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"

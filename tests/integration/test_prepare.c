@@ -33,8 +33,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/model.h"
-#include "common/tokfile.h"
+#include "common/model/model.h"
+#include "common/formats/tokfile.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

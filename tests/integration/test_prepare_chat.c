@@ -30,7 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/tokfile.h"
+#include "common/formats/tokfile.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"

@@ -24,10 +24,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/ckpt.h"
-#include "common/model.h"
-#include "common/pool.h"
-#include "common/tokfile.h"
+#include "common/formats/ckpt.h"
+#include "common/model/model.h"
+#include "common/ipc/pool.h"
+#include "common/formats/tokfile.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent float64 reference of the GPT-2 model of Fuyou, for checking the C backends.
 
-Written from the model's definition (common/model.h), not from the C code: numpy only, every
+Written from the model's definition (common/model/model.h), not from the C code: numpy only, every
 operation in float64, with a hand-derived backward pass (numpy has no autograd). --self-check
 verifies that backward against central finite differences in float64, the file round trips, and
 the training step's clipping and AdamW against their definitions.
@@ -20,7 +20,7 @@ max_norm > 0, clipping as torch.nn.utils.clip_grad_norm_ does it (coef = max_nor
 every gradient multiplied by coef when coef < 1); then one AdamW step as torch.optim.AdamW takes it
 (decoupled weight decay p *= 1 - lr*wd first, bias corrections with t = s, eps added to
 sqrt(v)/sqrt(1 - beta2^t)) with lr_s, weight decay on wte, wpe and the block matrices (qkv_w,
-attn_w, fc_w, proj_w) only, as fy_model_decay_segments (common/model.c) splits the units. All in
+attn_w, fc_w, proj_w) only, as fy_model_decay_segments (common/model/model.c) splits the units. All in
 float64.
 
 Usage:
@@ -31,7 +31,7 @@ Usage:
 
 File formats (little-endian, no padding):
   IN:  int32[9]  magic 0x52475946 ("FYGR" as bytes), version 1, B, T, L, NH, C, V, ctx
-       float32   the parameters of units 0..L+1 in unit order (common/model.h):
+       float32   the parameters of units 0..L+1 in unit order (common/model/model.h):
                    unit 0      [wte V*C | wpe ctx*C]
                    unit 1..L   [ln1_w C | ln1_b C | qkv_w 3C*C | qkv_b 3C | attn_w C*C | attn_b C |
                                 ln2_w C | ln2_b C | fc_w 4C*C | fc_b 4C | proj_w C*4C | proj_b C]

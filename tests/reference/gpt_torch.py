@@ -2,7 +2,7 @@
 """The GPT-2 model of Fuyou in PyTorch, for checking the CUDA backend against an independent
 implementation, in fp32 (the reference) or in bf16 autocast (to calibrate what bf16 costs).
 
-Same model as gpt_ref.py (see its top comment and common/model.h): x = wte[token] + wpe[t]; L
+Same model as gpt_ref.py (see its top comment and common/model/model.h): x = wte[token] + wpe[t]; L
 pre-LN blocks (LayerNorm eps 1e-5, causal attention through scaled_dot_product_attention, GELU
 with the tanh approximation); final LayerNorm; logits = lnf(x) wte^T (the head is tied to wte);
 loss = mean cross-entropy over the targets >= 0 (targets < 0 are ignored; with no target at all

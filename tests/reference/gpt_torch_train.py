@@ -8,7 +8,7 @@ comment and gpt_ref.py's. From the initial parameters in IN, each step s = 1..S 
 and backward of batch s, records its loss (before the update), then takes one torch.optim.AdamW
 step: lr, betas (beta1, beta2), eps and weight_decay from IN, constant lr, no gradient clipping,
 the single-tensor implementation (foreach=False, fused=False). Two parameter groups mirror
-fy_model_decay_segments (common/model.c): weight decay on wte, wpe and the matrices of the blocks
+fy_model_decay_segments (common/model/model.c): weight decay on wte, wpe and the matrices of the blocks
 (qkv_w, attn_w, fc_w, proj_w); none on the biases and the LayerNorm parameters (ln1_*, ln2_*,
 lnf_*, *_b).
 

@@ -12,7 +12,7 @@ Needs torch and transformers (the versions .ci/run installs). Commands:
       buffers that older transformers versions stored. --device cuda initialises on the GPU
       (seconds instead of minutes for a model of a billion parameters).
   tokens FILE --vocab V --count N --seed S [--skew X]
-      A token file (the format of common/tokfile.h) of N random tokens below V; --skew X (> 1)
+      A token file (the format of common/formats/tokfile.h) of N random tokens below V; --skew X (> 1)
       draws token floor(V u^X), u uniform in [0, 1), so that low ids are frequent and a few
       training steps learn something (1, the default: uniform, as before).
   loss DIR TOKFILE --batch B --seq T --eval-fraction F (--train-step K --seed S | --eval-batches N)
@@ -42,7 +42,7 @@ M64 = (1 << 64) - 1
 
 
 def mix64(z):
-    """splitmix64's finaliser, as common/tokfile.c computes it."""
+    """splitmix64's finaliser, as common/formats/tokfile.c computes it."""
     z = (z + 0x9E3779B97F4A7C15) & M64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64

@@ -57,7 +57,7 @@ sys.dont_write_bytecode = True
 MAGIC = 0x4C4C5946
 MODEL_MAGIC = 0x4D4C5946
 VERSION = 2
-ORDER = [  # the Llama block layout (common/arch/llama.c): LlamaDecoderLayer's parameters, in this order
+ORDER = [  # the Llama block layout (common/model/arch/llama.c): LlamaDecoderLayer's parameters, in this order
     "input_layernorm.weight",
     "self_attn.q_proj.weight",
     "self_attn.k_proj.weight",
