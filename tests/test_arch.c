@@ -1,6 +1,6 @@
-/* Tests of the model-family registry (common/model/arch) and of what common/model/model derives from a family's
- * tensor table, against numbers worked out by hand and values pinned from the hand-written tables
- * that the registry replaced:
+/* Tests of the model-family registry (common/model/arch) and of what common/model/model derives
+ * from a family's tensor table, against numbers worked out by hand and values pinned from the
+ * hand-written tables that the registry replaced:
  *   - lookup by model.conf name, config.json model_type and binary id; unknown names give NULL;
  *     a config that names no family is GPT-2;
  *   - every unit's tensors lie one after another from 0 and cover the unit; unit sizes by formula

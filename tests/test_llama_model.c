@@ -1,5 +1,5 @@
-/* Tests of the Llama model layout (common/model/model.c, common/formats/ckpt.c) and the Llama model pieces of the
- * CPU backend (gpu_worker/cpu/llama_cpu.c):
+/* Tests of the Llama model layout (common/model/model.c, common/formats/ckpt.c) and the Llama model
+ * pieces of the CPU backend (gpu_worker/cpu/llama_cpu.c):
  *   - the block unit layout (fy_llama_unit_layout) against offsets counted by hand; unit sizes,
  *     tied and untied;
  *   - weight-decay segments cover every unit exactly, norms without decay, matrices with;

@@ -1,6 +1,6 @@
-/* Tests of common/model/optstate, the optimizer state layout, and of the sizes and byte counts taken from
- * it, against numbers worked out by hand from the format ([master | adam m | adam v], f32, each
- * section 4 KiB aligned):
+/* Tests of common/model/optstate, the optimizer state layout, and of the sizes and byte counts
+ * taken from it, against numbers worked out by hand from the format ([master | adam m | adam v],
+ * f32, each section 4 KiB aligned):
  *   - a unit's sections: master, adam_m, adam_v in that order, their descriptor kinds, f32, one
  *     element a parameter, each starting on a 4096-byte boundary right after the one before; the
  *     whole state three padded sections (GPT-2 and Llama units, sizes that pad and sizes that do

@@ -1,6 +1,7 @@
-/* Hugging Face import (common/formats/hf.h): config.json read by the family that its model_type names,
- * every tensor name and shape (from the family's tensor table) checked before any data is read,
- * units filled one at a time (transposed tensors turned), and the pieces the export shares. */
+/* Hugging Face import (common/formats/hf.h): config.json read by the family that its model_type
+ * names, every tensor name and shape (from the family's tensor table) checked before any data is
+ * read, units filled one at a time (transposed tensors turned), and the pieces the export
+ * shares. */
 #include "common/formats/hf.h"
 
 #include <cJSON.h>

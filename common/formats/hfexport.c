@@ -1,5 +1,5 @@
-/* Hugging Face export (common/formats/hfexport.h): names, shapes and transposes from the family's tensor
- * table, the source's dtypes and config.json kept at import, files written into a temporary
+/* Hugging Face export (common/formats/hfexport.h): names, shapes and transposes from the family's
+ * tensor table, the source's dtypes and config.json kept at import, files written into a temporary
  * directory beside the target and renamed into place only when whole. */
 #include "common/formats/hfexport.h"
 

@@ -1,6 +1,7 @@
-/* The safetensors writer (common/formats/stwriter.h): each file's header fixed from the declarations, the
- * data streamed into temporary files, renamed into place only once all of it is written and synced;
- * sharded with an index above a size, as Hugging Face writes them. The JSON is printed by cJSON. */
+/* The safetensors writer (common/formats/stwriter.h): each file's header fixed from the
+ * declarations, the data streamed into temporary files, renamed into place only once all of it is
+ * written and synced; sharded with an index above a size, as Hugging Face writes them. The JSON is
+ * printed by cJSON. */
 #include "common/formats/stwriter.h"
 
 #include <cJSON.h>

@@ -71,8 +71,8 @@ int fy_affinity_default_cpu_backend(const struct fy_topo *t, struct fy_affinity 
 /* Applies "gpu=0,io=1,opt=2-15" on top of *inout; a token without '=' continues the previous
  * worker's list; unnamed workers keep their lists. Every cpu must exist and be allowed. Lists come
  * back normalized ("2,3,4-6" -> "2-6"); numa_node follows the opt worker's first cpu. On error
- * *inout is unchanged and -FY_EUSAGE (common/base/check.h: a usage error) is returned after one line
- * naming the token. */
+ * *inout is unchanged and -FY_EUSAGE (common/base/check.h: a usage error) is returned after one
+ * line naming the token. */
 int fy_affinity_parse(const struct fy_topo *t, const char *spec, struct fy_affinity *inout);
 
 /* Parses a cpu list into ascending os indexes; returns the count (<= max) or -EINVAL with a

@@ -1,7 +1,8 @@
 /* A model's config and what is common to every family: validation and model.conf's common keys,
  * the config hash, unit counts and sizes, weight-decay segments and initialisation, each derived
- * from the family's tensor table (common/model/arch/arch.h). Initialisation draws from a counter-based
- * normal generator, so a unit's initial weights never depend on what was initialised before it. */
+ * from the family's tensor table (common/model/arch/arch.h). Initialisation draws from a
+ * counter-based normal generator, so a unit's initial weights never depend on what was initialised
+ * before it. */
 #include "common/model/model.h"
 
 #include <errno.h>

@@ -1,9 +1,9 @@
 /* A model's configuration and what is common to every family. The model is stored and streamed as
  * "units": unit 0 holds the embeddings, units 1..n_layer the blocks, unit n_layer+1 the final norm
  * (and an untied head). Each unit's parameters are one contiguous fp32 vector, its tensors one
- * after another in the order of the family's tensor table (common/model/arch/: one file per family, which
- * says each tensor's name, shape, decay and init); sizes, segments and initialisation below are
- * derived from that table. Matrices are [out][in] (y = x W^T + b). */
+ * after another in the order of the family's tensor table (common/model/arch/: one file per family,
+ * which says each tensor's name, shape, decay and init); sizes, segments and initialisation below
+ * are derived from that table. Matrices are [out][in] (y = x W^T + b). */
 #ifndef FY_MODEL_H
 #define FY_MODEL_H
 
@@ -22,8 +22,8 @@ struct fy_arch;
 /* A model's config: the fields every family has, the family (common/model/arch/arch.h), and the
  * family's own fields apart. A config that names no family (arch NULL: the {L, H, C, V, T}
  * initialisers, a model.conf without model.arch) is GPT-2. */
-/* How a run's store keeps the Adam moments (init --optim-state; the layouts: common/model/optstate.h).
- * Master weights are f32 in every format. */
+/* How a run's store keeps the Adam moments (init --optim-state; the layouts:
+ * common/model/optstate.h). Master weights are f32 in every format. */
 enum fy_optim_state {
     FY_OPTIM_STATE_FP32 = 0, /* f32 moments */
     FY_OPTIM_STATE_BF16 = 1, /* bf16 moments, rounded to nearest even */
@@ -46,11 +46,12 @@ struct fy_model_config {
     const struct fy_arch *arch;
     struct fy_llama_fields llama; /* the Llama family's fields; zero for GPT-2 */
     /* enum fy_optim_state (0: fp32). Not the architecture's: outside the config hash, and kept in
-     * a slot of its own in commit records (common/formats/ckpt.h); model.conf's model.optim_state. */
+     * a slot of its own in commit records (common/formats/ckpt.h); model.conf's
+     * model.optim_state. */
     int optim_state;
     /* The most bytes of optimizer state one piece of a unit holds (init --state-piece; the cut:
-     * common/model/optstate.h), 0: every unit one piece (stores made before pieces). A property of the
-     * store like optim_state: outside the config hash, in a slot of its own in commit records,
+     * common/model/optstate.h), 0: every unit one piece (stores made before pieces). A property of
+     * the store like optim_state: outside the config hash, in a slot of its own in commit records,
      * model.conf's model.state_piece. */
     uint64_t state_piece;
 };

@@ -64,8 +64,9 @@ struct fy_arch {
     const char *const *hf_architectures; /* the architectures names it takes, NULL-terminated */
     /* what a checkpoint may put before every tensor name ("transformer." for GPT-2), "" if none */
     const char *hf_prefix;
-    /* 1: the blocks' internals are the kinds of common/model/actplan.h (QKV, ATTN, RESID, FC, GELU),
-     * which the backends can swap to host memory and profile one by one; 0: kept or recomputed */
+    /* 1: the blocks' internals are the kinds of common/model/actplan.h (QKV, ATTN, RESID, FC,
+     * GELU), which the backends can swap to host memory and profile one by one; 0: kept or
+     * recomputed */
     int swaps_internals;
 
     /* The family's own checks, after the common ones (fy_model_config_validate). */

@@ -106,7 +106,8 @@ static int gpt2_hf_config_read(const char *path, const cJSON *root, struct fy_mo
                         "attention scores are not scaled by layer"));
     FY_TRY(fy_json_bool(path, root, "add_cross_attention", 0, 0, "decoder-only blocks"));
     FY_TRY(fy_json_bool(path, root, "tie_word_embeddings", 1, 1, "the LM head is tied to wte"));
-    /* common/model/model.c's limits, stated here so that the one line names this file and the key */
+    /* common/model/model.c's limits, stated here so that the one line names this file and the
+     * key */
     FY_REQUIRE(m->n_layer <= 4096, -EINVAL, "%s: \"n_layer\" %u: at most 4096 layers", path,
                m->n_layer);
     FY_REQUIRE(m->n_embd <= 65536, -EINVAL, "%s: \"n_embd\" %u: at most 65536", path, m->n_embd);

@@ -1,7 +1,7 @@
 /* The Llama family (Hugging Face LlamaForCausalLM): its config fields and its units' layout, for
- * the registry (common/model/arch/arch.h) and the backends' Llama files. Units: 0 holds embed_tokens
- * [V][C] (no positions), 1..n_layer the decoder blocks, n_layer+1 the final RMSNorm weight [C]
- * followed, when the head is untied, by lm_head [V][C]. */
+ * the registry (common/model/arch/arch.h) and the backends' Llama files. Units: 0 holds
+ * embed_tokens [V][C] (no positions), 1..n_layer the decoder blocks, n_layer+1 the final RMSNorm
+ * weight [C] followed, when the head is untied, by lm_head [V][C]. */
 #ifndef FY_ARCH_LLAMA_H
 #define FY_ARCH_LLAMA_H
 
