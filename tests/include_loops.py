@@ -12,9 +12,6 @@ FOLDERS = ["common", "gpu_worker", "io_worker", "opt_worker", "launcher"]
 EXTS = (".c", ".h", ".cu", ".cc")
 # Loops that exist and are to be broken, each with why it is here.
 KNOWN = {
-    # the model and the family registry: model.h names the Llama fields, arch.h the model's
-    # config, the families' readers call back model.c's validation
-    frozenset({"common/model/model", "common/model/arch/arch", "common/model/arch/llama", "common/model/arch/llama_like"}),
     # the backend interface opens its implementations, whose headers include the interface; the
     # CUDA family table and the families' units likewise
     frozenset({"gpu_worker/backend", "gpu_worker/cpu/cpu_backend", "gpu_worker/cuda/cu_family",

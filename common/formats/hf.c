@@ -114,7 +114,7 @@ int fy_hf_parse_json(const char *path, const char *text, size_t len, cJSON **out
     return 0;
 }
 
-/* The family that config.json's model_type names, then its reader. */
+/* The family that config.json's model_type names, then its reader, then the config's checks. */
 static int config_from_json(const char *path, const cJSON *root, struct fy_model_config *m)
 {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
@@ -131,7 +131,8 @@ static int config_from_json(const char *path, const cJSON *root, struct fy_model
                  first ? first : "", first ? ")" : "", names);
         return -EINVAL;
     }
-    return a->hf_config_read(path, root, m);
+    FY_TRY(a->hf_config_read(path, root, m));
+    return fy_model_config_validate(m);
 }
 
 /* Dropout that config.json asks for, said: the backends train without it (the step is a function of

@@ -23,7 +23,7 @@
 #include "gpu_worker/cpu/llama_cpu.h"
 
 /* The families the CPU backend computes, one line each: the registry name and the operations. The
- * Llama-like families only vary fields of c->llama, which llama_cpu.c computes. */
+ * Llama-like families only vary fields of fy_llama(c), which llama_cpu.c computes. */
 static const struct cpu_family_entry {
     const char *name; /* struct fy_arch's name */
     const struct fy_cpu_family *ops;

@@ -5,7 +5,7 @@
 #define FY_ARCH_LLAMA_LIKE_H
 
 #include "common/model/arch/arch.h"
-#include "common/model/arch/llama.h"
+#include "common/model/arch/json.h"
 
 struct cJSON;
 
