@@ -1,5 +1,20 @@
 /* Error-check macros for system, ZeroMQ, hwloc and io_uring calls. Library code returns -errno;
- * each macro logs what failed and where (file:line) with a hint, then returns from the caller. */
+ * each macro logs what failed and where (file:line) with a hint, then returns from the caller.
+ *
+ * One error style: a function that holds nothing to release returns at the first failure
+ * (FY_TRY, FY_SYS, FY_REQUIRE, ...); a function that takes resources (memory, a descriptor, a
+ * temporary file) keeps its result in `int rc`, goes to its single unwind at the label `out` at
+ * the first failure (FY_TRY_OUT, FY_REQUIRE_OUT), and there releases what it took and returns rc:
+ *
+ *     int rc = 0;
+ *     char *buf = malloc(n);
+ *     FY_REQUIRE_OUT(rc, buf != NULL, -ENOMEM, "%s: out of memory", path);
+ *     FY_TRY_OUT(rc, read_all(fd, buf, n));
+ *     ...
+ * out:
+ *     free(buf);
+ *     return rc;
+ */
 #ifndef FY_CHECK_H
 #define FY_CHECK_H
 
@@ -15,6 +30,27 @@
         int fy_try_rc_ = (expr);                                                                   \
         if (fy_try_rc_ < 0)                                                                        \
             return fy_try_rc_;                                                                     \
+    } while (0)
+
+/* As FY_TRY, in a function with an unwind: a negative return code into rc, then to `out` (rc
+ * is left as it was otherwise). */
+#define FY_TRY_OUT(rc, expr)                                                                       \
+    do {                                                                                           \
+        int fy_try_rc_ = (expr);                                                                   \
+        if (fy_try_rc_ < 0) {                                                                      \
+            (rc) = fy_try_rc_;                                                                     \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* As FY_REQUIRE, in a function with an unwind: log, the code into rc, then to `out`. */
+#define FY_REQUIRE_OUT(rc, cond, code, ...)                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fy_error(__VA_ARGS__);                                                                 \
+            (rc) = (code);                                                                         \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
 /* A system call that returns -1 and sets errno. The varargs describe the operation. */
