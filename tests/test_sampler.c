@@ -19,6 +19,7 @@
 #include "common/base/log.h"
 #include "common/data/sampler.h"
 #include "common/formats/tokfile.h"
+#include "common/formats/tokwriter.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 

@@ -25,6 +25,7 @@
 #include "common/ipc/pool.h"
 #include "common/base/synth.h"
 #include "common/formats/tokfile.h"
+#include "common/formats/tokwriter.h"
 #include "gpu_worker/backend.h"
 #include "common/ipc/topo.h"
 #include "io_worker/ring.h"
