@@ -101,6 +101,19 @@
         }                                                                                          \
     } while (0)
 
+/* As FY_HWLOC, in a function with an unwind: -errno into rc, then to `out`. */
+#define FY_HWLOC_OUT(rc, expr, ...)                                                                \
+    do {                                                                                           \
+        if ((expr) < 0) {                                                                          \
+            int fy_errno_ = errno ? errno : EINVAL;                                                \
+            char fy_what_[512];                                                                    \
+            snprintf(fy_what_, sizeof fy_what_, __VA_ARGS__);                                      \
+            fy_error("%s: hwloc: %s", fy_what_, strerror(fy_errno_));                              \
+            (rc) = -fy_errno_;                                                                     \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
 /* A condition that must hold; otherwise log and return the given -errno code. */
 #define FY_REQUIRE(cond, code, ...)                                                                \
     do {                                                                                           \

@@ -27,6 +27,7 @@
 #include "common/formats/tokfile.h"
 #include "common/formats/tokwriter.h"
 #include "gpu_worker/backend.h"
+#include "common/ipc/affinity.h"
 #include "common/ipc/topo.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
