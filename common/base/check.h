@@ -32,15 +32,12 @@
             return fy_try_rc_;                                                                     \
     } while (0)
 
-/* As FY_TRY, in a function with an unwind: a negative return code into rc, then to `out` (rc
- * is left as it was otherwise). */
+/* As FY_TRY, in a function with an unwind: rc = expr; on a negative rc, to `out`. */
 #define FY_TRY_OUT(rc, expr)                                                                       \
     do {                                                                                           \
-        int fy_try_rc_ = (expr);                                                                   \
-        if (fy_try_rc_ < 0) {                                                                      \
-            (rc) = fy_try_rc_;                                                                     \
+        (rc) = (expr);                                                                             \
+        if ((rc) < 0)                                                                              \
             goto out;                                                                              \
-        }                                                                                          \
     } while (0)
 
 /* As FY_REQUIRE, in a function with an unwind: log, the code into rc, then to `out`. */
