@@ -18,6 +18,7 @@
 #include "common/base/check.h"
 #include "common/base/knobs.h"
 #include "common/formats/tokfile.h"
+#include "common/formats/tokwriter.h"
 
 extern char **environ;
 

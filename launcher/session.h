@@ -9,6 +9,7 @@
 #include "common/ipc/chan.h"
 #include "common/base/config.h"
 #include "common/ipc/pool.h"
+#include "common/ipc/affinity.h"
 #include "common/ipc/topo.h"
 #include "launcher/supervise.h"
 #include "launcher/ticket.h"

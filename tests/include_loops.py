@@ -12,9 +12,6 @@ FOLDERS = ["common", "gpu_worker", "io_worker", "opt_worker", "launcher"]
 EXTS = (".c", ".h", ".cu", ".cc")
 # Loops that exist and are to be broken, each with why it is here.
 KNOWN = {
-    # the model and the family registry: model.h names the Llama fields, arch.h the model's
-    # config, the families' readers call back model.c's validation
-    frozenset({"common/model/model", "common/model/arch/arch", "common/model/arch/llama", "common/model/arch/llama_like"}),
     # the options, the plan and the step engine: options.c reads train.h's types, plan.c the
     # options, the schedule the plan
     frozenset({"launcher/options", "launcher/optq", "launcher/plan", "launcher/sched",

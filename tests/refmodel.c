@@ -15,6 +15,7 @@
 
 #include "common/model/arch/arch.h"
 #include "common/model/arch/gpt2.h"
+#include "common/model/arch/llama.h"
 #include "gpu_worker/backend.h"
 #include "tests/testutil.h"
 
@@ -183,11 +184,22 @@ int fy_refmodel_pack(struct fy_refmodel *m, int max_len, uint64_t seed)
 struct fy_model_config fy_refmodel_llama_small(int tied)
 {
     struct fy_model_config c = {
-        .n_layer = 2, .n_head = 4, .n_embd = 256, .vocab = 300, .ctx = 64, .arch = &fy_arch_llama,
-        .llama = {.n_kv_head = 2, .n_inter = 344, .tied = (uint32_t)tied,
-                  .rope_type = FY_ROPE_LLAMA3, .rope_orig_max_pos = 8, .rms_eps = 1e-5f,
-                  .rope_theta = 500000.0, .rope_factor = 8.0, .rope_low_freq_factor = 1.0,
-                  .rope_high_freq_factor = 4.0}};
+        .n_layer = 2,
+        .n_head = 4,
+        .n_embd = 256,
+        .vocab = 300,
+        .ctx = 64,
+        .arch = &fy_arch_llama,
+        .family = fy_llama_family((struct fy_llama_fields){.n_kv_head = 2,
+                                                           .n_inter = 344,
+                                                           .tied = (uint32_t)tied,
+                                                           .rope_type = FY_ROPE_LLAMA3,
+                                                           .rope_orig_max_pos = 8,
+                                                           .rms_eps = 1e-5f,
+                                                           .rope_theta = 500000.0,
+                                                           .rope_factor = 8.0,
+                                                           .rope_low_freq_factor = 1.0,
+                                                           .rope_high_freq_factor = 4.0})};
     return c;
 }
 

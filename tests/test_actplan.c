@@ -1,7 +1,7 @@
-/* Tests of common/model/actplan: kind sizes, the recompute dependency walk, the cost model against numbers
- * worked out by hand, the planner's obvious answers on synthetic profiles, its budgets and its
- * dominance over the forced modes on random profiles, its distance from a brute-force optimum on
- * two layers, errors, and the summary and JSON outputs. */
+/* Tests of common/model/actplan: kind sizes, the recompute dependency walk, the cost model against
+ * numbers worked out by hand, the planner's obvious answers on synthetic profiles, its budgets and
+ * its dominance over the forced modes on random profiles, its distance from a brute-force optimum
+ * on two layers, errors, and the summary and JSON outputs. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

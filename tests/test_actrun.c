@@ -19,6 +19,7 @@
 
 #include "common/model/arch/arch.h"
 #include "common/base/check.h"
+#include "common/model/arch/llama.h"
 #include "launcher/actrun.h"
 
 #define K FY_ACT_KINDS
@@ -254,8 +255,8 @@ static void test_forced_modes(void **state)
     fy_actrun_free(&r);
 
     c.arch = &fy_arch_llama;
-    c.llama.n_kv_head = 4;
-    c.llama.n_inter = 512;
+    fy_llama_mut(&c)->n_kv_head = 4;
+    fy_llama_mut(&c)->n_inter = 512;
     in.mode = FY_ACTPLAN_HOST; /* a usage error: the family swaps nothing */
     assert_int_equal(fy_actrun_plan(&in, &r), -FY_EUSAGE);
 }

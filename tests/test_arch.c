@@ -1,6 +1,6 @@
-/* Tests of the model-family registry (common/model/arch) and of what common/model/model derives from a family's
- * tensor table, against numbers worked out by hand and values pinned from the hand-written tables
- * that the registry replaced:
+/* Tests of the model-family registry (common/model/arch) and of what common/model/model derives
+ * from a family's tensor table, against numbers worked out by hand and values pinned from the
+ * hand-written tables that the registry replaced:
  *   - lookup by model.conf name, config.json model_type and binary id; unknown names give NULL;
  *     a config that names no family is GPT-2;
  *   - every unit's tensors lie one after another from 0 and cover the unit; unit sizes by formula
@@ -36,11 +36,22 @@ static struct fy_model_config gpt2(void)
 static struct fy_model_config llama(int tied)
 {
     return (struct fy_model_config){
-        .n_layer = 2, .n_head = 4, .n_embd = 32, .vocab = 300, .ctx = 64, .arch = &fy_arch_llama,
-        .llama = {.n_kv_head = 2, .n_inter = 48, .tied = (uint32_t)tied,
-                  .rope_type = FY_ROPE_LLAMA3, .rope_orig_max_pos = 8192, .rms_eps = 1e-5f,
-                  .rope_theta = 500000.0, .rope_factor = 8, .rope_low_freq_factor = 1,
-                  .rope_high_freq_factor = 4}};
+        .n_layer = 2,
+        .n_head = 4,
+        .n_embd = 32,
+        .vocab = 300,
+        .ctx = 64,
+        .arch = &fy_arch_llama,
+        .family = fy_llama_family((struct fy_llama_fields){.n_kv_head = 2,
+                                                           .n_inter = 48,
+                                                           .tied = (uint32_t)tied,
+                                                           .rope_type = FY_ROPE_LLAMA3,
+                                                           .rope_orig_max_pos = 8192,
+                                                           .rms_eps = 1e-5f,
+                                                           .rope_theta = 500000.0,
+                                                           .rope_factor = 8,
+                                                           .rope_low_freq_factor = 1,
+                                                           .rope_high_freq_factor = 4})};
 }
 
 static void test_lookup(void **state)
@@ -207,10 +218,10 @@ static void test_init_and_hash_pinned(void **state)
     }
     /* every field is in the hash */
     struct fy_model_config other = l;
-    other.llama.rope_theta = 10000.0;
+    fy_llama_mut(&other)->rope_theta = 10000.0;
     assert_int_not_equal(fy_model_config_hash(&other), fy_model_config_hash(&l));
     other = l;
-    other.llama.tied = 1;
+    fy_llama_mut(&other)->tied = 1;
     assert_int_not_equal(fy_model_config_hash(&other), fy_model_config_hash(&l));
 }
 
@@ -291,10 +302,15 @@ static void check_llama_like(const struct fy_model_config *c, const char *const 
 static void test_llama_like_tables(void **state)
 {
     /* Qwen2: q/k/v biases after the weights; C 40, 4 heads of 10, 2 kv heads (GQA 2:1) */
-    struct fy_model_config q2 = {.n_layer = 2, .n_head = 4, .n_embd = 40, .vocab = 1000, .ctx = 16,
-                                 .arch = &fy_arch_qwen2,
-                                 .llama = {.n_kv_head = 2, .n_inter = 24, .rms_eps = 1e-6f,
-                                           .rope_theta = 1e6, .qkv_bias = 1}};
+    struct fy_model_config q2 = {
+        .n_layer = 2,
+        .n_head = 4,
+        .n_embd = 40,
+        .vocab = 1000,
+        .ctx = 16,
+        .arch = &fy_arch_qwen2,
+        .family = fy_llama_family((struct fy_llama_fields){
+            .n_kv_head = 2, .n_inter = 24, .rms_eps = 1e-6f, .rope_theta = 1e6, .qkv_bias = 1})};
     struct fy_llama_unit_layout y;
     fy_llama_unit_layout(&q2, &y);
     size_t C = 40, Q = 40, KV = 20, I = 24;
@@ -319,10 +335,19 @@ static void test_llama_like_tables(void **state)
     assert_int_equal(seg[2].decay, 0);
 
     /* Qwen3: head_dim 16 (not 40 / 4), q/k norms after o_proj; GQA 4:1 */
-    struct fy_model_config q3 = {.n_layer = 2, .n_head = 4, .n_embd = 40, .vocab = 1000, .ctx = 16,
+    struct fy_model_config q3 = {.n_layer = 2,
+                                 .n_head = 4,
+                                 .n_embd = 40,
+                                 .vocab = 1000,
+                                 .ctx = 16,
                                  .arch = &fy_arch_qwen3,
-                                 .llama = {.n_kv_head = 1, .n_inter = 24, .rms_eps = 1e-6f,
-                                           .rope_theta = 1e6, .head_dim = 16, .qk_norm = 1}};
+                                 .family =
+                                     fy_llama_family((struct fy_llama_fields){.n_kv_head = 1,
+                                                                              .n_inter = 24,
+                                                                              .rms_eps = 1e-6f,
+                                                                              .rope_theta = 1e6,
+                                                                              .head_dim = 16,
+                                                                              .qk_norm = 1})};
     fy_llama_unit_layout(&q3, &y);
     Q = 64;
     KV = 16;
@@ -341,10 +366,15 @@ static void test_llama_like_tables(void **state)
     check_llama_like(&q3, n3, a3, 11);
 
     /* Phi-3: fused qkv_proj and gate_up_proj at the offsets of their first parts */
-    struct fy_model_config p3 = {.n_layer = 2, .n_head = 4, .n_embd = 40, .vocab = 1000, .ctx = 16,
-                                 .arch = &fy_arch_phi3,
-                                 .llama = {.n_kv_head = 4, .n_inter = 24, .rms_eps = 1e-5f,
-                                           .rope_theta = 1e4}};
+    struct fy_model_config p3 = {
+        .n_layer = 2,
+        .n_head = 4,
+        .n_embd = 40,
+        .vocab = 1000,
+        .ctx = 16,
+        .arch = &fy_arch_phi3,
+        .family = fy_llama_family((struct fy_llama_fields){
+            .n_kv_head = 4, .n_inter = 24, .rms_eps = 1e-5f, .rope_theta = 1e4})};
     fy_llama_unit_layout(&p3, &y);
     const char *n4[] = {"model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.qkv_proj.weight",
                         "model.layers.0.self_attn.o_proj.weight", "model.layers.0.post_attention_layernorm.weight",
@@ -355,7 +385,7 @@ static void test_llama_like_tables(void **state)
 
     /* the variations are hashed, and Llama's hash does not move: pinned in test_init_and_hash_pinned */
     struct fy_model_config m = q3;
-    m.llama.head_dim = 0;
+    fy_llama_mut(&m)->head_dim = 0;
     assert_int_not_equal(fy_model_config_hash(&m), fy_model_config_hash(&q3));
     m = q3;
     m.arch = &fy_arch_mistral;
@@ -365,7 +395,7 @@ static void test_llama_like_tables(void **state)
     round_trip(&p3);
     struct fy_model_config mi = p3;
     mi.arch = &fy_arch_mistral;
-    mi.llama.sliding_window = 8;
+    fy_llama_mut(&mi)->sliding_window = 8;
     round_trip(&mi);
 }
 

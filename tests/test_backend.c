@@ -19,6 +19,7 @@
 #include "common/model/actplan.h"
 #include "common/model/arch/arch.h"
 #include "common/base/dtype.h"
+#include "common/model/arch/llama.h"
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
 
@@ -130,8 +131,14 @@ static void test_cpu_families_capabilities(void **state)
     const struct fy_model_config gpt2 = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 16,
                                          .ctx = 8};
     const struct fy_model_config llama = {
-        .n_layer = 1, .n_head = 2, .n_embd = 8, .vocab = 16, .ctx = 8, .arch = &fy_arch_llama,
-        .llama = {.n_kv_head = 1, .n_inter = 12, .rms_eps = 1e-5f, .rope_theta = 10000.0}};
+        .n_layer = 1,
+        .n_head = 2,
+        .n_embd = 8,
+        .vocab = 16,
+        .ctx = 8,
+        .arch = &fy_arch_llama,
+        .family = fy_llama_family((struct fy_llama_fields){
+            .n_kv_head = 1, .n_inter = 12, .rms_eps = 1e-5f, .rope_theta = 10000.0})};
     assert_int_equal(block_with_saved(&gpt2), 0);
     assert_int_equal(profile(&gpt2), 0);
     print_message("the CPU backend is expected to refuse Llama's swapped internals and profile "

@@ -1,6 +1,6 @@
-/* Tests of the descriptor transport (common/ipc/chan): endpoint naming, a ROUTER and a DEALER in one
- * process exchanging multi-part messages, receive timeouts, rejection of malformed messages (with
- * the next valid message still getting through) and sends to an unknown peer. */
+/* Tests of the descriptor transport (common/ipc/chan): endpoint naming, a ROUTER and a DEALER in
+ * one process exchanging multi-part messages, receive timeouts, rejection of malformed messages
+ * (with the next valid message still getting through) and sends to an unknown peer. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -108,11 +108,11 @@ static struct fy_model_config cfg_plain(uint32_t C, uint32_t NH, uint32_t NKV, u
                                     .vocab = 2,
                                     .ctx = 1024,
                                     .arch = &fy_arch_llama,
-                                    .llama = {.n_kv_head = NKV,
+                                    .family = fy_llama_family((struct fy_llama_fields){.n_kv_head = NKV,
                                               .n_inter = I,
                                               .rms_eps = 1e-5f,
                                               .rope_theta = theta,
-                                              .rope_type = FY_ROPE_DEFAULT}};
+                                              .rope_type = FY_ROPE_DEFAULT})};
 }
 
 /* head_dim 8 and theta 500000: wavelengths 6.3, 167, 4443 and 118000 against 512 / 4 = 128 and
@@ -120,11 +120,11 @@ static struct fy_model_config cfg_plain(uint32_t C, uint32_t NH, uint32_t NKV, u
 static struct fy_model_config cfg_llama3(uint32_t C, uint32_t NH, uint32_t NKV, uint32_t I)
 {
     struct fy_model_config c = cfg_plain(C, NH, NKV, I, 500000.0);
-    c.llama.rope_type = FY_ROPE_LLAMA3;
-    c.llama.rope_factor = 8.0;
-    c.llama.rope_low_freq_factor = 1.0;
-    c.llama.rope_high_freq_factor = 4.0;
-    c.llama.rope_orig_max_pos = 512;
+    fy_llama_mut(&c)->rope_type = FY_ROPE_LLAMA3;
+    fy_llama_mut(&c)->rope_factor = 8.0;
+    fy_llama_mut(&c)->rope_low_freq_factor = 1.0;
+    fy_llama_mut(&c)->rope_high_freq_factor = 4.0;
+    fy_llama_mut(&c)->rope_orig_max_pos = 512;
     return c;
 }
 
@@ -138,8 +138,8 @@ static const char *const ref_names[R_COUNT] = {
 
 static void ref_offsets(const struct fy_model_config *c, size_t off[R_COUNT + 1])
 {
-    size_t C = c->n_embd, hd = C / c->n_head, I = c->llama.n_inter;
-    size_t KV = c->llama.n_kv_head * hd;
+    size_t C = c->n_embd, hd = C / c->n_head, I = fy_llama(c)->n_inter;
+    size_t KV = fy_llama(c)->n_kv_head * hd;
     size_t n[R_COUNT] = {
         C, c->n_head * hd * C, KV * C, KV * C, C * c->n_head * hd, C, I * C, I * C, C * I};
     off[0] = 0;
@@ -154,20 +154,20 @@ static void ref_inv_freq(const struct fy_model_config *c, double *f, int regions
     if (regions)
         regions[0] = regions[1] = regions[2] = 0;
     for (int i = 0; i < hd / 2; i++) {
-        f[i] = pow(c->llama.rope_theta, -2.0 * i / hd);
-        if (c->llama.rope_type != FY_ROPE_LLAMA3)
+        f[i] = pow(fy_llama(c)->rope_theta, -2.0 * i / hd);
+        if (fy_llama(c)->rope_type != FY_ROPE_LLAMA3)
             continue;
-        double L = c->llama.rope_orig_max_pos, wl = 2.0 * M_PI / f[i];
-        double lo = c->llama.rope_low_freq_factor, hi = c->llama.rope_high_freq_factor;
+        double L = fy_llama(c)->rope_orig_max_pos, wl = 2.0 * M_PI / f[i];
+        double lo = fy_llama(c)->rope_low_freq_factor, hi = fy_llama(c)->rope_high_freq_factor;
         int r;
         if (wl < L / hi) {
             r = 0;
         } else if (wl > L / lo) {
-            f[i] /= c->llama.rope_factor;
+            f[i] /= fy_llama(c)->rope_factor;
             r = 2;
         } else {
             double s = (L / wl - lo) / (hi - lo);
-            f[i] = (1.0 - s) * f[i] / c->llama.rope_factor + s * f[i];
+            f[i] = (1.0 - s) * f[i] / fy_llama(c)->rope_factor + s * f[i];
             r = 1;
         }
         if (regions)
@@ -226,9 +226,9 @@ static void ref_block_forward(const struct fy_model_config *c, const double *p, 
 {
     size_t off[R_COUNT + 1];
     ref_offsets(c, off);
-    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head, hd = C / NH;
-    int I = (int)c->llama.n_inter, N = B * T;
-    double eps = c->llama.rms_eps;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)fy_llama(c)->n_kv_head, hd = C / NH;
+    int I = (int)fy_llama(c)->n_inter, N = B * T;
+    double eps = fy_llama(c)->rms_eps;
     double *f = xmalloc((size_t)hd / 2 * sizeof *f);
     ref_inv_freq(c, f, NULL);
     double *n1 = xmalloc((size_t)N * C * sizeof(double)),
@@ -247,7 +247,7 @@ static void ref_block_forward(const struct fy_model_config *c, const double *p, 
     ref_linear(v, n1, p + off[R_V], N, C, NKV * hd);
     ref_rope(q, f, pos, B, T, NH, hd);
     ref_rope(k, f, pos, B, T, NKV, hd);
-    int W = (int)c->llama.sliding_window;
+    int W = (int)fy_llama(c)->sliding_window;
     for (int b = 0; b < B; b++)
         for (int hh = 0; hh < NH; hh++) {
             int g = hh / (NH / NKV); /* repeat_kv: kv head g serves query heads g*rep .. */
@@ -352,21 +352,21 @@ static void test_config_validate(void **state)
     assert_int_equal(fy_model_config_validate(&plain), 0);
 
     struct fy_model_config c = good;
-    c.llama.n_kv_head = 3; /* does not divide 4 heads */
+    fy_llama_mut(&c)->n_kv_head = 3; /* does not divide 4 heads */
     assert_int_equal(fy_model_config_validate(&c), -EINVAL);
     c = good, c.n_head = 5; /* does not divide 32 */
     assert_int_equal(fy_model_config_validate(&c), -EINVAL);
     c = cfg_plain(12, 4, 2, 24, 10000.0); /* head_dim 3 is odd */
     assert_int_equal(fy_model_config_validate(&c), -EINVAL);
-    c = good, c.llama.rms_eps = 0.0f;
+    c = good, fy_llama_mut(&c)->rms_eps = 0.0f;
     assert_int_equal(fy_model_config_validate(&c), -EINVAL);
-    c = good, c.llama.rope_theta = -1.0;
+    c = good, fy_llama_mut(&c)->rope_theta = -1.0;
     assert_int_equal(fy_model_config_validate(&c), -EINVAL);
-    c = good, c.llama.rope_high_freq_factor = 1.0; /* not above low_freq_factor */
+    c = good, fy_llama_mut(&c)->rope_high_freq_factor = 1.0; /* not above low_freq_factor */
     assert_int_equal(fy_model_config_validate(&c), -EINVAL);
-    c = good, c.llama.rope_orig_max_pos = 0;
+    c = good, fy_llama_mut(&c)->rope_orig_max_pos = 0;
     assert_int_equal(fy_model_config_validate(&c), -EINVAL);
-    c = good, c.llama.n_inter = 0;
+    c = good, fy_llama_mut(&c)->n_inter = 0;
     assert_int_equal(fy_model_config_validate(&c), -EINVAL);
 }
 
@@ -383,7 +383,7 @@ static void test_inv_freq(void **state)
         printf(
             "  config %zu: %d frequencies; llama3 regions unchanged %d, blended %d, divided %d\n",
             k, half, regions[0], regions[1], regions[2]);
-        if (cs[k].llama.rope_type == FY_ROPE_LLAMA3)
+        if (fy_llama(&cs[k])->rope_type == FY_ROPE_LLAMA3)
             assert_true(regions[0] >= 1 && regions[1] >= 1 && regions[2] >= 1);
         for (int i = 0; i < half; i++)
             if (!(fabs(f[i] - r[i]) <= 1e-6 * r[i]))
@@ -443,7 +443,7 @@ static float *block_params(const struct fy_model_config *c, uint64_t *st)
     float *p = xmalloc(off[R_COUNT] * sizeof *p);
     for (int t = 0; t < R_COUNT; t++) {
         int norm = t == R_IN_NORM || t == R_POST_NORM;
-        size_t in = t == R_O ? c->n_embd : t == R_DOWN ? c->llama.n_inter : c->n_embd;
+        size_t in = t == R_O ? c->n_embd : t == R_DOWN ? fy_llama(c)->n_inter : c->n_embd;
         float a = norm ? 0.3f : (float)(2.0 / sqrt((double)in));
         for (size_t i = off[t]; i < off[t + 1]; i++)
             p[i] = (norm ? 1.0f : 0.0f) + fy_test_uniform(st, -a, a);
@@ -516,7 +516,7 @@ static void test_block_documents(void **state)
 static void test_block_documents_window(void **state)
 {
     struct fy_model_config c = cfg_llama3(32, 4, 2, 40);
-    c.llama.sliding_window = 3;
+    fy_llama_mut(&c)->sliding_window = 3;
     assert_int_equal(check_block_at(&c, packed_pos, 2, 7, 105, 0.0), 0);
 }
 
@@ -545,9 +545,9 @@ static void test_checker_catches_missing_documents(void **state)
 static void test_block_documents_alone(void **state)
 {
     struct fy_model_config c = cfg_llama3(40, 4, 2, 24);
-    c.llama.head_dim = 10;
-    c.llama.qkv_bias = c.llama.qk_norm = 1;
-    c.llama.sliding_window = 3;
+    fy_llama_mut(&c)->head_dim = 10;
+    fy_llama_mut(&c)->qkv_bias = fy_llama_mut(&c)->qk_norm = 1;
+    fy_llama_mut(&c)->sliding_window = 3;
     const int B = 2, T = 7, C = 40;
     uint64_t st = 106;
     struct fy_llama_unit_layout l;
@@ -612,7 +612,7 @@ static void test_checker_catches_wrong_gradient(void **state)
 static void test_checker_catches_wrong_rope(void **state)
 {
     struct fy_model_config c = cfg_llama3(32, 4, 2, 40), plain = c;
-    plain.llama.rope_type = FY_ROPE_DEFAULT;
+    fy_llama_mut(&plain)->rope_type = FY_ROPE_DEFAULT;
     int B = 2, T = 5;
     uint64_t st = 103;
     size_t nx = (size_t)B * T * c.n_embd;
@@ -670,7 +670,7 @@ static void test_final_norm(void **state)
     fy_cpu_llama_norm_backward(&c, w, x, rstd, r, dx, dw, B, T);
 
     double *wd = to_double(w, C), *xd = to_double(x, nx), *yd = xmalloc(nx * sizeof *yd);
-    ref_rmsnorm(yd, xd, wd, N, C, c.llama.rms_eps);
+    ref_rmsnorm(yd, xd, wd, N, C, fy_llama(&c)->rms_eps);
     int bad = compare("norm y vs float64", y, yd, nx, FWD_REL, FWD_ABS);
     /* finite differences of sum(rmsnorm(x) * r) */
     double *gx = xmalloc(nx * sizeof *gx), *gw = xmalloc(C * sizeof *gw);
@@ -681,7 +681,7 @@ static void test_final_norm(void **state)
             double keep = v[i], l[2];
             for (int sgn = 0; sgn < 2; sgn++) {
                 v[i] = keep + (sgn ? -FD_STEP : FD_STEP);
-                ref_rmsnorm(yd, xd, wd, N, C, c.llama.rms_eps);
+                ref_rmsnorm(yd, xd, wd, N, C, fy_llama(&c)->rms_eps);
                 l[sgn] = 0.0;
                 for (size_t j = 0; j < nx; j++)
                     l[sgn] += yd[j] * r[j];
@@ -711,10 +711,10 @@ static struct fy_model_config cfg_family(const struct fy_arch *arch, uint32_t C,
     const struct fy_family_options o = {.kv_heads = NKV,
                                         .ffn = I,
                                         .head_dim = hd,
-                                        .rms_eps = c.llama.rms_eps,
+                                        .rms_eps = fy_llama(&c)->rms_eps,
                                         .rope_theta = 500000.0};
     assert_int_equal(arch->from_options(&o, &c), 0);
-    c.llama.sliding_window = window;
+    fy_llama_mut(&c)->sliding_window = window;
     return c;
 }
 
@@ -824,29 +824,29 @@ static int hf_compare(const struct hf_case *hc, const char *path)
     assert_true(len >= sizeof h + sizeof d);
     memcpy(h, buf, sizeof h);
     memcpy(d, buf + sizeof h, sizeof d);
-    int llama3 = c->llama.rope_type == FY_ROPE_LLAMA3;
+    int llama3 = fy_llama(c)->rope_type == FY_ROPE_LLAMA3;
     int32_t want[15] = {HF_MAGIC,
                         2,
                         hc->B,
                         hc->T,
                         (int32_t)c->n_embd,
                         (int32_t)c->n_head,
-                        (int32_t)c->llama.n_kv_head,
-                        (int32_t)c->llama.n_inter,
+                        (int32_t)fy_llama(c)->n_kv_head,
+                        (int32_t)fy_llama(c)->n_inter,
                         llama3,
-                        llama3 ? (int32_t)c->llama.rope_orig_max_pos : 0,
+                        llama3 ? (int32_t)fy_llama(c)->rope_orig_max_pos : 0,
                         (int32_t)P,
-                        (int32_t)c->llama.head_dim,
-                        (int32_t)c->llama.qkv_bias,
-                        (int32_t)c->llama.qk_norm,
-                        (int32_t)c->llama.sliding_window};
+                        (int32_t)fy_llama(c)->head_dim,
+                        (int32_t)fy_llama(c)->qkv_bias,
+                        (int32_t)fy_llama(c)->qk_norm,
+                        (int32_t)fy_llama(c)->sliding_window};
     for (int i = 0; i < 15; i++)
         if (h[i] != want[i])
             fail_msg("%s: header slot %d is %d, expected %d", path, i, h[i], want[i]);
-    assert_true(fabs(d[0] - c->llama.rms_eps) <= 1e-12 && d[1] == c->llama.rope_theta);
+    assert_true(fabs(d[0] - fy_llama(c)->rms_eps) <= 1e-12 && d[1] == fy_llama(c)->rope_theta);
     if (llama3)
-        assert_true(d[2] == c->llama.rope_factor && d[3] == c->llama.rope_low_freq_factor &&
-                    d[4] == c->llama.rope_high_freq_factor);
+        assert_true(d[2] == fy_llama(c)->rope_factor && d[3] == fy_llama(c)->rope_low_freq_factor &&
+                    d[4] == fy_llama(c)->rope_high_freq_factor);
     assert_int_equal(len, sizeof h + sizeof d + (2 * P + 4 * nx) * sizeof(float));
 
     const float *f = (const float *)(buf + sizeof h + sizeof d);
@@ -943,15 +943,15 @@ static int model_compare(const struct hf_case *mc, const char *path)
                         T,
                         (int32_t)C,
                         (int32_t)c->n_head,
-                        (int32_t)c->llama.n_kv_head,
-                        (int32_t)c->llama.n_inter,
+                        (int32_t)fy_llama(c)->n_kv_head,
+                        (int32_t)fy_llama(c)->n_inter,
                         (int32_t)c->vocab,
                         L,
-                        (int32_t)c->llama.head_dim,
-                        (int32_t)c->llama.qkv_bias,
-                        (int32_t)c->llama.qk_norm,
-                        (int32_t)c->llama.sliding_window,
-                        (int32_t)c->llama.tied,
+                        (int32_t)fy_llama(c)->head_dim,
+                        (int32_t)fy_llama(c)->qkv_bias,
+                        (int32_t)fy_llama(c)->qk_norm,
+                        (int32_t)fy_llama(c)->sliding_window,
+                        (int32_t)fy_llama(c)->tied,
                         (int32_t)P};
     for (int i = 0; i < 16; i++)
         if (h[i] != want[i])
@@ -1010,7 +1010,7 @@ static int model_compare(const struct hf_case *mc, const char *path)
     ref = to_double(grad_ref + at, C);
     bad += compare("dnorm vs transformers", grads + at, ref, C, HF_REL, HF_ABS);
     free(ref);
-    if (!c->llama.tied) {
+    if (!fy_llama(c)->tied) {
         size_t n = (size_t)c->vocab * C;
         ref = to_double(grad_ref + at + C, n);
         bad += compare("dlm_head vs transformers", grads + at + C, ref, n, HF_REL, HF_ABS);
@@ -1028,7 +1028,7 @@ static struct fy_model_config cfg_model(const struct fy_arch *arch, uint32_t C, 
     struct fy_model_config c = cfg_family(arch, C, NH, NKV, I, hd, window);
     c.n_layer = 2;
     c.vocab = 1000;
-    c.llama.tied = (uint32_t)tied;
+    fy_llama_mut(&c)->tied = (uint32_t)tied;
     return c;
 }
 
@@ -1078,9 +1078,9 @@ static struct fy_model_config det_config(int variations)
 {
     struct fy_model_config c = cfg_llama3(64, 8, 2, 96);
     if (variations) {
-        c.llama.head_dim = 10;
-        c.llama.qkv_bias = c.llama.qk_norm = 1;
-        c.llama.sliding_window = 4;
+        fy_llama_mut(&c)->head_dim = 10;
+        fy_llama_mut(&c)->qkv_bias = fy_llama_mut(&c)->qk_norm = 1;
+        fy_llama_mut(&c)->sliding_window = 4;
     }
     return c;
 }

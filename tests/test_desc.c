@@ -1,5 +1,6 @@
-/* Tests of the descriptor wire format (common/ipc/desc): round trips of every field, the little-endian
- * layout at the documented byte slots, and rejection of every kind of malformed descriptor. */
+/* Tests of the descriptor wire format (common/ipc/desc): round trips of every field, the
+ * little-endian layout at the documented byte slots, and rejection of every kind of malformed
+ * descriptor. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -95,7 +95,8 @@ static int getenv_calls(const char *dir)
             char *text = fy_test_slurp(path, NULL);
             assert_non_null(text);
             for (char *p = text; (p = strstr(p, "getenv(")) != NULL; p++) {
-                print_message("%s calls getenv: read the variable through common/base/knobs.h\n", path);
+                print_message("%s calls getenv: read the variable through common/base/knobs.h\n",
+                              path);
                 calls++;
             }
             free(text);

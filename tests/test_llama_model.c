@@ -25,6 +25,7 @@
 #include "common/formats/ckpt.h"
 #include "common/base/config.h"
 #include "common/model/model.h"
+#include "common/model/arch/llama.h"
 #include "gpu_worker/cpu/cpu_llama.h"
 #include "tests/testutil.h"
 
@@ -32,14 +33,14 @@ static struct fy_model_config llama(int tied, int llama3)
 {
     struct fy_model_config c = {
         .n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12, .arch = &fy_arch_llama,
-        .llama = {.n_kv_head = 2, .n_inter = 24, .tied = (uint32_t)tied, .rms_eps = 1e-6f,
-                  .rope_theta = 10000.0}};
+        .family = fy_llama_family((struct fy_llama_fields){.n_kv_head = 2, .n_inter = 24, .tied = (uint32_t)tied, .rms_eps = 1e-6f,
+                  .rope_theta = 10000.0})};
     if (llama3) {
-        c.llama.rope_type = FY_ROPE_LLAMA3;
-        c.llama.rope_factor = 8.0;
-        c.llama.rope_low_freq_factor = 1.0;
-        c.llama.rope_high_freq_factor = 4.0;
-        c.llama.rope_orig_max_pos = 8;
+        fy_llama_mut(&c)->rope_type = FY_ROPE_LLAMA3;
+        fy_llama_mut(&c)->rope_factor = 8.0;
+        fy_llama_mut(&c)->rope_low_freq_factor = 1.0;
+        fy_llama_mut(&c)->rope_high_freq_factor = 4.0;
+        fy_llama_mut(&c)->rope_orig_max_pos = 8;
     }
     return c;
 }
@@ -68,14 +69,14 @@ static void test_layout_and_sizes(void **state)
     assert_int_equal(a.total, 16 + 256 + 256 + 256 + 16 + 3 * 384);
     /* bad Llama settings are refused */
     struct fy_model_config bad = c;
-    bad.llama.n_kv_head = 3;
+    fy_llama_mut(&bad)->n_kv_head = 3;
     assert_int_not_equal(fy_model_config_validate(&bad), 0);
     bad = c;
-    bad.llama.rms_eps = 0;
+    fy_llama_mut(&bad)->rms_eps = 0;
     assert_int_not_equal(fy_model_config_validate(&bad), 0);
     bad = c;
     bad.n_head = 16; /* head size 1: odd */
-    bad.llama.n_kv_head = 1;
+    fy_llama_mut(&bad)->n_kv_head = 1;
     assert_int_not_equal(fy_model_config_validate(&bad), 0);
 }
 
@@ -130,8 +131,8 @@ static void test_config_and_header_round_trip(void **state)
 {
     (void)state;
     struct fy_model_config c = llama(0, 1);
-    c.llama.rms_eps = 1e-5f;
-    c.llama.rope_theta = 500000.0;
+    fy_llama_mut(&c)->rms_eps = 1e-5f;
+    fy_llama_mut(&c)->rope_theta = 500000.0;
     struct fy_config *cfg = malloc(sizeof *cfg);
     fy_config_init(cfg);
     assert_int_equal(fy_model_config_to(&c, cfg), 0);
@@ -152,13 +153,13 @@ static void test_config_and_header_round_trip(void **state)
     /* the hash tells the architectures and every Llama field apart */
     assert_true(fy_model_config_hash(&g) != fy_model_config_hash(&c));
     struct fy_model_config d = c;
-    d.llama.tied = 1;
+    fy_llama_mut(&d)->tied = 1;
     assert_true(fy_model_config_hash(&d) != fy_model_config_hash(&c));
     d = c;
-    d.llama.rope_factor = 4.0;
+    fy_llama_mut(&d)->rope_factor = 4.0;
     assert_true(fy_model_config_hash(&d) != fy_model_config_hash(&c));
     d = c;
-    d.llama.rms_eps = 1e-6f;
+    fy_llama_mut(&d)->rms_eps = 1e-6f;
     assert_true(fy_model_config_hash(&d) != fy_model_config_hash(&c));
 
     static uint8_t block[FY_COMMIT_RECORD_BYTES];
@@ -213,7 +214,7 @@ static double ref_head_loss(const struct fy_model_config *c, const double *fin, 
                             const double *x, const int32_t *tg, int N)
 {
     int C = (int)c->n_embd, V = (int)c->vocab, count = 0;
-    const double *W = c->llama.tied ? emb : fin + C;
+    const double *W = fy_llama(c)->tied ? emb : fin + C;
     double loss = 0;
     for (int n = 0; n < N; n++) {
         if (tg[n] < 0)
@@ -222,7 +223,7 @@ static double ref_head_loss(const struct fy_model_config *c, const double *fin, 
         double ms = 0, xn[64], z[64], mx = -1e300, s = 0;
         for (int i = 0; i < C; i++)
             ms += x[n * C + i] * x[n * C + i];
-        double r = 1.0 / sqrt(ms / C + c->llama.rms_eps);
+        double r = 1.0 / sqrt(ms / C + fy_llama(c)->rms_eps);
         for (int i = 0; i < C; i++)
             xn[i] = fin[i] * (x[n * C + i] * r);
         for (int v = 0; v < V; v++) {
@@ -347,7 +348,7 @@ static void test_init_same_bits_on_any_thread_count(void **state)
                                 .ctx = 64};
     struct fy_model_config llama = gpt;
     llama.arch = &fy_arch_llama;
-    llama.llama = (struct fy_llama_fields){
+    *fy_llama_mut(&llama) = (struct fy_llama_fields){
         .n_kv_head = 1, .n_inter = 128, .tied = 1, .rope_theta = 10000.0, .rms_eps = 1e-5f};
     const struct fy_model_config *models[] = {&gpt, &llama};
     for (int k = 0; k < 2; k++) {

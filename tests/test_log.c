@@ -1,6 +1,6 @@
-/* Tests of the run log file (common/base/log): lines the file refuses are said once on stderr, kept,
- * and appended in order before the next line once it takes them, the rest of a short write too;
- * past the memory kept, lines are dropped and their count written into the log when it can be
+/* Tests of the run log file (common/base/log): lines the file refuses are said once on stderr,
+ * kept, and appended in order before the next line once it takes them, the rest of a short write
+ * too; past the memory kept, lines are dropped and their count written into the log when it can be
  * written again. The file refuses through the process's file size limit (RLIMIT_FSIZE, SIGXFSZ
  * ignored): the kernel's short write and EFBIG, as a full disk gives a short write and ENOSPC. */
 #include <stdarg.h>

@@ -1,6 +1,6 @@
-/* Tests of common/model/optstate, the optimizer state layout, and of the sizes and byte counts taken from
- * it, against numbers worked out by hand from the format ([master | adam m | adam v], f32, each
- * section 4 KiB aligned):
+/* Tests of common/model/optstate, the optimizer state layout, and of the sizes and byte counts
+ * taken from it, against numbers worked out by hand from the format ([master | adam m | adam v],
+ * f32, each section 4 KiB aligned):
  *   - a unit's sections: master, adam_m, adam_v in that order, their descriptor kinds, f32, one
  *     element a parameter, each starting on a 4096-byte boundary right after the one before; the
  *     whole state three padded sections (GPT-2 and Llama units, sizes that pad and sizes that do
@@ -38,6 +38,7 @@
 #include "common/model/arch/arch.h"
 #include "common/ipc/desc.h"
 #include "common/base/dtype.h"
+#include "common/model/arch/llama.h"
 #include "common/model/optstate.h"
 #include "launcher/plan.h"
 #include "launcher/selftest.h"
@@ -53,10 +54,15 @@ static struct fy_model_config gpt_wide(void)
 
 static struct fy_model_config llama_small(void)
 {
-    struct fy_model_config c = {.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab = 300, .ctx = 32,
-                              .arch = &fy_arch_llama,
-                              .llama = {.n_kv_head = 2, .n_inter = 96, .tied = 0, .rms_eps = 1e-5f,
-                                        .rope_theta = 10000.0}};
+    struct fy_model_config c = {
+        .n_layer = 2,
+        .n_head = 4,
+        .n_embd = 64,
+        .vocab = 300,
+        .ctx = 32,
+        .arch = &fy_arch_llama,
+        .family = fy_llama_family((struct fy_llama_fields){
+            .n_kv_head = 2, .n_inter = 96, .tied = 0, .rms_eps = 1e-5f, .rope_theta = 10000.0})};
     return c;
 }
 

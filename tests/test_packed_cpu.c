@@ -58,11 +58,11 @@ static struct fy_model_config case_config(const struct packed_case *pc, const in
                                 .arch = pc->arch};
     if (pc->arch == &fy_arch_gpt2)
         return c;
-    c.llama = (struct fy_llama_fields){.n_kv_head = (uint32_t)h[7],
-                                       .n_inter = (uint32_t)h[8],
-                                       .rms_eps = 1e-5f,
-                                       .rope_theta = 500000.0,
-                                       .rope_type = FY_ROPE_DEFAULT};
+    *fy_llama_mut(&c) = (struct fy_llama_fields){.n_kv_head = (uint32_t)h[7],
+                                                 .n_inter = (uint32_t)h[8],
+                                                 .rms_eps = 1e-5f,
+                                                 .rope_theta = 500000.0,
+                                                 .rope_type = FY_ROPE_DEFAULT};
     const struct fy_family_options o = {.kv_heads = (uint64_t)h[7],
                                         .ffn = (uint64_t)h[8],
                                         .head_dim = (uint64_t)h[12],
@@ -70,8 +70,8 @@ static struct fy_model_config case_config(const struct packed_case *pc, const in
                                         .rms_eps = 1e-5,
                                         .rope_theta = 500000.0};
     assert_int_equal(pc->arch->from_options(&o, &c), 0);
-    c.llama.sliding_window = (uint32_t)h[13];
-    c.llama.tied = (uint32_t)h[14];
+    fy_llama_mut(&c)->sliding_window = (uint32_t)h[13];
+    fy_llama_mut(&c)->tied = (uint32_t)h[14];
     return c;
 }
 
@@ -128,7 +128,7 @@ static int unit_tensors(const struct fy_model_config *c, unsigned u, struct tens
         t[0] = (struct tensor){"dembed_tokens", 0, n};
         return 1;
     }
-    size_t norm = n > VC && c->arch != &fy_arch_gpt2 && !c->llama.tied ? n - VC : n;
+    size_t norm = n > VC && c->arch != &fy_arch_gpt2 && !fy_llama(c)->tied ? n - VC : n;
     t[0] = (struct tensor){"dfinal norm", 0, norm};
     if (norm < n)
         t[k = 1] = (struct tensor){"dlm_head", norm, n - norm};

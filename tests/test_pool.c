@@ -1,7 +1,7 @@
-/* Tests of the shared pool (common/ipc/pool): naming, creation with mode 0600, the 2 MiB-aligned layout
- * with guard words, attaching from another process, destruction, stale-object detection (owner pid
- * plus start time) and the slot allocator. Every object created is named /fuyou-test-<pid>-<n> and
- * removed again. */
+/* Tests of the shared pool (common/ipc/pool): naming, creation with mode 0600, the 2 MiB-aligned
+ * layout with guard words, attaching from another process, destruction, stale-object detection
+ * (owner pid plus start time) and the slot allocator. Every object created is named
+ * /fuyou-test-<pid>-<n> and removed again. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,8 @@
-/* Tests of safetensors checkpoints (common/formats/safetensors): single-file and sharded round trips bit
- * for bit, the format checked by an independent Python reading (tests/reference/safetensors_check.py)
- * both ways, exact f16 conversion, every refusal of the reader with its one-line message, and
- * writers that leave nothing under a final name when abandoned or failing. */
+/* Tests of safetensors checkpoints (common/formats/safetensors): single-file and sharded round
+ * trips bit for bit, the format checked by an independent Python reading
+ * (tests/reference/safetensors_check.py) both ways, exact f16 conversion, every refusal of the
+ * reader with its one-line message, and writers that leave nothing under a final name when
+ * abandoned or failing. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
-/* Tests of the batches (common/data/sampler): packed documents, each training document once an epoch
- * and never split across rows, the positions and padding, the fill, truncation and split counts,
- * the held-out split by whole documents each evaluated once a pass, the first-fit rule on a hand
- * example, a step's batch the same asked cold (a resume) or in turn, every batch as
+/* Tests of the batches (common/data/sampler): packed documents, each training document once an
+ * epoch and never split across rows, the positions and padding, the fill, truncation and split
+ * counts, the held-out split by whole documents each evaluated once a pass, the first-fit rule on a
+ * hand example, a step's batch the same asked cold (a resume) or in turn, every batch as
  * tests/reference/batch_ref.py rebuilds it from docs/usage.md's rules alone; windows as
  * fy_tokfile_batch draws them with positions 0..T-1; which packing a file gets by default. */
 #include <stdarg.h>
@@ -19,6 +19,7 @@
 #include "common/base/log.h"
 #include "common/data/sampler.h"
 #include "common/formats/tokfile.h"
+#include "common/formats/tokwriter.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 

@@ -16,6 +16,7 @@
 
 #include "common/base/log.h"
 #include "common/formats/tokfile.h"
+#include "common/formats/tokwriter.h"
 #include "tests/testutil.h"
 
 static char *tmpdir;

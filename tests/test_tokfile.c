@@ -1,6 +1,6 @@
-/* Tests of token files (common/formats/tokfile): the on-disk format byte by byte, atomic writes, byte-level
- * preparation, every refusal of the reader, the loss mask and the tokenizer's identity (splits and
- * batch sampling: test_tokbatch). */
+/* Tests of token files (common/formats/tokfile): the on-disk format byte by byte, atomic writes,
+ * byte-level preparation, every refusal of the reader, the loss mask and the tokenizer's identity
+ * (splits and batch sampling: test_tokbatch). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,6 +19,7 @@
 
 #include "common/base/log.h"
 #include "common/formats/tokfile.h"
+#include "common/formats/tokwriter.h"
 #include "tests/testutil.h"
 
 static char *tmpdir;

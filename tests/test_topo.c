@@ -14,6 +14,7 @@
 
 #include "common/base/check.h"
 #include "common/base/log.h"
+#include "common/ipc/affinity.h"
 #include "common/ipc/topo.h"
 #include "testutil.h"
 

@@ -15,6 +15,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/model/arch/arch.h"
+#include "common/model/arch/llama.h"
+
 char *fy_test_tmpdir(const char *tag)
 {
     const char *base = getenv("TMPDIR");
@@ -453,7 +456,7 @@ int fy_test_same_model(const struct fy_model_config *a, const struct fy_model_co
 {
     return a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
            a->vocab == b->vocab && a->ctx == b->ctx && fy_model_arch(a) == fy_model_arch(b) &&
-           memcmp(&a->llama, &b->llama, sizeof a->llama) == 0;
+           memcmp(fy_llama(a), fy_llama(b), sizeof(struct fy_llama_fields)) == 0;
 }
 
 int fy_test_count_lines(const char *s)

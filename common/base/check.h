@@ -1,5 +1,20 @@
 /* Error-check macros for system, ZeroMQ, hwloc and io_uring calls. Library code returns -errno;
- * each macro logs what failed and where (file:line) with a hint, then returns from the caller. */
+ * each macro logs what failed and where (file:line) with a hint, then returns from the caller.
+ *
+ * One error style: a function that holds nothing to release returns at the first failure
+ * (FY_TRY, FY_SYS, FY_REQUIRE, ...); a function that takes resources (memory, a descriptor, a
+ * temporary file) keeps its result in `int rc`, goes to its single unwind at the label `out` at
+ * the first failure (FY_TRY_OUT, FY_REQUIRE_OUT), and there releases what it took and returns rc:
+ *
+ *     int rc = 0;
+ *     char *buf = malloc(n);
+ *     FY_REQUIRE_OUT(rc, buf != NULL, -ENOMEM, "%s: out of memory", path);
+ *     FY_TRY_OUT(rc, read_all(fd, buf, n));
+ *     ...
+ * out:
+ *     free(buf);
+ *     return rc;
+ */
 #ifndef FY_CHECK_H
 #define FY_CHECK_H
 
@@ -15,6 +30,24 @@
         int fy_try_rc_ = (expr);                                                                   \
         if (fy_try_rc_ < 0)                                                                        \
             return fy_try_rc_;                                                                     \
+    } while (0)
+
+/* As FY_TRY, in a function with an unwind: rc = expr; on a negative rc, to `out`. */
+#define FY_TRY_OUT(rc, expr)                                                                       \
+    do {                                                                                           \
+        (rc) = (expr);                                                                             \
+        if ((rc) < 0)                                                                              \
+            goto out;                                                                              \
+    } while (0)
+
+/* As FY_REQUIRE, in a function with an unwind: log, the code into rc, then to `out`. */
+#define FY_REQUIRE_OUT(rc, cond, code, ...)                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fy_error(__VA_ARGS__);                                                                 \
+            (rc) = (code);                                                                         \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
 /* A system call that returns -1 and sets errno. The varargs describe the operation. */
@@ -62,6 +95,19 @@
             snprintf(fy_what_, sizeof fy_what_, __VA_ARGS__);                                      \
             fy_error("%s: hwloc: %s", fy_what_, strerror(fy_errno_));                              \
             return -fy_errno_;                                                                     \
+        }                                                                                          \
+    } while (0)
+
+/* As FY_HWLOC, in a function with an unwind: -errno into rc, then to `out`. */
+#define FY_HWLOC_OUT(rc, expr, ...)                                                                \
+    do {                                                                                           \
+        if ((expr) < 0) {                                                                          \
+            int fy_errno_ = errno ? errno : EINVAL;                                                \
+            char fy_what_[512];                                                                    \
+            snprintf(fy_what_, sizeof fy_what_, __VA_ARGS__);                                      \
+            fy_error("%s: hwloc: %s", fy_what_, strerror(fy_errno_));                              \
+            (rc) = -fy_errno_;                                                                     \
+            goto out;                                                                              \
         }                                                                                          \
     } while (0)
 

@@ -1,7 +1,7 @@
-/* The batches of a training run (sampler.h): windows through common/formats/tokfile, or the documents cut
- * into pieces, each epoch's pieces shuffled, sorted by length and packed first-fit into rows (a
- * max-tree over the rows' room finds the first row that holds a piece in log time), the rows
- * shuffled; the current epoch's packing and the held-out one kept. */
+/* The batches of a training run (sampler.h): windows through common/formats/tokfile, or the
+ * documents cut into pieces, each epoch's pieces shuffled, sorted by length and packed first-fit
+ * into rows (a max-tree over the rows' room finds the first row that holds a piece in log time),
+ * the rows shuffled; the current epoch's packing and the held-out one kept. */
 #include "common/data/sampler.h"
 
 #include <errno.h>

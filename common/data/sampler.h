@@ -1,5 +1,5 @@
-/* The batches of a training run, made from a token file (common/formats/tokfile.h): windows of the token
- * stream, or whole documents packed into rows, each batch with its positions array beside the
+/* The batches of a training run, made from a token file (common/formats/tokfile.h): windows of the
+ * token stream, or whole documents packed into rows, each batch with its positions array beside the
  * inputs and targets; the held-out split and its batches; epochs. docs/usage.md ("How a batch is
  * made") states the rules precisely enough to rebuild any batch outside this program.
  *

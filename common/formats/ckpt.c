@@ -19,8 +19,8 @@
 
 enum { S_MAGIC, S_VERSION, S_LAYER, S_HEAD, S_EMBD, S_VOCAB, S_CTX, S_HASH_LO, S_HASH_HI,
        S_STEP_LO, S_STEP_HI, S_EXTRA0, S_EXTRA1, S_CHECKSUM, S_COUNT };
-/* The family's id and its own fields (common/model/arch: FY_FAMILY_SLOTS of them) follow the checksum;
- * GPT-2 leaves them zero; the config hash in S_HASH_* covers them. */
+/* The family's id and its own fields (common/model/arch: FY_FAMILY_SLOTS of them) follow the
+ * checksum; GPT-2 leaves them zero; the config hash in S_HASH_* covers them. */
 enum { S_ARCH = S_COUNT, S_FAMILY /* the first FAMILY_NEAR of the family's slots */ };
 /* The family's slots past the first FAMILY_NEAR lie from S_FAMILY_FAR on (zero in older headers). */
 enum { FAMILY_NEAR = 14, S_FAMILY_FAR = 64 };

@@ -1,7 +1,7 @@
 /* Model state metadata, commit records and weight files.
  *
- * The store keeps every unit's optimizer state (its layout: common/model/optstate.h) twice (copies 0
- * and 1, extents FY_TENSOR_UNIT_STATE_COPY) and two commit records (extents FY_TENSOR_COMMIT(0)
+ * The store keeps every unit's optimizer state (its layout: common/model/optstate.h) twice (copies
+ * 0 and 1, extents FY_TENSOR_UNIT_STATE_COPY) and two commit records (extents FY_TENSOR_COMMIT(0)
  * and (1)), written in turn. A record names a committed step, the copy that holds every unit's state at that step
  * and each unit's digest there; a step's write-backs go to the other copy, so a crash at any
  * moment leaves the committed copy whole. Recovery takes the intact record with the highest
@@ -13,9 +13,9 @@
  * slots 0..12); [14] architecture (0 GPT-2, 1 Llama); for Llama [15..20] n_kv_head n_inter tied
  * rope_type rope_original_max_pos rms_eps (f32 bits), [21..28] rope_theta, factor,
  * low_freq_factor, high_freq_factor (f64 bits, low word first), covered by the config hash; [29]
- * zero; [30] copy; [31,32] sequence number; [33] unit count; [34,35] digest (common/base/digest.h) of
- * the whole record with these two slots zero; [36] copies of the state the store keeps (1 or 2; 0
- * in the first records written, meaning 2); [37] the optimizer state format (enum fy_optim_state:
+ * zero; [30] copy; [31,32] sequence number; [33] unit count; [34,35] digest (common/base/digest.h)
+ * of the whole record with these two slots zero; [36] copies of the state the store keeps (1 or 2;
+ * 0 in the first records written, meaning 2); [37] the optimizer state format (enum fy_optim_state:
  * 0 fp32, 1 bf16, 2 int8; outside the config hash); [38] the store's piece of optimizer state in
  * KiB (struct fy_model_config's state_piece: 0 in records made before pieces, every unit one
  * piece); the rest of the block zero. From byte 4096: each unit's state digest (uint64, unit order;

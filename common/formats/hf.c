@@ -1,6 +1,7 @@
-/* Hugging Face import (common/formats/hf.h): config.json read by the family that its model_type names,
- * every tensor name and shape (from the family's tensor table) checked before any data is read,
- * units filled one at a time (transposed tensors turned), and the pieces the export shares. */
+/* Hugging Face import (common/formats/hf.h): config.json read by the family that its model_type
+ * names, every tensor name and shape (from the family's tensor table) checked before any data is
+ * read, units filled one at a time (transposed tensors turned), and the pieces the export
+ * shares. */
 #include "common/formats/hf.h"
 
 #include <cJSON.h>
@@ -113,7 +114,7 @@ int fy_hf_parse_json(const char *path, const char *text, size_t len, cJSON **out
     return 0;
 }
 
-/* The family that config.json's model_type names, then its reader. */
+/* The family that config.json's model_type names, then its reader, then the config's checks. */
 static int config_from_json(const char *path, const cJSON *root, struct fy_model_config *m)
 {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
@@ -130,7 +131,8 @@ static int config_from_json(const char *path, const cJSON *root, struct fy_model
                  first ? first : "", first ? ")" : "", names);
         return -EINVAL;
     }
-    return a->hf_config_read(path, root, m);
+    FY_TRY(a->hf_config_read(path, root, m));
+    return fy_model_config_validate(m);
 }
 
 /* Dropout that config.json asks for, said: the backends train without it (the step is a function of

@@ -1,6 +1,6 @@
 /* Hugging Face checkpoints: config.json and safetensors mapped into this project's units
- * (common/model/model.h) one unit at a time, so that a model larger than host memory converts through a
- * buffer of one unit and one tensor; the export is common/formats/hfexport.h.
+ * (common/model/model.h) one unit at a time, so that a model larger than host memory converts
+ * through a buffer of one unit and one tensor; the export is common/formats/hfexport.h.
  *
  * The mapping is the family's tensor table (common/model/arch/: Hugging Face name, shape as stored,
  * transposed or not); P, the family's prefix (GPT-2: "transformer."), stands before every name

@@ -1,5 +1,5 @@
-/* Hugging Face export (common/formats/hfexport.h): names, shapes and transposes from the family's tensor
- * table, the source's dtypes and config.json kept at import, files written into a temporary
+/* Hugging Face export (common/formats/hfexport.h): names, shapes and transposes from the family's
+ * tensor table, the source's dtypes and config.json kept at import, files written into a temporary
  * directory beside the target and renamed into place only when whole. */
 #include "common/formats/hfexport.h"
 
@@ -261,8 +261,9 @@ static int writer_open(struct fy_hf_writer *w, const char *dir,
     FY_REQUIRE(w->dtypes != NULL, -ENOMEM, "out of memory");
     cJSON *meta = NULL, *root = NULL;
     int rc = 0;
+    w->tmp[0] = 0; /* no temporary directory until one is made */
     if (o->source != NULL) {
-        rc = load_source(w, o->source, o->dtype, &meta, &root);
+        FY_TRY_OUT(rc, load_source(w, o->source, o->dtype, &meta, &root));
     } else {
         /* the family's prefix, as its checkpoints name their tensors */
         snprintf(w->prefix, sizeof w->prefix, "%s", fy_model_arch(&w->model)->hf_prefix);
@@ -272,42 +273,41 @@ static int writer_open(struct fy_hf_writer *w, const char *dir,
         w->config_text =
             fy_model_arch(&w->model)->hf_config_write(&w->model, torch_dtype_name(w->dtype));
         w->config_len = w->config_text ? strlen(w->config_text) : 0;
-        if (w->config_text == NULL)
+        if (w->config_text == NULL) {
             rc = -ENOMEM;
+            goto out;
+        }
     }
-    if (rc == 0)
-        rc = fy_hf_make_temp_dir(w->dir, w->tmp, sizeof w->tmp);
-    else
-        w->tmp[0] = 0;
-    if (rc == 0) {
-        char path[PATH_MAX];
-        snprintf(path, sizeof path, "%s/%s", w->tmp, FY_ST_SINGLE_NAME);
-        rc = o->max_shard_bytes ? fy_st_writer_new_sharded(&w->st, w->tmp, o->max_shard_bytes, 0)
-                                : fy_st_writer_new(&w->st, path, 0);
-    }
+    FY_TRY_OUT(rc, fy_hf_make_temp_dir(w->dir, w->tmp, sizeof w->tmp));
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", w->tmp, FY_ST_SINGLE_NAME);
+    FY_TRY_OUT(rc, o->max_shard_bytes
+                       ? fy_st_writer_new_sharded(&w->st, w->tmp, o->max_shard_bytes, 0)
+                       : fy_st_writer_new(&w->st, path, 0));
     /* The source's metadata, in order; transformers wants format "pt". */
     int has_format = 0;
-    for (const cJSON *m = cJSON_IsObject(meta) ? meta->child : NULL; rc == 0 && m; m = m->next)
+    for (const cJSON *m = cJSON_IsObject(meta) ? meta->child : NULL; m; m = m->next)
         if (cJSON_IsString(m)) {
-            rc = fy_st_writer_metadata(w->st, m->string, m->valuestring);
+            FY_TRY_OUT(rc, fy_st_writer_metadata(w->st, m->string, m->valuestring));
             has_format |= strcmp(m->string, "format") == 0;
         }
-    if (rc == 0 && !has_format)
-        rc = fy_st_writer_metadata(w->st, "format", "pt");
-    cJSON_Delete(root);
+    if (!has_format)
+        FY_TRY_OUT(rc, fy_st_writer_metadata(w->st, "format", "pt"));
     struct fy_hf_tensors p;
     unsigned i = 0;
-    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(&w->model); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(&w->model); u++) {
         fy_hf_tensors(&w->model, u, w->prefix, &p);
-        for (unsigned k = 0; rc == 0 && k < p.n; k++, i++) {
+        for (unsigned k = 0; k < p.n; k++, i++) {
             const struct fy_tensor_spec *t = &p.t[k];
-            rc = declare(w, p.name[k], w->dtypes[i], t->ndim, t->shape);
-            if (rc == 0 && t->transposed && fy_tensor_numel(t) > w->buf_n)
+            FY_TRY_OUT(rc, declare(w, p.name[k], w->dtypes[i], t->ndim, t->shape));
+            if (t->transposed && fy_tensor_numel(t) > w->buf_n)
                 w->buf_n = (size_t)fy_tensor_numel(t);
-            if (rc == 0 && u == 0 && k == 0 && w->lm_head)
-                rc = declare(w, "lm_head.weight", w->lm_head_dtype, 2, t->shape);
+            if (u == 0 && k == 0 && w->lm_head)
+                FY_TRY_OUT(rc, declare(w, "lm_head.weight", w->lm_head_dtype, 2, t->shape));
         }
     }
+out:
+    cJSON_Delete(root);
     return rc;
 }
 

@@ -1,8 +1,8 @@
 /* Hugging Face export: a model's units written as a safetensors checkpoint (sharded with an index
  * above a size) with its config.json and the files that travel with it, into a temporary directory
  * beside the target renamed into place only when whole. Names and shapes come from the family's
- * tensor table (common/model/arch), the source's names, dtypes and config.json from RUN/hf (common/formats/hf.h)
- * or, for a model made here, a config.json written by the family. */
+ * tensor table (common/model/arch), the source's names, dtypes and config.json from RUN/hf
+ * (common/formats/hf.h) or, for a model made here, a config.json written by the family. */
 #ifndef FY_HFEXPORT_H
 #define FY_HFEXPORT_H
 

@@ -437,36 +437,29 @@ static int load_file(struct fy_st_reader *r, const char *path, const struct st_s
     char *hdr = malloc(hlen);
     FY_REQUIRE(hdr != NULL, -ENOMEM, "%s: out of memory for a %llu-byte header", path,
                (unsigned long long)hlen);
-    int rc = pread_full(f->fd, hdr, hlen, 8, path, NULL);
-    if (rc == 0) {
-        size_t bad = utf8_bad((const uint8_t *)hdr, hlen);
-        if (bad < hlen) {
-            fy_error("%s: the header is not UTF-8 text (byte %zu of %llu): corrupt or not a "
-                     "safetensors file", path, bad, (unsigned long long)hlen);
-            rc = -EBADMSG;
-        }
-    }
     cJSON *root = NULL;
-    if (rc == 0) {
-        const char *end = NULL;
-        root = cJSON_ParseWithLengthOpts(hdr, hlen, &end, 0);
-        if (root == NULL) {
-            size_t at = end && end >= hdr && end <= hdr + hlen ? (size_t)(end - hdr) : 0;
-            fy_error("%s: the header is not valid JSON (near byte %zu of %llu): corrupt or not a "
-                     "safetensors file", path, at, (unsigned long long)hlen);
-            rc = -EBADMSG;
-        } else {
-            for (const char *p = end; p < hdr + hlen; p++)
-                if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-                    fy_error("%s: text after the header's JSON object (byte %zu): corrupt header",
-                             path, (size_t)(p - hdr));
-                    rc = -EBADMSG;
-                    break;
-                }
-        }
-    }
-    if (rc == 0)
-        rc = parse_entries(r, file, root, sc);
+    int rc = 0;
+    FY_TRY_OUT(rc, pread_full(f->fd, hdr, hlen, 8, path, NULL));
+    size_t bad = utf8_bad((const uint8_t *)hdr, hlen);
+    FY_REQUIRE_OUT(rc, bad == hlen, -EBADMSG,
+                   "%s: the header is not UTF-8 text (byte %zu of %llu): corrupt or not a "
+                   "safetensors file",
+                   path, bad, (unsigned long long)hlen);
+    const char *end = NULL;
+    root = cJSON_ParseWithLengthOpts(hdr, hlen, &end, 0);
+    size_t at = end && end >= hdr && end <= hdr + hlen ? (size_t)(end - hdr) : 0;
+    FY_REQUIRE_OUT(rc, root != NULL, -EBADMSG,
+                   "%s: the header is not valid JSON (near byte %zu of %llu): corrupt or not a "
+                   "safetensors file",
+                   path, at, (unsigned long long)hlen);
+    const char *p = end;
+    while (p < hdr + hlen && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    FY_REQUIRE_OUT(rc, p == hdr + hlen, -EBADMSG,
+                   "%s: text after the header's JSON object (byte %zu): corrupt header", path,
+                   (size_t)(p - hdr));
+    rc = parse_entries(r, file, root, sc);
+out:
     cJSON_Delete(root);
     free(hdr);
     return rc;
@@ -512,20 +505,19 @@ static int load_shards(struct fy_st_reader *r, const char *index_path, const cJS
     const char **shards = calloc(n_map, sizeof *shards);
     char *dir = strdup(index_path);
     char *path = malloc(PATH_MAX);
-    int rc = map && shards && dir && path ? 0 : -ENOMEM;
-    if (rc < 0)
-        fy_error("%s: out of memory", index_path);
+    int rc = 0;
+    FY_REQUIRE_OUT(rc, map && shards && dir && path, -ENOMEM, "%s: out of memory", index_path);
     size_t n_shards = 0, i = 0;
-    for (const cJSON *e = wm->child; rc == 0 && e; e = e->next, i++) {
+    for (const cJSON *e = wm->child; e; e = e->next, i++) {
         const char *s = cJSON_IsString(e) ? e->valuestring : NULL;
         /* Shards live beside the index; a path elsewhere would read outside the model directory. */
-        if (s == NULL || s[0] == 0 || strchr(s, '/') != NULL || strcmp(s, "..") == 0 ||
-            strcmp(s, ".") == 0) {
-            fy_error("%s: tensor \"%s\": the weight_map value is not a shard file name in the "
-                     "index's directory: corrupt index", index_path, e->string);
-            rc = -EBADMSG;
-            break;
-        }
+        FY_REQUIRE_OUT(rc,
+                       s != NULL && s[0] != 0 && strchr(s, '/') == NULL && strcmp(s, "..") != 0 &&
+                           strcmp(s, ".") != 0,
+                       -EBADMSG,
+                       "%s: tensor \"%s\": the weight_map value is not a shard file name in the "
+                       "index's directory: corrupt index",
+                       index_path, e->string);
         size_t k = 0;
         while (k < n_shards && strcmp(shards[k], s) != 0)
             k++;
@@ -533,48 +525,34 @@ static int load_shards(struct fy_st_reader *r, const char *index_path, const cJS
             shards[n_shards++] = s;
         map[i] = (struct st_map){e->string, k};
     }
-    if (rc == 0) {
-        qsort(map, n_map, sizeof *map, cmp_map);
-        for (i = 1; i < n_map; i++)
-            if (strcmp(map[i - 1].name, map[i].name) == 0) {
-                fy_error("%s: tensor \"%s\" appears twice in the weight_map: corrupt index",
-                         index_path, map[i].name);
-                rc = -EBADMSG;
-                break;
-            }
-    }
-    const char *d = rc == 0 ? dirname(dir) : NULL;
-    for (size_t k = 0; rc == 0 && k < n_shards; k++) {
+    qsort(map, n_map, sizeof *map, cmp_map);
+    for (i = 1; i < n_map; i++)
+        FY_REQUIRE_OUT(rc, strcmp(map[i - 1].name, map[i].name) != 0, -EBADMSG,
+                       "%s: tensor \"%s\" appears twice in the weight_map: corrupt index",
+                       index_path, map[i].name);
+    const char *d = dirname(dir);
+    for (size_t k = 0; k < n_shards; k++) {
         snprintf(path, PATH_MAX, "%s/%s", d, shards[k]);
         const char *first = NULL;
         for (const cJSON *e = wm->child; e && first == NULL; e = e->next)
             if (strcmp(e->valuestring, shards[k]) == 0)
                 first = e->string;
         struct st_shard_ctx sc = {index_path, map, n_map, k, shards[k]};
-        rc = load_file(r, path, &sc, first);
+        FY_TRY_OUT(rc, load_file(r, path, &sc, first));
     }
     /* Every tensor the shards hold is in the index under its own shard (checked while parsing);
      * now every tensor of the index must be in some shard. */
-    if (rc == 0) {
-        r->sorted = malloc((r->n ? r->n : 1) * sizeof *r->sorted);
-        if (r->sorted == NULL) {
-            fy_error("%s: out of memory", index_path);
-            rc = -ENOMEM;
-        }
-    }
-    if (rc == 0) {
-        for (i = 0; i < r->n; i++)
-            r->sorted[i] = &r->t[i];
-        qsort(r->sorted, r->n, sizeof *r->sorted, cmp_tensor_ptr);
-        for (i = 0; i < n_map; i++)
-            if (fy_st_find(r, map[i].name) == NULL) {
-                fy_error("%s: tensor \"%s\" is mapped to shard %s, which does not hold it: the "
-                         "index and the shards do not belong together", index_path, map[i].name,
-                         shards[map[i].shard]);
-                rc = -EBADMSG;
-                break;
-            }
-    }
+    r->sorted = malloc((r->n ? r->n : 1) * sizeof *r->sorted);
+    FY_REQUIRE_OUT(rc, r->sorted != NULL, -ENOMEM, "%s: out of memory", index_path);
+    for (i = 0; i < r->n; i++)
+        r->sorted[i] = &r->t[i];
+    qsort(r->sorted, r->n, sizeof *r->sorted, cmp_tensor_ptr);
+    for (i = 0; i < n_map; i++)
+        FY_REQUIRE_OUT(rc, fy_st_find(r, map[i].name) != NULL, -EBADMSG,
+                       "%s: tensor \"%s\" is mapped to shard %s, which does not hold it: the "
+                       "index and the shards do not belong together",
+                       index_path, map[i].name, shards[map[i].shard]);
+out:
     free(map);
     free(shards);
     free(dir);

@@ -1,6 +1,7 @@
-/* The safetensors writer (common/formats/stwriter.h): each file's header fixed from the declarations, the
- * data streamed into temporary files, renamed into place only once all of it is written and synced;
- * sharded with an index above a size, as Hugging Face writes them. The JSON is printed by cJSON. */
+/* The safetensors writer (common/formats/stwriter.h): each file's header fixed from the
+ * declarations, the data streamed into temporary files, renamed into place only once all of it is
+ * written and synced; sharded with an index above a size, as Hugging Face writes them. The JSON is
+ * printed by cJSON. */
 #include "common/formats/stwriter.h"
 
 #include <cJSON.h>
@@ -253,6 +254,24 @@ static int create_out(struct fy_st_writer *w, struct st_out *o)
 }
 
 /* Fixes the layout: assigns shards, names the files, writes each header to its temporary file. */
+/* Shard k's header at the start of its file o: the length, then the JSON. */
+static int write_header(struct fy_st_writer *w, size_t k, struct st_out *o)
+{
+    size_t len = 0;
+    char *h = build_header(w, k, &len);
+    FY_REQUIRE(h != NULL, -ENOMEM, "%s: out of memory building the header", o->path);
+    uint8_t lenbuf[8];
+    for (int i = 0; i < 8; i++)
+        lenbuf[i] = (uint8_t)((uint64_t)len >> (8 * i));
+    int rc = 0;
+    FY_TRY_OUT(rc, pwrite_all(o->fd, lenbuf, 8, 0, o->tmp, NULL));
+    FY_TRY_OUT(rc, pwrite_all(o->fd, h, len, 8, o->tmp, NULL));
+    o->data_start = 8 + len;
+out:
+    free(h);
+    return rc;
+}
+
 static int lock(struct fy_st_writer *w)
 {
     w->locked = 1;
@@ -295,20 +314,8 @@ static int lock(struct fy_st_writer *w)
         else
             snprintf(o->path, sizeof o->path, "%s/%s", w->target, FY_ST_INDEX_NAME);
         FY_TRY(create_out(w, o));
-        if (k >= w->n_shards)
-            continue;
-        size_t len = 0;
-        char *h = build_header(w, k, &len);
-        FY_REQUIRE(h != NULL, -ENOMEM, "%s: out of memory building the header", o->path);
-        uint8_t lenbuf[8];
-        for (int i = 0; i < 8; i++)
-            lenbuf[i] = (uint8_t)((uint64_t)len >> (8 * i));
-        int rc = pwrite_all(o->fd, lenbuf, 8, 0, o->tmp, NULL);
-        if (rc == 0)
-            rc = pwrite_all(o->fd, h, len, 8, o->tmp, NULL);
-        free(h);
-        FY_TRY(rc);
-        o->data_start = 8 + len;
+        if (k < w->n_shards)
+            FY_TRY(write_header(w, k, o));
     }
     return 0;
 }

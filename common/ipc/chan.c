@@ -144,6 +144,42 @@ static int recv_frame(void *sock, void *buf, size_t cap, int *more)
     return n;
 }
 
+/* The descriptors of a message of len bytes into d (at most max of them); -EBADMSG with why for a
+ * message that is not 1..max descriptors or whose parts are not of one request (d[0] decoded for
+ * its seq where it can be, its status the error where a later part is bad). */
+static int decode_parts(const struct fy_chan *c, const uint8_t *buf, int len, int extra_frames,
+                        unsigned max, struct fy_desc *d, char *why, size_t whylen)
+{
+    memset(d, 0, sizeof *d);
+    unsigned count = (unsigned)len / FY_DESC_WIRE_BYTES;
+    if (extra_frames || len == 0 || len % FY_DESC_WIRE_BYTES != 0 || count > FY_DESC_MAX_PARTS ||
+        count > max) {
+        /* Decode what is there for its seq, but the message as a whole is malformed. */
+        if (len >= FY_DESC_WIRE_BYTES)
+            fy_desc_decode(buf, FY_DESC_WIRE_BYTES, c->pool_size, d, why, whylen);
+        snprintf(why, whylen, "message of %d bytes%s is not 1..%u descriptors of %d bytes", len,
+                 extra_frames ? " in several frames" : "",
+                 max < FY_DESC_MAX_PARTS ? max : FY_DESC_MAX_PARTS, FY_DESC_WIRE_BYTES);
+        return -EBADMSG;
+    }
+    for (unsigned i = 0; i < count; i++) {
+        int rc = fy_desc_decode(buf + i * FY_DESC_WIRE_BYTES, FY_DESC_WIRE_BYTES, c->pool_size,
+                                &d[i], why, whylen);
+        if (rc == 0 && i > 0 && (d[i].op != d[0].op || d[i].seq != d[0].seq)) {
+            snprintf(why, whylen, "part %u has op %s seq %llu, part 0 op %s seq %llu", i,
+                     fy_op_name(d[i].op), (unsigned long long)d[i].seq, fy_op_name(d[0].op),
+                     (unsigned long long)d[0].seq);
+            rc = -EBADMSG;
+        }
+        if (rc < 0) {
+            if (i > 0)
+                d[0].status = rc;
+            return rc;
+        }
+    }
+    return (int)count;
+}
+
 int fy_chan_recv(struct fy_chan *c, char peer[FY_CHAN_PEER_MAX], struct fy_desc *d, unsigned max,
                  int timeout_ms, const char *awaiting, const char *from)
 {
@@ -186,36 +222,10 @@ int fy_chan_recv(struct fy_chan *c, char peer[FY_CHAN_PEER_MAX], struct fy_desc 
             break;
         extra_frames = 1;
     }
-    memset(d, 0, sizeof *d);
     char why[256] = "";
-    int rc = 0;
-    unsigned count = (unsigned)len / FY_DESC_WIRE_BYTES;
-    if (extra_frames || len == 0 || len % FY_DESC_WIRE_BYTES != 0 || count > FY_DESC_MAX_PARTS ||
-        count > max) {
-        /* Decode what is there for its seq, but the message as a whole is malformed. */
-        if (len >= FY_DESC_WIRE_BYTES)
-            fy_desc_decode(buf, FY_DESC_WIRE_BYTES, c->pool_size, d, why, sizeof why);
-        snprintf(why, sizeof why, "message of %d bytes%s is not 1..%u descriptors of %d bytes", len,
-                 extra_frames ? " in several frames" : "", max < FY_DESC_MAX_PARTS ? max : FY_DESC_MAX_PARTS,
-                 FY_DESC_WIRE_BYTES);
-        rc = -EBADMSG;
-    }
-    for (unsigned i = 0; rc == 0 && i < count; i++) {
-        rc = fy_desc_decode(buf + i * FY_DESC_WIRE_BYTES, FY_DESC_WIRE_BYTES, c->pool_size, &d[i],
-                            why, sizeof why);
-        if (rc == 0 && i > 0 && (d[i].op != d[0].op || d[i].seq != d[0].seq)) {
-            snprintf(why, sizeof why, "part %u has op %s seq %llu, part 0 op %s seq %llu", i,
-                     fy_op_name(d[i].op), (unsigned long long)d[i].seq, fy_op_name(d[0].op),
-                     (unsigned long long)d[0].seq);
-            rc = -EBADMSG;
-        }
-        if (rc < 0 && i > 0)
-            d[0].status = rc;
-    }
-    if (rc < 0) {
+    int rc = decode_parts(c, buf, len, extra_frames, max, d, why, sizeof why);
+    if (rc < 0)
         fy_error("%s: rejected a malformed message from %s while waiting for %s: %s", c->self, who,
                  awaiting, why);
-        return rc;
-    }
-    return (int)count;
+    return rc;
 }

@@ -45,10 +45,12 @@ enum fy_kind {
     FY_KIND_TOKENS = 8,       /* int32 token ids (inputs or targets) */
     FY_KIND_SAVED = 9,        /* a block's swapped forward internals: the kinds of the mask in `arg`
                            laid out by fy_actplan_region_of (common/model/actplan.h) */
-    FY_KIND_ADAM_ABSMAX = 10, /* int8 moments' block absmax, m's then v's (common/model/optstate.h) */
+    FY_KIND_ADAM_ABSMAX = 10, /* int8 moments' block absmax, m's then v's
+                                 (common/model/optstate.h) */
     FY_KIND_ADAM_SMALL = 11,  /* int8 state: the f32 moments of small tensors, m's then v's */
     FY_KIND_STATE = 12,       /* a unit's whole optimizer state, its pieces one after another
-                                 (common/model/optstate.h): an update or conversion of a unit in pieces */
+                                 (common/model/optstate.h): an update or conversion of a unit
+                                 in pieces */
     FY_KIND_COUNT
 };
 

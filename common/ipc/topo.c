@@ -1,6 +1,7 @@
-/* Machine topology through hwloc: what the log shows about the machine, where each worker runs by
- * default, the --affinity override, and process/thread/memory binding. Every placement decision
- * reads t->allowed, our own copy of the usable cpus, so tests can narrow it like a cgroup would. */
+/* Machine topology through hwloc: what the log shows about the machine, where the GPU and the
+ * store's disk sit, and process/thread/memory binding. Every placement decision (here and in
+ * affinity.c) reads t->allowed, our own copy of the usable cpus, so tests can narrow it like a
+ * cgroup would. */
 #include "common/ipc/topo.h"
 
 #include <errno.h>
@@ -18,9 +19,6 @@
 #include "common/base/check.h"
 #include "common/base/log.h"
 
-/* Above any real machine's PU index; keeps "0-4000000000" from allocating a huge bitmap. */
-#define TOPO_CPU_LIMIT (1 << 20)
-
 struct fy_topo {
     hwloc_topology_t topo;
     int synthetic;
@@ -33,167 +31,9 @@ struct fy_topo {
     char ssd_desc[200];     /* what fy_topo_locate_ssd found (empty before it ran) */
 };
 
-/* Like FY_HWLOC, but jumps to the function's cleanup (label out, variable rc) so bitmaps are freed.
- */
-#define TOPO_HW(expr, ...)                                                                         \
-    do {                                                                                           \
-        if ((expr) < 0) {                                                                          \
-            rc = errno ? -errno : -EINVAL;                                                         \
-            char topo_what_[256];                                                                  \
-            snprintf(topo_what_, sizeof topo_what_, __VA_ARGS__);                                  \
-            fy_error("%s: hwloc: %s", topo_what_, strerror(-rc));                                  \
-            goto out;                                                                              \
-        }                                                                                          \
-    } while (0)
-
-/* hwloc_bitmap_alloc or -ENOMEM through the same cleanup. */
-#define TOPO_ALLOC(var)                                                                            \
-    do {                                                                                           \
-        if (((var) = hwloc_bitmap_alloc()) == NULL) {                                              \
-            fy_error("hwloc_bitmap_alloc: out of memory");                                         \
-            rc = -ENOMEM;                                                                          \
-            goto out;                                                                              \
-        }                                                                                          \
-    } while (0)
-
-/* ---- cpu lists ---------------------------------------------------------------------------- */
-
-static const char *skip_spaces(const char *p, const char *end)
-{
-    while (p < end && (*p == ' ' || *p == '\t'))
-        p++;
-    return p;
-}
-
-static int parse_num(const char **pp, const char *end, long *out)
-{
-    const char *p = *pp;
-    long v = 0;
-    if (p >= end || *p < '0' || *p > '9')
-        return -EINVAL;
-    while (p < end && *p >= '0' && *p <= '9') {
-        v = v * 10 + (*p - '0');
-        if (v >= TOPO_CPU_LIMIT)
-            return -ERANGE;
-        p++;
-    }
-    *pp = p;
-    *out = v;
-    return 0;
-}
-
-/* One item "N" or "N-M" in [b, e), added to set; on error writes why into err. */
-static int parse_item(const char *b, const char *e, hwloc_bitmap_t set, char *err, size_t errlen)
-{
-    const char *p = skip_spaces(b, e);
-    long lo, hi;
-    int rc;
-    if (p == e) {
-        snprintf(err, errlen, "empty item");
-        return -EINVAL;
-    }
-    if ((rc = parse_num(&p, e, &lo)) < 0)
-        goto bad;
-    hi = lo;
-    p = skip_spaces(p, e);
-    if (p < e && *p == '-') {
-        p = skip_spaces(p + 1, e);
-        if ((rc = parse_num(&p, e, &hi)) < 0)
-            goto bad;
-        p = skip_spaces(p, e);
-    }
-    if (p != e) {
-        rc = -EINVAL;
-        goto bad;
-    }
-    if (hi < lo) {
-        snprintf(err, errlen, "range '%.*s' is backwards (write low-high)", (int)(e - b), b);
-        return -EINVAL;
-    }
-    for (long c = lo; c <= hi; c++) {
-        if (hwloc_bitmap_isset(set, (unsigned)c)) {
-            snprintf(err, errlen, "cpu %ld is listed twice", c);
-            return -EINVAL;
-        }
-        if (hwloc_bitmap_set(set, (unsigned)c) < 0) {
-            snprintf(err, errlen, "out of memory");
-            return -ENOMEM;
-        }
-    }
-    return 0;
-bad:
-    if (rc == -ERANGE)
-        snprintf(err, errlen, "cpu number in '%.*s' is too large (limit %d)", (int)(e - b), b,
-                 TOPO_CPU_LIMIT - 1);
-    else
-        snprintf(err, errlen, "'%.*s' is not a cpu number or range like 4 or 2-15", (int)(e - b),
-                 b);
-    return -EINVAL;
-}
-
-/* A whole comma-separated list into set (cleared first). */
-static int parse_list(const char *list, hwloc_bitmap_t set, char *err, size_t errlen)
-{
-    hwloc_bitmap_zero(set);
-    if (list == NULL || *skip_spaces(list, list + strlen(list)) == 0) {
-        snprintf(err, errlen, "empty cpu list");
-        return -EINVAL;
-    }
-    const char *p = list;
-    for (;;) {
-        const char *comma = strchr(p, ',');
-        const char *e = comma ? comma : p + strlen(p);
-        int rc = parse_item(p, e, set, err, errlen);
-        if (rc < 0)
-            return rc;
-        if (comma == NULL)
-            return 0;
-        p = comma + 1;
-    }
-}
-
-int fy_cpulist_parse(const char *list, int *cpus, int max)
-{
-    char err[256];
-    int rc, n = 0;
-    hwloc_bitmap_t set = NULL;
-    TOPO_ALLOC(set);
-    rc = parse_list(list, set, err, sizeof err);
-    if (rc < 0) {
-        fy_error("cpu list '%s': %s", list ? list : "(null)", err);
-        goto out;
-    }
-    int weight = hwloc_bitmap_weight(set);
-    if (cpus != NULL && weight > max) {
-        fy_error("cpu list '%s' names %d cpus, more than the %d expected here", list, weight, max);
-        rc = -EINVAL;
-        goto out;
-    }
-    if (cpus != NULL) {
-        for (int c = hwloc_bitmap_first(set); c >= 0; c = hwloc_bitmap_next(set, c))
-            cpus[n++] = c;
-    } else {
-        n = weight;
-    }
-    rc = n;
-out:
-    hwloc_bitmap_free(set);
-    return rc;
-}
-
-static int set_to_list(hwloc_const_bitmap_t set, char *buf, size_t len)
-{
-    int n = hwloc_bitmap_list_snprintf(buf, len, set);
-    if (n < 0)
-        return -EINVAL;
-    if ((size_t)n >= len)
-        return -ERANGE;
-    return 0;
-}
-
 /* ---- loading ------------------------------------------------------------------------------ */
 
-static hwloc_obj_t numa_by_os(const struct fy_topo *t, int os)
+hwloc_obj_t fy_topo_numa_obj(const struct fy_topo *t, int os)
 {
     hwloc_obj_t n = NULL;
     while ((n = hwloc_get_next_obj_by_type(t->topo, HWLOC_OBJ_NUMANODE, n)) != NULL)
@@ -203,7 +43,7 @@ static hwloc_obj_t numa_by_os(const struct fy_topo *t, int os)
 }
 
 /* First allowed PU of a core, -1 if none. */
-static int core_first_pu(const struct fy_topo *t, hwloc_obj_t core)
+int fy_topo_core_first_pu(const struct fy_topo *t, hwloc_obj_t core)
 {
     for (int c = hwloc_bitmap_first(core->cpuset); c >= 0; c = hwloc_bitmap_next(core->cpuset, c))
         if (hwloc_bitmap_isset(t->allowed, (unsigned)c))
@@ -212,7 +52,7 @@ static int core_first_pu(const struct fy_topo *t, hwloc_obj_t core)
 }
 
 /* The NUMA node (OS index) holding a cpu, -1 if none. */
-static int numa_of_cpu(const struct fy_topo *t, int cpu)
+int fy_topo_numa_of_cpu(const struct fy_topo *t, int cpu)
 {
     hwloc_obj_t n = NULL;
     while ((n = hwloc_get_next_obj_by_type(t->topo, HWLOC_OBJ_NUMANODE, n)) != NULL)
@@ -221,7 +61,7 @@ static int numa_of_cpu(const struct fy_topo *t, int cpu)
     return -1;
 }
 
-static int numa_has_allowed(const struct fy_topo *t, hwloc_obj_t n)
+int fy_topo_numa_has_allowed(const struct fy_topo *t, hwloc_obj_t n)
 {
     return n && n->cpuset && hwloc_bitmap_intersects(n->cpuset, t->allowed);
 }
@@ -232,7 +72,7 @@ static int first_allowed_node(const struct fy_topo *t, hwloc_obj_t obj)
 {
     for (int n = obj && obj->nodeset ? hwloc_bitmap_first(obj->nodeset) : -1; n >= 0;
          n = hwloc_bitmap_next(obj->nodeset, n))
-        if (numa_has_allowed(t, numa_by_os(t, n)))
+        if (fy_topo_numa_has_allowed(t, fy_topo_numa_obj(t, n)))
             return n;
     return -1;
 }
@@ -304,7 +144,7 @@ int fy_topo_gpu_cpus(const struct fy_topo *t, int k, char *buf, size_t len)
     if (near == NULL)
         return -ENOMEM;
     int rc = hwloc_bitmap_and(near, anc->cpuset, t->allowed) == 0 && !hwloc_bitmap_iszero(near)
-                 ? set_to_list(near, buf, len)
+                 ? fy_cpulist_of_set(near, buf, len)
                  : -ENOENT;
     hwloc_bitmap_free(near);
     return rc;
@@ -335,7 +175,7 @@ static void locate_gpu(struct fy_topo *t)
     hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(t->topo, gpu);
     if (anc == NULL || anc->cpuset == NULL || anc->nodeset == NULL)
         return;
-    if (set_to_list(anc->cpuset, t->gpu_near, sizeof t->gpu_near) < 0)
+    if (fy_cpulist_of_set(anc->cpuset, t->gpu_near, sizeof t->gpu_near) < 0)
         snprintf(t->gpu_near, sizeof t->gpu_near, "(long list)");
     /* An ancestor spanning several nodes means the firmware did not say; take the first node we
      * may use and let describe() show the ambiguity. */
@@ -359,7 +199,7 @@ static void narrow_to_binding(struct fy_topo *t)
                !hwloc_bitmap_isincluded(t->allowed, cur)) {
         if (hwloc_bitmap_and(t->allowed, t->allowed, cur) == 0) {
             char l[256];
-            if (set_to_list(t->allowed, l, sizeof l) == 0)
+            if (fy_cpulist_of_set(t->allowed, l, sizeof l) == 0)
                 fy_info("process is bound to cpus %s; placing workers within them", l);
         }
     }
@@ -382,13 +222,13 @@ static int topo_load(struct fy_topo **out, const char *synthetic)
         free(t);
         return rc;
     }
-    TOPO_HW(hwloc_topology_set_io_types_filter(t->topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT),
-            "hwloc_topology_set_io_types_filter(KEEP_IMPORTANT)");
+    FY_HWLOC_OUT(rc, hwloc_topology_set_io_types_filter(t->topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT),
+                 "hwloc_topology_set_io_types_filter(KEEP_IMPORTANT)");
     if (synthetic)
-        TOPO_HW(hwloc_topology_set_synthetic(t->topo, synthetic),
-                "synthetic topology '%s' (write it like \"numa:2 core:8 pu:1\")", synthetic);
-    TOPO_HW(hwloc_topology_load(t->topo),
-            "hwloc_topology_load (check that /sys and /proc are mounted)");
+        FY_HWLOC_OUT(rc, hwloc_topology_set_synthetic(t->topo, synthetic),
+                     "synthetic topology '%s' (write it like \"numa:2 core:8 pu:1\")", synthetic);
+    FY_HWLOC_OUT(rc, hwloc_topology_load(t->topo),
+                 "hwloc_topology_load (check that /sys and /proc are mounted)");
     hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(t->topo);
     t->allowed = allowed ? hwloc_bitmap_dup(allowed) : NULL;
     if (t->allowed == NULL) {
@@ -400,7 +240,7 @@ static int topo_load(struct fy_topo **out, const char *synthetic)
         narrow_to_binding(t);
     /* Some platforms report no cores; then each PU counts as one. */
     t->core_depth = hwloc_get_type_or_below_depth(t->topo, HWLOC_OBJ_CORE);
-    TOPO_HW(t->core_depth, "hwloc_get_type_or_below_depth(CORE)");
+    FY_HWLOC_OUT(rc, t->core_depth, "hwloc_get_type_or_below_depth(CORE)");
     locate_gpu(t);
     if (fy_topo_core_count(t) == 0) {
         fy_error("no allowed cpus in the topology; check the cgroup's cpuset and taskset");
@@ -450,7 +290,8 @@ unsigned fy_topo_core_count(const struct fy_topo *t)
     unsigned n = 0;
     int total = hwloc_get_nbobjs_by_depth(t->topo, t->core_depth);
     for (int i = 0; i < total; i++)
-        if (core_first_pu(t, hwloc_get_obj_by_depth(t->topo, t->core_depth, (unsigned)i)) >= 0)
+        if (fy_topo_core_first_pu(t, hwloc_get_obj_by_depth(t->topo, t->core_depth, (unsigned)i)) >=
+            0)
             n++;
     return n;
 }
@@ -469,10 +310,10 @@ int fy_topo_gpu_numa_node(const struct fy_topo *t)
 /* A node given for a device (what: "GPU" or "SSD") must exist and have cpus we may use. */
 static int check_device_node(const struct fy_topo *t, int node, const char *what)
 {
-    hwloc_obj_t n = numa_by_os(t, node);
+    hwloc_obj_t n = fy_topo_numa_obj(t, node);
     FY_REQUIRE(n != NULL, -EINVAL, "%s NUMA node %d does not exist (this machine has %u nodes)",
                what, node, fy_topo_numa_count(t));
-    FY_REQUIRE(numa_has_allowed(t, n), -EINVAL,
+    FY_REQUIRE(fy_topo_numa_has_allowed(t, n), -EINVAL,
                "%s NUMA node %d has no cpus this process may use; pick another node", what, node);
     return 0;
 }
@@ -487,7 +328,7 @@ int fy_topo_set_gpu_numa_node(struct fy_topo *t, int node)
 
 int fy_topo_allowed_cpus(const struct fy_topo *t, char *buf, size_t len)
 {
-    int rc = set_to_list(t->allowed, buf, len);
+    int rc = fy_cpulist_of_set(t->allowed, buf, len);
     FY_REQUIRE(rc == 0, rc, "allowed cpu list does not fit in %zu bytes", len);
     return 0;
 }
@@ -503,10 +344,10 @@ int fy_topo_restrict(struct fy_topo *t, const char *cpulist)
     char err[256], allowed[256];
     int rc = 0;
     hwloc_bitmap_t set = NULL;
-    TOPO_ALLOC(set);
-    if (set_to_list(t->allowed, allowed, sizeof allowed) < 0)
+    FY_CPUSET_ALLOC_OUT(rc, set);
+    if (fy_cpulist_of_set(t->allowed, allowed, sizeof allowed) < 0)
         snprintf(allowed, sizeof allowed, "(too many to list)");
-    rc = parse_list(cpulist, set, err, sizeof err);
+    rc = fy_cpulist_to_set(cpulist, set, err, sizeof err);
     if (rc < 0) {
         fy_error("cpu restriction '%s': %s", cpulist ? cpulist : "(null)", err);
         goto out;
@@ -516,8 +357,8 @@ int fy_topo_restrict(struct fy_topo *t, const char *cpulist)
         rc = -EINVAL;
         goto out;
     }
-    TOPO_HW(hwloc_bitmap_and(t->allowed, t->allowed, set), "restricting allowed cpus");
-    if (t->gpu_numa >= 0 && !numa_has_allowed(t, numa_by_os(t, t->gpu_numa)))
+    FY_HWLOC_OUT(rc, hwloc_bitmap_and(t->allowed, t->allowed, set), "restricting allowed cpus");
+    if (t->gpu_numa >= 0 && !fy_topo_numa_has_allowed(t, fy_topo_numa_obj(t, t->gpu_numa)))
         fy_info("GPU NUMA node %d has no allowed cpus left; workers go elsewhere", t->gpu_numa);
 out:
     hwloc_bitmap_free(set);
@@ -551,7 +392,7 @@ void fy_topo_describe(const struct fy_topo *t, char *buf, size_t len)
            nn == 1 ? "" : "s");
     hwloc_obj_t n = NULL;
     while ((n = hwloc_get_next_obj_by_type(t->topo, HWLOC_OBJ_NUMANODE, n)) != NULL) {
-        if (n->cpuset == NULL || set_to_list(n->cpuset, l, sizeof l) < 0)
+        if (n->cpuset == NULL || fy_cpulist_of_set(n->cpuset, l, sizeof l) < 0)
             snprintf(l, sizeof l, "?");
         append(buf, len, &off, " node %u cpus %s, %.1f GiB;", n->os_index, l,
                (double)n->attr->numanode.local_memory / (1024.0 * 1024.0 * 1024.0));
@@ -560,7 +401,7 @@ void fy_topo_describe(const struct fy_topo *t, char *buf, size_t len)
     int total_pus = hwloc_get_nbobjs_by_type(t->topo, HWLOC_OBJ_PU);
     append(buf, len, &off, " %d cores, %d PUs (allowed: %u cores, %u PUs);", total_cores, total_pus,
            fy_topo_core_count(t), fy_topo_pu_count(t));
-    if (set_to_list(t->allowed, l, sizeof l) < 0)
+    if (fy_cpulist_of_set(t->allowed, l, sizeof l) < 0)
         snprintf(l, sizeof l, "(too many to list)");
     append(buf, len, &off, " allowed cpus %s;", l);
     if (t->gpu_desc[0] == 0 && t->gpu_numa < 0)
@@ -662,133 +503,8 @@ int fy_topo_set_ssd_numa_node(struct fy_topo *t, int node)
     return 0;
 }
 
-/* ---- affinity ----------------------------------------------------------------------------- */
-
-/* The node workers go on: the GPU's if it has allowed cpus, else the first allowed core's. */
-static int placement_node(const struct fy_topo *t, int first_cpu)
-{
-    if (t->gpu_numa >= 0) {
-        if (numa_has_allowed(t, numa_by_os(t, t->gpu_numa)))
-            return t->gpu_numa;
-        fy_warn("the GPU's NUMA node %d has no allowed cpus; placing workers on the node of cpu %d "
-                "instead (widen the cgroup/taskset to include node %d for best bandwidth)",
-                t->gpu_numa, first_cpu, t->gpu_numa);
-    }
-    return numa_of_cpu(t, first_cpu);
-}
-
-/* cpu_backend: the gpu worker computes the model on the CPU, so it also gets the opt worker's cores
- * (AdamW runs mostly beside the backward, and takes much less of them). */
-static int default_placement(const struct fy_topo *t, int cpu_backend, struct fy_affinity *out)
-{
-    FY_REQUIRE(t != NULL && out != NULL, -EINVAL, "fy_affinity_default: NULL argument");
-    int rc = 0;
-    int total = hwloc_get_nbobjs_by_depth(t->topo, t->core_depth);
-    hwloc_bitmap_t gpu = NULL, io = NULL, opt = NULL;
-    int *order = calloc((size_t)(total > 0 ? total : 1), sizeof *order);
-    FY_REQUIRE(order != NULL, -ENOMEM, "fy_affinity_default: out of memory");
-    TOPO_ALLOC(gpu);
-    TOPO_ALLOC(io);
-    TOPO_ALLOC(opt);
-
-    /* First PUs of allowed cores: those of the chosen node first, then the others. */
-    int first = -1;
-    for (int i = 0; i < total && first < 0; i++)
-        first = core_first_pu(t, hwloc_get_obj_by_depth(t->topo, t->core_depth, (unsigned)i));
-    if (first < 0) {
-        fy_error("no allowed cpus; check the cgroup's cpuset and taskset");
-        rc = -ENODEV;
-        goto out;
-    }
-    int node = placement_node(t, first);
-    hwloc_obj_t nobj = node >= 0 ? numa_by_os(t, node) : NULL;
-    int n = 0, in_node = 0;
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < total; i++) {
-            int pu = core_first_pu(t, hwloc_get_obj_by_depth(t->topo, t->core_depth, (unsigned)i));
-            if (pu < 0)
-                continue;
-            int inside = nobj == NULL || hwloc_bitmap_isset(nobj->cpuset, (unsigned)pu);
-            if (inside == (pass == 0))
-                order[n++] = pu;
-        }
-    for (int i = 0; i < n && nobj; i++)
-        in_node += hwloc_bitmap_isset(nobj->cpuset, (unsigned)order[i]);
-    if (nobj == NULL)
-        in_node = n;
-    /* The io worker's core: on the SSD's node when that is another node with an allowed core and
-     * the GPU's node keeps at least three (the gpu worker and two for AdamW). */
-    int ssd_pu = -1;
-    hwloc_obj_t sobj = t->ssd_numa >= 0 && t->ssd_numa != node ? numa_by_os(t, t->ssd_numa) : NULL;
-    for (int i = in_node; sobj != NULL && in_node >= 3 && i < n && ssd_pu < 0; i++)
-        if (hwloc_bitmap_isset(sobj->cpuset, (unsigned)order[i]))
-            ssd_pu = order[i];
-
-    if (n < 3) {
-        TOPO_HW(hwloc_bitmap_only(gpu, (unsigned)order[0]), "building gpu cpuset");
-        TOPO_HW(hwloc_bitmap_only(io, (unsigned)order[0]), "building io cpuset");
-        for (int i = 0; i < n; i++)
-            TOPO_HW(hwloc_bitmap_set(opt, (unsigned)order[i]), "building opt cpuset");
-        if (cpu_backend)
-            fy_info("only %d allowed core%s: the io worker on cpu %d, the gpu worker (CPU backend) "
-                    "and the opt worker on all", n, n == 1 ? "" : "s", order[0]);
-        else
-            fy_info("only %d allowed core%s: gpu and io workers share cpu %d, opt uses all", n,
-                    n == 1 ? "" : "s", order[0]);
-    } else if (ssd_pu >= 0) {
-        /* The store's disk hangs off another node: the io worker there, the others as before. */
-        TOPO_HW(hwloc_bitmap_only(gpu, (unsigned)order[0]), "building gpu cpuset");
-        TOPO_HW(hwloc_bitmap_only(io, (unsigned)ssd_pu), "building io cpuset");
-        for (int i = 1; i < in_node; i++)
-            TOPO_HW(hwloc_bitmap_set(opt, (unsigned)order[i]), "building opt cpuset");
-    } else {
-        TOPO_HW(hwloc_bitmap_only(gpu, (unsigned)order[0]), "building gpu cpuset");
-        TOPO_HW(hwloc_bitmap_only(io, (unsigned)order[1]), "building io cpuset");
-        /* A node too small for all three spills opt onto the other nodes rather than sharing. */
-        int end = in_node >= 3 ? in_node : n;
-        if (in_node < 3)
-            fy_info("NUMA node %d has only %d allowed core%s; opt worker uses cores of other nodes",
-                    node, in_node, in_node == 1 ? "" : "s");
-        for (int i = 2; i < end; i++)
-            TOPO_HW(hwloc_bitmap_set(opt, (unsigned)order[i]), "building opt cpuset");
-    }
-    if (cpu_backend)
-        TOPO_HW(hwloc_bitmap_or(gpu, gpu, opt), "building gpu cpuset");
-    struct fy_affinity a;
-    memset(&a, 0, sizeof a);
-    a.numa_node = node;
-    a.io_near_ssd = ssd_pu >= 0;
-    if (set_to_list(gpu, a.gpu, sizeof a.gpu) < 0 || set_to_list(io, a.io, sizeof a.io) < 0 ||
-        set_to_list(opt, a.opt, sizeof a.opt) < 0) {
-        fy_error("default cpu lists do not fit in %zu bytes; give --affinity with ranges",
-                 sizeof a.opt);
-        rc = -ERANGE;
-        goto out;
-    }
-    *out = a;
-out:
-    free(order);
-    hwloc_bitmap_free(gpu);
-    hwloc_bitmap_free(io);
-    hwloc_bitmap_free(opt);
-    return rc;
-}
-
-int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out)
-{
-    return default_placement(t, 0, out);
-}
-
-int fy_affinity_default_cpu_backend(const struct fy_topo *t, struct fy_affinity *out)
-{
-    return default_placement(t, 1, out);
-}
-
-enum { W_GPU, W_IO, W_OPT, W_COUNT };
-static const char *const worker_names[W_COUNT] = {"gpu", "io", "opt"};
-
 /* Every cpu of set must be a PU of this machine and allowed; err names the first that is not. */
-static int check_cpus(const struct fy_topo *t, hwloc_const_bitmap_t set, char *err, size_t errlen)
+int fy_topo_check_cpus(const struct fy_topo *t, hwloc_const_bitmap_t set, char *err, size_t errlen)
 {
     for (int c = hwloc_bitmap_first(set); c >= 0; c = hwloc_bitmap_next(set, c)) {
         if (hwloc_get_pu_obj_by_os_index(t->topo, (unsigned)c) == NULL) {
@@ -803,119 +519,11 @@ static int check_cpus(const struct fy_topo *t, hwloc_const_bitmap_t set, char *e
     return 0;
 }
 
-int fy_affinity_parse(const struct fy_topo *t, const char *spec, struct fy_affinity *inout)
-{
-    FY_REQUIRE(t != NULL && inout != NULL, -EINVAL, "fy_affinity_parse: NULL argument");
-    char allowed[256], err[256];
-    if (set_to_list(t->allowed, allowed, sizeof allowed) < 0)
-        snprintf(allowed, sizeof allowed, "(too many to list)");
-    FY_USAGE(spec != NULL && *skip_spaces(spec, spec + strlen(spec)) != 0,
-             "--affinity: empty spec; write it like gpu=0,io=1,opt=2-15 (allowed cpus: %s)",
-             allowed);
-    int rc = 0;
-    hwloc_bitmap_t sets[W_COUNT] = {NULL, NULL, NULL};
-    hwloc_bitmap_t item = NULL;
-    int named[W_COUNT] = {0, 0, 0};
-    for (int w = 0; w < W_COUNT; w++)
-        TOPO_ALLOC(sets[w]);
-    TOPO_ALLOC(item);
+struct hwloc_topology *fy_topo_hwloc(const struct fy_topo *t) { return t->topo; }
 
-    int cur = -1;
-    const char *p = spec;
-    for (;;) {
-        const char *comma = strchr(p, ',');
-        const char *e = comma ? comma : p + strlen(p);
-        int tl = (int)(e - p);
-        const char *eq = memchr(p, '=', (size_t)(e - p));
-        const char *val = p;
-        if (eq != NULL) {
-            const char *nb = skip_spaces(p, eq), *ne = eq;
-            while (ne > nb && (ne[-1] == ' ' || ne[-1] == '\t'))
-                ne--;
-            cur = -1;
-            for (int w = 0; w < W_COUNT; w++)
-                if ((size_t)(ne - nb) == strlen(worker_names[w]) &&
-                    strncmp(nb, worker_names[w], (size_t)(ne - nb)) == 0)
-                    cur = w;
-            if (cur < 0) {
-                fy_error("--affinity '%s': token '%.*s': unknown worker '%.*s' (use gpu, io or "
-                         "opt); allowed cpus: %s",
-                         spec, tl, p, (int)(ne - nb), nb, allowed);
-                rc = -FY_EUSAGE;
-                goto out;
-            }
-            if (named[cur]) {
-                fy_error("--affinity '%s': token '%.*s': worker %s given twice; allowed cpus: %s",
-                         spec, tl, p, worker_names[cur], allowed);
-                rc = -FY_EUSAGE;
-                goto out;
-            }
-            named[cur] = 1;
-            val = eq + 1;
-        } else if (cur < 0) {
-            fy_error("--affinity '%s': token '%.*s': no worker named before it; write it like "
-                     "gpu=0,io=1,opt=2-15 (allowed cpus: %s)",
-                     spec, tl, p, allowed);
-            rc = -FY_EUSAGE;
-            goto out;
-        }
-        hwloc_bitmap_zero(item);
-        if (eq != NULL && skip_spaces(val, e) == e) {
-            snprintf(err, sizeof err, "empty cpu list for %s", worker_names[cur]);
-            rc = -EINVAL;
-        } else {
-            rc = parse_item(val, e, item, err, sizeof err);
-        }
-        if (rc == 0 && hwloc_bitmap_intersects(item, sets[cur])) {
-            snprintf(err, sizeof err, "cpu %d already listed for %s", hwloc_bitmap_first(item),
-                     worker_names[cur]);
-            rc = -EINVAL;
-        }
-        if (rc == 0)
-            rc = check_cpus(t, item, err, sizeof err);
-        if (rc < 0) {
-            fy_error("--affinity '%s': token '%.*s': %s; allowed cpus: %s", spec, tl, p, err,
-                     allowed);
-            rc = -FY_EUSAGE;
-            goto out;
-        }
-        TOPO_HW(hwloc_bitmap_or(sets[cur], sets[cur], item), "building %s cpuset",
-                worker_names[cur]);
-        if (comma == NULL)
-            break;
-        p = comma + 1;
-    }
+const struct hwloc_bitmap_s *fy_topo_allowed_set(const struct fy_topo *t) { return t->allowed; }
 
-    struct fy_affinity a = *inout;
-    char *dst[W_COUNT] = {a.gpu, a.io, a.opt};
-    for (int w = 0; w < W_COUNT; w++) {
-        if (!named[w])
-            continue;
-        if (set_to_list(sets[w], dst[w], sizeof a.gpu) < 0) {
-            fy_error("--affinity: %s cpu list does not fit in %zu bytes; use ranges",
-                     worker_names[w], sizeof a.gpu);
-            rc = -FY_EUSAGE;
-            goto out;
-        }
-    }
-    /* The opt worker touches the shared pool most, so the pool follows it. */
-    if (parse_list(a.opt, item, err, sizeof err) == 0) {
-        int node = numa_of_cpu(t, hwloc_bitmap_first(item));
-        if (node >= 0 && node != a.numa_node) {
-            fy_info("--affinity: opt worker is on NUMA node %d; shared memory goes there", node);
-            a.numa_node = node;
-        }
-    }
-    if (named[W_GPU] && named[W_IO] && hwloc_bitmap_intersects(sets[W_GPU], sets[W_IO]))
-        fy_info("--affinity: gpu and io workers share cpus");
-    *inout = a;
-    rc = 0;
-out:
-    for (int w = 0; w < W_COUNT; w++)
-        hwloc_bitmap_free(sets[w]);
-    hwloc_bitmap_free(item);
-    return rc;
-}
+int fy_topo_core_depth(const struct fy_topo *t) { return t->core_depth; }
 
 /* ---- binding ------------------------------------------------------------------------------ */
 
@@ -932,9 +540,10 @@ int fy_topo_get_binding(const struct fy_topo *t, char *buf, size_t len)
     FY_TRY(require_real(t, "fy_topo_get_binding"));
     int rc = 0;
     hwloc_bitmap_t cur = NULL;
-    TOPO_ALLOC(cur);
-    TOPO_HW(hwloc_get_cpubind(t->topo, cur, HWLOC_CPUBIND_PROCESS), "reading process binding");
-    rc = set_to_list(cur, buf, len);
+    FY_CPUSET_ALLOC_OUT(rc, cur);
+    FY_HWLOC_OUT(rc, hwloc_get_cpubind(t->topo, cur, HWLOC_CPUBIND_PROCESS),
+                 "reading process binding");
+    rc = fy_cpulist_of_set(cur, buf, len);
     if (rc < 0)
         fy_error("process binding does not fit in %zu bytes", len);
 out:
@@ -948,23 +557,25 @@ int fy_topo_bind_self(const struct fy_topo *t, const char *cpulist, char *actual
     char err[256], allowed[256];
     int rc = 0;
     hwloc_bitmap_t set = NULL;
-    TOPO_ALLOC(set);
-    if (set_to_list(t->allowed, allowed, sizeof allowed) < 0)
+    FY_CPUSET_ALLOC_OUT(rc, set);
+    if (fy_cpulist_of_set(t->allowed, allowed, sizeof allowed) < 0)
         snprintf(allowed, sizeof allowed, "(too many to list)");
-    rc = parse_list(cpulist, set, err, sizeof err);
+    rc = fy_cpulist_to_set(cpulist, set, err, sizeof err);
     if (rc == 0)
-        rc = check_cpus(t, set, err, sizeof err);
+        rc = fy_topo_check_cpus(t, set, err, sizeof err);
     if (rc < 0) {
         fy_error("binding to cpus '%s': %s; allowed cpus: %s", cpulist ? cpulist : "(null)", err,
                  allowed);
         goto out;
     }
-    TOPO_HW(hwloc_set_cpubind(t->topo, set, HWLOC_CPUBIND_PROCESS),
-            "binding process to cpus %s (is a cgroup or seccomp forbidding sched_setaffinity?)",
-            cpulist);
+    FY_HWLOC_OUT(
+        rc, hwloc_set_cpubind(t->topo, set, HWLOC_CPUBIND_PROCESS),
+        "binding process to cpus %s (is a cgroup or seccomp forbidding sched_setaffinity?)",
+        cpulist);
     if (actual != NULL && actual_len > 0) {
-        TOPO_HW(hwloc_get_cpubind(t->topo, set, HWLOC_CPUBIND_PROCESS), "reading process binding");
-        rc = set_to_list(set, actual, actual_len);
+        FY_HWLOC_OUT(rc, hwloc_get_cpubind(t->topo, set, HWLOC_CPUBIND_PROCESS),
+                     "reading process binding");
+        rc = fy_cpulist_of_set(set, actual, actual_len);
         if (rc < 0) {
             fy_error("process binding does not fit in %zu bytes", actual_len);
             goto out;
@@ -982,9 +593,10 @@ int fy_topo_bind_thread(const struct fy_topo *t, int cpu)
                "binding thread to cpu %d: no such cpu or not allowed for this process", cpu);
     int rc = 0;
     hwloc_bitmap_t set = NULL;
-    TOPO_ALLOC(set);
-    TOPO_HW(hwloc_bitmap_only(set, (unsigned)cpu), "building cpuset");
-    TOPO_HW(hwloc_set_cpubind(t->topo, set, HWLOC_CPUBIND_THREAD), "binding thread to cpu %d", cpu);
+    FY_CPUSET_ALLOC_OUT(rc, set);
+    FY_HWLOC_OUT(rc, hwloc_bitmap_only(set, (unsigned)cpu), "building cpuset");
+    FY_HWLOC_OUT(rc, hwloc_set_cpubind(t->topo, set, HWLOC_CPUBIND_THREAD),
+                 "binding thread to cpu %d", cpu);
 out:
     hwloc_bitmap_free(set);
     return rc;
@@ -997,7 +609,7 @@ int fy_topo_bind_memory(const struct fy_topo *t, void *addr, size_t len, int num
     FY_REQUIRE(addr != NULL && len > 0 && page > 0 && (uintptr_t)addr % (uintptr_t)page == 0,
                -EINVAL, "binding memory %p+%zu: address must be page-aligned and length > 0", addr,
                len);
-    hwloc_obj_t n = numa_by_os(t, numa_node);
+    hwloc_obj_t n = fy_topo_numa_obj(t, numa_node);
     FY_REQUIRE(n != NULL && n->nodeset != NULL, -EINVAL,
                "binding memory to NUMA node %d: no such node (this machine has %u)", numa_node,
                fy_topo_numa_count(t));

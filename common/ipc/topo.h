@@ -1,11 +1,13 @@
-/* Machine topology through hwloc: NUMA nodes, cores, the cpus this process may use and where the
- * GPU sits; the default placement of the gpu, io and opt workers, the --affinity override, and
- * binding of processes, threads and memory.
- * Cpu lists are OS PU indexes ("0", "2-15", "0,2,4-6"). */
+/* Machine topology through hwloc: NUMA nodes, cores, the cpus this process may use, where the
+ * GPU and the store's disk sit, and binding of processes, threads and memory. The workers'
+ * placement is common/ipc/affinity.h. Cpu lists are OS PU indexes ("0", "2-15", "0,2,4-6":
+ * common/ipc/cpulist.h). */
 #ifndef FY_TOPO_H
 #define FY_TOPO_H
 
 #include <stddef.h>
+
+#include "common/ipc/cpulist.h"
 
 struct fy_topo;
 
@@ -49,37 +51,6 @@ int fy_topo_cpu_allowed(const struct fy_topo *t, int cpu);
  * (or "GPU locality: not visible to hwloc"). Truncated to len. */
 void fy_topo_describe(const struct fy_topo *t, char *buf, size_t len);
 
-struct fy_affinity {
-    char gpu[256];
-    char io[256];
-    char opt[256];
-    int numa_node; /* OS index of the node the shared pool should live on; -1 if unknown */
-    int io_near_ssd; /* the default placed the io worker on the SSD's node, not the GPU's */
-};
-
-/* Placement on the allowed cores of the GPU's NUMA node (else the node of the first allowed core),
- * one PU per core (the first allowed one): gpu one core, io the next, opt the rest of the node.
- * When the store's disk is on another node (fy_topo_locate_ssd) with an allowed core and the
- * GPU's node has at least three, the io worker goes on that node's first allowed core instead and
- * opt takes every core of the GPU's node but the gpu worker's. With fewer than 3 allowed cores gpu
- * and io share the first core and opt gets all of them. */
-int fy_affinity_default(const struct fy_topo *t, struct fy_affinity *out);
-/* The default where the gpu worker computes on the CPU (the CPU backend): as fy_affinity_default,
- * and the gpu worker also on every core of the opt worker, which it shares with AdamW (mostly
- * running beside the backward); the io worker keeps its core. On 2 cores: gpu=0-1,io=0,opt=0-1. */
-int fy_affinity_default_cpu_backend(const struct fy_topo *t, struct fy_affinity *out);
-/* Applies "gpu=0,io=1,opt=2-15" on top of *inout; a token without '=' continues the previous
- * worker's list; unnamed workers keep their lists. Every cpu must exist and be allowed. Lists come
- * back normalized ("2,3,4-6" -> "2-6"); numa_node follows the opt worker's first cpu. On error
- * *inout is unchanged and -FY_EUSAGE (common/base/check.h: a usage error) is returned after one line
- * naming the token. */
-int fy_affinity_parse(const struct fy_topo *t, const char *spec, struct fy_affinity *inout);
-
-/* Parses a cpu list into ascending os indexes; returns the count (<= max) or -EINVAL with a
- * message. Spaces around items are accepted; duplicates, empty items and backwards ranges are
- * not. cpus may be NULL to only count (max is then ignored). */
-int fy_cpulist_parse(const char *list, int *cpus, int max);
-
 /* Binds every thread of the calling process to cpulist and writes the binding then in effect
  * (hwloc_get_cpubind) to actual, so the worker can log it. actual may be NULL. */
 int fy_topo_bind_self(const struct fy_topo *t, const char *cpulist, char *actual,
@@ -93,5 +64,26 @@ int fy_topo_bind_thread(const struct fy_topo *t, int cpu);
  * (-ENOSYS, -EPERM, -EXDEV): these are returned with only a debug line, for the caller to warn;
  * other failures log an error. */
 int fy_topo_bind_memory(const struct fy_topo *t, void *addr, size_t len, int numa_node);
+
+/* ---- for the placement (common/ipc/affinity.c): the topology as hwloc holds it ---- */
+struct hwloc_topology; /* hwloc_topology_t */
+struct hwloc_obj;      /* hwloc_obj_t */
+struct hwloc_topology *fy_topo_hwloc(const struct fy_topo *t);
+/* The cpus this process may use (fy_topo_allowed_cpus as a set). */
+const struct hwloc_bitmap_s *fy_topo_allowed_set(const struct fy_topo *t);
+/* The depth of cores in hwloc's tree (of PUs where hwloc reports no cores). */
+int fy_topo_core_depth(const struct fy_topo *t);
+/* The NUMA node of OS index os; NULL if none. */
+struct hwloc_obj *fy_topo_numa_obj(const struct fy_topo *t, int os);
+/* The first allowed PU of a core; -1 if none. */
+int fy_topo_core_first_pu(const struct fy_topo *t, struct hwloc_obj *core);
+/* The NUMA node (OS index) holding a cpu; -1 if none. */
+int fy_topo_numa_of_cpu(const struct fy_topo *t, int cpu);
+/* 1 if node n (may be NULL) has cpus this process may use. */
+int fy_topo_numa_has_allowed(const struct fy_topo *t, struct hwloc_obj *n);
+/* Every cpu of set must be a PU of this machine and allowed; -EINVAL with err naming the first
+ * that is not. */
+int fy_topo_check_cpus(const struct fy_topo *t, const struct hwloc_bitmap_s *set, char *err,
+                       size_t errlen);
 
 #endif

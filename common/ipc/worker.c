@@ -279,23 +279,23 @@ int fy_worker_main(int argc, char **argv, const char *name, const struct fy_work
     w.cfg = calloc(1, sizeof *w.cfg);
     void *state = NULL;
     int initialised = 0;
-    rc = w.cfg ? worker_setup(&w) : -ENOMEM;
-    if (rc == 0) {
-        rc = ops->init(&w, &state);
-        initialised = rc == 0;
+    if (w.cfg == NULL) {
+        rc = -ENOMEM;
+        goto out;
     }
-    if (rc == 0) {
-        fy_info("ready: pid %d on cpus %s, pool %s (%llu bytes)", (int)getpid(), w.cpus,
-                fy_pool_name(w.pool), (unsigned long long)fy_pool_size(w.pool));
-        struct fy_desc ready;
-        memset(&ready, 0, sizeof ready);
-        ready.op = FY_OP_READY;
-        ready.kind = FY_KIND_CONTROL;
-        ready.arg = (uint64_t)getpid();
-        rc = fy_chan_send(w.chan, NULL, &ready, 1);
-    }
-    if (rc == 0)
-        rc = serve(&w, ops, state);
+    FY_TRY_OUT(rc, worker_setup(&w));
+    FY_TRY_OUT(rc, ops->init(&w, &state));
+    initialised = 1;
+    fy_info("ready: pid %d on cpus %s, pool %s (%llu bytes)", (int)getpid(), w.cpus,
+            fy_pool_name(w.pool), (unsigned long long)fy_pool_size(w.pool));
+    struct fy_desc ready;
+    memset(&ready, 0, sizeof ready);
+    ready.op = FY_OP_READY;
+    ready.kind = FY_KIND_CONTROL;
+    ready.arg = (uint64_t)getpid();
+    FY_TRY_OUT(rc, fy_chan_send(w.chan, NULL, &ready, 1));
+    rc = serve(&w, ops, state);
+out:
     if (initialised)
         ops->fini(&w, state);
     fy_chan_destroy(&w.chan);

@@ -400,21 +400,28 @@ static void totals_move(struct totals *t, const struct item *it, int from, int t
         t->R += it->saved;
 }
 
-static int plan_auto(const struct fy_actplan_profile *p, const struct fy_actplan_sizes *s,
-                     unsigned char *place)
+/* The auto planner's search: its items, the best placement found so far with its totals and
+ * score. */
+struct search {
+    const struct fy_actplan_profile *p;
+    const struct fy_actplan_sizes *s;
+    struct item *it;
+    int n, nck;    /* items, the first nck of them the checkpoints */
+    double R0;     /* the recompute time with nothing kept */
+    double sf, sb; /* the blocks' forward and backward time */
+    unsigned char *place;
+    struct totals bt;
+    struct score best;
+};
+
+/* The items: the checkpoints first (mandatory), then the candidates that save recompute time,
+ * ranked. */
+static void search_items(struct search *x)
 {
+    const struct fy_actplan_profile *p = x->p;
+    const struct fy_actplan_sizes *s = x->s;
     int L = p->n_layer;
-    struct item *it = calloc((size_t)L * FY_ACT_KINDS, sizeof *it);
-    int *order = calloc((size_t)L * FY_ACT_KINDS, sizeof *order);
-    unsigned char *trial = malloc((size_t)L * FY_ACT_KINDS);
-    if (it == NULL || order == NULL || trial == NULL) {
-        free(it);
-        free(order);
-        free(trial);
-        fy_error("activation plan: out of memory for %d layers", L);
-        return -ENOMEM;
-    }
-    /* Items: the checkpoints first (mandatory), then the ranked candidates. */
+    struct item *it = x->it;
     double R0 = 0;
     unsigned char none[FY_ACT_KINDS] = {0};
     int n = 0;
@@ -435,33 +442,110 @@ static int plan_auto(const struct fy_actplan_profile *p, const struct fy_actplan
                 it[n++] = (struct item){l, k, s->bytes[k], saved};
         }
     qsort(it + nck, (size_t)(n - nck), sizeof *it, item_rank);
+    x->n = n;
+    x->nck = nck;
+    x->R0 = R0;
+}
 
-    double sf, sb;
-    sum_blocks(p, &sf, &sb);
-    struct score best = {INFINITY, INFINITY};
-    struct totals bt = {{0}, 0};
-    /* Each prefix is packed largest item first (first-fit decreasing), which fills the GPU and
-     * the host closer than the ranking's order would. */
+/* The best of the ranking's prefixes, each packed largest item first (first-fit decreasing), which
+ * fills the GPU and the host closer than the ranking's order would; x->best stays infinite where
+ * the checkpoints alone do not fit. order and trial: room for every item, every placement. */
+static void search_prefixes(struct search *x, int *order, unsigned char *trial)
+{
+    const struct fy_actplan_profile *p = x->p;
+    int L = p->n_layer, n = x->n, nck = x->nck;
     for (int i = 0; i < nck; i++)
         order[i] = i;
     for (int k = 0; k <= n - nck; k++) {
         if (k > 0)
-            order_insert(it, order, nck + k - 1, nck + k - 1);
-        struct totals t = {{0}, R0};
-        all_recompute(L, s, trial, &t);
-        if (pack(p, it, order, nck + k, trial, &t) < 0) {
+            order_insert(x->it, order, nck + k - 1, nck + k - 1);
+        struct totals t = {{0}, x->R0};
+        all_recompute(L, x->s, trial, &t);
+        if (pack(p, x->it, order, nck + k, trial, &t) < 0) {
             if (k == 0)
                 break; /* the checkpoints alone do not fit */
             continue;
         }
-        struct score sc = totals_score(p, sf, sb, &t);
-        if (score_better(sc, best)) {
-            best = sc;
-            bt = t;
-            memcpy(place, trial, (size_t)L * FY_ACT_KINDS);
+        struct score sc = totals_score(p, x->sf, x->sb, &t);
+        if (score_better(sc, x->best)) {
+            x->best = sc;
+            x->bt = t;
+            memcpy(x->place, trial, (size_t)L * FY_ACT_KINDS);
         }
     }
-    if (!isfinite(best.step)) {
+}
+
+/* Moves of single items to another place, each kept where it helps; 1 if one did. */
+static int search_moves(struct search *x)
+{
+    int improved = 0;
+    for (int i = 0; i < x->n; i++) {
+        const struct item *it = &x->it[i];
+        unsigned char *at = &x->place[it->layer * FY_ACT_KINDS + it->kind];
+        for (int to = 0; to < FY_ACT_PLACES; to++) {
+            if (to == *at || !fy_actplan_allowed(it->kind, to))
+                continue;
+            struct totals t = x->bt;
+            totals_move(&t, it, *at, to);
+            if (!totals_fit(x->p, &t))
+                continue;
+            struct score sc = totals_score(x->p, x->sf, x->sb, &t);
+            if (score_better(sc, x->best)) {
+                x->best = sc;
+                x->bt = t;
+                *at = (unsigned char)to;
+                improved = 1;
+            }
+        }
+    }
+    return improved;
+}
+
+/* Exchanges of two items' places, each kept where it helps; 1 if one did. */
+static int search_exchanges(struct search *x)
+{
+    int improved = 0;
+    const struct item *it = x->it;
+    for (int i = 0; i < x->n; i++)
+        for (int j = i + 1; j < x->n; j++) {
+            unsigned char *a = &x->place[it[i].layer * FY_ACT_KINDS + it[i].kind];
+            unsigned char *b = &x->place[it[j].layer * FY_ACT_KINDS + it[j].kind];
+            if (*a == *b || (it[i].bytes == it[j].bytes && it[i].saved == it[j].saved) ||
+                !fy_actplan_allowed(it[i].kind, *b) || !fy_actplan_allowed(it[j].kind, *a))
+                continue;
+            struct totals t = x->bt;
+            totals_move(&t, &it[i], *a, *b);
+            totals_move(&t, &it[j], *b, *a);
+            if (!totals_fit(x->p, &t))
+                continue;
+            struct score sc = totals_score(x->p, x->sf, x->sb, &t);
+            if (score_better(sc, x->best)) {
+                x->best = sc;
+                x->bt = t;
+                unsigned char c = *a;
+                *a = *b;
+                *b = c;
+                improved = 1;
+            }
+        }
+    return improved;
+}
+
+static int plan_auto(const struct fy_actplan_profile *p, const struct fy_actplan_sizes *s,
+                     unsigned char *place)
+{
+    int L = p->n_layer, rc = 0;
+    struct search x = {
+        .p = p, .s = s, .place = place, .bt = {{0}, 0}, .best = {INFINITY, INFINITY}};
+    x.it = calloc((size_t)L * FY_ACT_KINDS, sizeof *x.it);
+    int *order = calloc((size_t)L * FY_ACT_KINDS, sizeof *order);
+    unsigned char *trial = malloc((size_t)L * FY_ACT_KINDS);
+    FY_REQUIRE_OUT(rc, x.it != NULL && order != NULL && trial != NULL, -ENOMEM,
+                   "activation plan: out of memory for %d layers", L);
+    search_items(&x);
+    sum_blocks(p, &x.sf, &x.sb);
+    search_prefixes(&x, order, trial);
+    if (!isfinite(x.best.step)) {
         char ck[32], g[32], h[32], d[32];
         fy_format_size(s->bytes[FY_ACT_CKPT], ck, sizeof ck);
         fmt_cap(p->gpu_bytes, g, sizeof g);
@@ -470,61 +554,20 @@ static int plan_auto(const struct fy_actplan_profile *p, const struct fy_actplan
         fy_error("activation plan auto: the checkpoints (%d layers x %s) do not fit in GPU %s, host "
                  "%s and SSD %s available for activations",
                  L, ck, g, h, d);
-        free(it);
-        free(order);
-        free(trial);
-        return -ENOSPC;
+        rc = -ENOSPC;
+        goto out;
     }
-
     /* Then single moves, and exchanges of two items' placements, while they help. The items hold
      * every (layer, kind) whose placement matters (the others save nothing kept). */
     for (int pass = 0, improved = 1; improved && pass < 64; pass++) {
-        improved = 0;
-        for (int i = 0; i < n; i++) {
-            unsigned char *at = &place[it[i].layer * FY_ACT_KINDS + it[i].kind];
-            for (int to = 0; to < FY_ACT_PLACES; to++) {
-                if (to == *at || !fy_actplan_allowed(it[i].kind, to))
-                    continue;
-                struct totals t = bt;
-                totals_move(&t, &it[i], *at, to);
-                if (!totals_fit(p, &t))
-                    continue;
-                struct score sc = totals_score(p, sf, sb, &t);
-                if (score_better(sc, best)) {
-                    best = sc;
-                    bt = t;
-                    *at = (unsigned char)to;
-                    improved = 1;
-                }
-            }
-        }
-        for (int i = 0; i < n; i++)
-            for (int j = i + 1; j < n; j++) {
-                unsigned char *a = &place[it[i].layer * FY_ACT_KINDS + it[i].kind];
-                unsigned char *b = &place[it[j].layer * FY_ACT_KINDS + it[j].kind];
-                if (*a == *b || (it[i].bytes == it[j].bytes && it[i].saved == it[j].saved) ||
-                    !fy_actplan_allowed(it[i].kind, *b) || !fy_actplan_allowed(it[j].kind, *a))
-                    continue;
-                struct totals t = bt;
-                totals_move(&t, &it[i], *a, *b);
-                totals_move(&t, &it[j], *b, *a);
-                if (!totals_fit(p, &t))
-                    continue;
-                struct score sc = totals_score(p, sf, sb, &t);
-                if (score_better(sc, best)) {
-                    best = sc;
-                    bt = t;
-                    unsigned char x = *a;
-                    *a = *b;
-                    *b = x;
-                    improved = 1;
-                }
-            }
+        improved = search_moves(&x);
+        improved |= search_exchanges(&x);
     }
-    free(it);
+out:
+    free(x.it);
     free(order);
     free(trial);
-    return 0;
+    return rc;
 }
 
 static int plan_forced(const struct fy_actplan_profile *p, const struct fy_actplan_sizes *s,

@@ -3,7 +3,7 @@
  * from a profile, and the planner behind `--act-plan auto|recompute|host|ssd`. Pure computation:
  * no I/O except the JSON writer, no device; the launcher and workers are to use it.
  *
- * KINDS. A GPT-2 block computes, in order (gpu_worker/cpu/gpt2_cpu.c and the CUDA backend's GPT-2
+ * KINDS. A GPT-2 block computes, in order (gpu_worker/cpu/cpu_gpt2.c and the CUDA backend's GPT-2
  * units), with N = B*T rows:
  *
  *   op      output (kind)                                        bytes per layer

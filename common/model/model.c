@@ -1,7 +1,8 @@
 /* A model's config and what is common to every family: validation and model.conf's common keys,
  * the config hash, unit counts and sizes, weight-decay segments and initialisation, each derived
- * from the family's tensor table (common/model/arch/arch.h). Initialisation draws from a counter-based
- * normal generator, so a unit's initial weights never depend on what was initialised before it. */
+ * from the family's tensor table (common/model/arch/arch.h). Initialisation draws from a
+ * counter-based normal generator, so a unit's initial weights never depend on what was initialised
+ * before it. */
 #include "common/model/model.h"
 
 #include <errno.h>
@@ -37,23 +38,6 @@ int fy_model_config_validate(const struct fy_model_config *c)
                "a multiple of 1 KiB from %d KiB",
                (unsigned long long)c->state_piece, FY_MODEL_STATE_PIECE_MIN / 1024);
     return fy_model_arch(c)->validate(c);
-}
-
-static const char *const optim_state_names[FY_OPTIM_STATE_COUNT] = {"fp32", "bf16", "int8"};
-
-const char *fy_optim_state_name(int format)
-{
-    return format >= 0 && format < FY_OPTIM_STATE_COUNT ? optim_state_names[format] : "unknown";
-}
-
-int fy_optim_state_parse(const char *name, int *out)
-{
-    for (int i = 0; i < FY_OPTIM_STATE_COUNT; i++)
-        if (strcmp(name, optim_state_names[i]) == 0) {
-            *out = i;
-            return 0;
-        }
-    return -EINVAL;
 }
 
 int fy_model_config_from(const struct fy_config *cfg, struct fy_model_config *out)
@@ -116,13 +100,9 @@ uint64_t fy_model_config_hash(const struct fy_model_config *c)
 void fy_model_config_describe(const struct fy_model_config *c, char *buf, size_t len)
 {
     fy_model_arch(c)->describe(c, buf, len);
-}
-
-unsigned fy_model_unit_count(const struct fy_model_config *c) { return c->n_layer + 2; }
-
-enum fy_unit_kind fy_model_unit_kind(const struct fy_model_config *c, unsigned unit)
-{
-    return unit == 0 ? FY_UNIT_EMBED : unit <= c->n_layer ? FY_UNIT_BLOCK : FY_UNIT_FINAL;
+    size_t at = strlen(buf);
+    if (at < len)
+        snprintf(buf + at, len - at, ", %.2f M parameters", (double)fy_model_total_params(c) / 1e6);
 }
 
 size_t fy_model_unit_params(const struct fy_model_config *c, unsigned unit)
@@ -140,6 +120,12 @@ size_t fy_model_total_params(const struct fy_model_config *c)
     return n;
 }
 
+uint32_t fy_model_head_size(const struct fy_model_config *c)
+{
+    const struct fy_arch *a = fy_model_arch(c);
+    return a->head_size != NULL ? a->head_size(c) : c->n_embd / c->n_head;
+}
+
 double fy_model_flops_per_token(const struct fy_model_config *c, unsigned seq_len)
 {
     /* 6 per parameter (2 forward, 4 backward) and 6 * L * T * C for the attention scores and
@@ -148,7 +134,7 @@ double fy_model_flops_per_token(const struct fy_model_config *c, unsigned seq_le
      * counted, so the figure compares what different systems get done. */
     /* the attention's width: n_head heads of the head size (n_embd but where a family's head_dim
      * differs, as Qwen3's 16 heads of 128 at 1024 wide) */
-    double A = (double)c->n_head * fy_llama_head_dim(c), L = c->n_layer;
+    double A = (double)c->n_head * fy_model_head_size(c), L = c->n_layer;
     return 6.0 * (double)fy_model_total_params(c) + 6.0 * L * seq_len * A;
 }
 

@@ -23,7 +23,7 @@
 #include "gpu_worker/cpu/cpu_llama.h"
 
 /* The families the CPU backend computes, one line each: the registry name and the operations. The
- * Llama-like families only vary fields of c->llama, which cpu_llama.c computes. */
+ * Llama-like families only vary fields of fy_llama(c), which cpu_llama.c computes. */
 static const struct cpu_family_entry {
     const char *name; /* struct fy_arch's name */
     const struct fy_cpu_family *ops;

@@ -22,7 +22,7 @@
  * to fp32 first), so that the frequencies agree to the last bit or so. */
 void fy_cpu_llama_rope_inv_freq(const struct fy_model_config *m, float *inv_freq)
 {
-    const struct fy_llama_fields *c = &m->llama;
+    const struct fy_llama_fields *c = fy_llama(m);
     int hd = (int)fy_llama_head_dim(m), half = hd / 2;
     float base = (float)c->rope_theta;
     for (int i = 0; i < half; i++)
@@ -333,10 +333,10 @@ struct block_buf {
 static void block_carve(const struct fy_model_config *c, int B, int T, float *base,
                         struct block_buf *s)
 {
-    size_t C = c->n_embd, hd = fy_llama_head_dim(c), N = (size_t)B * T, I = c->llama.n_inter,
+    size_t C = c->n_embd, hd = fy_llama_head_dim(c), N = (size_t)B * T, I = fy_llama(c)->n_inter,
            at = 0;
-    size_t QC = c->n_head * hd, QKV = (c->n_head + 2 * (size_t)c->llama.n_kv_head) * hd;
-    size_t qk_norm = c->llama.qk_norm ? 1 : 0;
+    size_t QC = c->n_head * hd, QKV = (c->n_head + 2 * (size_t)fy_llama(c)->n_kv_head) * hd;
+    size_t qk_norm = fy_llama(c)->qk_norm ? 1 : 0;
 #define CARVE(field, n) (s->field = base ? base + at : NULL, at += (n))
     CARVE(inv_freq, hd / 2);
     CARVE(cos_t, (size_t)T * (hd / 2));
@@ -344,7 +344,7 @@ static void block_carve(const struct fy_model_config *c, int B, int T, float *ba
     CARVE(n1, N * C);
     CARVE(rstd1, N);
     CARVE(qkv_raw, qk_norm * N * QKV);
-    CARVE(qk_rstd, qk_norm * N * (c->n_head + c->llama.n_kv_head));
+    CARVE(qk_rstd, qk_norm * N * (c->n_head + fy_llama(c)->n_kv_head));
     CARVE(qkv, N * QKV);
     CARVE(att, (size_t)B * c->n_head * T * T);
     CARVE(atty, N * QC);
@@ -380,9 +380,9 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
     struct fy_llama_unit_layout l;
     fy_llama_unit_layout(c, &l);
     const float *p = params;
-    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head;
-    int hd = (int)fy_llama_head_dim(c), W = (int)c->llama.sliding_window;
-    int I = (int)c->llama.n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)fy_llama(c)->n_kv_head;
+    int hd = (int)fy_llama_head_dim(c), W = (int)fy_llama(c)->sliding_window;
+    int I = (int)fy_llama(c)->n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
     const float *qkv_bias = l.q_bias != FY_LLAMA_ABSENT ? p + l.q_bias : NULL;
 
     fy_cpu_llama_rope_inv_freq(c, s->inv_freq);
@@ -390,14 +390,14 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
 
     /* attention: h = x + o_proj(attention(rope(q), rope(k), v)), q k v of rmsnorm(x) (with their
      * biases; q and k each through its per-head RMSNorm, where the family has them) */
-    fy_cpu_llama_rmsnorm_forward(s->n1, s->rstd1, x, p + l.input_norm, N, C, c->llama.rms_eps);
-    if (c->llama.qk_norm) {
+    fy_cpu_llama_rmsnorm_forward(s->n1, s->rstd1, x, p + l.input_norm, N, C, fy_llama(c)->rms_eps);
+    if (fy_llama(c)->qk_norm) {
         fy_cpu_matmul_forward(s->qkv_raw, s->n1, p + l.q_proj, qkv_bias, N, C, QKV);
         memcpy(s->qkv, s->qkv_raw, (size_t)N * QKV * sizeof *s->qkv);
         fy_cpu_llama_head_norm_forward(s->qkv, s->qk_rstd, s->qkv_raw, p + l.q_norm, QKV, 0, NH, hd,
-                                       N, c->llama.rms_eps);
+                                       N, fy_llama(c)->rms_eps);
         fy_cpu_llama_head_norm_forward(s->qkv, s->qk_rstd + (size_t)N * NH, s->qkv_raw,
-                                       p + l.k_norm, QKV, NH * hd, NKV, hd, N, c->llama.rms_eps);
+                                       p + l.k_norm, QKV, NH * hd, NKV, hd, N, fy_llama(c)->rms_eps);
     } else {
         fy_cpu_matmul_forward(s->qkv, s->n1, p + l.q_proj, qkv_bias, N, C, QKV); /* q|k|v_proj */
     }
@@ -408,7 +408,7 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
     fy_cpu_add(s->h, x, s->h, (size_t)N * C);
 
     /* MLP: y = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h) */
-    fy_cpu_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, c->llama.rms_eps);
+    fy_cpu_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, fy_llama(c)->rms_eps);
     fy_cpu_matmul_forward(s->gu, s->n2, p + l.gate_proj, NULL, N, C, 2 * I); /* gate_proj|up_proj */
     fy_cpu_llama_swiglu_forward(s->act, s->gu, N, I);
     if (y == NULL)
@@ -436,9 +436,9 @@ void fy_cpu_llama_block_backward(const struct fy_model_config *c, const float *p
     fy_llama_unit_layout(c, &l);
     const float *p = params;
     float *g = dparams;
-    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)c->llama.n_kv_head;
-    int hd = (int)fy_llama_head_dim(c), W = (int)c->llama.sliding_window;
-    int I = (int)c->llama.n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
+    int C = (int)c->n_embd, NH = (int)c->n_head, NKV = (int)fy_llama(c)->n_kv_head;
+    int hd = (int)fy_llama_head_dim(c), W = (int)fy_llama(c)->sliding_window;
+    int I = (int)fy_llama(c)->n_inter, N = B * T, QKV = (NH + 2 * NKV) * hd;
     size_t NC = (size_t)N * C;
     float *dqkv_bias = l.q_bias != FY_LLAMA_ABSENT ? g + l.q_bias : NULL;
 
@@ -458,7 +458,7 @@ void fy_cpu_llama_block_backward(const struct fy_model_config *c, const float *p
                                            hd, W);
     fy_cpu_llama_rope_backward(s.dqkv, QKV, 0, NH, hd, s.cos_t, s.sin_t, positions, B, T);
     fy_cpu_llama_rope_backward(s.dqkv, QKV, NH * hd, NKV, hd, s.cos_t, s.sin_t, positions, B, T);
-    if (c->llama.qk_norm) {
+    if (fy_llama(c)->qk_norm) {
         fy_cpu_llama_head_norm_backward(s.dqkv, g + l.q_norm, s.qkv_raw, p + l.q_norm, s.qk_rstd,
                                         QKV, 0, NH, hd, N);
         fy_cpu_llama_head_norm_backward(s.dqkv, g + l.k_norm, s.qkv_raw, p + l.k_norm,
@@ -474,7 +474,7 @@ void fy_cpu_llama_block_backward(const struct fy_model_config *c, const float *p
 void fy_cpu_llama_norm_forward(const struct fy_model_config *c, const float *w, const float *x,
                                float *y, float *rstd, int B, int T)
 {
-    fy_cpu_llama_rmsnorm_forward(y, rstd, x, w, B * T, (int)c->n_embd, c->llama.rms_eps);
+    fy_cpu_llama_rmsnorm_forward(y, rstd, x, w, B * T, (int)c->n_embd, fy_llama(c)->rms_eps);
 }
 
 void fy_cpu_llama_norm_backward(const struct fy_model_config *c, const float *w, const float *x,
@@ -553,15 +553,15 @@ float fy_cpu_llama_head_forward_backward(const struct fy_model_config *m, const 
     int C = (int)m->n_embd, V = (int)m->vocab, N = B * T;
     size_t VC = (size_t)V * C;
     const float *norm_w = final_params;
-    const float *head_w = m->llama.tied ? embed : final_params + C;
+    const float *head_w = fy_llama(m)->tied ? embed : final_params + C;
     int backward = dx != NULL;
 
-    fy_cpu_llama_rmsnorm_forward(s.xn, s.rstd, x, norm_w, N, C, m->llama.rms_eps);
+    fy_cpu_llama_rmsnorm_forward(s.xn, s.rstd, x, norm_w, N, C, fy_llama(m)->rms_eps);
     float *dhead = NULL;
     if (backward) {
         memset(dembed, 0, VC * sizeof *dembed);
         memset(dfinal, 0, fy_model_unit_params(m, m->n_layer + 1) * sizeof *dfinal);
-        dhead = m->llama.tied ? dembed : dfinal + C;
+        dhead = fy_llama(m)->tied ? dembed : dfinal + C;
     }
     float loss =
         fy_cpu_xent_head(s.xn, head_w, targets, N, C, V, s.logits, backward ? s.dxn : NULL, dhead);
@@ -577,8 +577,8 @@ void fy_cpu_llama_logits(const struct fy_model_config *m, const float *final_par
     struct head_buf s;
     head_carve(m, B, T, scratch, &s);
     int C = (int)m->n_embd, N = B * T;
-    fy_cpu_llama_rmsnorm_forward(s.xn, s.rstd, x, final_params, N, C, m->llama.rms_eps);
-    fy_cpu_matmul_forward(logits, s.xn, m->llama.tied ? embed : final_params + C, NULL, N, C,
+    fy_cpu_llama_rmsnorm_forward(s.xn, s.rstd, x, final_params, N, C, fy_llama(m)->rms_eps);
+    fy_cpu_matmul_forward(logits, s.xn, fy_llama(m)->tied ? embed : final_params + C, NULL, N, C,
                           (int)m->vocab);
 }
 
@@ -614,7 +614,7 @@ static void embed_backward_unit(const struct fy_model_config *c, const int32_t *
 
 /* Its blocks always recompute their internals: no swapped internals, no per-op profile. Every
  * Llama-like family (Qwen2, Qwen3, Mistral, Phi-3) is computed here: its variations are fields of
- * c->llama (common/model/arch/llama.h), so it needs no check. */
+ * fy_llama(c) (common/model/arch/llama.h), so it needs no check. */
 const struct fy_cpu_family fy_cpu_llama_family = {
     .block_scratch = fy_cpu_llama_block_scratch,
     .head_scratch = fy_cpu_llama_head_scratch,

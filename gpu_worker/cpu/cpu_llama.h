@@ -15,7 +15,7 @@
  *   n2 = rmsnorm(h, post_attention_layernorm)
  *   y = h + (silu(n2 Wgate^T) * (n2 Wup^T)) Wdown^T       silu(g) = g / (1 + exp(-g))
  * computed in fp32 in the order transformers computes it (RMSNorm in fp32, then times the weight).
- * The Llama-like families vary it through c->llama (common/model/arch/llama.h), computed here too: hd =
+ * The Llama-like families vary it through fy_llama(c) (common/model/arch/llama.h), computed here too: hd =
  * head_dim where given (q [NH hd], k and v [NKV hd], o_proj [C][NH hd]); qkv_bias (Qwen2): q, k and
  * v plus their biases; qk_norm (Qwen3): q and k each through an RMSNorm over every head's hd values
  * (q_norm, k_norm [hd], eps rms_eps) after the projection, before RoPE; sliding_window W > 0
@@ -35,7 +35,7 @@
  * low_freq_factor: divided by factor; between: (1 - s) inv_freq / factor + s inv_freq with
  * s = (L / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor).
  *
- * The model's config is a Llama fy_model_config (its family's fields in c->llama, validated by
+ * The model's config is a Llama fy_model_config (its family's fields in fy_llama(c), validated by
  * fy_model_config_validate). Parameters of a block are one contiguous fp32 vector, the tensors of
  * LlamaDecoderLayer in its order and its [out][in] orientation (struct fy_llama_unit_layout, from
  * the family's tensor table). Since q, k, v (and gate, up) are adjacent, each group is also one

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/model/arch/arch.h"
+#include "common/model/arch/llama.h"
 #include "gpu_worker/cpu/cpu_llama.h"
 #include "gpu_worker/cuda/cu_embed.h"
 #include "gpu_worker/cuda/cu_flash.h"
@@ -57,18 +58,18 @@ int fy_cu_llama_check(const struct fy_model_config *c)
     const struct fy_arch *a = fy_model_arch(c);
     FY_REQUIRE(served_family(a->name), -EINVAL,
                "cu_llama: the model is %s, not a Llama-like family", a->label);
-    FY_REQUIRE(c->n_head > 0 && c->llama.n_kv_head > 0 &&
-                   (c->llama.head_dim > 0 || c->n_embd % c->n_head == 0),
+    FY_REQUIRE(c->n_head > 0 && fy_llama(c)->n_kv_head > 0 &&
+                   (fy_llama(c)->head_dim > 0 || c->n_embd % c->n_head == 0),
                -EINVAL, "cu_llama: %u heads (%u kv) do not divide n_embd %u", c->n_head,
-               c->llama.n_kv_head, c->n_embd);
+               fy_llama(c)->n_kv_head, c->n_embd);
     unsigned hd = fy_llama_head_dim(c);
-    FY_REQUIRE(fy_cu_flash_gqa_supported((int)c->n_head, (int)c->llama.n_kv_head, (int)hd),
+    FY_REQUIRE(fy_cu_flash_gqa_supported((int)c->n_head, (int)fy_llama(c)->n_kv_head, (int)hd),
                -EINVAL,
                "the CUDA backend's %s attention takes head sizes that are multiples of 8 up to "
                "128 (64 and 128 are those of the ~1B Llamas) with n_kv_head dividing n_head; "
                "this model has head size %u (head_dim, or n_embd %u / n_head %u) and %u kv "
                "heads: train it with --backend cpu",
-               a->label, hd, c->n_embd, c->n_head, c->llama.n_kv_head);
+               a->label, hd, c->n_embd, c->n_head, fy_llama(c)->n_kv_head);
     return 0;
 }
 
@@ -81,14 +82,14 @@ static void setup_shape(struct fy_cu_llama *l, const struct fy_model_config *c, 
     l->N = B * T;
     l->C = (int)c->n_embd;
     l->NH = (int)c->n_head;
-    l->NKV = (int)c->llama.n_kv_head;
+    l->NKV = (int)fy_llama(c)->n_kv_head;
     l->hd = (int)fy_llama_head_dim(c);
-    l->I = (int)c->llama.n_inter;
+    l->I = (int)fy_llama(c)->n_inter;
     l->QC = l->NH * l->hd;
     l->S = (l->NH + 2 * l->NKV) * l->hd;
-    l->window = (int)c->llama.sliding_window;
-    l->qkv_bias = c->llama.qkv_bias != 0;
-    l->qk_norm = c->llama.qk_norm != 0;
+    l->window = (int)fy_llama(c)->sliding_window;
+    l->qkv_bias = fy_llama(c)->qkv_bias != 0;
+    l->qk_norm = fy_llama(c)->qk_norm != 0;
 }
 
 /* The pieces of one set of internals; returns how many. */
@@ -204,7 +205,7 @@ static int upload_rope_table(struct fy_cu_llama *l)
     /* the frequencies of head size hd, whichever way the config gives it */
     struct fy_model_config hc = l->c;
     hc.n_embd = (uint32_t)(l->NH * l->hd);
-    hc.llama.head_dim = 0;
+    fy_llama_mut(&hc)->head_dim = 0;
     fy_cpu_llama_rope_inv_freq(&hc, inv_freq);
     fy_cpu_llama_rope_table(table, table + n, inv_freq, l->T, (int)half);
     cudaError_t e = cudaMemcpy(l->cos_t, table, n * sizeof(float), cudaMemcpyHostToDevice);
@@ -278,7 +279,7 @@ static int block_forward(struct fy_cu_llama *l, const bf16 *params, const int32_
                          const bf16 *x, bf16 *y, struct fy_cu_llama_acts *a)
 {
     int N = l->N, C = l->C, I = l->I;
-    float eps = l->c.llama.rms_eps;
+    float eps = fy_llama(&l->c)->rms_eps;
     struct fy_cu_lt *lt = l->env.lt;
     cudaStream_t s = l->env.stream;
     /* attention: h = x + o_proj(attention(rope(q), rope(k), v)), q k v of rmsnorm(x) */
@@ -402,7 +403,7 @@ int fy_cu_llama_final_norm(struct fy_cu_llama *l, const bf16 *norm_w, const bf16
 {
     *xn = l->own.n1;
     return fy_cu_rmsnorm_forward(l->own.n1, l->own.rstd1, x, norm_w, l->N, l->C,
-                                 l->c.llama.rms_eps, l->env.stream);
+                                 fy_llama(&l->c)->rms_eps, l->env.stream);
 }
 
 int fy_cu_llama_head(struct fy_cu_llama *l, const bf16 *norm_w, const bf16 *head_w,

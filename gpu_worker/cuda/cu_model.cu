@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/model/arch/arch.h"
-#include "common/model/arch/llama.h"
+#include "common/model/model.h"
 #include "common/base/knobs.h"
 #include "gpu_worker/cuda/cu_families.h"
 #include "gpu_worker/cuda/cu_gradsink.h"
@@ -173,8 +173,7 @@ static int model_check(const struct fy_model_config *c, const struct fy_cu_famil
                fy_model_arch(c)->label);
     if (f->check != NULL)
         FY_TRY(f->check(c));
-    /* head_dim where a Llama-like family gives one (those fields are zero for GPT-2) */
-    unsigned hs = fy_llama_head_dim(c);
+    unsigned hs = fy_model_head_size(c);
     FY_REQUIRE(c->n_embd % 8 == 0 && hs % 8 == 0, -EINVAL,
                "the CUDA backend needs n_embd (%u) and the head size (%u) to be multiples of 8",
                c->n_embd, hs);

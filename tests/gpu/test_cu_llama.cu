@@ -43,6 +43,7 @@ extern "C" { /* this cmocka.h has no C++ guards of its own */
 
 #include "common/model/arch/arch.h"
 #include "common/base/dtype.h"
+#include "common/model/arch/llama.h"
 #include "common/model/model.h"
 #include "gpu_worker/cpu/cpu_llama.h"
 #include "gpu_worker/cuda/cu_flash.h"
@@ -294,16 +295,16 @@ static struct fy_model_config llama_cfg(unsigned C, unsigned NH, unsigned NKV, u
     /* the scaling's fields are read only with llama3 */
     struct fy_model_config c = {1, NH, C, V, 1024};
     c.arch = &fy_arch_llama;
-    c.llama.n_kv_head = NKV;
-    c.llama.n_inter = I;
-    c.llama.tied = (uint32_t)tied;
-    c.llama.rope_type = llama3 ? (uint32_t)FY_ROPE_LLAMA3 : (uint32_t)FY_ROPE_DEFAULT;
-    c.llama.rope_orig_max_pos = 8;
-    c.llama.rms_eps = 1e-5f;
-    c.llama.rope_theta = llama3 ? 500000.0 : 10000.0;
-    c.llama.rope_factor = 8.0;
-    c.llama.rope_low_freq_factor = 1.0;
-    c.llama.rope_high_freq_factor = 4.0;
+    fy_llama_mut(&c)->n_kv_head = NKV;
+    fy_llama_mut(&c)->n_inter = I;
+    fy_llama_mut(&c)->tied = (uint32_t)tied;
+    fy_llama_mut(&c)->rope_type = llama3 ? (uint32_t)FY_ROPE_LLAMA3 : (uint32_t)FY_ROPE_DEFAULT;
+    fy_llama_mut(&c)->rope_orig_max_pos = 8;
+    fy_llama_mut(&c)->rms_eps = 1e-5f;
+    fy_llama_mut(&c)->rope_theta = llama3 ? 500000.0 : 10000.0;
+    fy_llama_mut(&c)->rope_factor = 8.0;
+    fy_llama_mut(&c)->rope_low_freq_factor = 1.0;
+    fy_llama_mut(&c)->rope_high_freq_factor = 4.0;
     return c;
 }
 
@@ -350,7 +351,7 @@ static void test_rope(void **state)
             llama_cfg(cases[k % ncases].C, cases[k % ncases].NH, cases[k % ncases].NKV, 64, 64,
                       cases[k % ncases].llama3, 0);
         int B = cases[k % ncases].B, T = cases[k % ncases].T, NH = (int)c.n_head;
-        int NKV = (int)c.llama.n_kv_head;
+        int NKV = (int)fy_llama(&c)->n_kv_head;
         int hd = (int)(c.n_embd / c.n_head), S = (NH + 2 * NKV) * hd, half = hd / 2;
         size_t n = (size_t)B * T * S;
         char shape[96];
@@ -613,7 +614,7 @@ static bvals block_params(const struct fy_model_config *c, uint64_t *rng)
     bvals p = rnd(l.total, -1, 1, rng);
     for (size_t i = 0; i < l.total; i++) {
         int norm = i < l.q_proj || (i >= l.post_norm && i < l.gate_proj);
-        double fan_in = i >= l.down_proj ? c->llama.n_inter : c->n_embd;
+        double fan_in = i >= l.down_proj ? fy_llama(c)->n_inter : c->n_embd;
         float v = norm ? 1.0f + 0.2f * p.f[i] : (float)(1.5 / sqrt(fan_in) * p.f[i]);
         p.b[i] = fy_f32_to_bf16(v);
         p.f[i] = fy_bf16_to_f32(p.b[i]);
@@ -628,9 +629,9 @@ static void block_case(const struct fy_model_config *c, int B, int T, uint64_t s
     size_t NC = (size_t)B * T * C, P = fy_model_unit_params(c, 1);
     char shape[128];
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d NKV=%d I=%u %s W=%u%s", B, T, C,
-             (int)c->n_head, (int)c->llama.n_kv_head, c->llama.n_inter,
-             c->llama.rope_type == FY_ROPE_LLAMA3 ? "llama3" : "plain", c->llama.sliding_window,
-             docs ? " documents" : "");
+             (int)c->n_head, (int)fy_llama(c)->n_kv_head, fy_llama(c)->n_inter,
+             fy_llama(c)->rope_type == FY_ROPE_LLAMA3 ? "llama3" : "plain",
+             fy_llama(c)->sliding_window, docs ? " documents" : "");
     uint64_t rng = seed;
     bvals p = block_params(c, &rng), x = rnd(NC, -1, 1, &rng), dy = rnd(NC, -1, 1, &rng);
     vector<int32_t> pos = packed_positions(B, T, docs ? docs : 1, &rng);
@@ -686,13 +687,13 @@ static void test_block(void **state)
     block_case(&a, 2, 37, 600, 0);
     /* head size 128, one kv head per head, plain rope, another epsilon */
     struct fy_model_config b = llama_cfg(256, 2, 2, 512, 300, 0, 0);
-    b.llama.rms_eps = 1e-6f;
+    fy_llama_mut(&b)->rms_eps = 1e-6f;
     block_case(&b, 1, 70, 601, 0);
     /* documents in the rows (RoPE at their positions, attention within each), alone and with a
      * sliding window shorter than some of them */
     block_case(&a, 2, 150, 602, 70);
     struct fy_model_config w = a;
-    w.llama.sliding_window = 40;
+    fy_llama_mut(&w)->sliding_window = 40;
     block_case(&w, 2, 150, 603, 70);
     assert_int_equal(g_bad, 0);
 }

@@ -28,6 +28,7 @@ extern "C" {
 
 #include "common/model/arch/arch.h"
 #include "common/base/dtype.h"
+#include "common/model/arch/llama.h"
 #include "common/model/model.h"
 #include "gpu_worker/cuda/cu_arena.h"
 #include "gpu_worker/cuda/cu_families.h"
@@ -845,11 +846,11 @@ static void test_grad_pieces(void **state)
      * q/k/v biases (Qwen2) */
     struct fy_model_config llama = {2, 4, 256, 131, 64};
     llama.arch = &fy_arch_qwen2;
-    llama.llama.n_kv_head = 2;
-    llama.llama.n_inter = 688;
-    llama.llama.qkv_bias = 1;
-    llama.llama.rms_eps = 1e-5f;
-    llama.llama.rope_theta = 10000.0;
+    fy_llama_mut(&llama)->n_kv_head = 2;
+    fy_llama_mut(&llama)->n_inter = 688;
+    fy_llama_mut(&llama)->qkv_bias = 1;
+    fy_llama_mut(&llama)->rms_eps = 1e-5f;
+    fy_llama_mut(&llama)->rope_theta = 10000.0;
     assert_int_equal(fy_model_config_validate(&llama), 0);
     grads_case(&cfg, B, T, NULL, 0);
     grads_case(&llama, 2, 40, NULL, 0);

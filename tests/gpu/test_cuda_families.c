@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "common/model/arch/arch.h"
+#include "common/model/arch/llama.h"
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
@@ -65,12 +66,22 @@ enum { N_CASES = sizeof cases / sizeof cases[0], B = 3 };
 static struct fy_model_config case_config(const struct family_case *k)
 {
     struct fy_model_config c = {
-        .n_layer = 2, .n_head = k->n_head, .n_embd = 256, .vocab = 300, .ctx = 256,
+        .n_layer = 2,
+        .n_head = k->n_head,
+        .n_embd = 256,
+        .vocab = 300,
+        .ctx = 256,
         .arch = k->arch,
-        .llama = {.n_kv_head = k->n_kv_head, .n_inter = 344, .tied = k->tied,
-                  .rope_type = FY_ROPE_DEFAULT, .rms_eps = 1e-6f, .rope_theta = 10000.0,
-                  .head_dim = k->head_dim, .qkv_bias = k->qkv_bias, .qk_norm = k->qk_norm,
-                  .sliding_window = k->window}};
+        .family = fy_llama_family((struct fy_llama_fields){.n_kv_head = k->n_kv_head,
+                                                           .n_inter = 344,
+                                                           .tied = k->tied,
+                                                           .rope_type = FY_ROPE_DEFAULT,
+                                                           .rms_eps = 1e-6f,
+                                                           .rope_theta = 10000.0,
+                                                           .head_dim = k->head_dim,
+                                                           .qkv_bias = k->qkv_bias,
+                                                           .qk_norm = k->qk_norm,
+                                                           .sliding_window = k->window})};
     return c;
 }
 
@@ -247,7 +258,7 @@ static void test_loss_trajectory_matches_cpu(void **state)
 static void test_refuses_large_head_dim(void **state)
 {
     struct fy_model_config c = case_config(&cases[1]);
-    c.llama.head_dim = 136;
+    fy_llama_mut(&c)->head_dim = 136;
     assert_int_equal(fy_model_config_validate(&c), 0);
     print_message("(an error line about the head size is expected next)\n");
     assert_int_equal(fy_backend_model_prepare(cuda, &c, B, cases[1].T), -EINVAL);

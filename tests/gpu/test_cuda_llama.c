@@ -29,6 +29,7 @@
 
 #include "common/model/actplan.h"
 #include "common/base/dtype.h"
+#include "common/model/arch/llama.h"
 #include "common/model/model.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
@@ -412,7 +413,7 @@ static void test_refusals(void **state)
     struct fy_model_config odd = c;
     odd.n_embd = 96;
     odd.n_head = 8; /* head size 12 */
-    odd.llama.n_kv_head = 4;
+    fy_llama_mut(&odd)->n_kv_head = 4;
     assert_int_equal(fy_model_config_validate(&odd), 0);
     assert_int_equal(fy_backend_model_prepare(cuda, &odd, B, T), -EINVAL);
     free(x);

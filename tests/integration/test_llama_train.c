@@ -20,6 +20,7 @@
 #include "common/model/arch/arch.h"
 #include "common/formats/ckpt.h"
 #include "common/base/config.h"
+#include "common/model/arch/llama.h"
 #include "common/model/model.h"
 #include "tests/testutil.h"
 
@@ -120,10 +121,10 @@ static void schedules_agree(struct fy_test_fixture *f, int tied, const char *ste
             assert_int_equal(fy_weights_read(out, &c, &step, &params), 0);
             assert_int_equal(step, strtoull(steps, NULL, 10));
             assert_ptr_equal(c.arch, &fy_arch_llama);
-            assert_int_equal(c.llama.n_kv_head, 2);
-            assert_int_equal(c.llama.n_inter, 48);
-            assert_int_equal(c.llama.tied, tied);
-            assert_true(c.llama.rope_theta == 500000.0);
+            assert_int_equal(fy_llama(&c)->n_kv_head, 2);
+            assert_int_equal(fy_llama(&c)->n_inter, 48);
+            assert_int_equal(fy_llama(&c)->tied, tied);
+            assert_true(fy_llama(&c)->rope_theta == 500000.0);
             size_t n1 = fy_model_unit_params(&c, 1);
             float *init = malloc(n1 * sizeof *init);
             fy_model_init_unit(&c, 1, 3, init);
@@ -178,11 +179,11 @@ static void test_model_conf_and_hash(void **state)
     assert_int_equal(fy_model_config_from(cfg, &c), 0);
     assert_ptr_equal(c.arch, &fy_arch_llama);
     assert_int_equal(c.n_head, 4);
-    assert_int_equal(c.llama.n_kv_head, 2);
-    assert_int_equal(c.llama.n_inter, 48);
-    assert_int_equal(c.llama.tied, 0);
-    assert_true(c.llama.rope_theta == 500000.0);
-    assert_true(c.llama.rms_eps == 1e-5f);
+    assert_int_equal(fy_llama(&c)->n_kv_head, 2);
+    assert_int_equal(fy_llama(&c)->n_inter, 48);
+    assert_int_equal(fy_llama(&c)->tied, 0);
+    assert_true(fy_llama(&c)->rope_theta == 500000.0);
+    assert_true(fy_llama(&c)->rms_eps == 1e-5f);
     free(cfg);
     struct fy_model_config g = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab = 256, .ctx = 32};
     assert_true(fy_model_config_hash(&g) != fy_model_config_hash(&c));

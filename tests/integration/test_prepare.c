@@ -35,6 +35,7 @@
 
 #include "common/model/model.h"
 #include "common/formats/tokfile.h"
+#include "common/formats/tokwriter.h"
 #include "gpu_worker/backend.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"

@@ -28,6 +28,7 @@
 #include "common/model/model.h"
 #include "common/ipc/pool.h"
 #include "common/formats/tokfile.h"
+#include "common/formats/tokwriter.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"
 

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/model/model.h"
+#include "common/model/model_config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,8 +64,9 @@ struct fy_arch {
     const char *const *hf_architectures; /* the architectures names it takes, NULL-terminated */
     /* what a checkpoint may put before every tensor name ("transformer." for GPT-2), "" if none */
     const char *hf_prefix;
-    /* 1: the blocks' internals are the kinds of common/model/actplan.h (QKV, ATTN, RESID, FC, GELU),
-     * which the backends can swap to host memory and profile one by one; 0: kept or recomputed */
+    /* 1: the blocks' internals are the kinds of common/model/actplan.h (QKV, ATTN, RESID, FC,
+     * GELU), which the backends can swap to host memory and profile one by one; 0: kept or
+     * recomputed */
     int swaps_internals;
 
     /* The family's own checks, after the common ones (fy_model_config_validate). */
@@ -78,7 +79,8 @@ struct fy_arch {
     int (*conf_write)(const struct fy_model_config *c, struct fy_config *cfg);
     /* config.json: fills the whole config (transformers' defaults for absent keys), refusing with
      * one line naming the file and the key whatever changes the computation and is not computed.
-     * path names the file in messages. */
+     * path names the file in messages. The caller checks the config after (as conf_read's:
+     * fy_model_config_validate). */
     int (*hf_config_read)(const char *path, const struct cJSON *root, struct fy_model_config *c);
     /* config.json for an export, torch_dtype "float32" or "bfloat16"; malloc'd text, NULL on error */
     char *(*hf_config_write)(const struct fy_model_config *c, const char *torch_dtype);
@@ -93,8 +95,10 @@ struct fy_arch {
      * GPT-2's is empty (its hash is the common fields', as it always was); every other family mixes
      * in its id, so that no two families hash alike. */
     uint64_t (*hash)(const struct fy_model_config *c, uint64_t h);
-    /* "Llama: 2 layers, ..." for people */
+    /* "Llama: 2 layers, ..." for people (fy_model_config_describe adds the parameter count) */
     void (*describe)(const struct fy_model_config *c, char *buf, size_t len);
+    /* The size of an attention head (fy_model_head_size); NULL: n_embd / n_head. */
+    uint32_t (*head_size)(const struct fy_model_config *c);
     /* The tensors of a unit of this kind in their order (offsets left to fy_unit_tensors);
      * returns how many (<= FY_UNIT_MAX_TENSORS). */
     unsigned (*unit_table)(const struct fy_model_config *c, enum fy_unit_kind kind,
@@ -108,6 +112,8 @@ extern const struct fy_arch fy_arch_qwen3;
 extern const struct fy_arch fy_arch_mistral;
 extern const struct fy_arch fy_arch_phi3;
 
+/* The config's family: c->arch, or GPT-2 where it names none. */
+const struct fy_arch *fy_model_arch(const struct fy_model_config *c);
 /* Every family, in a fixed order (the first is GPT-2); count in *n. */
 const struct fy_arch *const *fy_arch_all(unsigned *n);
 /* By binary id, model.conf name, or config.json model_type; NULL when none. */
@@ -124,23 +130,6 @@ uint64_t fy_tensor_numel(const struct fy_tensor_spec *t);
 /* The tensor's Hugging Face name in `unit` (the block index filled in), without the prefix. */
 void fy_tensor_hf_name(const struct fy_model_config *c, unsigned unit,
                        const struct fy_tensor_spec *t, char *buf, size_t len);
-
-/* For the family files: config.json keys, each refusal one line naming the file and the key. */
-/* A positive integer, or def when absent. */
-int fy_json_uint(const char *path, const struct cJSON *obj, const char *key, uint32_t def,
-                 uint32_t *out);
-/* A boolean that must be `want` (def when absent); why says what the backends compute. */
-int fy_json_bool(const char *path, const struct cJSON *obj, const char *key, int def, int want,
-                 const char *why);
-/* A positive number, or def when absent or null. */
-int fy_json_number(const char *path, const struct cJSON *obj, const char *key, double def,
-                   double *out);
-/* architectures absent, or a list of one of the family's names. */
-int fy_json_architectures(const char *path, const struct cJSON *root, const struct fy_arch *a);
-/* The shortest form that reads back as the same value, always with a fraction or an exponent
- * (1e-05, 10000.0), as transformers writes them. */
-void fy_json_float(char *buf, size_t len, float v);
-void fy_json_double(char *buf, size_t len, double v);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 /* The GPT-2 family (Hugging Face GPT2LMHeadModel): its units' layout, for the registry
- * (common/model/arch/arch.h) and the backends' GPT-2 files. Units: 0 holds the embeddings (wte [V][C],
- * wpe [T][C]), 1..n_layer the transformer blocks, n_layer+1 the final LayerNorm; the LM head is
- * tied to wte. Matrices are [out][in] (y = x W^T + b). */
+ * (common/model/arch/arch.h) and the backends' GPT-2 files. Units: 0 holds the embeddings (wte
+ * [V][C], wpe [T][C]), 1..n_layer the transformer blocks, n_layer+1 the final LayerNorm; the LM
+ * head is tied to wte. Matrices are [out][in] (y = x W^T + b). */
 #ifndef FY_ARCH_GPT2_H
 #define FY_ARCH_GPT2_H
 

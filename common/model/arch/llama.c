@@ -2,9 +2,9 @@
  * grouped-query attention without biases, SwiGLU MLP, tied or untied head), and what the Llama-like
  * families (qwen2.c, qwen3.c, mistral.c, phi3.c) share with it: the tensor table with their
  * variations (head_dim, q/k/v biases, q/k norms), config.json's shared keys, model.conf, the hash
- * and the binary slots. gpu_worker/cpu/llama_cpu.c and gpu_worker/cuda/cu_llama_units.cu compute
+ * and the binary slots. gpu_worker/cpu/cpu_llama.c and gpu_worker/cuda/cu_llama_units.cu compute
  * them all. */
-#include "common/model/arch/llama_like.h"
+#include "common/model/arch/llama.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -13,16 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/model/arch/arch.h"
 #include "common/base/check.h"
 #include "common/base/config.h"
 #include "common/base/synth.h"
+#include "common/model/arch/llama_like.h"
 
 #define MAX_DIM (1u << 20)
 
 uint32_t fy_llama_head_dim(const struct fy_model_config *c)
 {
-    return c->llama.head_dim ? c->llama.head_dim : c->n_embd / c->n_head;
+    return fy_llama(c)->head_dim ? fy_llama(c)->head_dim : c->n_embd / c->n_head;
 }
 
 /* LlamaDecoderLayer's order (the biases after the weights they go with, Qwen3's norms after
@@ -30,7 +30,7 @@ uint32_t fy_llama_head_dim(const struct fy_model_config *c)
 unsigned fy_llama_like_unit_table(const struct fy_model_config *c, enum fy_unit_kind kind,
                                   struct fy_tensor_spec *t)
 {
-    const struct fy_llama_fields *l = &c->llama;
+    const struct fy_llama_fields *l = fy_llama(c);
     const uint64_t C = c->n_embd, V = c->vocab, hd = fy_llama_head_dim(c), I = l->n_inter;
     const uint64_t Q = c->n_head * hd, KV = l->n_kv_head * hd;
     if (kind == FY_UNIT_EMBED) {
@@ -71,7 +71,7 @@ unsigned fy_llama_like_unit_table(const struct fy_model_config *c, enum fy_unit_
 
 void fy_llama_unit_layout(const struct fy_model_config *c, struct fy_llama_unit_layout *o)
 {
-    const struct fy_llama_fields *l = &c->llama;
+    const struct fy_llama_fields *l = fy_llama(c);
     size_t C = c->n_embd, hd = fy_llama_head_dim(c), Q = c->n_head * hd, KV = l->n_kv_head * hd;
     size_t I = l->n_inter, at = 0;
 #define PLACE(field, n) (o->field = at, at += (n))
@@ -98,7 +98,7 @@ void fy_llama_unit_layout(const struct fy_model_config *c, struct fy_llama_unit_
 
 int fy_llama_like_validate(const struct fy_model_config *c)
 {
-    const struct fy_llama_fields *l = &c->llama;
+    const struct fy_llama_fields *l = fy_llama(c);
     FY_REQUIRE(fy_llama_head_dim(c) % 2 == 0 && fy_llama_head_dim(c) <= 1024, -EINVAL,
                "model: head size %u must be even for rotary embeddings, and at most 1024",
                fy_llama_head_dim(c));
@@ -131,11 +131,14 @@ int fy_llama_like_validate(const struct fy_model_config *c)
 
 int fy_llama_like_from_options(const struct fy_family_options *o, struct fy_model_config *c)
 {
-    c->llama = (struct fy_llama_fields){
+    *fy_llama_mut(c) = (struct fy_llama_fields){
         .n_kv_head = (uint32_t)(o->kv_heads != 0 ? o->kv_heads : c->n_head),
         .n_inter = (uint32_t)(o->ffn != 0 ? o->ffn : 4ull * c->n_embd),
-        .tied = (uint32_t)o->tied, .rms_eps = (float)o->rms_eps, .rope_theta = o->rope_theta,
-        .qkv_bias = c->llama.qkv_bias, .qk_norm = c->llama.qk_norm,
+        .tied = (uint32_t)o->tied,
+        .rms_eps = (float)o->rms_eps,
+        .rope_theta = o->rope_theta,
+        .qkv_bias = fy_llama(c)->qkv_bias,
+        .qk_norm = fy_llama(c)->qk_norm,
         .head_dim = o->head_dim == (uint64_t)c->n_embd / c->n_head ? 0 : (uint32_t)o->head_dim};
     return 0;
 }
@@ -167,19 +170,27 @@ int fy_llama_like_conf_read(const struct fy_config *cfg, struct fy_model_config 
                    hd <= UINT32_MAX && window <= UINT32_MAX, -EINVAL,
                "%s: a model.* value is out of range", cfg->path);
     /* the flags a family implies (qkv_bias, qk_norm) are set by its conf_read around this */
-    uint32_t qkv_bias = c->llama.qkv_bias, qk_norm = c->llama.qk_norm;
-    c->llama = (struct fy_llama_fields){
-        .n_kv_head = (uint32_t)kv, .n_inter = (uint32_t)inter, .tied = (uint32_t)tied,
-        .rope_type = rope_type, .rope_orig_max_pos = (uint32_t)omax, .rms_eps = (float)eps,
-        .rope_theta = theta, .rope_factor = factor, .rope_low_freq_factor = low,
-        .rope_high_freq_factor = high, .head_dim = (uint32_t)hd, .qkv_bias = qkv_bias,
-        .qk_norm = qk_norm, .sliding_window = (uint32_t)window};
+    uint32_t qkv_bias = fy_llama(c)->qkv_bias, qk_norm = fy_llama(c)->qk_norm;
+    *fy_llama_mut(c) = (struct fy_llama_fields){.n_kv_head = (uint32_t)kv,
+                                                .n_inter = (uint32_t)inter,
+                                                .tied = (uint32_t)tied,
+                                                .rope_type = rope_type,
+                                                .rope_orig_max_pos = (uint32_t)omax,
+                                                .rms_eps = (float)eps,
+                                                .rope_theta = theta,
+                                                .rope_factor = factor,
+                                                .rope_low_freq_factor = low,
+                                                .rope_high_freq_factor = high,
+                                                .head_dim = (uint32_t)hd,
+                                                .qkv_bias = qkv_bias,
+                                                .qk_norm = qk_norm,
+                                                .sliding_window = (uint32_t)window};
     return 0;
 }
 
 int fy_llama_like_conf_write(const struct fy_model_config *c, struct fy_config *cfg)
 {
-    const struct fy_llama_fields *l = &c->llama;
+    const struct fy_llama_fields *l = fy_llama(c);
     FY_TRY(fy_config_setf(cfg, "model.n_kv_head", "%u", l->n_kv_head));
     FY_TRY(fy_config_setf(cfg, "model.n_inter", "%u", l->n_inter));
     FY_TRY(fy_config_setf(cfg, "model.tied", "%u", l->tied));
@@ -238,7 +249,7 @@ static int llama_hf_rope(const char *path, const cJSON *root, double theta_defau
 int fy_llama_like_hf_read(const char *path, const cJSON *root, const struct fy_llama_defaults *d,
                           struct fy_model_config *m)
 {
-    struct fy_llama_fields *l = &m->llama;
+    struct fy_llama_fields *l = fy_llama_mut(m);
     FY_TRY(fy_json_architectures(path, root, fy_model_arch(m)));
     FY_TRY(fy_json_uint(path, root, "num_hidden_layers", d->n_layer, &m->n_layer));
     FY_TRY(fy_json_uint(path, root, "num_attention_heads", d->n_head, &m->n_head));
@@ -294,7 +305,7 @@ int fy_llama_like_hf_window(const char *path, const cJSON *root, int has_switch,
     const cJSON *w = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
     if (w == NULL || cJSON_IsNull(w))
         return 0;
-    FY_TRY(fy_json_uint(path, root, "sliding_window", 0, &m->llama.sliding_window));
+    FY_TRY(fy_json_uint(path, root, "sliding_window", 0, &fy_llama_mut(m)->sliding_window));
     return 0;
 }
 
@@ -308,14 +319,14 @@ static int llama_hf_config_read(const char *path, const cJSON *root, struct fy_m
     *m = (struct fy_model_config){.arch = &fy_arch_llama};
     FY_TRY(fy_json_bool(path, root, "attention_bias", 0, 0, "q/k/v/o projections have no bias"));
     FY_TRY(fy_llama_like_hf_read(path, root, &llama_defaults, m));
-    return fy_model_config_validate(m);
+    return 0;
 }
 
 char *fy_llama_like_hf_write(const struct fy_model_config *m, const char *torch_dtype,
                              const char *model_type, const char *architecture, const char *extra)
 {
     enum { CAP = 4096 };
-    const struct fy_llama_fields *l = &m->llama;
+    const struct fy_llama_fields *l = fy_llama(m);
     char *text = malloc(CAP);
     if (text == NULL)
         return NULL;
@@ -360,7 +371,7 @@ static char *llama_hf_config_write(const struct fy_model_config *m, const char *
 /* A Llama-like checkpoint holds parameters alone. */
 int fy_llama_like_hf_is_buffer(const struct fy_model_config *c, const char *name) { return 0; }
 
-int fy_llama_like_head_tied(const struct fy_model_config *c) { return c->llama.tied != 0; }
+int fy_llama_like_head_tied(const struct fy_model_config *c) { return fy_llama(c)->tied != 0; }
 
 static uint64_t bits64(double v)
 {
@@ -374,7 +385,7 @@ static uint64_t bits64(double v)
  * qk_norm, sliding_window (zero for Llama, as records made before them hold). */
 void fy_llama_like_slots_write(const struct fy_model_config *c, uint32_t *slots)
 {
-    const struct fy_llama_fields *l = &c->llama;
+    const struct fy_llama_fields *l = fy_llama(c);
     uint32_t eps;
     memcpy(&eps, &l->rms_eps, sizeof eps);
     const uint32_t a[6] = {l->n_kv_head, l->n_inter, l->tied, l->rope_type, l->rope_orig_max_pos,
@@ -395,7 +406,7 @@ void fy_llama_like_slots_write(const struct fy_model_config *c, uint32_t *slots)
 
 void fy_llama_like_slots_read(const uint32_t *slots, struct fy_model_config *c)
 {
-    struct fy_llama_fields *l = &c->llama;
+    struct fy_llama_fields *l = fy_llama_mut(c);
     l->n_kv_head = slots[0];
     l->n_inter = slots[1];
     l->tied = slots[2];
@@ -418,7 +429,7 @@ void fy_llama_like_slots_read(const uint32_t *slots, struct fy_model_config *c)
  * hashes as it always has. */
 uint64_t fy_llama_like_hash(const struct fy_model_config *c, uint64_t h)
 {
-    const struct fy_llama_fields *l = &c->llama;
+    const struct fy_llama_fields *l = fy_llama(c);
     uint32_t eps;
     memcpy(&eps, &l->rms_eps, sizeof eps);
     const uint64_t g[12] = {0x6c6c616d61ull /* "llama" */, fy_model_arch(c)->id, l->n_kv_head,
@@ -437,7 +448,7 @@ uint64_t fy_llama_like_hash(const struct fy_model_config *c, uint64_t h)
 
 void fy_llama_like_describe(const struct fy_model_config *c, char *buf, size_t len)
 {
-    const struct fy_llama_fields *l = &c->llama;
+    const struct fy_llama_fields *l = fy_llama(c);
     char extra[96] = "";
     if (l->head_dim != 0)
         snprintf(extra, sizeof extra, ", head size %u", l->head_dim);
@@ -446,11 +457,10 @@ void fy_llama_like_describe(const struct fy_model_config *c, char *buf, size_t l
                  l->sliding_window);
     snprintf(buf, len,
              "%s: %u layers, %u heads (%u kv), %u wide, MLP %u, vocab %u, context %u, %s "
-             "head, rope theta %g%s%s, %.2f M parameters",
+             "head, rope theta %g%s%s",
              fy_model_arch(c)->label, c->n_layer, c->n_head, l->n_kv_head, c->n_embd, l->n_inter,
              c->vocab, c->ctx, l->tied ? "tied" : "untied", l->rope_theta,
-             l->rope_type == FY_ROPE_LLAMA3 ? " (llama3 scaling)" : "", extra,
-             (double)fy_model_total_params(c) / 1e6);
+             l->rope_type == FY_ROPE_LLAMA3 ? " (llama3 scaling)" : "", extra);
 }
 
 static const char *const llama_hf_architectures[] = {"LlamaForCausalLM", NULL};
@@ -475,5 +485,6 @@ const struct fy_arch fy_arch_llama = {
     .slots_read = fy_llama_like_slots_read,
     .hash = fy_llama_like_hash,
     .describe = fy_llama_like_describe,
+    .head_size = fy_llama_head_dim,
     .unit_table = fy_llama_like_unit_table,
 };

@@ -1,18 +1,19 @@
 /* The Llama family (Hugging Face LlamaForCausalLM): its config fields and its units' layout, for
- * the registry (common/model/arch/arch.h) and the backends' Llama files. Units: 0 holds embed_tokens
- * [V][C] (no positions), 1..n_layer the decoder blocks, n_layer+1 the final RMSNorm weight [C]
- * followed, when the head is untied, by lm_head [V][C]. */
+ * the registry (common/model/arch/arch.h) and the backends' Llama files. Units: 0 holds
+ * embed_tokens [V][C] (no positions), 1..n_layer the decoder blocks, n_layer+1 the final RMSNorm
+ * weight [C] followed, when the head is untied, by lm_head [V][C]. */
 #ifndef FY_ARCH_LLAMA_H
 #define FY_ARCH_LLAMA_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "common/model/model_config.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-struct fy_model_config;
 
 enum fy_rope { FY_ROPE_DEFAULT = 0, FY_ROPE_LLAMA3 = 1 };
 
@@ -33,6 +34,32 @@ struct fy_llama_fields {
     uint32_t qk_norm;        /* 1: an RMSNorm over each head's q and k before RoPE (Qwen3; family) */
     uint32_t sliding_window; /* W: a position attends to itself and the W - 1 before it; 0: all */
 };
+
+/* The Llama-like families' fields in a config's family block (zero for GPT-2), to read and to
+ * write. */
+static inline const struct fy_llama_fields *fy_llama(const struct fy_model_config *c)
+{
+    return (const struct fy_llama_fields *)(const void *)c->family.bytes;
+}
+static inline struct fy_llama_fields *fy_llama_mut(struct fy_model_config *c)
+{
+    return (struct fy_llama_fields *)(void *)c->family.bytes;
+}
+/* A family block holding f (the rest zero), for a config's initialiser: .family = fy_llama_family(...) */
+static inline union fy_family_fields fy_llama_family(struct fy_llama_fields f)
+{
+    union fy_family_fields u;
+    memset(&u, 0, sizeof u);
+    memcpy(u.bytes, &f, sizeof f);
+    return u;
+}
+#ifdef __cplusplus
+static_assert(sizeof(struct fy_llama_fields) <= FY_FAMILY_FIELDS_BYTES,
+              "the family block holds them");
+#else
+_Static_assert(sizeof(struct fy_llama_fields) <= FY_FAMILY_FIELDS_BYTES,
+               "the family block holds them");
+#endif
 
 /* The head size: head_dim, or n_embd / n_head. */
 uint32_t fy_llama_head_dim(const struct fy_model_config *c);

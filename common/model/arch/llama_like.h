@@ -1,11 +1,11 @@
-/* What the Llama-like families' files (common/model/arch/llama.c, qwen2.c, qwen3.c, mistral.c, phi3.c)
- * share: their config.json keys, model.conf keys, tensor table, validation, hash and binary slots,
- * implemented once in llama.c. Only those files include it. */
+/* What the Llama-like families' files (common/model/arch/llama.c, qwen2.c, qwen3.c, mistral.c,
+ * phi3.c) share: their config.json keys, model.conf keys, tensor table, validation, hash and binary
+ * slots, implemented once in llama.c. Only those files include it. */
 #ifndef FY_ARCH_LLAMA_LIKE_H
 #define FY_ARCH_LLAMA_LIKE_H
 
 #include "common/model/arch/arch.h"
-#include "common/model/arch/llama.h"
+#include "common/model/arch/json.h"
 
 struct cJSON;
 

@@ -7,6 +7,7 @@
 #include <errno.h>
 
 #include "common/base/check.h"
+#include "common/model/arch/llama.h"
 #include "common/model/arch/llama_like.h"
 
 static const struct fy_llama_defaults mistral_defaults = {
@@ -20,15 +21,16 @@ static int mistral_hf_config_read(const char *path, const cJSON *root, struct fy
     FY_TRY(fy_llama_like_hf_read(path, root, &mistral_defaults, m));
     FY_TRY(fy_llama_like_hf_window(path, root, 0, m));
     if (cJSON_GetObjectItemCaseSensitive(root, "sliding_window") == NULL)
-        m->llama.sliding_window = 4096;
-    return fy_model_config_validate(m);
+        fy_llama_mut(m)->sliding_window = 4096;
+    return 0;
 }
 
 static char *mistral_hf_config_write(const struct fy_model_config *m, const char *torch_dtype)
 {
     /* the writer puts sliding_window where there is one; null says there is none */
     return fy_llama_like_hf_write(m, torch_dtype, "mistral", "MistralForCausalLM",
-                                  m->llama.sliding_window ? "" : "  \"sliding_window\": null,\n");
+                                  fy_llama(m)->sliding_window ? ""
+                                                              : "  \"sliding_window\": null,\n");
 }
 
 static const char *const mistral_hf_architectures[] = {"MistralForCausalLM", NULL};
@@ -53,5 +55,6 @@ const struct fy_arch fy_arch_mistral = {
     .slots_read = fy_llama_like_slots_read,
     .hash = fy_llama_like_hash,
     .describe = fy_llama_like_describe,
+    .head_size = fy_llama_head_dim,
     .unit_table = fy_llama_like_unit_table,
 };

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/base/check.h"
+#include "common/model/arch/llama.h"
 #include "common/model/arch/llama_like.h"
 
 static const struct fy_llama_defaults phi3_defaults = {
@@ -22,8 +23,8 @@ static unsigned phi3_unit_table(const struct fy_model_config *c, enum fy_unit_ki
 {
     if (kind != FY_UNIT_BLOCK)
         return fy_llama_like_unit_table(c, kind, t);
-    const uint64_t C = c->n_embd, hd = fy_llama_head_dim(c), I = c->llama.n_inter;
-    const uint64_t QKV = (c->n_head + 2ull * c->llama.n_kv_head) * hd, Q = c->n_head * hd;
+    const uint64_t C = c->n_embd, hd = fy_llama_head_dim(c), I = fy_llama(c)->n_inter;
+    const uint64_t QKV = (c->n_head + 2ull * fy_llama(c)->n_kv_head) * hd, Q = c->n_head * hd;
     const struct fy_tensor_spec block[] = {
         {"model.layers.%u.input_layernorm.weight", 1, {C}, 0, 0, FY_INIT_ONE, 0},
         {"model.layers.%u.self_attn.qkv_proj.weight", 2, {QKV, C}, 0, 1, FY_INIT_NORMAL, 0},
@@ -39,7 +40,7 @@ static unsigned phi3_unit_table(const struct fy_model_config *c, enum fy_unit_ki
 /* q, k, v and gate, up have no biases or norms of their own here. */
 static int phi3_validate(const struct fy_model_config *c)
 {
-    FY_REQUIRE(!c->llama.qkv_bias && !c->llama.qk_norm, -EINVAL,
+    FY_REQUIRE(!fy_llama(c)->qkv_bias && !fy_llama(c)->qk_norm, -EINVAL,
                "model: a Phi-3 model has no q/k/v biases or q/k norms");
     return fy_llama_like_validate(c);
 }
@@ -66,7 +67,7 @@ static int phi3_hf_config_read(const char *path, const cJSON *root, struct fy_mo
     FY_TRY(fy_json_bool(path, root, "attention_bias", 0, 0, "qkv_proj and o_proj have no bias"));
     FY_TRY(fy_llama_like_hf_read(path, root, &phi3_defaults, m));
     FY_TRY(fy_llama_like_hf_window(path, root, 0, m));
-    return fy_model_config_validate(m);
+    return 0;
 }
 
 static char *phi3_hf_config_write(const struct fy_model_config *m, const char *torch_dtype)
@@ -75,7 +76,7 @@ static char *phi3_hf_config_write(const struct fy_model_config *m, const char *t
     snprintf(extra, sizeof extra,
              "  \"original_max_position_embeddings\": %u,\n  \"partial_rotary_factor\": 1.0,\n"
              "  \"attention_bias\": false,\n%s",
-             m->ctx, m->llama.sliding_window ? "" : "  \"sliding_window\": null,\n");
+             m->ctx, fy_llama(m)->sliding_window ? "" : "  \"sliding_window\": null,\n");
     return fy_llama_like_hf_write(m, torch_dtype, "phi3", "Phi3ForCausalLM", extra);
 }
 
@@ -101,5 +102,6 @@ const struct fy_arch fy_arch_phi3 = {
     .slots_read = fy_llama_like_slots_read,
     .hash = fy_llama_like_hash,
     .describe = fy_llama_like_describe,
+    .head_size = fy_llama_head_dim,
     .unit_table = phi3_unit_table,
 };

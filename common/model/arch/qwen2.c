@@ -6,6 +6,7 @@
 #include <errno.h>
 
 #include "common/base/check.h"
+#include "common/model/arch/llama.h"
 #include "common/model/arch/llama_like.h"
 
 static const struct fy_llama_defaults qwen2_defaults = {
@@ -14,23 +15,24 @@ static const struct fy_llama_defaults qwen2_defaults = {
 
 static int qwen2_from_options(const struct fy_family_options *o, struct fy_model_config *c)
 {
-    c->llama.qkv_bias = 1;
+    fy_llama_mut(c)->qkv_bias = 1;
     return fy_llama_like_from_options(o, c);
 }
 
 static int qwen2_conf_read(const struct fy_config *cfg, struct fy_model_config *c)
 {
-    c->llama.qkv_bias = 1;
+    fy_llama_mut(c)->qkv_bias = 1;
     return fy_llama_like_conf_read(cfg, c);
 }
 
 /* Qwen2Config; its sliding window applies only with use_sliding_window true (refused). */
 static int qwen2_hf_config_read(const char *path, const cJSON *root, struct fy_model_config *m)
 {
-    *m = (struct fy_model_config){.arch = &fy_arch_qwen2, .llama = {.qkv_bias = 1}};
+    *m = (struct fy_model_config){
+        .arch = &fy_arch_qwen2, .family = fy_llama_family((struct fy_llama_fields){.qkv_bias = 1})};
     FY_TRY(fy_llama_like_hf_read(path, root, &qwen2_defaults, m));
     FY_TRY(fy_llama_like_hf_window(path, root, 1, m));
-    return fy_model_config_validate(m);
+    return 0;
 }
 
 static char *qwen2_hf_config_write(const struct fy_model_config *m, const char *torch_dtype)
@@ -61,5 +63,6 @@ const struct fy_arch fy_arch_qwen2 = {
     .slots_read = fy_llama_like_slots_read,
     .hash = fy_llama_like_hash,
     .describe = fy_llama_like_describe,
+    .head_size = fy_llama_head_dim,
     .unit_table = fy_llama_like_unit_table,
 };

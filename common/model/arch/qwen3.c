@@ -7,6 +7,7 @@
 #include <errno.h>
 
 #include "common/base/check.h"
+#include "common/model/arch/llama.h"
 #include "common/model/arch/llama_like.h"
 
 static const struct fy_llama_defaults qwen3_defaults = {
@@ -15,26 +16,27 @@ static const struct fy_llama_defaults qwen3_defaults = {
 
 static int qwen3_from_options(const struct fy_family_options *o, struct fy_model_config *c)
 {
-    c->llama.qk_norm = 1;
+    fy_llama_mut(c)->qk_norm = 1;
     return fy_llama_like_from_options(o, c);
 }
 
 static int qwen3_conf_read(const struct fy_config *cfg, struct fy_model_config *c)
 {
-    c->llama.qk_norm = 1;
+    fy_llama_mut(c)->qk_norm = 1;
     return fy_llama_like_conf_read(cfg, c);
 }
 
 /* Qwen3Config: head_dim 128 when absent; attention_bias (q, k, v and o biases) is not computed. */
 static int qwen3_hf_config_read(const char *path, const cJSON *root, struct fy_model_config *m)
 {
-    *m = (struct fy_model_config){.arch = &fy_arch_qwen3, .llama = {.qk_norm = 1}};
+    *m = (struct fy_model_config){
+        .arch = &fy_arch_qwen3, .family = fy_llama_family((struct fy_llama_fields){.qk_norm = 1})};
     FY_TRY(fy_json_bool(path, root, "attention_bias", 0, 0, "q/k/v/o projections have no bias"));
     FY_TRY(fy_llama_like_hf_read(path, root, &qwen3_defaults, m));
     if (cJSON_GetObjectItemCaseSensitive(root, "head_dim") == NULL)
-        m->llama.head_dim = 128 == m->n_embd / m->n_head ? 0 : 128;
+        fy_llama_mut(m)->head_dim = 128 == m->n_embd / m->n_head ? 0 : 128;
     FY_TRY(fy_llama_like_hf_window(path, root, 1, m));
-    return fy_model_config_validate(m);
+    return 0;
 }
 
 static char *qwen3_hf_config_write(const struct fy_model_config *m, const char *torch_dtype)
@@ -65,5 +67,6 @@ const struct fy_arch fy_arch_qwen3 = {
     .slots_read = fy_llama_like_slots_read,
     .hash = fy_llama_like_hash,
     .describe = fy_llama_like_describe,
+    .head_size = fy_llama_head_dim,
     .unit_table = fy_llama_like_unit_table,
 };
