@@ -11,7 +11,6 @@
 #include "common/base/dtype.h"
 #include "common/base/knobs.h"
 #include "gpu_worker/ranks.h"
-#include "gpu_worker/try_out.h"
 
 struct fy_gptexec {
     struct fy_backend *backend;

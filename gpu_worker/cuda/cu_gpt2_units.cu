@@ -20,7 +20,7 @@
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "gpu_worker/cuda/cu_profile.h"
 #include "gpu_worker/cuda/cu_residual.h"
-#include "gpu_worker/try_out.h"
+#include "common/base/check.h"
 
 struct fy_cu_gpt2 {
     struct fy_model_config c;

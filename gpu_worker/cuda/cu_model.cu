@@ -18,7 +18,7 @@
 #include "gpu_worker/cuda/cu_matmul.h"
 #include "gpu_worker/cuda/cu_profile.h"
 #include "gpu_worker/cuda/cu_ranks.h"
-#include "gpu_worker/try_out.h"
+#include "common/base/check.h"
 
 /* Rows of logits per chunk of the head: large enough that its products run at full speed, small
  * enough that a chunk's logits stay within HEAD_CHUNK_BYTES however large the vocabulary. */
