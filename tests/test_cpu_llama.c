@@ -102,17 +102,18 @@ static struct fy_model_config cfg_plain(uint32_t C, uint32_t NH, uint32_t NKV, u
                                         double theta)
 {
     /* one block's model: the vocabulary and the context matter to no block computation */
-    return (struct fy_model_config){.n_layer = 1,
-                                    .n_head = NH,
-                                    .n_embd = C,
-                                    .vocab = 2,
-                                    .ctx = 1024,
-                                    .arch = &fy_arch_llama,
-                                    .family = fy_llama_family((struct fy_llama_fields){.n_kv_head = NKV,
-                                              .n_inter = I,
-                                              .rms_eps = 1e-5f,
-                                              .rope_theta = theta,
-                                              .rope_type = FY_ROPE_DEFAULT})};
+    return (struct fy_model_config){
+        .n_layer = 1,
+        .n_head = NH,
+        .n_embd = C,
+        .vocab = 2,
+        .ctx = 1024,
+        .arch = &fy_arch_llama,
+        .family = fy_llama_family((struct fy_llama_fields){.n_kv_head = NKV,
+                                                           .n_inter = I,
+                                                           .rms_eps = 1e-5f,
+                                                           .rope_theta = theta,
+                                                           .rope_type = FY_ROPE_DEFAULT})};
 }
 
 /* head_dim 8 and theta 500000: wavelengths 6.3, 167, 4443 and 118000 against 512 / 4 = 128 and

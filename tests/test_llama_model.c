@@ -32,9 +32,17 @@
 static struct fy_model_config llama(int tied, int llama3)
 {
     struct fy_model_config c = {
-        .n_layer = 2, .n_head = 4, .n_embd = 16, .vocab = 23, .ctx = 12, .arch = &fy_arch_llama,
-        .family = fy_llama_family((struct fy_llama_fields){.n_kv_head = 2, .n_inter = 24, .tied = (uint32_t)tied, .rms_eps = 1e-6f,
-                  .rope_theta = 10000.0})};
+        .n_layer = 2,
+        .n_head = 4,
+        .n_embd = 16,
+        .vocab = 23,
+        .ctx = 12,
+        .arch = &fy_arch_llama,
+        .family = fy_llama_family((struct fy_llama_fields){.n_kv_head = 2,
+                                                           .n_inter = 24,
+                                                           .tied = (uint32_t)tied,
+                                                           .rms_eps = 1e-6f,
+                                                           .rope_theta = 10000.0})};
     if (llama3) {
         fy_llama_mut(&c)->rope_type = FY_ROPE_LLAMA3;
         fy_llama_mut(&c)->rope_factor = 8.0;

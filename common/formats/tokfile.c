@@ -599,8 +599,8 @@ uint64_t fy_tokfile_eval_windows(const struct fy_tokfile *t, int T)
     return (n - 1) / (uint64_t)T;
 }
 
-int fy_tokfile_eval_batch(const struct fy_tokfile *t, uint64_t index, int B, int T,
-                          int32_t *inputs, int32_t *targets)
+int fy_tokfile_eval_batch(const struct fy_tokfile *t, uint64_t index, int B, int T, int32_t *inputs,
+                          int32_t *targets)
 {
     FY_TRY(check_window(t, FY_TOKFILE_EVAL, B, T));
     uint64_t windows = fy_tokfile_eval_windows(t, T);

@@ -56,11 +56,12 @@ struct fy_param_segment {
 /* Fills the unit's segments in order (they cover the unit exactly, neighbours with the same flag
  * merged); returns how many. */
 int fy_model_decay_segments(const struct fy_model_config *c, unsigned unit,
-                          struct fy_param_segment out[FY_MODEL_MAX_SEGMENTS]);
+                            struct fy_param_segment out[FY_MODEL_MAX_SEGMENTS]);
 
 /* Initialises one unit from a seed by each tensor's init rule (enum fy_init_rule). Each value
  * depends only on (seed, unit, index in the unit), so any unit can be initialised alone. */
-void fy_model_init_unit(const struct fy_model_config *c, unsigned unit, uint64_t seed, float *params);
+void fy_model_init_unit(const struct fy_model_config *c, unsigned unit, uint64_t seed,
+                        float *params);
 
 #ifdef __cplusplus
 }

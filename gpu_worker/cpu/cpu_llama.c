@@ -397,7 +397,8 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
         fy_cpu_llama_head_norm_forward(s->qkv, s->qk_rstd, s->qkv_raw, p + l.q_norm, QKV, 0, NH, hd,
                                        N, fy_llama(c)->rms_eps);
         fy_cpu_llama_head_norm_forward(s->qkv, s->qk_rstd + (size_t)N * NH, s->qkv_raw,
-                                       p + l.k_norm, QKV, NH * hd, NKV, hd, N, fy_llama(c)->rms_eps);
+                                       p + l.k_norm, QKV, NH * hd, NKV, hd, N,
+                                       fy_llama(c)->rms_eps);
     } else {
         fy_cpu_matmul_forward(s->qkv, s->n1, p + l.q_proj, qkv_bias, N, C, QKV); /* q|k|v_proj */
     }
@@ -408,7 +409,8 @@ static void block_forward_into(const struct fy_model_config *c, const float *par
     fy_cpu_add(s->h, x, s->h, (size_t)N * C);
 
     /* MLP: y = h + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(h) */
-    fy_cpu_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C, fy_llama(c)->rms_eps);
+    fy_cpu_llama_rmsnorm_forward(s->n2, s->rstd2, s->h, p + l.post_norm, N, C,
+                                 fy_llama(c)->rms_eps);
     fy_cpu_matmul_forward(s->gu, s->n2, p + l.gate_proj, NULL, N, C, 2 * I); /* gate_proj|up_proj */
     fy_cpu_llama_swiglu_forward(s->act, s->gu, N, I);
     if (y == NULL)
