@@ -28,8 +28,6 @@ uint64_t fy_backend_gpu_mem_default(uint64_t free_bytes, uint64_t total_bytes, u
 int fy_backend_open(struct fy_backend **out, const char *which, uint64_t gpu_mem);
 /* Closes the backend (unpinning the pool it pinned) and frees it; *b becomes NULL. */
 void fy_backend_destroy(struct fy_backend **b);
-/* fy_backend_destroy's name of before, for the launcher's callers until they take the new one. */
-static inline void fy_backend_close(struct fy_backend **b) { fy_backend_destroy(b); }
 const char *fy_backend_name(const struct fy_backend *b);
 const char *fy_backend_device(const struct fy_backend *b);
 int fy_backend_register_host(struct fy_backend *b, void *base, size_t len);

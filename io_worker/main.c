@@ -79,7 +79,7 @@ static void io_fini(struct fy_worker *w, void *state)
     if (s == NULL)
         return;
     fy_ring_destroy(&s->ring);
-    fy_store_close(&s->store);
+    fy_store_destroy(&s->store);
     free(s);
 }
 

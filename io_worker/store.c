@@ -435,7 +435,7 @@ out:
     return rc;
 }
 
-void fy_store_close(struct fy_store **sp)
+void fy_store_destroy(struct fy_store **sp)
 {
     if (sp == NULL || *sp == NULL)
         return;
@@ -611,7 +611,7 @@ int fy_store_open(struct fy_store **out, const struct fy_store_opts *o)
     if (rc == 0)
         rc = o->create ? store_create(s, o) : store_load(s, o);
     if (rc < 0) {
-        fy_store_close(&s);
+        fy_store_destroy(&s);
         return rc;
     }
     *out = s;

@@ -51,7 +51,7 @@ struct fy_extent {
 };
 
 int fy_store_open(struct fy_store **out, const struct fy_store_opts *o);
-void fy_store_close(struct fy_store **s); /* sets *s = NULL; safe on NULL */
+void fy_store_destroy(struct fy_store **s); /* sets *s = NULL; safe on NULL */
 
 /* 0 if dir exists, is writable, is not tmpfs, and O_DIRECT write+read works there; else -errno
  * with one line saying why and what to give instead. */

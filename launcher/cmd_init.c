@@ -205,7 +205,7 @@ static int init_hf(struct fy_options *o)
                 "names, dtypes and config for export --to-hf)",
                 o->from_hf, o->run_dir, o->run_dir);
 out:
-    fy_hf_close(&src);
+    fy_hf_destroy(&src);
     return rc;
 }
 

@@ -311,8 +311,8 @@ static void train_free(struct train_run *t)
     free(t->meta);
     fy_planact_free(&t->act);
     fy_plan_free(&t->plan);
-    fy_sampler_free(&t->batches);
-    fy_tokfile_close(&t->data);
+    fy_sampler_destroy(&t->batches);
+    fy_tokfile_destroy(&t->data);
     free(t->mc);
     free(t->cfg);
     free(t);

@@ -200,7 +200,7 @@ int fy_commit_peek(const char *ssd, struct fy_storemeta *m)
         fy_error("%s: no intact commit record", ssd);
     free(rec);
     free(one);
-    fy_store_close(&store);
+    fy_store_destroy(&store);
     return rc;
 }
 

@@ -70,7 +70,7 @@ void fy_inproc_destroy(struct fy_inproc **pp)
     struct fy_inproc *p = *pp;
     fy_optstep_destroy(&p->opt);
     fy_gptexec_destroy(&p->gpt);
-    fy_backend_close(&p->backend);
+    fy_backend_destroy(&p->backend);
     for (unsigned i = 0; i < p->n_extents; i++)
         free(p->extents[i].data);
     free(p->extents);

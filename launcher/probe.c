@@ -61,7 +61,7 @@ static int probe_backend(const struct fy_probe_opts *o, struct fy_probe_result *
         r->duplex_Bps = p.duplex_Bps;
         snprintf(r->device, sizeof r->device, "%s", fy_backend_device(b));
     }
-    fy_backend_close(&b);
+    fy_backend_destroy(&b);
     free(host);
     return rc;
 }
@@ -104,7 +104,7 @@ static int probe_store(const char *const *paths, unsigned n, uint64_t total, dou
         *read_Bps = (double)total / (t2 - t1);
     }
     fy_ring_destroy(&ring);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
     free(buf);
     return rc;
 }

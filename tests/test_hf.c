@@ -379,7 +379,7 @@ static void check_import(const char *dir, struct hf_ckpt *c, const char *dtype_n
         free(got);
         free(want);
     }
-    fy_hf_close(&s);
+    fy_hf_destroy(&s);
     assert_null(s);
 }
 
@@ -428,7 +428,7 @@ static int open_and_read(void *arg)
         rc = p ? fy_hf_read_unit(s, (unsigned)r->unit, p) : -ENOMEM;
         free(p);
     }
-    fy_hf_close(&s);
+    fy_hf_destroy(&s);
     return rc;
 }
 
@@ -607,7 +607,7 @@ static int roundtrip(const char *dir, const char *record, const char *out,
     if (rc == 0)
         rc = fy_hf_writer_finish(&w);
     fy_hf_writer_destroy(&w);
-    fy_hf_close(&s);
+    fy_hf_destroy(&s);
     return rc;
 }
 
@@ -663,8 +663,8 @@ static void compare_dirs(const char *a, const char *b, int want_dtype)
     const char *fa = fy_st_metadata(rb, "format");
     assert_non_null(fa);
     assert_string_equal(fa, "pt");
-    fy_st_close(&ra);
-    fy_st_close(&rb);
+    fy_st_destroy(&ra);
+    fy_st_destroy(&rb);
 }
 
 static void files_equal(const char *a, const char *b)
@@ -856,7 +856,7 @@ static void test_source_record(void **state)
     assert_int_equal(fy_hf_open(&s, tpath("rec")), 0);
     assert_int_equal(fy_hf_save_source(s, tpath("rec.hf")), 0);
     assert_int_equal(fy_hf_save_source(s, tpath("rec.hf")), -EEXIST);
-    fy_hf_close(&s);
+    fy_hf_destroy(&s);
     assert_int_equal(count_entries(tpath("rec.hf")), 2 + (int)ncarried); /* config, source */
     struct fy_hf_export_opts eo = {.source = tpath("rec.hf")};
     assert_int_equal(roundtrip(tpath("rec"), NULL, tpath("rec.out"), &eo), 0);

@@ -112,7 +112,7 @@ static int open_fn(void *arg)
     struct fy_st_reader *r = NULL;
     int rc = fy_st_open(&r, arg);
     assert_true(rc < 0 || r != NULL);
-    fy_st_close(&r);
+    fy_st_destroy(&r);
     return rc;
 }
 
@@ -314,7 +314,7 @@ static void read_back(const char *path, const struct spec_tensor *t, size_t n,
         free(f);
     }
     assert_int_equal(files, want_files);
-    fy_st_close(&r);
+    fy_st_destroy(&r);
     assert_null(r);
 }
 
@@ -394,7 +394,7 @@ static void test_roundtrip_sharded(void **state)
     struct fy_st_reader *r = NULL;
     assert_int_equal(fy_st_open(&r, dir), 0);
     assert_non_null(strstr(fy_st_find(r, "model.h.0.ln.bias")->file, "model-00002-of-00003"));
-    fy_st_close(&r);
+    fy_st_destroy(&r);
 
     /* everything within the limit: one model.safetensors, no index, as Hugging Face does */
     const char *one = tpath("one");
@@ -483,7 +483,7 @@ static void test_python_written(void **state)
         free(f);
     }
     assert_true(nans >= 2 && subnormals >= 4 && infs >= 2);
-    fy_st_close(&r);
+    fy_st_destroy(&r);
     cJSON_Delete(root);
 }
 
@@ -569,7 +569,7 @@ static void test_bad_headers(void **state)
     struct fy_st_reader *r = NULL;
     assert_int_equal(fy_st_open(&r, p), 0);
     assert_int_equal(fy_st_count(r), 2);
-    fy_st_close(&r);
+    fy_st_destroy(&r);
 }
 
 struct read_case {
@@ -589,7 +589,7 @@ static int read_fn(void *arg)
     assert_int_equal(truncate(c->path, 8 + 8), 0);
     rc = fy_st_read_f32(r, t, f, t->numel);
     free(f);
-    fy_st_close(&r);
+    fy_st_destroy(&r);
     return rc;
 }
 
@@ -848,7 +848,7 @@ static void test_writer_atomic(void **state)
     assert_int_equal(fy_st_open(&r, p), 0);
     assert_int_equal(fy_st_count(r), 1);
     assert_string_equal(fy_st_tensor_at(r, 0)->name, "only");
-    fy_st_close(&r);
+    fy_st_destroy(&r);
     assert_int_equal(count_entries(tmpdir), 1);
 
     /* a sharded writer abandoned after writing into several shards leaves nothing */

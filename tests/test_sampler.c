@@ -217,17 +217,17 @@ static void test_documents_once_an_epoch(void **state)
     assert_memory_equal(in, in2, sizeof in);
     assert_memory_equal(tg, tg2, sizeof tg);
     assert_memory_equal(pos, pos2, sizeof pos);
-    fy_sampler_free(&cold);
+    fy_sampler_destroy(&cold);
     /* another seed: another order */
     struct fy_sampler *other =
         new_sampler(t, FY_PACKING_AUTO, FY_LONG_DOCS_TRUNCATE, B, T, 10, 0.1);
     assert_int_equal(fy_sampler_train_batch(other, 1, in2, tg2, pos2, NULL), 0);
     assert_memory_not_equal(first[0], in2, sizeof in2);
-    fy_sampler_free(&other);
-    fy_sampler_free(&s);
+    fy_sampler_destroy(&other);
+    fy_sampler_destroy(&s);
     assert_null(s);
-    fy_sampler_free(&s); /* safe on NULL */
-    fy_tokfile_close(&t);
+    fy_sampler_destroy(&s); /* safe on NULL */
+    fy_tokfile_destroy(&t);
 }
 
 /* --long-docs split: every prediction of a long document once, in pieces of T, each a document of
@@ -265,8 +265,8 @@ static void test_split_long_documents(void **state)
         assert_int_equal(seen.pieces[d], (pred + T - 1) / T);
         assert_true(seen.pred[d] == (pred == 64 ? ~0ull : (1ull << pred) - 1));
     }
-    fy_sampler_free(&s);
-    fy_tokfile_close(&t);
+    fy_sampler_destroy(&s);
+    fy_tokfile_destroy(&t);
 }
 
 /* The held-out split is the last documents, whole; a pass evaluates each once (in file order,
@@ -307,8 +307,8 @@ static void test_eval_split_whole_documents(void **state)
     }
     for (unsigned d = 37; d < D; d++)
         assert_int_equal(train.pieces[d], 0);
-    fy_sampler_free(&s);
-    fy_tokfile_close(&t);
+    fy_sampler_destroy(&s);
+    fy_tokfile_destroy(&t);
 }
 
 /* The rule on a hand example: predictions 7, 5, 4, 3, 3, 2, 6 (documents of one more token) in
@@ -364,8 +364,8 @@ static void test_first_fit_rule(void **state)
         for (int r = 0; r < 3; r++)
             assert_int_equal(rows_seen[r], 1);
     }
-    fy_sampler_free(&s);
-    fy_tokfile_close(&t);
+    fy_sampler_destroy(&s);
+    fy_tokfile_destroy(&t);
 }
 
 /* Reads B*T "input target position" lines for each of n batches. */
@@ -446,9 +446,9 @@ static void test_batches_as_documented(void **state)
         print_message("--long-docs %s: %d training steps (%llu an epoch) and %llu held-out "
                       "batches as batch_ref.py rebuilds them\n",
                       how, STEPS, (unsigned long long)per, (unsigned long long)eval);
-        fy_sampler_free(&s);
+        fy_sampler_destroy(&s);
     }
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 /* Windows: fy_tokfile_batch's and fy_tokfile_eval_batch's batches, positions 0..T-1 in every row,
@@ -485,13 +485,13 @@ static void test_windows_and_defaults(void **state)
         assert_memory_equal(in, rin, sizeof in);
         assert_memory_equal(tg, rtg, sizeof tg);
     }
-    fy_sampler_free(&s);
+    fy_sampler_destroy(&s);
     /* documents of a file that records none: refused */
     struct fy_sampler_opts o = {
         .packing = FY_PACKING_DOCUMENTS, .B = B, .T = T, .seed = 1, .eval_fraction = 0.1};
     assert_int_equal(fy_sampler_new(&s, t, &o), -EINVAL);
     assert_null(s);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* text files (prepare_bytes: each a document): windows unless asked */
     FILE *f = fopen(tpath("a.txt"), "w");
@@ -517,13 +517,13 @@ static void test_windows_and_defaults(void **state)
     assert_int_equal(fy_tokfile_open(&t, tpath("text.tok"), 256), 0);
     s = new_sampler(t, FY_PACKING_AUTO, 0, B, T, 7, 0.3);
     assert_int_equal(fy_sampler_packing(s), FY_PACKING_WINDOWS);
-    fy_sampler_free(&s);
+    fy_sampler_destroy(&s);
     s = new_sampler(t, FY_PACKING_DOCUMENTS, FY_LONG_DOCS_TRUNCATE, B, T, 7, 0.3);
     assert_int_equal(fy_sampler_split_of(s, FY_TOKFILE_TRAIN)->documents, 2);
     assert_int_equal(fy_sampler_split_of(s, FY_TOKFILE_TRAIN)->truncated, 2);
     assert_int_equal(fy_sampler_split_of(s, FY_TOKFILE_EVAL)->documents, 1);
-    fy_sampler_free(&s);
-    fy_tokfile_close(&t);
+    fy_sampler_destroy(&s);
+    fy_tokfile_destroy(&t);
     free(tok);
 }
 

@@ -89,7 +89,7 @@ static int try_open(void *arg)
                               .create = c->create, .overwrite = c->overwrite};
     int rc = fy_store_open(&s, &o);
     if (rc == 0)
-        fy_store_close(&s);
+        fy_store_destroy(&s);
     else
         assert_null(s);
     return rc;
@@ -168,9 +168,9 @@ static void roundtrip_paths(struct fixture *f, unsigned n)
         assert_int_equal(fy_store_write(s, f->r, extents[i].tensor, 0, f->buf, len, 10000), 0);
     }
     assert_int_equal(fy_store_sync(s), 0);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
     assert_null(s);
-    fy_store_close(&s); /* safe on NULL */
+    fy_store_destroy(&s); /* safe on NULL */
 
     s = open_store(f, f->paths, n, 0);
     assert_int_equal(fy_store_extent_count(s), NEXT);
@@ -201,12 +201,12 @@ static void roundtrip_paths(struct fixture *f, unsigned n)
     struct fy_extent e;
     assert_int_equal(fy_store_find(s, 100, &e), 0);
     assert_int_equal(e.logical_offset, expect_off);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
     s = open_store(f, f->paths, n, 0);
     assert_int_equal(fy_store_extent_count(s), NEXT + 1);
     assert_int_equal(fy_store_find(s, 100, &e), 0);
     assert_int_equal(e.logical_offset, expect_off);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
 }
 
 /* Digested transfers (fy_store_transfer_digest): over three paths and across several digest
@@ -224,7 +224,7 @@ static void test_read_only(void **state)
         ((uint64_t *)f->buf)[k] = fy_test_rand(&st);
     assert_int_equal(fy_store_write(s, f->r, 5, 0, f->buf, 2 * SU, 10000), 0);
     assert_int_equal(fy_store_sync(s), 0);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
     struct stat before[2], after[2];
     for (int i = 0; i < 2; i++)
         assert_int_equal(stat(fy_test_path(f->dir[i], FY_STORE_DATA_NAME), &before[i]), 0);
@@ -238,7 +238,7 @@ static void test_read_only(void **state)
     assert_memory_equal(f->buf, f->back, 2 * SU);
     assert_int_equal(fy_store_write(s, f->r, 5, 0, f->buf, SU, 10000), -EROFS); /* said */
     assert_int_equal(fy_store_add_extent(s, 6, 4096), -EROFS);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(stat(fy_test_path(f->dir[i], FY_STORE_DATA_NAME), &after[i]), 0);
         assert_int_equal(after[i].st_size, before[i].st_size);
@@ -284,7 +284,7 @@ static void test_digest_transfers(void **state)
     assert_int_equal(fy_ring_pending(f->r), 0);
     free(out);
     free(in);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
 }
 
 static void test_one_path(void **state) { roundtrip_paths(*state, 1); }
@@ -301,7 +301,7 @@ static void test_map(void **state)
     assert_int_equal(reqs[0].file_offset, 4096);
     assert_int_equal(reqs[0].len, 10 * SU);
     assert_int_equal(reqs[0].tag, 5);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
 
     s = open_store(f, f->paths, 3, 1);
     assert_int_equal(fy_store_add_extent(s, 1, 10 * SU), 0);
@@ -329,7 +329,7 @@ static void test_map(void **state)
     assert_int_equal(fy_store_map(s, 2, 100, 4096, f->buf, FY_IO_READ, 0, reqs, 64), -EINVAL);
     assert_int_equal(fy_store_map(s, 99, 0, 4096, f->buf, FY_IO_READ, 0, reqs, 64), -ENOENT);
     assert_int_equal(fy_store_map(s, 1, 0, 0, f->buf, FY_IO_READ, 0, reqs, 64), 0);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
 }
 
 static void expect_refused(struct open_case *c, int code, const char *needle)
@@ -370,7 +370,7 @@ static void test_header_mismatch(void **state)
     assert_int_equal(fy_store_add_extent(s, 1, SU), 0);
     char file0[4096];
     snprintf(file0, sizeof file0, "%s", fy_store_file_names(s)[0]);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
 
     struct open_case c = {.paths = f->paths, .n = 2};
     expect_refused(&c, -EINVAL, "created with 3 paths, 2 given");
@@ -400,14 +400,14 @@ static void test_header_mismatch(void **state)
     /* Restored, it opens again with its extent. */
     s = open_store(f, f->paths, 3, 0);
     assert_int_equal(fy_store_extent_count(s), 1);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
 
     /* A path from a different store is caught by the store id. */
     const char *other[1] = {f->paths[2]};
     struct fy_store *o2 = NULL;
     struct fy_store_opts oo = {.paths = other, .npaths = 1, .create = 1, .overwrite = 1};
     assert_int_equal(fy_store_open(&o2, &oo), 0);
-    fy_store_close(&o2);
+    fy_store_destroy(&o2);
     expect_refused(&c, -EINVAL, "created with 1 paths, 3 given");
 }
 
@@ -469,7 +469,7 @@ static void test_create_over_existing(void **state)
     struct fy_store *s = open_store(f, f->paths, 2, 1);
     assert_int_equal(fy_store_add_extent(s, 4, 4096), 0);
     uint64_t id = fy_store_id(s);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
     struct open_case c = {.paths = f->paths, .n = 2, .create = 1, .su = SU};
     expect_refused(&c, -EEXIST, "already holds a Fuyou store");
     c.overwrite = 1;
@@ -477,7 +477,7 @@ static void test_create_over_existing(void **state)
     s = open_store(f, f->paths, 2, 0);
     assert_int_equal(fy_store_extent_count(s), 0);
     assert_true(fy_store_id(s) != id);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
 }
 
 int main(void)

@@ -120,7 +120,7 @@ static void test_split(void **state)
     /* a refused split leaves the previous one */
     assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), 75);
     assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), 25);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 /* Each row is T+1 consecutive tokens lying inside [lo, hi] (token values). */
@@ -184,7 +184,7 @@ static void test_batch(void **state)
     assert_int_equal(min_ev, EVAL_BASE);
     assert_int_equal(max_ev, EVAL_BASE + n_eval - 1);
 
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 struct batch_case {
@@ -239,7 +239,7 @@ static void test_batch_too_large(void **state)
     assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 0, 0, 0, 4, in, tg), -EINVAL);
     assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 0, 0, 1, 0, in, tg), -EINVAL);
     assert_int_equal(fy_tokfile_eval_batch(t, 0, 1, -1, in, tg), -EINVAL);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* without a split there is no eval data */
     assert_int_equal(fy_tokfile_open(&t, p, 60000), 0);
@@ -247,7 +247,7 @@ static void test_batch_too_large(void **state)
     assert_int_equal(fy_tokfile_eval_batch(t, 0, 1, 4, in, tg), -EINVAL);
     assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_EVAL, 0, 0, 1, 4, in, tg), -EINVAL);
     assert_int_equal(fy_tokfile_batch(t, FY_TOKFILE_TRAIN, 0, 0, 1, 119, in, tg), 0);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 static void test_eval_batches(void **state)
@@ -290,7 +290,7 @@ static void test_eval_batches(void **state)
     assert_int_equal(fy_tokfile_eval_batch(t, UINT64_MAX, B, T, in, tg), 0);
     /* (2^64-1)*4 mod 10: (2^64-1) mod 10 = 5, times 4 = 20, mod 10 = 0 */
     assert_int_equal(in[0], (int32_t)EVAL_BASE);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 int main(void)

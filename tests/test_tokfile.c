@@ -101,7 +101,7 @@ static int open_fn(void *arg)
     int rc = fy_tokfile_open(&t, c->path, c->model_vocab);
     if (rc < 0)
         assert_null(t);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     return rc;
 }
 
@@ -204,14 +204,14 @@ static void roundtrip(uint32_t vocab, uint32_t want_width, uint64_t count)
         assert_int_equal(fy_tokfile_token(t, i), tok[i]);
     assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_TRAIN), count);
     assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), 0);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     assert_null(t);
-    fy_tokfile_close(&t); /* safe twice */
+    fy_tokfile_destroy(&t); /* safe twice */
     /* a larger model vocabulary, and no model */
     assert_int_equal(fy_tokfile_open(&t, p, vocab + 1000), 0);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     assert_int_equal(fy_tokfile_open(&t, p, 0), 0);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     free(tok);
 }
 
@@ -288,7 +288,7 @@ static void test_write_atomic_and_refusals(void **state)
     assert_int_equal(fy_tokfile_count(t), 4);
     for (int i = 0; i < 4; i++)
         assert_int_equal(fy_tokfile_token(t, (uint64_t)i), b[i]);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     free(before);
 
     /* a stale .tmp from a crashed run does not get in the way */
@@ -365,7 +365,7 @@ static void test_prepare_bytes(void **state)
         assert_int_equal(fy_tokfile_token(t, i), (uint8_t)t1[i]);
     for (size_t i = 0; i < sizeof t2; i++)
         assert_int_equal(fy_tokfile_token(t, strlen(t1) + i), t2[i]);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* a model with a vocabulary smaller than 256 cannot use byte tokens */
     expect_open_refused(out, 100, -ERANGE, "made for vocabulary 256, the model has 100");
@@ -381,7 +381,7 @@ static void test_prepare_bytes(void **state)
     assert_int_equal(fy_tokfile_open(&t, out, 256), 0);
     assert_int_equal(fy_tokfile_token(t, 0), 255);
     assert_int_equal(fy_tokfile_token(t, sizeof t2), 'H');
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* a directory, a missing file, no inputs, empty inputs: refused naming them, nothing made */
     const char *out2 = tpath("prep2.tok");
@@ -409,7 +409,7 @@ static void test_prepare_bytes(void **state)
     assert_int_equal(n, strlen(t1));
     assert_int_equal(fy_tokfile_open(&t, out2, 256), 0);
     assert_int_equal(fy_tokfile_documents(t), 1);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     /* an unreadable input (skipped when running as root, who can read anything) */
     if (geteuid() != 0) {
         assert_int_equal(chmod(in1, 0), 0);
@@ -436,7 +436,7 @@ static void test_prepare_bytes(void **state)
         if (fy_tokfile_token(t, i) != bb[i])
             fail_msg("byte %zu differs", i);
     assert_int_equal(fy_tokfile_token(t, big), 'H');
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     free(bb);
 }
 
@@ -507,7 +507,7 @@ static void test_open_refusals(void **state)
     struct fy_tokfile *t = NULL;
     assert_int_equal(fy_tokfile_open(&t, p, 120), 0);
     assert_int_equal(fy_tokfile_count(t), 200000);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* width 4: a token past the model vocabulary in the high bytes */
     uint32_t tok[5] = {1, 2, 3, 4, 5};
@@ -521,7 +521,7 @@ static void test_open_refusals(void **state)
     expect_open_refused(p, 99999, -ERANGE, "made for vocabulary 100000, the model has 99999");
     assert_int_equal(fy_tokfile_open(&t, p, 100000), 0);
     assert_int_equal(fy_tokfile_token(t, 3), 99999);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 /* ---- version 2: loss mask and tokenizer identity ---- */
@@ -619,7 +619,7 @@ static void test_masked_format(void **state)
         }
     }
     assert_true(seen_masked > 0 && seen_trained > 0);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* the vocabulary check names the file's tokenizer */
     expect_open_refused(p, 998, -ERANGE,
@@ -644,11 +644,11 @@ static void test_masked_format(void **state)
     assert_int_equal(fy_tokfile_source(t).tokenizer, FY_TOKENIZER_UNSPECIFIED);
     assert_int_equal(fy_tokfile_trained(t, 5), 1);
     assert_int_equal(fy_tokfile_documents(t), 0); /* versions 1 and 2: one stream */
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     assert_int_equal(fy_tokfile_open(&t, p, V), 0);
     assert_int_equal(fy_tokfile_documents(t), 0);
     assert_int_equal(fy_tokfile_split_documents(t, 0.1), -EINVAL);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* every token masked: refused, nothing left */
     memset(tr, 0, sizeof tr);
@@ -685,7 +685,7 @@ static void test_tokenizer_name(void **state)
     assert_int_equal(fy_tokfile_open(&t, p, V), 0);
     assert_non_null(fy_tokfile_source(t).name);
     assert_string_equal(fy_tokfile_source(t).name, name);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     expect_open_refused(p, 400, -ERANGE,
                         "(the file's: Hugging Face tokenizer.json 000000000000feed "
                         "(/models/tiny/tokenizer.json))");
@@ -694,13 +694,13 @@ static void test_tokenizer_name(void **state)
     write_bytes(tpath("nonul.tok"), b, len);
     assert_int_equal(fy_tokfile_open(&t, tpath("nonul.tok"), V), 0);
     assert_null(fy_tokfile_source(t).name);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     memset(b + FY_TOKFILE_NAME_OFFSET, 0, FY_TOKFILE_NAME_MAX);
     memcpy(b + FY_TOKFILE_NAME_OFFSET, "bad\nname", 8);
     write_bytes(tpath("ctl.tok"), b, len);
     assert_int_equal(fy_tokfile_open(&t, tpath("ctl.tok"), V), 0);
     assert_null(fy_tokfile_source(t).name);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     free(b);
     /* a path that does not fit: not recorded */
     char longname[FY_TOKFILE_NAME_MAX + 1];
@@ -711,13 +711,13 @@ static void test_tokenizer_name(void **state)
     assert_int_equal(fy_tokfile_open(&t, tpath("long.tok"), V), 0);
     assert_null(fy_tokfile_source(t).name);
     assert_true(fy_tokfile_source(t).hash == 0xfeedull);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     longname[FY_TOKFILE_NAME_MAX - 1] = 0; /* 1023 bytes and the NUL: recorded */
     assert_int_equal(fy_tokfile_write_masked(tpath("long.tok"), tok, NULL, N, V, &src, 1), 0);
     assert_int_equal(fy_tokfile_open(&t, tpath("long.tok"), V), 0);
     assert_non_null(fy_tokfile_source(t).name);
     assert_int_equal(strlen(fy_tokfile_source(t).name), FY_TOKFILE_NAME_MAX - 1);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 static void test_masked_refusals(void **state)
@@ -803,7 +803,7 @@ static void test_streaming_writer(void **state)
         done += len;
     }
     assert_int_equal(bad, 0);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
     free(chunk);
 
     /* abort and an empty finish leave nothing */
@@ -909,7 +909,7 @@ static void test_document_index(void **state)
     assert_int_equal(fy_tokfile_split_tokens(t, FY_TOKFILE_EVAL), 3);
     assert_int_equal(fy_tokfile_split_documents(t, 0.1), -EINVAL); /* none held out */
     assert_int_equal(fy_tokfile_split_documents(t, 0.9), -EINVAL); /* none trained */
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* tokens before the first call are a document; without a mask or identity still version 3 */
     assert_int_equal(fy_tokwriter_begin(&w, tpath("text.tok"), V, NULL, 0), 0);
@@ -922,7 +922,7 @@ static void test_document_index(void **state)
     assert_int_equal(fy_tokfile_documents(t), 2);
     assert_int_equal(fy_tokfile_documents_are_records(t), 0);
     assert_int_equal(fy_tokfile_document_start(t, 1), 2);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* more starts than the writer keeps in memory (128 Ki): through its side file */
     const uint64_t many = 300000;
@@ -939,7 +939,7 @@ static void test_document_index(void **state)
     for (uint64_t d = 0, at = 0; d < many; at += 1 + d % 2, d++)
         bad += fy_tokfile_document_start(t, d) != at || fy_tokfile_token(t, at) != d % V;
     assert_int_equal(bad, 0);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* corruptions */
     patch_v3(p, tpath("first.tok"), -1, 0, docs_off, 1, 0);

@@ -54,7 +54,7 @@ static void rows_free(struct rows *r)
     r->epoch = UINT64_MAX;
 }
 
-void fy_sampler_free(struct fy_sampler **sp)
+void fy_sampler_destroy(struct fy_sampler **sp)
 {
     if (sp == NULL || *sp == NULL)
         return;
@@ -404,7 +404,7 @@ int fy_sampler_new(struct fy_sampler **out, struct fy_tokfile *data,
         s->o.packing = records ? FY_PACKING_DOCUMENTS : FY_PACKING_WINDOWS;
     int rc = s->o.packing == FY_PACKING_DOCUMENTS ? new_documents(s) : new_windows(s);
     if (rc < 0) {
-        fy_sampler_free(&s);
+        fy_sampler_destroy(&s);
         return rc;
     }
     *out = s;

@@ -84,7 +84,7 @@ struct fy_sampler;
 int fy_sampler_new(struct fy_sampler **out, struct fy_tokfile *data,
                    const struct fy_sampler_opts *o);
 /* Frees; sets *s to NULL; safe on NULL. */
-void fy_sampler_free(struct fy_sampler **s);
+void fy_sampler_destroy(struct fy_sampler **s);
 
 /* FY_PACKING_WINDOWS or FY_PACKING_DOCUMENTS, as resolved. */
 int fy_sampler_packing(const struct fy_sampler *s);

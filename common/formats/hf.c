@@ -466,19 +466,19 @@ int fy_hf_open(struct fy_hf_src **out, const char *dir)
     FY_REQUIRE(s != NULL, -ENOMEM, "%s: out of memory", dir);
     int rc = src_open(s, dir);
     if (rc < 0) {
-        fy_hf_close(&s);
+        fy_hf_destroy(&s);
         return rc;
     }
     *out = s;
     return 0;
 }
 
-void fy_hf_close(struct fy_hf_src **sp)
+void fy_hf_destroy(struct fy_hf_src **sp)
 {
     struct fy_hf_src *s = sp ? *sp : NULL;
     if (s == NULL)
         return;
-    fy_st_close(&s->reader);
+    fy_st_destroy(&s->reader);
     free(s->config_text);
     fy_hf_carried_free(&s->carried);
     free(s->buf);

@@ -56,7 +56,7 @@ struct fy_hf_src;
  * parameter the config asks for with exactly its shape, and nothing else but the mask buffers and
  * lm_head.weight. Reads only the headers. */
 int fy_hf_open(struct fy_hf_src **out, const char *dir);
-void fy_hf_close(struct fy_hf_src **s); /* sets *s = NULL; safe on NULL */
+void fy_hf_destroy(struct fy_hf_src **s); /* sets *s = NULL; safe on NULL */
 
 const struct fy_model_config *fy_hf_model(const struct fy_hf_src *s);
 /* "F32", "BF16", "F16", or "mixed" when the parameters' dtypes differ. */

@@ -631,14 +631,14 @@ int fy_st_open(struct fy_st_reader **out, const char *path)
             rc = -EBADMSG;
         }
     if (rc < 0) {
-        fy_st_close(&r);
+        fy_st_destroy(&r);
         return rc;
     }
     *out = r;
     return 0;
 }
 
-void fy_st_close(struct fy_st_reader **rp)
+void fy_st_destroy(struct fy_st_reader **rp)
 {
     struct fy_st_reader *r = rp ? *rp : NULL;
     if (r == NULL)

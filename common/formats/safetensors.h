@@ -59,10 +59,10 @@ struct fy_st_reader;
  * Reads only the headers: data is read per tensor. */
 int fy_st_open(struct fy_st_reader **out, const char *path);
 /* Closes the files and frees; sets *r to NULL; safe on NULL. */
-void fy_st_close(struct fy_st_reader **r);
+void fy_st_destroy(struct fy_st_reader **r);
 
 /* Tensors in file order (shards in the order the index first names them), within a file in header
- * order. Pointers stay valid until fy_st_close. */
+ * order. Pointers stay valid until fy_st_destroy. */
 size_t fy_st_count(const struct fy_st_reader *r);
 const struct fy_st_tensor *fy_st_tensor_at(const struct fy_st_reader *r, size_t i);
 /* NULL when there is no tensor of that name (logs nothing). */

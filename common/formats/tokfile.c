@@ -427,14 +427,14 @@ int fy_tokfile_open(struct fy_tokfile **out, const char *path, uint32_t model_vo
     FY_REQUIRE(t != NULL, -ENOMEM, "%s: out of memory opening the token file", path);
     int rc = open_into(t, path, model_vocab);
     if (rc < 0) {
-        fy_tokfile_close(&t);
+        fy_tokfile_destroy(&t);
         return rc;
     }
     *out = t;
     return 0;
 }
 
-void fy_tokfile_close(struct fy_tokfile **t)
+void fy_tokfile_destroy(struct fy_tokfile **t)
 {
     if (t == NULL || *t == NULL)
         return;

@@ -140,7 +140,7 @@ struct fy_tokfile;
  * fy_tokfile_split, the training split is the whole file and the eval split is empty. */
 int fy_tokfile_open(struct fy_tokfile **out, const char *path, uint32_t model_vocab);
 /* Unmaps and frees; sets *t to NULL; safe on NULL. */
-void fy_tokfile_close(struct fy_tokfile **t);
+void fy_tokfile_destroy(struct fy_tokfile **t);
 
 uint64_t fy_tokfile_count(const struct fy_tokfile *t);
 uint32_t fy_tokfile_vocab(const struct fy_tokfile *t);

@@ -60,7 +60,7 @@ static uint64_t extent_at(const char *store, uint32_t tensor, uint64_t *bytes)
     assert_int_equal(fy_store_open(&s, &o), 0);
     struct fy_extent e;
     assert_int_equal(fy_store_find(s, tensor, &e), 0);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
     if (bytes != NULL)
         *bytes = e.bytes;
     return FY_STORE_HEADER_BYTES + e.logical_offset;
@@ -718,7 +718,7 @@ static void make_pre_commit_store(const struct fy_chaos_paths *rp,
                                              fy_optstate_bytes(model, u)), 0);
     struct fy_extent e;
     assert_int_equal(fy_store_find(s, FY_TENSOR_META, &e), 0);
-    fy_store_close(&s);
+    fy_store_destroy(&s);
     uint8_t block[FY_CKPT_BLOCK] = {0};
     uint64_t hash = fy_model_config_hash(model);
     const uint32_t v[13] = {FY_STOREMETA_MAGIC, 1, model->n_layer, model->n_head, model->n_embd,

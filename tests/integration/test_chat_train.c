@@ -132,7 +132,7 @@ static void test_chat_fine_tune(void **state)
     assert_int_equal(fy_tokfile_open(&t, tokfile, 0), 0);
     assert_int_equal(fy_tokfile_documents(t), CONVERSATIONS);
     uint32_t vocab = fy_tokfile_vocab(t);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     /* a tiny Qwen2 of that vocabulary, the tokenizer beside it, imported */
     char v[16];

@@ -490,7 +490,7 @@ static void test_clipping_matches_reference(void **state)
     char *in = fy_test_in(f, "ref-in.bin"), *in0 = fy_test_in(f, "ref-in0.bin");
     write_ref_input(in, &c, CLIP_MAX, data, init);
     write_ref_input(in0, &c, 0.0, data, init);
-    fy_tokfile_close(&data);
+    fy_tokfile_destroy(&data);
     struct ref_out ref, unclipped;
     run_ref(script, in, fy_test_in(f, "ref-out.bin"), n_params, &ref);
     run_ref(script, in0, fy_test_in(f, "ref-out0.bin"), n_params, &unclipped);

@@ -416,7 +416,7 @@ static void add_untied_head(const char *src, const char *dst)
         free(v);
     }
     assert_int_equal(fy_st_writer_finish(&w), 0);
-    fy_st_close(&r);
+    fy_st_destroy(&r);
 }
 
 static int count_entries(const char *dir)
@@ -634,8 +634,8 @@ static void assert_same_tensors(const char *a_dir, const char *b_dir)
         free(x);
         free(y);
     }
-    fy_st_close(&a);
-    fy_st_close(&b);
+    fy_st_destroy(&a);
+    fy_st_destroy(&b);
 }
 
 static int export_out(struct fy_test_fixture *f, const char *run, const char *out)

@@ -223,7 +223,7 @@ static void check_roundtrip(struct run *r, unsigned npaths, int grad_dtype, uint
     /* The state moved: a round trip that silently did nothing would leave the initial values. */
     assert_true(master[0] != FY_SELFTEST_INIT_SCALE * fy_synth_value(seed, 0, 1, 0));
     fy_ring_destroy(&ring);
-    fy_store_close(&store);
+    fy_store_destroy(&store);
     free(disk_state);
     free(disk_weights);
     free(master);

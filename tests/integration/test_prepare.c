@@ -163,7 +163,7 @@ static void test_bytes_jsonl(void **state)
     assert_int_equal(fy_tokfile_masked(t), 0);
     for (size_t i = 0; i < sizeof want; i++)
         assert_int_equal(fy_tokfile_token(t, i), want[i]);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 
     write_text(tpath("p.jsonl"), "{\"q\": \"Hi?\", \"a\": \"Yo\"}\n{\"q\": \"\", \"a\": \"Z\"}\n");
     const char *pargs[] = {"prepare", "--out", tpath("p.tok"), "--jsonl", "--prompt-field", "q",
@@ -179,7 +179,7 @@ static void test_bytes_jsonl(void **state)
         assert_int_equal(fy_tokfile_token(t, (uint64_t)i), (uint8_t)toks[i]);
         assert_int_equal(fy_tokfile_trained(t, (uint64_t)i), mask[i]);
     }
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 /* ---- Hugging Face tokenizers ---- */
@@ -242,7 +242,7 @@ static void check_against_reference(const char *tok_json, const char *mode, cons
                   "every token, mask bit and document start as the tokenizer's own encoding\n",
                   tok_json, mode, (unsigned long long)i, (unsigned long long)masked,
                   (unsigned long long)docs, vocab, eos);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 static void prepare_and_check(const char *kind, const char *tok_arg, const char *tok_json)
@@ -516,7 +516,7 @@ static void test_masked_training_vs_reference(void **state)
     assert_int_equal(fy_tokfile_open(&u, tpath("qa-nomask.tok"), CFG.vocab), 0);
     assert_int_equal(fy_tokfile_split(u, 0.1), 0);
     assert_int_equal(fy_tokfile_batch(u, FY_TOKFILE_TRAIN, 5, 1, B, T, m.tokens, m.targets), 0);
-    fy_tokfile_close(&u);
+    fy_tokfile_destroy(&u);
     for (int i = 0; i < B * T; i++)
         assert_true(m.targets[i] >= 0);
     struct fy_backend *cpu;
@@ -533,7 +533,7 @@ static void test_masked_training_vs_reference(void **state)
     assert_true(fabs(unmasked - ref.loss) > 1e-3);
     fy_refmodel_output_free(&m, &ref);
     fy_refmodel_free(&m);
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 /* ---- train against the run's tokenizer ---- */

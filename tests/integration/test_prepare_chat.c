@@ -200,7 +200,7 @@ static void check_chat(const char *tokdir, const char *family, const char *field
     print_message("%s: %llu tokens, %llu trained: every token as apply_chat_template's, every mask "
                   "bit as its assistant mask\n",
                   family, (unsigned long long)i, (unsigned long long)(i - masked));
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 static void test_chat_templates(void **state)
@@ -419,7 +419,7 @@ static void same_as_jsonl(const char *name, const char *jsonl, const char *parqu
     print_message("%s: %s and %s give the same %llu tokens (%llu masked)\n", name, jsonl, parquet,
                   (unsigned long long)fy_tokfile_count(t),
                   (unsigned long long)fy_tokfile_masked(t));
-    fy_tokfile_close(&t);
+    fy_tokfile_destroy(&t);
 }
 
 static void write_records(void)
