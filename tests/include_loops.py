@@ -14,8 +14,8 @@ EXTS = (".c", ".h", ".cu", ".cc")
 KNOWN = {
     # the options, the plan and the step engine: options.c reads train.h's types, plan.c the
     # options, the schedule the plan
-    frozenset({"launcher/options", "launcher/optq", "launcher/plan", "launcher/sched",
-               "launcher/spill", "launcher/train"}),
+    frozenset({"launcher/cli/options", "launcher/step/optq", "launcher/plan/plan", "launcher/step/sched",
+               "launcher/step/spill", "launcher/step/train"}),
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

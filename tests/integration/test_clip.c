@@ -16,7 +16,7 @@
 #include "common/formats/ckpt.h"
 #include "common/model/model.h"
 #include "common/formats/tokfile.h"
-#include "launcher/train.h"
+#include "launcher/step/train.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"
