@@ -91,8 +91,8 @@ CFLAGS  ?=
 CFLAGS  += $(CFLAGS_BASE) $(SAN_FLAGS) $(if $(filter 1,$(WERROR)),-Werror) $(PKG_CFLAGS) $(CUDA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) $(CUDA_LIBS) -lgomp -lm -lpthread
 
-MAIN_SRCS := launcher/main.c gpu_worker/main.c io_worker/main.c opt_worker/main.c
-LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard common/*.c common/arch/*.c launcher/*.c gpu_worker/*.c \
+MAIN_SRCS := launcher/cmd/main.c gpu_worker/main.c io_worker/main.c opt_worker/main.c
+LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard common/*.c common/arch/*.c launcher/*/*.c gpu_worker/*.c \
                gpu_worker/cpu/*.c io_worker/*.c opt_worker/*.c))
 CU_SRCS   := $(if $(NVCC),$(wildcard gpu_worker/cuda/*.cu))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
@@ -158,7 +158,7 @@ $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/bin/fuyou-launch: $(BUILD)/obj/launcher/main.o $(LIB)
+$(BUILD)/bin/fuyou-launch: $(BUILD)/obj/launcher/cmd/main.o $(LIB)
 $(BUILD)/bin/fuyou-gpu-worker: $(BUILD)/obj/gpu_worker/main.o $(LIB)
 $(BUILD)/bin/fuyou-io-worker: $(BUILD)/obj/io_worker/main.o $(LIB)
 $(BUILD)/bin/fuyou-opt-worker: $(BUILD)/obj/opt_worker/main.o $(LIB)
@@ -228,7 +228,7 @@ results: all
 # The main job on a fresh machine: prepare the bundled sample text (the project's own docs and
 # sources) and fine-tune a small byte-level GPT through the three worker processes on the CPU.
 DEMO := $(BUILD)/demo
-DEMO_TEXT := tests/fixtures/sample.txt README.md docs/*.md common/*.[ch] launcher/*.[ch] \
+DEMO_TEXT := tests/fixtures/sample.txt README.md docs/*.md common/*.[ch] launcher/*/*.[ch] \
              gpu_worker/*.[ch] io_worker/*.[ch] opt_worker/*.[ch]
 demo: all
 	rm -rf $(DEMO) && mkdir -p $(DEMO)

@@ -23,7 +23,7 @@
  *
  * Stores made before commit records held a 4096-byte metadata block of version 1 in extent
  * FY_TENSOR_META instead, and one copy of the state. They are no longer read: opening one is
- * refused with a line that says what to do (launcher/commit.h, fy_commit_read).
+ * refused with a line that says what to do (launcher/step/commit.h, fy_commit_read).
  *
  * Exported weights file ("FYWT"): a 4096-byte header of int32 slots [0] magic [1] version
  * [2..6] model config [7,8] config hash [9,10] step [11] dtype (1 = f32) [12] unit count

@@ -85,7 +85,7 @@ int fy_knob_test_opt_delay_ms(long *ms);
  * N floats (at least 64), so that small models take the path of sliced weights; 0 when unset (or
  * not such a number, said). */
 size_t fy_knob_test_grad_piece_floats(void);
-/* FUYOU_TEST_LAND_CHUNK=BYTES: the landing ring's chunk (launcher/plan.h) at most that many bytes,
+/* FUYOU_TEST_LAND_CHUNK=BYTES: the landing ring's chunk (launcher/plan/plan.h) at most that many bytes,
  * rounded up to a multiple of 4096, so that a small model's units stream in several chunks; 0 when
  * unset or not a positive number. */
 uint64_t fy_knob_test_land_chunk(void);

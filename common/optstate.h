@@ -1,7 +1,7 @@
 /* The optimizer state of a model unit, described once: its sections (name, element type, where
  * each lies), from which everything that holds or moves state takes its sizes: the store's state
  * extents (common/ckpt.h), the pool's state slots and kept state, the AdamW requests, and the
- * planner's byte counts and predictions (launcher/train.h, launcher/actrun.h).
+ * planner's byte counts and predictions (launcher/step/train.h, launcher/plan/actplace.h).
  *
  * A unit's state depends on the run's optimizer state format (struct fy_model_config's
  * optim_state, init --optim-state); each section starts on a 4096-byte boundary:

@@ -86,7 +86,7 @@ int fy_store_write(struct fy_store *s, struct fy_ring *r, uint32_t tensor, uint6
                    const void *buf, size_t len, int timeout_ms);
 int fy_store_sync(struct fy_store *s); /* fsync every data file */
 /* A synchronous read without a ring (pread of each stripe piece), for a reader that has no io
- * worker, such as the launcher's look at the commit records (launcher/commit.h,
+ * worker, such as the launcher's look at the commit records (launcher/step/commit.h,
  * fy_commit_peek); the range and buf are 4096-aligned as fy_store_map needs. 0 or -errno, said. */
 int fy_store_pread(const struct fy_store *s, uint32_t tensor, uint64_t offset, void *buf,
                    size_t len);

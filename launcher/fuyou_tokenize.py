@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tokenizer helper of `fuyou-launch prepare` (launcher/prepare.c runs it; not meant to be run by hand).
+"""Tokenizer helper of `fuyou-launch prepare` (launcher/cmd/prepare.c runs it; not meant to be run by hand).
 
 Reads text files, JSONL files or Parquet files, encodes them with a Hugging Face tokenizer.json
 (the `tokenizers` package) or as UTF-8 bytes, and writes a binary stream of records to stdout,

@@ -22,8 +22,8 @@ KNOWN = {
                "gpu_worker/cuda/cu_model", "gpu_worker/cuda/cuda_backend"}),
     # the options, the plan and the step engine: options.c reads train.h's types, plan.c the
     # options, the schedule the plan
-    frozenset({"launcher/options", "launcher/optq", "launcher/plan", "launcher/sched",
-               "launcher/spill", "launcher/train"}),
+    frozenset({"launcher/cli/options", "launcher/step/optq", "launcher/plan/plan", "launcher/step/sched",
+               "launcher/step/spill", "launcher/step/train"}),
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -10,7 +10,7 @@
  *     record (header, digests, padding) or a short buffer -EBADMSG; decode refuses the same;
  *   - a version 1 metadata block (stores before commit records), built slot by slot as the old
  *     format had it, is not a commit record: check and decode refuse it (a store holding one is
- *     refused by launcher/commit, tests/integration/test_chaos_store);
+ *     refused by launcher/step/commit, tests/integration/test_chaos_store);
  *   - the scratch extents' size classes: the smallest that holds the bytes asked, at most 1/8
  *     larger (above 1 MiB), 128 KiB-aligned, growing, with ids inside each kind's range. */
 #include <errno.h>

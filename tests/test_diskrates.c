@@ -1,4 +1,4 @@
-/* Tests of the SSD rates record (launcher/diskrates): the rates summed over steps, the record
+/* Tests of the SSD rates record (launcher/plan/diskrates): the rates summed over steps, the record
  * written and read back whole, and every record the reader refuses (with its reason), with no
  * temporary file left behind. */
 #include <stdarg.h>
@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "launcher/diskrates.h"
+#include "launcher/plan/diskrates.h"
 #include "tests/testutil.h"
 
 static char *tmpdir;

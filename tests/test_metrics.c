@@ -1,4 +1,4 @@
-/* Tests of a train command's metrics file (launcher/metrics): lines appended; lines the file
+/* Tests of a train command's metrics file (launcher/step/metrics): lines appended; lines the file
  * refuses kept in memory, in order, the rest of a short write too, said once, and appended before
  * the next line once it takes them; the rollback to a commit, which drops the later steps' lines
  * from the file and from memory alike; the cap on what waits; and the lines said lost at the end.
@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "common/config.h"
-#include "launcher/metrics.h"
+#include "launcher/step/metrics.h"
 #include "tests/testutil.h"
 
 static char *tmpdir;

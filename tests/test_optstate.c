@@ -39,8 +39,8 @@
 #include "common/desc.h"
 #include "common/dtype.h"
 #include "common/optstate.h"
-#include "launcher/plan.h"
-#include "launcher/selftest.h"
+#include "launcher/plan/plan.h"
+#include "launcher/cmd/selftest.h"
 #include "opt_worker/quant8.h"
 
 /* GPT-2, 1024 wide: a block's 12 C^2 + 13 C parameters are a multiple of 1024, so its f32

@@ -1,4 +1,4 @@
-/* Tests of launcher/plan, the planner, against numbers worked out by hand for small GPT-2 models
+/* Tests of launcher/plan/plan, the planner, against numbers worked out by hand for small GPT-2 models
  * (f32 activations, batch 4 x 32; a unit's state is three f32 sections, each 4 KiB aligned):
  *   - the pool's regions for a placement, one by one, streamed and with everything placed;
  *   - fy_plan_make's sequence: nothing kept without --cpu-mem and what a streamed step moves over
@@ -34,8 +34,8 @@
 #include "common/optstate.h"
 #include "common/pool.h"
 #include "gpu_worker/backend.h"
-#include "launcher/options.h"
-#include "launcher/plan.h"
+#include "launcher/cli/options.h"
+#include "launcher/plan/plan.h"
 
 #define KIB 1024ull
 #define MIB (1024ull * 1024)

@@ -1,4 +1,4 @@
-/* Tests of train's two sets of defaults (launcher/options.h, fy_runconf_train_defaults):
+/* Tests of train's two sets of defaults (launcher/cli/options.h, fy_runconf_train_defaults):
  *   - a run whose model.conf says hf = 1 (init --from-hf) takes transformers' Trainer's values
  *     (lr 5e-5, no warmup, linear decay to 0, weight decay 0, betas 0.9/0.999, eps 1e-8, clipping
  *     1.0); one made by init takes the from-scratch values (lr 1e-3, warmup 10, cosine to lr x 0.1,
@@ -25,9 +25,9 @@
 #include <string.h>
 
 #include "common/config.h"
-#include "launcher/options.h"
-#include "launcher/runconf.h"
-#include "launcher/train.h"
+#include "launcher/cli/options.h"
+#include "launcher/cli/runconf.h"
+#include "launcher/step/train.h"
 
 #define MAX_ARGS 40
 

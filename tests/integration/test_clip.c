@@ -16,7 +16,7 @@
 #include "common/ckpt.h"
 #include "common/model.h"
 #include "common/tokfile.h"
-#include "launcher/train.h"
+#include "launcher/step/train.h"
 #include "tests/refmodel.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"

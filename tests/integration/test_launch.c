@@ -29,7 +29,7 @@
 #include "common/topo.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
-#include "launcher/selftest.h"
+#include "launcher/cmd/selftest.h"
 #include "opt_worker/adamw.h"
 #include "tests/testutil.h"
 

@@ -21,7 +21,7 @@
 
 #include "common/dtype.h"
 #include "common/model.h"
-#include "launcher/plan.h"
+#include "launcher/plan/plan.h"
 #include "tests/testutil.h"
 #include "tests/trainutil.h"
 

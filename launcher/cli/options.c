@@ -1,0 +1,1025 @@
+/* fuyou-launch's commands and options (launcher/cli/options.h): the table of options, each with the
+ * commands that take it (docs/configuration.md's "commands" column), its parser and its help. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/arch/arch.h"
+#include "common/actplan.h"
+#include "common/check.h"
+#include "common/config.h"
+#include "common/dtype.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "common/sampler.h"
+#include "gpu_worker/backend.h"
+#include "launcher/cli/options.h"
+#include "launcher/step/train.h"
+#include "opt_worker/adamw.h"
+
+/* ---- the commands ---------------------------------------------------------------------------- */
+
+struct command_spec {
+    const char *name;
+    const char *forms[2][2]; /* each way to call it: its arguments, and what it does (short) */
+    const char *about;       /* what it does, for its --help */
+};
+
+static const struct command_spec commands[FY_CMD_COUNT] = {
+    [FY_CMD_PREPARE] = {"prepare", {{"--out FILE INPUT...",
+                                     "text, JSONL or Parquet files -> token file"}},
+        "Tokenizes text files, JSON lines with --jsonl, or Parquet files (named *.parquet) into a "
+        "token file for train: byte-level (vocabulary 256) unless --tokenizer names a Hugging Face "
+        "tokenizer (python3 with the tokenizers package). A JSON line or a Parquet row is one "
+        "document: --text-field is trained on whole; or --prompt-field and --response-field, the "
+        "prompt masked out of the loss, the response and the end-of-sequence token trained on; or "
+        "--messages-field, a conversation rendered with the model's chat template (transformers), "
+        "the loss on the assistant's messages and the token that ends each."},
+    [FY_CMD_INIT] = {"init", {{"--run-dir DIR [model]", "create a model in the run's SSD store"},
+                              {"--run-dir DIR --from-hf HF",
+                               "import a Hugging Face model"}},
+        "Creates the run's model in its SSD store at step 0: initialised from --seed with the model "
+        "options, or imported from a Hugging Face directory (config.json and model.safetensors, or "
+        "shards with model.safetensors.index.json, of GPT-2, Llama, Qwen2, Qwen3, Mistral or Phi-3), "
+        "which sets the model. The new model is built beside what the run holds and put in place "
+        "whole: an init that fails leaves the old one as it was."},
+    [FY_CMD_TRAIN] = {"train", {{"--run-dir DIR --data FILE",
+                                 "train it (continues from the store's commit)"}},
+        "Trains the run's model through the gpu, io and opt workers from the store's last commit "
+        "up to --steps, committing every --checkpoint-every steps; the plan (what lives where, the "
+        "predicted step) is printed first. Ctrl-C or SIGTERM: the step in progress finishes and is "
+        "committed, then the run stops (exit 130; fuyou-launch resume DIR continues); a second one "
+        "stops at once (the last commit stays)."},
+    [FY_CMD_RESUME] = {"resume", {{"DIR [options]", "continue a run's train command from its last "
+                                                    "commit (after a crash, a stop or a reboot)"}},
+        "Runs the run's train command again (kept in DIR/train.args), from the directory it was "
+        "started in, on DIR wherever it has been copied or moved since; options given here follow "
+        "the saved ones (the last of a repeated option wins). Takes train's options."},
+    [FY_CMD_PLAN] = {"plan", {{"[--run-dir DIR | model]",
+                               "what train would do, without training: placement, budgets, bytes "
+                               "and time per step, the bound, the largest batch and model, advice "
+                               "(--machine FILE: rates)"}},
+        "Prints what train would do with these options, without running anything: where the "
+        "optimizer state and the checkpoints live, the pool, GPU arena and store against their "
+        "budgets, the bytes and predicted time per step and the bound, the largest batch and model "
+        "that fit, and what to change. The model is --run-dir's, --from-hf's config.json or the "
+        "model options'; the rates are --machine's, RUN/machine.json's (probe) or the reference "
+        "machine's."},
+    [FY_CMD_PROBE] = {"probe", {{"--ssd DIRS [--out FILE]",
+                                 "measure this machine in under a minute (device, SSD store, "
+                                 "memory, AdamW) into a machine profile (RUN/machine.json)"}},
+        "Measures this machine in under a minute: the backend's block compute and copies, the SSD "
+        "store on each --ssd path alone and on all of them, memory copies, and AdamW for each "
+        "thread count; written as a machine profile (JSON) that plan --machine and train "
+        "(RUN/machine.json) predict from."},
+    [FY_CMD_PROFILE] = {"profile", {{"--run-dir DIR",
+                                     "measure a block at --batch x --seq and show the activation "
+                                     "plan train's --act-plan auto takes"}},
+        "Measures one block of the run's model at --batch x --seq, and the SSD store and AdamW, in "
+        "a session of the workers, and shows the activation plan that train's --act-plan auto "
+        "takes under these budgets, without training; the plan also goes to RUN/act_plan.json."},
+    [FY_CMD_REPORT] = {"report", {{"--run-dir DIR [--out DIR] [--compare DIRS]",
+                                   "PNG charts of the run's metrics (loss, busy time, throughput; "
+                                   "gnuplot), its loss beside other runs'"}},
+        "Draws the run's metrics (RUN/metrics.jsonl) into loss.png, busy.png and throughput.png "
+        "with gnuplot; with --compare, loss.png also draws those runs' training and held-out loss, "
+        "each titled by its directory's name."},
+    [FY_CMD_EXPORT] = {"export", {{"--run-dir DIR --out FILE", "write the weights to a file"},
+                                  {"--run-dir DIR --to-hf HF",
+                                   "write a Hugging Face model directory"}},
+        "Writes the weights of the store's last commit: a weights file (f32), or a Hugging Face "
+        "model directory (safetensors, config.json, and the imported model's names and files). It "
+        "works beside a training run of the same directory."},
+    [FY_CMD_SELFTEST] = {"selftest", {{"--run-dir DIR --ssd DIR",
+                                       "data path SSD -> pool -> gpu -> AdamW -> SSD"}},
+        "Moves a synthetic model of --params parameters through the data path, SSD -> pool -> gpu "
+        "-> AdamW -> SSD, for --steps steps with the three workers: a check of this machine."},
+};
+
+int fy_options_command(const char *name)
+{
+    for (int i = 0; i < FY_CMD_COUNT; i++)
+        if (strcmp(name, commands[i].name) == 0)
+            return i;
+    return -1;
+}
+
+const char *fy_options_command_name(enum fy_command cmd) { return commands[cmd].name; }
+
+/* ---- the options ----------------------------------------------------------------------------- */
+
+#define C(cmd) (1u << FY_CMD_##cmd)
+#define TRAINS (C(TRAIN) | C(RESUME))
+#define WORKERS (C(INIT) | TRAINS | C(PROFILE) | C(EXPORT) | C(SELFTEST)) /* they start workers */
+#define MODEL (C(INIT) | C(PLAN))
+#define PLANS (TRAINS | C(PLAN) | C(PROFILE))
+#define ALL ((1u << FY_CMD_COUNT) - 1)
+/* The offset of field f of struct fy_options, which must be of type T (checked when compiled). */
+#define TYPED(f, T)                                                                                \
+    (offsetof(struct fy_options, f) +                                                              \
+     0 * sizeof(struct {                                                                           \
+         _Static_assert(_Generic(((struct fy_options *)0)->f, T: 1, default: 0),                   \
+                        "struct fy_options." #f " is not " #T);                                    \
+         int x;                                                                                    \
+     }))
+#define STR(f) TYPED(f, const char *)
+#define INT(f) TYPED(f, int)
+#define U64(f) TYPED(f, uint64_t)
+#define DBL(f) TYPED(f, double)
+#define NOTED(f) (TYPED(f, int) + 1) /* an int set to 1 where the option is given */
+
+enum opt_kind { K_STRING, K_SWITCH, K_SIZE, K_NUMBER, K_PARSE };
+
+struct opt_spec {
+    const char *name, *value; /* value: its placeholder in the help; NULL for a switch */
+    unsigned commands;        /* C(...) of those that take it */
+    enum opt_kind kind;       /* where it goes: a string, a switch (1), a size or a number */
+    size_t field;             /* ... at this offset in struct fy_options */
+    size_t noted;             /* NOTED(flag): also set flag to 1; 0: none */
+    int (*parse)(struct fy_options *o, const char *value); /* K_PARSE */
+    const char *help;
+};
+
+static int parse_size_opt(const char *name, const char *text, uint64_t *out)
+{
+    if (fy_parse_size(text, out) < 0) {
+        fprintf(stderr, "fuyou-launch: %s '%s' is not a number or size (examples: 4096, 64K, 24G)\n",
+                name, text);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* A count from lo to hi of `what` (--prefetch, --act-ahead, --grad-slots). */
+static int parse_count_opt(const char *name, const char *text, uint64_t lo, uint64_t hi,
+                           const char *what, uint64_t *out)
+{
+    FY_TRY(parse_size_opt(name, text, out));
+    if (*out < lo || *out > hi) {
+        fprintf(stderr, "fuyou-launch: %s %s: give %llu to %llu %s\n", name, text,
+                (unsigned long long)lo, (unsigned long long)hi, what);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_double_opt(const char *name, const char *text, double *out)
+{
+    char *end = NULL;
+    *out = strtod(text, &end);
+    if (end == text || *end != 0) {
+        fprintf(stderr, "fuyou-launch: %s '%s' is not a number\n", name, text);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* --NAME V where V is one of names[0..n-1]: *out = its index; else said with the values, in
+ * their order ("give a, b or c"). */
+static int parse_choice(const char *name, const char *v, const char *const *names, int n, int *out)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    char give[160] = "";
+    size_t at = 0;
+    for (int i = 0; i < n && at < sizeof give; i++)
+        at += (size_t)snprintf(give + at, sizeof give - at, "%s%s",
+                               i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+    fprintf(stderr, "fuyou-launch: --%s %s: give %s\n", name, v, give);
+    return -EINVAL;
+}
+
+static int parse_backend(struct fy_options *o, const char *v)
+{
+    o->backend = v;
+    if (strcmp(v, "auto") != 0 && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
+        fprintf(stderr, "fuyou-launch: --backend %s: give auto, cpu or cuda\n", v);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_grad_dtype(struct fy_options *o, const char *v)
+{
+    if (strcmp(v, "bf16") != 0 && strcmp(v, "f32") != 0) {
+        fprintf(stderr, "fuyou-launch: --grad-dtype must be bf16 or f32\n");
+        return -EINVAL;
+    }
+    o->grad_dtype = v[0] == 'b' ? FY_DTYPE_BF16 : FY_DTYPE_F32;
+    return 0;
+}
+
+static int parse_adamw_impl(struct fy_options *o, const char *v)
+{
+    enum fy_adamw_impl impl;
+    o->adamw_impl = v;
+    return fy_adamw_impl_parse(v, &impl); /* says what it takes */
+}
+
+static int parse_ready_timeout(struct fy_options *o, const char *v)
+{
+    uint64_t s;
+    FY_TRY(parse_size_opt("--ready-timeout", v, &s));
+    o->ready_timeout_s = (int)s;
+    return 0;
+}
+
+static int parse_timeout(struct fy_options *o, const char *v)
+{
+    uint64_t s;
+    FY_TRY(parse_size_opt("--timeout", v, &s));
+    o->timeout_s = (int)s;
+    o->timeout_set = 1;
+    return 0;
+}
+
+static int parse_ssd_rates(struct fy_options *o, const char *v)
+{
+    if (strcmp(v, "auto") != 0 && strcmp(v, "profile") != 0) {
+        fprintf(stderr, "fuyou-launch: --ssd-rates %s: give auto or profile\n", v);
+        return -EINVAL;
+    }
+    o->ssd_rates_profile = v[0] == 'p';
+    return 0;
+}
+
+static int parse_state_copies(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_size_opt("--state-copies", v, &o->state_copies));
+    if (o->state_copies != 1 && o->state_copies != 2) {
+        fprintf(stderr, "fuyou-launch: --state-copies is 1 or 2, not %s\n", v);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_state_piece(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_size_opt("--state-piece", v, &o->state_piece));
+    if (o->state_piece != 0 &&
+        (o->state_piece < FY_MODEL_STATE_PIECE_MIN || o->state_piece % 1024 != 0)) {
+        fprintf(stderr,
+                "fuyou-launch: --state-piece %s: give 0 (whole units) or a multiple of 1K "
+                "from %dK\n",
+                v, FY_MODEL_STATE_PIECE_MIN / 1024);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_clip(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_double_opt("--clip-grad-norm", v, &o->clip_grad_norm));
+    if (!(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0)) {
+        fprintf(stderr, "fuyou-launch: --clip-grad-norm '%s' must be a finite number >= 0 "
+                        "(0: no clipping)\n", v);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_clip_mode(struct fy_options *o, const char *v)
+{
+    static const char *const modes[] = {"auto", "one-pass", "two-pass"};
+    return parse_choice("clip-mode", v, modes, 3, &o->clip_mode); /* FY_CLIP_AUTO, _ONE_PASS, ... */
+}
+
+static int parse_clip_hold(struct fy_options *o, const char *v)
+{
+    static const char *const places[] = {"auto", "pool", "gpu"};
+    return parse_choice("clip-hold", v, places, 3, &o->clip_hold); /* FY_CLIP_HOLD_AUTO, ... */
+}
+
+static int parse_lr_schedule(struct fy_options *o, const char *v)
+{
+    enum fy_lr_schedule schedule;
+    if (fy_train_lr_schedule_parse(v, &schedule) != 0) {
+        fprintf(stderr, "fuyou-launch: --lr-schedule %s: give cosine or linear\n", v);
+        return -EINVAL;
+    }
+    o->lr_schedule = (int)schedule;
+    return 0;
+}
+
+/* --adam-beta1 and --adam-beta2: in [0, 1), as AdamW takes them. */
+static int parse_beta(const char *name, const char *v, double *out)
+{
+    FY_TRY(parse_double_opt(name, v, out));
+    if (!(*out >= 0.0 && *out < 1.0)) {
+        fprintf(stderr, "fuyou-launch: %s '%s' must be in [0, 1)\n", name, v);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_beta1(struct fy_options *o, const char *v)
+{
+    return parse_beta("--adam-beta1", v, &o->beta1);
+}
+
+static int parse_beta2(struct fy_options *o, const char *v)
+{
+    return parse_beta("--adam-beta2", v, &o->beta2);
+}
+
+static int parse_adam_eps(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_double_opt("--adam-eps", v, &o->adam_eps));
+    if (!(isfinite(o->adam_eps) && o->adam_eps >= 0)) {
+        fprintf(stderr, "fuyou-launch: --adam-eps '%s' must be a finite number >= 0\n", v);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_prefetch(struct fy_options *o, const char *v)
+{
+    return parse_count_opt("--prefetch", v, 1, FY_PLAN_PREFETCH_MAX, "units", &o->prefetch);
+}
+
+/* --gpus N, or all: every GPU CUDA shows (CUDA_VISIBLE_DEVICES), at most FY_PLAN_RANKS_MAX; one
+ * where it shows none. */
+static int parse_gpus(struct fy_options *o, const char *v)
+{
+    if (strcmp(v, "all") != 0)
+        return parse_count_opt("--gpus", v, 1, FY_PLAN_RANKS_MAX, "gpu workers (or all)",
+                               &o->gpus);
+    int n = fy_backend_cuda_devices();
+    o->gpus = n < 1 ? 1 : n > FY_PLAN_RANKS_MAX ? FY_PLAN_RANKS_MAX : (uint64_t)n;
+    return 0;
+}
+
+static int parse_act_ahead(struct fy_options *o, const char *v)
+{
+    return parse_count_opt("--act-ahead", v, 1, FY_PLAN_ACT_AHEAD_MAX, "blocks", &o->act_ahead);
+}
+
+static int parse_grad_slots(struct fy_options *o, const char *v)
+{
+    return parse_count_opt("--grad-slots", v, FY_PLAN_GRAD_SLOTS_MIN, FY_PLAN_GRAD_SLOTS_MAX,
+                           "block gradients", &o->grad_slots);
+}
+
+static int parse_ckpt_place(struct fy_options *o, const char *v)
+{
+    static const char *const names[] = {[FY_CKPT_HOST] = "host", [FY_CKPT_SSD] = "ssd",
+                                        [FY_CKPT_AUTO] = "auto"};
+    return parse_choice("ckpt-place", v, names, 3, &o->ckpt_place);
+}
+
+static int parse_act_plan(struct fy_options *o, const char *v)
+{
+    enum fy_actplan_mode mode;
+    o->act_plan = v;
+    return fy_actplan_mode_parse(v, &mode);
+}
+
+static int parse_optim_state(struct fy_options *o, const char *v)
+{
+    if (fy_optim_state_parse(v, &o->optim_state) != 0) {
+        fprintf(stderr, "fuyou-launch: --optim-state %s: give fp32, bf16 or int8\n", v);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_weights_dtype(struct fy_options *o, const char *v)
+{
+    if (strcmp(v, "auto") != 0 && strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0) {
+        fprintf(stderr, "fuyou-launch: --weights-dtype %s: give auto, f32 or bf16\n", v);
+        return -EINVAL;
+    }
+    o->weights_dtype = v[0] == 'a' ? 0 : v[0] == 'f' ? FY_DTYPE_F32 : FY_DTYPE_BF16;
+    return 0;
+}
+
+static int parse_steps(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_size_opt("--steps", v, &o->steps));
+    o->steps_set = 1;
+    o->epochs_last = 0;
+    return 0;
+}
+
+static int parse_epochs(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_count_opt("--epochs", v, 1, 1000000, "epochs", &o->epochs));
+    o->epochs_set = 1;
+    o->epochs_last = 1;
+    return 0;
+}
+
+static int parse_packing(struct fy_options *o, const char *v)
+{
+    static const char *const names[] = {"documents", "windows"};
+    int i;
+    FY_TRY(parse_choice("packing", v, names, 2, &i));
+    o->packing = i == 0 ? FY_PACKING_DOCUMENTS : FY_PACKING_WINDOWS;
+    return 0;
+}
+
+static int parse_long_docs(struct fy_options *o, const char *v)
+{
+    static const char *const names[] = {"truncate", "split"};
+    int i;
+    FY_TRY(parse_choice("long-docs", v, names, 2, &i));
+    o->long_docs = i == 0 ? FY_LONG_DOCS_TRUNCATE : FY_LONG_DOCS_SPLIT;
+    return 0;
+}
+
+static int parse_schedule(struct fy_options *o, const char *v)
+{
+    if (strcmp(v, "overlap") != 0 && strcmp(v, "serial") != 0) {
+        fprintf(stderr, "fuyou-launch: --schedule must be overlap or serial\n");
+        return -EINVAL;
+    }
+    o->overlap = v[0] == 'o';
+    return 0;
+}
+
+static int parse_arch(struct fy_options *o, const char *v)
+{
+    o->arch = v;
+    if (fy_arch_by_name(v) == NULL) {
+        char names[128];
+        fy_arch_names(names, sizeof names, 0);
+        fy_error("--arch %s: expected one of %s", v, names);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_hf_dtype(struct fy_options *o, const char *v)
+{
+    if (strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0) {
+        fprintf(stderr, "fuyou-launch: --dtype must be f32 or bf16\n");
+        return -EINVAL;
+    }
+    o->hf_dtype = v[0] == 'b' ? FY_ST_BF16 : FY_ST_F32;
+    return 0;
+}
+
+static int parse_max_shard(struct fy_options *o, const char *v)
+{
+    FY_TRY(parse_size_opt("--max-shard-size", v, &o->max_shard_size));
+    if (o->max_shard_size == 0) {
+        fprintf(stderr, "fuyou-launch: --max-shard-size must be positive\n");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* In the order of docs/configuration.md's tables. A help ends with the default in parentheses. */
+static const struct opt_spec specs[] = {
+    /* the run and its storage */
+    {"run-dir", "DIR", ALL & ~C(PREPARE), K_STRING, STR(run_dir), 0, NULL,
+     "the run directory: model.conf, fuyou.log, metrics.jsonl, the store in DIR/store (required)"},
+    {"ssd", "DIR[,DIR...]", ALL & ~(C(PREPARE) | C(REPORT)), K_STRING, STR(ssd), 0, NULL,
+     "the store's directories, one per SSD, where they are not those init recorded in model.conf"},
+    {"overwrite", NULL, C(INIT) | C(EXPORT) | C(PREPARE) | C(SELFTEST) | TRAINS, K_SWITCH,
+     INT(overwrite), 0, NULL, "replace what exists"},
+    {"state-copies", "2|1", C(INIT) | C(PLAN), K_PARSE, 0, 0, parse_state_copies,
+     "copies of the optimizer state in the store: two keep the last commit whole whatever "
+     "happens; one halves the space, and a run stopped between commits (a crash) leaves the "
+     "store unusable (2)"},
+    {"state-piece", "SIZE", C(INIT) | C(PLAN), K_PARSE, 0, 0, parse_state_piece,
+     "the most optimizer state one piece of a unit holds: a unit's state larger than this is cut "
+     "into pieces, so that --cpu-mem below one unit's state still trains, its pieces streamed "
+     "one at a time; 0 keeps every unit whole. init sets it; plan predicts with it (init's) (1G)"},
+    {"optim-state", "fp32|bf16|int8", C(INIT) | C(PLAN) | TRAINS, K_PARSE, 0, 0, parse_optim_state,
+     "how the store keeps Adam's moments: fp32; bf16 (8 bytes of state a parameter instead of "
+     "12); int8, block-wise 8-bit with f32 for tensors under 4096 values (about 6). init sets "
+     "it; train and resume check it against the run's; plan predicts with it (init's, or fp32)"},
+    {"stripe-unit", "SIZE", WORKERS, K_SIZE, U64(stripe_unit), 0, NULL,
+     "the stripe unit the store was created with: another is refused (1M)"},
+    {"queue-depth", "N", WORKERS, K_SIZE, U64(queue_depth), 0, NULL,
+     "io_uring requests in flight on each of the io worker's rings (32)"},
+    {"block-size", "SIZE", WORKERS, K_SIZE, U64(block_size), 0, NULL,
+     "the largest piece one io_uring request moves (1M)"},
+    /* memory, devices and processes */
+    {"cpu-mem", "SIZE", WORKERS | C(PLAN), K_SIZE, U64(cpu_mem), NOTED(cpu_mem_set), NULL,
+     "cap on the shared pool of pinned host memory; a pool that does not fit is refused "
+     "(0: no cap)"},
+    {"gpu-mem", "SIZE", PLANS | C(PROBE) | C(SELFTEST), K_SIZE, U64(gpu_mem), NOTED(gpu_mem_set),
+     NULL,
+     "the GPU arena: working buffers, kept blocks' internals, swap sets (CUDA: the GPUs' free "
+     "memory less a margin; 0: the working buffers alone)"},
+    {"gpus", "all|N", PLANS, K_PARSE, 0, 0, parse_gpus,
+     "gpu workers, one per GPU, each computing B / N sequences of every step, their gradients "
+     "summed in a fixed order; all: every GPU CUDA shows (1)"},
+    {"backend", "auto|cpu|cuda", PLANS | C(PROBE) | C(SELFTEST), K_PARSE, 0, 0, parse_backend,
+     "the gpu worker's backend: auto is CUDA where a device is visible and the build has it, else "
+     "the CPU reference (auto)"},
+    {"affinity", "auto|SPEC", WORKERS, K_STRING, STR(affinity), 0, NULL,
+     "the workers' CPUs: auto places them with hwloc; SPEC such as gpu=0,io=1,opt=2-15 (auto)"},
+    {"ready-timeout", "S", WORKERS, K_PARSE, 0, 0, parse_ready_timeout,
+     "seconds a worker may take to start (60)"},
+    {"timeout", "S", WORKERS, K_PARSE, 0, 0, parse_timeout,
+     "a request not answered in S seconds is a stuck worker (300)"},
+    {"inprocess", NULL, TRAINS, K_SWITCH, INT(inprocess), 0, NULL,
+     "the CPU backend inside the launcher, the store in memory (tests, debugging)"},
+    /* the model */
+    {"arch", "NAME", MODEL, K_PARSE, 0, NOTED(model_set), parse_arch,
+     "the model family: gpt2, llama, qwen2, qwen3, mistral or phi3 (gpt2)"},
+    {"layers", "N", MODEL, K_SIZE, U64(layers), NOTED(model_set), NULL, "transformer blocks (4)"},
+    {"heads", "N", MODEL, K_SIZE, U64(heads), NOTED(model_set), NULL, "attention heads (4)"},
+    {"embd", "N", MODEL, K_SIZE, U64(embd), NOTED(model_set), NULL,
+     "model width, a multiple of --heads (128)"},
+    {"vocab", "N", MODEL, K_SIZE, U64(vocab), NOTED(model_set), NULL,
+     "vocabulary size; 256: the byte tokenizer (256)"},
+    {"ctx", "N", MODEL, K_SIZE, U64(ctx), NOTED(model_set), NULL,
+     "context length, the longest --seq (128)"},
+    {"kv-heads", "N", MODEL, K_SIZE, U64(kv_heads), NOTED(model_set), NULL,
+     "llama-like: key/value heads, grouped-query attention (--heads)"},
+    {"head-dim", "N", MODEL, K_SIZE, U64(head_dim), NOTED(model_set), NULL,
+     "llama-like: the head size (--embd / --heads)"},
+    {"ffn", "N", MODEL, K_SIZE, U64(ffn), NOTED(model_set), NULL,
+     "llama-like: the SwiGLU MLP's inner width (4 x --embd)"},
+    {"rope-theta", "X", MODEL, K_NUMBER, DBL(rope_theta), NOTED(model_set), NULL,
+     "llama-like: the rotary embeddings' base (10000)"},
+    {"rms-eps", "X", MODEL, K_NUMBER, DBL(rms_eps), NOTED(model_set), NULL,
+     "llama-like: RMSNorm's epsilon (1e-5)"},
+    {"tied", NULL, MODEL, K_SWITCH, INT(tied), NOTED(model_set), NULL,
+     "llama-like: the LM head shares the token embeddings (a separate lm_head)"},
+    {"seed", "N", C(INIT) | TRAINS | C(SELFTEST), K_SIZE, U64(seed), NOTED(seed_set), NULL,
+     "the random seed (1)"},
+    {"from-hf", "HF", MODEL, K_STRING, STR(from_hf), 0, NULL,
+     "a Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json, safetensors or "
+     "shards): the model"},
+    /* training */
+    {"data", "FILE", TRAINS, K_STRING, STR(data), 0, NULL,
+     "the token file (fuyou-launch prepare; required)"},
+    {"steps", "N", TRAINS | C(SELFTEST), K_PARSE, 0, 0, parse_steps,
+     "train until this step, the total counting the steps already committed (200)"},
+    {"epochs", "N", TRAINS, K_PARSE, 0, 0, parse_epochs,
+     "train N passes over the training documents instead of --steps: N x the steps an epoch "
+     "takes, counting those already committed"},
+    {"packing", "documents|windows", TRAINS, K_PARSE, 0, 0, parse_packing,
+     "documents: whole documents packed into rows, each alone; windows: random windows of the "
+     "token stream (documents for a token file of records, windows for text files)"},
+    {"long-docs", "truncate|split", TRAINS, K_PARSE, 0, 0, parse_long_docs,
+     "--packing documents: a document longer than --seq is cut to its first --seq predictions, "
+     "or split into pieces of --seq (truncate)"},
+    {"batch", "B", PLANS, K_SIZE, U64(batch), 0, NULL, "sequences per step (8)"},
+    {"seq", "T", PLANS, K_SIZE, U64(seq), 0, NULL,
+     "tokens per sequence, at most the model's context (64)"},
+    {"lr", "X", TRAINS | C(SELFTEST), K_NUMBER, DBL(lr), NOTED(given.lr), NULL,
+     "peak learning rate (1e-3; an imported model's: 5e-5)"},
+    {"warmup", "N", TRAINS, K_SIZE, U64(warmup), NOTED(given.warmup), NULL,
+     "linear warmup steps (10; an imported model's: 0)"},
+    {"lr-schedule", "cosine|linear", TRAINS, K_PARSE, 0, NOTED(given.schedule), parse_lr_schedule,
+     "the decay after the warmup, to lr x --min-lr-ratio: cosine, reached at --steps; linear, "
+     "transformers' (cosine; an imported model's: linear)"},
+    {"min-lr-ratio", "X", TRAINS, K_NUMBER, DBL(min_lr_ratio), NOTED(given.min_lr_ratio), NULL,
+     "the decay's end: lr x X (0.1; an imported model's: 0)"},
+    {"weight-decay", "X", TRAINS | C(SELFTEST), K_NUMBER, DBL(weight_decay),
+     NOTED(given.weight_decay), NULL,
+     "AdamW's decoupled weight decay, matrices only (0.1; an imported model's: 0)"},
+    {"adam-beta1", "X", TRAINS, K_PARSE, 0, NOTED(given.beta1), parse_beta1,
+     "AdamW's beta1, in [0, 1) (0.9)"},
+    {"adam-beta2", "X", TRAINS, K_PARSE, 0, NOTED(given.beta2), parse_beta2,
+     "AdamW's beta2, in [0, 1) (0.95; an imported model's: 0.999)"},
+    {"adam-eps", "X", TRAINS, K_PARSE, 0, NOTED(given.eps), parse_adam_eps,
+     "AdamW's epsilon (1e-8)"},
+    {"clip-grad-norm", "MAX", PLANS, K_PARSE, 0, NOTED(given.clip), parse_clip,
+     "clip the global gradient norm to MAX, exactly as torch's clip_grad_norm_; 0: off (1)"},
+    {"clip-mode", "auto|one-pass|two-pass", PLANS, K_PARSE, 0, 0, parse_clip_mode,
+     "how clipping learns the norm before the first update: one-pass holds every block's "
+     "gradient in the pool through the backward and updates after it; two-pass runs the "
+     "backward twice; auto: one-pass where the --cpu-mem given holds the gradients and the plan "
+     "predicts it no slower (auto)"},
+    {"clip-hold", "auto|pool|gpu", PLANS, K_PARSE, 0, 0, parse_clip_hold,
+     "where one-pass clipping holds the blocks' gradients: the pool (4 bytes a block parameter "
+     "of --cpu-mem), or the GPU arena (of --gpu-mem; each sent to the pool when its update "
+     "runs); auto: the pool where it has room beside the kept state, else the GPU where it has "
+     "room (auto)"},
+    {"eval-every", "N", TRAINS, K_SIZE, U64(eval_every), 0, NULL,
+     "held-out loss every N steps and at the end (50)"},
+    {"eval-batches", "N", TRAINS, K_SIZE, U64(eval_batches), NOTED(eval_batches_set), NULL,
+     "held-out batches per evaluation (4; --packing documents: the whole held-out split)"},
+    {"eval-fraction", "X", TRAINS, K_NUMBER, DBL(eval_fraction), 0, NULL,
+     "the share of the token file held out for evaluation, its end: of its tokens, or with "
+     "--packing documents of its documents (0.1)"},
+    {"checkpoint-every", "N", TRAINS, K_SIZE, U64(checkpoint_every), 0, NULL,
+     "commit the step to the store every N steps, at the end and at Ctrl-C: a crash goes back "
+     "to the last commit (50)"},
+    {"max-restarts", "N", TRAINS, K_SIZE, U64(max_restarts), 0, NULL,
+     "a worker that dies or stops answering is restarted from the last commit, up to N times an "
+     "hour (5; 0: never)"},
+    {"export", "FILE", TRAINS, K_STRING, STR(export_path), 0, NULL,
+     "after training, write the weights file (as export --out)"},
+    {"schedule", "overlap|serial", TRAINS, K_PARSE, 0, 0, parse_schedule,
+     "overlap: the updates run beside the backward and weights are read ahead; serial: one "
+     "request at a time, the same bits (overlap)"},
+    {"prefetch", "N", PLANS, K_PARSE, 0, 0, parse_prefetch,
+     "units of weights read ahead of the gpu, 1 to 8, each a unit's fp32 weights of pool "
+     "memory (1)"},
+    {"grad-slots", "N", PLANS, K_PARSE, 0, 0, parse_grad_slots,
+     "block gradients held at once, 1 to 16, cut to what --cpu-mem holds: the optimizer may lag "
+     "the backward by N - 1 blocks; more than 3 only when all optimizer state fits --cpu-mem, "
+     "fewer only where it has no room for 3 (16)"},
+    {"weights-dtype", "auto|f32|bf16", PLANS, K_PARSE, 0, 0, parse_weights_dtype,
+     "the weights the GPU is sent: bf16 keeps a bf16 copy beside each kept unit's state (2 bytes "
+     "a parameter), half the PCIe bytes; auto: bf16 on CUDA (the same results), f32 on the CPU "
+     "backend (auto)"},
+    {"ckpt-place", "host|ssd|auto", TRAINS | C(PLAN), K_PARSE, 0, 0, parse_ckpt_place,
+     "where the blocks' input checkpoints wait for the backward: the pool, or the SSD store "
+     "through --act-ahead + 2 pool slots; auto: the pool when all optimizer state fits --cpu-mem "
+     "beside them, else the SSD (host)"},
+    {"act-plan", "auto|recompute|host|ssd", TRAINS | C(PLAN), K_PARSE, 0, 0, parse_act_plan,
+     "the blocks' forward internals: auto keeps those of as many blocks as fit --gpu-mem and "
+     "picks the rest's place from a profile; recompute: every backward recomputes its forward; "
+     "host, ssd: swapped to the pool, or through it to the SSD store (auto)"},
+    {"ssd-rates", "auto|profile", PLANS, K_PARSE, 0, 0, parse_ssd_rates,
+     "the SSD rates the plan predicts with: auto, those the last session's steps ran at on this "
+     "store (RUN/ssd_rates.json), else the profile's sample; profile: always the sample (auto)"},
+    {"act-ahead", "N", PLANS, K_PARSE, 0, 0, parse_act_ahead,
+     "blocks whose activations on the SSD store the backward reads back ahead of use, 1 to 6; "
+     "each kind passes through N + 2 pool slots (2)"},
+    {"trace", "FILE", TRAINS, K_STRING, STR(trace), 0, NULL,
+     "a Chrome trace-event JSON of every request (open it in Perfetto)"},
+    /* data preparation */
+    {"out", "FILE", C(PREPARE) | C(EXPORT) | C(REPORT) | C(PROBE), K_STRING, STR(out), 0, NULL,
+     "the file to write"},
+    {"compare", "DIR[,DIR...]", C(REPORT), K_STRING, STR(compare), 0, NULL,
+     "other runs' directories whose training and held-out loss loss.png draws beside this run's"},
+    {"tokenizer", "HF", C(PREPARE), K_STRING, STR(tokenizer), 0, NULL,
+     "a Hugging Face tokenizer.json or its directory, through python3's tokenizers (byte level)"},
+    {"jsonl", NULL, C(PREPARE), K_SWITCH, INT(jsonl), 0, NULL,
+     "the inputs are JSON lines, one object a line (a .parquet input is read as Parquet)"},
+    {"text-field", "NAME", C(PREPARE), K_STRING, STR(text_field), 0, NULL,
+     "with --jsonl or Parquet: the field trained on whole (text)"},
+    {"prompt-field", "NAME", C(PREPARE), K_STRING, STR(prompt_field), 0, NULL,
+     "with --jsonl or Parquet: the prompt, masked out of the loss"},
+    {"response-field", "NAME", C(PREPARE), K_STRING, STR(response_field), 0, NULL,
+     "with --jsonl or Parquet: the response, trained on, then the end-of-sequence token"},
+    {"messages-field", "NAME", C(PREPARE), K_STRING, STR(messages_field), 0, NULL,
+     "with --jsonl or Parquet, and --tokenizer: a conversation ([{role, content}, ...]) "
+     "rendered with the model's chat template, the loss on the assistant's messages only"},
+    /* export */
+    {"to-hf", "HF", C(EXPORT), K_STRING, STR(to_hf), 0, NULL,
+     "write a Hugging Face model directory (safetensors, config.json, the imported tokenizer "
+     "files)"},
+    {"dtype", "f32|bf16", C(EXPORT), K_PARSE, 0, NOTED(hf_opts_set), parse_hf_dtype,
+     "--to-hf's tensors' dtype; F16 sources are written as F32 (the source's)"},
+    {"max-shard-size", "SIZE", C(EXPORT), K_PARSE, 0, NOTED(hf_opts_set), parse_max_shard,
+     "shard --to-hf's safetensors above this many bytes, as transformers does (50000000000)"},
+    /* the data-path self-test */
+    {"params", "N", C(SELFTEST), K_SIZE, U64(params), 0, NULL,
+     "parameters of the synthetic model (1M)"},
+    {"grad-dtype", "bf16|f32", C(SELFTEST), K_PARSE, 0, 0, parse_grad_dtype,
+     "the synthetic gradients' dtype (bf16)"},
+    {"adamw-impl", "auto|scalar|avx2|avx512", TRAINS | C(PROFILE) | C(SELFTEST), K_PARSE, 0, 0,
+     parse_adamw_impl, "the opt worker's AdamW kernel; auto: the best the CPU has (auto)"},
+    /* planning */
+    {"machine", "FILE", C(PLAN), K_STRING, STR(machine), 0, NULL,
+     "a machine profile's rates, JSON (RUN/machine.json where probe wrote one, else the "
+     "reference machine's)"},
+    {"help", NULL, ALL, K_SWITCH, 0, 0, NULL, "this text"},
+};
+
+#define N_SPECS (sizeof specs / sizeof specs[0])
+
+/* An option whose help differs for some of its commands. */
+struct opt_note {
+    const char *name;
+    unsigned commands;
+    const char *help;
+};
+
+static const struct opt_note notes[] = {
+    {"run-dir", C(PLAN), "the run whose model, store and machine profile to plan for"},
+    {"run-dir", C(PROBE), "write RUN/machine.json, and measure RUN/store where --ssd is not given"},
+    {"run-dir", C(RESUME), "the run directory, where it is not given as DIR"},
+    {"ssd", C(INIT),
+     "the SSD store's directories, one per SSD; they must exist and take "
+     "O_DIRECT; recorded in model.conf (DIR/store)"},
+    {"ssd", C(SELFTEST), "the store's directories, one per SSD (required)"},
+    {"ssd", C(PROBE), "the directories to measure, one per SSD (RUN/store)"},
+    {"ssd", C(PLAN), "the store's directories, for their free space (the run's)"},
+    {"overwrite", C(INIT),
+     "replace the run's model and store: the new one is built beside them "
+     "and put in place when complete"},
+    {"overwrite", C(EXPORT),
+     "replace the output file, or the model files of a non-empty --to-hf "
+     "directory (the others are kept)"},
+    {"overwrite", C(PREPARE), "replace the output file"},
+    {"overwrite", C(SELFTEST), "replace a store in --ssd"},
+    {"overwrite", TRAINS, "replace --export's file"},
+    {"stripe-unit", C(INIT) | C(SELFTEST),
+     "bytes on one SSD path before the next: a power of "
+     "two, a multiple of 4K (1M)"},
+    {"timeout", TRAINS,
+     "a request not answered in S seconds is a stuck worker, killed and "
+     "restarted (20 predicted steps, at least 60 s; 300 s unpredicted)"},
+    {"seed", C(INIT), "the weights' initialisation (1)"},
+    {"seed", TRAINS, "the order of the training batches (1)"},
+    {"seed", C(SELFTEST), "the synthetic weights' and gradients' (1)"},
+    {"lr", C(SELFTEST), "AdamW's learning rate (1e-3)"},
+    {"weight-decay", C(SELFTEST), "AdamW's decoupled weight decay (0.1)"},
+    {"steps", C(SELFTEST), "steps of the self-test (3)"},
+    {"from-hf", C(PLAN), "the model of a Hugging Face directory's config.json"},
+    {"out", C(PREPARE), "the token file to write (required)"},
+    {"out", C(EXPORT), "the weights file (f32) to write"},
+    {"out", C(REPORT), "the charts' directory (RUN/report)"},
+    {"out", C(PROBE),
+     "the machine profile to write (RUN/machine.json with --run-dir, else "
+     "./machine.json)"},
+    {"cpu-mem", PLANS,
+     "cap on the shared pool of pinned host memory: as much optimizer state as "
+     "fits stays in it, the rest streams from the store; a plan that does not "
+     "fit is refused; 0: no cap and no state kept (what this machine can give: "
+     "MemAvailable, or a cgroup's limit less its use where less, less a margin "
+     "of a tenth, at least 2 GiB)"},
+};
+
+static const char *option_help(const struct opt_spec *s, enum fy_command cmd)
+{
+    for (size_t i = 0; i < sizeof notes / sizeof notes[0]; i++)
+        if (strcmp(notes[i].name, s->name) == 0 && (notes[i].commands & (1u << cmd)))
+            return notes[i].help;
+    return s->help;
+}
+
+/* ---- the training defaults ------------------------------------------------------------------ */
+
+const struct fy_train_set fy_train_scratch = {.lr = 1e-3,
+                                              .warmup = 10,
+                                              .schedule = FY_LR_COSINE,
+                                              .min_lr_ratio = 0.1,
+                                              .weight_decay = 0.1,
+                                              .beta1 = 0.9,
+                                              .beta2 = 0.95,
+                                              .eps = 1e-8,
+                                              .clip_grad_norm = 1.0};
+
+/* transformers' TrainingArguments' defaults: learning_rate, warmup_steps, lr_scheduler_type linear
+ * (to 0), weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm */
+const struct fy_train_set fy_train_finetune = {
+    .lr = 5e-5, .warmup = 0, .schedule = FY_LR_LINEAR, .min_lr_ratio = 0,
+    .weight_decay = 0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip_grad_norm = 1.0};
+
+void fy_options_train_defaults(struct fy_options *o, int finetune)
+{
+    const struct fy_train_set *d = finetune ? &fy_train_finetune : &fy_train_scratch;
+    if (!o->given.lr)
+        o->lr = d->lr;
+    if (!o->given.warmup)
+        o->warmup = d->warmup;
+    if (!o->given.schedule)
+        o->lr_schedule = d->schedule;
+    if (!o->given.min_lr_ratio)
+        o->min_lr_ratio = d->min_lr_ratio;
+    if (!o->given.weight_decay)
+        o->weight_decay = d->weight_decay;
+    if (!o->given.beta1)
+        o->beta1 = d->beta1;
+    if (!o->given.beta2)
+        o->beta2 = d->beta2;
+    if (!o->given.eps)
+        o->adam_eps = d->eps;
+    if (!o->given.clip)
+        o->clip_grad_norm = d->clip_grad_norm;
+}
+
+void fy_options_describe_train_defaults(const struct fy_options *o, int finetune, const char *why,
+                                        char *out, size_t len)
+{
+    const struct fy_train_set *d = finetune ? &fy_train_finetune : &fy_train_scratch;
+    char warmup[48], decay[64], clip[160], given[160] = "";
+    if (d->warmup == 0)
+        snprintf(warmup, sizeof warmup, "no warmup");
+    else
+        snprintf(warmup, sizeof warmup, "warmup %llu", (unsigned long long)d->warmup);
+    if (d->min_lr_ratio == 0)
+        snprintf(decay, sizeof decay, "%s decay to 0", fy_train_lr_schedule_name(d->schedule));
+    else
+        snprintf(decay, sizeof decay, "%s decay to lr x %g",
+                 fy_train_lr_schedule_name(d->schedule), d->min_lr_ratio);
+    if (d->clip_grad_norm > 0)
+        snprintf(clip, sizeof clip, "clipping %.1f (%s; --clip-grad-norm 0 turns clipping off)",
+                 d->clip_grad_norm,
+                 finetune ? "transformers' Trainer's values"
+                          : "as transformers' Trainer, llm.c and nanoGPT clip");
+    else
+        snprintf(clip, sizeof clip, "no clipping");
+    const struct {
+        int given;
+        const char *name;
+    } opts[] = {{o->given.lr, "--lr"}, {o->given.warmup, "--warmup"},
+                {o->given.schedule, "--lr-schedule"}, {o->given.min_lr_ratio, "--min-lr-ratio"},
+                {o->given.weight_decay, "--weight-decay"}, {o->given.beta1, "--adam-beta1"},
+                {o->given.beta2, "--adam-beta2"}, {o->given.eps, "--adam-eps"},
+                {o->given.clip, "--clip-grad-norm"}};
+    size_t at = 0;
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        if (opts[i].given && at < sizeof given)
+            at += (size_t)snprintf(given + at, sizeof given - at, "%s%s", at ? ", " : "; given: ",
+                                   opts[i].name);
+    snprintf(out, len, "%s defaults (%s): lr %g, %s, %s, weight decay %g, betas %g/%g, eps %g, "
+             "%s%s; give any option to change its value",
+             finetune ? "fine-tuning" : "from-scratch", why, d->lr, warmup, decay,
+             d->weight_decay, d->beta1, d->beta2, d->eps, clip, given);
+}
+
+/* ---- parsing --------------------------------------------------------------------------------- */
+
+static void set_defaults(struct fy_options *o)
+{
+    *o = (struct fy_options){/* steps: selftest's; train's is 200 (fy_cmd_train) */
+                             .backend = "auto",
+                             .adamw_impl = "auto",
+                             .params = 1 << 20,
+                             .steps = 3,
+                             .seed = 1,
+                             .grad_dtype = FY_DTYPE_BF16,
+                             .queue_depth = 32,
+                             .block_size = 1 << 20,
+                             .stripe_unit = 1 << 20,
+                             .ready_timeout_s = 60,
+                             .timeout_s = 300,
+                             .layers = 4,
+                             .heads = 4,
+                             .embd = 128,
+                             .vocab = 256,
+                             .ctx = 128,
+                             .batch = 8,
+                             .seq = 64,
+                             .eval_every = 50,
+                             .eval_batches = 4,
+                             .eval_fraction = 0.1,
+                             .checkpoint_every = 50,
+                             .overlap = 1,
+                             .prefetch = 1,
+                             .gpus = 1,
+                             .act_ahead = FY_PLAN_ACT_AHEAD_DEFAULT,
+                             .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
+                             .max_shard_size = 50000000000ull,
+                             .arch = "gpt2",
+                             .rope_theta = 10000.0,
+                             .rms_eps = 1e-5,
+                             .act_plan = "auto",
+                             .max_restarts = 5,
+                             .state_copies = 2,
+                             .optim_state = -1,
+                             .state_piece = FY_MODEL_STATE_PIECE_DEFAULT};
+    fy_options_train_defaults(o, 0); /* train and plan take the run's set (fy_runconf) */
+}
+
+static int set_option(const struct opt_spec *s, const char *value, struct fy_options *o)
+{
+    char *at = (char *)o + s->field, flag[64];
+    snprintf(flag, sizeof flag, "--%s", s->name);
+    int rc = 0;
+    switch (s->kind) {
+    case K_STRING: *(const char **)at = value; break;
+    case K_SWITCH: *(int *)at = 1; break;
+    case K_SIZE: rc = parse_size_opt(flag, value, (uint64_t *)at); break;
+    case K_NUMBER: rc = parse_double_opt(flag, value, (double *)at); break;
+    case K_PARSE: rc = s->parse(o, value); break;
+    }
+    if (s->noted != 0)
+        *(int *)((char *)o + s->noted - 1) = 1;
+    return rc;
+}
+
+int fy_options_asks_help(int argc, char **argv)
+{
+    for (int i = 2; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return 1;
+    return 0;
+}
+
+int fy_options_parse(enum fy_command cmd, int argc, char **argv, struct fy_options *o)
+{
+    set_defaults(o);
+    const char *name = commands[cmd].name;
+    enum { FIRST = 256 }; /* getopt's value of specs[i]: FIRST + i */
+    struct option longopts[N_SPECS + 1];
+    for (size_t i = 0; i < N_SPECS; i++)
+        longopts[i] = (struct option){specs[i].name, specs[i].value ? required_argument
+                                                                    : no_argument,
+                                      NULL, strcmp(specs[i].name, "help") == 0 ? 'h'
+                                                                               : FIRST + (int)i};
+    longopts[N_SPECS] = (struct option){0};
+    int c, rc = 0;
+    opterr = 0;
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (c == 'h') {
+            fy_options_help(cmd, stdout);
+            return FY_OPTIONS_HELP;
+        }
+        if (c < FIRST || c >= FIRST + (int)N_SPECS) {
+            fprintf(stderr, "fuyou-launch: unknown or incomplete option '%s' (see fuyou-launch %s "
+                            "--help)\n", argv[optind - 1], name);
+            return -EINVAL;
+        }
+        const struct opt_spec *s = &specs[c - FIRST];
+        if ((s->commands & (1u << cmd)) == 0) {
+            fprintf(stderr, "fuyou-launch %s: --%s does not apply to %s (see fuyou-launch %s "
+                            "--help)\n", name, s->name, name, name);
+            return -EINVAL;
+        }
+        rc = set_option(s, optarg, o);
+    }
+    if (rc == 0 && (o->ready_timeout_s <= 0 || o->timeout_s <= 0)) {
+        fprintf(stderr, "fuyou-launch: timeouts must be positive\n");
+        rc = -EINVAL;
+    }
+    o->args = argv + optind;
+    o->n_args = argc - optind;
+    return rc;
+}
+
+int fy_options_require(const char *value, const char *option, const char *command)
+{
+    if (value != NULL)
+        return 0;
+    fprintf(stderr, "fuyou-launch %s: %s is required (see fuyou-launch %s --help)\n", command,
+            option, command);
+    return -FY_EUSAGE;
+}
+
+/* ---- usage ----------------------------------------------------------------------------------- */
+
+#define WIDTH 100 /* columns of the usage texts */
+
+/* text, its words wrapped at WIDTH: from column `at` (where the line is), continued at `indent`. */
+static void print_wrapped(FILE *f, const char *text, int at, int indent)
+{
+    int col = at, fresh = 1;
+    for (const char *p = text + strspn(text, " "); *p != 0; p += strspn(p, " ")) {
+        int len = (int)strcspn(p, " ");
+        if (!fresh && col + 1 + len > WIDTH) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+            fresh = 1;
+        }
+        fprintf(f, "%s%.*s", fresh ? "" : " ", len, p);
+        col += len + !fresh;
+        fresh = 0;
+        p += len;
+    }
+    fputc('\n', f);
+}
+
+void fy_options_usage(FILE *f)
+{
+    fprintf(f, "usage: fuyou-launch COMMAND [options]\n\ncommands:\n");
+    for (int c = 0; c < FY_CMD_COUNT; c++)
+        for (int k = 0; k < 2 && commands[c].forms[k][0] != NULL; k++) {
+            fprintf(f, "  %-8s %-28s ", commands[c].name, commands[c].forms[k][0]);
+            print_wrapped(f, commands[c].forms[k][1], 40, 40);
+        }
+    fprintf(f, "  %-37s ", "help [COMMAND | --options]");
+    print_wrapped(f, "this text; COMMAND: its usage and options (as COMMAND --help); --options: "
+                     "every option's name", 40, 40);
+    fprintf(f, "\n");
+    print_wrapped(f, "fuyou-launch COMMAND --help: the command's usage and the options it takes; "
+                     "docs/configuration.md describes each option.", 0, 0);
+    fprintf(f, "\n");
+    print_wrapped(f, "Exit status: 0 done, 1 error (the message says what and where), 2 usage, 3 a "
+                     "worker failed, 130 interrupted. Logs: DIR/fuyou.log; per-step metrics: "
+                     "DIR/metrics.jsonl.", 0, 0);
+}
+
+void fy_options_help(enum fy_command cmd, FILE *f)
+{
+    const struct command_spec *c = &commands[cmd];
+    for (int k = 0; k < 2 && c->forms[k][0] != NULL; k++)
+        fprintf(f, "%s fuyou-launch %s %s%s\n", k ? "      " : "usage:", c->name, c->forms[k][0],
+                strstr(c->forms[k][0], "options") ? "" : " [options]");
+    fprintf(f, "\n");
+    print_wrapped(f, c->about, 0, 0);
+    fprintf(f, "\noptions (docs/configuration.md describes each):\n");
+    for (size_t i = 0; i < N_SPECS; i++) {
+        const struct opt_spec *s = &specs[i];
+        if ((s->commands & (1u << cmd)) == 0)
+            continue;
+        char opt[64];
+        snprintf(opt, sizeof opt, "--%s%s%s", s->name, s->value ? " " : "",
+                 s->value ? s->value : strcmp(s->name, "help") == 0 ? ", -h" : "");
+        int col = fprintf(f, "  %s", opt);
+        if (col > 29) {
+            fprintf(f, "\n%30s", "");
+            col = 30;
+        } else {
+            col += fprintf(f, "%*s", 30 - col, "");
+        }
+        print_wrapped(f, option_help(s, cmd), col, 30);
+    }
+}
+
+void fy_options_list(FILE *f)
+{
+    for (size_t i = 0; i < N_SPECS; i++)
+        fprintf(f, "--%s\n", specs[i].name);
+}

@@ -1,0 +1,46 @@
+/* fuyou-launch report: a run's metrics drawn into PNG charts (launcher/cmd/report.h). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "launcher/cmd/cmd.h"
+#include "launcher/cmd/report.h"
+
+/* report: RUN/metrics.jsonl (and --compare's runs' on the loss chart) drawn into PNG charts in
+ * --out (default RUN/report). */
+int fy_cmd_report(struct fy_options *o)
+{
+    FY_TRY(fy_options_require(o->run_dir, "--run-dir", "report"));
+    char out[PATH_MAX + 16], others[PATH_MAX * 4];
+    if (o->out != NULL)
+        snprintf(out, sizeof out, "%s", o->out);
+    else
+        snprintf(out, sizeof out, "%s/report", o->run_dir);
+    const char *runs[FY_REPORT_MAX_RUNS] = {o->run_dir};
+    int nruns = 1;
+    if (o->compare != NULL) {
+        FY_USAGE(strlen(o->compare) < sizeof others,
+                 "report: --compare is too long: give fewer or shorter run directories");
+        snprintf(others, sizeof others, "%s", o->compare);
+        char *save = NULL;
+        for (char *dir = strtok_r(others, ",", &save); dir != NULL;
+             dir = strtok_r(NULL, ",", &save)) {
+            FY_USAGE(nruns < FY_REPORT_MAX_RUNS,
+                     "report: --compare %s: more than %d runs: chart at most %d beside --run-dir",
+                     o->compare, FY_REPORT_MAX_RUNS - 1, FY_REPORT_MAX_RUNS - 1);
+            runs[nruns++] = dir;
+        }
+    }
+    int steps = fy_report_write(runs, nruns, out);
+    FY_TRY(steps);
+    if (nruns > 1)
+        fy_info("report: %d steps drawn into %s/loss.png (%d runs in all), busy.png and "
+                "throughput.png", steps, out, nruns);
+    else
+        fy_info("report: %d steps drawn into %s/loss.png, busy.png and throughput.png", steps,
+                out);
+    return 0;
+}

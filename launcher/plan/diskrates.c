@@ -1,0 +1,161 @@
+/* The SSD store's rates in training steps, counted per session and kept in the run directory as
+ * a small JSON record for the next session's plan (launcher/plan/diskrates.h). */
+#include "launcher/plan/diskrates.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/check.h"
+#include "common/fsutil.h"
+
+void fy_diskrates_begin(struct fy_diskrates *d, const char *ssd, int batch, const char *act_plan)
+{
+    *d = (struct fy_diskrates){.batch = batch};
+    snprintf(d->ssd, sizeof d->ssd, "%s", ssd ? ssd : "");
+    snprintf(d->act_plan, sizeof d->act_plan, "%s", act_plan ? act_plan : "");
+}
+
+void fy_diskrates_add(struct fy_diskrates *d, uint64_t step, uint64_t read_bytes, double read_s,
+                      uint64_t write_bytes, double write_s)
+{
+    if (d->steps == 0)
+        d->first_step = step;
+    d->last_step = step;
+    d->steps++;
+    d->read_bytes += read_bytes;
+    d->write_bytes += write_bytes;
+    d->read_s += read_s;
+    d->write_s += write_s;
+}
+
+double fy_diskrates_rate(uint64_t bytes, double seconds)
+{
+    return bytes > 0 && seconds > 0 ? (double)bytes / seconds : 0.0;
+}
+
+double fy_diskrates_read_Bps(const struct fy_diskrates *d)
+{
+    return fy_diskrates_rate(d->read_bytes, d->read_s);
+}
+
+double fy_diskrates_write_Bps(const struct fy_diskrates *d)
+{
+    return fy_diskrates_rate(d->write_bytes, d->write_s);
+}
+
+const char *fy_diskrates_gbps(double Bps, const char *none, char *buf, size_t len)
+{
+    if (!(Bps > 0))
+        return none;
+    snprintf(buf, len, "%.2f", Bps * 1e-9);
+    return buf;
+}
+
+int fy_diskrates_save(const char *path, const struct fy_diskrates *d)
+{
+    cJSON *root = cJSON_CreateObject();
+    int ok = root != NULL;
+    /* the byte counts as numbers: a double holds them exactly below 2^53 (8 PiB) */
+    const struct { const char *key; double value; } fields[] = {
+        {"version", FY_DISKRATES_VERSION},
+        {"read_Bps", fy_diskrates_read_Bps(d)},
+        {"write_Bps", fy_diskrates_write_Bps(d)},
+        {"read_bytes", (double)d->read_bytes},
+        {"read_seconds", d->read_s},
+        {"write_bytes", (double)d->write_bytes},
+        {"write_seconds", d->write_s},
+        {"steps", (double)d->steps},
+        {"first_step", (double)d->first_step},
+        {"last_step", (double)d->last_step},
+        {"batch", d->batch},
+        {"written_unix", (double)(d->written ? d->written : (int64_t)time(NULL))}};
+    for (size_t i = 0; ok && i < sizeof fields / sizeof fields[0]; i++)
+        ok = cJSON_AddNumberToObject(root, fields[i].key, fields[i].value) != NULL;
+    ok = ok && cJSON_AddStringToObject(root, "act_plan", d->act_plan) != NULL &&
+         cJSON_AddStringToObject(root, "ssd", d->ssd) != NULL;
+    char *text = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    FY_REQUIRE(text != NULL, -ENOMEM, "out of memory writing the SSD rates record %s", path);
+    int rc = fy_file_write_text(path, text);
+    free(text);
+    return rc;
+}
+
+/* A non-negative number field; 0 or -EINVAL with the reason. */
+static int number_field(const cJSON *root, const char *key, double *out, char *why, size_t len)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0)) {
+        snprintf(why, len, "\"%s\" is not a number >= 0", key);
+        return -EINVAL;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+int fy_diskrates_load(const char *path, struct fy_diskrates *d, char *why, size_t why_len)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        int err = errno;
+        snprintf(why, why_len, "cannot open it: %s", strerror(err));
+        return -err;
+    }
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    int read_failed = ferror(f) || (n == sizeof buf - 1 && fgetc(f) != EOF);
+    fclose(f);
+    buf[n] = 0;
+    if (read_failed) {
+        snprintf(why, why_len, "unreadable, or larger than a record");
+        return -EINVAL;
+    }
+    cJSON *root = cJSON_Parse(buf);
+    if (root == NULL || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        snprintf(why, why_len, "not a JSON object");
+        return -EINVAL;
+    }
+    double version = 0, rd = 0, wr = 0, rs = 0, ws = 0, steps = 0, first = 0, last = 0, batch = 0,
+           when = 0;
+    int rc = number_field(root, "version", &version, why, why_len);
+    if (rc == 0 && version != FY_DISKRATES_VERSION) {
+        snprintf(why, why_len, "version %g, this build reads version %d", version,
+                 FY_DISKRATES_VERSION);
+        rc = -EINVAL;
+    }
+    const char *keys[] = {"read_bytes", "read_seconds", "write_bytes", "write_seconds", "steps",
+                          "first_step", "last_step", "batch", "written_unix"};
+    double *fields[] = {&rd, &rs, &wr, &ws, &steps, &first, &last, &batch, &when};
+    for (size_t i = 0; rc == 0 && i < sizeof keys / sizeof keys[0]; i++)
+        rc = number_field(root, keys[i], fields[i], why, why_len);
+    const cJSON *plan = cJSON_GetObjectItemCaseSensitive(root, "act_plan");
+    const cJSON *ssd = cJSON_GetObjectItemCaseSensitive(root, "ssd");
+    if (rc == 0 && (!cJSON_IsString(plan) || !cJSON_IsString(ssd))) {
+        snprintf(why, why_len, "\"act_plan\" or \"ssd\" is not a string");
+        rc = -EINVAL;
+    }
+    if (rc == 0 && (steps < 1 || (rd > 0) != (rs > 0) || (wr > 0) != (ws > 0))) {
+        snprintf(why, why_len, "it counts no step, or bytes without seconds (or seconds without "
+                               "bytes)");
+        rc = -EINVAL;
+    }
+    if (rc == 0) {
+        fy_diskrates_begin(d, ssd->valuestring, (int)batch, plan->valuestring);
+        d->read_bytes = (uint64_t)rd;
+        d->write_bytes = (uint64_t)wr;
+        d->read_s = rs;
+        d->write_s = ws;
+        d->steps = (uint64_t)steps;
+        d->first_step = (uint64_t)first;
+        d->last_step = (uint64_t)last;
+        d->written = (int64_t)when;
+    }
+    cJSON_Delete(root);
+    return rc;
+}
