@@ -63,9 +63,15 @@ static const unsigned char all_resident[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 
 static struct fy_actrun_in input(const struct fy_model_config *c, const struct fy_block_profile *p,
                                  enum fy_actplan_mode mode, const char *backend)
 {
-    struct fy_actrun_in in = {.c = c, .B = 4, .T = 128, .mode = mode, .backend = backend,
-                              .prof = p, .resident = all_resident,
-                              .rates = fy_plan_reference_rates, .host_bytes = 1ull << 40,
+    struct fy_actrun_in in = {.c = c,
+                              .B = 4,
+                              .T = 128,
+                              .mode = mode,
+                              .backend = backend,
+                              .prof = p,
+                              .resident = all_resident,
+                              .rates = fy_plan_reference_rates,
+                              .host_bytes = 1ull << 40,
                               .ssd_bytes = 1ull << 40};
     in.act_dtype = strcmp(backend, "cpu") == 0 ? 1 : 2; /* FY_DTYPE_F32, _BF16 */
     return in;

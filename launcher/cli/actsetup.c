@@ -62,12 +62,14 @@ int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates
         return 0;
     if (rc < 0) {
         fy_warn("%s: %s: the plan's SSD rates are %s (a training session's steps will replace "
-                "the record)", path, why, instead);
+                "the record)",
+                path, why, instead);
         return 0;
     }
     if (strcmp(d.ssd, o->ssd) != 0) {
         fy_info("plan: %s holds the rates of the store at %s, not this run's %s: the plan's SSD "
-                "rates are %s", path, d.ssd, o->ssd, instead);
+                "rates are %s",
+                path, d.ssd, o->ssd, instead);
         return 0;
     }
     double rd = fy_diskrates_read_Bps(&d), wr = fy_diskrates_write_Bps(&d);
@@ -85,11 +87,11 @@ int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates
             "%d, --act-plan %s, %s; %s): read %s, write %s GB/s, in place of %s (read %.2f, "
             "write %.2f): a short sample misjudges a disk under training traffic (--ssd-rates "
             "profile plans without the record)",
-            (unsigned long long)d.steps, d.steps == 1 ? "" : "s",
-            (unsigned long long)d.first_step, (unsigned long long)d.last_step, d.batch, d.act_plan,
-            age, path, fy_diskrates_gbps(rd, "as before", r, sizeof r),
-            fy_diskrates_gbps(wr, "as before", w, sizeof w),
-            instead, rates->ssd_read * 1e-9, rates->ssd_write * 1e-9);
+            (unsigned long long)d.steps, d.steps == 1 ? "" : "s", (unsigned long long)d.first_step,
+            (unsigned long long)d.last_step, d.batch, d.act_plan, age, path,
+            fy_diskrates_gbps(rd, "as before", r, sizeof r),
+            fy_diskrates_gbps(wr, "as before", w, sizeof w), instead, rates->ssd_read * 1e-9,
+            rates->ssd_write * 1e-9);
     if (rd > 0)
         rates->ssd_read = rd;
     if (wr > 0)
@@ -115,8 +117,7 @@ static void auto_room(const struct fy_planact *a, const struct fy_plan_in *in,
  * SSD rates taken from the last session's steps where --ssd-rates says, and for auto the room.
  * 0, or -errno where the plan must not go on (interrupted, a worker that failed, a run directory
  * in use); a profile that failed otherwise is said, and the plan goes on without it. */
-static int profile_block(struct fy_planact *a, const struct fy_plan_in *in,
-                         const struct fy_plan *p)
+static int profile_block(struct fy_planact *a, const struct fy_plan_in *in, const struct fy_plan *p)
 {
     const struct fy_options *o = a->o;
     struct fy_actrun_in *ain = &a->in;
@@ -167,7 +168,8 @@ static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
             a->prof.gpu_free = a->prof.gpu_free > hold ? a->prof.gpu_free - hold : 0;
     } else if (in->act_mode == FY_ACTPLAN_AUTO && !arch->swaps_internals) {
         fy_info("--act-plan auto: a %s model's blocks are neither profiled nor swapped: %s",
-                arch->label, strcmp(in->backend, "cuda") == 0
+                arch->label,
+                strcmp(in->backend, "cuda") == 0
                     ? "the gpu worker keeps the internals of the top blocks that fit the GPU and "
                       "recomputes the others in their backward"
                     : "the CPU backend keeps no block's internals, every backward recomputes them");
@@ -183,10 +185,7 @@ struct fy_plan_acts fy_planact_acts(struct fy_planact *a)
     return (struct fy_plan_acts){.place = place_acts, .ctx = a};
 }
 
-void fy_planact_free(struct fy_planact *a)
-{
-    fy_actrun_free(&a->run);
-}
+void fy_planact_free(struct fy_planact *a) { fy_actrun_free(&a->run); }
 
 /* The plan for people and tools: RUN/act_plan.json, replaced whole. */
 int fy_planact_save(const struct fy_planact *a)

@@ -29,6 +29,8 @@ struct command_spec {
     const char *about;       /* what it does, for its --help */
 };
 
+/* a table: its strings as written */
+/* clang-format off */
 static const struct command_spec commands[FY_CMD_COUNT] = {
     [FY_CMD_PREPARE] = {"prepare", {{"--out FILE INPUT...",
                                      "text, JSONL or Parquet files -> token file"}},
@@ -99,6 +101,7 @@ static const struct command_spec commands[FY_CMD_COUNT] = {
         "Moves a synthetic model of --params parameters through the data path, SSD -> pool -> gpu "
         "-> AdamW -> SSD, for --steps steps with the three workers: a check of this machine."},
 };
+/* clang-format on */
 
 int fy_options_command(const char *name)
 {
@@ -122,7 +125,7 @@ const char *fy_options_command_name(enum fy_command cmd) { return commands[cmd].
 #define TYPED(f, T)                                                                                \
     (offsetof(struct fy_options, f) +                                                              \
      0 * sizeof(struct {                                                                           \
-         _Static_assert(_Generic(((struct fy_options *)0)->f, T: 1, default: 0),                   \
+         _Static_assert(_Generic(((struct fy_options *)0)->f, T : 1, default : 0),                 \
                         "struct fy_options." #f " is not " #T);                                    \
          int x;                                                                                    \
      }))
@@ -147,8 +150,9 @@ struct opt_spec {
 static int parse_size_opt(const char *name, const char *text, uint64_t *out)
 {
     if (fy_parse_size(text, out) < 0) {
-        fprintf(stderr, "fuyou-launch: %s '%s' is not a number or size (examples: 4096, 64K, 24G)\n",
-                name, text);
+        fprintf(stderr,
+                "fuyou-launch: %s '%s' is not a number or size (examples: 4096, 64K, 24G)\n", name,
+                text);
         return -EINVAL;
     }
     return 0;
@@ -191,7 +195,10 @@ static int parse_choice(const char *name, const char *v, const char *const *name
     size_t at = 0;
     for (int i = 0; i < n && at < sizeof give; i++)
         at += (size_t)snprintf(give + at, sizeof give - at, "%s%s",
-                               i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+                               i == 0       ? ""
+                               : i == n - 1 ? " or "
+                                            : ", ",
+                               names[i]);
     fprintf(stderr, "fuyou-launch: --%s %s: give %s\n", name, v, give);
     return -EINVAL;
 }
@@ -278,8 +285,10 @@ static int parse_clip(struct fy_options *o, const char *v)
 {
     FY_TRY(parse_double_opt("--clip-grad-norm", v, &o->clip_grad_norm));
     if (!(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0)) {
-        fprintf(stderr, "fuyou-launch: --clip-grad-norm '%s' must be a finite number >= 0 "
-                        "(0: no clipping)\n", v);
+        fprintf(stderr,
+                "fuyou-launch: --clip-grad-norm '%s' must be a finite number >= 0 "
+                "(0: no clipping)\n",
+                v);
         return -EINVAL;
     }
     return 0;
@@ -349,8 +358,7 @@ static int parse_prefetch(struct fy_options *o, const char *v)
 static int parse_gpus(struct fy_options *o, const char *v)
 {
     if (strcmp(v, "all") != 0)
-        return parse_count_opt("--gpus", v, 1, FY_PLAN_RANKS_MAX, "gpu workers (or all)",
-                               &o->gpus);
+        return parse_count_opt("--gpus", v, 1, FY_PLAN_RANKS_MAX, "gpu workers (or all)", &o->gpus);
     int n = fy_backend_cuda_devices();
     o->gpus = n < 1 ? 1 : n > FY_PLAN_RANKS_MAX ? FY_PLAN_RANKS_MAX : (uint64_t)n;
     return 0;
@@ -369,8 +377,8 @@ static int parse_grad_slots(struct fy_options *o, const char *v)
 
 static int parse_ckpt_place(struct fy_options *o, const char *v)
 {
-    static const char *const names[] = {[FY_CKPT_HOST] = "host", [FY_CKPT_SSD] = "ssd",
-                                        [FY_CKPT_AUTO] = "auto"};
+    static const char *const names[] = {
+        [FY_CKPT_HOST] = "host", [FY_CKPT_SSD] = "ssd", [FY_CKPT_AUTO] = "auto"};
     return parse_choice("ckpt-place", v, names, 3, &o->ckpt_place);
 }
 
@@ -477,6 +485,8 @@ static int parse_max_shard(struct fy_options *o, const char *v)
 }
 
 /* In the order of docs/configuration.md's tables. A help ends with the default in parentheses. */
+/* a table: its strings as written */
+/* clang-format off */
 static const struct opt_spec specs[] = {
     /* the run and its storage */
     {"run-dir", "DIR", ALL & ~C(PREPARE), K_STRING, STR(run_dir), 0, NULL,
@@ -684,6 +694,7 @@ static const struct opt_spec specs[] = {
      "reference machine's)"},
     {"help", NULL, ALL, K_SWITCH, 0, 0, NULL, "this text"},
 };
+/* clang-format on */
 
 #define N_SPECS (sizeof specs / sizeof specs[0])
 
@@ -694,6 +705,8 @@ struct opt_note {
     const char *help;
 };
 
+/* a table: its strings as written */
+/* clang-format off */
 static const struct opt_note notes[] = {
     {"run-dir", C(PLAN), "the run whose model, store and machine profile to plan for"},
     {"run-dir", C(PROBE), "write RUN/machine.json, and measure RUN/store where --ssd is not given"},
@@ -739,6 +752,7 @@ static const struct opt_note notes[] = {
      "MemAvailable, or a cgroup's limit less its use where less, less a margin "
      "of a tenth, at least 2 GiB)"},
 };
+/* clang-format on */
 
 static const char *option_help(const struct opt_spec *s, enum fy_command cmd)
 {
@@ -762,9 +776,15 @@ const struct fy_train_set fy_train_scratch = {.lr = 1e-3,
 
 /* transformers' TrainingArguments' defaults: learning_rate, warmup_steps, lr_scheduler_type linear
  * (to 0), weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm */
-const struct fy_train_set fy_train_finetune = {
-    .lr = 5e-5, .warmup = 0, .schedule = FY_LR_LINEAR, .min_lr_ratio = 0,
-    .weight_decay = 0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip_grad_norm = 1.0};
+const struct fy_train_set fy_train_finetune = {.lr = 5e-5,
+                                               .warmup = 0,
+                                               .schedule = FY_LR_LINEAR,
+                                               .min_lr_ratio = 0,
+                                               .weight_decay = 0,
+                                               .beta1 = 0.9,
+                                               .beta2 = 0.999,
+                                               .eps = 1e-8,
+                                               .clip_grad_norm = 1.0};
 
 void fy_options_train_defaults(struct fy_options *o, int finetune)
 {
@@ -801,8 +821,8 @@ void fy_options_describe_train_defaults(const struct fy_options *o, int finetune
     if (d->min_lr_ratio == 0)
         snprintf(decay, sizeof decay, "%s decay to 0", fy_train_lr_schedule_name(d->schedule));
     else
-        snprintf(decay, sizeof decay, "%s decay to lr x %g",
-                 fy_train_lr_schedule_name(d->schedule), d->min_lr_ratio);
+        snprintf(decay, sizeof decay, "%s decay to lr x %g", fy_train_lr_schedule_name(d->schedule),
+                 d->min_lr_ratio);
     if (d->clip_grad_norm > 0)
         snprintf(clip, sizeof clip, "clipping %.1f (%s; --clip-grad-norm 0 turns clipping off)",
                  d->clip_grad_norm,
@@ -813,20 +833,25 @@ void fy_options_describe_train_defaults(const struct fy_options *o, int finetune
     const struct {
         int given;
         const char *name;
-    } opts[] = {{o->given.lr, "--lr"}, {o->given.warmup, "--warmup"},
-                {o->given.schedule, "--lr-schedule"}, {o->given.min_lr_ratio, "--min-lr-ratio"},
-                {o->given.weight_decay, "--weight-decay"}, {o->given.beta1, "--adam-beta1"},
-                {o->given.beta2, "--adam-beta2"}, {o->given.eps, "--adam-eps"},
+    } opts[] = {{o->given.lr, "--lr"},
+                {o->given.warmup, "--warmup"},
+                {o->given.schedule, "--lr-schedule"},
+                {o->given.min_lr_ratio, "--min-lr-ratio"},
+                {o->given.weight_decay, "--weight-decay"},
+                {o->given.beta1, "--adam-beta1"},
+                {o->given.beta2, "--adam-beta2"},
+                {o->given.eps, "--adam-eps"},
                 {o->given.clip, "--clip-grad-norm"}};
     size_t at = 0;
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (opts[i].given && at < sizeof given)
-            at += (size_t)snprintf(given + at, sizeof given - at, "%s%s", at ? ", " : "; given: ",
-                                   opts[i].name);
-    snprintf(out, len, "%s defaults (%s): lr %g, %s, %s, weight decay %g, betas %g/%g, eps %g, "
+            at += (size_t)snprintf(given + at, sizeof given - at, "%s%s",
+                                   at ? ", " : "; given: ", opts[i].name);
+    snprintf(out, len,
+             "%s defaults (%s): lr %g, %s, %s, weight decay %g, betas %g/%g, eps %g, "
              "%s%s; give any option to change its value",
-             finetune ? "fine-tuning" : "from-scratch", why, d->lr, warmup, decay,
-             d->weight_decay, d->beta1, d->beta2, d->eps, clip, given);
+             finetune ? "fine-tuning" : "from-scratch", why, d->lr, warmup, decay, d->weight_decay,
+             d->beta1, d->beta2, d->eps, clip, given);
 }
 
 /* ---- parsing --------------------------------------------------------------------------------- */
@@ -879,11 +904,21 @@ static int set_option(const struct opt_spec *s, const char *value, struct fy_opt
     snprintf(flag, sizeof flag, "--%s", s->name);
     int rc = 0;
     switch (s->kind) {
-    case K_STRING: *(const char **)at = value; break;
-    case K_SWITCH: *(int *)at = 1; break;
-    case K_SIZE: rc = parse_size_opt(flag, value, (uint64_t *)at); break;
-    case K_NUMBER: rc = parse_double_opt(flag, value, (double *)at); break;
-    case K_PARSE: rc = s->parse(o, value); break;
+    case K_STRING:
+        *(const char **)at = value;
+        break;
+    case K_SWITCH:
+        *(int *)at = 1;
+        break;
+    case K_SIZE:
+        rc = parse_size_opt(flag, value, (uint64_t *)at);
+        break;
+    case K_NUMBER:
+        rc = parse_double_opt(flag, value, (double *)at);
+        break;
+    case K_PARSE:
+        rc = s->parse(o, value);
+        break;
     }
     if (s->noted != 0)
         *(int *)((char *)o + s->noted - 1) = 1;
@@ -905,10 +940,9 @@ int fy_options_parse(enum fy_command cmd, int argc, char **argv, struct fy_optio
     enum { FIRST = 256 }; /* getopt's value of specs[i]: FIRST + i */
     struct option longopts[N_SPECS + 1];
     for (size_t i = 0; i < N_SPECS; i++)
-        longopts[i] = (struct option){specs[i].name, specs[i].value ? required_argument
-                                                                    : no_argument,
-                                      NULL, strcmp(specs[i].name, "help") == 0 ? 'h'
-                                                                               : FIRST + (int)i};
+        longopts[i] =
+            (struct option){specs[i].name, specs[i].value ? required_argument : no_argument, NULL,
+                            strcmp(specs[i].name, "help") == 0 ? 'h' : FIRST + (int)i};
     longopts[N_SPECS] = (struct option){0};
     int c, rc = 0;
     opterr = 0;
@@ -918,14 +952,18 @@ int fy_options_parse(enum fy_command cmd, int argc, char **argv, struct fy_optio
             return FY_OPTIONS_HELP;
         }
         if (c < FIRST || c >= FIRST + (int)N_SPECS) {
-            fprintf(stderr, "fuyou-launch: unknown or incomplete option '%s' (see fuyou-launch %s "
-                            "--help)\n", argv[optind - 1], name);
+            fprintf(stderr,
+                    "fuyou-launch: unknown or incomplete option '%s' (see fuyou-launch %s "
+                    "--help)\n",
+                    argv[optind - 1], name);
             return -EINVAL;
         }
         const struct opt_spec *s = &specs[c - FIRST];
         if ((s->commands & (1u << cmd)) == 0) {
-            fprintf(stderr, "fuyou-launch %s: --%s does not apply to %s (see fuyou-launch %s "
-                            "--help)\n", name, s->name, name, name);
+            fprintf(stderr,
+                    "fuyou-launch %s: --%s does not apply to %s (see fuyou-launch %s "
+                    "--help)\n",
+                    name, s->name, name, name);
             return -EINVAL;
         }
         rc = set_option(s, optarg, o);
@@ -980,15 +1018,21 @@ void fy_options_usage(FILE *f)
             print_wrapped(f, commands[c].forms[k][1], 40, 40);
         }
     fprintf(f, "  %-37s ", "help [COMMAND | --options]");
-    print_wrapped(f, "this text; COMMAND: its usage and options (as COMMAND --help); --options: "
-                     "every option's name", 40, 40);
+    print_wrapped(f,
+                  "this text; COMMAND: its usage and options (as COMMAND --help); --options: "
+                  "every option's name",
+                  40, 40);
     fprintf(f, "\n");
-    print_wrapped(f, "fuyou-launch COMMAND --help: the command's usage and the options it takes; "
-                     "docs/configuration.md describes each option.", 0, 0);
+    print_wrapped(f,
+                  "fuyou-launch COMMAND --help: the command's usage and the options it takes; "
+                  "docs/configuration.md describes each option.",
+                  0, 0);
     fprintf(f, "\n");
-    print_wrapped(f, "Exit status: 0 done, 1 error (the message says what and where), 2 usage, 3 a "
-                     "worker failed, 130 interrupted. Logs: DIR/fuyou.log; per-step metrics: "
-                     "DIR/metrics.jsonl.", 0, 0);
+    print_wrapped(f,
+                  "Exit status: 0 done, 1 error (the message says what and where), 2 usage, 3 a "
+                  "worker failed, 130 interrupted. Logs: DIR/fuyou.log; per-step metrics: "
+                  "DIR/metrics.jsonl.",
+                  0, 0);
 }
 
 void fy_options_help(enum fy_command cmd, FILE *f)
@@ -1006,7 +1050,9 @@ void fy_options_help(enum fy_command cmd, FILE *f)
             continue;
         char opt[64];
         snprintf(opt, sizeof opt, "--%s%s%s", s->name, s->value ? " " : "",
-                 s->value ? s->value : strcmp(s->name, "help") == 0 ? ", -h" : "");
+                 s->value                       ? s->value
+                 : strcmp(s->name, "help") == 0 ? ", -h"
+                                                : "");
         int col = fprintf(f, "  %s", opt);
         if (col > 29) {
             fprintf(f, "\n%30s", "");

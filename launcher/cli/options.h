@@ -29,17 +29,17 @@ struct fy_options {
     const char *machine; /* plan: a machine profile's rates (JSON) */
     const char *compare; /* report: other runs' directories, comma-separated */
     const char *tokenizer, *text_field, *prompt_field, *response_field; /* prepare */
-    const char *messages_field;                                          /* prepare */
-    int jsonl;                                                           /* prepare */
+    const char *messages_field;                                         /* prepare */
+    int jsonl;                                                          /* prepare */
     int hf_dtype;            /* export --to-hf --dtype: 0 (as the source), FY_ST_F32, FY_ST_BF16 */
     uint64_t max_shard_size; /* export --to-hf: shard above this many bytes of tensors */
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies, act_ahead;
-    uint64_t gpus;                 /* --gpus: gpu workers, each with B / gpus of every step */
+    uint64_t gpus; /* --gpus: gpu workers, each with B / gpus of every step */
     uint64_t
         state_piece; /* init --state-piece: bytes of optimizer state a piece (0: whole units) */
-    int ckpt_place; /* FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO */
+    int ckpt_place;  /* FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO */
     const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, plan) */
     int optim_state;      /* --optim-state: enum fy_optim_state, or -1 (not given) */
     int weights_dtype;    /* --weights-dtype: FY_DTYPE_F32, _BF16, or 0 (auto: the backend's) */
@@ -69,8 +69,8 @@ struct fy_options {
     int ssd_rates_profile; /* --ssd-rates profile: plan from the profile's sample, not the record */
     char **args;           /* the arguments after the options (prepare's inputs) */
     int n_args;
-    int store_in_run_dir;        /* init: the store is RUN/store (no --ssd) */
-    char ssd_here[PATH_MAX];     /* the store's paths as found from model.conf (fy_runconf_load) */
+    int store_in_run_dir;    /* init: the store is RUN/store (no --ssd) */
+    char ssd_here[PATH_MAX]; /* the store's paths as found from model.conf (fy_runconf_load) */
     /* train and resume: the train command's arguments after "train" (resume: the run's recorded
      * command with resume's own options after it), and where they come from (enum
      * fy_train_args_from): a train's are kept for resume (launcher/cmd/cmd_train.c) */
@@ -81,7 +81,7 @@ struct fy_options {
 
 /* Where the arguments of a train command come from. */
 enum fy_train_args_from {
-    FY_TRAIN_ARGS_GIVEN,   /* train: its command line */
+    FY_TRAIN_ARGS_GIVEN,    /* train: its command line */
     FY_TRAIN_ARGS_RECORDED, /* resume: RUN/train.args, the last train command that trained */
     FY_TRAIN_ARGS_PENDING,  /* resume: RUN/train.args.pending, one stopped before its steps */
 };

@@ -80,10 +80,11 @@ static int profile_links(const struct fy_options *o, struct fy_exec *x, int form
     rates->opt_params = (double)params / adamw[PROFILE_ADAMW_RUNS / 2];
     fy_info("profile: the SSD store %.2f GB/s written, %.2f read (%llu MiB through the io "
             "worker); AdamW %.2f G parameters/s on the opt worker with %s state (median of %d "
-            "runs, %.2f to %.2f)", 1e-9 * rates->ssd_write, 1e-9 * rates->ssd_read,
-            (unsigned long long)(bytes >> 20), 1e-9 * rates->opt_params,
-            fy_optim_state_name(format), PROFILE_ADAMW_RUNS,
-            1e-9 * (double)params / adamw[PROFILE_ADAMW_RUNS - 1], 1e-9 * (double)params / adamw[0]);
+            "runs, %.2f to %.2f)",
+            1e-9 * rates->ssd_write, 1e-9 * rates->ssd_read, (unsigned long long)(bytes >> 20),
+            1e-9 * rates->opt_params, fy_optim_state_name(format), PROFILE_ADAMW_RUNS,
+            1e-9 * (double)params / adamw[PROFILE_ADAMW_RUNS - 1],
+            1e-9 * (double)params / adamw[0]);
     return 0;
 }
 

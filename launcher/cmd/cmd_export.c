@@ -24,8 +24,8 @@
 
 /* What the export command did, for the line of a stop (fy_cmd_export_stopped). */
 static struct {
-    int written;         /* the output is in place */
-    uint64_t step;       /* ... with this step */
+    int written;                /* the output is in place */
+    uint64_t step;              /* ... with this step */
     char removed[PATH_MAX * 2]; /* the output's directories it made and removed again */
 } export_outcome;
 
@@ -47,7 +47,8 @@ static int export_session(const struct fy_options *o, struct fy_config *cfg,
     int pause_ms = fy_knob_test_export_pause_ms();
     if (pause_ms > 0) { /* a test hook: time to kill the export mid-way */
         fy_info("test hook: the export waits %d ms with its worker started "
-                "(FUYOU_TEST_EXPORT_PAUSE_MS)", pause_ms);
+                "(FUYOU_TEST_EXPORT_PAUSE_MS)",
+                pause_ms);
         struct timespec t = {pause_ms / 1000, pause_ms % 1000 * 1000000L};
         while (nanosleep(&t, &t) != 0 && errno == EINTR)
             ;
@@ -66,8 +67,9 @@ static int export_hf(struct fy_options *o)
     snprintf(hf_dir, sizeof hf_dir, "%s/hf", o->run_dir);
     const char *hf = rc == 0 ? fy_config_get(mc, "hf") : NULL;
     struct fy_hf_export_opts eo = {.source = hf && strcmp(hf, "1") == 0 ? hf_dir : NULL,
-                                       .dtype = o->hf_dtype, .max_shard_bytes = o->max_shard_size,
-                                       .overwrite = o->overwrite};
+                                   .dtype = o->hf_dtype,
+                                   .max_shard_bytes = o->max_shard_size,
+                                   .overwrite = o->overwrite};
     struct fy_hf_writer *w = NULL;
     struct fy_made_dirs made = {0}; /* --to-hf's missing parents, removed again where it fails */
     if (rc == 0)
@@ -121,8 +123,7 @@ static int export_hf(struct fy_options *o)
     fy_hf_writer_destroy(&w);
     if (rc == 0) {
         fy_info("exported step %llu to %s (a Hugging Face %s directory, %s%s)",
-                (unsigned long long)meta->step, o->to_hf,
-                fy_model_arch(&model)->label, dtype,
+                (unsigned long long)meta->step, o->to_hf, fy_model_arch(&model)->label, dtype,
                 eo.source ? ", names and config of the imported model" : ", config.json made here");
         export_outcome.written = 1;
         export_outcome.step = meta->step;

@@ -245,6 +245,7 @@ void fy_cmd_init_stopped(const struct fy_options *o, const char *removed)
     /* the staging is removed (init_end) and a stop comes only from the session that builds the
      * store, before the new model is put in place: nothing of it is kept */
     fy_warn("stopped by signal before the new model was in place: nothing of it was kept%s%s%s; "
-            "run the init again (fuyou-launch init --run-dir %s ...)", removed[0] ? " (removed " : "",
-            removed, removed[0] ? ", which this init had created)" : "", o->run_dir);
+            "run the init again (fuyou-launch init --run-dir %s ...)",
+            removed[0] ? " (removed " : "", removed,
+            removed[0] ? ", which this init had created)" : "", o->run_dir);
 }

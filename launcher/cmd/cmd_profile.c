@@ -23,8 +23,8 @@ int fy_cmd_profile(struct fy_options *o)
     int rc = mc != NULL ? fy_runconf_load(o, mc, &model) : -ENOMEM;
     if (rc == 0 && (o->batch < 1 || o->batch > 65536 || o->seq < 1 || o->seq > model.ctx)) {
         fy_error("profile: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence of "
-                 "1 to the model's context of %u", (unsigned long long)o->batch,
-                 (unsigned long long)o->seq, model.ctx);
+                 "1 to the model's context of %u",
+                 (unsigned long long)o->batch, (unsigned long long)o->seq, model.ctx);
         rc = -FY_EUSAGE;
     }
     if (rc == 0) { /* the clipping is planned for */
@@ -66,5 +66,6 @@ void fy_cmd_profile_stopped(const struct fy_options *o, const char *removed)
 {
     (void)removed; /* profile makes no run directory */
     fy_warn("stopped by signal before the profile was done: nothing was written (%s/act_plan.json "
-            "is as it was); run the profile again", o->run_dir);
+            "is as it was); run the profile again",
+            o->run_dir);
 }

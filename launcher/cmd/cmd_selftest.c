@@ -40,8 +40,10 @@ int fy_cmd_selftest(struct fy_options *o)
     if (rc == 0)
         rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
     if (rc == 0) {
-        struct fy_selftest_opts to = {.params = o->params, .steps = (unsigned)o->steps,
-                                      .seed = o->seed, .grad_dtype = o->grad_dtype,
+        struct fy_selftest_opts to = {.params = o->params,
+                                      .steps = (unsigned)o->steps,
+                                      .seed = o->seed,
+                                      .grad_dtype = o->grad_dtype,
                                       .timeout_ms = o->timeout_s * 1000};
         rc = fy_selftest_run(s.sup, s.pool, &to);
     }

@@ -262,7 +262,8 @@ static int save_train_args(const char *run_dir, int argc, char **argv, int *writ
     for (int i = 0; i < argc; i++)
         if (strchr(argv[i], '\n') != NULL) {
             fy_warn("an argument holds a line break: %s/%s is not written, so fuyou-launch resume "
-                    "will not know this command", run_dir, TRAIN_ARGS);
+                    "will not know this command",
+                    run_dir, TRAIN_ARGS);
             return 0;
         }
     FILE *f = fopen(tmp, "w");
@@ -295,9 +296,9 @@ struct train_run {
     struct fy_restart restarts;
     struct fy_plan_in plan_in;
     struct fy_plan plan;
-    struct fy_planact act;    /* the plan's activation step */
-    int have_probe;           /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
-    int ssd_from_steps;       /* ... with the SSD's from RUN/ssd_rates.json (the last session) */
+    struct fy_planact act; /* the plan's activation step */
+    int have_probe;        /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
+    int ssd_from_steps;    /* ... with the SSD's from RUN/ssd_rates.json (the last session) */
     char probed[PATH_MAX + 16];
     struct fy_train_opts to;
     struct fy_diskrates ssd_seen;
@@ -338,12 +339,14 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
     if (rc == 0 && o->inprocess && fy_config_get(t->mc, "hf") != NULL) {
         fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
                  "holds an imported Hugging Face model: drop --inprocess to train it through the "
-                 "workers", o->run_dir);
+                 "workers",
+                 o->run_dir);
         rc = -FY_EUSAGE;
     }
     if (rc == 0 && o->inprocess && o->gpus > 1) {
         fy_error("train --inprocess runs one CPU backend inside the launcher: drop --gpus %llu or "
-                 "--inprocess", (unsigned long long)o->gpus);
+                 "--inprocess",
+                 (unsigned long long)o->gpus);
         rc = -FY_EUSAGE;
     }
     if (rc == 0 && o->inprocess) {
@@ -382,7 +385,8 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
         t->to.trace = trace;
         if (attempt > 0)
             fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
-                    "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
+                    "step %llu",
+                    fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
         *stepping = train_stepped = 1;
         rc = fy_train_run(&x, s.pool, meta, t->batches, &t->to);
         t->to.trace = NULL;
@@ -400,7 +404,8 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
     if (rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG)
         fy_error("the SSD store (%s) is full: training stopped; the last commit, step %llu, is "
                  "intact; free space there (or add an SSD path), then continue with fuyou-launch "
-                 "resume %s", o->ssd, (unsigned long long)meta->step, o->run_dir);
+                 "resume %s",
+                 o->ssd, (unsigned long long)meta->step, o->run_dir);
     if (trace != NULL && fclose(trace) != 0)
         fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
     fy_inproc_destroy(&inproc);
@@ -514,16 +519,15 @@ static void train_describe(const struct fy_options *o, const struct train_run *t
 static int train_rates(const struct fy_options *o, struct train_run *t)
 {
     snprintf(t->probed, sizeof t->probed, "%s/machine.json", o->run_dir);
-    t->have_probe = access(t->probed, R_OK) == 0 &&
-                    fy_plan_rates_load(t->probed, &t->plan_in.rates) == 0;
+    t->have_probe =
+        access(t->probed, R_OK) == 0 && fy_plan_rates_load(t->probed, &t->plan_in.rates) == 0;
     FY_TRY(fy_plan_rates_select(&t->plan_in.rates, t->model.optim_state,
                                 t->have_probe ? t->probed : "the reference machine"));
     /* Where no block is profiled (the activation plan predicts from its profile, and takes the
      * record there), the SSD rates of the run's last session on this store, as `plan` takes them */
     if (!fy_model_arch(&t->model)->swaps_internals || o->inprocess)
-        t->ssd_from_steps = fy_planact_ssd_rates(o, &t->plan_in.rates,
-                                                 t->have_probe ? "machine.json's"
-                                                               : "the reference machine's");
+        t->ssd_from_steps = fy_planact_ssd_rates(
+            o, &t->plan_in.rates, t->have_probe ? "machine.json's" : "the reference machine's");
     return 0;
 }
 
@@ -603,15 +607,19 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
     if (t->have_probe) /* fuyou-launch probe measured this machine */
         snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", t->probed);
     else
-        snprintf(at, sizeof at, "predicted per step at the rates measured on the reference "
-                                "machine (one H200%s", t->ssd_from_steps ? "; the SSD's as "
-                                "this run's last session's steps ran" : "");
-    double step_flops = (double)o->batch * (double)o->seq *
-                        fy_model_flops_per_token(&t->model, (unsigned)o->seq);
+        snprintf(at, sizeof at,
+                 "predicted per step at the rates measured on the reference "
+                 "machine (one H200%s",
+                 t->ssd_from_steps ? "; the SSD's as "
+                                     "this run's last session's steps ran"
+                                   : "");
+    double step_flops =
+        (double)o->batch * (double)o->seq * fy_model_flops_per_token(&t->model, (unsigned)o->seq);
     double predicted_s = t->act.run.predicted_s;
     if (predicted_s > 0) /* measured here: the reference machine's figures would mislead */
         fy_info("plan: per step, as the activation plan above predicts from this machine's "
-                "profile: %.3f s (%.3g TFLOP/s)", predicted_s, step_flops / predicted_s * 1e-12);
+                "profile: %.3f s (%.3g TFLOP/s)",
+                predicted_s, step_flops / predicted_s * 1e-12);
     else if (strcmp(o->backend, "cpu") == 0 && !t->have_probe) /* not the H200's compute */
         fy_info("plan: %s: SSD %.1f/%.1f GB/s, AdamW %.1f G parameters/s): SSD %.3f s, optimizer "
                 "%.3f s; compute not predicted on the CPU backend",
@@ -683,7 +691,8 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
             t->to.timeout_ms = deadline > 3600 ? 3600 * 1000 : (int)(deadline * 1000);
         }
         fy_info("plan: a request not answered within %d s counts as a stuck worker (%s; "
-                "--timeout to set it)", t->to.timeout_ms / 1000,
+                "--timeout to set it)",
+                t->to.timeout_ms / 1000,
                 predicted_s > 0 ? "20 predicted steps, at least a minute" : "the default");
     }
 }
@@ -714,7 +723,8 @@ static int train_steps(struct fy_options *o, struct train_run *t)
     save_ssd_seen(o, &t->ssd_seen);
     if (rc == 0 && train_stop) {
         fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
-                "from there (nothing exported)", (unsigned long long)t->meta->step, o->run_dir);
+                "from there (nothing exported)",
+                (unsigned long long)t->meta->step, o->run_dir);
         train_stop_said = 1;
         rc = -EINTR;
     }
@@ -734,8 +744,8 @@ static void settle_train_args(const struct fy_options *o, const struct train_run
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", o->run_dir, TRAIN_ARGS_PENDING);
     if (unlink(path) != 0 && errno != ENOENT)
-        fy_warn("cannot remove %s: %s: fuyou-launch resume would run this command; remove it",
-                path, strerror(errno));
+        fy_warn("cannot remove %s: %s: fuyou-launch resume would run this command; remove it", path,
+                strerror(errno));
     else if (rc == 0)
         fy_info("nothing trained: %s/%s is left as it was", o->run_dir, TRAIN_ARGS);
 }
@@ -759,8 +769,7 @@ int fy_cmd_train(struct fy_options *o)
         snprintf(recorded, sizeof recorded, "%s/%s", o->run_dir, TRAIN_ARGS);
         fy_info("resume: %s/%s holds the train command of a launch stopped before its steps "
                 "began (a signal or a crash at start-up): resuming it%s%s%s: fuyou-launch train%s",
-                o->run_dir, TRAIN_ARGS_PENDING,
-                access(recorded, F_OK) == 0 ? " (not " : "",
+                o->run_dir, TRAIN_ARGS_PENDING, access(recorded, F_OK) == 0 ? " (not " : "",
                 access(recorded, F_OK) == 0 ? recorded : "",
                 access(recorded, F_OK) == 0 ? ", the last command that trained)" : "", command);
     }
@@ -780,7 +789,8 @@ int fy_cmd_train(struct fy_options *o)
         o->steps = 200; /* --epochs sets it once the data's epoch is known */
     FY_USAGE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1,
              "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
-             "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);
+             "sequence length",
+             (unsigned long long)o->batch, (unsigned long long)o->seq);
     struct train_run *t = calloc(1, sizeof *t);
     if (t == NULL)
         return -ENOMEM;
@@ -813,10 +823,12 @@ void fy_cmd_train_stopped(const struct fy_options *o, const char *removed)
     free(m);
     if (train_stepped) /* a second signal in a step, or one while the workers restarted */
         fy_warn("stopped by signal: %s (the steps after it are trained again): fuyou-launch "
-                "resume %s continues from there", committed, o->run_dir);
+                "resume %s continues from there",
+                committed, o->run_dir);
     else
         fy_warn("stopped by signal before training began: %s: fuyou-launch resume %s runs this "
-                "train command from there", committed, o->run_dir);
+                "train command from there",
+                committed, o->run_dir);
 }
 
 /* resume RUN_DIR [options]: argv becomes the run's train command (RUN/train.args.pending where
@@ -851,8 +863,10 @@ int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from)
         *from = FY_TRAIN_ARGS_RECORDED;
     }
     if (f == NULL) {
-        fprintf(stderr, "fuyou-launch resume: %s: %s: only a run started with fuyou-launch train "
-                        "can be resumed\n", path, strerror(errno));
+        fprintf(stderr,
+                "fuyou-launch resume: %s: %s: only a run started with fuyou-launch train "
+                "can be resumed\n",
+                path, strerror(errno));
         return -ENOENT;
     }
     char *line = NULL, cwd[PATH_MAX] = "";
@@ -888,9 +902,11 @@ int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from)
     if (rc == 0 && (args == NULL || n < 2))
         rc = args == NULL ? -ENOMEM : -EBADMSG;
     if (rc == 0 && chdir(cwd) != 0) /* the run was started elsewhere, or on another machine */
-        fprintf(stderr, "fuyou-launch resume: cannot enter %s, where the run was started (%s): "
-                        "its train command's relative paths are taken from here; give them "
-                        "again after RUN_DIR where they differ\n", cwd, strerror(errno));
+        fprintf(stderr,
+                "fuyou-launch resume: cannot enter %s, where the run was started (%s): "
+                "its train command's relative paths are taken from here; give them "
+                "again after RUN_DIR where they differ\n",
+                cwd, strerror(errno));
     if (rc < 0) {
         for (int i = 2; args != NULL && i < n; i++)
             free(args[i]);

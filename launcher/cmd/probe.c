@@ -33,8 +33,11 @@ static double now_s(void) { return (double)fy_monotonic_ns() * 1e-9; }
 static int probe_backend(const struct fy_probe_opts *o, struct fy_probe_result *r)
 {
     int cuda = strcmp(o->backend, "cuda") == 0;
-    struct fy_model_config c = {.n_layer = 1, .n_head = cuda ? 16 : 4, .n_embd = cuda ? 2048 : 256,
-                              .vocab = 50304, .ctx = cuda ? 1024 : 128};
+    struct fy_model_config c = {.n_layer = 1,
+                                .n_head = cuda ? 16 : 4,
+                                .n_embd = cuda ? 2048 : 256,
+                                .vocab = 50304,
+                                .ctx = cuda ? 1024 : 128};
     int B = cuda ? 8 : 4, T = (int)c.ctx;
     size_t host_bytes = cuda ? (size_t)256 << 20 : (size_t)32 << 20;
     struct fy_backend *b = NULL;
@@ -214,8 +217,8 @@ static int probe_adamw(struct fy_probe_result *r)
         g[i] = 0x3c00; /* bf16 0.0078 */
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    struct fy_adamw_hparams hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                  .weight_decay = 0.1f};
+    struct fy_adamw_hparams hp = {
+        .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
     unsigned counts[FY_PROBE_MAX_THREADS], nc = 0; /* 1, 2, 4, ... and all the cores */
     for (unsigned k = 1; k < (unsigned)cores && nc < FY_PROBE_MAX_THREADS - 1; k *= 2)
         counts[nc++] = k;
@@ -229,8 +232,14 @@ static int probe_adamw(struct fy_probe_result *r)
             memset(m, fy_quant8_zero_code(1), n);
             memset(v, fy_quant8_zero_code(0), n);
         }
-        struct fy_adamw_tensor x = {.master = p, .m = m, .v = v, .m_absmax = ma, .v_absmax = va,
-                                    .moments = mode, .grad = g, .grad_dtype = FY_DTYPE_BF16,
+        struct fy_adamw_tensor x = {.master = p,
+                                    .m = m,
+                                    .v = v,
+                                    .m_absmax = ma,
+                                    .v_absmax = va,
+                                    .moments = mode,
+                                    .grad = g,
+                                    .grad_dtype = FY_DTYPE_BF16,
                                     .n = n};
         for (unsigned i = 0; rc == 0 && i < nc; i++) {
             unsigned k = counts[i];
@@ -270,7 +279,8 @@ int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r)
     double t0 = now_s();
     if (strcmp(o->backend, "cuda") != 0)
         fy_info("probe: no GPU here (the %s backend): its block and copies are timed in their "
-                "stead, and the GPU parts (PCIe, GEMM rate) are skipped", o->backend);
+                "stead, and the GPU parts (PCIe, GEMM rate) are skipped",
+                o->backend);
     time_t started = time(NULL);
     struct tm utc;
     if (gmtime_r(&started, &utc) == NULL ||
@@ -296,10 +306,15 @@ int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct 
     cJSON *root = cJSON_CreateObject(), *paths = NULL, *threads = NULL;
     int ok = root != NULL;
     /* the six rates plan and train read (launcher/plan/forecast.h), then the details */
-    const struct { const char *key; double value; } rates[] = {
-        {"gpu_flops", r->rates.gpu_flops}, {"h2d", r->rates.h2d}, {"d2h", r->rates.d2h},
-        {"ssd_read", r->rates.ssd_read}, {"ssd_write", r->rates.ssd_write},
-        {"opt_params", r->rates.opt_params}};
+    const struct {
+        const char *key;
+        double value;
+    } rates[] = {{"gpu_flops", r->rates.gpu_flops},
+                 {"h2d", r->rates.h2d},
+                 {"d2h", r->rates.d2h},
+                 {"ssd_read", r->rates.ssd_read},
+                 {"ssd_write", r->rates.ssd_write},
+                 {"opt_params", r->rates.opt_params}};
     for (size_t i = 0; ok && i < sizeof rates / sizeof rates[0]; i++)
         ok = cJSON_AddNumberToObject(root, rates[i].key, rates[i].value) != NULL;
     ok = ok && cJSON_AddStringToObject(root, "backend", o->backend) != NULL &&

@@ -51,7 +51,6 @@ void fy_selftest_init_state(uint64_t seed, uint64_t params, float *master, float
     }
 }
 
-
 static int io_transfer(struct fy_sup *s, int op, uint32_t tensor, uint64_t pool_offset,
                        uint64_t bytes, int timeout_ms)
 {
@@ -101,8 +100,9 @@ int fy_selftest_run(struct fy_sup *s, struct fy_pool *pool, const struct fy_self
         if (rc == 0)
             rc = fy_slots_alloc(&grads, &grad_off);
         if (rc == 0) {
-            struct fy_desc g = fy_desc_region(FY_OP_GPU_SYNTH_GRAD, FY_KIND_GRAD, o->grad_dtype, grad_off,
-                                      o->params * fy_dtype_size(o->grad_dtype), -1);
+            struct fy_desc g =
+                fy_desc_region(FY_OP_GPU_SYNTH_GRAD, FY_KIND_GRAD, o->grad_dtype, grad_off,
+                               o->params * fy_dtype_size(o->grad_dtype), -1);
             g.step = step;
             g.tensor = FY_SELFTEST_TENSOR_STATE;
             g.arg = o->seed;
@@ -129,7 +129,8 @@ int fy_selftest_run(struct fy_sup *s, struct fy_pool *pool, const struct fy_self
             rc = -EINVAL;
         double t3 = now_s();
         if (rc == 0)
-            rc = io_transfer(s, FY_OP_IO_WRITE, FY_SELFTEST_TENSOR_STATE, state_off, l.state_bytes, t);
+            rc = io_transfer(s, FY_OP_IO_WRITE, FY_SELFTEST_TENSOR_STATE, state_off, l.state_bytes,
+                             t);
         if (rc == 0)
             rc = io_transfer(s, FY_OP_IO_WRITE, FY_SELFTEST_TENSOR_WEIGHTS, weights_off,
                              l.weights_bytes, t);

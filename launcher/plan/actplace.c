@@ -21,8 +21,8 @@ static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
     unsigned L = in->c->n_layer;
     FY_USAGE(fy_model_arch(in->c)->swaps_internals,
              "--act-plan %s: %s blocks keep their internals on the GPU or recompute them, never "
-             "swap them: use auto or recompute", fy_actplan_mode_name(in->mode),
-             fy_model_arch(in->c)->label);
+             "swap them: use auto or recompute",
+             fy_actplan_mode_name(in->mode), fy_model_arch(in->c)->label);
     out->place = calloc((size_t)L * FY_ACT_KINDS + 1, 1);
     FY_REQUIRE(out->place != NULL, -ENOMEM, "train: out of memory for the activation plan");
     uint64_t seed;
@@ -72,16 +72,10 @@ static uint64_t unit_f32(const struct fy_model_config *c, unsigned u)
     return fy_model_unit_params(c, u) * 4;
 }
 
-static int ranks_of(const struct fy_actrun_in *in)
-{
-    return in->ranks > 1 ? in->ranks : 1;
-}
+static int ranks_of(const struct fy_actrun_in *in) { return in->ranks > 1 ? in->ranks : 1; }
 
 /* Each gpu worker's sequences of a step. */
-static int rank_batch(const struct fy_actrun_in *in)
-{
-    return in->B / ranks_of(in);
-}
+static int rank_batch(const struct fy_actrun_in *in) { return in->B / ranks_of(in); }
 
 /* With several ranks, the gradients are reduced over NVLink (the CUDA backend), else each rank
  * adds its own in the pool. */
@@ -207,8 +201,8 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
         int copy = in->resident != NULL && in->resident[u] == FY_PLAN_KEPT_BF16;
         upd->mem += fy_model_unit_params(c, u) *
                     (adamw_bytes(c) + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy);
-        (two_pass ? norm : bwd)->mem += fy_model_unit_params(c, u) *
-                                        fy_dtype_size(FY_DTYPE_F32) * in->clip;
+        (two_pass ? norm : bwd)->mem +=
+            fy_model_unit_params(c, u) * fy_dtype_size(FY_DTYPE_F32) * in->clip;
     }
 }
 
@@ -216,9 +210,12 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
 static double phase_alone(const struct fy_actplan_other *o, const struct fy_actrun_in *in)
 {
     const struct fy_block_profile *p = in->prof;
-    double t[] = {o->gpu_s, o->h2d / p->h2d_Bps, o->d2h / p->d2h_Bps,
+    double t[] = {o->gpu_s,
+                  o->h2d / p->h2d_Bps,
+                  o->d2h / p->d2h_Bps,
                   (o->h2d + o->d2h) / p->duplex_Bps,
-                  o->ssd_read / in->rates.ssd_read + o->ssd_write / in->rates.ssd_write, o->opt_s,
+                  o->ssd_read / in->rates.ssd_read + o->ssd_write / in->rates.ssd_write,
+                  o->opt_s,
                   o->mem / mem_Bps(in)};
     double most = 0;
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
@@ -289,8 +286,7 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
         fy_actplan_destroy(plan);
     free(layer);
     if (rc == 0)
-        *step_s = fmax((*plan)->pred.fwd.s, nv_fwd) + fmax((*plan)->pred.bwd.s, nv_bwd) +
-                  *norm_s;
+        *step_s = fmax((*plan)->pred.fwd.s, nv_fwd) + fmax((*plan)->pred.bwd.s, nv_bwd) + *norm_s;
     return rc;
 }
 
@@ -321,9 +317,9 @@ static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_
         memcpy(*place, (*plan)->place, (size_t)planned * FY_ACT_KINDS);
         for (int l = planned; l < L; l++)
             for (int k = 0; k < FY_ACT_KINDS; k++)
-                (*place)[l * FY_ACT_KINDS + k] = k == FY_ACT_CKPT ? FY_ACT_HOST
+                (*place)[l * FY_ACT_KINDS + k] = k == FY_ACT_CKPT               ? FY_ACT_HOST
                                                  : fy_actplan_kind_swappable(k) ? FY_ACT_GPU
-                                                                              : FY_ACT_RECOMPUTE;
+                                                                                : FY_ACT_RECOMPUTE;
         fy_plan_swap_of(*place, (unsigned)L, sizes, in->act_ahead, swap);
         uint64_t store = fy_plan_swap_store_bytes(swap, (unsigned)L);
         if (fy_plan_swap_pool_bytes(swap) <= in->host_bytes && store <= in->ssd_bytes)
@@ -352,8 +348,8 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     int keep_a = set ? (int)(p->gpu_free / set < (uint64_t)L ? p->gpu_free / set : (uint64_t)L) : 0;
     struct fy_actplan *plan_a = NULL, *plan_b = NULL;
     double step_a = 0, step_b = INFINITY, norm_a = 0, norm_b = 0;
-    FY_TRY(plan_rest(in, &out->sizes, keep_a, FY_ACTPLAN_RECOMPUTE, in->host_bytes,
-                     in->ssd_bytes, &plan_a, &step_a, &norm_a));
+    FY_TRY(plan_rest(in, &out->sizes, keep_a, FY_ACTPLAN_RECOMPUTE, in->host_bytes, in->ssd_bytes,
+                     &plan_a, &step_a, &norm_a));
     /* swapping costs the gpu worker one set per call in flight; not with several ranks */
     int can_swap = fy_model_arch(in->c)->swaps_internals && ranks_of(in) == 1 &&
                    (set == 0 || p->gpu_free >= 2 * set);
@@ -365,8 +361,8 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     struct fy_plan_swap swap_b = {0};
     unsigned char *place_b = NULL;
     if (can_swap && keep_b < L) {
-        int rc = plan_swapping(in, &out->sizes, keep_b, &plan_b, &step_b, &norm_b, &place_b,
-                               &swap_b);
+        int rc =
+            plan_swapping(in, &out->sizes, keep_b, &plan_b, &step_b, &norm_b, &place_b, &swap_b);
         if (rc < 0) {
             fy_actplan_destroy(&plan_a);
             return rc;
@@ -442,8 +438,8 @@ int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r)
     const uint64_t ample = UINT64_MAX / 4;
     struct fy_actplan *plan = NULL;
     double step, norm_s;
-    FY_TRY(plan_rest(in, &r->sizes, 0, (enum fy_actplan_mode)in->mode, ample, ample, &plan,
-                     &step, &norm_s));
+    FY_TRY(plan_rest(in, &r->sizes, 0, (enum fy_actplan_mode)in->mode, ample, ample, &plan, &step,
+                     &norm_s));
     fy_actplan_destroy(&r->plan);
     r->plan = plan;
     r->predicted_s = step;
@@ -493,11 +489,12 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
         fy_info("plan: activations (auto, not profiled): the gpu worker keeps the internals of "
                 "as many top blocks as fit, the others are recomputed");
     else if (r->keep != 0 || r->place != NULL)
-        fy_info("plan: activations (%s): the internals of %d top block%s kept on the GPU; of the "
-                "others, swapped instead of recomputed: %s in the pool from forward to backward, %s "
-                "to the SSD store through %u pool slots of %s",
-                fy_actplan_mode_name(in->mode), r->keep, r->keep == 1 ? "" : "s", host, ssd,
-                fy_plan_spill_slots(in->act_ahead), slot);
+        fy_info(
+            "plan: activations (%s): the internals of %d top block%s kept on the GPU; of the "
+            "others, swapped instead of recomputed: %s in the pool from forward to backward, %s "
+            "to the SSD store through %u pool slots of %s",
+            fy_actplan_mode_name(in->mode), r->keep, r->keep == 1 ? "" : "s", host, ssd,
+            fy_plan_spill_slots(in->act_ahead), slot);
     else
         fy_info("plan: activations (%s): every block's backward recomputes its internals",
                 fy_actplan_mode_name(in->mode));
@@ -516,25 +513,27 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
     }
     if (r->norm_s > 0)
         fy_info("plan:     and before that backward, clipping's norm pass (--clip-mode two-pass): "
-                "%.1f ms, which no update overlaps", r->norm_s * 1e3);
+                "%.1f ms, which no update overlaps",
+                r->norm_s * 1e3);
     if (in->mode == FY_ACTPLAN_AUTO && in->prof != NULL) {
         char b[128] = "not planned (no room for the two sets swapping computes in)";
         if (r->keep_b >= 0)
             snprintf(b, sizeof b, "%.3f s", r->step_b);
         fy_info("plan: auto: keeping %d blocks and recomputing the others is predicted %.3f s a "
-                "step; keeping %d and swapping, %s", r->keep_a, r->step_a,
-                r->keep_b >= 0 ? r->keep_b : 0, b);
+                "step; keeping %d and swapping, %s",
+                r->keep_a, r->step_a, r->keep_b >= 0 ? r->keep_b : 0, b);
     }
     if (ranks_of(in) > 1) {
         char nv[160] = "the gradients summed in the pool, each gpu worker adding its own in turn";
         uint64_t grads = phase_grads(in->c, 1) + phase_grads(in->c, 0);
         if (reduce_nvlink(in))
-            snprintf(nv, sizeof nv, "the gradients reduced over NVLink, %.1f ms a step at %.0f "
-                     "GB/s (a reference rate, not measured)", nvlink_s(in, grads) * 1e3,
-                     in->rates.nvlink * 1e-9);
+            snprintf(nv, sizeof nv,
+                     "the gradients reduced over NVLink, %.1f ms a step at %.0f "
+                     "GB/s (a reference rate, not measured)",
+                     nvlink_s(in, grads) * 1e3, in->rates.nvlink * 1e-9);
         fy_info("plan: activations with %d GPUs: each gpu worker's %d sequences, as profiled; "
-                "nothing swapped (not supported across GPUs); %s", ranks_of(in), rank_batch(in),
-                nv);
+                "nothing swapped (not supported across GPUs); %s",
+                ranks_of(in), rank_batch(in), nv);
     }
     if (r->predicted_s > 0)
         fy_info("plan: predicted step %.3f s from the measured block profile", r->predicted_s);
@@ -542,19 +541,19 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
 
 int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f)
 {
-    fprintf(f, "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
-               "\"ranks\": %d, \"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
-               "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": %u, \"blocks\": [",
+    fprintf(f,
+            "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
+            "\"ranks\": %d, \"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
+            "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": %u, \"blocks\": [",
             fy_actplan_mode_name(in->mode), in->backend, in->B, in->T, ranks_of(in), r->keep,
-            r->swap_sets,
-            r->predicted_s, (unsigned long long)r->swap.host_bytes,
+            r->swap_sets, r->predicted_s, (unsigned long long)r->swap.host_bytes,
             (unsigned long long)r->swap.ssd_bytes, r->swap.slots);
     for (unsigned b = 1; r->place != NULL && b <= in->c->n_layer; b++) {
         char h[64], d[64];
         kinds_at(r, b, FY_ACT_HOST, h, sizeof h);
         kinds_at(r, b, FY_ACT_SSD, d, sizeof d);
-        fprintf(f, "%s{\"block\": %u, \"host\": \"%s\", \"ssd\": \"%s\"}", b > 1 ? ", " : "", b,
-                h, d);
+        fprintf(f, "%s{\"block\": %u, \"host\": \"%s\", \"ssd\": \"%s\"}", b > 1 ? ", " : "", b, h,
+                d);
     }
     fprintf(f, "], ");
     const struct fy_block_profile *p = in->prof;
@@ -567,12 +566,13 @@ int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *i
                         p->recompute_s[k]);
                 first = 0;
             }
-        fprintf(f, "}, \"fc_gelu_fused\": %u, \"flops_per_s\": %.6g, \"h2d_Bps\": %.6g, "
-                   "\"d2h_Bps\": %.6g, \"duplex_Bps\": %.6g, \"gpu_free\": %llu, "
-                   "\"set_bytes\": %llu}, \"rates\": {\"ssd_read_Bps\": %.6g, "
-                   "\"ssd_write_Bps\": %.6g, \"ssd_rates_from\": \"%s\", "
-                   "\"opt_params_per_s\": %.6g}, \"arrangements\": {\"keep_a\": %d, "
-                   "\"step_a_s\": %.6f, \"keep_b\": %d, \"step_b_s\": %.6f}, ",
+        fprintf(f,
+                "}, \"fc_gelu_fused\": %u, \"flops_per_s\": %.6g, \"h2d_Bps\": %.6g, "
+                "\"d2h_Bps\": %.6g, \"duplex_Bps\": %.6g, \"gpu_free\": %llu, "
+                "\"set_bytes\": %llu}, \"rates\": {\"ssd_read_Bps\": %.6g, "
+                "\"ssd_write_Bps\": %.6g, \"ssd_rates_from\": \"%s\", "
+                "\"opt_params_per_s\": %.6g}, \"arrangements\": {\"keep_a\": %d, "
+                "\"step_a_s\": %.6f, \"keep_b\": %d, \"step_b_s\": %.6f}, ",
                 p->fc_gelu_fused, p->flops_per_s, p->h2d_Bps, p->d2h_Bps, p->duplex_Bps,
                 (unsigned long long)p->gpu_free, (unsigned long long)p->set_bytes,
                 in->rates.ssd_read, in->rates.ssd_write,

@@ -38,31 +38,31 @@
 
 struct fy_actrun_in {
     const struct fy_model_config *c;
-    int B, T;                           /* the step's batch (each gpu worker's: B / ranks) */
-    int ranks;                          /* gpu workers (--gpus; 0 or 1: one). With several, the
+    int B, T;  /* the step's batch (each gpu worker's: B / ranks) */
+    int ranks; /* gpu workers (--gpus; 0 or 1: one). With several, the
                                            profile is one worker's at B / ranks; the GPUs' and
                                            each link's work is of that share, the weights, the
                                            gradients, the SSD's and the optimizer's the step's;
                                            nothing is swapped (auto keeps or recomputes) */
     enum fy_actplan_mode mode;
-    const char *backend;                /* "cpu" or "cuda": the saved regions' layout */
-    const struct fy_block_profile *prof;  /* auto: the measured block; NULL: none */
+    const char *backend;                 /* "cpu" or "cuda": the saved regions' layout */
+    const struct fy_block_profile *prof; /* auto: the measured block; NULL: none */
     int act_dtype, clip;
-    int clip_hold;                      /* clipping in one pass: where the gradients are held
+    int clip_hold;                 /* clipping in one pass: where the gradients are held
                                            (struct fy_plan_place.grad_hold: FY_HOLD_POOL, _GPU) */
-    const unsigned char *resident;      /* units whose optimizer state stays in the pool */
-    int state_pieces;                   /* the state slots hold pieces (struct fy_plan_place's):
+    const unsigned char *resident; /* units whose optimizer state stays in the pool */
+    int state_pieces;              /* the state slots hold pieces (struct fy_plan_place's):
                                            a streamed block's backward reads its master again,
                                            and one pass defers no update to the forward */
-    int weight_dtype;                   /* the weights sent to the gpu (struct fy_plan_shape's):
+    int weight_dtype;              /* the weights sent to the gpu (struct fy_plan_shape's):
                                            with bf16, the units without a copy are converted on
                                            the opt worker for each pass */
-    struct fy_plan_rates rates;        /* the SSD's and the optimizer's */
-    int ssd_rates_from_steps;           /* rates.ssd_* are a past session's steps' (else the
+    struct fy_plan_rates rates;    /* the SSD's and the optimizer's */
+    int ssd_rates_from_steps;      /* rates.ssd_* are a past session's steps' (else the
                                            profile's: launcher/plan/diskrates.h) */
-    uint64_t host_bytes;                /* pool room for swapped internals (beyond the checkpoints) */
-    uint64_t ssd_bytes;                 /* store room for them */
-    unsigned act_ahead;                 /* --act-ahead (0: the default): the SSD slots' count */
+    uint64_t host_bytes;           /* pool room for swapped internals (beyond the checkpoints) */
+    uint64_t ssd_bytes;            /* store room for them */
+    unsigned act_ahead;            /* --act-ahead (0: the default): the SSD slots' count */
 };
 
 struct fy_actrun {
@@ -70,8 +70,8 @@ struct fy_actrun {
     unsigned char *place;
     struct fy_actplan_sizes sizes;
     struct fy_plan_swap swap;
-    int keep;         /* top blocks the gpu worker keeps; -1: as many as fit (no profile) */
-    int swap_sets;    /* the gpu worker readies swapping */
+    int keep;           /* top blocks the gpu worker keeps; -1: as many as fit (no profile) */
+    int swap_sets;      /* the gpu worker readies swapping */
     double predicted_s; /* the step the planner predicts; 0: not predicted */
     double norm_s;      /* in it, a two-pass clipped step's norm pass (0: none) */
     /* auto's two arrangements (see above): kept blocks and predicted step of each (B: keep -1

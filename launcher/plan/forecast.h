@@ -20,7 +20,7 @@ struct fy_dryrun_in {
      * placements do (their pool, slots, swap sets on the GPU, traffic and store extents), auto
      * and recompute are planned with the blocks recomputed */
     struct fy_plan_in plan;
-    const char *ssd;        /* the store's directories (comma list), for their free space; or NULL */
+    const char *ssd; /* the store's directories (comma list), for their free space; or NULL */
     const char *rates_from; /* where the rates come from, for the output */
 };
 

@@ -66,16 +66,17 @@ int fy_plan_rates_load(const char *path, struct fy_plan_rates *out)
 {
     cJSON *root;
     FY_TRY(profile_json(path, &root));
-    static const char *const keys[] = {"gpu_flops", "h2d", "d2h", "ssd_read", "ssd_write",
-                                       "opt_params"};
-    double *fields[] = {&out->gpu_flops, &out->h2d, &out->d2h, &out->ssd_read, &out->ssd_write,
-                        &out->opt_params};
+    static const char *const keys[] = {"gpu_flops", "h2d",       "d2h",
+                                       "ssd_read",  "ssd_write", "opt_params"};
+    double *fields[] = {&out->gpu_flops, &out->h2d,       &out->d2h,
+                        &out->ssd_read,  &out->ssd_write, &out->opt_params};
     int rc = 0;
     for (int i = 0; i < 6 && rc == 0; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
         if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
             fy_error("%s: \"%s\" must be a positive number (its rate: FLOP/s, bytes/s or "
-                     "parameters/s)", path, keys[i]);
+                     "parameters/s)",
+                     path, keys[i]);
             rc = -EINVAL;
         } else {
             *fields[i] = v->valuedouble;
@@ -153,7 +154,8 @@ int fy_plan_machine_gpu_load(const char *path, struct fy_plan_machine_gpu *out)
 int fy_plan_rates_select(struct fy_plan_rates *r, int format, const char *from)
 {
     FY_REQUIRE(format >= 0 && format < FY_OPTIM_STATE_COUNT && r->opt_by_format[format] > 0,
-               -EINVAL, "%s has no AdamW rate for %s optimizer state: measure it with "
+               -EINVAL,
+               "%s has no AdamW rate for %s optimizer state: measure it with "
                "fuyou-launch probe (its profile's opt_params_%s), or plan with --machine FILE",
                from, fy_optim_state_name(format), fy_optim_state_name(format));
     r->opt_params = r->opt_by_format[format];
@@ -162,15 +164,9 @@ int fy_plan_rates_select(struct fy_plan_rates *r, int format, const char *from)
 
 static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
-int fy_plan_ranks(const struct fy_plan_shape *s)
-{
-    return s->ranks > 1 ? s->ranks : 1;
-}
+int fy_plan_ranks(const struct fy_plan_shape *s) { return s->ranks > 1 ? s->ranks : 1; }
 
-int fy_plan_rank_batch(const struct fy_plan_shape *s)
-{
-    return s->B / fy_plan_ranks(s);
-}
+int fy_plan_rank_batch(const struct fy_plan_shape *s) { return s->B / fy_plan_ranks(s); }
 
 uint64_t fy_plan_act_bytes(const struct fy_model_config *c, int B, int T, int act_dtype)
 {
@@ -209,15 +205,9 @@ static uint64_t block_slot_bytes(const struct fy_model_config *c)
     return align4k(fy_model_unit_params(c, 1) * 4);
 }
 
-unsigned fy_plan_act_ahead(unsigned asked)
-{
-    return asked ? asked : FY_PLAN_ACT_AHEAD_DEFAULT;
-}
+unsigned fy_plan_act_ahead(unsigned asked) { return asked ? asked : FY_PLAN_ACT_AHEAD_DEFAULT; }
 
-unsigned fy_plan_spill_slots(unsigned act_ahead)
-{
-    return fy_plan_act_ahead(act_ahead) + 2;
-}
+unsigned fy_plan_spill_slots(unsigned act_ahead) { return fy_plan_act_ahead(act_ahead) + 2; }
 
 uint64_t fy_plan_spill_extent_bytes(uint64_t item_bytes, unsigned count)
 {
@@ -376,8 +366,8 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     /* the checkpoints x_0..x_L, or the slots they take in turn on their way to the store; two
      * activation gradients (with the store a third: clipping's pass 1 can no longer borrow x_L's
      * room) */
-    out[i++] = (struct fy_pool_region_spec){"acts",
-                                            (ckpt_slots ? ckpt_slots : c->n_layer + 1) * act};
+    out[i++] =
+        (struct fy_pool_region_spec){"acts", (ckpt_slots ? ckpt_slots : c->n_layer + 1) * act};
     out[i++] = (struct fy_pool_region_spec){"dacts", (ckpt_slots ? 3 : 2) * act};
     /* weights: slot 0 keeps the embeddings for the tied head, the blocks and the final unit take
      * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads:
@@ -397,8 +387,8 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
                                                 (1 + prefetch) * wslot_bytes(c, s->weight_dtype)};
     /* a streamed unit's master on its way from the store to the weights slots, chunk by chunk */
     if (any_landing(s, p->resident))
-        out[i++] = (struct fy_pool_region_spec){"landing",
-                                                FY_PLAN_LAND_SLOTS * fy_plan_land_chunk(c)};
+        out[i++] =
+            (struct fy_pool_region_spec){"landing", FY_PLAN_LAND_SLOTS * fy_plan_land_chunk(c)};
     uint64_t blocks = grad_slots * block_slot_bytes(c), fin = dfinal_bytes(c);
     out[i++] = (struct fy_pool_region_spec){"grads", embed_grad_bytes(c) + (s->clip ? blocks + fin
                                                                             : blocks > fin ? blocks
@@ -517,7 +507,8 @@ int fy_plan_layout_read(const struct fy_pool *p, const struct fy_plan_shape *s,
         FY_TRY(fy_pool_region(p, "gradhold", &l->hold, &bytes));
         FY_REQUIRE(bytes >= fy_plan_hold_bytes(c), -EINVAL,
                    "shared pool: a gradhold region of %llu bytes does not hold the %u blocks' "
-                   "gradients", (unsigned long long)bytes, c->n_layer);
+                   "gradients",
+                   (unsigned long long)bytes, c->n_layer);
     }
     return 0;
 }
@@ -544,13 +535,12 @@ int fy_plan_resident_offsets(const struct fy_pool *p, const struct fy_model_conf
         }
     FY_REQUIRE(at - start <= bytes, -EINVAL,
                "shared pool: a resident region of %llu bytes does not hold the plan's %llu (made "
-               "by fy_plan_regions for another plan?)", (unsigned long long)bytes,
-               (unsigned long long)(at - start));
+               "by fy_plan_regions for another plan?)",
+               (unsigned long long)bytes, (unsigned long long)(at - start));
     return 0;
 }
 
 /* ---- traffic and prediction ------------------------------------------------------------------ */
-
 
 uint64_t fy_plan_grad_bytes(const struct fy_plan_shape *s, const struct fy_plan_place *p)
 {
@@ -660,8 +650,8 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
     double flops = tokens * fy_model_flops_per_token(c, (unsigned)s->T);
     /* a clipped step runs the blocks' backward (with their recomputation) twice: 6 of the 8 parts
      * (2 forward, 2 recompute, 4 backward) of the blocks' work once more */
-    double block_flops = tokens * c->n_layer *
-                         (6.0 * fy_model_unit_params(c, 1) + 6.0 * (double)s->T * c->n_embd);
+    double block_flops =
+        tokens * c->n_layer * (6.0 * fy_model_unit_params(c, 1) + 6.0 * (double)s->T * c->n_embd);
     double norm_flops = s->clip && !p->grad_hold ? 0.75 * block_flops : 0;
     flops += norm_flops;
     struct fy_plan_traffic t;
@@ -686,7 +676,7 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
      * compute with the blocks recomputed) and nothing of the backward. Two passes: the norm pass
      * alone, then the updates overlap the second backward, and the forward waits for them */
     double norm_s = rates->gpu_flops > 0 ? norm_flops / rates->gpu_flops : 0;
-    double serial_s = !s->clip        ? 0
+    double serial_s = !s->clip       ? 0
                       : p->grad_hold ? 0.75 * out->gpu_s + out->opt_s
                                      : out->gpu_s + fmax(0.0, out->opt_s - norm_s);
     /* one gradient slot: each block's backward waits for the update of the block above (a
@@ -898,8 +888,8 @@ static int gpu_bytes(const struct fy_plan_in *in, int hold, uint64_t *working, u
         !fy_backend_gpu_bytes(in->backend, s->c, fy_plan_rank_batch(s), s->T, working, set))
         return 0;
     int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
-    *need = *working + (forced ? FY_BACKEND_QUEUE * *set : 0) +
-            (hold ? fy_plan_hold_bytes(s->c) : 0);
+    *need =
+        *working + (forced ? FY_BACKEND_QUEUE * *set : 0) + (hold ? fy_plan_hold_bytes(s->c) : 0);
     return 1;
 }
 
@@ -1028,10 +1018,11 @@ void fy_plan_weights_describe(const struct fy_plan_shape *s, const struct fy_pla
     if (copies < p->kept)
         snprintf(short_of, sizeof short_of, "; --cpu-mem holds no copy for %u of the %u kept units",
                  p->kept - copies, p->kept);
-    snprintf(buf, len, "weights to the GPU in bf16 for all %u units: %u from a bf16 copy beside "
+    snprintf(buf, len,
+             "weights to the GPU in bf16 for all %u units: %u from a bf16 copy beside "
              "their kept state (rewritten by AdamW), %u converted from their f32 master by the opt "
-             "worker for each use (%s of host memory a step)%s", units, copies, units - copies,
-             bytes, short_of);
+             "worker for each use (%s of host memory a step)%s",
+             units, copies, units - copies, bytes, short_of);
 }
 
 void fy_plan_state_describe(const struct fy_plan_in *in, const struct fy_plan *p, char *buf,
@@ -1095,7 +1086,7 @@ void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p,
     struct fy_plan_shape unclipped = in->shape;
     unclipped.clip = 0;
     struct fy_plan_place other = p->place;
-    other.grad_hold = p->place.grad_hold                 ? FY_HOLD_NONE
+    other.grad_hold = p->place.grad_hold                  ? FY_HOLD_NONE
                       : in->clip_hold == FY_CLIP_HOLD_GPU ? FY_HOLD_GPU
                                                           : FY_HOLD_POOL;
     struct fy_plan_prediction none, alt;
@@ -1109,14 +1100,17 @@ void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p,
                       : in->clip_mode == FY_CLIP_TWO_PASS ? " (--clip-mode two-pass)"
                                                           : "";
     if (p->place.grad_hold && p->clip_kept_fewer > 0)
-        snprintf(how, sizeof how, "one backward pass: the blocks' gradients (%s) held in the pool "
+        snprintf(how, sizeof how,
+                 "one backward pass: the blocks' gradients (%s) held in the pool "
                  "in place of %u units' state, the updates after the backward, under the next "
-                 "forward (two passes, every unit kept that fits: %.4g s)", hold,
-                 p->clip_kept_fewer, p->two_pass_step_s);
+                 "forward (two passes, every unit kept that fits: %.4g s)",
+                 hold, p->clip_kept_fewer, p->two_pass_step_s);
     else if (p->place.grad_hold)
-        snprintf(how, sizeof how, "one backward pass%s: the blocks' gradients (%s) held in the "
+        snprintf(how, sizeof how,
+                 "one backward pass%s: the blocks' gradients (%s) held in the "
                  "%s until the norm is known, the updates after the backward, under the next "
-                 "forward (two passes: %.4g s)", why, hold,
+                 "forward (two passes: %.4g s)",
+                 why, hold,
                  p->place.grad_hold == FY_HOLD_GPU ? "GPU arena (each sent to the pool for its "
                                                      "update)"
                                                    : "pool",
@@ -1131,14 +1125,20 @@ void fy_plan_clip_describe(const struct fy_plan_in *in, const struct fy_plan *p,
                      in->cpu_mem ? cap : "");
         if (p->one_pass_gpu_short) {
             fy_format_size(in->gpu_mem, cap, sizeof cap);
-            snprintf(gpu, sizeof gpu, "%s the GPU arena has no room for them beside its working "
-                     "buffers (--gpu-mem %s)", pool[0] ? ";" : ",", in->gpu_mem ? cap : "not given");
+            snprintf(gpu, sizeof gpu,
+                     "%s the GPU arena has no room for them beside its working "
+                     "buffers (--gpu-mem %s)",
+                     pool[0] ? ";" : ",", in->gpu_mem ? cap : "not given");
         }
-        snprintf(how, sizeof how, "two backward passes, the first for the norm alone: one pass "
-                 "would hold the blocks' gradients (%s)%s%s", hold, pool, gpu);
+        snprintf(how, sizeof how,
+                 "two backward passes, the first for the norm alone: one pass "
+                 "would hold the blocks' gradients (%s)%s%s",
+                 hold, pool, gpu);
     } else
-        snprintf(how, sizeof how, "two backward passes%s, the first for the norm alone (one pass, "
-                 "the updates after the backward: %.4g s)", why, alt.step_s);
+        snprintf(how, sizeof how,
+                 "two backward passes%s, the first for the norm alone (one pass, "
+                 "the updates after the backward: %.4g s)",
+                 why, alt.step_s);
     double step = p->predicted.step_s;
     snprintf(buf, len,
              "clipping in %s; predicted %.4g s a step, %.4g s without clipping (%+.0f%%, "
@@ -1175,12 +1175,16 @@ static int check_ranks(const struct fy_plan_in *in)
     int ranks = fy_plan_ranks(s);
     if (ranks == 1)
         return 0;
-    FY_USAGE(s->B % ranks == 0, "--gpus %d: the batch of %d sequences does not split evenly over "
+    FY_USAGE(s->B % ranks == 0,
+             "--gpus %d: the batch of %d sequences does not split evenly over "
              "%d GPUs (each computes B / N of every step): give a --batch that %d divides, such as "
-             "%d", ranks, s->B, ranks, ranks, (s->B + ranks - 1) / ranks * ranks);
-    FY_USAGE(!(s->clip && in->clip_hold == FY_CLIP_HOLD_GPU), "--clip-hold gpu with --gpus %d: "
+             "%d",
+             ranks, s->B, ranks, ranks, (s->B + ranks - 1) / ranks * ranks);
+    FY_USAGE(!(s->clip && in->clip_hold == FY_CLIP_HOLD_GPU),
+             "--clip-hold gpu with --gpus %d: "
              "gradients held on the GPUs are not summed across them (not supported): use "
-             "--clip-hold auto or pool", ranks);
+             "--clip-hold auto or pool",
+             ranks);
     FY_USAGE(in->act_mode != FY_ACTPLAN_HOST && in->act_mode != FY_ACTPLAN_SSD,
              "--act-plan %s with --gpus %d: swapping the blocks' internals is not supported with "
              "several GPUs yet: use --act-plan auto or recompute",
@@ -1197,8 +1201,8 @@ int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, s
     FY_REQUIRE(p->resident != NULL, -ENOMEM, "plan: out of memory");
     p->place.resident = p->resident;
     p->place.prefetch = in->prefetch;
-    p->place.reduce = in->backend != NULL && strcmp(in->backend, "cuda") == 0 ? FY_REDUCE_NVLINK
-                                                                              : FY_REDUCE_POOL;
+    p->place.reduce =
+        in->backend != NULL && strcmp(in->backend, "cuda") == 0 ? FY_REDUCE_NVLINK : FY_REDUCE_POOL;
     int forced = in->act_mode == FY_ACTPLAN_HOST || in->act_mode == FY_ACTPLAN_SSD;
     if (forced && acts != NULL) /* placed whatever the room; the residency plans around them */
         FY_TRY(acts->place(acts->ctx, in, p));
@@ -1208,7 +1212,7 @@ int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, s
         p->place.grad_hold = in->clip_hold == FY_CLIP_HOLD_GPU ? FY_HOLD_GPU : FY_HOLD_POOL;
     plan_checkpoints(in, p);
     p->kept = plan_resident(in, p);
-    plan_clip_mode(in, p); /* before auto's activations, which take the room left */
+    plan_clip_mode(in, p);       /* before auto's activations, which take the room left */
     if (!forced && acts != NULL) /* in the room that the kept state and the streaming leave */
         FY_TRY(acts->place(acts->ctx, in, p));
     p->place.grad_slots = plan_grad_slots(in, p);

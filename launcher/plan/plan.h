@@ -230,7 +230,7 @@ struct fy_plan_layout {
     /* weights slot 0 (the embeddings'), and each other one: the largest other unit's f32 weights,
      * or with bf16 weights (weight_dtype) its bf16 weights, 4 KiB padded */
     uint64_t wslot0_bytes, wslot_bytes;
-    int weight_dtype;     /* FY_DTYPE_F32 or _BF16: the weights the gpu worker is sent */
+    int weight_dtype; /* FY_DTYPE_F32 or _BF16: the weights the gpu worker is sent */
     /* the landing ring of bf16 weights (0 where the pool has none): land_slots chunks of
      * land_chunk bytes from pool offset land */
     uint64_t land, land_chunk;
@@ -239,7 +239,7 @@ struct fy_plan_layout {
      * (common/optstate.h) */
     uint64_t state_slot_bytes;
     int state_pieces;
-    unsigned wslots;      /* weights slots that blocks and the final unit take in turn */
+    unsigned wslots; /* weights slots that blocks and the final unit take in turn */
     /* the grads region: one unit slot for the embeddings' gradient, gslots block-sized slots that
      * the blocks (and the final unit) take in turn, and with clipping the final unit's gradient
      * (dfinal_bytes) */
@@ -335,21 +335,21 @@ uint64_t fy_plan_hold_bytes(const struct fy_model_config *c);
 /* What a plan is made from: the step, the options that place things, the budgets, the rates. */
 struct fy_plan_in {
     struct fy_plan_shape shape;
-    const char *backend;     /* "cpu" or "cuda", resolved: its GPU memory model */
-    unsigned prefetch;       /* --prefetch */
-    unsigned grad_slots;     /* --grad-slots: the most block gradients wanted */
-    unsigned act_ahead;      /* --act-ahead (0: the default) */
-    int ckpt_place;          /* --ckpt-place: FY_CKPT_HOST, _SSD or _AUTO (launcher/cli/options.h) */
+    const char *backend; /* "cpu" or "cuda", resolved: its GPU memory model */
+    unsigned prefetch;   /* --prefetch */
+    unsigned grad_slots; /* --grad-slots: the most block gradients wanted */
+    unsigned act_ahead;  /* --act-ahead (0: the default) */
+    int ckpt_place;      /* --ckpt-place: FY_CKPT_HOST, _SSD or _AUTO (launcher/cli/options.h) */
     enum fy_actplan_mode act_mode; /* --act-plan */
-    uint64_t cpu_mem;        /* the pool's cap (0: none, and no state kept) */
-    uint64_t gpu_mem;        /* the GPU arena's (0: the working buffers alone, not checked) */
-    unsigned state_copies;   /* of the optimizer state in the store: 2 or 1 */
-    int clip_mode;           /* --clip-mode: FY_CLIP_AUTO, _ONE_PASS or _TWO_PASS */
-    int clip_hold;           /* --clip-hold: FY_CLIP_HOLD_AUTO, _POOL or _GPU */
-    double clip_max;         /* --clip-grad-norm (shape.clip: above 0), for what is said */
-    int clip_given;          /* ... given on the command line (else the default) */
+    uint64_t cpu_mem;              /* the pool's cap (0: none, and no state kept) */
+    uint64_t gpu_mem;              /* the GPU arena's (0: the working buffers alone, not checked) */
+    unsigned state_copies;         /* of the optimizer state in the store: 2 or 1 */
+    int clip_mode;                 /* --clip-mode: FY_CLIP_AUTO, _ONE_PASS or _TWO_PASS */
+    int clip_hold;                 /* --clip-hold: FY_CLIP_HOLD_AUTO, _POOL or _GPU */
+    double clip_max;               /* --clip-grad-norm (shape.clip: above 0), for what is said */
+    int clip_given;                /* ... given on the command line (else the default) */
     struct fy_plan_rates rates;
-    int say;                 /* say --ckpt-place auto's choice in the log as it is made (train) */
+    int say; /* say --ckpt-place auto's choice in the log as it is made (train) */
     /* keep no unit's state: the least pool under cpu_mem alone (plan's searches of the largest
      * batch and model, which ask whether that fits) */
     int floor_only;
@@ -357,13 +357,13 @@ struct fy_plan_in {
 
 /* A plan. */
 struct fy_plan {
-    unsigned char *resident;     /* per unit, FY_PLAN_*: place.resident (fy_plan_free frees it) */
-    struct fy_plan_place place;  /* where things live, the gradient slots as many as fit */
+    unsigned char *resident;      /* per unit, FY_PLAN_*: place.resident (fy_plan_free frees it) */
+    struct fy_plan_place place;   /* where things live, the gradient slots as many as fit */
     unsigned kept, weight_copies; /* units whose state is kept; of those, with a bf16 copy */
-    uint64_t resident_bytes;     /* the kept state and copies */
+    uint64_t resident_bytes;      /* the kept state and copies */
     struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n_regions;
-    uint64_t pool_bytes;         /* the regions laid out (fy_pool_layout_size) */
+    uint64_t pool_bytes; /* the regions laid out (fy_pool_layout_size) */
     /* the store: the state's copies, both commit records, the scratch extents of the checkpoints
      * and internals placed there */
     uint64_t store_bytes;
@@ -372,11 +372,11 @@ struct fy_plan {
      * block's internals swapped a set per call in flight */
     int gpu_modelled;
     uint64_t gpu_working, gpu_set, gpu_need;
-    int fits_cpu, fits_gpu;      /* pool_bytes within cpu_mem (or none); gpu_need within gpu_mem */
+    int fits_cpu, fits_gpu; /* pool_bytes within cpu_mem (or none); gpu_need within gpu_mem */
     /* with clipping and --clip-mode auto where one pass does not fit: the pool bytes one pass
      * would take (place.grad_hold says which was taken) */
     uint64_t one_pass_pool_bytes;
-    int one_pass_gpu_short;      /* and where the GPU arena had no room for them */
+    int one_pass_gpu_short; /* and where the GPU arena had no room for them */
     /* with --clip-mode auto: where one pass took the room of kept state, the units it took it from
      * and two passes' predicted step with them kept */
     unsigned clip_kept_fewer;

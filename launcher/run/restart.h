@@ -8,10 +8,10 @@
 #include "launcher/run/supervise.h"
 
 struct fy_restart {
-    double at[64];           /* when each restart within the last hour began */
+    double at[64]; /* when each restart within the last hour began */
     unsigned n;
-    uint64_t max;            /* --max-restarts */
-    const char *run_dir;     /* for the message that gives up */
+    uint64_t max;             /* --max-restarts */
+    const char *run_dir;      /* for the message that gives up */
     const volatile int *stop; /* set on the first SIGINT or SIGTERM: no restart then */
 };
 

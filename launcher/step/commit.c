@@ -137,21 +137,22 @@ int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t recor
         memcpy(m, rec[best], sizeof *m);
     } else if (rc == 0 && got[0] == -ENOENT && got[1] == -ENOENT) {
         /* a store from before commit records has its version 1 metadata block there */
-        int old = fy_io_call(x, FY_OP_IO_READ, FY_TENSOR_META, record_off, FY_CKPT_BLOCK, 0,
-                             timeout_ms);
+        int old =
+            fy_io_call(x, FY_OP_IO_READ, FY_TENSOR_META, record_off, FY_CKPT_BLOCK, 0, timeout_ms);
         if (old == 0)
             fy_error("%s: a store made by a version of Fuyou from before commit records (it has "
                      "a version 1 metadata block), which this version no longer reads: train or "
                      "export it with the Fuyou build that made it, or initialise the run again "
-                     "(fuyou-launch init --overwrite, or --from-hf DIR from an export)", where);
+                     "(fuyou-launch init --overwrite, or --from-hf DIR from an export)",
+                     where);
         else
             fy_error("%s: no commit record: is it a store made by fuyou-launch init?", where);
         rc = -ENOENT;
     } else if (rc == 0) {
         fy_error("%s: no intact committed step%s (commit record 0: %s, record 1: %s): the store "
                  "cannot be used; initialise a new one (fuyou-launch init --overwrite) or train "
-                 "from an exported checkpoint", where,
-                 below_seq != UINT64_MAX ? " before the damaged one" : "", why[0], why[1]);
+                 "from an exported checkpoint",
+                 where, below_seq != UINT64_MAX ? " before the damaged one" : "", why[0], why[1]);
         rc = -ENOENT;
     }
     free(rec[0]);
@@ -267,15 +268,15 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
 {
     struct fy_storemeta *m = calloc(1, sizeof *m);
     FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
-    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0,
-                               .copies = copies};
+    *m = (struct fy_storemeta){
+        .model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0, .copies = copies};
     struct unit_write w[2] = {{0}, {0}};
     struct unit_make mk = {0};
     int rc = commit_extents(x, c, copies, timeout_ms);
     /* every extent first: the io worker would answer an allocation only after the write ahead */
     for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++)
-        rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0,
-                        fy_optstate_bytes(c, u), timeout_ms);
+        rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, fy_optstate_bytes(c, u),
+                        timeout_ms);
     unsigned next = 0; /* the buffer the next piece takes */
     for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++) {
         unsigned n = fy_optstate_piece_count(c, u);
@@ -418,37 +419,40 @@ int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_
     int rc = fy_commit_read(x, pool, record_off, where, UINT64_MAX, now, timeout_ms);
     if (rc == 0 && now->seq > failed_seq) {
         fy_info("%s: step %llu was committed meanwhile, over the copy being read: going on from "
-                "step %llu instead of %llu", where, (unsigned long long)now->step,
-                (unsigned long long)now->step, (unsigned long long)m->step);
+                "step %llu instead of %llu",
+                where, (unsigned long long)now->step, (unsigned long long)now->step,
+                (unsigned long long)m->step);
         memcpy(m, now, sizeof *m);
         rc = 1;
     } else if (rc == 0 && m->copies == 1 && beside) {
         fy_error("%s: step %llu's state no longer matches its commit: this store keeps one copy "
                  "of the state (init --state-copies 1), which training overwrites in place; stop "
-                 "the training run to export", where, (unsigned long long)m->step);
+                 "the training run to export",
+                 where, (unsigned long long)m->step);
         rc = -EBADMSG;
     } else if (rc == 0 && m->copies == 1) {
         fy_error("%s: step %llu's state no longer matches its commit and no run is training: "
                  "this store keeps one copy of the state (init --state-copies 1), and a run "
                  "stopped between commits (killed, crashed, a second Ctrl-C) left it unusable; "
                  "initialise it again (init --overwrite), or from an earlier export (init "
-                 "--from-hf DIR)", where, (unsigned long long)m->step);
+                 "--from-hf DIR)",
+                 where, (unsigned long long)m->step);
         rc = -EBADMSG;
     } else if (rc == 0 && !e->fell_back) {
         rc = fy_commit_read(x, pool, record_off, where, m->seq, now, timeout_ms);
         if (rc == 0) {
             fy_warn("%s: step %llu's state is damaged on the SSD; exporting the commit before it, "
-                    "step %llu", where, (unsigned long long)m->step,
-                    (unsigned long long)now->step);
-            *e = (struct fy_commit_export){.fell_back = 1, .damaged_seq = m->seq,
-                                           .damaged_step = m->step};
+                    "step %llu",
+                    where, (unsigned long long)m->step, (unsigned long long)now->step);
+            *e = (struct fy_commit_export){
+                .fell_back = 1, .damaged_seq = m->seq, .damaged_step = m->step};
             memcpy(m, now, sizeof *m);
             rc = 1;
         }
     } else if (rc == 0) {
         fy_error("%s: step %llu's state is damaged on the SSD, and so is step %llu's, the commit "
-                 "before it: nothing intact to export; %s", where,
-                 (unsigned long long)e->damaged_step, (unsigned long long)m->step,
+                 "before it: nothing intact to export; %s",
+                 where, (unsigned long long)e->damaged_step, (unsigned long long)m->step,
                  beside ? "the training run writes over the older commit's copy: export again "
                           "once it has committed a newer step"
                         : "initialise the store anew (init --overwrite), or from an earlier "

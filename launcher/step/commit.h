@@ -81,9 +81,9 @@ int fy_commit_read_master(const struct fy_exec *x, struct fy_pool *pool,
                           int timeout_ms);
 /* What an export has passed over so far (fy_commit_export_next); zeroed before it starts. */
 struct fy_commit_export {
-    int fell_back;          /* it went back from a damaged commit, */
-    uint64_t damaged_seq;   /* this one, */
-    uint64_t damaged_step;  /* of this step */
+    int fell_back;         /* it went back from a damaged commit, */
+    uint64_t damaged_seq;  /* this one, */
+    uint64_t damaged_step; /* of this step */
 };
 /* After an export's read of the commit in *m failed its digest (fy_commit_read_unit): 1 with *m
  * the commit to export instead, said: the newer one when a training run committed meanwhile (its

@@ -101,10 +101,7 @@ static int has_copy(const struct fy_sched *r, unsigned u)
     return r->wcopy != NULL && r->wcopy[u] != 0;
 }
 
-static int bf16_weights(const struct fy_sched *r)
-{
-    return r->l.weight_dtype == FY_DTYPE_BF16;
-}
+static int bf16_weights(const struct fy_sched *r) { return r->l.weight_dtype == FY_DTYPE_BF16; }
 
 /* Whether unit u's state is in several pieces (common/optstate.h). */
 static int in_pieces(const struct fy_sched *r, unsigned u)
@@ -220,7 +217,8 @@ static int stream_weights(struct fy_sched *r, unsigned u, unsigned slot)
     const struct fy_plan_layout *l = &r->l;
     FY_REQUIRE(l->land_slots >= 2, -EINVAL,
                "shared pool: no landing ring for unit %u's weights (laid out for a plan that keeps "
-               "every unit?)", u);
+               "every unit?)",
+               u);
     FY_TRY(wslot_claim(r, slot, u));
     r->wslot_off[slot] = wslot(l, slot);
     uint64_t chunk = l->land_chunk, chunks = land_chunks(r, u, NULL), next = 0;
@@ -291,8 +289,8 @@ static int read_weights(struct fy_sched *r, unsigned unit, unsigned slot, struct
     fy_optstate_layout(r->l.c, unit, &lay);
     const struct fy_optstate_section *master = &lay.section[FY_OPTSTATE_MASTER];
     r->wslot_off[slot] = wslot(&r->l, slot);
-    struct fy_desc d = fy_desc_region(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE,
-                                      wslot(&r->l, slot), master->padded, -1);
+    struct fy_desc d = fy_desc_region(FY_OP_IO_READ, FY_KIND_RAW, FY_DTYPE_NONE, wslot(&r->l, slot),
+                                      master->padded, -1);
     d.tensor = FY_TENSOR_UNIT_STATE_COPY(unit, copy_of(r, unit));
     d.arg = master->offset;
     return fy_ticket_issue(&r->tk, FY_TICKET_IO, &d, 1, t);
@@ -300,7 +298,10 @@ static int read_weights(struct fy_sched *r, unsigned unit, unsigned slot, struct
 
 /* Weights slot of unit u (a block, or the final unit) in the forward and backward: slots 1 to
  * wslots in turn, so that the weights of the next wslots - 1 units can be read while one computes. */
-static unsigned block_wslot(const struct fy_plan_layout *l, unsigned u) { return 1 + u % l->wslots; }
+static unsigned block_wslot(const struct fy_plan_layout *l, unsigned u)
+{
+    return 1 + u % l->wslots;
+}
 
 /* The weights slot holding unit u, checked (see wslot_unit). */
 static int weights_of(struct fy_sched *r, unsigned u, unsigned slot, uint64_t *offset)
@@ -342,8 +343,8 @@ static int ckpt_setup(struct fy_sched *r, int ssd)
     unsigned slots = fy_plan_spill_slots(r->act_ahead);
     FY_REQUIRE(l->act_slots >= slots && l->dact_slots >= 3, -EINVAL,
                "shared pool: room for %u checkpoints and %u activation gradients, not the %u and 3 "
-               "of --ckpt-place ssd with --act-ahead %u", l->act_slots, l->dact_slots, slots,
-               r->act_ahead);
+               "of --ckpt-place ssd with --act-ahead %u",
+               l->act_slots, l->dact_slots, slots, r->act_ahead);
     char what[64];
     snprintf(what, sizeof what, "checkpoints x_0..x_%u", L ? L - 1 : 0);
     return fy_spill_setup(&r->ckpt, &r->tk, l->acts, align4k(l->act_bytes), slots, L,
@@ -369,8 +370,8 @@ static int saved_setup(struct fy_sched *r, const struct fy_train_opts *o)
     FY_TRY(fy_pool_region(r->pool, "saved", &at, &bytes));
     FY_REQUIRE(bytes >= fy_plan_swap_pool_bytes(&swap), -EINVAL,
                "shared pool: a saved region of %llu bytes, not the %llu this plan swaps (laid out "
-               "by fy_plan_regions for another plan?)", (unsigned long long)bytes,
-               (unsigned long long)fy_plan_swap_pool_bytes(&swap));
+               "by fy_plan_regions for another plan?)",
+               (unsigned long long)bytes, (unsigned long long)fy_plan_swap_pool_bytes(&swap));
     for (unsigned b = 1; b <= L; b++) {
         r->host_mask[b] = fy_actplan_mask(o->act_place, (int)b - 1, FY_ACT_HOST);
         r->ssd_mask[b] = fy_actplan_mask(o->act_place, (int)b - 1, FY_ACT_SSD);
@@ -465,9 +466,10 @@ int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan
     FY_REQUIRE(r->pfirst != NULL, -ENOMEM, "train: out of memory");
     for (unsigned u = 0; u < r->tk.units; u++)
         r->pfirst[u + 1] = r->pfirst[u] + fy_optstate_piece_count(s->c, u);
-    FY_REQUIRE(s->act_dtype == FY_DTYPE_F32 || s->act_dtype == FY_DTYPE_BF16, -EINVAL,
-               "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
-               fy_dtype_name(s->act_dtype));
+    FY_REQUIRE(
+        s->act_dtype == FY_DTYPE_F32 || s->act_dtype == FY_DTYPE_BF16, -EINVAL,
+        "training: activations in the pool are f32 or bf16, not %s (fy_train_opts.act_dtype)",
+        fy_dtype_name(s->act_dtype));
     int rc = fy_plan_layout_read(pool, s, &r->l);
     if (rc < 0) {
         free(r->pfirst);
@@ -622,8 +624,7 @@ static int forward_update(struct fy_sched *r, unsigned b, unsigned slot, struct 
         FY_TRY(fy_ticket_wait(&r->tk, &r->gsend[s], NULL));
         grad = gslot(&r->l, 1 + s);
     }
-    FY_TRY(opt_enqueue_scaled(r, b, s, grad, r->deferred_step, r->deferred_lr,
-                              r->deferred_scale));
+    FY_TRY(opt_enqueue_scaled(r, b, s, grad, r->deferred_step, r->deferred_lr, r->deferred_scale));
     FY_TRY(fy_optq_settle(&r->opt, b));
     if (converts(r, b)) {
         struct fy_ticket t = {0};
@@ -650,9 +651,10 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
     int rc = rw && g ? 0 : -ENOMEM;
     for (unsigned u = 0; rc == 0 && u <= fin; u++)
         if (train && r->version[u] != step - 1) {
-            fy_error("schedule error: unit %u holds step %llu's weights, step %llu needs step %llu's",
-                     u, (unsigned long long)r->version[u], (unsigned long long)step,
-                     (unsigned long long)(step - 1));
+            fy_error(
+                "schedule error: unit %u holds step %llu's weights, step %llu needs step %llu's", u,
+                (unsigned long long)r->version[u], (unsigned long long)step,
+                (unsigned long long)(step - 1));
             rc = -EPROTO;
         }
     /* slot 0 keeps the embeddings until the tied head has used them; the blocks and then the
@@ -816,8 +818,8 @@ static unsigned adamw_parts(const struct fy_sched *r, unsigned u, uint64_t grad,
 static struct fy_desc rows_part(const struct fy_plan_layout *l, unsigned u, uint64_t list,
                                 uint64_t count, uint64_t step)
 {
-    struct fy_desc d = fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, list,
-                                      count * 4, (int)u);
+    struct fy_desc d =
+        fy_desc_region(FY_OP_OPT_ADAMW, FY_KIND_TOKENS, FY_DTYPE_I32, list, count * 4, (int)u);
     d.step = step;
     d.arg = l->c->n_embd;
     return d;
@@ -829,8 +831,8 @@ static int opt_enqueue_scaled(struct fy_sched *r, unsigned u, unsigned s, uint64
                               uint64_t step, double lr, double scale)
 {
     FY_REQUIRE(r->state_unit[s] == (int)u, -EPROTO,
-               "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u, s,
-               r->state_unit[s]);
+               "schedule error: AdamW of unit %u on state slot %u, which holds unit %d's state", u,
+               s, r->state_unit[s]);
     struct fy_desc req[FY_OPTQ_PARTS_MAX];
     unsigned n = adamw_parts(r, u, grad, r->state_off[s], step, lr, scale, req);
     return fy_optq_push(&r->opt, u, req, n);
@@ -1051,7 +1053,7 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
     int rc = g && rs && ws && cv && issued && slot_of ? 0 : -ENOMEM;
     struct writebacks wb = {ws, issued, {-1, -1}};
     fy_optq_release_gslots(&r->opt); /* the last step's updates were all waited for */
-    if (rc == 0 && embed && L == 0) /* it reads the gradient this overwrites */
+    if (rc == 0 && embed && L == 0)  /* it reads the gradient this overwrites */
         rc = fy_ticket_wait(&r->tk, &r->embed_early, NULL);
     if (rc == 0 && embed && L == 0)
         rc = embed_backward_issue(r, dact_at(l, *cur), &e);
@@ -1075,7 +1077,8 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
                 rc = fy_ticket_wait(&r->tk, &rs[b], NULL);
                 FY_REQUIRE(rc != 0 || r->state_unit[b & 1] == (int)b, -EPROTO,
                            "schedule error: block %u's weights expected in state slot %u, which "
-                           "holds unit %d's state", b, b & 1, r->state_unit[b & 1]);
+                           "holds unit %d's state",
+                           b, b & 1, r->state_unit[b & 1]);
                 st = r->state_off[b & 1];
             }
             if (rc == 0)
@@ -1276,8 +1279,9 @@ static int norm_pass(struct fy_sched *r, double *total)
     int rc = rw && g && sq && part ? 0 : -ENOMEM;
     /* x_L's room is free after the head; with the checkpoints in slots, a third dacts buffer;
      * one pass needs no dx_L afterwards */
-    const uint64_t scratch[2] = {dact_at(l, 1), r->one_pass ? dact_at(l, 0)
-                                                : r->ckpt.on ? dact_at(l, 2) : act_at(l, L)};
+    const uint64_t scratch[2] = {dact_at(l, 1), r->one_pass  ? dact_at(l, 0)
+                                                : r->ckpt.on ? dact_at(l, 2)
+                                                             : act_at(l, L)};
     uint64_t dy = dact_at(l, 0); /* dL/d(output of the block being processed) */
     unsigned depth = l->wslots - 1;
     if (rc == 0)
@@ -1400,9 +1404,9 @@ int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr)
         FY_TRY(state_read(r, 0, 0, &none));
         FY_TRY(opt_enqueue(r, 0, 0, gslot(l, 0), step, lr));
         if (split)
-            fy_optq_add_part(&r->opt, 0,
-                             rows_part(l, 0, l->embed_rows + fy_plan_embed_rows(l->c) * 4, late,
-                                       step));
+            fy_optq_add_part(
+                &r->opt, 0,
+                rows_part(l, 0, l->embed_rows + fy_plan_embed_rows(l->c) * 4, late, step));
     } else {
         FY_TRY(update_unit(r, 0, gslot(l, 0), step, lr));
     }
@@ -1527,8 +1531,7 @@ static int update_streamed_pieces(struct fy_sched *r, int deferred, uint64_t ste
     return 0;
 }
 
-static int update_streamed(struct fy_sched *r, int deferred, uint64_t step, double lr,
-                           double scale)
+static int update_streamed(struct fy_sched *r, int deferred, uint64_t step, double lr, double scale)
 {
     if (r->l.state_pieces)
         return update_streamed_pieces(r, deferred, step, lr, scale);

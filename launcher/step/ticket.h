@@ -43,9 +43,9 @@ struct fy_ticket {
     int op, layer;
     uint32_t tensor; /* an io request's extent and byte offset in it, for the trace */
     uint64_t at;
-    uint64_t step; /* the step it belongs to (an update can finish in the next step) */
+    uint64_t step;     /* the step it belongs to (an update can finish in the next step) */
     uint64_t io_bytes; /* an io read's or write's bytes, all its descriptors' */
-    int done; /* already waited for (serial mode): status and reply kept here */
+    int done;          /* already waited for (serial mode): status and reply kept here */
     int status;
     struct fy_desc reply;
     uint64_t *digest_into; /* an io write's: where its reply's digest goes */

@@ -38,8 +38,9 @@ static int init_unit(void *ctx, unsigned unit, float *master)
     return 0;
 }
 
-int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_model_config *c,
-                        uint64_t seed, unsigned copies, int timeout_ms)
+int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool,
+                        const struct fy_model_config *c, uint64_t seed, unsigned copies,
+                        int timeout_ms)
 {
     struct fy_sched r;
     const struct fy_plan_shape one = {.c = c, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};
@@ -82,8 +83,8 @@ double fy_train_lr(const struct fy_train_opts *o, uint64_t step)
     return min_lr + (o->lr - min_lr) * 0.5 * (1.0 + cos(3.141592653589793 * progress));
 }
 
-static const char *const lr_schedule_names[] = {[FY_LR_COSINE] = "cosine",
-                                                [FY_LR_LINEAR] = "linear"};
+static const char *const lr_schedule_names[] = {
+    [FY_LR_COSINE] = "cosine", [FY_LR_LINEAR] = "linear"};
 
 const char *fy_train_lr_schedule_name(enum fy_lr_schedule s)
 {
@@ -126,18 +127,18 @@ static void log_plan_check(const struct fy_train_opts *o, const struct fy_model_
     double params = (double)fy_model_total_params(c);
     double opt_s = busy[FY_TICKET_BUSY_OPT];
     snprintf(opt, sizeof opt, opt_s > 0 ? "%.2f" : "-", opt_s > 0 ? params / opt_s * 1e-9 : 0.0);
-    double read = fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_READ],
-                                    busy[FY_TICKET_BUSY_SSD_READ]);
-    double write = fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_WRITE],
-                                     busy[FY_TICKET_BUSY_SSD_WRITE]);
+    double read =
+        fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_READ]);
+    double write =
+        fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_SSD_WRITE]);
     fy_info("plan check, step %llu: %.3f s against the %.3f s predicted (%+.1f%%); in it the SSD "
             "read %s GB/s and wrote %s (the plan's: %.2f and %.2f, from %s), AdamW %s G "
             "parameters/s (the profile: %.2f)",
             (unsigned long long)s->step, s->seconds, o->plan_step_s,
             100.0 * (o->plan_step_s / s->seconds - 1.0),
             fy_diskrates_gbps(read, "-", rd, sizeof rd),
-            fy_diskrates_gbps(write, "-", wr, sizeof wr),
-            o->plan_ssd_read * 1e-9, o->plan_ssd_write * 1e-9,
+            fy_diskrates_gbps(write, "-", wr, sizeof wr), o->plan_ssd_read * 1e-9,
+            o->plan_ssd_write * 1e-9,
             o->plan_ssd_from_steps ? "the last session's steps" : "the profile", opt,
             o->plan_opt_params * 1e-9);
 }
@@ -193,19 +194,19 @@ static int log_step(const struct fy_train_opts *o, const struct fy_model_config 
     if (o->metrics == NULL)
         return 0;
     char json[1024];
-    int n = snprintf(json, sizeof json,
-            "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
-            "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
-            "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
-            "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, \"gpu_idle\": %.4f, "
-            "\"ssd_read_bytes\": %llu, \"ssd_write_bytes\": %llu",
-            (unsigned long long)s->step, s->loss, s->lr, tps, tflops, s->seconds,
-            wait[FY_TICKET_IO], wait[FY_TICKET_GPU], wait[FY_TICKET_OPT],
-            busy[FY_TICKET_BUSY_GPU], busy[FY_TICKET_BUSY_SSD_READ],
-            busy[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_OPT], busy[FY_TICKET_BUSY_H2D],
-            busy[FY_TICKET_BUSY_D2H], gpu_idle,
-            (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_READ],
-            (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_WRITE]);
+    int n = snprintf(
+        json, sizeof json,
+        "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
+        "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
+        "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
+        "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, \"gpu_idle\": %.4f, "
+        "\"ssd_read_bytes\": %llu, \"ssd_write_bytes\": %llu",
+        (unsigned long long)s->step, s->loss, s->lr, tps, tflops, s->seconds, wait[FY_TICKET_IO],
+        wait[FY_TICKET_GPU], wait[FY_TICKET_OPT], busy[FY_TICKET_BUSY_GPU],
+        busy[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_OPT],
+        busy[FY_TICKET_BUSY_H2D], busy[FY_TICKET_BUSY_D2H], gpu_idle,
+        (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_READ],
+        (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_WRITE]);
     if (s->grad_norm >= 0)
         n += snprintf(json + n, sizeof json - (size_t)n, ", \"grad_norm\": %.9g", s->grad_norm);
     if (s->have_eval)
@@ -234,8 +235,8 @@ static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
     for (unsigned u = 0; u < fy_model_unit_count(r->l.c); u++) {
         next->digest[u] = fy_sched_unit_digest(r, u);
         if (r->at_copy[u] != r->work_copy) {
-            fy_error("schedule error: unit %u's state of step %llu is not in copy %u to commit",
-                     u, (unsigned long long)step, r->work_copy);
+            fy_error("schedule error: unit %u's state of step %llu is not in copy %u to commit", u,
+                     (unsigned long long)step, r->work_copy);
             rc = -EPROTO;
         }
     }
@@ -279,7 +280,8 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
             fy_error("step %llu's state no longer matches its commit: this store keeps one copy "
                      "of the state (init --state-copies 1), so a run stopped between commits "
                      "(killed, crashed, a second Ctrl-C) leaves it unusable; initialise it again, "
-                     "or from an export", (unsigned long long)meta->step);
+                     "or from an export",
+                     (unsigned long long)meta->step);
             return -ENOENT;
         }
         if (fy_is_damage(rc) && attempt > 0) {
@@ -299,7 +301,8 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
         FY_TRY(fy_commit_read(r->tk.x, r->pool, r->l.meta, "the store", meta->seq, meta,
                               r->tk.timeout_ms));
         fy_warn("step %llu's state is damaged on the SSD; going back to the commit before it, "
-                "step %llu", (unsigned long long)damaged, (unsigned long long)meta->step);
+                "step %llu",
+                (unsigned long long)damaged, (unsigned long long)meta->step);
     }
 }
 
@@ -318,7 +321,8 @@ static int run_start(struct fy_sched *r, const struct fy_storemeta *meta,
         FY_TRY(dropped < 0 ? dropped : 0);
         if (dropped > 0)
             fy_info("%s: dropped %d line%s of steps after the last commit (step %llu), which are "
-                    "trained again", fy_metrics_path(o->metrics), dropped, dropped == 1 ? "" : "s",
+                    "trained again",
+                    fy_metrics_path(o->metrics), dropped, dropped == 1 ? "" : "s",
                     (unsigned long long)meta->step);
     }
     fy_info("starting at step %llu", (unsigned long long)meta->step);
@@ -381,10 +385,13 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                  struct fy_sampler *data, const struct fy_train_opts *o)
 {
     struct fy_sched r;
-    const struct fy_plan_shape shape = {.c = &meta->model, .B = o->batch, .T = o->seq,
+    const struct fy_plan_shape shape = {.c = &meta->model,
+                                        .B = o->batch,
+                                        .T = o->seq,
                                         .act_dtype = o->act_dtype,
                                         .weight_dtype = o->weight_dtype,
-                                        .clip = o->clip_grad_norm > 0, .ranks = o->ranks};
+                                        .clip = o->clip_grad_norm > 0,
+                                        .ranks = o->ranks};
     FY_TRY(fy_sched_init(&r, pool, &shape, x, o->timeout_ms));
     int rc = fy_sched_setup(&r, o);
     if (rc == 0)
@@ -441,9 +448,8 @@ static int export_unit(void *ctx, unsigned unit, float *params)
                                  r->tk.timeout_ms);
 }
 
-int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
-                          struct fy_storemeta *meta, const char *path, int overwrite, int beside,
-                          int timeout_ms)
+int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
+                          const char *path, int overwrite, int beside, int timeout_ms)
 {
     struct fy_sched r;
     const struct fy_plan_shape one = {.c = &meta->model, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};
