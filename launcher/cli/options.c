@@ -375,11 +375,12 @@ static int parse_grad_slots(struct fy_options *o, const char *v)
                            "block gradients", &o->grad_slots);
 }
 
-static int parse_ckpt_place(struct fy_options *o, const char *v)
+static int parse_block_inputs_place(struct fy_options *o, const char *v)
 {
-    static const char *const names[] = {
-        [FY_CKPT_HOST] = "host", [FY_CKPT_SSD] = "ssd", [FY_CKPT_AUTO] = "auto"};
-    return parse_choice("ckpt-place", v, names, 3, &o->ckpt_place);
+    static const char *const names[] = {[FY_BLOCK_INPUTS_HOST] = "host",
+                                        [FY_BLOCK_INPUTS_SSD] = "ssd",
+                                        [FY_BLOCK_INPUTS_AUTO] = "auto"};
+    return parse_choice("ckpt-place", v, names, 3, &o->block_inputs_place);
 }
 
 static int parse_act_plan(struct fy_options *o, const char *v)
@@ -639,7 +640,7 @@ static const struct opt_spec specs[] = {
      "the weights the GPU is sent: bf16 keeps a bf16 copy beside each kept unit's state (2 bytes "
      "a parameter), half the PCIe bytes; auto: bf16 on CUDA (the same results), f32 on the CPU "
      "backend (auto)"},
-    {"ckpt-place", "host|ssd|auto", TRAINS | C(PLAN), K_PARSE, 0, 0, parse_ckpt_place,
+    {"ckpt-place", "host|ssd|auto", TRAINS | C(PLAN), K_PARSE, 0, 0, parse_block_inputs_place,
      "where the blocks' input checkpoints wait for the backward: the pool, or the SSD store "
      "through --act-ahead + 2 pool slots; auto: the pool when all optimizer state fits --cpu-mem "
      "beside them, else the SSD (host)"},

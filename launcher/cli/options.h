@@ -39,7 +39,7 @@ struct fy_options {
     uint64_t gpus; /* --gpus: gpu workers, each with B / gpus of every step */
     uint64_t
         state_piece; /* init --state-piece: bytes of optimizer state a piece (0: whole units) */
-    int ckpt_place;  /* FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO */
+    int block_inputs_place; /* FY_BLOCK_INPUTS_HOST, FY_BLOCK_INPUTS_SSD, FY_BLOCK_INPUTS_AUTO */
     const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, plan) */
     int optim_state;      /* --optim-state: enum fy_optim_state, or -1 (not given) */
     int weights_dtype;    /* --weights-dtype: FY_DTYPE_F32, _BF16, or 0 (auto: the backend's) */
@@ -98,7 +98,7 @@ struct fy_train_set {
 extern const struct fy_train_set fy_train_scratch, fy_train_finetune;
 
 /* --ckpt-place (launcher/plan/forecast.h takes the same values) */
-enum { FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO };
+enum { FY_BLOCK_INPUTS_HOST, FY_BLOCK_INPUTS_SSD, FY_BLOCK_INPUTS_AUTO };
 
 /* fy_options_parse's result where --help was asked for (and printed). */
 #define FY_OPTIONS_HELP 1

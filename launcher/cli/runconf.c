@@ -411,7 +411,7 @@ int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config 
                               .prefetch = (unsigned)o->prefetch,
                               .grad_slots = (unsigned)o->grad_slots,
                               .act_ahead = (unsigned)o->act_ahead,
-                              .ckpt_place = o->ckpt_place,
+                              .block_inputs_place = o->block_inputs_place,
                               .cpu_mem = o->cpu_mem,
                               .gpu_mem = o->gpu_mem,
                               .state_copies = (unsigned)o->state_copies,

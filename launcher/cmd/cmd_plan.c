@@ -19,7 +19,7 @@
  * options; the budgets, batch and store of train's options; printed, nothing run. */
 int fy_cmd_plan(struct fy_options *o)
 {
-    struct fy_dryrun_in in = {.ssd = o->ssd};
+    struct fy_forecast_in in = {.ssd = o->ssd};
     char mc_path[PATH_MAX];
     int rc;
     static struct fy_config mc; /* o->ssd points into it */
@@ -88,15 +88,15 @@ int fy_cmd_plan(struct fy_options *o)
     FY_TRY(fy_plan_rates_select(&in.plan.rates, in.model.optim_state,
                                 o->machine ? o->machine : "the reference machine"));
     char rates_from[PATH_MAX + 160];
-    if (fy_planact_ssd_rates(o, &in.plan.rates,
-                             o->machine ? "the machine profile's rates"
-                                        : "the reference machine's rates")) {
+    if (fy_actsetup_ssd_rates(o, &in.plan.rates,
+                              o->machine ? "the machine profile's rates"
+                                         : "the reference machine's rates")) {
         snprintf(rates_from, sizeof rates_from,
                  "%s; the SSD's as the last session's steps ran "
                  "(%s/ssd_rates.json)",
                  in.rates_from, o->run_dir);
         in.rates_from = rates_from;
     }
-    rc = fy_dryrun_print(stdout, &in);
+    rc = fy_forecast_print(stdout, &in);
     return rc == 1 ? -FY_EUSAGE : rc; /* does not fit: as train refuses it */
 }

@@ -46,8 +46,8 @@ int fy_cmd_profile(struct fy_options *o)
      * room it leaves (the checkpoints in the pool, as profile takes no --ckpt-place) */
     struct fy_plan_in in;
     struct fy_plan plan = {0};
-    struct fy_planact act = {.o = o};
-    struct fy_plan_acts acts = fy_planact_acts(&act);
+    struct fy_actsetup act = {.o = o};
+    struct fy_plan_acts acts = fy_actsetup_acts(&act);
     if (rc == 0)
         rc = fy_runconf_plan_in(o, &model, o->backend, &in);
     if (rc == 0)
@@ -55,8 +55,8 @@ int fy_cmd_profile(struct fy_options *o)
     if (rc == 0)
         rc = fy_plan_make(&in, &acts, &plan);
     if (rc == 0)
-        rc = fy_planact_save(&act);
-    fy_planact_free(&act);
+        rc = fy_actsetup_save(&act);
+    fy_actsetup_free(&act);
     fy_plan_free(&plan);
     free(mc);
     return rc;

@@ -219,7 +219,7 @@ static void save_ssd_seen(const struct fy_options *o, const struct fy_diskrates 
     if (d->steps == 0 || (d->read_bytes == 0 && d->write_bytes == 0))
         return;
     char path[PATH_MAX], r[32], w[32];
-    fy_planact_ssd_rates_path(o, path, sizeof path);
+    fy_actsetup_ssd_rates_path(o, path, sizeof path);
     if (fy_diskrates_save(path, d) < 0) {
         fy_warn("the SSD rates of this session's steps were not kept (above): the next session "
                 "plans from its profile's sample");
@@ -296,7 +296,7 @@ struct train_run {
     struct fy_restart restarts;
     struct fy_plan_in plan_in;
     struct fy_plan plan;
-    struct fy_planact act; /* the plan's activation step */
+    struct fy_actsetup act; /* the plan's activation step */
     int have_probe;        /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
     int ssd_from_steps;    /* ... with the SSD's from RUN/ssd_rates.json (the last session) */
     char probed[PATH_MAX + 16];
@@ -310,7 +310,7 @@ struct train_run {
 static void train_free(struct train_run *t)
 {
     free(t->meta);
-    fy_planact_free(&t->act);
+    fy_actsetup_free(&t->act);
     fy_plan_free(&t->plan);
     fy_sampler_free(&t->batches);
     fy_tokfile_close(&t->data);
@@ -526,7 +526,7 @@ static int train_rates(const struct fy_options *o, struct train_run *t)
     /* Where no block is profiled (the activation plan predicts from its profile, and takes the
      * record there), the SSD rates of the run's last session on this store, as `plan` takes them */
     if (!fy_model_arch(&t->model)->swaps_internals || o->inprocess)
-        t->ssd_from_steps = fy_planact_ssd_rates(
+        t->ssd_from_steps = fy_actsetup_ssd_rates(
             o, &t->plan_in.rates, t->have_probe ? "machine.json's" : "the reference machine's");
     return 0;
 }
@@ -539,8 +539,8 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
 {
     FY_TRY(train_rates(o, t));
     t->plan_in.say = 1;
-    t->act = (struct fy_planact){.o = o, .restarts = &t->restarts};
-    struct fy_plan_acts acts = fy_planact_acts(&t->act);
+    t->act = (struct fy_actsetup){.o = o, .restarts = &t->restarts};
+    struct fy_plan_acts acts = fy_actsetup_acts(&t->act);
     FY_TRY(fy_plan_check_gpu(&t->plan_in, NULL)); /* before the activation step's profile */
     FY_TRY(fy_plan_make(&t->plan_in, &acts, &t->plan));
     FY_TRY(fy_plan_check_gpu(&t->plan_in, &t->plan));
@@ -548,8 +548,8 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
     t->act.in.clip_hold = t->plan.place.grad_hold; /* forced modes were placed before it */
     t->act.in.state_pieces = t->plan.place.state_pieces;
     if (t->plan_in.act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
-        rc = fy_actrun_predict(&t->act.in, &t->act.run);
-    const struct fy_actrun *act = &t->act.run;
+        rc = fy_actplace_predict(&t->act.in, &t->act.run);
+    const struct fy_actplace *act = &t->act.run;
     if (rc == 0)
         rc = fy_config_setf(t->cfg, "train.act_keep", "%d",
                             act->keep < 0 ? (int)t->model.n_layer : act->keep);
@@ -559,7 +559,7 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
         rc = fy_config_setf(t->cfg, "train.grad_hold", "%u",
                             t->plan.place.grad_hold == FY_HOLD_GPU ? t->model.n_layer : 0);
     if (rc == 0)
-        rc = fy_planact_save(&t->act);
+        rc = fy_actsetup_save(&t->act);
     return rc;
 }
 
@@ -647,8 +647,8 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
-    const struct fy_actrun *act = &t->act.run;
-    const struct fy_actrun_in *act_in = &t->act.in;
+    const struct fy_actplace *act = &t->act.run;
+    const struct fy_actplace_in *act_in = &t->act.in;
     t->to =
         (struct fy_train_opts){.steps = o->steps,
                                .batch = (int)o->batch,
@@ -670,7 +670,7 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
                                .resident = p->resident,
                                .clip_grad_norm = o->clip_grad_norm,
                                .grad_hold_gpu = p->place.grad_hold == FY_HOLD_GPU,
-                               .ckpt_ssd = p->place.ckpt_slots != 0,
+                               .block_inputs_ssd = p->place.block_inputs_slots != 0,
                                .act_ahead = (unsigned)o->act_ahead,
                                .state_pieces = p->place.state_pieces,
                                .act_dtype = t->plan_in.shape.act_dtype,

@@ -1,5 +1,5 @@
 /* A training run's plan for the blocks' internals: forced placements, and auto's choice between
- * keeping alone and keeping fewer while the planner swaps kinds of the rest. See actrun.h. */
+ * keeping alone and keeping fewer while the planner swaps kinds of the rest. See actplace.h. */
 #include "launcher/plan/actplace.h"
 
 #include <errno.h>
@@ -16,7 +16,7 @@
 #include "common/synth.h"
 
 /* Forced host or ssd: every swappable kind there, or the test hook's seeded mix. */
-static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
+static int plan_forced(const struct fy_actplace_in *in, struct fy_actplace *out)
 {
     unsigned L = in->c->n_layer;
     FY_USAGE(fy_model_arch(in->c)->swaps_internals,
@@ -62,7 +62,7 @@ static double adamw_bytes(const struct fy_model_config *c)
     return fy_optstate_update_param_bytes(FY_DTYPE_F32, c->optim_state);
 }
 
-static double mem_Bps(const struct fy_actrun_in *in)
+static double mem_Bps(const struct fy_actplace_in *in)
 {
     return in->rates.opt_params * adamw_bytes(in->c);
 }
@@ -72,14 +72,14 @@ static uint64_t unit_f32(const struct fy_model_config *c, unsigned u)
     return fy_model_unit_params(c, u) * 4;
 }
 
-static int ranks_of(const struct fy_actrun_in *in) { return in->ranks > 1 ? in->ranks : 1; }
+static int ranks_of(const struct fy_actplace_in *in) { return in->ranks > 1 ? in->ranks : 1; }
 
 /* Each gpu worker's sequences of a step. */
-static int rank_batch(const struct fy_actrun_in *in) { return in->B / ranks_of(in); }
+static int rank_batch(const struct fy_actplace_in *in) { return in->B / ranks_of(in); }
 
 /* With several ranks, the gradients are reduced over NVLink (the CUDA backend), else each rank
  * adds its own in the pool. */
-static int reduce_nvlink(const struct fy_actrun_in *in)
+static int reduce_nvlink(const struct fy_actplace_in *in)
 {
     return ranks_of(in) > 1 && in->backend != NULL && strcmp(in->backend, "cuda") == 0;
 }
@@ -94,7 +94,7 @@ static uint64_t phase_grads(const struct fy_model_config *c, int forward)
 }
 
 /* A phase's gradients reduced over NVLink with several ranks (0 otherwise). */
-static double nvlink_s(const struct fy_actrun_in *in, uint64_t grads)
+static double nvlink_s(const struct fy_actplace_in *in, uint64_t grads)
 {
     int n = ranks_of(in);
     if (!reduce_nvlink(in) || !(in->rates.nvlink > 0))
@@ -103,22 +103,23 @@ static double nvlink_s(const struct fy_actrun_in *in, uint64_t grads)
 }
 
 /* The other ranks' copies through host memory in a phase that moves `grads` of gradients and
- * (for the planned blocks) `ckpts` of checkpoints each way: their weights and activations, and
- * with the gradients summed in the pool, their gradients and the sum read back. */
-static void other_ranks(const struct fy_actrun_in *in, uint64_t grads, uint64_t ckpts,
+ * (for the planned blocks) `inputs` bytes of the blocks' input checkpoints each way: their weights
+ * and activations, and with the gradients summed in the pool, their gradients and the sum read
+ * back. */
+static void other_ranks(const struct fy_actplace_in *in, uint64_t grads, uint64_t inputs,
                         struct fy_actplan_other *o)
 {
     uint64_t others = (uint64_t)ranks_of(in) - 1;
     if (others == 0 || (o->h2d == 0 && o->d2h == 0))
         return;
-    uint64_t copies = o->h2d + o->d2h + ckpts;
+    uint64_t copies = o->h2d + o->d2h + inputs;
     o->mem += reduce_nvlink(in) ? others * (copies - grads) : others * (copies + grads);
 }
 
 /* What the phases carry besides the planned blocks' internals, with `keep` top blocks kept and
  * `planned` blocks under the planner; *norm, what a two-pass clipped step's first backward pass
  * carries (all zero otherwise): a phase of its own, since no update may start before its norm. */
-static void other_work(const struct fy_actrun_in *in, int keep, int planned,
+static void other_work(const struct fy_actplace_in *in, int keep, int planned,
                        struct fy_actplan_other *fwd, struct fy_actplan_other *bwd,
                        struct fy_actplan_other *norm)
 {
@@ -207,7 +208,7 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
 }
 
 /* A phase with no planned blocks: its slowest resource (the cost model of actplan.h, A = 0). */
-static double phase_alone(const struct fy_actplan_other *o, const struct fy_actrun_in *in)
+static double phase_alone(const struct fy_actplan_other *o, const struct fy_actplace_in *in)
 {
     const struct fy_block_profile *p = in->prof;
     double t[] = {o->gpu_s,
@@ -226,8 +227,8 @@ static double phase_alone(const struct fy_actplan_other *o, const struct fy_actr
 /* The planner over the `planned` bottom blocks with `keep` top blocks kept, in mode m; *plan NULL
  * and *step_s the prediction when no block is left to plan. *step_s counts a two-pass clipped
  * step's norm pass, which the planner does not see (*norm_s: that pass alone). */
-static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes, int keep,
-                     enum fy_actplan_mode m, uint64_t host_room, uint64_t ssd_room,
+static int plan_rest(const struct fy_actplace_in *in, const struct fy_actplan_sizes *sizes,
+                     int keep, enum fy_actplan_mode m, uint64_t host_room, uint64_t ssd_room,
                      struct fy_actplan **plan, double *step_s, double *norm_s)
 {
     int planned = (int)in->c->n_layer - keep;
@@ -235,10 +236,10 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
     struct fy_actplan_other norm;
     other_work(in, keep, planned, &prof.fwd, &prof.bwd, &norm);
     /* several ranks: the others' copies in host memory, each phase at least its NVLink reduce */
-    uint64_t ckpts = (uint64_t)planned * sizes->bytes[FY_ACT_CKPT];
+    uint64_t inputs = (uint64_t)planned * sizes->bytes[FY_ACT_CKPT];
     uint64_t head = phase_grads(in->c, 1), blocks = phase_grads(in->c, 0);
-    other_ranks(in, head, ckpts, &prof.fwd);
-    other_ranks(in, blocks, ckpts, &prof.bwd);
+    other_ranks(in, head, inputs, &prof.fwd);
+    other_ranks(in, blocks, inputs, &prof.bwd);
     other_ranks(in, blocks, 0, &norm);
     double nv_fwd = nvlink_s(in, head), nv_bwd = nvlink_s(in, blocks);
     *norm_s = phase_alone(&norm, in);
@@ -295,7 +296,7 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
  * (a slot's size for each block, rounded up to its size class), neither of which the planner
  * sees: when they do not fit, it plans again with that much less room, and last with no SSD at
  * all. *plan NULL when nothing fits. */
-static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes,
+static int plan_swapping(const struct fy_actplace_in *in, const struct fy_actplan_sizes *sizes,
                          int keep, struct fy_actplan **plan, double *step_s, double *norm_s,
                          unsigned char **place, struct fy_plan_swap *swap)
 {
@@ -337,7 +338,7 @@ static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_
     return 0;
 }
 
-static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
+static int plan_auto(const struct fy_actplace_in *in, struct fy_actplace *out)
 {
     const struct fy_block_profile *p = in->prof;
     int L = (int)in->c->n_layer;
@@ -394,22 +395,22 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     return 0;
 }
 
-struct fy_actrun_in fy_actrun_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p)
+struct fy_actplace_in fy_actplace_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p)
 {
-    return (struct fy_actrun_in){.c = in->shape.c,
-                                 .B = in->shape.B,
-                                 .T = in->shape.T,
-                                 .ranks = in->shape.ranks,
-                                 .mode = in->act_mode,
-                                 .backend = in->backend,
-                                 .act_dtype = in->shape.act_dtype,
-                                 .clip = in->shape.clip,
-                                 .clip_hold = p->place.grad_hold,
-                                 .state_pieces = p->place.state_pieces,
-                                 .act_ahead = in->act_ahead};
+    return (struct fy_actplace_in){.c = in->shape.c,
+                                   .B = in->shape.B,
+                                   .T = in->shape.T,
+                                   .ranks = in->shape.ranks,
+                                   .mode = in->act_mode,
+                                   .backend = in->backend,
+                                   .act_dtype = in->shape.act_dtype,
+                                   .clip = in->shape.clip,
+                                   .clip_hold = p->place.grad_hold,
+                                   .state_pieces = p->place.state_pieces,
+                                   .act_ahead = in->act_ahead};
 }
 
-int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
+int fy_actplace_plan(const struct fy_actplace_in *in, struct fy_actplace *out)
 {
     memset(out, 0, sizeof *out);
     /* a gpu worker's internals: of its own sequences */
@@ -420,7 +421,7 @@ int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
     else if (in->mode == FY_ACTPLAN_AUTO)
         rc = plan_auto(in, out);
     if (rc < 0) {
-        fy_actrun_free(out);
+        fy_actplace_free(out);
         /* the planner's "does not fit": the budgets the options give (--cpu-mem, --gpu-mem, the
          * batch) do not hold the activations, said */
         return rc == -ENOSPC ? -FY_EUSAGE : rc;
@@ -429,7 +430,7 @@ int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
     return 0;
 }
 
-int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r)
+int fy_actplace_predict(const struct fy_actplace_in *in, struct fy_actplace *r)
 {
     if (in->prof == NULL || in->mode == FY_ACTPLAN_AUTO)
         return 0;
@@ -454,7 +455,7 @@ int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r)
     return 0;
 }
 
-void fy_actrun_free(struct fy_actrun *r)
+void fy_actplace_free(struct fy_actplace *r)
 {
     free(r->place);
     r->place = NULL;
@@ -462,7 +463,7 @@ void fy_actrun_free(struct fy_actrun *r)
 }
 
 /* Block b's kinds at a placement, as "qkv,attn" ("-" for none). */
-static void kinds_at(const struct fy_actrun *r, unsigned b, int place, char *buf, size_t len)
+static void kinds_at(const struct fy_actplace *r, unsigned b, int place, char *buf, size_t len)
 {
     size_t at = 0;
     buf[0] = '\0';
@@ -475,7 +476,7 @@ static void kinds_at(const struct fy_actrun *r, unsigned b, int place, char *buf
         snprintf(buf, len, "-");
 }
 
-void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
+void fy_actplace_log(const struct fy_actplace *r, const struct fy_actplace_in *in)
 {
     char host[32], ssd[32], slot[32];
     fy_format_size(r->swap.host_bytes, host, sizeof host);
@@ -539,7 +540,7 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
         fy_info("plan: predicted step %.3f s from the measured block profile", r->predicted_s);
 }
 
-int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f)
+int fy_actplace_write_json(const struct fy_actplace *r, const struct fy_actplace_in *in, FILE *f)
 {
     fprintf(f,
             "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "

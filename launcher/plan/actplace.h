@@ -25,8 +25,8 @@
  * at rates.nvlink), and host memory carries the other ranks' copies too (their weights and
  * activations, and where the gradients are summed in the pool, their gradients and the sum read
  * back); auto plans arrangement A alone (swapping is not supported across ranks). */
-#ifndef FY_ACTRUN_H
-#define FY_ACTRUN_H
+#ifndef FY_ACTPLACE_H
+#define FY_ACTPLACE_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -36,7 +36,7 @@
 #include "gpu_worker/backend.h"
 #include "launcher/plan/plan.h"
 
-struct fy_actrun_in {
+struct fy_actplace_in {
     const struct fy_model_config *c;
     int B, T;  /* the step's batch (each gpu worker's: B / ranks) */
     int ranks; /* gpu workers (--gpus; 0 or 1: one). With several, the
@@ -65,7 +65,7 @@ struct fy_actrun_in {
     unsigned act_ahead;            /* --act-ahead (0: the default): the SSD slots' count */
 };
 
-struct fy_actrun {
+struct fy_actplace {
     /* [L][FY_ACT_KINDS] for blocks 1..L (NULL: nothing swapped); a kept block's kinds FY_ACT_GPU */
     unsigned char *place;
     struct fy_actplan_sizes sizes;
@@ -79,7 +79,7 @@ struct fy_actrun {
     int keep_a, keep_b;
     double step_a, step_b;
     /* auto: the planner's result over the blocks not kept (or NULL); a forced mode: its
-     * placement's prediction (fy_actrun_predict) */
+     * placement's prediction (fy_actplace_predict) */
     struct fy_actplan *plan;
 };
 
@@ -88,17 +88,17 @@ struct fy_actrun {
 /* The fields a plan (launcher/plan/plan.h) decides: the shape, the mode, the backend, clipping and
  * where one pass holds the gradients, the state's pieces, --act-ahead; the rest zero for the
  * caller to fill. */
-struct fy_actrun_in fy_actrun_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p);
-int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out);
+struct fy_actplace_in fy_actplace_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p);
+int fy_actplace_plan(const struct fy_actplace_in *in, struct fy_actplace *out);
 /* A forced mode's (recompute, host, ssd) predicted step, from the profile (none without one)
  * under in->resident as it is now (the optimizer state's residency is planned after a forced
- * placement): r->predicted_s and r->plan (its phases, for fy_actrun_log), said in one line. */
-int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r);
-void fy_actrun_free(struct fy_actrun *r);
+ * placement): r->predicted_s and r->plan (its phases, for fy_actplace_log), said in one line. */
+int fy_actplace_predict(const struct fy_actplace_in *in, struct fy_actplace *r);
+void fy_actplace_free(struct fy_actplace *r);
 /* The plan for people, one fy_info line each. */
-void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in);
+void fy_actplace_log(const struct fy_actplace *r, const struct fy_actplace_in *in);
 /* The plan as JSON (mode, kept blocks, masks per block; when auto, the block profile, the rates
  * and both arrangements' predictions it came from, and the planner's object). */
-int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f);
+int fy_actplace_write_json(const struct fy_actplace *r, const struct fy_actplace_in *in, FILE *f);
 
 #endif

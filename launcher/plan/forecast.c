@@ -15,7 +15,7 @@
 #include "gpu_worker/backend.h"
 #include "launcher/plan/actplace.h"
 
-static int forced(const struct fy_dryrun_in *in) /* --act-plan host or ssd */
+static int forced(const struct fy_forecast_in *in) /* --act-plan host or ssd */
 {
     return in->plan.act_mode == FY_ACTPLAN_HOST || in->plan.act_mode == FY_ACTPLAN_SSD;
 }
@@ -27,17 +27,17 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
     (void)ctx;
     if (in->act_mode != FY_ACTPLAN_HOST && in->act_mode != FY_ACTPLAN_SSD)
         return 0;
-    struct fy_actrun_in a = fy_actrun_in_of_plan(in, p);
-    struct fy_actrun r;
-    FY_TRY(fy_actrun_plan(&a, &r));
+    struct fy_actplace_in a = fy_actplace_in_of_plan(in, p);
+    struct fy_actplace r;
+    FY_TRY(fy_actplace_plan(&a, &r));
     p->place.swap = r.swap;
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
     return 0;
 }
 
 /* The plan for model c at batch B under cpu_mem (the searches vary them), with `least` the least
  * pool that holds no unit's state (fy_plan_in.floor_only); p freed first. */
-static int plan_at_least(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+static int plan_at_least(const struct fy_forecast_in *in, const struct fy_model_config *c, int B,
                          uint64_t cpu_mem, int least, struct fy_plan *p)
 {
     struct fy_plan_in at = in->plan;
@@ -50,7 +50,7 @@ static int plan_at_least(const struct fy_dryrun_in *in, const struct fy_model_co
     return fy_plan_make(&at, &acts, p);
 }
 
-static int plan_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+static int plan_at(const struct fy_forecast_in *in, const struct fy_model_config *c, int B,
                    uint64_t cpu_mem, struct fy_plan *p)
 {
     return plan_at_least(in, c, B, cpu_mem, 0, p);
@@ -98,7 +98,7 @@ static uint64_t ssd_free(const char *list, unsigned *paths)
 /* Whether model c at batch B fits the GPU (where modelled), the pool's least (no state kept)
  * under --cpu-mem and the SSD's free space (free > 0: the internals a forced ssd plan swaps there
  * grow with the batch). */
-static int fits_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+static int fits_at(const struct fy_forecast_in *in, const struct fy_model_config *c, int B,
                    uint64_t free_bytes)
 {
     struct fy_plan p = {0}; /* planned under --cpu-mem: the least pool (state in pieces, fewer
@@ -111,7 +111,7 @@ static int fits_at(const struct fy_dryrun_in *in, const struct fy_model_config *
 
 /* The largest batch that fits, a multiple of the gpu workers (each computes B / ranks): searched
  * over each one's sequences. */
-static int largest_batch(const struct fy_dryrun_in *in, uint64_t free_bytes)
+static int largest_batch(const struct fy_forecast_in *in, uint64_t free_bytes)
 {
     int n = fy_plan_ranks(&in->plan.shape), most = 65536 / n;
     if (!fits_at(in, &in->model, n, free_bytes))
@@ -135,7 +135,7 @@ static int largest_batch(const struct fy_dryrun_in *in, uint64_t free_bytes)
 
 /* The most blocks at this width whose store (state and swapped internals) fits the SSD's free
  * space (free > 0) and whose least pool fits --cpu-mem; 0 when none is capped. */
-static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_bytes)
+static unsigned largest_layers(const struct fy_forecast_in *in, uint64_t free_bytes)
 {
     if (free_bytes == 0 && in->plan.cpu_mem == 0)
         return 0;
@@ -144,7 +144,7 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
         struct fy_model_config c = in->model;
         c.n_layer = L;
         /* the GPU is not the search's: a deeper model's working buffers are the same */
-        struct fy_dryrun_in wide = *in;
+        struct fy_forecast_in wide = *in;
         wide.plan.gpu_mem = 0;
         if (!fits_at(&wide, &c, in->plan.shape.B, free_bytes))
             break;
@@ -154,7 +154,7 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
 }
 
 /* The GPU line: the arena's working buffers (and a forced plan's swap sets) against --gpu-mem. */
-static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p)
+static void print_gpu(FILE *out, const struct fy_forecast_in *in, const struct fy_plan *p)
 {
     const struct fy_model_config *c = &in->model;
     const char *budget = in->plan.gpu_mem ? size(in->plan.gpu_mem) : "0 (sized to them)";
@@ -192,7 +192,7 @@ static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_
 
 /* Where the state, the checkpoints and the internals live, and the pool, the GPU and the store
  * against their budgets; 1 where each fits. */
-static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p,
+static int print_budgets(FILE *out, const struct fy_forecast_in *in, const struct fy_plan *p,
                          uint64_t free_bytes, unsigned paths)
 {
     const struct fy_model_config *c = &in->model;
@@ -204,7 +204,7 @@ static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct 
             "rest (%s) streams from the SSD store each step; checkpoints %s; %s\n",
             size(state), p->kept, fy_model_unit_count(c), size(p->resident_bytes),
             size(state - state_bytes(c, p->resident)),
-            p->place.ckpt_slots ? "on the SSD store" : "in the shared pool", weights);
+            p->place.block_inputs_slots ? "on the SSD store" : "in the shared pool", weights);
     if (cpu_mem > 0)
         fprintf(out, "plan: shared pool %s of --cpu-mem %s%s\n", size(p->pool_bytes), size(cpu_mem),
                 p->fits_cpu ? "" : " (DOES NOT FIT)");
@@ -215,7 +215,7 @@ static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct 
                 size(p->pool_bytes));
     if (cpu_mem > 0 && !p->fits_cpu && in->plan.shape.clip) {
         /* the state in pieces with one gradient slot is an unclipped floor: say where it fits */
-        struct fy_dryrun_in unclipped = *in;
+        struct fy_forecast_in unclipped = *in;
         unclipped.plan.shape.clip = 0;
         unclipped.plan.clip_max = 0;
         struct fy_plan u = {0};
@@ -245,11 +245,11 @@ static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct 
                 fy_actplan_mode_name(in->plan.act_mode), size(swap->host_bytes),
                 size(swap->ssd_bytes), swap->slots, size(swap->slot_bytes));
     unsigned copies = in->plan.state_copies;
-    const char *with = swap->ssd_bytes && p->place.ckpt_slots
+    const char *with = swap->ssd_bytes && p->place.block_inputs_slots
                            ? ", the swapped internals' scratch and the checkpoints'"
-                       : swap->ssd_bytes     ? " and the swapped internals' scratch"
-                       : p->place.ckpt_slots ? " and the checkpoints' scratch"
-                                             : "";
+                       : swap->ssd_bytes             ? " and the swapped internals' scratch"
+                       : p->place.block_inputs_slots ? " and the checkpoints' scratch"
+                                                     : "";
     int store_fits = paths == 0 || p->store_bytes <= free_bytes;
     if (paths > 0)
         fprintf(out, "plan: SSD store %s (%u cop%s of the state%s) on %u path%s with %s free%s\n",
@@ -264,7 +264,7 @@ static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct 
 }
 
 /* What to change to go faster: the bound's own lever, and the prediction with it. */
-static void print_advice(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p,
+static void print_advice(FILE *out, const struct fy_forecast_in *in, const struct fy_plan *p,
                          unsigned paths, int maxb)
 {
     const struct fy_plan_prediction *pr = &p->predicted;
@@ -300,7 +300,7 @@ static void print_advice(FILE *out, const struct fy_dryrun_in *in, const struct 
 
 /* With several gpu workers: each one's share, the weights' and the gradients' paths with their
  * bytes and times, and the predicted step against one GPU's at the same batch. */
-static void print_gpus(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p)
+static void print_gpus(FILE *out, const struct fy_forecast_in *in, const struct fy_plan *p)
 {
     const struct fy_plan_shape *shape = &in->plan.shape;
     const struct fy_plan_rates *r = &in->plan.rates;
@@ -330,7 +330,7 @@ static void print_gpus(FILE *out, const struct fy_dryrun_in *in, const struct fy
             ranks, fy_plan_rank_batch(shape), shape->B, reduce, size(p->traffic.host_mem),
             pr->host_mem_s, r->host_mem * 1e-9,
             r->host_mem == fy_plan_reference_rates.host_mem ? " (the reference machine's)" : "");
-    struct fy_dryrun_in one = *in;
+    struct fy_forecast_in one = *in;
     one.plan.shape.ranks = 1;
     struct fy_plan single = {0};
     double tokens = (double)shape->B * shape->T;
@@ -345,7 +345,7 @@ static void print_gpus(FILE *out, const struct fy_dryrun_in *in, const struct fy
     fy_plan_free(&single);
 }
 
-int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
+int fy_forecast_print(FILE *out, const struct fy_forecast_in *in)
 {
     const struct fy_model_config *c = &in->model;
     const struct fy_plan_shape *shape = &in->plan.shape;

@@ -4,8 +4,8 @@
  * and the SSD, the predicted time per resource and the bound, tokens/s and TFLOP/s, the largest
  * batch and model that fit, and what to change to go faster. The rates are a machine profile's
  * (a JSON file) or the reference machine's. */
-#ifndef FY_DRYRUN_H
-#define FY_DRYRUN_H
+#ifndef FY_FORECAST_H
+#define FY_FORECAST_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include "common/model.h"
 #include "launcher/plan/plan.h"
 
-struct fy_dryrun_in {
+struct fy_forecast_in {
     struct fy_model_config model;
     /* what the planner is given (plan.shape.c: &model; the batch, the options, the budgets and the
      * rates); plan.act_mode host and ssd swap every block's internals, as train's forced
@@ -26,6 +26,6 @@ struct fy_dryrun_in {
 
 /* Prints the plan, one "plan: ..." line each, to out. Returns 0 when it fits every budget, 1 when
  * it does not (said), or -errno. */
-int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in);
+int fy_forecast_print(FILE *out, const struct fy_forecast_in *in);
 
 #endif

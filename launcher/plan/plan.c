@@ -240,7 +240,7 @@ uint64_t fy_plan_swap_store_bytes(const struct fy_plan_swap *swap, unsigned n_la
     return swap->ssd_bytes ? fy_plan_spill_extent_bytes(swap->slot_bytes, n_layer) : 0;
 }
 
-uint64_t fy_plan_ckpt_store_bytes(const struct fy_plan_shape *s)
+uint64_t fy_plan_block_inputs_store_bytes(const struct fy_plan_shape *s)
 {
     uint64_t act = align4k(fy_plan_act_bytes(s->c, s->B, s->T, s->act_dtype));
     return fy_plan_spill_extent_bytes(act, s->c->n_layer);
@@ -359,16 +359,16 @@ void fy_plan_regions(const struct fy_plan_shape *s, const struct fy_plan_place *
     const struct fy_model_config *c = s->c;
     uint64_t act = align4k(fy_plan_act_bytes(c, s->B, s->T, s->act_dtype));
     uint64_t tok = align4k((uint64_t)s->B * s->T * 4);
-    unsigned i = 0, ckpt_slots = p->ckpt_slots;
+    unsigned i = 0, block_inputs_slots = p->block_inputs_slots;
     out[i++] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
     /* inputs, targets, positions (each [B][T] int32), then the embeddings' row lists */
     out[i++] = (struct fy_pool_region_spec){"tokens", 3 * tok + embed_rows_bytes(c)};
     /* the checkpoints x_0..x_L, or the slots they take in turn on their way to the store; two
      * activation gradients (with the store a third: clipping's pass 1 can no longer borrow x_L's
      * room) */
-    out[i++] =
-        (struct fy_pool_region_spec){"acts", (ckpt_slots ? ckpt_slots : c->n_layer + 1) * act};
-    out[i++] = (struct fy_pool_region_spec){"dacts", (ckpt_slots ? 3 : 2) * act};
+    out[i++] = (struct fy_pool_region_spec){
+        "acts", (block_inputs_slots ? block_inputs_slots : c->n_layer + 1) * act};
+    out[i++] = (struct fy_pool_region_spec){"dacts", (block_inputs_slots ? 3 : 2) * act};
     /* weights: slot 0 keeps the embeddings for the tied head, the blocks and the final unit take
      * the other prefetch + 1 in turn, so the next units' weights arrive while one computes; grads:
      * slot 0 holds the embedding gradient through the backward, the blocks take grad_slots
@@ -597,10 +597,10 @@ static void ssd_bytes(const struct fy_plan_shape *s, const struct fy_plan_place 
 {
     const struct fy_model_config *c = s->c;
     uint64_t act = align4k(fy_plan_act_bytes(c, s->B, s->T, s->act_dtype));
-    uint64_t ckpts = p->ckpt_slots ? c->n_layer * act : 0;
-    ckpts += p->swap.ssd_bytes;
-    out->ssd_read = (s->clip && !p->grad_hold ? 2 : 1) * ckpts;
-    out->ssd_write = ckpts;
+    uint64_t spilled = p->block_inputs_slots ? c->n_layer * act : 0;
+    spilled += p->swap.ssd_bytes;
+    out->ssd_read = (s->clip && !p->grad_hold ? 2 : 1) * spilled;
+    out->ssd_write = spilled;
     for (unsigned u = 0; u < fy_model_unit_count(c); u++)
         if (p->resident == NULL || !p->resident[u]) {
             int block = fy_model_unit_kind(c, u) == FY_UNIT_BLOCK;
@@ -827,15 +827,15 @@ static unsigned plan_resident(const struct fy_plan_in *in, struct fy_plan *p)
     return kept;
 }
 
-/* --ckpt-place: where the checkpoints go (p->place.ckpt_slots). auto: everything in the pool when
- * it all fits, no SSD traffic at all; otherwise the pool is better spent on optimizer state: a
+/* --ckpt-place: where the blocks' input checkpoints go (p->place.block_inputs_slots). auto:
+ * everything in the pool when it all fits, no SSD traffic at all; otherwise the pool is better spent on optimizer state: a
  * streamed unit moves 28 bytes over the SSD per 12 of state each step (weights read, state read
  * and written), a checkpoint 2 per byte. */
 static void plan_checkpoints(const struct fy_plan_in *in, struct fy_plan *p)
 {
-    int ssd = in->ckpt_place == FY_CKPT_SSD;
-    if (in->ckpt_place == FY_CKPT_AUTO) {
-        p->place.ckpt_slots = 0;
+    int ssd = in->block_inputs_place == FY_BLOCK_INPUTS_SSD;
+    if (in->block_inputs_place == FY_BLOCK_INPUTS_AUTO) {
+        p->place.block_inputs_slots = 0;
         unsigned all = plan_resident(in, p);
         ssd = in->cpu_mem != 0 && all < fy_model_unit_count(in->shape.c);
         if (in->say)
@@ -844,7 +844,7 @@ static void plan_checkpoints(const struct fy_plan_in *in, struct fy_plan *p)
                     ssd ? "the optimizer state does not all fit --cpu-mem beside them"
                         : "they fit beside all the optimizer state");
     }
-    p->place.ckpt_slots = ssd ? fy_plan_spill_slots(in->act_ahead) : 0;
+    p->place.block_inputs_slots = ssd ? fy_plan_spill_slots(in->act_ahead) : 0;
 }
 
 /* The block gradient slots, up to in->grad_slots: more than the floor's (plan_floor) only when
@@ -1157,7 +1157,7 @@ static uint64_t store_bytes(const struct fy_plan_in *in, const struct fy_plan *p
         state += fy_optstate_bytes(c, u);
     return state * in->state_copies + 2 * FY_COMMIT_RECORD_BYTES +
            fy_plan_swap_store_bytes(&p->place.swap, c->n_layer) +
-           (p->place.ckpt_slots ? fy_plan_ckpt_store_bytes(&in->shape) : 0);
+           (p->place.block_inputs_slots ? fy_plan_block_inputs_store_bytes(&in->shape) : 0);
 }
 
 /* The GPU arena against --gpu-mem (gpu_bytes). */

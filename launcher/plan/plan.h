@@ -139,7 +139,7 @@ uint64_t fy_plan_swap_pool_bytes(const struct fy_plan_swap *swap);
 /* The store's scratch extents a run takes (0: none), as train makes them: the SSD-placed internals'
  * (one slot's size for each block), and the checkpoints' with --ckpt-place ssd. */
 uint64_t fy_plan_swap_store_bytes(const struct fy_plan_swap *swap, unsigned n_layer);
-uint64_t fy_plan_ckpt_store_bytes(const struct fy_plan_shape *s);
+uint64_t fy_plan_block_inputs_store_bytes(const struct fy_plan_shape *s);
 
 /* Where a unit's optimizer state lives (struct fy_plan_place.resident): streamed from the store,
  * kept in the pool across steps, or (with bf16 weights) kept with a bf16 copy of its weights
@@ -162,7 +162,7 @@ struct fy_plan_place {
     int state_pieces;
     /* 0: the checkpoints x_0..x_L stay in the pool; else x_0..x_{L-1} go to the store through
      * these slots (fy_plan_spill_slots) */
-    unsigned ckpt_slots;
+    unsigned block_inputs_slots;
     struct fy_plan_swap swap; /* the blocks' swapped internals (all 0: none) */
     /* with clipping: FY_HOLD_POOL or _GPU, one backward pass (every block's gradient held in the
      * pool's "gradhold" region, or in the GPU arena, until the norm is known, the updates after
@@ -339,7 +339,8 @@ struct fy_plan_in {
     unsigned prefetch;   /* --prefetch */
     unsigned grad_slots; /* --grad-slots: the most block gradients wanted */
     unsigned act_ahead;  /* --act-ahead (0: the default) */
-    int ckpt_place;      /* --ckpt-place: FY_CKPT_HOST, _SSD or _AUTO (launcher/cli/options.h) */
+    /* --ckpt-place, the blocks' input checkpoints: FY_BLOCK_INPUTS_HOST, _SSD or _AUTO */
+    int block_inputs_place;
     enum fy_actplan_mode act_mode; /* --act-plan */
     uint64_t cpu_mem;              /* the pool's cap (0: none, and no state kept) */
     uint64_t gpu_mem;              /* the GPU arena's (0: the working buffers alone, not checked) */
@@ -389,7 +390,7 @@ struct fy_plan {
  * called before the state's residency is planned for --act-plan host and ssd (every block's
  * internals placed whatever the room; the residency plans around them), after it for auto and
  * recompute (auto plans in the room that the kept state and the streaming leave: p->resident and
- * p->place.ckpt_slots as planned). Returns 0 or -errno (said). NULL: nothing swapped. */
+ * p->place.block_inputs_slots as planned). Returns 0 or -errno (said). NULL: nothing swapped. */
 struct fy_plan_acts {
     int (*place)(void *ctx, const struct fy_plan_in *in, struct fy_plan *p);
     void *ctx;

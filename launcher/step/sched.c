@@ -328,7 +328,7 @@ static struct fy_desc weights_region(const struct fy_sched *r, int op, unsigned 
 }
 
 /* The checkpoints' placement for this run: the pool must have been laid out for it. */
-static int ckpt_setup(struct fy_sched *r, int ssd)
+static int block_inputs_setup(struct fy_sched *r, int ssd)
 {
     const struct fy_plan_layout *l = &r->l;
     unsigned L = l->c->n_layer;
@@ -337,7 +337,7 @@ static int ckpt_setup(struct fy_sched *r, int ssd)
                    "shared pool: room for %u checkpoints and %u activation gradients, not the %u "
                    "and 2 this run keeps in the pool (laid out for --ckpt-place ssd?)",
                    l->act_slots, l->dact_slots, L + 1);
-        fy_spill_in_pool(&r->ckpt, &r->tk, l->acts, align4k(l->act_bytes));
+        fy_spill_in_pool(&r->block_inputs, &r->tk, l->acts, align4k(l->act_bytes));
         return 0;
     }
     unsigned slots = fy_plan_spill_slots(r->act_ahead);
@@ -347,7 +347,7 @@ static int ckpt_setup(struct fy_sched *r, int ssd)
                l->act_slots, l->dact_slots, slots, r->act_ahead);
     char what[64];
     snprintf(what, sizeof what, "checkpoints x_0..x_%u", L ? L - 1 : 0);
-    return fy_spill_setup(&r->ckpt, &r->tk, l->acts, align4k(l->act_bytes), slots, L,
+    return fy_spill_setup(&r->block_inputs, &r->tk, l->acts, align4k(l->act_bytes), slots, L,
                           FY_TENSOR_CKPT_SPILL(0), what);
 }
 
@@ -417,7 +417,7 @@ static unsigned saved_parts(const struct fy_sched *r, unsigned b, int op, uint64
 static int backward_ahead(struct fy_sched *r, unsigned b)
 {
     for (unsigned a = b - 1; a >= 1 && a + r->act_ahead >= b; a--) {
-        FY_TRY(fy_spill_in(&r->ckpt, a - 1, 0, NULL));
+        FY_TRY(fy_spill_in(&r->block_inputs, a - 1, 0, NULL));
         if (r->ssd_mask[a])
             FY_TRY(fy_spill_in(&r->saved, a - 1, 0, NULL));
     }
@@ -432,7 +432,7 @@ static int block_backward_issue(struct fy_sched *r, unsigned b, uint64_t w_off, 
 {
     const struct fy_plan_layout *l = &r->l;
     uint64_t x_off = 0, s_off = 0;
-    FY_TRY(fy_spill_in(&r->ckpt, b - 1, 1, &x_off));
+    FY_TRY(fy_spill_in(&r->block_inputs, b - 1, 1, &x_off));
     if (r->ssd_mask[b])
         FY_TRY(fy_spill_in(&r->saved, b - 1, 1, &s_off));
     int op = FY_OP_GPT_BLOCK_BWD;
@@ -445,7 +445,7 @@ static int block_backward_issue(struct fy_sched *r, unsigned b, uint64_t w_off, 
     req[4].arg = hold ? b : 0; /* and kept in the gpu worker's buffer b - 1 */
     req[5] = positions_part(l, op, (int)b);
     FY_TRY(fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, saved_parts(r, b, op, s_off, req, 6), t));
-    fy_spill_used_by(&r->ckpt, b - 1, t);
+    fy_spill_used_by(&r->block_inputs, b - 1, t);
     if (r->ssd_mask[b])
         fy_spill_used_by(&r->saved, b - 1, t);
     return b >= 2 ? backward_ahead(r, b) : 0;
@@ -489,7 +489,7 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
     r->act_ahead = fy_plan_act_ahead(o->act_ahead);
     FY_REQUIRE(r->act_ahead <= FY_PLAN_ACT_AHEAD_MAX, -EINVAL,
                "train: --act-ahead %u: give 1 to %d blocks", r->act_ahead, FY_PLAN_ACT_AHEAD_MAX);
-    FY_TRY(ckpt_setup(r, o->ckpt_ssd));
+    FY_TRY(block_inputs_setup(r, o->block_inputs_ssd));
     r->tk.trace = o->trace;
     FY_REQUIRE(isfinite(o->clip_grad_norm) && o->clip_grad_norm >= 0, -EINVAL,
                "train: the clipping norm %g must be finite and >= 0 (0: no clipping)",
@@ -672,7 +672,7 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         rc = fy_optq_settle(&r->opt, 0);
     uint64_t x_out = 0, x_in = 0;
     if (rc == 0)
-        rc = fy_spill_out(&r->ckpt, 0, &x_out);
+        rc = fy_spill_out(&r->block_inputs, 0, &x_out);
     if (rc == 0) {
         int op = FY_OP_GPT_EMBED_FWD;
         req[0] = fy_desc_region(op, FY_KIND_TOKENS, FY_DTYPE_I32, l->tokens, l->tok_bytes, 0);
@@ -680,7 +680,7 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         req[2] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_out, l->act_bytes, 0);
         req[3] = positions_part(l, op, 0);
         rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, 4, &g_embed);
-        fy_spill_used_by(&r->ckpt, 0, &g_embed);
+        fy_spill_used_by(&r->block_inputs, 0, &g_embed);
         wslot_used_by(r, 0, &g_embed);
     }
     for (unsigned b = 1; rc == 0 && b <= L; b++) {
@@ -693,9 +693,9 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         if (rc == 0)
             rc = fy_optq_settle(&r->opt, b);
         if (rc == 0)
-            rc = fy_spill_in(&r->ckpt, b - 1, 0, &x_in); /* the slot block b-1 just wrote */
+            rc = fy_spill_in(&r->block_inputs, b - 1, 0, &x_in); /* the slot block b-1 just wrote */
         if (rc == 0)
-            rc = fy_spill_out(&r->ckpt, b, &x_out);
+            rc = fy_spill_out(&r->block_inputs, b, &x_out);
         uint64_t s_off = 0; /* the slot of block b's internals on their way to the store */
         int swaps = train && r->ssd_mask[b] != 0;
         if (rc == 0 && swaps)
@@ -709,12 +709,12 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
         if (rc == 0)
             rc = fy_ticket_issue(&r->tk, FY_TICKET_GPU, req, n, &g[b]);
         wslot_used_by(r, block_wslot(l, b), &g[b]);
-        fy_spill_used_by(&r->ckpt, b - 1, &g[b]);
-        fy_spill_used_by(&r->ckpt, b, &g[b]);
+        fy_spill_used_by(&r->block_inputs, b - 1, &g[b]);
+        fy_spill_used_by(&r->block_inputs, b, &g[b]);
         if (swaps)
             fy_spill_used_by(&r->saved, b - 1, &g[b]);
         if (rc == 0 && train) /* x_{b-1} to the store once its block has written it */
-            rc = fy_spill_write(&r->ckpt, b - 1, b == 1 ? &g_embed : &g[b - 1]);
+            rc = fy_spill_write(&r->block_inputs, b - 1, b == 1 ? &g_embed : &g[b - 1]);
         if (rc == 0 && train && b >= 2 && r->ssd_mask[b - 1]) /* and block b-1's internals */
             rc = fy_spill_write(&r->saved, b - 2, &g[b - 1]);
         /* unit b+depth goes into the slot block b-1 had: once that block has run */
@@ -738,7 +738,7 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
     if (rc == 0)
         rc = fy_optq_settle(&r->opt, fin);
     if (rc == 0)
-        rc = fy_spill_in(&r->ckpt, L, 0, &x_in);
+        rc = fy_spill_in(&r->block_inputs, L, 0, &x_in);
     if (rc == 0) {
         int op = FY_OP_GPT_HEAD, f = (int)fin;
         req[0] = fy_desc_region(op, FY_KIND_ACTIVATION, l->act_dtype, x_in, l->act_bytes, f);
@@ -758,7 +758,7 @@ int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss)
     }
     /* the gpu requests were all waited for before the head; the backward converts in the order it
      * needs the weights, holding no update back */
-    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->block_inputs);
     fy_spill_forget_users(&r->saved);
     wslot_forget_users(r);
     fy_optq_hold_from(&r->opt, fy_model_unit_count(c));
@@ -1132,7 +1132,7 @@ static int backward_blocks(struct fy_sched *r, uint64_t step, double lr, unsigne
         w = w ? w : fy_ticket_wait(&r->tk, &cv[u], NULL);
         rc = rc ? rc : w;
     }
-    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->block_inputs);
     fy_spill_forget_users(&r->saved);
     wslot_forget_users(r);
     free(g);
@@ -1222,7 +1222,7 @@ static int backward_pieces(struct fy_sched *r, uint64_t step, double lr, unsigne
         w = w ? w : fy_ticket_wait(&r->tk, &rw[u], NULL);
         rc = rc ? rc : w;
     }
-    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->block_inputs);
     fy_spill_forget_users(&r->saved);
     wslot_forget_users(r);
     free(g);
@@ -1279,9 +1279,9 @@ static int norm_pass(struct fy_sched *r, double *total)
     int rc = rw && g && sq && part ? 0 : -ENOMEM;
     /* x_L's room is free after the head; with the checkpoints in slots, a third dacts buffer;
      * one pass needs no dx_L afterwards */
-    const uint64_t scratch[2] = {dact_at(l, 1), r->one_pass  ? dact_at(l, 0)
-                                                : r->ckpt.on ? dact_at(l, 2)
-                                                             : act_at(l, L)};
+    const uint64_t scratch[2] = {dact_at(l, 1), r->one_pass          ? dact_at(l, 0)
+                                                : r->block_inputs.on ? dact_at(l, 2)
+                                                                     : act_at(l, L)};
     uint64_t dy = dact_at(l, 0); /* dL/d(output of the block being processed) */
     unsigned depth = l->wslots - 1;
     if (rc == 0)
@@ -1322,7 +1322,7 @@ static int norm_pass(struct fy_sched *r, double *total)
         w = w ? w : fy_ticket_wait(&r->tk, &rw[u], NULL);
         rc = rc ? rc : w;
     }
-    fy_spill_forget_users(&r->ckpt);
+    fy_spill_forget_users(&r->block_inputs);
     fy_spill_forget_users(&r->saved);
     wslot_forget_users(r);
     double sum = 0.0;

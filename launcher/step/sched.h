@@ -36,7 +36,7 @@ struct fy_sched {
     uint64_t *version;  /* per unit: the step whose weights it holds */
     /* Checkpoints (the blocks' inputs x_0..x_L): item i is x_i, in the acts region; with
      * --ckpt-place ssd x_0..x_{L-1} go through its slots to the store. */
-    struct fy_spill ckpt;
+    struct fy_spill block_inputs;
     /* The blocks' swapped internals (fy_train_opts.act_place), per block 1..L: the kinds that stay
      * in the pool (host_mask, at host_off in the saved region) and those that go through the
      * saved ring's slots to the store (ssd_mask; block b is item b - 1). */

@@ -426,7 +426,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     }
     if (rc == 0 && metrics_full)
         rc = fy_metrics_stopped(o->metrics, meta->step);
-    drained = fy_spill_drain(&r.ckpt);
+    drained = fy_spill_drain(&r.block_inputs);
     rc = rc ? rc : drained;
     drained = fy_spill_drain(&r.saved);
     rc = rc ? rc : drained;

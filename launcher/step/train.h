@@ -76,7 +76,8 @@ struct fy_train_opts {
     /* the state slots hold a piece each (struct fy_plan_place's state_pieces): a streamed unit's
      * state read, updated and written piece by piece after its gradient is in */
     int state_pieces;
-    int ckpt_ssd;       /* 1: the block-input checkpoints go to the SSD store (--ckpt-place ssd) */
+    /* 1: the blocks' input checkpoints go to the SSD store (--ckpt-place ssd) */
+    int block_inputs_ssd;
     unsigned act_ahead; /* --act-ahead: blocks whose activations on the store the backward reads
                               ahead (1..FY_PLAN_ACT_AHEAD_MAX; 0: FY_PLAN_ACT_AHEAD_DEFAULT) */
     int act_dtype;      /* activations in the pool: FY_DTYPE_F32 or _BF16, the backend's choice
