@@ -20,10 +20,6 @@ KNOWN = {
     frozenset({"gpu_worker/backend", "gpu_worker/cpu/cpu_backend", "gpu_worker/cuda/cu_family",
                "gpu_worker/cuda/cu_gpt2_units", "gpu_worker/cuda/cu_llama_units",
                "gpu_worker/cuda/cu_model", "gpu_worker/cuda/cuda_backend"}),
-    # the options, the plan and the step engine: options.c reads train.h's types, plan.c the
-    # options, the schedule the plan
-    frozenset({"launcher/cli/options", "launcher/step/optq", "launcher/plan/plan", "launcher/step/sched",
-               "launcher/step/spill", "launcher/step/train"}),
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

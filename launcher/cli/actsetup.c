@@ -15,6 +15,7 @@
 #include "launcher/plan/diskrates.h"
 #include "launcher/cli/actsetup.h"
 #include "launcher/cli/profile.h"
+#include "launcher/step/progress.h"
 
 /* Room for swapped internals beside the pool's other regions: what --cpu-mem leaves, or without
  * it half the machine's memory less that pool; and on the store, what its filesystem has free
@@ -130,6 +131,7 @@ static int profile_block(struct fy_actsetup *a, const struct fy_plan_in *in,
         rc = fy_profile_run(o, in->shape.c, in->shape.act_dtype, &a->prof, &ain->rates, &fault);
         if (a->restarts == NULL || !fy_restart_after(a->restarts, rc, 0, &fault, t0))
             break;
+        fy_progress_restart();
     }
     /* interrupted, a worker that failed, a run directory in use, options refused (the command
      * refuses them too): said, and no plan */

@@ -18,7 +18,8 @@
 #include "common/sampler.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cli/options.h"
-#include "launcher/step/train.h"
+#include "launcher/plan/plan.h"
+#include "launcher/step/trainopts.h"
 #include "opt_worker/adamw.h"
 
 /* ---- the commands ---------------------------------------------------------------------------- */

@@ -39,7 +39,7 @@ struct fy_options {
     uint64_t gpus; /* --gpus: gpu workers, each with B / gpus of every step */
     uint64_t
         state_piece; /* init --state-piece: bytes of optimizer state a piece (0: whole units) */
-    int block_inputs_place; /* FY_BLOCK_INPUTS_HOST, FY_BLOCK_INPUTS_SSD, FY_BLOCK_INPUTS_AUTO */
+    int block_inputs_place; /* --ckpt-place: FY_BLOCK_INPUTS_* (launcher/plan/plan.h) */
     const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, plan) */
     int optim_state;      /* --optim-state: enum fy_optim_state, or -1 (not given) */
     int weights_dtype;    /* --weights-dtype: FY_DTYPE_F32, _BF16, or 0 (auto: the backend's) */
@@ -96,9 +96,6 @@ struct fy_train_set {
     double min_lr_ratio, weight_decay, beta1, beta2, eps, clip_grad_norm;
 };
 extern const struct fy_train_set fy_train_scratch, fy_train_finetune;
-
-/* --ckpt-place (launcher/plan/forecast.h takes the same values) */
-enum { FY_BLOCK_INPUTS_HOST, FY_BLOCK_INPUTS_SSD, FY_BLOCK_INPUTS_AUTO };
 
 /* fy_options_parse's result where --help was asked for (and printed). */
 #define FY_OPTIONS_HELP 1

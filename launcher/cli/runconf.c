@@ -18,7 +18,11 @@
 #include "gpu_worker/backend.h"
 #include "io_worker/store.h"
 #include "launcher/cli/runconf.h"
+#include "launcher/run/gpus.h"
 #include "launcher/run/staging.h"
+
+/* --gpus is parsed against the plan's bound; the session starts that many gpu workers */
+_Static_assert(FY_GPUS_MAX == FY_PLAN_RANKS_MAX, "the gpu workers' bound is the plan's");
 
 struct fy_session_opts fy_runconf_session(const struct fy_options *o)
 {

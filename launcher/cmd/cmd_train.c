@@ -717,6 +717,7 @@ static int train_steps(struct fy_options *o, struct train_run *t)
         rc = train_attempt(o, t, attempt, &fault, &stepping);
         if (!fy_restart_after(&t->restarts, rc, stepping, &fault, t0))
             break;
+        fy_progress_restart();
         rc = 0;
     }
     fy_progress_end();

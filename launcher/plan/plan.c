@@ -16,7 +16,6 @@
 #include "common/log.h"
 #include "common/optstate.h"
 #include "gpu_worker/backend.h"
-#include "launcher/cli/options.h"
 
 /* The reference machine: one H200 with a 16-core Xeon and one virtual disk, measured as
  * docs/benchmarks.md ("The machine") lists. */

@@ -332,6 +332,10 @@ enum { FY_CLIP_HOLD_AUTO = 0, FY_CLIP_HOLD_POOL = 1, FY_CLIP_HOLD_GPU = 2 };
  * arena's buffers take no more). */
 uint64_t fy_plan_hold_bytes(const struct fy_model_config *c);
 
+/* --ckpt-place: where the blocks' input checkpoints go (struct fy_plan_in.block_inputs_place): the
+ * pool, the SSD store, or auto (fy_plan_make). */
+enum { FY_BLOCK_INPUTS_HOST, FY_BLOCK_INPUTS_SSD, FY_BLOCK_INPUTS_AUTO };
+
 /* What a plan is made from: the step, the options that place things, the budgets, the rates. */
 struct fy_plan_in {
     struct fy_plan_shape shape;

@@ -7,7 +7,7 @@
 
 #include "common/config.h"
 #include "common/pool.h"
-#include "launcher/step/ticket.h"
+#include "launcher/run/exec.h"
 
 struct fy_inproc;
 

@@ -5,7 +5,6 @@
 #include "common/check.h"
 #include "common/desc.h"
 #include "common/log.h"
-#include "launcher/step/progress.h"
 #include "launcher/run/restart.h"
 
 void fy_restart_init(struct fy_restart *r, uint64_t max, const char *run_dir,
@@ -43,7 +42,6 @@ int fy_restart_after(struct fy_restart *r, int rc, int stepping, const struct fy
         return 0;
     }
     r->at[r->n++] = now;
-    fy_progress_restart();
     fy_warn("restart %u: %s %.1f s into this attempt; going back to the last commit and starting "
             "the workers again",
             r->n, what, now - since);

@@ -11,7 +11,7 @@
 #include "common/pool.h"
 #include "common/topo.h"
 #include "launcher/run/supervise.h"
-#include "launcher/step/ticket.h"
+#include "launcher/run/exec.h"
 
 struct fy_session_opts {
     const char *run_dir;

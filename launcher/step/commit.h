@@ -11,7 +11,7 @@
 #include "common/ckpt.h"
 #include "common/pool.h"
 #include "common/model.h"
-#include "launcher/step/ticket.h"
+#include "launcher/run/exec.h"
 
 /* One request to the io worker, waited for: `bytes` at pool offset `pool_offset` (none: a control
  * request), extent offset or size in `arg`. Returns the reply's status. */

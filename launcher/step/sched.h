@@ -17,7 +17,7 @@
 #include "launcher/plan/plan.h"
 #include "launcher/step/spill.h"
 #include "launcher/step/ticket.h"
-#include "launcher/step/train.h"
+#include "launcher/step/trainopts.h"
 
 struct fy_sched {
     struct fy_tickets tk; /* the requests and their tickets, the times waited and busy */

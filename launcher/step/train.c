@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "common/dtype.h"
 #include "common/log.h"
+#include "launcher/plan/diskrates.h"
 #include "launcher/step/commit.h"
 #include "launcher/step/metrics.h"
 #include "launcher/step/progress.h"
@@ -63,42 +64,6 @@ int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char
                "shared pool: the meta region of %llu bytes does not hold a commit record",
                (unsigned long long)bytes);
     return fy_commit_read(x, pool, off, where, UINT64_MAX, meta, timeout_ms);
-}
-
-double fy_train_lr(const struct fy_train_opts *o, uint64_t step)
-{
-    if (o->warmup > 0 && step <= o->warmup)
-        return o->lr * (double)step / (double)o->warmup;
-    double min_lr = o->lr * o->min_lr_ratio;
-    if (o->steps <= o->warmup)
-        return o->lr;
-    double span = (double)(o->steps - o->warmup);
-    if (o->schedule == FY_LR_LINEAR) { /* the steps after the warmup counted from 0, as Trainer's */
-        double left = 1.0 - (double)(step - o->warmup - 1) / span;
-        return min_lr + (o->lr - min_lr) * (left < 0.0 ? 0.0 : left);
-    }
-    double progress = (double)(step - o->warmup) / span;
-    if (progress > 1.0)
-        progress = 1.0;
-    return min_lr + (o->lr - min_lr) * 0.5 * (1.0 + cos(3.141592653589793 * progress));
-}
-
-static const char *const lr_schedule_names[] = {
-    [FY_LR_COSINE] = "cosine", [FY_LR_LINEAR] = "linear"};
-
-const char *fy_train_lr_schedule_name(enum fy_lr_schedule s)
-{
-    return (unsigned)s < 2 ? lr_schedule_names[s] : "?";
-}
-
-int fy_train_lr_schedule_parse(const char *name, enum fy_lr_schedule *out)
-{
-    for (int i = 0; i < 2; i++)
-        if (strcmp(name, lr_schedule_names[i]) == 0) {
-            *out = (enum fy_lr_schedule)i;
-            return 0;
-        }
-    return -EINVAL;
 }
 
 /* A step as its log lines say it: what it computed, and the time waited for each worker and each
