@@ -19,6 +19,64 @@
 #include "launcher/step/ticket.h"
 #include "launcher/step/trainopts.h"
 
+/* The blocks' swapped internals (fy_train_opts.act_place), per block 1..L: the kinds that stay in
+ * the pool (host_mask, at host_off in the saved region) and those that go through the ring's slots
+ * to the store (ssd_mask; block b is item b - 1); sizes, the kinds' bytes in the backend's layout.
+ * Set up with the schedule (fy_sched_setup); the requests' parts are fy_sched_saved_parts'. */
+struct fy_sched_swap {
+    unsigned *host_mask, *ssd_mask;
+    uint64_t *host_off;
+    struct fy_spill ring;
+    struct fy_actplan_sizes sizes;
+};
+
+/* Clipping (launcher/step/sched_clip.c): on (one backward pass or two; the norm pass also
+ * completes the embedding gradient), and this step's gradient scale (0: none) for every
+ * opt-adamw. */
+struct fy_sched_clip {
+    int on;
+    double scale;
+    /* Clipping in one backward pass (the pool's "gradhold" region: fy_sched_clipped_backward) in
+     * place of two. It defers a streamed block's update to the next forward, which reads the
+     * block's whole state (its weights with it) into a state slot, updates it there and writes it
+     * back, so its master crosses from the SSD once a step, as without clipping: per unit 1 while
+     * deferred, and the deferred updates' step, learning rate and scale. */
+    int one_pass;
+    unsigned char *deferred;
+    uint64_t deferred_step;
+    double deferred_lr, deferred_scale;
+    /* one pass with the blocks' gradients held in the gpu worker (fy_train_opts.grad_hold_gpu):
+     * each sent to grads slot 1 or 2 (gpt-grad-send) when its update runs; gsend, the sends for
+     * the deferred updates, by state slot */
+    int hold_gpu;
+    struct fy_ticket gsend[2];
+};
+
+/* The embeddings' update in two parts (launcher/step/sched_embed.c; without clipping, state in the
+ * pool): the rows the batch's tokens do not touch, sent once the head's gradient is home (early),
+ * and the rest once the embedding backward is done; row_touched is the scratch that sorts them.
+ * split 0: one update after the backward (the test hook FUYOU_TEST_EMBED_WHOLE, or int8 optimizer
+ * state with rows that split its blocks). */
+struct fy_sched_embed {
+    int split;
+    struct fy_ticket early;
+    unsigned char *row_touched;
+};
+
+/* The two copies of the units' state in the store (common/ckpt.h; launcher/step/sched_state.c):
+ * the committed one is `read`; a training run writes the other (`work`) and keeps per unit the
+ * copy its latest state is in (at) and that state's digest. NULL arrays (init, export): every unit
+ * is read from `read`. */
+struct fy_sched_copies {
+    unsigned read, work;
+    unsigned char *at;
+    /* per piece of each unit's state (common/optstate.h), unit u's from pfirst[u] (pfirst[units]:
+     * every unit's pieces): its digest in the copy its latest state is in (a unit in one piece:
+     * the unit's digest) */
+    unsigned *pfirst;
+    uint64_t *digest;
+};
+
 struct fy_sched {
     struct fy_tickets tk; /* the requests and their tickets, the times waited and busy */
     struct fy_pool *pool;
@@ -37,55 +95,15 @@ struct fy_sched {
     /* Checkpoints (the blocks' inputs x_0..x_L): item i is x_i, in the acts region; with
      * --ckpt-place ssd x_0..x_{L-1} go through its slots to the store. */
     struct fy_spill block_inputs;
-    /* The blocks' swapped internals (fy_train_opts.act_place), per block 1..L: the kinds that stay
-     * in the pool (host_mask, at host_off in the saved region) and those that go through the
-     * saved ring's slots to the store (ssd_mask; block b is item b - 1). */
-    unsigned *host_mask, *ssd_mask;
-    uint64_t *host_off;
-    struct fy_spill saved;
-    struct fy_actplan_sizes saved_sizes;
+    struct fy_sched_swap swap;
     unsigned act_ahead; /* blocks whose items on the store the backward reads ahead (--act-ahead) */
-    /* Clipping: on (one backward pass or two; the norm pass also completes the embedding gradient), where the
-     * head writes the final unit's gradient (grads slot 1; with clipping the room after the
-     * block gradient slots, where it survives pass 1), and this step's gradient scale (0: none)
-     * for every opt-adamw. */
-    int clip;
-    /* Clipping in one backward pass (the pool's "gradhold" region: fy_sched_clipped_backward) in
-     * place of two. It defers a streamed block's update to the next forward, which reads the
-     * block's whole state (its weights with it) into a state slot, updates it there and writes it
-     * back, so its master crosses from the SSD once a step, as without clipping: per unit 1 while
-     * deferred, and the deferred updates' step, learning rate and scale. */
-    int one_pass;
-    /* one pass with the blocks' gradients held in the gpu worker (fy_train_opts.grad_hold_gpu):
-     * each sent to grads slot 1 or 2 (gpt-grad-send) when its update runs; gsend, the sends for
-     * the deferred updates, by state slot */
-    int hold_gpu;
-    struct fy_ticket gsend[2];
-    unsigned char *deferred;
-    uint64_t deferred_step;
-    double deferred_lr, deferred_scale;
+    /* where the head writes the final unit's gradient: grads slot 1; with clipping the room after
+     * the block gradient slots, where it survives pass 1 */
     uint64_t dfinal;
-    double grad_scale;
+    struct fy_sched_clip clip;
     struct fy_optq opt; /* the AdamW updates queued and sent, and the gradient slots */
-    /* The embeddings' update in two parts (without clipping, state in the pool): the rows the
-     * batch's tokens do not touch, sent once the head's gradient is home (embed_early), and the
-     * rest once the embedding backward is done; row_touched is the scratch that sorts them. 0 in
-     * embed_split: one update after the backward (the test hook FUYOU_TEST_EMBED_WHOLE, or int8
-     * optimizer state with rows that split its blocks). */
-    int embed_split;
-    struct fy_ticket embed_early;
-    unsigned char *row_touched;
-    /* The two copies of the units' state (common/ckpt.h): the committed one is read_copy; a
-     * training run writes the other (work_copy) and keeps per unit the copy its latest state is
-     * in and that state's digest. NULL arrays (init, export): every unit is read from
-     * read_copy. */
-    unsigned read_copy, work_copy;
-    unsigned char *at_copy;
-    /* per piece of each unit's state (common/optstate.h), unit u's from pfirst[u] (pfirst[units]:
-     * every unit's pieces): its digest in the copy its latest state is in (a unit in one piece:
-     * the unit's digest) */
-    unsigned *pfirst;
-    uint64_t *digest;
+    struct fy_sched_embed embed;
+    struct fy_sched_copies copies;
 };
 
 /* A schedule over a pool laid out for steps of shape s (1 x 1 for init and export, which move

@@ -195,13 +195,13 @@ static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
     *next = *meta;
     next->step = step;
     next->seq = meta->seq + 1;
-    next->copy = r->work_copy;
+    next->copy = r->copies.work;
     int rc = 0;
     for (unsigned u = 0; u < fy_model_unit_count(r->l.c); u++) {
         next->digest[u] = fy_sched_unit_digest(r, u);
-        if (r->at_copy[u] != r->work_copy) {
+        if (r->copies.at[u] != r->copies.work) {
             fy_error("schedule error: unit %u's state of step %llu is not in copy %u to commit", u,
-                     (unsigned long long)step, r->work_copy);
+                     (unsigned long long)step, r->copies.work);
             rc = -EPROTO;
         }
     }
@@ -209,8 +209,8 @@ static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
         rc = fy_commit_write(r->tk.x, r->pool, r->l.meta, next, r->tk.timeout_ms);
     if (rc == 0) {
         *meta = *next;
-        r->read_copy = meta->copy;
-        r->work_copy = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
+        r->copies.read = meta->copy;
+        r->copies.work = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
     }
     free(next);
     return rc;
@@ -226,16 +226,16 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
     unsigned units = fy_model_unit_count(r->l.c);
     uint64_t damaged = 0, damaged_seq = 0;
     for (int attempt = 0;; attempt++) {
-        r->read_copy = meta->copy;
-        r->work_copy = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
-        memset(r->at_copy, (int)meta->copy, units);
+        r->copies.read = meta->copy;
+        r->copies.work = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
+        memset(r->copies.at, (int)meta->copy, units);
         double t0 = now_s();
         unsigned bad = 0;
         /* the pieces' digests: each unit's read with them, checked against the record's */
         int rc = fy_sched_resident_transfer(r, FY_OP_IO_READ, meta->digest);
         if (rc == 0)
-            rc = fy_commit_verify(r->tk.x, r->pool, meta, r->l.state, resident, r->digest, &bad,
-                                  r->tk.timeout_ms);
+            rc = fy_commit_verify(r->tk.x, r->pool, meta, r->l.state, resident, r->copies.digest,
+                                  &bad, r->tk.timeout_ms);
         if (rc == 0)
             fy_info("step %llu's state checked against its commit record in %.1f s",
                     (unsigned long long)meta->step, now_s() - t0);
@@ -305,12 +305,12 @@ static int run_step(struct fy_sched *r, struct fy_storemeta *meta, struct fy_sam
     int rc = fy_sched_load_batch(r, data, FY_TOKFILE_TRAIN, step, &s.fill);
     if (rc == 0)
         rc = fy_sched_forward(r, 1, step, &s.loss);
-    r->grad_scale = 0.0;
-    if (rc == 0 && r->one_pass)
+    r->clip.scale = 0.0;
+    if (rc == 0 && r->clip.one_pass)
         rc = fy_sched_clipped_backward(r, step, s.lr, o->clip_grad_norm, &s.grad_norm);
-    else if (rc == 0 && r->clip)
+    else if (rc == 0 && r->clip.on)
         rc = fy_sched_clip_scale(r, step, o->clip_grad_norm, &s.grad_norm);
-    if (rc == 0 && !r->one_pass)
+    if (rc == 0 && !r->clip.one_pass)
         rc = fy_sched_backward_and_update(r, step, s.lr);
     *trained = rc == 0;
     int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);
@@ -393,7 +393,7 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
         rc = fy_metrics_stopped(o->metrics, meta->step);
     drained = fy_spill_drain(&r.block_inputs);
     rc = rc ? rc : drained;
-    drained = fy_spill_drain(&r.saved);
+    drained = fy_spill_drain(&r.swap.ring);
     rc = rc ? rc : drained;
     fy_ticket_trace_end(&r.tk);
     fy_sched_free(&r);
