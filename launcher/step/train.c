@@ -19,6 +19,11 @@
 #include "launcher/step/metrics.h"
 #include "launcher/step/progress.h"
 #include "launcher/step/sched.h"
+#include "launcher/step/sched_backward.h"
+#include "launcher/step/sched_clip.h"
+#include "launcher/step/sched_forward.h"
+#include "launcher/step/sched_state.h"
+#include "launcher/step/sched_weights.h"
 
 static double now_s(void)
 {
@@ -209,8 +214,7 @@ static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
         rc = fy_commit_write(r->tk.x, r->pool, r->l.meta, next, r->tk.timeout_ms);
     if (rc == 0) {
         *meta = *next;
-        r->copies.read = meta->copy;
-        r->copies.work = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
+        fy_sched_copies_of_commit(r, meta);
     }
     free(next);
     return rc;
@@ -226,8 +230,7 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
     unsigned units = fy_model_unit_count(r->l.c);
     uint64_t damaged = 0, damaged_seq = 0;
     for (int attempt = 0;; attempt++) {
-        r->copies.read = meta->copy;
-        r->copies.work = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
+        fy_sched_copies_of_commit(r, meta);
         memset(r->copies.at, (int)meta->copy, units);
         double t0 = now_s();
         unsigned bad = 0;
