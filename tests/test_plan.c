@@ -36,6 +36,7 @@
 #include "gpu_worker/backend.h"
 #include "launcher/cli/options.h"
 #include "launcher/plan/plan.h"
+#include "launcher/plan/plan_describe.h"
 
 #define KIB 1024ull
 #define MIB (1024ull * 1024)

@@ -26,6 +26,7 @@
 #include "launcher/run/inproc.h"
 #include "launcher/step/metrics.h"
 #include "launcher/plan/plan.h"
+#include "launcher/plan/plan_describe.h"
 #include "launcher/cli/actsetup.h"
 #include "launcher/step/progress.h"
 #include "launcher/run/restart.h"

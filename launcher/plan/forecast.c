@@ -14,6 +14,7 @@
 #include "common/pool.h"
 #include "gpu_worker/backend.h"
 #include "launcher/plan/actplace.h"
+#include "launcher/plan/plan_describe.h"
 
 static int forced(const struct fy_forecast_in *in) /* --act-plan host or ssd */
 {
