@@ -1,7 +1,8 @@
-/* fuyou-launch's commands and options: one struct that every command reads (launcher/cmd/cmd.h), one
- * table of the options (name, value, the commands that take each, help), the parser that fills
- * the struct from the command line for one command, refusing an option that command does not
- * take, and the usage texts (the overview, and each command's own). */
+/* fuyou-launch's commands and options: one struct that every command reads (launcher/cmd/cmd.h),
+ * filled from the command line (launcher/cli/args.h) after the table of options
+ * (launcher/cli/optable.h); the training values' two sets of defaults. The code that reads this
+ * struct is launcher/cli/ and the commands (launcher/cmd/): the layers below take what they need
+ * as their own structs (launcher/cli/runconf.h makes them). */
 #ifndef FY_OPTIONS_H
 #define FY_OPTIONS_H
 
@@ -97,25 +98,6 @@ struct fy_train_set {
 };
 extern const struct fy_train_set fy_train_scratch, fy_train_finetune;
 
-/* fy_options_parse's result where --help was asked for (and printed). */
-#define FY_OPTIONS_HELP 1
-
-/* The command of that name (enum fy_command), or -1. */
-int fy_options_command(const char *name);
-const char *fy_options_command_name(enum fy_command cmd);
-/* Whether argv[2..] (argv[1] the command) asks for --help or -h, before a "--". */
-int fy_options_asks_help(int argc, char **argv);
-/* Parses argv (argv[0] the command's name) into *o for `cmd`: the options that command takes,
- * with their defaults; the arguments after them in o->args. An option that `cmd` does not take,
- * an unknown one, or a value out of range is said on stderr in one line: -EINVAL. --help prints
- * the command's usage on stdout: FY_OPTIONS_HELP. */
-int fy_options_parse(enum fy_command cmd, int argc, char **argv, struct fy_options *o);
-/* The overview: the commands, and where their options are described (fuyou-launch help). */
-void fy_options_usage(FILE *f);
-/* One command's usage and options, only those it takes (fuyou-launch CMD --help). */
-void fy_options_help(enum fy_command cmd, FILE *f);
-/* Every option's name, one "--name" a line (fuyou-launch help --options). */
-void fy_options_list(FILE *f);
 /* Sets each training value that o->given says the command line did not give to the fine-tuning
  * set's (finetune) or the from-scratch set's. */
 void fy_options_train_defaults(struct fy_options *o, int finetune);
