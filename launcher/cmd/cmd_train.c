@@ -1,8 +1,8 @@
-/* fuyou-launch train and resume: the run's model trained through the workers from the store's
- * last commit (launcher/step/train.h), the placement planned first (state, checkpoints, the blocks'
- * internals, pool regions) and said; a worker that fails is restarted from the last commit
- * (launcher/run/restart.h). resume runs a run's train command again (RUN/train.args, or the
- * RUN/train.args.pending of one stopped before its steps). */
+/* fuyou-launch train (and resume, which runs a run's train command again: cmd_resume.c): the run's
+ * model trained through the workers from the store's last commit (launcher/step/train.h), the
+ * placement planned first (state, checkpoints, the blocks' internals, pool regions) and said; a
+ * worker that fails is restarted from the last commit (launcher/run/restart.h). The data and its
+ * batches: launcher/cmd/traindata.h; the command's record for resume: launcher/cmd/trainargs.h. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -21,6 +21,8 @@
 #include "common/tokfile.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd/cmd.h"
+#include "launcher/cmd/traindata.h"
+#include "launcher/cmd/trainargs.h"
 #include "launcher/step/commit.h"
 #include "launcher/plan/diskrates.h"
 #include "launcher/run/inproc.h"
@@ -36,181 +38,6 @@
 
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
 static volatile int train_stop;
-
-/* The data's tokenizer against the run's. The run's is RUN/hf/tokenizer.json, kept by init
- * --from-hf: a token file must record that file's hash; a byte-level one is refused, and one that
- * records no tokenizer (a version 1 file of another vocabulary than 256, written by another tool)
- * is said unchecked. A version 1 file of vocabulary 256 is what prepare writes for plain text with
- * the byte-level tokenizer. A run without that file (a model made by init) has only its vocabulary
- * to go by (fy_tokfile_open checks it), but a byte-level model (vocabulary 256) refuses a Hugging
- * Face token file. */
-static int check_data_tokenizer(const struct fy_options *o, const struct fy_model_config *model,
-                                const struct fy_tokfile *data)
-{
-    struct fy_tokfile_source src = fy_tokfile_source(data);
-    const char *made_with =
-        src.name != NULL ? src.name : "a tokenizer.json (its path not recorded)";
-    int bytes = src.tokenizer == FY_TOKENIZER_BYTES ||
-                (src.tokenizer == FY_TOKENIZER_UNSPECIFIED && fy_tokfile_version(data) == 1 &&
-                 fy_tokfile_vocab(data) == FY_TOKFILE_BYTE_VOCAB);
-    char run_tok[PATH_MAX];
-    snprintf(run_tok, sizeof run_tok, "%s/hf/tokenizer.json", o->run_dir);
-    if (access(run_tok, F_OK) != 0) {
-        int e = errno;
-        FY_REQUIRE(e == ENOENT, -e, "cannot read %s: %s", run_tok, strerror(e));
-        if (model->vocab == FY_TOKFILE_BYTE_VOCAB && src.tokenizer == FY_TOKENIZER_HF) {
-            fy_error("train: the token file %s was made with the Hugging Face tokenizer %s (hash "
-                     "%016llx), and the run's model has the byte-level vocabulary of 256 (a model "
-                     "made by init, no %s): prepare the data without --tokenizer, or init the run "
-                     "from that tokenizer's model (init --from-hf)",
-                     o->data, made_with, (unsigned long long)src.hash, run_tok);
-            return -EINVAL;
-        }
-        return 0;
-    }
-    uint64_t hash;
-    FY_TRY(fy_tokfile_hash_file(run_tok, &hash));
-    if (src.tokenizer == FY_TOKENIZER_HF && src.hash == hash)
-        return 0;
-    if (src.tokenizer == FY_TOKENIZER_HF) {
-        fy_error("train: the token file %s was made with another tokenizer than the run's: with %s "
-                 "(hash %016llx), the run's is %s (hash %016llx): prepare the data again with "
-                 "--tokenizer %s",
-                 o->data, made_with, (unsigned long long)src.hash, run_tok,
-                 (unsigned long long)hash, run_tok);
-        return -EINVAL;
-    }
-    if (bytes) {
-        fy_error("train: the token file %s was made with the byte-level tokenizer (prepare "
-                 "without --tokenizer), the run's model with %s (hash %016llx): prepare the data "
-                 "again with --tokenizer %s",
-                 o->data, run_tok, (unsigned long long)hash, run_tok);
-        return -EINVAL;
-    }
-    fy_warn("train: the token file %s does not record its tokenizer (a version 1 file of "
-            "vocabulary %u): it is not checked against the run's %s; prepare it with --tokenizer "
-            "%s to have it checked",
-            o->data, fy_tokfile_vocab(data), run_tok, run_tok);
-    return 0;
-}
-
-/* The token file and its batches (common/sampler.h): --epochs becomes the steps they take, and
- * with packed documents the evaluation a whole pass over the held-out ones (unless --eval-batches
- * says less). */
-static int open_data(struct fy_options *o, const struct fy_model_config *model,
-                     struct fy_tokfile **data, struct fy_sampler **batches)
-{
-    FY_TRY(fy_tokfile_open(data, o->data, model->vocab));
-    FY_TRY(check_data_tokenizer(o, model, *data));
-    if (o->packing == FY_PACKING_DOCUMENTS && fy_tokfile_documents(*data) == 0) {
-        fy_error("train --packing documents: %s records no documents (a version %u token file, "
-                 "from before documents were recorded, or another tool's): prepare it again with "
-                 "this build's fuyou-launch prepare, or train with --packing windows",
-                 o->data, fy_tokfile_version(*data));
-        return -FY_EUSAGE;
-    }
-    struct fy_sampler_opts so = {.packing = o->packing,
-                                 .long_docs = o->long_docs,
-                                 .B = (int)o->batch,
-                                 .T = (int)o->seq,
-                                 .seed = o->seed,
-                                 .eval_fraction = o->eval_fraction};
-    FY_TRY(fy_sampler_new(batches, *data, &so));
-    /* Refuse a batch larger than the data now, before any worker starts. */
-    size_t n = (size_t)o->batch * o->seq;
-    int32_t *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg), *pos = malloc(n * 4);
-    int rc = in && tg && pos ? 0 : -ENOMEM;
-    if (rc == 0)
-        rc = fy_sampler_train_batch(*batches, 1, in, tg, pos, NULL);
-    if (rc == 0 && o->eval_batches > 0)
-        rc = fy_sampler_eval_batch(*batches, 0, in, tg, pos, NULL);
-    free(in);
-    free(tg);
-    free(pos);
-    FY_TRY(rc);
-    uint64_t per = fy_sampler_epoch_steps(*batches);
-    if (o->epochs_set) {
-        FY_REQUIRE(o->epochs <= UINT64_MAX / per, -FY_EUSAGE,
-                   "train --epochs %llu: %llu steps an epoch make too many steps",
-                   (unsigned long long)o->epochs, (unsigned long long)per);
-        o->steps = o->epochs * per;
-    }
-    if (fy_sampler_packing(*batches) == FY_PACKING_DOCUMENTS) {
-        uint64_t pass = fy_sampler_split_of(*batches, FY_TOKFILE_EVAL)->batches;
-        if (!o->eval_batches_set || o->eval_batches > pass)
-            o->eval_batches = pass; /* every held-out document once */
-    }
-    return 0;
-}
-
-/* The batches, said at start: how they are made from the data, an epoch's steps, and with packed
- * documents the fill and what was cut; the summary's part of it. */
-static void describe_batches(const struct fy_options *o, const struct fy_tokfile *data,
-                             const struct fy_sampler *b)
-{
-    const struct fy_sampler_split *tr = fy_sampler_split_of(b, FY_TOKFILE_TRAIN);
-    const struct fy_sampler_split *ev = fy_sampler_split_of(b, FY_TOKFILE_EVAL);
-    uint64_t per = fy_sampler_epoch_steps(b);
-    char epochs[96] = "";
-    if (o->epochs_set)
-        snprintf(epochs, sizeof epochs, "; --epochs %llu: %llu steps",
-                 (unsigned long long)o->epochs, (unsigned long long)o->steps);
-    if (fy_sampler_packing(b) == FY_PACKING_WINDOWS) {
-        const char *why = o->packing == FY_PACKING_WINDOWS ? "--packing windows"
-                          : fy_tokfile_documents(data) == 0
-                              ? "the data records no documents: one stream"
-                              : "the data's documents are whole text files (--packing documents "
-                                "packs each alone)";
-        fy_info("batches: windows of %llu + 1 tokens of the token stream at random (%s); an "
-                "epoch (as many windows as the training split holds side by side) is %llu "
-                "step%s%s; evaluation: %llu batch%s of consecutive held-out windows",
-                (unsigned long long)o->seq, why, (unsigned long long)per, per == 1 ? "" : "s",
-                epochs, (unsigned long long)o->eval_batches, o->eval_batches == 1 ? "" : "es");
-        fy_progress_data(NULL);
-        return;
-    }
-    double fill = (double)tr->tokens / ((double)per * (double)o->batch * (double)o->seq);
-    char cut[320] = "";
-    size_t at = 0;
-    if (tr->truncated > 0)
-        at +=
-            (size_t)snprintf(cut + at, sizeof cut - at,
-                             "; %llu document%s longer than %llu + 1 tokens cut to %llu + 1 (%llu "
-                             "predictions left out an epoch; --long-docs split keeps them)",
-                             (unsigned long long)tr->truncated, tr->truncated == 1 ? "" : "s",
-                             (unsigned long long)o->seq, (unsigned long long)o->seq,
-                             (unsigned long long)tr->dropped);
-    if (tr->split > 0 && at < sizeof cut)
-        at += (size_t)snprintf(cut + at, sizeof cut - at,
-                               "; %llu document%s longer than %llu + 1 tokens split into pieces",
-                               (unsigned long long)tr->split, tr->split == 1 ? "" : "s",
-                               (unsigned long long)o->seq);
-    if (tr->single > 0 && at < sizeof cut)
-        snprintf(cut + at, sizeof cut - at, "; %llu document%s of one token left out",
-                 (unsigned long long)tr->single, tr->single == 1 ? "" : "s");
-    fy_info("batches: documents packed whole, each alone (%s): %llu training documents in %llu "
-            "rows of %llu, %llu step%s an epoch, fill %.1f%% (trained tokens over B x T)%s%s; "
-            "evaluation: %llu of the %llu batch%s that hold the %llu held-out documents (%llu "
-            "rows; a pass evaluates each once)",
-            o->packing == FY_PACKING_DOCUMENTS ? "--packing documents"
-                                               : "the data's documents are records",
-            (unsigned long long)tr->documents, (unsigned long long)tr->rows,
-            (unsigned long long)o->seq, (unsigned long long)per, per == 1 ? "" : "s", 100.0 * fill,
-            cut, epochs, (unsigned long long)o->eval_batches, (unsigned long long)ev->batches,
-            ev->batches == 1 ? "" : "es", (unsigned long long)ev->documents,
-            (unsigned long long)ev->rows);
-    char summary[200];
-    if (o->long_docs == FY_LONG_DOCS_SPLIT)
-        snprintf(summary, sizeof summary, "packed documents: %llu of %llu split into pieces",
-                 (unsigned long long)tr->split, (unsigned long long)tr->documents);
-    else
-        snprintf(summary, sizeof summary,
-                 "packed documents: %llu of %llu truncated to %llu + 1 "
-                 "tokens",
-                 (unsigned long long)tr->truncated, (unsigned long long)tr->documents,
-                 (unsigned long long)o->seq);
-    fy_progress_data(summary);
-}
 
 /* The SSD's rates in this session's steps, for the next session's plan (--ssd-rates auto): kept
  * where the steps after the first moved anything on the SSD; a record that cannot be written is
@@ -233,59 +60,10 @@ static void save_ssd_seen(const struct fy_options *o, const struct fy_diskrates 
             (unsigned long long)d->steps, d->steps == 1 ? "" : "s", path);
 }
 
-/* RUN/train.args: the train command's arguments (after "train") and the directory it ran in, for
- * fuyou-launch resume. Line 1 "fuyou-train-args 1", line 2 the directory, then one per line.
- * A train command writes them to RUN/train.args.pending first, before anything starts, so that a
- * launch stopped at start-up (a signal, a crash, kill -9) can be resumed; the file becomes
- * train.args once the command really trains (its workers are up and the store is short of
- * --steps), and is removed where the command fails with an error or has nothing to train, so a
- * bad command never replaces the last one that trained. A stop before the steps leaves it, and
- * resume takes it before train.args, saying so; a resume that trains renames it in turn, and one
- * that fails leaves it (its error may be its own options', or passing). */
-#define TRAIN_ARGS_MAGIC "fuyou-train-args 1"
-#define TRAIN_ARGS "train.args"
-#define TRAIN_ARGS_PENDING "train.args.pending"
-
 /* Whether any launch of the workers began the steps (for the line of a stop). */
 static int train_stepped;
 /* Whether the steps' own line of a stop was said (train_steps). */
 static int train_stop_said;
-
-/* RUN/train.args.pending written from this train command. *written: it was (an argument with a
- * line break cannot be, said). */
-static int save_train_args(const char *run_dir, int argc, char **argv, int *written)
-{
-    *written = 0;
-    char path[PATH_MAX], tmp[PATH_MAX + 8], cwd[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", run_dir, TRAIN_ARGS_PENDING);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FY_SYS(getcwd(cwd, sizeof cwd) == NULL ? -1 : 0, "cannot get the working directory");
-    for (int i = 0; i < argc; i++)
-        if (strchr(argv[i], '\n') != NULL) {
-            fy_warn("an argument holds a line break: %s/%s is not written, so fuyou-launch resume "
-                    "will not know this command",
-                    run_dir, TRAIN_ARGS);
-            return 0;
-        }
-    FILE *f = fopen(tmp, "w");
-    FY_SYS(f == NULL ? -1 : 0, "cannot create %s", tmp);
-    fprintf(f, "%s\n%s\n", TRAIN_ARGS_MAGIC, cwd);
-    for (int i = 0; i < argc; i++)
-        fprintf(f, "%s\n", argv[i]);
-    FY_TRY(fy_file_replace(f, tmp, path));
-    *written = 1;
-    return 0;
-}
-
-/* RUN/train.args.pending renamed to train.args, made durable: the command trains. */
-static int promote_train_args(const char *run_dir)
-{
-    char from[PATH_MAX], to[PATH_MAX];
-    snprintf(from, sizeof from, "%s/%s", run_dir, TRAIN_ARGS_PENDING);
-    snprintf(to, sizeof to, "%s/%s", run_dir, TRAIN_ARGS);
-    FY_SYS(rename(from, to), "cannot rename %s to %s", from, to);
-    return fy_fsync_dir(run_dir);
-}
 
 /* A train command's plan and state, from the model to the last step; train_free frees it whatever
  * happened. */
@@ -370,7 +148,7 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
     if (rc == 0)
         rc = fy_runconf_check_store(meta, &t->model, o->ssd);
     if (rc == 0 && t->args_pending && !t->args_promoted && meta->step < o->steps) {
-        rc = promote_train_args(o->run_dir);
+        rc = fy_trainargs_promote(o->run_dir);
         t->args_promoted = rc == 0;
     }
     FILE *trace = NULL;
@@ -458,7 +236,7 @@ static int train_setup(struct fy_options *o, struct train_run *t)
     if (rc == 0)
         rc = check_run_dir_writable(o->run_dir);
     if (rc == 0 && o->train_args_from == FY_TRAIN_ARGS_GIVEN) /* before anything starts */
-        rc = save_train_args(o->run_dir, o->train_argc, o->train_argv, &t->args_pending);
+        rc = fy_trainargs_save(o->run_dir, o->train_argc, o->train_argv, &t->args_pending);
     t->args_pending |= o->train_args_from == FY_TRAIN_ARGS_PENDING;
     if (rc == 0 && o->seq > t->model.ctx) {
         fy_error("train: --seq %llu exceeds the model's context of %u tokens",
@@ -466,7 +244,7 @@ static int train_setup(struct fy_options *o, struct train_run *t)
         rc = -FY_EUSAGE;
     }
     if (rc == 0)
-        rc = open_data(o, &t->model, &t->data, &t->batches);
+        rc = fy_traindata_open(o, &t->model, &t->data, &t->batches);
     /* "auto" is settled here, not in the gpu worker: the activations' dtype in the pool follows the
      * backend (bf16 where the device computes in bf16: the same bits, half the bytes) */
     const char *asked = o->backend;
@@ -512,7 +290,7 @@ static void train_describe(const struct fy_options *o, const struct train_run *t
             (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_TRAIN),
             (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_EVAL),
             o->inprocess ? "; in one process, state in memory" : "");
-    describe_batches(o, t->data, t->batches);
+    fy_traindata_describe(o, t->data, t->batches);
 }
 
 /* The rates the plan predicts with: RUN/machine.json's where fuyou-launch probe measured this
@@ -734,24 +512,6 @@ static int train_steps(struct fy_options *o, struct train_run *t)
     return rc ? rc : lost;
 }
 
-/* At the end of a train command that did not train: its RUN/train.args.pending removed where it
- * failed with an error or had nothing to train (the run's train.args stays the last command that
- * trained), kept where a signal stopped it before its steps (resume takes it). A resumed one is
- * left as it is. */
-static void settle_train_args(const struct fy_options *o, const struct train_run *t, int rc)
-{
-    if (!t->args_pending || t->args_promoted || rc == -EINTR ||
-        o->train_args_from != FY_TRAIN_ARGS_GIVEN)
-        return;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", o->run_dir, TRAIN_ARGS_PENDING);
-    if (unlink(path) != 0 && errno != ENOENT)
-        fy_warn("cannot remove %s: %s: fuyou-launch resume would run this command; remove it", path,
-                strerror(errno));
-    else if (rc == 0)
-        fy_info("nothing trained: %s/%s is left as it was", o->run_dir, TRAIN_ARGS);
-}
-
 /* The train command line, for the log: its arguments joined by spaces. */
 static void describe_command(const struct fy_options *o, char *out, size_t len)
 {
@@ -768,10 +528,10 @@ int fy_cmd_train(struct fy_options *o)
     if (o->train_args_from == FY_TRAIN_ARGS_PENDING) {
         char command[4096], recorded[PATH_MAX];
         describe_command(o, command, sizeof command);
-        snprintf(recorded, sizeof recorded, "%s/%s", o->run_dir, TRAIN_ARGS);
+        snprintf(recorded, sizeof recorded, "%s/%s", o->run_dir, FY_TRAINARGS);
         fy_info("resume: %s/%s holds the train command of a launch stopped before its steps "
                 "began (a signal or a crash at start-up): resuming it%s%s%s: fuyou-launch train%s",
-                o->run_dir, TRAIN_ARGS_PENDING, access(recorded, F_OK) == 0 ? " (not " : "",
+                o->run_dir, FY_TRAINARGS_PENDING, access(recorded, F_OK) == 0 ? " (not " : "",
                 access(recorded, F_OK) == 0 ? recorded : "",
                 access(recorded, F_OK) == 0 ? ", the last command that trained)" : "", command);
     }
@@ -807,7 +567,7 @@ int fy_cmd_train(struct fy_options *o)
         train_layout(o, t, train_log_prediction(o, t));
         rc = train_steps(o, t);
     }
-    settle_train_args(o, t, rc);
+    fy_trainargs_settle(o, t->args_pending, t->args_promoted, rc);
     train_free(t);
     return rc;
 }
@@ -831,115 +591,4 @@ void fy_cmd_train_stopped(const struct fy_options *o, const char *removed)
         fy_warn("stopped by signal before training began: %s: fuyou-launch resume %s runs this "
                 "train command from there",
                 committed, o->run_dir);
-}
-
-/* resume RUN_DIR [options]: argv becomes the run's train command (RUN/train.args.pending where
- * there is one, else RUN/train.args; *from says which) with the options given here after it (the
- * last of a repeated option wins), run from the directory it ran in (its relative paths, --data
- * say, are as they were) on RUN_DIR itself, wherever the run directory has been copied or moved
- * since. *owned keeps the new argv, every string of it its own (fy_cmd_resume_args_free). */
-int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from)
-{
-    const char *dir = *argc >= 3 && (*argv)[2][0] != '-' ? (*argv)[2] : NULL;
-    int extra_at = dir != NULL ? 3 : 2;
-    for (int i = 2; dir == NULL && i + 1 < *argc; i++)
-        if (strcmp((*argv)[i], "--run-dir") == 0)
-            dir = (*argv)[i + 1];
-    if (dir == NULL) {
-        fprintf(stderr, "fuyou-launch resume: give the run directory: fuyou-launch resume "
-                        "RUN_DIR [options]\n");
-        return -EINVAL;
-    }
-    static char run_dir[PATH_MAX]; /* argv's --run-dir, as named here, before the chdir */
-    if (realpath(dir, run_dir) == NULL) {
-        fprintf(stderr, "fuyou-launch resume: run directory %s: %s\n", dir, strerror(errno));
-        return -ENOENT;
-    }
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/%s", run_dir, TRAIN_ARGS_PENDING);
-    FILE *f = fopen(path, "r");
-    *from = FY_TRAIN_ARGS_PENDING;
-    if (f == NULL && errno == ENOENT) {
-        snprintf(path, sizeof path, "%s/%s", run_dir, TRAIN_ARGS);
-        f = fopen(path, "r");
-        *from = FY_TRAIN_ARGS_RECORDED;
-    }
-    if (f == NULL) {
-        fprintf(stderr,
-                "fuyou-launch resume: %s: %s: only a run started with fuyou-launch train "
-                "can be resumed\n",
-                path, strerror(errno));
-        return -ENOENT;
-    }
-    char *line = NULL, cwd[PATH_MAX] = "";
-    size_t cap = 0;
-    ssize_t len;
-    int n = 0, rc = 0;
-    char **args = calloc((size_t)*argc + 4, sizeof *args);
-    size_t max = (size_t)*argc + 4;
-    while (rc == 0 && args != NULL && (len = getline(&line, &cap, f)) >= 0) {
-        if (len > 0 && line[len - 1] == '\n')
-            line[--len] = 0;
-        if (n == 0 && strcmp(line, TRAIN_ARGS_MAGIC) != 0) {
-            fprintf(stderr, "fuyou-launch resume: %s is not a train.args file of this version\n",
-                    path);
-            rc = -EBADMSG;
-        } else if (n == 1) {
-            snprintf(cwd, sizeof cwd, "%s", line);
-        } else if (n >= 2) {
-            if ((size_t)n + (size_t)*argc + 2 >= max) {
-                char **grown = realloc(args, (max *= 2) * sizeof *args);
-                if (grown == NULL) {
-                    rc = -ENOMEM;
-                    break;
-                }
-                args = grown;
-            }
-            args[n] = strdup(line); /* args[0..1] become the program and "train" */
-        }
-        n++;
-    }
-    free(line);
-    fclose(f);
-    if (rc == 0 && (args == NULL || n < 2))
-        rc = args == NULL ? -ENOMEM : -EBADMSG;
-    if (rc == 0 && chdir(cwd) != 0) /* the run was started elsewhere, or on another machine */
-        fprintf(stderr,
-                "fuyou-launch resume: cannot enter %s, where the run was started (%s): "
-                "its train command's relative paths are taken from here; give them "
-                "again after RUN_DIR where they differ\n",
-                cwd, strerror(errno));
-    if (rc < 0) {
-        for (int i = 2; args != NULL && i < n; i++)
-            free(args[i]);
-        free(args);
-        return rc;
-    }
-    args[0] = strdup((*argv)[0]);
-    args[1] = strdup("train");
-    args[n++] = strdup("--run-dir"); /* this run directory, not the one it was started in */
-    args[n++] = strdup(run_dir);
-    for (int i = extra_at; i < *argc; i++)
-        args[n++] = strdup((*argv)[i]);
-    args[n] = NULL;
-    for (int i = 0; i < n; i++)
-        if (args[i] == NULL) {
-            for (int k = 0; k < n; k++)
-                free(args[k]);
-            free(args);
-            fprintf(stderr, "fuyou-launch resume: out of memory\n");
-            return -ENOMEM;
-        }
-    *argc = n;
-    *argv = args;
-    *owned = args;
-    return 0;
-}
-
-void fy_cmd_resume_args_free(char ***owned)
-{
-    for (char **a = *owned; a != NULL && *a != NULL; a++)
-        free(*a);
-    free(*owned);
-    *owned = NULL;
 }
