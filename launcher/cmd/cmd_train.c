@@ -35,6 +35,7 @@
 #include "launcher/cli/runconf.h"
 #include "launcher/run/session.h"
 #include "launcher/step/train.h"
+#include "launcher/try.h"
 
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
 static volatile int train_stop;
@@ -103,6 +104,56 @@ static void train_free(struct train_run *t)
  * --steps, and the export. *fault says which worker failed and how; *stepping whether training
  * had begun (the commit was opened). The train command becomes the run's RUN/train.args once the
  * workers are up and the store is short of --steps: the command trains. */
+/* The executor of a launch: the workers started, or with --inprocess the same handlers in this
+ * process over a store in memory, initialised from the run's seed. */
+static int start_executor(struct fy_options *o, struct train_run *t, struct fy_session *s,
+                          int ready_timeout_ms, struct fy_inproc **inproc, struct fy_exec *x)
+{
+    static const char *const workers[] = {"gpu", "io", "opt"};
+    if (!o->inprocess) {
+        int rc = fy_session_start(s, t->cfg, workers, 3, ready_timeout_ms);
+        *x = fy_session_exec(s);
+        if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
+            fy_sup_set_stop_flag(s->sup, &train_stop);
+        return rc;
+    }
+    if (fy_config_get(t->mc, "hf") != NULL) {
+        fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
+                 "holds an imported Hugging Face model: drop --inprocess to train it through the "
+                 "workers",
+                 o->run_dir);
+        return -FY_EUSAGE;
+    }
+    if (o->gpus > 1) {
+        fy_error("train --inprocess runs one CPU backend inside the launcher: drop --gpus %llu or "
+                 "--inprocess",
+                 (unsigned long long)o->gpus);
+        return -FY_EUSAGE;
+    }
+    FY_TRY(fy_inproc_new(inproc, s->pool, t->cfg, s->aff.opt));
+    *x = fy_inproc_exec(*inproc);
+    uint64_t seed;
+    FY_TRY(fy_config_get_u64(t->mc, "seed", 1, 0, &seed));
+    return fy_train_init_store(x, s->pool, &t->model, seed, 2, o->timeout_s * 1000);
+}
+
+/* The trained step exported (--export), its file's missing directories made first and removed
+ * again where it is not written. */
+static int export_trained(const struct fy_options *o, const struct fy_exec *x, struct fy_pool *pool,
+                          struct fy_storemeta *meta)
+{
+    struct fy_made_dirs made;
+    int rc;
+    FY_TRY_OUT(rc, fy_mkdirs_for(o->export_path, "the directory of the export", &made));
+    FY_TRY_OUT(rc,
+               fy_train_export(x, pool, meta, o->export_path, o->overwrite, o->timeout_s * 1000));
+    fy_info("exported step %llu to %s", (unsigned long long)meta->step, o->export_path);
+    return 0;
+out:
+    fy_made_dirs_undo(&made, NULL, 0);
+    return rc;
+}
+
 static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
                          struct fy_sup_fault *fault, int *stepping)
 {
@@ -111,75 +162,41 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
     struct fy_storemeta *meta = t->meta;
     struct fy_session s;
     struct fy_session_opts so = fy_runconf_session(o);
-    int rc = fy_session_open(&s, &so, t->plan.regions, t->plan.n_regions, "training");
     struct fy_inproc *inproc = NULL;
     struct fy_exec x = {0};
-    static const char *const workers[] = {"gpu", "io", "opt"};
-    if (rc == 0 && o->inprocess && fy_config_get(t->mc, "hf") != NULL) {
-        fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
-                 "holds an imported Hugging Face model: drop --inprocess to train it through the "
-                 "workers",
-                 o->run_dir);
-        rc = -FY_EUSAGE;
-    }
-    if (rc == 0 && o->inprocess && o->gpus > 1) {
-        fy_error("train --inprocess runs one CPU backend inside the launcher: drop --gpus %llu or "
-                 "--inprocess",
-                 (unsigned long long)o->gpus);
-        rc = -FY_EUSAGE;
-    }
-    if (rc == 0 && o->inprocess) {
-        rc = fy_inproc_new(&inproc, s.pool, t->cfg, s.aff.opt);
-        if (rc == 0) {
-            x = fy_inproc_exec(inproc);
-            uint64_t seed;
-            rc = fy_config_get_u64(t->mc, "seed", 1, 0, &seed);
-            if (rc == 0)
-                rc = fy_train_init_store(&x, s.pool, &t->model, seed, 2, o->timeout_s * 1000);
-        }
-    } else if (rc == 0) {
-        rc = fy_session_start(&s, t->cfg, workers, 3, so.ready_timeout_ms);
-        x = fy_session_exec(&s);
-        if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
-            fy_sup_set_stop_flag(s.sup, &train_stop);
-    }
-    if (rc == 0)
-        rc = fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000);
-    if (rc == 0)
-        rc = fy_runconf_check_store(meta, &t->model, o->ssd);
-    if (rc == 0 && t->args_pending && !t->args_promoted && meta->step < o->steps) {
-        rc = fy_trainargs_promote(o->run_dir);
-        t->args_promoted = rc == 0;
-    }
     FILE *trace = NULL;
     struct fy_made_dirs made; /* an output's missing directories, removed if it is not written */
-    if (rc == 0 && o->trace != NULL)
-        rc = fy_mkdirs_for(o->trace, "the directory of the trace file", &made);
-    if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
-        rc = -errno;
-        fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
-        fy_made_dirs_undo(&made, NULL, 0);
+    int rc;
+    FY_TRY_OUT(rc, fy_session_open(&s, &so, t->plan.regions, t->plan.n_regions, "training"));
+    FY_TRY_OUT(rc, start_executor(o, t, &s, so.ready_timeout_ms, &inproc, &x));
+    FY_TRY_OUT(rc, fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000));
+    FY_TRY_OUT(rc, fy_runconf_check_store(meta, &t->model, o->ssd));
+    if (t->args_pending && !t->args_promoted && meta->step < o->steps) {
+        FY_TRY_OUT(rc, fy_trainargs_promote(o->run_dir));
+        t->args_promoted = 1;
     }
-    if (rc == 0) {
-        t->to.trace = trace;
-        if (attempt > 0)
-            fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
-                    "step %llu",
-                    fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
-        *stepping = train_stepped = 1;
-        rc = fy_train_run(&x, s.pool, meta, t->batches, &t->to);
-        t->to.trace = NULL;
-    }
-    if (rc == 0 && !train_stop && o->export_path != NULL) {
-        rc = fy_mkdirs_for(o->export_path, "the directory of the export", &made);
-        if (rc == 0)
-            rc = fy_train_export(&x, s.pool, meta, o->export_path, o->overwrite,
-                                 o->timeout_s * 1000);
-        if (rc == 0)
-            fy_info("exported step %llu to %s", (unsigned long long)meta->step, o->export_path);
-        else
+    if (o->trace != NULL) {
+        FY_TRY_OUT(rc, fy_mkdirs_for(o->trace, "the directory of the trace file", &made));
+        if ((trace = fopen(o->trace, "w")) == NULL) {
+            rc = -errno;
+            fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
             fy_made_dirs_undo(&made, NULL, 0);
+            goto out;
+        }
     }
+    t->to.trace = trace;
+    if (attempt > 0)
+        fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
+                "step %llu",
+                fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
+    *stepping = train_stepped = 1;
+    rc = fy_train_run(&x, s.pool, meta, t->batches, &t->to);
+    t->to.trace = NULL;
+    if (rc < 0)
+        goto out;
+    if (!train_stop && o->export_path != NULL)
+        FY_TRY_OUT(rc, export_trained(o, &x, s.pool, meta));
+out:
     if (rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG)
         fy_error("the SSD store (%s) is full: training stopped; the last commit, step %llu, is "
                  "intact; free space there (or add an SSD path), then continue with fuyou-launch "
@@ -215,15 +232,16 @@ static int train_setup(struct fy_options *o, struct train_run *t)
 {
     t->mc = calloc(1, sizeof *t->mc);
     t->cfg = calloc(1, sizeof *t->cfg);
-    int rc = t->mc && t->cfg ? fy_runconf_load(o, t->mc, &t->model) : -ENOMEM;
-    if (rc == 0) { /* before anything reads them: the plan takes the clipping */
-        char said[PATH_MAX + 1024];
-        fy_runconf_train_defaults(o, t->mc, said, sizeof said);
-        fy_info("train: %s", said);
-        fy_runconf_cpu_mem(o, said, sizeof said);
-        fy_info("train: %s", said);
-    }
-    if (rc == 0 && o->optim_state >= 0 && o->optim_state != t->model.optim_state) {
+    if (t->mc == NULL || t->cfg == NULL)
+        return -ENOMEM;
+    FY_TRY(fy_runconf_load(o, t->mc, &t->model));
+    /* before anything reads them: the plan takes the clipping */
+    char said[PATH_MAX + 1024];
+    fy_runconf_train_defaults(o, t->mc, said, sizeof said);
+    fy_info("train: %s", said);
+    fy_runconf_cpu_mem(o, said, sizeof said);
+    fy_info("train: %s", said);
+    if (o->optim_state >= 0 && o->optim_state != t->model.optim_state) {
         fy_error("train --optim-state %s: the run keeps %s optimizer state (init --optim-state "
                  "%s), and a store's format is not converted: drop --optim-state, or start a run "
                  "in %s from this one's weights (export --to-hf, then init --from-hf "
@@ -231,44 +249,32 @@ static int train_setup(struct fy_options *o, struct train_run *t)
                  fy_optim_state_name(o->optim_state), fy_optim_state_name(t->model.optim_state),
                  fy_optim_state_name(t->model.optim_state), fy_optim_state_name(o->optim_state),
                  fy_optim_state_name(o->optim_state));
-        rc = -FY_EUSAGE;
+        return -FY_EUSAGE;
     }
-    if (rc == 0)
-        rc = check_run_dir_writable(o->run_dir);
-    if (rc == 0 && o->train_args_from == FY_TRAIN_ARGS_GIVEN) /* before anything starts */
-        rc = fy_trainargs_save(o->run_dir, o->train_argc, o->train_argv, &t->args_pending);
+    FY_TRY(check_run_dir_writable(o->run_dir));
+    if (o->train_args_from == FY_TRAIN_ARGS_GIVEN) /* before anything starts */
+        FY_TRY(fy_trainargs_save(o->run_dir, o->train_argc, o->train_argv, &t->args_pending));
     t->args_pending |= o->train_args_from == FY_TRAIN_ARGS_PENDING;
-    if (rc == 0 && o->seq > t->model.ctx) {
-        fy_error("train: --seq %llu exceeds the model's context of %u tokens",
-                 (unsigned long long)o->seq, t->model.ctx);
-        rc = -FY_EUSAGE;
-    }
-    if (rc == 0)
-        rc = fy_traindata_open(o, &t->model, &t->data, &t->batches);
+    FY_USAGE(o->seq <= t->model.ctx, "train: --seq %llu exceeds the model's context of %u tokens",
+             (unsigned long long)o->seq, t->model.ctx);
+    FY_TRY(fy_traindata_open(o, &t->model, &t->data, &t->batches));
     /* "auto" is settled here, not in the gpu worker: the activations' dtype in the pool follows the
      * backend (bf16 where the device computes in bf16: the same bits, half the bytes) */
     const char *asked = o->backend;
-    if (rc == 0 && o->inprocess && strcmp(asked, "cuda") == 0) {
-        fy_error("train --inprocess runs the CPU backend inside the launcher: drop --backend cuda, "
-                 "or drop --inprocess to train on the GPU through the workers");
-        rc = -FY_EUSAGE;
-    }
+    FY_USAGE(!o->inprocess || strcmp(asked, "cuda") != 0,
+             "train --inprocess runs the CPU backend inside the launcher: drop --backend cuda, or "
+             "drop --inprocess to train on the GPU through the workers");
     o->backend = o->inprocess ? "cpu" : fy_backend_resolve(o->backend);
     if (!o->inprocess && strcmp(asked, "auto") == 0 && strcmp(o->backend, "cpu") == 0)
         fy_warn("--backend auto: %s: using the CPU backend (slow; for tests and laptops)",
                 fy_backend_cuda_built() ? "no CUDA device is visible"
                                         : "this build has no CUDA backend (nvcc was not found)");
-    if (rc == 0) { /* the arena's budget, before the plan checks what it holds */
-        char said[512];
-        fy_runconf_gpu_mem(o, said, sizeof said);
-        if (said[0])
-            fy_info("train: %s", said);
-    }
-    if (rc == 0)
-        rc = fy_runconf_plan_in(o, &t->model, o->backend, &t->plan_in);
-    if (rc == 0)
-        rc = fy_runconf_train(o, &t->model, t->plan_in.shape.act_dtype, t->cfg);
-    return rc;
+    /* the arena's budget, before the plan checks what it holds */
+    fy_runconf_gpu_mem(o, said, sizeof said);
+    if (said[0])
+        fy_info("train: %s", said);
+    FY_TRY(fy_runconf_plan_in(o, &t->model, o->backend, &t->plan_in));
+    return fy_runconf_train(o, &t->model, t->plan_in.shape.act_dtype, t->cfg);
 }
 
 /* The train line: the model, the batch, the schedule and the data. */
@@ -323,23 +329,18 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
     FY_TRY(fy_plan_check_gpu(&t->plan_in, NULL)); /* before the activation step's profile */
     FY_TRY(fy_plan_make(&t->plan_in, &acts, &t->plan));
     FY_TRY(fy_plan_check_gpu(&t->plan_in, &t->plan));
-    int rc = 0;
     t->act.in.clip_hold = t->plan.place.grad_hold; /* forced modes were placed before it */
     t->act.in.state_pieces = t->plan.place.state_pieces;
     if (t->plan_in.act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
-        rc = fy_actplace_predict(&t->act.in, &t->act.run);
+        FY_TRY(fy_actplace_predict(&t->act.in, &t->act.run));
     const struct fy_actplace *act = &t->act.run;
-    if (rc == 0)
-        rc = fy_config_setf(t->cfg, "train.act_keep", "%d",
-                            act->keep < 0 ? (int)t->model.n_layer : act->keep);
-    if (rc == 0)
-        rc = fy_config_setf(t->cfg, "train.act_swap", "%d", act->swap_sets);
-    if (rc == 0) /* one pass's gradients held in the GPU arena, a buffer per block */
-        rc = fy_config_setf(t->cfg, "train.grad_hold", "%u",
-                            t->plan.place.grad_hold == FY_HOLD_GPU ? t->model.n_layer : 0);
-    if (rc == 0)
-        rc = fy_actsetup_save(&t->act);
-    return rc;
+    FY_TRY(fy_config_setf(t->cfg, "train.act_keep", "%d",
+                          act->keep < 0 ? (int)t->model.n_layer : act->keep));
+    FY_TRY(fy_config_setf(t->cfg, "train.act_swap", "%d", act->swap_sets));
+    /* one pass's gradients held in the GPU arena, a buffer per block */
+    FY_TRY(fy_config_setf(t->cfg, "train.grad_hold", "%u",
+                          t->plan.place.grad_hold == FY_HOLD_GPU ? t->model.n_layer : 0));
+    return fy_actsetup_save(&t->act);
 }
 
 /* The plan's lines on what stays in the pool and what moves over the SSD and PCIe each step. */
@@ -481,15 +482,16 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
 static int train_steps(struct fy_options *o, struct train_run *t)
 {
     t->meta = calloc(1, sizeof *t->meta);
-    int rc = t->meta != NULL ? 0 : -ENOMEM;
     struct fy_metrics *metrics = NULL; /* kept across restarts: lines wait there for room */
-    if (rc == 0)
-        rc = fy_metrics_open(&metrics, o->run_dir);
+    int rc = -ENOMEM;
+    if (t->meta == NULL)
+        goto out;
+    FY_TRY_OUT(rc, fy_metrics_open(&metrics, o->run_dir));
     t->to.metrics = metrics;
     /* A worker that dies or hangs costs the steps since the last commit, not the run: the
      * workers start again and the run goes on from that commit, up to --max-restarts times an
      * hour (fy_restart_after). */
-    for (int attempt = 0; rc == 0; attempt++) {
+    for (int attempt = 0;; attempt++) {
         double t0 = fy_monotonic_ns() * 1e-9;
         struct fy_sup_fault fault;
         int stepping;
@@ -497,8 +499,8 @@ static int train_steps(struct fy_options *o, struct train_run *t)
         if (!fy_restart_after(&t->restarts, rc, stepping, &fault, t0))
             break;
         fy_progress_restart();
-        rc = 0;
     }
+out:
     fy_progress_end();
     save_ssd_seen(o, &t->ssd_seen);
     if (rc == 0 && train_stop) {
@@ -557,16 +559,14 @@ int fy_cmd_train(struct fy_options *o)
     if (t == NULL)
         return -ENOMEM;
     fy_restart_init(&t->restarts, o->max_restarts, o->run_dir, &train_stop);
-    int rc = train_setup(o, t);
-    if (rc == 0) {
-        train_describe(o, t);
-        rc = train_plan(o, t);
-    }
-    if (rc == 0) {
-        train_log_traffic(o, t);
-        train_layout(o, t, train_log_prediction(o, t));
-        rc = train_steps(o, t);
-    }
+    int rc;
+    FY_TRY_OUT(rc, train_setup(o, t));
+    train_describe(o, t);
+    FY_TRY_OUT(rc, train_plan(o, t));
+    train_log_traffic(o, t);
+    train_layout(o, t, train_log_prediction(o, t));
+    rc = train_steps(o, t);
+out:
     fy_trainargs_settle(o, t->args_pending, t->args_promoted, rc);
     train_free(t);
     return rc;

@@ -10,6 +10,7 @@
 #include "common/dtype.h"
 #include "common/optstate.h"
 #include "io_worker/store.h"
+#include "launcher/try.h"
 
 int fy_io_call(const struct fy_exec *x, int op, uint32_t tensor, uint64_t pool_offset,
                uint64_t bytes, uint64_t arg, int timeout_ms)
@@ -73,21 +74,23 @@ int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_con
     uint64_t *got = calloc(n, sizeof *got);
     FY_REQUIRE(got != NULL, -ENOMEM, "no memory for %u digests", n);
     int rc = 0;
-    for (unsigned k = 0; rc == 0 && k < n; k++) {
+    for (unsigned k = 0; k < n; k++) {
         struct fy_optstate_piece p;
         fy_optstate_piece(c, u, k, &p, NULL);
-        rc = io_call_piece(x, op, tensor, p.offset, pool_offset + p.offset, p.layout.bytes, &got[k],
-                           1, timeout_ms);
+        FY_TRY_OUT(rc, io_call_piece(x, op, tensor, p.offset, pool_offset + p.offset,
+                                     p.layout.bytes, &got[k], 1, timeout_ms));
     }
-    if (rc == 0 && op == FY_OP_IO_READ && fy_optstate_unit_digest(got, n) != unit_digest) {
+    if (op == FY_OP_IO_READ && fy_optstate_unit_digest(got, n) != unit_digest) {
         fy_error("unit %u's state, read back from the store piece by piece, does not match the "
                  "digest it was written with (%016llx, read %016llx): torn or corrupted on the SSD",
                  u, (unsigned long long)unit_digest,
                  (unsigned long long)fy_optstate_unit_digest(got, n));
         rc = -EBADMSG;
+        goto out;
     }
-    if (rc == 0 && pieces != NULL)
+    if (pieces != NULL)
         memcpy(pieces, got, n * sizeof *got);
+out:
     free(got);
     return rc;
 }
@@ -272,13 +275,14 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
         .model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0, .copies = copies};
     struct unit_write w[2] = {{0}, {0}};
     struct unit_make mk = {0};
-    int rc = commit_extents(x, c, copies, timeout_ms);
+    int rc;
+    FY_TRY_OUT(rc, commit_extents(x, c, copies, timeout_ms));
     /* every extent first: the io worker would answer an allocation only after the write ahead */
-    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++)
-        rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0, fy_optstate_bytes(c, u),
-                        timeout_ms);
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+        FY_TRY_OUT(rc, fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0,
+                                  fy_optstate_bytes(c, u), timeout_ms));
     unsigned next = 0; /* the buffer the next piece takes */
-    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++) {
         unsigned n = fy_optstate_piece_count(c, u);
         if (n > 1) { /* the unit's master whole in memory, each piece's state made from it */
             mk.master = malloc(fy_model_unit_params(c, u) * sizeof *mk.master);
@@ -287,46 +291,40 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
             if (rc == -ENOMEM)
                 fy_error("init: no memory for unit %u's %zu weights", u,
                          fy_model_unit_params(c, u));
+            if (rc < 0)
+                goto out;
         }
-        for (unsigned k = 0; rc == 0 && k < n; k++) {
+        for (unsigned k = 0; k < n; k++) {
             struct fy_optstate_piece p;
             fy_optstate_piece(c, u, k, &p, NULL);
             uint64_t buf = buf_off[next];
-            for (int i = 0; i < 2 && rc == 0; i++) /* the write still reading this buffer */
+            for (int i = 0; i < 2; i++) /* the write still reading this buffer */
                 if (w[i].ticket != 0 && w[i].buf == buf)
-                    rc = unit_write_wait(x, &w[i], timeout_ms);
+                    FY_TRY_OUT(rc, unit_write_wait(x, &w[i], timeout_ms));
             uint8_t *state = fy_pool_at(pool, buf, p.layout.bytes);
             float *master = (float *)(state + p.layout.section[FY_OPTSTATE_MASTER].offset);
-            if (rc == 0) {
-                fy_optstate_zero_moments(&p.layout, state); /* Adam's moments start at zero */
-                if (n == 1)
-                    rc = fill(ctx, u, master);
-                else
-                    memcpy(master, mk.master + p.begin, p.params * sizeof *master);
-            }
-            if (rc == 0) { /* written (and its digest taken) while the next is filled */
-                int64_t ticket = io_submit_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u),
-                                                  p.offset, buf, p.layout.bytes, 0, 0);
-                if (ticket < 0)
-                    rc = (int)ticket;
-                else
-                    w[next] =
-                        (struct unit_write){ticket, buf, n == 1 ? &m->digest[u] : &mk.digest[k]};
-                next ^= 1;
-            }
+            fy_optstate_zero_moments(&p.layout, state); /* Adam's moments start at zero */
+            if (n == 1)
+                FY_TRY_OUT(rc, fill(ctx, u, master));
+            else
+                memcpy(master, mk.master + p.begin, p.params * sizeof *master);
+            /* written (and its digest taken) while the next is filled */
+            int64_t ticket = io_submit_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), p.offset,
+                                              buf, p.layout.bytes, 0, 0);
+            FY_TRY_OUT(rc, ticket < 0 ? (int)ticket : 0);
+            w[next] = (struct unit_write){ticket, buf, n == 1 ? &m->digest[u] : &mk.digest[k]};
+            next ^= 1;
         }
         if (n > 1) { /* its pieces' digests all in: the unit's */
-            for (int i = 0; i < 2; i++) {
-                int done = unit_write_wait(x, &w[i], timeout_ms);
-                rc = rc ? rc : done;
-            }
-            if (rc == 0)
-                m->digest[u] = fy_optstate_unit_digest(mk.digest, n);
+            for (int i = 0; i < 2; i++)
+                FY_TRY_OUT(rc, unit_write_wait(x, &w[i], timeout_ms));
+            m->digest[u] = fy_optstate_unit_digest(mk.digest, n);
             free(mk.master);
             free(mk.digest);
             mk = (struct unit_make){0};
         }
     }
+out:
     for (int i = 0; i < 2; i++) { /* nothing stays in flight, whatever failed */
         int done = unit_write_wait(x, &w[i], timeout_ms);
         rc = rc ? rc : done;
@@ -353,29 +351,31 @@ static int read_through(const struct fy_exec *x, struct fy_pool *pool, const str
     uint64_t *got = n > 1 ? calloc(n, sizeof *got) : NULL;
     FY_REQUIRE(n == 1 || got != NULL, -ENOMEM, "no memory for %u digests", n);
     int rc = 0;
-    for (unsigned k = 0; rc == 0 && k < n; k++) {
+    for (unsigned k = 0; k < n; k++) {
         struct fy_optstate_piece p;
         fy_optstate_piece(c, u, k, &p, NULL);
         uint64_t digest = m->digest[u];
-        rc = io_call_piece(x, FY_OP_IO_READ, tensor, p.offset, buf_off, p.layout.bytes,
-                           n == 1 ? &digest : &got[k], n > 1, timeout_ms);
+        FY_TRY_OUT(rc, io_call_piece(x, FY_OP_IO_READ, tensor, p.offset, buf_off, p.layout.bytes,
+                                     n == 1 ? &digest : &got[k], n > 1, timeout_ms));
         const struct fy_optstate_section *ms = &p.layout.section[FY_OPTSTATE_MASTER];
-        if (rc == 0 && master != NULL)
+        if (master != NULL)
             memcpy(master + p.begin, fy_pool_at(pool, buf_off + ms->offset, ms->bytes), ms->bytes);
     }
-    if (rc == 0 && n > 1 && fy_optstate_unit_digest(got, n) != m->digest[u]) {
+    if (n > 1 && fy_optstate_unit_digest(got, n) != m->digest[u]) {
         fy_error("step %llu's state of unit %u (copy %u), read piece by piece, does not match its "
                  "commit record (%016llx, read %016llx): torn or corrupted on the SSD",
                  (unsigned long long)m->step, u, m->copy, (unsigned long long)m->digest[u],
                  (unsigned long long)fy_optstate_unit_digest(got, n));
         rc = -EBADMSG;
+        goto out;
     }
-    if (rc == 0 && pieces != NULL) {
+    if (pieces != NULL) {
         if (n == 1)
             pieces[0] = m->digest[u];
         else
             memcpy(pieces, got, n * sizeof *got);
     }
+out:
     free(got);
     return rc;
 }

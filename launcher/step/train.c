@@ -24,6 +24,7 @@
 #include "launcher/step/sched_forward.h"
 #include "launcher/step/sched_state.h"
 #include "launcher/step/sched_weights.h"
+#include "launcher/try.h"
 
 static double now_s(void)
 {
@@ -210,14 +211,30 @@ static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
             rc = -EPROTO;
         }
     }
-    if (rc == 0)
-        rc = fy_commit_write(r->tk.x, r->pool, r->l.meta, next, r->tk.timeout_ms);
-    if (rc == 0) {
-        *meta = *next;
-        fy_sched_copies_of_commit(r, meta);
-    }
+    if (rc < 0)
+        goto out;
+    FY_TRY_OUT(rc, fy_commit_write(r->tk.x, r->pool, r->l.meta, next, r->tk.timeout_ms));
+    *meta = *next;
+    fy_sched_copies_of_commit(r, meta);
+out:
     free(next);
     return rc;
+}
+
+/* The state of the committed step in meta read and checked against the record's digests: the
+ * resident units' loaded (each read with its pieces' digests, checked against the record's), every
+ * other unit's read once. */
+static int check_committed(struct fy_sched *r, const struct fy_storemeta *meta,
+                           const unsigned char *resident)
+{
+    double t0 = now_s();
+    unsigned bad = 0;
+    FY_TRY(fy_sched_resident_transfer(r, FY_OP_IO_READ, meta->digest));
+    FY_TRY(fy_commit_verify(r->tk.x, r->pool, meta, r->l.state, resident, r->copies.digest, &bad,
+                            r->tk.timeout_ms));
+    fy_info("step %llu's state checked against its commit record in %.1f s",
+            (unsigned long long)meta->step, now_s() - t0);
+    return 0;
 }
 
 /* Starts from the committed step in meta: the resident units' state loaded and every other unit's
@@ -232,16 +249,7 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
     for (int attempt = 0;; attempt++) {
         fy_sched_copies_of_commit(r, meta);
         memset(r->copies.at, (int)meta->copy, units);
-        double t0 = now_s();
-        unsigned bad = 0;
-        /* the pieces' digests: each unit's read with them, checked against the record's */
-        int rc = fy_sched_resident_transfer(r, FY_OP_IO_READ, meta->digest);
-        if (rc == 0)
-            rc = fy_commit_verify(r->tk.x, r->pool, meta, r->l.state, resident, r->copies.digest,
-                                  &bad, r->tk.timeout_ms);
-        if (rc == 0)
-            fy_info("step %llu's state checked against its commit record in %.1f s",
-                    (unsigned long long)meta->step, now_s() - t0);
+        int rc = check_committed(r, meta, resident);
         /* no intact commit left: -ENOENT, not the damage itself, which in the steps means
          * "go back to the last commit" (a restart) */
         if (fy_is_damage(rc) && meta->copies == 1) {
@@ -305,48 +313,47 @@ static int run_step(struct fy_sched *r, struct fy_storemeta *meta, struct fy_sam
     struct step_line s = {.step = step, .lr = fy_train_lr(o, step), .grad_norm = -1};
     double t0 = now_s();
     fy_ticket_step(&r->tk, step);
-    int rc = fy_sched_load_batch(r, data, FY_TOKFILE_TRAIN, step, &s.fill);
-    if (rc == 0)
-        rc = fy_sched_forward(r, 1, step, &s.loss);
+    *trained = 0;
+    FY_TRY(fy_sched_load_batch(r, data, FY_TOKFILE_TRAIN, step, &s.fill));
+    FY_TRY(fy_sched_forward(r, 1, step, &s.loss));
     r->clip.scale = 0.0;
-    if (rc == 0 && r->clip.one_pass)
-        rc = fy_sched_clipped_backward(r, step, s.lr, o->clip_grad_norm, &s.grad_norm);
-    else if (rc == 0 && r->clip.on)
-        rc = fy_sched_clip_scale(r, step, o->clip_grad_norm, &s.grad_norm);
-    if (rc == 0 && !r->clip.one_pass)
-        rc = fy_sched_backward_and_update(r, step, s.lr);
-    *trained = rc == 0;
+    if (r->clip.one_pass)
+        FY_TRY(fy_sched_clipped_backward(r, step, s.lr, o->clip_grad_norm, &s.grad_norm));
+    else if (r->clip.on)
+        FY_TRY(fy_sched_clip_scale(r, step, o->clip_grad_norm, &s.grad_norm));
+    if (!r->clip.one_pass)
+        FY_TRY(fy_sched_backward_and_update(r, step, s.lr));
+    *trained = 1;
     int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);
-    int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
+    int do_eval = step == o->steps || (o->eval_every && step % o->eval_every == 0);
     /* a commit needs the updates still running or deferred done; an evaluation's first forward
      * makes the deferred ones itself, from the state it reads (as a training forward does) */
-    if (rc == 0 && durable)
-        rc = fy_sched_finish_updates(r);
+    if (durable)
+        FY_TRY(fy_sched_finish_updates(r));
     s.seconds = now_s() - t0;
     memcpy(s.wait_s, r->tk.wait_s, sizeof s.wait_s);
     memcpy(s.busy, r->tk.busy_s, sizeof s.busy);
     memcpy(s.bytes, r->tk.busy_bytes, sizeof s.bytes);
     s.have_eval = do_eval && o->eval_batches > 0;
-    if (rc == 0 && s.have_eval)
-        rc = fy_sched_eval_loss(r, data, o->eval_batches, &s.eval);
+    if (s.have_eval)
+        FY_TRY(fy_sched_eval_loss(r, data, o->eval_batches, &s.eval));
     /* The step's metrics line goes before its commit: a commit that a crash cuts off after its
      * record is durable still counts, and the line must be there for it (a line past the last
      * commit is dropped when the run goes back). The commit's time is its own. */
-    if (rc == 0)
-        rc = log_step(o, &meta->model, &s);
-    if (rc == 0 && o->plan_step_s > 0 && step == first + 1 && s.seconds > 0)
+    FY_TRY(log_step(o, &meta->model, &s));
+    if (o->plan_step_s > 0 && step == first + 1 && s.seconds > 0)
         log_plan_check(o, &meta->model, &s);
-    if (rc == 0 && o->ssd_seen != NULL && step > first)
+    if (o->ssd_seen != NULL && step > first)
         fy_diskrates_add(o->ssd_seen, step, s.bytes[FY_TICKET_BUSY_SSD_READ],
                          s.busy[FY_TICKET_BUSY_SSD_READ], s.bytes[FY_TICKET_BUSY_SSD_WRITE],
                          s.busy[FY_TICKET_BUSY_SSD_WRITE]);
-    if (rc == 0 && durable) {
+    if (durable) {
         double c0 = now_s();
-        rc = commit(r, meta, step);
-        if (rc == 0 && now_s() - c0 > 1.0)
+        FY_TRY(commit(r, meta, step));
+        if (now_s() - c0 > 1.0)
             fy_info("step %llu committed in %.1f s", (unsigned long long)step, now_s() - c0);
     }
-    return rc;
+    return 0;
 }
 
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
@@ -361,17 +368,16 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
                                         .clip = o->clip_grad_norm > 0,
                                         .ranks = o->ranks};
     FY_TRY(fy_sched_init(&r, pool, &shape, x, o->timeout_ms));
-    int rc = fy_sched_setup(&r, o);
-    if (rc == 0)
-        rc = open_committed(&r, meta, o->resident);
-    if (rc == 0)
-        rc = fy_sched_fill_copies(&r);
-    if (rc == 0)
-        rc = run_start(&r, meta, o);
-    uint64_t done = meta->step; /* the last step trained; meta->step is the last committed */
-    const uint64_t first = meta->step + 1; /* this session's first step */
+    uint64_t done = 0;    /* the last step trained; meta->step is the last committed */
     int metrics_full = 0; /* too many metrics lines wait for room: stopped at a commit */
-    for (uint64_t step = meta->step + 1; rc == 0 && step <= o->steps; step++) {
+    int rc;
+    FY_TRY_OUT(rc, fy_sched_setup(&r, o));
+    FY_TRY_OUT(rc, open_committed(&r, meta, o->resident));
+    FY_TRY_OUT(rc, fy_sched_fill_copies(&r));
+    FY_TRY_OUT(rc, run_start(&r, meta, o));
+    done = meta->step;
+    const uint64_t first = meta->step + 1; /* this session's first step */
+    for (uint64_t step = first; step <= o->steps; step++) {
         if (o->stop != NULL && *o->stop) {
             fy_warn("stopping at the step boundary before step %llu", (unsigned long long)step);
             break;
@@ -381,9 +387,10 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
             break;
         }
         int trained;
-        rc = run_step(&r, meta, data, o, step, first, &trained);
+        FY_TRY_OUT(rc, run_step(&r, meta, data, o, step, first, &trained));
         done = trained ? step : done;
     }
+out:;
     /* a stop at a step boundary leaves updates running or deferred */
     int drained = rc == 0 ? fy_sched_finish_updates(&r) : fy_optq_drain(&r.opt);
     rc = rc ? rc : drained;
