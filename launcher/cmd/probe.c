@@ -24,6 +24,7 @@
 #include "opt_worker/adamw.h"
 #include "opt_worker/quant8.h"
 #include "opt_worker/threads.h"
+#include "launcher/try.h"
 
 static double now_s(void) { return (double)fy_monotonic_ns() * 1e-9; }
 
@@ -42,28 +43,23 @@ static int probe_backend(const struct fy_probe_opts *o, struct fy_probe_result *
     size_t host_bytes = cuda ? (size_t)256 << 20 : (size_t)32 << 20;
     struct fy_backend *b = NULL;
     void *host = NULL;
-    int rc = fy_backend_open(&b, o->backend, o->gpu_mem);
-    if (rc == 0 && posix_memalign(&host, 4096, host_bytes) != 0)
-        rc = -ENOMEM;
-    if (rc == 0) {
-        memset(host, 1, host_bytes);
-        rc = fy_backend_register_host(b, host, host_bytes);
-    }
-    if (rc == 0)
-        rc = fy_backend_model_prepare(b, &c, B, T);
     struct fy_block_profile p;
-    if (rc == 0)
-        rc = fy_backend_model_profile(b, host, host_bytes, &p);
-    if (rc == 0) {
-        double tokens = (double)B * T;
-        double flops = tokens * (6.0 * (double)fy_model_unit_params(&c, 1) + 6.0 * T * c.n_embd);
-        r->rates.gpu_flops = flops / (2 * p.fwd_s + p.bwd_s);
-        r->gemm_flops = p.flops_per_s;
-        r->rates.h2d = p.h2d_Bps;
-        r->rates.d2h = p.d2h_Bps;
-        r->duplex_Bps = p.duplex_Bps;
-        snprintf(r->device, sizeof r->device, "%s", fy_backend_device(b));
-    }
+    int rc;
+    FY_TRY_OUT(rc, fy_backend_open(&b, o->backend, o->gpu_mem));
+    FY_TRY_OUT(rc, posix_memalign(&host, 4096, host_bytes) != 0 ? -ENOMEM : 0);
+    memset(host, 1, host_bytes);
+    FY_TRY_OUT(rc, fy_backend_register_host(b, host, host_bytes));
+    FY_TRY_OUT(rc, fy_backend_model_prepare(b, &c, B, T));
+    FY_TRY_OUT(rc, fy_backend_model_profile(b, host, host_bytes, &p));
+    double tokens = (double)B * T;
+    double flops = tokens * (6.0 * (double)fy_model_unit_params(&c, 1) + 6.0 * T * c.n_embd);
+    r->rates.gpu_flops = flops / (2 * p.fwd_s + p.bwd_s);
+    r->gemm_flops = p.flops_per_s;
+    r->rates.h2d = p.h2d_Bps;
+    r->rates.d2h = p.d2h_Bps;
+    r->duplex_Bps = p.duplex_Bps;
+    snprintf(r->device, sizeof r->device, "%s", fy_backend_device(b));
+out:
     fy_backend_close(&b);
     free(host);
     return rc;
@@ -80,32 +76,25 @@ static int probe_store(const char *const *paths, unsigned n, uint64_t total, dou
     struct fy_ring *ring = NULL;
     void *buf = NULL;
     struct fy_store_opts so = {.paths = paths, .npaths = n, .create = 1};
-    int rc = fy_store_open(&s, &so);
-    if (rc == 0)
-        rc = fy_ring_new(&ring, NULL);
-    if (rc == 0 && posix_memalign(&buf, 4096, chunk) != 0)
-        rc = -ENOMEM;
-    if (rc == 0) {
-        memset(buf, 0x5a, chunk);
-        rc = fy_ring_register_memory(ring, buf, chunk);
-    }
-    if (rc == 0)
-        rc = fy_ring_register_files(ring, fy_store_fds(s), fy_store_file_names(s), n);
-    if (rc == 0)
-        rc = fy_store_add_extent(s, 1, total);
+    int rc;
+    FY_TRY_OUT(rc, fy_store_open(&s, &so));
+    FY_TRY_OUT(rc, fy_ring_new(&ring, NULL));
+    FY_TRY_OUT(rc, posix_memalign(&buf, 4096, chunk) != 0 ? -ENOMEM : 0);
+    memset(buf, 0x5a, chunk);
+    FY_TRY_OUT(rc, fy_ring_register_memory(ring, buf, chunk));
+    FY_TRY_OUT(rc, fy_ring_register_files(ring, fy_store_fds(s), fy_store_file_names(s), n));
+    FY_TRY_OUT(rc, fy_store_add_extent(s, 1, total));
     double t0 = now_s();
-    for (uint64_t at = 0; rc == 0 && at < total; at += chunk)
-        rc = fy_store_write(s, ring, 1, at, buf, chunk, 120000);
-    if (rc == 0)
-        rc = fy_store_sync(s);
+    for (uint64_t at = 0; at < total; at += chunk)
+        FY_TRY_OUT(rc, fy_store_write(s, ring, 1, at, buf, chunk, 120000));
+    FY_TRY_OUT(rc, fy_store_sync(s));
     double t1 = now_s();
-    for (uint64_t at = 0; rc == 0 && at < total; at += chunk)
-        rc = fy_store_read(s, ring, 1, at, buf, chunk, 120000);
+    for (uint64_t at = 0; at < total; at += chunk)
+        FY_TRY_OUT(rc, fy_store_read(s, ring, 1, at, buf, chunk, 120000));
     double t2 = now_s();
-    if (rc == 0) {
-        *write_Bps = (double)total / (t1 - t0);
-        *read_Bps = (double)total / (t2 - t1);
-    }
+    *write_Bps = (double)total / (t1 - t0);
+    *read_Bps = (double)total / (t2 - t1);
+out:
     fy_ring_destroy(&ring);
     fy_store_close(&s);
     free(buf);
