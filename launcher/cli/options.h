@@ -74,7 +74,7 @@ struct fy_options {
     char ssd_here[PATH_MAX]; /* the store's paths as found from model.conf (fy_runconf_load) */
     /* train and resume: the train command's arguments after "train" (resume: the run's recorded
      * command with resume's own options after it), and where they come from (enum
-     * fy_train_args_from): a train's are kept for resume (launcher/cmd/cmd_train.c) */
+     * fy_train_args_from): a train's are kept for resume (launcher/cmd/trainargs.h) */
     int train_argc;
     char **train_argv;
     int train_args_from;

@@ -139,7 +139,7 @@ int main(int argc, char **argv)
         fy_cmd_resume_args_free(&resumed);
         return EXIT_ERROR;
     }
-    if (cmd == FY_CMD_TRAIN || cmd == FY_CMD_RESUME) { /* kept for resume (cmd_train.c) */
+    if (cmd == FY_CMD_TRAIN || cmd == FY_CMD_RESUME) { /* kept for resume (trainargs.h) */
         o.train_argc = argc - 2;
         o.train_argv = argv + 2;
         o.train_args_from = from;

@@ -1,7 +1,7 @@
-/* RUN/train.args (the train command and resume, launcher/cmd/cmd_train.c and cmd_resume.c): the train command's arguments (after "train") and the directory it ran in, for
- * fuyou-launch resume. Line 1 "fuyou-train-args 1", line 2 the directory, then one per line.
- * A train command writes them to RUN/train.args.pending first, before anything starts, so that a
- * launch stopped at start-up (a signal, a crash, kill -9) can be resumed; the file becomes
+/* RUN/train.args (the train command and resume: launcher/cmd/cmd_train.c, cmd_resume.c): the train
+ * command's arguments (after "train") and the directory it ran in, for fuyou-launch resume. Line 1
+ * "fuyou-train-args 1", line 2 the directory, then one per line. A train command writes them to
+ * RUN/train.args.pending first, before anything starts, so that a launch stopped at start-up (a signal, a crash, kill -9) can be resumed; the file becomes
  * train.args once the command really trains (its workers are up and the store is short of
  * --steps), and is removed where the command fails with an error or has nothing to train, so a
  * bad command never replaces the last one that trained. A stop before the steps leaves it, and

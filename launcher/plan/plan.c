@@ -134,9 +134,9 @@ static unsigned plan_resident(const struct fy_plan_in *in, struct fy_plan *p)
 }
 
 /* --ckpt-place: where the blocks' input checkpoints go (p->place.block_inputs_slots). auto:
- * everything in the pool when it all fits, no SSD traffic at all; otherwise the pool is better spent on optimizer state: a
- * streamed unit moves 28 bytes over the SSD per 12 of state each step (weights read, state read
- * and written), a checkpoint 2 per byte. */
+ * everything in the pool when it all fits, no SSD traffic at all; otherwise the pool is better
+ * spent on optimizer state: a streamed unit moves 28 bytes over the SSD per 12 of state each step
+ * (weights read, state read and written), a checkpoint 2 per byte. */
 static void plan_checkpoints(const struct fy_plan_in *in, struct fy_plan *p)
 {
     int ssd = in->block_inputs_place == FY_BLOCK_INPUTS_SSD;

@@ -77,7 +77,8 @@ unsigned fy_plan_spill_slots(unsigned act_ahead);
 /* The scratch extent on the store of `count` items (at least one) of item_bytes each. */
 uint64_t fy_plan_spill_extent_bytes(uint64_t item_bytes, unsigned count);
 
-/* What the blocks' swapped internals take (the activation plan's placement, launcher/plan/actplace.h). */
+/* What the blocks' swapped internals take (the activation plan's placement,
+ * launcher/plan/actplace.h). */
 struct fy_plan_swap {
     uint64_t host_bytes; /* saved regions that stay in the pool from forward to backward */
     uint64_t ssd_bytes;  /* those written to the SSD store in the forward and read back */

@@ -1,5 +1,6 @@
 /* What a training step moves (over the SSD, PCIe, NVLink and host memory) and its predicted time
- * per resource at a machine's rates, for a step's shape and placement (launcher/plan/plan_layout.h). */
+ * per resource at a machine's rates, for a step's shape and placement
+ * (launcher/plan/plan_layout.h). */
 #ifndef FY_PLAN_TRAFFIC_H
 #define FY_PLAN_TRAFFIC_H
 

@@ -18,7 +18,8 @@ struct fy_restart {
 void fy_restart_init(struct fy_restart *r, uint64_t max, const char *run_dir,
                      const volatile int *stop);
 /* After a launch of the workers (the profile's or training's) failed with rc, whether to start
- * them again (the caller counts a restart for the summary: fy_progress_restart), counted against --max-restarts an hour, and said either way. A worker that died or
+ * them again (the caller counts a restart for the summary: fy_progress_restart), counted against
+ * --max-restarts an hour, and said either way. A worker that died or
  * stopped answering is restarted, and so is state read back damaged from the SSD in the steps
  * (`stepping`: they had begun; the restart goes back to the last commit, which is checked whole
  * first). Before the steps, a worker that exited on its own is not: it said why, and a bad

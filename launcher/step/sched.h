@@ -4,7 +4,8 @@
  * names what every part of the schedule uses (the pool's slots, what each unit is). Each concern
  * of a step has a file of its own, each over the ones before it:
  *   sched_state     a unit's optimizer state between the store's two copies and the state slots
- *   sched_weights   the weights slots: weights read, converted, or streamed through the landing ring
+ *   sched_weights   the weights slots: weights read, converted, or streamed through the landing
+ *                   ring
  *   sched_update    the AdamW requests: a unit's update, whole or piece by piece
  *   sched_gpu       the gpu worker's requests that several passes send (a block's backward)
  *   sched_embed     the embeddings' update in two parts

@@ -14,8 +14,8 @@
 #include "launcher/try.h"
 
 /* What a forward's parts share: training or evaluating, the units of weights read ahead (depth),
- * per unit its weights' read (rw) and its gpu request (g; the embeddings' g_embed), and the deferred
- * updates' write-backs by state slot (fws). */
+ * per unit its weights' read (rw) and its gpu request (g; the embeddings' g_embed), and the
+ * deferred updates' write-backs by state slot (fws). */
 struct forward {
     int train;
     unsigned depth;

@@ -1,4 +1,5 @@
-/* A unit's optimizer state between the store's two copies and the pool: launcher/step/sched_state.h. */
+/* A unit's optimizer state between the store's two copies and the pool:
+ * launcher/step/sched_state.h. */
 #include "launcher/step/sched_state.h"
 
 #include <errno.h>

@@ -13,7 +13,8 @@
 
 /* How a state transfer takes digests: a read unchecked, a read checked against the piece's
  * digest in copies.digest (a write: its digest into copies.digest), or a read whose digest goes
- * to copies.digest unchecked (the pieces of a unit whose record has their digests' digest alone). */
+ * to copies.digest unchecked (the pieces of a unit whose record has their digests' digest
+ * alone). */
 enum { FY_SCHED_DIGEST_NONE, FY_SCHED_DIGEST_CHECK, FY_SCHED_DIGEST_REPORT };
 
 /* Piece k of unit u's state between the pool at pool_offset and its copy `copy` in the store. */

@@ -1,7 +1,7 @@
 /* A training run over an executor (launcher/step/train.h): the steps from the store's last intact
  * commit, each logged (the progress line, metrics.jsonl, the plan check) and committed every
  * --checkpoint-every steps, at the end and at a stop; store initialisation and export. One step's
- * schedule is launcher/step/sched.c's. */
+ * schedule is launcher/step/sched.h's and its parts'. */
 #include "launcher/step/train.h"
 
 #include <errno.h>
