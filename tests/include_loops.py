@@ -3,7 +3,9 @@
 or x.cu): a loop is a set of modules each of which includes, through the others, itself. Prints
 each loop with the includes that make it and exits 1 where there is one that KNOWN does not name
 (a new loop, or a known one grown), or a known loop is gone (its entry is then removed): the loops
-that exist may only shrink. Used by .ci/run."""
+that exist may only shrink. Also exits 1 where a launcher/ folder includes one that its layer may
+not (LAUNCHER_MAY_INCLUDE: docs/architecture.md, "Where the code lives"), or common/ or a worker
+includes launcher/. Used by .ci/run."""
 import os
 import re
 import sys
@@ -11,11 +13,16 @@ import sys
 FOLDERS = ["common", "gpu_worker", "io_worker", "opt_worker", "launcher"]
 EXTS = (".c", ".h", ".cu", ".cc")
 # Loops that exist and are to be broken, each with why it is here.
-KNOWN = {
-    # the options, the plan and the step engine: options.c reads train.h's types, plan.c the
-    # options, the schedule the plan
-    frozenset({"launcher/cli/options", "launcher/step/optq", "launcher/plan/plan", "launcher/step/sched",
-               "launcher/step/spill", "launcher/step/train"}),
+KNOWN = set()  # none: every loop that existed is broken
+# launcher/'s layers, each with the launcher/ folders it may include: the commands over the options
+# over the step engine, which runs over the plan and the executors; the plan and the processes
+# know nothing of each other.
+LAUNCHER_MAY_INCLUDE = {
+    "cmd": {"cmd", "cli", "step", "plan", "run"},
+    "cli": {"cli", "step", "plan", "run"},
+    "step": {"step", "plan", "run"},
+    "plan": {"plan"},
+    "run": {"run"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -78,6 +85,25 @@ def loops(graph):
     return found
 
 
+def layer_breaches(graph):
+    out = []
+    for mod, tos in sorted(graph.items()):
+        top, _, rest = mod.partition("/")
+        for to, why in sorted(tos.items()):
+            if not to.startswith("launcher/"):
+                continue
+            if top != "launcher":
+                out.append(f"{why[0]}: only launcher/ includes launcher/")
+                continue
+            if to.count("/") == 1:  # launcher/'s own top (try.h): every layer's
+                continue
+            mine, there = rest.split("/")[0], to.split("/")[1]
+            if there not in LAUNCHER_MAY_INCLUDE.get(mine, ()):
+                may = ", ".join(f"{f}/" for f in sorted(LAUNCHER_MAY_INCLUDE.get(mine, ())))
+                out.append(f"{why[0]}: launcher/{mine}/ includes only launcher/'s {may}")
+    return out
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     files = modules(root)
@@ -96,6 +122,11 @@ def main():
         print(f"the known loop {', '.join(sorted(comp))} is gone: remove it from KNOWN")
         bad += 1
     print(f"include loops: {len(found)} among {len(graph)} modules, {bad} not known")
+    breaches = layer_breaches(graph)
+    for b in breaches:
+        print(f"layer: {b}")
+    print(f"launcher/'s layers: {len(breaches)} includes across them the wrong way")
+    bad += len(breaches)
     return 1 if bad else 0
 
 

@@ -61,18 +61,25 @@ static struct fy_block_profile profile(double bw, uint64_t set, uint64_t free_by
 /* Every unit's optimizer state in the pool, so the SSD does not bound the step. */
 static const unsigned char all_resident[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
-static struct fy_actrun_in input(const struct fy_model_config *c, const struct fy_block_profile *p,
-                                 enum fy_actplan_mode mode, const char *backend)
+static struct fy_actplace_in input(const struct fy_model_config *c,
+                                   const struct fy_block_profile *p, enum fy_actplan_mode mode,
+                                   const char *backend)
 {
-    struct fy_actrun_in in = {.c = c, .B = 4, .T = 128, .mode = mode, .backend = backend,
-                              .prof = p, .resident = all_resident,
-                              .rates = fy_plan_reference_rates, .host_bytes = 1ull << 40,
-                              .ssd_bytes = 1ull << 40};
+    struct fy_actplace_in in = {.c = c,
+                                .B = 4,
+                                .T = 128,
+                                .mode = mode,
+                                .backend = backend,
+                                .prof = p,
+                                .resident = all_resident,
+                                .rates = fy_plan_reference_rates,
+                                .host_bytes = 1ull << 40,
+                                .ssd_bytes = 1ull << 40};
     in.act_dtype = strcmp(backend, "cpu") == 0 ? 1 : 2; /* FY_DTYPE_F32, _BF16 */
     return in;
 }
 
-static int count(const struct fy_actrun *r, unsigned L, int place)
+static int count(const struct fy_actplace *r, unsigned L, int place)
 {
     int n = 0;
     for (unsigned l = 0; r->place != NULL && l < L; l++)
@@ -88,16 +95,16 @@ static void test_fast_links_swap_everything(void **state)
     (void)state;
     struct fy_model_config c = model();
     struct fy_block_profile p = profile(1e15, 0, 0);
-    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
-    struct fy_actrun r;
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
+    struct fy_actplace r;
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(r.keep, 0);
     assert_int_equal(r.swap_sets, 1);
     assert_int_equal(count(&r, c.n_layer, FY_ACT_HOST), 5 * (int)c.n_layer);
     assert_true(r.step_b < r.step_a);
     assert_true(r.predicted_s == r.step_b);
     assert_true(r.swap.host_bytes > 0 && r.swap.ssd_bytes == 0);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
 }
 
 /* No pool room and no SSD room: nothing can be swapped, every block recomputes. */
@@ -106,15 +113,15 @@ static void test_no_room_recomputes(void **state)
     (void)state;
     struct fy_model_config c = model();
     struct fy_block_profile p = profile(1e15, 0, 0);
-    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
     in.host_bytes = 0;
     in.ssd_bytes = 0;
-    struct fy_actrun r;
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    struct fy_actplace r;
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_null(r.place);
     assert_int_equal(r.swap_sets, 0);
     assert_true(r.predicted_s == r.step_a && r.predicted_s > 0);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
 }
 
 /* Slow links: swapping only adds transfer time, so auto keeps what the device holds and
@@ -124,13 +131,13 @@ static void test_slow_links_recompute(void **state)
     (void)state;
     struct fy_model_config c = model();
     struct fy_block_profile p = profile(1e6, 1u << 20, 5u << 20);
-    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
-    struct fy_actrun r;
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actplace r;
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(r.keep, 5); /* 5 MiB free, 1 MiB a set */
     assert_null(r.place);
     assert_int_equal(r.swap_sets, 0);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
 }
 
 /* The device room decides the kept blocks: swapping costs two sets, so with fast links auto keeps
@@ -140,9 +147,9 @@ static void test_device_room_and_swap_sets(void **state)
     (void)state;
     struct fy_model_config c = model();
     struct fy_block_profile p = profile(1e15, 1u << 20, 5u << 20);
-    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
-    struct fy_actrun r;
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actplace r;
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(r.keep_a, 5);
     assert_int_equal(r.keep_b, 3);
     assert_int_equal(r.keep, 3);
@@ -150,21 +157,21 @@ static void test_device_room_and_swap_sets(void **state)
     for (unsigned l = 5; l < c.n_layer; l++) /* the kept top blocks: on the GPU */
         assert_int_equal(r.place[l * K + FY_ACT_QKV], FY_ACT_GPU);
     assert_int_equal(count(&r, c.n_layer, FY_ACT_HOST), 5 * 5);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
 
     p = profile(1e15, 1u << 20, (1u << 20) + 5); /* one set and a bit: no swapping */
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(r.keep, 1);
     assert_int_equal(r.keep_b, -1);
     assert_null(r.place);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
 
     p = profile(1e15, 1u << 20, 64u << 20); /* every block kept: nothing left to swap */
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(r.keep, (int)c.n_layer);
     assert_null(r.place);
     assert_true(r.predicted_s > 0);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
 }
 
 /* Over a sweep of pool rooms, the saved region (pool-kept kinds and, when some go to the SSD, the
@@ -177,17 +184,17 @@ static void test_budgets_hold(void **state)
     struct fy_model_config c = model();
     struct fy_block_profile p = profile(3e9, 0, 0);
     p.recompute_s[FY_ACT_QKV] = 5e-3; /* worth moving, even through the SSD */
-    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cpu");
     for (uint64_t room = 0; room <= (24u << 20); room += 3u << 19) {
         for (uint64_t ssd = 0; ssd <= (16u << 20); ssd += 1u << 20) {
             in.host_bytes = room;
             in.ssd_bytes = ssd;
-            struct fy_actrun r;
-            assert_int_equal(fy_actrun_plan(&in, &r), 0);
+            struct fy_actplace r;
+            assert_int_equal(fy_actplace_plan(&in, &r), 0);
             assert_true(fy_plan_swap_pool_bytes(&r.swap) <= room);
             assert_true(r.swap.ssd_bytes <= ssd);
             assert_true(fy_plan_swap_store_bytes(&r.swap, c.n_layer) <= ssd);
-            fy_actrun_free(&r);
+            fy_actplace_free(&r);
         }
     }
 }
@@ -201,19 +208,19 @@ static void test_fused_fc_gelu_together(void **state)
     struct fy_block_profile p = profile(1e10, 1u << 20, 3u << 20);
     p.fc_gelu_fused = 1;
     p.recompute_s[FY_ACT_FC] = p.recompute_s[FY_ACT_GELU] = 1e-3; /* worth moving */
-    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
     int swapped = 0;
     for (uint64_t room = 0; room <= (48u << 20); room += 1u << 20) {
         in.host_bytes = room;
-        struct fy_actrun r;
-        assert_int_equal(fy_actrun_plan(&in, &r), 0);
+        struct fy_actplace r;
+        assert_int_equal(fy_actplace_plan(&in, &r), 0);
         for (unsigned l = 0; r.place != NULL && l < c.n_layer; l++) {
             int fc = r.place[l * K + FY_ACT_FC] == FY_ACT_RECOMPUTE;
             int ge = r.place[l * K + FY_ACT_GELU] == FY_ACT_RECOMPUTE;
             assert_int_equal(fc, ge);
             swapped += !fc && r.place[l * K + FY_ACT_FC] != FY_ACT_GPU;
         }
-        fy_actrun_free(&r);
+        fy_actplace_free(&r);
     }
     assert_true(swapped > 0); /* and the pair does get swapped where there is room */
 }
@@ -225,40 +232,40 @@ static void test_forced_modes(void **state)
 {
     (void)state;
     struct fy_model_config c = model();
-    struct fy_actrun_in in = input(&c, NULL, FY_ACTPLAN_HOST, "cpu");
-    struct fy_actrun r, again;
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    struct fy_actplace_in in = input(&c, NULL, FY_ACTPLAN_HOST, "cpu");
+    struct fy_actplace r, again;
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(count(&r, c.n_layer, FY_ACT_HOST), 5 * (int)c.n_layer);
     assert_int_equal(r.keep, 0);
     assert_int_equal(r.swap_sets, 1);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
     in.mode = FY_ACTPLAN_SSD;
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(count(&r, c.n_layer, FY_ACT_SSD), 5 * (int)c.n_layer);
     assert_true(r.swap.slot_bytes > 0 && r.swap.host_bytes == 0);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
 
     setenv("FUYOU_TEST_ACT_MIX", "7", 1);
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
-    assert_int_equal(fy_actrun_plan(&in, &again), 0);
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
+    assert_int_equal(fy_actplace_plan(&in, &again), 0);
     unsetenv("FUYOU_TEST_ACT_MIX");
     assert_memory_equal(r.place, again.place, (size_t)c.n_layer * K);
     for (int place = FY_ACT_HOST; place <= FY_ACT_RECOMPUTE; place++)
         assert_true(count(&r, c.n_layer, place) > 0);
-    fy_actrun_free(&r);
-    fy_actrun_free(&again);
+    fy_actplace_free(&r);
+    fy_actplace_free(&again);
 
     in.mode = FY_ACTPLAN_RECOMPUTE;
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_null(r.place);
     assert_int_equal(r.keep, 0);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
 
     c.arch = &fy_arch_llama;
     fy_llama_mut(&c)->n_kv_head = 4;
     fy_llama_mut(&c)->n_inter = 512;
     in.mode = FY_ACTPLAN_HOST; /* a usage error: the family swaps nothing */
-    assert_int_equal(fy_actrun_plan(&in, &r), -FY_EUSAGE);
+    assert_int_equal(fy_actplace_plan(&in, &r), -FY_EUSAGE);
 }
 
 /* Without a profile (the Llama blocks, in-process runs), auto keeps as many blocks as fit and
@@ -267,15 +274,15 @@ static void test_no_profile_and_bad_backend(void **state)
 {
     (void)state;
     struct fy_model_config c = model();
-    struct fy_actrun_in in = input(&c, NULL, FY_ACTPLAN_AUTO, "cuda");
-    struct fy_actrun r;
-    assert_int_equal(fy_actrun_plan(&in, &r), 0);
+    struct fy_actplace_in in = input(&c, NULL, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actplace r;
+    assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(r.keep, -1);
     assert_null(r.place);
     assert_true(r.predicted_s == 0);
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
     in.backend = "tpu";
-    assert_int_equal(fy_actrun_plan(&in, &r), -EINVAL);
+    assert_int_equal(fy_actplace_plan(&in, &r), -EINVAL);
 }
 
 /* Clipping's schedules with every block kept and a slow AdamW (it binds): two passes add the norm
@@ -286,24 +293,24 @@ static void test_clipped_steps(void **state)
     (void)state;
     struct fy_model_config c = model();
     struct fy_block_profile p = profile(1e15, 1u << 20, 1ull << 40);
-    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
     in.rates.opt_params = 2e8;
-    struct fy_actrun none, two, one;
-    assert_int_equal(fy_actrun_plan(&in, &none), 0);
+    struct fy_actplace none, two, one;
+    assert_int_equal(fy_actplace_plan(&in, &none), 0);
     assert_int_equal(none.keep, (int)c.n_layer);
     assert_true(none.norm_s == 0);
     in.clip = 1;
-    assert_int_equal(fy_actrun_plan(&in, &two), 0);
+    assert_int_equal(fy_actplace_plan(&in, &two), 0);
     assert_true(two.norm_s >= c.n_layer * p.bwd_s);
     assert_float_equal(two.predicted_s, none.predicted_s + two.norm_s, 1e-12);
     in.clip_hold = 1;
-    assert_int_equal(fy_actrun_plan(&in, &one), 0);
+    assert_int_equal(fy_actplace_plan(&in, &one), 0);
     assert_true(one.norm_s == 0);
     assert_true(one.predicted_s >= none.predicted_s);
     assert_true(one.predicted_s < two.predicted_s);
-    fy_actrun_free(&none);
-    fy_actrun_free(&two);
-    fy_actrun_free(&one);
+    fy_actplace_free(&none);
+    fy_actplace_free(&two);
+    fy_actplace_free(&one);
 }
 
 /* bf16 weights, every block kept on the device and AdamW slow enough that host memory binds each
@@ -317,25 +324,25 @@ static void test_bf16_weights_conversions(void **state)
     (void)state;
     struct fy_model_config c = model();
     struct fy_block_profile p = profile(1e15, 1u << 20, 1ull << 40);
-    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
     in.rates.opt_params = 1e6;
     const unsigned char copies[10] = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
-    struct fy_actrun f32, converted, copied;
+    struct fy_actplace f32, converted, copied;
     in.weight_dtype = 1; /* FY_DTYPE_F32 */
-    assert_int_equal(fy_actrun_plan(&in, &f32), 0);
+    assert_int_equal(fy_actplace_plan(&in, &f32), 0);
     assert_int_equal(f32.keep, (int)c.n_layer);
     in.weight_dtype = 2; /* FY_DTYPE_BF16 */
-    assert_int_equal(fy_actrun_plan(&in, &converted), 0);
+    assert_int_equal(fy_actplace_plan(&in, &converted), 0);
     in.resident = copies;
-    assert_int_equal(fy_actrun_plan(&in, &copied), 0);
+    assert_int_equal(fy_actplace_plan(&in, &copied), 0);
     const double params = 294912 + 8 * 789760.0 + 512, blocks = 8 * 789760.0, mem = 28e6;
     assert_float_equal(converted.predicted_s - f32.predicted_s,
                        (6 * params + 6 * blocks - 2 * params - 2 * blocks) / mem, 1e-6);
     assert_float_equal(copied.predicted_s - f32.predicted_s,
                        (-2 * params - 2 * blocks + 2 * params) / mem, 1e-6);
-    fy_actrun_free(&f32);
-    fy_actrun_free(&converted);
-    fy_actrun_free(&copied);
+    fy_actplace_free(&f32);
+    fy_actplace_free(&converted);
+    fy_actplace_free(&copied);
 }
 
 /* The state in pieces (struct fy_plan_place's state_pieces), every unit streamed, the disk slow
@@ -348,26 +355,26 @@ static void test_state_pieces_reads(void **state)
     (void)state;
     struct fy_model_config c = model();
     struct fy_block_profile p = profile(1e15, 1u << 20, 1ull << 40);
-    struct fy_actrun_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
     in.resident = NULL;
     in.rates.ssd_read = in.rates.ssd_write = 1e8;
     in.rates.opt_params = 1e15;
-    struct fy_actrun whole, pieces;
-    assert_int_equal(fy_actrun_plan(&in, &whole), 0);
+    struct fy_actplace whole, pieces;
+    assert_int_equal(fy_actplace_plan(&in, &whole), 0);
     in.state_pieces = 1;
-    assert_int_equal(fy_actrun_plan(&in, &pieces), 0);
+    assert_int_equal(fy_actplace_plan(&in, &pieces), 0);
     assert_float_equal(pieces.predicted_s - whole.predicted_s, 8 * 3162112.0 / 1e8, 1e-6);
-    fy_actrun_free(&whole);
-    fy_actrun_free(&pieces);
+    fy_actplace_free(&whole);
+    fy_actplace_free(&pieces);
     in.clip = 1;
     in.clip_hold = 1; /* one pass */
     in.state_pieces = 0;
-    assert_int_equal(fy_actrun_plan(&in, &whole), 0);
+    assert_int_equal(fy_actplace_plan(&in, &whole), 0);
     in.state_pieces = 1;
-    assert_int_equal(fy_actrun_plan(&in, &pieces), 0);
+    assert_int_equal(fy_actplace_plan(&in, &pieces), 0);
     assert_float_equal(pieces.predicted_s - whole.predicted_s, 8 * 3162112.0 / 1e8, 1e-6);
-    fy_actrun_free(&whole);
-    fy_actrun_free(&pieces);
+    fy_actplace_free(&whole);
+    fy_actplace_free(&pieces);
 }
 
 /* Several gpu workers, N = 2 and 3 at 4 sequences each (the profile's share): the internals'
@@ -384,32 +391,32 @@ static void test_ranks(void **state)
     uint64_t head = fy_model_unit_params(&c, c.n_layer + 1) * 4 + (uint64_t)c.vocab * c.n_embd * 4;
     uint64_t blocks = c.n_layer * fy_model_unit_params(&c, 1) * 4 + fy_model_unit_params(&c, 0) * 4;
     for (int n = 2; n <= 3; n++) {
-        struct fy_actrun_in one = input(&c, &p, FY_ACTPLAN_AUTO, "cuda"), in = one;
+        struct fy_actplace_in one = input(&c, &p, FY_ACTPLAN_AUTO, "cuda"), in = one;
         in.ranks = n;
         in.B = 4 * n;
-        struct fy_actrun r, r1;
-        assert_int_equal(fy_actrun_plan(&one, &r1), 0);
+        struct fy_actplace r, r1;
+        assert_int_equal(fy_actplace_plan(&one, &r1), 0);
         assert_non_null(r1.place); /* one worker swaps */
-        assert_int_equal(fy_actrun_plan(&in, &r), 0);
+        assert_int_equal(fy_actplace_plan(&in, &r), 0);
         assert_null(r.place);
         assert_int_equal(r.keep, 5);
         assert_int_equal(r.keep_b, -1);
         assert_int_equal(r.swap.host_bytes + r.swap.ssd_bytes, 0);
         assert_memory_equal(&r.sizes, &r1.sizes, sizeof r.sizes);
         assert_true(r.predicted_s >= r1.step_a);
-        fy_actrun_free(&r);
-        fy_actrun_free(&r1);
+        fy_actplace_free(&r);
+        fy_actplace_free(&r1);
         in.rates.nvlink = 1e3;
-        assert_int_equal(fy_actrun_plan(&in, &r), 0);
+        assert_int_equal(fy_actplace_plan(&in, &r), 0);
         double nv = (double)head * (n - 1) / n / 1e3 + (double)blocks * (n - 1) / n / 1e3;
         assert_float_equal(r.predicted_s, nv, nv * 1e-12);
-        fy_actrun_free(&r);
-        struct fy_actrun_in cpu = in;
+        fy_actplace_free(&r);
+        struct fy_actplace_in cpu = in;
         cpu.backend = "cpu";
         cpu.act_dtype = 1;
-        assert_int_equal(fy_actrun_plan(&cpu, &r), 0);
+        assert_int_equal(fy_actplace_plan(&cpu, &r), 0);
         assert_true(r.predicted_s < 1.0);
-        fy_actrun_free(&r);
+        fy_actplace_free(&r);
     }
 }
 

@@ -36,6 +36,7 @@
 #include "gpu_worker/backend.h"
 #include "launcher/cli/options.h"
 #include "launcher/plan/plan.h"
+#include "launcher/plan/plan_describe.h"
 
 #define KIB 1024ull
 #define MIB (1024ull * 1024)
@@ -64,24 +65,28 @@ static const struct fy_plan_rates rates = {.gpu_flops = 1e12, .h2d = 1e9, .d2h =
 static struct fy_plan_in input(const struct fy_model_config *c)
 {
     return (struct fy_plan_in){
-        .shape = {.c = c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32,
-                  .weight_dtype = FY_DTYPE_F32},
-        .backend = "cpu", .prefetch = 1, .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
-        .ckpt_place = FY_CKPT_HOST, .act_mode = FY_ACTPLAN_RECOMPUTE,
-        .state_copies = 2, .rates = rates};
+        .shape = {.c = c, .B = 4, .T = 32, .act_dtype = FY_DTYPE_F32, .weight_dtype = FY_DTYPE_F32},
+        .backend = "cpu",
+        .prefetch = 1,
+        .grad_slots = FY_PLAN_GRAD_SLOTS_MAX,
+        .block_inputs_place = FY_BLOCK_INPUTS_HOST,
+        .act_mode = FY_ACTPLAN_RECOMPUTE,
+        .state_copies = 2,
+        .rates = rates};
 }
 
 /* The streaming regions of width 64 at 4 x 32 with L blocks: grad_slots block gradients, the
- * checkpoints in the pool or in ckpt_slots slots, no clipping; n = 7. */
-static void streaming(unsigned L, unsigned grad_slots, unsigned ckpt_slots,
+ * checkpoints in the pool or in block_inputs_slots slots, no clipping; n = 7. */
+static void streaming(unsigned L, unsigned grad_slots, unsigned block_inputs_slots,
                       struct fy_pool_region_spec out[FY_PLAN_REGIONS_MAX])
 {
     out[0] = (struct fy_pool_region_spec){"meta", FY_COMMIT_RECORD_BYTES};
     /* inputs, targets and positions, 512 bytes each, and two lists of the 288 embedding rows,
      * 4 KiB each */
     out[1] = (struct fy_pool_region_spec){"tokens", 4 * 4 * KIB};
-    out[2] = (struct fy_pool_region_spec){"acts", (ckpt_slots ? ckpt_slots : L + 1) * ACT};
-    out[3] = (struct fy_pool_region_spec){"dacts", (ckpt_slots ? 3 : 2) * ACT};
+    out[2] = (struct fy_pool_region_spec){"acts",
+                                          (block_inputs_slots ? block_inputs_slots : L + 1) * ACT};
+    out[3] = (struct fy_pool_region_spec){"dacts", (block_inputs_slots ? 3 : 2) * ACT};
     /* weights slot 0 and grads slot 0 the embeddings', the others a block's */
     out[4] = (struct fy_pool_region_spec){"weights", EMBED_SECTION + 2 * BLOCK_SECTION};
     out[5] = (struct fy_pool_region_spec){"grads", EMBED_SECTION + grad_slots * BLOCK_SECTION};
@@ -120,7 +125,10 @@ static void test_regions_by_hand(void **state)
     const unsigned char copies[4] = {2, 2, 2, 2};
     s.clip = 1;
     const struct fy_plan_place all = {
-        .resident = copies, .prefetch = 2, .grad_slots = 5, .ckpt_slots = 4,
+        .resident = copies,
+        .prefetch = 2,
+        .grad_slots = 5,
+        .block_inputs_slots = 4,
         .swap = {.host_bytes = 64 * KIB, .ssd_bytes = 16 * KIB, .slot_bytes = 8 * KIB, .slots = 4}};
     fy_plan_regions(&s, &all, got, &n);
     static const char *const names[9] = {"meta", "tokens", "acts", "dacts", "weights", "grads",
@@ -159,7 +167,7 @@ static void test_streamed_by_hand(void **state)
     assert_int_equal(p.resident_bytes, 0);
     for (unsigned u = 0; u < 4; u++)
         assert_int_equal(p.resident[u], FY_PLAN_STREAMED);
-    assert_int_equal(p.place.ckpt_slots, 0);
+    assert_int_equal(p.place.block_inputs_slots, 0);
     assert_int_equal(p.place.grad_slots, 3);
     struct fy_pool_region_spec want[FY_PLAN_REGIONS_MAX];
     streaming(2, 3, 0, want);
@@ -179,9 +187,9 @@ static void test_streamed_by_hand(void **state)
     assert_true(p.fits_cpu);
     fy_plan_free(&p);
 
-    in.ckpt_place = FY_CKPT_SSD;
+    in.block_inputs_place = FY_BLOCK_INPUTS_SSD;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
-    assert_int_equal(p.place.ckpt_slots, 4); /* --act-ahead 2, and two */
+    assert_int_equal(p.place.block_inputs_slots, 4); /* --act-ahead 2, and two */
     streaming(2, 3, 4, want);
     check_regions(&p, want, 7);
     assert_int_equal(p.traffic.ssd_read, 1916928 + 2 * ACT);
@@ -526,15 +534,15 @@ static void test_residency_by_budget(void **state)
     fy_plan_free(&p);
 
     in.shape.weight_dtype = FY_DTYPE_F32;
-    in.ckpt_place = FY_CKPT_AUTO;
+    in.block_inputs_place = FY_BLOCK_INPUTS_AUTO;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
-    assert_int_equal(p.place.ckpt_slots, 4);
+    assert_int_equal(p.place.block_inputs_slots, 4);
     assert_int_equal(p.kept, 2);
     fy_plan_free(&p);
     in.cpu_mem = 1024 * MIB; /* all of it fits: the checkpoints stay in the pool */
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.kept, 6);
-    assert_int_equal(p.place.ckpt_slots, 0);
+    assert_int_equal(p.place.block_inputs_slots, 0);
     assert_int_equal(p.traffic.ssd_read + p.traffic.ssd_write, 0);
     fy_plan_free(&p);
 }
@@ -585,7 +593,7 @@ static void test_grad_slots(void **state)
 /* What the activation step saw when it ran, and the swap it places. */
 struct seen {
     int calls;
-    unsigned kept_before, ckpt_slots;
+    unsigned kept_before, block_inputs_slots;
     struct fy_plan_swap swap;
 };
 
@@ -596,7 +604,7 @@ static int place_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
     s->kept_before = 0;
     for (unsigned u = 0; u < fy_model_unit_count(in->shape.c); u++)
         s->kept_before += p->resident[u] != FY_PLAN_STREAMED;
-    s->ckpt_slots = p->place.ckpt_slots;
+    s->block_inputs_slots = p->place.block_inputs_slots;
     p->place.swap = s->swap;
     return 0;
 }
@@ -632,13 +640,13 @@ static void test_activation_step_order(void **state)
     fy_plan_free(&p);
 
     in.act_mode = FY_ACTPLAN_AUTO;
-    in.ckpt_place = FY_CKPT_AUTO;
+    in.block_inputs_place = FY_BLOCK_INPUTS_AUTO;
     seen = (struct seen){.swap = {.host_bytes = 64 * KIB, .ssd_bytes = 96 * KIB,
                                   .slot_bytes = 32 * KIB, .slots = 4}};
     assert_int_equal(fy_plan_make(&in, &acts, &p), 0);
     assert_int_equal(seen.calls, 1);
     assert_int_equal(seen.kept_before, 2);
-    assert_int_equal(seen.ckpt_slots, 4);
+    assert_int_equal(seen.block_inputs_slots, 4);
     assert_int_equal(p.kept, 2);
     assert_int_equal(p.regions[p.n_regions - 1].bytes, 64 * KIB + 4 * 32 * KIB);
     /* the internals on the store written once and read once, beside the checkpoints x_0..x_3 */

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "common/base/config.h"
+#include "launcher/cli/args.h"
 #include "launcher/cli/options.h"
 #include "launcher/cli/runconf.h"
 #include "launcher/step/train.h"
@@ -42,7 +43,7 @@ static void parse_and_resolve(const char *const *args, int imported, struct fy_o
         argv[argc++] = (char *)args[i];
     argv[argc] = NULL;
     optind = 0; /* getopt starts again */
-    assert_int_equal(fy_options_parse(FY_CMD_TRAIN, argc, argv, o), 0);
+    assert_int_equal(fy_args_parse(FY_CMD_TRAIN, argc, argv, o), 0);
     struct fy_config mc;
     fy_config_init(&mc);
     if (imported)
@@ -152,7 +153,7 @@ static void test_bad_values_refused(void **state)
         char *argv[] = {"train", (char *)bad[i][0], (char *)bad[i][1], NULL};
         struct fy_options o;
         optind = 0;
-        assert_int_equal(fy_options_parse(FY_CMD_TRAIN, 3, argv, &o), -EINVAL);
+        assert_int_equal(fy_args_parse(FY_CMD_TRAIN, 3, argv, &o), -EINVAL);
     }
 }
 

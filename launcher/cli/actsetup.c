@@ -15,6 +15,7 @@
 #include "launcher/plan/diskrates.h"
 #include "launcher/cli/actsetup.h"
 #include "launcher/cli/profile.h"
+#include "launcher/step/progress.h"
 
 /* Room for swapped internals beside the pool's other regions: what --cpu-mem leaves, or without
  * it half the machine's memory less that pool; and on the store, what its filesystem has free
@@ -40,7 +41,7 @@ static void swap_room(const struct fy_options *o, uint64_t pool_bytes, uint64_t 
 }
 
 /* RUN/ssd_rates.json: the SSD's rates in a past session's steps (launcher/plan/diskrates.h). */
-void fy_planact_ssd_rates_path(const struct fy_options *o, char *path, size_t len)
+void fy_actsetup_ssd_rates_path(const struct fy_options *o, char *path, size_t len)
 {
     snprintf(path, len, "%s/ssd_rates.json", o->run_dir);
 }
@@ -49,25 +50,27 @@ void fy_planact_ssd_rates_path(const struct fy_options *o, char *path, size_t le
  * session's steps on this store, where there is one, in place of `instead` (the profile's sample;
  * for `plan`, the machine profile's or the reference machine's); each way that the steps moved
  * nothing keeps the rate it had. Returns 1 where it took them, else 0. */
-int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates,
-                         const char *instead)
+int fy_actsetup_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates,
+                          const char *instead)
 {
     if (o->ssd_rates_profile || o->run_dir == NULL || o->ssd == NULL)
         return 0;
     char path[PATH_MAX], why[256];
-    fy_planact_ssd_rates_path(o, path, sizeof path);
+    fy_actsetup_ssd_rates_path(o, path, sizeof path);
     struct fy_diskrates d;
     int rc = fy_diskrates_load(path, &d, why, sizeof why);
     if (rc == -ENOENT)
         return 0;
     if (rc < 0) {
         fy_warn("%s: %s: the plan's SSD rates are %s (a training session's steps will replace "
-                "the record)", path, why, instead);
+                "the record)",
+                path, why, instead);
         return 0;
     }
     if (strcmp(d.ssd, o->ssd) != 0) {
         fy_info("plan: %s holds the rates of the store at %s, not this run's %s: the plan's SSD "
-                "rates are %s", path, d.ssd, o->ssd, instead);
+                "rates are %s",
+                path, d.ssd, o->ssd, instead);
         return 0;
     }
     double rd = fy_diskrates_read_Bps(&d), wr = fy_diskrates_write_Bps(&d);
@@ -85,11 +88,11 @@ int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates
             "%d, --act-plan %s, %s; %s): read %s, write %s GB/s, in place of %s (read %.2f, "
             "write %.2f): a short sample misjudges a disk under training traffic (--ssd-rates "
             "profile plans without the record)",
-            (unsigned long long)d.steps, d.steps == 1 ? "" : "s",
-            (unsigned long long)d.first_step, (unsigned long long)d.last_step, d.batch, d.act_plan,
-            age, path, fy_diskrates_gbps(rd, "as before", r, sizeof r),
-            fy_diskrates_gbps(wr, "as before", w, sizeof w),
-            instead, rates->ssd_read * 1e-9, rates->ssd_write * 1e-9);
+            (unsigned long long)d.steps, d.steps == 1 ? "" : "s", (unsigned long long)d.first_step,
+            (unsigned long long)d.last_step, d.batch, d.act_plan, age, path,
+            fy_diskrates_gbps(rd, "as before", r, sizeof r),
+            fy_diskrates_gbps(wr, "as before", w, sizeof w), instead, rates->ssd_read * 1e-9,
+            rates->ssd_write * 1e-9);
     if (rd > 0)
         rates->ssd_read = rd;
     if (wr > 0)
@@ -99,7 +102,7 @@ int fy_planact_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates
 
 /* The room for auto: what the pool and the store leave beside the kept state, the streaming
  * regions and the checkpoints as planned so far. */
-static void auto_room(const struct fy_planact *a, const struct fy_plan_in *in,
+static void auto_room(const struct fy_actsetup *a, const struct fy_plan_in *in,
                       const struct fy_plan *p, uint64_t *host, uint64_t *ssd)
 {
     struct fy_plan_place least = p->place; /* the gradient slots as the residency took them */
@@ -107,19 +110,20 @@ static void auto_room(const struct fy_planact *a, const struct fy_plan_in *in,
     struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n;
     fy_plan_regions(&in->shape, &least, regions, &n);
-    uint64_t ckpts = p->place.ckpt_slots ? fy_plan_ckpt_store_bytes(&in->shape) : 0;
-    swap_room(a->o, fy_pool_layout_size(regions, n), ckpts, host, ssd);
+    uint64_t inputs_bytes =
+        p->place.block_inputs_slots ? fy_plan_block_inputs_store_bytes(&in->shape) : 0;
+    swap_room(a->o, fy_pool_layout_size(regions, n), inputs_bytes, host, ssd);
 }
 
 /* The block profiled (restarted as in training where a worker fails, with train's restarts), the
  * SSD rates taken from the last session's steps where --ssd-rates says, and for auto the room.
  * 0, or -errno where the plan must not go on (interrupted, a worker that failed, a run directory
  * in use); a profile that failed otherwise is said, and the plan goes on without it. */
-static int profile_block(struct fy_planact *a, const struct fy_plan_in *in,
+static int profile_block(struct fy_actsetup *a, const struct fy_plan_in *in,
                          const struct fy_plan *p)
 {
     const struct fy_options *o = a->o;
-    struct fy_actrun_in *ain = &a->in;
+    struct fy_actplace_in *ain = &a->in;
     struct fy_sup_fault fault;
     int rc;
     for (;;) {
@@ -127,6 +131,7 @@ static int profile_block(struct fy_planact *a, const struct fy_plan_in *in,
         rc = fy_profile_run(o, in->shape.c, in->shape.act_dtype, &a->prof, &ain->rates, &fault);
         if (a->restarts == NULL || !fy_restart_after(a->restarts, rc, 0, &fault, t0))
             break;
+        fy_progress_restart();
     }
     /* interrupted, a worker that failed, a run directory in use, options refused (the command
      * refuses them too): said, and no plan */
@@ -140,19 +145,19 @@ static int profile_block(struct fy_planact *a, const struct fy_plan_in *in,
                 o->act_plan);
     ain->prof = rc == 0 ? &a->prof : NULL;
     if (rc == 0)
-        ain->ssd_rates_from_steps = fy_planact_ssd_rates(o, &ain->rates, "the profile's sample");
+        ain->ssd_rates_from_steps = fy_actsetup_ssd_rates(o, &ain->rates, "the profile's sample");
     if (ain->mode == FY_ACTPLAN_AUTO)
         auto_room(a, in, p, &ain->host_bytes, &ain->ssd_bytes);
     return 0;
 }
 
-/* fy_plan_make's activation step (fy_planact_acts). */
+/* fy_plan_make's activation step (fy_actsetup_acts). */
 static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
 {
-    struct fy_planact *a = ctx;
+    struct fy_actsetup *a = ctx;
     const struct fy_options *o = a->o;
     const struct fy_model_config *model = in->shape.c;
-    a->in = fy_actrun_in_of_plan(in, p);
+    a->in = fy_actplace_in_of_plan(in, p);
     a->in.resident = p->resident;
     a->in.weight_dtype = in->shape.weight_dtype;
     a->in.rates = fy_plan_reference_rates;
@@ -167,29 +172,27 @@ static int place_acts(void *ctx, const struct fy_plan_in *in, struct fy_plan *p)
             a->prof.gpu_free = a->prof.gpu_free > hold ? a->prof.gpu_free - hold : 0;
     } else if (in->act_mode == FY_ACTPLAN_AUTO && !arch->swaps_internals) {
         fy_info("--act-plan auto: a %s model's blocks are neither profiled nor swapped: %s",
-                arch->label, strcmp(in->backend, "cuda") == 0
+                arch->label,
+                strcmp(in->backend, "cuda") == 0
                     ? "the gpu worker keeps the internals of the top blocks that fit the GPU and "
                       "recomputes the others in their backward"
                     : "the CPU backend keeps no block's internals, every backward recomputes them");
     }
-    FY_TRY(fy_actrun_plan(&a->in, &a->run));
-    fy_actrun_log(&a->run, &a->in);
+    FY_TRY(fy_actplace_plan(&a->in, &a->run));
+    fy_actplace_log(&a->run, &a->in);
     p->place.swap = a->run.swap;
     return 0;
 }
 
-struct fy_plan_acts fy_planact_acts(struct fy_planact *a)
+struct fy_plan_acts fy_actsetup_acts(struct fy_actsetup *a)
 {
     return (struct fy_plan_acts){.place = place_acts, .ctx = a};
 }
 
-void fy_planact_free(struct fy_planact *a)
-{
-    fy_actrun_free(&a->run);
-}
+void fy_actsetup_free(struct fy_actsetup *a) { fy_actplace_free(&a->run); }
 
 /* The plan for people and tools: RUN/act_plan.json, replaced whole. */
-int fy_planact_save(const struct fy_planact *a)
+int fy_actsetup_save(const struct fy_actsetup *a)
 {
     const struct fy_options *o = a->o;
     char path[PATH_MAX], tmp[PATH_MAX + 8];
@@ -197,7 +200,7 @@ int fy_planact_save(const struct fy_planact *a)
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     FY_REQUIRE(f != NULL, -errno, "cannot create %s: %s", tmp, strerror(errno));
-    int rc = fy_actrun_write_json(&a->run, &a->in, f);
+    int rc = fy_actplace_write_json(&a->run, &a->in, f);
     if (fclose(f) != 0 && rc == 0) {
         rc = -errno;
         fy_error("writing %s: %s", tmp, strerror(-rc));

@@ -1,7 +1,8 @@
-/* fuyou-launch's commands and options: one struct that every command reads (launcher/cmd/cmd.h), one
- * table of the options (name, value, the commands that take each, help), the parser that fills
- * the struct from the command line for one command, refusing an option that command does not
- * take, and the usage texts (the overview, and each command's own). */
+/* fuyou-launch's commands and options: one struct that every command reads (launcher/cmd/cmd.h),
+ * filled from the command line (launcher/cli/args.h) after the table of options
+ * (launcher/cli/optable.h); the training values' two sets of defaults. The code that reads this
+ * struct is launcher/cli/ and the commands (launcher/cmd/): the layers below take what they need
+ * as their own structs (launcher/cli/runconf.h makes them). */
 #ifndef FY_OPTIONS_H
 #define FY_OPTIONS_H
 
@@ -29,17 +30,17 @@ struct fy_options {
     const char *machine; /* plan: a machine profile's rates (JSON) */
     const char *compare; /* report: other runs' directories, comma-separated */
     const char *tokenizer, *text_field, *prompt_field, *response_field; /* prepare */
-    const char *messages_field;                                          /* prepare */
-    int jsonl;                                                           /* prepare */
+    const char *messages_field;                                         /* prepare */
+    int jsonl;                                                          /* prepare */
     int hf_dtype;            /* export --to-hf --dtype: 0 (as the source), FY_ST_F32, FY_ST_BF16 */
     uint64_t max_shard_size; /* export --to-hf: shard above this many bytes of tensors */
     uint64_t params, steps, seed, cpu_mem, gpu_mem, queue_depth, block_size, stripe_unit;
     uint64_t layers, heads, embd, vocab, ctx, batch, seq, warmup, eval_every, eval_batches;
     uint64_t checkpoint_every, prefetch, grad_slots, max_restarts, state_copies, act_ahead;
-    uint64_t gpus;                 /* --gpus: gpu workers, each with B / gpus of every step */
+    uint64_t gpus; /* --gpus: gpu workers, each with B / gpus of every step */
     uint64_t
         state_piece; /* init --state-piece: bytes of optimizer state a piece (0: whole units) */
-    int ckpt_place; /* FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO */
+    int block_inputs_place; /* --ckpt-place: FY_BLOCK_INPUTS_* (launcher/plan/plan.h) */
     const char *act_plan; /* --act-plan: auto, recompute, host or ssd (train, plan) */
     int optim_state;      /* --optim-state: enum fy_optim_state, or -1 (not given) */
     int weights_dtype;    /* --weights-dtype: FY_DTYPE_F32, _BF16, or 0 (auto: the backend's) */
@@ -69,11 +70,11 @@ struct fy_options {
     int ssd_rates_profile; /* --ssd-rates profile: plan from the profile's sample, not the record */
     char **args;           /* the arguments after the options (prepare's inputs) */
     int n_args;
-    int store_in_run_dir;        /* init: the store is RUN/store (no --ssd) */
-    char ssd_here[PATH_MAX];     /* the store's paths as found from model.conf (fy_runconf_load) */
+    int store_in_run_dir;    /* init: the store is RUN/store (no --ssd) */
+    char ssd_here[PATH_MAX]; /* the store's paths as found from model.conf (fy_runconf_load) */
     /* train and resume: the train command's arguments after "train" (resume: the run's recorded
      * command with resume's own options after it), and where they come from (enum
-     * fy_train_args_from): a train's are kept for resume (launcher/cmd/cmd_train.c) */
+     * fy_train_args_from): a train's are kept for resume (launcher/cmd/trainargs.h) */
     int train_argc;
     char **train_argv;
     int train_args_from;
@@ -81,7 +82,7 @@ struct fy_options {
 
 /* Where the arguments of a train command come from. */
 enum fy_train_args_from {
-    FY_TRAIN_ARGS_GIVEN,   /* train: its command line */
+    FY_TRAIN_ARGS_GIVEN,    /* train: its command line */
     FY_TRAIN_ARGS_RECORDED, /* resume: RUN/train.args, the last train command that trained */
     FY_TRAIN_ARGS_PENDING,  /* resume: RUN/train.args.pending, one stopped before its steps */
 };
@@ -97,28 +98,6 @@ struct fy_train_set {
 };
 extern const struct fy_train_set fy_train_scratch, fy_train_finetune;
 
-/* --ckpt-place (launcher/plan/forecast.h takes the same values) */
-enum { FY_CKPT_HOST, FY_CKPT_SSD, FY_CKPT_AUTO };
-
-/* fy_options_parse's result where --help was asked for (and printed). */
-#define FY_OPTIONS_HELP 1
-
-/* The command of that name (enum fy_command), or -1. */
-int fy_options_command(const char *name);
-const char *fy_options_command_name(enum fy_command cmd);
-/* Whether argv[2..] (argv[1] the command) asks for --help or -h, before a "--". */
-int fy_options_asks_help(int argc, char **argv);
-/* Parses argv (argv[0] the command's name) into *o for `cmd`: the options that command takes,
- * with their defaults; the arguments after them in o->args. An option that `cmd` does not take,
- * an unknown one, or a value out of range is said on stderr in one line: -EINVAL. --help prints
- * the command's usage on stdout: FY_OPTIONS_HELP. */
-int fy_options_parse(enum fy_command cmd, int argc, char **argv, struct fy_options *o);
-/* The overview: the commands, and where their options are described (fuyou-launch help). */
-void fy_options_usage(FILE *f);
-/* One command's usage and options, only those it takes (fuyou-launch CMD --help). */
-void fy_options_help(enum fy_command cmd, FILE *f);
-/* Every option's name, one "--name" a line (fuyou-launch help --options). */
-void fy_options_list(FILE *f);
 /* Sets each training value that o->given says the command line did not give to the fine-tuning
  * set's (finetune) or the from-scratch set's. */
 void fy_options_train_defaults(struct fy_options *o, int finetune);

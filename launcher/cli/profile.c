@@ -80,10 +80,11 @@ static int profile_links(const struct fy_options *o, struct fy_exec *x, int form
     rates->opt_params = (double)params / adamw[PROFILE_ADAMW_RUNS / 2];
     fy_info("profile: the SSD store %.2f GB/s written, %.2f read (%llu MiB through the io "
             "worker); AdamW %.2f G parameters/s on the opt worker with %s state (median of %d "
-            "runs, %.2f to %.2f)", 1e-9 * rates->ssd_write, 1e-9 * rates->ssd_read,
-            (unsigned long long)(bytes >> 20), 1e-9 * rates->opt_params,
-            fy_optim_state_name(format), PROFILE_ADAMW_RUNS,
-            1e-9 * (double)params / adamw[PROFILE_ADAMW_RUNS - 1], 1e-9 * (double)params / adamw[0]);
+            "runs, %.2f to %.2f)",
+            1e-9 * rates->ssd_write, 1e-9 * rates->ssd_read, (unsigned long long)(bytes >> 20),
+            1e-9 * rates->opt_params, fy_optim_state_name(format), PROFILE_ADAMW_RUNS,
+            1e-9 * (double)params / adamw[PROFILE_ADAMW_RUNS - 1],
+            1e-9 * (double)params / adamw[0]);
     return 0;
 }
 
@@ -102,49 +103,45 @@ int fy_profile_run(const struct fy_options *o, const struct fy_model_config *mod
         copies = o->cpu_mem / 4 / 4096 * 4096;
     copies = copies < (1u << 20) ? 1u << 20 : copies;
     struct fy_pool_region_spec regions[2] = {{"profile", 4096}, {"copies", copies}};
+    static const char *const workers[] = {"gpu", "io", "opt"};
     struct fy_config *cfg = calloc(1, sizeof *cfg);
-    int rc = cfg != NULL ? fy_runconf_train(o, model, act_dtype, cfg) : -ENOMEM;
-    if (rc == 0) /* nothing kept or readied: the profile measures the bare working buffers */
-        rc = fy_config_set(cfg, "train.act_plan", "recompute");
-    if (rc == 0 && o->gpus > 1) /* one gpu worker of several: its share of the batch, alone */
-        rc = fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)(o->batch / o->gpus));
-    if (rc == 0 && o->gpus > 1)
-        rc = fy_config_set(cfg, "train.ranks", "1");
     struct fy_session s = {.lock_fd = -1};
     struct fy_session_opts so = fy_runconf_session(o);
-    if (rc == 0)
-        rc = fy_session_open(&s, &so, regions, 2, "the profile");
-    static const char *const workers[] = {"gpu", "io", "opt"};
-    if (rc == 0)
-        rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
     uint64_t at_result = 0, at_copies = 0, bytes;
-    if (rc == 0)
-        rc = fy_pool_region(s.pool, "profile", &at_result, &bytes);
-    if (rc == 0)
-        rc = fy_pool_region(s.pool, "copies", &at_copies, &bytes);
+    int rc;
+    FY_TRY_OUT(rc, cfg != NULL ? fy_runconf_train(o, model, act_dtype, cfg) : -ENOMEM);
+    /* nothing kept or readied: the profile measures the bare working buffers */
+    FY_TRY_OUT(rc, fy_config_set(cfg, "train.act_plan", "recompute"));
+    if (o->gpus > 1) { /* one gpu worker of several: its share of the batch, alone */
+        FY_TRY_OUT(rc, fy_config_setf(cfg, "train.batch", "%llu",
+                                      (unsigned long long)(o->batch / o->gpus)));
+        FY_TRY_OUT(rc, fy_config_set(cfg, "train.ranks", "1"));
+    }
+    FY_TRY_OUT(rc, fy_session_open(&s, &so, regions, 2, "the profile"));
+    FY_TRY_OUT(rc, fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms));
+    FY_TRY_OUT(rc, fy_pool_region(s.pool, "profile", &at_result, &bytes));
+    FY_TRY_OUT(rc, fy_pool_region(s.pool, "copies", &at_copies, &bytes));
     struct fy_exec x = fy_session_exec(&s);
-    if (rc == 0) {
-        struct fy_desc req[2] = {
-            fy_desc_region(FY_OP_GPT_PROFILE, FY_KIND_RAW, FY_DTYPE_NONE, at_copies, copies, -1),
-            fy_desc_region(FY_OP_GPT_PROFILE, FY_KIND_RAW, FY_DTYPE_NONE, at_result, 4096, -1)};
-        rc = profile_call(o, &x, "gpu", req, 2, NULL);
+    struct fy_desc req[2] = {
+        fy_desc_region(FY_OP_GPT_PROFILE, FY_KIND_RAW, FY_DTYPE_NONE, at_copies, copies, -1),
+        fy_desc_region(FY_OP_GPT_PROFILE, FY_KIND_RAW, FY_DTYPE_NONE, at_result, 4096, -1)};
+    FY_TRY_OUT(rc, profile_call(o, &x, "gpu", req, 2, NULL));
+    memcpy(out, fy_pool_at(s.pool, at_result, sizeof *out), sizeof *out);
+    if (out->magic != FY_BLOCK_PROFILE_MAGIC || out->version != FY_BLOCK_PROFILE_VERSION) {
+        fy_error("the gpu worker's block profile has magic 0x%x version %u, not 0x%x %u: "
+                 "the workers come from another build (rebuild with make)",
+                 out->magic, out->version, FY_BLOCK_PROFILE_MAGIC, FY_BLOCK_PROFILE_VERSION);
+        rc = -EPROTO;
+        goto out;
     }
-    if (rc == 0) {
-        memcpy(out, fy_pool_at(s.pool, at_result, sizeof *out), sizeof *out);
-        if (out->magic != FY_BLOCK_PROFILE_MAGIC || out->version != FY_BLOCK_PROFILE_VERSION) {
-            fy_error("the gpu worker's block profile has magic 0x%x version %u, not 0x%x %u: "
-                     "the workers come from another build (rebuild with make)",
-                     out->magic, out->version, FY_BLOCK_PROFILE_MAGIC, FY_BLOCK_PROFILE_VERSION);
-            rc = -EPROTO;
-        }
-    }
-    if (rc == 0 && profile_links(o, &x, model->optim_state, at_copies, copies, rates) < 0) {
+    if (profile_links(o, &x, model->optim_state, at_copies, copies, rates) < 0) {
         if (fy_sup_interrupted(s.sup))
             rc = -EINTR;
         else /* the store's disk may be full, say: the block's figures still hold */
             fy_warn("timing the SSD store and AdamW failed (above): the plan uses the reference "
                     "machine's rates for them");
     }
+out:
     free(cfg);
     rc = fy_session_close(&s, rc);
     *fault = s.fault;

@@ -18,7 +18,11 @@
 #include "gpu_worker/backend.h"
 #include "io_worker/store.h"
 #include "launcher/cli/runconf.h"
+#include "launcher/run/gpus.h"
 #include "launcher/run/staging.h"
+
+/* --gpus is parsed against the plan's bound; the session starts that many gpu workers */
+_Static_assert(FY_GPUS_MAX == FY_PLAN_RANKS_MAX, "the gpu workers' bound is the plan's");
 
 struct fy_session_opts fy_runconf_session(const struct fy_options *o)
 {
@@ -26,8 +30,10 @@ struct fy_session_opts fy_runconf_session(const struct fy_options *o)
      * CUDA call in the launcher), which is the CPU backend where CUDA is not built */
     int cpu_backend = strcmp(o->backend, "cpu") == 0 ||
                       (strcmp(o->backend, "auto") == 0 && !fy_backend_cuda_built());
-    return (struct fy_session_opts){.run_dir = o->run_dir, .affinity = o->affinity,
-                                    .ssd = o->ssd, .cpu_mem = o->cpu_mem,
+    return (struct fy_session_opts){.run_dir = o->run_dir,
+                                    .affinity = o->affinity,
+                                    .ssd = o->ssd,
+                                    .cpu_mem = o->cpu_mem,
                                     .cpu_backend = cpu_backend,
                                     .ready_timeout_ms = o->ready_timeout_s * 1000};
 }
@@ -66,8 +72,10 @@ void fy_runconf_train_defaults(struct fy_options *o, const struct fy_config *mc,
     int imported = fy_runconf_imported(mc);
     char why[PATH_MAX + 96];
     if (imported)
-        snprintf(why, sizeof why, "the model was imported from Hugging Face: %s/model.conf has "
-                 "hf = 1", o->run_dir);
+        snprintf(why, sizeof why,
+                 "the model was imported from Hugging Face: %s/model.conf has "
+                 "hf = 1",
+                 o->run_dir);
     else
         snprintf(why, sizeof why, "init made the model: %s/model.conf has no hf", o->run_dir);
     fy_options_train_defaults(o, imported);
@@ -209,12 +217,14 @@ int fy_runconf_check_ssd(const char *list)
 {
     char copy[4096];
     snprintf(copy, sizeof copy, "%s", list);
-    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
+    for (char *save = NULL, *p = strtok_r(copy, ",", &save); p != NULL;
+         p = strtok_r(NULL, ",", &save)) {
         struct stat st;
         if (stat(p, &st) != 0) {
             int e = errno;
-            fy_error("ssd path %s: %s: create it, or pass the --ssd directories of this run's store",
-                     p, strerror(e));
+            fy_error(
+                "ssd path %s: %s: create it, or pass the --ssd directories of this run's store", p,
+                strerror(e));
             return -e;
         }
         FY_REQUIRE(S_ISDIR(st.st_mode), -ENOTDIR, "ssd path %s is not a directory", p);
@@ -255,7 +265,8 @@ static void find_store(struct fy_options *o, const struct fy_config *mc, const c
     if (realpath(theirs, theirs_real) != NULL && strcmp(theirs_real, here) == 0)
         return; /* its own store after all */
     fy_info("%s/model.conf names the store %s, of the run directory it was made in; this one "
-            "has its own: using %s", o->run_dir, recorded, own);
+            "has its own: using %s",
+            o->run_dir, recorded, own);
     snprintf(o->ssd_here, sizeof o->ssd_here, "%s", own);
 }
 
@@ -267,8 +278,9 @@ int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_model_
     if (access(path, F_OK) != 0) {
         if (fy_staging_explain_missing(o->run_dir, path)) /* an init unfinished, or running */
             return -ENOENT;
-        fy_error("%s: no model in this run directory: create one with fuyou-launch init --run-dir %s",
-                 path, o->run_dir);
+        fy_error(
+            "%s: no model in this run directory: create one with fuyou-launch init --run-dir %s",
+            path, o->run_dir);
         return -ENOENT;
     }
     FY_TRY(fy_config_load(mc, path));
@@ -287,8 +299,8 @@ int fy_runconf_load(struct fy_options *o, struct fy_config *mc, struct fy_model_
         int e = stat(p, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
         if (e != 0) {
             fy_error("the store of %s is missing (%s: ssd = %s): %s: %s; mount or restore it "
-                     "there, or pass --ssd with the store's directories", o->run_dir, path,
-                     recorded, p, strerror(e));
+                     "there, or pass --ssd with the store's directories",
+                     o->run_dir, path, recorded, p, strerror(e));
             return -e;
         }
     }
@@ -303,7 +315,8 @@ int fy_runconf_check_store(const struct fy_storemeta *meta, const struct fy_mode
         FY_REQUIRE(meta->model.optim_state == model->optim_state, -EINVAL,
                    "store %s keeps %s optimizer state, the run's model.conf says %s "
                    "(model.optim_state): pass the --ssd of this run's store, or put back the "
-                   "model.conf init wrote", ssd, fy_optim_state_name(meta->model.optim_state),
+                   "model.conf init wrote",
+                   ssd, fy_optim_state_name(meta->model.optim_state),
                    fy_optim_state_name(model->optim_state));
         FY_REQUIRE(meta->model.state_piece == model->state_piece, -EINVAL,
                    "store %s keeps its optimizer state in pieces of %llu bytes, the run's "
@@ -330,20 +343,25 @@ int fy_runconf_optim_state(const struct fy_options *o)
 /* The model that init's options describe (--arch, --layers, ...), validated. */
 int fy_runconf_model(const struct fy_options *o, struct fy_model_config *out)
 {
-    struct fy_model_config model = {.n_layer = (uint32_t)o->layers, .n_head = (uint32_t)o->heads,
-                                  .n_embd = (uint32_t)o->embd, .vocab = (uint32_t)o->vocab,
-                                  .ctx = (uint32_t)o->ctx};
+    struct fy_model_config model = {.n_layer = (uint32_t)o->layers,
+                                    .n_head = (uint32_t)o->heads,
+                                    .n_embd = (uint32_t)o->embd,
+                                    .vocab = (uint32_t)o->vocab,
+                                    .ctx = (uint32_t)o->ctx};
     FY_REQUIRE(o->layers <= UINT32_MAX && o->heads <= UINT32_MAX && o->embd <= UINT32_MAX &&
-                   o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX && o->kv_heads <= UINT32_MAX && o->head_dim <= 1024 &&
-                   o->ffn <= UINT32_MAX && 4 * o->embd <= UINT32_MAX,
+                   o->vocab <= UINT32_MAX && o->ctx <= UINT32_MAX && o->kv_heads <= UINT32_MAX &&
+                   o->head_dim <= 1024 && o->ffn <= UINT32_MAX && 4 * o->embd <= UINT32_MAX,
                -FY_EUSAGE, "init: model dimensions too large");
     model.optim_state = fy_runconf_optim_state(o);
     model.state_piece = o->state_piece;
     model.arch = fy_arch_by_name(o->arch); /* parse_arch took a registry name */
     FY_REQUIRE(model.arch != NULL, -EINVAL, "init: --arch %s is not a model family", o->arch);
-    const struct fy_family_options fo = {.kv_heads = o->kv_heads, .ffn = o->ffn,
-                                         .head_dim = o->head_dim, .tied = o->tied,
-                                         .rms_eps = o->rms_eps, .rope_theta = o->rope_theta};
+    const struct fy_family_options fo = {.kv_heads = o->kv_heads,
+                                         .ffn = o->ffn,
+                                         .head_dim = o->head_dim,
+                                         .tied = o->tied,
+                                         .rms_eps = o->rms_eps,
+                                         .rope_theta = o->rope_theta};
     /* the model options' values, against each other and the family's limits (said) */
     if (model.arch->from_options(&fo, &model) < 0 || fy_model_config_validate(&model) < 0)
         return -FY_EUSAGE;
@@ -366,8 +384,8 @@ int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *m
     FY_TRY(fy_model_config_to(model, cfg));
     FY_USAGE(o->gpus >= 1 && o->batch % o->gpus == 0,
              "--batch %llu over --gpus %llu: each gpu worker computes an equal share of the "
-             "batch; give a batch that is a multiple of --gpus", (unsigned long long)o->batch,
-             (unsigned long long)o->gpus);
+             "batch; give a batch that is a multiple of --gpus",
+             (unsigned long long)o->batch, (unsigned long long)o->gpus);
     FY_TRY(fy_config_setf(cfg, "train.batch", "%llu", (unsigned long long)o->batch));
     FY_TRY(fy_config_setf(cfg, "train.seq", "%llu", (unsigned long long)o->seq));
     FY_TRY(fy_config_setf(cfg, "train.ranks", "%llu", (unsigned long long)o->gpus));
@@ -397,7 +415,7 @@ int fy_runconf_plan_in(const struct fy_options *o, const struct fy_model_config 
                               .prefetch = (unsigned)o->prefetch,
                               .grad_slots = (unsigned)o->grad_slots,
                               .act_ahead = (unsigned)o->act_ahead,
-                              .ckpt_place = o->ckpt_place,
+                              .block_inputs_place = o->block_inputs_place,
                               .cpu_mem = o->cpu_mem,
                               .gpu_mem = o->gpu_mem,
                               .state_copies = (unsigned)o->state_copies,

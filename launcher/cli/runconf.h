@@ -45,8 +45,8 @@ void fy_runconf_gpu_mem(struct fy_options *o, char *said, size_t len);
 int fy_runconf_plan_gpu_mem(struct fy_options *o, const char *backend, char *said, size_t len);
 /* fy_runconf_base's and the training entries of the gpu worker: the model, the batch, the
  * activations' dtype and --act-plan. */
-int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *model,
-                     int act_dtype, struct fy_config *cfg);
+int fy_runconf_train(const struct fy_options *o, const struct fy_model_config *model, int act_dtype,
+                     struct fy_config *cfg);
 /* Every directory of a --ssd list exists: else one line that names it, -errno. */
 int fy_runconf_check_ssd(const char *list);
 /* Reads RUN/model.conf (written by init) into mc and model, and points o->ssd at the run's store

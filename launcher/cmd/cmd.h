@@ -11,7 +11,7 @@
 int fy_cmd_prepare(struct fy_options *o);
 /* init --run-dir DIR [model options | --from-hf HF] (cmd_init.c). */
 int fy_cmd_init(struct fy_options *o);
-/* train --run-dir DIR --data FILE, and resume (cmd_train.c). */
+/* train --run-dir DIR --data FILE, and resume (cmd_train.c; resume: cmd_resume.c). */
 int fy_cmd_train(struct fy_options *o);
 /* resume RUN_DIR [options]: *argv becomes the run's train command with the options given here
  * after it (the last of a repeated option wins), run from the directory it ran in (its relative
@@ -19,7 +19,7 @@ int fy_cmd_train(struct fy_options *o);
  * copied or moved since. The command is RUN/train.args.pending where a train stopped or was
  * killed before its steps began left one, else RUN/train.args (*from says which: enum
  * fy_train_args_from). *owned keeps the new argv, every string of it its own: free it with
- * fy_cmd_resume_args_free. -errno, said, where there is no such run (cmd_train.c). */
+ * fy_cmd_resume_args_free. -errno, said, where there is no such run (cmd_resume.c). */
 int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from);
 void fy_cmd_resume_args_free(char ***owned);
 /* plan [--run-dir DIR | --from-hf HF | model options] (cmd_plan.c). */

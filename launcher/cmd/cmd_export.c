@@ -24,8 +24,8 @@
 
 /* What the export command did, for the line of a stop (fy_cmd_export_stopped). */
 static struct {
-    int written;         /* the output is in place */
-    uint64_t step;       /* ... with this step */
+    int written;                /* the output is in place */
+    uint64_t step;              /* ... with this step */
     char removed[PATH_MAX * 2]; /* the output's directories it made and removed again */
 } export_outcome;
 
@@ -47,7 +47,8 @@ static int export_session(const struct fy_options *o, struct fy_config *cfg,
     int pause_ms = fy_knob_test_export_pause_ms();
     if (pause_ms > 0) { /* a test hook: time to kill the export mid-way */
         fy_info("test hook: the export waits %d ms with its worker started "
-                "(FUYOU_TEST_EXPORT_PAUSE_MS)", pause_ms);
+                "(FUYOU_TEST_EXPORT_PAUSE_MS)",
+                pause_ms);
         struct timespec t = {pause_ms / 1000, pause_ms % 1000 * 1000000L};
         while (nanosleep(&t, &t) != 0 && errno == EINTR)
             ;
@@ -56,77 +57,82 @@ static int export_session(const struct fy_options *o, struct fy_config *cfg,
     return fy_runconf_check_store(meta, model, o->ssd);
 }
 
+/* Every unit's master weights of the commit in meta, read through the pool at `off` into
+ * `master` (room for the largest unit's), into the writer. */
+static int put_units(struct fy_hf_writer *w, const struct fy_model_config *model,
+                     const struct fy_exec *x, struct fy_pool *pool, const struct fy_storemeta *meta,
+                     uint64_t off, float *master, int timeout_ms)
+{
+    for (unsigned u = 0; u < fy_model_unit_count(model); u++) {
+        FY_TRY(fy_commit_read_master(x, pool, meta, u, off, master, timeout_ms));
+        FY_TRY(fy_hf_writer_put_unit(w, u, master));
+    }
+    return 0;
+}
+
 /* export --to-hf: the store's committed weights, unit by unit, into a Hugging Face directory. */
 static int export_hf(struct fy_options *o)
 {
     struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
+    struct fy_storemeta *meta = calloc(1, sizeof *meta);
     struct fy_model_config model;
-    int rc = mc && cfg ? fy_runconf_load(o, mc, &model) : -ENOMEM;
     char hf_dir[PATH_MAX];
     snprintf(hf_dir, sizeof hf_dir, "%s/hf", o->run_dir);
-    const char *hf = rc == 0 ? fy_config_get(mc, "hf") : NULL;
-    struct fy_hf_export_opts eo = {.source = hf && strcmp(hf, "1") == 0 ? hf_dir : NULL,
-                                       .dtype = o->hf_dtype, .max_shard_bytes = o->max_shard_size,
-                                       .overwrite = o->overwrite};
+    struct fy_hf_export_opts eo = {
+        .dtype = o->hf_dtype, .max_shard_bytes = o->max_shard_size, .overwrite = o->overwrite};
     struct fy_hf_writer *w = NULL;
     struct fy_made_dirs made = {0}; /* --to-hf's missing parents, removed again where it fails */
-    if (rc == 0)
-        rc = fy_mkdirs_for(o->to_hf, "the directory that holds the export", &made);
-    if (rc == 0)
-        rc = fy_hf_writer_new(&w, o->to_hf, &model, &eo);
     struct fy_pool_region_spec regions[2];
-    if (rc == 0)
-        fy_runconf_unit_regions(&model, regions);
     struct fy_session s = {.lock_fd = -1};
     struct fy_exec x = {0};
-    struct fy_storemeta *meta = calloc(1, sizeof *meta);
-    if (rc == 0 && meta == NULL)
-        rc = -ENOMEM;
-    if (rc == 0)
-        rc = export_session(o, cfg, &model, regions, 2, &s, &x, meta);
-    uint64_t off = 0, meta_off = 0, bytes;
-    if (rc == 0)
-        rc = fy_pool_region(s.pool, "unit", &off, &bytes);
-    if (rc == 0)
-        rc = fy_pool_region(s.pool, "meta", &meta_off, &bytes);
     struct fy_commit_export passed = {0};
+    uint64_t off = 0, meta_off = 0, bytes;
+    float *master = NULL;
+    int rc = -ENOMEM;
+    if (mc == NULL || cfg == NULL || meta == NULL)
+        goto out;
+    FY_TRY_OUT(rc, fy_runconf_load(o, mc, &model));
+    const char *hf = fy_config_get(mc, "hf");
+    eo.source = hf && strcmp(hf, "1") == 0 ? hf_dir : NULL;
+    FY_TRY_OUT(rc, fy_mkdirs_for(o->to_hf, "the directory that holds the export", &made));
+    FY_TRY_OUT(rc, fy_hf_writer_new(&w, o->to_hf, &model, &eo));
+    fy_runconf_unit_regions(&model, regions);
+    FY_TRY_OUT(rc, export_session(o, cfg, &model, regions, 2, &s, &x, meta));
+    FY_TRY_OUT(rc, fy_pool_region(s.pool, "unit", &off, &bytes));
+    FY_TRY_OUT(rc, fy_pool_region(s.pool, "meta", &meta_off, &bytes));
     size_t most = 0; /* the largest unit's weights, gathered from its pieces */
     for (unsigned u = 0; u < fy_model_unit_count(&model); u++)
         most = fy_model_unit_params(&model, u) > most ? fy_model_unit_params(&model, u) : most;
-    float *master = rc == 0 ? malloc(most * sizeof *master) : NULL;
-    if (rc == 0 && master == NULL) {
+    master = malloc(most * sizeof *master);
+    if (master == NULL) {
         fy_error("export: no memory for a unit's %zu weights", most);
         rc = -ENOMEM;
+        goto out;
     }
     /* a run training meanwhile can commit over it; damaged state: the commit before */
-    for (int moved = 0; rc == 0; moved++) {
-        for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(&model); u++) {
-            rc = fy_commit_read_master(&x, s.pool, meta, u, off, master, o->timeout_s * 1000);
-            if (rc == 0)
-                rc = fy_hf_writer_put_unit(w, u, master);
-        }
+    for (int moved = 0;; moved++) {
+        rc = put_units(w, &model, &x, s.pool, meta, off, master, o->timeout_s * 1000);
         if (!fy_is_damage(rc) || moved == FY_TRAIN_EXPORT_RETRIES)
             break;
         rc = fy_commit_export_next(&x, s.pool, meta_off, o->to_hf, s.beside, &passed, meta,
                                    o->timeout_s * 1000);
         fy_hf_writer_destroy(&w);
-        if (rc == 1)
-            rc = fy_hf_writer_new(&w, o->to_hf, &model, &eo);
+        if (rc != 1)
+            break;
+        FY_TRY_OUT(rc, fy_hf_writer_new(&w, o->to_hf, &model, &eo));
     }
-    char dtype[8] = "";
-    if (w != NULL)
-        snprintf(dtype, sizeof dtype, "%s", fy_hf_writer_dtype(w));
-    if (rc == 0)
-        rc = fy_hf_writer_finish(&w);
+    if (rc < 0)
+        goto out;
+    char dtype[8];
+    snprintf(dtype, sizeof dtype, "%s", fy_hf_writer_dtype(w));
+    FY_TRY_OUT(rc, fy_hf_writer_finish(&w));
+    fy_info("exported step %llu to %s (a Hugging Face %s directory, %s%s)",
+            (unsigned long long)meta->step, o->to_hf, fy_model_arch(&model)->label, dtype,
+            eo.source ? ", names and config of the imported model" : ", config.json made here");
+    export_outcome.written = 1;
+    export_outcome.step = meta->step;
+out:
     fy_hf_writer_destroy(&w);
-    if (rc == 0) {
-        fy_info("exported step %llu to %s (a Hugging Face %s directory, %s%s)",
-                (unsigned long long)meta->step, o->to_hf,
-                fy_model_arch(&model)->label, dtype,
-                eo.source ? ", names and config of the imported model" : ", config.json made here");
-        export_outcome.written = 1;
-        export_outcome.step = meta->step;
-    }
     free(master);
     free(meta);
     free(mc);
@@ -148,31 +154,30 @@ int fy_cmd_export(struct fy_options *o)
              "export: --dtype and --max-shard-size are options of --to-hf (a weights file is f32)");
     struct fy_config *mc = calloc(1, sizeof *mc), *cfg = calloc(1, sizeof *cfg);
     struct fy_model_config model;
-    int rc = mc && cfg ? fy_runconf_load(o, mc, &model) : -ENOMEM;
-    if (rc == 0 && !o->overwrite && access(o->out, F_OK) == 0) {
-        fy_error("%s exists: remove it or pass --overwrite", o->out);
-        rc = -EEXIST;
-    }
     struct fy_made_dirs made = {0}; /* --out's missing directories, removed again where it fails */
-    if (rc == 0)
-        rc = fy_mkdirs_for(o->out, "the directory of the export", &made);
     struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
     unsigned n = 0;
-    if (rc == 0) /* the model is only known once model.conf has been read */
-        fy_plan_unit_regions(&model, regions, &n);
     struct fy_session s = {.lock_fd = -1};
     struct fy_exec x = {0};
     struct fy_storemeta meta;
-    if (rc == 0)
-        rc = export_session(o, cfg, &model, regions, n, &s, &x, &meta);
-    if (rc == 0)
-        rc = fy_train_export_store(&x, s.pool, &meta, o->out, o->overwrite, s.beside,
-                                   o->timeout_s * 1000);
-    if (rc == 0) {
-        fy_info("exported step %llu to %s", (unsigned long long)meta.step, o->out);
-        export_outcome.written = 1;
-        export_outcome.step = meta.step;
+    int rc = -ENOMEM;
+    if (mc == NULL || cfg == NULL)
+        goto out;
+    FY_TRY_OUT(rc, fy_runconf_load(o, mc, &model));
+    if (!o->overwrite && access(o->out, F_OK) == 0) {
+        fy_error("%s exists: remove it or pass --overwrite", o->out);
+        rc = -EEXIST;
+        goto out;
     }
+    FY_TRY_OUT(rc, fy_mkdirs_for(o->out, "the directory of the export", &made));
+    fy_plan_unit_regions(&model, regions, &n); /* the model is known once model.conf is read */
+    FY_TRY_OUT(rc, export_session(o, cfg, &model, regions, n, &s, &x, &meta));
+    FY_TRY_OUT(rc, fy_train_export_store(&x, s.pool, &meta, o->out, o->overwrite, s.beside,
+                                         o->timeout_s * 1000));
+    fy_info("exported step %llu to %s", (unsigned long long)meta.step, o->out);
+    export_outcome.written = 1;
+    export_outcome.step = meta.step;
+out:
     free(mc);
     free(cfg);
     rc = fy_session_close(&s, rc);

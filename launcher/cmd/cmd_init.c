@@ -60,13 +60,13 @@ static int save_model_conf(const struct fy_options *o, const struct fy_staging *
     if (mc == NULL)
         return -ENOMEM;
     fy_config_init(mc);
-    int rc = fy_model_config_to(model, mc);
-    if (rc == 0)
-        rc = model_conf_set_store(mc, o);
-    for (; rc == 0 && *extra != NULL; extra += 2)
-        rc = fy_config_set(mc, extra[0], extra[1]);
-    if (rc == 0)
-        rc = fy_config_save(mc, st->conf);
+    int rc;
+    FY_TRY_OUT(rc, fy_model_config_to(model, mc));
+    FY_TRY_OUT(rc, model_conf_set_store(mc, o));
+    for (; *extra != NULL; extra += 2)
+        FY_TRY_OUT(rc, fy_config_set(mc, extra[0], extra[1]));
+    FY_TRY_OUT(rc, fy_config_save(mc, st->conf));
+out:
     free(mc);
     return rc;
 }
@@ -111,19 +111,17 @@ static int init_store(const struct fy_options *o, const struct fy_staging *st,
                       const struct fy_pool_region_spec *regions, unsigned n, const char *what,
                       init_write_fn write, void *ctx)
 {
+    static const char *const workers[] = {"io"};
     struct fy_session s;
     struct fy_session_opts so = fy_runconf_session(o);
-    int rc = fy_session_open(&s, &so, regions, n, what);
     struct fy_config *cfg = calloc(1, sizeof *cfg);
-    if (rc == 0)
-        rc = cfg ? staged_store_config(o, st, cfg) : -ENOMEM;
-    static const char *const workers[] = {"io"};
-    if (rc == 0)
-        rc = fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms);
-    if (rc == 0) {
-        struct fy_exec x = fy_session_exec(&s);
-        rc = write(o, &x, s.pool, ctx);
-    }
+    int rc;
+    FY_TRY_OUT(rc, fy_session_open(&s, &so, regions, n, what));
+    FY_TRY_OUT(rc, cfg ? staged_store_config(o, st, cfg) : -ENOMEM);
+    FY_TRY_OUT(rc, fy_session_start(&s, cfg, workers, 1, so.ready_timeout_ms));
+    struct fy_exec x = fy_session_exec(&s);
+    rc = write(o, &x, s.pool, ctx);
+out:
     rc = fy_session_close(&s, rc);
     free(cfg);
     return rc;
@@ -164,6 +162,18 @@ static int seed_units(const struct fy_options *o, const struct fy_exec *x, struc
                                o->timeout_s * 1000);
 }
 
+/* The imported model staged: its store, RUN/hf (what export needs), model.conf. */
+static int import_staged(const struct fy_options *o, const struct fy_staging *st,
+                         struct hf_import *imp)
+{
+    struct fy_pool_region_spec regions[2];
+    fy_runconf_unit_regions(&imp->model, regions);
+    FY_TRY(init_store(o, st, regions, 2, "model import", import_units, imp));
+    FY_TRY(fy_hf_save_source(imp->src, st->hf_dir));
+    const char *const extra[] = {"hf", "1", "hf_source", o->from_hf, NULL};
+    return save_model_conf(o, st, &imp->model, extra);
+}
+
 /* init --from-hf: every header, name and shape is checked before anything is created; then the
  * store is written unit by unit beside the run's model, RUN/hf records what export needs, and the
  * whole is put in place with model.conf last (launcher/run/staging.h). */
@@ -182,24 +192,15 @@ static int init_hf(struct fy_options *o)
     const struct fy_model_config *model = &imp.model;
     const char *given_ssd = o->ssd;
     struct fy_staging *st = NULL;
-    int rc = o->ssd != NULL ? fy_runconf_check_ssd(o->ssd) : 0;
-    if (rc == 0)
-        rc = init_begin(o, &st);
-    if (rc < 0)
-        goto out;
+    int rc = 0;
+    if (o->ssd != NULL)
+        FY_TRY_OUT(rc, fy_runconf_check_ssd(o->ssd));
+    FY_TRY_OUT(rc, init_begin(o, &st));
     char described[160];
     fy_model_config_describe(model, described, sizeof described);
     fy_info("init: importing %s (%s, %s); store on %s", fy_hf_path(src), described,
             fy_hf_dtype(src), o->ssd);
-    struct fy_pool_region_spec regions[2];
-    fy_runconf_unit_regions(model, regions);
-    rc = init_store(o, st, regions, 2, "model import", import_units, &imp);
-    if (rc == 0)
-        rc = fy_hf_save_source(src, st->hf_dir);
-    const char *const extra[] = {"hf", "1", "hf_source", o->from_hf, NULL};
-    if (rc == 0)
-        rc = save_model_conf(o, st, model, extra);
-    rc = init_end(o, st, given_ssd, rc);
+    rc = init_end(o, st, given_ssd, import_staged(o, st, &imp));
     if (rc == 0)
         fy_info("init: %s imported into the store at step 0 (%s/model.conf; %s/hf records its "
                 "names, dtypes and config for export --to-hf)",
@@ -207,6 +208,20 @@ static int init_hf(struct fy_options *o)
 out:
     fy_hf_destroy(&src);
     return rc;
+}
+
+/* The model made from --seed staged: its store and model.conf. */
+static int seed_staged(const struct fy_options *o, const struct fy_staging *st,
+                       struct fy_model_config *model)
+{
+    struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
+    unsigned n;
+    fy_plan_unit_regions(model, regions, &n);
+    FY_TRY(init_store(o, st, regions, n, "model initialisation", seed_units, model));
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+    const char *const extra[] = {"seed", seed, NULL};
+    return save_model_conf(o, st, model, extra);
 }
 
 int fy_cmd_init(struct fy_options *o)
@@ -225,16 +240,7 @@ int fy_cmd_init(struct fy_options *o)
     char described[160];
     fy_model_config_describe(&model, described, sizeof described);
     fy_info("init: %s; seed %llu; store on %s", described, (unsigned long long)o->seed, o->ssd);
-    struct fy_pool_region_spec regions[FY_PLAN_REGIONS_MAX];
-    unsigned n;
-    fy_plan_unit_regions(&model, regions, &n);
-    int rc = init_store(o, st, regions, n, "model initialisation", seed_units, &model);
-    char seed[32];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
-    const char *const extra[] = {"seed", seed, NULL};
-    if (rc == 0)
-        rc = save_model_conf(o, st, &model, extra);
-    rc = init_end(o, st, given_ssd, rc);
+    int rc = init_end(o, st, given_ssd, seed_staged(o, st, &model));
     if (rc == 0)
         fy_info("init: model written to the store at step 0 (%s/model.conf)", o->run_dir);
     return rc;
@@ -245,6 +251,7 @@ void fy_cmd_init_stopped(const struct fy_options *o, const char *removed)
     /* the staging is removed (init_end) and a stop comes only from the session that builds the
      * store, before the new model is put in place: nothing of it is kept */
     fy_warn("stopped by signal before the new model was in place: nothing of it was kept%s%s%s; "
-            "run the init again (fuyou-launch init --run-dir %s ...)", removed[0] ? " (removed " : "",
-            removed, removed[0] ? ", which this init had created)" : "", o->run_dir);
+            "run the init again (fuyou-launch init --run-dir %s ...)",
+            removed[0] ? " (removed " : "", removed,
+            removed[0] ? ", which this init had created)" : "", o->run_dir);
 }

@@ -19,7 +19,7 @@
  * options; the budgets, batch and store of train's options; printed, nothing run. */
 int fy_cmd_plan(struct fy_options *o)
 {
-    struct fy_dryrun_in in = {.ssd = o->ssd};
+    struct fy_forecast_in in = {.ssd = o->ssd};
     char mc_path[PATH_MAX];
     int rc;
     static struct fy_config mc; /* o->ssd points into it */
@@ -34,22 +34,26 @@ int fy_cmd_plan(struct fy_options *o)
         rc = fy_runconf_model(o, &in.model);
     }
     FY_TRY(rc);
-    char said[PATH_MAX + 1024]; /* the clipping is planned for: the set of defaults train would take */
+    char said[PATH_MAX +
+              1024]; /* the clipping is planned for: the set of defaults train would take */
     if (o->run_dir != NULL) {
         fy_runconf_train_defaults(o, &mc, said, sizeof said);
     } else {
         int imported = o->from_hf != NULL;
         fy_options_train_defaults(o, imported);
-        fy_options_describe_train_defaults(o, imported, imported ? "--from-hf: a model imported "
-                                           "from Hugging Face" : "the model options: a model "
-                                           "made by init", said, sizeof said);
+        fy_options_describe_train_defaults(o, imported,
+                                           imported ? "--from-hf: a model imported "
+                                                      "from Hugging Face"
+                                                    : "the model options: a model "
+                                                      "made by init",
+                                           said, sizeof said);
     }
     if (o->optim_state >= 0) /* what train would do in that format */
         in.model.optim_state = o->optim_state;
     FY_USAGE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1 && o->seq <= in.model.ctx,
              "plan: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence of 1 to "
-             "the model's context of %u", (unsigned long long)o->batch,
-             (unsigned long long)o->seq, in.model.ctx);
+             "the model's context of %u",
+             (unsigned long long)o->batch, (unsigned long long)o->seq, in.model.ctx);
     printf("plan: train would take the %s\n", said);
     /* for the machine it plans for, not this one: auto is CUDA wherever the build has it */
     const char *backend = strcmp(o->backend, "auto") != 0 ? o->backend
@@ -84,12 +88,15 @@ int fy_cmd_plan(struct fy_options *o)
     FY_TRY(fy_plan_rates_select(&in.plan.rates, in.model.optim_state,
                                 o->machine ? o->machine : "the reference machine"));
     char rates_from[PATH_MAX + 160];
-    if (fy_planact_ssd_rates(o, &in.plan.rates, o->machine ? "the machine profile's rates"
-                                                : "the reference machine's rates")) {
-        snprintf(rates_from, sizeof rates_from, "%s; the SSD's as the last session's steps ran "
-                 "(%s/ssd_rates.json)", in.rates_from, o->run_dir);
+    if (fy_actsetup_ssd_rates(o, &in.plan.rates,
+                              o->machine ? "the machine profile's rates"
+                                         : "the reference machine's rates")) {
+        snprintf(rates_from, sizeof rates_from,
+                 "%s; the SSD's as the last session's steps ran "
+                 "(%s/ssd_rates.json)",
+                 in.rates_from, o->run_dir);
         in.rates_from = rates_from;
     }
-    rc = fy_dryrun_print(stdout, &in);
+    rc = fy_forecast_print(stdout, &in);
     return rc == 1 ? -FY_EUSAGE : rc; /* does not fit: as train refuses it */
 }

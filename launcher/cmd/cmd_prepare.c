@@ -14,12 +14,16 @@ int fy_cmd_prepare(struct fy_options *o)
 {
     FY_TRY(fy_options_require(o->out, "--out", "prepare"));
     FY_USAGE(o->n_args > 0, "prepare: give one or more input files after the options");
-    struct fy_prepare_opts po = {.out = o->out, .tokenizer = o->tokenizer, .jsonl = o->jsonl,
-                                 .text_field = o->text_field, .prompt_field = o->prompt_field,
+    struct fy_prepare_opts po = {.out = o->out,
+                                 .tokenizer = o->tokenizer,
+                                 .jsonl = o->jsonl,
+                                 .text_field = o->text_field,
+                                 .prompt_field = o->prompt_field,
                                  .response_field = o->response_field,
                                  .messages_field = o->messages_field,
                                  .inputs = (const char *const *)o->args,
-                                 .n_inputs = (unsigned)o->n_args, .overwrite = o->overwrite};
+                                 .n_inputs = (unsigned)o->n_args,
+                                 .overwrite = o->overwrite};
     struct fy_prepare_result res;
     struct fy_made_dirs made; /* --out's missing directories, removed again where it fails */
     FY_TRY(fy_mkdirs_for(o->out, "the directory of the token file", &made));

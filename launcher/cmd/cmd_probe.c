@@ -21,7 +21,7 @@ int fy_cmd_probe(struct fy_options *o)
     if (o->ssd == NULL && o->run_dir != NULL) {
         snprintf(mc_path, sizeof mc_path, "%s/model.conf", o->run_dir);
         if (access(mc_path, F_OK) == 0) { /* the run's store, wherever init put it */
-            static struct fy_config mc; /* o->ssd may point into it */
+            static struct fy_config mc;   /* o->ssd may point into it */
             struct fy_model_config model;
             FY_TRY(fy_runconf_load(o, &mc, &model));
         } else {
@@ -39,8 +39,8 @@ int fy_cmd_probe(struct fy_options *o)
         snprintf(out, sizeof out, "%s/machine.json", o->run_dir);
     else
         snprintf(out, sizeof out, "machine.json");
-    struct fy_probe_opts po = {.backend = fy_backend_resolve(o->backend), .gpu_mem = o->gpu_mem,
-                               .ssd = o->ssd};
+    struct fy_probe_opts po = {
+        .backend = fy_backend_resolve(o->backend), .gpu_mem = o->gpu_mem, .ssd = o->ssd};
     fy_info("probe: measuring this machine (under a minute): the %s backend's block and copies, "
             "the SSD store on %s, memory copies, AdamW per thread count and moments storage",
             po.backend, o->ssd);
@@ -56,8 +56,8 @@ int fy_cmd_probe(struct fy_options *o)
         return rc;
     }
     fy_info("probe: %s: %.4g TFLOP/s (a block, recomputed as in training), %.4g TFLOP/s its QKV "
-            "product alone; copies to %.1f GB/s, from %.1f GB/s, both ways %.1f GB/s", r.device,
-            r.rates.gpu_flops * 1e-12, r.gemm_flops * 1e-12, r.rates.h2d * 1e-9,
+            "product alone; copies to %.1f GB/s, from %.1f GB/s, both ways %.1f GB/s",
+            r.device, r.rates.gpu_flops * 1e-12, r.gemm_flops * 1e-12, r.rates.h2d * 1e-9,
             r.rates.d2h * 1e-9, r.duplex_Bps * 1e-9);
     if (r.gpu_total > 0) {
         char free_s[32], total_s[32];
@@ -70,9 +70,10 @@ int fy_cmd_probe(struct fy_options *o)
         fy_info("probe: SSD path %s alone: read %.2f GB/s, write %.2f GB/s", r.ssd_path[i],
                 r.ssd_path_read[i] * 1e-9, r.ssd_path_write[i] * 1e-9);
     fy_info("probe: SSD store on %u path%s: read %.2f GB/s, write %.2f GB/s; memory copy %.1f "
-            "GB/s by one thread, %.1f GB/s by %u", r.ssd_paths, r.ssd_paths == 1 ? "" : "s",
-            r.rates.ssd_read * 1e-9, r.rates.ssd_write * 1e-9, r.memcpy_Bps * 1e-9,
-            r.memcpy_all_Bps * 1e-9, r.memcpy_threads);
+            "GB/s by one thread, %.1f GB/s by %u",
+            r.ssd_paths, r.ssd_paths == 1 ? "" : "s", r.rates.ssd_read * 1e-9,
+            r.rates.ssd_write * 1e-9, r.memcpy_Bps * 1e-9, r.memcpy_all_Bps * 1e-9,
+            r.memcpy_threads);
     static const char *const moments[3] = {"fp32", "bf16", "8-bit"};
     for (int mode = 0; mode < 3; mode++) {
         char per[512] = "";
@@ -87,6 +88,7 @@ int fy_cmd_probe(struct fy_options *o)
         return rc;
     }
     fy_info("probe: took %.1f s; machine profile written to %s (plan --machine %s; train reads "
-            "RUN/machine.json)", r.seconds, out, out);
+            "RUN/machine.json)",
+            r.seconds, out, out);
     return 0;
 }

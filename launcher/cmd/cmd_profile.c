@@ -20,43 +20,37 @@ int fy_cmd_profile(struct fy_options *o)
     FY_TRY(fy_options_require(o->run_dir, "--run-dir", "profile"));
     struct fy_config *mc = calloc(1, sizeof *mc);
     struct fy_model_config model;
-    int rc = mc != NULL ? fy_runconf_load(o, mc, &model) : -ENOMEM;
-    if (rc == 0 && (o->batch < 1 || o->batch > 65536 || o->seq < 1 || o->seq > model.ctx)) {
-        fy_error("profile: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence of "
-                 "1 to the model's context of %u", (unsigned long long)o->batch,
-                 (unsigned long long)o->seq, model.ctx);
-        rc = -FY_EUSAGE;
-    }
-    if (rc == 0) { /* the clipping is planned for */
-        char said[PATH_MAX + 1024];
-        fy_runconf_train_defaults(o, mc, said, sizeof said);
-        fy_info("profile: %s", said);
-        fy_runconf_cpu_mem(o, said, sizeof said);
-        fy_info("profile: %s", said);
-    }
-    o->backend = fy_backend_resolve(o->backend);
-    if (rc == 0) {
-        char said[512];
-        fy_runconf_gpu_mem(o, said, sizeof said);
-        if (said[0])
-            fy_info("profile: %s", said);
-    }
-    o->act_plan = "auto";
     /* the plan's sequence as train's: the state's residency, then the activation plan in the
      * room it leaves (the checkpoints in the pool, as profile takes no --ckpt-place) */
     struct fy_plan_in in;
     struct fy_plan plan = {0};
-    struct fy_planact act = {.o = o};
-    struct fy_plan_acts acts = fy_planact_acts(&act);
-    if (rc == 0)
-        rc = fy_runconf_plan_in(o, &model, o->backend, &in);
-    if (rc == 0)
-        rc = fy_plan_check_gpu(&in, NULL);
-    if (rc == 0)
-        rc = fy_plan_make(&in, &acts, &plan);
-    if (rc == 0)
-        rc = fy_planact_save(&act);
-    fy_planact_free(&act);
+    struct fy_actsetup act = {.o = o};
+    int rc;
+    FY_TRY_OUT(rc, mc != NULL ? fy_runconf_load(o, mc, &model) : -ENOMEM);
+    if (o->batch < 1 || o->batch > 65536 || o->seq < 1 || o->seq > model.ctx) {
+        fy_error("profile: --batch %llu --seq %llu: need a batch of 1 to 65536 and a sequence of "
+                 "1 to the model's context of %u",
+                 (unsigned long long)o->batch, (unsigned long long)o->seq, model.ctx);
+        rc = -FY_EUSAGE;
+        goto out;
+    }
+    char said[PATH_MAX + 1024]; /* the clipping is planned for */
+    fy_runconf_train_defaults(o, mc, said, sizeof said);
+    fy_info("profile: %s", said);
+    fy_runconf_cpu_mem(o, said, sizeof said);
+    fy_info("profile: %s", said);
+    o->backend = fy_backend_resolve(o->backend);
+    fy_runconf_gpu_mem(o, said, sizeof said);
+    if (said[0])
+        fy_info("profile: %s", said);
+    o->act_plan = "auto";
+    struct fy_plan_acts acts = fy_actsetup_acts(&act);
+    FY_TRY_OUT(rc, fy_runconf_plan_in(o, &model, o->backend, &in));
+    FY_TRY_OUT(rc, fy_plan_check_gpu(&in, NULL));
+    FY_TRY_OUT(rc, fy_plan_make(&in, &acts, &plan));
+    rc = fy_actsetup_save(&act);
+out:
+    fy_actsetup_free(&act);
     fy_plan_free(&plan);
     free(mc);
     return rc;
@@ -66,5 +60,6 @@ void fy_cmd_profile_stopped(const struct fy_options *o, const char *removed)
 {
     (void)removed; /* profile makes no run directory */
     fy_warn("stopped by signal before the profile was done: nothing was written (%s/act_plan.json "
-            "is as it was); run the profile again", o->run_dir);
+            "is as it was); run the profile again",
+            o->run_dir);
 }

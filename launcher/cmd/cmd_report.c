@@ -38,9 +38,9 @@ int fy_cmd_report(struct fy_options *o)
     FY_TRY(steps);
     if (nruns > 1)
         fy_info("report: %d steps drawn into %s/loss.png (%d runs in all), busy.png and "
-                "throughput.png", steps, out, nruns);
+                "throughput.png",
+                steps, out, nruns);
     else
-        fy_info("report: %d steps drawn into %s/loss.png, busy.png and throughput.png", steps,
-                out);
+        fy_info("report: %d steps drawn into %s/loss.png, busy.png and throughput.png", steps, out);
     return 0;
 }

@@ -27,24 +27,23 @@ int fy_cmd_selftest(struct fy_options *o)
     fy_selftest_regions(&layout, regions);
     fy_info("plan: %llu parameters, %llu steps; store on %s", (unsigned long long)o->params,
             (unsigned long long)o->steps, o->ssd);
+    static const char *const workers[] = {"gpu", "io", "opt"};
     struct fy_session s;
     struct fy_session_opts so = fy_runconf_session(o);
-    int rc = fy_session_open(&s, &so, regions, 3, "the self-test");
     struct fy_config *cfg = calloc(1, sizeof *cfg);
-    if (rc == 0)
-        rc = cfg ? fy_runconf_base(o, cfg, 1) : -ENOMEM;
+    int rc;
+    FY_TRY_OUT(rc, fy_session_open(&s, &so, regions, 3, "the self-test"));
+    FY_TRY_OUT(rc, cfg ? fy_runconf_base(o, cfg, 1) : -ENOMEM);
     /* the self-test's AdamW reference uses beta2 = 0.999 */
-    if (rc == 0)
-        rc = fy_config_set(cfg, "beta2", "0.999");
-    static const char *const workers[] = {"gpu", "io", "opt"};
-    if (rc == 0)
-        rc = fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms);
-    if (rc == 0) {
-        struct fy_selftest_opts to = {.params = o->params, .steps = (unsigned)o->steps,
-                                      .seed = o->seed, .grad_dtype = o->grad_dtype,
-                                      .timeout_ms = o->timeout_s * 1000};
-        rc = fy_selftest_run(s.sup, s.pool, &to);
-    }
+    FY_TRY_OUT(rc, fy_config_set(cfg, "beta2", "0.999"));
+    FY_TRY_OUT(rc, fy_session_start(&s, cfg, workers, 3, so.ready_timeout_ms));
+    struct fy_selftest_opts to = {.params = o->params,
+                                  .steps = (unsigned)o->steps,
+                                  .seed = o->seed,
+                                  .grad_dtype = o->grad_dtype,
+                                  .timeout_ms = o->timeout_s * 1000};
+    rc = fy_selftest_run(s.sup, s.pool, &to);
+out:
     free(cfg);
     return fy_session_close(&s, rc);
 }

@@ -1,8 +1,8 @@
-/* fuyou-launch train and resume: the run's model trained through the workers from the store's
- * last commit (launcher/step/train.h), the placement planned first (state, checkpoints, the blocks'
- * internals, pool regions) and said; a worker that fails is restarted from the last commit
- * (launcher/run/restart.h). resume runs a run's train command again (RUN/train.args, or the
- * RUN/train.args.pending of one stopped before its steps). */
+/* fuyou-launch train (and resume, which runs a run's train command again: cmd_resume.c): the run's
+ * model trained through the workers from the store's last commit (launcher/step/train.h), the
+ * placement planned first (state, checkpoints, the blocks' internals, pool regions) and said; a
+ * worker that fails is restarted from the last commit (launcher/run/restart.h). The data and its
+ * batches: launcher/cmd/traindata.h; the command's record for resume: launcher/cmd/trainargs.h. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -21,11 +21,14 @@
 #include "common/formats/tokfile.h"
 #include "gpu_worker/backend.h"
 #include "launcher/cmd/cmd.h"
+#include "launcher/cmd/traindata.h"
+#include "launcher/cmd/trainargs.h"
 #include "launcher/step/commit.h"
 #include "launcher/plan/diskrates.h"
 #include "launcher/run/inproc.h"
 #include "launcher/step/metrics.h"
 #include "launcher/plan/plan.h"
+#include "launcher/plan/plan_describe.h"
 #include "launcher/cli/actsetup.h"
 #include "launcher/step/progress.h"
 #include "launcher/run/restart.h"
@@ -36,181 +39,6 @@
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
 static volatile int train_stop;
 
-/* The data's tokenizer against the run's. The run's is RUN/hf/tokenizer.json, kept by init
- * --from-hf: a token file must record that file's hash; a byte-level one is refused, and one that
- * records no tokenizer (a version 1 file of another vocabulary than 256, written by another tool)
- * is said unchecked. A version 1 file of vocabulary 256 is what prepare writes for plain text with
- * the byte-level tokenizer. A run without that file (a model made by init) has only its vocabulary
- * to go by (fy_tokfile_open checks it), but a byte-level model (vocabulary 256) refuses a Hugging
- * Face token file. */
-static int check_data_tokenizer(const struct fy_options *o, const struct fy_model_config *model,
-                                const struct fy_tokfile *data)
-{
-    struct fy_tokfile_source src = fy_tokfile_source(data);
-    const char *made_with =
-        src.name != NULL ? src.name : "a tokenizer.json (its path not recorded)";
-    int bytes = src.tokenizer == FY_TOKENIZER_BYTES ||
-                (src.tokenizer == FY_TOKENIZER_UNSPECIFIED && fy_tokfile_version(data) == 1 &&
-                 fy_tokfile_vocab(data) == FY_TOKFILE_BYTE_VOCAB);
-    char run_tok[PATH_MAX];
-    snprintf(run_tok, sizeof run_tok, "%s/hf/tokenizer.json", o->run_dir);
-    if (access(run_tok, F_OK) != 0) {
-        int e = errno;
-        FY_REQUIRE(e == ENOENT, -e, "cannot read %s: %s", run_tok, strerror(e));
-        if (model->vocab == FY_TOKFILE_BYTE_VOCAB && src.tokenizer == FY_TOKENIZER_HF) {
-            fy_error("train: the token file %s was made with the Hugging Face tokenizer %s (hash "
-                     "%016llx), and the run's model has the byte-level vocabulary of 256 (a model "
-                     "made by init, no %s): prepare the data without --tokenizer, or init the run "
-                     "from that tokenizer's model (init --from-hf)",
-                     o->data, made_with, (unsigned long long)src.hash, run_tok);
-            return -EINVAL;
-        }
-        return 0;
-    }
-    uint64_t hash;
-    FY_TRY(fy_tokfile_hash_file(run_tok, &hash));
-    if (src.tokenizer == FY_TOKENIZER_HF && src.hash == hash)
-        return 0;
-    if (src.tokenizer == FY_TOKENIZER_HF) {
-        fy_error("train: the token file %s was made with another tokenizer than the run's: with %s "
-                 "(hash %016llx), the run's is %s (hash %016llx): prepare the data again with "
-                 "--tokenizer %s",
-                 o->data, made_with, (unsigned long long)src.hash, run_tok,
-                 (unsigned long long)hash, run_tok);
-        return -EINVAL;
-    }
-    if (bytes) {
-        fy_error("train: the token file %s was made with the byte-level tokenizer (prepare "
-                 "without --tokenizer), the run's model with %s (hash %016llx): prepare the data "
-                 "again with --tokenizer %s",
-                 o->data, run_tok, (unsigned long long)hash, run_tok);
-        return -EINVAL;
-    }
-    fy_warn("train: the token file %s does not record its tokenizer (a version 1 file of "
-            "vocabulary %u): it is not checked against the run's %s; prepare it with --tokenizer "
-            "%s to have it checked",
-            o->data, fy_tokfile_vocab(data), run_tok, run_tok);
-    return 0;
-}
-
-/* The token file and its batches (common/data/sampler.h): --epochs becomes the steps they take, and
- * with packed documents the evaluation a whole pass over the held-out ones (unless --eval-batches
- * says less). */
-static int open_data(struct fy_options *o, const struct fy_model_config *model,
-                     struct fy_tokfile **data, struct fy_sampler **batches)
-{
-    FY_TRY(fy_tokfile_open(data, o->data, model->vocab));
-    FY_TRY(check_data_tokenizer(o, model, *data));
-    if (o->packing == FY_PACKING_DOCUMENTS && fy_tokfile_documents(*data) == 0) {
-        fy_error("train --packing documents: %s records no documents (a version %u token file, "
-                 "from before documents were recorded, or another tool's): prepare it again with "
-                 "this build's fuyou-launch prepare, or train with --packing windows",
-                 o->data, fy_tokfile_version(*data));
-        return -FY_EUSAGE;
-    }
-    struct fy_sampler_opts so = {.packing = o->packing,
-                                 .long_docs = o->long_docs,
-                                 .B = (int)o->batch,
-                                 .T = (int)o->seq,
-                                 .seed = o->seed,
-                                 .eval_fraction = o->eval_fraction};
-    FY_TRY(fy_sampler_new(batches, *data, &so));
-    /* Refuse a batch larger than the data now, before any worker starts. */
-    size_t n = (size_t)o->batch * o->seq;
-    int32_t *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg), *pos = malloc(n * 4);
-    int rc = in && tg && pos ? 0 : -ENOMEM;
-    if (rc == 0)
-        rc = fy_sampler_train_batch(*batches, 1, in, tg, pos, NULL);
-    if (rc == 0 && o->eval_batches > 0)
-        rc = fy_sampler_eval_batch(*batches, 0, in, tg, pos, NULL);
-    free(in);
-    free(tg);
-    free(pos);
-    FY_TRY(rc);
-    uint64_t per = fy_sampler_epoch_steps(*batches);
-    if (o->epochs_set) {
-        FY_REQUIRE(o->epochs <= UINT64_MAX / per, -FY_EUSAGE,
-                   "train --epochs %llu: %llu steps an epoch make too many steps",
-                   (unsigned long long)o->epochs, (unsigned long long)per);
-        o->steps = o->epochs * per;
-    }
-    if (fy_sampler_packing(*batches) == FY_PACKING_DOCUMENTS) {
-        uint64_t pass = fy_sampler_split_of(*batches, FY_TOKFILE_EVAL)->batches;
-        if (!o->eval_batches_set || o->eval_batches > pass)
-            o->eval_batches = pass; /* every held-out document once */
-    }
-    return 0;
-}
-
-/* The batches, said at start: how they are made from the data, an epoch's steps, and with packed
- * documents the fill and what was cut; the summary's part of it. */
-static void describe_batches(const struct fy_options *o, const struct fy_tokfile *data,
-                             const struct fy_sampler *b)
-{
-    const struct fy_sampler_split *tr = fy_sampler_split_of(b, FY_TOKFILE_TRAIN);
-    const struct fy_sampler_split *ev = fy_sampler_split_of(b, FY_TOKFILE_EVAL);
-    uint64_t per = fy_sampler_epoch_steps(b);
-    char epochs[96] = "";
-    if (o->epochs_set)
-        snprintf(epochs, sizeof epochs, "; --epochs %llu: %llu steps",
-                 (unsigned long long)o->epochs, (unsigned long long)o->steps);
-    if (fy_sampler_packing(b) == FY_PACKING_WINDOWS) {
-        const char *why = o->packing == FY_PACKING_WINDOWS ? "--packing windows"
-                          : fy_tokfile_documents(data) == 0
-                              ? "the data records no documents: one stream"
-                              : "the data's documents are whole text files (--packing documents "
-                                "packs each alone)";
-        fy_info("batches: windows of %llu + 1 tokens of the token stream at random (%s); an "
-                "epoch (as many windows as the training split holds side by side) is %llu "
-                "step%s%s; evaluation: %llu batch%s of consecutive held-out windows",
-                (unsigned long long)o->seq, why, (unsigned long long)per, per == 1 ? "" : "s",
-                epochs, (unsigned long long)o->eval_batches, o->eval_batches == 1 ? "" : "es");
-        fy_progress_data(NULL);
-        return;
-    }
-    double fill = (double)tr->tokens / ((double)per * (double)o->batch * (double)o->seq);
-    char cut[320] = "";
-    size_t at = 0;
-    if (tr->truncated > 0)
-        at +=
-            (size_t)snprintf(cut + at, sizeof cut - at,
-                             "; %llu document%s longer than %llu + 1 tokens cut to %llu + 1 (%llu "
-                             "predictions left out an epoch; --long-docs split keeps them)",
-                             (unsigned long long)tr->truncated, tr->truncated == 1 ? "" : "s",
-                             (unsigned long long)o->seq, (unsigned long long)o->seq,
-                             (unsigned long long)tr->dropped);
-    if (tr->split > 0 && at < sizeof cut)
-        at += (size_t)snprintf(cut + at, sizeof cut - at,
-                               "; %llu document%s longer than %llu + 1 tokens split into pieces",
-                               (unsigned long long)tr->split, tr->split == 1 ? "" : "s",
-                               (unsigned long long)o->seq);
-    if (tr->single > 0 && at < sizeof cut)
-        snprintf(cut + at, sizeof cut - at, "; %llu document%s of one token left out",
-                 (unsigned long long)tr->single, tr->single == 1 ? "" : "s");
-    fy_info("batches: documents packed whole, each alone (%s): %llu training documents in %llu "
-            "rows of %llu, %llu step%s an epoch, fill %.1f%% (trained tokens over B x T)%s%s; "
-            "evaluation: %llu of the %llu batch%s that hold the %llu held-out documents (%llu "
-            "rows; a pass evaluates each once)",
-            o->packing == FY_PACKING_DOCUMENTS ? "--packing documents"
-                                               : "the data's documents are records",
-            (unsigned long long)tr->documents, (unsigned long long)tr->rows,
-            (unsigned long long)o->seq, (unsigned long long)per, per == 1 ? "" : "s", 100.0 * fill,
-            cut, epochs, (unsigned long long)o->eval_batches, (unsigned long long)ev->batches,
-            ev->batches == 1 ? "" : "es", (unsigned long long)ev->documents,
-            (unsigned long long)ev->rows);
-    char summary[200];
-    if (o->long_docs == FY_LONG_DOCS_SPLIT)
-        snprintf(summary, sizeof summary, "packed documents: %llu of %llu split into pieces",
-                 (unsigned long long)tr->split, (unsigned long long)tr->documents);
-    else
-        snprintf(summary, sizeof summary,
-                 "packed documents: %llu of %llu truncated to %llu + 1 "
-                 "tokens",
-                 (unsigned long long)tr->truncated, (unsigned long long)tr->documents,
-                 (unsigned long long)o->seq);
-    fy_progress_data(summary);
-}
-
 /* The SSD's rates in this session's steps, for the next session's plan (--ssd-rates auto): kept
  * where the steps after the first moved anything on the SSD; a record that cannot be written is
  * said, and the run goes on (the next plan uses its profile). */
@@ -219,7 +47,7 @@ static void save_ssd_seen(const struct fy_options *o, const struct fy_diskrates 
     if (d->steps == 0 || (d->read_bytes == 0 && d->write_bytes == 0))
         return;
     char path[PATH_MAX], r[32], w[32];
-    fy_planact_ssd_rates_path(o, path, sizeof path);
+    fy_actsetup_ssd_rates_path(o, path, sizeof path);
     if (fy_diskrates_save(path, d) < 0) {
         fy_warn("the SSD rates of this session's steps were not kept (above): the next session "
                 "plans from its profile's sample");
@@ -232,58 +60,10 @@ static void save_ssd_seen(const struct fy_options *o, const struct fy_diskrates 
             (unsigned long long)d->steps, d->steps == 1 ? "" : "s", path);
 }
 
-/* RUN/train.args: the train command's arguments (after "train") and the directory it ran in, for
- * fuyou-launch resume. Line 1 "fuyou-train-args 1", line 2 the directory, then one per line.
- * A train command writes them to RUN/train.args.pending first, before anything starts, so that a
- * launch stopped at start-up (a signal, a crash, kill -9) can be resumed; the file becomes
- * train.args once the command really trains (its workers are up and the store is short of
- * --steps), and is removed where the command fails with an error or has nothing to train, so a
- * bad command never replaces the last one that trained. A stop before the steps leaves it, and
- * resume takes it before train.args, saying so; a resume that trains renames it in turn, and one
- * that fails leaves it (its error may be its own options', or passing). */
-#define TRAIN_ARGS_MAGIC "fuyou-train-args 1"
-#define TRAIN_ARGS "train.args"
-#define TRAIN_ARGS_PENDING "train.args.pending"
-
 /* Whether any launch of the workers began the steps (for the line of a stop). */
 static int train_stepped;
 /* Whether the steps' own line of a stop was said (train_steps). */
 static int train_stop_said;
-
-/* RUN/train.args.pending written from this train command. *written: it was (an argument with a
- * line break cannot be, said). */
-static int save_train_args(const char *run_dir, int argc, char **argv, int *written)
-{
-    *written = 0;
-    char path[PATH_MAX], tmp[PATH_MAX + 8], cwd[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", run_dir, TRAIN_ARGS_PENDING);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FY_SYS(getcwd(cwd, sizeof cwd) == NULL ? -1 : 0, "cannot get the working directory");
-    for (int i = 0; i < argc; i++)
-        if (strchr(argv[i], '\n') != NULL) {
-            fy_warn("an argument holds a line break: %s/%s is not written, so fuyou-launch resume "
-                    "will not know this command", run_dir, TRAIN_ARGS);
-            return 0;
-        }
-    FILE *f = fopen(tmp, "w");
-    FY_SYS(f == NULL ? -1 : 0, "cannot create %s", tmp);
-    fprintf(f, "%s\n%s\n", TRAIN_ARGS_MAGIC, cwd);
-    for (int i = 0; i < argc; i++)
-        fprintf(f, "%s\n", argv[i]);
-    FY_TRY(fy_file_replace(f, tmp, path));
-    *written = 1;
-    return 0;
-}
-
-/* RUN/train.args.pending renamed to train.args, made durable: the command trains. */
-static int promote_train_args(const char *run_dir)
-{
-    char from[PATH_MAX], to[PATH_MAX];
-    snprintf(from, sizeof from, "%s/%s", run_dir, TRAIN_ARGS_PENDING);
-    snprintf(to, sizeof to, "%s/%s", run_dir, TRAIN_ARGS);
-    FY_SYS(rename(from, to), "cannot rename %s to %s", from, to);
-    return fy_fsync_dir(run_dir);
-}
 
 /* A train command's plan and state, from the model to the last step; train_free frees it whatever
  * happened. */
@@ -295,9 +75,9 @@ struct train_run {
     struct fy_restart restarts;
     struct fy_plan_in plan_in;
     struct fy_plan plan;
-    struct fy_planact act;    /* the plan's activation step */
-    int have_probe;           /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
-    int ssd_from_steps;       /* ... with the SSD's from RUN/ssd_rates.json (the last session) */
+    struct fy_actsetup act; /* the plan's activation step */
+    int have_probe;        /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
+    int ssd_from_steps;    /* ... with the SSD's from RUN/ssd_rates.json (the last session) */
     char probed[PATH_MAX + 16];
     struct fy_train_opts to;
     struct fy_diskrates ssd_seen;
@@ -309,7 +89,7 @@ struct train_run {
 static void train_free(struct train_run *t)
 {
     free(t->meta);
-    fy_planact_free(&t->act);
+    fy_actsetup_free(&t->act);
     fy_plan_free(&t->plan);
     fy_sampler_destroy(&t->batches);
     fy_tokfile_destroy(&t->data);
@@ -323,6 +103,56 @@ static void train_free(struct train_run *t)
  * --steps, and the export. *fault says which worker failed and how; *stepping whether training
  * had begun (the commit was opened). The train command becomes the run's RUN/train.args once the
  * workers are up and the store is short of --steps: the command trains. */
+/* The executor of a launch: the workers started, or with --inprocess the same handlers in this
+ * process over a store in memory, initialised from the run's seed. */
+static int start_executor(struct fy_options *o, struct train_run *t, struct fy_session *s,
+                          int ready_timeout_ms, struct fy_inproc **inproc, struct fy_exec *x)
+{
+    static const char *const workers[] = {"gpu", "io", "opt"};
+    if (!o->inprocess) {
+        int rc = fy_session_start(s, t->cfg, workers, 3, ready_timeout_ms);
+        *x = fy_session_exec(s);
+        if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
+            fy_sup_set_stop_flag(s->sup, &train_stop);
+        return rc;
+    }
+    if (fy_config_get(t->mc, "hf") != NULL) {
+        fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
+                 "holds an imported Hugging Face model: drop --inprocess to train it through the "
+                 "workers",
+                 o->run_dir);
+        return -FY_EUSAGE;
+    }
+    if (o->gpus > 1) {
+        fy_error("train --inprocess runs one CPU backend inside the launcher: drop --gpus %llu or "
+                 "--inprocess",
+                 (unsigned long long)o->gpus);
+        return -FY_EUSAGE;
+    }
+    FY_TRY(fy_inproc_new(inproc, s->pool, t->cfg, s->aff.opt));
+    *x = fy_inproc_exec(*inproc);
+    uint64_t seed;
+    FY_TRY(fy_config_get_u64(t->mc, "seed", 1, 0, &seed));
+    return fy_train_init_store(x, s->pool, &t->model, seed, 2, o->timeout_s * 1000);
+}
+
+/* The trained step exported (--export), its file's missing directories made first and removed
+ * again where it is not written. */
+static int export_trained(const struct fy_options *o, const struct fy_exec *x, struct fy_pool *pool,
+                          struct fy_storemeta *meta)
+{
+    struct fy_made_dirs made;
+    int rc;
+    FY_TRY_OUT(rc, fy_mkdirs_for(o->export_path, "the directory of the export", &made));
+    FY_TRY_OUT(rc,
+               fy_train_export(x, pool, meta, o->export_path, o->overwrite, o->timeout_s * 1000));
+    fy_info("exported step %llu to %s", (unsigned long long)meta->step, o->export_path);
+    return 0;
+out:
+    fy_made_dirs_undo(&made, NULL, 0);
+    return rc;
+}
+
 static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
                          struct fy_sup_fault *fault, int *stepping)
 {
@@ -331,76 +161,46 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
     struct fy_storemeta *meta = t->meta;
     struct fy_session s;
     struct fy_session_opts so = fy_runconf_session(o);
-    int rc = fy_session_open(&s, &so, t->plan.regions, t->plan.n_regions, "training");
     struct fy_inproc *inproc = NULL;
     struct fy_exec x = {0};
-    static const char *const workers[] = {"gpu", "io", "opt"};
-    if (rc == 0 && o->inprocess && fy_config_get(t->mc, "hf") != NULL) {
-        fy_error("train --inprocess starts from the run's seeded initialisation in memory, and %s "
-                 "holds an imported Hugging Face model: drop --inprocess to train it through the "
-                 "workers", o->run_dir);
-        rc = -FY_EUSAGE;
-    }
-    if (rc == 0 && o->inprocess && o->gpus > 1) {
-        fy_error("train --inprocess runs one CPU backend inside the launcher: drop --gpus %llu or "
-                 "--inprocess", (unsigned long long)o->gpus);
-        rc = -FY_EUSAGE;
-    }
-    if (rc == 0 && o->inprocess) {
-        rc = fy_inproc_new(&inproc, s.pool, t->cfg, s.aff.opt);
-        if (rc == 0) {
-            x = fy_inproc_exec(inproc);
-            uint64_t seed;
-            rc = fy_config_get_u64(t->mc, "seed", 1, 0, &seed);
-            if (rc == 0)
-                rc = fy_train_init_store(&x, s.pool, &t->model, seed, 2, o->timeout_s * 1000);
-        }
-    } else if (rc == 0) {
-        rc = fy_session_start(&s, t->cfg, workers, 3, so.ready_timeout_ms);
-        x = fy_session_exec(&s);
-        if (rc == 0) /* Ctrl-C or SIGTERM: stop at the next step boundary, committed */
-            fy_sup_set_stop_flag(s.sup, &train_stop);
-    }
-    if (rc == 0)
-        rc = fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000);
-    if (rc == 0)
-        rc = fy_runconf_check_store(meta, &t->model, o->ssd);
-    if (rc == 0 && t->args_pending && !t->args_promoted && meta->step < o->steps) {
-        rc = promote_train_args(o->run_dir);
-        t->args_promoted = rc == 0;
-    }
     FILE *trace = NULL;
     struct fy_made_dirs made; /* an output's missing directories, removed if it is not written */
-    if (rc == 0 && o->trace != NULL)
-        rc = fy_mkdirs_for(o->trace, "the directory of the trace file", &made);
-    if (rc == 0 && o->trace != NULL && (trace = fopen(o->trace, "w")) == NULL) {
-        rc = -errno;
-        fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
-        fy_made_dirs_undo(&made, NULL, 0);
+    int rc;
+    FY_TRY_OUT(rc, fy_session_open(&s, &so, t->plan.regions, t->plan.n_regions, "training"));
+    FY_TRY_OUT(rc, start_executor(o, t, &s, so.ready_timeout_ms, &inproc, &x));
+    FY_TRY_OUT(rc, fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000));
+    FY_TRY_OUT(rc, fy_runconf_check_store(meta, &t->model, o->ssd));
+    if (t->args_pending && !t->args_promoted && meta->step < o->steps) {
+        FY_TRY_OUT(rc, fy_trainargs_promote(o->run_dir));
+        t->args_promoted = 1;
     }
-    if (rc == 0) {
-        t->to.trace = trace;
-        if (attempt > 0)
-            fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
-                    "step %llu", fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
-        *stepping = train_stepped = 1;
-        rc = fy_train_run(&x, s.pool, meta, t->batches, &t->to);
-        t->to.trace = NULL;
-    }
-    if (rc == 0 && !train_stop && o->export_path != NULL) {
-        rc = fy_mkdirs_for(o->export_path, "the directory of the export", &made);
-        if (rc == 0)
-            rc = fy_train_export(&x, s.pool, meta, o->export_path, o->overwrite,
-                                 o->timeout_s * 1000);
-        if (rc == 0)
-            fy_info("exported step %llu to %s", (unsigned long long)meta->step, o->export_path);
-        else
+    if (o->trace != NULL) {
+        FY_TRY_OUT(rc, fy_mkdirs_for(o->trace, "the directory of the trace file", &made));
+        if ((trace = fopen(o->trace, "w")) == NULL) {
+            rc = -errno;
+            fy_error("cannot create the trace file %s: %s", o->trace, strerror(-rc));
             fy_made_dirs_undo(&made, NULL, 0);
+            goto out;
+        }
     }
+    t->to.trace = trace;
+    if (attempt > 0)
+        fy_info("restarted in %.2f s: the workers are up again, the store's last commit is "
+                "step %llu",
+                fy_monotonic_ns() * 1e-9 - t0, (unsigned long long)meta->step);
+    *stepping = train_stepped = 1;
+    rc = fy_train_run(&x, s.pool, meta, t->batches, &t->to);
+    t->to.trace = NULL;
+    if (rc < 0)
+        goto out;
+    if (!train_stop && o->export_path != NULL)
+        FY_TRY_OUT(rc, export_trained(o, &x, s.pool, meta));
+out:
     if (rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG)
         fy_error("the SSD store (%s) is full: training stopped; the last commit, step %llu, is "
                  "intact; free space there (or add an SSD path), then continue with fuyou-launch "
-                 "resume %s", o->ssd, (unsigned long long)meta->step, o->run_dir);
+                 "resume %s",
+                 o->ssd, (unsigned long long)meta->step, o->run_dir);
     if (trace != NULL && fclose(trace) != 0)
         fy_warn("writing the trace file %s failed: %s", o->trace, strerror(errno));
     fy_inproc_destroy(&inproc);
@@ -431,15 +231,16 @@ static int train_setup(struct fy_options *o, struct train_run *t)
 {
     t->mc = calloc(1, sizeof *t->mc);
     t->cfg = calloc(1, sizeof *t->cfg);
-    int rc = t->mc && t->cfg ? fy_runconf_load(o, t->mc, &t->model) : -ENOMEM;
-    if (rc == 0) { /* before anything reads them: the plan takes the clipping */
-        char said[PATH_MAX + 1024];
-        fy_runconf_train_defaults(o, t->mc, said, sizeof said);
-        fy_info("train: %s", said);
-        fy_runconf_cpu_mem(o, said, sizeof said);
-        fy_info("train: %s", said);
-    }
-    if (rc == 0 && o->optim_state >= 0 && o->optim_state != t->model.optim_state) {
+    if (t->mc == NULL || t->cfg == NULL)
+        return -ENOMEM;
+    FY_TRY(fy_runconf_load(o, t->mc, &t->model));
+    /* before anything reads them: the plan takes the clipping */
+    char said[PATH_MAX + 1024];
+    fy_runconf_train_defaults(o, t->mc, said, sizeof said);
+    fy_info("train: %s", said);
+    fy_runconf_cpu_mem(o, said, sizeof said);
+    fy_info("train: %s", said);
+    if (o->optim_state >= 0 && o->optim_state != t->model.optim_state) {
         fy_error("train --optim-state %s: the run keeps %s optimizer state (init --optim-state "
                  "%s), and a store's format is not converted: drop --optim-state, or start a run "
                  "in %s from this one's weights (export --to-hf, then init --from-hf "
@@ -447,44 +248,32 @@ static int train_setup(struct fy_options *o, struct train_run *t)
                  fy_optim_state_name(o->optim_state), fy_optim_state_name(t->model.optim_state),
                  fy_optim_state_name(t->model.optim_state), fy_optim_state_name(o->optim_state),
                  fy_optim_state_name(o->optim_state));
-        rc = -FY_EUSAGE;
+        return -FY_EUSAGE;
     }
-    if (rc == 0)
-        rc = check_run_dir_writable(o->run_dir);
-    if (rc == 0 && o->train_args_from == FY_TRAIN_ARGS_GIVEN) /* before anything starts */
-        rc = save_train_args(o->run_dir, o->train_argc, o->train_argv, &t->args_pending);
+    FY_TRY(check_run_dir_writable(o->run_dir));
+    if (o->train_args_from == FY_TRAIN_ARGS_GIVEN) /* before anything starts */
+        FY_TRY(fy_trainargs_save(o->run_dir, o->train_argc, o->train_argv, &t->args_pending));
     t->args_pending |= o->train_args_from == FY_TRAIN_ARGS_PENDING;
-    if (rc == 0 && o->seq > t->model.ctx) {
-        fy_error("train: --seq %llu exceeds the model's context of %u tokens",
-                 (unsigned long long)o->seq, t->model.ctx);
-        rc = -FY_EUSAGE;
-    }
-    if (rc == 0)
-        rc = open_data(o, &t->model, &t->data, &t->batches);
+    FY_USAGE(o->seq <= t->model.ctx, "train: --seq %llu exceeds the model's context of %u tokens",
+             (unsigned long long)o->seq, t->model.ctx);
+    FY_TRY(fy_traindata_open(o, &t->model, &t->data, &t->batches));
     /* "auto" is settled here, not in the gpu worker: the activations' dtype in the pool follows the
      * backend (bf16 where the device computes in bf16: the same bits, half the bytes) */
     const char *asked = o->backend;
-    if (rc == 0 && o->inprocess && strcmp(asked, "cuda") == 0) {
-        fy_error("train --inprocess runs the CPU backend inside the launcher: drop --backend cuda, "
-                 "or drop --inprocess to train on the GPU through the workers");
-        rc = -FY_EUSAGE;
-    }
+    FY_USAGE(!o->inprocess || strcmp(asked, "cuda") != 0,
+             "train --inprocess runs the CPU backend inside the launcher: drop --backend cuda, or "
+             "drop --inprocess to train on the GPU through the workers");
     o->backend = o->inprocess ? "cpu" : fy_backend_resolve(o->backend);
     if (!o->inprocess && strcmp(asked, "auto") == 0 && strcmp(o->backend, "cpu") == 0)
         fy_warn("--backend auto: %s: using the CPU backend (slow; for tests and laptops)",
                 fy_backend_cuda_built() ? "no CUDA device is visible"
                                         : "this build has no CUDA backend (nvcc was not found)");
-    if (rc == 0) { /* the arena's budget, before the plan checks what it holds */
-        char said[512];
-        fy_runconf_gpu_mem(o, said, sizeof said);
-        if (said[0])
-            fy_info("train: %s", said);
-    }
-    if (rc == 0)
-        rc = fy_runconf_plan_in(o, &t->model, o->backend, &t->plan_in);
-    if (rc == 0)
-        rc = fy_runconf_train(o, &t->model, t->plan_in.shape.act_dtype, t->cfg);
-    return rc;
+    /* the arena's budget, before the plan checks what it holds */
+    fy_runconf_gpu_mem(o, said, sizeof said);
+    if (said[0])
+        fy_info("train: %s", said);
+    FY_TRY(fy_runconf_plan_in(o, &t->model, o->backend, &t->plan_in));
+    return fy_runconf_train(o, &t->model, t->plan_in.shape.act_dtype, t->cfg);
 }
 
 /* The train line: the model, the batch, the schedule and the data. */
@@ -506,7 +295,7 @@ static void train_describe(const struct fy_options *o, const struct train_run *t
             (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_TRAIN),
             (unsigned long long)fy_tokfile_split_tokens(t->data, FY_TOKFILE_EVAL),
             o->inprocess ? "; in one process, state in memory" : "");
-    describe_batches(o, t->data, t->batches);
+    fy_traindata_describe(o, t->data, t->batches);
 }
 
 /* The rates the plan predicts with: RUN/machine.json's where fuyou-launch probe measured this
@@ -514,16 +303,15 @@ static void train_describe(const struct fy_options *o, const struct train_run *t
 static int train_rates(const struct fy_options *o, struct train_run *t)
 {
     snprintf(t->probed, sizeof t->probed, "%s/machine.json", o->run_dir);
-    t->have_probe = access(t->probed, R_OK) == 0 &&
-                    fy_plan_rates_load(t->probed, &t->plan_in.rates) == 0;
+    t->have_probe =
+        access(t->probed, R_OK) == 0 && fy_plan_rates_load(t->probed, &t->plan_in.rates) == 0;
     FY_TRY(fy_plan_rates_select(&t->plan_in.rates, t->model.optim_state,
                                 t->have_probe ? t->probed : "the reference machine"));
     /* Where no block is profiled (the activation plan predicts from its profile, and takes the
      * record there), the SSD rates of the run's last session on this store, as `plan` takes them */
     if (!fy_model_arch(&t->model)->swaps_internals || o->inprocess)
-        t->ssd_from_steps = fy_planact_ssd_rates(o, &t->plan_in.rates,
-                                                 t->have_probe ? "machine.json's"
-                                                               : "the reference machine's");
+        t->ssd_from_steps = fy_actsetup_ssd_rates(
+            o, &t->plan_in.rates, t->have_probe ? "machine.json's" : "the reference machine's");
     return 0;
 }
 
@@ -535,28 +323,23 @@ static int train_plan(const struct fy_options *o, struct train_run *t)
 {
     FY_TRY(train_rates(o, t));
     t->plan_in.say = 1;
-    t->act = (struct fy_planact){.o = o, .restarts = &t->restarts};
-    struct fy_plan_acts acts = fy_planact_acts(&t->act);
+    t->act = (struct fy_actsetup){.o = o, .restarts = &t->restarts};
+    struct fy_plan_acts acts = fy_actsetup_acts(&t->act);
     FY_TRY(fy_plan_check_gpu(&t->plan_in, NULL)); /* before the activation step's profile */
     FY_TRY(fy_plan_make(&t->plan_in, &acts, &t->plan));
     FY_TRY(fy_plan_check_gpu(&t->plan_in, &t->plan));
-    int rc = 0;
     t->act.in.clip_hold = t->plan.place.grad_hold; /* forced modes were placed before it */
     t->act.in.state_pieces = t->plan.place.state_pieces;
     if (t->plan_in.act_mode != FY_ACTPLAN_AUTO) /* with the residency just planned */
-        rc = fy_actrun_predict(&t->act.in, &t->act.run);
-    const struct fy_actrun *act = &t->act.run;
-    if (rc == 0)
-        rc = fy_config_setf(t->cfg, "train.act_keep", "%d",
-                            act->keep < 0 ? (int)t->model.n_layer : act->keep);
-    if (rc == 0)
-        rc = fy_config_setf(t->cfg, "train.act_swap", "%d", act->swap_sets);
-    if (rc == 0) /* one pass's gradients held in the GPU arena, a buffer per block */
-        rc = fy_config_setf(t->cfg, "train.grad_hold", "%u",
-                            t->plan.place.grad_hold == FY_HOLD_GPU ? t->model.n_layer : 0);
-    if (rc == 0)
-        rc = fy_planact_save(&t->act);
-    return rc;
+        FY_TRY(fy_actplace_predict(&t->act.in, &t->act.run));
+    const struct fy_actplace *act = &t->act.run;
+    FY_TRY(fy_config_setf(t->cfg, "train.act_keep", "%d",
+                          act->keep < 0 ? (int)t->model.n_layer : act->keep));
+    FY_TRY(fy_config_setf(t->cfg, "train.act_swap", "%d", act->swap_sets));
+    /* one pass's gradients held in the GPU arena, a buffer per block */
+    FY_TRY(fy_config_setf(t->cfg, "train.grad_hold", "%u",
+                          t->plan.place.grad_hold == FY_HOLD_GPU ? t->model.n_layer : 0));
+    return fy_actsetup_save(&t->act);
 }
 
 /* The plan's lines on what stays in the pool and what moves over the SSD and PCIe each step. */
@@ -603,15 +386,19 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
     if (t->have_probe) /* fuyou-launch probe measured this machine */
         snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", t->probed);
     else
-        snprintf(at, sizeof at, "predicted per step at the rates measured on the reference "
-                                "machine (one H200%s", t->ssd_from_steps ? "; the SSD's as "
-                                "this run's last session's steps ran" : "");
-    double step_flops = (double)o->batch * (double)o->seq *
-                        fy_model_flops_per_token(&t->model, (unsigned)o->seq);
+        snprintf(at, sizeof at,
+                 "predicted per step at the rates measured on the reference "
+                 "machine (one H200%s",
+                 t->ssd_from_steps ? "; the SSD's as "
+                                     "this run's last session's steps ran"
+                                   : "");
+    double step_flops =
+        (double)o->batch * (double)o->seq * fy_model_flops_per_token(&t->model, (unsigned)o->seq);
     double predicted_s = t->act.run.predicted_s;
     if (predicted_s > 0) /* measured here: the reference machine's figures would mislead */
         fy_info("plan: per step, as the activation plan above predicts from this machine's "
-                "profile: %.3f s (%.3g TFLOP/s)", predicted_s, step_flops / predicted_s * 1e-12);
+                "profile: %.3f s (%.3g TFLOP/s)",
+                predicted_s, step_flops / predicted_s * 1e-12);
     else if (strcmp(o->backend, "cpu") == 0 && !t->have_probe) /* not the H200's compute */
         fy_info("plan: %s: SSD %.1f/%.1f GB/s, AdamW %.1f G parameters/s): SSD %.3f s, optimizer "
                 "%.3f s; compute not predicted on the CPU backend",
@@ -639,8 +426,8 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
     fy_info("plan: %u block gradients in the pool at once (--grad-slots %llu): the optimizer can "
             "fall %u blocks behind the backward and finish while the next forward runs",
             grad_slots, (unsigned long long)o->grad_slots, grad_slots - 1);
-    const struct fy_actrun *act = &t->act.run;
-    const struct fy_actrun_in *act_in = &t->act.in;
+    const struct fy_actplace *act = &t->act.run;
+    const struct fy_actplace_in *act_in = &t->act.in;
     t->to =
         (struct fy_train_opts){.steps = o->steps,
                                .batch = (int)o->batch,
@@ -662,7 +449,7 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
                                .resident = p->resident,
                                .clip_grad_norm = o->clip_grad_norm,
                                .grad_hold_gpu = p->place.grad_hold == FY_HOLD_GPU,
-                               .ckpt_ssd = p->place.ckpt_slots != 0,
+                               .block_inputs_ssd = p->place.block_inputs_slots != 0,
                                .act_ahead = (unsigned)o->act_ahead,
                                .state_pieces = p->place.state_pieces,
                                .act_dtype = t->plan_in.shape.act_dtype,
@@ -683,7 +470,8 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
             t->to.timeout_ms = deadline > 3600 ? 3600 * 1000 : (int)(deadline * 1000);
         }
         fy_info("plan: a request not answered within %d s counts as a stuck worker (%s; "
-                "--timeout to set it)", t->to.timeout_ms / 1000,
+                "--timeout to set it)",
+                t->to.timeout_ms / 1000,
                 predicted_s > 0 ? "20 predicted steps, at least a minute" : "the default");
     }
 }
@@ -693,51 +481,36 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
 static int train_steps(struct fy_options *o, struct train_run *t)
 {
     t->meta = calloc(1, sizeof *t->meta);
-    int rc = t->meta != NULL ? 0 : -ENOMEM;
     struct fy_metrics *metrics = NULL; /* kept across restarts: lines wait there for room */
-    if (rc == 0)
-        rc = fy_metrics_open(&metrics, o->run_dir);
+    int rc = -ENOMEM;
+    if (t->meta == NULL)
+        goto out;
+    FY_TRY_OUT(rc, fy_metrics_open(&metrics, o->run_dir));
     t->to.metrics = metrics;
     /* A worker that dies or hangs costs the steps since the last commit, not the run: the
      * workers start again and the run goes on from that commit, up to --max-restarts times an
      * hour (fy_restart_after). */
-    for (int attempt = 0; rc == 0; attempt++) {
+    for (int attempt = 0;; attempt++) {
         double t0 = fy_monotonic_ns() * 1e-9;
         struct fy_sup_fault fault;
         int stepping;
         rc = train_attempt(o, t, attempt, &fault, &stepping);
         if (!fy_restart_after(&t->restarts, rc, stepping, &fault, t0))
             break;
-        rc = 0;
+        fy_progress_restart();
     }
+out:
     fy_progress_end();
     save_ssd_seen(o, &t->ssd_seen);
     if (rc == 0 && train_stop) {
         fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
-                "from there (nothing exported)", (unsigned long long)t->meta->step, o->run_dir);
+                "from there (nothing exported)",
+                (unsigned long long)t->meta->step, o->run_dir);
         train_stop_said = 1;
         rc = -EINTR;
     }
     int lost = fy_metrics_close(&metrics, t->meta != NULL ? t->meta->step : 0);
     return rc ? rc : lost;
-}
-
-/* At the end of a train command that did not train: its RUN/train.args.pending removed where it
- * failed with an error or had nothing to train (the run's train.args stays the last command that
- * trained), kept where a signal stopped it before its steps (resume takes it). A resumed one is
- * left as it is. */
-static void settle_train_args(const struct fy_options *o, const struct train_run *t, int rc)
-{
-    if (!t->args_pending || t->args_promoted || rc == -EINTR ||
-        o->train_args_from != FY_TRAIN_ARGS_GIVEN)
-        return;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", o->run_dir, TRAIN_ARGS_PENDING);
-    if (unlink(path) != 0 && errno != ENOENT)
-        fy_warn("cannot remove %s: %s: fuyou-launch resume would run this command; remove it",
-                path, strerror(errno));
-    else if (rc == 0)
-        fy_info("nothing trained: %s/%s is left as it was", o->run_dir, TRAIN_ARGS);
 }
 
 /* The train command line, for the log: its arguments joined by spaces. */
@@ -756,11 +529,10 @@ int fy_cmd_train(struct fy_options *o)
     if (o->train_args_from == FY_TRAIN_ARGS_PENDING) {
         char command[4096], recorded[PATH_MAX];
         describe_command(o, command, sizeof command);
-        snprintf(recorded, sizeof recorded, "%s/%s", o->run_dir, TRAIN_ARGS);
+        snprintf(recorded, sizeof recorded, "%s/%s", o->run_dir, FY_TRAINARGS);
         fy_info("resume: %s/%s holds the train command of a launch stopped before its steps "
                 "began (a signal or a crash at start-up): resuming it%s%s%s: fuyou-launch train%s",
-                o->run_dir, TRAIN_ARGS_PENDING,
-                access(recorded, F_OK) == 0 ? " (not " : "",
+                o->run_dir, FY_TRAINARGS_PENDING, access(recorded, F_OK) == 0 ? " (not " : "",
                 access(recorded, F_OK) == 0 ? recorded : "",
                 access(recorded, F_OK) == 0 ? ", the last command that trained)" : "", command);
     }
@@ -780,22 +552,21 @@ int fy_cmd_train(struct fy_options *o)
         o->steps = 200; /* --epochs sets it once the data's epoch is known */
     FY_USAGE(o->batch >= 1 && o->batch <= 65536 && o->seq >= 1,
              "train: --batch %llu --seq %llu: need a batch of 1 to 65536 sequences and a positive "
-             "sequence length", (unsigned long long)o->batch, (unsigned long long)o->seq);
+             "sequence length",
+             (unsigned long long)o->batch, (unsigned long long)o->seq);
     struct train_run *t = calloc(1, sizeof *t);
     if (t == NULL)
         return -ENOMEM;
     fy_restart_init(&t->restarts, o->max_restarts, o->run_dir, &train_stop);
-    int rc = train_setup(o, t);
-    if (rc == 0) {
-        train_describe(o, t);
-        rc = train_plan(o, t);
-    }
-    if (rc == 0) {
-        train_log_traffic(o, t);
-        train_layout(o, t, train_log_prediction(o, t));
-        rc = train_steps(o, t);
-    }
-    settle_train_args(o, t, rc);
+    int rc;
+    FY_TRY_OUT(rc, train_setup(o, t));
+    train_describe(o, t);
+    FY_TRY_OUT(rc, train_plan(o, t));
+    train_log_traffic(o, t);
+    train_layout(o, t, train_log_prediction(o, t));
+    rc = train_steps(o, t);
+out:
+    fy_trainargs_settle(o, t->args_pending, t->args_promoted, rc);
     train_free(t);
     return rc;
 }
@@ -813,115 +584,10 @@ void fy_cmd_train_stopped(const struct fy_options *o, const char *removed)
     free(m);
     if (train_stepped) /* a second signal in a step, or one while the workers restarted */
         fy_warn("stopped by signal: %s (the steps after it are trained again): fuyou-launch "
-                "resume %s continues from there", committed, o->run_dir);
+                "resume %s continues from there",
+                committed, o->run_dir);
     else
         fy_warn("stopped by signal before training began: %s: fuyou-launch resume %s runs this "
-                "train command from there", committed, o->run_dir);
-}
-
-/* resume RUN_DIR [options]: argv becomes the run's train command (RUN/train.args.pending where
- * there is one, else RUN/train.args; *from says which) with the options given here after it (the
- * last of a repeated option wins), run from the directory it ran in (its relative paths, --data
- * say, are as they were) on RUN_DIR itself, wherever the run directory has been copied or moved
- * since. *owned keeps the new argv, every string of it its own (fy_cmd_resume_args_free). */
-int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from)
-{
-    const char *dir = *argc >= 3 && (*argv)[2][0] != '-' ? (*argv)[2] : NULL;
-    int extra_at = dir != NULL ? 3 : 2;
-    for (int i = 2; dir == NULL && i + 1 < *argc; i++)
-        if (strcmp((*argv)[i], "--run-dir") == 0)
-            dir = (*argv)[i + 1];
-    if (dir == NULL) {
-        fprintf(stderr, "fuyou-launch resume: give the run directory: fuyou-launch resume "
-                        "RUN_DIR [options]\n");
-        return -EINVAL;
-    }
-    static char run_dir[PATH_MAX]; /* argv's --run-dir, as named here, before the chdir */
-    if (realpath(dir, run_dir) == NULL) {
-        fprintf(stderr, "fuyou-launch resume: run directory %s: %s\n", dir, strerror(errno));
-        return -ENOENT;
-    }
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/%s", run_dir, TRAIN_ARGS_PENDING);
-    FILE *f = fopen(path, "r");
-    *from = FY_TRAIN_ARGS_PENDING;
-    if (f == NULL && errno == ENOENT) {
-        snprintf(path, sizeof path, "%s/%s", run_dir, TRAIN_ARGS);
-        f = fopen(path, "r");
-        *from = FY_TRAIN_ARGS_RECORDED;
-    }
-    if (f == NULL) {
-        fprintf(stderr, "fuyou-launch resume: %s: %s: only a run started with fuyou-launch train "
-                        "can be resumed\n", path, strerror(errno));
-        return -ENOENT;
-    }
-    char *line = NULL, cwd[PATH_MAX] = "";
-    size_t cap = 0;
-    ssize_t len;
-    int n = 0, rc = 0;
-    char **args = calloc((size_t)*argc + 4, sizeof *args);
-    size_t max = (size_t)*argc + 4;
-    while (rc == 0 && args != NULL && (len = getline(&line, &cap, f)) >= 0) {
-        if (len > 0 && line[len - 1] == '\n')
-            line[--len] = 0;
-        if (n == 0 && strcmp(line, TRAIN_ARGS_MAGIC) != 0) {
-            fprintf(stderr, "fuyou-launch resume: %s is not a train.args file of this version\n",
-                    path);
-            rc = -EBADMSG;
-        } else if (n == 1) {
-            snprintf(cwd, sizeof cwd, "%s", line);
-        } else if (n >= 2) {
-            if ((size_t)n + (size_t)*argc + 2 >= max) {
-                char **grown = realloc(args, (max *= 2) * sizeof *args);
-                if (grown == NULL) {
-                    rc = -ENOMEM;
-                    break;
-                }
-                args = grown;
-            }
-            args[n] = strdup(line); /* args[0..1] become the program and "train" */
-        }
-        n++;
-    }
-    free(line);
-    fclose(f);
-    if (rc == 0 && (args == NULL || n < 2))
-        rc = args == NULL ? -ENOMEM : -EBADMSG;
-    if (rc == 0 && chdir(cwd) != 0) /* the run was started elsewhere, or on another machine */
-        fprintf(stderr, "fuyou-launch resume: cannot enter %s, where the run was started (%s): "
-                        "its train command's relative paths are taken from here; give them "
-                        "again after RUN_DIR where they differ\n", cwd, strerror(errno));
-    if (rc < 0) {
-        for (int i = 2; args != NULL && i < n; i++)
-            free(args[i]);
-        free(args);
-        return rc;
-    }
-    args[0] = strdup((*argv)[0]);
-    args[1] = strdup("train");
-    args[n++] = strdup("--run-dir"); /* this run directory, not the one it was started in */
-    args[n++] = strdup(run_dir);
-    for (int i = extra_at; i < *argc; i++)
-        args[n++] = strdup((*argv)[i]);
-    args[n] = NULL;
-    for (int i = 0; i < n; i++)
-        if (args[i] == NULL) {
-            for (int k = 0; k < n; k++)
-                free(args[k]);
-            free(args);
-            fprintf(stderr, "fuyou-launch resume: out of memory\n");
-            return -ENOMEM;
-        }
-    *argc = n;
-    *argv = args;
-    *owned = args;
-    return 0;
-}
-
-void fy_cmd_resume_args_free(char ***owned)
-{
-    for (char **a = *owned; a != NULL && *a != NULL; a++)
-        free(*a);
-    free(*owned);
-    *owned = NULL;
+                "train command from there",
+                committed, o->run_dir);
 }

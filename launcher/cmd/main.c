@@ -15,7 +15,7 @@
 #include "common/base/knobs.h"
 #include "common/base/log.h"
 #include "launcher/cmd/cmd.h"
-#include "launcher/cli/options.h"
+#include "launcher/cli/args.h"
 #include "launcher/run/supervise.h"
 
 enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_WORKER = 3, EXIT_INTERRUPTED = 130 };
@@ -45,14 +45,14 @@ static int help(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[2], "--options") == 0) {
         /* the option table, one name a line: docs/configuration.md is checked against it */
-        fy_options_list(stdout);
+        fy_args_list(stdout);
         return EXIT_OK;
     }
-    int cmd = argc == 3 ? fy_options_command(argv[2]) : -1;
+    int cmd = argc == 3 ? fy_args_command(argv[2]) : -1;
     if (cmd >= 0)
-        fy_options_help(cmd, stdout);
+        fy_args_help(cmd, stdout);
     else
-        fy_options_usage(argc < 2 ? stderr : stdout);
+        fy_args_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? EXIT_USAGE : EXIT_OK;
 }
 
@@ -83,7 +83,7 @@ static int open_run_log(const struct fy_options *o, int makes_run_dir, struct fy
 /* After the command: the run directory removed where this failed command made it, the exit code. */
 static int finish(int cmd, const struct fy_options *o, struct fy_made_dirs *made, int rc)
 {
-    const char *name = fy_options_command_name(cmd);
+    const char *name = fy_args_command_name(cmd);
     char removed[PATH_MAX * 2] = "";
     /* the run directory with what the command wrote in it, then the parents made for it (said
      * here, or in the line of a stop) */
@@ -109,13 +109,13 @@ int main(int argc, char **argv)
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "-h") == 0)
         return help(argc, argv);
-    int cmd = fy_options_command(argv[1]);
+    int cmd = fy_args_command(argv[1]);
     if (cmd < 0) {
         fprintf(stderr, "fuyou-launch: unknown command '%s' (see fuyou-launch help)\n", argv[1]);
         return EXIT_USAGE;
     }
-    if (fy_options_asks_help(argc, argv)) { /* resume DIR --help too: before DIR is needed */
-        fy_options_help(cmd, stdout);
+    if (fy_args_asks_help(argc, argv)) { /* resume DIR --help too: before DIR is needed */
+        fy_args_help(cmd, stdout);
         return EXIT_OK;
     }
     char **resumed = NULL;
@@ -123,10 +123,10 @@ int main(int argc, char **argv)
     if (cmd == FY_CMD_RESUME && fy_cmd_resume_args(&argc, &argv, &resumed, &from) < 0)
         return EXIT_USAGE; /* argv is now the run's own train command, continued */
     struct fy_options o;
-    int parsed = fy_options_parse(cmd, argc - 1, argv + 1, &o);
+    int parsed = fy_args_parse(cmd, argc - 1, argv + 1, &o);
     if (parsed != 0) {
         fy_cmd_resume_args_free(&resumed);
-        return parsed == FY_OPTIONS_HELP ? EXIT_OK : EXIT_USAGE;
+        return parsed == FY_ARGS_HELP ? EXIT_OK : EXIT_USAGE;
     }
     /* Before any thread exists (ZeroMQ's), so supervision owns these signals. */
     if (commands[cmd].workers && !o.inprocess && fy_sup_block_signals(NULL) != 0) {
@@ -139,7 +139,7 @@ int main(int argc, char **argv)
         fy_cmd_resume_args_free(&resumed);
         return EXIT_ERROR;
     }
-    if (cmd == FY_CMD_TRAIN || cmd == FY_CMD_RESUME) { /* kept for resume (cmd_train.c) */
+    if (cmd == FY_CMD_TRAIN || cmd == FY_CMD_RESUME) { /* kept for resume (trainargs.h) */
         o.train_argc = argc - 2;
         o.train_argv = argv + 2;
         o.train_args_from = from;

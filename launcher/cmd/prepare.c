@@ -262,7 +262,8 @@ static void describe_status(int status, char *buf, size_t len)
     if (WIFEXITED(status))
         snprintf(buf, len, "exit status %d", WEXITSTATUS(status));
     else if (WIFSIGNALED(status))
-        snprintf(buf, len, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+        snprintf(buf, len, "killed by signal %d (%s)", WTERMSIG(status),
+                 strsignal(WTERMSIG(status)));
     else
         snprintf(buf, len, "status 0x%x", status);
 }
@@ -327,7 +328,9 @@ static int run_helper(const struct fy_prepare_opts *o, const char *tokenizer_jso
         if (e == ENOENT)
             fy_error("prepare%s needs python3 on PATH%s: it was not found; install python3 "
                      "(Debian package python3)",
-                     tokenizer_json ? " --tokenizer" : o->jsonl ? " --jsonl" : " of Parquet files",
+                     tokenizer_json ? " --tokenizer"
+                     : o->jsonl     ? " --jsonl"
+                                    : " of Parquet files",
                      tokenizer_json ? " with the package tokenizers (pip install tokenizers)" : "");
         else
             fy_error("cannot start python3 for the tokenizer helper %s: %s", script, strerror(e));

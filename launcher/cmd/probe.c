@@ -33,34 +33,32 @@ static double now_s(void) { return (double)fy_monotonic_ns() * 1e-9; }
 static int probe_backend(const struct fy_probe_opts *o, struct fy_probe_result *r)
 {
     int cuda = strcmp(o->backend, "cuda") == 0;
-    struct fy_model_config c = {.n_layer = 1, .n_head = cuda ? 16 : 4, .n_embd = cuda ? 2048 : 256,
-                              .vocab = 50304, .ctx = cuda ? 1024 : 128};
+    struct fy_model_config c = {.n_layer = 1,
+                                .n_head = cuda ? 16 : 4,
+                                .n_embd = cuda ? 2048 : 256,
+                                .vocab = 50304,
+                                .ctx = cuda ? 1024 : 128};
     int B = cuda ? 8 : 4, T = (int)c.ctx;
     size_t host_bytes = cuda ? (size_t)256 << 20 : (size_t)32 << 20;
     struct fy_backend *b = NULL;
     void *host = NULL;
-    int rc = fy_backend_open(&b, o->backend, o->gpu_mem);
-    if (rc == 0 && posix_memalign(&host, 4096, host_bytes) != 0)
-        rc = -ENOMEM;
-    if (rc == 0) {
-        memset(host, 1, host_bytes);
-        rc = fy_backend_register_host(b, host, host_bytes);
-    }
-    if (rc == 0)
-        rc = fy_backend_model_prepare(b, &c, B, T);
     struct fy_block_profile p;
-    if (rc == 0)
-        rc = fy_backend_model_profile(b, host, host_bytes, &p);
-    if (rc == 0) {
-        double tokens = (double)B * T;
-        double flops = tokens * (6.0 * (double)fy_model_unit_params(&c, 1) + 6.0 * T * c.n_embd);
-        r->rates.gpu_flops = flops / (2 * p.fwd_s + p.bwd_s);
-        r->gemm_flops = p.flops_per_s;
-        r->rates.h2d = p.h2d_Bps;
-        r->rates.d2h = p.d2h_Bps;
-        r->duplex_Bps = p.duplex_Bps;
-        snprintf(r->device, sizeof r->device, "%s", fy_backend_device(b));
-    }
+    int rc;
+    FY_TRY_OUT(rc, fy_backend_open(&b, o->backend, o->gpu_mem));
+    FY_TRY_OUT(rc, posix_memalign(&host, 4096, host_bytes) != 0 ? -ENOMEM : 0);
+    memset(host, 1, host_bytes);
+    FY_TRY_OUT(rc, fy_backend_register_host(b, host, host_bytes));
+    FY_TRY_OUT(rc, fy_backend_model_prepare(b, &c, B, T));
+    FY_TRY_OUT(rc, fy_backend_model_profile(b, host, host_bytes, &p));
+    double tokens = (double)B * T;
+    double flops = tokens * (6.0 * (double)fy_model_unit_params(&c, 1) + 6.0 * T * c.n_embd);
+    r->rates.gpu_flops = flops / (2 * p.fwd_s + p.bwd_s);
+    r->gemm_flops = p.flops_per_s;
+    r->rates.h2d = p.h2d_Bps;
+    r->rates.d2h = p.d2h_Bps;
+    r->duplex_Bps = p.duplex_Bps;
+    snprintf(r->device, sizeof r->device, "%s", fy_backend_device(b));
+out:
     fy_backend_destroy(&b);
     free(host);
     return rc;
@@ -77,32 +75,25 @@ static int probe_store(const char *const *paths, unsigned n, uint64_t total, dou
     struct fy_ring *ring = NULL;
     void *buf = NULL;
     struct fy_store_opts so = {.paths = paths, .npaths = n, .create = 1};
-    int rc = fy_store_open(&s, &so);
-    if (rc == 0)
-        rc = fy_ring_new(&ring, NULL);
-    if (rc == 0 && posix_memalign(&buf, 4096, chunk) != 0)
-        rc = -ENOMEM;
-    if (rc == 0) {
-        memset(buf, 0x5a, chunk);
-        rc = fy_ring_register_memory(ring, buf, chunk);
-    }
-    if (rc == 0)
-        rc = fy_ring_register_files(ring, fy_store_fds(s), fy_store_file_names(s), n);
-    if (rc == 0)
-        rc = fy_store_add_extent(s, 1, total);
+    int rc;
+    FY_TRY_OUT(rc, fy_store_open(&s, &so));
+    FY_TRY_OUT(rc, fy_ring_new(&ring, NULL));
+    FY_TRY_OUT(rc, posix_memalign(&buf, 4096, chunk) != 0 ? -ENOMEM : 0);
+    memset(buf, 0x5a, chunk);
+    FY_TRY_OUT(rc, fy_ring_register_memory(ring, buf, chunk));
+    FY_TRY_OUT(rc, fy_ring_register_files(ring, fy_store_fds(s), fy_store_file_names(s), n));
+    FY_TRY_OUT(rc, fy_store_add_extent(s, 1, total));
     double t0 = now_s();
-    for (uint64_t at = 0; rc == 0 && at < total; at += chunk)
-        rc = fy_store_write(s, ring, 1, at, buf, chunk, 120000);
-    if (rc == 0)
-        rc = fy_store_sync(s);
+    for (uint64_t at = 0; at < total; at += chunk)
+        FY_TRY_OUT(rc, fy_store_write(s, ring, 1, at, buf, chunk, 120000));
+    FY_TRY_OUT(rc, fy_store_sync(s));
     double t1 = now_s();
-    for (uint64_t at = 0; rc == 0 && at < total; at += chunk)
-        rc = fy_store_read(s, ring, 1, at, buf, chunk, 120000);
+    for (uint64_t at = 0; at < total; at += chunk)
+        FY_TRY_OUT(rc, fy_store_read(s, ring, 1, at, buf, chunk, 120000));
     double t2 = now_s();
-    if (rc == 0) {
-        *write_Bps = (double)total / (t1 - t0);
-        *read_Bps = (double)total / (t2 - t1);
-    }
+    *write_Bps = (double)total / (t1 - t0);
+    *read_Bps = (double)total / (t2 - t1);
+out:
     fy_ring_destroy(&ring);
     fy_store_destroy(&s);
     free(buf);
@@ -214,8 +205,8 @@ static int probe_adamw(struct fy_probe_result *r)
         g[i] = 0x3c00; /* bf16 0.0078 */
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    struct fy_adamw_hparams hp = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                  .weight_decay = 0.1f};
+    struct fy_adamw_hparams hp = {
+        .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
     unsigned counts[FY_PROBE_MAX_THREADS], nc = 0; /* 1, 2, 4, ... and all the cores */
     for (unsigned k = 1; k < (unsigned)cores && nc < FY_PROBE_MAX_THREADS - 1; k *= 2)
         counts[nc++] = k;
@@ -229,8 +220,14 @@ static int probe_adamw(struct fy_probe_result *r)
             memset(m, fy_quant8_zero_code(1), n);
             memset(v, fy_quant8_zero_code(0), n);
         }
-        struct fy_adamw_tensor x = {.master = p, .m = m, .v = v, .m_absmax = ma, .v_absmax = va,
-                                    .moments = mode, .grad = g, .grad_dtype = FY_DTYPE_BF16,
+        struct fy_adamw_tensor x = {.master = p,
+                                    .m = m,
+                                    .v = v,
+                                    .m_absmax = ma,
+                                    .v_absmax = va,
+                                    .moments = mode,
+                                    .grad = g,
+                                    .grad_dtype = FY_DTYPE_BF16,
                                     .n = n};
         for (unsigned i = 0; rc == 0 && i < nc; i++) {
             unsigned k = counts[i];
@@ -270,7 +267,8 @@ int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r)
     double t0 = now_s();
     if (strcmp(o->backend, "cuda") != 0)
         fy_info("probe: no GPU here (the %s backend): its block and copies are timed in their "
-                "stead, and the GPU parts (PCIe, GEMM rate) are skipped", o->backend);
+                "stead, and the GPU parts (PCIe, GEMM rate) are skipped",
+                o->backend);
     time_t started = time(NULL);
     struct tm utc;
     if (gmtime_r(&started, &utc) == NULL ||
@@ -296,10 +294,15 @@ int fy_probe_save(const char *path, const struct fy_probe_opts *o, const struct 
     cJSON *root = cJSON_CreateObject(), *paths = NULL, *threads = NULL;
     int ok = root != NULL;
     /* the six rates plan and train read (launcher/plan/forecast.h), then the details */
-    const struct { const char *key; double value; } rates[] = {
-        {"gpu_flops", r->rates.gpu_flops}, {"h2d", r->rates.h2d}, {"d2h", r->rates.d2h},
-        {"ssd_read", r->rates.ssd_read}, {"ssd_write", r->rates.ssd_write},
-        {"opt_params", r->rates.opt_params}};
+    const struct {
+        const char *key;
+        double value;
+    } rates[] = {{"gpu_flops", r->rates.gpu_flops},
+                 {"h2d", r->rates.h2d},
+                 {"d2h", r->rates.d2h},
+                 {"ssd_read", r->rates.ssd_read},
+                 {"ssd_write", r->rates.ssd_write},
+                 {"opt_params", r->rates.opt_params}};
     for (size_t i = 0; ok && i < sizeof rates / sizeof rates[0]; i++)
         ok = cJSON_AddNumberToObject(root, rates[i].key, rates[i].value) != NULL;
     ok = ok && cJSON_AddStringToObject(root, "backend", o->backend) != NULL &&

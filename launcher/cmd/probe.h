@@ -24,10 +24,10 @@ struct fy_probe_opts {
 
 struct fy_probe_result {
     struct fy_plan_rates rates; /* what plan and train predict from */
-    double duplex_Bps;           /* copies both ways at once, summed */
-    double gemm_flops;           /* the block's QKV product alone (the GEMM rate), FLOP/s */
-    double memcpy_Bps;           /* host memory copy by one thread, bytes copied per second */
-    double memcpy_all_Bps;       /* ... by memcpy_threads threads, one per core */
+    double duplex_Bps;          /* copies both ways at once, summed */
+    double gemm_flops;          /* the block's QKV product alone (the GEMM rate), FLOP/s */
+    double memcpy_Bps;          /* host memory copy by one thread, bytes copied per second */
+    double memcpy_all_Bps;      /* ... by memcpy_threads threads, one per core */
     unsigned memcpy_threads;
     char device[128];
     uint64_t gpu_free,
@@ -38,14 +38,14 @@ struct fy_probe_result {
     /* each path's store alone (with one path: the store's figures) */
     char ssd_path[FY_PROBE_MAX_PATHS][256];
     double ssd_path_read[FY_PROBE_MAX_PATHS], ssd_path_write[FY_PROBE_MAX_PATHS];
-    unsigned n_threads;          /* AdamW measured with threads[0..n) */
+    unsigned n_threads; /* AdamW measured with threads[0..n) */
     unsigned threads[FY_PROBE_MAX_THREADS];
     double opt_params[FY_PROBE_MAX_THREADS]; /* fp32 moments (rates.opt_params: the best) */
     /* by moments storage (enum fy_adamw_moments: fp32, bf16, 8-bit), parameters/s per thread
      * count ([0] = opt_params) and the best of each */
     double opt_params_by_moments[3][FY_PROBE_MAX_THREADS];
     double opt_params_best[3];
-    double seconds;              /* the probe's own time */
+    double seconds; /* the probe's own time */
 };
 
 int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r);

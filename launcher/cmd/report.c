@@ -16,9 +16,9 @@
 #include "common/base/fsutil.h"
 
 /* The columns of the data file, in order: the metrics line's keys (NaN where absent). */
-static const char *const columns[] = {"step", "loss", "eval_loss", "tokens_per_s", "tflops",
-                                      "step_s", "busy_gpu_s", "busy_h2d_s", "busy_d2h_s",
-                                      "busy_ssd_read_s", "busy_ssd_write_s", "busy_opt_s"};
+static const char *const columns[] = {
+    "step",       "loss",       "eval_loss",  "tokens_per_s",    "tflops",           "step_s",
+    "busy_gpu_s", "busy_h2d_s", "busy_d2h_s", "busy_ssd_read_s", "busy_ssd_write_s", "busy_opt_s"};
 #define NCOLS (sizeof columns / sizeof columns[0])
 
 /* metrics.jsonl -> a whitespace table for gnuplot; the number of steps. */
@@ -150,7 +150,8 @@ int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir)
                "report: %d runs given: chart 1 to %d at a time", nruns, FY_REPORT_MAX_RUNS);
     FY_USAGE(strchr(out_dir, '\'') == NULL,
              "report: %s: a directory whose name has a single quote cannot be given to gnuplot: "
-             "pass --out another", out_dir);
+             "pass --out another",
+             out_dir);
     struct fy_made_dirs made;
     FY_TRY(fy_mkdirs(out_dir, 0755, "the report's directory", &made));
     int steps = draw(run_dirs, nruns, out_dir);
@@ -169,7 +170,8 @@ static int draw(const char *const *run_dirs, int nruns, const char *out_dir)
         run_name(run_dirs[i], names[i], sizeof names[i]);
         FY_REQUIRE(strchr(names[i], '\'') == NULL, -EINVAL,
                    "report: %s: a run whose name has a single quote cannot be charted by gnuplot: "
-                   "rename its directory", run_dirs[i]);
+                   "rename its directory",
+                   run_dirs[i]);
         if (i == 0)
             snprintf(data[i], sizeof data[i], "%s/metrics.dat", out_dir);
         else

@@ -1,5 +1,5 @@
 /* A training run's plan for the blocks' internals: forced placements, and auto's choice between
- * keeping alone and keeping fewer while the planner swaps kinds of the rest. See actrun.h. */
+ * keeping alone and keeping fewer while the planner swaps kinds of the rest. See actplace.h. */
 #include "launcher/plan/actplace.h"
 
 #include <errno.h>
@@ -16,13 +16,13 @@
 #include "common/base/synth.h"
 
 /* Forced host or ssd: every swappable kind there, or the test hook's seeded mix. */
-static int plan_forced(const struct fy_actrun_in *in, struct fy_actrun *out)
+static int plan_forced(const struct fy_actplace_in *in, struct fy_actplace *out)
 {
     unsigned L = in->c->n_layer;
     FY_USAGE(fy_model_arch(in->c)->swaps_internals,
              "--act-plan %s: %s blocks keep their internals on the GPU or recompute them, never "
-             "swap them: use auto or recompute", fy_actplan_mode_name(in->mode),
-             fy_model_arch(in->c)->label);
+             "swap them: use auto or recompute",
+             fy_actplan_mode_name(in->mode), fy_model_arch(in->c)->label);
     out->place = calloc((size_t)L * FY_ACT_KINDS + 1, 1);
     FY_REQUIRE(out->place != NULL, -ENOMEM, "train: out of memory for the activation plan");
     uint64_t seed;
@@ -62,7 +62,7 @@ static double adamw_bytes(const struct fy_model_config *c)
     return fy_optstate_update_param_bytes(FY_DTYPE_F32, c->optim_state);
 }
 
-static double mem_Bps(const struct fy_actrun_in *in)
+static double mem_Bps(const struct fy_actplace_in *in)
 {
     return in->rates.opt_params * adamw_bytes(in->c);
 }
@@ -72,20 +72,14 @@ static uint64_t unit_f32(const struct fy_model_config *c, unsigned u)
     return fy_model_unit_params(c, u) * 4;
 }
 
-static int ranks_of(const struct fy_actrun_in *in)
-{
-    return in->ranks > 1 ? in->ranks : 1;
-}
+static int ranks_of(const struct fy_actplace_in *in) { return in->ranks > 1 ? in->ranks : 1; }
 
 /* Each gpu worker's sequences of a step. */
-static int rank_batch(const struct fy_actrun_in *in)
-{
-    return in->B / ranks_of(in);
-}
+static int rank_batch(const struct fy_actplace_in *in) { return in->B / ranks_of(in); }
 
 /* With several ranks, the gradients are reduced over NVLink (the CUDA backend), else each rank
  * adds its own in the pool. */
-static int reduce_nvlink(const struct fy_actrun_in *in)
+static int reduce_nvlink(const struct fy_actplace_in *in)
 {
     return ranks_of(in) > 1 && in->backend != NULL && strcmp(in->backend, "cuda") == 0;
 }
@@ -100,7 +94,7 @@ static uint64_t phase_grads(const struct fy_model_config *c, int forward)
 }
 
 /* A phase's gradients reduced over NVLink with several ranks (0 otherwise). */
-static double nvlink_s(const struct fy_actrun_in *in, uint64_t grads)
+static double nvlink_s(const struct fy_actplace_in *in, uint64_t grads)
 {
     int n = ranks_of(in);
     if (!reduce_nvlink(in) || !(in->rates.nvlink > 0))
@@ -109,22 +103,23 @@ static double nvlink_s(const struct fy_actrun_in *in, uint64_t grads)
 }
 
 /* The other ranks' copies through host memory in a phase that moves `grads` of gradients and
- * (for the planned blocks) `ckpts` of checkpoints each way: their weights and activations, and
- * with the gradients summed in the pool, their gradients and the sum read back. */
-static void other_ranks(const struct fy_actrun_in *in, uint64_t grads, uint64_t ckpts,
+ * (for the planned blocks) `inputs` bytes of the blocks' input checkpoints each way: their weights
+ * and activations, and with the gradients summed in the pool, their gradients and the sum read
+ * back. */
+static void other_ranks(const struct fy_actplace_in *in, uint64_t grads, uint64_t inputs,
                         struct fy_actplan_other *o)
 {
     uint64_t others = (uint64_t)ranks_of(in) - 1;
     if (others == 0 || (o->h2d == 0 && o->d2h == 0))
         return;
-    uint64_t copies = o->h2d + o->d2h + ckpts;
+    uint64_t copies = o->h2d + o->d2h + inputs;
     o->mem += reduce_nvlink(in) ? others * (copies - grads) : others * (copies + grads);
 }
 
 /* What the phases carry besides the planned blocks' internals, with `keep` top blocks kept and
  * `planned` blocks under the planner; *norm, what a two-pass clipped step's first backward pass
  * carries (all zero otherwise): a phase of its own, since no update may start before its norm. */
-static void other_work(const struct fy_actrun_in *in, int keep, int planned,
+static void other_work(const struct fy_actplace_in *in, int keep, int planned,
                        struct fy_actplan_other *fwd, struct fy_actplan_other *bwd,
                        struct fy_actplan_other *norm)
 {
@@ -207,18 +202,21 @@ static void other_work(const struct fy_actrun_in *in, int keep, int planned,
         int copy = in->resident != NULL && in->resident[u] == FY_PLAN_KEPT_BF16;
         upd->mem += fy_model_unit_params(c, u) *
                     (adamw_bytes(c) + fy_dtype_size(FY_OPTSTATE_COPY_DTYPE) * copy);
-        (two_pass ? norm : bwd)->mem += fy_model_unit_params(c, u) *
-                                        fy_dtype_size(FY_DTYPE_F32) * in->clip;
+        (two_pass ? norm : bwd)->mem +=
+            fy_model_unit_params(c, u) * fy_dtype_size(FY_DTYPE_F32) * in->clip;
     }
 }
 
 /* A phase with no planned blocks: its slowest resource (the cost model of actplan.h, A = 0). */
-static double phase_alone(const struct fy_actplan_other *o, const struct fy_actrun_in *in)
+static double phase_alone(const struct fy_actplan_other *o, const struct fy_actplace_in *in)
 {
     const struct fy_block_profile *p = in->prof;
-    double t[] = {o->gpu_s, o->h2d / p->h2d_Bps, o->d2h / p->d2h_Bps,
+    double t[] = {o->gpu_s,
+                  o->h2d / p->h2d_Bps,
+                  o->d2h / p->d2h_Bps,
                   (o->h2d + o->d2h) / p->duplex_Bps,
-                  o->ssd_read / in->rates.ssd_read + o->ssd_write / in->rates.ssd_write, o->opt_s,
+                  o->ssd_read / in->rates.ssd_read + o->ssd_write / in->rates.ssd_write,
+                  o->opt_s,
                   o->mem / mem_Bps(in)};
     double most = 0;
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
@@ -229,8 +227,8 @@ static double phase_alone(const struct fy_actplan_other *o, const struct fy_actr
 /* The planner over the `planned` bottom blocks with `keep` top blocks kept, in mode m; *plan NULL
  * and *step_s the prediction when no block is left to plan. *step_s counts a two-pass clipped
  * step's norm pass, which the planner does not see (*norm_s: that pass alone). */
-static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes, int keep,
-                     enum fy_actplan_mode m, uint64_t host_room, uint64_t ssd_room,
+static int plan_rest(const struct fy_actplace_in *in, const struct fy_actplan_sizes *sizes,
+                     int keep, enum fy_actplan_mode m, uint64_t host_room, uint64_t ssd_room,
                      struct fy_actplan **plan, double *step_s, double *norm_s)
 {
     int planned = (int)in->c->n_layer - keep;
@@ -238,10 +236,10 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
     struct fy_actplan_other norm;
     other_work(in, keep, planned, &prof.fwd, &prof.bwd, &norm);
     /* several ranks: the others' copies in host memory, each phase at least its NVLink reduce */
-    uint64_t ckpts = (uint64_t)planned * sizes->bytes[FY_ACT_CKPT];
+    uint64_t inputs = (uint64_t)planned * sizes->bytes[FY_ACT_CKPT];
     uint64_t head = phase_grads(in->c, 1), blocks = phase_grads(in->c, 0);
-    other_ranks(in, head, ckpts, &prof.fwd);
-    other_ranks(in, blocks, ckpts, &prof.bwd);
+    other_ranks(in, head, inputs, &prof.fwd);
+    other_ranks(in, blocks, inputs, &prof.bwd);
     other_ranks(in, blocks, 0, &norm);
     double nv_fwd = nvlink_s(in, head), nv_bwd = nvlink_s(in, blocks);
     *norm_s = phase_alone(&norm, in);
@@ -289,8 +287,7 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
         fy_actplan_destroy(plan);
     free(layer);
     if (rc == 0)
-        *step_s = fmax((*plan)->pred.fwd.s, nv_fwd) + fmax((*plan)->pred.bwd.s, nv_bwd) +
-                  *norm_s;
+        *step_s = fmax((*plan)->pred.fwd.s, nv_fwd) + fmax((*plan)->pred.bwd.s, nv_bwd) + *norm_s;
     return rc;
 }
 
@@ -299,7 +296,7 @@ static int plan_rest(const struct fy_actrun_in *in, const struct fy_actplan_size
  * (a slot's size for each block, rounded up to its size class), neither of which the planner
  * sees: when they do not fit, it plans again with that much less room, and last with no SSD at
  * all. *plan NULL when nothing fits. */
-static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_sizes *sizes,
+static int plan_swapping(const struct fy_actplace_in *in, const struct fy_actplan_sizes *sizes,
                          int keep, struct fy_actplan **plan, double *step_s, double *norm_s,
                          unsigned char **place, struct fy_plan_swap *swap)
 {
@@ -321,9 +318,9 @@ static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_
         memcpy(*place, (*plan)->place, (size_t)planned * FY_ACT_KINDS);
         for (int l = planned; l < L; l++)
             for (int k = 0; k < FY_ACT_KINDS; k++)
-                (*place)[l * FY_ACT_KINDS + k] = k == FY_ACT_CKPT ? FY_ACT_HOST
+                (*place)[l * FY_ACT_KINDS + k] = k == FY_ACT_CKPT               ? FY_ACT_HOST
                                                  : fy_actplan_kind_swappable(k) ? FY_ACT_GPU
-                                                                              : FY_ACT_RECOMPUTE;
+                                                                                : FY_ACT_RECOMPUTE;
         fy_plan_swap_of(*place, (unsigned)L, sizes, in->act_ahead, swap);
         uint64_t store = fy_plan_swap_store_bytes(swap, (unsigned)L);
         if (fy_plan_swap_pool_bytes(swap) <= in->host_bytes && store <= in->ssd_bytes)
@@ -341,7 +338,7 @@ static int plan_swapping(const struct fy_actrun_in *in, const struct fy_actplan_
     return 0;
 }
 
-static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
+static int plan_auto(const struct fy_actplace_in *in, struct fy_actplace *out)
 {
     const struct fy_block_profile *p = in->prof;
     int L = (int)in->c->n_layer;
@@ -352,8 +349,8 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     int keep_a = set ? (int)(p->gpu_free / set < (uint64_t)L ? p->gpu_free / set : (uint64_t)L) : 0;
     struct fy_actplan *plan_a = NULL, *plan_b = NULL;
     double step_a = 0, step_b = INFINITY, norm_a = 0, norm_b = 0;
-    FY_TRY(plan_rest(in, &out->sizes, keep_a, FY_ACTPLAN_RECOMPUTE, in->host_bytes,
-                     in->ssd_bytes, &plan_a, &step_a, &norm_a));
+    FY_TRY(plan_rest(in, &out->sizes, keep_a, FY_ACTPLAN_RECOMPUTE, in->host_bytes, in->ssd_bytes,
+                     &plan_a, &step_a, &norm_a));
     /* swapping costs the gpu worker one set per call in flight; not with several ranks */
     int can_swap = fy_model_arch(in->c)->swaps_internals && ranks_of(in) == 1 &&
                    (set == 0 || p->gpu_free >= 2 * set);
@@ -365,8 +362,8 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     struct fy_plan_swap swap_b = {0};
     unsigned char *place_b = NULL;
     if (can_swap && keep_b < L) {
-        int rc = plan_swapping(in, &out->sizes, keep_b, &plan_b, &step_b, &norm_b, &place_b,
-                               &swap_b);
+        int rc =
+            plan_swapping(in, &out->sizes, keep_b, &plan_b, &step_b, &norm_b, &place_b, &swap_b);
         if (rc < 0) {
             fy_actplan_destroy(&plan_a);
             return rc;
@@ -398,22 +395,22 @@ static int plan_auto(const struct fy_actrun_in *in, struct fy_actrun *out)
     return 0;
 }
 
-struct fy_actrun_in fy_actrun_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p)
+struct fy_actplace_in fy_actplace_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p)
 {
-    return (struct fy_actrun_in){.c = in->shape.c,
-                                 .B = in->shape.B,
-                                 .T = in->shape.T,
-                                 .ranks = in->shape.ranks,
-                                 .mode = in->act_mode,
-                                 .backend = in->backend,
-                                 .act_dtype = in->shape.act_dtype,
-                                 .clip = in->shape.clip,
-                                 .clip_hold = p->place.grad_hold,
-                                 .state_pieces = p->place.state_pieces,
-                                 .act_ahead = in->act_ahead};
+    return (struct fy_actplace_in){.c = in->shape.c,
+                                   .B = in->shape.B,
+                                   .T = in->shape.T,
+                                   .ranks = in->shape.ranks,
+                                   .mode = in->act_mode,
+                                   .backend = in->backend,
+                                   .act_dtype = in->shape.act_dtype,
+                                   .clip = in->shape.clip,
+                                   .clip_hold = p->place.grad_hold,
+                                   .state_pieces = p->place.state_pieces,
+                                   .act_ahead = in->act_ahead};
 }
 
-int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
+int fy_actplace_plan(const struct fy_actplace_in *in, struct fy_actplace *out)
 {
     memset(out, 0, sizeof *out);
     /* a gpu worker's internals: of its own sequences */
@@ -424,7 +421,7 @@ int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
     else if (in->mode == FY_ACTPLAN_AUTO)
         rc = plan_auto(in, out);
     if (rc < 0) {
-        fy_actrun_free(out);
+        fy_actplace_free(out);
         /* the planner's "does not fit": the budgets the options give (--cpu-mem, --gpu-mem, the
          * batch) do not hold the activations, said */
         return rc == -ENOSPC ? -FY_EUSAGE : rc;
@@ -433,7 +430,7 @@ int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out)
     return 0;
 }
 
-int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r)
+int fy_actplace_predict(const struct fy_actplace_in *in, struct fy_actplace *r)
 {
     if (in->prof == NULL || in->mode == FY_ACTPLAN_AUTO)
         return 0;
@@ -442,8 +439,8 @@ int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r)
     const uint64_t ample = UINT64_MAX / 4;
     struct fy_actplan *plan = NULL;
     double step, norm_s;
-    FY_TRY(plan_rest(in, &r->sizes, 0, (enum fy_actplan_mode)in->mode, ample, ample, &plan,
-                     &step, &norm_s));
+    FY_TRY(plan_rest(in, &r->sizes, 0, (enum fy_actplan_mode)in->mode, ample, ample, &plan, &step,
+                     &norm_s));
     fy_actplan_destroy(&r->plan);
     r->plan = plan;
     r->predicted_s = step;
@@ -458,7 +455,7 @@ int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r)
     return 0;
 }
 
-void fy_actrun_free(struct fy_actrun *r)
+void fy_actplace_free(struct fy_actplace *r)
 {
     free(r->place);
     r->place = NULL;
@@ -466,7 +463,7 @@ void fy_actrun_free(struct fy_actrun *r)
 }
 
 /* Block b's kinds at a placement, as "qkv,attn" ("-" for none). */
-static void kinds_at(const struct fy_actrun *r, unsigned b, int place, char *buf, size_t len)
+static void kinds_at(const struct fy_actplace *r, unsigned b, int place, char *buf, size_t len)
 {
     size_t at = 0;
     buf[0] = '\0';
@@ -479,7 +476,7 @@ static void kinds_at(const struct fy_actrun *r, unsigned b, int place, char *buf
         snprintf(buf, len, "-");
 }
 
-void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
+void fy_actplace_log(const struct fy_actplace *r, const struct fy_actplace_in *in)
 {
     char host[32], ssd[32], slot[32];
     fy_format_size(r->swap.host_bytes, host, sizeof host);
@@ -493,11 +490,12 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
         fy_info("plan: activations (auto, not profiled): the gpu worker keeps the internals of "
                 "as many top blocks as fit, the others are recomputed");
     else if (r->keep != 0 || r->place != NULL)
-        fy_info("plan: activations (%s): the internals of %d top block%s kept on the GPU; of the "
-                "others, swapped instead of recomputed: %s in the pool from forward to backward, %s "
-                "to the SSD store through %u pool slots of %s",
-                fy_actplan_mode_name(in->mode), r->keep, r->keep == 1 ? "" : "s", host, ssd,
-                fy_plan_spill_slots(in->act_ahead), slot);
+        fy_info(
+            "plan: activations (%s): the internals of %d top block%s kept on the GPU; of the "
+            "others, swapped instead of recomputed: %s in the pool from forward to backward, %s "
+            "to the SSD store through %u pool slots of %s",
+            fy_actplan_mode_name(in->mode), r->keep, r->keep == 1 ? "" : "s", host, ssd,
+            fy_plan_spill_slots(in->act_ahead), slot);
     else
         fy_info("plan: activations (%s): every block's backward recomputes its internals",
                 fy_actplan_mode_name(in->mode));
@@ -516,45 +514,47 @@ void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in)
     }
     if (r->norm_s > 0)
         fy_info("plan:     and before that backward, clipping's norm pass (--clip-mode two-pass): "
-                "%.1f ms, which no update overlaps", r->norm_s * 1e3);
+                "%.1f ms, which no update overlaps",
+                r->norm_s * 1e3);
     if (in->mode == FY_ACTPLAN_AUTO && in->prof != NULL) {
         char b[128] = "not planned (no room for the two sets swapping computes in)";
         if (r->keep_b >= 0)
             snprintf(b, sizeof b, "%.3f s", r->step_b);
         fy_info("plan: auto: keeping %d blocks and recomputing the others is predicted %.3f s a "
-                "step; keeping %d and swapping, %s", r->keep_a, r->step_a,
-                r->keep_b >= 0 ? r->keep_b : 0, b);
+                "step; keeping %d and swapping, %s",
+                r->keep_a, r->step_a, r->keep_b >= 0 ? r->keep_b : 0, b);
     }
     if (ranks_of(in) > 1) {
         char nv[160] = "the gradients summed in the pool, each gpu worker adding its own in turn";
         uint64_t grads = phase_grads(in->c, 1) + phase_grads(in->c, 0);
         if (reduce_nvlink(in))
-            snprintf(nv, sizeof nv, "the gradients reduced over NVLink, %.1f ms a step at %.0f "
-                     "GB/s (a reference rate, not measured)", nvlink_s(in, grads) * 1e3,
-                     in->rates.nvlink * 1e-9);
+            snprintf(nv, sizeof nv,
+                     "the gradients reduced over NVLink, %.1f ms a step at %.0f "
+                     "GB/s (a reference rate, not measured)",
+                     nvlink_s(in, grads) * 1e3, in->rates.nvlink * 1e-9);
         fy_info("plan: activations with %d GPUs: each gpu worker's %d sequences, as profiled; "
-                "nothing swapped (not supported across GPUs); %s", ranks_of(in), rank_batch(in),
-                nv);
+                "nothing swapped (not supported across GPUs); %s",
+                ranks_of(in), rank_batch(in), nv);
     }
     if (r->predicted_s > 0)
         fy_info("plan: predicted step %.3f s from the measured block profile", r->predicted_s);
 }
 
-int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f)
+int fy_actplace_write_json(const struct fy_actplace *r, const struct fy_actplace_in *in, FILE *f)
 {
-    fprintf(f, "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
-               "\"ranks\": %d, \"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
-               "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": %u, \"blocks\": [",
+    fprintf(f,
+            "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
+            "\"ranks\": %d, \"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
+            "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": %u, \"blocks\": [",
             fy_actplan_mode_name(in->mode), in->backend, in->B, in->T, ranks_of(in), r->keep,
-            r->swap_sets,
-            r->predicted_s, (unsigned long long)r->swap.host_bytes,
+            r->swap_sets, r->predicted_s, (unsigned long long)r->swap.host_bytes,
             (unsigned long long)r->swap.ssd_bytes, r->swap.slots);
     for (unsigned b = 1; r->place != NULL && b <= in->c->n_layer; b++) {
         char h[64], d[64];
         kinds_at(r, b, FY_ACT_HOST, h, sizeof h);
         kinds_at(r, b, FY_ACT_SSD, d, sizeof d);
-        fprintf(f, "%s{\"block\": %u, \"host\": \"%s\", \"ssd\": \"%s\"}", b > 1 ? ", " : "", b,
-                h, d);
+        fprintf(f, "%s{\"block\": %u, \"host\": \"%s\", \"ssd\": \"%s\"}", b > 1 ? ", " : "", b, h,
+                d);
     }
     fprintf(f, "], ");
     const struct fy_block_profile *p = in->prof;
@@ -567,12 +567,13 @@ int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *i
                         p->recompute_s[k]);
                 first = 0;
             }
-        fprintf(f, "}, \"fc_gelu_fused\": %u, \"flops_per_s\": %.6g, \"h2d_Bps\": %.6g, "
-                   "\"d2h_Bps\": %.6g, \"duplex_Bps\": %.6g, \"gpu_free\": %llu, "
-                   "\"set_bytes\": %llu}, \"rates\": {\"ssd_read_Bps\": %.6g, "
-                   "\"ssd_write_Bps\": %.6g, \"ssd_rates_from\": \"%s\", "
-                   "\"opt_params_per_s\": %.6g}, \"arrangements\": {\"keep_a\": %d, "
-                   "\"step_a_s\": %.6f, \"keep_b\": %d, \"step_b_s\": %.6f}, ",
+        fprintf(f,
+                "}, \"fc_gelu_fused\": %u, \"flops_per_s\": %.6g, \"h2d_Bps\": %.6g, "
+                "\"d2h_Bps\": %.6g, \"duplex_Bps\": %.6g, \"gpu_free\": %llu, "
+                "\"set_bytes\": %llu}, \"rates\": {\"ssd_read_Bps\": %.6g, "
+                "\"ssd_write_Bps\": %.6g, \"ssd_rates_from\": \"%s\", "
+                "\"opt_params_per_s\": %.6g}, \"arrangements\": {\"keep_a\": %d, "
+                "\"step_a_s\": %.6f, \"keep_b\": %d, \"step_b_s\": %.6f}, ",
                 p->fc_gelu_fused, p->flops_per_s, p->h2d_Bps, p->d2h_Bps, p->duplex_Bps,
                 (unsigned long long)p->gpu_free, (unsigned long long)p->set_bytes,
                 in->rates.ssd_read, in->rates.ssd_write,

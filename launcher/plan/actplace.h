@@ -25,8 +25,8 @@
  * at rates.nvlink), and host memory carries the other ranks' copies too (their weights and
  * activations, and where the gradients are summed in the pool, their gradients and the sum read
  * back); auto plans arrangement A alone (swapping is not supported across ranks). */
-#ifndef FY_ACTRUN_H
-#define FY_ACTRUN_H
+#ifndef FY_ACTPLACE_H
+#define FY_ACTPLACE_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -36,42 +36,42 @@
 #include "gpu_worker/backend.h"
 #include "launcher/plan/plan.h"
 
-struct fy_actrun_in {
+struct fy_actplace_in {
     const struct fy_model_config *c;
-    int B, T;                           /* the step's batch (each gpu worker's: B / ranks) */
-    int ranks;                          /* gpu workers (--gpus; 0 or 1: one). With several, the
+    int B, T;  /* the step's batch (each gpu worker's: B / ranks) */
+    int ranks; /* gpu workers (--gpus; 0 or 1: one). With several, the
                                            profile is one worker's at B / ranks; the GPUs' and
                                            each link's work is of that share, the weights, the
                                            gradients, the SSD's and the optimizer's the step's;
                                            nothing is swapped (auto keeps or recomputes) */
     enum fy_actplan_mode mode;
-    const char *backend;                /* "cpu" or "cuda": the saved regions' layout */
-    const struct fy_block_profile *prof;  /* auto: the measured block; NULL: none */
+    const char *backend;                 /* "cpu" or "cuda": the saved regions' layout */
+    const struct fy_block_profile *prof; /* auto: the measured block; NULL: none */
     int act_dtype, clip;
-    int clip_hold;                      /* clipping in one pass: where the gradients are held
+    int clip_hold;                 /* clipping in one pass: where the gradients are held
                                            (struct fy_plan_place.grad_hold: FY_HOLD_POOL, _GPU) */
-    const unsigned char *resident;      /* units whose optimizer state stays in the pool */
-    int state_pieces;                   /* the state slots hold pieces (struct fy_plan_place's):
+    const unsigned char *resident; /* units whose optimizer state stays in the pool */
+    int state_pieces;              /* the state slots hold pieces (struct fy_plan_place's):
                                            a streamed block's backward reads its master again,
                                            and one pass defers no update to the forward */
-    int weight_dtype;                   /* the weights sent to the gpu (struct fy_plan_shape's):
+    int weight_dtype;              /* the weights sent to the gpu (struct fy_plan_shape's):
                                            with bf16, the units without a copy are converted on
                                            the opt worker for each pass */
-    struct fy_plan_rates rates;        /* the SSD's and the optimizer's */
-    int ssd_rates_from_steps;           /* rates.ssd_* are a past session's steps' (else the
+    struct fy_plan_rates rates;    /* the SSD's and the optimizer's */
+    int ssd_rates_from_steps;      /* rates.ssd_* are a past session's steps' (else the
                                            profile's: launcher/plan/diskrates.h) */
-    uint64_t host_bytes;                /* pool room for swapped internals (beyond the checkpoints) */
-    uint64_t ssd_bytes;                 /* store room for them */
-    unsigned act_ahead;                 /* --act-ahead (0: the default): the SSD slots' count */
+    uint64_t host_bytes;           /* pool room for swapped internals (beyond the checkpoints) */
+    uint64_t ssd_bytes;            /* store room for them */
+    unsigned act_ahead;            /* --act-ahead (0: the default): the SSD slots' count */
 };
 
-struct fy_actrun {
+struct fy_actplace {
     /* [L][FY_ACT_KINDS] for blocks 1..L (NULL: nothing swapped); a kept block's kinds FY_ACT_GPU */
     unsigned char *place;
     struct fy_actplan_sizes sizes;
     struct fy_plan_swap swap;
-    int keep;         /* top blocks the gpu worker keeps; -1: as many as fit (no profile) */
-    int swap_sets;    /* the gpu worker readies swapping */
+    int keep;           /* top blocks the gpu worker keeps; -1: as many as fit (no profile) */
+    int swap_sets;      /* the gpu worker readies swapping */
     double predicted_s; /* the step the planner predicts; 0: not predicted */
     double norm_s;      /* in it, a two-pass clipped step's norm pass (0: none) */
     /* auto's two arrangements (see above): kept blocks and predicted step of each (B: keep -1
@@ -79,7 +79,7 @@ struct fy_actrun {
     int keep_a, keep_b;
     double step_a, step_b;
     /* auto: the planner's result over the blocks not kept (or NULL); a forced mode: its
-     * placement's prediction (fy_actrun_predict) */
+     * placement's prediction (fy_actplace_predict) */
     struct fy_actplan *plan;
 };
 
@@ -88,17 +88,17 @@ struct fy_actrun {
 /* The fields a plan (launcher/plan/plan.h) decides: the shape, the mode, the backend, clipping and
  * where one pass holds the gradients, the state's pieces, --act-ahead; the rest zero for the
  * caller to fill. */
-struct fy_actrun_in fy_actrun_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p);
-int fy_actrun_plan(const struct fy_actrun_in *in, struct fy_actrun *out);
+struct fy_actplace_in fy_actplace_in_of_plan(const struct fy_plan_in *in, const struct fy_plan *p);
+int fy_actplace_plan(const struct fy_actplace_in *in, struct fy_actplace *out);
 /* A forced mode's (recompute, host, ssd) predicted step, from the profile (none without one)
  * under in->resident as it is now (the optimizer state's residency is planned after a forced
- * placement): r->predicted_s and r->plan (its phases, for fy_actrun_log), said in one line. */
-int fy_actrun_predict(const struct fy_actrun_in *in, struct fy_actrun *r);
-void fy_actrun_free(struct fy_actrun *r);
+ * placement): r->predicted_s and r->plan (its phases, for fy_actplace_log), said in one line. */
+int fy_actplace_predict(const struct fy_actplace_in *in, struct fy_actplace *r);
+void fy_actplace_free(struct fy_actplace *r);
 /* The plan for people, one fy_info line each. */
-void fy_actrun_log(const struct fy_actrun *r, const struct fy_actrun_in *in);
+void fy_actplace_log(const struct fy_actplace *r, const struct fy_actplace_in *in);
 /* The plan as JSON (mode, kept blocks, masks per block; when auto, the block profile, the rates
  * and both arrangements' predictions it came from, and the planner's object). */
-int fy_actrun_write_json(const struct fy_actrun *r, const struct fy_actrun_in *in, FILE *f);
+int fy_actplace_write_json(const struct fy_actplace *r, const struct fy_actplace_in *in, FILE *f);
 
 #endif

@@ -61,19 +61,21 @@ int fy_diskrates_save(const char *path, const struct fy_diskrates *d)
     cJSON *root = cJSON_CreateObject();
     int ok = root != NULL;
     /* the byte counts as numbers: a double holds them exactly below 2^53 (8 PiB) */
-    const struct { const char *key; double value; } fields[] = {
-        {"version", FY_DISKRATES_VERSION},
-        {"read_Bps", fy_diskrates_read_Bps(d)},
-        {"write_Bps", fy_diskrates_write_Bps(d)},
-        {"read_bytes", (double)d->read_bytes},
-        {"read_seconds", d->read_s},
-        {"write_bytes", (double)d->write_bytes},
-        {"write_seconds", d->write_s},
-        {"steps", (double)d->steps},
-        {"first_step", (double)d->first_step},
-        {"last_step", (double)d->last_step},
-        {"batch", d->batch},
-        {"written_unix", (double)(d->written ? d->written : (int64_t)time(NULL))}};
+    const struct {
+        const char *key;
+        double value;
+    } fields[] = {{"version", FY_DISKRATES_VERSION},
+                  {"read_Bps", fy_diskrates_read_Bps(d)},
+                  {"write_Bps", fy_diskrates_write_Bps(d)},
+                  {"read_bytes", (double)d->read_bytes},
+                  {"read_seconds", d->read_s},
+                  {"write_bytes", (double)d->write_bytes},
+                  {"write_seconds", d->write_s},
+                  {"steps", (double)d->steps},
+                  {"first_step", (double)d->first_step},
+                  {"last_step", (double)d->last_step},
+                  {"batch", d->batch},
+                  {"written_unix", (double)(d->written ? d->written : (int64_t)time(NULL))}};
     for (size_t i = 0; ok && i < sizeof fields / sizeof fields[0]; i++)
         ok = cJSON_AddNumberToObject(root, fields[i].key, fields[i].value) != NULL;
     ok = ok && cJSON_AddStringToObject(root, "act_plan", d->act_plan) != NULL &&
@@ -130,7 +132,7 @@ int fy_diskrates_load(const char *path, struct fy_diskrates *d, char *why, size_
         rc = -EINVAL;
     }
     const char *keys[] = {"read_bytes", "read_seconds", "write_bytes", "write_seconds", "steps",
-                          "first_step", "last_step", "batch", "written_unix"};
+                          "first_step", "last_step",    "batch",       "written_unix"};
     double *fields[] = {&rd, &rs, &wr, &ws, &steps, &first, &last, &batch, &when};
     for (size_t i = 0; rc == 0 && i < sizeof keys / sizeof keys[0]; i++)
         rc = number_field(root, keys[i], fields[i], why, why_len);
@@ -141,8 +143,9 @@ int fy_diskrates_load(const char *path, struct fy_diskrates *d, char *why, size_
         rc = -EINVAL;
     }
     if (rc == 0 && (steps < 1 || (rd > 0) != (rs > 0) || (wr > 0) != (ws > 0))) {
-        snprintf(why, why_len, "it counts no step, or bytes without seconds (or seconds without "
-                               "bytes)");
+        snprintf(why, why_len,
+                 "it counts no step, or bytes without seconds (or seconds without "
+                 "bytes)");
         rc = -EINVAL;
     }
     if (rc == 0) {

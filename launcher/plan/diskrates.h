@@ -15,10 +15,10 @@ struct fy_diskrates {
     uint64_t read_bytes, write_bytes; /* over the steps counted */
     double read_s, write_s;           /* the io worker's busy seconds for them, each way */
     uint64_t steps, first_step, last_step;
-    int batch;                        /* of the session that measured them */
-    char act_plan[16];                /* its --act-plan */
-    char ssd[1024];                   /* the store's paths (--ssd): rates hold for that disk only */
-    int64_t written;                  /* Unix time of the record */
+    int batch;         /* of the session that measured them */
+    char act_plan[16]; /* its --act-plan */
+    char ssd[1024];    /* the store's paths (--ssd): rates hold for that disk only */
+    int64_t written;   /* Unix time of the record */
 };
 
 /* Starts an empty record for a session over the store at `ssd` (truncated to fit). */

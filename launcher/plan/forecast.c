@@ -14,8 +14,9 @@
 #include "common/ipc/pool.h"
 #include "gpu_worker/backend.h"
 #include "launcher/plan/actplace.h"
+#include "launcher/plan/plan_describe.h"
 
-static int forced(const struct fy_dryrun_in *in) /* --act-plan host or ssd */
+static int forced(const struct fy_forecast_in *in) /* --act-plan host or ssd */
 {
     return in->plan.act_mode == FY_ACTPLAN_HOST || in->plan.act_mode == FY_ACTPLAN_SSD;
 }
@@ -27,17 +28,17 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
     (void)ctx;
     if (in->act_mode != FY_ACTPLAN_HOST && in->act_mode != FY_ACTPLAN_SSD)
         return 0;
-    struct fy_actrun_in a = fy_actrun_in_of_plan(in, p);
-    struct fy_actrun r;
-    FY_TRY(fy_actrun_plan(&a, &r));
+    struct fy_actplace_in a = fy_actplace_in_of_plan(in, p);
+    struct fy_actplace r;
+    FY_TRY(fy_actplace_plan(&a, &r));
     p->place.swap = r.swap;
-    fy_actrun_free(&r);
+    fy_actplace_free(&r);
     return 0;
 }
 
 /* The plan for model c at batch B under cpu_mem (the searches vary them), with `least` the least
  * pool that holds no unit's state (fy_plan_in.floor_only); p freed first. */
-static int plan_at_least(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+static int plan_at_least(const struct fy_forecast_in *in, const struct fy_model_config *c, int B,
                          uint64_t cpu_mem, int least, struct fy_plan *p)
 {
     struct fy_plan_in at = in->plan;
@@ -50,7 +51,7 @@ static int plan_at_least(const struct fy_dryrun_in *in, const struct fy_model_co
     return fy_plan_make(&at, &acts, p);
 }
 
-static int plan_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+static int plan_at(const struct fy_forecast_in *in, const struct fy_model_config *c, int B,
                    uint64_t cpu_mem, struct fy_plan *p)
 {
     return plan_at_least(in, c, B, cpu_mem, 0, p);
@@ -98,7 +99,7 @@ static uint64_t ssd_free(const char *list, unsigned *paths)
 /* Whether model c at batch B fits the GPU (where modelled), the pool's least (no state kept)
  * under --cpu-mem and the SSD's free space (free > 0: the internals a forced ssd plan swaps there
  * grow with the batch). */
-static int fits_at(const struct fy_dryrun_in *in, const struct fy_model_config *c, int B,
+static int fits_at(const struct fy_forecast_in *in, const struct fy_model_config *c, int B,
                    uint64_t free_bytes)
 {
     struct fy_plan p = {0}; /* planned under --cpu-mem: the least pool (state in pieces, fewer
@@ -111,7 +112,7 @@ static int fits_at(const struct fy_dryrun_in *in, const struct fy_model_config *
 
 /* The largest batch that fits, a multiple of the gpu workers (each computes B / ranks): searched
  * over each one's sequences. */
-static int largest_batch(const struct fy_dryrun_in *in, uint64_t free_bytes)
+static int largest_batch(const struct fy_forecast_in *in, uint64_t free_bytes)
 {
     int n = fy_plan_ranks(&in->plan.shape), most = 65536 / n;
     if (!fits_at(in, &in->model, n, free_bytes))
@@ -135,7 +136,7 @@ static int largest_batch(const struct fy_dryrun_in *in, uint64_t free_bytes)
 
 /* The most blocks at this width whose store (state and swapped internals) fits the SSD's free
  * space (free > 0) and whose least pool fits --cpu-mem; 0 when none is capped. */
-static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_bytes)
+static unsigned largest_layers(const struct fy_forecast_in *in, uint64_t free_bytes)
 {
     if (free_bytes == 0 && in->plan.cpu_mem == 0)
         return 0;
@@ -144,7 +145,7 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
         struct fy_model_config c = in->model;
         c.n_layer = L;
         /* the GPU is not the search's: a deeper model's working buffers are the same */
-        struct fy_dryrun_in wide = *in;
+        struct fy_forecast_in wide = *in;
         wide.plan.gpu_mem = 0;
         if (!fits_at(&wide, &c, in->plan.shape.B, free_bytes))
             break;
@@ -154,7 +155,7 @@ static unsigned largest_layers(const struct fy_dryrun_in *in, uint64_t free_byte
 }
 
 /* The GPU line: the arena's working buffers (and a forced plan's swap sets) against --gpu-mem. */
-static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p)
+static void print_gpu(FILE *out, const struct fy_forecast_in *in, const struct fy_plan *p)
 {
     const struct fy_model_config *c = &in->model;
     const char *budget = in->plan.gpu_mem ? size(in->plan.gpu_mem) : "0 (sized to them)";
@@ -164,8 +165,8 @@ static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_
         return;
     }
     /* one-pass clipping's gradients held in the arena (in gpu_need) */
-    uint64_t hold = in->plan.shape.clip && p->place.grad_hold == FY_HOLD_GPU
-                        ? fy_plan_hold_bytes(c) : 0;
+    uint64_t hold =
+        in->plan.shape.clip && p->place.grad_hold == FY_HOLD_GPU ? fy_plan_hold_bytes(c) : 0;
     char held[96] = "", each[96] = "GPU";
     if (hold > 0)
         snprintf(held, sizeof held, ", the blocks' gradients %s (one-pass clipping)", size(hold));
@@ -174,43 +175,48 @@ static void print_gpu(FILE *out, const struct fy_dryrun_in *in, const struct fy_
         snprintf(each, sizeof each, "GPU (each of %d, for its %d sequences)", ranks,
                  fy_plan_rank_batch(&in->plan.shape));
     if (forced(in)) {
-        fprintf(out, "plan: %s: working buffers %s%s and %d swap sets of %s (one per call in "
-                "flight) of --gpu-mem %s%s\n", each, size(p->gpu_working), held, FY_BACKEND_QUEUE,
-                size(p->gpu_set), budget, over);
+        fprintf(out,
+                "plan: %s: working buffers %s%s and %d swap sets of %s (one per call in "
+                "flight) of --gpu-mem %s%s\n",
+                each, size(p->gpu_working), held, FY_BACKEND_QUEUE, size(p->gpu_set), budget, over);
     } else {
         uint64_t gpu_mem = in->plan.gpu_mem;
         uint64_t room = gpu_mem > p->gpu_working + hold ? gpu_mem - p->gpu_working - hold : 0;
         uint64_t keep = p->gpu_set > 0 ? room / p->gpu_set : 0;
-        fprintf(out, "plan: %s: working buffers %s%s of --gpu-mem %s%s; a block's internals %s, "
-                "so --act-plan auto can keep up to %llu of %u blocks\n", each,
-                size(p->gpu_working), held, budget, over, size(p->gpu_set),
+        fprintf(out,
+                "plan: %s: working buffers %s%s of --gpu-mem %s%s; a block's internals %s, "
+                "so --act-plan auto can keep up to %llu of %u blocks\n",
+                each, size(p->gpu_working), held, budget, over, size(p->gpu_set),
                 (unsigned long long)(keep < c->n_layer ? keep : c->n_layer), c->n_layer);
     }
 }
 
 /* Where the state, the checkpoints and the internals live, and the pool, the GPU and the store
  * against their budgets; 1 where each fits. */
-static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p,
+static int print_budgets(FILE *out, const struct fy_forecast_in *in, const struct fy_plan *p,
                          uint64_t free_bytes, unsigned paths)
 {
     const struct fy_model_config *c = &in->model;
     uint64_t state = state_bytes(c, NULL), cpu_mem = in->plan.cpu_mem;
     char weights[320];
     fy_plan_weights_describe(&in->plan.shape, p, weights, sizeof weights);
-    fprintf(out, "plan: optimizer state %s: %u of %u units (%s) stay in the shared pool, the "
+    fprintf(out,
+            "plan: optimizer state %s: %u of %u units (%s) stay in the shared pool, the "
             "rest (%s) streams from the SSD store each step; checkpoints %s; %s\n",
             size(state), p->kept, fy_model_unit_count(c), size(p->resident_bytes),
             size(state - state_bytes(c, p->resident)),
-            p->place.ckpt_slots ? "on the SSD store" : "in the shared pool", weights);
+            p->place.block_inputs_slots ? "on the SSD store" : "in the shared pool", weights);
     if (cpu_mem > 0)
-        fprintf(out, "plan: shared pool %s of --cpu-mem %s%s\n", size(p->pool_bytes),
-                size(cpu_mem), p->fits_cpu ? "" : " (DOES NOT FIT)");
+        fprintf(out, "plan: shared pool %s of --cpu-mem %s%s\n", size(p->pool_bytes), size(cpu_mem),
+                p->fits_cpu ? "" : " (DOES NOT FIT)");
     else
-        fprintf(out, "plan: shared pool %s (no --cpu-mem: no state kept in memory; give it to "
-                "keep some)\n", size(p->pool_bytes));
+        fprintf(out,
+                "plan: shared pool %s (no --cpu-mem: no state kept in memory; give it to "
+                "keep some)\n",
+                size(p->pool_bytes));
     if (cpu_mem > 0 && !p->fits_cpu && in->plan.shape.clip) {
         /* the state in pieces with one gradient slot is an unclipped floor: say where it fits */
-        struct fy_dryrun_in unclipped = *in;
+        struct fy_forecast_in unclipped = *in;
         unclipped.plan.shape.clip = 0;
         unclipped.plan.clip_max = 0;
         struct fy_plan u = {0};
@@ -233,29 +239,33 @@ static int print_budgets(FILE *out, const struct fy_dryrun_in *in, const struct 
     print_gpu(out, in, p);
     const struct fy_plan_swap *swap = &p->place.swap;
     if (forced(in))
-        fprintf(out, "plan: activations (--act-plan %s): every block's internals swapped, %s in "
+        fprintf(out,
+                "plan: activations (--act-plan %s): every block's internals swapped, %s in "
                 "the shared pool from forward to backward, %s through the SSD store (%u pool "
-                "slots of %s)\n", fy_actplan_mode_name(in->plan.act_mode), size(swap->host_bytes),
+                "slots of %s)\n",
+                fy_actplan_mode_name(in->plan.act_mode), size(swap->host_bytes),
                 size(swap->ssd_bytes), swap->slots, size(swap->slot_bytes));
     unsigned copies = in->plan.state_copies;
-    const char *with = swap->ssd_bytes && p->place.ckpt_slots
+    const char *with = swap->ssd_bytes && p->place.block_inputs_slots
                            ? ", the swapped internals' scratch and the checkpoints'"
-                       : swap->ssd_bytes     ? " and the swapped internals' scratch"
-                       : p->place.ckpt_slots ? " and the checkpoints' scratch"
-                                             : "";
+                       : swap->ssd_bytes             ? " and the swapped internals' scratch"
+                       : p->place.block_inputs_slots ? " and the checkpoints' scratch"
+                                                     : "";
     int store_fits = paths == 0 || p->store_bytes <= free_bytes;
     if (paths > 0)
         fprintf(out, "plan: SSD store %s (%u cop%s of the state%s) on %u path%s with %s free%s\n",
                 size(p->store_bytes), copies, copies == 1 ? "y" : "ies", with, paths,
                 paths == 1 ? "" : "s", size(free_bytes), store_fits ? "" : " (DOES NOT FIT)");
     else
-        fprintf(out, "plan: SSD store %s (%u cop%s of the state%s; give --ssd to check the free "
-                "space)\n", size(p->store_bytes), copies, copies == 1 ? "y" : "ies", with);
+        fprintf(out,
+                "plan: SSD store %s (%u cop%s of the state%s; give --ssd to check the free "
+                "space)\n",
+                size(p->store_bytes), copies, copies == 1 ? "y" : "ies", with);
     return p->fits_cpu && p->fits_gpu && store_fits;
 }
 
 /* What to change to go faster: the bound's own lever, and the prediction with it. */
-static void print_advice(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p,
+static void print_advice(FILE *out, const struct fy_forecast_in *in, const struct fy_plan *p,
                          unsigned paths, int maxb)
 {
     const struct fy_plan_prediction *pr = &p->predicted;
@@ -265,19 +275,22 @@ static void print_advice(FILE *out, const struct fy_dryrun_in *in, const struct 
     int optimizer = strcmp(pr->bound, "optimizer") == 0;
     struct fy_plan t = {0};
     if (strcmp(pr->bound, "SSD") == 0) {
-        fprintf(out, "plan: to go faster: the SSD binds; another SSD path of the same speed: "
-                "%.3f s a step", pr->ssd_s * (paths ? paths : 1) / ((paths ? paths : 1) + 1.0));
+        fprintf(out,
+                "plan: to go faster: the SSD binds; another SSD path of the same speed: "
+                "%.3f s a step",
+                pr->ssd_s * (paths ? paths : 1) / ((paths ? paths : 1) + 1.0));
         if (plan_at(in, &in->model, B, in->plan.cpu_mem + (16ull << 30), &t) == 0)
             fprintf(out, "; 16 GiB more --cpu-mem keeps %u more units: %.3f s", t.kept - p->kept,
                     t.predicted.step_s);
         fprintf(out, "\n");
     } else if (strcmp(pr->bound, "GPU compute") == 0) {
         fprintf(out, "plan: to go faster: the GPU binds, which is where a step should be: a "
-                "larger batch only spreads the fixed transfers further\n");
+                     "larger batch only spreads the fixed transfers further\n");
     } else if (2 * B <= maxb && plan_at(in, &in->model, 2 * B, in->plan.cpu_mem, &t) == 0) {
-        fprintf(out, "plan: to go faster: the %s binds; at batch %d the step does twice the work "
-                "in %.3f s (%.4g TFLOP/s)%s\n", pr->bound, 2 * B, t.predicted.step_s,
-                2 * step_flops / t.predicted.step_s * 1e-12,
+        fprintf(out,
+                "plan: to go faster: the %s binds; at batch %d the step does twice the work "
+                "in %.3f s (%.4g TFLOP/s)%s\n",
+                pr->bound, 2 * B, t.predicted.step_s, 2 * step_flops / t.predicted.step_s * 1e-12,
                 optimizer ? "; or give AdamW more cores (--affinity)" : "");
     } else {
         fprintf(out, "plan: to go faster: the %s binds, and a larger batch does not fit%s\n",
@@ -288,7 +301,7 @@ static void print_advice(FILE *out, const struct fy_dryrun_in *in, const struct 
 
 /* With several gpu workers: each one's share, the weights' and the gradients' paths with their
  * bytes and times, and the predicted step against one GPU's at the same batch. */
-static void print_gpus(FILE *out, const struct fy_dryrun_in *in, const struct fy_plan *p)
+static void print_gpus(FILE *out, const struct fy_forecast_in *in, const struct fy_plan *p)
 {
     const struct fy_plan_shape *shape = &in->plan.shape;
     const struct fy_plan_rates *r = &in->plan.rates;
@@ -299,35 +312,41 @@ static void print_gpus(FILE *out, const struct fy_dryrun_in *in, const struct fy
     uint64_t grads = fy_plan_grad_bytes(shape, &p->place);
     char reduce[320];
     if (p->place.reduce == FY_REDUCE_NVLINK)
-        snprintf(reduce, sizeof reduce, "gradients (%s a step) reduced over NVLink to GPU 0, %s "
+        snprintf(reduce, sizeof reduce,
+                 "gradients (%s a step) reduced over NVLink to GPU 0, %s "
                  "over each link of the ring, %.6f s at %.0f GB/s%s, and sent to the shared pool "
-                 "over GPU 0's link alone", size(grads), size(p->traffic.nvlink), pr->nvlink_s,
-                 r->nvlink * 1e-9, r->nvlink == fy_plan_reference_rates.nvlink
-                                       ? " (a reference rate, not measured)" : "");
+                 "over GPU 0's link alone",
+                 size(grads), size(p->traffic.nvlink), pr->nvlink_s, r->nvlink * 1e-9,
+                 r->nvlink == fy_plan_reference_rates.nvlink ? " (a reference rate, not measured)"
+                                                             : "");
     else
-        snprintf(reduce, sizeof reduce, "gradients (%s a step) sent by every gpu worker and added "
+        snprintf(reduce, sizeof reduce,
+                 "gradients (%s a step) sent by every gpu worker and added "
                  "into the shared pool in rank order (the %s backend has no NVLink reduce)",
                  size(grads), in->plan.backend);
-    fprintf(out, "plan: GPUs: %d (--gpus), each computing %d of the %d sequences of a step; weights "
+    fprintf(out,
+            "plan: GPUs: %d (--gpus), each computing %d of the %d sequences of a step; weights "
             "to each GPU over its own PCIe link (a broadcast over NVLink: not built); %s; host "
-            "memory %s a step for every link's copies, %.6f s at %.0f GB/s%s\n", ranks,
-            fy_plan_rank_batch(shape), shape->B, reduce, size(p->traffic.host_mem),
-            pr->host_mem_s, r->host_mem * 1e-9, r->host_mem == fy_plan_reference_rates.host_mem
-                                                    ? " (the reference machine's)" : "");
-    struct fy_dryrun_in one = *in;
+            "memory %s a step for every link's copies, %.6f s at %.0f GB/s%s\n",
+            ranks, fy_plan_rank_batch(shape), shape->B, reduce, size(p->traffic.host_mem),
+            pr->host_mem_s, r->host_mem * 1e-9,
+            r->host_mem == fy_plan_reference_rates.host_mem ? " (the reference machine's)" : "");
+    struct fy_forecast_in one = *in;
     one.plan.shape.ranks = 1;
     struct fy_plan single = {0};
     double tokens = (double)shape->B * shape->T;
     if (plan_at(&one, &in->model, shape->B, in->plan.cpu_mem, &single) == 0)
-        fprintf(out, "plan: with %d GPUs: predicted step %.6f s, %.0f tokens/s; one GPU at batch "
-                "%d: %.6f s, %.0f tokens/s%s (%.2fx)\n", ranks, pr->step_s, tokens / pr->step_s,
-                shape->B, single.predicted.step_s, tokens / single.predicted.step_s,
+        fprintf(out,
+                "plan: with %d GPUs: predicted step %.6f s, %.0f tokens/s; one GPU at batch "
+                "%d: %.6f s, %.0f tokens/s%s (%.2fx)\n",
+                ranks, pr->step_s, tokens / pr->step_s, shape->B, single.predicted.step_s,
+                tokens / single.predicted.step_s,
                 single.fits_gpu ? "" : ", beyond one GPU's --gpu-mem",
                 single.predicted.step_s / pr->step_s);
     fy_plan_free(&single);
 }
 
-int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
+int fy_forecast_print(FILE *out, const struct fy_forecast_in *in)
 {
     const struct fy_model_config *c = &in->model;
     const struct fy_plan_shape *shape = &in->plan.shape;
@@ -363,9 +382,10 @@ int fy_dryrun_print(FILE *out, const struct fy_dryrun_in *in)
     if (pr->convert_s > 0)
         snprintf(converts, sizeof converts, " (%.6f of it converting weights for the GPU)",
                  pr->convert_s);
-    fprintf(out, "plan: predicted seconds per step: GPU compute %.6f, PCIe to the GPU %.6f, from "
-            "it %.6f, SSD %.6f, optimizer %.6f%s%s; bound: %s\n", pr->gpu_s, pr->h2d_s, pr->d2h_s,
-            pr->ssd_s, pr->opt_s, converts, more, pr->bound);
+    fprintf(out,
+            "plan: predicted seconds per step: GPU compute %.6f, PCIe to the GPU %.6f, from "
+            "it %.6f, SSD %.6f, optimizer %.6f%s%s; bound: %s\n",
+            pr->gpu_s, pr->h2d_s, pr->d2h_s, pr->ssd_s, pr->opt_s, converts, more, pr->bound);
     char clipping[768];
     fy_plan_clip_describe(&in->plan, &p, clipping, sizeof clipping);
     if (clipping[0])

@@ -15,7 +15,7 @@
 struct group {
     int64_t id; /* 0: free */
     int op;
-    int ranks;  /* how many were sent the request */
+    int ranks; /* how many were sent the request */
     int64_t inner[FY_GPUS_MAX];
 };
 

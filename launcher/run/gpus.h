@@ -5,10 +5,10 @@
 #ifndef FY_GPUS_H
 #define FY_GPUS_H
 
-#include "launcher/plan/plan.h"
-#include "launcher/step/ticket.h"
+#include "launcher/run/exec.h"
 
-#define FY_GPUS_MAX FY_PLAN_RANKS_MAX
+/* the planner's FY_PLAN_RANKS_MAX (launcher/cli/runconf.c checks that they agree) */
+#define FY_GPUS_MAX 8
 
 struct fy_gpus;
 

@@ -7,7 +7,7 @@
 
 #include "common/base/config.h"
 #include "common/ipc/pool.h"
-#include "launcher/step/ticket.h"
+#include "launcher/run/exec.h"
 
 struct fy_inproc;
 

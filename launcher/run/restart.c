@@ -5,7 +5,6 @@
 #include "common/base/check.h"
 #include "common/ipc/desc.h"
 #include "common/base/log.h"
-#include "launcher/step/progress.h"
 #include "launcher/run/restart.h"
 
 void fy_restart_init(struct fy_restart *r, uint64_t max, const char *run_dir,
@@ -18,8 +17,8 @@ int fy_restart_after(struct fy_restart *r, int rc, int stepping, const struct fy
                      double since)
 {
     int worker = rc == -ECHILD || rc == -ETIMEDOUT, damage = stepping && fy_is_damage(rc);
-    if (*r->stop || !(worker || damage) || (worker && !stepping && f->worker[0] != 0 &&
-                                              !f->stuck && f->signal == 0))
+    if (*r->stop || !(worker || damage) ||
+        (worker && !stepping && f->worker[0] != 0 && !f->stuck && f->signal == 0))
         return 0;
     char what[128];
     if (damage)
@@ -37,14 +36,14 @@ int fy_restart_after(struct fy_restart *r, int rc, int stepping, const struct fy
     r->n = recent;
     if (r->n >= r->max || r->n == sizeof r->at / sizeof r->at[0]) {
         fy_error("%s after %llu restart%s within the hour (--max-restarts %llu): giving up; find "
-                 "the cause in %s/fuyou.log, then continue with fuyou-launch resume %s", what,
-                 (unsigned long long)r->n, r->n == 1 ? "" : "s",
-                 (unsigned long long)r->max, r->run_dir, r->run_dir);
+                 "the cause in %s/fuyou.log, then continue with fuyou-launch resume %s",
+                 what, (unsigned long long)r->n, r->n == 1 ? "" : "s", (unsigned long long)r->max,
+                 r->run_dir, r->run_dir);
         return 0;
     }
     r->at[r->n++] = now;
-    fy_progress_restart();
     fy_warn("restart %u: %s %.1f s into this attempt; going back to the last commit and starting "
-            "the workers again", r->n, what, now - since);
+            "the workers again",
+            r->n, what, now - since);
     return 1;
 }

@@ -70,8 +70,8 @@ static void kill_orphaned_workers(const char *run_dir)
         snprintf(want, sizeof want, "/fuyou-%s-worker", name);
         if (strstr(link, want) == NULL || !started_for(pid, run_dir))
             continue; /* the pid belongs to another program, or another run, now */
-        fy_warn("the %s worker (pid %d) of a launcher that died is still running: killing it",
-                name, pid);
+        fy_warn("the %s worker (pid %d) of a launcher that died is still running: killing it", name,
+                pid);
         kill(pid, SIGKILL);
         for (int i = 0; i < 500 && kill(pid, 0) == 0; i++) {
             struct timespec pause = {0, 10 * 1000000};
@@ -328,7 +328,8 @@ static int plan_affinity(struct fy_session *s, const char *spec, const char *ssd
     else if (s->aff.io_near_ssd)
         how = "auto: hwloc, the gpu worker near the GPU, the io worker near the SSD";
     fy_info("placement: gpu worker on cpus %s, io worker on %s, opt worker on %s (NUMA node %d) "
-            "[affinity %s]", s->aff.gpu, s->aff.io, s->aff.opt, s->aff.numa_node, how);
+            "[affinity %s]",
+            s->aff.gpu, s->aff.io, s->aff.opt, s->aff.numa_node, how);
     return 0;
 }
 
@@ -365,18 +366,20 @@ static int open_reader_dir(struct fy_session *s, const struct fy_session_opts *o
     int rc = make_reader_dir(readers, prefix, s->run_dir, sizeof s->run_dir, &s->lock_fd);
     if (rc < 0 && s->read_only)
         fy_error("cannot make %s, where the %s keeps its files (%s is on a read-only file "
-                 "system): %s; set TMPDIR to a writable directory", s->run_dir, what, o->run_dir,
-                 strerror(-rc));
+                 "system): %s; set TMPDIR to a writable directory",
+                 s->run_dir, what, o->run_dir, strerror(-rc));
     else if (rc < 0)
         fy_error("cannot make %s, where the %s works beside the launch that holds %s: %s",
                  s->run_dir, what, o->run_dir, strerror(-rc));
     else if (s->read_only)
         fy_info("%s is on a read-only file system, where nothing can be training: the %s reads "
                 "the store without the run directory's lock, its own files in %s (logging to "
-                "stderr only)", o->run_dir, what, s->run_dir);
+                "stderr only)",
+                o->run_dir, what, s->run_dir);
     else
         fy_info("%s is in use by another launch (a training run): the %s works beside it in %s, "
-                "from the store's last commit", o->run_dir, what, s->run_dir);
+                "from the store's last commit",
+                o->run_dir, what, s->run_dir);
     return rc;
 }
 
@@ -415,8 +418,8 @@ int fy_session_open(struct fy_session *s, const struct fy_session_opts *o,
     FY_TRY(fy_pool_name_for_run(s->run_dir, s->pool_name, sizeof s->pool_name));
     FY_TRY(fy_topo_load(&s->topo));
     FY_TRY(plan_affinity(s, o->affinity, o->ssd, o->cpu_backend));
-    struct fy_pool_opts po = {.topo = s->topo, .numa_node = s->aff.numa_node,
-                              .run_dir = s->run_dir};
+    struct fy_pool_opts po = {
+        .topo = s->topo, .numa_node = s->aff.numa_node, .run_dir = s->run_dir};
     FY_TRY(fy_pool_create(&s->pool, s->pool_name, regions, n, &po));
     return 0;
 }
@@ -471,7 +474,8 @@ int fy_session_start(struct fy_session *s, struct fy_config *cfg, const char *co
     int pause_ms = fy_knob_test_start_pause_ms();
     if (pause_ms > 0) { /* a test hook: time to stop or kill a launch at its start */
         fy_info("test hook: the launch waits %d ms with its workers starting, or until a signal "
-                "(FUYOU_TEST_START_PAUSE_MS)", pause_ms);
+                "(FUYOU_TEST_START_PAUSE_MS)",
+                pause_ms);
         fy_sup_pause(s->sup, pause_ms);
     }
     return fy_sup_wait_ready(s->sup, ready_timeout_ms);
@@ -506,11 +510,13 @@ int fy_session_close(struct fy_session *s, int rc)
         fy_sup_fault(s->sup, &s->fault);
         if (s->fault.stuck) {
             fy_error("run failed: the %s worker stopped answering and was killed (above); the "
-                     "other workers were stopped", s->fault.worker);
+                     "other workers were stopped",
+                     s->fault.worker);
             rc = -ECHILD;
         } else if (s->fault.worker[0] != 0) {
             fy_error("run failed: the %s worker died (its exit is reported above); the other "
-                     "workers were stopped", s->fault.worker);
+                     "workers were stopped",
+                     s->fault.worker);
             rc = -ECHILD;
         } else if (fy_sup_interrupted(s->sup)) {
             rc = -EINTR;

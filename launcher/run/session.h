@@ -12,15 +12,15 @@
 #include "common/ipc/affinity.h"
 #include "common/ipc/topo.h"
 #include "launcher/run/supervise.h"
-#include "launcher/step/ticket.h"
+#include "launcher/run/exec.h"
 
 struct fy_session_opts {
     const char *run_dir;
-    const char *affinity;  /* --affinity spec or NULL */
-    const char *ssd;       /* the store's paths (the io worker goes near the first one's disk) */
-    int cpu_backend;       /* the gpu worker computes on the CPU: auto gives it the opt worker's
+    const char *affinity; /* --affinity spec or NULL */
+    const char *ssd;      /* the store's paths (the io worker goes near the first one's disk) */
+    int cpu_backend;      /* the gpu worker computes on the CPU: auto gives it the opt worker's
                               cores too */
-    uint64_t cpu_mem;      /* cap on the pool, 0 = none */
+    uint64_t cpu_mem;     /* cap on the pool, 0 = none */
     int ready_timeout_ms;
     /* a reader of the store (export): when another launch (a training run) holds the run
      * directory, work beside it instead, in RUN/reader-PID (its own lock, pool, sockets and
@@ -46,7 +46,7 @@ struct fy_session {
     char endpoint[512];
     struct fy_sup_fault fault; /* set by fy_session_close: the worker that failed, if any */
     int ranks;                 /* gpu workers (the config's train.ranks; 1 without) */
-    struct fy_gpus *gpus;      /* with several: the executor that sends to each (launcher/run/gpus) */
+    struct fy_gpus *gpus; /* with several: the executor that sends to each (launcher/run/gpus) */
 };
 
 /* Locks and prepares the run directory (which must exist), places the workers and creates the

@@ -14,19 +14,19 @@
 
 #include "common/base/config.h"
 
-#define FY_STAGING_RUN_PREFIX "init.new-"           /* RUN/init.new-PID */
+#define FY_STAGING_RUN_PREFIX "init.new-"          /* RUN/init.new-PID */
 #define FY_STAGING_STORE_PREFIX "fuyou-store.new-" /* PATH/fuyou-store.new-PID */
 
 struct fy_staging {
     char run_dir[PATH_MAX];
-    char dir[PATH_MAX];     /* RUN/init.new-PID: the new hf/ and model.conf */
-    char hf_dir[PATH_MAX];  /* dir/hf */
-    char conf[PATH_MAX];    /* dir/model.conf */
+    char dir[PATH_MAX];                    /* RUN/init.new-PID: the new hf/ and model.conf */
+    char hf_dir[PATH_MAX];                 /* dir/hf */
+    char conf[PATH_MAX];                   /* dir/model.conf */
     char store[FY_CONFIG_VALUE_MAX];       /* the store's paths, as given or RUN/store */
     char store_stage[FY_CONFIG_VALUE_MAX]; /* each path's staging directory, in the same order */
-    char made_store[PATH_MAX]; /* RUN/store when this init created it, else "" */
-    int had_model;             /* RUN/model.conf existed when the build began */
-    int touched;               /* fy_staging_replace began moving the previous model's files */
+    char made_store[PATH_MAX];             /* RUN/store when this init created it, else "" */
+    int had_model;                         /* RUN/model.conf existed when the build began */
+    int touched; /* fy_staging_replace began moving the previous model's files */
 };
 
 /* Refuses, with one line, to replace an existing model (RUN/model.conf) or store (in ssd's paths,

@@ -26,10 +26,10 @@ struct sup_worker {
     pid_t pid;
     int alive;
     int ready;
-    int stopping; /* asked to stop: its exit is expected */
-    int terminated; /* sent SIGTERM at the stop because it could not be asked (not started) */
+    int stopping;     /* asked to stop: its exit is expected */
+    int terminated;   /* sent SIGTERM at the stop because it could not be asked (not started) */
     int killed_stuck; /* killed for not answering within a request's deadline */
-    int status;   /* waitpid status once reaped */
+    int status;       /* waitpid status once reaped */
 };
 
 /* A request sent and not yet waited for; its reply is kept when it arrives first. */
@@ -53,8 +53,8 @@ struct fy_sup {
     int interrupted;
     int continued; /* a SIGCONT read: this process was stopped (Ctrl-Z, SIGSTOP) for a while */
     volatile int *stop_flag; /* graceful: the first signal lands here (fy_sup_set_stop_flag) */
-    int failed; /* index of the first worker that died unexpectedly, or -1 */
-    int stuck;  /* index of a worker killed for not answering in time, or -1 */
+    int failed;              /* index of the first worker that died unexpectedly, or -1 */
+    int stuck;               /* index of a worker killed for not answering in time, or -1 */
     struct outstanding out[FY_SUP_MAX_OUTSTANDING];
 };
 
@@ -164,8 +164,7 @@ static int reap(struct fy_sup *s)
             if (w->stopping && clean) {
                 fy_info("%s worker (pid %d) exited", w->name, (int)pid);
             } else if (w->killed_stuck) { /* its fault is that it stopped answering, said then */
-                fy_info("%s worker (pid %d), killed for not answering, is gone", w->name,
-                        (int)pid);
+                fy_info("%s worker (pid %d), killed for not answering, is gone", w->name, (int)pid);
             } else {
                 fy_error("%s worker (pid %d) %s", w->name, (int)pid, how);
                 if (!w->stopping) {
@@ -194,7 +193,8 @@ static int drain_signals(struct fy_sup *s, int stopping)
         } else if (s->stop_flag != NULL && *s->stop_flag == 0 && !s->interrupted) {
             *s->stop_flag = (int)si.ssi_signo;
             fy_warn("%s received: stopping once this step is done and committed (again to stop "
-                    "at once)", strsignal((int)si.ssi_signo));
+                    "at once)",
+                    strsignal((int)si.ssi_signo));
         } else if (!s->interrupted) {
             s->interrupted = (int)si.ssi_signo;
             fy_warn("%s received: stopping the run", strsignal((int)si.ssi_signo));
@@ -507,8 +507,8 @@ int fy_sup_stop(struct fy_sup *s, int timeout_ms)
         for (;;) {
             char peer[FY_CHAN_PEER_MAX];
             struct fy_desc d[FY_DESC_MAX_PARTS];
-            int got = wait_message(s, peer, d, &deadline, "the stop acknowledgement", w->name, 1,
-                                   w);
+            int got =
+                wait_message(s, peer, d, &deadline, "the stop acknowledgement", w->name, 1, w);
             if (got == -ECHILD) {
                 if (!w->alive)
                     break;

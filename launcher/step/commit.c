@@ -73,21 +73,23 @@ int fy_commit_unit_io(const struct fy_exec *x, int op, const struct fy_model_con
     uint64_t *got = calloc(n, sizeof *got);
     FY_REQUIRE(got != NULL, -ENOMEM, "no memory for %u digests", n);
     int rc = 0;
-    for (unsigned k = 0; rc == 0 && k < n; k++) {
+    for (unsigned k = 0; k < n; k++) {
         struct fy_optstate_piece p;
         fy_optstate_piece(c, u, k, &p, NULL);
-        rc = io_call_piece(x, op, tensor, p.offset, pool_offset + p.offset, p.layout.bytes, &got[k],
-                           1, timeout_ms);
+        FY_TRY_OUT(rc, io_call_piece(x, op, tensor, p.offset, pool_offset + p.offset,
+                                     p.layout.bytes, &got[k], 1, timeout_ms));
     }
-    if (rc == 0 && op == FY_OP_IO_READ && fy_optstate_unit_digest(got, n) != unit_digest) {
+    if (op == FY_OP_IO_READ && fy_optstate_unit_digest(got, n) != unit_digest) {
         fy_error("unit %u's state, read back from the store piece by piece, does not match the "
                  "digest it was written with (%016llx, read %016llx): torn or corrupted on the SSD",
                  u, (unsigned long long)unit_digest,
                  (unsigned long long)fy_optstate_unit_digest(got, n));
         rc = -EBADMSG;
+        goto out;
     }
-    if (rc == 0 && pieces != NULL)
+    if (pieces != NULL)
         memcpy(pieces, got, n * sizeof *got);
+out:
     free(got);
     return rc;
 }
@@ -137,21 +139,22 @@ int fy_commit_read(const struct fy_exec *x, struct fy_pool *pool, uint64_t recor
         memcpy(m, rec[best], sizeof *m);
     } else if (rc == 0 && got[0] == -ENOENT && got[1] == -ENOENT) {
         /* a store from before commit records has its version 1 metadata block there */
-        int old = fy_io_call(x, FY_OP_IO_READ, FY_TENSOR_META, record_off, FY_CKPT_BLOCK, 0,
-                             timeout_ms);
+        int old =
+            fy_io_call(x, FY_OP_IO_READ, FY_TENSOR_META, record_off, FY_CKPT_BLOCK, 0, timeout_ms);
         if (old == 0)
             fy_error("%s: a store made by a version of Fuyou from before commit records (it has "
                      "a version 1 metadata block), which this version no longer reads: train or "
                      "export it with the Fuyou build that made it, or initialise the run again "
-                     "(fuyou-launch init --overwrite, or --from-hf DIR from an export)", where);
+                     "(fuyou-launch init --overwrite, or --from-hf DIR from an export)",
+                     where);
         else
             fy_error("%s: no commit record: is it a store made by fuyou-launch init?", where);
         rc = -ENOENT;
     } else if (rc == 0) {
         fy_error("%s: no intact committed step%s (commit record 0: %s, record 1: %s): the store "
                  "cannot be used; initialise a new one (fuyou-launch init --overwrite) or train "
-                 "from an exported checkpoint", where,
-                 below_seq != UINT64_MAX ? " before the damaged one" : "", why[0], why[1]);
+                 "from an exported checkpoint",
+                 where, below_seq != UINT64_MAX ? " before the damaged one" : "", why[0], why[1]);
         rc = -ENOENT;
     }
     free(rec[0]);
@@ -267,17 +270,18 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
 {
     struct fy_storemeta *m = calloc(1, sizeof *m);
     FY_REQUIRE(m != NULL, -ENOMEM, "init: no memory for the commit record");
-    *m = (struct fy_storemeta){.model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0,
-                               .copies = copies};
+    *m = (struct fy_storemeta){
+        .model = *c, .step = 0, .seed = seed, .seq = 1, .copy = 0, .copies = copies};
     struct unit_write w[2] = {{0}, {0}};
     struct unit_make mk = {0};
-    int rc = commit_extents(x, c, copies, timeout_ms);
+    int rc;
+    FY_TRY_OUT(rc, commit_extents(x, c, copies, timeout_ms));
     /* every extent first: the io worker would answer an allocation only after the write ahead */
-    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++)
-        rc = fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0,
-                        fy_optstate_bytes(c, u), timeout_ms);
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++)
+        FY_TRY_OUT(rc, fy_io_call(x, FY_OP_IO_ALLOC, FY_TENSOR_UNIT_STATE(u), 0, 0,
+                                  fy_optstate_bytes(c, u), timeout_ms));
     unsigned next = 0; /* the buffer the next piece takes */
-    for (unsigned u = 0; rc == 0 && u < fy_model_unit_count(c); u++) {
+    for (unsigned u = 0; u < fy_model_unit_count(c); u++) {
         unsigned n = fy_optstate_piece_count(c, u);
         if (n > 1) { /* the unit's master whole in memory, each piece's state made from it */
             mk.master = malloc(fy_model_unit_params(c, u) * sizeof *mk.master);
@@ -286,46 +290,40 @@ int fy_commit_create(const struct fy_exec *x, struct fy_pool *pool, uint64_t rec
             if (rc == -ENOMEM)
                 fy_error("init: no memory for unit %u's %zu weights", u,
                          fy_model_unit_params(c, u));
+            if (rc < 0)
+                goto out;
         }
-        for (unsigned k = 0; rc == 0 && k < n; k++) {
+        for (unsigned k = 0; k < n; k++) {
             struct fy_optstate_piece p;
             fy_optstate_piece(c, u, k, &p, NULL);
             uint64_t buf = buf_off[next];
-            for (int i = 0; i < 2 && rc == 0; i++) /* the write still reading this buffer */
+            for (int i = 0; i < 2; i++) /* the write still reading this buffer */
                 if (w[i].ticket != 0 && w[i].buf == buf)
-                    rc = unit_write_wait(x, &w[i], timeout_ms);
+                    FY_TRY_OUT(rc, unit_write_wait(x, &w[i], timeout_ms));
             uint8_t *state = fy_pool_at(pool, buf, p.layout.bytes);
             float *master = (float *)(state + p.layout.section[FY_OPTSTATE_MASTER].offset);
-            if (rc == 0) {
-                fy_optstate_zero_moments(&p.layout, state); /* Adam's moments start at zero */
-                if (n == 1)
-                    rc = fill(ctx, u, master);
-                else
-                    memcpy(master, mk.master + p.begin, p.params * sizeof *master);
-            }
-            if (rc == 0) { /* written (and its digest taken) while the next is filled */
-                int64_t ticket = io_submit_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u),
-                                                  p.offset, buf, p.layout.bytes, 0, 0);
-                if (ticket < 0)
-                    rc = (int)ticket;
-                else
-                    w[next] =
-                        (struct unit_write){ticket, buf, n == 1 ? &m->digest[u] : &mk.digest[k]};
-                next ^= 1;
-            }
+            fy_optstate_zero_moments(&p.layout, state); /* Adam's moments start at zero */
+            if (n == 1)
+                FY_TRY_OUT(rc, fill(ctx, u, master));
+            else
+                memcpy(master, mk.master + p.begin, p.params * sizeof *master);
+            /* written (and its digest taken) while the next is filled */
+            int64_t ticket = io_submit_digest(x, FY_OP_IO_WRITE, FY_TENSOR_UNIT_STATE(u), p.offset,
+                                              buf, p.layout.bytes, 0, 0);
+            FY_TRY_OUT(rc, ticket < 0 ? (int)ticket : 0);
+            w[next] = (struct unit_write){ticket, buf, n == 1 ? &m->digest[u] : &mk.digest[k]};
+            next ^= 1;
         }
         if (n > 1) { /* its pieces' digests all in: the unit's */
-            for (int i = 0; i < 2; i++) {
-                int done = unit_write_wait(x, &w[i], timeout_ms);
-                rc = rc ? rc : done;
-            }
-            if (rc == 0)
-                m->digest[u] = fy_optstate_unit_digest(mk.digest, n);
+            for (int i = 0; i < 2; i++)
+                FY_TRY_OUT(rc, unit_write_wait(x, &w[i], timeout_ms));
+            m->digest[u] = fy_optstate_unit_digest(mk.digest, n);
             free(mk.master);
             free(mk.digest);
             mk = (struct unit_make){0};
         }
     }
+out:
     for (int i = 0; i < 2; i++) { /* nothing stays in flight, whatever failed */
         int done = unit_write_wait(x, &w[i], timeout_ms);
         rc = rc ? rc : done;
@@ -352,29 +350,31 @@ static int read_through(const struct fy_exec *x, struct fy_pool *pool, const str
     uint64_t *got = n > 1 ? calloc(n, sizeof *got) : NULL;
     FY_REQUIRE(n == 1 || got != NULL, -ENOMEM, "no memory for %u digests", n);
     int rc = 0;
-    for (unsigned k = 0; rc == 0 && k < n; k++) {
+    for (unsigned k = 0; k < n; k++) {
         struct fy_optstate_piece p;
         fy_optstate_piece(c, u, k, &p, NULL);
         uint64_t digest = m->digest[u];
-        rc = io_call_piece(x, FY_OP_IO_READ, tensor, p.offset, buf_off, p.layout.bytes,
-                           n == 1 ? &digest : &got[k], n > 1, timeout_ms);
+        FY_TRY_OUT(rc, io_call_piece(x, FY_OP_IO_READ, tensor, p.offset, buf_off, p.layout.bytes,
+                                     n == 1 ? &digest : &got[k], n > 1, timeout_ms));
         const struct fy_optstate_section *ms = &p.layout.section[FY_OPTSTATE_MASTER];
-        if (rc == 0 && master != NULL)
+        if (master != NULL)
             memcpy(master + p.begin, fy_pool_at(pool, buf_off + ms->offset, ms->bytes), ms->bytes);
     }
-    if (rc == 0 && n > 1 && fy_optstate_unit_digest(got, n) != m->digest[u]) {
+    if (n > 1 && fy_optstate_unit_digest(got, n) != m->digest[u]) {
         fy_error("step %llu's state of unit %u (copy %u), read piece by piece, does not match its "
                  "commit record (%016llx, read %016llx): torn or corrupted on the SSD",
                  (unsigned long long)m->step, u, m->copy, (unsigned long long)m->digest[u],
                  (unsigned long long)fy_optstate_unit_digest(got, n));
         rc = -EBADMSG;
+        goto out;
     }
-    if (rc == 0 && pieces != NULL) {
+    if (pieces != NULL) {
         if (n == 1)
             pieces[0] = m->digest[u];
         else
             memcpy(pieces, got, n * sizeof *got);
     }
+out:
     free(got);
     return rc;
 }
@@ -418,37 +418,40 @@ int fy_commit_export_next(const struct fy_exec *x, struct fy_pool *pool, uint64_
     int rc = fy_commit_read(x, pool, record_off, where, UINT64_MAX, now, timeout_ms);
     if (rc == 0 && now->seq > failed_seq) {
         fy_info("%s: step %llu was committed meanwhile, over the copy being read: going on from "
-                "step %llu instead of %llu", where, (unsigned long long)now->step,
-                (unsigned long long)now->step, (unsigned long long)m->step);
+                "step %llu instead of %llu",
+                where, (unsigned long long)now->step, (unsigned long long)now->step,
+                (unsigned long long)m->step);
         memcpy(m, now, sizeof *m);
         rc = 1;
     } else if (rc == 0 && m->copies == 1 && beside) {
         fy_error("%s: step %llu's state no longer matches its commit: this store keeps one copy "
                  "of the state (init --state-copies 1), which training overwrites in place; stop "
-                 "the training run to export", where, (unsigned long long)m->step);
+                 "the training run to export",
+                 where, (unsigned long long)m->step);
         rc = -EBADMSG;
     } else if (rc == 0 && m->copies == 1) {
         fy_error("%s: step %llu's state no longer matches its commit and no run is training: "
                  "this store keeps one copy of the state (init --state-copies 1), and a run "
                  "stopped between commits (killed, crashed, a second Ctrl-C) left it unusable; "
                  "initialise it again (init --overwrite), or from an earlier export (init "
-                 "--from-hf DIR)", where, (unsigned long long)m->step);
+                 "--from-hf DIR)",
+                 where, (unsigned long long)m->step);
         rc = -EBADMSG;
     } else if (rc == 0 && !e->fell_back) {
         rc = fy_commit_read(x, pool, record_off, where, m->seq, now, timeout_ms);
         if (rc == 0) {
             fy_warn("%s: step %llu's state is damaged on the SSD; exporting the commit before it, "
-                    "step %llu", where, (unsigned long long)m->step,
-                    (unsigned long long)now->step);
-            *e = (struct fy_commit_export){.fell_back = 1, .damaged_seq = m->seq,
-                                           .damaged_step = m->step};
+                    "step %llu",
+                    where, (unsigned long long)m->step, (unsigned long long)now->step);
+            *e = (struct fy_commit_export){
+                .fell_back = 1, .damaged_seq = m->seq, .damaged_step = m->step};
             memcpy(m, now, sizeof *m);
             rc = 1;
         }
     } else if (rc == 0) {
         fy_error("%s: step %llu's state is damaged on the SSD, and so is step %llu's, the commit "
-                 "before it: nothing intact to export; %s", where,
-                 (unsigned long long)e->damaged_step, (unsigned long long)m->step,
+                 "before it: nothing intact to export; %s",
+                 where, (unsigned long long)e->damaged_step, (unsigned long long)m->step,
                  beside ? "the training run writes over the older commit's copy: export again "
                           "once it has committed a newer step"
                         : "initialise the store anew (init --overwrite), or from an earlier "

@@ -11,7 +11,7 @@
 #include "common/formats/ckpt.h"
 #include "common/ipc/pool.h"
 #include "common/model/model.h"
-#include "launcher/step/ticket.h"
+#include "launcher/run/exec.h"
 
 /* One request to the io worker, waited for: `bytes` at pool offset `pool_offset` (none: a control
  * request), extent offset or size in `arg`. Returns the reply's status. */
@@ -81,9 +81,9 @@ int fy_commit_read_master(const struct fy_exec *x, struct fy_pool *pool,
                           int timeout_ms);
 /* What an export has passed over so far (fy_commit_export_next); zeroed before it starts. */
 struct fy_commit_export {
-    int fell_back;          /* it went back from a damaged commit, */
-    uint64_t damaged_seq;   /* this one, */
-    uint64_t damaged_step;  /* of this step */
+    int fell_back;         /* it went back from a damaged commit, */
+    uint64_t damaged_seq;  /* this one, */
+    uint64_t damaged_step; /* of this step */
 };
 /* After an export's read of the commit in *m failed its digest (fy_commit_read_unit): 1 with *m
  * the commit to export instead, said: the newer one when a training run committed meanwhile (its

@@ -25,16 +25,16 @@ struct kept_line {
 
 struct fy_metrics {
     char path[PATH_MAX + 16], run_dir[PATH_MAX];
-    int fd;          /* O_APPEND; -1: opened again before the next write */
-    char *buf;       /* the bytes not yet in the file, in order */
+    int fd;    /* O_APPEND; -1: opened again before the next write */
+    char *buf; /* the bytes not yet in the file, in order */
     size_t len, buf_cap;
-    size_t partial;  /* bytes of the first kept line already in the file (a short write) */
+    size_t partial; /* bytes of the first kept line already in the file (a short write) */
     struct kept_line *lines;
     size_t nlines, lines_cap;
-    size_t cap;      /* bytes waiting past which the run stops */
-    int err;         /* errno of the last refused write */
-    int said;        /* the failure was said; not every line has gone out since */
-    size_t late;     /* lines that went out late since it was said */
+    size_t cap;  /* bytes waiting past which the run stops */
+    int err;     /* errno of the last refused write */
+    int said;    /* the failure was said; not every line has gone out since */
+    size_t late; /* lines that went out late since it was said */
     uint64_t late_first, late_last;
 };
 
@@ -59,7 +59,8 @@ int fy_metrics_open(struct fy_metrics **out, const char *run_dir)
     }
     if (hook > 0)
         fy_warn("test hook: training stops once more than %llu bytes of metrics lines wait for "
-                "room (FUYOU_TEST_METRICS_PENDING_MAX)", (unsigned long long)m->cap);
+                "room (FUYOU_TEST_METRICS_PENDING_MAX)",
+                (unsigned long long)m->cap);
     m->fd = -1; /* opened by the first line: a run refused before its first step makes no file */
     *out = m;
     return 0;
@@ -118,15 +119,17 @@ static int flush(struct fy_metrics *m)
             fy_format_size(m->cap, cap, sizeof cap);
             fy_warn("cannot write %s: %s: training goes on, its metrics lines are kept in memory "
                     "(up to %s) and appended once there is room; free space on the file system "
-                    "of %s", m->path, strerror(m->err), cap, m->run_dir);
+                    "of %s",
+                    m->path, strerror(m->err), cap, m->run_dir);
             m->said = 1;
         }
         return 0;
     }
     if (m->said && m->late > 0)
         fy_info("%s: there is room again: %zu metrics line%s kept in memory (steps %llu to %llu) "
-                "appended late", m->path, m->late, m->late == 1 ? "" : "s",
-                (unsigned long long)m->late_first, (unsigned long long)m->late_last);
+                "appended late",
+                m->path, m->late, m->late == 1 ? "" : "s", (unsigned long long)m->late_first,
+                (unsigned long long)m->late_last);
     m->said = 0;
     m->late = 0;
     if (m->buf_cap > ((size_t)1 << 20)) { /* a long wait's buffer is not kept */
@@ -313,10 +316,10 @@ int fy_metrics_stopped(const struct fy_metrics *m, uint64_t committed)
     fy_error("%s: %s of metrics lines (steps %llu to %llu) wait in memory for room on its file "
              "system (%s), more than the %s kept: training stopped at step %llu, which is "
              "committed; free space on the file system of %s, then continue with fuyou-launch "
-             "resume %s", m->path, kept,
-             (unsigned long long)(m->nlines ? m->lines[0].step : 0),
-             (unsigned long long)(m->nlines ? m->lines[m->nlines - 1].step : 0),
-             strerror(m->err), cap, (unsigned long long)committed, m->run_dir, m->run_dir);
+             "resume %s",
+             m->path, kept, (unsigned long long)(m->nlines ? m->lines[0].step : 0),
+             (unsigned long long)(m->nlines ? m->lines[m->nlines - 1].step : 0), strerror(m->err),
+             cap, (unsigned long long)committed, m->run_dir, m->run_dir);
     return -ENOBUFS;
 }
 

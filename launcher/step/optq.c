@@ -72,10 +72,7 @@ int fy_optq_send_next(struct fy_optq *q)
     return fy_ticket_issue(q->tk, FY_TICKET_OPT, q->req[u], q->parts[u], &q->sent[u]);
 }
 
-void fy_optq_hold_from(struct fy_optq *q, unsigned from)
-{
-    q->hold = from;
-}
+void fy_optq_hold_from(struct fy_optq *q, unsigned from) { q->hold = from; }
 
 int fy_optq_send_through(struct fy_optq *q, unsigned u)
 {
@@ -169,7 +166,8 @@ int fy_optq_take_gslot(struct fy_optq *q, unsigned b, unsigned *slot)
         else if (q->queued > 0)
             FY_TRY(fy_optq_send_next(q));
         else
-            FY_REQUIRE(0, -EPROTO, "schedule error: every gradient slot is taken and no update "
-                                   "that would free one is pending");
+            FY_REQUIRE(0, -EPROTO,
+                       "schedule error: every gradient slot is taken and no update "
+                       "that would free one is pending");
     }
 }

@@ -8,7 +8,8 @@
  * gradient slots (grads slots 1..gslots, launcher/plan/plan.h) are freed by those updates, so the queue
  * hands them out too.
  *
- * The opt worker also converts weights to bf16 for the gpu worker (opt-convert, launcher/step/sched.c).
+ * The opt worker also converts weights to bf16 for the gpu worker (opt-convert,
+ * launcher/step/sched_weights.c).
  * A conversion is sent at once, never queued here: a gpu request waits for it. The opt worker
  * serves its requests in order, so a conversion runs after every update sent before it. Two rules
  * keep that line short and in deadline order: a conversion of unit u is sent after the queued

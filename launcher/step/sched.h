@@ -1,9 +1,18 @@
 /* The schedule of a training step (launcher/step/train.h says what a step does): which descriptors go
  * to which worker, in which order, over the pool's regions as the plan laid them out
- * (launcher/plan/plan.h): the forward, the backward with each block's update overlapped, clipping's
- * norm pass, the embeddings' update in two parts, evaluation; and moving the kept units' state
- * between the pool and the store. struct fy_sched is what the steps of a run share; the run
- * around them (the commits, the step loop, its log) is launcher/step/train.c's. */
+ * (launcher/plan/plan.h). struct fy_sched is what the steps of a run share; this file makes it and
+ * names what every part of the schedule uses (the pool's slots, what each unit is). Each concern
+ * of a step has a file of its own, each over the ones before it:
+ *   sched_state     a unit's optimizer state between the store's two copies and the state slots
+ *   sched_weights   the weights slots: weights read, converted, or streamed through the landing
+ *                   ring
+ *   sched_update    the AdamW requests: a unit's update, whole or piece by piece
+ *   sched_gpu       the gpu worker's requests that several passes send (a block's backward)
+ *   sched_embed     the embeddings' update in two parts
+ *   sched_clip      clipping: the norm pass, one-pass clipping and its deferred updates
+ *   sched_backward  the backward with each block's update overlapped
+ *   sched_forward   the forward, and evaluation
+ * The run around the steps (the commits, the step loop, its log) is launcher/step/train.c's. */
 #ifndef FY_SCHED_H
 #define FY_SCHED_H
 
@@ -17,7 +26,65 @@
 #include "launcher/plan/plan.h"
 #include "launcher/step/spill.h"
 #include "launcher/step/ticket.h"
-#include "launcher/step/train.h"
+#include "launcher/step/trainopts.h"
+
+/* The blocks' swapped internals (fy_train_opts.act_place), per block 1..L: the kinds that stay in
+ * the pool (host_mask, at host_off in the saved region) and those that go through the ring's slots
+ * to the store (ssd_mask; block b is item b - 1); sizes, the kinds' bytes in the backend's layout.
+ * Set up with the schedule (fy_sched_setup); the requests' parts are fy_sched_saved_parts'. */
+struct fy_sched_swap {
+    unsigned *host_mask, *ssd_mask;
+    uint64_t *host_off;
+    struct fy_spill ring;
+    struct fy_actplan_sizes sizes;
+};
+
+/* Clipping (launcher/step/sched_clip.c): on (one backward pass or two; the norm pass also
+ * completes the embedding gradient), and this step's gradient scale (0: none) for every
+ * opt-adamw. */
+struct fy_sched_clip {
+    int on;
+    double scale;
+    /* Clipping in one backward pass (the pool's "gradhold" region: fy_sched_clipped_backward) in
+     * place of two. It defers a streamed block's update to the next forward, which reads the
+     * block's whole state (its weights with it) into a state slot, updates it there and writes it
+     * back, so its master crosses from the SSD once a step, as without clipping: per unit 1 while
+     * deferred, and the deferred updates' step, learning rate and scale. */
+    int one_pass;
+    unsigned char *deferred;
+    uint64_t deferred_step;
+    double deferred_lr, deferred_scale;
+    /* one pass with the blocks' gradients held in the gpu worker (fy_train_opts.grad_hold_gpu):
+     * each sent to grads slot 1 or 2 (gpt-grad-send) when its update runs; gsend, the sends for
+     * the deferred updates, by state slot */
+    int hold_gpu;
+    struct fy_ticket gsend[2];
+};
+
+/* The embeddings' update in two parts (launcher/step/sched_embed.c; without clipping, state in the
+ * pool): the rows the batch's tokens do not touch, sent once the head's gradient is home (early),
+ * and the rest once the embedding backward is done; row_touched is the scratch that sorts them.
+ * split 0: one update after the backward (the test hook FUYOU_TEST_EMBED_WHOLE, or int8 optimizer
+ * state with rows that split its blocks). */
+struct fy_sched_embed {
+    int split;
+    struct fy_ticket early;
+    unsigned char *row_touched;
+};
+
+/* The two copies of the units' state in the store (common/formats/ckpt.h; launcher/step/sched_state.c):
+ * the committed one is `read`; a training run writes the other (`work`) and keeps per unit the
+ * copy its latest state is in (at) and that state's digest. NULL arrays (init, export): every unit
+ * is read from `read`. */
+struct fy_sched_copies {
+    unsigned read, work;
+    unsigned char *at;
+    /* per piece of each unit's state (common/model/optstate.h), unit u's from pfirst[u] (pfirst[units]:
+     * every unit's pieces): its digest in the copy its latest state is in (a unit in one piece:
+     * the unit's digest) */
+    unsigned *pfirst;
+    uint64_t *digest;
+};
 
 struct fy_sched {
     struct fy_tickets tk; /* the requests and their tickets, the times waited and busy */
@@ -36,56 +103,16 @@ struct fy_sched {
     uint64_t *version;  /* per unit: the step whose weights it holds */
     /* Checkpoints (the blocks' inputs x_0..x_L): item i is x_i, in the acts region; with
      * --ckpt-place ssd x_0..x_{L-1} go through its slots to the store. */
-    struct fy_spill ckpt;
-    /* The blocks' swapped internals (fy_train_opts.act_place), per block 1..L: the kinds that stay
-     * in the pool (host_mask, at host_off in the saved region) and those that go through the
-     * saved ring's slots to the store (ssd_mask; block b is item b - 1). */
-    unsigned *host_mask, *ssd_mask;
-    uint64_t *host_off;
-    struct fy_spill saved;
-    struct fy_actplan_sizes saved_sizes;
+    struct fy_spill block_inputs;
+    struct fy_sched_swap swap;
     unsigned act_ahead; /* blocks whose items on the store the backward reads ahead (--act-ahead) */
-    /* Clipping: on (one backward pass or two; the norm pass also completes the embedding gradient), where the
-     * head writes the final unit's gradient (grads slot 1; with clipping the room after the
-     * block gradient slots, where it survives pass 1), and this step's gradient scale (0: none)
-     * for every opt-adamw. */
-    int clip;
-    /* Clipping in one backward pass (the pool's "gradhold" region: fy_sched_clipped_backward) in
-     * place of two. It defers a streamed block's update to the next forward, which reads the
-     * block's whole state (its weights with it) into a state slot, updates it there and writes it
-     * back, so its master crosses from the SSD once a step, as without clipping: per unit 1 while
-     * deferred, and the deferred updates' step, learning rate and scale. */
-    int one_pass;
-    /* one pass with the blocks' gradients held in the gpu worker (fy_train_opts.grad_hold_gpu):
-     * each sent to grads slot 1 or 2 (gpt-grad-send) when its update runs; gsend, the sends for
-     * the deferred updates, by state slot */
-    int hold_gpu;
-    struct fy_ticket gsend[2];
-    unsigned char *deferred;
-    uint64_t deferred_step;
-    double deferred_lr, deferred_scale;
+    /* where the head writes the final unit's gradient: grads slot 1; with clipping the room after
+     * the block gradient slots, where it survives pass 1 */
     uint64_t dfinal;
-    double grad_scale;
+    struct fy_sched_clip clip;
     struct fy_optq opt; /* the AdamW updates queued and sent, and the gradient slots */
-    /* The embeddings' update in two parts (without clipping, state in the pool): the rows the
-     * batch's tokens do not touch, sent once the head's gradient is home (embed_early), and the
-     * rest once the embedding backward is done; row_touched is the scratch that sorts them. 0 in
-     * embed_split: one update after the backward (the test hook FUYOU_TEST_EMBED_WHOLE, or int8
-     * optimizer state with rows that split its blocks). */
-    int embed_split;
-    struct fy_ticket embed_early;
-    unsigned char *row_touched;
-    /* The two copies of the units' state (common/formats/ckpt.h): the committed one is read_copy; a
-     * training run writes the other (work_copy) and keeps per unit the copy its latest state is
-     * in and that state's digest. NULL arrays (init, export): every unit is read from
-     * read_copy. */
-    unsigned read_copy, work_copy;
-    unsigned char *at_copy;
-    /* per piece of each unit's state (common/model/optstate.h), unit u's from pfirst[u] (pfirst[units]:
-     * every unit's pieces): its digest in the copy its latest state is in (a unit in one piece:
-     * the unit's digest) */
-    unsigned *pfirst;
-    uint64_t *digest;
+    struct fy_sched_embed embed;
+    struct fy_sched_copies copies;
 };
 
 /* A schedule over a pool laid out for steps of shape s (1 x 1 for init and export, which move
@@ -104,39 +131,39 @@ void fy_sched_free(struct fy_sched *r);
  * the targets the loss counts (a masked token's, or padding's, is -1, ignored). */
 int fy_sched_load_batch(struct fy_sched *r, struct fy_sampler *data, int split, uint64_t index,
                         struct fy_sampler_fill *fill);
-/* Forward through every unit into *loss; with `train`, also the head's backward and its
- * gradients, each unit's weights checked to be step - 1's. */
-int fy_sched_forward(struct fy_sched *r, int train, uint64_t step, double *loss);
-/* Pass 1 of a clipped step and the scale it gives (r->grad_scale), as
- * torch.nn.utils.clip_grad_norm_ computes it: norm = sqrt(sum of every gradient element squared),
- * in double; scale = max / (norm + 1e-6), applied (as a float, by the opt worker) only when below
- * 1. */
-int fy_sched_clip_scale(struct fy_sched *r, uint64_t step, double max_norm, double *norm);
-/* A clipped step's backward in one pass (r->one_pass): every block's gradient kept in the pool's
- * gradhold region (or in the gpu worker: r->hold_gpu) while the opt worker sums their squares,
- * the norm and scale as
- * fy_sched_clip_scale computes them (*norm), then every unit's update in the order the next
- * forward needs them, each forward unit waiting for its own. Results bit-identical to the two
- * passes. */
-int fy_sched_clipped_backward(struct fy_sched *r, uint64_t step, double lr, double max_norm,
-                              double *norm);
-/* Every update of the steps so far done: one-pass clipping's deferred ones (read, updated, written
- * back), then the queued ones waited for. Before an evaluation or a commit. */
-int fy_sched_finish_updates(struct fy_sched *r);
-/* The backward with each unit's update: the final unit's, each block's overlapped with the blocks
- * below, the embeddings' last; what the optimizer has not done is sent for the next forward. */
-int fy_sched_backward_and_update(struct fy_sched *r, uint64_t step, double lr);
-/* The mean loss over the eval batches' trained targets. */
-int fy_sched_eval_loss(struct fy_sched *r, struct fy_sampler *data, uint64_t batches, double *loss);
-/* Every resident unit's state between the pool and the store: loaded from the committed copy at
- * start, each unit checked against its digest in the commit record (unit_digests; a unit in pieces
- * read piece by piece, its pieces' digests kept), written to the other at commits (unit_digests
- * NULL). */
-int fy_sched_resident_transfer(struct fy_sched *r, int op, const uint64_t *unit_digests);
-/* Unit u's digest for a commit record: of its pieces' digests (fy_optstate_unit_digest). */
-uint64_t fy_sched_unit_digest(const struct fy_sched *r, unsigned u);
-/* The resident units' bf16 weight copies from their masters, the bits AdamW writes them with
- * (fy_f32_to_bf16): at start, once the committed state is in the pool. */
-int fy_sched_fill_copies(struct fy_sched *r);
+
+/* ---- where things are in the pool (fy_plan_regions' layout) -------------------------------- */
+
+/* Activation i in the acts region, and in the dacts region. */
+uint64_t fy_sched_act(const struct fy_plan_layout *l, unsigned i);
+uint64_t fy_sched_dact(const struct fy_plan_layout *l, unsigned i);
+/* Weights slot i: 0 the embeddings', the others a block's or the final unit's. */
+uint64_t fy_sched_wslot(const struct fy_plan_layout *l, unsigned i);
+/* Weights slot of unit u (a block, or the final unit) in the forward and backward: slots 1 to
+ * wslots in turn, so that the weights of the next wslots - 1 units can be read while one computes. */
+unsigned fy_sched_block_wslot(const struct fy_plan_layout *l, unsigned u);
+/* Grads slot 0 (the embeddings' gradient, a unit slot), 1..gslots (block-sized), and gslots + 1
+ * (after them: clipping's final-unit gradient). */
+uint64_t fy_sched_gslot(const struct fy_plan_layout *l, unsigned i);
+/* Bytes of unit u's f32 gradient. */
+uint64_t fy_sched_grad_bytes(const struct fy_plan_layout *l, unsigned u);
+/* Where unit u's master weights lie in its state at pool offset `state`. */
+uint64_t fy_sched_master(const struct fy_model_config *c, unsigned u, uint64_t state);
+
+/* ---- what a unit is ------------------------------------------------------------------------ */
+
+/* Whether unit u's state is kept in the pool (resident), not streamed from the store. */
+int fy_sched_kept(const struct fy_sched *r, unsigned u);
+/* Whether unit u has a bf16 copy of its weights in the pool. */
+int fy_sched_has_copy(const struct fy_sched *r, unsigned u);
+/* Whether the gpu worker is sent bf16 weights; the weights' dtype. */
+int fy_sched_bf16(const struct fy_sched *r);
+int fy_sched_weight_dtype(const struct fy_sched *r);
+/* Whether unit u's state is in several pieces (common/model/optstate.h). */
+int fy_sched_in_pieces(const struct fy_sched *r, unsigned u);
+/* Whether unit u's weights are written into a weights slot by the opt worker for each gpu request
+ * that reads them (opt-convert): with bf16 weights, a unit without a copy (fy_plan_converts),
+ * rounded to bf16; with f32 weights, a unit in pieces, its pieces' masters copied together. */
+int fy_sched_converts(const struct fy_sched *r, unsigned u);
 
 #endif

@@ -36,8 +36,8 @@ static int slot_free(struct fy_spill *sp, unsigned k)
 
 static int transfer(struct fy_spill *sp, int op, unsigned i, unsigned k)
 {
-    struct fy_desc d = fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, slot_at(sp, k),
-                                      sp->item_bytes, -1);
+    struct fy_desc d =
+        fy_desc_region(op, FY_KIND_RAW, FY_DTYPE_NONE, slot_at(sp, k), sp->item_bytes, -1);
     d.tensor = sp->tensor;
     d.arg = i * sp->item_bytes;
     return fy_ticket_issue(sp->tk, FY_TICKET_IO, &d, 1, &sp->io[k]);
@@ -128,4 +128,3 @@ int fy_spill_setup(struct fy_spill *sp, struct fy_tickets *tk, uint64_t base, ui
             what, slots, (unsigned long long)(bytes >> 20), cls);
     return 0;
 }
-

@@ -33,8 +33,8 @@ static void account(struct fy_tickets *tk, const struct fy_ticket *t)
 {
     static const char *const tracks[FY_TICKET_WORKERS] = {"io worker", "gpu worker", "opt worker"};
     double seconds = (double)t->reply.bytes * 1e-9;
-    int k = t->worker == FY_TICKET_GPU   ? FY_TICKET_BUSY_GPU
-            : t->worker == FY_TICKET_OPT ? FY_TICKET_BUSY_OPT
+    int k = t->worker == FY_TICKET_GPU                          ? FY_TICKET_BUSY_GPU
+            : t->worker == FY_TICKET_OPT                        ? FY_TICKET_BUSY_OPT
             : t->op == FY_OP_IO_WRITE || t->op == FY_OP_IO_SYNC ? FY_TICKET_BUSY_SSD_WRITE
                                                                 : FY_TICKET_BUSY_SSD_READ;
     tk->busy_s[k] += seconds;
@@ -51,8 +51,8 @@ static void account(struct fy_tickets *tk, const struct fy_ticket *t)
                 "\"dur\": %.3f, \"pid\": 1, \"tid\": %d, \"args\": {\"step\": %llu, "
                 "\"unit\": %d, \"seq\": %lld, \"tensor\": %u, \"at\": %llu, \"bytes\": %llu}},\n",
                 fy_op_name(t->op), tracks[t->worker], (double)t->reply.offset * 1e-3,
-                (double)t->reply.bytes * 1e-3, t->worker + 1, (unsigned long long)t->step,
-                t->layer, (long long)t->id, t->tensor, (unsigned long long)t->at,
+                (double)t->reply.bytes * 1e-3, t->worker + 1, (unsigned long long)t->step, t->layer,
+                (long long)t->id, t->tensor, (unsigned long long)t->at,
                 (unsigned long long)t->io_bytes);
 }
 
@@ -68,7 +68,8 @@ static void say_damage(const struct fy_tickets *tk, const struct fy_ticket *t)
     else
         snprintf(what, sizeof what, "extent %u", t->tensor);
     fy_error("step %llu: %s read back from the SSD store is damaged (%s): it is not what was "
-             "written there", (unsigned long long)t->step, what, strerror(-t->status));
+             "written there",
+             (unsigned long long)t->step, what, strerror(-t->status));
 }
 
 /* Ticket t for request `id` (its first descriptor req), just sent. */
@@ -216,8 +217,9 @@ void fy_ticket_trace_end(struct fy_tickets *tk)
     if (!tk->traced)
         return;
     /* close the array (a trailing event carries no comma) */
-    fprintf(tk->trace, "{\"name\": \"end\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 1, \"tid\": 1, "
-                       "\"ts\": %.3f}\n]\n",
+    fprintf(tk->trace,
+            "{\"name\": \"end\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 1, \"tid\": 1, "
+            "\"ts\": %.3f}\n]\n",
             (double)fy_monotonic_ns() * 1e-3);
     fflush(tk->trace);
 }

@@ -1,8 +1,7 @@
 /* The requests a schedule sends to the workers through an executor, and their tickets: sent in turn
  * (overlapped) or each waited for at once (serial), with the time the schedule waits for each
  * worker, each resource's busy time from the workers' own timing of each request, and one Chrome
- * trace event (Perfetto) per request. The executor is the worker processes (launcher/run/supervise)
- * or, for tests and debugging, the same handlers called in one process (launcher/run/inproc). */
+ * trace event (Perfetto) per request, over an executor (launcher/run/exec.h). */
 #ifndef FY_TICKET_H
 #define FY_TICKET_H
 
@@ -10,18 +9,7 @@
 #include <stdio.h>
 
 #include "common/ipc/desc.h"
-
-struct fy_exec {
-    void *ctx;
-    /* Sends a request to a worker ("gpu", "io", "opt") without waiting; returns a ticket (> 0) or
-     * -errno. Each worker serves its requests in the order they were sent. */
-    int64_t (*submit)(void *ctx, const char *worker, struct fy_desc *req, unsigned n);
-    /* Waits for a ticket's reply; returns the reply's status (0 or -errno). */
-    int (*wait)(void *ctx, int64_t ticket, struct fy_desc *reply, int timeout_ms);
-    /* Whether a ticket's reply is in, without blocking: 1 (then wait returns at once), 0, or
-     * -errno. */
-    int (*poll)(void *ctx, int64_t ticket);
-};
+#include "launcher/run/exec.h"
 
 /* The worker a request goes to, which the time waited for it counts to. */
 enum { FY_TICKET_IO, FY_TICKET_GPU, FY_TICKET_OPT, FY_TICKET_WORKERS };
@@ -43,9 +31,9 @@ struct fy_ticket {
     int op, layer;
     uint32_t tensor; /* an io request's extent and byte offset in it, for the trace */
     uint64_t at;
-    uint64_t step; /* the step it belongs to (an update can finish in the next step) */
+    uint64_t step;     /* the step it belongs to (an update can finish in the next step) */
     uint64_t io_bytes; /* an io read's or write's bytes, all its descriptors' */
-    int done; /* already waited for (serial mode): status and reply kept here */
+    int done;          /* already waited for (serial mode): status and reply kept here */
     int status;
     struct fy_desc reply;
     uint64_t *digest_into; /* an io write's: where its reply's digest goes */

@@ -1,7 +1,7 @@
 /* A training run over an executor (launcher/step/train.h): the steps from the store's last intact
  * commit, each logged (the progress line, metrics.jsonl, the plan check) and committed every
  * --checkpoint-every steps, at the end and at a stop; store initialisation and export. One step's
- * schedule is launcher/step/sched.c's. */
+ * schedule is launcher/step/sched.h's and its parts'. */
 #include "launcher/step/train.h"
 
 #include <errno.h>
@@ -14,10 +14,16 @@
 #include "common/base/check.h"
 #include "common/base/dtype.h"
 #include "common/base/log.h"
+#include "launcher/plan/diskrates.h"
 #include "launcher/step/commit.h"
 #include "launcher/step/metrics.h"
 #include "launcher/step/progress.h"
 #include "launcher/step/sched.h"
+#include "launcher/step/sched_backward.h"
+#include "launcher/step/sched_clip.h"
+#include "launcher/step/sched_forward.h"
+#include "launcher/step/sched_state.h"
+#include "launcher/step/sched_weights.h"
 
 static double now_s(void)
 {
@@ -38,8 +44,9 @@ static int init_unit(void *ctx, unsigned unit, float *master)
     return 0;
 }
 
-int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool, const struct fy_model_config *c,
-                        uint64_t seed, unsigned copies, int timeout_ms)
+int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool,
+                        const struct fy_model_config *c, uint64_t seed, unsigned copies,
+                        int timeout_ms)
 {
     struct fy_sched r;
     const struct fy_plan_shape one = {.c = c, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};
@@ -62,42 +69,6 @@ int fy_train_read_meta(const struct fy_exec *x, struct fy_pool *pool, const char
                "shared pool: the meta region of %llu bytes does not hold a commit record",
                (unsigned long long)bytes);
     return fy_commit_read(x, pool, off, where, UINT64_MAX, meta, timeout_ms);
-}
-
-double fy_train_lr(const struct fy_train_opts *o, uint64_t step)
-{
-    if (o->warmup > 0 && step <= o->warmup)
-        return o->lr * (double)step / (double)o->warmup;
-    double min_lr = o->lr * o->min_lr_ratio;
-    if (o->steps <= o->warmup)
-        return o->lr;
-    double span = (double)(o->steps - o->warmup);
-    if (o->schedule == FY_LR_LINEAR) { /* the steps after the warmup counted from 0, as Trainer's */
-        double left = 1.0 - (double)(step - o->warmup - 1) / span;
-        return min_lr + (o->lr - min_lr) * (left < 0.0 ? 0.0 : left);
-    }
-    double progress = (double)(step - o->warmup) / span;
-    if (progress > 1.0)
-        progress = 1.0;
-    return min_lr + (o->lr - min_lr) * 0.5 * (1.0 + cos(3.141592653589793 * progress));
-}
-
-static const char *const lr_schedule_names[] = {[FY_LR_COSINE] = "cosine",
-                                                [FY_LR_LINEAR] = "linear"};
-
-const char *fy_train_lr_schedule_name(enum fy_lr_schedule s)
-{
-    return (unsigned)s < 2 ? lr_schedule_names[s] : "?";
-}
-
-int fy_train_lr_schedule_parse(const char *name, enum fy_lr_schedule *out)
-{
-    for (int i = 0; i < 2; i++)
-        if (strcmp(name, lr_schedule_names[i]) == 0) {
-            *out = (enum fy_lr_schedule)i;
-            return 0;
-        }
-    return -EINVAL;
 }
 
 /* A step as its log lines say it: what it computed, and the time waited for each worker and each
@@ -126,18 +97,18 @@ static void log_plan_check(const struct fy_train_opts *o, const struct fy_model_
     double params = (double)fy_model_total_params(c);
     double opt_s = busy[FY_TICKET_BUSY_OPT];
     snprintf(opt, sizeof opt, opt_s > 0 ? "%.2f" : "-", opt_s > 0 ? params / opt_s * 1e-9 : 0.0);
-    double read = fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_READ],
-                                    busy[FY_TICKET_BUSY_SSD_READ]);
-    double write = fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_WRITE],
-                                     busy[FY_TICKET_BUSY_SSD_WRITE]);
+    double read =
+        fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_READ]);
+    double write =
+        fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_SSD_WRITE]);
     fy_info("plan check, step %llu: %.3f s against the %.3f s predicted (%+.1f%%); in it the SSD "
             "read %s GB/s and wrote %s (the plan's: %.2f and %.2f, from %s), AdamW %s G "
             "parameters/s (the profile: %.2f)",
             (unsigned long long)s->step, s->seconds, o->plan_step_s,
             100.0 * (o->plan_step_s / s->seconds - 1.0),
             fy_diskrates_gbps(read, "-", rd, sizeof rd),
-            fy_diskrates_gbps(write, "-", wr, sizeof wr),
-            o->plan_ssd_read * 1e-9, o->plan_ssd_write * 1e-9,
+            fy_diskrates_gbps(write, "-", wr, sizeof wr), o->plan_ssd_read * 1e-9,
+            o->plan_ssd_write * 1e-9,
             o->plan_ssd_from_steps ? "the last session's steps" : "the profile", opt,
             o->plan_opt_params * 1e-9);
 }
@@ -193,19 +164,19 @@ static int log_step(const struct fy_train_opts *o, const struct fy_model_config 
     if (o->metrics == NULL)
         return 0;
     char json[1024];
-    int n = snprintf(json, sizeof json,
-            "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
-            "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
-            "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
-            "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, \"gpu_idle\": %.4f, "
-            "\"ssd_read_bytes\": %llu, \"ssd_write_bytes\": %llu",
-            (unsigned long long)s->step, s->loss, s->lr, tps, tflops, s->seconds,
-            wait[FY_TICKET_IO], wait[FY_TICKET_GPU], wait[FY_TICKET_OPT],
-            busy[FY_TICKET_BUSY_GPU], busy[FY_TICKET_BUSY_SSD_READ],
-            busy[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_OPT], busy[FY_TICKET_BUSY_H2D],
-            busy[FY_TICKET_BUSY_D2H], gpu_idle,
-            (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_READ],
-            (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_WRITE]);
+    int n = snprintf(
+        json, sizeof json,
+        "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
+        "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
+        "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
+        "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, \"gpu_idle\": %.4f, "
+        "\"ssd_read_bytes\": %llu, \"ssd_write_bytes\": %llu",
+        (unsigned long long)s->step, s->loss, s->lr, tps, tflops, s->seconds, wait[FY_TICKET_IO],
+        wait[FY_TICKET_GPU], wait[FY_TICKET_OPT], busy[FY_TICKET_BUSY_GPU],
+        busy[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_OPT],
+        busy[FY_TICKET_BUSY_H2D], busy[FY_TICKET_BUSY_D2H], gpu_idle,
+        (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_READ],
+        (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_WRITE]);
     if (s->grad_norm >= 0)
         n += snprintf(json + n, sizeof json - (size_t)n, ", \"grad_norm\": %.9g", s->grad_norm);
     if (s->have_eval)
@@ -229,25 +200,40 @@ static int commit(struct fy_sched *r, struct fy_storemeta *meta, uint64_t step)
     *next = *meta;
     next->step = step;
     next->seq = meta->seq + 1;
-    next->copy = r->work_copy;
+    next->copy = r->copies.work;
     int rc = 0;
     for (unsigned u = 0; u < fy_model_unit_count(r->l.c); u++) {
         next->digest[u] = fy_sched_unit_digest(r, u);
-        if (r->at_copy[u] != r->work_copy) {
-            fy_error("schedule error: unit %u's state of step %llu is not in copy %u to commit",
-                     u, (unsigned long long)step, r->work_copy);
+        if (r->copies.at[u] != r->copies.work) {
+            fy_error("schedule error: unit %u's state of step %llu is not in copy %u to commit", u,
+                     (unsigned long long)step, r->copies.work);
             rc = -EPROTO;
         }
     }
-    if (rc == 0)
-        rc = fy_commit_write(r->tk.x, r->pool, r->l.meta, next, r->tk.timeout_ms);
-    if (rc == 0) {
-        *meta = *next;
-        r->read_copy = meta->copy;
-        r->work_copy = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
-    }
+    if (rc < 0)
+        goto out;
+    FY_TRY_OUT(rc, fy_commit_write(r->tk.x, r->pool, r->l.meta, next, r->tk.timeout_ms));
+    *meta = *next;
+    fy_sched_copies_of_commit(r, meta);
+out:
     free(next);
     return rc;
+}
+
+/* The state of the committed step in meta read and checked against the record's digests: the
+ * resident units' loaded (each read with its pieces' digests, checked against the record's), every
+ * other unit's read once. */
+static int check_committed(struct fy_sched *r, const struct fy_storemeta *meta,
+                           const unsigned char *resident)
+{
+    double t0 = now_s();
+    unsigned bad = 0;
+    FY_TRY(fy_sched_resident_transfer(r, FY_OP_IO_READ, meta->digest));
+    FY_TRY(fy_commit_verify(r->tk.x, r->pool, meta, r->l.state, resident, r->copies.digest, &bad,
+                            r->tk.timeout_ms));
+    fy_info("step %llu's state checked against its commit record in %.1f s",
+            (unsigned long long)meta->step, now_s() - t0);
+    return 0;
 }
 
 /* Starts from the committed step in meta: the resident units' state loaded and every other unit's
@@ -260,26 +246,17 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
     unsigned units = fy_model_unit_count(r->l.c);
     uint64_t damaged = 0, damaged_seq = 0;
     for (int attempt = 0;; attempt++) {
-        r->read_copy = meta->copy;
-        r->work_copy = meta->copies == 2 ? 1 - meta->copy : meta->copy; /* one: in place */
-        memset(r->at_copy, (int)meta->copy, units);
-        double t0 = now_s();
-        unsigned bad = 0;
-        /* the pieces' digests: each unit's read with them, checked against the record's */
-        int rc = fy_sched_resident_transfer(r, FY_OP_IO_READ, meta->digest);
-        if (rc == 0)
-            rc = fy_commit_verify(r->tk.x, r->pool, meta, r->l.state, resident, r->digest, &bad,
-                                  r->tk.timeout_ms);
-        if (rc == 0)
-            fy_info("step %llu's state checked against its commit record in %.1f s",
-                    (unsigned long long)meta->step, now_s() - t0);
+        fy_sched_copies_of_commit(r, meta);
+        memset(r->copies.at, (int)meta->copy, units);
+        int rc = check_committed(r, meta, resident);
         /* no intact commit left: -ENOENT, not the damage itself, which in the steps means
          * "go back to the last commit" (a restart) */
         if (fy_is_damage(rc) && meta->copies == 1) {
             fy_error("step %llu's state no longer matches its commit: this store keeps one copy "
                      "of the state (init --state-copies 1), so a run stopped between commits "
                      "(killed, crashed, a second Ctrl-C) leaves it unusable; initialise it again, "
-                     "or from an export", (unsigned long long)meta->step);
+                     "or from an export",
+                     (unsigned long long)meta->step);
             return -ENOENT;
         }
         if (fy_is_damage(rc) && attempt > 0) {
@@ -299,7 +276,8 @@ static int open_committed(struct fy_sched *r, struct fy_storemeta *meta,
         FY_TRY(fy_commit_read(r->tk.x, r->pool, r->l.meta, "the store", meta->seq, meta,
                               r->tk.timeout_ms));
         fy_warn("step %llu's state is damaged on the SSD; going back to the commit before it, "
-                "step %llu", (unsigned long long)damaged, (unsigned long long)meta->step);
+                "step %llu",
+                (unsigned long long)damaged, (unsigned long long)meta->step);
     }
 }
 
@@ -318,7 +296,8 @@ static int run_start(struct fy_sched *r, const struct fy_storemeta *meta,
         FY_TRY(dropped < 0 ? dropped : 0);
         if (dropped > 0)
             fy_info("%s: dropped %d line%s of steps after the last commit (step %llu), which are "
-                    "trained again", fy_metrics_path(o->metrics), dropped, dropped == 1 ? "" : "s",
+                    "trained again",
+                    fy_metrics_path(o->metrics), dropped, dropped == 1 ? "" : "s",
                     (unsigned long long)meta->step);
     }
     fy_info("starting at step %llu", (unsigned long long)meta->step);
@@ -333,70 +312,71 @@ static int run_step(struct fy_sched *r, struct fy_storemeta *meta, struct fy_sam
     struct step_line s = {.step = step, .lr = fy_train_lr(o, step), .grad_norm = -1};
     double t0 = now_s();
     fy_ticket_step(&r->tk, step);
-    int rc = fy_sched_load_batch(r, data, FY_TOKFILE_TRAIN, step, &s.fill);
-    if (rc == 0)
-        rc = fy_sched_forward(r, 1, step, &s.loss);
-    r->grad_scale = 0.0;
-    if (rc == 0 && r->one_pass)
-        rc = fy_sched_clipped_backward(r, step, s.lr, o->clip_grad_norm, &s.grad_norm);
-    else if (rc == 0 && r->clip)
-        rc = fy_sched_clip_scale(r, step, o->clip_grad_norm, &s.grad_norm);
-    if (rc == 0 && !r->one_pass)
-        rc = fy_sched_backward_and_update(r, step, s.lr);
-    *trained = rc == 0;
+    *trained = 0;
+    FY_TRY(fy_sched_load_batch(r, data, FY_TOKFILE_TRAIN, step, &s.fill));
+    FY_TRY(fy_sched_forward(r, 1, step, &s.loss));
+    r->clip.scale = 0.0;
+    if (r->clip.one_pass)
+        FY_TRY(fy_sched_clipped_backward(r, step, s.lr, o->clip_grad_norm, &s.grad_norm));
+    else if (r->clip.on)
+        FY_TRY(fy_sched_clip_scale(r, step, o->clip_grad_norm, &s.grad_norm));
+    if (!r->clip.one_pass)
+        FY_TRY(fy_sched_backward_and_update(r, step, s.lr));
+    *trained = 1;
     int durable = step == o->steps || (o->checkpoint_every && step % o->checkpoint_every == 0);
-    int do_eval = rc == 0 && (step == o->steps || (o->eval_every && step % o->eval_every == 0));
+    int do_eval = step == o->steps || (o->eval_every && step % o->eval_every == 0);
     /* a commit needs the updates still running or deferred done; an evaluation's first forward
      * makes the deferred ones itself, from the state it reads (as a training forward does) */
-    if (rc == 0 && durable)
-        rc = fy_sched_finish_updates(r);
+    if (durable)
+        FY_TRY(fy_sched_finish_updates(r));
     s.seconds = now_s() - t0;
     memcpy(s.wait_s, r->tk.wait_s, sizeof s.wait_s);
     memcpy(s.busy, r->tk.busy_s, sizeof s.busy);
     memcpy(s.bytes, r->tk.busy_bytes, sizeof s.bytes);
     s.have_eval = do_eval && o->eval_batches > 0;
-    if (rc == 0 && s.have_eval)
-        rc = fy_sched_eval_loss(r, data, o->eval_batches, &s.eval);
+    if (s.have_eval)
+        FY_TRY(fy_sched_eval_loss(r, data, o->eval_batches, &s.eval));
     /* The step's metrics line goes before its commit: a commit that a crash cuts off after its
      * record is durable still counts, and the line must be there for it (a line past the last
      * commit is dropped when the run goes back). The commit's time is its own. */
-    if (rc == 0)
-        rc = log_step(o, &meta->model, &s);
-    if (rc == 0 && o->plan_step_s > 0 && step == first + 1 && s.seconds > 0)
+    FY_TRY(log_step(o, &meta->model, &s));
+    if (o->plan_step_s > 0 && step == first + 1 && s.seconds > 0)
         log_plan_check(o, &meta->model, &s);
-    if (rc == 0 && o->ssd_seen != NULL && step > first)
+    if (o->ssd_seen != NULL && step > first)
         fy_diskrates_add(o->ssd_seen, step, s.bytes[FY_TICKET_BUSY_SSD_READ],
                          s.busy[FY_TICKET_BUSY_SSD_READ], s.bytes[FY_TICKET_BUSY_SSD_WRITE],
                          s.busy[FY_TICKET_BUSY_SSD_WRITE]);
-    if (rc == 0 && durable) {
+    if (durable) {
         double c0 = now_s();
-        rc = commit(r, meta, step);
-        if (rc == 0 && now_s() - c0 > 1.0)
+        FY_TRY(commit(r, meta, step));
+        if (now_s() - c0 > 1.0)
             fy_info("step %llu committed in %.1f s", (unsigned long long)step, now_s() - c0);
     }
-    return rc;
+    return 0;
 }
 
 int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
                  struct fy_sampler *data, const struct fy_train_opts *o)
 {
     struct fy_sched r;
-    const struct fy_plan_shape shape = {.c = &meta->model, .B = o->batch, .T = o->seq,
+    const struct fy_plan_shape shape = {.c = &meta->model,
+                                        .B = o->batch,
+                                        .T = o->seq,
                                         .act_dtype = o->act_dtype,
                                         .weight_dtype = o->weight_dtype,
-                                        .clip = o->clip_grad_norm > 0, .ranks = o->ranks};
+                                        .clip = o->clip_grad_norm > 0,
+                                        .ranks = o->ranks};
     FY_TRY(fy_sched_init(&r, pool, &shape, x, o->timeout_ms));
-    int rc = fy_sched_setup(&r, o);
-    if (rc == 0)
-        rc = open_committed(&r, meta, o->resident);
-    if (rc == 0)
-        rc = fy_sched_fill_copies(&r);
-    if (rc == 0)
-        rc = run_start(&r, meta, o);
-    uint64_t done = meta->step; /* the last step trained; meta->step is the last committed */
-    const uint64_t first = meta->step + 1; /* this session's first step */
+    uint64_t done = 0;    /* the last step trained; meta->step is the last committed */
     int metrics_full = 0; /* too many metrics lines wait for room: stopped at a commit */
-    for (uint64_t step = meta->step + 1; rc == 0 && step <= o->steps; step++) {
+    int rc;
+    FY_TRY_OUT(rc, fy_sched_setup(&r, o));
+    FY_TRY_OUT(rc, open_committed(&r, meta, o->resident));
+    FY_TRY_OUT(rc, fy_sched_fill_copies(&r));
+    FY_TRY_OUT(rc, run_start(&r, meta, o));
+    done = meta->step;
+    const uint64_t first = meta->step + 1; /* this session's first step */
+    for (uint64_t step = first; step <= o->steps; step++) {
         if (o->stop != NULL && *o->stop) {
             fy_warn("stopping at the step boundary before step %llu", (unsigned long long)step);
             break;
@@ -406,9 +386,10 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
             break;
         }
         int trained;
-        rc = run_step(&r, meta, data, o, step, first, &trained);
+        FY_TRY_OUT(rc, run_step(&r, meta, data, o, step, first, &trained));
         done = trained ? step : done;
     }
+out:;
     /* a stop at a step boundary leaves updates running or deferred */
     int drained = rc == 0 ? fy_sched_finish_updates(&r) : fy_optq_drain(&r.opt);
     rc = rc ? rc : drained;
@@ -419,9 +400,9 @@ int fy_train_run(const struct fy_exec *x, struct fy_pool *pool, struct fy_storem
     }
     if (rc == 0 && metrics_full)
         rc = fy_metrics_stopped(o->metrics, meta->step);
-    drained = fy_spill_drain(&r.ckpt);
+    drained = fy_spill_drain(&r.block_inputs);
     rc = rc ? rc : drained;
-    drained = fy_spill_drain(&r.saved);
+    drained = fy_spill_drain(&r.swap.ring);
     rc = rc ? rc : drained;
     fy_ticket_trace_end(&r.tk);
     fy_sched_free(&r);
@@ -441,9 +422,8 @@ static int export_unit(void *ctx, unsigned unit, float *params)
                                  r->tk.timeout_ms);
 }
 
-int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool,
-                          struct fy_storemeta *meta, const char *path, int overwrite, int beside,
-                          int timeout_ms)
+int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool, struct fy_storemeta *meta,
+                          const char *path, int overwrite, int beside, int timeout_ms)
 {
     struct fy_sched r;
     const struct fy_plan_shape one = {.c = &meta->model, .B = 1, .T = 1, .act_dtype = FY_DTYPE_F32};

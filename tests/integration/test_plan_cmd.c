@@ -40,8 +40,8 @@ static void test_prediction_by_hand(void **state)
     struct fy_plan_shape clipped = f32, bf16 = f32;
     clipped.clip = 1;
     bf16.act_dtype = FY_DTYPE_BF16;
-    struct fy_plan_place place = {.resident = resident}, ckpt_ssd = place;
-    ckpt_ssd.ckpt_slots = fy_plan_spill_slots(0);
+    struct fy_plan_place place = {.resident = resident}, block_inputs_ssd = place;
+    block_inputs_ssd.block_inputs_slots = fy_plan_spill_slots(0);
     struct fy_plan_prediction p;
     fy_plan_predict(&f32, &place, &rates, &p);
     assert_float_equal(p.gpu_s, 9.4175232e-5, 1e-12);
@@ -66,14 +66,14 @@ static void test_prediction_by_hand(void **state)
     assert_string_equal(p.bound, "SSD");
     /* checkpoints on the SSD: x_0 and x_1 (32768 bytes each) written once and read once */
     rates.ssd_read = 1e8;
-    fy_plan_predict(&f32, &ckpt_ssd, &rates, &p);
+    fy_plan_predict(&f32, &block_inputs_ssd, &rates, &p);
     assert_float_equal(p.ssd_s, 1.202176e-2, 1e-12);
     /* bf16 activations (the CUDA backend's): 16384 bytes each instead of 32768, 8 of them up and 6
      * down per step, and the checkpoints half the size on the SSD */
     fy_plan_predict(&bf16, &place, &rates, &p);
     assert_float_equal(p.h2d_s, 1.145856e-3, 1e-12);
     assert_float_equal(p.d2h_s, 3.18976e-4, 1e-12);
-    fy_plan_predict(&bf16, &ckpt_ssd, &rates, &p);
+    fy_plan_predict(&bf16, &block_inputs_ssd, &rates, &p);
     assert_float_equal(p.ssd_s, 1.103872e-2 + 3.2768e-4 + 1.6384e-4, 1e-12);
     /* bf16 weights: every unit's go up at 2 bytes instead of 4, 469760 fewer (the embeddings'
      * 18432 parameters, both blocks' 49984 in the forward and the backward, the head's final unit
