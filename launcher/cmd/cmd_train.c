@@ -76,8 +76,8 @@ struct train_run {
     struct fy_plan_in plan_in;
     struct fy_plan plan;
     struct fy_actsetup act; /* the plan's activation step */
-    int have_probe;        /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
-    int ssd_from_steps;    /* ... with the SSD's from RUN/ssd_rates.json (the last session) */
+    int have_probe;         /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
+    int ssd_from_steps;     /* ... with the SSD's from RUN/ssd_rates.json (the last session) */
     char probed[PATH_MAX + 16];
     struct fy_train_opts to;
     struct fy_diskrates ssd_seen;
