@@ -104,7 +104,7 @@ static void test_fast_links_swap_everything(void **state)
     assert_true(r.step_b < r.step_a);
     assert_true(r.predicted_s == r.step_b);
     assert_true(r.swap.host_bytes > 0 && r.swap.ssd_bytes == 0);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
 }
 
 /* No pool room and no SSD room: nothing can be swapped, every block recomputes. */
@@ -121,7 +121,7 @@ static void test_no_room_recomputes(void **state)
     assert_null(r.place);
     assert_int_equal(r.swap_sets, 0);
     assert_true(r.predicted_s == r.step_a && r.predicted_s > 0);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
 }
 
 /* Slow links: swapping only adds transfer time, so auto keeps what the device holds and
@@ -137,7 +137,7 @@ static void test_slow_links_recompute(void **state)
     assert_int_equal(r.keep, 5); /* 5 MiB free, 1 MiB a set */
     assert_null(r.place);
     assert_int_equal(r.swap_sets, 0);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
 }
 
 /* The device room decides the kept blocks: swapping costs two sets, so with fast links auto keeps
@@ -157,21 +157,21 @@ static void test_device_room_and_swap_sets(void **state)
     for (unsigned l = 5; l < c.n_layer; l++) /* the kept top blocks: on the GPU */
         assert_int_equal(r.place[l * K + FY_ACT_QKV], FY_ACT_GPU);
     assert_int_equal(count(&r, c.n_layer, FY_ACT_HOST), 5 * 5);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
 
     p = profile(1e15, 1u << 20, (1u << 20) + 5); /* one set and a bit: no swapping */
     assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(r.keep, 1);
     assert_int_equal(r.keep_b, -1);
     assert_null(r.place);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
 
     p = profile(1e15, 1u << 20, 64u << 20); /* every block kept: nothing left to swap */
     assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(r.keep, (int)c.n_layer);
     assert_null(r.place);
     assert_true(r.predicted_s > 0);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
 }
 
 /* Over a sweep of pool rooms, the saved region (pool-kept kinds and, when some go to the SSD, the
@@ -194,7 +194,7 @@ static void test_budgets_hold(void **state)
             assert_true(fy_plan_swap_pool_bytes(&r.swap) <= room);
             assert_true(r.swap.ssd_bytes <= ssd);
             assert_true(fy_plan_swap_store_bytes(&r.swap, c.n_layer) <= ssd);
-            fy_actplace_free(&r);
+            fy_actplace_release(&r);
         }
     }
 }
@@ -220,7 +220,7 @@ static void test_fused_fc_gelu_together(void **state)
             assert_int_equal(fc, ge);
             swapped += !fc && r.place[l * K + FY_ACT_FC] != FY_ACT_GPU;
         }
-        fy_actplace_free(&r);
+        fy_actplace_release(&r);
     }
     assert_true(swapped > 0); /* and the pair does get swapped where there is room */
 }
@@ -238,12 +238,12 @@ static void test_forced_modes(void **state)
     assert_int_equal(count(&r, c.n_layer, FY_ACT_HOST), 5 * (int)c.n_layer);
     assert_int_equal(r.keep, 0);
     assert_int_equal(r.swap_sets, 1);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
     in.mode = FY_ACTPLAN_SSD;
     assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_int_equal(count(&r, c.n_layer, FY_ACT_SSD), 5 * (int)c.n_layer);
     assert_true(r.swap.slot_bytes > 0 && r.swap.host_bytes == 0);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
 
     setenv("FUYOU_TEST_ACT_MIX", "7", 1);
     assert_int_equal(fy_actplace_plan(&in, &r), 0);
@@ -252,14 +252,14 @@ static void test_forced_modes(void **state)
     assert_memory_equal(r.place, again.place, (size_t)c.n_layer * K);
     for (int place = FY_ACT_HOST; place <= FY_ACT_RECOMPUTE; place++)
         assert_true(count(&r, c.n_layer, place) > 0);
-    fy_actplace_free(&r);
-    fy_actplace_free(&again);
+    fy_actplace_release(&r);
+    fy_actplace_release(&again);
 
     in.mode = FY_ACTPLAN_RECOMPUTE;
     assert_int_equal(fy_actplace_plan(&in, &r), 0);
     assert_null(r.place);
     assert_int_equal(r.keep, 0);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
 
     c.arch = &fy_arch_llama;
     fy_llama_mut(&c)->n_kv_head = 4;
@@ -280,7 +280,7 @@ static void test_no_profile_and_bad_backend(void **state)
     assert_int_equal(r.keep, -1);
     assert_null(r.place);
     assert_true(r.predicted_s == 0);
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
     in.backend = "tpu";
     assert_int_equal(fy_actplace_plan(&in, &r), -EINVAL);
 }
@@ -308,9 +308,9 @@ static void test_clipped_steps(void **state)
     assert_true(one.norm_s == 0);
     assert_true(one.predicted_s >= none.predicted_s);
     assert_true(one.predicted_s < two.predicted_s);
-    fy_actplace_free(&none);
-    fy_actplace_free(&two);
-    fy_actplace_free(&one);
+    fy_actplace_release(&none);
+    fy_actplace_release(&two);
+    fy_actplace_release(&one);
 }
 
 /* bf16 weights, every block kept on the device and AdamW slow enough that host memory binds each
@@ -340,9 +340,9 @@ static void test_bf16_weights_conversions(void **state)
                        (6 * params + 6 * blocks - 2 * params - 2 * blocks) / mem, 1e-6);
     assert_float_equal(copied.predicted_s - f32.predicted_s,
                        (-2 * params - 2 * blocks + 2 * params) / mem, 1e-6);
-    fy_actplace_free(&f32);
-    fy_actplace_free(&converted);
-    fy_actplace_free(&copied);
+    fy_actplace_release(&f32);
+    fy_actplace_release(&converted);
+    fy_actplace_release(&copied);
 }
 
 /* The state in pieces (struct fy_plan_place's state_pieces), every unit streamed, the disk slow
@@ -364,8 +364,8 @@ static void test_state_pieces_reads(void **state)
     in.state_pieces = 1;
     assert_int_equal(fy_actplace_plan(&in, &pieces), 0);
     assert_float_equal(pieces.predicted_s - whole.predicted_s, 8 * 3162112.0 / 1e8, 1e-6);
-    fy_actplace_free(&whole);
-    fy_actplace_free(&pieces);
+    fy_actplace_release(&whole);
+    fy_actplace_release(&pieces);
     in.clip = 1;
     in.clip_hold = 1; /* one pass */
     in.state_pieces = 0;
@@ -373,8 +373,8 @@ static void test_state_pieces_reads(void **state)
     in.state_pieces = 1;
     assert_int_equal(fy_actplace_plan(&in, &pieces), 0);
     assert_float_equal(pieces.predicted_s - whole.predicted_s, 8 * 3162112.0 / 1e8, 1e-6);
-    fy_actplace_free(&whole);
-    fy_actplace_free(&pieces);
+    fy_actplace_release(&whole);
+    fy_actplace_release(&pieces);
 }
 
 /* Several gpu workers, N = 2 and 3 at 4 sequences each (the profile's share): the internals'
@@ -404,19 +404,19 @@ static void test_ranks(void **state)
         assert_int_equal(r.swap.host_bytes + r.swap.ssd_bytes, 0);
         assert_memory_equal(&r.sizes, &r1.sizes, sizeof r.sizes);
         assert_true(r.predicted_s >= r1.step_a);
-        fy_actplace_free(&r);
-        fy_actplace_free(&r1);
+        fy_actplace_release(&r);
+        fy_actplace_release(&r1);
         in.rates.nvlink = 1e3;
         assert_int_equal(fy_actplace_plan(&in, &r), 0);
         double nv = (double)head * (n - 1) / n / 1e3 + (double)blocks * (n - 1) / n / 1e3;
         assert_float_equal(r.predicted_s, nv, nv * 1e-12);
-        fy_actplace_free(&r);
+        fy_actplace_release(&r);
         struct fy_actplace_in cpu = in;
         cpu.backend = "cpu";
         cpu.act_dtype = 1;
         assert_int_equal(fy_actplace_plan(&cpu, &r), 0);
         assert_true(r.predicted_s < 1.0);
-        fy_actplace_free(&r);
+        fy_actplace_release(&r);
     }
 }
 

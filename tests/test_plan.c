@@ -185,7 +185,7 @@ static void test_streamed_by_hand(void **state)
     assert_float_equal(p.predicted.step_s, 0.118528, 1e-12);
     assert_string_equal(p.predicted.bound, "optimizer");
     assert_true(p.fits_cpu);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 
     in.block_inputs_place = FY_BLOCK_INPUTS_SSD;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
@@ -195,7 +195,7 @@ static void test_streamed_by_hand(void **state)
     assert_int_equal(p.traffic.ssd_read, 1916928 + 2 * ACT);
     assert_int_equal(p.traffic.ssd_write, state_total + 2 * ACT);
     assert_int_equal(p.store_bytes, 2 * state_total + 2 * FY_COMMIT_RECORD_BYTES + MIB);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 }
 
 /* Gradients held in the CUDA backend's arena, where this build models its memory: refused without
@@ -218,20 +218,20 @@ static void clip_hold_in_cuda_arena(const struct fy_plan_in *base, const struct 
     fy_plan_clip_describe(&in, &gpu, said, sizeof said);
     assert_non_null(strstr(said, "the GPU arena has no room for them beside its working buffers "
                                  "(--gpu-mem not given)"));
-    fy_plan_free(&gpu);
+    fy_plan_release(&gpu);
     in.gpu_mem = 1ull << 30;
     assert_int_equal(fy_plan_make(&in, NULL, &gpu), 0);
     assert_int_equal(gpu.place.grad_hold, FY_HOLD_GPU);
     assert_int_equal(gpu.gpu_need, gpu.gpu_working + fy_plan_hold_bytes(c));
     assert_true(gpu.fits_gpu);
-    fy_plan_free(&gpu);
+    fy_plan_release(&gpu);
     in.gpu_mem = gpu.gpu_working + fy_plan_hold_bytes(c) - 1;
     in.clip_mode = FY_CLIP_ONE_PASS;
     in.clip_hold = FY_CLIP_HOLD_GPU;
     assert_int_equal(fy_plan_make(&in, NULL, &gpu), 0);
     assert_int_equal(gpu.place.grad_hold, FY_HOLD_GPU);
     assert_false(gpu.fits_gpu);
-    fy_plan_free(&gpu);
+    fy_plan_release(&gpu);
 }
 
 /* Clipping, every unit streamed, on the streamed plan above. Two passes: the blocks' master
@@ -262,7 +262,7 @@ static void test_clip_modes(void **state)
     in.prefetch = 3; /* reading three units ahead, the forward has no state slot to spare */
     assert_int_equal(fy_plan_make(&in, NULL, &ahead), 0);
     assert_int_equal(ahead.traffic.ssd_read, two.traffic.ssd_read);
-    fy_plan_free(&ahead);
+    fy_plan_release(&ahead);
     in.prefetch = 1;
     assert_int_equal(one.traffic.ssd_write, none.traffic.ssd_write);
     assert_int_equal(one.traffic.to_gpu, none.traffic.to_gpu);
@@ -292,7 +292,7 @@ static void test_clip_modes(void **state)
     assert_false(autop.place.grad_hold);
     fy_plan_clip_describe(&in, &autop, said, sizeof said);
     assert_non_null(strstr(said, ", and no --cpu-mem allows it"));
-    fy_plan_free(&autop);
+    fy_plan_release(&autop);
     /* with room (a cap far above the state): the faster by the rates. Here AdamW binds: one pass
      * runs it after the backward, two passes after the norm pass, which costs the second pass's
      * forward share more; with a fast AdamW, one pass saves the second backward */
@@ -307,13 +307,13 @@ static void test_clip_modes(void **state)
     assert_string_equal(twice.predicted.bound, "the norm, then the optimizer");
     /* the norm pass (the second pass's compute) alone, then AdamW under the rest */
     assert_float_equal(twice.predicted.step_s, one.predicted.gpu_s + twice.predicted.opt_s, 1e-12);
-    fy_plan_free(&twice);
-    fy_plan_free(&autop);
+    fy_plan_release(&twice);
+    fy_plan_release(&autop);
     in.clip_mode = FY_CLIP_AUTO;
     in.rates.opt_params = in.rates.opt_by_format[0] = 1e12;
     assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
     assert_true(autop.place.grad_hold);
-    fy_plan_free(&autop);
+    fy_plan_release(&autop);
     /* a cap the streaming pool fits and the held gradients do not */
     in.cpu_mem = none.pool_bytes;
     assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
@@ -322,7 +322,7 @@ static void test_clip_modes(void **state)
     fy_plan_clip_describe(&in, &autop, said, sizeof said);
     assert_non_null(strstr(said, "clipping in two backward passes, the first for the norm alone: "
                                  "one pass would hold the blocks' gradients (392.0 KiB), a pool of "));
-    fy_plan_free(&autop);
+    fy_plan_release(&autop);
     /* where the held gradients fit only in place of kept state: one pass with fewer units kept,
      * where the rates make that faster than a second backward (a slow GPU, a fast disk and
      * AdamW), said against the unclipped plan that keeps them */
@@ -345,14 +345,14 @@ static void test_clip_modes(void **state)
     assert_float_equal(autop.unclipped_step_s, all.predicted.step_s, 1e-12);
     fy_plan_clip_describe(&in, &autop, said, sizeof said);
     assert_non_null(strstr(said, "held in the pool in place of "));
-    fy_plan_free(&autop);
+    fy_plan_release(&autop);
     /* and where a second backward costs less (a fast GPU), two passes with every unit kept */
     in.rates.gpu_flops = 1e15;
     in.rates.ssd_read = in.rates.ssd_write = 1e6;
     assert_int_equal(fy_plan_make(&in, NULL, &autop), 0);
     assert_false(autop.place.grad_hold);
     assert_int_equal(autop.kept, 4);
-    fy_plan_free(&autop);
+    fy_plan_release(&autop);
 
     /* held in the GPU arena (--clip-hold auto where the pool has no room, or gpu): no gradhold
      * region, every unit kept that fits, the one pass's SSD bytes, the gradients sent from the GPU
@@ -373,12 +373,12 @@ static void test_clip_modes(void **state)
     fy_plan_clip_describe(&in, &gpu, said, sizeof said);
     assert_non_null(strstr(said, "clipping in one backward pass: the blocks' gradients (392.0 KiB) "
                                  "held in the GPU arena (each sent to the pool for its update)"));
-    fy_plan_free(&gpu);
+    fy_plan_release(&gpu);
     clip_hold_in_cuda_arena(&in, &c);
-    fy_plan_free(&all);
-    fy_plan_free(&none);
-    fy_plan_free(&two);
-    fy_plan_free(&one);
+    fy_plan_release(&all);
+    fy_plan_release(&none);
+    fy_plan_release(&two);
+    fy_plan_release(&one);
 }
 
 /* bf16 weights for every unit, width 64 and two blocks (test_streamed_by_hand's model): each
@@ -426,7 +426,7 @@ static void test_bf16_weights_by_hand(void **state)
     struct fy_plan_shape clipped = in.shape;
     clipped.clip = 1;
     assert_int_equal(fy_plan_convert_params(&clipped, &p.place), 118528 + 2 * 99968);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 
     /* the pool as the plan lays it out, read back */
     struct fy_pool *pool = NULL;
@@ -474,7 +474,7 @@ static void test_bf16_weights_by_hand(void **state)
     struct fy_plan_shape f32_shape = in.shape;
     f32_shape.weight_dtype = FY_DTYPE_F32;
     assert_int_equal(fy_plan_convert_params(&f32_shape, &p_kept), 0);
-    fy_plan_free(&f32);
+    fy_plan_release(&f32);
 }
 
 /* Width 256, four blocks: the embeddings' state 884736 bytes (73728 parameters, 294912 bytes a
@@ -509,7 +509,7 @@ static void test_residency_by_budget(void **state)
     /* the streamed blocks' traffic alone: 4 x (3162112 + 9486336) read, 4 x 9486336 written */
     assert_int_equal(p.traffic.ssd_read, 4 * (section + block_state));
     assert_int_equal(p.traffic.ssd_write, 4 * block_state);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 
     /* bf16 weights: three bf16 slots (1579520 bytes padded to 1581056 each, slot 0 the
      * embeddings' 147456) and the landing ring
@@ -531,20 +531,20 @@ static void test_residency_by_budget(void **state)
     assert_int_equal(fy_plan_land_chunk(&c), 790528);
     assert_int_equal(p.traffic.convert, 4 * 2 * 789760ull * 6);
     assert_true(p.pool_bytes <= in.cpu_mem);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 
     in.shape.weight_dtype = FY_DTYPE_F32;
     in.block_inputs_place = FY_BLOCK_INPUTS_AUTO;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.place.block_inputs_slots, 4);
     assert_int_equal(p.kept, 2);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     in.cpu_mem = 1024 * MIB; /* all of it fits: the checkpoints stay in the pool */
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.kept, 6);
     assert_int_equal(p.place.block_inputs_slots, 0);
     assert_int_equal(p.traffic.ssd_read + p.traffic.ssd_write, 0);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 }
 
 /* Every unit kept: as many gradient slots as asked, one per block at most (8 of 8 blocks, or 5
@@ -561,11 +561,11 @@ static void test_grad_slots(void **state)
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.kept, 10);
     assert_int_equal(p.place.grad_slots, 8);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     in.grad_slots = 5;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.place.grad_slots, 5);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 
     struct fy_model_config deep = gpt(16, 64);
     in = input(&deep);
@@ -578,7 +578,7 @@ static void test_grad_slots(void **state)
     assert_int_equal(p.kept, 18);
     assert_int_equal(p.place.grad_slots, 10);
     assert_int_equal(p.pool_bytes, in.cpu_mem);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     /* 2 MiB less: four for the resident region, which hold unit 0, blocks 1 to 13 and the final
      * unit (221184 + 13 x 602112 + 12288 bytes); blocks 14 to 16 stream */
     in.cpu_mem -= 2 * MIB;
@@ -587,7 +587,7 @@ static void test_grad_slots(void **state)
     for (unsigned u = 0; u < 18; u++)
         assert_int_equal(p.resident[u], u >= 14 && u <= 16 ? FY_PLAN_STREAMED : FY_PLAN_KEPT);
     assert_int_equal(p.place.grad_slots, 3);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 }
 
 /* What the activation step saw when it ran, and the swap it places. */
@@ -637,7 +637,7 @@ static void test_activation_step_order(void **state)
     assert_int_equal(p.kept, 0);
     assert_string_equal(p.regions[p.n_regions - 1].name, "saved");
     assert_int_equal(p.regions[p.n_regions - 1].bytes, 2 * MIB);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 
     in.act_mode = FY_ACTPLAN_AUTO;
     in.block_inputs_place = FY_BLOCK_INPUTS_AUTO;
@@ -659,7 +659,7 @@ static void test_activation_step_order(void **state)
     fy_plan_traffic(&in.shape, &none, &without);
     assert_int_equal(p.traffic.from_gpu - without.from_gpu, 160 * KIB);
     assert_int_equal(p.traffic.to_gpu - without.to_gpu, 160 * KIB);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 }
 
 /* Width 256, two blocks, the state in pieces of at most 1 MiB. A block (789760 parameters) cut by
@@ -711,7 +711,7 @@ static void test_state_pieces_by_hand(void **state)
         assert_int_equal(p.kept, 0);
         check_regions(&p, regions[i], 8);
         assert_true(p.fits_cpu);
-        fy_plan_free(&p);
+        fy_plan_release(&p);
     }
     /* where the disk binds, the room of whole units' state slots is better spent on state: at the
      * pool of whole units' slots with nothing kept, the state slots a piece's, a block kept */
@@ -734,7 +734,7 @@ static void test_state_pieces_by_hand(void **state)
     struct fy_plan_prediction alone;
     fy_plan_predict(&in.shape, &whole_kept, &in.rates, &alone);
     assert_true(p.predicted.step_s < alone.step_s);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     in.rates = rates;
     /* the pieces, one slot: every unit's master in the forward and its state read and written,
      * a block's master once more in the backward, before its state */
@@ -756,7 +756,7 @@ static void test_state_pieces_by_hand(void **state)
      * a second binds each: 0.78976 s against 2 x 9498624 / 1e8 + 2 x 9498624 / 2e8); with a GPU
      * slow enough, the bound */
     assert_float_equal(fy_plan_block_updates_s(&in.shape, &p.place, &in.rates), 2 * 0.78976, 1e-12);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     in.rates.gpu_flops = 1e9;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_string_equal(p.predicted.bound, "the backward, then each block's update (one gradient "
@@ -770,7 +770,7 @@ static void test_state_pieces_by_hand(void **state)
                                  "--cpu-mem"));
     assert_non_null(strstr(said, "; 1 block gradient slot (3 where --cpu-mem has room): each "
                                  "block's backward waits for the update of the block above"));
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     in.rates = rates;
     /* clipping never takes one slot: at that pool, two, and the plan does not fit */
     in.shape.clip = 1;
@@ -779,7 +779,7 @@ static void test_state_pieces_by_hand(void **state)
     assert_int_equal(p.place.state_pieces, 1);
     assert_int_equal(p.place.grad_slots, 2);
     assert_false(p.fits_cpu);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     /* nothing fits: the least, said not to fit */
     in.shape.clip = 0;
     in.cpu_mem = 4 * MIB;
@@ -787,7 +787,7 @@ static void test_state_pieces_by_hand(void **state)
     assert_int_equal(p.place.state_pieces, 1);
     assert_int_equal(p.place.grad_slots, 1);
     assert_false(p.fits_cpu);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     /* --grad-slots 2 asks no more than two, whatever the room; whole units take two at least */
     in.cpu_mem = 1024 * MIB;
     in.grad_slots = 1;
@@ -796,7 +796,7 @@ static void test_state_pieces_by_hand(void **state)
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.place.state_pieces, 0);
     assert_int_equal(p.place.grad_slots, 2);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 }
 
 /* The GPU, where the backend's memory is modelled (the CUDA backend of a build with it): the
@@ -811,7 +811,7 @@ static void test_gpu_need(void **state)
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_false(p.gpu_modelled); /* the CPU backend */
     assert_true(p.fits_gpu);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     uint64_t working, set;
     if (!fy_backend_gpu_bytes("cuda", &c, 4, 32, &working, &set)) {
         print_message("skipped: this build has no CUDA backend, whose memory the plan models\n");
@@ -823,12 +823,12 @@ static void test_gpu_need(void **state)
     assert_true(p.gpu_modelled);
     assert_int_equal(p.gpu_need, working);
     assert_true(p.fits_gpu);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     in.act_mode = FY_ACTPLAN_SSD;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.gpu_need, working + FY_BACKEND_QUEUE * set);
     assert_false(p.fits_gpu);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
 }
 
 /* Several gpu workers (--gpus N), width 64 and two blocks: each GPU computes B / N sequences, so
@@ -880,7 +880,7 @@ static void test_ranks(void **state)
         assert_float_equal(many.predicted.opt_s, one.predicted.opt_s, 1e-15);
         assert_int_equal(many.n_regions, one.n_regions + 1);
         assert_string_equal(many.regions[many.n_regions - 1].name, "ranks");
-        fy_plan_free(&many);
+        fy_plan_release(&many);
         /* the CUDA backend: reduced over NVLink, sent by rank 0 alone (its link as before) */
         in.backend = "cuda";
         in.gpu_mem = 0;
@@ -896,20 +896,20 @@ static void test_ranks(void **state)
             assert_int_equal(many.gpu_working, working);
             assert_int_equal(many.gpu_set, set);
         }
-        fy_plan_free(&many);
+        fy_plan_release(&many);
         /* a slow NVLink binds the step, and so does slow host memory */
         in.rates.nvlink = 1e3;
         assert_int_equal(fy_plan_make(&in, NULL, &many), 0);
         assert_string_equal(many.predicted.bound, "NVLink");
         assert_float_equal(many.predicted.step_s, many.predicted.nvlink_s, 0);
-        fy_plan_free(&many);
+        fy_plan_release(&many);
         in.rates.nvlink = 1e9;
         in.rates.host_mem = 1e3;
         assert_int_equal(fy_plan_make(&in, NULL, &many), 0);
         assert_string_equal(many.predicted.bound, "host memory");
-        fy_plan_free(&many);
-        fy_plan_free(&one);
-        fy_plan_free(&part);
+        fy_plan_release(&many);
+        fy_plan_release(&one);
+        fy_plan_release(&part);
     }
 }
 
@@ -926,7 +926,7 @@ static void test_ranks_refused(void **state)
     assert_int_equal(fy_plan_make(&in, NULL, &p), -FY_EUSAGE); /* 4 sequences over 3 */
     in.shape.B = 6;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     in.act_mode = FY_ACTPLAN_HOST;
     assert_int_equal(fy_plan_make(&in, NULL, &p), -FY_EUSAGE);
     in.act_mode = FY_ACTPLAN_SSD;
@@ -947,18 +947,18 @@ static void test_ranks_refused(void **state)
     in.clip_mode = FY_CLIP_ONE_PASS;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.place.grad_hold, FY_HOLD_POOL);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     in.clip_mode = FY_CLIP_AUTO;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_not_equal(p.place.grad_hold, FY_HOLD_GPU);
     assert_false(p.one_pass_gpu_short); /* not said to be short of room */
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     in.shape.ranks = 1;
     in.clip_mode = FY_CLIP_ONE_PASS;
     assert_int_equal(fy_plan_make(&in, NULL, &p), 0);
     assert_int_equal(p.place.grad_hold, FY_HOLD_GPU);
-    fy_plan_free(&p);
-    fy_plan_free(&two);
+    fy_plan_release(&p);
+    fy_plan_release(&two);
 }
 
 int main(void)

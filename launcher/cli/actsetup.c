@@ -189,7 +189,7 @@ struct fy_plan_acts fy_actsetup_acts(struct fy_actsetup *a)
     return (struct fy_plan_acts){.place = place_acts, .ctx = a};
 }
 
-void fy_actsetup_free(struct fy_actsetup *a) { fy_actplace_free(&a->run); }
+void fy_actsetup_release(struct fy_actsetup *a) { fy_actplace_release(&a->run); }
 
 /* The plan for people and tools: RUN/act_plan.json, replaced whole. */
 int fy_actsetup_save(const struct fy_actsetup *a)

@@ -38,6 +38,6 @@ struct fy_actsetup {
 struct fy_plan_acts fy_actsetup_acts(struct fy_actsetup *a);
 /* The plan for people and tools: RUN/act_plan.json, replaced whole. */
 int fy_actsetup_save(const struct fy_actsetup *a);
-void fy_actsetup_free(struct fy_actsetup *a);
+void fy_actsetup_release(struct fy_actsetup *a);
 
 #endif

@@ -50,8 +50,8 @@ int fy_cmd_profile(struct fy_options *o)
     FY_TRY_OUT(rc, fy_plan_make(&in, &acts, &plan));
     rc = fy_actsetup_save(&act);
 out:
-    fy_actsetup_free(&act);
-    fy_plan_free(&plan);
+    fy_actsetup_release(&act);
+    fy_plan_release(&plan);
     free(mc);
     return rc;
 }

@@ -89,8 +89,8 @@ struct train_run {
 static void train_free(struct train_run *t)
 {
     free(t->meta);
-    fy_actsetup_free(&t->act);
-    fy_plan_free(&t->plan);
+    fy_actsetup_release(&t->act);
+    fy_plan_release(&t->plan);
     fy_sampler_destroy(&t->batches);
     fy_tokfile_destroy(&t->data);
     free(t->mc);

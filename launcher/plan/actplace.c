@@ -421,7 +421,7 @@ int fy_actplace_plan(const struct fy_actplace_in *in, struct fy_actplace *out)
     else if (in->mode == FY_ACTPLAN_AUTO)
         rc = plan_auto(in, out);
     if (rc < 0) {
-        fy_actplace_free(out);
+        fy_actplace_release(out);
         /* the planner's "does not fit": the budgets the options give (--cpu-mem, --gpu-mem, the
          * batch) do not hold the activations, said */
         return rc == -ENOSPC ? -FY_EUSAGE : rc;
@@ -455,7 +455,7 @@ int fy_actplace_predict(const struct fy_actplace_in *in, struct fy_actplace *r)
     return 0;
 }
 
-void fy_actplace_free(struct fy_actplace *r)
+void fy_actplace_release(struct fy_actplace *r)
 {
     free(r->place);
     r->place = NULL;

@@ -94,7 +94,7 @@ int fy_actplace_plan(const struct fy_actplace_in *in, struct fy_actplace *out);
  * under in->resident as it is now (the optimizer state's residency is planned after a forced
  * placement): r->predicted_s and r->plan (its phases, for fy_actplace_log), said in one line. */
 int fy_actplace_predict(const struct fy_actplace_in *in, struct fy_actplace *r);
-void fy_actplace_free(struct fy_actplace *r);
+void fy_actplace_release(struct fy_actplace *r);
 /* The plan for people, one fy_info line each. */
 void fy_actplace_log(const struct fy_actplace *r, const struct fy_actplace_in *in);
 /* The plan as JSON (mode, kept blocks, masks per block; when auto, the block profile, the rates

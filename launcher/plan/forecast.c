@@ -32,7 +32,7 @@ static int forced_swap(void *ctx, const struct fy_plan_in *in, struct fy_plan *p
     struct fy_actplace r;
     FY_TRY(fy_actplace_plan(&a, &r));
     p->place.swap = r.swap;
-    fy_actplace_free(&r);
+    fy_actplace_release(&r);
     return 0;
 }
 
@@ -47,7 +47,7 @@ static int plan_at_least(const struct fy_forecast_in *in, const struct fy_model_
     at.cpu_mem = cpu_mem;
     at.floor_only = least;
     const struct fy_plan_acts acts = {.place = forced_swap};
-    fy_plan_free(p);
+    fy_plan_release(p);
     return fy_plan_make(&at, &acts, p);
 }
 
@@ -106,7 +106,7 @@ static int fits_at(const struct fy_forecast_in *in, const struct fy_model_config
                                gradient slots) where it has no room for more */
     int fits = plan_at_least(in, c, B, in->plan.cpu_mem, 1, &p) == 0 && p.fits_gpu && p.fits_cpu &&
                (free_bytes == 0 || p.store_bytes <= free_bytes);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     return fits;
 }
 
@@ -225,7 +225,7 @@ static int print_budgets(FILE *out, const struct fy_forecast_in *in, const struc
                     "plan: unclipped (--clip-grad-norm 0) the shared pool needs %s at least, "
                     "which --cpu-mem %s holds (clipping needs %s: a second block gradient slot)\n",
                     size(u.pool_bytes), size(cpu_mem), size(p->pool_bytes));
-        fy_plan_free(&u);
+        fy_plan_release(&u);
     }
     char pieces[768];
     fy_plan_state_describe(&in->plan, p, pieces, sizeof pieces);
@@ -296,7 +296,7 @@ static void print_advice(FILE *out, const struct fy_forecast_in *in, const struc
         fprintf(out, "plan: to go faster: the %s binds, and a larger batch does not fit%s\n",
                 pr->bound, optimizer ? ": give AdamW more cores (--affinity)" : "");
     }
-    fy_plan_free(&t);
+    fy_plan_release(&t);
 }
 
 /* With several gpu workers: each one's share, the weights' and the gradients' paths with their
@@ -343,7 +343,7 @@ static void print_gpus(FILE *out, const struct fy_forecast_in *in, const struct 
                 tokens / single.predicted.step_s,
                 single.fits_gpu ? "" : ", beyond one GPU's --gpu-mem",
                 single.predicted.step_s / pr->step_s);
-    fy_plan_free(&single);
+    fy_plan_release(&single);
 }
 
 int fy_forecast_print(FILE *out, const struct fy_forecast_in *in)
@@ -357,7 +357,7 @@ int fy_forecast_print(FILE *out, const struct fy_forecast_in *in)
     struct fy_plan p = {0};
     int rc = plan_at(in, c, shape->B, in->plan.cpu_mem, &p);
     if (rc < 0) {
-        fy_plan_free(&p);
+        fy_plan_release(&p);
         return rc;
     }
     fprintf(out, "plan: %s; batch %d x %d tokens; %s backend (%s activations); rates: %s\n",
@@ -407,7 +407,7 @@ int fy_forecast_print(FILE *out, const struct fy_forecast_in *in)
         fprintf(out, "plan: largest model of this width that fits: %u blocks (%s)\n", maxl,
                 paths > 0 ? "the SSD's free space and --cpu-mem" : "--cpu-mem");
     print_advice(out, in, &p, paths, maxb);
-    fy_plan_free(&p);
+    fy_plan_release(&p);
     if (!fits)
         fprintf(out, "plan: this does not fit the budgets above: train would refuse it\n");
     return fits ? 0 : 1;

@@ -403,7 +403,7 @@ int fy_plan_check_gpu(const struct fy_plan_in *in, const struct fy_plan *p)
     return -FY_EUSAGE;
 }
 
-void fy_plan_free(struct fy_plan *p)
+void fy_plan_release(struct fy_plan *p)
 {
     free(p->resident);
     p->resident = NULL;

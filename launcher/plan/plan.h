@@ -58,7 +58,7 @@ struct fy_plan_in {
 
 /* A plan. */
 struct fy_plan {
-    unsigned char *resident;      /* per unit, FY_PLAN_*: place.resident (fy_plan_free frees it) */
+    unsigned char *resident; /* per unit, FY_PLAN_*: place.resident (fy_plan_release frees it) */
     struct fy_plan_place place;   /* where things live, the gradient slots as many as fit */
     unsigned kept, weight_copies; /* units whose state is kept; of those, with a bf16 copy */
     uint64_t resident_bytes;      /* the kept state and copies */
@@ -109,7 +109,7 @@ struct fy_plan_acts {
  * batch they do not divide, for --clip-hold gpu with clipping and for --act-plan host or ssd
  * (not supported across ranks); --clip-hold auto never holds on the GPU then. */
 int fy_plan_make(const struct fy_plan_in *in, const struct fy_plan_acts *acts, struct fy_plan *p);
-void fy_plan_free(struct fy_plan *p);
+void fy_plan_release(struct fy_plan *p);
 /* The GPU against --gpu-mem where the backend's memory is modelled, as the gpu worker would find
  * it, but before any worker starts: with p NULL the working buffers of one gpu worker's share of
  * the batch (before the plan, whose activation step profiles a block on the GPU), else p's whole

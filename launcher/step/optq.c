@@ -21,7 +21,7 @@ int fy_optq_init(struct fy_optq *q, struct fy_tickets *tk, unsigned units, unsig
     return q->req && q->parts && q->sent && q->queue ? 0 : -ENOMEM;
 }
 
-void fy_optq_free(struct fy_optq *q)
+void fy_optq_release(struct fy_optq *q)
 {
     free(q->req);
     free(q->parts);

@@ -51,7 +51,7 @@ struct fy_optq {
 /* A queue for `units` units and `gslots` block gradient slots (-ENOMEM). A queue all zeros (a run
  * that does not train) has nothing to settle or drain. */
 int fy_optq_init(struct fy_optq *q, struct fy_tickets *tk, unsigned units, unsigned gslots);
-void fy_optq_free(struct fy_optq *q);
+void fy_optq_release(struct fy_optq *q);
 /* Whether unit u's update is queued, not sent. */
 int fy_optq_queued(const struct fy_optq *q, unsigned u);
 /* Queues unit u's update of n parts; its previous one must be done (-EPROTO, said, otherwise). */

@@ -260,9 +260,9 @@ int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o)
     return fy_plan_resident_offsets(r->pool, c, o->resident, r->resident, r->wcopy);
 }
 
-void fy_sched_free(struct fy_sched *r)
+void fy_sched_release(struct fy_sched *r)
 {
-    fy_optq_free(&r->opt);
+    fy_optq_release(&r->opt);
     free(r->version);
     free(r->clip.deferred);
     free(r->resident);

@@ -121,10 +121,10 @@ int fy_sched_init(struct fy_sched *r, struct fy_pool *pool, const struct fy_plan
                   const struct fy_exec *x, int timeout_ms);
 /* The rest for training with o: the schedule (overlapped or serial), the trace, the checkpoints'
  * and internals' places, clipping, the optimizer's queue, the kept units' offsets. The pool must
- * have been laid out for that plan (-EINVAL, said, otherwise). fy_sched_free frees it whatever
+ * have been laid out for that plan (-EINVAL, said, otherwise). fy_sched_release frees it whatever
  * happened. */
 int fy_sched_setup(struct fy_sched *r, const struct fy_train_opts *o);
-void fy_sched_free(struct fy_sched *r);
+void fy_sched_release(struct fy_sched *r);
 
 /* Batch `index` of the split (a training batch: the step's) into the pool's tokens region: inputs,
  * targets and positions; *fill (may be NULL) gets what it holds: the positions of documents and

@@ -56,7 +56,7 @@ int fy_train_init_store(const struct fy_exec *x, struct fy_pool *pool,
     const uint64_t bufs[2] = {r.l.state, r.l.state + r.l.state_slot_bytes};
     int rc =
         fy_commit_create(x, pool, r.l.meta, bufs, c, seed, copies, init_unit, &ctx, timeout_ms);
-    fy_sched_free(&r);
+    fy_sched_release(&r);
     return rc;
 }
 
@@ -405,7 +405,7 @@ out:;
     drained = fy_spill_drain(&r.swap.ring);
     rc = rc ? rc : drained;
     fy_ticket_trace_end(&r.tk);
-    fy_sched_free(&r);
+    fy_sched_release(&r);
     return rc;
 }
 
@@ -440,7 +440,7 @@ int fy_train_export_store(const struct fy_exec *x, struct fy_pool *pool, struct 
         if (rc < 0)
             break;
     }
-    fy_sched_free(&r);
+    fy_sched_release(&r);
     return rc;
 }
 
