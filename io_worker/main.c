@@ -12,6 +12,7 @@
 #include "common/ipc/worker.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
+#include "io_worker/xfer.h"
 
 #define MAX_SSD_PATHS 16
 
@@ -101,8 +102,8 @@ static int io_init(struct fy_worker *w, void **state)
 static int read_checked(struct fy_worker *w, struct io_state *s, const struct fy_desc *d,
                         uint64_t want, struct fy_desc *reply)
 {
-    FY_TRY(fy_store_transfer_digest(s->store, s->ring, d->tensor, d->arg, fy_worker_region(w, d),
-                                    d->bytes, FY_IO_READ, s->timeout_ms, &reply->arg));
+    FY_TRY(fy_xfer_digest(s->store, s->ring, d->tensor, d->arg, fy_worker_region(w, d), d->bytes,
+                          FY_IO_READ, s->timeout_ms, &reply->arg));
     FY_REQUIRE(reply->arg == want, -EBADMSG,
                "io worker: tensor %u, bytes %llu..%llu read back from the store do not match the "
                "digest they were written with (%016llx, read %016llx): torn or corrupted on the "
@@ -131,16 +132,14 @@ static int io_handle(struct fy_worker *w, void *state, const struct fy_desc *req
     if (digest && d->op == FY_OP_IO_READ) {
         FY_REQUIRE(d->kind != FY_KIND_CONTROL, -EPROTO, "io-read needs a pool region");
         if (req[1].step == FY_IO_DIGEST_REPORT) /* the digest read goes to the reply */
-            return fy_store_transfer_digest(s->store, s->ring, d->tensor, d->arg,
-                                            fy_worker_region(w, d), d->bytes, FY_IO_READ,
-                                            s->timeout_ms, &reply->arg);
+            return fy_xfer_digest(s->store, s->ring, d->tensor, d->arg, fy_worker_region(w, d),
+                                  d->bytes, FY_IO_READ, s->timeout_ms, &reply->arg);
         return read_checked(w, s, d, req[1].arg, reply);
     }
     if (digest) {
         FY_REQUIRE(d->kind != FY_KIND_CONTROL, -EPROTO, "io-write needs a pool region");
-        return fy_store_transfer_digest(s->store, s->ring, d->tensor, d->arg,
-                                        fy_worker_region(w, d), d->bytes, FY_IO_WRITE,
-                                        s->timeout_ms, &reply->arg);
+        return fy_xfer_digest(s->store, s->ring, d->tensor, d->arg, fy_worker_region(w, d),
+                              d->bytes, FY_IO_WRITE, s->timeout_ms, &reply->arg);
     }
     switch (d->op) {
     case FY_OP_IO_ALLOC: { /* idempotent: an extent of that tensor and size is already there */

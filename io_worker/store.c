@@ -11,18 +11,14 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/base/check.h"
-#include "common/base/digest.h"
 #include "common/base/fsutil.h"
 #include "common/base/log.h"
+#include "io_worker/direct.h"
 
 #define ALIGN 4096u
-#define TMPFS_MAGIC_ 0x01021994
-#define RAMFS_MAGIC_ 0x858458f6
 #define MAX_PATHS 256u
 /* Index file: 16 int32 header slots, then fixed-size records. */
 #define IDX_HDR_BYTES 64u
@@ -86,81 +82,6 @@ static char *join(const char *dir, const char *name)
     if (asprintf(&p, "%s/%s", dir, name) < 0)
         return NULL;
     return p;
-}
-
-int fy_store_check_direct(const char *dir)
-{
-    struct stat st;
-    if (stat(dir, &st) < 0) {
-        int e = errno;
-        fy_error("ssd path %s: %s; create it (mkdir -p) or give an existing directory on an SSD",
-                 dir, strerror(e));
-        return -e;
-    }
-    FY_REQUIRE(S_ISDIR(st.st_mode), -ENOTDIR,
-               "ssd path %s is not a directory: give a directory on an SSD filesystem", dir);
-    FY_SYS(access(dir, W_OK | X_OK),
-           "ssd path %s is not writable by this user: fix its permissions or give another one",
-           dir);
-    struct statfs sf;
-    FY_SYS(statfs(dir, &sf), "ssd path %s: statfs", dir);
-    FY_REQUIRE(sf.f_type != TMPFS_MAGIC_ && sf.f_type != RAMFS_MAGIC_, -EINVAL,
-               "ssd path %s is on tmpfs/ramfs (memory, not an SSD; older kernels refuse O_DIRECT "
-               "there): give a directory on an SSD filesystem such as ext4 or xfs",
-               dir);
-    char probe[4096];
-    snprintf(probe, sizeof probe, "%s/.fuyou-direct-probe.%d", dir, (int)getpid());
-    int fd = open(probe, O_CREAT | O_TRUNC | O_RDWR | O_DIRECT, 0600);
-    if (fd < 0) {
-        int e = errno;
-        /* Older kernels create the file before refusing O_DIRECT on it. */
-        unlink(probe);
-        if (e == EINVAL)
-            fy_error("ssd path %s: the filesystem does not support O_DIRECT (tmpfs?); give a "
-                     "directory on an SSD filesystem such as ext4 or xfs",
-                     dir);
-        else
-            fy_error("ssd path %s: creating probe file %s with O_DIRECT: %s; give a writable "
-                     "directory on an SSD filesystem",
-                     dir, probe, strerror(e));
-        return -e;
-    }
-    unsigned char *buf = NULL;
-    int rc = posix_memalign((void **)&buf, ALIGN, 2 * ALIGN);
-    if (rc != 0) {
-        close(fd);
-        unlink(probe);
-        fy_error("ssd path %s: out of memory for the O_DIRECT probe", dir);
-        return -ENOMEM;
-    }
-    for (unsigned i = 0; i < ALIGN; i++)
-        buf[i] = (unsigned char)(i * 31u + 7u);
-    rc = 0;
-    ssize_t w = pwrite(fd, buf, ALIGN, 0);
-    if (w < 0 && (errno == ENOSPC || errno == EDQUOT)) {
-        rc = -errno;
-        fy_error("ssd path %s: the SSD is full (no room for a 4 KiB probe file): free space "
-                 "there or give another ssd path", dir);
-    } else if (w != (ssize_t)ALIGN) {
-        rc = w < 0 ? -errno : -EIO;
-        fy_error("ssd path %s: an aligned 4 KiB O_DIRECT write to %s at offset 0 failed: %s; "
-                 "the filesystem does not support O_DIRECT properly: give a directory on ext4 or "
-                 "xfs",
-                 dir, probe, w < 0 ? strerror(-rc) : "short write");
-    } else {
-        ssize_t got = pread(fd, buf + ALIGN, ALIGN, 0);
-        if (got != (ssize_t)ALIGN || memcmp(buf, buf + ALIGN, ALIGN) != 0) {
-            rc = got < 0 ? -errno : -EIO;
-            fy_error("ssd path %s: reading back the O_DIRECT probe %s at offset 0 failed: %s; "
-                     "give a directory on ext4 or xfs",
-                     dir, probe, got < 0 ? strerror(-rc) : "data differs or short read");
-        }
-    }
-    free(buf);
-    close(fd);
-    if (unlink(probe) < 0 && rc == 0)
-        fy_warn("ssd path %s: removing probe file %s: %s", dir, probe, strerror(errno));
-    return rc;
 }
 
 static int stripe_check(size_t su)
@@ -601,7 +522,7 @@ int fy_store_open(struct fy_store **out, const struct fy_store_opts *o)
     for (unsigned i = 0; i < o->npaths; i++) {
         FY_REQUIRE(o->paths[i] && o->paths[i][0], -EINVAL, "store: ssd path %u is empty", i + 1);
         if (!o->readonly) /* a reader writes nothing, not even the probe */
-            FY_TRY(fy_store_check_direct(o->paths[i]));
+            FY_TRY(fy_direct_check(o->paths[i]));
     }
     FY_TRY(paths_distinct(o));
     struct fy_store *s = calloc(1, sizeof *s);
@@ -815,108 +736,4 @@ int fy_store_sync(struct fy_store *s)
     for (unsigned i = 0; i < s->n; i++)
         FY_SYS(fsync(s->fds[i]), "store: fsync %s", s->names[i]);
     return 0;
-}
-
-/* The pieces of chunk k of a digested transfer, queued on the ring with tag id | k. */
-static int digest_chunk_submit(struct fy_store *s, struct fy_ring *r, uint32_t tensor,
-                               uint64_t offset, char *buf, size_t len, enum fy_io_dir dir,
-                               uint64_t id, unsigned k, struct fy_io_req *reqs, unsigned max,
-                               unsigned *pieces)
-{
-    uint64_t at = (uint64_t)k * FY_STORE_DIGEST_CHUNK;
-    size_t n = len - at < FY_STORE_DIGEST_CHUNK ? len - at : FY_STORE_DIGEST_CHUNK;
-    int got = fy_store_map(s, tensor, offset + at, n, buf + at, dir, id | k, reqs, max);
-    FY_TRY(got);
-    for (int i = 0; i < got; i++)
-        FY_TRY(fy_ring_submit(r, &reqs[i]));
-    pieces[k] = (unsigned)got;
-    return 0;
-}
-
-/* Collects finished pieces of transfer `id` (waiting up to wait_ms for one); others' are left
- * over from a transfer that timed out, and dropped. The first error goes to *err. */
-static int digest_reap(struct fy_ring *r, uint64_t id, unsigned *pieces, unsigned chunks,
-                       int wait_ms, int *err)
-{
-    struct fy_io_done done[64];
-    int n = fy_ring_poll(r, done, 64, wait_ms);
-    FY_TRY(n);
-    for (int i = 0; i < n; i++) {
-        unsigned k = (unsigned)(done[i].tag & 0xffffffffu);
-        if ((done[i].tag & ~(uint64_t)0xffffffffu) != id || k >= chunks || pieces[k] == 0)
-            continue;
-        pieces[k]--;
-        if (done[i].result < 0 && *err == 0)
-            *err = done[i].result;
-    }
-    return n;
-}
-
-/* Waits until chunk k's pieces are all in, within timeout_ms of t0 (<= 0: no limit). */
-static int digest_wait(struct fy_ring *r, uint64_t id, unsigned *pieces, unsigned chunks,
-                       unsigned k, const struct timespec *t0, int timeout_ms, int *err)
-{
-    while (pieces[k] > 0) {
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        long spent = (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
-        if (timeout_ms > 0 && spent >= timeout_ms)
-            return -ETIMEDOUT;
-        FY_TRY(digest_reap(r, id, pieces, chunks, timeout_ms > 0 ? timeout_ms - (int)spent : -1,
-                           err));
-    }
-    return 0;
-}
-
-int fy_store_transfer_digest(struct fy_store *s, struct fy_ring *r, uint32_t tensor,
-                             uint64_t offset, void *buf, size_t len, enum fy_io_dir dir,
-                             int timeout_ms, uint64_t *digest)
-{
-    static uint64_t serial; /* in the tags: pieces of an abandoned transfer are told apart */
-    uint64_t id = ++serial << 32;
-    unsigned chunks = (unsigned)((len + FY_STORE_DIGEST_CHUNK - 1) / FY_STORE_DIGEST_CHUNK);
-    unsigned max = (unsigned)(FY_STORE_DIGEST_CHUNK / s->su) + 2;
-    unsigned *pieces = calloc(chunks + 1, sizeof *pieces);
-    struct fy_io_req *reqs = malloc(max * sizeof *reqs);
-    struct fy_digest_state *d = fy_digest_begin();
-    int rc = pieces && reqs && d ? 0 : -ENOMEM, err = 0;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    char *b = buf;
-    if (rc == 0 && dir == FY_IO_READ) /* all queued; the ring keeps its queue depth busy */
-        for (unsigned k = 0; rc == 0 && k < chunks; k++)
-            rc = digest_chunk_submit(s, r, tensor, offset, b, len, dir, id, k, reqs, max, pieces);
-    for (unsigned k = 0; rc == 0 && k < chunks; k++) {
-        uint64_t at = (uint64_t)k * FY_STORE_DIGEST_CHUNK;
-        size_t n = len - at < FY_STORE_DIGEST_CHUNK ? len - at : FY_STORE_DIGEST_CHUNK;
-        if (dir == FY_IO_WRITE) { /* digested, then queued; the ring kept moving between */
-            fy_digest_update(d, b + at, n);
-            rc = digest_chunk_submit(s, r, tensor, offset, b, len, dir, id, k, reqs, max, pieces);
-            if (rc == 0)
-                rc = digest_reap(r, id, pieces, chunks, 0, &err);
-            rc = rc < 0 ? rc : 0;
-        } else { /* in order, while the later chunks are read */
-            rc = digest_wait(r, id, pieces, chunks, k, &t0, timeout_ms, &err);
-            if (rc == 0 && err == 0)
-                fy_digest_update(d, b + at, n);
-        }
-    }
-    for (unsigned k = 0; rc == 0 && k < chunks; k++) /* the writes still on the disk */
-        rc = digest_wait(r, id, pieces, chunks, k, &t0, timeout_ms, &err);
-    if (rc == -ETIMEDOUT)
-        fy_error("store: %s of tensor %u (%zu bytes) not finished after %d ms: the device is too "
-                 "slow or stalled; check it, or raise the timeout",
-                 dir == FY_IO_READ ? "read" : "write", tensor, len, timeout_ms);
-    else if (rc == 0 && err != 0)
-        fy_error("store: %s of tensor %u at offset %" PRIu64 " (%zu bytes) failed: %s",
-                 dir == FY_IO_READ ? "read" : "write", tensor, offset, len, strerror(-err));
-    rc = rc ? rc : err;
-    if (d != NULL) {
-        uint64_t v = fy_digest_end(d);
-        if (rc == 0)
-            *digest = v;
-    }
-    free(pieces);
-    free(reqs);
-    return rc;
 }

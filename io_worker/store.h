@@ -39,7 +39,7 @@ struct fy_store_opts {
     int create;         /* 1: create a new store (refused if one exists unless overwrite); 0: open */
     int overwrite;
     /* open an existing store to read it only (an export, the launcher's look at its commit
-     * records): its files opened read-only, no probe file written (fy_store_check_direct), writes
+     * records): its files opened read-only, no probe file written (fy_direct_check), writes
      * and new extents refused (-EROFS, said); fy_store_pread reads it */
     int readonly;
 };
@@ -52,10 +52,6 @@ struct fy_extent {
 
 int fy_store_open(struct fy_store **out, const struct fy_store_opts *o);
 void fy_store_destroy(struct fy_store **s); /* sets *s = NULL; safe on NULL */
-
-/* 0 if dir exists, is writable, is not tmpfs, and O_DIRECT write+read works there; else -errno
- * with one line saying why and what to give instead. */
-int fy_store_check_direct(const char *dir);
 
 /* Allocates an extent at the next stripe-aligned logical offset, grows the data files and
  * persists the index atomically. -EEXIST if the tensor has one. */
@@ -90,13 +86,5 @@ int fy_store_sync(struct fy_store *s); /* fsync every data file */
  * fy_commit_peek); the range and buf are 4096-aligned as fy_store_map needs. 0 or -errno, said. */
 int fy_store_pread(const struct fy_store *s, uint32_t tensor, uint64_t offset, void *buf,
                    size_t len);
-
-/* A synchronous read or write that also gives the digest (common/base/digest.h) of the bytes moved, in
- * about the time of the transfer alone: it is cut into FY_STORE_DIGEST_CHUNK pieces, and a piece
- * is digested while the next ones are on the disk (a write digests a piece, then queues it). */
-#define FY_STORE_DIGEST_CHUNK ((size_t)8 << 20)
-int fy_store_transfer_digest(struct fy_store *s, struct fy_ring *r, uint32_t tensor,
-                             uint64_t offset, void *buf, size_t len, enum fy_io_dir dir,
-                             int timeout_ms, uint64_t *digest);
 
 #endif

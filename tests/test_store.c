@@ -18,7 +18,6 @@
 
 #include "common/base/log.h"
 #include "io_worker/ring.h"
-#include "common/base/digest.h"
 #include "io_worker/store.h"
 #include "tests/testutil.h"
 
@@ -209,9 +208,6 @@ static void roundtrip_paths(struct fixture *f, unsigned n)
     fy_store_destroy(&s);
 }
 
-/* Digested transfers (fy_store_transfer_digest): over three paths and across several digest
- * chunks, the digest equals fy_digest of the bytes moved, for a write, a read back of the whole and
- * of a sub-range; a refused transfer leaves the next one unaffected. */
 /* A store opened read-only (an export's reader): its data files O_RDONLY, reads as before, writes
  * and new extents refused with -EROFS, the files untouched; a store is not created read-only. */
 static void test_read_only(void **state)
@@ -248,43 +244,6 @@ static void test_read_only(void **state)
     struct fy_store_opts bad = {.paths = f->paths, .npaths = 1, .create = 1, .readonly = 1};
     assert_int_equal(fy_store_open(&s, &bad), -EINVAL);
     assert_null(s);
-}
-
-static void test_digest_transfers(void **state)
-{
-    struct fixture *f = *state;
-    struct fy_store *s = open_store(f, f->paths, 3, 1);
-    size_t len = 2 * FY_STORE_DIGEST_CHUNK + 5 * SU + 12288;
-    char *out = NULL, *in = NULL;
-    assert_int_equal(posix_memalign((void **)&out, 4096, len), 0);
-    assert_int_equal(posix_memalign((void **)&in, 4096, len), 0);
-    uint64_t st = 99;
-    for (size_t k = 0; k < len / 8; k++)
-        ((uint64_t *)out)[k] = fy_test_rand(&st);
-    assert_int_equal(fy_store_add_extent(s, 5, len), 0);
-    uint64_t dw = 0, dr = 0, dsub = 0;
-    assert_int_equal(fy_store_transfer_digest(s, f->r, 5, 0, out, len, FY_IO_WRITE, 10000, &dw),
-                     0);
-    assert_true(dw == fy_digest(out, len));
-    for (int again = 0; again < 3; again++) {
-        memset(in, 0, len);
-        assert_int_equal(fy_store_transfer_digest(s, f->r, 5, 0, in, len, FY_IO_READ, 10000, &dr),
-                         0);
-        assert_true(dr == dw);
-        assert_memory_equal(in, out, len);
-    }
-    size_t sub = FY_STORE_DIGEST_CHUNK + SU;
-    assert_int_equal(
-        fy_store_transfer_digest(s, f->r, 5, 8192, in, sub, FY_IO_READ, 10000, &dsub), 0);
-    assert_true(dsub == fy_digest(out + 8192, sub));
-    assert_int_equal(fy_store_transfer_digest(s, f->r, 6, 0, in, 4096, FY_IO_READ, 10000, &dsub),
-                     -ENOENT);
-    assert_int_equal(fy_store_transfer_digest(s, f->r, 5, 0, in, len, FY_IO_READ, 10000, &dr), 0);
-    assert_true(dr == dw);
-    assert_int_equal(fy_ring_pending(f->r), 0);
-    free(out);
-    free(in);
-    fy_store_destroy(&s);
 }
 
 static void test_one_path(void **state) { roundtrip_paths(*state, 1); }
@@ -423,14 +382,6 @@ static void test_tmpfs_refused(void **state)
     const char *paths[1] = {dir};
     struct open_case c = {.paths = paths, .n = 1, .create = 1};
     expect_refused(&c, -EINVAL, "ext4 or xfs");
-    int rc;
-    char *log = capture_stderr((int (*)(void *))fy_store_check_direct, dir, &rc);
-    assert_int_equal(rc, -EINVAL);
-    assert_non_null(strstr(log, dir));
-    /* One clear line. */
-    assert_non_null(strchr(log, '\n'));
-    assert_null(strchr(strchr(log, '\n') + 1, '\n'));
-    free(log);
     fy_test_rmdir(dir);
 }
 
@@ -442,12 +393,6 @@ static void test_bad_paths(void **state)
     const char *paths[2] = {f->paths[0], missing};
     struct open_case c = {.paths = paths, .n = 2, .create = 1};
     expect_refused(&c, -ENOENT, "does-not-exist");
-    assert_int_equal(fy_store_check_direct(missing), -ENOENT);
-    assert_int_equal(fy_store_check_direct(f->dir[1]), 0);
-    /* The probe file is gone afterwards. */
-    char cmd[4400];
-    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", f->dir[1]);
-    assert_int_equal(system(cmd), 0);
     /* The same directory twice. */
     const char *twice[2] = {f->paths[0], f->paths[0]};
     c.paths = twice;
@@ -485,7 +430,6 @@ int main(void)
     fy_log_init("test", FY_LOG_INFO);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_one_path, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_digest_transfers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_three_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_map, setup, teardown),
