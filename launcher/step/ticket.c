@@ -44,6 +44,9 @@ static void account(struct fy_tickets *tk, const struct fy_ticket *t)
         fy_desc_copy_times(&t->reply, &h2d, &d2h);
         tk->busy_s[FY_TICKET_BUSY_H2D] += h2d;
         tk->busy_s[FY_TICKET_BUSY_D2H] += d2h;
+        if (t->op == FY_OP_GPT_HEAD || t->op == FY_OP_GPT_BLOCK_BWD ||
+            t->op == FY_OP_GPT_EMBED_BWD || t->op == FY_OP_GPT_GRAD_SEND)
+            tk->busy_s[FY_TICKET_BUSY_GPU_BACKWARD] += seconds;
     }
     if (tk->trace != NULL && t->reply.bytes > 0)
         fprintf(tk->trace,

@@ -21,6 +21,10 @@ enum {
     FY_TICKET_BUSY_OPT,
     FY_TICKET_BUSY_H2D,
     FY_TICKET_BUSY_D2H,
+    /* the part of FY_TICKET_BUSY_GPU that is the backward pass (the head with its loss and the
+     * gradients it starts, the blocks' backward with any recompute, the embedding's): what a
+     * clipped step must finish before its first update */
+    FY_TICKET_BUSY_GPU_BACKWARD,
     FY_TICKET_BUSY_COUNT
 };
 

@@ -163,19 +163,20 @@ static int log_step(const struct fy_train_opts *o, const struct fy_model_config 
     fy_progress_step(&ps, line);
     if (o->metrics == NULL)
         return 0;
-    char json[1024];
+    char json[2048];
     int n = snprintf(
         json, sizeof json,
         "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"tflops\": %.6f, "
         "\"step_s\": %.6f, \"wait_io_s\": %.6f, \"wait_gpu_s\": %.6f, \"wait_opt_s\": %.6f, "
         "\"busy_gpu_s\": %.6f, \"busy_ssd_read_s\": %.6f, \"busy_ssd_write_s\": %.6f, "
-        "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, \"gpu_idle\": %.4f, "
+        "\"busy_opt_s\": %.6f, \"busy_h2d_s\": %.6f, \"busy_d2h_s\": %.6f, "
+        "\"busy_gpu_backward_s\": %.6f, \"gpu_idle\": %.4f, "
         "\"ssd_read_bytes\": %llu, \"ssd_write_bytes\": %llu",
         (unsigned long long)s->step, s->loss, s->lr, tps, tflops, s->seconds, wait[FY_TICKET_IO],
         wait[FY_TICKET_GPU], wait[FY_TICKET_OPT], busy[FY_TICKET_BUSY_GPU],
         busy[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_OPT],
-        busy[FY_TICKET_BUSY_H2D], busy[FY_TICKET_BUSY_D2H], gpu_idle,
-        (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_READ],
+        busy[FY_TICKET_BUSY_H2D], busy[FY_TICKET_BUSY_D2H], busy[FY_TICKET_BUSY_GPU_BACKWARD],
+        gpu_idle, (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_READ],
         (unsigned long long)s->bytes[FY_TICKET_BUSY_SSD_WRITE]);
     if (s->grad_norm >= 0)
         n += snprintf(json + n, sizeof json - (size_t)n, ", \"grad_norm\": %.9g", s->grad_norm);

@@ -44,8 +44,10 @@
 # launcher log copied there, a failed run's too; made if missing), FUYOU_BENCH_DIR (where
 # the store goes; removed afterwards). The bound column is the largest of the per-resource busy
 # times measured in the run and the compute time of the same step with every weight resident
-# (bench_gpu; 0 on the CPU backend), PIPELINE_TRACE_DIR (a Chrome trace per run there); for a
-# smoke test anywhere: PIPELINE_CONFIGS=tiny PIPELINE_SEQ=32 PIPELINE_BACKEND=cpu.
+# (bench_gpu; 0 on the CPU backend), and for a clipped run at least the backward's GPU time (the
+# bwd column) plus AdamW's, which a clipped step cannot overlap; PIPELINE_TRACE_DIR (a Chrome
+# trace per run there); for a smoke test anywhere: PIPELINE_CONFIGS=tiny PIPELINE_SEQ=32
+# PIPELINE_BACKEND=cpu.
 set -u
 BUILD=${BUILD:-build}
 L=$BUILD/bin/fuyou-launch
@@ -56,10 +58,10 @@ work=${FUYOU_BENCH_DIR:-/tmp/fuyou-bench-pipeline}
 rm -rf "$work" && mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 table=$work/table
-row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %9s %7s %8s %7s %8s %8s %8s %8s %8s %8s %8s %7s %-9s %-7s %-9s %s\n"
+row_format="%-5s %3s %-5s %-8s %-9s %-6s %-6s %-5s %9s %9s %7s %8s %7s %8s %8s %8s %8s %8s %8s %8s %8s %7s %-9s %-7s %-9s %s\n"
 printf "$row_format" config B place schedule act-plan queue gslots wts "step s" "predicted" over \
   "TFLOP/s" "gpu idle" \
-  "gpu s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" "disk GB/s" from "in steps" \
+  "gpu s" "bwd s" "h2d s" "d2h s" "ssd rd s" "ssd wr s" "opt s" "bound s" "x bound" "disk GB/s" from "in steps" \
   affinity \
   >"$table"
 [ -n "${PIPELINE_LOG_DIR:-}" ] && { mkdir -p "$PIPELINE_LOG_DIR" || exit 1; }
@@ -129,6 +131,11 @@ import os
 # writes share the disk
 bound = max(float(os.environ["COMPUTE_S"]), m("busy_h2d_s"), m("busy_d2h_s"),
             m("busy_ssd_read_s") + m("busy_ssd_write_s"), m("busy_opt_s"))
+# a clipped step (its metrics carry the norm) cannot update before its whole backward is done:
+# its bound is at least the GPU time of the backward and then that of AdamW
+bwd = m("busy_gpu_backward_s") if "busy_gpu_backward_s" in rows[0] else 0.0
+if "grad_norm" in rows[0]:
+    bound = max(bound, bwd + m("busy_opt_s"))
 # the prediction against the measured step: its excess as a share of the step (negative: short)
 pred = float(os.environ["PRED_S"])
 over = "%+.1f%%" % (100 * (pred / m("step_s") - 1)) if pred > 0 and m("step_s") > 0 else "-"
@@ -136,15 +143,15 @@ over = "%+.1f%%" % (100 * (pred / m("step_s") - 1)) if pred > 0 and m("step_s") 
 rate = lambda b, s: "%.2f" % (m(b) / m(s) * 1e-9) if m(s) > 0 else "-"
 steps_disk = rate("ssd_read_bytes", "busy_ssd_read_s") + "/" + rate("ssd_write_bytes",
                                                                      "busy_ssd_write_s")
-print("%.3f %s %s %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f %s" % (m("step_s"),
+print("%.3f %s %s %.1f %.1f%% %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.2f %s" % (m("step_s"),
       "%.3f" % pred if pred > 0 else "-", over, m("tflops"), 100 * m("gpu_idle"),
-      m("busy_gpu_s"), m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
+      m("busy_gpu_s"), bwd, m("busy_h2d_s"), m("busy_d2h_s"), m("busy_ssd_read_s"),
       m("busy_ssd_write_s"), m("busy_opt_s"), bound, m("step_s") / bound if bound > 0 else 0,
       steps_disk))' |
-    while read -r s pr ov tf idle g up down r w o bd x steps_disk; do
+    while read -r s pr ov tf idle g bwd up down r w o bd x steps_disk; do
       printf "$row_format" "$cfg${CLIP_LABEL:+-$CLIP_LABEL}" "$B" "$place" "$sched" "$plan" \
         "$([ "$queue" = 1 ] && echo 1 || echo 2)" "$held" "$wts" "$s" "$pr" "$ov" "$tf" "$idle" \
-        "$g" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${plan_disk:--}" \
+        "$g" "$bwd" "$up" "$down" "$r" "$w" "$o" "$bd" "$x" "${plan_disk:--}" \
         "$([ -n "$plan_disk" ] && echo $disk_from || echo -)" "$steps_disk" "$affinity" |
         tee -a "$table"
     done

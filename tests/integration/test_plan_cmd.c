@@ -896,6 +896,12 @@ static void test_trace_and_busy_metrics(void **state)
     /* the CPU backend copies nothing to a device: its copy times are there, and zero */
     assert_true(fy_test_file_contains(metrics, "\"busy_h2d_s\": 0.000000, \"busy_d2h_s\": 0.000000"));
     assert_true(fy_test_file_contains(metrics, "\"gpu_idle\": "));
+    /* the backward's share of the gpu worker's busy time: there, and no more than the whole */
+    double gpu[3], bwd[3];
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_gpu_s\": ", gpu, 3), 3);
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_gpu_backward_s\": ", bwd, 3), 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(bwd[i] > 0 && bwd[i] < gpu[i]);
     /* the bytes the io worker moved: state streamed each step, the same every step, in O_DIRECT
      * pieces */
     double rd[3], wr[3];
@@ -1101,24 +1107,27 @@ static void test_bench_pipeline_table(void **state)
         int n = 0;
         for (char *w = strtok_r(line, " ", &at); w && n < 32; w = strtok_r(NULL, " ", &at))
             field[n++] = w;
-        assert_int_equal(n, 25);
+        assert_int_equal(n, 26);
         assert_string_equal(field[3], "overlap");
         double step = atof(field[8]), pred = atof(field[9]), rd = 0, wr = 0;
         assert_true(step > 0 && pred > 0);
+        /* the backward's share of the gpu worker's busy time (these runs clip: the default) */
+        double gpu = atof(field[13]), bwd = atof(field[14]);
+        assert_true(bwd > 0 && bwd <= gpu);
         size_t len = strlen(field[10]);
         assert_true(len > 1 && field[10][len - 1] == '%');
         /* "over" is printed to 0.1% from the unrounded figures, step and pred to 1 ms */
         double within = 0.05 + 0.05 * (pred / (step * step) + 1 / step);
         assert_float_equal(atof(field[10]), 100 * (pred / step - 1), within);
-        assert_int_equal(sscanf(field[21], "%lf/%lf", &rd, &wr), 2);
+        assert_int_equal(sscanf(field[22], "%lf/%lf", &rd, &wr), 2);
         assert_true(rd > 0 && wr > 0);
         /* the first run leaves no SSD rates (it moves nothing there): both plan from the sample */
-        assert_string_equal(field[22], "profile");
+        assert_string_equal(field[23], "profile");
         if (strcmp(field[4], "recompute") == 0) {
-            assert_string_equal(field[23], "-/-");
+            assert_string_equal(field[24], "-/-");
         } else {
             assert_string_equal(field[4], "ssd");
-            assert_int_equal(sscanf(field[23], "-/%lf", &wr), 1);
+            assert_int_equal(sscanf(field[24], "-/%lf", &wr), 1);
             assert_true(wr > 0);
         }
         rows++;
