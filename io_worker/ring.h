@@ -8,30 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* O_DIRECT alignment required of every offset, length and buffer address. */
-#define FY_RING_ALIGN 4096u
+#include "io_worker/ioreq.h"
 
 struct fy_ring;
 
 struct fy_ring_opts {
     unsigned queue_depth; /* pieces in flight per ring; 0: 32 */
     size_t block_size;    /* piece size, a multiple of 4096; 0: 1 MiB */
-};
-
-enum fy_io_dir { FY_IO_READ = 0, FY_IO_WRITE = 1 };
-
-struct fy_io_req {
-    enum fy_io_dir dir;
-    unsigned file; /* index into the files given to fy_ring_register_files */
-    uint64_t file_offset;
-    void *buf;
-    size_t len;
-    uint64_t tag; /* returned unchanged in fy_io_done */
-};
-
-struct fy_io_done {
-    uint64_t tag;
-    int result; /* 0 or -errno */
 };
 
 int fy_ring_new(struct fy_ring **out, const struct fy_ring_opts *opts);
