@@ -48,7 +48,7 @@ static const char *err_hint(int err)
     }
 }
 
-static void xfer_link_done(struct fy_ring *r, struct xfer *x)
+static void xfer_link_done(struct fy_ring *r, struct ring_xfer *x)
 {
     x->next = NULL;
     if (r->done_tail)
@@ -58,7 +58,7 @@ static void xfer_link_done(struct fy_ring *r, struct xfer *x)
     r->done_tail = x;
 }
 
-static void xfer_free(struct fy_ring *r, struct xfer *x)
+static void xfer_free(struct fy_ring *r, struct ring_xfer *x)
 {
     if (x->live_prev)
         x->live_prev->live_next = x->live_next;
@@ -71,7 +71,7 @@ static void xfer_free(struct fy_ring *r, struct xfer *x)
 }
 
 /* A transfer is finished once nothing of it is queued or in flight. */
-static void xfer_maybe_finish(struct fy_ring *r, struct xfer *x)
+static void xfer_maybe_finish(struct fy_ring *r, struct ring_xfer *x)
 {
     if (x->queued || x->inflight > 0)
         return;
@@ -85,7 +85,7 @@ static void xfer_maybe_finish(struct fy_ring *r, struct xfer *x)
     xfer_link_done(r, x);
 }
 
-static void xfer_fail(struct fy_ring *r, struct xfer *x, int err)
+static void xfer_fail(struct fy_ring *r, struct ring_xfer *x, int err)
 {
     if (x->result == 0)
         x->result = err;
@@ -107,7 +107,7 @@ static int find_iov(const struct fy_ring *r, const char *addr)
     return -1;
 }
 
-static int piece_prep(struct fy_ring *r, struct side *s, struct piece *p)
+static int piece_prep(struct fy_ring *r, struct ring_side *s, struct ring_piece *p)
 {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
     if (sqe == NULL) {
@@ -138,9 +138,9 @@ static int piece_prep(struct fy_ring *r, struct side *s, struct piece *p)
     return 0;
 }
 
-static void piece_release(struct fy_ring *r, struct side *s, struct piece *p)
+static void piece_release(struct fy_ring *r, struct ring_side *s, struct ring_piece *p)
 {
-    struct xfer *x = p->x;
+    struct ring_xfer *x = p->x;
     p->x = NULL;
     p->next_free = s->free;
     s->free = p;
@@ -150,10 +150,10 @@ static void piece_release(struct fy_ring *r, struct side *s, struct piece *p)
 }
 
 /* Hands out pieces from the head of the issue queue while piece slots are free. */
-static int side_fill(struct fy_ring *r, struct side *s)
+static int side_fill(struct fy_ring *r, struct ring_side *s)
 {
     while (s->qhead) {
-        struct xfer *x = s->qhead;
+        struct ring_xfer *x = s->qhead;
         if (x->result < 0 || x->issued == x->req.len) {
             s->qhead = x->next;
             if (s->qhead == NULL)
@@ -164,7 +164,7 @@ static int side_fill(struct fy_ring *r, struct side *s)
         }
         if (s->free == NULL)
             break;
-        struct piece *p = s->free;
+        struct ring_piece *p = s->free;
         s->free = p->next_free;
         char *addr = (char *)x->req.buf + x->issued;
         size_t len = x->req.len - x->issued;
@@ -194,7 +194,7 @@ static int side_fill(struct fy_ring *r, struct side *s)
     return 0;
 }
 
-static void piece_error(struct fy_ring *r, struct side *s, struct piece *p, int err,
+static void piece_error(struct fy_ring *r, struct ring_side *s, struct ring_piece *p, int err,
                         const char *detail)
 {
     const struct fy_io_req *q = &p->x->req;
@@ -206,7 +206,7 @@ static void piece_error(struct fy_ring *r, struct side *s, struct piece *p, int 
     piece_release(r, s, p);
 }
 
-static int piece_complete(struct fy_ring *r, struct side *s, struct piece *p, int res)
+static int piece_complete(struct fy_ring *r, struct ring_side *s, struct ring_piece *p, int res)
 {
     const struct fy_io_req *q = &p->x->req;
     if (res == -EAGAIN || res == -EINTR) {
@@ -248,14 +248,14 @@ static int piece_complete(struct fy_ring *r, struct side *s, struct piece *p, in
     return piece_prep(r, s, p);
 }
 
-static int side_reap(struct fy_ring *r, struct side *s, unsigned *reaped)
+static int side_reap(struct fy_ring *r, struct ring_side *s, unsigned *reaped)
 {
     struct io_uring_cqe *cqe;
     unsigned head, n = 0;
     int rc = 0;
     io_uring_for_each_cqe(&s->ring, head, cqe)
     {
-        struct piece *p = io_uring_cqe_get_data(cqe);
+        struct ring_piece *p = io_uring_cqe_get_data(cqe);
         n++;
         if (p == NULL)
             continue; /* a cancel request's own completion */
@@ -268,7 +268,7 @@ static int side_reap(struct fy_ring *r, struct side *s, unsigned *reaped)
     return rc;
 }
 
-static int side_submit(struct side *s)
+static int side_submit(struct ring_side *s)
 {
     if (io_uring_sq_ready(&s->ring) == 0)
         return 0;
@@ -285,7 +285,7 @@ static int ring_drive(struct fy_ring *r, int wait_ms)
 {
     unsigned reaped = 0;
     for (int d = 0; d < 2; d++) {
-        struct side *s = &r->side[d];
+        struct ring_side *s = &r->side[d];
         FY_TRY(side_reap(r, s, &reaped));
         FY_TRY(side_fill(r, s));
         FY_TRY(side_submit(s));
@@ -296,7 +296,7 @@ static int ring_drive(struct fy_ring *r, int wait_ms)
     if (reaped > 0 || wait_ms == 0)
         return 1;
     if (busy0 != busy1) {
-        struct side *s = &r->side[busy0 ? 0 : 1];
+        struct ring_side *s = &r->side[busy0 ? 0 : 1];
         struct io_uring_cqe *cqe;
         struct __kernel_timespec ts = {.tv_sec = wait_ms / 1000,
                                        .tv_nsec = (long long)(wait_ms % 1000) * 1000000};
@@ -343,7 +343,7 @@ static void deadline_skip_stopped(uint64_t *deadline, uint64_t *mark, int waited
     *mark = now;
 }
 
-static int side_init(struct side *s, unsigned qd, const char *what)
+static int side_init(struct ring_side *s, unsigned qd, const char *what)
 {
     s->what = what;
     /* SINGLE_ISSUER and COOP_TASKRUN are left out on purpose: the io worker may create the ring
@@ -388,7 +388,7 @@ int fy_ring_new(struct fy_ring **out, const struct fy_ring_opts *opts)
 
 /* Tries to cancel what is in flight and waits for it so the kernel no longer writes into buffers
  * that the caller is about to free. */
-static void side_drain(struct fy_ring *r, struct side *s)
+static void side_drain(struct fy_ring *r, struct ring_side *s)
 {
     if (!s->ring_ok || s->inflight == 0)
         return;
@@ -418,7 +418,7 @@ static void side_drain(struct fy_ring *r, struct side *s)
         unsigned head, n = 0;
         io_uring_for_each_cqe(&s->ring, head, cqe)
         {
-            struct piece *p = io_uring_cqe_get_data(cqe);
+            struct ring_piece *p = io_uring_cqe_get_data(cqe);
             n++;
             if (p && p->x) {
                 p->x->inflight--;
@@ -436,7 +436,7 @@ void fy_ring_destroy(struct fy_ring **rp)
         return;
     struct fy_ring *r = *rp;
     for (int d = 0; d < 2; d++) {
-        struct side *s = &r->side[d];
+        struct ring_side *s = &r->side[d];
         side_drain(r, s);
         if (s->ring_ok)
             io_uring_queue_exit(&s->ring);
@@ -477,7 +477,7 @@ static int req_check(const struct fy_ring *r, const struct fy_io_req *q)
 
 static int ring_enqueue(struct fy_ring *r, const struct fy_io_req *q, unsigned group)
 {
-    struct xfer *x = calloc(1, sizeof *x);
+    struct ring_xfer *x = calloc(1, sizeof *x);
     FY_REQUIRE(x != NULL, -ENOMEM, "ring: out of memory queueing a transfer");
     x->req = *q;
     x->group = group;
@@ -490,7 +490,7 @@ static int ring_enqueue(struct fy_ring *r, const struct fy_io_req *q, unsigned g
         xfer_link_done(r, x);
         return 0;
     }
-    struct side *s = &r->side[q->dir];
+    struct ring_side *s = &r->side[q->dir];
     x->queued = 1;
     if (s->qtail)
         s->qtail->next = x;
@@ -505,7 +505,7 @@ int fy_ring_submit(struct fy_ring *r, const struct fy_io_req *req)
     FY_TRY(req_check(r, req));
     FY_TRY(ring_enqueue(r, req, 0));
     /* Start the I/O now rather than at the next poll, so the device is never idle meanwhile. */
-    struct side *s = &r->side[req->dir];
+    struct ring_side *s = &r->side[req->dir];
     if (s->free) {
         FY_TRY(side_fill(r, s));
         FY_TRY(side_submit(s));
@@ -522,9 +522,9 @@ int fy_ring_poll(struct fy_ring *r, struct fy_io_done *done, unsigned max, int t
         deadline_skip_stopped(&deadline, &mark, waited);
         FY_TRY(busy);
         unsigned n = 0;
-        struct xfer **link = &r->done_head, *prev = NULL;
+        struct ring_xfer **link = &r->done_head, *prev = NULL;
         while (*link && n < max) {
-            struct xfer *x = *link;
+            struct ring_xfer *x = *link;
             if (x->group != 0) {
                 prev = x;
                 link = &x->next;
@@ -551,9 +551,9 @@ int fy_ring_poll(struct fy_ring *r, struct fy_io_done *done, unsigned max, int t
 /* Abandons the unfinished transfers of a timed-out run; names one of them in the error. */
 static void run_abandon(struct fy_ring *r, unsigned group, int timeout_ms)
 {
-    const struct xfer *first = NULL;
+    const struct ring_xfer *first = NULL;
     unsigned left = 0;
-    for (struct xfer *x = r->live; x; x = x->live_next) {
+    for (struct ring_xfer *x = r->live; x; x = x->live_next) {
         if (x->group != group)
             continue;
         left++;
@@ -565,8 +565,8 @@ static void run_abandon(struct fy_ring *r, unsigned group, int timeout_ms)
                  " (%zu bytes): the device is too slow or stalled; check it, or raise the timeout",
                  left, timeout_ms, first->req.dir == FY_IO_READ ? "read" : "write",
                  file_name(r, first->req.file), first->req.file_offset, first->req.len);
-    struct xfer *next;
-    for (struct xfer *x = r->live; x; x = next) {
+    struct ring_xfer *next;
+    for (struct ring_xfer *x = r->live; x; x = next) {
         next = x->live_next;
         if (x->group != group)
             continue;
@@ -575,10 +575,10 @@ static void run_abandon(struct fy_ring *r, unsigned group, int timeout_ms)
     }
     /* Take abandoned transfers off the issue queues so none of their pieces start. */
     for (int d = 0; d < 2; d++) {
-        struct side *s = &r->side[d];
-        struct xfer **link = &s->qhead, *prev = NULL;
+        struct ring_side *s = &r->side[d];
+        struct ring_xfer **link = &s->qhead, *prev = NULL;
         while (*link) {
-            struct xfer *x = *link;
+            struct ring_xfer *x = *link;
             if (x->group == GROUP_ORPHAN) {
                 *link = x->next;
                 if (s->qtail == x)
@@ -592,9 +592,9 @@ static void run_abandon(struct fy_ring *r, unsigned group, int timeout_ms)
         }
     }
     /* Orphans that already finished sit in the done queue. */
-    struct xfer **link = &r->done_head, *prev = NULL;
+    struct ring_xfer **link = &r->done_head, *prev = NULL;
     while (*link) {
-        struct xfer *x = *link;
+        struct ring_xfer *x = *link;
         if (x->group == GROUP_ORPHAN) {
             *link = x->next;
             if (r->done_tail == x)
@@ -635,9 +635,9 @@ int fy_ring_run(struct fy_ring *r, const struct fy_io_req *reqs, unsigned n, int
             run_abandon(r, group, timeout_ms);
             return busy;
         }
-        struct xfer **link = &r->done_head, *prev = NULL;
+        struct ring_xfer **link = &r->done_head, *prev = NULL;
         while (*link) {
-            struct xfer *x = *link;
+            struct ring_xfer *x = *link;
             if (x->group != group) {
                 prev = x;
                 link = &x->next;
@@ -663,7 +663,7 @@ int fy_ring_run(struct fy_ring *r, const struct fy_io_req *reqs, unsigned n, int
 unsigned fy_ring_pending(const struct fy_ring *r)
 {
     unsigned n = 0;
-    for (const struct xfer *x = r->live; x; x = x->live_next)
+    for (const struct ring_xfer *x = r->live; x; x = x->live_next)
         n += x->group != GROUP_ORPHAN;
     return n;
 }

@@ -21,47 +21,48 @@
 /* How long fy_ring_destroy waits for pieces still in flight before it gives up on them. */
 #define DESTROY_WAIT_MS 10000
 
-struct xfer {
+struct ring_xfer {
     struct fy_io_req req;
     size_t issued;     /* bytes handed out as pieces */
     unsigned inflight; /* pieces in flight */
     int result;
     unsigned group;    /* 0: reported by fy_ring_poll; else owned by one fy_ring_run */
     int queued;        /* still in its side's issue queue */
-    struct xfer *next; /* issue queue or done queue */
-    struct xfer *live_prev, *live_next; /* every allocated transfer, so destroy can free them */
+    struct ring_xfer *next; /* issue queue or done queue */
+    struct ring_xfer *live_prev,
+        *live_next; /* every allocated transfer, so destroy can free them */
 };
 
-struct piece {
-    struct xfer *x;
+struct ring_piece {
+    struct ring_xfer *x;
     uint64_t off; /* from the start of the transfer */
     size_t len;
     int buf_index; /* registered buffer, or -1 for a plain read/write */
     unsigned retries;
-    struct piece *next_free;
+    struct ring_piece *next_free;
 };
 
-struct side {
+struct ring_side {
     struct io_uring ring;
     int ring_ok;
     const char *what; /* "read" or "write" */
-    struct piece *pieces;
-    struct piece *free;
+    struct ring_piece *pieces;
+    struct ring_piece *free;
     unsigned inflight;
-    struct xfer *qhead, *qtail;
+    struct ring_xfer *qhead, *qtail;
 };
 
 struct fy_ring {
     unsigned qd;
     size_t block;
-    struct side side[2];
+    struct ring_side side[2];
     struct iovec *iov; /* registered buffers, sorted by address */
     unsigned niov;
     int *fds;
     char **names;
     unsigned nfiles;
-    struct xfer *done_head, *done_tail;
-    struct xfer *live;
+    struct ring_xfer *done_head, *done_tail;
+    struct ring_xfer *live;
     unsigned nlive;
     unsigned next_group;
 };
