@@ -29,6 +29,16 @@ static struct {
     char removed[PATH_MAX * 2]; /* the output's directories it made and removed again */
 } export_outcome;
 
+/* Ends an export: its session closed (the worker's fault said), and where it failed before its
+ * output was in place, the directories it made removed again. Returns rc or the close's error. */
+static int export_close(struct fy_session *s, struct fy_made_dirs *made, int rc)
+{
+    rc = fy_session_close(s, rc);
+    if (rc < 0 && !export_outcome.written)
+        fy_made_dirs_undo(made, export_outcome.removed, sizeof export_outcome.removed);
+    return rc;
+}
+
 /* The exports' session: the io worker alone over a pool of the given regions, and the store's
  * metadata, checked against the run's model. */
 static int export_session(const struct fy_options *o, struct fy_config *cfg,
@@ -137,9 +147,7 @@ out:
     free(meta);
     free(mc);
     free(cfg);
-    rc = fy_session_close(&s, rc);
-    if (rc < 0 && !export_outcome.written)
-        fy_made_dirs_undo(&made, export_outcome.removed, sizeof export_outcome.removed);
+    rc = export_close(&s, &made, rc);
     return rc;
 }
 
@@ -180,9 +188,7 @@ int fy_cmd_export(struct fy_options *o)
 out:
     free(mc);
     free(cfg);
-    rc = fy_session_close(&s, rc);
-    if (rc < 0 && !export_outcome.written)
-        fy_made_dirs_undo(&made, export_outcome.removed, sizeof export_outcome.removed);
+    rc = export_close(&s, &made, rc);
     return rc;
 }
 
