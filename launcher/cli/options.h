@@ -78,6 +78,7 @@ struct fy_options {
     int train_argc;
     char **train_argv;
     int train_args_from;
+    int train_args_extended; /* resume with options of its own: recorded once it trains */
 };
 
 /* Where the arguments of a train command come from. */

@@ -18,9 +18,10 @@ int fy_cmd_train(struct fy_options *o);
  * paths, --data say, are as they were) on RUN_DIR itself, wherever the run directory has been
  * copied or moved since. The command is RUN/train.args.pending where a train stopped or was
  * killed before its steps began left one, else RUN/train.args (*from says which: enum
- * fy_train_args_from). *owned keeps the new argv, every string of it its own: free it with
- * fy_cmd_resume_args_free. -errno, said, where there is no such run (cmd_resume.c). */
-int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from);
+ * fy_train_args_from); *extended: options were given after RUN_DIR). *owned keeps the new argv,
+ * every string of it its own: free it with fy_cmd_resume_args_free. -errno, said, where there is
+ * no such run (cmd_resume.c). */
+int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from, int *extended);
 void fy_cmd_resume_args_free(char ***owned);
 /* plan [--run-dir DIR | --from-hf HF | model options] (cmd_plan.c). */
 int fy_cmd_plan(struct fy_options *o);

@@ -11,7 +11,7 @@
 #include "launcher/cmd/cmd.h"
 #include "launcher/cmd/trainargs.h"
 
-int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from)
+int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from, int *extended)
 {
     const char *dir = *argc >= 3 && (*argv)[2][0] != '-' ? (*argv)[2] : NULL;
     int extra_at = dir != NULL ? 3 : 2;
@@ -23,6 +23,8 @@ int fy_cmd_resume_args(int *argc, char ***argv, char ***owned, int *from)
                         "RUN_DIR [options]\n");
         return -EINVAL;
     }
+    /* options of its own, beyond --run-dir DIR (resume names the run directory anyway) */
+    *extended = *argc - extra_at > (extra_at == 2 ? 2 : 0);
     static char run_dir[PATH_MAX]; /* argv's --run-dir, as named here, before the chdir */
     if (realpath(dir, run_dir) == NULL) {
         fprintf(stderr, "fuyou-launch resume: run directory %s: %s\n", dir, strerror(errno));

@@ -170,6 +170,13 @@ static int train_attempt(struct fy_options *o, struct train_run *t, int attempt,
     FY_TRY_OUT(rc, start_executor(o, t, &s, so.ready_timeout_ms, &inproc, &x));
     FY_TRY_OUT(rc, fy_train_read_meta(&x, s.pool, o->ssd, meta, o->timeout_s * 1000));
     FY_TRY_OUT(rc, fy_runconf_check_store(meta, &t->model, o->ssd));
+    if (o->train_args_extended && !t->args_promoted && meta->step < o->steps) {
+        /* a resume that trains with options of its own: the record becomes this command, so a
+         * later resume (after a crash, say) goes on with them, --steps extended among them */
+        int written = 0;
+        FY_TRY_OUT(rc, fy_trainargs_save(o->run_dir, o->train_argc, o->train_argv, &written));
+        t->args_pending |= written;
+    }
     if (t->args_pending && !t->args_promoted && meta->step < o->steps) {
         FY_TRY_OUT(rc, fy_trainargs_promote(o->run_dir));
         t->args_promoted = 1;

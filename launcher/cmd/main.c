@@ -119,8 +119,8 @@ int main(int argc, char **argv)
         return EXIT_OK;
     }
     char **resumed = NULL;
-    int from = FY_TRAIN_ARGS_GIVEN;
-    if (cmd == FY_CMD_RESUME && fy_cmd_resume_args(&argc, &argv, &resumed, &from) < 0)
+    int from = FY_TRAIN_ARGS_GIVEN, extended = 0;
+    if (cmd == FY_CMD_RESUME && fy_cmd_resume_args(&argc, &argv, &resumed, &from, &extended) < 0)
         return EXIT_USAGE; /* argv is now the run's own train command, continued */
     struct fy_options o;
     int parsed = fy_args_parse(cmd, argc - 1, argv + 1, &o);
@@ -143,6 +143,7 @@ int main(int argc, char **argv)
         o.train_argc = argc - 2;
         o.train_argv = argv + 2;
         o.train_args_from = from;
+        o.train_args_extended = extended;
     }
     int rc = commands[cmd].run(&o);
     int code = finish(cmd, &o, &made, rc); /* o's strings may be resumed's */

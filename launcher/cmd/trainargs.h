@@ -6,7 +6,9 @@
  * --steps), and is removed where the command fails with an error or has nothing to train, so a
  * bad command never replaces the last one that trained. A stop before the steps leaves it, and
  * resume takes it before train.args, saying so; a resume that trains renames it in turn, and one
- * that fails leaves it (its error may be its own options', or passing). */
+ * that fails leaves it (its error may be its own options', or passing). A resume that trains with
+ * options of its own writes its whole command (the record's, then its options) and renames it
+ * once it trains, so that the next resume goes on with them. */
 #ifndef FY_TRAINARGS_H
 #define FY_TRAINARGS_H
 

@@ -503,7 +503,8 @@ static void test_bad_inputs_refused(void **state)
 
 /* A train command that fails, before or after its options are checked, leaves RUN/train.args as
  * the last command that ran made it, so that resume continues that one; a bad --backend is a
- * usage error (exit 2) refused before anything starts. */
+ * usage error (exit 2) refused before anything starts. A resume that trains with options of its
+ * own records them; one that fails or trains nothing does not. */
 static void test_failed_train_keeps_train_args(void **state)
 {
     struct fy_test_fixture *f = *state;
@@ -524,12 +525,30 @@ static void test_failed_train_keeps_train_args(void **state)
     char *after = fy_test_slurp(args_path, &n);
     assert_int_equal(n, len);
     assert_memory_equal(after, before, n);
-    free(after);
 
     const char *resume[] = {"resume", run, "--steps", "5", NULL};
     assert_int_equal(fy_test_launch_in(f, resume, 300), 0);
     assert_int_equal(metrics_steps(fy_test_fmt("%s/metrics.jsonl", run)), 5);
     free(before);
+
+    /* a resume that trains with options of its own records them after the command it resumed, so
+     * that a later resume (after a crash, say) goes on to step 5, not back to 3 */
+    char *extended = fy_test_slurp(args_path, &n);
+    assert_non_null(extended);
+    assert_true(n > len && memcmp(extended, after, len) == 0);
+    const char *tail = "--steps\n5\n";
+    assert_string_equal(extended + n - strlen(tail), tail);
+    /* one that fails, or has nothing to train, leaves that record */
+    const char *bad[] = {"resume", run, "--steps", "7", "--backend", "xyz", NULL};
+    assert_int_equal(fy_test_launch_in(f, bad, 60), 2);
+    const char *none[] = {"resume", run, "--steps", "4", NULL};
+    assert_int_equal(fy_test_launch_in(f, none, 300), 0);
+    char *kept = fy_test_slurp(args_path, &len);
+    assert_int_equal(len, n);
+    assert_memory_equal(kept, extended, n);
+    free(kept);
+    free(extended);
+    free(after);
 }
 
 /* Commands given a run directory that does not exist (mistyped, moved) say so, exit 1 and create
