@@ -44,8 +44,7 @@ static void account(struct fy_tickets *tk, const struct fy_ticket *t)
         fy_desc_copy_times(&t->reply, &h2d, &d2h);
         tk->busy_s[FY_TICKET_BUSY_H2D] += h2d;
         tk->busy_s[FY_TICKET_BUSY_D2H] += d2h;
-        if (t->op == FY_OP_GPT_HEAD || t->op == FY_OP_GPT_BLOCK_BWD ||
-            t->op == FY_OP_GPT_EMBED_BWD || t->op == FY_OP_GPT_GRAD_SEND)
+        if (t->backward)
             tk->busy_s[FY_TICKET_BUSY_GPU_BACKWARD] += seconds;
     }
     if (tk->trace != NULL && t->reply.bytes > 0)
@@ -89,6 +88,10 @@ static void ticket_fill(const struct fy_tickets *tk, struct fy_ticket *t, int64_
     t->io_bytes = 0;
     for (unsigned i = 0; io && i < n; i++)
         t->io_bytes += req[i].bytes;
+    /* an evaluation's head makes no gradient: it is not the backward's */
+    t->backward = 0;
+    for (unsigned i = 0; worker == FY_TICKET_GPU && i < n; i++)
+        t->backward |= req[i].kind == FY_KIND_GRAD;
     t->step = tk->step;
     t->done = 0;
 }

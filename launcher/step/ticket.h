@@ -21,9 +21,9 @@ enum {
     FY_TICKET_BUSY_OPT,
     FY_TICKET_BUSY_H2D,
     FY_TICKET_BUSY_D2H,
-    /* the part of FY_TICKET_BUSY_GPU that is the backward pass (the head with its loss and the
-     * gradients it starts, the blocks' backward with any recompute, the embedding's): what a
-     * clipped step must finish before its first update */
+    /* the part of FY_TICKET_BUSY_GPU that is the backward pass, the gpu requests that make
+     * gradients (the head with its loss, the blocks' backward with any recompute, the embedding's,
+     * the gradients sent home): what a clipped step must finish before its first update */
     FY_TICKET_BUSY_GPU_BACKWARD,
     FY_TICKET_BUSY_COUNT
 };
@@ -37,6 +37,7 @@ struct fy_ticket {
     uint64_t at;
     uint64_t step;     /* the step it belongs to (an update can finish in the next step) */
     uint64_t io_bytes; /* an io read's or write's bytes, all its descriptors' */
+    int backward;      /* a gpu request that makes gradients: part of the backward pass */
     int done;          /* already waited for (serial mode): status and reply kept here */
     int status;
     struct fy_desc reply;
