@@ -120,12 +120,37 @@ static void test_failure_leaves_nothing(void **state)
     assert_int_equal(fy_test_count_entries(fy_test_path(tmpdir, "a")), 1);
 }
 
+/* A small file read whole: its bytes, NUL-terminated; one longer than the buffer gives what fits
+ * and says it is incomplete; one that is missing gives -ENOENT and leaves the buffer alone. */
+static void test_read_text(void **state)
+{
+    (void)state;
+    const char *path = fy_test_path(tmpdir, "record");
+    assert_int_equal(fy_file_write_text(path, "0123456789"), 0); /* and a line break */
+    char buf[16];
+    int incomplete = -1;
+    assert_int_equal(fy_file_read_text(path, buf, sizeof buf, &incomplete), 11);
+    assert_string_equal(buf, "0123456789\n");
+    assert_int_equal(incomplete, 0);
+    assert_int_equal(fy_file_read_text(path, buf, 12, &incomplete), 11); /* exactly fits */
+    assert_int_equal(incomplete, 0);
+    assert_int_equal(fy_file_read_text(path, buf, 6, &incomplete), 5);
+    assert_string_equal(buf, "01234");
+    assert_int_equal(incomplete, 1);
+    assert_int_equal(fy_file_read_text(path, buf, 6, NULL), 5);
+    strcpy(buf, "kept");
+    assert_int_equal(fy_file_read_text(fy_test_path(tmpdir, "none"), buf, sizeof buf, &incomplete),
+                     -ENOENT);
+    assert_string_equal(buf, "kept");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_parents_made_and_undone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_undo_keeps_what_is_not_empty, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_text, setup, teardown),
     };
     return cmocka_run_group_tests_name("fsutil", tests, NULL, NULL);
 }

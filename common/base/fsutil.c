@@ -1,5 +1,5 @@
 /* File-system helpers for durable writes: whole-buffer writes, directory fsync, and an output's
- * missing directories made and, after a failure, removed again. */
+ * missing directories made and, after a failure, removed again; and a small file read whole. */
 #include "common/base/fsutil.h"
 
 #include <errno.h>
@@ -82,6 +82,19 @@ int fy_file_write_text(const char *path, const char *text)
     }
     fprintf(f, "%s\n", text);
     return fy_file_replace(f, tmp, path);
+}
+
+ssize_t fy_file_read_text(const char *path, char *buf, size_t len, int *incomplete)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -errno;
+    size_t n = fread(buf, 1, len - 1, f);
+    if (incomplete != NULL)
+        *incomplete = ferror(f) || (n == len - 1 && fgetc(f) != EOF);
+    fclose(f);
+    buf[n] = 0;
+    return (ssize_t)n;
 }
 
 static _Thread_local int remove_failed; /* the first errno of fy_remove_tree's walk */

@@ -1,6 +1,7 @@
 /* File-system helpers shared by every writer of durable files: writing a whole buffer through short
  * writes and EINTR, fsyncing a directory so that a rename in it is durable, and making an output's
- * missing directories so that a failure can remove exactly those again. */
+ * missing directories so that a failure can remove exactly those again; and reading a small file
+ * whole. */
 #ifndef FY_FSUTIL_H
 #define FY_FSUTIL_H
 
@@ -23,6 +24,10 @@ int fy_file_replace(FILE *f, const char *tmp, const char *path);
 /* Replaces `path` atomically by `text` and a line break, through PATH.tmp (fy_file_replace); 0 or
  * -errno, said. */
 int fy_file_write_text(const char *path, const char *text);
+/* Reads a small file whole into buf, NUL-terminated (at most len - 1 bytes: a /proc file, a
+ * record): the bytes read, or -errno where it cannot be opened (nothing said). *incomplete (may be
+ * NULL): a read error, or more than len - 1 bytes in the file (buf then holds what was read). */
+ssize_t fy_file_read_text(const char *path, char *buf, size_t len, int *incomplete);
 /* Removes a directory and everything under it (symbolic links themselves, not what they point
  * to; nothing on another file system mounted below it); a path that does not exist is not an
  * error. Whatever cannot be removed is said, the rest removed; returns 0 or the first -errno. */

@@ -18,6 +18,7 @@
 
 #include "common/base/check.h"
 #include "common/base/config.h"
+#include "common/base/fsutil.h"
 #include "common/ipc/topo.h"
 
 struct region_entry {
@@ -85,12 +86,8 @@ static uint64_t process_start_time(pid_t pid)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
+    if (fy_file_read_text(path, buf, sizeof buf, NULL) < 0)
         return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
     char *p = strrchr(buf, ')'); /* the command name may contain spaces */
     if (p == NULL || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X')
         return 0; /* a zombie is as dead as a missing process */

@@ -102,17 +102,13 @@ static int number_field(const cJSON *root, const char *key, double *out, char *w
 
 int fy_diskrates_load(const char *path, struct fy_diskrates *d, char *why, size_t why_len)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        int err = errno;
-        snprintf(why, why_len, "cannot open it: %s", strerror(err));
-        return -err;
-    }
     char buf[4096];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    int read_failed = ferror(f) || (n == sizeof buf - 1 && fgetc(f) != EOF);
-    fclose(f);
-    buf[n] = 0;
+    int read_failed = 0;
+    ssize_t got = fy_file_read_text(path, buf, sizeof buf, &read_failed);
+    if (got < 0) {
+        snprintf(why, why_len, "cannot open it: %s", strerror((int)-got));
+        return (int)got;
+    }
     if (read_failed) {
         snprintf(why, why_len, "unreadable, or larger than a record");
         return -EINVAL;

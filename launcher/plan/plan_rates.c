@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/base/check.h"
+#include "common/base/fsutil.h"
 #include "common/base/log.h"
 #include "common/model/optstate.h"
 
@@ -37,12 +38,12 @@ const struct fy_plan_rates fy_plan_reference_rates = {
 /* The machine profile at path as a JSON object (*root, the caller's to free). */
 static int profile_json(const char *path, cJSON **root)
 {
-    FILE *f = fopen(path, "r");
-    FY_SYS(f == NULL ? -1 : 0, "cannot open the machine profile %s", path);
     char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
+    ssize_t got = fy_file_read_text(path, buf, sizeof buf, NULL);
+    if (got < 0) {
+        fy_error("cannot open the machine profile %s: %s", path, strerror((int)-got));
+        return (int)got;
+    }
     *root = cJSON_Parse(buf);
     if (*root != NULL && !cJSON_IsObject(*root)) {
         cJSON_Delete(*root);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/base/check.h"
+#include "common/base/fsutil.h"
 #include "common/base/knobs.h"
 #include "launcher/run/gpus.h"
 
@@ -26,12 +27,10 @@ static int started_for(int pid, const char *run_dir)
 {
     char path[PATH_MAX + 64], args[4096];
     snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
+    ssize_t got = fy_file_read_text(path, args, sizeof args, NULL);
+    if (got < 0)
         return 0;
-    size_t n = fread(args, 1, sizeof args - 1, f);
-    fclose(f);
-    args[n] = 0;
+    size_t n = (size_t)got;
     const char *dir = NULL;
     for (size_t i = 0; i < n && dir == NULL; i += strlen(args + i) + 1)
         if (strcmp(args + i, "--run-dir") == 0 && i + strlen(args + i) + 1 < n)

@@ -60,12 +60,9 @@ static int pid_alive(long pid)
 {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return errno == ENOENT ? 0 : kill((pid_t)pid, 0) == 0 || errno == EPERM;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
+    ssize_t got = fy_file_read_text(path, buf, sizeof buf, NULL);
+    if (got < 0)
+        return got == -ENOENT ? 0 : kill((pid_t)pid, 0) == 0 || errno == EPERM;
     const char *name = strchr(buf, '('), *end = strrchr(buf, ')');
     if (name == NULL || end == NULL || end < name || end[1] != ' ')
         return 1; /* unreadable: keep its directory */
