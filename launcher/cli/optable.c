@@ -100,12 +100,10 @@ static int parse_choice(const char *name, const char *v, const char *const *name
 
 static int parse_backend(struct fy_options *o, const char *v)
 {
+    static const char *const names[] = {"auto", "cpu", "cuda"};
+    int i;
     o->backend = v;
-    if (strcmp(v, "auto") != 0 && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
-        fprintf(stderr, "fuyou-launch: --backend %s: give auto, cpu or cuda\n", v);
-        return -EINVAL;
-    }
-    return 0;
+    return parse_choice("backend", v, names, 3, &i);
 }
 
 static int parse_grad_dtype(struct fy_options *o, const char *v)
@@ -144,12 +142,8 @@ static int parse_timeout(struct fy_options *o, const char *v)
 
 static int parse_ssd_rates(struct fy_options *o, const char *v)
 {
-    if (strcmp(v, "auto") != 0 && strcmp(v, "profile") != 0) {
-        fprintf(stderr, "fuyou-launch: --ssd-rates %s: give auto or profile\n", v);
-        return -EINVAL;
-    }
-    o->ssd_rates_profile = v[0] == 'p';
-    return 0;
+    static const char *const names[] = {"auto", "profile"};
+    return parse_choice("ssd-rates", v, names, 2, &o->ssd_rates_profile);
 }
 
 static int parse_state_copies(struct fy_options *o, const char *v)
@@ -296,11 +290,11 @@ static int parse_optim_state(struct fy_options *o, const char *v)
 
 static int parse_weights_dtype(struct fy_options *o, const char *v)
 {
-    if (strcmp(v, "auto") != 0 && strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0) {
-        fprintf(stderr, "fuyou-launch: --weights-dtype %s: give auto, f32 or bf16\n", v);
-        return -EINVAL;
-    }
-    o->weights_dtype = v[0] == 'a' ? 0 : v[0] == 'f' ? FY_DTYPE_F32 : FY_DTYPE_BF16;
+    static const char *const names[] = {"auto", "f32", "bf16"};
+    static const int dtypes[] = {0, FY_DTYPE_F32, FY_DTYPE_BF16};
+    int i;
+    FY_TRY(parse_choice("weights-dtype", v, names, 3, &i));
+    o->weights_dtype = dtypes[i];
     return 0;
 }
 
