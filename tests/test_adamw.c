@@ -1256,8 +1256,7 @@ static void test_q8_zero_state(void **state)
 
 int main(void)
 {
-    const char *ci = getenv("CI");
-    in_ci = ci != NULL && strcmp(ci, "true") == 0;
+    in_ci = fy_test_in_ci();
     have_numpy = fy_refmodel_python_has("numpy");
     printf("best AdamW implementation on this CPU: %s\n", fy_adamw_impl_name(fy_adamw_best_impl()));
     const struct CMUnitTest tests[] = {

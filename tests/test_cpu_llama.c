@@ -1153,8 +1153,7 @@ static void test_deterministic(void **state)
 
 int main(void)
 {
-    const char *ci = getenv("CI");
-    in_ci = ci != NULL && strcmp(ci, "true") == 0;
+    in_ci = fy_test_in_ci();
     have_transformers = fy_refmodel_python_has("torch, transformers");
     if (!have_transformers)
         printf("test_cpu_llama: python3 with torch and transformers not found: the test against "

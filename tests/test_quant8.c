@@ -380,8 +380,7 @@ static void test_numpy_reference(void **state)
 
 int main(void)
 {
-    const char *ci = getenv("CI");
-    in_ci = ci != NULL && strcmp(ci, "true") == 0;
+    in_ci = fy_test_in_ci();
     have_numpy = fy_refmodel_python_has("numpy");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_maps),          cmocka_unit_test(test_random),

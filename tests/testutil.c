@@ -452,6 +452,12 @@ int fy_test_wanted(const char *name)
     return 0;
 }
 
+int fy_test_in_ci(void)
+{
+    const char *ci = getenv("CI");
+    return ci != NULL && strcmp(ci, "true") == 0;
+}
+
 int fy_test_same_model(const struct fy_model_config *a, const struct fy_model_config *b)
 {
     return a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&

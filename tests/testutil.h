@@ -90,6 +90,8 @@ int fy_test_count_matches(const char *path, const char *needle);
 /* Whether the test of this name is to run: FY_TEST_ONLY unset, or one of its comma-separated
  * globs matches it (to run a few tests of a program while working on them). */
 int fy_test_wanted(const char *name);
+/* Whether this runs under CI (CI=true), where a missing reference is a failure, not a skip. */
+int fy_test_in_ci(void);
 /* Newlines in s. */
 int fy_test_count_lines(const char *s);
 /* 1 when two model configs are the same, field by field (the struct has padding, which

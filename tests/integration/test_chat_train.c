@@ -193,8 +193,7 @@ int main(void)
         return 1;
     }
     snprintf(log_path, sizeof log_path, "%s/launch.log", dir);
-    const char *ci = getenv("CI");
-    in_ci = ci != NULL && strcmp(ci, "true") == 0;
+    in_ci = fy_test_in_ci();
     if (fy_refmodel_script("chat_ref.py", chat_script, sizeof chat_script) != 0 ||
         fy_refmodel_script("hf_llama.py", llama_script, sizeof llama_script) != 0) {
         fprintf(stderr, "test_chat_train: tests/reference/ not found: run from the repository "

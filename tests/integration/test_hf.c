@@ -881,8 +881,7 @@ int main(void)
         fprintf(stderr, "test_hf: run from the repository root after make\n");
         return 1;
     }
-    const char *ci = getenv("CI");
-    in_ci = ci != NULL && strcmp(ci, "true") == 0;
+    in_ci = fy_test_in_ci();
     have_transformers = fy_refmodel_python_has("torch, transformers, safetensors");
     if (fy_refmodel_script("hf_gpt2.py", script, sizeof script) != 0) {
         fprintf(stderr, "test_hf: cannot read %s (run from the repository root)\n", script);

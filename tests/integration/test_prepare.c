@@ -730,8 +730,7 @@ int main(void)
         return 1;
     }
     snprintf(log_path, sizeof log_path, "%s/launch.log", dir);
-    const char *ci = getenv("CI");
-    in_ci = ci != NULL && strcmp(ci, "true") == 0;
+    in_ci = fy_test_in_ci();
     if (fy_refmodel_script("prepare_ref.py", ref_script, sizeof ref_script) != 0 ||
         fy_refmodel_script("gpt_ref.py", gpt_ref_script, sizeof gpt_ref_script) != 0) {
         fprintf(stderr, "test_prepare: tests/reference/ not found: run from the source tree or "

@@ -530,8 +530,7 @@ int main(void)
         return 1;
     }
     snprintf(log_path, sizeof log_path, "%s/launch.log", dir);
-    const char *ci = getenv("CI");
-    in_ci = ci != NULL && strcmp(ci, "true") == 0;
+    in_ci = fy_test_in_ci();
     if (fy_refmodel_script("chat_ref.py", ref_script, sizeof ref_script) != 0 ||
         access(CONVERSATIONS, R_OK) != 0) {
         fprintf(stderr, "test_prepare_chat: tests/reference/ or tests/fixtures/ not found: run "
