@@ -308,6 +308,9 @@ static void test_clipped_steps(void **state)
     assert_true(one.norm_s == 0);
     assert_true(one.predicted_s >= none.predicted_s);
     assert_true(one.predicted_s < two.predicted_s);
+    /* the opt worker's time: clipping's sums added, in either schedule */
+    assert_true(none.opt_s > 0 && two.opt_s > none.opt_s);
+    assert_float_equal(one.opt_s, two.opt_s, 1e-12);
     fy_actplace_release(&none);
     fy_actplace_release(&two);
     fy_actplace_release(&one);
@@ -317,7 +320,8 @@ static void test_clipped_steps(void **state)
  * phase (mem): with every unit converted by the opt worker (no copies) the step takes the
  * conversions' bytes (6 a parameter in the forward, 6 a block parameter in the backward) less the
  * weights' halved PCIe bytes longer than with f32 weights; with a copy for every unit, the halved
- * PCIe bytes less the copies AdamW writes (2 a parameter) shorter. 294912 + 8 x 789760 + 512
+ * PCIe bytes less the copies AdamW writes (2 a parameter) shorter. The opt worker's time (opt_s)
+ * is AdamW's, and the conversions' bytes at host memory's rate where it makes them. 294912 + 8 x 789760 + 512
  * parameters, 8 x 789760 in the blocks, host memory at 1e6 x 28 bytes/s. */
 static void test_bf16_weights_conversions(void **state)
 {
@@ -340,6 +344,10 @@ static void test_bf16_weights_conversions(void **state)
                        (6 * params + 6 * blocks - 2 * params - 2 * blocks) / mem, 1e-6);
     assert_float_equal(copied.predicted_s - f32.predicted_s,
                        (-2 * params - 2 * blocks + 2 * params) / mem, 1e-6);
+    /* the opt worker's time a step: AdamW, and the conversions where there are no copies */
+    assert_float_equal(f32.opt_s, params / 1e6, 1e-9);
+    assert_float_equal(copied.opt_s, params / 1e6, 1e-9);
+    assert_float_equal(converted.opt_s, params / 1e6 + (6 * params + 6 * blocks) / mem, 1e-9);
     fy_actplace_release(&f32);
     fy_actplace_release(&converted);
     fy_actplace_release(&copied);

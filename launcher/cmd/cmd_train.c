@@ -468,6 +468,7 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
                                .plan_ssd_read = act_in->rates.ssd_read,
                                .plan_ssd_write = act_in->rates.ssd_write,
                                .plan_opt_params = act_in->rates.opt_params,
+                               .plan_opt_s = act->opt_s,
                                .plan_ssd_from_steps = act_in->ssd_rates_from_steps};
     fy_diskrates_begin(&t->ssd_seen, o->ssd, (int)o->batch, o->act_plan);
     t->to.ssd_seen = &t->ssd_seen;

@@ -207,6 +207,15 @@ static void other_work(const struct fy_actplace_in *in, int keep, int planned,
     }
 }
 
+/* The opt worker's busy seconds a step: what other_work gives its phases (the same whatever the
+ * blocks' placement). */
+static double step_opt_s(const struct fy_actplace_in *in)
+{
+    struct fy_actplan_other fwd, bwd, norm;
+    other_work(in, 0, (int)in->c->n_layer, &fwd, &bwd, &norm);
+    return fwd.opt_s + bwd.opt_s + norm.opt_s;
+}
+
 /* A phase with no planned blocks: its slowest resource (the cost model of actplan.h, A = 0). */
 static double phase_alone(const struct fy_actplan_other *o, const struct fy_actplace_in *in)
 {
@@ -427,6 +436,8 @@ int fy_actplace_plan(const struct fy_actplace_in *in, struct fy_actplace *out)
         return rc == -ENOSPC ? -FY_EUSAGE : rc;
     }
     fy_plan_swap_of(out->place, in->c->n_layer, &out->sizes, in->act_ahead, &out->swap);
+    if (out->predicted_s > 0)
+        out->opt_s = step_opt_s(in);
     return 0;
 }
 
@@ -445,6 +456,7 @@ int fy_actplace_predict(const struct fy_actplace_in *in, struct fy_actplace *r)
     r->plan = plan;
     r->predicted_s = step;
     r->norm_s = norm_s;
+    r->opt_s = step_opt_s(in);
     char text[1024];
     fy_actplan_describe(plan, text, sizeof text);
     char *phases = strstr(text, "predicted step");
@@ -545,9 +557,10 @@ int fy_actplace_write_json(const struct fy_actplace *r, const struct fy_actplace
     fprintf(f,
             "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
             "\"ranks\": %d, \"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
-            "\"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": %u, \"blocks\": [",
+            "\"predicted_opt_s\": %.6f, \"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": "
+            "%u, \"blocks\": [",
             fy_actplan_mode_name(in->mode), in->backend, in->B, in->T, ranks_of(in), r->keep,
-            r->swap_sets, r->predicted_s, (unsigned long long)r->swap.host_bytes,
+            r->swap_sets, r->predicted_s, r->opt_s, (unsigned long long)r->swap.host_bytes,
             (unsigned long long)r->swap.ssd_bytes, r->swap.slots);
     for (unsigned b = 1; r->place != NULL && b <= in->c->n_layer; b++) {
         char h[64], d[64];

@@ -74,6 +74,9 @@ struct fy_actplace {
     int swap_sets;      /* the gpu worker readies swapping */
     double predicted_s; /* the step the planner predicts; 0: not predicted */
     double norm_s;      /* in it, a two-pass clipped step's norm pass (0: none) */
+    /* the opt worker's busy seconds in it: AdamW, clipping's sums and the weights' conversions
+     * for the GPU (0: not predicted) */
+    double opt_s;
     /* auto's two arrangements (see above): kept blocks and predicted step of each (B: keep -1
      * when it was not planned) */
     int keep_a, keep_b;

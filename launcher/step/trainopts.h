@@ -69,8 +69,10 @@ struct fy_train_opts {
         *stop; /* set asynchronously to stop at the next step boundary; may be NULL */
     /* What the activation plan predicted from the profile, set beside the session's second step
      * (its first is a warm-up) in the log's plan check: the step's seconds (0: not predicted, no
-     * check), and the SSD's read and write rates (bytes/s) and AdamW's parameters/s it assumed. */
-    double plan_step_s, plan_ssd_read, plan_ssd_write, plan_opt_params;
+     * check), the SSD's read and write rates (bytes/s) and AdamW's parameters/s it assumed, and
+     * the opt worker's busy seconds it gave the step (AdamW, clipping's sums, the conversions of
+     * weights for the GPU). */
+    double plan_step_s, plan_ssd_read, plan_ssd_write, plan_opt_params, plan_opt_s;
     int plan_ssd_from_steps; /* the plan's SSD rates were a past session's steps' (not the profile's) */
     /* counts the SSD's bytes and busy seconds of each step after the session's first (a warm-up)
      * for the next session's plan (launcher/plan/diskrates.h); NULL: not counted */

@@ -914,23 +914,37 @@ static void test_trace_and_busy_metrics(void **state)
     assert_true(rd[1] == rd[0] && wr[1] == wr[0]);
     /* the plan check: step 2 beside the plan's prediction (RUN/act_plan.json, full precision) and
      * the rates of its metrics line */
-    double step_s[3], busy_rd[3], busy_wr[3], predicted = 0;
+    double step_s[3], busy_rd[3], busy_wr[3], busy_opt[3], predicted = 0, predicted_opt = 0;
     assert_int_equal(fy_trainutil_field_numbers(metrics, "\"step_s\": ", step_s, 3), 3);
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_opt_s\": ", busy_opt, 3), 3);
     assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_ssd_read_s\": ", busy_rd, 3), 3);
     assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_ssd_write_s\": ", busy_wr, 3), 3);
     char plan[600];
     snprintf(plan, sizeof plan, "%s/act_plan.json", run);
     assert_int_equal(fy_trainutil_field_numbers(plan, "\"predicted_step_s\": ", &predicted, 1), 1);
     assert_true(predicted > 0);
+    assert_int_equal(fy_trainutil_field_numbers(plan, "\"predicted_opt_s\": ", &predicted_opt, 1),
+                     1);
+    assert_true(predicted_opt > 0 && predicted_opt <= predicted);
     char *log = fy_test_slurp(f->log, NULL), *check = log ? strstr(log, "plan check, step 2: ") : NULL;
     assert_non_null(check);
     assert_null(strstr(log, "plan check, step 3")); /* once a session */
-    double sec, pred, over, r, w;
+    double sec, pred, over, r, w, opt, opt_pred;
     assert_int_equal(sscanf(check, "plan check, step 2: %lf s against the %lf s predicted (%lf%%); "
                                    "in it the SSD read %lf GB/s and wrote %lf",
                             &sec, &pred, &over, &r, &w),
                      5);
+    /* the opt worker's busy time beside the plan's for it (AdamW and the weights' conversions) */
+    char *busy = strstr(check, "; the opt worker was busy ");
+    assert_non_null(busy);
+    assert_true(busy < check + strcspn(check, "\n"));
+    assert_int_equal(sscanf(busy,
+                            "; the opt worker was busy %lf s (the plan's: %lf s, with AdamW at",
+                            &opt, &opt_pred),
+                     2);
     free(log);
+    assert_float_equal(opt, busy_opt[1], 0.00051);
+    assert_float_equal(opt_pred, predicted_opt, 0.00051);
     assert_float_equal(sec, step_s[1], 0.0005);
     assert_float_equal(pred, predicted, 0.0005);
     assert_float_equal(over, 100 * (predicted / step_s[1] - 1), 0.06);
