@@ -42,6 +42,7 @@ Stream (little-endian uint32 words): records of [type, n, payload]:
 import array
 import json
 import os
+import signal
 import struct
 import sys
 
@@ -532,6 +533,9 @@ class Args:
 
 
 def main():
+    # a Ctrl-C reaches this helper and the launcher at once: the launcher says it and cleans up, so
+    # the helper ends quietly (no traceback)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     out = Out()
     sys.stdout = sys.stderr  # the libraries' prints must not mix into the stream
     try:

@@ -1,6 +1,6 @@
 /* Tests of token files (common/formats/tokfile): the on-disk format byte by byte, atomic writes,
- * byte-level preparation, every refusal of the reader, the loss mask and the tokenizer's identity
- * (splits and batch sampling: test_tokbatch). */
+ * byte-level preparation, every refusal of the reader, the loss mask and the tokenizer's identity,
+ * a signal's stop flag (splits and batch sampling: test_tokbatch). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -756,6 +757,40 @@ static void test_masked_refusals(void **state)
     free(b);
 }
 
+/* A stop flag (a signal handler's, fy_tokwriter_stop_on): the byte-level preparation and a
+ * streaming writer stop at their next write with -EINTR and leave no file; cleared, they write. */
+static void test_stop_flag(void **state)
+{
+    static volatile sig_atomic_t stop;
+    fy_tokwriter_stop_on(&stop);
+    char in[1024];
+    snprintf(in, sizeof in, "%s", tpath("stop.txt"));
+    write_bytes(in, "some text", 9);
+    const char *inputs[] = {in};
+    stop = SIGINT;
+    assert_int_equal(fy_tokfile_prepare_bytes(tpath("stop.tok"), inputs, 1, 0, NULL), -EINTR);
+    assert_int_equal(access(tpath("stop.tok"), F_OK), -1);
+    assert_false(has_tmp_file(tmpdir));
+    /* a streaming writer stopped after it began: its next flush (a full 1 MiB buffer) */
+    stop = 0;
+    struct fy_tokwriter *w;
+    assert_int_equal(fy_tokwriter_begin(&w, tpath("stop2.tok"), 300, NULL, 0), 0);
+    uint32_t *tokens = calloc(1u << 20, sizeof *tokens);
+    assert_non_null(tokens);
+    assert_int_equal(fy_tokwriter_put(w, tokens, 1000, 1), 0);
+    stop = SIGTERM;
+    assert_int_equal(fy_tokwriter_put(w, tokens, 1u << 20, 1), -EINTR);
+    fy_tokwriter_abort(&w);
+    assert_int_equal(access(tpath("stop2.tok"), F_OK), -1);
+    assert_false(has_tmp_file(tmpdir));
+    stop = 0;
+    uint64_t n = 0;
+    assert_int_equal(fy_tokfile_prepare_bytes(tpath("stop.tok"), inputs, 1, 0, &n), 0);
+    assert_int_equal(n, 9);
+    fy_tokwriter_stop_on(NULL);
+    free(tokens);
+}
+
 static void test_streaming_writer(void **state)
 {
     /* more mask bits than the writer holds in memory (8 Mi), so they go through its side file */
@@ -983,6 +1018,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tokenizer_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_masked_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_streaming_writer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_flag, setup, teardown),
         cmocka_unit_test_setup_teardown(test_document_index, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -74,8 +74,14 @@ struct fy_tokwriter {
     int overwrite;
 };
 
+static const volatile sig_atomic_t *stop_flag; /* fy_tokwriter_stop_on */
+
+void fy_tokwriter_stop_on(const volatile sig_atomic_t *flag) { stop_flag = flag; }
+
 static int write_all(struct tok_writer *w, const void *data, size_t len)
 {
+    if (stop_flag != NULL && *stop_flag)
+        return -EINTR;
     FY_TRY(fy_write_all(w->fd, data, len, w->tmp, w->offset));
     w->offset += len;
     return 0;

@@ -4,6 +4,7 @@
 #ifndef FY_TOKWRITER_H
 #define FY_TOKWRITER_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "common/formats/tokfile.h"
@@ -45,6 +46,11 @@ uint64_t fy_tokwriter_count(const struct fy_tokwriter *w);
 int fy_tokwriter_finish(struct fy_tokwriter **w, uint64_t *count, uint64_t *masked);
 /* Removes the temporary file and frees; safe on NULL. */
 void fy_tokwriter_abort(struct fy_tokwriter **w);
+
+/* A flag (set by a signal handler) that, once non-zero, makes every writer's next write of the
+ * token file fail with -EINTR, nothing said: a preparation stopped by a signal then aborts and
+ * leaves no temporary file. NULL (the default): none. */
+void fy_tokwriter_stop_on(const volatile sig_atomic_t *flag);
 
 /* Byte-level preparation: the bytes of the inputs (regular files), concatenated in order, become
  * the tokens of out_path (vocab 256, width 1, the byte-level tokenizer recorded), each non-empty

@@ -26,6 +26,7 @@ int fy_cmd_prepare(struct fy_options *o)
                                  .overwrite = o->overwrite};
     struct fy_prepare_result res;
     struct fy_made_dirs made; /* --out's missing directories, removed again where it fails */
+    FY_TRY(fy_prepare_stop_on_signals());
     FY_TRY(fy_mkdirs_for(o->out, "the directory of the token file", &made));
     int rc = fy_prepare(&po, &res);
     if (rc < 0) {
@@ -46,4 +47,12 @@ int fy_cmd_prepare(struct fy_options *o)
                         : "each a whole text file (train takes windows of the stream: "
                           "--packing windows)");
     return 0;
+}
+
+void fy_cmd_prepare_stopped(const struct fy_options *o, const char *removed)
+{
+    (void)removed; /* prepare makes no run directory */
+    fy_warn("stopped by signal before prepare was done: %s is as it was, and nothing of this run "
+            "is left (no temporary file, no directory made for it); run it again",
+            o->out);
 }

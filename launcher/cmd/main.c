@@ -28,7 +28,7 @@ static const struct {
     int workers, makes_run_dir;
     void (*stopped)(const struct fy_options *o, const char *removed);
 } commands[FY_CMD_COUNT] = {
-    [FY_CMD_PREPARE] = {fy_cmd_prepare, 0, 0, NULL},
+    [FY_CMD_PREPARE] = {fy_cmd_prepare, 0, 0, fy_cmd_prepare_stopped},
     [FY_CMD_INIT] = {fy_cmd_init, 1, 1, fy_cmd_init_stopped},
     [FY_CMD_TRAIN] = {fy_cmd_train, 1, 0, fy_cmd_train_stopped},
     [FY_CMD_RESUME] = {fy_cmd_train, 1, 0, fy_cmd_train_stopped},

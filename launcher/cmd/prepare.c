@@ -127,11 +127,35 @@ struct stream {
     const char *what; /* for messages */
 };
 
-/* Exactly len bytes; 1 at a clean end of stream before any byte, 0 done, < 0 error. */
+/* SIGINT or SIGTERM while preparing (fy_prepare_stop_on_signals): the stream's reads and the
+ * token file's writes stop with -EINTR, and the preparation aborts. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+int fy_prepare_stop_on_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal; /* no SA_RESTART: a read from the helper returns EINTR */
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0) {
+        int e = errno;
+        fy_error("prepare: cannot install the SIGINT/SIGTERM handlers: %s", strerror(e));
+        return -e;
+    }
+    fy_tokwriter_stop_on(&stop_signal);
+    return 0;
+}
+
+/* Exactly len bytes; 1 at a clean end of stream before any byte, 0 done, < 0 error (-EINTR: a
+ * stop signal came, nothing said). */
 static int read_full(struct stream *s, void *buf, size_t len)
 {
     size_t got = 0;
     while (got < len) {
+        if (stop_signal)
+            return -EINTR;
         ssize_t n = read(s->fd, (char *)buf + got, len - got);
         if (n < 0 && errno == EINTR)
             continue;
@@ -140,8 +164,8 @@ static int read_full(struct stream *s, void *buf, size_t len)
             fy_error("reading from %s: %s", s->what, strerror(e));
             return -e;
         }
-        if (n == 0)
-            return got == 0 ? 1 : -EPIPE;
+        if (n == 0) /* the helper gone: by the same signal (a terminal's Ctrl-C reaches both)? */
+            return stop_signal ? -EINTR : got == 0 ? 1 : -EPIPE;
         got += (size_t)n;
     }
     return 0;

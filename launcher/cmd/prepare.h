@@ -30,7 +30,12 @@ struct fy_prepare_result {
     char tokenizer[128]; /* described, for the log */
 };
 
-/* Prepares o->out; one line on stderr (through the log) for any failure, and no file left. */
+/* Prepares o->out; one line on stderr (through the log) for any failure, and no file left. -EINTR
+ * (nothing said) where a signal stopped it after fy_prepare_stop_on_signals. */
 int fy_prepare(const struct fy_prepare_opts *o, struct fy_prepare_result *res);
+/* From now on SIGINT and SIGTERM stop a preparation (the helper's stream and the token file's
+ * writes, which then abort, removing the temporary file) in place of killing the process. -errno,
+ * said. */
+int fy_prepare_stop_on_signals(void);
 
 #endif

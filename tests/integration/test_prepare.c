@@ -7,6 +7,9 @@
  *   text, JSONL text and prompt/response pairs, every token and mask bit against the library's own
  *   encoding, and the header's tokenizer identity;
  * - every bad input: one error line naming the file (and line), exit status 1, no file left;
+ * - a prepare stopped by SIGINT or SIGTERM while the helper streams: exit status 130, one line that
+ *   says so, no temporary file, the directories made for --out removed, a file it would replace
+ *   untouched, the helper gone;
  * - training honours the mask: `train --inprocess` on a prepared prompt/response file reports the
  *   loss of a float64 reference (tests/reference/gpt_ref.py) given the same batch with the masked
  *   targets ignored, and a training split whose targets are all masked trains with loss 0, saying
@@ -22,10 +25,12 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +115,93 @@ static int skip_without(int have, const char *what)
 }
 
 /* ---- byte tokenizer ---- */
+
+/* A JSONL file of `lines` records, large enough that the helper streams for a few seconds. */
+static void write_big_jsonl(const char *path, int lines)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (int i = 0; i < lines; i++)
+        assert_true(fprintf(f,
+                            "{\"text\": \"record %d: some words to tokenize byte by byte, and "
+                            "more words after them to make the line long\"}\n",
+                            i) > 0);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A helper process (launcher/fuyou_tokenize.py) of this test still running? Its command line
+ * (NUL-separated in /proc/PID/cmdline) names the script and the test's input. */
+static int helper_running(void)
+{
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    int found = 0;
+    for (struct dirent *e; !found && (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        char path[300], line[8192];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "rb");
+        if (f == NULL)
+            continue; /* gone meanwhile */
+        size_t n = fread(line, 1, sizeof line - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i++)
+            line[i] = line[i] == '\0' ? ' ' : line[i];
+        line[n] = '\0';
+        found = strstr(line, "fuyou_tokenize.py") != NULL && strstr(line, "prepare-stop") != NULL;
+    }
+    closedir(d);
+    return found;
+}
+
+/* prepare --jsonl through the helper, stopped by `sig` once its temporary file exists: exit 130,
+ * "stopped by signal", nothing left of the run (no .tmp, no directory made for --out), the file
+ * that --overwrite would have replaced as it was, and no helper left. */
+static void stop_prepare_with(int sig, const char *out, const char *made_dir)
+{
+    char tmp[600], input[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    snprintf(input, sizeof input, "%s", tpath("prepare-stop.jsonl"));
+    const char *args[] = {"prepare", "--jsonl", "--overwrite", "--out", out, input, NULL};
+    unlink(log_path);
+    int pid = fy_test_start("fuyou-launch", args, log_path);
+    assert_true(pid > 0);
+    double t0 = fy_test_now_s();
+    while (!exists(tmp) && fy_test_now_s() - t0 < 60)
+        fy_test_pause_ms(5);
+    assert_true(exists(tmp)); /* the helper began streaming: the token file is being written */
+    assert_int_equal(kill(pid, sig), 0);
+    int status = fy_test_wait(pid, RUN_TIMEOUT_S);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130); /* not 0: the input takes seconds to stream */
+    assert_int_equal(count_lines_with(log_path, "stopped by signal before prepare was done: "), 1);
+    assert_false(exists(tmp));
+    if (made_dir != NULL)
+        assert_false(exists(made_dir));
+    for (int i = 0; i < 200 && helper_running(); i++) /* it ends on the launcher's SIGTERM */
+        fy_test_pause_ms(10);
+    assert_false(helper_running());
+}
+
+static void test_stopped_by_signal(void **state)
+{
+    write_big_jsonl(tpath("prepare-stop.jsonl"), 800000);
+    /* --out in directories that do not exist yet: made, then removed again */
+    char made[600], out[700];
+    snprintf(made, sizeof made, "%s", tpath("stop-made"));
+    snprintf(out, sizeof out, "%s/deeper/data.tok", made);
+    stop_prepare_with(SIGINT, out, made);
+    /* a file --overwrite would replace stays as it was */
+    write_text(tpath("stop-old.tok"), "not a token file, but the user's");
+    stop_prepare_with(SIGTERM, tpath("stop-old.tok"), NULL);
+    char *kept = fy_test_slurp(tpath("stop-old.tok"), NULL);
+    assert_non_null(kept);
+    assert_string_equal(kept, "not a token file, but the user's");
+    free(kept);
+    unlink(tpath("stop-old.tok"));
+    unlink(tpath("prepare-stop.jsonl"));
+}
 
 static void test_bytes_text_layout(void **state)
 {
@@ -747,6 +839,7 @@ int main(void)
         cmocka_unit_test(test_bytes_jsonl),
         cmocka_unit_test(test_hf_tokenizers),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_stopped_by_signal),
         cmocka_unit_test(test_bad_tokenizer_inputs),
         cmocka_unit_test(test_masked_training_vs_reference),
         cmocka_unit_test(test_fully_masked_training),
