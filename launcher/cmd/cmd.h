@@ -40,6 +40,7 @@ int fy_cmd_selftest(struct fy_options *o);
  * "stopped by signal": what is committed or written, and what to run next. `removed` lists the
  * run directory and parents that main removed because this command had made them ("" for none). */
 void fy_cmd_prepare_stopped(const struct fy_options *o, const char *removed);
+void fy_cmd_probe_stopped(const struct fy_options *o, const char *removed);
 void fy_cmd_init_stopped(const struct fy_options *o, const char *removed);
 void fy_cmd_train_stopped(const struct fy_options *o, const char *removed);
 void fy_cmd_profile_stopped(const struct fy_options *o, const char *removed);

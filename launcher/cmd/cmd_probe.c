@@ -12,6 +12,7 @@
 #include "launcher/cmd/cmd.h"
 #include "launcher/cmd/probe.h"
 #include "launcher/cli/runconf.h"
+#include "launcher/run/stopsig.h"
 
 /* probe: the machine profile, into --out, or RUN/machine.json with --run-dir (where train and
  * plan find it), or ./machine.json. */
@@ -48,6 +49,7 @@ int fy_cmd_probe(struct fy_options *o)
     /* --out's missing directories, removed again where it fails (the run directory is not made:
      * only init and selftest make one) */
     struct fy_made_dirs made = {0};
+    FY_TRY(fy_stopsig_install()); /* a stop removes the SSD's scratch files (fy_probe_run) */
     if (o->out != NULL)
         FY_TRY(fy_mkdirs_for(out, "the directory of the machine profile", &made));
     int rc = fy_probe_run(&po, &r);
@@ -91,4 +93,13 @@ int fy_cmd_probe(struct fy_options *o)
             "RUN/machine.json)",
             r.seconds, out, out);
     return 0;
+}
+
+void fy_cmd_probe_stopped(const struct fy_options *o, const char *removed)
+{
+    (void)o;       /* o->ssd may have named a buffer of the command's, gone by now */
+    (void)removed; /* probe makes no run directory */
+    fy_warn("stopped by signal before probe was done: nothing was written (the machine profile is "
+            "as it was; the scratch files it made on the SSD paths are removed, and any directory "
+            "made for --out); run it again");
 }

@@ -33,7 +33,7 @@ static const struct {
     [FY_CMD_TRAIN] = {fy_cmd_train, 1, 0, fy_cmd_train_stopped},
     [FY_CMD_RESUME] = {fy_cmd_train, 1, 0, fy_cmd_train_stopped},
     [FY_CMD_PLAN] = {fy_cmd_plan, 0, 0, NULL},
-    [FY_CMD_PROBE] = {fy_cmd_probe, 0, 0, NULL},
+    [FY_CMD_PROBE] = {fy_cmd_probe, 0, 0, fy_cmd_probe_stopped},
     [FY_CMD_PROFILE] = {fy_cmd_profile, 1, 0, fy_cmd_profile_stopped},
     [FY_CMD_REPORT] = {fy_cmd_report, 0, 0, NULL},
     [FY_CMD_EXPORT] = {fy_cmd_export, 1, 0, fy_cmd_export_stopped},

@@ -19,6 +19,7 @@
 #include "common/base/knobs.h"
 #include "common/formats/tokfile.h"
 #include "common/formats/tokwriter.h"
+#include "launcher/run/stopsig.h"
 
 extern char **environ;
 
@@ -129,22 +130,10 @@ struct stream {
 
 /* SIGINT or SIGTERM while preparing (fy_prepare_stop_on_signals): the stream's reads and the
  * token file's writes stop with -EINTR, and the preparation aborts. */
-static volatile sig_atomic_t stop_signal;
-
-static void on_stop_signal(int sig) { stop_signal = sig; }
-
 int fy_prepare_stop_on_signals(void)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal; /* no SA_RESTART: a read from the helper returns EINTR */
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0) {
-        int e = errno;
-        fy_error("prepare: cannot install the SIGINT/SIGTERM handlers: %s", strerror(e));
-        return -e;
-    }
-    fy_tokwriter_stop_on(&stop_signal);
+    FY_TRY(fy_stopsig_install()); /* no SA_RESTART: a read from the helper returns EINTR */
+    fy_tokwriter_stop_on(fy_stopsig_flag());
     return 0;
 }
 
@@ -154,7 +143,7 @@ static int read_full(struct stream *s, void *buf, size_t len)
 {
     size_t got = 0;
     while (got < len) {
-        if (stop_signal)
+        if (fy_stopsig_raised())
             return -EINTR;
         ssize_t n = read(s->fd, (char *)buf + got, len - got);
         if (n < 0 && errno == EINTR)
@@ -165,7 +154,7 @@ static int read_full(struct stream *s, void *buf, size_t len)
             return -e;
         }
         if (n == 0) /* the helper gone: by the same signal (a terminal's Ctrl-C reaches both)? */
-            return stop_signal ? -EINTR : got == 0 ? 1 : -EPIPE;
+            return fy_stopsig_raised() ? -EINTR : got == 0 ? 1 : -EPIPE;
         got += (size_t)n;
     }
     return 0;

@@ -21,6 +21,7 @@
 #include "gpu_worker/backend.h"
 #include "io_worker/ring.h"
 #include "io_worker/store.h"
+#include "launcher/run/stopsig.h"
 #include "opt_worker/adamw.h"
 #include "opt_worker/quant8.h"
 #include "opt_worker/threads.h"
@@ -84,12 +85,16 @@ static int probe_store(const char *const *paths, unsigned n, uint64_t total, dou
     FY_TRY_OUT(rc, fy_ring_register_files(ring, fy_store_fds(s), fy_store_file_names(s), n));
     FY_TRY_OUT(rc, fy_store_add_extent(s, 1, total));
     double t0 = now_s();
-    for (uint64_t at = 0; at < total; at += chunk)
+    for (uint64_t at = 0; at < total; at += chunk) {
+        FY_TRY_OUT(rc, fy_stopsig_raised() ? -EINTR : 0); /* the caller removes the files */
         FY_TRY_OUT(rc, fy_store_write(s, ring, 1, at, buf, chunk, 120000));
+    }
     FY_TRY_OUT(rc, fy_store_sync(s));
     double t1 = now_s();
-    for (uint64_t at = 0; at < total; at += chunk)
+    for (uint64_t at = 0; at < total; at += chunk) {
+        FY_TRY_OUT(rc, fy_stopsig_raised() ? -EINTR : 0);
         FY_TRY_OUT(rc, fy_store_read(s, ring, 1, at, buf, chunk, 120000));
+    }
     double t2 = now_s();
     *write_Bps = (double)total / (t1 - t0);
     *read_Bps = (double)total / (t2 - t1);
@@ -281,10 +286,15 @@ int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r)
     if (strcmp(o->backend, "cuda") ==
         0) /* before the backend takes its own: the GPU as train finds it */
         FY_TRY(fy_backend_devices_free(1, &r->gpu_free, &r->gpu_total, &which));
+    /* a stop (fy_stopsig) between the parts, and within the SSD's, which leaves scratch files */
     FY_TRY(probe_backend(o, r));
+    FY_TRY(fy_stopsig_raised() ? -EINTR : 0);
     FY_TRY(probe_ssd(o, r));
+    FY_TRY(fy_stopsig_raised() ? -EINTR : 0);
     probe_memcpy(r);
+    FY_TRY(fy_stopsig_raised() ? -EINTR : 0);
     FY_TRY(probe_adamw(r));
+    FY_TRY(fy_stopsig_raised() ? -EINTR : 0);
     r->seconds = now_s() - t0;
     return 0;
 }

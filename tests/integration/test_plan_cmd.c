@@ -12,11 +12,13 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/base/dtype.h"
@@ -538,6 +540,47 @@ static int entries_in(const char *dir)
         n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
     closedir(d);
     return n;
+}
+
+/* Files in probe's scratch directory (DIR/.fuyou-probe-PID) under dir, or -1 where there is none. */
+static int probe_scratch_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return -1;
+    int n = -1;
+    for (struct dirent *e; n < 0 && (e = readdir(d)) != NULL;)
+        if (strncmp(e->d_name, ".fuyou-probe-", 13) == 0)
+            n = entries_in(fy_test_fmt("%s/%s", dir, e->d_name));
+    closedir(d);
+    return n;
+}
+
+/* probe stopped by SIGINT while it measures the SSD: exit status 130, one line that says so, its
+ * scratch directory and files under --ssd removed, no profile written and the directory made for
+ * --out removed. */
+static void test_probe_stopped_by_signal(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    char *ssd = fy_test_in(f, "probe-stop-ssd"), *made = fy_test_in(f, "probe-stop-out");
+    assert_int_equal(mkdir(ssd, 0700), 0);
+    const char *out = fy_test_fmt("%s/m.json", made);
+    const char *args[] = {"probe", "--ssd", ssd, "--out", out, "--backend", "cpu", NULL};
+    unlink(f->log);
+    int pid = fy_test_start("fuyou-launch", args, f->log);
+    assert_true(pid > 0);
+    double t0 = fy_test_now_s();
+    while (probe_scratch_files(ssd) <= 0 && fy_test_now_s() - t0 < 60)
+        fy_test_pause_ms(2);
+    assert_true(probe_scratch_files(ssd) >
+                0); /* the SSD's part began: its scratch store is there */
+    assert_int_equal(kill(pid, SIGINT), 0);
+    int status = fy_test_wait(pid, 120);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130);
+    assert_int_equal(fy_test_count_matches(f->log, "stopped by signal before probe was done: "), 1);
+    assert_int_equal(entries_in(ssd), 0);
+    assert_int_equal(entries_in(made), -1);
 }
 
 /* fuyou-launch probe measures this machine (here the CPU backend: the GPU parts are said to be
@@ -1326,6 +1369,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_plan_largest_batch_fits_ssd),
         FY_TRAINUTIL_TEST(test_paper_machine_profiles),
         FY_TRAINUTIL_TEST(test_probe_then_plan),
+        FY_TRAINUTIL_TEST(test_probe_stopped_by_signal),
         FY_TRAINUTIL_TEST(test_plan_pool_is_train_pool),
         FY_TRAINUTIL_TEST(test_progress_line),
         FY_TRAINUTIL_TEST(test_report_charts),
