@@ -147,34 +147,12 @@ char *fy_chaos_losses(const char *metrics)
     return out;
 }
 
-/* Processes whose command line names the run directory. */
-static int processes_of(const char *run)
-{
-    DIR *d = opendir("/proc");
-    int n = 0;
-    struct dirent *e;
-    while (d != NULL && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] < '1' || e->d_name[0] > '9' || atoi(e->d_name) == getpid())
-            continue;
-        size_t len;
-        char *cmd = fy_test_slurp(fy_test_fmt("/proc/%s/cmdline", e->d_name), &len);
-        for (size_t i = 0; cmd != NULL && i < len; i++)
-            if (cmd[i] == 0)
-                cmd[i] = ' ';
-        if (cmd != NULL && len > 0 && strstr(cmd, run) != NULL)
-            n++;
-        free(cmd);
-    }
-    if (d != NULL)
-        closedir(d);
-    return n;
-}
-
 void fy_chaos_assert_nothing_left(const char *run)
 {
-    for (int i = 0; i < 200 && processes_of(run) > 0; i++)
+    /* the processes whose command line names the run directory */
+    for (int i = 0; i < 200 && fy_test_count_processes(run) > 0; i++)
         fy_test_pause_ms(10);
-    assert_int_equal(processes_of(run), 0);
+    assert_int_equal(fy_test_count_processes(run), 0);
     char pool[FY_POOL_NAME_MAX];
     assert_int_equal(fy_pool_name_for_run(run, pool, sizeof pool), 0);
     assert_int_not_equal(access(fy_test_fmt("/dev/shm%s", pool), F_OK), 0);

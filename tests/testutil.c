@@ -109,6 +109,28 @@ int fy_test_count_shm(const char *prefix)
     return n;
 }
 
+int fy_test_count_processes(const char *needle)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || atoi(e->d_name) == getpid())
+            continue;
+        size_t len;
+        char *cmd = fy_test_slurp(fy_test_fmt("/proc/%s/cmdline", e->d_name), &len);
+        for (size_t i = 0; cmd != NULL && i < len; i++)
+            if (cmd[i] == 0)
+                cmd[i] = ' ';
+        if (cmd != NULL && len > 0 && strstr(cmd, needle) != NULL)
+            n++;
+        free(cmd);
+    }
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
 char *fy_test_slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

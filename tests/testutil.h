@@ -61,6 +61,9 @@ uint64_t fy_test_rand(uint64_t *state);
 float fy_test_uniform(uint64_t *state, float lo, float hi);
 /* Number of entries in /dev/shm whose name starts with prefix. */
 int fy_test_count_shm(const char *prefix);
+/* Number of processes, other than this one, whose command line (its arguments joined by spaces)
+ * contains needle. */
+int fy_test_count_processes(const char *needle);
 /* Reads a whole file into a malloc'd NUL-terminated buffer; NULL on error. */
 char *fy_test_slurp(const char *path, size_t *len);
 

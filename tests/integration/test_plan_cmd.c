@@ -572,8 +572,8 @@ static void test_probe_stopped_by_signal(void **state)
     double t0 = fy_test_now_s();
     while (probe_scratch_files(ssd) <= 0 && fy_test_now_s() - t0 < 60)
         fy_test_pause_ms(2);
-    assert_true(probe_scratch_files(ssd) >
-                0); /* the SSD's part began: its scratch store is there */
+    /* the SSD's part began: its scratch store is there */
+    assert_true(probe_scratch_files(ssd) > 0);
     assert_int_equal(kill(pid, SIGINT), 0);
     int status = fy_test_wait(pid, 120);
     assert_true(status != -1 && WIFEXITED(status));

@@ -25,7 +25,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -129,32 +128,6 @@ static void write_big_jsonl(const char *path, int lines)
     assert_int_equal(fclose(f), 0);
 }
 
-/* A helper process (launcher/fuyou_tokenize.py) of this test still running? Its command line
- * (NUL-separated in /proc/PID/cmdline) names the script and the test's input. */
-static int helper_running(void)
-{
-    DIR *d = opendir("/proc");
-    assert_non_null(d);
-    int found = 0;
-    for (struct dirent *e; !found && (e = readdir(d)) != NULL;) {
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        char path[300], line[8192];
-        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
-        FILE *f = fopen(path, "rb");
-        if (f == NULL)
-            continue; /* gone meanwhile */
-        size_t n = fread(line, 1, sizeof line - 1, f);
-        fclose(f);
-        for (size_t i = 0; i < n; i++)
-            line[i] = line[i] == '\0' ? ' ' : line[i];
-        line[n] = '\0';
-        found = strstr(line, "fuyou_tokenize.py") != NULL && strstr(line, "prepare-stop") != NULL;
-    }
-    closedir(d);
-    return found;
-}
-
 /* prepare --jsonl through the helper, stopped by `sig` once its temporary file exists: exit 130,
  * "stopped by signal", nothing left of the run (no .tmp, no directory made for --out), the file
  * that --overwrite would have replaced as it was, and no helper left. */
@@ -179,9 +152,10 @@ static void stop_prepare_with(int sig, const char *out, const char *made_dir)
     assert_false(exists(tmp));
     if (made_dir != NULL)
         assert_false(exists(made_dir));
-    for (int i = 0; i < 200 && helper_running(); i++) /* it ends on the launcher's SIGTERM */
-        fy_test_pause_ms(10);
-    assert_false(helper_running());
+    /* the tokenizer helper, whose command line names the input (the launcher has exited) */
+    for (int i = 0; i < 200 && fy_test_count_processes(input) > 0; i++)
+        fy_test_pause_ms(10); /* it ends on the launcher's SIGTERM */
+    assert_int_equal(fy_test_count_processes(input), 0);
 }
 
 static void test_stopped_by_signal(void **state)
