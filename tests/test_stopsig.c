@@ -20,10 +20,12 @@ static void test_raised_not_killed(void **state)
 {
     (void)state;
     assert_int_equal(fy_stopsig_raised(), 0); /* nothing before the handlers */
+    assert_int_equal(fy_stopsig_check(), 0);
     assert_int_equal(fy_stopsig_install(), 0);
     assert_int_equal(fy_stopsig_raised(), 0);
     assert_int_equal(raise(SIGTERM), 0); /* without the handler this would end the test */
     assert_int_equal(fy_stopsig_raised(), SIGTERM);
+    assert_int_equal(fy_stopsig_check(), -EINTR);
     assert_int_equal(*fy_stopsig_flag(), SIGTERM);
     assert_int_equal(raise(SIGINT), 0);
     assert_int_equal(fy_stopsig_raised(), SIGINT);

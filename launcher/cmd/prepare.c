@@ -143,8 +143,7 @@ static int read_full(struct stream *s, void *buf, size_t len)
 {
     size_t got = 0;
     while (got < len) {
-        if (fy_stopsig_raised())
-            return -EINTR;
+        FY_TRY(fy_stopsig_check());
         ssize_t n = read(s->fd, (char *)buf + got, len - got);
         if (n < 0 && errno == EINTR)
             continue;

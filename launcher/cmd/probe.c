@@ -86,13 +86,13 @@ static int probe_store(const char *const *paths, unsigned n, uint64_t total, dou
     FY_TRY_OUT(rc, fy_store_add_extent(s, 1, total));
     double t0 = now_s();
     for (uint64_t at = 0; at < total; at += chunk) {
-        FY_TRY_OUT(rc, fy_stopsig_raised() ? -EINTR : 0); /* the caller removes the files */
+        FY_TRY_OUT(rc, fy_stopsig_check()); /* the caller removes the files */
         FY_TRY_OUT(rc, fy_store_write(s, ring, 1, at, buf, chunk, 120000));
     }
     FY_TRY_OUT(rc, fy_store_sync(s));
     double t1 = now_s();
     for (uint64_t at = 0; at < total; at += chunk) {
-        FY_TRY_OUT(rc, fy_stopsig_raised() ? -EINTR : 0);
+        FY_TRY_OUT(rc, fy_stopsig_check());
         FY_TRY_OUT(rc, fy_store_read(s, ring, 1, at, buf, chunk, 120000));
     }
     double t2 = now_s();
@@ -288,13 +288,13 @@ int fy_probe_run(const struct fy_probe_opts *o, struct fy_probe_result *r)
         FY_TRY(fy_backend_devices_free(1, &r->gpu_free, &r->gpu_total, &which));
     /* a stop (fy_stopsig) between the parts, and within the SSD's, which leaves scratch files */
     FY_TRY(probe_backend(o, r));
-    FY_TRY(fy_stopsig_raised() ? -EINTR : 0);
+    FY_TRY(fy_stopsig_check());
     FY_TRY(probe_ssd(o, r));
-    FY_TRY(fy_stopsig_raised() ? -EINTR : 0);
+    FY_TRY(fy_stopsig_check());
     probe_memcpy(r);
-    FY_TRY(fy_stopsig_raised() ? -EINTR : 0);
+    FY_TRY(fy_stopsig_check());
     FY_TRY(probe_adamw(r));
-    FY_TRY(fy_stopsig_raised() ? -EINTR : 0);
+    FY_TRY(fy_stopsig_check());
     r->seconds = now_s() - t0;
     return 0;
 }

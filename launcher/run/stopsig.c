@@ -26,4 +26,6 @@ int fy_stopsig_install(void)
 
 int fy_stopsig_raised(void) { return raised; }
 
+int fy_stopsig_check(void) { return raised ? -EINTR : 0; }
+
 const volatile sig_atomic_t *fy_stopsig_flag(void) { return &raised; }

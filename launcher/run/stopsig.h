@@ -12,6 +12,8 @@
 int fy_stopsig_install(void);
 /* The signal that asked for a stop since fy_stopsig_install, else 0. */
 int fy_stopsig_raised(void);
+/* -EINTR where a stop was asked for (nothing said: the edge says it), else 0: for a loop's steps. */
+int fy_stopsig_check(void);
 /* The flag the handler sets, for code below the launcher that stops at it (a token writer). */
 const volatile sig_atomic_t *fy_stopsig_flag(void);
 
