@@ -353,6 +353,38 @@ static void test_bf16_weights_conversions(void **state)
     fy_actplace_release(&copied);
 }
 
+/* AdamW's rate as past steps ran it (struct fy_plan_rates's opt_in_steps): the opt worker's time
+ * (updates, clipping's sums, conversions) follows that rate, host memory's (mem) stays the
+ * sample's. The bf16 case above at half the rate in the steps: opt_s doubles; the forward, where
+ * the worker converts every unit's weights, is then bound by it (its conversions' bytes at half of
+ * host memory's rate, against all its bytes at the whole), so the step grows; 0 is the sample's. */
+static void test_opt_rate_in_steps(void **state)
+{
+    (void)state;
+    struct fy_model_config c = model();
+    struct fy_block_profile p = profile(1e15, 1u << 20, 1ull << 40);
+    struct fy_actplace_in in = input(&c, &p, FY_ACTPLAN_AUTO, "cuda");
+    in.rates.opt_params = 1e6;
+    in.weight_dtype = 2; /* FY_DTYPE_BF16: the opt worker converts every unit */
+    in.clip = 1;
+    struct fy_actplace sample, steps, same;
+    assert_int_equal(fy_actplace_plan(&in, &sample), 0);
+    in.rates.opt_in_steps = 0.5e6;
+    assert_int_equal(fy_actplace_plan(&in, &steps), 0);
+    assert_float_equal(steps.opt_s, 2 * sample.opt_s, 1e-9 * steps.opt_s);
+    assert_true(steps.predicted_s > sample.predicted_s);
+    const double params = 294912 + 8 * 789760.0 + 512;
+    /* the forward's conversions (6 bytes a parameter) at the worker's 14e6 bytes/s bound it */
+    assert_true(steps.predicted_s >= 6 * params / 14e6);
+    in.rates.opt_in_steps = 1e6; /* the steps ran AdamW as the sample did: the same plan */
+    assert_int_equal(fy_actplace_plan(&in, &same), 0);
+    assert_float_equal(same.opt_s, sample.opt_s, 1e-12);
+    assert_float_equal(same.predicted_s, sample.predicted_s, 1e-12);
+    fy_actplace_release(&sample);
+    fy_actplace_release(&steps);
+    fy_actplace_release(&same);
+}
+
 /* The state in pieces (struct fy_plan_place's state_pieces), every unit streamed, the disk slow
  * enough to bind each phase: the backward reads each block's master section once more (8 x
  * 3162112 bytes at 1e8 bytes/s); with one-pass clipping the forward no longer reads a block's
@@ -442,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_clipped_steps),
         cmocka_unit_test(test_ranks),
         cmocka_unit_test(test_bf16_weights_conversions),
+        cmocka_unit_test(test_opt_rate_in_steps),
         cmocka_unit_test(test_state_pieces_reads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

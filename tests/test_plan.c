@@ -416,6 +416,16 @@ static void test_bf16_weights_by_hand(void **state)
     assert_float_equal(p.predicted.convert_s, (118528 + 99968) * 6 / 28e6, 1e-12);
     assert_float_equal(p.predicted.opt_s, 0.118528 + (118528 + 99968) * 6 / 28e6, 1e-12);
     assert_float_equal(p.predicted.h2d_s, (1276928 - 469760) / 1e9, 1e-15);
+    /* AdamW at half its sample's rate in past steps (opt_in_steps): the opt worker's time, the
+     * conversions with it, doubles; the other resources' do not */
+    struct fy_plan slow;
+    in.rates.opt_in_steps = in.rates.opt_params / 2;
+    assert_int_equal(fy_plan_make(&in, NULL, &slow), 0);
+    assert_float_equal(slow.predicted.opt_s, 2 * p.predicted.opt_s, 1e-12);
+    assert_float_equal(slow.predicted.convert_s, 2 * p.predicted.convert_s, 1e-12);
+    assert_float_equal(slow.predicted.h2d_s, p.predicted.h2d_s, 1e-15);
+    assert_float_equal(slow.predicted.ssd_s, p.predicted.ssd_s, 1e-15);
+    in.rates.opt_in_steps = 0;
     assert_int_equal(fy_plan_upload_bytes(&c, FY_DTYPE_BF16, 1), 49984 * 2);
     assert_int_equal(fy_plan_upload_bytes(&c, FY_DTYPE_F32, 1), 49984 * 4);
     char said[320];

@@ -12,7 +12,7 @@
 #include "common/base/check.h"
 #include "common/ipc/desc.h"
 #include "common/base/log.h"
-#include "launcher/plan/diskrates.h"
+#include "launcher/plan/steprates.h"
 #include "launcher/cli/actsetup.h"
 #include "launcher/cli/profile.h"
 #include "launcher/step/progress.h"
@@ -40,64 +40,103 @@ static void swap_room(const struct fy_options *o, uint64_t pool_bytes, uint64_t 
     *ssd = avail > (1ull << 30) + reserved ? avail - (1ull << 30) - reserved : 0;
 }
 
-/* RUN/ssd_rates.json: the SSD's rates in a past session's steps (launcher/plan/diskrates.h). */
-void fy_actsetup_ssd_rates_path(const struct fy_options *o, char *path, size_t len)
+/* RUN/step_rates.json: the rates of a past session's steps (launcher/plan/steprates.h). */
+void fy_actsetup_step_rates_path(const struct fy_options *o, char *path, size_t len)
 {
-    snprintf(path, len, "%s/ssd_rates.json", o->run_dir);
+    snprintf(path, len, "%s/step_rates.json", o->run_dir);
 }
 
-/* --ssd-rates auto: the plan takes the SSD's rates from the run directory's record of the last
- * session's steps on this store, where there is one, in place of `instead` (the profile's sample;
- * for `plan`, the machine profile's or the reference machine's); each way that the steps moved
- * nothing keeps the rate it had. Returns 1 where it took them, else 0. */
-int fy_actsetup_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates,
+/* "N minutes ago" and so on, for the record's age. */
+static void record_age(const struct fy_steprates *d, char *age, size_t len)
+{
+    double age_s = difftime(time(NULL), (time_t)d->written);
+    if (age_s < 2 * 3600)
+        snprintf(age, len, "%.0f minutes ago", age_s < 0 ? 0 : age_s / 60);
+    else if (age_s < 2 * 86400)
+        snprintf(age, len, "%.0f hours ago", age_s / 3600);
+    else
+        snprintf(age, len, "%.0f days ago", age_s / 86400);
+}
+
+/* The SSD's rates of the record where it is this store's: FY_STEPRATES_SSD where taken, else 0. */
+static int take_ssd_rates(const struct fy_options *o, const struct fy_steprates *d,
+                          const char *path, const char *age, struct fy_plan_rates *rates,
                           const char *instead)
 {
-    if (o->ssd_rates_profile || o->run_dir == NULL || o->ssd == NULL)
+    if (o->ssd == NULL)
         return 0;
-    char path[PATH_MAX], why[256];
-    fy_actsetup_ssd_rates_path(o, path, sizeof path);
-    struct fy_diskrates d;
-    int rc = fy_diskrates_load(path, &d, why, sizeof why);
-    if (rc == -ENOENT)
-        return 0;
-    if (rc < 0) {
-        fy_warn("%s: %s: the plan's SSD rates are %s (a training session's steps will replace "
-                "the record)",
-                path, why, instead);
-        return 0;
-    }
-    if (strcmp(d.ssd, o->ssd) != 0) {
+    if (strcmp(d->ssd, o->ssd) != 0) {
         fy_info("plan: %s holds the rates of the store at %s, not this run's %s: the plan's SSD "
                 "rates are %s",
-                path, d.ssd, o->ssd, instead);
+                path, d->ssd, o->ssd, instead);
         return 0;
     }
-    double rd = fy_diskrates_read_Bps(&d), wr = fy_diskrates_write_Bps(&d);
+    double rd = fy_steprates_read_Bps(d), wr = fy_steprates_write_Bps(d);
     if (!(rd > 0) && !(wr > 0))
         return 0;
-    double age_s = difftime(time(NULL), (time_t)d.written);
-    char age[48], r[32], w[32];
-    if (age_s < 2 * 3600)
-        snprintf(age, sizeof age, "%.0f minutes ago", age_s < 0 ? 0 : age_s / 60);
-    else if (age_s < 2 * 86400)
-        snprintf(age, sizeof age, "%.0f hours ago", age_s / 3600);
-    else
-        snprintf(age, sizeof age, "%.0f days ago", age_s / 86400);
+    char r[32], w[32];
     fy_info("plan: SSD rates as the last session's %llu step%s ran at (steps %llu to %llu, batch "
             "%d, --act-plan %s, %s; %s): read %s, write %s GB/s, in place of %s (read %.2f, "
-            "write %.2f): a short sample misjudges a disk under training traffic (--ssd-rates "
+            "write %.2f): a short sample misjudges a disk under training traffic (--step-rates "
             "profile plans without the record)",
-            (unsigned long long)d.steps, d.steps == 1 ? "" : "s", (unsigned long long)d.first_step,
-            (unsigned long long)d.last_step, d.batch, d.act_plan, age, path,
-            fy_diskrates_gbps(rd, "as before", r, sizeof r),
-            fy_diskrates_gbps(wr, "as before", w, sizeof w), instead, rates->ssd_read * 1e-9,
+            (unsigned long long)d->steps, d->steps == 1 ? "" : "s",
+            (unsigned long long)d->first_step, (unsigned long long)d->last_step, d->batch,
+            d->act_plan, age, path, fy_steprates_gbps(rd, "as before", r, sizeof r),
+            fy_steprates_gbps(wr, "as before", w, sizeof w), instead, rates->ssd_read * 1e-9,
             rates->ssd_write * 1e-9);
     if (rd > 0)
         rates->ssd_read = rd;
     if (wr > 0)
         rates->ssd_write = wr;
-    return 1;
+    return FY_STEPRATES_SSD;
+}
+
+/* AdamW's rate of the record where it holds for this run's state format: FY_STEPRATES_OPT where
+ * taken, else 0. */
+static int take_opt_rate(const struct fy_steprates *d, const char *path, const char *age,
+                         int optim_state, struct fy_plan_rates *rates, const char *instead)
+{
+    double rate = fy_steprates_opt_params(d);
+    if (!(rate > 0))
+        return 0;
+    const char *format = fy_optim_state_name(optim_state);
+    if (strcmp(d->optim_state, format) != 0) {
+        fy_info("plan: %s holds AdamW's rate with %s optimizer state, not this run's %s: the "
+                "plan's AdamW is %s",
+                path, d->optim_state, format, instead);
+        return 0;
+    }
+    fy_info("plan: AdamW at %.2f G parameters/s as the opt worker ran in the last session's %llu "
+            "step%s (busy %.3g s a step against the %.3g s planned at %.2f; %s; %s), in place of "
+            "AdamW alone as %s has it (%.2f): beside the copies and the disk's transfers it "
+            "shares host memory (--step-rates profile plans without the record)",
+            rate * 1e-9, (unsigned long long)d->steps, d->steps == 1 ? "" : "s",
+            d->opt_busy_s / (double)d->steps, d->opt_plan_step_s, d->opt_plan_params * 1e-9, age,
+            path, instead, rates->opt_params * 1e-9);
+    rates->opt_in_steps = rate;
+    return FY_STEPRATES_OPT;
+}
+
+int fy_actsetup_step_rates(const struct fy_options *o, int optim_state, struct fy_plan_rates *rates,
+                           const char *instead)
+{
+    if (o->step_rates_profile || o->run_dir == NULL)
+        return 0;
+    char path[PATH_MAX], why[256], age[48];
+    fy_actsetup_step_rates_path(o, path, sizeof path);
+    struct fy_steprates d;
+    int rc = fy_steprates_load(path, &d, why, sizeof why);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc < 0) {
+        fy_warn("%s: %s: the plan's SSD and AdamW rates are %s (a training session's steps will "
+                "replace the record)",
+                path, why, instead);
+        return 0;
+    }
+    record_age(&d, age, sizeof age);
+    return take_ssd_rates(o, &d, path, age, rates, instead) |
+           take_opt_rate(&d, path, age, optim_state, rates, instead);
 }
 
 /* The room for auto: what the pool and the store leave beside the kept state, the streaming
@@ -116,7 +155,7 @@ static void auto_room(const struct fy_actsetup *a, const struct fy_plan_in *in,
 }
 
 /* The block profiled (restarted as in training where a worker fails, with train's restarts), the
- * SSD rates taken from the last session's steps where --ssd-rates says, and for auto the room.
+ * SSD rates taken from the last session's steps where --step-rates says, and for auto the room.
  * 0, or -errno where the plan must not go on (interrupted, a worker that failed, a run directory
  * in use); a profile that failed otherwise is said, and the plan goes on without it. */
 static int profile_block(struct fy_actsetup *a, const struct fy_plan_in *in,
@@ -144,8 +183,12 @@ static int profile_block(struct fy_actsetup *a, const struct fy_plan_in *in,
         fy_warn("--act-plan %s: profiling a block failed (above): the step is not predicted",
                 o->act_plan);
     ain->prof = rc == 0 ? &a->prof : NULL;
-    if (rc == 0)
-        ain->ssd_rates_from_steps = fy_actsetup_ssd_rates(o, &ain->rates, "the profile's sample");
+    if (rc == 0) {
+        int took =
+            fy_actsetup_step_rates(o, ain->c->optim_state, &ain->rates, "the profile's sample");
+        ain->ssd_rates_from_steps = (took & FY_STEPRATES_SSD) != 0;
+        ain->opt_rate_from_steps = (took & FY_STEPRATES_OPT) != 0;
+    }
     if (ain->mode == FY_ACTPLAN_AUTO)
         auto_room(a, in, p, &ain->host_bytes, &ain->ssd_bytes);
     return 0;

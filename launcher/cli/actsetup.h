@@ -1,7 +1,7 @@
 /* The activation plan of a train or profile command (the blocks' internals: launcher/plan/actplace.h):
  * the block profiled in a session of the workers (launcher/cli/profile.h), the room the pool and the
  * store leave for swapped internals, the SSD rates of the run's last session's steps
- * (RUN/ssd_rates.json, --ssd-rates), and the plan kept in RUN/act_plan.json. */
+ * (RUN/step_rates.json, --step-rates), and the plan kept in RUN/act_plan.json. */
 #ifndef FY_ACTSETUP_H
 #define FY_ACTSETUP_H
 
@@ -13,14 +13,16 @@
 #include "launcher/plan/plan.h"
 #include "launcher/run/restart.h"
 
-/* RUN/ssd_rates.json: the SSD's rates in a past session's steps (launcher/plan/diskrates.h). */
-void fy_actsetup_ssd_rates_path(const struct fy_options *o, char *path, size_t len);
-/* --ssd-rates auto: the plan takes the SSD's rates from the run directory's record of the last
- * session's steps on this store, where there is one, in place of `instead` (the profile's sample;
- * for `plan`, the machine profile's or the reference machine's); each way that the steps moved
- * nothing keeps the rate it had. Returns 1 where it took them, else 0. */
-int fy_actsetup_ssd_rates(const struct fy_options *o, struct fy_plan_rates *rates,
-                          const char *instead);
+/* RUN/step_rates.json: the rates of a past session's steps (launcher/plan/steprates.h). */
+void fy_actsetup_step_rates_path(const struct fy_options *o, char *path, size_t len);
+/* --step-rates auto: the plan takes the rates of the run directory's record of the last session's
+ * steps, where there is one, in place of `instead` (the profile's sample and AdamW alone; for
+ * `plan`, the machine profile's or the reference machine's): the SSD's where the record is of
+ * this store (each way that the steps moved nothing keeps the rate it had), AdamW's where it is of
+ * this state format (enum fy_optim_state). Returns FY_STEPRATES_SSD | FY_STEPRATES_OPT, those it
+ * took. */
+int fy_actsetup_step_rates(const struct fy_options *o, int optim_state, struct fy_plan_rates *rates,
+                           const char *instead);
 /* An activation plan of a train or profile command, made as fy_plan_make's activation step
  * (launcher/plan/plan.h): the command's options, the block's profile, the planner's input and its
  * result. */

@@ -140,10 +140,10 @@ static int parse_timeout(struct fy_options *o, const char *v)
     return 0;
 }
 
-static int parse_ssd_rates(struct fy_options *o, const char *v)
+static int parse_step_rates(struct fy_options *o, const char *v)
 {
     static const char *const names[] = {"auto", "profile"};
-    return parse_choice("ssd-rates", v, names, 2, &o->ssd_rates_profile);
+    return parse_choice("step-rates", v, names, 2, &o->step_rates_profile);
 }
 
 static int parse_state_copies(struct fy_options *o, const char *v)
@@ -537,9 +537,9 @@ const struct fy_optable_spec fy_optable[] = {
      "the blocks' forward internals: auto keeps those of as many blocks as fit --gpu-mem and "
      "picks the rest's place from a profile; recompute: every backward recomputes its forward; "
      "host, ssd: swapped to the pool, or through it to the SSD store (auto)"},
-    {"ssd-rates", "auto|profile", PLANS, FY_OPT_PARSE, 0, 0, parse_ssd_rates,
+    {"step-rates", "auto|profile", PLANS, FY_OPT_PARSE, 0, 0, parse_step_rates,
      "the SSD rates the plan predicts with: auto, those the last session's steps ran at on this "
-     "store (RUN/ssd_rates.json), else the profile's sample; profile: always the sample (auto)"},
+     "store (RUN/step_rates.json), else the profile's sample; profile: always the sample (auto)"},
     {"act-ahead", "N", PLANS, FY_OPT_PARSE, 0, 0, parse_act_ahead,
      "blocks whose activations on the SSD store the backward reads back ahead of use, 1 to 6; "
      "each kind passes through N + 2 pool slots (2)"},

@@ -67,7 +67,7 @@ struct fy_options {
     uint64_t kv_heads, ffn, head_dim; /* 0: --heads, 4 * --embd, --embd / --heads */
     double rope_theta, rms_eps;
     int tied;
-    int ssd_rates_profile; /* --ssd-rates profile: plan from the profile's sample, not the record */
+    int step_rates_profile; /* --step-rates profile: plan from the profile's sample, not the record */
     char **args;           /* the arguments after the options (prepare's inputs) */
     int n_args;
     int store_in_run_dir;    /* init: the store is RUN/store (no --ssd) */

@@ -13,6 +13,7 @@
 #include "launcher/cmd/cmd.h"
 #include "launcher/plan/forecast.h"
 #include "launcher/cli/actsetup.h"
+#include "launcher/plan/steprates.h"
 #include "launcher/cli/runconf.h"
 
 /* plan: the model of --run-dir (its model.conf), of --from-hf DIR's config.json, or of the model
@@ -88,13 +89,13 @@ int fy_cmd_plan(struct fy_options *o)
     FY_TRY(fy_plan_rates_select(&in.plan.rates, in.model.optim_state,
                                 o->machine ? o->machine : "the reference machine"));
     char rates_from[PATH_MAX + 160];
-    if (fy_actsetup_ssd_rates(o, &in.plan.rates,
-                              o->machine ? "the machine profile's rates"
-                                         : "the reference machine's rates")) {
+    int took = fy_actsetup_step_rates(o, in.model.optim_state, &in.plan.rates,
+                                      o->machine ? "the machine profile's rates"
+                                                 : "the reference machine's rates");
+    if (took) {
         snprintf(rates_from, sizeof rates_from,
-                 "%s; the SSD's as the last session's steps ran "
-                 "(%s/ssd_rates.json)",
-                 in.rates_from, o->run_dir);
+                 "%s; %s as the last session's steps ran (%s/step_rates.json)", in.rates_from,
+                 fy_steprates_taken(took), o->run_dir);
         in.rates_from = rates_from;
     }
     rc = fy_forecast_print(stdout, &in);

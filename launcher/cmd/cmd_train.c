@@ -24,7 +24,7 @@
 #include "launcher/cmd/traindata.h"
 #include "launcher/cmd/trainargs.h"
 #include "launcher/step/commit.h"
-#include "launcher/plan/diskrates.h"
+#include "launcher/plan/steprates.h"
 #include "launcher/run/inproc.h"
 #include "launcher/step/metrics.h"
 #include "launcher/plan/plan.h"
@@ -39,25 +39,30 @@
 /* Set by the supervisor on the first SIGINT or SIGTERM of a training run. */
 static volatile int train_stop;
 
-/* The SSD's rates in this session's steps, for the next session's plan (--ssd-rates auto): kept
- * where the steps after the first moved anything on the SSD; a record that cannot be written is
- * said, and the run goes on (the next plan uses its profile). */
-static void save_ssd_seen(const struct fy_options *o, const struct fy_diskrates *d)
+/* The SSD's and AdamW's rates in this session's steps, for the next session's plan (--step-rates
+ * auto): kept where the steps after the first moved anything on the SSD or the plan predicted
+ * the opt worker's time; a record that cannot be written is said, and the run goes on (the next
+ * plan uses its profile). */
+static void save_steps_seen(const struct fy_options *o, const struct fy_steprates *d)
 {
-    if (d->steps == 0 || (d->read_bytes == 0 && d->write_bytes == 0))
+    double adamw = fy_steprates_opt_params(d);
+    if (d->steps == 0 || (d->read_bytes == 0 && d->write_bytes == 0 && !(adamw > 0)))
         return;
-    char path[PATH_MAX], r[32], w[32];
-    fy_actsetup_ssd_rates_path(o, path, sizeof path);
-    if (fy_diskrates_save(path, d) < 0) {
-        fy_warn("the SSD rates of this session's steps were not kept (above): the next session "
-                "plans from its profile's sample");
+    char path[PATH_MAX], r[32], w[32], a[32], p[32];
+    fy_actsetup_step_rates_path(o, path, sizeof path);
+    if (fy_steprates_save(path, d) < 0) {
+        fy_warn("the rates of this session's steps were not kept (above): the next session plans "
+                "from its profile");
         return;
     }
-    fy_info("the SSD ran at read %s, write %s GB/s in this session's %llu step%s after the first "
-            "(kept in %s for the next session's plan)",
-            fy_diskrates_gbps(fy_diskrates_read_Bps(d), "-", r, sizeof r),
-            fy_diskrates_gbps(fy_diskrates_write_Bps(d), "-", w, sizeof w),
-            (unsigned long long)d->steps, d->steps == 1 ? "" : "s", path);
+    fy_info("the SSD ran at read %s, write %s GB/s and AdamW at %s G parameters/s (the plan's: "
+            "%s) in this session's %llu step%s after the first (kept in %s for the next "
+            "session's plan)",
+            fy_steprates_gbps(fy_steprates_read_Bps(d), "-", r, sizeof r),
+            fy_steprates_gbps(fy_steprates_write_Bps(d), "-", w, sizeof w),
+            fy_steprates_gbps(adamw, "-", a, sizeof a),
+            fy_steprates_gbps(d->opt_plan_params, "-", p, sizeof p), (unsigned long long)d->steps,
+            d->steps == 1 ? "" : "s", path);
 }
 
 /* Whether any launch of the workers began the steps (for the line of a stop). */
@@ -77,10 +82,10 @@ struct train_run {
     struct fy_plan plan;
     struct fy_actsetup act; /* the plan's activation step */
     int have_probe;         /* plan_in.rates are RUN/machine.json's (fuyou-launch probe) */
-    int ssd_from_steps;     /* ... with the SSD's from RUN/ssd_rates.json (the last session) */
+    int from_steps; /* FY_STEPRATES_*: those of them from RUN/step_rates.json (the last session) */
     char probed[PATH_MAX + 16];
     struct fy_train_opts to;
-    struct fy_diskrates ssd_seen;
+    struct fy_steprates steps_seen;
     struct fy_storemeta *meta;
     int args_pending;  /* RUN/train.args.pending is this command's (written, or resumed) */
     int args_promoted; /* ... and became RUN/train.args */
@@ -317,8 +322,9 @@ static int train_rates(const struct fy_options *o, struct train_run *t)
     /* Where no block is profiled (the activation plan predicts from its profile, and takes the
      * record there), the SSD rates of the run's last session on this store, as `plan` takes them */
     if (!fy_model_arch(&t->model)->swaps_internals || o->inprocess)
-        t->ssd_from_steps = fy_actsetup_ssd_rates(
-            o, &t->plan_in.rates, t->have_probe ? "machine.json's" : "the reference machine's");
+        t->from_steps =
+            fy_actsetup_step_rates(o, t->model.optim_state, &t->plan_in.rates,
+                                   t->have_probe ? "machine.json's" : "the reference machine's");
     return 0;
 }
 
@@ -390,15 +396,18 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
     const struct fy_plan_rates *rates = &t->plan_in.rates;
     const struct fy_plan_prediction *p = &t->plan.predicted;
     char at[PATH_MAX + 96];
+    char steps[96] = "";
+    if (t->from_steps)
+        snprintf(steps, sizeof steps, "; %s as this run's last session's steps ran",
+                 fy_steprates_taken(t->from_steps));
     if (t->have_probe) /* fuyou-launch probe measured this machine */
-        snprintf(at, sizeof at, "predicted per step at this machine's rates (%s", t->probed);
+        snprintf(at, sizeof at, "predicted per step at this machine's rates (%s%s", t->probed,
+                 steps);
     else
         snprintf(at, sizeof at,
                  "predicted per step at the rates measured on the reference "
                  "machine (one H200%s",
-                 t->ssd_from_steps ? "; the SSD's as "
-                                     "this run's last session's steps ran"
-                                   : "");
+                 steps);
     double step_flops =
         (double)o->batch * (double)o->seq * fy_model_flops_per_token(&t->model, (unsigned)o->seq);
     double predicted_s = t->act.run.predicted_s;
@@ -409,18 +418,18 @@ static double train_log_prediction(const struct fy_options *o, const struct trai
     else if (strcmp(o->backend, "cpu") == 0 && !t->have_probe) /* not the H200's compute */
         fy_info("plan: %s: SSD %.1f/%.1f GB/s, AdamW %.1f G parameters/s): SSD %.3f s, optimizer "
                 "%.3f s; compute not predicted on the CPU backend",
-                at, rates->ssd_read * 1e-9, rates->ssd_write * 1e-9, rates->opt_params * 1e-9,
-                p->ssd_s, p->opt_s);
+                at, rates->ssd_read * 1e-9, rates->ssd_write * 1e-9,
+                fy_plan_rates_opt_worker(rates) * 1e-9, p->ssd_s, p->opt_s);
     else
         fy_info("plan: %s: %.0f TFLOP/s with blocks recomputed, PCIe %.0f/%.0f GB/s, SSD "
                 "%.1f/%.1f GB/s, AdamW %.1f G parameters/s; yours may differ): GPU compute %.3f s, "
                 "PCIe to the GPU at most %.3f s, from it %.3f s, SSD %.3f s, optimizer %.3f s%s; "
                 "bound %.3f s by the %s (%.0f TFLOP/s)",
                 at, rates->gpu_flops * 1e-12, rates->h2d * 1e-9, rates->d2h * 1e-9,
-                rates->ssd_read * 1e-9, rates->ssd_write * 1e-9, rates->opt_params * 1e-9, p->gpu_s,
-                p->h2d_s, p->d2h_s, p->ssd_s, p->opt_s,
-                p->convert_s > 0 ? " (with its conversions of weights for the GPU)" : "", p->step_s,
-                p->bound, step_flops / p->step_s * 1e-12);
+                rates->ssd_read * 1e-9, rates->ssd_write * 1e-9,
+                fy_plan_rates_opt_worker(rates) * 1e-9, p->gpu_s, p->h2d_s, p->d2h_s, p->ssd_s,
+                p->opt_s, p->convert_s > 0 ? " (with its conversions of weights for the GPU)" : "",
+                p->step_s, p->bound, step_flops / p->step_s * 1e-12);
     return predicted_s > 0 ? predicted_s : strcmp(o->backend, "cpu") != 0 ? p->step_s : 0;
 }
 
@@ -467,11 +476,14 @@ static void train_layout(const struct fy_options *o, struct train_run *t, double
                                .plan_step_s = act->predicted_s,
                                .plan_ssd_read = act_in->rates.ssd_read,
                                .plan_ssd_write = act_in->rates.ssd_write,
-                               .plan_opt_params = act_in->rates.opt_params,
+                               .plan_opt_params = fy_plan_rates_opt_worker(&act_in->rates),
                                .plan_opt_s = act->opt_s,
-                               .plan_ssd_from_steps = act_in->ssd_rates_from_steps};
-    fy_diskrates_begin(&t->ssd_seen, o->ssd, (int)o->batch, o->act_plan);
-    t->to.ssd_seen = &t->ssd_seen;
+                               .plan_ssd_from_steps = act_in->ssd_rates_from_steps,
+                               .plan_opt_from_steps = act_in->opt_rate_from_steps};
+    fy_steprates_begin(&t->steps_seen, o->ssd, (int)o->batch, o->act_plan);
+    fy_steprates_plan_opt(&t->steps_seen, fy_optim_state_name(t->model.optim_state),
+                          fy_plan_rates_opt_worker(&act_in->rates), act->opt_s);
+    t->to.steps_seen = &t->steps_seen;
     if (!o->timeout_set) { /* a stuck worker is one that takes far longer than the plan says */
         if (predicted_s > 0) {
             double deadline = 20 * predicted_s < 60 ? 60 : 20 * predicted_s;
@@ -509,7 +521,7 @@ static int train_steps(struct fy_options *o, struct train_run *t)
     }
 out:
     fy_progress_end();
-    save_ssd_seen(o, &t->ssd_seen);
+    save_steps_seen(o, &t->steps_seen);
     if (rc == 0 && train_stop) {
         fy_warn("stopped after step %llu, which is committed: fuyou-launch resume %s continues "
                 "from there (nothing exported)",

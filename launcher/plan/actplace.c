@@ -67,6 +67,13 @@ static double mem_Bps(const struct fy_actplace_in *in)
     return in->rates.opt_params * adamw_bytes(in->c);
 }
 
+/* The opt worker's rate for the same bytes: as past steps ran AdamW where they measured it
+ * (struct fy_plan_rates's opt_in_steps), so that its conversions slow down with its updates. */
+static double opt_worker_Bps(const struct fy_actplace_in *in)
+{
+    return fy_plan_rates_opt_worker(&in->rates) * adamw_bytes(in->c);
+}
+
 static uint64_t unit_f32(const struct fy_model_config *c, unsigned u)
 {
     return fy_model_unit_params(c, u) * 4;
@@ -167,7 +174,7 @@ static void other_work(const struct fy_actplace_in *in, int keep, int planned,
     bwd->gpu_s = keep * p->bwd_s;
     double params = (double)fy_model_total_params(c);
     double grad = (double)fy_dtype_size(FY_DTYPE_F32); /* clipping's sums read the gradients */
-    double update_s = params / in->rates.opt_params;
+    double update_s = params / fy_plan_rates_opt_worker(&in->rates);
     double sums_s = in->clip ? update_s * grad / adamw_bytes(c) : 0;
     upd->opt_s += update_s;
     if (two_pass) { /* the first pass: the same copies, the planned blocks recomputed in full */
@@ -191,10 +198,10 @@ static void other_work(const struct fy_actplace_in *in, int keep, int planned,
         fwd_convert += bytes;
         bwd_convert += fy_model_unit_kind(c, u) == FY_UNIT_BLOCK ? bytes : 0;
     }
-    fwd->opt_s += fwd_convert / mem_Bps(in);
-    bwd->opt_s += bwd_convert / mem_Bps(in);
+    fwd->opt_s += fwd_convert / opt_worker_Bps(in);
+    bwd->opt_s += bwd_convert / opt_worker_Bps(in);
     if (two_pass)
-        norm->opt_s += bwd_convert / mem_Bps(in);
+        norm->opt_s += bwd_convert / opt_worker_Bps(in);
     fwd->mem = fwd->h2d + fwd->d2h + fwd->ssd_read + fwd->ssd_write + (uint64_t)fwd_convert;
     bwd->mem = bwd->h2d + bwd->d2h + bwd->ssd_read + bwd->ssd_write + (uint64_t)bwd_convert;
     norm->mem = norm->h2d + norm->d2h + norm->ssd_read + (two_pass ? (uint64_t)bwd_convert : 0);
@@ -585,13 +592,15 @@ int fy_actplace_write_json(const struct fy_actplace *r, const struct fy_actplace
                 "\"d2h_Bps\": %.6g, \"duplex_Bps\": %.6g, \"gpu_free\": %llu, "
                 "\"set_bytes\": %llu}, \"rates\": {\"ssd_read_Bps\": %.6g, "
                 "\"ssd_write_Bps\": %.6g, \"ssd_rates_from\": \"%s\", "
-                "\"opt_params_per_s\": %.6g}, \"arrangements\": {\"keep_a\": %d, "
+                "\"opt_params_per_s\": %.6g, \"opt_rate_from\": \"%s\"}, \"arrangements\": "
+                "{\"keep_a\": %d, "
                 "\"step_a_s\": %.6f, \"keep_b\": %d, \"step_b_s\": %.6f}, ",
                 p->fc_gelu_fused, p->flops_per_s, p->h2d_Bps, p->d2h_Bps, p->duplex_Bps,
                 (unsigned long long)p->gpu_free, (unsigned long long)p->set_bytes,
                 in->rates.ssd_read, in->rates.ssd_write,
-                in->ssd_rates_from_steps ? "steps" : "profile", in->rates.opt_params, r->keep_a,
-                r->step_a, r->keep_b, r->step_b);
+                in->ssd_rates_from_steps ? "steps" : "profile",
+                fy_plan_rates_opt_worker(&in->rates), in->opt_rate_from_steps ? "steps" : "profile",
+                r->keep_a, r->step_a, r->keep_b, r->step_b);
     }
     fprintf(f, "\"planner\": ");
     if (r->plan != NULL)

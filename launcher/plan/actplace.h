@@ -59,7 +59,8 @@ struct fy_actplace_in {
                                            the opt worker for each pass */
     struct fy_plan_rates rates;    /* the SSD's and the optimizer's */
     int ssd_rates_from_steps;      /* rates.ssd_* are a past session's steps' (else the
-                                           profile's: launcher/plan/diskrates.h) */
+                                           profile's: launcher/plan/steprates.h) */
+    int opt_rate_from_steps;       /* rates.opt_params is too (else AdamW alone's) */
     uint64_t host_bytes;           /* pool room for swapped internals (beyond the checkpoints) */
     uint64_t ssd_bytes;            /* store room for them */
     unsigned act_ahead;            /* --act-ahead (0: the default): the SSD slots' count */

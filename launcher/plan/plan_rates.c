@@ -155,3 +155,8 @@ int fy_plan_rates_select(struct fy_plan_rates *r, int format, const char *from)
     r->opt_params = r->opt_by_format[format];
     return 0;
 }
+
+double fy_plan_rates_opt_worker(const struct fy_plan_rates *r)
+{
+    return r->opt_in_steps > 0 ? r->opt_in_steps : r->opt_params;
+}

@@ -14,6 +14,10 @@ struct fy_plan_rates {
     double h2d, d2h;            /* PCIe bytes/s to and from the GPU */
     double ssd_read, ssd_write; /* bytes/s; reads and writes share the disk */
     double opt_params;          /* AdamW parameters/s with the run's optimizer state format */
+    /* AdamW parameters/s on the opt worker as a past session's steps ran it, beside the copies and
+     * the disk's transfers that share host memory with it (RUN/step_rates.json); 0: opt_params.
+     * opt_params alone, a sample of AdamW by itself, stays the measure of host memory's rate. */
+    double opt_in_steps;
     /* AdamW parameters/s by format (enum fy_optim_state; 0: not known) */
     double opt_by_format[FY_OPTIM_STATE_COUNT];
     /* With several GPUs (--gpus): bytes/s one NVLink link carries in the gradients' ring reduce
@@ -45,5 +49,8 @@ int fy_plan_machine_gpu_load(const char *path, struct fy_plan_machine_gpu *out);
  * of opt_by_format. -EINVAL, said naming `from` (where the rates come from), where it is not
  * known. */
 int fy_plan_rates_select(struct fy_plan_rates *r, int format, const char *from);
+/* The AdamW rate the opt worker's time is predicted at: opt_in_steps where a session's steps
+ * measured it, else opt_params. */
+double fy_plan_rates_opt_worker(const struct fy_plan_rates *r);
 
 #endif

@@ -101,7 +101,8 @@ double fy_plan_block_updates_s(const struct fy_plan_shape *s, const struct fy_pl
     const struct fy_model_config *c = s->c;
     double total = 0;
     for (unsigned u = 1; u <= c->n_layer; u++) {
-        double adamw = (double)fy_model_unit_params(c, u) / rates->opt_params, ssd = 0;
+        double adamw = (double)fy_model_unit_params(c, u) / fy_plan_rates_opt_worker(rates),
+               ssd = 0;
         if (p->resident == NULL || !p->resident[u])
             ssd = (double)fy_optstate_bytes(c, u) / rates->ssd_read +
                   (double)fy_optstate_bytes(c, u) / rates->ssd_write;
@@ -139,8 +140,9 @@ void fy_plan_predict(const struct fy_plan_shape *s, const struct fy_plan_place *
     double sumsq_share = (double)fy_dtype_size(FY_DTYPE_F32) / update_bytes;
     /* the conversions to bf16 move their bytes at host memory's rate as AdamW finds it: its
      * parameters/s times the bytes an update moves a parameter */
-    out->convert_s = (double)t.convert / (rates->opt_params * update_bytes);
-    out->opt_s = params / rates->opt_params * (s->clip ? 1.0 + sumsq_share : 1.0) + out->convert_s;
+    double adamw = fy_plan_rates_opt_worker(rates);
+    out->convert_s = (double)t.convert / (adamw * update_bytes);
+    out->opt_s = params / adamw * (s->clip ? 1.0 + sumsq_share : 1.0) + out->convert_s;
     /* no update before the norm. One pass: AdamW overlaps the next forward (a quarter of the
      * compute with the blocks recomputed) and nothing of the backward. Two passes: the norm pass
      * alone, then the updates overlap the second backward, and the forward waits for them */

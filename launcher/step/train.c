@@ -14,7 +14,7 @@
 #include "common/base/check.h"
 #include "common/base/dtype.h"
 #include "common/base/log.h"
-#include "launcher/plan/diskrates.h"
+#include "launcher/plan/steprates.h"
 #include "launcher/step/commit.h"
 #include "launcher/step/metrics.h"
 #include "launcher/step/progress.h"
@@ -96,19 +96,20 @@ static void log_plan_check(const struct fy_train_opts *o, const struct step_line
     char rd[32], wr[32];
     const double *busy = s->busy;
     double read =
-        fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_READ]);
+        fy_steprates_rate(s->bytes[FY_TICKET_BUSY_SSD_READ], busy[FY_TICKET_BUSY_SSD_READ]);
     double write =
-        fy_diskrates_rate(s->bytes[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_SSD_WRITE]);
+        fy_steprates_rate(s->bytes[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_SSD_WRITE]);
     fy_info("plan check, step %llu: %.3f s against the %.3f s predicted (%+.1f%%); in it the SSD "
             "read %s GB/s and wrote %s (the plan's: %.2f and %.2f, from %s); the opt worker was "
-            "busy %.3f s (the plan's: %.3f s, with AdamW at the profile's %.2f G parameters/s)",
+            "busy %.3f s (the plan's: %.3f s, with AdamW at %.2f G parameters/s, from %s)",
             (unsigned long long)s->step, s->seconds, o->plan_step_s,
             100.0 * (o->plan_step_s / s->seconds - 1.0),
-            fy_diskrates_gbps(read, "-", rd, sizeof rd),
-            fy_diskrates_gbps(write, "-", wr, sizeof wr), o->plan_ssd_read * 1e-9,
+            fy_steprates_gbps(read, "-", rd, sizeof rd),
+            fy_steprates_gbps(write, "-", wr, sizeof wr), o->plan_ssd_read * 1e-9,
             o->plan_ssd_write * 1e-9,
             o->plan_ssd_from_steps ? "the last session's steps" : "the profile",
-            busy[FY_TICKET_BUSY_OPT], o->plan_opt_s, o->plan_opt_params * 1e-9);
+            busy[FY_TICKET_BUSY_OPT], o->plan_opt_s, o->plan_opt_params * 1e-9,
+            o->plan_opt_from_steps ? "the last session's steps" : "the profile");
 }
 
 /* The step's line in the log (and the progress line) and in metrics.jsonl. */
@@ -341,10 +342,10 @@ static int run_step(struct fy_sched *r, struct fy_storemeta *meta, struct fy_sam
     FY_TRY(log_step(o, &meta->model, &s));
     if (o->plan_step_s > 0 && step == first + 1 && s.seconds > 0)
         log_plan_check(o, &s);
-    if (o->ssd_seen != NULL && step > first)
-        fy_diskrates_add(o->ssd_seen, step, s.bytes[FY_TICKET_BUSY_SSD_READ],
+    if (o->steps_seen != NULL && step > first)
+        fy_steprates_add(o->steps_seen, step, s.bytes[FY_TICKET_BUSY_SSD_READ],
                          s.busy[FY_TICKET_BUSY_SSD_READ], s.bytes[FY_TICKET_BUSY_SSD_WRITE],
-                         s.busy[FY_TICKET_BUSY_SSD_WRITE]);
+                         s.busy[FY_TICKET_BUSY_SSD_WRITE], s.busy[FY_TICKET_BUSY_OPT]);
     if (durable) {
         double c0 = now_s();
         FY_TRY(commit(r, meta, step));

@@ -9,7 +9,7 @@
 #include "common/model/actplan.h"
 
 struct fy_metrics;
-struct fy_diskrates;
+struct fy_steprates;
 
 /* The learning rate's decay after the warmup (--lr-schedule). */
 enum fy_lr_schedule { FY_LR_COSINE, FY_LR_LINEAR };
@@ -74,9 +74,10 @@ struct fy_train_opts {
      * weights for the GPU). */
     double plan_step_s, plan_ssd_read, plan_ssd_write, plan_opt_params, plan_opt_s;
     int plan_ssd_from_steps; /* the plan's SSD rates were a past session's steps' (not the profile's) */
+    int plan_opt_from_steps; /* its AdamW rate too (not the profile's, of AdamW alone) */
     /* counts the SSD's bytes and busy seconds of each step after the session's first (a warm-up)
-     * for the next session's plan (launcher/plan/diskrates.h); NULL: not counted */
-    struct fy_diskrates *ssd_seen;
+     * for the next session's plan (launcher/plan/steprates.h); NULL: not counted */
+    struct fy_steprates *steps_seen;
 };
 
 /* Learning rate at a step (1-based): linear warmup to lr at step o->warmup, then the decay toward

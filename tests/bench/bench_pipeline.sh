@@ -8,7 +8,7 @@
 # fraction and per-resource busy times (gpu worker, its copies to and from the GPU, SSD reads and
 # writes, AdamW), beside the step the run's activation plan predicted at its start ("over": the
 # prediction's excess over the measured step) and the SSD read/write rates behind that prediction
-# (GB/s) with where they came from ("from": the profile's 256 MiB sample, or, with --ssd-rates
+# (GB/s) with where they came from ("from": the profile's 256 MiB sample, or, with --step-rates
 # auto, the steps of the run before on the same store: the runs of one call share it), beside the
 # rates the steps ran at (their bytes over the busy times): the disk drifts. The last step of each
 # run also writes the resident state to the store and syncs it (a checkpoint) and is left out as

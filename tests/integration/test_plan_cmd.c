@@ -995,10 +995,29 @@ static void test_trace_and_busy_metrics(void **state)
     assert_float_equal(w, wr[1] / busy_wr[1] * 1e-9, 0.006 + 0.01 * w);
 }
 
+/* Rewrites the JSON record at `path`: `text` in place of what follows `key` (a prefix of what the
+ * key's value was, which stays after it unless `text` ends the string itself). */
+static void replace_field(const char *path, const char *key, const char *text)
+{
+    size_t len;
+    char *old = fy_test_slurp(path, &len), *at = old ? strstr(old, key) : NULL;
+    assert_non_null(at);
+    const char *rest = at + strlen(key);
+    if (text[strlen(text) - 1] == '"') /* the value replaced whole */
+        rest = strchr(rest, '"');
+    assert_non_null(rest);
+    FILE *out = fopen(path, "w");
+    assert_non_null(out);
+    fprintf(out, "%.*s%s%s%s", (int)(at - old), old, key, text,
+            text[strlen(text) - 1] == '"' ? rest + 1 : rest);
+    assert_int_equal(fclose(out), 0);
+    free(old);
+}
+
 /* A family whose blocks are not profiled (Llama) has no sample to replace: its step is predicted
  * at the reference machine's rates, and a session after one that left a record predicts with the
  * record's SSD rates in their place, as `plan` does. */
-static void test_ssd_rates_carried_unprofiled(void **state)
+static void test_step_rates_carried_unprofiled(void **state)
 {
     struct fy_test_fixture *f = *state;
     char *run = fy_test_in(f, "llama");
@@ -1017,18 +1036,18 @@ static void test_ssd_rates_carried_unprofiled(void **state)
                                               "write 2.40)"));
     assert_true(fy_test_file_contains(f->log, "(one H200; the SSD's as this run's last session's "
                                               "steps ran: SSD "));
-    /* --ssd-rates profile: the reference machine's */
-    assert_int_equal(fy_trainutil_train(f, run, f->data, "7", NULL, 0, "--ssd-rates", "profile"),
+    /* --step-rates profile: the reference machine's */
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "7", NULL, 0, "--step-rates", "profile"),
                      0);
     assert_false(fy_test_file_contains(f->log, "the SSD's as this run's last session's steps"));
 }
 
-/* --ssd-rates: the steps of a session after its first leave the SSD's rates in RUN/ssd_rates.json
+/* --step-rates: the steps of a session after its first leave the SSD's rates in RUN/step_rates.json
  * (their bytes over their busy seconds, as metrics.jsonl has them); the next session predicts with
  * them in place of the profile's sample and says so in its log, its plan check and act_plan.json
- * (`plan` for the run, in place of the reference machine's). With --ssd-rates profile, a damaged
+ * (`plan` for the run, in place of the reference machine's). With --step-rates profile, a damaged
  * record or one of another store, the plan uses the sample. */
-static void test_ssd_rates_carried(void **state)
+static void test_step_rates_carried(void **state)
 {
     struct fy_test_fixture *f = *state;
     char *run = fy_test_in(f, "run");
@@ -1037,7 +1056,7 @@ static void test_ssd_rates_carried(void **state)
     assert_true(fy_test_file_contains(f->log, "in this session's 3 steps after the first (kept in"));
     char metrics[600], rates[600], plan[600];
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
-    snprintf(rates, sizeof rates, "%s/ssd_rates.json", run);
+    snprintf(rates, sizeof rates, "%s/step_rates.json", run);
     snprintf(plan, sizeof plan, "%s/act_plan.json", run);
     double rd[4], wr[4], busy_rd[4], busy_wr[4];
     assert_int_equal(fy_trainutil_field_numbers(metrics, "\"ssd_read_bytes\": ", rd, 4), 4);
@@ -1058,15 +1077,37 @@ static void test_ssd_rates_carried(void **state)
     assert_true(rb > 0 && wb > 0);
     assert_float_equal(rs, busy_rd[1] + busy_rd[2] + busy_rd[3], 2e-6);
     assert_float_equal(ws, busy_wr[1] + busy_wr[2] + busy_wr[3], 2e-6);
+    /* AdamW's: the opt worker's busy seconds of the same steps against what the plan gave them at
+     * the rate it assumed (its act_plan.json) */
+    double busy_opt[4], opt_busy = 0, opt_step = 0, opt_params = 0;
+    double planned_opt = 0, planned_params = 0;
+    assert_int_equal(fy_trainutil_field_numbers(metrics, "\"busy_opt_s\": ", busy_opt, 4), 4);
+    assert_int_equal(fy_trainutil_field_numbers(rates, "\"opt_busy_seconds\":\t", &opt_busy, 1), 1);
+    assert_int_equal(
+        fy_trainutil_field_numbers(rates, "\"opt_plan_seconds_per_step\":\t", &opt_step, 1), 1);
+    assert_int_equal(
+        fy_trainutil_field_numbers(rates, "\"opt_plan_params_per_s\":\t", &opt_params, 1), 1);
+    assert_int_equal(fy_trainutil_field_numbers(plan, "\"predicted_opt_s\": ", &planned_opt, 1), 1);
+    assert_int_equal(fy_trainutil_field_numbers(plan, "\"opt_params_per_s\": ", &planned_params, 1),
+                     1);
+    assert_true(fy_test_file_contains(plan, "\"opt_rate_from\": \"profile\""));
+    assert_true(fy_test_file_contains(rates, "\"optim_state\":\t\"fp32\""));
+    assert_float_equal(opt_busy, busy_opt[1] + busy_opt[2] + busy_opt[3], 2e-6);
+    assert_true(opt_busy > 0 && opt_step > 0);
+    assert_float_equal(opt_step, planned_opt, 1e-6 + 1e-5 * planned_opt); /* printed %.6f */
+    assert_float_equal(opt_params, planned_params, 1e-5 * planned_params);
+    double adamw = opt_params * 3 * opt_step / opt_busy; /* the rate the next plan takes */
 
     /* so does `plan` for the run, beside the reference machine's other rates */
     const char *plan_args[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32",
                                "--backend", "cpu", NULL};
     assert_int_equal(fy_test_launch_in(f, plan_args, 60), 0);
-    assert_true(fy_test_file_contains(f->log, "; the SSD's as the last session's steps ran ("));
+    assert_true(fy_test_file_contains(f->log, "; the SSD's and AdamW's as the last session's steps "
+                                              "ran ("));
+    assert_true(fy_test_file_contains(f->log, "plan: AdamW at "));
     assert_true(fy_test_file_contains(f->log, "in place of the reference machine's rates (read "));
-    const char *plan_sample[] = {"plan", "--run-dir", run, "--batch", "8", "--seq", "32",
-                                 "--backend", "cpu", "--ssd-rates", "profile", NULL};
+    const char *plan_sample[] = {"plan", "--run-dir", run,   "--batch",      "8",       "--seq",
+                                 "32",   "--backend", "cpu", "--step-rates", "profile", NULL};
     assert_int_equal(fy_test_launch_in(f, plan_sample, 60), 0);
     assert_false(fy_test_file_contains(f->log, "the last session's steps"));
 
@@ -1077,6 +1118,12 @@ static void test_ssd_rates_carried(void **state)
                                               FY_TRAINUTIL_STR(FY_TRAINUTIL_BATCH)
                                               ", --act-plan auto"));
     assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"steps\""));
+    assert_true(fy_test_file_contains(plan, "\"opt_rate_from\": \"steps\""));
+    assert_true(fy_test_file_contains(f->log, " G parameters/s as the opt worker ran in the last "
+                                              "session's 3 steps (busy "));
+    assert_int_equal(fy_trainutil_field_numbers(plan, "\"opt_params_per_s\": ", &planned_params, 1),
+                     1);
+    assert_float_equal(planned_params, adamw, 1e-5 * adamw);
     double plan_rd = 0, plan_wr = 0;
     assert_int_equal(fy_trainutil_field_numbers(plan, "\"ssd_read_Bps\": ", &plan_rd, 1), 1);
     assert_int_equal(fy_trainutil_field_numbers(plan, "\"ssd_write_Bps\": ", &plan_wr, 1), 1);
@@ -1096,13 +1143,14 @@ static void test_ssd_rates_carried(void **state)
     assert_int_equal(fy_trainutil_field_numbers(rates, "\"first_step\":\t", &first, 1), 1);
     assert_true(first == 6);
 
-    /* --ssd-rates profile: the sample, though a record is there */
-    assert_int_equal(fy_trainutil_train(f, run, f->data, "8", NULL, 0, "--ssd-rates", "profile"),
+    /* --step-rates profile: the sample, though a record is there */
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "8", NULL, 0, "--step-rates", "profile"),
                      0);
     assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
+    assert_true(fy_test_file_contains(plan, "\"opt_rate_from\": \"profile\""));
     assert_false(fy_test_file_contains(f->log, "in place of the profile's sample"));
     assert_true(fy_test_file_contains(f->log, ", from the profile)"));
-    assert_int_equal(fy_trainutil_train(f, run, f->data, "9", NULL, 0, "--ssd-rates", "sometimes"),
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "9", NULL, 0, "--step-rates", "sometimes"),
                      2);
 
     /* a damaged record: said, the sample used, the record written anew */
@@ -1111,24 +1159,25 @@ static void test_ssd_rates_carried(void **state)
     fputs("{\"version\": 1, \"read_bytes\"", bad);
     assert_int_equal(fclose(bad), 0);
     assert_int_equal(fy_trainutil_train(f, run, f->data, "10", NULL, 0, NULL, NULL), 0);
-    assert_true(fy_test_file_contains(f->log, "ssd_rates.json: not a JSON object: the plan's SSD "
-                                              "rates are the profile's sample"));
+    assert_true(fy_test_file_contains(f->log, "step_rates.json: not a JSON object: the plan's SSD "
+                                              "and AdamW rates are the profile's sample"));
     assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
+    assert_true(fy_test_file_contains(plan, "\"opt_rate_from\": \"profile\""));
     assert_true(fy_test_file_contains(rates, "\"first_step\":\t10"));
 
-    /* a record of another store: the sample */
-    size_t len;
-    char *text = fy_test_slurp(rates, &len), *ssd = text ? strstr(text, "\"ssd\":\t\"") : NULL;
-    assert_non_null(ssd);
-    FILE *out = fopen(rates, "w");
-    assert_non_null(out);
-    fprintf(out, "%.*s\"ssd\":\t\"/elsewhere%s", (int)(ssd - text), text,
-            ssd + strlen("\"ssd\":\t\""));
-    assert_int_equal(fclose(out), 0);
-    free(text);
+    /* a record of another store: the SSD's from the sample, AdamW's from the steps */
+    replace_field(rates, "\"ssd\":\t\"", "/elsewhere");
     assert_int_equal(fy_trainutil_train(f, run, f->data, "12", NULL, 0, NULL, NULL), 0);
     assert_true(fy_test_file_contains(f->log, "holds the rates of the store at /elsewhere"));
     assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"profile\""));
+    assert_true(fy_test_file_contains(plan, "\"opt_rate_from\": \"steps\""));
+    /* of another optimizer state format: AdamW's from the profile, the SSD's from the steps */
+    replace_field(rates, "\"optim_state\":\t\"", "int8\"");
+    assert_int_equal(fy_trainutil_train(f, run, f->data, "14", NULL, 0, NULL, NULL), 0);
+    assert_true(fy_test_file_contains(f->log, "holds AdamW's rate with int8 optimizer state, not "
+                                              "this run's fp32"));
+    assert_true(fy_test_file_contains(plan, "\"ssd_rates_from\": \"steps\""));
+    assert_true(fy_test_file_contains(plan, "\"opt_rate_from\": \"profile\""));
 }
 
 /* make bench-pipeline's table on the CPU backend (tests/bench/bench_pipeline.sh, its smoke test):
@@ -1356,8 +1405,8 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         FY_TRAINUTIL_TEST(test_trace_and_busy_metrics),
-        FY_TRAINUTIL_TEST(test_ssd_rates_carried),
-        FY_TRAINUTIL_TEST(test_ssd_rates_carried_unprofiled),
+        FY_TRAINUTIL_TEST(test_step_rates_carried),
+        FY_TRAINUTIL_TEST(test_step_rates_carried_unprofiled),
         FY_TRAINUTIL_TEST(test_bench_pipeline_table),
         cmocka_unit_test(test_prediction_by_hand),
         FY_TRAINUTIL_TEST(test_plan_by_hand),
