@@ -564,7 +564,7 @@ int fy_actplace_write_json(const struct fy_actplace *r, const struct fy_actplace
     fprintf(f,
             "{\"mode\": \"%s\", \"backend\": \"%s\", \"batch\": %d, \"seq\": %d, "
             "\"ranks\": %d, \"kept_blocks\": %d, \"swap_sets\": %d, \"predicted_step_s\": %.6f, "
-            "\"predicted_opt_s\": %.6f, \"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": "
+            "\"predicted_opt_s\": %.9g, \"host_bytes\": %llu, \"ssd_bytes\": %llu, \"ssd_slots\": "
             "%u, \"blocks\": [",
             fy_actplan_mode_name(in->mode), in->backend, in->B, in->T, ranks_of(in), r->keep,
             r->swap_sets, r->predicted_s, r->opt_s, (unsigned long long)r->swap.host_bytes,

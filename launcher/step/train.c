@@ -101,7 +101,7 @@ static void log_plan_check(const struct fy_train_opts *o, const struct step_line
         fy_steprates_rate(s->bytes[FY_TICKET_BUSY_SSD_WRITE], busy[FY_TICKET_BUSY_SSD_WRITE]);
     fy_info("plan check, step %llu: %.3f s against the %.3f s predicted (%+.1f%%); in it the SSD "
             "read %s GB/s and wrote %s (the plan's: %.2f and %.2f, from %s); the opt worker was "
-            "busy %.3f s (the plan's: %.3f s, with AdamW at %.2f G parameters/s, from %s)",
+            "busy %.3g s (the plan's: %.3g s, with AdamW at %.2f G parameters/s, from %s)",
             (unsigned long long)s->step, s->seconds, o->plan_step_s,
             100.0 * (o->plan_step_s / s->seconds - 1.0),
             fy_steprates_gbps(read, "-", rd, sizeof rd),

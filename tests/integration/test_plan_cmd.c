@@ -986,8 +986,9 @@ static void test_trace_and_busy_metrics(void **state)
                             &opt, &opt_pred),
                      2);
     free(log);
-    assert_float_equal(opt, busy_opt[1], 0.00051);
-    assert_float_equal(opt_pred, predicted_opt, 0.00051);
+    /* printed with 3 significant digits (a tiny model's are a few ms or less) */
+    assert_float_equal(opt, busy_opt[1], 0.005 * busy_opt[1] + 1e-6);
+    assert_float_equal(opt_pred, predicted_opt, 0.005 * predicted_opt);
     assert_float_equal(sec, step_s[1], 0.0005);
     assert_float_equal(pred, predicted, 0.0005);
     assert_float_equal(over, 100 * (predicted / step_s[1] - 1), 0.06);
@@ -1094,7 +1095,7 @@ static void test_step_rates_carried(void **state)
     assert_true(fy_test_file_contains(rates, "\"optim_state\":\t\"fp32\""));
     assert_float_equal(opt_busy, busy_opt[1] + busy_opt[2] + busy_opt[3], 2e-6);
     assert_true(opt_busy > 0 && opt_step > 0);
-    assert_float_equal(opt_step, planned_opt, 1e-6 + 1e-5 * planned_opt); /* printed %.6f */
+    assert_float_equal(opt_step, planned_opt, 1e-7 * planned_opt); /* printed %.9g */
     assert_float_equal(opt_params, planned_params, 1e-5 * planned_params);
     double adamw = opt_params * 3 * opt_step / opt_busy; /* the rate the next plan takes */
 
