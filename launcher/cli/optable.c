@@ -538,8 +538,9 @@ const struct fy_optable_spec fy_optable[] = {
      "picks the rest's place from a profile; recompute: every backward recomputes its forward; "
      "host, ssd: swapped to the pool, or through it to the SSD store (auto)"},
     {"step-rates", "auto|profile", PLANS, FY_OPT_PARSE, 0, 0, parse_step_rates,
-     "the SSD rates the plan predicts with: auto, those the last session's steps ran at on this "
-     "store (RUN/step_rates.json), else the profile's sample; profile: always the sample (auto)"},
+     "the SSD's and AdamW's rates the plan predicts with: auto, those the last session's steps "
+     "ran at (RUN/step_rates.json: the SSD's on this store, AdamW's with this --optim-state), "
+     "else the profile's samples; profile: always the samples (auto)"},
     {"act-ahead", "N", PLANS, FY_OPT_PARSE, 0, 0, parse_act_ahead,
      "blocks whose activations on the SSD store the backward reads back ahead of use, 1 to 6; "
      "each kind passes through N + 2 pool slots (2)"},
