@@ -1,7 +1,7 @@
 /* Tests of the run log file (common/base/log): lines the file refuses are said once on stderr,
  * kept, and appended in order before the next line once it takes them, the rest of a short write
  * too; past the memory kept, lines are dropped and their count written into the log when it can be
- * written again. The file refuses through the process's file size limit (RLIMIT_FSIZE, SIGXFSZ
+ * written again; a process that ends with lines refused says how many the log lacks. The file refuses through the process's file size limit (RLIMIT_FSIZE, SIGXFSZ
  * ignored): the kernel's short write and EFBIG, as a full disk gives a short write and ENOSPC. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/base/log.h"
@@ -169,11 +170,61 @@ static void test_overflow_counted(void **state)
     free(text);
 }
 
+/* A process that ends while the file still refuses lines says at exit, on stderr, how many the
+ * run log lacks: a child logs two lines past its file size limit and exits with the limit still
+ * on; the file keeps the line before them (and the start of the next, a short write), and the
+ * child's stderr has both and the count. */
+static void test_lines_lacking_at_exit(void **state)
+{
+    const char *log = fy_test_path(tmpdir, "fuyou.log");
+    const char *err = fy_test_path(tmpdir, "stderr.txt");
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the log 64 KiB before: the limit stays above what stderr's file takes */
+        FILE *f = fopen(log, "w");
+        for (int i = 0; f != NULL && i < 64; i++)
+            fprintf(f, "earlier %01015d\n", 0);
+        if (f == NULL || fclose(f) != 0)
+            _exit(2);
+        int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, STDERR_FILENO) < 0 || fy_log_set_file(log) != 0)
+            _exit(3);
+        fy_info("line 1 before");
+        struct rlimit r;
+        if (getrlimit(RLIMIT_FSIZE, &r) != 0)
+            _exit(4);
+        r.rlim_cur = (rlim_t)file_size(log) + 10;
+        if (setrlimit(RLIMIT_FSIZE, &r) != 0)
+            _exit(5);
+        fy_info("line 2 refused");
+        fy_info("line 3 refused");
+        exit(0); /* the log's atexit handler tries the kept lines once more */
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    char *text = fy_test_slurp(log, NULL), *said = fy_test_slurp(err, NULL);
+    assert_non_null(text);
+    assert_non_null(said);
+    assert_int_equal(count(text, "line 1 before\n"), 1);
+    assert_null(strstr(text, "refused\n"));
+    assert_int_equal(count(said, "line 2 refused"), 1);
+    assert_int_equal(count(said, "line 3 refused"), 1);
+    assert_non_null(strstr(said, fy_test_fmt("the run log %s lacks 2 lines of this process (File "
+                                             "too large): stderr has them, but for a terminal's "
+                                             "per-step lines",
+                                             log)));
+    free(text);
+    free(said);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_refused_lines_kept_and_appended, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overflow_counted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lines_lacking_at_exit, setup, teardown),
     };
     return cmocka_run_group_tests_name("log", tests, NULL, NULL);
 }

@@ -682,9 +682,17 @@ static void test_run_directory_full(void **state)
     assert_true(fy_test_file_contains(log, fy_test_fmt(
         "%d metrics lines of committed steps (%d to %d) could not be written (No space left on "
         "device) and are lost", lost_to - lost_from + 1, lost_from, lost_to)));
-    assert_true(fy_test_file_contains(log, fy_test_fmt("the run log %s lacks ", runlog)));
-    assert_true(fy_test_file_contains(log, " of this process (No space left on device): stderr "
-                                           "has "));
+    /* The run log: at exit the launcher tries its refused lines once more. As the workers exit
+     * ext4 may hand back blocks it had reserved (delayed allocation), so whether they then fit is
+     * the filesystem's: either the exit says how many the log lacks (as test_log's
+     * test_lines_lacking_at_exit checks whatever the filesystem), or every line went in, the
+     * last ones too. */
+    if (fy_test_count_matches(log, fy_test_fmt("the run log %s lacks ", runlog)) > 0)
+        assert_true(fy_test_file_contains(log, " of this process (No space left on device): "
+                                               "stderr has "));
+    else
+        assert_true(fy_test_file_contains(runlog, "could not be written (No space left on device) "
+                                                  "and are lost"));
     fy_chaos_assert_nothing_left(run);
     free_up(filler);
     assert_int_equal(fy_test_launch_in(c->f, more, 300), 0);
