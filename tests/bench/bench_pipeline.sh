@@ -32,7 +32,8 @@
 # each in turn: "1 2" runs one GPU and two side by side; the config column names N > 1 as
 # 1.3B-g2), with PIPELINE_CLIP_NORM (the
 # bound, 1: transformers' default, which clips every step of these runs), PIPELINE_RUNS (instead of
-# every combination of the lists above, these runs in order, each B/PLACEMENT/SCHEDULE/ACT_PLAN
+# every combination of the lists above, these runs in order, clipped as train is by default unless
+# PIPELINE_TRAIN_ARGS says --clip-grad-norm 0, each B/PLACEMENT/SCHEDULE/ACT_PLAN
 # with an optional /AFFINITY (--affinity, default auto) and /WEIGHTS (--weights-dtype, default
 # auto), e.g. "16/host/overlap/auto 16/host/overlap/auto/gpu=0,io=0,opt=0-7
 # 16/host/overlap/auto/auto/f32 64/ssd/overlap/recompute"); the wts column says which weights the
