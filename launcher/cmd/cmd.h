@@ -46,5 +46,6 @@ void fy_cmd_train_stopped(const struct fy_options *o, const char *removed);
 void fy_cmd_profile_stopped(const struct fy_options *o, const char *removed);
 void fy_cmd_export_stopped(const struct fy_options *o, const char *removed);
 void fy_cmd_selftest_stopped(const struct fy_options *o, const char *removed);
+void fy_cmd_report_stopped(const struct fy_options *o, const char *removed);
 
 #endif

@@ -8,6 +8,7 @@
 #include "common/base/log.h"
 #include "launcher/cmd/cmd.h"
 #include "launcher/cmd/report.h"
+#include "launcher/run/stopsig.h"
 
 /* report: RUN/metrics.jsonl (and --compare's runs' on the loss chart) drawn into PNG charts in
  * --out (default RUN/report). */
@@ -34,6 +35,7 @@ int fy_cmd_report(struct fy_options *o)
             runs[nruns++] = dir;
         }
     }
+    FY_TRY(fy_stopsig_install()); /* a stop removes what it wrote (fy_report_write) */
     int steps = fy_report_write(runs, nruns, out);
     FY_TRY(steps);
     if (nruns > 1)
@@ -43,4 +45,16 @@ int fy_cmd_report(struct fy_options *o)
     else
         fy_info("report: %d steps drawn into %s/loss.png, busy.png and throughput.png", steps, out);
     return 0;
+}
+
+void fy_cmd_report_stopped(const struct fy_options *o, const char *removed)
+{
+    (void)removed; /* report makes no run directory */
+    fy_warn("stopped by signal before report was done: the charts in %s%s are as they were (the "
+            "data and script it wrote there are removed, and any directory made for --out); run "
+            "it again",
+            o->out != NULL       ? o->out
+            : o->run_dir != NULL ? o->run_dir
+                                 : "RUN",
+            o->out != NULL ? "" : "/report");
 }

@@ -35,7 +35,7 @@ static const struct {
     [FY_CMD_PLAN] = {fy_cmd_plan, 0, 0, NULL},
     [FY_CMD_PROBE] = {fy_cmd_probe, 0, 0, fy_cmd_probe_stopped},
     [FY_CMD_PROFILE] = {fy_cmd_profile, 1, 0, fy_cmd_profile_stopped},
-    [FY_CMD_REPORT] = {fy_cmd_report, 0, 0, NULL},
+    [FY_CMD_REPORT] = {fy_cmd_report, 0, 0, fy_cmd_report_stopped},
     [FY_CMD_EXPORT] = {fy_cmd_export, 1, 0, fy_cmd_export_stopped},
     [FY_CMD_SELFTEST] = {fy_cmd_selftest, 1, 1, fy_cmd_selftest_stopped},
 };

@@ -9,11 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/base/check.h"
 #include "common/base/fsutil.h"
+#include "launcher/run/stopsig.h"
 
 /* The columns of the data file, in order: the metrics line's keys (NaN where absent). */
 static const char *const columns[] = {
@@ -42,7 +44,10 @@ static int write_data(const char *metrics_path, const char *data_path)
     size_t cap = 0;
     int steps = 0, rc = 0, lineno = 0;
     while (rc == 0 && getline(&line, &cap, in) >= 0) {
-        lineno++;
+        if (++lineno % 4096 == 0) /* a stop (fy_stopsig): the caller removes what it wrote */
+            rc = fy_stopsig_check();
+        if (rc != 0)
+            break;
         cJSON *j = cJSON_Parse(line);
         const cJSON *step = j != NULL ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
         if (!cJSON_IsNumber(step)) {
@@ -144,6 +149,40 @@ static void run_name(const char *run_dir, char *out, size_t len)
 
 static int draw(const char *const *run_dirs, int nruns, const char *out_dir);
 
+/* What draw writes in out_dir for `nruns` runs: the data files, the script and the charts'
+ * temporary files; removed where a stop cuts it short (the charts before stay as they were). */
+static void remove_drawn(const char *out_dir, int nruns)
+{
+    static const char *const charts[] = {"loss", "busy", "throughput"};
+    char path[PATH_MAX + 32];
+    for (int i = 0; i < nruns; i++) {
+        if (i == 0)
+            snprintf(path, sizeof path, "%s/metrics.dat", out_dir);
+        else
+            snprintf(path, sizeof path, "%s/metrics-%d.dat", out_dir, i);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/charts.gnuplot", out_dir);
+    unlink(path);
+    for (size_t i = 0; i < sizeof charts / sizeof charts[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s.png.tmp", out_dir, charts[i]);
+        unlink(path);
+    }
+}
+
+/* gnuplot's exit status; a stop (fy_stopsig) while it draws ends it too: -EINTR. */
+static int wait_gnuplot(pid_t pid, int *status)
+{
+    int stopping = 0;
+    for (;;) {
+        if (waitpid(pid, status, 0) == pid)
+            return stopping || fy_stopsig_raised() ? -EINTR : 0;
+        FY_SYS(errno == EINTR ? 0 : -1, "report: waiting for gnuplot");
+        if (fy_stopsig_raised() && !stopping) /* a SIGTERM reaches the launcher alone */
+            stopping = kill(pid, SIGTERM) == 0 || errno == ESRCH;
+    }
+}
+
 int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir)
 {
     FY_REQUIRE(nruns >= 1 && nruns <= FY_REPORT_MAX_RUNS, -EINVAL,
@@ -155,6 +194,8 @@ int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir)
     struct fy_made_dirs made;
     FY_TRY(fy_mkdirs(out_dir, 0755, "the report's directory", &made));
     int steps = draw(run_dirs, nruns, out_dir);
+    if (steps == -EINTR)
+        remove_drawn(out_dir, nruns);
     if (steps < 0)
         fy_made_dirs_undo(&made, NULL, 0);
     return steps;
@@ -180,6 +221,7 @@ static int draw(const char *const *run_dirs, int nruns, const char *out_dir)
         snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run_dirs[i]);
         int n = write_data(metrics, data[i]);
         FY_TRY(n);
+        FY_TRY(fy_stopsig_check());
         if (i == 0)
             steps = n;
         data_of[i] = data[i];
@@ -194,7 +236,7 @@ static int draw(const char *const *run_dirs, int nruns, const char *out_dir)
         _exit(127);
     }
     int status;
-    FY_SYS(waitpid(pid, &status, 0) < 0 ? -1 : 0, "report: waiting for gnuplot");
+    FY_TRY(wait_gnuplot(pid, &status));
     FY_REQUIRE(!(WIFEXITED(status) && WEXITSTATUS(status) == 127), -ENOENT,
                "report: gnuplot is not installed: install the Debian package gnuplot-nox");
     FY_REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, -EIO,

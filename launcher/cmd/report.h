@@ -14,7 +14,8 @@
  * failure removed again); each PNG replaced atomically. loss.png draws every run's
  * training and held-out loss, titled by the last component of its directory; busy.png and
  * throughput.png the first run's. Returns the number of the first run's steps drawn, or -errno
- * (said: no metrics, no gnuplot, a bad line). */
+ * (said: no metrics, no gnuplot, a bad line). With fy_stopsig installed a stop by signal ends it
+ * (gnuplot too) with -EINTR, nothing said: what it wrote is removed, the charts before stay. */
 int fy_report_write(const char *const *run_dirs, int nruns, const char *out_dir);
 
 #endif

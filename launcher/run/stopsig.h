@@ -1,5 +1,5 @@
 /* A stop by SIGINT or SIGTERM for the commands that run without workers to supervise (prepare,
- * probe): a handler records the signal in place of the default action (which kills the process and
+ * probe, report): a handler records the signal in place of the default action (which kills the process and
  * leaves its temporary and scratch files), and the command's loops ask for it at their steps, so
  * that the command removes what it made and ends with -EINTR (exit status 130, said by the edge). */
 #ifndef FY_STOPSIG_H

@@ -583,6 +583,71 @@ static void test_probe_stopped_by_signal(void **state)
     assert_int_equal(entries_in(made), -1);
 }
 
+/* A report stopped by Ctrl-C or SIGTERM: exit 130, said once; the data and script it wrote are
+ * removed, as is the --out directory it made, or the charts already there stay as they were. A
+ * metrics file of a million steps gives the stop its time: SIGINT while its data is written,
+ * SIGTERM (the launcher's alone) while gnuplot draws, which the launcher ends. */
+static void report_stopped_with(struct fy_test_fixture *f, const char *run, const char *out,
+                                int sig, const char *wait_for)
+{
+    const char *args[] = {"report", "--run-dir", run, "--out", out, NULL};
+    unlink(f->log);
+    int pid = fy_test_start("fuyou-launch", args, f->log);
+    assert_true(pid > 0);
+    double t0 = fy_test_now_s();
+    while (access(fy_test_fmt("%s/%s", out, wait_for), F_OK) != 0 && fy_test_now_s() - t0 < 60)
+        fy_test_pause_ms(1);
+    assert_int_equal(access(fy_test_fmt("%s/%s", out, wait_for), F_OK), 0);
+    assert_int_equal(kill(pid, sig), 0);
+    int status = fy_test_wait(pid, 120);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 130);
+    assert_int_equal(
+        fy_test_count_matches(f->log, fy_test_fmt("stopped by signal before report was done: the "
+                                                  "charts in %s are as they were",
+                                                  out)),
+        1);
+    assert_int_equal(fy_test_count_processes("charts.gnuplot"), 0);
+}
+
+static void test_report_stopped_by_signal(void **state)
+{
+    struct fy_test_fixture *f = *state;
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        printf("test_report_stopped_by_signal: skipped: gnuplot is not installed\n");
+        skip();
+    }
+    char *run = fy_test_in(f, "long-run"), *made = fy_test_in(f, "report-made");
+    assert_int_equal(mkdir(run, 0700), 0);
+    FILE *m = fopen(fy_test_fmt("%s/metrics.jsonl", run), "w");
+    assert_non_null(m);
+    for (int i = 1; i <= 1000000; i++)
+        fprintf(m, "{\"step\": %d, \"loss\": %.4f, \"step_s\": 0.5}\n", i, 10.0 / (1 + i * 1e-4));
+    assert_int_equal(fclose(m), 0);
+    /* --out in directories to be made: removed again */
+    const char *out = fy_test_fmt("%s/deeper", made);
+    char out_copy[700];
+    snprintf(out_copy, sizeof out_copy, "%s", out);
+    report_stopped_with(f, run, out_copy, SIGINT, "metrics.dat");
+    assert_int_equal(access(made, F_OK), -1);
+    /* into a directory with charts: they stay, byte for byte; nothing of the stopped run is left */
+    char *charts = fy_test_in(f, "report-charts");
+    assert_int_equal(mkdir(charts, 0700), 0);
+    FILE *old = fopen(fy_test_fmt("%s/loss.png", charts), "w");
+    assert_non_null(old);
+    fputs("the chart before", old);
+    assert_int_equal(fclose(old), 0);
+    report_stopped_with(f, run, charts, SIGTERM, "charts.gnuplot");
+    char *kept = fy_test_slurp(fy_test_fmt("%s/loss.png", charts), NULL);
+    assert_non_null(kept);
+    assert_string_equal(kept, "the chart before");
+    free(kept);
+    static const char *const gone[] = {"metrics.dat",  "charts.gnuplot",     "loss.png.tmp",
+                                       "busy.png.tmp", "throughput.png.tmp", "busy.png"};
+    for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++)
+        assert_int_equal(access(fy_test_fmt("%s/%s", charts, gone[i]), F_OK), -1);
+}
+
 /* fuyou-launch probe measures this machine (here the CPU backend: the GPU parts are said to be
  * skipped) into RUN/machine.json, six positive rates that plan then predicts from. */
 static void test_probe_then_plan(void **state)
@@ -1420,6 +1485,7 @@ int main(void)
         FY_TRAINUTIL_TEST(test_paper_machine_profiles),
         FY_TRAINUTIL_TEST(test_probe_then_plan),
         FY_TRAINUTIL_TEST(test_probe_stopped_by_signal),
+        FY_TRAINUTIL_TEST(test_report_stopped_by_signal),
         FY_TRAINUTIL_TEST(test_plan_pool_is_train_pool),
         FY_TRAINUTIL_TEST(test_progress_line),
         FY_TRAINUTIL_TEST(test_report_charts),
