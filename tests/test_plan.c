@@ -425,6 +425,7 @@ static void test_bf16_weights_by_hand(void **state)
     assert_float_equal(slow.predicted.convert_s, 2 * p.predicted.convert_s, 1e-12);
     assert_float_equal(slow.predicted.h2d_s, p.predicted.h2d_s, 1e-15);
     assert_float_equal(slow.predicted.ssd_s, p.predicted.ssd_s, 1e-15);
+    fy_plan_release(&slow);
     in.rates.opt_in_steps = 0;
     assert_int_equal(fy_plan_upload_bytes(&c, FY_DTYPE_BF16, 1), 49984 * 2);
     assert_int_equal(fy_plan_upload_bytes(&c, FY_DTYPE_F32, 1), 49984 * 4);
