@@ -149,22 +149,31 @@ static void run_name(const char *run_dir, char *out, size_t len)
 
 static int draw(const char *const *run_dirs, int nruns, const char *out_dir);
 
+/* The charts draw makes, each NAME.png in out_dir (through NAME.png.tmp). */
+static const char *const charts[] = {"loss", "busy", "throughput"};
+#define NCHARTS (sizeof charts / sizeof charts[0])
+
+/* Run i's data file in out_dir: metrics.dat for the first, metrics-I.dat for the others. */
+static void data_path(const char *out_dir, int i, char *path, size_t len)
+{
+    if (i == 0)
+        snprintf(path, len, "%s/metrics.dat", out_dir);
+    else
+        snprintf(path, len, "%s/metrics-%d.dat", out_dir, i);
+}
+
 /* What draw writes in out_dir for `nruns` runs: the data files, the script and the charts'
  * temporary files; removed where a stop cuts it short (the charts before stay as they were). */
 static void remove_drawn(const char *out_dir, int nruns)
 {
-    static const char *const charts[] = {"loss", "busy", "throughput"};
     char path[PATH_MAX + 32];
     for (int i = 0; i < nruns; i++) {
-        if (i == 0)
-            snprintf(path, sizeof path, "%s/metrics.dat", out_dir);
-        else
-            snprintf(path, sizeof path, "%s/metrics-%d.dat", out_dir, i);
+        data_path(out_dir, i, path, sizeof path);
         unlink(path);
     }
     snprintf(path, sizeof path, "%s/charts.gnuplot", out_dir);
     unlink(path);
-    for (size_t i = 0; i < sizeof charts / sizeof charts[0]; i++) {
+    for (size_t i = 0; i < NCHARTS; i++) {
         snprintf(path, sizeof path, "%s/%s.png.tmp", out_dir, charts[i]);
         unlink(path);
     }
@@ -213,10 +222,7 @@ static int draw(const char *const *run_dirs, int nruns, const char *out_dir)
                    "report: %s: a run whose name has a single quote cannot be charted by gnuplot: "
                    "rename its directory",
                    run_dirs[i]);
-        if (i == 0)
-            snprintf(data[i], sizeof data[i], "%s/metrics.dat", out_dir);
-        else
-            snprintf(data[i], sizeof data[i], "%s/metrics-%d.dat", out_dir, i);
+        data_path(out_dir, i, data[i], sizeof data[i]);
         char metrics[PATH_MAX + 16];
         snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run_dirs[i]);
         int n = write_data(metrics, data[i]);
@@ -241,8 +247,7 @@ static int draw(const char *const *run_dirs, int nruns, const char *out_dir)
                "report: gnuplot is not installed: install the Debian package gnuplot-nox");
     FY_REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, -EIO,
                "report: gnuplot failed on %s (its message is above)", script);
-    static const char *const charts[] = {"loss", "busy", "throughput"};
-    for (size_t i = 0; i < sizeof charts / sizeof charts[0]; i++) {
+    for (size_t i = 0; i < NCHARTS; i++) {
         char tmp[PATH_MAX + 16], png[PATH_MAX + 16];
         snprintf(png, sizeof png, "%s/%s.png", out_dir, charts[i]);
         snprintf(tmp, sizeof tmp, "%s.tmp", png);
